@@ -1,0 +1,53 @@
+"""Portable attention on torch's scaled_dot_product_attention (CPU and GPU).
+
+Paged path: write the new k/v into their cache slots, gather each sequence's blocks into a
+padded [num_seqs, kv_heads, max_kv_len, head_dim] view, pad the queries to
+[num_seqs, heads, max_query_len, head_dim], attend under the metadata's boolean mask, unpad.
+One code path serves prefill, decode and (chain or tree) verify.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from outpace.attention.backend import KVCache
+from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def forward(self, q, k, v, kv_cache: KVCache | None, metadata, scale: float) -> torch.Tensor:
+        if isinstance(metadata, DenseCausalMetadata):
+            return _dense_causal(q, k, v, metadata, scale)
+        return _paged(q, k, v, kv_cache, metadata, scale)
+
+
+def _dense_causal(q, k, v, meta: DenseCausalMetadata, scale: float) -> torch.Tensor:
+    b, s = meta.batch_size, meta.seq_len
+
+    def to_bhsd(x: torch.Tensor) -> torch.Tensor:  # [b * s, h, d] -> [b, h, s, d]
+        return x.view(b, s, x.shape[1], x.shape[2]).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=True,
+                                         scale=scale, enable_gqa=True)
+    return out.transpose(1, 2).reshape(q.shape)
+
+
+def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: float) -> torch.Tensor:
+    k_cache, v_cache = kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+
+    n = meta.num_seqs
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [num_seqs, kv_heads, max_kv_len, head_dim]
+        return cache[meta.block_tables].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+
+    q_pad = q.new_zeros(n, meta.max_query_len, q.shape[1], head_dim)
+    q_pad[meta.token_seq_index, meta.token_query_index] = q
+    out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), gather(k_cache).to(q.dtype),
+                                         gather(v_cache).to(q.dtype), attn_mask=meta.attn_mask(),
+                                         scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_index]

@@ -1,0 +1,117 @@
+"""Hugging Face checkpoint directories: safetensors (single file or sharded), load and save.
+
+Loading checks every tensor against the model: a tensor the model lacks, a parameter the
+checkpoint lacks, a wrong shape, or a shard the index names but the directory lacks each raise
+``CheckpointError`` naming the tensor and the file.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not match the model it is loaded into."""
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory, in index order."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) that are missing from {model_dir}: {', '.join(missing)}")
+        return files
+    if (model_dir / SINGLE_FILE).is_file():
+        return [model_dir / SINGLE_FILE]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {model_dir}")
+    return files
+
+
+def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = True) -> None:
+    """Copy a checkpoint's tensors into ``model``'s parameters (converting dtype).
+
+    The model may define ``checkpoint_name(param_name) -> str`` (name map) and
+    ``ignored_checkpoint_tensors`` (regexes of checkpoint tensors to skip).
+    A tied head (same Parameter as the embedding) is one parameter, so a checkpoint's duplicate
+    ``lm_head.weight`` is skipped when the model ties it.
+    """
+    to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
+    params = {to_ckpt(name): p for name, p in model.named_parameters()}
+    all_names = {to_ckpt(name) for name, _ in model.named_parameters(remove_duplicate=False)}
+    ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
+    seen: set[str] = set()
+    files = checkpoint_files(model_dir)
+    for path in tqdm(files, desc="loading weights", unit="shard", disable=not progress or len(files) < 2):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if any(r.search(name) for r in ignored) or (name in all_names and name not in params):
+                    continue
+                if name not in params:
+                    raise CheckpointError(f"unexpected tensor {name!r} in {path.name}: the model has no such parameter")
+                tensor = f.get_tensor(name)
+                param = params[name]
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise CheckpointError(f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
+                                          f"the model expects {tuple(param.shape)}")
+                with torch.no_grad():
+                    param.copy_(tensor.to(param.dtype))
+                seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {shown}")
+
+
+def model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters under their checkpoint names (a tied head appears once, as the embedding)."""
+    to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
+    return {to_ckpt(name): p.detach() for name, p in model.named_parameters()}
+
+
+def save_checkpoint(tensors: dict[str, torch.Tensor], out_dir: str | Path, max_shard_bytes: int = 2 << 30,
+                    dtype: torch.dtype | None = None) -> list[Path]:
+    """Write safetensors shards of at most ``max_shard_bytes`` (plus an index when sharded)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        t = (t.to(dtype) if dtype is not None else t).contiguous().cpu()
+        nbytes = t.numel() * t.element_size()
+        if nbytes > max_shard_bytes:
+            raise CheckpointError(f"tensor {name!r} ({nbytes} bytes) is larger than the shard limit {max_shard_bytes}")
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        names = [SINGLE_FILE]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for shard, name in zip(shards, names):
+        save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+    if len(shards) > 1:
+        weight_map = {t: name for shard, name in zip(shards, names) for t in shard}
+        total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
+        (out_dir / INDEX_FILE).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return [out_dir / n for n in names]

@@ -1,0 +1,223 @@
+"""Frozen, self-validating configuration: the model (from config.json), the engine, sampling.
+
+Every dataclass checks itself in ``__post_init__``; an invalid value raises ``ConfigError``
+naming the field, the value and the allowed range. The CLI and the API only build these.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is outside its allowed range."""
+
+
+def _require(owner: str, name: str, value: Any, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{owner}.{name}={value!r} is invalid: must be {allowed}")
+
+
+def _positive_int(owner: str, name: str, value: Any) -> None:
+    _require(owner, name, value, isinstance(value, int) and not isinstance(value, bool) and value > 0,
+             "a positive integer")
+
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The parts of a Hugging Face ``config.json`` that outpace's models read."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    torch_dtype: str = "float32"
+    eos_token_ids: tuple[int, ...] = ()
+    # Multi-token-prediction layers stored after the decoder layers (DeepSeek-V3 layout).
+    num_nextn_predict_layers: int = 0
+    # Chain-style MTP (Step-3.5-Flash): layer k consumes layer k-1's pre-norm hidden state.
+    chain_mtp_hidden_states: bool = False
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        o = "ModelConfig"
+        _require(o, "architecture", self.architecture, self.architecture in SUPPORTED_ARCHITECTURES,
+                 f"one of {', '.join(SUPPORTED_ARCHITECTURES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            _positive_int(o, name, getattr(self, name))
+        _require(o, "num_key_value_heads", self.num_key_value_heads,
+                 self.num_attention_heads % self.num_key_value_heads == 0,
+                 f"a divisor of num_attention_heads={self.num_attention_heads}")
+        _require(o, "rms_norm_eps", self.rms_norm_eps, 0 < self.rms_norm_eps < 1, "in (0, 1)")
+        _require(o, "rope_theta", self.rope_theta, self.rope_theta > 0, "> 0")
+        _require(o, "torch_dtype", self.torch_dtype, self.torch_dtype in ("float32", "float16", "bfloat16"),
+                 "one of float32, float16, bfloat16")
+        _require(o, "num_nextn_predict_layers", self.num_nextn_predict_layers,
+                 isinstance(self.num_nextn_predict_layers, int) and self.num_nextn_predict_layers >= 0,
+                 "an integer >= 0")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            _require(o, "rope_scaling.rope_type", kind, kind in ("default", "llama3", "linear"),
+                     "one of default, llama3, linear")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> ModelConfig:
+        archs = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"ModelConfig.architecture={arch!r} is not supported: must be one of "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        rope_scaling = cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):  # transformers >= 5
+            rope_theta = cfg["rope_parameters"].get("rope_theta")
+            if cfg["rope_parameters"].get("rope_type", "default") != "default":
+                rope_scaling = cfg["rope_parameters"]
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            eos_token_ids=eos_ids,
+            num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers", 0)),
+            chain_mtp_hidden_states=bool(cfg.get("chain_mtp_hidden_states", False)),
+            raw=cfg,
+        )
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"no config.json in model directory {str(model_dir)!r}")
+        return cls.from_dict(json.loads(path.read_text()))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters (names and defaults follow vLLM).
+
+    temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k; ``top_p`` 1 and ``min_p`` 0
+    disable theirs. ``max_tokens`` counts generated tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        o = "SamplingParams"
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        real = (int, float)
+        _require(o, "temperature", self.temperature,
+                 isinstance(self.temperature, real) and math.isfinite(self.temperature) and self.temperature >= 0,
+                 "a finite number >= 0")
+        _require(o, "top_p", self.top_p,
+                 isinstance(self.top_p, real) and 0 < self.top_p <= 1, "in (0, 1]")
+        _require(o, "top_k", self.top_k,
+                 isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
+                 "-1 or 0 (disabled) or a positive integer")
+        _require(o, "min_p", self.min_p, isinstance(self.min_p, real) and 0 <= self.min_p <= 1, "in [0, 1]")
+        _positive_int(o, "max_tokens", self.max_tokens)
+        _require(o, "stop", self.stop, all(isinstance(s, str) and s for s in self.stop),
+                 "non-empty strings")
+        _require(o, "stop_token_ids", self.stop_token_ids,
+                 all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "non-negative integers")
+        _require(o, "seed", self.seed, self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+                 "None or an integer >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model: device, precision, cache size and batching limits.
+
+    ``num_kv_blocks`` of ``block_size`` tokens each form the paged KV pool.
+    ``max_num_batched_tokens`` bounds the tokens of one forward (prefill is chunked to fit).
+    """
+
+    model: str
+    tokenizer: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    seed: int = 0
+    block_size: int = 16
+    num_kv_blocks: int = 512
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    attention_backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        o = "EngineConfig"
+        _require(o, "device", self.device, self.device == "cpu" or self.device.startswith("cuda"),
+                 "'cpu' or 'cuda[:N]'")
+        _require(o, "dtype", self.dtype, self.dtype in ("auto", "float32", "float16", "bfloat16"),
+                 "one of auto, float32, float16, bfloat16")
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            _positive_int(o, name, getattr(self, name))
+        _require(o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0")
+        if self.max_model_len is not None:
+            _positive_int(o, "max_model_len", self.max_model_len)

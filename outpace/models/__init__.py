@@ -1,0 +1,1 @@
+"""Model families, one file each, built from outpace.layers and outpace.attention."""

@@ -1,0 +1,146 @@
+"""The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (attention bias) and
+Qwen3ForCausalLM (per-head q/k RMSNorm) share this one implementation.
+
+Forward works on flat tokens: ``input_ids [num_tokens]``, ``positions [num_tokens]``; the
+attention metadata travels in the forward context. ``forward`` returns the last hidden state
+*before* the final norm (what MTP layers consume); ``compute_logits`` applies norm and head to
+only the rows that need logits.
+
+Aux hidden states (for EAGLE3 drafts): capture index i means "the input of layer i"; index
+``num_hidden_layers`` means the output of the last layer before the final norm.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.attention.layer import Attention
+from outpace.config import ModelConfig
+from outpace.layers.activation import silu_and_mul
+from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.linear import linear
+from outpace.layers.norm import RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
+
+
+@dataclass
+class ModelOutput:
+    hidden_states: torch.Tensor                  # [num_tokens, hidden] last layer's output, pre-norm
+    aux_hidden_states: torch.Tensor | None = None  # [num_tokens, num_aux * hidden] captured layer inputs
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = linear(cfg.hidden_size, cfg.q_size, bias=cfg.attention_bias)
+        self.k_proj = linear(cfg.hidden_size, cfg.kv_size, bias=cfg.attention_bias)
+        self.v_proj = linear(cfg.hidden_size, cfg.kv_size, bias=cfg.attention_bias)
+        self.o_proj = linear(cfg.q_size, cfg.hidden_size)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.rotary = rotary
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        n, d = x.shape[0], self.cfg.head_dim
+        q = self.q_proj(x).view(n, -1, d)  # [num_tokens, heads, head_dim]
+        k = self.k_proj(x).view(n, -1, d)  # [num_tokens, kv_heads, head_dim]
+        v = self.v_proj(x).view(n, -1, d)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = linear(hidden_size, intermediate_size)
+        self.up_proj = linear(hidden_size, intermediate_size)
+        self.down_proj = linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def build_rotary(cfg: ModelConfig) -> RotaryEmbedding:
+    return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.rotary = build_rotary(cfg)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    # Checkpoint tensors that are legitimately not parameters here.
+    ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
+                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.aux_layer_ids: tuple[int, ...] = ()
+        if cfg.num_nextn_predict_layers:
+            from outpace.models.mtp import MTPLayer
+
+            self.mtp_layers = nn.ModuleList(
+                MTPLayer(cfg, self.model.rotary) for _ in range(cfg.num_nextn_predict_layers))
+
+    def set_aux_hidden_state_layers(self, layer_ids: tuple[int, ...]) -> None:
+        """Capture the inputs of these layers (index num_hidden_layers: the last layer's output)."""
+        bad = [i for i in layer_ids if not 0 <= i <= self.config.num_hidden_layers]
+        if bad:
+            raise ValueError(f"aux hidden state layer ids {bad} are out of range: the target has "
+                             f"{self.config.num_hidden_layers} layers, so ids must be in "
+                             f"[0, {self.config.num_hidden_layers}]")
+        self.aux_layer_ids = tuple(layer_ids)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        h = self.embed(input_ids)  # [num_tokens, hidden]
+        aux = []
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                aux.append(h)
+            h = layer(positions, h)
+        if len(self.model.layers) in self.aux_layer_ids:
+            aux.append(h)
+        return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits."""
+        return self.lm_head(self.model.norm(hidden_states)).float()
+
+    # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.
+    def checkpoint_name(self, param_name: str) -> str:
+        m = re.match(r"mtp_layers\.(\d+)\.(.*)", param_name)
+        if m:
+            return f"model.layers.{self.config.num_hidden_layers + int(m.group(1))}.{m.group(2)}"
+        return param_name

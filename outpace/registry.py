@@ -1,0 +1,23 @@
+"""Name -> class registries with lazy imports (models, proposers), instead of if/elif factories."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+MODELS = {
+    "LlamaForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    "Qwen3ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+}
+
+
+def resolve(table: dict[str, str], name: str, kind: str) -> Any:
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}: must be one of {', '.join(sorted(table))}")
+    module, attr = table[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def model_class(architecture: str) -> type:
+    return resolve(MODELS, architecture, "architecture")

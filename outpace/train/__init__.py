@@ -1,0 +1,1 @@
+"""Training utilities: source corpus, tokenizer, toy targets and drafts."""

@@ -1,0 +1,41 @@
+"""Random-initialised Hugging Face checkpoints for tests (transformers is the reference here only)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SMALL = dict(vocab_size=203, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
+
+# architecture -> (transformers config class, extra config)
+VARIANTS = {
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
+    "llama-tied-odd-headdim": ("LlamaConfig", dict(tie_word_embeddings=True, head_dim=12,
+                                                    rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                  "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=16)),
+}
+
+
+def make_hf_model(variant: str, **overrides):
+    import transformers
+
+    cls_name, extra = VARIANTS[variant]
+    cfg = getattr(transformers, cls_name)(**{**SMALL, **extra, **overrides})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # make every weight matter (HF initialises norms to 1, biases to 0)
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def save_hf_model(model, path: Path, max_shard_size: str | None = None) -> Path:
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
+    return path
