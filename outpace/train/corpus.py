@@ -134,8 +134,8 @@ def build_corpus(
     Files are visited root by root, each root in sorted rel_path order. A file is kept
     when it is readable UTF-8 of min_file_bytes..max_file_bytes bytes, is not part of
     outpace itself, and neither its content (sha256) nor its rel_path was seen before:
-    the first occurrence wins. max_total_bytes caps the train split: once reached, no
-    further train files are added (held-out files are still collected).
+    the first occurrence wins. max_total_bytes caps the train split: once its UTF-8 size
+    reaches the cap, no further train files are added; the held-out split is unaffected.
     """
     if min_file_bytes > max_file_bytes:
         raise ValueError(f"min_file_bytes {min_file_bytes} > max_file_bytes {max_file_bytes}")
@@ -157,9 +157,6 @@ def build_corpus(
         for rel_path, path in _walk_python_files(root, excluded):
             if rel_path in seen_paths or _is_own_path(rel_path):
                 continue
-            held = is_heldout(rel_path, heldout_fraction)
-            if not held and max_total_bytes is not None and train_bytes >= max_total_bytes:
-                continue
             text = _read_source(path, min_file_bytes, max_file_bytes)
             if text is None:
                 continue
@@ -167,11 +164,13 @@ def build_corpus(
             digest = hashlib.sha256(data).digest()
             if digest in seen_hashes:
                 continue
+            # NOTE: files past the train cap are still hashed and recorded, so the
+            # held-out split is the same with or without max_total_bytes.
             seen_hashes.add(digest)
             seen_paths.add(rel_path)
-            if held:
+            if is_heldout(rel_path, heldout_fraction):
                 heldout.append(SourceFile(rel_path, text))
-            else:
+            elif max_total_bytes is None or train_bytes < max_total_bytes:
                 train.append(SourceFile(rel_path, text))
                 train_bytes += len(data)
     train.sort(key=lambda f: f.rel_path)

@@ -1,0 +1,7 @@
+"""outpace: an LLM inference engine built around lossless speculative decoding."""
+from outpace.config import EngineConfig, ModelConfig, SamplingParams
+from outpace.engine.llm import LLM
+from outpace.engine.request import RequestOutput
+
+__all__ = ["LLM", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams"]
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from outpace.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Benchmarks: results are data (JSON/CSV under benchmarks/), never test assertions."""

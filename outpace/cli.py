@@ -1,0 +1,87 @@
+"""Command line: ``outpace generate | bench | train``. The CLI only builds configs and calls the API."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ZOO = Path(__file__).resolve().parent.parent / "zoo"
+DEFAULT_MODEL = ZOO / "tinypy"
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=str(DEFAULT_MODEL), help="Hugging Face checkpoint directory (default: the zoo target)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+
+
+def _engine_kwargs(a: argparse.Namespace) -> dict:
+    return dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
+                max_num_batched_tokens=a.max_num_batched_tokens)
+
+
+def _check_model_dir(path: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        sys.exit(f"error: {path} is not a model directory (no config.json)")
+
+
+def cmd_generate(a: argparse.Namespace) -> None:
+    from outpace import LLM, SamplingParams
+
+    _check_model_dir(a.model)
+    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
+                            max_tokens=a.max_tokens, seed=a.seed, ignore_eos=a.ignore_eos)
+    llm = LLM(a.model, **_engine_kwargs(a))
+    out = llm.generate([a.prompt], params)[0]
+    if a.json:
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                          "tokens_per_s": out.tokens_per_s}))
+    else:
+        print(a.prompt + out.text)
+        print(f"\n[{len(out.token_ids)} tokens, {out.finish_reason}, {out.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+
+
+def cmd_bench(a: argparse.Namespace) -> None:
+    from outpace.bench.decode import run_decode_bench
+
+    _check_model_dir(a.model)
+    run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens, engine_kwargs=_engine_kwargs(a))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outpace", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    _engine_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="decode throughput at several batch sizes")
+    _engine_args(b)
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from outpace.config import ConfigError
+
+    try:
+        args.func(args)
+    except (ConfigError, ValueError) as e:
+        sys.exit(f"error: {e}")

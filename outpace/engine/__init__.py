@@ -1,0 +1,1 @@
+"""Requests, scheduling, the model runner and the step loop."""

@@ -1,0 +1,149 @@
+"""The step loop: admit requests, schedule, run, append tokens, detect stops, return outputs."""
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from outpace.cache.block_pool import BlockPool
+from outpace.config import EngineConfig, SamplingParams
+from outpace.engine.request import Request, RequestOutput
+from outpace.engine.runner import ModelRunner
+from outpace.engine.scheduler import Scheduler
+from outpace.models.loader import load_model, resolve_dtype
+from outpace.config import ModelConfig
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer through transformers, or None when the directory has none."""
+    path = Path(path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(config.model)
+        torch.manual_seed(config.seed)
+        dtype = resolve_dtype(config.dtype, self.model_config, config.device)
+        self.model = load_model(config.model, dtype, config.device, progress=progress)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, self.pool, dtype, config.device, config.attention_backend)
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
+        limits = [self.model_config.max_position_embeddings, config.num_kv_blocks * config.block_size]
+        self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    # ---- admission -------------------------------------------------------------------------
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue a request. Raises ValueError naming the problem; nothing else changes."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.config.model} has no tokenizer: pass the prompt as token ids")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            text = prompt
+        else:
+            token_ids, text = [int(t) for t in prompt], None
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len}: "
+                             f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        req = Request(request_id, token_ids, params, prompt=text, generator=generator)
+        self._requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req, "abort")
+        req.metrics.finished_time = time.perf_counter()
+        self._detokenize(req)
+        return RequestOutput.of(req)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One forward for the scheduled batch; returns the requests that finished in it."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampled = self.runner.execute(batch)
+        finished = []
+        now = time.perf_counter()
+        for s, token in zip(batch, sampled):
+            req = s.request
+            req.num_computed_tokens += s.num_new_tokens
+            if token is None:
+                continue
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            if self._append_token(req, token):
+                finished.append(self._finish(req))
+        return finished
+
+    def _append_token(self, req: Request, token: int) -> bool:
+        """Append one token; True when the request must stop (its reason recorded)."""
+        req.token_ids.append(token)
+        p = req.params
+        if not p.ignore_eos and token in self.eos_token_ids:
+            req.finish_reason, req.stop_reason = "stop", None
+            return True
+        if token in p.stop_token_ids:
+            req.finish_reason, req.stop_reason = "stop", token
+            return True
+        if p.stop and self.tokenizer is not None:
+            self._detokenize(req)
+            for s in p.stop:
+                at = req.text.find(s)
+                if at >= 0:
+                    req.text = req.text[:at]
+                    req.finish_reason, req.stop_reason = "stop", s
+                    return True
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            req.finish_reason = "length"
+            return True
+        return False
+
+    def _finish(self, req: Request) -> RequestOutput:
+        reason = req.finish_reason
+        self.scheduler.finish(req, reason)
+        self._requests.pop(req.request_id, None)
+        req.metrics.finished_time = time.perf_counter()
+        if req.stop_reason is None or not isinstance(req.stop_reason, str):
+            self._detokenize(req)
+        return RequestOutput.of(req)
+
+    def _detokenize(self, req: Request) -> None:
+        if self.tokenizer is not None:
+            req.text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)

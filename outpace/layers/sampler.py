@@ -1,0 +1,232 @@
+"""Token sampling: logits -> the distribution actually sampled from -> tokens.
+
+Terms
+-----
+- *processed distribution* (``probs``): the distribution a request really samples from,
+  after temperature and the truncation filters. Speculative verification must compare the
+  draft against exactly this distribution, so it is exposed on its own
+  (:func:`logits_to_probs`) and not hidden inside :func:`sample`.
+- *greedy row*: a row whose temperature is below ``GREEDY_EPS``. Its processed
+  distribution is the one-hot at ``argmax(logits)`` (first index on ties), so every
+  sampling rule below reduces to argmax for it.
+- *generators*: optional per-row ``torch.Generator`` objects. A row with its own generator
+  draws all of its random numbers from it, in a fixed per-row pattern, so a seeded request
+  gets the same tokens whatever else is in the batch and wherever it sits. Rows without one
+  share the default RNG (one call for all of them).
+
+Filter order (documented convention): temperature -> top-k -> top-p -> min-p, each filter
+seeing the renormalised output of the previous one; this is Hugging Face transformers'
+order. vLLM v1 applies min-p before top-k/top-p. Top-k and min-p commute (both are
+thresholds that renormalisation does not move), so the two conventions differ only when
+top-p and min-p are both set. Disabled values: ``top_k <= 0`` (stored as 0), ``top_p >=
+1``, ``min_p <= 0``.
+
+Ties are resolved by value, never by token id: every filter is "keep tokens whose
+probability is >= a per-row threshold", so tokens tied with the last kept one are kept too
+(top-k may keep more than k tokens when the k-th value is tied; top-p keeps the smallest
+most-probable set reaching top_p, plus tokens tied with its least probable member).
+
+Nothing here syncs with the host (no ``.item()``, no data-dependent shapes), so the
+functions can be captured in CUDA graphs; the Python-level fast paths read only the
+Python flags that :class:`SamplingTensors` computed on the host when it was built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+# Temperatures below this are treated as greedy (argmax), as in vLLM.
+GREEDY_EPS = 1e-5
+
+Generators = Sequence["torch.Generator | None"] | None
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters, on the device, one row per sampled position.
+
+    Fields (``n`` = number of rows):
+      temperature  # [n] float32; < GREEDY_EPS means greedy
+      top_k        # [n] int64; 0 = disabled (values >= vocab also keep everything)
+      top_p        # [n] float32; 1.0 = disabled, keep-mass in (0, 1]
+      min_p        # [n] float32; 0.0 = disabled, in [0, 1]
+      greedy       # [n] bool; temperature < GREEDY_EPS (derived when not given)
+
+    Python flags (computed on the host by :meth:`from_params`; conservative defaults when
+    the dataclass is built directly, which only costs speed, never correctness):
+      all_greedy: every row is greedy -> :func:`sample` is a bare argmax.
+      need_top_k / need_top_p / need_min_p: some non-greedy row uses that filter.
+    """
+
+    temperature: Tensor  # [n] float32
+    top_k: Tensor  # [n] int64
+    top_p: Tensor  # [n] float32
+    min_p: Tensor  # [n] float32
+    greedy: Tensor | None = None  # [n] bool
+    all_greedy: bool = False
+    need_top_k: bool = True
+    need_top_p: bool = True
+    need_min_p: bool = True
+
+    def __post_init__(self) -> None:
+        if self.greedy is None:
+            self.greedy = self.temperature < GREEDY_EPS  # [n]
+
+    @property
+    def num_rows(self) -> int:
+        return self.temperature.shape[0]
+
+    @classmethod
+    def from_params(cls, params_list: Sequence[Any], device: torch.device | str) -> "SamplingTensors":
+        """Build from objects with ``temperature``, ``top_k``, ``top_p``, ``min_p``.
+
+        Missing or ``None`` attributes mean "disabled"; ``top_k <= 0`` is stored as 0.
+        """
+        temps, top_ks, top_ps, min_ps = [], [], [], []
+        for params in params_list:
+            temperature = getattr(params, "temperature", 1.0)
+            top_k = getattr(params, "top_k", None)
+            top_p = getattr(params, "top_p", None)
+            min_p = getattr(params, "min_p", None)
+            temps.append(1.0 if temperature is None else float(temperature))
+            top_ks.append(0 if top_k is None or top_k <= 0 else int(top_k))
+            top_ps.append(1.0 if top_p is None else float(top_p))
+            min_ps.append(0.0 if min_p is None else float(min_p))
+        greedy = [t < GREEDY_EPS for t in temps]
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            top_p=torch.tensor(top_ps, dtype=torch.float32, device=device),
+            min_p=torch.tensor(min_ps, dtype=torch.float32, device=device),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            all_greedy=len(sampled) == 0,
+            need_top_k=any(top_ks[i] > 0 for i in sampled),
+            need_top_p=any(top_ps[i] < 1.0 for i in sampled),
+            need_min_p=any(min_ps[i] > 0.0 for i in sampled),
+        )
+
+    def repeat_interleave(self, repeats: int | Tensor, output_size: int | None = None) -> "SamplingTensors":
+        """Repeat each row ``repeats`` times (e.g. one request's params for all its draft
+        positions). With a tensor ``repeats`` pass ``output_size`` to avoid a host sync.
+        The Python flags stay valid: a row subset/repeat cannot add a filter or a sampled row.
+        """
+
+        def rep(t: Tensor) -> Tensor:
+            if isinstance(repeats, int):
+                return t.repeat_interleave(repeats)
+            return t.repeat_interleave(repeats, output_size=output_size)
+
+        return replace(
+            self,
+            temperature=rep(self.temperature),
+            top_k=rep(self.top_k),
+            top_p=rep(self.top_p),
+            min_p=rep(self.min_p),
+            greedy=rep(self.greedy),
+        )
+
+
+def _one_hot_argmax(logits: Tensor) -> Tensor:
+    """One-hot float32 rows at ``argmax`` (first index on ties).  # [n, V]"""
+    index = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
+    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, index, 1.0)
+
+
+def logits_to_probs(logits: Tensor, st: SamplingTensors) -> Tensor:
+    """The processed distribution each row samples from.  # [n, V] float32
+
+    ``logits``  # [n, V]. Steps: divide by temperature -> top-k -> top-p -> min-p ->
+    renormalise; greedy rows are the one-hot at ``argmax(logits)``. Each filter is a
+    per-row probability threshold (see the module docstring for ties), so the whole chain
+    is one sort plus one mask. The most probable token is always kept.
+    """
+    logits = logits.float()  # [n, V]
+    if st.all_greedy:
+        return _one_hot_argmax(logits)
+    n, vocab = logits.shape
+    temperature = torch.where(st.greedy, 1.0, st.temperature)  # [n]
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [n, V]
+
+    threshold = torch.zeros(n, dtype=torch.float32, device=logits.device)  # [n]
+    if st.need_top_k or st.need_top_p:
+        sorted_probs = probs.sort(dim=-1, descending=True).values  # [n, V]
+        # top-k: keep probs >= the k-th largest value.
+        k = torch.where(st.top_k > 0, st.top_k.clamp(max=vocab), vocab)  # [n]
+        kth = sorted_probs.gather(-1, (k - 1)[:, None]).squeeze(-1)  # [n]
+        # top-p on the renormalised top-k distribution: keep sorted position j while the
+        # mass strictly before it is < top_p * (top-k mass). No division needed.
+        in_top_k = sorted_probs >= kth[:, None]  # [n, V], a prefix
+        top_k_probs = sorted_probs * in_top_k  # [n, V]
+        cumulative = top_k_probs.cumsum(dim=-1)  # [n, V]
+        mass_before = cumulative - top_k_probs  # [n, V]
+        keep_mass = st.top_p[:, None] * cumulative[:, -1:]  # [n, 1]
+        num_kept = ((mass_before < keep_mass) & in_top_k).sum(dim=-1).clamp(min=1)  # [n]
+        num_kept = torch.where(st.top_p >= 1.0, vocab, num_kept)  # [n]
+        top_p_threshold = sorted_probs.gather(-1, (num_kept - 1)[:, None]).squeeze(-1)  # [n]
+        threshold = torch.maximum(kth, top_p_threshold)  # [n]
+    if st.need_min_p:
+        # min-p is relative to the max prob, which renormalisation leaves in proportion.
+        max_prob = probs.amax(dim=-1)  # [n]
+        threshold = torch.maximum(threshold, st.min_p * max_prob)  # [n]
+
+    probs = probs.masked_fill(probs < threshold[:, None], 0.0)  # [n, V]
+    probs = probs / probs.sum(dim=-1, keepdim=True)  # [n, V]
+    return torch.where(st.greedy[:, None], _one_hot_argmax(logits), probs)  # [n, V]
+
+
+def draw_uniform(num_rows: int, num_cols: int, generators: Generators, device: torch.device | str) -> Tensor:
+    """U[0, 1) numbers, row i from ``generators[i]`` when given.  # [num_rows, num_cols] float32"""
+    u = torch.rand(num_rows, num_cols, device=device)  # [rows, cols], default RNG in one call
+    if generators is not None:
+        for row, generator in enumerate(generators):  # over requests, not tokens
+            if generator is not None:
+                u[row].uniform_(generator=generator)
+    return u
+
+
+def draw_exponential(num_rows: int, num_cols: int, generators: Generators, device: torch.device | str) -> Tensor:
+    """Exp(1) numbers, clamped away from 0, row i from ``generators[i]`` when given.
+    # [num_rows, num_cols] float32"""
+    e = torch.empty(num_rows, num_cols, device=device).exponential_()  # [rows, cols]
+    if generators is not None:
+        for row, generator in enumerate(generators):
+            if generator is not None:
+                e[row].exponential_(generator=generator)
+    return e.clamp_(min=torch.finfo(e.dtype).tiny)
+
+
+def sample_from_probs(probs: Tensor, generators: Generators = None) -> Tensor:
+    """One categorical draw per row.  # [n] int64
+
+    ``probs``  # [n, V], non-negative, need not be normalised (the draw is proportional).
+    Exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` i.i.d. picks token i with
+    probability ``probs[i] / sum(probs)`` (``E_i / probs_i`` are independent exponentials
+    with rates ``probs_i``; the smallest wins). Each row with a generator consumes exactly
+    ``V`` exponentials from it. One-hot rows (greedy) return their hot index.
+    """
+    n, vocab = probs.shape
+    e = draw_exponential(n, vocab, generators, probs.device)  # [n, V]
+    return (probs / e).argmax(dim=-1)  # [n]
+
+
+def sample(logits: Tensor, st: SamplingTensors, generators: Generators = None) -> Tensor:
+    """Sample one token per row from the processed distribution.  # [n] int64
+
+    ``logits``  # [n, V]. Fast path: when ``st.all_greedy`` (a host-side Python bool),
+    a bare argmax with no random numbers drawn.
+    """
+    if st.all_greedy:
+        return logits.argmax(dim=-1)  # [n]
+    return sample_from_probs(logits_to_probs(logits, st), generators)
+
+
+class Sampler(torch.nn.Module):
+    """Module wrapper around :func:`sample` for use as a model layer."""
+
+    def forward(self, logits: Tensor, st: SamplingTensors, generators: Generators = None) -> Tensor:
+        return sample(logits, st, generators)  # [n]

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers, draft trees and lossless verification."""
