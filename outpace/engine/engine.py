@@ -50,6 +50,18 @@ class LLMEngine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Validate and queue a request. Raises ValueError naming the problem; nothing else changes."""
+        return self.submit(self.new_request(prompt, params, request_id))
+
+    def submit(self, req: Request) -> str:
+        if req.request_id in self._requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self._requests[req.request_id] = req
+        self.scheduler.add(req)
+        return req.request_id
+
+    def new_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> Request:
+        """A validated request, not yet queued (so a batch can be checked before any of it runs)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -69,15 +81,10 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len}: "
                              f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-        req = Request(request_id, token_ids, params, prompt=text, generator=generator)
-        self._requests[request_id] = req
-        self.scheduler.add(req)
-        return request_id
+        return Request(request_id, token_ids, params, prompt=text, generator=generator)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._requests.pop(request_id, None)

@@ -31,7 +31,8 @@ class LLM:
         params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        requests = [self.engine.new_request(p, sp) for p, sp in zip(prompts, params_list)]
+        ids = [self.engine.submit(r) for r in requests]
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", disable=not progress) as bar:
             while len(results) < len(ids):
