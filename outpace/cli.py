@@ -74,7 +74,51 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
     b.set_defaults(func=cmd_bench)
+    t = sub.add_parser("train", help="train the zoo models (see zoo/README.md)")
+    tsub = t.add_subparsers(dest="what", required=True)
+    tt = tsub.add_parser("target", help="a small Llama code model with chained MTP layers")
+    tt.add_argument("--out", required=True)
+    tt.add_argument("--device", default="cuda")
+    tt.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
+    tt.add_argument("--steps", type=int)
+    tt.add_argument("--max-minutes", type=float)
+    tt.add_argument("--seed", type=int)
+    tt.set_defaults(func=cmd_train_target)
+    td = tsub.add_parser("draft", help="a draft for a trained target")
+    td.add_argument("--method", required=True, choices=["standalone"])
+    td.add_argument("--target", default=str(DEFAULT_MODEL))
+    td.add_argument("--out", required=True)
+    td.add_argument("--device", default="cuda")
+    td.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
+    td.add_argument("--steps", type=int)
+    td.add_argument("--max-minutes", type=float)
+    td.add_argument("--seed", type=int)
+    td.set_defaults(func=cmd_train_draft)
     return parser
+
+
+def _recipe_overrides(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {n: getattr(a, n) for n in names if getattr(a, n, None) is not None}
+
+
+def cmd_train_target(a: argparse.Namespace) -> None:
+    from outpace.train.target import TargetRecipe, train_target
+
+    overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed"))
+    recipe = TargetRecipe.toy(**overrides) if a.toy else TargetRecipe(**overrides)
+    metrics = train_target(recipe, Path(a.out), a.device)
+    print(json.dumps({k: metrics[k] for k in ("heldout_loss", "heldout_top1", "mtp_heldout_top1",
+                                              "train_wall_seconds", "num_parameters")}, indent=2))
+
+
+def cmd_train_draft(a: argparse.Namespace) -> None:
+    from outpace.train.standalone import StandaloneRecipe, train_standalone
+
+    _check_model_dir(a.target)
+    overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed"))
+    recipe = StandaloneRecipe.toy(**overrides) if a.toy else StandaloneRecipe(**overrides)
+    metrics = train_standalone(Path(a.target), recipe, Path(a.out), a.device)
+    print(json.dumps({k: metrics[k] for k in ("final_loss", "train_wall_seconds", "num_parameters")}, indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:

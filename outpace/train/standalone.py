@@ -1,0 +1,98 @@
+"""``outpace train draft --method standalone``: a much smaller Llama with the target's tokenizer,
+distilled from the target (soft labels) on the target's own continuations and on corpus text."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from outpace.attention import DenseCausalMetadata, forward_context
+from outpace.checkpoint import model_state_dict, save_checkpoint
+from outpace.config import ModelConfig
+from outpace.models.loader import build_model, load_model
+from outpace.train.distill import soft_cross_entropy, target_continuations, target_train_stream, teacher_forward
+from outpace.train.loop import OptimConfig, plot_history, train
+from outpace.train.target import MAX_SHARD_BYTES, init_weights
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass(frozen=True)
+class StandaloneRecipe:
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_layers: int = 2
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    num_continuations: int = 4096
+    prompt_len: int = 64
+    new_tokens: int = 192
+    batch_size: int = 64
+    steps: int = 3000
+    lr: float = 3e-3
+    warmup_steps: int = 100
+    max_minutes: float | None = 4.0
+    seed: int = 0
+    max_corpus_bytes: int = 30_000_000
+
+    @classmethod
+    def toy(cls, **overrides) -> StandaloneRecipe:
+        return cls(**{**dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                             num_continuations=8, prompt_len=8, new_tokens=16, batch_size=4, steps=20, lr=1e-2,
+                             warmup_steps=2, max_minutes=None, max_corpus_bytes=300_000), **overrides})
+
+
+def draft_config(target_cfg: dict, recipe: StandaloneRecipe) -> dict:
+    cfg = dict(target_cfg)
+    for key in ("num_nextn_predict_layers", "chain_mtp_hidden_states"):
+        cfg.pop(key, None)
+    cfg.update(hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
+               num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
+               num_key_value_heads=recipe.num_kv_heads, head_dim=recipe.hidden_size // recipe.num_heads)
+    return cfg
+
+
+def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, device: str) -> dict:
+    t0 = time.perf_counter()
+    torch.manual_seed(recipe.seed)
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    stream = target_train_stream(target_dir, max_corpus_bytes=recipe.max_corpus_bytes)
+    continuations = target_continuations(target_dir, stream, recipe.num_continuations, recipe.prompt_len,
+                                         recipe.new_tokens, device, seed=recipe.seed)
+    target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device)
+    cfg_dict = draft_config(json.loads((target_dir / "config.json").read_text()), recipe)
+    draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
+    init_weights(draft, recipe.seed)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    seq = recipe.prompt_len + recipe.new_tokens
+
+    def loss_fn(step: int):
+        half = recipe.batch_size // 2
+        rows = torch.randint(0, continuations.shape[0], (recipe.batch_size - half,), generator=gen)
+        tokens = torch.cat([continuations[rows], stream.windows(half, seq, gen)]).to(device)
+        teacher = target.compute_logits(teacher_forward(target, tokens).hidden_states)
+        b, t = tokens.shape
+        with forward_context(DenseCausalMetadata(b, t)):
+            student = draft.compute_logits(draft(tokens.reshape(-1), torch.arange(t, device=device).repeat(b)).hidden_states)
+        return soft_cross_entropy(student, teacher), tokens.numel(), {}
+
+    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps, max_minutes=recipe.max_minutes)
+    history = train(draft, loss_fn, opt, device, desc="standalone draft")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(model_state_dict(draft), out_dir, MAX_SHARD_BYTES, dtype=torch.bfloat16)
+    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copy(target_dir / name, out_dir / name)
+    plot_history(history, out_dir / "loss.png", "standalone draft: distillation loss (soft CE vs target)")
+    metrics = dict(recipe=dataclasses.asdict(recipe), num_parameters=sum(p.numel() for p in draft.parameters()),
+                   train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
+                   final_loss=history.losses[-1], history=history.to_dict(),
+                   device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu")
+    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics

@@ -1,0 +1,219 @@
+"""``outpace train target``: a small Llama code model with chained MTP layers, trained from scratch.
+
+Recipe: byte-level BPE on the train split of the corpus; a Llama (tied embeddings) trained on
+random windows; ``num_mtp_layers`` DeepSeek-V3-style MTP layers trained jointly with an
+auxiliary loss (total = main + mtp_loss_weight * mean over depths, as DeepSeek-V3 does). The MTP
+layers are chained (Step-3.5-Flash): depth 1 consumes the target's last pre-norm hidden state,
+depth k the pre-norm output of depth k-1; at row i depth k embeds token i+k and predicts token
+i+k+1, at rotary position i.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from outpace.attention import DenseCausalMetadata, forward_context
+from outpace.checkpoint import model_state_dict, save_checkpoint
+from outpace.config import ModelConfig
+from outpace.models.loader import build_model
+from outpace.train.corpus import Corpus, SourceFile, build_corpus, heldout_prompts
+from outpace.train.data import TokenStream
+from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
+from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids, train_tokenizer
+
+MAX_SHARD_BYTES = 15 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TargetRecipe:
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int = 640
+    num_layers: int = 6
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    max_position_embeddings: int = 2048
+    num_mtp_layers: int = 3
+    chain_mtp: bool = True
+    mtp_loss_weight: float = 0.3
+    seq_len: int = 512
+    batch_size: int = 64
+    steps: int = 8000
+    lr: float = 3e-3
+    warmup_steps: int = 200
+    max_minutes: float | None = 8.0
+    seed: int = 0
+    heldout_fraction: float = 0.05
+    max_corpus_bytes: int | None = 150_000_000
+    tokenizer_sample_bytes: int = 20_000_000
+    eval_windows: int = 128
+
+    @classmethod
+    def toy(cls, **overrides) -> TargetRecipe:
+        """A CPU-sized recipe for tests: trains in seconds."""
+        return cls(**{**dict(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                             num_kv_heads=2, max_position_embeddings=256, seq_len=32, batch_size=8, steps=40,
+                             lr=1e-2, warmup_steps=5, max_minutes=None, max_corpus_bytes=300_000,
+                             tokenizer_sample_bytes=200_000, eval_windows=8), **overrides})
+
+
+def hf_config(recipe: TargetRecipe, eos_id: int, pad_id: int) -> dict:
+    """A Llama config.json, plus the MTP fields (DeepSeek-V3's name, SGLang's chaining flag)."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=recipe.vocab_size, hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads, head_dim=recipe.hidden_size // recipe.num_heads,
+        max_position_embeddings=recipe.max_position_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id,
+    ).to_dict()
+    cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="bfloat16", rope_theta=10000.0,
+               num_nextn_predict_layers=recipe.num_mtp_layers, chain_mtp_hidden_states=recipe.chain_mtp)
+    return cfg
+
+
+def tokenizer_sample(files: list[SourceFile], max_bytes: int) -> list[str]:
+    """Files spread over all packages (ordered by a hash of the path) up to ``max_bytes``."""
+    ordered = sorted(files, key=lambda f: hashlib.sha256(f.rel_path.encode()).digest())
+    texts, total = [], 0
+    for f in ordered:
+        if total >= max_bytes:
+            break
+        texts.append(f.text)
+        total += len(f.text)
+    return texts
+
+
+def mtp_forward_losses(model, tokens: torch.Tensor, num_mtp: int, chain: bool):
+    """tokens [batch, seq_len + num_mtp + 1] -> (losses, top-1 accuracies), each a list whose entry 0
+    is the target's next-token prediction and entry k the MTP depth k.
+
+    The main model reads tokens[:, :seq_len]; depth k (1-based) at row i consumes the depth k-1
+    state at row i (chained) or the target's (not chained) and the embedding of token i+k.
+    """
+    b, length = tokens.shape
+    t = length - num_mtp - 1
+    positions = torch.arange(t, device=tokens.device).repeat(b)  # [b * t]
+    with forward_context(DenseCausalMetadata(b, t)):
+        target_hidden = model(tokens[:, :t].reshape(-1), positions).hidden_states  # [b * t, hidden]
+        losses, accs = [], []
+        h = target_hidden
+        for k in range(num_mtp + 1):
+            if k > 0:
+                embeds = model.embed(tokens[:, k:t + k].reshape(-1))
+                h = model.mtp_layers[k - 1](positions, embeds, h if chain else target_hidden)
+            logits = model.compute_logits(h)  # [b * t, vocab]
+            labels = tokens[:, k + 1:t + k + 1].reshape(-1)
+            losses.append(F.cross_entropy(logits, labels))
+            accs.append((logits.argmax(-1) == labels).float().mean().detach())
+    return losses, accs
+
+
+@torch.no_grad()
+def evaluate(model, windows: torch.Tensor, recipe: TargetRecipe, device: str, batch: int = 16) -> dict:
+    """Held-out loss of the target and teacher-forced top-1 accuracy of each MTP depth."""
+    k = recipe.num_mtp_layers
+    loss_sum, acc_sum, n = torch.zeros(k + 1), torch.zeros(k + 1), 0
+    for i in range(0, windows.shape[0], batch):
+        w = windows[i:i + batch].to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+            losses, accs = mtp_forward_losses(model, w, k, recipe.chain_mtp)
+        loss_sum += torch.stack(losses).float().cpu()
+        acc_sum += torch.stack(accs).float().cpu()
+        n += 1
+    loss, acc = (loss_sum / n).tolist(), (acc_sum / n).tolist()
+    return {"heldout_loss": loss[0], "heldout_top1": acc[0],
+            "mtp_heldout_loss": {d: loss[d] for d in range(1, k + 1)},
+            "mtp_heldout_top1": {d: acc[d] for d in range(1, k + 1)}}
+
+
+def prepare_data(recipe: TargetRecipe, roots=None):
+    """Corpus, tokenizer, train stream and held-out stream for a recipe."""
+    corpus: Corpus = build_corpus(roots, heldout_fraction=recipe.heldout_fraction,
+                                  max_total_bytes=recipe.max_corpus_bytes)
+    tok = train_tokenizer(tokenizer_sample(corpus.train, recipe.tokenizer_sample_bytes), vocab_size=recipe.vocab_size)
+    ids = special_token_ids(tok)
+    train_stream = TokenStream.from_files(corpus.train, tok, ids[EOS_TOKEN])
+    heldout_stream = TokenStream.from_files(corpus.heldout, tok, ids[EOS_TOKEN])
+    return corpus, tok, train_stream, heldout_stream
+
+
+def train_target(recipe: TargetRecipe, out_dir: Path, device: str, roots=None, num_samples: int = 4) -> dict:
+    """Train, evaluate and save the target (with its MTP layers) as a HF directory in ``out_dir``."""
+    t0 = time.perf_counter()
+    torch.manual_seed(recipe.seed)
+    corpus, tok, train_stream, heldout_stream = prepare_data(recipe, roots)
+    ids = special_token_ids(tok)
+    cfg_dict = hf_config(recipe, ids[EOS_TOKEN], ids[PAD_TOKEN])
+    cfg = ModelConfig.from_dict(cfg_dict)
+    history, model = run_target_training(recipe, cfg, train_stream, device)
+    windows = heldout_stream.sequential_windows(recipe.seq_len + recipe.num_mtp_layers + 1, recipe.eval_windows)
+    metrics = evaluate(model, windows, recipe, device)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(model_state_dict(model), out_dir, MAX_SHARD_BYTES, dtype=torch.bfloat16)
+    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    save_tokenizer(tok, out_dir, model_max_length=recipe.max_position_embeddings)
+    plot_history(history, out_dir / "loss.png", "tinypy target: training loss")
+    metrics.update(
+        recipe=dataclasses.asdict(recipe), corpus=corpus.stats(), train_tokens=len(train_stream),
+        heldout_tokens=len(heldout_stream), num_parameters=sum(p.numel() for p in model.parameters()),
+        train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
+        device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        history=history.to_dict(),
+        samples=sample_completions(out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device),
+    )
+    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def run_target_training(recipe: TargetRecipe, cfg: ModelConfig, stream: TokenStream, device: str):
+    """The training itself (separate so a reproducibility check can rerun it on the same data)."""
+    torch.manual_seed(recipe.seed)
+    model = build_model(cfg, torch.float32, device)
+    init_weights(model, recipe.seed)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    window = recipe.seq_len + recipe.num_mtp_layers + 1
+
+    def loss_fn(step: int):
+        batch = stream.windows(recipe.batch_size, window, gen).to(device, non_blocking=True)
+        losses, _ = mtp_forward_losses(model, batch, recipe.num_mtp_layers, recipe.chain_mtp)
+        main, mtp = losses[0], torch.stack(losses[1:]).mean()
+        extra = {"main": main.detach(), **{f"mtp depth {k}": losses[k].detach() for k in range(1, len(losses))}}
+        return main + recipe.mtp_loss_weight * mtp, batch.numel(), extra
+
+    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,
+                      max_minutes=recipe.max_minutes)
+    history: TrainHistory = train(model, loss_fn, opt, device, desc="target")
+    return history, model
+
+
+def init_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
+    """Normal(0, std) for matrices and embeddings, ones for norms; residual outputs scaled down."""
+    g = torch.Generator().manual_seed(seed)
+    num_layers = sum(1 for n, _ in model.named_modules() if n.endswith("mlp"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0) if "norm" in name else p.zero_()
+                continue
+            scale = std / (2 * num_layers) ** 0.5 if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+def sample_completions(model_dir: Path, prompts: list[str], device: str, max_tokens: int = 64) -> list[dict]:
+    """Greedy completions of held-out prompts through outpace's own engine."""
+    from outpace import LLM, SamplingParams
+
+    llm = LLM(str(model_dir), device=device)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    return [{"prompt": p, "completion": o.text} for p, o in zip(prompts, outs)]
