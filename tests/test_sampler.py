@@ -143,7 +143,9 @@ def test_greedy_rows_are_one_hot_at_first_argmax():
     torch.testing.assert_close(logits_to_probs(logits, mixed)[0], expected[0])
 
 
-def _reference_keep(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float) -> tuple[set[int], bool]:
+def _reference_keep(
+    logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float
+) -> tuple[set[int], bool]:
     """Brute force in float64: the kept set, and whether any boundary is too close to call."""
     vocab = len(logits)
     peak = max(logits)

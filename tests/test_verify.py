@@ -114,7 +114,8 @@ def chain_as_tree(draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def same_result(a, b) -> None:
-    for field in ("output_token_ids", "num_correct_drafts", "bonus_token_ids", "last_correct_step_indices", "accepted_path"):
+    fields = ("output_token_ids", "num_correct_drafts", "bonus_token_ids", "last_correct_step_indices", "accepted_path")
+    for field in fields:
         assert torch.equal(getattr(a, field), getattr(b, field)), field
 
 
@@ -159,7 +160,8 @@ def test_sampling_verifiers_reduce_to_greedy_for_temperature_zero():
     same_result(verify_sampling_tree(parent, tokens, tree_q, tree_probs), greedy)
     same_result(verify_sampling_tree(parent, tokens, None, tree_probs), greedy)
     # The dispatching entry points take the greedy path.
-    same_result(verify_tree(parent, tokens, tree_q, tree_logits, SamplingTensors.from_params([params(0.0)] * batch, "cpu")), greedy)
+    all_greedy = SamplingTensors.from_params([params(0.0)] * batch, "cpu")
+    same_result(verify_tree(parent, tokens, tree_q, tree_logits, all_greedy), greedy)
 
 
 def test_chain_shaped_tree_equals_chain():
@@ -178,6 +180,29 @@ def test_chain_shaped_tree_equals_chain():
         tree = verify_sampling_tree(parent, tokens, q_tree, target_probs, gens_b, uniform_rand=u)
         same_result(tree, chain)
         assert len(set(chain.num_correct_drafts.tolist())) == num_drafts + 1  # all outcomes seen
+
+
+def test_sampling_tree_siblings_by_hand():
+    """Root p = [.5, .3, .2, 0]; children 1 (token 0) and 2 (token 1); node 1 has child 3."""
+    parent = torch.tensor([[-1, 0, 0, 1]] * 2)
+    tokens = torch.tensor([[0, 0, 1, 2]] * 2)
+    target = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    target = target.expand(2, -1, -1)  # [2, 4 nodes, V=4]
+    # One-hot proposals: child 1 (token 0) accepted iff u < 0.5. Row 0 rejects it
+    # (u = .6); the residual is [0, .6, .4, 0] and child 2 (token 1) is accepted iff u < .6.
+    u = torch.tensor([[0.6, 0.55, 0.0], [0.6, 0.65, 0.0]])
+    res = verify_sampling_tree(parent, tokens, None, target, uniform_rand=u)
+    assert res.accepted_path.tolist() == [[0, 2, -1, -1], [0, -1, -1, -1]]
+    assert res.last_correct_step_indices.tolist() == [2, 0]
+    # Row 0: node 2's target is one-hot at 3. Row 1: both rejected, residual [0, 0, 1, 0].
+    assert res.output_token_ids.tolist() == [[1, 3, -1, -1], [2, -1, -1, -1]]
+    # With q at the root = [.25, .5, .25, 0]: child 1 (token 0, p/q = 2) is always
+    # accepted, then node 3 (token 2) is accepted iff u * q(2) < p_1(2) = 0: never.
+    q = torch.tensor([[0.25, 0.5, 0.25, 0.0], [0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    res = verify_sampling_tree(parent, tokens, q.expand(2, -1, -1), target, uniform_rand=u)
+    assert res.accepted_path.tolist() == [[0, 1, -1, -1]] * 2
+    # Residual at node 1: max(0, onehot(3) - onehot(2)) = onehot(3).
+    assert res.output_token_ids.tolist() == [[0, 3, -1, -1]] * 2
 
 
 def test_verify_sampling_seeded_request_independent_of_batch():
@@ -400,20 +425,23 @@ def broken_inverted_ratio(uniform, p_x, q_x):
     return uniform * p_x < q_x
 
 
+RESIDUAL, ONE_HOT_RESIDUAL = "_residual_after_rejection", "_residual_after_rejecting_token"
 MUTANTS = [
     # (name, primitive replaced, replacement, runner, config)
-    ("chain: bonus from p after rejection", "_residual_after_rejection", broken_recover_from_target, "chain_sampled", "temperature"),
+    ("chain: bonus from p after rejection", RESIDUAL, broken_recover_from_target, "chain_sampled", "temperature"),
     ("chain: inverted acceptance ratio", "_accepts", broken_inverted_ratio, "chain_sampled", "top_k"),
-    ("chain, no q: rejected token kept", "_residual_after_rejecting_token", broken_keep_rejected_token, "chain_deterministic", "temperature"),
-    ("tree iid: bonus from p after rejection", "_residual_after_rejection", broken_recover_from_target, "tree_iid", "min_p"),
-    ("tree iid: residual not renormalised", "_residual_after_rejection", broken_unnormalised_residual, "tree_iid", "temperature"),
-    ("tree top-k: rejected token kept", "_residual_after_rejecting_token", broken_keep_rejected_token, "tree_topk", "top_p"),
-    ("tree top-k: not renormalised", "_residual_after_rejecting_token", broken_remove_without_renormalising, "tree_topk", "temperature"),
+    ("chain, no q: rejected token kept", ONE_HOT_RESIDUAL, broken_keep_rejected_token, "chain_deterministic", "temperature"),
+    ("tree iid: bonus from p after rejection", RESIDUAL, broken_recover_from_target, "tree_iid", "min_p"),
+    ("tree iid: residual not renormalised", RESIDUAL, broken_unnormalised_residual, "tree_iid", "temperature"),
+    ("tree top-k: rejected token kept", ONE_HOT_RESIDUAL, broken_keep_rejected_token, "tree_topk", "top_p"),
+    ("tree top-k: not renormalised", ONE_HOT_RESIDUAL, broken_remove_without_renormalising, "tree_topk", "temperature"),
 ]
 
 
 @pytest.mark.parametrize("name,primitive,replacement,runner_name,config_name", MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_statistical_test_rejects_broken_verifier(monkeypatch, name, primitive, replacement, runner_name, config_name):
+def test_statistical_test_rejects_broken_verifier(
+    monkeypatch, name, primitive, replacement, runner_name, config_name
+):
     monkeypatch.setattr(verify_mod, primitive, replacement)
     table, draft_table = markov_tables(CONFIGS[config_name])
     torch.manual_seed(1)

@@ -63,7 +63,9 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     stream = target_train_stream(target_dir, max_corpus_bytes=recipe.max_corpus_bytes)
     continuations = target_continuations(target_dir, stream, recipe.num_continuations, recipe.prompt_len,
-                                         recipe.new_tokens, device, seed=recipe.seed)
+                                         recipe.new_tokens, device, seed=recipe.seed, max_num_seqs=512,
+                                         num_kv_blocks=512 * (recipe.prompt_len + recipe.new_tokens) // 16 + 64,
+                                         max_num_batched_tokens=16384)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device)
     cfg_dict = draft_config(json.loads((target_dir / "config.json").read_text()), recipe)
     draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
