@@ -120,7 +120,7 @@ def test_heldout_prompts(corpus):
     assert prompts != heldout_prompts(corpus, num_prompts=12, prompt_chars=200, seed=1)
     assert len(prompts) == 12
     for prompt in prompts:
-        assert 0 < len(prompt) <= 200 and prompt.endswith("\n")
+        assert 0 < len(prompt) <= 200 and not prompt.endswith("\n")
         assert prompt.startswith(("def ", "class "))
         hosts = [f for f in corpus.heldout if prompt in f.text]
         assert hosts, "prompt must come from a held-out file"

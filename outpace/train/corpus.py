@@ -182,7 +182,9 @@ def _snippet(text: str, prompt_chars: int, rng: random.Random) -> str:
     """A run of whole lines starting at a line start, at most about prompt_chars long.
 
     Starts preferably at a top-level `def ` / `class ` line with enough text after it;
-    the snippet ends right after a newline (or at the end of the file).
+    the snippet ends at the end of a line, without the trailing newline: the BPE merges a newline
+    with the next line's indentation, so a prompt ending in a lone newline token is out of
+    distribution (token healing).
     """
     # NOTE: split on "\n" only; str.splitlines would also break at form feeds etc.
     parts = text.split("\n")
@@ -206,7 +208,7 @@ def _snippet(text: str, prompt_chars: int, rng: random.Random) -> str:
     end = start + 1  # always at least one line
     while end < len(lines) and offsets[end + 1] - offsets[start] <= prompt_chars:
         end += 1
-    return text[offsets[start] : offsets[end]]
+    return text[offsets[start] : offsets[end]].rstrip("\n")
 
 
 def heldout_prompts(

@@ -97,4 +97,23 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
                    final_loss=history.losses[-1], history=history.to_dict(),
                    device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu")
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_standalone_card(out_dir, metrics)
     return metrics
+
+
+TRAIN_COMMAND = ("python -m outpace train draft --method standalone --target zoo/tinypy --out zoo/tinypy-draft "
+                 "--device cuda --steps 6000 --max-minutes 4.5")
+
+
+def write_standalone_card(out_dir: Path, m: dict) -> None:
+    from outpace.train.model_card import write_model_card
+
+    r = m["recipe"]
+    sections = {"Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target
+(zoo/tinypy) sampled at temperature 0.8 after {r['prompt_len']}-token prompts cut from the corpus's train split,
+mixed half and half with raw train-split windows. The loss is the cross-entropy against the target's full
+distribution at every position (soft labels). Held-out files are never used. Final training loss:
+{m['final_loss']:.4f}. The tokenizer is the target's."""}
+    write_model_card(out_dir, "tinypy-draft: a standalone draft model for tinypy",
+                     "A much smaller Llama with the target's tokenizer, for `--method draft`.", TRAIN_COMMAND,
+                     sections)

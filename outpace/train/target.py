@@ -173,7 +173,49 @@ def train_target(recipe: TargetRecipe, out_dir: Path, device: str, roots=None, n
         samples=sample_completions(out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device),
     )
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_target_card(out_dir, metrics)
     return metrics
+
+
+TRAIN_COMMAND = "python -m outpace train target --out zoo/tinypy --device cuda --steps 12000 --max-minutes 7.0"
+
+
+def write_target_card(out_dir: Path, m: dict) -> None:
+    from outpace.train.model_card import write_model_card
+
+    c, r = m["corpus"], m["recipe"]
+    depths = sorted(m["mtp_heldout_top1"], key=int)
+    mtp_rows = "\n".join(f"| MTP depth {d} (token t+{int(d) + 1}) | {m['mtp_heldout_loss'][d]:.4f} | "
+                         f"{m['mtp_heldout_top1'][d]:.4f} |" for d in depths)
+    sections = {
+        "Data": f"""Python source files of the training machine's standard library and site-packages
+({c['train_files']:,} train files, {c['train_bytes'] / 1e6:.1f} MB; {m['train_tokens']:,} tokens), deduplicated by
+content. Files are split by a sha256 hash of their relative path: {c['heldout_files']:,} held-out files
+({m['heldout_tokens']:,} tokens) never train anything and supply evaluation windows and prompts. Tokenizer:
+byte-level BPE, {r['vocab_size']} tokens, trained on the train split (`<|endoftext|>`=0 is EOS, `<|pad|>`=1,
+`<|mask|>`=2 is reserved for DFlash drafts, then chat tokens `<|system|>` `<|user|>` `<|assistant|>`).""",
+        "Held-out results": f"""{r['eval_windows']} held-out windows of {r['seq_len']} tokens, teacher-forced.
+
+| head | loss (nats/token) | top-1 accuracy |
+|---|---|---|
+| target (token t+1) | {m['heldout_loss']:.4f} | {m['heldout_top1']:.4f} |
+{mtp_rows}
+
+MTP top-1 is measured against the true next tokens with true tokens fed to the chain: the first
+figure of how much each lookahead depth can accept.""",
+        "Checkpoint layout": f"""A `LlamaForCausalLM` checkpoint (tied embeddings) that transformers loads as is, ignoring
+the MTP weights. `config.json` adds `num_nextn_predict_layers: {r['num_mtp_layers']}` and
+`chain_mtp_hidden_states: {str(r['chain_mtp']).lower()}`. MTP layer k is stored DeepSeek-V3 style as
+`model.layers.{{num_hidden_layers + k}}.*`: `enorm`, `hnorm` (RMSNorm of the next token's embedding and of the
+incoming hidden state), `eh_proj` (2H -> H over their concatenation), then one decoder layer
+(`input_layernorm`, `self_attn.{{q,k,v,o}}_proj`, `post_attention_layernorm`, `mlp.{{gate,up,down}}_proj`). Logits
+use the target's final `model.norm` and (tied) head. Chained: layer 0 consumes the target's last pre-norm
+hidden state, layer k the pre-norm output of layer k-1; at row i, layer k embeds token i+k+1 and predicts
+token i+k+2.""",
+    }
+    write_model_card(out_dir, "tinypy: a small Python code model with 3 chained MTP layers",
+                     "The zoo target of outpace: the default `--model`, the model CI measures acceptance "
+                     "with, and the benchmark pair's target.", TRAIN_COMMAND, sections)
 
 
 def run_target_training(recipe: TargetRecipe, cfg: ModelConfig, stream: TokenStream, device: str):
