@@ -45,8 +45,18 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
+def checkpoint_tensor_names(model_dir: str | Path) -> set[str]:
+    names: set[str] = set()
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            names.update(f.keys())
+    return names
+
+
 def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = True) -> None:
-    """Copy a checkpoint's tensors into ``model``'s parameters (converting dtype).
+    """Copy a checkpoint's tensors into ``model``'s parameters and persistent buffers (converting
+    dtype). Every parameter must be in the checkpoint; a persistent buffer (e.g. a draft's vocabulary
+    map) keeps its default when absent.
 
     The model may define ``checkpoint_name(param_name) -> str`` (name map) and
     ``ignored_checkpoint_tensors`` (regexes of checkpoint tensors to skip).
@@ -55,6 +65,8 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
     """
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     params = {to_ckpt(name): p for name, p in model.named_parameters()}
+    persistent = set(model.state_dict().keys())
+    buffers = {to_ckpt(name): b for name, b in model.named_buffers() if name in persistent}
     all_names = {to_ckpt(name) for name, _ in model.named_parameters(remove_duplicate=False)}
     ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
     seen: set[str] = set()
@@ -64,10 +76,10 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
             for name in f.keys():
                 if any(r.search(name) for r in ignored) or (name in all_names and name not in params):
                     continue
-                if name not in params:
+                if name not in params and name not in buffers:
                     raise CheckpointError(f"unexpected tensor {name!r} in {path.name}: the model has no such parameter")
                 tensor = f.get_tensor(name)
-                param = params[name]
+                param = params.get(name, buffers.get(name))
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise CheckpointError(f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
                                           f"the model expects {tuple(param.shape)}")

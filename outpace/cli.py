@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--seed", type=int)
     tt.set_defaults(func=cmd_train_target)
     td = tsub.add_parser("draft", help="a draft for a trained target")
-    td.add_argument("--method", required=True, choices=["standalone"])
+    td.add_argument("--method", required=True, choices=["standalone", "eagle3"])
     td.add_argument("--target", default=str(DEFAULT_MODEL))
     td.add_argument("--out", required=True)
     td.add_argument("--device", default="cuda")
@@ -112,13 +112,21 @@ def cmd_train_target(a: argparse.Namespace) -> None:
 
 
 def cmd_train_draft(a: argparse.Namespace) -> None:
-    from outpace.train.standalone import StandaloneRecipe, train_standalone
-
     _check_model_dir(a.target)
     overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed"))
-    recipe = StandaloneRecipe.toy(**overrides) if a.toy else StandaloneRecipe(**overrides)
-    metrics = train_standalone(Path(a.target), recipe, Path(a.out), a.device)
-    print(json.dumps({k: metrics[k] for k in ("final_loss", "train_wall_seconds", "num_parameters")}, indent=2))
+    if a.method == "eagle3":
+        from outpace.train.eagle3 import Eagle3Recipe, train_eagle3
+
+        recipe = Eagle3Recipe.toy(**overrides) if a.toy else Eagle3Recipe(**overrides)
+        metrics = train_eagle3(Path(a.target), recipe, Path(a.out), a.device)
+        keys = ("final_loss", "final_step_top1", "train_wall_seconds", "num_parameters")
+    else:
+        from outpace.train.standalone import StandaloneRecipe, train_standalone
+
+        recipe = StandaloneRecipe.toy(**overrides) if a.toy else StandaloneRecipe(**overrides)
+        metrics = train_standalone(Path(a.target), recipe, Path(a.out), a.device)
+        keys = ("final_loss", "train_wall_seconds", "num_parameters")
+    print(json.dumps({k: metrics[k] for k in keys}, indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -191,6 +191,49 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Which drafter proposes tokens, and how many.
+
+    ``num_steps`` autoregressive draft steps with ``topk`` branches each (topk 1: a chain);
+    ``num_draft_tokens`` tokens are verified per step, the first being the last accepted token
+    (a chain verifies num_steps + 1). None derives it: num_steps + 1 for a chain.
+    """
+
+    method: str = "none"
+    draft: str | None = None
+    num_steps: int = 5
+    topk: int = 1
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        from outpace.registry import PROPOSERS
+
+        o = "SpeculativeConfig"
+        methods = ("none", *PROPOSERS)
+        _require(o, "method", self.method, self.method in methods, f"one of {', '.join(methods)}")
+        _positive_int(o, "num_steps", self.num_steps)
+        _positive_int(o, "topk", self.topk)
+        if self.num_draft_tokens is None:
+            object.__setattr__(self, "num_draft_tokens", self.num_steps + 1 if self.topk == 1 else
+                               min(1 + self.topk * self.num_steps, 16))
+        _positive_int(o, "num_draft_tokens", self.num_draft_tokens)
+        if self.topk == 1:
+            _require(o, "num_draft_tokens", self.num_draft_tokens, self.num_draft_tokens == self.num_steps + 1,
+                     f"num_steps + 1 = {self.num_steps + 1} for a chain (topk 1)")
+        else:
+            most = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
+            _require(o, "num_draft_tokens", self.num_draft_tokens, 2 <= self.num_draft_tokens <= most,
+                     f"in [2, {most}] (1 + topk + (num_steps - 1) * topk^2 candidates) for topk {self.topk}")
+        if self.method != "none":
+            _require(o, "draft", self.draft, self.method in ("ngram", "mtp") or bool(self.draft),
+                     f"a draft checkpoint directory for method {self.method!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: device, precision, cache size and batching limits.
 
@@ -209,6 +252,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     attention_backend: str = "torch"
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         o = "EngineConfig"

@@ -21,3 +21,12 @@ def resolve(table: dict[str, str], name: str, kind: str) -> Any:
 
 def model_class(architecture: str) -> type:
     return resolve(MODELS, architecture, "architecture")
+
+
+PROPOSERS = {
+    "eagle3": "outpace.spec.eagle3:Eagle3Proposer",
+}
+
+
+def proposer_class(method: str) -> type:
+    return resolve(PROPOSERS, method, "speculative method")

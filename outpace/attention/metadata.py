@@ -34,8 +34,9 @@ class PagedAttentionMetadata:
     token_query_index: torch.Tensor  # [num_tokens] int64: index of each token among its sequence's new tokens
     max_query_len: int
     block_size: int
-    # [num_seqs, max_query_len, max_query_len] bool: new token i may attend to new token j.
-    # None means causal. Tree verify passes each request's ancestor mask here.
+    # [num_seqs, max_query_len, window] bool: which of the sequence's last ``window`` KV rows
+    # (the new tokens and, for tree drafting, earlier speculative rows) each new token may see;
+    # rows before the window are always visible. None means plain causal.
     custom_mask: torch.Tensor | None = None
     _attn_mask: torch.Tensor | None = None
 
@@ -53,18 +54,18 @@ class PagedAttentionMetadata:
             device = self.block_tables.device
             kv_index = torch.arange(max_kv, device=device)                       # [max_kv]
             q_index = torch.arange(self.max_query_len, device=device)            # [max_q]
-            prefix_len = (self.seq_lens - self.query_lens)[:, None, None]        # [num_seqs, 1, 1]
-            rel = kv_index[None, None, :] - prefix_len                           # [num_seqs, 1, max_kv]
-            in_prefix = rel < 0
             if self.custom_mask is None:
-                in_new = (rel >= 0) & (rel <= q_index[None, :, None])            # [num_seqs, max_q, max_kv]
+                prefix_len = (self.seq_lens - self.query_lens)[:, None, None]    # [num_seqs, 1, 1]
+                rel = kv_index[None, None, :] - prefix_len                       # [num_seqs, 1, max_kv]
+                mask = (rel < 0) | (rel <= q_index[None, :, None])               # [num_seqs, max_q, max_kv]
             else:
-                in_range = (rel >= 0) & (rel < self.query_lens[:, None, None])
-                idx = rel.clamp(0, self.max_query_len - 1).expand(-1, self.max_query_len, -1)
-                in_new = in_range & torch.gather(self.custom_mask, 2, idx)
-                # Padding query rows see key 0 so that no softmax row is empty.
-                in_new[:, :, 0] |= (q_index[None, :] >= self.query_lens[:, None])
-            self._attn_mask = (in_prefix | in_new).unsqueeze(1)
+                window = self.custom_mask.shape[2]
+                rel = kv_index[None, None, :] - (self.seq_lens[:, None, None] - window)  # [num_seqs, 1, max_kv]
+                idx = rel.clamp(0, window - 1).expand(-1, self.max_query_len, -1)
+                mask = (rel < 0) | ((rel < window) & torch.gather(self.custom_mask, 2, idx))
+            # Padding query rows see key 0 so that no softmax row is empty.
+            mask[:, :, 0] |= q_index[None, :] >= self.query_lens[:, None]
+            self._attn_mask = mask.unsqueeze(1)
         return self._attn_mask
 
 
@@ -79,34 +80,37 @@ def build_paged_metadata(
     """Host-side construction from plain lists.
 
     Sequence s has ``num_cached[s]`` tokens already in its cache and brings ``query_lens[s]`` new
-    ones, stored at cache positions num_cached[s] .. num_cached[s] + query_lens[s] - 1.
-    ``custom_masks[s]`` (optional) is a [query_lens[s], query_lens[s]] bool mask among the new tokens.
+    ones, stored at cache rows num_cached[s] .. num_cached[s] + query_lens[s] - 1.
+    ``custom_masks[s]`` (optional, on ``device``) is a [query_lens[s], w_s] bool mask over the
+    sequence's last w_s >= query_lens[s] KV rows (the new ones last); None means causal.
     """
     num_seqs = len(query_lens)
     max_q = max(query_lens)
     max_blocks = max(1, max(len(t) for t in block_tables))
     table = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)
-    slots, seq_index, query_index = [], [], []
-    for s, (blocks, cached, q_len) in enumerate(zip(block_tables, num_cached, query_lens)):
+    for s, blocks in enumerate(block_tables):
         table[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
-        positions = torch.arange(cached, cached + q_len)
-        slots.append(table[s, positions // block_size] * block_size + positions % block_size)
-        seq_index.append(torch.full((q_len,), s, dtype=torch.int64))
-        query_index.append(torch.arange(q_len))
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    starts = torch.tensor(num_cached, dtype=torch.int64)
+    seq_index = torch.repeat_interleave(torch.arange(num_seqs), q_lens)                  # [num_tokens]
+    query_index = torch.arange(len(seq_index)) - torch.repeat_interleave(q_lens.cumsum(0) - q_lens, q_lens)
+    rows = starts[seq_index] + query_index
+    slots = table[seq_index, rows // block_size] * block_size + rows % block_size
     custom = None
     if custom_masks is not None and any(m is not None for m in custom_masks):
-        custom = torch.zeros(num_seqs, max_q, max_q, dtype=torch.bool)
-        for s, (mask, q_len) in enumerate(zip(custom_masks, query_lens)):
-            custom[s, :q_len, :q_len] = mask if mask is not None else torch.ones(q_len, q_len).tril().bool()
-        custom = custom.to(device)
-    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+        window = max(q if m is None else m.shape[1] for m, q in zip(custom_masks, query_lens))
+        custom = torch.ones(num_seqs, max_q, window, dtype=torch.bool, device=device)
+        for s, (mask, q) in enumerate(zip(custom_masks, query_lens)):
+            if mask is None:
+                mask = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+            custom[s, :q, window - mask.shape[1]:] = mask
     return PagedAttentionMetadata(
-        slot_mapping=torch.cat(slots).to(device),
+        slot_mapping=slots.to(device),
         block_tables=table.to(device),
-        seq_lens=(torch.tensor(num_cached, dtype=torch.int64) + q_lens).to(device),
+        seq_lens=(starts + q_lens).to(device),
         query_lens=q_lens.to(device),
-        token_seq_index=torch.cat(seq_index).to(device),
-        token_query_index=torch.cat(query_index).to(device),
+        token_seq_index=seq_index.to(device),
+        token_query_index=query_index.to(device),
         max_query_len=max_q,
         block_size=block_size,
         custom_mask=custom,

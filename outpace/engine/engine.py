@@ -9,10 +9,12 @@ from typing import Sequence
 import torch
 
 from outpace.cache.block_pool import BlockPool
-from outpace.config import EngineConfig, SamplingParams
+from outpace.config import ConfigError, EngineConfig, SamplingParams
 from outpace.engine.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
+from outpace.engine.spec_runner import SpeculativeRunner
+from outpace.registry import proposer_class
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.config import ModelConfig
 
@@ -37,8 +39,23 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, config.attention_backend)
-        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
-        limits = [self.model_config.max_position_embeddings, config.num_kv_blocks * config.block_size]
+        spec = config.speculative
+        self.spec_runner = None
+        decode_tokens, lookahead = 1, 0
+        if spec.enabled:
+            proposer = proposer_class(spec.method)(spec, self.model, self.pool, dtype, config.device,
+                                                   config.attention_backend)
+            self.spec_runner = SpeculativeRunner(self.runner, proposer, spec)
+            decode_tokens, lookahead = spec.num_draft_tokens, proposer.lookahead
+            if config.max_num_batched_tokens < decode_tokens:
+                raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
+                                  f"must be >= num_draft_tokens={decode_tokens}")
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens,
+                                   decode_tokens, lookahead, on_free=self._on_free)
+        # NOTE: with speculation the last lookahead + 1 rows of the context are reserved for drafts.
+        reserved = lookahead + 1 if spec.enabled else 0
+        limits = [self.model_config.max_position_embeddings - reserved,
+                  config.num_kv_blocks * config.block_size - reserved]
         self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -105,19 +122,26 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        sampled = self.runner.execute(batch)
+        results = (self.spec_runner or self.runner).execute(batch)
         finished = []
         now = time.perf_counter()
-        for s, token in zip(batch, sampled):
+        for s, result in zip(batch, results):
             req = s.request
-            req.num_computed_tokens += s.num_new_tokens
-            if token is None:
-                continue
-            if req.metrics.first_token_time is None:
+            req.num_computed_tokens += result.num_committed
+            if result.num_accepted_drafts is not None:
+                spec = self.config.speculative
+                req.spec_metrics.record(spec.num_draft_tokens - 1, spec.num_steps, result.num_accepted_drafts)
+            if result.new_token_ids and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
-            if self._append_token(req, token):
-                finished.append(self._finish(req))
+            for token in result.new_token_ids:
+                if self._append_token(req, token):
+                    finished.append(self._finish(req))
+                    break
         return finished
+
+    def _on_free(self, req: Request) -> None:
+        if self.spec_runner is not None:
+            self.spec_runner.proposer.release(req.request_id)
 
     def _append_token(self, req: Request, token: int) -> bool:
         """Append one token; True when the request must stop (its reason recorded)."""

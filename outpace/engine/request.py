@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from outpace.config import SamplingParams
+from outpace.spec.metrics import SpecMetrics
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +50,7 @@ class Request:
     text: str = ""
     generator: torch.Generator | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+    spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -86,6 +88,7 @@ class RequestOutput:
     stop_reason: str | int | None
     finished: bool
     metrics: RequestMetrics
+    spec_metrics: SpecMetrics
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -94,4 +97,4 @@ class RequestOutput:
     @classmethod
     def of(cls, req: Request) -> RequestOutput:
         return cls(req.request_id, req.prompt, req.prompt_token_ids, req.text, req.output_token_ids,
-                   req.finish_reason, req.stop_reason, req.finished, req.metrics)
+                   req.finish_reason, req.stop_reason, req.finished, req.metrics, req.spec_metrics)

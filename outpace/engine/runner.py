@@ -13,7 +13,7 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.engine.scheduler import ScheduledRequest
+from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import SamplingTensors, sample
 
 
@@ -24,7 +24,7 @@ class ModelRunner:
         self.pool = pool
         self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
-        bind_kv_cache(model, pool.num_blocks, pool.block_size, kv_dtype, device)
+        self.kv_caches = bind_kv_cache(model, pool.num_blocks, pool.block_size, kv_dtype, device)
 
     def forward(self, token_ids: list[list[int]], positions: list[list[int]], batch: list[ScheduledRequest]):
         """Forward the given new tokens of each scheduled request; returns the model output."""
@@ -37,9 +37,9 @@ class ModelRunner:
         with torch.inference_mode(), forward_context(meta, self.backend):
             return self.model(ids, pos)
 
-    def execute(self, batch: list[ScheduledRequest]) -> list[int | None]:
+    def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         """Forward every scheduled chunk; sample a token for each request whose chunk completes its
-        sequence (None for the others, still in chunked prefill)."""
+        sequence (none for the others, still in chunked prefill)."""
         token_ids, positions = [], []
         for s in batch:
             start = s.request.num_computed_tokens
@@ -48,14 +48,14 @@ class ModelRunner:
         out = self.forward(token_ids, positions, batch)
         ends = torch.tensor([len(t) for t in token_ids]).cumsum(0) - 1
         needs = [i for i, s in enumerate(batch) if s.completes_sequence]
-        result: list[int | None] = [None] * len(batch)
+        results = [StepResult([], s.num_new_tokens) for s in batch]
         if not needs:
-            return result
+            return results
         with torch.inference_mode():
             logits = self.model.compute_logits(out.hidden_states[ends[needs].to(self.device)])  # [n, vocab]
             reqs = [batch[i].request for i in needs]
             tensors = SamplingTensors.from_params([r.params for r in reqs], self.device)
             tokens = sample(logits, tensors, [r.generator for r in reqs]).tolist()
         for i, t in zip(needs, tokens):
-            result[i] = t
-        return result
+            results[i].new_token_ids.append(t)
+        return results

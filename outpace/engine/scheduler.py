@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from outpace.cache.block_pool import BlockPool
 from outpace.engine.request import Request, RequestStatus
+
+
+@dataclass
+class StepResult:
+    """What one step did for one scheduled request."""
+
+    new_token_ids: list[int]          # tokens to append, in order (none for an unfinished prefill chunk)
+    num_committed: int                # rows whose KV became valid
+    num_accepted_drafts: int | None = None  # verified drafts accepted (speculative decode only)
 
 
 @dataclass
@@ -27,11 +37,25 @@ class ScheduledRequest:
         return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
 
 
+def is_decoding(req: Request) -> bool:
+    """Past its prefill: one uncomputed token (the last sampled one)."""
+    return req.num_output_tokens > 0 and req.num_tokens - req.num_computed_tokens == 1
+
+
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    """``decode_tokens``: tokens one decoding request puts in a forward (1, or the verified tree
+    size with speculation); ``lookahead``: KV rows reserved past a decoding request's last token
+    (draft and verify rows). ``on_free`` is told about every request whose blocks are freed."""
+
+    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
+                 decode_tokens: int = 1, lookahead: int = 0,
+                 on_free: Callable[[Request], None] = lambda req: None) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.decode_tokens = decode_tokens
+        self.lookahead = lookahead
+        self.on_free = on_free
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -42,40 +66,49 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, lookahead: int = 0) -> list[ScheduledRequest]:
-        """``lookahead`` extra KV slots are reserved for decoding requests (speculative drafts)."""
+    def _demand(self, req: Request, budget: int) -> tuple[int, int, int]:
+        """(new tokens to schedule, forward tokens they cost, KV rows needed) within ``budget``."""
+        if is_decoding(req):
+            return 1, self.decode_tokens, req.num_computed_tokens + 1 + self.lookahead
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        return n, n, req.num_computed_tokens + n
+
+    def schedule(self) -> list[ScheduledRequest]:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         for req in list(self.running):
-            if req.status is not RequestStatus.RUNNING or budget == 0:
+            if req.status is not RequestStatus.RUNNING:
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.pool.can_hold(req.request_id, req.num_computed_tokens + n + lookahead):
+            n, cost, rows = self._demand(req, budget)
+            if n == 0 or cost > budget:
+                continue
+            while not self.pool.can_hold(req.request_id, rows):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is req:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            self.pool.grow(req.request_id, req.num_computed_tokens + n + lookahead)
+            self.pool.grow(req.request_id, rows)
             scheduled.append(ScheduledRequest(req, n))
-            budget -= n
+            budget -= cost
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.pool.can_hold(req.request_id, req.num_computed_tokens + n + lookahead):
+            n, cost, rows = self._demand(req, budget)
+            if cost > budget or not self.pool.can_hold(req.request_id, rows):
                 break
             self.waiting.popleft()
-            self.pool.grow(req.request_id, req.num_computed_tokens + n + lookahead)
+            self.pool.grow(req.request_id, rows)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, n))
-            budget -= n
+            budget -= cost
         return scheduled
 
     def preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.pool.free(req.request_id)
+        self.on_free(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.metrics.num_preemptions += 1
@@ -88,5 +121,6 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.pool.free(req.request_id)
+        self.on_free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

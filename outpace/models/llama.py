@@ -33,12 +33,13 @@ class ModelOutput:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, input_size: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.q_proj = linear(cfg.hidden_size, cfg.q_size, bias=cfg.attention_bias)
-        self.k_proj = linear(cfg.hidden_size, cfg.kv_size, bias=cfg.attention_bias)
-        self.v_proj = linear(cfg.hidden_size, cfg.kv_size, bias=cfg.attention_bias)
+        input_size = input_size or cfg.hidden_size  # EAGLE3's layer reads [embedding, hidden]: 2 * hidden
+        self.q_proj = linear(input_size, cfg.q_size, bias=cfg.attention_bias)
+        self.k_proj = linear(input_size, cfg.kv_size, bias=cfg.attention_bias)
+        self.v_proj = linear(input_size, cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = linear(cfg.q_size, cfg.hidden_size)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -125,13 +126,13 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         h = self.embed(input_ids)  # [num_tokens, hidden]
-        aux = []
+        captured = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layer_ids:
-                aux.append(h)
+                captured[i] = h
             h = layer(positions, h)
-        if len(self.model.layers) in self.aux_layer_ids:
-            aux.append(h)
+        captured[len(self.model.layers)] = h
+        aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
         return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -1,1 +1,1 @@
-"""Speculative decoding: proposers, draft trees and lossless verification."""
+"""Speculative decoding: proposers (drafters), tree building, lossless verification, metrics."""

@@ -1,0 +1,143 @@
+"""One speculative step: propose -> one target forward (prefill chunks and verify trees together)
+-> verify -> commit KV -> tell the proposer which rows were committed.
+
+Requests in prefill bring their chunk; requests in decode bring the draft tree whose node 0 is
+their last token (at position L) and whose node i sits at position L + depth(i) and in KV row
+L + i. After verify, the accepted path's KV is moved to rows L, L + 1, ... (a no-op for chains)
+and the rows past it are simply left behind: the next forward overwrites them. All results come
+back to the host in one transfer.
+"""
+from __future__ import annotations
+
+import torch
+
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.config import SpeculativeConfig
+from outpace.engine.runner import ModelRunner
+from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
+from outpace.layers.sampler import SamplingTensors, sample
+from outpace.spec.proposer import CommittedRows, Proposer
+from outpace.spec.tree import ancestor_mask
+from outpace.spec.verify import verify_chain, verify_tree
+
+
+class SpeculativeRunner:
+    def __init__(self, runner: ModelRunner, proposer: Proposer, spec: SpeculativeConfig) -> None:
+        self.runner = runner
+        self.proposer = proposer
+        self.spec = spec
+        runner.model.set_aux_hidden_state_layers(proposer.aux_layer_ids)
+
+    def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
+        prefill = [s for s in batch if not is_decoding(s.request)]
+        decode = [s for s in batch if is_decoding(s.request)]
+        dev = self.runner.device
+        drafts = self.proposer.propose([s.request for s in decode]) if decode else None
+        n = self.spec.num_draft_tokens
+
+        # ---- inputs: prefill chunks first, then one draft tree per decoding request
+        chunk_ids = [s.request.token_ids[s.request.num_computed_tokens:][:s.num_new_tokens] for s in prefill]
+        ids = [torch.tensor([t for c in chunk_ids for t in c], dtype=torch.int64)]
+        pos = [torch.cat([torch.arange(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens)
+                          for s in prefill]) if prefill else torch.zeros(0, dtype=torch.int64)]
+        ids, pos = [ids[0].to(dev)], [pos[0].to(dev)]
+        masks: list[torch.Tensor | None] = [None] * len(prefill)
+        if drafts is not None:
+            base = torch.tensor([s.request.num_computed_tokens for s in decode], device=dev)
+            ids.append(drafts.token_ids.reshape(-1))
+            pos.append((base[:, None] + drafts.depths).reshape(-1))
+            masks += (list(ancestor_mask(drafts.parents, self.spec.num_steps).unbind(0)) if not drafts.is_chain
+                      else [None] * len(decode))
+        order = prefill + decode
+        meta = build_paged_metadata([self.runner.pool.table(s.request.request_id) for s in order],
+                                    [s.request.num_computed_tokens for s in order],
+                                    [s.num_new_tokens for s in prefill] + [n] * len(decode),
+                                    self.runner.pool.block_size, dev, masks)
+        with torch.inference_mode(), forward_context(meta, self.runner.backend):
+            out = self.runner.model(torch.cat(ids), torch.cat(pos))
+
+        # ---- sample finished prefills, verify drafts
+        with torch.inference_mode():
+            num_prefill_rows = sum(s.num_new_tokens for s in prefill)
+            completing = [i for i, s in enumerate(prefill) if s.completes_sequence]
+            ends = torch.tensor([s.num_new_tokens for s in prefill], dtype=torch.int64).cumsum(0) - 1
+            rows = [ends[completing]] if completing else []
+            if decode:
+                rows.append(torch.arange(num_prefill_rows, num_prefill_rows + n * len(decode)))
+            logits = (self.runner.model.compute_logits(out.hidden_states[torch.cat(rows).to(dev)])
+                      if rows else None)
+            packed = []
+            if completing:
+                reqs = [prefill[i].request for i in completing]
+                st = SamplingTensors.from_params([r.params for r in reqs], dev)
+                packed.append(sample(logits[:len(completing)], st, [r.generator for r in reqs]))
+            if decode:
+                reqs = [s.request for s in decode]
+                st = SamplingTensors.from_params([r.params for r in reqs], dev)
+                target_logits = logits[len(completing):].view(len(decode), n, -1)
+                gens = [r.generator for r in reqs]
+                if drafts.is_chain:
+                    res = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, target_logits, st, gens)
+                else:
+                    res = verify_tree(drafts.parents, drafts.token_ids, None, target_logits, st, gens,
+                                      max_depth=self.spec.num_steps)
+                packed += [res.num_correct_drafts, res.output_token_ids.reshape(-1), res.accepted_path.reshape(-1)]
+            host = torch.cat(packed).tolist() if packed else []  # the step's one host sync
+
+        # ---- unpack
+        sampled = dict(zip(completing, host[:len(completing)]))
+        results: list[StepResult] = []
+        committed_rows, next_tokens, starts, counts, reqs_out = [], [], [], [], []
+        offset = 0
+        for i, s in enumerate(prefill):
+            req, start = s.request, s.request.num_computed_tokens
+            nxt = req.token_ids[start + 1:start + s.num_new_tokens + 1]
+            new = [sampled[i]] if i in sampled else []
+            committed_rows += range(offset, offset + s.num_new_tokens)
+            next_tokens += nxt + new
+            starts.append(start)
+            counts.append(s.num_new_tokens)
+            reqs_out.append(req)
+            results.append(StepResult(new, s.num_new_tokens))
+            offset += s.num_new_tokens
+        if decode:
+            b = len(decode)
+            h = host[len(completing):]
+            num_correct, h = h[:b], h[b:]
+            width = len(h) // (2 * b)
+            outputs, paths = h[:b * width], h[b * width:]
+            moves = []
+            for j, s in enumerate(decode):
+                req, k = s.request, num_correct[j]
+                path = paths[j * width:j * width + k + 1]
+                tokens = outputs[j * width:j * width + k + 1]
+                base_row = num_prefill_rows + j * n
+                committed_rows += [base_row + node for node in path]
+                next_tokens += tokens
+                starts.append(req.num_computed_tokens)
+                counts.append(k + 1)
+                reqs_out.append(req)
+                moves += [(req.request_id, req.num_computed_tokens + node, req.num_computed_tokens + i)
+                          for i, node in enumerate(path) if node != i]
+                results.append(StepResult(tokens, k + 1, k))
+            if moves:
+                self._move_kv(moves)
+        self.proposer.observe(CommittedRows(
+            reqs_out, starts, counts, torch.tensor(committed_rows, dtype=torch.int64, device=dev),
+            torch.tensor(next_tokens, dtype=torch.int64, device=dev), out.hidden_states, out.aux_hidden_states))
+        by_request = {id(s.request): r for s, r in zip(order, results)}
+        return [by_request[id(s.request)] for s in batch]
+
+    def _move_kv(self, moves: list[tuple[str, int, int]]) -> None:
+        """Copy the target's KV of accepted tree nodes (row src) to their committed rows (row dst)."""
+        bs = self.runner.pool.block_size
+
+        def slot(rid: str, row: int) -> int:
+            return self.runner.pool.table(rid)[row // bs] * bs + row % bs
+
+        src = torch.tensor([slot(r, a) for r, a, _ in moves], device=self.runner.device)
+        dst = torch.tensor([slot(r, b) for r, _, b in moves], device=self.runner.device)
+        for k_cache, v_cache in self.runner.kv_caches:
+            for cache in (k_cache, v_cache):
+                flat = cache.view(-1, *cache.shape[2:])
+                flat[dst] = flat[src]

@@ -1,0 +1,176 @@
+"""EAGLE3 draft model in the format of public EAGLE3 checkpoints (``LlamaForCausalLMEagle3``).
+
+One decoder layer over ``concat(input_layernorm(embed(token t+1)), hidden_norm(g_t))`` where g_t is
+``fc(concat(aux hidden states of the target at t))`` for rows the target computed, or the draft's
+own previous pre-norm output for rows it drafted. Then ``norm`` and ``lm_head`` over a draft
+vocabulary; draft id i is target id ``i + d2t[i]``. Checkpoint tensors: ``fc.weight``,
+optional ``fc_norm.{i}.weight`` (per-aux RMSNorm, "aux norm", enabled by ``use_aux_norm`` or
+``fc_norm`` in the config), ``midlayer.{input_layernorm,hidden_norm,self_attn.*,
+post_attention_layernorm,mlp.*}``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` and
+optionally ``embed_tokens.weight``. The embedding and, when the draft has none, the head come
+from the target.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
+from outpace.config import ModelConfig
+from outpace.layers.linear import linear
+from outpace.layers.norm import RMSNorm
+from outpace.models.llama import LlamaAttention, LlamaMLP, build_rotary
+from outpace.models.loader import default_dtype
+
+
+class DraftMismatchError(ValueError):
+    """A draft does not fit the target it is loaded against."""
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    layer: ModelConfig                 # shapes of the decoder layer (vocab_size is the target's)
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None  # as written in the checkpoint (see capture_layer_ids)
+    use_aux_norm: bool = False
+    bias: bool = False
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> Eagle3Config:
+        eagle = cfg.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+        layer = ModelConfig.from_dict({**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
+        return cls(layer=layer,
+                   draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+                   target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+                   aux_layer_ids=tuple(ids) if ids else None,
+                   use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
+                   bias=bool(cfg.get("bias", False)))
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids) if self.aux_layer_ids else 3
+
+    def capture_layer_ids(self, num_target_layers: int) -> tuple[int, ...]:
+        """The target layers whose *inputs* to capture (index num_target_layers: the last output).
+
+        Checkpoints write the ids in one of two conventions: a first id of 1 means "output of layer
+        X" (so capture the input of X + 1); otherwise they already mean "input of layer X". Absent:
+        [2, L // 2, L - 3].
+        """
+        ids = self.aux_layer_ids
+        if ids is None:
+            L = num_target_layers
+            return (2, L // 2, L - 3)
+        return tuple(i + 1 for i in ids) if ids[0] == 1 else tuple(ids)
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, rotary, input_size=2 * cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """embeds, hidden [n, hidden] -> [n, hidden] pre-norm output (residual stream = ``hidden``)."""
+        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
+        h = hidden + self.self_attn(positions, x)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: Eagle3Config, has_embedding: bool = False, has_head: bool = True) -> None:
+        super().__init__()
+        lc = cfg.layer
+        self.config = cfg
+        self.rotary = build_rotary(lc)
+        if cfg.use_aux_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, lc.rms_norm_eps) for _ in range(cfg.num_aux))
+        self.fc = linear(cfg.num_aux * cfg.target_hidden_size, lc.hidden_size, bias=cfg.bias)
+        self.midlayer = Eagle3Layer(lc, self.rotary)
+        self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
+        if has_embedding:
+            self.embed_tokens = nn.Embedding(lc.vocab_size, lc.hidden_size)
+        if has_head:
+            self.lm_head = linear(lc.hidden_size, cfg.draft_vocab_size)
+        # draft id i -> target id i + d2t[i]; t2d marks target ids the draft vocabulary has
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(lc.vocab_size, dtype=torch.bool))
+        self._target_embed: nn.Module | None = None
+        self._target_head: nn.Module | None = None
+
+    def attach_target(self, target: nn.Module) -> None:
+        """Borrow the target's embedding (and head, when the draft has none); not re-registered."""
+        if not hasattr(self, "embed_tokens"):
+            self._target_embed = target.model.embed_tokens
+        if not hasattr(self, "lm_head"):
+            self._target_head = target.lm_head
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return (self.embed_tokens if hasattr(self, "embed_tokens") else self._target_embed)(token_ids)
+
+    def fuse_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """[n, num_aux * target_hidden] concatenated target states -> [n, hidden]."""
+        if self.config.use_aux_norm:
+            parts = aux.chunk(self.config.num_aux, dim=-1)
+            aux = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts)], dim=-1)
+        return self.fc(aux)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """token_ids [n] (token t+1), positions [n] (t), hidden [n, hidden] -> [n, hidden] pre-norm."""
+        return self.midlayer(positions, self.embed(token_ids), hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
+        head = self.lm_head if hasattr(self, "lm_head") else self._target_head
+        return head(self.norm(hidden)).float()
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str) -> Eagle3Draft:
+    """Load an EAGLE3 draft and check that it fits ``target``; a mismatch raises DraftMismatchError."""
+    draft_dir = Path(draft_dir)
+    raw = json.loads((draft_dir / "config.json").read_text())
+    cfg = Eagle3Config.from_dict(raw)
+    tcfg: ModelConfig = target.config
+    names = checkpoint_tensor_names(draft_dir)
+    problems = []
+    if cfg.target_hidden_size != tcfg.hidden_size:
+        problems.append(f"target_hidden_size {cfg.target_hidden_size} != target hidden_size {tcfg.hidden_size}")
+    if cfg.layer.vocab_size != tcfg.vocab_size:
+        problems.append(f"vocab_size {cfg.layer.vocab_size} != target vocab_size {tcfg.vocab_size}")
+    if "lm_head.weight" not in names and cfg.draft_vocab_size != tcfg.vocab_size:
+        problems.append(f"the draft has no lm_head and its draft_vocab_size {cfg.draft_vocab_size} differs from "
+                        f"the target vocabulary {tcfg.vocab_size}")
+    if "embed_tokens.weight" not in names and cfg.layer.hidden_size != tcfg.hidden_size:
+        problems.append(f"the draft has no embedding and its hidden_size {cfg.layer.hidden_size} differs from the "
+                        f"target's {tcfg.hidden_size}")
+    capture = cfg.capture_layer_ids(tcfg.num_hidden_layers)
+    bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
+    if bad:
+        problems.append(f"eagle_aux_hidden_state_layer_ids {list(cfg.aux_layer_ids or ())} capture the inputs of "
+                        f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]")
+    if problems:
+        raise DraftMismatchError(f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems))
+    with default_dtype(dtype), torch.device(device):
+        draft = Eagle3Draft(cfg, has_embedding="embed_tokens.weight" in names, has_head="lm_head.weight" in names)
+    load_checkpoint(draft, draft_dir, progress=False)
+    target_ids = torch.arange(cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+    if target_ids.min() < 0 or target_ids.max() >= tcfg.vocab_size or target_ids.unique().numel() != target_ids.numel():
+        raise DraftMismatchError(f"EAGLE3 draft {draft_dir}: its d2t map sends draft ids outside the target "
+                                 f"vocabulary [0, {tcfg.vocab_size}) or two draft ids to one target id")
+    if int(draft.t2d.sum()) != cfg.draft_vocab_size:
+        raise DraftMismatchError(f"EAGLE3 draft {draft_dir}: t2d marks {int(draft.t2d.sum())} target ids, "
+                                 f"draft_vocab_size is {cfg.draft_vocab_size}")
+    draft.attach_target(target)
+    return draft.eval()

@@ -1,0 +1,171 @@
+"""EAGLE3 proposer: chain drafting (topk 1) and EAGLE-2-style tree drafting (topk > 1).
+
+Row convention (shared with the draft's training): draft row t reads the token at t + 1 and a
+hidden state for t, at rotary position t, and predicts the token at t + 2. For rows the target
+computed the hidden state is ``fc(aux hidden states)``; for drafted rows it is the draft's own
+previous pre-norm output.
+
+Each propose first runs the *draft-extend* over the rows the target committed since the last
+propose (prefill chunks, or the previous verify's accepted path): this writes their draft KV and
+its last row predicts the first draft token. Let L be the request's committed length (its last
+token, the previous bonus, sits at position L and is not in the KV yet). Chain: step j >= 2 is one
+row at position L + j - 2 reading draft j - 1. Tree: each step expands the ``topk`` best frontier
+nodes (rows at position L + step - 2, all attending to their own ancestors), every expanded node
+proposes ``topk`` children, and finally the ``num_draft_tokens - 1`` candidates with the highest
+cumulative log-probability form the verified tree.
+"""
+from __future__ import annotations
+
+import torch
+
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention.registry import get_backend
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.config import SpeculativeConfig
+from outpace.engine.request import Request
+from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
+from outpace.models.eagle3 import load_eagle3_draft
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.spec.tree import chain_tree, select_tree
+
+
+class Eagle3Proposer(Proposer):
+    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
+                 attention_backend: str = "torch") -> None:
+        self.spec = spec
+        self.pool = pool
+        self.device = torch.device(device)
+        self.backend = get_backend(attention_backend)
+        self.draft = load_eagle3_draft(spec.draft, target, dtype, device)
+        self.aux_layer_ids = self.draft.config.capture_layer_ids(target.config.num_hidden_layers)
+        bind_kv_cache(self.draft, pool.num_blocks, pool.block_size, dtype, device)
+        self.vocab_size = target.config.vocab_size
+        # draft vocabulary -> target ids, [draft_vocab]
+        self.target_ids = self.draft.draft_to_target(torch.arange(self.draft.config.draft_vocab_size,
+                                                                  device=self.device))
+        # request id -> list of (fused hidden [m, hidden], next tokens [m], first position)
+        self._pending: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
+
+    @property
+    def lookahead(self) -> int:
+        s = self.spec
+        return max(s.num_draft_tokens, (s.num_steps - 1) * s.topk) - 1
+
+    def release(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def observe(self, committed: CommittedRows) -> None:
+        with torch.inference_mode():
+            fused = self.draft.fuse_aux(committed.aux_hidden_states[committed.rows])  # [total, hidden]
+        offset = 0
+        for req, start, count in zip(committed.requests, committed.starts, committed.counts):
+            rows = slice(offset, offset + count)
+            self._pending.setdefault(req.request_id, []).append(
+                (fused[rows], committed.next_token_ids[rows], start))
+            offset += count
+
+    # ---- drafting ---------------------------------------------------------------------------
+    def _forward(self, requests: list[Request], num_cached: list[int], query_lens: list[int],
+                 token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+                 custom_masks=None) -> torch.Tensor:
+        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], num_cached, query_lens,
+                                    self.pool.block_size, self.device, custom_masks)
+        with forward_context(meta, self.backend):
+            return self.draft(token_ids, positions, hidden)
+
+    def _extend(self, requests: list[Request]) -> torch.Tensor:
+        """Draft-extend over every request's pending rows; returns the last row's output [batch, hidden]."""
+        hidden, tokens, starts, counts = [], [], [], []
+        for r in requests:
+            chunks = self._pending.pop(r.request_id)
+            hidden += [c[0] for c in chunks]
+            tokens += [c[1] for c in chunks]
+            starts.append(chunks[0][2])
+            counts.append(sum(c[0].shape[0] for c in chunks))
+        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)]).to(self.device)
+        out = self._forward(requests, starts, counts, torch.cat(tokens), positions, torch.cat(hidden))
+        last = torch.tensor(counts).cumsum(0) - 1
+        return out[last.to(self.device)]
+
+    def _to_target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """[n, draft_vocab] -> [n, vocab] with -inf outside the draft vocabulary."""
+        full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
+        full[:, self.target_ids] = draft_logits
+        return full
+
+    def propose(self, requests: list[Request]) -> DraftBatch:
+        with torch.inference_mode():
+            last = self._extend(requests)
+            if self.spec.topk == 1:
+                return self._propose_chain(requests, last)
+            return self._propose_tree(requests, last)
+
+    def _propose_chain(self, requests: list[Request], hidden: torch.Tensor) -> DraftBatch:
+        b, k = len(requests), self.spec.num_steps
+        st = SamplingTensors.from_params([r.params for r in requests], self.device)
+        generators = [r.generator for r in requests]
+        base = [r.num_computed_tokens for r in requests]  # L: the last token's position
+        drafts, probs = [], []
+        for j in range(1, k + 1):
+            logits = self.draft.compute_logits(hidden)  # [batch, draft_vocab]
+            if st.all_greedy:
+                drafts.append(self.target_ids[logits.argmax(-1)])
+            else:
+                q = logits_to_probs(self._to_target_logits(logits), st)  # [batch, vocab]
+                drafts.append(sample_from_probs(q, generators))
+                probs.append(q)
+            if j < k:
+                rows = [p + j - 2 for p in base]
+                hidden = self._forward(requests, rows, [1] * b, drafts[-1],
+                                       torch.tensor(rows, device=self.device), hidden)
+        last_tokens = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
+        token_ids = torch.stack([last_tokens] + drafts, dim=1)  # [batch, k + 1]
+        parents, depths = chain_tree(b, k + 1, self.device)
+        return DraftBatch(token_ids, parents, depths, is_chain=True,
+                          draft_probs=torch.stack(probs, dim=1) if probs else None)
+
+    def _propose_tree(self, requests: list[Request], hidden: torch.Tensor) -> DraftBatch:
+        b, k, steps = len(requests), self.spec.topk, self.spec.num_steps
+        dev = self.device
+        base = [r.num_computed_tokens for r in requests]
+        logp = torch.log_softmax(self.draft.compute_logits(hidden), -1)     # [batch, draft_vocab]
+        score, tok = logp.topk(k, dim=-1)                                    # [batch, k]
+        scores, tokens = [score], [tok]
+        parent_cands = [torch.full((b, k), -1, dtype=torch.int64, device=dev)]
+        depths = [torch.ones(b, k, dtype=torch.int64, device=dev)]
+        frontier = torch.arange(k, device=dev).expand(b, k)                  # candidate ids being expanded
+        frontier_hidden = hidden[:, None, :].expand(b, k, hidden.shape[-1])  # [batch, k, hidden]
+        frontier_score, frontier_tok = score, tok
+        row_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)         # ancestors among tree rows
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+        num_candidates = k
+        for step in range(2, steps + 1):
+            written = (step - 2) * k  # tree rows already in the draft KV (rows L .. L + written - 1)
+            mask = torch.cat([row_anc, eye], dim=2)                          # [batch, k, written + k]
+            positions = torch.tensor(base, device=dev).repeat_interleave(k) + step - 2
+            out = self._forward(requests, [p + written for p in base], [k] * b,
+                                self.target_ids[frontier_tok].reshape(-1), positions,
+                                frontier_hidden.reshape(b * k, -1), list(mask.unbind(0)))
+            out = out.view(b, k, -1)
+            child_logp, child_tok = torch.log_softmax(self.draft.compute_logits(out.reshape(b * k, -1)), -1) \
+                .topk(k, dim=-1)                                             # [batch * k, k]
+            child_score = (frontier_score[:, :, None] + child_logp.view(b, k, k)).reshape(b, k * k)
+            child_tok = child_tok.view(b, k * k)
+            scores.append(child_score)
+            tokens.append(child_tok)
+            parent_cands.append(frontier.repeat_interleave(k, dim=1))
+            depths.append(torch.full((b, k * k), step, dtype=torch.int64, device=dev))
+            best = child_score.topk(k, dim=1).indices                        # [batch, k] among the k * k children
+            parent_row = best // k                                           # which frontier row they came from
+            frontier = num_candidates + best
+            num_candidates += k * k
+            frontier_score = torch.gather(child_score, 1, best)
+            frontier_tok = torch.gather(child_tok, 1, best)
+            frontier_hidden = torch.gather(out, 1, parent_row[..., None].expand(-1, -1, out.shape[-1]))
+            row_anc = torch.gather(mask, 1, parent_row[..., None].expand(-1, -1, mask.shape[2]))
+        last_tokens = torch.tensor([r.token_ids[-1] for r in requests], device=dev)
+        token_ids, parents, node_depths = select_tree(
+            torch.cat(scores, 1), self.target_ids[torch.cat(tokens, 1)], torch.cat(parent_cands, 1),
+            torch.cat(depths, 1), last_tokens, self.spec.num_draft_tokens)
+        return DraftBatch(token_ids, parents, node_depths, is_chain=False)

@@ -1,0 +1,49 @@
+"""Draft trees on the device: chains, ancestor masks, and EAGLE-2-style node selection."""
+from __future__ import annotations
+
+import torch
+
+
+def chain_tree(batch: int, num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parents, depths), each [batch, num_nodes], of a chain: node i's parent is i - 1."""
+    depths = torch.arange(num_nodes, device=device).expand(batch, -1)
+    return depths - 1, depths
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[batch, n, n] bool: node i may attend to node j iff j is i or an ancestor of i.
+
+    parents [batch, n] (-1 for the root). ``max_depth`` bounds the walk (no host sync needed).
+    """
+    batch, n = parents.shape
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(batch, n, n).clone()
+    current = parents  # [batch, n]: the ancestor one more step up, -1 past the root
+    for _ in range(max_depth):
+        valid = current >= 0
+        mask |= torch.nn.functional.one_hot(current.clamp(min=0), n).bool() & valid[..., None]
+        current = torch.where(valid, torch.gather(parents, 1, current.clamp(min=0)), current)
+    return mask
+
+
+def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: torch.Tensor,
+                depths: torch.Tensor, root_tokens: torch.Tensor, num_nodes: int):
+    """Keep the ``num_nodes - 1`` best candidates by cumulative log-probability (EAGLE-2).
+
+    Candidates [batch, C] are listed parents-first; parent_candidate is -1 for the root's
+    children. A child's score never exceeds its parent's (log-probs are <= 0) and ties go to the
+    shallower node, so every kept node's parent is kept too. Returns (token_ids, parents, depths),
+    each [batch, num_nodes], node 0 the root, nodes in candidate (topological) order.
+    """
+    batch, num_candidates = scores.shape
+    keyed = scores - 1e-6 * depths.float()
+    chosen = keyed.topk(num_nodes - 1, dim=1).indices.sort(dim=1).values          # [batch, num_nodes - 1]
+    node_of = torch.full((batch, num_candidates), -1, dtype=torch.int64, device=scores.device)
+    node_of.scatter_(1, chosen, torch.arange(1, num_nodes, device=scores.device).expand(batch, -1))
+    parent_cand = torch.gather(parent_candidate, 1, chosen)
+    parent_node = torch.where(parent_cand < 0, torch.zeros_like(parent_cand),
+                              torch.gather(node_of, 1, parent_cand.clamp(min=0)))
+    root = torch.zeros(batch, 1, dtype=torch.int64, device=scores.device)
+    token_ids = torch.cat([root_tokens[:, None], torch.gather(tokens, 1, chosen)], dim=1)
+    parents = torch.cat([root - 1, parent_node], dim=1)
+    node_depths = torch.cat([root, torch.gather(depths, 1, chosen)], dim=1)
+    return token_ids, parents, node_depths

@@ -1,0 +1,46 @@
+"""Random EAGLE3 draft checkpoints for tests, built for a given target directory."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from outpace.checkpoint import model_state_dict, save_checkpoint
+from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
+
+
+def eagle3_config(target_dir: Path, draft_vocab_size: int | None = None, aux_ids=None, **extra) -> dict:
+    t = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": t["hidden_size"],
+           "intermediate_size": t["intermediate_size"], "num_attention_heads": t["num_attention_heads"],
+           "num_key_value_heads": t["num_key_value_heads"], "head_dim": t.get("head_dim"), "num_hidden_layers": 1,
+           "vocab_size": t["vocab_size"], "draft_vocab_size": draft_vocab_size or t["vocab_size"],
+           "target_hidden_size": t["hidden_size"], "rms_norm_eps": t.get("rms_norm_eps", 1e-6),
+           "max_position_embeddings": t["max_position_embeddings"], "rope_theta": t.get("rope_theta", 10000.0),
+           "tie_word_embeddings": False, "torch_dtype": "float32"}
+    if aux_ids is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_ids)}
+    cfg.update(extra)
+    return cfg
+
+
+def make_eagle3_draft(target_dir: Path, out_dir: Path, draft_vocab_size: int | None = None, aux_ids=None,
+                      seed: int = 0, **extra) -> Path:
+    cfg = eagle3_config(target_dir, draft_vocab_size, aux_ids, **extra)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(Eagle3Config.from_dict(cfg), has_embedding=False, has_head=True)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.3) + (1.0 if p.dim() == 1 else 0.0))
+        vocab, dv = cfg["vocab_size"], cfg["draft_vocab_size"]
+        chosen = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:dv].sort().values
+        draft.d2t.copy_(chosen - torch.arange(dv))
+        draft.t2d.zero_()
+        draft.t2d[chosen] = True
+    tensors = model_state_dict(draft)
+    tensors["d2t"], tensors["t2d"] = draft.d2t, draft.t2d
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(tensors, out_dir)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out_dir
