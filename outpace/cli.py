@@ -8,6 +8,7 @@ from pathlib import Path
 
 ZOO = Path(__file__).resolve().parent.parent / "zoo"
 DEFAULT_MODEL = ZOO / "tinypy"
+DEFAULT_DRAFTS = {"eagle3": ZOO / "tinypy-eagle3"}
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -17,11 +18,31 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--method", default=None, choices=["none", "eagle3"],
+                   help="drafter (default: eagle3 with the zoo draft on the zoo target, none otherwise)")
+    p.add_argument("--draft", default=None, help="draft checkpoint directory")
+    p.add_argument("--num-steps", type=int, default=5, help="draft steps per verify")
+    p.add_argument("--topk", type=int, default=1, help="branches per draft step (1: a chain)")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="tokens verified per step (default: num-steps + 1 for a chain, 16 at most for a tree)")
 
 
-def _engine_kwargs(a: argparse.Namespace) -> dict:
-    return dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
-                max_num_batched_tokens=a.max_num_batched_tokens)
+def _speculative_config(a: argparse.Namespace):
+    from outpace.config import SpeculativeConfig
+
+    method = a.method or ("eagle3" if Path(a.model).resolve() == DEFAULT_MODEL else "none")
+    if method == "none":
+        return SpeculativeConfig()
+    draft = a.draft or (str(DEFAULT_DRAFTS[method]) if Path(a.model).resolve() == DEFAULT_MODEL else None)
+    return SpeculativeConfig(method, draft, num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
+
+
+def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
+    kwargs = dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
+                  max_num_batched_tokens=a.max_num_batched_tokens)
+    if speculative:
+        kwargs["speculative"] = _speculative_config(a)
+    return kwargs
 
 
 def _check_model_dir(path: str) -> None:
@@ -37,19 +58,26 @@ def cmd_generate(a: argparse.Namespace) -> None:
                             max_tokens=a.max_tokens, seed=a.seed, ignore_eos=a.ignore_eos)
     llm = LLM(a.model, **_engine_kwargs(a))
     out = llm.generate([a.prompt], params)[0]
+    spec = out.spec_metrics
     if a.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "tokens_per_s": out.tokens_per_s}))
+                          "tokens_per_s": out.tokens_per_s, "speculative": spec.to_dict()}))
     else:
         print(a.prompt + out.text)
-        print(f"\n[{len(out.token_ids)} tokens, {out.finish_reason}, {out.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+        line = f"\n[{len(out.token_ids)} tokens, {out.finish_reason}, {out.tokens_per_s:.1f} tokens/s"
+        if spec.num_verifies:
+            rates = " ".join(f"{r:.2f}" for r in spec.acceptance_rate_per_position)
+            line += f", {spec.num_verifies} verifies, tau {spec.acceptance_length:.2f}, per-position {rates}"
+        print(line + "]", file=sys.stderr)
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
     from outpace.bench.decode import run_decode_bench
 
     _check_model_dir(a.model)
-    run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens, engine_kwargs=_engine_kwargs(a))
+    run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens,
+                     engine_kwargs=_engine_kwargs(a, speculative=False), speculative=_speculative_config(a),
+                     out_json=a.out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--out", default=None, help="also write the rows as JSON here")
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train the zoo models (see zoo/README.md)")
     tsub = t.add_subparsers(dest="what", required=True)

@@ -1,31 +1,60 @@
-"""Decode throughput at several batch sizes (``outpace bench``)."""
+"""Decode throughput and acceptance, with and without speculation, in one run (``outpace bench``).
+
+Prompts are held-out corpus snippets when the model has a tokenizer (acceptance depends on real
+text), else fixed token sequences. Each configuration gets a warm-up, then every batch size runs
+its prompts to ``max_tokens`` greedy tokens (EOS ignored); time covers prefill and decode.
+"""
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.spec.metrics import SpecMetrics
+
+
+def bench_prompts(llm: LLM, count: int) -> list:
+    if llm.tokenizer is None:
+        vocab = llm.engine.model_config.vocab_size
+        return [[(13 * i + 7 * j) % vocab for j in range(32)] for i in range(count)]
+    from outpace.train.corpus import build_corpus, heldout_prompts
+
+    return heldout_prompts(build_corpus(), count, prompt_chars=300, seed=7)
 
 
 def run_decode_bench(model: str, batch_sizes: list[int], max_tokens: int, engine_kwargs: dict,
-                     prompt_len: int = 32) -> list[dict]:
-    llm = LLM(model, **engine_kwargs)
-    vocab = llm.engine.model_config.vocab_size
+                     speculative: SpeculativeConfig, out_json: str | None = None) -> list[dict]:
+    configs = [SpeculativeConfig()] + ([speculative] if speculative.enabled else [])
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     rows = []
-    llm.generate([[7] * prompt_len], params.replace(max_tokens=4))  # warm-up
-    for bs in batch_sizes:
-        prompts = [[(13 * i + 7 * j) % vocab for j in range(prompt_len)] for i in range(bs)]
-        for p in prompts:
-            llm.engine.add_request(p, params)
-        llm.engine.step()  # the prefill step, not counted in decode throughput
-        steps, t0 = 0, time.perf_counter()
-        while llm.engine.has_unfinished_requests:
-            llm.engine.step()
-            steps += 1
-        elapsed = time.perf_counter() - t0
-        rows.append({"batch_size": bs, "decode_steps": steps, "decode_tokens_per_s": bs * steps / elapsed,
-                     "step_ms": 1000 * elapsed / steps})
-    print(f"{'batch':>6} {'steps':>6} {'step ms':>9} {'decode tok/s':>13}")
+    prompts = None
+    for spec in configs:
+        llm = LLM(model, speculative=spec, **engine_kwargs)
+        prompts = prompts or bench_prompts(llm, max(batch_sizes))
+        llm.generate(prompts[:1], params.replace(max_tokens=8))  # warm-up
+        for bs in tqdm(batch_sizes, desc=f"bench {spec.method}"):
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts[:bs], params)
+            elapsed = time.perf_counter() - t0
+            metrics = SpecMetrics()
+            for o in outs:
+                metrics = metrics.merge(o.spec_metrics)
+            rows.append({"method": spec.method, "num_steps": spec.num_steps, "topk": spec.topk,
+                         "num_draft_tokens": spec.num_draft_tokens if spec.enabled else 1, "batch_size": bs,
+                         "tokens": sum(len(o.token_ids) for o in outs), "seconds": elapsed,
+                         "tokens_per_s": sum(len(o.token_ids) for o in outs) / elapsed,
+                         **({"speculative": metrics.to_dict()} if spec.enabled else {})})
+    base = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    print(f"{'method':>8} {'batch':>6} {'tokens/s':>10} {'speedup':>8} {'tau':>6}")
     for r in rows:
-        print(f"{r['batch_size']:>6} {r['decode_steps']:>6} {r['step_ms']:>9.2f} {r['decode_tokens_per_s']:>13.1f}")
+        tau = r.get("speculative", {}).get("acceptance_length")
+        print(f"{r['method']:>8} {r['batch_size']:>6} {r['tokens_per_s']:>10.1f} "
+              f"{r['tokens_per_s'] / base[r['batch_size']]:>7.2f}x {'' if tau is None else f'{tau:.2f}':>6}")
+    if out_json:
+        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_json).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

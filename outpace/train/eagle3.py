@@ -27,11 +27,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from outpace.checkpoint import save_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype, load_model
 from outpace.train.distill import soft_cross_entropy, target_continuations, target_train_stream, teacher_forward
-from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
+from outpace.train.loop import OptimConfig, plot_history, train
 from outpace.train.target import MAX_SHARD_BYTES, init_weights
 
 STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j
@@ -323,12 +324,11 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
                  **{f"top1 step {j}": a for j, a in enumerate(top1)}}
         return weighted_loss(losses), tokens.numel(), extra
 
-    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps, max_minutes=recipe.max_minutes)
+    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,
+                      max_minutes=recipe.max_minutes)
     history = train(draft, loss_fn, opt, device, desc="eagle3 draft")
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    from outpace.checkpoint import save_checkpoint
-
     save_checkpoint(draft_state_dict(draft), out_dir, MAX_SHARD_BYTES)
     (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     loss_history = dataclasses.replace(history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")})
