@@ -25,6 +25,7 @@ def model_class(architecture: str) -> type:
 
 PROPOSERS = {
     "eagle3": "outpace.spec.eagle3:Eagle3Proposer",
+    "mtp": "outpace.spec.mtp:MTPProposer",
 }
 
 

@@ -24,7 +24,8 @@ class ModelRunner:
         self.pool = pool
         self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
-        self.kv_caches = bind_kv_cache(model, pool.num_blocks, pool.block_size, kv_dtype, device)
+        # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
+        self.kv_caches = bind_kv_cache(model.model, pool.num_blocks, pool.block_size, kv_dtype, device)
 
     def forward(self, token_ids: list[list[int]], positions: list[list[int]], batch: list[ScheduledRequest]):
         """Forward the given new tokens of each scheduled request; returns the model output."""

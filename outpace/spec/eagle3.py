@@ -24,10 +24,10 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.engine.request import Request
-from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
 from outpace.models.eagle3 import load_eagle3_draft
+from outpace.spec.chain import ChainDrafts
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.spec.tree import chain_tree, select_tree
+from outpace.spec.tree import select_tree
 
 
 class Eagle3Proposer(Proposer):
@@ -102,28 +102,15 @@ class Eagle3Proposer(Proposer):
             return self._propose_tree(requests, last)
 
     def _propose_chain(self, requests: list[Request], hidden: torch.Tensor) -> DraftBatch:
-        b, k = len(requests), self.spec.num_steps
-        st = SamplingTensors.from_params([r.params for r in requests], self.device)
-        generators = [r.generator for r in requests]
+        drafts = ChainDrafts(requests, self.device)
         base = [r.num_computed_tokens for r in requests]  # L: the last token's position
-        drafts, probs = [], []
-        for j in range(1, k + 1):
-            logits = self.draft.compute_logits(hidden)  # [batch, draft_vocab]
-            if st.all_greedy:
-                drafts.append(self.target_ids[logits.argmax(-1)])
-            else:
-                q = logits_to_probs(self._to_target_logits(logits), st)  # [batch, vocab]
-                drafts.append(sample_from_probs(q, generators))
-                probs.append(q)
-            if j < k:
+        for j in range(1, self.spec.num_steps + 1):
+            token = drafts.choose(self._to_target_logits(self.draft.compute_logits(hidden)))
+            if j < self.spec.num_steps:
                 rows = [p + j - 2 for p in base]
-                hidden = self._forward(requests, rows, [1] * b, drafts[-1],
+                hidden = self._forward(requests, rows, [1] * len(requests), token,
                                        torch.tensor(rows, device=self.device), hidden)
-        last_tokens = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
-        token_ids = torch.stack([last_tokens] + drafts, dim=1)  # [batch, k + 1]
-        parents, depths = chain_tree(b, k + 1, self.device)
-        return DraftBatch(token_ids, parents, depths, is_chain=True,
-                          draft_probs=torch.stack(probs, dim=1) if probs else None)
+        return drafts.batch()
 
     def _propose_tree(self, requests: list[Request], hidden: torch.Tensor) -> DraftBatch:
         b, k, steps = len(requests), self.spec.topk, self.spec.num_steps
