@@ -8,7 +8,8 @@ from pathlib import Path
 
 ZOO = Path(__file__).resolve().parent.parent / "zoo"
 DEFAULT_MODEL = ZOO / "tinypy"
-DEFAULT_DRAFTS = {"eagle3": ZOO / "tinypy-eagle3"}
+DEFAULT_DRAFTS = {"eagle3": ZOO / "tinypy-eagle3", "draft": ZOO / "tinypy-draft", "dflash": ZOO / "tinypy-dflash"}
+METHODS = ["none", "eagle3", "mtp", "dflash", "ngram", "draft"]
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--method", default=None, choices=["none", "eagle3"],
+    p.add_argument("--method", default=None, choices=METHODS,
                    help="drafter (default: eagle3 with the zoo draft on the zoo target, none otherwise)")
     p.add_argument("--draft", default=None, help="draft checkpoint directory")
     p.add_argument("--num-steps", type=int, default=5, help="draft steps per verify")
@@ -33,7 +34,9 @@ def _speculative_config(a: argparse.Namespace):
     method = a.method or ("eagle3" if Path(a.model).resolve() == DEFAULT_MODEL else "none")
     if method == "none":
         return SpeculativeConfig()
-    draft = a.draft or (str(DEFAULT_DRAFTS[method]) if Path(a.model).resolve() == DEFAULT_MODEL else None)
+    draft = a.draft
+    if draft is None and method in DEFAULT_DRAFTS and Path(a.model).resolve() == DEFAULT_MODEL:
+        draft = str(DEFAULT_DRAFTS[method])
     return SpeculativeConfig(method, draft, num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
 
 

@@ -204,6 +204,8 @@ class SpeculativeConfig:
     num_steps: int = 5
     topk: int = 1
     num_draft_tokens: int | None = None
+    ngram_min: int = 2  # n-gram lookup: shortest and longest suffix matched
+    ngram_max: int = 4
 
     def __post_init__(self) -> None:
         from outpace.registry import PROPOSERS
@@ -224,6 +226,9 @@ class SpeculativeConfig:
             most = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
             _require(o, "num_draft_tokens", self.num_draft_tokens, 2 <= self.num_draft_tokens <= most,
                      f"in [2, {most}] (1 + topk + (num_steps - 1) * topk^2 candidates) for topk {self.topk}")
+        _positive_int(o, "ngram_min", self.ngram_min)
+        _require(o, "ngram_max", self.ngram_max, isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min,
+                 f"an integer >= ngram_min={self.ngram_min}")
         if self.method != "none":
             _require(o, "draft", self.draft, self.method in ("ngram", "mtp") or bool(self.draft),
                      f"a draft checkpoint directory for method {self.method!r}")

@@ -26,6 +26,8 @@ def model_class(architecture: str) -> type:
 PROPOSERS = {
     "eagle3": "outpace.spec.eagle3:Eagle3Proposer",
     "mtp": "outpace.spec.mtp:MTPProposer",
+    "ngram": "outpace.spec.ngram:NgramProposer",
+    "draft": "outpace.spec.draft_model:DraftModelProposer",
 }
 
 

@@ -152,7 +152,7 @@ def toy_run(tmp_path_factory):
 
     target_dir = tmp_path_factory.mktemp("eagle3_target")
     # six layers like the zoo target: the default capture [2, 3, 3] must become [2, 3, 4]
-    train_target(TargetRecipe.toy(steps=80, num_layers=6), target_dir, "cpu", num_samples=1)
+    train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
     out = tmp_path_factory.mktemp("eagle3_draft")
     recipe = Eagle3Recipe.toy()
     return target_dir, out, recipe, train_eagle3(target_dir, recipe, out, "cpu")

@@ -39,4 +39,5 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", p
     cfg = ModelConfig.from_pretrained(model_dir)
     model = build_model(cfg, dtype, device)
     load_checkpoint(model, model_dir, progress=progress)
+    model.checkpoint_dir = Path(model_dir)
     return model.eval()

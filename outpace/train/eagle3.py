@@ -87,9 +87,9 @@ class Eagle3Recipe:
 def default_capture_ids(num_layers: int) -> tuple[int, ...]:
     """The target layers whose inputs the draft reads: [2, L // 2, L - 3] (the EAGLE3 default).
 
-    NOTE: the target's capture collapses repeated ids (``i in aux_layer_ids``), so the ids must be
-    distinct; for shallow targets where the default repeats (L = 6 gives [2, 3, 3]) later ids are
-    moved up to the next free layer (L = 6: [2, 3, 4]).
+    NOTE: for shallow targets the default repeats a layer (L = 6 gives [2, 3, 3]), which would feed
+    ``fc`` the same state twice; later ids are moved up to the next free layer instead (L = 6:
+    [2, 3, 4]), so the three aux states are always distinct. Deep targets get the default as is.
     """
     ids: list[int] = []
     for i in (2, num_layers // 2, num_layers - 3):

@@ -1,0 +1,87 @@
+"""Standalone draft model: any model outpace loads, with the target's tokenizer, drafting
+autoregressively. Its paged KV lives at the same rows as the target's (shared block tables): each
+propose first runs the rows committed since the last one plus the bonus token's row, then one
+row per further draft step.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention.registry import get_backend
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.engine.request import Request
+from outpace.models.loader import load_model
+from outpace.spec.chain import ChainDrafts
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+
+
+def check_same_tokenizer(target_dir: Path, draft_dir: Path) -> None:
+    """A draft must tokenize exactly as the target: same vocabulary size and, when both directories
+    carry a tokenizer.json, the same token -> id map."""
+    t, d = ModelConfig.from_pretrained(target_dir), ModelConfig.from_pretrained(draft_dir)
+    if t.vocab_size != d.vocab_size:
+        raise ConfigError(f"draft {draft_dir} has vocab_size {d.vocab_size}, the target {t.vocab_size}: "
+                          f"a draft model must share the target's tokenizer")
+    files = [Path(target_dir) / "tokenizer.json", Path(draft_dir) / "tokenizer.json"]
+    if all(f.is_file() for f in files):
+        vocabs = [json.loads(f.read_text())["model"].get("vocab") for f in files]
+        if vocabs[0] != vocabs[1]:
+            raise ConfigError(f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
+                              f"(their tokenizer.json vocabularies differ)")
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
+                 attention_backend: str = "torch") -> None:
+        if spec.topk != 1:
+            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for draft: must be 1 (a chain)")
+        check_same_tokenizer(target.checkpoint_dir, Path(spec.draft))
+        self.spec = spec
+        self.pool = pool
+        self.device = torch.device(device)
+        self.backend = get_backend(attention_backend)
+        self.draft = load_model(spec.draft, dtype, device, progress=False)
+        bind_kv_cache(self.draft.model, pool.num_blocks, pool.block_size, dtype, device)
+        self._next_row: dict[str, int] = {}  # first row whose draft KV is not final
+
+    @property
+    def lookahead(self) -> int:
+        return self.spec.num_steps
+
+    def release(self, request_id: str) -> None:
+        self._next_row.pop(request_id, None)
+
+    def observe(self, committed: CommittedRows) -> None:
+        for req, start in zip(committed.requests, committed.starts):
+            self._next_row.setdefault(req.request_id, start)
+
+    def _forward(self, requests, starts, counts, token_ids: torch.Tensor) -> torch.Tensor:
+        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], starts, counts,
+                                    self.pool.block_size, self.device)
+        positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(self.device)
+        with forward_context(meta, self.backend):
+            return self.draft(token_ids, positions).hidden_states
+
+    def propose(self, requests: list[Request]) -> DraftBatch:
+        drafts = ChainDrafts(requests, self.device)
+        with torch.inference_mode():
+            starts = [self._next_row[r.request_id] for r in requests]
+            counts = [r.num_tokens - s for r, s in zip(requests, starts)]  # committed rows and the bonus row
+            tokens = torch.tensor([t for r, s in zip(requests, starts) for t in r.token_ids[s:]],
+                                  dtype=torch.int64, device=self.device)
+            out = self._forward(requests, starts, counts, tokens)
+            last = (torch.tensor(counts).cumsum(0) - 1).to(self.device)
+            token = drafts.choose(self.draft.compute_logits(out[last]))
+            for j in range(1, self.spec.num_steps):
+                rows = [r.num_tokens + j - 1 for r in requests]
+                token = drafts.choose(self.draft.compute_logits(
+                    self._forward(requests, rows, [1] * len(requests), token)))
+            for r in requests:  # the bonus row is final; the drafted rows after it are not
+                self._next_row[r.request_id] = r.num_tokens
+        return drafts.batch()
