@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--steps", type=int)
     tt.add_argument("--max-minutes", type=float)
     tt.add_argument("--seed", type=int)
+    tt.add_argument("--reproduce-steps", type=int, default=None,
+                    help="instead of training: run the recipe's first N steps twice and compare the curves")
     tt.set_defaults(func=cmd_train_target)
     td = tsub.add_parser("draft", help="a draft for a trained target")
     td.add_argument("--method", required=True, choices=["standalone", "eagle3"])
@@ -138,6 +140,12 @@ def cmd_train_target(a: argparse.Namespace) -> None:
 
     overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed"))
     recipe = TargetRecipe.toy(**overrides) if a.toy else TargetRecipe(**overrides)
+    if a.reproduce_steps:
+        from outpace.train.target import reproducibility_check
+
+        result = reproducibility_check(recipe, a.reproduce_steps, a.device, Path(a.out))
+        print(json.dumps({k: result[k] for k in ("max_abs_diff", "mean_abs_diff", "device")}))
+        return
     metrics = train_target(recipe, Path(a.out), a.device)
     print(json.dumps({k: metrics[k] for k in ("heldout_loss", "heldout_top1", "mtp_heldout_top1",
                                               "train_wall_seconds", "num_parameters")}, indent=2))

@@ -104,18 +104,17 @@ class Eagle3Draft(nn.Module):
         # draft id i -> target id i + d2t[i]; t2d marks target ids the draft vocabulary has
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(lc.vocab_size, dtype=torch.bool))
-        self._target_embed: nn.Module | None = None
-        self._target_head: nn.Module | None = None
+        # (embedding, head) borrowed from the target, kept in a tuple so they are not registered
+        # as this module's submodules (their weights stay the target's, out of our state dict)
+        self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
 
     def attach_target(self, target: nn.Module) -> None:
-        """Borrow the target's embedding (and head, when the draft has none); not re-registered."""
-        if not hasattr(self, "embed_tokens"):
-            self._target_embed = target.model.embed_tokens
-        if not hasattr(self, "lm_head"):
-            self._target_head = target.lm_head
+        """Borrow the target's embedding (and head, when the draft has none)."""
+        self._borrowed = (None if hasattr(self, "embed_tokens") else target.model.embed_tokens,
+                          None if hasattr(self, "lm_head") else target.lm_head)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return (self.embed_tokens if hasattr(self, "embed_tokens") else self._target_embed)(token_ids)
+        return (self.embed_tokens if hasattr(self, "embed_tokens") else self._borrowed[0])(token_ids)
 
     def fuse_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """[n, num_aux * target_hidden] concatenated target states -> [n, hidden]."""
@@ -130,7 +129,7 @@ class Eagle3Draft(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
-        head = self.lm_head if hasattr(self, "lm_head") else self._target_head
+        head = self.lm_head if hasattr(self, "lm_head") else self._borrowed[1]
         return head(self.norm(hidden)).float()
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

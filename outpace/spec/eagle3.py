@@ -9,7 +9,7 @@ Each propose first runs the *draft-extend* over the rows the target committed si
 propose (prefill chunks, or the previous verify's accepted path): this writes their draft KV and
 its last row predicts the first draft token. Let L be the request's committed length (its last
 token, the previous bonus, sits at position L and is not in the KV yet). Chain: step j >= 2 is one
-row at position L + j - 2 reading draft j - 1. Tree: each step expands the ``topk`` best frontier
+row at position L + j - 2 reading draft j - 1 (draft j - 1 sits at position L + j - 1). Tree: each step expands the ``topk`` best frontier
 nodes (rows at position L + step - 2, all attending to their own ancestors), every expanded node
 proposes ``topk`` children, and finally the ``num_draft_tokens - 1`` candidates with the highest
 cumulative log-probability form the verified tree.
@@ -106,8 +106,8 @@ class Eagle3Proposer(Proposer):
         base = [r.num_computed_tokens for r in requests]  # L: the last token's position
         for j in range(1, self.spec.num_steps + 1):
             token = drafts.choose(self._to_target_logits(self.draft.compute_logits(hidden)))
-            if j < self.spec.num_steps:
-                rows = [p + j - 2 for p in base]
+            if j < self.spec.num_steps:  # the row reading draft j sits at position L + j - 1
+                rows = [p + j - 1 for p in base]
                 hidden = self._forward(requests, rows, [1] * len(requests), token,
                                        torch.tensor(rows, device=self.device), hidden)
         return drafts.batch()

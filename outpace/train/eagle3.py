@@ -267,8 +267,7 @@ def weighted_loss(losses: list[torch.Tensor]) -> torch.Tensor:
 
 def draft_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
     """Checkpoint tensors: parameters in bf16, d2t (int64) and t2d (bool) as they are."""
-    state = {name: p.detach().to(torch.bfloat16) for name, p in draft.named_parameters()
-             if not name.startswith(("_target_embed.", "_target_head."))}
+    state = {name: p.detach().to(torch.bfloat16) for name, p in draft.named_parameters()}
     state.update(d2t=draft.d2t.detach(), t2d=draft.t2d.detach())
     return state
 
