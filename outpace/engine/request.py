@@ -34,7 +34,7 @@ class RequestMetrics:
         return num_tokens / max(self.finished_time - self.arrival_time, 1e-9)
 
 
-@dataclass
+@dataclass(eq=False)  # requests compare by identity
 class Request:
     """``token_ids`` holds prompt then output; ``num_computed_tokens`` of them have KV in the cache."""
 

@@ -157,7 +157,8 @@ def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     capture = cfg.capture_layer_ids(tcfg.num_hidden_layers)
     bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
     if bad:
-        problems.append(f"eagle_aux_hidden_state_layer_ids {list(cfg.aux_layer_ids or ())} capture the inputs of "
+        written = list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (default [2, L // 2, L - 3])"
+        problems.append(f"eagle_aux_hidden_state_layer_ids {written} capture the inputs of "
                         f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]")
     if problems:
         raise DraftMismatchError(f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems))

@@ -1,0 +1,86 @@
+"""End to end through the engine, for every drafter: with temperature, top-k and top-p, the
+distribution of the first three generated tokens equals the target's own (chi-square against the
+exact joint computed from the target). A tiny vocabulary keeps the joint small enough to test."""
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from outpace import LLM, SamplingParams
+from outpace.attention import DenseCausalMetadata, forward_context
+from outpace.checkpoint import model_state_dict, save_checkpoint
+from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.layers.sampler import SamplingTensors, logits_to_probs
+from outpace.models.loader import build_model, load_model
+from spec_models import make_eagle3_draft
+from stats import chi_square_p_value
+
+VOCAB, PROMPT, LENGTH, TRIALS = 5, [0, 1, 2, 3, 4, 1], 3, 6000
+PARAMS = SamplingParams(temperature=0.8, top_k=4, top_p=0.95, max_tokens=LENGTH, ignore_eos=True)
+
+
+def tiny_llama(path, seed: int, mtp_layers: int = 0):
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      eos_token_id=None).to_dict()
+    cfg.update(architectures=["LlamaForCausalLM"], num_nextn_predict_layers=mtp_layers, chain_mtp_hidden_states=True)
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig.from_dict(cfg), torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.ones_like(p) if p.dim() == 1 else torch.randn_like(p) * 0.4)
+    save_checkpoint(model_state_dict(model), path)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_llama(root / "target", seed=0, mtp_layers=2)
+    return {"target": target, "draft": tiny_llama(root / "draft", seed=1),
+            "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2])}
+
+
+def exact_joint(target_dir) -> torch.Tensor:
+    """[VOCAB ** LENGTH] probability of every continuation, from the target's processed distributions."""
+    model = load_model(target_dir, torch.float32)
+    st = SamplingTensors.from_params([PARAMS], "cpu")
+
+    def next_probs(seq):
+        with torch.no_grad(), forward_context(DenseCausalMetadata(1, len(seq))):
+            h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
+            return logits_to_probs(model.compute_logits(h), st)[0].double()
+
+    joint = torch.zeros([VOCAB] * LENGTH, dtype=torch.float64)
+    p1 = next_probs(PROMPT)
+    for a in range(VOCAB):
+        p2 = next_probs(PROMPT + [a])
+        for b in range(VOCAB):
+            joint[a, b] = p1[a] * p2[b] * next_probs(PROMPT + [a, b])
+    return joint.flatten()
+
+
+SPECS = {
+    "none": lambda m: SpeculativeConfig(),
+    "eagle3-chain": lambda m: SpeculativeConfig("eagle3", str(m["eagle3"]), num_steps=3),
+    "eagle3-tree": lambda m: SpeculativeConfig("eagle3", str(m["eagle3"]), num_steps=3, topk=2, num_draft_tokens=5),
+    "mtp": lambda m: SpeculativeConfig("mtp", num_steps=2),
+    "ngram": lambda m: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
+    "draft": lambda m: SpeculativeConfig("draft", str(m["draft"]), num_steps=3),
+}
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_emitted_tokens_follow_the_target_distribution(method, models):
+    llm = LLM(str(models["target"]), block_size=4, num_kv_blocks=4096, max_num_seqs=1024,
+              max_num_batched_tokens=8192, seed=123, speculative=SPECS[method](models))
+    outs = llm.generate([PROMPT] * TRIALS, PARAMS)
+    emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, LENGTH]
+    index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]
+    counts = torch.bincount(index, minlength=VOCAB ** LENGTH)
+    p = chi_square_p_value(counts, TRIALS * exact_joint(models["target"]))
+    assert p > 1e-3, f"{method}: p = {p:.2e}"
+    if method != "none":
+        assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0.1 * TRIALS  # speculation really ran
