@@ -7,7 +7,29 @@ from pathlib import Path
 import torch
 
 from outpace.checkpoint import model_state_dict, save_checkpoint
+from outpace.config import ModelConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
+from outpace.models.loader import build_model
+
+
+def random_llama(path: Path, vocab_size: int, seed: int, mtp_layers: int = 0, chained: bool = True,
+                 num_layers: int = 2, std: float = 0.4) -> Path:
+    """A random Llama checkpoint written by outpace itself (so it can carry MTP layers)."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=None).to_dict()
+    cfg.update(architectures=["LlamaForCausalLM"], num_nextn_predict_layers=mtp_layers,
+               chain_mtp_hidden_states=chained)
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig.from_dict(cfg), torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.ones_like(p) if p.dim() == 1 else torch.randn_like(p) * std)
+    save_checkpoint(model_state_dict(model), path)
+    (Path(path) / "config.json").write_text(json.dumps(cfg))
+    return Path(path)
 
 
 def eagle3_config(target_dir: Path, draft_vocab_size: int | None = None, aux_ids=None, **extra) -> dict:

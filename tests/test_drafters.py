@@ -10,11 +10,14 @@ from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.spec.metrics import SpecMetrics
 from outpace.train.corpus import build_corpus, heldout_prompts
+from spec_models import random_llama
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TARGET = str(ZOO / "tinypy")
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 DRAFTERS = {
+    "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5),
+    "eagle3-tree": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4, topk=3, num_draft_tokens=10),
     "mtp": SpeculativeConfig("mtp", num_steps=3),
     "ngram": SpeculativeConfig("ngram", num_steps=4),
     "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
@@ -74,3 +77,33 @@ def test_misuse_is_refused(tmp_path, llama_dir):
         LLM(TARGET, speculative=SpeculativeConfig("draft", str(other)))
     with pytest.raises(ConfigError, match="vocab_size"):
         LLM(TARGET, speculative=SpeculativeConfig("draft", str(llama_dir)))
+
+
+@pytest.fixture(scope="module")
+def random_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("random")
+    return {"mtp3": random_llama(root / "mtp3", 300, seed=0, mtp_layers=3, chained=True),
+            "mtp1": random_llama(root / "mtp1", 300, seed=1, mtp_layers=1),
+            "mtp2-flat": random_llama(root / "mtp2", 300, seed=2, mtp_layers=2, chained=False),
+            "draft": random_llama(root / "draft", 300, seed=3)}
+
+
+@pytest.mark.parametrize("target,spec", [
+    ("mtp3", SpeculativeConfig("mtp", num_steps=3)),
+    ("mtp1", SpeculativeConfig("mtp", num_steps=4)),      # one MTP layer reused for 4 steps
+    ("mtp2-flat", SpeculativeConfig("mtp", num_steps=2)),  # non-chained form from the config
+    ("mtp3", SpeculativeConfig("ngram", num_steps=3, ngram_min=1)),
+    ("mtp3", SpeculativeConfig("draft", "DRAFT", num_steps=3)),
+])
+def test_drafters_are_lossless_on_random_models(random_models, target, spec):
+    if spec.method == "draft":
+        spec = SpeculativeConfig("draft", str(random_models["draft"]), num_steps=3)
+    path = str(random_models[target])
+    prompts = [[(i * 37 + j * 11) % 300 for j in range(3 + 7 * i)] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    expected = [o.token_ids for o in LLM(path, block_size=4).generate(prompts, params)]
+    llm = LLM(path, block_size=4, num_kv_blocks=30, max_num_batched_tokens=20, speculative=spec)
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
+    assert llm.engine.pool.num_free == 30

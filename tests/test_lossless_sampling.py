@@ -1,45 +1,26 @@
 """End to end through the engine, for every drafter: with temperature, top-k and top-p, the
 distribution of the first three generated tokens equals the target's own (chi-square against the
 exact joint computed from the target). A tiny vocabulary keeps the joint small enough to test."""
-import json
-
 import pytest
 import torch
-from transformers import LlamaConfig
 
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, forward_context
-from outpace.checkpoint import model_state_dict, save_checkpoint
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
 from outpace.layers.sampler import SamplingTensors, logits_to_probs
-from outpace.models.loader import build_model, load_model
-from spec_models import make_eagle3_draft
+from outpace.models.loader import load_model
+from spec_models import make_eagle3_draft, random_llama
 from stats import chi_square_p_value
 
 VOCAB, PROMPT, LENGTH, TRIALS = 5, [0, 1, 2, 3, 4, 1], 3, 6000
 PARAMS = SamplingParams(temperature=0.8, top_k=4, top_p=0.95, max_tokens=LENGTH, ignore_eos=True)
 
 
-def tiny_llama(path, seed: int, mtp_layers: int = 0):
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      eos_token_id=None).to_dict()
-    cfg.update(architectures=["LlamaForCausalLM"], num_nextn_predict_layers=mtp_layers, chain_mtp_hidden_states=True)
-    torch.manual_seed(seed)
-    model = build_model(ModelConfig.from_dict(cfg), torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.ones_like(p) if p.dim() == 1 else torch.randn_like(p) * 0.4)
-    save_checkpoint(model_state_dict(model), path)
-    (path / "config.json").write_text(json.dumps(cfg))
-    return path
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    target = tiny_llama(root / "target", seed=0, mtp_layers=2)
-    return {"target": target, "draft": tiny_llama(root / "draft", seed=1),
+    target = random_llama(root / "target", VOCAB, seed=0, mtp_layers=2)
+    return {"target": target, "draft": random_llama(root / "draft", VOCAB, seed=1),
             "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2])}
 
 

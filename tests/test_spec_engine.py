@@ -83,3 +83,19 @@ def test_spec_metrics(llama_dir, reference):
     assert m.num_accepted_drafts == sum(m.accepted_per_position)
     # every committed token after the first came from a verify: accepted drafts + one bonus each
     assert len(out.token_ids) - 1 <= m.num_accepted_drafts + m.num_verifies
+
+
+@pytest.mark.parametrize("shape", list(SPECS))
+def test_abort_mid_speculation_frees_everything(llama_dir, reference, shape):
+    ps, expected = reference
+    llm = LLM(str(llama_dir), block_size=4, num_kv_blocks=64, speculative=SPECS[shape])
+    engine = llm.engine
+    ids = [engine.add_request(p, GREEDY) for p in ps[:4]]
+    for _ in range(3):
+        engine.step()
+    assert engine.abort_request(ids[1]).finish_reason == "abort"
+    done = {}
+    while engine.has_unfinished_requests:
+        done.update({o.request_id: o.token_ids for o in engine.step()})
+    assert done == {ids[i]: expected[i] for i in (0, 2, 3)}
+    assert engine.pool.num_free == 64
