@@ -78,6 +78,12 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from outpace.bench.decode import run_decode_bench
 
     _check_model_dir(a.model)
+    if a.what == "acceptance":
+        from outpace.bench.acceptance import run_acceptance_bench
+
+        run_acceptance_bench(a.model, ZOO, Path(a.out or "benchmarks"), a.max_tokens,
+                             _engine_kwargs(a, speculative=False))
+        return
     run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens,
                      engine_kwargs=_engine_kwargs(a, speculative=False), speculative=_speculative_config(a),
                      out_json=a.out)
@@ -100,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
-    b = sub.add_parser("bench", help="decode throughput at several batch sizes")
+    b = sub.add_parser("bench", help="decode throughput with and without speculation; or acceptance")
+    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance"],
+                   help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts")
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)

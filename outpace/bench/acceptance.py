@@ -1,0 +1,73 @@
+"""Acceptance of each drafter on the zoo's held-out prompts at temperature 0 (``outpace bench
+acceptance``): tau, per-position acceptance rates and the histogram, as JSON and a plot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.spec.metrics import SpecMetrics
+
+
+def measure_acceptance(model: str, configs: dict[str, SpeculativeConfig], prompts: list[str], max_tokens: int,
+                       engine_kwargs: dict) -> dict[str, dict]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    reference = [o.token_ids for o in LLM(model, **engine_kwargs).generate(prompts, params)]
+    results = {}
+    for name, spec in tqdm(configs.items(), desc="acceptance"):
+        outs = LLM(model, speculative=spec, **engine_kwargs).generate(prompts, params)
+        metrics = SpecMetrics()
+        for o in outs:
+            metrics = metrics.merge(o.spec_metrics)
+        results[name] = {"method": spec.method, "num_steps": spec.num_steps, "topk": spec.topk,
+                         "num_draft_tokens": spec.num_draft_tokens,
+                         "lossless": [o.token_ids for o in outs] == reference, **metrics.to_dict()}
+    return results
+
+
+def plot_acceptance(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in results.items():
+        rates = r["acceptance_rate_per_position"]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{name} (tau {r['acceptance_length']:.2f})")
+    ax.set(xlabel="draft position (depth)", ylabel="fraction of verifies accepting it", ylim=(0, 1),
+           title="Acceptance per position, zoo held-out prompts, temperature 0")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_acceptance_bench(model: str, zoo: Path, out_dir: Path, max_tokens: int, engine_kwargs: dict) -> dict:
+    prompts = json.loads((zoo / "eval_prompts.json").read_text())["prompts"]
+    configs = {
+        "eagle3 chain (5 steps)": SpeculativeConfig("eagle3", str(zoo / "tinypy-eagle3"), num_steps=5),
+        "eagle3 tree (topk 4, 16 tokens)": SpeculativeConfig("eagle3", str(zoo / "tinypy-eagle3"), num_steps=5,
+                                                             topk=4, num_draft_tokens=16),
+        "mtp chained (3 steps)": SpeculativeConfig("mtp", num_steps=3),
+        "standalone draft (5 steps)": SpeculativeConfig("draft", str(zoo / "tinypy-draft"), num_steps=5),
+        "ngram (5 steps)": SpeculativeConfig("ngram", num_steps=5),
+    }
+    if (zoo / "tinypy-dflash").is_dir():
+        block = json.loads((zoo / "tinypy-dflash" / "config.json").read_text())["dflash_config"]["block_size"]
+        configs[f"dflash (block {block})"] = SpeculativeConfig("dflash", str(zoo / "tinypy-dflash"),
+                                                               num_steps=block - 1)
+    results = measure_acceptance(model, configs, prompts, max_tokens, engine_kwargs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "acceptance.json").write_text(json.dumps({"prompts": len(prompts), "max_tokens": max_tokens,
+                                                        "results": results}, indent=2) + "\n")
+    plot_acceptance(results, out_dir / "acceptance.png")
+    print(f"{'drafter':>34} {'tau':>6} {'lossless':>9}  per-position acceptance")
+    for name, r in results.items():
+        rates = " ".join(f"{x:.2f}" for x in r["acceptance_rate_per_position"])
+        print(f"{name:>34} {r['acceptance_length']:>6.2f} {str(r['lossless']):>9}  {rates}")
+    return results

@@ -1,0 +1,127 @@
+"""DFlash proposer: one non-causal draft forward per step proposes a whole block of drafts.
+
+Let L be a request's committed length: its last token (the previous bonus) sits at position L and
+has no KV yet. The draft keeps paged KV at the same rows as the target (same block tables):
+- ``observe`` turns the target rows committed in a step (prefill chunks, a verify's accepted path)
+  into context features ``c_t = hidden_norm(fc(aux_t))`` and keeps them per request (pending);
+- ``propose`` first writes the pending rows' k/v into every draft layer's cache at their rows
+  (k_proj/v_proj of c, k_norm, rotary at the row's position), so rows 0 .. L - 1 hold context;
+  then one forward over the block ``[token L, mask x (B - 1)]`` at rows/positions L .. L + B - 1,
+  non-causal over the block (a full custom mask) and seeing every cached context row. Block row
+  i >= 1 predicts the token at L + i: B - 1 drafts, verified as a chain of B = num_draft_tokens.
+The block's own KV lands at rows L .. L + B - 1; the rows that become committed are overwritten by
+the next context write, the others lie past the next block's start and are never read.
+"""
+from __future__ import annotations
+
+import torch
+
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention.registry import get_backend
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.config import ConfigError, SpeculativeConfig
+from outpace.engine.request import Request
+from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
+from outpace.models.dflash import load_dflash_draft
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.spec.tree import chain_tree
+
+
+class DFlashProposer(Proposer):
+    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
+                 attention_backend: str = "torch") -> None:
+        self.spec = spec
+        self.pool = pool
+        self.device = torch.device(device)
+        self.backend = get_backend(attention_backend)
+        self.draft = load_dflash_draft(spec.draft, target, dtype, device)
+        cfg = self.draft.config
+        self.block_size = cfg.block_size
+        if spec.topk != 1:
+            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for dflash: must be 1 (a DFlash "
+                              "block is verified as a chain)")
+        if spec.num_draft_tokens != cfg.block_size:
+            raise ConfigError(f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for the DFlash draft "
+                              f"{spec.draft}: its block_size is {cfg.block_size}, and num_steps + 1 "
+                              f"(= {spec.num_steps + 1}) must equal block_size; use num_steps={cfg.block_size - 1}")
+        self.mask_token_id = cfg.mask_token_id
+        self.aux_layer_ids = cfg.capture_layer_ids
+        bind_kv_cache(self.draft, pool.num_blocks, pool.block_size, dtype, device)
+        self._block_mask = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool, device=self.device)
+        # request id -> list of (context features [m, hidden], position of the first row)
+        self._pending: dict[str, list[tuple[torch.Tensor, int]]] = {}
+
+    @property
+    def lookahead(self) -> int:
+        return self.block_size - 1
+
+    def release(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def observe(self, committed: CommittedRows) -> None:
+        with torch.inference_mode():
+            features = self.draft.fuse(committed.aux_hidden_states[committed.rows])  # [total, hidden]
+        offset = 0
+        for req, start, count in zip(committed.requests, committed.starts, committed.counts):
+            self._pending.setdefault(req.request_id, []).append((features[offset:offset + count], start))
+            offset += count
+
+    # ---- drafting ---------------------------------------------------------------------------
+    def propose(self, requests: list[Request]) -> DraftBatch:
+        with torch.inference_mode():
+            self._write_context(requests)
+            logits = self._block_logits(requests)  # [batch, B - 1, vocab]
+            return self._choose(requests, logits)
+
+    def _write_context(self, requests: list[Request]) -> None:
+        """Write every request's pending context rows into the draft KV (one pass for the batch)."""
+        features, positions, reqs, starts, counts = [], [], [], [], []
+        for r in requests:
+            chunks = self._pending.pop(r.request_id, [])
+            if not chunks:
+                continue
+            start, count = chunks[0][1], sum(c[0].shape[0] for c in chunks)
+            # NOTE: pending rows are contiguous and end right before the block (the row at L).
+            assert start + count == r.num_computed_tokens, (r.request_id, start, count, r.num_computed_tokens)
+            features += [c[0] for c in chunks]
+            positions.append(torch.arange(start, start + count))
+            reqs.append(r)
+            starts.append(start)
+            counts.append(count)
+        if not reqs:
+            return
+        meta = build_paged_metadata([self.pool.table(r.request_id) for r in reqs], starts, counts,
+                                    self.pool.block_size, self.device)
+        self.draft.write_context(torch.cat(features), torch.cat(positions).to(self.device), meta.slot_mapping)
+
+    def _block_logits(self, requests: list[Request]) -> torch.Tensor:
+        """One draft forward over every request's block -> logits of rows 1 .. B - 1, [batch, B - 1, vocab]."""
+        b, n = len(requests), self.block_size
+        base = [r.num_computed_tokens for r in requests]  # L: the block's first row and position
+        ids = torch.full((b, n), self.mask_token_id, dtype=torch.int64)
+        ids[:, 0] = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64)
+        positions = (torch.tensor(base)[:, None] + torch.arange(n)).reshape(-1)
+        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], base, [n] * b,
+                                    self.pool.block_size, self.device, [self._block_mask] * b)
+        with forward_context(meta, self.backend):
+            hidden = self.draft(ids.reshape(-1).to(self.device), positions.to(self.device))  # [b * n, hidden]
+        rows = hidden.view(b, n, -1)[:, 1:].reshape(b * (n - 1), -1)
+        return self.draft.compute_logits(rows).view(b, n - 1, -1)
+
+    def _choose(self, requests: list[Request], logits: torch.Tensor) -> DraftBatch:
+        """Greedy drafts, or drafts sampled from each request's processed distribution q (kept for verify)."""
+        b, num_drafts, vocab = logits.shape
+        st = SamplingTensors.from_params([r.params for r in requests], self.device)
+        probs = None
+        if st.all_greedy:
+            drafts = logits.argmax(-1)  # [batch, B - 1]
+        else:
+            q = logits_to_probs(logits.reshape(-1, vocab), st.repeat_interleave(num_drafts))  # [b * (B - 1), V]
+            generators = [r.generator for r in requests for _ in range(num_drafts)]
+            drafts = sample_from_probs(q, generators).view(b, num_drafts)
+            probs = q.view(b, num_drafts, vocab)
+        last = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
+        token_ids = torch.cat([last[:, None], drafts], dim=1)  # [batch, B]
+        parents, depths = chain_tree(b, num_drafts + 1, self.device)
+        return DraftBatch(token_ids, parents, depths, is_chain=True, draft_probs=probs)
