@@ -84,3 +84,20 @@ def test_eos_and_stop_strings_with_tokenizer(zoo_like_dir):
         out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=24, stop=[stop], ignore_eos=True))[0]
         assert out.finish_reason == "stop" and out.stop_reason == stop
         assert stop not in out.text and free.text.startswith(out.text)
+
+
+def test_streamed_outputs_grow_to_the_final_output(zoo_like_dir):
+    llm = LLM(str(zoo_like_dir), block_size=4, num_kv_blocks=256)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    final = llm.generate(["def f(x):"], params)[0]
+    engine = llm.engine
+    engine.stream_outputs = True
+    rid = engine.add_request("def f(x):", params)
+    seen = []
+    while engine.has_unfinished_requests:
+        for out in engine.step():
+            assert out.request_id == rid
+            assert out.token_ids[:len(seen[-1].token_ids) if seen else 0] == (seen[-1].token_ids if seen else [])
+            seen.append(out)
+    assert [o.finished for o in seen] == [False] * (len(seen) - 1) + [True]
+    assert seen[-1].token_ids == final.token_ids and seen[-1].text == final.text

@@ -62,6 +62,7 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self.stream_outputs = False  # step() also reports unfinished requests that got tokens
 
     # ---- admission -------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
@@ -118,12 +119,13 @@ class LLMEngine:
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One forward for the scheduled batch; returns the requests that finished in it."""
+        """One forward for the scheduled batch. Returns the requests that finished in it and, when
+        ``stream_outputs`` is set, also those that got new tokens (``finished`` False, text so far)."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
         results = (self.spec_runner or self.runner).execute(batch)
-        finished = []
+        outputs = []
         now = time.perf_counter()
         for s, result in zip(batch, results):
             req = s.request
@@ -135,9 +137,13 @@ class LLMEngine:
                 req.metrics.first_token_time = now
             for token in result.new_token_ids:
                 if self._append_token(req, token):
-                    finished.append(self._finish(req))
+                    outputs.append(self._finish(req))
                     break
-        return finished
+            else:
+                if self.stream_outputs and result.new_token_ids:
+                    self._detokenize(req)
+                    outputs.append(RequestOutput.of(req))
+        return outputs
 
     def _on_free(self, req: Request) -> None:
         if self.spec_runner is not None:

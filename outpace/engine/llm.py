@@ -37,6 +37,7 @@ class LLM:
         with tqdm(total=len(ids), desc="generating", disable=not progress) as bar:
             while len(results) < len(ids):
                 for out in self.engine.step():
-                    results[out.request_id] = out
-                    bar.update(1)
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
         return [results[i] for i in ids]
