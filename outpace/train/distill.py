@@ -36,6 +36,29 @@ def target_continuations(target_dir: Path, stream: TokenStream, num: int, prompt
     return torch.tensor([p + o.token_ids for p, o in zip(prompts, outs)], dtype=torch.int64)
 
 
+class DistillData:
+    """Training batches for a draft: half the target's own continuations of corpus prompts, half
+    raw train-split windows of the same length (``prompt_len + new_tokens``)."""
+
+    def __init__(self, target_dir: Path, num_continuations: int, prompt_len: int, new_tokens: int, device: str,
+                 seed: int = 0, max_corpus_bytes: int = 30_000_000) -> None:
+        self.stream = target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes)
+        self.seq_len = prompt_len + new_tokens
+        self.continuations = target_continuations(  # [num_continuations, seq_len]
+            target_dir, self.stream, num_continuations, prompt_len, new_tokens, device, seed=seed,
+            max_num_seqs=512, num_kv_blocks=512 * self.seq_len // 16 + 64, max_num_batched_tokens=16384)
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        """[batch_size, seq_len] int64 on the CPU."""
+        half = batch_size // 2
+        rows = torch.randint(0, self.continuations.shape[0], (batch_size - half,), generator=generator)
+        return torch.cat([self.continuations[rows], self.stream.windows(half, self.seq_len, generator)])
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+
 def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Mean over rows of -sum_v p_teacher(v) log p_student(v); both [n, vocab]."""
     return -(F.softmax(teacher_logits.float(), -1) * F.log_softmax(student_logits.float(), -1)).sum(-1).mean()

@@ -31,7 +31,7 @@ from outpace.checkpoint import save_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import soft_cross_entropy, target_continuations, target_train_stream, teacher_forward
+from outpace.train.distill import DistillData, device_name, soft_cross_entropy, teacher_forward
 from outpace.train.loop import OptimConfig, plot_history, train
 from outpace.train.target import MAX_SHARD_BYTES, init_weights
 
@@ -276,11 +276,8 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    stream = target_train_stream(target_dir, max_corpus_bytes=recipe.max_corpus_bytes)
-    continuations = target_continuations(target_dir, stream, recipe.num_continuations, recipe.prompt_len,
-                                         recipe.new_tokens, device, seed=recipe.seed, max_num_seqs=512,
-                                         num_kv_blocks=512 * recipe.seq_len // 16 + 64,
-                                         max_num_batched_tokens=16384)
+    data = DistillData(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device,
+                       recipe.seed, recipe.max_corpus_bytes)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
                         progress=False)
     target.requires_grad_(False)
@@ -288,7 +285,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
     target.set_aux_hidden_state_layers(capture)
 
-    freq = token_frequencies(continuations, stream.tokens, tcfg.vocab_size)
+    freq = token_frequencies(data.continuations, data.stream.tokens, tcfg.vocab_size)
     vocab_ids = select_draft_vocab(freq, min(recipe.draft_vocab_size, tcfg.vocab_size))
     d2t, t2d = vocab_maps(vocab_ids, tcfg.vocab_size)
     cfg_dict = eagle3_config(tcfg, recipe, capture, vocab_ids.numel())
@@ -309,9 +306,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     gen = torch.Generator().manual_seed(recipe.seed)
 
     def loss_fn(step: int):
-        half = recipe.batch_size // 2
-        rows = torch.randint(0, continuations.shape[0], (recipe.batch_size - half,), generator=gen)
-        tokens = torch.cat([continuations[rows], stream.windows(half, recipe.seq_len, gen)]).to(device)
+        tokens = data.batch(recipe.batch_size, gen).to(device)
         b, t = tokens.shape
         out = teacher_forward(target, tokens)
         with torch.no_grad():
@@ -344,7 +339,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
         target_num_layers=tcfg.num_hidden_layers, capture_layer_ids=list(capture),
         checkpoint_aux_layer_ids=written, checkpoint_aux_convention=convention,
         draft_vocab_size=vocab_ids.numel(), draft_vocab_coverage=covered,
-        history=history.to_dict(), device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu")
+        history=history.to_dict(), device=device_name(device))
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_eagle3_card(out_dir, metrics)
     return metrics

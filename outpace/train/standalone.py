@@ -15,7 +15,7 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict, save_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.loader import build_model, load_model
-from outpace.train.distill import soft_cross_entropy, target_continuations, target_train_stream, teacher_forward
+from outpace.train.distill import DistillData, device_name, soft_cross_entropy, teacher_forward
 from outpace.train.loop import OptimConfig, plot_history, train
 from outpace.train.target import MAX_SHARD_BYTES, init_weights
 
@@ -61,22 +61,16 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    stream = target_train_stream(target_dir, max_corpus_bytes=recipe.max_corpus_bytes)
-    continuations = target_continuations(target_dir, stream, recipe.num_continuations, recipe.prompt_len,
-                                         recipe.new_tokens, device, seed=recipe.seed, max_num_seqs=512,
-                                         num_kv_blocks=512 * (recipe.prompt_len + recipe.new_tokens) // 16 + 64,
-                                         max_num_batched_tokens=16384)
+    data = DistillData(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device,
+                       recipe.seed, recipe.max_corpus_bytes)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device)
     cfg_dict = draft_config(json.loads((target_dir / "config.json").read_text()), recipe)
     draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
     init_weights(draft, recipe.seed)
     gen = torch.Generator().manual_seed(recipe.seed)
-    seq = recipe.prompt_len + recipe.new_tokens
 
     def loss_fn(step: int):
-        half = recipe.batch_size // 2
-        rows = torch.randint(0, continuations.shape[0], (recipe.batch_size - half,), generator=gen)
-        tokens = torch.cat([continuations[rows], stream.windows(half, seq, gen)]).to(device)
+        tokens = data.batch(recipe.batch_size, gen).to(device)
         teacher = target.compute_logits(teacher_forward(target, tokens).hidden_states)
         b, t = tokens.shape
         with forward_context(DenseCausalMetadata(b, t)):
@@ -95,7 +89,7 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     metrics = dict(recipe=dataclasses.asdict(recipe), num_parameters=sum(p.numel() for p in draft.parameters()),
                    train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
                    final_loss=history.losses[-1], history=history.to_dict(),
-                   device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu")
+                   device=device_name(device))
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_standalone_card(out_dir, metrics)
     return metrics
