@@ -13,7 +13,7 @@ from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.checkpoint import model_state_dict, save_checkpoint
 from outpace.config import ConfigError, SpeculativeConfig
-from outpace.models.dflash import DFlashConfig, DFlashDraft, load_dflash_draft
+from outpace.models.dflash import DFlashConfig, DFlashDraft, dflash_block_size, load_dflash_draft
 from outpace.models.eagle3 import DraftMismatchError
 from outpace.models.loader import load_model
 from outpace.registry import PROPOSERS
@@ -203,7 +203,10 @@ def test_random_dflash_is_lossless_chunked_and_preempted(target4, draft4, refere
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
     assert llm.engine.pool.num_free == 30
-    assert llm.engine.spec_runner.proposer._pending == {}
+    proposer = llm.engine.spec_runner.proposer
+    # target_layer_ids (0, 1, 3) mean outputs of those layers: the inputs of 1, 2 and 4 (4 = the last output)
+    assert proposer.aux_layer_ids == llm.engine.model.aux_layer_ids == (1, 2, 4)
+    assert proposer.lookahead == BLOCK - 1 and proposer._pending == {}
     _check_against_recomputation(llm, records)
 
 
@@ -267,27 +270,25 @@ def _edit(src, dst, **changes):
 
 def test_misfits_and_misuse_are_refused(target4, draft4, tmp_path):
     target = load_model(target4, torch.float32, progress=False)
+    deep = _edit(draft4, tmp_path / "layers", target_layer_ids=[0, 1, 4])  # the target has layers 0 .. 3
     cases = {
-        r"target_layer_ids \[0, 1, 4\] name layers \[4\]": _edit(draft4, tmp_path / "layers", target_layer_ids=[0, 1, 4]),
+        r"target_layer_ids \[0, 1, 4\] name layers \[4\]": deep,
         r"mask_token_id 203 is outside the target vocabulary \[0, 203\)": _edit(draft4, tmp_path / "mask",
                                                                                mask_token_id=203),
         "vocab_size 999": _edit(draft4, tmp_path / "vocab", vocab_size=999),
         "num_target_layers 6": _edit(draft4, tmp_path / "depth", num_target_layers=6),
+        "target hidden size is 48": make_dflash_draft(target4, tmp_path / "wide", target_hidden=64),
     }
     for message, path in cases.items():
         with pytest.raises(DraftMismatchError, match=message):
             load_dflash_draft(path, target, torch.float32, "cpu")
-    wide = make_dflash_draft(target4, tmp_path / "wide", target_hidden=64)
-    with pytest.raises(DraftMismatchError, match="target hidden size is 48"):
-        load_dflash_draft(wide, target, torch.float32, "cpu")
+    with pytest.raises(DraftMismatchError, match=r"layers \[4\]"):  # through the engine too
+        LLM(str(target4), speculative=SpeculativeConfig("dflash", str(deep), num_steps=3))
     with pytest.raises(ConfigError, match=r"num_steps=2 is invalid.*block_size is 4.*num_steps \+ 1 \(= 3\)"):
         LLM(str(target4), speculative=SpeculativeConfig("dflash", str(draft4), num_steps=2))
     with pytest.raises(ConfigError, match="topk"):
         LLM(str(target4), speculative=SpeculativeConfig("dflash", str(draft4), num_steps=3, topk=2,
                                                         num_draft_tokens=4))
-    with pytest.raises(DraftMismatchError, match=r"layers \[4\]"):
-        LLM(str(target4), speculative=SpeculativeConfig("dflash", str(cases[r"target_layer_ids \[0, 1, 4\] name "
-                                                                          r"layers \[4\]"]), num_steps=3))
     with pytest.raises(ConfigError, match="no mask_token_id"):
         DFlashConfig.from_dict({k: v for k, v in dflash_config_dict(target4).items() if k != "dflash_config"})
 
@@ -307,12 +308,30 @@ def test_mask_token_must_be_the_tokenizers(zoo_like_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def toy_run(zoo_like_dir, tmp_path_factory):
+def peaked_target(tmp_path_factory):
+    """Like conftest's zoo_like_dir (a random Llama with a real tokenizer whose <|mask|> is id 2), but with
+    large initial weights so that its next-token distributions are peaked: something to learn."""
+    import sysconfig
+    from pathlib import Path
+
+    from outpace.train.tokenizer import save_tokenizer, train_tokenizer
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tok = train_tokenizer([(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "abc.py")],
+                          vocab_size=400)
+    model = make_hf_model("llama", vocab_size=tok.get_vocab_size(), eos_token_id=0, initializer_range=0.5)
+    path = save_hf_model(model, tmp_path_factory.mktemp("peaked_target"))
+    save_tokenizer(tok, path, model_max_length=512)
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy_run(peaked_target, tmp_path_factory):
     from outpace.train.dflash import DFlashRecipe, train_dflash
 
     out = tmp_path_factory.mktemp("dflash_toy")
     recipe = DFlashRecipe.toy()
-    return zoo_like_dir, out, recipe, train_dflash(zoo_like_dir, recipe, out, "cpu")
+    return peaked_target, out, recipe, train_dflash(peaked_target, recipe, out, "cpu")
 
 
 def test_toy_run_trains_saves_loads_and_serves(toy_run):
@@ -342,7 +361,7 @@ def test_toy_run_trains_saves_loads_and_serves(toy_run):
 
     target = load_model(target_dir, torch.float32, progress=False)
     draft = load_dflash_draft(out, target, torch.float32, "cpu")
-    assert draft.config.capture_layer_ids == (2, 3)
+    assert draft.config.capture_layer_ids == (2, 3) and dflash_block_size(out) == recipe.block_size
     ps = prompts(3)
     expected = [o.token_ids for o in LLM(str(target_dir), block_size=4).generate(ps, GREEDY.replace(max_tokens=12))]
     spec = SpeculativeConfig("dflash", str(out), num_steps=recipe.block_size - 1)

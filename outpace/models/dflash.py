@@ -1,7 +1,7 @@
 """DFlash draft model (block diffusion) in the format of public DFlash v1 checkpoints (``DFlashDraftModel``).
 
 One draft forward proposes a whole block. Given target rows t < a, the *context features* are
-``c_t = hidden_norm(fc(concat(target hidden states at the capture layers, row t))))``. The block is
+``c_t = hidden_norm(fc(concat(target hidden states at the capture layers, row t)))``. The block is
 ``[x_a, mask, ..., mask]`` (``block_size`` rows at positions a .. a + B - 1), embedded with the
 target's embedding. Each draft layer (Qwen3-style: per-head q/k RMSNorm) keeps a residual stream
 over the block rows only; its queries come from the block rows, its keys and values from the
@@ -220,6 +220,14 @@ def tokenizer_mask_token_id(model_dir: str | Path | None) -> tuple[str, int] | N
     if isinstance(vocab, dict) and token in vocab:
         return token, int(vocab[token])
     return None
+
+
+def dflash_block_size(draft_dir: str | Path) -> int:
+    """The block size of a DFlash draft directory (a CLI can default ``num_steps`` to it minus one)."""
+    path = Path(draft_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"no config.json in DFlash draft directory {str(draft_dir)!r}")
+    return DFlashConfig.from_dict(json.loads(path.read_text())).block_size
 
 
 def _tensor_shape(draft_dir: Path, name: str) -> tuple[int, ...] | None:

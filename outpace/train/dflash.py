@@ -174,7 +174,8 @@ def dflash_forward(draft: DFlashDraft, embed: Callable[[torch.Tensor], torch.Ten
     ids, positions, mask = block_inputs(tokens, anchors, cfg.block_size, cfg.mask_token_id)
     context = draft.fuse(aux)  # [b, T, hidden]
     context_positions = torch.arange(t, device=tokens.device).expand(b, t)
-    hidden = draft.forward_dense(context, context_positions, embed(ids), positions, mask)
+    # NOTE: the residual stream starts in the draft's precision (fp32 masters under autocast), not the target's.
+    hidden = draft.forward_dense(context, context_positions, embed(ids).to(context.dtype), positions, mask)
     return hidden.view(b, anchors.shape[1], cfg.block_size, -1)
 
 

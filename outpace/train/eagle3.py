@@ -68,10 +68,6 @@ class Eagle3Recipe:
             raise ValueError("Eagle3Recipe: windows of prompt_len + new_tokens tokens must be longer than "
                              f"ttt_steps + 1 = {self.ttt_steps + 1}")
 
-    @property
-    def seq_len(self) -> int:
-        return self.prompt_len + self.new_tokens
-
     @classmethod
     def toy(cls, **overrides) -> Eagle3Recipe:
         """A CPU-sized recipe for tests: trains in seconds."""
