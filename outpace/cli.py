@@ -22,7 +22,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default=None, choices=METHODS,
                    help="drafter (default: eagle3 with the zoo draft on the zoo target, none otherwise)")
     p.add_argument("--draft", default=None, help="draft checkpoint directory")
-    p.add_argument("--num-steps", type=int, default=5, help="draft steps per verify")
+    p.add_argument("--num-steps", type=int, default=None,
+                   help="draft steps per verify (default 5; a DFlash draft's block size - 1)")
     p.add_argument("--topk", type=int, default=1, help="branches per draft step (1: a chain)")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="tokens verified per step (default: num-steps + 1 for a chain, 16 at most for a tree)")
@@ -37,7 +38,15 @@ def _speculative_config(a: argparse.Namespace):
     draft = a.draft
     if draft is None and method in DEFAULT_DRAFTS and Path(a.model).resolve() == DEFAULT_MODEL:
         draft = str(DEFAULT_DRAFTS[method])
-    return SpeculativeConfig(method, draft, num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
+    num_steps = a.num_steps
+    if num_steps is None:
+        if method == "dflash" and draft:
+            from outpace.models.dflash import dflash_block_size
+
+            num_steps = dflash_block_size(draft) - 1
+        else:
+            num_steps = 5
+    return SpeculativeConfig(method, draft, num_steps=num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
 
 
 def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
@@ -127,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="instead of training: run the recipe's first N steps twice and compare the curves")
     tt.set_defaults(func=cmd_train_target)
     td = tsub.add_parser("draft", help="a draft for a trained target")
-    td.add_argument("--method", required=True, choices=["standalone", "eagle3"])
+    td.add_argument("--method", required=True, choices=list(DRAFT_RECIPES))
     td.add_argument("--target", default=str(DEFAULT_MODEL))
     td.add_argument("--out", required=True)
     td.add_argument("--device", default="cuda")
@@ -159,22 +168,25 @@ def cmd_train_target(a: argparse.Namespace) -> None:
                                               "train_wall_seconds", "num_parameters")}, indent=2))
 
 
+# --method -> (recipe class, training function), imported lazily
+DRAFT_RECIPES = {
+    "standalone": ("outpace.train.standalone:StandaloneRecipe", "outpace.train.standalone:train_standalone"),
+    "eagle3": ("outpace.train.eagle3:Eagle3Recipe", "outpace.train.eagle3:train_eagle3"),
+    "dflash": ("outpace.train.dflash:DFlashRecipe", "outpace.train.dflash:train_dflash"),
+}
+
+
 def cmd_train_draft(a: argparse.Namespace) -> None:
+    from outpace.registry import resolve
+
     _check_model_dir(a.target)
+    recipe_cls = resolve({a.method: DRAFT_RECIPES[a.method][0]}, a.method, "draft recipe")
+    train_fn = resolve({a.method: DRAFT_RECIPES[a.method][1]}, a.method, "draft recipe")
     overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed"))
-    if a.method == "eagle3":
-        from outpace.train.eagle3 import Eagle3Recipe, train_eagle3
-
-        recipe = Eagle3Recipe.toy(**overrides) if a.toy else Eagle3Recipe(**overrides)
-        metrics = train_eagle3(Path(a.target), recipe, Path(a.out), a.device)
-        keys = ("final_loss", "final_step_top1", "train_wall_seconds", "num_parameters")
-    else:
-        from outpace.train.standalone import StandaloneRecipe, train_standalone
-
-        recipe = StandaloneRecipe.toy(**overrides) if a.toy else StandaloneRecipe(**overrides)
-        metrics = train_standalone(Path(a.target), recipe, Path(a.out), a.device)
-        keys = ("final_loss", "train_wall_seconds", "num_parameters")
-    print(json.dumps({k: metrics[k] for k in keys}, indent=2))
+    recipe = recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
+    metrics = train_fn(Path(a.target), recipe, Path(a.out), a.device)
+    keys = ("final_loss", "final_step_top1", "final_position_top1", "train_wall_seconds", "num_parameters")
+    print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:

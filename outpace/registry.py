@@ -26,6 +26,7 @@ def model_class(architecture: str) -> type:
 PROPOSERS = {
     "eagle3": "outpace.spec.eagle3:Eagle3Proposer",
     "mtp": "outpace.spec.mtp:MTPProposer",
+    "dflash": "outpace.spec.dflash:DFlashProposer",
     "ngram": "outpace.spec.ngram:NgramProposer",
     "draft": "outpace.spec.draft_model:DraftModelProposer",
 }

@@ -58,7 +58,9 @@ def run_acceptance_bench(model: str, zoo: Path, out_dir: Path, max_tokens: int, 
         "ngram (5 steps)": SpeculativeConfig("ngram", num_steps=5),
     }
     if (zoo / "tinypy-dflash").is_dir():
-        block = json.loads((zoo / "tinypy-dflash" / "config.json").read_text())["dflash_config"]["block_size"]
+        from outpace.models.dflash import dflash_block_size
+
+        block = dflash_block_size(zoo / "tinypy-dflash")
         configs[f"dflash (block {block})"] = SpeculativeConfig("dflash", str(zoo / "tinypy-dflash"),
                                                                num_steps=block - 1)
     results = measure_acceptance(model, configs, prompts, max_tokens, engine_kwargs)

@@ -33,7 +33,7 @@ from outpace.checkpoint import save_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import soft_cross_entropy, target_continuations, target_train_stream, teacher_forward
+from outpace.train.distill import DistillData, device_name, soft_cross_entropy, teacher_forward
 from outpace.train.loop import OptimConfig, plot_history, train
 from outpace.train.target import MAX_SHARD_BYTES, init_weights
 
@@ -220,11 +220,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
-    stream = target_train_stream(target_dir, max_corpus_bytes=recipe.max_corpus_bytes)
-    continuations = target_continuations(target_dir, stream, recipe.num_continuations, recipe.prompt_len,
-                                         recipe.new_tokens, device, seed=recipe.seed, max_num_seqs=512,
-                                         num_kv_blocks=512 * recipe.seq_len // 16 + 64,
-                                         max_num_batched_tokens=16384)
+    data = DistillData(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device,
+                       recipe.seed, recipe.max_corpus_bytes)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
                         progress=False)
     target.requires_grad_(False)
@@ -254,9 +251,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     n = recipe.block_size
 
     def loss_fn(step: int):
-        half = recipe.batch_size // 2
-        rows = torch.randint(0, continuations.shape[0], (recipe.batch_size - half,), generator=gen)
-        tokens = torch.cat([continuations[rows], stream.windows(half, recipe.seq_len, gen)]).to(device)
+        tokens = data.batch(recipe.batch_size, gen).to(device)
         b, t = tokens.shape
         anchors = sample_anchors(b, t, n, recipe.num_anchors, gen).to(device)
         out = teacher_forward(target, tokens)
@@ -292,7 +287,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         position_weights=position_weights(n, recipe.loss_gamma),
         target_num_layers=tcfg.num_hidden_layers, target_layer_ids=list(layer_ids),
         capture_layer_ids=list(cfg.capture_layer_ids), mask_token=mask_token, mask_token_id=mask_token_id,
-        history=history.to_dict(), device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu")
+        history=history.to_dict(), device=device_name(device))
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_dflash_card(out_dir, metrics)
     return metrics
