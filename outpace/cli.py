@@ -1,4 +1,4 @@
-"""Command line: ``outpace generate | bench | train``. The CLI only builds configs and calls the API."""
+"""Command line: ``outpace generate | serve | bench | train``. The CLI only builds configs and calls the API."""
 from __future__ import annotations
 
 import argparse
@@ -83,7 +83,29 @@ def cmd_generate(a: argparse.Namespace) -> None:
         print(line + "]", file=sys.stderr)
 
 
+def cmd_serve(a: argparse.Namespace) -> None:
+    import os
+
+    from outpace.config import EngineConfig
+    from outpace.server.app import run_server
+
+    _check_model_dir(a.model)
+    config = EngineConfig(model=a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
+                          **_engine_kwargs(a))
+    run_server(config, host=a.host, port=a.port, log_level=a.log_level, served_model_name=a.served_model_name,
+               api_key=a.api_key or os.environ.get("OUTPACE_API_KEY") or None,
+               max_queued_requests=a.max_queued_requests, max_tokens_limit=a.max_tokens_limit, max_n=a.max_n,
+               max_body_bytes=a.max_body_bytes, log_interval=a.log_interval, drain_timeout=a.drain_timeout)
+
+
 def cmd_bench(a: argparse.Namespace) -> None:
+    if a.what == "serve":
+        from outpace.server.bench import run_serve_bench
+
+        run_serve_bench(a.url, num_requests=a.num_requests, concurrency=a.concurrency, prompts=a.prompts,
+                        max_tokens=a.max_tokens, temperature=a.temperature, api_key=a.api_key,
+                        model=a.served_model, chat=a.chat, out_json=a.out)
+        return
     from outpace.bench.decode import run_decode_bench
 
     _check_model_dir(a.model)
@@ -115,13 +137,43 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
-    b = sub.add_parser("bench", help="decode throughput with and without speculation; or acceptance")
-    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance"],
-                   help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts")
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (see README: Serve)")
+    _engine_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set OUTPACE_API_KEY)")
+    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its directory name)")
+    s.add_argument("--max-num-seqs", type=int, default=64, help="requests in the running batch at most")
+    s.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    s.add_argument("--max-queued-requests", type=int, default=512,
+                   help="waiting requests at most; more are answered 429")
+    s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for")
+    s.add_argument("--max-n", type=int, default=16, help="largest n (choices per prompt)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies are answered 413")
+    s.add_argument("--log-interval", type=float, default=10.0, help="seconds between throughput/tau log lines")
+    s.add_argument("--drain-timeout", type=int, default=None,
+                   help="on SIGTERM, seconds to wait for in-flight requests (default: until they finish)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="decode throughput with and without speculation; acceptance; or a server")
+    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "serve"],
+                   help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts; "
+                        "serve: load a running server (outpace serve) over HTTP")
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--out", default=None, help="also write the rows as JSON here")
+    sb = b.add_argument_group("bench serve")
+    sb.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
+    sb.add_argument("--num-requests", type=int, default=96)
+    sb.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    sb.add_argument("--prompts", default=str(ZOO / "eval_prompts.json"),
+                    help="JSON file: a list of prompts or {\"prompts\": [...]} (cycled)")
+    sb.add_argument("--temperature", type=float, default=0.0)
+    sb.add_argument("--api-key", default=None)
+    sb.add_argument("--served-model", default=None, help="model name to send (default: the server's first)")
+    sb.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train the zoo models (see zoo/README.md)")
     tsub = t.add_subparsers(dest="what", required=True)

@@ -294,7 +294,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method dflash --target zoo/tinypy --out zoo/tinypy-dflash "
-                 "--device cuda --steps 6000 --max-minutes 4.0")
+                 "--device cuda --steps 6000 --max-minutes 5.0")
 
 
 def write_dflash_card(out_dir: Path, m: dict) -> None:

@@ -70,11 +70,16 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
     bar = tqdm(total=opt.steps, desc=desc, mininterval=2.0)
     step = 0
     while step < history.total_steps:
-        if opt.max_minutes is not None and step == opt.calibration_steps:
+        if opt.max_minutes is not None and step in (opt.calibration_steps // 3, opt.calibration_steps):
+            # time the steps after the first third (start-up, allocator and kernel warm-up excluded)
             _sync(device)
-            per_step = (time.perf_counter() - start) / step
-            history.total_steps = min(opt.steps, max(step + 1, int(60 * opt.max_minutes / per_step)))
-            bar.total = history.total_steps
+            if step == opt.calibration_steps // 3:
+                calibration_start = time.perf_counter()
+            else:
+                per_step = (time.perf_counter() - calibration_start) / (step - opt.calibration_steps // 3)
+                remaining = 60 * opt.max_minutes - (time.perf_counter() - start)
+                history.total_steps = min(opt.steps, max(step + 1, step + int(remaining / per_step)))
+                bar.total = history.total_steps
         for group in optimizer.param_groups:
             group["lr"] = opt.lr_at(step, history.total_steps)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):

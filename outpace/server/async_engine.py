@@ -1,0 +1,392 @@
+"""The engine behind the HTTP layer: one thread owns the ``LLMEngine``; asyncio handlers talk to it.
+
+The engine is not thread-safe, so exactly one thread (``outpace-engine``) calls ``submit``,
+``abort_request`` and ``step``. Handlers hand it commands through a thread-safe queue (add a
+group of requests, abort some, stop) and get each request's outputs back on an asyncio queue
+through ``loop.call_soon_threadsafe``. When nothing is unfinished the thread blocks on the
+command queue (no busy spin); otherwise it drains commands between steps, so a new request joins
+the running batch at the next step and an abort frees its KV blocks before the next step.
+
+The thread also records the Prometheus metrics and logs a throughput / tau line every
+``log_interval`` seconds while busy.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from outpace.config import EngineConfig, SamplingParams
+from outpace.engine.engine import LLMEngine, load_tokenizer
+from outpace.engine.request import Request, RequestOutput, RequestStatus
+from outpace.server.metrics import ServerMetrics
+from outpace.spec.metrics import SpecMetrics
+
+logger = logging.getLogger("outpace.server")
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (answered 500), or is not running (503)."""
+
+
+class QueueFull(RuntimeError):
+    """Too many requests are waiting (answered 429)."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot the engine thread publishes after every step and command batch."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_free: int = 0
+    kv_blocks_total: int = 0
+
+
+@dataclass
+class _Tracked:
+    """Engine-thread bookkeeping for one request."""
+
+    request: Request
+    stream: GenerationStream
+    index: int
+    num_tokens: int = 0
+    last_token_time: float = 0.0
+    scheduled: bool = False
+    seen: SpecMetrics = field(default_factory=SpecMetrics)
+
+
+class GenerationStream:
+    """The outputs of a group of requests (an HTTP request's prompts x n), as ``(index, output)``.
+
+    Unfinished outputs carry the text so far; each request ends with one ``finished`` output.
+    ``abort()`` (idempotent) aborts whatever has not finished; call it when the client goes away.
+    """
+
+    def __init__(self, engine: AsyncEngine, requests: Sequence[Request], loop: asyncio.AbstractEventLoop) -> None:
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.requests = list(requests)
+        self._pending = {r.request_id for r in requests}
+        self._aborted = False
+
+    @property
+    def finished(self) -> bool:
+        return not self._pending
+
+    def _put(self, item) -> None:  # engine thread
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        if not self._pending:
+            raise StopAsyncIteration
+        while True:
+            try:
+                item = self._queue.get_nowait() if not self._queue.empty() else \
+                    await asyncio.wait_for(self._queue.get(), timeout=1.0)
+                break
+            except asyncio.TimeoutError:
+                if not self._engine._thread.is_alive() and self._queue.empty():
+                    self._pending.clear()
+                    raise EngineError("the engine stopped before the request finished") from None
+        if isinstance(item, BaseException):
+            self._pending.clear()
+            raise item
+        index, out = item
+        if out.finished:
+            self._pending.discard(out.request_id)
+        return index, out
+
+    def abort(self) -> None:
+        if self._pending and not self._aborted:
+            self._aborted = True
+            self._engine._commands.put(("abort", list(self._pending)))
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, metrics: ServerMetrics | None = None, log_interval: float = 10.0,
+                 progress: bool = False) -> None:
+        self.config = config
+        self.engine = LLMEngine(config, progress=progress)
+        self.engine.stream_outputs = True
+        # NOTE: the HTTP side tokenizes with its own tokenizer instance, never the engine's.
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.max_model_len = self.engine.max_model_len
+        self.vocab_size = self.engine.model_config.vocab_size
+        self.max_num_seqs = config.max_num_seqs
+        self.metrics = metrics
+        self.log_interval = log_interval
+        self.stats = EngineStats(kv_blocks_free=self.engine.pool.num_free,
+                                 kv_blocks_total=self.engine.pool.num_blocks)
+        self.error: BaseException | None = None
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._num_unfinished = 0  # submitted (or about to be) and not yet finished; under _lock
+        self._stopping = False
+        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._thread = threading.Thread(target=self._run, name="outpace-engine", daemon=True)
+        self._interval = _Interval(time.perf_counter())
+        if metrics is not None:
+            for name, attr in (("num_requests_running", "num_running"), ("num_requests_waiting", "num_waiting"),
+                               ("kv_blocks_free", "kv_blocks_free"), ("kv_blocks_total", "kv_blocks_total")):
+                metrics.bind_gauge(f"outpace:{name}", lambda a=attr: getattr(self.stats, a))
+
+    # ---- event-loop side ------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    @property
+    def num_unfinished(self) -> int:
+        return self._num_unfinished
+
+    def new_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> Request:
+        """Validate one request (ValueError naming the problem). Called from the event loop: with
+        token ids and an explicit id, ``LLMEngine.new_request`` reads only immutable engine fields."""
+        return self.engine.new_request(prompt_token_ids, params, request_id)
+
+    def open_stream(self, requests: Sequence[Request], max_queued: int | None = None) -> GenerationStream:
+        """Queue a group of validated requests and return its output stream.
+
+        Raises QueueFull when ``max_queued`` requests already wait and this group would not fit
+        (an empty queue always takes one group), EngineError when the engine is not running.
+        """
+        if not self.alive or self._stopping:
+            raise EngineError("the engine is not running" if not self.alive else "the server is shutting down")
+        with self._lock:
+            waiting = max(self._num_unfinished - self.stats.num_running, 0)
+            if max_queued is not None and waiting > 0 and waiting + len(requests) > max_queued:
+                raise QueueFull(f"the server is busy: {waiting} requests are queued "
+                                f"(--max-queued-requests {max_queued}); retry later")
+            self._num_unfinished += len(requests)
+        stream = GenerationStream(self, requests, asyncio.get_running_loop())
+        self._commands.put(("add", stream))
+        return stream
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the in-flight requests, then stop the engine thread (blocking)."""
+        self._stopping = True
+        self._commands.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive():  # in-flight work outlived the timeout: abort it
+            self._commands.put(("abort_all", None))
+            self._thread.join(10)
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self.engine.has_unfinished_requests
+                if not busy and self._stopping:
+                    self._maybe_log(time.perf_counter(), force=True)
+                    break
+                self._handle_commands(block=not busy)
+                if self.engine.has_unfinished_requests:
+                    self._step()
+                else:
+                    self._publish()
+                self._maybe_log(time.perf_counter())
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting client and to /health
+            self.error = e
+            logger.exception("the engine thread died")
+            self._fail_all(EngineError(f"the engine failed: {e}"))
+        finally:
+            try:
+                self._publish()
+            except Exception:  # noqa: BLE001 - the engine may be broken; the snapshot is best effort
+                pass
+
+    def _handle_commands(self, block: bool) -> None:
+        """Run the queued commands; with ``block``, first wait for one (or for the next log line)."""
+        while True:
+            timeout = None
+            if block and not self._interval.idle:
+                timeout = max(self._interval.start + self.log_interval - time.perf_counter(), 0.0)
+            try:
+                kind, arg = self._commands.get(block=block, timeout=timeout)
+            except queue.Empty:
+                return
+            if block and self._interval.idle:  # woken from idle: a new log window starts now
+                self._interval = _Interval(time.perf_counter())
+            block = False
+            if kind == "add":
+                self._add(arg)
+            elif kind == "abort":
+                for request_id in arg:
+                    self._abort(request_id)
+            elif kind == "abort_all":
+                for request_id in list(self._tracked):
+                    self._abort(request_id)
+            elif kind == "stop":
+                self._stopping = True
+            self._publish()
+
+    def _add(self, stream: GenerationStream) -> None:
+        for index, req in enumerate(stream.requests):
+            try:
+                self.engine.submit(req)
+            except Exception as e:  # noqa: BLE001 - e.g. a duplicate id: fail this group, keep serving
+                for r in stream.requests[:index]:
+                    self._abort(r.request_id)
+                self._done(len(stream.requests) - index)
+                stream._put(EngineError(f"could not queue request {req.request_id}: {e}"))
+                return
+            self._tracked[req.request_id] = _Tracked(req, stream, index)
+
+    def _abort(self, request_id: str) -> None:
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            return
+        out = self.engine.abort_request(request_id)
+        if out is not None:
+            self._record(tracked, out, time.perf_counter())
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # noqa: BLE001
+            logger.exception("engine step failed; aborting its requests")
+            error = EngineError(f"the engine failed: {e}")
+            for request_id, tracked in list(self._tracked.items()):
+                self.engine.abort_request(request_id)  # if this raises too, the thread dies (above)
+                self._tracked.pop(request_id, None)
+                self._done(1)
+                tracked.stream._put(error)
+            return
+        # NOTE: publish before handing outputs out, so a client that saw its last token sees the
+        # freed KV blocks in /health and /metrics.
+        self._publish()
+        now = time.perf_counter()
+        for tracked in self._tracked.values():
+            if not tracked.scheduled and (tracked.request.status is not RequestStatus.WAITING
+                                          or tracked.request.num_computed_tokens > 0):
+                tracked.scheduled = True
+                if self.metrics is not None:
+                    self.metrics.queue_time.observe(max(start - tracked.request.metrics.arrival_time, 0.0))
+        for out in outputs:
+            tracked = self._tracked.get(out.request_id)
+            if tracked is not None:
+                self._record(tracked, out, now)
+
+    def _record(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
+        """Metrics for one output, then hand it to its stream."""
+        m, iv = self.metrics, self._interval
+        new = len(out.token_ids) - tracked.num_tokens
+        if new > 0:
+            if tracked.num_tokens == 0:
+                iv.prompt_tokens += len(out.prompt_token_ids)
+                if m is not None:
+                    m.prompt_tokens.inc(len(out.prompt_token_ids))
+                    first = out.metrics.first_token_time or now
+                    m.ttft.observe(max(first - out.metrics.arrival_time, 0.0))
+            elif m is not None:
+                gap = max(now - tracked.last_token_time, 0.0) / new
+                for _ in range(new):
+                    m.itl.observe(gap)
+            iv.generation_tokens += new
+            if m is not None:
+                m.generation_tokens.inc(new)
+            tracked.num_tokens, tracked.last_token_time = len(out.token_ids), now
+        self._record_spec(tracked, out.spec_metrics)
+        if out.finished:
+            self._tracked.pop(out.request_id, None)
+            self._done(1)
+            if m is not None:
+                finished = out.metrics.finished_time or now
+                m.e2e.observe(max(finished - out.metrics.arrival_time, 0.0))
+                m.finished(out.finish_reason)
+            # NOTE: the output shares the request's mutable metrics objects; hand out copies.
+            out = dataclasses.replace(out, metrics=dataclasses.replace(out.metrics),
+                                      spec_metrics=SpecMetrics().merge(out.spec_metrics))
+        tracked.stream._put((tracked.index, out))
+
+    def _record_spec(self, tracked: _Tracked, spec: SpecMetrics) -> None:
+        seen, m, iv = tracked.seen, self.metrics, self._interval
+        verifies = spec.num_verifies - seen.num_verifies
+        if verifies <= 0:
+            return
+        drafts = spec.num_draft_tokens - seen.num_draft_tokens
+        accepted = spec.num_accepted_drafts - seen.num_accepted_drafts
+        per_pos = [a - (seen.accepted_per_position[i] if i < len(seen.accepted_per_position) else 0)
+                   for i, a in enumerate(spec.accepted_per_position)]
+        tracked.seen = SpecMetrics().merge(spec)
+        iv.spec = iv.spec.merge(SpecMetrics(verifies, drafts, accepted, per_pos))
+        if m is not None:
+            m.spec_drafts.inc(verifies)
+            m.spec_draft_tokens.inc(drafts)
+            m.spec_accepted.inc(accepted)
+            for pos, n in enumerate(per_pos):
+                m.accepted_at(pos).inc(n)
+
+    def _done(self, n: int) -> None:
+        with self._lock:
+            self._num_unfinished -= n
+
+    def _publish(self) -> None:
+        s = self.engine.scheduler
+        self.stats = EngineStats(len(s.running), len(s.waiting), self.engine.pool.num_free,
+                                 self.engine.pool.num_blocks)
+
+    def _fail_all(self, error: EngineError) -> None:
+        for request_id, tracked in list(self._tracked.items()):
+            self._tracked.pop(request_id, None)
+            self._done(1)
+            tracked.stream._put(error)
+        while True:  # groups still in the command queue
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._done(len(arg.requests))
+                arg._put(error)
+
+    def _maybe_log(self, now: float, force: bool = False) -> None:
+        iv = self._interval
+        elapsed = now - iv.start
+        if elapsed < self.log_interval and not (force and elapsed > 0):
+            return
+        if iv.idle:
+            self._interval = _Interval(now)
+            return
+        st = self.stats
+        line = (f"prompt throughput {iv.prompt_tokens / elapsed:.1f} tokens/s, generation throughput "
+                f"{iv.generation_tokens / elapsed:.1f} tokens/s, running {st.num_running}, waiting "
+                f"{st.num_waiting}, KV blocks used {st.kv_blocks_total - st.kv_blocks_free}/{st.kv_blocks_total}")
+        if iv.spec.num_verifies:
+            rates = " ".join(f"{r:.2f}" for r in iv.spec.acceptance_rate_per_position)
+            line += (f", spec: {iv.spec.num_verifies} verifies, tau {iv.spec.acceptance_length:.2f}, "
+                     f"acceptance per position {rates}")
+        logger.info(line)
+        self._interval = _Interval(now)
+
+
+@dataclass
+class _Interval:
+    """What happened since the last periodic log line."""
+
+    start: float
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    spec: SpecMetrics = field(default_factory=SpecMetrics)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.prompt_tokens or self.generation_tokens or self.spec.num_verifies)

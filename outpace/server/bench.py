@@ -1,0 +1,180 @@
+"""``outpace bench serve``: load a running server over HTTP and report latency percentiles and tau.
+
+Sends ``num_requests`` streaming requests, ``concurrency`` at a time, cycling through a prompt set
+(``zoo/eval_prompts.json`` by default). Per request it measures the time to first token (first
+non-empty text), the gaps between text chunks (ITL), the time per output token after the first
+(TPOT) and the end-to-end latency; tau comes from the responses' own ``spec_metrics``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outpace.spec.metrics import SpecMetrics
+
+
+@dataclass
+class _Result:
+    ok: bool
+    error: str = ""
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    spec: dict | None = None
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    data = json.loads(Path(path).read_text())
+    prompts = data["prompts"] if isinstance(data, dict) else data
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError(f"{path}: expected a non-empty list of prompts (or {{'prompts': [...]}})")
+    return prompts
+
+
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
+    if not values:
+        return {f"p{q}": None for q in qs}
+    xs = sorted(values)
+    out = {}
+    for q in qs:  # linear interpolation between closest ranks
+        pos = (len(xs) - 1) * q / 100
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out[f"p{q}"] = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return out
+
+
+async def _one(client, url: str, body: dict, chat: bool) -> _Result:
+    start = time.perf_counter()
+    first = last = None
+    res = _Result(ok=False)
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                return _Result(ok=False, error=f"HTTP {resp.status_code}: {text[:200]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return _Result(ok=False, error=str(chunk["error"].get("message")))
+                if chunk.get("usage"):
+                    res.completion_tokens = chunk["usage"]["completion_tokens"]
+                    res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    res.spec = chunk.get("spec_metrics")
+                for choice in chunk.get("choices", []):
+                    text = choice.get("delta", {}).get("content") if chat else choice.get("text")
+                    if text:
+                        now = time.perf_counter()
+                        if first is None:
+                            first = now
+                        else:
+                            res.itl.append(now - last)
+                        last = now
+    except Exception as e:  # noqa: BLE001 - a failed request is counted, the run goes on
+        return _Result(ok=False, error=f"{type(e).__name__}: {e}")
+    end = time.perf_counter()
+    res.ok = True
+    res.e2e = end - start
+    res.ttft = (first or end) - start
+    return res
+
+
+async def _run(base_url: str, num_requests: int, concurrency: int, prompts: list[str], max_tokens: int,
+               temperature: float, api_key: str | None, model: str | None, chat: bool) -> tuple[list[_Result], float]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(None, connect=30.0)) as client:
+        if model is None:
+            resp = await client.get("/v1/models")
+            resp.raise_for_status()
+            model = resp.json()["data"][0]["id"]
+        url = "/v1/chat/completions" if chat else "/v1/completions"
+        todo = iter(range(num_requests))
+        results: list[_Result] = []
+
+        async def worker() -> None:
+            for i in todo:
+                prompt = prompts[i % len(prompts)]
+                body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature,
+                                        "stream": True, "stream_options": {"include_usage": True}}
+                if chat:
+                    body["messages"] = [{"role": "user", "content": prompt}]
+                else:
+                    body["prompt"] = prompt
+                results.append(await _one(client, url, body, chat))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, num_requests)))))
+        return results, time.perf_counter() - start
+
+
+def summarize(results: list[_Result], wall: float) -> dict:
+    ok = [r for r in results if r.ok]
+    spec = SpecMetrics()
+    for r in ok:
+        if r.spec:
+            spec = spec.merge(SpecMetrics(r.spec["num_verifies"], r.spec["num_draft_tokens"],
+                                          r.spec["num_accepted_drafts"]))
+    out_tokens = sum(r.completion_tokens for r in ok)
+    tpot = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
+    return {
+        "num_requests": len(results), "num_failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "wall_s": wall, "requests_per_s": len(ok) / wall if wall else None,
+        "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / wall if wall else None,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "ttft_s": percentiles([r.ttft for r in ok]), "tpot_s": percentiles(tpot),
+        "itl_s": percentiles([x for r in ok for x in r.itl]), "e2e_s": percentiles([r.e2e for r in ok]),
+        "spec_verifies": spec.num_verifies,
+        "tau": spec.acceptance_length if spec.num_verifies else None,
+    }
+
+
+def run_serve_bench(url: str, num_requests: int = 96, concurrency: int = 8, prompts: str | Path | None = None,
+                    max_tokens: int = 64, temperature: float = 0.0, api_key: str | None = None,
+                    model: str | None = None, chat: bool = False, out_json: str | None = None) -> dict:
+    if prompts is None:
+        prompts = Path(__file__).resolve().parents[2] / "zoo" / "eval_prompts.json"
+    results, wall = asyncio.run(_run(url.rstrip("/"), num_requests, concurrency, load_prompts(prompts), max_tokens,
+                                     temperature, api_key, model, chat))
+    summary = summarize(results, wall)
+    summary.update(url=url, concurrency=concurrency, max_tokens=max_tokens, temperature=temperature,
+                   endpoint="chat" if chat else "completions")
+    print(format_summary(summary))
+    if out_json:
+        Path(out_json).write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def format_summary(s: dict) -> str:
+    def ms(p: dict) -> str:
+        return " ".join(f"{k} {v * 1000:.1f}" if v is not None else f"{k} -" for k, v in p.items())
+
+    lines = [
+        f"requests: {s['num_requests'] - s['num_failed']}/{s['num_requests']} ok, concurrency {s['concurrency']}, "
+        f"wall {s['wall_s']:.2f} s, {s['requests_per_s']:.2f} requests/s",
+        f"output: {s['output_tokens']} tokens, {s['output_tokens_per_s']:.1f} tokens/s "
+        f"(prompt tokens {s['prompt_tokens']})",
+        f"TTFT ms: {ms(s['ttft_s'])}",
+        f"TPOT ms: {ms(s['tpot_s'])}",
+        f"ITL  ms: {ms(s['itl_s'])}",
+        f"E2E  ms: {ms(s['e2e_s'])}",
+        f"tau: {s['tau']:.2f} over {s['spec_verifies']} verifies" if s["tau"] else "tau: - (no speculation)",
+    ]
+    if s["errors"]:
+        lines.append("errors: " + "; ".join(s["errors"]))
+    return "\n".join(lines)
