@@ -8,6 +8,7 @@ import torch
 
 from outpace.checkpoint import model_state_dict, save_checkpoint
 from outpace.config import ModelConfig
+from outpace.models.dflash import DFlashConfig, DFlashDraft
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
 from outpace.models.loader import build_model
 
@@ -64,5 +65,31 @@ def make_eagle3_draft(target_dir: Path, out_dir: Path, draft_vocab_size: int | N
     tensors["d2t"], tensors["t2d"] = draft.d2t, draft.t2d
     out_dir.mkdir(parents=True, exist_ok=True)
     save_checkpoint(tensors, out_dir)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out_dir
+
+
+def dflash_config_dict(target_dir, block_size=4, layer_ids=(0, 1, 3), mask_token_id=202, num_layers=2,
+                       **extra) -> dict:
+    t = json.loads((target_dir / "config.json").read_text())
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": t["hidden_size"],
+           "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+           "num_hidden_layers": num_layers, "vocab_size": t["vocab_size"], "rms_norm_eps": 1e-6,
+           "rope_theta": 1000.0, "max_position_embeddings": 256, "tie_word_embeddings": False,
+           "torch_dtype": "float32", "num_target_layers": t["num_hidden_layers"], "block_size": block_size,
+           "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids)}}
+    cfg.update(extra)
+    return cfg
+
+
+def make_dflash_draft(target_dir, out_dir, seed=0, target_hidden=None, **kwargs):
+    cfg = dflash_config_dict(target_dir, **kwargs)
+    torch.manual_seed(seed)
+    draft = DFlashDraft(DFlashConfig.from_dict(cfg), target_hidden or cfg["hidden_size"])
+    with torch.no_grad():  # weights large enough that attention is far from uniform
+        for p in draft.parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if p.dim() == 1 else 1.5 * torch.randn_like(p) / p.shape[1] ** 0.5)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(model_state_dict(draft), out_dir)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     return out_dir

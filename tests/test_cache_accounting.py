@@ -1,5 +1,4 @@
 """Block accounting under any mix of finishing, aborted and preempted requests (hypothesis)."""
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

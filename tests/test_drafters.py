@@ -21,6 +21,7 @@ DRAFTERS = {
     "mtp": SpeculativeConfig("mtp", num_steps=3),
     "ngram": SpeculativeConfig("ngram", num_steps=4),
     "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
+    "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
 }
 
 

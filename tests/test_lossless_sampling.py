@@ -9,7 +9,7 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.layers.sampler import SamplingTensors, logits_to_probs
 from outpace.models.loader import load_model
-from spec_models import make_eagle3_draft, random_llama
+from spec_models import make_dflash_draft, make_eagle3_draft, random_llama
 from stats import chi_square_p_value
 
 VOCAB, PROMPT, LENGTH, TRIALS = 5, [0, 1, 2, 3, 4, 1], 3, 6000
@@ -21,7 +21,8 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     target = random_llama(root / "target", VOCAB, seed=0, mtp_layers=2)
     return {"target": target, "draft": random_llama(root / "draft", VOCAB, seed=1),
-            "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2])}
+            "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2]),
+            "dflash": make_dflash_draft(target, root / "dflash", block_size=3, layer_ids=(0, 1), mask_token_id=4)}
 
 
 def exact_joint(target_dir) -> torch.Tensor:
@@ -50,6 +51,7 @@ SPECS = {
     "mtp": lambda m: SpeculativeConfig("mtp", num_steps=2),
     "ngram": lambda m: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
     "draft": lambda m: SpeculativeConfig("draft", str(m["draft"]), num_steps=3),
+    "dflash": lambda m: SpeculativeConfig("dflash", str(m["dflash"]), num_steps=2),
 }
 
 
