@@ -115,7 +115,7 @@ def wait_idle(url: str, timeout: float = 60.0) -> dict:
         time.sleep(0.1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def offline_llm(*serve_args: str):
     """The offline LLM with exactly the engine config ``outpace serve SERVE_ARGS`` builds."""
     from outpace import LLM

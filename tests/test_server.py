@@ -5,18 +5,19 @@ the offline ``LLM.generate`` greedy result for the same engine config."""
 import asyncio
 import time
 
-import httpx
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server extra
+    pytest.importorskip(_dependency)
+httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from outpace import SamplingParams  # noqa: E402
-from server_helpers import (PROMPTS, ServerProcess, chat_prompt_ids, metrics, offline_llm, sse_events,  # noqa: E402
+from server_helpers import (PROMPTS, ServerProcess, chat_prompt_ids, metrics, offline_llm, sse_events,
                             stream_text, wait_idle)
 
-GREEDY = dict(temperature=0, max_tokens=12)
+from outpace import SamplingParams
+
+GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
@@ -149,21 +150,30 @@ def test_disconnected_streams_are_aborted(server, llm):
                     break  # leaving the block closes the connection mid-stream
         return seen
 
+    async def give_up(c: httpx.AsyncClient, prompt: str) -> str:  # a non-streaming client that times out
+        body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+        try:
+            await c.post("/v1/completions", json=body, timeout=httpx.Timeout(120, read=1.0))
+        except httpx.ReadTimeout:
+            return "gave up"
+        return "finished"
+
     async def run():
         limits = httpx.Limits(max_connections=20, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as c:
             return await asyncio.gather(*(leave_early(c, _prompt(i)) for i in range(10, 14)),
+                                        give_up(c, _prompt(14)),
                                         *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 12})
                                           for p in keep))
 
     results = asyncio.run(run())
-    assert results[:4] == [3] * 4
-    assert [text for text, _ in results[4:]] == expected
+    assert results[:5] == [3] * 4 + ["gave up"]
+    assert [text for text, _ in results[5:]] == expected  # the other streams are unaffected
     wait_idle(server.url, timeout=30)  # every block back: the aborted requests freed theirs
     m1 = metrics(server.url)
-    assert m1[("outpace:request_success_total", (("finished_reason", "abort"),))] - aborts0 == 4
+    assert m1[("outpace:request_success_total", (("finished_reason", "abort"),))] - aborts0 == 5
     generated = m1[("outpace:generation_tokens_total", ())] - m0[("outpace:generation_tokens_total", ())]
-    assert generated < 4 * 1000 / 2  # aborted long before their 1000 tokens
+    assert generated < 5 * 1000 / 2  # aborted long before their 1000 tokens
 
 
 def test_metrics_agree_with_responses(server, client, llm):
@@ -199,6 +209,16 @@ def test_metrics_agree_with_responses(server, client, llm):
     assert delta("outpace:inter_token_latency_seconds_count") == sum(u.completion_tokens - 1 for u in usages)
     assert m1[("outpace:kv_blocks_free", ())] == m1[("outpace:kv_blocks_total", ())]
     assert m1[("outpace:num_requests_running", ())] == 0
+
+
+def test_bench_serve(server, capsys, tmp_path):
+    from outpace.server.bench import run_serve_bench
+
+    s = run_serve_bench(server.url, num_requests=6, concurrency=3, max_tokens=8, out_json=str(tmp_path / "b.json"))
+    assert s["num_failed"] == 0 and s["output_tokens"] > 0 and s["tau"] > 1
+    assert s["ttft_s"]["p50"] > 0 and s["e2e_s"]["p99"] >= s["e2e_s"]["p50"]
+    out = capsys.readouterr().out
+    assert "TTFT ms" in out and "tau" in out and (tmp_path / "b.json").is_file()
 
 
 def test_periodic_log_line(server):

@@ -4,16 +4,15 @@ hypothesis-fuzzed bodies never giving a 500, and SIGTERM draining in-flight stre
 import asyncio
 import json
 
-import httpx
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server extra
+    pytest.importorskip(_dependency)
+httpx = pytest.importorskip("httpx")
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from server_helpers import PROMPTS, ServerProcess, sse_events, stream_text, wait_idle  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_helpers import PROMPTS, ServerProcess, sse_events, stream_text, wait_idle
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -254,7 +253,7 @@ def test_sigterm_drains_in_flight_streams():
             first = next(line for line in lines if line.startswith("data: "))
             proc.proc.terminate()  # SIGTERM mid-stream
             events = [json.loads(first[6:])] + sse_events(lines)
-        text, finish = stream_text(events)
+        _, finish = stream_text(events)
         assert finish == "length" and events[-1]["usage"]["completion_tokens"] == 48
         assert proc.proc.wait(60) == 0, proc.output()
         assert "engine stopped" in proc.output()

@@ -20,13 +20,15 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from outpace.config import ConfigError, EngineConfig, SamplingParams
 from outpace.engine.request import RequestOutput
@@ -231,10 +233,20 @@ class _Job:
 
 def build_app(engine_config: EngineConfig, served_model_name: str | None = None, api_key: str | None = None,
               max_queued_requests: int | None = 512, max_tokens_limit: int = 4096, max_n: int = 16,
-              max_prompts: int = 64, max_body_bytes: int = 1 << 20, log_interval: float = 10.0,
+              max_choices: int = 64, max_body_bytes: int = 1 << 20, log_interval: float = 10.0,
               drain_timeout: float | None = None) -> FastAPI:
     """Load the engine and build the app. The engine thread starts and stops with the app's lifespan;
-    stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts)."""
+    stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts).
+
+    Limits: ``max_queued_requests`` waiting requests (429 beyond; an empty queue always takes one
+    request), ``max_tokens_limit`` per request, ``n <= max_n``, prompts x n <= ``max_choices``,
+    bodies of ``max_body_bytes`` (413 beyond). With ``api_key`` the /v1 routes need the bearer token.
+    """
+    for name, value in (("max_tokens_limit", max_tokens_limit), ("max_n", max_n), ("max_choices", max_choices),
+                        ("max_body_bytes", max_body_bytes), ("log_interval", log_interval),
+                        ("max_queued_requests", 1 if max_queued_requests is None else max_queued_requests)):
+        if not value > 0:
+            raise ConfigError(f"server {name}={value!r} is invalid: must be > 0")
     model_name = served_model_name or Path(engine_config.model).name or str(engine_config.model)
     metrics = ServerMetrics(model_name)
     engine = AsyncEngine(engine_config, metrics, log_interval=log_interval)
@@ -317,6 +329,8 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
             raw = await request.body()
         except _BodyTooLarge:
             raise _too_large(max_body_bytes) from None
+        except ClientDisconnect:  # gone while uploading: nobody reads the answer
+            raise bad_request("the client disconnected before sending the whole body") from None
         if not raw.strip():
             raise bad_request("the request body is empty: send a JSON object")
         body = parse_body(model_cls, raw)
@@ -328,8 +342,9 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
 
     def tokenize_prompts(body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
         prompts = body.prompts()
-        if len(prompts) > max_prompts:
-            raise bad_request(f"{len(prompts)} prompts is more than the server's limit of {max_prompts}", "prompt")
+        if len(prompts) * body.n > max_choices:
+            raise bad_request(f"{len(prompts)} prompts x n={body.n} is more than the server's limit of {max_choices} "
+                              "choices per request", "prompt")
         ids, texts = [], []
         for i, p in enumerate(prompts):
             if isinstance(p, str):

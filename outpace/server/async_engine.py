@@ -18,8 +18,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from outpace.config import EngineConfig, SamplingParams
 from outpace.engine.engine import LLMEngine, load_tokenizer
@@ -66,6 +66,8 @@ class GenerationStream:
 
     Unfinished outputs carry the text so far; each request ends with one ``finished`` output.
     ``abort()`` (idempotent) aborts whatever has not finished; call it when the client goes away.
+    NOTE: unfinished outputs are cumulative, so a newer one replaces an unread older one: a slow
+    reader holds at most one pending unfinished output per request, however long it lags.
     """
 
     def __init__(self, engine: AsyncEngine, requests: Sequence[Request], loop: asyncio.AbstractEventLoop) -> None:
@@ -74,6 +76,7 @@ class GenerationStream:
         self._queue: asyncio.Queue = asyncio.Queue()
         self.requests = list(requests)
         self._pending = {r.request_id for r in requests}
+        self._latest: dict[int, tuple[int, RequestOutput]] = {}  # unread unfinished output per index
         self._aborted = False
 
     @property
@@ -82,9 +85,19 @@ class GenerationStream:
 
     def _put(self, item) -> None:  # engine thread
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._deliver, item)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+    def _deliver(self, item) -> None:  # event loop
+        if isinstance(item, tuple) and not item[1].finished:
+            index = item[0]
+            queued = index in self._latest
+            self._latest[index] = item
+            if queued:
+                return
+            item = ("latest", index)
+        self._queue.put_nowait(item)
 
     def __aiter__(self) -> GenerationStream:
         return self
@@ -104,6 +117,8 @@ class GenerationStream:
         if isinstance(item, BaseException):
             self._pending.clear()
             raise item
+        if item[0] == "latest":
+            item = self._latest.pop(item[1])
         index, out = item
         if out.finished:
             self._pending.discard(out.request_id)
@@ -202,15 +217,15 @@ class AsyncEngine:
                 else:
                     self._publish()
                 self._maybe_log(time.perf_counter())
-        except BaseException as e:  # noqa: BLE001 - reported to every waiting client and to /health
+        except BaseException as e:
             self.error = e
             logger.exception("the engine thread died")
             self._fail_all(EngineError(f"the engine failed: {e}"))
         finally:
             try:
                 self._publish()
-            except Exception:  # noqa: BLE001 - the engine may be broken; the snapshot is best effort
-                pass
+            except Exception:  # the engine may be broken; the snapshot is best effort
+                logger.debug("could not publish the final engine stats", exc_info=True)
 
     def _handle_commands(self, block: bool) -> None:
         """Run the queued commands; with ``block``, first wait for one (or for the next log line)."""
@@ -261,7 +276,7 @@ class AsyncEngine:
         start = time.perf_counter()
         try:
             outputs = self.engine.step()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             logger.exception("engine step failed; aborting its requests")
             error = EngineError(f"the engine failed: {e}")
             for request_id, tracked in list(self._tracked.items()):

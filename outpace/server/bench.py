@@ -165,10 +165,10 @@ def format_summary(s: dict) -> str:
         return " ".join(f"{k} {v * 1000:.1f}" if v is not None else f"{k} -" for k, v in p.items())
 
     lines = [
-        f"requests: {s['num_requests'] - s['num_failed']}/{s['num_requests']} ok, concurrency {s['concurrency']}, "
-        f"wall {s['wall_s']:.2f} s, {s['requests_per_s']:.2f} requests/s",
-        f"output: {s['output_tokens']} tokens, {s['output_tokens_per_s']:.1f} tokens/s "
-        f"(prompt tokens {s['prompt_tokens']})",
+        (f"requests: {s['num_requests'] - s['num_failed']}/{s['num_requests']} ok, concurrency {s['concurrency']}, "
+         f"wall {s['wall_s']:.2f} s, {s['requests_per_s']:.2f} requests/s"),
+        (f"output: {s['output_tokens']} tokens, {s['output_tokens_per_s']:.1f} tokens/s "
+         f"(prompt tokens {s['prompt_tokens']})"),
         f"TTFT ms: {ms(s['ttft_s'])}",
         f"TPOT ms: {ms(s['tpot_s'])}",
         f"ITL  ms: {ms(s['itl_s'])}",

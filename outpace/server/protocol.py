@@ -53,13 +53,13 @@ class _SamplingFields(_Strict):
     max_tokens: PositiveInt | None = None
     temperature: NonNegFloat | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
     min_p: Probability | None = None
     n: PositiveInt = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Any = Field(default_factory=list)  # str | list[str], normalized to a list below
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(max_length=256)] | None = None
     ignore_eos: bool = False
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
