@@ -9,7 +9,6 @@ import pytest
 from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.spec.metrics import SpecMetrics
-from outpace.train.corpus import build_corpus, heldout_prompts
 from spec_models import random_llama
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -27,7 +26,7 @@ DRAFTERS = {
 
 @pytest.fixture(scope="module")
 def zoo_reference():
-    prompts = heldout_prompts(build_corpus(), 6, prompt_chars=240, seed=11)
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][16:22]
     outs = LLM(TARGET).generate(prompts, GREEDY)
     return prompts, [o.token_ids for o in outs]
 
