@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import torch
 
-from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention import build_paged_metadata
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.engine.request import Request
-from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
 from outpace.models.dflash import load_dflash_draft
+from outpace.spec.chain import ChainDrafts
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.spec.tree import chain_tree
+from outpace.spec.rows import draft_rows
 
 
 class DFlashProposer(Proposer):
@@ -72,7 +72,10 @@ class DFlashProposer(Proposer):
         with torch.inference_mode():
             self._write_context(requests)
             logits = self._block_logits(requests)  # [batch, B - 1, vocab]
-            return self._choose(requests, logits)
+            drafts = ChainDrafts(requests, self.device)
+            for position in logits.unbind(1):  # every block position drafts independently of the others
+                drafts.choose(position)
+            return drafts.batch()
 
     def _write_context(self, requests: list[Request]) -> None:
         """Write every request's pending context rows into the draft KV (one pass for the batch)."""
@@ -102,26 +105,7 @@ class DFlashProposer(Proposer):
         ids = torch.full((b, n), self.mask_token_id, dtype=torch.int64)
         ids[:, 0] = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64)
         positions = (torch.tensor(base)[:, None] + torch.arange(n)).reshape(-1)
-        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], base, [n] * b,
-                                    self.pool.block_size, self.device, [self._block_mask] * b)
-        with forward_context(meta, self.backend):
+        with draft_rows(self.pool, self.backend, requests, base, [n] * b, self.device, [self._block_mask] * b):
             hidden = self.draft(ids.reshape(-1).to(self.device), positions.to(self.device))  # [b * n, hidden]
         rows = hidden.view(b, n, -1)[:, 1:].reshape(b * (n - 1), -1)
         return self.draft.compute_logits(rows).view(b, n - 1, -1)
-
-    def _choose(self, requests: list[Request], logits: torch.Tensor) -> DraftBatch:
-        """Greedy drafts, or drafts sampled from each request's processed distribution q (kept for verify)."""
-        b, num_drafts, vocab = logits.shape
-        st = SamplingTensors.from_params([r.params for r in requests], self.device)
-        probs = None
-        if st.all_greedy:
-            drafts = logits.argmax(-1)  # [batch, B - 1]
-        else:
-            q = logits_to_probs(logits.reshape(-1, vocab), st.repeat_interleave(num_drafts))  # [b * (B - 1), V]
-            generators = [r.generator for r in requests for _ in range(num_drafts)]
-            drafts = sample_from_probs(q, generators).view(b, num_drafts)
-            probs = q.view(b, num_drafts, vocab)
-        last = torch.tensor([r.token_ids[-1] for r in requests], device=self.device)
-        token_ids = torch.cat([last[:, None], drafts], dim=1)  # [batch, B]
-        parents, depths = chain_tree(b, num_drafts + 1, self.device)
-        return DraftBatch(token_ids, parents, depths, is_chain=True, draft_probs=probs)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
@@ -19,6 +18,7 @@ from outpace.engine.request import Request
 from outpace.models.loader import load_model
 from outpace.spec.chain import ChainDrafts
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.spec.rows import draft_rows, row_positions
 
 
 def check_same_tokenizer(target_dir: Path, draft_dir: Path) -> None:
@@ -62,11 +62,8 @@ class DraftModelProposer(Proposer):
             self._next_row.setdefault(req.request_id, start)
 
     def _forward(self, requests, starts, counts, token_ids: torch.Tensor) -> torch.Tensor:
-        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], starts, counts,
-                                    self.pool.block_size, self.device)
-        positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(self.device)
-        with forward_context(meta, self.backend):
-            return self.draft(token_ids, positions).hidden_states
+        with draft_rows(self.pool, self.backend, requests, starts, counts, self.device):
+            return self.draft(token_ids, row_positions(starts, counts, self.device)).hidden_states
 
     def propose(self, requests: list[Request]) -> DraftBatch:
         drafts = ChainDrafts(requests, self.device)

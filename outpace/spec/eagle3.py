@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
@@ -27,6 +26,7 @@ from outpace.engine.request import Request
 from outpace.models.eagle3 import load_eagle3_draft
 from outpace.spec.chain import ChainDrafts
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.spec.rows import draft_rows, row_positions
 from outpace.spec.tree import select_tree
 
 
@@ -69,9 +69,7 @@ class Eagle3Proposer(Proposer):
     def _forward(self, requests: list[Request], num_cached: list[int], query_lens: list[int],
                  token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
                  custom_masks=None) -> torch.Tensor:
-        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], num_cached, query_lens,
-                                    self.pool.block_size, self.device, custom_masks)
-        with forward_context(meta, self.backend):
+        with draft_rows(self.pool, self.backend, requests, num_cached, query_lens, self.device, custom_masks):
             return self.draft(token_ids, positions, hidden)
 
     def _extend(self, requests: list[Request]) -> torch.Tensor:
@@ -83,8 +81,8 @@ class Eagle3Proposer(Proposer):
             tokens += [c[1] for c in chunks]
             starts.append(chunks[0][2])
             counts.append(sum(c[0].shape[0] for c in chunks))
-        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)]).to(self.device)
-        out = self._forward(requests, starts, counts, torch.cat(tokens), positions, torch.cat(hidden))
+        out = self._forward(requests, starts, counts, torch.cat(tokens), row_positions(starts, counts, self.device),
+                            torch.cat(hidden))
         last = torch.tensor(counts).cumsum(0) - 1
         return out[last.to(self.device)]
 

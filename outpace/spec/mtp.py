@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
@@ -27,6 +26,7 @@ from outpace.config import ConfigError, SpeculativeConfig
 from outpace.engine.request import Request
 from outpace.spec.chain import ChainDrafts
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.spec.rows import draft_rows, row_positions
 
 
 class MTPProposer(Proposer):
@@ -74,11 +74,8 @@ class MTPProposer(Proposer):
                 self._hidden[req.request_id] = (start, new)
 
     def _forward(self, layer, requests, starts, counts, token_ids, hidden) -> torch.Tensor:
-        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], starts, counts,
-                                    self.pool.block_size, self.device)
-        positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(self.device)
-        with forward_context(meta, self.backend):
-            return layer(positions, self.target.embed(token_ids), hidden)
+        with draft_rows(self.pool, self.backend, requests, starts, counts, self.device):
+            return layer(row_positions(starts, counts, self.device), self.target.embed(token_ids), hidden)
 
     def propose(self, requests: list[Request]) -> DraftBatch:
         drafts = ChainDrafts(requests, self.device)
