@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP serving (FastAPI + uvicorn), imported only by `outpace serve`."""
