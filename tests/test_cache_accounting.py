@@ -3,15 +3,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
 
 _llm_cache = {}
 
 
-def tight_llm(llama_dir):
-    """A pool of 12 blocks of 4 tokens: a few requests already force preemption."""
-    if "llm" not in _llm_cache:
-        _llm_cache["llm"] = LLM(str(llama_dir), block_size=4, num_kv_blocks=12, max_num_batched_tokens=16)
-    return _llm_cache["llm"]
+def tight_llm(llama_dir, speculative: bool):
+    """A pool of 12 blocks of 4 tokens: a few requests already force preemption. With speculation
+    (n-gram, 3 drafts) every decode step also reserves lookahead rows."""
+    if speculative not in _llm_cache:
+        spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1) if speculative else SpeculativeConfig()
+        _llm_cache[speculative] = LLM(str(llama_dir), block_size=4, num_kv_blocks=12, max_num_batched_tokens=16,
+                                      speculative=spec)
+    return _llm_cache[speculative]
 
 
 request_strategy = st.tuples(
@@ -23,9 +27,9 @@ request_strategy = st.tuples(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(request_strategy, min_size=1, max_size=6))
-def test_free_blocks_return_to_initial(llama_dir, requests):
-    llm = tight_llm(llama_dir)
+@given(st.lists(request_strategy, min_size=1, max_size=6), st.booleans())
+def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
+    llm = tight_llm(llama_dir, speculative)
     engine = llm.engine
     initial = engine.pool.num_free
     assert initial == engine.pool.num_blocks

@@ -101,3 +101,26 @@ def test_streamed_outputs_grow_to_the_final_output(zoo_like_dir):
             seen.append(out)
     assert [o.finished for o in seen] == [False] * (len(seen) - 1) + [True]
     assert seen[-1].token_ids == final.token_ids and seen[-1].text == final.text
+
+
+def test_incremental_detokenization_matches_full_decode():
+    """Random token streams (partial UTF-8 characters included) through the zoo tokenizer."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from outpace.engine.detokenizer import DetokenizerState, update_text
+
+    tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "zoo" / "tinypy")
+    g = torch.Generator().manual_seed(0)
+    emoji = tok.encode("→ 世界 🐍 é")
+    for trial in range(20):
+        ids, state = [], DetokenizerState()
+        for _ in range(60):
+            ids += emoji[:int(torch.randint(1, 4, (1,), generator=g))] if trial % 2 else \
+                torch.randint(0, tok.vocab_size, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+            text = update_text(tok, ids, state)
+            full = tok.decode(ids, skip_special_tokens=True)
+            if not full.endswith("\ufffd"):
+                assert text == full
+            assert full.startswith(text) or "\ufffd" in full

@@ -10,6 +10,7 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.config import ConfigError, EngineConfig, SamplingParams
+from outpace.engine.detokenizer import update_text
 from outpace.engine.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
@@ -141,7 +142,7 @@ class LLMEngine:
                     break
             else:
                 if self.stream_outputs and result.new_token_ids:
-                    self._detokenize(req)
+                    self._detokenize_so_far(req)
                     outputs.append(RequestOutput.of(req))
         return outputs
 
@@ -160,7 +161,7 @@ class LLMEngine:
             req.finish_reason, req.stop_reason = "stop", token
             return True
         if p.stop and self.tokenizer is not None:
-            self._detokenize(req)
+            self._detokenize_so_far(req)
             for s in p.stop:
                 at = req.text.find(s)
                 if at >= 0:
@@ -180,6 +181,10 @@ class LLMEngine:
         if req.stop_reason is None or not isinstance(req.stop_reason, str):
             self._detokenize(req)
         return RequestOutput.of(req)
+
+    def _detokenize_so_far(self, req: Request) -> None:
+        if self.tokenizer is not None:
+            req.text = update_text(self.tokenizer, req.output_token_ids, req.detokenizer)
 
     def _detokenize(self, req: Request) -> None:
         if self.tokenizer is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from outpace.config import SamplingParams
+from outpace.engine.detokenizer import DetokenizerState
 from outpace.spec.metrics import SpecMetrics
 
 
@@ -51,6 +52,7 @@ class Request:
     generator: torch.Generator | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    detokenizer: DetokenizerState = field(default_factory=DetokenizerState)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
