@@ -109,6 +109,11 @@ def cmd_bench(a: argparse.Namespace) -> None:
     from outpace.bench.decode import run_decode_bench
 
     _check_model_dir(a.model)
+    if a.what == "gpu":
+        from outpace.bench.gpu import run_gpu_baseline
+
+        run_gpu_baseline(Path(a.out or "benchmarks/gpu_baseline.json"))
+        return
     if a.what == "acceptance":
         from outpace.bench.acceptance import run_acceptance_bench
 
@@ -157,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="decode throughput with and without speculation; acceptance; or a server")
-    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "serve"],
+    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "gpu", "serve"],
                    help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts; "
                         "serve: load a running server (outpace serve) over HTTP")
     _engine_args(b)

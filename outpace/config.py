@@ -258,6 +258,7 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "torch"
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    load_format: str = "safetensors"  # "dummy": random weights of the checkpoint's shape (benchmarks)
 
     def __post_init__(self) -> None:
         o = "EngineConfig"
@@ -270,3 +271,5 @@ class EngineConfig:
         _require(o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0")
         if self.max_model_len is not None:
             _positive_int(o, "max_model_len", self.max_model_len)
+        _require(o, "load_format", self.load_format, self.load_format in ("safetensors", "dummy"),
+                 "'safetensors' or 'dummy'")

@@ -36,7 +36,8 @@ class LLMEngine:
         self.model_config = ModelConfig.from_pretrained(config.model)
         torch.manual_seed(config.seed)
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
-        self.model = load_model(config.model, dtype, config.device, progress=progress)
+        self.model = load_model(config.model, dtype, config.device, progress=progress,
+                                load_format=config.load_format)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, config.attention_backend)

@@ -35,9 +35,17 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
         return model_class(cfg.architecture)(cfg)
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", progress: bool = True) -> nn.Module:
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", progress: bool = True,
+               load_format: str = "safetensors") -> nn.Module:
+    """``load_format`` "dummy" skips the weights and fills the parameters with small random values
+    (vLLM's ``--load-format dummy``): for benchmarks of a shape without its checkpoint."""
     cfg = ModelConfig.from_pretrained(model_dir)
     model = build_model(cfg, dtype, device)
-    load_checkpoint(model, model_dir, progress=progress)
+    if load_format == "dummy":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
+    else:
+        load_checkpoint(model, model_dir, progress=progress)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()
