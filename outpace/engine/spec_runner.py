@@ -36,11 +36,11 @@ class SpeculativeRunner:
         n = self.spec.num_draft_tokens
 
         # ---- inputs: prefill chunks first, then one draft tree per decoding request
-        chunk_ids = [s.request.token_ids[s.request.num_computed_tokens:][:s.num_new_tokens] for s in prefill]
-        ids = [torch.tensor([t for c in chunk_ids for t in c], dtype=torch.int64)]
-        pos = [torch.cat([torch.arange(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens)
-                          for s in prefill]) if prefill else torch.zeros(0, dtype=torch.int64)]
-        ids, pos = [ids[0].to(dev)], [pos[0].to(dev)]
+        starts = [s.request.num_computed_tokens for s in prefill]
+        chunk_ids = [t for s, a in zip(prefill, starts) for t in s.request.token_ids[a:a + s.num_new_tokens]]
+        ids = [torch.tensor(chunk_ids, dtype=torch.int64, device=dev)]
+        pos = [torch.tensor([p for s, a in zip(prefill, starts) for p in range(a, a + s.num_new_tokens)],
+                            dtype=torch.int64, device=dev)]
         masks: list[torch.Tensor | None] = [None] * len(prefill)
         if drafts is not None:
             base = torch.tensor([s.request.num_computed_tokens for s in decode], device=dev)
