@@ -19,8 +19,6 @@ capture layers' states and its logits):
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -29,13 +27,13 @@ from typing import Callable
 
 import torch
 
-from outpace.checkpoint import save_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, device_name, soft_cross_entropy, teacher_forward
-from outpace.train.loop import OptimConfig, plot_history, train
-from outpace.train.target import MAX_SHARD_BYTES, init_weights
+from outpace.train.distill import DistillData, soft_cross_entropy, teacher_forward
+from outpace.train.export import common_metrics, save_trained
+from outpace.train.loop import OptimConfig, train
+from outpace.train.target import init_weights
 
 
 @dataclass(frozen=True)
@@ -270,27 +268,18 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                       max_minutes=recipe.max_minutes)
     history = train(draft, loss_fn, opt, device, desc="dflash draft")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = {name: p.detach().to(torch.bfloat16) for name, p in draft.named_parameters()}
-    save_checkpoint(state, out_dir, MAX_SHARD_BYTES)
-    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
-    loss_history = dataclasses.replace(history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")})
-    plot_history(loss_history, out_dir / "loss.png", "DFlash draft: block loss (soft CE vs target, per position)")
-
     positions = range(1, n)
     metrics = dict(
-        recipe=dataclasses.asdict(recipe), num_parameters=num_parameters, checkpoint_mib=size_mib,
-        train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
-        final_loss=history.losses[-1],
+        common_metrics(recipe, draft, history, t0, device), checkpoint_mib=size_mib,
         final_position_loss={i: history.extra[f"loss pos {i}"][-1] for i in positions},
         final_position_top1={i: history.extra[f"top1 pos {i}"][-1] for i in positions},
         position_weights=position_weights(n, recipe.loss_gamma),
         target_num_layers=tcfg.num_hidden_layers, target_layer_ids=list(layer_ids),
-        capture_layer_ids=list(cfg.capture_layer_ids), mask_token=mask_token, mask_token_id=mask_token_id,
-        history=history.to_dict(), device=device_name(device))
-    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_dflash_card(out_dir, metrics)
-    return metrics
+        capture_layer_ids=list(cfg.capture_layer_ids), mask_token=mask_token, mask_token_id=mask_token_id)
+    state = {name: p.detach() for name, p in draft.named_parameters()}
+    return save_trained(out_dir, state, cfg_dict, history,
+                        "DFlash draft: block loss (soft CE vs target, per position)", metrics, write_dflash_card,
+                        plotted_prefix="loss")
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method dflash --target zoo/tinypy --out zoo/tinypy-dflash "

@@ -17,8 +17,6 @@ label index t+1+j >= T are left out. Loss = sum_j 0.8^j loss_j / sum_j 0.8^j.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +25,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from outpace.checkpoint import save_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, device_name, soft_cross_entropy, teacher_forward
-from outpace.train.loop import OptimConfig, plot_history, train
-from outpace.train.target import MAX_SHARD_BYTES, init_weights
+from outpace.train.distill import DistillData, soft_cross_entropy, teacher_forward
+from outpace.train.export import common_metrics, save_trained
+from outpace.train.loop import OptimConfig, train
+from outpace.train.target import init_weights
 
 STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j
 
@@ -318,27 +316,17 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
                       max_minutes=recipe.max_minutes)
     history = train(draft, loss_fn, opt, device, desc="eagle3 draft")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(draft_state_dict(draft), out_dir, MAX_SHARD_BYTES)
-    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
-    loss_history = dataclasses.replace(history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")})
-    plot_history(loss_history, out_dir / "loss.png", "EAGLE3 draft: TTT loss (soft CE vs target, per step)")
-
     written, convention = checkpoint_aux_ids(capture)
-    covered = float(freq[vocab_ids].sum())
     metrics = dict(
-        recipe=dataclasses.asdict(recipe), num_parameters=sum(p.numel() for p in draft.parameters()),
-        train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
-        final_loss=history.losses[-1],
+        common_metrics(recipe, draft, history, t0, device),
         final_step_loss={j: history.extra[f"loss step {j}"][-1] for j in range(recipe.ttt_steps)},
         final_step_top1={j: history.extra[f"top1 step {j}"][-1] for j in range(recipe.ttt_steps)},
         target_num_layers=tcfg.num_hidden_layers, capture_layer_ids=list(capture),
         checkpoint_aux_layer_ids=written, checkpoint_aux_convention=convention,
-        draft_vocab_size=vocab_ids.numel(), draft_vocab_coverage=covered,
-        history=history.to_dict(), device=device_name(device))
-    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_eagle3_card(out_dir, metrics)
-    return metrics
+        draft_vocab_size=vocab_ids.numel(), draft_vocab_coverage=float(freq[vocab_ids].sum()))
+    return save_trained(out_dir, draft_state_dict(draft), cfg_dict, history,
+                        "EAGLE3 draft: TTT loss (soft CE vs target, per step)", metrics, write_eagle3_card,
+                        plotted_prefix="loss")
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method eagle3 --target zoo/tinypy --out zoo/tinypy-eagle3 "

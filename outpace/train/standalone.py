@@ -2,7 +2,6 @@
 distilled from the target (soft labels) on the target's own continuations and on corpus text."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -12,12 +11,13 @@ from pathlib import Path
 import torch
 
 from outpace.attention import DenseCausalMetadata, forward_context
-from outpace.checkpoint import model_state_dict, save_checkpoint
+from outpace.checkpoint import model_state_dict
 from outpace.config import ModelConfig
 from outpace.models.loader import build_model, load_model
-from outpace.train.distill import DistillData, device_name, soft_cross_entropy, teacher_forward
-from outpace.train.loop import OptimConfig, plot_history, train
-from outpace.train.target import MAX_SHARD_BYTES, init_weights
+from outpace.train.distill import DistillData, soft_cross_entropy, teacher_forward
+from outpace.train.export import common_metrics, save_trained
+from outpace.train.loop import OptimConfig, train
+from outpace.train.target import init_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -81,18 +81,11 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     history = train(draft, loss_fn, opt, device, desc="standalone draft")
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(model_state_dict(draft), out_dir, MAX_SHARD_BYTES, dtype=torch.bfloat16)
-    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         shutil.copy(target_dir / name, out_dir / name)
-    plot_history(history, out_dir / "loss.png", "standalone draft: distillation loss (soft CE vs target)")
-    metrics = dict(recipe=dataclasses.asdict(recipe), num_parameters=sum(p.numel() for p in draft.parameters()),
-                   train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
-                   final_loss=history.losses[-1], history=history.to_dict(),
-                   device=device_name(device))
-    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_standalone_card(out_dir, metrics)
-    return metrics
+    return save_trained(out_dir, model_state_dict(draft), cfg_dict, history,
+                        "standalone draft: distillation loss (soft CE vs target)",
+                        common_metrics(recipe, draft, history, t0, device), write_standalone_card)
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method standalone --target zoo/tinypy --out zoo/tinypy-draft "

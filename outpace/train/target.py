@@ -25,10 +25,10 @@ from outpace.config import ModelConfig
 from outpace.models.loader import build_model
 from outpace.train.corpus import Corpus, SourceFile, build_corpus, heldout_prompts
 from outpace.train.data import TokenStream
+from outpace.train.export import MAX_SHARD_BYTES
 from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
 from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids, train_tokenizer
 
-MAX_SHARD_BYTES = 15 * 1024 * 1024
 
 
 @dataclass(frozen=True)
