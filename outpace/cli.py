@@ -183,26 +183,26 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the zoo models (see zoo/README.md)")
     tsub = t.add_subparsers(dest="what", required=True)
     tt = tsub.add_parser("target", help="a small Llama code model with chained MTP layers")
-    tt.add_argument("--out", required=True)
-    tt.add_argument("--device", default="cuda")
-    tt.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
-    tt.add_argument("--steps", type=int)
-    tt.add_argument("--max-minutes", type=float)
-    tt.add_argument("--seed", type=int)
+    _train_args(tt)
     tt.add_argument("--reproduce-steps", type=int, default=None,
                     help="instead of training: run the recipe's first N steps twice and compare the curves")
     tt.set_defaults(func=cmd_train_target)
     td = tsub.add_parser("draft", help="a draft for a trained target")
     td.add_argument("--method", required=True, choices=list(DRAFT_RECIPES))
     td.add_argument("--target", default=str(DEFAULT_MODEL))
-    td.add_argument("--out", required=True)
-    td.add_argument("--device", default="cuda")
-    td.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
-    td.add_argument("--steps", type=int)
-    td.add_argument("--max-minutes", type=float)
-    td.add_argument("--seed", type=int)
+    _train_args(td)
     td.set_defaults(func=cmd_train_draft)
     return parser
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    """Flags every recipe takes; --steps, --max-minutes and --seed override the recipe's values."""
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--max-minutes", type=float)
+    p.add_argument("--seed", type=int)
 
 
 def _recipe_overrides(a: argparse.Namespace, names: tuple[str, ...]) -> dict:

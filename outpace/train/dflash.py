@@ -30,14 +30,14 @@ import torch
 from outpace.config import ModelConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, soft_cross_entropy, teacher_forward
+from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
 from outpace.train.export import common_metrics, save_trained
-from outpace.train.loop import OptimConfig, train
+from outpace.train.loop import train
 from outpace.train.target import init_weights
 
 
 @dataclass(frozen=True)
-class DFlashRecipe:
+class DFlashRecipe(DistillRecipe):
     block_size: int = 8                           # B: B - 1 drafts per verify
     num_layers: int = 2
     intermediate_size: int | None = None          # None: the target's
@@ -46,16 +46,6 @@ class DFlashRecipe:
     loss_gamma: float = 4.0                       # block row i weighs exp(-(i - 1) / gamma)
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
     max_checkpoint_mib: float = 4.0               # bf16 size budget of the saved draft
-    num_continuations: int = 4096
-    prompt_len: int = 64
-    new_tokens: int = 192
-    batch_size: int = 32
-    steps: int = 6000
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    max_minutes: float | None = 4.0
-    seed: int = 0
-    max_corpus_bytes: int = 30_000_000
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, allowed: str) -> None:
@@ -218,8 +208,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
-    data = DistillData(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device,
-                       recipe.seed, recipe.max_corpus_bytes)
+    data = DistillData.for_recipe(target_dir, recipe, device)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
                         progress=False)
     target.requires_grad_(False)
@@ -264,9 +253,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                  **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.loss_gamma), tokens.numel(), extra
 
-    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,
-                      max_minutes=recipe.max_minutes)
-    history = train(draft, loss_fn, opt, device, desc="dflash draft")
+    history = train(draft, loss_fn, recipe.optim, device, desc="dflash draft")
 
     positions = range(1, n)
     metrics = dict(

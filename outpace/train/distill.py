@@ -2,6 +2,7 @@
 target's distributions over them (soft labels)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SamplingParams
 from outpace.train.corpus import build_corpus
 from outpace.train.data import TokenStream
+from outpace.train.loop import OptimConfig
 from outpace.train.tokenizer import EOS_TOKEN
 
 
@@ -36,6 +38,26 @@ def target_continuations(target_dir: Path, stream: TokenStream, num: int, prompt
     return torch.tensor([p + o.token_ids for p, o in zip(prompts, outs)], dtype=torch.int64)
 
 
+@dataclass(frozen=True)
+class DistillRecipe:
+    """The data and optimisation fields every draft recipe shares (recipes subclass it)."""
+
+    num_continuations: int = 4096
+    prompt_len: int = 64
+    new_tokens: int = 192
+    batch_size: int = 32
+    steps: int = 6000
+    lr: float = 3e-3
+    warmup_steps: int = 100
+    max_minutes: float | None = 4.0
+    seed: int = 0
+    max_corpus_bytes: int = 30_000_000
+
+    @property
+    def optim(self) -> OptimConfig:
+        return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=self.max_minutes)
+
+
 class DistillData:
     """Training batches for a draft: half the target's own continuations of corpus prompts, half
     raw train-split windows of the same length (``prompt_len + new_tokens``)."""
@@ -47,6 +69,11 @@ class DistillData:
         self.continuations = target_continuations(  # [num_continuations, seq_len]
             target_dir, self.stream, num_continuations, prompt_len, new_tokens, device, seed=seed,
             max_num_seqs=512, num_kv_blocks=512 * self.seq_len // 16 + 64, max_num_batched_tokens=16384)
+
+    @classmethod
+    def for_recipe(cls, target_dir: Path, recipe: DistillRecipe, device: str) -> DistillData:
+        return cls(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device, recipe.seed,
+                   recipe.max_corpus_bytes)
 
     def batch(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         """[batch_size, seq_len] int64 on the CPU."""

@@ -28,31 +28,21 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, soft_cross_entropy, teacher_forward
+from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
 from outpace.train.export import common_metrics, save_trained
-from outpace.train.loop import OptimConfig, train
+from outpace.train.loop import train
 from outpace.train.target import init_weights
 
 STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j
 
 
 @dataclass(frozen=True)
-class Eagle3Recipe:
+class Eagle3Recipe(DistillRecipe):
     draft_vocab_size: int = 2048
     intermediate_size: int | None = None        # None: the target's
     aux_layer_ids: tuple[int, ...] | None = None  # capture ids (input-of); None: default_capture_ids(L)
     ttt_steps: int = 6
     init_head_from_target: bool = True          # lm_head rows and final norm start as the target's
-    num_continuations: int = 4096
-    prompt_len: int = 64
-    new_tokens: int = 192
-    batch_size: int = 32
-    steps: int = 6000
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    max_minutes: float | None = 4.0
-    seed: int = 0
-    max_corpus_bytes: int = 30_000_000
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
@@ -270,8 +260,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    data = DistillData(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device,
-                       recipe.seed, recipe.max_corpus_bytes)
+    data = DistillData.for_recipe(target_dir, recipe, device)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
                         progress=False)
     target.requires_grad_(False)
@@ -312,9 +301,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
                  **{f"top1 step {j}": a for j, a in enumerate(top1)}}
         return weighted_loss(losses), tokens.numel(), extra
 
-    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,
-                      max_minutes=recipe.max_minutes)
-    history = train(draft, loss_fn, opt, device, desc="eagle3 draft")
+    history = train(draft, loss_fn, recipe.optim, device, desc="eagle3 draft")
 
     written, convention = checkpoint_aux_ids(capture)
     metrics = dict(

@@ -14,31 +14,23 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict
 from outpace.config import ModelConfig
 from outpace.models.loader import build_model, load_model
-from outpace.train.distill import DistillData, soft_cross_entropy, teacher_forward
+from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
 from outpace.train.export import common_metrics, save_trained
-from outpace.train.loop import OptimConfig, train
+from outpace.train.loop import train
 from outpace.train.target import init_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @dataclass(frozen=True)
-class StandaloneRecipe:
+class StandaloneRecipe(DistillRecipe):
     hidden_size: int = 192
     intermediate_size: int = 512
     num_layers: int = 2
     num_heads: int = 6
     num_kv_heads: int = 2
-    num_continuations: int = 4096
-    prompt_len: int = 64
-    new_tokens: int = 192
     batch_size: int = 64
     steps: int = 3000
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    max_minutes: float | None = 4.0
-    seed: int = 0
-    max_corpus_bytes: int = 30_000_000
 
     @classmethod
     def toy(cls, **overrides) -> StandaloneRecipe:
@@ -61,8 +53,7 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    data = DistillData(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device,
-                       recipe.seed, recipe.max_corpus_bytes)
+    data = DistillData.for_recipe(target_dir, recipe, device)
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device)
     cfg_dict = draft_config(json.loads((target_dir / "config.json").read_text()), recipe)
     draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
@@ -77,8 +68,7 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
             student = draft.compute_logits(draft(tokens.reshape(-1), torch.arange(t, device=device).repeat(b)).hidden_states)
         return soft_cross_entropy(student, teacher), tokens.numel(), {}
 
-    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps, max_minutes=recipe.max_minutes)
-    history = train(draft, loss_fn, opt, device, desc="standalone draft")
+    history = train(draft, loss_fn, recipe.optim, device, desc="standalone draft")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
