@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from outpace.attention import build_paged_metadata
-from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, SpeculativeConfig
@@ -31,10 +30,7 @@ from outpace.spec.rows import draft_rows
 class DFlashProposer(Proposer):
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
                  attention_backend: str = "torch") -> None:
-        self.spec = spec
-        self.pool = pool
-        self.device = torch.device(device)
-        self.backend = get_backend(attention_backend)
+        super().__init__(spec, pool, device, attention_backend)
         self.draft = load_dflash_draft(spec.draft, target, dtype, device)
         cfg = self.draft.config
         self.block_size = cfg.block_size

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
@@ -42,10 +41,7 @@ class DraftModelProposer(Proposer):
         if spec.topk != 1:
             raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for draft: must be 1 (a chain)")
         check_same_tokenizer(target.checkpoint_dir, Path(spec.draft))
-        self.spec = spec
-        self.pool = pool
-        self.device = torch.device(device)
-        self.backend = get_backend(attention_backend)
+        super().__init__(spec, pool, device, attention_backend)
         self.draft = load_model(spec.draft, dtype, device, progress=False)
         bind_kv_cache(self.draft.model, pool.num_blocks, pool.block_size, dtype, device)
         self._next_row: dict[str, int] = {}  # first row whose draft KV is not final

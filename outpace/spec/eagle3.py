@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
@@ -33,10 +32,7 @@ from outpace.spec.tree import select_tree
 class Eagle3Proposer(Proposer):
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
                  attention_backend: str = "torch") -> None:
-        self.spec = spec
-        self.pool = pool
-        self.device = torch.device(device)
-        self.backend = get_backend(attention_backend)
+        super().__init__(spec, pool, device, attention_backend)
         self.draft = load_eagle3_draft(spec.draft, target, dtype, device)
         self.aux_layer_ids = self.draft.config.capture_layer_ids(target.config.num_hidden_layers)
         bind_kv_cache(self.draft, pool.num_blocks, pool.block_size, dtype, device)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, SpeculativeConfig
@@ -43,11 +42,8 @@ class MTPProposer(Proposer):
             raise ConfigError(f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for mtp: the target has "
                               f"{n} MTP layers, so at most {n} steps (more steps reuse a layer only when there is "
                               f"exactly one)")
-        self.spec = spec
+        super().__init__(spec, pool, device, attention_backend)
         self.target = target
-        self.pool = pool
-        self.device = torch.device(device)
-        self.backend = get_backend(attention_backend)
         self.chained = cfg.chain_mtp_hidden_states
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
         bind_kv_cache(target.mtp_layers, pool.num_blocks, pool.block_size, dtype, device)

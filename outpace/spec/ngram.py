@@ -34,8 +34,7 @@ class NgramProposer(Proposer):
                  attention_backend: str = "torch") -> None:
         if spec.topk != 1:
             raise ValueError(f"SpeculativeConfig.topk={spec.topk} is invalid for ngram: must be 1 (a chain)")
-        self.spec = spec
-        self.device = torch.device(device)
+        super().__init__(spec, pool, device, attention_backend)
         self.min_n, self.max_n = spec.ngram_min, spec.ngram_max
 
     @property

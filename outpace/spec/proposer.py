@@ -56,6 +56,15 @@ class Proposer(abc.ABC):
     # Target layers whose inputs the drafter needs (see ModelConfig aux convention); () for none.
     aux_layer_ids: tuple[int, ...] = ()
 
+    def __init__(self, spec, pool, device: str, attention_backend: str = "torch") -> None:
+        """What every drafter keeps: its config, the shared block pool, its device and attention backend."""
+        from outpace.attention.registry import get_backend
+
+        self.spec = spec
+        self.pool = pool
+        self.device = torch.device(device)
+        self.backend = get_backend(attention_backend)
+
     @property
     @abc.abstractmethod
     def lookahead(self) -> int: ...
