@@ -256,7 +256,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # "auto": triton on CUDA, torch on the CPU
+    # Capture CUDA graphs at start-up (decode, verify, the EAGLE3 chain iteration); ignored on the CPU.
+    cuda_graphs: bool = True
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     load_format: str = "safetensors"  # "dummy": random weights of the checkpoint's shape (benchmarks)
 
@@ -271,5 +273,7 @@ class EngineConfig:
         _require(o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0")
         if self.max_model_len is not None:
             _positive_int(o, "max_model_len", self.max_model_len)
+        _require(o, "attention_backend", self.attention_backend,
+                 self.attention_backend in ("auto", "torch", "triton"), "one of auto, torch, triton")
         _require(o, "load_format", self.load_format, self.load_format in ("safetensors", "dummy"),
                  "'safetensors' or 'dummy'")

@@ -72,6 +72,7 @@ def serving_block(draft, features, a, table, block_size=4, chunks=(0.5,), skip_r
 
 
 def test_training_forward_equals_paged_serving(target4, draft4):
+    from outpace.cache.block_pool import BlockPool
     from outpace.cache.kv_cache import bind_kv_cache
 
     target = load_model(target4, torch.float32, progress=False)
@@ -87,7 +88,7 @@ def test_training_forward_equals_paged_serving(target4, draft4):
         dense = dflash_forward(draft, draft.embed, aux, tokens, anchors)[0]  # [K, B, hidden]
         features = draft.fuse(aux[0])
     table = [5, 2, 7, 0, 3, 6]  # 24 rows of 4, deliberately out of order
-    bind_kv_cache(draft, 8, 4, torch.float32, "cpu")
+    bind_kv_cache(draft, BlockPool(8, 4), torch.float32, "cpu")
 
     def serve(a, **variant):
         for layer in draft.layers:  # stale garbage everywhere: a row that is not written shows

@@ -5,6 +5,7 @@ import torch
 from hf_models import VARIANTS
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
+from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.models.loader import load_model
 
@@ -16,7 +17,7 @@ def test_prefill_logits_match_transformers(variant, hf_checkpoints):
     ids = torch.randint(0, hf.config.vocab_size, (45,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model, num_blocks=8, block_size=16, dtype=torch.float32, device="cpu")
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
         meta = build_paged_metadata([[5, 2, 7]], [0], [45], 16, "cpu")
         with forward_context(meta):
             logits = model.compute_logits(model(ids, torch.arange(45)).hidden_states)

@@ -1,6 +1,7 @@
 """Attention: the per-forward metadata, the forward context, and interchangeable backends."""
 from outpace.attention.context import ForwardContext, forward_context, get_forward_context
-from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata, build_paged_metadata
+from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata, build_paged_metadata, \
+    uniform_paged_metadata
 
 __all__ = [
     "DenseCausalMetadata",
@@ -9,4 +10,5 @@ __all__ = [
     "build_paged_metadata",
     "forward_context",
     "get_forward_context",
+    "uniform_paged_metadata",
 ]

@@ -16,6 +16,11 @@ class BlockPool:
         self._tables: dict[str, list[int]] = {}
 
     @property
+    def padding_block(self) -> int:
+        """A block id past the pool's own: the KV tensors have it, no request ever owns it (see bind_kv_cache)."""
+        return self.num_blocks
+
+    @property
     def num_free(self) -> int:
         return len(self._free)
 

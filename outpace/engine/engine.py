@@ -40,13 +40,16 @@ class LLMEngine:
                                 load_format=config.load_format)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
-        self.runner = ModelRunner(self.model, self.pool, dtype, config.device, config.attention_backend)
+        on_gpu = config.device.startswith("cuda")
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "triton" if on_gpu else "torch"
+        self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend)
         spec = config.speculative
         self.spec_runner = None
         decode_tokens, lookahead = 1, 0
         if spec.enabled:
-            proposer = proposer_class(spec.method)(spec, self.model, self.pool, dtype, config.device,
-                                                   config.attention_backend)
+            proposer = proposer_class(spec.method)(spec, self.model, self.pool, dtype, config.device, backend)
             self.spec_runner = SpeculativeRunner(self.runner, proposer, spec)
             decode_tokens, lookahead = spec.num_draft_tokens, proposer.lookahead
             if config.max_num_batched_tokens < decode_tokens:
@@ -59,12 +62,28 @@ class LLMEngine:
         limits = [self.model_config.max_position_embeddings - reserved,
                   config.num_kv_blocks * config.block_size - reserved]
         self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
+        if on_gpu and config.cuda_graphs:
+            self.capture_graphs()
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
+
+    def capture_graphs(self, oracle_rates=None) -> None:
+        """Capture the decode step (or, with speculation, the verify forward and the EAGLE3 chain
+        iteration) for every batch bucket up to max_num_seqs. Done at start-up on CUDA unless
+        ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests).
+        ``oracle_rates``: benchmark-only oracle acceptance (spec/eagle3_graph.py)."""
+        from outpace.engine.cuda_graphs import batch_buckets
+
+        rows = min(self.model_config.max_position_embeddings, self.pool.num_blocks * self.pool.block_size)
+        self.runner.enable_graphs(batch_buckets(self.config.max_num_seqs), self.pool.blocks_needed(rows))
+        if self.spec_runner is None:
+            self.runner.capture_target(1)
+        else:
+            self.spec_runner.enable_graphs(oracle_rates)
 
     # ---- admission -------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
@@ -149,7 +168,7 @@ class LLMEngine:
 
     def _on_free(self, req: Request) -> None:
         if self.spec_runner is not None:
-            self.spec_runner.proposer.release(req.request_id)
+            self.spec_runner.release(req.request_id)
 
     def _append_token(self, req: Request, token: int) -> bool:
         """Append one token; True when the request must stop (its reason recorded)."""

@@ -2,7 +2,8 @@
 
 Host work per step: build the flat input tensors and attention metadata once; device work:
 one forward, logits only for rows that need them, sampling; one host sync (``tolist``) to hand
-the sampled ids back to the engine.
+the sampled ids back to the engine. On CUDA, with graphs captured (``capture_graphs``), a batch of
+decoding requests replays the captured forward of its batch bucket instead (cuda_graphs.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
+from outpace.engine.cuda_graphs import CapturedTargetForward, GraphBlockTables, bucket_for, pinned
 from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import SamplingTensors, sample
 
@@ -25,7 +27,29 @@ class ModelRunner:
         self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
-        self.kv_caches = bind_kv_cache(model.model, pool.num_blocks, pool.block_size, kv_dtype, device)
+        self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
+        self.graph_buckets: tuple[int, ...] = ()
+        self.graph_tables: GraphBlockTables | None = None
+        self.graph_memory = None
+        self._captured: dict[tuple[int, bool], CapturedTargetForward] = {}
+
+    # ---- CUDA graphs ---------------------------------------------------------------------------
+    def enable_graphs(self, buckets: tuple[int, ...], max_blocks: int) -> None:
+        """Prepare graph capture for batches of up to max(buckets) sequences of up to ``max_blocks`` blocks."""
+        self.graph_buckets = buckets
+        self.graph_tables = GraphBlockTables(self.pool, max(buckets), max_blocks, self.device)
+        self.graph_memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+
+    def capture_target(self, query_len: int, tree: bool = False) -> None:
+        """Capture the target forward over ``query_len`` tokens per sequence for every bucket."""
+        self._captured[query_len, tree] = CapturedTargetForward(
+            self.model, self.backend, self.graph_tables, self.graph_buckets, query_len, tree, self.graph_memory)
+
+    def captured(self, num_seqs: int, query_len: int, tree: bool = False) -> CapturedTargetForward | None:
+        """The captured forward for this shape, or None when the batch must run eagerly."""
+        if bucket_for(self.graph_buckets, num_seqs) is None:
+            return None
+        return self._captured.get((query_len, tree))
 
     def forward(self, token_ids: list[list[int]], positions: list[list[int]], batch: list[ScheduledRequest]):
         """Forward the given new tokens of each scheduled request; returns the model output."""
@@ -41,6 +65,9 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         """Forward every scheduled chunk; sample a token for each request whose chunk completes its
         sequence (none for the others, still in chunked prefill)."""
+        graph = self.captured(len(batch), 1)
+        if graph is not None and all(s.num_new_tokens == 1 and s.completes_sequence for s in batch):
+            return self._execute_decode(graph, batch)
         token_ids, positions = [], []
         for s in batch:
             start = s.request.num_computed_tokens
@@ -54,9 +81,22 @@ class ModelRunner:
             return results
         with torch.inference_mode():
             logits = self.model.compute_logits(out.hidden_states[ends[needs].to(self.device)])  # [n, vocab]
-            reqs = [batch[i].request for i in needs]
-            tensors = SamplingTensors.from_params([r.params for r in reqs], self.device)
-            tokens = sample(logits, tensors, [r.generator for r in reqs]).tolist()
+            tokens = self._sample(logits, [batch[i].request for i in needs])
         for i, t in zip(needs, tokens):
             results[i].new_token_ids.append(t)
         return results
+
+    def _execute_decode(self, graph: CapturedTargetForward, batch: list[ScheduledRequest]) -> list[StepResult]:
+        """One token per request through the captured forward of the batch's bucket."""
+        reqs = [s.request for s in batch]
+        starts = [r.num_computed_tokens for r in reqs]
+        ids, pos = pinned([r.token_ids[-1] for r in reqs], self.device), pinned(starts, self.device)
+        with torch.inference_mode():
+            _, logits = graph.run([r.request_id for r in reqs], starts, ids.to(self.device, non_blocking=True),
+                                  pos.to(self.device, non_blocking=True))
+            tokens = self._sample(logits, reqs)
+        return [StepResult([t], 1) for t in tokens]
+
+    def _sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
+        tensors = SamplingTensors.from_params([r.params for r in reqs], self.device)
+        return sample(logits, tensors, [r.generator for r in reqs]).tolist()

@@ -6,6 +6,10 @@ their last token (at position L) and whose node i sits at position L + depth(i) 
 L + i. After verify, the accepted path's KV is moved to rows L, L + 1, ... (a no-op for chains)
 and the rows past it are simply left behind: the next forward overwrites them. All results come
 back to the host in one transfer.
+
+With CUDA graphs (``enable_graphs``): a decode-only batch verifies through the captured target
+forward of its bucket, and greedy EAGLE3 chains run the whole iteration as one replay
+(spec/eagle3_graph.py).
 """
 from __future__ import annotations
 
@@ -26,11 +30,33 @@ class SpeculativeRunner:
         self.runner = runner
         self.proposer = proposer
         self.spec = spec
+        self.iteration = None  # the captured whole iteration (greedy EAGLE3 chains), see enable_graphs
         runner.model.set_aux_hidden_state_layers(proposer.aux_layer_ids)
+
+    def enable_graphs(self, oracle_rates=None) -> None:
+        """Capture the verify forward (and, for EAGLE3 chains, the whole iteration) for the runner's
+        buckets. ``oracle_rates``: benchmark-only oracle acceptance (see spec/eagle3_graph.py)."""
+        from outpace.spec.eagle3 import Eagle3Proposer
+        from outpace.spec.eagle3_graph import Eagle3ChainGraph
+
+        self.runner.capture_target(self.spec.num_draft_tokens, tree=self.spec.topk > 1)
+        if isinstance(self.proposer, Eagle3Proposer) and self.spec.topk == 1:
+            self.iteration = Eagle3ChainGraph(self.runner, self.proposer, oracle_rates)
+        elif oracle_rates is not None:
+            raise ValueError("oracle acceptance needs the captured EAGLE3 chain iteration (method eagle3, topk 1)")
+
+    def release(self, request_id: str) -> None:
+        self.proposer.release(request_id)
+        if self.iteration is not None:
+            self.iteration.release(request_id)
 
     def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         prefill = [s for s in batch if not is_decoding(s.request)]
         decode = [s for s in batch if is_decoding(s.request)]
+        if self.iteration is not None:
+            if not prefill and self.iteration.accepts(decode):
+                return self.iteration.run(decode)
+            self.iteration.export_state()
         dev = self.runner.device
         drafts = self.proposer.propose([s.request for s in decode]) if decode else None
         n = self.spec.num_draft_tokens
@@ -41,20 +67,29 @@ class SpeculativeRunner:
         ids = [torch.tensor(chunk_ids, dtype=torch.int64, device=dev)]
         pos = [torch.tensor([p for s, a in zip(prefill, starts) for p in range(a, a + s.num_new_tokens)],
                             dtype=torch.int64, device=dev)]
-        masks: list[torch.Tensor | None] = [None] * len(prefill)
+        tree_masks = None  # [decode, n, n] ancestor masks, for trees
         if drafts is not None:
             base = torch.tensor([s.request.num_computed_tokens for s in decode], device=dev)
             ids.append(drafts.token_ids.reshape(-1))
             pos.append((base[:, None] + drafts.depths).reshape(-1))
-            masks += (list(ancestor_mask(drafts.parents, self.spec.num_steps).unbind(0)) if not drafts.is_chain
-                      else [None] * len(decode))
+            if not drafts.is_chain:
+                tree_masks = ancestor_mask(drafts.parents, self.spec.num_steps)
         order = prefill + decode
-        meta = build_paged_metadata([self.runner.pool.table(s.request.request_id) for s in order],
-                                    [s.request.num_computed_tokens for s in order],
-                                    [s.num_new_tokens for s in prefill] + [n] * len(decode),
-                                    self.runner.pool.block_size, dev, masks)
-        with torch.inference_mode(), forward_context(meta, self.runner.backend):
-            out = self.runner.model(torch.cat(ids), torch.cat(pos))
+        graph = None if prefill else self.runner.captured(len(decode), n, tree=not drafts.is_chain)
+        if graph is not None:
+            with torch.inference_mode():
+                out, decode_logits = graph.run([s.request.request_id for s in decode],
+                                               [s.request.num_computed_tokens for s in decode], ids[1], pos[1],
+                                               tree_masks)
+        else:
+            masks = [None] * len(prefill) + (list(tree_masks.unbind(0)) if tree_masks is not None
+                                             else [None] * len(decode))
+            meta = build_paged_metadata([self.runner.pool.table(s.request.request_id) for s in order],
+                                        [s.request.num_computed_tokens for s in order],
+                                        [s.num_new_tokens for s in prefill] + [n] * len(decode),
+                                        self.runner.pool.block_size, dev, masks)
+            with torch.inference_mode(), forward_context(meta, self.runner.backend):
+                out = self.runner.model(torch.cat(ids), torch.cat(pos))
 
         # ---- sample finished prefills, verify drafts
         with torch.inference_mode():
@@ -64,8 +99,11 @@ class SpeculativeRunner:
             rows = [ends[completing]] if completing else []
             if decode:
                 rows.append(torch.arange(num_prefill_rows, num_prefill_rows + n * len(decode)))
-            logits = (self.runner.model.compute_logits(out.hidden_states[torch.cat(rows).to(dev)])
-                      if rows else None)
+            if graph is not None:
+                logits = decode_logits
+            else:
+                logits = (self.runner.model.compute_logits(out.hidden_states[torch.cat(rows).to(dev)])
+                          if rows else None)
             packed = []
             if completing:
                 reqs = [prefill[i].request for i in completing]

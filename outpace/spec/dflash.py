@@ -43,7 +43,7 @@ class DFlashProposer(Proposer):
                               f"(= {spec.num_steps + 1}) must equal block_size; use num_steps={cfg.block_size - 1}")
         self.mask_token_id = cfg.mask_token_id
         self.aux_layer_ids = cfg.capture_layer_ids
-        bind_kv_cache(self.draft, pool.num_blocks, pool.block_size, dtype, device)
+        bind_kv_cache(self.draft, pool, dtype, device)
         self._block_mask = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool, device=self.device)
         # request id -> list of (context features [m, hidden], position of the first row)
         self._pending: dict[str, list[tuple[torch.Tensor, int]]] = {}

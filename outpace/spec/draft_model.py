@@ -43,7 +43,7 @@ class DraftModelProposer(Proposer):
         check_same_tokenizer(target.checkpoint_dir, Path(spec.draft))
         super().__init__(spec, pool, device, attention_backend)
         self.draft = load_model(spec.draft, dtype, device, progress=False)
-        bind_kv_cache(self.draft.model, pool.num_blocks, pool.block_size, dtype, device)
+        bind_kv_cache(self.draft.model, pool, dtype, device)
         self._next_row: dict[str, int] = {}  # first row whose draft KV is not final
 
     @property

@@ -35,7 +35,7 @@ class Eagle3Proposer(Proposer):
         super().__init__(spec, pool, device, attention_backend)
         self.draft = load_eagle3_draft(spec.draft, target, dtype, device)
         self.aux_layer_ids = self.draft.config.capture_layer_ids(target.config.num_hidden_layers)
-        bind_kv_cache(self.draft, pool.num_blocks, pool.block_size, dtype, device)
+        bind_kv_cache(self.draft, pool, dtype, device)
         self.vocab_size = target.config.vocab_size
         # draft vocabulary -> target ids, [draft_vocab]
         self.target_ids = self.draft.draft_to_target(torch.arange(self.draft.config.draft_vocab_size,
@@ -50,6 +50,18 @@ class Eagle3Proposer(Proposer):
 
     def release(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+
+    # ---- pending rows, handed to and from the captured iteration (spec/eagle3_graph.py) ----------
+    def num_pending_rows(self, request_id: str) -> int:
+        return sum(chunk[1].shape[0] for chunk in self._pending.get(request_id, []))
+
+    def take_pending(self, request_id: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Remove and return a request's pending rows: (fused hidden [m, hidden], next tokens [m], first row)."""
+        chunks = self._pending.pop(request_id)
+        return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks]), chunks[0][2]
+
+    def put_pending(self, request_id: str, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
+        self._pending[request_id] = [(hidden, tokens, start)]
 
     def observe(self, committed: CommittedRows) -> None:
         with torch.inference_mode():

@@ -46,7 +46,7 @@ class MTPProposer(Proposer):
         self.target = target
         self.chained = cfg.chain_mtp_hidden_states
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
-        bind_kv_cache(target.mtp_layers, pool.num_blocks, pool.block_size, dtype, device)
+        bind_kv_cache(target.mtp_layers, pool, dtype, device)
         # request id -> (first row still to run, the target's hidden states from that row on)
         self._hidden: dict[str, tuple[int, torch.Tensor]] = {}
 

@@ -1,0 +1,122 @@
+"""The code around CUDA graphs: static buffers, padding to batch buckets, block-table mirroring and
+the EAGLE3 chain iteration's state handoff. On the CPU a "replay" re-runs the captured function
+eagerly over the same static buffers, so everything but the capture itself is checked here; the
+GPU tests (tests/test_gpu.py) check the captured graphs."""
+import json
+
+import pytest
+import torch
+
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.engine.cuda_graphs import batch_buckets, bucket_for
+
+ZOO = "zoo/tinypy"
+EAGLE3 = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=4)
+
+
+def _prompts(n: int) -> list[list[int]]:
+    prompts = json.loads(open("zoo/eval_prompts.json").read())["prompts"]
+    tok = LLM(ZOO).tokenizer
+    return [tok.encode(p)[-40:] for p in prompts[:n]]
+
+
+def _graphed(spec: SpeculativeConfig | None, max_num_seqs: int = 4, **kw) -> LLM:
+    llm = LLM(ZOO, max_num_seqs=max_num_seqs, speculative=spec or SpeculativeConfig(), **kw)
+    llm.engine.capture_graphs()
+    return llm
+
+
+def test_buckets():
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 48, 64)
+    assert batch_buckets(5) == (1, 2, 4, 5)
+    assert bucket_for((1, 2, 4), 3) == 4 and bucket_for((1, 2, 4), 5) is None
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return _prompts(6)
+
+
+@pytest.fixture(scope="module")
+def reference(prompts):
+    """Greedy outputs without speculation or graphs, with ragged lengths so the batch changes."""
+    llm = LLM(ZOO, max_num_seqs=4)
+    params = [SamplingParams(temperature=0, max_tokens=12 + 5 * i, ignore_eos=True) for i in range(len(prompts))]
+    return params, [o.token_ids for o in llm.generate(prompts, params)]
+
+
+def test_graphed_decode_equals_eager(prompts, reference):
+    params, expected = reference
+    llm = _graphed(None)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_eagle3_chain_iteration_is_lossless_across_batch_changes(prompts, reference):
+    """Six requests through four slots: requests join and finish, so the iteration's state moves
+    between the captured buffers and the eager proposer many times."""
+    params, expected = reference
+    llm = _graphed(EAGLE3)
+    iteration = llm.engine.spec_runner.iteration
+    calls = {"run": 0}
+    run = iteration.run
+
+    def counting_run(batch):
+        calls["run"] += 1
+        return run(batch)
+
+    iteration.run = counting_run
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
+    assert calls["run"] > 10  # the captured iteration did the decoding, not the eager path
+    assert sum(o.spec_metrics.acceptance_length for o in outs) / len(outs) > 1.5
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+    assert not llm.engine.spec_runner.proposer._pending  # nothing left behind for finished requests
+
+
+def test_eagle3_iteration_matches_the_eager_acceptance(prompts):
+    """Same drafts, same acceptance: the captured iteration and the eager proposer agree step by step."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eager = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3).generate(prompts[:3], params)
+    graphed = _graphed(EAGLE3).generate(prompts[:3], params)
+    for a, b in zip(eager, graphed):
+        assert a.token_ids == b.token_ids
+        assert a.spec_metrics.accepted_per_position == b.spec_metrics.accepted_per_position
+
+
+def test_sampled_requests_fall_back_to_eager_drafting_with_the_captured_verify(prompts):
+    params = [SamplingParams(temperature=0.8, max_tokens=16, seed=i, ignore_eos=True) for i in range(3)]
+    eager = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3).generate(prompts[:3], params)
+    graphed = _graphed(EAGLE3).generate(prompts[:3], params)
+    assert [o.token_ids for o in eager] == [o.token_ids for o in graphed]
+
+
+@pytest.mark.parametrize("spec", [
+    SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
+    SpeculativeConfig(method="mtp", num_steps=3),
+], ids=["eagle3-tree", "mtp"])
+def test_captured_verify_is_lossless(prompts, reference, spec):
+    params, expected = reference
+    llm = _graphed(spec)
+    assert llm.engine.spec_runner.iteration is None
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_oracle_acceptance_follows_the_rates(prompts):
+    rates = [0.9, 0.6, 0.3, 0.1]
+    llm = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3)
+    llm.engine.capture_graphs(oracle_rates=rates)
+    torch.manual_seed(0)
+    outs = llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    steps = sum(o.spec_metrics.num_verifies for o in outs)
+    accepted = [sum(o.spec_metrics.accepted_per_position[j] for o in outs) / steps for j in range(4)]
+    for rate, seen in zip(rates, accepted):  # binomial, > 150 steps: 4 sigma < 0.17
+        assert abs(seen - rate) < 4 * (rate * (1 - rate) / steps) ** 0.5 + 0.02, (rates, accepted)
+
+
+def test_oracle_needs_the_eagle3_chain_iteration():
+    llm = LLM(ZOO, max_num_seqs=2, speculative=SpeculativeConfig(method="mtp", num_steps=2))
+    with pytest.raises(ValueError, match="oracle acceptance needs"):
+        llm.engine.capture_graphs(oracle_rates=[0.5, 0.5])
