@@ -106,14 +106,14 @@ def cmd_bench(a: argparse.Namespace) -> None:
                         max_tokens=a.max_tokens, temperature=a.temperature, api_key=a.api_key,
                         model=a.served_model, chat=a.chat, out_json=a.out)
         return
+    if a.what == "gpu":
+        from outpace.bench.gpu import run_gpu_bench
+
+        run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts)
+        return
     from outpace.bench.decode import run_decode_bench
 
     _check_model_dir(a.model)
-    if a.what == "gpu":
-        from outpace.bench.gpu import run_gpu_baseline
-
-        run_gpu_baseline(Path(a.out or "benchmarks/gpu_baseline.json"))
-        return
     if a.what == "acceptance":
         from outpace.bench.acceptance import run_acceptance_bench
 
@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
-    b.add_argument("--out", default=None, help="also write the rows as JSON here")
+    b.add_argument("--out", default=None, help="also write the rows as JSON here (bench gpu: the output folder)")
+    b.add_argument("--parts", default="abcdef", help="bench gpu: which parts to run (see outpace/bench/gpu.py)")
     sb = b.add_argument_group("bench serve")
     sb.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
     sb.add_argument("--num-requests", type=int, default=96)

@@ -3,6 +3,7 @@ the EAGLE3 chain iteration's state handoff. On the CPU a "replay" re-runs the ca
 eagerly over the same static buffers, so everything but the capture itself is checked here; the
 GPU tests (tests/test_gpu.py) check the captured graphs."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ EAGLE3 = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps
 
 
 def _prompts(n: int) -> list[list[int]]:
-    prompts = json.loads(open("zoo/eval_prompts.json").read())["prompts"]
+    prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
     tok = LLM(ZOO).tokenizer
     return [tok.encode(p)[-40:] for p in prompts[:n]]
 

@@ -1,4 +1,5 @@
-"""GPU-only checks (skipped without CUDA): every zoo drafter stays lossless in fp32 on the GPU."""
+"""GPU-only checks (skipped without CUDA): every zoo drafter stays lossless in fp32 on the GPU, with
+CUDA graphs and the Triton attention backend (the defaults on CUDA) and eagerly with the torch backend."""
 import json
 from pathlib import Path
 
@@ -17,14 +18,43 @@ SPECS = {
 }
 
 
+MODES = {"graphs-triton": {}, "eager-torch": {"cuda_graphs": False, "attention_backend": "torch"}}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("method", list(SPECS))
-def test_zoo_drafters_lossless_fp32_on_gpu(method):
+def test_zoo_drafters_lossless_fp32_on_gpu(method, mode):
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:8]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    kwargs = dict(device="cuda", dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128)
+    kwargs = dict(device="cuda", dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128, max_num_seqs=8,
+                  **MODES[mode])
     expected = [o.token_ids for o in LLM(str(ZOO / "tinypy"), **kwargs).generate(prompts, params)]
     llm = LLM(str(ZOO / "tinypy"), speculative=SPECS[method], **kwargs)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.pool.num_free == 64
+
+
+@pytest.mark.gpu
+def test_graphed_decode_equals_eager_torch_backend_fp32():
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:8]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=8)
+    eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, attention_backend="torch", **kwargs).generate(prompts, params)
+    graphed = LLM(str(ZOO / "tinypy"), **kwargs)
+    assert graphed.engine.runner.captured(8, 1) is not None
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == [o.token_ids for o in eager]
+
+
+@pytest.mark.gpu
+def test_captured_eagle3_iteration_runs_the_decode_steps():
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    llm = LLM(str(ZOO / "tinypy"), device="cuda", dtype="float32", max_num_seqs=4, speculative=SPECS["eagle3-chain"])
+    iteration = llm.engine.spec_runner.iteration
+    runs = []
+    run = iteration.run
+    iteration.run = lambda batch: runs.append(len(batch)) or run(batch)
+    outs = llm.generate(prompts, params)
+    assert len(runs) > 5 and all(o.spec_metrics.acceptance_length > 1.5 for o in outs)

@@ -1,20 +1,32 @@
-"""GPU baseline (``outpace bench gpu``): the memory-bandwidth floor of batch-1 decoding and what
-outpace's current GPU path achieves on a Llama-3.1-8B-shaped model with random bf16 weights.
+"""``outpace bench gpu``: outpace's GPU path against the memory-bandwidth floor, in one run.
 
-Floor: a decode step must read every weight once, so steps/s <= copy bandwidth / weight bytes,
-with the bandwidth measured in the same run by a large device-to-device copy (bytes read plus
-bytes written). Decode is timed by the engine's own step loop after the prefill step.
+(a) the floor: device-to-device copy bandwidth measured in this run (bytes read plus written) and
+    the bytes one forward must read: every weight but the input embedding table (one row of it per
+    token), plus the KV cache of every sequence;
+(b) a Llama-3.1-8B-shaped model with random bf16 weights (built on the GPU, no download): decode
+    tokens/s at batch 1, 8, 32, 64 and contexts 512 and 4096, and its fraction of the floor;
+(c) one verify forward over 1 + k tokens (k = 3, 5, 7) and over a 16-token tree, relative to one
+    decode step (captured forwards, same batch and context);
+(d) the EAGLE3 chain iteration (5 draft steps) with an 8B-shaped random EAGLE3 draft, under
+    ORACLE ACCEPTANCE: drafts are accepted with the per-position rates measured on the zoo pair
+    (benchmarks/acceptance.json), since random weights accept nothing; tokens/s and ratios to (b);
+(e) transformers' ``generate`` on the same weights, batch 1, greedy;
+(f) the zoo models end to end: tokens/s of each drafter against ``--method none``.
+Decode rows time a fixed number of engine steps while every request of the batch is running.
 """
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
 
 LLAMA_8B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -22,8 +34,16 @@ LLAMA_8B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_si
                 torch_dtype="bfloat16", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                       "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 8192})
+# An EAGLE3 draft for it, shaped like the public Llama-3.1-8B EAGLE3 heads (32k draft vocabulary).
+EAGLE3_8B = dict(architectures=["LlamaForCausalLMEagle3"], vocab_size=128256, draft_vocab_size=32000,
+                 hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                 num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                 rope_theta=500000.0, rope_scaling=LLAMA_8B["rope_scaling"], torch_dtype="bfloat16")
+BATCHES, CONTEXTS = (1, 8, 32, 64), (512, 4096)
+VERIFY_SHAPES = ((1, False), (4, False), (6, False), (8, False), (16, True))  # (tokens per sequence, tree)
 
 
+# ---- (a) the floor ------------------------------------------------------------------------------
 def copy_bandwidth(num_bytes: int = 4 << 30, repeats: int = 20) -> float:
     """Bytes/s of a device-to-device copy, counting bytes read plus bytes written (median)."""
     src = torch.empty(num_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
@@ -36,50 +56,279 @@ def copy_bandwidth(num_bytes: int = 4 << 30, repeats: int = 20) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    median = sorted(times[3:])[len(times[3:]) // 2]
-    return 2 * num_bytes / median
+    del src, dst
+    return 2 * num_bytes / _median(times[3:])
 
 
-def decode_tokens_per_s(llm: LLM, batch: int, context: int, steps: int) -> float:
-    vocab = llm.engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
-    for i in range(batch):
-        llm.engine.add_request([(7 * i + 13 * j) % vocab for j in range(context)], params)
-    while any(r.num_output_tokens == 0 for r in llm.engine.scheduler.running) or llm.engine.scheduler.waiting:
-        llm.engine.step()  # prefill (chunked) until every request has its first token
+def weight_bytes_read(model) -> int:
+    """Bytes of weights one forward reads: all parameters but the untied input embedding table."""
+    embed = model.model.embed_tokens.weight
+    tied = model.lm_head.weight is embed
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total if tied else total - embed.numel() * embed.element_size()
+
+
+def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
+    return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+
+
+# ---- engines on the 8B shape ----------------------------------------------------------------
+def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None, oracle_rates=None,
+             max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES)) -> LLM:
+    """The 8B-shaped target with random weights (and an EAGLE3 draft when speculating), graphs captured."""
+    (workdir / "config.json").write_text(json.dumps(LLAMA_8B))
+    blocks = max_num_seqs * (-(-(max_context + 64) // 16)) + 64
+    llm = LLM(str(workdir), device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
+              block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
+              speculative=speculative or SpeculativeConfig(), cuda_graphs=False)
+    llm.engine.capture_graphs(oracle_rates)
+    return llm
+
+
+def write_random_eagle3(directory: Path) -> Path:
+    """An EAGLE3 checkpoint with random bf16 weights of the 8B head's shapes (d2t: the first 32k ids)."""
+    from safetensors.torch import save_file
+
+    from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
+    from outpace.models.loader import default_dtype
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(EAGLE3_8B))
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        draft = Eagle3Draft(Eagle3Config.from_dict(EAGLE3_8B), has_embedding=False, has_head=True)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    tensors = {k: v.cpu().contiguous() for k, v in draft.state_dict().items()}
+    tensors["t2d"] = torch.arange(EAGLE3_8B["vocab_size"]) < EAGLE3_8B["draft_vocab_size"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
+    """Engine steps/s and tokens/s over ``steps`` steps with every request of the batch running."""
+    engine = llm.engine
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=64 * steps, ignore_eos=True)
+    ids = [engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(context)], params) for i in range(batch)]
+    while any(r.num_output_tokens == 0 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefill (chunked) until every request has its first token
+    for _ in range(2):
+        engine.step()  # warm-up: the first decode steps hand state to the captured iteration
+    before = sum(r.num_output_tokens for r in engine.scheduler.running)
     torch.cuda.synchronize()
-    t0, n = time.perf_counter(), 0
-    while llm.engine.has_unfinished_requests:
-        llm.engine.step()
-        n += 1
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
     torch.cuda.synchronize()
-    return batch * n / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    running = engine.scheduler.running
+    if len(running) != batch:
+        raise RuntimeError(f"only {len(running)} of {batch} requests ran through the timed steps (KV pool too small?)")
+    tokens = sum(r.num_output_tokens for r in running) - before
+    for rid in ids:
+        engine.abort_request(rid)
+    return {"batch": batch, "context": context, "steps": steps, "step_ms": 1e3 * elapsed / steps,
+            "tokens_per_s": tokens / elapsed, "tokens_per_step": tokens / steps / batch}
 
 
-def run_gpu_baseline(out_json: Path, batch_sizes=(1, 8), contexts=(512,), steps: int = 32) -> dict:
-    bandwidth = copy_bandwidth()
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "config.json").write_text(json.dumps(LLAMA_8B))
-        llm = LLM(d, device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=4096, block_size=16,
-                  max_num_seqs=64, max_num_batched_tokens=8192)
-        weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
-        floor = bandwidth / weight_bytes  # forwards/s
-        decode_tokens_per_s(llm, 1, 64, 4)  # warm-up
-        rows = []
-        for context in contexts:
-            for batch in batch_sizes:
-                tps = decode_tokens_per_s(llm, batch, context, steps)
-                rows.append({"batch": batch, "context": context, "decode_tokens_per_s": tps,
-                             "steps_per_s": tps / batch, "fraction_of_floor": tps / batch / floor})
-    result = {"device": torch.cuda.get_device_name(), "copy_bandwidth_bytes_per_s": bandwidth,
-              "weight_bytes": weight_bytes, "floor_forwards_per_s": floor, "rows": rows,
-              "path": "current outpace GPU path: torch SDPA backend over gathered paged KV, eager, no CUDA graphs"}
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights {weight_bytes / 1e9:.2f} GB, "
-          f"floor {floor:.1f} forwards/s")
-    print(f"{'context':>8} {'batch':>6} {'tokens/s':>10} {'steps/s':>8} {'of floor':>9}")
+def time_verify_shapes(llm: LLM, batch: int, context: int, repeats: int = 20) -> list[dict]:
+    """GPU time of one captured target forward per shape in VERIFY_SHAPES (query tokens per sequence)."""
+    runner, pool = llm.engine.runner, llm.engine.pool
+    for q, tree in VERIFY_SHAPES:
+        if runner.captured(batch, q, tree) is None:
+            runner.capture_target(q, tree)
+    ids = [f"verify-bench-{i}" for i in range(batch)]
+    for rid in ids:
+        pool.grow(rid, context + 16)
+    rows = []
+    try:
+        for q, tree in VERIFY_SHAPES:
+            graph = runner.captured(batch, q, tree)
+            tokens = torch.randint(0, 1000, (batch * q,), device="cuda")
+            positions = (torch.full((batch, 1), context, device="cuda") + torch.arange(q, device="cuda")).reshape(-1)
+            mask = torch.ones(batch, q, q, dtype=torch.bool, device="cuda").tril() if tree else None
+            times = []
+            for i in range(repeats + 3):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.run(ids, [context] * batch, tokens, positions, mask)
+                end.record()
+                torch.cuda.synchronize()
+                if i >= 3:
+                    times.append(start.elapsed_time(end))
+            rows.append({"batch": batch, "context": context, "query_tokens": q, "tree": tree, "ms": _median(times)})
+    finally:
+        for rid in ids:
+            pool.free(rid)
+    decode_ms = rows[0]["ms"]
     for r in rows:
-        print(f"{r['context']:>8} {r['batch']:>6} {r['decode_tokens_per_s']:>10.1f} {r['steps_per_s']:>8.1f} "
-              f"{r['fraction_of_floor']:>8.1%}")
+        r["relative_to_decode"] = r["ms"] / decode_ms
+    return rows
+
+
+# ---- (e) transformers ---------------------------------------------------------------------------
+def transformers_generate(model, context: int = 512, new_tokens: int = 64) -> dict:
+    """transformers' LlamaForCausalLM sharing outpace's weights: greedy ``generate`` at batch 1.
+    Decode tokens/s = (new_tokens - 1) / (time(new_tokens) - time(1 token)), prefill cancelled out."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        hf = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in LLAMA_8B.items() if k != "architectures"}))
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("mtp_layers")}
+    hf.load_state_dict(state, assign=True, strict=False)
+    hf.model.rotary_emb.to("cuda")
+    hf = hf.to("cuda").eval()
+    prompt = torch.randint(0, 128000, (1, context), device="cuda")
+
+    def timed(n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    timed(4)  # warm-up
+    one = _median([timed(1) for _ in range(3)])
+    full = _median([timed(new_tokens) for _ in range(2)])
+    return {"context": context, "new_tokens": new_tokens, "decode_tokens_per_s": (new_tokens - 1) / (full - one),
+            "attn_implementation": hf.config._attn_implementation}
+
+
+# ---- (f) the zoo ----------------------------------------------------------------------------------
+ZOO_DRAFTERS = {
+    "eagle3": SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=5),
+    "eagle3-tree": SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=5, topk=4,
+                                     num_draft_tokens=16),
+    "mtp": SpeculativeConfig(method="mtp", num_steps=3),
+    "dflash": SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7),
+    "draft": SpeculativeConfig(method="draft", draft="zoo/tinypy-draft", num_steps=4),
+    "ngram": SpeculativeConfig(method="ngram", num_steps=4),
+}
+
+
+def zoo_speed(batches=(1, 8), max_tokens: int = 128) -> list[dict]:
+    """Each zoo drafter against --method none, bf16 on the GPU, on the zoo's held-out prompts."""
+    prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    rows = []
+    for name, spec in tqdm({"none": SpeculativeConfig(), **ZOO_DRAFTERS}.items(), desc="(f) zoo"):
+        llm = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=max(batches), speculative=spec)
+        llm.generate(prompts[:1], params.replace(max_tokens=16))  # warm-up
+        for b in batches:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts[:b], params)
+            elapsed = time.perf_counter() - t0
+            tau = (sum(o.spec_metrics.num_accepted_drafts for o in outs) / max(1, sum(o.spec_metrics.num_verifies for o in outs))
+                   + 1) if spec.enabled else None
+            rows.append({"method": name, "batch": b, "tokens_per_s": sum(len(o.token_ids) for o in outs) / elapsed,
+                         "acceptance_length": tau})
+        del llm
+    base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / base[r["batch"]]
+    return rows
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def run_gpu_bench(out_dir: Path, parts: str = "abcdef") -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "model": "Llama-3.1-8B shape, random bf16 weights"}
+    bandwidth = copy_bandwidth()
+    result["copy_bandwidth_bytes_per_s"] = bandwidth
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        llm = build_8b(tmp / "target")
+        model = llm.engine.model
+        weights = weight_bytes_read(model)
+        kv_token = kv_bytes_per_token(llm.engine.model_config, torch.bfloat16)
+        result.update(weight_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()),
+                      weight_bytes_read=weights, kv_bytes_per_token=kv_token,
+                      floor_forwards_per_s_batch1_no_kv=bandwidth / weights)
+
+        def floor(batch: int, context: int) -> float:  # forwards/s
+            return bandwidth / (weights + batch * context * kv_token)
+
+        if "b" in parts:
+            rows = []
+            for context in CONTEXTS:
+                for batch in tqdm(BATCHES, desc=f"(b) decode, context {context}"):
+                    r = time_decode(llm, batch, context)
+                    r["floor_steps_per_s"] = floor(batch, context)
+                    r["fraction_of_floor"] = (1e3 / r["step_ms"]) / r["floor_steps_per_s"]
+                    rows.append(r)
+            result["decode"] = rows
+        if "c" in parts:
+            result["verify_cost"] = [r for b in tqdm(BATCHES, desc="(c) verify") for r in time_verify_shapes(llm, b, 512)]
+        if "e" in parts:
+            result["transformers_generate"] = transformers_generate(model)
+        del llm, model
+        gc.collect()
+        torch.cuda.empty_cache()
+        if "d" in parts:
+            rates = _zoo_eagle3_rates()
+            spec = SpeculativeConfig(method="eagle3", draft=str(write_random_eagle3(tmp / "eagle3")), num_steps=5)
+            llm = build_8b(tmp / "target", spec, oracle_rates=rates)
+            plain = {(r["batch"], r["context"]): r for r in result.get("decode", [])}
+            rows = []
+            for batch in tqdm(BATCHES, desc="(d) EAGLE3 oracle"):
+                r = time_decode(llm, batch, 512)
+                base = plain.get((batch, 512))
+                if base:
+                    r["step_relative_to_decode"] = r["step_ms"] / base["step_ms"]
+                    r["speedup_vs_plain"] = r["tokens_per_s"] / base["tokens_per_s"]
+                rows.append(r)
+            result["eagle3_oracle"] = {"acceptance": "ORACLE: per-position rates from the zoo pair, not real drafts",
+                                       "oracle_rates": rates, "num_steps": 5, "rows": rows}
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+    if "f" in parts:
+        result["zoo"] = zoo_speed()
+    (out_dir / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    from outpace.bench.gpu_plots import plot_gpu_bench
+
+    plot_gpu_bench(result, out_dir)
+    print_summary(result)
     return result
+
+
+def _zoo_eagle3_rates() -> list[float]:
+    """Per-position acceptance of the zoo's EAGLE3 chain (5 steps), from ``outpace bench acceptance``."""
+    data = json.loads(Path("benchmarks/acceptance.json").read_text())
+    chain = next(v for v in data["results"].values() if v["method"] == "eagle3" and v["topk"] == 1)
+    return chain["acceptance_rate_per_position"]
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def print_summary(r: dict) -> None:
+    print(f"\ncopy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; weights read per forward "
+          f"{r['weight_bytes_read'] / 1e9:.2f} GB (of {r['weight_bytes_total'] / 1e9:.2f} GB); "
+          f"batch-1 floor {r['floor_forwards_per_s_batch1_no_kv']:.1f} forwards/s before KV")
+    if "decode" in r:
+        print(f"(b) {'context':>7} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'of floor':>8}")
+        for x in r["decode"]:
+            print(f"    {x['context']:>7} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
+                  f"{x['fraction_of_floor']:>8.1%}")
+    if "verify_cost" in r:
+        print("(c) verify forward / decode forward (context 512): " + "; ".join(
+            f"b{x['batch']} {x['query_tokens']}{'t' if x['tree'] else ''} {x['relative_to_decode']:.2f}"
+            for x in r["verify_cost"] if x["query_tokens"] > 1))
+    if "eagle3_oracle" in r:
+        print(f"(d) EAGLE3 chain, {r['eagle3_oracle']['acceptance']}")
+        for x in r["eagle3_oracle"]["rows"]:
+            print(f"    batch {x['batch']:>3}: {x['tokens_per_s']:9.1f} tokens/s, step {x['step_ms']:.2f} ms "
+                  f"({x.get('step_relative_to_decode', float('nan')):.2f}x a decode step), "
+                  f"{x.get('speedup_vs_plain', float('nan')):.2f}x plain decoding")
+    if "transformers_generate" in r:
+        print(f"(e) transformers generate, batch 1: {r['transformers_generate']['decode_tokens_per_s']:.1f} tokens/s")
+    if "zoo" in r:
+        print("(f) zoo: " + "; ".join(f"{x['method']} b{x['batch']} {x['tokens_per_s']:.0f} tok/s {x['speedup']:.2f}x"
+                                      for x in r["zoo"]))
