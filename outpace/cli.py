@@ -19,6 +19,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="auto: triton on CUDA, torch on the CPU")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="deterministic mode: batch-invariant projections on CUDA (speculation matches plain "
+                        "decoding bit for bit in bf16; slower)")
     p.add_argument("--method", default=None, choices=METHODS,
                    help="drafter (default: eagle3 with the zoo draft on the zoo target, none otherwise)")
     p.add_argument("--draft", default=None, help="draft checkpoint directory")
@@ -51,7 +57,8 @@ def _speculative_config(a: argparse.Namespace):
 
 def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     kwargs = dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
-                  max_num_batched_tokens=a.max_num_batched_tokens)
+                  max_num_batched_tokens=a.max_num_batched_tokens, attention_backend=a.attention_backend,
+                  cuda_graphs=not a.enforce_eager, batch_invariant=a.batch_invariant)
     if speculative:
         kwargs["speculative"] = _speculative_config(a)
     return kwargs

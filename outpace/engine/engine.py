@@ -15,6 +15,7 @@ from outpace.engine.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.spec_runner import SpeculativeRunner
+from outpace.layers.linear import set_batch_invariant
 from outpace.registry import proposer_class
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.config import ModelConfig
@@ -34,6 +35,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
+        set_batch_invariant(config.batch_invariant)
         torch.manual_seed(config.seed)
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
         self.model = load_model(config.model, dtype, config.device, progress=progress,

@@ -1,12 +1,39 @@
-"""Linear projections.
+"""Linear projections, and the process-wide deterministic (batch-invariant) mode.
 
-A thin alias today; tensor parallelism will add column- and row-parallel variants here with
-the same constructor signature, so models never change when TP arrives.
+Tensor parallelism will add column- and row-parallel variants here with the same constructor
+signature, so models never change when TP arrives.
+
+Batch-invariant mode (``set_batch_invariant``, EngineConfig.batch_invariant): every projection on
+a CUDA tensor goes through ``batch_invariant_linear``, whose result for a row does not depend on
+how many rows share the call, so a verify forward and a decode step produce the same bits.
 """
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
+_batch_invariant = False
 
-def linear(in_features: int, out_features: int, bias: bool = False) -> nn.Linear:
-    return nn.Linear(in_features, out_features, bias=bias)
+
+def set_batch_invariant(enabled: bool) -> None:
+    global _batch_invariant
+    _batch_invariant = enabled
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] -> [..., out]: F.linear, or the batch-invariant kernel in that mode (CUDA only)."""
+    if _batch_invariant and x.is_cuda:
+        from outpace.layers.batch_invariant import batch_invariant_linear
+
+        return batch_invariant_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return project(x, self.weight, self.bias)
+
+
+def linear(in_features: int, out_features: int, bias: bool = False) -> Linear:
+    return Linear(in_features, out_features, bias=bias)
