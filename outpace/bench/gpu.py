@@ -234,11 +234,26 @@ def zoo_speed(batches=(1, 8), max_tokens: int = 128) -> list[dict]:
 
 # ---- the run --------------------------------------------------------------------------------------
 def run_gpu_bench(out_dir: Path, parts: str = "abcdef") -> dict:
+    """Run the requested parts; the JSON is rewritten after each one, and a part that fails records
+    its error and lets the others run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "model": "Llama-3.1-8B shape, random bf16 weights"}
-    bandwidth = copy_bandwidth()
-    result["copy_bandwidth_bytes_per_s"] = bandwidth
+                    "model": "Llama-3.1-8B shape, random bf16 weights", "errors": {}}
+
+    def save() -> None:
+        (out_dir / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    def part(name: str, fn) -> None:
+        if name not in parts:
+            return
+        try:
+            fn()
+        except Exception as e:  # one broken part must not cost the others' figures
+            result["errors"][name] = f"{type(e).__name__}: {e}"
+            print(f"part ({name}) failed: {result['errors'][name]}")
+        save()
+
+    result["copy_bandwidth_bytes_per_s"] = bandwidth = copy_bandwidth()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         llm = build_8b(tmp / "target")
@@ -249,46 +264,51 @@ def run_gpu_bench(out_dir: Path, parts: str = "abcdef") -> dict:
                       weight_bytes_read=weights, kv_bytes_per_token=kv_token,
                       floor_forwards_per_s_batch1_no_kv=bandwidth / weights)
 
-        def floor(batch: int, context: int) -> float:  # forwards/s
-            return bandwidth / (weights + batch * context * kv_token)
-
-        if "b" in parts:
-            rows = []
+        def decode() -> None:
+            rows = result["decode"] = []
             for context in CONTEXTS:
                 for batch in tqdm(BATCHES, desc=f"(b) decode, context {context}"):
                     r = time_decode(llm, batch, context)
-                    r["floor_steps_per_s"] = floor(batch, context)
+                    r["floor_steps_per_s"] = bandwidth / (weights + batch * context * kv_token)
                     r["fraction_of_floor"] = (1e3 / r["step_ms"]) / r["floor_steps_per_s"]
                     rows.append(r)
-            result["decode"] = rows
-        if "c" in parts:
+
+        def verify() -> None:
             result["verify_cost"] = [r for b in tqdm(BATCHES, desc="(c) verify") for r in time_verify_shapes(llm, b, 512)]
-        if "e" in parts:
+
+        def reference() -> None:
             result["transformers_generate"] = transformers_generate(model)
+
+        part("b", decode)
+        part("c", verify)
+        part("e", reference)
         del llm, model
         gc.collect()
         torch.cuda.empty_cache()
-        if "d" in parts:
+
+        def eagle3_oracle() -> None:
             rates = _zoo_eagle3_rates()
             spec = SpeculativeConfig(method="eagle3", draft=str(write_random_eagle3(tmp / "eagle3")), num_steps=5)
-            llm = build_8b(tmp / "target", spec, oracle_rates=rates)
+            llm = build_8b(tmp / "target", spec, oracle_rates=rates, max_context=1024)
             plain = {(r["batch"], r["context"]): r for r in result.get("decode", [])}
-            rows = []
+            result["eagle3_oracle"] = {"acceptance": "ORACLE: per-position rates from the zoo pair, not real drafts",
+                                       "oracle_rates": rates, "num_steps": 5, "rows": []}
             for batch in tqdm(BATCHES, desc="(d) EAGLE3 oracle"):
                 r = time_decode(llm, batch, 512)
                 base = plain.get((batch, 512))
                 if base:
                     r["step_relative_to_decode"] = r["step_ms"] / base["step_ms"]
                     r["speedup_vs_plain"] = r["tokens_per_s"] / base["tokens_per_s"]
-                rows.append(r)
-            result["eagle3_oracle"] = {"acceptance": "ORACLE: per-position rates from the zoo pair, not real drafts",
-                                       "oracle_rates": rates, "num_steps": 5, "rows": rows}
-            del llm
-            gc.collect()
-            torch.cuda.empty_cache()
-    if "f" in parts:
+                result["eagle3_oracle"]["rows"].append(r)
+
+        part("d", eagle3_oracle)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def zoo() -> None:
         result["zoo"] = zoo_speed()
-    (out_dir / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    part("f", zoo)
     from outpace.bench.gpu_plots import plot_gpu_bench
 
     plot_gpu_bench(result, out_dir)
