@@ -36,10 +36,23 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions [num_tokens]; q [num_tokens, heads, head_dim]; k [num_tokens, kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1)  # [num_tokens, 1, head_dim // 2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        """positions [num_tokens]; q [num_tokens, heads, head_dim]; k [num_tokens, kv_heads, head_dim]
+        -> rotated (q, k), new tensors. On CUDA one Triton kernel rotates both."""
+        if q.is_cuda and not torch.is_grad_enabled():  # the Triton kernel has no backward
+            from outpace.layers.fused_kernels import rotary_triton as rotary
+        else:
+            rotary = rotary_torch
+        return rotary(positions, q, k, self.cos, self.sin)
+
+
+def rotary_torch(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference (the CPU path, and what ``rotary_triton`` computes): positions [n];
+    q [n, heads, head_dim], k [n, kv_heads, head_dim]; cos, sin [max_positions, head_dim // 2]
+    float32 tables -> rotated (q, k) in their dtypes, float32 math."""
+    cos = cos[positions].unsqueeze(1)  # [n, 1, head_dim // 2]
+    sin = sin[positions].unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

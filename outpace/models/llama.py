@@ -78,8 +78,26 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden] (h + attention + MLP)."""
+        out, residual = self.forward_residual(positions, h, None)
+        return out + residual
+
+    def forward_residual(self, positions: torch.Tensor, h: torch.Tensor,
+                         residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM style: the layer's input is h + residual (h alone when residual is None) and so is its
+        output, returned as (MLP output, residual) [num_tokens, hidden] each. Each residual add is
+        fused into the RMSNorm after it, so a stack of layers never adds the residual on its own."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
+        return self.mlp(x), residual
+
+
+def _residual_stream(h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """The value of the residual stream split as (h, residual) by ``forward_residual``: [num_tokens, hidden]."""
+    return h if residual is None else h + residual
 
 
 def build_rotary(cfg: ModelConfig) -> RotaryEmbedding:
@@ -125,12 +143,13 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        h = self.embed(input_ids)  # [num_tokens, hidden]
+        h, residual = self.embed(input_ids), None  # [num_tokens, hidden]; the stream is h + residual
         captured = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layer_ids:
-                captured[i] = h
-            h = layer(positions, h)
+                captured[i] = _residual_stream(h, residual)
+            h, residual = layer.forward_residual(positions, h, residual)
+        h = _residual_stream(h, residual)
         captured[len(self.model.layers)] = h
         aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
         return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)

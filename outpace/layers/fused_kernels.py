@@ -1,0 +1,144 @@
+"""Triton kernels for the element-wise work of a decoder layer, and their launchers.
+
+Each replaces a chain of small torch kernels with one launch, and computes exactly what the torch
+reference next to its module does (``rms_norm_torch`` in norm.py, ``rotary_torch`` in rotary.py,
+``silu_and_mul_torch`` in activation.py): float32 math, with the same intermediate roundings to the
+tensors' dtypes. Launches disable floating-point contraction (``enable_fp_fusion=False``), so a
+``a * b - c * d`` rounds each product as torch's separate kernels do instead of fusing into an FMA.
+
+1. ``_rms_norm_kernel`` (one program per row): optionally adds the residual, writes that sum (the
+   new residual stream) and RMSNorm of it.
+2. ``_rotary_kernel`` (one program per token): rotates all q and k heads of the token (neox layout),
+   reading the token's row of the cached cos/sin tables.
+3. ``_silu_and_mul_kernel`` (one program per BLOCK elements): silu(gate) * up.
+
+Grids come from tensor shapes only and nothing syncs with the host, so every launch can be
+captured in a CUDA graph. The kernels have no backward: the modules call them only on CUDA tensors
+with autograd off (the engine runs under ``torch.inference_mode``). With TRITON_INTERPRET=1 the
+launchers also run on CPU tensors (float32), which is how the tests check them without a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_SILU_BLOCK = 1024
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, dim, stride_x, stride_res, eps,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    """Row r: s = x[r] (+ res[r], rounded to res_out's dtype and stored there);
+    out[r] = w * (s * rsqrt(mean(s^2) + eps)).to(s.dtype), rounded to out's dtype."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    s = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)  # [BLOCK]
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        s = (s.to(tl.float32) + res.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * dim + cols, s, mask=mask)
+    sf = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / dim + eps)
+    normed = (sf * rstd).to(s.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * dim + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., dim] (+ residual [..., dim]) -> (RMSNorm of the sum, the sum), as ``rms_norm_torch``.
+
+    Without a residual the sum is ``x`` itself. Outputs are new contiguous tensors: the sum in
+    torch's dtype for ``x + residual``, the normed one in torch's dtype for ``weight * sum``.
+    """
+    dim = x.shape[-1]
+    x2 = _rows(x)  # [rows, dim]
+    res2 = x2 if residual is None else _rows(residual)
+    stream_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    stream = x if residual is None else torch.empty(x.shape, dtype=stream_dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, stream_dtype), device=x.device)
+    block = triton.next_power_of_2(dim)
+    _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, stream, dim, x2.stride(0), res2.stride(0), eps,
+                                     HAS_RESIDUAL=residual is not None, BLOCK=block,
+                                     num_warps=min(max(block // 256, 1), 16), enable_fp_fusion=False)
+    return out, stream
+
+
+@triton.jit
+def _rotate_heads(x_ptr, out_ptr, token, heads, stride_t, stride_h, cos, sin, half,
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Rotates the ``heads`` heads of one token: x [.., heads, 2 * half] (strided) -> out, contiguous.
+    cos, sin [1, BLOCK_HALF] float32."""
+    h = tl.arange(0, BLOCK_H)[:, None]     # [BLOCK_H, 1]
+    j = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
+    mask = (h < heads) & (j < half)
+    src = x_ptr + token * stride_t + h * stride_h + j
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_HALF] first halves
+    x2 = tl.load(src + half, mask=mask, other=0.0).to(tl.float32)  # second halves
+    dst = out_ptr + (token * heads + h) * (2 * half) + j
+    tl.store(dst, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + half, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_heads, k_heads,
+                   stride_qt, stride_qh, stride_kt, stride_kh, half,
+                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Token t: q and k heads rotated by the angles of row positions[t] of the cos/sin tables."""
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    j = tl.arange(0, BLOCK_HALF)[None, :]
+    cos = tl.load(cos_ptr + pos * half + j, mask=j < half, other=0.0)  # [1, BLOCK_HALF]
+    sin = tl.load(sin_ptr + pos * half + j, mask=j < half, other=0.0)
+    _rotate_heads(q_ptr, q_out_ptr, token, q_heads, stride_qt, stride_qh, cos, sin, half, BLOCK_QH, BLOCK_HALF)
+    _rotate_heads(k_ptr, k_out_ptr, token, k_heads, stride_kt, stride_kh, cos, sin, half, BLOCK_KH, BLOCK_HALF)
+
+
+def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [n]; q [n, heads, head_dim], k [n, kv_heads, head_dim] (any token/head strides);
+    cos, sin [max_positions, head_dim // 2] float32 -> rotated (q, k), new contiguous tensors, as
+    ``rotary_torch``."""
+    q, k = _unit_last_stride(q), _unit_last_stride(k)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    half = q.shape[-1] // 2
+    _rotary_kernel[(positions.shape[0],)](
+        positions.contiguous(), cos.contiguous(), sin.contiguous(), q, k, q_out, k_out, q.shape[1], k.shape[1],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), half,
+        BLOCK_QH=triton.next_power_of_2(max(q.shape[1], 1)), BLOCK_KH=triton.next_power_of_2(max(k.shape[1], 1)),
+        BLOCK_HALF=triton.next_power_of_2(half), enable_fp_fusion=False)
+    return q_out, k_out
+
+
+@triton.jit
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = silu(gate) * up over n elements; silu is rounded to gate's dtype first, as F.silu's output is."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(gate.dtype).to(tl.float32)
+    up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [..., intermediate] -> silu(gate) * up, as ``silu_and_mul_torch``."""
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    n = gate.numel()
+    _silu_and_mul_kernel[(triton.cdiv(n, _SILU_BLOCK),)](gate, up, out, n, BLOCK=_SILU_BLOCK, enable_fp_fusion=False)
+    return out
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dimension is dense (stride 1), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., dim] as [rows, dim] with a dense last dimension (a view where possible)."""
+    return _unit_last_stride(x.reshape(-1, x.shape[-1]))

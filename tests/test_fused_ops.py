@@ -1,0 +1,191 @@
+"""The fused Triton kernels (add + RMSNorm, RoPE, silu_and_mul) against their torch references, and the
+decoder layer's fused residual path against the unfused formulation. Without a GPU the kernels run
+in Triton's interpreter on CPU tensors (float32); the bf16 and CUDA-graph checks need a GPU."""
+import pytest
+import torch
+
+from outpace.attention import DenseCausalMetadata, forward_context
+from outpace.layers import fused_kernels
+from outpace.layers.activation import silu_and_mul, silu_and_mul_torch
+from outpace.layers.fused_kernels import (
+    rms_norm_triton,
+    rotary_triton,
+    silu_and_mul_triton,
+)
+from outpace.layers.norm import RMSNorm, rms_norm_torch
+from outpace.layers.rotary import RotaryEmbedding, rotary_torch
+from outpace.models.loader import load_model
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """The launchers' output buffers start as NaN, so an element a kernel does not write fails the test."""
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(fused_kernels.torch, "empty", nan_empty)
+
+
+def _rand(*shape, seed: int, dtype=torch.float32, device=DEVICE) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (7, 200), (33, 128), (3, 5, 12)])
+def test_add_rms_norm_matches_torch(shape, poisoned):
+    x, residual = _rand(*shape, seed=1), _rand(*shape, seed=2)
+    weight = _rand(shape[-1], seed=3)
+    out, stream = rms_norm_triton(x, weight, 1e-5, residual)
+    ref_out, ref_stream = rms_norm_torch(x, weight, 1e-5, residual)
+    assert torch.equal(stream, ref_stream)  # one float32 add, the same rounding
+    assert _rel(out, ref_out) < 1e-6  # only the reduction order differs
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (9, 200), (4, 6, 32)])  # (4, 6, 32): per-head q/k norm
+def test_rms_norm_without_residual_matches_torch(shape, poisoned):
+    x, weight = _rand(*shape, seed=4), _rand(shape[-1], seed=5)
+    out, stream = rms_norm_triton(x, weight, 1e-6)
+    assert stream is x
+    assert _rel(out, rms_norm_torch(x, weight, 1e-6)[0]) < 1e-6
+
+
+def test_rms_norm_reads_strided_rows():
+    """EAGLE3's aux norm reads column chunks of a wider tensor: rows with a stride > dim."""
+    wide, weight = _rand(5, 3 * 40, seed=6), _rand(40, seed=7)
+    part = wide[:, 40:80]
+    assert _rel(rms_norm_triton(part, weight, 1e-6)[0], rms_norm_torch(part, weight, 1e-6)[0]) < 1e-6
+
+
+@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(12, 6, 2), (32, 3, 1), (128, 4, 4), (64, 0, 2), (32, 2, 0)])
+def test_rotary_matches_torch(head_dim, q_heads, kv_heads, poisoned):
+    """q and k are strided views of one [n, (q_heads + 2 kv_heads) * head_dim] projection; 0 heads is
+    DFlash's way of rotating k (or q) alone."""
+    n = 9
+    rope = RotaryEmbedding(head_dim, 64, 10000.0).to(DEVICE)
+    qkv = _rand(n, (q_heads + 2 * kv_heads) * head_dim, seed=head_dim)
+    q = qkv[:, :q_heads * head_dim].view(n, q_heads, head_dim)
+    k = qkv[:, q_heads * head_dim:(q_heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    positions = torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(head_dim)).to(DEVICE)
+    out = rotary_triton(positions, q, k, rope.cos, rope.sin)
+    ref = rotary_torch(positions, q, k, rope.cos, rope.sin)
+    for o, r in zip(out, ref):  # float32: the same products and sums, rounded the same way
+        assert o.shape == r.shape and torch.equal(o, r)
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (7, 200), (3, 5, 1500)])
+def test_silu_and_mul_matches_torch(shape, poisoned):
+    gate, up = _rand(*shape, seed=8) * 4, _rand(*shape, seed=9)
+    assert _rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
+
+
+def test_rms_norm_module_returns_the_normed_tensor_or_the_pair():
+    norm = RMSNorm(48, 1e-6)
+    x, residual = _rand(3, 48, seed=10, device="cpu"), _rand(3, 48, seed=11, device="cpu")
+    assert torch.equal(norm(x), rms_norm_torch(x, norm.weight, 1e-6)[0])
+    out, stream = norm(x, residual)
+    assert torch.equal(stream, x + residual) and torch.equal(out, norm(x + residual))
+
+
+def test_decoder_layers_match_the_unfused_residual_adds(llama_dir):
+    """forward / forward_residual / the model's output and captured layer inputs against
+    ``h = h + attn(norm(h)); h = h + mlp(norm(h))``, bit for bit on the CPU."""
+    model = load_model(llama_dir, torch.float32)
+    layers = model.model.layers
+    model.set_aux_hidden_state_layers((0, 2, len(layers), 1))
+    n = 10
+    ids, positions = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)), torch.arange(n)
+    with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
+        out = model(ids, positions)
+        h, inputs = model.embed(ids), []
+        for layer in layers:
+            inputs.append(h)
+            assert torch.equal(layer(positions, h), _unfused(layer, positions, h))
+            h = _unfused(layer, positions, h)
+    assert torch.equal(out.hidden_states, h)
+    assert torch.equal(out.aux_hidden_states, torch.cat([inputs[0], inputs[2], h, inputs[1]], dim=-1))
+
+
+def _unfused(layer, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    h = h + layer.self_attn(positions, layer.input_layernorm(h))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+# ---- CUDA only ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_dtype,residual_dtype,weight_dtype", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.float32, torch.float32),  # autocast: bf16 projections, float32 stream and weights
+])
+def test_add_rms_norm_bf16_on_cuda(x_dtype, residual_dtype, weight_dtype):
+    x, residual = _rand(37, 4096, seed=12, dtype=x_dtype), _rand(37, 4096, seed=13, dtype=residual_dtype)
+    weight = _rand(4096, seed=14, dtype=weight_dtype)
+    norm = RMSNorm(4096).cuda()
+    norm.weight.data = weight
+    with torch.inference_mode():
+        out, stream = norm(x, residual)
+        single = norm(x)
+    ref_out, ref_stream = rms_norm_torch(x, weight, norm.eps, residual)
+    assert torch.equal(stream, ref_stream)
+    torch.testing.assert_close(out, ref_out)  # bf16 tolerance: an rsqrt ulp may flip a rounding
+    torch.testing.assert_close(single, rms_norm_torch(x, weight, norm.eps)[0])
+
+
+@pytest.mark.gpu
+def test_rotary_and_silu_bf16_on_cuda():
+    n, d = 21, 128
+    rope = RotaryEmbedding(d, 4096, 500000.0).cuda()
+    qkv = _rand(n, (32 + 2 * 8) * d, seed=15, dtype=torch.bfloat16)
+    q, k = qkv[:, :32 * d].view(n, 32, d), qkv[:, 32 * d:40 * d].view(n, 8, d)
+    positions = torch.randint(0, 4096, (n,), device="cuda")
+    gate, up = _rand(n, 14336, seed=16, dtype=torch.bfloat16), _rand(n, 14336, seed=17, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out = rope(positions, q, k)
+        act = silu_and_mul(gate, up)
+    for o, r in zip(out, rotary_torch(positions, q, k, rope.cos, rope.sin)):
+        torch.testing.assert_close(o, r)
+    torch.testing.assert_close(act, silu_and_mul_torch(gate, up))
+
+
+@pytest.mark.gpu
+def test_kernels_replay_in_a_cuda_graph():
+    norm, rope = RMSNorm(256).cuda(), RotaryEmbedding(64, 128, 10000.0).cuda()
+    x, residual = _rand(5, 256, seed=18), _rand(5, 256, seed=19)
+    q, k, positions = _rand(5, 4, 64, seed=20), _rand(5, 2, 64, seed=21), torch.arange(5, device="cuda")
+
+    def step():
+        out, stream = norm(x, residual)
+        return out, stream, *rope(positions, q, k), silu_and_mul(x, residual)
+
+    with torch.inference_mode():
+        step()  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = step()
+        for t, seed in ((x, 22), (residual, 23), (q, 24), (k, 25)):
+            t.copy_(_rand(*t.shape, seed=seed))
+        positions.copy_(torch.randint(0, 128, (5,), device="cuda"))
+        graph.replay()
+        for o, r in zip(outputs, step()):
+            assert torch.equal(o, r)
+
+
+@pytest.mark.gpu
+def test_autograd_keeps_the_torch_path_on_cuda():
+    """The kernels have no backward: with gradients on, the modules compute in torch."""
+    norm = RMSNorm(64).cuda()
+    x, residual = _rand(3, 64, seed=26).requires_grad_(), _rand(3, 64, seed=27).requires_grad_()
+    out, stream = norm(x, residual)
+    (out.sum() + stream.sum() + silu_and_mul(x, x).sum()).backward()
+    assert norm.weight.grad is not None and x.grad is not None and residual.grad is not None
