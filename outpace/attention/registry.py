@@ -7,6 +7,7 @@ from outpace.attention.backend import AttentionBackend
 
 _BACKENDS = {
     "torch": "outpace.attention.torch_backend:TorchAttentionBackend",
+    "triton": "outpace.attention.triton_backend:TritonAttentionBackend",
 }
 _instances: dict[str, AttentionBackend] = {}
 

@@ -1,0 +1,30 @@
+"""Paged attention in Triton (CUDA; also runs in Triton's interpreter on the CPU, for tests).
+
+A drop-in replacement for the torch backend's paged path with the same semantics (causal or tree
+mask, GQA, any block size and head_dim), without materialising the gathered KV or the mask, and
+capturable in a CUDA graph: see triton_kernels.py for the kernels and their grid. Training's
+dense causal attention is delegated to the torch backend.
+"""
+from __future__ import annotations
+
+import torch
+
+from outpace.attention.backend import KVCache
+from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
+from outpace.attention.torch_backend import TorchAttentionBackend
+from outpace.attention.triton_kernels import paged_attention, write_kv
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._dense = TorchAttentionBackend()
+
+    def forward(self, q, k, v, kv_cache: KVCache | None, metadata: PagedAttentionMetadata | DenseCausalMetadata,
+                scale: float) -> torch.Tensor:
+        if isinstance(metadata, DenseCausalMetadata):
+            return self._dense.forward(q, k, v, kv_cache, metadata, scale)
+        k_cache, v_cache = kv_cache
+        token_table = write_kv(k, v, k_cache, v_cache, metadata)
+        return paged_attention(q, k_cache, v_cache, metadata, token_table, scale)

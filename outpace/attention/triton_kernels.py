@@ -1,0 +1,352 @@
+"""Triton kernels for attention over the paged KV cache, and their launchers.
+
+Three kernels per call, all with grids fixed by tensor shapes and the metadata's python ints, and
+no host synchronisation, so a call can be captured in a CUDA graph:
+
+1. ``_write_kv_kernel`` (one program per new token): stores the token's k/v rows into its cache
+   slot and records the token's index in ``token_table[seq, query_index]``, which lets the
+   attention kernel find a sequence's query rows whatever their order in the batch.
+2. ``_attention_kernel``, grid (num_seqs * kv_heads, num_q_tiles, num_splits). A program owns
+   one sequence, one kv head, a tile of BLOCK_Q of the sequence's new tokens and one of
+   ``num_splits`` contiguous ranges of its KV rows ("flash decoding"). The tile's rows pack the
+   query tokens with the GQA group's q heads, row m = (query q_start + m // GROUP, head
+   kv_head * GROUP + m % GROUP), so that QK^T and PV are tensor-core ``tl.dot``s with
+   M = BLOCK_Q * GROUP even for a single decode token. KV rows are gathered row by row, whatever
+   the cache's block size: the physical slot of row r is
+   block_tables[seq, r // block_size] * block_size + r % block_size. The range is visited in two
+   passes (``_attend``): the rows every row of the tile sees (the cached prefix, or everything
+   before the tree window) in BLOCK_N tiles with no per-element mask, then the masked rest (the
+   causal diagonal, or the tree window) in small BLOCK_N_TAIL tiles, which keeps the custom
+   mask's gather within the registers. Softmax is online in float32, in base 2 (the scale is
+   folded with log2(e)).
+   With one split the program normalises and writes the output; otherwise it writes its
+   unnormalised partial (running max, sum and accumulator) for every token and head it owns,
+   neutral ones (max -1e30, sum 0) when its range is empty.
+3. ``_combine_kernel`` (one program per token and q head, only when num_splits > 1): merges the
+   splits' partials.
+
+The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
+static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
+then a BLOCK_N multiple of ceil(kv_len / num_splits) for its own sequence's length, so short
+sequences in a wide block table still spread over every split.
+
+Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128) and
+two flags (split or not, custom mask or not): integer arguments that change from call to call
+are marked ``do_not_specialize``, so Triton does not compile a variant per value class.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from outpace.attention.metadata import PagedAttentionMetadata
+
+_LOG2E = 1.4426950408889634
+_PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor
+_MAX_SPLITS = 64
+_MAX_BLOCK_M = 128     # tile rows (query tokens x GQA group) per program
+
+
+@triton.jit(do_not_specialize=["stride_table_seq"])
+def _write_kv_kernel(
+    k_ptr, v_ptr,                          # [num_tokens, kv_heads, head_dim]
+    k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
+    slot_ptr, seq_index_ptr, query_index_ptr,  # [num_tokens] int64
+    token_table_ptr,                       # [num_seqs, max_query_len] int32, written here
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cache_slot, stride_cache_head, stride_table_seq,
+    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_ptr + token)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_h[:, None] < KV_HEADS) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
+    cache_offs = slot * stride_cache_slot + offs_h[:, None] * stride_cache_head + offs_d[None, :]
+    k = tl.load(k_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=ok)
+    tl.store(k_cache_ptr + cache_offs, k.to(k_cache_ptr.dtype.element_ty), mask=ok)
+    v = tl.load(v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=ok)
+    tl.store(v_cache_ptr + cache_offs, v.to(v_cache_ptr.dtype.element_ty), mask=ok)
+    seq = tl.load(seq_index_ptr + token)
+    query_index = tl.load(query_index_ptr + token)
+    tl.store(token_table_ptr + seq * stride_table_seq + query_index, token)
+
+
+@triton.jit
+def _attend(
+    q, m_i, l_i, acc,                      # [BLOCK_M, BLOCK_D] queries; online softmax state
+    lo, hi,                                # KV rows lo .. hi - 1
+    bt_ptr,                                # the sequence's block table row
+    k_base, v_base,                        # cache pointers at slot 0 of this kv head
+    stride_cache_slot, offs_d, d_ok, qk_scale,
+    q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
+    mask_rows, window_start,               # [BLOCK_M] custom-mask row pointers; the window's first KV row
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,                    # 0: every row sees every KV row, 1: causal, 2: custom mask
+    PRECISION: tl.constexpr,
+):
+    """Online softmax of the tile's rows over KV rows lo .. hi - 1, in BLOCK_N tiles."""
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)                                   # [BLOCK_N] KV rows
+        n_ok = offs_n < hi
+        block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+        slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                          # [BLOCK_N] int64
+        kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale        # [BLOCK_M, BLOCK_N]
+        if MASK == 0:
+            visible = n_ok[None, :]
+        elif MASK == 1:
+            visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
+        else:  # here every KV row lies in the window
+            in_mask = row_ok[:, None] & n_ok[None, :]
+            allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_mask, other=0)
+            visible = in_mask & (allowed != 0)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_mask_seq", "stride_mask_q",
+                               "num_splits"])
+def _attention_kernel(
+    q_ptr,                                 # [num_tokens, heads, head_dim]
+    k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
+    out_ptr,                               # [num_tokens, heads, head_dim]; written unless SPLIT_KV
+    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
+    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
+    token_table_ptr,                       # [num_seqs, max_query_len] int32
+    block_tables_ptr,                      # [num_seqs, max_blocks] int64
+    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
+    custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    qk_scale,                              # softmax scale * log2(e)
+    num_tokens, window,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cache_slot, stride_cache_head,
+    stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
+    num_splits,
+    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0) // KV_HEADS
+    kv_head = tl.program_id(0) % KV_HEADS
+    q_start = tl.program_id(1) * BLOCK_Q
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
+
+    # Tile rows: query index and q head of each row, and the token it belongs to.
+    offs_m = tl.arange(0, BLOCK_M)
+    q_index = q_start + offs_m // GROUP                                          # [BLOCK_M]
+    head = kv_head * GROUP + offs_m % GROUP                                      # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)                  # [BLOCK_M]
+    token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_M, BLOCK_D]
+
+    # KV rows this program visits: its split of the rows the tile can see.
+    prefix = seq_len - query_len                   # rows cached before this forward
+    if HAS_MASK:
+        kv_end = seq_len
+        shared_end = seq_len - window              # rows before the mask's window: seen by every row
+    else:
+        kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
+        shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
+    kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
+    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    kv_lo = split * split_len
+    kv_hi = tl.minimum(kv_lo + split_len, kv_end)
+
+    # Online softmax state. The running max starts finite, so rows that have seen no visible key
+    # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_ptr = block_tables_ptr + seq * stride_bt_seq
+    k_base = k_cache_ptr + kv_head * stride_cache_head
+    v_base = v_cache_ptr + kv_head * stride_cache_head
+    mask_rows = custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q  # [BLOCK_M] (HAS_MASK)
+    # The rows every row of the tile sees (the long, unmasked part), then the masked rest.
+    m_i, l_i, acc = _attend(q, m_i, l_i, acc, kv_lo, tl.minimum(kv_hi, shared_end), bt_ptr, k_base, v_base,
+                            stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok, mask_rows,
+                            seq_len - window, BLOCK_SIZE, BLOCK_N, 0, PRECISION)
+    m_i, l_i, acc = _attend(q, m_i, l_i, acc, tl.maximum(kv_lo, shared_end), kv_hi, bt_ptr, k_base, v_base,
+                            stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok, mask_rows,
+                            seq_len - window, BLOCK_SIZE, BLOCK_N_TAIL, 2 if HAS_MASK else 1, PRECISION)
+
+    out_ok = row_ok[:, None] & d_ok[None, :]
+    if not SPLIT_KV:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        part = (split * num_tokens + token) * (KV_HEADS * GROUP) + head          # [BLOCK_M]
+        tl.store(part_max_ptr + part, m_i, mask=row_ok)
+        tl.store(part_sum_ptr + part, l_i, mask=row_ok)
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
+
+
+@triton.jit(do_not_specialize=["num_tokens", "num_splits"])
+def _combine_kernel(
+    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
+    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
+    out_ptr,                               # [num_tokens, heads, head_dim]
+    num_tokens, num_splits, stride_ot, stride_oh,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    part = (offs_s * num_tokens + token) * HEADS + head                          # [BLOCK_S]
+    m = tl.load(part_max_ptr + part, mask=s_ok, other=-1.0e30)
+    l = tl.load(part_sum_ptr + part, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_S, BLOCK_D]
+    weight = tl.exp2(m - tl.max(m, axis=0))        # finite: every max is >= -1e30
+    total = tl.sum(l * weight, axis=0)
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes and grid of ``_attention_kernel``: functions of shapes and python ints only."""
+    block_q: int       # query tokens per tile: block_m // group
+    block_m: int       # tile rows: block_q * group, padded to a power of two >= 16 (tl.dot)
+    block_n: int       # KV rows per step over the rows every row of the tile sees
+    block_n_tail: int  # KV rows per step over the masked rest (causal diagonal or tree window)
+    block_d: int       # head_dim padded to a power of two >= 16
+    num_q_tiles: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
+                  max_kv_rows: int, num_sms: int, num_splits: int | None = None) -> LaunchConfig:
+    """Pick tiles for the batch's shape. ``max_kv_rows`` is the block table's capacity in rows;
+    ``elem_size`` the bytes of a q or cache element. The tiles were checked (compiled for sm_90)
+    to fit the registers without spilling for bf16/fp16 head_dim <= 256 and fp32 head_dim <= 128.
+
+    Without ``num_splits``, the KV is split only when (seq, kv_head, query tile) programs alone
+    would leave SMs idle: into enough splits to reach ~_PROGRAMS_PER_SM programs per SM, at most one
+    per BLOCK_N rows of capacity.
+    """
+    if group > _MAX_BLOCK_M:
+        raise ValueError(f"{group} q heads per kv head exceed a {_MAX_BLOCK_M}-row tile")
+    fp32 = elem_size >= 4  # tl.dot in float32 runs on FMAs with its operands in registers: smaller tiles
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    max_block_m = _MAX_BLOCK_M if not fp32 else 64 if block_d <= 64 else 16
+    block_m = min(max(16, triton.next_power_of_2(max_query_len * group)),
+                  max(max_block_m, triton.next_power_of_2(group)))
+    block_q = block_m // group  # a full tile even for shorter queries: one compiled variant per block_m
+    block_n = 32 if fp32 or block_d > 128 else 64
+    num_q_tiles = math.ceil(max_query_len / block_q)
+    if num_splits is None:
+        programs = num_seqs * kv_heads * num_q_tiles
+        target = _PROGRAMS_PER_SM * num_sms
+        num_splits = 1 if programs >= target else \
+            max(1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS))
+    return LaunchConfig(block_q=block_q, block_m=block_m, block_n=block_n, block_n_tail=16, block_d=block_d,
+                        num_q_tiles=num_q_tiles, num_splits=num_splits, num_warps=8 if fp32 or block_m > 64 else 4,
+                        num_stages=2 if fp32 or block_m > 64 else 3)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; a small stand-in elsewhere (Triton's interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             meta: PagedAttentionMetadata) -> torch.Tensor:
+    """Store k, v [num_tokens, kv_heads, head_dim] at ``meta.slot_mapping`` in the caches
+    ([num_blocks, block_size, kv_heads, head_dim], contiguous).
+
+    Returns the token table [num_seqs, max_query_len] int32: the index of each (sequence, query
+    index) token in the batch; entries past a sequence's query length are left unset.
+    """
+    num_tokens, kv_heads, head_dim = k.shape
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    token_table = torch.empty(meta.num_seqs, meta.max_query_len, dtype=torch.int32, device=k.device)
+    _write_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, meta.slot_mapping, meta.token_seq_index, meta.token_query_index, token_table,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
+        token_table.stride(0),
+        KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+    return token_table
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata,
+                    token_table: torch.Tensor, scale: float, num_splits: int | None = None) -> torch.Tensor:
+    """q [num_tokens, heads, head_dim] over the caches ([num_blocks, block_size, kv_heads, head_dim],
+    already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype.
+
+    ``token_table`` comes from ``write_kv``. ``num_splits`` overrides the split-KV heuristic.
+    """
+    num_tokens, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    q = _last_dim_contiguous(q)
+    cfg = launch_config(meta.num_seqs, kv_heads, heads // kv_heads, head_dim,
+                        max(q.element_size(), k_cache.element_size()), meta.max_query_len,
+                        meta.block_tables.shape[1] * meta.block_size, _num_sms(q.device), num_splits)
+    out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
+    if cfg.num_splits > 1:
+        part_acc = torch.empty(cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device)
+        part_max = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
+    else:  # unused by the kernel
+        part_acc = part_max = part_sum = out
+    mask = meta.custom_mask
+    if mask is None:
+        mask_arg, window, mask_strides = meta.seq_lens, 0, (0, 0)  # unused by the kernel
+    else:
+        mask_arg = _last_dim_contiguous(mask).view(torch.uint8)
+        window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
+    grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
+    _attention_kernel[grid](
+        q, k_cache, v_cache, out, part_acc, part_max, part_sum, token_table, meta.block_tables, meta.seq_lens,
+        meta.query_lens, mask_arg, scale * _LOG2E, num_tokens, window,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
+        token_table.stride(0), meta.block_tables.stride(0), *mask_strides, cfg.num_splits,
+        KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
+        BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_N_TAIL=cfg.block_n_tail,
+        BLOCK_D=cfg.block_d,
+        SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.num_splits > 1:
+        _combine_kernel[(num_tokens, heads)](
+            part_acc, part_max, part_sum, out, num_tokens, cfg.num_splits, out.stride(0), out.stride(1),
+            HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
+            BLOCK_D=triton.next_power_of_2(head_dim),
+        )
+    return out

@@ -1,0 +1,286 @@
+"""The Triton paged-attention backend against the torch backend on fresh random inputs: decode, chain
+verify, tree masks over a window of speculative rows, ragged batches mixing prefill chunks with
+decode, rows crossing block boundaries, shuffled block tables, power-of-two and odd block sizes,
+head dims 12 and 32, GQA ratios 1, 3 and 4, forced split-KV counts (with empty splits), tokens in
+any batch order, and the KV written into the cache. Every buffer the backend allocates is poisoned
+(NaN, or a huge index) so a lane it forgets to write shows up.
+
+Without CUDA the kernels run in Triton's interpreter (float32, small shapes; see conftest.py).
+GPU-only tests: bf16 at the Llama-8B head shape over long contexts, and capture + replay in a
+CUDA graph with new inputs between replays.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.attention import (
+    DenseCausalMetadata,
+    build_paged_metadata,
+    forward_context,
+    uniform_paged_metadata,
+)
+from outpace.attention.layer import Attention
+from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.attention.registry import get_backend
+from outpace.attention.torch_backend import TorchAttentionBackend
+from outpace.attention.triton_backend import TritonAttentionBackend
+from outpace.attention.triton_kernels import launch_config, paged_attention, write_kv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (cached rows, new tokens, tree window or None) per sequence
+LAYOUTS = {
+    "decode": ([37, 5, 130, 16], [1, 1, 1, 1], None),
+    "verify": ([20, 45, 7], [6, 6, 6], None),
+    "tree": ([30, 12, 50], [5, 8, 3], [9, 8, 7]),
+    "ragged": ([0, 17, 64, 9], [40, 25, 1, 4], None),
+    "ragged_tree": ([0, 33, 8], [20, 1, 6], [None, 3, 10]),
+}
+# (block_size, head_dim, heads, kv_heads)
+SHAPES = [(16, 32, 8, 2), (3, 12, 4, 4), (6, 12, 6, 2)]
+
+
+def tree_mask(q: int, window: int, g: torch.Generator) -> torch.Tensor:
+    """[q, window] bool, as tree drafting builds it: the window holds a random tree whose last q
+    nodes are the new tokens; each row sees its node and the node's ancestors."""
+    seen = torch.zeros(window, window, dtype=torch.bool)
+    for node in range(window):
+        parent = int(torch.randint(-1, node, (1,), generator=g)) if node else -1
+        if parent >= 0:
+            seen[node] = seen[parent]
+        seen[node, node] = True
+    return seen[window - q:]
+
+
+@dataclass
+class Case:
+    q: torch.Tensor        # [num_tokens, heads, head_dim]
+    k: torch.Tensor        # [num_tokens, kv_heads, head_dim]
+    v: torch.Tensor
+    k_cache: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor
+    meta: PagedAttentionMetadata
+    scale: float
+
+
+def make_case(cached, new, windows=None, *, block_size=16, head_dim=32, heads=8, kv_heads=2, dtype=torch.float32,
+              device=DEVICE, seed=0) -> Case:
+    """Random q/k/v and caches; each sequence's blocks are a random, shuffled slice of the pool
+    (block 0 left as the tables' padding block)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [-(-(c + q) // block_size) for c, q in zip(cached, new)]
+    num_blocks = sum(counts) + 3
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    tables, used = [], 0
+    for n in counts:
+        tables.append(perm[used:used + n])
+        used += n
+    masks = None
+    if windows is not None:
+        masks = [None if w is None else tree_mask(q, w, g).to(device) for q, w in zip(new, windows)]
+    total = sum(new)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    return Case(q=randn(total, heads, head_dim), k=randn(total, kv_heads, head_dim), v=randn(total, kv_heads, head_dim),
+                k_cache=randn(num_blocks, block_size, kv_heads, head_dim),
+                v_cache=randn(num_blocks, block_size, kv_heads, head_dim),
+                meta=build_paged_metadata(tables, cached, new, block_size, device, masks), scale=head_dim ** -0.5)
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """torch.empty returns NaN-filled floats and huge integers while active."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        x = real(*args, **kwargs)
+        return x.fill_(float("nan") if x.is_floating_point() else 2 ** 30)
+
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        torch.empty = real
+
+
+def run_torch(case: Case, dtype=None):
+    """The torch backend on fresh copies of the caches (optionally in another dtype): (out, k_cache, v_cache)."""
+    dtype = dtype or case.q.dtype
+    caches = (case.k_cache.to(dtype, copy=True), case.v_cache.to(dtype, copy=True))
+    out = TorchAttentionBackend().forward(case.q.to(dtype), case.k.to(dtype), case.v.to(dtype), caches, case.meta,
+                                          case.scale)
+    return out, *caches
+
+
+def run_triton(case: Case, num_splits=None):
+    """The Triton kernels on fresh copies of the caches, every allocation poisoned: (out, k_cache, v_cache)."""
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    with poisoned_allocations():
+        token_table = write_kv(case.k, case.v, k_cache, v_cache, case.meta)
+        out = paged_attention(case.q, k_cache, v_cache, case.meta, token_table, case.scale, num_splits=num_splits)
+    return out, k_cache, v_cache
+
+
+def assert_matches_torch(case: Case, num_splits=None, atol=1e-5, rtol=1e-4):
+    expected, k_ref, v_ref = run_torch(case)
+    out, k_cache, v_cache = run_triton(case, num_splits)
+    assert out.dtype == case.q.dtype and out.shape == case.q.shape
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_matches_torch_backend(layout, shape):
+    block_size, head_dim, heads, kv_heads = shape
+    cached, new, windows = LAYOUTS[layout]
+    case = make_case(cached, new, windows, block_size=block_size, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
+                     seed=10 * list(LAYOUTS).index(layout) + SHAPES.index(shape))
+    assert_matches_torch(case)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 16])
+@pytest.mark.parametrize("layout", ["decode", "tree", "ragged"])
+def test_split_kv_counts(layout, num_splits):
+    """Forced split counts, including more splits than a sequence has KV tiles (empty splits)."""
+    cached, new, windows = LAYOUTS[layout]
+    assert_matches_torch(make_case(cached, new, windows, seed=num_splits), num_splits=num_splits)
+
+
+def test_token_order_is_free():
+    """Tokens need not be grouped by sequence: the metadata's per-token indices are the truth."""
+    case = make_case([11, 40, 3], [3, 1, 5], [5, None, 6], block_size=6, seed=3)
+    expected, _, _ = run_torch(case)
+    perm = torch.randperm(case.q.shape[0], generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    m = case.meta
+    meta = PagedAttentionMetadata(slot_mapping=m.slot_mapping[perm], block_tables=m.block_tables, seq_lens=m.seq_lens,
+                                  query_lens=m.query_lens, token_seq_index=m.token_seq_index[perm],
+                                  token_query_index=m.token_query_index[perm], max_query_len=m.max_query_len,
+                                  block_size=m.block_size, custom_mask=m.custom_mask)
+    shuffled = Case(case.q[perm], case.k[perm], case.v[perm], case.k_cache, case.v_cache, meta, case.scale)
+    out, _, _ = run_triton(shuffled, num_splits=2)
+    torch.testing.assert_close(out, expected[perm], atol=1e-5, rtol=1e-4)
+
+
+def test_uniform_metadata():
+    """The graph-capture metadata (uniform query length, built with device operations)."""
+    case = make_case([9, 30], [4, 4], [6, 7], block_size=16, seed=5)
+    uniform = uniform_paged_metadata(case.meta.block_tables, case.meta.seq_lens - 4, 4, 16, case.meta.custom_mask)
+    case.meta = uniform
+    assert_matches_torch(case, num_splits=3)
+
+
+def test_registered_backend_through_layer():
+    """``get_backend("triton")`` in a forward context, via the Attention layer; dense metadata delegates."""
+    backend = get_backend("triton")
+    assert isinstance(backend, TritonAttentionBackend) and backend.name == "triton"
+    case = make_case([21, 2], [1, 7], seed=7)
+    expected, _, _ = run_torch(case)
+    attn = Attention(case.q.shape[1], case.k.shape[1], case.q.shape[2])
+    attn.kv_cache = (case.k_cache.clone(), case.v_cache.clone())
+    with torch.no_grad(), forward_context(case.meta, backend):
+        out = attn(case.q, case.k, case.v)
+    torch.testing.assert_close(out, expected.reshape(out.shape), atol=1e-5, rtol=1e-4)
+
+    dense = DenseCausalMetadata(batch_size=2, seq_len=4)
+    q, k, v = torch.randn(8, 4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+    torch.testing.assert_close(backend.forward(q, k, v, None, dense, 0.25),
+                               TorchAttentionBackend().forward(q, k, v, None, dense, 0.25))
+
+
+def test_launch_config_fills_the_gpu():
+    """Split-KV only when the (seq, kv head, query tile) grid is small; tiles padded for tl.dot."""
+    shape = {"kv_heads": 8, "group": 4, "head_dim": 128, "elem_size": 2, "num_sms": 132}
+    decode = launch_config(num_seqs=1, max_query_len=1, max_kv_rows=4112, **shape)
+    assert (decode.block_m, decode.block_q, decode.num_q_tiles, decode.block_n) == (16, 4, 1, 64)
+    assert 8 * decode.num_splits >= 2 * 132
+    big = launch_config(num_seqs=64, max_query_len=6, max_kv_rows=4112, **shape)
+    assert big.num_splits == 1 and big.block_m == 32
+    prefill = launch_config(num_seqs=1, max_query_len=2048, max_kv_rows=2048, **shape)
+    assert (prefill.block_m, prefill.block_q, prefill.num_q_tiles, prefill.num_splits) == (128, 32, 64, 1)
+    fp32 = launch_config(num_seqs=1, max_query_len=1, max_kv_rows=64, **(shape | {"elem_size": 4}))
+    assert (fp32.block_m, fp32.block_n, fp32.num_splits) == (16, 32, 2)  # at most one split per BLOCK_N rows
+    odd = launch_config(num_seqs=2, kv_heads=2, group=3, head_dim=12, elem_size=4, max_query_len=7, max_kv_rows=64,
+                        num_sms=132)
+    assert (odd.block_m, odd.block_q, odd.block_d, odd.block_n, odd.num_splits) == (32, 10, 16, 32, 2)
+
+
+# GPU only -------------------------------------------------------------------------------------------------------------
+
+EIGHT_B = {"head_dim": 128, "heads": 32, "kv_heads": 8}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 1])
+@pytest.mark.parametrize("layout", ["decode", "verify", "tree", "mixed"])
+def test_bf16_long_context_8b_shape(layout, num_splits):
+    """bf16 against the torch backend computed in float32 on the same (bf16-valued) inputs."""
+    cached = [4000, 1500, 7000, 33]
+    new, windows = {"decode": ([1] * 4, None), "verify": ([6] * 4, None), "tree": ([16] * 4, [20, 16, 40, 16]),
+                    "mixed": ([300, 1, 6, 16], [None, None, None, 24])}[layout]
+    case = make_case(cached, new, windows, block_size=16, dtype=torch.bfloat16, seed=11, **EIGHT_B)
+    expected, k_ref, _ = run_torch(case, dtype=torch.float32)
+    out, k_cache, _ = run_triton(case, num_splits)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    assert torch.equal(k_cache.float(), k_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("query_len,window", [(1, None), (6, None), (16, 24)])
+def test_cuda_graph_replay_matches_eager(query_len, window):
+    """Capture one call (metadata built inside the graph, as the engine does), then replay with new
+    inputs, lengths, block tables and masks of the same shapes: replay equals an eager call."""
+    from outpace.engine.cuda_graphs import CapturedCall
+
+    g = torch.Generator().manual_seed(0)
+    batch, block_size, max_blocks, num_blocks = 4, 16, 300, 1300
+    backend, dev = TritonAttentionBackend(), torch.device("cuda")
+    heads, kv_heads, dim = EIGHT_B["heads"], EIGHT_B["kv_heads"], EIGHT_B["head_dim"]
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dev, torch.bfloat16)
+
+    k_cache, v_cache = randn(num_blocks, block_size, kv_heads, dim), randn(num_blocks, block_size, kv_heads, dim)
+    q, k, v = randn(batch * query_len, heads, dim), randn(batch * query_len, kv_heads, dim), \
+        randn(batch * query_len, kv_heads, dim)
+    tables = torch.zeros(batch, max_blocks, dtype=torch.int64, device=dev)
+    starts = torch.zeros(batch, dtype=torch.int64, device=dev)
+    mask = None if window is None else torch.zeros(batch, query_len, window, dtype=torch.bool, device=dev)
+
+    def new_inputs():
+        """Fresh values in the static buffers: new lengths (some crossing blocks), tables, masks, q/k/v."""
+        starts.copy_(torch.randint(window or 0, 4500, (batch,), generator=g))
+        tables.copy_(torch.randperm(num_blocks - 1, generator=g)[:batch * max_blocks].view(batch, max_blocks) + 1)
+        for x in (q, k, v):
+            x.copy_(torch.randn(x.shape, generator=g))
+        if mask is not None:
+            mask.copy_(torch.stack([tree_mask(query_len, window, g) for _ in range(batch)]))
+
+    def call():
+        meta = uniform_paged_metadata(tables, starts, query_len, block_size, mask)
+        return backend.forward(q, k, v, (k_cache, v_cache), meta, dim ** -0.5)
+
+    new_inputs()
+    captured = CapturedCall(call, dev)
+    assert captured.graph is not None
+    for _ in range(3):
+        new_inputs()
+        caches = (k_cache.clone(), v_cache.clone())
+        replayed = captured.replay().clone()
+        written = (k_cache.clone(), v_cache.clone())
+        k_cache.copy_(caches[0])
+        v_cache.copy_(caches[1])
+        eager = call()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, eager)
+        assert torch.equal(written[0], k_cache) and torch.equal(written[1], v_cache)
