@@ -76,6 +76,7 @@ def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
 def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None, oracle_rates=None,
              max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES)) -> LLM:
     """The 8B-shaped target with random weights (and an EAGLE3 draft when speculating), graphs captured."""
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(LLAMA_8B))
     blocks = max_num_seqs * (-(-(max_context + 64) // 16)) + 64
     llm = LLM(str(workdir), device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
