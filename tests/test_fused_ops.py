@@ -88,6 +88,13 @@ def test_silu_and_mul_matches_torch(shape, poisoned):
     assert _rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
 
 
+def test_silu_and_mul_reads_the_halves_of_a_packed_projection(poisoned):
+    packed = _rand(5, 2 * 300, seed=12) * 4  # [rows, gate | up], as a packed gate_up projection gives
+    gate, up = packed.chunk(2, dim=-1)
+    assert not gate.is_contiguous()
+    assert _rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
+
+
 def test_rms_norm_module_returns_the_normed_tensor_or_the_pair():
     norm = RMSNorm(48, 1e-6)
     x, residual = _rand(3, 48, seed=10, device="cpu"), _rand(3, 48, seed=11, device="cpu")

@@ -174,12 +174,16 @@ def transformers_generate(model, context: int = 512, new_tokens: int = 64) -> di
     Decode tokens/s = (new_tokens - 1) / (time(new_tokens) - time(1 token)), prefill cancelled out."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(**{k: v for k, v in LLAMA_8B.items() if k != "architectures"})
     with torch.device("meta"):
-        hf = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in LLAMA_8B.items() if k != "architectures"}))
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("mtp_layers")}
-    hf.load_state_dict(state, assign=True, strict=False)
-    hf.model.rotary_emb.to("cuda")
-    hf = hf.to("cuda").eval()
+        hf = LlamaForCausalLM(config)
+    missing, unexpected = hf.load_state_dict(model.state_dict(), assign=True, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not map onto transformers' Llama: missing {missing}, unexpected {unexpected}")
+    hf.model.rotary_emb = LlamaRotaryEmbedding(config=config, device="cuda")  # its buffers were on meta
+    hf = hf.eval()
     prompt = torch.randint(0, 128000, (1, context), device="cuda")
 
     def timed(n: int) -> float:

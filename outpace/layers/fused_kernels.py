@@ -10,7 +10,7 @@ tensors' dtypes. Launches disable floating-point contraction (``enable_fp_fusion
    new residual stream) and RMSNorm of it.
 2. ``_rotary_kernel`` (one program per token): rotates all q and k heads of the token (neox layout),
    reading the token's row of the cached cos/sin tables.
-3. ``_silu_and_mul_kernel`` (one program per BLOCK elements): silu(gate) * up.
+3. ``_silu_and_mul_kernel`` (one program per row and BLOCK columns): silu(gate) * up.
 
 Grids come from tensor shapes only and nothing syncs with the host, so every launch can be
 captured in a CUDA graph. The kernels have no backward: the modules call them only on CUDA tensors
@@ -114,24 +114,28 @@ def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """out = silu(gate) * up over n elements; silu is rounded to gate's dtype first, as F.silu's output is."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0)
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, width, stride_gate, stride_up, stride_out, BLOCK: tl.constexpr):
+    """One row, BLOCK columns: out = silu(gate) * up; silu is rounded to gate's dtype first, as F.silu's
+    output is. Rows are strided, so gate and up may be the two halves of one packed projection."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < width
+    gate = tl.load(gate_ptr + row * stride_gate + offs, mask=mask, other=0.0)
     g = gate.to(tl.float32)
     silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(gate.dtype).to(tl.float32)
-    up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+    up = tl.load(up_ptr + row * stride_up + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up [..., intermediate] -> silu(gate) * up, as ``silu_and_mul_torch``."""
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
-    n = gate.numel()
-    _silu_and_mul_kernel[(triton.cdiv(n, _SILU_BLOCK),)](gate, up, out, n, BLOCK=_SILU_BLOCK, enable_fp_fusion=False)
-    return out
+    gate2, up2 = _rows(gate), _rows(up)
+    rows, width = gate2.shape
+    out = torch.empty(rows, width, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    _silu_and_mul_kernel[(rows, triton.cdiv(width, _SILU_BLOCK))](
+        gate2, up2, out, width, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=_SILU_BLOCK,
+        enable_fp_fusion=False)
+    return out.view(gate.shape)
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:

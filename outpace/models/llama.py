@@ -21,7 +21,7 @@ from outpace.attention.layer import Attention
 from outpace.config import ModelConfig
 from outpace.layers.activation import silu_and_mul
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.linear import linear
+from outpace.layers.linear import linear, project
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 
@@ -46,12 +46,17 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
         self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.qkv: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, d = x.shape[0], self.cfg.head_dim
-        q = self.q_proj(x).view(n, -1, d)  # [num_tokens, heads, head_dim]
-        k = self.k_proj(x).view(n, -1, d)  # [num_tokens, kv_heads, head_dim]
-        v = self.v_proj(x).view(n, -1, d)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(n, -1, d)  # [num_tokens, heads, head_dim]
+        k = k.view(n, -1, d)  # [num_tokens, kv_heads, head_dim]
+        v = v.view(n, -1, d)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
@@ -64,9 +69,42 @@ class LlamaMLP(nn.Module):
         self.gate_proj = linear(hidden_size, intermediate_size)
         self.up_proj = linear(hidden_size, intermediate_size)
         self.down_proj = linear(intermediate_size, hidden_size)
+        self.gate_up: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(silu_and_mul(gate, up))
+
+
+class PackedProjection:
+    """Several projections of one input as one matmul (q/k/v; gate/up): their weights are copied into
+    one packed tensor and each projection's parameter becomes a view of its rows, so no memory is
+    added and checkpoints, training and every other caller still see the separate projections.
+    Not an nn.Module: the parameters stay registered where the checkpoint names them."""
+
+    def __init__(self, projections: list[nn.Linear]) -> None:
+        self.sizes = [p.out_features for p in projections]
+        self.weight = torch.cat([p.weight.data for p in projections])          # [sum(out), in]
+        for p, view in zip(projections, self.weight.split(self.sizes)):
+            p.weight.data = view
+        self.bias = None
+        if projections[0].bias is not None:
+            self.bias = torch.cat([p.bias.data for p in projections])
+            for p, view in zip(projections, self.bias.split(self.sizes)):
+                p.bias.data = view
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [n, in] -> one [n, out_i] view per projection."""
+        return project(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def pack_projections(model: nn.Module) -> None:
+    """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each."""
+    for module in model.modules():
+        if isinstance(module, LlamaAttention) and module.qkv is None:
+            module.qkv = PackedProjection([module.q_proj, module.k_proj, module.v_proj])
+        elif isinstance(module, LlamaMLP) and module.gate_up is None:
+            module.gate_up = PackedProjection([module.gate_proj, module.up_proj])
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -9,6 +9,7 @@ from torch import nn
 
 from outpace.checkpoint import DTYPES, load_checkpoint
 from outpace.config import ModelConfig
+from outpace.models.llama import pack_projections
 from outpace.registry import model_class
 
 
@@ -47,5 +48,6 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", p
                 p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
     else:
         load_checkpoint(model, model_dir, progress=progress)
+    pack_projections(model)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()
