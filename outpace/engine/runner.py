@@ -16,7 +16,7 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.engine.cuda_graphs import CapturedTargetForward, GraphBlockTables, bucket_for, pinned
 from outpace.engine.scheduler import ScheduledRequest, StepResult
-from outpace.layers.sampler import SamplingTensors, sample
+from outpace.layers.sampler import SamplingTensors, is_greedy, sample
 
 
 class ModelRunner:
@@ -98,5 +98,7 @@ class ModelRunner:
         return [StepResult([t], 1) for t in tokens]
 
     def _sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
+        if all(is_greedy(r.params) for r in reqs):  # no sampling tensors to build and upload
+            return logits.argmax(dim=-1).tolist()
         tensors = SamplingTensors.from_params([r.params for r in reqs], self.device)
         return sample(logits, tensors, [r.generator for r in reqs]).tolist()

@@ -42,6 +42,12 @@ from torch import Tensor
 # Temperatures below this are treated as greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
 
+
+def is_greedy(params: Any) -> bool:
+    """Whether a request's sampling parameters make it greedy (host-side, no tensors built)."""
+    temperature = getattr(params, "temperature", 1.0)
+    return temperature is not None and float(temperature) < GREEDY_EPS
+
 Generators = Sequence["torch.Generator | None"] | None
 
 
@@ -96,7 +102,7 @@ class SamplingTensors:
             top_ks.append(0 if top_k is None or top_k <= 0 else int(top_k))
             top_ps.append(1.0 if top_p is None else float(top_p))
             min_ps.append(0.0 if min_p is None else float(min_p))
-        greedy = [t < GREEDY_EPS for t in temps]
+        greedy = [is_greedy(params) for params in params_list]
         sampled = [i for i, g in enumerate(greedy) if not g]
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device),
