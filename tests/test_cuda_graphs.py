@@ -1,7 +1,7 @@
 """The code around CUDA graphs: static buffers, padding to batch buckets, block-table mirroring and
-the EAGLE3 chain iteration's state handoff. On the CPU a "replay" re-runs the captured function
-eagerly over the same static buffers, so everything but the capture itself is checked here; the
-GPU tests (tests/test_gpu.py) check the captured graphs."""
+the chain iterations' (EAGLE3, DFlash) state handoff. On the CPU a "replay" re-runs the captured
+function eagerly over the same static buffers, so everything but the capture itself is checked
+here; the GPU tests (tests/test_gpu.py) check the captured graphs."""
 import json
 from pathlib import Path
 
@@ -14,6 +14,8 @@ from outpace.engine.cuda_graphs import batch_buckets, bucket_for
 
 ZOO = "zoo/tinypy"
 EAGLE3 = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=4)
+DFLASH = SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7)  # block size 8
+CHAINS = pytest.mark.parametrize("spec", [EAGLE3, DFLASH], ids=["eagle3", "dflash"])
 
 
 def _prompts(n: int) -> list[list[int]]:
@@ -54,11 +56,12 @@ def test_graphed_decode_equals_eager(prompts, reference):
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
-def test_eagle3_chain_iteration_is_lossless_across_batch_changes(prompts, reference):
+@CHAINS
+def test_chain_iteration_is_lossless_across_batch_changes(prompts, reference, spec):
     """Six requests through four slots: requests join and finish, so the iteration's state moves
     between the captured buffers and the eager proposer many times."""
     params, expected = reference
-    llm = _graphed(EAGLE3)
+    llm = _graphed(spec)
     iteration = llm.engine.spec_runner.iteration
     calls = {"run": 0}
     run = iteration.run
@@ -76,11 +79,33 @@ def test_eagle3_chain_iteration_is_lossless_across_batch_changes(prompts, refere
     assert not llm.engine.spec_runner.proposer._pending  # nothing left behind for finished requests
 
 
-def test_eagle3_iteration_matches_the_eager_acceptance(prompts):
+@CHAINS
+def test_chain_iteration_matches_the_eager_acceptance(prompts, spec):
     """Same drafts, same acceptance: the captured iteration and the eager proposer agree step by step."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    eager = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3).generate(prompts[:3], params)
-    graphed = _graphed(EAGLE3).generate(prompts[:3], params)
+    eager = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:3], params)
+    graphed = _graphed(spec).generate(prompts[:3], params)
+    for a, b in zip(eager, graphed):
+        assert a.token_ids == b.token_ids
+        assert a.spec_metrics.accepted_per_position == b.spec_metrics.accepted_per_position
+
+
+def test_dflash_padded_context_rows_are_never_read(prompts):
+    """The context write covers B rows a request, past the committed ones: those padded rows (NaN
+    here) must be overwritten by the block forward before anything reads them."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eager = LLM(ZOO, max_num_seqs=4, speculative=DFLASH).generate(prompts[:3], params)
+    llm = _graphed(DFLASH)
+    iteration = llm.engine.spec_runner.iteration
+    draft = iteration._draft
+
+    def poisoned(tables, start, count, last):
+        features = iteration.pending[0][:len(count)]
+        features[torch.arange(features.shape[1]) >= count[:, None]] = float("nan")
+        return draft(tables, start, count, last)
+
+    iteration._draft = poisoned
+    graphed = llm.generate(prompts[:3], params)
     for a, b in zip(eager, graphed):
         assert a.token_ids == b.token_ids
         assert a.spec_metrics.accepted_per_position == b.spec_metrics.accepted_per_position
@@ -105,19 +130,20 @@ def test_captured_verify_is_lossless(prompts, reference, spec):
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
-def test_oracle_acceptance_follows_the_rates(prompts):
-    rates = [0.9, 0.6, 0.3, 0.1]
-    llm = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3)
+@pytest.mark.parametrize("spec, rates", [(EAGLE3, [0.9, 0.6, 0.3, 0.1]),
+                                         (DFLASH, [0.9, 0.8, 0.6, 0.5, 0.3, 0.2, 0.1])], ids=["eagle3", "dflash"])
+def test_oracle_acceptance_follows_the_rates(prompts, spec, rates):
+    llm = LLM(ZOO, max_num_seqs=4, speculative=spec)
     llm.engine.capture_graphs(oracle_rates=rates)
     torch.manual_seed(0)
     outs = llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     steps = sum(o.spec_metrics.num_verifies for o in outs)
-    accepted = [sum(o.spec_metrics.accepted_per_position[j] for o in outs) / steps for j in range(4)]
+    accepted = [sum(o.spec_metrics.accepted_per_position[j] for o in outs) / steps for j in range(len(rates))]
     for rate, seen in zip(rates, accepted):  # binomial, > 150 steps: 4 sigma < 0.17
         assert abs(seen - rate) < 4 * (rate * (1 - rate) / steps) ** 0.5 + 0.02, (rates, accepted)
 
 
-def test_oracle_needs_the_eagle3_chain_iteration():
+def test_oracle_needs_a_chain_iteration():
     llm = LLM(ZOO, max_num_seqs=2, speculative=SpeculativeConfig(method="mtp", num_steps=2))
     with pytest.raises(ValueError, match="oracle acceptance needs"):
         llm.engine.capture_graphs(oracle_rates=[0.5, 0.5])

@@ -48,13 +48,19 @@ def test_graphed_decode_equals_eager_torch_backend_fp32():
 
 
 @pytest.mark.gpu
-def test_captured_eagle3_iteration_runs_the_decode_steps():
+@pytest.mark.parametrize("method, graph", [("eagle3-chain", "Eagle3ChainGraph"), ("dflash", "DFlashChainGraph")])
+def test_captured_chain_iteration_runs_the_decode_steps(method, graph):
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    llm = LLM(str(ZOO / "tinypy"), device="cuda", dtype="float32", max_num_seqs=4, speculative=SPECS["eagle3-chain"])
+    llm = LLM(str(ZOO / "tinypy"), device="cuda", dtype="float32", max_num_seqs=4, speculative=SPECS[method])
     iteration = llm.engine.spec_runner.iteration
+    assert type(iteration).__name__ == graph and iteration._calls[4].graph is not None  # captured
     runs = []
     run = iteration.run
     iteration.run = lambda batch: runs.append(len(batch)) or run(batch)
     outs = llm.generate(prompts, params)
     assert len(runs) > 5 and all(o.spec_metrics.acceptance_length > 1.5 for o in outs)
+    expected = LLM(str(ZOO / "tinypy"), device="cuda", dtype="float32", max_num_seqs=4).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+    assert not llm.engine.spec_runner.proposer._pending

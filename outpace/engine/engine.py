@@ -74,10 +74,10 @@ class LLMEngine:
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
 
     def capture_graphs(self, oracle_rates=None) -> None:
-        """Capture the decode step (or, with speculation, the verify forward and the EAGLE3 chain
-        iteration) for every batch bucket up to max_num_seqs. Done at start-up on CUDA unless
+        """Capture the decode step (or, with speculation, the verify forward and the EAGLE3 chain or
+        DFlash iteration) for every batch bucket up to max_num_seqs. Done at start-up on CUDA unless
         ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests).
-        ``oracle_rates``: benchmark-only oracle acceptance (spec/eagle3_graph.py)."""
+        ``oracle_rates``: benchmark-only oracle acceptance (spec/chain_graph.py)."""
         from outpace.engine.cuda_graphs import batch_buckets
 
         rows = min(self.model_config.max_position_embeddings, self.pool.num_blocks * self.pool.block_size)

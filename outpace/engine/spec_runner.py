@@ -8,8 +8,8 @@ and the rows past it are simply left behind: the next forward overwrites them. A
 back to the host in one transfer.
 
 With CUDA graphs (``enable_graphs``): a decode-only batch verifies through the captured target
-forward of its bucket, and greedy EAGLE3 chains run the whole iteration as one replay
-(spec/eagle3_graph.py).
+forward of its bucket, and greedy EAGLE3 chains and greedy DFlash blocks run the whole iteration as
+one replay (spec/chain_graph.py).
 """
 from __future__ import annotations
 
@@ -30,20 +30,25 @@ class SpeculativeRunner:
         self.runner = runner
         self.proposer = proposer
         self.spec = spec
-        self.iteration = None  # the captured whole iteration (greedy EAGLE3 chains), see enable_graphs
+        self.iteration = None  # the captured whole iteration (greedy chain drafters), see enable_graphs
         runner.model.set_aux_hidden_state_layers(proposer.aux_layer_ids)
 
     def enable_graphs(self, oracle_rates=None) -> None:
-        """Capture the verify forward (and, for EAGLE3 chains, the whole iteration) for the runner's
-        buckets. ``oracle_rates``: benchmark-only oracle acceptance (see spec/eagle3_graph.py)."""
+        """Capture the verify forward (and, for EAGLE3 chains and DFlash, the whole iteration) for the
+        runner's buckets. ``oracle_rates``: benchmark-only oracle acceptance (see spec/chain_graph.py)."""
+        from outpace.spec.dflash import DFlashProposer
+        from outpace.spec.dflash_graph import DFlashChainGraph
         from outpace.spec.eagle3 import Eagle3Proposer
         from outpace.spec.eagle3_graph import Eagle3ChainGraph
 
         self.runner.capture_target(self.spec.num_draft_tokens, tree=self.spec.topk > 1)
         if isinstance(self.proposer, Eagle3Proposer) and self.spec.topk == 1:
             self.iteration = Eagle3ChainGraph(self.runner, self.proposer, oracle_rates)
+        elif isinstance(self.proposer, DFlashProposer):  # topk is always 1
+            self.iteration = DFlashChainGraph(self.runner, self.proposer, oracle_rates)
         elif oracle_rates is not None:
-            raise ValueError("oracle acceptance needs the captured EAGLE3 chain iteration (method eagle3, topk 1)")
+            raise ValueError("oracle acceptance needs a captured chain iteration (method eagle3 with topk 1, "
+                             "or dflash)")
 
     def release(self, request_id: str) -> None:
         self.proposer.release(request_id)

@@ -11,6 +11,8 @@ has no KV yet. The draft keeps paged KV at the same rows as the target (same blo
   i >= 1 predicts the token at L + i: B - 1 drafts, verified as a chain of B = num_draft_tokens.
 The block's own KV lands at rows L .. L + B - 1; the rows that become committed are overwritten by
 the next context write, the others lie past the next block's start and are never read.
+Greedy decode batches can run the whole iteration as one CUDA graph (spec/dflash_graph.py), which
+takes and hands back the pending rows (``take_pending`` / ``put_pending``).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from outpace.config import ConfigError, SpeculativeConfig
 from outpace.engine.request import Request
 from outpace.models.dflash import load_dflash_draft
 from outpace.spec.chain import ChainDrafts
+from outpace.models.llama import pack_projections
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
 from outpace.spec.rows import draft_rows
 
@@ -32,6 +35,7 @@ class DFlashProposer(Proposer):
                  attention_backend: str = "torch") -> None:
         super().__init__(spec, pool, device, attention_backend)
         self.draft = load_dflash_draft(spec.draft, target, dtype, device)
+        pack_projections(self.draft)  # one matmul for q/k/v and for gate/up
         cfg = self.draft.config
         self.block_size = cfg.block_size
         if spec.topk != 1:
@@ -54,6 +58,18 @@ class DFlashProposer(Proposer):
 
     def release(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+
+    # ---- pending rows, handed to and from the captured iteration (spec/dflash_graph.py) ----------
+    def num_pending_rows(self, request_id: str) -> int:
+        return sum(chunk[0].shape[0] for chunk in self._pending.get(request_id, []))
+
+    def take_pending(self, request_id: str) -> tuple[torch.Tensor, int]:
+        """Remove and return a request's pending rows: (context features [m, hidden], first row)."""
+        chunks = self._pending.pop(request_id)
+        return torch.cat([c[0] for c in chunks]), chunks[0][1]
+
+    def put_pending(self, request_id: str, features: torch.Tensor, start: int) -> None:
+        self._pending[request_id] = [(features, start)]
 
     def observe(self, committed: CommittedRows) -> None:
         with torch.inference_mode():

@@ -24,6 +24,7 @@ from outpace.config import SpeculativeConfig
 from outpace.engine.request import Request
 from outpace.models.eagle3 import load_eagle3_draft
 from outpace.spec.chain import ChainDrafts
+from outpace.models.llama import pack_projections
 from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
 from outpace.spec.rows import draft_rows, row_positions
 from outpace.spec.tree import select_tree
@@ -34,6 +35,7 @@ class Eagle3Proposer(Proposer):
                  attention_backend: str = "torch") -> None:
         super().__init__(spec, pool, device, attention_backend)
         self.draft = load_eagle3_draft(spec.draft, target, dtype, device)
+        pack_projections(self.draft)  # one matmul for q/k/v and for gate/up
         self.aux_layer_ids = self.draft.config.capture_layer_ids(target.config.num_hidden_layers)
         bind_kv_cache(self.draft, pool, dtype, device)
         self.vocab_size = target.config.vocab_size
