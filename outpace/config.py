@@ -259,9 +259,10 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto": triton on CUDA, torch on the CPU
     # Capture CUDA graphs at start-up (decode, verify, the EAGLE3 chain iteration); ignored on the CPU.
     cuda_graphs: bool = True
-    # Deterministic mode: batch-invariant projections on CUDA (layers/linear.py), so a verify forward
-    # and a decode step give each row the same bits and greedy speculation matches plain decoding
-    # exactly in bf16 too. Process-wide while an engine with it set exists; slower.
+    # Deterministic mode: batch-invariant projections (layers/linear.py) and attention (the Triton
+    # backend's invariant variant) on CUDA, so a verify forward and a decode step give each row the
+    # same bits and greedy chain speculation can match plain decoding exactly in bf16 too.
+    # Process-wide while an engine with it set exists; slower.
     batch_invariant: bool = False
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     load_format: str = "safetensors"  # "dummy": random weights of the checkpoint's shape (benchmarks)

@@ -8,6 +8,13 @@ any batch order, and the KV written into the cache. Every buffer the backend all
 Without CUDA the kernels run in Triton's interpreter (float32, small shapes; see conftest.py).
 GPU-only tests: bf16 at the Llama-8B head shape over long contexts, and capture + replay in a
 CUDA graph with new inputs between replays.
+
+The batch-invariant variant (deterministic mode) is checked against the torch backend too, and for
+its point: a query row computed in a decode call and inside a verify call over p - 2 .. p + 3 of
+the same sequence gets the same bits, in ragged batches, with other block layouts and table widths,
+under causal and tree masks that give the row the same visible KV. The interpreter runs float32
+numpy in the kernels' own operation order, where the fast path already fails that check; the bf16
+GPU version is the real one.
 """
 from __future__ import annotations
 
@@ -30,7 +37,8 @@ from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_backend import TritonAttentionBackend
-from outpace.attention.triton_kernels import launch_config, paged_attention, write_kv
+from outpace.attention.triton_kernels import invariant_launch_config, launch_config, paged_attention, write_kv
+from outpace.layers.linear import batch_invariant_enabled, set_batch_invariant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -120,18 +128,19 @@ def run_torch(case: Case, dtype=None):
     return out, *caches
 
 
-def run_triton(case: Case, num_splits=None):
+def run_triton(case: Case, num_splits=None, split_rows=None):
     """The Triton kernels on fresh copies of the caches, every allocation poisoned: (out, k_cache, v_cache)."""
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
     with poisoned_allocations():
         token_table = write_kv(case.k, case.v, k_cache, v_cache, case.meta)
-        out = paged_attention(case.q, k_cache, v_cache, case.meta, token_table, case.scale, num_splits=num_splits)
+        out = paged_attention(case.q, k_cache, v_cache, case.meta, token_table, case.scale, num_splits=num_splits,
+                              split_rows=split_rows)
     return out, k_cache, v_cache
 
 
-def assert_matches_torch(case: Case, num_splits=None, atol=1e-5, rtol=1e-4):
+def assert_matches_torch(case: Case, num_splits=None, atol=1e-5, rtol=1e-4, split_rows=None):
     expected, k_ref, v_ref = run_torch(case)
-    out, k_cache, v_cache = run_triton(case, num_splits)
+    out, k_cache, v_cache = run_triton(case, num_splits, split_rows)
     assert out.dtype == case.q.dtype and out.shape == case.q.shape
     assert not out.isnan().any()
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
@@ -214,6 +223,202 @@ def test_launch_config_fills_the_gpu():
     assert (odd.block_m, odd.block_q, odd.block_d, odd.block_n, odd.num_splits) == (32, 10, 16, 32, 2)
 
 
+# Batch-invariant variant ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def batch_invariant_mode():
+    """Deterministic mode on for the test, the previous setting restored after it."""
+    previous = batch_invariant_enabled()
+    set_batch_invariant(True)
+    yield
+    set_batch_invariant(previous)
+
+
+@pytest.mark.parametrize("split_rows", [None, 32], ids=["S512", "S32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_invariant_matches_torch_backend(batch_invariant_mode, layout, shape, split_rows):
+    """Same function as the torch backend, with one split (S = 512) or many, some empty (S = 32)."""
+    block_size, head_dim, heads, kv_heads = shape
+    cached, new, windows = LAYOUTS[layout]
+    case = make_case(cached, new, windows, block_size=block_size, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
+                     seed=100 + 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape))
+    assert_matches_torch(case, split_rows=split_rows)
+
+
+def test_invariant_launch_config_is_fixed():
+    """Tiles, warps and the split size do not depend on the batch; the split count only on the table's capacity."""
+    shape = {"kv_heads": 8, "group": 4, "head_dim": 128, "elem_size": 2}
+    configs = [invariant_launch_config(max_query_len=q, max_kv_rows=4112, **shape) for q in (1, 6, 2048)]
+    fixed = {(c.block_m, c.block_q, c.block_n, c.block_d, c.split_rows, c.num_warps, c.num_stages, c.num_splits)
+             for c in configs}
+    assert fixed == {(64, 16, 64, 128, 512, 8, 3, 9)}
+    assert [c.num_q_tiles for c in configs] == [1, 1, 128]
+    assert invariant_launch_config(max_query_len=1, max_kv_rows=100, **shape).num_splits == 1
+    assert invariant_launch_config(group=3, head_dim=12, kv_heads=2, elem_size=4, max_query_len=7,
+                                   max_kv_rows=64).block_m == 64
+    with pytest.raises(ValueError, match="multiple"):
+        invariant_launch_config(max_query_len=1, max_kv_rows=100, split_rows=96, **shape)
+
+
+def test_invariant_mode_selection(batch_invariant_mode):
+    """The mode selects the variant in ``paged_attention`` and so in the registered backend; the
+    partition cannot be forced there, and ``split_rows`` means nothing outside it."""
+    case = make_case([21, 2], [1, 7], seed=8)
+    out, _, _ = run_triton(case)
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    backend_out = get_backend("triton").forward(case.q, case.k, case.v, (k_cache, v_cache), case.meta, case.scale)
+    assert torch.equal(out, backend_out)
+    with pytest.raises(ValueError, match="fixed"):
+        run_triton(case, num_splits=2)
+    set_batch_invariant(False)
+    with pytest.raises(ValueError, match="batch-invariant"):
+        run_triton(case, split_rows=64)
+
+
+def make_rows(lengths, *, heads, kv_heads, head_dim, dtype, device, seed):
+    """seq -> (q, k, v) for every position of the sequence: [length, heads or kv_heads, head_dim]."""
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    return {s: (randn(n, heads, head_dim), randn(n, kv_heads, head_dim), randn(n, kv_heads, head_dim))
+            for s, n in lengths.items()}
+
+
+def run_rows(rows, entries, *, block_size, seed, split_rows=None, extra_blocks=0):
+    """One write_kv + paged_attention call over ``entries`` [(seq, cached, new, mask or None)], the
+    q/k/v of position r of sequence s being rows[s][.][r]: the cache holds rows 0 .. cached - 1 of each
+    sequence (in fresh, shuffled blocks; every other cache row is NaN), the call brings the next
+    ``new``. The first entry gets ``extra_blocks`` unused blocks (a wider block table: more splits).
+    Returns {(seq, position): output row [heads, head_dim]}."""
+    g = torch.Generator().manual_seed(seed)
+    q0, k0, _ = next(iter(rows.values()))
+    device = q0.device
+    counts = [-(-(c + n) // block_size) + (extra_blocks if i == 0 else 0) for i, (_, c, n, _) in enumerate(entries)]
+    num_blocks = sum(counts) + 1
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    tables = [perm[sum(counts[:i]):sum(counts[:i + 1])] for i in range(len(entries))]
+    k_cache = torch.full((num_blocks, block_size, *k0.shape[1:]), float("nan"), dtype=k0.dtype, device=device)
+    v_cache = k_cache.clone()
+    for (s, c, _, _), table in zip(entries, tables):
+        r = torch.arange(c)
+        slots = (torch.tensor(table)[r // block_size] * block_size + r % block_size).to(device)
+        k_cache.view(-1, *k0.shape[1:])[slots] = rows[s][1][:c]
+        v_cache.view(-1, *k0.shape[1:])[slots] = rows[s][2][:c]
+    q, k, v = (torch.cat([rows[s][i][c:c + n] for s, c, n, _ in entries]) for i in range(3))
+    masks = [m for *_, m in entries]
+    meta = build_paged_metadata(tables, [e[1] for e in entries], [e[2] for e in entries], block_size, device,
+                                masks if any(m is not None for m in masks) else None)
+    with poisoned_allocations():
+        token_table = write_kv(k, v, k_cache, v_cache, meta)
+        out = paged_attention(q, k_cache, v_cache, meta, token_table, q.shape[-1] ** -0.5, split_rows=split_rows)
+    starts = [sum(e[2] for e in entries[:i]) for i in range(len(entries))]
+    return {(s, c + i): out[start + i] for (s, c, n, _), start in zip(entries, starts) for i in range(n)}
+
+
+def reference_row(rows, s, p, visible):
+    """Row p of sequence s over its KV rows ``visible`` ([p + 1] bool), in float64: [heads, head_dim]."""
+    q, k, v = (x.double() for x in rows[s])
+    group = q.shape[1] // k.shape[1]
+    visible = visible.to(k.device)
+    keys, values = k[:p + 1][visible].repeat_interleave(group, 1), v[:p + 1][visible].repeat_interleave(group, 1)
+    scores = torch.einsum("hd,khd->hk", q[p], keys) * q.shape[-1] ** -0.5
+    return torch.einsum("hk,khd->hd", scores.softmax(-1), values)
+
+
+def assert_same_rows(a, b, rows, visible, atol):
+    """Bit-equal rows in the two calls' outputs, and close to the float64 reference."""
+    for (s, p), seen in visible.items():
+        assert torch.equal(a[s, p], b[s, p]), f"sequence {s}, row {p}: {(a[s, p] - b[s, p]).abs().max().item()}"
+        torch.testing.assert_close(a[s, p].double(), reference_row(rows, s, p, seen), atol=atol, rtol=0)
+
+
+def causal_rows_scenario(targets, *, block_size, dtype, device, seed, split_rows, **shape):
+    """Decode (query_len 1, KV length p + 1) of each target sequence, in a batch with a prefill
+    chunk, and verify (query_len 6 over p - 2 .. p + 3) of the same sequences in another order, with
+    other neighbours and a wider block table: {(seq, p): row} of each call, and the rows' visible KV."""
+    others = {len(targets): 60, len(targets) + 1: 90}
+    rows = make_rows({**{s: p + 4 for s, p in enumerate(targets)}, **others}, dtype=dtype, device=device, seed=seed,
+                     **shape)
+    o1, o2 = others
+    decode = [(o1, 10, 20, None)] + [(s, p, 1, None) for s, p in enumerate(targets)]
+    verify = [(o2, 40, 33, None)] + [(s, p - 2, 6, None) for s, p in reversed(list(enumerate(targets)))] + \
+        [(o1, 50, 5, None)]
+    kw = {"block_size": block_size, "split_rows": split_rows}
+    a = run_rows(rows, decode, seed=seed + 1, **kw)
+    b = run_rows(rows, verify, seed=seed + 2, extra_blocks=7, **kw)
+    visible = {(s, p): torch.ones(p + 1, dtype=torch.bool) for s, p in enumerate(targets)}
+    return rows, a, b, visible
+
+
+def tree_rows_scenario(p0, p1, *, block_size, dtype, device, seed, split_rows, **shape):
+    """Row p0 of sequence 0 sees a sparse set in a 150-row tree window (with a 64-aligned 64-row gap:
+    whole tiles, or whole splits, it sees nothing of), in a decode-like call (query_len 1, window
+    p0 - 149 .. p0) and inside a tree verify (query_len 6 over p0 - 2 .. p0 + 3, window from
+    p0 - 154): same visible rows. Row p1 of sequence 1 in a plain causal decode and in a tree verify
+    whose mask shows it every row up to itself. Ragged neighbours: causal chunks, causal under the
+    call's tree mask or not. Returns rows, the calls' outputs and the visible rows."""
+    g = torch.Generator().manual_seed(seed)
+    rows = make_rows({0: p0 + 4, 1: p1 + 4, 2: 60, 3: 40}, dtype=dtype, device=device, seed=seed, **shape)
+
+    def random_rows(q, window):  # [q, window]: a random subset, each new row seeing itself
+        mask = torch.rand(q, window, generator=g) < 0.5
+        mask[torch.arange(q), window - q + torch.arange(q)] = True
+        return mask
+
+    w1, w2 = 150, 158
+    a = p0 + 1 - w1                                      # decode window's first row
+    seen0 = torch.ones(p0 + 1, dtype=torch.bool)
+    seen0[a:] = torch.rand(p0 + 1 - a, generator=g) < 0.3
+    gap = -(-a // 64) * 64
+    seen0[gap:gap + 64] = False
+    seen0[p0] = True
+    assert gap + 64 < p0
+    dec_mask0 = seen0[a:].reshape(1, w1)
+    ver_mask0 = random_rows(6, w2)
+    ver_mask0[2] = torch.cat([seen0[p0 + 4 - w2:], torch.zeros(3, dtype=torch.bool)])
+    ver_mask1 = random_rows(6, 10)
+    ver_mask1[2] = torch.arange(10) < 7                  # rows p1 - 6 .. p1 of the window p1 - 6 .. p1 + 3
+
+    def dev(m):
+        return m.to(device)
+
+    kw = {"block_size": block_size, "split_rows": split_rows}
+    decode_tree = run_rows(rows, [(2, 9, 30, None), (0, p0, 1, dev(dec_mask0))], seed=seed + 1, **kw)
+    decode_causal = run_rows(rows, [(3, 7, 12, None), (1, p1, 1, None)], seed=seed + 2, **kw)
+    verify = run_rows(rows, [(1, p1 - 2, 6, dev(ver_mask1)), (2, 40, 7, None), (0, p0 - 2, 6, dev(ver_mask0))],
+                      seed=seed + 3, extra_blocks=5, **kw)
+    decode = {(0, p0): decode_tree[0, p0], (1, p1): decode_causal[1, p1]}
+    return rows, decode, verify, {(0, p0): seen0, (1, p1): torch.ones(p1 + 1, dtype=torch.bool)}
+
+
+INTERPRETER_SHAPES = [(16, 32, 8, 2), (6, 12, 6, 2)]
+
+
+@pytest.mark.parametrize("split_rows", [None, 32, 64], ids=["S512", "S32", "S64"])
+@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
+def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, split_rows):
+    """Rows p at tile and split boundaries (p - 2 .. p + 3 crossing 64, 96 and 128): decode == verify, bitwise."""
+    block_size, head_dim, heads, kv_heads = shape
+    rows, a, b, visible = causal_rows_scenario([130, 96, 63, 17], block_size=block_size, dtype=torch.float32,
+                                               device=DEVICE, seed=20, split_rows=split_rows, heads=heads,
+                                               kv_heads=kv_heads, head_dim=head_dim)
+    assert_same_rows(a, b, rows, visible, atol=1e-5)
+
+
+@pytest.mark.parametrize("split_rows", [None, 32, 64], ids=["S512", "S32", "S64"])
+@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
+def test_invariant_tree_rows_match(batch_invariant_mode, shape, split_rows):
+    """Tree masks: the same visible rows give the same bits, whatever the window and the mask's other rows."""
+    block_size, head_dim, heads, kv_heads = shape
+    rows, a, b, visible = tree_rows_scenario(200, 96, block_size=block_size, dtype=torch.float32, device=DEVICE,
+                                             seed=30, split_rows=split_rows, heads=heads, kv_heads=kv_heads,
+                                             head_dim=head_dim)
+    assert_same_rows(a, b, rows, visible, atol=1e-5)
+
+
 # GPU only -------------------------------------------------------------------------------------------------------------
 
 EIGHT_B = {"head_dim": 128, "heads": 32, "kv_heads": 8}
@@ -284,3 +489,34 @@ def test_cuda_graph_replay_matches_eager(query_len, window):
         torch.cuda.synchronize()
         assert torch.equal(replayed, eager)
         assert torch.equal(written[0], k_cache) and torch.equal(written[1], v_cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["decode", "verify", "tree", "mixed"])
+def test_invariant_bf16_long_context_8b_shape(batch_invariant_mode, layout):
+    """The batch-invariant variant in bf16 against the torch backend in float32."""
+    cached = [4000, 1500, 7000, 33]
+    new, windows = {"decode": ([1] * 4, None), "verify": ([6] * 4, None), "tree": ([16] * 4, [20, 16, 40, 16]),
+                    "mixed": ([300, 1, 6, 16], [None, None, None, 24])}[layout]
+    case = make_case(cached, new, windows, block_size=16, dtype=torch.bfloat16, seed=12, **EIGHT_B)
+    expected, _, _ = run_torch(case, dtype=torch.float32)
+    out, _, _ = run_triton(case)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_rows", [None, 64], ids=["S512", "S64"])
+def test_invariant_decode_and_verify_rows_match_bf16(batch_invariant_mode, split_rows):
+    """The real check: bf16 on the GPU, Llama-8B head shape, long contexts, rows across 512-row splits."""
+    rows, a, b, visible = causal_rows_scenario([4000, 1535, 6999, 511, 1023], block_size=16, dtype=torch.bfloat16,
+                                               device="cuda", seed=40, split_rows=split_rows, **EIGHT_B)
+    assert_same_rows(a, b, rows, visible, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_rows", [None, 64], ids=["S512", "S64"])
+def test_invariant_tree_rows_match_bf16(batch_invariant_mode, split_rows):
+    rows, a, b, visible = tree_rows_scenario(3000, 1025, block_size=16, dtype=torch.bfloat16, device="cuda", seed=50,
+                                             split_rows=split_rows, **EIGHT_B)
+    assert_same_rows(a, b, rows, visible, atol=2e-2)

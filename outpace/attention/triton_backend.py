@@ -3,7 +3,9 @@
 A drop-in replacement for the torch backend's paged path with the same semantics (causal or tree
 mask, GQA, any block size and head_dim), without materialising the gathered KV or the mask, and
 capturable in a CUDA graph: see triton_kernels.py for the kernels and their grid. Training's
-dense causal attention is delegated to the torch backend.
+dense causal attention is delegated to the torch backend. In batch-invariant mode
+(EngineConfig.batch_invariant) ``paged_attention`` runs the kernels' batch-invariant variant, which
+gives a row the same bits in a decode step and in a verify forward (triton_kernels.py says why).
 """
 from __future__ import annotations
 

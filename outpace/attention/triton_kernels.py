@@ -33,6 +33,55 @@ sequences in a wide block table still spread over every split.
 Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128) and
 two flags (split or not, custom mask or not): integer arguments that change from call to call
 are marked ``do_not_specialize``, so Triton does not compile a variant per value class.
+
+Batch-invariant variant (deterministic mode: EngineConfig.batch_invariant, read through
+``outpace.layers.linear.batch_invariant_enabled``). The kernels above reduce a row's KV in an order
+that depends on the batch: BLOCK_M follows max_query_len, the boundary between the unmasked and the
+masked pass follows the query length, and the split count and ranges follow the grid size and the
+sequence's length. A row at position p is thus rounded differently in a decode step (query_len 1)
+and inside a verify forward (query_len 1 + k), and greedy speculation drifts from plain decoding in
+bf16. In that mode ``paged_attention`` runs ``_invariant_attention_kernel`` then
+``_invariant_combine_kernel`` instead, where a row's result depends only on its own q, the KV rows
+it sees and their absolute positions:
+
+- Fixed tiles: BLOCK_M (64 rows in fp16/bf16, whatever the query length), BLOCK_N, warps and stages
+  depend on the model's shape and dtype only, so every call runs the same compiled arithmetic, and
+  a row's QK^T and PV results do not depend on the other rows of its tile.
+- Fixed partition: split j covers the absolute KV rows [j * S, (j + 1) * S), S = 512 (a multiple of
+  BLOCK_N), walked in BLOCK_N tiles at absolute multiples of BLOCK_N, in one masked pass: the same
+  code for every tile, which updates the row's softmax state tile after tile in increasing order.
+  Calls differ only in where a split's walk stops (the last row its query tile may see), and in
+  which rows of a tile are masked for the other rows. A KV row the row does not see gets s = -inf,
+  so p = 0 exactly and the running max keeps its value: alpha = exp2(0) = 1, l * 1 + 0 = l and
+  acc * 1 + 0 * v = acc, so the tiles past the row's visible rows leave its state bit for bit as is.
+- Split count: cdiv(block-table capacity, S), a static grid dimension (the decode and verify graphs
+  share one table width). It does not change a row's bits either: the combine folds the row's
+  partials in split order 0, 1, ... up to the split holding the last row it may see (its own row
+  when causal, the sequence's last row under a tree mask), and a neutral partial (a split where the
+  row sees nothing: max -1e30, sum 0, acc 0) is the identity of the merge: the max stays,
+  exp2(-1e30 - m) = 0 and exp2(0) = 1 exactly, 0 * x + y = y. Programs whose range is empty for the
+  whole query tile write nothing (no row reads them).
+- One normalisation, in the combine, for every call (one split or many), and no FMA contraction in
+  these two kernels (enable_fp_fusion=False): each kernel rounds exactly the operations written.
+
+Two calls that give a row the same q and the same visible KV (same contents, same absolute rows)
+thus run the same floating-point operations on the same operands for it, e.g. a decode row at
+position p and the same row inside a verify forward over p - 2 .. p + 3, in any ragged batch and
+with any block-table width. On the GPU this rests on what the batch-invariant linear rests on too:
+an MMA or a row reduction gives a row the same bits wherever the row sits in its tile, and an MMA
+whose products are all zero returns its accumulator unchanged (tests/test_triton_attention.py checks
+it in bf16 on the GPU).
+
+What it costs against the fast path: every call goes through split partials and a second launch,
+with a buffer of 4 * cdiv(capacity, S) * num_tokens * heads * (head_dim + 2) bytes (Llama-8B shape,
+8192-row tables: about 17 MB for a 64-sequence decode step, 545 MB for a 2048-token prefill chunk),
+though only the splits up to each row's last visible row are written and read; decode tiles are
+mostly padding (BLOCK_M 64 for 1 token x GQA group), prefill tiles half the fast path's 128 rows
+(KV read twice as often); a sequence gets one program per S rows of its length, fewer than the fast
+path's split heuristic gives a small decode batch over short contexts; the tree mask's gather runs
+on every tile (predicated off before the window) over whole BLOCK_N tiles, not 16-row tail tiles,
+and its variant spills a little (compiled for sm_90 with Triton 3.9, bf16, head_dim 128, 8 warps:
+136 bytes a thread; the causal variant none); no FMA contraction.
 """
 from __future__ import annotations
 
@@ -45,11 +94,14 @@ import triton
 import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.layers.linear import batch_invariant_enabled
 
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor
 _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128     # tile rows (query tokens x GQA group) per program
+_INVARIANT_BLOCK_M = 64       # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
+_INVARIANT_SPLIT_ROWS = 512   # batch-invariant variant: KV rows per split
 
 
 @triton.jit(do_not_specialize=["stride_table_seq"])
@@ -227,6 +279,163 @@ def _combine_kernel(
     tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+# Batch-invariant variant (the deterministic mode) ---------------------------------------------------------------------
+
+@triton.jit
+def _attend_chunk(
+    q,                                     # [BLOCK_M, BLOCK_D] queries
+    lo, hi,                                # KV rows lo .. hi - 1; lo a multiple of BLOCK_N
+    bt_ptr,                                # the sequence's block table row
+    k_base, v_base,                        # cache pointers at slot 0 of this kv head
+    stride_cache_slot, offs_d, d_ok, qk_scale,
+    q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
+    mask_base, mask_rows,                  # the sequence's custom mask (HAS_MASK); [BLOCK_M] row offsets in it
+    window_start,                          # the mask window's first KV row
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Online softmax from a fresh state over KV rows lo .. hi - 1, in BLOCK_N tiles at absolute
+    multiples of BLOCK_N, one masked pass: the same code for every tile, whatever the tile's rows.
+    A KV row a row does not see gets s = -inf, so p = 0 exactly and the row's running max keeps
+    its value (exp2(0) = 1 rescales nothing): a tile the row sees nothing of leaves its state as is."""
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)                                   # [BLOCK_N] KV rows
+        n_ok = offs_n < hi
+        block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+        slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                          # [BLOCK_N] int64
+        kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale        # [BLOCK_M, BLOCK_N]
+        if HAS_MASK:  # rows before the window: seen by every row (other=1); the window: as the mask says
+            allowed = tl.load(mask_base + (mask_rows[:, None] + (offs_n - window_start)[None, :]),
+                              mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :], other=1)
+            visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
+        else:
+            visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_bt_seq", "stride_mask_seq",
+                               "stride_mask_q"])
+def _invariant_attention_kernel(
+    q_ptr,                                 # [num_tokens, heads, head_dim]
+    k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
+    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
+    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
+    token_table_ptr,                       # [num_seqs, max_query_len] int32
+    block_tables_ptr,                      # [num_seqs, max_blocks] int64
+    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
+    custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    qk_scale,                              # softmax scale * log2(e)
+    num_tokens, window,
+    stride_qt, stride_qh,
+    stride_cache_slot, stride_cache_head,
+    stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
+    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
+    over the absolute KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS), cut at the last row
+    the tile can see. Writes nothing when that range is empty for the whole tile (no row reads it)."""
+    seq = tl.program_id(0) // KV_HEADS
+    kv_head = tl.program_id(0) % KV_HEADS
+    q_start = tl.program_id(1) * BLOCK_Q
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    q_index = q_start + offs_m // GROUP                                          # [BLOCK_M]
+    head = kv_head * GROUP + offs_m % GROUP                                      # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)                  # [BLOCK_M]
+    token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_M, BLOCK_D]
+
+    prefix = seq_len - query_len                   # rows cached before this forward
+    if HAS_MASK:
+        kv_end = seq_len
+    else:
+        kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
+    kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
+    kv_lo = split * SPLIT_ROWS
+    kv_hi = tl.minimum(kv_lo + SPLIT_ROWS, kv_end)
+    m_i, l_i, acc = _attend_chunk(q, kv_lo, kv_hi, block_tables_ptr + seq * stride_bt_seq,
+                                  k_cache_ptr + kv_head * stride_cache_head, v_cache_ptr + kv_head * stride_cache_head,
+                                  stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok,
+                                  custom_mask_ptr + seq * stride_mask_seq, q_index * stride_mask_q, seq_len - window,
+                                  BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, HAS_MASK, PRECISION)
+
+    written = tl.where(kv_lo < kv_end, row_ok, False)  # a row that sees nothing here gets a neutral partial
+    part = (split * num_tokens + token.to(tl.int64)) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
+    tl.store(part_max_ptr + part, m_i, mask=written)
+    tl.store(part_sum_ptr + part, l_i, mask=written)
+    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=written[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_partials(m, l, acc, m_j, l_j, acc_j):
+    """Online-softmax merge of partial j into the running state. A neutral partial (m_j = -1e30,
+    l_j = 0, acc_j = 0) is the identity: m_new = m, exp2(0) = 1 and exp2(-1e30 - m) = 0 exactly,
+    so l * 1 + 0 * 0 = l and acc * 1 + 0 * 0 = acc."""
+    m_new = tl.maximum(m, m_j)
+    a = tl.exp2(m - m_new)
+    b = tl.exp2(m_j - m_new)
+    return m_new, l * a + l_j * b, acc * a + acc_j * b
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _invariant_combine_kernel(
+    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
+    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
+    out_ptr,                               # [num_tokens, heads, head_dim]
+    seq_index_ptr, query_index_ptr,        # [num_tokens] int64
+    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
+    num_tokens, stride_ot, stride_oh,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_ROWS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """Program (token, head): folds the row's partials in split order 0, 1, ..., up to the split
+    holding the last KV row the row may see (its own row under the causal mask; the sequence's
+    last row under a custom mask, the splits past its visible rows being neutral), and normalises."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    seq = tl.load(seq_index_ptr + token)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if HAS_MASK:
+        kv_end = seq_len
+    else:
+        kv_end = seq_len - tl.load(query_lens_ptr + seq) + tl.load(query_index_ptr + token) + 1
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    part = token * HEADS + head
+    m = tl.load(part_max_ptr + part)
+    l = tl.load(part_sum_ptr + part)
+    acc = tl.load(part_acc_ptr + part * HEAD_DIM + offs_d, mask=d_ok, other=0.0)   # [BLOCK_D]
+    for j in range(1, tl.cdiv(kv_end, SPLIT_ROWS)):
+        pj = j * num_tokens * HEADS + part
+        m, l, acc = _merge_partials(m, l, acc, tl.load(part_max_ptr + pj), tl.load(part_sum_ptr + pj),
+                                    tl.load(part_acc_ptr + pj * HEAD_DIM + offs_d, mask=d_ok, other=0.0))
+    out = acc / tl.where(l > 0, l, 1.0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Tile sizes and grid of ``_attention_kernel``: functions of shapes and python ints only."""
@@ -239,6 +448,7 @@ class LaunchConfig:
     num_splits: int
     num_warps: int
     num_stages: int
+    split_rows: int | None = None  # batch-invariant variant: KV rows per split, fixed (split j: [j * S, (j + 1) * S))
 
 
 def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
@@ -269,6 +479,27 @@ def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_
     return LaunchConfig(block_q=block_q, block_m=block_m, block_n=block_n, block_n_tail=16, block_d=block_d,
                         num_q_tiles=num_q_tiles, num_splits=num_splits, num_warps=8 if fp32 or block_m > 64 else 4,
                         num_stages=2 if fp32 or block_m > 64 else 3)
+
+
+def invariant_launch_config(kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
+                            max_kv_rows: int, split_rows: int | None = None) -> LaunchConfig:
+    """Tiles of the batch-invariant variant: block_m, block_n, split_rows, warps and stages depend on
+    the model's shape and dtype only, never on the batch; the grid (query tiles, and splits: one per
+    ``split_rows`` rows of the block table's capacity ``max_kv_rows``) is the only thing that does."""
+    if group > _MAX_BLOCK_M:
+        raise ValueError(f"{group} q heads per kv head exceed a {_MAX_BLOCK_M}-row tile")
+    fp32 = elem_size >= 4
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_m = max(_INVARIANT_BLOCK_M if not fp32 or block_d <= 64 else 16, triton.next_power_of_2(group))
+    block_n = 32 if fp32 or block_d > 128 else 64
+    split_rows = split_rows or _INVARIANT_SPLIT_ROWS
+    if split_rows % block_n:
+        raise ValueError(f"split_rows={split_rows} must be a multiple of the {block_n}-row KV tile")
+    block_q = block_m // group
+    return LaunchConfig(block_q=block_q, block_m=block_m, block_n=block_n, block_n_tail=block_n, block_d=block_d,
+                        num_q_tiles=math.ceil(max_query_len / block_q),
+                        num_splits=max(1, math.ceil(max_kv_rows / split_rows)),
+                        num_warps=8, num_stages=2 if fp32 else 3, split_rows=split_rows)
 
 
 @functools.cache
@@ -305,12 +536,22 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata,
-                    token_table: torch.Tensor, scale: float, num_splits: int | None = None) -> torch.Tensor:
+                    token_table: torch.Tensor, scale: float, num_splits: int | None = None,
+                    split_rows: int | None = None) -> torch.Tensor:
     """q [num_tokens, heads, head_dim] over the caches ([num_blocks, block_size, kv_heads, head_dim],
     already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype.
 
     ``token_table`` comes from ``write_kv``. ``num_splits`` overrides the split-KV heuristic.
+    In batch-invariant mode (``outpace.layers.linear.batch_invariant_enabled``) the batch-invariant
+    variant runs instead: its partition is fixed, so ``num_splits`` is refused there, and
+    ``split_rows`` (tests) overrides its KV rows per split.
     """
+    if batch_invariant_enabled():
+        if num_splits is not None:
+            raise ValueError("num_splits cannot be forced in batch-invariant mode: the KV partition is fixed")
+        return _invariant_paged_attention(q, k_cache, v_cache, meta, token_table, scale, split_rows)
+    if split_rows is not None:
+        raise ValueError("split_rows applies to the batch-invariant variant only")
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     q = _last_dim_contiguous(q)
@@ -349,4 +590,45 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
             BLOCK_D=triton.next_power_of_2(head_dim),
         )
+    return out
+
+
+def _invariant_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               meta: PagedAttentionMetadata, token_table: torch.Tensor, scale: float,
+                               split_rows: int | None) -> torch.Tensor:
+    """``paged_attention``'s batch-invariant variant: always split-KV over the fixed partition, then
+    the ordered combine (see the module docstring)."""
+    num_tokens, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    q = _last_dim_contiguous(q)
+    cfg = invariant_launch_config(kv_heads, heads // kv_heads, head_dim, max(q.element_size(), k_cache.element_size()),
+                                  meta.max_query_len, meta.block_tables.shape[1] * meta.block_size, split_rows)
+    out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
+    part_acc = torch.empty(cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device)
+    part_max = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
+    part_sum = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
+    mask = meta.custom_mask
+    if mask is None:
+        mask_arg, window, mask_strides = meta.seq_lens, 0, (0, 0)  # unused by the kernel
+    else:
+        mask_arg = _last_dim_contiguous(mask).view(torch.uint8)
+        window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
+    # NOTE: no FMA contraction, so every kernel rounds exactly the operations it is written with.
+    _invariant_attention_kernel[(meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)](
+        q, k_cache, v_cache, part_acc, part_max, part_sum, token_table, meta.block_tables, meta.seq_lens,
+        meta.query_lens, mask_arg, scale * _LOG2E, num_tokens, window,
+        q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
+        token_table.stride(0), meta.block_tables.stride(0), *mask_strides,
+        KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
+        BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+        SPLIT_ROWS=cfg.split_rows, HAS_MASK=mask is not None,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+    )
+    _invariant_combine_kernel[(num_tokens, heads)](
+        part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
+        meta.query_lens, num_tokens, out.stride(0), out.stride(1),
+        HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT_ROWS=cfg.split_rows,
+        HAS_MASK=mask is not None, enable_fp_fusion=False,
+    )
     return out

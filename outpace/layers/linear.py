@@ -21,6 +21,11 @@ def set_batch_invariant(enabled: bool) -> None:
     _batch_invariant = enabled
 
 
+def batch_invariant_enabled() -> bool:
+    """Whether the deterministic mode is on (other batch-invariant kernels, e.g. attention, read it here)."""
+    return _batch_invariant
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] -> [..., out]: F.linear, or the batch-invariant kernel in that mode (CUDA only)."""
     if _batch_invariant and x.is_cuda:
