@@ -130,6 +130,30 @@ def _write_kv_kernel(
 
 
 @triton.jit
+def _query_tile(q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt, stride_qh, stride_table_seq,
+                KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The program's (sequence, kv head, query tile, split) and its tile of queries: row m is query
+    q_start + m // GROUP of the sequence, q head kv_head * GROUP + m % GROUP ([BLOCK_M, BLOCK_D])."""
+    seq = tl.program_id(0) // KV_HEADS
+    kv_head = tl.program_id(0) % KV_HEADS
+    q_start = tl.program_id(1) * BLOCK_Q
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
+    offs_m = tl.arange(0, BLOCK_M)
+    q_index = q_start + offs_m // GROUP                                          # [BLOCK_M]
+    head = kv_head * GROUP + offs_m % GROUP                                      # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)                  # [BLOCK_M]
+    token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_M, BLOCK_D]
+    return seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok, q
+
+
+@triton.jit
 def _attend(
     q, m_i, l_i, acc,                      # [BLOCK_M, BLOCK_D] queries; online softmax state
     lo, hi,                                # KV rows lo .. hi - 1
@@ -194,23 +218,9 @@ def _attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0) // KV_HEADS
-    kv_head = tl.program_id(0) % KV_HEADS
-    q_start = tl.program_id(1) * BLOCK_Q
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
-
-    # Tile rows: query index and q head of each row, and the token it belongs to.
-    offs_m = tl.arange(0, BLOCK_M)
-    q_index = q_start + offs_m // GROUP                                          # [BLOCK_M]
-    head = kv_head * GROUP + offs_m % GROUP                                      # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)                  # [BLOCK_M]
-    token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_M, BLOCK_D]
+    seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok, q = _query_tile(
+        q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt, stride_qh, stride_table_seq,
+        KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q, BLOCK_M, BLOCK_D)
 
     # KV rows this program visits: its split of the rows the tile can see.
     prefix = seq_len - query_len                   # rows cached before this forward
@@ -351,22 +361,9 @@ def _invariant_attention_kernel(
     """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
     over the absolute KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS), cut at the last row
     the tile can see. Writes nothing when that range is empty for the whole tile (no row reads it)."""
-    seq = tl.program_id(0) // KV_HEADS
-    kv_head = tl.program_id(0) % KV_HEADS
-    q_start = tl.program_id(1) * BLOCK_Q
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    q_index = q_start + offs_m // GROUP                                          # [BLOCK_M]
-    head = kv_head * GROUP + offs_m % GROUP                                      # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)                  # [BLOCK_M]
-    token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_M, BLOCK_D]
+    seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok, q = _query_tile(
+        q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt, stride_qh, stride_table_seq,
+        KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q, BLOCK_M, BLOCK_D)
 
     prefix = seq_len - query_len                   # rows cached before this forward
     if HAS_MASK:
