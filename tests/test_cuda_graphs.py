@@ -147,3 +147,18 @@ def test_oracle_needs_a_chain_iteration():
     llm = LLM(ZOO, max_num_seqs=2, speculative=SpeculativeConfig(method="mtp", num_steps=2))
     with pytest.raises(ValueError, match="oracle acceptance needs"):
         llm.engine.capture_graphs(oracle_rates=[0.5, 0.5])
+
+
+@pytest.mark.parametrize("spec", [EAGLE3, SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7)],
+                         ids=["eagle3", "dflash"])
+def test_captured_iteration_survives_preemption(prompts, reference, spec):
+    """A pool too small for the batch: requests are preempted while their state lives in the graph's
+    buffers, recomputed eagerly, and rejoin it; output and block accounting stay exact."""
+    params, expected = reference
+    llm = LLM(ZOO, max_num_seqs=4, num_kv_blocks=14, max_num_batched_tokens=64, speculative=spec)
+    llm.engine.capture_graphs()
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
+    assert llm.engine.pool.num_free == 14
+    assert not llm.engine.spec_runner.proposer._pending
