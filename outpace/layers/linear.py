@@ -27,11 +27,18 @@ def batch_invariant_enabled() -> bool:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] -> [..., out]: F.linear, or the batch-invariant kernel in that mode (CUDA only)."""
-    if _batch_invariant and x.is_cuda:
+    """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; a Triton kernel
+    that streams the weights once for few rows (bf16/fp16 decode and small verify batches, where it
+    beats cuBLAS's GEMV: layers/skinny_gemm.py); F.linear otherwise."""
+    if x.is_cuda and _batch_invariant:
         from outpace.layers.batch_invariant import batch_invariant_linear
 
         return batch_invariant_linear(x, weight, bias)
+    if x.is_cuda:
+        from outpace.layers.skinny_gemm import skinny_applies, skinny_linear
+
+        if skinny_applies(x, weight, bias):
+            return skinny_linear(x, weight)
     return F.linear(x, weight, bias)
 
 
