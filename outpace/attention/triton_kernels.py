@@ -154,6 +154,31 @@ def _query_tile(q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt,
 
 
 @triton.jit
+def _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """KV rows start .. start + BLOCK_N - 1 (those below ``hi`` are real): each row's cache offsets
+    through the block table, block_tables[row // BLOCK_SIZE] * BLOCK_SIZE + row % BLOCK_SIZE."""
+    offs_n = start + tl.arange(0, BLOCK_N)                                       # [BLOCK_N] KV rows
+    n_ok = offs_n < hi
+    block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+    slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                              # [BLOCK_N] int64
+    kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]                # [BLOCK_N, BLOCK_D]
+    return offs_n, n_ok, kv_offs, n_ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """One KV tile of the online softmax, base 2: masked scores s [BLOCK_M, BLOCK_N] (-inf where not
+    visible) and values v [BLOCK_N, BLOCK_D] update the running max m_i, sum l_i [BLOCK_M] and the
+    unnormalised output acc [BLOCK_M, BLOCK_D]."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend(
     q, m_i, l_i, acc,                      # [BLOCK_M, BLOCK_D] queries; online softmax state
     lo, hi,                                # KV rows lo .. hi - 1
@@ -168,12 +193,8 @@ def _attend(
 ):
     """Online softmax of the tile's rows over KV rows lo .. hi - 1, in BLOCK_N tiles."""
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)                                   # [BLOCK_N] KV rows
-        n_ok = offs_n < hi
-        block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
-        slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                          # [BLOCK_N] int64
-        kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]
-        kv_ok = n_ok[:, None] & d_ok[None, :]
+        offs_n, n_ok, kv_offs, kv_ok = _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE,
+                                                BLOCK_N)
         k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale        # [BLOCK_M, BLOCK_N]
         if MASK == 0:
@@ -185,14 +206,8 @@ def _attend(
             allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_mask, other=0)
             visible = in_mask & (allowed != 0)
         s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
-        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
     return m_i, l_i, acc
 
 
@@ -312,12 +327,8 @@ def _attend_chunk(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)                                   # [BLOCK_N] KV rows
-        n_ok = offs_n < hi
-        block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
-        slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                          # [BLOCK_N] int64
-        kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]
-        kv_ok = n_ok[:, None] & d_ok[None, :]
+        offs_n, n_ok, kv_offs, kv_ok = _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE,
+                                                BLOCK_N)
         k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale        # [BLOCK_M, BLOCK_N]
         if HAS_MASK:  # rows before the window: seen by every row (other=1); the window: as the mask says
@@ -327,14 +338,8 @@ def _attend_chunk(
         else:
             visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
         s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
-        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
     return m_i, l_i, acc
 
 
