@@ -41,6 +41,7 @@ from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request import Request
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import ScheduledRequest, StepResult
+from outpace.layers.sampler import is_greedy
 from outpace.models.llama import ModelOutput
 
 
@@ -128,7 +129,7 @@ class ChainIterationGraph:
             return False
         for s in batch:
             r = s.request
-            if r.params.temperature != 0:
+            if not is_greedy(r.params):
                 return False
             if r.request_id not in self._resident and not 0 < self.proposer.num_pending_rows(r.request_id) <= self.k + 1:
                 return False
