@@ -133,14 +133,15 @@ class CapturedTargetForward:
 
     def run(self, request_ids: Sequence[str], starts: Sequence[int], token_ids: torch.Tensor,
             positions: torch.Tensor, custom_mask: torch.Tensor | None = None) -> tuple[ModelOutput, torch.Tensor]:
-        """token_ids, positions [n * query_len] (device); custom_mask [n, query_len, query_len] for trees.
+        """token_ids, positions [n * query_len] (on the device, or in pinned host memory: copied straight
+        into the static buffers); custom_mask [n, query_len, query_len] for trees.
 
         Returns (model output, logits [n * query_len, vocab]) for the n real sequences."""
         n, q = len(request_ids), self.query_len
         bucket = bucket_for(self.buckets, n)
         self.tables.update(request_ids, bucket)
-        self.token_ids[:n * q].copy_(token_ids)
-        self.positions[:n * q].copy_(positions)
+        self.token_ids[:n * q].copy_(token_ids, non_blocking=True)
+        self.positions[:n * q].copy_(positions, non_blocking=True)
         self.starts[:bucket].copy_(pinned(list(starts) + [0] * (bucket - n), self.starts.device), non_blocking=True)
         if custom_mask is not None:
             self.custom_mask[:n].copy_(custom_mask)

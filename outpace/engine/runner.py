@@ -92,8 +92,7 @@ class ModelRunner:
         starts = [r.num_computed_tokens for r in reqs]
         ids, pos = pinned([r.token_ids[-1] for r in reqs], self.device), pinned(starts, self.device)
         with torch.inference_mode():
-            _, logits = graph.run([r.request_id for r in reqs], starts, ids.to(self.device, non_blocking=True),
-                                  pos.to(self.device, non_blocking=True))
+            _, logits = graph.run([r.request_id for r in reqs], starts, ids, pos)
             tokens = self._sample(logits, reqs)
         return [StepResult([t], 1) for t in tokens]
 
