@@ -6,6 +6,7 @@ from torch import nn
 
 from outpace.attention.backend import KVCache
 from outpace.attention.context import get_forward_context
+from outpace.attention.metadata import PagedAttentionMetadata
 
 
 class Attention(nn.Module):
@@ -19,4 +20,21 @@ class Attention(nn.Module):
         """q [num_tokens, heads, head_dim]; k, v [num_tokens, kv_heads, head_dim] -> [num_tokens, heads * head_dim]."""
         ctx = get_forward_context()
         out = ctx.backend.forward(q, k, v, self.kv_cache, ctx.metadata, self.scale)
+        return out.reshape(out.shape[0], -1)
+
+    def fused_write_target(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(k_cache, v_cache, slot_mapping [num_tokens]) for a kernel that writes this forward's k and v
+        into the cache itself, when the backend can then attend over it (``attend_written``); None
+        otherwise (no paged cache bound, or a backend that writes the cache on its own)."""
+        ctx = get_forward_context()
+        if self.kv_cache is None or not isinstance(ctx.metadata, PagedAttentionMetadata) \
+                or not hasattr(ctx.backend, "attend_written"):
+            return None
+        return (*self.kv_cache, ctx.metadata.slot_mapping)
+
+    def attend_written(self, q: torch.Tensor) -> torch.Tensor:
+        """q [num_tokens, heads, head_dim], the new tokens' k and v already in the cache ->
+        [num_tokens, heads * head_dim]."""
+        ctx = get_forward_context()
+        out = ctx.backend.attend_written(q, self.kv_cache, ctx.metadata, self.scale)
         return out.reshape(out.shape[0], -1)

@@ -41,10 +41,22 @@ class PagedAttentionMetadata:
     # rows before the window are always visible. None means plain causal.
     custom_mask: torch.Tensor | None = None
     _attn_mask: torch.Tensor | None = None
+    _token_table: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
         return self.block_tables.shape[0]
+
+    def token_table(self) -> torch.Tensor:
+        """[num_seqs, max_query_len] int32: the index in the batch of each (sequence, query index)
+        token; entries past a sequence's query length are 0. Device operations only; computed on
+        first use and reused by every layer of the forward."""
+        if self._token_table is None:
+            table = torch.zeros(self.num_seqs, self.max_query_len, dtype=torch.int32, device=self.slot_mapping.device)
+            table[self.token_seq_index, self.token_query_index] = torch.arange(
+                self.slot_mapping.shape[0], dtype=torch.int32, device=table.device)
+            self._token_table = table
+        return self._token_table
 
     def attn_mask(self) -> torch.Tensor:
         """[num_seqs, 1, max_query_len, max_kv_len] bool, True where attention is allowed.

@@ -30,3 +30,8 @@ class TritonAttentionBackend:
         k_cache, v_cache = kv_cache
         token_table = write_kv(k, v, k_cache, v_cache, metadata)
         return paged_attention(q, k_cache, v_cache, metadata, token_table, scale)
+
+    def attend_written(self, q, kv_cache: KVCache, metadata: PagedAttentionMetadata, scale: float) -> torch.Tensor:
+        """``forward`` for a batch whose k and v are already in the cache (a fused projection wrote them)."""
+        k_cache, v_cache = kv_cache
+        return paged_attention(q, k_cache, v_cache, metadata, metadata.token_table(), scale)

@@ -95,6 +95,7 @@ import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.linear import batch_invariant_enabled
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor
@@ -232,7 +233,9 @@ def _attention_kernel(
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok, q = _query_tile(
         q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt, stride_qh, stride_table_seq,
         KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q, BLOCK_M, BLOCK_D)
@@ -285,8 +288,9 @@ def _combine_kernel(
     part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
     out_ptr,                               # [num_tokens, heads, head_dim]
     num_tokens, num_splits, stride_ot, stride_oh,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -557,6 +561,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     q = _last_dim_contiguous(q)
+    pdl = pdl_available(q.device)
     cfg = launch_config(meta.num_seqs, kv_heads, heads // kv_heads, head_dim,
                         max(q.element_size(), k_cache.element_size()), meta.max_query_len,
                         meta.block_tables.shape[1] * meta.block_size, _num_sms(q.device), num_splits)
@@ -583,14 +588,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_N_TAIL=cfg.block_n_tail,
         BLOCK_D=cfg.block_d,
         SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch_options(pdl),
     )
     if cfg.num_splits > 1:
         _combine_kernel[(num_tokens, heads)](
             part_acc, part_max, part_sum, out, num_tokens, cfg.num_splits, out.stride(0), out.stride(1),
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl, **pdl_launch_options(pdl),
         )
     return out
 

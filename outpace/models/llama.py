@@ -62,6 +62,24 @@ class LlamaAttention(nn.Module):
         q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether ``attend_fused`` serves x [num_tokens, hidden]: few half-precision rows on the GPU,
+        packed q/k/v without bias or q/k norms, and a backend that attends over a cache the
+        projection wrote (see layers/fused_projection.py)."""
+        return (self.qkv is not None and self.qkv.bias is None and not self.cfg.qk_norm
+                and _fusable(x, self.qkv.weight) and self.attn.fused_write_target() is not None)
+
+    def attend_fused(self, positions: torch.Tensor, stream: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """stream [num_tokens, hidden], the residual stream before ``norm`` -> attention output
+        [num_tokens, heads * head_dim] (before o_proj). One kernel normalises, projects, rotates and
+        writes k and v into the cache; the backend then attends over the cache."""
+        from outpace.layers.fused_projection import norm_project_qkv
+
+        k_cache, v_cache, slots = self.attn.fused_write_target()
+        q = norm_project_qkv(stream, norm.weight, norm.eps, self.qkv.weight, self.cfg.head_dim, self.cfg.q_size,
+                             positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots)
+        return self.attn.attend_written(q.view(q.shape[0], -1, self.cfg.head_dim))
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
@@ -117,20 +135,43 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden] (h + attention + MLP)."""
-        out, residual = self.forward_residual(positions, h, None)
-        return out + residual
+        return _residual_stream(*self.forward_residual(positions, h, None))
 
     def forward_residual(self, positions: torch.Tensor, h: torch.Tensor,
                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """vLLM style: the layer's input is h + residual (h alone when residual is None) and so is its
         output, returned as (MLP output, residual) [num_tokens, hidden] each. Each residual add is
-        fused into the RMSNorm after it, so a stack of layers never adds the residual on its own."""
+        fused into the RMSNorm after it, so a stack of layers never adds the residual on its own.
+
+        Few rows on the GPU take ``_forward_fused`` instead, which returns (the stream, None)."""
+        if self.self_attn.fuses(h) and self.mlp.gate_up is not None:
+            return self._forward_fused(positions, _residual_stream(h, residual)), None
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
             x, residual = self.input_layernorm(h, residual)
         x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
         return self.mlp(x), residual
+
+    def _forward_fused(self, positions: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+        """stream [num_tokens, hidden] -> the layer's output stream, in four projection kernels (norms,
+        RoPE, the KV write, the residual adds and SiLU*mul folded in) around the attention kernel."""
+        from outpace.layers.fused_projection import norm_project_swiglu, project_add
+
+        attn = self.self_attn.attend_fused(positions, stream, self.input_layernorm)
+        stream = project_add(attn, self.self_attn.o_proj.weight, stream)
+        norm = self.post_attention_layernorm
+        act = norm_project_swiglu(stream, norm.weight, norm.eps, self.mlp.gate_up.weight)
+        return project_add(act, self.mlp.down_proj.weight, stream)
+
+
+def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fused few-row kernels (layers/fused_projection.py) serve x [n, in] @ weight.T."""
+    if not x.is_cuda:  # (imported only here: Triton is a GPU dependency)
+        return False
+    from outpace.layers.fused_projection import fused_rows_apply
+
+    return fused_rows_apply(x, weight)
 
 
 def _residual_stream(h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -194,7 +235,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits."""
-        return self.lm_head(self.model.norm(hidden_states)).float()
+        norm = self.model.norm
+        if _fusable(hidden_states, self.lm_head.weight):  # the norm folded into the head, float32 out
+            from outpace.layers.fused_projection import norm_project
+
+            return norm_project(hidden_states, norm.weight, norm.eps, self.lm_head.weight, out_dtype=torch.float32)
+        return self.lm_head(norm(hidden_states)).float()
 
     # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.
     def checkpoint_name(self, param_name: str) -> str:

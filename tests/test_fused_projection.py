@@ -1,0 +1,164 @@
+"""The fused few-row projections compute what the unfused chain of modules computes. On the CPU the
+kernels run in Triton's interpreter (float32); on the GPU in bf16 at the Llama-3.1-8B shapes."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from outpace.layers.fused_projection import (fused_rows_apply, norm_project, norm_project_qkv, norm_project_swiglu,
+                                             project_add)
+from outpace.layers.norm import rms_norm_torch
+from outpace.layers.rotary import RotaryEmbedding, rotary_torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-5
+
+
+def _rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _close(out, ref, tol=1e-5):
+    err = ((out.double().cpu() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < tol, err
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 300, 70), (16, 256, 64), (7, 40, 200)])
+def test_norm_project_is_rms_norm_then_linear(m, k, n):
+    x, nw, w = _rand(m, k, seed=1) * 3, _rand(k, seed=2), _rand(n, k, seed=3)
+    ref = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double())
+    _close(norm_project(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE)), ref)
+
+
+def test_norm_project_can_write_float32_logits_from_half_inputs():
+    x, nw, w = _rand(3, 64, seed=4), _rand(64, seed=5), _rand(40, 64, seed=6)
+    out = norm_project(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE), out_dtype=torch.float64)
+    assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 300, 70), (9, 512, 33)])
+def test_project_add_adds_the_residual(m, k, n):
+    x, w, res = _rand(m, k, seed=7), _rand(n, k, seed=8), _rand(m, n, seed=9)
+    out = project_add(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE))
+    _close(out, res.double() + F.linear(x.double(), w.double()))
+
+
+def test_strided_rows_are_read_correctly():
+    x = _rand(5, 128, seed=10)[:, :64]  # row stride 128
+    w, res = _rand(48, 64, seed=11), _rand(5, 48, seed=12)
+    _close(project_add(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE)), res.double() + F.linear(x.double(), w.double()))
+
+
+@pytest.mark.parametrize("m,k,inter", [(1, 96, 80), (12, 64, 200)])
+def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
+    x, nw, w = _rand(m, k, seed=13), _rand(k, seed=14), _rand(2 * inter, k, seed=15)
+    gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double()).chunk(2, dim=-1)
+    _close(norm_project_swiglu(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE)), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64)])
+def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_dim):
+    k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
+    x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
+    w = _rand(q_size + 2 * kv_size, k_in, seed=18)
+    rotary = RotaryEmbedding(head_dim, 4096, 10000.0, {"rope_type": "llama3", "factor": 8.0,
+                                                        "original_max_position_embeddings": 256})
+    positions = torch.randint(0, 4096, (m,), generator=torch.Generator().manual_seed(19))
+    num_blocks, block_size = 6, 4
+    slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(20))[:m]
+    k_cache = torch.full((num_blocks, block_size, kv_heads, head_dim), 7.0)
+    v_cache = torch.full((num_blocks, block_size, kv_heads, head_dim), -7.0)
+
+    qkv = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double())
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q_ref, k_ref = rotary_torch(positions, q.view(m, heads, head_dim), k.view(m, kv_heads, head_dim),
+                                rotary.cos.double(), rotary.sin.double())
+    k_cache_ref, v_cache_ref = k_cache.double().view(-1, kv_size), v_cache.double().view(-1, kv_size)
+    k_cache_ref[slots], v_cache_ref[slots] = k_ref.reshape(m, kv_size), v
+
+    dev = [t.to(DEVICE) for t in (k_cache, v_cache)]
+    out = norm_project_qkv(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE), head_dim, q_size, positions.to(DEVICE),
+                           rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *dev, slots.to(DEVICE))
+    _close(out, q_ref.reshape(m, q_size))
+    _close(dev[0].view(-1, kv_size), k_cache_ref)   # the tokens' slots hold k; every other slot is untouched
+    _close(dev[1].view(-1, kv_size), v_cache_ref)
+
+
+def test_applies_only_to_few_half_precision_rows_on_the_gpu_without_grad():
+    w = torch.zeros(8, 4, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert not fused_rows_apply(torch.zeros(2, 4, dtype=torch.bfloat16), w)  # the CPU
+        if torch.cuda.is_available():
+            assert fused_rows_apply(torch.zeros(16, 4, dtype=torch.bfloat16, device="cuda"), w.cuda())
+            assert not fused_rows_apply(torch.zeros(17, 4, dtype=torch.bfloat16, device="cuda"), w.cuda())
+            assert not fused_rows_apply(torch.zeros(2, 4, device="cuda"), w.float().cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_bf16_at_the_8b_shapes_matches_the_unfused_chain(pdl):
+    hidden, inter = 4096, 14336
+    x = torch.randn(6, hidden, device="cuda", dtype=torch.bfloat16)
+    nw = 1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    w = 0.02 * torch.randn(2 * inter, hidden, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        gate, up = F.linear(rms_norm_torch(x, nw, EPS)[0].float(), w.float()).chunk(2, dim=-1)
+        out = norm_project_swiglu(x, nw, EPS, w, pdl=pdl)
+    _close(out.float(), F.silu(gate) * up, tol=1e-2)
+
+
+def _decode(tmp_path, monkeypatch, dtype, fusable):
+    """Prefill three sequences of a random two-layer Llama, then one decode forward with ``fusable``
+    deciding the fused path -> (logits [3, vocab], the KV caches)."""
+    import outpace.models.llama as llama
+    from outpace.attention import build_paged_metadata, forward_context
+    from outpace.attention.triton_backend import TritonAttentionBackend
+    from outpace.cache.block_pool import BlockPool
+    from outpace.cache.kv_cache import bind_kv_cache
+    from outpace.models.loader import load_model
+    from spec_models import random_llama
+
+    path = tmp_path / "t"
+    if not path.exists():
+        random_llama(path, vocab_size=50, seed=0, std=0.2)
+    model = load_model(path, dtype, DEVICE, progress=False)
+    backend, tables, prompt_lens = TritonAttentionBackend(), [[3, 1], [0], [5, 2, 4]], [20, 9, 33]
+    caches = bind_kv_cache(model, BlockPool(6, 16), dtype, DEVICE)
+    prefill = build_paged_metadata(tables, [0, 0, 0], prompt_lens, 16, DEVICE)
+    ids = (torch.arange(sum(prompt_lens)) % 50).to(DEVICE)
+    positions = torch.cat([torch.arange(n) for n in prompt_lens]).to(DEVICE)
+    with torch.inference_mode(), forward_context(prefill, backend):
+        model(ids, positions)
+    monkeypatch.setattr(llama, "_fusable", fusable)
+    decode = build_paged_metadata(tables, prompt_lens, [1, 1, 1], 16, DEVICE)
+    with torch.inference_mode(), forward_context(decode, backend):
+        out = model(torch.tensor([7, 8, 9], device=DEVICE), torch.tensor(prompt_lens, device=DEVICE))
+        logits = model.compute_logits(out.hidden_states)
+    monkeypatch.undo()
+    return logits.float(), [torch.stack(c).float() for c in caches]
+
+
+def test_fused_decoder_layers_compute_what_the_unfused_ones_do(tmp_path, monkeypatch):
+    """The model's fused path (forced on here; on the CPU the kernels run in the interpreter) gives
+    the unfused path's logits in float32 and writes the same KV into the cache."""
+    calls = []
+    ref_logits, ref_caches = _decode(tmp_path, monkeypatch, torch.float32, lambda x, w: False)
+    logits, caches = _decode(tmp_path, monkeypatch, torch.float32, lambda x, w: calls.append(x.shape) or True)
+    assert calls, "the fused path did not run"
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_bf16_fused_decode_forward_on_the_gpu_matches_the_unfused_one(tmp_path, monkeypatch):
+    """The real conditions choose the fused path for a bf16 decode batch on the GPU; its logits and
+    cache agree with the unfused path's to bf16 precision."""
+    import outpace.models.llama as llama
+
+    calls, real = [], llama._fusable
+    ref_logits, ref_caches = _decode(tmp_path, monkeypatch, torch.bfloat16, lambda x, w: False)
+    logits, caches = _decode(tmp_path, monkeypatch, torch.bfloat16, lambda x, w: calls.append(real(x, w)) or calls[-1])
+    assert calls and all(calls), "the fused path was not chosen"
+    _close(logits, ref_logits.double().cpu(), tol=2e-2)
+    for c, r in zip(caches, ref_caches):
+        _close(c, r.double().cpu(), tol=2e-2)
