@@ -18,7 +18,8 @@ def _rand(*shape, seed):
 
 
 def _close(out, ref, tol=1e-5):
-    err = ((out.double().cpu() - ref.double()).norm() / ref.double().norm()).item()
+    out, ref = out.double().cpu(), ref.double().cpu()
+    err = ((out - ref).norm() / ref.norm()).item()
     assert err < tol, err
 
 

@@ -150,11 +150,16 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int, epilogue: int, half: int = 1,
             norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-            qkv: tuple | None = None, pdl: bool | None = None) -> torch.Tensor:
+            qkv: tuple | None = None, pdl: bool | None = None,
+            tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """``tiles`` (benchmarks): (outputs a program, BK, warps, stages) instead of the defaults."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
     wide = weight.shape[0] >= 16384
     block_n = (64 if wide else 32) // (1 if epilogue == _PLAIN.value else 2)  # outputs a program: 32-64 weight rows
+    block_k, num_warps, num_stages = 256, 4, 5
+    if tiles is not None:
+        block_n, block_k, num_warps, num_stages = tiles
     norm_w, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = qkv if qkv is not None else (x,) * 6 + (0, 0)
@@ -163,9 +168,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
         x, weight, out, norm_w, res, pos, cos, sin, k_cache, v_cache, slots,
         m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, q_size, kv_size,
         NORM=norm is not None, RESIDUAL=residual is not None, EPILOGUE=epilogue, HALF=half,
-        BM=MAX_ROWS, BN=block_n, BK=256, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
+        BM=MAX_ROWS, BN=block_n, BK=block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
-        num_warps=4, num_stages=5, **pdl_launch_options(use_pdl))
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(use_pdl))
     return out
 
 
