@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from outpace.layers.fused_projection import (fused_rows_apply, norm_project, norm_project_qkv, norm_project_swiglu,
-                                             project_add)
+                                             normed_rows, project_add, project_add_normed)
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
@@ -27,13 +27,27 @@ def _close(out, ref, tol=1e-5):
 def test_norm_project_is_rms_norm_then_linear(m, k, n):
     x, nw, w = _rand(m, k, seed=1) * 3, _rand(k, seed=2), _rand(n, k, seed=3)
     ref = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double())
-    _close(norm_project(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE)), ref)
+    _close(norm_project(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE)), ref)
 
 
-def test_norm_project_can_write_float32_logits_from_half_inputs():
+def test_norm_project_can_write_another_dtype():
     x, nw, w = _rand(3, 64, seed=4), _rand(64, seed=5), _rand(40, 64, seed=6)
-    out = norm_project(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE), out_dtype=torch.float64)
+    out = norm_project(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE), out_dtype=torch.float64)
     assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 300, 70), (5, 64, 520)])
+def test_project_add_normed_readies_the_stream_for_the_next_norm(m, k, n):
+    """The stream it writes, normed by the projection after it, is RMSNorm(stream) @ W.T."""
+    x, w, res, nw = _rand(m, k, seed=21), _rand(n, k, seed=22), _rand(m, n, seed=23), _rand(n, seed=24)
+    w_next = _rand(30, n, seed=25)
+    rows = project_add_normed(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE), nw.to(DEVICE))
+    stream = res.double() + F.linear(x.double(), w.double())
+    _close(rows.stream, stream)
+    _close(rows.normed, stream * nw.double())
+    _close(rows.sq_parts.sum(0), stream.pow(2).sum(-1))
+    ref = F.linear(rms_norm_torch(stream, nw.double(), EPS)[0], w_next.double())
+    _close(norm_project(rows, EPS, w_next.to(DEVICE)), ref)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 300, 70), (9, 512, 33)])
@@ -53,7 +67,7 @@ def test_strided_rows_are_read_correctly():
 def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
     x, nw, w = _rand(m, k, seed=13), _rand(k, seed=14), _rand(2 * inter, k, seed=15)
     gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double()).chunk(2, dim=-1)
-    _close(norm_project_swiglu(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE)), F.silu(gate) * up)
+    _close(norm_project_swiglu(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE)), F.silu(gate) * up)
 
 
 @pytest.mark.parametrize("m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64)])
@@ -77,7 +91,8 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
     k_cache_ref[slots], v_cache_ref[slots] = k_ref.reshape(m, kv_size), v
 
     dev = [t.to(DEVICE) for t in (k_cache, v_cache)]
-    out = norm_project_qkv(x.to(DEVICE), nw.to(DEVICE), EPS, w.to(DEVICE), head_dim, q_size, positions.to(DEVICE),
+    out = norm_project_qkv(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE), head_dim, q_size,
+                           positions.to(DEVICE),
                            rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *dev, slots.to(DEVICE))
     _close(out, q_ref.reshape(m, q_size))
     _close(dev[0].view(-1, kv_size), k_cache_ref)   # the tokens' slots hold k; every other slot is untouched
@@ -103,7 +118,7 @@ def test_bf16_at_the_8b_shapes_matches_the_unfused_chain(pdl):
     w = 0.02 * torch.randn(2 * inter, hidden, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
         gate, up = F.linear(rms_norm_torch(x, nw, EPS)[0].float(), w.float()).chunk(2, dim=-1)
-        out = norm_project_swiglu(x, nw, EPS, w, pdl=pdl)
+        out = norm_project_swiglu(normed_rows(x, nw), EPS, w, pdl=pdl)
     _close(out.float(), F.silu(gate) * up, tol=1e-2)
 
 

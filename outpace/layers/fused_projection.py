@@ -5,15 +5,22 @@ At M <= 16 rows a projection is bound by reading its weights, and the small kern
 RMSNorm in front, the residual add, SiLU*mul, RoPE, the KV-cache write after it) cost their launch
 and a round trip of the activations each. Here one kernel does a projection and its neighbours:
 
-- ``norm_project``      RMSNorm(x) @ W.T                  (the LM head after the final norm)
-- ``project_add``       residual + x @ W.T                (o_proj and down_proj: the residual stream)
-- ``norm_project_swiglu`` silu(g) * u, [g | u] = RMSNorm(x) @ W_gate_up.T
-- ``norm_project_qkv``  [q | k | v] = RMSNorm(x) @ W_qkv.T; RoPE on q and k; k and v stored straight
-                        into the paged KV cache at the tokens' slots; returns q
+- ``project_add``          residual + x @ W.T              (o_proj, down_proj: the residual stream)
+- ``project_add_normed``   the same, and the new stream made ready for the RMSNorm after it
+- ``norm_project_qkv``     [q | k | v] = RMSNorm(s) @ W_qkv.T; RoPE on q and k; k and v stored straight
+                           into the paged KV cache at the tokens' slots; returns q
+- ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T
+- ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm)
 
-RMSNorm folds into the product because its scale is one number per row: RMSNorm(x) @ W.T =
-rstd * ((x * w_norm) @ W.T), and the sum of squares that gives rstd accumulates in the same pass
-over x. RoPE and SwiGLU pair column c with column c + H (H = head_dim / 2 inside each head; H = the
+RMSNorm folds into the product because its scale is one number per row: RMSNorm(s) @ W.T =
+rstd * ((s * w_norm) @ W.T). The kernel that writes the stream s (``project_add_normed``, or
+``normed_rows`` for a stream that comes from elsewhere) also writes s * w_norm and, per program, the
+partial sums of s^2 over its columns (``NormedRows``); the projection behind the norm then streams its
+weights against s * w_norm exactly as a plain matmul does and scales each row by rstd at the end. (Doing
+the multiply and the sum of squares inside the projection's loop costs up to 2x: the input tile then
+passes through registers on every step.)
+
+RoPE and SwiGLU pair column c with column c + H (H = head_dim / 2 inside each head; H = the
 intermediate size for [gate | up]): a program computes both columns of each of its pairs, so the
 epilogue has what it needs. The roundings differ from the unfused chain (no bf16 round trip between
 the steps), so this path is never used in batch-invariant mode.
@@ -25,6 +32,8 @@ With TRITON_INTERPRET=1 the kernels also run on CPU tensors (float32), which is 
 them without a GPU.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -41,6 +50,19 @@ _QKV = tl.constexpr(2)
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
 
 
+@dataclass
+class NormedRows:
+    """A residual stream made ready for a projection behind an RMSNorm with weight w.
+
+    stream [M, N]: the stream itself; normed [M, N]: stream * w, in the stream's dtype;
+    sq_parts [P, M] float32: partial sums of the stream's squares, P of them per row (the programs of
+    the kernel that wrote the stream), which sum to the row's sum of squares.
+    """
+    stream: torch.Tensor
+    normed: torch.Tensor
+    sq_parts: torch.Tensor
+
+
 @triton.jit
 def _prefetch_l2(ptrs):
     """Ask for the 128-byte lines at ``ptrs`` to be brought into L2 (no registers are written)."""
@@ -49,15 +71,31 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
+def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, BLOCK: tl.constexpr):
+    """Row r: normed[r] = x[r] * w; sq[0, r] = sum(x[r]^2)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(normed_ptr + row * N + cols, (x * w).to(normed_ptr.dtype.element_ty), mask=ok)
+    tl.store(sq_ptr + row, tl.sum(x * x, axis=0))
+
+
+@triton.jit
 def _fused_rows_kernel(
-        x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, eps, q_size, kv_size,
-        NORM: tl.constexpr, RESIDUAL: tl.constexpr, EPILOGUE: tl.constexpr, HALF: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-        PREFETCH_K: tl.constexpr):
+        x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
+        pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size,
+        SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr, NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+        HALF: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr,
+        PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
     """Program p owns outputs i = p * BN ... p * BN + BN - 1 of every row. PLAIN: output i is column i.
-    SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF."""
-    i = tl.program_id(0) * BN + tl.arange(0, BN)                               # [BN]
+    SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
+    SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
+    NEXT_NORM (PLAIN with RESIDUAL): also writes out * next_norm and this program's sums of out^2."""
+    pid = tl.program_id(0)
+    i = pid * BN + tl.arange(0, BN)                                              # [BN]
     i_ok = i < N_OUT
     paired: tl.constexpr = EPILOGUE != _PLAIN
     if paired:
@@ -75,33 +113,39 @@ def _fused_rows_kernel(
         if paired:
             _prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
     pdl_enter(PDL)
+    if SCALE_ROWS:
+        parts = tl.arange(0, BLOCK_P)
+        sq = tl.load(sq_in_ptr + parts[:, None] * M + rows[None, :],
+                     mask=(parts < num_sq_parts)[:, None] & row_ok[None, :], other=0.0)     # [BLOCK_P, BM]
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]                  # [BM, 1]
     acc_a = tl.zeros((BM, BN), dtype=tl.float32)
     acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-    sum_sq = tl.zeros((BM,), dtype=tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + ks                                                             # [BK]
         k_ok = kk < K
         x = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
                     other=0.0)                                                   # [BM, BK]
-        if NORM:
-            xf = x.to(tl.float32)
-            sum_sq += tl.sum(xf * xf, axis=1)
-            x = (xf * tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
         w_ok = i_ok[:, None] & k_ok[None, :]
         w_a = tl.load(w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)   # [BN, BK]
         acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
         if paired:
             w_b = tl.load(w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)
             acc_b += tl.dot(x, tl.trans(w_b), input_precision=PRECISION)
-    if NORM:
-        rstd = tl.rsqrt(sum_sq / K + eps)[:, None]                               # [BM, 1]
+    if SCALE_ROWS:
         acc_a *= rstd
         acc_b *= rstd
     ok = row_ok[:, None] & i_ok[None, :]
     if EPILOGUE == _PLAIN:
         if RESIDUAL:
             acc_a += tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], acc_a.to(out_ptr.dtype.element_ty), mask=ok)
+        out = acc_a.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
+        if NEXT_NORM:
+            s = tl.where(ok, out.to(tl.float32), 0.0)                            # the stream as stored
+            w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32)
+            tl.store(normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
+                     (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty), mask=ok)
+            tl.store(sq_out_ptr + pid * M + rows, tl.sum(s * s, axis=1), mask=row_ok)
     elif EPILOGUE == _SWIGLU:
         silu = acc_a / (1.0 + tl.exp(-acc_a))
         tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], (silu * acc_b).to(out_ptr.dtype.element_ty),
@@ -150,35 +194,47 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int, epilogue: int, half: int = 1,
             norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
+            next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
             qkv: tuple | None = None, pdl: bool | None = None,
             tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """``tiles`` (benchmarks): (outputs a program, BK, warps, stages) instead of the defaults."""
+    """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
+    sq_parts out [programs, M]). ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    wide = weight.shape[0] >= 16384
-    block_n = (64 if wide else 32) // (1 if epilogue == _PLAIN.value else 2)  # outputs a program: 32-64 weight rows
-    block_k, num_warps, num_stages = 256, 4, 5
-    if tiles is not None:
-        block_n, block_k, num_warps, num_stages = tiles
-    norm_w, eps = norm if norm is not None else (x, 0.0)
+    block_n, block_k, num_warps, num_stages = tiles or _default_tiles(weight.shape[0], epilogue)
+    sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
+    w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
     pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = qkv if qkv is not None else (x,) * 6 + (0, 0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     _fused_rows_kernel[(triton.cdiv(n_out, block_n),)](
-        x, weight, out, norm_w, res, pos, cos, sin, k_cache, v_cache, slots,
-        m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, q_size, kv_size,
-        NORM=norm is not None, RESIDUAL=residual is not None, EPILOGUE=epilogue, HALF=half,
-        BM=MAX_ROWS, BN=block_n, BK=block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
+        x, weight, out, res, sq_in, w_next, normed_out, sq_out, pos, cos, sin, k_cache, v_cache, slots,
+        m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), sq_in.shape[0], eps, q_size,
+        kv_size, SCALE_ROWS=norm is not None, RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None,
+        EPILOGUE=epilogue, HALF=half, BM=MAX_ROWS, BN=block_n, BK=block_k,
+        BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(use_pdl))
     return out
 
 
-def norm_project(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                 out_dtype: torch.dtype | None = None, pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K] -> RMSNorm(x) @ weight.T [M, N] in ``out_dtype`` (x's dtype by default)."""
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype or x.dtype, device=x.device)
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, norm=(norm_weight, eps), pdl=pdl)
+def _default_tiles(weight_rows: int, epilogue: int) -> tuple[int, int, int, int]:
+    """(outputs a program, BK, warps, stages): the best of ``python -m outpace.bench.fused`` on the H100 at
+    the 8B shapes: 32 or 64 weight rows a program (64 for the wide head); a pair is two rows."""
+    if epilogue != _PLAIN.value:
+        return 32, 256, 4, 5
+    return (64 if weight_rows >= 16384 else 32), 256, 4, 5
+
+
+def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor) -> NormedRows:
+    """A stream x [M, N] that no fused kernel wrote (the embeddings), made ready for RMSNorm(x) @ W.T."""
+    x = x if x.stride(1) == 1 else x.contiguous()
+    normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sq = torch.empty(1, x.shape[0], dtype=torch.float32, device=x.device)
+    _normed_rows_kernel[(x.shape[0],)](x, norm_weight, normed, sq, x.shape[0], x.shape[1], x.stride(0),
+                                       BLOCK=triton.next_power_of_2(x.shape[1]))
+    return NormedRows(x, normed, sq)
 
 
 def project_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
@@ -187,27 +243,48 @@ def project_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, p
     return _launch(x, weight, out, weight.shape[0], _PLAIN.value, residual=residual, pdl=pdl)
 
 
-def norm_project_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_up: torch.Tensor,
-                        pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K]; gate_up [2 * I, K] (gate rows, then up rows) -> silu(g) * u [M, I], where
-    [g | u] = RMSNorm(x) @ gate_up.T."""
-    inter = gate_up.shape[0] // 2
+def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, next_norm_weight: torch.Tensor,
+                       pdl: bool | None = None) -> NormedRows:
+    """``project_add``, its result made ready for the RMSNorm with weight ``next_norm_weight`` [N]."""
+    m, n = x.shape[0], weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    programs = triton.cdiv(n, _default_tiles(n, _PLAIN.value)[0])
+    sq = torch.empty(programs, m, dtype=torch.float32, device=x.device)
+    _launch(x, weight, out, n, _PLAIN.value, residual=residual, next_norm=(next_norm_weight, normed, sq), pdl=pdl)
+    return NormedRows(out, normed, sq)
+
+
+def norm_project(rows: NormedRows, eps: float, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
+                 pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default)."""
+    x = rows.normed
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype or x.dtype, device=x.device)
+    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, norm=(rows.sq_parts, eps), pdl=pdl, tiles=tiles)
+
+
+def norm_project_swiglu(rows: NormedRows, eps: float, gate_up: torch.Tensor, pdl: bool | None = None,
+                        tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """gate_up [2 * I, K] (gate rows, then up rows) -> silu(g) * u [M, I], where
+    [g | u] = RMSNorm(rows.stream) @ gate_up.T."""
+    x, inter = rows.normed, gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    return _launch(x, gate_up, out, inter, _SWIGLU.value, half=inter, norm=(norm_weight, eps), pdl=pdl)
+    return _launch(x, gate_up, out, inter, _SWIGLU.value, half=inter, norm=(rows.sq_parts, eps), pdl=pdl,
+                   tiles=tiles)
 
 
-def norm_project_qkv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv: torch.Tensor, head_dim: int,
-                     q_size: int, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                     pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K]; qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
+def norm_project_qkv(rows: NormedRows, eps: float, qkv: torch.Tensor, head_dim: int, q_size: int,
+                     positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None,
+                     tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
     cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
-    (contiguous). Computes [q | k | v] = RMSNorm(x) @ qkv.T, rotates q and k (neox), writes k and v
-    to the caches at the slots, and returns q [M, q_size]."""
-    kv_size = (qkv.shape[0] - q_size) // 2
+    (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T, rotates q and k (neox), writes
+    k and v to the caches at the slots, and returns q [M, q_size]."""
+    x, kv_size = rows.normed, (qkv.shape[0] - q_size) // 2
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
-    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=(norm_weight, eps), qkv=args,
-                   pdl=pdl)
+    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=(rows.sq_parts, eps),
+                   qkv=args, pdl=pdl, tiles=tiles)

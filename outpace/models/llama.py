@@ -69,15 +69,15 @@ class LlamaAttention(nn.Module):
         return (self.qkv is not None and self.qkv.bias is None and not self.cfg.qk_norm
                 and _fusable(x, self.qkv.weight) and self.attn.fused_write_target() is not None)
 
-    def attend_fused(self, positions: torch.Tensor, stream: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """stream [num_tokens, hidden], the residual stream before ``norm`` -> attention output
-        [num_tokens, heads * head_dim] (before o_proj). One kernel normalises, projects, rotates and
-        writes k and v into the cache; the backend then attends over the cache."""
+    def attend_fused(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
+        """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden])
+        -> attention output [num_tokens, heads * head_dim] (before o_proj). One kernel normalises,
+        projects, rotates and writes k and v into the cache; the backend then attends over the cache."""
         from outpace.layers.fused_projection import norm_project_qkv
 
         k_cache, v_cache, slots = self.attn.fused_write_target()
-        q = norm_project_qkv(stream, norm.weight, norm.eps, self.qkv.weight, self.cfg.head_dim, self.cfg.q_size,
-                             positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots)
+        q = norm_project_qkv(rows, eps, self.qkv.weight, self.cfg.head_dim, self.cfg.q_size, positions,
+                             self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots)
         return self.attn.attend_written(q.view(q.shape[0], -1, self.cfg.head_dim))
 
 
@@ -143,9 +143,12 @@ class LlamaDecoderLayer(nn.Module):
         output, returned as (MLP output, residual) [num_tokens, hidden] each. Each residual add is
         fused into the RMSNorm after it, so a stack of layers never adds the residual on its own.
 
-        Few rows on the GPU take ``_forward_fused`` instead, which returns (the stream, None)."""
-        if self.self_attn.fuses(h) and self.mlp.gate_up is not None:
-            return self._forward_fused(positions, _residual_stream(h, residual)), None
+        Few rows on the GPU take ``forward_fused`` instead, and return (the stream, None)."""
+        if self.fuses(h):
+            from outpace.layers.fused_projection import normed_rows
+
+            rows = normed_rows(_residual_stream(h, residual), self.input_layernorm.weight)
+            return self.forward_fused(positions, rows, None), None
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
@@ -153,16 +156,24 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
         return self.mlp(x), residual
 
-    def _forward_fused(self, positions: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
-        """stream [num_tokens, hidden] -> the layer's output stream, in four projection kernels (norms,
-        RoPE, the KV write, the residual adds and SiLU*mul folded in) around the attention kernel."""
-        from outpace.layers.fused_projection import norm_project_swiglu, project_add
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves h [num_tokens, hidden] (see ``LlamaAttention.fuses``)."""
+        return self.mlp.gate_up is not None and self.self_attn.fuses(h)
 
-        attn = self.self_attn.attend_fused(positions, stream, self.input_layernorm)
-        stream = project_add(attn, self.self_attn.o_proj.weight, stream)
-        norm = self.post_attention_layernorm
-        act = norm_project_swiglu(stream, norm.weight, norm.eps, self.mlp.gate_up.weight)
-        return project_add(act, self.mlp.down_proj.weight, stream)
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: RMSNorm | None):
+        """rows: the layer's input stream made ready for its input norm (``NormedRows``) -> its output
+        stream, made ready for ``next_norm`` (the next layer's input norm) when given, else a tensor
+        [num_tokens, hidden]. Four projection kernels (norms, RoPE, the KV write, the residual adds and
+        SiLU*mul folded in) around the attention kernel."""
+        from outpace.layers.fused_projection import norm_project_swiglu, project_add, project_add_normed
+
+        attn = self.self_attn.attend_fused(positions, rows, self.input_layernorm.eps)
+        post_norm = self.post_attention_layernorm
+        mid = project_add_normed(attn, self.self_attn.o_proj.weight, rows.stream, post_norm.weight)
+        act = norm_project_swiglu(mid, post_norm.eps, self.mlp.gate_up.weight)
+        if next_norm is None:
+            return project_add(act, self.mlp.down_proj.weight, mid.stream)
+        return project_add_normed(act, self.mlp.down_proj.weight, mid.stream, next_norm.weight)
 
 
 def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -223,6 +234,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         h, residual = self.embed(input_ids), None  # [num_tokens, hidden]; the stream is h + residual
+        if self.model.layers[0].fuses(h):
+            return self._forward_fused(positions, h)
         captured = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layer_ids:
@@ -233,13 +246,30 @@ class LlamaForCausalLM(nn.Module):
         aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
         return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
 
+    def _forward_fused(self, positions: torch.Tensor, h: torch.Tensor) -> ModelOutput:
+        """``forward`` through the layers' fused path: each layer hands the next its output stream
+        already made ready for the next input norm."""
+        from outpace.layers.fused_projection import normed_rows
+
+        layers = self.model.layers
+        norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]  # the norm after each layer
+        rows, captured = normed_rows(h, layers[0].input_layernorm.weight), {}
+        for i, (layer, next_norm) in enumerate(zip(layers, norms)):
+            if i in self.aux_layer_ids:
+                captured[i] = rows.stream
+            rows = layer.forward_fused(positions, rows, next_norm)
+        captured[len(layers)] = rows.stream
+        aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
+        return ModelOutput(rows.stream, torch.cat(aux, dim=-1) if aux else None)
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits."""
         norm = self.model.norm
         if _fusable(hidden_states, self.lm_head.weight):  # the norm folded into the head, float32 out
-            from outpace.layers.fused_projection import norm_project
+            from outpace.layers.fused_projection import normed_rows, norm_project
 
-            return norm_project(hidden_states, norm.weight, norm.eps, self.lm_head.weight, out_dtype=torch.float32)
+            rows = normed_rows(hidden_states, norm.weight)
+            return norm_project(rows, norm.eps, self.lm_head.weight, out_dtype=torch.float32)
         return self.lm_head(norm(hidden_states)).float()
 
     # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.
