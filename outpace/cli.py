@@ -22,6 +22,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="auto: triton on CUDA, torch on the CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--no-run-ahead", action="store_true",
+                   help="greedy decode waits for each step's tokens before launching the next")
     p.add_argument("--batch-invariant", action="store_true",
                    help="deterministic mode: batch-invariant projections on CUDA (speculation matches plain "
                         "decoding bit for bit in bf16; slower)")
@@ -58,7 +60,8 @@ def _speculative_config(a: argparse.Namespace):
 def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     kwargs = dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
                   max_num_batched_tokens=a.max_num_batched_tokens, attention_backend=a.attention_backend,
-                  cuda_graphs=not a.enforce_eager, batch_invariant=a.batch_invariant)
+                  cuda_graphs=not a.enforce_eager, run_ahead=not a.no_run_ahead,
+                  batch_invariant=a.batch_invariant)
     if speculative:
         kwargs["speculative"] = _speculative_config(a)
     return kwargs

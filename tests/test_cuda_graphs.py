@@ -56,6 +56,49 @@ def test_graphed_decode_equals_eager(prompts, reference):
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
+def _count_run_ahead_hits(llm: LLM) -> dict:
+    """Counts decode steps whose results came from a step run ahead (runner.py)."""
+    runner, hits = llm.engine.runner, {"hits": 0}
+    take = runner._take_ahead
+
+    def counting(ids, starts):
+        launch = take(ids, starts)
+        hits["hits"] += launch is not None
+        return launch
+
+    runner._take_ahead = counting
+    return hits
+
+
+def test_run_ahead_decode_is_lossless_across_stops_joins_and_preemption(prompts):
+    """Greedy decode run ahead: requests stop on a stop token and by length, join mid-run and are
+    preempted (a pool too small for the batch); every output equals eager decoding and every block
+    returns to the pool."""
+    eager = LLM(ZOO, max_num_seqs=4)
+    free_run = eager.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    params = [SamplingParams(temperature=0, max_tokens=10 + 4 * i, ignore_eos=True,
+                             stop_token_ids=[free_run[i].token_ids[6]] if i % 2 else [])
+              for i in range(len(prompts))]
+    expected = eager.generate(prompts, params)
+    assert any(o.finish_reason == "stop" for o in expected) and any(o.finish_reason == "length" for o in expected)
+    for kw in ({}, {"num_kv_blocks": 10, "max_num_batched_tokens": 64}):
+        llm = _graphed(None, **kw)
+        hits = _count_run_ahead_hits(llm)
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+        assert hits["hits"] > 10  # most decode steps came from a step run ahead
+        assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
+
+
+def test_run_ahead_can_be_turned_off(prompts, reference):
+    params, expected = reference
+    llm = _graphed(None, run_ahead=False)
+    hits = _count_run_ahead_hits(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert hits["hits"] == 0
+
+
 @CHAINS
 def test_chain_iteration_is_lossless_across_batch_changes(prompts, reference, spec):
     """Six requests through four slots: requests join and finish, so the iteration's state moves

@@ -68,9 +68,10 @@ class GraphBlockTables:
     memory and updated incrementally: a request's table only grows while it lives, so a step
     usually copies nothing.
 
-    The host mirror is rewritten only after the previous step's results reached the host (every
-    step ends with one host synchronisation), so an earlier asynchronous copy never reads a row
-    that is being changed.
+    An earlier asynchronous copy may still be queued when the mirror changes: rows only grow while
+    their request stays (entries past what a queued replay reads), and a row changes owner only after
+    the replays queued before have finished (each step waits for its results; a step run ahead is
+    waited for before it is dropped: runner.py).
     """
 
     def __init__(self, pool: BlockPool, max_seqs: int, max_blocks: int, device: torch.device) -> None:

@@ -4,8 +4,17 @@ Host work per step: build the flat input tensors and attention metadata once; de
 one forward, logits only for rows that need them, sampling; one host sync (``tolist``) to hand
 the sampled ids back to the engine. On CUDA, with graphs captured (``capture_graphs``), a batch of
 decoding requests replays the captured forward of its batch bucket instead (cuda_graphs.py).
+
+Run-ahead (``enable_run_ahead``): for a greedy batch of decoding requests, the runner launches the
+next step (same requests, each fed its token from the device) right after the current one, before
+the host reads the current tokens; while the GPU runs it, the engine appends the tokens, checks stop
+conditions and schedules. If the next step's batch is that same batch, its results are already on
+the way; otherwise the step run ahead is dropped (its KV rows are rewritten before anything reads
+them). Every token still comes from a forward over exactly the tokens the host holds: lossless.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,6 +26,24 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.engine.cuda_graphs import CapturedTargetForward, GraphBlockTables, bucket_for, pinned
 from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
+
+
+@dataclass
+class _DecodeLaunch:
+    """A greedy captured decode step in flight."""
+    request_ids: tuple[str, ...]
+    starts: tuple[int, ...]         # each request's position of its input token
+    tokens: torch.Tensor            # [n] int64 on the device: the greedy next tokens
+    host: torch.Tensor              # [n] int64 host copy (pinned on CUDA), valid once ``done`` fired
+    done: torch.cuda.Event | None   # None on the CPU, where everything above is synchronous
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+    def token_ids(self) -> list[int]:
+        self.wait()
+        return self.host.tolist()
 
 
 class ModelRunner:
@@ -32,6 +59,8 @@ class ModelRunner:
         self.graph_tables: GraphBlockTables | None = None
         self.graph_memory = None
         self._captured: dict[tuple[int, bool], CapturedTargetForward] = {}
+        self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
+        self._ahead: _DecodeLaunch | None = None
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
     def enable_graphs(self, buckets: tuple[int, ...], max_blocks: int) -> None:
@@ -44,6 +73,10 @@ class ModelRunner:
         """Capture the target forward over ``query_len`` tokens per sequence for every bucket."""
         self._captured[query_len, tree] = CapturedTargetForward(
             self.model, self.backend, self.graph_tables, self.graph_buckets, query_len, tree, self.graph_memory)
+
+    def enable_run_ahead(self, max_model_len: int) -> None:
+        """Run greedy decode steps ahead (module docstring); positions stay below ``max_model_len``."""
+        self.run_ahead_limit = max_model_len
 
     def captured(self, num_seqs: int, query_len: int, tree: bool = False) -> CapturedTargetForward | None:
         """The captured forward for this shape, or None when the batch must run eagerly."""
@@ -68,6 +101,7 @@ class ModelRunner:
         graph = self.captured(len(batch), 1)
         if graph is not None and all(s.num_new_tokens == 1 and s.completes_sequence for s in batch):
             return self._execute_decode(graph, batch)
+        self._take_ahead((), ())
         token_ids, positions = [], []
         for s in batch:
             start = s.request.num_computed_tokens
@@ -89,12 +123,59 @@ class ModelRunner:
     def _execute_decode(self, graph: CapturedTargetForward, batch: list[ScheduledRequest]) -> list[StepResult]:
         """One token per request through the captured forward of the batch's bucket."""
         reqs = [s.request for s in batch]
-        starts = [r.num_computed_tokens for r in reqs]
-        ids, pos = pinned([r.token_ids[-1] for r in reqs], self.device), pinned(starts, self.device)
+        ids, starts = tuple(r.request_id for r in reqs), tuple(r.num_computed_tokens for r in reqs)
+        launch = self._take_ahead(ids, starts)
+        greedy = all(is_greedy(r.params) for r in reqs)
         with torch.inference_mode():
-            _, logits = graph.run([r.request_id for r in reqs], starts, ids, pos)
-            tokens = self._sample(logits, reqs)
-        return [StepResult([t], 1) for t in tokens]
+            if launch is None and not greedy:
+                _, logits = graph.run(ids, starts, pinned([r.token_ids[-1] for r in reqs], self.device),
+                                      pinned(starts, self.device))
+                return [StepResult([t], 1) for t in self._sample(logits, reqs)]
+            if launch is None:
+                launch = self._launch_greedy(graph, ids, starts, pinned([r.token_ids[-1] for r in reqs], self.device))
+            if greedy and self._may_run_ahead(reqs):
+                self._ahead = self._launch_greedy(graph, ids, tuple(p + 1 for p in starts), launch.tokens)
+        return [StepResult([t], 1) for t in launch.token_ids()]
+
+    def _take_ahead(self, ids: tuple[str, ...], starts: tuple[int, ...]) -> _DecodeLaunch | None:
+        """The step run ahead if it is this step; any other is dropped, once it has finished reading the
+        block tables (their rows may change owner now)."""
+        launch, self._ahead = self._ahead, None
+        if launch is not None and (launch.request_ids, launch.starts) != (ids, starts):
+            launch.wait()
+            return None
+        return launch
+
+    def _launch_greedy(self, graph: CapturedTargetForward, ids: tuple[str, ...], starts: tuple[int, ...],
+                       tokens: torch.Tensor) -> _DecodeLaunch:
+        """Replay the decode graph over ``tokens`` [n] (device or pinned host) at positions ``starts``."""
+        _, logits = graph.run(ids, starts, tokens, pinned(list(starts), self.device))
+        next_tokens = logits.argmax(dim=-1)                                             # [n]
+        on_gpu = self.device.type == "cuda"
+        host = torch.empty(next_tokens.shape, dtype=torch.int64, pin_memory=on_gpu)
+        host.copy_(next_tokens, non_blocking=True)
+        done = None
+        if on_gpu:
+            done = torch.cuda.Event()
+            done.record()
+        return _DecodeLaunch(ids, starts, next_tokens, host, done)
+
+    def _may_run_ahead(self, reqs: list) -> bool:
+        """Whether to launch the step after this one now: run-ahead is on, no request ends by length
+        with this step's token, and every request's next row fits its table (grown here)."""
+        if self.run_ahead_limit is None:
+            return False
+        rows = [r.num_computed_tokens + 2 for r in reqs]  # through the next step's input token
+        capacity = self.graph_tables.host.shape[1] * self.pool.block_size
+        if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > min(self.run_ahead_limit, capacity)
+               for r, n in zip(reqs, rows)):
+            return False
+        extra = sum(max(0, self.pool.blocks_needed(n) - len(self.pool.table(r.request_id))) for r, n in zip(reqs, rows))
+        if extra > self.pool.num_free:
+            return False
+        for r, n in zip(reqs, rows):
+            self.pool.grow(r.request_id, n)
+        return True
 
     def _sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
         if all(is_greedy(r.params) for r in reqs):  # no sampling tensors to build and upload
