@@ -114,14 +114,14 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
     ids = [engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(context)], params) for i in range(batch)]
     while any(r.num_output_tokens == 0 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefill (chunked) until every request has its first token
-    for _ in range(2):
+    for _ in range(3):
         engine.step()  # warm-up: the first decode steps hand state to the captured iteration
+    # Timed from one step's return to another's: a step returns once its tokens are on the host, so
+    # this is the steady rate with any step run ahead (runner.py) in flight at both ends alike.
     before = sum(r.num_output_tokens for r in engine.scheduler.running)
-    torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     running = engine.scheduler.running
     if len(running) != batch:
