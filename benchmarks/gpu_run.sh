@@ -14,8 +14,8 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_attention.py tests/test_fused_ops.py \
-  tests/test_batch_invariant.py tests/test_attention.py tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -25
+python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_attention.py tests/test_fused_ops.py tests/test_fused_projection.py \
+  tests/test_batch_invariant.py tests/test_attention.py tests/test_cuda_graphs.py tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -25
 python3 -c "
 from outpace.bench.attention import run_attention_bench
 import json; json.dump(run_attention_bench(), open('$out/attention_bench.json', 'w'), indent=1)
