@@ -178,3 +178,29 @@ def test_bf16_fused_decode_forward_on_the_gpu_matches_the_unfused_one(tmp_path, 
     _close(logits, ref_logits.double().cpu(), tol=2e-2)
     for c, r in zip(caches, ref_caches):
         _close(c, r.double().cpu(), tol=2e-2)
+
+
+def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
+    """EAGLE3 speculation on the zoo pair with every few-row forward fused (target decode and verify,
+    the draft layer and both heads; forced on here, the kernels in the interpreter on the CPU): the
+    same tokens and the same accepted drafts (the draft's proposals) as without fusion."""
+    import outpace.models.eagle3 as eagle3
+    import outpace.models.llama as llama
+    from outpace import LLM, SamplingParams
+    from outpace.config import SpeculativeConfig
+
+    spec = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3)
+    prompts = ["def add(a, b):", "class Stack:"]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def generate():
+        llm = LLM("zoo/tinypy", speculative=spec, attention_backend="triton", max_num_seqs=2)
+        outs = llm.generate(prompts, params)
+        return [(o.token_ids, o.spec_metrics.acceptance_rate_per_position) for o in outs]
+
+    expected = generate()
+    calls, real = [], eagle3.fused_attention_output_and_mlp
+    monkeypatch.setattr(llama, "_fusable", lambda x, w: x.shape[0] <= 16)
+    monkeypatch.setattr(eagle3, "fused_attention_output_and_mlp", lambda *a: calls.append(1) or real(*a))
+    assert generate() == expected
+    assert calls, "the draft layer's fused path did not run"

@@ -275,18 +275,21 @@ def norm_project_swiglu(rows: NormedRows, eps: float, gate_up: torch.Tensor, pdl
                    tiles=tiles)
 
 
-def norm_project_qkv(rows: NormedRows, eps: float, qkv: torch.Tensor, head_dim: int, q_size: int,
+def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Tensor, head_dim: int, q_size: int,
                      positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None,
                      tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
     cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
-    (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T, rotates q and k (neox), writes
-    k and v to the caches at the slots, and returns q [M, q_size]."""
-    x, kv_size = rows.normed, (qkv.shape[0] - q_size) // 2
+    (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T (rows @ qkv.T for a tensor
+    ``rows`` [M, K] that is already normalised: ``eps`` unused), rotates q and k (neox), writes k and v
+    to the caches at the slots, and returns q [M, q_size]."""
+    x = rows.normed if isinstance(rows, NormedRows) else rows
+    norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
+    kv_size = (qkv.shape[0] - q_size) // 2
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
-    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=(rows.sq_parts, eps),
-                   qkv=args, pdl=pdl, tiles=tiles)
+    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=norm, qkv=args, pdl=pdl,
+                   tiles=tiles)

@@ -42,7 +42,7 @@ from outpace.config import ConfigError, ModelConfig
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.eagle3 import DraftMismatchError
-from outpace.models.llama import LlamaAttention, LlamaDecoderLayer, build_rotary
+from outpace.models.llama import LlamaAttention, LlamaDecoderLayer, build_rotary, norm_head_logits
 from outpace.models.loader import default_dtype
 
 
@@ -132,7 +132,8 @@ class DFlashDraft(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm block rows -> [n, vocab] float32 logits (the target's head)."""
-        return self._borrowed[1](self.norm(hidden)).float()
+        head = self._borrowed[1]
+        return norm_head_logits(self.norm, head, hidden)
 
     # ---- serving (paged KV, inside a forward_context) ----------------------------------------
     def write_context(self, features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor) -> None:

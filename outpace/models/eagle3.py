@@ -23,7 +23,8 @@ from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
 from outpace.config import ModelConfig
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.models.llama import LlamaAttention, LlamaMLP, build_rotary
+from outpace.models.llama import (LlamaAttention, LlamaMLP, build_rotary, fused_attention_output_and_mlp,
+                                  norm_head_logits)
 from outpace.models.loader import default_dtype
 
 
@@ -82,6 +83,10 @@ class Eagle3Layer(nn.Module):
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """embeds, hidden [n, hidden] -> [n, hidden] pre-norm output (residual stream = ``hidden``)."""
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
+        if self.self_attn.fuses(x) and self.mlp.gate_up is not None:  # few rows on the GPU
+            attn = self.self_attn.attend_fused(positions, x, self.input_layernorm.eps)
+            return fused_attention_output_and_mlp(attn, hidden, self.self_attn.o_proj, self.post_attention_layernorm,
+                                                  self.mlp, None)
         h = hidden + self.self_attn(positions, x)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -130,7 +135,7 @@ class Eagle3Draft(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
         head = self.lm_head if hasattr(self, "lm_head") else self._borrowed[1]
-        return head(self.norm(hidden)).float()
+        return norm_head_logits(self.norm, head, hidden)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

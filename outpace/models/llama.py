@@ -70,9 +70,10 @@ class LlamaAttention(nn.Module):
                 and _fusable(x, self.qkv.weight) and self.attn.fused_write_target() is not None)
 
     def attend_fused(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
-        """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden])
-        -> attention output [num_tokens, heads * head_dim] (before o_proj). One kernel normalises,
-        projects, rotates and writes k and v into the cache; the backend then attends over the cache."""
+        """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden]),
+        or an input already normalised ([num_tokens, input_size]) -> attention output [num_tokens,
+        heads * head_dim] (before o_proj). One kernel normalises, projects, rotates and writes k and v
+        into the cache; the backend then attends over the cache."""
         from outpace.layers.fused_projection import norm_project_qkv
 
         k_cache, v_cache, slots = self.attn.fused_write_target()
@@ -165,15 +166,33 @@ class LlamaDecoderLayer(nn.Module):
         stream, made ready for ``next_norm`` (the next layer's input norm) when given, else a tensor
         [num_tokens, hidden]. Four projection kernels (norms, RoPE, the KV write, the residual adds and
         SiLU*mul folded in) around the attention kernel."""
-        from outpace.layers.fused_projection import norm_project_swiglu, project_add, project_add_normed
-
         attn = self.self_attn.attend_fused(positions, rows, self.input_layernorm.eps)
-        post_norm = self.post_attention_layernorm
-        mid = project_add_normed(attn, self.self_attn.o_proj.weight, rows.stream, post_norm.weight)
-        act = norm_project_swiglu(mid, post_norm.eps, self.mlp.gate_up.weight)
-        if next_norm is None:
-            return project_add(act, self.mlp.down_proj.weight, mid.stream)
-        return project_add_normed(act, self.mlp.down_proj.weight, mid.stream, next_norm.weight)
+        return fused_attention_output_and_mlp(attn, rows.stream, self.self_attn.o_proj, self.post_attention_layernorm,
+                                              self.mlp, next_norm)
+
+
+def fused_attention_output_and_mlp(attn: torch.Tensor, stream: torch.Tensor, o_proj: nn.Linear, post_norm: RMSNorm,
+                                   mlp: LlamaMLP, next_norm: RMSNorm | None):
+    """The rest of a decoder layer after attention, fused: attn [n, heads * head_dim], stream [n, hidden]
+    (the residual stream) -> the layer's output stream, made ready for ``next_norm`` when given
+    (``NormedRows``), else a tensor [n, hidden]. Three projection kernels."""
+    from outpace.layers.fused_projection import norm_project_swiglu, project_add, project_add_normed
+
+    mid = project_add_normed(attn, o_proj.weight, stream, post_norm.weight)
+    act = norm_project_swiglu(mid, post_norm.eps, mlp.gate_up.weight)
+    if next_norm is None:
+        return project_add(act, mlp.down_proj.weight, mid.stream)
+    return project_add_normed(act, mlp.down_proj.weight, mid.stream, next_norm.weight)
+
+
+def norm_head_logits(norm: RMSNorm, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """[n, hidden] pre-norm -> [n, vocab] float32 logits: the final norm, then the head (a module with
+    a ``weight`` [vocab, hidden]); one fused kernel for few rows on the GPU."""
+    if _fusable(hidden, head.weight):
+        from outpace.layers.fused_projection import norm_project, normed_rows
+
+        return norm_project(normed_rows(hidden, norm.weight), norm.eps, head.weight, out_dtype=torch.float32)
+    return head(norm(hidden)).float()
 
 
 def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -264,13 +283,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits."""
-        norm = self.model.norm
-        if _fusable(hidden_states, self.lm_head.weight):  # the norm folded into the head, float32 out
-            from outpace.layers.fused_projection import normed_rows, norm_project
-
-            rows = normed_rows(hidden_states, norm.weight)
-            return norm_project(rows, norm.eps, self.lm_head.weight, out_dtype=torch.float32)
-        return self.lm_head(norm(hidden_states)).float()
+        return norm_head_logits(self.model.norm, self.lm_head, hidden_states)
 
     # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.
     def checkpoint_name(self, param_name: str) -> str:
