@@ -57,16 +57,17 @@ def test_graphed_decode_equals_eager(prompts, reference):
 
 
 def _count_run_ahead_hits(llm: LLM) -> dict:
-    """Counts decode steps whose results came from a step run ahead (runner.py)."""
-    runner, hits = llm.engine.runner, {"hits": 0}
-    take = runner._take_ahead
+    """Counts steps whose results came from a step run ahead (engine/runner.py, spec/chain_graph.py)."""
+    spec_runner = llm.engine.spec_runner
+    owner = spec_runner.iteration if spec_runner is not None else llm.engine.runner
+    hits, take = {"hits": 0}, owner._take_ahead
 
     def counting(ids, starts):
         launch = take(ids, starts)
         hits["hits"] += launch is not None
         return launch
 
-    runner._take_ahead = counting
+    owner._take_ahead = counting
     return hits
 
 
@@ -114,9 +115,11 @@ def test_chain_iteration_is_lossless_across_batch_changes(prompts, reference, sp
         return run(batch)
 
     iteration.run = counting_run
+    hits = _count_run_ahead_hits(llm)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     assert calls["run"] > 10  # the captured iteration did the decoding, not the eager path
+    assert hits["hits"] > 5  # and most replays were run ahead
     assert sum(o.spec_metrics.acceptance_length for o in outs) / len(outs) > 1.5
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
     assert not llm.engine.spec_runner.proposer._pending  # nothing left behind for finished requests

@@ -84,10 +84,10 @@ class LLMEngine:
         self.runner.enable_graphs(batch_buckets(self.config.max_num_seqs), self.pool.blocks_needed(rows))
         if self.spec_runner is None:
             self.runner.capture_target(1)
-            if self.config.run_ahead:
-                self.runner.enable_run_ahead(self.max_model_len)
         else:
             self.spec_runner.enable_graphs(oracle_rates)
+        if self.config.run_ahead:
+            self.runner.enable_run_ahead(self.max_model_len)
 
     # ---- admission -------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,

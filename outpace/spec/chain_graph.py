@@ -27,11 +27,19 @@ so that draft position j is accepted with probability ``oracle_rates[j]`` (rates
 real pair), instead of comparing tokens; everything else runs unchanged. Output tokens are then
 not the target's greedy output.
 
+Run-ahead (the runner's ``run_ahead_limit`` set, as for plain decoding in engine/runner.py): right
+after a replay the next one is launched for the same requests, before the host reads the first's
+tokens: the state it needs is already on the device. The state it starts from is first copied
+aside; if the next step's batch is not that same batch, the replay run ahead is dropped and the copy
+restored, so the state is again the one after the tokens the host holds (the KV rows it wrote lie
+past every committed row, and are rewritten before anything reads them).
+
 Subclasses (spec/eagle3_graph.py, spec/dflash_graph.py) supply ``_pending_buffers``, ``_draft`` and
 ``_next_pending``; everything inside ``_iteration`` is device work of static shapes (capturable).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -43,6 +51,20 @@ from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import is_greedy
 from outpace.models.llama import ModelOutput
+
+
+@dataclass
+class _Replay:
+    """An iteration in flight: its requests, and their outputs on the way to the host."""
+    request_ids: list[str]
+    host: torch.Tensor              # [n * (k + 1) + n] int64: tokens per row, then accepted drafts
+    done: torch.cuda.Event | None   # None on the CPU, where the copy is synchronous
+    starts: list[int] | None = None  # each request's committed length it starts from, once known
+
+    def read(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
 
 
 class ChainIterationGraph:
@@ -65,6 +87,9 @@ class ChainIterationGraph:
             raise ValueError(f"oracle_rates has {self.oracle_rates.numel()} rates, the chain has {self.k} drafts")
         self._resident: list[str] = []     # request ids in buffer order
         self._host_state: list[tuple[int, int]] = []  # (first pending row, pending rows) per resident request
+        self._ahead: _Replay | None = None  # the replay run ahead, if any
+        self._state = [*self.pending, self.pend_start, self.pend_count, self.last]  # what an iteration advances
+        self._saved = [torch.empty_like(t) for t in self._state]  # the state a replay run ahead started from
         self._calls = {b: CapturedCall(lambda b=b: self._iteration(b), dev, runner.graph_memory)
                        for b in sorted(self.buckets, reverse=True)}
 
@@ -138,17 +163,63 @@ class ChainIterationGraph:
     def run(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         reqs = [s.request for s in batch]
         ids = [r.request_id for r in reqs]
-        if ids != self._resident:
-            self.export_state()
-            self._import(reqs)
+        replay = self._take_ahead(ids, [r.num_computed_tokens for r in reqs])
         bucket = bucket_for(self.buckets, len(reqs))
-        self._tables.update(ids, bucket)
-        self._calls[bucket].replay()
+        if replay is None:
+            if ids != self._resident:
+                self.export_state()
+                self._import(reqs)
+            replay = self._replay(ids, bucket)
+        if self._may_run_ahead(reqs):
+            torch._foreach_copy_(self._saved, self._state)
+            self._ahead = self._replay(ids, bucket)
         n, w = len(reqs), self.k + 1
-        host = torch.cat([self.out_tokens[:n].reshape(-1), self.num_accepted[:n]]).tolist()  # the one sync
+        host = replay.read()
         tokens, accepted = host[:n * w], host[n * w:]
         self._host_state = [(r.num_computed_tokens, a + 1) for r, a in zip(reqs, accepted)]
+        if self._ahead is not None:
+            self._ahead.starts = [r.num_computed_tokens + a + 1 for r, a in zip(reqs, accepted)]
         return [StepResult(tokens[i * w:i * w + a + 1], a + 1, a) for i, a in enumerate(accepted)]
+
+    def _replay(self, ids: list[str], bucket: int) -> _Replay:
+        """Replay the iteration for these resident requests; start copying its outputs to the host."""
+        self._tables.update(ids, bucket)
+        self._calls[bucket].replay()
+        n, on_gpu = len(ids), self.runner.device.type == "cuda"
+        outputs = torch.cat([self.out_tokens[:n].reshape(-1), self.num_accepted[:n]])
+        host = torch.empty(outputs.shape, dtype=torch.int64, pin_memory=on_gpu)
+        host.copy_(outputs, non_blocking=True)
+        done = None
+        if on_gpu:
+            done = torch.cuda.Event()
+            done.record()
+        return _Replay(ids, host, done)
+
+    def _take_ahead(self, ids: list[str], starts: list[int]) -> _Replay | None:
+        """The replay run ahead if it is this step's; any other is dropped and its start state restored."""
+        replay, self._ahead = self._ahead, None
+        if replay is not None and (replay.request_ids, replay.starts) != (ids, starts):
+            torch._foreach_copy_(self._state, self._saved)  # after the dropped replay, in stream order
+            replay.read()  # it has read the block tables before their rows may change owner
+            return None
+        return replay
+
+    def _may_run_ahead(self, reqs: list[Request]) -> bool:
+        """Run-ahead is on, no request surely ends with this step, and every request's table can hold
+        the next iteration's rows whatever this one accepts (grown here)."""
+        limit = self.runner.run_ahead_limit
+        if limit is None:
+            return False
+        pool = self.runner.pool
+        capacity = self._tables.host.shape[1] * pool.block_size
+        rows = [r.num_computed_tokens + 2 * (self.k + 1) + self.proposer.lookahead for r in reqs]
+        if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > min(limit, capacity) for r, n in zip(reqs, rows)):
+            return False
+        if sum(max(0, pool.blocks_needed(n) - len(pool.table(r.request_id))) for r, n in zip(reqs, rows)) > pool.num_free:
+            return False
+        for r, n in zip(reqs, rows):
+            pool.grow(r.request_id, n)
+        return True
 
     def release(self, request_id: str) -> None:
         """A request finished or was preempted: its resident state is dropped."""
@@ -158,6 +229,7 @@ class ChainIterationGraph:
 
     def export_state(self) -> None:
         """Hand every resident request's pending rows back to the eager proposer."""
+        self._take_ahead([], [])
         for i, rid in enumerate(self._resident):
             if rid:
                 start, count = self._host_state[i]
