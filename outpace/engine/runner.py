@@ -24,6 +24,7 @@ from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.engine.cuda_graphs import CapturedTargetForward, GraphBlockTables, bucket_for, pinned
+from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
 
@@ -34,16 +35,7 @@ class _DecodeLaunch:
     request_ids: tuple[str, ...]
     starts: tuple[int, ...]         # each request's position of its input token
     tokens: torch.Tensor            # [n] int64 on the device: the greedy next tokens
-    host: torch.Tensor              # [n] int64 host copy (pinned on CUDA), valid once ``done`` fired
-    done: torch.cuda.Event | None   # None on the CPU, where everything above is synchronous
-
-    def wait(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
-
-    def token_ids(self) -> list[int]:
-        self.wait()
-        return self.host.tolist()
+    copy: HostCopy                  # the same tokens, on their way to the host
 
 
 class ModelRunner:
@@ -135,14 +127,14 @@ class ModelRunner:
                 launch = self._launch_greedy(graph, ids, starts, pinned([r.token_ids[-1] for r in reqs], self.device))
             if greedy and self._may_run_ahead(reqs):
                 self._ahead = self._launch_greedy(graph, ids, tuple(p + 1 for p in starts), launch.tokens)
-        return [StepResult([t], 1) for t in launch.token_ids()]
+        return [StepResult([t], 1) for t in launch.copy.tolist()]
 
     def _take_ahead(self, ids: tuple[str, ...], starts: tuple[int, ...]) -> _DecodeLaunch | None:
         """The step run ahead if it is this step; any other is dropped, once it has finished reading the
         block tables (their rows may change owner now)."""
         launch, self._ahead = self._ahead, None
         if launch is not None and (launch.request_ids, launch.starts) != (ids, starts):
-            launch.wait()
+            launch.copy.wait()
             return None
         return launch
 
@@ -151,31 +143,15 @@ class ModelRunner:
         """Replay the decode graph over ``tokens`` [n] (device or pinned host) at positions ``starts``."""
         _, logits = graph.run(ids, starts, tokens, pinned(list(starts), self.device))
         next_tokens = logits.argmax(dim=-1)                                             # [n]
-        on_gpu = self.device.type == "cuda"
-        host = torch.empty(next_tokens.shape, dtype=torch.int64, pin_memory=on_gpu)
-        host.copy_(next_tokens, non_blocking=True)
-        done = None
-        if on_gpu:
-            done = torch.cuda.Event()
-            done.record()
-        return _DecodeLaunch(ids, starts, next_tokens, host, done)
+        return _DecodeLaunch(ids, starts, next_tokens, HostCopy(next_tokens))
 
     def _may_run_ahead(self, reqs: list) -> bool:
-        """Whether to launch the step after this one now: run-ahead is on, no request ends by length
-        with this step's token, and every request's next row fits its table (grown here)."""
+        """Whether to launch the step after this one now (run_ahead.reserve_rows: its rows reserved)."""
         if self.run_ahead_limit is None:
             return False
-        rows = [r.num_computed_tokens + 2 for r in reqs]  # through the next step's input token
         capacity = self.graph_tables.host.shape[1] * self.pool.block_size
-        if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > min(self.run_ahead_limit, capacity)
-               for r, n in zip(reqs, rows)):
-            return False
-        extra = sum(max(0, self.pool.blocks_needed(n) - len(self.pool.table(r.request_id))) for r, n in zip(reqs, rows))
-        if extra > self.pool.num_free:
-            return False
-        for r, n in zip(reqs, rows):
-            self.pool.grow(r.request_id, n)
-        return True
+        rows = [r.num_computed_tokens + 2 for r in reqs]  # through the next step's input token
+        return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, capacity))
 
     def _sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
         if all(is_greedy(r.params) for r in reqs):  # no sampling tensors to build and upload

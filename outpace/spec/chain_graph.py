@@ -47,6 +47,7 @@ import torch
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request import Request
+from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import is_greedy
@@ -57,14 +58,8 @@ from outpace.models.llama import ModelOutput
 class _Replay:
     """An iteration in flight: its requests, and their outputs on the way to the host."""
     request_ids: list[str]
-    host: torch.Tensor              # [n * (k + 1) + n] int64: tokens per row, then accepted drafts
-    done: torch.cuda.Event | None   # None on the CPU, where the copy is synchronous
+    copy: HostCopy                   # [n * (k + 1) + n] int64: tokens per row, then accepted drafts
     starts: list[int] | None = None  # each request's committed length it starts from, once known
-
-    def read(self) -> list[int]:
-        if self.done is not None:
-            self.done.synchronize()
-        return self.host.tolist()
 
 
 class ChainIterationGraph:
@@ -174,7 +169,7 @@ class ChainIterationGraph:
             torch._foreach_copy_(self._saved, self._state)
             self._ahead = self._replay(ids, bucket)
         n, w = len(reqs), self.k + 1
-        host = replay.read()
+        host = replay.copy.tolist()
         tokens, accepted = host[:n * w], host[n * w:]
         self._host_state = [(r.num_computed_tokens, a + 1) for r, a in zip(reqs, accepted)]
         if self._ahead is not None:
@@ -185,41 +180,27 @@ class ChainIterationGraph:
         """Replay the iteration for these resident requests; start copying its outputs to the host."""
         self._tables.update(ids, bucket)
         self._calls[bucket].replay()
-        n, on_gpu = len(ids), self.runner.device.type == "cuda"
-        outputs = torch.cat([self.out_tokens[:n].reshape(-1), self.num_accepted[:n]])
-        host = torch.empty(outputs.shape, dtype=torch.int64, pin_memory=on_gpu)
-        host.copy_(outputs, non_blocking=True)
-        done = None
-        if on_gpu:
-            done = torch.cuda.Event()
-            done.record()
-        return _Replay(ids, host, done)
+        n = len(ids)
+        return _Replay(ids, HostCopy(torch.cat([self.out_tokens[:n].reshape(-1), self.num_accepted[:n]])))
 
     def _take_ahead(self, ids: list[str], starts: list[int]) -> _Replay | None:
         """The replay run ahead if it is this step's; any other is dropped and its start state restored."""
         replay, self._ahead = self._ahead, None
         if replay is not None and (replay.request_ids, replay.starts) != (ids, starts):
             torch._foreach_copy_(self._state, self._saved)  # after the dropped replay, in stream order
-            replay.read()  # it has read the block tables before their rows may change owner
+            replay.copy.wait()  # it has read the block tables before their rows may change owner
             return None
         return replay
 
     def _may_run_ahead(self, reqs: list[Request]) -> bool:
-        """Run-ahead is on, no request surely ends with this step, and every request's table can hold
-        the next iteration's rows whatever this one accepts (grown here)."""
+        """Whether to replay the next iteration now (run_ahead.reserve_rows: its rows reserved for any
+        acceptance of this one)."""
         limit = self.runner.run_ahead_limit
         if limit is None:
             return False
-        pool = self.runner.pool
-        capacity = self._tables.host.shape[1] * pool.block_size
+        capacity = self._tables.host.shape[1] * self.runner.pool.block_size
         rows = [r.num_computed_tokens + 2 * (self.k + 1) + self.proposer.lookahead for r in reqs]
-        if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > min(limit, capacity) for r, n in zip(reqs, rows)):
-            return False
-        if sum(max(0, pool.blocks_needed(n) - len(pool.table(r.request_id))) for r, n in zip(reqs, rows)) > pool.num_free:
-            return False
-        for r, n in zip(reqs, rows):
-            pool.grow(r.request_id, n)
-        return True
+        return reserve_rows(self.runner.pool, reqs, rows, min(limit, capacity))
 
     def release(self, request_id: str) -> None:
         """A request finished or was preempted: its resident state is dropped."""

@@ -1,0 +1,47 @@
+"""What running a step ahead needs on both paths that do it (plain greedy decode in runner.py, the
+captured chain iteration in spec/chain_graph.py): results copied to the host without blocking the
+stream, and the KV rows of the step after next reserved before it is launched."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from outpace.cache.block_pool import BlockPool
+from outpace.engine.request import Request
+
+
+class HostCopy:
+    """values [n] (device) on their way to a host tensor; ``tolist`` waits only for them, not for
+    work queued after them."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        on_gpu = values.is_cuda
+        self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=on_gpu)
+        self.host.copy_(values, non_blocking=True)
+        self.done = None
+        if on_gpu:  # on the CPU the copy above was synchronous
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+    def tolist(self) -> list:
+        self.wait()
+        return self.host.tolist()
+
+
+def reserve_rows(pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int) -> bool:
+    """Whether a step may run ahead for these requests: none of them surely ends by length with the
+    current step, and each request's table can hold ``rows`` [i] KV rows (at most ``limit``, the
+    positions graphs and the model allow); if so the tables are grown to that now."""
+    if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > limit for r, n in zip(reqs, rows)):
+        return False
+    extra = sum(max(0, pool.blocks_needed(n) - len(pool.table(r.request_id))) for r, n in zip(reqs, rows))
+    if extra > pool.num_free:
+        return False
+    for r, n in zip(reqs, rows):
+        pool.grow(r.request_id, n)
+    return True
