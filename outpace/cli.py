@@ -23,7 +23,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="auto: triton on CUDA, torch on the CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--no-run-ahead", action="store_true",
-                   help="greedy decode waits for each step's tokens before launching the next")
+                   help="greedy decode and the captured speculative iteration wait for each step's tokens "
+                        "before launching the next")
     p.add_argument("--batch-invariant", action="store_true",
                    help="deterministic mode: batch-invariant projections on CUDA (speculation matches plain "
                         "decoding bit for bit in bf16; slower)")
