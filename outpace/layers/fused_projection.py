@@ -201,7 +201,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     sq_parts out [programs, M]). ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    block_n, block_k, num_warps, num_stages = tiles or _default_tiles(weight.shape[0], k, epilogue)
+    block_n, block_k, num_warps, num_stages = tiles or _default_tiles(weight.shape[0], epilogue)
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
     sq_in, eps = norm if norm is not None else (x, 0.0)
@@ -221,7 +221,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     return out
 
 
-def _default_tiles(weight_rows: int, k: int, epilogue: int) -> tuple[int, int, int, int]:
+def _default_tiles(weight_rows: int, epilogue: int) -> tuple[int, int, int, int]:
     """(outputs a program, BK, warps, stages): the best of ``python -m outpace.bench.fused`` on the H100 at
     the 8B shapes: 32 or 64 weight rows a program (64 for the wide head); a pair is two rows."""
     if epilogue != _PLAIN.value:
@@ -251,7 +251,7 @@ def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n, _default_tiles(n, x.shape[1], _PLAIN.value)[0])
+    programs = triton.cdiv(n, _default_tiles(n, _PLAIN.value)[0])
     sq = torch.empty(programs, m, dtype=torch.float32, device=x.device)
     _launch(x, weight, out, n, _PLAIN.value, residual=residual, next_norm=(next_norm_weight, normed, sq), pdl=pdl)
     return NormedRows(out, normed, sq)
