@@ -166,7 +166,7 @@ class ChainIterationGraph:
                 self._import(reqs)
             replay = self._replay(ids, bucket)
         if self._may_run_ahead(reqs):
-            torch._foreach_copy_(self._saved, self._state)
+            torch._foreach_copy_(self._rows(self._saved, bucket), self._rows(self._state, bucket))
             self._ahead = self._replay(ids, bucket)
         n, w = len(reqs), self.k + 1
         host = replay.copy.tolist()
@@ -187,10 +187,16 @@ class ChainIterationGraph:
         """The replay run ahead if it is this step's; any other is dropped and its start state restored."""
         replay, self._ahead = self._ahead, None
         if replay is not None and (replay.request_ids, replay.starts) != (ids, starts):
-            torch._foreach_copy_(self._state, self._saved)  # after the dropped replay, in stream order
+            bucket = bucket_for(self.buckets, len(replay.request_ids))  # after the dropped replay, in stream order
+            torch._foreach_copy_(self._rows(self._state, bucket), self._rows(self._saved, bucket))
             replay.copy.wait()  # it has read the block tables before their rows may change owner
             return None
         return replay
+
+    @staticmethod
+    def _rows(buffers: list[torch.Tensor], bucket: int) -> list[torch.Tensor]:
+        """The first ``bucket`` sequences' rows of each state buffer."""
+        return [b[:bucket] for b in buffers]
 
     def _may_run_ahead(self, reqs: list[Request]) -> bool:
         """Whether to replay the next iteration now (run_ahead.reserve_rows: its rows reserved for any
