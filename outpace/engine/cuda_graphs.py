@@ -81,6 +81,11 @@ class GraphBlockTables:
         self.device = self.host.to(device)
         self._rows: list[tuple[str | None, int]] = [(None, 0)] * max_seqs  # (request id, blocks written)
 
+    @property
+    def max_rows(self) -> int:
+        """The KV rows a request's table here can address."""
+        return self.host.shape[1] * self.pool.block_size
+
     def update(self, request_ids: Sequence[str], bucket: int) -> None:
         """Rows 0 .. len(request_ids) - 1 become these requests' tables, rows up to ``bucket`` padding."""
         dirty = False

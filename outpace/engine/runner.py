@@ -149,9 +149,8 @@ class ModelRunner:
         """Whether to launch the step after this one now (run_ahead.reserve_rows: its rows reserved)."""
         if self.run_ahead_limit is None:
             return False
-        capacity = self.graph_tables.host.shape[1] * self.pool.block_size
         rows = [r.num_computed_tokens + 2 for r in reqs]  # through the next step's input token
-        return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, capacity))
+        return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, self.graph_tables.max_rows))
 
     def _sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
         if all(is_greedy(r.params) for r in reqs):  # no sampling tensors to build and upload

@@ -260,10 +260,7 @@ class LlamaForCausalLM(nn.Module):
             if i in self.aux_layer_ids:
                 captured[i] = _residual_stream(h, residual)
             h, residual = layer.forward_residual(positions, h, residual)
-        h = _residual_stream(h, residual)
-        captured[len(self.model.layers)] = h
-        aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
-        return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
+        return self._model_output(_residual_stream(h, residual), captured)
 
     def _forward_fused(self, positions: torch.Tensor, h: torch.Tensor) -> ModelOutput:
         """``forward`` through the layers' fused path: each layer hands the next its output stream
@@ -277,9 +274,13 @@ class LlamaForCausalLM(nn.Module):
             if i in self.aux_layer_ids:
                 captured[i] = rows.stream
             rows = layer.forward_fused(positions, rows, next_norm)
-        captured[len(layers)] = rows.stream
+        return self._model_output(rows.stream, captured)
+
+    def _model_output(self, h: torch.Tensor, captured: dict[int, torch.Tensor]) -> ModelOutput:
+        """h [num_tokens, hidden], the last layer's output; captured: layer index -> its input stream."""
+        captured[len(self.model.layers)] = h
         aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
-        return ModelOutput(rows.stream, torch.cat(aux, dim=-1) if aux else None)
+        return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits."""

@@ -204,9 +204,8 @@ class ChainIterationGraph:
         limit = self.runner.run_ahead_limit
         if limit is None:
             return False
-        capacity = self._tables.host.shape[1] * self.runner.pool.block_size
         rows = [r.num_computed_tokens + 2 * (self.k + 1) + self.proposer.lookahead for r in reqs]
-        return reserve_rows(self.runner.pool, reqs, rows, min(limit, capacity))
+        return reserve_rows(self.runner.pool, reqs, rows, min(limit, self._tables.max_rows))
 
     def release(self, request_id: str) -> None:
         """A request finished or was preempted: its resident state is dropped."""
