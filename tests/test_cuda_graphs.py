@@ -126,6 +126,21 @@ def test_chain_iteration_is_lossless_across_batch_changes(prompts, reference, sp
 
 
 @CHAINS
+def test_first_decode_step_after_a_prefill_replays_the_iteration(prompts, reference, spec):
+    """The prefill step absorbs a prompt's rows into the draft KV but the last k + 1, so no decode
+    step drafts eagerly (40-token prompts: the iteration's buffers hold 5 or 8 rows)."""
+    params, expected = reference
+    llm = _graphed(spec)
+    proposer = llm.engine.spec_runner.proposer
+    eager_drafts = []
+    propose = proposer.propose
+    proposer.propose = lambda requests: eager_drafts.append(len(requests)) or propose(requests)
+    outs = llm.generate(prompts[:4], params[:4])
+    assert [o.token_ids for o in outs] == expected[:4]
+    assert eager_drafts == []
+
+
+@CHAINS
 def test_chain_iteration_matches_the_eager_acceptance(prompts, spec):
     """Same drafts, same acceptance: the captured iteration and the eager proposer agree step by step."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

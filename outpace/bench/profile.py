@@ -1,19 +1,46 @@
-"""Where a decode step's GPU time goes (``python -m outpace.bench.profile``): the 8B-shaped model at
-batch 1, context 512, one forward run eagerly under torch.profiler, kernel time summed by kernel
-name, next to the captured graph's replay time (the difference is launch gaps inside the graph
-and the host-to-device copies of its inputs)."""
+"""Where the GPU time of a step goes (``python -m outpace.bench.profile``).
+
+- ``8b [batch] [context]``: the 8B-shaped model, one forward run eagerly under torch.profiler, kernel
+  time summed by kernel name, next to the captured graph's replay time (the difference is launch gaps
+  inside the graph and the host-to-device copies of its inputs).
+- ``zoo [method] [batch]``: the zoo target (``none``) or one of its drafters (bench/gpu.py's
+  ZOO_DRAFTERS) generating through the engine, CUDA graphs and run-ahead as served: per engine step,
+  the wall time, the GPU's busy time and kernel count (from torch.profiler), and the time of the step's
+  graph replayed back to back with no host in between (what the GPU alone needs).
+"""
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, uniform_paged_metadata
-from outpace.bench.gpu import build_8b, time_verify_shapes
+from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, time_verify_shapes
+from outpace.config import SpeculativeConfig
+
+
+def _kernel_table(prof, top: int, per: float = 1.0) -> list[str]:
+    """Kernel time and launches by name (divided by ``per``), largest first."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name][0] += e.device_time_total / 1e3  # ms
+            by_name[e.name][1] += 1
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return [f"{ms / per:8.4f} ms {n / per:7.1f}x  {name[:110]}" for name, (ms, n) in rows]
+
+
+def _gpu_busy(prof) -> tuple[float, int]:
+    """(ms the GPU ran kernels or copies, number of them) over the profiled region."""
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time_total for e in events) / 1e3, len(events)
 
 
 def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
@@ -40,17 +67,76 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward()
             torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[e.name][0] += e.device_time_total / 1e3  # ms
-            by_name[e.name][1] += 1
-    total = sum(v[0] for v in by_name.values())
-    print(f"batch {batch}, context {context}: kernels {total:.3f} ms in {sum(v[1] for v in by_name.values())} launches; "
-          f"graph replay {graph_ms:.3f} ms")
-    for name, (ms, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"{ms:8.3f} ms {n:5d}x  {name[:110]}")
+    busy, launches = _gpu_busy(prof)
+    print(f"batch {batch}, context {context}: kernels {busy:.3f} ms in {launches} launches; graph replay {graph_ms:.3f} ms")
+    print("\n".join(_kernel_table(prof, top)))
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    print("the first kernels in launch order (duration, gap after the previous one ended):")
+    for prev, e in zip([None] + kernels, kernels[:16]):
+        gap = (e.time_range.start - prev.time_range.end) if prev is not None else 0.0
+        print(f"{e.device_time_total:8.1f} us  gap {gap:6.1f} us  {e.name[:90]}")
+
+
+def _replay_ms(call, repeats: int = 200) -> float:
+    """GPU time of one replay of a captured call, replays queued back to back."""
+    call.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        call.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: int = 20) -> dict:
+    spec = {"none": SpeculativeConfig(), **ZOO_DRAFTERS}[method]
+    llm = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=batch, speculative=spec)
+    prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"][:batch]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    engine = llm.engine
+    llm.generate(prompts, params)  # warm-up
+    steps = 0
+    real_step = engine.step
+
+    def counted_step():
+        nonlocal steps
+        steps += 1
+        return real_step()
+
+    engine.step = counted_step
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    engine.step = real_step
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the same requests again, profiled
+        llm.generate(prompts, params)
+        torch.cuda.synchronize()
+    busy, launches = _gpu_busy(prof)
+    iteration = engine.spec_runner.iteration if engine.spec_runner is not None else None
+    if iteration is not None:
+        replay = _replay_ms(iteration._calls[batch])
+    elif engine.spec_runner is None:
+        replay = _replay_ms(engine.runner._captured[1, False]._calls[batch])
+    else:
+        replay = float("nan")  # eager iteration: no single graph
+    produced = sum(len(o.token_ids) for o in outs)
+    row = {"method": method, "batch": batch, "steps": steps, "tokens": produced,
+           "wall_ms_per_step": wall / steps, "gpu_busy_ms_per_step": busy / steps,
+           "gpu_ops_per_step": launches / steps, "graph_replay_ms": replay,
+           "tokens_per_s": produced / wall * 1e3}
+    print(f"zoo {method} b{batch}: {steps} steps, {produced} tokens, {row['tokens_per_s']:.0f} tok/s; per step: "
+          f"wall {row['wall_ms_per_step']:.3f} ms, GPU busy {row['gpu_busy_ms_per_step']:.3f} ms in "
+          f"{row['gpu_ops_per_step']:.1f} kernels/copies, graph replayed back to back {replay:.3f} ms")
+    print("\n".join(_kernel_table(prof, top, per=steps)))
+    return row
 
 
 if __name__ == "__main__":
-    profile_decode(*(int(a) for a in sys.argv[1:]))
+    if sys.argv[1:2] == ["zoo"]:
+        profile_zoo(*(sys.argv[2:3] or ["eagle3"]), *(int(a) for a in sys.argv[3:]))
+    else:
+        profile_decode(*(int(a) for a in sys.argv[2 if sys.argv[1:2] == ["8b"] else 1:]))

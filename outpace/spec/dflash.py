@@ -26,8 +26,8 @@ from outpace.engine.request import Request
 from outpace.models.dflash import load_dflash_draft
 from outpace.spec.chain import ChainDrafts
 from outpace.models.llama import pack_projections
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.spec.rows import draft_rows
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, split_pending
+from outpace.spec.rows import draft_rows, row_positions
 
 
 class DFlashProposer(Proposer):
@@ -65,8 +65,7 @@ class DFlashProposer(Proposer):
 
     def take_pending(self, request_id: str) -> tuple[torch.Tensor, int]:
         """Remove and return a request's pending rows: (context features [m, hidden], first row)."""
-        chunks = self._pending.pop(request_id)
-        return torch.cat([c[0] for c in chunks]), chunks[0][1]
+        return merge_pending(self._pending.pop(request_id))
 
     def put_pending(self, request_id: str, features: torch.Tensor, start: int) -> None:
         self._pending[request_id] = [(features, start)]
@@ -78,6 +77,17 @@ class DFlashProposer(Proposer):
         for req, start, count in zip(committed.requests, committed.starts, committed.counts):
             self._pending.setdefault(req.request_id, []).append((features[offset:offset + count], start))
             offset += count
+        # Every pending row but a request's last block_size goes into the draft KV now (the prompt's
+        # rows after a prefill chunk): the rows left pending fit the captured iteration's buffers
+        # (spec/dflash_graph.py), so the first decode step can replay it.
+        reqs, chunks = [], []
+        for r in committed.requests:
+            absorb, keep = split_pending(self._pending[r.request_id], self.block_size)
+            if absorb is not None:
+                self._pending[r.request_id] = [keep]
+                reqs.append(r)
+                chunks.append(absorb)
+        self._write_rows(reqs, chunks)
 
     # ---- drafting ---------------------------------------------------------------------------
     def propose(self, requests: list[Request]) -> DraftBatch:
@@ -91,24 +101,28 @@ class DFlashProposer(Proposer):
 
     def _write_context(self, requests: list[Request]) -> None:
         """Write every request's pending context rows into the draft KV (one pass for the batch)."""
-        features, positions, reqs, starts, counts = [], [], [], [], []
+        reqs, chunks = [], []
         for r in requests:
-            chunks = self._pending.pop(r.request_id, [])
-            if not chunks:
+            pending = self._pending.pop(r.request_id, [])
+            if not pending:
                 continue
-            start, count = chunks[0][1], sum(c[0].shape[0] for c in chunks)
+            chunk = merge_pending(pending)
             # NOTE: pending rows are contiguous and end right before the block (the row at L).
-            assert start + count == r.num_computed_tokens, (r.request_id, start, count, r.num_computed_tokens)
-            features += [c[0] for c in chunks]
-            positions.append(torch.arange(start, start + count))
+            assert chunk[1] + chunk[0].shape[0] == r.num_computed_tokens, (r.request_id, chunk, r.num_computed_tokens)
             reqs.append(r)
-            starts.append(start)
-            counts.append(count)
-        if not reqs:
+            chunks.append(chunk)
+        self._write_rows(reqs, chunks)
+
+    def _write_rows(self, requests: list[Request], chunks: list[tuple[torch.Tensor, int]]) -> None:
+        """Write chunk i's context rows (features [m, hidden], first row) of request i into the draft KV."""
+        if not requests:
             return
-        meta = build_paged_metadata([self.pool.table(r.request_id) for r in reqs], starts, counts,
+        starts, counts = [c[1] for c in chunks], [c[0].shape[0] for c in chunks]
+        meta = build_paged_metadata([self.pool.table(r.request_id) for r in requests], starts, counts,
                                     self.pool.block_size, self.device)
-        self.draft.write_context(torch.cat(features), torch.cat(positions).to(self.device), meta.slot_mapping)
+        with torch.inference_mode():
+            self.draft.write_context(torch.cat([c[0] for c in chunks]), row_positions(starts, counts, self.device),
+                                     meta.slot_mapping)
 
     def _block_logits(self, requests: list[Request]) -> torch.Tensor:
         """One draft forward over every request's block -> logits of rows 1 .. B - 1, [batch, B - 1, vocab]."""

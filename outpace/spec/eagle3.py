@@ -25,7 +25,7 @@ from outpace.engine.request import Request
 from outpace.models.eagle3 import load_eagle3_draft
 from outpace.spec.chain import ChainDrafts
 from outpace.models.llama import pack_projections
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, split_pending
 from outpace.spec.rows import draft_rows, row_positions
 from outpace.spec.tree import select_tree
 
@@ -59,8 +59,7 @@ class Eagle3Proposer(Proposer):
 
     def take_pending(self, request_id: str) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Remove and return a request's pending rows: (fused hidden [m, hidden], next tokens [m], first row)."""
-        chunks = self._pending.pop(request_id)
-        return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks]), chunks[0][2]
+        return merge_pending(self._pending.pop(request_id))
 
     def put_pending(self, request_id: str, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
         self._pending[request_id] = [(hidden, tokens, start)]
@@ -74,6 +73,26 @@ class Eagle3Proposer(Proposer):
             self._pending.setdefault(req.request_id, []).append(
                 (fused[rows], committed.next_token_ids[rows], start))
             offset += count
+        self._absorb_excess(committed.requests)
+
+    def _absorb_excess(self, requests: list[Request]) -> None:
+        """Extend the draft now over every pending row but a request's last ``num_draft_tokens`` (the
+        prompt's rows after a prefill chunk), so that the rows left pending fit the captured
+        iteration's buffers (spec/eagle3_graph.py) and the first decode step can replay it. The two
+        extends (these rows now, the rest when drafting) compute what one extend over all would."""
+        reqs, parts = [], []
+        for r in requests:
+            absorb, keep = split_pending(self._pending[r.request_id], self.spec.num_draft_tokens)
+            if absorb is not None:
+                self._pending[r.request_id] = [keep]
+                reqs.append(r)
+                parts.append(absorb)
+        if not reqs:
+            return
+        starts, counts = [p[2] for p in parts], [p[1].shape[0] for p in parts]
+        with torch.inference_mode():
+            self._forward(reqs, starts, counts, torch.cat([p[1] for p in parts]),
+                          row_positions(starts, counts, self.device), torch.cat([p[0] for p in parts]))
 
     # ---- drafting ---------------------------------------------------------------------------
     def _forward(self, requests: list[Request], num_cached: list[int], query_lens: list[int],
@@ -84,13 +103,8 @@ class Eagle3Proposer(Proposer):
 
     def _extend(self, requests: list[Request]) -> torch.Tensor:
         """Draft-extend over every request's pending rows; returns the last row's output [batch, hidden]."""
-        hidden, tokens, starts, counts = [], [], [], []
-        for r in requests:
-            chunks = self._pending.pop(r.request_id)
-            hidden += [c[0] for c in chunks]
-            tokens += [c[1] for c in chunks]
-            starts.append(chunks[0][2])
-            counts.append(sum(c[0].shape[0] for c in chunks))
+        hidden, tokens, starts = zip(*(merge_pending(self._pending.pop(r.request_id)) for r in requests))
+        counts = [t.shape[0] for t in tokens]
         out = self._forward(requests, starts, counts, torch.cat(tokens), row_positions(starts, counts, self.device),
                             torch.cat(hidden))
         last = torch.tensor(counts).cumsum(0) - 1

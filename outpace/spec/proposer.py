@@ -49,6 +49,22 @@ class CommittedRows:
     aux_hidden_states: torch.Tensor | None  # [num_rows_in_forward, num_aux * hidden]
 
 
+def merge_pending(chunks: list[tuple]) -> tuple:
+    """A request's pending chunks ``[(row tensors..., first row)]`` (contiguous rows, in order) as one."""
+    return (*(torch.cat([c[i] for c in chunks]) for i in range(len(chunks[0]) - 1)), chunks[0][-1])
+
+
+def split_pending(chunks: list[tuple], keep: int) -> tuple[tuple | None, tuple]:
+    """A request's pending chunks as two chunks: the rows to absorb into the draft KV now (all but
+    the last ``keep``; None when there are no more than ``keep``) and the last ``keep`` rows, which
+    stay pending."""
+    *rows, start = merge_pending(chunks)
+    excess = rows[0].shape[0] - keep
+    if excess <= 0:
+        return None, (*rows, start)
+    return (*(r[:excess] for r in rows), start), (*(r[excess:] for r in rows), start + excess)
+
+
 class Proposer(abc.ABC):
     """A drafter. ``lookahead``: KV rows past a request's last accepted token that it may write
     (the scheduler reserves them, together with the target's verify rows)."""
