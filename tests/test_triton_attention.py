@@ -188,6 +188,25 @@ def test_uniform_metadata():
     assert_matches_torch(case, num_splits=3)
 
 
+@pytest.mark.parametrize("query_len", [1, 6])
+def test_uniform_metadata_fields(query_len):
+    """The one-kernel fields of the uniform metadata (what CUDA runs) and the torch ones (what other
+    devices run) equal the host-built metadata's, token table included, across block boundaries."""
+    from outpace.attention.uniform_metadata import _fields_kernel, _fields_torch
+
+    tables = [[7, 2, 9, 4], [3, 5, 0, 0], [1, 8, 6, 0]]
+    starts, block_size = [13, 1, 26], 8
+    ref = build_paged_metadata(tables, starts, [query_len] * 3, block_size, "cpu")
+    expected = (ref.slot_mapping, ref.seq_lens, ref.query_lens, ref.token_seq_index, ref.token_query_index,
+                ref.token_table())
+    for build in (_fields_kernel, _fields_torch):
+        got = build(torch.tensor(tables).to(DEVICE), torch.tensor(starts).to(DEVICE), query_len, block_size)
+        for name, a, b in zip(["slots", "seq_lens", "query_lens", "seq_index", "query_index", "token_table"],
+                              got, expected):
+            assert a.dtype == b.dtype, name
+            assert torch.equal(a.cpu(), b), (build.__name__, name)
+
+
 def test_registered_backend_through_layer():
     """``get_backend("triton")`` in a forward context, via the Attention layer; dense metadata delegates."""
     backend = get_backend("triton")

@@ -8,8 +8,8 @@ Two kinds:
 
 The forward itself performs no host synchronisation and no shape-dependent Python branching
 beyond the two ints recorded here. ``build_paged_metadata`` builds the fields on the host from
-lists (any mix of query lengths); ``uniform_paged_metadata`` builds them with device operations
-only, for batches where every sequence brings the same number of tokens, so that it can run
+lists (any mix of query lengths); ``uniform_paged_metadata`` (uniform_metadata.py) builds them on
+the device, for batches where every sequence brings the same number of tokens, so that it can run
 inside a CUDA-graph capture (see engine/cuda_graphs.py).
 """
 from __future__ import annotations
@@ -128,29 +128,4 @@ def build_paged_metadata(
         max_query_len=max_q,
         block_size=block_size,
         custom_mask=custom,
-    )
-
-
-def uniform_paged_metadata(block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int,
-                           custom_mask: torch.Tensor | None = None) -> PagedAttentionMetadata:
-    """Every sequence brings ``query_len`` new tokens at rows starts[s] .. starts[s] + query_len - 1.
-
-    block_tables [num_seqs, max_blocks] int64 and starts [num_seqs] int64 live on the device;
-    only device operations follow (no host synchronisation), so this can be captured in a graph.
-    custom_mask: [num_seqs, query_len, window] as in ``PagedAttentionMetadata``, or None (causal).
-    """
-    num_seqs, dev = block_tables.shape[0], block_tables.device
-    q_index = torch.arange(query_len, device=dev)                                   # [q]
-    rows = starts[:, None] + q_index                                                # [num_seqs, q]
-    slots = torch.gather(block_tables, 1, rows // block_size) * block_size + rows % block_size
-    return PagedAttentionMetadata(
-        slot_mapping=slots.reshape(-1),
-        block_tables=block_tables,
-        seq_lens=starts + query_len,
-        query_lens=torch.full((num_seqs,), query_len, dtype=torch.int64, device=dev),
-        token_seq_index=torch.arange(num_seqs, device=dev).repeat_interleave(query_len),
-        token_query_index=q_index.repeat(num_seqs),
-        max_query_len=query_len,
-        block_size=block_size,
-        custom_mask=custom_mask,
     )

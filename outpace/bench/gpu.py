@@ -11,7 +11,8 @@
     ORACLE ACCEPTANCE: drafts are accepted with the per-position rates measured on the zoo pair
     (benchmarks/acceptance.json), since random weights accept nothing; tokens/s and ratios to (b);
 (e) transformers' ``generate`` on the same weights, batch 1, greedy;
-(f) the zoo models end to end: tokens/s of each drafter against ``--method none``.
+(f) the zoo models end to end: tokens/s of each drafter against ``--method none`` on the 24 held-out
+    prompts, b at a time (batch 1: one after another).
 Decode rows time a fixed number of engine steps while every request of the batch is running.
 """
 from __future__ import annotations
@@ -214,22 +215,26 @@ ZOO_DRAFTERS = {
 
 
 def zoo_speed(batches=(1, 8), max_tokens: int = 128) -> list[dict]:
-    """Each zoo drafter against --method none, bf16 on the GPU, on the zoo's held-out prompts."""
+    """Each zoo drafter against --method none, bf16 on the GPU, on all the zoo's held-out prompts: at
+    batch b they run b at a time (consecutive groups of b prompts, each group to the end), so batch 1
+    is every prompt alone, one after another."""
     prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     rows = []
     for name, spec in tqdm({"none": SpeculativeConfig(), **ZOO_DRAFTERS}.items(), desc="(f) zoo"):
         llm = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=max(batches), speculative=spec)
-        llm.generate(prompts[:1], params.replace(max_tokens=16))  # warm-up
+        for b in batches:  # warm-up: every prompt's prefill shapes compiled, every batch bucket used
+            for i in range(0, len(prompts), b):
+                llm.generate(prompts[i:i + b], params.replace(max_tokens=8))
         for b in batches:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            outs = llm.generate(prompts[:b], params)
+            outs = [o for i in range(0, len(prompts), b) for o in llm.generate(prompts[i:i + b], params)]
             elapsed = time.perf_counter() - t0
             tau = (sum(o.spec_metrics.num_accepted_drafts for o in outs) / max(1, sum(o.spec_metrics.num_verifies for o in outs))
                    + 1) if spec.enabled else None
-            rows.append({"method": name, "batch": b, "tokens_per_s": sum(len(o.token_ids) for o in outs) / elapsed,
-                         "acceptance_length": tau})
+            rows.append({"method": name, "batch": b, "prompts": len(prompts),
+                         "tokens_per_s": sum(len(o.token_ids) for o in outs) / elapsed, "acceptance_length": tau})
         del llm
     base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:

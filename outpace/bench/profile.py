@@ -67,15 +67,25 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward()
             torch.cuda.synchronize()
+        graph = runner.captured(batch, 1)
+        with profile(activities=[ProfilerActivity.CUDA]) as graph_prof:
+            for _ in range(3):
+                graph.run(ids, [context] * batch, tokens, starts)
+            torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
     print(f"batch {batch}, context {context}: kernels {busy:.3f} ms in {launches} launches; graph replay {graph_ms:.3f} ms")
     print("\n".join(_kernel_table(prof, top)))
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+    kernels = sorted((e for e in graph_prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
-    print("the first kernels in launch order (duration, gap after the previous one ended):")
-    for prev, e in zip([None] + kernels, kernels[:16]):
-        gap = (e.time_range.start - prev.time_range.end) if prev is not None else 0.0
-        print(f"{e.device_time_total:8.1f} us  gap {gap:6.1f} us  {e.name[:90]}")
+    last = kernels[-(len(kernels) // 3):]  # the third replay
+    span = (last[-1].time_range.end - last[0].time_range.start) / 1e3
+    print(f"one graph replay: {len(last)} kernels, {span:.3f} ms from the first kernel's start to the last one's "
+          f"end, {sum(e.device_time_total for e in last) / 1e3:.3f} ms of kernel time; its kernels in order "
+          "(duration, gap after the previous kernel's end: negative when they overlap):")
+    for i, e in enumerate(last):
+        if i < 24 or i >= len(last) - 6:
+            gap = e.time_range.start - last[i - 1].time_range.end if i else 0.0
+            print(f"{i:4d} {e.device_time_total:8.1f} us  gap {gap:6.1f} us  {e.name[:80]}")
 
 
 def _replay_ms(call, repeats: int = 200) -> float:
@@ -97,15 +107,16 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     engine = llm.engine
     llm.generate(prompts, params)  # warm-up
-    steps = 0
+    step_ms: list[float] = []
     real_step = engine.step
 
-    def counted_step():
-        nonlocal steps
-        steps += 1
-        return real_step()
+    def timed_step():
+        t = time.perf_counter()
+        out = real_step()
+        step_ms.append((time.perf_counter() - t) * 1e3)
+        return out
 
-    engine.step = counted_step
+    engine.step = timed_step
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -123,14 +134,17 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
         replay = _replay_ms(engine.runner._captured[1, False]._calls[batch])
     else:
         replay = float("nan")  # eager iteration: no single graph
-    produced = sum(len(o.token_ids) for o in outs)
+    produced, steps = sum(len(o.token_ids) for o in outs), len(step_ms)
+    steady = sorted(step_ms[3:])
     row = {"method": method, "batch": batch, "steps": steps, "tokens": produced,
            "wall_ms_per_step": wall / steps, "gpu_busy_ms_per_step": busy / steps,
            "gpu_ops_per_step": launches / steps, "graph_replay_ms": replay,
-           "tokens_per_s": produced / wall * 1e3}
+           "tokens_per_s": produced / wall * 1e3, "first_steps_ms": step_ms[:3],
+           "steady_step_ms_median": steady[len(steady) // 2] if steady else float("nan")}
     print(f"zoo {method} b{batch}: {steps} steps, {produced} tokens, {row['tokens_per_s']:.0f} tok/s; per step: "
           f"wall {row['wall_ms_per_step']:.3f} ms, GPU busy {row['gpu_busy_ms_per_step']:.3f} ms in "
-          f"{row['gpu_ops_per_step']:.1f} kernels/copies, graph replayed back to back {replay:.3f} ms")
+          f"{row['gpu_ops_per_step']:.1f} kernels/copies, graph replayed back to back {replay:.3f} ms; first steps "
+          f"{', '.join(f'{t:.2f}' for t in step_ms[:3])} ms, then a median {row['steady_step_ms_median']:.3f} ms")
     print("\n".join(_kernel_table(prof, top, per=steps)))
     return row
 
