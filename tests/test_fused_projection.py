@@ -70,11 +70,13 @@ def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
     _close(norm_project_swiglu(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE)), F.silu(gate) * up)
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qk_norm"])
 @pytest.mark.parametrize("m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64)])
-def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_dim):
+def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_dim, qk_norm):
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
     x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
     w = _rand(q_size + 2 * kv_size, k_in, seed=18)
+    qn, kn = _rand(head_dim, seed=21), _rand(head_dim, seed=22)
     rotary = RotaryEmbedding(head_dim, 4096, 10000.0, {"rope_type": "llama3", "factor": 8.0,
                                                         "original_max_position_embeddings": 256})
     positions = torch.randint(0, 4096, (m,), generator=torch.Generator().manual_seed(19))
@@ -85,18 +87,30 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
 
     qkv = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double())
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    q_ref, k_ref = rotary_torch(positions, q.view(m, heads, head_dim), k.view(m, kv_heads, head_dim),
-                                rotary.cos.double(), rotary.sin.double())
+    q, k = q.reshape(m, heads, head_dim), k.reshape(m, kv_heads, head_dim)
+    if qk_norm:
+        q, k = rms_norm_torch(q, qn.double(), EPS)[0], rms_norm_torch(k, kn.double(), EPS)[0]
+    q_ref, k_ref = rotary_torch(positions, q, k, rotary.cos.double(), rotary.sin.double())
     k_cache_ref, v_cache_ref = k_cache.double().view(-1, kv_size), v_cache.double().view(-1, kv_size)
     k_cache_ref[slots], v_cache_ref[slots] = k_ref.reshape(m, kv_size), v
 
     dev = [t.to(DEVICE) for t in (k_cache, v_cache)]
     out = norm_project_qkv(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE), head_dim, q_size,
                            positions.to(DEVICE),
-                           rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *dev, slots.to(DEVICE))
+                           rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *dev, slots.to(DEVICE),
+                           qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None)
     _close(out, q_ref.reshape(m, q_size))
     _close(dev[0].view(-1, kv_size), k_cache_ref)   # the tokens' slots hold k; every other slot is untouched
     _close(dev[1].view(-1, kv_size), v_cache_ref)
+
+    # k and v alone (q_size 0: a drafter's context rows), from rows that are already normalised
+    kv_only = [torch.zeros_like(c) for c in dev]
+    normed_x = rms_norm_torch(x.double(), nw.double(), EPS)[0].float()
+    norm_project_qkv(normed_x.to(DEVICE), 0.0, w[q_size:].to(DEVICE), head_dim, 0, positions.to(DEVICE),
+                     rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *kv_only, slots.to(DEVICE),
+                     qk_norm=(kn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None)
+    _close(kv_only[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
+    _close(kv_only[1].view(-1, kv_size)[slots], v)
 
 
 def test_applies_only_to_few_half_precision_rows_on_the_gpu_without_grad():
@@ -180,6 +194,11 @@ def test_bf16_fused_decode_forward_on_the_gpu_matches_the_unfused_one(tmp_path, 
         _close(c, r.double().cpu(), tol=2e-2)
 
 
+INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernels on CPU tensors in Triton's "
+                                      "interpreter; on the GPU the bf16 tests here check the real dispatch")
+
+
+@INTERPRETER_ONLY
 def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
     """EAGLE3 speculation on the zoo pair with every few-row forward fused (target decode and verify,
     the draft layer and both heads; forced on here, the kernels in the interpreter on the CPU): the
@@ -204,3 +223,32 @@ def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
     monkeypatch.setattr(eagle3, "fused_attention_output_and_mlp", lambda *a: calls.append(1) or real(*a))
     assert generate() == expected
     assert calls, "the draft layer's fused path did not run"
+
+
+@INTERPRETER_ONLY
+def test_fused_dflash_gives_the_unfused_output(monkeypatch):
+    """DFlash speculation with every few-row forward fused, the draft's Qwen3-style layers (per-head
+    q/k norms in the q/k/v kernel) and its context writes (k/v only) included: the same tokens and
+    the same accepted drafts as without fusion."""
+    import outpace.layers.fused_projection as fp
+    import outpace.models.llama as llama
+    from outpace import LLM, SamplingParams
+    from outpace.config import SpeculativeConfig
+
+    spec = SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7)
+    prompts = ["def add(a, b):", "class Stack:"]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+    def generate():
+        llm = LLM("zoo/tinypy", speculative=spec, attention_backend="triton", max_num_seqs=2)
+        outs = llm.generate(prompts, params)
+        return [(o.token_ids, o.spec_metrics.acceptance_rate_per_position) for o in outs]
+
+    expected = generate()
+    calls, real = [], fp.norm_project_qkv
+    monkeypatch.setattr(llama, "_fusable", lambda x, w: x.shape[0] <= 16)
+    monkeypatch.setattr(fp, "norm_project_qkv", lambda *a, **kw: calls.append((a[4], kw["qk_norm"] is not None))
+                        or real(*a, **kw))
+    assert generate() == expected
+    assert (0, True) in calls, "no fused context write (k/v only, with the k norm)"
+    assert any(q > 0 and qk for q, qk in calls), "no fused draft layer with q/k norms"

@@ -7,8 +7,9 @@ and a round trip of the activations each. Here one kernel does a projection and 
 
 - ``project_add``          residual + x @ W.T              (o_proj, down_proj: the residual stream)
 - ``project_add_normed``   the same, and the new stream made ready for the RMSNorm after it
-- ``norm_project_qkv``     [q | k | v] = RMSNorm(s) @ W_qkv.T; RoPE on q and k; k and v stored straight
-                           into the paged KV cache at the tokens' slots; returns q
+- ``norm_project_qkv``     [q | k | v] = RMSNorm(s) @ W_qkv.T; the per-head q/k RMSNorms of Qwen3-style
+                           layers when given; RoPE on q and k; k and v stored straight into the paged
+                           KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write)
 - ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T
 - ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm)
 
@@ -85,15 +86,17 @@ def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, BLOCK
 @triton.jit
 def _fused_rows_kernel(
         x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
-        pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size,
+        pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
+        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size, qk_eps,
         SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr, NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+        QK_NORM: tl.constexpr,
         HALF: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr,
         PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
     """Program p owns outputs i = p * BN ... p * BN + BN - 1 of every row. PLAIN: output i is column i.
     SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
     SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
-    NEXT_NORM (PLAIN with RESIDUAL): also writes out * next_norm and this program's sums of out^2."""
+    NEXT_NORM (PLAIN with RESIDUAL): also writes out * next_norm and this program's sums of out^2.
+    QK_NORM (QKV, BN a multiple of HALF: a program holds whole heads): per-head RMSNorm of q and k."""
     pid = tl.program_id(0)
     i = pid * BN + tl.arange(0, BN)                                              # [BN]
     i_ok = i < N_OUT
@@ -151,8 +154,26 @@ def _fused_rows_kernel(
         tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], (silu * acc_b).to(out_ptr.dtype.element_ty),
                  mask=ok)
     else:
+        if QK_NORM:
+            acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr, qk_eps,
+                                      BM, BN, HALF)
         _qkv_epilogue(acc_a, acc_b, rows, row_ok, col_a, i % HALF, ok, out_ptr, stride_om, pos_ptr, cos_ptr, sin_ptr,
                       k_cache_ptr, v_cache_ptr, slot_ptr, q_size, kv_size, HALF)
+
+
+@triton.jit
+def _head_norm(a, b, col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, eps, BM: tl.constexpr, BN: tl.constexpr,
+               HALF: tl.constexpr):
+    """a, b [BM, BN]: columns j and j + HALF of whole heads (BN // HALF of them, in order). q and k
+    columns get their head's RMSNorm (weights q_norm / k_norm [2 * HALF]); v columns pass."""
+    sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)          # [BM, heads]
+    rstd = tl.rsqrt(sq / (2 * HALF) + eps)
+    rstd = tl.reshape(tl.broadcast_to(rstd[:, :, None], (BM, BN // HALF, HALF)), (BM, BN))
+    is_q = col_a < q_size
+    w_a = tl.where(is_q, tl.load(q_norm_ptr + j), tl.load(k_norm_ptr + j)).to(tl.float32)[None, :]
+    w_b = tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(tl.float32)[None, :]
+    normed = (col_a < q_size + kv_size)[None, :]
+    return tl.where(normed, a * rstd * w_a, a), tl.where(normed, b * rstd * w_b, b)
 
 
 @triton.jit
@@ -195,25 +216,30 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int, epilogue: int, half: int = 1,
             norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
             next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-            qkv: tuple | None = None, pdl: bool | None = None,
-            tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+            qkv: tuple | None = None, qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+            pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
-    sq_parts out [programs, M]). ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
+    sq_parts out [programs, M]); qk_norm: (q_norm weight, k_norm weight, eps) for QKV.
+    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    block_n, block_k, num_warps, num_stages = tiles or _default_tiles(weight.shape[0], epilogue)
+    block_n, block_k, num_warps, num_stages = tiles or _default_tiles(weight.shape[0], epilogue,
+                                                                      half if qk_norm is not None else 1)
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
     pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = qkv if qkv is not None else (x,) * 6 + (0, 0)
+    q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
+    if qk_norm is not None and block_n % half:
+        raise ValueError(f"per-head q/k norms need whole heads a program: {block_n} pairs, {half} a head")
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     _fused_rows_kernel[(triton.cdiv(n_out, block_n),)](
-        x, weight, out, res, sq_in, w_next, normed_out, sq_out, pos, cos, sin, k_cache, v_cache, slots,
+        x, weight, out, res, sq_in, w_next, normed_out, sq_out, pos, cos, sin, k_cache, v_cache, slots, q_norm, k_norm,
         m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), sq_in.shape[0], eps, q_size,
-        kv_size, SCALE_ROWS=norm is not None, RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None,
-        EPILOGUE=epilogue, HALF=half, BM=MAX_ROWS, BN=block_n, BK=block_k,
+        kv_size, qk_eps, SCALE_ROWS=norm is not None, RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None,
+        EPILOGUE=epilogue, QK_NORM=qk_norm is not None, HALF=half, BM=MAX_ROWS, BN=block_n, BK=block_k,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
@@ -221,9 +247,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     return out
 
 
-def _default_tiles(weight_rows: int, epilogue: int) -> tuple[int, int, int, int]:
+def _default_tiles(weight_rows: int, epilogue: int, whole_heads: int = 1) -> tuple[int, int, int, int]:
     """(outputs a program, BK, warps, stages): the best of ``python -m outpace.bench.fused`` on the H100 at
-    the 8B shapes: 32 or 64 weight rows a program (64 for the wide head); a pair is two rows."""
+    the 8B shapes: 32 or 64 weight rows a program (64 for the wide head); a pair is two rows.
+    ``whole_heads``: pairs a head has when a program must hold whole heads (q/k norms); above 32
+    (head_dim 128) a program takes one head, in the shared memory of the 32-pair tile."""
+    if whole_heads > 32:
+        return whole_heads, 128, 4, 4
     if epilogue != _PLAIN.value:
         return 32, 256, 4, 5
     return (64 if weight_rows >= 16384 else 32), 256, 4, 5
@@ -277,13 +307,16 @@ def norm_project_swiglu(rows: NormedRows, eps: float, gate_up: torch.Tensor, pdl
 
 def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Tensor, head_dim: int, q_size: int,
                      positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None,
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, pdl: bool | None = None,
                      tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
     cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
     (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T (rows @ qkv.T for a tensor
-    ``rows`` [M, K] that is already normalised: ``eps`` unused), rotates q and k (neox), writes k and v
-    to the caches at the slots, and returns q [M, q_size]."""
+    ``rows`` [M, K] that is already normalised: ``eps`` unused), normalises each q and k head when
+    ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given (head_dim a power of two),
+    rotates q and k (neox), writes k and v to the caches at the slots, and returns q [M, q_size]
+    (q_size 0 and qkv = the k and v rows: writes k and v only)."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // 2
@@ -291,5 +324,5 @@ def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Ten
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
-    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=norm, qkv=args, pdl=pdl,
-                   tiles=tiles)
+    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=norm, qkv=args,
+                   qk_norm=qk_norm, pdl=pdl, tiles=tiles)

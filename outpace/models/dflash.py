@@ -144,6 +144,9 @@ class DFlashDraft(nn.Module):
         """
         for layer in self.layers:
             attn = layer.self_attn
+            if attn.projects_fused(features) and all(c.is_contiguous() for c in attn.attn.kv_cache):
+                attn.project_fused(features, 0.0, positions, *attn.attn.kv_cache, slot_mapping, kv_only=True)
+                continue
             k, v = _key_value(attn, features, positions)
             k_cache, v_cache = attn.attn.kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
             k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))

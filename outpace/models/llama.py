@@ -62,24 +62,40 @@ class LlamaAttention(nn.Module):
         q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
+    def projects_fused(self, x: torch.Tensor) -> bool:
+        """Whether one fused kernel (layers/fused_projection.py) projects x [num_tokens, in] to q/k/v
+        and writes k and v into a cache: few half-precision rows on the GPU, packed q/k/v without bias,
+        per-head q/k norms (if any) over a power-of-two head_dim."""
+        head_dim = self.cfg.head_dim
+        return (self.qkv is not None and self.qkv.bias is None and _fusable(x, self.qkv.weight)
+                and (not self.cfg.qk_norm or head_dim & (head_dim - 1) == 0))
+
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether ``attend_fused`` serves x [num_tokens, hidden]: few half-precision rows on the GPU,
-        packed q/k/v without bias or q/k norms, and a backend that attends over a cache the
-        projection wrote (see layers/fused_projection.py)."""
-        return (self.qkv is not None and self.qkv.bias is None and not self.cfg.qk_norm
-                and _fusable(x, self.qkv.weight) and self.attn.fused_write_target() is not None)
+        """Whether ``attend_fused`` serves x [num_tokens, hidden]: ``projects_fused``, and a backend that
+        attends over a cache the projection wrote."""
+        return self.projects_fused(x) and self.attn.fused_write_target() is not None
 
     def attend_fused(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
         """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden]),
         or an input already normalised ([num_tokens, input_size]) -> attention output [num_tokens,
-        heads * head_dim] (before o_proj). One kernel normalises, projects, rotates and writes k and v
-        into the cache; the backend then attends over the cache."""
+        heads * head_dim] (before o_proj). One kernel normalises, projects, applies the q/k norms,
+        rotates and writes k and v into the cache; the backend then attends over the cache."""
+        q = self.project_fused(rows, eps, positions, *self.attn.fused_write_target())
+        return self.attn.attend_written(q.view(q.shape[0], -1, self.cfg.head_dim))
+
+    def project_fused(self, rows, eps: float, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slots: torch.Tensor, kv_only: bool = False) -> torch.Tensor:
+        """The fused q/k/v kernel (``projects_fused``): k and v of ``rows`` (as in ``attend_fused``) into
+        the caches at ``slots`` [num_tokens]; returns q [num_tokens, q_size] ([num_tokens, 0] with
+        ``kv_only``, which projects only the k and v rows of the packed weight)."""
         from outpace.layers.fused_projection import norm_project_qkv
 
-        k_cache, v_cache, slots = self.attn.fused_write_target()
-        q = norm_project_qkv(rows, eps, self.qkv.weight, self.cfg.head_dim, self.cfg.q_size, positions,
-                             self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots)
-        return self.attn.attend_written(q.view(q.shape[0], -1, self.cfg.head_dim))
+        cfg = self.cfg
+        q_norm = (self.k_norm if kv_only else self.q_norm) if cfg.qk_norm else None
+        qk_norm = (q_norm.weight, self.k_norm.weight, self.k_norm.eps) if cfg.qk_norm else None
+        weight = self.qkv.weight[cfg.q_size:] if kv_only else self.qkv.weight
+        return norm_project_qkv(rows, eps, weight, cfg.head_dim, 0 if kv_only else cfg.q_size, positions,
+                                self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots, qk_norm=qk_norm)
 
 
 class LlamaMLP(nn.Module):
