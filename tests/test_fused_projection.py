@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from outpace.layers.fused_projection import (fused_rows_apply, norm_project, norm_project_qkv, norm_project_swiglu,
-                                             normed_rows, project_add, project_add_normed)
+from outpace.layers.fused_projection import (embed_norm_pair, fused_rows_apply, norm_project, norm_project_qkv,
+                                             norm_project_swiglu, normed_rows, project_add, project_add_normed)
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
@@ -111,6 +111,18 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
                      qk_norm=(kn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None)
     _close(kv_only[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(kv_only[1].view(-1, kv_size)[slots], v)
+
+
+def test_embed_norm_pair_is_both_norms_concatenated():
+    """EAGLE3's layer input: [RMSNorm(embedding[ids]) | RMSNorm(hidden)] in one kernel."""
+    emb, hidden = _rand(50, 40, seed=23), _rand(3, 40, seed=24)
+    we, wh, ids = _rand(40, seed=25), _rand(40, seed=26), torch.tensor([7, 0, 49])
+    expected = torch.cat([rms_norm_torch(emb[ids].double(), we.double(), EPS)[0],
+                          rms_norm_torch(hidden.double(), wh.double(), EPS)[0]], dim=-1)
+    out = embed_norm_pair(ids.to(DEVICE), emb.to(DEVICE), (we.to(DEVICE), EPS), hidden.to(DEVICE), (wh.to(DEVICE), EPS))
+    _close(out, expected)
+    with pytest.raises(ValueError, match="one eps"):
+        embed_norm_pair(ids.to(DEVICE), emb.to(DEVICE), (we.to(DEVICE), EPS), hidden.to(DEVICE), (wh.to(DEVICE), 1e-3))
 
 
 def test_applies_only_to_few_half_precision_rows_on_the_gpu_without_grad():

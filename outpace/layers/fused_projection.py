@@ -84,6 +84,22 @@ def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, BLOCK
 
 
 @triton.jit
+def _embed_norm_pair_kernel(ids_ptr, emb_ptr, w_emb_ptr, h_ptr, w_h_ptr, out_ptr, N, stride_emb, stride_h, eps,
+                            BLOCK: tl.constexpr):
+    """Row r: out[r] = [RMSNorm(emb[ids[r]]) * w_emb | RMSNorm(h[r]) * w_h], out [M, 2 * N]."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    token = tl.load(ids_ptr + row).to(tl.int64)
+    e = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
+    h = tl.load(h_ptr + row * stride_h + cols, mask=ok, other=0.0).to(tl.float32)
+    e *= tl.rsqrt(tl.sum(e * e, axis=0) / N + eps) * tl.load(w_emb_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    h *= tl.rsqrt(tl.sum(h * h, axis=0) / N + eps) * tl.load(w_h_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * 2 * N + cols, e.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _fused_rows_kernel(
         x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
         pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
@@ -267,6 +283,21 @@ def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor) -> NormedRows:
     _normed_rows_kernel[(x.shape[0],)](x, norm_weight, normed, sq, x.shape[0], x.shape[1], x.stride(0),
                                        BLOCK=triton.next_power_of_2(x.shape[1]))
     return NormedRows(x, normed, sq)
+
+
+def embed_norm_pair(token_ids: torch.Tensor, embedding: torch.Tensor, embed_norm: tuple[torch.Tensor, float],
+                    hidden: torch.Tensor, hidden_norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """EAGLE3's layer input in one kernel: token_ids [M], embedding [vocab, N], hidden [M, N], norms
+    (weight [N], eps) with one eps -> [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
+    (w_emb, eps), (w_h, eps_h) = embed_norm, hidden_norm
+    if eps != eps_h:
+        raise ValueError(f"embed_norm_pair takes one eps, got {eps} and {eps_h}")
+    m, n = hidden.shape
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    out = torch.empty(m, 2 * n, dtype=hidden.dtype, device=hidden.device)
+    _embed_norm_pair_kernel[(m,)](token_ids, embedding, w_emb, hidden, w_h, out, n, embedding.stride(0),
+                                  hidden.stride(0), eps, BLOCK=triton.next_power_of_2(n))
+    return out
 
 
 def project_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:

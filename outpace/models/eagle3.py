@@ -83,12 +83,21 @@ class Eagle3Layer(nn.Module):
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """embeds, hidden [n, hidden] -> [n, hidden] pre-norm output (residual stream = ``hidden``)."""
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
-        if self.self_attn.fuses(x) and self.mlp.gate_up is not None:  # few rows on the GPU
-            attn = self.self_attn.attend_fused(positions, x, self.input_layernorm.eps)
-            return fused_attention_output_and_mlp(attn, hidden, self.self_attn.o_proj, self.post_attention_layernorm,
-                                                  self.mlp, None)
+        if self.fuses(x):
+            return self.forward_fused(positions, x, hidden)
         h = hidden + self.self_attn(positions, x)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves these rows: few of them on the GPU (LlamaAttention.fuses)."""
+        return self.self_attn.fuses(x) and self.mlp.gate_up is not None
+
+    def forward_fused(self, positions: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """x [n, 2 * hidden] the normalised [embedding | hidden] -> ``forward``'s output: four projection
+        kernels around attention (layers/fused_projection.py)."""
+        attn = self.self_attn.attend_fused(positions, x, self.input_layernorm.eps)
+        return fused_attention_output_and_mlp(attn, hidden, self.self_attn.o_proj, self.post_attention_layernorm,
+                                              self.mlp, None)
 
 
 class Eagle3Draft(nn.Module):
@@ -119,7 +128,11 @@ class Eagle3Draft(nn.Module):
                           None if hasattr(self, "lm_head") else target.lm_head)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return (self.embed_tokens if hasattr(self, "embed_tokens") else self._borrowed[0])(token_ids)
+        return self._embedding(token_ids)
+
+    @property
+    def _embedding(self) -> nn.Embedding:
+        return self.embed_tokens if hasattr(self, "embed_tokens") else self._borrowed[0]
 
     def fuse_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """[n, num_aux * target_hidden] concatenated target states -> [n, hidden]."""
@@ -130,7 +143,14 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """token_ids [n] (token t+1), positions [n] (t), hidden [n, hidden] -> [n, hidden] pre-norm."""
-        return self.midlayer(positions, self.embed(token_ids), hidden)
+        layer = self.midlayer
+        if layer.fuses(hidden):  # few rows on the GPU: the embedding lookup and both norms in one kernel
+            from outpace.layers.fused_projection import embed_norm_pair
+
+            norms = [(n.weight, n.eps) for n in (layer.input_layernorm, layer.hidden_norm)]
+            x = embed_norm_pair(token_ids, self._embedding.weight, norms[0], hidden, norms[1])
+            return layer.forward_fused(positions, x, hidden)
+        return layer(positions, self.embed(token_ids), hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
