@@ -98,7 +98,7 @@ import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.linear import batch_invariant_enabled
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor
@@ -106,6 +106,8 @@ _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128     # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64       # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
 _INVARIANT_SPLIT_ROWS = 512   # batch-invariant variant: KV rows per split
+_PREFETCH_ROWS = tl.constexpr(256)  # KV rows of its split a program prefetches into L2 before waiting on the previous kernel
+prefetch_kv = True     # that prefetch (with PDL); a switch for benchmarks (bench/profile.py measures both)
 
 
 @triton.jit(do_not_specialize=["stride_table_seq"])
@@ -167,6 +169,29 @@ def _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.
     slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                              # [BLOCK_N] int64
     kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]                # [BLOCK_N, BLOCK_D]
     return offs_n, n_ok, kv_offs, n_ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
+def _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS: tl.constexpr, HAS_MASK: tl.constexpr,
+              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
+    rows its query tile can see, kv_lo .. kv_hi - 1; and shared_end (rows below it are seen by every
+    row of the tile) and prefix (rows cached before this forward)."""
+    seq = tl.program_id(0) // KV_HEADS
+    q_start = tl.program_id(1) * BLOCK_Q
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
+    prefix = seq_len - query_len
+    if HAS_MASK:
+        kv_end = seq_len
+        shared_end = seq_len - window              # rows before the mask's window: seen by every row
+    else:
+        kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
+        shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
+    kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
+    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    kv_lo = tl.program_id(2) * split_len
+    return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix
 
 
 @triton.jit
@@ -236,25 +261,31 @@ def _attention_kernel(
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
 ):
+    if PREFETCH_LINES > 0:
+        # While the previous kernel (the q/k/v projection) drains: the first _PREFETCH_ROWS of this
+        # program's KV rows into L2 (PREFETCH_LINES 128-byte lines a row and head). The metadata and
+        # block tables the addresses come from were complete before the forward's first kernel
+        # launched without PDL; rows the previous kernel is still writing may be fetched before it
+        # writes them, which is harmless: L2 is where global memory is coherent.
+        kv_lo, kv_hi, _, _ = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS, HAS_MASK,
+                                       BLOCK_Q, BLOCK_N)
+        kv_hi = tl.minimum(kv_hi, kv_lo + _PREFETCH_ROWS)
+        bt_ptr = block_tables_ptr + (tl.program_id(0) // KV_HEADS) * stride_bt_seq
+        lines = (tl.program_id(0) % KV_HEADS) * stride_cache_head + tl.arange(0, PREFETCH_LINES) * LINE_ELEMS
+        for start in range(kv_lo, kv_hi, BLOCK_N):
+            rows = start + tl.arange(0, BLOCK_N)                                 # [BLOCK_N]
+            block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=rows < kv_hi, other=0)
+            offs = (block * BLOCK_SIZE + rows % BLOCK_SIZE)[:, None] * stride_cache_slot + lines[None, :]
+            prefetch_l2(k_cache_ptr + offs)
+            prefetch_l2(v_cache_ptr + offs)
     pdl_enter(PDL)
-    seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok, q = _query_tile(
+    seq, kv_head, _, split, seq_len, _, q_index, head, row_ok, token, offs_d, d_ok, q = _query_tile(
         q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt, stride_qh, stride_table_seq,
         KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q, BLOCK_M, BLOCK_D)
-
-    # KV rows this program visits: its split of the rows the tile can see.
-    prefix = seq_len - query_len                   # rows cached before this forward
-    if HAS_MASK:
-        kv_end = seq_len
-        shared_end = seq_len - window              # rows before the mask's window: seen by every row
-    else:
-        kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
-        shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
-    kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
-    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-    kv_lo = split * split_len
-    kv_hi = tl.minimum(kv_lo + split_len, kv_end)
+    kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
+                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
 
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
@@ -592,6 +623,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         BLOCK_D=cfg.block_d,
         SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+        PREFETCH_LINES=triton.cdiv(head_dim * k_cache.element_size(), 128) if pdl and prefetch_kv else 0,
+        LINE_ELEMS=128 // k_cache.element_size(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch_options(pdl),
     )
     if cfg.num_splits > 1:

@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from outpace import LLM, SamplingParams
-from outpace.attention import forward_context, uniform_paged_metadata
+from outpace.attention import forward_context, triton_kernels, uniform_paged_metadata
 from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, time_verify_shapes
 from outpace.config import SpeculativeConfig
 
@@ -45,8 +45,16 @@ def _gpu_busy(prof) -> tuple[float, int]:
 
 def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        llm = build_8b(Path(tmp), max_context=1024, max_num_seqs=max(batch, 1))
+        llm = build_8b(Path(tmp), max_context=4096 + 64, max_num_seqs=max(batch, 1))
         engine = llm.engine
+        for ctx in sorted({context, 4096}):  # the attention kernel's KV prefetch on and off, same process
+            times = {}
+            for on in (False, True, False, True):
+                triton_kernels.prefetch_kv = on
+                engine.runner.capture_target(1)
+                times.setdefault(on, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
+            print(f"context {ctx}: captured decode forward {min(times[True]):.4f} ms with the KV prefetch, "
+                  f"{min(times[False]):.4f} ms without")
         graph_ms = time_verify_shapes(llm, batch, context)[0]["ms"]
         runner, pool = engine.runner, engine.pool
         ids = [f"profile-{i}" for i in range(batch)]

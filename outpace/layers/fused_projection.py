@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from outpace.layers.linear import batch_invariant_enabled
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.skinny_gemm import MAX_ROWS
 
 # epilogues (EPILOGUE)
@@ -62,13 +62,6 @@ class NormedRows:
     stream: torch.Tensor
     normed: torch.Tensor
     sq_parts: torch.Tensor
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask for the 128-byte lines at ``ptrs`` to be brought into L2 (no registers are written)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -128,9 +121,9 @@ def _fused_rows_kernel(
         lines = tl.arange(0, PREFETCH_K // 64) * 64                              # one bf16 element per 128 B
         lines = tl.where(lines < K, lines, 0)[None, :]                           # never past a row's end
         row_a = tl.where(i_ok, col_a, 0)[:, None] * stride_wn
-        _prefetch_l2(w_ptr + row_a + lines)
+        prefetch_l2(w_ptr + row_a + lines)
         if paired:
-            _prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
+            prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
     pdl_enter(PDL)
     if SCALE_ROWS:
         parts = tl.arange(0, BLOCK_P)

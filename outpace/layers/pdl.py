@@ -36,3 +36,12 @@ def pdl_enter(ENABLED: tl.constexpr):
     if ENABLED:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask for the 128-byte lines at ``ptrs`` to be brought into L2 (no registers are written): what a
+    kernel does with inputs that no earlier kernel still writes, before ``pdl_enter``. Only a hint:
+    L2 is where global memory is coherent, so a line a later write changes is never read stale."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
