@@ -20,10 +20,12 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    mask's gather within the registers. Softmax is online in float32, in base 2 (the scale is
    folded with log2(e)).
    With one split the program normalises and writes the output; otherwise it writes its
-   unnormalised partial (running max, sum and accumulator) for every token and head it owns,
-   neutral ones (max -1e30, sum 0) when its range is empty.
+   unnormalised partial (running max, sum and accumulator) for every token and head it owns. A
+   split whose range is empty (past the rows its tile sees: most of them for short sequences in a
+   grid sized for long ones) returns at once, except split 0, which always writes.
 3. ``_combine_kernel`` (one program per token and q head, only when num_splits > 1): merges the
-   splits' partials.
+   partials of the splits that ran for the token's tile (it recomputes the split geometry from the
+   metadata, ``_split_geometry``).
 
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
@@ -172,13 +174,11 @@ def _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.
 
 
 @triton.jit
-def _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS: tl.constexpr, HAS_MASK: tl.constexpr,
-              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
-    rows its query tile can see, kv_lo .. kv_hi - 1; and shared_end (rows below it are seen by every
-    row of the tile) and prefix (rows cached before this forward)."""
-    seq = tl.program_id(0) // KV_HEADS
-    q_start = tl.program_id(1) * BLOCK_Q
+def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits, HAS_MASK: tl.constexpr,
+                    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query tile starting at query ``q_start`` of sequence ``seq``: kv_end (it sees KV rows
+    below it), shared_end (rows below it are seen by every row of the tile), prefix (rows cached
+    before this forward) and split_len (KV rows a split covers; splits past kv_end are empty)."""
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
     prefix = seq_len - query_len
@@ -190,6 +190,17 @@ def _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS: tl.con
         shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
     kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
     split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    return kv_end, shared_end, prefix, split_len
+
+
+@triton.jit
+def _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS: tl.constexpr, HAS_MASK: tl.constexpr,
+              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
+    rows its query tile can see, kv_lo .. kv_hi - 1; and shared_end and prefix (``_split_geometry``)."""
+    kv_end, shared_end, prefix, split_len = _split_geometry(
+        seq_lens_ptr, query_lens_ptr, tl.program_id(0) // KV_HEADS, tl.program_id(1) * BLOCK_Q, window, num_splits,
+        HAS_MASK, BLOCK_Q, BLOCK_N)
     kv_lo = tl.program_id(2) * split_len
     return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix
 
@@ -281,11 +292,32 @@ def _attention_kernel(
             prefetch_l2(k_cache_ptr + offs)
             prefetch_l2(v_cache_ptr + offs)
     pdl_enter(PDL)
+    kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
+                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
+    # A split past the rows its tile sees does nothing: the combine reads only the splits that have
+    # rows (split 0 always runs, so every row gets a result).
+    if (kv_lo < kv_hi) | (tl.program_id(2) == 0):
+        _attention_program(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+                           token_table_ptr, block_tables_ptr, seq_lens_ptr, query_lens_ptr, custom_mask_ptr,
+                           qk_scale, num_tokens, window, stride_qt, stride_qh, stride_ot, stride_oh,
+                           stride_cache_slot, stride_cache_head, stride_table_seq, stride_bt_seq, stride_mask_seq,
+                           stride_mask_q, kv_lo, kv_hi, shared_end, prefix, KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE,
+                           BLOCK_Q, BLOCK_M, BLOCK_N, BLOCK_N_TAIL, BLOCK_D, SPLIT_KV, HAS_MASK, PRECISION)
+
+
+@triton.jit
+def _attention_program(
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, token_table_ptr,
+        block_tables_ptr, seq_lens_ptr, query_lens_ptr, custom_mask_ptr, qk_scale, num_tokens, window,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_cache_slot, stride_cache_head, stride_table_seq,
+        stride_bt_seq, stride_mask_seq, stride_mask_q, kv_lo, kv_hi, shared_end, prefix,
+        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
+        BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1."""
     seq, kv_head, _, split, seq_len, _, q_index, head, row_ok, token, offs_d, d_ok, q = _query_tile(
         q_ptr, token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_qt, stride_qh, stride_table_seq,
         KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q, BLOCK_M, BLOCK_D)
-    kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
-                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
 
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
@@ -316,19 +348,27 @@ def _attention_kernel(
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_splits"])
+@triton.jit(do_not_specialize=["num_tokens", "num_splits", "window"])
 def _combine_kernel(
     part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
     part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
     out_ptr,                               # [num_tokens, heads, head_dim]
-    num_tokens, num_splits, stride_ot, stride_oh,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    seq_index_ptr, query_index_ptr,        # [num_tokens] int64
+    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
+    num_tokens, num_splits, window, stride_ot, stride_oh,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Program (token, head): merges the partials of the splits that saw rows for the token's tile."""
     pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
+    seq = tl.load(seq_index_ptr + token)
+    q_start = tl.load(query_index_ptr + token).to(tl.int32) // BLOCK_Q * BLOCK_Q
+    kv_end, _, _, split_len = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits,
+                                              HAS_MASK, BLOCK_Q, BLOCK_N)
     offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < num_splits
+    s_ok = (offs_s < num_splits) & ((offs_s == 0) | (offs_s * split_len < kv_end))  # the splits that ran
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     part = (offs_s * num_tokens + token) * HEADS + head                          # [BLOCK_S]
@@ -629,9 +669,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     )
     if cfg.num_splits > 1:
         _combine_kernel[(num_tokens, heads)](
-            part_acc, part_max, part_sum, out, num_tokens, cfg.num_splits, out.stride(0), out.stride(1),
+            part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
+            meta.query_lens, num_tokens, cfg.num_splits, window, out.stride(0), out.stride(1),
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl, **pdl_launch_options(pdl),
+            BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=mask is not None, BLOCK_Q=cfg.block_q,
+            BLOCK_N=cfg.block_n, PDL=pdl, **pdl_launch_options(pdl),
         )
     return out
 
