@@ -210,6 +210,17 @@ INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="runs th
                                       "interpreter; on the GPU the bf16 tests here check the real dispatch")
 
 
+def _speculate(spec, max_tokens: int) -> list:
+    """Greedy speculation on the zoo target with the Triton attention backend, two prompts: each
+    request's tokens and its acceptance per draft position."""
+    from outpace import LLM, SamplingParams
+
+    llm = LLM("zoo/tinypy", speculative=spec, attention_backend="triton", max_num_seqs=2)
+    outs = llm.generate(["def add(a, b):", "class Stack:"],
+                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    return [(o.token_ids, o.spec_metrics.acceptance_rate_per_position) for o in outs]
+
+
 @INTERPRETER_ONLY
 def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
     """EAGLE3 speculation on the zoo pair with every few-row forward fused (target decode and verify,
@@ -217,23 +228,14 @@ def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
     same tokens and the same accepted drafts (the draft's proposals) as without fusion."""
     import outpace.models.eagle3 as eagle3
     import outpace.models.llama as llama
-    from outpace import LLM, SamplingParams
     from outpace.config import SpeculativeConfig
 
     spec = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3)
-    prompts = ["def add(a, b):", "class Stack:"]
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-    def generate():
-        llm = LLM("zoo/tinypy", speculative=spec, attention_backend="triton", max_num_seqs=2)
-        outs = llm.generate(prompts, params)
-        return [(o.token_ids, o.spec_metrics.acceptance_rate_per_position) for o in outs]
-
-    expected = generate()
+    expected = _speculate(spec, 8)
     calls, real = [], eagle3.fused_attention_output_and_mlp
     monkeypatch.setattr(llama, "_fusable", lambda x, w: x.shape[0] <= 16)
     monkeypatch.setattr(eagle3, "fused_attention_output_and_mlp", lambda *a: calls.append(1) or real(*a))
-    assert generate() == expected
+    assert _speculate(spec, 8) == expected
     assert calls, "the draft layer's fused path did not run"
 
 
@@ -244,23 +246,14 @@ def test_fused_dflash_gives_the_unfused_output(monkeypatch):
     the same accepted drafts as without fusion."""
     import outpace.layers.fused_projection as fp
     import outpace.models.llama as llama
-    from outpace import LLM, SamplingParams
     from outpace.config import SpeculativeConfig
 
     spec = SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7)
-    prompts = ["def add(a, b):", "class Stack:"]
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-
-    def generate():
-        llm = LLM("zoo/tinypy", speculative=spec, attention_backend="triton", max_num_seqs=2)
-        outs = llm.generate(prompts, params)
-        return [(o.token_ids, o.spec_metrics.acceptance_rate_per_position) for o in outs]
-
-    expected = generate()
+    expected = _speculate(spec, 10)
     calls, real = [], fp.norm_project_qkv
     monkeypatch.setattr(llama, "_fusable", lambda x, w: x.shape[0] <= 16)
     monkeypatch.setattr(fp, "norm_project_qkv", lambda *a, **kw: calls.append((a[4], kw["qk_norm"] is not None))
                         or real(*a, **kw))
-    assert generate() == expected
+    assert _speculate(spec, 10) == expected
     assert (0, True) in calls, "no fused context write (k/v only, with the k norm)"
     assert any(q > 0 and qk for q, qk in calls), "no fused draft layer with q/k norms"

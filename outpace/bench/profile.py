@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import tempfile
@@ -51,6 +52,9 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
             times = {}
             for on in (False, True, False, True):
                 triton_kernels.prefetch_kv = on
+                # the old graphs go before the new capture: collected during it, they would invalidate it
+                del engine.runner._captured[1, False]
+                gc.collect()
                 engine.runner.capture_target(1)
                 times.setdefault(on, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
             print(f"context {ctx}: captured decode forward {min(times[True]):.4f} ms with the KV prefetch, "
