@@ -56,6 +56,28 @@ def test_graphed_decode_equals_eager(prompts, reference):
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
+def test_every_bucket_writes_its_logits_into_one_buffer(prompts, reference):
+    """The captured forwards of all buckets share one logits buffer (not one per bucket, which for a
+    large vocabulary would hold gigabytes): a batch of 1 and one of 3 read the same memory, and
+    decoding through buckets 1, 2 and 4 in turn still gives the eager tokens."""
+    params, expected = reference
+    llm = _graphed(None)
+    graph, pool = llm.engine.runner.captured(1, 1), llm.engine.pool
+    ptrs = set()
+    for n in (1, 3):
+        ids = [f"shared-{i}" for i in range(n)]
+        for rid in ids:
+            pool.grow(rid, 8)
+        with torch.inference_mode():
+            _, logits = graph.run(ids, [4] * n, torch.zeros(n, dtype=torch.int64), torch.full((n,), 4))
+        assert logits.shape == (n, llm.engine.model_config.vocab_size)
+        ptrs.add(logits.data_ptr())
+        for rid in ids:
+            pool.free(rid)
+    assert ptrs == {graph.logits.data_ptr()}
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+
+
 def _count_run_ahead_hits(llm: LLM) -> dict:
     """Counts steps whose results came from a step run ahead (engine/runner.py, spec/chain_graph.py)."""
     spec_runner = llm.engine.spec_runner

@@ -113,6 +113,18 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
     _close(kv_only[1].view(-1, kv_size)[slots], v)
 
 
+def test_norm_project_writes_into_a_given_tensor():
+    x, nw, w = _rand(3, 64, seed=27), _rand(64, seed=28), _rand(40, 64, seed=29)
+    rows = normed_rows(x.to(DEVICE), nw.to(DEVICE))
+    buffer = torch.full((5, 40), float("nan"), device=DEVICE)
+    out = norm_project(rows, EPS, w.to(DEVICE), out_dtype=torch.float32, out=buffer[1:4])
+    assert out.data_ptr() == buffer[1:4].data_ptr()
+    _close(buffer[1:4], F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double()))
+    assert buffer[0].isnan().all() and buffer[4].isnan().all()
+    with pytest.raises(ValueError, match="norm_project writes"):
+        norm_project(rows, EPS, w.to(DEVICE), out_dtype=torch.float32, out=buffer[:2])
+
+
 def test_embed_norm_pair_is_both_norms_concatenated():
     """EAGLE3's layer input: [RMSNorm(embedding[ids]) | RMSNorm(hidden)] in one kernel."""
     emb, hidden = _rand(50, 40, seed=23), _rand(3, 40, seed=24)

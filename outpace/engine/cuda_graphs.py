@@ -125,6 +125,9 @@ class CapturedTargetForward:
         # tree verify: each sequence's ancestor mask over its query_len new rows (causal until written)
         self.custom_mask = (torch.ones(query_len, query_len, dtype=torch.bool, device=dev).tril()
                             .repeat(max_seqs, 1, 1) if tree else None)
+        # one logits buffer that every bucket's graph writes into (per-bucket outputs of a large
+        # vocabulary would each stay allocated: ~1.5 GB over the buckets of a 128k-vocabulary tree verify)
+        self.logits = torch.empty(max_seqs * query_len, model.config.vocab_size, dtype=torch.float32, device=dev)
         self._calls = {b: CapturedCall(lambda b=b: self._forward(b), dev, memory_pool)
                        for b in sorted(self.buckets, reverse=True)}
 
@@ -135,7 +138,7 @@ class CapturedTargetForward:
                                       self.tables.pool.block_size, mask)
         with torch.inference_mode(), forward_context(meta, self.backend):
             out = self.model(self.token_ids[:bucket * q], self.positions[:bucket * q])
-            return out, self.model.compute_logits(out.hidden_states)
+            return out, self.model.compute_logits(out.hidden_states, out=self.logits[:bucket * q])
 
     def run(self, request_ids: Sequence[str], starts: Sequence[int], token_ids: torch.Tensor,
             positions: torch.Tensor, custom_mask: torch.Tensor | None = None) -> tuple[ModelOutput, torch.Tensor]:

@@ -312,10 +312,17 @@ def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
 
 
 def norm_project(rows: NormedRows, eps: float, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
-                 pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default)."""
+                 pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default), into
+    ``out`` (contiguous rows) when given."""
     x = rows.normed
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype or x.dtype, device=x.device)
+    shape, dtype = (x.shape[0], weight.shape[0]), out_dtype or x.dtype
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=x.device)
+    elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(1) != 1:
+        raise ValueError(f"norm_project writes {shape} {dtype}, got out {tuple(out.shape)} {out.dtype} "
+                         f"with strides {out.stride()}")
     return _launch(x, weight, out, weight.shape[0], _PLAIN.value, norm=(rows.sq_parts, eps), pdl=pdl, tiles=tiles)
 
 

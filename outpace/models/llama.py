@@ -201,14 +201,17 @@ def fused_attention_output_and_mlp(attn: torch.Tensor, stream: torch.Tensor, o_p
     return project_add_normed(act, mlp.down_proj.weight, mid.stream, next_norm.weight)
 
 
-def norm_head_logits(norm: RMSNorm, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def norm_head_logits(norm: RMSNorm, head: nn.Module, hidden: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """[n, hidden] pre-norm -> [n, vocab] float32 logits: the final norm, then the head (a module with
-    a ``weight`` [vocab, hidden]); one fused kernel for few rows on the GPU."""
+    a ``weight`` [vocab, hidden]); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
+    tensor to write them into (returned), instead of a new one."""
     if _fusable(hidden, head.weight):
         from outpace.layers.fused_projection import norm_project, normed_rows
 
-        return norm_project(normed_rows(hidden, norm.weight), norm.eps, head.weight, out_dtype=torch.float32)
-    return head(norm(hidden)).float()
+        return norm_project(normed_rows(hidden, norm.weight), norm.eps, head.weight, out_dtype=torch.float32, out=out)
+    logits = head(norm(hidden))
+    return logits.float() if out is None else out.copy_(logits)
 
 
 def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -298,9 +301,9 @@ class LlamaForCausalLM(nn.Module):
         aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
         return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits."""
-        return norm_head_logits(self.model.norm, self.lm_head, hidden_states)
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits (written into ``out`` if given)."""
+        return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 
     # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.
     def checkpoint_name(self, param_name: str) -> str:
