@@ -9,6 +9,8 @@ the pool's padding block, so the KV they write lands where no request reads.
 """
 from __future__ import annotations
 
+import gc
+
 from typing import Callable, Sequence
 
 import torch
@@ -47,8 +49,17 @@ class CapturedCall:
             fn()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=memory_pool):
-            self.outputs = fn()
+        # No cyclic garbage collection while capturing: it could free an unreachable graph or its
+        # memory in the middle of the capture, which CUDA does not allow during a capture (a suspect in
+        # an intermittent "capture invalidated" when re-capturing in a loop; not confirmed).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, pool=memory_pool):
+                self.outputs = fn()
+        finally:
+            if collecting:
+                gc.enable()
 
     def replay(self):
         """Run the call; returns its outputs (on CUDA: the captured static tensors)."""
