@@ -41,7 +41,7 @@ class PagedAttentionMetadata:
     # rows before the window are always visible. None means plain causal.
     custom_mask: torch.Tensor | None = None
     _attn_mask: torch.Tensor | None = None
-    _token_table: torch.Tensor | None = None
+    _token_table: torch.Tensor | None = None  # computed on first use, unless the builder has it (uniform)
 
     @property
     def num_seqs(self) -> int:
