@@ -71,7 +71,7 @@ def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qk_norm"])
-@pytest.mark.parametrize("m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64)])
+@pytest.mark.parametrize("m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64), (3, 4, 2, 128)])
 def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_dim, qk_norm):
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
     x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
