@@ -200,7 +200,8 @@ def test_uniform_metadata_fields(query_len):
     expected = (ref.slot_mapping, ref.seq_lens, ref.query_lens, ref.token_seq_index, ref.token_query_index,
                 ref.token_table())
     for build in (_fields_kernel, _fields_torch):
-        got = build(torch.tensor(tables).to(DEVICE), torch.tensor(starts).to(DEVICE), query_len, block_size)
+        strided_starts = torch.tensor([[s, -1] for s in starts]).to(DEVICE)[:, 0]  # a column: stride 2
+        got = build(torch.tensor(tables).to(DEVICE), strided_starts, query_len, block_size)
         for name, a, b in zip(["slots", "seq_lens", "query_lens", "seq_index", "query_index", "token_table"],
                               got, expected):
             assert a.dtype == b.dtype, name

@@ -18,13 +18,13 @@ from outpace.attention.metadata import PagedAttentionMetadata
 
 @triton.jit
 def _uniform_metadata_kernel(tables_ptr, starts_ptr, slots_ptr, seq_lens_ptr, query_lens_ptr, seq_index_ptr,
-                             query_index_ptr, token_table_ptr, query_len, stride_table,
+                             query_index_ptr, token_table_ptr, query_len, stride_table, stride_starts,
                              BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr):
     """Program s: sequence s's tokens s * query_len + i, i < query_len, at KV rows starts[s] + i."""
     seq = tl.program_id(0)
     i = tl.arange(0, BLOCK_Q)
     ok = i < query_len
-    start = tl.load(starts_ptr + seq)
+    start = tl.load(starts_ptr + seq * stride_starts)
     rows = start + i                                                             # [BLOCK_Q]
     block = tl.load(tables_ptr + seq * stride_table + rows // BLOCK_SIZE, mask=ok, other=0)
     token = seq * query_len + i
@@ -63,7 +63,7 @@ def _fields_kernel(block_tables: torch.Tensor, starts: torch.Tensor, query_len: 
     token_table = torch.empty(num_seqs, query_len, dtype=torch.int32, device=dev)
     _uniform_metadata_kernel[(num_seqs,)](
         block_tables, starts, slots, seq_lens, query_lens, seq_index, query_index, token_table, query_len,
-        block_tables.stride(0), BLOCK_SIZE=block_size, BLOCK_Q=triton.next_power_of_2(query_len))
+        block_tables.stride(0), starts.stride(0), BLOCK_SIZE=block_size, BLOCK_Q=triton.next_power_of_2(query_len))
     return slots, seq_lens, query_lens, seq_index, query_index, token_table
 
 
