@@ -10,7 +10,6 @@ the pool's padding block, so the KV they write lands where no request reads.
 from __future__ import annotations
 
 import gc
-
 from typing import Callable, Sequence
 
 import torch

@@ -26,7 +26,7 @@ from outpace.engine.request import Request
 from outpace.models.dflash import load_dflash_draft
 from outpace.spec.chain import ChainDrafts
 from outpace.models.llama import pack_projections
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, split_pending
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, take_excess_rows
 from outpace.spec.rows import draft_rows, row_positions
 
 
@@ -80,14 +80,7 @@ class DFlashProposer(Proposer):
         # Every pending row but a request's last block_size goes into the draft KV now (the prompt's
         # rows after a prefill chunk): the rows left pending fit the captured iteration's buffers
         # (spec/dflash_graph.py), so the first decode step can replay it.
-        reqs, chunks = [], []
-        for r in committed.requests:
-            absorb, keep = split_pending(self._pending[r.request_id], self.block_size)
-            if absorb is not None:
-                self._pending[r.request_id] = [keep]
-                reqs.append(r)
-                chunks.append(absorb)
-        self._write_rows(reqs, chunks)
+        self._write_rows(*take_excess_rows(self._pending, committed.requests, self.block_size))
 
     # ---- drafting ---------------------------------------------------------------------------
     def propose(self, requests: list[Request]) -> DraftBatch:

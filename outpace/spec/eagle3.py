@@ -25,7 +25,7 @@ from outpace.engine.request import Request
 from outpace.models.eagle3 import load_eagle3_draft
 from outpace.spec.chain import ChainDrafts
 from outpace.models.llama import pack_projections
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, split_pending
+from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, take_excess_rows
 from outpace.spec.rows import draft_rows, row_positions
 from outpace.spec.tree import select_tree
 
@@ -80,13 +80,7 @@ class Eagle3Proposer(Proposer):
         prompt's rows after a prefill chunk), so that the rows left pending fit the captured
         iteration's buffers (spec/eagle3_graph.py) and the first decode step can replay it. The two
         extends (these rows now, the rest when drafting) compute what one extend over all would."""
-        reqs, parts = [], []
-        for r in requests:
-            absorb, keep = split_pending(self._pending[r.request_id], self.spec.num_draft_tokens)
-            if absorb is not None:
-                self._pending[r.request_id] = [keep]
-                reqs.append(r)
-                parts.append(absorb)
+        reqs, parts = take_excess_rows(self._pending, requests, self.spec.num_draft_tokens)
         if not reqs:
             return
         starts, counts = [p[2] for p in parts], [p[1].shape[0] for p in parts]

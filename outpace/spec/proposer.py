@@ -65,6 +65,20 @@ def split_pending(chunks: list[tuple], keep: int) -> tuple[tuple | None, tuple]:
     return (*(r[:excess] for r in rows), start), (*(r[excess:] for r in rows), start + excess)
 
 
+def take_excess_rows(pending: dict[str, list[tuple]], requests: list[Request], keep: int) -> tuple[list, list]:
+    """For each request whose pending rows (``pending[request_id]``, chunks as in ``split_pending``)
+    exceed ``keep``: leave the last ``keep`` pending and take the others out. Returns those requests
+    and, for each, the chunk of rows taken (for the drafter to absorb into its KV now)."""
+    taken_from, taken = [], []
+    for r in requests:
+        absorb, kept = split_pending(pending[r.request_id], keep)
+        if absorb is not None:
+            pending[r.request_id] = [kept]
+            taken_from.append(r)
+            taken.append(absorb)
+    return taken_from, taken
+
+
 class Proposer(abc.ABC):
     """A drafter. ``lookahead``: KV rows past a request's last accepted token that it may write
     (the scheduler reserves them, together with the target's verify rows)."""
