@@ -27,20 +27,25 @@ from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, time_verify_shapes
 from outpace.config import SpeculativeConfig
 
 
+def _cuda_events(prof) -> list:
+    """The profiled region's GPU kernels and copies, in launch order."""
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+
+
 def _kernel_table(prof, top: int, per: float = 1.0) -> list[str]:
     """Kernel time and launches by name (divided by ``per``), largest first."""
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[e.name][0] += e.device_time_total / 1e3  # ms
-            by_name[e.name][1] += 1
+    for e in _cuda_events(prof):
+        by_name[e.name][0] += e.device_time_total / 1e3  # ms
+        by_name[e.name][1] += 1
     rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
     return [f"{ms / per:8.4f} ms {n / per:7.1f}x  {name[:110]}" for name, (ms, n) in rows]
 
 
 def _gpu_busy(prof) -> tuple[float, int]:
     """(ms the GPU ran kernels or copies, number of them) over the profiled region."""
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = _cuda_events(prof)
     return sum(e.device_time_total for e in events) / 1e3, len(events)
 
 
@@ -52,7 +57,7 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
             times = {}
             for on in (False, True, False, True):
                 triton_kernels.prefetch_kv = on
-                # the old graphs go before the new capture: collected during it, they would invalidate it
+                # the old graphs are freed before the new capture, not by a later collection
                 del engine.runner._captured[1, False]
                 gc.collect()
                 engine.runner.capture_target(1)
@@ -87,8 +92,7 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
     busy, launches = _gpu_busy(prof)
     print(f"batch {batch}, context {context}: kernels {busy:.3f} ms in {launches} launches; graph replay {graph_ms:.3f} ms")
     print("\n".join(_kernel_table(prof, top)))
-    kernels = sorted((e for e in graph_prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+    kernels = _cuda_events(graph_prof)
     last = kernels[-(len(kernels) // 3):]  # the third replay
     span = (last[-1].time_range.end - last[0].time_range.start) / 1e3
     print(f"one graph replay: {len(last)} kernels, {span:.3f} ms from the first kernel's start to the last one's "
