@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from outpace.layers.fused_projection import (embed_norm_pair, fused_rows_apply, norm_project, norm_project_qkv,
+from outpace.layers.fused_projection import (_PLAIN, _QKV, _launch_grid, embed_norm_pair, fused_rows_apply, norm_project, norm_project_qkv,
                                              norm_project_swiglu, normed_rows, project_add, project_add_normed)
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
@@ -135,6 +135,28 @@ def test_embed_norm_pair_is_both_norms_concatenated():
     _close(out, expected)
     with pytest.raises(ValueError, match="one eps"):
         embed_norm_pair(ids.to(DEVICE), emb.to(DEVICE), (we.to(DEVICE), EPS), hidden.to(DEVICE), (wh.to(DEVICE), 1e-3))
+
+
+@pytest.mark.parametrize("processors", [4, 132])
+@pytest.mark.parametrize("n_out,epilogue,whole", [(70, _PLAIN, 1), (4096, _PLAIN, 1), (128256, _PLAIN, 1),
+                                                  (14336, _QKV, 1), (3072, _QKV, 1), (80, _QKV, 8),
+                                                  (3072, _QKV, 64)])
+def test_grid_gives_every_output_to_one_program_evenly(n_out, epilogue, whole, processors, monkeypatch):
+    from outpace.layers import fused_projection
+    monkeypatch.setattr(fused_projection, "num_sms", lambda device: processors)
+    grid = _launch_grid(n_out, epilogue.value, 2 * n_out, torch.device("cpu"), whole)
+    owner = torch.zeros(n_out, dtype=torch.long)
+    for p in range(grid.programs):
+        own_end = min(p * grid.outs + grid.outs, n_out)
+        for sub in range(grid.subs):
+            start = p * grid.outs + sub * grid.chunk
+            assert start % whole == 0  # a sub-tile starts on a head (per-head norms)
+            owner[start:min(start + grid.chunk, own_end)] += 1
+    assert (owner == 1).all()
+    assert grid.chunk <= grid.block_n and grid.block_n % whole == 0
+    assert grid.programs <= max(processors, n_out // 16)  # one program an SM, unless outputs are few
+    if n_out >= 16 * processors:  # no program has more than its share, to the sub-tile
+        assert grid.outs <= -(-n_out // processors) + whole - 1
 
 
 def test_applies_only_to_few_half_precision_rows_on_the_gpu_without_grad():

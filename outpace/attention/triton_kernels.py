@@ -90,7 +90,6 @@ and its variant spills a little (compiled for sm_90 with Triton 3.9, bf16, head_
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -100,6 +99,7 @@ import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.linear import batch_invariant_enabled
+from outpace.layers.sm_count import num_sms
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 
 _LOG2E = 1.4426950408889634
@@ -274,26 +274,25 @@ def _attention_kernel(
     BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
 ):
+    # The program's KV rows come from the metadata and block tables, which were complete before the
+    # forward's first kernel launched without PDL: read before waiting on the previous kernel.
+    kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
+                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
     if PREFETCH_LINES > 0:
         # While the previous kernel (the q/k/v projection) drains: the first _PREFETCH_ROWS of this
-        # program's KV rows into L2 (PREFETCH_LINES 128-byte lines a row and head). The metadata and
-        # block tables the addresses come from were complete before the forward's first kernel
-        # launched without PDL; rows the previous kernel is still writing may be fetched before it
-        # writes them, which is harmless: L2 is where global memory is coherent.
-        kv_lo, kv_hi, _, _ = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS, HAS_MASK,
-                                       BLOCK_Q, BLOCK_N)
-        kv_hi = tl.minimum(kv_hi, kv_lo + _PREFETCH_ROWS)
+        # program's KV rows into L2 (PREFETCH_LINES 128-byte lines a row and head). Rows the previous
+        # kernel is still writing may be fetched before it writes them, which is harmless: L2 is where
+        # global memory is coherent.
+        prefetch_hi = tl.minimum(kv_hi, kv_lo + _PREFETCH_ROWS)
         bt_ptr = block_tables_ptr + (tl.program_id(0) // KV_HEADS) * stride_bt_seq
         lines = (tl.program_id(0) % KV_HEADS) * stride_cache_head + tl.arange(0, PREFETCH_LINES) * LINE_ELEMS
-        for start in range(kv_lo, kv_hi, BLOCK_N):
+        for start in range(kv_lo, prefetch_hi, BLOCK_N):
             rows = start + tl.arange(0, BLOCK_N)                                 # [BLOCK_N]
-            block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=rows < kv_hi, other=0)
+            block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=rows < prefetch_hi, other=0)
             offs = (block * BLOCK_SIZE + rows % BLOCK_SIZE)[:, None] * stride_cache_slot + lines[None, :]
             prefetch_l2(k_cache_ptr + offs)
             prefetch_l2(v_cache_ptr + offs)
     pdl_enter(PDL)
-    kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
-                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
     # A split past the rows its tile sees does nothing: the combine reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
     if (kv_lo < kv_hi) | (tl.program_id(2) == 0):
@@ -359,14 +358,16 @@ def _combine_kernel(
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (token, head): merges the partials of the splits that saw rows for the token's tile."""
-    pdl_enter(PDL)
+    """Program (token, head): merges the partials of the splits that saw rows for the token's tile.
+    Which splits ran follows from the metadata alone (complete before the forward's first kernel):
+    worked out before waiting on the attention kernel."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(seq_index_ptr + token)
     q_start = tl.load(query_index_ptr + token).to(tl.int32) // BLOCK_Q * BLOCK_Q
     kv_end, _, _, split_len = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits,
                                               HAS_MASK, BLOCK_Q, BLOCK_N)
+    pdl_enter(PDL)
     offs_s = tl.arange(0, BLOCK_S)
     s_ok = (offs_s < num_splits) & ((offs_s == 0) | (offs_s * split_len < kv_end))  # the splits that ran
     offs_d = tl.arange(0, BLOCK_D)
@@ -582,14 +583,6 @@ def invariant_launch_config(kv_heads: int, group: int, head_dim: int, elem_size:
                         num_warps=8, num_stages=2 if fp32 else 3, split_rows=split_rows)
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; a small stand-in elsewhere (Triton's interpreter)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -638,7 +631,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     pdl = pdl_available(q.device)
     cfg = launch_config(meta.num_seqs, kv_heads, heads // kv_heads, head_dim,
                         max(q.element_size(), k_cache.element_size()), meta.max_query_len,
-                        meta.block_tables.shape[1] * meta.block_size, _num_sms(q.device), num_splits)
+                        meta.block_tables.shape[1] * meta.block_size, num_sms(q.device), num_splits)
     out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
     if cfg.num_splits > 1:
         part_acc = torch.empty(cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device)

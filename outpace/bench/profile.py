@@ -1,7 +1,8 @@
 """Where the GPU time of a step goes (``python -m outpace.bench.profile``).
 
-- ``8b [batch] [context]``: the 8B-shaped model, one forward run eagerly under torch.profiler, kernel
-  time summed by kernel name, next to the captured graph's replay time (the difference is launch gaps
+- ``8b [batch] [context]``: the 8B-shaped model: the captured forward's time with each of SWITCHES on
+  and off; one forward run eagerly under torch.profiler, kernel time summed by kernel name, next to
+  the captured graph's replay time (the difference is launch gaps
   inside the graph and the host-to-device copies of its inputs).
 - ``zoo [method] [batch]``: the zoo target (``none``) or one of its drafters (bench/gpu.py's
   ZOO_DRAFTERS) generating through the engine, CUDA graphs and run-ahead as served: per engine step,
@@ -25,6 +26,12 @@ from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, triton_kernels, uniform_paged_metadata
 from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, time_verify_shapes
 from outpace.config import SpeculativeConfig
+from outpace.layers import fused_projection
+
+
+# switches measured on and off by ``profile_decode`` (each left on): label -> (module, attribute)
+SWITCHES = {"the KV prefetch": (triton_kernels, "prefetch_kv"),
+            "programs balanced over the SMs": (fused_projection, "balance_programs")}
 
 
 def _cuda_events(prof) -> list:
@@ -53,17 +60,18 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         llm = build_8b(Path(tmp), max_context=4096 + 64, max_num_seqs=max(batch, 1))
         engine = llm.engine
-        for ctx in sorted({context, 4096}):  # the attention kernel's KV prefetch on and off, same process
-            times = {}
-            for on in (False, True, False, True):
-                triton_kernels.prefetch_kv = on
-                # the old graphs are freed before the new capture, not by a later collection
-                del engine.runner._captured[1, False]
-                gc.collect()
-                engine.runner.capture_target(1)
-                times.setdefault(on, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
-            print(f"context {ctx}: captured decode forward {min(times[True]):.4f} ms with the KV prefetch, "
-                  f"{min(times[False]):.4f} ms without")
+        for ctx in sorted({context, 4096}):  # each switch on and off, same process
+            for label, (module, name) in SWITCHES.items():
+                times = {}
+                for on in (False, True, False, True):
+                    setattr(module, name, on)
+                    # the old graphs are freed before the new capture, not by a later collection
+                    del engine.runner._captured[1, False]
+                    gc.collect()
+                    engine.runner.capture_target(1)
+                    times.setdefault(on, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
+                print(f"context {ctx}: captured decode forward {min(times[True]):.4f} ms with {label}, "
+                      f"{min(times[False]):.4f} ms without")
         graph_ms = time_verify_shapes(llm, batch, context)[0]["ms"]
         runner, pool = engine.runner, engine.pool
         ids = [f"profile-{i}" for i in range(batch)]

@@ -43,12 +43,14 @@ import triton.language as tl
 from outpace.layers.linear import batch_invariant_enabled
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.skinny_gemm import MAX_ROWS
+from outpace.layers.sm_count import num_sms
 
 # epilogues (EPILOGUE)
 _PLAIN = tl.constexpr(0)
 _SWIGLU = tl.constexpr(1)
 _QKV = tl.constexpr(2)
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
+balance_programs = True  # outputs spread evenly over the SMs (``_launch_grid``); a switch for bench/profile.py
 
 
 @dataclass
@@ -96,31 +98,32 @@ def _embed_norm_pair_kernel(ids_ptr, emb_ptr, w_emb_ptr, h_ptr, w_h_ptr, out_ptr
 def _fused_rows_kernel(
         x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
         pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
-        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size, qk_eps,
-        SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr, NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size, qk_eps, subs,
+        OUTS: tl.constexpr, CHUNK: tl.constexpr, SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr, NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
         QK_NORM: tl.constexpr,
         HALF: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr,
         PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
-    """Program p owns outputs i = p * BN ... p * BN + BN - 1 of every row. PLAIN: output i is column i.
+    """Program p owns outputs p * OUTS ... p * OUTS + OUTS - 1 of every row and computes them as ``subs``
+    sub-tiles of CHUNK (<= BN) consecutive outputs each. PLAIN: output i is column i.
     SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
     SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
-    NEXT_NORM (PLAIN with RESIDUAL): also writes out * next_norm and this program's sums of out^2.
-    QK_NORM (QKV, BN a multiple of HALF: a program holds whole heads): per-head RMSNorm of q and k."""
+    NEXT_NORM (PLAIN with RESIDUAL): also writes out * next_norm and each sub-tile's sums of out^2
+    (part p * subs + sub of sq_out).
+    QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k."""
     pid = tl.program_id(0)
-    i = pid * BN + tl.arange(0, BN)                                              # [BN]
-    i_ok = i < N_OUT
+    own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
-    if paired:
-        col_a = (i // HALF) * (2 * HALF) + i % HALF                             # [BN]
-    else:
-        col_a = i
     rows = tl.arange(0, BM)                                                      # [BM]
     row_ok = rows < M
     ks = tl.arange(0, BK)
     if PDL:
+        i = pid * OUTS + tl.arange(0, BN)                                        # the first sub-tile's outputs
+        i = tl.where((i < pid * OUTS + CHUNK) & (i < own_end), i, pid * OUTS)
+        if paired:
+            i = (i // HALF) * (2 * HALF) + i % HALF
         lines = tl.arange(0, PREFETCH_K // 64) * 64                              # one bf16 element per 128 B
         lines = tl.where(lines < K, lines, 0)[None, :]                           # never past a row's end
-        row_a = tl.where(i_ok, col_a, 0)[:, None] * stride_wn
+        row_a = i[:, None] * stride_wn
         prefetch_l2(w_ptr + row_a + lines)
         if paired:
             prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
@@ -130,44 +133,52 @@ def _fused_rows_kernel(
         sq = tl.load(sq_in_ptr + parts[:, None] * M + rows[None, :],
                      mask=(parts < num_sq_parts)[:, None] & row_ok[None, :], other=0.0)     # [BLOCK_P, BM]
         rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]                  # [BM, 1]
-    acc_a = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + ks                                                             # [BK]
-        k_ok = kk < K
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0)                                                   # [BM, BK]
-        w_ok = i_ok[:, None] & k_ok[None, :]
-        w_a = tl.load(w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)   # [BN, BK]
-        acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
+    for sub in range(subs):
+        start = pid * OUTS + sub * CHUNK
+        i = start + tl.arange(0, BN)                                             # [BN]
+        i_ok = (i < start + CHUNK) & (i < own_end)
         if paired:
-            w_b = tl.load(w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)
-            acc_b += tl.dot(x, tl.trans(w_b), input_precision=PRECISION)
-    if SCALE_ROWS:
-        acc_a *= rstd
-        acc_b *= rstd
-    ok = row_ok[:, None] & i_ok[None, :]
-    if EPILOGUE == _PLAIN:
-        if RESIDUAL:
-            acc_a += tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0).to(tl.float32)
-        out = acc_a.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
-        if NEXT_NORM:
-            s = tl.where(ok, out.to(tl.float32), 0.0)                            # the stream as stored
-            w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32)
-            tl.store(normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
-                     (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty), mask=ok)
-            tl.store(sq_out_ptr + pid * M + rows, tl.sum(s * s, axis=1), mask=row_ok)
-    elif EPILOGUE == _SWIGLU:
-        silu = acc_a / (1.0 + tl.exp(-acc_a))
-        tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], (silu * acc_b).to(out_ptr.dtype.element_ty),
-                 mask=ok)
-    else:
-        if QK_NORM:
-            acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr, qk_eps,
-                                      BM, BN, HALF)
-        _qkv_epilogue(acc_a, acc_b, rows, row_ok, col_a, i % HALF, ok, out_ptr, stride_om, pos_ptr, cos_ptr, sin_ptr,
-                      k_cache_ptr, v_cache_ptr, slot_ptr, q_size, kv_size, HALF)
+            col_a = (i // HALF) * (2 * HALF) + i % HALF                         # [BN]
+        else:
+            col_a = i
+        acc_a = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_b = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + ks                                                         # [BK]
+            k_ok = kk < K
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                        other=0.0)                                               # [BM, BK]
+            w_ok = i_ok[:, None] & k_ok[None, :]
+            w_a = tl.load(w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)   # [BN, BK]
+            acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
+            if paired:
+                w_b = tl.load(w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)
+                acc_b += tl.dot(x, tl.trans(w_b), input_precision=PRECISION)
+        if SCALE_ROWS:
+            acc_a *= rstd
+            acc_b *= rstd
+        ok = row_ok[:, None] & i_ok[None, :]
+        if EPILOGUE == _PLAIN:
+            if RESIDUAL:
+                acc_a += tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0).to(tl.float32)
+            out = acc_a.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
+            if NEXT_NORM:
+                s = tl.where(ok, out.to(tl.float32), 0.0)                        # the stream as stored
+                w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32)
+                tl.store(normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
+                         (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty), mask=ok)
+                tl.store(sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok)
+        elif EPILOGUE == _SWIGLU:
+            silu = acc_a / (1.0 + tl.exp(-acc_a))
+            tl.store(out_ptr + rows[:, None] * stride_om + i[None, :],
+                     (silu * acc_b).to(out_ptr.dtype.element_ty), mask=ok)
+        else:
+            if QK_NORM:
+                acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr,
+                                          qk_eps, BM, BN, HALF)
+            _qkv_epilogue(acc_a, acc_b, rows, row_ok, col_a, i % HALF, ok, out_ptr, stride_om, pos_ptr, cos_ptr,
+                          sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_size, kv_size, HALF)
 
 
 @triton.jit
@@ -222,50 +233,77 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not batch_invariant_enabled())
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """How a projection's outputs (columns, or column pairs) spread over the programs: ``outs`` a
+    program, computed as ``subs`` sub-tiles of ``chunk`` outputs in a tile ``block_n`` wide."""
+    programs: int
+    outs: int
+    subs: int
+    chunk: int
+    block_n: int
+
+
+def _grid(n_out: int, outs: int, max_block: int, whole: int = 1) -> _Grid:
+    """About ``outs`` outputs a program, in sub-tiles of at most ``max_block`` outputs that hold whole
+    multiples of ``whole`` (a head's pairs, for per-head norms; ``max_block`` >= ``whole``)."""
+    outs = triton.cdiv(outs, whole) * whole
+    subs = triton.cdiv(outs, max_block // whole * whole)
+    chunk = triton.cdiv(outs // whole, subs) * whole
+    return _Grid(triton.cdiv(n_out, outs), outs, triton.cdiv(outs, chunk), chunk, max(16, triton.next_power_of_2(chunk)))
+
+
+def _launch_grid(n_out: int, epilogue: int, weight_rows: int, device: torch.device, whole_heads: int = 1,
+                 outs: int | None = None) -> _Grid:
+    """The grid of a projection with ``n_out`` outputs: by default the outputs spread evenly over one
+    program a streaming multiprocessor (``outs`` a program when given: benchmarks).
+
+    A few-row projection streams its weights, and one program streams them at about one SM's share of
+    the H100's bandwidth, no faster: a grid of power-of-two tiles leaves SMs idle (q/k/v: 96 programs
+    of 32 pairs on 132 SMs) or ends in a partial wave (gate/up: 448 programs, 3.4 an SM). Here every
+    program gets the same number of outputs, give or take one, in sub-tiles of at most 32 (64 for a
+    wide plain projection: the LM head)."""
+    max_block = max(64 if epilogue == _PLAIN.value and weight_rows >= 16384 else 32, whole_heads)
+    if outs is None:
+        outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out)) if balance_programs else max_block
+    return _grid(n_out, outs, max_block, whole_heads)
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int, epilogue: int, half: int = 1,
             norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
             next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
             qkv: tuple | None = None, qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
             pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
-    sq_parts out [programs, M]); qk_norm: (q_norm weight, k_norm weight, eps) for QKV.
-    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
+    sq_parts out [programs x sub-tiles, M]: ``_launch_grid``); qk_norm: (q_norm weight, k_norm weight,
+    eps) for QKV. ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    block_n, block_k, num_warps, num_stages = tiles or _default_tiles(weight.shape[0], epilogue,
-                                                                      half if qk_norm is not None else 1)
+    outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, 5)
+    if tiles is None and qk_norm is not None and half > 32:
+        block_k, num_stages = 128, 4  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
+    grid = _launch_grid(n_out, epilogue, weight.shape[0], x.device, half if qk_norm is not None else 1, outs)
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
+    if next_norm is not None and sq_out.shape[0] != grid.programs * grid.subs:
+        raise ValueError(f"sq_parts out has {sq_out.shape[0]} rows for {grid.programs * grid.subs} sub-tiles")
     pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = qkv if qkv is not None else (x,) * 6 + (0, 0)
     q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
-    if qk_norm is not None and block_n % half:
-        raise ValueError(f"per-head q/k norms need whole heads a program: {block_n} pairs, {half} a head")
     use_pdl = pdl_available(x.device) if pdl is None else pdl
-    _fused_rows_kernel[(triton.cdiv(n_out, block_n),)](
+    _fused_rows_kernel[(grid.programs,)](
         x, weight, out, res, sq_in, w_next, normed_out, sq_out, pos, cos, sin, k_cache, v_cache, slots, q_norm, k_norm,
         m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), sq_in.shape[0], eps, q_size,
-        kv_size, qk_eps, SCALE_ROWS=norm is not None, RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None,
-        EPILOGUE=epilogue, QK_NORM=qk_norm is not None, HALF=half, BM=MAX_ROWS, BN=block_n, BK=block_k,
+        kv_size, qk_eps, grid.subs, OUTS=grid.outs, CHUNK=grid.chunk, SCALE_ROWS=norm is not None,
+        RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None, EPILOGUE=epilogue,
+        QK_NORM=qk_norm is not None, HALF=half, BM=MAX_ROWS, BN=grid.block_n, BK=block_k,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(use_pdl))
     return out
-
-
-def _default_tiles(weight_rows: int, epilogue: int, whole_heads: int = 1) -> tuple[int, int, int, int]:
-    """(outputs a program, BK, warps, stages): the best of ``python -m outpace.bench.fused`` on the H100 at
-    the 8B shapes: 32 or 64 weight rows a program (64 for the wide head); a pair is two rows.
-    ``whole_heads``: pairs a head has when a program must hold whole heads (q/k norms); above 32
-    (head_dim 128) a program takes one head, in the shared memory of the 32-pair tile."""
-    if whole_heads > 32:
-        return whole_heads, 128, 4, 4
-    if epilogue != _PLAIN.value:
-        return 32, 256, 4, 5
-    return (64 if weight_rows >= 16384 else 32), 256, 4, 5
 
 
 def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor) -> NormedRows:
@@ -305,8 +343,8 @@ def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n, _default_tiles(n, _PLAIN.value)[0])
-    sq = torch.empty(programs, m, dtype=torch.float32, device=x.device)
+    grid = _launch_grid(n, _PLAIN.value, n, x.device)
+    sq = torch.empty(grid.programs * grid.subs, m, dtype=torch.float32, device=x.device)
     _launch(x, weight, out, n, _PLAIN.value, residual=residual, next_norm=(next_norm_weight, normed, sq), pdl=pdl)
     return NormedRows(out, normed, sq)
 
