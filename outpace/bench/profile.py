@@ -1,7 +1,7 @@
 """Where the GPU time of a step goes (``python -m outpace.bench.profile``).
 
-- ``8b [batch] [context]``: the 8B-shaped model: the captured forward's time with each of SWITCHES on
-  and off; one forward run eagerly under torch.profiler, kernel time summed by kernel name, next to
+- ``8b [batch] [context]``: the 8B-shaped model: the captured forward's time at each value of the
+  SETTINGS; one forward run eagerly under torch.profiler, kernel time summed by kernel name, next to
   the captured graph's replay time (the difference is launch gaps
   inside the graph and the host-to-device copies of its inputs).
 - ``zoo [method] [batch]``: the zoo target (``none``) or one of its drafters (bench/gpu.py's
@@ -29,9 +29,11 @@ from outpace.config import SpeculativeConfig
 from outpace.layers import fused_projection
 
 
-# switches measured on and off by ``profile_decode`` (each left on): label -> (module, attribute)
-SWITCHES = {"the KV prefetch": (triton_kernels, "prefetch_kv"),
-            "programs balanced over the SMs": (fused_projection, "balance_programs")}
+# launch settings measured at each of their values by ``profile_decode`` (then set back as shipped):
+# label -> (module, attribute, values)
+SETTINGS = {"the KV prefetch": (triton_kernels, "prefetch_kv", (False, True)),
+            "programs balanced over the SMs": (fused_projection, "balance_programs", (False, True)),
+            "min split rows": (triton_kernels, "min_split_rows", (64, 128, 256, 512))}
 
 
 def _cuda_events(prof) -> list:
@@ -60,18 +62,22 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         llm = build_8b(Path(tmp), max_context=4096 + 64, max_num_seqs=max(batch, 1))
         engine = llm.engine
-        for ctx in sorted({context, 4096}):  # each switch on and off, same process
-            for label, (module, name) in SWITCHES.items():
-                times = {}
-                for on in (False, True, False, True):
-                    setattr(module, name, on)
+        for ctx in sorted({context, 4096}):  # each setting's values in turn, same process
+            for label, (module, name, values) in SETTINGS.items():
+                shipped, times = getattr(module, name), {}
+                for value in [*values, *values]:
+                    setattr(module, name, value)
                     # the old graphs are freed before the new capture, not by a later collection
                     del engine.runner._captured[1, False]
                     gc.collect()
                     engine.runner.capture_target(1)
-                    times.setdefault(on, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
-                print(f"context {ctx}: captured decode forward {min(times[True]):.4f} ms with {label}, "
-                      f"{min(times[False]):.4f} ms without")
+                    times.setdefault(value, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
+                setattr(module, name, shipped)
+                print(f"context {ctx}: captured decode forward with {label} = " +
+                      ", ".join(f"{v}: {min(t):.4f} ms" for v, t in times.items()) + f" (shipped: {shipped})")
+        del engine.runner._captured[1, False]
+        gc.collect()
+        engine.runner.capture_target(1)
         graph_ms = time_verify_shapes(llm, batch, context)[0]["ms"]
         runner, pool = engine.runner, engine.pool
         ids = [f"profile-{i}" for i in range(batch)]

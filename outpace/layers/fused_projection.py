@@ -141,6 +141,17 @@ def _fused_rows_kernel(
             col_a = (i // HALF) * (2 * HALF) + i % HALF                         # [BN]
         else:
             col_a = i
+        ok = row_ok[:, None] & i_ok[None, :]
+        # The epilogue's operands, asked for before the weights stream so that their latency hides behind it.
+        if EPILOGUE == _PLAIN:
+            if RESIDUAL:
+                res = tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0)   # [BM, BN]
+            if NEXT_NORM:
+                w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32)            # [BN]
+        elif EPILOGUE == _QKV:
+            cos, sin, slot = _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF)
+            if QK_NORM:
+                norm_a, norm_b = _head_norm_weights(col_a, i % HALF, q_size, q_norm_ptr, k_norm_ptr, HALF)
         acc_a = tl.zeros((BM, BN), dtype=tl.float32)
         acc_b = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
@@ -157,15 +168,13 @@ def _fused_rows_kernel(
         if SCALE_ROWS:
             acc_a *= rstd
             acc_b *= rstd
-        ok = row_ok[:, None] & i_ok[None, :]
         if EPILOGUE == _PLAIN:
             if RESIDUAL:
-                acc_a += tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0).to(tl.float32)
+                acc_a += res.to(tl.float32)
             out = acc_a.to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
             if NEXT_NORM:
                 s = tl.where(ok, out.to(tl.float32), 0.0)                        # the stream as stored
-                w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32)
                 tl.store(normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
                          (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty), mask=ok)
                 tl.store(sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok)
@@ -175,37 +184,50 @@ def _fused_rows_kernel(
                      (silu * acc_b).to(out_ptr.dtype.element_ty), mask=ok)
         else:
             if QK_NORM:
-                acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr,
-                                          qk_eps, BM, BN, HALF)
-            _qkv_epilogue(acc_a, acc_b, rows, row_ok, col_a, i % HALF, ok, out_ptr, stride_om, pos_ptr, cos_ptr,
-                          sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_size, kv_size, HALF)
+                acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, norm_a, norm_b, q_size, kv_size, qk_eps, BM, BN, HALF)
+            _qkv_epilogue(acc_a, acc_b, rows, col_a, ok, out_ptr, stride_om, cos, sin, slot, k_cache_ptr,
+                          v_cache_ptr, q_size, kv_size, HALF)
 
 
 @triton.jit
-def _head_norm(a, b, col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, eps, BM: tl.constexpr, BN: tl.constexpr,
-               HALF: tl.constexpr):
-    """a, b [BM, BN]: columns j and j + HALF of whole heads (BN // HALF of them, in order). q and k
-    columns get their head's RMSNorm (weights q_norm / k_norm [2 * HALF]); v columns pass."""
-    sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)          # [BM, heads]
-    rstd = tl.rsqrt(sq / (2 * HALF) + eps)
-    rstd = tl.reshape(tl.broadcast_to(rstd[:, :, None], (BM, BN // HALF, HALF)), (BM, BN))
+def _head_norm_weights(col_a, j, q_size, q_norm_ptr, k_norm_ptr, HALF: tl.constexpr):
+    """The per-head norm weights of columns col_a (pair j of its head) and col_a + HALF: q_norm's for q
+    columns, k_norm's for the others (v columns are never normalised) -> two [1, BN] float32."""
     is_q = col_a < q_size
     w_a = tl.where(is_q, tl.load(q_norm_ptr + j), tl.load(k_norm_ptr + j)).to(tl.float32)[None, :]
     w_b = tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(tl.float32)[None, :]
+    return w_a, w_b
+
+
+@triton.jit
+def _head_norm(a, b, col_a, w_a, w_b, q_size, kv_size, eps, BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr):
+    """a, b [BM, BN]: columns j and j + HALF of whole heads (BN // HALF of them, in order). q and k
+    columns get their head's RMSNorm (weights w_a, w_b: ``_head_norm_weights``); v columns pass."""
+    sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)          # [BM, heads]
+    rstd = tl.rsqrt(sq / (2 * HALF) + eps)
+    rstd = tl.reshape(tl.broadcast_to(rstd[:, :, None], (BM, BN // HALF, HALF)), (BM, BN))
     normed = (col_a < q_size + kv_size)[None, :]
     return tl.where(normed, a * rstd * w_a, a), tl.where(normed, b * rstd * w_b, b)
 
 
 @triton.jit
-def _qkv_epilogue(a, b, rows, row_ok, col_a, j, ok, q_ptr, stride_qm, pos_ptr, cos_ptr, sin_ptr, k_cache_ptr,
-                  v_cache_ptr, slot_ptr, q_size, kv_size, HALF: tl.constexpr):
-    """a, b [BM, BN]: columns col_a and col_a + HALF of [q | k | v] for each row. Rotates q and k pairs
-    by the row's position (neox layout, pair j of its head), then stores q into q_ptr [M, q_size] and
-    k, v into the caches' rows at the rows' slots (caches [slots, kv_size], contiguous)."""
+def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF: tl.constexpr):
+    """For rows at positions pos_ptr[rows] and pair j of each column's head: cos, sin [BM, BN] float32
+    and the rows' cache slots [BM, 1]."""
     pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)                          # [BM]
     trig = pos[:, None].to(tl.int64) * HALF + j[None, :]                         # [BM, BN]
     cos = tl.load(cos_ptr + trig, mask=ok, other=1.0)
     sin = tl.load(sin_ptr + trig, mask=ok, other=0.0)
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]            # [BM, 1]
+    return cos, sin, slot
+
+
+@triton.jit
+def _qkv_epilogue(a, b, rows, col_a, ok, q_ptr, stride_qm, cos, sin, slot, k_cache_ptr, v_cache_ptr, q_size,
+                  kv_size, HALF: tl.constexpr):
+    """a, b [BM, BN]: columns col_a and col_a + HALF of [q | k | v] for each row. Rotates q and k pairs
+    by cos, sin (``_rope_operands``, neox layout), then stores q into q_ptr [M, q_size] and k, v into
+    the caches' rows at the rows' slots (caches [slots, kv_size], contiguous)."""
     rotate = (col_a < q_size + kv_size)[None, :]
     a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
     is_q = (col_a < q_size)[None, :]
@@ -216,7 +238,6 @@ def _qkv_epilogue(a, b, rows, row_ok, col_a, j, ok, q_ptr, stride_qm, pos_ptr, c
     is_k = (col_a >= q_size)[None, :] & rotate
     is_v = (col_a >= q_size + kv_size)[None, :]
     kv_col = tl.where(is_v, col_a - q_size - kv_size, tl.where(is_k, col_a - q_size, 0))   # [1, BN]
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]            # [BM, 1]
     k_dst = k_cache_ptr + slot * kv_size + kv_col
     v_dst = v_cache_ptr + slot * kv_size + kv_col
     tl.store(k_dst, a.to(k_cache_ptr.dtype.element_ty), mask=ok & is_k)
