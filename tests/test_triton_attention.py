@@ -37,7 +37,6 @@ from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_backend import TritonAttentionBackend
-from outpace.attention import triton_kernels
 from outpace.attention.triton_kernels import invariant_launch_config, launch_config, paged_attention, write_kv
 from outpace.layers.linear import batch_invariant_enabled, set_batch_invariant
 
@@ -164,15 +163,6 @@ def test_split_kv_counts(layout, num_splits):
     """Forced split counts, including more splits than a sequence has KV tiles (empty splits)."""
     cached, new, windows = LAYOUTS[layout]
     assert_matches_torch(make_case(cached, new, windows, seed=num_splits), num_splits=num_splits)
-
-
-@pytest.mark.parametrize("min_split_rows", [32, 64, 256])
-@pytest.mark.parametrize("layout", ["decode", "tree", "ragged"])
-def test_splits_with_a_minimum_length(layout, min_split_rows, monkeypatch):
-    """Splits made longer than the even share (``min_split_rows``): the later ones run empty."""
-    monkeypatch.setattr(triton_kernels, "min_split_rows", min_split_rows)
-    cached, new, windows = LAYOUTS[layout]
-    assert_matches_torch(make_case(cached, new, windows, seed=min_split_rows), num_splits=5)
 
 
 def test_token_order_is_free():

@@ -109,7 +109,6 @@ _MAX_BLOCK_M = 128     # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64       # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
 _INVARIANT_SPLIT_ROWS = 512   # batch-invariant variant: KV rows per split
 _PREFETCH_ROWS = tl.constexpr(256)  # KV rows of its split a program prefetches into L2 before waiting on the previous kernel
-min_split_rows = 64    # the fewest KV rows a split covers: short contexts run fewer, longer splits (bench/profile.py sweeps it)
 prefetch_kv = True     # that prefetch (with PDL); a switch for benchmarks (bench/profile.py measures both)
 
 
@@ -181,7 +180,7 @@ def _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.
 
 @triton.jit
 def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits, HAS_MASK: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, MIN_SPLIT_ROWS: tl.constexpr):
+                    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
     """For the query tile starting at query ``q_start`` of sequence ``seq``: kv_end (it sees KV rows
     below it), shared_end (rows below it are seen by every row of the tile), prefix (rows cached
     before this forward) and split_len (KV rows a split covers; splits past kv_end are empty)."""
@@ -195,18 +194,18 @@ def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_spli
         kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
         shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
     kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N, MIN_SPLIT_ROWS)
+    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
     return kv_end, shared_end, prefix, split_len
 
 
 @triton.jit
 def _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS: tl.constexpr, HAS_MASK: tl.constexpr,
-              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, MIN_SPLIT_ROWS: tl.constexpr):
+              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
     """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
     rows its query tile can see, kv_lo .. kv_hi - 1; and shared_end and prefix (``_split_geometry``)."""
     kv_end, shared_end, prefix, split_len = _split_geometry(
         seq_lens_ptr, query_lens_ptr, tl.program_id(0) // KV_HEADS, tl.program_id(1) * BLOCK_Q, window, num_splits,
-        HAS_MASK, BLOCK_Q, BLOCK_N, MIN_SPLIT_ROWS)
+        HAS_MASK, BLOCK_Q, BLOCK_N)
     kv_lo = tl.program_id(2) * split_len
     return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix
 
@@ -278,13 +277,13 @@ def _attention_kernel(
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr, MIN_SPLIT_ROWS: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
     # before this kernel starts: read before waiting on the previous kernel (q comes after).
     kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
-                                                 HAS_MASK, BLOCK_Q, BLOCK_N, MIN_SPLIT_ROWS)
+                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
     seq, kv_head, _, split, seq_len, _, q_index, head, row_ok, token, offs_d, d_ok = _query_rows(
         token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q,
         BLOCK_M, BLOCK_D)
@@ -364,8 +363,7 @@ def _combine_kernel(
     seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
     num_tokens, num_splits, window, stride_ot, stride_oh,
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, MIN_SPLIT_ROWS: tl.constexpr,
-    PDL: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (token, head): merges the partials of the splits that saw rows for the token's tile.
     Which splits ran follows from the metadata alone (complete before the forward's first kernel):
@@ -375,7 +373,7 @@ def _combine_kernel(
     seq = tl.load(seq_index_ptr + token)
     q_start = tl.load(query_index_ptr + token).to(tl.int32) // BLOCK_Q * BLOCK_Q
     kv_end, _, _, split_len = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits,
-                                              HAS_MASK, BLOCK_Q, BLOCK_N, MIN_SPLIT_ROWS)
+                                              HAS_MASK, BLOCK_Q, BLOCK_N)
     pdl_enter(PDL)
     offs_s = tl.arange(0, BLOCK_S)
     s_ok = (offs_s < num_splits) & ((offs_s == 0) | (offs_s * split_len < kv_end))  # the splits that ran
@@ -540,7 +538,6 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     split_rows: int | None = None  # batch-invariant variant: KV rows per split, fixed (split j: [j * S, (j + 1) * S))
-    min_split_rows: int = 0        # split-KV: the fewest KV rows a split covers (a block_n multiple)
 
 
 def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
@@ -570,8 +567,7 @@ def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_
             max(1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS))
     return LaunchConfig(block_q=block_q, block_m=block_m, block_n=block_n, block_n_tail=16, block_d=block_d,
                         num_q_tiles=num_q_tiles, num_splits=num_splits, num_warps=8 if fp32 or block_m > 64 else 4,
-                        num_stages=2 if fp32 or block_m > 64 else 3,
-                        min_split_rows=math.ceil(min_split_rows / block_n) * block_n)
+                        num_stages=2 if fp32 or block_m > 64 else 3)
 
 
 def invariant_launch_config(kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
@@ -669,7 +665,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
         PREFETCH_LINES=triton.cdiv(head_dim * k_cache.element_size(), 128) if pdl and prefetch_kv else 0,
-        LINE_ELEMS=128 // k_cache.element_size(), MIN_SPLIT_ROWS=cfg.min_split_rows,
+        LINE_ELEMS=128 // k_cache.element_size(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch_options(pdl),
     )
     if cfg.num_splits > 1:
@@ -678,7 +674,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             meta.query_lens, num_tokens, cfg.num_splits, window, out.stride(0), out.stride(1),
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
             BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=mask is not None, BLOCK_Q=cfg.block_q,
-            BLOCK_N=cfg.block_n, MIN_SPLIT_ROWS=cfg.min_split_rows, PDL=pdl, **pdl_launch_options(pdl),
+            BLOCK_N=cfg.block_n, PDL=pdl, **pdl_launch_options(pdl),
         )
     return out
 

@@ -33,7 +33,8 @@ from outpace.layers import fused_projection
 # label -> (module, attribute, values)
 SETTINGS = {"the KV prefetch": (triton_kernels, "prefetch_kv", (False, True)),
             "programs balanced over the SMs": (fused_projection, "balance_programs", (False, True)),
-            "min split rows": (triton_kernels, "min_split_rows", (64, 128, 256, 512))}
+            "weight pipeline stages": (fused_projection, "projection_stages", (3, 4, 5)),
+            "split-KV programs per SM": (triton_kernels, "_PROGRAMS_PER_SM", (1, 2))}
 
 
 def _cuda_events(prof) -> list:
