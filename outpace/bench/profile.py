@@ -32,9 +32,8 @@ from outpace.layers import fused_projection
 # launch settings measured at each of their values by ``profile_decode`` (then set back as shipped):
 # label -> (module, attribute, values)
 SETTINGS = {"the KV prefetch": (triton_kernels, "prefetch_kv", (False, True)),
-            "programs balanced over the SMs": (fused_projection, "balance_programs", (False, True)),
-            "weight pipeline stages": (fused_projection, "projection_stages", (3, 4, 5)),
-            "split-KV programs per SM": (triton_kernels, "_PROGRAMS_PER_SM", (1, 2))}
+            "pipeline stages of plain projections": (fused_projection, "plain_stages", (5, 6, 8)),
+            "pipeline stages of paired projections": (fused_projection, "paired_stages", (5, 6))}
 
 
 def _cuda_events(prof) -> list:

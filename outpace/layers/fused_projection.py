@@ -50,8 +50,8 @@ _PLAIN = tl.constexpr(0)
 _SWIGLU = tl.constexpr(1)
 _QKV = tl.constexpr(2)
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
-projection_stages = 5  # software pipeline stages of the weight stream (shared memory: 5 fill an SM with one program)
-balance_programs = True  # outputs spread evenly over the SMs (``_launch_grid``); a switch for bench/profile.py
+paired_stages = 5  # software pipeline stages of the weight stream, paired epilogues (5: 160 KB of shared memory)
+plain_stages = 5   # the same for plain projections of at most 32 outputs a tile (5: 96 KB)
 
 
 @dataclass
@@ -287,7 +287,7 @@ def _launch_grid(n_out: int, epilogue: int, weight_rows: int, device: torch.devi
     wide plain projection: the LM head)."""
     max_block = max(64 if epilogue == _PLAIN.value and weight_rows >= 16384 else 32, whole_heads)
     if outs is None:
-        outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out)) if balance_programs else max_block
+        outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out))
     return _grid(n_out, outs, max_block, whole_heads)
 
 
@@ -301,7 +301,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     eps) for QKV. ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, projection_stages)
+    outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, plain_stages if epilogue == _PLAIN.value and
+                                                     weight.shape[0] < 16384 else paired_stages)
     if tiles is None and qk_norm is not None and half > 32:
         block_k, num_stages = 128, 4  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
