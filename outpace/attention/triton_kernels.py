@@ -100,7 +100,7 @@ import triton.language as tl
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.linear import batch_invariant_enabled
 from outpace.layers.sm_count import num_sms
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor
@@ -108,8 +108,6 @@ _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128     # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64       # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
 _INVARIANT_SPLIT_ROWS = 512   # batch-invariant variant: KV rows per split
-_PREFETCH_ROWS = tl.constexpr(256)  # KV rows of its split a program prefetches into L2 before waiting on the previous kernel
-prefetch_kv = True     # that prefetch (with PDL); a switch for benchmarks (bench/profile.py measures both)
 
 
 @triton.jit(do_not_specialize=["stride_table_seq"])
@@ -277,7 +275,7 @@ def _attention_kernel(
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
@@ -287,20 +285,6 @@ def _attention_kernel(
     seq, kv_head, _, split, seq_len, _, q_index, head, row_ok, token, offs_d, d_ok = _query_rows(
         token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q,
         BLOCK_M, BLOCK_D)
-    if PREFETCH_LINES > 0:
-        # While the previous kernel (the q/k/v projection) drains: the first _PREFETCH_ROWS of this
-        # program's KV rows into L2 (PREFETCH_LINES 128-byte lines a row and head). Rows the previous
-        # kernel is still writing may be fetched before it writes them, which is harmless: L2 is where
-        # global memory is coherent.
-        prefetch_hi = tl.minimum(kv_hi, kv_lo + _PREFETCH_ROWS)
-        bt_ptr = block_tables_ptr + (tl.program_id(0) // KV_HEADS) * stride_bt_seq
-        lines = (tl.program_id(0) % KV_HEADS) * stride_cache_head + tl.arange(0, PREFETCH_LINES) * LINE_ELEMS
-        for start in range(kv_lo, prefetch_hi, BLOCK_N):
-            rows = start + tl.arange(0, BLOCK_N)                                 # [BLOCK_N]
-            block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=rows < prefetch_hi, other=0)
-            offs = (block * BLOCK_SIZE + rows % BLOCK_SIZE)[:, None] * stride_cache_slot + lines[None, :]
-            prefetch_l2(k_cache_ptr + offs)
-            prefetch_l2(v_cache_ptr + offs)
     pdl_enter(PDL)
     # A split past the rows its tile sees does nothing: the combine reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
@@ -664,8 +648,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         BLOCK_D=cfg.block_d,
         SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
-        PREFETCH_LINES=triton.cdiv(head_dim * k_cache.element_size(), 128) if pdl and prefetch_kv else 0,
-        LINE_ELEMS=128 // k_cache.element_size(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch_options(pdl),
     )
     if cfg.num_splits > 1:

@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from outpace import LLM, SamplingParams
-from outpace.attention import forward_context, triton_kernels, uniform_paged_metadata
+from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, time_verify_shapes
 from outpace.config import SpeculativeConfig
 from outpace.layers import fused_projection
@@ -31,8 +31,7 @@ from outpace.layers import fused_projection
 
 # launch settings measured at each of their values by ``profile_decode`` (then set back as shipped):
 # label -> (module, attribute, values)
-SETTINGS = {"the KV prefetch": (triton_kernels, "prefetch_kv", (False, True)),
-            "pipeline stages of plain projections": (fused_projection, "plain_stages", (5, 6, 8)),
+SETTINGS = {"pipeline stages of plain projections": (fused_projection, "plain_stages", (6, 7)),
             "pipeline stages of paired projections": (fused_projection, "paired_stages", (5, 6))}
 
 
