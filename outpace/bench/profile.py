@@ -31,8 +31,9 @@ from outpace.layers import fused_projection
 
 # launch settings measured at each of their values by ``profile_decode`` (then set back as shipped):
 # label -> (module, attribute, values)
-SETTINGS = {"pipeline stages of plain projections": (fused_projection, "plain_stages", (6, 7)),
-            "pipeline stages of paired projections": (fused_projection, "paired_stages", (5, 6))}
+SETTINGS = {"pipeline stages of o_proj and down_proj": (fused_projection, "plain_stages", (5, 6, 7)),
+            "pipeline stages of q/k/v": (fused_projection, "qkv_stages", (4, 5)),
+            "pipeline stages of gate/up and the LM head": (fused_projection, "paired_stages", (5, 6))}
 
 
 def _cuda_events(prof) -> list:

@@ -50,8 +50,12 @@ _PLAIN = tl.constexpr(0)
 _SWIGLU = tl.constexpr(1)
 _QKV = tl.constexpr(2)
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
-paired_stages = 5  # software pipeline stages of the weight stream, paired epilogues (5: 160 KB of shared memory)
-plain_stages = 6   # the same for plain projections of at most 32 outputs a tile (6: 120 KB)
+# Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
+# captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
+# that follow it to start beside it.
+paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
+qkv_stages = 4     # 120 KB
+plain_stages = 6   # o_proj, down_proj: 120 KB
 
 
 @dataclass
@@ -302,7 +306,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
     outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, plain_stages if epilogue == _PLAIN.value and
-                                                     weight.shape[0] < 16384 else paired_stages)
+                                                     weight.shape[0] < 16384 else
+                                                     qkv_stages if epilogue == _QKV.value else paired_stages)
     if tiles is None and qk_norm is not None and half > 32:
         block_k, num_stages = 128, 4  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
