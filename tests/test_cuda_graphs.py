@@ -148,6 +148,35 @@ def test_chain_iteration_is_lossless_across_batch_changes(prompts, reference, sp
 
 
 @CHAINS
+def test_requests_leaving_the_batch_keep_the_others_state_on_the_device(prompts, reference, spec):
+    """Four requests of different lengths in four slots: they finish one by one and none joins, so
+    after the first import the state never goes back through the eager proposer, and the replay run
+    ahead for a batch still serves the requests of it that remain."""
+    params, expected = reference
+    llm = _graphed(spec)
+    iteration = llm.engine.spec_runner.iteration
+    calls = {"import": 0, "keep_only": 0}
+    for name in calls:
+        method = getattr(iteration, f"_{name}")
+        setattr(iteration, f"_{name}", lambda *a, name=name, method=method: calls.__setitem__(name, calls[name] + 1)
+                or method(*a))
+    dropped, take = [], iteration._take_ahead
+
+    def counting_take(ids, starts):
+        ahead = iteration._ahead
+        replay = take(ids, starts)
+        dropped.extend([ids] if ids and ahead is not None and replay is None else [])
+        return replay
+
+    iteration._take_ahead = counting_take
+    outs = llm.generate(prompts[:4], params[:4])
+    assert [o.token_ids for o in outs] == expected[:4]
+    assert calls["import"] == 1 and calls["keep_only"] >= 1  # some may leave together in one step
+    assert dropped == []  # no step of the batch replayed anew what had run ahead
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@CHAINS
 def test_first_decode_step_after_a_prefill_replays_the_iteration(prompts, reference, spec):
     """The prefill step absorbs a prompt's rows into the draft KV but the last k + 1, so no decode
     step drafts eagerly (40-token prompts: the iteration's buffers hold 5 or 8 rows)."""

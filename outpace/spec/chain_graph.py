@@ -18,8 +18,9 @@ Padding sequences (``valid`` False) restart at row 0 with one pending row each s
 tables point at the pool's padding block.
 
 The state hands over to the eager proposer (its ``take_pending`` / ``put_pending``: a request's
-pending rows as tensors of ``count`` rows each, plus the first row) whenever the batch changes or an
-eager step runs, and back again: ``export_state`` / ``_import``. A request's pending rows fit the
+pending rows as tensors of ``count`` rows each, plus the first row) whenever a request joins the
+batch or an eager step runs, and back again: ``export_state`` / ``_import``; when requests only
+leave, the others' rows are compacted on the device instead (``_keep_only``). A request's pending rows fit the
 ``k + 1`` buffer rows after any verify; after a prefill they may not, and that step runs eagerly.
 
 Oracle acceptance (benchmarks only, ``oracle_rates``): step 3 draws the number of accepted drafts
@@ -30,9 +31,10 @@ not the target's greedy output.
 Run-ahead (the runner's ``run_ahead_limit`` set, as for plain decoding in engine/runner.py): right
 after a replay the next one is launched for the same requests, before the host reads the first's
 tokens: the state it needs is already on the device. The state it starts from is first copied
-aside; if the next step's batch is not that same batch, the replay run ahead is dropped and the copy
-restored, so the state is again the one after the tokens the host holds (the KV rows it wrote lie
-past every committed row, and are rewritten before anything reads them).
+aside; if the next step's batch is those requests or some of them (others finished), the replay
+serves it; otherwise it is dropped and the copy restored, so the state is again the one after the
+tokens the host holds (the KV rows it wrote lie past every committed row, and are rewritten before
+anything reads them).
 
 Subclasses (spec/eagle3_graph.py, spec/dflash_graph.py) supply ``_pending_buffers``, ``_draft`` and
 ``_next_pending``; everything inside ``_iteration`` is device work of static shapes (capturable).
@@ -162,19 +164,25 @@ class ChainIterationGraph:
         bucket = bucket_for(self.buckets, len(reqs))
         if replay is None:
             if ids != self._resident:
-                self.export_state()
-                self._import(reqs)
+                if set(ids) <= set(self._resident):
+                    self._keep_only(ids)
+                else:
+                    self.export_state()
+                    self._import(reqs)
             replay = self._replay(ids, bucket)
+        elif replay.request_ids != ids:  # requests left while it ran ahead: the others' rows move up
+            self._keep_only(ids)
         if self._may_run_ahead(reqs):
             torch._foreach_copy_(self._rows(self._saved, bucket), self._rows(self._state, bucket))
             self._ahead = self._replay(ids, bucket)
-        n, w = len(reqs), self.k + 1
-        host = replay.copy.tolist()
-        tokens, accepted = host[:n * w], host[n * w:]
+        w, ran = self.k + 1, len(replay.request_ids)
+        host = replay.copy.tolist()                       # [ran * w] tokens, then [ran] accepted drafts
+        rows = [replay.request_ids.index(rid) for rid in ids]
+        accepted = [host[ran * w + j] for j in rows]
         self._host_state = [(r.num_computed_tokens, a + 1) for r, a in zip(reqs, accepted)]
         if self._ahead is not None:
             self._ahead.starts = [r.num_computed_tokens + a + 1 for r, a in zip(reqs, accepted)]
-        return [StepResult(tokens[i * w:i * w + a + 1], a + 1, a) for i, a in enumerate(accepted)]
+        return [StepResult(host[j * w:j * w + a + 1], a + 1, a) for j, a in zip(rows, accepted)]
 
     def _replay(self, ids: list[str], bucket: int) -> _Replay:
         """Replay the iteration for these resident requests; start copying its outputs to the host."""
@@ -184,9 +192,12 @@ class ChainIterationGraph:
         return _Replay(ids, HostCopy(torch.cat([self.out_tokens[:n].reshape(-1), self.num_accepted[:n]])))
 
     def _take_ahead(self, ids: list[str], starts: list[int]) -> _Replay | None:
-        """The replay run ahead if it is this step's; any other is dropped and its start state restored."""
+        """The replay run ahead if it serves this step (each of the batch's requests was in it, from
+        the length the request has now: requests that have left since do not matter); any other is
+        dropped and its start state restored."""
         replay, self._ahead = self._ahead, None
-        if replay is not None and (replay.request_ids, replay.starts) != (ids, starts):
+        ran = dict(zip(replay.request_ids, replay.starts or ())) if replay is not None else {}
+        if replay is not None and (not ids or any(ran.get(rid) != start for rid, start in zip(ids, starts))):
             bucket = bucket_for(self.buckets, len(replay.request_ids))  # after the dropped replay, in stream order
             torch._foreach_copy_(self._rows(self._state, bucket), self._rows(self._saved, bucket))
             replay.copy.wait()  # it has read the block tables before their rows may change owner
@@ -212,6 +223,20 @@ class ChainIterationGraph:
         if request_id in self._resident:
             i = self._resident.index(request_id)
             self._resident[i] = ""  # keeps the other requests' buffer rows; never exported
+
+    def _keep_only(self, ids: list[str]) -> None:
+        """Requests left the batch and none joined: the staying requests' state moves to rows
+        0 .. n - 1 on the device (one gather a buffer), the rows after them become padding."""
+        order = [self._resident.index(rid) for rid in ids]
+        n, index = len(ids), torch.tensor(order, device=self.valid.device)
+        for buffer in self._state:
+            buffer[:n].copy_(buffer.index_select(0, index))
+        self.valid[:n].fill_(True)
+        self.valid[n:].fill_(False)
+        self.pend_start[n:].zero_()
+        self.pend_count[n:].fill_(1)
+        self._host_state = [self._host_state[i] for i in order]
+        self._resident = list(ids)
 
     def export_state(self) -> None:
         """Hand every resident request's pending rows back to the eager proposer."""
