@@ -4,8 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from outpace.layers.fused_projection import (_PLAIN, _QKV, _launch_grid, embed_norm_pair, fused_rows_apply, norm_project, norm_project_qkv,
-                                             norm_project_swiglu, normed_rows, project_add, project_add_normed)
+from outpace.layers.fused_projection import (_PLAIN, _QKV, _launch_grid, embed_norm_pair, fused_rows_apply,
+                                             norm_project, norm_project_qkv, norm_project_swiglu, normed_rows,
+                                             project_add, project_add_normed)
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 

@@ -231,7 +231,8 @@ def _attend(
     q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
     mask_rows, window_start,               # [BLOCK_M] custom-mask row pointers; the window's first KV row
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,                    # 0: every row sees every KV row, 1: causal, 2: custom mask
+    MASK: tl.constexpr,                    # 0: every row sees every KV row, 1: causal, 2: custom mask (every
+                                           # KV row in its window), 3: custom mask, rows before it seen by all
     PRECISION: tl.constexpr,
 ):
     """Online softmax of the tile's rows over KV rows lo .. hi - 1, in BLOCK_N tiles."""
@@ -244,10 +245,14 @@ def _attend(
             visible = n_ok[None, :]
         elif MASK == 1:
             visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
-        else:  # here every KV row lies in the window
+        elif MASK == 2:
             in_mask = row_ok[:, None] & n_ok[None, :]
             allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_mask, other=0)
             visible = in_mask & (allowed != 0)
+        else:  # rows before the window: seen by every row (other=1); the window: as the mask says
+            allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :],
+                              mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :], other=1)
+            visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
@@ -384,7 +389,7 @@ def _attend_chunk(
     k_base, v_base,                        # cache pointers at slot 0 of this kv head
     stride_cache_slot, offs_d, d_ok, qk_scale,
     q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
-    mask_base, mask_rows,                  # the sequence's custom mask (HAS_MASK); [BLOCK_M] row offsets in it
+    mask_rows,                             # [BLOCK_M] the rows' custom-mask row pointers (HAS_MASK)
     window_start,                          # the mask window's first KV row
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
@@ -396,21 +401,8 @@ def _attend_chunk(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        offs_n, n_ok, kv_offs, kv_ok = _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE,
-                                                BLOCK_N)
-        k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale        # [BLOCK_M, BLOCK_N]
-        if HAS_MASK:  # rows before the window: seen by every row (other=1); the window: as the mask says
-            allowed = tl.load(mask_base + (mask_rows[:, None] + (offs_n - window_start)[None, :]),
-                              mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :], other=1)
-            visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
-        else:
-            visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
-    return m_i, l_i, acc
+    return _attend(q, m_i, l_i, acc, lo, hi, bt_ptr, k_base, v_base, stride_cache_slot, offs_d, d_ok, qk_scale,
+                   q_row, row_ok, mask_rows, window_start, BLOCK_SIZE, BLOCK_N, 3 if HAS_MASK else 1, PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_bt_seq", "stride_mask_seq",
@@ -452,7 +444,7 @@ def _invariant_attention_kernel(
     m_i, l_i, acc = _attend_chunk(q, kv_lo, kv_hi, block_tables_ptr + seq * stride_bt_seq,
                                   k_cache_ptr + kv_head * stride_cache_head, v_cache_ptr + kv_head * stride_cache_head,
                                   stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok,
-                                  custom_mask_ptr + seq * stride_mask_seq, q_index * stride_mask_q, seq_len - window,
+                                  custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q, seq_len - window,
                                   BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, HAS_MASK, PRECISION)
 
     written = tl.where(kv_lo < kv_end, row_ok, False)  # a row that sees nothing here gets a neutral partial

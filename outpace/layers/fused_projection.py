@@ -104,7 +104,8 @@ def _fused_rows_kernel(
         x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
         pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
         M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size, qk_eps, subs,
-        OUTS: tl.constexpr, CHUNK: tl.constexpr, SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr, NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+        OUTS: tl.constexpr, CHUNK: tl.constexpr, SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr,
+        NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
         QK_NORM: tl.constexpr,
         HALF: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr,
         PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
@@ -276,7 +277,8 @@ def _grid(n_out: int, outs: int, max_block: int, whole: int = 1) -> _Grid:
     outs = triton.cdiv(outs, whole) * whole
     subs = triton.cdiv(outs, max_block // whole * whole)
     chunk = triton.cdiv(outs // whole, subs) * whole
-    return _Grid(triton.cdiv(n_out, outs), outs, triton.cdiv(outs, chunk), chunk, max(16, triton.next_power_of_2(chunk)))
+    return _Grid(triton.cdiv(n_out, outs), outs, triton.cdiv(outs, chunk), chunk,
+                 max(16, triton.next_power_of_2(chunk)))
 
 
 def _launch_grid(n_out: int, epilogue: int, weight_rows: int, device: torch.device, whole_heads: int = 1,
