@@ -99,8 +99,8 @@ import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.linear import batch_invariant_enabled
-from outpace.layers.sm_count import num_sms
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
+from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor

@@ -58,6 +58,14 @@ def _gpu_busy(prof) -> tuple[float, int]:
     return sum(e.device_time_total for e in events) / 1e3, len(events)
 
 
+def _recapture_decode(engine) -> None:
+    """Capture the decode forward again (after a launch setting changed); the old graphs are freed
+    before the new capture, not by a later collection."""
+    del engine.runner._captured[1, False]
+    gc.collect()
+    engine.runner.capture_target(1)
+
+
 def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         llm = build_8b(Path(tmp), max_context=4096 + 64, max_num_seqs=max(batch, 1))
@@ -67,17 +75,12 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
                 shipped, times = getattr(module, name), {}
                 for value in [*values, *values]:
                     setattr(module, name, value)
-                    # the old graphs are freed before the new capture, not by a later collection
-                    del engine.runner._captured[1, False]
-                    gc.collect()
-                    engine.runner.capture_target(1)
+                    _recapture_decode(engine)
                     times.setdefault(value, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
                 setattr(module, name, shipped)
                 print(f"context {ctx}: captured decode forward with {label} = " +
                       ", ".join(f"{v}: {min(t):.4f} ms" for v, t in times.items()) + f" (shipped: {shipped})")
-        del engine.runner._captured[1, False]
-        gc.collect()
-        engine.runner.capture_target(1)
+        _recapture_decode(engine)  # as shipped
         graph_ms = time_verify_shapes(llm, batch, context)[0]["ms"]
         runner, pool = engine.runner, engine.pool
         ids = [f"profile-{i}" for i in range(batch)]

@@ -281,17 +281,29 @@ def _grid(n_out: int, outs: int, max_block: int, whole: int = 1) -> _Grid:
                  max(16, triton.next_power_of_2(chunk)))
 
 
+def _is_wide_plain(epilogue: int, weight_rows: int) -> bool:
+    """A plain projection as wide as an LM head: tiles of 64 outputs, with the paired pipeline depth."""
+    return epilogue == _PLAIN.value and weight_rows >= 16384
+
+
+def _stages(epilogue: int, weight_rows: int) -> int:
+    """The weight stream's pipeline stages for this projection (the module's stage settings)."""
+    if epilogue == _PLAIN.value and not _is_wide_plain(epilogue, weight_rows):
+        return plain_stages
+    return qkv_stages if epilogue == _QKV.value else paired_stages
+
+
 def _launch_grid(n_out: int, epilogue: int, weight_rows: int, device: torch.device, whole_heads: int = 1,
                  outs: int | None = None) -> _Grid:
     """The grid of a projection with ``n_out`` outputs: by default the outputs spread evenly over one
     program a streaming multiprocessor (``outs`` a program when given: benchmarks).
 
-    A few-row projection streams its weights, and one program streams them at about one SM's share of
-    the H100's bandwidth, no faster: a grid of power-of-two tiles leaves SMs idle (q/k/v: 96 programs
-    of 32 pairs on 132 SMs) or ends in a partial wave (gate/up: 448 programs, 3.4 an SM). Here every
-    program gets the same number of outputs, give or take one, in sub-tiles of at most 32 (64 for a
-    wide plain projection: the LM head)."""
-    max_block = max(64 if epilogue == _PLAIN.value and weight_rows >= 16384 else 32, whole_heads)
+    A grid of power-of-two tiles leaves SMs idle (q/k/v: 96 programs of 32 pairs on 132 SMs) or ends
+    in a partial wave (gate/up: 448 programs, 3.4 an SM). Here every program gets the same number of
+    outputs, give or take one, in sub-tiles of at most 32 (64 for a wide plain projection: the LM
+    head). Measured inside the captured 8B forward on the H100 (``bench/profile.py``): -0.06 ms a step
+    at context 4096, within noise at 512; q/k/v itself was no faster on 128 programs than on 96."""
+    max_block = max(64 if _is_wide_plain(epilogue, weight_rows) else 32, whole_heads)
     if outs is None:
         outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out))
     return _grid(n_out, outs, max_block, whole_heads)
@@ -307,9 +319,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     eps) for QKV. ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, plain_stages if epilogue == _PLAIN.value and
-                                                     weight.shape[0] < 16384 else
-                                                     qkv_stages if epilogue == _QKV.value else paired_stages)
+    outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, _stages(epilogue, weight.shape[0]))
     if tiles is None and qk_norm is not None and half > 32:
         block_k, num_stages = 128, 4  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:

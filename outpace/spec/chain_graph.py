@@ -20,8 +20,9 @@ tables point at the pool's padding block.
 The state hands over to the eager proposer (its ``take_pending`` / ``put_pending``: a request's
 pending rows as tensors of ``count`` rows each, plus the first row) whenever a request joins the
 batch or an eager step runs, and back again: ``export_state`` / ``_import``; when requests only
-leave, the others' rows are compacted on the device instead (``_keep_only``). A request's pending rows fit the
-``k + 1`` buffer rows after any verify; after a prefill they may not, and that step runs eagerly.
+leave, the others' rows are compacted on the device instead (``_keep_only``). A request's pending
+rows fit the ``k + 1`` buffer rows after any verify; after a prefill they may not, and that step runs
+eagerly.
 
 Oracle acceptance (benchmarks only, ``oracle_rates``): step 3 draws the number of accepted drafts
 so that draft position j is accepted with probability ``oracle_rates[j]`` (rates measured on a
@@ -224,6 +225,12 @@ class ChainIterationGraph:
             i = self._resident.index(request_id)
             self._resident[i] = ""  # keeps the other requests' buffer rows; never exported
 
+    def _pad_from(self, n: int) -> None:
+        """Rows n and after become padding: not valid, restarting at row 0 with one pending row."""
+        self.valid[n:].fill_(False)
+        self.pend_start[n:].zero_()
+        self.pend_count[n:].fill_(1)
+
     def _keep_only(self, ids: list[str]) -> None:
         """Requests left the batch and none joined: the staying requests' state moves to rows
         0 .. n - 1 on the device (one gather a buffer), the rows after them become padding."""
@@ -232,9 +239,7 @@ class ChainIterationGraph:
         for buffer in self._state:
             buffer[:n].copy_(buffer.index_select(0, index))
         self.valid[:n].fill_(True)
-        self.valid[n:].fill_(False)
-        self.pend_start[n:].zero_()
-        self.pend_count[n:].fill_(1)
+        self._pad_from(n)
         self._host_state = [self._host_state[i] for i in order]
         self._resident = list(ids)
 
@@ -249,9 +254,7 @@ class ChainIterationGraph:
 
     def _import(self, reqs: list[Request]) -> None:
         """Take the requests' pending rows from the eager proposer into the buffers (rows 0 .. n - 1)."""
-        self.valid.zero_()
-        self.pend_start.zero_()
-        self.pend_count.fill_(1)
+        self._pad_from(0)
         self._host_state = []
         for i, r in enumerate(reqs):
             *rows, start = self.proposer.take_pending(r.request_id)
