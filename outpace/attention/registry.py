@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from outpace.attention.backend import AttentionBackend
 
@@ -10,6 +11,22 @@ _BACKENDS = {
     "triton": "outpace.attention.triton_backend:TritonAttentionBackend",
 }
 _instances: dict[str, AttentionBackend] = {}
+
+
+def triton_available() -> bool:
+    """Whether Triton can be imported: CUDA builds of torch bring it, CPU-only installs need not."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_backend_name(requested: str, device: str) -> str:
+    """'auto' -> triton on CUDA when Triton is installed, torch otherwise. An explicit 'triton' without
+    Triton installed is refused here, naming the way out, not at the first forward."""
+    if requested == "auto":
+        return "triton" if device.startswith("cuda") and triton_available() else "torch"
+    if requested == "triton" and not triton_available():
+        raise ValueError("attention_backend='triton' needs the triton package, which is not installed "
+                         "(pip install triton, or use attention_backend 'torch')")
+    return requested
 
 
 def get_backend(name: str) -> AttentionBackend:

@@ -3,37 +3,16 @@ built on the device from device tensors (no host synchronisation), so that it ca
 CUDA-graph capture (engine/cuda_graphs.py, spec/chain_graph.py).
 
 A captured speculative iteration builds one such metadata per draft step and per verify: on CUDA
-it is one kernel (``_uniform_metadata_kernel``) instead of the ~15 small torch operations the same
-fields take, which in a graph of tiny kernels cost as much as a layer. Elsewhere (the CPU tests of
+it is one kernel (``uniform_metadata_kernel``, in uniform_metadata_kernel.py) instead of the ~15
+small torch operations the same fields take, which in a graph of tiny kernels cost as much as a
+layer. Elsewhere (the CPU tests of
 the graph code) torch operations compute the same fields.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
-
-
-@triton.jit
-def _uniform_metadata_kernel(tables_ptr, starts_ptr, slots_ptr, seq_lens_ptr, query_lens_ptr, seq_index_ptr,
-                             query_index_ptr, token_table_ptr, query_len, stride_table, stride_starts,
-                             BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """Program s: sequence s's tokens s * query_len + i, i < query_len, at KV rows starts[s] + i."""
-    seq = tl.program_id(0)
-    i = tl.arange(0, BLOCK_Q)
-    ok = i < query_len
-    start = tl.load(starts_ptr + seq * stride_starts)
-    rows = start + i                                                             # [BLOCK_Q]
-    block = tl.load(tables_ptr + seq * stride_table + rows // BLOCK_SIZE, mask=ok, other=0)
-    token = seq * query_len + i
-    tl.store(slots_ptr + token, block * BLOCK_SIZE + rows % BLOCK_SIZE, mask=ok)
-    tl.store(seq_index_ptr + token, seq + tl.zeros_like(i).to(tl.int64), mask=ok)
-    tl.store(query_index_ptr + token, i.to(tl.int64), mask=ok)
-    tl.store(token_table_ptr + token, token.to(tl.int32), mask=ok)               # [num_seqs, query_len]
-    tl.store(seq_lens_ptr + seq, start + query_len)
-    tl.store(query_lens_ptr + seq, query_len + tl.zeros_like(start))
 
 
 def uniform_paged_metadata(block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int,
@@ -56,12 +35,16 @@ def uniform_paged_metadata(block_tables: torch.Tensor, starts: torch.Tensor, que
 
 def _fields_kernel(block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int):
     """(slot_mapping, seq_lens, query_lens, token_seq_index, token_query_index, token_table), one launch."""
+    import triton  # (here: Triton is a GPU dependency, absent from CPU-only installs)
+
+    from outpace.attention.uniform_metadata_kernel import uniform_metadata_kernel
+
     num_seqs, dev = block_tables.shape[0], block_tables.device
     n = num_seqs * query_len
     slots, seq_index, query_index = (torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3))
     seq_lens, query_lens = (torch.empty(num_seqs, dtype=torch.int64, device=dev) for _ in range(2))
     token_table = torch.empty(num_seqs, query_len, dtype=torch.int32, device=dev)
-    _uniform_metadata_kernel[(num_seqs,)](
+    uniform_metadata_kernel[(num_seqs,)](
         block_tables, starts, slots, seq_lens, query_lens, seq_index, query_index, token_table, query_len,
         block_tables.stride(0), starts.stride(0), BLOCK_SIZE=block_size, BLOCK_Q=triton.next_power_of_2(query_len))
     return slots, seq_lens, query_lens, seq_index, query_index, token_table

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
 from outpace.config import ConfigError, EngineConfig, SamplingParams
 from outpace.engine.detokenizer import update_text
@@ -43,9 +44,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         on_gpu = config.device.startswith("cuda")
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "triton" if on_gpu else "torch"
+        backend = resolve_backend_name(config.attention_backend, config.device)
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend)
         spec = config.speculative
         self.spec_runner = None
