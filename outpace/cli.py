@@ -6,15 +6,16 @@ import json
 import sys
 from pathlib import Path
 
-ZOO = Path(__file__).resolve().parent.parent / "zoo"
-DEFAULT_MODEL = ZOO / "tinypy"
-DEFAULT_DRAFTS = {"eagle3": ZOO / "tinypy-eagle3", "draft": ZOO / "tinypy-draft", "dflash": ZOO / "tinypy-dflash"}
+from outpace.zoo import default_draft, default_model, zoo_dir
+
 METHODS = ["none", "eagle3", "mtp", "dflash", "ngram", "draft"]
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=str(DEFAULT_MODEL), help="Hugging Face checkpoint directory (default: the zoo target)")
-    p.add_argument("--device", default="cpu")
+def _engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> None:
+    if positional_model:  # `outpace generate MODEL` as well as --model MODEL, as vLLM's `vllm serve MODEL`
+        p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as --model")
+    p.add_argument("--model", default=None, help="Hugging Face checkpoint directory (default: the zoo target)")
+    p.add_argument("--device", default="auto", help="auto (the GPU when there is one, else the CPU), cpu or cuda[:N]")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--num-kv-blocks", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
@@ -38,15 +39,37 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="tokens verified per step (default: num-steps + 1 for a chain, 16 at most for a tree)")
 
 
+def _is_zoo_target(model: str) -> bool:
+    try:
+        return Path(model).resolve() == default_model().resolve()
+    except FileNotFoundError:
+        return False
+
+
+def _resolve_model(a: argparse.Namespace) -> None:
+    """a.model from --model or the positional MODEL (not both, unless equal), else the zoo target."""
+    given = {m for m in (getattr(a, "model_arg", None), a.model) if m is not None}
+    if len(given) > 1:
+        sys.exit(f"error: two models given: {getattr(a, 'model_arg')} and --model {a.model}")
+    if given:
+        a.model = given.pop()
+        return
+    try:
+        a.model = str(default_model())
+    except FileNotFoundError as e:
+        sys.exit(f"error: no model given and {e}")
+
+
 def _speculative_config(a: argparse.Namespace):
     from outpace.config import SpeculativeConfig
 
-    method = a.method or ("eagle3" if Path(a.model).resolve() == DEFAULT_MODEL else "none")
+    zoo_target = _is_zoo_target(a.model)
+    method = a.method or ("eagle3" if zoo_target else "none")
     if method == "none":
         return SpeculativeConfig()
     draft = a.draft
-    if draft is None and method in DEFAULT_DRAFTS and Path(a.model).resolve() == DEFAULT_MODEL:
-        draft = str(DEFAULT_DRAFTS[method])
+    if draft is None and zoo_target and default_draft(method) is not None:
+        draft = str(default_draft(method))
     num_steps = a.num_steps
     if num_steps is None:
         if method == "dflash" and draft:
@@ -80,11 +103,14 @@ def cmd_generate(a: argparse.Namespace) -> None:
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
                             max_tokens=a.max_tokens, seed=a.seed, ignore_eos=a.ignore_eos)
     llm = LLM(a.model, **_engine_kwargs(a))
-    out = llm.generate([a.prompt], params)[0]
+    prompt = a.prompt if a.prompt is not None else a.prompt_token_ids
+    out = llm.generate([prompt], params)[0]
     spec = out.spec_metrics
     if a.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                           "tokens_per_s": out.tokens_per_s, "speculative": spec.to_dict()}))
+    elif a.prompt is None or out.text is None:  # token ids in, or no tokenizer to turn ids into text
+        print(" ".join(map(str, out.token_ids)) if out.text is None else out.text)
     else:
         print(a.prompt + out.text)
         line = f"\n[{len(out.token_ids)} tokens, {out.finish_reason}, {out.tokens_per_s:.1f} tokens/s"
@@ -128,7 +154,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
     if a.what == "acceptance":
         from outpace.bench.acceptance import run_acceptance_bench
 
-        run_acceptance_bench(a.model, ZOO, Path(a.out or "benchmarks"), a.max_tokens,
+        run_acceptance_bench(a.model, zoo_dir(), Path(a.out or "benchmarks"), a.max_tokens,
                              _engine_kwargs(a, speculative=False))
         return
     run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens,
@@ -137,12 +163,18 @@ def cmd_bench(a: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from outpace import __version__
+
     parser = argparse.ArgumentParser(prog="outpace", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"outpace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text for one prompt")
-    _engine_args(g)
-    g.add_argument("--prompt", required=True)
+    _engine_args(g, positional_model=True)
+    prompt = g.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt's text")
+    prompt.add_argument("--prompt-token-ids", type=int, nargs="+", metavar="ID",
+                        help="the prompt as token ids (models without a tokenizer); prints token ids")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -154,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (see README: Serve)")
-    _engine_args(s)
+    _engine_args(s, positional_model=True)
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set OUTPACE_API_KEY)")
@@ -185,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
     sb.add_argument("--num-requests", type=int, default=96)
     sb.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
-    sb.add_argument("--prompts", default=str(ZOO / "eval_prompts.json"),
-                    help="JSON file: a list of prompts or {\"prompts\": [...]} (cycled)")
+    sb.add_argument("--prompts", default=None,
+                    help="JSON file: a list of prompts or {\"prompts\": [...]} (cycled; default: the zoo's held-out prompts)")
     sb.add_argument("--temperature", type=float, default=0.0)
     sb.add_argument("--api-key", default=None)
     sb.add_argument("--served-model", default=None, help="model name to send (default: the server's first)")
@@ -201,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.set_defaults(func=cmd_train_target)
     td = tsub.add_parser("draft", help="a draft for a trained target")
     td.add_argument("--method", required=True, choices=list(DRAFT_RECIPES))
-    td.add_argument("--target", default=str(DEFAULT_MODEL))
+    td.add_argument("--target", default=None, help="the target's directory (default: the zoo target)")
     _train_args(td)
     td.set_defaults(func=cmd_train_draft)
     return parser
@@ -248,6 +280,7 @@ DRAFT_RECIPES = {
 def cmd_train_draft(a: argparse.Namespace) -> None:
     from outpace.registry import resolve
 
+    a.target = a.target or str(default_model())
     _check_model_dir(a.target)
     recipe_cls = resolve({a.method: DRAFT_RECIPES[a.method][0]}, a.method, "draft recipe")
     train_fn = resolve({a.method: DRAFT_RECIPES[a.method][1]}, a.method, "draft recipe")
@@ -262,7 +295,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from outpace.config import ConfigError
 
+    if hasattr(args, "model") and not (args.command == "bench" and args.what in ("serve", "gpu")):
+        _resolve_model(args)
     try:
         args.func(args)
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

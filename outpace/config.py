@@ -238,6 +238,24 @@ class SpeculativeConfig:
         return self.method != "none"
 
 
+def _resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; a CUDA device torch cannot use is refused."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ConfigError(f"EngineConfig.device={device!r} is invalid: torch {torch.__version__} ({build}) sees "
+                              f"no GPU here; use device 'cpu' or 'auto'")
+        index = device.partition(":")[2]
+        _require("EngineConfig", "device", device, index == "" or (index.isdigit() and
+                                                                     int(index) < torch.cuda.device_count()),
+                 f"'cuda' or 'cuda:N' with N < {torch.cuda.device_count()} (the GPUs torch sees)")
+    return device
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: device, precision, cache size and batching limits.
@@ -248,7 +266,7 @@ class EngineConfig:
 
     model: str
     tokenizer: str | None = None
-    device: str = "cpu"
+    device: str = "auto"  # "auto": cuda when torch sees a GPU, else cpu (resolved at construction)
     dtype: str = "auto"
     seed: int = 0
     block_size: int = 16
@@ -273,8 +291,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         o = "EngineConfig"
-        _require(o, "device", self.device, self.device == "cpu" or self.device.startswith("cuda"),
-                 "'cpu' or 'cuda[:N]'")
+        _require(o, "device", self.device, self.device in ("auto", "cpu") or self.device.startswith("cuda"),
+                 "'auto', 'cpu' or 'cuda[:N]'")
+        object.__setattr__(self, "device", _resolve_device(self.device))
         _require(o, "dtype", self.dtype, self.dtype in ("auto", "float32", "float16", "bfloat16"),
                  "one of auto, float32, float16, bfloat16")
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):

@@ -148,7 +148,9 @@ def run_serve_bench(url: str, num_requests: int = 96, concurrency: int = 8, prom
                     max_tokens: int = 64, temperature: float = 0.0, api_key: str | None = None,
                     model: str | None = None, chat: bool = False, out_json: str | None = None) -> dict:
     if prompts is None:
-        prompts = Path(__file__).resolve().parents[2] / "zoo" / "eval_prompts.json"
+        from outpace.zoo import zoo_dir
+
+        prompts = zoo_dir() / "eval_prompts.json"
     results, wall = asyncio.run(_run(url.rstrip("/"), num_requests, concurrency, load_prompts(prompts), max_tokens,
                                      temperature, api_key, model, chat))
     summary = summarize(results, wall)
