@@ -10,6 +10,41 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _interpret_dots_row_by_row() -> None:
+    """Make the interpreter's ``tl.dot`` give each output row bits that depend only on that row's operands.
+
+    The interpreter computes ``tl.dot`` with numpy's matmul, i.e. OpenBLAS, which picks its sgemm
+    kernel per CPU at run time. With the Haswell and Zen kernels (CPUs with AVX2 and no AVX-512) a row
+    gets other bits in a 16-row than in a 32-row tile (OPENBLAS_CORETYPE=Haswell shows it on any
+    x86-64 machine: tests/test_interpreter_dot.py then fails without this), which is why the
+    batch-invariant attention tests failed on some machines and not others. A GPU's MMA does not do
+    that (the batch-invariant kernels rest on it: attention/triton_kernels.py), so the interpreter
+    would test the BLAS of the machine rather than the kernels' own reduction order. Here each output
+    element is the sum over k of a[i, k] * b[k, j] in increasing k, accumulated in the accumulator's
+    dtype: one numpy reduction over a strided axis, which numpy walks in order, the same arithmetic
+    for a row whatever the rows around it (tests/test_interpreter_dot.py checks it). With it, the
+    bit-for-bit tests hold on any CPU under the pinned numpy and Triton (constraints.txt).
+    """
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # no Triton: the Triton tests skip
+        return
+    fp_dot = InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:  # fp8/int8: the original
+            return fp_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data.dtype
+        products = a.data.astype(acc)[..., :, :, None] * b.data.astype(acc)[..., None, :, :]  # [..., M, K, N]
+        return type(d)(products.sum(axis=-2, dtype=acc) + d.data, d.dtype.scalar)
+
+    InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpret_dots_row_by_row()
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from hf_models import make_hf_model, save_hf_model  # noqa: E402
