@@ -109,8 +109,8 @@ def cmd_generate(a: argparse.Namespace) -> None:
     if a.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                           "tokens_per_s": out.tokens_per_s, "speculative": spec.to_dict()}))
-    elif a.prompt is None or out.text is None:  # token ids in, or no tokenizer to turn ids into text
-        print(" ".join(map(str, out.token_ids)) if out.text is None else out.text)
+    elif a.prompt is None:  # token ids in, token ids out (--json gives the text too)
+        print(" ".join(map(str, out.token_ids)))
     else:
         print(a.prompt + out.text)
         line = f"\n[{len(out.token_ids)} tokens, {out.finish_reason}, {out.tokens_per_s:.1f} tokens/s"
