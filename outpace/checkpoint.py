@@ -1,12 +1,19 @@
-"""Hugging Face checkpoint directories: safetensors (single file or sharded), load and save.
+"""Hugging Face checkpoint directories: safetensors or PyTorch ``.bin`` (single file or sharded),
+load; safetensors, save.
 
 Loading checks every tensor against the model: a tensor the model lacks, a parameter the
 checkpoint lacks, a wrong shape, or a shard the index names but the directory lacks each raise
 ``CheckpointError`` naming the tensor and the file.
+
+``.bin`` files (pickled state dicts, e.g. the original EAGLE-3 release's ``pytorch_model.bin``) are
+read with ``torch.load(weights_only=True)``: the unpickler rebuilds only tensors and plain containers
+and refuses any other object, so a checkpoint cannot run code when it is loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -18,6 +25,9 @@ from tqdm.auto import tqdm
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# transformers' names for PyTorch pickles (WEIGHTS_INDEX_NAME, WEIGHTS_NAME in transformers/utils/constants)
+BIN_INDEX_FILE = "pytorch_model.bin.index.json"
+BIN_SINGLE_FILE = "pytorch_model.bin"
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -27,28 +37,73 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory, in index order."""
+    """The weight files of a checkpoint directory, in index order: safetensors when there are any
+    (sharded, single or any ``*.safetensors``), else ``pytorch_model.bin`` (sharded or single)."""
     model_dir = Path(model_dir)
-    index = model_dir / INDEX_FILE
-    if index.is_file():
+    index = _index_file(model_dir)
+    if index is not None:
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [model_dir / n for n in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"{index} names shard(s) that are missing from {model_dir}: {', '.join(missing)}")
         return files
-    if (model_dir / SINGLE_FILE).is_file():
-        return [model_dir / SINGLE_FILE]
+    for single in (SINGLE_FILE, BIN_SINGLE_FILE):
+        if (model_dir / single).is_file():
+            return [model_dir / single]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"no *.safetensors files in {model_dir}")
+        raise CheckpointError(f"no *.safetensors files, {BIN_SINGLE_FILE} or {BIN_INDEX_FILE} in {model_dir}")
     return files
 
 
+def _index_file(model_dir: Path) -> Path | None:
+    for name in (INDEX_FILE, BIN_INDEX_FILE):
+        if (model_dir / name).is_file():
+            return model_dir / name
+    return None
+
+
+class _PickledShard:
+    """A ``.bin`` shard's tensors, with safetensors' ``keys()`` / ``get_tensor(name)`` interface."""
+
+    def __init__(self, path: Path) -> None:
+        try:  # weights_only: tensors and plain containers only, never arbitrary objects
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+            raise CheckpointError(f"{path} cannot be read as a state dict of tensors with "
+                                  f"torch.load(weights_only=True): {e}") from e
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise CheckpointError(f"{path} does not hold a state dict (a dict of tensor name -> tensor)")
+        self._state = state
+
+    def keys(self):
+        return self._state.keys()
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self._state[name]
+
+
+@contextlib.contextmanager
+def open_shard(path: Path):
+    """A weight file's tensors by name (``keys()``, ``get_tensor(name)``): safetensors read lazily,
+    a ``.bin`` pickle unpickled whole."""
+    if path.suffix == ".bin":
+        yield _PickledShard(path)
+    else:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            yield f
+
+
 def checkpoint_tensor_names(model_dir: str | Path) -> set[str]:
+    """Every tensor name of a checkpoint (from its index when sharded: no shard is read)."""
+    index = _index_file(Path(model_dir))
+    if index is not None:
+        checkpoint_files(model_dir)  # the shards must exist
+        return set(json.loads(index.read_text())["weight_map"])
     names: set[str] = set()
     for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        with open_shard(path) as f:
             names.update(f.keys())
     return names
 
@@ -72,7 +127,7 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
     seen: set[str] = set()
     files = checkpoint_files(model_dir)
     for path in tqdm(files, desc="loading weights", unit="shard", disable=not progress or len(files) < 2):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        with open_shard(path) as f:
             for name in f.keys():
                 if any(r.search(name) for r in ignored) or (name in all_names and name not in params):
                     continue

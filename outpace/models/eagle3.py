@@ -1,17 +1,30 @@
-"""EAGLE3 draft model in the format of public EAGLE3 checkpoints (``LlamaForCausalLMEagle3``).
+"""EAGLE3 draft model in the formats of public EAGLE3 checkpoints: the native one
+(``LlamaForCausalLMEagle3``: the EAGLE-3 release, SGLang/SpecForge; ``model.safetensors`` or
+``pytorch_model.bin``) and vLLM's speculators format (``speculators_model_type: "eagle3"``).
 
 One decoder layer over ``concat(input_layernorm(embed(token t+1)), hidden_norm(g_t))`` where g_t is
 ``fc(concat(aux hidden states of the target at t))`` for rows the target computed, or the draft's
-own previous pre-norm output for rows it drafted. Then ``norm`` and ``lm_head`` over a draft
-vocabulary; draft id i is target id ``i + d2t[i]``. Checkpoint tensors: ``fc.weight``,
-optional ``fc_norm.{i}.weight`` (per-aux RMSNorm, "aux norm", enabled by ``use_aux_norm`` or
-``fc_norm`` in the config), ``midlayer.{input_layernorm,hidden_norm,self_attn.*,
-post_attention_layernorm,mlp.*}``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` and
-optionally ``embed_tokens.weight``. The embedding and, when the draft has none, the head come
-from the target.
+own previous pre-norm output for rows it drafted. The layer's residual stream is g_t, or
+``hidden_norm(g_t)`` with ``norm_before_residual`` (speculators' Eagle3DecoderLayer and vLLM's
+llama_eagle3.py ``_norm_before_residual``). Then ``norm`` and ``lm_head`` over a draft vocabulary;
+draft id i is target id ``i + d2t[i]``. Checkpoint tensors: ``fc.weight``, optional
+``fc_norm.{i}.weight`` (per-aux RMSNorm, "aux norm", enabled by ``use_aux_norm`` or ``fc_norm`` in
+the config), the layer's ``{input_layernorm,hidden_norm,self_attn.*,post_attention_layernorm,mlp.*}``
+under ``midlayer.`` (native) or ``layers.0.`` (speculators; vLLM's loader renames ``midlayer.`` to
+``layers.0.``), ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` and optionally
+``embed_tokens.weight``. The embedding and, when the draft has none, the head come from the target.
+
+Speculators config (vLLM transformers_utils/configs/speculators/{base,algos}.py; speculators
+models/eagle3/config.py): the layer's shapes are the ``transformer_layer_config`` dict (a
+transformers config's ``to_diff_dict()``, so class defaults may be left out; its ``vocab_size`` is
+the target's); ``draft_vocab_size``, ``target_hidden_size`` (null: the layer's hidden size),
+``norm_before_residual`` (default false), ``fc_norm``, ``eagle_aux_hidden_state_layer_ids`` sit at
+the top level; ``speculators_config`` holds ``proposal_methods`` (``speculative_tokens``) and
+``verifier`` (``name_or_path``), which describe serving, not the weights.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +38,7 @@ from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.llama import (LlamaAttention, LlamaMLP, build_rotary, fused_attention_output_and_mlp,
                                   norm_head_logits)
-from outpace.models.loader import default_dtype
+from outpace.models.loader import covering_positions, default_dtype
 
 
 class DraftMismatchError(ValueError):
@@ -40,9 +53,13 @@ class Eagle3Config:
     aux_layer_ids: tuple[int, ...] | None  # as written in the checkpoint (see capture_layer_ids)
     use_aux_norm: bool = False
     bias: bool = False
+    norm_before_residual: bool = False
 
     @classmethod
     def from_dict(cls, cfg: dict) -> Eagle3Config:
+        """A native config, or a speculators one (``speculators_model_type``)."""
+        if "speculators_model_type" in cfg:
+            cfg = _flatten_speculators(cfg)
         eagle = cfg.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
         layer = ModelConfig.from_dict({**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
@@ -51,7 +68,8 @@ class Eagle3Config:
                    target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
                    aux_layer_ids=tuple(ids) if ids else None,
                    use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
-                   bias=bool(cfg.get("bias", False)))
+                   bias=bool(cfg.get("bias", False)),
+                   norm_before_residual=bool(cfg.get("norm_before_residual", False)))
 
     @property
     def num_aux(self) -> int:
@@ -71,22 +89,56 @@ class Eagle3Config:
         return tuple(i + 1 for i in ids) if ids[0] == 1 else tuple(ids)
 
 
+def _flatten_speculators(cfg: dict) -> dict:
+    """A speculators-format EAGLE3 config -> the native (flat) form ``Eagle3Config.from_dict`` reads."""
+    kind = cfg["speculators_model_type"]
+    if kind != "eagle3":
+        raise DraftMismatchError(f"speculators_model_type {kind!r} is not supported: only 'eagle3' drafts load here")
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DraftMismatchError("a speculators config needs a transformer_layer_config dict (the layer's shapes)")
+    model_type = layer.get("model_type", "llama")
+    if model_type != "llama":  # vLLM (algos.py update_eagle3) serves every eagle3 speculator as a Llama layer
+        raise DraftMismatchError(f"transformer_layer_config.model_type {model_type!r} is not supported: "
+                                 f"only 'llama' EAGLE3 layers load here")
+    unsupported = [k for k in ("norm_before_fc", "norm_output") if cfg.get(k)]
+    if unsupported:
+        raise DraftMismatchError(f"speculators EAGLE3 options {', '.join(unsupported)} are not supported")
+    from transformers import LlamaConfig
+
+    # speculators rebuilds the layer config as its class (validate_transformer_config), restoring the
+    # defaults that to_diff_dict() left out
+    layer = LlamaConfig(**layer).to_dict()
+    if layer["num_hidden_layers"] != 1:
+        raise DraftMismatchError(f"transformer_layer_config.num_hidden_layers is {layer['num_hidden_layers']}: "
+                                 f"only one-layer EAGLE3 drafts load here")
+    keys = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "fc_norm",
+            "norm_before_residual")
+    return {**layer, **{k: cfg[k] for k in keys if k in cfg}}
+
+
 class Eagle3Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary) -> None:
+    def __init__(self, cfg: ModelConfig, rotary, norm_before_residual: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, rotary, input_size=2 * cfg.hidden_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.norm_before_residual = norm_before_residual
 
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """embeds, hidden [n, hidden] -> [n, hidden] pre-norm output (residual stream = ``hidden``)."""
+        """embeds, hidden [n, hidden] -> [n, hidden] pre-norm output."""
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
         if self.fuses(x):
             return self.forward_fused(positions, x, hidden)
-        h = hidden + self.self_attn(positions, x)
+        h = self.residual(x, hidden) + self.self_attn(positions, x)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def residual(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The residual stream [n, hidden] the layer adds to: ``hidden``, or with ``norm_before_residual``
+        its ``hidden_norm``, the second half of x [n, 2 * hidden] the normalised [embedding | hidden]."""
+        return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether ``forward_fused`` serves these rows: few of them on the GPU (LlamaAttention.fuses)."""
@@ -96,20 +148,27 @@ class Eagle3Layer(nn.Module):
         """x [n, 2 * hidden] the normalised [embedding | hidden] -> ``forward``'s output: four projection
         kernels around attention (layers/fused_projection.py)."""
         attn = self.self_attn.attend_fused(positions, x, self.input_layernorm.eps)
-        return fused_attention_output_and_mlp(attn, hidden, self.self_attn.o_proj, self.post_attention_layernorm,
-                                              self.mlp, None)
+        return fused_attention_output_and_mlp(attn, self.residual(x, hidden), self.self_attn.o_proj,
+                                              self.post_attention_layernorm, self.mlp, None)
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, cfg: Eagle3Config, has_embedding: bool = False, has_head: bool = True) -> None:
+    # speculators checkpoints may carry copies of the verifier's final norm and head
+    # (Eagle3DraftModel's verifier_norm, verifier_lm_head); the target's own are used instead
+    ignored_checkpoint_tensors = (r"^verifier_(norm|lm_head)\.",)
+
+    def __init__(self, cfg: Eagle3Config, has_embedding: bool = False, has_head: bool = True,
+                 layer_prefix: str = "midlayer.") -> None:
+        """``layer_prefix``: the checkpoint's name for the decoder layer, ``midlayer.`` or ``layers.0.``."""
         super().__init__()
         lc = cfg.layer
         self.config = cfg
+        self.layer_prefix = layer_prefix
         self.rotary = build_rotary(lc)
         if cfg.use_aux_norm:
             self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, lc.rms_norm_eps) for _ in range(cfg.num_aux))
         self.fc = linear(cfg.num_aux * cfg.target_hidden_size, lc.hidden_size, bias=cfg.bias)
-        self.midlayer = Eagle3Layer(lc, self.rotary)
+        self.midlayer = Eagle3Layer(lc, self.rotary, cfg.norm_before_residual)
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         if has_embedding:
             self.embed_tokens = nn.Embedding(lc.vocab_size, lc.hidden_size)
@@ -121,6 +180,11 @@ class Eagle3Draft(nn.Module):
         # (embedding, head) borrowed from the target, kept in a tuple so they are not registered
         # as this module's submodules (their weights stay the target's, out of our state dict)
         self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        if param_name.startswith("midlayer."):
+            return self.layer_prefix + param_name.removeprefix("midlayer.")
+        return param_name
 
     def attach_target(self, target: nn.Module) -> None:
         """Borrow the target's embedding (and head, when the draft has none)."""
@@ -167,6 +231,7 @@ def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     raw = json.loads((draft_dir / "config.json").read_text())
     cfg = Eagle3Config.from_dict(raw)
     tcfg: ModelConfig = target.config
+    cfg = dataclasses.replace(cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings))
     names = checkpoint_tensor_names(draft_dir)
     problems = []
     if cfg.target_hidden_size != tcfg.hidden_size:
@@ -188,7 +253,8 @@ def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     if problems:
         raise DraftMismatchError(f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems))
     with default_dtype(dtype), torch.device(device):
-        draft = Eagle3Draft(cfg, has_embedding="embed_tokens.weight" in names, has_head="lm_head.weight" in names)
+        draft = Eagle3Draft(cfg, has_embedding="embed_tokens.weight" in names, has_head="lm_head.weight" in names,
+                            layer_prefix="layers.0." if any(n.startswith("layers.0.") for n in names) else "midlayer.")
     load_checkpoint(draft, draft_dir, progress=False)
     target_ids = torch.arange(cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     if target_ids.min() < 0 or target_ids.max() >= tcfg.vocab_size or target_ids.unique().numel() != target_ids.numel():

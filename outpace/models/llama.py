@@ -245,7 +245,9 @@ class LlamaForCausalLM(nn.Module):
     # Checkpoint tensors that are legitimately not parameters here.
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        """``mtp_own_heads``: the MTP layers carry their own embedding and shared head (DeepSeek-V3
+        layout; the loader decides from the checkpoint's tensor names, models/mtp.py)."""
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
@@ -253,10 +255,9 @@ class LlamaForCausalLM(nn.Module):
                               tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
         self.aux_layer_ids: tuple[int, ...] = ()
         if cfg.num_nextn_predict_layers:
-            from outpace.models.mtp import MTPLayer
+            from outpace.models.mtp import build_mtp_layers
 
-            self.mtp_layers = nn.ModuleList(
-                MTPLayer(cfg, self.model.rotary) for _ in range(cfg.num_nextn_predict_layers))
+            self.mtp_layers = build_mtp_layers(cfg, self.model.rotary, mtp_own_heads)
 
     def set_aux_hidden_state_layers(self, layer_ids: tuple[int, ...]) -> None:
         """Capture the inputs of these layers (index num_hidden_layers: the last layer's output)."""

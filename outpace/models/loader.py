@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from outpace.checkpoint import DTYPES, load_checkpoint
+from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.config import ModelConfig
 from outpace.models.llama import pack_projections
+from outpace.models.mtp import has_own_mtp_heads
 from outpace.registry import model_class
 
 
@@ -30,23 +32,36 @@ def resolve_dtype(requested: str, cfg: ModelConfig, device: str) -> torch.dtype:
     return DTYPES[cfg.torch_dtype] if device.startswith("cuda") else torch.float32
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu") -> nn.Module:
-    """An uninitialised model (parameters in ``dtype``; rotary tables stay float32)."""
+def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
+                mtp_own_heads: bool = False) -> nn.Module:
+    """An uninitialised model (parameters in ``dtype``; rotary tables stay float32). ``mtp_own_heads``:
+    its MTP layers carry their own embedding and shared head (DeepSeek-V3 layout, models/mtp.py)."""
     with default_dtype(dtype), torch.device(device):
-        return model_class(cfg.architecture)(cfg)
+        return model_class(cfg.architecture)(cfg, mtp_own_heads=mtp_own_heads)
+
+
+def covering_positions(cfg: ModelConfig, positions: int) -> ModelConfig:
+    """``cfg`` with rotary tables for at least ``positions`` positions. A draft's
+    ``max_position_embeddings`` is the length it was trained at (2048 in the original EAGLE-3 release,
+    yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), not a limit of the target's context it serves: RoPE is
+    defined at every position, so its tables are sized to cover the target's context too."""
+    return dataclasses.replace(cfg, max_position_embeddings=max(cfg.max_position_embeddings, positions))
 
 
 def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", progress: bool = True,
-               load_format: str = "safetensors") -> nn.Module:
+               load_format: str = "safetensors", min_positions: int = 0) -> nn.Module:
     """``load_format`` "dummy" skips the weights and fills the parameters with small random values
-    (vLLM's ``--load-format dummy``): for benchmarks of a shape without its checkpoint."""
-    cfg = ModelConfig.from_pretrained(model_dir)
-    model = build_model(cfg, dtype, device)
+    (vLLM's ``--load-format dummy``): for benchmarks of a shape without its checkpoint.
+    ``min_positions``: rotary tables cover at least this many positions (a draft serving a target
+    with a longer context, see ``covering_positions``)."""
+    cfg = covering_positions(ModelConfig.from_pretrained(model_dir), min_positions)
     if load_format == "dummy":
+        model = build_model(cfg, dtype, device)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
     else:
+        model = build_model(cfg, dtype, device, has_own_mtp_heads(cfg, checkpoint_tensor_names(model_dir)))
         load_checkpoint(model, model_dir, progress=progress)
     pack_projections(model)
     model.checkpoint_dir = Path(model_dir)

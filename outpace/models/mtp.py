@@ -1,26 +1,57 @@
-"""Multi-token-prediction layer, DeepSeek-V3 style.
+"""Multi-token-prediction layers, in two checkpoint layouts.
 
 Given the embedding of token t+1 and a hidden state for position t, an MTP layer predicts token
-t+2: ``h = eh_proj(concat(enorm(embed(t+1)), hnorm(hidden_t)))`` then one decoder layer; its
-pre-norm output goes through the target's shared final norm and head for logits.
-
-Chaining (Step-3.5-Flash): layer 0 consumes the target's last pre-norm hidden state and layer k
-consumes the pre-norm output of layer k-1, each predicting one token further ahead. The
-non-chained form feeds every layer the target's state.
+t+2: ``h = eh_proj(concat(enorm(embed(t+1)), hnorm(hidden_t)))`` then one decoder layer, whose
+pre-norm output gives the logits.
 Checkpoint names: ``model.layers.{num_hidden_layers + k}.{enorm,hnorm,eh_proj,self_attn,...}``.
+
+``MTPLayer`` (Step-3.5-Flash style, and what outpace trains): the embedding, final norm and head
+are the target's. Chained, layer 0 consumes the target's last pre-norm hidden state and layer k the
+pre-norm output of layer k-1, each predicting one token further ahead; not chained, every layer
+consumes the target's state.
+
+``DeepSeekMTPLayer`` (DeepSeek-V3, ``model.layers.61.*``): the layer carries its own
+``embed_tokens`` and ``shared_head.{norm,head}`` tensors. Its semantics, as vLLM's deepseek_mtp.py
+(DeepSeekMultiTokenPredictorLayer, SharedHead) and SGLang's deepseek_nextn.py serve it:
+- it reads the target's hidden state *after* the final norm (vLLM's DeepseekV2Model.forward returns
+  ``self.norm(hidden_states, residual)``, and that is the state the MTP layer is given); further
+  steps read the MTP layer's own pre-norm output (vLLM's EagleProposer feeds the returned state
+  back), so the form is always chained;
+- the embedding of the row at position 0 is zeroed before ``enorm`` ("masking inputs at position 0,
+  as not needed by MTP", vLLM);
+- ``eh_proj`` reads ``[enorm(embedding), hnorm(hidden)]`` in that order (vLLM and SGLang);
+- logits are ``shared_head.head(shared_head.norm(h))``: the layer's own norm precedes its own head,
+  not the target's final norm.
 """
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from outpace.config import ModelConfig
+from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.llama import LlamaDecoderLayer
+from outpace.models.llama import LlamaDecoderLayer, norm_head_logits
+
+
+def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
+    """Whether a checkpoint stores its MTP layers DeepSeek-V3 style: the first MTP layer has a
+    ``shared_head.head`` (vLLM deepseek_mtp.py: spec-layer weights ``embed_tokens``, ``enorm``,
+    ``hnorm``, ``eh_proj``, ``shared_head``)."""
+    return (cfg.num_nextn_predict_layers > 0
+            and f"model.layers.{cfg.num_hidden_layers}.shared_head.head.weight" in tensor_names)
+
+
+def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool) -> nn.ModuleList:
+    layer = DeepSeekMTPLayer if own_heads else MTPLayer
+    return nn.ModuleList(layer(cfg, rotary) for _ in range(cfg.num_nextn_predict_layers))
 
 
 class MTPLayer(LlamaDecoderLayer):
+    chained_by_layout = False  # whether the layout fixes the chained form (else the config's flag)
+
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__(cfg, rotary)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -32,3 +63,49 @@ class MTPLayer(LlamaDecoderLayer):
         """token_embeds [n, hidden] of token t+1; hidden_states [n, hidden] at t -> [n, hidden] pre-norm."""
         h = self.eh_proj(torch.cat((self.enorm(token_embeds), self.hnorm(hidden_states)), dim=-1))
         return super().forward(positions, h)
+
+    def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's last pre-norm hidden states [n, hidden] -> what this layer reads."""
+        return hidden
+
+    def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [n] -> [n, hidden]."""
+        return target.embed(token_ids)
+
+    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm output -> [n, vocab] float32 logits."""
+        return target.compute_logits(hidden)
+
+
+class SharedHead(nn.Module):
+    """DeepSeek-V3's per-MTP-layer output head: ``norm`` then ``head`` (vLLM deepseek_mtp.py SharedHead)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.head = LMHead(cfg.hidden_size, cfg.vocab_size)
+
+
+class DeepSeekMTPLayer(MTPLayer):
+    """An MTP layer with its own ``embed_tokens`` and ``shared_head`` (module docstring for the semantics)."""
+
+    chained_by_layout = True
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__(cfg, rotary)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.shared_head = SharedHead(cfg)
+
+    def forward(self, positions: torch.Tensor, token_embeds: torch.Tensor,  # type: ignore[override]
+                hidden_states: torch.Tensor) -> torch.Tensor:
+        token_embeds = torch.where((positions == 0)[:, None], 0.0, token_embeds)  # vLLM: position 0 masked
+        return super().forward(positions, token_embeds, hidden_states)
+
+    def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return target.model.norm(hidden)  # post-norm, as vLLM's DeepseekV2Model returns it
+
+    def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(token_ids)
+
+    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)

@@ -2,8 +2,10 @@
 
 Row convention: MTP layer k at row t reads the embedding of token t + k + 1 and a hidden state for
 row t, and predicts token t + k + 2 (rotary position t). The hidden state is, chained
-(Step-3.5-Flash), layer k - 1's pre-norm output at row t (layer 0: the target's last pre-norm
-hidden state); not chained, the target's at every layer. Each layer's KV row t is final once token
+(Step-3.5-Flash; always for DeepSeek-V3-style layers), layer k - 1's pre-norm output at row t (layer
+0: the target's last hidden state, pre-norm, or post-norm for DeepSeek-V3-style layers); not
+chained, the target's at every layer. The layers choose their embedding, head and the form of the
+target's state they read (models/mtp.py). Each layer's KV row t is final once token
 t + k + 1 is committed.
 
 Each propose runs every layer once, in chain order, over rows [L_prev - S + 1, L - 1] (L_prev: the
@@ -44,8 +46,8 @@ class MTPProposer(Proposer):
                               f"exactly one)")
         super().__init__(spec, pool, device, attention_backend)
         self.target = target
-        self.chained = cfg.chain_mtp_hidden_states
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
+        self.chained = cfg.chain_mtp_hidden_states or self.layers[0].chained_by_layout
         bind_kv_cache(target.mtp_layers, pool, dtype, device)
         # request id -> (first row still to run, the target's hidden states from that row on)
         self._hidden: dict[str, tuple[int, torch.Tensor]] = {}
@@ -58,7 +60,8 @@ class MTPProposer(Proposer):
         self._hidden.pop(request_id, None)
 
     def observe(self, committed: CommittedRows) -> None:
-        hidden = committed.hidden_states[committed.rows]  # [total, hidden]
+        with torch.inference_mode():  # [total, hidden] in the form the MTP layers read
+            hidden = self.layers[0].target_state(self.target, committed.hidden_states[committed.rows])
         offset = 0
         for req, start, count in zip(committed.requests, committed.starts, committed.counts):
             new = hidden[offset:offset + count]
@@ -71,7 +74,7 @@ class MTPProposer(Proposer):
 
     def _forward(self, layer, requests, starts, counts, token_ids, hidden) -> torch.Tensor:
         with draft_rows(self.pool, self.backend, requests, starts, counts, self.device):
-            return layer(row_positions(starts, counts, self.device), self.target.embed(token_ids), hidden)
+            return layer(row_positions(starts, counts, self.device), layer.embed(self.target, token_ids), hidden)
 
     def propose(self, requests: list[Request]) -> DraftBatch:
         drafts = ChainDrafts(requests, self.device)
@@ -98,7 +101,7 @@ class MTPProposer(Proposer):
                     tokens += [d[i:i + 1] for d in drafts.tokens[k - num_drafted:k]]
                 out = self._forward(layer, requests, starts, counts, torch.cat(tokens),
                                     hidden if self.chained else target_hidden)
-                token = drafts.choose(self.target.compute_logits(out[last_rows]))
+                token = drafts.choose(layer.compute_logits(self.target, out[last_rows]))
                 hidden = out
             if len(drafts.tokens) < self.spec.num_steps:  # one layer, reused
                 layer, h = self.layers[0], hidden[last_rows]
@@ -106,5 +109,5 @@ class MTPProposer(Proposer):
                 for j in range(2, self.spec.num_steps + 1):
                     rows = [p + j - 2 for p in base]
                     h = self._forward(layer, requests, rows, [1] * len(requests), token, h)
-                    token = drafts.choose(self.target.compute_logits(h))
+                    token = drafts.choose(layer.compute_logits(self.target, h))
         return drafts.batch()
