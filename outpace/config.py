@@ -52,8 +52,13 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False      # biases on q_proj, k_proj, v_proj
+    attention_out_bias: bool = False  # a bias on o_proj
+    mlp_bias: bool = False            # biases on gate_proj, up_proj, down_proj
+    hidden_act: str = "silu"          # the MLP's gate activation: a key of layers/activation.py's ACTIVATIONS
     qk_norm: bool = False
+    # Per decoder layer: its sliding attention window (None: full attention); () when every layer is full.
+    layer_windows: tuple[int | None, ...] = ()
     torch_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
     # Multi-token-prediction layers stored after the decoder layers (DeepSeek-V3 layout).
@@ -83,6 +88,19 @@ class ModelConfig:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             _require(o, "rope_scaling.rope_type", kind, kind in ("default", "llama3", "linear"),
                      "one of default, llama3, linear")
+        from outpace.layers.activation import ACTIVATIONS
+
+        _require(o, "hidden_act", self.hidden_act, self.hidden_act in ACTIVATIONS,
+                 f"one of {', '.join(ACTIVATIONS)} (activations with learned parameters are not implemented)")
+        _require(o, "layer_windows", self.layer_windows,
+                 len(self.layer_windows) in (0, self.num_hidden_layers)
+                 and all(w is None or (isinstance(w, int) and w > 0) for w in self.layer_windows),
+                 f"empty or {self.num_hidden_layers} entries, each None or a positive integer")
+
+    def layer_window(self, layer: int) -> int | None:
+        """Decoder layer ``layer``'s sliding attention window: a query at position p sees the keys at
+        positions p - window + 1 .. p; None means full causal attention."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @property
     def q_size(self) -> int:
@@ -109,12 +127,19 @@ class ModelConfig:
             rope_theta = cfg["rope_parameters"].get("rope_theta")
             if cfg["rope_parameters"].get("rope_type", "default") != "default":
                 rope_scaling = cfg["rope_parameters"]
+        _refuse_unimplemented(cfg)
+        num_layers = cfg["num_hidden_layers"]
+        # Biases, as each transformers class builds its layers: Llama (LlamaAttention, LlamaMLP) and
+        # Qwen3 put attention_bias on q/k/v/o, Llama mlp_bias on gate/up/down; Qwen2Attention has
+        # biases on q/k/v only, always; Mistral has none.
+        attention_bias = bool(cfg.get("attention_bias", False)) if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") \
+            else arch == "Qwen2ForCausalLM"
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
+            num_hidden_layers=num_layers,
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
@@ -123,8 +148,12 @@ class ModelConfig:
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            attention_bias=attention_bias,
+            attention_out_bias=attention_bias and arch != "Qwen2ForCausalLM",
+            mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias", False)),
+            hidden_act=cfg.get("hidden_act", "silu"),
             qk_norm=arch == "Qwen3ForCausalLM",
+            layer_windows=_layer_windows(arch, cfg, num_layers),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
             eos_token_ids=eos_ids,
             num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers", 0)),
@@ -138,6 +167,49 @@ class ModelConfig:
         if not path.is_file():
             raise ConfigError(f"no config.json in model directory {str(model_dir)!r}")
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def _refuse_unimplemented(cfg: dict) -> None:
+    """Refuse config.json entries outside the four classes' own fields that would change what the
+    model computes and that outpace does not implement."""
+    if cfg.get("quantization_config") is not None:
+        raise ConfigError(f"ModelConfig.quantization_config={cfg['quantization_config']!r} is not supported: "
+                          "outpace loads unquantized checkpoints only")
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = cfg.get(key)
+        # transformers modeling_rope_utils: rotate only int(head_dim * partial_rotary_factor) dimensions.
+        factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
+        _require("ModelConfig", f"{key}.partial_rotary_factor", factor, factor == 1.0,
+                 "1.0 (partial rotary embeddings are not implemented)")
+
+
+def _layer_windows(arch: str, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+    """Each decoder layer's sliding window (None: full attention), as the transformers classes
+    compute it; () when every layer is full."""
+    if arch == "MistralForCausalLM":
+        # transformers MistralConfig: sliding_window defaults to 4096; MistralAttention applies it to every layer.
+        window = cfg.get("sliding_window", 4096)
+        windows = (window,) * num_layers
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        # transformers Qwen2Config / Qwen3Config.__post_init__: sliding_window only with use_sliding_window;
+        # without layer_types, the layers from max_window_layers on slide. Qwen2Attention: a layer of type
+        # "sliding_attention" uses sliding_window (and create_sliding_window_causal_mask needs one).
+        window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+        types = cfg.get("layer_types") or [
+            "sliding_attention" if window is not None and i >= cfg.get("max_window_layers", 28) else "full_attention"
+            for i in range(num_layers)]
+        _require("ModelConfig", "layer_types", types,
+                 len(types) == num_layers and set(types) <= {"full_attention", "sliding_attention"}
+                 and (window is not None or "sliding_attention" not in types),
+                 f"{num_layers} entries of full_attention or sliding_attention (sliding only with "
+                 "use_sliding_window and a sliding_window)")
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
+    else:  # LlamaConfig has no sliding window
+        window, windows = None, ()
+    _require("ModelConfig", "sliding_window", window,
+             all(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0) for w in windows),
+             "None or a positive integer")
+    return windows if any(w is not None for w in windows) else ()
 
 
 @dataclass(frozen=True)

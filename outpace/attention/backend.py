@@ -21,6 +21,9 @@ class AttentionBackend(Protocol):
         kv_cache: KVCache | None,
         metadata: PagedAttentionMetadata | DenseCausalMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        positions: torch.Tensor | None = None,  # [num_tokens]: the queries' positions (paged, sliding window)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """Write the new tokens' k/v into ``kv_cache`` (paged) and attend."""
+        """Write the new tokens' k/v into ``kv_cache`` (paged) and attend; with ``sliding_window``, a
+        query at position p sees only keys at positions above p - sliding_window."""
         ...

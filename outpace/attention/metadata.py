@@ -14,7 +14,7 @@ inside a CUDA-graph capture (see engine/cuda_graphs.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -41,6 +41,7 @@ class PagedAttentionMetadata:
     # rows before the window are always visible. None means plain causal.
     custom_mask: torch.Tensor | None = None
     _attn_mask: torch.Tensor | None = None
+    _window_masks: dict = field(default_factory=dict)  # sliding window -> its attn_mask, computed on first use
     _token_table: torch.Tensor | None = None  # computed on first use, unless the builder has it (uniform)
 
     @property
@@ -58,11 +59,39 @@ class PagedAttentionMetadata:
             self._token_table = table
         return self._token_table
 
-    def attn_mask(self) -> torch.Tensor:
-        """[num_seqs, 1, max_query_len, max_kv_len] bool, True where attention is allowed.
+    def check_sliding_window(self, sliding_window: int, positions: torch.Tensor | None) -> None:
+        """Refuse what a sliding window (a query at position p sees only KV rows r > p - sliding_window,
+        transformers' sliding_window_overlay) cannot be applied to exactly.
 
-        Computed on first use and reused by every layer of the forward.
+        The window compares a query's position (``positions`` [num_tokens], which a tree's rows need:
+        theirs are not their KV rows) with KV row indices, which are the keys' positions before a
+        custom mask's window. Inside it a visible key's position is at least the window's first row,
+        and a query's at most that row + width - 1, so a mask at most sliding_window wide keeps every
+        such key within every query's sliding window: the comparison is exact. Rows older than the
+        window stay in the cache (masked, not freed)."""
+        if positions is None:
+            raise ValueError("a sliding window needs the queries' positions")
+        if self.custom_mask is not None and self.custom_mask.shape[2] > sliding_window:
+            raise ValueError(f"a custom attention mask {self.custom_mask.shape[2]} rows wide exceeds the sliding "
+                             f"window of {sliding_window} rows (draft fewer tokens per verify)")
+
+    def attn_mask(self, sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """[num_seqs, 1, max_query_len, max_kv_len] bool, True where attention is allowed; with
+        ``sliding_window``, only KV rows r > p - sliding_window for a query at position p
+        (``positions`` [num_tokens], see ``check_sliding_window``).
+
+        Computed on first use (per window) and reused by every layer of the forward.
         """
+        if sliding_window is not None:
+            if sliding_window not in self._window_masks:
+                self.check_sliding_window(sliding_window, positions)
+                q_pos = positions.new_zeros(self.num_seqs, self.max_query_len)   # [num_seqs, max_q]; padding: 0
+                q_pos[self.token_seq_index, self.token_query_index] = positions
+                kv_index = torch.arange(self.attn_mask().shape[-1], device=q_pos.device)  # [max_kv]
+                in_window = kv_index[None, None, :] > q_pos[:, :, None] - sliding_window  # [num_seqs, max_q, max_kv]
+                # Padding rows (position 0) keep key 0; a real row keeps its own row.
+                self._window_masks[sliding_window] = self.attn_mask() & in_window.unsqueeze(1)
+            return self._window_masks[sliding_window]
         if self._attn_mask is None:
             max_kv = self.block_tables.shape[1] * self.block_size
             device = self.block_tables.device

@@ -2,8 +2,9 @@
 
 Paged path: write the new k/v into their cache slots, gather each sequence's blocks into a
 padded [num_seqs, kv_heads, max_kv_len, head_dim] view, pad the queries to
-[num_seqs, heads, max_query_len, head_dim], attend under the metadata's boolean mask, unpad.
-One code path serves prefill, decode and (chain or tree) verify.
+[num_seqs, heads, max_query_len, head_dim], attend under the metadata's boolean mask (with a
+layer's sliding window: ``PagedAttentionMetadata.attn_mask``), unpad. One code path serves
+prefill, decode and (chain or tree) verify.
 """
 from __future__ import annotations
 
@@ -18,24 +19,30 @@ from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetada
 class TorchAttentionBackend:
     name = "torch"
 
-    def forward(self, q, k, v, kv_cache: KVCache | None, metadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache: KVCache | None, metadata, scale: float, sliding_window: int | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(metadata, DenseCausalMetadata):
-            return _dense_causal(q, k, v, metadata, scale)
-        return _paged(q, k, v, kv_cache, metadata, scale)
+            return _dense_causal(q, k, v, metadata, scale, sliding_window)
+        return _paged(q, k, v, kv_cache, metadata, scale, sliding_window, positions)
 
 
-def _dense_causal(q, k, v, meta: DenseCausalMetadata, scale: float) -> torch.Tensor:
+def _dense_causal(q, k, v, meta: DenseCausalMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
     b, s = meta.batch_size, meta.seq_len
 
     def to_bhsd(x: torch.Tensor) -> torch.Tensor:  # [b * s, h, d] -> [b, h, s, d]
         return x.view(b, s, x.shape[1], x.shape[2]).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=True,
+    mask = None
+    if sliding_window is not None:  # each row's position is its index: causal, and i - j < sliding_window
+        offset = torch.arange(s, device=q.device)[:, None] - torch.arange(s, device=q.device)  # [s, s]: i - j
+        mask = (offset >= 0) & (offset < sliding_window)
+    out = F.scaled_dot_product_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), attn_mask=mask, is_causal=mask is None,
                                          scale=scale, enable_gqa=True)
     return out.transpose(1, 2).reshape(q.shape)
 
 
-def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: float) -> torch.Tensor:
+def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: float, sliding_window: int | None,
+           positions: torch.Tensor | None) -> torch.Tensor:
     k_cache, v_cache = kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
@@ -51,6 +58,6 @@ def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: floa
     # NOTE: not cuDNN: on the H100 it rebuilds its graph on every call (~0.5 ms of host time per layer).
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
         out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), gather(k_cache).to(q.dtype),
-                                             gather(v_cache).to(q.dtype), attn_mask=meta.attn_mask(),
+                                             gather(v_cache).to(q.dtype), attn_mask=meta.attn_mask(sliding_window, positions),
                                              scale=scale, enable_gqa=True)
     return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_index]

@@ -1,7 +1,7 @@
 """Paged attention in Triton (CUDA; also runs in Triton's interpreter on the CPU, for tests).
 
 A drop-in replacement for the torch backend's paged path with the same semantics (causal or tree
-mask, GQA, any block size and head_dim), without materialising the gathered KV or the mask, and
+mask, sliding window, GQA, any block size and head_dim), without materialising the gathered KV or the mask, and
 capturable in a CUDA graph: see triton_kernels.py for the kernels and their grid. Training's
 dense causal attention is delegated to the torch backend. In batch-invariant mode
 (EngineConfig.batch_invariant) ``paged_attention`` runs the kernels' batch-invariant variant, which
@@ -24,14 +24,17 @@ class TritonAttentionBackend:
         self._dense = TorchAttentionBackend()
 
     def forward(self, q, k, v, kv_cache: KVCache | None, metadata: PagedAttentionMetadata | DenseCausalMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(metadata, DenseCausalMetadata):
-            return self._dense.forward(q, k, v, kv_cache, metadata, scale)
+            return self._dense.forward(q, k, v, kv_cache, metadata, scale, sliding_window)
         k_cache, v_cache = kv_cache
         token_table = write_kv(k, v, k_cache, v_cache, metadata)
-        return paged_attention(q, k_cache, v_cache, metadata, token_table, scale)
+        return paged_attention(q, k_cache, v_cache, metadata, token_table, scale, sliding_window=sliding_window,
+                               positions=positions)
 
-    def attend_written(self, q, kv_cache: KVCache, metadata: PagedAttentionMetadata, scale: float) -> torch.Tensor:
+    def attend_written(self, q, kv_cache: KVCache, metadata: PagedAttentionMetadata, scale: float,
+                       sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``forward`` for a batch whose k and v are already in the cache (a fused projection wrote them)."""
         k_cache, v_cache = kv_cache
-        return paged_attention(q, k_cache, v_cache, metadata, metadata.token_table(), scale)
+        return paged_attention(q, k_cache, v_cache, metadata, metadata.token_table(), scale,
+                               sliding_window=sliding_window, positions=positions)

@@ -177,35 +177,44 @@ def _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.
 
 
 @triton.jit
-def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits, HAS_MASK: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
-    """For the query tile starting at query ``q_start`` of sequence ``seq``: kv_end (it sees KV rows
-    below it), shared_end (rows below it are seen by every row of the tile), prefix (rows cached
-    before this forward) and split_len (KV rows a split covers; splits past kv_end are empty)."""
+def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, sliding_window, num_splits,
+                    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query tile starting at query ``q_start`` of sequence ``seq``: kv_start (a multiple of
+    BLOCK_N; rows below it are outside every row's sliding window, 0 without one), kv_end (it sees KV
+    rows below it), shared_end (rows below it are seen by every row of the tile, sliding window aside),
+    prefix (rows cached before this forward) and split_len (KV rows a split covers from kv_start;
+    splits past kv_end are empty)."""
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
     prefix = seq_len - query_len
     if HAS_MASK:
         kv_end = seq_len
         shared_end = seq_len - window              # rows before the mask's window: seen by every row
+        first_pos = seq_len - window               # no query of the mask sits before its window
     else:
         kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
         shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
+        first_pos = prefix + q_start               # the tile's first query's position
     kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
-    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-    return kv_end, shared_end, prefix, split_len
+    kv_start = 0
+    if SLIDING:  # the first query's window starts at first_pos - sliding_window + 1; later ones after it
+        kv_start = tl.minimum(tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N * BLOCK_N, kv_end)
+    split_len = tl.cdiv(tl.cdiv(kv_end - kv_start, num_splits), BLOCK_N) * BLOCK_N
+    return kv_start, kv_end, shared_end, prefix, split_len
 
 
 @triton.jit
-def _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS: tl.constexpr, HAS_MASK: tl.constexpr,
-              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kv_range(seq_lens_ptr, query_lens_ptr, window, sliding_window, num_splits, KV_HEADS: tl.constexpr,
+              HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
     """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
-    rows its query tile can see, kv_lo .. kv_hi - 1; and shared_end and prefix (``_split_geometry``)."""
-    kv_end, shared_end, prefix, split_len = _split_geometry(
-        seq_lens_ptr, query_lens_ptr, tl.program_id(0) // KV_HEADS, tl.program_id(1) * BLOCK_Q, window, num_splits,
-        HAS_MASK, BLOCK_Q, BLOCK_N)
-    kv_lo = tl.program_id(2) * split_len
-    return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix
+    rows its query tile can see, kv_lo .. kv_hi - 1; shared_end and prefix (``_split_geometry``); and
+    slide_end: with a sliding window, rows from it on are inside every row's window (the tile's
+    queries sit at positions below kv_end)."""
+    kv_start, kv_end, shared_end, prefix, split_len = _split_geometry(
+        seq_lens_ptr, query_lens_ptr, tl.program_id(0) // KV_HEADS, tl.program_id(1) * BLOCK_Q, window,
+        sliding_window, num_splits, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
+    kv_lo = kv_start + tl.program_id(2) * split_len
+    return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix, kv_end - sliding_window
 
 
 @triton.jit
@@ -230,9 +239,11 @@ def _attend(
     stride_cache_slot, offs_d, d_ok, qk_scale,
     q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
     mask_rows, window_start,               # [BLOCK_M] custom-mask row pointers; the window's first KV row
+    q_pos, sliding_window,                 # [BLOCK_M] each row's position; its window (SLIDING)
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK: tl.constexpr,                    # 0: every row sees every KV row, 1: causal, 2: custom mask (every
                                            # KV row in its window), 3: custom mask, rows before it seen by all
+    SLIDING: tl.constexpr,                 # and, on top: a row at position p sees only rows r > p - sliding_window
     PRECISION: tl.constexpr,
 ):
     """Online softmax of the tile's rows over KV rows lo .. hi - 1, in BLOCK_N tiles."""
@@ -253,14 +264,16 @@ def _attend(
             allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :],
                               mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :], other=1)
             visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
+        if SLIDING:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_mask_seq", "stride_mask_q",
-                               "num_splits"])
+@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window", "stride_table_seq", "stride_mask_seq",
+                               "stride_mask_q", "num_splits"])
 def _attention_kernel(
     q_ptr,                                 # [num_tokens, heads, head_dim]
     k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
@@ -271,22 +284,23 @@ def _attention_kernel(
     block_tables_ptr,                      # [num_seqs, max_blocks] int64
     seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
     custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    positions_ptr,                         # [num_tokens] int64: each token's position (SLIDING)
     qk_scale,                              # softmax scale * log2(e)
-    num_tokens, window,
+    num_tokens, window, sliding_window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cache_slot, stride_cache_head,
     stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
     num_splits,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
-    BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
-    # before this kernel starts: read before waiting on the previous kernel (q comes after).
-    kv_lo, kv_hi, shared_end, prefix = _kv_range(seq_lens_ptr, query_lens_ptr, window, num_splits, KV_HEADS,
-                                                 HAS_MASK, BLOCK_Q, BLOCK_N)
+    # before this kernel starts: read before waiting on the previous kernel (q and positions come after).
+    kv_lo, kv_hi, shared_end, prefix, slide_end = _kv_range(seq_lens_ptr, query_lens_ptr, window, sliding_window,
+                                                            num_splits, KV_HEADS, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
     seq, kv_head, _, split, seq_len, _, q_index, head, row_ok, token, offs_d, d_ok = _query_rows(
         token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q,
         BLOCK_M, BLOCK_D)
@@ -295,25 +309,28 @@ def _attention_kernel(
     # rows (split 0 always runs, so every row gets a result).
     if (kv_lo < kv_hi) | (tl.program_id(2) == 0):
         q = _load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
+        q_pos = q_index  # unused without SLIDING
+        if SLIDING:
+            q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)       # [BLOCK_M]
         _attention_program(q, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
                            block_tables_ptr, custom_mask_ptr, qk_scale, num_tokens, window, stride_ot, stride_oh,
                            stride_cache_slot, stride_cache_head, stride_bt_seq, stride_mask_seq, stride_mask_q,
-                           kv_lo, kv_hi, shared_end, prefix, seq, kv_head, split, seq_len, q_index, head, row_ok,
-                           token, offs_d, d_ok, KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N,
-                           BLOCK_N_TAIL, BLOCK_D, SPLIT_KV, HAS_MASK, PRECISION)
+                           kv_lo, kv_hi, shared_end, prefix, slide_end, seq, kv_head, split, seq_len, q_index, head,
+                           row_ok, token, q_pos, sliding_window, offs_d, d_ok, KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE,
+                           BLOCK_M, BLOCK_N, BLOCK_N_TAIL, BLOCK_D, SPLIT_KV, HAS_MASK, SLIDING, PRECISION)
 
 
 @triton.jit
 def _attention_program(
         q, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, block_tables_ptr,
         custom_mask_ptr, qk_scale, num_tokens, window, stride_ot, stride_oh, stride_cache_slot, stride_cache_head,
-        stride_bt_seq, stride_mask_seq, stride_mask_q, kv_lo, kv_hi, shared_end, prefix, seq, kv_head, split,
-        seq_len, q_index, head, row_ok, token, offs_d, d_ok,
+        stride_bt_seq, stride_mask_seq, stride_mask_q, kv_lo, kv_hi, shared_end, prefix, slide_end, seq, kv_head,
+        split, seq_len, q_index, head, row_ok, token, q_pos, sliding_window, offs_d, d_ok,
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
-        SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
+        SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, PRECISION: tl.constexpr):
     """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1 and the tile's queries
-    q [BLOCK_M, BLOCK_D] (rows: ``_query_rows``)."""
+    q [BLOCK_M, BLOCK_D] (rows: ``_query_rows``; positions q_pos, read with SLIDING only)."""
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -323,13 +340,24 @@ def _attention_program(
     k_base = k_cache_ptr + kv_head * stride_cache_head
     v_base = v_cache_ptr + kv_head * stride_cache_head
     mask_rows = custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q  # [BLOCK_M] (HAS_MASK)
-    # The rows every row of the tile sees (the long, unmasked part), then the masked rest.
-    m_i, l_i, acc = _attend(q, m_i, l_i, acc, kv_lo, tl.minimum(kv_hi, shared_end), bt_ptr, k_base, v_base,
+    # With a sliding window, first the rows below slide_end, at its edge: some rows of the tile see them,
+    # others not. They lie before a custom mask's window (it is at most sliding_window wide), so a custom
+    # mask needs no mask there, and causal rows only when the window is shorter than the tile.
+    edge_end = kv_lo
+    if SLIDING:
+        edge_end = tl.minimum(kv_hi, tl.maximum(kv_lo, slide_end))
+        m_i, l_i, acc = _attend(q, m_i, l_i, acc, kv_lo, edge_end, bt_ptr, k_base, v_base, stride_cache_slot, offs_d,
+                                d_ok, qk_scale, prefix + q_index, row_ok, mask_rows, seq_len - window, q_pos,
+                                sliding_window, BLOCK_SIZE, BLOCK_N, 0 if HAS_MASK else 1, True, PRECISION)
+    # Then the rows every row of the tile sees (the long, unmasked part), then the masked rest.
+    shared_hi = tl.maximum(edge_end, tl.minimum(kv_hi, shared_end))
+    m_i, l_i, acc = _attend(q, m_i, l_i, acc, edge_end, shared_hi, bt_ptr, k_base, v_base,
                             stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok, mask_rows,
-                            seq_len - window, BLOCK_SIZE, BLOCK_N, 0, PRECISION)
-    m_i, l_i, acc = _attend(q, m_i, l_i, acc, tl.maximum(kv_lo, shared_end), kv_hi, bt_ptr, k_base, v_base,
+                            seq_len - window, q_pos, sliding_window, BLOCK_SIZE, BLOCK_N, 0, False, PRECISION)
+    m_i, l_i, acc = _attend(q, m_i, l_i, acc, shared_hi, kv_hi, bt_ptr, k_base, v_base,
                             stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok, mask_rows,
-                            seq_len - window, BLOCK_SIZE, BLOCK_N_TAIL, 2 if HAS_MASK else 1, PRECISION)
+                            seq_len - window, q_pos, sliding_window, BLOCK_SIZE, BLOCK_N_TAIL, 2 if HAS_MASK else 1,
+                            SLIDING, PRECISION)
 
     out_ok = row_ok[:, None] & d_ok[None, :]
     if not SPLIT_KV:
@@ -343,16 +371,16 @@ def _attention_program(
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_splits", "window"])
+@triton.jit(do_not_specialize=["num_tokens", "num_splits", "window", "sliding_window"])
 def _combine_kernel(
     part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
     part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
     out_ptr,                               # [num_tokens, heads, head_dim]
     seq_index_ptr, query_index_ptr,        # [num_tokens] int64
     seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    num_tokens, num_splits, window, stride_ot, stride_oh,
+    num_tokens, num_splits, window, sliding_window, stride_ot, stride_oh,
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (token, head): merges the partials of the splits that saw rows for the token's tile.
     Which splits ran follows from the metadata alone (complete before the forward's first kernel):
@@ -361,11 +389,11 @@ def _combine_kernel(
     head = tl.program_id(1)
     seq = tl.load(seq_index_ptr + token)
     q_start = tl.load(query_index_ptr + token).to(tl.int32) // BLOCK_Q * BLOCK_Q
-    kv_end, _, _, split_len = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, num_splits,
-                                              HAS_MASK, BLOCK_Q, BLOCK_N)
+    kv_start, kv_end, _, _, split_len = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window,
+                                                        sliding_window, num_splits, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
     pdl_enter(PDL)
     offs_s = tl.arange(0, BLOCK_S)
-    s_ok = (offs_s < num_splits) & ((offs_s == 0) | (offs_s * split_len < kv_end))  # the splits that ran
+    s_ok = (offs_s < num_splits) & ((offs_s == 0) | (kv_start + offs_s * split_len < kv_end))  # the splits that ran
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     part = (offs_s * num_tokens + token) * HEADS + head                          # [BLOCK_S]
@@ -391,8 +419,9 @@ def _attend_chunk(
     q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
     mask_rows,                             # [BLOCK_M] the rows' custom-mask row pointers (HAS_MASK)
     window_start,                          # the mask window's first KV row
+    q_pos, sliding_window,                 # [BLOCK_M] the rows' positions; their window (SLIDING)
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Online softmax from a fresh state over KV rows lo .. hi - 1, in BLOCK_N tiles at absolute
     multiples of BLOCK_N, one masked pass: the same code for every tile, whatever the tile's rows.
@@ -402,11 +431,12 @@ def _attend_chunk(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     return _attend(q, m_i, l_i, acc, lo, hi, bt_ptr, k_base, v_base, stride_cache_slot, offs_d, d_ok, qk_scale,
-                   q_row, row_ok, mask_rows, window_start, BLOCK_SIZE, BLOCK_N, 3 if HAS_MASK else 1, PRECISION)
+                   q_row, row_ok, mask_rows, window_start, q_pos, sliding_window, BLOCK_SIZE, BLOCK_N,
+                   3 if HAS_MASK else 1, SLIDING, PRECISION)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_bt_seq", "stride_mask_seq",
-                               "stride_mask_q"])
+@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window", "stride_table_seq", "stride_bt_seq",
+                               "stride_mask_seq", "stride_mask_q"])
 def _invariant_attention_kernel(
     q_ptr,                                 # [num_tokens, heads, head_dim]
     k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
@@ -416,38 +446,41 @@ def _invariant_attention_kernel(
     block_tables_ptr,                      # [num_seqs, max_blocks] int64
     seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
     custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    positions_ptr,                         # [num_tokens] int64: each token's position (SLIDING)
     qk_scale,                              # softmax scale * log2(e)
-    num_tokens, window,
+    num_tokens, window, sliding_window,
     stride_qt, stride_qh,
     stride_cache_slot, stride_cache_head,
     stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_ROWS: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr, HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
     over the absolute KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS), cut at the last row
-    the tile can see. Writes nothing when that range is empty for the whole tile (no row reads it)."""
+    the tile can see and, with a sliding window, started at the tile of the first row any of its
+    rows sees (``_split_geometry``'s kv_start: the tiles skipped would leave every row's state as
+    is). Writes nothing when that range is empty for the whole tile (no row reads it)."""
     seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = _query_rows(
         token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q,
         BLOCK_M, BLOCK_D)
     q = _load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
+    q_pos = q_index  # unused without SLIDING
+    if SLIDING:
+        q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)          # [BLOCK_M]
 
-    prefix = seq_len - query_len                   # rows cached before this forward
-    if HAS_MASK:
-        kv_end = seq_len
-    else:
-        kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
-    kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
-    kv_lo = split * SPLIT_ROWS
-    kv_hi = tl.minimum(kv_lo + SPLIT_ROWS, kv_end)
+    kv_start, kv_end, _, prefix, _ = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window,
+                                                     sliding_window, 1, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
+    kv_lo = tl.maximum(split * SPLIT_ROWS, kv_start)
+    kv_hi = tl.minimum(split * SPLIT_ROWS + SPLIT_ROWS, kv_end)
     m_i, l_i, acc = _attend_chunk(q, kv_lo, kv_hi, block_tables_ptr + seq * stride_bt_seq,
                                   k_cache_ptr + kv_head * stride_cache_head, v_cache_ptr + kv_head * stride_cache_head,
                                   stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok,
                                   custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q, seq_len - window,
-                                  BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, HAS_MASK, PRECISION)
+                                  q_pos, sliding_window, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, HAS_MASK, SLIDING,
+                                  PRECISION)
 
-    written = tl.where(kv_lo < kv_end, row_ok, False)  # a row that sees nothing here gets a neutral partial
+    written = tl.where(kv_lo < kv_hi, row_ok, False)  # a row that sees nothing here gets a neutral partial
     part = (split * num_tokens + token.to(tl.int64)) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
     tl.store(part_max_ptr + part, m_i, mask=written)
     tl.store(part_sum_ptr + part, l_i, mask=written)
@@ -465,35 +498,46 @@ def _merge_partials(m, l, acc, m_j, l_j, acc_j):
     return m_new, l * a + l_j * b, acc * a + acc_j * b
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window"])
 def _invariant_combine_kernel(
     part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
     part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
     out_ptr,                               # [num_tokens, heads, head_dim]
     seq_index_ptr, query_index_ptr,        # [num_tokens] int64
     seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    num_tokens, stride_ot, stride_oh,
+    num_tokens, window, sliding_window, stride_ot, stride_oh,
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_ROWS: tl.constexpr,
-    HAS_MASK: tl.constexpr,
+    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr,
 ):
-    """Program (token, head): folds the row's partials in split order 0, 1, ..., up to the split
+    """Program (token, head): folds the row's partials in split order, from split 0 (with a sliding
+    window: the split holding the first row its tile's walk may start at, see below) up to the split
     holding the last KV row the row may see (its own row under the causal mask; the sequence's
-    last row under a custom mask, the splits past its visible rows being neutral), and normalises."""
+    last row under a custom mask, the splits past its visible rows being neutral), and normalises.
+    The first split: under the causal mask the one holding row p - sliding_window + 1 for the row's
+    position p, whose tile's walk started at or before it; under a custom mask the one the tile's walk
+    started in (every query of the mask's rows shares that bound). Splits before the row's first
+    visible row are neutral, so where the fold starts does not change the row's bits."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq = tl.load(seq_index_ptr + token)
     seq_len = tl.load(seq_lens_ptr + seq)
     if HAS_MASK:
         kv_end = seq_len
+        first_pos = seq_len - window
     else:
         kv_end = seq_len - tl.load(query_lens_ptr + seq) + tl.load(query_index_ptr + token) + 1
+        first_pos = kv_end - 1
+    first_split = 0
+    if SLIDING:
+        first_split = tl.maximum(first_pos - sliding_window + 1, 0) // SPLIT_ROWS
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     part = token * HEADS + head
-    m = tl.load(part_max_ptr + part)
-    l = tl.load(part_sum_ptr + part)
-    acc = tl.load(part_acc_ptr + part * HEAD_DIM + offs_d, mask=d_ok, other=0.0)   # [BLOCK_D]
-    for j in range(1, tl.cdiv(kv_end, SPLIT_ROWS)):
+    p0 = first_split * num_tokens * HEADS + part
+    m = tl.load(part_max_ptr + p0)
+    l = tl.load(part_sum_ptr + p0)
+    acc = tl.load(part_acc_ptr + p0 * HEAD_DIM + offs_d, mask=d_ok, other=0.0)   # [BLOCK_D]
+    for j in range(first_split + 1, tl.cdiv(kv_end, SPLIT_ROWS)):
         pj = j * num_tokens * HEADS + part
         m, l, acc = _merge_partials(m, l, acc, tl.load(part_max_ptr + pj), tl.load(part_sum_ptr + pj),
                                     tl.load(part_acc_ptr + pj * HEAD_DIM + offs_d, mask=d_ok, other=0.0))
@@ -594,7 +638,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata,
                     token_table: torch.Tensor, scale: float, num_splits: int | None = None,
-                    split_rows: int | None = None) -> torch.Tensor:
+                    split_rows: int | None = None, sliding_window: int | None = None,
+                    positions: torch.Tensor | None = None) -> torch.Tensor:
     """q [num_tokens, heads, head_dim] over the caches ([num_blocks, block_size, kv_heads, head_dim],
     already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype.
 
@@ -602,11 +647,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     In batch-invariant mode (``outpace.layers.linear.batch_invariant_enabled``) the batch-invariant
     variant runs instead: its partition is fixed, so ``num_splits`` is refused there, and
     ``split_rows`` (tests) overrides its KV rows per split.
+    ``sliding_window``: a query at position p (``positions`` [num_tokens]) sees only the KV rows
+    r > p - sliding_window (``PagedAttentionMetadata.check_sliding_window``); the KV walk starts at
+    the tile holding the first query's first such row. None: no window.
     """
+    if sliding_window is not None:
+        meta.check_sliding_window(sliding_window, positions)
     if batch_invariant_enabled():
         if num_splits is not None:
             raise ValueError("num_splits cannot be forced in batch-invariant mode: the KV partition is fixed")
-        return _invariant_paged_attention(q, k_cache, v_cache, meta, token_table, scale, split_rows)
+        return _invariant_paged_attention(q, k_cache, v_cache, meta, token_table, scale, split_rows, sliding_window,
+                                          positions)
     if split_rows is not None:
         raise ValueError("split_rows applies to the batch-invariant variant only")
     num_tokens, heads, head_dim = q.shape
@@ -629,25 +680,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         mask_arg = _last_dim_contiguous(mask).view(torch.uint8)
         window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
+    sliding = sliding_window is not None
     grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
     _attention_kernel[grid](
         q, k_cache, v_cache, out, part_acc, part_max, part_sum, token_table, meta.block_tables, meta.seq_lens,
-        meta.query_lens, mask_arg, scale * _LOG2E, num_tokens, window,
+        meta.query_lens, mask_arg, positions if sliding else meta.seq_lens, scale * _LOG2E, num_tokens, window,
+        sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
         token_table.stride(0), meta.block_tables.stride(0), *mask_strides, cfg.num_splits,
         KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_N_TAIL=cfg.block_n_tail,
         BLOCK_D=cfg.block_d,
-        SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None,
+        SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None, SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch_options(pdl),
     )
     if cfg.num_splits > 1:
         _combine_kernel[(num_tokens, heads)](
             part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
-            meta.query_lens, num_tokens, cfg.num_splits, window, out.stride(0), out.stride(1),
+            meta.query_lens, num_tokens, cfg.num_splits, window, sliding_window or 0, out.stride(0), out.stride(1),
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=mask is not None, BLOCK_Q=cfg.block_q,
+            BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=mask is not None, SLIDING=sliding, BLOCK_Q=cfg.block_q,
             BLOCK_N=cfg.block_n, PDL=pdl, **pdl_launch_options(pdl),
         )
     return out
@@ -655,7 +708,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _invariant_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                meta: PagedAttentionMetadata, token_table: torch.Tensor, scale: float,
-                               split_rows: int | None) -> torch.Tensor:
+                               split_rows: int | None, sliding_window: int | None,
+                               positions: torch.Tensor | None) -> torch.Tensor:
     """``paged_attention``'s batch-invariant variant: always split-KV over the fixed partition, then
     the ordered combine (see the module docstring)."""
     num_tokens, heads, head_dim = q.shape
@@ -673,22 +727,24 @@ def _invariant_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     else:
         mask_arg = _last_dim_contiguous(mask).view(torch.uint8)
         window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
+    sliding = sliding_window is not None
     # NOTE: no FMA contraction, so every kernel rounds exactly the operations it is written with.
     _invariant_attention_kernel[(meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)](
         q, k_cache, v_cache, part_acc, part_max, part_sum, token_table, meta.block_tables, meta.seq_lens,
-        meta.query_lens, mask_arg, scale * _LOG2E, num_tokens, window,
+        meta.query_lens, mask_arg, positions if sliding else meta.seq_lens, scale * _LOG2E, num_tokens, window,
+        sliding_window or 0,
         q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
         token_table.stride(0), meta.block_tables.stride(0), *mask_strides,
         KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
         BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
-        SPLIT_ROWS=cfg.split_rows, HAS_MASK=mask is not None,
+        SPLIT_ROWS=cfg.split_rows, HAS_MASK=mask is not None, SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
     )
     _invariant_combine_kernel[(num_tokens, heads)](
         part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
-        meta.query_lens, num_tokens, out.stride(0), out.stride(1),
+        meta.query_lens, num_tokens, window, sliding_window or 0, out.stride(0), out.stride(1),
         HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT_ROWS=cfg.split_rows,
-        HAS_MASK=mask is not None, enable_fp_fusion=False,
+        HAS_MASK=mask is not None, SLIDING=sliding, enable_fp_fusion=False,
     )
     return out

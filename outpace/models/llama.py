@@ -19,7 +19,7 @@ from torch import nn
 
 from outpace.attention.layer import Attention
 from outpace.config import ModelConfig
-from outpace.layers.activation import silu_and_mul
+from outpace.layers.activation import act_and_mul
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear, project
 from outpace.layers.norm import RMSNorm
@@ -33,19 +33,21 @@ class ModelOutput:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, input_size: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, input_size: int | None = None,
+                 sliding_window: int | None = None) -> None:
+        """``sliding_window``: the layer's attention window (ModelConfig.layer_window); None: full."""
         super().__init__()
         self.cfg = cfg
         input_size = input_size or cfg.hidden_size  # EAGLE3's layer reads [embedding, hidden]: 2 * hidden
         self.q_proj = linear(input_size, cfg.q_size, bias=cfg.attention_bias)
         self.k_proj = linear(input_size, cfg.kv_size, bias=cfg.attention_bias)
         self.v_proj = linear(input_size, cfg.kv_size, bias=cfg.attention_bias)
-        self.o_proj = linear(cfg.q_size, cfg.hidden_size)
+        self.o_proj = linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_out_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
-        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, sliding_window)
         self.qkv: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +62,7 @@ class LlamaAttention(nn.Module):
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v, positions))
 
     def projects_fused(self, x: torch.Tensor) -> bool:
         """Whether one fused kernel (layers/fused_projection.py) projects x [num_tokens, in] to q/k/v
@@ -81,7 +83,7 @@ class LlamaAttention(nn.Module):
         heads * head_dim] (before o_proj). One kernel normalises, projects, applies the q/k norms,
         rotates and writes k and v into the cache; the backend then attends over the cache."""
         q = self.project_fused(rows, eps, positions, *self.attn.fused_write_target())
-        return self.attn.attend_written(q.view(q.shape[0], -1, self.cfg.head_dim))
+        return self.attn.attend_written(q.view(q.shape[0], -1, self.cfg.head_dim), positions)
 
     def project_fused(self, rows, eps: float, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       slots: torch.Tensor, kv_only: bool = False) -> torch.Tensor:
@@ -99,16 +101,23 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    """down_proj(act(gate_proj(x)) * up_proj(x)); ``act`` a key of layers/activation.py's ACTIVATIONS."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = linear(hidden_size, intermediate_size)
-        self.up_proj = linear(hidden_size, intermediate_size)
-        self.down_proj = linear(intermediate_size, hidden_size)
+        self.act = act
+        self.gate_proj = linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = linear(intermediate_size, hidden_size, bias=bias)
         self.gate_up: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(silu_and_mul(gate, up))
+        return self.down_proj(act_and_mul(self.act, gate, up))
+
+    def fusable(self) -> bool:
+        """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU, no biases) compute this MLP."""
+        return self.gate_up is not None and self.act in ("silu", "swish") and self.down_proj.bias is None
 
 
 class PackedProjection:
@@ -143,12 +152,12 @@ def pack_projections(model: nn.Module) -> None:
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, sliding_window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary)
+        self.self_attn = LlamaAttention(cfg, rotary, sliding_window=sliding_window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden] (h + attention + MLP)."""
@@ -174,8 +183,9 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
     def fuses(self, h: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves h [num_tokens, hidden] (see ``LlamaAttention.fuses``)."""
-        return self.mlp.gate_up is not None and self.self_attn.fuses(h)
+        """Whether ``forward_fused`` serves h [num_tokens, hidden] (see ``LlamaAttention.fuses``): its
+        kernels have no o_proj bias and only ``LlamaMLP.fusable`` MLPs."""
+        return self.mlp.fusable() and self.self_attn.o_proj.bias is None and self.self_attn.fuses(h)
 
     def forward_fused(self, positions: torch.Tensor, rows, next_norm: RMSNorm | None):
         """rows: the layer's input stream made ready for its input norm (``NormedRows``) -> its output
@@ -237,7 +247,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.rotary = build_rotary(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, self.rotary, cfg.layer_window(i))
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
