@@ -34,6 +34,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
 )
 
+ROPE_TYPES = ("default", "llama3", "linear")  # the rope_type values layers/rotary.py implements
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -86,8 +88,7 @@ class ModelConfig:
                  "an integer >= 0")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            _require(o, "rope_scaling.rope_type", kind, kind in ("default", "llama3", "linear"),
-                     "one of default, llama3, linear")
+            _require(o, "rope_scaling.rope_type", kind, kind in ROPE_TYPES, f"one of {', '.join(ROPE_TYPES)}")
         from outpace.layers.activation import ACTIVATIONS
 
         _require(o, "hidden_act", self.hidden_act, self.hidden_act in ACTIVATIONS,
