@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from outpace.checkpoint import checkpoint_files, model_state_dict, save_checkpoint
@@ -36,3 +37,28 @@ def test_zoo_target_matches_transformers():
         ref = hf(ids).logits[0]
         logits = ours.compute_logits(ours(ids[0], torch.arange(64)).hidden_states)
     assert ((logits - ref).norm() / ref.norm()).item() < 1e-4
+
+
+class _RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (exec, ("raise SystemExit('unpickling ran code')",))
+
+
+def test_bin_checkpoints_load_only_tensors(tmp_path, llama_dir):
+    """pytorch_model.bin loads like model.safetensors; a pickle that would run code is refused
+    (torch.load weights_only=True) with an error naming the file, and a non-state-dict too."""
+    from safetensors.torch import load_file
+
+    from outpace.checkpoint import CheckpointError
+
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    torch.save(load_file(llama_dir / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    reference, reloaded = load_model(llama_dir, torch.float32), load_model(tmp_path, torch.float32)
+    for (name, a), (_, b) in zip(reference.named_parameters(), reloaded.named_parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    torch.save({"model.embed_tokens.weight": _RunsCodeWhenUnpickled()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin.*weights_only=True"):
+        load_model(tmp_path, torch.float32)
+    torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="does not hold a state dict"):
+        load_model(tmp_path, torch.float32)
