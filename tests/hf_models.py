@@ -21,7 +21,7 @@ VARIANTS = {
     # Sliding windows far shorter than the tests' prompts plus generations: every layer (Mistral), the
     # layers from max_window_layers on (Qwen2), the layers layer_types names (Qwen3).
     "mistral-window": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=8)),
-    "qwen2-window": ("Qwen2Config", dict(tie_word_embeddings=True, use_sliding_window=True, sliding_window=8,
+    "qwen2-window": ("Qwen2Config", dict(tie_word_embeddings=False, use_sliding_window=True, sliding_window=8,
                                          max_window_layers=1)),
     "qwen3-window": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=16, use_sliding_window=True,
                                          sliding_window=6, layer_types=["sliding_attention", "full_attention",

@@ -58,6 +58,7 @@ def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: floa
     # NOTE: not cuDNN: on the H100 it rebuilds its graph on every call (~0.5 ms of host time per layer).
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
         out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), gather(k_cache).to(q.dtype),
-                                             gather(v_cache).to(q.dtype), attn_mask=meta.attn_mask(sliding_window, positions),
+                                             gather(v_cache).to(q.dtype),
+                                             attn_mask=meta.attn_mask(sliding_window, positions),
                                              scale=scale, enable_gqa=True)
     return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_index]
