@@ -22,6 +22,9 @@ consumes the target's state.
 - ``eh_proj`` reads ``[enorm(embedding), hnorm(hidden)]`` in that order (vLLM and SGLang);
 - logits are ``shared_head.head(shared_head.norm(h))``: the layer's own norm precedes its own head,
   not the target's final norm.
+Each layer uses the ``embed_tokens`` stored under its own name; vLLM loads only the first MTP
+layer's and shares it ("MTP modules share the embedding layer", DeepSeek-V3 report), which is the
+same as long as the copies are equal (DeepSeek-V3 has a single MTP layer).
 """
 from __future__ import annotations
 
