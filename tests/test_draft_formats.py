@@ -210,6 +210,22 @@ def test_padded_vocab_draft_never_proposes_padding(zoo_like_dir, tmp_path):
     assert drafted.numel() > 0 and int(drafted.max()) < real
 
 
+def test_target_padding_ids_past_the_draft_embedding_do_not_crash(zoo_like_dir, tmp_path):
+    """The other way round: the target's embedding (420 rows) is padded past the draft's (404), and the
+    target's head favours its padding ids, so it emits ids the draft's embedding lacks."""
+    real = json.loads((zoo_like_dir / "config.json").read_text())["vocab_size"]
+    target = save_hf_model(make_hf_model("llama", vocab_size=real + 20, eos_token_id=0), tmp_path / "target")
+    tensors = load_file(target / "model.safetensors")
+    tensors["lm_head.weight"][real + 10:] = tensors["lm_head.weight"][:real].abs().max() * 50  # [pad, hidden]
+    save_file(tensors, target / "model.safetensors")
+    draft = random_llama(tmp_path / "draft", real + 4, seed=5)
+    for d in (target, draft):
+        copy_tokenizer(zoo_like_dir, d)
+    llm, _ = assert_lossless(target, draft, method="draft", num_steps=3)
+    emitted = [t for o in llm.generate(PROMPTS, GREEDY) for t in o.token_ids]
+    assert max(emitted) >= real + 4  # the draft did read ids past its embedding
+
+
 def test_padded_vocab_draft_with_another_tokenizer_is_refused(zoo_like_dir, tmp_path):
     from outpace.config import ConfigError
 

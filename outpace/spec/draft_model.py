@@ -83,6 +83,10 @@ class DraftModelProposer(Proposer):
             self._next_row.setdefault(req.request_id, start)
 
     def _forward(self, requests, starts, counts, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [num_rows]: committed or drafted ids. A padding id of the target's embedding (one no
+        text produces, but which a target may still emit) is read by the draft as id 0 rather than past
+        its own embedding: it can only change what the draft proposes, never what is committed."""
+        token_ids = token_ids.masked_fill(token_ids >= self.shared_vocab, 0)
         with draft_rows(self.pool, self.backend, requests, starts, counts, self.device):
             return self.draft(token_ids, row_positions(starts, counts, self.device)).hidden_states
 
