@@ -19,6 +19,15 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    causal diagonal, or the tree window) in small BLOCK_N_TAIL tiles, which keeps the custom
    mask's gather within the registers. Softmax is online in float32, in base 2 (the scale is
    folded with log2(e)).
+   Sliding window (a layer's ``sliding_window`` W: a query at position p sees only the KV rows
+   r > p - W, transformers' sliding_window_overlay; positions come from the forward's positions
+   tensor, since a tree's rows sit at positions other than their KV rows): the tile's KV range
+   starts at kv_start, the BLOCK_N tile holding row first_pos - W + 1 of its first query, so the
+   rows before every row's window are never read, and a third pass comes first: the rows at the
+   window's edge (below kv_end - W, seen by some rows of the tile only), in BLOCK_N tiles masked
+   by the window. The two passes above then mask by the window too where a row could fall outside
+   it (the masked rest, for windows shorter than the tile). The cache keeps the rows older than
+   the window (masked, not freed).
    With one split the program normalises and writes the output; otherwise it writes its
    unnormalised partial (running max, sum and accumulator) for every token and head it owns. A
    split whose range is empty (past the rows its tile sees: most of them for short sequences in a
@@ -29,12 +38,13 @@ no host synchronisation, so a call can be captured in a CUDA graph:
 
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
-then a BLOCK_N multiple of ceil(kv_len / num_splits) for its own sequence's length, so short
-sequences in a wide block table still spread over every split.
+then a BLOCK_N multiple of ceil((kv_end - kv_start) / num_splits) for its own sequence's length
+(and window), so short sequences in a wide block table still spread over every split.
 
 Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128) and
-two flags (split or not, custom mask or not): integer arguments that change from call to call
-are marked ``do_not_specialize``, so Triton does not compile a variant per value class.
+three flags (split or not, custom mask or not, sliding window or not): integer arguments that
+change from call to call are marked ``do_not_specialize``, so Triton does not compile a variant
+per value class.
 
 Batch-invariant variant (deterministic mode: EngineConfig.batch_invariant, read through
 ``outpace.layers.linear.batch_invariant_enabled``). The kernels above reduce a row's KV in an order
@@ -63,6 +73,11 @@ it sees and their absolute positions:
   row sees nothing: max -1e30, sum 0, acc 0) is the identity of the merge: the max stays,
   exp2(-1e30 - m) = 0 and exp2(0) = 1 exactly, 0 * x + y = y. Programs whose range is empty for the
   whole query tile write nothing (no row reads them).
+- Sliding window: a program walks its split from the fast path's kv_start (whole BLOCK_N tiles
+  before it are invisible to every row of the tile: skipping them leaves each row's state as is),
+  and the combine starts its fold at the split holding the first row the tile's walk may start at
+  (``_invariant_combine_kernel``): the splits before a row's window are neutral for it, so where
+  the fold and the walk start does not change its bits.
 - One normalisation, in the combine, for every call (one split or many), and no FMA contraction in
   these two kernels (enable_fp_fusion=False): each kernel rounds exactly the operations written.
 
