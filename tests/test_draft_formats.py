@@ -93,6 +93,20 @@ def test_eagle3_bin_checkpoint_loads_like_its_safetensors(llama_dir, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(st_proposals, bin_proposals))
 
 
+def test_dflash_bin_checkpoint_proposes_like_its_safetensors(tmp_path):
+    """The zoo's DFlash draft saved as pytorch_model.bin serves the zoo target exactly as the original."""
+    from outpace.zoo import default_draft, default_model
+
+    native = default_draft("dflash")
+    as_bin = tmp_path / "dflash-bin"
+    as_bin.mkdir()
+    shutil.copy(native / "config.json", as_bin)
+    torch.save(load_file(native / "model.safetensors"), as_bin / "pytorch_model.bin")
+    _, st_proposals = assert_lossless(default_model(), native, method="dflash", num_steps=7)
+    _, bin_proposals = assert_lossless(default_model(), as_bin, method="dflash", num_steps=7)
+    assert all(torch.equal(a, b) for a, b in zip(st_proposals, bin_proposals))
+
+
 # ---- EAGLE3 in vLLM's speculators format -----------------------------------------------------------------
 
 def to_speculators(native_dir, out_dir, norm_before_residual=False):

@@ -34,10 +34,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
-from outpace.checkpoint import checkpoint_files, load_checkpoint
+from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
 from outpace.config import ConfigError, ModelConfig
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
@@ -235,10 +234,10 @@ def dflash_block_size(draft_dir: str | Path) -> int:
 
 
 def _tensor_shape(draft_dir: Path, name: str) -> tuple[int, ...] | None:
-    for path in checkpoint_files(draft_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+    for path in checkpoint_files(draft_dir):  # safetensors or .bin
+        with open_shard(path) as f:
             if name in f.keys():
-                return tuple(f.get_slice(name).get_shape())
+                return tuple(f.get_tensor(name).shape)
     return None
 
 
