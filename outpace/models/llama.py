@@ -117,7 +117,8 @@ class LlamaMLP(nn.Module):
 
     def fusable(self) -> bool:
         """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU, no biases) compute this MLP."""
-        return self.gate_up is not None and self.act in ("silu", "swish") and self.down_proj.bias is None
+        return (self.gate_up is not None and self.gate_up.bias is None and self.down_proj.bias is None
+                and self.act in ("silu", "swish"))
 
 
 class PackedProjection:
