@@ -124,7 +124,7 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, rotary, input_size=2 * cfg.hidden_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
         self.norm_before_residual = norm_before_residual
 
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -141,8 +141,9 @@ class Eagle3Layer(nn.Module):
         return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves these rows: few of them on the GPU (LlamaAttention.fuses)."""
-        return self.self_attn.fuses(x) and self.mlp.gate_up is not None
+        """Whether ``forward_fused`` serves these rows: few of them on the GPU (LlamaAttention.fuses), and
+        a layer its kernels compute (no o_proj bias, a ``LlamaMLP.fusable`` MLP)."""
+        return self.mlp.fusable() and self.self_attn.o_proj.bias is None and self.self_attn.fuses(x)
 
     def forward_fused(self, positions: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """x [n, 2 * hidden] the normalised [embedding | hidden] -> ``forward``'s output: four projection
