@@ -291,12 +291,18 @@ def cmd_train_draft(a: argparse.Namespace) -> None:
     print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=2))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed, with the model resolved (``_resolve_model``) where the command loads one."""
     args = build_parser().parse_args(argv)
-    from outpace.config import ConfigError
-
     if hasattr(args, "model") and not (args.command == "bench" and args.what in ("serve", "gpu")):
         _resolve_model(args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from outpace.config import ConfigError
+
     try:
         args.func(args)
     except (ConfigError, ValueError, FileNotFoundError) as e:

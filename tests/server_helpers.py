@@ -119,9 +119,9 @@ def wait_idle(url: str, timeout: float = 60.0) -> dict:
 def offline_llm(*serve_args: str):
     """The offline LLM with exactly the engine config ``outpace serve SERVE_ARGS`` builds."""
     from outpace import LLM
-    from outpace.cli import _engine_kwargs, build_parser
+    from outpace.cli import _engine_kwargs, parse_args
 
-    a = build_parser().parse_args(["serve", *serve_args])
+    a = parse_args(["serve", *serve_args])
     return LLM(a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, **_engine_kwargs(a))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from outpace.cli import build_parser, main
+from outpace.cli import main, parse_args
 from outpace.config import ConfigError, EngineConfig
 from outpace.zoo import default_model
 
@@ -22,12 +22,13 @@ def test_version(capsys):
 
 
 def test_positional_model_equals_the_flag(llama_dir):
-    a = build_parser().parse_args(["generate", str(llama_dir), "--prompt", "x"])
-    b = build_parser().parse_args(["generate", "--model", str(llama_dir), "--prompt", "x"])
-    assert (a.model_arg, b.model) == (str(llama_dir), str(llama_dir))
+    a = parse_args(["generate", str(llama_dir), "--prompt", "x"])
+    b = parse_args(["generate", "--model", str(llama_dir), "--prompt", "x"])
+    assert a.model == b.model == str(llama_dir)
     with pytest.raises(SystemExit, match="two models given"):
         main(["generate", str(llama_dir), "--model", str(default_model()), "--prompt", "x"])
-    assert build_parser().parse_args(["serve", str(llama_dir)]).model_arg == str(llama_dir)
+    assert parse_args(["serve", str(llama_dir)]).model == str(llama_dir)
+    assert parse_args(["serve"]).model == str(default_model())  # none given: the zoo target
 
 
 def test_device_defaults_to_the_gpu_when_present(llama_dir):
