@@ -1,4 +1,8 @@
 """outpace: an LLM inference engine built around lossless speculative decoding."""
+from outpace.threads import prefer_passive_wait
+
+prefer_passive_wait()  # before torch loads (outpace/threads.py)
+
 from outpace.config import EngineConfig, ModelConfig, SamplingParams
 from outpace.engine.llm import LLM
 from outpace.engine.request import RequestOutput

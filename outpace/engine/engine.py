@@ -18,6 +18,7 @@ from outpace.engine.scheduler import Scheduler
 from outpace.engine.spec_runner import SpeculativeRunner
 from outpace.layers.linear import set_batch_invariant
 from outpace.registry import proposer_class
+from outpace.threads import configure_threads
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.config import ModelConfig
 
@@ -41,6 +42,8 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
         self.model = load_model(config.model, dtype, config.device, progress=progress,
                                 load_format=config.load_format)
+        if config.device == "cpu":
+            configure_threads(sum(p.numel() for p in self.model.parameters()))
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         on_gpu = config.device.startswith("cuda")
