@@ -198,7 +198,7 @@ def test_metrics_agree_with_responses(server, client, llm):
     assert delta("outpace:spec_decode_num_draft_tokens_total") == sum(s["num_draft_tokens"] for s in specs)
     assert delta("outpace:spec_decode_num_accepted_tokens_total") == sum(s["num_accepted_drafts"] for s in specs)
     for pos in range(5):  # the zoo chain: 5 draft positions
-        want = sum(round(s["acceptance_rate_per_position"][pos] * s["num_verifies"]) for s in specs)
+        want = sum(s["accepted_per_position"][pos] for s in specs if pos < len(s["accepted_per_position"]))
         assert delta("outpace:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(pos)),)) == want
     assert delta("outpace:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
     assert delta("outpace:generation_tokens_total") == sum(u.completion_tokens for u in usages)

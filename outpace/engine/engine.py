@@ -159,7 +159,9 @@ class LLMEngine:
             req.num_computed_tokens += result.num_committed
             if result.num_accepted_drafts is not None:
                 spec = self.config.speculative
-                req.spec_metrics.record(spec.num_draft_tokens - 1, spec.num_steps, result.num_accepted_drafts)
+                budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
+                req.spec_metrics.record(spec.num_draft_tokens - 1, spec.num_steps, result.num_accepted_drafts,
+                                        budget, result.draft_depths)
             if result.new_token_ids and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             for token in result.new_token_ids:

@@ -24,6 +24,7 @@ class StepResult:
     new_token_ids: list[int]          # tokens to append, in order (none for an unfinished prefill chunk)
     num_committed: int                # rows whose KV became valid
     num_accepted_drafts: int | None = None  # verified drafts accepted (speculative decode only)
+    draft_depths: list[int] | None = None   # a verified tree's drafts' depths (1 = a root's child); None: a chain
 
 
 @dataclass

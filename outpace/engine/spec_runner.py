@@ -125,6 +125,8 @@ class SpeculativeRunner:
                     res = verify_tree(drafts.parents, drafts.token_ids, None, target_logits, st, gens,
                                       max_depth=self.spec.num_steps)
                 packed += [res.num_correct_drafts, res.output_token_ids.reshape(-1), res.accepted_path.reshape(-1)]
+                if not drafts.is_chain:  # the engine's metrics count a tree's drafts by depth
+                    packed.append(drafts.depths.reshape(-1).to(torch.int64))
             host = torch.cat(packed).tolist() if packed else []  # the step's one host sync
 
         # ---- unpack
@@ -147,6 +149,9 @@ class SpeculativeRunner:
             b = len(decode)
             h = host[len(completing):]
             num_correct, h = h[:b], h[b:]
+            depths = None
+            if not drafts.is_chain:
+                h, depths = h[:-b * n], h[-b * n:]
             width = len(h) // (2 * b)
             outputs, paths = h[:b * width], h[b * width:]
             moves = []
@@ -162,7 +167,7 @@ class SpeculativeRunner:
                 reqs_out.append(req)
                 moves += [(req.request_id, req.num_computed_tokens + node, req.num_computed_tokens + i)
                           for i, node in enumerate(path) if node != i]
-                results.append(StepResult(tokens, k + 1, k))
+                results.append(StepResult(tokens, k + 1, k, None if depths is None else depths[j * n + 1:(j + 1) * n]))
             if moves:
                 self._move_kv(moves)
         self.proposer.observe(CommittedRows(

@@ -341,8 +341,10 @@ class AsyncEngine:
         accepted = spec.num_accepted_drafts - seen.num_accepted_drafts
         per_pos = [a - (seen.accepted_per_position[i] if i < len(seen.accepted_per_position) else 0)
                    for i, a in enumerate(spec.accepted_per_position)]
+        proposed = [p - (seen.proposed_per_position[i] if i < len(seen.proposed_per_position) else 0)
+                    for i, p in enumerate(spec.proposed_per_position)]
         tracked.seen = SpecMetrics().merge(spec)
-        iv.spec = iv.spec.merge(SpecMetrics(verifies, drafts, accepted, per_pos))
+        iv.spec = iv.spec.merge(SpecMetrics(verifies, drafts, accepted, per_pos, proposed_per_position=proposed))
         if m is not None:
             m.spec_drafts.inc(verifies)
             m.spec_draft_tokens.inc(drafts)

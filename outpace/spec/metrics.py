@@ -9,8 +9,13 @@ class SpecMetrics:
     """``num_verifies`` target verify steps proposed ``num_draft_tokens`` drafts in all, of
     which ``num_accepted_drafts`` were accepted; each verify also commits one bonus token.
 
+    Only drafts that could have been committed count: a verify commits at most the tokens its
+    request may still take (max_tokens, the context), so with a budget of b tokens only the drafts
+    at depth < b count, as proposed and as accepted (``record``).
+
     acceptance length tau = committed tokens / verifies = (accepted drafts + verifies) / verifies.
     ``accepted_per_position[i]``: verifies whose draft i (0-based depth) was accepted.
+    ``proposed_per_position[i]``: verifies whose draft i could have been committed.
     ``histogram[n]``: verifies that accepted exactly n drafts.
     """
 
@@ -19,14 +24,26 @@ class SpecMetrics:
     num_accepted_drafts: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     histogram: list[int] = field(default_factory=list)
+    proposed_per_position: list[int] = field(default_factory=list)
 
-    def record(self, num_drafts: int, max_depth: int, num_accepted: int) -> None:
-        """One verify of ``num_drafts`` drafts on paths of at most ``max_depth`` (a chain: both K)."""
+    def record(self, num_drafts: int, max_depth: int, num_accepted: int, budget: int | None = None,
+               draft_depths: list[int] | None = None) -> None:
+        """One verify of ``num_drafts`` drafts on paths of at most ``max_depth`` (a chain: both K)
+        that accepted ``num_accepted``. ``budget``: tokens the request could still commit; only
+        drafts at depth < budget count (a tree's by ``draft_depths``, 1-based: node 0 is not a draft)."""
+        if budget is not None and budget - 1 < max_depth:
+            max_depth = budget - 1
+            num_drafts = (max_depth if draft_depths is None
+                          else sum(1 for d in draft_depths if d <= max_depth))
+            num_accepted = min(num_accepted, max_depth)
         self.num_verifies += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_drafts += num_accepted
         _grow(self.accepted_per_position, max_depth)
+        _grow(self.proposed_per_position, max_depth)
         _grow(self.histogram, max_depth + 1)
+        for i in range(max_depth):
+            self.proposed_per_position[i] += 1
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
         self.histogram[num_accepted] += 1
@@ -39,6 +56,9 @@ class SpecMetrics:
                                      for i in range(n)]
         m = max(len(self.histogram), len(other.histogram))
         out.histogram = [_at(self.histogram, i) + _at(other.histogram, i) for i in range(m)]
+        k = max(len(self.proposed_per_position), len(other.proposed_per_position))
+        out.proposed_per_position = [_at(self.proposed_per_position, i) + _at(other.proposed_per_position, i)
+                                     for i in range(k)]
         return out
 
     @property
@@ -48,12 +68,15 @@ class SpecMetrics:
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
-        return [a / self.num_verifies for a in self.accepted_per_position] if self.num_verifies else []
+        """Draft i's acceptance rate over the verifies that could have committed it."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
 
     def to_dict(self) -> dict:
         return {"num_verifies": self.num_verifies, "num_draft_tokens": self.num_draft_tokens,
                 "num_accepted_drafts": self.num_accepted_drafts, "acceptance_length": self.acceptance_length,
-                "acceptance_rate_per_position": self.acceptance_rate_per_position, "histogram": self.histogram}
+                "acceptance_rate_per_position": self.acceptance_rate_per_position,
+                "accepted_per_position": self.accepted_per_position,
+                "proposed_per_position": self.proposed_per_position, "histogram": self.histogram}
 
 
 def _grow(values: list[int], size: int) -> None:
