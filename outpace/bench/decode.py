@@ -1,8 +1,9 @@
 """Decode throughput and acceptance, with and without speculation, in one run (``outpace bench``).
 
-Prompts are held-out corpus snippets when the model has a tokenizer (acceptance depends on real
-text), else fixed token sequences. Each configuration gets a warm-up, then every batch size runs
-its prompts to ``max_tokens`` greedy tokens (EOS ignored); time covers prefill and decode.
+Prompts are the zoo's committed held-out snippets (``zoo/eval_prompts.json``, cycled) when the model
+has a tokenizer (acceptance depends on real text), else fixed token sequences: the same on every
+machine, so the figures reproduce anywhere. Each configuration gets a warm-up, then every batch size
+runs its prompts to ``max_tokens`` greedy tokens (EOS ignored); time covers prefill and decode.
 """
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ from tqdm.auto import tqdm
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.spec.metrics import SpecMetrics
+from outpace.zoo import zoo_dir
 
 
 def bench_prompts(llm: LLM, count: int) -> list:
     if llm.tokenizer is None:
         vocab = llm.engine.model_config.vocab_size
         return [[(13 * i + 7 * j) % vocab for j in range(32)] for i in range(count)]
-    from outpace.train.corpus import build_corpus, heldout_prompts
-
-    return heldout_prompts(build_corpus(), count, prompt_chars=300, seed=7)
+    prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
+    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def run_decode_bench(model: str, batch_sizes: list[int], max_tokens: int, engine_kwargs: dict,
