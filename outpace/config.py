@@ -311,12 +311,19 @@ class SpeculativeConfig:
         return self.method != "none"
 
 
+def default_device() -> str:
+    """What device 'auto' means here: 'cuda' when torch sees a GPU, else 'cpu'."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; a CUDA device torch cannot use is refused."""
+    """'auto' -> ``default_device()``; a CUDA device torch cannot use is refused."""
     import torch
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return default_device()
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"

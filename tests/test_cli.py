@@ -31,7 +31,8 @@ def test_positional_model_equals_the_flag(llama_dir):
     assert parse_args(["serve"]).model == str(default_model())  # none given: the zoo target
 
 
-def test_device_defaults_to_the_gpu_when_present(llama_dir):
+def test_device_defaults_to_the_gpu_when_present(llama_dir, monkeypatch):
+    monkeypatch.undo()  # conftest makes 'auto' the CPU in tests not marked gpu
     assert EngineConfig(model=str(llama_dir)).device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
