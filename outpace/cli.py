@@ -157,6 +157,12 @@ def cmd_bench(a: argparse.Namespace) -> None:
         run_acceptance_bench(a.model, zoo_dir(), Path(a.out or "benchmarks"), a.max_tokens,
                              _engine_kwargs(a, speculative=False))
         return
+    if a.what == "cpu":
+        from outpace.bench.cpu_vs_transformers import run_cpu_bench
+
+        run_cpu_bench(a.model, max_tokens=a.max_tokens, num_prompts=a.num_prompts, rounds=a.rounds, busy=a.busy,
+                      engine_kwargs=_engine_kwargs(a, speculative=False), out_json=a.out)
+        return
     run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens,
                      engine_kwargs=_engine_kwargs(a, speculative=False), speculative=_speculative_config(a),
                      out_json=a.out)
@@ -205,14 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="decode throughput with and without speculation; acceptance; or a server")
-    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "gpu", "serve"],
+    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "gpu", "serve", "cpu"],
                    help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts; "
-                        "serve: load a running server (outpace serve) over HTTP")
+                        "serve: load a running server (outpace serve) over HTTP; cpu: plain decode against "
+                        "transformers' generate on the CPU")
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--out", default=None, help="also write the rows as JSON here (bench gpu: the output folder)")
     b.add_argument("--parts", default="abcdef", help="bench gpu: which parts to run (see outpace/bench/gpu.py)")
+    cb = b.add_argument_group("bench cpu")
+    cb.add_argument("--busy", type=int, nargs="+", default=[0],
+                    help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")
+    cb.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    cb.add_argument("--num-prompts", type=int, default=4, help="prompts of zoo/eval_prompts.json per round")
     sb = b.add_argument_group("bench serve")
     sb.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
     sb.add_argument("--num-requests", type=int, default=96)
