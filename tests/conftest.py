@@ -50,12 +50,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hf_models import make_hf_model, save_hf_model  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _cpu_unless_marked_gpu(request, monkeypatch):
-    """The engine's device 'auto' means the CPU in tests not marked gpu, also on a machine with a GPU:
-    they state CPU float32 behaviour (exact equalities among them). GPU tests name their device."""
-    if "gpu" not in request.keywords:
-        monkeypatch.setattr("outpace.config.default_device", lambda: "cpu")
+@pytest.fixture(scope="session", autouse=True)
+def _auto_device_is_the_cpu():
+    """In the tests the engine's device 'auto' means the CPU, also on a machine with a GPU (and before
+    any module-scoped fixture builds an engine): most tests state CPU float32 behaviour, exact
+    equalities among them. Tests of the GPU name their device."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("outpace.config.default_device", lambda: "cpu")
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -31,9 +31,13 @@ def test_positional_model_equals_the_flag(llama_dir):
     assert parse_args(["serve"]).model == str(default_model())  # none given: the zoo target
 
 
-def test_device_defaults_to_the_gpu_when_present(llama_dir, monkeypatch):
-    monkeypatch.undo()  # conftest makes 'auto' the CPU in tests not marked gpu
-    assert EngineConfig(model=str(llama_dir)).device == ("cuda" if torch.cuda.is_available() else "cpu")
+def test_device_defaults_to_the_gpu_when_present(llama_dir):
+    """In a process of its own: conftest makes 'auto' the CPU in this one."""
+    code = (f"import torch; from outpace.config import EngineConfig; "
+            f"print(EngineConfig(model={str(llama_dir)!r}).device, torch.cuda.is_available())")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    device, cuda = run.stdout.split()
+    assert device == ("cuda" if cuda == "True" else "cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -15,6 +15,8 @@ from outpace.config import SpeculativeConfig
 from outpace.registry import PROPOSERS
 
 PROPOSERS["oracle"] = "oracle_proposer:OracleProposer"
+# The Triton backend's kernels: interpreted on the CPU, compiled (float32) where there is a GPU.
+TRITON = dict(attention_backend="triton", device="cuda" if torch.cuda.is_available() else "cpu", dtype="float32")
 WINDOWED = ["mistral-window", "qwen2-window", "qwen3-window"]
 # Repeats, so that n-gram lookup finds drafts.
 PROMPT = [3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5]
@@ -55,10 +57,10 @@ def test_greedy_matches_transformers_torch_backend(variant, chunked, hf_checkpoi
 
 @pytest.mark.parametrize("variant", ["mistral-window", "qwen2-window"])
 def test_greedy_matches_transformers_triton_backend(variant, hf_checkpoints):
-    """The Triton kernels (interpreted), with chunked prefill: 14 prompt rows in chunks of 6, then decode."""
+    """The Triton kernels, with chunked prefill: 14 prompt rows in chunks of 6, then decode."""
     hf, path = hf_checkpoints(variant)
     expected = transformers_greedy(hf, PROMPT, 10)
-    assert generate(path, 10, attention_backend="triton", max_num_batched_tokens=6) == expected
+    assert generate(path, 10, max_num_batched_tokens=6, **TRITON) == expected
 
 
 SPECS = {
@@ -86,12 +88,13 @@ def test_speculation_across_the_window_is_lossless(variant, method, hf_checkpoin
 
 @pytest.mark.parametrize("method", ["draft", "tree"])
 def test_speculation_triton_backend(method, hf_checkpoints, monkeypatch):
-    """Chain and tree verify through the Triton kernels (interpreted)."""
+    """Chain and tree verify through the Triton kernels (interpreted on the CPU; compiled, the verify
+    captured in CUDA graphs, on a GPU)."""
     hf, path = hf_checkpoints("mistral-window")
     expected = transformers_greedy(hf, PROMPT, 10)
     monkeypatch.setattr(OracleProposer, "references", {tuple(PROMPT): expected})
     monkeypatch.setattr(OracleProposer, "corruption", 0.3)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=64, attention_backend="triton", speculative=SPECS[method](path))
+    llm = LLM(str(path), block_size=4, num_kv_blocks=64, speculative=SPECS[method](path), **TRITON)
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
     assert out.token_ids == expected
     assert out.spec_metrics.num_accepted_drafts > 0
