@@ -48,8 +48,9 @@ def cgroup_cpu_limit(path: str = CGROUP_CPU_MAX) -> int | None:
 
 
 def available_cpus(cpu_max: str = CGROUP_CPU_MAX) -> int:
-    """CPUs this process may run on: its affinity mask, capped by the cgroup quota."""
-    cpus = len(os.sched_getaffinity(0))
+    """CPUs this process may run on: its affinity mask (the CPU count where the OS has none: macOS),
+    capped by the cgroup quota."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     limit = cgroup_cpu_limit(cpu_max)
     return cpus if limit is None else min(cpus, limit)
 
