@@ -37,7 +37,7 @@ from outpace.config import ModelConfig
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.llama import (LlamaAttention, LlamaMLP, build_rotary, fused_attention_output_and_mlp,
-                                  norm_head_logits)
+                                  layer_fuses, norm_head_logits)
 from outpace.models.loader import covering_positions, default_dtype
 
 
@@ -141,9 +141,8 @@ class Eagle3Layer(nn.Module):
         return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves these rows: few of them on the GPU (LlamaAttention.fuses), and
-        a layer its kernels compute (no o_proj bias, a ``LlamaMLP.fusable`` MLP)."""
-        return self.mlp.fusable() and self.self_attn.o_proj.bias is None and self.self_attn.fuses(x)
+        """Whether ``forward_fused`` serves these rows (``layer_fuses``)."""
+        return layer_fuses(self.self_attn, self.mlp, x)
 
     def forward_fused(self, positions: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """x [n, 2 * hidden] the normalised [embedding | hidden] -> ``forward``'s output: four projection

@@ -184,9 +184,8 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
     def fuses(self, h: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves h [num_tokens, hidden] (see ``LlamaAttention.fuses``): its
-        kernels have no o_proj bias and only ``LlamaMLP.fusable`` MLPs."""
-        return self.mlp.fusable() and self.self_attn.o_proj.bias is None and self.self_attn.fuses(h)
+        """Whether ``forward_fused`` serves h [num_tokens, hidden] (``layer_fuses``)."""
+        return layer_fuses(self.self_attn, self.mlp, h)
 
     def forward_fused(self, positions: torch.Tensor, rows, next_norm: RMSNorm | None):
         """rows: the layer's input stream made ready for its input norm (``NormedRows``) -> its output
@@ -196,6 +195,13 @@ class LlamaDecoderLayer(nn.Module):
         attn = self.self_attn.attend_fused(positions, rows, self.input_layernorm.eps)
         return fused_attention_output_and_mlp(attn, rows.stream, self.self_attn.o_proj, self.post_attention_layernorm,
                                               self.mlp, next_norm)
+
+
+def layer_fuses(attn: LlamaAttention, mlp: LlamaMLP, x: torch.Tensor) -> bool:
+    """Whether the fused kernels compute a layer of this attention and MLP over x [num_tokens, in]:
+    ``LlamaAttention.fuses``, and what ``fused_attention_output_and_mlp`` computes (no o_proj bias, a
+    ``LlamaMLP.fusable`` MLP)."""
+    return mlp.fusable() and attn.o_proj.bias is None and attn.fuses(x)
 
 
 def fused_attention_output_and_mlp(attn: torch.Tensor, stream: torch.Tensor, o_proj: nn.Linear, post_norm: RMSNorm,
