@@ -1,6 +1,6 @@
 """Plain decode on the CPU against transformers' generate, in one run (``outpace bench cpu``).
 
-Both decode the same prompts (``zoo/eval_prompts.json``) greedily to the same number of new tokens,
+Both decode the same prompts (``outpace bench``'s: ``zoo/eval_prompts.json``) greedily to the same number of new tokens,
 EOS ignored (transformers: ``min_new_tokens``), in the same process, so on the same CPU with the same
 threads (the count outpace chose at start, outpace/threads.py). transformers' LlamaForCausalLM is
 loaded from the same checkpoint directory in the same dtype. Rounds interleave the two (outpace then
@@ -24,8 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
+from outpace.bench.decode import bench_prompts
 from outpace.threads import available_cpus
-from outpace.zoo import zoo_dir
 
 
 def run_cpu_bench(model: str, max_tokens: int, num_prompts: int, rounds: int, busy: list[int], engine_kwargs: dict,
@@ -100,8 +100,6 @@ def _measure(generators: dict, prompts: list[list[int]], max_tokens: int, rounds
 
 
 def _prompt_ids(llm: LLM, count: int) -> list[list[int]]:
-    if llm.tokenizer is None:
-        vocab = llm.engine.model_config.vocab_size
-        return [[(13 * i + 7 * j) % vocab for j in range(128)] for i in range(count)]
-    prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
-    return [llm.tokenizer.encode(prompts[i % len(prompts)], add_special_tokens=True) for i in range(count)]
+    """``outpace bench``'s prompts (bench/decode.py), as token ids: transformers takes ids."""
+    return [p if isinstance(p, list) else llm.tokenizer.encode(p, add_special_tokens=True)
+            for p in bench_prompts(llm, count)]
