@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outpace.registry import MODELS
+
 
 class ConfigError(ValueError):
     """A configuration value is outside its allowed range."""
@@ -27,12 +29,7 @@ def _positive_int(owner: str, name: str, value: Any) -> None:
              "a positive integer")
 
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+SUPPORTED_ARCHITECTURES = tuple(MODELS)  # the one list of architectures is the registry's
 
 ROPE_TYPES = ("default", "llama3", "linear")  # the rope_type values layers/rotary.py implements
 

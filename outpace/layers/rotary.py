@@ -50,8 +50,8 @@ def rotary_torch(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos:
     """The reference (the CPU path, and what ``rotary_triton`` computes): positions [n];
     q [n, heads, head_dim], k [n, kv_heads, head_dim]; cos, sin [max_positions, head_dim // 2]
     float32 tables -> rotated (q, k) in their dtypes, float32 math."""
-    cos = cos[positions].unsqueeze(1)  # [n, 1, head_dim // 2]
-    sin = sin[positions].unsqueeze(1)
+    cos = cos.index_select(0, positions).unsqueeze(1)  # [n, 1, head_dim // 2]
+    sin = sin.index_select(0, positions).unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
