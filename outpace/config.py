@@ -31,7 +31,7 @@ def _positive_int(owner: str, name: str, value: Any) -> None:
 
 SUPPORTED_ARCHITECTURES = tuple(MODELS)  # the one list of architectures is the registry's
 
-ROPE_TYPES = ("default", "llama3", "linear")  # the rope_type values layers/rotary.py implements
+ROPE_TYPES = ("default", "llama3", "linear", "yarn")  # the rope_type values layers/rotary.py implements
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,10 @@ class ModelConfig:
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             _require(o, "rope_scaling.rope_type", kind, kind in ROPE_TYPES, f"one of {', '.join(ROPE_TYPES)}")
+            for key in ("factor", "original_max_position_embeddings") if kind == "yarn" else ():
+                value = self.rope_scaling.get(key)  # transformers _compute_yarn_parameters reads both
+                _require(o, f"rope_scaling.{key}", value, isinstance(value, (int, float)) and value > 0,
+                         "a number > 0 for YaRN")
         from outpace.layers.activation import ACTIVATIONS
 
         _require(o, "hidden_act", self.hidden_act, self.hidden_act in ACTIVATIONS,

@@ -7,6 +7,9 @@ from typing import Any
 MODELS = {
     "LlamaForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    # multi-head latent attention, mixture of experts
+    "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
+    "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
 }

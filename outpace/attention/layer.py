@@ -9,7 +9,22 @@ from outpace.attention.context import get_forward_context
 from outpace.attention.metadata import PagedAttentionMetadata
 
 
-class Attention(nn.Module):
+class PagedCacheLayer(nn.Module):
+    """A module that owns one layer's share of the paged KV pool. ``bind_kv_cache`` (cache/kv_cache.py)
+    asks each for its tensors, so every layer declares its own per-token layout (per-head k and v here,
+    one latent row for MLA: layers/mla.py)."""
+
+    kv_cache: tuple[torch.Tensor, ...] | None = None  # bound by the engine when it allocates the pool
+
+    def bind_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype,
+                   device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        """Allocate this layer's cache, keep it as ``kv_cache`` and return it: tensors shaped
+        [num_blocks, block_size, ...], a token's entry at [block, offset] of each (what the engine's tree
+        commit copies rows of)."""
+        raise NotImplementedError
+
+
+class Attention(PagedCacheLayer):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None) -> None:
         """``sliding_window``: a query at position p sees only keys at positions above p - sliding_window
         (None: every earlier key). Keys older than the window stay in the paged cache, masked, not freed."""
@@ -18,6 +33,13 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.scale = head_dim ** -0.5
         self.kv_cache: KVCache | None = None  # bound by the engine when it allocates the pool
+
+    def bind_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype,
+                   device: torch.device | str) -> KVCache:
+        """k and v, [num_blocks, block_size, kv_heads, head_dim] each."""
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.kv_cache = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        return self.kv_cache
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 positions: torch.Tensor | None = None) -> torch.Tensor:

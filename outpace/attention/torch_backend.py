@@ -49,27 +49,36 @@ def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: floa
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    return attend_paged(q, gather_blocks(k_cache, meta).to(q.dtype), gather_blocks(v_cache, meta).to(q.dtype), meta,
+                        scale, sliding_window, positions)
 
-    n = meta.num_seqs
 
-    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [num_seqs, kv_heads, max_kv_len, head_dim]
-        # NOTE: index_select copies whole blocks; advanced indexing (cache[block_tables]) is 3-5x slower on the CPU.
-        blocks = cache.index_select(0, meta.block_tables.view(-1))
-        return blocks.view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+def gather_blocks(cache: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
+    """cache [num_blocks, block_size, kv_heads, dim] -> each sequence's rows [num_seqs, kv_heads, max_kv_len, dim]
+    (a copy; rows past a sequence's length are whatever its padding blocks hold: ``attn_mask`` hides them)."""
+    # NOTE: index_select copies whole blocks; advanced indexing (cache[block_tables]) is 3-5x slower on the CPU.
+    blocks = cache.index_select(0, meta.block_tables.view(-1))
+    return blocks.view(meta.num_seqs, -1, cache.shape[2], cache.shape[3]).transpose(1, 2)
 
+
+def attend_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: PagedAttentionMetadata, scale: float,
+                 sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """q [num_tokens, heads, qk_dim]; k [num_seqs, kv_heads, max_kv_len, qk_dim] and v [num_seqs, kv_heads,
+    max_kv_len, v_dim], each sequence's KV rows (``gather_blocks``, the new tokens' rows already written)
+    -> [num_tokens, heads, v_dim], under the metadata's mask (causal, tree, sliding window)."""
+    n, heads = meta.num_seqs, q.shape[1]
     # Every sequence brings max_query_len tokens (decode, chain verify): the queries are already a padded batch.
     uniform = q.shape[0] == n * meta.max_query_len
     if uniform:
-        q_pad = q.view(n, meta.max_query_len, q.shape[1], head_dim)
+        q_pad = q.view(n, meta.max_query_len, heads, q.shape[2])
     else:
-        q_pad = q.new_zeros(n, meta.max_query_len, q.shape[1], head_dim)
+        q_pad = q.new_zeros(n, meta.max_query_len, heads, q.shape[2])
         q_pad[meta.token_seq_index, meta.token_query_index] = q
     # NOTE: on CUDA not cuDNN: on the H100 it rebuilds its graph on every call (~0.5 ms of host time per
     # layer). On the CPU torch's own choice, its flash kernel, is about 3x faster than MATH for a decode row.
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]) if q.is_cuda else nullcontext():
-        out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), gather(k_cache).to(q.dtype),
-                                             gather(v_cache).to(q.dtype),
+        out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), k, v,
                                              attn_mask=meta.attn_mask(sliding_window, positions),
                                              scale=scale, enable_gqa=True)
-    out = out.transpose(1, 2)  # [num_seqs, max_query_len, heads, head_dim]
-    return out.reshape(q.shape) if uniform else out[meta.token_seq_index, meta.token_query_index]
+    out = out.transpose(1, 2)  # [num_seqs, max_query_len, heads, v_dim]
+    return out.reshape(q.shape[0], heads, -1) if uniform else out[meta.token_seq_index, meta.token_query_index]

@@ -22,22 +22,71 @@ def _inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> t
         smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         inv_freq = torch.where(wavelen > low_wavelen, inv_freq / factor,
                                torch.where(wavelen < high_wavelen, inv_freq, smoothed))
+    elif kind == "yarn":
+        inv_freq = _yarn_inverse_frequencies(inv_freq, head_dim, theta, scaling)
     return inv_freq.float()
+
+
+def _yarn_inverse_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN (transformers _compute_yarn_parameters, DeepSeek's DeepseekV3YarnRotaryEmbedding): frequencies
+    below the correction range are interpolated (divided by ``factor``), those above it kept, a linear ramp
+    between. inv_freq [head_dim // 2] float64, unscaled."""
+    factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:  # the dimension that turns ``rotations`` times over old_len
+        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low if high != low else 0.001)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature term (transformers yarn_get_mscale): 0.1 * mscale * ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What the cos and sin tables are multiplied by (transformers' ``attention_scaling``): for YaRN the
+    config's ``attention_factor``, else yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    when both are given, else yarn_mscale(factor); 1 for every other kind."""
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor)
 
 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at arbitrary (e.g. tree-depth) positions from a cached table."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,
+                 interleaved: bool = False) -> None:
+        """``interleaved``: dimension pairs (0, 1), (2, 3), ... rotate together (DeepSeek's layout,
+        transformers apply_rotary_pos_emb_interleave); the rotated result comes out in the halves layout
+        (even dimensions, then odd ones), as transformers' does: q.k is the same under any permutation
+        applied to both."""
         super().__init__()
         inv_freq = _inverse_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)  # [max_positions, head_dim // 2]
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        factor = rope_attention_factor(scaling)
+        self.register_buffer("cos", angles.cos() * factor, persistent=False)  # [max_positions, head_dim // 2]
+        self.register_buffer("sin", angles.sin() * factor, persistent=False)
+        self.interleaved = interleaved
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [num_tokens]; q [num_tokens, heads, head_dim]; k [num_tokens, kv_heads, head_dim]
         -> rotated (q, k), new tensors. On CUDA one Triton kernel rotates both."""
+        if self.interleaved:  # [..., head_dim]: the even dimensions, then the odd ones
+            q, k = (torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1) for x in (q, k))
         if q.is_cuda and not torch.is_grad_enabled():  # the Triton kernel has no backward
             from outpace.layers.fused_kernels import rotary_triton as rotary
         else:

@@ -10,7 +10,7 @@ are the target's. Chained, layer 0 consumes the target's last pre-norm hidden st
 pre-norm output of layer k-1, each predicting one token further ahead; not chained, every layer
 consumes the target's state.
 
-``DeepSeekMTPLayer`` (DeepSeek-V3, ``model.layers.61.*``): the layer carries its own
+``OwnHeadsMTPBlock`` (DeepSeek-V3, ``model.layers.61.*``): the layer carries its own
 ``embed_tokens`` and ``shared_head.{norm,head}`` tensors. Its semantics, as vLLM's deepseek_mtp.py
 (DeepSeekMultiTokenPredictorLayer, SharedHead) and SGLang's deepseek_nextn.py serve it:
 - it reads the target's hidden state *after* the final norm (vLLM's DeepseekV2Model.forward returns
@@ -25,6 +25,10 @@ consumes the target's state.
 Each layer uses the ``embed_tokens`` stored under its own name; vLLM loads only the first MTP
 layer's and shares it ("MTP modules share the embedding layer", DeepSeek-V3 report), which is the
 same as long as the copies are equal (DeepSeek-V3 has a single MTP layer).
+
+The MTP parts are mixins over a decoder layer class: ``MTPLayer`` and ``DeepSeekMTPLayer`` put them
+over a Llama-family block; models/deepseek.py puts ``OwnHeadsMTPBlock`` over a DeepSeek block (MLA and
+MoE or dense MLP), as vLLM's DeepSeekMultiTokenPredictorLayer wraps a DeepseekV2DecoderLayer.
 """
 from __future__ import annotations
 
@@ -52,11 +56,16 @@ def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool)
     return nn.ModuleList(layer(cfg, rotary) for _ in range(cfg.num_nextn_predict_layers))
 
 
-class MTPLayer(LlamaDecoderLayer):
+class MTPBlock(nn.Module):
+    """The MTP parts of a layer, over the decoder layer class that follows this one in the MRO (whose
+    forward is ``forward(positions, h)``): ``class X(MTPBlock, SomeDecoderLayer)``. Checkpoint names of
+    both sit side by side under ``model.layers.{num_hidden_layers + k}``. Constructor arguments are the
+    decoder layer's; the first is a config with ``hidden_size`` and ``rms_norm_eps``."""
+
     chained_by_layout = False  # whether the layout fixes the chained form (else the config's flag)
 
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
-        super().__init__(cfg, rotary)
+    def __init__(self, cfg, *layer_args) -> None:
+        super().__init__(cfg, *layer_args)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.eh_proj = linear(2 * cfg.hidden_size, cfg.hidden_size)
@@ -83,19 +92,21 @@ class MTPLayer(LlamaDecoderLayer):
 class SharedHead(nn.Module):
     """DeepSeek-V3's per-MTP-layer output head: ``norm`` then ``head`` (vLLM deepseek_mtp.py SharedHead)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg) -> None:
+        """cfg: ``hidden_size``, ``rms_norm_eps``, ``vocab_size``."""
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head = LMHead(cfg.hidden_size, cfg.vocab_size)
 
 
-class DeepSeekMTPLayer(MTPLayer):
-    """An MTP layer with its own ``embed_tokens`` and ``shared_head`` (module docstring for the semantics)."""
+class OwnHeadsMTPBlock(MTPBlock):
+    """``MTPBlock`` with its own ``embed_tokens`` and ``shared_head`` (module docstring for the semantics);
+    the config also gives ``vocab_size``."""
 
     chained_by_layout = True
 
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
-        super().__init__(cfg, rotary)
+    def __init__(self, cfg, *layer_args) -> None:
+        super().__init__(cfg, *layer_args)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.shared_head = SharedHead(cfg)
 
@@ -112,3 +123,11 @@ class DeepSeekMTPLayer(MTPLayer):
 
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
+
+
+class MTPLayer(MTPBlock, LlamaDecoderLayer):
+    """A Llama-family MTP layer in the target's own layout (Step-3.5-Flash, outpace's trained ones)."""
+
+
+class DeepSeekMTPLayer(OwnHeadsMTPBlock, LlamaDecoderLayer):
+    """A Llama-family decoder block in DeepSeek-V3's MTP layout."""

@@ -1,0 +1,141 @@
+"""Multi-head latent attention (DeepSeek-V2/V3), over a paged cache of one latent row per token.
+
+Per token (names as transformers' DeepseekV3Attention and the checkpoints give them):
+- queries: ``q_proj(x)``, or ``q_b_proj(q_a_layernorm(q_a_proj(x)))`` with a q_lora_rank; per head a
+  ``qk_nope_head_dim`` part (q_nope) and a rotated ``qk_rope_head_dim`` part (q_pe);
+- keys and values: ``kv_a_proj_with_mqa(x)`` gives the latent c (``kv_lora_rank``, then
+  ``kv_a_layernorm``) and one rotated key part k_pe shared by all heads; ``kv_b_proj`` (W_UK and W_UV,
+  per head) expands c into k_nope [qk_nope_head_dim] and v [v_head_dim];
+- score of a key: q_nope . k_nope + q_pe . k_pe, times ``scale``; output ``o_proj`` of the heads' values.
+
+The cache keeps only [c, k_pe] per token (kv_lora_rank + qk_rope_head_dim values, one "head"), never
+the per-head keys and values. Two forms read it, equal in exact arithmetic:
+- absorbed (decode, verify): q_nope . (W_UK c) = (W_UK^T q_nope) . c, so each head's query becomes
+  [W_UK^T q_nope, q_pe] over the cached rows [c, k_pe], the values are the latents themselves, and W_UV
+  is applied to each head's attended latent afterwards (one kv head for all query heads, GQA style);
+- expanded (prefill): the sequences' cached latents go through kv_b_proj into per-head keys and values.
+Absorbed costs H * r * (nope + v) per query more and H * (2r - nope - v) per (query, key) pair less than
+expanded, which costs H * r * (nope + v) per key (H heads, r = kv_lora_rank): expanding wins once a
+sequence brings more than r * (nope + v) / (2r - nope - v) queries (171 for DeepSeek-V3), so a forward
+expands when its longest query run reaches that (``expand_min_query_len``).
+
+Both forms attend with the torch backend's paged helpers (block gather, masks for causal and tree verify):
+on the GPU this module does not use the context's backend yet.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.attention.context import get_forward_context
+from outpace.attention.layer import PagedCacheLayer
+from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.attention.torch_backend import attend_paged, gather_blocks
+from outpace.layers.linear import linear
+from outpace.layers.norm import RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    hidden_size: int
+    num_heads: int
+    q_lora_rank: int | None   # None: one q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    scale: float              # softmax scale (qk_head_dim ** -0.5, YaRN's mscale folded in)
+    bias: bool = False        # attention_bias: on q_a_proj, kv_a_proj_with_mqa and o_proj (transformers)
+
+    @property
+    def expand_min_query_len(self) -> int | float:
+        """Queries per sequence from which the expanded form costs fewer multiplies (module docstring)."""
+        r, nope, v = self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim
+        return math.ceil(r * (nope + v) / (2 * r - nope - v)) if 2 * r > nope + v else math.inf
+
+
+# transformers builds q_a_layernorm and kv_a_layernorm as DeepseekV3RMSNorm(rank): its default eps, not the config's.
+_LATENT_NORM_EPS = 1e-6
+
+
+class MultiHeadLatentAttention(PagedCacheLayer):
+    def __init__(self, shape: MLAShape, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        s = self.shape = shape
+        qk_head_dim = s.qk_nope_head_dim + s.qk_rope_head_dim
+        if s.q_lora_rank is None:
+            self.q_proj = linear(s.hidden_size, s.num_heads * qk_head_dim)
+        else:
+            self.q_a_proj = linear(s.hidden_size, s.q_lora_rank, bias=s.bias)
+            self.q_a_layernorm = RMSNorm(s.q_lora_rank, _LATENT_NORM_EPS)
+            self.q_b_proj = linear(s.q_lora_rank, s.num_heads * qk_head_dim)
+        self.kv_a_proj_with_mqa = linear(s.hidden_size, s.kv_lora_rank + s.qk_rope_head_dim, bias=s.bias)
+        self.kv_a_layernorm = RMSNorm(s.kv_lora_rank, _LATENT_NORM_EPS)
+        self.kv_b_proj = linear(s.kv_lora_rank, s.num_heads * (s.qk_nope_head_dim + s.v_head_dim))
+        self.o_proj = linear(s.num_heads * s.v_head_dim, s.hidden_size, bias=s.bias)
+        self.rotary = rotary
+        self.expand_min_query_len = s.expand_min_query_len
+        self.cache_rows: torch.Tensor | None = None  # [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
+
+    def bind_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype,
+                   device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row [c, k_pe] per token, kept whole as ``cache_rows``; ``kv_cache`` is its two views (latent
+        [.., 1, kv_lora_rank], rope [.., 1, qk_rope_head_dim]), so callers that copy a (k, v) pair of rows
+        copy the whole row."""
+        r = self.shape.kv_lora_rank
+        self.cache_rows = torch.zeros(num_blocks, block_size, 1, r + self.shape.qk_rope_head_dim, dtype=dtype,
+                                      device=device)
+        self.kv_cache = (self.cache_rows[..., :r], self.cache_rows[..., r:])
+        return self.kv_cache
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]. Writes the tokens' cache rows."""
+        s, n = self.shape, x.shape[0]
+        meta = get_forward_context().metadata
+        if not isinstance(meta, PagedAttentionMetadata):
+            raise TypeError("multi-head latent attention runs over the paged cache only (no dense metadata)")
+        q = self.q_proj(x) if s.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(n, s.num_heads, -1).split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
+        q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))  # [n, heads, rope], [n, 1, rope]
+        rows = torch.cat((self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1)  # [n, 1, r + rope]
+        cache = self.cache_rows
+        cache.view(-1, 1, cache.shape[-1]).index_copy_(0, meta.slot_mapping, rows.to(cache.dtype))
+        gathered = gather_blocks(cache, meta).to(x.dtype)          # [num_seqs, 1, max_kv_len, r + rope]
+        if meta.max_query_len >= self.expand_min_query_len:
+            out = self._expanded(q_nope, q_pe, gathered, meta)
+        else:
+            out = self._absorbed(q_nope, q_pe, gathered, meta)
+        return self.o_proj(out.reshape(n, -1))                     # out [n, heads, v_head_dim]
+
+    def _up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj's weight split per head: W_UK [heads, nope, r] and W_UV [heads, v, r]."""
+        s = self.shape
+        w = self.kv_b_proj.weight.view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
+        return w.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)
+
+    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, gathered: torch.Tensor,
+                  meta: PagedAttentionMetadata) -> torch.Tensor:
+        """q_nope [n, heads, nope], q_pe [n, heads, rope]; gathered rows [num_seqs, 1, max_kv_len, r + rope]
+        -> [n, heads, v_head_dim], attending in latent space."""
+        w_uk, w_uv = self._up_weights()
+        q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)        # [n, heads, r]
+        r = self.shape.kv_lora_rank
+        attended = attend_paged(torch.cat((q_latent, q_pe), dim=-1), gathered, gathered[..., :r], meta,
+                                self.shape.scale)                  # [n, heads, r]
+        return torch.einsum("thr,hvr->thv", attended, w_uv)
+
+    def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, gathered: torch.Tensor,
+                  meta: PagedAttentionMetadata) -> torch.Tensor:
+        """As ``_absorbed``, with the cached latents expanded into per-head keys and values."""
+        s = self.shape
+        latent, k_pe = gathered.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
+        kv = self.kv_b_proj(latent).unflatten(-1, (s.num_heads, -1))  # [num_seqs, 1, max_kv_len, heads, nope + v]
+        kv = kv.squeeze(1).transpose(1, 2)                             # [num_seqs, heads, max_kv_len, nope + v]
+        k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
+        k = torch.cat((k_nope, k_pe.expand(-1, s.num_heads, -1, -1)), dim=-1)
+        return attend_paged(torch.cat((q_nope, q_pe), dim=-1), k, v, meta, s.scale)

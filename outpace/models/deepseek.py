@@ -1,0 +1,262 @@
+"""The DeepSeek family: DeepseekV2ForCausalLM and DeepseekV3ForCausalLM (transformers' classes of those
+names are the reference; DeepSeek's own configs and checkpoints load as they are).
+
+A decoder layer is multi-head latent attention (layers/mla.py: the paged cache holds one latent row per
+token) and, per layer, a dense SwiGLU MLP or a mixture of experts (layers/moe.py): MoE from layer
+``first_k_dense_replace`` on, every ``moe_layer_freq``-th layer (DeepSeek's DeepseekV2DecoderLayer, vLLM's
+deepseek_v2.py; transformers has no moe_layer_freq and builds MoE from first_k_dense_replace on).
+V2 routes with a softmax (greedy or group-limited greedy); V3 with sigmoid scores, a selection-only
+correction bias and group-limited top-k (``noaux_tc``). RoPE is DeepSeek's interleaved layout (V3:
+unless ``rope_interleave`` is false), optionally YaRN-scaled; YaRN also scales the softmax by
+mscale(factor, mscale_all_dim)^2 (transformers yarn_apply_mscale).
+
+MTP layers (V3 checkpoints: ``model.layers.{num_hidden_layers + k}.{enorm, hnorm, eh_proj, embed_tokens,
+shared_head.norm, shared_head.head}`` beside a decoder block) are DeepSeek blocks with the MTP parts of
+models/mtp.py (``OwnHeadsMTPBlock``: vLLM deepseek_mtp.py's semantics). Their block's MLP follows the
+same MoE rule at its layer index num_hidden_layers + k (vLLM builds it as DeepseekV2DecoderLayer with that
+prefix), so DeepSeek-V3's layer 61 is MoE. They are built only when the checkpoint has them:
+transformers' save_pretrained writes num_nextn_predict_layers (DeepseekV3Config.num_mtp_layers, default 1)
+without any MTP tensors.
+
+The model interface is the Llama family's (models/llama.py): flat tokens, metadata in the forward
+context, ``forward`` -> pre-norm ``ModelOutput``, ``compute_logits``, aux hidden state capture.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.config import ModelConfig, _require
+from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
+from outpace.layers.moe import MoE, Routing
+from outpace.layers.norm import RMSNorm
+from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
+from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput, _residual_stream
+from outpace.models.mtp import OwnHeadsMTPBlock
+
+V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
+
+
+@dataclass(frozen=True)
+class DeepseekConfig:
+    """What a DeepSeek model reads from config.json beyond ``ModelConfig`` (``from_model_config``)."""
+
+    version: int                      # 2 or 3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int            # the dense layers' MLP
+    num_hidden_layers: int
+    rms_norm_eps: float
+    hidden_act: str
+    tie_word_embeddings: bool
+    num_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    attention_bias: bool
+    mlp_bias: bool                    # V2: on the dense MLPs and the shared experts
+    rope_interleave: bool
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: dict | None
+    n_routed_experts: int | None      # None: every layer dense
+    moe_intermediate_size: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    routing: Routing | None
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> DeepseekConfig:
+        raw, v3 = cfg.raw, cfg.architecture == V3
+        _refuse_unimplemented(raw, v3, cfg.num_attention_heads, cfg.num_key_value_heads)
+        experts = raw.get("n_routed_experts")
+        return cls(
+            version=3 if v3 else 2, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+            rms_norm_eps=cfg.rms_norm_eps, hidden_act=cfg.hidden_act, tie_word_embeddings=cfg.tie_word_embeddings,
+            num_heads=cfg.num_attention_heads, q_lora_rank=raw.get("q_lora_rank"),
+            kv_lora_rank=raw["kv_lora_rank"], qk_nope_head_dim=raw["qk_nope_head_dim"],
+            qk_rope_head_dim=raw["qk_rope_head_dim"], v_head_dim=raw["v_head_dim"],
+            attention_bias=bool(raw.get("attention_bias", False)),
+            mlp_bias=not v3 and bool(raw.get("mlp_bias", False)),  # DeepseekV3MLP has no biases
+            rope_interleave=bool(raw.get("rope_interleave", True)) if v3 else True,  # V2: apply_rotary_emb's pairs
+            max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
+            rope_scaling=cfg.rope_scaling,
+            n_routed_experts=experts, moe_intermediate_size=raw.get("moe_intermediate_size", 0),
+            n_shared_experts=raw.get("n_shared_experts") or 0,
+            first_k_dense_replace=raw.get("first_k_dense_replace") or 0,
+            moe_layer_freq=raw.get("moe_layer_freq", 1),
+            routing=None if experts is None else _routing(raw, v3))
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (MTP layers: num_hidden_layers + k) is MoE (module docstring)."""
+        return (self.n_routed_experts is not None and index >= self.first_k_dense_replace
+                and index % self.moe_layer_freq == 0)
+
+    @property
+    def mla_shape(self) -> MLAShape:
+        return MLAShape(self.hidden_size, self.num_heads, self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim,
+                        self.qk_rope_head_dim, self.v_head_dim, self.softmax_scale, self.attention_bias)
+
+    @property
+    def softmax_scale(self) -> float:
+        """qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim) squared when the RoPE is scaled and
+        mscale_all_dim is set (transformers yarn_apply_mscale; DeepSeek's DeepseekV3Attention)."""
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        rope = self.rope_scaling or {}
+        if rope.get("mscale_all_dim"):
+            scale *= yarn_mscale(rope["factor"], rope["mscale_all_dim"]) ** 2
+        return scale
+
+
+def _routing(raw: dict, v3: bool) -> Routing:
+    """The router's settings (layers/moe.py); V3: sigmoid scores, noaux_tc; V2: softmax, greedy or
+    group_limited_greedy (n_group and topk_group only for the latter)."""
+    grouped = v3 or raw.get("topk_method", "greedy") == "group_limited_greedy"
+    return Routing(
+        num_experts=raw["n_routed_experts"], top_k=raw["num_experts_per_tok"],
+        scoring="sigmoid" if v3 else "softmax",
+        num_groups=raw["n_group"] if grouped else 1, top_groups=raw["topk_group"] if grouped else 1,
+        group_score="top2_sum" if v3 else "max", correction_bias=v3,
+        normalize=v3 and bool(raw.get("norm_topk_prob", True)),
+        scaling=float(raw.get("routed_scaling_factor", 1.0)))
+
+
+def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> None:
+    """ConfigError for DeepSeek config values that change the computation and that outpace does not
+    implement (or that the references disagree on)."""
+    o = "ModelConfig"
+    # transformers repeats each kv head num_attention_heads // num_key_value_heads times over the expanded
+    # per-head keys; DeepSeek's checkpoints set the two equal.
+    _require(o, "num_key_value_heads", kv_heads, kv_heads == heads, f"num_attention_heads={heads} for MLA")
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        _require(o, name, raw.get(name), isinstance(raw.get(name), int) and raw[name] > 0, "a positive integer")
+    _require(o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even")
+    q_rank = raw.get("q_lora_rank")
+    _require(o, "q_lora_rank", q_rank, q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
+             "None or a positive integer")
+    scoring, method = ("sigmoid", "noaux_tc") if v3 else ("softmax", None)
+    _require(o, "scoring_func", raw.get("scoring_func", scoring), raw.get("scoring_func", scoring) == scoring,
+             f"{scoring!r} for {'V3' if v3 else 'V2'}")
+    methods = (method,) if v3 else ("greedy", "group_limited_greedy")
+    _require(o, "topk_method", raw.get("topk_method", methods[0]), raw.get("topk_method", methods[0]) in methods,
+             f"one of {', '.join(methods)}")
+    if not v3:  # transformers' V2 router ignores norm_topk_prob, DeepSeek's normalises and then does not
+        # scale, vLLM normalises and scales: no reference to be exact against.
+        _require(o, "norm_topk_prob", raw.get("norm_topk_prob"), not raw.get("norm_topk_prob"),
+                 "false for V2 (its references disagree on what true computes)")
+    freq = raw.get("moe_layer_freq", 1)
+    _require(o, "moe_layer_freq", freq, isinstance(freq, int) and freq > 0, "a positive integer")
+    if raw.get("n_routed_experts") is not None:
+        _check_routing(raw, v3)
+
+
+def _check_routing(raw: dict, v3: bool) -> None:
+    o = "ModelConfig"
+    experts, top_k = raw["n_routed_experts"], raw.get("num_experts_per_tok")
+    _require(o, "n_routed_experts", experts, isinstance(experts, int) and experts > 0, "a positive integer or None")
+    _require(o, "num_experts_per_tok", top_k, isinstance(top_k, int) and 0 < top_k <= experts,
+             f"an integer in [1, n_routed_experts={experts}]")
+    if v3 or raw.get("topk_method") == "group_limited_greedy":
+        groups, top_groups = raw.get("n_group"), raw.get("topk_group")
+        _require(o, "n_group", groups, isinstance(groups, int) and groups > 0 and experts % groups == 0
+                 and (not v3 or experts // groups >= 2),
+                 f"a divisor of n_routed_experts={experts}" + (" leaving >= 2 experts per group (V3 scores a "
+                                                                "group by its two best)" if v3 else ""))
+        _require(o, "topk_group", top_groups, isinstance(top_groups, int) and 0 < top_groups <= groups
+                 and top_k <= top_groups * (experts // groups),
+                 f"an integer in [1, n_group={groups}] whose groups hold num_experts_per_tok={top_k} experts")
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, cfg: DeepseekConfig, rotary: RotaryEmbedding, index: int) -> None:
+        """``index``: the layer's index in the checkpoint (MTP layers after the decoder stack), which
+        decides dense or MoE."""
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MultiHeadLatentAttention(cfg.mla_shape, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+        def mlp(size: int, bias: bool) -> LlamaMLP:
+            return LlamaMLP(cfg.hidden_size, size, cfg.hidden_act, bias)
+
+        if cfg.is_moe_layer(index):
+            self.mlp = MoE(cfg.hidden_size, cfg.routing, cfg.moe_intermediate_size, cfg.n_shared_experts, mlp,
+                           shared_bias=cfg.mlp_bias)
+        else:
+            self.mlp = mlp(cfg.intermediate_size, cfg.mlp_bias)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden] (h + attention + MLP)."""
+        return _residual_stream(*self.forward_residual(positions, h, None))
+
+    def forward_residual(self, positions: torch.Tensor, h: torch.Tensor,
+                         residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As LlamaDecoderLayer.forward_residual: the input and the output stream split as (h, residual),
+        each residual add fused into the RMSNorm after it."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
+        return self.mlp(x), residual
+
+
+class DeepseekMTPLayer(OwnHeadsMTPBlock, DeepseekDecoderLayer):
+    """An MTP layer of a DeepSeek-V3 checkpoint: its own embedding and shared head around a DeepSeek block."""
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, cfg: DeepseekConfig) -> None:
+        super().__init__()
+        self.rotary = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      cfg.rope_scaling, interleaved=cfg.rope_interleave)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, self.rotary, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DeepseekForCausalLM(nn.Module):
+    ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
+
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        """``mtp_own_heads``: the checkpoint has MTP layers in DeepSeek's layout (the loader decides from its
+        tensor names, models/mtp.py has_own_mtp_heads); without them the model has none and its config
+        says num_nextn_predict_layers 0."""
+        super().__init__()
+        ds = self.deepseek_config = DeepseekConfig.from_model_config(cfg)
+        self.config = cfg if mtp_own_heads else dataclasses.replace(cfg, num_nextn_predict_layers=0)
+        self.model = DeepseekModel(ds)
+        self.lm_head = LMHead(ds.hidden_size, ds.vocab_size,
+                              tied_to=self.model.embed_tokens if ds.tie_word_embeddings else None)
+        self.aux_layer_ids: tuple[int, ...] = ()
+        if self.config.num_nextn_predict_layers:
+            n = ds.num_hidden_layers
+            self.mtp_layers = nn.ModuleList(DeepseekMTPLayer(ds, self.model.rotary, n + k)
+                                            for k in range(self.config.num_nextn_predict_layers))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
+        h, residual = self.embed(input_ids), None  # [num_tokens, hidden]; the stream is h + residual
+        captured = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                captured[i] = _residual_stream(h, residual)
+            h, residual = layer.forward_residual(positions, h, residual)
+        return self._model_output(_residual_stream(h, residual), captured)
+
+    # The rest of the decoder-stack plumbing is the Llama family's, unchanged (models/llama.py): aux layer
+    # capture, embedding, final norm and head, MTP checkpoint names after the decoder layers.
+    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    embed = LlamaForCausalLM.embed
+    _model_output = LlamaForCausalLM._model_output
+    compute_logits = LlamaForCausalLM.compute_logits
+    checkpoint_name = LlamaForCausalLM.checkpoint_name
+
