@@ -120,6 +120,7 @@ class ModelConfig:
             raise ConfigError(
                 f"ModelConfig.architecture={arch!r} is not supported: must be one of "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        cfg = _text_model_config(cfg)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
@@ -153,7 +154,7 @@ class ModelConfig:
             attention_bias=attention_bias,
             attention_out_bias=attention_bias and arch != "Qwen2ForCausalLM",
             mlp_bias=arch == "LlamaForCausalLM" and bool(cfg.get("mlp_bias", False)),
-            hidden_act=cfg.get("hidden_act", "silu"),
+            hidden_act=cfg.get("hidden_act", cfg.get("hidden_activation", "silu")),  # Gemma: hidden_activation
             qk_norm=arch == "Qwen3ForCausalLM",
             layer_windows=_layer_windows(arch, cfg, num_layers),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
@@ -185,6 +186,17 @@ def _refuse_unimplemented(cfg: dict) -> None:
                  "1.0 (partial rotary embeddings are not implemented)")
 
 
+def _text_model_config(cfg: dict) -> dict:
+    """A multimodal checkpoint's config.json (a ForConditionalGeneration with a ``text_config``) -> its
+    text model's config, with the top level's architectures, eos ids, dtype, quantization and tying where
+    it gives them (transformers ties a Gemma3ForConditionalGeneration's head by the top level's
+    tie_word_embeddings). Any other config as it is."""
+    if not isinstance(cfg.get("text_config"), dict):
+        return cfg
+    top = ("architectures", "eos_token_id", "dtype", "torch_dtype", "quantization_config", "tie_word_embeddings")
+    return {**cfg["text_config"], **{k: cfg[k] for k in top if cfg.get(k) is not None}}
+
+
 def _layer_windows(arch: str, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
     """Each decoder layer's sliding window (None: full attention), as the transformers classes
     compute it; () when every layer is full."""
@@ -205,6 +217,22 @@ def _layer_windows(arch: str, cfg: dict, num_layers: int) -> tuple[int | None, .
                  and (window is not None or "sliding_attention" not in types),
                  f"{num_layers} entries of full_attention or sliding_attention (sliding only with "
                  "use_sliding_window and a sliding_window)")
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
+    elif arch.startswith(("Gemma3", "Gemma4")):
+        # transformers Gemma3TextConfig / Gemma4TextConfig.__post_init__: without layer_types, every
+        # sliding_window_pattern-th layer (Gemma 4: every 6th) is full and the others slide; Gemma 4
+        # forces its last layer to full. Gemma3Attention / Gemma4TextAttention: sliding layers use sliding_window.
+        gemma3 = arch.startswith("Gemma3")
+        window = cfg.get("sliding_window", 4096 if gemma3 else 512)
+        pattern = cfg.get("sliding_window_pattern", 6) if gemma3 else 6
+        types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                                for i in range(num_layers)])
+        if not gemma3 and types:
+            types[-1] = "full_attention"
+        _require("ModelConfig", "layer_types", types,
+                 len(types) == num_layers and set(types) <= {"full_attention", "sliding_attention"}
+                 and (window is not None or "sliding_attention" not in types),
+                 f"{num_layers} entries of full_attention or sliding_attention (sliding only with a sliding_window)")
         windows = tuple(window if t == "sliding_attention" else None for t in types)
     else:  # LlamaConfig has no sliding window
         window, windows = None, ()

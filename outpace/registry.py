@@ -12,6 +12,8 @@ MODELS = {
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration": "outpace.models.gemma:Gemma3ForCausalLM",  # its text model
 }
 
 

@@ -25,13 +25,15 @@ class PagedCacheLayer(nn.Module):
 
 
 class Attention(PagedCacheLayer):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None,
+                 scale: float | None = None) -> None:
         """``sliding_window``: a query at position p sees only keys at positions above p - sliding_window
-        (None: every earlier key). Keys older than the window stay in the paged cache, masked, not freed."""
+        (None: every earlier key). Keys older than the window stay in the paged cache, masked, not freed.
+        ``scale``: what q.k is multiplied by before the softmax (None: head_dim ** -0.5)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.sliding_window = sliding_window
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.kv_cache: KVCache | None = None  # bound by the engine when it allocates the pool
 
     def bind_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype,

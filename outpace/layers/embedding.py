@@ -23,3 +23,21 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return project(hidden, self.weight)
+
+
+class ScaledVocabEmbedding(VocabEmbedding):
+    """[num_tokens] token ids -> [num_tokens, dim] rows times ``scale``, the scale rounded to the weight's
+    dtype first (transformers Gemma3TextScaledWordEmbedding: sqrt(hidden) is 55.5, not 55.4256, in bf16)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, scale: float) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.scale = scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * torch.tensor(self.scale, dtype=self.weight.dtype)
+
+
+def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(logits / cap), element-wise: logits squashed into (-cap, cap) (Gemma's final logit
+    softcapping, transformers Gemma3ForCausalLM.forward)."""
+    return torch.tanh(logits / cap) * cap

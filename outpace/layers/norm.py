@@ -40,3 +40,31 @@ class RMSNorm(nn.Module):
             rms_norm = rms_norm_torch
         normed, stream = rms_norm(x, self.weight, self.eps, residual)
         return normed if residual is None else (normed, stream)
+
+
+def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """x [..., dim] -> its RMSNorm times (offset + weight) [dim], all in float32, cast back at the end
+    (``RMSNorm`` casts before the weight multiplies); no weight: the bare normalisation."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        xf = xf * (offset + weight.float())
+    return xf.to(x.dtype)
+
+
+class Float32RMSNorm(nn.Module):
+    """RMSNorm with the weight applied in float32 before the cast back (``rms_norm_f32``), as Gemma's are.
+
+    ``offset`` 1.0: the scale is 1 + weight, the weight stored around 0 (transformers Gemma3RMSNorm);
+    0.0: the plain weight (Gemma4RMSNorm). ``with_weight`` False: no parameter at all, the bare
+    normalisation (Gemma4RMSNorm(with_scale=False), Gemma 4's v norm and router norm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, offset: float = 0.0, with_weight: bool = True) -> None:
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        # at initialisation the scale is 1
+        self.register_parameter("weight", nn.Parameter(torch.full((dim,), 1.0 - offset)) if with_weight else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., dim] -> [..., dim]."""
+        return rms_norm_f32(x, self.weight, self.eps, self.offset)

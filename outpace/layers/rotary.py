@@ -1,4 +1,5 @@
-"""Rotary position embedding (neox layout: rotate halves), with llama3 and linear scaling."""
+"""Rotary position embedding (neox layout: rotate halves), with llama3 and linear scaling, and Gemma 4's
+proportional partial rotation."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,14 @@ from torch import nn
 def _inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
+    if kind == "proportional":
+        # transformers _compute_proportional_rope_parameters (Gemma 4): the first
+        # int(partial_rotary_factor * head_dim // 2) frequencies keep their exponents over the whole head_dim,
+        # the others are 0 (those dimension pairs pass unrotated); all divided by ``factor``.
+        rotated = int(scaling.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        inv_freq[rotated:] = 0.0
+        inv_freq = inv_freq / scaling.get("factor", 1.0)
+    elif kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "llama3":
         factor = scaling["factor"]

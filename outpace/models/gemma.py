@@ -1,0 +1,227 @@
+"""Gemma 3 text models: Gemma3ForCausalLM, and the text model of a Gemma3ForConditionalGeneration
+checkpoint (its vision tower and multimodal projector are skipped, with a logged note).
+
+What differs from the Llama family (models/llama.py), as transformers' modeling_gemma3 computes it:
+- the embedding is scaled by sqrt(hidden_size), the scale rounded to the weights' dtype;
+- every RMSNorm scales by (1 + weight), in float32 (``Float32RMSNorm(offset=1.0)``), and a layer has
+  four: before and after attention, before and after the MLP (the "sandwich"); q and k have per-head norms;
+- attention scores are scaled by query_pre_attn_scalar ** -0.5, not head_dim ** -0.5;
+- the MLP's gate is GELU-tanh (hidden_activation);
+- sliding-window layers are interleaved with full ones (``layer_types``, or every
+  sliding_window_pattern-th layer full), and each kind has its own RoPE (theta, scaling);
+- Gemma3ForCausalLM's final logits may be soft-capped (final_logit_softcapping).
+
+Sliding windows: a sliding layer's keys older than its window stay in the paged cache and are masked
+(``PagedAttentionMetadata.attn_mask``, as for Mistral and Qwen2), not freed: the engine keeps one block
+table per request for every layer, so blocks are freed when the request ends.
+
+Forward works on flat tokens like the Llama family: ``forward`` returns the last hidden state before
+the final norm, ``compute_logits`` applies norm, head and softcapping to the rows that need logits.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.attention.layer import Attention
+from outpace.config import ConfigError, ModelConfig
+from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
+from outpace.layers.linear import linear
+from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
+from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput
+
+logger = logging.getLogger("outpace.models")
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+ROPE_TYPES = ("default", "linear", "llama3")  # what Gemma 3 layers may use (layers/rotary.py, attention factor 1)
+
+
+def refuse(field: str, value, allowed: str) -> ConfigError:
+    """The error for a config.json value outpace does not implement, naming field and value."""
+    return ConfigError(f"ModelConfig.{field}={value!r} is not supported: must be {allowed}")
+
+
+@dataclass(frozen=True)
+class LayerTypeRope:
+    """One layer type's RoPE: ``theta`` and ``scaling`` (None or a rope_parameters dict with a rope_type
+    that layers/rotary.py implements)."""
+    theta: float
+    scaling: dict | None
+
+    def rotary(self, head_dim: int, max_positions: int) -> RotaryEmbedding:
+        return RotaryEmbedding(head_dim, max_positions, self.theta, self.scaling)
+
+
+def layer_type_ropes(params: dict, rope_types: tuple[str, ...]) -> dict[str, LayerTypeRope]:
+    """rope_parameters keyed by layer type (transformers 5's Gemma configs) -> layer type -> its RoPE;
+    a rope_type outside ``rope_types`` is refused by name."""
+    ropes = {}
+    for layer_type in LAYER_TYPES:
+        p = params[layer_type]
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind not in rope_types:
+            raise refuse(f"rope_parameters.{layer_type}.rope_type", kind, f"one of {', '.join(rope_types)}")
+        ropes[layer_type] = LayerTypeRope(float(p["rope_theta"]), None if kind == "default" else dict(p))
+    return ropes
+
+
+def _gemma3_rope_parameters(raw: dict) -> dict:
+    """Gemma3TextConfig.convert_rope_params_to_dict: rope_parameters per layer type, or, in configs
+    written before transformers 5, rope_theta (+ rope_scaling) for the full layers and
+    rope_local_base_freq for the sliding ones; defaults 1e6 and 1e4 (Gemma3TextConfig.default_theta)."""
+    params = raw.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or {"rope_type": "default"})
+    full.update(raw.get("rope_scaling") or {})
+    full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
+    sliding = dict(params.get("sliding_attention") or {"rope_type": "default"})
+    sliding.setdefault("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+@dataclass(frozen=True)
+class Gemma3Config:
+    """The Gemma 3 fields of a text config (Gemma3TextConfig) beyond ``ModelConfig``'s."""
+    ropes: dict[str, LayerTypeRope]          # layer type -> its RoPE
+    query_pre_attn_scalar: float             # attention scores are scaled by its inverse square root
+    final_logit_softcapping: float | None    # None for a multimodal checkpoint (see from_model_config)
+    attention_bias: bool                     # biases on q_proj, k_proj, v_proj, o_proj
+    multimodal: bool                         # a Gemma3ForConditionalGeneration checkpoint
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> Gemma3Config:
+        raw = cfg.raw
+        # NOTE: transformers 5.24's Gemma3Attention stores attn_logit_softcapping but never applies it; a
+        # checkpoint that sets it may expect either, so it is refused rather than guessed.
+        if raw.get("attn_logit_softcapping") is not None:
+            raise refuse("attn_logit_softcapping", raw["attn_logit_softcapping"],
+                         "None (attention logit softcapping is not implemented)")
+        if raw.get("use_bidirectional_attention"):
+            raise refuse("use_bidirectional_attention", raw["use_bidirectional_attention"],
+                         "False (outpace decodes causally)")
+        multimodal = cfg.architecture == "Gemma3ForConditionalGeneration"
+        return cls(ropes=layer_type_ropes(_gemma3_rope_parameters(raw), ROPE_TYPES),
+                   query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
+                   # transformers' Gemma3ForConditionalGeneration.forward does not soft-cap its logits (its
+                   # text config's final_logit_softcapping is read by Gemma3ForCausalLM only)
+                   final_logit_softcapping=None if multimodal else raw.get("final_logit_softcapping"),
+                   attention_bias=bool(raw.get("attention_bias", False)),
+                   multimodal=multimodal)
+
+
+def layer_type(cfg: ModelConfig, layer: int) -> str:
+    """"sliding_attention" or "full_attention": ModelConfig parsed each layer's window."""
+    return "full_attention" if cfg.layer_window(layer) is None else "sliding_attention"
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, gemma: Gemma3Config, rotary: RotaryEmbedding,
+                 sliding_window: int | None) -> None:
+        super().__init__()
+        self.head_dim = d = cfg.head_dim
+        bias = gemma.attention_bias
+        self.q_proj = linear(cfg.hidden_size, cfg.q_size, bias=bias)
+        self.k_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
+        self.v_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
+        self.o_proj = linear(cfg.q_size, cfg.hidden_size, bias=bias)
+        self.q_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
+        self.k_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
+        self.rotary = rotary
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, d, sliding_window,
+                              scale=gemma.query_pre_attn_scalar ** -0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
+        n, d = x.shape[0], self.head_dim
+        q = self.q_norm(self.q_proj(x).view(n, -1, d))  # [num_tokens, heads, head_dim]
+        k = self.k_norm(self.k_proj(x).view(n, -1, d))  # [num_tokens, kv_heads, head_dim]
+        v = self.v_proj(x).view(n, -1, d)               # [num_tokens, kv_heads, head_dim]
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, positions))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, gemma: Gemma3Config, rotary: RotaryEmbedding,
+                 sliding_window: int | None) -> None:
+        super().__init__()
+        norm = lambda: Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)  # noqa: E731
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        self.self_attn = Gemma3Attention(cfg, gemma, rotary, sliding_window)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h [num_tokens, hidden] -> h + post_norm(attention(pre_norm(h))), then the same around the MLP."""
+        h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h)))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, gemma: Gemma3Config) -> None:
+        super().__init__()
+        # One table per layer type, shared by that type's layers (not checkpoint tensors).
+        self.rotary = nn.ModuleDict({t: rope.rotary(cfg.head_dim, cfg.max_position_embeddings)
+                                     for t, rope in gemma.ropes.items()})
+        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size ** 0.5)
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(cfg, gemma, self.rotary[layer_type(cfg, i)], cfg.layer_window(i))
+            for i in range(cfg.num_hidden_layers))
+        self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    # The same aux hidden state capture (EAGLE3) as the Llama family's: capture index i is the input of
+    # layer i, index num_hidden_layers the last layer's output.
+    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    _model_output = LlamaForCausalLM._model_output
+
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers."""
+        super().__init__()
+        if mtp_own_heads or cfg.num_nextn_predict_layers:
+            raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers, "0 for Gemma (no MTP layers)")
+        self.config = cfg
+        self.gemma = Gemma3Config.from_model_config(cfg)
+        self.model = Gemma3Model(cfg, self.gemma)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
+                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.aux_layer_ids: tuple[int, ...] = ()
+        self.ignored_checkpoint_tensors: tuple[str, ...] = ()
+        if self.gemma.multimodal:
+            self.ignored_checkpoint_tensors = (r"^vision_tower\.", r"^multi_modal_projector\.")
+            logger.info("%s: outpace serves its text model; the checkpoint's vision tower and multimodal "
+                        "projector (vision_tower.*, multi_modal_projector.*) are skipped", cfg.architecture)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
+        h, captured = self.embed(input_ids), {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                captured[i] = h
+            h = layer(positions, h)
+        return self._model_output(h, captured)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
+        (written into ``out`` if given)."""
+        return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        """A Gemma3ForConditionalGeneration checkpoint keeps its text model under ``language_model.``
+        (``language_model.model.layers.0...``, ``language_model.lm_head.weight``), as the Hub's and
+        transformers' save_pretrained write it."""
+        return f"language_model.{param_name}" if self.gemma.multimodal else param_name
+
+
+def final_logits(logits: torch.Tensor, cap: float | None, out: torch.Tensor | None) -> torch.Tensor:
+    """Head output [n, vocab] -> float32 logits, soft-capped at ``cap`` when given, in ``out`` when given."""
+    logits = logits.float()
+    if cap is not None:
+        logits = softcap(logits, cap)
+    return logits if out is None else out.copy_(logits)

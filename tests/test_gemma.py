@@ -1,0 +1,168 @@
+"""Gemma 3 and Gemma 4 text models against transformers (fp32, random weights, CPU).
+
+Odd shapes (head_dim 12, 5 heads over 1 KV head, vocab 211), sliding windows of 7 rows under prompts
+of 14-45 tokens with chunked prefill across the window edge, both layer kinds' RoPE settings, logit
+softcapping; a Gemma3ForConditionalGeneration checkpoint whose vision tower is skipped; Gemma 4's
+dense text model with per-layer embeddings, its k = v global layers with wider heads, KV sharing and
+the MoE block. Prefill logits within 1e-4 relative, 32 greedy tokens identical, speculation lossless."""
+import logging
+
+import pytest
+import torch
+import transformers
+
+from hf_models import save_hf_model
+from outpace import LLM, SamplingParams
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.checkpoint import checkpoint_tensor_names
+from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.models.loader import load_model
+
+WINDOW = 7
+GEMMA3_TEXT = dict(
+    vocab_size=211, hidden_size=60, intermediate_size=88, num_hidden_layers=5, num_attention_heads=5,
+    num_key_value_heads=1, head_dim=12, max_position_embeddings=512, sliding_window=WINDOW,
+    sliding_window_pattern=3,  # layers 0, 1, 3, 4 slide; layer 2 is full
+    query_pre_attn_scalar=20, final_logit_softcapping=0.5,
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+              patch_size=14)
+
+# variant -> its transformers config
+VARIANTS = {
+    "gemma3": lambda: transformers.Gemma3TextConfig(**GEMMA3_TEXT),
+    "gemma3-multimodal": lambda: transformers.Gemma3Config(text_config=GEMMA3_TEXT, vision_config=VISION,
+                                                           mm_tokens_per_image=4),
+}
+PROMPT = [3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5]  # 14 tokens, twice the window; repeats for n-grams
+
+
+def make_gemma(variant: str):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(VARIANTS[variant](), dtype=torch.float32)
+    with torch.no_grad():  # make every weight matter: transformers initialises norms, scalars and scales to 0 or 1
+        for name, t in model.state_dict().items():  # parameters and the checkpoint's buffers (layer_scalar)
+            if "norm" in name or "scal" in name or name.endswith("bias"):
+                t.add_(torch.randn_like(t) * 0.1)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """variant -> (transformers model, directory of its saved checkpoint)."""
+    cache = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            model = make_gemma(variant)
+            cache[variant] = (model, save_hf_model(model, tmp_path_factory.mktemp(variant)))
+        return cache[variant]
+
+    return get
+
+
+def transformers_greedy(hf, prompt, n):
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+
+
+def generate(path, prompt, n, **engine):
+    out = LLM(str(path), block_size=4, num_kv_blocks=64, **engine).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_prefill_logits_match_transformers(variant, gemma):
+    """45 tokens (over six windows) in one paged forward over scattered blocks."""
+    hf, path = gemma(variant)
+    model = load_model(path, torch.float32)
+    ids = torch.randint(0, 211, (45,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        bind_kv_cache(model.model, BlockPool(8, 16), torch.float32, "cpu")
+        with forward_context(build_paged_metadata([[5, 2, 7]], [0], [45], 16, "cpu")):
+            logits = model.compute_logits(model(ids, torch.arange(45)).hidden_states)
+    rel = ((logits - ref).norm() / ref.norm()).item()
+    assert rel < 1e-4, f"{variant}: relative error {rel}"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_matches_transformers(variant, chunked, gemma):
+    """32 greedy tokens; chunked: the 14-token prompt in chunks of 5, across the 7-row window's edge."""
+    hf, path = gemma(variant)
+    engine = {"max_num_batched_tokens": 5} if chunked else {}
+    assert generate(path, PROMPT, 32, **engine).token_ids == transformers_greedy(hf, PROMPT, 32)
+
+
+def test_multimodal_checkpoint_serves_its_text_model(gemma, caplog):
+    """The vision tower and projector are in the checkpoint; loading skips them with a logged note."""
+    _, path = gemma("gemma3-multimodal")
+    names = checkpoint_tensor_names(path)
+    assert any(n.startswith("vision_tower.") for n in names) and any(n.startswith("multi_modal_projector.")
+                                                                     for n in names)
+    with caplog.at_level(logging.INFO, logger="outpace.models"):
+        model = load_model(path, torch.float32)
+    assert "vision tower" in caplog.text and "skipped" in caplog.text
+    assert not any("vision" in n or "multi_modal" in n for n, _ in model.named_parameters())
+    cfg = ModelConfig.from_pretrained(path)
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (211, 60, 5)
+    assert cfg.layer_windows == (WINDOW, WINDOW, None, WINDOW, WINDOW)
+
+
+SPECS = {
+    "ngram": lambda path: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
+    "draft": lambda path: SpeculativeConfig("draft", str(path), num_steps=3),  # the target drafting for itself
+}
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+@pytest.mark.parametrize("variant", ["gemma3"])
+def test_speculation_is_lossless(variant, method, gemma):
+    """Greedy output with speculation equals plain greedy output, with chunked prefill, every verify
+    past the window; the drafts were accepted (the verify ran)."""
+    _, path = gemma(variant)
+    expected = generate(path, PROMPT, 32).token_ids
+    out = generate(path, PROMPT, 32, max_num_batched_tokens=10, speculative=SPECS[method](path))
+    assert out.token_ids == expected
+    assert out.spec_metrics.num_accepted_drafts > 0
+
+
+def gemma3_dict(**changes) -> dict:
+    return {**transformers.Gemma3TextConfig(**GEMMA3_TEXT).to_dict(), "architectures": ["Gemma3ForCausalLM"],
+            **changes}
+
+
+def refused(cfg: dict, *names: str) -> None:
+    from outpace.models.loader import build_model
+
+    with pytest.raises(ConfigError) as err:
+        build_model(ModelConfig.from_dict(cfg), torch.float32)
+    assert all(n in str(err.value) for n in names), str(err.value)
+
+
+def test_gemma3_unimplemented_values_are_refused_by_name():
+    refused(gemma3_dict(attn_logit_softcapping=50.0), "attn_logit_softcapping", "50.0")
+    refused(gemma3_dict(use_bidirectional_attention=True), "use_bidirectional_attention", "True")
+    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6}
+    refused(gemma3_dict(rope_parameters={**GEMMA3_TEXT["rope_parameters"], "full_attention": yarn}),
+            "rope_parameters.full_attention.rope_type", "'yarn'")
+    refused(gemma3_dict(layer_types=["chunked_attention"] * 5), "layer_types", "chunked_attention")
+
+
+def test_gemma3_configs_before_transformers_5():
+    """Hub configs written before transformers 5: rope_theta, rope_scaling (full layers),
+    rope_local_base_freq (sliding layers) and sliding_window_pattern instead of layer_types."""
+    from outpace.models.gemma import Gemma3Config
+
+    old = {k: v for k, v in gemma3_dict().items() if k not in ("rope_parameters", "layer_types")}
+    cfg = ModelConfig.from_dict({**old, "rope_theta": 1e5, "rope_local_base_freq": 1e4, "sliding_window_pattern": 3,
+                                 "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    new = ModelConfig.from_dict(gemma3_dict())
+    assert cfg.layer_windows == new.layer_windows == (WINDOW, WINDOW, None, WINDOW, WINDOW)
+    assert Gemma3Config.from_model_config(cfg).ropes == Gemma3Config.from_model_config(new).ropes
