@@ -115,7 +115,8 @@ def test_unimplemented_values_are_refused_by_name(arch):
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
 def test_supported_rope_types_load(arch):
     kinds = {"linear": {"factor": 2.0}, "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                   "original_max_position_embeddings": 64}, "default": {}}
+                                                   "original_max_position_embeddings": 64}, "default": {},
+             "yarn": {"factor": 4.0, "original_max_position_embeddings": 64}}
     for kind in ROPE_TYPES:
         cfg = ModelConfig.from_dict({**default_dict(arch), "rope_parameters": {"rope_type": kind, "rope_theta": 1e4,
                                                                                  **kinds[kind]}})
