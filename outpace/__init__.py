@@ -5,7 +5,7 @@ prefer_passive_wait()  # before torch loads (outpace/threads.py)
 
 from outpace.config import EngineConfig, ModelConfig, SamplingParams
 from outpace.engine.llm import LLM
-from outpace.engine.request import RequestOutput
+from outpace.request import RequestOutput
 
 __all__ = ["LLM", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"

@@ -388,7 +388,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Greedy decode and the captured chain iteration (graphs on) launch the next step before the host
     # has read the current step's tokens (its inputs are on the device), so the host's scheduling
-    # overlaps the GPU's forward: engine/runner.py, spec/chain_graph.py.
+    # overlaps the GPU's forward: engine/runner.py, speculative/chain_graph.py.
     run_ahead: bool = True
     # Deterministic mode: batch-invariant projections (layers/linear.py) and attention (the Triton
     # backend's invariant variant) on CUDA, so a verify forward and a decode step give each row the

@@ -29,11 +29,11 @@ def model_class(architecture: str) -> type:
 
 
 PROPOSERS = {
-    "eagle3": "outpace.spec.eagle3:Eagle3Proposer",
-    "mtp": "outpace.spec.mtp:MTPProposer",
-    "dflash": "outpace.spec.dflash:DFlashProposer",
-    "ngram": "outpace.spec.ngram:NgramProposer",
-    "draft": "outpace.spec.draft_model:DraftModelProposer",
+    "eagle3": "outpace.speculative.eagle3:Eagle3Proposer",
+    "mtp": "outpace.speculative.mtp:MTPProposer",
+    "dflash": "outpace.speculative.dflash:DFlashProposer",
+    "ngram": "outpace.speculative.ngram:NgramProposer",
+    "draft": "outpace.speculative.draft_model:DraftModelProposer",
 }
 
 

@@ -7,8 +7,8 @@ import random
 
 import torch
 
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.spec.tree import chain_tree
+from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.speculative.tree import chain_tree
 
 
 class OracleProposer(Proposer):

@@ -10,7 +10,7 @@ import pytest
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 PROMPTS = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:16]

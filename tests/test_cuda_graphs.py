@@ -79,7 +79,7 @@ def test_every_bucket_writes_its_logits_into_one_buffer(prompts, reference):
 
 
 def _count_run_ahead_hits(llm: LLM) -> dict:
-    """Counts steps whose results came from a step run ahead (engine/runner.py, spec/chain_graph.py)."""
+    """Counts steps whose results came from a step run ahead (engine/runner.py, speculative/chain_graph.py)."""
     spec_runner = llm.engine.spec_runner
     owner = spec_runner.iteration if spec_runner is not None else llm.engine.runner
     hits, take = {"hits": 0}, owner._take_ahead

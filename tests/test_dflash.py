@@ -17,7 +17,7 @@ from outpace.config import ConfigError, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, dflash_block_size, load_dflash_draft
 from outpace.models.eagle3 import DraftMismatchError
 from outpace.models.loader import load_model
-from outpace.spec.dflash import DFlashProposer
+from outpace.speculative.dflash import DFlashProposer
 from outpace.train.dflash import block_inputs, default_target_layer_ids, dflash_forward, sample_anchors
 from outpace.train.distill import teacher_forward
 

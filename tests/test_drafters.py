@@ -8,7 +8,7 @@ import pytest
 
 from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 from spec_models import random_llama
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -114,7 +114,7 @@ def test_pending_rows_split_into_rows_to_absorb_and_rows_kept():
     absorbed, the kept rows start where the absorbed ones end."""
     import torch
 
-    from outpace.spec.proposer import merge_pending, split_pending
+    from outpace.speculative.proposer import merge_pending, split_pending
 
     chunks = [(torch.arange(6).view(3, 2), torch.tensor([10, 11, 12]), 40), (torch.arange(6, 10).view(2, 2),
                                                                           torch.tensor([13, 14]), 43)]

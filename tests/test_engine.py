@@ -109,7 +109,7 @@ def test_incremental_detokenization_matches_full_decode():
 
     from transformers import AutoTokenizer
 
-    from outpace.engine.detokenizer import DetokenizerState, update_text
+    from outpace.detokenizer import DetokenizerState, update_text
 
     tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "zoo" / "tinypy")
     g = torch.Generator().manual_seed(0)

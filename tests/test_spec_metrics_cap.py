@@ -5,7 +5,7 @@ import pytest
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 
 ZOO = Path(__file__).resolve().parent.parent / "zoo"
 PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("

@@ -1,4 +1,4 @@
-"""Tests for outpace.spec.verify.
+"""Tests for outpace.speculative.verify.
 
 Hand-made greedy cases, equivalences (greedy rows of the sampling verifiers, chain-shaped
 trees), per-request seeds, and the key one: a statistical test that the emitted tokens
@@ -15,9 +15,9 @@ import torch
 
 from stats import chi_square_p_value
 
-import outpace.spec.verify as verify_mod
-from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
-from outpace.spec.verify import (
+import outpace.speculative.verify as verify_mod
+from outpace.layers.sampler import SamplingTensors, logits_to_probs, random_keys, sample_from_probs
+from outpace.speculative.verify import (
     verify_chain,
     verify_greedy_chain,
     verify_greedy_tree,
@@ -176,10 +176,9 @@ def test_chain_shaped_tree_equals_chain():
     parent, tokens = chain_as_tree(draft)
     q_nodes = torch.cat([q, torch.zeros(batch, 1, vocab)], 1)  # q at node j drafted node j + 1
     for q_chain, q_tree in ((q, q_nodes), (None, None)):
-        gens_a = [torch.Generator().manual_seed(i) for i in range(batch)]
-        gens_b = [torch.Generator().manual_seed(i) for i in range(batch)]
-        chain = verify_sampling_chain(draft, q_chain, target_probs, gens_a, uniform_rand=u)
-        tree = verify_sampling_tree(parent, tokens, q_tree, target_probs, gens_b, uniform_rand=u)
+        keys = random_keys(torch.arange(batch), torch.zeros(batch, dtype=torch.int64))
+        chain = verify_sampling_chain(draft, q_chain, target_probs, keys, uniform_rand=u)
+        tree = verify_sampling_tree(parent, tokens, q_tree, target_probs, keys, uniform_rand=u)
         same_result(tree, chain)
         assert len(set(chain.num_correct_drafts.tolist())) == num_drafts + 1  # all outcomes seen
 
@@ -215,17 +214,17 @@ def test_verify_sampling_seeded_request_independent_of_batch():
         target = torch.softmax(torch.randn(batch, num_drafts + 1, vocab), -1)
         q = torch.softmax(torch.randn(batch, num_drafts, vocab), -1)
         draft = torch.randint(0, vocab, (batch, num_drafts))
-        g = torch.Generator().manual_seed(7)
         torch.manual_seed(0)
         target[position] = torch.softmax(torch.randn(num_drafts + 1, vocab), -1)
         q[position] = torch.softmax(torch.randn(num_drafts, vocab), -1)
         draft[position] = torch.tensor([1, 2, 3])
-        gens = [torch.Generator().manual_seed(i) if seed_others else None for i in range(batch)]
-        gens[position] = g
+        seeds = torch.arange(batch) + 100 if seed_others else torch.randint(1 << 40, (batch,))
+        seeds[position] = 7
         outs = []
-        for _ in range(20):
+        for step in range(20):
             torch.manual_seed(int(torch.randint(0, 1000, ())))  # scramble the default RNG
-            res = verify_sampling_chain(draft, q, target, gens)
+            counters = torch.full((batch,), step)  # e.g. the verified position, step after step
+            res = verify_sampling_chain(draft, q, target, random_keys(seeds, counters))
             outs.append(res.output_token_ids[position].tolist())
         return outs
 
@@ -480,7 +479,7 @@ def test_verify_chain_dispatch_matches_parts():
     probs = logits_to_probs(target_logits.view(-1, vocab), st.repeat_interleave(num_drafts + 1)).view(
         batch, num_drafts + 1, vocab
     )
-    gens = lambda: [torch.Generator().manual_seed(i) for i in range(batch)]  # noqa: E731
+    gens = lambda: random_keys(torch.arange(batch), torch.zeros(batch, dtype=torch.int64))  # noqa: E731
     same_result(verify_chain(draft, q, target_logits, st, gens()), verify_sampling_chain(draft, q, probs, gens()))
     greedy_rows = torch.arange(0, batch, 2)
     dispatched = verify_chain(draft, q, target_logits, st, gens())

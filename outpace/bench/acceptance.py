@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 
 
 def measure_acceptance(model: str, configs: dict[str, SpeculativeConfig], prompts: list[str], max_tokens: int,

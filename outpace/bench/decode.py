@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
 

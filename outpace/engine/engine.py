@@ -11,8 +11,8 @@ import torch
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
 from outpace.config import ConfigError, EngineConfig, SamplingParams
-from outpace.engine.detokenizer import update_text
-from outpace.engine.request import Request, RequestOutput
+from outpace.detokenizer import update_text
+from outpace.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.spec_runner import SpeculativeRunner
@@ -39,6 +39,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_pretrained(config.model)
         set_batch_invariant(config.batch_invariant)
         torch.manual_seed(config.seed)
+        self._seeds = torch.Generator().manual_seed(config.seed)  # unseeded requests' seeds
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
         self.model = load_model(config.model, dtype, config.device, progress=progress,
                                 load_format=config.load_format)
@@ -79,7 +80,7 @@ class LLMEngine:
         """Capture the decode step (or, with speculation, the verify forward and the EAGLE3 chain or
         DFlash iteration) for every batch bucket up to max_num_seqs. Done at start-up on CUDA unless
         ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests).
-        ``oracle_rates``: benchmark-only oracle acceptance (spec/chain_graph.py)."""
+        ``oracle_rates``: benchmark-only oracle acceptance (speculative/chain_graph.py)."""
         from outpace.engine.cuda_graphs import batch_buckets
 
         rows = min(self.model_config.max_position_embeddings, self.pool.num_blocks * self.pool.block_size)
@@ -126,10 +127,8 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len}: "
                              f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-        return Request(request_id, token_ids, params, prompt=text, generator=generator)
+        seed = params.seed if params.seed is not None else int(torch.randint(1 << 62, (), generator=self._seeds))
+        return Request(request_id, token_ids, params, prompt=text, seed=seed)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._requests.pop(request_id, None)

@@ -7,7 +7,7 @@ from tqdm.auto import tqdm
 
 from outpace.config import EngineConfig, SamplingParams
 from outpace.engine.engine import LLMEngine
-from outpace.engine.request import RequestOutput
+from outpace.request import RequestOutput
 
 Prompt = str | Sequence[int]
 

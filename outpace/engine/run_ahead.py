@@ -1,5 +1,5 @@
 """What running a step ahead needs on both paths that do it (plain greedy decode in runner.py, the
-captured chain iteration in spec/chain_graph.py): results copied to the host without blocking the
+captured chain iteration in speculative/chain_graph.py): results copied to the host without blocking the
 stream, and the KV rows of the step after next reserved before it is launched."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from outpace.cache.block_pool import BlockPool
-from outpace.engine.request import Request
+from outpace.request import Request
 
 
 class HostCopy:

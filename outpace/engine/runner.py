@@ -27,6 +27,7 @@ from outpace.engine.cuda_graphs import CapturedTargetForward, GraphBlockTables, 
 from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.scheduler import ScheduledRequest, StepResult
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
+from outpace.request import SAMPLE, request_keys
 
 
 @dataclass
@@ -156,4 +157,4 @@ class ModelRunner:
         if all(is_greedy(r.params) for r in reqs):  # no sampling tensors to build and upload
             return logits.argmax(dim=-1).tolist()
         tensors = SamplingTensors.from_params([r.params for r in reqs], self.device)
-        return sample(logits, tensors, [r.generator for r in reqs]).tolist()
+        return sample(logits, tensors, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device)).tolist()

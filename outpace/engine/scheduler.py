@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from outpace.cache.block_pool import BlockPool
-from outpace.engine.request import Request, RequestStatus
+from outpace.request import Request, RequestStatus
 
 
 @dataclass

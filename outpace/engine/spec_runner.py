@@ -9,7 +9,7 @@ back to the host in one transfer.
 
 With CUDA graphs (``enable_graphs``): a decode-only batch verifies through the captured target
 forward of its bucket, and greedy EAGLE3 chains and greedy DFlash blocks run the whole iteration as
-one replay (spec/chain_graph.py).
+one replay (speculative/chain_graph.py).
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from outpace.config import SpeculativeConfig
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
 from outpace.layers.sampler import SamplingTensors, sample
-from outpace.spec.proposer import CommittedRows, Proposer
-from outpace.spec.tree import ancestor_mask
-from outpace.spec.verify import verify_chain, verify_tree
+from outpace.request import SAMPLE, VERIFY, request_keys
+from outpace.speculative.proposer import CommittedRows, Proposer
+from outpace.speculative.tree import ancestor_mask
+from outpace.speculative.verify import verify_chain, verify_tree
 
 
 class SpeculativeRunner:
@@ -35,11 +36,11 @@ class SpeculativeRunner:
 
     def enable_graphs(self, oracle_rates=None) -> None:
         """Capture the verify forward (and, for EAGLE3 chains and DFlash, the whole iteration) for the
-        runner's buckets. ``oracle_rates``: benchmark-only oracle acceptance (see spec/chain_graph.py)."""
-        from outpace.spec.dflash import DFlashProposer
-        from outpace.spec.dflash_graph import DFlashChainGraph
-        from outpace.spec.eagle3 import Eagle3Proposer
-        from outpace.spec.eagle3_graph import Eagle3ChainGraph
+        runner's buckets. ``oracle_rates``: benchmark-only oracle acceptance (see speculative/chain_graph.py)."""
+        from outpace.speculative.dflash import DFlashProposer
+        from outpace.speculative.dflash_graph import DFlashChainGraph
+        from outpace.speculative.eagle3 import Eagle3Proposer
+        from outpace.speculative.eagle3_graph import Eagle3ChainGraph
 
         self.runner.capture_target(self.spec.num_draft_tokens, tree=self.spec.topk > 1)
         if isinstance(self.proposer, Eagle3Proposer) and self.spec.topk == 1:
@@ -113,12 +114,12 @@ class SpeculativeRunner:
             if completing:
                 reqs = [prefill[i].request for i in completing]
                 st = SamplingTensors.from_params([r.params for r in reqs], dev)
-                packed.append(sample(logits[:len(completing)], st, [r.generator for r in reqs]))
+                packed.append(sample(logits[:len(completing)], st, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, dev)))
             if decode:
                 reqs = [s.request for s in decode]
                 st = SamplingTensors.from_params([r.params for r in reqs], dev)
                 target_logits = logits[len(completing):].view(len(decode), n, -1)
-                gens = [r.generator for r in reqs]
+                gens = request_keys(reqs, [r.num_computed_tokens for r in reqs], VERIFY, dev)
                 if drafts.is_chain:
                     res = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, target_logits, st, gens)
                 else:

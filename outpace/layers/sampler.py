@@ -9,10 +9,10 @@ Terms
 - *greedy row*: a row whose temperature is below ``GREEDY_EPS``. Its processed
   distribution is the one-hot at ``argmax(logits)`` (first index on ties), so every
   sampling rule below reduces to argmax for it.
-- *generators*: optional per-row ``torch.Generator`` objects. A row with its own generator
-  draws all of its random numbers from it, in a fixed per-row pattern, so a seeded request
-  gets the same tokens whatever else is in the batch and wherever it sits. Rows without one
-  share the default RNG (one call for all of them).
+- *keys*: per-row random keys (``random_keys``: a request's seed and a counter naming the
+  draw). Every random number of a row is a counter-based function of its key, so a request
+  gets the same tokens whatever else is in the batch and wherever it sits, eagerly or inside a
+  captured CUDA graph. Without keys the default RNG is used.
 
 Filter order (documented convention): temperature -> top-k -> top-p -> min-p, each filter
 seeing the renormalised output of the previous one; this is Hugging Face transformers'
@@ -48,7 +48,7 @@ def is_greedy(params: Any) -> bool:
     temperature = getattr(params, "temperature", 1.0)
     return temperature is not None and float(temperature) < GREEDY_EPS
 
-Generators = Sequence["torch.Generator | None"] | None
+Keys = Tensor | None  # [n] int64 per-row random keys (``random_keys``), or None: the default RNG
 
 
 @dataclass
@@ -185,42 +185,53 @@ def logits_to_probs(logits: Tensor, st: SamplingTensors) -> Tensor:
     return torch.where(st.greedy[:, None], _one_hot_argmax(logits), probs)  # [n, V]
 
 
-def draw_uniform(num_rows: int, num_cols: int, generators: Generators, device: torch.device | str) -> Tensor:
-    """U[0, 1) numbers, row i from ``generators[i]`` when given.  # [num_rows, num_cols] float32"""
-    u = torch.rand(num_rows, num_cols, device=device)  # [rows, cols], default RNG in one call
-    if generators is not None:
-        for row, generator in enumerate(generators):  # over requests, not tokens
-            if generator is not None:
-                u[row].uniform_(generator=generator)
-    return u
+def _mix64(x: Tensor) -> Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic; logical shifts emulated with a
+    mask, since torch shifts int64 arithmetically): a bijection whose outputs look independent for
+    consecutive inputs. Constants from Steele, Lea and Flood, "Fast splittable pseudorandom number
+    generators" (2014), as in java.util.SplittableRandom.  # same shape as x"""
+    for shift, multiplier in ((30, -4658895280553007687), (27, -7723592293110705685)):  # 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+        x = (x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))) * multiplier
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
 
 
-def draw_exponential(num_rows: int, num_cols: int, generators: Generators, device: torch.device | str) -> Tensor:
-    """Exp(1) numbers, clamped away from 0, row i from ``generators[i]`` when given.
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15: splitmix64's increment
+
+
+def random_keys(seeds: Tensor, counters: Tensor) -> Tensor:
+    """Per-row random keys from a request's seed and a counter that names the draw (e.g. the
+    position it decides and what for), so that a row's random numbers depend only on these two,
+    never on the batch around it or on what ran before: the same in an eager step and a captured
+    replay.  ``seeds``, ``counters``  # [n] int64 -> [n] int64"""
+    return _mix64(seeds * _GOLDEN + _mix64(counters + _GOLDEN))
+
+
+def draw_uniform(num_rows: int, num_cols: int, keys: Keys, device: torch.device | str, stream: int = 0) -> Tensor:
+    """U[0, 1) numbers: row i from ``keys[i]`` (counter-based, capturable) when keys are given, else
+    the default RNG. ``stream`` separates independent draws made with the same keys.
     # [num_rows, num_cols] float32"""
-    e = torch.empty(num_rows, num_cols, device=device).exponential_()  # [rows, cols]
-    if generators is not None:
-        for row, generator in enumerate(generators):
-            if generator is not None:
-                e[row].exponential_(generator=generator)
-    return e.clamp_(min=torch.finfo(e.dtype).tiny)
+    if keys is None:
+        return torch.rand(num_rows, num_cols, device=device)
+    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device) + stream * (1 << 32)  # [cols]
+    bits = _mix64(keys[:, None] + _GOLDEN * (cols + 1))  # [rows, cols]
+    return ((bits >> 40) & ((1 << 24) - 1)).float() * 2.0 ** -24  # 24 random bits: exact in float32
 
 
-def sample_from_probs(probs: Tensor, generators: Generators = None) -> Tensor:
+def sample_from_probs(probs: Tensor, keys: Keys = None) -> Tensor:
     """One categorical draw per row.  # [n] int64
 
     ``probs``  # [n, V], non-negative, need not be normalised (the draw is proportional).
-    Exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` i.i.d. picks token i with
-    probability ``probs[i] / sum(probs)`` (``E_i / probs_i`` are independent exponentials
-    with rates ``probs_i``; the smallest wins). Each row with a generator consumes exactly
-    ``V`` exponentials from it. One-hot rows (greedy) return their hot index.
+    Inverse CDF: the first token whose cumulative mass exceeds u * total, u ~ U[0, 1) (one
+    number per row: stream 1 of its key). A token of mass 0 adds nothing to the cumulative sum,
+    so it is never the first to exceed anything; one-hot rows (greedy) return their hot index.
     """
-    n, vocab = probs.shape
-    e = draw_exponential(n, vocab, generators, probs.device)  # [n, V]
-    return (probs / e).argmax(dim=-1)  # [n]
+    cdf = probs.float().cumsum(dim=-1)  # [n, V]
+    u = draw_uniform(probs.shape[0], 1, keys, probs.device, stream=1)  # [n, 1]
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
+    return token.clamp_(max=probs.shape[1] - 1).squeeze(1)  # [n]
 
 
-def sample(logits: Tensor, st: SamplingTensors, generators: Generators = None) -> Tensor:
+def sample(logits: Tensor, st: SamplingTensors, keys: Keys = None) -> Tensor:
     """Sample one token per row from the processed distribution.  # [n] int64
 
     ``logits``  # [n, V]. Fast path: when ``st.all_greedy`` (a host-side Python bool),
@@ -228,11 +239,11 @@ def sample(logits: Tensor, st: SamplingTensors, generators: Generators = None) -
     """
     if st.all_greedy:
         return logits.argmax(dim=-1)  # [n]
-    return sample_from_probs(logits_to_probs(logits, st), generators)
+    return sample_from_probs(logits_to_probs(logits, st), keys)
 
 
 class Sampler(torch.nn.Module):
     """Module wrapper around :func:`sample` for use as a model layer."""
 
-    def forward(self, logits: Tensor, st: SamplingTensors, generators: Generators = None) -> Tensor:
-        return sample(logits, st, generators)  # [n]
+    def forward(self, logits: Tensor, st: SamplingTensors, keys: Keys = None) -> Tensor:
+        return sample(logits, st, keys)  # [n]

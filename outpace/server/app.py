@@ -31,12 +31,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from outpace.config import ConfigError, EngineConfig, SamplingParams
-from outpace.engine.request import RequestOutput
+from outpace.request import RequestOutput
 from outpace.server.async_engine import AsyncEngine, EngineError, GenerationStream, QueueFull
 from outpace.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from outpace.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, _SamplingFields,
                                      bad_request, parse_body)
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 
 logger = logging.getLogger("outpace.server")
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from outpace.config import EngineConfig, SamplingParams
 from outpace.engine.engine import LLMEngine, load_tokenizer
-from outpace.engine.request import Request, RequestOutput, RequestStatus
+from outpace.request import Request, RequestOutput, RequestStatus
 from outpace.server.metrics import ServerMetrics
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 
 logger = logging.getLogger("outpace.server")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outpace.spec.metrics import SpecMetrics
+from outpace.speculative.metrics import SpecMetrics
 
 
 @dataclass

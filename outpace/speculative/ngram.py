@@ -13,9 +13,9 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from outpace.config import SpeculativeConfig
-from outpace.engine.request import Request
-from outpace.spec.chain import ChainDrafts
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.request import Request
+from outpace.speculative.chain import ChainDrafts
+from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer
 
 
 def lookup(history: np.ndarray, num_drafts: int, min_n: int, max_n: int) -> list[int]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from outpace.config import SamplingParams
-from outpace.engine.detokenizer import DetokenizerState
-from outpace.spec.metrics import SpecMetrics
+from outpace.detokenizer import DetokenizerState
+from outpace.speculative.metrics import SpecMetrics
 
 
 class RequestStatus(enum.Enum):
@@ -49,7 +49,7 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     text: str = ""
-    generator: torch.Generator | None = None
+    seed: int = 0  # the request's random stream (layers/sampler.py random_keys): params.seed, or drawn at admission
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
     detokenizer: DetokenizerState = field(default_factory=DetokenizerState)
@@ -100,3 +100,17 @@ class RequestOutput:
     def of(cls, req: Request) -> RequestOutput:
         return cls(req.request_id, req.prompt, req.prompt_token_ids, req.text, req.output_token_ids,
                    req.finish_reason, req.stop_reason, req.finished, req.metrics, req.spec_metrics)
+
+
+# What a request's random draw at a position is for: the counter of ``random_keys`` is position * DRAWS + purpose.
+SAMPLE, VERIFY, DRAFT, DRAWS = 0, 1, 2, 4
+
+
+def request_keys(requests: list[Request], positions, purpose: int, device) -> torch.Tensor:
+    """[n] int64 random keys for drawing, for each request, at ``positions`` [n] (ints or a tensor):
+    the position of the token the draw decides (or of the first, for a verify)."""
+    from outpace.layers.sampler import random_keys
+
+    seeds = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=device)
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
+    return random_keys(seeds, positions * DRAWS + purpose)

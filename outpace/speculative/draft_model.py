@@ -13,11 +13,11 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
-from outpace.engine.request import Request
+from outpace.request import Request
 from outpace.models.loader import load_model
-from outpace.spec.chain import ChainDrafts
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.spec.rows import draft_rows, row_positions
+from outpace.speculative.chain import ChainDrafts
+from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer
+from outpace.speculative.rows import draft_rows, row_positions
 
 
 def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:

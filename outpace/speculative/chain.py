@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from outpace.engine.request import Request
+from outpace.request import DRAFT, Request, request_keys
 from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
-from outpace.spec.proposer import DraftBatch
-from outpace.spec.tree import chain_tree
+from outpace.speculative.proposer import DraftBatch
+from outpace.speculative.tree import chain_tree
 
 
 class ChainDrafts:
@@ -18,7 +18,6 @@ class ChainDrafts:
         self.requests = requests
         self.device = device
         self.st = SamplingTensors.from_params([r.params for r in requests], device)
-        self.generators = [r.generator for r in requests]
         self.tokens: list[torch.Tensor] = []   # each [batch]
         self.probs: list[torch.Tensor] = []    # each [batch, vocab], only when some request samples
 
@@ -28,7 +27,9 @@ class ChainDrafts:
             token = logits.argmax(-1)
         else:
             q = logits_to_probs(logits, self.st)
-            token = sample_from_probs(q, self.generators)
+            # draft j (this step's) sits at position L + j, L the last token's position
+            positions = [r.num_computed_tokens + len(self.tokens) + 1 for r in self.requests]
+            token = sample_from_probs(q, request_keys(self.requests, positions, DRAFT, self.device))
             self.probs.append(q)
         self.tokens.append(token)
         return token

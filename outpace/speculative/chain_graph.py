@@ -37,7 +37,7 @@ serves it; otherwise it is dropped and the copy restored, so the state is again 
 tokens the host holds (the KV rows it wrote lie past every committed row, and are rewritten before
 anything reads them).
 
-Subclasses (spec/eagle3_graph.py, spec/dflash_graph.py) supply ``_pending_buffers``, ``_draft`` and
+Subclasses (speculative/eagle3_graph.py, speculative/dflash_graph.py) supply ``_pending_buffers``, ``_draft`` and
 ``_next_pending``; everything inside ``_iteration`` is device work of static shapes (capturable).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ import torch
 
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
-from outpace.engine.request import Request
+from outpace.request import Request
 from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import ScheduledRequest, StepResult

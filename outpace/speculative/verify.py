@@ -20,9 +20,9 @@ is speculative (rejection) sampling and is exactly lossless: the emitted tokens 
 target's processed distribution (``outpace.layers.sampler.logits_to_probs``). Rows whose
 target distribution is one-hot (temperature 0) reduce to the greedy rule: a draft equal to
 the argmax is always accepted, any other always rejected, and the bonus token is the
-argmax. Randomness comes from explicit per-row generators (or the default RNG for rows
-without one): a row with a generator draws its uniforms first, then ``V`` exponentials for
-the bonus token, so a seeded request reproduces whatever the batch looks like.
+argmax. Randomness comes from per-row random keys (``outpace.layers.sampler.random_keys``,
+or the default RNG without them): the uniforms are stream 0 of a row's key, the bonus token's
+draw stream 1, so a seeded request reproduces whatever the batch looks like.
 
 Nothing here syncs with the host; shapes depend only on input shapes. Chain functions are
 fully vectorised; tree functions loop over depth (greedy) or over nodes (sampling), with
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from outpace.layers.sampler import Generators, SamplingTensors, draw_uniform, logits_to_probs, sample_from_probs
+from outpace.layers.sampler import Keys, SamplingTensors, draw_uniform, logits_to_probs, sample_from_probs
 
 
 @dataclass
@@ -134,7 +134,7 @@ def verify_sampling_chain(
     draft_token_ids: Tensor,
     draft_probs: Tensor | None,
     target_probs: Tensor,
-    generators: Generators = None,
+    keys: Keys = None,
     uniform_rand: Tensor | None = None,
 ) -> VerifyResult:
     """Speculative sampling over a chain (Leviathan et al. / Chen et al.).
@@ -142,7 +142,7 @@ def verify_sampling_chain(
     ``draft_token_ids``  # [batch, num_drafts]: draft j was proposed from q_j
     ``draft_probs``      # [batch, num_drafts, V] q, or None (see below)
     ``target_probs``     # [batch, num_drafts + 1, V] p, processed by ``logits_to_probs``
-    ``generators``: per-row generators (or None) for the uniforms and the bonus token.
+    ``keys``: per-row random keys (or None: the default RNG) for the uniforms and the bonus token.
     ``uniform_rand``     # [batch, num_drafts] optional explicit U[0, 1) numbers.
 
     Draft j (token x) is accepted with probability min(1, p_j(x) / q_j(x)); drafts after the
@@ -167,7 +167,7 @@ def verify_sampling_chain(
     else:
         q_draft = draft_probs.gather(-1, draft_token_ids[..., None]).squeeze(-1)  # [batch, num_drafts]
     if uniform_rand is None:
-        uniform_rand = draw_uniform(batch, num_drafts, generators, device)  # [batch, num_drafts]
+        uniform_rand = draw_uniform(batch, num_drafts, keys, device)  # [batch, num_drafts]
     accepted = _accepts(uniform_rand, p_draft, q_draft)  # [batch, num_drafts]
     num_correct_drafts = accepted.long().cumprod(dim=1).sum(dim=1)  # [batch]
 
@@ -180,7 +180,7 @@ def verify_sampling_chain(
             residual = _residual_after_rejection(next_probs, draft_probs[rows, rejected_at])  # [batch, V]
         rejected = num_correct_drafts < num_drafts  # [batch]
         next_probs = torch.where(rejected[:, None], residual, next_probs)  # [batch, V]
-    bonus = sample_from_probs(next_probs, generators)  # [batch]
+    bonus = sample_from_probs(next_probs, keys)  # [batch]
     return _chain_result(draft_token_ids, num_correct_drafts, bonus)
 
 
@@ -256,7 +256,7 @@ def verify_sampling_tree(
     draft_token_ids: Tensor,
     draft_probs: Tensor | None,
     target_probs: Tensor,
-    generators: Generators = None,
+    keys: Keys = None,
     uniform_rand: Tensor | None = None,
     max_depth: int | None = None,
 ) -> VerifyResult:
@@ -296,7 +296,7 @@ def verify_sampling_tree(
     max_depth = num_nodes - 1 if max_depth is None else max_depth
     depths = torch.arange(max_depth + 1, device=device)  # [max_depth + 1]
     if uniform_rand is None:
-        uniform_rand = draw_uniform(batch, num_nodes - 1, generators, device)  # [batch, num_nodes - 1]
+        uniform_rand = draw_uniform(batch, num_nodes - 1, keys, device)  # [batch, num_nodes - 1]
 
     current = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     num_correct_drafts = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
@@ -322,7 +322,7 @@ def verify_sampling_tree(
         num_correct_drafts = num_correct_drafts + accepted
         write = accepted[:, None] & (depths == num_correct_drafts[:, None])  # [batch, max_depth + 1]
         accepted_path = torch.where(write, node, accepted_path)
-    bonus = sample_from_probs(residual, generators)  # [batch]
+    bonus = sample_from_probs(residual, keys)  # [batch]
     return _tree_result(draft_token_ids, accepted_path, num_correct_drafts, bonus)
 
 
@@ -343,14 +343,14 @@ def verify_chain(
     draft_probs: Tensor | None,
     target_logits: Tensor,
     st: SamplingTensors,
-    generators: Generators = None,
+    keys: Keys = None,
 ) -> VerifyResult:
     """Greedy verification when every request is greedy (``st.all_greedy``, a host bool),
     else speculative sampling on the processed target distribution. ``st`` has one row per
     request; shapes as in :func:`verify_sampling_chain` with raw ``target_logits``."""
     if st.all_greedy:
         return verify_greedy_chain(draft_token_ids, target_logits)
-    return verify_sampling_chain(draft_token_ids, draft_probs, _target_probs(target_logits, st), generators)
+    return verify_sampling_chain(draft_token_ids, draft_probs, _target_probs(target_logits, st), keys)
 
 
 def verify_tree(
@@ -359,11 +359,11 @@ def verify_tree(
     draft_probs: Tensor | None,
     target_logits: Tensor,
     st: SamplingTensors,
-    generators: Generators = None,
+    keys: Keys = None,
     max_depth: int | None = None,
 ) -> VerifyResult:
     """Tree counterpart of :func:`verify_chain`."""
     if st.all_greedy:
         return verify_greedy_tree(parent, draft_token_ids, target_logits, max_depth)
     target_probs = _target_probs(target_logits, st)
-    return verify_sampling_tree(parent, draft_token_ids, draft_probs, target_probs, generators, max_depth=max_depth)
+    return verify_sampling_tree(parent, draft_token_ids, draft_probs, target_probs, keys, max_depth=max_depth)

@@ -11,7 +11,7 @@ has no KV yet. The draft keeps paged KV at the same rows as the target (same blo
   i >= 1 predicts the token at L + i: B - 1 drafts, verified as a chain of B = num_draft_tokens.
 The block's own KV lands at rows L .. L + B - 1; the rows that become committed are overwritten by
 the next context write, the others lie past the next block's start and are never read.
-Greedy decode batches can run the whole iteration as one CUDA graph (spec/dflash_graph.py), which
+Greedy decode batches can run the whole iteration as one CUDA graph (speculative/dflash_graph.py), which
 takes and hands back the pending rows (``take_pending`` / ``put_pending``).
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ from outpace.attention import build_paged_metadata
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, SpeculativeConfig
-from outpace.engine.request import Request
+from outpace.request import Request
 from outpace.models.dflash import load_dflash_draft
-from outpace.spec.chain import ChainDrafts
+from outpace.speculative.chain import ChainDrafts
 from outpace.models.llama import pack_projections
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, take_excess_rows
-from outpace.spec.rows import draft_rows, row_positions
+from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, take_excess_rows
+from outpace.speculative.rows import draft_rows, row_positions
 
 
 class DFlashProposer(Proposer):
@@ -59,7 +59,7 @@ class DFlashProposer(Proposer):
     def release(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
-    # ---- pending rows, handed to and from the captured iteration (spec/dflash_graph.py) ----------
+    # ---- pending rows, handed to and from the captured iteration (speculative/dflash_graph.py) ----------
     def num_pending_rows(self, request_id: str) -> int:
         return sum(chunk[0].shape[0] for chunk in self._pending.get(request_id, []))
 
@@ -79,7 +79,7 @@ class DFlashProposer(Proposer):
             offset += count
         # Every pending row but a request's last block_size goes into the draft KV now (the prompt's
         # rows after a prefill chunk): the rows left pending fit the captured iteration's buffers
-        # (spec/dflash_graph.py), so the first decode step can replay it.
+        # (speculative/dflash_graph.py), so the first decode step can replay it.
         self._write_rows(*take_excess_rows(self._pending, committed.requests, self.block_size))
 
     # ---- drafting ---------------------------------------------------------------------------

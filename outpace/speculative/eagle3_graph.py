@@ -1,6 +1,6 @@
-"""The greedy EAGLE3 chain iteration captured as one CUDA graph per batch bucket (spec/chain_graph.py).
+"""The greedy EAGLE3 chain iteration captured as one CUDA graph per batch bucket (speculative/chain_graph.py).
 
-The drafter's part of a replay (row convention of spec/eagle3.py: draft row t reads the token at
+The drafter's part of a replay (row convention of speculative/eagle3.py: draft row t reads the token at
 t + 1 and a hidden state for t, at position t):
 1. draft-extend over the pending rows start .. start + k (fused target states and the token after
    each), padded to ``k + 1`` rows a request. The padded rows L .. start + k write draft KV that
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from outpace.models.llama import ModelOutput
-from outpace.spec.chain_graph import ChainIterationGraph
+from outpace.speculative.chain_graph import ChainIterationGraph
 
 
 class Eagle3ChainGraph(ChainIterationGraph):

@@ -1,6 +1,6 @@
-"""The greedy DFlash iteration captured as one CUDA graph per batch bucket (spec/chain_graph.py).
+"""The greedy DFlash iteration captured as one CUDA graph per batch bucket (speculative/chain_graph.py).
 
-The drafter's part of a replay (conventions of spec/dflash.py; B = k + 1 = the draft's block size):
+The drafter's part of a replay (conventions of speculative/dflash.py; B = k + 1 = the draft's block size):
 1. write the pending context features' k/v into every draft layer's cache at rows (= positions)
    start .. start + B - 1: the committed rows start .. L - 1 and, as padding, rows L .. start + B - 1
    with stale features. The padded rows lie inside the block's rows L .. L + B - 1 (count >= 1, so
@@ -19,7 +19,7 @@ import torch
 
 from outpace.attention import uniform_paged_metadata
 from outpace.models.llama import ModelOutput
-from outpace.spec.chain_graph import ChainIterationGraph
+from outpace.speculative.chain_graph import ChainIterationGraph
 
 
 class DFlashChainGraph(ChainIterationGraph):

@@ -21,13 +21,13 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.engine.request import Request
+from outpace.request import Request
 from outpace.models.eagle3 import load_eagle3_draft
-from outpace.spec.chain import ChainDrafts
+from outpace.speculative.chain import ChainDrafts
 from outpace.models.llama import pack_projections
-from outpace.spec.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, take_excess_rows
-from outpace.spec.rows import draft_rows, row_positions
-from outpace.spec.tree import select_tree
+from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer, merge_pending, take_excess_rows
+from outpace.speculative.rows import draft_rows, row_positions
+from outpace.speculative.tree import select_tree
 
 
 class Eagle3Proposer(Proposer):
@@ -53,7 +53,7 @@ class Eagle3Proposer(Proposer):
     def release(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
-    # ---- pending rows, handed to and from the captured iteration (spec/eagle3_graph.py) ----------
+    # ---- pending rows, handed to and from the captured iteration (speculative/eagle3_graph.py) ----------
     def num_pending_rows(self, request_id: str) -> int:
         return sum(chunk[1].shape[0] for chunk in self._pending.get(request_id, []))
 
@@ -78,7 +78,7 @@ class Eagle3Proposer(Proposer):
     def _absorb_excess(self, requests: list[Request]) -> None:
         """Extend the draft now over every pending row but a request's last ``num_draft_tokens`` (the
         prompt's rows after a prefill chunk), so that the rows left pending fit the captured
-        iteration's buffers (spec/eagle3_graph.py) and the first decode step can replay it. The two
+        iteration's buffers (speculative/eagle3_graph.py) and the first decode step can replay it. The two
         extends (these rows now, the rest when drafting) compute what one extend over all would."""
         reqs, parts = take_excess_rows(self._pending, requests, self.spec.num_draft_tokens)
         if not reqs:

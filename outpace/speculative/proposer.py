@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from outpace.engine.request import Request
+from outpace.request import Request
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.backend import AttentionBackend
 from outpace.cache.block_pool import BlockPool
-from outpace.engine.request import Request
+from outpace.request import Request
 
 
 @contextlib.contextmanager
