@@ -14,6 +14,7 @@ MODELS = {
     "Qwen3ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "outpace.models.gemma:Gemma3ForCausalLM",  # its text model
+    "Gemma4ForCausalLM": "outpace.models.gemma4:Gemma4ForCausalLM",
 }
 
 

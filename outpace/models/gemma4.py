@@ -1,0 +1,330 @@
+"""Gemma 4 text models: Gemma4ForCausalLM, as transformers 5's modeling_gemma4 defines its text model.
+
+Beyond Gemma 3 (models/gemma.py), every feature the transformers reference enables from its config:
+- plain-weight RMSNorms in float32 (``Float32RMSNorm(offset=0.0)``), attention scale 1.0 (q and k are
+  RMS-normalised per head), a weightless RMSNorm on v;
+- full-attention layers may be wider (their ``per_layer_config``: head_dim, and num_key_value_heads
+  with attention_k_eq_v) and rotate only part of each head (proportional RoPE: layers/rotary.py);
+  with attention_k_eq_v they have no v_proj: v is k_proj's output (before k's norm and RoPE);
+- per-layer embeddings (hidden_size_per_layer_input > 0): a second embedding table with a slice per
+  layer, mixed with a projection of the token embedding, gates a small residual branch after each MLP;
+- a learned ``layer_scalar`` multiplies each layer's output;
+- KV sharing (num_kv_shared_layers): the last layers compute no k and v of their own; each attends over
+  the cache of the last earlier layer of its kind (its "producer"), and with use_double_wide_mlp their
+  MLPs are twice as wide;
+- the MoE block (enable_moe_block): a routed expert mixture beside each dense MLP, both normed and summed;
+- final logit softcapping.
+
+Refused by name (ConfigError): use_bidirectional_attention "all" (non-causal text), a rope_type other
+than default and proportional, per_layer_config entries other than head_dim and num_key_value_heads.
+
+Sliding layers mask, not free, their cache rows older than the window (as Gemma 3: models/gemma.py).
+A KV-sharing layer uses its producer's ``Attention`` module, so the engine binds one cache for both;
+it hands that module the producer's k and v of this forward, which the backend writes again into the
+same slots (the same values) before attending.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from outpace.attention.layer import Attention
+from outpace.config import ModelConfig
+from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.embedding import LMHead, ScaledVocabEmbedding
+from outpace.layers.linear import linear
+from outpace.layers.moe import run_experts
+from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
+from outpace.models.gemma import LayerTypeRope, final_logits, layer_type, layer_type_ropes, refuse
+from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput
+
+ROPE_TYPES = ("default", "proportional")
+# transformers Gemma4TextConfig.__post_init__'s rope_parameters when the config gives none
+DEFAULT_ROPE_PARAMETERS = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+}
+LAYER_OVERRIDES = ("head_dim", "num_key_value_heads")  # the per_layer_config entries implemented
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One decoder layer's attention shape and KV sharing."""
+    head_dim: int
+    num_kv_heads: int
+    k_eq_v: bool               # no v_proj: v is k_proj's output
+    producer: int | None       # the layer whose KV this one attends over (None: its own)
+    double_wide_mlp: bool
+
+
+@dataclass(frozen=True)
+class Gemma4Moe:
+    num_experts: int
+    top_k: int
+    intermediate_size: int     # of each expert
+
+
+@dataclass(frozen=True)
+class Gemma4Config:
+    """The Gemma 4 fields of a text config (Gemma4TextConfig) beyond ``ModelConfig``'s."""
+    ropes: dict[str, LayerTypeRope]        # layer type -> its RoPE
+    layers: tuple[LayerShape, ...]
+    final_logit_softcapping: float | None
+    attention_bias: bool                   # biases on q_proj, k_proj, v_proj, o_proj
+    per_layer_size: int                    # hidden_size_per_layer_input (0: no per-layer embeddings)
+    per_layer_vocab_size: int              # vocab_size_per_layer_input
+    moe: Gemma4Moe | None
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> Gemma4Config:
+        raw = cfg.raw
+        if raw.get("use_bidirectional_attention") == "all":
+            raise refuse("use_bidirectional_attention", "all", "None or 'vision' (outpace decodes text causally)")
+        moe = None
+        if raw.get("enable_moe_block"):
+            moe = Gemma4Moe(raw["num_experts"], raw["top_k_experts"], raw["moe_intermediate_size"])
+        return cls(ropes=layer_type_ropes(raw.get("rope_parameters") or DEFAULT_ROPE_PARAMETERS, ROPE_TYPES),
+                   layers=_layer_shapes(cfg),
+                   final_logit_softcapping=raw.get("final_logit_softcapping"),
+                   attention_bias=bool(raw.get("attention_bias", False)),
+                   per_layer_size=int(raw.get("hidden_size_per_layer_input", 256) or 0),
+                   per_layer_vocab_size=int(raw.get("vocab_size_per_layer_input", 262_144)),
+                   moe=moe)
+
+
+def _layer_overrides(cfg: ModelConfig) -> dict[int, dict]:
+    """Layer index -> its per_layer_config overrides. Configs without one (written before transformers
+    5.24) give global_head_dim (default 512) and, with attention_k_eq_v, num_global_key_value_heads for
+    every full layer (transformers Gemma4TextConfig.__post_init__)."""
+    raw = cfg.raw
+    if "per_layer_config" in raw:
+        overrides = {int(i): dict(o) for i, o in (raw["per_layer_config"] or {}).items()}
+        for i, o in overrides.items():
+            unknown = sorted(set(o) - set(LAYER_OVERRIDES))
+            if unknown:
+                raise refuse(f"per_layer_config.{i}.{unknown[0]}", o[unknown[0]],
+                             f"absent (per-layer overrides of {', '.join(LAYER_OVERRIDES)} only)")
+        return overrides
+    full = {"head_dim": raw.get("global_head_dim", 512)}
+    if raw.get("attention_k_eq_v", False) and raw.get("num_global_key_value_heads") is not None:
+        full["num_key_value_heads"] = raw["num_global_key_value_heads"]
+    return {i: full for i in range(cfg.num_hidden_layers) if layer_type(cfg, i) == "full_attention"}
+
+
+def _layer_shapes(cfg: ModelConfig) -> tuple[LayerShape, ...]:
+    """Each layer's shape; KV sharing as transformers Gemma4TextConfig.kv_sharing_modes: the last
+    num_kv_shared_layers layers reuse the KV of the last earlier layer of their type."""
+    raw, n = cfg.raw, cfg.num_hidden_layers
+    overrides = _layer_overrides(cfg)
+    first_shared = n - int(raw.get("num_kv_shared_layers", 0))
+    types = [layer_type(cfg, i) for i in range(n)]
+    producers = {t: max((i for i in range(first_shared) if types[i] == t), default=None) for t in set(types)}
+    shapes = []
+    for i, t in enumerate(types):
+        producer = producers[t] if i >= first_shared else None
+        if i >= first_shared and producer is None:
+            raise refuse("num_kv_shared_layers", raw["num_kv_shared_layers"],
+                         f"small enough that an earlier layer of type {t} produces the KV layer {i} shares")
+        o = overrides.get(i, {})
+        shapes.append(LayerShape(head_dim=o.get("head_dim", cfg.head_dim),
+                                 num_kv_heads=o.get("num_key_value_heads", cfg.num_key_value_heads),
+                                 k_eq_v=bool(raw.get("attention_k_eq_v", False)) and t == "full_attention",
+                                 producer=producer,
+                                 double_wide_mlp=bool(raw.get("use_double_wide_mlp", False)) and producer is not None))
+    return tuple(shapes)
+
+
+SharedKV = dict  # layer index -> (k, v) [num_tokens, kv_heads, head_dim] of this forward, for the layers sharing it
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, gemma: Gemma4Config, index: int, rotary: RotaryEmbedding,
+                 producer_attn: Attention | None) -> None:
+        """``producer_attn``: for a KV-sharing layer, its producer's Attention (module docstring)."""
+        super().__init__()
+        shape = gemma.layers[index]
+        self.index, self.shape = index, shape
+        d, heads, bias, eps = shape.head_dim, cfg.num_attention_heads, gemma.attention_bias, cfg.rms_norm_eps
+        self.q_proj = linear(cfg.hidden_size, heads * d, bias=bias)
+        self.o_proj = linear(heads * d, cfg.hidden_size, bias=bias)
+        self.q_norm = Float32RMSNorm(d, eps)
+        self.rotary = rotary
+        if producer_attn is not None:
+            self.attn = producer_attn
+            return
+        self.k_proj = linear(cfg.hidden_size, shape.num_kv_heads * d, bias=bias)
+        if not shape.k_eq_v:
+            self.v_proj = linear(cfg.hidden_size, shape.num_kv_heads * d, bias=bias)
+        self.k_norm = Float32RMSNorm(d, eps)
+        self.v_norm = Float32RMSNorm(d, eps, with_weight=False)
+        self.attn = Attention(heads, shape.num_kv_heads, d, cfg.layer_window(index), scale=1.0)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, shared: SharedKV) -> torch.Tensor:
+        """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]. A producer leaves its
+        k and v in ``shared`` under its index; a sharing layer takes its producer's from there."""
+        n, d = x.shape[0], self.shape.head_dim
+        q = self.q_norm(self.q_proj(x).view(n, -1, d))                 # [num_tokens, heads, head_dim]
+        if self.shape.producer is not None:
+            k, v = shared[self.shape.producer]
+            q, _ = self.rotary(positions, q, q)  # (the rotary layer rotates a pair; only q is new here)
+        else:
+            k = self.k_proj(x).view(n, -1, d)                          # [num_tokens, kv_heads, head_dim]
+            v = k if self.shape.k_eq_v else self.v_proj(x).view(n, -1, d)
+            q, k = self.rotary(positions, q, self.k_norm(k))
+            v = self.v_norm(v)
+            shared[self.index] = (k, v)
+        return self.o_proj(self.attn(q, k, v, positions))
+
+
+class Gemma4Router(nn.Module):
+    """transformers Gemma4TextRouter: x [n, hidden] -> (weights [n, top_k] float32, expert ids [n, top_k]):
+    softmax over the experts of proj(norm(x) * scale / sqrt(hidden)), the top_k renormalised to sum to 1,
+    each times its expert's per_expert_scale."""
+
+    def __init__(self, hidden_size: int, moe: Gemma4Moe, eps: float) -> None:
+        super().__init__()
+        self.top_k = moe.top_k
+        self.norm = Float32RMSNorm(hidden_size, eps, with_weight=False)
+        self.proj = linear(hidden_size, moe.num_experts)
+        self.scale = nn.Parameter(torch.ones(hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.proj(self.norm(x) * self.scale * x.shape[-1] ** -0.5).float().softmax(dim=-1)  # [n, experts]
+        weights, ids = torch.topk(scores, self.top_k, dim=-1)                                      # [n, top_k]
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[ids].float(), ids
+
+
+class Gemma4Experts(nn.Module):
+    """transformers Gemma4TextExperts: each expert's gate and up projections packed in one
+    [experts, 2 * intermediate, hidden] tensor, down in [experts, hidden, intermediate]."""
+
+    def __init__(self, hidden_size: int, moe: Gemma4Moe, act: str) -> None:
+        super().__init__()
+        self.act = ACTIVATIONS[act]
+        self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden_size, moe.intermediate_size))
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e over its rows x [rows, hidden] -> [rows, hidden]."""
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(self.act(gate) * up, self.down_proj[e])
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [n, hidden]; weights, ids [n, top_k] -> the weighted sum of the chosen experts [n, hidden]."""
+        return run_experts(x, weights, ids, [partial(self.expert, e) for e in range(len(self.gate_up_proj))])
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, gemma: Gemma4Config, index: int, rotary: RotaryEmbedding,
+                 producer_attn: Attention | None) -> None:
+        super().__init__()
+        hidden, eps, shape = cfg.hidden_size, cfg.rms_norm_eps, gemma.layers[index]
+        norm = partial(Float32RMSNorm, hidden, eps)
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        self.self_attn = Gemma4Attention(cfg, gemma, index, rotary, producer_attn)
+        self.mlp = LlamaMLP(hidden, cfg.intermediate_size * (2 if shape.double_wide_mlp else 1), cfg.hidden_act)
+        self.register_buffer("layer_scalar", torch.ones(1))  # a checkpoint tensor
+        self.has_moe = gemma.moe is not None
+        if self.has_moe:
+            self.router = Gemma4Router(hidden, gemma.moe, eps)
+            self.experts = Gemma4Experts(hidden, gemma.moe, cfg.hidden_act)
+            self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2 = norm(), norm()
+            self.pre_feedforward_layernorm_2 = norm()
+        if gemma.per_layer_size:
+            self.act = ACTIVATIONS[cfg.hidden_act]
+            self.per_layer_input_gate = linear(hidden, gemma.per_layer_size)
+            self.per_layer_projection = linear(gemma.per_layer_size, hidden)
+            self.post_per_layer_input_norm = norm()
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, per_layer_input: torch.Tensor | None,
+                shared: SharedKV) -> torch.Tensor:
+        """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
+        output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward)."""
+        h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h), shared))
+        mlp = self.mlp(self.pre_feedforward_layernorm(h))
+        if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
+            routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
+            mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
+        h = h + self.post_feedforward_layernorm(mlp)
+        if per_layer_input is not None:
+            gate = self.act(self.per_layer_input_gate(h)) * per_layer_input    # [num_tokens, per_layer_size]
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
+        return h * self.layer_scalar
+
+
+class Gemma4Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, gemma: Gemma4Config) -> None:
+        super().__init__()
+        hidden, n = cfg.hidden_size, cfg.num_hidden_layers
+        # One table per (layer type, head_dim), shared by those layers (not checkpoint tensors).
+        self.rotary = nn.ModuleDict()
+        for i, shape in enumerate(gemma.layers):
+            key = f"{layer_type(cfg, i)}_{shape.head_dim}"
+            if key not in self.rotary:
+                self.rotary[key] = gemma.ropes[layer_type(cfg, i)].rotary(shape.head_dim, cfg.max_position_embeddings)
+        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, hidden, hidden ** 0.5)
+        self.layers = nn.ModuleList()
+        for i, shape in enumerate(gemma.layers):
+            producer = None if shape.producer is None else self.layers[shape.producer].self_attn.attn
+            rotary = self.rotary[f"{layer_type(cfg, i)}_{shape.head_dim}"]
+            self.layers.append(Gemma4DecoderLayer(cfg, gemma, i, rotary, producer))
+        self.norm = Float32RMSNorm(hidden, cfg.rms_norm_eps)
+        self.per_layer_size = p = gemma.per_layer_size
+        if p:
+            self.embed_tokens_per_layer = ScaledVocabEmbedding(gemma.per_layer_vocab_size, n * p, p ** 0.5)
+            self.per_layer_model_projection = linear(hidden, n * p)
+            self.per_layer_projection_norm = Float32RMSNorm(p, cfg.rms_norm_eps)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """input_ids [n]; embeds [n, hidden] (the scaled token embeddings) -> [n, layers, per_layer_size]:
+        (norm(projection(embeds) / sqrt(hidden)) + the per-layer embedding) / sqrt(2), as transformers
+        Gemma4TextModel.get_per_layer_inputs and project_per_layer_inputs compute it."""
+        n, p = input_ids.shape[0], self.per_layer_size
+        tokens = self.embed_tokens_per_layer(input_ids).view(n, -1, p)
+        projected = self.per_layer_model_projection(embeds) * embeds.shape[-1] ** -0.5
+        return (self.per_layer_projection_norm(projected.view(n, -1, p)) + tokens) * 2 ** -0.5
+
+
+class Gemma4ForCausalLM(nn.Module):
+    # The same aux hidden state capture (EAGLE3) as the Llama family's (models/llama.py).
+    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    _model_output = LlamaForCausalLM._model_output
+
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers."""
+        super().__init__()
+        if mtp_own_heads or cfg.num_nextn_predict_layers:
+            raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers, "0 for Gemma (no MTP layers)")
+        self.config = cfg
+        self.gemma = Gemma4Config.from_model_config(cfg)
+        self.model = Gemma4Model(cfg, self.gemma)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
+                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.aux_layer_ids: tuple[int, ...] = ()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
+        h = self.embed(input_ids)                                                    # [num_tokens, hidden]
+        per_layer = self.model.per_layer_inputs(input_ids, h) if self.model.per_layer_size else None
+        captured, shared = {}, {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                captured[i] = h
+            h = layer(positions, h, None if per_layer is None else per_layer[:, i], shared)
+        return self._model_output(h, captured)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
+        (written into ``out`` if given)."""
+        return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
