@@ -15,6 +15,7 @@ MODELS = {
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "outpace.models.gemma:Gemma3ForCausalLM",  # its text model
     "Gemma4ForCausalLM": "outpace.models.gemma4:Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration": "outpace.models.gemma4:Gemma4ForCausalLM",  # its text model
 }
 
 

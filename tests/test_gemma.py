@@ -34,6 +34,8 @@ GEMMA3_TEXT = dict(
                      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
 VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
               patch_size=14)
+VISION4 = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+               head_dim=8, patch_size=4, position_embedding_size=64)
 
 GEMMA4_TEXT = dict(
     vocab_size=211, hidden_size=60, intermediate_size=88, num_hidden_layers=5, num_attention_heads=5,
@@ -56,7 +58,12 @@ VARIANTS = {
                                                            mm_tokens_per_image=4),
     "gemma4": lambda: transformers.Gemma4TextConfig(**GEMMA4_TEXT),
     "gemma4-moe-kv-shared": lambda: transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED),
+    "gemma4-multimodal": lambda: transformers.Gemma4Config(text_config=GEMMA4_TEXT, vision_config=VISION4,
+                                                           audio_config=None),
 }
+# multimodal variant -> the prefixes of its checkpoint's non-text tensors
+NON_TEXT = {"gemma3-multimodal": ("vision_tower.", "multi_modal_projector."),
+            "gemma4-multimodal": ("model.vision_tower.", "model.embed_vision.")}
 PROMPT = [3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5]  # 14 tokens, twice the window; repeats for n-grams
 
 
@@ -120,19 +127,19 @@ def test_greedy_matches_transformers(variant, chunked, gemma):
     assert generate(path, PROMPT, 32, **engine).token_ids == transformers_greedy(hf, PROMPT, 32)
 
 
-def test_multimodal_checkpoint_serves_its_text_model(gemma, caplog):
-    """The vision tower and projector are in the checkpoint; loading skips them with a logged note."""
-    _, path = gemma("gemma3-multimodal")
+@pytest.mark.parametrize("variant", list(NON_TEXT))
+def test_multimodal_checkpoint_serves_its_text_model(variant, gemma, caplog):
+    """The vision tower (and projector) are in the checkpoint; loading skips them with a logged note."""
+    _, path = gemma(variant)
     names = checkpoint_tensor_names(path)
-    assert any(n.startswith("vision_tower.") for n in names) and any(n.startswith("multi_modal_projector.")
-                                                                     for n in names)
+    assert all(any(n.startswith(prefix) for n in names) for prefix in NON_TEXT[variant])
     with caplog.at_level(logging.INFO, logger="outpace.models"):
         model = load_model(path, torch.float32)
-    assert "vision tower" in caplog.text and "skipped" in caplog.text
+    assert all(prefix in caplog.text for prefix in NON_TEXT[variant]) and "skipped" in caplog.text
     assert not any("vision" in n or "multi_modal" in n for n, _ in model.named_parameters())
     cfg = ModelConfig.from_pretrained(path)
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (211, 60, 5)
-    assert cfg.layer_windows == (WINDOW, WINDOW, None, WINDOW, WINDOW)
+    assert cfg.layer_windows == (WINDOW, WINDOW, None, WINDOW, None if "gemma4" in variant else WINDOW)
 
 
 SPECS = {

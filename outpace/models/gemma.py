@@ -21,6 +21,7 @@ the final norm, ``compute_logits`` applies norm, head and softcapping to the row
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import torch
@@ -189,11 +190,8 @@ class Gemma3ForCausalLM(nn.Module):
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
                               tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
         self.aux_layer_ids: tuple[int, ...] = ()
-        self.ignored_checkpoint_tensors: tuple[str, ...] = ()
-        if self.gemma.multimodal:
-            self.ignored_checkpoint_tensors = (r"^vision_tower\.", r"^multi_modal_projector\.")
-            logger.info("%s: outpace serves its text model; the checkpoint's vision tower and multimodal "
-                        "projector (vision_tower.*, multi_modal_projector.*) are skipped", cfg.architecture)
+        self.ignored_checkpoint_tensors = skip_towers(cfg, ("vision_tower", "multi_modal_projector")) \
+            if self.gemma.multimodal else ()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -217,6 +215,14 @@ class Gemma3ForCausalLM(nn.Module):
         (``language_model.model.layers.0...``, ``language_model.lm_head.weight``), as the Hub's and
         transformers' save_pretrained write it."""
         return f"language_model.{param_name}" if self.gemma.multimodal else param_name
+
+
+def skip_towers(cfg: ModelConfig, prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    """A multimodal checkpoint's non-text parts (its tensors under ``prefixes``): logs that they are
+    skipped; returns the patterns that make the loader skip them (``ignored_checkpoint_tensors``)."""
+    logger.info("%s: outpace serves its text model; the checkpoint's %s are skipped", cfg.architecture,
+                ", ".join(f"{p}.*" for p in prefixes))
+    return tuple(rf"^{re.escape(p)}\." for p in prefixes)
 
 
 def final_logits(logits: torch.Tensor, cap: float | None, out: torch.Tensor | None) -> torch.Tensor:

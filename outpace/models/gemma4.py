@@ -1,4 +1,6 @@
-"""Gemma 4 text models: Gemma4ForCausalLM, as transformers 5's modeling_gemma4 defines its text model.
+"""Gemma 4 text models: Gemma4ForCausalLM, and the text model of a Gemma4ForConditionalGeneration
+checkpoint (its vision and audio towers and embedders are skipped, with a logged note), as transformers
+5's modeling_gemma4 defines them.
 
 Beyond Gemma 3 (models/gemma.py), every feature the transformers reference enables from its config:
 - plain-weight RMSNorms in float32 (``Float32RMSNorm(offset=0.0)``), attention scale 1.0 (q and k are
@@ -40,7 +42,7 @@ from outpace.layers.linear import linear
 from outpace.layers.moe import run_experts
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.gemma import LayerTypeRope, final_logits, layer_type, layer_type_ropes, refuse
+from outpace.models.gemma import LayerTypeRope, final_logits, layer_type, layer_type_ropes, refuse, skip_towers
 from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput
 
 ROPE_TYPES = ("default", "proportional")
@@ -50,6 +52,8 @@ DEFAULT_ROPE_PARAMETERS = {
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
 }
 LAYER_OVERRIDES = ("head_dim", "num_key_value_heads")  # the per_layer_config entries implemented
+# what a Gemma4ForConditionalGeneration checkpoint holds beside its language model (transformers Gemma4Model)
+MULTIMODAL_PARTS = ("vision_tower", "embed_vision", "audio_tower", "embed_audio")
 
 
 @dataclass(frozen=True)
@@ -309,6 +313,9 @@ class Gemma4ForCausalLM(nn.Module):
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
                               tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
         self.aux_layer_ids: tuple[int, ...] = ()
+        self.multimodal = cfg.architecture == "Gemma4ForConditionalGeneration"
+        self.ignored_checkpoint_tensors = skip_towers(cfg, tuple(f"model.{p}" for p in MULTIMODAL_PARTS)) \
+            if self.multimodal else ()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -328,3 +335,10 @@ class Gemma4ForCausalLM(nn.Module):
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
         (written into ``out`` if given)."""
         return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
+        (its head, when not tied, stays ``lm_head.weight``), as transformers' save_pretrained writes it."""
+        if self.multimodal and param_name.startswith("model."):
+            return f"model.language_model.{param_name.removeprefix('model.')}"
+        return param_name
