@@ -224,3 +224,66 @@ def test_gemma4_configs_without_per_layer_config():
     old = {k: v for k, v in gemma4_dict().items() if k != "per_layer_config"}
     cfg = ModelConfig.from_dict({**old, "global_head_dim": 16, "num_global_key_value_heads": 5})
     assert Gemma4Config.from_model_config(cfg) == Gemma4Config.from_model_config(ModelConfig.from_dict(gemma4_dict()))
+
+
+# Fields of transformers' Gemma3TextConfig / Gemma4TextConfig that do not change what inference computes.
+IRRELEVANT = {
+    "transformers_version", "_name_or_path", "model_type",       # provenance; architectures names the class
+    "output_hidden_states", "output_attentions", "return_dict",  # what a transformers forward returns
+    "use_cache", "is_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id", "problem_type",
+    "initializer_range", "attention_dropout", "pad_token_id", "bos_token_id",
+    "_sliding_window_pattern",  # not read back (Gemma3TextConfig reads sliding_window_pattern; layer_types is written)
+}
+MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}
+# field -> (another value; other changes that let the field matter): the parsed configs must then differ.
+IMPLEMENTED = {
+    "vocab_size": (100, {}), "hidden_size": (1024, {}), "intermediate_size": (100, {}),
+    "num_hidden_layers": (4, {"layer_types": None, "per_layer_config": {}}), "num_attention_heads": (16, {}),
+    "num_key_value_heads": (2, {}), "head_dim": (128, {}), "hidden_activation": ("gelu", {}),
+    "max_position_embeddings": (1024, {}), "rms_norm_eps": (1e-5, {}), "tie_word_embeddings": (False, {}),
+    "eos_token_id": (7, {}), "dtype": ("bfloat16", {}), "attention_bias": (True, {}),
+    "sliding_window": (16, {}), "final_logit_softcapping": (30.0, {}),
+    "layer_types": (lambda base: ["full_attention"] + base["layer_types"][1:], {}),
+    "rope_parameters": (lambda base: {**base["rope_parameters"], "sliding_attention": {"rope_type": "default",
+                                                                                      "rope_theta": 5e4}}, {}),
+    # Gemma 3
+    "query_pre_attn_scalar": (128, {}),
+    # Gemma 4
+    "attention_k_eq_v": (True, {}), "per_layer_config": ({"05": {"head_dim": 128}}, {}),
+    "hidden_size_per_layer_input": (0, {}), "vocab_size_per_layer_input": (100, {}),
+    "num_kv_shared_layers": (6, {}), "use_double_wide_mlp": (True, {"num_kv_shared_layers": 6}),
+    "enable_moe_block": (True, {k: v for k, v in MOE.items() if k != "enable_moe_block"}),
+    "num_experts": (8, MOE), "top_k_experts": (3, MOE), "moe_intermediate_size": (16, MOE),
+}
+REFUSED = {"attn_logit_softcapping": 50.0, "use_bidirectional_attention": "all"}  # field -> a value refused
+
+
+def parsed(cfg: dict):
+    """config.json -> (ModelConfig, the family's own config), as the model class parses it."""
+    from outpace.models.gemma import Gemma3Config
+    from outpace.models.gemma4 import Gemma4Config
+
+    model_cfg = ModelConfig.from_dict(cfg)
+    family = Gemma3Config if model_cfg.architecture.startswith("Gemma3") else Gemma4Config
+    return model_cfg, family.from_model_config(model_cfg)
+
+
+@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Gemma4ForCausalLM"])
+def test_every_field_is_implemented_irrelevant_or_refused(arch):
+    """Walks the default text config's fields: a field none of the tables knows fails (a transformers
+    upgrade adding one must be looked at); "implemented" is checked: another value changes the parse."""
+    cls = transformers.Gemma3TextConfig if arch.startswith("Gemma3") else transformers.Gemma4TextConfig
+    base = {**cls().to_dict(), "architectures": [arch]}
+    unknown = sorted(set(base) - set(IMPLEMENTED) - IRRELEVANT - set(REFUSED) - {"architectures"})
+    assert not unknown, f"{cls.__name__} fields nobody decided on: {unknown}"
+    for name in set(base) & set(IMPLEMENTED):
+        value, context = IMPLEMENTED[name]
+        value = value(base) if callable(value) else value
+        assert parsed({**base, **context}) != parsed({**base, **context, name: value}), f"{name}={value!r} changes nothing"
+    for name in set(base) & IRRELEVANT:
+        assert parsed({**base, name: "changed" if base[name] is None else not base[name]}) == parsed(base), name
+    for name in set(base) & set(REFUSED):
+        with pytest.raises(ConfigError, match=name):
+            parsed({**base, name: REFUSED[name]})
+    multimodal = arch.replace("ForCausalLM", "ForConditionalGeneration")
+    assert parsed({**base, "architectures": [multimodal]}) != parsed(base)
