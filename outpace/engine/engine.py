@@ -15,7 +15,7 @@ from outpace.detokenizer import update_text
 from outpace.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
-from outpace.engine.spec_runner import SpeculativeRunner
+from outpace.speculative.proposer import DraftShape
 from outpace.layers.linear import set_batch_invariant
 from outpace.registry import proposer_class
 from outpace.threads import configure_threads
@@ -49,14 +49,19 @@ class LLMEngine:
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
         on_gpu = config.device.startswith("cuda")
         backend = resolve_backend_name(config.attention_backend, config.device)
-        self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend)
         spec = config.speculative
-        self.spec_runner = None
-        decode_tokens, lookahead = 1, 0
+        rows = min(self.model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
+        factory, shape = None, DraftShape(0)
         if spec.enabled:
-            proposer = proposer_class(spec.method)(spec, self.model, self.pool, dtype, config.device, backend)
-            self.spec_runner = SpeculativeRunner(self.runner, proposer, spec)
-            decode_tokens, lookahead = spec.num_draft_tokens, proposer.lookahead
+            def factory(max_slots: int):
+                return proposer_class(spec.method)(spec, self.model, self.pool, max_slots, dtype, config.device,
+                                                   backend)
+            shape = DraftShape(spec.num_steps, spec.topk, spec.num_draft_tokens)
+        self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
+                                  factory, shape)
+        decode_tokens, lookahead = shape.num_nodes, 0
+        if spec.enabled:
+            lookahead = self.runner.proposer.lookahead
             if config.max_num_batched_tokens < decode_tokens:
                 raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
                                   f"must be >= num_draft_tokens={decode_tokens}")
@@ -76,19 +81,12 @@ class LLMEngine:
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
 
-    def capture_graphs(self, oracle_rates=None) -> None:
-        """Capture the decode step (or, with speculation, the verify forward and the EAGLE3 chain or
-        DFlash iteration) for every batch bucket up to max_num_seqs. Done at start-up on CUDA unless
-        ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests).
-        ``oracle_rates``: benchmark-only oracle acceptance (speculative/chain_graph.py)."""
+    def capture_graphs(self) -> None:
+        """Capture the decode iteration for every batch bucket up to max_num_seqs. Done at start-up on
+        CUDA unless ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests)."""
         from outpace.engine.cuda_graphs import batch_buckets
 
-        rows = min(self.model_config.max_position_embeddings, self.pool.num_blocks * self.pool.block_size)
-        self.runner.enable_graphs(batch_buckets(self.config.max_num_seqs), self.pool.blocks_needed(rows))
-        if self.spec_runner is None:
-            self.runner.capture_target(1)
-        else:
-            self.spec_runner.enable_graphs(oracle_rates)
+        self.runner.capture(batch_buckets(self.config.max_num_seqs))
         if self.config.run_ahead:
             self.runner.enable_run_ahead(self.max_model_len)
 
@@ -150,7 +148,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        results = (self.spec_runner or self.runner).execute(batch)
+        results = self.runner.execute(batch)
         outputs = []
         now = time.perf_counter()
         for s, result in zip(batch, results):
@@ -174,8 +172,7 @@ class LLMEngine:
         return outputs
 
     def _on_free(self, req: Request) -> None:
-        if self.spec_runner is not None:
-            self.spec_runner.release(req.request_id)
+        self.runner.release(req.request_id)
 
     def _append_token(self, req: Request, token: int) -> bool:
         """Append one token; True when the request must stop (its reason recorded)."""

@@ -1,16 +1,18 @@
-"""Runs one forward over a scheduled batch and samples the next tokens.
+"""Runs a scheduled batch: prefill chunks through one eager forward, decoding requests through the
+decode iteration (iteration.py), captured per batch bucket on CUDA.
 
-Host work per step: build the flat input tensors and attention metadata once; device work:
-one forward, logits only for rows that need them, sampling; one host sync (``tolist``) to hand
-the sampled ids back to the engine. On CUDA, with graphs captured (``capture_graphs``), a batch of
-decoding requests replays the captured forward of its batch bucket instead (cuda_graphs.py).
+Host work per step: for prefill chunks, flat inputs and attention metadata built from lists, one
+forward, the first tokens sampled, the drafter told what was committed (``Proposer.absorb``);
+for decoding requests, the batch's slots written into the iteration's input and new block-table
+entries copied; then one host sync for the step's tokens.
 
-Run-ahead (``enable_run_ahead``): for a greedy batch of decoding requests, the runner launches the
-next step (same requests, each fed its token from the device) right after the current one, before
-the host reads the current tokens; while the GPU runs it, the engine appends the tokens, checks stop
-conditions and schedules. If the next step's batch is that same batch, its results are already on
-the way; otherwise the step run ahead is dropped (its KV rows are rewritten before anything reads
-them). Every token still comes from a forward over exactly the tokens the host holds: lossless.
+Run-ahead (``enable_run_ahead``): right after a decode step the next one is launched for the same
+requests, before the host reads the first one's tokens: everything it needs is already in the slot
+state on the device. While the GPU runs it, the engine appends tokens, checks stop conditions and
+schedules. If the next step's batch is those requests (or some of them, others having finished), at
+the lengths the step run ahead started from, its results serve it; otherwise it is dropped and the
+slot state it advanced is restored, so the state is again the one after the tokens the host holds
+(the KV rows it wrote lie past every committed row, and are rewritten before anything reads them).
 """
 from __future__ import annotations
 
@@ -23,138 +25,201 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.engine.cuda_graphs import CapturedTargetForward, GraphBlockTables, bucket_for, pinned
+from outpace.engine.cuda_graphs import bucket_for, pinned
+from outpace.engine.iteration import DecodeIteration, StepKey
 from outpace.engine.run_ahead import HostCopy, reserve_rows
-from outpace.engine.scheduler import ScheduledRequest, StepResult
+from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
+from outpace.engine.slots import RequestSlots
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
-from outpace.request import SAMPLE, request_keys
+from outpace.request import SAMPLE, Request, request_keys
+from outpace.speculative.proposer import DraftShape, PrefillRows, Proposer
 
 
 @dataclass
-class _DecodeLaunch:
-    """A greedy captured decode step in flight."""
+class _Launch:
+    """A decode step in flight."""
+    key: StepKey
     request_ids: tuple[str, ...]
-    starts: tuple[int, ...]         # each request's position of its input token
-    tokens: torch.Tensor            # [n] int64 on the device: the greedy next tokens
-    copy: HostCopy                  # the same tokens, on their way to the host
+    starts: tuple[int, ...]          # each request's length L when the step started
+    copy: HostCopy                   # its packed outputs on their way to the host
+    saved: list[torch.Tensor] | None = None  # for a step run ahead: the slot state it started from
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, pool: BlockPool, kv_dtype: torch.dtype, device: str,
-                 attention_backend: str = "torch") -> None:
-        self.model = model
-        self.pool = pool
+    def __init__(self, model: nn.Module, pool: BlockPool, kv_dtype: torch.dtype, device: str, attention_backend: str,
+                 max_seqs: int, max_rows: int, proposer_factory=None, shape: DraftShape = DraftShape(0)) -> None:
+        """``proposer_factory(max_slots)`` builds the drafter (None: plain decoding); ``shape`` what it drafts;
+        ``max_rows``: the KV rows a request may reach (its slot's block table covers them)."""
+        self.model, self.pool = model, pool
         self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
         self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
+        self.slots = RequestSlots(pool, max_seqs, pool.blocks_needed(max_rows), self.device)
+        self.proposer: Proposer | None = proposer_factory(max_seqs) if proposer_factory is not None else None
+        if self.proposer is not None:
+            model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
+        self.shape = shape
+        self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs)
         self.graph_buckets: tuple[int, ...] = ()
-        self.graph_tables: GraphBlockTables | None = None
-        self.graph_memory = None
-        self._captured: dict[tuple[int, bool], CapturedTargetForward] = {}
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
-        self._ahead: _DecodeLaunch | None = None
+        self._ahead: _Launch | None = None
 
-    # ---- CUDA graphs ---------------------------------------------------------------------------
-    def enable_graphs(self, buckets: tuple[int, ...], max_blocks: int) -> None:
-        """Prepare graph capture for batches of up to max(buckets) sequences of up to ``max_blocks`` blocks."""
+    # ---- set-up ----------------------------------------------------------------------------------
+    def capture(self, buckets: tuple[int, ...]) -> None:
+        """Capture the decode step for every bucket, greedy and sampling (on CUDA; elsewhere the
+        replays run the same step eagerly)."""
+        memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
-        self.graph_tables = GraphBlockTables(self.pool, max(buckets), max_blocks, self.device)
-        self.graph_memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
-
-    def capture_target(self, query_len: int, tree: bool = False) -> None:
-        """Capture the target forward over ``query_len`` tokens per sequence for every bucket."""
-        self._captured[query_len, tree] = CapturedTargetForward(
-            self.model, self.backend, self.graph_tables, self.graph_buckets, query_len, tree, self.graph_memory)
+        for bucket in sorted(buckets, reverse=True):
+            for greedy in (True, False):
+                self.iteration.capture(StepKey(bucket, self.shape, greedy), memory)
 
     def enable_run_ahead(self, max_model_len: int) -> None:
-        """Run greedy decode steps ahead (module docstring); positions stay below ``max_model_len``."""
+        """Run decode steps ahead (module docstring); positions stay below ``max_model_len``."""
         self.run_ahead_limit = max_model_len
 
-    def captured(self, num_seqs: int, query_len: int, tree: bool = False) -> CapturedTargetForward | None:
-        """The captured forward for this shape, or None when the batch must run eagerly."""
-        if bucket_for(self.graph_buckets, num_seqs) is None:
-            return None
-        return self._captured.get((query_len, tree))
+    def release(self, request_id: str) -> None:
+        """The request finished or was preempted: its slot is free (after any step still reading it)."""
+        if self._ahead is not None and request_id in self._ahead.request_ids:
+            self._drop_ahead()
+        self.slots.release(request_id)
 
-    def forward(self, token_ids: list[list[int]], positions: list[list[int]], batch: list[ScheduledRequest]):
-        """Forward the given new tokens of each scheduled request; returns the model output."""
-        meta = build_paged_metadata(
-            [self.pool.table(s.request.request_id) for s in batch],
-            [s.request.num_computed_tokens for s in batch],
-            [len(t) for t in token_ids], self.pool.block_size, self.device)
-        ids = torch.tensor([t for seq in token_ids for t in seq], dtype=torch.int64).to(self.device)
-        pos = torch.tensor([p for seq in positions for p in seq], dtype=torch.int64).to(self.device)
-        with torch.inference_mode(), forward_context(meta, self.backend):
-            return self.model(ids, pos)
-
+    # ---- a step ----------------------------------------------------------------------------------
     def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
-        """Forward every scheduled chunk; sample a token for each request whose chunk completes its
-        sequence (none for the others, still in chunked prefill)."""
-        graph = self.captured(len(batch), 1)
-        if graph is not None and all(s.num_new_tokens == 1 and s.completes_sequence for s in batch):
-            return self._execute_decode(graph, batch)
-        self._take_ahead((), ())
-        token_ids, positions = [], []
-        for s in batch:
-            start = s.request.num_computed_tokens
-            token_ids.append(s.request.token_ids[start:start + s.num_new_tokens])
-            positions.append(list(range(start, start + s.num_new_tokens)))
-        out = self.forward(token_ids, positions, batch)
-        ends = torch.tensor([len(t) for t in token_ids]).cumsum(0) - 1
-        needs = [i for i, s in enumerate(batch) if s.completes_sequence]
-        results = [StepResult([], s.num_new_tokens) for s in batch]
-        if not needs:
-            return results
-        with torch.inference_mode():
-            logits = self.model.compute_logits(out.hidden_states[ends[needs].to(self.device)])  # [n, vocab]
-            tokens = self._sample(logits, [batch[i].request for i in needs])
-        for i, t in zip(needs, tokens):
-            results[i].new_token_ids.append(t)
-        return results
+        """Prefill chunks (a token sampled for each that completes its prompt), then one decode step
+        for the decoding requests."""
+        prefill = [s for s in batch if not is_decoding(s.request)]
+        decode = [s.request for s in batch if is_decoding(s.request)]
+        if prefill:
+            self._drop_ahead()
+        results = {}
+        if prefill:
+            results.update(zip((id(s.request) for s in prefill), self._prefill(prefill)))
+        if decode:
+            results.update(zip(map(id, decode), self._decode(decode)))
+        return [results[id(s.request)] for s in batch]
 
-    def _execute_decode(self, graph: CapturedTargetForward, batch: list[ScheduledRequest]) -> list[StepResult]:
-        """One token per request through the captured forward of the batch's bucket."""
+    def _prefill(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         reqs = [s.request for s in batch]
+        slot_ids = [self.slots.assign(r) for r in reqs]
+        starts = [r.num_computed_tokens for r in reqs]
+        counts = [s.num_new_tokens for s in batch]
+        tables = [self.pool.table(r.request_id) for r in reqs]
+        meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
+        ids = [t for r, a, c in zip(reqs, starts, counts) for t in r.token_ids[a:a + c]]
+        pos = [p for a, c in zip(starts, counts) for p in range(a, a + c)]
+        final = [s.completes_sequence for s in batch]
+        with torch.inference_mode():
+            with forward_context(meta, self.backend):
+                out = self.model(torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device))
+            ends = torch.tensor(counts).cumsum(0) - 1
+            done = [i for i, f in enumerate(final) if f]
+            sampled = self._sample_first([reqs[i] for i in done], out.hidden_states[ends[done].to(self.device)]) \
+                if done else torch.empty(0, dtype=torch.int64, device=self.device)
+            if done:
+                self.slots.start_decoding([slot_ids[i] for i in done], [starts[i] + counts[i] for i in done], sampled)
+            if self.proposer is not None:
+                self.proposer.absorb(PrefillRows(slot_ids, starts, counts, final,
+                                                 torch.arange(len(ids), device=self.device),
+                                                 _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
+                                                 out.aux_hidden_states, tables))
+            tokens = sampled.tolist()
+        it = iter(tokens)
+        return [StepResult([next(it)] if f else [], c) for f, c in zip(final, counts)]
+
+    def _sample_first(self, reqs: list[Request], hidden: torch.Tensor) -> torch.Tensor:
+        """The token after each completed prompt, from its last row's hidden state [n, hidden]: [n]."""
+        logits = self.model.compute_logits(hidden)
+        if all(is_greedy(r.params) for r in reqs):
+            return logits.argmax(dim=-1)
+        st = SamplingTensors.from_params([r.params for r in reqs], self.device)
+        return sample(logits, st, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device))
+
+    def _decode(self, reqs: list[Request]) -> list[StepResult]:
         ids, starts = tuple(r.request_id for r in reqs), tuple(r.num_computed_tokens for r in reqs)
         launch = self._take_ahead(ids, starts)
-        greedy = all(is_greedy(r.params) for r in reqs)
-        with torch.inference_mode():
-            if launch is None and not greedy:
-                _, logits = graph.run(ids, starts, pinned([r.token_ids[-1] for r in reqs], self.device),
-                                      pinned(starts, self.device))
-                return [StepResult([t], 1) for t in self._sample(logits, reqs)]
-            if launch is None:
-                launch = self._launch_greedy(graph, ids, starts, pinned([r.token_ids[-1] for r in reqs], self.device))
-            if greedy and self._may_run_ahead(reqs):
-                self._ahead = self._launch_greedy(graph, ids, tuple(p + 1 for p in starts), launch.tokens)
-        return [StepResult([t], 1) for t in launch.copy.tolist()]
+        if launch is None:
+            launch = self._launch(reqs, ids, starts)
+        if self._may_run_ahead(reqs, launch.key):
+            self._ahead = self._launch_ahead(launch)
+        rows = self.iteration.unpack(launch.copy.tolist(), launch.key, len(launch.request_ids))
+        by_id = dict(zip(launch.request_ids, rows))
+        speculative = self.proposer is not None
+        if self._ahead is not None:  # each request's length once this step is committed
+            self._ahead.starts = tuple(s + by_id[i][1] + 1 for i, s in zip(ids, starts))
+        return [StepResult(tokens, accepted + 1, accepted if speculative else None, depths)
+                for tokens, accepted, depths in (by_id[i] for i in ids)]
 
-    def _take_ahead(self, ids: tuple[str, ...], starts: tuple[int, ...]) -> _DecodeLaunch | None:
-        """The step run ahead if it is this step; any other is dropped, once it has finished reading the
-        block tables (their rows may change owner now)."""
-        launch, self._ahead = self._ahead, None
-        if launch is not None and (launch.request_ids, launch.starts) != (ids, starts):
-            launch.copy.wait()
+    def _launch(self, reqs: list[Request], ids: tuple[str, ...], starts: tuple[int, ...]) -> _Launch:
+        """Write the batch into the iteration's input and run its step (captured when a bucket holds it)."""
+        n = len(reqs)
+        bucket = bucket_for(self.graph_buckets, n)
+        key = StepKey(bucket or n, self.shape, all(is_greedy(r.params) for r in reqs))
+        self.slots.sync_tables(ids)
+        slot_ids = [self.slots.slot(i) for i in ids] + [self.slots.padding_slot] * (key.bucket - n)
+        self.iteration.batch_slots[:key.bucket].copy_(pinned(slot_ids, self.device), non_blocking=True)
+        width = None if bucket is not None else max(len(self.pool.table(i)) for i in ids)
+        return _Launch(key, ids, starts, HostCopy(self.iteration.run(key, width)))
+
+    # ---- run-ahead -------------------------------------------------------------------------------
+    def _launch_ahead(self, launch: _Launch) -> _Launch:
+        """The step after ``launch``, for the same rows, launched now (its rows reserved by ``_may_run_ahead``)."""
+        slot_ids = self.iteration.batch_slots[:launch.key.bucket]
+        saved = [t.index_select(0, slot_ids) for t in self._state()]
+        ahead = _Launch(launch.key, launch.request_ids, (), HostCopy(self.iteration.run(launch.key)), saved)
+        return ahead
+
+    def _state(self) -> list[torch.Tensor]:
+        """Every per-slot buffer a step advances."""
+        return [self.slots.lengths, self.slots.last_tokens] + (self.proposer.state() if self.proposer else [])
+
+    def _take_ahead(self, ids: tuple[str, ...], starts: tuple[int, ...]) -> _Launch | None:
+        """The step run ahead if it serves this batch (each request was in it, from the length it has
+        now: requests that have left since do not matter); any other is dropped."""
+        launch = self._ahead
+        if launch is None:
             return None
-        return launch
+        ran = dict(zip(launch.request_ids, launch.starts))
+        if ids and all(ran.get(i) == s for i, s in zip(ids, starts)):
+            self._ahead = None
+            return launch
+        self._drop_ahead()
+        return None
 
-    def _launch_greedy(self, graph: CapturedTargetForward, ids: tuple[str, ...], starts: tuple[int, ...],
-                       tokens: torch.Tensor) -> _DecodeLaunch:
-        """Replay the decode graph over ``tokens`` [n] (device or pinned host) at positions ``starts``."""
-        _, logits = graph.run(ids, starts, tokens, pinned(list(starts), self.device))
-        next_tokens = logits.argmax(dim=-1)                                             # [n]
-        return _DecodeLaunch(ids, starts, next_tokens, HostCopy(next_tokens))
+    def _drop_ahead(self) -> None:
+        """Undo the step run ahead: wait for it (it read block tables whose rows may change owner now),
+        then restore the slot state it started from."""
+        launch, self._ahead = self._ahead, None
+        if launch is None:
+            return
+        launch.copy.wait()
+        slot_ids = self.iteration.batch_slots[:launch.key.bucket]
+        for buffer, saved in zip(self._state(), launch.saved):
+            buffer.index_copy_(0, slot_ids, saved)
+        self.slots.lengths[self.slots.padding_slot] = 0
 
-    def _may_run_ahead(self, reqs: list) -> bool:
-        """Whether to launch the step after this one now (run_ahead.reserve_rows: its rows reserved)."""
-        if self.run_ahead_limit is None:
+    def _may_run_ahead(self, reqs: list[Request], key: StepKey) -> bool:
+        """Whether to launch the step after this one now: captured, and its rows reserved for any
+        acceptance of this one (run_ahead.reserve_rows)."""
+        if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(reqs)) != key.bucket:
             return False
-        rows = [r.num_computed_tokens + 2 for r in reqs]  # through the next step's input token
-        return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, self.graph_tables.max_rows))
+        per_step = self.shape.num_steps + 1
+        lookahead = self.proposer.lookahead if self.proposer is not None else 0
+        rows = [r.num_computed_tokens + 2 * per_step + lookahead + 1 for r in reqs]
+        return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, self.slots.max_rows))
 
-    def _sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
-        if all(is_greedy(r.params) for r in reqs):  # no sampling tensors to build and upload
-            return logits.argmax(dim=-1).tolist()
-        tensors = SamplingTensors.from_params([r.params for r in reqs], self.device)
-        return sample(logits, tensors, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device)).tolist()
+
+def _next_tokens(reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor) -> torch.Tensor:
+    """[sum(counts)] the token after each prefill row: the prompt's next one, or for the last row of a
+    completed prompt the token just ``sampled`` ([completed prompts] on the device, in batch order)."""
+    tokens, tails = [], []
+    for r, a, c in zip(reqs, starts, counts):
+        known = r.token_ids[a + 1:a + c + 1]
+        tokens += known + [0] * (c - len(known))  # one row short exactly when the chunk completes the prompt
+        if len(known) < c:
+            tails.append(len(tokens) - 1)
+    next_ids = torch.tensor(tokens, dtype=torch.int64, device=sampled.device)
+    if tails:
+        next_ids[torch.tensor(tails, device=sampled.device)] = sampled
+    return next_ids

@@ -1,46 +1,28 @@
 """Pieces every chain drafter shares: choosing a draft token from draft logits (greedy, or sampled
 from the request's processed distribution q, which speculative sampling then needs), and packing
-the drafts into a chain ``DraftBatch``."""
+the drafts into a chain ``Drafts``."""
 from __future__ import annotations
 
 import torch
 
-from outpace.request import DRAFT, Request, request_keys
-from outpace.layers.sampler import SamplingTensors, logits_to_probs, sample_from_probs
-from outpace.speculative.proposer import DraftBatch
+from outpace.layers.sampler import logits_to_probs, sample_from_probs
+from outpace.request import DRAFT
+from outpace.speculative.proposer import DecodeRows, Drafts
 from outpace.speculative.tree import chain_tree
 
 
-class ChainDrafts:
-    """Accumulates one draft token per step for a batch of requests."""
+def choose_chain(logits: torch.Tensor, rows: DecodeRows, j: int, probs: list[torch.Tensor]) -> torch.Tensor:
+    """Draft j (at position L + j) from logits [b, vocab] over the target vocabulary -> [b]: the argmax
+    when every row is greedy; else drawn from each row's processed distribution q, appended to ``probs``."""
+    if rows.sampling.all_greedy:
+        return logits.argmax(-1)
+    q = logits_to_probs(logits, rows.sampling)                                   # [b, vocab]
+    probs.append(q)
+    return sample_from_probs(q, rows.keys(j, DRAFT))
 
-    def __init__(self, requests: list[Request], device: torch.device) -> None:
-        self.requests = requests
-        self.device = device
-        self.st = SamplingTensors.from_params([r.params for r in requests], device)
-        self.tokens: list[torch.Tensor] = []   # each [batch]
-        self.probs: list[torch.Tensor] = []    # each [batch, vocab], only when some request samples
 
-    def choose(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [batch, vocab] over the target vocabulary -> the next draft token [batch]."""
-        if self.st.all_greedy:
-            token = logits.argmax(-1)
-        else:
-            q = logits_to_probs(logits, self.st)
-            # draft j (this step's) sits at position L + j, L the last token's position
-            positions = [r.num_computed_tokens + len(self.tokens) + 1 for r in self.requests]
-            token = sample_from_probs(q, request_keys(self.requests, positions, DRAFT, self.device))
-            self.probs.append(q)
-        self.tokens.append(token)
-        return token
-
-    def add(self, token: torch.Tensor) -> None:
-        """A draft chosen without a distribution (n-gram): q is one-hot, so no probs are kept."""
-        self.tokens.append(token)
-
-    def batch(self) -> DraftBatch:
-        last = torch.tensor([r.token_ids[-1] for r in self.requests], device=self.device)
-        token_ids = torch.stack([last] + self.tokens, dim=1)  # [batch, num_drafts + 1]
-        parents, depths = chain_tree(len(self.requests), token_ids.shape[1], self.device)
-        probs = torch.stack(self.probs, dim=1) if self.probs else None
-        return DraftBatch(token_ids, parents, depths, is_chain=True, draft_probs=probs)
+def chain_drafts(rows: DecodeRows, tokens: list[torch.Tensor], probs: list[torch.Tensor]) -> Drafts:
+    """The chain [last token, tokens[0], ...] of every row (each token [b]), with the q of sampled drafts."""
+    token_ids = torch.stack([rows.last_tokens] + tokens, dim=1)                   # [b, num_drafts + 1]
+    parents, depths = chain_tree(rows.size, token_ids.shape[1], token_ids.device)
+    return Drafts(token_ids, parents, depths, torch.stack(probs, dim=1) if probs else None)

@@ -1,12 +1,16 @@
 """The interface every drafter implements, and the data that crosses it.
 
-Per engine step a proposer sees two calls, in this order:
-- ``propose(requests)`` for the requests in decode: draft tokens for each, as a ``DraftBatch``.
-- ``observe(rows)`` after the target forward: the target rows that were *committed* in this
-  step (prefill chunks, and each verify's accepted path), with the token that follows each row.
-  A drafter brings its own state (draft KV, pending hidden states) up to date from these.
-Drafters share the target's block tables (one ``BlockPool``): a request's draft KV lives at the
-same rows as its target KV, in the drafter's own tensors, so no second allocator exists.
+A drafter keeps its state per request slot (engine/slots.py) in device buffers that it
+allocates itself; the engine's decode iteration (engine/iteration.py) calls, per step,
+- ``draft(rows, shape)``: draft tokens for every row of the batch, as a ``Drafts`` tree,
+- ``update(verified)``: after the verify, record what the step committed (the accepted path's
+  rows and the token after each), so the next ``draft`` can bring the draft state up to date.
+Both are device work with static shapes (the batch's bucket, the ``DraftShape``): the same code
+runs eagerly and inside a captured CUDA graph. Prefill chunks reach the drafter through
+``absorb`` (eager, any shapes). Drafters share the target's block tables: a request's draft KV
+lives at the same rows as its target KV, in the drafter's own tensors.
+
+A drafter never imports the engine: what it needs arrives in ``DecodeRows`` and ``Verified``.
 """
 from __future__ import annotations
 
@@ -15,83 +19,137 @@ from dataclasses import dataclass
 
 import torch
 
-from outpace.request import Request
+from outpace.attention import forward_context, uniform_paged_metadata
+from outpace.layers.sampler import SamplingTensors, random_keys
+from outpace.speculative.verify import VerifyResult
 
 
-@dataclass
-class DraftBatch:
-    """Draft tokens for ``batch`` requests as trees of ``num_nodes`` nodes (a chain is the tree
-    where node i's parent is i - 1). Node 0 is the last accepted token, which is not a draft."""
+@dataclass(frozen=True)
+class DraftShape:
+    """What one iteration drafts; static (part of a captured graph's key).
 
-    token_ids: torch.Tensor           # [batch, num_nodes] int64 target-vocabulary ids
-    parents: torch.Tensor             # [batch, num_nodes] int64, -1 for node 0
-    depths: torch.Tensor              # [batch, num_nodes] int64, 0 for node 0
-    is_chain: bool
-    # Chain with sampled drafts: q at each draft position, [batch, num_nodes - 1, vocab];
-    # None when drafts were chosen deterministically (greedy or top-k trees).
-    draft_probs: torch.Tensor | None = None
+    ``num_steps`` autoregressive draft steps (0: none, plain decoding), ``topk`` branches per step
+    (1: a chain), ``num_draft_tokens`` verified nodes per request, node 0 (the last token) included."""
+
+    num_steps: int
+    topk: int = 1
+    num_draft_tokens: int | None = None  # None: a chain's num_steps + 1
 
     @property
     def num_nodes(self) -> int:
-        return self.token_ids.shape[1]
+        return self.num_steps + 1 if self.num_draft_tokens is None else self.num_draft_tokens
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
 
 
 @dataclass
-class CommittedRows:
-    """Target rows committed in one step, grouped by request (in ``requests`` order)."""
+class DecodeRows:
+    """The requests of one decode iteration, one row each; padded rows of a captured batch use the
+    padding slot (length 0, greedy, its KV in the padding block). Device tensors."""
 
-    requests: list[Request]
-    starts: list[int]                 # position of each request's first committed row
-    counts: list[int]                 # committed rows per request
-    rows: torch.Tensor                # [total] int64 row index into the forward's output
-    next_token_ids: torch.Tensor      # [total] int64 the token that follows each committed row
-    hidden_states: torch.Tensor       # [num_rows_in_forward, hidden] target pre-norm last hidden
-    aux_hidden_states: torch.Tensor | None  # [num_rows_in_forward, num_aux * hidden]
+    slots: torch.Tensor        # [b] int64
+    lengths: torch.Tensor      # [b] int64: L, KV rows; the last token sits at position L (no KV yet)
+    last_tokens: torch.Tensor  # [b] int64
+    tables: torch.Tensor       # [b, max_blocks] int64 block tables
+    seeds: torch.Tensor        # [b] int64 random streams
+    sampling: SamplingTensors  # [b] rows
+    block_size: int
+
+    @property
+    def size(self) -> int:
+        return self.slots.shape[0]
+
+    def keys(self, offset: int, purpose: int) -> torch.Tensor:
+        """[b] random keys for a draw deciding the token at position L + offset (outpace/request.py
+        names the purposes)."""
+        from outpace.request import DRAWS
+
+        return random_keys(self.seeds, (self.lengths + offset) * DRAWS + purpose)
+
+    def context(self, starts: torch.Tensor, query_len: int, backend, custom_mask: torch.Tensor | None = None):
+        """A forward context in which row s's ``query_len`` new tokens are KV rows starts[s] .. starts[s] +
+        query_len - 1 (``custom_mask`` [b, query_len, window] for trees, else causal)."""
+        meta = uniform_paged_metadata(self.tables, starts, query_len, self.block_size, custom_mask)
+        return forward_context(meta, backend)
 
 
-def merge_pending(chunks: list[tuple]) -> tuple:
-    """A request's pending chunks ``[(row tensors..., first row)]`` (contiguous rows, in order) as one."""
-    return (*(torch.cat([c[i] for c in chunks]) for i in range(len(chunks[0]) - 1)), chunks[0][-1])
+def positions(starts: torch.Tensor, n: int) -> torch.Tensor:
+    """[len(starts) * n]: positions starts[s] .. starts[s] + n - 1 of each row, concatenated."""
+    return (starts[:, None] + torch.arange(n, device=starts.device)).reshape(-1)
 
 
-def split_pending(chunks: list[tuple], keep: int) -> tuple[tuple | None, tuple]:
-    """A request's pending chunks as two chunks: the rows to absorb into the draft KV now (all but
-    the last ``keep``; None when there are no more than ``keep``) and the last ``keep`` rows, which
-    stay pending."""
-    *rows, start = merge_pending(chunks)
-    excess = rows[0].shape[0] - keep
-    if excess <= 0:
-        return None, (*rows, start)
-    return (*(r[:excess] for r in rows), start), (*(r[excess:] for r in rows), start + excess)
+@dataclass
+class Drafts:
+    """Draft tokens for every row as trees of ``num_nodes`` nodes (a chain is the tree where node i's
+    parent is i - 1). Node 0 is the last token, which is not a draft."""
+
+    token_ids: torch.Tensor            # [b, num_nodes] int64 target-vocabulary ids
+    parents: torch.Tensor              # [b, num_nodes] int64, -1 for node 0
+    depths: torch.Tensor               # [b, num_nodes] int64, 0 for node 0
+    # Chains with sampled drafts: q at each draft position, [b, num_nodes - 1, vocab]; None when the
+    # drafts were chosen deterministically (greedy, top-k trees, n-gram): q is then one-hot.
+    draft_probs: torch.Tensor | None = None
 
 
-def take_excess_rows(pending: dict[str, list[tuple]], requests: list[Request], keep: int) -> tuple[list, list]:
-    """For each request whose pending rows (``pending[request_id]``, chunks as in ``split_pending``)
-    exceed ``keep``: leave the last ``keep`` pending and take the others out. Returns those requests
-    and, for each, the chunk of rows taken (for the drafter to absorb into its KV now)."""
-    taken_from, taken = [], []
-    for r in requests:
-        absorb, kept = split_pending(pending[r.request_id], keep)
-        if absorb is not None:
-            pending[r.request_id] = [kept]
-            taken_from.append(r)
-            taken.append(absorb)
-    return taken_from, taken
+@dataclass
+class Verified:
+    """What one iteration committed, for ``Proposer.update``: row s committed the verified nodes
+    ``result.accepted_path[s, :a + 1]`` (a = ``result.num_correct_drafts[s]``) at KV rows L .. L + a
+    (a tree's path already moved there), and ``result.output_token_ids[s, i]`` follows row L + i."""
+
+    rows: DecodeRows
+    hidden_states: torch.Tensor              # [b * num_nodes, hidden] the verify forward's, pre-norm
+    aux_hidden_states: torch.Tensor | None   # [b * num_nodes, num_aux * hidden]
+    result: VerifyResult
+
+    def committed_rows(self, width: int) -> torch.Tensor:
+        """[b, width] int64: for each row, the flat index (into the verify forward's outputs) of its
+        committed nodes in order, padded with its last committed node."""
+        b = self.rows.size
+        path = self.result.accepted_path                                       # [b, depth + 1], -1 after
+        path = torch.cat([path, path.new_full((b, max(0, width - path.shape[1])), -1)], dim=1)[:, :width]
+        last = path.gather(1, self.result.num_correct_drafts[:, None])         # [b, 1]
+        path = torch.where(path >= 0, path, last)
+        num_nodes = self.hidden_states.shape[0] // b
+        return path + torch.arange(b, device=path.device)[:, None] * num_nodes
+
+    def next_tokens(self, width: int) -> torch.Tensor:
+        """[b, width] int64: the token after each committed row, padded with the last (the bonus)."""
+        out = self.result.output_token_ids                                     # [b, depth + 1], -1 after
+        out = torch.cat([out, out.new_full((out.shape[0], max(0, width - out.shape[1])), -1)], dim=1)[:, :width]
+        return torch.where(out >= 0, out, self.result.bonus_token_ids[:, None])
+
+
+@dataclass
+class PrefillRows:
+    """Rows a prefill chunk committed, one group per request (host lists, device tensors)."""
+
+    slots: list[int]
+    starts: list[int]                  # each request's first row in this chunk
+    counts: list[int]                  # its rows in this chunk
+    final: list[bool]                  # whether the chunk completes its prompt (its last row's next token sampled)
+    rows: torch.Tensor                 # [total] int64 index of each committed row into the forward's outputs
+    next_token_ids: torch.Tensor       # [total] int64 the token after each row
+    hidden_states: torch.Tensor        # [num_rows_in_forward, hidden]
+    aux_hidden_states: torch.Tensor | None
+    tables: list[list[int]]            # each request's block table
 
 
 class Proposer(abc.ABC):
-    """A drafter. ``lookahead``: KV rows past a request's last accepted token that it may write
-    (the scheduler reserves them, together with the target's verify rows)."""
+    """A drafter. ``lookahead``: KV rows past a request's last token that drafting may write
+    (the scheduler reserves them with the verify's rows)."""
 
-    # Target layers whose inputs the drafter needs (see ModelConfig aux convention); () for none.
-    aux_layer_ids: tuple[int, ...] = ()
+    aux_layer_ids: tuple[int, ...] = ()  # target layers whose inputs the drafter reads (ModelConfig convention)
+    supports_trees: bool = False
 
-    def __init__(self, spec, pool, device: str, attention_backend: str = "torch") -> None:
-        """What every drafter keeps: its config, the shared block pool, its device and attention backend."""
+    def __init__(self, spec, pool, max_slots: int, device: str, attention_backend: str = "torch") -> None:
         from outpace.attention.registry import get_backend
 
         self.spec = spec
         self.pool = pool
+        self.max_slots = max_slots  # slot indices 0 .. max_slots (the last: padding)
         self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
 
@@ -100,11 +158,19 @@ class Proposer(abc.ABC):
     def lookahead(self) -> int: ...
 
     @abc.abstractmethod
-    def propose(self, requests: list[Request]) -> DraftBatch: ...
+    def absorb(self, prefill: PrefillRows) -> None:
+        """Bring the draft state up to date with prefill chunks (eager)."""
 
     @abc.abstractmethod
-    def observe(self, committed: CommittedRows) -> None: ...
+    def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
+        """Draft ``shape`` for every row; static shapes (capturable). With ``shape.num_steps`` 0 it
+        still brings its state up to date and returns node 0 alone."""
 
     @abc.abstractmethod
-    def release(self, request_id: str) -> None:
-        """Forget a request (finished, aborted or preempted)."""
+    def update(self, verified: Verified) -> None:
+        """Record the step's committed rows; static shapes (capturable)."""
+
+    def state(self) -> list[torch.Tensor]:
+        """The per-slot buffers ``draft`` and ``update`` advance (each indexed by slot first): saved
+        and restored around a step run ahead."""
+        return []

@@ -1,27 +1,37 @@
-"""Running a drafter over rows of its own paged KV (shared block tables with the target)."""
+"""Running a drafter over prefill rows of its own paged KV (shared block tables with the target)."""
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from outpace.attention import build_paged_metadata, forward_context
-from outpace.attention.backend import AttentionBackend
-from outpace.cache.block_pool import BlockPool
-from outpace.request import Request
+from outpace.speculative.proposer import PrefillRows
 
 
-@contextlib.contextmanager
-def draft_rows(pool: BlockPool, backend: AttentionBackend, requests: Sequence[Request], starts: Sequence[int],
-               counts: Sequence[int], device: torch.device, custom_masks=None) -> Iterator[None]:
-    """A forward context in which request i's new rows are KV rows starts[i] .. starts[i] + counts[i] - 1."""
-    meta = build_paged_metadata([pool.table(r.request_id) for r in requests], starts, counts, pool.block_size,
-                                device, custom_masks)
-    with forward_context(meta, backend):
-        yield
+@dataclass
+class PrefillExtension:
+    """The prefill rows a drafter extends its KV over now: each request's first ``counts[i] - keep[i]``
+    rows of its chunk."""
+
+    rows: torch.Tensor       # [m] int64 index of each into the prefill's rows
+    positions: torch.Tensor  # [m] int64 its position (= its KV row)
+    metadata: object
+
+    def context(self, backend):
+        return forward_context(self.metadata, backend)
 
 
-def row_positions(starts: Sequence[int], counts: Sequence[int], device: torch.device) -> torch.Tensor:
-    """[sum(counts)] int64: each request's rows at their own positions, concatenated."""
-    return torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(device)
+def prefill_extension(prefill: PrefillRows, keep: list[int], block_size: int) -> PrefillExtension | None:
+    """The rows of ``prefill`` but each request's last ``keep[i]``; None when that leaves none."""
+    take = [i for i, (c, k) in enumerate(zip(prefill.counts, keep)) if c > k]
+    if not take:
+        return None
+    device = prefill.next_token_ids.device
+    offsets = torch.tensor([0] + prefill.counts).cumsum(0).tolist()
+    counts = [prefill.counts[i] - keep[i] for i in take]
+    starts = [prefill.starts[i] for i in take]
+    rows = torch.cat([torch.arange(offsets[i], offsets[i] + c) for i, c in zip(take, counts)]).to(device)
+    positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(device)
+    meta = build_paged_metadata([prefill.tables[i] for i in take], starts, counts, block_size, device)
+    return PrefillExtension(rows, positions, meta)

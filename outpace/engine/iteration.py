@@ -1,0 +1,129 @@
+"""THE decode iteration, written once: propose -> verify forward -> accept -> KV commit -> drafter update.
+
+One step advances every request of a decode batch by one verify, reading and writing only device
+state (the request slots, engine/slots.py, and the drafter's slot buffers), with shapes fixed by
+(batch bucket, ``DraftShape``, whether every request is greedy). On CUDA each such key is captured
+once as a CUDA graph and replayed; elsewhere, and for a batch no bucket holds, the same function
+runs eagerly. Plain decoding is the zero-draft case: node 0 alone, whose verify samples the next
+token.
+
+Let L be a request's KV length; its last token sits at position L with no KV yet. The drafts form a
+tree whose node 0 is that token and whose node i sits at position L + depth(i) in KV row L + i. The
+target forwards all nodes; acceptance (greedy, or rejection sampling: speculative/verify.py) keeps
+``a`` drafts along one root path and adds the bonus token; a tree's path is then moved to rows
+L .. L + a (a chain's already is), the request's length becomes L + a + 1 and its last token the
+bonus. Rows past the path are left behind: the next forward overwrites them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.engine.cuda_graphs import CapturedCall
+from outpace.engine.slots import RequestSlots
+from outpace.request import VERIFY
+from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
+from outpace.speculative.tree import ancestor_mask, chain_tree
+from outpace.speculative.verify import verify_chain, verify_tree
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """What fixes a step's shapes: one captured graph each."""
+    bucket: int
+    shape: DraftShape
+    greedy: bool
+
+
+class DecodeIteration:
+    def __init__(self, model: nn.Module, backend, kv_caches: list, slots: RequestSlots, proposer: Proposer | None,
+                 max_seqs: int) -> None:
+        self.model, self.backend, self.kv_caches = model, backend, kv_caches
+        self.slots, self.proposer = slots, proposer
+        # The step's input: each row's slot (padding rows: the padding slot). Static, so captured
+        # graphs read it; the host writes it before each launch.
+        self.batch_slots = torch.full((max_seqs,), slots.padding_slot, dtype=torch.int64, device=slots.device)
+        self._graphs: dict[StepKey, CapturedCall] = {}
+
+    def capture(self, key: StepKey, memory_pool=None) -> None:
+        """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
+        self._graphs[key] = CapturedCall(lambda: self.step(key), self.slots.device, memory_pool)
+
+    def run(self, key: StepKey, width: int | None = None) -> torch.Tensor:
+        """Run the step for the rows in ``batch_slots[:key.bucket]``: the captured graph of the key when
+        there is one (full-width block tables), else eagerly over the first ``width`` table columns.
+        Returns the step's packed outputs (``unpack``)."""
+        graph = self._graphs.get(key)
+        return graph.replay() if graph is not None else self.step(key, width)
+
+    def step(self, key: StepKey, width: int | None = None) -> torch.Tensor:
+        """The iteration (capturable). Returns [b * (depth + 1) + b (+ b * num_nodes for trees)] int64:
+        each row's output tokens (accepted drafts, the bonus, then -1), its number of accepted drafts,
+        and for trees each node's depth."""
+        s, shape, b = self.slots, key.shape, key.bucket
+        with torch.inference_mode():
+            slot_ids = self.batch_slots[:b]                                            # [b]
+            tables = s.tables.index_select(0, slot_ids)                                # [b, max_blocks]
+            rows = DecodeRows(slot_ids, s.lengths[slot_ids], s.last_tokens[slot_ids],
+                              tables if width is None else tables[:, :width].contiguous(), s.seeds[slot_ids],
+                              s.sampling(slot_ids, key.greedy), s.pool.block_size)
+            drafts = self.proposer.draft(rows, shape) if self.proposer is not None else _root_only(rows)
+            n = shape.num_nodes
+            mask = None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)  # [b, n, n]
+            with rows.context(rows.lengths, n, self.backend, mask):
+                out = self.model(drafts.token_ids.reshape(-1), (rows.lengths[:, None] + drafts.depths).reshape(-1))
+            logits = self.model.compute_logits(out.hidden_states).view(b, n, -1)        # [b, n, vocab]
+            keys = rows.keys(0, VERIFY)
+            if shape.is_chain:
+                result = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys)
+            else:
+                result = verify_tree(drafts.parents, drafts.token_ids, None, logits, rows.sampling, keys,
+                                     max_depth=shape.num_steps)
+                self._commit_tree_kv(rows, result.accepted_path)
+            if self.proposer is not None:
+                self.proposer.update(Verified(rows, out.hidden_states, out.aux_hidden_states, result))
+            s.lengths[slot_ids] = rows.lengths + result.num_correct_drafts + 1
+            s.last_tokens[slot_ids] = result.bonus_token_ids
+            s.lengths[s.padding_slot] = 0
+            packed = [result.output_token_ids.reshape(-1), result.num_correct_drafts]
+            if not shape.is_chain:
+                packed.append(drafts.depths.reshape(-1))
+            return torch.cat(packed)
+
+    @staticmethod
+    def unpack(host: list[int], key: StepKey, n: int) -> list[tuple[list[int], int, list[int] | None]]:
+        """The first ``n`` rows of a step's packed outputs: (committed tokens, accepted drafts, the
+        drafts' depths (trees) or None)."""
+        shape, b = key.shape, key.bucket
+        width = shape.num_steps + 1
+        tokens, accepted = host[:b * width], host[b * width:b * width + b]
+        depths = host[b * width + b:]
+        nodes = shape.num_nodes
+        return [(tokens[i * width:i * width + accepted[i] + 1], accepted[i],
+                 None if shape.is_chain else depths[i * nodes + 1:(i + 1) * nodes]) for i in range(n)]
+
+    def _commit_tree_kv(self, rows: DecodeRows, path: torch.Tensor) -> None:
+        """Move the target KV of each row's accepted nodes (``path`` [b, depth + 1], -1 after) from KV row
+        L + node to row L + i, i their order on the path; a chain's path needs no move."""
+        b, width = path.shape
+        order = torch.arange(width, device=path.device).expand(b, -1)                  # [b, depth + 1]
+        src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)         # unaccepted: stay
+        dst_rows = rows.lengths[:, None] + order
+        bs = rows.block_size
+
+        def flat_slots(r: torch.Tensor) -> torch.Tensor:  # [b, w] rows -> [b * w] flat cache slots
+            return (rows.tables.gather(1, r // bs) * bs + r % bs).reshape(-1)
+
+        src, dst = flat_slots(src_rows), flat_slots(dst_rows)
+        for pair in self.kv_caches:
+            for cache in pair:
+                flat = cache.view(-1, *cache.shape[2:])
+                flat.index_copy_(0, dst, flat.index_select(0, src))
+
+
+def _root_only(rows: DecodeRows) -> Drafts:
+    """No drafter: node 0 alone (plain decoding)."""
+    parents, depths = chain_tree(rows.size, 1, rows.slots.device)
+    return Drafts(rows.last_tokens[:, None], parents, depths)

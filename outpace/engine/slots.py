@@ -1,0 +1,110 @@
+"""Per-request slots: the device state a decode iteration reads and advances, eager or captured.
+
+Each running request holds one slot from admission to its end (finish, abort or preemption).
+Everything a decode step needs about a request lives in device tensors indexed by slot, so a
+step reads it with one gather and writes it back with one scatter, and consecutive steps need
+nothing from the host but new block-table entries:
+- ``lengths`` [slots]: L, the request's KV rows; its last token sits at position L, not in the
+  KV yet (it is the first token the next step forwards),
+- ``last_tokens`` [slots]: that token,
+- ``seeds`` [slots]: its random stream (layers/sampler.py ``random_keys``),
+- its sampling parameters (temperature, top-k, top-p, min-p), one row per slot,
+- its block table, a row of ``tables`` [slots, max_blocks], mirrored in (pinned) host memory and
+  copied incrementally: a request's table only grows while it lives.
+The last slot, ``padding_slot``, belongs to no request: padded rows of a captured batch use it;
+its length stays 0 and its table points at the pool's padding block, so the KV it writes lands
+where no request reads.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from outpace.cache.block_pool import BlockPool
+from outpace.layers.sampler import SamplingTensors
+from outpace.request import Request
+
+
+class RequestSlots:
+    def __init__(self, pool: BlockPool, max_seqs: int, max_blocks: int, device: torch.device | str) -> None:
+        self.pool, self.device = pool, torch.device(device)
+        self.padding_slot = max_seqs
+        n = max_seqs + 1
+        on_gpu = self.device.type == "cuda"
+        self.lengths = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.last_tokens = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.seeds = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.temperature = torch.zeros(n, dtype=torch.float32, device=self.device)  # 0: greedy (the padding slot too)
+        self.top_k = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=self.device)
+        self.min_p = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.host_tables = torch.full((n, max_blocks), pool.padding_block, dtype=torch.int64, pin_memory=on_gpu)
+        self.tables = self.host_tables.to(self.device)                     # [slots, max_blocks]
+        self._written = [0] * n                                              # table entries copied per slot
+        self._free = list(range(max_seqs - 1, -1, -1))
+        self._slot_of: dict[str, int] = {}
+
+    @property
+    def max_rows(self) -> int:
+        """The KV rows a slot's table can address."""
+        return self.tables.shape[1] * self.pool.block_size
+
+    def slot(self, request_id: str) -> int:
+        return self._slot_of[request_id]
+
+    def assign(self, req: Request) -> int:
+        """Give the request a slot (if it has none) with its seed and sampling parameters."""
+        if req.request_id in self._slot_of:
+            return self._slot_of[req.request_id]
+        s = self._free.pop()
+        self._slot_of[req.request_id] = s
+        p = req.params
+        row = SamplingTensors.from_params([p], "cpu")
+        for buffer, value in ((self.temperature, row.temperature), (self.top_k, row.top_k), (self.top_p, row.top_p),
+                              (self.min_p, row.min_p)):
+            buffer[s] = value[0]
+        self.seeds[s] = req.seed
+        return s
+
+    def release(self, request_id: str) -> None:
+        """The request ended or was preempted: its slot is free again (its table row reset on reuse)."""
+        s = self._slot_of.pop(request_id, None)
+        if s is not None:
+            self._free.append(s)
+            self._reset_table(s)
+
+    def start_decoding(self, slots: list[int], lengths: list[int], last_tokens: torch.Tensor) -> None:
+        """Prefills completed: slot slots[i] has lengths[i] KV rows and its last token (just sampled,
+        not in the KV) is last_tokens[i] ([n] on the device)."""
+        index = torch.tensor(slots, device=self.device)
+        self.lengths[index] = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+        self.last_tokens[index] = last_tokens
+
+    def sync_tables(self, request_ids: Sequence[str]) -> None:
+        """Copy to the device the table entries these requests gained since the last copy."""
+        dirty = False
+        for rid in request_ids:
+            s, table = self._slot_of[rid], self.pool.table(rid)
+            if len(table) > self.host_tables.shape[1]:
+                raise ValueError(f"request {rid!r} has {len(table)} blocks, its slot holds {self.host_tables.shape[1]}")
+            if len(table) < self._written[s]:  # shrank (preempted and re-admitted under the same slot)
+                self._reset_table(s)
+            if len(table) > self._written[s]:
+                self.host_tables[s, self._written[s]:len(table)] = torch.tensor(table[self._written[s]:])
+                self._written[s] = len(table)
+                dirty = True
+        if dirty:  # NOTE: whole-table copy; rows only grow while their requests live, so a queued replay
+            self.tables.copy_(self.host_tables, non_blocking=True)  # still reads what it read before
+
+    def _reset_table(self, s: int) -> None:
+        self.host_tables[s].fill_(self.pool.padding_block)
+        self._written[s] = 0
+        self.tables[s].copy_(self.host_tables[s], non_blocking=True)
+
+    def sampling(self, slots: torch.Tensor, greedy: bool) -> SamplingTensors:
+        """The rows' sampling parameters (``slots`` [n] on the device); ``greedy``: whether every row is
+        (a host flag: the greedy step skips the sampling filters; padding rows are greedy)."""
+        return SamplingTensors(self.temperature[slots], self.top_k[slots], self.top_p[slots], self.min_p[slots],
+                               all_greedy=greedy, need_top_k=not greedy, need_top_p=not greedy,
+                               need_min_p=not greedy)
