@@ -114,7 +114,7 @@ class Gemma3Config:
 
 
 def layer_type(cfg: ModelConfig, layer: int) -> str:
-    """"sliding_attention" or "full_attention": ModelConfig parsed each layer's window."""
+    """The layer's type, sliding_attention or full_attention, from its window (ModelConfig parsed them)."""
     return "full_attention" if cfg.layer_window(layer) is None else "sliding_attention"
 
 
