@@ -488,3 +488,14 @@ def test_moe_layer_freq_and_first_dense_layers():
     ds = loaded(cfg)[1]
     assert [i for i in range(10) if ds.is_moe_layer(i)] == [4, 6, 8]
     assert not loaded({**cfg, "n_routed_experts": None})[1].is_moe_layer(8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_omitted_fields_mean_the_transformers_defaults(arch):
+    full = deepseek_dict(arch)
+    keep = ("architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act", "rope_parameters")
+    minimal = {k: full[k] for k in keep}
+    if arch == "DeepseekV2ForCausalLM":
+        minimal["num_experts_per_tok"] = full["num_experts_per_tok"]  # (the default, None, is refused)
+    assert loaded(minimal)[1] == loaded(full)[1]

@@ -40,6 +40,21 @@ from outpace.models.mtp import OwnHeadsMTPBlock
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 
+# What a config.json that omits a field means: transformers' DeepseekV2Config / DeepseekV3Config defaults
+# (version-specific ones), and DeepSeek's for the fields transformers lacks (moe_layer_freq, scoring_func,
+# topk_method: DeepSeek-V3's config.json has sigmoid and noaux_tc).
+DEFAULTS = {
+    V2: dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+             n_routed_experts=64, num_experts_per_tok=None, moe_intermediate_size=1407, n_shared_experts=2,
+             first_k_dense_replace=0, n_group=None, topk_group=None, norm_topk_prob=False, routed_scaling_factor=1.0,
+             moe_layer_freq=1, scoring_func="softmax", topk_method="greedy", attention_bias=False, mlp_bias=False),
+    V3: dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+             n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
+             first_k_dense_replace=3, n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5,
+             moe_layer_freq=1, scoring_func="sigmoid", topk_method="noaux_tc", attention_bias=False,
+             rope_interleave=True),
+}
+
 
 @dataclass(frozen=True)
 class DeepseekConfig:
@@ -74,25 +89,24 @@ class DeepseekConfig:
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> DeepseekConfig:
-        raw, v3 = cfg.raw, cfg.architecture == V3
+        raw, v3 = {**DEFAULTS[cfg.architecture], **cfg.raw}, cfg.architecture == V3
         _refuse_unimplemented(raw, v3, cfg.num_attention_heads, cfg.num_key_value_heads)
-        experts = raw.get("n_routed_experts")
+        experts = raw["n_routed_experts"]
         return cls(
             version=3 if v3 else 2, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
             rms_norm_eps=cfg.rms_norm_eps, hidden_act=cfg.hidden_act, tie_word_embeddings=cfg.tie_word_embeddings,
-            num_heads=cfg.num_attention_heads, q_lora_rank=raw.get("q_lora_rank"),
+            num_heads=cfg.num_attention_heads, q_lora_rank=raw["q_lora_rank"],
             kv_lora_rank=raw["kv_lora_rank"], qk_nope_head_dim=raw["qk_nope_head_dim"],
             qk_rope_head_dim=raw["qk_rope_head_dim"], v_head_dim=raw["v_head_dim"],
-            attention_bias=bool(raw.get("attention_bias", False)),
-            mlp_bias=not v3 and bool(raw.get("mlp_bias", False)),  # DeepseekV3MLP has no biases
-            rope_interleave=bool(raw.get("rope_interleave", True)) if v3 else True,  # V2: apply_rotary_emb's pairs
+            attention_bias=bool(raw["attention_bias"]),
+            mlp_bias=not v3 and bool(raw["mlp_bias"]),  # DeepseekV3MLP has no biases
+            rope_interleave=bool(raw["rope_interleave"]) if v3 else True,  # V2: apply_rotary_emb's pairs
             max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
             rope_scaling=cfg.rope_scaling,
-            n_routed_experts=experts, moe_intermediate_size=raw.get("moe_intermediate_size", 0),
-            n_shared_experts=raw.get("n_shared_experts") or 0,
-            first_k_dense_replace=raw.get("first_k_dense_replace") or 0,
-            moe_layer_freq=raw.get("moe_layer_freq", 1),
+            n_routed_experts=experts, moe_intermediate_size=raw["moe_intermediate_size"],
+            n_shared_experts=raw["n_shared_experts"] or 0, first_k_dense_replace=raw["first_k_dense_replace"] or 0,
+            moe_layer_freq=raw["moe_layer_freq"],
             routing=None if experts is None else _routing(raw, v3))
 
     def is_moe_layer(self, index: int) -> bool:
@@ -117,55 +131,52 @@ class DeepseekConfig:
 
 
 def _routing(raw: dict, v3: bool) -> Routing:
-    """The router's settings (layers/moe.py); V3: sigmoid scores, noaux_tc; V2: softmax, greedy or
-    group_limited_greedy (n_group and topk_group only for the latter)."""
-    grouped = v3 or raw.get("topk_method", "greedy") == "group_limited_greedy"
+    """The router's settings (layers/moe.py) from a config with its defaults filled in; V3: sigmoid scores,
+    noaux_tc; V2: softmax, greedy or group_limited_greedy (n_group and topk_group only for the latter)."""
+    grouped = v3 or raw["topk_method"] == "group_limited_greedy"
     return Routing(
         num_experts=raw["n_routed_experts"], top_k=raw["num_experts_per_tok"],
         scoring="sigmoid" if v3 else "softmax",
         num_groups=raw["n_group"] if grouped else 1, top_groups=raw["topk_group"] if grouped else 1,
         group_score="top2_sum" if v3 else "max", correction_bias=v3,
-        normalize=v3 and bool(raw.get("norm_topk_prob", True)),
-        scaling=float(raw.get("routed_scaling_factor", 1.0)))
+        normalize=v3 and bool(raw["norm_topk_prob"]), scaling=float(raw["routed_scaling_factor"]))
 
 
 def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> None:
-    """ConfigError for DeepSeek config values that change the computation and that outpace does not
-    implement (or that the references disagree on)."""
+    """ConfigError for DeepSeek config values (``raw``: defaults filled in) that change the computation and
+    that outpace does not implement (or that the references disagree on)."""
     o = "ModelConfig"
     # transformers repeats each kv head num_attention_heads // num_key_value_heads times over the expanded
     # per-head keys; DeepSeek's checkpoints set the two equal.
     _require(o, "num_key_value_heads", kv_heads, kv_heads == heads, f"num_attention_heads={heads} for MLA")
     for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-        _require(o, name, raw.get(name), isinstance(raw.get(name), int) and raw[name] > 0, "a positive integer")
+        _require(o, name, raw[name], isinstance(raw[name], int) and raw[name] > 0, "a positive integer")
     _require(o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even")
-    q_rank = raw.get("q_lora_rank")
+    q_rank = raw["q_lora_rank"]
     _require(o, "q_lora_rank", q_rank, q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
              "None or a positive integer")
-    scoring, method = ("sigmoid", "noaux_tc") if v3 else ("softmax", None)
-    _require(o, "scoring_func", raw.get("scoring_func", scoring), raw.get("scoring_func", scoring) == scoring,
-             f"{scoring!r} for {'V3' if v3 else 'V2'}")
-    methods = (method,) if v3 else ("greedy", "group_limited_greedy")
-    _require(o, "topk_method", raw.get("topk_method", methods[0]), raw.get("topk_method", methods[0]) in methods,
-             f"one of {', '.join(methods)}")
+    scoring = "sigmoid" if v3 else "softmax"
+    _require(o, "scoring_func", raw["scoring_func"], raw["scoring_func"] == scoring, f"{scoring!r} for this version")
+    methods = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
+    _require(o, "topk_method", raw["topk_method"], raw["topk_method"] in methods, f"one of {', '.join(methods)}")
     if not v3:  # transformers' V2 router ignores norm_topk_prob, DeepSeek's normalises and then does not
         # scale, vLLM normalises and scales: no reference to be exact against.
-        _require(o, "norm_topk_prob", raw.get("norm_topk_prob"), not raw.get("norm_topk_prob"),
+        _require(o, "norm_topk_prob", raw["norm_topk_prob"], not raw["norm_topk_prob"],
                  "false for V2 (its references disagree on what true computes)")
-    freq = raw.get("moe_layer_freq", 1)
+    freq = raw["moe_layer_freq"]
     _require(o, "moe_layer_freq", freq, isinstance(freq, int) and freq > 0, "a positive integer")
-    if raw.get("n_routed_experts") is not None:
+    if raw["n_routed_experts"] is not None:
         _check_routing(raw, v3)
 
 
 def _check_routing(raw: dict, v3: bool) -> None:
     o = "ModelConfig"
-    experts, top_k = raw["n_routed_experts"], raw.get("num_experts_per_tok")
+    experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
     _require(o, "n_routed_experts", experts, isinstance(experts, int) and experts > 0, "a positive integer or None")
     _require(o, "num_experts_per_tok", top_k, isinstance(top_k, int) and 0 < top_k <= experts,
              f"an integer in [1, n_routed_experts={experts}]")
-    if v3 or raw.get("topk_method") == "group_limited_greedy":
-        groups, top_groups = raw.get("n_group"), raw.get("topk_group")
+    if v3 or raw["topk_method"] == "group_limited_greedy":
+        groups, top_groups = raw["n_group"], raw["topk_group"]
         _require(o, "n_group", groups, isinstance(groups, int) and groups > 0 and experts % groups == 0
                  and (not v3 or experts // groups >= 2),
                  f"a divisor of n_routed_experts={experts}" + (" leaving >= 2 experts per group (V3 scores a "
