@@ -17,7 +17,6 @@ from outpace.config import ConfigError, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, dflash_block_size, load_dflash_draft
 from outpace.models.eagle3 import DraftMismatchError
 from outpace.models.loader import load_model
-from outpace.speculative.dflash import DFlashProposer
 from outpace.train.dflash import block_inputs, default_target_layer_ids, dflash_forward, sample_anchors
 from outpace.train.distill import teacher_forward
 
@@ -134,24 +133,33 @@ def _tight_llm(target, draft, **kwargs):
                max_num_batched_tokens=16, speculative=spec, **kwargs)
 
 
-def _record_blocks(monkeypatch):
-    """Record (tokens, L, logits) of every request at every propose."""
-    records = []
-    original = DFlashProposer._block_logits
+def _rows_requests(llm, rows):
+    """The request of each row of a decode batch (None: a padding row)."""
+    engine = llm.engine
+    by_slot = {engine.runner.slots.slot(r.request_id): r for r in engine.scheduler.running}
+    return [by_slot.get(s) for s in rows.slots.tolist()]
 
-    def recording(self, requests):
-        logits = original(self, requests)
-        records.extend((list(r.token_ids), r.num_computed_tokens, logits[i].clone()) for i, r in enumerate(requests))
+
+def _record_blocks(llm, monkeypatch):
+    """Record (tokens, L, logits) of every request at every block forward."""
+    records = []
+    proposer = llm.engine.runner.proposer
+    original = proposer._block_logits
+
+    def recording(rows, k):
+        logits = original(rows, k)
+        requests = _rows_requests(llm, rows)
+        records.extend((list(r.token_ids), L, logits[i].clone())
+                       for i, (r, L) in enumerate(zip(requests, rows.lengths.tolist())) if r is not None)
         return logits
 
-    monkeypatch.setattr(DFlashProposer, "_block_logits", recording)
+    monkeypatch.setattr(proposer, "_block_logits", recording)
     return records
 
 
 def _check_against_recomputation(llm, records, limit=60):
     """Each recorded block's logits equal a dense recomputation from the target's features of tokens[:L]."""
-    proposer = llm.engine.spec_runner.proposer
-    target, draft = llm.engine.model, proposer.draft
+    target, draft = llm.engine.model, llm.engine.runner.proposer.draft_model
     assert records
     step = max(1, len(records) // limit)
     for tokens, L, logits in records[::step]:
@@ -167,16 +175,16 @@ def _check_against_recomputation(llm, records, limit=60):
 def test_random_dflash_is_lossless_chunked_and_preempted(target4, draft4, reference, monkeypatch):
     ps, full = reference
     expected = [t[:GREEDY.max_tokens] for t in full]
-    records = _record_blocks(monkeypatch)
     llm = _tight_llm(target4, draft4)
+    records = _record_blocks(llm, monkeypatch)
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
     assert llm.engine.pool.num_free == 30
-    proposer = llm.engine.spec_runner.proposer
+    proposer = llm.engine.runner.proposer
     # target_layer_ids (0, 1, 3) mean outputs of those layers: the inputs of 1, 2 and 4 (4 = the last output)
     assert proposer.aux_layer_ids == llm.engine.model.aux_layer_ids == (1, 2, 4)
-    assert proposer.lookahead == BLOCK - 1 and proposer._pending == {}
+    assert proposer.lookahead == BLOCK - 1
     _check_against_recomputation(llm, records)
 
 
@@ -185,19 +193,21 @@ def test_right_drafts_are_accepted_and_state_stays_exact(target4, draft4, refere
     the draft's KV after accepted blocks still equals a from-scratch recomputation."""
     ps, full = reference
     truth = {tuple(p): p + f for p, f in zip(ps, full)}
-    records = _record_blocks(monkeypatch)
-    original = DFlashProposer.propose
-
-    def oracle(self, requests):
-        batch = original(self, requests)
-        batch.token_ids = batch.token_ids.clone()
-        for i, r in enumerate(requests):
-            seq = truth[tuple(r.prompt_token_ids)]
-            batch.token_ids[i, 1:] = torch.tensor(seq[r.num_tokens:r.num_tokens + BLOCK - 1])
-        return batch
-
-    monkeypatch.setattr(DFlashProposer, "propose", oracle)
     llm = _tight_llm(target4, draft4, num_kv_blocks=24)
+    records = _record_blocks(llm, monkeypatch)
+    proposer = llm.engine.runner.proposer
+    original = proposer.draft
+
+    def oracle(rows, shape):
+        drafts = original(rows, shape)
+        drafts.token_ids = drafts.token_ids.clone()
+        for i, r in enumerate(_rows_requests(llm, rows)):
+            if r is not None:
+                seq = truth[tuple(r.prompt_token_ids)]
+                drafts.token_ids[i, 1:] = torch.tensor(seq[r.num_tokens:r.num_tokens + BLOCK - 1])
+        return drafts
+
+    monkeypatch.setattr(proposer, "draft", oracle)
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == [t[:GREEDY.max_tokens] for t in full]
     assert sum(o.metrics.num_preemptions for o in outs) > 0
