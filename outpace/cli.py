@@ -71,6 +71,7 @@ def _speculative_config(a: argparse.Namespace):
     if draft is None and zoo_target and default_draft(method) is not None:
         draft = str(default_draft(method))
     num_steps = a.num_steps
+    fixed = num_steps is not None or a.num_draft_tokens is not None
     if num_steps is None:
         if method == "dflash" and draft:
             from outpace.models.dflash import dflash_block_size
@@ -78,7 +79,9 @@ def _speculative_config(a: argparse.Namespace):
             num_steps = dflash_block_size(draft) - 1
         else:
             num_steps = 5
-    return SpeculativeConfig(method, draft, num_steps=num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
+    # --num-steps / --num-draft-tokens fix the shape; without them each step chooses up to this one
+    return SpeculativeConfig(method, draft, num_steps=num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
+                             adaptive=not fixed)
 
 
 def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:

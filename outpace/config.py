@@ -299,11 +299,14 @@ class SpeculativeConfig:
     ``num_steps`` autoregressive draft steps with ``topk`` branches each (topk 1: a chain);
     ``num_draft_tokens`` tokens are verified per step, the first being the last accepted token
     (a chain verifies num_steps + 1). None derives it: num_steps + 1 for a chain.
+    ``adaptive``: each step chooses how many to draft, up to that shape (speculative/adaptive.py).
+    None: adaptive unless num_steps or num_draft_tokens was given (then they fix the shape).
     """
 
     method: str = "none"
     draft: str | None = None
-    num_steps: int = 5
+    num_steps: int | None = None  # None: 5
+    adaptive: bool | None = None
     topk: int = 1
     num_draft_tokens: int | None = None
     ngram_min: int = 2  # n-gram lookup: shortest and longest suffix matched
@@ -313,6 +316,10 @@ class SpeculativeConfig:
         from outpace.registry import PROPOSERS
 
         o = "SpeculativeConfig"
+        if self.adaptive is None:
+            object.__setattr__(self, "adaptive", self.num_steps is None and self.num_draft_tokens is None)
+        if self.num_steps is None:
+            object.__setattr__(self, "num_steps", 5)
         methods = ("none", *PROPOSERS)
         _require(o, "method", self.method, self.method in methods, f"one of {', '.join(methods)}")
         _positive_int(o, "num_steps", self.num_steps)

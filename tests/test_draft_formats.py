@@ -29,16 +29,16 @@ def reference(target, prompts):
 
 
 def record_proposals(llm) -> list[torch.Tensor]:
-    """Every DraftBatch.token_ids [batch, 1 + drafts] the engine's proposer returns, from now on."""
-    proposer, seen = llm.engine.spec_runner.proposer, []
-    propose = proposer.propose
+    """Every Drafts.token_ids [batch, 1 + drafts] the engine's proposer returns, from now on."""
+    proposer, seen = llm.engine.runner.proposer, []
+    draft = proposer.draft
 
-    def wrapped(requests):
-        batch = propose(requests)
-        seen.append(batch.token_ids.clone())
-        return batch
+    def wrapped(rows, shape):
+        drafts = draft(rows, shape)
+        seen.append(drafts.token_ids.clone())
+        return drafts
 
-    proposer.propose = wrapped
+    proposer.draft = wrapped
     return seen
 
 
@@ -193,7 +193,7 @@ def test_short_rotary_draft_runs_past_its_max_position_embeddings(llama_dir, tmp
     draft = make_eagle3_draft(llama_dir, tmp_path / "d", draft_vocab_size=150, max_position_embeddings=16)
     prompts = [[(j * 7) % 200 for j in range(30)], [3, 5, 8]]
     llm, _ = assert_lossless(llama_dir, draft, prompts=prompts, num_steps=3)
-    assert llm.engine.spec_runner.proposer.draft.rotary.cos.shape[0] >= 512  # the target's context
+    assert llm.engine.runner.proposer.draft_model.rotary.cos.shape[0] >= 512  # the target's context
 
 
 # ---- a standalone draft with a differently padded vocabulary ---------------------------------------------

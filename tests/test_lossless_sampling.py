@@ -52,6 +52,8 @@ SPECS = {
     "ngram": lambda m: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
     "draft": lambda m: SpeculativeConfig("draft", str(m["draft"]), num_steps=3),
     "dflash": lambda m: SpeculativeConfig("dflash", str(m["dflash"]), num_steps=2),
+    # adaptive speculation, forced through 0 .. 3 drafts step after step (speculative/adaptive.py)
+    "eagle3-adaptive": lambda m: SpeculativeConfig("eagle3", str(m["eagle3"]), num_steps=3, adaptive=True),
 }
 
 
@@ -59,6 +61,9 @@ SPECS = {
 def test_emitted_tokens_follow_the_target_distribution(method, models):
     llm = LLM(str(models["target"]), block_size=4, num_kv_blocks=4096, max_num_seqs=1024,
               max_num_batched_tokens=8192, seed=123, speculative=SPECS[method](models))
+    if method.endswith("adaptive"):
+        shapes, turn = llm.engine.runner.shapes, iter(range(10 ** 6))
+        llm.engine.runner.chooser.choose = lambda bucket: shapes[next(turn) % len(shapes)]
     outs = llm.generate([PROMPT] * TRIALS, PARAMS)
     emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, LENGTH]
     index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]

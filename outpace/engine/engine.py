@@ -15,7 +15,7 @@ from outpace.detokenizer import update_text
 from outpace.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
-from outpace.speculative.proposer import DraftShape
+from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.layers.linear import set_batch_invariant
 from outpace.registry import proposer_class
 from outpace.threads import configure_threads
@@ -51,15 +51,15 @@ class LLMEngine:
         backend = resolve_backend_name(config.attention_backend, config.device)
         spec = config.speculative
         rows = min(self.model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
-        factory, shape = None, DraftShape(0)
+        factory, shapes = None, (DraftShape(0),)
         if spec.enabled:
             def factory(max_slots: int):
                 return proposer_class(spec.method)(spec, self.model, self.pool, max_slots, dtype, config.device,
                                                    backend)
-            shape = DraftShape(spec.num_steps, spec.topk, spec.num_draft_tokens)
+            shapes = draft_shapes(spec)
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
-                                  factory, shape)
-        decode_tokens, lookahead = shape.num_nodes, 0
+                                  factory, shapes)
+        decode_tokens, lookahead = shapes[-1].num_nodes, 0
         if spec.enabled:
             lookahead = self.runner.proposer.lookahead
             if config.max_num_batched_tokens < decode_tokens:
@@ -155,9 +155,8 @@ class LLMEngine:
             req = s.request
             req.num_computed_tokens += result.num_committed
             if result.num_accepted_drafts is not None:
-                spec = self.config.speculative
                 budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
-                req.spec_metrics.record(spec.num_draft_tokens - 1, spec.num_steps, result.num_accepted_drafts,
+                req.spec_metrics.record(result.num_drafts, result.max_depth, result.num_accepted_drafts,
                                         budget, result.draft_depths)
             if result.new_token_ids and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now

@@ -16,10 +16,12 @@ slot state it advanced is restored, so the state is again the one after the toke
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
@@ -32,6 +34,7 @@ from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
 from outpace.engine.slots import RequestSlots
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
 from outpace.request import SAMPLE, Request, request_keys
+from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, PrefillRows, Proposer
 
 
@@ -42,14 +45,18 @@ class _Launch:
     request_ids: tuple[str, ...]
     starts: tuple[int, ...]          # each request's length L when the step started
     copy: HostCopy                   # its packed outputs on their way to the host
-    saved: list[torch.Tensor] | None = None  # for a step run ahead: the slot state it started from
+    slot_ids: list[int]              # each request's slot
+    saved: list[torch.Tensor] | None = None  # for a step run ahead: its rows' slot state before it
+    seconds: float | None = None     # an eager step's time, for the adaptive chooser
 
 
 class ModelRunner:
     def __init__(self, model: nn.Module, pool: BlockPool, kv_dtype: torch.dtype, device: str, attention_backend: str,
-                 max_seqs: int, max_rows: int, proposer_factory=None, shape: DraftShape = DraftShape(0)) -> None:
-        """``proposer_factory(max_slots)`` builds the drafter (None: plain decoding); ``shape`` what it drafts;
-        ``max_rows``: the KV rows a request may reach (its slot's block table covers them)."""
+                 max_seqs: int, max_rows: int, proposer_factory=None, shapes: tuple[DraftShape, ...] = (DraftShape(0),),
+                 ) -> None:
+        """``proposer_factory(max_slots)`` builds the drafter (None: plain decoding); ``shapes`` what it may
+        draft: one shape (fixed), or several, chosen step by step (speculative/adaptive.py); ``max_rows``:
+        the KV rows a request may reach (its slot's block table covers them)."""
         self.model, self.pool = model, pool
         self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
@@ -59,7 +66,8 @@ class ModelRunner:
         self.proposer: Proposer | None = proposer_factory(max_seqs) if proposer_factory is not None else None
         if self.proposer is not None:
             model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
-        self.shape = shape
+        self.shapes = shapes
+        self.chooser = DraftLengthChooser(list(shapes)) if len(shapes) > 1 else None
         self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs)
         self.graph_buckets: tuple[int, ...] = ()
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
@@ -71,18 +79,40 @@ class ModelRunner:
         replays run the same step eagerly)."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
-        for bucket in sorted(buckets, reverse=True):
-            for greedy in (True, False):
-                self.iteration.capture(StepKey(bucket, self.shape, greedy), memory)
+        keys = [StepKey(b, shape, greedy) for b in sorted(buckets, reverse=True) for shape in self.shapes
+                for greedy in (True, False)]
+        for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
+            self.iteration.capture(key, memory)
+        if self.chooser is not None and self.device.type == "cuda":
+            for key in keys:
+                if key.greedy:
+                    self.chooser.record_cost(key.bucket, key.shape, self._profile(key))
+
+    def _profile(self, key: StepKey, repeats: int = 5) -> float:
+        """Seconds one replay of the key's graph takes on the GPU (rows of the padding slot)."""
+        self.iteration.batch_slots.fill_(self.slots.padding_slot)
+        saved = [t.clone() for t in self._state()]
+        times = []
+        for _ in range(repeats + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.iteration.run(key)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        for buffer, old in zip(self._state(), saved):
+            buffer.copy_(old)
+        return sorted(times[1:])[repeats // 2]
 
     def enable_run_ahead(self, max_model_len: int) -> None:
         """Run decode steps ahead (module docstring); positions stay below ``max_model_len``."""
         self.run_ahead_limit = max_model_len
 
     def release(self, request_id: str) -> None:
-        """The request finished or was preempted: its slot is free (after any step still reading it)."""
+        """The request finished or was preempted: its slot is free, once the step run ahead (if it ran for
+        the request) has finished reading the slot's table row, which may change owner now."""
         if self._ahead is not None and request_id in self._ahead.request_ids:
-            self._drop_ahead()
+            self._ahead.copy.wait()
         self.slots.release(request_id)
 
     # ---- a step ----------------------------------------------------------------------------------
@@ -111,8 +141,9 @@ class ModelRunner:
         pos = [p for a, c in zip(starts, counts) for p in range(a, a + c)]
         final = [s.completes_sequence for s in batch]
         with torch.inference_mode():
+            input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
             with forward_context(meta, self.backend):
-                out = self.model(torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device))
+                out = self.model(input_ids, torch.tensor(pos, device=self.device))
             ends = torch.tensor(counts).cumsum(0) - 1
             done = [i for i, f in enumerate(final) if f]
             sampled = self._sample_first([reqs[i] for i in done], out.hidden_states[ends[done].to(self.device)]) \
@@ -121,7 +152,7 @@ class ModelRunner:
                 self.slots.start_decoding([slot_ids[i] for i in done], [starts[i] + counts[i] for i in done], sampled)
             if self.proposer is not None:
                 self.proposer.absorb(PrefillRows(slot_ids, starts, counts, final,
-                                                 torch.arange(len(ids), device=self.device),
+                                                 torch.arange(len(ids), device=self.device), input_ids,
                                                  _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
                                                  out.aux_hidden_states, tables))
             tokens = sampled.tolist()
@@ -138,38 +169,48 @@ class ModelRunner:
 
     def _decode(self, reqs: list[Request]) -> list[StepResult]:
         ids, starts = tuple(r.request_id for r in reqs), tuple(r.num_computed_tokens for r in reqs)
-        launch = self._take_ahead(ids, starts)
-        if launch is None:
-            launch = self._launch(reqs, ids, starts)
-        if self._may_run_ahead(reqs, launch.key):
-            self._ahead = self._launch_ahead(launch)
+        launch = self._take_ahead(ids, starts) or self._launch(reqs)
+        if self._may_run_ahead(reqs):
+            self._ahead = self._launch(reqs, ahead=True)
         rows = self.iteration.unpack(launch.copy.tolist(), launch.key, len(launch.request_ids))
+        if launch.seconds is not None:
+            self.chooser.record_cost(launch.key.bucket, launch.key.shape, launch.seconds)
+        if self.chooser is not None:
+            self.chooser.observe(launch.key.shape, [accepted for _, accepted, _ in rows])
         by_id = dict(zip(launch.request_ids, rows))
-        speculative = self.proposer is not None
         if self._ahead is not None:  # each request's length once this step is committed
             self._ahead.starts = tuple(s + by_id[i][1] + 1 for i, s in zip(ids, starts))
-        return [StepResult(tokens, accepted + 1, accepted if speculative else None, depths)
+        shape = launch.key.shape
+        if self.proposer is None:
+            return [StepResult(by_id[i][0], 1) for i in ids]
+        return [StepResult(tokens, accepted + 1, accepted, depths, shape.num_nodes - 1, shape.num_steps)
                 for tokens, accepted, depths in (by_id[i] for i in ids)]
 
-    def _launch(self, reqs: list[Request], ids: tuple[str, ...], starts: tuple[int, ...]) -> _Launch:
-        """Write the batch into the iteration's input and run its step (captured when a bucket holds it)."""
-        n = len(reqs)
+    def _launch(self, reqs: list[Request], ahead: bool = False) -> _Launch:
+        """Write the batch into the iteration's input and run its step (captured when a bucket holds it).
+        ``ahead``: the step after the one just launched, whose slot state it starts from is saved."""
+        ids, n = tuple(r.request_id for r in reqs), len(reqs)
         bucket = bucket_for(self.graph_buckets, n)
-        key = StepKey(bucket or n, self.shape, all(is_greedy(r.params) for r in reqs))
+        shape = self.chooser.choose(bucket or n) if self.chooser is not None else self.shapes[0]
+        key = StepKey(bucket or n, shape, all(is_greedy(r.params) for r in reqs))
         self.slots.sync_tables(ids)
-        slot_ids = [self.slots.slot(i) for i in ids] + [self.slots.padding_slot] * (key.bucket - n)
-        self.iteration.batch_slots[:key.bucket].copy_(pinned(slot_ids, self.device), non_blocking=True)
+        slot_ids = [self.slots.slot(i) for i in ids]
+        self.iteration.batch_slots[:key.bucket].copy_(
+            pinned(slot_ids + [self.slots.padding_slot] * (key.bucket - n), self.device), non_blocking=True)
+        saved = None
+        if ahead:
+            index = self.iteration.batch_slots[:n]
+            saved = [t.index_select(0, index) for t in self._state()]
         width = None if bucket is not None else max(len(self.pool.table(i)) for i in ids)
-        return _Launch(key, ids, starts, HostCopy(self.iteration.run(key, width)))
+        starts = () if ahead else tuple(r.num_computed_tokens for r in reqs)
+        timed = self.chooser is not None and key not in self.iteration._graphs  # eager: timed as it runs
+        t0 = time.perf_counter()
+        copy = HostCopy(self.iteration.run(key, width))
+        if timed:
+            copy.wait()
+        return _Launch(key, ids, starts, copy, slot_ids, saved, time.perf_counter() - t0 if timed else None)
 
     # ---- run-ahead -------------------------------------------------------------------------------
-    def _launch_ahead(self, launch: _Launch) -> _Launch:
-        """The step after ``launch``, for the same rows, launched now (its rows reserved by ``_may_run_ahead``)."""
-        slot_ids = self.iteration.batch_slots[:launch.key.bucket]
-        saved = [t.index_select(0, slot_ids) for t in self._state()]
-        ahead = _Launch(launch.key, launch.request_ids, (), HostCopy(self.iteration.run(launch.key)), saved)
-        return ahead
-
     def _state(self) -> list[torch.Tensor]:
         """Every per-slot buffer a step advances."""
         return [self.slots.lengths, self.slots.last_tokens] + (self.proposer.state() if self.proposer else [])
@@ -188,23 +229,26 @@ class ModelRunner:
         return None
 
     def _drop_ahead(self) -> None:
-        """Undo the step run ahead: wait for it (it read block tables whose rows may change owner now),
-        then restore the slot state it started from."""
+        """Undo the step run ahead: wait for it, then restore the slot state it started from, for the
+        slots still held by the requests it ran for."""
         launch, self._ahead = self._ahead, None
         if launch is None:
             return
         launch.copy.wait()
-        slot_ids = self.iteration.batch_slots[:launch.key.bucket]
-        for buffer, saved in zip(self._state(), launch.saved):
-            buffer.index_copy_(0, slot_ids, saved)
-        self.slots.lengths[self.slots.padding_slot] = 0
+        rows = [i for i, (rid, slot) in enumerate(zip(launch.request_ids, launch.slot_ids))
+                if self.slots.holds(rid, slot)]
+        if rows:
+            index = torch.tensor(rows, device=self.device)
+            slot_ids = torch.tensor([launch.slot_ids[i] for i in rows], device=self.device)
+            for buffer, saved in zip(self._state(), launch.saved):
+                buffer.index_copy_(0, slot_ids, saved.index_select(0, index))
 
-    def _may_run_ahead(self, reqs: list[Request], key: StepKey) -> bool:
+    def _may_run_ahead(self, reqs: list[Request]) -> bool:
         """Whether to launch the step after this one now: captured, and its rows reserved for any
         acceptance of this one (run_ahead.reserve_rows)."""
-        if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(reqs)) != key.bucket:
+        if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(reqs)) is None:
             return False
-        per_step = self.shape.num_steps + 1
+        per_step = self.shapes[-1].num_nodes
         lookahead = self.proposer.lookahead if self.proposer is not None else 0
         rows = [r.num_computed_tokens + 2 * per_step + lookahead + 1 for r in reqs]
         return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, self.slots.max_rows))

@@ -25,6 +25,8 @@ class StepResult:
     num_committed: int                # rows whose KV became valid
     num_accepted_drafts: int | None = None  # verified drafts accepted (speculative decode only)
     draft_depths: list[int] | None = None   # a verified tree's drafts' depths (1 = a root's child); None: a chain
+    num_drafts: int = 0                     # drafts verified (the step's draft shape: 0 for plain decoding)
+    max_depth: int = 0                      # their deepest path
 
 
 @dataclass

@@ -53,6 +53,10 @@ class RequestSlots:
     def slot(self, request_id: str) -> int:
         return self._slot_of[request_id]
 
+    def holds(self, request_id: str, slot: int) -> bool:
+        """Whether the request holds this slot now."""
+        return self._slot_of.get(request_id) == slot
+
     def assign(self, req: Request) -> int:
         """Give the request a slot (if it has none) with its seed and sampling parameters."""
         if req.request_id in self._slot_of:

@@ -13,11 +13,11 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
-from outpace.request import Request
 from outpace.models.loader import load_model
-from outpace.speculative.chain import ChainDrafts
-from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.speculative.rows import draft_rows, row_positions
+from outpace.speculative.chain import chain_drafts, choose_chain
+from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
+                                          positions)
+from outpace.speculative.rows import prefill_extension
 
 
 def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
@@ -58,59 +58,83 @@ def _token_ids(tokenizer: dict) -> dict[str, int]:
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
-                 attention_backend: str = "torch") -> None:
+    """A smaller model of the same tokenizer drafts. Draft row t reads the token at t (position t) and
+    predicts the token at t + 1, so its KV row t is final once token t is committed.
+
+    State per slot: the committed tokens whose draft rows are not final yet ("pending": the last token
+    after a prefill; after a verify that accepted a drafts, the a + 1 tokens at L + 1 .. L + a + 1),
+    padded to ``num_steps + 1``. ``draft`` extends over them (padded rows lie past L and are rewritten
+    by the draft steps before anything reads them), then step j >= 2 is one row at L + j - 1 reading
+    draft j - 1."""
+
+    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_slots: int, dtype: torch.dtype,
+                 device: str, attention_backend: str = "torch") -> None:
         if spec.topk != 1:
             raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for draft: must be 1 (a chain)")
         self.vocab_size = target.config.vocab_size
         self.shared_vocab = shared_vocab_size(target.checkpoint_dir, Path(spec.draft))
-        super().__init__(spec, pool, device, attention_backend)
+        super().__init__(spec, pool, max_slots, device, attention_backend)
         # rotary tables over the target's whole context (models/loader.py covering_positions)
-        self.draft = load_model(spec.draft, dtype, device, progress=False,
-                                min_positions=target.config.max_position_embeddings)
-        bind_kv_cache(self.draft.model, pool, dtype, device)
-        self._next_row: dict[str, int] = {}  # first row whose draft KV is not final
+        self.draft_model = load_model(spec.draft, dtype, device, progress=False,
+                                      min_positions=target.config.max_position_embeddings)
+        bind_kv_cache(self.draft_model.model, pool, dtype, device)
+        self.width = spec.num_steps + 1
+        self.pending_tokens = torch.zeros(max_slots + 1, self.width, dtype=torch.int64, device=self.device)
+        self.pending_start = torch.zeros(max_slots + 1, dtype=torch.int64, device=self.device)  # first pending row
+        self.pending_count = torch.ones(max_slots + 1, dtype=torch.int64, device=self.device)
 
     @property
     def lookahead(self) -> int:
         return self.spec.num_steps
 
-    def release(self, request_id: str) -> None:
-        self._next_row.pop(request_id, None)
+    def state(self) -> list[torch.Tensor]:
+        return [self.pending_tokens, self.pending_start, self.pending_count]
 
-    def observe(self, committed: CommittedRows) -> None:
-        for req, start in zip(committed.requests, committed.starts):
-            self._next_row.setdefault(req.request_id, start)
-
-    def _forward(self, requests, starts, counts, token_ids: torch.Tensor) -> torch.Tensor:
+    def _forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """token_ids [num_rows]: committed or drafted ids. A padding id of the target's embedding (one no
         text produces, but which a target may still emit) is read by the draft as id 0 rather than past
         its own embedding: it can only change what the draft proposes, never what is committed."""
-        token_ids = token_ids.masked_fill(token_ids >= self.shared_vocab, 0)
-        with draft_rows(self.pool, self.backend, requests, starts, counts, self.device):
-            return self.draft(token_ids, row_positions(starts, counts, self.device)).hidden_states
+        return self.draft_model(token_ids.masked_fill(token_ids >= self.shared_vocab, 0), positions).hidden_states
 
-    def _to_target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """[n, draft_vocab] -> [n, target vocab]: the shared ids' logits, -inf elsewhere (padding rows
-        of either embedding are never drafted)."""
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, target vocab]: the shared ids' logits, -inf elsewhere (padding rows of either
+        embedding are never drafted)."""
+        draft_logits = self.draft_model.compute_logits(hidden)
         full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
         full[:, :self.shared_vocab] = draft_logits[:, :self.shared_vocab]
         return full
 
-    def propose(self, requests: list[Request]) -> DraftBatch:
-        drafts = ChainDrafts(requests, self.device)
-        with torch.inference_mode():
-            starts = [self._next_row[r.request_id] for r in requests]
-            counts = [r.num_tokens - s for r, s in zip(requests, starts)]  # committed rows and the bonus row
-            tokens = torch.tensor([t for r, s in zip(requests, starts) for t in r.token_ids[s:]],
-                                  dtype=torch.int64, device=self.device)
-            out = self._forward(requests, starts, counts, tokens)
-            last = (torch.tensor(counts).cumsum(0) - 1).to(self.device)
-            token = drafts.choose(self._to_target_logits(self.draft.compute_logits(out[last])))
-            for j in range(1, self.spec.num_steps):
-                rows = [r.num_tokens + j - 1 for r in requests]
-                token = drafts.choose(self._to_target_logits(self.draft.compute_logits(
-                    self._forward(requests, rows, [1] * len(requests), token))))
-            for r in requests:  # the bonus row is final; the drafted rows after it are not
-                self._next_row[r.request_id] = r.num_tokens
-        return drafts.batch()
+    def absorb(self, prefill: PrefillRows) -> None:
+        ext = prefill_extension(prefill, [0] * len(prefill.counts), self.pool.block_size)
+        with ext.context(self.backend):
+            self._forward(prefill.token_ids[ext.rows], ext.positions)
+        ends = torch.tensor(prefill.counts).cumsum(0) - 1
+        done = [i for i, f in enumerate(prefill.final) if f]
+        if done:  # the sampled token, at L = the prompt's length, is pending
+            slots = torch.tensor([prefill.slots[i] for i in done], device=self.device)
+            self.pending_tokens[slots, 0] = prefill.next_token_ids[ends[done].to(self.device)]
+            self.pending_start[slots] = torch.tensor([prefill.starts[i] + prefill.counts[i] for i in done],
+                                                     device=self.device)
+            self.pending_count[slots] = 1
+
+    def update(self, verified: Verified) -> None:
+        rows = verified.rows
+        self.pending_tokens[rows.slots] = verified.next_tokens(self.width)
+        self.pending_start[rows.slots] = rows.lengths + 1
+        self.pending_count[rows.slots] = verified.result.num_correct_drafts + 1
+
+    def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
+        b, w = rows.size, self.width
+        start, count = self.pending_start[rows.slots], self.pending_count[rows.slots]
+        with rows.context(start, w, self.backend):
+            out = self._forward(self.pending_tokens[rows.slots].reshape(-1), positions(start, w))
+        hidden = out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]  # row L's output [b, hidden]
+        tokens, probs = [], []
+        for j in range(1, shape.num_steps + 1):
+            token = choose_chain(self._logits(hidden), rows, j, probs)
+            tokens.append(token)
+            if j < shape.num_steps:  # the row reading draft j sits at position L + j
+                row = rows.lengths + j
+                with rows.context(row, 1, self.backend):
+                    hidden = self._forward(token, row)
+        return chain_drafts(rows, tokens, probs)

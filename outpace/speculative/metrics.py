@@ -17,6 +17,8 @@ class SpecMetrics:
     ``accepted_per_position[i]``: verifies whose draft i (0-based depth) was accepted.
     ``proposed_per_position[i]``: verifies whose draft i could have been committed.
     ``histogram[n]``: verifies that accepted exactly n drafts.
+    ``verifies_by_num_drafts[n]``: verifies that drafted n tokens (the draft shape each step chose:
+    adaptive speculation changes it from step to step; 0 is a plain decoding step).
     """
 
     num_verifies: int = 0
@@ -25,12 +27,15 @@ class SpecMetrics:
     accepted_per_position: list[int] = field(default_factory=list)
     histogram: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
+    verifies_by_num_drafts: list[int] = field(default_factory=list)
 
     def record(self, num_drafts: int, max_depth: int, num_accepted: int, budget: int | None = None,
                draft_depths: list[int] | None = None) -> None:
         """One verify of ``num_drafts`` drafts on paths of at most ``max_depth`` (a chain: both K)
         that accepted ``num_accepted``. ``budget``: tokens the request could still commit; only
         drafts at depth < budget count (a tree's by ``draft_depths``, 1-based: node 0 is not a draft)."""
+        _grow(self.verifies_by_num_drafts, num_drafts + 1)
+        self.verifies_by_num_drafts[num_drafts] += 1
         if budget is not None and budget - 1 < max_depth:
             max_depth = budget - 1
             num_drafts = (max_depth if draft_depths is None
@@ -59,6 +64,9 @@ class SpecMetrics:
         k = max(len(self.proposed_per_position), len(other.proposed_per_position))
         out.proposed_per_position = [_at(self.proposed_per_position, i) + _at(other.proposed_per_position, i)
                                      for i in range(k)]
+        d = max(len(self.verifies_by_num_drafts), len(other.verifies_by_num_drafts))
+        out.verifies_by_num_drafts = [_at(self.verifies_by_num_drafts, i) + _at(other.verifies_by_num_drafts, i)
+                                      for i in range(d)]
         return out
 
     @property
@@ -76,7 +84,8 @@ class SpecMetrics:
                 "num_accepted_drafts": self.num_accepted_drafts, "acceptance_length": self.acceptance_length,
                 "acceptance_rate_per_position": self.acceptance_rate_per_position,
                 "accepted_per_position": self.accepted_per_position,
-                "proposed_per_position": self.proposed_per_position, "histogram": self.histogram}
+                "proposed_per_position": self.proposed_per_position, "histogram": self.histogram,
+                "verifies_by_num_drafts": self.verifies_by_num_drafts}
 
 
 def _grow(values: list[int], size: int) -> None:

@@ -44,6 +44,17 @@ class DraftShape:
         return self.topk == 1
 
 
+def draft_shapes(spec) -> tuple[DraftShape, ...]:
+    """The draft shapes a ``SpeculativeConfig`` allows, fewest drafts first: its own shape when fixed;
+    adaptive, every chain length from 0 up to it (a tree: none, or the whole tree)."""
+    full = DraftShape(spec.num_steps, spec.topk, spec.num_draft_tokens if spec.topk > 1 else None)
+    if not spec.adaptive:
+        return (full,)
+    if spec.topk > 1:
+        return (DraftShape(0), full)
+    return tuple(DraftShape(k) for k in range(spec.num_steps + 1))
+
+
 @dataclass
 class DecodeRows:
     """The requests of one decode iteration, one row each; padded rows of a captured batch use the
@@ -131,6 +142,7 @@ class PrefillRows:
     counts: list[int]                  # its rows in this chunk
     final: list[bool]                  # whether the chunk completes its prompt (its last row's next token sampled)
     rows: torch.Tensor                 # [total] int64 index of each committed row into the forward's outputs
+    token_ids: torch.Tensor            # [total] int64 the token at each row (the forward's input)
     next_token_ids: torch.Tensor       # [total] int64 the token after each row
     hidden_states: torch.Tensor        # [num_rows_in_forward, hidden]
     aux_hidden_states: torch.Tensor | None
