@@ -55,7 +55,7 @@ def test_mtp_chain_beats_feeding_every_layer_the_target_state(zoo_reference):
     taus = {}
     for chained in (True, False):
         llm = LLM(TARGET, speculative=DRAFTERS["mtp"])
-        llm.engine.spec_runner.proposer.chained = chained
+        llm.engine.runner.proposer.chained = chained
         outs = llm.generate(prompts, GREEDY)
         assert [o.token_ids for o in outs] == expected  # lossless either way
         taus[chained] = merged(outs).acceptance_length

@@ -1,38 +1,49 @@
-"""MTP proposer: the target checkpoint's own multi-token-prediction layers draft.
+"""MTP proposer: the target checkpoint's own multi-token-prediction layers draft (chains only).
 
 Row convention: MTP layer k at row t reads the embedding of token t + k + 1 and a hidden state for
 row t, and predicts token t + k + 2 (rotary position t). The hidden state is, chained
 (Step-3.5-Flash; always for DeepSeek-V3-style layers), layer k - 1's pre-norm output at row t (layer
-0: the target's last hidden state, pre-norm, or post-norm for DeepSeek-V3-style layers); not
-chained, the target's at every layer. The layers choose their embedding, head and the form of the
-target's state they read (models/mtp.py). Each layer's KV row t is final once token
-t + k + 1 is committed.
+0: the target's state at t); not chained, the target's state at every layer. The target's state is
+its last hidden state in the form the layers read (models/mtp.py ``target_state``: pre-norm, or
+post-norm for DeepSeek-V3-style layers), as are their embedding and head. Layer k's KV row t is
+final once token t + k + 1 is committed.
 
-Each propose runs every layer once, in chain order, over rows [L_prev - S + 1, L - 1] (L_prev: the
-committed length at the previous propose, L now, S the number of layers used): the rows whose
-tokens became committed since then (the draft-extend over exactly the accepted tokens, layer by
-layer, that seed 001 fixes), plus, for layer k, the k rows whose token t + k + 1 is still a draft.
-Layer k's last row predicts draft k + 1. Rows recomputed with committed inputs rewrite identical KV.
+Let L be a request's length (its last token, committed, sits at position L) and S the layers used
+(at most ``num_steps``), K = S - 1. Every ``draft`` runs each of the S layers once, in chain order,
+over the slot's pending rows L - count .. L - 1: the rows committed since the last draft plus the K
+rows before them (fewer near position 0), whose KV some layer wrote from a draft token last time
+(layer k re-runs k of them; the others rewrite identical KV). Layer k's row t reads token t + k + 1:
+a committed one (each pending row keeps the token after it) or, for its last k rows, drafts 1 .. k;
+its last row predicts draft k + 1. With a single MTP layer and more steps, that layer is reused
+autoregressively (DeepSeek-V3 style): step j >= 2 is one row at position L + j - 2 reading draft
+j - 1 and the previous step's output. A draft of fewer steps than S still runs all S layers (the
+rows past the drafts read padding tokens and are re-run next time), so every layer's KV is final up
+to row L - K - 1 whatever the step drafted.
 
-With a single MTP layer and more steps, that layer is reused autoregressively (DeepSeek-V3 style):
-step j >= 2 is one row at position L + j - 2 reading draft j - 1 and the previous step's output.
+State per slot, padded to ``width`` = K + num_steps + 1 rows (at most K kept plus a verify's
+committed rows): each pending row's target state and the token after it, the first pending row and
+the count (>= 1 once decoding). The window's padding rows past L - 1 write KV that nothing reads
+(causal attention; the next draft rewrites rows from its first pending row on). ``update`` keeps the
+last min(count, K) pending rows and appends the verify's committed rows; ``absorb`` extends every
+layer over a prompt's rows but the last max(K, 1), which it leaves pending (the last row predicts
+draft 1, whether decoding follows a completed prompt or a recomputed one that stops a token short),
+taking the previous chunk's pending rows with it.
 """
 from __future__ import annotations
 
 import torch
 
+from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, SpeculativeConfig
-from outpace.request import Request
-from outpace.speculative.chain import ChainDrafts
-from outpace.speculative.proposer import CommittedRows, DraftBatch, Proposer
-from outpace.speculative.rows import draft_rows, row_positions
+from outpace.speculative.chain import chain_drafts, choose_chain
+from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 
 
 class MTPProposer(Proposer):
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, dtype: torch.dtype, device: str,
-                 attention_backend: str = "torch") -> None:
+    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_slots: int, dtype: torch.dtype,
+                 device: str, attention_backend: str = "torch") -> None:
         cfg = target.config
         n = cfg.num_nextn_predict_layers
         if n == 0:
@@ -44,70 +55,108 @@ class MTPProposer(Proposer):
             raise ConfigError(f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for mtp: the target has "
                               f"{n} MTP layers, so at most {n} steps (more steps reuse a layer only when there is "
                               f"exactly one)")
-        super().__init__(spec, pool, device, attention_backend)
+        super().__init__(spec, pool, max_slots, device, attention_backend)
         self.target = target
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
         self.chained = cfg.chain_mtp_hidden_states or self.layers[0].chained_by_layout
         bind_kv_cache(target.mtp_layers, pool, dtype, device)
-        # request id -> (first row still to run, the target's hidden states from that row on)
-        self._hidden: dict[str, tuple[int, torch.Tensor]] = {}
+        self.keep = len(self.layers) - 1                # K: rows before the new ones that each draft re-runs
+        self.width = self.keep + spec.num_steps + 1
+        slots = max_slots + 1
+        self.pending_hidden = torch.zeros(slots, self.width, cfg.hidden_size, dtype=dtype, device=self.device)
+        self.pending_tokens = torch.zeros(slots, self.width, dtype=torch.int64, device=self.device)  # token after each
+        self.pending_start = torch.zeros(slots, dtype=torch.int64, device=self.device)               # first pending row
+        self.pending_count = torch.ones(slots, dtype=torch.int64, device=self.device)                # pending rows
 
     @property
     def lookahead(self) -> int:
-        return self.spec.num_steps
+        # the verify's rows reach L + num_steps; the window's padding rows start + width - 1 <= L + width - 2
+        return max(self.spec.num_steps, self.width - 2)
 
-    def release(self, request_id: str) -> None:
-        self._hidden.pop(request_id, None)
+    def state(self) -> list[torch.Tensor]:
+        return [self.pending_hidden, self.pending_tokens, self.pending_start, self.pending_count]
 
-    def observe(self, committed: CommittedRows) -> None:
-        with torch.inference_mode():  # [total, hidden] in the form the MTP layers read
-            hidden = self.layers[0].target_state(self.target, committed.hidden_states[committed.rows])
-        offset = 0
-        for req, start, count in zip(committed.requests, committed.starts, committed.counts):
-            new = hidden[offset:offset + count]
-            offset += count
-            if req.request_id in self._hidden:
-                first, old = self._hidden[req.request_id]
-                self._hidden[req.request_id] = (first, torch.cat([old, new]))
-            else:
-                self._hidden[req.request_id] = (start, new)
+    def _target_state(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layers[0].target_state(self.target, hidden)
 
-    def _forward(self, layer, requests, starts, counts, token_ids, hidden) -> torch.Tensor:
-        with draft_rows(self.pool, self.backend, requests, starts, counts, self.device):
-            return layer(row_positions(starts, counts, self.device), layer.embed(self.target, token_ids), hidden)
+    # ---- committed rows ------------------------------------------------------------------------
+    def absorb(self, prefill: PrefillRows) -> None:
+        hidden = self._target_state(prefill.hidden_states[prefill.rows])                    # [total, hidden]
+        offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
+        counts = self.pending_count[torch.tensor(prefill.slots, device=self.device)].tolist()
+        seqs, firsts, runs = [], [], []  # per request: its rows (pending ones first), the first one, those extended
+        for i, (s, start) in enumerate(zip(prefill.slots, prefill.starts)):
+            chunk = (hidden[offsets[i]:offsets[i + 1]], prefill.next_token_ids[offsets[i]:offsets[i + 1]])
+            held = counts[i] if start > 0 else 0  # a later chunk: the previous one's pending rows come first
+            h = torch.cat([self.pending_hidden[s, :held], chunk[0]])                         # [rows, hidden]
+            t = torch.cat([self.pending_tokens[s, :held], chunk[1]])                         # [rows]
+            keep = min(max(self.keep, 1), h.shape[0])
+            seqs.append((h, t))
+            firsts.append(start - held)
+            runs.append(h.shape[0] - keep)
+            self.pending_hidden[s, :keep] = h[runs[-1]:]
+            self.pending_tokens[s, :keep] = t[runs[-1]:]
+            self.pending_start[s] = start - held + runs[-1]
+            self.pending_count[s] = keep
+        take = [i for i, m in enumerate(runs) if m > 0]
+        if not take:
+            return
+        meta = build_paged_metadata([prefill.tables[i] for i in take], [firsts[i] for i in take],
+                                    [runs[i] for i in take], self.pool.block_size, self.device)
+        pos = torch.cat([torch.arange(firsts[i], firsts[i] + runs[i]) for i in take]).to(self.device)  # [m]
+        target_hidden = torch.cat([seqs[i][0][:runs[i]] for i in take])                                 # [m, hidden]
+        h = target_hidden
+        with forward_context(meta, self.backend):
+            for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
+                tokens = torch.cat([seqs[i][1][k:k + runs[i]] for i in take])                           # [m]
+                h = layer(pos, layer.embed(self.target, tokens), h if self.chained else target_hidden)
 
-    def propose(self, requests: list[Request]) -> DraftBatch:
-        drafts = ChainDrafts(requests, self.device)
-        with torch.inference_mode():
-            starts, target_hidden, counts = [], [], []
-            for r in requests:
-                first, h = self._hidden[r.request_id]
-                starts.append(first)
-                counts.append(h.shape[0])
-                target_hidden.append(h)
-            target_hidden = torch.cat(target_hidden)
-            keep = len(self.layers) - 1  # rows before the next new ones that every layer re-runs
-            for r, first, h in zip(requests, starts, target_hidden.split(counts)):
-                self._hidden[r.request_id] = (first + h.shape[0] - min(keep, h.shape[0]), h[h.shape[0] - min(keep, h.shape[0]):])
-            last_rows = (torch.tensor(counts).cumsum(0) - 1).to(self.device)
-            hidden = target_hidden
-            for k, layer in enumerate(self.layers):
-                # token t + k + 1 for rows t = first .. L - 1: committed tokens, then drafts 1..k
-                tokens = []
-                for i, r in enumerate(requests):
-                    committed = r.token_ids[starts[i] + k + 1:]
-                    tokens.append(torch.tensor(committed, dtype=torch.int64, device=self.device))
-                    num_drafted = counts[i] - len(committed)  # the last rows read drafts k - num_drafted + 1 .. k
-                    tokens += [d[i:i + 1] for d in drafts.tokens[k - num_drafted:k]]
-                out = self._forward(layer, requests, starts, counts, torch.cat(tokens),
-                                    hidden if self.chained else target_hidden)
-                token = drafts.choose(layer.compute_logits(self.target, out[last_rows]))
-                hidden = out
-            if len(drafts.tokens) < self.spec.num_steps:  # one layer, reused
-                layer, h = self.layers[0], hidden[last_rows]
-                base = [r.num_computed_tokens for r in requests]
-                for j in range(2, self.spec.num_steps + 1):
-                    rows = [p + j - 2 for p in base]
-                    h = self._forward(layer, requests, rows, [1] * len(requests), token, h)
-                    token = drafts.choose(layer.compute_logits(self.target, h))
-        return drafts.batch()
+    def update(self, verified: Verified) -> None:
+        rows, b, w = verified.rows, verified.rows.size, self.width
+        n = self.spec.num_steps + 1                                                       # committed rows at most
+        committed = verified.committed_rows(n).reshape(-1)                                # [b * n]
+        new_hidden = self._target_state(verified.hidden_states.index_select(0, committed)).view(b, n, -1)
+        new_tokens = verified.next_tokens(n)                                              # [b, n]
+        count = self.pending_count[rows.slots]                                            # [b]
+        kept = torch.minimum(count.clamp(max=self.keep), rows.lengths)                    # [b] (padding slot: 0)
+        i = torch.arange(w, device=self.device).expand(b, w)                              # [b, w]
+        old = ((count - kept)[:, None] + i).clamp(max=w - 1)                               # kept rows: the last ones
+        is_old = i < kept[:, None]
+        new = (i - kept[:, None]).clamp(0, n - 1)
+        old_hidden, old_tokens = self.pending_hidden[rows.slots], self.pending_tokens[rows.slots]
+        expand = (b, w, old_hidden.shape[-1])
+        self.pending_hidden[rows.slots] = torch.where(
+            is_old[..., None], old_hidden.gather(1, old[..., None].expand(expand)),
+            new_hidden.gather(1, new[..., None].expand(expand)))
+        self.pending_tokens[rows.slots] = torch.where(is_old, old_tokens.gather(1, old),
+                                                      new_tokens.gather(1, new))
+        self.pending_start[rows.slots] = rows.lengths - kept
+        self.pending_count[rows.slots] = kept + verified.result.num_correct_drafts + 1
+
+    # ---- drafting ------------------------------------------------------------------------------
+    def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
+        b, w = rows.size, self.width
+        start, count = self.pending_start[rows.slots], self.pending_count[rows.slots]     # [b]
+        target_hidden = self.pending_hidden[rows.slots].reshape(b * w, -1)                # [b * w, hidden]
+        pending = self.pending_tokens[rows.slots]                                          # [b, w]
+        last = torch.arange(b, device=self.device) * w + count - 1                         # [b] flat row L - 1
+        pos = positions(start, w)                                                          # [b * w]
+        tokens, probs = [], []                                                             # drafts, each [b]
+        h = target_hidden
+        for k, layer in enumerate(self.layers):
+            read = torch.arange(k, k + w, device=self.device).expand(b, w)  # token t + k + 1 of [pending, drafts]
+            ids = pending.gather(1, read.clamp(max=w - 1))                                 # [b, w]
+            if tokens:  # rows past the drafts (a draft of fewer steps, padding rows) read a padding token
+                drafted = torch.stack(tokens, 1).gather(1, (read - count[:, None]).clamp(0, len(tokens) - 1))
+                ids = torch.where(read < count[:, None], ids, drafted)
+            with rows.context(start, w, self.backend):
+                h = layer(pos, layer.embed(self.target, ids.reshape(-1)), h if self.chained else target_hidden)
+            if k < shape.num_steps:
+                tokens.append(choose_chain(layer.compute_logits(self.target, h[last]), rows, k + 1, probs))
+        layer, h = self.layers[0], h[last]
+        for j in range(len(self.layers) + 1, shape.num_steps + 1):  # a single layer, reused
+            row = rows.lengths + j - 2
+            with rows.context(row, 1, self.backend):
+                h = layer(row, layer.embed(self.target, tokens[-1]), h)
+            tokens.append(choose_chain(layer.compute_logits(self.target, h), rows, j, probs))
+        return chain_drafts(rows, tokens, probs)
