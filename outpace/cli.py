@@ -6,9 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+from outpace.registry import PROPOSERS
 from outpace.zoo import default_draft, default_model, zoo_dir
 
-METHODS = ["none", "eagle3", "mtp", "dflash", "ngram", "draft"]
+METHODS = ["none", *PROPOSERS]  # the drafters are the registry's
 
 
 def _engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> None:

@@ -107,22 +107,3 @@ def test_drafters_are_lossless_on_random_models(random_models, target, spec):
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert llm.engine.pool.num_free == 30
-
-
-def test_pending_rows_split_into_rows_to_absorb_and_rows_kept():
-    """A request's pending chunks (contiguous rows) merge in order; all but the last ``keep`` rows are
-    absorbed, the kept rows start where the absorbed ones end."""
-    import torch
-
-    from outpace.speculative.proposer import merge_pending, split_pending
-
-    chunks = [(torch.arange(6).view(3, 2), torch.tensor([10, 11, 12]), 40), (torch.arange(6, 10).view(2, 2),
-                                                                          torch.tensor([13, 14]), 43)]
-    hidden, tokens, start = merge_pending(chunks)
-    assert hidden.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]] and tokens.tolist() == [10, 11, 12, 13, 14]
-    assert start == 40
-    absorb, keep = split_pending(chunks, 2)
-    assert absorb[1].tolist() == [10, 11, 12] and absorb[2] == 40
-    assert keep[0].tolist() == [[6, 7], [8, 9]] and keep[1].tolist() == [13, 14] and keep[2] == 43
-    absorb, keep = split_pending(chunks, 5)
-    assert absorb is None and keep[1].tolist() == [10, 11, 12, 13, 14] and keep[2] == 40

@@ -13,7 +13,7 @@ import torch
 from outpace.attention import build_paged_metadata
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_kernels import paged_attention, write_kv
-from outpace.layers.linear import batch_invariant_enabled, set_batch_invariant
+from outpace.attention.context import forward_settings
 from test_triton_attention import DEVICE, Case, make_case, poisoned_allocations
 
 # (cached rows, new tokens, tree window or None) per sequence, and the sliding window
@@ -79,10 +79,8 @@ def run(case: Case, backend: str, window: int, positions: torch.Tensor, **kwargs
 
 @pytest.fixture
 def invariant_mode():
-    previous = batch_invariant_enabled()
-    set_batch_invariant(True)
-    yield
-    set_batch_invariant(previous)
+    with forward_settings(batch_invariant=True):
+        yield
 
 
 VARIANTS = {"torch": ("torch", {}), "triton": ("triton", {}), "triton-splits": ("triton", {"num_splits": 5})}

@@ -38,7 +38,7 @@ from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_backend import TritonAttentionBackend
 from outpace.attention.triton_kernels import invariant_launch_config, launch_config, paged_attention, write_kv
-from outpace.layers.linear import batch_invariant_enabled, set_batch_invariant
+from outpace.attention.context import forward_settings
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -248,10 +248,8 @@ def test_launch_config_fills_the_gpu():
 @pytest.fixture
 def batch_invariant_mode():
     """Deterministic mode on for the test, the previous setting restored after it."""
-    previous = batch_invariant_enabled()
-    set_batch_invariant(True)
-    yield
-    set_batch_invariant(previous)
+    with forward_settings(batch_invariant=True):
+        yield
 
 
 @pytest.mark.parametrize("split_rows", [None, 32], ids=["S512", "S32"])
@@ -291,8 +289,7 @@ def test_invariant_mode_selection(batch_invariant_mode):
     assert torch.equal(out, backend_out)
     with pytest.raises(ValueError, match="fixed"):
         run_triton(case, num_splits=2)
-    set_batch_invariant(False)
-    with pytest.raises(ValueError, match="batch-invariant"):
+    with forward_settings(batch_invariant=False), pytest.raises(ValueError, match="batch-invariant"):
         run_triton(case, split_rows=64)
 
 

@@ -47,7 +47,7 @@ change from call to call are marked ``do_not_specialize``, so Triton does not co
 per value class.
 
 Batch-invariant variant (deterministic mode: EngineConfig.batch_invariant, read through
-``outpace.layers.linear.batch_invariant_enabled``). The kernels above reduce a row's KV in an order
+``outpace.attention.context.batch_invariant``). The kernels above reduce a row's KV in an order
 that depends on the batch: BLOCK_M follows max_query_len, the boundary between the unmasked and the
 masked pass follows the query length, and the split count and ranges follow the grid size and the
 sequence's length. A row at position p is thus rounded differently in a decode step (query_len 1)
@@ -113,7 +113,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
-from outpace.layers.linear import batch_invariant_enabled
+from outpace.attention.context import batch_invariant
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
@@ -659,7 +659,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype.
 
     ``token_table`` comes from ``write_kv``. ``num_splits`` overrides the split-KV heuristic.
-    In batch-invariant mode (``outpace.layers.linear.batch_invariant_enabled``) the batch-invariant
+    In batch-invariant mode (``outpace.attention.context.batch_invariant``) the batch-invariant
     variant runs instead: its partition is fixed, so ``num_splits`` is refused there, and
     ``split_rows`` (tests) overrides its KV rows per split.
     ``sliding_window``: a query at position p (``positions`` [num_tokens]) sees only the KV rows
@@ -668,7 +668,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     if sliding_window is not None:
         meta.check_sliding_window(sliding_window, positions)
-    if batch_invariant_enabled():
+    if batch_invariant():
         if num_splits is not None:
             raise ValueError("num_splits cannot be forced in batch-invariant mode: the KV partition is fixed")
         return _invariant_paged_attention(q, k_cache, v_cache, meta, token_table, scale, split_rows, sliding_window,

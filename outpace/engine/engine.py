@@ -16,7 +16,6 @@ from outpace.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.speculative.proposer import DraftShape, draft_shapes
-from outpace.layers.linear import set_batch_invariant
 from outpace.registry import proposer_class
 from outpace.threads import configure_threads
 from outpace.models.loader import load_model, resolve_dtype
@@ -37,7 +36,6 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
-        set_batch_invariant(config.batch_invariant)
         torch.manual_seed(config.seed)
         self._seeds = torch.Generator().manual_seed(config.seed)  # unseeded requests' seeds
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
@@ -58,7 +56,7 @@ class LLMEngine:
                                                    backend)
             shapes = draft_shapes(spec)
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
-                                  factory, shapes)
+                                  factory, shapes, config.batch_invariant)
         decode_tokens, lookahead = shapes[-1].num_nodes, 0
         if spec.enabled:
             lookahead = self.runner.proposer.lookahead

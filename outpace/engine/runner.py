@@ -24,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention.context import forward_settings
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
@@ -53,12 +54,14 @@ class _Launch:
 class ModelRunner:
     def __init__(self, model: nn.Module, pool: BlockPool, kv_dtype: torch.dtype, device: str, attention_backend: str,
                  max_seqs: int, max_rows: int, proposer_factory=None, shapes: tuple[DraftShape, ...] = (DraftShape(0),),
-                 ) -> None:
+                 batch_invariant: bool = False) -> None:
         """``proposer_factory(max_slots)`` builds the drafter (None: plain decoding); ``shapes`` what it may
         draft: one shape (fixed), or several, chosen step by step (speculative/adaptive.py); ``max_rows``:
-        the KV rows a request may reach (its slot's block table covers them)."""
+        the KV rows a request may reach (its slot's block table covers them); ``batch_invariant``: every
+        forward in deterministic mode (a forward-context setting, attention/context.py)."""
         self.model, self.pool = model, pool
         self.device = torch.device(device)
+        self.batch_invariant = batch_invariant
         self.backend = get_backend(attention_backend)
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
         self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
@@ -81,12 +84,13 @@ class ModelRunner:
         self.graph_buckets = buckets
         keys = [StepKey(b, shape, greedy) for b in sorted(buckets, reverse=True) for shape in self.shapes
                 for greedy in (True, False)]
-        for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
-            self.iteration.capture(key, memory)
-        if self.chooser is not None and self.device.type == "cuda":
-            for key in keys:
-                if key.greedy:
-                    self.chooser.record_cost(key.bucket, key.shape, self._profile(key))
+        with forward_settings(self.batch_invariant):
+            for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
+                self.iteration.capture(key, memory)
+            if self.chooser is not None and self.device.type == "cuda":
+                for key in keys:
+                    if key.greedy:
+                        self.chooser.record_cost(key.bucket, key.shape, self._profile(key))
 
     def _profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding slot)."""
@@ -124,10 +128,11 @@ class ModelRunner:
         if prefill:
             self._drop_ahead()
         results = {}
-        if prefill:
-            results.update(zip((id(s.request) for s in prefill), self._prefill(prefill)))
-        if decode:
-            results.update(zip(map(id, decode), self._decode(decode)))
+        with forward_settings(self.batch_invariant):
+            if prefill:
+                results.update(zip((id(s.request) for s in prefill), self._prefill(prefill)))
+            if decode:
+                results.update(zip(map(id, decode), self._decode(decode)))
         return [results[id(s.request)] for s in batch]
 
     def _prefill(self, batch: list[ScheduledRequest]) -> list[StepResult]:
@@ -139,7 +144,8 @@ class ModelRunner:
         meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
         ids = [t for r, a, c in zip(reqs, starts, counts) for t in r.token_ids[a:a + c]]
         pos = [p for a, c in zip(starts, counts) for p in range(a, a + c)]
-        final = [s.completes_sequence for s in batch]
+        final = [s.completes_sequence for s in batch]  # a token is sampled
+        decodes = [s.decodes_next for s in batch]      # the slot's decode state starts
         with torch.inference_mode():
             input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
             with forward_context(meta, self.backend):
@@ -148,10 +154,14 @@ class ModelRunner:
             done = [i for i, f in enumerate(final) if f]
             sampled = self._sample_first([reqs[i] for i in done], out.hidden_states[ends[done].to(self.device)]) \
                 if done else torch.empty(0, dtype=torch.int64, device=self.device)
-            if done:
-                self.slots.start_decoding([slot_ids[i] for i in done], [starts[i] + counts[i] for i in done], sampled)
+            if any(decodes):  # the last token: just sampled, or (recomputing) the one the request has
+                sampled_at = dict(zip(done, sampled.unbind(0)))
+                last = [sampled_at[i] if i in sampled_at else torch.tensor(reqs[i].token_ids[-1], device=self.device)
+                        for i in range(len(batch)) if decodes[i]]
+                self.slots.start_decoding([s for s, d in zip(slot_ids, decodes) if d],
+                                          [a + c for a, c, d in zip(starts, counts, decodes) if d], torch.stack(last))
             if self.proposer is not None:
-                self.proposer.absorb(PrefillRows(slot_ids, starts, counts, final,
+                self.proposer.absorb(PrefillRows(slot_ids, starts, counts, decodes,
                                                  torch.arange(len(ids), device=self.device), input_ids,
                                                  _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
                                                  out.aux_hidden_states, tables))

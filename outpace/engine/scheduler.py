@@ -39,6 +39,13 @@ class ScheduledRequest:
         """True when this chunk reaches the request's last token, so a new token is sampled."""
         return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
 
+    @property
+    def decodes_next(self) -> bool:
+        """True when the request decodes after this chunk (``is_decoding``): it completes the sequence,
+        or, recomputing a preempted request, stops just before its last token, which then decodes."""
+        end, req = self.request.num_computed_tokens + self.num_new_tokens, self.request
+        return end == req.num_tokens or (end == req.num_tokens - 1 and req.num_output_tokens > 0)
+
 
 def is_decoding(req: Request) -> bool:
     """Past its prefill: one uncomputed token (the last sampled one)."""

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.layers.linear import batch_invariant_enabled
+from outpace.attention.context import batch_invariant
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
@@ -257,7 +257,7 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     autograd off, outside batch-invariant mode."""
     return (x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and weight.is_contiguous() and not torch.is_grad_enabled()
-            and not batch_invariant_enabled())
+            and not batch_invariant())
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""Linear projections, and the process-wide deterministic (batch-invariant) mode.
+"""Linear projections.
 
 Tensor parallelism will add column- and row-parallel variants here with the same constructor
 signature, so models never change when TP arrives.
 
-Batch-invariant mode (``set_batch_invariant``, EngineConfig.batch_invariant): every projection on
-a CUDA tensor goes through ``batch_invariant_linear``, whose result for a row does not depend on
-how many rows share the call, so a verify forward and a decode step produce the same bits.
+Batch-invariant mode (a setting of the forward context: attention/context.py, from
+EngineConfig.batch_invariant): every projection on a CUDA tensor goes through
+``batch_invariant_linear``, whose result for a row does not depend on how many rows share the
+call, so a verify forward and a decode step produce the same bits.
 """
 from __future__ import annotations
 
@@ -13,24 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_batch_invariant = False
-
-
-def set_batch_invariant(enabled: bool) -> None:
-    global _batch_invariant
-    _batch_invariant = enabled
-
-
-def batch_invariant_enabled() -> bool:
-    """Whether the deterministic mode is on (other batch-invariant kernels, e.g. attention, read it here)."""
-    return _batch_invariant
+from outpace.attention.context import batch_invariant
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; a Triton kernel
     that streams the weights once for few rows (bf16/fp16 decode and small verify batches, where it
     beats cuBLAS's GEMV: layers/skinny_gemm.py); F.linear otherwise."""
-    if x.is_cuda and _batch_invariant:
+    if x.is_cuda and batch_invariant():
         from outpace.layers.batch_invariant import batch_invariant_linear
 
         return batch_invariant_linear(x, weight, bias)

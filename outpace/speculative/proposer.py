@@ -140,7 +140,7 @@ class PrefillRows:
     slots: list[int]
     starts: list[int]                  # each request's first row in this chunk
     counts: list[int]                  # its rows in this chunk
-    final: list[bool]                  # whether the chunk completes its prompt (its last row's next token sampled)
+    final: list[bool]                  # whether the request decodes after this chunk (its last row's next token is its last token)
     rows: torch.Tensor                 # [total] int64 index of each committed row into the forward's outputs
     token_ids: torch.Tensor            # [total] int64 the token at each row (the forward's input)
     next_token_ids: torch.Tensor       # [total] int64 the token after each row
