@@ -3,11 +3,14 @@
 # root, in two commands (each fits the device's 10-minute limit):
 #   bash benchmarks/gpu_run.sh OUT_DIR checks        # every test of the GPU-touching files, on the GPU;
 #                                                    # the attention backends; the profiles; bf16 acceptance
-#   bash benchmarks/gpu_run.sh OUT_DIR bench [parts] # outpace bench gpu (parts of abcdef, all by default)
+#   bash benchmarks/gpu_run.sh OUT_DIR bench [parts] # outpace bench gpu (parts of abef, all by default)
+#   bash benchmarks/gpu_run.sh OUT_DIR e2e [methods]  # outpace bench e2e (the zoo widened to 8B; methods of
+#                                                    # none eagle3 eagle3-tree mtp dflash draft ngram, all by
+#                                                    # default; rows of earlier runs into OUT_DIR are kept)
 set -uo pipefail
 out=${1:?output folder}
-stage=${2:?checks or bench}
-parts=${3:-abcdef}
+stage=${2:?checks, bench or e2e}
+parts=${3:-abef}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (pytest, matplotlib), carried as wheels
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -21,7 +24,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if [ "$stage" = checks ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py tests/test_fused_ops.py \
     tests/test_fused_projection.py tests/test_batch_invariant.py tests/test_attention.py tests/test_cuda_graphs.py \
-    tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
+    tests/test_gpu.py tests/test_adaptive.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
   python3 -c "
 from outpace.bench.attention import run_attention_bench
 import json; json.dump(run_attention_bench(), open('$out/attention_bench.json', 'w'), indent=1)
@@ -30,6 +33,9 @@ import json; json.dump(run_attention_bench(), open('$out/attention_bench.json', 
     for m in none eagle3 dflash; do python3 -m outpace.bench.profile zoo $m 1; python3 -m outpace.bench.profile zoo $m 8; done
   } 2>&1 | grep -v -i "warn" | tee "$out/profile.log" | grep -E "^context|^zoo|^one graph|Error"
   python3 -m outpace bench acceptance --device cuda --dtype bfloat16 --out "$out" 2>&1 | grep -v "it/s\]" | tail -8
+elif [ "$stage" = e2e ]; then
+  shift 2
+  python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50
 else
   python3 -m outpace bench gpu --out "$out" --parts "$parts" 2>&1 | grep -v "it/s\]" | tail -30
 fi

@@ -152,6 +152,11 @@ def cmd_bench(a: argparse.Namespace) -> None:
 
         run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts)
         return
+    if a.what == "e2e":
+        from outpace.bench.e2e import run_e2e_bench
+
+        run_e2e_bench(Path(a.out or "benchmarks"), Path(a.workdir), a.methods, max_tokens=a.max_tokens)
+        return
     from outpace.bench.decode import run_decode_bench
 
     _check_model_dir(a.model)
@@ -215,15 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="decode throughput with and without speculation; acceptance; or a server")
-    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "gpu", "serve", "cpu"],
+    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "gpu", "serve", "cpu", "e2e"],
                    help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts; "
                         "serve: load a running server (outpace serve) over HTTP; cpu: plain decode against "
-                        "transformers' generate on the CPU")
+                        "transformers' generate on the CPU; e2e: every drafter on the zoo widened to 8B (GPU)")
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--out", default=None, help="also write the rows as JSON here (bench gpu: the output folder)")
-    b.add_argument("--parts", default="abcdef", help="bench gpu: which parts to run (see outpace/bench/gpu.py)")
+    b.add_argument("--parts", default="abef", help="bench gpu: which parts to run (see outpace/bench/gpu.py)")
+    b.add_argument("--methods", nargs="*", default=None, help="bench e2e: the methods to run (default: all)")
+    b.add_argument("--workdir", default=".e2e_models", help="bench e2e: where the widened 8B-shaped zoo is written")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")
@@ -310,7 +317,7 @@ def cmd_train_draft(a: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line parsed, with the model resolved (``_resolve_model``) where the command loads one."""
     args = build_parser().parse_args(argv)
-    if hasattr(args, "model") and not (args.command == "bench" and args.what in ("serve", "gpu")):
+    if hasattr(args, "model") and not (args.command == "bench" and args.what in ("serve", "gpu", "e2e")):
         _resolve_model(args)
     return args
 

@@ -5,11 +5,7 @@
     token), plus the KV cache of every sequence;
 (b) a Llama-3.1-8B-shaped model with random bf16 weights (built on the GPU, no download): decode
     tokens/s at batch 1, 8, 32, 64 and contexts 512 and 4096, and its fraction of the floor;
-(c) one verify forward over 1 + k tokens (k = 3, 5, 7) and over a 16-token tree, relative to one
-    decode step (captured forwards, same batch and context);
-(d) the EAGLE3 chain iteration (5 draft steps) with an 8B-shaped random EAGLE3 draft, under
-    ORACLE ACCEPTANCE: drafts are accepted with the per-position rates measured on the zoo pair
-    (benchmarks/acceptance.json), since random weights accept nothing; tokens/s and ratios to (b);
+(c), (d): speculation on the 8B shape with real acceptance is ``outpace bench e2e`` (bench/e2e.py);
 (e) transformers' ``generate`` on the same weights, batch 1, greedy;
 (f) the zoo models end to end: tokens/s of each drafter against ``--method none`` on the 24 held-out
     prompts, b at a time (batch 1: one after another).
@@ -35,13 +31,7 @@ LLAMA_8B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_si
                 torch_dtype="bfloat16", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                       "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 8192})
-# An EAGLE3 draft for it, shaped like the public Llama-3.1-8B EAGLE3 heads (32k draft vocabulary).
-EAGLE3_8B = dict(architectures=["LlamaForCausalLMEagle3"], vocab_size=128256, draft_vocab_size=32000,
-                 hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                 num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                 rope_theta=500000.0, rope_scaling=LLAMA_8B["rope_scaling"], torch_dtype="bfloat16")
 BATCHES, CONTEXTS = (1, 8, 32, 64), (512, 4096)
-VERIFY_SHAPES = ((1, False), (4, False), (6, False), (8, False), (16, True))  # (tokens per sequence, tree)
 
 
 # ---- (a) the floor ------------------------------------------------------------------------------
@@ -74,7 +64,7 @@ def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
 
 
 # ---- engines on the 8B shape ----------------------------------------------------------------
-def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None, oracle_rates=None,
+def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None,
              max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES)) -> LLM:
     """The 8B-shaped target with random weights (and an EAGLE3 draft when speculating), graphs captured."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -83,28 +73,8 @@ def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None, oracle
     llm = LLM(str(workdir), device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
               block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
               speculative=speculative or SpeculativeConfig(), cuda_graphs=False)
-    llm.engine.capture_graphs(oracle_rates)
+    llm.engine.capture_graphs()
     return llm
-
-
-def write_random_eagle3(directory: Path) -> Path:
-    """An EAGLE3 checkpoint with random bf16 weights of the 8B head's shapes (d2t: the first 32k ids)."""
-    from safetensors.torch import save_file
-
-    from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
-    from outpace.models.loader import default_dtype
-
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(EAGLE3_8B))
-    with default_dtype(torch.bfloat16), torch.device("cuda"):
-        draft = Eagle3Draft(Eagle3Config.from_dict(EAGLE3_8B), has_embedding=False, has_head=True)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
-    tensors = {k: v.cpu().contiguous() for k, v in draft.state_dict().items()}
-    tensors["t2d"] = torch.arange(EAGLE3_8B["vocab_size"]) < EAGLE3_8B["draft_vocab_size"]
-    save_file(tensors, str(directory / "model.safetensors"))
-    return directory
 
 
 def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
@@ -132,41 +102,6 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
         engine.abort_request(rid)
     return {"batch": batch, "context": context, "steps": steps, "step_ms": 1e3 * elapsed / steps,
             "tokens_per_s": tokens / elapsed, "tokens_per_step": tokens / steps / batch}
-
-
-def time_verify_shapes(llm: LLM, batch: int, context: int, repeats: int = 20) -> list[dict]:
-    """GPU time of one captured target forward per shape in VERIFY_SHAPES (query tokens per sequence)."""
-    runner, pool = llm.engine.runner, llm.engine.pool
-    for q, tree in VERIFY_SHAPES:
-        if runner.captured(batch, q, tree) is None:
-            runner.capture_target(q, tree)
-    ids = [f"verify-bench-{i}" for i in range(batch)]
-    for rid in ids:
-        pool.grow(rid, context + 16)
-    rows = []
-    try:
-        for q, tree in VERIFY_SHAPES:
-            graph = runner.captured(batch, q, tree)
-            tokens = torch.randint(0, 1000, (batch * q,), device="cuda")
-            positions = (torch.full((batch, 1), context, device="cuda") + torch.arange(q, device="cuda")).reshape(-1)
-            mask = torch.ones(batch, q, q, dtype=torch.bool, device="cuda").tril() if tree else None
-            times = []
-            for i in range(repeats + 3):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.run(ids, [context] * batch, tokens, positions, mask)
-                end.record()
-                torch.cuda.synchronize()
-                if i >= 3:
-                    times.append(start.elapsed_time(end))
-            rows.append({"batch": batch, "context": context, "query_tokens": q, "tree": tree, "ms": _median(times)})
-    finally:
-        for rid in ids:
-            pool.free(rid)
-    decode_ms = rows[0]["ms"]
-    for r in rows:
-        r["relative_to_decode"] = r["ms"] / decode_ms
-    return rows
 
 
 # ---- (e) transformers ---------------------------------------------------------------------------
@@ -250,7 +185,7 @@ def zoo_speed(batches=(1, 8), max_tokens: int = 128, repeats: int = 3) -> list[d
 
 
 # ---- the run --------------------------------------------------------------------------------------
-def run_gpu_bench(out_dir: Path, parts: str = "abcdef") -> dict:
+def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
     """Run the requested parts; the JSON is rewritten after each one, and a part that fails records
     its error and lets the others run."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,35 +225,15 @@ def run_gpu_bench(out_dir: Path, parts: str = "abcdef") -> dict:
                     r["fraction_of_floor"] = (1e3 / r["step_ms"]) / r["floor_steps_per_s"]
                     rows.append(r)
 
-        def verify() -> None:
-            result["verify_cost"] = [r for b in tqdm(BATCHES, desc="(c) verify") for r in time_verify_shapes(llm, b, 512)]
-
         def reference() -> None:
             result["transformers_generate"] = transformers_generate(model)
 
         part("b", decode)
-        part("c", verify)
         part("e", reference)
-        del llm, model
+        llm = model = None  # freed before the zoo part
         gc.collect()
         torch.cuda.empty_cache()
 
-        def eagle3_oracle() -> None:
-            rates = _zoo_eagle3_rates()
-            spec = SpeculativeConfig(method="eagle3", draft=str(write_random_eagle3(tmp / "eagle3")), num_steps=5)
-            llm = build_8b(tmp / "target", spec, oracle_rates=rates, max_context=1024)
-            plain = {(r["batch"], r["context"]): r for r in result.get("decode", [])}
-            result["eagle3_oracle"] = {"acceptance": "ORACLE: per-position rates from the zoo pair, not real drafts",
-                                       "oracle_rates": rates, "num_steps": 5, "rows": []}
-            for batch in tqdm(BATCHES, desc="(d) EAGLE3 oracle"):
-                r = time_decode(llm, batch, 512)
-                base = plain.get((batch, 512))
-                if base:
-                    r["step_relative_to_decode"] = r["step_ms"] / base["step_ms"]
-                    r["speedup_vs_plain"] = r["tokens_per_s"] / base["tokens_per_s"]
-                result["eagle3_oracle"]["rows"].append(r)
-
-        part("d", eagle3_oracle)
         gc.collect()
         torch.cuda.empty_cache()
 
@@ -331,13 +246,6 @@ def run_gpu_bench(out_dir: Path, parts: str = "abcdef") -> dict:
     plot_gpu_bench(result, out_dir)
     print_summary(result)
     return result
-
-
-def _zoo_eagle3_rates() -> list[float]:
-    """Per-position acceptance of the zoo's EAGLE3 chain (5 steps), from ``outpace bench acceptance``."""
-    data = json.loads(Path("benchmarks/acceptance.json").read_text())
-    chain = next(v for v in data["results"].values() if v["method"] == "eagle3" and v["topk"] == 1)
-    return chain["acceptance_rate_per_position"]
 
 
 def _median(values: list[float]) -> float:
@@ -354,16 +262,6 @@ def print_summary(r: dict) -> None:
         for x in r["decode"]:
             print(f"    {x['context']:>7} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
                   f"{x['fraction_of_floor']:>8.1%}")
-    if "verify_cost" in r:
-        print("(c) verify forward / decode forward (context 512): " + "; ".join(
-            f"b{x['batch']} {x['query_tokens']}{'t' if x['tree'] else ''} {x['relative_to_decode']:.2f}"
-            for x in r["verify_cost"] if x["query_tokens"] > 1))
-    if "eagle3_oracle" in r:
-        print(f"(d) EAGLE3 chain, {r['eagle3_oracle']['acceptance']}")
-        for x in r["eagle3_oracle"]["rows"]:
-            print(f"    batch {x['batch']:>3}: {x['tokens_per_s']:9.1f} tokens/s, step {x['step_ms']:.2f} ms "
-                  f"({x.get('step_relative_to_decode', float('nan')):.2f}x a decode step), "
-                  f"{x.get('speedup_vs_plain', float('nan')):.2f}x plain decoding")
     if "transformers_generate" in r:
         print(f"(e) transformers generate, batch 1: {r['transformers_generate']['decode_tokens_per_s']:.1f} tokens/s")
     if "zoo" in r:

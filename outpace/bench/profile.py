@@ -1,9 +1,9 @@
 """Where the GPU time of a step goes (``python -m outpace.bench.profile``).
 
-- ``8b [batch] [context]``: the 8B-shaped model: the captured forward's time at each value of the
-  SETTINGS; one forward run eagerly under torch.profiler, kernel time summed by kernel name, next to
-  the captured graph's replay time (the difference is launch gaps
-  inside the graph and the host-to-device copies of its inputs).
+- ``8b [batch] [context]``: the 8B-shaped model: the captured decode step's time (rows of the
+  padding slot) at each value of the SETTINGS; one forward run eagerly under torch.profiler, kernel
+  time summed by kernel name, next to the captured step's replay time (the difference is launch
+  gaps inside the graph and the step's sampling and state updates).
 - ``zoo [method] [batch]``: the zoo target (``none``) or one of its drafters (bench/gpu.py's
   ZOO_DRAFTERS) generating through the engine, CUDA graphs and run-ahead as served: per engine step,
   the wall time, the GPU's busy time and kernel count (from torch.profiler), and the time of the step's
@@ -24,7 +24,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, uniform_paged_metadata
-from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, time_verify_shapes
+from outpace.bench.gpu import ZOO_DRAFTERS, build_8b
+from outpace.engine.cuda_graphs import bucket_for
+from outpace.engine.iteration import StepKey
+from outpace.speculative.proposer import DraftShape
 from outpace.config import SpeculativeConfig
 from outpace.layers import fused_projection
 
@@ -59,11 +62,16 @@ def _gpu_busy(prof) -> tuple[float, int]:
 
 
 def _recapture_decode(engine) -> None:
-    """Capture the decode forward again (after a launch setting changed); the old graphs are freed
+    """Capture the decode steps again (after a launch setting changed); the old graphs are freed
     before the new capture, not by a later collection."""
-    del engine.runner._captured[1, False]
+    engine.runner.iteration._graphs.clear()
     gc.collect()
-    engine.runner.capture_target(1)
+    engine.runner.capture(engine.runner.graph_buckets)
+
+
+def _decode_key(engine, batch: int) -> StepKey:
+    """The captured greedy plain-decoding step of a batch."""
+    return StepKey(bucket_for(engine.runner.graph_buckets, batch), DraftShape(0), True)
 
 
 def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
@@ -76,12 +84,12 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
                 for value in [*values, *values]:
                     setattr(module, name, value)
                     _recapture_decode(engine)
-                    times.setdefault(value, []).append(time_verify_shapes(llm, batch, ctx)[0]["ms"])
+                    times.setdefault(value, []).append(1e3 * engine.runner.profile(_decode_key(engine, batch)))
                 setattr(module, name, shipped)
                 print(f"context {ctx}: captured decode forward with {label} = " +
                       ", ".join(f"{v}: {min(t):.4f} ms" for v, t in times.items()) + f" (shipped: {shipped})")
         _recapture_decode(engine)  # as shipped
-        graph_ms = time_verify_shapes(llm, batch, context)[0]["ms"]
+        graph_ms = 1e3 * engine.runner.profile(_decode_key(engine, batch))
         runner, pool = engine.runner, engine.pool
         ids = [f"profile-{i}" for i in range(batch)]
         for rid in ids:
@@ -101,10 +109,10 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward()
             torch.cuda.synchronize()
-        graph = runner.captured(batch, 1)
+        graph = runner.iteration._graphs[_decode_key(engine, batch)]
         with profile(activities=[ProfilerActivity.CUDA]) as graph_prof:
             for _ in range(3):
-                graph.run(ids, [context] * batch, tokens, starts)
+                graph.replay()
             torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
     print(f"batch {batch}, context {context}: kernels {busy:.3f} ms in {launches} launches; graph replay {graph_ms:.3f} ms")
@@ -160,13 +168,9 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
         llm.generate(prompts, params)
         torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
-    iteration = engine.spec_runner.iteration if engine.spec_runner is not None else None
-    if iteration is not None:
-        replay = _replay_ms(iteration._calls[batch])
-    elif engine.spec_runner is None:
-        replay = _replay_ms(engine.runner._captured[1, False]._calls[batch])
-    else:
-        replay = float("nan")  # eager iteration: no single graph
+    runner = engine.runner
+    replay = _replay_ms(runner.iteration._graphs[StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1],
+                                                          True)])  # the longest draft shape
     produced, steps = sum(len(o.token_ids) for o in outs), len(step_ms)
     steady = sorted(step_ms[3:])
     row = {"method": method, "batch": batch, "steps": steps, "tokens": produced,

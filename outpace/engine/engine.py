@@ -1,6 +1,7 @@
 """The step loop: admit requests, schedule, run, append tokens, detect stops, return outputs."""
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from pathlib import Path
@@ -50,10 +51,9 @@ class LLMEngine:
         spec = config.speculative
         rows = min(self.model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
         factory, shapes = None, (DraftShape(0),)
-        if spec.enabled:
-            def factory(max_slots: int):
-                return proposer_class(spec.method)(spec, self.model, self.pool, max_slots, dtype, config.device,
-                                                   backend)
+        if spec.enabled:  # the drafter, once the runner knows its slots: factory(max_slots)
+            factory = functools.partial(proposer_class(spec.method), spec, self.model, self.pool, dtype=dtype,
+                                        device=config.device, attention_backend=backend)
             shapes = draft_shapes(spec)
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
                                   factory, shapes, config.batch_invariant)

@@ -90,9 +90,9 @@ class ModelRunner:
             if self.chooser is not None and self.device.type == "cuda":
                 for key in keys:
                     if key.greedy:
-                        self.chooser.record_cost(key.bucket, key.shape, self._profile(key))
+                        self.chooser.record_cost(key.bucket, key.shape, self.profile(key))
 
-    def _profile(self, key: StepKey, repeats: int = 5) -> float:
+    def profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding slot)."""
         self.iteration.batch_slots.fill_(self.slots.padding_slot)
         saved = [t.clone() for t in self._state()]

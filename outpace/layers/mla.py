@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from outpace.attention.context import get_forward_context
 from outpace.attention.layer import PagedCacheLayer

@@ -1,0 +1,167 @@
+"""``outpace bench e2e``: every drafter end to end on the 8B shape with real acceptance, in one run.
+
+The zoo target and its drafts are widened into the Llama-3.1-8B shape (bench/widen.py: zero padding
+that keeps the function, so the drafts keep their acceptance and the target costs what an 8B model
+costs). For plain decoding and every drafter, bf16 on the GPU through the public API, CUDA graphs
+and adaptive speculation as served (``SpeculativeConfig`` without a fixed shape), at batch 1, 8 and
+32 and temperature 0 and 0.8: tokens/s against plain decoding at the same batch and temperature,
+τ, the draft shapes the steps chose, and at temperature 0 the greedy match rate (tokens equal to
+the widened target's own plain greedy output, and to the zoo target's).
+
+Rows time ``generate`` over the held-out prompts (zoo/eval_prompts.json), b at a time (batch 32:
+the 24 prompts and 8 of them again), prefill included, after one untimed warm-up round. The
+widened checkpoints are written once into ``workdir`` and reused by later runs.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from outpace import LLM, SamplingParams
+from outpace.bench.widen import LLAMA_8B, widen_zoo
+from outpace.config import SpeculativeConfig
+
+BATCHES, TEMPERATURES = (1, 8, 32), (0.0, 0.8)
+
+
+def drafters(models: dict[str, Path]) -> dict[str, SpeculativeConfig]:
+    """The methods timed: each drafter as a user would configure it (adaptive shapes up to these)."""
+    return {
+        "none": SpeculativeConfig(),
+        "eagle3": SpeculativeConfig("eagle3", str(models["tinypy-eagle3"]), num_steps=5, adaptive=True),
+        "eagle3-tree": SpeculativeConfig("eagle3", str(models["tinypy-eagle3"]), num_steps=5, topk=4,
+                                         num_draft_tokens=16, adaptive=True),
+        "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),
+        "dflash": SpeculativeConfig("dflash", str(models["tinypy-dflash"]), num_steps=7, adaptive=True),
+        "draft": SpeculativeConfig("draft", str(models["tinypy-draft"]), num_steps=4, adaptive=True),
+        "ngram": SpeculativeConfig("ngram", num_steps=4, adaptive=True),
+    }
+
+
+def _groups(prompts: list[str], batch: int, count: int) -> list[list[str]]:
+    """``count`` prompts (cycling through them) in groups of ``batch``."""
+    cycled = [prompts[i % len(prompts)] for i in range(count)]
+    return [cycled[i:i + batch] for i in range(0, count, batch)]
+
+
+def _run(llm: LLM, prompts: list[str], batch: int, params: SamplingParams, count: int):
+    """(outputs, seconds) of generating ``count`` prompts ``batch`` at a time."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = [o for group in _groups(prompts, batch, count) for o in llm.generate(group, params)]
+    torch.cuda.synchronize()
+    return outs, time.perf_counter() - t0
+
+
+def _match(outs, reference) -> float:
+    """The fraction of tokens equal to the reference's, position by position."""
+    same = total = 0
+    for o, ref in zip(outs, reference):
+        total += len(ref)
+        same += sum(a == b for a, b in zip(o.token_ids, ref))
+    return same / total
+
+
+def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None, max_tokens: int = 128,
+                  batch1_prompts: int = 8) -> dict:
+    """Run the methods (default: all); rows of earlier runs in ``out_dir/e2e_bench.json`` are kept,
+    so the methods may be split over several runs."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "e2e_bench.json"
+    result = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+    models = {name: workdir / name for name in ("tinypy", "tinypy-eagle3", "tinypy-dflash", "tinypy-draft")}
+    if not all((d / "config.json").is_file() for d in models.values()):
+        widen_zoo("zoo", workdir, LLAMA_8B, dtype=torch.bfloat16)
+    prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
+    counts = {1: batch1_prompts, 8: len(prompts), 32: 32}
+    specs = drafters(models)
+    result.update(device=torch.cuda.get_device_name(), torch=torch.__version__, shape="Llama-3.1-8B (widened zoo)",
+                  max_tokens=max_tokens, prompts=counts)
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    zoo = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=32)
+    result["zoo_greedy"] = {str(b): [o.token_ids for o in _run(zoo, prompts, b, greedy, counts[b])[0]]
+                            for b in BATCHES}
+    del zoo
+    rows = [r for r in result["rows"] if r["method"] not in (methods or specs)]
+    plain_greedy = result.setdefault("plain_greedy", {})  # batch -> the widened target's own greedy tokens
+    for name in tqdm(methods or list(specs), desc="e2e methods"):
+        llm = LLM(str(models["tinypy"]), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024,
+                  speculative=specs[name])
+        for b in BATCHES:
+            for t in TEMPERATURES:
+                params = SamplingParams(temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None)
+                _run(llm, prompts, b, params, b)  # warm-up
+                outs, seconds = _run(llm, prompts, b, params, counts[b])
+                row = {"method": name, "batch": b, "temperature": t,
+                       "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds, "seconds": seconds}
+                verifies = sum(o.spec_metrics.num_verifies for o in outs)
+                if verifies:
+                    row["tau"] = sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1
+                    merged = outs[0].spec_metrics
+                    for o in outs[1:]:
+                        merged = merged.merge(o.spec_metrics)
+                    row["verifies_by_num_drafts"] = merged.verifies_by_num_drafts
+                if t == 0:
+                    tokens = [o.token_ids for o in outs]
+                    row["match_zoo_greedy"] = _match(outs, result["zoo_greedy"][str(b)])
+                    if name == "none":
+                        plain_greedy[str(b)] = tokens
+                    if str(b) in plain_greedy:
+                        row["match_plain_greedy"] = _match(outs, plain_greedy[str(b)])
+                rows.append(row)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        result["rows"] = rows
+        path.write_text(json.dumps(_with_speedups(result), indent=2) + "\n")
+    result = _with_speedups(result)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    plot_e2e(result, out_dir)
+    print_e2e(result)
+    return result
+
+
+def _with_speedups(result: dict) -> dict:
+    base = {(r["batch"], r["temperature"]): r["tokens_per_s"] for r in result["rows"] if r["method"] == "none"}
+    for r in result["rows"]:
+        if (r["batch"], r["temperature"]) in base:
+            r["speedup"] = r["tokens_per_s"] / base[r["batch"], r["temperature"]]
+    return result
+
+
+def print_e2e(result: dict) -> None:
+    print(f"\n{'method':<12} {'batch':>5} {'temp':>4} {'tokens/s':>9} {'vs plain':>8} {'tau':>5} {'match':>6}")
+    for r in result["rows"]:
+        print(f"{r['method']:<12} {r['batch']:>5} {r['temperature']:>4} {r['tokens_per_s']:>9.1f} "
+              f"{r.get('speedup', float('nan')):>7.2f}x {r.get('tau', 1.0):>5.2f} "
+              f"{r.get('match_plain_greedy', float('nan')):>6.1%}")
+
+
+def plot_e2e(result: dict, out_dir: Path) -> None:
+    """Speed-up over plain decoding per method, one panel per temperature, bars by batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in dict.fromkeys(r["method"] for r in result["rows"]) if m != "none"]
+    fig, axes = plt.subplots(1, len(TEMPERATURES), figsize=(12, 4), sharey=True)
+    for ax, t in zip(axes, TEMPERATURES):
+        for i, b in enumerate(BATCHES):
+            values = [next((r.get("speedup", 0) for r in result["rows"]
+                            if r["method"] == m and r["batch"] == b and r["temperature"] == t), 0) for m in methods]
+            ax.bar([j + 0.27 * (i - 1) for j in range(len(methods))], values, width=0.27, label=f"batch {b}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(methods)), methods, rotation=30)
+        ax.set_title(f"temperature {t}")
+    axes[0].set_ylabel("tokens/s over plain decoding")
+    axes[0].legend()
+    fig.suptitle(f"outpace bench e2e: {result.get('shape')}, {result.get('device')}")
+    fig.tight_layout()
+    fig.savefig(out_dir / "e2e_bench.png", dpi=110)
+    plt.close(fig)
