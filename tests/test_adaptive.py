@@ -66,7 +66,8 @@ def test_lossless_while_the_number_of_drafts_changes(temperature):
     params = SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True, seed=1)
     llm = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3)
     shapes, turn = llm.engine.runner.shapes, iter(range(10 ** 6))
-    llm.engine.runner.chooser.choose = lambda bucket: shapes[next(turn) % len(shapes)]
+    for chooser in llm.engine.runner.choosers.values():
+        chooser.choose = lambda bucket: shapes[next(turn) % len(shapes)]
     outs = llm.generate(prompts, params)
     seen = [n for o in outs for n, c in enumerate(o.spec_metrics.verifies_by_num_drafts) if c]
     assert set(seen) == {0, 1, 2, 3, 4, 5}

@@ -63,7 +63,8 @@ def test_emitted_tokens_follow_the_target_distribution(method, models):
               max_num_batched_tokens=8192, seed=123, speculative=SPECS[method](models))
     if method.endswith("adaptive"):
         shapes, turn = llm.engine.runner.shapes, iter(range(10 ** 6))
-        llm.engine.runner.chooser.choose = lambda bucket: shapes[next(turn) % len(shapes)]
+        for chooser in llm.engine.runner.choosers.values():
+            chooser.choose = lambda bucket: shapes[next(turn) % len(shapes)]
     outs = llm.generate([PROMPT] * TRIALS, PARAMS)
     emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, LENGTH]
     index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]

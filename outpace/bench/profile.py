@@ -26,7 +26,7 @@ from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.bench.gpu import ZOO_DRAFTERS, build_8b
 from outpace.engine.cuda_graphs import bucket_for
-from outpace.engine.iteration import StepKey
+from outpace.engine.iteration import SamplingMode, StepKey
 from outpace.speculative.proposer import DraftShape
 from outpace.config import SpeculativeConfig
 from outpace.layers import fused_projection
@@ -71,7 +71,7 @@ def _recapture_decode(engine) -> None:
 
 def _decode_key(engine, batch: int) -> StepKey:
     """The captured greedy plain-decoding step of a batch."""
-    return StepKey(bucket_for(engine.runner.graph_buckets, batch), DraftShape(0), True)
+    return StepKey(bucket_for(engine.runner.graph_buckets, batch), DraftShape(0), SamplingMode.GREEDY)
 
 
 def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
@@ -170,7 +170,7 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
     busy, launches = _gpu_busy(prof)
     runner = engine.runner
     replay = _replay_ms(runner.iteration._graphs[StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1],
-                                                          True)])  # the longest draft shape
+                                                          SamplingMode.GREEDY)])  # the longest draft shape
     produced, steps = sum(len(o.token_ids) for o in outs), len(step_ms)
     steady = sorted(step_ms[3:])
     row = {"method": method, "batch": batch, "steps": steps, "tokens": produced,

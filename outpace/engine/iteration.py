@@ -2,7 +2,7 @@
 
 One step advances every request of a decode batch by one verify, reading and writing only device
 state (the request slots, engine/slots.py, and the drafter's slot buffers), with shapes fixed by
-(batch bucket, ``DraftShape``, whether every request is greedy). On CUDA each such key is captured
+(batch bucket, ``DraftShape``, sampling mode: ``SamplingMode``). On CUDA each such key is captured
 once as a CUDA graph and replayed; elsewhere, and for a batch no bucket holds, the same function
 runs eagerly. Plain decoding is the zero-draft case: node 0 alone, whose verify samples the next
 token.
@@ -16,6 +16,7 @@ bonus. Rows past the path are left behind: the next forward overwrites them.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -23,10 +24,29 @@ from torch import nn
 
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.slots import RequestSlots
+from outpace.layers.sampler import is_greedy
 from outpace.request import VERIFY
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
 from outpace.speculative.tree import ancestor_mask, chain_tree
 from outpace.speculative.verify import verify_chain, verify_tree
+
+
+class SamplingMode(enum.Enum):
+    """What a batch's sampling needs, a host flag fixed per captured step: every request greedy
+    (argmax only); some sample from their temperature alone; some also apply top-k, top-p or min-p
+    (a sort over the vocabulary per verified row)."""
+    GREEDY = "greedy"
+    SAMPLE = "sample"
+    FILTERED = "filtered"
+
+    @classmethod
+    def of(cls, params: list) -> SamplingMode:
+        sampled = [p for p in params if not is_greedy(p)]
+        if not sampled:
+            return cls.GREEDY
+        filtered = any((p.top_k or 0) > 0 or (p.top_p if p.top_p is not None else 1.0) < 1.0 or (p.min_p or 0.0) > 0
+                       for p in sampled)
+        return cls.FILTERED if filtered else cls.SAMPLE
 
 
 @dataclass(frozen=True)
@@ -34,7 +54,7 @@ class StepKey:
     """What fixes a step's shapes: one captured graph each."""
     bucket: int
     shape: DraftShape
-    greedy: bool
+    mode: SamplingMode
 
 
 class DecodeIteration:
@@ -68,7 +88,8 @@ class DecodeIteration:
             tables = s.tables.index_select(0, slot_ids)                                # [b, max_blocks]
             rows = DecodeRows(slot_ids, s.lengths[slot_ids], s.last_tokens[slot_ids],
                               tables if width is None else tables[:, :width].contiguous(), s.seeds[slot_ids],
-                              s.sampling(slot_ids, key.greedy), s.pool.block_size)
+                              s.sampling(slot_ids, key.mode is SamplingMode.GREEDY,
+                                         key.mode is SamplingMode.FILTERED), s.pool.block_size)
             drafts = self.proposer.draft(rows, shape) if self.proposer is not None else _root_only(rows)
             n = shape.num_nodes
             mask = None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)  # [b, n, n]
@@ -86,7 +107,7 @@ class DecodeIteration:
                 self.proposer.update(Verified(rows, out.hidden_states, out.aux_hidden_states, result))
             s.lengths[slot_ids] = rows.lengths + result.num_correct_drafts + 1
             s.last_tokens[slot_ids] = result.bonus_token_ids
-            s.lengths[s.padding_slot] = 0
+            s.lengths[s.padding_slot:].zero_()  # (the last slot; a slice: no host scalar copied in a capture)
             packed = [result.output_token_ids.reshape(-1), result.num_correct_drafts]
             if not shape.is_chain:
                 packed.append(drafts.depths.reshape(-1))

@@ -29,7 +29,7 @@ from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.engine.cuda_graphs import bucket_for, pinned
-from outpace.engine.iteration import DecodeIteration, StepKey
+from outpace.engine.iteration import DecodeIteration, SamplingMode, StepKey
 from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
 from outpace.engine.slots import RequestSlots
@@ -70,7 +70,8 @@ class ModelRunner:
         if self.proposer is not None:
             model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
         self.shapes = shapes
-        self.chooser = DraftLengthChooser(list(shapes)) if len(shapes) > 1 else None
+        # adaptive: one chooser per sampling mode (acceptance and step costs differ between them)
+        self.choosers = {mode: DraftLengthChooser(list(shapes)) for mode in SamplingMode} if len(shapes) > 1 else {}
         self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs)
         self.graph_buckets: tuple[int, ...] = ()
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
@@ -78,19 +79,18 @@ class ModelRunner:
 
     # ---- set-up ----------------------------------------------------------------------------------
     def capture(self, buckets: tuple[int, ...]) -> None:
-        """Capture the decode step for every bucket, greedy and sampling (on CUDA; elsewhere the
-        replays run the same step eagerly)."""
+        """Capture the decode step for every bucket, draft shape and sampling mode (on CUDA; elsewhere the
+        replays run the same step eagerly); with adaptive speculation, profile each on the GPU."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
-        keys = [StepKey(b, shape, greedy) for b in sorted(buckets, reverse=True) for shape in self.shapes
-                for greedy in (True, False)]
+        keys = [StepKey(b, shape, mode) for b in sorted(buckets, reverse=True) for shape in self.shapes
+                for mode in SamplingMode]
         with forward_settings(self.batch_invariant):
             for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
                 self.iteration.capture(key, memory)
-            if self.chooser is not None and self.device.type == "cuda":
+            if self.choosers and self.device.type == "cuda":
                 for key in keys:
-                    if key.greedy:
-                        self.chooser.record_cost(key.bucket, key.shape, self.profile(key))
+                    self.choosers[key.mode].record_cost(key.bucket, key.shape, self.profile(key))
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding slot)."""
@@ -183,10 +183,11 @@ class ModelRunner:
         if self._may_run_ahead(reqs):
             self._ahead = self._launch(reqs, ahead=True)
         rows = self.iteration.unpack(launch.copy.tolist(), launch.key, len(launch.request_ids))
+        chooser = self.choosers.get(launch.key.mode)
         if launch.seconds is not None:
-            self.chooser.record_cost(launch.key.bucket, launch.key.shape, launch.seconds)
-        if self.chooser is not None:
-            self.chooser.observe(launch.key.shape, [accepted for _, accepted, _ in rows])
+            chooser.record_cost(launch.key.bucket, launch.key.shape, launch.seconds)
+        if chooser is not None:
+            chooser.observe(launch.key.shape, [accepted for _, accepted, _ in rows])
         by_id = dict(zip(launch.request_ids, rows))
         if self._ahead is not None:  # each request's length once this step is committed
             self._ahead.starts = tuple(s + by_id[i][1] + 1 for i, s in zip(ids, starts))
@@ -201,8 +202,9 @@ class ModelRunner:
         ``ahead``: the step after the one just launched, whose slot state it starts from is saved."""
         ids, n = tuple(r.request_id for r in reqs), len(reqs)
         bucket = bucket_for(self.graph_buckets, n)
-        shape = self.chooser.choose(bucket or n) if self.chooser is not None else self.shapes[0]
-        key = StepKey(bucket or n, shape, all(is_greedy(r.params) for r in reqs))
+        mode = SamplingMode.of([r.params for r in reqs])
+        shape = self.choosers[mode].choose(bucket or n) if self.choosers else self.shapes[0]
+        key = StepKey(bucket or n, shape, mode)
         self.slots.sync_tables(ids)
         slot_ids = [self.slots.slot(i) for i in ids]
         self.iteration.batch_slots[:key.bucket].copy_(
@@ -213,7 +215,7 @@ class ModelRunner:
             saved = [t.index_select(0, index) for t in self._state()]
         width = None if bucket is not None else max(len(self.pool.table(i)) for i in ids)
         starts = () if ahead else tuple(r.num_computed_tokens for r in reqs)
-        timed = self.chooser is not None and key not in self.iteration._graphs  # eager: timed as it runs
+        timed = bool(self.choosers) and key not in self.iteration._graphs  # eager: timed as it runs
         t0 = time.perf_counter()
         copy = HostCopy(self.iteration.run(key, width))
         if timed:

@@ -106,9 +106,8 @@ class RequestSlots:
         self._written[s] = 0
         self.tables[s].copy_(self.host_tables[s], non_blocking=True)
 
-    def sampling(self, slots: torch.Tensor, greedy: bool) -> SamplingTensors:
-        """The rows' sampling parameters (``slots`` [n] on the device); ``greedy``: whether every row is
-        (a host flag: the greedy step skips the sampling filters; padding rows are greedy)."""
+    def sampling(self, slots: torch.Tensor, greedy: bool, filtered: bool) -> SamplingTensors:
+        """The rows' sampling parameters (``slots`` [n] on the device); host flags: ``greedy``, every row is
+        (argmax only); ``filtered``, some row applies top-k, top-p or min-p (padding rows are greedy)."""
         return SamplingTensors(self.temperature[slots], self.top_k[slots], self.top_p[slots], self.min_p[slots],
-                               all_greedy=greedy, need_top_k=not greedy, need_top_p=not greedy,
-                               need_min_p=not greedy)
+                               all_greedy=greedy, need_top_k=filtered, need_top_p=filtered, need_min_p=filtered)

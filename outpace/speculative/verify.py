@@ -211,7 +211,7 @@ def _tree_result(
 
 def _empty_path(batch: int, max_depth: int, device: torch.device) -> Tensor:
     path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)  # [batch, max_depth + 1]
-    path[:, 0] = 0
+    path[:, 0].zero_()
     return path
 
 
