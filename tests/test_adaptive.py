@@ -79,7 +79,7 @@ def test_lossless_while_the_number_of_drafts_changes(temperature):
 
 def test_useless_drafts_are_not_drafted():
     """An oracle whose every draft is wrong: after trying each shape, the steps mostly draft nothing
-    (the rest: one probe in 16 steps, and the odd step where a noisy CPU timing of plain decoding
+    (the rest: one probe in 64 steps, and the odd step where a noisy CPU timing of plain decoding
     made one draft look affordable)."""
     prompts = _prompts(2)
     params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)

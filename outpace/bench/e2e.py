@@ -9,7 +9,8 @@ and adaptive speculation as served (``SpeculativeConfig`` without a fixed shape)
 the widened target's own plain greedy output, and to the zoo target's).
 
 Rows time ``generate`` over the held-out prompts (zoo/eval_prompts.json), b at a time (batch 32:
-the 24 prompts and 8 of them again), prefill included, after one untimed warm-up round. The
+the 24 prompts and 8 of them again), prefill included, after untimed warm-up rounds (every prompt's
+prefill, and b prompts of decoding at the row's batch and temperature). The
 widened checkpoints are written once into ``workdir`` and reused by later runs.
 """
 from __future__ import annotations
@@ -93,9 +94,10 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
         llm = LLM(str(models["tinypy"]), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024,
                   speculative=specs[name])
         for b in BATCHES:
+            _run(llm, prompts, b, greedy.replace(max_tokens=4), counts[b])  # warm-up: every prefill shape of the row
             for t in TEMPERATURES:
                 params = SamplingParams(temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None)
-                _run(llm, prompts, b, params, b)  # warm-up
+                _run(llm, prompts, b, params, b)  # warm-up: decode steps of this batch and temperature
                 outs, seconds = _run(llm, prompts, b, params, counts[b])
                 row = {"method": name, "batch": b, "temperature": t,
                        "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds, "seconds": seconds}

@@ -39,6 +39,29 @@ from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, PrefillRows, Proposer
 
 
+class _StepTimer:
+    """A step's time: on CUDA the GPU's, between events around its launch (read once its outputs are on
+    the host, so without a sync of its own); elsewhere the wall time of the (synchronous) call."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.events = None
+        if device.type == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events[1].record()
+        self.elapsed = time.perf_counter() - self.t0
+
+    def seconds(self) -> float:
+        if self.events is None:
+            return self.elapsed
+        self.events[1].synchronize()
+        return self.events[0].elapsed_time(self.events[1]) / 1e3
+
+
 @dataclass
 class _Launch:
     """A decode step in flight."""
@@ -48,7 +71,7 @@ class _Launch:
     copy: HostCopy                   # its packed outputs on their way to the host
     slot_ids: list[int]              # each request's slot
     saved: list[torch.Tensor] | None = None  # for a step run ahead: its rows' slot state before it
-    seconds: float | None = None     # an eager step's time, for the adaptive chooser
+    timer: _StepTimer | None = None  # the step's time, for the adaptive chooser
 
 
 class ModelRunner:
@@ -184,9 +207,8 @@ class ModelRunner:
             self._ahead = self._launch(reqs, ahead=True)
         rows = self.iteration.unpack(launch.copy.tolist(), launch.key, len(launch.request_ids))
         chooser = self.choosers.get(launch.key.mode)
-        if launch.seconds is not None:
-            chooser.record_cost(launch.key.bucket, launch.key.shape, launch.seconds)
         if chooser is not None:
+            chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
             chooser.observe(launch.key.shape, [accepted for _, accepted, _ in rows])
         by_id = dict(zip(launch.request_ids, rows))
         if self._ahead is not None:  # each request's length once this step is committed
@@ -215,12 +237,11 @@ class ModelRunner:
             saved = [t.index_select(0, index) for t in self._state()]
         width = None if bucket is not None else max(len(self.pool.table(i)) for i in ids)
         starts = () if ahead else tuple(r.num_computed_tokens for r in reqs)
-        timed = bool(self.choosers) and key not in self.iteration._graphs  # eager: timed as it runs
-        t0 = time.perf_counter()
-        copy = HostCopy(self.iteration.run(key, width))
-        if timed:
-            copy.wait()
-        return _Launch(key, ids, starts, copy, slot_ids, saved, time.perf_counter() - t0 if timed else None)
+        timer = _StepTimer(self.device) if self.choosers else None  # adaptive: every step's time is measured
+        out = self.iteration.run(key, width)
+        if timer is not None:
+            timer.stop()
+        return _Launch(key, ids, starts, HostCopy(out), slot_ids, saved, timer)
 
     # ---- run-ahead -------------------------------------------------------------------------------
     def _state(self) -> list[torch.Tensor]:

@@ -157,6 +157,8 @@ def logits_to_probs(logits: Tensor, st: SamplingTensors) -> Tensor:
     n, vocab = logits.shape
     temperature = torch.where(st.greedy, 1.0, st.temperature)  # [n]
     probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [n, V]
+    if not (st.need_top_k or st.need_top_p or st.need_min_p):  # temperature alone: no threshold
+        return torch.where(st.greedy[:, None], _one_hot_argmax(logits), probs)  # [n, V]
 
     threshold = torch.zeros(n, dtype=torch.float32, device=logits.device)  # [n]
     if st.need_top_k or st.need_top_p:
@@ -202,8 +204,9 @@ def random_keys(seeds: Tensor, counters: Tensor) -> Tensor:
     """Per-row random keys from a request's seed and a counter that names the draw (e.g. the
     position it decides and what for), so that a row's random numbers depend only on these two,
     never on the batch around it or on what ran before: the same in an eager step and a captured
-    replay.  ``seeds``, ``counters``  # [n] int64 -> [n] int64"""
-    return _mix64(seeds * _GOLDEN + _mix64(counters + _GOLDEN))
+    replay. The counter is mixed (consecutive counters give unrelated keys); ``draw_uniform`` mixes
+    the key again with each column.  ``seeds``, ``counters``  # [n] int64 -> [n] int64"""
+    return seeds ^ _mix64(counters * _GOLDEN)
 
 
 def draw_uniform(num_rows: int, num_cols: int, keys: Keys, device: torch.device | str, stream: int = 0) -> Tensor:

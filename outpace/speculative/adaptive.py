@@ -3,8 +3,9 @@
 For a batch of ``b`` requests, drafting k tokens a request commits on average
 E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k tokens per verify, a_j the live probability that draft j
 is accepted given that draft j - 1 was (estimated from every verify's outcome, with a decay so that
-it follows the text), and costs the step time c(b, k) of its captured shape (measured at start-up by
-replaying the graphs, or, for eager steps, timed as they run). The step takes the k of the highest
+it follows the text), and costs the step time c(b, k) of its shape (every step is timed as it runs:
+on the GPU between events around its graph replay; captured shapes start from a profile taken at
+start-up on padding rows). The step takes the k of the highest
 E(k) / c(b, k); k = 0 is plain decoding, so speculation is never chosen where it loses. Every
 ``probe_every``-th step drafts the most tokens, so that acceptance past the chosen k stays measured
 (otherwise a drafter judged useless once would never be tried again). A shape whose cost for the
@@ -18,7 +19,7 @@ from outpace.speculative.proposer import DraftShape
 
 
 class DraftLengthChooser:
-    def __init__(self, shapes: list[DraftShape], decay: float = 0.98, prior: float = 0.6, probe_every: int = 16,
+    def __init__(self, shapes: list[DraftShape], decay: float = 0.98, prior: float = 0.6, probe_every: int = 64,
                  cost_smoothing: float = 0.3, margin: float = 1.05) -> None:
         """``shapes``: the draft shapes to choose from (the longest last); per-position acceptance
         starts at ``prior`` (worth a few verifies) and forgets with ``decay`` per verify; a shape with
