@@ -26,6 +26,8 @@ from tqdm.auto import tqdm
 from outpace import LLM, SamplingParams
 from outpace.bench.widen import LLAMA_8B, widen_zoo
 from outpace.config import SpeculativeConfig
+from outpace.engine.cuda_graphs import bucket_for
+from outpace.engine.iteration import SamplingMode
 
 BATCHES, TEMPERATURES = (1, 8, 32), (0.0, 0.8)
 
@@ -108,6 +110,13 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
                     for o in outs[1:]:
                         merged = merged.merge(o.spec_metrics)
                     row["verifies_by_num_drafts"] = merged.verifies_by_num_drafts
+                chooser = llm.engine.runner.choosers.get(SamplingMode.of([params]))
+                if chooser is not None:  # what adaptive speculation knew after the row
+                    row["chooser"] = {"acceptance": chooser.acceptance(),
+                                      "step_ms": {s.num_nodes - 1: 1e3 * c for (bk, s), c in chooser.costs.items()
+                                                  if bk == bucket_for(llm.engine.runner.graph_buckets, b)}}
+                    row["wall_ms_per_step"] = 1e3 * seconds / max(1, sum(o.spec_metrics.num_verifies for o in outs)
+                                                                   / counts[b])
                 if t == 0:
                     tokens = [o.token_ids for o in outs]
                     row["match_zoo_greedy"] = _match(outs, result["zoo_greedy"][str(b)])
