@@ -8,9 +8,12 @@ and adaptive speculation as served (``SpeculativeConfig`` without a fixed shape)
 τ, the draft shapes the steps chose, and at temperature 0 the greedy match rate (tokens equal to
 the widened target's own plain greedy output, and to the zoo target's).
 
-Rows time ``generate`` over the held-out prompts (zoo/eval_prompts.json), b at a time (batch 32:
-the 24 prompts and 8 of them again), prefill included, after untimed warm-up rounds (every prompt's
-prefill, and b prompts of decoding at the row's batch and temperature). The
+Rows run ``generate`` over the held-out prompts (zoo/eval_prompts.json), b at a time (batch 32:
+the 24 prompts and 8 of them again), after untimed warm-up rounds (every prompt's prefill, and b
+prompts of decoding at the row's batch and temperature). Two rates: steady, over the engine steps in
+which all b requests decode (what a server sustains at that batch size: the figure the speed-ups
+compare), and closed-batch, the whole run, prefill included, and the tail where a batch's requests
+finish at different steps (with speculation they do, without it they all finish together). The
 widened checkpoints are written once into ``workdir`` and reused by later runs.
 """
 from __future__ import annotations
@@ -53,12 +56,39 @@ def _groups(prompts: list[str], batch: int, count: int) -> list[list[str]]:
 
 
 def _run(llm: LLM, prompts: list[str], batch: int, params: SamplingParams, count: int):
-    """(outputs, seconds) of generating ``count`` prompts ``batch`` at a time."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = [o for group in _groups(prompts, batch, count) for o in llm.generate(group, params)]
-    torch.cuda.synchronize()
-    return outs, time.perf_counter() - t0
+    """(outputs, seconds, steady tokens/s) of generating ``count`` prompts ``batch`` at a time. Steady:
+    tokens per second over the engine steps in which all ``batch`` requests of a group were decoding
+    (no prefill, none finished yet): a server's rate at that batch size, without the tail of a closed
+    batch whose requests finish at different steps (with speculation they do)."""
+    engine, steady = llm.engine, [0.0, 0]
+    real_step = engine.step
+
+    def step():
+        running = engine.scheduler.running
+        full = (not engine.scheduler.waiting and len(running) == batch
+                and all(r.num_tokens - r.num_computed_tokens == 1 for r in running))
+        before = sum(r.num_output_tokens for r in running)
+        t = time.perf_counter()
+        outputs = real_step()
+        if full and len(engine.scheduler.running) == batch:  # and none finished in it
+            steady[0] += time.perf_counter() - t
+            steady[1] += sum(r.num_output_tokens for r in engine.scheduler.running) - before
+        return outputs
+
+    engine.step = step
+    try:
+        _sync()
+        t0 = time.perf_counter()
+        outs = [o for group in _groups(prompts, batch, count) for o in llm.generate(group, params)]
+        _sync()
+    finally:
+        engine.step = real_step
+    return outs, time.perf_counter() - t0, steady[1] / steady[0] if steady[0] else float("nan")
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _match(outs, reference) -> float:
@@ -100,8 +130,8 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
             for t in TEMPERATURES:
                 params = SamplingParams(temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None)
                 _run(llm, prompts, b, params, b)  # warm-up: decode steps of this batch and temperature
-                outs, seconds = _run(llm, prompts, b, params, counts[b])
-                row = {"method": name, "batch": b, "temperature": t,
+                outs, seconds, steady = _run(llm, prompts, b, params, counts[b])
+                row = {"method": name, "batch": b, "temperature": t, "steady_tokens_per_s": steady,
                        "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds, "seconds": seconds}
                 verifies = sum(o.spec_metrics.num_verifies for o in outs)
                 if verifies:
@@ -138,19 +168,24 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
 
 
 def _with_speedups(result: dict) -> dict:
-    base = {(r["batch"], r["temperature"]): r["tokens_per_s"] for r in result["rows"] if r["method"] == "none"}
+    """``speedup``: steady tokens/s over plain decoding's at the same batch and temperature;
+    ``speedup_closed_batch``: the same for the whole run (prefill and the batch's tail included)."""
+    rows = {(r["batch"], r["temperature"]): r for r in result["rows"] if r["method"] == "none"}
     for r in result["rows"]:
-        if (r["batch"], r["temperature"]) in base:
-            r["speedup"] = r["tokens_per_s"] / base[r["batch"], r["temperature"]]
+        base = rows.get((r["batch"], r["temperature"]))
+        if base is not None:
+            r["speedup"] = r["steady_tokens_per_s"] / base["steady_tokens_per_s"]
+            r["speedup_closed_batch"] = r["tokens_per_s"] / base["tokens_per_s"]
     return result
 
 
 def print_e2e(result: dict) -> None:
-    print(f"\n{'method':<12} {'batch':>5} {'temp':>4} {'tokens/s':>9} {'vs plain':>8} {'tau':>5} {'match':>6}")
+    print(f"\n{'method':<12} {'batch':>5} {'temp':>4} {'tokens/s':>9} {'vs plain':>8} {'closed':>7} {'tau':>5} "
+          f"{'match':>6}")
     for r in result["rows"]:
-        print(f"{r['method']:<12} {r['batch']:>5} {r['temperature']:>4} {r['tokens_per_s']:>9.1f} "
-              f"{r.get('speedup', float('nan')):>7.2f}x {r.get('tau', 1.0):>5.2f} "
-              f"{r.get('match_plain_greedy', float('nan')):>6.1%}")
+        print(f"{r['method']:<12} {r['batch']:>5} {r['temperature']:>4} {r['steady_tokens_per_s']:>9.1f} "
+              f"{r.get('speedup', float('nan')):>7.2f}x {r.get('speedup_closed_batch', float('nan')):>6.2f}x "
+              f"{r.get('tau', 1.0):>5.2f} {r.get('match_plain_greedy', float('nan')):>6.1%}")
 
 
 def plot_e2e(result: dict, out_dir: Path) -> None:
