@@ -96,7 +96,7 @@ class DecodeIteration:
             with rows.context(rows.lengths, n, self.backend, mask):
                 out = self.model(drafts.token_ids.reshape(-1), (rows.lengths[:, None] + drafts.depths).reshape(-1))
             logits = self.model.compute_logits(out.hidden_states).view(b, n, -1)        # [b, n, vocab]
-            keys = rows.keys(0, VERIFY)
+            keys = None if key.mode is SamplingMode.GREEDY else rows.keys(0, VERIFY)  # greedy draws nothing
             if shape.is_chain:
                 result = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys)
             else:

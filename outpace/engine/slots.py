@@ -109,5 +109,11 @@ class RequestSlots:
     def sampling(self, slots: torch.Tensor, greedy: bool, filtered: bool) -> SamplingTensors:
         """The rows' sampling parameters (``slots`` [n] on the device); host flags: ``greedy``, every row is
         (argmax only); ``filtered``, some row applies top-k, top-p or min-p (padding rows are greedy)."""
+        if greedy:  # nothing reads the parameters: the padding slot's (greedy) rows, no gathers
+            pad = self.padding_slot
+            n = slots.shape[0]
+            return SamplingTensors(self.temperature[pad:].expand(n), self.top_k[pad:].expand(n),
+                                   self.top_p[pad:].expand(n), self.min_p[pad:].expand(n), all_greedy=True,
+                                   need_top_k=False, need_top_p=False, need_min_p=False)
         return SamplingTensors(self.temperature[slots], self.top_k[slots], self.top_p[slots], self.min_p[slots],
                                all_greedy=greedy, need_top_k=filtered, need_top_p=filtered, need_min_p=filtered)

@@ -19,8 +19,8 @@ from outpace.speculative.proposer import DraftShape
 
 
 class DraftLengthChooser:
-    def __init__(self, shapes: list[DraftShape], decay: float = 0.98, prior: float = 0.6, probe_every: int = 64,
-                 cost_smoothing: float = 0.3, margin: float = 1.05) -> None:
+    def __init__(self, shapes: list[DraftShape], decay: float = 0.99, prior: float = 0.6, probe_every: int = 64,
+                 cost_smoothing: float = 0.3, margin: float = 1.03) -> None:
         """``shapes``: the draft shapes to choose from (the longest last); per-position acceptance
         starts at ``prior`` (worth a few verifies) and forgets with ``decay`` per verify; a shape with
         more drafts must promise ``margin`` times the tokens per second of one with fewer."""

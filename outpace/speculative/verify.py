@@ -100,6 +100,9 @@ def _residual_after_rejecting_token(p: Tensor, token: Tensor) -> Tensor:
 def _chain_result(draft_token_ids: Tensor, num_correct_drafts: Tensor, bonus_token_ids: Tensor) -> VerifyResult:
     batch, num_drafts = draft_token_ids.shape
     device = draft_token_ids.device
+    if num_drafts == 0:  # plain decoding: the bonus token alone, at position 0 (a few kernels fewer per step)
+        return VerifyResult(bonus_token_ids[:, None], num_correct_drafts, bonus_token_ids, num_correct_drafts,
+                            num_correct_drafts[:, None])
     positions = torch.arange(num_drafts + 1, device=device)  # [L]
     n = num_correct_drafts[:, None]  # [batch, 1]
     pad = torch.full((batch, 1), -1, dtype=torch.int64, device=device)  # [batch, 1]
