@@ -78,11 +78,19 @@ def _speculative_config(a: argparse.Namespace):
             from outpace.models.dflash import dflash_block_size
 
             num_steps = dflash_block_size(draft) - 1
+        elif method == "mtp" and _mtp_layers(a.model) > 1:  # chained layers: one step each
+            num_steps = _mtp_layers(a.model)
         else:
             num_steps = 5
     # --num-steps / --num-draft-tokens fix the shape; without them each step chooses up to this one
     return SpeculativeConfig(method, draft, num_steps=num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
                              adaptive=not fixed)
+
+
+def _mtp_layers(model: str) -> int:
+    """The MTP layers a target's config.json declares (0 without one)."""
+    path = Path(model) / "config.json"
+    return int(json.loads(path.read_text()).get("num_nextn_predict_layers", 0)) if path.is_file() else 0
 
 
 def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
