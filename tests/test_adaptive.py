@@ -77,19 +77,19 @@ def test_lossless_while_the_number_of_drafts_changes(temperature):
         assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
 
 
-def test_useless_drafts_are_not_drafted():
-    """An oracle whose every draft is wrong: after trying each shape, the steps mostly draft nothing
-    (the rest: one probe in 64 steps, and the odd step where a noisy CPU timing of plain decoding
-    made one draft look affordable)."""
+def test_useless_drafts_are_not_drafted(monkeypatch):
+    """An oracle whose every draft is wrong: after trying each shape, the steps draft nothing but the
+    probes (one step in 64). The steps' costs are a fixed model here (each verified token adds a tenth
+    of a step), so that the choice follows acceptance alone, not a busy CPU's timing noise."""
+    record = DraftLengthChooser.record_cost
+    monkeypatch.setattr(DraftLengthChooser, "record_cost",
+                        lambda self, bucket, shape, seconds: record(self, bucket, shape, 1.0 + 0.1 * shape.num_nodes))
     prompts = _prompts(2)
     params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
     expected = LLM(ZOO).generate(prompts, params)
-    OracleProposer.corruption = 1.0
-    try:
-        llm = LLM(ZOO, speculative=SpeculativeConfig("oracle", "unused", num_steps=4, adaptive=True))
-        outs = llm.generate(prompts, params)
-    finally:
-        OracleProposer.corruption = 0.3
+    monkeypatch.setattr(OracleProposer, "corruption", 1.0)
+    llm = LLM(ZOO, speculative=SpeculativeConfig("oracle", "unused", num_steps=4, adaptive=True))
+    outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
     by_drafts = outs[0].spec_metrics.verifies_by_num_drafts
-    assert by_drafts[0] == max(by_drafts) and by_drafts[0] >= 2 / 3 * sum(by_drafts), by_drafts
+    assert by_drafts[0] >= 0.9 * sum(by_drafts), by_drafts
