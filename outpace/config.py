@@ -391,11 +391,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "auto": triton on CUDA, torch on the CPU
-    # Capture CUDA graphs at start-up (decode, verify, the EAGLE3 chain iteration); ignored on the CPU.
+    # Capture the decode iteration at start-up (every bucket, draft shape, sampling mode); CUDA only.
     cuda_graphs: bool = True
-    # Greedy decode and the captured chain iteration (graphs on) launch the next step before the host
-    # has read the current step's tokens (its inputs are on the device), so the host's scheduling
-    # overlaps the GPU's forward: engine/runner.py, speculative/chain_graph.py.
+    # Captured decode steps (any drafter, any sampling) launch the next step before the host has read
+    # the current step's tokens (its inputs are the slot state on the device), so the host's
+    # scheduling overlaps the GPU's forward: engine/runner.py.
     run_ahead: bool = True
     # Deterministic mode: batch-invariant projections (layers/linear.py) and attention (the Triton
     # backend's invariant variant) on CUDA, so a verify forward and a decode step give each row the

@@ -1,6 +1,5 @@
-"""What running a step ahead needs on both paths that do it (plain greedy decode in runner.py, the
-captured chain iteration in speculative/chain_graph.py): results copied to the host without blocking the
-stream, and the KV rows of the step after next reserved before it is launched."""
+"""What running a decode step ahead needs (engine/runner.py): results copied to the host without
+blocking the stream, and the KV rows of the step after next reserved before it is launched."""
 from __future__ import annotations
 
 from collections.abc import Sequence
