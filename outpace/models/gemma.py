@@ -173,28 +173,41 @@ class Gemma3Model(nn.Module):
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
 
-class Gemma3ForCausalLM(nn.Module):
-    # The same aux hidden state capture (EAGLE3) as the Llama family's: capture index i is the input of
-    # layer i, index num_hidden_layers the last layer's output.
+class GemmaForCausalLMBase(nn.Module):
+    """What the Gemma 3 and Gemma 4 causal LMs share: the family config beside the common one, the
+    text model, the (tied or own) head, embedding lookup and soft-capped logits, and the aux hidden
+    state capture (EAGLE3) of the Llama family: capture index i is the input of layer i, index
+    num_hidden_layers the last layer's output."""
+
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     _model_output = LlamaForCausalLM._model_output
 
-    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
-        """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers."""
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool, gemma, model_class: type) -> None:
+        """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers.
+        ``gemma``: the family's own config; ``model_class(cfg, gemma)`` builds the text model."""
         super().__init__()
         if mtp_own_heads or cfg.num_nextn_predict_layers:
             raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers, "0 for Gemma (no MTP layers)")
-        self.config = cfg
-        self.gemma = Gemma3Config.from_model_config(cfg)
-        self.model = Gemma3Model(cfg, self.gemma)
+        self.config, self.gemma = cfg, gemma
+        self.model = model_class(cfg, gemma)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
                               tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
         self.aux_layer_ids: tuple[int, ...] = ()
-        self.ignored_checkpoint_tensors = skip_towers(cfg, ("vision_tower", "multi_modal_projector")) \
-            if self.gemma.multimodal else ()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
+        (written into ``out`` if given)."""
+        return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
+
+
+class Gemma3ForCausalLM(GemmaForCausalLMBase):
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        super().__init__(cfg, mtp_own_heads, Gemma3Config.from_model_config(cfg), Gemma3Model)
+        self.ignored_checkpoint_tensors = skip_towers(cfg, ("vision_tower", "multi_modal_projector")) \
+            if self.gemma.multimodal else ()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
@@ -204,11 +217,6 @@ class Gemma3ForCausalLM(nn.Module):
                 captured[i] = h
             h = layer(positions, h)
         return self._model_output(h, captured)
-
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
-        (written into ``out`` if given)."""
-        return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma3ForConditionalGeneration checkpoint keeps its text model under ``language_model.``

@@ -37,13 +37,14 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.config import ModelConfig
 from outpace.layers.activation import ACTIVATIONS
-from outpace.layers.embedding import LMHead, ScaledVocabEmbedding
+from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.moe import run_experts
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.gemma import LayerTypeRope, final_logits, layer_type, layer_type_ropes, refuse, skip_towers
-from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput
+from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, layer_type, layer_type_ropes, refuse,
+                                  skip_towers)
+from outpace.models.llama import LlamaMLP, ModelOutput
 
 ROPE_TYPES = ("default", "proportional")
 # transformers Gemma4TextConfig.__post_init__'s rope_parameters when the config gives none
@@ -297,28 +298,12 @@ class Gemma4Model(nn.Module):
         return (self.per_layer_projection_norm(projected.view(n, -1, p)) + tokens) * 2 ** -0.5
 
 
-class Gemma4ForCausalLM(nn.Module):
-    # The same aux hidden state capture (EAGLE3) as the Llama family's (models/llama.py).
-    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
-    _model_output = LlamaForCausalLM._model_output
-
+class Gemma4ForCausalLM(GemmaForCausalLMBase):
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
-        """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers."""
-        super().__init__()
-        if mtp_own_heads or cfg.num_nextn_predict_layers:
-            raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers, "0 for Gemma (no MTP layers)")
-        self.config = cfg
-        self.gemma = Gemma4Config.from_model_config(cfg)
-        self.model = Gemma4Model(cfg, self.gemma)
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
-                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
-        self.aux_layer_ids: tuple[int, ...] = ()
+        super().__init__(cfg, mtp_own_heads, Gemma4Config.from_model_config(cfg), Gemma4Model)
         self.multimodal = cfg.architecture == "Gemma4ForConditionalGeneration"
         self.ignored_checkpoint_tensors = skip_towers(cfg, tuple(f"model.{p}" for p in MULTIMODAL_PARTS)) \
             if self.multimodal else ()
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
@@ -330,11 +315,6 @@ class Gemma4ForCausalLM(nn.Module):
                 captured[i] = h
             h = layer(positions, h, None if per_layer is None else per_layer[:, i], shared)
         return self._model_output(h, captured)
-
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
-        (written into ``out`` if given)."""
-        return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
