@@ -1,4 +1,5 @@
-"""Block accounting under any mix of finishing, aborted and preempted requests (hypothesis)."""
+"""Block and request-slot accounting under any mix of finishing, aborted and preempted requests
+(hypothesis)."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,7 +47,10 @@ def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
         step += 1
         in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
         assert engine.pool.num_free + in_use == engine.pool.num_blocks
+        # a request slot (engine/slots.py) only while running: none held for a waiting or gone request
+        assert set(engine.runner.slots._slot_of) <= {r.request_id for r in engine.scheduler.running}
     assert engine.pool.num_free == initial
+    assert not engine.runner.slots._slot_of and len(engine.runner.slots._free) == engine.config.max_num_seqs
 
 
 def test_preempted_requests_produce_the_same_tokens(llama_dir):
