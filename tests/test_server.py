@@ -69,8 +69,8 @@ def test_openai_completions_stream_equals_offline(client, llm):
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
     # Adaptive speculation may verify other draft shapes each time; either way every token but the
     # prefill's came from a verify: accepted drafts plus one bonus token per verify.
-    for metrics in (spec, finals[0].model_extra["spec_metrics"]):
-        assert metrics["num_verifies"] + metrics["num_accepted_drafts"] == 16 - 1
+    for counted in (spec, finals[0].model_extra["spec_metrics"]):
+        assert counted["num_verifies"] + counted["num_accepted_drafts"] == 16 - 1
     usage_chunk = chunks[-1]  # the stream's usage chunk carries the same request's metrics as its last choice
     assert usage_chunk.usage.completion_tokens == 16
     assert usage_chunk.model_extra["spec_metrics"] == finals[0].model_extra["spec_metrics"]

@@ -17,7 +17,8 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.bench.widen import LLAMA_8B, Shape, Widening, widen_zoo
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.layers.norm import RMSNorm
-from outpace.models.llama import LlamaAttention, build_rotary
+from outpace.layers.decoder import DecoderAttention
+from outpace.models.llama import build_rotary
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 SMALL = Shape(hidden=576, layers=8, heads=18, kv_heads=6, head_dim=64, intermediate=1024)
@@ -32,9 +33,9 @@ SPECS = {  # method -> (zoo draft directory name, SpeculativeConfig keyword argu
 }
 
 
-def _attention(cfg: dict, tensors: dict[str, torch.Tensor]) -> LlamaAttention:
+def _attention(cfg: dict, tensors: dict[str, torch.Tensor]) -> DecoderAttention:
     mc = ModelConfig.from_dict(cfg)
-    attn = LlamaAttention(mc, build_rotary(mc))
+    attn = DecoderAttention(mc, build_rotary(mc))
     attn.load_state_dict(tensors)
     return attn.eval()
 
@@ -51,7 +52,7 @@ def _attention_pair(src: str, prefix: str, arch: str, big: Shape):
     return _attention(cfg, tensors), _attention(big_cfg, widened), small.hidden
 
 
-def _run(attn: LlamaAttention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _run(attn: DecoderAttention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, x.shape[0])):
         return attn(positions, x)
 

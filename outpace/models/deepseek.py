@@ -35,7 +35,8 @@ from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.moe import MoE, Routing
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
-from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput, _residual_stream
+from outpace.layers.decoder import GatedMLP, residual_stream
+from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.mtp import OwnHeadsMTPBlock
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -195,8 +196,8 @@ class DeepseekDecoderLayer(nn.Module):
         self.self_attn = MultiHeadLatentAttention(cfg.mla_shape, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-        def mlp(size: int, bias: bool) -> LlamaMLP:
-            return LlamaMLP(cfg.hidden_size, size, cfg.hidden_act, bias)
+        def mlp(size: int, bias: bool) -> GatedMLP:
+            return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias)
 
         if cfg.is_moe_layer(index):
             self.mlp = MoE(cfg.hidden_size, cfg.routing, cfg.moe_intermediate_size, cfg.n_shared_experts, mlp,
@@ -206,11 +207,11 @@ class DeepseekDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden] (h + attention + MLP)."""
-        return _residual_stream(*self.forward_residual(positions, h, None))
+        return residual_stream(*self.forward_residual(positions, h, None))
 
     def forward_residual(self, positions: torch.Tensor, h: torch.Tensor,
                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As LlamaDecoderLayer.forward_residual: the input and the output stream split as (h, residual),
+        """As DecoderLayer.forward_residual (layers/decoder.py): the input and the output stream split as (h, residual),
         each residual add fused into the RMSNorm after it."""
         if residual is None:
             x, residual = self.input_layernorm(h), h
@@ -259,9 +260,9 @@ class DeepseekForCausalLM(nn.Module):
         captured = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layer_ids:
-                captured[i] = _residual_stream(h, residual)
+                captured[i] = residual_stream(h, residual)
             h, residual = layer.forward_residual(positions, h, residual)
-        return self._model_output(_residual_stream(h, residual), captured)
+        return self._model_output(residual_stream(h, residual), captured)
 
     # The rest of the decoder-stack plumbing is the Llama family's, unchanged (models/llama.py): aux layer
     # capture, embedding, final norm and head, MTP checkpoint names after the decoder layers.

@@ -41,7 +41,8 @@ from outpace.config import ConfigError, ModelConfig
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.eagle3 import DraftMismatchError
-from outpace.models.llama import LlamaAttention, LlamaDecoderLayer, build_rotary, norm_head_logits
+from outpace.layers.decoder import DecoderLayer, norm_head_logits
+from outpace.models.llama import build_rotary
 from outpace.models.loader import default_dtype
 
 
@@ -85,26 +86,6 @@ class DFlashConfig:
         return len(self.target_layer_ids)
 
 
-def _key_value(attn: LlamaAttention, x: torch.Tensor, positions: torch.Tensor):
-    """x [n, hidden], positions [n] -> k, v [n, kv_heads, head_dim] (k normed and rotated)."""
-    n, d = x.shape[0], attn.cfg.head_dim
-    k = attn.k_proj(x).view(n, -1, d)
-    v = attn.v_proj(x).view(n, -1, d)
-    if attn.cfg.qk_norm:
-        k = attn.k_norm(k)
-    _, k = attn.rotary(positions, k[:, :0], k)
-    return k, v
-
-
-def _query(attn: LlamaAttention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """x [n, hidden], positions [n] -> q [n, heads, head_dim] (normed and rotated)."""
-    q = attn.q_proj(x).view(x.shape[0], -1, attn.cfg.head_dim)
-    if attn.cfg.qk_norm:
-        q = attn.q_norm(q)
-    q, _ = attn.rotary(positions, q, q[:, :0])
-    return q
-
-
 class DFlashDraft(nn.Module):
     def __init__(self, cfg: DFlashConfig, target_hidden_size: int) -> None:
         super().__init__()
@@ -114,7 +95,7 @@ class DFlashDraft(nn.Module):
         self.rotary = build_rotary(lc)
         self.fc = linear(cfg.num_features * target_hidden_size, lc.hidden_size)
         self.hidden_norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(lc, self.rotary) for _ in range(lc.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(lc, self.rotary) for _ in range(lc.num_hidden_layers))
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         # (embedding, head) borrowed from the target; a tuple keeps them out of our submodules/state dict
         self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
@@ -142,14 +123,7 @@ class DFlashDraft(nn.Module):
         The same features feed every layer (they are not transformed by earlier layers).
         """
         for layer in self.layers:
-            attn = layer.self_attn
-            if attn.projects_fused(features) and all(c.is_contiguous() for c in attn.attn.kv_cache):
-                attn.project_fused(features, 0.0, positions, *attn.attn.kv_cache, slot_mapping, kv_only=True)
-                continue
-            k, v = _key_value(attn, features, positions)
-            k_cache, v_cache = attn.attn.kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
-            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+            layer.self_attn.write_kv(features, positions, slot_mapping)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Block rows through paged attention: token_ids, positions [n] -> [n, hidden] pre-norm.
@@ -180,9 +154,9 @@ class DFlashDraft(nn.Module):
         for layer in self.layers:
             attn = layer.self_attn
             x = layer.input_layernorm(h).reshape(b * q_len, -1)
-            q = _query(attn, x, blk_pos)
-            k_blk, v_blk = _key_value(attn, x, blk_pos)
-            k_ctx, v_ctx = _key_value(attn, ctx_flat, ctx_pos)
+            q = attn.query(x, blk_pos)
+            k_blk, v_blk = attn.key_value(x, blk_pos)
+            k_ctx, v_ctx = attn.key_value(ctx_flat, ctx_pos)
 
             def heads_first(y: torch.Tensor, n: int) -> torch.Tensor:  # [b * n, h, d] -> [b, h, n, d]
                 return y.view(b, n, *y.shape[1:]).transpose(1, 2)

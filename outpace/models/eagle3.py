@@ -36,8 +36,8 @@ from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
 from outpace.config import ModelConfig
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.models.llama import (LlamaAttention, LlamaMLP, build_rotary, fused_attention_output_and_mlp,
-                                  layer_fuses, norm_head_logits)
+from outpace.layers.decoder import DecoderAttention, GatedMLP, attention_and_mlp, embed_norm_pair, norm_head_logits
+from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype
 
 
@@ -122,34 +122,24 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary, input_size=2 * cfg.hidden_size)
+        self.self_attn = DecoderAttention(cfg, rotary, input_size=2 * cfg.hidden_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
         self.norm_before_residual = norm_before_residual
 
-    def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """embeds, hidden [n, hidden] -> [n, hidden] pre-norm output."""
-        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
-        if self.fuses(x):
-            return self.forward_fused(positions, x, hidden)
-        h = self.residual(x, hidden) + self.self_attn(positions, x)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, token_ids: torch.Tensor, embedding: nn.Embedding,
+                hidden: torch.Tensor) -> torch.Tensor:
+        """token_ids [n] (their rows of ``embedding``), hidden [n, hidden] -> [n, hidden] pre-norm output."""
+        x = embed_norm_pair(token_ids, embedding, self.input_layernorm, hidden, self.hidden_norm,
+                            (self.self_attn, self.mlp))                                    # [n, 2 * hidden]
+        return attention_and_mlp(self.self_attn, self.mlp, self.post_attention_layernorm, positions, x,
+                                 self.residual(x, hidden))
 
     def residual(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The residual stream [n, hidden] the layer adds to: ``hidden``, or with ``norm_before_residual``
         its ``hidden_norm``, the second half of x [n, 2 * hidden] the normalised [embedding | hidden]."""
         return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
 
-    def fuses(self, x: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves these rows (``layer_fuses``)."""
-        return layer_fuses(self.self_attn, self.mlp, x)
-
-    def forward_fused(self, positions: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """x [n, 2 * hidden] the normalised [embedding | hidden] -> ``forward``'s output: four projection
-        kernels around attention (layers/fused_projection.py)."""
-        attn = self.self_attn.attend_fused(positions, x, self.input_layernorm.eps)
-        return fused_attention_output_and_mlp(attn, self.residual(x, hidden), self.self_attn.o_proj,
-                                              self.post_attention_layernorm, self.mlp, None)
 
 
 class Eagle3Draft(nn.Module):
@@ -207,14 +197,7 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """token_ids [n] (token t+1), positions [n] (t), hidden [n, hidden] -> [n, hidden] pre-norm."""
-        layer = self.midlayer
-        if layer.fuses(hidden):  # few rows on the GPU: the embedding lookup and both norms in one kernel
-            from outpace.layers.fused_projection import embed_norm_pair
-
-            norms = [(n.weight, n.eps) for n in (layer.input_layernorm, layer.hidden_norm)]
-            x = embed_norm_pair(token_ids, self._embedding.weight, norms[0], hidden, norms[1])
-            return layer.forward_fused(positions, x, hidden)
-        return layer(positions, self.embed(token_ids), hidden)
+        return self.midlayer(positions, token_ids, self._embedding, hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""

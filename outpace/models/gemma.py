@@ -33,7 +33,8 @@ from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.llama import LlamaForCausalLM, LlamaMLP, ModelOutput
+from outpace.layers.decoder import GatedMLP
+from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
 logger = logging.getLogger("outpace.models")
 
@@ -152,7 +153,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
         self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
         self.self_attn = Gemma3Attention(cfg, gemma, rotary, sliding_window)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> h + post_norm(attention(pre_norm(h))), then the same around the MLP."""

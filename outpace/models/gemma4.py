@@ -44,7 +44,8 @@ from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, layer_type, layer_type_ropes, refuse,
                                   skip_towers)
-from outpace.models.llama import LlamaMLP, ModelOutput
+from outpace.layers.decoder import GatedMLP
+from outpace.models.llama import ModelOutput
 
 ROPE_TYPES = ("default", "proportional")
 # transformers Gemma4TextConfig.__post_init__'s rope_parameters when the config gives none
@@ -235,7 +236,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
         self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
         self.self_attn = Gemma4Attention(cfg, gemma, index, rotary, producer_attn)
-        self.mlp = LlamaMLP(hidden, cfg.intermediate_size * (2 if shape.double_wide_mlp else 1), cfg.hidden_act)
+        self.mlp = GatedMLP(hidden, cfg.intermediate_size * (2 if shape.double_wide_mlp else 1), cfg.hidden_act)
         self.register_buffer("layer_scalar", torch.ones(1))  # a checkpoint tensor
         self.has_moe = gemma.moe is not None
         if self.has_moe:

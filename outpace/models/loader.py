@@ -10,7 +10,7 @@ from torch import nn
 
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.config import ModelConfig
-from outpace.models.llama import pack_projections
+from outpace.layers.decoder import pack_projections
 from outpace.models.mtp import has_own_mtp_heads
 from outpace.registry import model_class
 

@@ -40,7 +40,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.llama import LlamaDecoderLayer, norm_head_logits
+from outpace.layers.decoder import DecoderLayer, norm_head_logits
 
 
 def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
@@ -125,9 +125,9 @@ class OwnHeadsMTPBlock(MTPBlock):
         return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
 
 
-class MTPLayer(MTPBlock, LlamaDecoderLayer):
+class MTPLayer(MTPBlock, DecoderLayer):
     """A Llama-family MTP layer in the target's own layout (Step-3.5-Flash, outpace's trained ones)."""
 
 
-class DeepSeekMTPLayer(OwnHeadsMTPBlock, LlamaDecoderLayer):
+class DeepSeekMTPLayer(OwnHeadsMTPBlock, DecoderLayer):
     """A Llama-family decoder block in DeepSeek-V3's MTP layout."""

@@ -25,7 +25,7 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.models.dflash import load_dflash_draft
-from outpace.models.llama import pack_projections
+from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
                                           positions)
