@@ -194,12 +194,7 @@ class DecoderLayer(nn.Module):
 
             rows = normed_rows(residual_stream(h, residual), self.input_layernorm.weight)
             return self.forward_fused(positions, rows, None), None
-        if residual is None:
-            x, residual = self.input_layernorm(h), h
-        else:
-            x, residual = self.input_layernorm(h, residual)
-        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
-        return self.mlp(x), residual
+        return pre_norm_residual(self, positions, h, residual)
 
     def fuses(self, h: torch.Tensor) -> bool:
         """Whether ``forward_fused`` serves h [num_tokens, hidden] (``layer_fuses``)."""
@@ -213,6 +208,20 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn.attend_fused(positions, rows, self.input_layernorm.eps)
         return fused_attention_output_and_mlp(attn, rows.stream, self.self_attn.o_proj, self.post_attention_layernorm,
                                               self.mlp, next_norm)
+
+
+def pre_norm_residual(layer: nn.Module, positions: torch.Tensor, h: torch.Tensor,
+                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager pre-norm layer over the stream h + residual (h alone when residual is None), for any
+    ``layer`` with input_layernorm, self_attn(positions, x), post_attention_layernorm and mlp modules
+    (the DeepSeek layer's are MLA and MoE): (MLP output, residual) [num_tokens, hidden] each, each
+    residual add fused into the RMSNorm after it."""
+    if residual is None:
+        x, residual = layer.input_layernorm(h), h
+    else:
+        x, residual = layer.input_layernorm(h, residual)
+    x, residual = layer.post_attention_layernorm(layer.self_attn(positions, x), residual)
+    return layer.mlp(x), residual
 
 
 def layer_fuses(attn: DecoderAttention, mlp: GatedMLP, x: torch.Tensor) -> bool:

@@ -35,7 +35,7 @@ from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.moe import MoE, Routing
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
-from outpace.layers.decoder import GatedMLP, residual_stream
+from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.mtp import OwnHeadsMTPBlock
 
@@ -211,14 +211,9 @@ class DeepseekDecoderLayer(nn.Module):
 
     def forward_residual(self, positions: torch.Tensor, h: torch.Tensor,
                          residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As DecoderLayer.forward_residual (layers/decoder.py): the input and the output stream split as (h, residual),
-        each residual add fused into the RMSNorm after it."""
-        if residual is None:
-            x, residual = self.input_layernorm(h), h
-        else:
-            x, residual = self.input_layernorm(h, residual)
-        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
-        return self.mlp(x), residual
+        """As DecoderLayer.forward_residual (layers/decoder.py): the input and the output stream split as
+        (h, residual), each residual add fused into the RMSNorm after it."""
+        return pre_norm_residual(self, positions, h, residual)
 
 
 class DeepseekMTPLayer(OwnHeadsMTPBlock, DeepseekDecoderLayer):
