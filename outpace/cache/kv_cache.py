@@ -20,3 +20,40 @@ def bind_kv_cache(model: nn.Module, pool: BlockPool, dtype: torch.dtype,
     """
     return [module.bind_cache(pool.num_blocks + 1, pool.block_size, dtype, device)
             for module in model.modules() if isinstance(module, PagedCacheLayer)]
+
+
+class CacheRows:
+    """Moves token rows inside every cache tensor of a model at once: what a tree commit does to the target's
+    KV (engine/iteration.py). ``move(src, dst)``, both [b, width] flat token rows (block * block_size +
+    offset): for each request r and column i >= 1, row dst[r, i] of every tensor receives row src[r, i].
+
+    On CUDA one Triton launch serves every tensor (cache/row_move_kernel.py), copying each request's
+    columns in order, in place. That is safe under the commit's invariant: a column's source is never a
+    row an earlier column wrote (the accepted path's node indices grow faster than its depths, so
+    src[r, j] >= dst[r, j] > dst[r, i] for i < j). Elsewhere each tensor is gathered, then scattered."""
+
+    def __init__(self, caches: list[tuple[torch.Tensor, ...]], fused: bool | None = None) -> None:
+        """``fused``: use the Triton kernel (None: on CUDA)."""
+        self.tensors = [t for layer in caches for t in layer]
+        self.fused = bool(self.tensors) and (self.tensors[0].device.type == "cuda" if fused is None else fused)
+        if self.fused:
+            for t in self.tensors:  # each token row: contiguous bytes, rows a fixed stride apart
+                assert t.stride(0) == t.shape[1] * t.stride(1) and t[0, 0].is_contiguous(), t.shape
+            size = self.tensors[0].element_size()
+            device = self.tensors[0].device
+            self.bases = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64, device=device)
+            self.row_strides = torch.tensor([t.stride(1) * size for t in self.tensors], dtype=torch.int64,
+                                            device=device)
+            sizes = [t[0, 0].numel() * t.element_size() for t in self.tensors]
+            self.row_bytes = torch.tensor(sizes, dtype=torch.int64, device=device)
+            self.max_row_bytes = max(sizes)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        if self.fused:
+            from outpace.cache.row_move_kernel import move_rows_all  # Triton: only where a GPU runs
+            move_rows_all(self.bases, self.row_strides, self.row_bytes, self.max_row_bytes, src, dst)
+            return
+        src, dst = src.reshape(-1), dst.reshape(-1)
+        for cache in self.tensors:
+            flat = cache.view(-1, *cache.shape[2:])
+            flat.index_copy_(0, dst, flat.index_select(0, src))

@@ -205,7 +205,11 @@ def random_keys(seeds: Tensor, counters: Tensor) -> Tensor:
     position it decides and what for), so that a row's random numbers depend only on these two,
     never on the batch around it or on what ran before: the same in an eager step and a captured
     replay. The counter is mixed (consecutive counters give unrelated keys); ``draw_uniform`` mixes
-    the key again with each column.  ``seeds``, ``counters``  # [n] int64 -> [n] int64"""
+    the key again with each column.  ``seeds``, ``counters``  # [n] int64 -> [n] int64
+    (On CUDA one Triton launch computes the same bits: layers/random_kernel.py.)"""
+    if seeds.is_cuda:
+        from outpace.layers import random_kernel
+        return random_kernel.random_keys(seeds, counters)
     return seeds ^ _mix64(counters * _GOLDEN)
 
 
@@ -215,6 +219,9 @@ def draw_uniform(num_rows: int, num_cols: int, keys: Keys, device: torch.device 
     # [num_rows, num_cols] float32"""
     if keys is None:
         return torch.rand(num_rows, num_cols, device=device)
+    if keys.is_cuda:
+        from outpace.layers import random_kernel
+        return random_kernel.draw_uniform(keys, num_cols, stream)
     cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device) + stream * (1 << 32)  # [cols]
     bits = _mix64(keys[:, None] + _GOLDEN * (cols + 1))  # [rows, cols]
     return ((bits >> 40) & ((1 << 24) - 1)).float() * 2.0 ** -24  # 24 random bits: exact in float32
