@@ -49,10 +49,12 @@ def eagle3_config(target_dir: Path, draft_vocab_size: int | None = None, aux_ids
 
 
 def make_eagle3_draft(target_dir: Path, out_dir: Path, draft_vocab_size: int | None = None, aux_ids=None,
-                      seed: int = 0, **extra) -> Path:
+                      seed: int = 0, has_embedding: bool = False, **extra) -> Path:
+    """``has_embedding``: the draft carries its own embedding (needed when its hidden size differs from the
+    target's)."""
     cfg = eagle3_config(target_dir, draft_vocab_size, aux_ids, **extra)
     torch.manual_seed(seed)
-    draft = Eagle3Draft(Eagle3Config.from_dict(cfg), has_embedding=False, has_head=True)
+    draft = Eagle3Draft(Eagle3Config.from_dict(cfg), has_embedding=has_embedding, has_head=True)
     with torch.no_grad():
         for name, p in draft.named_parameters():
             p.copy_(torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.3) + (1.0 if p.dim() == 1 else 0.0))

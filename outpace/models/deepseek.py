@@ -36,6 +36,7 @@ from outpace.layers.moe import MoE, Routing
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
 from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
+from outpace.models.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.mtp import OwnHeadsMTPBlock
 
@@ -262,6 +263,8 @@ class DeepseekForCausalLM(nn.Module):
     # The rest of the decoder-stack plumbing is the Llama family's, unchanged (models/llama.py): aux layer
     # capture, embedding, final norm and head, MTP checkpoint names after the decoder layers.
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    # EAGLE3 drafts for DeepSeek/Kimi targets write ids in either convention, told apart by the first id
+    eagle3_aux_ids = FIRST_ID_RULE
     embed = LlamaForCausalLM.embed
     _model_output = LlamaForCausalLM._model_output
     compute_logits = LlamaForCausalLM.compute_logits

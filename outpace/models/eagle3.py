@@ -9,10 +9,20 @@ own previous pre-norm output for rows it drafted. The layer's residual stream is
 llama_eagle3.py ``_norm_before_residual``). Then ``norm`` and ``lm_head`` over a draft vocabulary;
 draft id i is target id ``i + d2t[i]``. Checkpoint tensors: ``fc.weight``, optional
 ``fc_norm.{i}.weight`` (per-aux RMSNorm, "aux norm", enabled by ``use_aux_norm`` or ``fc_norm`` in
-the config), the layer's ``{input_layernorm,hidden_norm,self_attn.*,post_attention_layernorm,mlp.*}``
+the config; SpecForge's Gemma training names them ``aux_norm_{low,mid,high}.weight``, sgl-project/SpecForge
+pull 553 specforge/modeling/draft/llama3_eagle.py, which SGLang's llama_eagle3.py load_weights maps to
+``fc_norm.{0,1,2}``), the layer's ``{input_layernorm,hidden_norm,self_attn.*,post_attention_layernorm,mlp.*}``
 under ``midlayer.`` (native) or ``layers.0.`` (speculators; vLLM's loader renames ``midlayer.`` to
 ``layers.0.``), ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` and optionally
 ``embed_tokens.weight``. The embedding and, when the draft has none, the head come from the target.
+
+The embedding the draft reads: the raw table's rows times ``embed_scale``. SpecForge's Gemma EAGLE3
+training (pull 553, llama3_eagle.py ``embed_input_ids``) multiplies the raw target table by
+``embed_scale`` from the config, or by sqrt(hidden_size) when ``target_model_type`` names a Gemma
+model, else by 1; so the public Gemma drafts expect the *scaled* lookup Gemma uses itself (SGLang
+serving hands the draft the raw table, get_embed in gemma3_causal.py, and the two differ only through
+the norm's eps: the layer normalises the embedding first). The scale is folded into that norm's eps
+(RMSNorm(s x, eps) = RMSNorm(x, eps / s^2)), so the raw table serves both the eager and the fused path.
 
 Speculators config (vLLM transformers_utils/configs/speculators/{base,algos}.py; speculators
 models/eagle3/config.py): the layer's shapes are the ``transformer_layer_config`` dict (a
@@ -34,11 +44,17 @@ from torch import nn
 
 from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
 from outpace.config import ModelConfig
+from outpace.layers.embedding import VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.decoder import DecoderAttention, GatedMLP, attention_and_mlp, embed_norm_pair, norm_head_logits
+from outpace.models.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype
+
+
+# SpecForge's names of the three aux norms (pull 553 llama3_eagle.py), in the order of the aux states
+AUX_NORM_NAMES_SPECFORGE = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
 
 
 class DraftMismatchError(ValueError):
@@ -54,6 +70,7 @@ class Eagle3Config:
     use_aux_norm: bool = False
     bias: bool = False
     norm_before_residual: bool = False
+    embed_scale: float = 1.0               # the draft reads the target's table rows times this
 
     @classmethod
     def from_dict(cls, cfg: dict) -> Eagle3Config:
@@ -69,24 +86,31 @@ class Eagle3Config:
                    aux_layer_ids=tuple(ids) if ids else None,
                    use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
                    bias=bool(cfg.get("bias", False)),
-                   norm_before_residual=bool(cfg.get("norm_before_residual", False)))
+                   norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+                   embed_scale=_embed_scale(cfg))
 
     @property
     def num_aux(self) -> int:
         return len(self.aux_layer_ids) if self.aux_layer_ids else 3
 
-    def capture_layer_ids(self, num_target_layers: int) -> tuple[int, ...]:
-        """The target layers whose *inputs* to capture (index num_target_layers: the last output).
+    def capture_layer_ids(self, num_target_layers: int,
+                          convention: AuxIdConvention = FIRST_ID_RULE) -> tuple[int, ...]:
+        """The target layers whose *inputs* to capture (index num_target_layers: the last output), as
+        the target family's ``convention`` reads the checkpoint's ids (models/eagle3_aux_ids.py)."""
+        return convention.capture_ids(self.aux_layer_ids, num_target_layers)
 
-        Checkpoints write the ids in one of two conventions: a first id of 1 means "output of layer
-        X" (so capture the input of X + 1); otherwise they already mean "input of layer X". Absent:
-        [2, L // 2, L - 3].
-        """
-        ids = self.aux_layer_ids
-        if ids is None:
-            L = num_target_layers
-            return (2, L // 2, L - 3)
-        return tuple(i + 1 for i in ids) if ids[0] == 1 else tuple(ids)
+
+def target_capture_ids(cfg: Eagle3Config, target: nn.Module) -> tuple[int, ...]:
+    """The capture ids of ``cfg`` on ``target``: families whose drafts write their ids otherwise than the
+    first-id rule declare their ``eagle3_aux_ids`` convention (Gemma)."""
+    return cfg.capture_layer_ids(target.config.num_hidden_layers, getattr(target, "eagle3_aux_ids", FIRST_ID_RULE))
+
+
+def _embed_scale(cfg: dict) -> float:
+    """What the draft multiplies its embedding rows by: SpecForge pull 553 llama3_eagle.py's rule."""
+    if cfg.get("embed_scale") is not None:
+        return float(cfg["embed_scale"])
+    return cfg["hidden_size"] ** 0.5 if "gemma" in (cfg.get("target_model_type") or "") else 1.0
 
 
 def _flatten_speculators(cfg: dict) -> dict:
@@ -141,6 +165,21 @@ class Eagle3Layer(nn.Module):
         return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
 
 
+class UnscaledRows(nn.Module):
+    """[n] ids -> [n, dim]: a borrowed embedding's plain lookup (``VocabEmbedding``'s, vocab-parallel where
+    the table is), without the scale a ``ScaledVocabEmbedding`` (Gemma) multiplies its rows by."""
+
+    def __init__(self, table: VocabEmbedding) -> None:
+        super().__init__()
+        self.table = table
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.table.weight
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return VocabEmbedding.forward(self.table, token_ids)
+
 
 class Eagle3Draft(nn.Module):
     # speculators checkpoints may carry copies of the verifier's final norm and head
@@ -148,17 +187,21 @@ class Eagle3Draft(nn.Module):
     ignored_checkpoint_tensors = (r"^verifier_(norm|lm_head)\.",)
 
     def __init__(self, cfg: Eagle3Config, has_embedding: bool = False, has_head: bool = True,
-                 layer_prefix: str = "midlayer.") -> None:
-        """``layer_prefix``: the checkpoint's name for the decoder layer, ``midlayer.`` or ``layers.0.``."""
+                 layer_prefix: str = "midlayer.", aux_norm_names: tuple[str, ...] | None = None) -> None:
+        """``layer_prefix``: the checkpoint's name for the decoder layer, ``midlayer.`` or ``layers.0.``;
+        ``aux_norm_names``: the checkpoint's names of the aux norms, when not ``fc_norm.{i}``."""
         super().__init__()
         lc = cfg.layer
         self.config = cfg
         self.layer_prefix = layer_prefix
+        self.aux_norm_names = aux_norm_names
         self.rotary = build_rotary(lc)
         if cfg.use_aux_norm:
             self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, lc.rms_norm_eps) for _ in range(cfg.num_aux))
         self.fc = linear(cfg.num_aux * cfg.target_hidden_size, lc.hidden_size, bias=cfg.bias)
         self.midlayer = Eagle3Layer(lc, self.rotary, cfg.norm_before_residual)
+        # NOTE: the embedding rows are read raw; their scale lives in the norm after them (module docstring)
+        self.midlayer.input_layernorm.eps = lc.rms_norm_eps / cfg.embed_scale ** 2
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         if has_embedding:
             self.embed_tokens = nn.Embedding(lc.vocab_size, lc.hidden_size)
@@ -174,18 +217,24 @@ class Eagle3Draft(nn.Module):
     def checkpoint_name(self, param_name: str) -> str:
         if param_name.startswith("midlayer."):
             return self.layer_prefix + param_name.removeprefix("midlayer.")
+        if param_name.startswith("fc_norm.") and self.aux_norm_names:
+            index, rest = param_name.removeprefix("fc_norm.").split(".", 1)
+            return f"{self.aux_norm_names[int(index)]}.{rest}"
         return param_name
 
     def attach_target(self, target: nn.Module) -> None:
-        """Borrow the target's embedding (and head, when the draft has none)."""
-        self._borrowed = (None if hasattr(self, "embed_tokens") else target.model.embed_tokens,
+        """Borrow the target's embedding (its unscaled rows: ``embed_scale`` applies) and head, each
+        when the draft has none."""
+        self._borrowed = (None if hasattr(self, "embed_tokens") else UnscaledRows(target.model.embed_tokens),
                           None if hasattr(self, "lm_head") else target.lm_head)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[n] -> [n, hidden]: the rows the layer's input norm receives (unscaled: ``embed_scale`` lives in
+        that norm's eps)."""
         return self._embedding(token_ids)
 
     @property
-    def _embedding(self) -> nn.Embedding:
+    def _embedding(self) -> nn.Module:
         return self.embed_tokens if hasattr(self, "embed_tokens") else self._borrowed[0]
 
     def fuse_aux(self, aux: torch.Tensor) -> torch.Tensor:
@@ -227,17 +276,18 @@ def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     if "embed_tokens.weight" not in names and cfg.layer.hidden_size != tcfg.hidden_size:
         problems.append(f"the draft has no embedding and its hidden_size {cfg.layer.hidden_size} differs from the "
                         f"target's {tcfg.hidden_size}")
-    capture = cfg.capture_layer_ids(tcfg.num_hidden_layers)
+    capture = target_capture_ids(cfg, target)
     bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
     if bad:
-        written = list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (default [2, L // 2, L - 3])"
+        written = list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (the target family's default)"
         problems.append(f"eagle_aux_hidden_state_layer_ids {written} capture the inputs of "
                         f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]")
     if problems:
         raise DraftMismatchError(f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems))
     with default_dtype(dtype), torch.device(device):
         draft = Eagle3Draft(cfg, has_embedding="embed_tokens.weight" in names, has_head="lm_head.weight" in names,
-                            layer_prefix="layers.0." if any(n.startswith("layers.0.") for n in names) else "midlayer.")
+                            layer_prefix="layers.0." if any(n.startswith("layers.0.") for n in names) else "midlayer.",
+                            aux_norm_names=AUX_NORM_NAMES_SPECFORGE if "aux_norm_low.weight" in names else None)
     load_checkpoint(draft, draft_dir, progress=False)
     target_ids = torch.arange(cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
     if target_ids.min() < 0 or target_ids.max() >= tcfg.vocab_size or target_ids.unique().numel() != target_ids.numel():

@@ -24,7 +24,7 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.models.eagle3 import load_eagle3_draft
+from outpace.models.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import choose_chain, chain_drafts
 from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
@@ -41,7 +41,7 @@ class Eagle3Proposer(Proposer):
         super().__init__(spec, pool, max_slots, device, attention_backend)
         self.draft_model = load_eagle3_draft(spec.draft, target, dtype, device)
         pack_projections(self.draft_model)  # one matmul for q/k/v and for gate/up
-        self.aux_layer_ids = self.draft_model.config.capture_layer_ids(target.config.num_hidden_layers)
+        self.aux_layer_ids = target_capture_ids(self.draft_model.config, target)
         bind_kv_cache(self.draft_model, pool, dtype, device)
         self.vocab_size = target.config.vocab_size
         # draft vocabulary -> target ids, [draft_vocab]
