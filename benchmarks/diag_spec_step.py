@@ -25,6 +25,7 @@ specs = drafters(models)
 prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"][:2]
 # (method, temperature, the shapes to look at: num_steps, topk, num_draft_tokens)
 CASES = [("none", 0.0, [DraftShape(0)]),
+         ("eagle3", 0.0, [DraftShape(3)]),
          ("eagle3-tree", 0.0, [DraftShape(5, 4, 16)]),
          ("dflash", 0.0, [DraftShape(2), DraftShape(7)]),
          ("eagle3", 0.8, [DraftShape(3), DraftShape(4)]),
@@ -70,7 +71,10 @@ for method, temperature, shapes in CASES:
             print(f"  {us:8.1f} us {n:4d}x  {name}")
         report.append({"method": method, "temperature": temperature, "shape": str(shape), "replay_ms": replay_ms,
                        "kernels": len(one), "span_ms": span, "kernel_ms": busy,
-                       "top": [[name, us, n] for name, (us, n) in top]})
+                       "top": [[name, us, n] for name, (us, n) in top],
+                       "sequence": [[e.name[:60], e.device_time_total,
+                                     (e.time_range.start - one[i - 1].time_range.end) if i else 0.0]
+                                    for i, e in enumerate(one)]})
     del llm
     torch.cuda.empty_cache()
 if sys.argv[1:]:

@@ -9,12 +9,13 @@ import torch
 from outpace.cache.kv_cache import CacheRows
 
 BLOCK = 4
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel compiled on a GPU, else interpreted
 
 
-def _caches(num_blocks: int) -> list[tuple[torch.Tensor, ...]]:
+def _caches(num_blocks: int, device: str) -> list[tuple[torch.Tensor, ...]]:
     g = torch.Generator().manual_seed(0)
-    k, v = (torch.randn(num_blocks, BLOCK, 2, 6, generator=g) for _ in range(2))  # an attention layer
-    rows = torch.randn(num_blocks, BLOCK, 1, 10, generator=g)                         # an MLA layer's rows
+    k, v = (torch.randn(num_blocks, BLOCK, 2, 6, generator=g).to(device) for _ in range(2))  # an attention layer
+    rows = torch.randn(num_blocks, BLOCK, 1, 10, generator=g).to(device)                   # an MLA layer's rows
     return [(k, v), (rows[..., :7], rows[..., 7:])]
 
 
@@ -39,22 +40,23 @@ def test_rows_move_as_a_column_by_column_copy(fused):
     if fused:
         pytest.importorskip("triton")
     b, width, num_nodes = 5, 4, 9
-    caches = _caches(num_blocks=4 * b)
+    device = DEVICE if fused else "cpu"
+    caches = _caches(4 * b, device)
     tables = torch.randperm(4 * b).view(b, 4)               # each request's blocks, scattered
     lengths = torch.tensor([0, 3, 5, 2, 7])
     path = _accepted_paths(b, width, num_nodes)
     order = torch.arange(width).expand(b, -1)
     src = _flat_rows(tables, lengths[:, None] + torch.where(path >= 0, path, order))
     dst = _flat_rows(tables, lengths[:, None] + order)
-    expected = [[t.clone() for t in layer] for layer in caches]
+    expected = [[t.cpu().clone() for t in layer] for layer in caches]
     for layer in expected:
         for t in layer:
             flat = t.view(-1, *t.shape[2:])
             for r in range(b):
                 for i in range(1, width):
                     flat[dst[r, i]] = flat[src[r, i]].clone()
-    CacheRows(caches, fused=fused).move(src, dst)
+    CacheRows(caches, fused=fused).move(src.to(device), dst.to(device))
     assert (path[:, 1] >= 0).any() and (path[:, 1:] < 0).any()  # some rows move, some stay
     for layer, want in zip(caches, expected):
         for t, w in zip(layer, want):
-            assert torch.equal(t, w)
+            assert torch.equal(t.cpu(), w)

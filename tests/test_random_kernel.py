@@ -10,15 +10,17 @@ pytest.importorskip("triton")
 
 from outpace.layers import random_kernel, sampler  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, else the interpreter
+
 
 def test_keys_and_uniforms_match_the_torch_reference():
     g = torch.Generator().manual_seed(0)
     seeds = torch.randint(-2 ** 63, 2 ** 63 - 1, (37,), dtype=torch.int64, generator=g)
     counters = torch.randint(0, 2 ** 40, (37,), dtype=torch.int64, generator=g)
     keys = sampler.random_keys(seeds, counters)  # CPU tensors: the torch code
-    assert torch.equal(random_kernel.random_keys(seeds, counters), keys)
+    assert torch.equal(random_kernel.random_keys(seeds.to(DEVICE), counters.to(DEVICE)).cpu(), keys)
     for cols, stream in ((1, 1), (200, 0), (129, 3)):
         want = sampler.draw_uniform(len(keys), cols, keys, "cpu", stream)
-        got = random_kernel.draw_uniform(keys, cols, stream)
+        got = random_kernel.draw_uniform(keys.to(DEVICE), cols, stream).cpu()
         assert torch.equal(got, want), (cols, stream)
     assert not torch.equal(random_kernel.draw_uniform(keys, 8, 0), random_kernel.draw_uniform(keys, 8, 1))
