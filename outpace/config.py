@@ -130,8 +130,10 @@ class ModelConfig:
             rope_theta = cfg["rope_parameters"].get("rope_theta")
             if cfg["rope_parameters"].get("rope_type", "default") != "default":
                 rope_scaling = cfg["rope_parameters"]
-        _refuse_unimplemented(cfg)
-        num_layers = cfg["num_hidden_layers"]
+        _refuse_unimplemented(arch, cfg)
+        # transformers' NemotronHConfig derives the layer count from its pattern and does not save it
+        num_layers = cfg.get("num_hidden_layers") or len(cfg.get("layers_block_type") or
+                                                         cfg.get("hybrid_override_pattern") or ())
         # Biases, as each transformers class builds its layers: Llama (LlamaAttention, LlamaMLP) and
         # Qwen3 put attention_bias on q/k/v/o, Llama mlp_bias on gate/up/down; Qwen2Attention has
         # biases on q/k/v only, always; Mistral has none.
@@ -172,7 +174,11 @@ class ModelConfig:
         return cls.from_dict(json.loads(path.read_text()))
 
 
-def _refuse_unimplemented(cfg: dict) -> None:
+# Architectures whose attention rotates part of each head (models/qwen3_next.py reads the factor).
+PARTIAL_ROTARY_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM")
+
+
+def _refuse_unimplemented(arch: str, cfg: dict) -> None:
     """Refuse config.json entries outside the four classes' own fields that would change what the
     model computes and that outpace does not implement."""
     if cfg.get("quantization_config") is not None:
@@ -182,8 +188,9 @@ def _refuse_unimplemented(cfg: dict) -> None:
         rope = cfg.get(key)
         # transformers modeling_rope_utils: rotate only int(head_dim * partial_rotary_factor) dimensions.
         factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
-        _require("ModelConfig", f"{key}.partial_rotary_factor", factor, factor == 1.0,
-                 "1.0 (partial rotary embeddings are not implemented)")
+        _require("ModelConfig", f"{key}.partial_rotary_factor", factor,
+                 factor == 1.0 or arch in PARTIAL_ROTARY_ARCHITECTURES,
+                 f"1.0 (partial rotary embeddings are implemented for {', '.join(PARTIAL_ROTARY_ARCHITECTURES)})")
 
 
 def _text_model_config(cfg: dict) -> dict:

@@ -16,6 +16,10 @@ MODELS = {
     "Gemma3ForConditionalGeneration": "outpace.models.gemma:Gemma3ForCausalLM",  # its text model
     "Gemma4ForCausalLM": "outpace.models.gemma4:Gemma4ForCausalLM",
     "Gemma4ForConditionalGeneration": "outpace.models.gemma4:Gemma4ForCausalLM",  # its text model
+    # hybrids: gated DeltaNet / Mamba2 layers with a recurrent state per request
+    "Qwen3NextForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
+    "NemotronHForCausalLM": "outpace.models.nemotron_h:NemotronHForCausalLM",
 }
 
 

@@ -6,15 +6,22 @@ Per-forward settings: ``batch_invariant`` (deterministic mode, EngineConfig.batc
 projection and attention kernel on CUDA takes its batch-invariant variant, whose result for a row
 does not depend on how many rows share the call. A context that does not set it inherits it from the
 one around it (the engine opens ``forward_settings`` around each step), so drafters' forwards inside
-a step follow the engine's setting without passing it along."""
+a step follow the engine's setting without passing it along.
+
+``recurrent``: for models with recurrent layers (layers/recurrent.py), which state slot each sequence
+reads and what the forward keeps; the engine sets it on the forwards of the target it serves (prefill
+chunks, verify), None elsewhere (each sequence then starts from a zero state and nothing is kept)."""
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from outpace.attention.backend import AttentionBackend
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
+
+if TYPE_CHECKING:
+    from outpace.layers.recurrent import RecurrentMetadata
 
 
 @dataclass
@@ -22,6 +29,7 @@ class ForwardContext:
     metadata: PagedAttentionMetadata | DenseCausalMetadata | None  # None: settings only, no forward yet
     backend: AttentionBackend
     batch_invariant: bool = False
+    recurrent: RecurrentMetadata | None = None
 
 
 _current: ForwardContext | None = None
@@ -39,16 +47,17 @@ def batch_invariant() -> bool:
 
 
 @contextlib.contextmanager
-def forward_context(metadata, backend: AttentionBackend | None = None,
-                    batch_invariant: bool | None = None) -> Iterator[ForwardContext]:
-    """``batch_invariant`` None: as the enclosing context (off outside any)."""
+def forward_context(metadata, backend: AttentionBackend | None = None, batch_invariant: bool | None = None,
+                    recurrent: RecurrentMetadata | None = None) -> Iterator[ForwardContext]:
+    """``batch_invariant`` None: as the enclosing context (off outside any); ``recurrent`` is never
+    inherited (a drafter's forward inside a step is not the target's)."""
     global _current
     from outpace.attention.registry import get_backend
 
     previous = _current
     if batch_invariant is None:
         batch_invariant = previous is not None and previous.batch_invariant
-    _current = ForwardContext(metadata, backend or get_backend("torch"), batch_invariant)
+    _current = ForwardContext(metadata, backend or get_backend("torch"), batch_invariant, recurrent)
     try:
         yield _current
     finally:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from outpace.cache.kv_cache import CacheRows
+from outpace.cache.state_slots import StateSlots
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.slots import RequestSlots
 from outpace.layers.sampler import is_greedy
@@ -60,8 +61,10 @@ class StepKey:
 
 class DecodeIteration:
     def __init__(self, model: nn.Module, backend, kv_caches: list, slots: RequestSlots, proposer: Proposer | None,
-                 max_seqs: int) -> None:
-        self.model, self.backend = model, backend
+                 max_seqs: int, states: StateSlots) -> None:
+        """``states``: the slots' recurrent state (hybrid models; empty otherwise), kept at the last
+        correct node of each verify (``StateSlots.commit``)."""
+        self.model, self.backend, self.states = model, backend, states
         self.slots, self.proposer = slots, proposer
         self.kv_rows = CacheRows(kv_caches)
         # The step's input: each row's slot (padding rows: the padding slot). Static, so captured
@@ -95,7 +98,8 @@ class DecodeIteration:
             drafts = self.proposer.draft(rows, shape) if self.proposer is not None else _root_only(rows)
             n = shape.num_nodes
             mask = None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)  # [b, n, n]
-            with rows.context(rows.lengths, n, self.backend, mask):
+            with rows.context(rows.lengths, n, self.backend, mask) as ctx:
+                ctx.recurrent = self.states.verify(slot_ids, rows.lengths, None if shape.is_chain else drafts.parents)
                 out = self.model(drafts.token_ids.reshape(-1), (rows.lengths[:, None] + drafts.depths).reshape(-1))
             logits = self.model.compute_logits(out.hidden_states).view(b, n, -1)        # [b, n, vocab]
             keys = None if key.mode is SamplingMode.GREEDY else rows.keys(0, VERIFY)  # greedy draws nothing
@@ -105,6 +109,8 @@ class DecodeIteration:
                 result = verify_tree(drafts.parents, drafts.token_ids, None, logits, rows.sampling, keys,
                                      max_depth=shape.num_steps)
                 self._commit_tree_kv(rows, result.accepted_path)
+            if self.states.has_state:
+                self.states.commit(slot_ids, result.last_correct_step_indices)
             if self.proposer is not None:
                 self.proposer.update(Verified(rows, out.hidden_states, out.aux_hidden_states, result))
             s.lengths[slot_ids] = rows.lengths + result.num_correct_drafts + 1

@@ -28,6 +28,7 @@ from outpace.attention.context import forward_settings
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
+from outpace.cache.state_slots import StateSlots
 from outpace.engine.cuda_graphs import bucket_for, pinned
 from outpace.engine.iteration import DecodeIteration, SamplingMode, StepKey
 from outpace.engine.run_ahead import HostCopy, reserve_rows
@@ -89,13 +90,16 @@ class ModelRunner:
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
         self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
         self.slots = RequestSlots(pool, max_seqs, pool.blocks_needed(max_rows), self.device)
+        # hybrid models: each request slot's recurrent state, with a snapshot row per verified node
+        self.states = StateSlots(model.model, max_seqs + 1, max(s.num_nodes for s in shapes), kv_dtype, device)
         self.proposer: Proposer | None = proposer_factory(max_seqs) if proposer_factory is not None else None
         if self.proposer is not None:
             model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
         self.shapes = shapes
         # adaptive: one chooser per sampling mode (acceptance and step costs differ between them)
         self.choosers = {mode: DraftLengthChooser(list(shapes)) for mode in SamplingMode} if len(shapes) > 1 else {}
-        self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs)
+        self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs,
+                                         self.states)
         self.graph_buckets: tuple[int, ...] = ()
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
         self._ahead: _Launch | None = None
@@ -171,7 +175,7 @@ class ModelRunner:
         decodes = [s.decodes_next for s in batch]      # the slot's decode state starts
         with torch.inference_mode():
             input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-            with forward_context(meta, self.backend):
+            with forward_context(meta, self.backend, recurrent=self.states.prefill(slot_ids, starts)):
                 out = self.model(input_ids, torch.tensor(pos, device=self.device))
             ends = torch.tensor(counts).cumsum(0) - 1
             done = [i for i, f in enumerate(final) if f]
@@ -246,7 +250,8 @@ class ModelRunner:
     # ---- run-ahead -------------------------------------------------------------------------------
     def _state(self) -> list[torch.Tensor]:
         """Every per-slot buffer a step advances."""
-        return [self.slots.lengths, self.slots.last_tokens] + (self.proposer.state() if self.proposer else [])
+        return ([self.slots.lengths, self.slots.last_tokens] + self.states.tensors()
+                + (self.proposer.state() if self.proposer else []))
 
     def _take_ahead(self, ids: tuple[str, ...], starts: tuple[int, ...]) -> _Launch | None:
         """The step run ahead if it serves this batch (each request was in it, from the length it has

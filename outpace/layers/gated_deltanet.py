@@ -1,0 +1,159 @@
+"""Gated DeltaNet, the linear-attention mixer of Qwen3-Next and Qwen3.5 (transformers'
+Qwen3NextGatedDeltaNet and Qwen3_5GatedDeltaNet are the reference; the delta rule is
+flash-linear-attention's ``fused_recurrent_gated_delta_rule``).
+
+Per token, from the layer input: q, k (``num_k_heads`` x ``head_k_dim``) and v (``num_v_heads`` x
+``head_v_dim``) through a short causal convolution (layers/causal_conv.py) and the activation; an output
+gate z (like v); beta = sigmoid(b) and a decay g = -exp(A_log) * softplus(a + dt_bias) per value head.
+q and k are L2-normalised (eps 1e-6 under the square root, as FLA's ``use_qk_l2norm_in_kernel``), q scaled
+by head_k_dim ** -0.5, and each key head serves num_v_heads / num_k_heads consecutive value heads. The
+state S [v_heads, head_k_dim, head_v_dim], float32, follows the delta rule:
+
+    S <- S * exp(g);  S <- S + k (beta * (v - k^T S))^T;  o = q^T S
+
+then o goes through an RMSNorm gated by silu(z) (the weight applied before the gate) and out_proj.
+
+Two checkpoint layouts: Qwen3-Next packs q/k/v/z in ``in_proj_qkvz`` and b/a in ``in_proj_ba`` grouped by
+key head ([q_h, k_h, v of its value heads, z of its value heads] per key head h); Qwen3.5 has
+``in_proj_qkv`` (all q, all k, all v), ``in_proj_z``, ``in_proj_b`` and ``in_proj_a``. The convolution's
+channels are all q, then all k, then all v in both.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.causal_conv import causal_conv_run
+from outpace.layers.linear import linear
+from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x [..., dim] / sqrt(sum of squares + eps) (FLA's l2norm; transformers' ``l2norm``)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gated_delta_rule_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The delta rule over runs of tokens (module docstring), one token at a time, in float32.
+
+    q, k [runs, len, k_heads, k_dim] (not yet normalised); v [runs, len, v_heads, v_dim]; g, beta [runs,
+    len, v_heads]; state [runs, v_heads, k_dim, v_dim] float32 before each run; valid [runs, len] (padding
+    keeps the state); parents [runs, len] (-1: ``state``) or None (a chain) -> (o [runs, len, v_heads,
+    v_dim] in v's dtype, the state after each run's last valid token, and with ``keep_every`` the state
+    after every token [runs, len, v_heads, k_dim, v_dim])."""
+    out_dtype = v.dtype
+    repeat = v.shape[2] // q.shape[2]
+    q, k = (l2_normalize(x.float()).repeat_interleave(repeat, dim=2) for x in (q, k))
+    q = q * q.shape[-1] ** -0.5
+    v, decay, beta = v.float(), g.float().exp(), beta.float()
+    runs, length = v.shape[:2]
+    row = torch.arange(runs, device=v.device)
+    stack = None
+    if parents is not None or keep_every:
+        stack = state.new_empty(runs, length + 1, *state.shape[1:])  # [:, i + 1]: the state after token i
+        stack[:, 0] = state
+    out = torch.empty_like(v)
+    for t in range(length):
+        s = state if parents is None else stack[row, parents[:, t] + 1]
+        s = s * decay[:, t, :, None, None]
+        k_t = k[:, t, :, :, None]                                              # [runs, heads, k_dim, 1]
+        delta = (v[:, t] - (s * k_t).sum(-2)) * beta[:, t, :, None]            # [runs, heads, v_dim]
+        s = s + k_t * delta[:, :, None, :]
+        out[:, t] = (s * q[:, t, :, :, None]).sum(-2)
+        if parents is None:
+            state = torch.where(valid[:, t, None, None, None], s, state)
+        if stack is not None:
+            stack[:, t + 1] = s
+    final = state if parents is None else stack[:, -1]
+    return out.to(out_dtype), final, stack[:, 1:] if keep_every else None
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last dim times its weight, then times silu(gate), in float32 (transformers
+    Qwen3NextRMSNormGated: the weight multiplies after the cast back, the gate after it)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x, gate [..., dim] -> [..., dim] in x's dtype."""
+        xf = x.float()
+        normed = self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (normed * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedDeltaNet(RecurrentStateLayer):
+    """[num_tokens, hidden] -> [num_tokens, hidden]; its state per slot: ``conv`` [conv_width - 1,
+    conv_channels] in the model's dtype and ``recurrent`` [v_heads, k_dim, v_dim] float32."""
+
+    def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                 conv_width: int, eps: float, activation: str, packed_by_key_head: bool) -> None:
+        """``packed_by_key_head``: Qwen3-Next's projections (in_proj_qkvz, in_proj_ba), else Qwen3.5's."""
+        super().__init__()
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.conv_channels = 2 * self.key_dim + self.value_dim
+        self.activation = activation
+        self.packed_by_key_head = packed_by_key_head
+        if packed_by_key_head:
+            self.in_proj_qkvz = linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim)
+            self.in_proj_ba = linear(hidden_size, 2 * num_v_heads)
+        else:
+            self.in_proj_qkv = linear(hidden_size, self.conv_channels)
+            self.in_proj_z = linear(hidden_size, self.value_dim)
+            self.in_proj_b = linear(hidden_size, num_v_heads)
+            self.in_proj_a = linear(hidden_size, num_v_heads)
+        # the checkpoint's depthwise convolution [channels, 1, width]; causal_conv_run applies it
+        self.conv1d = nn.Conv1d(self.conv_channels, self.conv_channels, conv_width, groups=self.conv_channels,
+                                bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.norm = GatedRMSNorm(head_v_dim, eps)
+        self.out_proj = linear(self.value_dim, hidden_size)
+
+    def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        return {"conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),
+                "recurrent": ((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32)}
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [n, hidden] -> (conv input [n, channels]: all q, all k, all v; z [n, v_heads, v_dim]; b, a
+        [n, v_heads])."""
+        n = x.shape[0]
+        if not self.packed_by_key_head:
+            return (self.in_proj_qkv(x), self.in_proj_z(x).view(n, self.num_v_heads, self.head_v_dim),
+                    self.in_proj_b(x), self.in_proj_a(x))
+        per_group = self.num_v_heads // self.num_k_heads
+        kd, vd = self.head_k_dim, per_group * self.head_v_dim
+        qkvz = self.in_proj_qkvz(x).view(n, self.num_k_heads, 2 * kd + 2 * vd)
+        q, k, v, z = qkvz.split([kd, kd, vd, vd], dim=-1)                    # per key head
+        b, a = self.in_proj_ba(x).view(n, self.num_k_heads, 2 * per_group).split([per_group, per_group], dim=-1)
+        mixed = torch.cat((q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), dim=-1)
+        return (mixed, z.reshape(n, self.num_v_heads, self.head_v_dim), b.reshape(n, -1), a.reshape(n, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
+        runs = TokenRuns.of_context()
+        mixed, z, b, a = self._project(x)
+        start = self.initial_states(runs, x)
+        parents, keep_every = self.parents(), self.keeps_every_state()
+        conv, conv_final, conv_every = causal_conv_run(runs.gather(mixed), start["conv"], self.conv1d.weight[:, 0],
+                                                       None, runs.valid, parents, keep_every)
+        conv = ACTIVATIONS[self.activation](conv)                               # [runs, len, channels]
+        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        s, t = conv.shape[:2]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [num_tokens, v_heads]
+        o, final, every = gated_delta_rule_run(
+            q.reshape(s, t, self.num_k_heads, self.head_k_dim), k.reshape(s, t, self.num_k_heads, self.head_k_dim),
+            v.reshape(s, t, self.num_v_heads, self.head_v_dim), runs.gather(g), runs.gather(b.sigmoid()),
+            start["recurrent"], runs.valid, parents, keep_every)
+        self.store({"conv": conv_final, "recurrent": final},
+                   {"conv": conv_every, "recurrent": every} if keep_every else None)
+        o = self.norm(runs.scatter(o), z)                                      # [num_tokens, v_heads, v_dim]
+        return self.out_proj(o.reshape(x.shape[0], self.value_dim))

@@ -1,0 +1,123 @@
+"""The Mamba2 mixer of Nemotron-H (transformers' NemotronHMamba2Mixer is the reference; the recurrence is
+mamba_ssm's ``selective_state_update``).
+
+From the layer input, one projection gives a gate z [heads * head_dim], the convolution's input (x
+[heads * head_dim], B and C [groups * state_size] each) and dt [heads]. x, B, C go through a short causal
+convolution (layers/causal_conv.py, with bias) and the activation. Per head h (group h // (heads /
+groups)), with dt = clamp(softplus(dt + dt_bias), time_step_min) and A = -exp(A_log):
+
+    S <- S * exp(dt A) + dt x B^T;  y = S C + D x         (S [head_dim, state_size], float32)
+
+then y * silu(z) goes through an RMSNorm over groups of heads * head_dim / groups channels (the gate
+before the norm: mamba_ssm's norm_before_gate=False) and out_proj.
+
+NOTE: transformers clamps dt from below by ``time_step_min`` in its chunked (prefill) scan and not in its
+single-token update; here every path clamps, so prefill and decode compute the same function.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.causal_conv import causal_conv_run
+from outpace.layers.linear import linear
+from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns
+
+
+def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
+            state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The selective scan over runs of tokens (module docstring), one token at a time, in float32.
+
+    x [runs, len, heads, head_dim]; dt [runs, len, heads] (discretisation steps, final); A, D [heads];
+    B, C [runs, len, groups, state_size]; state [runs, heads, head_dim, state_size] float32; valid,
+    parents as in layers/recurrent.py -> (y [runs, len, heads, head_dim] in x's dtype, the state after
+    each run's last valid token, and with ``keep_every`` the state after every token)."""
+    out_dtype = x.dtype
+    repeat = x.shape[2] // B.shape[2]
+    B, C = (t.float().repeat_interleave(repeat, dim=2) for t in (B, C))    # [runs, len, heads, state_size]
+    x, dt = x.float(), dt.float()
+    decay = (dt * A.float()).exp()                                         # [runs, len, heads]
+    runs, length = x.shape[:2]
+    row = torch.arange(runs, device=x.device)
+    stack = None
+    if parents is not None or keep_every:
+        stack = state.new_empty(runs, length + 1, *state.shape[1:])  # [:, i + 1]: the state after token i
+        stack[:, 0] = state
+    y = torch.empty_like(x)
+    for t in range(length):
+        s = state if parents is None else stack[row, parents[:, t] + 1]
+        s = s * decay[:, t, :, None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        y[:, t] = (s * C[:, t, :, None, :]).sum(-1) + D.float()[:, None] * x[:, t]
+        if parents is None:
+            state = torch.where(valid[:, t, None, None, None], s, state)
+        if stack is not None:
+            stack[:, t + 1] = s
+    final = state if parents is None else stack[:, -1]
+    return y.to(out_dtype), final, stack[:, 1:] if keep_every else None
+
+
+class GroupedGatedRMSNorm(nn.Module):
+    """x * silu(gate), then RMSNorm over each group of ``group_size`` channels, times the weight, in
+    float32 (transformers NemotronHRMSNormGated)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        self.group_size, self.eps = group_size, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x, gate [n, dim] -> [n, dim] in x's dtype."""
+        h = (x.float() * F.silu(gate.float())).view(x.shape[0], -1, self.group_size)  # [n, groups, group_size]
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.view_as(x).to(x.dtype)
+
+
+class Mamba2Mixer(RecurrentStateLayer):
+    """[num_tokens, hidden] -> [num_tokens, hidden]; its state per slot: ``conv`` [conv_width - 1,
+    conv_channels] in the model's dtype and ``ssm`` [heads, head_dim, state_size] float32."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, num_groups: int, state_size: int,
+                 conv_width: int, conv_bias: bool, proj_bias: bool, activation: str, time_step_min: float,
+                 eps: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_groups, self.state_size = num_heads, head_dim, num_groups, state_size
+        self.inner = num_heads * head_dim
+        self.conv_channels = self.inner + 2 * num_groups * state_size
+        self.activation, self.time_step_min = activation, time_step_min
+        self.in_proj = linear(hidden_size, self.inner + self.conv_channels + num_heads, bias=proj_bias)
+        # the checkpoint's depthwise convolution [channels, 1, width] (+ bias); causal_conv_run applies it
+        self.conv1d = nn.Conv1d(self.conv_channels, self.conv_channels, conv_width, groups=self.conv_channels,
+                                bias=conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(num_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self.D = nn.Parameter(torch.ones(num_heads))
+        self.norm = GroupedGatedRMSNorm(self.inner, self.inner // num_groups, eps)
+        self.out_proj = linear(self.inner, hidden_size, bias=proj_bias)
+
+    def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        return {"conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),
+                "ssm": ((self.num_heads, self.head_dim, self.state_size), torch.float32)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
+        runs = TokenRuns.of_context()
+        gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_channels, self.num_heads], dim=-1)
+        start = self.initial_states(runs, x)
+        parents, keep_every = self.parents(), self.keeps_every_state()
+        conv, conv_final, conv_every = causal_conv_run(runs.gather(xbc), start["conv"], self.conv1d.weight[:, 0],
+                                                       self.conv1d.bias, runs.valid, parents, keep_every)
+        conv = ACTIVATIONS[self.activation](conv)                               # [runs, len, channels]
+        groups = self.num_groups * self.state_size
+        xs, B, C = conv.split([self.inner, groups, groups], dim=-1)
+        s, t = conv.shape[:2]
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.time_step_min)  # [num_tokens, heads]
+        y, final, every = ssm_run(
+            xs.reshape(s, t, self.num_heads, self.head_dim), runs.gather(dt), -self.A_log.float().exp(),
+            B.reshape(s, t, self.num_groups, self.state_size), C.reshape(s, t, self.num_groups, self.state_size),
+            self.D, start["ssm"], runs.valid, parents, keep_every)
+        self.store({"conv": conv_final, "ssm": final}, {"conv": conv_every, "ssm": every} if keep_every else None)
+        y = self.norm(runs.scatter(y).reshape(x.shape[0], self.inner), gate)
+        return self.out_proj(y)

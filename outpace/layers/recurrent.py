@@ -1,0 +1,122 @@
+"""What every layer with a per-request recurrent state shares (gated DeltaNet: layers/gated_deltanet.py,
+Mamba2: layers/mamba2.py): the layout of a forward's tokens as one run per sequence, and the state it
+starts from and leaves behind.
+
+A forward's tokens are flat ([num_tokens, ...], attention metadata in the forward context); a recurrent
+layer runs each sequence's tokens in order, so ``TokenRuns`` lays them out as [num_seqs, max_len] runs
+(padding positions are marked invalid and leave the state unchanged).
+
+The state of a request lives in its state slot (cache/state_slots.py): the state after every token
+whose KV is committed. The forward context's ``recurrent`` metadata (``RecurrentMetadata``) says, per
+sequence, which slot it reads, whether it starts from that slot's state or from zeros (the first chunk
+of a prompt), and what the forward keeps:
+- prefill: the state after the sequence's last token goes back into its slot;
+- verify: the state after *every* token goes into the slot's snapshot rows (row i: after token i),
+  the slot itself untouched; the engine then copies the snapshot at ``last_correct_step_indices``
+  into the slot (``StateSlots.commit``). With ``parents`` (a draft tree) token i continues from its
+  parent's state, not from token i - 1's.
+Without recurrent metadata (references and tests) each sequence starts from zeros and nothing is kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.attention.context import get_forward_context
+from outpace.attention.metadata import DenseCausalMetadata
+
+
+@dataclass
+class RecurrentMetadata:
+    """Per-forward facts recurrent layers read from the forward context (module docstring)."""
+
+    slots: torch.Tensor              # [num_seqs] int64: each sequence's state slot
+    has_initial_state: torch.Tensor  # [num_seqs] bool: start from the slot's state (else from zeros)
+    # [num_seqs, max_len] int64: each token's parent among its sequence's tokens (-1: the slot's state);
+    # None: a chain (token i - 1)
+    parents: torch.Tensor | None = None
+    snapshots: bool = False          # verify: keep the state after every token in the snapshot rows
+
+
+@dataclass
+class TokenRuns:
+    """The forward's flat tokens as one run per sequence."""
+
+    index: torch.Tensor        # [num_seqs, max_len] int64: flat index of each run position (padding: 0)
+    valid: torch.Tensor        # [num_seqs, max_len] bool: a real token (padding leaves the state as it is)
+    seq_index: torch.Tensor    # [num_tokens] int64: each flat token's run
+    query_index: torch.Tensor  # [num_tokens] int64: its position in the run
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, ...] -> [num_seqs, max_len, ...]."""
+        return x[self.index]
+
+    def scatter(self, y: torch.Tensor) -> torch.Tensor:
+        """[num_seqs, max_len, ...] -> [num_tokens, ...]."""
+        return y[self.seq_index, self.query_index]
+
+    @classmethod
+    def of_context(cls) -> TokenRuns:
+        meta = get_forward_context().metadata
+        if isinstance(meta, DenseCausalMetadata):
+            b, t = meta.batch_size, meta.seq_len
+            flat = torch.arange(b * t)
+            return cls(flat.view(b, t), torch.ones(b, t, dtype=torch.bool), flat // t, flat % t)
+        index = meta.token_table().long()
+        valid = torch.arange(meta.max_query_len, device=index.device) < meta.query_lens[:, None]
+        return cls(index, valid, meta.token_seq_index, meta.token_query_index)
+
+
+class RecurrentStateLayer(nn.Module):
+    """A layer that owns one request's recurrent state per state slot: ``state_shapes`` declares the
+    tensors (per slot), ``bind_state`` (called by cache/state_slots.py) gives it the pool's tensors."""
+
+    states: dict[str, torch.Tensor] | None = None     # name -> [slots, ...]
+    snapshots: dict[str, torch.Tensor] | None = None  # name -> [slots, max_verify_rows, ...]
+
+    def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        """name -> (per-slot shape, dtype; None: the model's dtype)."""
+        raise NotImplementedError
+
+    def bind_state(self, states: dict[str, torch.Tensor], snapshots: dict[str, torch.Tensor]) -> None:
+        self.states, self.snapshots = states, snapshots
+
+    def initial_states(self, runs: TokenRuns, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name -> [num_seqs, ...] the state each run starts from: its slot's, or zeros (a state declared
+        without a dtype takes x's, the layer's input)."""
+        recurrent = get_forward_context().recurrent
+        num_seqs = runs.index.shape[0]
+        out = {}
+        for name, (shape, dtype) in self.state_shapes().items():
+            zeros = torch.zeros(num_seqs, *shape, dtype=dtype or x.dtype, device=x.device)
+            if recurrent is None or self.states is None:
+                out[name] = zeros
+            else:
+                start = recurrent.has_initial_state.view(-1, *[1] * len(shape))
+                out[name] = torch.where(start, self.states[name].index_select(0, recurrent.slots), zeros)
+        return out
+
+    def parents(self) -> torch.Tensor | None:
+        """[num_seqs, max_len] each token's parent in its run (a tree's verify), or None (a chain)."""
+        recurrent = get_forward_context().recurrent
+        return None if recurrent is None else recurrent.parents
+
+    def keeps_every_state(self) -> bool:
+        """Whether this forward keeps the state after every token (verify) rather than the last."""
+        recurrent = get_forward_context().recurrent
+        return recurrent is not None and recurrent.snapshots and self.states is not None
+
+    def store(self, final: dict[str, torch.Tensor], every: dict[str, torch.Tensor] | None) -> None:
+        """Keep what this forward computed (module docstring): ``final`` name -> [num_seqs, ...] the state
+        after each run's last token; ``every`` name -> [num_seqs, max_len, ...] after each token (verify)."""
+        recurrent = get_forward_context().recurrent
+        if recurrent is None or self.states is None:
+            return
+        for name, state in self.states.items():
+            if recurrent.snapshots:
+                rows = every[name].shape[1]
+                self.snapshots[name][recurrent.slots, :rows] = every[name].to(state.dtype)
+            else:
+                state.index_copy_(0, recurrent.slots, final[name].to(state.dtype))

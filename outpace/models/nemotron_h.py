@@ -1,0 +1,194 @@
+"""Nemotron-H: NemotronHForCausalLM (transformers' class of that name is the reference). A stack of
+blocks, each ``x + mixer(RMSNorm(x))`` with one mixer per block as the config's ``layers_block_type``
+(or the older ``hybrid_override_pattern``: M mamba, * attention, - MLP, E experts) says:
+- "linear_attention": Mamba2 (layers/mamba2.py; a recurrent state per request: layers/recurrent.py);
+- "full_attention": attention without positional encoding (no RoPE) and without biases;
+- "mlp": up_proj, the activation (relu2 in the released models), down_proj, no gate;
+- "moe": routed experts shaped like that MLP, chosen by sigmoid scores plus a selection-only correction
+  bias within the best groups (DeepSeek-V3's routing, layers/moe.py), plus one shared expert of
+  ``moe_shared_expert_intermediate_size``.
+RMSNorms apply their weight in float32 (transformers NemotronHRMSNorm).
+
+Checkpoint names live under ``backbone.`` (``embeddings``, ``layers.{i}.{norm,mixer}``, ``norm_f``); the
+model interface is the Llama family's (models/llama.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+from torch import nn
+
+from outpace.attention.layer import Attention
+from outpace.config import ConfigError, ModelConfig, _require
+from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.linear import linear
+from outpace.layers.mamba2 import Mamba2Mixer
+from outpace.layers.moe import Router, Routing, run_experts
+from outpace.layers.norm import Float32RMSNorm
+from outpace.models.llama import LlamaForCausalLM, ModelOutput
+
+PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+# transformers' NemotronHConfig defaults for fields a config.json may omit
+DEFAULTS = dict(layer_norm_epsilon=1e-5, mlp_hidden_act="relu2", mlp_bias=False, mamba_num_heads=128,
+                mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4, use_conv_bias=True, use_bias=False,
+                mamba_hidden_act="silu", time_step_min=0.001, n_routed_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=7688, moe_shared_expert_intermediate_size=7688, n_group=1, topk_group=1,
+                norm_topk_prob=True, routed_scaling_factor=1.0, moe_latent_size=None, sliding_window=None,
+                mamba_ssm_cache_dtype="float32")
+
+
+def block_types(raw: dict) -> tuple[str, ...]:
+    """Each block's mixer (module docstring)."""
+    if raw.get("layers_block_type"):
+        return tuple(raw["layers_block_type"])
+    pattern = raw.get("hybrid_override_pattern") or ""
+    _require("ModelConfig", "hybrid_override_pattern", pattern, bool(pattern) and set(pattern) <= set(PATTERN),
+             f"a non-empty string of {''.join(PATTERN)}")
+    return tuple(PATTERN[c] for c in pattern)
+
+
+def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
+    o = "ModelConfig"
+    _require(o, "layers_block_type", types, set(types) <= set(PATTERN.values()),
+             f"entries of {', '.join(PATTERN.values())}")
+    for name in ("moe_latent_size", "sliding_window"):
+        _require(o, name, raw[name], raw[name] is None, "None (not implemented)")
+    _require(o, "mamba_ssm_cache_dtype", raw["mamba_ssm_cache_dtype"], raw["mamba_ssm_cache_dtype"] == "float32",
+             "float32 (the state outpace keeps)")
+    for name in ("mlp_hidden_act", "mamba_hidden_act"):
+        _require(o, name, raw[name], raw[name] in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}")
+    _require(o, "mamba_num_heads", raw["mamba_num_heads"], raw["mamba_num_heads"] % raw["n_groups"] == 0,
+             f"a multiple of n_groups={raw['n_groups']}")
+
+
+class UngatedMLP(nn.Module):
+    """down_proj(act(up_proj(x))): [n, hidden] -> [n, hidden]."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+        super().__init__()
+        self.act = act
+        self.up_proj = linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ACTIVATIONS[self.act](self.up_proj(x)))
+
+
+class NemotronHMoE(nn.Module):
+    """Routed ungated experts plus a shared one (module docstring): [n, hidden] -> [n, hidden]. Checkpoint
+    names: ``gate.weight``, ``gate.e_score_correction_bias``, ``experts.{e}.{up,down}_proj``,
+    ``shared_experts.{up,down}_proj``."""
+
+    def __init__(self, hidden_size: int, raw: dict) -> None:
+        super().__init__()
+        experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
+        _require("ModelConfig", "num_experts_per_tok", top_k, 0 < top_k <= experts, f"in [1, n_routed_experts={experts}]")
+        # transformers NemotronHTopkRouter: groups scored by the sum of their two best (corrected) scores
+        self.gate = Router(hidden_size, Routing(experts, top_k, "sigmoid", raw["n_group"], raw["topk_group"],
+                                                "top2_sum", correction_bias=True,
+                                                normalize=bool(raw["norm_topk_prob"]),
+                                                scaling=raw["routed_scaling_factor"]))
+        act, bias = raw["mlp_hidden_act"], raw["mlp_bias"]
+        self.experts = nn.ModuleList(UngatedMLP(hidden_size, raw["moe_intermediate_size"], act, False)
+                                     for _ in range(experts))
+        self.shared_experts = UngatedMLP(hidden_size, raw["moe_shared_expert_intermediate_size"], act, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        return run_experts(x, weights, ids, self.experts) + self.shared_experts(x)
+
+
+class PlainAttention(nn.Module):
+    """Attention without positional encoding or biases: [n, hidden] -> [n, hidden]."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.q_proj = linear(cfg.hidden_size, cfg.q_size)
+        self.k_proj = linear(cfg.hidden_size, cfg.kv_size)
+        self.v_proj = linear(cfg.hidden_size, cfg.kv_size)
+        self.o_proj = linear(cfg.q_size, cfg.hidden_size)
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        n, d = x.shape[0], self.head_dim
+        q, k, v = (p(x).view(n, -1, d) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(self.attn(q, k, v, positions))
+
+
+class NemotronHBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, raw: dict, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm = Float32RMSNorm(cfg.hidden_size, raw["layer_norm_epsilon"])
+        if kind == "linear_attention":
+            self.mixer = Mamba2Mixer(cfg.hidden_size, raw["mamba_num_heads"], raw["mamba_head_dim"], raw["n_groups"],
+                                     raw["ssm_state_size"], raw["conv_kernel"], bool(raw["use_conv_bias"]),
+                                     bool(raw["use_bias"]), raw["mamba_hidden_act"], raw["time_step_min"],
+                                     raw["layer_norm_epsilon"])
+        elif kind == "full_attention":
+            self.mixer = PlainAttention(cfg)
+        elif kind == "mlp":
+            self.mixer = UngatedMLP(cfg.hidden_size, cfg.intermediate_size, raw["mlp_hidden_act"], bool(raw["mlp_bias"]))
+        else:
+            self.mixer = NemotronHMoE(cfg.hidden_size, raw)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h [num_tokens, hidden] -> h + mixer(norm(h))."""
+        x = self.norm(h)
+        return h + (self.mixer(positions, x) if self.kind == "full_attention" else self.mixer(x))
+
+
+class NemotronHModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, raw: dict, types: tuple[str, ...]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(NemotronHBlock(cfg, raw, kind) for kind in types)
+        self.norm = Float32RMSNorm(cfg.hidden_size, raw["layer_norm_epsilon"])
+
+
+class NemotronHForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        super().__init__()
+        if mtp_own_heads:
+            raise ConfigError(f"{cfg.architecture}: MTP layers are not implemented")
+        raw = {**DEFAULTS, **cfg.raw}
+        types = block_types(raw)
+        _require("ModelConfig", "num_hidden_layers", cfg.num_hidden_layers, cfg.num_hidden_layers == len(types),
+                 f"the number of block types ({len(types)})")
+        _refuse_unimplemented(raw, types)
+        self.config = dataclasses.replace(cfg, num_nextn_predict_layers=0)
+        self.model = NemotronHModel(cfg, raw, types)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
+                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.aux_layer_ids: tuple[int, ...] = ()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states."""
+        h, captured = self.embed(input_ids), {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                captured[i] = h
+            h = layer(positions, h)
+        return self._model_output(h, captured)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
+        logits = self.lm_head(self.model.norm(hidden_states))
+        return logits.float() if out is None else out.copy_(logits)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        """``model.embed_tokens`` / ``model.norm`` / ``model.*`` -> ``backbone.embeddings`` / ``backbone.norm_f`` /
+        ``backbone.*``."""
+        name = re.sub(r"^model\.embed_tokens\.", "backbone.embeddings.", param_name)
+        name = re.sub(r"^model\.norm\.", "backbone.norm_f.", name)
+        return re.sub(r"^model\.", "backbone.", name)
+
+    # aux layer capture and the embedding as the Llama family's (models/llama.py)
+    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    embed = LlamaForCausalLM.embed
+    _model_output = LlamaForCausalLM._model_output

@@ -1,0 +1,213 @@
+"""Qwen3-Next and Qwen3.5 (text): Qwen3NextForCausalLM and Qwen3_5ForCausalLM (transformers' classes of
+those names are the reference). Hybrid stacks: most layers mix tokens with gated DeltaNet
+(layers/gated_deltanet.py, a recurrent state per request: layers/recurrent.py), every
+``full_attention_interval``-th with gated full attention, as the config's ``layer_types`` says.
+
+- Gated attention: q_proj gives each head's query and an output gate side by side ([heads, 2 *
+  head_dim]); q and k get per-head RMSNorms with a (1 + weight) scale; RoPE turns only the first
+  int(head_dim * partial_rotary_factor) dimensions (halves layout within them); the attention output is
+  multiplied by sigmoid(gate) before o_proj.
+- Every RMSNorm of the stack scales by (1 + weight) in float32 (transformers Qwen3NextRMSNorm, Gemma's).
+- Qwen3-Next's MLP is a mixture of experts on every ``decoder_sparse_step``-th layer outside
+  ``mlp_only_layers``: a softmax router keeps num_experts_per_tok experts (weights renormalised with
+  norm_topk_prob), plus one shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)). Qwen3.5's is
+  a dense SwiGLU MLP.
+- Qwen3.5's multimodal rotary sections (mrope_section) turn text positions exactly as plain RoPE does
+  (the three position streams are equal), so they are not read.
+
+The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers are not
+loaded (no MTP drafter for these targets yet).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.attention.layer import Attention
+from outpace.config import ConfigError, ModelConfig, _require
+from outpace.layers.decoder import GatedMLP
+from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.gated_deltanet import GatedDeltaNet
+from outpace.layers.linear import linear
+from outpace.layers.moe import Router, Routing, run_experts
+from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
+from outpace.models.llama import LlamaForCausalLM, ModelOutput
+
+NEXT, QWEN35 = "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"
+
+# transformers' Qwen3NextConfig / Qwen3_5TextConfig defaults for fields a config.json may omit
+DEFAULTS = dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4,
+                partial_rotary_factor=0.25, attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=512,
+                shared_expert_intermediate_size=512, num_experts_per_tok=10, num_experts=512, norm_topk_prob=True,
+                mlp_only_layers=())
+
+
+@dataclass(frozen=True)
+class Qwen3NextConfig:
+    """What these models read from config.json beyond ``ModelConfig``."""
+
+    layer_types: tuple[str, ...]   # "linear_attention" or "full_attention" per layer
+    conv_width: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    rotary_dim: int                # the dimensions of a head RoPE turns
+    attention_bias: bool
+    moe_layers: frozenset[int]     # Qwen3-Next: the layers whose MLP is the mixture of experts
+    routing: Routing | None
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> Qwen3NextConfig:
+        raw, n = {**DEFAULTS, **cfg.raw}, cfg.num_hidden_layers
+        interval = raw["full_attention_interval"]
+        types = tuple(raw.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                                 for i in range(n)])
+        o = "ModelConfig"
+        _require(o, "layer_types", types, len(types) == n and set(types) <= {"linear_attention", "full_attention"},
+                 f"{n} entries of linear_attention or full_attention")
+        _require(o, "linear_num_value_heads", raw["linear_num_value_heads"],
+                 raw["linear_num_value_heads"] % raw["linear_num_key_heads"] == 0,
+                 f"a multiple of linear_num_key_heads={raw['linear_num_key_heads']}")
+        rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        factor = rope.get("partial_rotary_factor", raw["partial_rotary_factor"])
+        rotary_dim = int(cfg.head_dim * factor)  # transformers Qwen3NextRotaryEmbedding
+        _require(o, "partial_rotary_factor", factor, 0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
+                 f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]")
+        moe = cfg.architecture == NEXT and raw["num_experts"] > 0
+        if moe:
+            _require(o, "num_experts_per_tok", raw["num_experts_per_tok"],
+                     0 < raw["num_experts_per_tok"] <= raw["num_experts"], f"in [1, num_experts={raw['num_experts']}]")
+        return cls(
+            layer_types=types, conv_width=raw["linear_conv_kernel_dim"], num_k_heads=raw["linear_num_key_heads"],
+            num_v_heads=raw["linear_num_value_heads"], head_k_dim=raw["linear_key_head_dim"],
+            head_v_dim=raw["linear_value_head_dim"], rotary_dim=rotary_dim,
+            attention_bias=bool(raw["attention_bias"]),
+            # transformers Qwen3NextDecoderLayer
+            moe_layers=frozenset(i for i in range(n) if moe and i not in raw["mlp_only_layers"]
+                                 and (i + 1) % raw["decoder_sparse_step"] == 0),
+            routing=Routing(raw["num_experts"], raw["num_experts_per_tok"], "softmax",
+                            normalize=bool(raw["norm_topk_prob"])) if moe else None,
+            moe_intermediate_size=raw["moe_intermediate_size"],
+            shared_expert_intermediate_size=raw["shared_expert_intermediate_size"])
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate and partial RoPE (module docstring): [n, hidden] -> [n, hidden]."""
+
+    def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.rotary_dim = cfg.num_attention_heads, cfg.head_dim, hybrid.rotary_dim
+        bias = hybrid.attention_bias
+        self.q_proj = linear(cfg.hidden_size, 2 * cfg.q_size, bias=bias)
+        self.k_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
+        self.v_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
+        self.o_proj = linear(cfg.q_size, cfg.hidden_size, bias=bias)
+        self.q_norm = Float32RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset=1.0)
+        self.k_norm = Float32RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset=1.0)
+        self.rotary = rotary
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        n, d, r = x.shape[0], self.head_dim, self.rotary_dim
+        q, gate = self.q_proj(x).view(n, self.heads, 2 * d).chunk(2, dim=-1)   # [n, heads, head_dim] each
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(n, -1, d))                          # [n, kv_heads, head_dim]
+        v = self.v_proj(x).view(n, -1, d)
+        q_rot, k_rot = self.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous())
+        q, k = torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+        out = self.attn(q, k, v, positions)                                     # [n, heads * head_dim]
+        return self.o_proj(out * torch.sigmoid(gate.reshape(n, -1)))
+
+
+class SparseMoeWithSharedExpert(nn.Module):
+    """Qwen3-Next's MLP (module docstring): [n, hidden] -> [n, hidden]. Checkpoint names: ``gate.weight``,
+    ``experts.{e}.{gate,up,down}_proj``, ``shared_expert.*``, ``shared_expert_gate.weight``."""
+
+    def __init__(self, hidden_size: int, hybrid: Qwen3NextConfig, act: str) -> None:
+        super().__init__()
+        self.gate = Router(hidden_size, hybrid.routing)
+        self.experts = nn.ModuleList(GatedMLP(hidden_size, hybrid.moe_intermediate_size, act)
+                                     for _ in range(hybrid.routing.num_experts))
+        self.shared_expert = GatedMLP(hidden_size, hybrid.shared_expert_intermediate_size, act)
+        self.shared_expert_gate = linear(hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return run_experts(x, weights, ids, self.experts) + shared
+
+
+class Qwen3NextDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig, rotary: RotaryEmbedding, index: int) -> None:
+        super().__init__()
+        self.input_layernorm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        self.post_attention_layernorm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        self.is_linear = hybrid.layer_types[index] == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(cfg.hidden_size, hybrid.num_k_heads, hybrid.num_v_heads,
+                                             hybrid.head_k_dim, hybrid.head_v_dim, hybrid.conv_width, cfg.rms_norm_eps,
+                                             cfg.hidden_act, packed_by_key_head=cfg.architecture == NEXT)
+        else:
+            self.self_attn = GatedAttention(cfg, hybrid, rotary)
+        if index in hybrid.moe_layers:
+            self.mlp = SparseMoeWithSharedExpert(cfg.hidden_size, hybrid, cfg.hidden_act)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h [num_tokens, hidden] -> h + mixer + MLP, [num_tokens, hidden]."""
+        x = self.input_layernorm(h)
+        h = h + (self.linear_attn(x) if self.is_linear else self.self_attn(positions, x))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3NextModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig) -> None:
+        super().__init__()
+        self.rotary = RotaryEmbedding(hybrid.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(cfg, hybrid, self.rotary, i)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+
+
+class Qwen3NextForCausalLM(nn.Module):
+    ignored_checkpoint_tensors = (r"^mtp\.", r"\.rotary_emb\.inv_freq$")
+
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        super().__init__()
+        if mtp_own_heads:
+            raise ConfigError(f"{cfg.architecture}: MTP layers in DeepSeek's layout are not implemented")
+        self.hybrid = Qwen3NextConfig.from_model_config(cfg)
+        self.config = dataclasses.replace(cfg, num_nextn_predict_layers=0)  # (its mtp.* layers: not loaded)
+        self.model = Qwen3NextModel(cfg, self.hybrid)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
+                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.aux_layer_ids: tuple[int, ...] = ()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
+        h, captured = self.embed(input_ids), {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                captured[i] = h
+            h = layer(positions, h)
+        return self._model_output(h, captured)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
+        logits = self.lm_head(self.model.norm(hidden_states))
+        return logits.float() if out is None else out.copy_(logits)
+
+    # aux layer capture and the embedding as the Llama family's (models/llama.py)
+    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    embed = LlamaForCausalLM.embed
+    _model_output = LlamaForCausalLM._model_output
