@@ -126,6 +126,8 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         rope_scaling = cfg.get("rope_scaling")
         rope_theta = cfg.get("rope_theta")
+        if isinstance(rope_theta, list):  # Step3p5: one theta per layer (models/step3p5.py reads them all)
+            rope_theta = rope_theta[0]
         if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):  # transformers >= 5
             rope_theta = cfg["rope_parameters"].get("rope_theta")
             if cfg["rope_parameters"].get("rope_type", "default") != "default":
@@ -146,7 +148,8 @@ class ModelConfig:
             intermediate_size=cfg["intermediate_size"],
             num_hidden_layers=num_layers,
             num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            # Step3p5 names its kv heads num_attention_groups (vLLM step3p5.py)
+            num_key_value_heads=cfg.get("num_key_value_heads") or cfg.get("num_attention_groups") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),

@@ -12,6 +12,8 @@ MODELS = {
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    # sliding and full attention layers, per-head gates, MoE, chained MTP layers
+    "Step3p5ForCausalLM": "outpace.models.step3p5:Step3p5ForCausalLM",
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "outpace.models.gemma:Gemma3ForCausalLM",  # its text model
     "Gemma4ForCausalLM": "outpace.models.gemma4:Gemma4ForCausalLM",

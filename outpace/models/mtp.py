@@ -5,10 +5,11 @@ t+2: ``h = eh_proj(concat(enorm(embed(t+1)), hnorm(hidden_t)))`` then one decode
 pre-norm output gives the logits.
 Checkpoint names: ``model.layers.{num_hidden_layers + k}.{enorm,hnorm,eh_proj,self_attn,...}``.
 
-``MTPLayer`` (Step-3.5-Flash style, and what outpace trains): the embedding, final norm and head
-are the target's. Chained, layer 0 consumes the target's last pre-norm hidden state and layer k the
-pre-norm output of layer k-1, each predicting one token further ahead; not chained, every layer
-consumes the target's state.
+``MTPLayer`` (what outpace trains): the embedding, final norm and head are the target's. Chained,
+layer 0 consumes the target's last pre-norm hidden state and layer k the pre-norm output of layer
+k-1, each predicting one token further ahead; not chained, every layer consumes the target's state.
+Step-3.5-Flash's layers (models/step3p5.py) are ``MTPBlock``s chained the same way over the target's
+embedding and pre-norm state, with zero-centred norms and a head of their own.
 
 ``OwnHeadsMTPBlock`` (DeepSeek-V3, ``model.layers.61.*``): the layer carries its own
 ``embed_tokens`` and ``shared_head.{norm,head}`` tensors. Its semantics, as vLLM's deepseek_mtp.py
@@ -66,9 +67,13 @@ class MTPBlock(nn.Module):
 
     def __init__(self, cfg, *layer_args) -> None:
         super().__init__(cfg, *layer_args)
-        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.enorm = self.input_norm(cfg)
+        self.hnorm = self.input_norm(cfg)
         self.eh_proj = linear(2 * cfg.hidden_size, cfg.hidden_size)
+
+    def input_norm(self, cfg) -> nn.Module:
+        """The kind of norm ``enorm`` and ``hnorm`` are (Step-3.5-Flash's are zero-centred: models/step3p5.py)."""
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, token_embeds: torch.Tensor,  # type: ignore[override]
                 hidden_states: torch.Tensor) -> torch.Tensor:
@@ -126,7 +131,7 @@ class OwnHeadsMTPBlock(MTPBlock):
 
 
 class MTPLayer(MTPBlock, DecoderLayer):
-    """A Llama-family MTP layer in the target's own layout (Step-3.5-Flash, outpace's trained ones)."""
+    """A Llama-family MTP layer in the target's own layout (outpace's trained ones)."""
 
 
 class DeepSeekMTPLayer(OwnHeadsMTPBlock, DecoderLayer):

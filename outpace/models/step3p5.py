@@ -1,0 +1,469 @@
+"""Step-3.5-Flash: Step3p5ForCausalLM (stepfun-ai/Step-3.5-Flash). transformers has no class for it; every
+fact below is read from the public serving code that loads its checkpoints, vLLM
+(vllm/model_executor/models/step3p5.py, step3p5_mtp.py, transformers_utils/configs/step3p5.py) and SGLang
+(python/sglang/srt/models/step3p5.py), and where the two disagree the value is refused by name.
+
+A decoder layer (vLLM Step3p5DecoderLayer, SGLang Step3p5DecoderLayer) is pre-norm:
+``h + attention(input_layernorm(h))``, then ``+ ffn(post_attention_layernorm(.))``, with
+- every RMSNorm zero-centred, the scale ``1 + weight`` in float32 (both use GemmaRMSNorm: the input, post
+  attention, final, per-head q/k and the MTP norms);
+- attention by layer type (``layer_types[i]``): ``sliding_attention`` layers attend over the last
+  ``sliding_window`` keys with ``attention_other_setting``'s head counts, ``full_attention`` layers over
+  every key with ``num_attention_heads`` / ``num_attention_groups``; scale head_dim ** -0.5;
+- per-head q/k norms, then RoPE in the neox layout over the first ``head_dim * partial_rotary_factors[i]``
+  dimensions of each head, base ``rope_theta[i]``, scaled by ``rope_scaling`` only on the layer types named
+  in ``yarn_only_types`` (a llama3 scaling in the released config, despite the name);
+- with ``use_head_wise_attn_gate`` each head's attention output times sigmoid(``g_proj(x)``), one gate value
+  per head (g_proj: hidden -> heads), before ``o_proj``;
+- the layers listed in ``moe_layers_enum`` are MoE, the others a dense SwiGLU MLP (``mlp.*``). MoE: the
+  sigmoid of float32 router logits (``moe.gate``), ``moe.router_bias`` added to choose the top
+  ``moe_top_k`` experts only, the chosen scores renormalised and times ``moe_router_scaling_factor``; the
+  routed experts stored stacked (``moe.{gate,up,down}_proj.weight`` [experts, out, in]: vLLM's "packed 3D
+  format", SGLang's loader reads ``loaded_weight[expert_id]``), plus one shared expert
+  (``share_expert.*``, ``share_expert_dim`` wide) on every token;
+- SwiGLU clamps (vLLM SwigluStepAndMul, SGLang Step3p5MLP): where a layer's limit L is non-zero,
+  ``silu(gate).clamp(max=L) * up.clamp(-L, L)``; ``swiglu_limits[i]`` for the routed experts,
+  ``swiglu_limits_shared[i]`` for the shared expert and the dense MLP.
+The embedding is plain, the head untied (SGLang sets tie_word_embeddings False, vLLM never ties).
+
+Sliding window: vLLM's per_layer_sliding_window (and transformers' Mistral convention) lets a query at p
+see the keys p - W + 1 .. p; SGLang hands ``sliding_window`` to RadixAttention as the number of keys to
+the left (its Gemma models pass sliding_window - 1 for that reason), one key more. We follow vLLM.
+
+MTP (vLLM step3p5_mtp.py Step3p5AMultiTokenPredictorLayer): ``num_nextn_predict_layers`` layers at
+``model.layers.{num_hidden_layers + k}``, each ``eh_proj(concat(enorm(embed(t+1)), hnorm(h_t)))`` then a
+full decoder layer of that index (its own layer type, theta, MoE or dense by the per-layer lists, which
+run num_hidden_layers + num_nextn_predict_layers long), then its own head:
+``transformer.shared_head.output(transformer.shared_head.norm(.))``. The embedding is the target's
+(vLLM maps every ``embed_tokens`` tensor to one shared embedding); the state read is the target's last
+hidden state before the final norm (vLLM's Step3p5Model returns it un-normed, SGLang hands on
+hidden_states_before_norm); no position-0 masking. The layers chain: layer k reads layer k - 1's output
+(models/mtp.py; speculative/mtp.py).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from outpace.attention.layer import Attention
+from outpace.config import ConfigError, ModelConfig
+from outpace.layers.activation import silu_and_mul
+from outpace.layers.decoder import GatedMLP
+from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.linear import linear, project
+from outpace.layers.moe import Router, Routing, run_experts
+from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
+from outpace.models.gemma import final_logits
+from outpace.models.llama import LlamaForCausalLM, ModelOutput
+from outpace.models.mtp import MTPBlock
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+# What a config.json that omits a field means: vLLM's Step3p5Config defaults (transformers_utils/configs/
+# step3p5.py), or for the fields that class lacks, vLLM step3p5.py's getattr defaults (a default the code
+# then refuses, such as the config class's softmax router activation, makes the field required).
+DEFAULTS = dict(moe_num_experts=16, moe_top_k=4, moe_intermediate_size=10240, rope_theta=500000.0,
+                moe_router_scaling_factor=1.0, norm_expert_weight=True, use_moe_router_bias=True,
+                need_fp32_gate=True, use_head_wise_attn_gate=False, att_impl_type="GQA", use_rope_layers=None,
+                yarn_only_types=None, attention_other_setting=None, partial_rotary_factors=None,
+                swiglu_limits=None, swiglu_limits_shared=None, share_expert_dim=None, use_qk_norm=True,
+                zero_centered=True, sink=False, attention_bias=False, moe_router_activation="softmax")
+
+
+def refuse(name: str, value, allowed: str) -> ConfigError:
+    return ConfigError(f"ModelConfig.{name}={value!r} is not supported: must be {allowed}")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer's shape, read from the per-layer config lists at its index."""
+
+    sliding_window: int | None          # None: full attention
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float
+    rotary_dim: int                     # the leading dimensions of each head that RoPE rotates
+    rope_scaling: dict | None
+    moe: bool
+    swiglu_limit: float | None          # routed experts' clamp (None: plain SwiGLU)
+    swiglu_limit_shared: float | None   # the shared expert's and the dense MLP's clamp
+
+
+@dataclass(frozen=True)
+class Step3p5Config:
+    """What a Step3p5 model reads from config.json beyond ``ModelConfig``; ``layers`` covers the decoder
+    layers and then the MTP layers (indices num_hidden_layers ..)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    rms_norm_eps: float
+    head_dim: int
+    max_position_embeddings: int
+    head_wise_gate: bool
+    moe_intermediate_size: int
+    share_expert_dim: int
+    routing: Routing
+    layers: tuple[LayerSpec, ...]
+
+    @classmethod
+    def from_model_config(cfg_cls, cfg: ModelConfig) -> Step3p5Config:
+        raw = {**DEFAULTS, **cfg.raw}
+        _refuse_unimplemented(raw, cfg)
+        total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+        experts, top_k = raw["moe_num_experts"], raw["moe_top_k"]
+        return cfg_cls(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers, rms_norm_eps=cfg.rms_norm_eps, head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            head_wise_gate=bool(raw["use_head_wise_attn_gate"]),
+            moe_intermediate_size=raw["moe_intermediate_size"],
+            # vLLM Step3p5Config: share_expert_dim defaults to moe_intermediate_size * moe_top_k
+            share_expert_dim=raw["share_expert_dim"] or raw["moe_intermediate_size"] * top_k,
+            routing=Routing(num_experts=experts, top_k=top_k, scoring="sigmoid", correction_bias=True,
+                            normalize=True, scaling=float(raw["moe_router_scaling_factor"])),
+            layers=tuple(_layer_spec(raw, cfg, i) for i in range(total)))
+
+
+def _per_layer(raw: dict, name: str, index: int, default):
+    values = raw[name]
+    return default if not values else values[index]
+
+
+def _limit(raw: dict, name: str, index: int) -> float | None:
+    """A SwiGLU clamp: None or 0 mean none (vLLM: ``not in (None, 0)``; SGLang: ``> 0``)."""
+    value = _per_layer(raw, name, index, None)
+    return float(value) if value else None
+
+
+def _moe_layers(raw: dict) -> set[int]:
+    """moe_layers_enum: "3,4,...,44" (the released config), or a list of indices."""
+    value = raw["moe_layers_enum"]
+    items = value.split(",") if isinstance(value, str) else value
+    return {int(i) for i in items if str(i).strip()}
+
+
+def _layer_spec(raw: dict, cfg: ModelConfig, i: int) -> LayerSpec:
+    kind = raw["layer_types"][i]
+    sliding = kind == "sliding_attention"
+    other = raw["attention_other_setting"] or {}
+    theta, yarn_only = raw["rope_theta"], raw["yarn_only_types"]
+    return LayerSpec(
+        sliding_window=raw["sliding_window"] if sliding else None,
+        num_heads=other.get("num_attention_heads", cfg.num_attention_heads) if sliding else cfg.num_attention_heads,
+        num_kv_heads=other.get("num_attention_groups", cfg.num_key_value_heads) if sliding else cfg.num_key_value_heads,
+        rope_theta=float(theta[i] if isinstance(theta, list) else theta),
+        rotary_dim=int(cfg.head_dim * _per_layer(raw, "partial_rotary_factors", i, 1.0)),
+        rope_scaling=cfg.rope_scaling if yarn_only and kind in yarn_only else None,
+        moe=i in _moe_layers(raw),
+        swiglu_limit=_limit(raw, "swiglu_limits", i),
+        swiglu_limit_shared=_limit(raw, "swiglu_limits_shared", i))
+
+
+def _refuse_unimplemented(raw: dict, cfg: ModelConfig) -> None:
+    """ConfigError for Step3p5 config values that change the computation and that outpace does not implement,
+    or on which vLLM and SGLang disagree (``raw``: defaults filled in)."""
+    total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+    for name, value, why in (
+            ("use_qk_norm", True, "both references always apply the per-head q/k norms"),
+            ("zero_centered", True, "both references build every norm as GemmaRMSNorm"),
+            ("need_fp32_gate", True, "vLLM asserts it; the router runs in float32"),
+            ("att_impl_type", "GQA", "vLLM raises for any other"),
+            ("moe_router_activation", "sigmoid", "SGLang routes with sigmoid only; vLLM's config class defaults "
+                                                 "to softmax, so the field must be given")):
+        if raw[name] != value:
+            raise refuse(name, raw[name], f"{value!r} ({why})")
+    if not raw["use_moe_router_bias"]:  # vLLM asserts it; SGLang's TopK reads a router_bias it then lacks
+        raise refuse("use_moe_router_bias", raw["use_moe_router_bias"], "true")
+    if not raw["norm_expert_weight"]:  # vLLM renormalises only with it, SGLang always
+        raise refuse("norm_expert_weight", raw["norm_expert_weight"], "true (SGLang always renormalises)")
+    if raw["sink"]:  # neither reference reads it: attention sinks are not implemented anywhere we can check
+        raise refuse("sink", raw["sink"], "false (attention sinks are not implemented)")
+    if raw["attention_bias"]:  # vLLM: biases on q/k/v; SGLang: none
+        raise refuse("attention_bias", raw["attention_bias"], "false (the references disagree on what true means)")
+    if cfg.tie_word_embeddings:
+        raise refuse("tie_word_embeddings", True, "false (SGLang unties the head, vLLM never ties it)")
+    if cfg.hidden_act != "silu":  # vLLM Step3p5MLP raises for anything else; SGLang always SiLU
+        raise refuse("hidden_act", cfg.hidden_act, "'silu'")
+    if "scale_emb" in raw:  # SGLang multiplies the embedding by it, vLLM does not
+        raise refuse("scale_emb", raw["scale_emb"], "absent (the references disagree on it)")
+    types = raw.get("layer_types")
+    if not (isinstance(types, list) and len(types) >= total and set(types[:total]) <= set(LAYER_TYPES)):
+        raise refuse("layer_types", types, f"a list of at least num_hidden_layers + num_nextn_predict_layers = "
+                                           f"{total} entries of {' or '.join(LAYER_TYPES)} (vLLM and SGLang "
+                                           "index it by layer, MTP layers included)")
+    if "sliding_attention" in types[:total]:
+        window = raw.get("sliding_window")
+        if not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+            raise refuse("sliding_window", window, "a positive integer (the model has sliding layers)")
+    _check_attention_other_setting(raw, cfg)
+    _check_rope(raw, cfg, total)
+    _check_moe(raw, total)
+
+
+def _check_attention_other_setting(raw: dict, cfg: ModelConfig) -> None:
+    """Its attention_type, num_attention_heads, num_attention_groups and head_dim; other keys are read by
+    neither reference."""
+    other = raw["attention_other_setting"]
+    if other is None:
+        return
+    if not isinstance(other, dict):
+        raise refuse("attention_other_setting", other, "a dict or absent")
+    # vLLM uses these heads on the layers of type attention_type, SGLang on the sliding layers
+    if other.get("attention_type", "sliding_attention") != "sliding_attention":
+        raise refuse("attention_other_setting.attention_type", other["attention_type"], "'sliding_attention'")
+    if other.get("head_dim", cfg.head_dim) != cfg.head_dim:  # vLLM reads it, SGLang uses head_dim
+        raise refuse("attention_other_setting.head_dim", other["head_dim"], f"head_dim={cfg.head_dim}")
+    heads = other.get("num_attention_heads", cfg.num_attention_heads)
+    kv = other.get("num_attention_groups", cfg.num_key_value_heads)
+    if not (isinstance(heads, int) and isinstance(kv, int) and 0 < kv and heads % kv == 0):
+        raise refuse("attention_other_setting", other, "num_attention_heads a multiple of num_attention_groups")
+
+
+def _check_rope(raw: dict, cfg: ModelConfig, total: int) -> None:
+    theta = raw["rope_theta"]
+    if isinstance(theta, list) and not (len(theta) >= total and all(t > 0 for t in theta[:total])):
+        raise refuse("rope_theta", theta, f"a number or a list of at least {total} positive numbers")
+    factors = raw["partial_rotary_factors"]
+    if factors and not (len(factors) >= total and all(
+            0 < f <= 1 and int(cfg.head_dim * f) % 2 == 0 for f in factors[:total])):
+        raise refuse("partial_rotary_factors", factors,
+                     f"a list of at least {total} factors in (0, 1], each rotating an even number of dimensions")
+    use_rope = raw["use_rope_layers"]
+    if use_rope and not all(use_rope[:total]):  # vLLM skips RoPE on the false layers, SGLang rotates every layer
+        raise refuse("use_rope_layers", use_rope, "empty or all true (the references disagree on false entries)")
+    yarn_only = raw["yarn_only_types"]
+    if cfg.rope_scaling is not None and not yarn_only:
+        # vLLM scales every layer without yarn_only_types, SGLang none
+        raise refuse("yarn_only_types", yarn_only, "a non-empty list of layer types when rope_scaling is set")
+
+
+def _check_moe(raw: dict, total: int) -> None:
+    if raw.get("moe_layers_enum") is None:  # vLLM: MoE from layer 1 on; SGLang cannot load without it
+        raise refuse("moe_layers_enum", None, "the MoE layers' indices (the references disagree on its absence)")
+    experts, top_k = raw.get("moe_num_experts"), raw.get("moe_top_k")
+    if _moe_layers(raw) & set(range(total)):
+        if not (isinstance(experts, int) and experts > 0 and isinstance(top_k, int) and 0 < top_k <= experts):
+            raise refuse("moe_top_k", top_k, f"an integer in [1, moe_num_experts={experts}]")
+    for name in ("swiglu_limits", "swiglu_limits_shared"):
+        values = raw[name]
+        if values and not (len(values) >= total and all(v is None or v >= 0 for v in values[:total])):
+            raise refuse(name, values, f"None or a list of at least {total} limits, each None or >= 0")
+
+
+# ---- layers ------------------------------------------------------------------------------------------------
+
+def zero_centred_norm(dim: int, eps: float) -> Float32RMSNorm:
+    """GemmaRMSNorm (vLLM, SGLang): normalised in float32 and scaled by 1 + weight."""
+    return Float32RMSNorm(dim, eps, offset=1.0)
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """silu(gate) * up, or with a limit silu(gate).clamp(max=limit) * up.clamp(-limit, limit): [..., inter]."""
+    if limit is None:
+        return silu_and_mul(gate, up)
+    return torch.nn.functional.silu(gate).clamp(max=limit) * up.clamp(-limit, limit)
+
+
+class Step3p5MLP(GatedMLP):
+    """The dense MLP and the shared expert: a SiLU ``GatedMLP`` with the optional SwiGLU clamp."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, limit: float | None) -> None:
+        super().__init__(hidden_size, intermediate_size, "silu")
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.limit is None:
+            return super().forward(x)
+        gate, up = self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(clamped_swiglu(gate, up, self.limit))
+
+
+class StackedWeight(nn.Module):
+    """One projection of every routed expert as a single [experts, out, in] parameter (``weight``)."""
+
+    def __init__(self, experts: int, out_features: int, in_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
+
+
+class Step3p5MoE(nn.Module):
+    """The router and the stacked routed experts (checkpoint: ``moe.gate.weight``, ``moe.router_bias``,
+    ``moe.{gate,up,down}_proj.weight``); [n, hidden] -> [n, hidden]. The shared expert is the layer's."""
+
+    def __init__(self, cfg: Step3p5Config, limit: float | None) -> None:
+        super().__init__()
+        e, h, inter = cfg.routing.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate = Router(h, cfg.routing)
+        self.gate_proj, self.up_proj = StackedWeight(e, inter, h), StackedWeight(e, inter, h)
+        self.down_proj = StackedWeight(e, h, inter)
+        self.limit = limit
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Routed expert ``e`` over x [rows, hidden] -> [rows, hidden]."""
+        act = clamped_swiglu(project(x, self.gate_proj.weight[e]), project(x, self.up_proj.weight[e]), self.limit)
+        return project(act, self.down_proj.weight[e])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)                                             # [n, top_k] each
+        experts = [functools.partial(self.expert, e) for e in range(self.gate.routing.num_experts)]
+        return run_experts(x, weights, ids, experts)
+
+
+class Step3p5Attention(nn.Module):
+    def __init__(self, cfg: Step3p5Config, spec: LayerSpec, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.head_dim, self.rotary_dim = d, spec.rotary_dim
+        self.q_proj = linear(h, spec.num_heads * d)
+        self.k_proj = linear(h, spec.num_kv_heads * d)
+        self.v_proj = linear(h, spec.num_kv_heads * d)
+        self.o_proj = linear(spec.num_heads * d, h)
+        self.q_norm = zero_centred_norm(d, cfg.rms_norm_eps)
+        self.k_norm = zero_centred_norm(d, cfg.rms_norm_eps)
+        self.g_proj = linear(h, spec.num_heads) if cfg.head_wise_gate else None
+        self.rotary = rotary
+        self.attn = Attention(spec.num_heads, spec.num_kv_heads, d, spec.sliding_window)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
+        n, d, r = x.shape[0], self.head_dim, self.rotary_dim
+        q = self.q_norm(self.q_proj(x).view(n, -1, d))   # [num_tokens, heads, head_dim]
+        k = self.k_norm(self.k_proj(x).view(n, -1, d))   # [num_tokens, kv_heads, head_dim]
+        v = self.v_proj(x).view(n, -1, d)
+        q_rot, k_rot = self.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous())
+        q, k = torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+        out = self.attn(q, k, v, positions)               # [num_tokens, heads * head_dim]
+        if self.g_proj is not None:                       # one sigmoid gate per head
+            out = (out.view(n, -1, d) * torch.sigmoid(self.g_proj(x))[..., None]).view(n, -1)
+        return self.o_proj(out)
+
+
+class Step3p5DecoderLayer(nn.Module):
+    def __init__(self, cfg: Step3p5Config, index: int, rotary: RotaryEmbedding) -> None:
+        """``index``: the layer's index in the checkpoint (MTP layers after the decoder stack)."""
+        super().__init__()
+        spec = cfg.layers[index]
+        self.input_layernorm = zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Step3p5Attention(cfg, spec, rotary)
+        self.post_attention_layernorm = zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.is_moe = spec.moe
+        if spec.moe:
+            self.moe = Step3p5MoE(cfg, spec.swiglu_limit)
+            self.share_expert = Step3p5MLP(cfg.hidden_size, cfg.share_expert_dim, spec.swiglu_limit_shared)
+        else:
+            self.mlp = Step3p5MLP(cfg.hidden_size, cfg.intermediate_size, spec.swiglu_limit_shared)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden]."""
+        h = h + self.self_attn(positions, self.input_layernorm(h))
+        x = self.post_attention_layernorm(h)
+        return h + (self.moe(x) + self.share_expert(x) if self.is_moe else self.mlp(x))
+
+
+class Step3p5SharedHead(nn.Module):
+    """An MTP layer's own head (checkpoint: ``transformer.shared_head.{norm,output}``)."""
+
+    def __init__(self, cfg: Step3p5Config) -> None:
+        super().__init__()
+        self.norm = zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.head = LMHead(cfg.hidden_size, cfg.vocab_size)
+
+
+class Step3p5MTPLayer(MTPBlock, Step3p5DecoderLayer):
+    """An MTP layer: zero-centred enorm/hnorm and eh_proj (models/mtp.py), a Step-3.5 decoder layer, its own
+    shared head; the target's embedding and pre-norm state (module docstring)."""
+
+    chained_by_layout = True
+
+    def __init__(self, cfg: Step3p5Config, index: int, rotary: RotaryEmbedding) -> None:
+        super().__init__(cfg, index, rotary)
+        self.shared_head = Step3p5SharedHead(cfg)
+
+    def input_norm(self, cfg: Step3p5Config) -> nn.Module:
+        return zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return final_logits(self.shared_head.head(self.shared_head.norm(hidden)), None, None)
+
+
+class Step3p5Model(nn.Module):
+    def __init__(self, cfg: Step3p5Config) -> None:
+        super().__init__()
+        # One rotary table per distinct (rotated dims, theta, scaling), shared by the layers using it
+        # (not checkpoint tensors).
+        tables: dict[tuple, int] = {}
+        rotaries, self.rotary_index = [], []  # rotary_index: per layer, MTP layers included
+        for spec in cfg.layers:
+            key = (spec.rotary_dim, spec.rope_theta, repr(spec.rope_scaling))
+            if key not in tables:
+                tables[key] = len(rotaries)
+                rotaries.append(RotaryEmbedding(spec.rotary_dim, cfg.max_position_embeddings, spec.rope_theta,
+                                                spec.rope_scaling))
+            self.rotary_index.append(tables[key])
+        self.rotaries = nn.ModuleList(rotaries)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Step3p5DecoderLayer(cfg, i, self.rotary(i)) for i in range(cfg.num_hidden_layers))
+        self.norm = zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def rotary(self, index: int) -> RotaryEmbedding:
+        return self.rotaries[self.rotary_index[index]]
+
+
+class Step3p5ForCausalLM(nn.Module):
+    ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
+
+    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
+        """``mtp_own_heads`` (the loader's DeepSeek-V3 layout test) is False for Step-3.5 checkpoints, whose MTP
+        heads sit under ``transformer.shared_head``."""
+        super().__init__()
+        if mtp_own_heads:
+            raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers,
+                         "MTP layers in Step-3.5's layout (transformer.shared_head.*), not DeepSeek-V3's")
+        step = self.step_config = Step3p5Config.from_model_config(cfg)
+        self.config = cfg
+        self.model = Step3p5Model(step)
+        self.lm_head = LMHead(step.hidden_size, step.vocab_size)
+        self.aux_layer_ids: tuple[int, ...] = ()
+        if cfg.num_nextn_predict_layers:
+            n = step.num_hidden_layers
+            self.mtp_layers = nn.ModuleList(Step3p5MTPLayer(step, n + k, self.model.rotary(n + k))
+                                            for k in range(cfg.num_nextn_predict_layers))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
+        h, captured = self.embed(input_ids), {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layer_ids:
+                captured[i] = h
+            h = layer(positions, h)
+        return self._model_output(h, captured)
+
+    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n, vocab] float32 logits (into ``out`` when given). Not the fused few-row
+        kernel: it applies a plain RMSNorm weight, this norm is zero-centred."""
+        return final_logits(self.lm_head(self.model.norm(hidden_states)), None, out)
+
+    # Aux capture (index i: the input of layer i) and the embedding as the Llama family's.
+    set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
+    embed = LlamaForCausalLM.embed
+    _model_output = LlamaForCausalLM._model_output
+
+    def checkpoint_name(self, param_name: str) -> str:
+        """Parameter name -> the Step-3.5 checkpoint's: MTP layers at model.layers.{num_hidden_layers + k} with
+        their heads under ``transformer.shared_head`` (``output`` for the head), the router's correction bias
+        as ``moe.router_bias`` (vLLM step3p5_mtp.py load_weights, SGLang Step3p5MoEMLP)."""
+        name = param_name.replace("moe.gate.e_score_correction_bias", "moe.router_bias")
+        m = re.match(r"mtp_layers\.(\d+)\.(.*)", name)
+        if not m:
+            return name
+        rest = m.group(2)
+        if rest.startswith("shared_head."):
+            rest = "transformer." + rest.replace("shared_head.head.", "shared_head.output.")
+        return f"model.layers.{self.config.num_hidden_layers + int(m.group(1))}.{rest}"
