@@ -46,13 +46,16 @@ def random_keys(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     seeds, counters = (t.contiguous() for t in torch.broadcast_tensors(seeds, counters))
     out = torch.empty_like(seeds)
     n = out.numel()
-    _keys_kernel[(triton.cdiv(n, BLOCK),)](seeds, counters, out, n, B=BLOCK)
+    if n:
+        _keys_kernel[(triton.cdiv(n, BLOCK),)](seeds, counters, out, n, B=BLOCK)
     return out
 
 
 def draw_uniform(keys: torch.Tensor, num_cols: int, stream: int) -> torch.Tensor:
     """sampler.draw_uniform with keys.  # [len(keys), num_cols] float32"""
     out = torch.empty(keys.shape[0], num_cols, dtype=torch.float32, device=keys.device)
+    if out.numel() == 0:  # e.g. a chain step of no drafts: nothing to draw
+        return out
     block = min(BLOCK, triton.next_power_of_2(num_cols))
     _uniform_kernel[(keys.shape[0], triton.cdiv(num_cols, block))](keys.contiguous(), out, num_cols,
                                                                     stream * (1 << 32) + 1, B=block)
