@@ -5,7 +5,10 @@
     token), plus the KV cache of every sequence;
 (b) a Llama-3.1-8B-shaped model with random bf16 weights (built on the GPU, no download): decode
     tokens/s at batch 1, 8, 32, 64 and contexts 512 and 4096, and its fraction of the floor;
-(c), (d): speculation on the 8B shape with real acceptance is ``outpace bench e2e`` (bench/e2e.py);
+(c): speculation on the 8B shape with real acceptance is ``outpace bench e2e`` (bench/e2e.py);
+(d) a DeepSeek-V2-Lite-shaped target (MLA + MoE, random bf16 weights): decode against the floor of the
+    bytes actually read, the grouped-expert kernels against their experts' bytes, speculation under
+    labelled oracle acceptance (bench/deepseek_shape.py);
 (e) transformers' ``generate`` on the same weights, batch 1, greedy;
 (f) the zoo models end to end: tokens/s of each drafter against ``--method none`` on the 24 held-out
     prompts, b at a time (batch 1: one after another).
@@ -208,32 +211,17 @@ def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
     result["copy_bandwidth_bytes_per_s"] = bandwidth = copy_bandwidth()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        llm = build_8b(tmp / "target")
-        model = llm.engine.model
-        weights = weight_bytes_read(model)
-        kv_token = kv_bytes_per_token(llm.engine.model_config, torch.bfloat16)
-        result.update(weight_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()),
-                      weight_bytes_read=weights, kv_bytes_per_token=kv_token,
-                      floor_forwards_per_s_batch1_no_kv=bandwidth / weights)
+        if "b" in parts or "e" in parts:
+            llama_8b_parts(result, part, tmp, bandwidth)
+            gc.collect()  # the 8B model freed before the next part
+            torch.cuda.empty_cache()
 
-        def decode() -> None:
-            rows = result["decode"] = []
-            for context in CONTEXTS:
-                for batch in tqdm(BATCHES, desc=f"(b) decode, context {context}"):
-                    r = time_decode(llm, batch, context)
-                    r["floor_steps_per_s"] = bandwidth / (weights + batch * context * kv_token)
-                    r["fraction_of_floor"] = (1e3 / r["step_ms"]) / r["floor_steps_per_s"]
-                    rows.append(r)
+        def deepseek() -> None:
+            from outpace.bench.deepseek_shape import run_deepseek_bench
 
-        def reference() -> None:
-            result["transformers_generate"] = transformers_generate(model)
+            result["deepseek"] = run_deepseek_bench(tmp / "deepseek", bandwidth)
 
-        part("b", decode)
-        part("e", reference)
-        llm = model = None  # freed before the zoo part
-        gc.collect()
-        torch.cuda.empty_cache()
-
+        part("d", deepseek)
         gc.collect()
         torch.cuda.empty_cache()
 
@@ -248,15 +236,43 @@ def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
     return result
 
 
+def llama_8b_parts(result: dict, part, tmp: Path, bandwidth: float) -> None:
+    """Parts (b) and (e), on the 8B shape built once for both."""
+    llm = build_8b(tmp / "target")
+    model = llm.engine.model
+    weights = weight_bytes_read(model)
+    kv_token = kv_bytes_per_token(llm.engine.model_config, torch.bfloat16)
+    result.update(weight_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()),
+                  weight_bytes_read=weights, kv_bytes_per_token=kv_token,
+                  floor_forwards_per_s_batch1_no_kv=bandwidth / weights)
+
+    def decode() -> None:
+        rows = result["decode"] = []
+        for context in CONTEXTS:
+            for batch in tqdm(BATCHES, desc=f"(b) decode, context {context}"):
+                r = time_decode(llm, batch, context)
+                r["floor_steps_per_s"] = bandwidth / (weights + batch * context * kv_token)
+                r["fraction_of_floor"] = (1e3 / r["step_ms"]) / r["floor_steps_per_s"]
+                rows.append(r)
+
+    def reference() -> None:
+        result["transformers_generate"] = transformers_generate(model)
+
+    part("b", decode)
+    part("e", reference)
+
+
 def _median(values: list[float]) -> float:
     values = sorted(values)
     return values[len(values) // 2]
 
 
 def print_summary(r: dict) -> None:
-    print(f"\ncopy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; weights read per forward "
-          f"{r['weight_bytes_read'] / 1e9:.2f} GB (of {r['weight_bytes_total'] / 1e9:.2f} GB); "
-          f"batch-1 floor {r['floor_forwards_per_s_batch1_no_kv']:.1f} forwards/s before KV")
+    print(f"\ncopy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s")
+    if "weight_bytes_read" in r:
+        print(f"8B shape: weights read per forward {r['weight_bytes_read'] / 1e9:.2f} GB (of "
+              f"{r['weight_bytes_total'] / 1e9:.2f} GB); batch-1 floor {r['floor_forwards_per_s_batch1_no_kv']:.1f} "
+              f"forwards/s before KV")
     if "decode" in r:
         print(f"(b) {'context':>7} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'of floor':>8}")
         for x in r["decode"]:
@@ -264,6 +280,10 @@ def print_summary(r: dict) -> None:
                   f"{x['fraction_of_floor']:>8.1%}")
     if "transformers_generate" in r:
         print(f"(e) transformers generate, batch 1: {r['transformers_generate']['decode_tokens_per_s']:.1f} tokens/s")
+    if "deepseek" in r:
+        from outpace.bench.deepseek_shape import print_deepseek_summary
+
+        print_deepseek_summary(r["deepseek"])
     if "zoo" in r:
         print("(f) zoo: " + "; ".join(f"{x['method']} b{x['batch']} {x['tokens_per_s']:.0f} tok/s {x['speedup']:.2f}x"
                                       for x in r["zoo"]))

@@ -19,8 +19,10 @@ expanded, which costs H * r * (nope + v) per key (H heads, r = kv_lora_rank): ex
 sequence brings more than r * (nope + v) / (2r - nope - v) queries (171 for DeepSeek-V3), so a forward
 expands when its longest query run reaches that (``expand_min_query_len``).
 
-Both forms attend with the torch backend's paged helpers (block gather, masks for causal and tree verify):
-on the GPU this module does not use the context's backend yet.
+The absorbed form attends in the kernel of attention/mla_kernels.py when the forward context's backend is
+Triton (CUDA by default; no host synchronisation, so decode and verify forwards are captured in CUDA graphs),
+else with the torch backend's paged helpers (block gather, masks for causal and tree verify); the expanded
+form always with the latter.
 """
 from __future__ import annotations
 
@@ -104,11 +106,10 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         rows = torch.cat((self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1)  # [n, 1, r + rope]
         cache = self.cache_rows
         cache.view(-1, 1, cache.shape[-1]).index_copy_(0, meta.slot_mapping, rows.to(cache.dtype))
-        gathered = gather_blocks(cache, meta).to(x.dtype)          # [num_seqs, 1, max_kv_len, r + rope]
         if meta.max_query_len >= self.expand_min_query_len:
-            out = self._expanded(q_nope, q_pe, gathered, meta)
+            out = self._expanded(q_nope, q_pe, gather_blocks(cache, meta).to(x.dtype), meta)
         else:
-            out = self._absorbed(q_nope, q_pe, gathered, meta)
+            out = self._absorbed(q_nope, q_pe, meta)
         return self.o_proj(out.reshape(n, -1))                     # out [n, heads, v_head_dim]
 
     def _up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,15 +118,20 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         w = self.kv_b_proj.weight.view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
         return w.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)
 
-    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, gathered: torch.Tensor,
-                  meta: PagedAttentionMetadata) -> torch.Tensor:
-        """q_nope [n, heads, nope], q_pe [n, heads, rope]; gathered rows [num_seqs, 1, max_kv_len, r + rope]
-        -> [n, heads, v_head_dim], attending in latent space."""
+    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
+        """q_nope [n, heads, nope], q_pe [n, heads, rope], the new tokens' rows already cached -> [n, heads,
+        v_head_dim], attending in latent space: the Triton kernel under the Triton backend, else torch."""
         w_uk, w_uv = self._up_weights()
         q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)        # [n, heads, r]
-        r = self.shape.kv_lora_rank
-        attended = attend_paged(torch.cat((q_latent, q_pe), dim=-1), gathered, gathered[..., :r], meta,
-                                self.shape.scale)                  # [n, heads, r]
+        if get_forward_context().backend.name == "triton":
+            from outpace.attention.mla_kernels import mla_paged_attention  # Triton: installed with that backend
+
+            attended = mla_paged_attention(q_latent, q_pe, self.cache_rows, meta, self.shape.scale)
+        else:
+            r = self.shape.kv_lora_rank
+            gathered = gather_blocks(self.cache_rows, meta).to(q_latent.dtype)  # [num_seqs, 1, max_kv_len, r + rope]
+            attended = attend_paged(torch.cat((q_latent, q_pe), dim=-1), gathered, gathered[..., :r], meta,
+                                    self.shape.scale)              # [n, heads, r]
         return torch.einsum("thr,hvr->thv", attended, w_uv)
 
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, gathered: torch.Tensor,

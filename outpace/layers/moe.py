@@ -13,7 +13,9 @@ the configs' fields):
 - weights: the chosen experts' scores, divided by their sum when ``norm_topk_prob`` (V3), then times
   ``routed_scaling_factor``.
 
-The routed experts run in ``run_experts``: the one function a grouped-expert kernel replaces.
+The routed experts run in ``run_experts`` (eager: the tokens sorted by expert, one call per expert in use,
+one host synchronisation for the counts) or, on CUDA, in the grouped-expert kernels of layers/moe_kernels.py
+(no host synchronisation, so a forward can be captured in a CUDA graph): ``MoE`` chooses.
 """
 from __future__ import annotations
 
@@ -99,7 +101,10 @@ def run_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
 class MoE(nn.Module):
     """Routed experts plus shared experts: [n, hidden] -> [n, hidden]. Checkpoint names (DeepSeek's and
     transformers'): ``gate.weight``, ``gate.e_score_correction_bias``, ``experts.{e}.{gate,up,down}_proj``,
-    ``shared_experts.{gate,up,down}_proj``."""
+    ``shared_experts.{gate,up,down}_proj``.
+
+    On CUDA, with SiLU experts, the routed experts run in the grouped kernels (layers/moe_kernels.py) over
+    the experts' weights stacked by ``stacked_experts``; elsewhere in ``run_experts``."""
 
     def __init__(self, hidden_size: int, routing: Routing, expert_size: int, num_shared: int,
                  make_mlp: Callable[[int, bool], nn.Module], shared_bias: bool = False) -> None:
@@ -110,8 +115,41 @@ class MoE(nn.Module):
         self.gate = Router(hidden_size, routing)
         self.experts = nn.ModuleList(make_mlp(expert_size, False) for _ in range(routing.num_experts))
         self.shared_experts = make_mlp(expert_size * num_shared, shared_bias) if num_shared else None
+        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        out = run_experts(x, weights, ids, self.experts)
+        if x.is_cuda and self.experts[0].act in ("silu", "swish"):
+            from outpace.layers.moe_kernels import grouped_swiglu_experts  # Triton: CUDA installs only
+
+            out = grouped_swiglu_experts(x, weights, ids, *self.stacked_experts())
+        else:
+            out = run_experts(x, weights, ids, self.experts)
         return out if self.shared_experts is None else out + self.shared_experts(x)
+
+    def stacked_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed experts' weights as gate/up [experts, 2 * expert_size, hidden] (gate rows first) and
+        down [experts, hidden, expert_size], for the grouped kernels.
+
+        Built on first use: the weights are copied into the two stacked tensors and every expert's
+        parameters (and its packed gate/up, layers/decoder.py PackedProjection) become views of them, so no
+        memory is added and in-place changes to the parameters (loading, optimiser steps) reach the kernels.
+        Rebuilt when a parameter has been given other storage since (``Module.to``, ``load_state_dict``
+        with assign)."""
+        first = self.experts[0]
+        if self._stacked is not None and first.down_proj.weight.data_ptr() == self._stacked[1].data_ptr() \
+                and first.gate_proj.weight.data_ptr() == self._stacked[0].data_ptr():
+            return self._stacked
+        # Plain tensors even inside inference mode: the parameters become views of them.
+        with torch.no_grad(), torch.inference_mode(False):
+            gate_up = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in self.experts])
+            down = torch.stack([e.down_proj.weight for e in self.experts])
+            size = first.gate_proj.weight.shape[0]
+            for e, expert in enumerate(self.experts):
+                expert.gate_proj.weight.data = gate_up[e, :size]
+                expert.up_proj.weight.data = gate_up[e, size:]
+                expert.down_proj.weight.data = down[e]
+                if getattr(expert, "gate_up", None) is not None:
+                    expert.gate_up.weight = gate_up[e]
+        self._stacked = (gate_up, down)
+        return self._stacked
