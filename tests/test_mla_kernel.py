@@ -154,6 +154,7 @@ def test_deepseek_greedy_tokens_under_the_triton_backend(tmp_path):
 
     path = str(save_hf_model(make_hf_deepseek("v3-plain"), tmp_path))
     prompts, params = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]], SamplingParams(temperature=0, max_tokens=6)
-    outs = {backend: [o.token_ids for o in LLM(path, attention_backend=backend, block_size=4).generate(prompts, params)]
+    outs = {backend: [o.token_ids for o in LLM(path, attention_backend=backend, block_size=4, device=DEVICE,
+                                               dtype="float32").generate(prompts, params)]
             for backend in ("torch", "triton")}
     assert outs["triton"] == outs["torch"]
