@@ -5,6 +5,10 @@ Loading checks every tensor against the model: a tensor the model lacks, a param
 checkpoint lacks, a wrong shape, or a shard the index names but the directory lacks each raise
 ``CheckpointError`` naming the tensor and the file.
 
+Tensor parallelism: a parameter marked with a ``shard`` (distributed/sharding.py ``Shard``) is this
+rank's part of the checkpoint tensor; only that part is read (safetensors ``get_slice`` reads the
+selected bytes alone).
+
 ``.bin`` files (pickled state dicts, e.g. the original EAGLE-3 release's ``pytorch_model.bin``) are
 read with ``torch.load(weights_only=True)``: the unpickler rebuilds only tensors and plain containers
 and refuses any other object, so a checkpoint cannot run code when it is loaded.
@@ -83,6 +87,9 @@ class _PickledShard:
     def get_tensor(self, name: str) -> torch.Tensor:
         return self._state[name]
 
+    def get_slice(self, name: str) -> torch.Tensor:
+        return self._state[name]  # already in memory: indexing it is the slice
+
 
 @contextlib.contextmanager
 def open_shard(path: Path):
@@ -133,11 +140,8 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
                     continue
                 if name not in params and name not in buffers:
                     raise CheckpointError(f"unexpected tensor {name!r} in {path.name}: the model has no such parameter")
-                tensor = f.get_tensor(name)
                 param = params.get(name, buffers.get(name))
-                if tuple(tensor.shape) != tuple(param.shape):
-                    raise CheckpointError(f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
-                                          f"the model expects {tuple(param.shape)}")
+                tensor = _read(f, name, path, param)
                 with torch.no_grad():
                     param.copy_(tensor.to(param.dtype))
                 seen.add(name)
@@ -145,6 +149,26 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {shown}")
+
+
+def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:
+    """The checkpoint tensor ``name`` of shard file ``f``, or this rank's part of it when ``param`` is
+    sharded, checked against ``param``'s shape."""
+    shard = getattr(param, "shard", None)
+    if shard is None:
+        tensor = f.get_tensor(name)
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise CheckpointError(f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
+                                  f"the model expects {tuple(param.shape)}")
+        return tensor
+    part = f.get_slice(name)
+    full = tuple(part.get_shape()) if hasattr(part, "get_shape") else tuple(part.shape)
+    expected = list(param.shape)
+    expected[shard.dim] = shard.full
+    if full != tuple(expected):
+        raise CheckpointError(f"tensor {name!r} in {path.name} has shape {full}, the model expects "
+                              f"{tuple(expected)} (of which this rank holds {tuple(param.shape)})")
+    return shard.read(part, full)
 
 
 def model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

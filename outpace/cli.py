@@ -30,6 +30,9 @@ def _engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> 
     p.add_argument("--batch-invariant", action="store_true",
                    help="deterministic mode: batch-invariant projections on CUDA (speculation matches plain "
                         "decoding bit for bit in bf16; slower)")
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, metavar="N",
+                   help="shard the model over N ranks, one process each (started here, or by torchrun "
+                        "--nproc-per-node N); NCCL between GPUs, gloo between CPU processes")
     p.add_argument("--method", default=None, choices=METHODS,
                    help="drafter (default: eagle3 with the zoo draft on the zoo target, none otherwise)")
     p.add_argument("--draft", default=None, help="draft checkpoint directory")
@@ -97,7 +100,7 @@ def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     kwargs = dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
                   max_num_batched_tokens=a.max_num_batched_tokens, attention_backend=a.attention_backend,
                   cuda_graphs=not a.enforce_eager, run_ahead=not a.no_run_ahead,
-                  batch_invariant=a.batch_invariant)
+                  batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
     if speculative:
         kwargs["speculative"] = _speculative_config(a)
     return kwargs

@@ -414,6 +414,9 @@ class EngineConfig:
     batch_invariant: bool = False
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     load_format: str = "safetensors"  # "dummy": random weights of the checkpoint's shape (benchmarks)
+    # Ranks the model is sharded over (outpace/distributed/): one process each, started by outpace or by
+    # torchrun; NCCL between GPUs, gloo between CPU processes.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         o = "EngineConfig"
@@ -431,3 +434,6 @@ class EngineConfig:
                  self.attention_backend in ("auto", "torch", "triton"), "one of auto, torch, triton")
         _require(o, "load_format", self.load_format, self.load_format in ("safetensors", "dummy"),
                  "'safetensors' or 'dummy'")
+        _positive_int(o, "tensor_parallel_size", self.tensor_parallel_size)
+        _require(o, "device", self.device, self.tensor_parallel_size == 1 or self.device in ("cpu", "cuda"),
+                 "'cpu' or 'cuda' with tensor_parallel_size > 1 (each rank takes the GPU of its local rank)")

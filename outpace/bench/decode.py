@@ -49,6 +49,7 @@ def run_decode_bench(model: str, batch_sizes: list[int], max_tokens: int, engine
                          "tokens": sum(len(o.token_ids) for o in outs), "seconds": elapsed,
                          "tokens_per_s": sum(len(o.token_ids) for o in outs) / elapsed,
                          **({"speculative": metrics.to_dict()} if spec.enabled else {})})
+        llm.close()  # (a tensor-parallel engine's ranks stop before the next one starts)
     base = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
     print(f"{'method':>8} {'batch':>6} {'tokens/s':>10} {'speedup':>8} {'tau':>6}")
     for r in rows:

@@ -1,9 +1,16 @@
-"""The step loop: admit requests, schedule, run, append tokens, detect stops, return outputs."""
+"""The step loop: admit requests, schedule, run, append tokens, detect stops, return outputs.
+
+Tensor parallelism (``EngineConfig.tensor_parallel_size`` > 1): every rank holds an engine whose model
+is this rank's shard (built inside ``building_in``); rank 0's takes requests and returns outputs, and
+at each step sends the other ranks what changed, so every rank schedules and runs the same step
+(distributed/lockstep.py). The other ranks run ``follow`` instead of being called.
+"""
 from __future__ import annotations
 
 import functools
 import itertools
 import time
+import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +28,9 @@ from outpace.registry import proposer_class
 from outpace.threads import configure_threads
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.config import ModelConfig
+from outpace.distributed.group import building_in
+from outpace.distributed.launch import Ranks, join_ranks
+from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
 
 
 def load_tokenizer(path: str | Path):
@@ -33,8 +43,37 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def close_ranks(lockstep: Lockstep | None, ranks: Ranks) -> None:
+    """Tell the other ranks the engine closes (``lockstep``: rank 0's, None elsewhere), then release ours."""
+    if ranks.closed:
+        return
+    try:
+        if lockstep is not None:
+            lockstep.stop()
+    finally:
+        ranks.close()
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = True, ranks: Ranks | None = None) -> None:
+        """``ranks``: this process's rank of a tensor-parallel engine (distributed/launch.py); by default
+        joined from ``config`` (and with more than one, the other ranks started or awaited)."""
+        self.ranks = ranks if ranks is not None else join_ranks(config)
+        self.lockstep = Lockstep(self.ranks.group) if self.ranks.group.size > 1 else None
+        self._failure: BaseException | None = None
+        try:
+            with building_in(self.ranks.group):
+                self._build(config, progress)
+        except BaseException:
+            self.ranks.close()
+            raise
+        if self.lockstep is not None:  # the adaptive draft length: rank 0's choice on every rank
+            self.runner.choosers = {mode: DriverChoice(c, self.ranks.group) for mode, c in self.runner.choosers.items()}
+        # (a finalizer holds no reference to the engine, so collecting it closes the ranks)
+        driver = self.lockstep is not None and self.ranks.group.is_driver
+        self._closer = weakref.finalize(self, close_ranks, self.lockstep if driver else None, self.ranks)
+
+    def _build(self, config: EngineConfig, progress: bool) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         torch.manual_seed(config.seed)
@@ -97,6 +136,8 @@ class LLMEngine:
     def submit(self, req: Request) -> str:
         if req.request_id in self._requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
+        if self.lockstep is not None and self.ranks.group.is_driver:
+            self.lockstep.added(req)
         self._requests[req.request_id] = req
         self.scheduler.add(req)
         return req.request_id
@@ -130,6 +171,8 @@ class LLMEngine:
         req = self._requests.pop(request_id, None)
         if req is None:
             return None
+        if self.lockstep is not None and self.ranks.group.is_driver:
+            self.lockstep.aborted(request_id)
         self.scheduler.finish(req, "abort")
         req.metrics.finished_time = time.perf_counter()
         self._detokenize(req)
@@ -143,7 +186,41 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One forward for the scheduled batch. Returns the requests that finished in it and, when
         ``stream_outputs`` is set, also those that got new tokens (``finished`` False, text so far)."""
+        if self._failure is not None:
+            raise RuntimeError(f"the engine stopped: {self._failure}") from self._failure
+        if self.ranks.closed:
+            raise RuntimeError("the engine was closed")
         batch = self.scheduler.schedule()
+        if self.lockstep is None:
+            return self._run(batch)
+        try:
+            self.lockstep.lead(batch)
+            return self._run(batch)
+        except BaseException as e:
+            failure = self.ranks.failure(e)
+            if failure is None:
+                raise
+            self._failure = failure
+            self.ranks.close(timeout_s=1.0)
+            raise failure from e
+
+    def follow(self) -> None:
+        """Ranks > 0: run rank 0's steps, each after applying the requests it added and aborted since the
+        last, until it closes the engine."""
+        while (message := self.lockstep.receive()) is not None:
+            for op, arg in requests_of(message):
+                self.submit(arg) if op == "add" else self.abort_request(arg)
+            batch = self.scheduler.schedule()
+            self.lockstep.check(batch, message)
+            self._run(batch)
+
+    def close(self) -> None:
+        """Rank 0 of a tensor-parallel engine: tell the other ranks to stop and wait for them (those this
+        process started); also done when the engine is collected or the interpreter exits. Nothing to
+        do for one rank; idempotent."""
+        self._closer()
+
+    def _run(self, batch) -> list[RequestOutput]:
         if not batch:
             return []
         results = self.runner.execute(batch)

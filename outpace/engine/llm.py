@@ -1,4 +1,12 @@
-"""The offline API: ``LLM(model=PATH).generate(prompts, params)``."""
+"""The offline API: ``LLM(model=PATH).generate(prompts, params)``.
+
+``LLM(PATH, tensor_parallel_size=N)`` shards the model over N ranks (outpace/distributed/): from a plain
+process it starts ranks 1 .. N-1 itself (torch.multiprocessing spawn: a script must guard its top
+level with ``if __name__ == "__main__":``, as for any spawned process); under ``torchrun
+--nproc-per-node N`` the constructor on ranks > 0 serves rank 0 and then exits the process, so the
+script's rest runs on rank 0 alone. ``close()`` (or leaving a ``with LLM(...) as llm:`` block) stops
+the other ranks; collecting the object does too.
+"""
 from __future__ import annotations
 
 from typing import Sequence
@@ -15,6 +23,15 @@ Prompt = str | Sequence[int]
 class LLM:
     def __init__(self, model: str, progress: bool = False, **engine_kwargs) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_kwargs), progress=progress)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

@@ -6,6 +6,11 @@ is decided here.
 
 Shapes: flat tokens, ``x`` / ``h`` [num_tokens, hidden]; the attention metadata travels in the
 forward context.
+
+Tensor parallelism (outpace/distributed/): built inside ``building_in(group)``, attention splits its
+heads over the ranks (q/k/v column-parallel, o row-parallel) and the MLP its intermediate rows (gate/up
+column-, down row-parallel): one all-reduce each, the residual stream stays whole on every rank. The
+fused few-row kernels read whole weights, so sharded layers take the unfused path.
 """
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.config import ModelConfig
 from outpace.layers.activation import act_and_mul
-from outpace.layers.linear import linear, project
+from outpace.distributed.group import build_group
+from outpace.distributed.sharding import kv_head_shard, split_evenly
+from outpace.layers.linear import column_parallel, is_sharded, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 
@@ -27,15 +34,19 @@ class DecoderAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         input_size = input_size or cfg.hidden_size  # EAGLE3's layer reads [embedding, hidden]: 2 * hidden
-        self.q_proj = linear(input_size, cfg.q_size, bias=cfg.attention_bias)
-        self.k_proj = linear(input_size, cfg.kv_size, bias=cfg.attention_bias)
-        self.v_proj = linear(input_size, cfg.kv_size, bias=cfg.attention_bias)
-        self.o_proj = linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_out_bias)
+        group, d = build_group(), cfg.head_dim
+        heads = split_evenly(cfg.num_attention_heads, group.size, "num_attention_heads")
+        first_kv, kv_heads = kv_head_shard(cfg.num_key_value_heads, group.rank, group.size)
+        self.q_size = heads * d  # this rank's q rows: [num_tokens, heads * head_dim]
+        self.q_proj = column_parallel(input_size, cfg.q_size, cfg.attention_bias, (group.rank * heads * d, heads * d))
+        self.k_proj = column_parallel(input_size, cfg.kv_size, cfg.attention_bias, (first_kv * d, kv_heads * d))
+        self.v_proj = column_parallel(input_size, cfg.kv_size, cfg.attention_bias, (first_kv * d, kv_heads * d))
+        self.o_proj = row_parallel(cfg.q_size, cfg.hidden_size, cfg.attention_out_bias, "num_attention_heads * head_dim")
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
-        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, sliding_window)
+        self.attn = Attention(heads, kv_heads, d, sliding_window)
         self.qkv: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +98,8 @@ class DecoderAttention(nn.Module):
         and writes k and v into a cache: few half-precision rows on the GPU, packed q/k/v without bias,
         per-head q/k norms (if any) over a power-of-two head_dim."""
         head_dim = self.cfg.head_dim
-        return (self.qkv is not None and self.qkv.bias is None and fusable_rows(x, self.qkv.weight)
+        return (self.qkv is not None and self.qkv.bias is None and not is_sharded(self.o_proj)
+                and fusable_rows(x, self.qkv.weight)
                 and (not self.cfg.qk_norm or head_dim & (head_dim - 1) == 0))
 
     def fuses(self, x: torch.Tensor) -> bool:
@@ -113,20 +125,21 @@ class DecoderAttention(nn.Module):
         cfg = self.cfg
         q_norm = (self.k_norm if kv_only else self.q_norm) if cfg.qk_norm else None
         qk_norm = (q_norm.weight, self.k_norm.weight, self.k_norm.eps) if cfg.qk_norm else None
-        weight = self.qkv.weight[cfg.q_size:] if kv_only else self.qkv.weight
-        return norm_project_qkv(rows, eps, weight, cfg.head_dim, 0 if kv_only else cfg.q_size, positions,
+        weight = self.qkv.weight[self.q_size:] if kv_only else self.qkv.weight
+        return norm_project_qkv(rows, eps, weight, cfg.head_dim, 0 if kv_only else self.q_size, positions,
                                 self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots, qk_norm=qk_norm)
 
 
 class GatedMLP(nn.Module):
-    """down_proj(act(gate_proj(x)) * up_proj(x)); ``act`` a key of layers/activation.py's ACTIVATIONS."""
+    """down_proj(act(gate_proj(x)) * up_proj(x)); ``act`` a key of layers/activation.py's ACTIVATIONS.
+    Sharded: each rank holds intermediate_size / size rows of gate and up and the matching columns of down."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False) -> None:
         super().__init__()
         self.act = act
-        self.gate_proj = linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_proj = column_parallel(hidden_size, intermediate_size, bias)
+        self.up_proj = column_parallel(hidden_size, intermediate_size, bias)
+        self.down_proj = row_parallel(intermediate_size, hidden_size, bias, "intermediate_size")
         self.gate_up: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +149,7 @@ class GatedMLP(nn.Module):
     def fusable(self) -> bool:
         """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU, no biases) compute this MLP."""
         return (self.gate_up is not None and self.gate_up.bias is None and self.down_proj.bias is None
-                and self.act in ("silu", "swish"))
+                and self.act in ("silu", "swish") and not is_sharded(self.down_proj))
 
 
 class PackedProjection:
@@ -250,7 +263,7 @@ def norm_head_logits(norm: RMSNorm, head: nn.Module, hidden: torch.Tensor,
     """[n, hidden] pre-norm -> [n, vocab] float32 logits: the final norm, then the head (a module with
     a ``weight`` [vocab, hidden]); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
     tensor to write them into (returned), instead of a new one."""
-    if fusable_rows(hidden, head.weight):
+    if not is_sharded(head) and fusable_rows(hidden, head.weight):
         from outpace.layers.fused_projection import norm_project, normed_rows
 
         return norm_project(normed_rows(hidden, norm.weight), norm.eps, head.weight, out_dtype=torch.float32, out=out)

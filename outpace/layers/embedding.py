@@ -1,28 +1,68 @@
-"""Token embedding and the language-model head (optionally tied to the embedding)."""
+"""Token embedding and the language-model head (optionally tied to the embedding), vocab-parallel over
+the tensor-parallel group the model is built in (outpace/distributed/group.py).
+
+With several ranks each holds ``vocab_shard_rows`` rows of the (padded) vocabulary, rank r the ids
+r * rows .. (r + 1) * rows - 1 (distributed/sharding.py): the embedding looks up the ids it holds,
+zeroes the others and sums the rows over the ranks (vLLM's VocabParallelEmbedding masks and
+all-reduces the same way); the head computes its rows' logits and gathers every rank's, trimmed to
+the real vocabulary. With one rank both are the plain layers, shaped as the checkpoint.
+"""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from outpace.distributed.collectives import all_gather_last_dim, all_reduce
+from outpace.distributed.group import RankGroup, build_group
+from outpace.distributed.sharding import Shard, mark_shard, vocab_shard_rows
 from outpace.layers.linear import project
 
 
 class VocabEmbedding(nn.Embedding):
-    """[num_tokens] token ids -> [num_tokens, hidden]."""
+    """[num_tokens] token ids -> [num_tokens, hidden]. ``weight`` [rows, hidden]: this rank's rows."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        group = build_group()
+        rows = vocab_shard_rows(num_embeddings, group.size)
+        super().__init__(rows, embedding_dim)
+        self.group: RankGroup = group
+        self.vocab_size = num_embeddings
+        self.first_id = group.rank * rows  # the first token id this rank holds
+        if group.size > 1:
+            mark_shard(self.weight, Shard(0, self.first_id, rows, num_embeddings))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.group.size == 1:
+            return super().forward(input_ids)
+        local = input_ids - self.first_id
+        elsewhere = (local < 0) | (local >= self.num_embeddings)                 # [num_tokens]
+        rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)        # [num_tokens, hidden]
+        return all_reduce(rows.masked_fill(elsewhere[:, None], 0.0), self.group)
 
 
 class LMHead(nn.Module):
-    """[num_tokens, hidden] -> [num_tokens, vocab] logits; shares the embedding's weight when tied."""
+    """[num_tokens, hidden] -> [num_tokens, vocab] logits; shares the embedding's weight when tied.
+    ``weight`` [rows, hidden]: this rank's rows of the vocabulary."""
 
     def __init__(self, hidden_size: int, vocab_size: int, tied_to: VocabEmbedding | None = None) -> None:
         super().__init__()
+        group = build_group()
+        self.group: RankGroup = group
+        self.vocab_size = vocab_size
         if tied_to is not None:
             self.weight = tied_to.weight
         else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+            rows = vocab_shard_rows(vocab_size, group.size)
+            self.weight = nn.Parameter(torch.empty(rows, hidden_size))
+            if group.size > 1:
+                mark_shard(self.weight, Shard(0, group.rank * rows, rows, vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return project(hidden, self.weight)
+        logits = project(hidden, self.weight)                                    # [num_tokens, rows]
+        if self.group.size == 1:
+            return logits
+        return all_gather_last_dim(logits, self.group)[..., :self.vocab_size]
 
 
 class ScaledVocabEmbedding(VocabEmbedding):
@@ -41,3 +81,4 @@ def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
     """cap * tanh(logits / cap), element-wise: logits squashed into (-cap, cap) (Gemma's final logit
     softcapping, transformers Gemma3ForCausalLM.forward)."""
     return torch.tanh(logits / cap) * cap
+

@@ -1,7 +1,11 @@
-"""Linear projections.
-
-Tensor parallelism will add column- and row-parallel variants here with the same constructor
-signature, so models never change when TP arrives.
+"""Linear projections: replicated, or sharded over the tensor-parallel group the model is built in
+(outpace/distributed/group.py), Megatron-style as vLLM and SGLang shard them:
+- column-parallel (``column_parallel``: q/k/v, gate/up): each rank holds some output rows of the weight
+  (and of the bias) and returns its part of the output, [..., out / size]; no communication;
+- row-parallel (``row_parallel``: o, down): each rank holds some input columns, reads its part of the
+  input (what a column-parallel layer returned) and the partial products are summed over the ranks with
+  one all-reduce; the bias is added once, after it.
+With one rank both are the plain projection, computed as before.
 
 Batch-invariant mode (a setting of the forward context: attention/context.py, from
 EngineConfig.batch_invariant): every projection on a CUDA tensor goes through
@@ -15,6 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.attention.context import batch_invariant
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import SINGLE, RankGroup, build_group
+from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,9 +41,56 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 class Linear(nn.Linear):
+    """x [..., in_features] -> [..., out_features], with in/out_features this rank's: a row-parallel layer
+    (``reduces``) sums its partial products over ``group``."""
+
+    group: RankGroup = SINGLE
+    reduces: bool = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.weight, self.bias)
+        if not self.reduces:
+            return project(x, self.weight, self.bias)
+        out = all_reduce(project(x, self.weight), self.group)
+        return out if self.bias is None else out + self.bias
 
 
 def linear(in_features: int, out_features: int, bias: bool = False) -> Linear:
+    """A replicated projection: every rank holds the whole weight."""
     return Linear(in_features, out_features, bias=bias)
+
+
+def column_parallel(in_features: int, out_features: int, bias: bool = False,
+                    rows: tuple[int, int] | None = None) -> Linear:
+    """A projection whose output rows split over the group being built: this rank holds ``rows`` = (first,
+    count) of the ``out_features`` (default: an even split), of the weight and the bias."""
+    group = build_group()
+    if group.size == 1:
+        return linear(in_features, out_features, bias)
+    first, count = rows or (group.rank * split_evenly(out_features, group.size, "output features"),
+                            out_features // group.size)
+    layer = Linear(in_features, count, bias=bias)
+    layer.group = group
+    mark_shard(layer.weight, Shard(0, first, count, out_features))
+    if bias:
+        mark_shard(layer.bias, Shard(0, first, count, out_features))
+    return layer
+
+
+def row_parallel(in_features: int, out_features: int, bias: bool = False, what: str = "input features") -> Linear:
+    """A projection whose input columns split evenly over the group being built (``what`` names them in
+    the error when they do not divide); the outputs are all-reduced."""
+    group = build_group()
+    if group.size == 1:
+        return linear(in_features, out_features, bias)
+    count = split_evenly(in_features, group.size, what)
+    layer = Linear(count, out_features, bias=bias)
+    layer.group, layer.reduces = group, True
+    mark_shard(layer.weight, Shard(1, group.rank * count, count, in_features))
+    return layer
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether a layer (a projection, the embedding, the head) holds only this rank's part of its weight,
+    so a kernel that reads the weight directly would compute with a shard."""
+    group = getattr(module, "group", None)
+    return group is not None and group.size > 1

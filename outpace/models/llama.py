@@ -48,6 +48,9 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     # Checkpoint tensors that are legitimately not parameters here.
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
+    # Every layer shards over tensor-parallel ranks (layers/decoder.py, layers/embedding.py) when built
+    # inside distributed.group.building_in: models/loader.py refuses classes without this flag.
+    shards_over_ranks = True
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the MTP layers carry their own embedding and shared head (DeepSeek-V3

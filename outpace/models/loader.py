@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
-from outpace.config import ModelConfig
+from outpace.config import ConfigError, ModelConfig
+from outpace.distributed.group import build_group
 from outpace.layers.decoder import pack_projections
 from outpace.models.mtp import has_own_mtp_heads
 from outpace.registry import model_class
@@ -35,9 +36,16 @@ def resolve_dtype(requested: str, cfg: ModelConfig, device: str) -> torch.dtype:
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
                 mtp_own_heads: bool = False) -> nn.Module:
     """An uninitialised model (parameters in ``dtype``; rotary tables stay float32). ``mtp_own_heads``:
-    its MTP layers carry their own embedding and shared head (DeepSeek-V3 layout, models/mtp.py)."""
+    its MTP layers carry their own embedding and shared head (DeepSeek-V3 layout, models/mtp.py).
+    Inside ``building_in(group)`` (distributed/group.py) with several ranks, this rank's shard of a model
+    class that declares ``shards_over_ranks``; other classes are refused by name."""
+    cls = model_class(cfg.architecture)
+    group = build_group()
+    if group.size > 1 and not getattr(cls, "shards_over_ranks", False):
+        raise ConfigError(f"architecture {cfg.architecture} cannot be sharded over tensor_parallel_size="
+                          f"{group.size} ranks yet: only the Llama family (Llama, Mistral, Qwen2, Qwen3) can")
     with default_dtype(dtype), torch.device(device):
-        return model_class(cfg.architecture)(cfg, mtp_own_heads=mtp_own_heads)
+        return cls(cfg, mtp_own_heads=mtp_own_heads)
 
 
 def covering_positions(cfg: ModelConfig, positions: int) -> ModelConfig:

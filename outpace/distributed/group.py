@@ -1,0 +1,83 @@
+"""The tensor-parallel group a model is built in: this process's rank, the group's size, and the
+torch.distributed process groups its collectives run over.
+
+Two process groups, as vLLM's GroupCoordinator keeps a device group beside a CPU group
+(vllm/distributed/parallel_state.py) and SGLang its ``tp_cpu_group``: tensors travel over the
+device group (NCCL on GPUs, gloo on CPUs), host objects (requests, the adaptive draft choice) over a
+gloo group, so broadcasting a Python object never stages it through GPU memory.
+
+Layers learn their group when they are built: ``building_in(group)`` around a model's construction
+(like ``torch.device(...)`` around it), ``build_group()`` inside a constructor. Each sharded layer
+keeps the group it was built in; outside any ``building_in`` block the group is ``SINGLE`` (rank 0
+of 1), the degenerate case in which every layer is the plain unsharded one.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    rank: int
+    size: int
+    device_group: object = None  # torch ProcessGroup for tensors (None when size is 1)
+    cpu_group: object = None     # torch ProcessGroup (gloo) for host objects
+
+    @property
+    def is_driver(self) -> bool:
+        """Rank 0: the rank that takes requests and returns outputs."""
+        return self.rank == 0
+
+
+SINGLE = RankGroup(0, 1)
+IDLE_TIMEOUT = datetime.timedelta(days=7)
+_building: RankGroup = SINGLE
+
+
+@contextlib.contextmanager
+def building_in(group: RankGroup) -> Iterator[RankGroup]:
+    """Layers constructed inside are sharded over ``group``."""
+    global _building
+    previous, _building = _building, group
+    try:
+        yield group
+    finally:
+        _building = previous
+
+
+def build_group() -> RankGroup:
+    """The group of the model being built (``SINGLE`` outside ``building_in``)."""
+    return _building
+
+
+def init_rank_group(world_size: int, rank: int, device: str, init_method: str = "env://",
+                    timeout_s: float = 60.0) -> RankGroup:
+    """Join (or create) the default process group and return this rank's ``RankGroup``.
+
+    ``device`` "cpu": gloo for tensors; "cuda...": NCCL (this process's GPU is its local rank, LOCAL_RANK
+    under torchrun, else its rank); host objects always over a gloo group of their own.
+    ``timeout_s`` bounds every tensor collective: a rank that dies or hangs makes the others fail
+    within it (gloo fails at once when a peer's connection closes) instead of hanging."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        import os
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if on_gpu else "gloo", init_method=init_method, world_size=world_size,
+                                rank=rank, timeout=timeout)
+    if dist.get_world_size() != world_size:
+        raise ValueError(f"tensor_parallel_size={world_size} does not match the process group's world size "
+                         f"{dist.get_world_size()} (torchrun --nproc-per-node must equal --tensor-parallel-size)")
+    # NOTE: ranks > 0 wait on the CPU group for rank 0's next step however long the engine idles (a
+    # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo
+    # noticing the closed connection.
+    cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return RankGroup(dist.get_rank(), world_size, dist.group.WORLD, cpu_group)

@@ -1,0 +1,176 @@
+"""Starting the ranks of a tensor-parallel engine, and noticing when one dies.
+
+Two ways in, one engine:
+- outpace starts them (``LLM(..., tensor_parallel_size=N)`` or the CLI in a plain process): this
+  process becomes rank 0 and starts ranks 1 .. N-1 with torch.multiprocessing (spawn), which meet it
+  over a TCP rendezvous on localhost;
+- the standard launcher starts them (``torchrun --nproc-per-node N ...``; RANK / WORLD_SIZE /
+  MASTER_ADDR in the environment, several machines alike): each process joins through env://, rank 0
+  carries on as the driver and every other rank serves it (``follow``) and then exits.
+Either way ranks > 0 build the same engine and follow rank 0 step by step (distributed/lockstep.py).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from outpace.distributed.group import SINGLE, RankGroup, init_rank_group
+
+COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives wait at most this long for a rank that hangs
+_started_here: set[int] = set()  # the open Ranks (by id) whose other ranks this process started
+
+
+class RankFailure(RuntimeError):
+    """A rank of a tensor-parallel engine died or stopped answering; the engine cannot continue."""
+
+
+@dataclass
+class Ranks:
+    """This process's place in the engine's group, and (on a rank 0 that started them) the other ranks'
+    processes."""
+    group: RankGroup = SINGLE
+    processes: dict[int, mp.Process] = field(default_factory=dict)  # rank -> process, when started here
+    owns_group: bool = False  # this process created the default process group (and destroys it at close)
+    closed: bool = False
+
+    def dead(self, wait_s: float = 2.0) -> dict[int, int]:
+        """rank -> exit code of the started ranks that have exited (waiting up to ``wait_s`` for one to)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = {r: p.exitcode for r, p in self.processes.items() if p.exitcode is not None}
+            if dead or time.monotonic() >= deadline or not self.processes:
+                return dead
+            time.sleep(0.05)
+
+    def failure(self, error: BaseException) -> RankFailure | None:
+        """The RankFailure that explains ``error`` raised on rank 0 by a step, or None when it is not a
+        collective's (a rank died, or the backend reported a broken or timed-out collective)."""
+        dead = self.dead()
+        if dead:
+            described = ", ".join(f"rank {r} exited with {_exit_reason(code)}" for r, code in sorted(dead.items()))
+            return RankFailure(f"tensor-parallel {described}; the engine stopped the other ranks: {error}")
+        if isinstance(error, dist.DistError):
+            return RankFailure(f"a collective of the tensor-parallel group failed (a rank stopped or timed out): "
+                               f"{error}")
+        return None
+
+    def stop_processes(self, timeout_s: float = 10.0) -> None:
+        """Wait for the started ranks to exit (after the engine told them to), terminating any still
+        running after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.processes.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.processes.values():
+            if p.exitcode is None:
+                p.terminate()
+                p.join(5.0)
+        self.processes.clear()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait up to ``timeout_s`` for the started ranks to exit (terminating them after), and destroy the
+        process group if this process created it. Idempotent."""
+        self.closed = True
+        _started_here.discard(id(self))
+        self.stop_processes(timeout_s)
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_group = False
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def join_ranks(config) -> Ranks:
+    """This process's ``Ranks`` for an engine of ``config`` (EngineConfig): one rank alone; a rank of a
+    group that torchrun started (or that the caller initialised), where ranks > 0 serve rank 0 here and
+    then exit the process; or rank 0 of a group whose other ranks it starts now."""
+    size = config.tensor_parallel_size
+    if size == 1:
+        return Ranks()
+    gc.collect()  # an engine dropped but not closed (held in a reference cycle) closes its ranks now
+    if _started_here:
+        raise RuntimeError("a tensor-parallel engine whose ranks this process started is still open: close() it "
+                           "(LLM.close, LLMEngine.close) before starting another")
+    if dist.is_initialized() or launched_by_torchrun():
+        ranks = join_group(config)
+        if not ranks.group.is_driver:
+            try:
+                follow(config, ranks.group)
+            finally:
+                ranks.close()
+            sys.exit(0)
+        return ranks
+    return _start_ranks(config)
+
+
+def join_group(config) -> Ranks:
+    """This process's rank in the default process group (initialised through env:// first, as torchrun
+    sets it up, unless the caller already did), for an engine of ``config``."""
+    owns = not dist.is_initialized()
+    group = init_rank_group(config.tensor_parallel_size, int(os.environ.get("RANK", 0)), config.device,
+                            timeout_s=COLLECTIVE_TIMEOUT_S)
+    return Ranks(group, owns_group=owns)
+
+
+def follow(config, group: RankGroup) -> None:
+    """Rank > 0: build the engine of ``config`` and run rank 0's steps until it closes the engine."""
+    from outpace.engine.engine import LLMEngine
+
+    LLMEngine(config, progress=False, ranks=Ranks(group)).follow()
+
+
+def _start_ranks(config) -> Ranks:
+    port = _free_port()
+    init_method = f"tcp://127.0.0.1:{port}"
+    context = mp.get_context("spawn")
+    processes = {}
+    for rank in range(1, config.tensor_parallel_size):
+        p = context.Process(target=_rank_main, args=(config, rank, init_method), name=f"outpace-rank-{rank}",
+                            daemon=True)
+        p.start()
+        processes[rank] = p
+    ranks = Ranks(processes=processes, owns_group=True)
+    try:
+        ranks.group = init_rank_group(config.tensor_parallel_size, 0, config.device, init_method,
+                                      timeout_s=COLLECTIVE_TIMEOUT_S)
+    except BaseException:
+        ranks.close(timeout_s=0.0)
+        raise
+    _started_here.add(id(ranks))
+    return ranks
+
+
+def _rank_main(config, rank: int, init_method: str) -> None:
+    """A started rank's process: join the group, follow rank 0, exit 1 (naming why) if that fails."""
+    try:
+        group = init_rank_group(config.tensor_parallel_size, rank, config.device, init_method,
+                                timeout_s=COLLECTIVE_TIMEOUT_S)
+        follow(config, group)
+    except BaseException as e:  # rank 0 died or failed: leave, saying why
+        print(f"outpace rank {rank}: stopping: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
