@@ -3,6 +3,7 @@ widened to 8B: for plain decoding and the drafters whose batch-1 targets were mi
 of the shape adaptive speculation chooses most is replayed under torch.profiler, and its kernels are
 summed by name (per replay), next to the replay time and the time the GPU sat idle inside it.
 Run from the repository root on the GPU machine: python3 benchmarks/diag_spec_step.py [OUT_JSON]"""
+import gc
 import json
 import sys
 from collections import defaultdict
@@ -75,7 +76,8 @@ for method, temperature, shapes in CASES:
                        "sequence": [[e.name[:60], e.device_time_total,
                                      (e.time_range.start - one[i - 1].time_range.end) if i else 0.0]
                                     for i, e in enumerate(one)]})
-    del llm
+    del llm, runner
+    gc.collect()
     torch.cuda.empty_cache()
-if sys.argv[1:]:
-    Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
+    if sys.argv[1:]:
+        Path(sys.argv[1]).write_text(json.dumps(report, indent=1))

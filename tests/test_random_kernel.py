@@ -23,4 +23,5 @@ def test_keys_and_uniforms_match_the_torch_reference():
         want = sampler.draw_uniform(len(keys), cols, keys, "cpu", stream)
         got = random_kernel.draw_uniform(keys.to(DEVICE), cols, stream).cpu()
         assert torch.equal(got, want), (cols, stream)
+    keys = keys.to(DEVICE)
     assert not torch.equal(random_kernel.draw_uniform(keys, 8, 0), random_kernel.draw_uniform(keys, 8, 1))
