@@ -29,7 +29,9 @@ HYBRIDS = {
 }
 
 
-def make_hybrid(variant: str, **overrides):
+def make_hybrid(variant: str, weight_scale: float = 4.0, **overrides):
+    """A random model; its matrices ``weight_scale`` times transformers' initialisation (std 0.02), so that
+    each token's distribution depends strongly on the tokens (the recurrent state) before it."""
     import transformers
 
     cls_name, extra = HYBRIDS[variant]
@@ -40,6 +42,8 @@ def make_hybrid(variant: str, **overrides):
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            elif p.dim() >= 2:
+                p.mul_(weight_scale)
     return model.eval()
 
 
