@@ -207,3 +207,38 @@ def test_a_rank_that_dies_stops_the_engine(zoo_reference):
         assert not torch.distributed.is_initialized()
     finally:
         llm.close()
+
+
+RANK_ZERO_DIES = """
+import os, signal, sys
+from outpace import LLM, SamplingParams
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], tensor_parallel_size=2)
+    llm.generate(["def f("], SamplingParams(temperature=0, max_tokens=4))
+    print(llm.engine.ranks.processes[1].pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "\\nState:\\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_ranks_stop_when_rank_zero_dies(tmp_path):
+    """Rank 0 killed between steps: the rank it started sees the connection close and exits, naming why."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank_zero_dies.py"
+    script.write_text(RANK_ZERO_DIES)
+    done = subprocess.run([sys.executable, str(script), TARGET], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    worker = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 20
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(worker)
+    assert "outpace rank 1: stopping" in done.stderr

@@ -197,11 +197,13 @@ class LLMEngine:
             self.lockstep.lead(batch)
             return self._run(batch)
         except BaseException as e:
+            # NOTE: a step that failed part-way leaves the ranks at different points: none can go on, so the
+            # ranks this process started are stopped (torchrun's fail on the collective timeout)
             failure = self.ranks.failure(e)
+            self._failure = failure or e
+            self.ranks.close(timeout_s=1.0)
             if failure is None:
                 raise
-            self._failure = failure
-            self.ranks.close(timeout_s=1.0)
             raise failure from e
 
     def follow(self) -> None:
