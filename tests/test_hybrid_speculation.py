@@ -117,6 +117,28 @@ def test_tree_nodes_continuing_the_previous_row_change_the_output(variant, oracl
     assert [o.token_ids for o in outs] != expected
 
 
+@pytest.mark.parametrize("variant", list(HYBRIDS))
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_ngram_drafts_are_lossless(variant, adaptive, targets):
+    """The n-gram drafter on a hybrid; adaptive: the draft length cycles 0 .. 3 step after step (the snapshot
+    rows are sized for the longest)."""
+    path, _, _ = targets[variant]
+    ps = [[7, 8, 9, 10] * 4 + [7, 8], [1, 2, 3, 1, 2, 3, 1, 2]]
+    expected = [o.token_ids for o in LLM(str(path), block_size=4).generate(ps, GREEDY)]
+    llm = LLM(str(path), block_size=4, speculative=SpeculativeConfig("ngram", num_steps=3, ngram_min=1,
+                                                                     adaptive=adaptive))
+    if adaptive:
+        shapes, turn = llm.engine.runner.shapes, iter(range(10 ** 6))
+        for chooser in llm.engine.runner.choosers.values():
+            chooser.choose = lambda bucket: shapes[next(turn) % len(shapes)]
+    outs = llm.generate(ps, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    if adaptive:  # every draft length was verified
+        assert all(sum(o.spec_metrics.verifies_by_num_drafts[k] for o in outs) for k in range(4))
+    else:  # drafts were accepted (multi-row verifies kept a later snapshot)
+        assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
+
+
 # ---- accounting: every state slot and block comes back --------------------------------------------------
 _llm_cache = {}
 

@@ -139,7 +139,7 @@ class GatedDeltaNet(RecurrentStateLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
-        runs = TokenRuns.of_context()
+        runs = TokenRuns.of_context(x.device)
         mixed, z, b, a = self._project(x)
         start = self.initial_states(runs, x)
         parents, keep_every = self.parents(), self.keeps_every_state()

@@ -103,7 +103,7 @@ class Mamba2Mixer(RecurrentStateLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
-        runs = TokenRuns.of_context()
+        runs = TokenRuns.of_context(x.device)
         gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_channels, self.num_heads], dim=-1)
         start = self.initial_states(runs, x)
         parents, keep_every = self.parents(), self.keeps_every_state()

@@ -58,12 +58,13 @@ class TokenRuns:
         return y[self.seq_index, self.query_index]
 
     @classmethod
-    def of_context(cls) -> TokenRuns:
+    def of_context(cls, device: torch.device) -> TokenRuns:
+        """The runs of the current forward's tokens (on ``device``, the tokens')."""
         meta = get_forward_context().metadata
         if isinstance(meta, DenseCausalMetadata):
             b, t = meta.batch_size, meta.seq_len
-            flat = torch.arange(b * t)
-            return cls(flat.view(b, t), torch.ones(b, t, dtype=torch.bool), flat // t, flat % t)
+            flat = torch.arange(b * t, device=device)
+            return cls(flat.view(b, t), torch.ones(b, t, dtype=torch.bool, device=device), flat // t, flat % t)
         index = meta.token_table().long()
         valid = torch.arange(meta.max_query_len, device=index.device) < meta.query_lens[:, None]
         return cls(index, valid, meta.token_seq_index, meta.token_query_index)
