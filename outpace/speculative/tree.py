@@ -15,6 +15,9 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
 
     parents [batch, n] (-1 for the root). ``max_depth`` bounds the walk (no host sync needed).
     """
+    if parents.is_cuda:  # the same walk in one launch (speculative/tree_kernels.py)
+        from outpace.speculative import tree_kernels
+        return tree_kernels.ancestor_mask(parents, max_depth)
     batch, n = parents.shape
     mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(batch, n, n).clone()
     current = parents  # [batch, n]: the ancestor one more step up, -1 past the root

@@ -239,6 +239,10 @@ def verify_greedy_tree(
     nodes = torch.arange(num_nodes, device=device)  # [num_nodes]
 
     target_predict = target_logits.argmax(dim=-1)  # [batch, num_nodes]
+    if target_predict.is_cuda:  # the same walk in one launch (speculative/tree_kernels.py)
+        from outpace.speculative import tree_kernels
+        return _tree_result(draft_token_ids, *tree_kernels.greedy_walk(parent, draft_token_ids, target_predict,
+                                                                         max_depth))
     current = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     num_correct_drafts = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     accepted_path = _empty_path(batch, max_depth, device)  # [batch, max_depth + 1]
