@@ -1,38 +1,53 @@
-"""``outpace train draft --method dflash``: a DFlash block-diffusion draft trained against the target's
-soft labels.
+"""``outpace train draft --method dflash``: a DFlash block-diffusion draft trained on the target's own
+greedy continuations.
 
 Shapes follow the target (hidden size, heads, head_dim, intermediate size): the draft borrows the
 target's embedding and head, so its checkpoint holds neither. It reads the outputs of a few target
 layers spread over the depth (6 layers: outputs of layers 1, 3, 5), fused by ``fc`` + ``hidden_norm``.
 The mask token is the target tokenizer's ``mask_token`` (the zoo's ``<|mask|>``, id 2).
 
-Training, for token windows x [b, T] (the target runs once per batch, no gradient, and gives the
-capture layers' states and its logits):
-- per window, ``num_anchors`` distinct anchors a in [1, T - B + 1];
+Training, for token windows x [b, T] = a corpus prompt (rows < prompt_len) and the target's continuation
+(the target runs once per batch, no gradient, and gives the capture layers' states and its logits):
+- per window, ``num_anchors`` distinct anchors a in the continuation, a in [prompt_len - 1, T - B + 1]
+  (SpecForge samples anchors only where its loss mask is set, i.e. in the regenerated response;
+  specforge/core/dflash.py ``_sample_anchors``), hundreds per sequence there (``num_anchors`` 512);
 - per anchor, the block [x_a, mask x (B - 1)] at positions a .. a + B - 1 whose rows attend to the
   context features of rows < a and to the whole block (non-causal): exactly what the serving draft
-  sees when x_a is the bonus token at position a. All anchors of a batch run in one dense attention
-  with an explicit mask (``DFlashDraft.forward_dense``);
-- block row i >= 1 is scored by the soft cross-entropy against the target's distribution for
-  position a + i (its logits at row a + i - 1), weighted by exp(-(i - 1) / gamma) (DFlash's decay:
-  early block positions decide acceptance), normalised by the sum of the weights.
+  sees when x_a is the bonus token at position a (``block_attention``: the context part and each
+  block's own part under one softmax, so hundreds of blocks per window cost no T + K * B square mask);
+- block row i >= 1 is scored against the target's own choice for position a + i: its argmax at row
+  a + i - 1 (hard label; SpecForge's loss is the cross-entropy on the regenerated tokens), plus
+  ``soft_label_weight`` times the soft cross-entropy against its distribution there, weighted by
+  exp(-(i - 1) / gamma) (the DFlash paper's decay; gamma 4 for block 8 as in NVIDIA Model-Optimizer's
+  DFlash default, 7 for block 16 in SpecForge's configs) and normalised by the sum of the weights.
+
+Why greedy continuations (``data_temperature`` 0): at temperature 0 serving accepts block row i only
+when rows 1 .. i - 1 were the target's greedy tokens, so row i's right answer is the target's greedy
+continuation from the anchor. A draft cannot see the tokens between the anchor and row i; on sampled or
+human text those differ from the greedy ones, and the label of row i >= 2 becomes a guess about them.
+On the target's greedy continuation every block row's label is exactly what serving verifies.
 """
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from outpace.config import ModelConfig
+from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
 from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
+from outpace.train.evaluate import acceptance_table, heldout_acceptance, heldout_prompts_file, load_prompts
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
+from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
 
@@ -42,10 +57,22 @@ class DFlashRecipe(DistillRecipe):
     num_layers: int = 2
     intermediate_size: int | None = None          # None: the target's
     target_layer_ids: tuple[int, ...] | None = None  # "output of layer X"; None: default_target_layer_ids(L)
-    num_anchors: int = 12                         # blocks per training window
+    num_anchors: int = 64                         # blocks per training window, all in the continuation
     loss_gamma: float = 4.0                       # block row i weighs exp(-(i - 1) / gamma)
+    soft_label_weight: float = 0.0                # loss = hard CE + this x soft CE (vs the target's distribution)
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
     max_checkpoint_mib: float = 4.0               # bf16 size budget of the saved draft
+    generation_batch: int = 1024                  # continuations the engine generates at once
+    resume_every: int = 250                       # steps between saves of the training state
+    eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
+    eval_max_tokens: int = 64
+    # the data: the target's greedy continuations only (see the module docstring)
+    num_continuations: int = 16384
+    new_tokens: int = 128
+    data_temperature: float = 0.0
+    corpus_fraction: float = 0.0
+    max_minutes: float | None = 4.5
+    steps: int = 20000
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, allowed: str) -> None:
@@ -56,10 +83,12 @@ class DFlashRecipe(DistillRecipe):
         check("num_layers", self.num_layers >= 1, ">= 1")
         check("num_anchors", self.num_anchors >= 1, ">= 1")
         check("loss_gamma", self.loss_gamma > 0, "> 0")
-        check("batch_size", self.batch_size >= 2, ">= 2 (half continuations, half corpus windows)")
-        check("new_tokens", self.seq_len - self.block_size + 1 >= self.num_anchors,
-              f"such that prompt_len + new_tokens - block_size + 1 >= num_anchors ({self.num_anchors} distinct "
-              "anchors per window)")
+        check("soft_label_weight", self.soft_label_weight >= 0, ">= 0")
+        check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
+        check("prompt_len", self.prompt_len >= 2, ">= 2 (an anchor needs a context row before it)")
+        check("new_tokens", self.new_tokens - self.block_size + 2 >= self.num_anchors,
+              f"such that new_tokens - block_size + 2 >= num_anchors ({self.num_anchors} distinct anchors in "
+              "each continuation)")
 
     @property
     def seq_len(self) -> int:
@@ -68,9 +97,9 @@ class DFlashRecipe(DistillRecipe):
     @classmethod
     def toy(cls, **overrides) -> DFlashRecipe:
         """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(**{**dict(block_size=4, num_layers=1, num_anchors=4, num_continuations=8, prompt_len=8,
+        return cls(**{**dict(block_size=4, num_layers=1, num_anchors=8, num_continuations=8, prompt_len=8,
                              new_tokens=24, batch_size=4, steps=30, lr=1e-2, warmup_steps=2, max_minutes=None,
-                             max_corpus_bytes=300_000), **overrides})
+                             max_corpus_bytes=300_000, generation_batch=8, eval_max_tokens=12), **overrides})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,32 +149,42 @@ def dflash_config(target_cfg: ModelConfig, recipe: DFlashRecipe, target_layer_id
 # Blocks and the training forward
 
 
-def sample_anchors(batch: int, seq_len: int, block_size: int, num_anchors: int,
-                   generator: torch.Generator) -> torch.Tensor:
-    """[batch, num_anchors] int64: distinct anchors per window in [1, seq_len - block_size + 1], sorted.
+def sample_anchors(batch: int, seq_len: int, block_size: int, num_anchors: int, generator: torch.Generator,
+                   first: torch.Tensor | int = 1) -> torch.Tensor:
+    """[batch, num_anchors] int64: distinct anchors per window in [first, seq_len - block_size + 1], sorted.
 
-    Anchor a needs a context row (a >= 1) and the target's distribution for position a + B - 1,
-    which is its logits at row a + B - 2 <= seq_len - 1.
+    ``first``: the lowest anchor, one for all windows or [batch] (at least 1: an anchor needs a context
+    row). Anchor a needs the target's logits at row a + B - 2 <= seq_len - 1 (the label of its last row).
     """
-    num_choices = seq_len - block_size + 1
-    picks = torch.rand(batch, num_choices, generator=generator).argsort(dim=1)[:, :num_anchors]
-    return picks.sort(dim=1).values + 1
+    last = seq_len - block_size + 1
+    first = torch.as_tensor(first).expand(batch)[:, None]                        # [batch, 1]
+    candidates = torch.arange(last + 1)[None, :]                                 # [1, last + 1]
+    keys = torch.rand(batch, last + 1, generator=generator).masked_fill(candidates < first, 2.0)
+    picks = keys.argsort(dim=1)[:, :num_anchors]
+    if (picks < first).any():
+        raise ValueError(f"a window has fewer than {num_anchors} anchors in [{first.min().item()}, {last}]")
+    return picks.sort(dim=1).values
+
+
+def block_ids_and_positions(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
+    """tokens [b, T], anchors [b, K] -> (ids [b, K, B]: x_a then mask tokens, positions [b, K, B]: a + i)."""
+    positions = anchors[:, :, None] + torch.arange(block_size, device=tokens.device)  # [b, K, B]
+    ids = torch.full_like(positions, mask_token_id)
+    ids[:, :, 0] = tokens.gather(1, anchors)
+    return ids, positions
 
 
 def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
-    """Blocks for every anchor, flattened anchor-major.
+    """The blocks in the explicit-mask form of ``DFlashDraft.forward_dense``, flattened anchor-major.
 
     tokens [b, T], anchors [b, K] -> (block_ids [b, K * B], block_positions [b, K * B],
-    mask [b, K * B, T + K * B] bool). Row (k, i) holds x_a (i = 0) or the mask token at position
-    a_k + i, and may attend to context rows t < a_k and to every row of its own block.
+    mask [b, K * B, T + K * B] bool). Row (k, i) may attend to context rows t < a_k and to every row of
+    its own block. Training runs ``dflash_forward`` instead (no square mask); the tests hold the two equal.
     """
     b, t = tokens.shape
     k = anchors.shape[1]
     dev = tokens.device
-    offsets = torch.arange(block_size, device=dev)
-    positions = anchors[:, :, None] + offsets                                     # [b, K, B]
-    ids = torch.full((b, k, block_size), mask_token_id, dtype=torch.int64, device=dev)
-    ids[:, :, 0] = tokens.gather(1, anchors)
+    ids, positions = block_ids_and_positions(tokens, anchors, block_size, mask_token_id)
     context = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]    # [b, K, T]
     context = context[:, :, None, :].expand(b, k, block_size, t).reshape(b, k * block_size, t)
     same_block = torch.arange(k, device=dev).repeat_interleave(block_size)        # [K * B] block of each row
@@ -153,18 +192,58 @@ def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
     return ids.reshape(b, -1), positions.reshape(b, -1), torch.cat([context, own], dim=2)
 
 
+def block_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
+                    v_blk: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of every block row over [the context rows its anchor sees, the rows of its own block].
+
+    q [b, K, B, heads, d]; k_ctx, v_ctx [b, T, kv_heads, d]; k_blk, v_blk [b, K, B, kv_heads, d];
+    visible [b, K, T] bool (context row t is seen by block k: t < a_k). One softmax over both parts;
+    query head h reads kv head h // (heads // kv_heads). Returns [b, K, B, heads * d].
+    """
+    b, k, n, heads, d = q.shape
+    t, kv_heads = k_ctx.shape[1], k_ctx.shape[2]
+    g = heads // kv_heads
+    qh = q.reshape(b, k, n, kv_heads, g, d).permute(0, 3, 4, 1, 2, 5)          # [b, kvh, g, K, B, d]
+    kc, vc = (x.permute(0, 2, 1, 3)[:, :, None] for x in (k_ctx, v_ctx))       # [b, kvh, 1, T, d]
+    kb, vb = (x.permute(0, 3, 1, 2, 4)[:, :, None] for x in (k_blk, v_blk))    # [b, kvh, 1, K, B, d]
+    s_ctx = (qh.reshape(b, kv_heads, g, k * n, d) @ kc.transpose(-1, -2)).view(b, kv_heads, g, k, n, t)
+    s_ctx = s_ctx.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))
+    s_blk = qh @ kb.transpose(-1, -2)                                            # [b, kvh, g, K, B, B]
+    probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1).float() * scale, dim=-1).to(q.dtype)
+    out = (probs[..., :t].reshape(b, kv_heads, g, k * n, t) @ vc).view(b, kv_heads, g, k, n, d)
+    out = out + probs[..., t:] @ vb                                              # [b, kvh, g, K, B, d]
+    return out.permute(0, 3, 4, 1, 2, 5).reshape(b, k, n, heads * d)
+
+
 def dflash_forward(draft: DFlashDraft, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor,
                    tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     """aux [b, T, num_features * target_hidden], tokens [b, T], anchors [b, K] -> the block rows'
-    pre-norm outputs [b, K, B, hidden] (row i of block k at position anchors[:, k] + i)."""
+    pre-norm outputs [b, K, B, hidden] (row i of block k at position anchors[:, k] + i).
+
+    The same layers as serving (``DFlashDraft.forward``): per layer, queries and keys/values of the block
+    rows from the residual stream, keys/values of the context rows from the fused features."""
     cfg = draft.config
     b, t = tokens.shape
-    ids, positions, mask = block_inputs(tokens, anchors, cfg.block_size, cfg.mask_token_id)
-    context = draft.fuse(aux)  # [b, T, hidden]
-    context_positions = torch.arange(t, device=tokens.device).expand(b, t)
+    k, n = anchors.shape[1], cfg.block_size
+    ids, positions = block_ids_and_positions(tokens, anchors, n, cfg.mask_token_id)
+    context = draft.fuse(aux).reshape(b * t, -1)                                   # [b * T, hidden]
+    context_positions = torch.arange(t, device=tokens.device).repeat(b)
+    visible = torch.arange(t, device=tokens.device)[None, None, :] < anchors[:, :, None]  # [b, K, T]
+    block_positions = positions.reshape(-1)
     # NOTE: the residual stream starts in the draft's precision (fp32 masters under autocast), not the target's.
-    hidden = draft.forward_dense(context, context_positions, embed(ids).to(context.dtype), positions, mask)
-    return hidden.view(b, anchors.shape[1], cfg.block_size, -1)
+    h = embed(ids.reshape(-1)).to(context.dtype)                                  # [b * K * B, hidden]
+    for layer in draft.layers:
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.query(x, block_positions)                                        # [b * K * B, heads, d]
+        k_blk, v_blk = attn.key_value(x, block_positions)                         # [b * K * B, kv_heads, d]
+        k_ctx, v_ctx = attn.key_value(context, context_positions)                 # [b * T, kv_heads, d]
+        out = block_attention(q.view(b, k, n, *q.shape[1:]), k_ctx.view(b, t, *k_ctx.shape[1:]),
+                              v_ctx.view(b, t, *v_ctx.shape[1:]), k_blk.view(b, k, n, *k_blk.shape[1:]),
+                              v_blk.view(b, k, n, *v_blk.shape[1:]), visible, attn.attn.scale)
+        h = h + attn.o_proj(out.reshape(b * k * n, -1).to(h.dtype))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return h.view(b, k, n, -1)
 
 
 def position_weights(block_size: int, gamma: float) -> list[float]:
@@ -172,27 +251,33 @@ def position_weights(block_size: int, gamma: float) -> list[float]:
     return [math.exp(-(i - 1) / gamma) for i in range(1, block_size)]
 
 
-def block_losses(draft: DFlashDraft, hidden: torch.Tensor, teacher_logits: torch.Tensor):
-    """hidden [b, K, B, hidden] from ``dflash_forward``; teacher_logits [b, K, B - 1, vocab] (the
-    target's logits at rows a + i - 1, i = 1 .. B - 1) -> (losses, top-1 agreements) per block row i."""
+def teacher_rows(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[b, K, B - 1]: the target row whose logits give the label of block row i (a + i - 1)."""
+    return anchors[:, :, None] + torch.arange(block_size - 1, device=anchors.device)
+
+
+def block_losses(draft: DFlashDraft, hidden: torch.Tensor, teacher_logits: torch.Tensor,
+                 soft_label_weight: float = 0.0):
+    """hidden [b, K, B, hidden] from ``dflash_forward``; teacher_logits [b, K, B - 1, vocab] (the target's
+    logits at rows a + i - 1, i = 1 .. B - 1) -> (losses, top-1 agreements) per block row i. The loss is
+    the cross-entropy against the target's argmax, plus ``soft_label_weight`` x the soft cross-entropy."""
     b, k, n, _ = hidden.shape
     student = draft.compute_logits(hidden[:, :, 1:].reshape(b * k * (n - 1), -1)).view(b, k, n - 1, -1)
     losses, top1 = [], []
     for i in range(n - 1):
         s, t = student[:, :, i].flatten(0, 1), teacher_logits[:, :, i].flatten(0, 1)
-        losses.append(soft_cross_entropy(s, t))
-        top1.append((s.argmax(-1) == t.argmax(-1)).float().mean().detach())
+        label = t.argmax(-1)
+        loss = F.cross_entropy(s.float(), label)
+        if soft_label_weight:
+            loss = loss + soft_label_weight * soft_cross_entropy(s, t)
+        losses.append(loss)
+        top1.append((s.argmax(-1) == label).float().mean().detach())
     return losses, top1
 
 
 def weighted_loss(losses: list[torch.Tensor], gamma: float) -> torch.Tensor:
     weights = position_weights(len(losses) + 1, gamma)
     return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
-
-
-def teacher_rows(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[b, K, B - 1]: the target row whose logits give the distribution for block row i (a + i - 1)."""
-    return anchors[:, :, None] + torch.arange(block_size - 1, device=anchors.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +293,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
-    data = DistillData.for_recipe(target_dir, recipe, device)
+    resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
+    data = DistillData.for_recipe(target_dir, recipe, device, recipe.generation_batch, resume_dir / "data.pt")
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
                         progress=False)
     target.requires_grad_(False)
@@ -236,11 +322,14 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                          f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}")
     gen = torch.Generator().manual_seed(recipe.seed)
     n = recipe.block_size
+    num_corpus = data.num_corpus_rows(recipe.batch_size)
+    # the lowest anchor of each row: the last prompt token in a continuation, 1 in a corpus window
+    first_anchor = torch.tensor([recipe.prompt_len - 1] * (recipe.batch_size - num_corpus) + [1] * num_corpus)
 
     def loss_fn(step: int):
         tokens = data.batch(recipe.batch_size, gen).to(device)
         b, t = tokens.shape
-        anchors = sample_anchors(b, t, n, recipe.num_anchors, gen).to(device)
+        anchors = sample_anchors(b, t, n, recipe.num_anchors, gen, first_anchor).to(device)  # [b, K]
         out = teacher_forward(target, tokens)
         with torch.no_grad():
             aux = out.aux_hidden_states.view(b, t, -1)
@@ -248,12 +337,13 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
             flat = (rows_t + torch.arange(b, device=device)[:, None, None] * t).reshape(-1)
             teacher = target.compute_logits(out.hidden_states[flat]).view(*rows_t.shape, -1)
         hidden = dflash_forward(draft, target.embed, aux, tokens, anchors)
-        losses, top1 = block_losses(draft, hidden, teacher)
+        losses, top1 = block_losses(draft, hidden, teacher, recipe.soft_label_weight)
         extra = {**{f"loss pos {i + 1}": l.detach() for i, l in enumerate(losses)},
                  **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.loss_gamma), tokens.numel(), extra
 
-    history = train(draft, loss_fn, recipe.optim, device, desc="dflash draft")
+    history = train(draft, loss_fn, recipe.optim, device, desc="dflash draft",
+                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen))
 
     positions = range(1, n)
     metrics = dict(
@@ -264,13 +354,26 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         target_num_layers=tcfg.num_hidden_layers, target_layer_ids=list(layer_ids),
         capture_layer_ids=list(cfg.capture_layer_ids), mask_token=mask_token, mask_token_id=mask_token_id)
     state = {name: p.detach() for name, p in draft.named_parameters()}
-    return save_trained(out_dir, state, cfg_dict, history,
-                        "DFlash draft: block loss (soft CE vs target, per position)", metrics, write_dflash_card,
-                        plotted_prefix="loss")
+    del target, draft, data
+    save_trained(out_dir, state, cfg_dict, history, "DFlash draft: block loss (CE vs the target, per position)",
+                 metrics, write_dflash_card, plotted_prefix="loss")
+    shutil.rmtree(resume_dir, ignore_errors=True)
+
+    prompts_file = heldout_prompts_file(target_dir, recipe.eval_prompts)
+    if prompts_file is not None:  # held-out acceptance of the saved draft, loaded as serving loads it
+        spec = SpeculativeConfig("dflash", str(out_dir), num_steps=n - 1)
+        prompts = load_prompts(prompts_file)
+        metrics["heldout"] = dict(prompts=str(prompts_file), num_prompts=len(prompts),
+                                  max_tokens=recipe.eval_max_tokens, device=device,
+                                  **heldout_acceptance(target_dir, spec, prompts, recipe.eval_max_tokens, device))
+        metrics["total_wall_seconds"] = time.perf_counter() - t0
+        (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        write_dflash_card(out_dir, metrics)
+    return metrics
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method dflash --target zoo/tinypy --out zoo/tinypy-dflash "
-                 "--device cuda --steps 6000 --max-minutes 5.0")
+                 "--device cuda")
 
 
 def write_dflash_card(out_dir: Path, m: dict) -> None:
@@ -280,20 +383,34 @@ def write_dflash_card(out_dir: Path, m: dict) -> None:
     n = r["block_size"]
     rows = "\n".join(f"| {i} | x(a+{i}) | {m['position_weights'][int(i) - 1]:.3f} | {m['final_position_loss'][i]:.4f} "
                      f"| {m['final_position_top1'][i]:.4f} |" for i in sorted(m["final_position_top1"], key=int))
+    sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
+    corpus = (f", mixed with raw train-split windows of the same length ({100 * r['corpus_fraction']:.0f}% of each "
+              "batch)" if r["corpus_fraction"] else "")
+    soft = (f" plus {r['soft_label_weight']} x the soft cross-entropy against its distribution there"
+            if r["soft_label_weight"] else "")
+    heldout = m.get("heldout")
+    acceptance = ("""Not measured by this run (no held-out prompts beside the target and no
+`eval_prompts` given).""" if heldout is None else f"""Measured at the end of the run on the saved draft, loaded
+through the serving path (`--method dflash --num-steps {n - 1}`, device {heldout['device']}), on the
+{heldout['num_prompts']} held-out prompts of
+`{Path(heldout['prompts']).name}`, {heldout['max_tokens']} tokens each; at temperature 0 the output equals the
+target's own for {100 * heldout['temperature 0']['same_output_as_target']:.0f}% of the prompts:
+
+{acceptance_table({k: v for k, v in heldout.items() if k.startswith('temperature')})}""")
     sections = {
-        "Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target sampled at
-temperature 0.8 after {r['prompt_len']}-token prompts cut from the corpus's train split, mixed half and half with
-raw train-split windows of the same length ({r['prompt_len'] + r['new_tokens']} tokens), {r['batch_size']}
-windows per batch. Held-out files are never used.""",
+        "Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target generated
+{sampled} through outpace's engine after {r['prompt_len']}-token prompts cut from the corpus's train split{corpus},
+{r['batch_size']} windows of {r['prompt_len'] + r['new_tokens']} tokens per batch. Held-out files are never used.""",
         "Block training": f"""The target runs once per batch (no gradient) and gives the outputs of its layers
 {m['target_layer_ids']} (outpace capture indices {m['capture_layer_ids']}), concatenated and fused by `fc` +
 `hidden_norm` into one context feature per row, and its logits. Each window gets {r['num_anchors']} distinct
-random anchors a; each anchor a block of {n} rows: the token x(a) then {n - 1} `{m['mask_token']}` tokens (id
-{m['mask_token_id']}) at positions a .. a+{n - 1}, embedded with the target's embedding. Every block row attends
-to the context features of rows < a and to every row of its own block (non-causal), which is what the serving
-draft sees when x(a) is the bonus token. All anchors of a batch run in one dense attention with an explicit mask.
-Block row i >= 1 predicts x(a+i): soft cross-entropy against the target's distribution for that position,
-weighted by exp(-(i-1)/{r['loss_gamma']}) and normalised by the weights' sum. The final norm starts as the
+random anchors a in its continuation (from the last prompt token on); each anchor a block of {n} rows: the token
+x(a) then {n - 1} `{m['mask_token']}` tokens (id {m['mask_token_id']}) at positions a .. a+{n - 1}, embedded with
+the target's embedding. Every block row attends to the context features of rows < a and to every row of its own
+block (non-causal), which is what the serving draft sees when x(a) is the bonus token. Block row i >= 1 learns
+the target's own choice for position a+i (cross-entropy against the target's argmax at row a+i-1{soft}),
+weighted by exp(-(i-1)/{r['loss_gamma']}) and normalised by the weights' sum. On greedy continuations that label
+is exactly what verification at temperature 0 accepts. The final norm starts as the
 target's{'' if r['init_norm_from_target'] else ' (not used: ones)'}. Final training loss: {m['final_loss']:.4f}.
 
 Last logged training batch, per block row (top-1: agreement with the target's argmax):
@@ -308,8 +425,7 @@ Qwen3-style layers: `input_layernorm`, `self_attn.{{q,k,v,o}}_proj`, `self_attn.
 are used. `dflash_config` = `{{"block_size": {n}, "mask_token_id": {m['mask_token_id']}, "target_layer_ids":
 {m['target_layer_ids']}}}` (ids mean "output of layer X"), `num_target_layers` = {m['target_num_layers']}.
 bf16 weights: {m['checkpoint_mib']:.2f} MiB. Serve with `--method dflash --num-steps {n - 1}`.""",
-        "Acceptance": """Acceptance lengths are measured by outpace's engine on held-out prompts
-(`--method dflash`), not by this training run; they are added here once measured.""",
+        "Held-out acceptance": acceptance,
     }
     write_model_card(out_dir, "tinypy-dflash: a DFlash block draft for tinypy",
                      f"A {r['num_layers']}-layer block-diffusion draft that proposes {n - 1} tokens in one forward, "

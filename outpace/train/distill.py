@@ -52,6 +52,8 @@ class DistillRecipe:
     max_minutes: float | None = 4.0
     seed: int = 0
     max_corpus_bytes: int = 30_000_000
+    data_temperature: float = 0.8                 # the target samples its continuations at this temperature
+    corpus_fraction: float = 0.5                  # share of each batch that is raw train-split windows
 
     @property
     def optim(self) -> OptimConfig:
@@ -59,27 +61,44 @@ class DistillRecipe:
 
 
 class DistillData:
-    """Training batches for a draft: half the target's own continuations of corpus prompts, half
-    raw train-split windows of the same length (``prompt_len + new_tokens``)."""
+    """Training batches for a draft: the target's own continuations of corpus prompts, and a share
+    (``corpus_fraction``) of raw train-split windows of the same length (``prompt_len + new_tokens``).
+
+    ``cache``: a file holding the continuations; read when present, written after generating (a
+    resumed run does not generate them again).
+    """
 
     def __init__(self, target_dir: Path, num_continuations: int, prompt_len: int, new_tokens: int, device: str,
-                 seed: int = 0, max_corpus_bytes: int = 30_000_000) -> None:
+                 seed: int = 0, max_corpus_bytes: int = 30_000_000, temperature: float = 0.8,
+                 corpus_fraction: float = 0.5, generation_batch: int = 512, cache: Path | None = None) -> None:
         self.stream = target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes)
         self.seq_len = prompt_len + new_tokens
-        self.continuations = target_continuations(  # [num_continuations, seq_len]
-            target_dir, self.stream, num_continuations, prompt_len, new_tokens, device, seed=seed,
-            max_num_seqs=512, num_kv_blocks=512 * self.seq_len // 16 + 64, max_num_batched_tokens=16384)
+        self.corpus_fraction = corpus_fraction
+        if cache is not None and Path(cache).is_file():
+            self.continuations = torch.load(cache)
+        else:
+            self.continuations = target_continuations(  # [num_continuations, seq_len]
+                target_dir, self.stream, num_continuations, prompt_len, new_tokens, device, temperature, seed=seed,
+                max_num_seqs=generation_batch, num_kv_blocks=generation_batch * self.seq_len // 16 + 64,
+                max_num_batched_tokens=16384)
+            if cache is not None:
+                Path(cache).parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.continuations, cache)
 
     @classmethod
-    def for_recipe(cls, target_dir: Path, recipe: DistillRecipe, device: str) -> DistillData:
+    def for_recipe(cls, target_dir: Path, recipe: DistillRecipe, device: str, generation_batch: int = 512,
+                   cache: Path | None = None) -> DistillData:
         return cls(target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device, recipe.seed,
-                   recipe.max_corpus_bytes)
+                   recipe.max_corpus_bytes, recipe.data_temperature, recipe.corpus_fraction, generation_batch, cache)
+
+    def num_corpus_rows(self, batch_size: int) -> int:
+        return int(batch_size * self.corpus_fraction)
 
     def batch(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-        """[batch_size, seq_len] int64 on the CPU."""
-        half = batch_size // 2
-        rows = torch.randint(0, self.continuations.shape[0], (batch_size - half,), generator=generator)
-        return torch.cat([self.continuations[rows], self.stream.windows(half, self.seq_len, generator)])
+        """[batch_size, seq_len] int64 on the CPU: continuations first, then ``num_corpus_rows`` corpus windows."""
+        num_corpus = self.num_corpus_rows(batch_size)
+        rows = torch.randint(0, self.continuations.shape[0], (batch_size - num_corpus,), generator=generator)
+        return torch.cat([self.continuations[rows], self.stream.windows(num_corpus, self.seq_len, generator)])
 
 
 def device_name(device: str) -> str:

@@ -1,6 +1,7 @@
 """One training loop for every recipe (target, drafts): AdamW, warmup + cosine decay, bf16
 autocast on GPU, gradient clipping, a progress bar with loss and tokens/s, a time budget, and a
 loss history that becomes a PNG. Seeded: the same recipe on the same machine gives the same curve.
+Resumable: given a ``Resume``, the run saves its state every few steps and starts from it when present.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+
+from outpace.train.resume import Resume
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ LossFn = Callable[[int], tuple[torch.Tensor, int, dict[str, float]]]
 
 
 def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_every: int = 10,
-          desc: str = "training") -> TrainHistory:
+          desc: str = "training", resume: Resume | None = None) -> TrainHistory:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -63,14 +66,20 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
                                    {"params": no_decay, "weight_decay": 0.0}], lr=opt.lr, betas=(0.9, 0.95),
                                   fused=device.startswith("cuda"))
     history = TrainHistory(total_steps=opt.steps)
-    use_autocast = device.startswith("cuda")
-    start = time.perf_counter()
-    window_tokens, window_start = 0, start
-    model.train()
-    bar = tqdm(total=opt.steps, desc=desc, mininterval=2.0)
     step = 0
+    saved = resume.load(model, optimizer) if resume is not None else None
+    if saved is not None:
+        step, fields = saved
+        history = TrainHistory(**fields)
+    use_autocast = device.startswith("cuda")
+    start = time.perf_counter() - history.wall_seconds  # a resumed run counts the time already spent
+    window_tokens, window_start = 0, time.perf_counter()
+    model.train()
+    bar = tqdm(total=history.total_steps, initial=step, desc=desc, mininterval=2.0)
+    # NOTE: a run resumed after the calibration started keeps the step count it calibrated to.
+    calibrate = opt.max_minutes is not None and step <= opt.calibration_steps // 3
     while step < history.total_steps:
-        if opt.max_minutes is not None and step in (opt.calibration_steps // 3, opt.calibration_steps):
+        if calibrate and step in (opt.calibration_steps // 3, opt.calibration_steps):
             # time the steps after the first third (start-up, allocator and kernel warm-up excluded)
             _sync(device)
             if step == opt.calibration_steps // 3:
@@ -101,6 +110,9 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
             window_tokens, window_start = 0, now
         bar.update(1)
         step += 1
+        if resume is not None and step % resume.every == 0 and step < history.total_steps:
+            history.wall_seconds = time.perf_counter() - start
+            resume.save(step, model, optimizer, history)
     bar.close()
     history.wall_seconds = time.perf_counter() - start
     model.eval()

@@ -1,0 +1,55 @@
+"""The end of every draft recipe: acceptance of the saved draft, loaded through the serving path, on
+held-out prompts, at temperature 0 (with the check that the output is the target's own) and 1.
+
+The prompts are the zoo's ``eval_prompts.json`` (cut from held-out files, never trained on) when the
+target sits in the zoo, or any JSON file of the same form (a list, or ``{"prompts": [...]}``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from outpace.config import SamplingParams, SpeculativeConfig
+from outpace.speculative.metrics import SpecMetrics
+
+
+def heldout_prompts_file(target_dir: Path, given: str | None) -> Path | None:
+    """``given`` when set; else the ``eval_prompts.json`` beside the target's directory (the zoo's), if any."""
+    if given is not None:
+        return Path(given)
+    beside = Path(target_dir).resolve().parent / "eval_prompts.json"
+    return beside if beside.is_file() else None
+
+
+def load_prompts(path: Path) -> list[str]:
+    data = json.loads(Path(path).read_text())
+    return data["prompts"] if isinstance(data, dict) else data
+
+
+def heldout_acceptance(target_dir: Path, spec: SpeculativeConfig, prompts: list, max_tokens: int, device: str,
+                       seed: int = 0) -> dict:
+    """{"temperature 0": {...}, "temperature 1": {...}}: tau, acceptance by draft position, and at
+    temperature 0 the share of prompts whose output equals the target's alone (1.0 in fp32 on the CPU)."""
+    from outpace import LLM
+
+    engine = dict(device=device, seed=seed, cuda_graphs=False)  # a few dozen steps: capturing would cost more
+    results = {}
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
+        outs = LLM(str(target_dir), speculative=spec, **engine).generate(prompts, params)
+        metrics = SpecMetrics()
+        for o in outs:
+            metrics = metrics.merge(o.spec_metrics)
+        row = {"acceptance_length": metrics.acceptance_length,
+               "acceptance_rate_per_position": metrics.acceptance_rate_per_position}
+        if temperature == 0.0:
+            plain = LLM(str(target_dir), **engine).generate(prompts, params)
+            row["same_output_as_target"] = sum(o.token_ids == p.token_ids for o, p in zip(outs, plain)) / len(outs)
+        results[f"temperature {temperature:g}"] = row
+    return results
+
+
+def acceptance_table(evaluation: dict) -> str:
+    """The card's Markdown table of a ``heldout_acceptance`` result."""
+    rows = [f"| {name} | {r['acceptance_length']:.2f} | "
+            f"{' '.join(f'{x:.2f}' for x in r['acceptance_rate_per_position'])} |" for name, r in evaluation.items()]
+    return "\n".join(["| sampling | tau | acceptance by draft position |", "|---|---|---|", *rows])
