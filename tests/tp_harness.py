@@ -78,4 +78,5 @@ def _rank_main(rank: int, world: int, rendezvous: str, scenarios: list[Scenario]
         results.setdefault(s.name, {})["seconds"] = time.perf_counter() - start
     if rank == 0:
         Path(out).write_text(json.dumps(results))
+    dist.barrier()  # no rank tears its groups down while another still talks over them
     dist.destroy_process_group()
