@@ -15,8 +15,9 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
 - Qwen3.5's multimodal rotary sections (mrope_section) turn text positions exactly as plain RoPE does
   (the three position streams are equal), so they are not read.
 
-The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers are not
-loaded (no MTP drafter for these targets yet).
+The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers (when the
+config declares them: models/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
+(speculative/mtp.py); each is a full-attention layer of this stack.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from outpace.layers.linear import linear
 from outpace.layers.moe import Router, Routing, run_experts
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.models.hybrid_mtp import QwenMTP, mtp_layer_count
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
 NEXT, QWEN35 = "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"
@@ -63,6 +65,7 @@ class Qwen3NextConfig:
     routing: Routing | None
     moe_intermediate_size: int
     shared_expert_intermediate_size: int
+    mtp_moe_layers: frozenset[int] = frozenset()  # the MTP layers whose MLP is the mixture of experts
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> Qwen3NextConfig:
@@ -82,6 +85,11 @@ class Qwen3NextConfig:
         _require(o, "partial_rotary_factor", factor, 0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
                  f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]")
         moe = cfg.architecture == NEXT and raw["num_experts"] > 0
+
+        def moe_layers(count: int) -> frozenset[int]:  # transformers Qwen3NextDecoderLayer (vLLM's alike)
+            return frozenset(i for i in range(count) if moe and i not in raw["mlp_only_layers"]
+                             and (i + 1) % raw["decoder_sparse_step"] == 0)
+
         if moe:
             _require(o, "num_experts_per_tok", raw["num_experts_per_tok"],
                      0 < raw["num_experts_per_tok"] <= raw["num_experts"], f"in [1, num_experts={raw['num_experts']}]")
@@ -90,13 +98,13 @@ class Qwen3NextConfig:
             num_v_heads=raw["linear_num_value_heads"], head_k_dim=raw["linear_key_head_dim"],
             head_v_dim=raw["linear_value_head_dim"], rotary_dim=rotary_dim,
             attention_bias=bool(raw["attention_bias"]),
-            # transformers Qwen3NextDecoderLayer
-            moe_layers=frozenset(i for i in range(n) if moe and i not in raw["mlp_only_layers"]
-                                 and (i + 1) % raw["decoder_sparse_step"] == 0),
+            moe_layers=moe_layers(n),
             routing=Routing(raw["num_experts"], raw["num_experts_per_tok"], "softmax",
                             normalize=bool(raw["norm_topk_prob"])) if moe else None,
             moe_intermediate_size=raw["moe_intermediate_size"],
-            shared_expert_intermediate_size=raw["shared_expert_intermediate_size"])
+            shared_expert_intermediate_size=raw["shared_expert_intermediate_size"],
+            # vLLM qwen3_next_mtp.py: layer k is MoE by the same rule at index k (models/hybrid_mtp.py)
+            mtp_moe_layers=moe_layers(mtp_layer_count(raw)))
 
 
 class GatedAttention(nn.Module):
@@ -180,18 +188,24 @@ class Qwen3NextModel(nn.Module):
 
 
 class Qwen3NextForCausalLM(nn.Module):
-    ignored_checkpoint_tensors = (r"^mtp\.", r"\.rotary_emb\.inv_freq$")
-
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:
             raise ConfigError(f"{cfg.architecture}: MTP layers in DeepSeek's layout are not implemented")
         self.hybrid = Qwen3NextConfig.from_model_config(cfg)
-        self.config = dataclasses.replace(cfg, num_nextn_predict_layers=0)  # (its mtp.* layers: not loaded)
+        num_mtp = mtp_layer_count(cfg.raw)
+        self.config = dataclasses.replace(cfg, num_nextn_predict_layers=num_mtp)
         self.model = Qwen3NextModel(cfg, self.hybrid)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
                               tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
         self.aux_layer_ids: tuple[int, ...] = ()
+        self.ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",) + (() if num_mtp else (r"^mtp\.",))
+        if num_mtp:  # (registered before the steps, so parameters are named mtp.* as in the checkpoint)
+            mtp_stack = dataclasses.replace(self.hybrid, layer_types=("full_attention",) * num_mtp,
+                                            moe_layers=self.hybrid.mtp_moe_layers)
+            self.mtp = QwenMTP(cfg.hidden_size, cfg.rms_norm_eps, [
+                Qwen3NextDecoderLayer(cfg, mtp_stack, self.model.rotary, k) for k in range(num_mtp)])
+            self.mtp_layers = self.mtp.steps()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""

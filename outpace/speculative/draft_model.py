@@ -2,6 +2,13 @@
 autoregressively. Its paged KV lives at the same rows as the target's (shared block tables): each
 propose first runs the rows committed since the last one plus the bonus token's row, then one
 row per further draft step.
+
+A draft with recurrent layers (a hybrid such as Qwen3-Next: layers/recurrent.py) keeps its own state slots
+(cache/state_slots.py, indexed by the request slot like the target's): slot s holds the draft's state after
+every token before its first pending row. ``absorb`` carries it across prefill chunks; ``draft`` runs the
+pending rows as a verify does (a snapshot after each), keeps the snapshot of the last committed token, lets
+the further draft steps advance the slot, then puts that snapshot back: the same rollback as the target's,
+at the last committed row instead of the last correct draft.
 """
 from __future__ import annotations
 
@@ -12,7 +19,9 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
+from outpace.cache.state_slots import StateSlots
 from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.layers.recurrent import RecurrentMetadata
 from outpace.models.loader import load_model
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
@@ -79,6 +88,8 @@ class DraftModelProposer(Proposer):
                                       min_positions=target.config.max_position_embeddings)
         bind_kv_cache(self.draft_model.model, pool, dtype, device)
         self.width = spec.num_steps + 1
+        # a recurrent draft's state per request slot, a snapshot row per pending row (none: no-ops)
+        self.states = StateSlots(self.draft_model.model, max_slots + 1, self.width, dtype, device)
         self.pending_tokens = torch.zeros(max_slots + 1, self.width, dtype=torch.int64, device=self.device)
         self.pending_start = torch.zeros(max_slots + 1, dtype=torch.int64, device=self.device)  # first pending row
         self.pending_count = torch.ones(max_slots + 1, dtype=torch.int64, device=self.device)
@@ -88,7 +99,7 @@ class DraftModelProposer(Proposer):
         return self.spec.num_steps
 
     def state(self) -> list[torch.Tensor]:
-        return [self.pending_tokens, self.pending_start, self.pending_count]
+        return [self.pending_tokens, self.pending_start, self.pending_count] + self.states.tensors()
 
     def _forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """token_ids [num_rows]: committed or drafted ids. A padding id of the target's embedding (one no
@@ -104,9 +115,16 @@ class DraftModelProposer(Proposer):
         full[:, :self.shared_vocab] = draft_logits[:, :self.shared_vocab]
         return full
 
+    def _advance(self, slots: torch.Tensor) -> RecurrentMetadata | None:
+        """A draft step's recurrent metadata (device tensors, capturable): each row continues its slot's state
+        and leaves its state there."""
+        return RecurrentMetadata(slots, torch.ones_like(slots, dtype=torch.bool)) if self.states.has_state else None
+
     def absorb(self, prefill: PrefillRows) -> None:
         ext = prefill_extension(prefill, [0] * len(prefill.counts), self.pool.block_size)
-        with ext.context(self.backend):
+        take = [i for i, c in enumerate(prefill.counts) if c > 0]  # the requests ext holds, in order
+        with ext.context(self.backend) as ctx:
+            ctx.recurrent = self.states.prefill([prefill.slots[i] for i in take], [prefill.starts[i] for i in take])
             self._forward(prefill.token_ids[ext.rows], ext.positions)
         ends = torch.tensor(prefill.counts).cumsum(0) - 1
         done = [i for i, f in enumerate(prefill.final) if f]
@@ -126,15 +144,20 @@ class DraftModelProposer(Proposer):
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         b, w = rows.size, self.width
         start, count = self.pending_start[rows.slots], self.pending_count[rows.slots]
-        with rows.context(start, w, self.backend):
+        with rows.context(start, w, self.backend) as ctx:
+            ctx.recurrent = self.states.verify(rows.slots, start, None)  # a snapshot after each pending row
             out = self._forward(self.pending_tokens[rows.slots].reshape(-1), positions(start, w))
         hidden = out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]  # row L's output [b, hidden]
+        self.states.commit(rows.slots, count - 1)  # the state after token L, the last committed one
         tokens, probs = [], []
         for j in range(1, shape.num_steps + 1):
             token = choose_chain(self._logits(hidden), rows, j, probs)
             tokens.append(token)
             if j < shape.num_steps:  # the row reading draft j sits at position L + j
                 row = rows.lengths + j
-                with rows.context(row, 1, self.backend):
+                with rows.context(row, 1, self.backend) as ctx:
+                    ctx.recurrent = self._advance(rows.slots)
                     hidden = self._forward(token, row)
+        if shape.num_steps > 1:
+            self.states.commit(rows.slots, count - 1)  # back to the state after token L
         return chain_drafts(rows, tokens, probs)
