@@ -16,8 +16,11 @@ vLLM's qwen3_next_mtp.py (Qwen3NextMultiTokenPredictor, Qwen3NextMTP; vLLM serve
 - h_t of the first step is the target's last hidden state *after* its final norm (vLLM's Qwen3NextModel
   returns ``self.norm(hidden_states, residual)`` and that is the state the proposer hands on);
 - no position-0 masking (unlike DeepSeek-V3's layers); the row at t sits at rotary position t;
-- with several MTP layers, step k uses layer k (vLLM: ``layers[spec_step_idx % num_mtp_layers]``), fc and
-  the norms shared by all.
+- with several MTP layers, step k uses layer k, fc and the norms shared by all (vLLM:
+  ``layers[spec_step_idx % num_mtp_layers]``). NOTE: released checkpoints have one layer, which every step
+  reuses (vLLM's and outpace's forms agree there); with several, outpace runs each layer over every pending
+  row, chained as Step-3.5's (speculative/mtp.py), where vLLM runs layers past the first over the drafted
+  rows only, so their KV of committed rows differs.
 Layer count: ``mtp_num_hidden_layers`` (Qwen3.5 and Qwen3-Next config.json), else
 ``num_nextn_predict_layers`` (the field vLLM's speculative config reads for ``qwen3_next_mtp``).
 
