@@ -36,20 +36,27 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def gated_delta_rule_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                         state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                         state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool,
+                         kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The delta rule over runs of tokens (module docstring), one token at a time, in float32.
 
     q, k [runs, len, k_heads, k_dim] (not yet normalised); v [runs, len, v_heads, v_dim]; g, beta [runs,
     len, v_heads]; state [runs, v_heads, k_dim, v_dim] float32 before each run; valid [runs, len] (padding
     keeps the state); parents [runs, len] (-1: ``state``) or None (a chain) -> (o [runs, len, v_heads,
     v_dim] in v's dtype, the state after each run's last valid token, and with ``keep_every`` the state
-    after every token [runs, len, v_heads, k_dim, v_dim])."""
+    after every token [runs, len, v_heads, k_dim, v_dim]). ``kernel``: the loop as one Triton launch
+    (layers/recurrent_kernels.py; None: on CUDA tensors), else this torch loop, the reference."""
     out_dtype = v.dtype
-    repeat = v.shape[2] // q.shape[2]
-    q, k = (l2_normalize(x.float()).repeat_interleave(repeat, dim=2) for x in (q, k))
+    q, k = (l2_normalize(x.float()) for x in (q, k))
     q = q * q.shape[-1] ** -0.5
     v, decay, beta = v.float(), g.float().exp(), beta.float()
+    if v.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
+        from outpace.layers.recurrent_kernels import delta_rule_scan
+
+        out, final, every = delta_rule_scan(q, k, v, decay, beta, state.float(), valid, parents, keep_every)
+        return out.to(out_dtype), final, every
+    repeat = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(repeat, dim=2) for x in (q, k))
     runs, length = v.shape[:2]
     row = torch.arange(runs, device=v.device)
     stack = None

@@ -27,19 +27,26 @@ from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns
 
 
 def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
-            state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool,
+            kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The selective scan over runs of tokens (module docstring), one token at a time, in float32.
 
     x [runs, len, heads, head_dim]; dt [runs, len, heads] (discretisation steps, final); A, D [heads];
     B, C [runs, len, groups, state_size]; state [runs, heads, head_dim, state_size] float32; valid,
     parents as in layers/recurrent.py -> (y [runs, len, heads, head_dim] in x's dtype, the state after
-    each run's last valid token, and with ``keep_every`` the state after every token)."""
+    each run's last valid token, and with ``keep_every`` the state after every token). ``kernel``: the loop
+    as one Triton launch (layers/recurrent_kernels.py; None: on CUDA tensors), else this torch loop."""
     out_dtype = x.dtype
-    repeat = x.shape[2] // B.shape[2]
-    B, C = (t.float().repeat_interleave(repeat, dim=2) for t in (B, C))    # [runs, len, heads, state_size]
     x, dt = x.float(), dt.float()
     decay = (dt * A.float()).exp()                                         # [runs, len, heads]
+    if x.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
+        from outpace.layers.recurrent_kernels import ssm_scan
+
+        y, final, every = ssm_scan(x, dt, decay, B.float(), C.float(), D.float(), state.float(), valid, parents,
+                                   keep_every)
+        return y.to(out_dtype), final, every
+    repeat = x.shape[2] // B.shape[2]
+    B, C = (t.float().repeat_interleave(repeat, dim=2) for t in (B, C))    # [runs, len, heads, state_size]
     runs, length = x.shape[:2]
     row = torch.arange(runs, device=x.device)
     stack = None
