@@ -2,7 +2,7 @@
 little under the measured values, so a change that silently lowers acceptance fails CI.
 Measured (CPU, fp32) when the floors were set: EAGLE3 chain 5 steps tau 3.05; EAGLE3 tree
 (topk 4, 16 draft tokens) 3.74; MTP 3 steps 3.18; standalone draft 5 steps 3.32; DFlash block 8
-tau 2.38."""
+tau 2.38; the DFlash draft retrained (issue 22's recipe), 2.72 (EAGLE3 chain 2.98 in the same run)."""
 import json
 from pathlib import Path
 
@@ -22,7 +22,7 @@ CASES = {
                                       num_draft_tokens=16), 3.6),
     "mtp": (SpeculativeConfig("mtp", num_steps=3), 3.05),
     "draft": (SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=5), 3.2),
-    "dflash": (SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7), 2.25),
+    "dflash": (SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7), 2.55),
 }
 
 
