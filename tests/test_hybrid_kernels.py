@@ -130,7 +130,7 @@ def test_hybrid_greedy_tokens_on_the_gpu_equal_the_cpus(variant, tmp_path):
     prompts = [[3, 17, 99, 100, 8, 42, 7], [5, 9], [(i * 7) % 131 for i in range(40)]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     cpu = [o.token_ids for o in LLM(str(path), device="cpu", block_size=4).generate(prompts, params)]
-    for spec in (None, SpeculativeConfig("draft", str(path), num_steps=3),
+    for spec in (SpeculativeConfig(), SpeculativeConfig("draft", str(path), num_steps=3),
                  SpeculativeConfig("eagle3", str(eagle3), num_steps=3, topk=2, num_draft_tokens=6)):
         gpu = LLM(str(path), device="cuda", dtype="float32", block_size=16, max_num_batched_tokens=16,
                   speculative=spec).generate(prompts, params)
