@@ -10,8 +10,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
+from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.speculative.metrics import SpecMetrics
+from outpace.zoo import TARGET
 
 
 def measure_acceptance(model: str, configs: dict[str, SpeculativeConfig], prompts: list[str], max_tokens: int,
@@ -61,25 +62,39 @@ def plot_acceptance(results: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run_acceptance_bench(model: str, zoo: Path, out_dir: Path, max_tokens: int, engine_kwargs: dict) -> dict:
-    prompts = json.loads((zoo / "eval_prompts.json").read_text())["prompts"]
-    configs = {
-        "eagle3 chain (5 steps)": SpeculativeConfig("eagle3", str(zoo / "tinypy-eagle3"), num_steps=5),
-        "eagle3 tree (topk 4, 16 tokens)": SpeculativeConfig("eagle3", str(zoo / "tinypy-eagle3"), num_steps=5,
-                                                             topk=4, num_draft_tokens=16),
-        "mtp chained (3 steps)": SpeculativeConfig("mtp", num_steps=3),
-        "standalone draft (5 steps)": SpeculativeConfig("draft", str(zoo / "tinypy-draft"), num_steps=5),
-        "ngram (5 steps)": SpeculativeConfig("ngram", num_steps=5),
-    }
-    if (zoo / "tinypy-dflash").is_dir():
+def zoo_drafters(model: str, zoo: Path) -> dict[str, SpeculativeConfig]:
+    """The drafters to measure on a zoo target: its zoo drafts (``zoo/<name>-eagle3``, ``-draft``, ``-dflash``
+    where they exist), its MTP layers chained (when it has them) and n-gram."""
+    name = Path(model).name
+    eagle3, draft, dflash = (zoo / f"{name}-{kind}" for kind in ("eagle3", "draft", "dflash"))
+    configs = {}
+    if eagle3.is_dir():
+        configs["eagle3 chain (5 steps)"] = SpeculativeConfig("eagle3", str(eagle3), num_steps=5)
+        configs["eagle3 tree (topk 4, 16 tokens)"] = SpeculativeConfig("eagle3", str(eagle3), num_steps=5, topk=4,
+                                                                       num_draft_tokens=16)
+    mtp_layers = ModelConfig.from_pretrained(model).num_nextn_predict_layers
+    if mtp_layers:
+        configs[f"mtp chained ({mtp_layers} steps)"] = SpeculativeConfig("mtp", num_steps=mtp_layers)
+    if draft.is_dir():
+        configs["standalone draft (5 steps)"] = SpeculativeConfig("draft", str(draft), num_steps=5)
+    configs["ngram (5 steps)"] = SpeculativeConfig("ngram", num_steps=5)
+    if dflash.is_dir():
         from outpace.models.dflash import dflash_block_size
 
-        block = dflash_block_size(zoo / "tinypy-dflash")
-        configs[f"dflash (block {block})"] = SpeculativeConfig("dflash", str(zoo / "tinypy-dflash"),
-                                                               num_steps=block - 1)
+        block = dflash_block_size(dflash)
+        configs[f"dflash (block {block})"] = SpeculativeConfig("dflash", str(dflash), num_steps=block - 1)
+    return configs
+
+
+def run_acceptance_bench(model: str, zoo: Path, out_dir: Path, max_tokens: int, engine_kwargs: dict) -> dict:
+    """Every zoo drafter of ``model`` (``zoo_drafters``); results in acceptance[_<model>][_gpu].json and .png
+    (no model suffix for the zoo's default target)."""
+    prompts = json.loads((zoo / "eval_prompts.json").read_text())["prompts"]
+    configs = zoo_drafters(model, zoo)
     results = measure_acceptance(model, configs, prompts, max_tokens, engine_kwargs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tag = "" if engine_kwargs.get("device", "cpu") == "cpu" else "_gpu"
+    tag = ("" if Path(model).name == TARGET else f"_{Path(model).name}") + \
+        ("" if engine_kwargs.get("device", "cpu") == "cpu" else "_gpu")
     (out_dir / f"acceptance{tag}.json").write_text(json.dumps(
         {"prompts": len(prompts), "max_tokens": max_tokens, "engine": engine_kwargs, "results": results},
         indent=2, default=str) + "\n")

@@ -30,10 +30,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from outpace.attention.context import get_forward_context
 from outpace.attention.layer import PagedCacheLayer
-from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
 from outpace.attention.torch_backend import attend_paged, gather_blocks
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
@@ -94,16 +95,19 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         return self.kv_cache
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]. Writes the tokens' cache rows."""
+        """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]. Writes the tokens' cache rows
+        (paged metadata; under dense causal metadata, as training runs, nothing is cached: the expanded form)."""
         s, n = self.shape, x.shape[0]
         meta = get_forward_context().metadata
-        if not isinstance(meta, PagedAttentionMetadata):
-            raise TypeError("multi-head latent attention runs over the paged cache only (no dense metadata)")
+        if not isinstance(meta, (PagedAttentionMetadata, DenseCausalMetadata)):
+            raise TypeError(f"multi-head latent attention needs paged or dense causal metadata, not {type(meta)}")
         q = self.q_proj(x) if s.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q_nope, q_pe = q.view(n, s.num_heads, -1).split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
         q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))  # [n, heads, rope], [n, 1, rope]
         rows = torch.cat((self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1)  # [n, 1, r + rope]
+        if isinstance(meta, DenseCausalMetadata):  # training and teacher forwards: whole windows, no cache
+            return self.o_proj(self._dense_causal(q_nope, q_pe, rows, meta).reshape(n, -1))
         cache = self.cache_rows
         cache.view(-1, 1, cache.shape[-1]).index_copy_(0, meta.slot_mapping, rows.to(cache.dtype))
         if meta.max_query_len >= self.expand_min_query_len:
@@ -137,10 +141,25 @@ class MultiHeadLatentAttention(PagedCacheLayer):
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, gathered: torch.Tensor,
                   meta: PagedAttentionMetadata) -> torch.Tensor:
         """As ``_absorbed``, with the cached latents expanded into per-head keys and values."""
+        k, v = self._expand(gathered)
+        return attend_paged(torch.cat((q_nope, q_pe), dim=-1), k, v, meta, self.shape.scale)
+
+    def _expand(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent rows [num_seqs, 1, kv_len, r + rope] -> per-head k [num_seqs, heads, kv_len, nope + rope] and v
+        [num_seqs, heads, kv_len, v_head_dim]."""
         s = self.shape
         latent, k_pe = gathered.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
         kv = self.kv_b_proj(latent).unflatten(-1, (s.num_heads, -1))  # [num_seqs, 1, max_kv_len, heads, nope + v]
         kv = kv.squeeze(1).transpose(1, 2)                             # [num_seqs, heads, max_kv_len, nope + v]
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
-        k = torch.cat((k_nope, k_pe.expand(-1, s.num_heads, -1, -1)), dim=-1)
-        return attend_paged(torch.cat((q_nope, q_pe), dim=-1), k, v, meta, s.scale)
+        return torch.cat((k_nope, k_pe.expand(-1, s.num_heads, -1, -1)), dim=-1), v
+
+    def _dense_causal(self, q_nope: torch.Tensor, q_pe: torch.Tensor, rows: torch.Tensor,
+                      meta: DenseCausalMetadata) -> torch.Tensor:
+        """The expanded form over ``meta.batch_size`` whole windows of ``meta.seq_len`` tokens (rows [n, 1, r + rope]
+        this forward's own, nothing cached) -> [n, heads, v_head_dim]."""
+        b, t, h = meta.batch_size, meta.seq_len, self.shape.num_heads
+        k, v = self._expand(rows.view(b, t, 1, -1).transpose(1, 2))   # [b, heads, t, .]
+        q = torch.cat((q_nope, q_pe), dim=-1).view(b, t, h, -1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.shape.scale)  # [b, heads, t, v]
+        return out.transpose(1, 2).reshape(b * t, h, -1)
