@@ -9,6 +9,9 @@
 (d) a DeepSeek-V2-Lite-shaped target (MLA + MoE, random bf16 weights): decode against the floor of the
     bytes actually read, the grouped-expert kernels against their experts' bytes, speculation under
     labelled oracle acceptance (bench/deepseek_shape.py);
+(h) a Qwen3.5-shaped hybrid target (gated DeltaNet + gated attention, one MTP layer, random bf16 weights):
+    decode at batch 1 and 8 against the floor, MTP step costs and speed-ups under labelled oracle
+    acceptance (bench/hybrid_shape.py);
 (e) transformers' ``generate`` on the same weights, batch 1, greedy;
 (f) the zoo models end to end: tokens/s of each drafter against ``--method none`` on the 24 held-out
     prompts, b at a time (batch 1: one after another).
@@ -225,6 +228,15 @@ def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
         gc.collect()
         torch.cuda.empty_cache()
 
+        def hybrid() -> None:
+            from outpace.bench.hybrid_shape import run_hybrid_bench
+
+            result["hybrid"] = run_hybrid_bench(tmp / "hybrid", bandwidth)
+
+        part("h", hybrid)
+        gc.collect()
+        torch.cuda.empty_cache()
+
     def zoo() -> None:
         result["zoo"] = zoo_speed()
 
@@ -280,6 +292,10 @@ def print_summary(r: dict) -> None:
                   f"{x['fraction_of_floor']:>8.1%}")
     if "transformers_generate" in r:
         print(f"(e) transformers generate, batch 1: {r['transformers_generate']['decode_tokens_per_s']:.1f} tokens/s")
+    if "hybrid" in r:
+        from outpace.bench.hybrid_shape import print_hybrid_summary
+
+        print_hybrid_summary(r["hybrid"])
     if "deepseek" in r:
         from outpace.bench.deepseek_shape import print_deepseek_summary
 
