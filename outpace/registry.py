@@ -42,6 +42,7 @@ PROPOSERS = {
     "dflash": "outpace.speculative.dflash:DFlashProposer",
     "ngram": "outpace.speculative.ngram:NgramProposer",
     "draft": "outpace.speculative.draft_model:DraftModelProposer",
+    "gemma4_assistant": "outpace.speculative.gemma4_assistant:Gemma4AssistantProposer",
 }
 
 
