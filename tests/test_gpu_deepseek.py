@@ -55,7 +55,7 @@ def test_moe_layers_take_the_grouped_kernels_on_cuda(target, monkeypatch):
     import outpace.layers.moe_kernels as kernels
 
     calls = []
-    real = kernels.grouped_swiglu_experts
-    monkeypatch.setattr(kernels, "grouped_swiglu_experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    real = kernels.grouped_experts
+    monkeypatch.setattr(kernels, "grouped_experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     LLM(target, cuda_graphs=False, **KWARGS).generate(PROMPTS[:1], GREEDY.replace(max_tokens=3))
     assert calls and torch.cuda.is_available()

@@ -170,7 +170,7 @@ def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> 
     """The grouped-expert kernels alone over every MoE layer's experts (one call per layer, captured),
     uniform random routing of ``tokens`` tokens, against the bytes of the experts they read; and the eager
     per-expert loop over the same calls."""
-    from outpace.layers.moe_kernels import grouped_swiglu_experts
+    from outpace.layers.moe_kernels import grouped_experts
 
     moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
     r = moes[0].gate.routing
@@ -181,11 +181,11 @@ def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> 
         ids = torch.rand(tokens, r.num_experts, device="cuda", generator=g).argsort(dim=-1)[:, :r.top_k]
         routing.append((torch.rand(tokens, r.top_k, device="cuda", generator=g), ids))
     distinct = sum(ids.unique().numel() for _, ids in routing) / len(routing)
-    stacked = [m.stacked_experts() for m in moes]
+    stacked = [m.experts.stacks() for m in moes]
 
     def grouped():
         with torch.inference_mode():
-            return [grouped_swiglu_experts(x, w, ids, *s) for (w, ids), s in zip(routing, stacked)]
+            return [grouped_experts(x, w, ids, *s) for (w, ids), s in zip(routing, stacked)]
 
     seconds = _time_replays(CapturedCall(grouped, torch.device("cuda"))) / len(moes)
     with torch.inference_mode():

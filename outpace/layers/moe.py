@@ -13,18 +13,26 @@ the configs' fields):
 - weights: the chosen experts' scores, divided by their sum when ``norm_topk_prob`` (V3), then times
   ``routed_scaling_factor``.
 
-The routed experts run in ``run_experts`` (eager: the tokens sorted by expert, one call per expert in use,
-one host synchronisation for the counts) or, on CUDA, in the grouped-expert kernels of layers/moe_kernels.py
-(no host synchronisation, so a forward can be captured in a CUDA graph): ``MoE`` chooses.
+The routed experts of every MoE family (DeepSeek's ``MoE`` here, Qwen3-Next, Nemotron-H, Step-3.5, Gemma 4)
+are a ``RoutedExperts``: it holds their weights as the family's checkpoint lays them out (one MLP module per
+expert, stacked once into tensors whose views the parameters become; or natively stacked tensors) and runs
+them in ``run_experts`` (eager: the tokens sorted by expert, one call per expert in use, one host
+synchronisation for the counts; the CPU path and the reference) or, on CUDA, in the grouped-expert kernels
+of layers/moe_kernels.py (no host synchronisation, so a forward can be captured in a CUDA graph), with the
+expert's activation (``ExpertActivation``) as the kernels' constexpr.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from outpace.layers.activation import ACTIVATIONS, act_and_mul
+from outpace.layers.linear import project
 
 
 @dataclass(frozen=True)
@@ -98,13 +106,171 @@ def run_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
     return out.to(x.dtype)
 
 
+# ACTIVATIONS keys -> the grouped kernels' activation (layers/moe_kernels.py ACTIVATIONS); the tanh GELUs
+# are one formula (layers/activation.py)
+_KERNEL_ACTIVATIONS = {"silu": "silu", "swish": "silu", "relu2": "relu2", "gelu_pytorch_tanh": "gelu_tanh",
+                       "gelu_new": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+                       "gelu_fast": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """What an expert computes between its input and down projections, over [rows, inter]: gated,
+    ``ACTIVATIONS[name](gate) * up``, or with ``limit`` L ``ACTIVATIONS[name](gate).clamp(max=L) *
+    up.clamp(-L, L)`` (Step-3.5's SwiGLU clamp, vLLM SwigluStepAndMul); ungated, ``ACTIVATIONS[name](up)``
+    (Nemotron-H's relu2)."""
+
+    name: str                    # a key of layers/activation.py ACTIVATIONS
+    gated: bool = True
+    limit: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in ACTIVATIONS:
+            raise ValueError(f"unknown expert activation {self.name!r}")
+        if self.limit is not None and not self.gated:
+            raise ValueError("the clamp limit applies to gated experts only")
+
+    @property
+    def kernel(self) -> str | None:
+        """The grouped kernels' name for it, None where they lack it (the experts then run eagerly)."""
+        return _KERNEL_ACTIVATIONS.get(self.name)
+
+    def __call__(self, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor:
+        """gate (None when ungated), up [rows, inter] -> [rows, inter]: the torch formula."""
+        if not self.gated:
+            return ACTIVATIONS[self.name](up)
+        if self.limit is None:
+            return act_and_mul(self.name, gate, up)
+        return ACTIVATIONS[self.name](gate).clamp(max=self.limit) * up.clamp(-self.limit, self.limit)
+
+
+class StackedWeight(nn.Module):
+    """One projection of every routed expert as a single [experts, out, in] parameter (``weight``)."""
+
+    def __init__(self, experts: int, out_features: int, in_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
+
+
+class RoutedExperts(nn.Module):
+    """The routed experts of a mixture: x [n, hidden], weights [n, top_k] float32, ids [n, top_k] -> the sum
+    over slots j of weights[:, j] times expert ids[:, j] applied to x, [n, hidden] in x's dtype. On CUDA, for
+    an activation the kernels have, the grouped kernels (layers/moe_kernels.py); elsewhere ``run_experts``.
+
+    Its weights, as the family's checkpoint names them (relative to this module), one layout of three:
+    - ``experts``: one MLP module per expert (``{e}.{gate,up,down}_proj.weight``, or ``{e}.{up,down}_proj``
+      ungated; DeepSeek, Qwen3-Next, Nemotron-H), each run by its own forward on the eager path; stacked for
+      the kernels on first use (``stacks``); a module's projections may be this rank's tensor-parallel
+      shard (narrower experts);
+    - ``stacked=(experts, hidden, inter), packed=True``: ``gate_up_proj`` [experts, 2 * inter, hidden] (gate
+      rows first) and ``down_proj`` [experts, hidden, inter] (transformers' fused experts: Gemma 4);
+    - ``stacked=..., packed=False``: ``{gate,up,down}_proj.weight`` [experts, out, in] (Step-3.5)."""
+
+    def __init__(self, activation: ExpertActivation, experts: Sequence[nn.Module] = (),
+                 stacked: tuple[int, int, int] | None = None, packed: bool = True) -> None:
+        super().__init__()
+        experts = list(experts)
+        if bool(experts) == (stacked is not None):
+            raise ValueError("RoutedExperts holds either expert modules or stacked weights")
+        self.activation = activation
+        self.per_expert = experts  # (registered below under their checkpoint names)
+        for e, expert in enumerate(self.per_expert):
+            self.add_module(str(e), expert)
+        self.num_experts = len(self.per_expert)
+        self._stacks: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
+        if stacked is not None:
+            self.num_experts, hidden, inter = stacked
+            if packed:
+                if not activation.gated:
+                    raise ValueError("packed gate/up stacks hold gated experts")
+                self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * inter, hidden))
+                self.down_proj = nn.Parameter(torch.empty(self.num_experts, hidden, inter))
+            else:
+                if activation.gated:
+                    self.gate_proj = StackedWeight(self.num_experts, inter, hidden)
+                self.up_proj = StackedWeight(self.num_experts, inter, hidden)
+                self.down_proj = StackedWeight(self.num_experts, hidden, inter)
+
+    def __len__(self) -> int:
+        return self.num_experts
+
+    def __getitem__(self, e: int) -> nn.Module:
+        """Expert ``e``'s module (the ``experts`` layout)."""
+        return self.per_expert[e]
+
+    def __iter__(self):
+        return iter(self.per_expert)
+
+    kernels: bool | None = None  # the grouped kernels: None on CUDA tensors, True / False forces (tests)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.run(x, weights, ids)
+
+    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The experts' output (class docstring); ``forward`` unless a subclass adds the router."""
+        kernel = self.activation.kernel
+        if kernel is not None and (x.is_cuda if self.kernels is None else self.kernels):
+            from outpace.layers import moe_kernels  # Triton: CUDA installs only
+
+            return moe_kernels.grouped_experts(x, weights, ids, *self.stacks(), activation=kernel,
+                                               limit=self.activation.limit)
+        return run_experts(x, weights, ids, self.eager_experts())
+
+    def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        """Each expert as run_experts calls it: its module, or ``stacked_expert`` of its index."""
+        return self.per_expert or [partial(self.stacked_expert, e) for e in range(self.num_experts)]
+
+    def stacked_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` of the stacked layouts over x [rows, hidden] -> [rows, hidden] (the eager path)."""
+        if isinstance(self.down_proj, StackedWeight):
+            gate = project(x, self.gate_proj.weight[e]) if self.activation.gated else None
+            return project(self.activation(gate, project(x, self.up_proj.weight[e])), self.down_proj.weight[e])
+        gate, up = project(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return project(self.activation(gate, up), self.down_proj[e])
+
+    def stacks(self) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """The weights as the grouped kernels read them: gate (None when ungated) and up [experts, inter,
+        hidden], down [experts, hidden, inter].
+
+        The ``experts`` layout is stacked on first use: the weights are copied into a gate/up tensor
+        [experts, 2 * inter, hidden] (gate rows first; up alone when ungated) and a down tensor, and every
+        expert's parameters (and its packed gate/up, layers/decoder.py PackedProjection) become views of
+        them, so no memory is added and in-place changes to the parameters (loading, optimiser steps) reach
+        the kernels. Restacked when a parameter has been given other storage since (``Module.to``,
+        ``load_state_dict`` with assign)."""
+        if not self.per_expert:
+            if isinstance(self.down_proj, StackedWeight):
+                gate = self.gate_proj.weight if self.activation.gated else None
+                return gate, self.up_proj.weight, self.down_proj.weight
+            inter = self.down_proj.shape[2]
+            return self.gate_up_proj[:, :inter], self.gate_up_proj[:, inter:], self.down_proj
+        first, gated = self.per_expert[0], self.activation.gated
+        first_in = first.gate_proj if gated else first.up_proj
+        if self._stacks is not None and first.down_proj.weight.data_ptr() == self._stacks[2].data_ptr() \
+                and first_in.weight.data_ptr() == self._stacks[1 - gated].data_ptr():
+            return self._stacks
+        # Plain tensors even inside inference mode: the parameters become views of them.
+        with torch.no_grad(), torch.inference_mode(False):
+            names = ("gate_proj", "up_proj") if gated else ("up_proj",)
+            gate_up = torch.stack([torch.cat([getattr(e, name).weight for name in names]) for e in self.per_expert])
+            down = torch.stack([e.down_proj.weight for e in self.per_expert])
+            inter = down.shape[2]
+            for e, expert in enumerate(self.per_expert):
+                for i, name in enumerate(names):
+                    getattr(expert, name).weight.data = gate_up[e, i * inter:(i + 1) * inter]
+                expert.down_proj.weight.data = down[e]
+                if getattr(expert, "gate_up", None) is not None:
+                    expert.gate_up.weight = gate_up[e]
+        self._stacks = (gate_up[:, :inter] if gated else None, gate_up[:, -inter:], down)
+        return self._stacks
+
+
 class MoE(nn.Module):
     """Routed experts plus shared experts: [n, hidden] -> [n, hidden]. Checkpoint names (DeepSeek's and
     transformers'): ``gate.weight``, ``gate.e_score_correction_bias``, ``experts.{e}.{gate,up,down}_proj``,
     ``shared_experts.{gate,up,down}_proj``.
 
-    On CUDA, with SiLU experts, the routed experts run in the grouped kernels (layers/moe_kernels.py) over
-    the experts' weights stacked by ``stacked_experts``; elsewhere in ``run_experts``."""
+    The routed experts are a ``RoutedExperts`` of the family's MLP modules (the grouped kernels on CUDA)."""
 
     def __init__(self, hidden_size: int, routing: Routing, expert_size: int, num_shared: int,
                  make_mlp: Callable[[int, bool], nn.Module], shared_bias: bool = False) -> None:
@@ -113,43 +279,10 @@ class MoE(nn.Module):
         (transformers DeepseekV2Moe: biases there only with the config's mlp_bias)."""
         super().__init__()
         self.gate = Router(hidden_size, routing)
-        self.experts = nn.ModuleList(make_mlp(expert_size, False) for _ in range(routing.num_experts))
+        experts = [make_mlp(expert_size, False) for _ in range(routing.num_experts)]
+        self.experts = RoutedExperts(ExpertActivation(experts[0].act), experts)
         self.shared_experts = make_mlp(expert_size * num_shared, shared_bias) if num_shared else None
-        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
-        if x.is_cuda and self.experts[0].act in ("silu", "swish"):
-            from outpace.layers.moe_kernels import grouped_swiglu_experts  # Triton: CUDA installs only
-
-            out = grouped_swiglu_experts(x, weights, ids, *self.stacked_experts())
-        else:
-            out = run_experts(x, weights, ids, self.experts)
+        out = self.experts(x, *self.gate(x))
         return out if self.shared_experts is None else out + self.shared_experts(x)
-
-    def stacked_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The routed experts' weights as gate/up [experts, 2 * expert_size, hidden] (gate rows first) and
-        down [experts, hidden, expert_size], for the grouped kernels.
-
-        Built on first use: the weights are copied into the two stacked tensors and every expert's
-        parameters (and its packed gate/up, layers/decoder.py PackedProjection) become views of them, so no
-        memory is added and in-place changes to the parameters (loading, optimiser steps) reach the kernels.
-        Rebuilt when a parameter has been given other storage since (``Module.to``, ``load_state_dict``
-        with assign)."""
-        first = self.experts[0]
-        if self._stacked is not None and first.down_proj.weight.data_ptr() == self._stacked[1].data_ptr() \
-                and first.gate_proj.weight.data_ptr() == self._stacked[0].data_ptr():
-            return self._stacked
-        # Plain tensors even inside inference mode: the parameters become views of them.
-        with torch.no_grad(), torch.inference_mode(False):
-            gate_up = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in self.experts])
-            down = torch.stack([e.down_proj.weight for e in self.experts])
-            size = first.gate_proj.weight.shape[0]
-            for e, expert in enumerate(self.experts):
-                expert.gate_proj.weight.data = gate_up[e, :size]
-                expert.up_proj.weight.data = gate_up[e, size:]
-                expert.down_proj.weight.data = down[e]
-                if getattr(expert, "gate_up", None) is not None:
-                    expert.gate_up.weight = gate_up[e]
-        self._stacked = (gate_up, down)
-        return self._stacked

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from outpace.attention.layer import Attention
@@ -39,7 +38,7 @@ from outpace.config import ModelConfig
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.linear import linear
-from outpace.layers.moe import run_experts
+from outpace.layers.moe import ExpertActivation, RoutedExperts
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, layer_type, layer_type_ropes, refuse,
@@ -207,24 +206,14 @@ class Gemma4Router(nn.Module):
         return weights * self.per_expert_scale[ids].float(), ids
 
 
-class Gemma4Experts(nn.Module):
+class Gemma4Experts(RoutedExperts):
     """transformers Gemma4TextExperts: each expert's gate and up projections packed in one
-    [experts, 2 * intermediate, hidden] tensor, down in [experts, hidden, intermediate]."""
+    [experts, 2 * intermediate, hidden] tensor (``gate_up_proj``), down in [experts, hidden, intermediate]
+    (``down_proj``); act(gate) * up between them. A ``RoutedExperts`` in that layout: (x [n, hidden],
+    weights, ids [n, top_k]) -> the weighted sum of the chosen experts [n, hidden]."""
 
     def __init__(self, hidden_size: int, moe: Gemma4Moe, act: str) -> None:
-        super().__init__()
-        self.act = ACTIVATIONS[act]
-        self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden_size, moe.intermediate_size))
-
-    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        """Expert e over its rows x [rows, hidden] -> [rows, hidden]."""
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(self.act(gate) * up, self.down_proj[e])
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x [n, hidden]; weights, ids [n, top_k] -> the weighted sum of the chosen experts [n, hidden]."""
-        return run_experts(x, weights, ids, [partial(self.expert, e) for e in range(len(self.gate_up_proj))])
+        super().__init__(ExpertActivation(act), stacked=(moe.num_experts, hidden_size, moe.intermediate_size))
 
 
 class Gemma4DecoderLayer(nn.Module):

@@ -26,7 +26,7 @@ from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.mamba2 import Mamba2Mixer
-from outpace.layers.moe import Router, Routing, run_experts
+from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
@@ -93,13 +93,14 @@ class NemotronHMoE(nn.Module):
                                                 normalize=bool(raw["norm_topk_prob"]),
                                                 scaling=raw["routed_scaling_factor"]))
         act, bias = raw["mlp_hidden_act"], raw["mlp_bias"]
-        self.experts = nn.ModuleList(UngatedMLP(hidden_size, raw["moe_intermediate_size"], act, False)
-                                     for _ in range(experts))
+        self.experts = RoutedExperts(ExpertActivation(act, gated=False),
+                                     [UngatedMLP(hidden_size, raw["moe_intermediate_size"], act, False)
+                                      for _ in range(experts)])
         self.shared_experts = UngatedMLP(hidden_size, raw["moe_shared_expert_intermediate_size"], act, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        return run_experts(x, weights, ids, self.experts) + self.shared_experts(x)
+        return self.experts(x, weights, ids) + self.shared_experts(x)
 
 
 class PlainAttention(nn.Module):

@@ -33,7 +33,7 @@ from outpace.layers.decoder import GatedMLP
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import linear
-from outpace.layers.moe import Router, Routing, run_experts
+from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.hybrid_mtp import QwenMTP, mtp_layer_count
@@ -142,15 +142,15 @@ class SparseMoeWithSharedExpert(nn.Module):
     def __init__(self, hidden_size: int, hybrid: Qwen3NextConfig, act: str) -> None:
         super().__init__()
         self.gate = Router(hidden_size, hybrid.routing)
-        self.experts = nn.ModuleList(GatedMLP(hidden_size, hybrid.moe_intermediate_size, act)
-                                     for _ in range(hybrid.routing.num_experts))
+        experts = [GatedMLP(hidden_size, hybrid.moe_intermediate_size, act) for _ in range(hybrid.routing.num_experts)]
+        self.experts = RoutedExperts(ExpertActivation(act), experts)
         self.shared_expert = GatedMLP(hidden_size, hybrid.shared_expert_intermediate_size, act)
         self.shared_expert_gate = linear(hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return run_experts(x, weights, ids, self.experts) + shared
+        return self.experts(x, weights, ids) + shared
 
 
 class Qwen3NextDecoderLayer(nn.Module):

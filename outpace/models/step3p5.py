@@ -42,7 +42,6 @@ hidden_states_before_norm); no position-0 masking. The layers chain: layer k rea
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -54,8 +53,8 @@ from outpace.config import ConfigError, ModelConfig
 from outpace.layers.activation import silu_and_mul
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.linear import linear, project
-from outpace.layers.moe import Router, Routing, run_experts
+from outpace.layers.linear import linear
+from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.gemma import final_logits
@@ -285,35 +284,20 @@ class Step3p5MLP(GatedMLP):
         return self.down_proj(clamped_swiglu(gate, up, self.limit))
 
 
-class StackedWeight(nn.Module):
-    """One projection of every routed expert as a single [experts, out, in] parameter (``weight``)."""
-
-    def __init__(self, experts: int, out_features: int, in_features: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
-
-
-class Step3p5MoE(nn.Module):
+class Step3p5MoE(RoutedExperts):
     """The router and the stacked routed experts (checkpoint: ``moe.gate.weight``, ``moe.router_bias``,
-    ``moe.{gate,up,down}_proj.weight``); [n, hidden] -> [n, hidden]. The shared expert is the layer's."""
+    ``moe.{gate,up,down}_proj.weight``); [n, hidden] -> [n, hidden]. The shared expert is the layer's.
+    The checkpoint keeps the router beside the expert stacks, so this is the ``RoutedExperts`` (separate
+    stacks, SiLU with the routed experts' clamp: ``clamped_swiglu``) with the router added: forward(x)
+    routes, then runs the experts (``run``)."""
 
     def __init__(self, cfg: Step3p5Config, limit: float | None) -> None:
-        super().__init__()
         e, h, inter = cfg.routing.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        super().__init__(ExpertActivation("silu", limit=limit), stacked=(e, h, inter), packed=False)
         self.gate = Router(h, cfg.routing)
-        self.gate_proj, self.up_proj = StackedWeight(e, inter, h), StackedWeight(e, inter, h)
-        self.down_proj = StackedWeight(e, h, inter)
-        self.limit = limit
-
-    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        """Routed expert ``e`` over x [rows, hidden] -> [rows, hidden]."""
-        act = clamped_swiglu(project(x, self.gate_proj.weight[e]), project(x, self.up_proj.weight[e]), self.limit)
-        return project(act, self.down_proj.weight[e])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)                                             # [n, top_k] each
-        experts = [functools.partial(self.expert, e) for e in range(self.gate.routing.num_experts)]
-        return run_experts(x, weights, ids, experts)
+        return self.run(x, *self.gate(x))                                      # weights, ids [n, top_k]
 
 
 class Step3p5Attention(nn.Module):
