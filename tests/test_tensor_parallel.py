@@ -184,9 +184,9 @@ def test_dimensions_that_do_not_split_are_refused(family):
         build_model(cfg, torch.float32)
     with building_in(RankGroup(0, 4)), pytest.raises(ShardingError, match="num_attention_heads=6"):
         build_model(cfg, torch.float32)
-    with building_in(RankGroup(0, 2)), pytest.raises(ConfigError, match="DeepseekV3ForCausalLM cannot be sharded"):
+    with building_in(RankGroup(0, 2)), pytest.raises(ConfigError, match="NemotronHForCausalLM cannot be sharded"):
         build_model(ModelConfig.from_dict({**json.loads((Path(family["llama"][2]) / "config.json").read_text()),
-                                           "architectures": ["DeepseekV3ForCausalLM"]}), torch.float32)
+                                           "architectures": ["NemotronHForCausalLM"]}), torch.float32)
 
 
 def test_a_rank_that_dies_stops_the_engine(zoo_reference):

@@ -27,16 +27,27 @@ class ShardingError(ValueError):
 @dataclass(frozen=True)
 class Shard:
     """This rank's part of a checkpoint tensor of ``full`` rows along ``dim``: rows ``start .. start +
-    length``; rows past ``full`` (vocabulary padding) are zeros."""
+    length``; rows past ``full`` (vocabulary padding) are zeros. ``blocks`` > 1: the rows are that many
+    equal blocks packed one after another (an expert's gate rows, then its up rows) and this rank holds
+    rows ``start .. start + length`` of each block, concatenated (vLLM's MergedColumnParallelLinear
+    shards a packed gate/up the same way)."""
     dim: int
     start: int
     length: int
     full: int
+    blocks: int = 1
 
     def read(self, tensor_slice, full_shape: tuple[int, ...]) -> torch.Tensor:
         """This rank's part of a tensor, from ``tensor_slice`` (anything indexable by slices with the full
         tensor's ``full_shape``: a safetensors ``get_slice`` reads only the selected bytes). The caller
         checks ``full_shape[dim] == full``."""
+        if self.blocks > 1:
+            block, index = self.full // self.blocks, [slice(None)] * len(full_shape)
+            parts = []
+            for b in range(self.blocks):
+                index[self.dim] = slice(b * block + self.start, b * block + self.start + self.length)
+                parts.append(tensor_slice[tuple(index)])
+            return torch.cat(parts, dim=self.dim)
         start, end = self.start, min(self.start + self.length, full_shape[self.dim])
         pad_shape = list(full_shape)
         pad_shape[self.dim] = self.length - max(end - start, 0)   # padding rows past the checkpoint's

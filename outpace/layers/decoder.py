@@ -34,14 +34,12 @@ class DecoderAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         input_size = input_size or cfg.hidden_size  # EAGLE3's layer reads [embedding, hidden]: 2 * hidden
-        group, d = build_group(), cfg.head_dim
-        heads = split_evenly(cfg.num_attention_heads, group.size, "num_attention_heads")
-        first_kv, kv_heads = kv_head_shard(cfg.num_key_value_heads, group.rank, group.size)
+        d = cfg.head_dim
+        p = HeadProjections(input_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, d,
+                            cfg.attention_bias, cfg.attention_out_bias)
+        heads, kv_heads = p.heads, p.kv_heads
         self.q_size = heads * d  # this rank's q rows: [num_tokens, heads * head_dim]
-        self.q_proj = column_parallel(input_size, cfg.q_size, cfg.attention_bias, (group.rank * heads * d, heads * d))
-        self.k_proj = column_parallel(input_size, cfg.kv_size, cfg.attention_bias, (first_kv * d, kv_heads * d))
-        self.v_proj = column_parallel(input_size, cfg.kv_size, cfg.attention_bias, (first_kv * d, kv_heads * d))
-        self.o_proj = row_parallel(cfg.q_size, cfg.hidden_size, cfg.attention_out_bias, "num_attention_heads * head_dim")
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -130,16 +128,37 @@ class DecoderAttention(nn.Module):
                                 self.rotary.cos, self.rotary.sin, k_cache, v_cache, slots, qk_norm=qk_norm)
 
 
+class HeadProjections:
+    """An attention layer's q/k/v and o projections, heads split over the group being built: q (and k, v)
+    column-parallel by head, kv heads replicated on size / kv_heads ranks when fewer than ranks
+    (distributed/sharding.py ``kv_head_shard``), o row-parallel; ``heads`` / ``kv_heads`` this rank's.
+    ``with_v=False``: no v projection (``v_proj`` None: v is k's output, Gemma 4's k = v layers);
+    ``with_kv=False``: neither k nor v (a layer attending over another layer's cache)."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 bias: bool, out_bias: bool, with_kv: bool = True, with_v: bool = True) -> None:
+        group, d = build_group(), head_dim
+        self.heads = split_evenly(num_heads, group.size, "num_attention_heads")
+        first_kv, self.kv_heads = kv_head_shard(num_kv_heads, group.rank, group.size)
+        self.q_proj = column_parallel(input_size, num_heads * d, bias, (group.rank * self.heads * d, self.heads * d))
+        kv_rows = (first_kv * d, self.kv_heads * d)
+        self.k_proj = column_parallel(input_size, num_kv_heads * d, bias, kv_rows) if with_kv else None
+        self.v_proj = column_parallel(input_size, num_kv_heads * d, bias, kv_rows) if with_kv and with_v else None
+        self.o_proj = row_parallel(num_heads * d, hidden_size, out_bias, "num_attention_heads * head_dim")
+
+
 class GatedMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)); ``act`` a key of layers/activation.py's ACTIVATIONS.
-    Sharded: each rank holds intermediate_size / size rows of gate and up and the matching columns of down."""
+    Sharded: each rank holds intermediate_size / size rows of gate and up and the matching columns of down;
+    ``reduce=False``: the output is this rank's partial sum, for a caller that all-reduces (an expert)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False,
+                 reduce: bool = True, what: str = "intermediate_size") -> None:
         super().__init__()
         self.act = act
-        self.gate_proj = column_parallel(hidden_size, intermediate_size, bias)
-        self.up_proj = column_parallel(hidden_size, intermediate_size, bias)
-        self.down_proj = row_parallel(intermediate_size, hidden_size, bias, "intermediate_size")
+        self.gate_proj = column_parallel(hidden_size, intermediate_size, bias, what=what)
+        self.up_proj = column_parallel(hidden_size, intermediate_size, bias, what=what)
+        self.down_proj = row_parallel(intermediate_size, hidden_size, bias, what, reduce)
         self.gate_up: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

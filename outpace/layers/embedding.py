@@ -6,6 +6,11 @@ r * rows .. (r + 1) * rows - 1 (distributed/sharding.py): the embedding looks up
 zeroes the others and sums the rows over the ranks (vLLM's VocabParallelEmbedding masks and
 all-reduces the same way); the head computes its rows' logits and gathers every rank's, trimmed to
 the real vocabulary. With one rank both are the plain layers, shaped as the checkpoint.
+
+A model may keep its table whole on every rank instead (``replicated=True``: Gemma, as SGLang's Gemma keeps
+a plain nn.Embedding), and a head tied to it is then whole too. A vocab-parallel draft that borrows such
+a table (EAGLE3) is handed this rank's rows of it, ceil-divided and padded as its own would be, and a
+borrowed tied head is rebound to those rows (``vocab_shard_of``; SGLang's Gemma _shard_weight).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.distributed.collectives import all_gather_last_dim, all_reduce
-from outpace.distributed.group import RankGroup, build_group
+from outpace.distributed.group import SINGLE, RankGroup, build_group
 from outpace.distributed.sharding import Shard, mark_shard, vocab_shard_rows
 from outpace.layers.linear import project
 
@@ -22,8 +27,8 @@ from outpace.layers.linear import project
 class VocabEmbedding(nn.Embedding):
     """[num_tokens] token ids -> [num_tokens, hidden]. ``weight`` [rows, hidden]: this rank's rows."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
-        group = build_group()
+    def __init__(self, num_embeddings: int, embedding_dim: int, replicated: bool = False) -> None:
+        group = SINGLE if replicated else build_group()
         rows = vocab_shard_rows(num_embeddings, group.size)
         super().__init__(rows, embedding_dim)
         self.group: RankGroup = group
@@ -47,7 +52,7 @@ class LMHead(nn.Module):
 
     def __init__(self, hidden_size: int, vocab_size: int, tied_to: VocabEmbedding | None = None) -> None:
         super().__init__()
-        group = build_group()
+        group = tied_to.group if tied_to is not None else build_group()  # a tied head splits as its table
         self.group: RankGroup = group
         self.vocab_size = vocab_size
         if tied_to is not None:
@@ -69,8 +74,8 @@ class ScaledVocabEmbedding(VocabEmbedding):
     """[num_tokens] token ids -> [num_tokens, dim] rows times ``scale``, the scale rounded to the weight's
     dtype first (transformers Gemma3TextScaledWordEmbedding: sqrt(hidden) is 55.5, not 55.4256, in bf16)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, scale: float) -> None:
-        super().__init__(num_embeddings, embedding_dim)
+    def __init__(self, num_embeddings: int, embedding_dim: int, scale: float, replicated: bool = False) -> None:
+        super().__init__(num_embeddings, embedding_dim, replicated)
         self.scale = scale
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -82,3 +87,23 @@ def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
     softcapping, transformers Gemma3ForCausalLM.forward)."""
     return torch.tanh(logits / cap) * cap
 
+
+def vocab_shard_of(table: VocabEmbedding) -> VocabEmbedding:
+    """The embedding a vocab-parallel module built in the current group reads: ``table`` itself when it is
+    already split over that group (or there is one rank), else, for a table kept whole on every rank, a
+    ``VocabEmbedding`` of this rank's rows of it: views of the table's rows, the last rank's padding rows
+    past the vocabulary zeros (a copy of its rows then)."""
+    group = build_group()
+    if group.size == 1 or table.group.size == group.size:
+        return table
+    if table.group.size != 1:
+        raise ValueError(f"an embedding split over {table.group.size} ranks cannot be handed to a module built over "
+                         f"{group.size}")
+    with torch.device("meta"):
+        shard = VocabEmbedding(table.vocab_size, table.embedding_dim)       # [rows, dim] in ``group``
+    first, rows, full = shard.first_id, shard.num_embeddings, table.weight.detach()
+    mine = full[first:first + rows]                                         # [<= rows, dim] views
+    if mine.shape[0] < rows:
+        mine = torch.cat([mine, mine.new_zeros(rows - mine.shape[0], mine.shape[1])])
+    shard.weight = nn.Parameter(mine, requires_grad=False)
+    return shard

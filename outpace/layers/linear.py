@@ -4,7 +4,9 @@
   (and of the bias) and returns its part of the output, [..., out / size]; no communication;
 - row-parallel (``row_parallel``: o, down): each rank holds some input columns, reads its part of the
   input (what a column-parallel layer returned) and the partial products are summed over the ranks with
-  one all-reduce; the bias is added once, after it.
+  one all-reduce; the bias is added once, after it. Built with ``reduce=False`` it returns the partial
+  product (the bias on rank 0 only, as vLLM's RowParallelLinear adds it) for a caller that sums several
+  such outputs with one all-reduce of its own (the experts of a mixture: layers/moe.py).
 With one rank both are the plain projection, computed as before.
 
 Batch-invariant mode (a setting of the forward context: attention/context.py, from
@@ -45,11 +47,12 @@ class Linear(nn.Linear):
     (``reduces``) sums its partial products over ``group``."""
 
     group: RankGroup = SINGLE
-    reduces: bool = False
+    reduces: bool = False   # row-parallel: sums its partial products over the group
+    partial: bool = False   # row-parallel whose caller sums them: the bias on rank 0 only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.reduces:
-            return project(x, self.weight, self.bias)
+            return project(x, self.weight, None if self.partial and self.group.rank else self.bias)
         out = all_reduce(project(x, self.weight), self.group)
         return out if self.bias is None else out + self.bias
 
@@ -60,13 +63,14 @@ def linear(in_features: int, out_features: int, bias: bool = False) -> Linear:
 
 
 def column_parallel(in_features: int, out_features: int, bias: bool = False,
-                    rows: tuple[int, int] | None = None) -> Linear:
+                    rows: tuple[int, int] | None = None, what: str = "output features") -> Linear:
     """A projection whose output rows split over the group being built: this rank holds ``rows`` = (first,
-    count) of the ``out_features`` (default: an even split), of the weight and the bias."""
+    count) of the ``out_features`` (default: an even split, ``what`` naming them when they do not
+    divide), of the weight and the bias."""
     group = build_group()
     if group.size == 1:
         return linear(in_features, out_features, bias)
-    first, count = rows or (group.rank * split_evenly(out_features, group.size, "output features"),
+    first, count = rows or (group.rank * split_evenly(out_features, group.size, what),
                             out_features // group.size)
     layer = Linear(in_features, count, bias=bias)
     layer.group = group
@@ -76,15 +80,17 @@ def column_parallel(in_features: int, out_features: int, bias: bool = False,
     return layer
 
 
-def row_parallel(in_features: int, out_features: int, bias: bool = False, what: str = "input features") -> Linear:
+def row_parallel(in_features: int, out_features: int, bias: bool = False, what: str = "input features",
+                 reduce: bool = True) -> Linear:
     """A projection whose input columns split evenly over the group being built (``what`` names them in
-    the error when they do not divide); the outputs are all-reduced."""
+    the error when they do not divide); the outputs are all-reduced, or with ``reduce=False`` left for the
+    caller to sum (module docstring)."""
     group = build_group()
     if group.size == 1:
         return linear(in_features, out_features, bias)
     count = split_evenly(in_features, group.size, what)
     layer = Linear(count, out_features, bias=bias)
-    layer.group, layer.reduces = group, True
+    layer.group, layer.reduces, layer.partial = group, reduce, not reduce
     mark_shard(layer.weight, Shard(1, group.rank * count, count, in_features))
     return layer
 

@@ -26,6 +26,7 @@ form always with the latter.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -36,7 +37,9 @@ from outpace.attention.context import get_forward_context
 from outpace.attention.layer import PagedCacheLayer
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
 from outpace.attention.torch_backend import attend_paged, gather_blocks
-from outpace.layers.linear import linear
+from outpace.distributed.group import build_group
+from outpace.distributed.sharding import split_evenly
+from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 
@@ -65,20 +68,28 @@ _LATENT_NORM_EPS = 1e-6
 
 
 class MultiHeadLatentAttention(PagedCacheLayer):
+    """Tensor parallelism (outpace/distributed/), as vLLM's and SGLang's DeepseekV2MLAAttention shard it: the
+    heads split over the ranks (q_proj / q_b_proj and kv_b_proj column-parallel by head, o_proj row-parallel,
+    one all-reduce); the down projections q_a_proj and kv_a_proj_with_mqa are replicated, so every rank
+    computes and caches the whole latent row of each token (the cache is one "head" shared by all heads).
+    ``shape`` is then this rank's: ``num_heads`` the heads it holds."""
+
     def __init__(self, shape: MLAShape, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        s = self.shape = shape
+        s = shape
+        heads = split_evenly(s.num_heads, build_group().size, "num_attention_heads")
+        self.shape = dataclasses.replace(shape, num_heads=heads)
         qk_head_dim = s.qk_nope_head_dim + s.qk_rope_head_dim
         if s.q_lora_rank is None:
-            self.q_proj = linear(s.hidden_size, s.num_heads * qk_head_dim)
+            self.q_proj = column_parallel(s.hidden_size, s.num_heads * qk_head_dim)
         else:
             self.q_a_proj = linear(s.hidden_size, s.q_lora_rank, bias=s.bias)
             self.q_a_layernorm = RMSNorm(s.q_lora_rank, _LATENT_NORM_EPS)
-            self.q_b_proj = linear(s.q_lora_rank, s.num_heads * qk_head_dim)
+            self.q_b_proj = column_parallel(s.q_lora_rank, s.num_heads * qk_head_dim)
         self.kv_a_proj_with_mqa = linear(s.hidden_size, s.kv_lora_rank + s.qk_rope_head_dim, bias=s.bias)
         self.kv_a_layernorm = RMSNorm(s.kv_lora_rank, _LATENT_NORM_EPS)
-        self.kv_b_proj = linear(s.kv_lora_rank, s.num_heads * (s.qk_nope_head_dim + s.v_head_dim))
-        self.o_proj = linear(s.num_heads * s.v_head_dim, s.hidden_size, bias=s.bias)
+        self.kv_b_proj = column_parallel(s.kv_lora_rank, s.num_heads * (s.qk_nope_head_dim + s.v_head_dim))
+        self.o_proj = row_parallel(s.num_heads * s.v_head_dim, s.hidden_size, s.bias, "num_attention_heads")
         self.rotary = rotary
         self.expand_min_query_len = s.expand_min_query_len
         self.cache_rows: torch.Tensor | None = None  # [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]

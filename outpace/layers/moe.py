@@ -20,6 +20,14 @@ them in ``run_experts`` (eager: the tokens sorted by expert, one call per expert
 synchronisation for the counts; the CPU path and the reference) or, on CUDA, in the grouped-expert kernels
 of layers/moe_kernels.py (no host synchronisation, so a forward can be captured in a CUDA graph), with the
 expert's activation (``ExpertActivation``) as the kernels' constexpr.
+
+Tensor parallelism (outpace/distributed/), as the default (not expert-parallel) MoE of vLLM and SGLang
+shards it (vLLM FusedMoE's intermediate_size_per_partition; SGLang deepseek_v2.py DeepseekV2MoE, whose
+shared experts skip their own reduction): every rank holds every expert, and of each expert (shared ones
+too) moe_intermediate_size / size rows of gate/up and the matching columns of down. The router is
+replicated, so every rank picks the same experts; each rank's experts return partial sums, and the routed
+plus shared output is summed over the ranks with one all-reduce. The grouped kernels take the sharded
+stacks as they are (each expert is a narrower SwiGLU).
 """
 from __future__ import annotations
 
@@ -31,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import build_group
 from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
 
@@ -273,16 +283,22 @@ class MoE(nn.Module):
     The routed experts are a ``RoutedExperts`` of the family's MLP modules (the grouped kernels on CUDA)."""
 
     def __init__(self, hidden_size: int, routing: Routing, expert_size: int, num_shared: int,
-                 make_mlp: Callable[[int, bool], nn.Module], shared_bias: bool = False) -> None:
-        """``make_mlp(intermediate_size, bias)``: a gate/up/down SwiGLU MLP (the model family's); the routed
-        experts have ``expert_size`` and no biases, the shared experts are one MLP of num_shared * expert_size
-        (transformers DeepseekV2Moe: biases there only with the config's mlp_bias)."""
+                 make_mlp: Callable[..., nn.Module], shared_bias: bool = False) -> None:
+        """``make_mlp(intermediate_size, bias, reduce=False, what=name)``: a gate/up/down SwiGLU MLP (the model
+        family's ``GatedMLP``) returning this rank's partial sum; the routed experts have ``expert_size`` and no
+        biases, the shared experts are one MLP of num_shared * expert_size (transformers DeepseekV2Moe: biases
+        there only with the config's mlp_bias)."""
         super().__init__()
+        self.group = build_group()
         self.gate = Router(hidden_size, routing)
-        experts = [make_mlp(expert_size, False) for _ in range(routing.num_experts)]
+        experts = [make_mlp(expert_size, False, reduce=False, what="moe_intermediate_size")
+                   for _ in range(routing.num_experts)]
         self.experts = RoutedExperts(ExpertActivation(experts[0].act), experts)
-        self.shared_experts = make_mlp(expert_size * num_shared, shared_bias) if num_shared else None
+        self.shared_experts = make_mlp(expert_size * num_shared, shared_bias, reduce=False,
+                                       what="moe_intermediate_size * n_shared_experts") if num_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, *self.gate(x))
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return all_reduce(out, self.group)  # (the partial sums of every rank's expert rows)

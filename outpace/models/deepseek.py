@@ -197,8 +197,8 @@ class DeepseekDecoderLayer(nn.Module):
         self.self_attn = MultiHeadLatentAttention(cfg.mla_shape, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-        def mlp(size: int, bias: bool) -> GatedMLP:
-            return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias)
+        def mlp(size: int, bias: bool, **shard) -> GatedMLP:
+            return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias, **shard)
 
         if cfg.is_moe_layer(index):
             self.mlp = MoE(cfg.hidden_size, cfg.routing, cfg.moe_intermediate_size, cfg.n_shared_experts, mlp,
@@ -233,6 +233,9 @@ class DeepseekModel(nn.Module):
 
 class DeepseekForCausalLM(nn.Module):
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
+    # Sharded over tensor-parallel ranks when built inside distributed.group.building_in: MLA's heads
+    # (layers/mla.py), every expert's rows (layers/moe.py), the dense MLPs, vocab-parallel embedding and heads.
+    shards_over_ranks = True
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the checkpoint has MTP layers in DeepSeek's layout (the loader decides from its

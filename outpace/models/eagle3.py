@@ -44,7 +44,7 @@ from torch import nn
 
 from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
 from outpace.config import ModelConfig
-from outpace.layers.embedding import VocabEmbedding
+from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.decoder import DecoderAttention, GatedMLP, attention_and_mlp, embed_norm_pair, norm_head_logits
@@ -224,9 +224,15 @@ class Eagle3Draft(nn.Module):
 
     def attach_target(self, target: nn.Module) -> None:
         """Borrow the target's embedding (its unscaled rows: ``embed_scale`` applies) and head, each
-        when the draft has none."""
-        self._borrowed = (None if hasattr(self, "embed_tokens") else UnscaledRows(target.model.embed_tokens),
-                          None if hasattr(self, "lm_head") else target.lm_head)
+        when the draft has none. Under tensor parallelism the draft's embedding is vocab-parallel: a target
+        table kept whole on every rank (Gemma) is handed over as this rank's rows, and a head tied to it is
+        rebound to those rows (layers/embedding.py ``vocab_shard_of``)."""
+        table, head = target.model.embed_tokens, target.lm_head
+        rows = vocab_shard_of(table)
+        if rows is not table and head.weight is table.weight:
+            head = LMHead(rows.embedding_dim, rows.vocab_size, tied_to=rows)
+        self._borrowed = (None if hasattr(self, "embed_tokens") else UnscaledRows(rows),
+                          None if hasattr(self, "lm_head") else head)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[n] -> [n, hidden]: the rows the layer's input norm receives (unscaled: ``embed_scale`` lives in

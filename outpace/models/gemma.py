@@ -30,10 +30,9 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.config import ConfigError, ModelConfig
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
-from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.layers.decoder import GatedMLP
+from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.models.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
@@ -126,15 +125,13 @@ class Gemma3Attention(nn.Module):
         super().__init__()
         self.head_dim = d = cfg.head_dim
         bias = gemma.attention_bias
-        self.q_proj = linear(cfg.hidden_size, cfg.q_size, bias=bias)
-        self.k_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
-        self.v_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
-        self.o_proj = linear(cfg.q_size, cfg.hidden_size, bias=bias)
+        p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, d,
+                            bias, bias)  # heads split over tensor-parallel ranks (layers/decoder.py)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         self.q_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.k_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.rotary = rotary
-        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, d, sliding_window,
-                              scale=gemma.query_pre_attn_scalar ** -0.5)
+        self.attn = Attention(p.heads, p.kv_heads, d, sliding_window, scale=gemma.query_pre_attn_scalar ** -0.5)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
@@ -168,7 +165,8 @@ class Gemma3Model(nn.Module):
         # One table per layer type, shared by that type's layers (not checkpoint tensors).
         self.rotary = nn.ModuleDict({t: rope.rotary(cfg.head_dim, cfg.max_position_embeddings)
                                      for t, rope in gemma.ropes.items()})
-        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size ** 0.5)
+        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size ** 0.5,
+                                                 replicated=True)
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(cfg, gemma, self.rotary[layer_type(cfg, i)], cfg.layer_window(i))
             for i in range(cfg.num_hidden_layers))
@@ -179,7 +177,14 @@ class GemmaForCausalLMBase(nn.Module):
     """What the Gemma 3 and Gemma 4 causal LMs share: the family config beside the common one, the
     text model, the (tied or own) head, embedding lookup and soft-capped logits, and the aux hidden
     state capture (EAGLE3) of the Llama family: capture index i is the input of layer i, index
-    num_hidden_layers the last layer's output."""
+    num_hidden_layers the last layer's output.
+
+    Tensor parallelism: the layers shard as the Llama family's; the token embedding stays whole on every
+    rank (a plain table, as SGLang's Gemma3TextScaledWordEmbedding is an nn.Embedding), and so does a head
+    tied to it: a vocab-parallel EAGLE3 draft borrowing them is handed this rank's rows
+    (layers/embedding.py ``vocab_shard_of``)."""
+
+    shards_over_ranks = True
 
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     _model_output = LlamaForCausalLM._model_output

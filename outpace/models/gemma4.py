@@ -35,6 +35,9 @@ from torch import nn
 
 from outpace.attention.layer import Attention
 from outpace.config import ModelConfig
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import build_group
+from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.linear import linear
@@ -43,7 +46,7 @@ from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, layer_type, layer_type_ropes, refuse,
                                   skip_towers)
-from outpace.layers.decoder import GatedMLP
+from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.models.llama import ModelOutput
 
 ROPE_TYPES = ("default", "proportional")
@@ -154,20 +157,22 @@ class Gemma4Attention(nn.Module):
         super().__init__()
         shape = gemma.layers[index]
         self.index, self.shape = index, shape
-        d, heads, bias, eps = shape.head_dim, cfg.num_attention_heads, gemma.attention_bias, cfg.rms_norm_eps
-        self.q_proj = linear(cfg.hidden_size, heads * d, bias=bias)
-        self.o_proj = linear(heads * d, cfg.hidden_size, bias=bias)
+        d, bias, eps = shape.head_dim, gemma.attention_bias, cfg.rms_norm_eps
+        # heads split over tensor-parallel ranks (layers/decoder.py); a sharing layer has no k/v projections
+        p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, shape.num_kv_heads, d, bias,
+                            bias, with_kv=producer_attn is None, with_v=not shape.k_eq_v)
+        self.q_proj, self.o_proj = p.q_proj, p.o_proj
         self.q_norm = Float32RMSNorm(d, eps)
         self.rotary = rotary
         if producer_attn is not None:
             self.attn = producer_attn
             return
-        self.k_proj = linear(cfg.hidden_size, shape.num_kv_heads * d, bias=bias)
+        self.k_proj = p.k_proj
         if not shape.k_eq_v:
-            self.v_proj = linear(cfg.hidden_size, shape.num_kv_heads * d, bias=bias)
+            self.v_proj = p.v_proj
         self.k_norm = Float32RMSNorm(d, eps)
         self.v_norm = Float32RMSNorm(d, eps, with_weight=False)
-        self.attn = Attention(heads, shape.num_kv_heads, d, cfg.layer_window(index), scale=1.0)
+        self.attn = Attention(p.heads, p.kv_heads, d, cfg.layer_window(index), scale=1.0)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, shared: SharedKV) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]. A producer leaves its
@@ -210,10 +215,24 @@ class Gemma4Experts(RoutedExperts):
     """transformers Gemma4TextExperts: each expert's gate and up projections packed in one
     [experts, 2 * intermediate, hidden] tensor (``gate_up_proj``), down in [experts, hidden, intermediate]
     (``down_proj``); act(gate) * up between them. A ``RoutedExperts`` in that layout: (x [n, hidden],
-    weights, ids [n, top_k]) -> the weighted sum of the chosen experts [n, hidden]."""
+    weights, ids [n, top_k]) -> the weighted sum of the chosen experts [n, hidden].
+
+    Tensor parallelism as layers/moe.py's: each rank holds intermediate / size rows of every expert's gate
+    and of its up (this rank's rows of each packed half) and the matching columns of down; the experts'
+    partial sums are all-reduced once."""
 
     def __init__(self, hidden_size: int, moe: Gemma4Moe, act: str) -> None:
-        super().__init__(ExpertActivation(act), stacked=(moe.num_experts, hidden_size, moe.intermediate_size))
+        group, full = build_group(), moe.intermediate_size
+        size = split_evenly(full, group.size, "moe_intermediate_size")
+        super().__init__(ExpertActivation(act), stacked=(moe.num_experts, hidden_size, size))
+        self.group = group
+        if group.size > 1:
+            first = group.rank * size
+            mark_shard(self.gate_up_proj, Shard(1, first, size, 2 * full, blocks=2))
+            mark_shard(self.down_proj, Shard(2, first, size, full))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return all_reduce(self.run(x, weights, ids), self.group)
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -265,7 +284,7 @@ class Gemma4Model(nn.Module):
             key = f"{layer_type(cfg, i)}_{shape.head_dim}"
             if key not in self.rotary:
                 self.rotary[key] = gemma.ropes[layer_type(cfg, i)].rotary(shape.head_dim, cfg.max_position_embeddings)
-        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, hidden, hidden ** 0.5)
+        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, hidden, hidden ** 0.5, replicated=True)  # (gemma.py)
         self.layers = nn.ModuleList()
         for i, shape in enumerate(gemma.layers):
             producer = None if shape.producer is None else self.layers[shape.producer].self_attn.attn

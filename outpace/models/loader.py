@@ -43,7 +43,7 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
     group = build_group()
     if group.size > 1 and not getattr(cls, "shards_over_ranks", False):
         raise ConfigError(f"architecture {cfg.architecture} cannot be sharded over tensor_parallel_size="
-                          f"{group.size} ranks yet: only the Llama family (Llama, Mistral, Qwen2, Qwen3) can")
+                          f"{group.size} ranks yet: its model class does not declare shards_over_ranks")
     with default_dtype(dtype), torch.device(device):
         return cls(cfg, mtp_own_heads=mtp_own_heads)
 
