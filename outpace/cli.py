@@ -147,7 +147,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
     run_server(config, host=a.host, port=a.port, log_level=a.log_level, served_model_name=a.served_model_name,
                api_key=a.api_key or os.environ.get("OUTPACE_API_KEY") or None,
                max_queued_requests=a.max_queued_requests, max_tokens_limit=a.max_tokens_limit, max_n=a.max_n,
-               max_body_bytes=a.max_body_bytes, log_interval=a.log_interval, drain_timeout=a.drain_timeout)
+               max_body_bytes=a.max_body_bytes, log_interval=a.log_interval, drain_timeout=a.drain_timeout,
+               data_parallel_size=a.data_parallel_size)
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
@@ -227,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-interval", type=float, default=10.0, help="seconds between throughput/tau log lines")
     s.add_argument("--drain-timeout", type=int, default=None,
                    help="on SIGTERM, seconds to wait for in-flight requests (default: until they finish)")
+    s.add_argument("--data-parallel-size", "--dp", type=int, default=1, metavar="M",
+                   help="engine replicas behind the server, each in its own process (and each tensor-parallel "
+                        "over --tensor-parallel-size ranks); requests go to the one with the shortest queue")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
 

@@ -31,9 +31,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from outpace.config import ConfigError, EngineConfig, SamplingParams
-from outpace.request import RequestOutput
-from outpace.server.async_engine import AsyncEngine, EngineError, GenerationStream, QueueFull
+from outpace.request import PositionLogprobs, RequestOutput
+from outpace.server.async_engine import EngineError, GenerationStream, QueueFull
 from outpace.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from outpace.server.replicas import serving_engine
 from outpace.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, _SamplingFields,
                                      bad_request, parse_body)
 from outpace.speculative.metrics import SpecMetrics
@@ -175,9 +176,45 @@ class _Job:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.n = body.n
+        self.per_prompt = body.sequences_per_prompt  # best_of sequences, the n most likely returned
+        self.top_logprobs = body.wanted_logprobs()
+        self.tokenizer = None  # the engine's, to show log-probabilities' tokens
 
     def prompt_of(self, index: int) -> int:
         return index // self.n
+
+    def best(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Each prompt's ``n`` choices from its ``per_prompt`` sequences (by cumulative log-probability)."""
+        if self.per_prompt == self.n:
+            return outputs
+        groups = [outputs[i:i + self.per_prompt] for i in range(0, len(outputs), self.per_prompt)]
+        return [o for g in groups for o in sorted(g, key=lambda o: o.cumulative_logprob, reverse=True)[:self.n]]
+
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
+
+    def logprobs(self, out: RequestOutput) -> dict | None:
+        """OpenAI's logprobs object of a choice (completions: tokens / token_logprobs / top_logprobs /
+        text_offset; chat: content), from the target's raw log-probabilities."""
+        if self.top_logprobs is None:
+            return None
+        entries: list[PositionLogprobs] = out.logprobs or []
+        k = self.top_logprobs
+
+        def top(entry: PositionLogprobs) -> list[tuple[int, float]]:
+            ranked = sorted(entry.items(), key=lambda item: item[1].rank)
+            return [(t, lp.logprob) for t, lp in ranked if lp.rank <= k]
+
+        if self.chat:
+            def item(t: int, lp: float) -> dict:
+                text = self._token(t)
+                return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+            return {"content": [{**item(t, e[t].logprob), "top_logprobs": [item(*p) for p in top(e)]}
+                                for t, e in zip(out.token_ids, entries)]}
+        tokens = [self._token(t) for t in out.token_ids]
+        offsets = [sum(len(x) for x in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [e[t].logprob for t, e in zip(out.token_ids, entries)],
+                "top_logprobs": [{self._token(t): lp for t, lp in top(e)} for e in entries], "text_offset": offsets}
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -193,13 +230,13 @@ class _Job:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        choice.update(logprobs=None, finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+        choice.update(logprobs=self.logprobs(out), finish_reason=out.finish_reason, stop_reason=out.stop_reason,
                       spec_metrics=out.spec_metrics.to_dict())
         return choice
 
     def response(self, outputs: list[RequestOutput]) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [self.choice(i, out) for i, out in enumerate(outputs)],
+                "choices": [self.choice(i, out) for i, out in enumerate(self.best(outputs))],
                 "usage": _usage(self.num_prompt_tokens, sum(len(o.token_ids) for o in outputs)),
                 "spec_metrics": _merged(outputs)}
 
@@ -234,13 +271,14 @@ class _Job:
 def build_app(engine_config: EngineConfig, served_model_name: str | None = None, api_key: str | None = None,
               max_queued_requests: int | None = 512, max_tokens_limit: int = 4096, max_n: int = 16,
               max_choices: int = 64, max_body_bytes: int = 1 << 20, log_interval: float = 10.0,
-              drain_timeout: float | None = None) -> FastAPI:
+              drain_timeout: float | None = None, data_parallel_size: int = 1) -> FastAPI:
     """Load the engine and build the app. The engine thread starts and stops with the app's lifespan;
     stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts).
 
     Limits: ``max_queued_requests`` waiting requests (429 beyond; an empty queue always takes one
     request), ``max_tokens_limit`` per request, ``n <= max_n``, prompts x n <= ``max_choices``,
     bodies of ``max_body_bytes`` (413 beyond). With ``api_key`` the /v1 routes need the bearer token.
+    ``data_parallel_size`` engine replicas serve behind it (server/replicas.py).
     """
     for name, value in (("max_tokens_limit", max_tokens_limit), ("max_n", max_n), ("max_choices", max_choices),
                         ("max_body_bytes", max_body_bytes), ("log_interval", log_interval),
@@ -249,7 +287,7 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
             raise ConfigError(f"server {name}={value!r} is invalid: must be > 0")
     model_name = served_model_name or Path(engine_config.model).name or str(engine_config.model)
     metrics = ServerMetrics(model_name)
-    engine = AsyncEngine(engine_config, metrics, log_interval=log_interval)
+    engine = serving_engine(engine_config, metrics, log_interval, data_parallel_size)
     created = int(time.time())
 
     @asynccontextmanager
@@ -302,7 +340,7 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
         body = {"status": "ok" if engine.alive else "error", "model": model_name,
                 "num_requests_running": st.num_running, "num_requests_waiting": st.num_waiting,
                 "num_requests_unfinished": engine.num_unfinished,
-                "kv_blocks_free": st.kv_blocks_free, "kv_blocks_total": st.kv_blocks_total}
+                "kv_blocks_free": st.kv_blocks_free, "kv_blocks_total": st.kv_blocks_total, **engine.health()}
         return JSONResponse(body, status_code=200 if engine.alive else 503)
 
     @app.get("/metrics")
@@ -342,9 +380,9 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
 
     def tokenize_prompts(body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
         prompts = body.prompts()
-        if len(prompts) * body.n > max_choices:
-            raise bad_request(f"{len(prompts)} prompts x n={body.n} is more than the server's limit of {max_choices} "
-                              "choices per request", "prompt")
+        if len(prompts) * body.sequences_per_prompt > max_choices:
+            raise bad_request(f"{len(prompts)} prompts x {body.sequences_per_prompt} sequences (n, best_of) is more "
+                              f"than the server's limit of {max_choices} choices per request", "prompt")
         ids, texts = [], []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
@@ -397,12 +435,18 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
                                   f"{requested} for the completion): lower {name} or shorten the prompt",
                                   name, "context_length_exceeded")
             max_tokens = requested
+        logprobs = body.wanted_logprobs()
+        if logprobs is None and body.sequences_per_prompt > body.n:
+            logprobs = 0  # best_of ranks by cumulative log-probability
         try:
             return SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
                 min_p=body.min_p or 0.0, max_tokens=max_tokens, stop=tuple(body.stop),
-                stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed, ignore_eos=body.ignore_eos)
+                stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed, ignore_eos=body.ignore_eos,
+                presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                repetition_penalty=body.repetition_penalty or 1.0, logit_bias=body.logit_bias_ids(),
+                logprobs=logprobs, structured_outputs=body.constraint())
         except ConfigError as e:
             raise bad_request(str(e).removeprefix("SamplingParams."), str(e).split("=")[0].split(".")[-1]) from None
 
@@ -411,13 +455,14 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
         prompt_ids, prompt_texts = await asyncio.to_thread(tokenize_chat if chat else tokenize_prompts, body)
         param = "messages" if chat else "prompt"
         job = _Job(chat, body, prompt_ids, prompt_texts, model_name)
-        requests = []
+        job.tokenizer = engine.tokenizer
+        requests, per_prompt = [], body.sequences_per_prompt
         for p, ids in enumerate(prompt_ids):
             params = sampling_params(body, len(ids), param)
-            for c in range(body.n):
+            for c in range(per_prompt):
                 seeded = params if params.seed is None or c == 0 else params.replace(seed=(params.seed + c) % 2**63)
                 try:
-                    requests.append(engine.new_request(ids, seeded, f"{job.id}-{p * body.n + c}"))
+                    requests.append(engine.new_request(ids, seeded, f"{job.id}-{p * per_prompt + c}"))
                 except ValueError as e:
                     raise bad_request(str(e), param) from None
         try:

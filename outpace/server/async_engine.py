@@ -132,9 +132,11 @@ class GenerationStream:
 
 class AsyncEngine:
     def __init__(self, config: EngineConfig, metrics: ServerMetrics | None = None, log_interval: float = 10.0,
-                 progress: bool = False) -> None:
+                 progress: bool = False, engine=None) -> None:
+        """``engine``: the engine to drive (default: a new ``LLMEngine``); a data-parallel replica's is a
+        ``RemoteEngine`` answering the same calls from its own process (server/replicas.py)."""
         self.config = config
-        self.engine = LLMEngine(config, progress=progress)
+        self.engine = engine if engine is not None else LLMEngine(config, progress=progress)
         self.engine.stream_outputs = True
         # NOTE: the HTTP side tokenizes with its own tokenizer instance, never the engine's.
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
@@ -192,6 +194,10 @@ class AsyncEngine:
         stream = GenerationStream(self, requests, asyncio.get_running_loop())
         self._commands.put(("add", stream))
         return stream
+
+    def health(self) -> dict:
+        """Details /health adds to its body: none for one engine (replicas.py lists its replicas)."""
+        return {}
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish the in-flight requests, then stop the engine thread (blocking)."""

@@ -1,0 +1,400 @@
+"""Data parallelism for serving: ``--data-parallel-size M`` runs M engine replicas behind one server.
+
+Each replica is an engine in a process of its own (spawned; a tensor-parallel replica starts its own
+ranks from there), as vLLM runs one engine-core process per data-parallel rank and SGLang's
+DataParallelController one scheduler process per rank: a replica that dies takes only its own requests
+with it. The server process keeps, per replica, the ``AsyncEngine`` of the single-engine server (its
+thread, streams, aborts and metrics, unchanged) driving a ``RemoteEngine``: the ``LLMEngine`` calls that
+thread makes (submit, abort, step) travel over a pipe to the replica, one call at a time, and each reply
+carries the replica's scheduler state. Request validation (``new_request``, which reads only fixed
+engine fields, as the single server calls it from the event loop) is answered by a second thread of the
+replica over a second pipe, so it never waits behind a step.
+
+``DataParallelEngine`` is what the HTTP layer talks to (the ``AsyncEngine`` surface app.py uses): a group
+of requests goes to the live replica with the fewest unfinished requests (its queue length); every
+replica records into the server's one ``ServerMetrics``, whose gauges become sums over the replicas, so
+/metrics aggregates them (plus ``outpace:data_parallel_replicas_alive``). A replica that dies fails its
+own requests with an error naming it (the thread's ``EngineError``), is reported by /health and the
+gauge, and takes no new requests; the others go on.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from outpace.config import EngineConfig, SamplingParams
+from outpace.request import Request, RequestOutput
+from outpace.server.async_engine import AsyncEngine, EngineError, EngineStats, GenerationStream
+from outpace.server.metrics import ServerMetrics
+
+logger = logging.getLogger("outpace.server")
+
+START_TIMEOUT_S = 600.0  # a replica loads its model within this
+
+
+class ReplicaDied(RuntimeError):
+    """A data-parallel replica's process exited (or its pipe broke)."""
+
+
+@dataclass(frozen=True)
+class _State:
+    """The replica engine's state after a call."""
+    has_unfinished: bool
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    progress: dict  # request id -> (status, num_computed_tokens) of the requests it holds
+
+
+# ---- the replica's process ---------------------------------------------------------------------
+def _replica_main(config: EngineConfig, index: int, calls, checks) -> None:
+    """Build the engine, then answer ``calls`` (submit / abort / step / close) on this thread and
+    ``checks`` (new_request) on another, until the server closes the pipe or says close."""
+    from outpace.engine.engine import LLMEngine
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
+    try:
+        engine = LLMEngine(config, progress=False)
+        engine.stream_outputs = True
+    except BaseException as e:  # noqa: BLE001 - reported to the server, which fails to start
+        calls.send(("error", _portable(e)))
+        return
+    calls.send(("ready", dict(max_model_len=engine.max_model_len, vocab_size=engine.model_config.vocab_size,
+                              num_blocks=engine.pool.num_blocks, state=_state_of(engine))))
+    threading.Thread(target=_answer_checks, args=(engine, checks), daemon=True).start()
+    try:
+        while True:
+            try:
+                kind, arg = calls.recv()
+            except (EOFError, OSError):  # the server is gone
+                break
+            if kind == "close":
+                break
+            try:
+                if kind == "submit":
+                    result = engine.submit(arg)
+                elif kind == "abort":
+                    result = engine.abort_request(arg)
+                else:
+                    result = engine.step()
+                calls.send(("ok", (result, _state_of(engine))))
+            except Exception as e:  # noqa: BLE001 - the call's error, raised again in the server
+                calls.send(("error", _portable(e)))
+    finally:
+        engine.close()
+
+
+def _answer_checks(engine, checks) -> None:
+    while True:
+        try:
+            prompt, params, request_id = checks.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            checks.send(("ok", engine.new_request(prompt, params, request_id)))
+        except Exception as e:  # noqa: BLE001 - a ValueError naming the problem, answered 400
+            checks.send(("error", _portable(e)))
+
+
+def _state_of(engine) -> _State:
+    s = engine.scheduler
+    return _State(engine.has_unfinished_requests, len(s.running), len(s.waiting), engine.pool.num_free,
+                  {r.request_id: (r.status, r.num_computed_tokens) for r in (*s.running, *s.waiting)})
+
+
+def _portable(e: BaseException) -> BaseException:
+    """``e`` if it pickles, else a RuntimeError with its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+# ---- the server's side -------------------------------------------------------------------------
+class _Counts:
+    """What ``AsyncEngine._publish`` reads of ``engine.scheduler``: the lengths of running and waiting."""
+
+    def __init__(self) -> None:
+        self.running: Sequence = ()
+        self.waiting: Sequence = ()
+
+
+@dataclass
+class _Pool:
+    num_free: int
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class _ModelConfig:
+    vocab_size: int
+
+
+class RemoteEngine:
+    """The ``LLMEngine`` calls ``AsyncEngine`` makes, answered by replica ``index``'s process."""
+
+    def __init__(self, config: EngineConfig, index: int) -> None:
+        self.index = index
+        context = mp.get_context("spawn")
+        self._calls, their_calls = context.Pipe()
+        self._checks, their_checks = context.Pipe()
+        self._check_lock = threading.Lock()
+        # NOTE: not a daemon: a tensor-parallel replica starts its ranks as its own children
+        self.process = context.Process(target=_replica_main, args=(config, index, their_calls, their_checks),
+                                       name=f"outpace-replica-{index}")
+        with _visible_devices(config, index):
+            self.process.start()
+        their_calls.close()
+        their_checks.close()
+        self.stream_outputs = True
+        self.scheduler, self.pool = _Counts(), _Pool(0, 0)
+        self._requests: dict[str, Request] = {}  # submitted here, not yet finished: their progress is mirrored
+        self.has_unfinished_requests = False
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        if not self._calls.poll(timeout_s):
+            raise ReplicaDied(f"data-parallel replica {self.index} did not start within {timeout_s:.0f} s")
+        kind, info = self._receive(self._calls)
+        if kind == "error":
+            raise RuntimeError(f"data-parallel replica {self.index} failed to start: {info}") from info
+        self.max_model_len, self.model_config = info["max_model_len"], _ModelConfig(info["vocab_size"])
+        self.pool = _Pool(0, info["num_blocks"])
+        self._apply(info["state"])
+
+    # ---- what AsyncEngine calls ------------------------------------------------------------------
+    def new_request(self, prompt, params: SamplingParams, request_id: str) -> Request:
+        with self._check_lock:
+            self._send(self._checks, (prompt, params, request_id))
+            return self._result(self._checks)
+
+    def submit(self, req: Request) -> str:
+        out = self._call("submit", req)
+        self._requests[req.request_id] = req
+        return out
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        out = self._call("abort", request_id)
+        self._requests.pop(request_id, None)
+        return out
+
+    def step(self) -> list[RequestOutput]:
+        outs = self._call("step", None)
+        for out in outs:
+            if out.finished:
+                self._requests.pop(out.request_id, None)
+        return outs
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        try:
+            self._calls.send(("close", None))
+        except OSError:
+            pass
+        self.process.join(timeout_s)
+        if self.process.exitcode is None:
+            self.process.terminate()
+            self.process.join(5.0)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    # ---- the pipe ----------------------------------------------------------------------------------
+    def _call(self, kind: str, arg):
+        self._send(self._calls, (kind, arg))
+        result, state = self._result(self._calls)
+        self._apply(state)
+        return result
+
+    def _send(self, conn, message) -> None:
+        try:
+            conn.send(message)
+        except OSError as e:
+            raise self._died(e) from None
+
+    def _result(self, conn):
+        kind, value = self._receive(conn)
+        if kind == "error":
+            raise value
+        return value
+
+    def _receive(self, conn):
+        try:
+            return conn.recv()
+        except (EOFError, OSError) as e:
+            raise self._died(e) from None
+
+    def _died(self, e: BaseException) -> ReplicaDied:
+        self.process.join(2.0)
+        code = self.process.exitcode
+        how = "is not answering" if code is None else f"exited with {_exit_reason(code)}"
+        return ReplicaDied(f"data-parallel replica {self.index} (pid {self.process.pid}) {how}: "
+                           f"{type(e).__name__}: {e}".rstrip(": "))
+
+    def _apply(self, state: _State) -> None:
+        self.has_unfinished_requests = state.has_unfinished
+        self.scheduler.running = range(state.num_running)
+        self.scheduler.waiting = range(state.num_waiting)
+        self.pool.num_free = state.num_free_blocks
+        for request_id, (status, computed) in state.progress.items():
+            req = self._requests.get(request_id)
+            if req is not None:  # (AsyncEngine reads them to time the queue)
+                req.status, req.num_computed_tokens = status, computed
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class _visible_devices:
+    """Replica ``index`` of a GPU engine sees its own tensor_parallel_size GPUs (of those visible here) while
+    its process starts."""
+
+    def __init__(self, config: EngineConfig, index: int) -> None:
+        self.config, self.index = config, index
+        self.saved: tuple[str | None] | None = None
+
+    def __enter__(self) -> None:
+        if not self.config.device.startswith("cuda"):
+            return
+        import torch
+
+        tp = self.config.tensor_parallel_size
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        mine = devices[self.index * tp:(self.index + 1) * tp]
+        if len(mine) < tp:
+            raise ValueError(f"data-parallel replica {self.index} needs GPUs {self.index * tp} .. "
+                             f"{(self.index + 1) * tp - 1}, but {len(devices)} are visible")
+        self.saved = (visible,)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+
+    def __exit__(self, *exc) -> None:
+        if self.saved is None:
+            return
+        if self.saved[0] is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.saved[0]
+
+
+class DataParallelEngine:
+    """M replicas behind one server, with the ``AsyncEngine`` surface app.py uses (module docstring)."""
+
+    def __init__(self, config: EngineConfig, size: int, metrics: ServerMetrics | None = None,
+                 log_interval: float = 10.0) -> None:
+        if size < 1:
+            raise ValueError(f"data_parallel_size={size} is invalid: must be >= 1")
+        self.config, self.metrics = config, metrics
+        remotes = [RemoteEngine(config, i) for i in range(size)]
+        try:
+            for remote in remotes:
+                remote.wait_ready()
+        except BaseException:
+            for remote in remotes:
+                remote.close(timeout_s=5.0)
+            raise
+        self.replicas = [AsyncEngine(config, metrics, log_interval=log_interval, engine=r) for r in remotes]
+        first = self.replicas[0]
+        self.tokenizer, self.max_model_len, self.vocab_size = first.tokenizer, first.max_model_len, first.vocab_size
+        self.max_num_seqs = config.max_num_seqs * size
+        if metrics is not None:  # the gauges each replica bound to its own stats: their sums instead
+            for name in ("num_running", "num_waiting", "kv_blocks_free", "kv_blocks_total"):
+                gauge = "outpace:num_requests_" + name.removeprefix("num_") if name.startswith("num_") \
+                    else f"outpace:{name}"
+                metrics.bind_gauge(gauge, lambda a=name: getattr(self.stats, a))
+            from prometheus_client import Gauge
+
+            Gauge("outpace:data_parallel_replicas_alive", "Data-parallel replicas serving requests.",
+                  registry=metrics.registry).set_function(lambda: sum(self._alive(r) for r in self.replicas))
+        self._round = 0
+        self.routed = [0] * size  # requests sent to each replica
+
+    # ---- the AsyncEngine surface -------------------------------------------------------------------
+    def start(self) -> None:
+        for replica in self.replicas:
+            replica.start()
+
+    @property
+    def alive(self) -> bool:
+        """Some replica serves."""
+        return any(self._alive(r) for r in self.replicas)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((r.error for r in self.replicas if r.error is not None), None)
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(r.num_unfinished for r in self.replicas)
+
+    @property
+    def stats(self) -> EngineStats:
+        live = [r.stats for r in self.replicas if self._alive(r)]
+        return EngineStats(sum(s.num_running for s in live), sum(s.num_waiting for s in live),
+                           sum(s.kv_blocks_free for s in live), sum(s.kv_blocks_total for s in live))
+
+    def new_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> Request:
+        """Validated by a live replica (any: they are built alike), taken in turn."""
+        live = self._live()
+        self._round += 1
+        return live[self._round % len(live)].new_request(prompt_token_ids, params, request_id)
+
+    def open_stream(self, requests: Sequence[Request], max_queued: int | None = None) -> GenerationStream:
+        """The group goes to the live replica with the fewest unfinished requests (``max_queued``: per replica)."""
+        replica = min(self._live(), key=lambda r: r.num_unfinished)
+        stream = replica.open_stream(requests, max_queued)
+        self.routed[self.replicas.index(replica)] += len(requests)
+        return stream
+
+    def stop(self, timeout: float | None = None) -> None:
+        threads = [threading.Thread(target=r.stop, args=(timeout,)) for r in self.replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in self.replicas:
+            r.engine.close()
+
+    def health(self) -> dict:
+        """Each replica's state, for /health."""
+        return {"data_parallel_replicas": [
+            {"replica": i, "status": "ok" if self._alive(r) else "error", "pid": r.engine.process.pid,
+             "num_requests_unfinished": r.num_unfinished, "num_requests_routed": self.routed[i],
+             **({"error": str(r.error or f"process exited with {_exit_reason(r.engine.process.exitcode)}")}
+                if not self._alive(r) else {})}
+            for i, r in enumerate(self.replicas)]}
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _alive(replica: AsyncEngine) -> bool:
+        return replica.alive and replica.engine.alive
+
+    def _live(self) -> list[AsyncEngine]:
+        live = [r for r in self.replicas if self._alive(r)]
+        if not live:
+            raise EngineError("every data-parallel replica has stopped: " + "; ".join(
+                str(r.error) for r in self.replicas if r.error is not None))
+        return live
+
+
+def serving_engine(config: EngineConfig, metrics: ServerMetrics | None, log_interval: float,
+                   data_parallel_size: int = 1):
+    """The engine behind the HTTP layer: one ``AsyncEngine``, or with several replicas a ``DataParallelEngine``."""
+    if data_parallel_size == 1:
+        return AsyncEngine(config, metrics, log_interval=log_interval)
+    return DataParallelEngine(config, data_parallel_size, metrics, log_interval)
+
+
