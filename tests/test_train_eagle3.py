@@ -154,7 +154,9 @@ def toy_run(tmp_path_factory):
     # six layers like the zoo target: the default capture [2, 3, 3] must become [2, 3, 4]
     train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
     out = tmp_path_factory.mktemp("eagle3_draft")
-    recipe = Eagle3Recipe.toy()
+    prompts = tmp_path_factory.mktemp("prompts") / "eval_prompts.json"
+    prompts.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
+    recipe = Eagle3Recipe.toy(eval_prompts=str(prompts), eval_num_steps=3)
     return target_dir, out, recipe, train_eagle3(target_dir, recipe, out, "cpu")
 
 
@@ -167,6 +169,46 @@ def test_toy_run_loss_falls(toy_run):
     for j in range(recipe.ttt_steps):
         assert 0.0 <= metrics["final_step_top1"][j] <= 1.0
     assert extra["top1 step 0"][-1] > extra["top1 step 0"][0]
+
+
+def test_toy_run_draft_serves_losslessly_and_heldout_is_measured(toy_run):
+    from outpace import LLM, SamplingParams
+    from outpace.config import SpeculativeConfig
+
+    target_dir, out, recipe, metrics = toy_run
+    assert recipe.ttt_steps == 4 and Eagle3Recipe().ttt_steps == 7  # SpecForge's TTT length
+    assert Eagle3Recipe().data_temperature == 0.0 and Eagle3Recipe().corpus_fraction == 0.0
+    assert not (out / "resume").exists(), "the training state goes once the draft is saved"
+    heldout = metrics["heldout"]
+    assert heldout["num_prompts"] == 2 and heldout["temperature 0"]["same_output_as_target"] == 1.0
+    assert heldout["temperature 0"]["acceptance_length"] >= 1.0 and "temperature 1" in heldout
+    assert "| temperature 0 |" in (out / "README.md").read_text()
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [[5, 17, 3, 40], [9, 9, 101, 7, 64, 3]]
+    expected = [o.token_ids for o in LLM(str(target_dir)).generate(prompts, greedy)]
+    for spec in (SpeculativeConfig("eagle3", str(out), num_steps=4),
+                 SpeculativeConfig("eagle3", str(out), num_steps=3, topk=2, num_draft_tokens=6)):
+        assert [o.token_ids for o in LLM(str(target_dir), speculative=spec).generate(prompts, greedy)] == expected
+
+
+def test_masked_labels_leave_out_prompt_and_out_of_vocab_rows():
+    """Rows whose label is a prompt token, or whose target argmax is outside the draft vocabulary, add
+    nothing to a step's loss (SpecForge's loss_mask and position_mask); the others average."""
+    from outpace.train.distill import masked_cross_entropy, response_mask
+
+    starts = torch.tensor([3, 0])
+    mask = response_mask(starts, 5)
+    assert mask.tolist() == [[False, False, True, True, True], [True] * 5]
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    keep = torch.tensor([True, False, True, False])
+    loss, _ = masked_cross_entropy(student, teacher, keep)
+    kept, _ = masked_cross_entropy(student[keep], teacher[keep])
+    assert torch.allclose(loss, kept)
+    assert not torch.allclose(loss, masked_cross_entropy(student, teacher)[0])
+    hard, top1 = masked_cross_entropy(student, teacher, soft=False)
+    ref = torch.nn.functional.cross_entropy(student, teacher.argmax(-1))
+    assert torch.allclose(hard, ref) and 0 <= top1 <= 1
 
 
 def test_toy_run_saves_a_loadable_eagle3_draft(toy_run):

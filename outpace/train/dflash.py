@@ -29,7 +29,6 @@ On the target's greedy continuation every block row's label is exactly what serv
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -44,7 +43,7 @@ from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
 from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
-from outpace.train.evaluate import acceptance_table, heldout_acceptance, heldout_prompts_file, load_prompts
+from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
 from outpace.train.resume import Resume
@@ -63,9 +62,6 @@ class DFlashRecipe(DistillRecipe):
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
     max_checkpoint_mib: float = 4.0               # bf16 size budget of the saved draft
     generation_batch: int = 1024                  # continuations the engine generates at once
-    resume_every: int = 250                       # steps between saves of the training state
-    eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
-    eval_max_tokens: int = 64
     # the data: the target's greedy continuations only (see the module docstring)
     num_continuations: int = 16384
     new_tokens: int = 128
@@ -294,7 +290,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    data = DistillData.for_recipe(target_dir, recipe, device, recipe.generation_batch, resume_dir / "data.pt")
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt")
     target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
                         progress=False)
     target.requires_grad_(False)
@@ -322,13 +318,13 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                          f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}")
     gen = torch.Generator().manual_seed(recipe.seed)
     n = recipe.block_size
-    num_corpus = data.num_corpus_rows(recipe.batch_size)
-    # the lowest anchor of each row: the last prompt token in a continuation, 1 in a corpus window
-    first_anchor = torch.tensor([recipe.prompt_len - 1] * (recipe.batch_size - num_corpus) + [1] * num_corpus)
 
     def loss_fn(step: int):
-        tokens = data.batch(recipe.batch_size, gen).to(device)
+        tokens, starts = data.batch_with_starts(recipe.batch_size, gen)
+        tokens = tokens.to(device)
         b, t = tokens.shape
+        # the lowest anchor of each row: the last prompt token in a continuation, 1 in a corpus window
+        first_anchor = (starts - 1).clamp(min=1)
         anchors = sample_anchors(b, t, n, recipe.num_anchors, gen, first_anchor).to(device)  # [b, K]
         out = teacher_forward(target, tokens)
         with torch.no_grad():
@@ -358,18 +354,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     save_trained(out_dir, state, cfg_dict, history, "DFlash draft: block loss (CE vs the target, per position)",
                  metrics, write_dflash_card, plotted_prefix="loss")
     shutil.rmtree(resume_dir, ignore_errors=True)
-
-    prompts_file = heldout_prompts_file(target_dir, recipe.eval_prompts)
-    if prompts_file is not None:  # held-out acceptance of the saved draft, loaded as serving loads it
-        spec = SpeculativeConfig("dflash", str(out_dir), num_steps=n - 1)
-        prompts = load_prompts(prompts_file)
-        metrics["heldout"] = dict(prompts=str(prompts_file), num_prompts=len(prompts),
-                                  max_tokens=recipe.eval_max_tokens, device=device,
-                                  **heldout_acceptance(target_dir, spec, prompts, recipe.eval_max_tokens, device))
-        metrics["total_wall_seconds"] = time.perf_counter() - t0
-        (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        write_dflash_card(out_dir, metrics)
-    return metrics
+    spec = SpeculativeConfig("dflash", str(out_dir), num_steps=n - 1)
+    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_dflash_card, device, t0)
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method dflash --target zoo/tinypy --out zoo/tinypy-dflash "
@@ -388,15 +374,7 @@ def write_dflash_card(out_dir: Path, m: dict) -> None:
               "batch)" if r["corpus_fraction"] else "")
     soft = (f" plus {r['soft_label_weight']} x the soft cross-entropy against its distribution there"
             if r["soft_label_weight"] else "")
-    heldout = m.get("heldout")
-    acceptance = ("""Not measured by this run (no held-out prompts beside the target and no
-`eval_prompts` given).""" if heldout is None else f"""Measured at the end of the run on the saved draft, loaded
-through the serving path (`--method dflash --num-steps {n - 1}`, device {heldout['device']}), on the
-{heldout['num_prompts']} held-out prompts of
-`{Path(heldout['prompts']).name}`, {heldout['max_tokens']} tokens each; at temperature 0 the output equals the
-target's own for {100 * heldout['temperature 0']['same_output_as_target']:.0f}% of the prompts:
-
-{acceptance_table({k: v for k, v in heldout.items() if k.startswith('temperature')})}""")
+    acceptance = heldout_section(m)
     sections = {
         "Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target generated
 {sampled} through outpace's engine after {r['prompt_len']}-token prompts cut from the corpus's train split{corpus},

@@ -6,6 +6,7 @@ target sits in the zoo, or any JSON file of the same form (a list, or ``{"prompt
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from outpace.config import SamplingParams, SpeculativeConfig
@@ -53,3 +54,36 @@ def acceptance_table(evaluation: dict) -> str:
     rows = [f"| {name} | {r['acceptance_length']:.2f} | "
             f"{' '.join(f'{x:.2f}' for x in r['acceptance_rate_per_position'])} |" for name, r in evaluation.items()]
     return "\n".join(["| sampling | tau | acceptance by draft position |", "|---|---|---|", *rows])
+
+
+def finish_with_heldout(out_dir: Path, serve_target: Path, spec: SpeculativeConfig, recipe, metrics: dict,
+                        write_card, device: str, started: float, prompts_near: Path | None = None) -> dict:
+    """The last step of a draft recipe: held-out acceptance of what it saved (``serve_target`` + ``spec``,
+    loaded as serving loads them), added to ``metrics`` (``heldout``) and written into out_dir's
+    training_metrics.json and card. Nothing is measured when no held-out prompts are known (the recipe's
+    ``eval_prompts``, else the zoo's ``eval_prompts.json`` beside ``prompts_near`` or ``serve_target``)."""
+    prompts_file = heldout_prompts_file(prompts_near or serve_target, recipe.eval_prompts)
+    if prompts_file is None:
+        return metrics
+    prompts = load_prompts(prompts_file)[: recipe.eval_num_prompts]
+    metrics["heldout"] = dict(prompts=str(prompts_file), num_prompts=len(prompts), max_tokens=recipe.eval_max_tokens,
+                              device=device, spec=f"--method {spec.method} --num-steps {spec.num_steps}",
+                              **heldout_acceptance(serve_target, spec, prompts, recipe.eval_max_tokens, device))
+    metrics["total_wall_seconds"] = time.perf_counter() - started
+    (Path(out_dir) / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_card(Path(out_dir), metrics)
+    return metrics
+
+
+def heldout_section(metrics: dict) -> str:
+    """The card's "Held-out acceptance" section from ``finish_with_heldout``'s result."""
+    heldout = metrics.get("heldout")
+    if heldout is None:
+        return "Not measured by this run (no held-out prompts beside the target and no `eval_prompts` given)."
+    rows = {k: v for k, v in heldout.items() if k.startswith("temperature")}
+    return f"""Measured at the end of the run on the saved draft, loaded through the serving path
+(`{heldout['spec']}`, device {heldout['device']}), on the {heldout['num_prompts']} held-out prompts of
+`{Path(heldout['prompts']).name}`, {heldout['max_tokens']} tokens each; at temperature 0 the output equals the
+target's own for {100 * heldout['temperature 0']['same_output_as_target']:.0f}% of the prompts:
+
+{acceptance_table(rows)}"""

@@ -1,0 +1,243 @@
+"""``outpace train draft --method mtp``: the target's own MTP layers fine-tuned, chained as they are
+served, on the target's greedy continuations; everything else in the target stays as it is.
+
+Served (speculative/mtp.py), MTP layer k (0-based) at row t reads the embedding of token t + k + 1 and a
+hidden state for row t at rotary position t, and predicts token t + k + 2; the hidden state is layer
+k - 1's pre-norm output at row t when chained (layer 0: the target's state at t, in the form the layer
+reads: models/mtp.py ``target_state``), else the target's state at every layer. Training runs exactly
+that over whole windows at once (``mtp_chain``: one dense causal forward per layer, each row attending to
+its layer's rows 0..t as its KV cache holds them once those tokens are committed).
+
+Why greedy continuations (``data_temperature`` 0, the data of the DFlash and EAGLE3 recipes,
+train/distill.py): at temperature 0 layer k's draft is verified only after drafts 1..k were the target's
+greedy tokens, and on the target's greedy continuation the tokens layer k reads are exactly those.
+The label of layer k at row t is the target's distribution at row t + k + 1 (soft labels; or its argmax),
+on response rows only. Depth k weighs ``depth_decay`` ** k, normalised (1.0: DeepSeek-V3's mean over
+depths, arXiv 2412.19437 section 2.2; EAGLE-3's TTT uses 0.8).
+
+The output directory is the target with its MTP tensors replaced: every other file and tensor is copied
+as it is (names, shards, dtypes), so it serves with ``--model OUT --method mtp``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from outpace.attention import DenseCausalMetadata, forward_context
+from outpace.config import SpeculativeConfig
+from outpace.models.loader import load_model
+from outpace.train.distill import (DistillData, DistillRecipe, masked_cross_entropy, response_mask,
+                                   teacher_forward)
+from outpace.train.evaluate import finish_with_heldout, heldout_section
+from outpace.train.export import common_metrics
+from outpace.train.loop import plot_history, train
+from outpace.train.resume import Resume
+
+# Files of the target that describe the target itself, not the fine-tuned copy (its card, plot, metrics).
+NOT_COPIED = ("README.md", "loss.png", "training_metrics.json")
+
+
+@dataclass(frozen=True)
+class MTPRecipe(DistillRecipe):
+    num_layers: int | None = None     # fine-tune the first N MTP layers (None: all the target has)
+    depth_decay: float = 1.0          # layer k weighs depth_decay ** k (normalised)
+    soft_labels: bool = True          # False: cross-entropy against the target's argmax
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    # the data: the target's greedy continuations only (see the module docstring)
+    num_continuations: int = 16384
+    new_tokens: int = 128
+    data_temperature: float = 0.0
+    corpus_fraction: float = 0.0
+    generation_batch: int = 1024
+    steps: int = 20000
+    max_minutes: float | None = 3.0
+
+    def __post_init__(self) -> None:
+        def check(name: str, ok: bool, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"MTPRecipe.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
+
+        check("num_layers", self.num_layers is None or self.num_layers >= 1, "None or >= 1")
+        check("depth_decay", self.depth_decay > 0, "> 0")
+        check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
+
+    @classmethod
+    def toy(cls, **overrides) -> MTPRecipe:
+        """A CPU-sized recipe for tests: trains in seconds."""
+        return cls(**{**dict(num_continuations=8, prompt_len=8, new_tokens=24, batch_size=4, steps=30, lr=1e-2,
+                             warmup_steps=2, max_minutes=None, max_corpus_bytes=300_000, generation_batch=8,
+                             eval_max_tokens=12), **overrides})
+
+
+def mtp_chain(target, target_hidden: torch.Tensor, tokens: torch.Tensor, num_layers: int,
+              chained: bool) -> list[torch.Tensor]:
+    """target_hidden [B * T, hidden] (the target's last pre-norm states over tokens [B, T]) -> the logits
+    [B * T, vocab] of MTP layers 0 .. num_layers - 1: layer k at row t reads token t + k + 1 (token 0 past
+    the window: those rows never reach the loss) and predicts token t + k + 2, at position t."""
+    b, t = tokens.shape
+    positions = torch.arange(t, device=tokens.device).repeat(b)
+    logits, h = [], None
+    with forward_context(DenseCausalMetadata(b, t)):
+        for k, layer in enumerate(list(target.mtp_layers)[:num_layers]):
+            ids = torch.nn.functional.pad(tokens[:, k + 1:], (0, min(k + 1, t)), value=0).reshape(-1)
+            state = layer.target_state(target, target_hidden) if h is None or not chained else h
+            h = layer(positions, layer.embed(target, ids), state)
+            logits.append(layer.compute_logits(target, h))
+    return logits
+
+
+def depth_losses(logits: list[torch.Tensor], teacher: torch.Tensor, mask: torch.Tensor, soft: bool):
+    """logits from ``mtp_chain``; teacher [B, T, vocab] (the target's logits); mask [B, T] label rows ->
+    (losses, top-1 agreements) per layer: layer k at row t against the target at row t + k + 1."""
+    b, t, _ = teacher.shape
+    losses, top1 = [], []
+    for k, lg in enumerate(logits):
+        rows = t - 1 - k
+        student = lg.view(b, t, -1)[:, :rows].flatten(0, 1)
+        loss, agree = masked_cross_entropy(student, teacher[:, 1 + k:].flatten(0, 1), mask[:, 1 + k:].flatten(), soft)
+        losses.append(loss)
+        top1.append(agree)
+    return losses, top1
+
+
+def weighted_loss(losses: list[torch.Tensor], decay: float) -> torch.Tensor:
+    weights = [decay ** k for k in range(len(losses))]
+    return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
+
+
+def trainable_mtp(target, num_layers: int) -> torch.nn.ModuleList:
+    """The first ``num_layers`` MTP layers in fp32, trainable; embedding and head copies stay frozen
+    (DeepSeek-V3 shares them with the main model)."""
+    layers = torch.nn.ModuleList(list(target.mtp_layers)[:num_layers]).float()
+    for name, p in layers.named_parameters():
+        p.requires_grad_(not ("embed_tokens" in name or "shared_head.head" in name))
+    return layers
+
+
+def write_target_copy(target_dir: Path, out_dir: Path, replaced: dict[str, torch.Tensor]) -> None:
+    """out_dir = target_dir with the tensors in ``replaced`` (checkpoint names) swapped in, each in the dtype
+    the target stored it in; all other files and tensors as they were."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    missing = set(replaced)
+    for f in sorted(target_dir.iterdir()):
+        if not f.is_file() or f.name in NOT_COPIED:
+            continue
+        if f.suffix != ".safetensors":
+            shutil.copy(f, out_dir / f.name)
+            continue
+        with safe_open(str(f), "pt") as src:
+            tensors = {}
+            for name in src.keys():
+                t = src.get_tensor(name)
+                if name in replaced:
+                    t = replaced[name].detach().to(device="cpu", dtype=t.dtype).contiguous()
+                    missing.discard(name)
+                tensors[name] = t
+            metadata = src.metadata()
+        save_file(tensors, str(out_dir / f.name), metadata=metadata)
+    if missing:
+        raise ValueError(f"the fine-tuned MTP tensors {sorted(missing)[:4]} are not in {target_dir}'s safetensors "
+                         "files: this target's MTP layout cannot be written back")
+
+
+def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str) -> dict:
+    t0 = time.perf_counter()
+    torch.manual_seed(recipe.seed)
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    if out_dir.resolve() == target_dir.resolve():
+        raise ValueError("--out must differ from --target: the fine-tuned target is written beside the original")
+    resume_dir = out_dir / "resume"
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt")
+    target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
+                        progress=False)
+    cfg = target.config
+    available = cfg.num_nextn_predict_layers
+    if not available:
+        raise ValueError(f"--method mtp fine-tunes the target's MTP layers: {target_dir} has none "
+                         "(num_nextn_predict_layers = 0)")
+    n = recipe.num_layers or available
+    if n > available:
+        raise ValueError(f"MTPRecipe.num_layers={n} is invalid: the target has {available} MTP layers")
+    target.requires_grad_(False)
+    layers = trainable_mtp(target, n)
+    chained = bool(cfg.chain_mtp_hidden_states or layers[0].chained_by_layout)
+    gen = torch.Generator().manual_seed(recipe.seed)
+
+    def loss_fn(step: int):
+        tokens, starts = data.batch_with_starts(recipe.batch_size, gen)
+        tokens, starts = tokens.to(device), starts.to(device)
+        b, t = tokens.shape
+        hidden = teacher_forward(target, tokens).hidden_states                  # [B * T, hidden] pre-norm
+        with torch.no_grad():
+            teacher = target.compute_logits(hidden).view(b, t, -1)             # [B, T, vocab]
+        logits = mtp_chain(target, hidden, tokens, n, chained)
+        losses, top1 = depth_losses(logits, teacher, response_mask(starts, t), recipe.soft_labels)
+        extra = {**{f"loss layer {k}": l.detach() for k, l in enumerate(losses)},
+                 **{f"top1 layer {k}": a for k, a in enumerate(top1)}}
+        return weighted_loss(losses, recipe.depth_decay), tokens.numel(), extra
+
+    history = train(layers, loss_fn, recipe.optim, device, desc="mtp layers",
+                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen))
+
+    to_ckpt = getattr(target, "checkpoint_name", lambda name: name)
+    replaced = {to_ckpt(f"mtp_layers.{name}"): p for name, p in layers.named_parameters() if p.requires_grad}
+    metrics = dict(
+        common_metrics(recipe, layers, history, t0, device), num_mtp_layers=n, chained=chained,
+        final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
+        final_layer_top1={k: history.extra[f"top1 layer {k}"][-1] for k in range(n)},
+        replaced_tensors=len(replaced), target=str(target_dir))
+    del target, data
+    write_target_copy(target_dir, out_dir, replaced)
+    plot_history(_losses_only(history), out_dir / "loss.png", "MTP layers: loss (CE vs the target, per layer)")
+    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_mtp_card(out_dir, metrics)
+    shutil.rmtree(resume_dir, ignore_errors=True)
+    spec = SpeculativeConfig("mtp", num_steps=n)
+    return finish_with_heldout(out_dir, out_dir, spec, recipe, metrics, write_mtp_card, device, t0,
+                               prompts_near=target_dir)
+
+
+def _losses_only(history):
+    import dataclasses
+
+    return dataclasses.replace(history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")})
+
+
+TRAIN_COMMAND = "python -m outpace train draft --method mtp --target zoo/tinypy --out OUT --device cuda"
+
+
+def write_mtp_card(out_dir: Path, m: dict) -> None:
+    from outpace.train.model_card import write_model_card
+
+    r = m["recipe"]
+    rows = "\n".join(f"| {k} | x(t+{int(k) + 2}) | {r['depth_decay'] ** int(k):.3f} | {m['final_layer_loss'][k]:.4f} "
+                     f"| {m['final_layer_top1'][k]:.4f} |" for k in sorted(m["final_layer_top1"], key=int))
+    sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
+    labels = "soft cross-entropy against the target's distribution" if r["soft_labels"] else \
+        "cross-entropy against the target's argmax"
+    sections = {
+        "Data": f"""{r['num_continuations']} continuations that the target generated {sampled} through outpace's
+engine after prompts of up to {r['prompt_len']} tokens, {r['batch_size']} windows of
+{r['prompt_len'] + r['new_tokens']} tokens per batch.""",
+        "Fine-tuning": f"""The target ({m['target']}) runs once per batch (no gradient) and gives its last
+hidden states and logits; its first {m['num_mtp_layers']} MTP layers then run
+{'chained (layer k reads layer k-1 output)' if m['chained'] else 'each on the target state'} over the whole window
+as served: layer k at row t reads token t+k+1 and predicts token t+k+2. Loss per layer: {labels} at that
+position, response rows only; layer k weighs {r['depth_decay']}^k (normalised). Only the MTP layers change
+({m['replaced_tensors']} tensors); every other file and tensor of the target is copied as it was.
+
+| layer | predicts | weight | loss | top-1 |
+|---|---|---|---|---|
+{rows}""",
+        "Held-out acceptance": heldout_section(m),
+    }
+    write_model_card(out_dir, f"{out_dir.name}: the target with its MTP layers fine-tuned",
+                     "Serve with `--model` this directory and `--method mtp`.", TRAIN_COMMAND, sections)
