@@ -124,7 +124,8 @@ class UngatedMLP(torch.nn.Module):
 
     def __init__(self, hidden: int, inter: int, act: str) -> None:
         super().__init__()
-        self.up_proj, self.down_proj = torch.nn.Linear(hidden, inter, bias=False), torch.nn.Linear(inter, hidden, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.down_proj = torch.nn.Linear(inter, hidden, bias=False)
         self.act = act
 
     def forward(self, x):
@@ -178,6 +179,22 @@ def test_the_kernels_take_the_activation_they_are_given():
             assert (outs[i] - outs[j]).abs().max() > 1e-3, (i, j)
 
 
+def test_the_kernels_serve_cuda_tensors_without_autograd_only(monkeypatch):
+    """They have no backward: with autograd on (training) the experts run eagerly even on CUDA."""
+    import outpace.layers.moe_kernels as kernels
+
+    experts = routed_experts("modules", ExpertActivation("silu"))
+    calls = []
+    monkeypatch.setattr(kernels, "grouped_experts", lambda *a, **k: calls.append(1) or run_experts(*a[:3], experts))
+    x = torch.randn(3, 24, device=DEVICE, requires_grad=True)
+    weights, ids = routing_of(3, 6, 2, shared=True, seed=0)
+    experts(x, weights, ids).sum().backward()
+    assert not calls and x.grad is not None and experts[0].down_proj.weight.grad is not None
+    with torch.no_grad():
+        experts(x, weights, ids)
+    assert len(calls) == (DEVICE == "cuda")
+
+
 def test_refusals():
     with pytest.raises(ValueError, match="clamp"):
         ExpertActivation("relu2", gated=False, limit=1.0)
@@ -206,7 +223,8 @@ def family_model(family: str, tmp_path) -> torch.nn.Module:
     elif family == "gemma4":
         from test_gemma import GEMMA4_MOE_SHARED
 
-        transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED, architectures=["Gemma4ForCausalLM"]).save_pretrained(tmp_path)
+        config = transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED, architectures=["Gemma4ForCausalLM"])
+        config.save_pretrained(tmp_path)
     elif family == "step3p5":
         from test_step3p5 import CONFIG
 

@@ -211,7 +211,9 @@ class RoutedExperts(nn.Module):
     def __iter__(self):
         return iter(self.per_expert)
 
-    kernels: bool | None = None  # the grouped kernels: None on CUDA tensors, True / False forces (tests)
+    # the grouped kernels: None on CUDA tensors without autograd (they have no backward: training takes
+    # run_experts, as layers/activation.py silu_and_mul does), True / False forces either (tests)
+    kernels: bool | None = None
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.run(x, weights, ids)
@@ -219,7 +221,8 @@ class RoutedExperts(nn.Module):
     def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router."""
         kernel = self.activation.kernel
-        if kernel is not None and (x.is_cuda if self.kernels is None else self.kernels):
+        use = x.is_cuda and not torch.is_grad_enabled() if self.kernels is None else self.kernels
+        if kernel is not None and use:
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
             return moe_kernels.grouped_experts(x, weights, ids, *self.stacks(), activation=kernel,
