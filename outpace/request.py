@@ -35,6 +35,28 @@ class RequestMetrics:
         return num_tokens / max(self.finished_time - self.arrival_time, 1e-9)
 
 
+@dataclass
+class Logprob:
+    """A token's raw log-probability at a position (layers/logits_processing.py), its rank there (1: the
+    most likely), and its text when a tokenizer decoded it (vLLM's ``Logprob``)."""
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+# One position: the chosen token first, then the top ``logprobs`` tokens (vLLM's dict[int, Logprob]).
+PositionLogprobs = dict[int, Logprob]
+
+
+def position_logprobs(token: int, logprob: float, rank: int, top_ids: list[int],
+                      top_logprobs: list[float]) -> PositionLogprobs:
+    """One position's entry from a step's packed values (``TokenLogprobs.unpack_rows``)."""
+    entry = {token: Logprob(logprob, rank)}
+    for r, (t, lp) in enumerate(zip(top_ids, top_logprobs), start=1):
+        entry.setdefault(t, Logprob(lp, r))
+    return entry
+
+
 @dataclass(eq=False)  # requests compare by identity
 class Request:
     """``token_ids`` holds prompt then output; ``num_computed_tokens`` of them have KV in the cache."""
@@ -53,10 +75,25 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
     detokenizer: DetokenizerState = field(default_factory=DetokenizerState)
+    # With params.logprobs: one entry per output token, and their chosen tokens' sum.
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    # With params.prompt_logprobs: one entry per prompt token, None for the first (nothing predicts it).
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs, self.cumulative_logprob = [], 0.0
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    def record_logprobs(self, entry: PositionLogprobs) -> None:
+        """The entry of the output token just appended (its chosen token first)."""
+        if self.logprobs is not None:
+            self.logprobs.append(entry)
+            self.cumulative_logprob += next(iter(entry.values())).logprob
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -80,7 +117,21 @@ class Request:
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a prompt (vLLM's ``CompletionOutput``)."""
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[PositionLogprobs] | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+@dataclass
 class RequestOutput:
+    """What a request produced. ``outputs`` holds its completions (vLLM's shape: ``n`` of them from
+    ``LLM.generate``); ``text``, ``token_ids``, ``logprobs``... are the first one's."""
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -91,6 +142,15 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     spec_metrics: SpecMetrics
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
+                                             self.finish_reason, self.stop_reason)]
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -98,8 +158,10 @@ class RequestOutput:
 
     @classmethod
     def of(cls, req: Request) -> RequestOutput:
+        logprobs = None if req.logprobs is None else list(req.logprobs)
         return cls(req.request_id, req.prompt, req.prompt_token_ids, req.text, req.output_token_ids,
-                   req.finish_reason, req.stop_reason, req.finished, req.metrics, req.spec_metrics)
+                   req.finish_reason, req.stop_reason, req.finished, req.metrics, req.spec_metrics,
+                   logprobs, req.cumulative_logprob, req.prompt_logprobs)
 
 
 # What a request's random draw at a position is for: the counter of ``random_keys`` is position * DRAWS + purpose.

@@ -113,9 +113,9 @@ def _counting_steps(llm: LLM) -> dict:
     iteration, calls = llm.engine.runner.iteration, {"captured": 0, "eager": 0}
     run = iteration.run
 
-    def counting(key, width=None):
+    def counting(key, *args):
         calls["captured" if key in iteration._graphs else "eager"] += 1
-        return run(key, width)
+        return run(key, *args)
 
     iteration.run = counting
     return calls

@@ -61,7 +61,7 @@ def test_every_decode_step_replays_a_captured_iteration(method, temperature):
     iteration = llm.engine.runner.iteration
     assert all(call.graph is not None for call in iteration._graphs.values())
     replays, run = [], iteration.run
-    iteration.run = lambda key, width=None: replays.append(key in iteration._graphs) or run(key, width)
+    iteration.run = lambda key, *args: replays.append(key in iteration._graphs) or run(key, *args)
     outs = llm.generate(prompts, params)
     assert len(replays) > 5 and all(replays)
     eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, **kwargs).generate(prompts, params)

@@ -31,6 +31,7 @@ from outpace.config import ModelConfig
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
+from outpace.structured import GrammarCompiler, GrammarTable
 
 
 def load_tokenizer(path: str | Path):
@@ -114,6 +115,8 @@ class LLMEngine:
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.runner.grammars = GrammarTable(GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                                            self.eos_token_ids))
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
@@ -165,7 +168,20 @@ class LLMEngine:
                              f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seed = params.seed if params.seed is not None else int(torch.randint(1 << 62, (), generator=self._seeds))
-        return Request(request_id, token_ids, params, prompt=text, seed=seed)
+        req = Request(request_id, token_ids, params, prompt=text, seed=seed)
+        self._check_features(req)
+        return req
+
+    def _check_features(self, req: Request) -> None:
+        """What a request asks beyond plain sampling is possible here (ValueError naming what is not)."""
+        p = req.params
+        if p.n != 1 or p.best_of not in (None, 1):
+            raise ValueError(f"SamplingParams n={p.n}, best_of={p.best_of}: an engine request is one sequence; "
+                             "LLM.generate (and the server) fan n and best_of out")
+        bad = [t for t in (p.logit_bias or {}) if t >= self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+        self.runner.grammars.check(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._requests.pop(request_id, None)
@@ -237,7 +253,9 @@ class LLMEngine:
                                         budget, result.draft_depths)
             if result.new_token_ids and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
-            for token in result.new_token_ids:
+            for i, token in enumerate(result.new_token_ids):
+                if result.logprobs is not None:
+                    req.record_logprobs(result.logprobs[i])
                 if self._append_token(req, token):
                     outputs.append(self._finish(req))
                     break

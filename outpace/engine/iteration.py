@@ -13,11 +13,18 @@ target forwards all nodes; acceptance (greedy, or rejection sampling: speculativ
 ``a`` drafts along one root path and adds the bonus token; a tree's path is then moved to rows
 L .. L + a (a chain's already is), the request's length becomes L + a + 1 and its last token the
 bonus. Rows past the path are left behind: the next forward overwrites them.
+
+What a step does to the target's logits before verifying them, and what it reports besides tokens, is
+the key's ``LogitsFeatures``: penalties and logit biases at every node (the node's path counted as
+output), a grammar's masks (computed on the host between the draft and the verify forward's logits:
+such a step runs eagerly), the raw log-probabilities of the committed tokens. Only keys without any
+are captured at start-up; the others run the same function eagerly.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -26,6 +33,7 @@ from outpace.cache.kv_cache import CacheRows
 from outpace.cache.state_slots import StateSlots
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.slots import RequestSlots
+from outpace.layers.logits_processing import TokenLogprobs, apply_token_bitmask, count_tokens, token_logprobs
 from outpace.layers.sampler import is_greedy
 from outpace.request import VERIFY
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
@@ -52,11 +60,45 @@ class SamplingMode(enum.Enum):
 
 
 @dataclass(frozen=True)
+class LogitsFeatures:
+    """What a batch asks of the target's logits beyond sampling (host flags fixed per step):
+    ``penalties``: some request has penalties or a logit bias; ``grammar``: some request has a grammar;
+    ``logprobs``: the most top log-probabilities a request wants (0: only the chosen token's; None: none)."""
+    penalties: bool = False
+    grammar: bool = False
+    logprobs: int | None = None
+
+    @classmethod
+    def of(cls, params: list) -> LogitsFeatures:
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(any(p.penalized for p in params), any(p.structured_outputs is not None for p in params),
+                   max(wanted) if wanted else None)
+
+    @property
+    def any(self) -> bool:
+        return self.penalties or self.grammar or self.logprobs is not None
+
+
+@dataclass(frozen=True)
 class StepKey:
-    """What fixes a step's shapes: one captured graph each."""
+    """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly)."""
     bucket: int
     shape: DraftShape
     mode: SamplingMode
+    features: LogitsFeatures = field(default_factory=LogitsFeatures)
+
+
+class StepRow(NamedTuple):
+    """One request's part of a step's outputs (``DecodeIteration.unpack``)."""
+    tokens: list[int]                  # committed: the accepted drafts and the bonus
+    accepted: int                      # accepted drafts
+    depths: list[int] | None           # a tree's drafts' depths; None for a chain
+    logprobs: list[tuple] | None       # per committed token: (logprob, rank, top ids, top logprobs)
+
+
+# The host's part of a grammar step: the draft trees -> each row's token bitmask at every node, on the
+# device ([b, num_nodes, words] int32).
+TokenMasks = Callable[[Drafts], torch.Tensor]
 
 
 class DecodeIteration:
@@ -76,17 +118,19 @@ class DecodeIteration:
         """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
         self._graphs[key] = CapturedCall(lambda: self.step(key), self.slots.device, memory_pool)
 
-    def run(self, key: StepKey, width: int | None = None) -> torch.Tensor:
+    def run(self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None) -> torch.Tensor:
         """Run the step for the rows in ``batch_slots[:key.bucket]``: the captured graph of the key when
         there is one (full-width block tables), else eagerly over the first ``width`` table columns.
-        Returns the step's packed outputs (``unpack``)."""
+        ``token_masks``: the grammar's masks (a key with ``features.grammar``). Returns the step's packed
+        outputs (``unpack``)."""
         graph = self._graphs.get(key)
-        return graph.replay() if graph is not None else self.step(key, width)
+        return graph.replay() if graph is not None else self.step(key, width, token_masks)
 
-    def step(self, key: StepKey, width: int | None = None) -> torch.Tensor:
-        """The iteration (capturable). Returns [b * (depth + 1) + b (+ b * num_nodes for trees)] int64:
-        each row's output tokens (accepted drafts, the bonus, then -1), its number of accepted drafts,
-        and for trees each node's depth."""
+    def step(self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None) -> torch.Tensor:
+        """The iteration (capturable without logits features). Returns [b * (depth + 1) + b (+ b * num_nodes
+        for trees) (+ b * (depth + 1) * (2 + 2k) with log-probabilities)] int64: each row's output tokens
+        (accepted drafts, the bonus, then -1), its number of accepted drafts, for trees each node's depth,
+        and each output position's packed log-probabilities (``TokenLogprobs.pack``)."""
         s, shape, b = self.slots, key.shape, key.bucket
         with torch.inference_mode():
             slot_ids = self.batch_slots[:b]                                            # [b]
@@ -101,7 +145,8 @@ class DecodeIteration:
             with rows.context(rows.lengths, n, self.backend, mask) as ctx:
                 ctx.recurrent = self.states.verify(slot_ids, rows.lengths, None if shape.is_chain else drafts.parents)
                 out = self.model(drafts.token_ids.reshape(-1), (rows.lengths[:, None] + drafts.depths).reshape(-1))
-            logits = self.model.compute_logits(out.hidden_states).view(b, n, -1)        # [b, n, vocab]
+            raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)           # [b, n, vocab]
+            logits = self._processed(key, raw, drafts, mask, token_masks)               # [b, n, vocab]
             keys = None if key.mode is SamplingMode.GREEDY else rows.keys(0, VERIFY)  # greedy draws nothing
             if shape.is_chain:
                 result = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys)
@@ -109,6 +154,9 @@ class DecodeIteration:
                 result = verify_tree(drafts.parents, drafts.token_ids, None, logits, rows.sampling, keys,
                                      max_depth=shape.num_steps)
                 self._commit_tree_kv(rows, result.accepted_path)
+            if key.features.penalties:  # node 0 and the accepted drafts are output before the new last token
+                path = result.accepted_path                                              # [b, depth + 1]
+                count_tokens(s.output_counts, slot_ids, drafts.token_ids.gather(1, path.clamp(min=0)), path >= 0)
             if self.states.has_state:
                 self.states.commit(slot_ids, result.last_correct_step_indices)
             if self.proposer is not None:
@@ -119,19 +167,36 @@ class DecodeIteration:
             packed = [result.output_token_ids.reshape(-1), result.num_correct_drafts]
             if not shape.is_chain:
                 packed.append(drafts.depths.reshape(-1))
+            if key.features.logprobs is not None:
+                packed.append(_committed_logprobs(raw, result, key.features.logprobs).pack())
             return torch.cat(packed)
 
+    def _processed(self, key: StepKey, logits: torch.Tensor, drafts: Drafts, tree_mask: torch.Tensor | None,
+                   token_masks: TokenMasks | None) -> torch.Tensor:
+        """The logits verified: biased and penalized at every node as if its path were committed, then
+        masked by the grammar. ``logits`` [b, n, V] -> [b, n, V]."""
+        if key.features.penalties:
+            ancestors = tree_mask if tree_mask is not None else ancestor_mask(drafts.parents, key.shape.num_steps)
+            logits = self.slots.penalties(self.batch_slots[:key.bucket]).apply(logits, drafts.token_ids, ancestors)
+        if key.features.grammar:
+            logits = apply_token_bitmask(logits, token_masks(drafts))
+        return logits
+
     @staticmethod
-    def unpack(host: list[int], key: StepKey, n: int) -> list[tuple[list[int], int, list[int] | None]]:
-        """The first ``n`` rows of a step's packed outputs: (committed tokens, accepted drafts, the
-        drafts' depths (trees) or None)."""
+    def unpack(host: list[int], key: StepKey, n: int) -> list[StepRow]:
+        """The first ``n`` rows of a step's packed outputs."""
         shape, b = key.shape, key.bucket
-        width = shape.num_steps + 1
+        width, nodes = shape.num_steps + 1, shape.num_nodes
         tokens, accepted = host[:b * width], host[b * width:b * width + b]
-        depths = host[b * width + b:]
-        nodes = shape.num_nodes
-        return [(tokens[i * width:i * width + accepted[i] + 1], accepted[i],
-                 None if shape.is_chain else depths[i * nodes + 1:(i + 1) * nodes]) for i in range(n)]
+        at = b * width + b
+        depths = host[at:at + b * nodes] if not shape.is_chain else []
+        at += len(depths)
+        k = key.features.logprobs
+        logprobs = TokenLogprobs.unpack_rows(host[at:at + n * width * (2 + 2 * k)], k) if k is not None else None
+        return [StepRow(tokens[i * width:i * width + accepted[i] + 1], accepted[i],
+                        None if shape.is_chain else depths[i * nodes + 1:(i + 1) * nodes],
+                        None if logprobs is None else logprobs[i * width:i * width + accepted[i] + 1])
+                for i in range(n)]
 
     def _commit_tree_kv(self, rows: DecodeRows, path: torch.Tensor) -> None:
         """Move the target KV of each row's accepted nodes (``path`` [b, depth + 1], -1 after) from KV row
@@ -146,6 +211,16 @@ class DecodeIteration:
             return rows.tables.gather(1, r // bs) * bs + r % bs
 
         self.kv_rows.move(flat_slots(src_rows), flat_slots(dst_rows))
+
+
+def _committed_logprobs(logits: torch.Tensor, result, k: int) -> TokenLogprobs:
+    """Raw log-probabilities of each row's output positions (``result.output_token_ids`` [b, w], read
+    at the accepted nodes ``result.accepted_path``; past the bonus: node 0 and token 0, ignored).
+    ``logits`` [b, n, V] -> b * w rows."""
+    b, _, vocab = logits.shape
+    nodes = result.accepted_path.clamp(min=0)                                                    # [b, w]
+    rows = logits.gather(1, nodes[..., None].expand(-1, -1, vocab))                              # [b, w, V]
+    return token_logprobs(rows.reshape(-1, vocab), result.output_token_ids.clamp(min=0).reshape(-1), k)
 
 
 def _root_only(rows: DecodeRows) -> Drafts:

@@ -9,15 +9,17 @@ the other ranks; collecting the object does too.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
 from outpace.config import EngineConfig, SamplingParams
 from outpace.engine.engine import LLMEngine
-from outpace.request import RequestOutput
+from outpace.request import CompletionOutput, RequestOutput
 
 Prompt = str | Sequence[int]
+Conversation = list[dict[str, str]]
 
 
 class LLM:
@@ -39,8 +41,12 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  progress: bool = False) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in prompt order.
+        """Generate for every prompt (text or token ids); outputs come back in prompt order, one per prompt
+        with its ``n`` completions in ``outputs``.
 
+        ``n`` and ``best_of`` (vLLM's meaning): ``best_of`` sequences (default ``n``) are sampled per prompt,
+        the i-th with seed ``seed + i`` when the params have a seed, and the ``n`` with the highest
+        cumulative log-probability are returned, best first (with ``best_of`` == ``n``: all, in order).
         Every prompt is validated before any is queued, so one bad prompt leaves the engine untouched.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
@@ -48,8 +54,11 @@ class LLM:
         params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        requests = [self.engine.new_request(p, sp) for p, sp in zip(prompts, params_list)]
-        ids = [self.engine.submit(r) for r in requests]
+        groups = [[self.engine.new_request(p, child) for child in _children(sp)] for p, sp in zip(prompts, params_list)]
+        for group in groups:
+            for r in group:
+                self.engine.submit(r)
+        ids = [r.request_id for group in groups for r in group]
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", disable=not progress) as bar:
             while len(results) < len(ids):
@@ -57,4 +66,49 @@ class LLM:
                     if out.finished:
                         results[out.request_id] = out
                         bar.update(1)
-        return [results[i] for i in ids]
+        return [_best(sp, [results[r.request_id] for r in group]) for sp, group in zip(params_list, groups)]
+
+    def chat(self, messages: Conversation | Sequence[Conversation],
+             params: SamplingParams | Sequence[SamplingParams] | None = None, add_generation_prompt: bool = True,
+             chat_template: str | None = None, progress: bool = False) -> list[RequestOutput]:
+        """Generate replies to conversations (a list of ``{"role", "content"}`` messages, or a list of them)
+        rendered by the tokenizer's chat template (or ``chat_template``); as ``generate`` otherwise. The
+        template holds any special tokens, so none are added when it is tokenized (as vLLM does)."""
+        tok = self.tokenizer
+        if tok is None or not (chat_template or getattr(tok, "chat_template", None)):
+            raise ValueError(f"model {self.engine.config.model} has no chat template: pass chat_template= or "
+                             "use generate()")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for i, conversation in enumerate(conversations):
+            if not conversation or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                           for m in conversation):
+                raise ValueError(f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages")
+            text = tok.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+            prompts.append(tok.encode(text, add_special_tokens=False))
+        return self.generate(prompts, params, progress)
+
+
+def _children(params: SamplingParams) -> list[SamplingParams]:
+    """The engine requests of one prompt: ``best_of`` (or ``n``) single sequences; ranking by cumulative
+    log-probability needs the chosen tokens' log-probabilities, asked for when the params did not."""
+    count = params.best_of or params.n
+    ranked = count > params.n
+    one = params.replace(n=1, best_of=None, logprobs=0 if ranked and params.logprobs is None else params.logprobs)
+    return [one if one.seed is None else one.replace(seed=(one.seed + i) % 2**63) for i in range(count)]
+
+
+def _best(params: SamplingParams, outs: list[RequestOutput]) -> RequestOutput:
+    """One prompt's output: its best ``n`` completions (all of them, in order, without best_of)."""
+    if len(outs) > params.n:
+        outs = sorted(outs, key=lambda o: o.cumulative_logprob, reverse=True)[:params.n]
+    completions = [CompletionOutput(i, o.text, o.token_ids, o.cumulative_logprob,
+                                    o.logprobs if params.logprobs is not None else None, o.finish_reason, o.stop_reason)
+                   for i, o in enumerate(outs)]
+    spec = outs[0].spec_metrics
+    for o in outs[1:]:
+        spec = spec.merge(o.spec_metrics)
+    first = completions[0]
+    return dataclasses.replace(outs[0], text=first.text, token_ids=first.token_ids, logprobs=first.logprobs,
+                               spec_metrics=spec, outputs=completions)

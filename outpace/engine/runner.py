@@ -30,14 +30,16 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.cache.state_slots import StateSlots
 from outpace.engine.cuda_graphs import bucket_for, pinned
-from outpace.engine.iteration import DecodeIteration, SamplingMode, StepKey
+from outpace.engine.iteration import DecodeIteration, LogitsFeatures, SamplingMode, StepKey
 from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
 from outpace.engine.slots import RequestSlots
+from outpace.layers.logits_processing import apply_token_bitmask, token_logprobs
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
-from outpace.request import SAMPLE, Request, request_keys
+from outpace.request import SAMPLE, Request, position_logprobs, request_keys
 from outpace.speculative.adaptive import DraftLengthChooser
-from outpace.speculative.proposer import DraftShape, PrefillRows, Proposer
+from outpace.speculative.proposer import DraftShape, Drafts, PrefillRows, Proposer
+from outpace.structured import GrammarTable
 
 
 class _StepTimer:
@@ -89,7 +91,8 @@ class ModelRunner:
         self.backend = get_backend(attention_backend)
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
         self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
-        self.slots = RequestSlots(pool, max_seqs, pool.blocks_needed(max_rows), self.device)
+        self.slots = RequestSlots(pool, max_seqs, pool.blocks_needed(max_rows), self.device, model.config.vocab_size)
+        self.grammars: GrammarTable | None = None  # the engine's, once it knows the tokenizer and eos ids
         # hybrid models: each request slot's recurrent state, with a snapshot row per verified node
         self.states = StateSlots(model.model, max_seqs + 1, max(s.num_nodes for s in shapes), kv_dtype, device)
         self.proposer: Proposer | None = proposer_factory(max_seqs) if proposer_factory is not None else None
@@ -122,7 +125,7 @@ class ModelRunner:
     def profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding slot)."""
         self.iteration.batch_slots.fill_(self.slots.padding_slot)
-        saved = [t.clone() for t in self._state()]
+        saved = [t.clone() for t in self._state(key)]
         times = []
         for _ in range(repeats + 1):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -131,7 +134,7 @@ class ModelRunner:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        for buffer, old in zip(self._state(), saved):
+        for buffer, old in zip(self._state(key), saved):
             buffer.copy_(old)
         return sorted(times[1:])[repeats // 2]
 
@@ -145,6 +148,8 @@ class ModelRunner:
         if self._ahead is not None and request_id in self._ahead.request_ids:
             self._ahead.copy.wait()
         self.slots.release(request_id)
+        if self.grammars is not None:
+            self.grammars.release(request_id)
 
     # ---- a step ----------------------------------------------------------------------------------
     def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
@@ -160,6 +165,7 @@ class ModelRunner:
                 results.update(zip((id(s.request) for s in prefill), self._prefill(prefill)))
             if decode:
                 results.update(zip(map(id, decode), self._decode(decode)))
+        self._advance_grammars(batch, results)
         return [results[id(s.request)] for s in batch]
 
     def _prefill(self, batch: list[ScheduledRequest]) -> list[StepResult]:
@@ -179,8 +185,11 @@ class ModelRunner:
                 out = self.model(input_ids, torch.tensor(pos, device=self.device))
             ends = torch.tensor(counts).cumsum(0) - 1
             done = [i for i, f in enumerate(final) if f]
-            sampled = self._sample_first([reqs[i] for i in done], out.hidden_states[ends[done].to(self.device)]) \
-                if done else torch.empty(0, dtype=torch.int64, device=self.device)
+            if any(r.prompt_logprobs is not None for r in reqs):
+                self._record_prompt_logprobs(reqs, starts, counts, out.hidden_states)
+            sampled, first_logprobs = self._sample_first(
+                [reqs[i] for i in done], [slot_ids[i] for i in done], out.hidden_states[ends[done].to(self.device)]) \
+                if done else (torch.empty(0, dtype=torch.int64, device=self.device), None)
             if any(decodes):  # the last token: just sampled, or (recomputing) the one the request has
                 sampled_at = dict(zip(done, sampled.unbind(0)))
                 last = [sampled_at[i] if i in sampled_at else torch.tensor(reqs[i].token_ids[-1], device=self.device)
@@ -193,16 +202,59 @@ class ModelRunner:
                                                  _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
                                                  out.aux_hidden_states, tables))
             tokens = sampled.tolist()
-        it = iter(tokens)
-        return [StepResult([next(it)] if f else [], c) for f, c in zip(final, counts)]
+        entries = iter(zip(tokens, first_logprobs or [None] * len(tokens)))
+        results = []
+        for f, c in zip(final, counts):
+            if not f:
+                results.append(StepResult([], c))
+                continue
+            token, entry = next(entries)
+            results.append(StepResult([token], c, logprobs=None if entry is None else [entry]))
+        return results
 
-    def _sample_first(self, reqs: list[Request], hidden: torch.Tensor) -> torch.Tensor:
-        """The token after each completed prompt, from its last row's hidden state [n, hidden]: [n]."""
-        logits = self.model.compute_logits(hidden)
+    def _sample_first(self, reqs: list[Request], slot_ids: list[int],
+                      hidden: torch.Tensor) -> tuple[torch.Tensor, list | None]:
+        """The token after each completed prompt, from its last row's hidden state [n, hidden]: ([n] tokens,
+        each one's log-probabilities when some request wants them). Penalties, logit biases and grammars
+        apply as in a decode step (the functions it uses, on one position)."""
+        raw = self.model.compute_logits(hidden)                                        # [n, vocab]
+        features = LogitsFeatures.of([r.params for r in reqs])
+        logits = raw
+        if features.penalties:  # the output so far is counted (all of it precedes the token sampled)
+            for r in reqs:
+                if r.params.penalized:
+                    self.slots.load_history(r, r.num_tokens)
+            rows = torch.tensor(slot_ids, device=self.device)
+            logits = self.slots.penalties(rows).apply(logits[:, None, :])[:, 0]
+        if features.grammar:
+            no_drafts = torch.zeros(len(reqs), 1, dtype=torch.int64)
+            masks = self.grammars.tree_masks(reqs, no_drafts, no_drafts - 1).to(self.device)  # [n, 1, words]
+            logits = apply_token_bitmask(logits, masks[:, 0])
         if all(is_greedy(r.params) for r in reqs):
-            return logits.argmax(dim=-1)
-        st = SamplingTensors.from_params([r.params for r in reqs], self.device)
-        return sample(logits, st, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device))
+            tokens = logits.argmax(dim=-1)
+        else:
+            st = SamplingTensors.from_params([r.params for r in reqs], self.device)
+            tokens = sample(logits, st, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device))
+        if features.logprobs is None:
+            return tokens, None
+        rows = token_logprobs(raw, tokens, features.logprobs).host_rows()
+        return tokens, [position_logprobs(t, *row) for t, row in zip(tokens.tolist(), rows)]
+
+    def _record_prompt_logprobs(self, reqs: list[Request], starts: list[int], counts: list[int],
+                                hidden: torch.Tensor) -> None:
+        """Requests with ``prompt_logprobs``: the entry of every prompt token this chunk's rows predict (the
+        row at position p predicts token p + 1), unless a run before preemption recorded it already."""
+        offset = 0
+        for r, a, c in zip(reqs, starts, counts):
+            if r.prompt_logprobs is not None:
+                first = max(a, len(r.prompt_logprobs) - 1)       # the first row whose entry is missing
+                last = min(a + c, r.num_prompt_tokens - 1)        # rows up to the one predicting the last prompt token
+                if first < last:
+                    rows = hidden[offset + first - a:offset + last - a]
+                    targets = torch.tensor(r.prompt_token_ids[first + 1:last + 1], device=self.device)
+                    lp = token_logprobs(self.model.compute_logits(rows), targets, r.params.prompt_logprobs)
+                    r.prompt_logprobs += [position_logprobs(t, *row) for t, row in zip(targets.tolist(), lp.host_rows())]
+            offset += c
 
     def _decode(self, reqs: list[Request]) -> list[StepResult]:
         ids, starts = tuple(r.request_id for r in reqs), tuple(r.num_computed_tokens for r in reqs)
@@ -213,15 +265,22 @@ class ModelRunner:
         chooser = self.choosers.get(launch.key.mode)
         if chooser is not None:
             chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
-            chooser.observe(launch.key.shape, [accepted for _, accepted, _ in rows])
+            chooser.observe(launch.key.shape, [row.accepted for row in rows])
         by_id = dict(zip(launch.request_ids, rows))
         if self._ahead is not None:  # each request's length once this step is committed
-            self._ahead.starts = tuple(s + by_id[i][1] + 1 for i, s in zip(ids, starts))
+            self._ahead.starts = tuple(s + by_id[i].accepted + 1 for i, s in zip(ids, starts))
         shape = launch.key.shape
-        if self.proposer is None:
-            return [StepResult(by_id[i][0], 1) for i in ids]
-        return [StepResult(tokens, accepted + 1, accepted, depths, shape.num_nodes - 1, shape.num_steps)
-                for tokens, accepted, depths in (by_id[i] for i in ids)]
+        results = []
+        for req in reqs:
+            row = by_id[req.request_id]
+            logprobs = None if row.logprobs is None else [position_logprobs(t, *lp) for t, lp in zip(row.tokens,
+                                                                                                     row.logprobs)]
+            if self.proposer is None:
+                results.append(StepResult(row.tokens, 1, logprobs=logprobs))
+            else:
+                results.append(StepResult(row.tokens, row.accepted + 1, row.accepted, row.depths, shape.num_nodes - 1,
+                                          shape.num_steps, logprobs))
+        return results
 
     def _launch(self, reqs: list[Request], ahead: bool = False) -> _Launch:
         """Write the batch into the iteration's input and run its step (captured when a bucket holds it).
@@ -230,27 +289,46 @@ class ModelRunner:
         bucket = bucket_for(self.graph_buckets, n)
         mode = SamplingMode.of([r.params for r in reqs])
         shape = self.choosers[mode].choose(bucket or n) if self.choosers else self.shapes[0]
-        key = StepKey(bucket or n, shape, mode)
+        key = StepKey(bucket or n, shape, mode, LogitsFeatures.of([r.params for r in reqs]))
         self.slots.sync_tables(ids)
+        if key.features.penalties and not ahead:
+            for r in reqs:
+                if r.params.penalized:
+                    self.slots.load_history(r, r.num_computed_tokens)
         slot_ids = [self.slots.slot(i) for i in ids]
         self.iteration.batch_slots[:key.bucket].copy_(
             pinned(slot_ids + [self.slots.padding_slot] * (key.bucket - n), self.device), non_blocking=True)
         saved = None
         if ahead:
             index = self.iteration.batch_slots[:n]
-            saved = [t.index_select(0, index) for t in self._state()]
+            saved = [t.index_select(0, index) for t in self._state(key)]
         width = None if bucket is not None else max(len(self.pool.table(i)) for i in ids)
         starts = () if ahead else tuple(r.num_computed_tokens for r in reqs)
         timer = _StepTimer(self.device) if self.choosers else None  # adaptive: every step's time is measured
-        out = self.iteration.run(key, width)
+        masks = (lambda drafts: self._grammar_masks(reqs, drafts)) if key.features.grammar else None
+        out = self.iteration.run(key, width, masks)
         if timer is not None:
             timer.stop()
         return _Launch(key, ids, starts, HostCopy(out), slot_ids, saved, timer)
 
+    def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
+        """The host's part of a grammar step: each row's bitmask at every draft node ([b, n, words] on the
+        device), from its grammar state after the committed tokens."""
+        masks = self.grammars.tree_masks(reqs, drafts.token_ids.cpu(), drafts.parents.cpu())
+        return masks.to(self.device, non_blocking=True)
+
+    def _advance_grammars(self, batch: list[ScheduledRequest], results: dict[int, StepResult]) -> None:
+        """Each constrained request's grammar accepts the tokens its step committed."""
+        for s in batch:
+            grammar = self.grammars.get(s.request) if self.grammars is not None else None
+            if grammar is not None:
+                grammar.accept(results[id(s.request)].new_token_ids)
+
     # ---- run-ahead -------------------------------------------------------------------------------
-    def _state(self) -> list[torch.Tensor]:
-        """Every per-slot buffer a step advances."""
-        return ([self.slots.lengths, self.slots.last_tokens] + self.states.tensors()
+    def _state(self, key: StepKey) -> list[torch.Tensor]:
+        """Every per-slot buffer a step of this key advances."""
+        counts = [self.slots.output_counts] if key.features.penalties else []
+        return ([self.slots.lengths, self.slots.last_tokens] + self.states.tensors() + counts
                 + (self.proposer.state() if self.proposer else []))
 
     def _take_ahead(self, ids: tuple[str, ...], starts: tuple[int, ...]) -> _Launch | None:
@@ -278,13 +356,15 @@ class ModelRunner:
         if rows:
             index = torch.tensor(rows, device=self.device)
             slot_ids = torch.tensor([launch.slot_ids[i] for i in rows], device=self.device)
-            for buffer, saved in zip(self._state(), launch.saved):
+            for buffer, saved in zip(self._state(launch.key), launch.saved):
                 buffer.index_copy_(0, slot_ids, saved.index_select(0, index))
 
     def _may_run_ahead(self, reqs: list[Request]) -> bool:
         """Whether to launch the step after this one now: captured, and its rows reserved for any
         acceptance of this one (run_ahead.reserve_rows)."""
         if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(reqs)) is None:
+            return False
+        if any(r.params.structured_outputs is not None for r in reqs):  # its masks need this step's tokens
             return False
         per_step = self.shapes[-1].num_nodes
         lookahead = self.proposer.lookahead if self.proposer is not None else 0

@@ -27,6 +27,7 @@ class StepResult:
     draft_depths: list[int] | None = None   # a verified tree's drafts' depths (1 = a root's child); None: a chain
     num_drafts: int = 0                     # drafts verified (the step's draft shape: 0 for plain decoding)
     max_depth: int = 0                      # their deepest path
+    logprobs: list | None = None            # with params.logprobs: each new token's entry (request.PositionLogprobs)
 
 
 @dataclass

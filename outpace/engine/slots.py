@@ -9,6 +9,10 @@ nothing from the host but new block-table entries:
 - ``last_tokens`` [slots]: that token,
 - ``seeds`` [slots]: its random stream (layers/sampler.py ``random_keys``),
 - its sampling parameters (temperature, top-k, top-p, min-p), one row per slot,
+- its penalties (repetition, frequency, presence) and, allocated on first use, the vocabulary-wide
+  rows that penalties and ``logit_bias`` read: ``logit_bias`` [slots, V], ``prompt_mask`` [slots, V]
+  and ``output_counts`` [slots, V] (the output tokens before position L; a step counts node 0 and the
+  drafts on each node's path itself, then adds what it committed: layers/logits_processing.py),
 - its block table, a row of ``tables`` [slots, max_blocks], mirrored in (pinned) host memory and
   copied incrementally: a request's table only grows while it lives.
 The last slot, ``padding_slot``, belongs to no request: padded rows of a captured batch use it;
@@ -22,13 +26,15 @@ from typing import Sequence
 import torch
 
 from outpace.cache.block_pool import BlockPool
+from outpace.layers.logits_processing import Penalties
 from outpace.layers.sampler import SamplingTensors
 from outpace.request import Request
 
 
 class RequestSlots:
-    def __init__(self, pool: BlockPool, max_seqs: int, max_blocks: int, device: torch.device | str) -> None:
-        self.pool, self.device = pool, torch.device(device)
+    def __init__(self, pool: BlockPool, max_seqs: int, max_blocks: int, device: torch.device | str,
+                 vocab_size: int) -> None:
+        self.pool, self.device, self.vocab_size = pool, torch.device(device), vocab_size
         self.padding_slot = max_seqs
         n = max_seqs + 1
         on_gpu = self.device.type == "cuda"
@@ -39,6 +45,14 @@ class RequestSlots:
         self.top_k = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.top_p = torch.ones(n, dtype=torch.float32, device=self.device)
         self.min_p = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.repetition_penalty = torch.ones(n, dtype=torch.float32, device=self.device)
+        self.frequency_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.presence_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.logit_bias: torch.Tensor | None = None     # [slots, V] float32, allocated on first use
+        self.prompt_mask: torch.Tensor | None = None    # [slots, V] bool
+        self.output_counts: torch.Tensor | None = None  # [slots, V] int32
+        self._biased: set[int] = set()                  # slots whose logit_bias row is not zero
+        self._unloaded: set[int] = set()                # penalized slots whose prompt and counts rows await load_history
         self.host_tables = torch.full((n, max_blocks), pool.padding_block, dtype=torch.int64, pin_memory=on_gpu)
         self.tables = self.host_tables.to(self.device)                     # [slots, max_blocks]
         self._written = [0] * n                                              # table entries copied per slot
@@ -69,12 +83,50 @@ class RequestSlots:
                               (self.min_p, row.min_p)):
             buffer[s] = value[0]
         self.seeds[s] = req.seed
+        self.repetition_penalty[s], self.frequency_penalty[s] = p.repetition_penalty, p.frequency_penalty
+        self.presence_penalty[s] = p.presence_penalty
+        if p.penalized:
+            self._allocate_penalty_rows()
+            self._unloaded.add(s)
+        if s in self._biased:
+            self.logit_bias[s].zero_()
+            self._biased.discard(s)
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.int64)
+            self.logit_bias[s, ids.to(self.device)] = torch.tensor(list(p.logit_bias.values())).to(self.device)
+            self._biased.add(s)
         return s
+
+    def _allocate_penalty_rows(self) -> None:
+        if self.logit_bias is None:
+            n, v = self.lengths.shape[0], self.vocab_size
+            self.logit_bias = torch.zeros(n, v, dtype=torch.float32, device=self.device)
+            self.prompt_mask = torch.zeros(n, v, dtype=torch.bool, device=self.device)
+            self.output_counts = torch.zeros(n, v, dtype=torch.int32, device=self.device)
+
+    def load_history(self, req: Request, length: int) -> None:
+        """Before a penalized request's first sampling in this slot: its prompt's tokens and the counts of its
+        output tokens before position ``length`` (the position of the token sampled next, or of a decode
+        step's last token, which the step counts as node 0)."""
+        s = self._slot_of[req.request_id]
+        if s not in self._unloaded:
+            return
+        self._unloaded.discard(s)
+        prompt = torch.tensor(req.prompt_token_ids, dtype=torch.int64)
+        self.prompt_mask[s] = torch.zeros(self.vocab_size, dtype=torch.bool).index_fill_(0, prompt, True).to(self.device)
+        before = torch.tensor(req.token_ids[req.num_prompt_tokens:length], dtype=torch.int64)
+        self.output_counts[s] = torch.bincount(before, minlength=self.vocab_size).to(torch.int32).to(self.device)
+
+    def penalties(self, slots: torch.Tensor) -> Penalties:
+        """The rows' penalties and logit biases (``slots`` [n] on the device); the rows must be allocated."""
+        return Penalties(self.repetition_penalty[slots], self.frequency_penalty[slots], self.presence_penalty[slots],
+                         self.logit_bias[slots], self.prompt_mask[slots], self.output_counts[slots])
 
     def release(self, request_id: str) -> None:
         """The request ended or was preempted: its slot is free again (its table row reset on reuse)."""
         s = self._slot_of.pop(request_id, None)
         if s is not None:
+            self._unloaded.discard(s)
             self._free.append(s)
             self._reset_table(s)
 

@@ -1,7 +1,7 @@
 """OpenAI request bodies (pydantic), the OpenAI error shape, and the sampling parameters they map to.
 
-Field names follow OpenAI's API; ``top_k``, ``min_p``, ``stop_token_ids``, ``ignore_eos`` and
-``add_generation_prompt`` are extensions (as in vLLM). Like OpenAI, unknown fields are ignored,
+Field names follow OpenAI's API; ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
+``ignore_eos``, ``structured_outputs`` and ``add_generation_prompt`` are extensions (as in vLLM). Like OpenAI, unknown fields are ignored,
 but a known field of the wrong type or out of range is an error: the models are strict (no
 "5" -> 5 coercion, no NaN or infinity) and every failure becomes a 400 naming the field.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from outpace.config import MAX_LOGPROBS, ConfigError, StructuredOutputsParams
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 16
@@ -65,7 +67,9 @@ class _SamplingFields(_Strict):
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension: json, regex, choice, grammar, json_object
     user: str | None = None
 
     @field_validator("stop", mode="before")
@@ -87,13 +91,51 @@ class _SamplingFields(_Strict):
         """Refuse (400) what outpace does not implement rather than ignore it silently."""
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise bad_request(f"{name} is not supported", name, "unsupported_parameter")
-        if self.repetition_penalty not in (None, 1.0):
-            raise bad_request("repetition_penalty is not supported", "repetition_penalty", "unsupported_parameter")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported", "logit_bias", "unsupported_parameter")
+        self.logit_bias_ids()
+        self.constraint()
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """``logit_bias`` with its keys (token ids as strings, OpenAI's form) as ints."""
+        if not self.logit_bias:
+            return None
+        bad = [k for k in self.logit_bias if not k.isdigit()]
+        if bad:
+            raise bad_request(f"logit_bias keys must be token ids, got {bad[0]!r}", "logit_bias")
+        return {int(k): v for k, v in self.logit_bias.items()}
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The output's constraint from ``response_format`` (text, json_object, json_schema) or
+        ``structured_outputs``; anything else is refused by name."""
+        fmt = self.response_format
+        kind = None if fmt is None else fmt.get("type", "text")
+        if kind not in (None, "text", "json_object", "json_schema"):
+            raise bad_request(f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
+                              "response_format", "unsupported_parameter")
+        if kind not in (None, "text") and self.structured_outputs is not None:
+            raise bad_request("response_format and structured_outputs are exclusive", "structured_outputs")
+        try:
+            if kind == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            if kind == "json_schema":
+                schema = (fmt.get("json_schema") or {}).get("schema")
+                if not isinstance(schema, dict):
+                    raise bad_request("response_format.json_schema.schema must be a JSON schema object",
+                                      "response_format")
+                return StructuredOutputsParams(json=schema)
+            if self.structured_outputs is not None:
+                return StructuredOutputsParams(**self.structured_outputs)
+        except (ConfigError, TypeError) as e:
+            raise bad_request(f"invalid structured_outputs: {e}", "structured_outputs") from None
+        return None
+
+    def wanted_logprobs(self) -> int | None:
+        """Top log-probabilities per output token the response shows (None: no logprobs)."""
+        return None
+
+    @property
+    def sequences_per_prompt(self) -> int:
+        """Sequences generated per prompt (completions: ``best_of``, of which the ``n`` most likely are returned)."""
+        return self.n
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_tokens, "max_tokens"
@@ -113,12 +155,23 @@ class CompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs is not None:
-            raise bad_request("logprobs are not supported", "logprobs", "unsupported_parameter")
+        if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:
+            raise bad_request(f"logprobs={self.logprobs} is more than {MAX_LOGPROBS}", "logprobs")
+        if self.logprobs is not None and (self.stream or self.echo):
+            raise bad_request("logprobs with stream or echo are not supported", "logprobs", "unsupported_parameter")
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix", "unsupported_parameter")
-        if self.best_of is not None and self.best_of != self.n:
-            raise bad_request("best_of other than n is not supported", "best_of", "unsupported_parameter")
+        if self.best_of is not None and self.best_of < self.n:
+            raise bad_request(f"best_of={self.best_of} must be >= n={self.n}", "best_of")
+        if self.best_of not in (None, self.n) and self.stream:
+            raise bad_request("best_of with stream is not supported", "best_of", "unsupported_parameter")
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def sequences_per_prompt(self) -> int:
+        return self.best_of or self.n
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of text or token-id prompts (a batch)."""
@@ -178,22 +231,25 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs is not None:
-            raise bad_request("logprobs are not supported", "logprobs", "unsupported_parameter")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        if (self.top_logprobs or 0) > MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs")
+        if self.logprobs and self.stream:
+            raise bad_request("logprobs with stream are not supported", "logprobs", "unsupported_parameter")
         if self.tools or self.functions:
             raise bad_request("tools are not supported", "tools", "unsupported_parameter")
         if self.tool_choice not in (None, "none", "auto"):
             raise bad_request("tool_choice is not supported", "tool_choice", "unsupported_parameter")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise bad_request("response_format other than text is not supported", "response_format",
-                              "unsupported_parameter")
         if not self.messages:
             raise bad_request("messages is empty: at least one message is needed", "messages")
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         if self.max_completion_tokens is not None:

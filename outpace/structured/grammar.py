@@ -1,0 +1,129 @@
+"""Grammars for structured output, through xgrammar (imported on first use: ``pip install outpace[structured]``).
+
+A ``GrammarCompiler`` turns a request's ``StructuredOutputsParams`` into xgrammar's compiled grammar
+for the engine's tokenizer and vocabulary (compiled once per distinct constraint: xgrammar caches).
+A ``RequestGrammar`` is one request's parser state: it has accepted exactly the request's committed
+output tokens, and answers, for a draft tree of the next step, the token bitmask at every node as if
+the node's path had been committed (accepting the path's drafts, filling the mask, rolling back):
+- a node whose path leaves the grammar gets an all-allowing mask: it is unreachable, since the target
+  gives the draft that leaves the grammar probability 0 (its mask at the parent forbids it), so the
+  verify rejects the path at that draft;
+- a node whose path ends the grammar (its stop token accepted) allows the stop tokens alone, so
+  nothing past the grammar's end can be accepted; the engine stops at the stop token (an eos id).
+After the verify only the committed tokens are accepted (``accept``): the drafts' advance was undone
+at once, which is the rollback of rejected drafts.
+
+JSON (a schema or ``json_object``) is generated compactly, with no free whitespace between tokens
+(xgrammar's ``any_whitespace=False``), so a model cannot stall in whitespace until max_tokens.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import torch
+
+from outpace.config import StructuredOutputsParams
+from outpace.layers.logits_processing import BITS_PER_WORD, bitmask_words
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ValueError("structured_outputs needs the xgrammar package: pip install 'outpace[structured]'") from e
+    return xgrammar
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer; ``stop_token_ids``: the engine's eos ids (a grammar ends
+    on one of them)."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self._compiler = None
+
+    def _compiler_or_build(self):
+        if self._compiler is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs the model's tokenizer, and this model has none")
+            if not self.stop_token_ids:
+                raise ValueError("structured_outputs needs an end-of-sequence token id, and this model has none")
+            xgr = _xgrammar()
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        return self._compiler
+
+    def compile(self, spec: StructuredOutputsParams):
+        """The compiled grammar; a constraint that does not compile raises ValueError naming its field."""
+        compiler, kind = self._compiler_or_build(), spec.kind
+        try:
+            if kind == "json":
+                schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
+                return compiler.compile_json_schema(schema, any_whitespace=False)
+            if kind == "json_object":
+                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if kind == "regex":
+                return compiler.compile_regex(spec.regex)
+            if kind == "choice":  # GBNF string literals take JSON's escapes
+                return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec.choice))
+            return compiler.compile_grammar(spec.grammar)
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
+            raise ValueError(f"structured_outputs.{kind} does not compile: {str(e).strip()[:500]}") from None
+
+    def matcher(self, spec: StructuredOutputsParams, output_token_ids: Sequence[int] = ()) -> RequestGrammar:
+        """A request's grammar state after ``output_token_ids`` (its committed output so far)."""
+        grammar = RequestGrammar(_xgrammar().GrammarMatcher(self.compile(spec)), self.vocab_size,
+                                 self.stop_token_ids)
+        grammar.accept(output_token_ids)
+        return grammar
+
+
+class RequestGrammar:
+    def __init__(self, matcher, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
+        self.words = bitmask_words(vocab_size)
+        self.stop_only = torch.zeros(self.words, dtype=torch.int32)  # [words]: the stop tokens alone
+        for t in stop_token_ids:
+            self.stop_only[t // BITS_PER_WORD] |= _bit(t % BITS_PER_WORD)
+
+    @property
+    def terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Accept committed tokens. A token the grammar forbids cannot have been committed (the target's
+        distribution was masked): it is a bug, raised as one."""
+        for t in tokens:
+            if not self.matcher.accept_token(int(t)):
+                raise RuntimeError(f"the grammar refused committed token {t}: its mask was not applied")
+
+    def fill_tree(self, tokens: Sequence[int], parents: Sequence[int], out: torch.Tensor) -> None:
+        """``out`` [n, words] int32 (host): the bitmask at each node of a draft tree (node 0: the last
+        committed token, already accepted; ``parents[u]`` < u, -1 for node 0)."""
+        for u in range(len(tokens)):
+            path = []
+            v = u
+            while v > 0:
+                path.append(int(tokens[v]))
+                v = parents[v]
+            accepted = 0
+            for t in reversed(path):
+                if not self.matcher.accept_token(t):  # also refused once the stop token is in
+                    break
+                accepted += 1
+            if accepted < len(path):
+                out[u] = -1  # unreachable (see the module docstring): anything
+            elif self.matcher.is_terminated():
+                out[u] = self.stop_only
+            else:
+                self.matcher.fill_next_token_bitmask(out, u)
+            if accepted:
+                self.matcher.rollback(accepted)
+
+
+def _bit(i: int) -> int:
+    """Bit i of an int32 word, as a Python int of the word's signed value."""
+    return (1 << i) - (1 << 32 if i == BITS_PER_WORD - 1 else 0)
