@@ -79,15 +79,20 @@ class MTPRecipe(DistillRecipe):
 
 def mtp_chain(target, target_hidden: torch.Tensor, tokens: torch.Tensor, num_layers: int,
               chained: bool) -> list[torch.Tensor]:
-    """target_hidden [B * T, hidden] (the target's last pre-norm states over tokens [B, T]) -> the logits
-    [B * T, vocab] of MTP layers 0 .. num_layers - 1: layer k at row t reads token t + k + 1 (token 0 past
-    the window: those rows never reach the loss) and predicts token t + k + 2, at position t."""
-    b, t = tokens.shape
+    """target_hidden [B * T, hidden] (the target's last pre-norm states over tokens[:, :T]); tokens [B, >= T]
+    -> the logits [B * T, vocab] of MTP layers 0 .. num_layers - 1: layer k at row t reads token t + k + 1
+    (token 0 past the given tokens: those rows never reach a loss) and predicts token t + k + 2, at
+    position t. Each layer reads the target's state, embeds and computes logits in its own layout
+    (models/mtp.py: outpace's layers use the target's pre-norm state, embedding and head; DeepSeek-V3's the
+    post-norm state and their own embedding and shared head)."""
+    b = tokens.shape[0]
+    t = target_hidden.shape[0] // b
     positions = torch.arange(t, device=tokens.device).repeat(b)
     logits, h = [], None
     with forward_context(DenseCausalMetadata(b, t)):
         for k, layer in enumerate(list(target.mtp_layers)[:num_layers]):
-            ids = torch.nn.functional.pad(tokens[:, k + 1:], (0, min(k + 1, t)), value=0).reshape(-1)
+            ids = tokens[:, k + 1:k + 1 + t]
+            ids = torch.nn.functional.pad(ids, (0, t - ids.shape[1]), value=0).reshape(-1)
             state = layer.target_state(target, target_hidden) if h is None or not chained else h
             h = layer(positions, layer.embed(target, ids), state)
             logits.append(layer.compute_logits(target, h))

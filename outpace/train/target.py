@@ -97,30 +97,22 @@ def mtp_forward_losses(model, tokens: torch.Tensor, num_mtp: int, chain: bool):
     is the target's next-token prediction and entry k the MTP depth k.
 
     The main model reads tokens[:, :seq_len]; depth k (1-based) at row i consumes the depth k-1
-    state at row i (chained) or the target's (not chained) and the embedding of token i+k. Each MTP
-    layer reads the target's state, embeds and computes logits in its own layout (models/mtp.py:
-    outpace's layers use the target's pre-norm state, embedding and head; DeepSeek-V3's the post-norm
-    state and their own embedding and shared head).
+    state at row i (chained) or the target's (not chained) and the embedding of token i+k
+    (train/mtp.py ``mtp_chain``, the forward the MTP fine-tune recipe trains with).
     """
+    from outpace.train.mtp import mtp_chain
+
     b, length = tokens.shape
     t = length - num_mtp - 1
     positions = torch.arange(t, device=tokens.device).repeat(b)  # [b * t]
     with forward_context(DenseCausalMetadata(b, t)):
         target_hidden = model(tokens[:, :t].reshape(-1), positions).hidden_states  # [b * t, hidden]
-        losses, accs = [], []
-        h = target_hidden
-        for k in range(num_mtp + 1):
-            if k == 0:
-                logits = model.compute_logits(h)  # [b * t, vocab]
-            else:
-                layer = model.mtp_layers[k - 1]
-                state = layer.target_state(model, target_hidden)
-                embeds = layer.embed(model, tokens[:, k:t + k].reshape(-1))
-                h = layer(positions, embeds, h if chain and k > 1 else state)
-                logits = layer.compute_logits(model, h)
-            labels = tokens[:, k + 1:t + k + 1].reshape(-1)
-            losses.append(F.cross_entropy(logits, labels))
-            accs.append((logits.argmax(-1) == labels).float().mean().detach())
+    all_logits = [model.compute_logits(target_hidden), *mtp_chain(model, target_hidden, tokens, num_mtp, chain)]
+    losses, accs = [], []
+    for k, logits in enumerate(all_logits):
+        labels = tokens[:, k + 1:t + k + 1].reshape(-1)
+        losses.append(F.cross_entropy(logits, labels))
+        accs.append((logits.argmax(-1) == labels).float().mean().detach())
     return losses, accs
 
 
