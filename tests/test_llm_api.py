@@ -1,15 +1,19 @@
 """The offline API's vLLM-shaped surface: n and best_of, LLM.chat with the tokenizer's chat template."""
+import os
+
 import pytest
 
 from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
 
 ZOO = "zoo/"
+# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
+DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(ZOO + "tinypy", device="cpu", dtype="float32", num_kv_blocks=256, max_num_seqs=16,
+    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_seqs=16,
                speculative=SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3))
 
 
@@ -72,7 +76,7 @@ def test_server_structured_output_logprobs_penalties_best_of():
     from outpace.config import EngineConfig
     from outpace.server.app import build_app
 
-    config = EngineConfig(ZOO + "tinypy", device="cpu", dtype="float32", num_kv_blocks=256, max_num_seqs=8,
+    config = EngineConfig(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_seqs=8,
                           speculative=SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3))
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
               "required": ["n"]}

@@ -2,6 +2,7 @@
 tokens, equal (1e-4, fp32) with and without speculation for every drafter, and equal to what the
 target gives the same tokens as a prompt."""
 import math
+import os
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
 
 ZOO = "zoo/"
+# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
+DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
 DRAFTERS = {
     "eagle3-chain": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=4),
     "eagle3-tree": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
@@ -23,7 +26,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=
 
 
 def _llm(spec: SpeculativeConfig | None = None) -> LLM:
-    return LLM(ZOO + "tinypy", device="cpu", dtype="float32", num_kv_blocks=256, max_num_seqs=8,
+    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_seqs=8,
                speculative=spec or SpeculativeConfig())
 
 
@@ -75,7 +78,7 @@ def test_prompt_logprobs_chunked_equal_whole():
     """Prompt log-probabilities recorded chunk by chunk (a prompt longer than the token budget) equal
     those of one prefill, and the first prompt token has none."""
     whole = _llm().generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4))[0]
-    chunked = LLM(ZOO + "tinypy", device="cpu", dtype="float32", num_kv_blocks=256, max_num_batched_tokens=5,
+    chunked = LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_batched_tokens=5,
                   block_size=4).generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4))[0]
     assert whole.prompt_logprobs[0] is None and chunked.prompt_logprobs[0] is None
     assert len(whole.prompt_logprobs) == len(whole.prompt_token_ids)

@@ -1,6 +1,8 @@
 """Repetition, frequency and presence penalties and logit_bias: vLLM's formulas, applied to the
 target's logits at every verified node as if the node's draft path had been committed, so greedy
 output is the same with and without speculation, for every drafter."""
+import os
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from outpace.layers.logits_processing import Penalties, node_counts
 from outpace.speculative.tree import ancestor_mask
 
 ZOO = "zoo/"
+# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
+DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
 DRAFTERS = {
     "eagle3-chain": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=4),
     "eagle3-tree": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
@@ -29,7 +33,7 @@ PENALIZED = [
 
 def _llm(spec: SpeculativeConfig | None = None, **kwargs) -> LLM:
     kwargs = {"num_kv_blocks": 256, "max_num_seqs": 8, **kwargs}
-    return LLM(ZOO + "tinypy", device="cpu", dtype="float32", speculative=spec or SpeculativeConfig(), **kwargs)
+    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", speculative=spec or SpeculativeConfig(), **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -72,8 +72,8 @@ def test_openai_client_with_key(server):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
-    with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
-        client.completions.create(model="tinypy", prompt="x", max_tokens=1, logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs with stream or echo are not supported"):
+        client.completions.create(model="tinypy", prompt="x", max_tokens=1, logprobs=2, echo=True)
 
 
 LONG_TEXT = "\n".join(PROMPTS)  # far more than MAX_MODEL_LEN tokens
@@ -114,9 +114,10 @@ BAD = [  # (endpoint, body, status, words the error must contain (message, param
     ("c", {"prompt": "x", "stop": [""]}, 400, ["stop"]),
     ("c", {"prompt": "x", "stream": "yes"}, 400, ["stream"]),
     ("c", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, ["stream_options"]),
-    ("c", {"prompt": "x", "logprobs": 1}, 400, ["logprobs are not supported"]),
-    ("c", {"prompt": "x", "presence_penalty": 0.5}, 400, ["presence_penalty"]),
-    ("c", {"prompt": "x", "logit_bias": {"5": 10}}, 400, ["logit_bias"]),
+    ("c", {"prompt": "x", "logprobs": 1, "stream": True}, 400, ["logprobs with stream or echo are not supported"]),
+    ("c", {"prompt": "x", "presence_penalty": 2.5}, 400, ["presence_penalty"]),
+    ("c", {"prompt": "x", "logit_bias": {"five": 10}}, 400, ["logit_bias"]),
+    ("c", {"prompt": "x", "response_format": {"type": "yaml"}}, 400, ["response_format", "yaml"]),
     ("c", {"prompt": "x", "model": "gpt-4"}, 404, ["model_not_found", "gpt-4"]),
     ("c", {"prompt": "x", "model": 7}, 400, ["model"]),
     ("h", {"messages": []}, 400, ["messages"]),
@@ -126,7 +127,8 @@ BAD = [  # (endpoint, body, status, words the error must contain (message, param
     ("h", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, ["messages", "wizard"]),
     ("h", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      400, ["image_url"]),
-    ("h", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, ["logprobs are not supported"]),
+    ("h", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "stream": True}, 400,
+     ["logprobs with stream are not supported"]),
     ("h", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, ["tools"]),
     ("h", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": MAX_TOKENS + 1}, 400,
      ["max_completion_tokens"]),

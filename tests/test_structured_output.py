@@ -18,6 +18,8 @@ from outpace.speculative.verify import verify_greedy_chain  # noqa: E402
 from outpace.structured import GrammarCompiler  # noqa: E402
 
 ZOO = "zoo/"
+# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
+DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
 DRAFTERS = {
     "none": SpeculativeConfig(),
     "eagle3-chain": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=4),
@@ -71,7 +73,7 @@ def validate(value, schema) -> None:
 
 
 def _llm(drafter: str, **kwargs) -> LLM:
-    return LLM(ZOO + "tinypy", device="cpu", dtype="float32", num_kv_blocks=512, max_num_seqs=32,
+    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=512, max_num_seqs=32,
                speculative=DRAFTERS[drafter], **kwargs)
 
 
