@@ -272,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     td = tsub.add_parser("draft", help="a draft for a trained target")
     td.add_argument("--method", required=True, choices=list(DRAFT_RECIPES))
     td.add_argument("--target", default=None, help="the target's directory (default: the zoo target)")
+    td.add_argument("--data", nargs="+", default=None, metavar="FILE",
+                    help="prompt files (.jsonl: one prompt per line; other: plain text cut into prompt windows); "
+                         "the target regenerates the responses (default: the zoo corpus)")
+    td.add_argument("--eval-prompts", default=None,
+                    help="JSON list of held-out prompts for the final acceptance run (default: the zoo's)")
+    td.add_argument("--num-continuations", type=int, help="continuations the target generates")
+    td.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="any other recipe field (VALUE read as JSON, else as a string); repeatable")
     _train_args(td)
     td.set_defaults(func=cmd_train_draft)
     return parser
@@ -312,6 +320,7 @@ DRAFT_RECIPES = {
     "standalone": ("outpace.train.standalone:StandaloneRecipe", "outpace.train.standalone:train_standalone"),
     "eagle3": ("outpace.train.eagle3:Eagle3Recipe", "outpace.train.eagle3:train_eagle3"),
     "dflash": ("outpace.train.dflash:DFlashRecipe", "outpace.train.dflash:train_dflash"),
+    "mtp": ("outpace.train.mtp:MTPRecipe", "outpace.train.mtp:train_mtp"),
 }
 
 
@@ -322,11 +331,37 @@ def cmd_train_draft(a: argparse.Namespace) -> None:
     _check_model_dir(a.target)
     recipe_cls = resolve({a.method: DRAFT_RECIPES[a.method][0]}, a.method, "draft recipe")
     train_fn = resolve({a.method: DRAFT_RECIPES[a.method][1]}, a.method, "draft recipe")
-    overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed"))
-    recipe = recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
+    overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed", "eval_prompts", "num_continuations"))
+    if a.data:
+        overrides["prompt_files"] = tuple(a.data)
+    overrides.update(_field_values(a.set))
+    try:
+        recipe = recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
+    except TypeError as e:  # a --set field the recipe does not have
+        raise ValueError(f"{recipe_cls.__name__}: {e}") from None
     metrics = train_fn(Path(a.target), recipe, Path(a.out), a.device)
-    keys = ("final_loss", "final_step_top1", "final_position_top1", "train_wall_seconds", "num_parameters")
-    print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=2))
+    keys = ("final_loss", "final_step_top1", "final_position_top1", "final_layer_top1", "train_wall_seconds",
+            "num_parameters")
+    summary = {k: metrics[k] for k in keys if k in metrics}
+    for name, row in metrics.get("heldout", {}).items():
+        if name.startswith("temperature"):
+            summary[f"heldout tau ({name})"] = row["acceptance_length"]
+    print(json.dumps(summary, indent=2))
+
+
+def _field_values(pairs: list[str]) -> dict:
+    """["field=value", ...] -> {field: value}, values read as JSON when they parse (lists become tuples)."""
+    out = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set {pair!r}: expected FIELD=VALUE")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        out[name.replace("-", "_")] = tuple(value) if isinstance(value, list) else value
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
