@@ -19,7 +19,7 @@ from torch import nn
 
 from outpace.attention.layer import Attention
 from outpace.config import ModelConfig
-from outpace.layers.activation import act_and_mul
+from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import kv_head_shard, split_evenly
 from outpace.layers.linear import column_parallel, is_sharded, project, row_parallel
@@ -166,9 +166,10 @@ class GatedMLP(nn.Module):
         return self.down_proj(act_and_mul(self.act, gate, up))
 
     def fusable(self) -> bool:
-        """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU, no biases) compute this MLP."""
+        """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU or GELU-tanh, no biases)
+        compute this MLP."""
         return (self.gate_up is not None and self.gate_up.bias is None and self.down_proj.bias is None
-                and self.act in ("silu", "swish") and not is_sharded(self.down_proj))
+                and self.act in FUSED_ACTIVATIONS and not is_sharded(self.down_proj))
 
 
 class PackedProjection:
@@ -194,9 +195,11 @@ class PackedProjection:
 
 
 def pack_projections(model: nn.Module) -> None:
-    """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each."""
+    """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each; also the q/k/v of
+    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's)."""
     for module in model.modules():
-        if isinstance(module, DecoderAttention) and module.qkv is None:
+        if (isinstance(module, DecoderAttention) or getattr(module, "v_proj", None) is not None) \
+                and getattr(module, "qkv", False) is None:
             module.qkv = PackedProjection([module.q_proj, module.k_proj, module.v_proj])
         elif isinstance(module, GatedMLP) and module.gate_up is None:
             module.gate_up = PackedProjection([module.gate_proj, module.up_proj])
@@ -271,23 +274,93 @@ def fused_attention_output_and_mlp(attn: torch.Tensor, stream: torch.Tensor, o_p
     from outpace.layers.fused_projection import norm_project_swiglu, project_add, project_add_normed
 
     mid = project_add_normed(attn, o_proj.weight, stream, post_norm.weight)
-    act = norm_project_swiglu(mid, post_norm.eps, mlp.gate_up.weight)
+    act = norm_project_swiglu(mid, post_norm.eps, mlp.gate_up.weight, act=mlp.act)
     if next_norm is None:
         return project_add(act, mlp.down_proj.weight, mid.stream)
     return project_add_normed(act, mlp.down_proj.weight, mid.stream, next_norm.weight)
 
 
 def norm_head_logits(norm: RMSNorm, head: nn.Module, hidden: torch.Tensor,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """[n, hidden] pre-norm -> [n, vocab] float32 logits: the final norm, then the head (a module with
-    a ``weight`` [vocab, hidden]); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
+                     out: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """[n, hidden] pre-norm -> [n, vocab] float32 logits: the final norm (any ``norm_offset``), then the
+    head (a module with a ``weight`` [vocab, hidden]), soft-capped at ``softcap`` when given (Gemma's
+    final_logit_softcapping); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
     tensor to write them into (returned), instead of a new one."""
     if not is_sharded(head) and fusable_rows(hidden, head.weight):
         from outpace.layers.fused_projection import norm_project, normed_rows
 
-        return norm_project(normed_rows(hidden, norm.weight), norm.eps, head.weight, out_dtype=torch.float32, out=out)
-    logits = head(norm(hidden))
-    return logits.float() if out is None else out.copy_(logits)
+        return norm_project(normed_rows(hidden, norm.weight, norm_offset(norm)), norm.eps, head.weight,
+                            out_dtype=torch.float32, out=out, softcap=softcap)
+    logits = head(norm(hidden)).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap  # (layers/embedding.py softcap)
+    return logits if out is None else out.copy_(logits)
+
+
+def norm_offset(norm: nn.Module) -> float:
+    """What an RMSNorm module adds to its weight (layers/norm.py: Gemma 3's are 1 + w)."""
+    return getattr(norm, "offset", 0.0)
+
+
+def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``attend_fused_qkv`` serves an attention module over x [num_tokens, hidden]: its q/k/v
+    packed without bias (``pack_projections``), an o_proj without bias, not sharded, per-head q/k norms
+    over a power-of-two ``head_dim``, few half-precision rows on the GPU and a backend that attends over
+    a cache the kernel wrote."""
+    d = attn.head_dim
+    return (getattr(attn, "qkv", None) is not None and attn.qkv.bias is None and attn.o_proj.bias is None
+            and not is_sharded(attn.o_proj) and d & (d - 1) == 0 and fusable_rows(x, attn.qkv.weight)
+            and attn.attn.fused_write_target() is not None)
+
+
+def attend_fused_qkv(attn: nn.Module, positions: torch.Tensor, rows, eps: float, v_norm: bool = False) -> torch.Tensor:
+    """``DecoderAttention.attend_fused`` for another attention module with q_proj/k_proj/v_proj packed
+    as ``qkv``, ``q_norm``/``k_norm`` per head (any ``norm_offset``), ``rotary``, ``attn`` and ``head_dim``
+    (Gemma's): rows (``NormedRows``) -> the attention output [num_tokens, heads * head_dim] before
+    o_proj. ``v_norm``: v heads normalised without a weight (Gemma 4)."""
+    from outpace.layers.fused_projection import norm_project_qkv
+
+    k_cache, v_cache, slots = attn.attn.fused_write_target()
+    q = norm_project_qkv(rows, eps, attn.qkv.weight, attn.head_dim, attn.qkv.sizes[0], positions, attn.rotary.cos,
+                         attn.rotary.sin, k_cache, v_cache, slots,
+                         qk_norm=(attn.q_norm.weight, attn.k_norm.weight, attn.k_norm.eps),
+                         qk_offset=norm_offset(attn.q_norm), v_norm=v_norm)
+    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions)
+
+
+def fused_sandwich_rest(attn: torch.Tensor, stream: torch.Tensor, o_proj: nn.Linear, norms: tuple[nn.Module, ...],
+                        mlp: GatedMLP, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The rest of a "sandwich" layer after attention (Gemma: a norm before and after attention and the
+    MLP), fused: attn [n, heads * head_dim], stream [n, hidden]; norms (post-attention, pre-MLP,
+    post-MLP) -> stream + post(o) = mid, then mid + post_mlp(mlp(pre_mlp(mid))), times ``scale`` [1] when
+    given (Gemma 4's layer_scalar): [n, hidden]. Two projection kernels that also prepare the norm after
+    them, two row kernels that add the normed output to the stream, and the gate/up kernel."""
+    from outpace.layers.fused_projection import add_normed, norm_project_swiglu, project_normed
+
+    post_attn, pre_mlp, post_mlp = norms
+    o = project_normed(attn, o_proj.weight, post_attn.weight, norm_offset(post_attn))
+    mid = add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
+    act = norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
+    down = project_normed(act, mlp.down_proj.weight, post_mlp.weight, norm_offset(post_mlp))
+    return add_normed(down, post_mlp.eps, mid.stream, scale=scale)
+
+
+def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
+    """Whether ``fused_sandwich_rest`` and ``attend_fused_qkv`` serve a sandwich layer over h."""
+    return mlp.fusable() and qkv_fuses(attn, h)
+
+
+def sandwich_layer_fused(layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, v_norm: bool = False,
+                         scale: torch.Tensor | None = None) -> torch.Tensor:
+    """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
+    ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) over h [n, hidden] on the
+    fused path (``sandwich_fuses``) -> its output [n, hidden] (times ``scale`` when given)."""
+    from outpace.layers.fused_projection import normed_rows
+
+    norm = layer.input_layernorm
+    attn = attend_fused_qkv(layer.self_attn, positions, normed_rows(h, norm.weight, norm_offset(norm)), norm.eps, v_norm)
+    norms = (layer.post_attention_layernorm, layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
+    return fused_sandwich_rest(attn, h, layer.self_attn.o_proj, norms, layer.mlp, scale)
 
 
 def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -11,7 +11,14 @@ and a round trip of the activations each. Here one kernel does a projection and 
                            layers when given; RoPE on q and k; k and v stored straight into the paged
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write)
 - ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T
-- ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm)
+- ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm; optionally
+                           soft-capped, Gemma's final_logit_softcapping)
+- ``project_normed`` + ``add_normed``: a "sandwich" norm (Gemma: RMSNorm on a projection's output before
+                           the residual add), the new stream made ready for the norm after it
+
+Norm variants: an RMSNorm's scale is ``offset + w`` (offset 1.0: Gemma 3's (1 + w) norms; 0.0 by default),
+always applied in float32; the per-head q/k norms take an offset too, and v may be normalised without a
+weight (Gemma 4's v norm). The gate activation of [gate | up] is SiLU or GELU-tanh (Gemma).
 
 RMSNorm folds into the product because its scale is one number per row: RMSNorm(s) @ W.T =
 rstd * ((s * w_norm) @ W.T). The kernel that writes the stream s (``project_add_normed``, or
@@ -41,6 +48,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
+from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
@@ -49,6 +57,9 @@ from outpace.layers.sm_count import num_sms
 _PLAIN = tl.constexpr(0)
 _SWIGLU = tl.constexpr(1)
 _QKV = tl.constexpr(2)
+# gate activations (ACT)
+_ACT_SILU = 0
+_ACT_GELU_TANH = 1
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
@@ -72,13 +83,13 @@ class NormedRows:
 
 
 @triton.jit
-def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, BLOCK: tl.constexpr):
-    """Row r: normed[r] = x[r] * w; sq[0, r] = sum(x[r]^2)."""
+def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, offset, BLOCK: tl.constexpr):
+    """Row r: normed[r] = x[r] * (offset + w); sq[0, r] = sum(x[r]^2)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
     tl.store(normed_ptr + row * N + cols, (x * w).to(normed_ptr.dtype.element_ty), mask=ok)
     tl.store(sq_ptr + row, tl.sum(x * x, axis=0))
 
@@ -104,18 +115,21 @@ def _fused_rows_kernel(
         x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
         pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
         M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size, qk_eps, subs,
+        next_offset, qk_offset, cap,
         OUTS: tl.constexpr, CHUNK: tl.constexpr, SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr,
         NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
-        QK_NORM: tl.constexpr,
+        QK_NORM: tl.constexpr, V_NORM: tl.constexpr, ACT: tl.constexpr, SOFTCAP: tl.constexpr,
         HALF: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr,
         PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
     """Program p owns outputs p * OUTS ... p * OUTS + OUTS - 1 of every row and computes them as ``subs``
     sub-tiles of CHUNK (<= BN) consecutive outputs each. PLAIN: output i is column i.
     SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
     SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
-    NEXT_NORM (PLAIN with RESIDUAL): also writes out * next_norm and each sub-tile's sums of out^2
-    (part p * subs + sub of sq_out).
-    QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k."""
+    NEXT_NORM (PLAIN): also writes out * (next_offset + next_norm) and each sub-tile's sums of out^2
+    (part p * subs + sub of sq_out). SOFTCAP (PLAIN): cap * tanh(result / cap) before any residual.
+    SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
+    QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
+    their weights plus qk_offset; V_NORM: of v too, without a weight."""
     pid = tl.program_id(0)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
@@ -153,11 +167,12 @@ def _fused_rows_kernel(
             if RESIDUAL:
                 res = tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0)   # [BM, BN]
             if NEXT_NORM:
-                w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32)            # [BN]
+                w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32) + next_offset  # [BN]
         elif EPILOGUE == _QKV:
             cos, sin, slot = _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF)
             if QK_NORM:
-                norm_a, norm_b = _head_norm_weights(col_a, i % HALF, q_size, q_norm_ptr, k_norm_ptr, HALF)
+                norm_a, norm_b = _head_norm_weights(col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr,
+                                                    qk_offset, HALF)
         acc_a = tl.zeros((BM, BN), dtype=tl.float32)
         acc_b = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
@@ -175,6 +190,8 @@ def _fused_rows_kernel(
             acc_a *= rstd
             acc_b *= rstd
         if EPILOGUE == _PLAIN:
+            if SOFTCAP:
+                acc_a = cap * _tanh(acc_a / cap)
             if RESIDUAL:
                 acc_a += res.to(tl.float32)
             out = acc_a.to(out_ptr.dtype.element_ty)
@@ -185,35 +202,78 @@ def _fused_rows_kernel(
                          (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty), mask=ok)
                 tl.store(sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok)
         elif EPILOGUE == _SWIGLU:
-            silu = acc_a / (1.0 + tl.exp(-acc_a))
+            if ACT == _ACT_GELU_TANH:  # transformers' GELU-tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+                gate = 0.5 * acc_a * (1.0 + _tanh(0.7978845608028654 * (acc_a + 0.044715 * acc_a * acc_a * acc_a)))
+            else:
+                gate = acc_a / (1.0 + tl.exp(-acc_a))
             tl.store(out_ptr + rows[:, None] * stride_om + i[None, :],
-                     (silu * acc_b).to(out_ptr.dtype.element_ty), mask=ok)
+                     (gate * acc_b).to(out_ptr.dtype.element_ty), mask=ok)
         else:
             if QK_NORM:
-                acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, norm_a, norm_b, q_size, kv_size, qk_eps, BM, BN, HALF)
+                acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, norm_a, norm_b, q_size, kv_size, qk_eps, BM, BN, HALF,
+                                          V_NORM)
             _qkv_epilogue(acc_a, acc_b, rows, col_a, ok, out_ptr, stride_om, cos, sin, slot, k_cache_ptr,
                           v_cache_ptr, q_size, kv_size, HALF)
 
 
 @triton.jit
-def _head_norm_weights(col_a, j, q_size, q_norm_ptr, k_norm_ptr, HALF: tl.constexpr):
-    """The per-head norm weights of columns col_a (pair j of its head) and col_a + HALF: q_norm's for q
-    columns, k_norm's for the others (v columns are never normalised) -> two [1, BN] float32."""
+def _head_norm_weights(col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, offset, HALF: tl.constexpr):
+    """The per-head norm scales of columns col_a (pair j of its head) and col_a + HALF: offset + q_norm's
+    for q columns, offset + k_norm's for k columns, 1 for v columns -> two [1, BN] float32."""
     is_q = col_a < q_size
-    w_a = tl.where(is_q, tl.load(q_norm_ptr + j), tl.load(k_norm_ptr + j)).to(tl.float32)[None, :]
-    w_b = tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(tl.float32)[None, :]
-    return w_a, w_b
+    is_v = col_a >= q_size + kv_size
+    w_a = tl.where(is_q, tl.load(q_norm_ptr + j), tl.load(k_norm_ptr + j)).to(tl.float32) + offset
+    w_b = tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(tl.float32) + offset
+    return tl.where(is_v, 1.0, w_a)[None, :], tl.where(is_v, 1.0, w_b)[None, :]
 
 
 @triton.jit
-def _head_norm(a, b, col_a, w_a, w_b, q_size, kv_size, eps, BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr):
+def _head_norm(a, b, col_a, w_a, w_b, q_size, kv_size, eps, BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
+               V_NORM: tl.constexpr):
     """a, b [BM, BN]: columns j and j + HALF of whole heads (BN // HALF of them, in order). q and k
-    columns get their head's RMSNorm (weights w_a, w_b: ``_head_norm_weights``); v columns pass."""
+    columns get their head's RMSNorm (scales w_a, w_b: ``_head_norm_weights``); v columns too with
+    V_NORM (scale 1), else they pass."""
     sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)          # [BM, heads]
     rstd = tl.rsqrt(sq / (2 * HALF) + eps)
     rstd = tl.reshape(tl.broadcast_to(rstd[:, :, None], (BM, BN // HALF, HALF)), (BM, BN))
-    normed = (col_a < q_size + kv_size)[None, :]
+    if V_NORM:
+        normed = (col_a >= 0)[None, :]
+    else:
+        normed = (col_a < q_size + kv_size)[None, :]
     return tl.where(normed, a * rstd * w_a, a), tl.where(normed, b * rstd * w_b, b)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in float32 from exp: 2 / (1 + e^-2x) - 1, x clamped to [-10, 10] (tanh(10) is 1 in float32)."""
+    return 2.0 / (1.0 + tl.exp(-2.0 * tl.minimum(tl.maximum(x, -10.0), 10.0))) - 1.0
+
+
+@triton.jit
+def _add_normed_kernel(o_ptr, sq_in_ptr, res_ptr, scale_ptr, w_next_ptr, out_ptr, normed_ptr, sq_out_ptr, N,
+                       num_sq_parts, stride_om, stride_rm, eps, next_offset, HAS_SCALE: tl.constexpr,
+                       NEXT_NORM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Row r: s = (res[r] + o[r] * rsqrt(sum(sq_in[:, r]) / N + eps)) (* scale[0]), o being a projection's
+    output times its norm's scale (``project_normed``); stores s, and with NEXT_NORM s * (next_offset +
+    w_next) and sum(s^2) (s as stored)."""
+    row = tl.program_id(0)
+    M = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    parts = tl.arange(0, BLOCK_P)
+    sq = tl.load(sq_in_ptr + parts * M + row, mask=parts < num_sq_parts, other=0.0)
+    rstd = tl.rsqrt(tl.sum(sq, axis=0) / N + eps)
+    o = tl.load(o_ptr + row * stride_om + cols, mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(res_ptr + row * stride_rm + cols, mask=ok, other=0.0).to(tl.float32) + o * rstd
+    if HAS_SCALE:
+        s = s * tl.load(scale_ptr).to(tl.float32)
+    s = s.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * N + cols, s, mask=ok)
+    if NEXT_NORM:
+        sf = tl.where(ok, s.to(tl.float32), 0.0)
+        w = tl.load(w_next_ptr + cols, mask=ok, other=0.0).to(tl.float32) + next_offset
+        tl.store(normed_ptr + row * N + cols, (sf * w).to(normed_ptr.dtype.element_ty), mask=ok)
+        tl.store(sq_out_ptr + row, tl.sum(sf * sf, axis=0))
 
 
 @triton.jit
@@ -313,10 +373,18 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
             norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
             next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
             qkv: tuple | None = None, qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-            pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+            pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None, next_offset: float = 0.0,
+            qk_offset: float = 0.0, v_norm: bool = False, act: str = "silu",
+            softcap: float | None = None) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
-    sq_parts out [programs x sub-tiles, M]: ``_launch_grid``); qk_norm: (q_norm weight, k_norm weight,
-    eps) for QKV. ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
+    sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
+    (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
+    ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap.
+    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
+    if v_norm and qk_norm is None:
+        raise ValueError("v_norm needs qk_norm (whole heads a sub-tile)")
+    if act not in FUSED_ACTIVATIONS:
+        raise ValueError(f"no fused gate activation {act!r}")
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
     outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, _stages(epilogue, weight.shape[0]))
@@ -336,9 +404,10 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     _fused_rows_kernel[(grid.programs,)](
         x, weight, out, res, sq_in, w_next, normed_out, sq_out, pos, cos, sin, k_cache, v_cache, slots, q_norm, k_norm,
         m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), sq_in.shape[0], eps, q_size,
-        kv_size, qk_eps, grid.subs, OUTS=grid.outs, CHUNK=grid.chunk, SCALE_ROWS=norm is not None,
+        kv_size, qk_eps, grid.subs, next_offset, qk_offset, 1.0 if softcap is None else softcap, OUTS=grid.outs, CHUNK=grid.chunk, SCALE_ROWS=norm is not None,
         RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None, EPILOGUE=epilogue,
-        QK_NORM=qk_norm is not None, HALF=half, BM=MAX_ROWS, BN=grid.block_n, BK=block_k,
+        QK_NORM=qk_norm is not None, V_NORM=v_norm, ACT=_ACT_GELU_TANH if act in GELU_TANH else _ACT_SILU,
+        SOFTCAP=softcap is not None, HALF=half, BM=MAX_ROWS, BN=grid.block_n, BK=block_k,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
@@ -346,12 +415,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
     return out
 
 
-def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor) -> NormedRows:
-    """A stream x [M, N] that no fused kernel wrote (the embeddings), made ready for RMSNorm(x) @ W.T."""
+def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor, offset: float = 0.0) -> NormedRows:
+    """A stream x [M, N] that no fused kernel wrote (the embeddings), made ready for RMSNorm(x) @ W.T
+    (the norm's scale offset + norm_weight)."""
     x = x if x.stride(1) == 1 else x.contiguous()
     normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sq = torch.empty(1, x.shape[0], dtype=torch.float32, device=x.device)
-    _normed_rows_kernel[(x.shape[0],)](x, norm_weight, normed, sq, x.shape[0], x.shape[1], x.stride(0),
+    _normed_rows_kernel[(x.shape[0],)](x, norm_weight, normed, sq, x.shape[0], x.shape[1], x.stride(0), offset,
                                        BLOCK=triton.next_power_of_2(x.shape[1]))
     return NormedRows(x, normed, sq)
 
@@ -377,23 +447,51 @@ def project_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, p
     return _launch(x, weight, out, weight.shape[0], _PLAIN.value, residual=residual, pdl=pdl)
 
 
-def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, next_norm_weight: torch.Tensor,
-                       pdl: bool | None = None) -> NormedRows:
-    """``project_add``, its result made ready for the RMSNorm with weight ``next_norm_weight`` [N]."""
+def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                       next_norm_weight: torch.Tensor, pdl: bool | None = None, next_offset: float = 0.0) -> NormedRows:
+    """``project_add`` (x @ weight.T alone when ``residual`` is None), its result made ready for the
+    RMSNorm with scale next_offset + ``next_norm_weight`` [N]."""
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
     grid = _launch_grid(n, _PLAIN.value, n, x.device)
     sq = torch.empty(grid.programs * grid.subs, m, dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, n, _PLAIN.value, residual=residual, next_norm=(next_norm_weight, normed, sq), pdl=pdl)
+    _launch(x, weight, out, n, _PLAIN.value, residual=residual, next_norm=(next_norm_weight, normed, sq), pdl=pdl,
+            next_offset=next_offset)
     return NormedRows(out, normed, sq)
+
+
+def project_normed(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, offset: float = 0.0,
+                   pdl: bool | None = None) -> NormedRows:
+    """x [M, K] @ weight.T, made ready for a sandwich norm with scale offset + norm_weight (``add_normed``)."""
+    return project_add_normed(x, weight, None, norm_weight, pdl, offset)
+
+
+def add_normed(o: NormedRows, eps: float, residual: torch.Tensor, next_norm: tuple[torch.Tensor, float] | None = None,
+               scale: torch.Tensor | None = None) -> NormedRows | torch.Tensor:
+    """A sandwich norm's residual add, one program a row: s = residual + RMSNorm(o.stream) (o from
+    ``project_normed``, which applied the norm's scale), times ``scale`` [1] when given -> s made ready for
+    the RMSNorm ``next_norm`` = (weight [N], offset) when given (``NormedRows``), else s [M, N]."""
+    m, n = residual.shape
+    residual = residual if residual.stride(1) == 1 else residual.contiguous()
+    out = torch.empty(m, n, dtype=residual.dtype, device=residual.device)
+    normed, sq = out, out
+    if next_norm is not None:
+        normed = torch.empty_like(out)
+        sq = torch.empty(1, m, dtype=torch.float32, device=out.device)
+    w_next, offset = next_norm if next_norm is not None else (out, 0.0)
+    _add_normed_kernel[(m,)](o.normed, o.sq_parts, residual, out if scale is None else scale, w_next, out, normed, sq,
+                             n, o.sq_parts.shape[0], o.normed.stride(0), residual.stride(0), eps, offset,
+                             HAS_SCALE=scale is not None, NEXT_NORM=next_norm is not None,
+                             BLOCK=triton.next_power_of_2(n), BLOCK_P=triton.next_power_of_2(o.sq_parts.shape[0]))
+    return out if next_norm is None else NormedRows(out, normed, sq)
 
 
 def norm_project(rows: NormedRows, eps: float, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
                  pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default), into
-    ``out`` (contiguous rows) when given."""
+    ``out`` (contiguous rows) when given; soft-capped (cap * tanh(logit / cap)) with ``softcap``."""
     x = rows.normed
     shape, dtype = (x.shape[0], weight.shape[0]), out_dtype or x.dtype
     if out is None:
@@ -401,31 +499,34 @@ def norm_project(rows: NormedRows, eps: float, weight: torch.Tensor, out_dtype: 
     elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(1) != 1:
         raise ValueError(f"norm_project writes {shape} {dtype}, got out {tuple(out.shape)} {out.dtype} "
                          f"with strides {out.stride()}")
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, norm=(rows.sq_parts, eps), pdl=pdl, tiles=tiles)
+    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, norm=(rows.sq_parts, eps), pdl=pdl, tiles=tiles,
+                   softcap=softcap)
 
 
 def norm_project_swiglu(rows: NormedRows, eps: float, gate_up: torch.Tensor, pdl: bool | None = None,
-                        tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """gate_up [2 * I, K] (gate rows, then up rows) -> silu(g) * u [M, I], where
-    [g | u] = RMSNorm(rows.stream) @ gate_up.T."""
+                        tiles: tuple[int, int, int, int] | None = None, act: str = "silu") -> torch.Tensor:
+    """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where
+    [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``)."""
     x, inter = rows.normed, gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     return _launch(x, gate_up, out, inter, _SWIGLU.value, half=inter, norm=(rows.sq_parts, eps), pdl=pdl,
-                   tiles=tiles)
+                   tiles=tiles, act=act)
 
 
 def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Tensor, head_dim: int, q_size: int,
                      positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                      qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, pdl: bool | None = None,
-                     tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                     tiles: tuple[int, int, int, int] | None = None, qk_offset: float = 0.0,
+                     v_norm: bool = False) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
     cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
     (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T (rows @ qkv.T for a tensor
     ``rows`` [M, K] that is already normalised: ``eps`` unused), normalises each q and k head when
     ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given (head_dim a power of two),
     rotates q and k (neox), writes k and v to the caches at the slots, and returns q [M, q_size]
-    (q_size 0 and qkv = the k and v rows: writes k and v only)."""
+    (q_size 0 and qkv = the k and v rows: writes k and v only). The q/k norms' scales are qk_offset +
+    weight (Gemma 3: 1.0); ``v_norm``: each v head is normalised too, without a weight (Gemma 4)."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // 2
@@ -434,4 +535,4 @@ def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Ten
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
     return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=norm, qkv=args,
-                   qk_norm=qk_norm, pdl=pdl, tiles=tiles)
+                   qk_norm=qk_norm, pdl=pdl, tiles=tiles, qk_offset=qk_offset, v_norm=v_norm)

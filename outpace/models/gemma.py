@@ -32,7 +32,7 @@ from outpace.config import ConfigError, ModelConfig
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.layers.decoder import GatedMLP, HeadProjections
+from outpace.layers.decoder import GatedMLP, HeadProjections, norm_head_logits, sandwich_fuses, sandwich_layer_fused
 from outpace.models.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
@@ -132,6 +132,7 @@ class Gemma3Attention(nn.Module):
         self.k_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.rotary = rotary
         self.attn = Attention(p.heads, p.kv_heads, d, sliding_window, scale=gemma.query_pre_attn_scalar ** -0.5)
+        self.qkv = None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
@@ -154,7 +155,10 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """h [num_tokens, hidden] -> h + post_norm(attention(pre_norm(h))), then the same around the MLP."""
+        """h [num_tokens, hidden] -> h + post_norm(attention(pre_norm(h))), then the same around the MLP.
+        Few rows on the GPU: the shared fused kernels (layers/decoder.py ``sandwich_layer_fused``)."""
+        if sandwich_fuses(self.self_attn, self.mlp, h):
+            return sandwich_layer_fused(self, positions, h)
         h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h)))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
@@ -208,8 +212,8 @@ class GemmaForCausalLMBase(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
-        (written into ``out`` if given)."""
-        return final_logits(self.lm_head(self.model.norm(hidden_states)), self.gemma.final_logit_softcapping, out)
+        (written into ``out`` if given); one fused kernel for few rows on the GPU (layers/decoder.py)."""
+        return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out, self.gemma.final_logit_softcapping)
 
 
 class Gemma3ForCausalLM(GemmaForCausalLMBase):

@@ -46,7 +46,7 @@ from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, layer_type, layer_type_ropes, refuse,
                                   skip_towers)
-from outpace.layers.decoder import GatedMLP, HeadProjections
+from outpace.layers.decoder import GatedMLP, HeadProjections, sandwich_fuses, sandwich_layer_fused
 from outpace.models.llama import ModelOutput
 
 ROPE_TYPES = ("default", "proportional")
@@ -156,7 +156,7 @@ class Gemma4Attention(nn.Module):
         """``producer_attn``: for a KV-sharing layer, its producer's Attention (module docstring)."""
         super().__init__()
         shape = gemma.layers[index]
-        self.index, self.shape = index, shape
+        self.index, self.shape, self.head_dim = index, shape, shape.head_dim
         d, bias, eps = shape.head_dim, gemma.attention_bias, cfg.rms_norm_eps
         # heads split over tensor-parallel ranks (layers/decoder.py); a sharing layer has no k/v projections
         p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, shape.num_kv_heads, d, bias,
@@ -170,6 +170,7 @@ class Gemma4Attention(nn.Module):
         self.k_proj = p.k_proj
         if not shape.k_eq_v:
             self.v_proj = p.v_proj
+            self.qkv = None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
         self.k_norm = Float32RMSNorm(d, eps)
         self.v_norm = Float32RMSNorm(d, eps, with_weight=False)
         self.attn = Attention(p.heads, p.kv_heads, d, cfg.layer_window(index), scale=1.0)
@@ -247,6 +248,8 @@ class Gemma4DecoderLayer(nn.Module):
         self.mlp = GatedMLP(hidden, cfg.intermediate_size * (2 if shape.double_wide_mlp else 1), cfg.hidden_act)
         self.register_buffer("layer_scalar", torch.ones(1))  # a checkpoint tensor
         self.has_moe = gemma.moe is not None
+        # the fused path writes k and v into the cache only: a layer whose KV others read runs eagerly
+        self.lends_kv = any(s.producer == index for s in gemma.layers)
         if self.has_moe:
             self.router = Gemma4Router(hidden, gemma.moe, eps)
             self.experts = Gemma4Experts(hidden, gemma.moe, cfg.hidden_act)
@@ -261,17 +264,26 @@ class Gemma4DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, h: torch.Tensor, per_layer_input: torch.Tensor | None,
                 shared: SharedKV) -> torch.Tensor:
         """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
-        output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward)."""
+        output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
+        shared fused kernels (layers/decoder.py ``sandwich_layer_fused``) for a layer with its own KV that
+        no other layer reads, and no MoE block."""
+        if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
+            if per_layer_input is None:
+                return sandwich_layer_fused(self, positions, h, v_norm=True, scale=self.layer_scalar)
+            return self.per_layer_branch(sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input)
         h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h), shared))
         mlp = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
             routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
         h = h + self.post_feedforward_layernorm(mlp)
-        if per_layer_input is not None:
-            gate = self.act(self.per_layer_input_gate(h)) * per_layer_input    # [num_tokens, per_layer_size]
-            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
-        return h * self.layer_scalar
+        return h * self.layer_scalar if per_layer_input is None else self.per_layer_branch(h, per_layer_input)
+
+    def per_layer_branch(self, h: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
+        """h [num_tokens, hidden] after the MLP; per_layer_input [num_tokens, per_layer_size] -> the
+        layer's output: h plus the per-layer input's gated branch, times layer_scalar."""
+        gate = self.act(self.per_layer_input_gate(h)) * per_layer_input        # [num_tokens, per_layer_size]
+        return (h + self.post_per_layer_input_norm(self.per_layer_projection(gate))) * self.layer_scalar
 
 
 class Gemma4Model(nn.Module):

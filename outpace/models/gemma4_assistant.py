@@ -40,6 +40,7 @@ from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.checkpoint import load_checkpoint
 from outpace.config import ConfigError, ModelConfig
+from outpace.distributed.group import build_group
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
@@ -229,6 +230,8 @@ def load_gemma4_assistant(draft_dir: str | Path, target, dtype: torch.dtype, dev
     """Load a Gemma4AssistantForCausalLM checkpoint against a Gemma 4 ``target`` (loaded, caches bound or
     to be bound); a mismatch raises DraftMismatchError."""
     draft_dir = Path(draft_dir)
+    if build_group().size > 1:
+        raise ConfigError("a Gemma 4 assistant drafts at tensor_parallel_size 1 only (its layers read whole target caches)")
     if not hasattr(target, "gemma") or not hasattr(target.gemma, "layers"):
         raise ConfigError(f"a Gemma 4 assistant drafts for Gemma 4 targets, not {target.config.architecture}")
     raw = json.loads((draft_dir / "config.json").read_text())
