@@ -18,7 +18,18 @@ def _engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> 
     p.add_argument("--model", default=None, help="Hugging Face checkpoint directory (default: the zoo target)")
     p.add_argument("--device", default="auto", help="auto (the GPU when there is one, else the CPU), cpu or cuda[:N]")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV cache blocks (default: sized from memory on a GPU, 512 on the CPU unless "
+                        "--cpu-memory-utilization is given)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of the GPU's memory the engine may use in all (weights, activations, CUDA graphs, "
+                        "KV cache); the KV cache gets what is left")
+    p.add_argument("--cpu-memory-utilization", type=float, default=None,
+                   help="on the CPU, size the KV cache from this share of the RAM available once the models "
+                        "are loaded")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV blocks of shared prompt prefixes across requests (default: on, except for "
+                        "hybrid targets and recurrent drafts)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
@@ -98,6 +109,8 @@ def _mtp_layers(model: str) -> int:
 
 def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     kwargs = dict(device=a.device, dtype=a.dtype, num_kv_blocks=a.num_kv_blocks, block_size=a.block_size,
+                  gpu_memory_utilization=a.gpu_memory_utilization, cpu_memory_utilization=a.cpu_memory_utilization,
+                  enable_prefix_caching=a.enable_prefix_caching,
                   max_num_batched_tokens=a.max_num_batched_tokens, attention_backend=a.attention_backend,
                   cuda_graphs=not a.enforce_eager, run_ahead=not a.no_run_ahead,
                   batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)

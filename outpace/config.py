@@ -483,12 +483,22 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+CPU_KV_BLOCKS = 512  # the CPU pool without num_kv_blocks or cpu_memory_utilization
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: device, precision, cache size and batching limits.
 
-    ``num_kv_blocks`` of ``block_size`` tokens each form the paged KV pool.
+    ``num_kv_blocks`` of ``block_size`` tokens each form the paged KV pool; None sizes it from memory
+    (engine/memory.py; the start-up log says what was chosen): on CUDA the engine may use
+    ``gpu_memory_utilization`` of the GPU's memory in all (weights, activation workspace, CUDA graphs, state
+    slots, KV); on the CPU, with ``cpu_memory_utilization`` set, that share of the RAM still available once
+    the models are loaded, and without it ``CPU_KV_BLOCKS`` blocks (small runs and tests start at once).
     ``max_num_batched_tokens`` bounds the tokens of one forward (prefill is chunked to fit).
+    ``enable_prefix_caching``: reuse full KV blocks across requests sharing a prefix (cache/prefix_cache.py);
+    None turns it on wherever the models allow (not on hybrid targets or recurrent drafts, whose state is not
+    cached at block boundaries), True demands it (refused where it cannot work), False turns it off.
     """
 
     model: str
@@ -497,7 +507,10 @@ class EngineConfig:
     dtype: str = "auto"
     seed: int = 0
     block_size: int = 16
-    num_kv_blocks: int = 512
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -519,6 +532,11 @@ class EngineConfig:
     # torchrun; NCCL between GPUs, gloo between CPU processes.
     tensor_parallel_size: int = 1
 
+    @property
+    def kv_blocks_from_memory(self) -> bool:
+        """Whether the engine sizes the KV pool from memory (the class docstring)."""
+        return self.num_kv_blocks is None and (self.device.startswith("cuda") or self.cpu_memory_utilization is not None)
+
     def __post_init__(self) -> None:
         o = "EngineConfig"
         _require(o, "device", self.device, self.device in ("auto", "cpu") or self.device.startswith("cuda"),
@@ -526,8 +544,17 @@ class EngineConfig:
         object.__setattr__(self, "device", _resolve_device(self.device))
         _require(o, "dtype", self.dtype, self.dtype in ("auto", "float32", "float16", "bfloat16"),
                  "one of auto, float32, float16, bfloat16")
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(o, name, getattr(self, name))
+        if self.num_kv_blocks is not None:
+            _positive_int(o, "num_kv_blocks", self.num_kv_blocks)
+        for name in ("gpu_memory_utilization", "cpu_memory_utilization"):
+            value = getattr(self, name)
+            _require(o, name, value, (value is None and name.startswith("cpu")) or (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1),
+                "a fraction in (0, 1]")
+        _require(o, "enable_prefix_caching", self.enable_prefix_caching,
+                 self.enable_prefix_caching in (None, True, False), "None (on where supported), True or False")
         _require(o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0")
         if self.max_model_len is not None:
             _positive_int(o, "max_model_len", self.max_model_len)

@@ -13,13 +13,32 @@ def bind_kv_cache(model: nn.Module, pool: BlockPool, dtype: torch.dtype,
     """Allocate and bind the cache of every ``PagedCacheLayer`` of ``model`` (in module order), each layer's
     tensors shaped [num_blocks + 1, block_size, ...] in the layout it declares (``Attention``: k and v
     [.., kv_heads, head_dim]; MLA: a latent view and a rope view of one row per token); returns the list
-    of each layer's tensors.
+    of each layer's tensors. The pool remembers the binding, so ``rebind_kv_caches`` can reallocate it.
 
-    The extra block, ``pool.padding_block``, belongs to no request: padded rows of a CUDA-graph
-    replay write their KV there.
+    Block 0, ``pool.padding_block``, belongs to no request: padded rows of a CUDA-graph replay write their
+    KV there.
     """
+    pool._bound.append((model, dtype, device))
     return [module.bind_cache(pool.num_blocks + 1, pool.block_size, dtype, device)
             for module in model.modules() if isinstance(module, PagedCacheLayer)]
+
+
+def bound_caches(model: nn.Module) -> list[tuple[torch.Tensor, ...]]:
+    """The cache tensors bound to each ``PagedCacheLayer`` of ``model``, in module order."""
+    return [module.kv_cache for module in model.modules() if isinstance(module, PagedCacheLayer)]
+
+
+def rebind_kv_caches(pool: BlockPool) -> None:
+    """Reallocate every cache bound to ``pool`` at its (new) size."""
+    bound, pool._bound = pool._bound, []
+    for model, dtype, device in bound:
+        bind_kv_cache(model, pool, dtype, device)
+
+
+def kv_cache_bytes(pool: BlockPool) -> int:
+    """Bytes of every cache bound to ``pool`` (the padding block included)."""
+    return sum(t.numel() * t.element_size() for model, _, _ in pool._bound for layer in bound_caches(model)
+               for t in layer)
 
 
 class CacheRows:

@@ -7,8 +7,11 @@ at each step sends the other ranks what changed, so every rank schedules and run
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import logging
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -18,7 +21,9 @@ import torch
 
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
-from outpace.config import ConfigError, EngineConfig, SamplingParams
+from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
+from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
+from outpace.config import CPU_KV_BLOCKS, ConfigError, EngineConfig, SamplingParams
 from outpace.detokenizer import update_text
 from outpace.request import Request, RequestOutput
 from outpace.engine.runner import ModelRunner
@@ -33,6 +38,8 @@ from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
 from outpace.structured import GrammarCompiler, GrammarTable
 
+logger = logging.getLogger("outpace.engine")
+
 
 def load_tokenizer(path: str | Path):
     """The checkpoint's tokenizer through transformers, or None when the directory has none."""
@@ -42,6 +49,13 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def _report(message: str, progress: bool) -> None:
+    """Start-up facts: logged, and printed to stderr when the engine shows progress."""
+    logger.info(message)
+    if progress:
+        print(f"outpace: {message}", file=sys.stderr)
 
 
 def close_ranks(lockstep: Lockstep | None, ranks: Ranks) -> None:
@@ -85,11 +99,16 @@ class LLMEngine:
         if config.device == "cpu":
             configure_threads(sum(p.numel() for p in self.model.parameters()))
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        max_pos = self.model_config.max_position_embeddings
+        # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)
+        profile_tokens = min(config.max_num_batched_tokens, max_pos - 1)
+        sizing = config.kv_blocks_from_memory
+        blocks = -(-profile_tokens // config.block_size) if sizing else config.num_kv_blocks or CPU_KV_BLOCKS
+        self.pool = BlockPool(blocks, config.block_size)
         on_gpu = config.device.startswith("cuda")
         backend = resolve_backend_name(config.attention_backend, config.device)
         spec = config.speculative
-        rows = min(self.model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
+        rows = max_pos if sizing else min(max_pos, blocks * config.block_size)
         factory, shapes = None, (DraftShape(0),)
         if spec.enabled:  # the drafter, once the runner knows its slots: factory(max_slots)
             factory = functools.partial(proposer_class(spec.method), spec, self.model, self.pool, dtype=dtype,
@@ -103,13 +122,24 @@ class LLMEngine:
             if config.max_num_batched_tokens < decode_tokens:
                 raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
                                   f"must be >= num_draft_tokens={decode_tokens}")
-        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens,
-                                   decode_tokens, lookahead, on_free=self._on_free)
         # NOTE: with speculation the last lookahead + 1 rows of the context are reserved for drafts.
         reserved = lookahead + 1 if spec.enabled else 0
-        limits = [self.model_config.max_position_embeddings - reserved,
-                  config.num_kv_blocks * config.block_size - reserved]
-        self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
+        self.memory_plan = None
+        if sizing:
+            graph_tokens = config.max_num_seqs * decode_tokens if on_gpu and config.cuda_graphs else 0
+            context = min(max_pos, config.max_model_len + reserved) if config.max_model_len else max_pos
+            self._size_kv_pool(profile_tokens, graph_tokens, context, reserved, progress)
+        self.prefix_caching_off_reason = self._set_up_prefix_cache()
+        unsettled = self.runner.proposer.unsettled_rows if spec.enabled else 0
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens,
+                                   decode_tokens, lookahead, on_free=self._on_free, unsettled_rows=unsettled)
+        limits = {"max_position_embeddings": max_pos - reserved,
+                  f"the KV cache ({self.pool.num_blocks} blocks of {config.block_size})":
+                      self.pool.num_blocks * config.block_size - reserved}
+        if config.max_model_len:
+            limits["max_model_len"] = config.max_model_len
+        self._context_limit = min(limits, key=limits.get)
+        self.max_model_len = limits[self._context_limit]
         if on_gpu and config.cuda_graphs:
             self.capture_graphs()
         self.eos_token_ids = set(self.model_config.eos_token_ids)
@@ -121,12 +151,54 @@ class LLMEngine:
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
 
+    def _size_kv_pool(self, profile_tokens: int, graph_tokens: int, context: int, reserved: int,
+                      progress: bool) -> None:
+        """Size the pool from memory (engine/memory.py) and say what was chosen."""
+        config = self.config
+        cuda = self.runner.device.type == "cuda"
+        utilization = config.gpu_memory_utilization if cuda else config.cpu_memory_utilization
+        limit = config.max_num_seqs * self.pool.blocks_needed(context)
+        plan = plan_kv_pool(self.runner, self.pool, self.runner.device, utilization, profile_tokens, graph_tokens,
+                            limit)
+        plan = dataclasses.replace(plan, num_blocks=agree_across_ranks(plan.num_blocks, self.ranks.group))
+        refuse_too_small(plan, self.pool.blocks_needed(2 + reserved), config.block_size,
+                         "gpu_memory_utilization" if cuda else "cpu_memory_utilization")
+        resize_kv_pool(self.runner, self.pool, plan.num_blocks)
+        self.memory_plan = plan
+        _report(plan.summary(config.block_size), progress)
+
+    def _set_up_prefix_cache(self) -> str | None:
+        """Give the pool a prefix cache unless the configuration turns it off or the models cannot use one;
+        returns why it is off (None: on)."""
+        enable = self.config.enable_prefix_caching
+        proposer = self.runner.proposer
+        refusal = None
+        if self.runner.states.has_state:
+            refusal = (f"the target {self.model_config.architecture} has recurrent layers (Mamba / linear "
+                       f"attention), and their per-request state is not cached at block boundaries")
+        elif proposer is not None:
+            refusal = proposer.prefix_caching_refusal()
+        if enable and refusal:
+            raise ConfigError(f"EngineConfig.enable_prefix_caching=True is invalid: {refusal}")
+        if enable is False:
+            return "turned off by enable_prefix_caching=False"
+        if refusal:
+            _report(f"prefix caching is off: {refusal}", False)
+            return refusal
+        self.pool.prefix_cache = PrefixCache(self.config.block_size, proposer.kv_reads_ahead if proposer else 0)
+        return None
+
     def capture_graphs(self) -> None:
         """Capture the decode iteration for every batch bucket up to max_num_seqs. Done at start-up on
         CUDA unless ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests)."""
         from outpace.engine.cuda_graphs import batch_buckets
 
+        reserved = torch.cuda.memory_reserved(self.runner.device) if self.runner.device.type == "cuda" else 0
         self.runner.capture(batch_buckets(self.config.max_num_seqs))
+        if self.memory_plan is not None and self.runner.device.type == "cuda":
+            taken = torch.cuda.memory_reserved(self.runner.device) - reserved
+            _report(f"CUDA graphs took {taken / (1 << 30):.3f} GiB (sizing estimated "
+                    f"{self.memory_plan.graphs / (1 << 30):.3f} GiB)", False)
         if self.config.run_ahead:
             self.runner.enable_run_ahead(self.max_model_len)
 
@@ -164,7 +236,8 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len}: "
+            raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len} (set by "
+                             f"{self._context_limit}): "
                              f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seed = params.seed if params.seed is not None else int(torch.randint(1 << 62, (), generator=self._seeds))
@@ -193,6 +266,11 @@ class LLMEngine:
         req.metrics.finished_time = time.perf_counter()
         self._detokenize(req)
         return RequestOutput.of(req)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Hits and queries of the prefix cache (None: caching is off)."""
+        return self.pool.prefix_cache.stats if self.pool.prefix_cache is not None else None
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -253,16 +331,19 @@ class LLMEngine:
                                         budget, result.draft_depths)
             if result.new_token_ids and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
+            stop = False
             for i, token in enumerate(result.new_token_ids):
                 if result.logprobs is not None:
                     req.record_logprobs(result.logprobs[i])
                 if self._append_token(req, token):
-                    outputs.append(self._finish(req))
+                    stop = True
                     break
-            else:
-                if self.stream_outputs and result.new_token_ids:
-                    self._detokenize_so_far(req)
-                    outputs.append(RequestOutput.of(req))
+            self.scheduler.settle(req)  # its blocks' keys read the tokens just appended
+            if stop:
+                outputs.append(self._finish(req))
+            elif self.stream_outputs and result.new_token_ids:
+                self._detokenize_so_far(req)
+                outputs.append(RequestOutput.of(req))
         return outputs
 
     def _on_free(self, req: Request) -> None:

@@ -27,7 +27,7 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.context import forward_settings
 from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
-from outpace.cache.kv_cache import bind_kv_cache
+from outpace.cache.kv_cache import CacheRows, bind_kv_cache, bound_caches
 from outpace.cache.state_slots import StateSlots
 from outpace.engine.cuda_graphs import bucket_for, pinned
 from outpace.engine.iteration import DecodeIteration, LogitsFeatures, SamplingMode, StepKey
@@ -138,6 +138,12 @@ class ModelRunner:
             buffer.copy_(old)
         return sorted(times[1:])[repeats // 2]
 
+    def rebind_kv(self) -> None:
+        """The pool was resized and its caches reallocated (kv_cache.rebind_kv_caches; start-up, before any
+        capture): take the target's new tensors."""
+        self.kv_caches = bound_caches(self.model.model)
+        self.iteration.kv_rows = CacheRows(self.kv_caches)
+
     def enable_run_ahead(self, max_model_len: int) -> None:
         """Run decode steps ahead (module docstring); positions stay below ``max_model_len``."""
         self.run_ahead_limit = max_model_len
@@ -200,7 +206,8 @@ class ModelRunner:
                 self.proposer.absorb(PrefillRows(slot_ids, starts, counts, decodes,
                                                  torch.arange(len(ids), device=self.device), input_ids,
                                                  _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
-                                                 out.aux_hidden_states, tables))
+                                                 out.aux_hidden_states, tables,
+                                                 [r.token_ids[:s.num_reused_tokens] for r, s in zip(reqs, batch)]))
             tokens = sampled.tolist()
         entries = iter(zip(tokens, first_logprobs or [None] * len(tokens)))
         results = []

@@ -6,6 +6,13 @@ token budget; then waiting requests join while budget, sequence slots and free b
 When a running request cannot get a block, the most recently admitted running request is
 preempted: its blocks return to the pool and it goes back to the front of the queue, to be
 recomputed from its prompt plus the tokens it already produced.
+
+With a prefix cache (cache/prefix_cache.py) a request joining starts from the longest run of published
+blocks of its tokens (never its last token, which must be forwarded to sample the next one; for a request
+recomputed after preemption, never the token before it either, which decoding resumes after; none for a
+request asking for prompt log-probabilities), and after
+every step each running request publishes its full blocks whose rows are settled: computed, and past the
+drafter's ``unsettled_rows``.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ class StepResult:
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
+    num_reused_tokens: int = 0  # joining now: rows 0 .. num_reused_tokens - 1 came from the prefix cache
 
     @property
     def completes_sequence(self) -> bool:
@@ -48,25 +56,29 @@ class ScheduledRequest:
         return end == req.num_tokens or (end == req.num_tokens - 1 and req.num_output_tokens > 0)
 
 
-def is_decoding(req: Request) -> bool:
-    """Past its prefill: one uncomputed token (the last sampled one)."""
-    return req.num_output_tokens > 0 and req.num_tokens - req.num_computed_tokens == 1
+def is_decoding(req: Request, computed: int | None = None) -> bool:
+    """Past its prefill: one uncomputed token (the last sampled one). ``computed``: the tokens with KV
+    (default: ``num_computed_tokens``)."""
+    computed = req.num_computed_tokens if computed is None else computed
+    return req.num_output_tokens > 0 and req.num_tokens - computed == 1
 
 
 class Scheduler:
     """``decode_tokens``: tokens one decoding request puts in a forward (1, or the verified tree
     size with speculation); ``lookahead``: KV rows reserved past a decoding request's last token
-    (draft and verify rows). ``on_free`` is told about every request whose blocks are freed."""
+    (draft and verify rows). ``on_free`` is told about every request whose blocks are freed;
+    ``unsettled_rows``: the drafter's (speculative/proposer.py), 0 without one."""
 
     def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
                  decode_tokens: int = 1, lookahead: int = 0,
-                 on_free: Callable[[Request], None] = lambda req: None) -> None:
+                 on_free: Callable[[Request], None] = lambda req: None, unsettled_rows: int = 0) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.decode_tokens = decode_tokens
         self.lookahead = lookahead
         self.on_free = on_free
+        self.unsettled_rows = unsettled_rows
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -77,12 +89,13 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _demand(self, req: Request, budget: int) -> tuple[int, int, int]:
-        """(new tokens to schedule, forward tokens they cost, KV rows needed) within ``budget``."""
-        if is_decoding(req):
-            return 1, self.decode_tokens, req.num_computed_tokens + 1 + self.lookahead
-        n = min(req.num_tokens - req.num_computed_tokens, budget)
-        return n, n, req.num_computed_tokens + n
+    def _demand(self, req: Request, budget: int, computed: int) -> tuple[int, int, int]:
+        """(new tokens to schedule, forward tokens they cost, KV rows needed) within ``budget``, the request
+        having KV for its first ``computed`` tokens."""
+        if is_decoding(req, computed):
+            return 1, self.decode_tokens, computed + 1 + self.lookahead
+        n = min(req.num_tokens - computed, budget)
+        return n, n, computed + n
 
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.max_num_batched_tokens
@@ -90,7 +103,7 @@ class Scheduler:
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING:
                 continue
-            n, cost, rows = self._demand(req, budget)
+            n, cost, rows = self._demand(req, budget, req.num_computed_tokens)
             if n == 0 or cost > budget:
                 continue
             while not self.pool.can_hold(req.request_id, rows):
@@ -105,16 +118,36 @@ class Scheduler:
             budget -= cost
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            n, cost, rows = self._demand(req, budget)
-            if cost > budget or not self.pool.can_hold(req.request_id, rows):
+            reused = self._cached_prefix(req)
+            computed = len(reused) * self.pool.block_size
+            n, cost, rows = self._demand(req, budget, computed)
+            needed = self.pool.blocks_needed(rows) - len(reused) + self.pool.blocks_taken(reused)
+            if cost > budget or needed > self.pool.num_free:
                 break
             self.waiting.popleft()
+            self.pool.reuse(req.request_id, reused)
+            req.num_computed_tokens = computed
+            if self.pool.prefix_cache is not None:
+                stats = self.pool.prefix_cache.stats
+                stats.queries += req.num_tokens
+                stats.hits += computed
             self.pool.grow(req.request_id, rows)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            scheduled.append(ScheduledRequest(req, n))
+            scheduled.append(ScheduledRequest(req, n, computed))
             budget -= cost
         return scheduled
+
+    def _cached_prefix(self, req: Request) -> list[int]:
+        """The published blocks a joining request starts from (module docstring)."""
+        if self.pool.prefix_cache is None or req.params.prompt_logprobs is not None:  # (every prompt row's logits)
+            return []
+        keep = 2 if req.num_output_tokens > 0 else 1  # rows the request must still forward
+        return self.pool.cached_blocks(req.request_id, req.token_ids, req.num_tokens - keep)
+
+    def settle(self, req: Request) -> None:
+        """After a step: publish the request's blocks whose rows are settled (module docstring)."""
+        self.pool.publish(req.request_id, req.token_ids, req.num_computed_tokens - self.unsettled_rows)
 
     def preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -132,6 +165,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.pool.free(req.request_id)
+        self.pool.forget(req.request_id)
         self.on_free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

@@ -159,6 +159,7 @@ class AsyncEngine:
             for name, attr in (("num_requests_running", "num_running"), ("num_requests_waiting", "num_waiting"),
                                ("kv_blocks_free", "kv_blocks_free"), ("kv_blocks_total", "kv_blocks_total")):
                 metrics.bind_gauge(f"outpace:{name}", lambda a=attr: getattr(self.stats, a))
+            metrics.watch_prefix_cache(lambda: self.engine.prefix_cache_stats)
 
     # ---- event-loop side ------------------------------------------------------------------
     def start(self) -> None:

@@ -5,12 +5,18 @@ Counters: requests by finish reason, prompt and generated tokens, speculative dr
 steps), draft tokens, accepted draft tokens (overall and per draft position). Histograms: time
 to first token, inter-token latency (per generated token), queue time, end-to-end latency.
 Gauges: running and waiting requests, free and total KV blocks.
+Prefix cache (cache/prefix_cache.py), read from the engine when /metrics renders: queried and hit
+tokens (counters, as vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``), their ratio, and whether
+caching is on (0 on hybrid targets and recurrent drafts, or when turned off).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from outpace.cache.prefix_cache import PrefixCacheStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
@@ -60,9 +66,18 @@ class ServerMetrics:
         self._success = Counter("outpace:request_success", "Finished requests by finish reason.",
                                 m + ["finished_reason"], registry=r)
         self._lab = lab
+        self._prefix_cache: _PrefixCacheCollector | None = None
 
     def bind_gauge(self, name: str, read: Callable[[], float]) -> None:
         self._gauges[name].set_function(read)
+
+    def watch_prefix_cache(self, read: Callable[[], PrefixCacheStats | None]) -> None:
+        """Expose the prefix cache statistics ``read()`` returns at each render (None: caching is off); with
+        several engines (data-parallel replicas) each watches its own and /metrics shows their sums."""
+        if self._prefix_cache is None:
+            self._prefix_cache = _PrefixCacheCollector(self._lab)
+            self.registry.register(self._prefix_cache)
+        self._prefix_cache.readers.append(read)
 
     def accepted_at(self, position: int) -> Counter:
         return self._spec_per_pos.labels(position=str(position), **self._lab)
@@ -72,3 +87,32 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCollector:
+    """Prometheus collector over the engines' prefix cache statistics (their counts live in the engines)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.readers: list[Callable[[], PrefixCacheStats | None]] = []
+        self.labels = labels
+
+    def collect(self):
+        stats = [s for s in (read() for read in self.readers) if s is not None]
+        names, values = list(self.labels), list(self.labels.values())
+        enabled = GaugeMetricFamily("outpace:prefix_cache_enabled", "1 when prefix caching is on.", labels=names)
+        enabled.add_metric(values, 1.0 if stats else 0.0)
+        yield enabled
+        if not stats:
+            return
+        total = PrefixCacheStats(sum(s.queries for s in stats), sum(s.hits for s in stats))
+        for name, doc, value in (
+                ("outpace:prefix_cache_queries", "Tokens of admitted requests looked up in the prefix cache.",
+                 total.queries),
+                ("outpace:prefix_cache_hits", "Tokens whose KV came from the prefix cache.", total.hits)):
+            counter = CounterMetricFamily(name, doc, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+        rate = GaugeMetricFamily("outpace:prefix_cache_hit_rate", "prefix_cache_hits / prefix_cache_queries.",
+                                 labels=names)
+        rate.add_metric(values, total.hit_rate)
+        yield rate

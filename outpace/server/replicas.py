@@ -27,6 +27,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from outpace.cache.prefix_cache import PrefixCacheStats
 from outpace.config import EngineConfig, SamplingParams
 from outpace.request import Request, RequestOutput
 from outpace.server.async_engine import AsyncEngine, EngineError, EngineStats, GenerationStream
@@ -49,6 +50,7 @@ class _State:
     num_waiting: int
     num_free_blocks: int
     progress: dict  # request id -> (status, num_computed_tokens) of the requests it holds
+    prefix_cache_stats: PrefixCacheStats | None  # None: prefix caching is off
 
 
 # ---- the replica's process ---------------------------------------------------------------------
@@ -104,7 +106,8 @@ def _answer_checks(engine, checks) -> None:
 def _state_of(engine) -> _State:
     s = engine.scheduler
     return _State(engine.has_unfinished_requests, len(s.running), len(s.waiting), engine.pool.num_free,
-                  {r.request_id: (r.status, r.num_computed_tokens) for r in (*s.running, *s.waiting)})
+                  {r.request_id: (r.status, r.num_computed_tokens) for r in (*s.running, *s.waiting)},
+                  engine.prefix_cache_stats)
 
 
 def _portable(e: BaseException) -> BaseException:
@@ -158,6 +161,7 @@ class RemoteEngine:
         self.scheduler, self.pool = _Counts(), _Pool(0, 0)
         self._requests: dict[str, Request] = {}  # submitted here, not yet finished: their progress is mirrored
         self.has_unfinished_requests = False
+        self.prefix_cache_stats: PrefixCacheStats | None = None
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         if not self._calls.poll(timeout_s):
@@ -243,6 +247,7 @@ class RemoteEngine:
         self.scheduler.running = range(state.num_running)
         self.scheduler.waiting = range(state.num_waiting)
         self.pool.num_free = state.num_free_blocks
+        self.prefix_cache_stats = state.prefix_cache_stats
         for request_id, (status, computed) in state.progress.items():
             req = self._requests.get(request_id)
             if req is not None:  # (AsyncEngine reads them to time the queue)

@@ -98,6 +98,16 @@ class DraftModelProposer(Proposer):
     def lookahead(self) -> int:
         return self.spec.num_steps
 
+    @property
+    def unsettled_rows(self) -> int:
+        return self.spec.num_steps  # pending rows (after a verify, all but the first were written by draft steps)
+
+    def prefix_caching_refusal(self) -> str | None:
+        if self.states.has_state:
+            return (f"the draft {self.spec.draft} has recurrent layers, and their state is not cached at block "
+                    f"boundaries")
+        return None
+
     def state(self) -> list[torch.Tensor]:
         return [self.pending_tokens, self.pending_start, self.pending_count] + self.states.tensors()
 

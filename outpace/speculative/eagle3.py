@@ -35,6 +35,7 @@ from outpace.speculative.tree import select_tree
 
 class Eagle3Proposer(Proposer):
     supports_trees = True
+    kv_reads_ahead = 1  # draft row t reads token t + 1
 
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_slots: int, dtype: torch.dtype,
                  device: str, attention_backend: str = "torch") -> None:
@@ -58,6 +59,10 @@ class Eagle3Proposer(Proposer):
     def lookahead(self) -> int:
         s = self.spec
         return max(s.num_draft_tokens, (s.num_steps - 1) * s.topk) - 1
+
+    @property
+    def unsettled_rows(self) -> int:
+        return self.width  # the pending rows, rewritten by the next draft-extend
 
     def state(self) -> list[torch.Tensor]:
         return [self.pending_hidden, self.pending_tokens, self.pending_start, self.pending_count]

@@ -60,6 +60,7 @@ class MTPProposer(Proposer):
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
         self.chained = cfg.chain_mtp_hidden_states or self.layers[0].chained_by_layout
         bind_kv_cache(target.mtp_layers, pool, dtype, device)
+        self.kv_reads_ahead = len(self.layers)          # layer k's row t reads token t + k + 1
         self.keep = len(self.layers) - 1                # K: rows before the new ones that each draft re-runs
         self.width = self.keep + spec.num_steps + 1
         slots = max_slots + 1
@@ -72,6 +73,10 @@ class MTPProposer(Proposer):
     def lookahead(self) -> int:
         # the verify's rows reach L + num_steps; the window's padding rows start + width - 1 <= L + width - 2
         return max(self.spec.num_steps, self.width - 2)
+
+    @property
+    def unsettled_rows(self) -> int:
+        return self.width  # the pending window, re-run by the next draft
 
     def state(self) -> list[torch.Tensor]:
         return [self.pending_hidden, self.pending_tokens, self.pending_start, self.pending_count]
@@ -87,7 +92,8 @@ class MTPProposer(Proposer):
         seqs, firsts, runs = [], [], []  # per request: its rows (pending ones first), the first one, those extended
         for i, (s, start) in enumerate(zip(prefill.slots, prefill.starts)):
             chunk = (hidden[offsets[i]:offsets[i + 1]], prefill.next_token_ids[offsets[i]:offsets[i + 1]])
-            held = counts[i] if start > 0 else 0  # a later chunk: the previous one's pending rows come first
+            # a later chunk: the previous one's pending rows come first (rows reused from the prefix cache are final)
+            held = counts[i] if start > len(prefill.reused_token_ids[i]) else 0
             h = torch.cat([self.pending_hidden[s, :held], chunk[0]])                         # [rows, hidden]
             t = torch.cat([self.pending_tokens[s, :held], chunk[1]])                         # [rows]
             keep = min(max(self.keep, 1), h.shape[0])

@@ -38,6 +38,9 @@ class NgramProposer(Proposer):
         return [self.history]
 
     def absorb(self, prefill: PrefillRows) -> None:
+        for slot, reused in zip(prefill.slots, prefill.reused_token_ids):  # rows from the prefix cache
+            if reused:
+                self.history[slot, :len(reused)] = torch.tensor(reused, device=self.device)
         slots = torch.tensor([s for s, c in zip(prefill.slots, prefill.counts) for _ in range(c)], device=self.device)
         pos = torch.cat([torch.arange(a, a + c) for a, c in zip(prefill.starts, prefill.counts)]).to(self.device)
         self.history[slots, pos] = prefill.token_ids

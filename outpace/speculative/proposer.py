@@ -147,6 +147,9 @@ class PrefillRows:
     hidden_states: torch.Tensor        # [num_rows_in_forward, hidden]
     aux_hidden_states: torch.Tensor | None
     tables: list[list[int]]            # each request's block table
+    # each request's tokens at rows 0 .. starts[i] - 1 when this is its first chunk and those rows came
+    # from the prefix cache (cache/prefix_cache.py), else []: their KV, the target's and the drafter's, is final
+    reused_token_ids: list[list[int]]
 
 
 class Proposer(abc.ABC):
@@ -155,6 +158,8 @@ class Proposer(abc.ABC):
 
     aux_layer_ids: tuple[int, ...] = ()  # target layers whose inputs the drafter reads (ModelConfig convention)
     supports_trees: bool = False
+    # Prefix caching (cache/prefix_cache.py): the drafter's KV row t is a function of tokens 0 .. t + kv_reads_ahead
+    kv_reads_ahead: int = 0
 
     def __init__(self, spec, pool, max_slots: int, device: str, attention_backend: str = "torch") -> None:
         from outpace.attention.registry import get_backend
@@ -181,6 +186,16 @@ class Proposer(abc.ABC):
     @abc.abstractmethod
     def update(self, verified: Verified) -> None:
         """Record the step's committed rows; static shapes (capturable)."""
+
+    @property
+    def unsettled_rows(self) -> int:
+        """At most how many of a request's last committed rows hold draft state that a later ``draft`` or
+        ``update`` may still rewrite (prefix caching publishes a block only once its rows are settled)."""
+        return 0
+
+    def prefix_caching_refusal(self) -> str | None:
+        """Why this drafter cannot start a request from cached blocks (None: it can)."""
+        return None
 
     def state(self) -> list[torch.Tensor]:
         """The per-slot buffers ``draft`` and ``update`` advance (each indexed by slot first): saved

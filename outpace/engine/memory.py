@@ -1,0 +1,139 @@
+"""Sizing the paged KV pool from memory (``EngineConfig.num_kv_blocks`` None).
+
+The engine builds the target, the drafter and the state slots over a provisional pool just large enough
+for one prefill forward, then measures, as vLLM's profile run does (vllm/v1/worker/gpu_worker.py
+``determine_available_memory``):
+- in use: on CUDA, the device memory held now (weights, state slots, buffers, other processes) less the
+  provisional caches and the blocks torch's allocator keeps free; on the CPU, nothing: the budget is a
+  share of the memory still available (``MemAvailable``) once the models are loaded,
+- the activation workspace: the allocation peak of one prefill forward of ``max_num_batched_tokens``
+  tokens through the runner (target, first-token sampling, the drafter's absorb); on the CPU, the growth
+  of the process's peak resident memory over it (an over-estimate when an earlier peak was higher),
+- CUDA graphs: captured after the pool exists, so estimated as the workspace of a forward of the
+  largest captured batch's tokens (in proportion to the prefill's), and measured after capture,
+and gives the rest of the budget (``gpu_memory_utilization`` of the GPU's memory, ``cpu_memory_utilization``
+of the available RAM) to KV blocks, each costing the target's and the drafter's rows for ``block_size``
+tokens. The pool never takes more blocks than ``max_num_seqs`` requests of the longest context fill.
+With tensor parallelism every rank takes the smallest count any rank found (their schedules must agree).
+"""
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+
+import torch
+
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import kv_cache_bytes, rebind_kv_caches
+from outpace.config import ConfigError, SamplingParams
+from outpace.distributed.group import RankGroup
+from outpace.request import Request
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What sizing found, in bytes (``num_blocks`` blocks)."""
+
+    device: str
+    budget: int      # what the engine may use: a share of the GPU's memory, or of the RAM available
+    in_use: int      # taken before any KV block (CUDA: weights, state slots, buffers, other processes)
+    workspace: int   # the activation peak of a prefill forward
+    graphs: int      # estimated for captured decode steps (0 without them)
+    block_bytes: int  # one block's rows in every cache (target and drafter)
+    num_blocks: int
+    limit: int       # blocks max_num_seqs full-length requests fill
+
+    def summary(self, block_size: int) -> str:
+        free = self.budget - self.in_use - self.workspace - self.graphs
+        capped = " (capped: max_num_seqs requests of the longest context)" if self.num_blocks == self.limit else ""
+        return (f"KV cache sized from {self.device} memory: {self.num_blocks} blocks of {block_size} tokens = "
+                f"{self.num_blocks * block_size} tokens, {self.num_blocks * self.block_bytes / GiB:.3f} GiB"
+                f"{capped}; budget {self.budget / GiB:.3f} GiB, in use {self.in_use / GiB:.3f} GiB, activation "
+                f"workspace {self.workspace / GiB:.3f} GiB, CUDA graphs ~{self.graphs / GiB:.3f} GiB, left for KV "
+                f"{max(free, 0) / GiB:.3f} GiB at {self.block_bytes / 1024:.1f} KiB per block")
+
+
+def profile_prefill(runner, pool: BlockPool, num_tokens: int) -> None:
+    """One prefill forward of ``num_tokens`` tokens through the runner (a request that exists only here)."""
+    from outpace.engine.scheduler import ScheduledRequest  # the scheduler imports the pool: no cycle at load
+
+    req = Request("kv-sizing-profile", [0] * num_tokens, SamplingParams(temperature=0, max_tokens=1))
+    pool.grow(req.request_id, num_tokens)
+    try:
+        runner.execute([ScheduledRequest(req, num_tokens)])
+    finally:
+        runner.release(req.request_id)
+        pool.free(req.request_id)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _available_ram() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+def plan_kv_pool(runner, pool: BlockPool, device: torch.device, utilization: float, profile_tokens: int,
+                 graph_tokens: int, limit: int) -> MemoryPlan:
+    """Measure (module docstring) with the provisional pool bound; ``graph_tokens``: the largest captured
+    step's tokens (0: no graphs); ``limit``: the most blocks worth having."""
+    provisional = kv_cache_bytes(pool)
+    block_bytes = -(-provisional // (pool.num_blocks + 1))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        in_use = total - free - cached - provisional
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        profile_prefill(runner, pool, profile_tokens)
+        torch.cuda.synchronize(device)
+        workspace = torch.cuda.max_memory_allocated(device) - base
+        budget = int(total * utilization)
+    else:
+        available, base = _available_ram(), _rss_bytes()
+        profile_prefill(runner, pool, profile_tokens)
+        workspace = max(_peak_rss_bytes() - base, 0)
+        in_use, budget = 0, int(available * utilization)
+    graphs = workspace * min(graph_tokens, profile_tokens) // profile_tokens
+    fits = (budget - in_use - workspace - graphs) // block_bytes
+    return MemoryPlan(device.type, budget, in_use, workspace, graphs, block_bytes, max(min(fits, limit), 0), limit)
+
+
+def agree_across_ranks(num_blocks: int, group: RankGroup) -> int:
+    """The smallest of every rank's count (each rank measured its own device)."""
+    if group.size == 1:
+        return num_blocks
+    import torch.distributed as dist
+
+    box = torch.tensor([num_blocks], dtype=torch.int64)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=group.cpu_group)
+    return int(box.item())
+
+
+def resize_kv_pool(runner, pool: BlockPool, num_blocks: int) -> None:
+    """Reallocate every cache bound to the pool (target and drafter) at ``num_blocks`` blocks."""
+    pool.resize(num_blocks)
+    rebind_kv_caches(pool)
+    runner.rebind_kv()
+
+
+def refuse_too_small(plan: MemoryPlan, min_blocks: int, block_size: int, field: str) -> None:
+    """A pool that cannot hold even one request of ``min_blocks`` blocks is refused, naming the numbers."""
+    if plan.num_blocks < min_blocks:
+        raise ConfigError(f"not enough memory for the KV cache: {plan.num_blocks} blocks fit, one request needs "
+                          f"{min_blocks} ({plan.summary(block_size)}); raise EngineConfig.{field}, lower "
+                          f"max_num_batched_tokens, or give num_kv_blocks")
