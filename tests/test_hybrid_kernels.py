@@ -95,6 +95,20 @@ def test_padding_leaves_the_kernel_state_alone():
     torch.testing.assert_close(final_noisy, final, rtol=0, atol=0)
 
 
+def test_kernels_take_a_strided_state():
+    """The state a layer hands over may be a strided view (a transposed layout here): the final state must
+    still come back right (it used to be written as if contiguous into a tensor laid out like the view)."""
+    valid, _ = runs_and_trees(0)
+    q, k, v, gate, beta, state = delta_inputs(4)
+    strided = state.transpose(2, 3).contiguous().transpose(2, 3)             # same values, other strides
+    args = (valid, None, False)
+    assert_same(gated_delta_rule_run(q, k, v, gate, beta, strided, *args, kernel=True),
+                gated_delta_rule_run(q, k, v, gate, beta, state, *args, kernel=False))
+    *rest, state = ssm_inputs(5)
+    strided = state.transpose(2, 3).contiguous().transpose(2, 3)
+    assert_same(ssm_run(*rest, strided, *args, kernel=True), ssm_run(*rest, state, *args, kernel=False))
+
+
 # ---- GPU only ------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -120,7 +120,7 @@ def delta_rule_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: to
     v_heads, dv = v.shape[2:]
     tree = parents is not None
     out = v.new_empty(runs, length, v_heads, dv)
-    final = torch.empty_like(state)
+    final = state.new_empty(state.shape)  # contiguous, as the kernel writes it (state may be a strided view)
     every = _per_token_states(state, length, tree or keep_every)
     bk, bv = triton.next_power_of_2(dk), _block(dv, 32)
     if runs and length:
@@ -143,7 +143,7 @@ def ssm_scan(x: torch.Tensor, dt: torch.Tensor, decay: torch.Tensor, B: torch.Te
     groups, n = B.shape[2:]
     tree = parents is not None
     y = torch.empty_like(x)
-    final = torch.empty_like(state)
+    final = state.new_empty(state.shape)  # contiguous, as the kernel writes it (state may be a strided view)
     every = _per_token_states(state, length, tree or keep_every)
     bp, bn = _block(p, 32), triton.next_power_of_2(n)
     if runs and length:
