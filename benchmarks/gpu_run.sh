@@ -7,9 +7,15 @@
 #   bash benchmarks/gpu_run.sh OUT_DIR e2e [methods]  # outpace bench e2e (the zoo widened to 8B; methods of
 #                                                    # none eagle3 eagle3-tree mtp dflash draft ngram, all by
 #                                                    # default; rows of earlier runs into OUT_DIR are kept)
+#   bash benchmarks/gpu_run.sh OUT_DIR multi [parts] # on nvidia-h200-x2: outpace bench multi (issue 20: TP = 2 vs
+#                                                    # TP = 1 correctness, 8B/70B-shaped TP = 2 decode vs the 2-GPU
+#                                                    # floor, EAGLE3 at TP = 2, 2 data-parallel replicas); parts of
+#                                                    # correctness,tp_speed,dp (all by default; a part measured by an
+#                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
+#                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR
 set -uo pipefail
 out=${1:?output folder}
-stage=${2:?checks, bench or e2e}
+stage=${2:?checks, bench, e2e or multi}
 parts=${3:-abef}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (pytest, matplotlib), carried as wheels
@@ -33,6 +39,10 @@ import json; json.dump(run_attention_bench(), open('$out/attention_bench.json', 
     for m in none eagle3 dflash; do python3 -m outpace.bench.profile zoo $m 1; python3 -m outpace.bench.profile zoo $m 8; done
   } 2>&1 | grep -v -i "warn" | tee "$out/profile.log" | grep -E "^context|^zoo|^one graph|Error"
   python3 -m outpace bench acceptance --device cuda --dtype bfloat16 --out "$out" 2>&1 | grep -v "it/s\]" | tail -8
+elif [ "$stage" = multi ]; then
+  export NCCL_NVLS_ENABLE=0  # NVLink multicast off, as the device notes ask
+  python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} 2>&1 \
+    | grep --line-buffered -v "it/s\]" | tee "$out/multi_gpu.log" | tail -80
 elif [ "$stage" = e2e ]; then
   shift 2
   python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50

@@ -175,7 +175,13 @@ def cmd_bench(a: argparse.Namespace) -> None:
     if a.what == "gpu":
         from outpace.bench.gpu import run_gpu_bench
 
-        run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts)
+        run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "abef")
+        return
+    if a.what == "multi":
+        from outpace.bench.multi_gpu import run_multi_gpu_bench
+
+        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "correctness,tp_speed,dp",
+                            workdir=Path(a.workdir))
         return
     if a.what == "e2e":
         from outpace.bench.e2e import run_e2e_bench
@@ -248,17 +254,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="decode throughput with and without speculation; acceptance; or a server")
-    b.add_argument("what", nargs="?", default="speed", choices=["speed", "acceptance", "gpu", "serve", "cpu", "e2e"],
+    b.add_argument("what", nargs="?", default="speed",
+                   choices=["speed", "acceptance", "gpu", "serve", "cpu", "e2e", "multi"],
                    help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out prompts; "
                         "serve: load a running server (outpace serve) over HTTP; cpu: plain decode against "
-                        "transformers' generate on the CPU; e2e: every drafter on the zoo widened to 8B (GPU)")
+                        "transformers' generate on the CPU; e2e: every drafter on the zoo widened to 8B (GPU); "
+                        "multi: tensor and data parallelism on the GPUs of one machine")
     _engine_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--out", default=None, help="also write the rows as JSON here (bench gpu: the output folder)")
-    b.add_argument("--parts", default="abef", help="bench gpu: which parts to run (see outpace/bench/gpu.py)")
+    b.add_argument("--parts", default=None, help="bench gpu: which parts to run (see outpace/bench/gpu.py; default "
+                   "abef); bench multi: correctness,tp_speed,dp (the default) or single (outpace/bench/multi_gpu.py)")
     b.add_argument("--methods", nargs="*", default=None, help="bench e2e: the methods to run (default: all)")
-    b.add_argument("--workdir", default=".e2e_models", help="bench e2e: where the widened 8B-shaped zoo is written")
+    b.add_argument("--workdir", default=".e2e_models", help="bench e2e and multi: where the widened 8B-shaped zoo "
+                   "(and bench multi's random checkpoints) are written")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")
@@ -380,7 +390,7 @@ def _field_values(pairs: list[str]) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line parsed, with the model resolved (``_resolve_model``) where the command loads one."""
     args = build_parser().parse_args(argv)
-    if hasattr(args, "model") and not (args.command == "bench" and args.what in ("serve", "gpu", "e2e")):
+    if hasattr(args, "model") and not (args.command == "bench" and args.what in ("serve", "gpu", "e2e", "multi")):
         _resolve_model(args)
     return args
 

@@ -70,17 +70,25 @@ def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
 
 
 # ---- engines on the 8B shape ----------------------------------------------------------------
-def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None,
-             max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES)) -> LLM:
-    """The 8B-shaped target with random weights (and an EAGLE3 draft when speculating), graphs captured."""
+def engine_8b(workdir: Path, speculative: SpeculativeConfig | None = None, max_context: int = max(CONTEXTS),
+              max_num_seqs: int = max(BATCHES), config: dict = LLAMA_8B, **engine) -> tuple[str, dict]:
+    """(model directory, LLM keyword arguments) of the 8B-shaped target (or ``config``'s shape) with random
+    weights and, when speculating, its draft; ``engine``: EngineConfig fields that override these (device,
+    tensor_parallel_size). The config.json is written here, so that every rank of a tensor-parallel
+    engine can build it from these two values alone."""
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(json.dumps(LLAMA_8B))
+    (workdir / "config.json").write_text(json.dumps(config))
     blocks = max_num_seqs * (-(-(max_context + 64) // 16)) + 64
-    llm = LLM(str(workdir), device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
-              block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
-              speculative=speculative or SpeculativeConfig(), cuda_graphs=False)
-    llm.engine.capture_graphs()
-    return llm
+    return str(workdir), {**dict(device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
+                                 block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
+                                 speculative=speculative or SpeculativeConfig(), cuda_graphs=True), **engine}
+
+
+def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None,
+             max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES), **engine) -> LLM:
+    """The 8B-shaped target with random weights (and an EAGLE3 draft when speculating), graphs captured."""
+    model, kwargs = engine_8b(workdir, speculative, max_context, max_num_seqs, **engine)
+    return LLM(model, **kwargs)
 
 
 def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:

@@ -1,0 +1,484 @@
+"""``outpace bench multi``: tensor and data parallelism measured on the GPUs of one machine, in one run
+(issue 20). Three parts, each its own rows in ``OUT/multi_gpu.json``, a plot and a short table last:
+
+- ``correctness``: TP = world greedy tokens of the zoo targets (those whose family shards) and of a random
+  8B-shaped checkpoint against TP = 1's, fp32 (equal, token for token) and bf16 (the match rate; bf16
+  sums in another order can flip a near tie); every zoo drafter at TP = world, fp32, against plain
+  decoding at TP = world (lossless: equal).
+- ``tp_speed``: random bf16 targets of the Llama-3.1-8B and -70B shapes, plain decode tokens/s at batch 1,
+  8, 32 (context 512; bench/gpu.py ``time_decode``) against the floor of the GPUs: each GPU's weight and
+  KV bytes over the copy bandwidth measured in this run, plus the all-reduces of one step measured alone
+  (two per layer of [batch, hidden] bf16, in one captured graph: bench/rank_group.py). EAGLE3: on the zoo
+  widened into the 8B shape (real acceptance, bench/widen.py) against plain decoding of the same target,
+  steady tokens/s (bench/e2e.py); on the 70B shape under ORACLE acceptance (assumed, labelled as such):
+  the captured step costs with 0..k drafts that adaptive speculation profiles at start-up, and the best
+  k's tokens per second for an assumed per-position acceptance (bench/hybrid_shape.py's model), with a
+  random EAGLE3 draft of SpecForge's layout (bench/random_checkpoint.py).
+- ``dp``: the widened 8B target served, 64 concurrent streams: one replica against two behind one server,
+  one per GPU (``outpace serve --data-parallel-size 2``; bench/dp_serve.py).
+``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
+that does not fit one GPU is listed as such) and one replica's throughput.
+
+The ranks are spawned once and build every engine in turn (bench/rank_group.py); each row is written as
+it is measured, and an item that no longer fits the time limit is listed under ``not_run``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from outpace import SamplingParams
+from outpace.bench.rank_group import release_memory
+from outpace.bench.gpu import LLAMA_8B, ZOO_DRAFTERS, copy_bandwidth, engine_8b, time_decode, weight_bytes_read
+from outpace.bench.widen import LLAMA_8B as WIDE_8B, Shape, widen_checkpoint, widen_draft
+from outpace.config import SpeculativeConfig
+from outpace.zoo import zoo_dir
+
+# Llama-3.1-70B's config.json: hidden 8192, 80 layers, 64 query and 8 key/value heads of 128, intermediate
+# 28672; vocabulary, RoPE (theta 500000, llama3 scaling) and norms as the 8B's.
+LLAMA_70B = {**LLAMA_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+             "num_attention_heads": 64, "num_key_value_heads": 8}
+PARTS = ("correctness", "tp_speed", "dp")
+ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
+
+
+@dataclass(frozen=True)
+class Case:
+    """Correctness: ``model`` at TP = world against ``reference`` (default: the same model) at TP = 1."""
+    name: str
+    model: str
+    reference: str | None = None
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the run measures; the defaults are the GPU run's, tests pass tiny shapes."""
+    device: str = "cuda"
+    world: int = 2
+    shapes: dict = field(default_factory=lambda: {"8b": LLAMA_8B, "70b": LLAMA_70B})  # tp_speed targets
+    random_shape: str = "8b"                          # the random checkpoint of correctness
+    widen_to: Shape | None = WIDE_8B                  # the zoo widened for EAGLE3 and DP (None: the zoo itself)
+    widened_shape: str = "8b"                         # the shapes entry the widened zoo stands for
+    zoo_targets: tuple[str, ...] = ("tinypy", "tinyds", "tinygemma")  # those present
+    drafters: tuple[str, ...] = tuple(ZOO_DRAFTERS)   # bench/gpu.py's zoo drafters, on tinypy
+    # the family targets' own drafts (those present): (target, method, zoo draft or None, num_steps)
+    family_drafters: tuple[tuple[str, str, str | None, int], ...] = (
+        ("tinyds", "mtp", None, 2), ("tinyds", "eagle3", "tinyds-eagle3", 4),
+        ("tinygemma", "eagle3", "tinygemma-eagle3", 4))
+    cases: tuple[Case, ...] = ()                      # extra correctness cases
+    prompts: int = 8                                  # correctness: prompts, tokens each
+    tokens: int = 32
+    batches: tuple[int, ...] = (1, 8, 32)
+    context: int = 512
+    decode_steps: int = 16
+    speed_tokens: int = 64                            # EAGLE3 rows: tokens per request
+    batch1_prompts: int = 3                           # EAGLE3 rows at batch 1: prompts one after another
+    eagle3_steps: int = 5                             # adaptive, up to this many drafts (as bench e2e)
+    oracle_steps: int = 4
+    dp_streams: int = 64
+    dp_requests: int = 192
+    dp_max_tokens: int = 128
+    dp_kv_blocks: int = 2048
+    time_limit_s: float = 540.0                       # the whole run; items that no longer fit are skipped
+    dp_reserve_s: float = 130.0
+
+    def item_seconds(self, shape: dict) -> float:
+        """A rough budget for one engine of ``shape`` (build, capture, rows), to skip what cannot finish."""
+        return 20.0 + 0.4 * shape["num_hidden_layers"] if self.device.startswith("cuda") else 1.0
+
+
+class Clock:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+# ---- helpers --------------------------------------------------------------------------------------------
+def zoo_prompts(count: int) -> list[str]:
+    prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def prompts_for(model: str, count: int, vocab: int) -> list:
+    """The zoo's held-out text for a model with a tokenizer, else fixed token ids (bench/decode.py's)."""
+    if (Path(model) / "tokenizer.json").is_file():
+        return zoo_prompts(count)
+    return [[(13 * i + 7 * j) % vocab for j in range(32)] for i in range(count)]
+
+
+def compare(reference: list[list[int]], outs) -> dict:
+    """Greedy tokens against a reference: equal, the match rate position by position (bench/e2e.py), the
+    first (prompt, position) that differs."""
+    from outpace.bench.e2e import _match
+
+    tokens = [o.token_ids for o in outs]
+    first = next(([i, j] for i, (r, t) in enumerate(zip(reference, tokens))
+                  for j in range(max(len(r), len(t))) if j >= min(len(r), len(t)) or r[j] != t[j]), None)
+    return {"equal": tokens == reference, "match_rate": _match(outs, reference), "first_mismatch": first}
+
+
+def tau(outs) -> float | None:
+    verifies = sum(o.spec_metrics.num_verifies for o in outs)
+    return sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1 if verifies else None
+
+
+def kv_bytes_per_token(llm) -> int:
+    """KV bytes one token takes on this rank (its shard of the heads), over every layer."""
+    return sum(t[0, 0].numel() * t.element_size() for pair in llm.engine.runner.kv_caches for t in pair)
+
+
+def fits_one_device(shape: dict, device: str, tp: int) -> tuple[bool, str]:
+    """Whether a bf16 model of ``shape`` fits ``tp`` devices (weights within 90% of each one's memory)."""
+    if not device.startswith("cuda"):
+        return True, ""
+    from outpace.config import ModelConfig
+    from outpace.models.loader import build_model
+
+    params = sum(p.numel() for p in build_model(ModelConfig.from_dict(shape), torch.bfloat16, "meta").parameters())
+    memory = torch.cuda.get_device_properties(0).total_memory
+    need = 2 * params / tp
+    return need < 0.9 * memory, (f"{2 * params / 1e9:.0f} GB of bf16 weights, {need / 2**30:.1f} GiB per GPU at "
+                                 f"TP = {tp}, one GPU holds {memory / 2**30:.0f} GiB")
+
+
+def widened_zoo(plan: Plan, workdir: Path) -> tuple[str, str]:
+    """(target, EAGLE3 draft): the zoo widened into ``plan.widen_to`` (written once), or the zoo itself."""
+    zoo = zoo_dir()
+    if plan.widen_to is None:
+        return str(zoo / "tinypy"), str(zoo / "tinypy-eagle3")
+    target, draft = workdir / "tinypy", workdir / "tinypy-eagle3"
+    if not (target / "config.json").is_file():
+        widen_checkpoint(zoo / "tinypy", target, plan.widen_to, torch.bfloat16)
+    if not (draft / "config.json").is_file():
+        hidden = Shape.of(json.loads((zoo / "tinypy" / "config.json").read_text())).hidden
+        widen_draft(zoo / "tinypy-eagle3", draft, plan.widen_to, torch.bfloat16, target_hidden=hidden)
+    return str(target), str(draft)
+
+
+# ---- rank 0 ---------------------------------------------------------------------------------------------
+class Run:
+    """Rank 0's side of the run: the parts, rows recorded and saved as they come."""
+
+    def __init__(self, group, plan: Plan, result: dict, path: Path, workdir: Path, clock: Clock) -> None:
+        self.group, self.plan, self.result, self.path = group, plan, result, path
+        self.workdir, self.clock = workdir, clock
+        self.widening: threading.Thread | None = None
+        self.widening_error: str | None = None
+
+    def widen_in_background(self) -> None:
+        """Write the widened zoo (CPU work) while the GPUs run correctness; ``tp_speed`` waits for it before
+        timing anything, so it takes no host time from a timed step."""
+        def widen() -> None:
+            try:
+                widened_zoo(self.plan, self.workdir)
+            except Exception as e:  # recorded; the EAGLE3 item tries again and reports its own failure
+                self.widening_error = f"{type(e).__name__}: {e}"
+        self.widening = threading.Thread(target=widen, name="widen-zoo", daemon=True)
+        self.widening.start()
+
+    def save(self) -> None:
+        """Written whole or not at all (the parent may stop this rank at any moment)."""
+        part = self.path.with_suffix(".json.part")
+        part.write_text(json.dumps(self.result, indent=1) + "\n")
+        part.replace(self.path)
+
+    def item(self, name: str, seconds: float, fn) -> None:
+        """Run one item (an engine and its rows) if ``seconds`` are left; its error is recorded, the run goes on."""
+        if self.clock.left() < seconds:
+            self.result["not_run"].append(f"{name}: {self.clock.left():.0f} s left of the time limit, "
+                                          f"~{seconds:.0f} s needed")
+        elif not self.group.healthy:
+            self.result["not_run"].append(f"{name}: the rank group was given up after an earlier failure")
+        else:
+            t0 = time.monotonic()
+            try:
+                fn()
+            except Exception as e:  # one broken item must not cost the others' figures
+                self.result["errors"][name] = f"{type(e).__name__}: {e}"
+                print(f"bench multi: {name} failed:\n{traceback.format_exc()}")
+            release_memory()
+            self.result["seconds"][name] = round(time.monotonic() - t0, 1)
+            self.group.settled()
+        self.save()
+
+    def engine(self, model: str, tp: int, **engine):
+        return self.group.llm(model, device=self.plan.device, tensor_parallel_size=tp, **engine)
+
+    def generate(self, model: str, prompts: list, dtype: str, tp: int, spec: SpeculativeConfig | None = None):
+        params = SamplingParams(temperature=0.0, max_tokens=self.plan.tokens, ignore_eos=True)
+        spec = spec or SpeculativeConfig()
+        with self.engine(model, tp, dtype=dtype, max_num_seqs=len(prompts), speculative=spec) as llm:
+            return llm.generate(prompts, params)
+
+    # ---- correctness ------------------------------------------------------------------------------------
+    def correctness(self) -> None:
+        plan, world = self.plan, self.group.world
+        section = self.result["correctness"] = {"tokens": plan.tokens, "tp": world, "tp_equality": [], "lossless": []}
+        zoo = zoo_dir()
+        cases = [Case(name, str(zoo / name)) for name in plan.zoo_targets if (zoo / name / "config.json").is_file()]
+        shape = plan.shapes[plan.random_shape]
+        random_dir = self.workdir / f"random-{plan.random_shape}"
+        self.item("correctness: write the random checkpoint", 10 + shape["num_hidden_layers"],
+                  lambda: self._random_checkpoint(random_dir, shape))
+        if (random_dir / "config.json").is_file():
+            cases.append(Case(f"random-{plan.random_shape}", str(random_dir)))
+        plain: dict[str, list] = {}  # zoo target -> its TP = world fp32 tokens
+        for case in [*cases, *plan.cases]:
+            vocab = json.loads((Path(case.model) / "config.json").read_text())["vocab_size"]
+            prompts = prompts_for(case.model, plan.prompts, vocab)
+            cost = plan.item_seconds(shape) if case.name.startswith("random") else 15.0
+            for dtype in case.dtypes:
+                def row(case=case, dtype=dtype, prompts=prompts) -> None:
+                    reference = [o.token_ids for o in self.generate(case.reference or case.model, prompts, dtype, 1)]
+                    outs = self.generate(case.model, prompts, dtype, world)
+                    if dtype == "float32" and case.reference is None:
+                        plain[case.name] = [o.token_ids for o in outs]
+                    against = "TP = 1" if case.reference is None else f"TP = 1 of {Path(case.reference).name}"
+                    section["tp_equality"].append({"model": case.name, "dtype": dtype, "tp": world,
+                                                   "reference": against, **compare(reference, outs)})
+                self.item(f"correctness: {case.name} {dtype}", 2 * cost, row)
+        drafts = [("tinypy", name, ZOO_DRAFTERS[name]) for name in plan.drafters]
+        drafts += [(target, method, SpeculativeConfig(method, draft, num_steps=steps))
+                   for target, method, draft, steps in plan.family_drafters
+                   if (zoo / target).is_dir() and (draft is None or (zoo / draft).is_dir())]
+        for target, name, spec in drafts:
+            def lossless(target=target, name=name, spec=spec) -> None:
+                if spec.draft:
+                    spec = dataclasses.replace(spec, draft=str(zoo / Path(spec.draft).name))
+                prompts = zoo_prompts(plan.prompts)
+                if target not in plain:
+                    plain[target] = [o.token_ids for o in self.generate(str(zoo / target), prompts, "float32", world)]
+                outs = self.generate(str(zoo / target), prompts, "float32", world, spec)
+                section["lossless"].append({"drafter": name, "target": target, "dtype": "float32", "tp": world,
+                                            "tau": tau(outs), **compare(plain[target], outs)})
+            self.item(f"correctness: {target} {name} lossless", 15.0, lossless)
+        rows = section["tp_equality"]
+        section["all_tp_equal_fp32"] = all(r["equal"] for r in rows if r["dtype"] == "float32") if rows else None
+        section["all_lossless_fp32"] = all(r["equal"] for r in section["lossless"]) if section["lossless"] else None
+
+    def _random_checkpoint(self, out: Path, shape: dict) -> None:
+        from outpace.bench.random_checkpoint import random_target
+
+        random_target(out, shape, device=self.plan.device)
+
+    # ---- tensor-parallel speed ----------------------------------------------------------------------------
+    def tp_speed(self) -> None:
+        plan, world = self.plan, self.group.world
+        self.result["tp_speed"] = {"context": plan.context, "decode": [], "all_reduce": [], "eagle3": [], "oracle": []}
+        if self.widening is not None:
+            self.widening.join()
+            if self.widening_error:
+                self.result["errors"]["widening the zoo"] = self.widening_error
+        sizes = sorted({1, world})
+        for name, shape in plan.shapes.items():
+            if world > 1:
+                self.item(f"tp_speed: all-reduces {name}", 10.0,
+                          lambda name=name, shape=shape: self._all_reduces(name, shape))
+            for tp in sizes:
+                fits, why = fits_one_device(shape, plan.device, tp)
+                if not fits:
+                    self.result["not_run"].append(f"tp_speed: {name} at TP = {tp} does not fit: {why}")
+                    continue
+                self.item(f"tp_speed: {name} plain TP = {tp}", plan.item_seconds(shape),
+                          lambda name=name, shape=shape, tp=tp: self._decode(name, shape, tp))
+        self.item("tp_speed: EAGLE3 on the widened zoo", 3 * plan.item_seconds(plan.shapes[plan.widened_shape]),
+                  self._eagle3_widened)
+        for name, shape in plan.shapes.items():
+            if name == plan.widened_shape or not fits_one_device(shape, plan.device, world)[0]:
+                continue
+            self.item(f"tp_speed: EAGLE3 oracle {name} TP = {world}", 1.5 * plan.item_seconds(shape),
+                      lambda name=name, shape=shape: self._eagle3_oracle(name, shape))
+
+    def _all_reduces(self, name: str, shape: dict) -> None:
+        from outpace.bench.rank_group import time_all_reduces
+
+        count = 2 * shape["num_hidden_layers"]
+        for batch in self.plan.batches:
+            timed = self.group.run(time_all_reduces, count, batch, shape["hidden_size"], self.plan.device)
+            self.result["tp_speed"]["all_reduce"].append({"shape": name, "batch": batch, "all_reduces": count,
+                                                          "hidden": shape["hidden_size"], "dtype": "bfloat16", **timed})
+
+    def _decode(self, name: str, shape: dict, tp: int) -> None:
+        plan = self.plan
+        bandwidth = self.result["copy_bandwidth_bytes_per_s"]
+        reduces = {r["batch"]: r["seconds"] for r in self.result["tp_speed"]["all_reduce"] if r["shape"] == name}
+        model, kwargs = engine_8b(self.workdir / name, None, plan.context, max(plan.batches), config=shape,
+                                  device=plan.device, tensor_parallel_size=tp)
+        with self.group.llm(model, **kwargs) as llm:
+            weights, kv = weight_bytes_read(llm.engine.model), kv_bytes_per_token(llm)
+            for batch in plan.batches:
+                row = time_decode(llm, batch, plan.context, plan.decode_steps)
+                read_s = (weights + batch * plan.context * kv) / bandwidth
+                reduce_s = reduces.get(batch, float("nan")) if tp > 1 else 0.0
+                floor = batch / (read_s + reduce_s)
+                row.update(shape=name, tp=tp, weight_bytes_per_gpu=weights, kv_bytes_per_token_per_gpu=kv,
+                           read_seconds=read_s, all_reduce_seconds=reduce_s, floor_tokens_per_s=floor,
+                           fraction_of_floor=row["tokens_per_s"] / floor)
+                self.result["tp_speed"]["decode"].append(row)
+                self.save()
+
+    def _eagle3_widened(self) -> None:
+        """Plain decoding and EAGLE3 (adaptive, as bench e2e runs it) on the widened zoo at TP = world (one GPU:
+        TP = 1), steady tokens/s over the held-out prompts; the EAGLE3 engine's step costs give oracle rows too."""
+        from outpace.bench.e2e import _run
+
+        plan, tp = self.plan, self.group.world
+        target, draft = widened_zoo(plan, self.workdir)
+        prompts = zoo_prompts(max(plan.batches))
+        counts = {b: plan.batch1_prompts if b == 1 else b for b in plan.batches}
+        greedy = SamplingParams(temperature=0.0, max_tokens=plan.speed_tokens, ignore_eos=True)
+        methods = {"none": SpeculativeConfig(),
+                   "eagle3": SpeculativeConfig("eagle3", draft, num_steps=plan.eagle3_steps, adaptive=True)}
+        plain_tokens, rows = {}, self.result["tp_speed"]["eagle3"]
+        label = f"{plan.widened_shape} (widened zoo)" if plan.widen_to else "zoo"
+        for method, spec in methods.items():
+            with self.engine(target, tp, dtype="bfloat16", max_num_seqs=max(plan.batches), speculative=spec,
+                             num_kv_blocks=max(plan.batches) * (plan.context // 16 + 16) + 64) as llm:
+                for batch in plan.batches:
+                    _run(llm, prompts, batch, greedy.replace(max_tokens=4), counts[batch])  # warm-up: prefill shapes
+                    _run(llm, prompts, batch, greedy, batch)                                # and this batch's steps
+                    outs, seconds, steady = _run(llm, prompts, batch, greedy, counts[batch])
+                    row = {"shape": label, "tp": tp, "method": method, "batch": batch,
+                           "steady_tokens_per_s": steady, "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds,
+                           "tau": tau(outs)}
+                    if method == "none":
+                        plain_tokens[batch] = [o.token_ids for o in outs]
+                    else:
+                        row["match_plain_greedy"] = compare(plain_tokens[batch], outs)["match_rate"]
+                        base = next(r for r in rows if r["method"] == "none" and r["batch"] == batch and r["tp"] == tp)
+                        row["speedup"] = steady / base["steady_tokens_per_s"]
+                    rows.append(row)
+                    self.save()
+                if method == "eagle3":
+                    self._oracle_rows(llm, label, tp)
+
+    def _eagle3_oracle(self, name: str, shape: dict) -> None:
+        from outpace.bench.random_checkpoint import random_eagle3_draft
+
+        plan, tp = self.plan, self.group.world
+        draft = random_eagle3_draft(self.workdir / f"{name}-eagle3", shape, device=plan.device)
+        spec = SpeculativeConfig("eagle3", str(draft), num_steps=plan.oracle_steps, adaptive=True)
+        model, kwargs = engine_8b(self.workdir / name, spec, plan.context, max(plan.batches), config=shape,
+                                  device=plan.device, tensor_parallel_size=tp)
+        with self.group.llm(model, **kwargs) as llm:
+            self._oracle_rows(llm, name, tp)
+
+    def _oracle_rows(self, llm, name: str, tp: int) -> None:
+        """Per batch: the captured step's cost with 0..k drafts (adaptive speculation's start-up profile on a
+        GPU; on the CPU, measured by running steps), and the oracle speed-ups they give."""
+        from outpace.bench.hybrid_shape import _oracle_speedups
+        from outpace.engine.cuda_graphs import bucket_for
+        from outpace.engine.iteration import SamplingMode
+
+        runner = llm.engine.runner
+        chooser = runner.choosers[SamplingMode.GREEDY]
+        for batch in self.plan.batches:
+            bucket = bucket_for(runner.graph_buckets, batch) or batch
+            costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
+            if len(costs) < len(runner.shapes):  # no start-up profile (CPU): every shape runs once
+                time_decode(llm, batch, self.plan.context, steps=len(runner.shapes) + 1)
+                costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
+            for row in _oracle_speedups(costs):
+                self.result["tp_speed"]["oracle"].append(
+                    {"shape": name, "tp": tp, "batch": batch, "method": "eagle3", **row,
+                     "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())}, "label": ORACLE_LABEL})
+        self.save()
+
+
+def _rank0_main(group, plan: Plan, parts: list[str], path: str, workdir: str, seconds: float) -> None:
+    """Rank 0 of the group (bench/rank_group.py): the parts that run on the ranks."""
+    path, workdir = Path(path), Path(workdir)
+    result = json.loads(path.read_text())
+    run = Run(group, plan, result, path, workdir, Clock(seconds))
+    if plan.device.startswith("cuda"):
+        result["device"] = torch.cuda.get_device_name()
+        result["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
+    else:
+        result["copy_bandwidth_bytes_per_s"] = cpu_copy_bandwidth()
+    run.save()
+    if "tp_speed" in parts:
+        run.widen_in_background()
+    for part in parts:
+        getattr(run, part)()
+        run.save()
+
+
+def cpu_copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Bytes/s (read plus written) of a CPU tensor copy, median: the CPU stand-in for bench/gpu.py's."""
+    src = torch.ones(num_bytes // 4)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * num_bytes / sorted(times)[repeats // 2]
+
+
+# ---- the run --------------------------------------------------------------------------------------------
+def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", plan: Plan | None = None,
+                        workdir: Path = Path(".multi_gpu_models")) -> dict:
+    """Run the parts (comma-separated of ``PARTS``, or ``single``); results in ``out_dir``: multi_gpu.json
+    (multi_gpu_single.json for ``single``), a plot beside it; a table printed last."""
+    from outpace.bench.dp_serve import dp_throughput
+    from outpace.bench.multi_gpu_report import plot_multi_gpu, print_multi_gpu, targets
+    from outpace.bench.rank_group import BenchGroup, run_in_group
+
+    plan = plan or Plan()
+    single = parts == "single"
+    names = ["tp_speed", "dp"] if single else [p.strip() for p in parts.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown part(s) {unknown}: choose from {', '.join(PARTS)} or 'single'")
+    if single:
+        plan = dataclasses.replace(plan, world=1)
+    clock = Clock(plan.time_limit_s)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / ("multi_gpu_single.json" if single else "multi_gpu.json")
+    result = {"parts": names, "world": plan.world, "device": plan.device, "torch": torch.__version__,
+              "plan": {k: v for k, v in dataclasses.asdict(plan).items() if k != "cases"},
+              "errors": {}, "not_run": [], "seconds": {}}
+    if path.is_file():  # the parts an earlier run into out_dir measured and this one does not are kept
+        earlier = json.loads(path.read_text())
+        result["earlier_run"] = {k: earlier[k] for k in ("parts", "errors", "not_run", "seconds") if k in earlier}
+        result.update({part: earlier[part] for part in PARTS if part in earlier and part not in names})
+        if "copy_bandwidth_bytes_per_s" in earlier:
+            result["copy_bandwidth_bytes_per_s"] = earlier["copy_bandwidth_bytes_per_s"]
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    on_ranks = [p for p in names if p in ("correctness", "tp_speed")]
+    if on_ranks:
+        seconds = clock.left() - (plan.dp_reserve_s if "dp" in names else 0.0)
+        if plan.world > 1:
+            clean = run_in_group(plan.world, plan.device, workdir, _rank0_main,
+                                 (plan, on_ranks, str(path), str(workdir), seconds - 20), seconds)
+            result = json.loads(path.read_text())
+            if not clean:
+                result["errors"]["ranks"] = "a rank did not exit cleanly (stopped by the run; see the log)"
+        else:
+            _rank0_main(BenchGroup(1, plan.device, None, None), plan, on_ranks, str(path), str(workdir), seconds)
+            result = json.loads(path.read_text())
+    if "dp" in names:
+        try:
+            result["dp"] = dp_throughput(plan, widened_zoo(plan, workdir)[0], replicas=1 if single else 2)
+        except Exception as e:
+            result["errors"]["dp"] = f"{type(e).__name__}: {e}"
+            print(f"bench multi: dp failed:\n{traceback.format_exc()}")
+    result["targets"] = targets(result)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        plot_multi_gpu(result, path.with_suffix(".png"))
+    except Exception as e:  # (matplotlib missing) the figures are in the JSON and the table
+        print(f"bench multi: no plot: {type(e).__name__}: {e}")
+    print_multi_gpu(result)
+    return result

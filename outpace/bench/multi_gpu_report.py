@@ -1,0 +1,122 @@
+"""``bench multi``'s verdicts on issue 20's targets, its plot and its table, from the result dict alone."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _row(rows: list[dict], **match) -> dict | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def targets(r: dict) -> dict:
+    """Each target's figure and whether it is met (None: not measured in this run)."""
+    out: dict = {}
+    world = r.get("world", 2)
+    tp, corr, dp = r.get("tp_speed", {}), r.get("correctness", {}), r.get("dp", {})
+    if corr:
+        out["tp_equal_fp32"] = {"value": corr.get("all_tp_equal_fp32"), "met": corr.get("all_tp_equal_fp32")}
+        out["drafters_lossless_fp32"] = {"value": corr.get("all_lossless_fp32"), "met": corr.get("all_lossless_fp32")}
+        bf16 = [x["match_rate"] for x in corr.get("tp_equality", []) if x["dtype"] == "bfloat16"]
+        out["bf16_match_rate_min"] = {"value": min(bf16) if bf16 else None, "met": None}
+    if world > 1:
+        big = _row(tp.get("decode", []), shape="70b", tp=world, batch=1)
+        frac = big["fraction_of_floor"] if big else None
+        out["tp2_70b_batch1_of_floor >= 0.8"] = {"value": frac, "met": None if frac is None else frac >= 0.8}
+        for batch in (1, 32):
+            real = _row(tp.get("eagle3", []), method="eagle3", tp=world, batch=batch)
+            value = real.get("speedup") if real else None
+            out[f"eagle3_tp2_batch{batch}_speedup > 1 (real acceptance, 8B widened zoo)"] = {
+                "value": value, "met": None if value is None else value > 1}
+            oracle = [o for o in tp.get("oracle", []) if o["shape"] == "70b" and o["batch"] == batch]
+            if oracle:
+                out[f"eagle3_tp2_batch{batch}_70b ORACLE speedups"] = {
+                    "value": {o["acceptance"]: round(o["speedup"], 3) for o in oracle}, "met": None}
+        ratio = dp.get("output_tokens_per_s_ratio")
+        out["dp2_over_one >= 1.9 (output tokens/s)"] = {"value": ratio, "met": None if ratio is None else ratio >= 1.9,
+                                                         "mode": dp.get("mode")}
+    return out
+
+
+def print_multi_gpu(r: dict) -> None:
+    """The short table (printed last)."""
+    print(f"\nbench multi: {r.get('device')} x{r.get('world')}, torch {r.get('torch')}, parts {', '.join(r['parts'])}")
+    if "copy_bandwidth_bytes_per_s" in r:
+        print(f"copy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s per device")
+    corr = r.get("correctness")
+    if corr:
+        for x in corr["tp_equality"]:
+            print(f"  TP={x['tp']} vs {x['reference']:<8} {x['model']:<12} {x['dtype']:<8} equal {str(x['equal']):<5} "
+                  f"match {x['match_rate']:.4f}")
+        print("  lossless at TP=%s fp32: " % corr["tp"] + ", ".join(
+            f"{x['target']} {x['drafter']} {'yes' if x['equal'] else 'NO'}" for x in corr["lossless"]))
+    tp = r.get("tp_speed")
+    if tp:
+        print(f"  {'shape':<6} {'TP':>2} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'floor t/s':>9} {'of floor':>8} "
+              f"{'all-red ms':>10}")
+        for x in tp["decode"]:
+            print(f"  {x['shape']:<6} {x['tp']:>2} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
+                  f"{x['floor_tokens_per_s']:>9.1f} {x['fraction_of_floor']:>8.1%} "
+                  f"{1e3 * x['all_reduce_seconds']:>10.3f}")
+        for x in tp["eagle3"]:
+            if x["method"] == "eagle3":
+                print(f"  EAGLE3 {x['shape']} TP={x['tp']} batch {x['batch']}: "
+                      f"{x['steady_tokens_per_s']:.1f} tokens/s, "
+                      f"{x.get('speedup', float('nan')):.2f}x plain, tau {x['tau'] or 1:.2f}, "
+                      f"match {x.get('match_plain_greedy', float('nan')):.3f}")
+        for x in tp["oracle"]:
+            print(f"  ORACLE EAGLE3 {x['shape']} TP={x['tp']} batch {x['batch']} a={x['acceptance']}: "
+                  f"k={x['num_drafts']} {x['speedup']:.2f}x (assumed acceptance, measured costs)")
+    dp = r.get("dp")
+    if dp:
+        for key in ("one_replica", "two_replicas"):
+            if key in dp:
+                s = dp[key]
+                print(f"  {key:<12} {s['requests_per_s']:.2f} requests/s, {s['output_tokens_per_s']:.1f} output "
+                      f"tokens/s ({s['num_requests'] - s['num_failed']}/{s['num_requests']} ok)")
+        if "mode" in dp:
+            print(f"  two replicas: {dp['mode']}")
+    for text in r.get("not_run", []):
+        print(f"  not run: {text}")
+    for name, text in r.get("errors", {}).items():
+        print(f"  ERROR {name}: {text}")
+    for name, t in r.get("targets", {}).items():
+        verdict = {True: "met", False: "NOT met", None: "-"}[t["met"]]
+        print(f"  target {name}: {t['value']} ({verdict})")
+
+
+def plot_multi_gpu(r: dict, path: Path) -> None:
+    """Three panels: plain decode against the floor; EAGLE3 over plain (real and oracle); DP throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    decode = r.get("tp_speed", {}).get("decode", [])
+    labels = [f"{x['shape']} TP{x['tp']} b{x['batch']}" for x in decode]
+    axes[0].bar(range(len(decode)), [x["fraction_of_floor"] for x in decode])
+    axes[0].axhline(0.8, color="red", linewidth=0.8, linestyle="--", label="target 80% (70B, TP 2, batch 1)")
+    axes[0].set_xticks(range(len(decode)), labels, rotation=60, fontsize=7)
+    axes[0].set_ylabel("decode tokens/s / floor")
+    axes[0].set_title("plain decode vs the floor (bytes / copy bw + all-reduces)")
+    axes[0].legend(fontsize=7)
+    tp = r.get("tp_speed", {})
+    bars = [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} real", x.get("speedup", 0), "C0")
+            for x in tp.get("eagle3", []) if x["method"] == "eagle3"]
+    bars += [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} ORACLE a={x['acceptance']}", x["speedup"], "C1")
+             for x in tp.get("oracle", [])]
+    axes[1].bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+    axes[1].axhline(1.0, color="black", linewidth=0.8)
+    axes[1].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=70, fontsize=6)
+    axes[1].set_ylabel("tokens/s over plain decoding")
+    axes[1].set_title("EAGLE3 (blue: real acceptance; orange: ORACLE)")
+    dp = r.get("dp", {})
+    keys = [k for k in ("one_replica", "two_replicas") if k in dp]
+    axes[2].bar(range(len(keys)), [dp[k]["output_tokens_per_s"] for k in keys])
+    axes[2].set_xticks(range(len(keys)), keys)
+    axes[2].set_ylabel("output tokens/s")
+    axes[2].set_title(f"data parallel, {dp.get('streams', '-')} streams")
+    fig.suptitle(f"outpace bench multi: {r.get('device')} x{r.get('world')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

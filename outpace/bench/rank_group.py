@@ -1,0 +1,200 @@
+"""The process group a multi-GPU bench runs in: one process per rank, spawned once (as torchrun starts
+them) and kept across every engine the bench builds, so a tensor-parallel engine costs its build, not a
+group start-up.
+
+Rank 0 runs the bench (``main(group)``). For each tensor-parallel engine it tells the other ranks, over a
+gloo control group, to build the same engine and follow it (distributed/launch.py ``join_group`` +
+``follow``: the torchrun path); for a collective timing, to take part in it. A rank that finished a
+command writes a marker file, so rank 0 can tell a follower that came back from one stuck in a broken
+engine: the group is then given up (``healthy`` False: no more tensor-parallel work), and the parent
+stops the stuck rank when rank 0 is done.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from outpace import LLM
+from outpace.distributed.group import IDLE_TIMEOUT
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)  # a hung collective fails within this
+
+
+class BenchGroup:
+    """Rank 0's handle on the group: engines of any tensor-parallel size, and commands for every rank."""
+
+    def __init__(self, world: int, device: str, control, markers: Path) -> None:
+        self.world, self.device, self.control, self.markers = world, device, control, markers
+        self.commands = 0
+        self.healthy = True
+
+    def llm(self, model: str, **engine) -> LLM:
+        """``LLM(model, **engine)``: with ``tensor_parallel_size`` > 1 the other ranks build their shard and
+        follow it. Raises RuntimeError when the group was given up."""
+        if engine.get("tensor_parallel_size", 1) > 1:
+            self._command("follow", model, engine)
+        return LLM(model, **engine)
+
+    def run(self, fn: Callable, *args):
+        """``fn(*args)`` on every rank at once (a module-level function, for collectives); rank 0's value."""
+        self._command("call", fn, args)
+        return fn(*args)
+
+    def settled(self, timeout_s: float = 30.0) -> bool:
+        """Whether every other rank finished the last command within ``timeout_s`` (after an engine closed);
+        if not, the group is given up."""
+        if self.world == 1 or not self.healthy or self.commands == 0:
+            return self.healthy
+        deadline = time.monotonic() + timeout_s
+        wanted = [self.markers / f"done-{r}-{self.commands}" for r in range(1, self.world)]
+        while not all(p.exists() for p in wanted):
+            if time.monotonic() > deadline:
+                self.healthy = False
+                break
+            time.sleep(0.05)
+        return self.healthy
+
+    def _command(self, *message) -> None:
+        if not self.healthy:
+            raise RuntimeError("the rank group was given up after an earlier failure")
+        if self.world > 1:
+            self.settled()
+            if not self.healthy:
+                raise RuntimeError("a rank did not come back from the previous command")
+            self.commands += 1
+            dist.broadcast_object_list([message], src=0, group=self.control)
+
+    def finish(self) -> None:
+        """Tell the other ranks to exit (when they can still hear it)."""
+        if self.world > 1 and self.settled():
+            dist.broadcast_object_list([None], src=0, group=self.control)
+
+
+def time_all_reduces(count: int, rows: int, hidden: int, device: str, repeats: int = 10) -> dict:
+    """Seconds of ``count`` in-place all-reduces of a [rows, hidden] bf16 tensor over the default group, as
+    a decode step runs them (every rank calls this at once): on a GPU one CUDA graph of the ``count`` calls
+    (as they sit inside the engine's captured step), the median replay; eagerly (the median loop) on the
+    CPU, or where the capture fails."""
+    from outpace.engine.cuda_graphs import CapturedCall
+
+    x = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device)
+    dist.all_reduce(x)  # the communicator exists before the capture
+
+    def loop() -> None:
+        for _ in range(count):
+            dist.all_reduce(x)
+
+    if device.startswith("cuda"):
+        from outpace.bench.deepseek_shape import _time_replays
+
+        try:
+            return {"seconds": _time_replays(CapturedCall(loop, torch.device(device)), repeats), "timed": "captured"}
+        except RuntimeError as e:
+            print(f"bench: all-reduces not captured ({e}); timing them eagerly")
+    times = []
+    for _ in range(repeats + 2):
+        _sync(device)
+        t0 = time.perf_counter()
+        loop()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return {"seconds": statistics.median(times[2:]), "timed": "eager"}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def release_memory() -> None:
+    """Collect a closed engine now (reference cycles included) and hand its GPU memory back."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+# ---- the processes ------------------------------------------------------------------------------------
+def run_in_group(world: int, device: str, workdir: Path, main: Callable, args: tuple, deadline_s: float) -> bool:
+    """Spawn ``world`` ranks; rank 0 runs ``main(group, *args)``, the others follow it. Returns whether every
+    rank exited cleanly; ranks still running ``deadline_s`` after the start (or after rank 0 exited) are
+    killed, so a hang costs at most that."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    markers = workdir / f"markers-{os.getpid()}-{time.monotonic_ns()}"
+    markers.mkdir()
+    ctx = mp.start_processes(_rank_main, args=(world, device, str(markers), main, args), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + deadline_s
+    leader, clean = ctx.processes[0], True
+    try:
+        while any(p.is_alive() for p in ctx.processes):
+            if time.monotonic() > deadline:
+                print(f"bench: ranks still running past the {deadline_s:.0f} s limit; stopping them")
+                clean = False
+                break
+            if not leader.is_alive():  # rank 0 is done: the others get a little while to leave
+                deadline = min(deadline, time.monotonic() + 20)
+            time.sleep(0.5)
+    finally:
+        for p in ctx.processes:  # our own children, by handle
+            if p.is_alive():
+                p.kill()
+                clean = False
+            p.join(5)
+    return clean and all(p.exitcode == 0 for p in ctx.processes)
+
+
+def _rank_main(rank: int, world: int, device: str, markers: str, main: Callable, args: tuple) -> None:
+    # init_rank_group picks a rank's GPU from LOCAL_RANK; torchrun's variables say the group exists
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (the device notes ask for it)
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{markers}/rendezvous", rank=rank,
+                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    if rank == 0:
+        group = BenchGroup(world, device, control, Path(markers) if markers else None)
+        try:
+            main(group, *args)
+        finally:
+            group.finish()
+        if not group.healthy:
+            os._exit(0)  # a rank is stuck in a broken engine: no teardown with it (the parent stops it)
+    else:
+        _follow_commands(rank, control, Path(markers))
+    dist.destroy_process_group()
+
+
+def _follow_commands(rank: int, control, markers: Path) -> None:
+    from outpace.config import EngineConfig
+    from outpace.distributed.launch import follow, join_group
+
+    done = 0
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=control)
+        if box[0] is None:
+            return
+        kind, what, arg = box[0]
+        try:
+            if kind == "follow":
+                config = EngineConfig(model=what, **arg)
+                follow(config, join_group(config).group)
+            else:
+                what(*arg)
+        except Exception:  # rank 0 records its own side of the failure
+            print(f"bench rank {rank}: {kind} failed:\n{traceback.format_exc()}")
+        release_memory()
+        done += 1
+        (markers / f"done-{rank}-{done}").touch()

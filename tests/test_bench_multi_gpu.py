@@ -1,0 +1,112 @@
+"""``outpace bench multi`` (outpace/bench/multi_gpu.py) end to end on CPU processes (gloo, TP = 2) with tiny
+stand-ins for the 8B and 70B shapes: every part writes its rows; correctness finds TP = 2 equal to TP = 1
+and the drafter lossless, and reports a run whose output differs from its reference as a mismatch; the
+speed rows carry their floors, all-reduce times and labelled oracle rows; the data-parallel part serves
+one replica and then two behind one server; the table's targets come from the rows."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from outpace.bench.multi_gpu import ORACLE_LABEL, Case, Plan, compare, run_multi_gpu_bench
+from outpace.bench.random_checkpoint import random_target
+from outpace.cli import parse_args
+
+TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+            torch_dtype="bfloat16")
+TINY_WIDE = {**TINY, "hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 4}  # the "70b" stand-in
+BATCHES = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[dict, Path]:
+    root = tmp_path_factory.mktemp("multi")
+    work = root / "work"
+    # a case whose TP = 2 model differs from its TP = 1 reference: the correctness part must flag it
+    other = random_target(work / "other", TINY, seed=1)
+    plan = Plan(device="cpu", shapes={"8b": TINY, "70b": TINY_WIDE}, widen_to=None, zoo_targets=("tinypy",),
+                drafters=("eagle3",), family_drafters=(),
+                cases=(Case("mismatch", str(other), str(work / "random-8b"), ("float32",)),),
+                prompts=2, tokens=8, batches=BATCHES, context=16, decode_steps=4, speed_tokens=8, batch1_prompts=1,
+                eagle3_steps=2, oracle_steps=2, dp_streams=4, dp_requests=8, dp_max_tokens=8, dp_kv_blocks=256,
+                time_limit_s=900, dp_reserve_s=300)
+    out = root / "out"
+    run_multi_gpu_bench(out, "correctness,tp_speed,dp", plan, work)
+    return json.loads((out / "multi_gpu.json").read_text()), out
+
+
+def test_every_part_ran(run):
+    result, out = run
+    assert result["errors"] == {} and result["not_run"] == []
+    assert {"correctness", "tp_speed", "dp", "targets"} <= set(result)
+    assert (out / "multi_gpu.png").is_file()
+
+
+def test_correctness_rows_and_a_mismatch_is_caught(run):
+    corr = run[0]["correctness"]
+    rows = {(r["model"], r["dtype"]): r for r in corr["tp_equality"]}
+    assert set(rows) == {("tinypy", "float32"), ("tinypy", "bfloat16"), ("random-8b", "float32"),
+                         ("random-8b", "bfloat16"), ("mismatch", "float32")}
+    for key, r in rows.items():
+        if key[0] != "mismatch":
+            assert r["equal"] and r["match_rate"] == 1.0 and r["first_mismatch"] is None, key
+    bad = rows["mismatch", "float32"]
+    assert not bad["equal"] and bad["match_rate"] < 1.0 and bad["first_mismatch"] is not None
+    assert corr["all_tp_equal_fp32"] is False  # the verdict reports it
+    assert run[0]["targets"]["tp_equal_fp32"]["met"] is False
+    (lossless,) = corr["lossless"]
+    assert lossless["drafter"] == "eagle3" and lossless["equal"] and lossless["tau"] > 1.0
+    assert corr["all_lossless_fp32"] is True
+
+
+def test_speed_rows_carry_their_floor(run):
+    tp = run[0]["tp_speed"]
+    decode = {(r["shape"], r["tp"], r["batch"]): r for r in tp["decode"]}
+    assert set(decode) == {(s, t, b) for s in ("8b", "70b") for t in (1, 2) for b in BATCHES}
+    reduces = {(r["shape"], r["batch"]): r for r in tp["all_reduce"]}
+    assert set(reduces) == {(s, b) for s in ("8b", "70b") for b in BATCHES}
+    assert all(r["all_reduces"] == 2 * TINY["num_hidden_layers"] and r["seconds"] > 0 for r in reduces.values())
+    for (shape, size, batch), r in decode.items():
+        assert r["tokens_per_s"] > 0 and r["weight_bytes_per_gpu"] > 0 and r["kv_bytes_per_token_per_gpu"] > 0
+        assert r["all_reduce_seconds"] == (reduces[shape, batch]["seconds"] if size == 2 else 0.0)
+        assert r["floor_tokens_per_s"] == pytest.approx(batch / (r["read_seconds"] + r["all_reduce_seconds"]))
+        assert r["fraction_of_floor"] == pytest.approx(r["tokens_per_s"] / r["floor_tokens_per_s"])
+    # each rank holds half of the weights the one-rank engine holds (the vocabulary padded to 64 per rank)
+    assert decode["70b", 2, 1]["weight_bytes_per_gpu"] < 0.6 * decode["70b", 1, 1]["weight_bytes_per_gpu"]
+    eagle = {(r["method"], r["batch"]): r for r in tp["eagle3"]}
+    assert set(eagle) == {(m, b) for m in ("none", "eagle3") for b in BATCHES}
+    assert all(eagle["eagle3", b]["tau"] > 1.0 and eagle["eagle3", b]["match_plain_greedy"] == 1.0 and
+               eagle["eagle3", b]["speedup"] > 0 for b in BATCHES)
+    oracle = {(r["shape"], r["batch"]) for r in tp["oracle"]}
+    assert oracle == {(s, b) for s in ("zoo", "70b") for b in BATCHES}
+    assert all(r["label"] == ORACLE_LABEL and 0 in {int(k) for k in r["step_ms"]} for r in tp["oracle"])
+
+
+def test_data_parallel_rows(run):
+    dp = run[0]["dp"]
+    for key in ("one_replica", "two_replicas"):
+        assert dp[key]["num_failed"] == 0 and dp[key]["num_requests"] == 8 and dp[key]["output_tokens"] > 0
+    assert dp["mode"] == "outpace serve --data-parallel-size 2"
+    assert dp["output_tokens_per_s_ratio"] == pytest.approx(
+        dp["two_replicas"]["output_tokens_per_s"] / dp["one_replica"]["output_tokens_per_s"])
+
+
+def test_compare_finds_the_first_difference():
+    outs = [SimpleNamespace(token_ids=[1, 2, 3]), SimpleNamespace(token_ids=[4, 5])]
+    assert compare([[1, 2, 3], [4, 5]], outs) == {"equal": True, "match_rate": 1.0, "first_mismatch": None}
+    got = compare([[1, 2, 3], [4, 6]], outs)
+    assert not got["equal"] and got["first_mismatch"] == [1, 1] and got["match_rate"] == pytest.approx(4 / 5)
+    assert compare([[1, 2, 3, 9], [4, 5]], outs)["first_mismatch"] == [0, 3]  # a shorter output differs too
+
+
+def test_cli_and_part_names(tmp_path):
+    a = parse_args(["bench", "multi", "--parts", "single", "--out", str(tmp_path)])
+    assert (a.what, a.parts) == ("multi", "single")
+    assert parse_args(["bench", "gpu"]).parts is None  # bench gpu's own default (abef) applies
+    with pytest.raises(ValueError, match="unknown part"):
+        run_multi_gpu_bench(tmp_path, "correctness,speed", Plan(device="cpu"), tmp_path / "work")
