@@ -402,6 +402,18 @@ def attention_and_mlp(attn: DecoderAttention, mlp: GatedMLP, post_norm: RMSNorm,
     return h + mlp(post_norm(h))
 
 
+def run_layer_stack(layers: list[nn.Module], positions: torch.Tensor, h: torch.Tensor,
+                    capture: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Layers called as ``layer(positions, h) -> h`` (each chooses its own kernels) over h [num_tokens,
+    hidden] -> (the last layer's output, {layer index in ``capture``: that layer's input})."""
+    captured = {}
+    for i, layer in enumerate(layers):
+        if i in capture:
+            captured[i] = h
+        h = layer(positions, h)
+    return h, captured
+
+
 def run_layers(layers: list[DecoderLayer], final_norm: RMSNorm, positions: torch.Tensor, h: torch.Tensor,
                capture: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """A stack of decoder layers over h [num_tokens, hidden] -> (the last layer's output stream

@@ -32,7 +32,8 @@ from outpace.config import ConfigError, ModelConfig
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.layers.decoder import GatedMLP, HeadProjections, norm_head_logits, sandwich_fuses, sandwich_layer_fused
+from outpace.layers.decoder import (GatedMLP, HeadProjections, norm_head_logits, run_layer_stack, sandwich_fuses,
+                                    sandwich_layer_fused)
 from outpace.models.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
@@ -224,11 +225,7 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h, captured = self.embed(input_ids), {}
-        for i, layer in enumerate(self.model.layers):
-            if i in self.aux_layer_ids:
-                captured[i] = h
-            h = layer(positions, h)
+        h, captured = run_layer_stack(self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def checkpoint_name(self, param_name: str) -> str:

@@ -23,6 +23,7 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.config import ConfigError, ModelConfig, _require
 from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.decoder import run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.mamba2 import Mamba2Mixer
@@ -170,11 +171,7 @@ class NemotronHForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states."""
-        h, captured = self.embed(input_ids), {}
-        for i, layer in enumerate(self.model.layers):
-            if i in self.aux_layer_ids:
-                captured[i] = h
-            h = layer(positions, h)
+        h, captured = run_layer_stack(self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
