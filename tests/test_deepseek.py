@@ -353,9 +353,10 @@ def test_preemption_and_abort_return_every_latent_block(mtp_target):
         assert [done[i].token_ids for i in ids[:3]] == expected
 
 
-def test_sampling_with_mtp_follows_the_target_distribution(mtp_target):
-    """The first three sampled tokens (the last two through MTP drafts and verify) follow the target's own
-    joint distribution (chi-square; top-k 3 keeps the joint to 27 cells)."""
+@pytest.mark.parametrize("method", ["mtp", "ngram"])
+def test_sampling_follows_the_target_distribution(method, mtp_target):
+    """The first three sampled tokens (the last two through MTP or n-gram drafts and verify) follow the
+    target's own joint distribution (chi-square; top-k 3 keeps the joint to 27 cells)."""
     path, prompt, trials, vocab = mtp_target[2], [1, 5, 2, 7, 3], 3000, 13
     params = SamplingParams(temperature=0.8, top_k=3, top_p=0.95, max_tokens=3, ignore_eos=True)
     model = load_model(path, torch.float32)
@@ -373,7 +374,7 @@ def test_sampling_with_mtp_follows_the_target_distribution(mtp_target):
         for b in p2.nonzero().flatten().tolist():
             joint[a, b] = p1[a] * p2[b] * next_probs(prompt + [a, b])
     llm = LLM(str(path), block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192,
-              seed=7, speculative=SpeculativeConfig("mtp", num_steps=2))
+              seed=7, speculative=SpeculativeConfig(method, num_steps=2, ngram_min=1))
     outs = llm.generate([prompt] * trials, params)
     emitted = torch.tensor([o.token_ids for o in outs])                # [trials, 3]
     counts = torch.bincount((emitted[:, 0] * vocab + emitted[:, 1]) * vocab + emitted[:, 2], minlength=vocab ** 3)
