@@ -73,7 +73,7 @@ class Eagle3Recipe(DistillRecipe):
     corpus_fraction: float = 0.0
     generation_batch: int = 1024
     steps: int = 20000
-    max_minutes: float | None = 5.0
+    max_minutes: float | None = 4.5
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, allowed: str) -> None:

@@ -94,7 +94,9 @@ def mtp_chain(target, target_hidden: torch.Tensor, tokens: torch.Tensor, num_lay
             ids = tokens[:, k + 1:k + 1 + t]
             ids = torch.nn.functional.pad(ids, (0, t - ids.shape[1]), value=0).reshape(-1)
             state = layer.target_state(target, target_hidden) if h is None or not chained else h
-            h = layer(positions, layer.embed(target, ids), state)
+            # NOTE: the layer's own precision (fp32 masters when only the MTP layers train on a bf16 target)
+            dtype = next(layer.parameters()).dtype
+            h = layer(positions, layer.embed(target, ids).to(dtype), state.to(dtype))
             logits.append(layer.compute_logits(target, h))
     return logits
 
