@@ -55,7 +55,7 @@ class Ranks:
         collective's (a rank died, or the backend reported a broken or timed-out collective)."""
         dead = self.dead()
         if dead:
-            described = ", ".join(f"rank {r} exited with {_exit_reason(code)}" for r, code in sorted(dead.items()))
+            described = ", ".join(f"rank {r} exited with {exit_reason(code)}" for r, code in sorted(dead.items()))
             return RankFailure(f"tensor-parallel {described}; the engine stopped the other ranks: {error}")
         if isinstance(error, dist.DistError):
             return RankFailure(f"a collective of the tensor-parallel group failed (a rank stopped or timed out): "
@@ -85,7 +85,8 @@ class Ranks:
         self.owns_group = False
 
 
-def _exit_reason(code: int) -> str:
+def exit_reason(code: int) -> str:
+    """A dead process's exit code in words (a negative code is the signal that killed it)."""
     if code < 0:
         try:
             return f"signal {signal.Signals(-code).name}"

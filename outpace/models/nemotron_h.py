@@ -23,7 +23,7 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.config import ConfigError, ModelConfig, _require
 from outpace.layers.activation import ACTIVATIONS
-from outpace.layers.decoder import run_layer_stack
+from outpace.layers.decoder import norm_head_logits, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.mamba2 import Mamba2Mixer
@@ -176,8 +176,7 @@ class NemotronHForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
-        logits = self.lm_head(self.model.norm(hidden_states))
-        return logits.float() if out is None else out.copy_(logits)
+        return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 
     def checkpoint_name(self, param_name: str) -> str:
         """``model.embed_tokens`` / ``model.norm`` / ``model.*`` -> ``backbone.embeddings`` / ``backbone.norm_f`` /

@@ -29,7 +29,7 @@ from torch import nn
 
 from outpace.attention.layer import Attention
 from outpace.config import ConfigError, ModelConfig, _require
-from outpace.layers.decoder import GatedMLP, run_layer_stack
+from outpace.layers.decoder import GatedMLP, norm_head_logits, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import linear
@@ -214,8 +214,7 @@ class Qwen3NextForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
-        logits = self.lm_head(self.model.norm(hidden_states))
-        return logits.float() if out is None else out.copy_(logits)
+        return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 
     # aux layer capture and the embedding as the Llama family's (models/llama.py)
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from outpace.cache.prefix_cache import PrefixCacheStats
 from outpace.config import EngineConfig, SamplingParams
+from outpace.distributed.launch import exit_reason
 from outpace.request import Request, RequestOutput
 from outpace.server.async_engine import AsyncEngine, EngineError, EngineStats, GenerationStream
 from outpace.server.metrics import ServerMetrics
@@ -238,7 +239,7 @@ class RemoteEngine:
     def _died(self, e: BaseException) -> ReplicaDied:
         self.process.join(2.0)
         code = self.process.exitcode
-        how = "is not answering" if code is None else f"exited with {_exit_reason(code)}"
+        how = "is not answering" if code is None else f"exited with {exit_reason(code)}"
         return ReplicaDied(f"data-parallel replica {self.index} (pid {self.process.pid}) {how}: "
                            f"{type(e).__name__}: {e}".rstrip(": "))
 
@@ -252,15 +253,6 @@ class RemoteEngine:
             req = self._requests.get(request_id)
             if req is not None:  # (AsyncEngine reads them to time the queue)
                 req.status, req.num_computed_tokens = status, computed
-
-
-def _exit_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class _visible_devices:
@@ -378,7 +370,7 @@ class DataParallelEngine:
         return {"data_parallel_replicas": [
             {"replica": i, "status": "ok" if self._alive(r) else "error", "pid": r.engine.process.pid,
              "num_requests_unfinished": r.num_unfinished, "num_requests_routed": self.routed[i],
-             **({"error": str(r.error or f"process exited with {_exit_reason(r.engine.process.exitcode)}")}
+             **({"error": str(r.error or f"process exited with {exit_reason(r.engine.process.exitcode)}")}
                 if not self._alive(r) else {})}
             for i, r in enumerate(self.replicas)]}
 
