@@ -22,21 +22,20 @@ import torch
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
-from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
-from outpace.config import CPU_KV_BLOCKS, ConfigError, EngineConfig, SamplingParams
+from outpace.config import CPU_KV_BLOCKS, ConfigError, EngineConfig, ModelConfig, SamplingParams
 from outpace.detokenizer import update_text
-from outpace.request import Request, RequestOutput
-from outpace.engine.runner import ModelRunner
-from outpace.engine.scheduler import Scheduler
-from outpace.speculative.proposer import DraftShape, draft_shapes
-from outpace.registry import proposer_class
-from outpace.threads import configure_threads
-from outpace.models.loader import load_model, resolve_dtype
-from outpace.config import ModelConfig
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
+from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
+from outpace.engine.runner import ModelRunner
+from outpace.engine.scheduler import Scheduler
+from outpace.models.loader import load_model, resolve_dtype
+from outpace.registry import proposer_class
+from outpace.request import Request, RequestOutput
+from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.structured import GrammarCompiler, GrammarTable
+from outpace.threads import configure_threads
 
 logger = logging.getLogger("outpace.engine")
 
