@@ -39,6 +39,14 @@ run num_hidden_layers + num_nextn_predict_layers long), then its own head:
 hidden state before the final norm (vLLM's Step3p5Model returns it un-normed, SGLang hands on
 hidden_states_before_norm); no position-0 masking. The layers chain: layer k reads layer k - 1's output
 (models/mtp.py; speculative/mtp.py).
+
+Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard it: each layer's heads split by its own
+type's counts (layers/decoder.py ``HeadProjections``: q/k/v column-parallel by head, kv heads replicated
+when fewer than ranks, o row-parallel), the per-head gate rows ``g_proj`` split with their heads; the MoE as
+layers/moe.py's default TP MoE: every rank holds moe_intermediate_size / size rows of every stacked expert's
+gate/up (and the matching columns of down) and share_expert_dim / size of the shared expert's, the routed
+plus shared partial sums all-reduced once; the dense MLP column/row-parallel; vocab-parallel embedding,
+head and each MTP layer's shared head.
 """
 from __future__ import annotations
 
@@ -50,10 +58,13 @@ from torch import nn
 
 from outpace.attention.layer import Attention
 from outpace.config import ConfigError, ModelConfig
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import build_group
+from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import silu_and_mul
-from outpace.layers.decoder import GatedMLP, run_layer_stack
+from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.linear import linear
+from outpace.layers.linear import column_parallel
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -273,8 +284,10 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) ->
 class Step3p5MLP(GatedMLP):
     """The dense MLP and the shared expert: a SiLU ``GatedMLP`` with the optional SwiGLU clamp."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, limit: float | None) -> None:
-        super().__init__(hidden_size, intermediate_size, "silu")
+    def __init__(self, hidden_size: int, intermediate_size: int, limit: float | None, reduce: bool = True,
+                 what: str = "intermediate_size") -> None:
+        """``reduce=False``: this rank's partial sum (the shared expert, all-reduced with the routed experts)."""
+        super().__init__(hidden_size, intermediate_size, "silu", reduce=reduce, what=what)
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -289,11 +302,19 @@ class Step3p5MoE(RoutedExperts):
     ``moe.{gate,up,down}_proj.weight``); [n, hidden] -> [n, hidden]. The shared expert is the layer's.
     The checkpoint keeps the router beside the expert stacks, so this is the ``RoutedExperts`` (separate
     stacks, SiLU with the routed experts' clamp: ``clamped_swiglu``) with the router added: forward(x)
-    routes, then runs the experts (``run``)."""
+    routes, then runs the experts (``run``). Sharded: this rank's moe_intermediate_size / size rows of every
+    expert's gate and up stacks and the matching columns of down; the output is this rank's partial sum
+    (the layer all-reduces it with the shared expert's)."""
 
     def __init__(self, cfg: Step3p5Config, limit: float | None) -> None:
-        e, h, inter = cfg.routing.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        group, e, h, full = build_group(), cfg.routing.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        inter = split_evenly(full, group.size, "moe_intermediate_size")
         super().__init__(ExpertActivation("silu", limit=limit), stacked=(e, h, inter), packed=False)
+        if group.size > 1:
+            first = group.rank * inter
+            mark_shard(self.gate_proj.weight, Shard(1, first, inter, full))
+            mark_shard(self.up_proj.weight, Shard(1, first, inter, full))
+            mark_shard(self.down_proj.weight, Shard(2, first, inter, full))
         self.gate = Router(h, cfg.routing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -303,17 +324,22 @@ class Step3p5MoE(RoutedExperts):
 class Step3p5Attention(nn.Module):
     def __init__(self, cfg: Step3p5Config, spec: LayerSpec, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h, d, group = cfg.hidden_size, cfg.head_dim, build_group()
         self.head_dim, self.rotary_dim = d, spec.rotary_dim
-        self.q_proj = linear(h, spec.num_heads * d)
-        self.k_proj = linear(h, spec.num_kv_heads * d)
-        self.v_proj = linear(h, spec.num_kv_heads * d)
-        self.o_proj = linear(spec.num_heads * d, h)
+        # heads split over tensor-parallel ranks by this layer type's counts (layers/decoder.py), refused under
+        # the config field they come from when they do not split
+        sliding = spec.sliding_window is not None
+        split_evenly(spec.num_heads, group.size,
+                     "attention_other_setting.num_attention_heads" if sliding else "num_attention_heads")
+        p = HeadProjections(h, h, spec.num_heads, spec.num_kv_heads, d, False, False)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         self.q_norm = zero_centred_norm(d, cfg.rms_norm_eps)
         self.k_norm = zero_centred_norm(d, cfg.rms_norm_eps)
-        self.g_proj = linear(h, spec.num_heads) if cfg.head_wise_gate else None
+        # one gate row per head: this rank's heads' rows
+        self.g_proj = (column_parallel(h, spec.num_heads, False, (group.rank * p.heads, p.heads))
+                       if cfg.head_wise_gate else None)
         self.rotary = rotary
-        self.attn = Attention(spec.num_heads, spec.num_kv_heads, d, spec.sliding_window)
+        self.attn = Attention(p.heads, p.kv_heads, d, spec.sliding_window)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
@@ -340,7 +366,9 @@ class Step3p5DecoderLayer(nn.Module):
         self.is_moe = spec.moe
         if spec.moe:
             self.moe = Step3p5MoE(cfg, spec.swiglu_limit)
-            self.share_expert = Step3p5MLP(cfg.hidden_size, cfg.share_expert_dim, spec.swiglu_limit_shared)
+            self.share_expert = Step3p5MLP(cfg.hidden_size, cfg.share_expert_dim, spec.swiglu_limit_shared,
+                                           reduce=False, what="share_expert_dim")
+            self.group = build_group()  # the routed and shared partial sums are all-reduced once
         else:
             self.mlp = Step3p5MLP(cfg.hidden_size, cfg.intermediate_size, spec.swiglu_limit_shared)
 
@@ -348,7 +376,9 @@ class Step3p5DecoderLayer(nn.Module):
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden]."""
         h = h + self.self_attn(positions, self.input_layernorm(h))
         x = self.post_attention_layernorm(h)
-        return h + (self.moe(x) + self.share_expert(x) if self.is_moe else self.mlp(x))
+        if not self.is_moe:
+            return h + self.mlp(x)
+        return h + all_reduce(self.moe(x) + self.share_expert(x), self.group)
 
 
 class Step3p5SharedHead(nn.Module):
@@ -402,6 +432,8 @@ class Step3p5Model(nn.Module):
 
 class Step3p5ForCausalLM(nn.Module):
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
+    # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
+    shards_over_ranks = True
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads`` (the loader's DeepSeek-V3 layout test) is False for Step-3.5 checkpoints, whose MTP
