@@ -27,7 +27,7 @@ from torch import nn
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.linear import linear
-from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns
+from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -57,26 +57,17 @@ def gated_delta_rule_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
         return out.to(out_dtype), final, every
     repeat = v.shape[2] // q.shape[2]
     q, k = (x.repeat_interleave(repeat, dim=2) for x in (q, k))
-    runs, length = v.shape[:2]
-    row = torch.arange(runs, device=v.device)
-    stack = None
-    if parents is not None or keep_every:
-        stack = state.new_empty(runs, length + 1, *state.shape[1:])  # [:, i + 1]: the state after token i
-        stack[:, 0] = state
-    out = torch.empty_like(v)
-    for t in range(length):
-        s = state if parents is None else stack[row, parents[:, t] + 1]
+
+    def step(t: int, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = s * decay[:, t, :, None, None]
         k_t = k[:, t, :, :, None]                                              # [runs, heads, k_dim, 1]
         delta = (v[:, t] - (s * k_t).sum(-2)) * beta[:, t, :, None]            # [runs, heads, v_dim]
         s = s + k_t * delta[:, :, None, :]
-        out[:, t] = (s * q[:, t, :, :, None]).sum(-2)
-        if parents is None:
-            state = torch.where(valid[:, t, None, None, None], s, state)
-        if stack is not None:
-            stack[:, t + 1] = s
-    final = state if parents is None else stack[:, -1]
-    return out.to(out_dtype), final, stack[:, 1:] if keep_every else None
+        return s, (s * q[:, t, :, :, None]).sum(-2)
+
+    out = torch.empty_like(v)
+    final, every = scan_runs(state, valid, parents, keep_every, out, step)
+    return out.to(out_dtype), final, every
 
 
 class GatedRMSNorm(nn.Module):

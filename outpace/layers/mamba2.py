@@ -23,7 +23,7 @@ from torch import nn
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.linear import linear
-from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns
+from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
 
 def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
@@ -47,23 +47,14 @@ def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
         return y.to(out_dtype), final, every
     repeat = x.shape[2] // B.shape[2]
     B, C = (t.float().repeat_interleave(repeat, dim=2) for t in (B, C))    # [runs, len, heads, state_size]
-    runs, length = x.shape[:2]
-    row = torch.arange(runs, device=x.device)
-    stack = None
-    if parents is not None or keep_every:
-        stack = state.new_empty(runs, length + 1, *state.shape[1:])  # [:, i + 1]: the state after token i
-        stack[:, 0] = state
-    y = torch.empty_like(x)
-    for t in range(length):
-        s = state if parents is None else stack[row, parents[:, t] + 1]
+
+    def step(t: int, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = s * decay[:, t, :, None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
-        y[:, t] = (s * C[:, t, :, None, :]).sum(-1) + D.float()[:, None] * x[:, t]
-        if parents is None:
-            state = torch.where(valid[:, t, None, None, None], s, state)
-        if stack is not None:
-            stack[:, t + 1] = s
-    final = state if parents is None else stack[:, -1]
-    return y.to(out_dtype), final, stack[:, 1:] if keep_every else None
+        return s, (s * C[:, t, :, None, :]).sum(-1) + D.float()[:, None] * x[:, t]
+
+    y = torch.empty_like(x)
+    final, every = scan_runs(state, valid, parents, keep_every, y, step)
+    return y.to(out_dtype), final, every
 
 
 class GroupedGatedRMSNorm(nn.Module):

@@ -20,12 +20,37 @@ Without recurrent metadata (references and tests) each sequence starts from zero
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from outpace.attention.context import get_forward_context
 from outpace.attention.metadata import DenseCausalMetadata
+
+
+def scan_runs(state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool,
+              out: torch.Tensor, step: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The torch form of a recurrence over runs, one token at a time (the CPU path and the kernels'
+    reference): ``step(t, s)`` takes each run's state before token t ([runs, ...] float32) and returns the
+    state after it and the token's output, written into ``out[:, t]``. state [runs, ...]; valid, parents
+    [runs, len] (module docstring: padding leaves the state alone; with ``parents``, token t continues from
+    its parent's state). -> (the state after each run (a tree: after its last node), the state after every
+    token [runs, len, ...] or None)."""
+    runs, length = valid.shape
+    row = torch.arange(runs, device=state.device)
+    stack = None
+    if parents is not None or keep_every:
+        stack = state.new_empty(runs, length + 1, *state.shape[1:])  # [:, i + 1]: the state after token i
+        stack[:, 0] = state
+    for t in range(length):
+        s, out[:, t] = step(t, state if parents is None else stack[row, parents[:, t] + 1])
+        if parents is None:
+            state = torch.where(valid[:, t].view(-1, *[1] * (state.dim() - 1)), s, state)
+        if stack is not None:
+            stack[:, t + 1] = s
+    return (state if parents is None else stack[:, -1]), (stack[:, 1:] if keep_every else None)
 
 
 @dataclass
