@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
+from outpace.train.distill import DistillData, GreedyDistillRecipe, soft_cross_entropy, teacher_forward
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -51,7 +51,7 @@ from outpace.train.target import init_weights
 
 
 @dataclass(frozen=True)
-class DFlashRecipe(DistillRecipe):
+class DFlashRecipe(GreedyDistillRecipe):
     block_size: int = 8                           # B: B - 1 drafts per verify
     num_layers: int = 2
     intermediate_size: int | None = None          # None: the target's
@@ -61,14 +61,7 @@ class DFlashRecipe(DistillRecipe):
     soft_label_weight: float = 0.0                # loss = hard CE + this x soft CE (vs the target's distribution)
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
     max_checkpoint_mib: float = 4.0               # bf16 size budget of the saved draft
-    generation_batch: int = 1024                  # continuations the engine generates at once
-    # the data: the target's greedy continuations only (see the module docstring)
-    num_continuations: int = 16384
-    new_tokens: int = 128
-    data_temperature: float = 0.0
-    corpus_fraction: float = 0.0
     max_minutes: float | None = 4.5
-    steps: int = 20000
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, allowed: str) -> None:

@@ -66,6 +66,20 @@ class DistillRecipe:
         return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=self.max_minutes)
 
 
+
+@dataclass(frozen=True)
+class GreedyDistillRecipe(DistillRecipe):
+    """The data of the recipes that learn the target's greedy trajectory (DFlash, EAGLE3, MTP): at
+    temperature 0 a draft token is accepted only when it is the target's greedy token, so the data is the
+    target's own greedy continuations, with no corpus windows."""
+
+    num_continuations: int = 16384
+    new_tokens: int = 128
+    steps: int = 20000
+    data_temperature: float = 0.0
+    corpus_fraction: float = 0.0
+    generation_batch: int = 1024
+
 class DistillData:
     """Training batches for a draft: the target's own continuations of prompts, and a share
     (``corpus_fraction``) of raw train-split windows of the same length (``prompt_len + new_tokens``).

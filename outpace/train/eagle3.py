@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, DistillRecipe, masked_cross_entropy, response_mask, teacher_forward
+from outpace.train.distill import DistillData, GreedyDistillRecipe, masked_cross_entropy, response_mask, teacher_forward
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -56,7 +56,7 @@ STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j (SpecForge's ploss_wei
 
 
 @dataclass(frozen=True)
-class Eagle3Recipe(DistillRecipe):
+class Eagle3Recipe(GreedyDistillRecipe):
     draft_vocab_size: int = 2048
     intermediate_size: int | None = None        # None: the target's
     aux_layer_ids: tuple[int, ...] | None = None  # capture ids (input-of); None: default_capture_ids(L)
@@ -66,13 +66,6 @@ class Eagle3Recipe(DistillRecipe):
     mask_out_of_vocab: bool = True              # leave out rows whose target argmax is not in the draft vocab
     init_head_from_target: bool = True          # lm_head rows and final norm start as the target's
     eval_num_steps: int = 5                     # chain length of the held-out acceptance run
-    # the data: the target's greedy continuations only (see the module docstring)
-    num_continuations: int = 16384
-    new_tokens: int = 128
-    data_temperature: float = 0.0
-    corpus_fraction: float = 0.0
-    generation_batch: int = 1024
-    steps: int = 20000
     max_minutes: float | None = 4.5
 
     def __post_init__(self) -> None:

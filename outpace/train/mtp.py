@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.models.loader import load_model
-from outpace.train.distill import (DistillData, DistillRecipe, masked_cross_entropy, response_mask,
+from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, response_mask,
                                    teacher_forward)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
@@ -45,19 +45,12 @@ NOT_COPIED = ("README.md", "loss.png", "training_metrics.json")
 
 
 @dataclass(frozen=True)
-class MTPRecipe(DistillRecipe):
+class MTPRecipe(GreedyDistillRecipe):
     num_layers: int | None = None     # fine-tune the first N MTP layers (None: all the target has)
     depth_decay: float = 1.0          # layer k weighs depth_decay ** k (normalised)
     soft_labels: bool = True          # False: cross-entropy against the target's argmax
     lr: float = 1e-3
     warmup_steps: int = 50
-    # the data: the target's greedy continuations only (see the module docstring)
-    num_continuations: int = 16384
-    new_tokens: int = 128
-    data_temperature: float = 0.0
-    corpus_fraction: float = 0.0
-    generation_batch: int = 1024
-    steps: int = 20000
     max_minutes: float | None = 3.0
 
     def __post_init__(self) -> None:
