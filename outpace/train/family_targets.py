@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,10 +292,9 @@ query_pre_attn_scalar {r['head_dim']}, (1 + w) RMSNorms (four per layer, q/k nor
                      {"Data": data, "Held-out results": heldout, "Checkpoint layout": layout})
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m outpace.train.family_targets", description=__doc__.split("\n")[0])
-    p.add_argument("name", choices=sorted(RECIPES))
-    p.add_argument("--out", required=True)
+def parse_budget_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
+    """Add the training-budget options the family scripts share (--device, --steps, --max-minutes,
+    --threads), parse, set the CPU threads, and return (the arguments, the recipe fields they override)."""
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int)
     p.add_argument("--max-minutes", type=float)
@@ -302,9 +302,15 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    overrides = {k: v for k, v in (("steps", a.steps), ("max_minutes", a.max_minutes)) if v is not None}
+    return a, {k: v for k, v in (("steps", a.steps), ("max_minutes", a.max_minutes)) if v is not None}
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m outpace.train.family_targets", description=__doc__.split("\n")[0])
+    p.add_argument("name", choices=sorted(RECIPES))
+    p.add_argument("--out", required=True)
+    a, overrides = parse_budget_args(p, argv)
     recipe = dataclasses.replace(RECIPES[a.name], **overrides)
-    command = "python -m outpace.train.family_targets " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = "python -m outpace.train.family_targets " + " ".join(sys.argv[1:] if argv is None else argv)
     metrics = train_family_target(recipe, Path(a.out), a.device, command=command)
     print(json.dumps({k: metrics[k] for k in ("heldout_loss", "heldout_top1", "mtp_heldout_top1", "train_wall_seconds",
                                               "steps_run", "num_parameters")}, indent=2))
