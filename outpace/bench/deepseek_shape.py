@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from outpace import LLM
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.attention.registry import get_backend
+from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count, expected_tokens
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.layers.moe import MoE, Router, run_experts
 
@@ -51,7 +52,6 @@ V2_LITE = dict(
 BATCHES, CONTEXTS = (1, 8, 32), (512, 4096)
 EXPERT_TOKENS = (1, 4, 5, 6, 7, 8)          # grouped-expert micro-bench: tokens per call (k + 1 for verify)
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)    # target forward: tokens per sequence
-ORACLE_ACCEPTANCE = (0.6, 0.8, 0.9)         # assumed per-position acceptance (labelled oracle)
 MAX_DRAFTS = {"mtp": 3, "eagle3": 7}
 
 
@@ -209,15 +209,13 @@ def oracle_speedups(verify: dict[tuple[int, int], float], draft: dict[tuple[str,
     rows = []
     for (method, batch), step in sorted(draft.items()):
         plain = batch / verify[batch, 1]
+        costs = {k: verify[batch, k + 1] + k * step for k in range(1, MAX_DRAFTS[method] + 1)
+                 if (batch, k + 1) in verify}                               # a step of k drafts, seconds
         for a in ORACLE_ACCEPTANCE:
-            options = []
-            for k in range(1, MAX_DRAFTS[method] + 1):
-                if (batch, k + 1) in verify:
-                    tau = (1 - a ** (k + 1)) / (1 - a)
-                    options.append((batch * tau / (verify[batch, k + 1] + k * step), k, tau))
-            rate, k, tau = max(options)
-            rows.append({"method": method, "batch": batch, "oracle_acceptance": a, "num_steps": k, "tau": tau,
-                         "tokens_per_s": rate, "plain_tokens_per_s": plain, "speedup": rate / plain,
+            k, speedup = best_draft_count(costs, verify[batch, 1], a)
+            rows.append({"method": method, "batch": batch, "oracle_acceptance": a, "num_steps": k,
+                         "tau": expected_tokens(a, k), "tokens_per_s": plain * speedup,
+                         "plain_tokens_per_s": plain, "speedup": speedup,
                          "draft_step_seconds": step, "label": "oracle acceptance (assumed), costs measured"})
     return rows
 

@@ -19,11 +19,11 @@ import torch
 
 from outpace import LLM
 from outpace.bench.gpu import time_decode
+from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count
 from outpace.config import SpeculativeConfig
 from outpace.engine.iteration import SamplingMode
 
 BATCHES, CONTEXT, MTP_STEPS = (1, 8), 512, 3
-ORACLE_ACCEPTANCE = (0.6, 0.8, 0.9)  # assumed per-position acceptance (labelled oracle)
 
 
 def qwen35_config() -> dict:
@@ -47,14 +47,13 @@ def step_bytes(llm: LLM, batch: int, context: int) -> int:
     return weights + batch * (context * kv + 2 * state)
 
 
-def _oracle_speedups(costs: dict[int, float]) -> list[dict]:
-    """Speed-up of the best draft count k under acceptance a per position: (1 + a + ... + a^k) tokens per
-    step of cost[k], against one token per step of cost[0]."""
+def oracle_speedups(costs: dict[int, float]) -> list[dict]:
+    """costs[k]: seconds of a captured step with k drafts (0: plain) -> per assumed acceptance, the best k
+    and its speed-up over plain decoding (bench/oracle.py)."""
     rows = []
     for a in ORACLE_ACCEPTANCE:
-        best = max(costs, key=lambda k: sum(a ** i for i in range(k + 1)) / costs[k])
-        rows.append({"acceptance": a, "num_drafts": best,
-                     "speedup": sum(a ** i for i in range(best + 1)) / costs[best] * costs[0]})
+        k, speedup = best_draft_count(costs, costs[0], a)
+        rows.append({"acceptance": a, "num_drafts": k, "speedup": speedup})
     return rows
 
 
@@ -84,7 +83,7 @@ def run_hybrid_bench(workdir: Path, bandwidth: float) -> dict:
         bucket = min(b for b in runner.graph_buckets if b >= batch)
         costs = {s.num_steps: c for (bk, s), c in chooser.costs.items() if bk == bucket}
         result["mtp_step_ms"][batch] = {k: 1e3 * c for k, c in sorted(costs.items())}
-        result["oracle"][batch] = _oracle_speedups(costs)
+        result["oracle"][batch] = oracle_speedups(costs)
     del llm, runner, chooser
     torch.cuda.empty_cache()
     return result

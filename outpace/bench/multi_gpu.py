@@ -376,7 +376,7 @@ class Run:
     def _oracle_rows(self, llm, name: str, tp: int) -> None:
         """Per batch: the captured step's cost with 0..k drafts (adaptive speculation's start-up profile on a
         GPU; on the CPU, measured by running steps), and the oracle speed-ups they give."""
-        from outpace.bench.hybrid_shape import _oracle_speedups
+        from outpace.bench.hybrid_shape import oracle_speedups
         from outpace.engine.cuda_graphs import bucket_for
         from outpace.engine.iteration import SamplingMode
 
@@ -388,7 +388,7 @@ class Run:
             if len(costs) < len(runner.shapes):  # no start-up profile (CPU): every shape runs once
                 time_decode(llm, batch, self.plan.context, steps=len(runner.shapes) + 1)
                 costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
-            for row in _oracle_speedups(costs):
+            for row in oracle_speedups(costs):
                 self.result["tp_speed"]["oracle"].append(
                     {"shape": name, "tp": tp, "batch": batch, "method": "eagle3", **row,
                      "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())}, "label": ORACLE_LABEL})
