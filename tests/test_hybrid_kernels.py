@@ -149,3 +149,57 @@ def test_hybrid_greedy_tokens_on_the_gpu_equal_the_cpus(variant, tmp_path):
         gpu = LLM(str(path), device="cuda", dtype="float32", block_size=16, max_num_batched_tokens=16,
                   speculative=spec).generate(prompts, params)
         assert [o.token_ids for o in gpu] == cpu, spec
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [(300, 70, 129), (64, 64, 64)])
+def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
+    """Long prefill runs take flash-linear-attention's chunked kernels (layers/chunked_scans.py): the same
+    outputs and final states as the per-token kernels, padding included (float32; the chunked form sums in
+    another order)."""
+    pytest.importorskip("fla")
+    from outpace.layers.chunked_scans import use_chunked
+
+    g = torch.Generator().manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=g).cuda()  # noqa: E731
+    runs, length = len(lengths), max(lengths)
+    valid = torch.arange(length).cuda() < torch.tensor(lengths).cuda()[:, None]
+    assert use_chunked(valid.float(), length, None, False)
+    q, k, v = r(runs, length, 2, 64), r(runs, length, 2, 64), r(runs, length, 4, 48)
+    gate = -torch.rand(runs, length, 4, generator=g).cuda() * 0.2
+    beta = torch.rand(runs, length, 4, generator=g).cuda()
+    state = r(runs, 4, 64, 48) * 0.1
+    chunked = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False)
+    per_token = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False, kernel=True)
+    for got, want in zip(chunked[:2], per_token[:2]):
+        torch.testing.assert_close(got[valid] if got.dim() == 4 else got, want[valid] if want.dim() == 4 else want,
+                                   rtol=2e-3, atol=2e-3)
+    x, dt = r(runs, length, 8, 32), torch.rand(runs, length, 8, generator=g).cuda() * 0.2 + 0.01
+    A, B, C, D = -torch.rand(8, generator=g).cuda(), r(runs, length, 2, 64), r(runs, length, 2, 64), r(8)
+    state = r(runs, 8, 32, 64) * 0.1
+    chunked = ssm_run(x, dt, A, B, C, D, state, valid, None, False)
+    per_token = ssm_run(x, dt, A, B, C, D, state, valid, None, False, kernel=True)
+    torch.testing.assert_close(chunked[0][valid], per_token[0][valid], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(chunked[1], per_token[1], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["qwen3_next", "nemotron_h"])
+def test_hybrid_long_prompts_through_chunked_prefill_keep_the_cpus_tokens(variant, tmp_path):
+    """Prompts of hundreds of tokens prefilled in chunks of 128 (so through the chunked kernels, the state
+    carried across chunk edges) give the CPU's greedy tokens, plain and with an EAGLE3 chain."""
+    pytest.importorskip("fla")
+    from hybrid_models import make_hybrid, save_hybrid
+    from spec_models import make_eagle3_draft
+    from outpace import LLM, SamplingParams
+    from outpace.config import SpeculativeConfig
+
+    path = save_hybrid(make_hybrid(variant), tmp_path / variant)
+    eagle3 = make_eagle3_draft(path, tmp_path / "eagle3")
+    prompts = [[(i * 7 + 3) % 131 for i in range(300)], [(i * 11) % 97 + 1 for i in range(150)], [5, 9, 4]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    cpu = [o.token_ids for o in LLM(str(path), device="cpu", block_size=16).generate(prompts, params)]
+    for spec in (SpeculativeConfig(), SpeculativeConfig("eagle3", str(eagle3), num_steps=3)):
+        gpu = LLM(str(path), device="cuda", dtype="float32", block_size=16, max_num_batched_tokens=128,
+                  speculative=spec).generate(prompts, params)
+        assert [o.token_ids for o in gpu] == cpu, spec

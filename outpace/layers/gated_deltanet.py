@@ -26,6 +26,7 @@ from torch import nn
 
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
+from outpace.layers.chunked_scans import delta_rule_chunked, use_chunked
 from outpace.layers.linear import linear
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
@@ -45,10 +46,14 @@ def gated_delta_rule_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     keeps the state); parents [runs, len] (-1: ``state``) or None (a chain) -> (o [runs, len, v_heads,
     v_dim] in v's dtype, the state after each run's last valid token, and with ``keep_every`` the state
     after every token [runs, len, v_heads, k_dim, v_dim]). ``kernel``: the loop as one Triton launch
-    (layers/recurrent_kernels.py; None: on CUDA tensors), else this torch loop, the reference."""
+    (layers/recurrent_kernels.py; None: on CUDA tensors), else this torch loop, the reference. With None a long
+    prefill run on CUDA takes flash-linear-attention's chunked kernel (layers/chunked_scans.py)."""
     out_dtype = v.dtype
     q, k = (l2_normalize(x.float()) for x in (q, k))
     q = q * q.shape[-1] ** -0.5
+    if kernel is None and use_chunked(v, v.shape[1], parents, keep_every):  # layers/chunked_scans.py
+        out, final = delta_rule_chunked(q, k, v.float(), g.float(), beta.float(), state.float(), valid)
+        return out.to(out_dtype), final, None
     v, decay, beta = v.float(), g.float().exp(), beta.float()
     if v.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
         from outpace.layers.recurrent_kernels import delta_rule_scan

@@ -22,6 +22,7 @@ from torch import nn
 
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
+from outpace.layers.chunked_scans import ssm_chunked, use_chunked
 from outpace.layers.linear import linear
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
@@ -35,9 +36,13 @@ def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
     B, C [runs, len, groups, state_size]; state [runs, heads, head_dim, state_size] float32; valid,
     parents as in layers/recurrent.py -> (y [runs, len, heads, head_dim] in x's dtype, the state after
     each run's last valid token, and with ``keep_every`` the state after every token). ``kernel``: the loop
-    as one Triton launch (layers/recurrent_kernels.py; None: on CUDA tensors), else this torch loop."""
+    as one Triton launch (layers/recurrent_kernels.py; None: on CUDA tensors), else this torch loop. With None a long
+    prefill run on CUDA takes flash-linear-attention's chunked kernel (layers/chunked_scans.py)."""
     out_dtype = x.dtype
     x, dt = x.float(), dt.float()
+    if kernel is None and use_chunked(x, x.shape[1], parents, keep_every):  # layers/chunked_scans.py
+        y, final = ssm_chunked(x, dt, A.float(), B.float(), C.float(), D.float(), state.float(), valid)
+        return y.to(out_dtype), final, None
     decay = (dt * A.float()).exp()                                         # [runs, len, heads]
     if x.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
         from outpace.layers.recurrent_kernels import ssm_scan
