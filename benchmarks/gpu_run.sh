@@ -13,9 +13,14 @@
 #                                                    # correctness,tp_speed,dp (all by default; a part measured by an
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR
+#   bash benchmarks/gpu_run.sh OUT_DIR serve [methods] # outpace bench serve --sweep (issue 21): `outpace serve` of the
+#                                                    # zoo widened to 8B for each method (of bench e2e's; none eagle3
+#                                                    # by default; keep none for the speed-ups) at 1 to 64 concurrent
+#                                                    # streams of a shared-prefix request mix; JSON, PNG, log and the
+#                                                    # servers' logs in OUT_DIR
 set -uo pipefail
 out=${1:?output folder}
-stage=${2:?checks, bench, e2e or multi}
+stage=${2:?checks, bench, e2e, multi or serve}
 parts=${3:-abef}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (pytest, matplotlib), carried as wheels
@@ -43,6 +48,11 @@ elif [ "$stage" = multi ]; then
   export NCCL_NVLS_ENABLE=0  # NVLink multicast off, as the device notes ask
   python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} 2>&1 \
     | grep --line-buffered -v "it/s\]" | tee "$out/multi_gpu.log" | tail -80
+elif [ "$stage" = serve ]; then
+  shift 2
+  python3 -m outpace bench serve --sweep --out "$out" --workdir .e2e_models --max-tokens 128 \
+    --methods ${@:-none eagle3} 2>&1 | grep --line-buffered -v -E "it/s\]|tensor/s\]" | tee "$out/serve_sweep.log" \
+    | tail -40
 elif [ "$stage" = e2e ]; then
   shift 2
   python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50

@@ -3,71 +3,16 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from outpace.bench.local_server import LocalServer as ServerProcess  # noqa: F401 - the tests' server process
+from outpace.server.bench import scrape_metrics as metrics  # noqa: F401 - {(sample, labels): value} of /metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = json.loads((ROOT / "zoo" / "eval_prompts.json").read_text())["prompts"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """``python -m outpace serve ARGS`` on 127.0.0.1 and a free port, its output in a log file."""
-
-    def __init__(self, *args: str) -> None:
-        self.args = list(args)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="outpace-serve-", suffix=".log", delete=False)
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "outpace", "serve", "--host", "127.0.0.1",
-                                      "--port", str(self.port), *self.args],
-                                     cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.output()}")
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def terminate(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def close(self) -> None:
-        self.terminate()
-        self.log.close()
-        os.unlink(self.log.name)
 
 
 def sse_events(lines) -> list:
@@ -90,17 +35,6 @@ def stream_text(events, chat: bool = False) -> tuple[str, str | None]:
             text += (c["delta"].get("content") or "") if chat else c["text"]
             finish = c.get("finish_reason") or finish
     return text, finish
-
-
-def metrics(url: str) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted labels without model_name): value} from /metrics (which must parse)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
-            out[(s.name, labels)] = s.value
-    return out
 
 
 def wait_idle(url: str, timeout: float = 60.0) -> dict:

@@ -31,8 +31,18 @@ from outpace.bench.widen import LLAMA_8B, widen_zoo
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.iteration import SamplingMode
+from outpace.zoo import zoo_dir
 
 BATCHES, TEMPERATURES = (1, 8, 32), (0.0, 0.8)
+ZOO_MODELS = ("tinypy", "tinypy-eagle3", "tinypy-dflash", "tinypy-draft")  # the target and its drafts
+
+
+def widened_zoo(workdir: Path) -> dict[str, Path]:
+    """The zoo target and its drafts widened into the 8B shape under ``workdir`` (written once, then reused)."""
+    models = {name: workdir / name for name in ZOO_MODELS}
+    if not all((d / "config.json").is_file() for d in models.values()):
+        widen_zoo(zoo_dir(), workdir, LLAMA_8B, dtype=torch.bfloat16)
+    return models
 
 
 def drafters(models: dict[str, Path]) -> dict[str, SpeculativeConfig]:
@@ -107,9 +117,7 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "e2e_bench.json"
     result = json.loads(path.read_text()) if path.is_file() else {"rows": []}
-    models = {name: workdir / name for name in ("tinypy", "tinypy-eagle3", "tinypy-dflash", "tinypy-draft")}
-    if not all((d / "config.json").is_file() for d in models.values()):
-        widen_zoo("zoo", workdir, LLAMA_8B, dtype=torch.bfloat16)
+    models = widened_zoo(workdir)
     prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
     counts = {1: batch1_prompts, 8: len(prompts), 32: 32}
     specs = drafters(models)

@@ -1,9 +1,11 @@
 """``outpace bench serve``: load a running server over HTTP and report latency percentiles and tau.
 
-Sends ``num_requests`` streaming requests, ``concurrency`` at a time, cycling through a prompt set
-(``zoo/eval_prompts.json`` by default). Per request it measures the time to first token (first
-non-empty text), the gaps between text chunks (ITL), the time per output token after the first
-(TPOT) and the end-to-end latency; tau comes from the responses' own ``spec_metrics``.
+One load level (``run_load``): requests sent over streaming HTTP, ``concurrency`` at a time. Per
+request it measures the time to first token (first non-empty text), the gaps between text chunks
+(ITL: with speculation a chunk carries every token a step committed), the time per output token
+after the first (TPOT) and the end-to-end latency; tau comes from the responses' own
+``spec_metrics``. ``run_serve_bench`` cycles through a prompt set (``zoo/eval_prompts.json`` by
+default); bench/serve_sweep.py runs levels of a request mix against servers it starts.
 """
 from __future__ import annotations
 
@@ -90,8 +92,19 @@ async def _one(client, url: str, body: dict, chat: bool) -> _Result:
     return res
 
 
-async def _run(base_url: str, num_requests: int, concurrency: int, prompts: list[str], max_tokens: int,
-               temperature: float, api_key: str | None, model: str | None, chat: bool) -> tuple[list[_Result], float]:
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt: str
+    max_tokens: int
+
+
+def cycled(prompts: list[str], num_requests: int, max_tokens: int) -> list[BenchRequest]:
+    """``num_requests`` requests cycling through ``prompts``, each asking for ``max_tokens``."""
+    return [BenchRequest(prompts[i % len(prompts)], max_tokens) for i in range(num_requests)]
+
+
+async def _run(base_url: str, requests: list[BenchRequest], concurrency: int, temperature: float,
+               api_key: str | None, model: str | None, chat: bool, ignore_eos: bool) -> tuple[list[_Result], float]:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -103,23 +116,32 @@ async def _run(base_url: str, num_requests: int, concurrency: int, prompts: list
             resp.raise_for_status()
             model = resp.json()["data"][0]["id"]
         url = "/v1/chat/completions" if chat else "/v1/completions"
-        todo = iter(range(num_requests))
+        todo = iter(requests)
         results: list[_Result] = []
 
         async def worker() -> None:
-            for i in todo:
-                prompt = prompts[i % len(prompts)]
-                body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature,
-                                        "stream": True, "stream_options": {"include_usage": True}}
+            for r in todo:
+                body: dict[str, Any] = {"model": model, "max_tokens": r.max_tokens, "temperature": temperature,
+                                        "ignore_eos": ignore_eos, "stream": True,
+                                        "stream_options": {"include_usage": True}}
                 if chat:
-                    body["messages"] = [{"role": "user", "content": prompt}]
+                    body["messages"] = [{"role": "user", "content": r.prompt}]
                 else:
-                    body["prompt"] = prompt
+                    body["prompt"] = r.prompt
                 results.append(await _one(client, url, body, chat))
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, num_requests)))))
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(requests))))))
         return results, time.perf_counter() - start
+
+
+def run_load(url: str, requests: list[BenchRequest], concurrency: int, temperature: float = 0.0,
+             api_key: str | None = None, model: str | None = None, chat: bool = False,
+             ignore_eos: bool = False) -> dict:
+    """One load level: ``requests`` in order, ``concurrency`` in flight at once; ``summarize``'s figures."""
+    results, wall = asyncio.run(_run(url.rstrip("/"), requests, concurrency, temperature, api_key, model, chat,
+                                     ignore_eos))
+    return {**summarize(results, wall), "concurrency": concurrency}
 
 
 def summarize(results: list[_Result], wall: float) -> dict:
@@ -151,15 +173,34 @@ def run_serve_bench(url: str, num_requests: int = 96, concurrency: int = 8, prom
         from outpace.zoo import zoo_dir
 
         prompts = zoo_dir() / "eval_prompts.json"
-    results, wall = asyncio.run(_run(url.rstrip("/"), num_requests, concurrency, load_prompts(prompts), max_tokens,
-                                     temperature, api_key, model, chat))
-    summary = summarize(results, wall)
-    summary.update(url=url, concurrency=concurrency, max_tokens=max_tokens, temperature=temperature,
-                   endpoint="chat" if chat else "completions")
+    summary = run_load(url, cycled(load_prompts(prompts), num_requests, max_tokens), concurrency, temperature,
+                       api_key, model, chat)
+    summary.update(url=url, max_tokens=max_tokens, temperature=temperature, endpoint="chat" if chat else "completions")
     print(format_summary(summary))
     if out_json:
         Path(out_json).write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def scrape_metrics(url: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels without model_name): value} from the server's /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url.rstrip("/") + "/metrics", timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))] = s.value
+    return out
+
+
+def prefix_cache_hit_rate(before: dict, after: dict) -> float | None:
+    """Prompt tokens served from the prefix cache over those looked up, between two ``scrape_metrics``
+    (None: caching off, or nothing looked up)."""
+    hits, queries = ((after.get((f"outpace:prefix_cache_{n}_total", ()), 0.0)
+                      - before.get((f"outpace:prefix_cache_{n}_total", ()), 0.0)) for n in ("hits", "queries"))
+    return hits / queries if queries else None
 
 
 def format_summary(s: dict) -> str:
