@@ -58,8 +58,8 @@ _PLAIN = tl.constexpr(0)
 _SWIGLU = tl.constexpr(1)
 _QKV = tl.constexpr(2)
 # gate activations (ACT)
-_ACT_SILU = 0
-_ACT_GELU_TANH = 1
+_ACT_SILU = tl.constexpr(0)
+_ACT_GELU_TANH = tl.constexpr(1)
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
