@@ -95,11 +95,13 @@ def test_padding_leaves_the_kernel_state_alone():
     torch.testing.assert_close(final_noisy, final, rtol=0, atol=0)
 
 
-def test_kernels_take_a_strided_state():
-    """The state a layer hands over may be a strided view (a transposed layout here): the final state must
-    still come back right (it used to be written as if contiguous into a tensor laid out like the view)."""
+def test_kernels_take_strided_states_and_inputs():
+    """The state a layer hands over may be a strided view (a transposed layout here), and so may its inputs:
+    outputs and final states must still come back right (both used to be written as if contiguous into
+    tensors laid out like the views)."""
     valid, _ = runs_and_trees(0)
     q, k, v, gate, beta, state = delta_inputs(4)
+    state_delta = state
     strided = state.transpose(2, 3).contiguous().transpose(2, 3)             # same values, other strides
     args = (valid, None, False)
     assert_same(gated_delta_rule_run(q, k, v, gate, beta, strided, *args, kernel=True),
@@ -107,6 +109,14 @@ def test_kernels_take_a_strided_state():
     *rest, state = ssm_inputs(5)
     strided = state.transpose(2, 3).contiguous().transpose(2, 3)
     assert_same(ssm_run(*rest, strided, *args, kernel=True), ssm_run(*rest, state, *args, kernel=False))
+    # inputs laid out channel-major, as a convolution's output is (empty_like would keep that layout for y)
+    x, dt, A, B, C, D = rest
+    permuted = [t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for t in (x, B, C)]
+    assert_same(ssm_run(permuted[0], dt, A, permuted[1], permuted[2], D, state, *args, kernel=True),
+                ssm_run(x, dt, A, B, C, D, state, *args, kernel=False))
+    v_permuted = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert_same(gated_delta_rule_run(q, k, v_permuted, gate, beta, state_delta, *args, kernel=True),
+                gated_delta_rule_run(q, k, v, gate, beta, state_delta, *args, kernel=False))
 
 
 # ---- GPU only ------------------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ def ssm_scan(x: torch.Tensor, dt: torch.Tensor, decay: torch.Tensor, B: torch.Te
     runs, length, heads, p = x.shape
     groups, n = B.shape[2:]
     tree = parents is not None
-    y = torch.empty_like(x)
+    y = x.new_empty(x.shape)  # contiguous, as the kernel writes it (x may be a permuted view: empty_like keeps that)
     final = state.new_empty(state.shape)  # contiguous, as the kernel writes it (state may be a strided view)
     every = _per_token_states(state, length, tree or keep_every)
     bp, bn = _block(p, 32), triton.next_power_of_2(n)
