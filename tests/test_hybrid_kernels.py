@@ -165,8 +165,12 @@ def test_hybrid_greedy_tokens_on_the_gpu_equal_the_cpus(variant, tmp_path):
 @pytest.mark.parametrize("lengths", [(300, 70, 129), (64, 64, 64)])
 def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
     """Long prefill runs take flash-linear-attention's chunked kernels (layers/chunked_scans.py): the same
-    outputs and final states as the per-token kernels, padding included (float32; the chunked form sums in
-    another order)."""
+    outputs and final states as the per-token kernels, padding included, to TF32 precision (the chunked
+    form's matrix products take float32 inputs as TF32: single elements differ by up to ~3e-2 at unit
+    scale, so the bound is on the relative error of the whole tensor)."""
+
+    def assert_near(got, want):
+        assert ((got - want).norm() / want.norm()).item() < 5e-3
     pytest.importorskip("fla")
     from outpace.layers.chunked_scans import use_chunked
 
@@ -181,15 +185,15 @@ def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
     state = r(runs, 4, 64, 48) * 0.1
     chunked = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False)
     per_token = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False, kernel=True)
-    torch.testing.assert_close(chunked[0][valid], per_token[0][valid], rtol=2e-3, atol=2e-3)  # outputs [valid, ...]
-    torch.testing.assert_close(chunked[1], per_token[1], rtol=2e-3, atol=2e-3)                # final states
+    assert_near(chunked[0][valid], per_token[0][valid])  # outputs [valid, ...]
+    assert_near(chunked[1], per_token[1])                # final states
     x, dt = r(runs, length, 8, 32), torch.rand(runs, length, 8, generator=g).cuda() * 0.2 + 0.01
     A, B, C, D = -torch.rand(8, generator=g).cuda(), r(runs, length, 2, 64), r(runs, length, 2, 64), r(8)
     state = r(runs, 8, 32, 64) * 0.1
     chunked = ssm_run(x, dt, A, B, C, D, state, valid, None, False)
     per_token = ssm_run(x, dt, A, B, C, D, state, valid, None, False, kernel=True)
-    torch.testing.assert_close(chunked[0][valid], per_token[0][valid], rtol=2e-3, atol=2e-3)
-    torch.testing.assert_close(chunked[1], per_token[1], rtol=2e-3, atol=2e-3)
+    assert_near(chunked[0][valid], per_token[0][valid])
+    assert_near(chunked[1], per_token[1])
 
 
 @pytest.mark.gpu
