@@ -1,7 +1,9 @@
-"""The zoo's DeepSeek-V3 and Gemma 3 targets and their EAGLE3 drafts (train/family_targets.py,
+"""The zoo's DeepSeek-V3, Gemma 3 and Qwen3.5 (hybrid) targets and their EAGLE3 drafts (train/family_targets.py,
 train/family_drafts.py): they load as their families, fit the zoo's size budget, their drafts capture the layers
-they were trained on under each family's aux-id convention, speculation on them is lossless at temperature 0
-and accepts, and DeepSeek's MTP layers accept more chained than each fed the target's state (issue 16)."""
+they were trained on under each family's aux-id convention, speculation on them (MTP, EAGLE3 chains and trees) is
+lossless at temperature 0 and accepts, and DeepSeek's MTP layers accept more chained than each fed the target's
+state (issue 16)."""
+import importlib
 import json
 from pathlib import Path
 
@@ -26,6 +28,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 MTP_PROMPTS = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:12]
 MTP_GREEDY = GREEDY.replace(max_tokens=48)
 MiB = 1 << 20
+TARGETS = ("tinyds", "tinygemma", "tinyqwen35")
 
 
 def dir_bytes(path: Path) -> int:
@@ -34,7 +37,7 @@ def dir_bytes(path: Path) -> int:
 
 def test_sizes_fit_the_zoo_budget():
     """Issue 16 item 6 / issue 18 item 4: each pair within 6 MiB, zoo/ under 40 MiB; shards under 15 MiB."""
-    for target in ("tinyds", "tinygemma"):
+    for target in TARGETS:
         assert dir_bytes(ZOO / target) + dir_bytes(ZOO / f"{target}-eagle3") < 6 * MiB, target
     assert dir_bytes(ZOO) < 40 * MiB
     assert max(f.stat().st_size for f in ZOO.rglob("*.safetensors")) <= 15 * MiB
@@ -56,14 +59,24 @@ def test_targets_load_as_their_families():
     assert gemma.config.architecture == "Gemma3ForCausalLM"
     windows = {gemma.config.layer_window(i) for i in range(gemma.config.num_hidden_layers)}
     assert None in windows and len(windows) == 2, "sliding layers interleaved with global ones"
+    qwen = load_model(ZOO / "tinyqwen35", torch.float32, progress=False)
+    assert qwen.config.architecture == "Qwen3_5ForCausalLM"
+    assert [layer.is_linear for layer in qwen.model.layers] == [True, True, True, False]  # gated DeltaNet 3 : 1
+    assert all(type(layer.mlp).__name__ == "GatedMLP" for layer in [*qwen.model.layers, *qwen.mtp.layers])  # dense
+    assert len(qwen.mtp_layers) == 2 and all(step.chained_by_layout for step in qwen.mtp_layers)
+    assert {f"mtp.layers.{k}.self_attn.q_proj.weight" for k in range(2)} | {"mtp.fc.weight", "mtp.norm.weight"} \
+        <= checkpoint_tensor_names(ZOO / "tinyqwen35")
 
 
-@pytest.mark.parametrize("target", ["tinyds", "tinygemma"])
-def test_transformers_loads_the_checkpoints_and_agrees(target):
+@pytest.mark.parametrize("target", TARGETS)
+def test_transformers_loads_the_checkpoints_and_agrees(target, monkeypatch):
     """The zoo checkpoints are Hugging Face ones: transformers builds its own class from them (ignoring the MTP
-    layers, as for DeepSeek's checkpoints) and computes outpace's prefill logits."""
+    layers, as for DeepSeek's and Qwen's checkpoints) and computes outpace's prefill logits."""
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(ZOO / target, dtype=torch.float32).eval()
+    modeling = importlib.import_module(type(hf).__module__)
+    if hasattr(modeling, "torch_chunk_gated_delta_rule"):  # its torch form, not flash-linear-attention's (GPU) kernel
+        monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule", modeling.torch_chunk_gated_delta_rule.__wrapped__)
     assert type(hf).__name__ == json.loads((ZOO / target / "config.json").read_text())["architectures"][0]
     model = load_model(ZOO / target, torch.float32, progress=False)
     ids = torch.randint(0, model.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1))
@@ -91,7 +104,8 @@ def test_mla_dense_forward_equals_the_paged_prefill():
         assert ((dense - paged).norm() / paged.norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("target,convention", [("tinyds", FIRST_ID_RULE), ("tinygemma", GEMMA_OUTPUT_IDS)])
+@pytest.mark.parametrize("target,convention", [("tinyds", FIRST_ID_RULE), ("tinygemma", GEMMA_OUTPUT_IDS),
+                                               ("tinyqwen35", FIRST_ID_RULE)])
 def test_drafts_capture_the_layers_they_were_trained_on(target, convention):
     """The ids train/eagle3.py wrote, read by the target family's convention (models/eagle3_aux_ids.py), give the
     capture it trained with; the Gemma draft reads the scaled embedding it was trained on."""
@@ -99,14 +113,15 @@ def test_drafts_capture_the_layers_they_were_trained_on(target, convention):
     trained = tuple(json.loads((draft_dir / "training_metrics.json").read_text())["capture_layer_ids"])
     cfg = Eagle3Config.from_dict(json.loads((draft_dir / "config.json").read_text()))
     model = load_model(ZOO / target, torch.float32, progress=False)
-    assert model.eagle3_aux_ids == convention
+    assert getattr(model, "eagle3_aux_ids", FIRST_ID_RULE) == convention
     assert target_capture_ids(cfg, model) == trained
     scale = model.config.hidden_size ** 0.5 if target == "tinygemma" else 1.0
     assert cfg.embed_scale == pytest.approx(scale)
 
 
 # name -> (target, speculative config, tau floor over PROMPTS): a little under what was measured when the floors
-# were set (CPU, fp32): MTP 2.03; tinyds EAGLE3 chain 2.43, tree 2.48; tinygemma EAGLE3 chain 1.68, tree 2.34
+# were set (CPU, fp32): MTP 2.03; tinyds EAGLE3 chain 2.43, tree 2.48; tinygemma EAGLE3 chain 1.68, tree 2.34;
+# tinyqwen35 MTP 2.14, EAGLE3 chain 2.76, tree 3.02
 CASES = {
     "tinyds-mtp": ("tinyds", SpeculativeConfig("mtp", num_steps=2), 1.85),
     "tinyds-eagle3-chain": ("tinyds", SpeculativeConfig("eagle3", str(ZOO / "tinyds-eagle3"), num_steps=4), 2.25),
@@ -116,12 +131,17 @@ CASES = {
                                1.5),
     "tinygemma-eagle3-tree": ("tinygemma", SpeculativeConfig("eagle3", str(ZOO / "tinygemma-eagle3"), num_steps=4,
                                                              topk=4, num_draft_tokens=12), 2.15),
+    "tinyqwen35-mtp": ("tinyqwen35", SpeculativeConfig("mtp", num_steps=2), 1.95),
+    "tinyqwen35-eagle3-chain": ("tinyqwen35", SpeculativeConfig("eagle3", str(ZOO / "tinyqwen35-eagle3"),
+                                                                num_steps=4), 2.55),
+    "tinyqwen35-eagle3-tree": ("tinyqwen35", SpeculativeConfig("eagle3", str(ZOO / "tinyqwen35-eagle3"), num_steps=4,
+                                                               topk=4, num_draft_tokens=12), 2.8),
 }
 
 
 @pytest.fixture(scope="module")
 def plain():
-    return {t: [o.token_ids for o in LLM(str(ZOO / t)).generate(PROMPTS, GREEDY)] for t in ("tinyds", "tinygemma")}
+    return {t: [o.token_ids for o in LLM(str(ZOO / t)).generate(PROMPTS, GREEDY)] for t in TARGETS}
 
 
 def tau(outs) -> float:

@@ -1,5 +1,5 @@
-"""EAGLE3 drafts for the family zoo targets (train/family_targets.py: ``tinyds``, ``tinygemma``), trained by
-train/eagle3.py's public entry (``train_eagle3``) with a CPU-sized recipe.
+"""EAGLE3 drafts for the family zoo targets (train/family_targets.py: ``tinyds``, ``tinygemma``, ``tinyqwen35``),
+trained by train/eagle3.py's public entry (``train_eagle3``) with a CPU-sized recipe.
 
 What this adds around that entry, for the target family:
 - Gemma targets: the draft was trained reading the target's own (scaled) embedding lookup, ``target.embed``
@@ -8,6 +8,8 @@ What this adds around that entry, for the target family:
   (SpecForge's rule, sgl-project/SpecForge pull 553 llama3_eagle.py). ``eagle3_config`` writes neither, so
   the config gets ``target_model_type`` = the target's model_type, as SpecForge's Gemma draft configs carry it:
   the served draft then reads exactly what it was trained on.
+- hybrid targets: the teacher's dense forwards run gated DeltaNet in chunks (train/chunked_delta_rule.py, the
+  same function); the engine's forwards (the continuations, the held-out acceptance) run as served;
 - the card names this draft and the command that made it (``write_eagle3_card`` titles it for tinypy).
 
 Run: ``python -m outpace.train.family_drafts tinyds`` (``--help`` for the options).
@@ -20,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training
 from outpace.train.eagle3 import TRAIN_COMMAND, Eagle3Recipe, train_eagle3
 from outpace.train.family_targets import parse_budget_args
 
@@ -31,7 +34,8 @@ RECIPE = Eagle3Recipe(draft_vocab_size=2048, ttt_steps=4, num_continuations=256,
 def train_family_eagle3(target_dir: Path, out_dir: Path, recipe: Eagle3Recipe = RECIPE, device: str = "cpu",
                         command: str = "") -> dict:
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    metrics = train_eagle3(target_dir, recipe, out_dir, device)
+    with chunked_delta_rule_in_training():
+        metrics = train_eagle3(target_dir, recipe, out_dir, device)
     target_cfg = json.loads((target_dir / "config.json").read_text())
     if target_cfg["model_type"].startswith("gemma"):
         cfg_path = out_dir / "config.json"

@@ -1,9 +1,11 @@
 """Zoo targets of other families, trained from scratch on the zoo corpus with the zoo tokenizer:
 ``tinyds`` (DeepSeek-V3 architecture: MLA, sigmoid-routed MoE with one shared expert, two chained MTP
-layers in DeepSeek's checkpoint layout) and ``tinygemma`` (Gemma 3: sandwich norms, q/k norms, GELU-tanh,
-sliding-window layers interleaved with global ones). Both are outpace's own model classes
-(models/deepseek.py, models/gemma.py) trained as they serve, saved as Hugging Face directories whose
-config.json names DeepseekV3ForCausalLM / Gemma3ForCausalLM (transformers' config classes write them).
+layers in DeepSeek's checkpoint layout), ``tinygemma`` (Gemma 3: sandwich norms, q/k norms, GELU-tanh,
+sliding-window layers interleaved with global ones) and ``tinyqwen35`` (Qwen3.5 text: gated DeltaNet and
+gated attention 3:1, dense MLP, two MTP layers in Qwen's ``mtp.*`` layout). All are outpace's own model
+classes (models/deepseek.py, models/gemma.py, models/qwen3_next.py) trained as they serve, saved as Hugging
+Face directories whose config.json names DeepseekV3ForCausalLM / Gemma3ForCausalLM / Qwen3_5ForCausalLM
+(transformers' config classes write them).
 
 Shared with the tinypy recipe (train/target.py): the corpus split, the loss (main + mtp_loss_weight x
 mean over MTP depths; ``mtp_forward_losses``), held-out evaluation, the loop (train/loop.py) and the
@@ -15,7 +17,14 @@ greedy samples. What the families add:
 - the experts are balanced without an auxiliary loss, as DeepSeek-V3 does (same report, section 2.1.2):
   after each step every routed expert's ``e_score_correction_bias`` moves by ``bias_update_speed``
   towards the mean load (up when underloaded, down when overloaded); the bias selects experts only;
-- Gemma's norms scale by (1 + weight), so they start at weight 0 (scale 1).
+- Gemma's and Qwen3.5's norms scale by (1 + weight), so they start at weight 0 (scale 1);
+- Qwen3.5 rather than Qwen3-Next for the hybrid: its MLP is dense by design (Qwen3-Next's is a mixture of
+  experts on every layer), and its config names the MTP layers ``mtp_num_hidden_layers`` as released
+  Qwen3.5 checkpoints do. Its gated DeltaNet starts as transformers initialises it
+  (Qwen3_5PreTrainedModel._init_weights: ``dt_bias`` 1, ``A_log`` = log U(0.01, 16) per value head, so
+  the heads' decays range from near 1 to near 0). Its MTP layers are Qwen's (models/hybrid_mtp.py: shared
+  ``fc`` and norms, the target's embedding and head), trained chained as they serve: layer 0 reads the
+  target's post-norm state, layer k the normed output of layer k - 1.
 
 Run: ``python -m outpace.train.family_targets tinyds --out zoo/tinyds`` (``--help`` for the options).
 """
@@ -34,9 +43,11 @@ from tokenizers import Tokenizer
 
 from outpace.checkpoint import save_checkpoint
 from outpace.config import ModelConfig
+from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.moe import Router
 from outpace.layers.norm import Float32RMSNorm
 from outpace.models.loader import build_model
+from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training
 from outpace.train.corpus import build_corpus, heldout_prompts
 from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
@@ -45,7 +56,7 @@ from outpace.train.target import evaluate, init_weights, mtp_forward_losses, sam
 from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids
 from outpace.zoo import TARGET, zoo_dir
 
-DEEPSEEK, GEMMA = "DeepseekV3ForCausalLM", "Gemma3ForCausalLM"
+DEEPSEEK, GEMMA, QWEN35 = "DeepseekV3ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -72,11 +83,18 @@ class FamilyRecipe:
     num_mtp_layers: int = 0
     chain_mtp: bool = True
     mtp_loss_weight: float = 0.3
-    # Gemma 3
+    # Gemma 3 and Qwen3.5's gated attention
     num_kv_heads: int = 1
     head_dim: int = 32
     sliding_window: int = 128
     sliding_window_pattern: int = 3  # every 3rd layer global
+    # Qwen3.5's gated DeltaNet (linear attention) and gated attention
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 32
+    linear_value_head_dim: int = 32
+    full_attention_interval: int = 4  # every 4th layer full attention, the others gated DeltaNet
+    partial_rotary_factor: float = 0.25
     # data and optimisation
     vocab_size: int = 4096          # the zoo tokenizer's
     max_position_embeddings: int = 2048
@@ -109,6 +127,8 @@ RECIPES = {
                            q_lora_rank=48, num_mtp_layers=2),
     "tinygemma": FamilyRecipe(GEMMA, hidden_size=128, intermediate_size=256, num_layers=6, num_heads=4,
                               num_kv_heads=1, head_dim=32),
+    "tinyqwen35": FamilyRecipe(QWEN35, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
+                               num_kv_heads=1, head_dim=32, num_mtp_layers=2),
 }
 
 
@@ -131,6 +151,17 @@ def hf_config(r: FamilyRecipe, eos_id: int, pad_id: int) -> dict:
             num_nextn_predict_layers=r.num_mtp_layers).to_dict()
         # DeepSeek's own config.json fields (transformers' class omits them; models/deepseek.py DEFAULTS)
         cfg.update(num_nextn_predict_layers=r.num_mtp_layers, scoring_func="sigmoid", topk_method="noaux_tc")
+    elif r.architecture == QWEN35:
+        types = ["full_attention" if (i + 1) % r.full_attention_interval == 0 else "linear_attention"
+                 for i in range(r.num_layers)]
+        cfg = transformers.Qwen3_5TextConfig(
+            **common, num_key_value_heads=r.num_kv_heads, head_dim=r.head_dim, layer_types=types,
+            linear_num_key_heads=r.linear_num_key_heads, linear_num_value_heads=r.linear_num_value_heads,
+            linear_key_head_dim=r.linear_key_head_dim, linear_value_head_dim=r.linear_value_head_dim,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                 partial_rotary_factor=r.partial_rotary_factor), rms_norm_eps=1e-6).to_dict()
+        # Qwen3.5's own config.json fields (transformers' class omits them; models/hybrid_mtp.py reads the first)
+        cfg.update(mtp_num_hidden_layers=r.num_mtp_layers, mtp_use_dedicated_embeddings=False)
     else:
         types = ["full_attention" if (i + 1) % r.sliding_window_pattern == 0 else "sliding_attention"
                  for i in range(r.num_layers)]
@@ -143,18 +174,24 @@ def hf_config(r: FamilyRecipe, eos_id: int, pad_id: int) -> dict:
 
 
 def build_target(r: FamilyRecipe, cfg: ModelConfig, device: str) -> torch.nn.Module:
-    """The model, initialised as tinypy's (train/target.py init_weights), Gemma's offset norms at 0 and each
-    DeepSeek MTP layer's embedding and head tied to the target's (module docstring)."""
+    """The model, initialised as tinypy's (train/target.py init_weights), the (1 + weight) norms at 0, gated
+    DeltaNet's decay parameters as transformers sets them and each DeepSeek MTP layer's embedding and head
+    tied to the target's (module docstring)."""
     torch.manual_seed(r.seed)
-    model = build_model(cfg, torch.float32, device, mtp_own_heads=r.num_mtp_layers > 0)
+    model = build_model(cfg, torch.float32, device, mtp_own_heads=r.is_deepseek and r.num_mtp_layers > 0)
     init_weights(model, r.seed)
+    g = torch.Generator().manual_seed(r.seed)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, Float32RMSNorm) and m.offset == 1.0:
                 m.weight.zero_()
-    for layer in getattr(model, "mtp_layers", ()):
-        layer.embed_tokens.weight = model.model.embed_tokens.weight
-        layer.shared_head.head.weight = model.lm_head.weight
+            if isinstance(m, GatedDeltaNet):
+                m.dt_bias.fill_(1.0)
+                m.A_log.copy_(torch.empty(m.num_v_heads).uniform_(0.01, 16, generator=g).log())
+    if r.is_deepseek:
+        for layer in model.mtp_layers:
+            layer.embed_tokens.weight = model.model.embed_tokens.weight
+            layer.shared_head.head.weight = model.lm_head.weight
     return model
 
 
@@ -185,12 +222,13 @@ class ExpertBalancer:
         return worst
 
 
-def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor under its checkpoint name: parameters in bf16 (a tied one under each of its names, so the
-    MTP layers' embedding and head copies appear as DeepSeek ships them; the target's tied head once, as
-    its embedding), the routers' correction biases in float32 (as DeepSeek-V3's checkpoints keep them)."""
-    name = model.checkpoint_name
-    out = {name(n): p.detach().to(torch.bfloat16) for n, p in model.named_parameters(remove_duplicate=False)
+def checkpoint_tensors(model: torch.nn.Module, copies: bool) -> dict[str, torch.Tensor]:
+    """Every tensor under its checkpoint name: parameters in bf16 (with ``copies`` a tied one under each of its
+    names, so the MTP layers' embedding and head copies appear as DeepSeek ships them; else once, under its
+    first name: Qwen's ``mtp.*``, not the per-step views; the target's tied head once, as its embedding), the
+    routers' correction biases in float32 (as DeepSeek-V3's checkpoints keep them)."""
+    name = getattr(model, "checkpoint_name", lambda n: n)
+    out = {name(n): p.detach().to(torch.bfloat16) for n, p in model.named_parameters(remove_duplicate=not copies)
            if not n.startswith("lm_head.") or not model.config.tie_word_embeddings}
     out.update({name(n): b.detach().float() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
     return out
@@ -223,14 +261,15 @@ def train_family_target(r: FamilyRecipe, out_dir: Path, device: str = "cpu", tok
         mtp = torch.stack(losses[1:]).mean() if len(losses) > 1 else 0.0
         return losses[0] + r.mtp_loss_weight * mtp, batch.numel(), extra
 
-    history = train(model, loss_fn, OptimConfig(steps=r.steps, lr=r.lr, warmup_steps=r.warmup_steps,
-                                                max_minutes=r.max_minutes), device, desc=r.architecture)
-    imbalance = balancer.step()
-    windows = heldout.sequential_windows(window, r.eval_windows)
-    metrics = evaluate(model, windows, r, device, batch=8)
+    with chunked_delta_rule_in_training():  # gated DeltaNet in chunks (train/chunked_delta_rule.py)
+        history = train(model, loss_fn, OptimConfig(steps=r.steps, lr=r.lr, warmup_steps=r.warmup_steps,
+                                                    max_minutes=r.max_minutes), device, desc=r.architecture)
+        imbalance = balancer.step()
+        windows = heldout.sequential_windows(window, r.eval_windows)
+        metrics = evaluate(model, windows, r, device, batch=8)
 
     out_dir = Path(out_dir)
-    save_checkpoint(checkpoint_tensors(model), out_dir, MAX_SHARD_BYTES)
+    save_checkpoint(checkpoint_tensors(model, copies=r.is_deepseek), out_dir, MAX_SHARD_BYTES)
     (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     save_tokenizer(tok, out_dir, model_max_length=r.max_position_embeddings)
     plot_history(history, out_dir / "loss.png", f"{out_dir.name}: training loss")
@@ -281,6 +320,21 @@ The {r['num_mtp_layers']} MTP layers are `model.layers.{n}` and `model.layers.{n
 (layer 0 reads the target's post-norm state, layer 1 layer 0's pre-norm output; at row i layer k embeds token i+k+1,
 position 0's embedding zeroed, and predicts token i+k+2), with embedding and head tied to the target's as DeepSeek-V3
 trains them; the checkpoint holds each copy."""
+    elif r["architecture"] == QWEN35:
+        rotary = int(r["head_dim"] * r["partial_rotary_factor"])
+        layout = f"""`Qwen3_5ForCausalLM` (Qwen3.5's text model, `model_type` qwen3_5_text) as transformers and Qwen name its
+tensors (tied embedding and head). {r['num_layers']} layers, every {r['full_attention_interval']}th gated full attention
+(`layer_types`), the others gated DeltaNet: `linear_attn.{{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,conv1d,dt_bias,A_log,norm,out_proj}}`,
+{r['linear_num_key_heads']} key heads of {r['linear_key_head_dim']}, {r['linear_num_value_heads']} value heads of
+{r['linear_value_head_dim']}, a causal convolution of width 4. Gated attention: {r['num_heads']} query heads, {r['num_kv_heads']}
+kv head, head_dim {r['head_dim']}, `q_proj` giving each head's query and output gate, q/k norms, RoPE on the first
+{rotary} dimensions (partial_rotary_factor {r['partial_rotary_factor']}). Dense SwiGLU MLP, (1 + w) RMSNorms.
+The {r['num_mtp_layers']} MTP layers are Qwen's `mtp.*` (`mtp_num_hidden_layers: {r['num_mtp_layers']}` in config.json):
+`fc` over [pre_fc_norm_embedding(embedding), pre_fc_norm_hidden(state)], then `layers.{{k}}` (a gated-attention
+layer with a dense MLP), then `norm`; `fc` and the norms are shared by the layers, the embedding and head are the
+target's. They were trained with the target, chained as they serve (layer 0 reads the target's post-norm state, layer 1 layer 0's normed output; at row
+i layer k embeds token i+k+1 and predicts token i+k+2). Training ran the delta rule in chunks of 64 tokens
+(train/chunked_delta_rule.py, the same function as the per-token loop serving runs)."""
     else:
         layout = f"""`Gemma3ForCausalLM` as transformers names its tensors (tied embedding, scaled by sqrt(hidden) on lookup).
 {r['num_layers']} layers, every {r['sliding_window_pattern']}rd global (`layer_types`), the others sliding over
