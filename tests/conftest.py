@@ -50,6 +50,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hf_models import make_hf_model, save_hf_model  # noqa: E402
 
 
+# transformers' hybrid classes pick flash-linear-attention's (GPU-only) kernels for the delta rule, and
+# mamba_ssm's / causal_conv1d's where installed, over their own torch code
+# (``use_kernel_func_from_hub_with_fallback``); outpace depends on fla-core, so the references would run
+# them on CPU tensors and fail. The tests' reference is transformers' torch code: each such function is
+# swapped back for the torch function it wraps.
+_REFERENCE_MODULES = ("qwen3_next", "qwen3_5", "nemotron_h")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _transformers_reference_in_torch():
+    import importlib
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in _REFERENCE_MODULES:
+            try:
+                module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+            except ImportError:
+                continue
+            for attr, fn in list(vars(module).items()):
+                if callable(fn) and hasattr(fn, "__wrapped__") and getattr(fn, "__module__", None) == module.__name__:
+                    patch.setattr(module, attr, fn.__wrapped__)
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _auto_device_is_the_cpu():
     """In the tests the engine's device 'auto' means the CPU, also on a machine with a GPU (and before
