@@ -137,6 +137,26 @@ def test_captured_iteration_is_lossless_across_batch_changes(prompts, reference,
 
 
 @DRAFTERS
+def test_run_ahead_serves_sampled_penalized_and_logprob_steps(prompts, spec):
+    """Steps run ahead for every drafter and every kind of request but grammar-constrained ones (their
+    masks need the previous step's tokens): seeded top-p sampling, presence/frequency penalties and
+    logprobs give exactly what the same engine gives without run-ahead, and most steps came from a
+    step run ahead."""
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=18, ignore_eos=True,
+                             presence_penalty=0.5 * (i % 2), frequency_penalty=0.3 * (i % 2),
+                             logprobs=2 if i % 3 == 0 else None) for i in range(4)]
+    expected = _graphed(spec, run_ahead=False).generate(prompts[:4], params)
+    llm = _graphed(spec)
+    hits = _count_run_ahead_hits(llm)
+    outs = llm.generate(prompts[:4], params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    assert [o.logprobs for o in outs] == [o.logprobs for o in expected]
+    assert len(outs[0].logprobs) == len(outs[0].token_ids) and outs[1].logprobs is None
+    assert hits["hits"] > 3
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@DRAFTERS
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_captured_and_eager_steps_agree_token_for_token(prompts, spec, temperature):
     """The same step code eagerly and replayed: the same drafts, acceptance and (seeded) samples."""
