@@ -26,6 +26,7 @@ from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.launch import RankFailure
 from outpace.distributed.lockstep import DriverChoice, Lockstep, RankDivergence, StepMessage
 from outpace.distributed.sharding import ShardingError, vocab_shard_rows
+from outpace.models.llama import LlamaForCausalLM
 from outpace.models.loader import build_model
 from tp_harness import Scenario, run_group
 
@@ -178,15 +179,15 @@ def test_shards_cover_the_checkpoint(family):
     assert not embed[cfg.vocab_size:].any()
 
 
-def test_dimensions_that_do_not_split_are_refused(family):
+def test_dimensions_that_do_not_split_are_refused(family, monkeypatch):
     cfg = ModelConfig.from_pretrained(family["llama"][2])  # 6 heads, 2 kv heads, intermediate 96
     with building_in(RankGroup(0, 3)), pytest.raises(ShardingError, match="num_key_value_heads=2"):
         build_model(cfg, torch.float32)
     with building_in(RankGroup(0, 4)), pytest.raises(ShardingError, match="num_attention_heads=6"):
         build_model(cfg, torch.float32)
-    with building_in(RankGroup(0, 2)), pytest.raises(ConfigError, match="NemotronHForCausalLM cannot be sharded"):
-        build_model(ModelConfig.from_dict({**json.loads((Path(family["llama"][2]) / "config.json").read_text()),
-                                           "architectures": ["NemotronHForCausalLM"]}), torch.float32)
+    monkeypatch.setattr(LlamaForCausalLM, "shards_over_ranks", False)  # (every registered class declares it)
+    with building_in(RankGroup(0, 2)), pytest.raises(ConfigError, match=f"{cfg.architecture} cannot be sharded"):
+        build_model(cfg, torch.float32)
 
 
 def test_a_rank_that_dies_stops_the_engine(zoo_reference):

@@ -42,23 +42,50 @@ class Shard:
         tensor's ``full_shape``: a safetensors ``get_slice`` reads only the selected bytes). The caller
         checks ``full_shape[dim] == full``."""
         if self.blocks > 1:
-            block, index = self.full // self.blocks, [slice(None)] * len(full_shape)
-            parts = []
-            for b in range(self.blocks):
-                index[self.dim] = slice(b * block + self.start, b * block + self.start + self.length)
-                parts.append(tensor_slice[tuple(index)])
-            return torch.cat(parts, dim=self.dim)
+            block = self.full // self.blocks
+            return _read_ranges(tensor_slice, full_shape, self.dim,
+                                [(b * block + self.start, b * block + self.start + self.length)
+                                 for b in range(self.blocks)])
         start, end = self.start, min(self.start + self.length, full_shape[self.dim])
         pad_shape = list(full_shape)
         pad_shape[self.dim] = self.length - max(end - start, 0)   # padding rows past the checkpoint's
         if end <= start:  # a rank that holds padding rows only
             return torch.zeros(pad_shape, dtype=_dtype(tensor_slice))
-        index = [slice(None)] * len(full_shape)
-        index[self.dim] = slice(start, end)
-        part = tensor_slice[tuple(index)]
+        part = _read_ranges(tensor_slice, full_shape, self.dim, [(start, end)])
         if pad_shape[self.dim]:
             part = torch.cat([part, part.new_zeros(pad_shape)], dim=self.dim)
         return part
+
+
+@dataclass(frozen=True)
+class PackedShard:
+    """This rank's rows of each of several parts packed one after another along ``dim`` (a convolution's
+    q, k and v channels; Mamba2's z, x, B, C and dt rows): per part, (its rows in the checkpoint, this rank's
+    first row within it, this rank's rows), the rank's rows of every part concatenated in order (vLLM's
+    ``mamba_v2_sharded_weight_loader`` shards such tensors part by part)."""
+    dim: int
+    parts: tuple[tuple[int, int, int], ...]
+
+    @property
+    def full(self) -> int:
+        return sum(rows for rows, _, _ in self.parts)
+
+    def read(self, tensor_slice, full_shape: tuple[int, ...]) -> torch.Tensor:
+        """As ``Shard.read``."""
+        ranges, offset = [], 0
+        for rows, first, count in self.parts:
+            ranges.append((offset + first, offset + first + count))
+            offset += rows
+        return _read_ranges(tensor_slice, full_shape, self.dim, ranges)
+
+
+def _read_ranges(tensor_slice, full_shape: tuple[int, ...], dim: int, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """Rows [start, end) of each range along ``dim``, concatenated."""
+    index, parts = [slice(None)] * len(full_shape), []
+    for start, end in ranges:
+        index[dim] = slice(start, end)
+        parts.append(tensor_slice[tuple(index)])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def _dtype(tensor_slice) -> torch.dtype:
@@ -68,7 +95,7 @@ def _dtype(tensor_slice) -> torch.dtype:
     return tensor_slice[tuple(slice(0, 1) for _ in tensor_slice.get_shape())].dtype
 
 
-def mark_shard(param: torch.nn.Parameter, shard: Shard | None) -> torch.nn.Parameter:
+def mark_shard(param: torch.nn.Parameter, shard: Shard | PackedShard | None) -> torch.nn.Parameter:
     """Record on ``param`` which part of its checkpoint tensor this rank loads (None: all of it)."""
     if shard is not None:
         param.shard = shard
@@ -83,14 +110,16 @@ def split_evenly(total: int, size: int, what: str) -> int:
     return total // size
 
 
-def kv_head_shard(num_kv_heads: int, rank: int, size: int) -> tuple[int, int]:
+def kv_head_shard(num_kv_heads: int, rank: int, size: int, what: str = "num_key_value_heads") -> tuple[int, int]:
     """(first kv head, kv heads) this rank holds: an even split, or one head replicated on
-    size / num_kv_heads consecutive ranks when there are fewer heads than ranks."""
+    size / num_kv_heads consecutive ranks when there are fewer heads than ranks. (Mamba2's groups of
+    heads split the same way, ``what`` naming them: vLLM MambaMixer2 replicates a group on the ranks of
+    its heads.)"""
     if num_kv_heads >= size:
-        per_rank = split_evenly(num_kv_heads, size, "num_key_value_heads")
+        per_rank = split_evenly(num_kv_heads, size, what)
         return rank * per_rank, per_rank
     if size % num_kv_heads:
-        raise ShardingError(f"num_key_value_heads={num_kv_heads} cannot be replicated over "
+        raise ShardingError(f"{what}={num_kv_heads} cannot be replicated over "
                             f"tensor_parallel_size={size} ranks: the size must be a multiple of it")
     return rank // (size // num_kv_heads), 1
 

@@ -17,6 +17,12 @@ Two checkpoint layouts: Qwen3-Next packs q/k/v/z in ``in_proj_qkvz`` and b/a in 
 key head ([q_h, k_h, v of its value heads, z of its value heads] per key head h); Qwen3.5 has
 ``in_proj_qkv`` (all q, all k, all v), ``in_proj_z``, ``in_proj_b`` and ``in_proj_a``. The convolution's
 channels are all q, then all k, then all v in both.
+
+Tensor parallelism (outpace/distributed/), as vLLM's and SGLang's Qwen3NextGatedDeltaNet shard it: key heads
+split evenly over the ranks, each rank keeping whole key-head groups with their value heads (the value
+heads split alike); the projections' q, k, v, z, b, a rows and the convolution's q, k, v channels follow,
+each part sliced (distributed/packed.py); A_log and dt_bias per value head; the gated norm (per head_v_dim)
+whole; out_proj row-parallel, its one all-reduce the layer's only collective. The state is this rank's heads'.
 """
 from __future__ import annotations
 
@@ -24,10 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from outpace.distributed.group import build_group
+from outpace.distributed.packed import even_part, packed_column_parallel, packed_depthwise_conv, rows_of, sharded_vector
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import delta_rule_chunked, use_chunked
-from outpace.layers.linear import linear
+from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
 
@@ -97,29 +105,33 @@ class GatedDeltaNet(RecurrentStateLayer):
 
     def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
                  conv_width: int, eps: float, activation: str, packed_by_key_head: bool) -> None:
-        """``packed_by_key_head``: Qwen3-Next's projections (in_proj_qkvz, in_proj_ba), else Qwen3.5's."""
+        """``packed_by_key_head``: Qwen3-Next's projections (in_proj_qkvz, in_proj_ba), else Qwen3.5's.
+        Built in a tensor-parallel group (module docstring), the head counts and dims below are this rank's."""
         super().__init__()
-        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        group = build_group()
+        k_heads = even_part(num_k_heads, group, "linear_num_key_heads")
+        v_heads = even_part(num_v_heads, group, "linear_num_value_heads")
+        self.num_k_heads, self.num_v_heads = k_heads[2], v_heads[2]
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
-        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.key_dim, self.value_dim = self.num_k_heads * head_k_dim, self.num_v_heads * head_v_dim
         self.conv_channels = 2 * self.key_dim + self.value_dim
         self.activation = activation
         self.packed_by_key_head = packed_by_key_head
-        if packed_by_key_head:
-            self.in_proj_qkvz = linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim)
-            self.in_proj_ba = linear(hidden_size, 2 * num_v_heads)
+        keys, values = rows_of(k_heads, head_k_dim), rows_of(v_heads, head_v_dim)
+        if packed_by_key_head:  # (packed per key head: an even split of the rows is whole key-head groups)
+            self.in_proj_qkvz = column_parallel(hidden_size, 2 * keys[0] + 2 * values[0], what="linear_num_key_heads")
+            self.in_proj_ba = column_parallel(hidden_size, 2 * num_v_heads, what="linear_num_key_heads")
         else:
-            self.in_proj_qkv = linear(hidden_size, self.conv_channels)
-            self.in_proj_z = linear(hidden_size, self.value_dim)
-            self.in_proj_b = linear(hidden_size, num_v_heads)
-            self.in_proj_a = linear(hidden_size, num_v_heads)
+            self.in_proj_qkv = packed_column_parallel(hidden_size, [keys, keys, values], group)
+            self.in_proj_z = column_parallel(hidden_size, values[0], what="linear_num_value_heads")
+            self.in_proj_b = column_parallel(hidden_size, num_v_heads, what="linear_num_value_heads")
+            self.in_proj_a = column_parallel(hidden_size, num_v_heads, what="linear_num_value_heads")
         # the checkpoint's depthwise convolution [channels, 1, width]; causal_conv_run applies it
-        self.conv1d = nn.Conv1d(self.conv_channels, self.conv_channels, conv_width, groups=self.conv_channels,
-                                bias=False)
-        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
-        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.conv1d = packed_depthwise_conv([keys, keys, values], conv_width, group, bias=False)
+        self.dt_bias = sharded_vector(v_heads, 1.0, group)
+        self.A_log = sharded_vector(v_heads, 0.0, group)
         self.norm = GatedRMSNorm(head_v_dim, eps)
-        self.out_proj = linear(self.value_dim, hidden_size)
+        self.out_proj = row_parallel(values[0], hidden_size, what="linear_num_value_heads * linear_value_head_dim")
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         return {"conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),

@@ -13,6 +13,14 @@ before the norm: mamba_ssm's norm_before_gate=False) and out_proj.
 
 NOTE: transformers clamps dt from below by ``time_step_min`` in its chunked (prefill) scan and not in its
 single-token update; here every path clamps, so prefill and decode compute the same function.
+
+Tensor parallelism (outpace/distributed/), as vLLM's MambaMixer2 shards it: heads split evenly over the
+ranks, and groups too when there are at least as many as ranks, else each group is replicated on the
+ranks of its heads (size / groups consecutive ranks; the size must be a multiple of the groups); the
+projection's z, x, B, C and dt rows and the convolution's x, B, C channels follow, each part sliced
+(distributed/packed.py); A_log, dt_bias, D and the norm weight per head; the gated norm over each rank's
+groups; out_proj row-parallel, its one all-reduce the layer's only collective (plus a gather in the norm
+when a group spans ranks). The state is this rank's heads'.
 """
 from __future__ import annotations
 
@@ -20,10 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from outpace.distributed.collectives import all_gather_last_dim
+from outpace.distributed.group import RankGroup, build_group
+from outpace.distributed.packed import (Part, even_part, packed_column_parallel, packed_depthwise_conv, rows_of,
+                                       sharded_vector)
+from outpace.distributed.sharding import kv_head_shard
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import ssm_chunked, use_chunked
-from outpace.layers.linear import linear
+from outpace.layers.linear import row_parallel
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
 
@@ -64,18 +77,26 @@ def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
 
 class GroupedGatedRMSNorm(nn.Module):
     """x * silu(gate), then RMSNorm over each group of ``group_size`` channels, times the weight, in
-    float32 (transformers NemotronHRMSNormGated)."""
+    float32 (transformers NemotronHRMSNormGated). Tensor-parallel: x holds this rank's channels; when a
+    group spans several ranks (fewer groups than ranks) the channels are gathered, normalised and this
+    rank's taken back (vLLM Mixer2RMSNormGated's general case)."""
 
-    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+    def __init__(self, channels: Part, group_size: int, eps: float, group: RankGroup) -> None:
         super().__init__()
-        self.group_size, self.eps = group_size, eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.group_size, self.eps, self.group = group_size, eps, group
+        self.weight = sharded_vector(channels, 1.0, group)
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x, gate [n, dim] -> [n, dim] in x's dtype."""
-        h = (x.float() * F.silu(gate.float())).view(x.shape[0], -1, self.group_size)  # [n, groups, group_size]
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.view_as(x).to(x.dtype)
+        h = x.float() * F.silu(gate.float())                                       # [n, dim]
+        spans = self.group_size > h.shape[1]
+        if spans:
+            h = all_gather_last_dim(h, self.group)                                 # [n, size * dim]
+        grouped = h.view(x.shape[0], -1, self.group_size)                          # [n, groups, group_size]
+        h = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)).view_as(h)
+        if spans:
+            h = h[:, self.group.rank * x.shape[1]:(self.group.rank + 1) * x.shape[1]]
+        return self.weight * h.to(x.dtype)
 
 
 class Mamba2Mixer(RecurrentStateLayer):
@@ -85,20 +106,25 @@ class Mamba2Mixer(RecurrentStateLayer):
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, num_groups: int, state_size: int,
                  conv_width: int, conv_bias: bool, proj_bias: bool, activation: str, time_step_min: float,
                  eps: float) -> None:
+        """Built in a tensor-parallel group (module docstring), the counts below are this rank's."""
         super().__init__()
-        self.num_heads, self.head_dim, self.num_groups, self.state_size = num_heads, head_dim, num_groups, state_size
-        self.inner = num_heads * head_dim
-        self.conv_channels = self.inner + 2 * num_groups * state_size
+        group = build_group()
+        heads = even_part(num_heads, group, "mamba_num_heads")
+        first_group, local_groups = kv_head_shard(num_groups, group.rank, group.size, "n_groups")
+        self.num_heads, self.head_dim, self.num_groups, self.state_size = heads[2], head_dim, local_groups, state_size
+        self.inner = self.num_heads * head_dim
+        inner = rows_of(heads, head_dim)                                            # x (and z) channels
+        groups = rows_of((num_groups, first_group, local_groups), state_size)       # B (and C) channels
+        self.conv_channels = self.inner + 2 * groups[2]
         self.activation, self.time_step_min = activation, time_step_min
-        self.in_proj = linear(hidden_size, self.inner + self.conv_channels + num_heads, bias=proj_bias)
+        self.in_proj = packed_column_parallel(hidden_size, [inner, inner, groups, groups, heads], group, proj_bias)
         # the checkpoint's depthwise convolution [channels, 1, width] (+ bias); causal_conv_run applies it
-        self.conv1d = nn.Conv1d(self.conv_channels, self.conv_channels, conv_width, groups=self.conv_channels,
-                                bias=conv_bias)
-        self.dt_bias = nn.Parameter(torch.ones(num_heads))
-        self.A_log = nn.Parameter(torch.zeros(num_heads))
-        self.D = nn.Parameter(torch.ones(num_heads))
-        self.norm = GroupedGatedRMSNorm(self.inner, self.inner // num_groups, eps)
-        self.out_proj = linear(self.inner, hidden_size, bias=proj_bias)
+        self.conv1d = packed_depthwise_conv([inner, groups, groups], conv_width, group, conv_bias)
+        self.dt_bias = sharded_vector(heads, 1.0, group)
+        self.A_log = sharded_vector(heads, 0.0, group)
+        self.D = sharded_vector(heads, 1.0, group)
+        self.norm = GroupedGatedRMSNorm(inner, num_heads * head_dim // num_groups, eps, group)
+        self.out_proj = row_parallel(inner[0], hidden_size, proj_bias, "mamba_num_heads * mamba_head_dim")
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         return {"conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),

@@ -11,6 +11,11 @@ RMSNorms apply their weight in float32 (transformers NemotronHRMSNorm).
 
 Checkpoint names live under ``backbone.`` (``embeddings``, ``layers.{i}.{norm,mixer}``, ``norm_f``); the
 model interface is the Llama family's (models/llama.py).
+
+Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard it: Mamba2's heads and groups
+(layers/mamba2.py), attention heads (layers/decoder.py HeadProjections), the MLPs' and every expert's
+intermediate rows (the shared expert's too; one all-reduce per mixture), the embedding and head
+vocab-parallel.
 """
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.config import ConfigError, ModelConfig, _require
 from outpace.layers.activation import ACTIVATIONS
-from outpace.layers.decoder import norm_head_logits, run_layer_stack
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import build_group
+from outpace.layers.decoder import HeadProjections, norm_head_logits, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.linear import linear
+from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
@@ -69,11 +76,13 @@ def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
 class UngatedMLP(nn.Module):
     """down_proj(act(up_proj(x))): [n, hidden] -> [n, hidden]."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool, reduce: bool = True,
+                 what: str = "intermediate_size") -> None:
+        """Sharded as layers/decoder.py's GatedMLP: ``reduce=False`` leaves the partial sum to the caller."""
         super().__init__()
         self.act = act
-        self.up_proj = linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = linear(intermediate_size, hidden_size, bias=bias)
+        self.up_proj = column_parallel(hidden_size, intermediate_size, bias, what=what)
+        self.down_proj = row_parallel(intermediate_size, hidden_size, bias, what, reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ACTIVATIONS[self.act](self.up_proj(x)))
@@ -93,15 +102,17 @@ class NemotronHMoE(nn.Module):
                                                 "top2_sum", correction_bias=True,
                                                 normalize=bool(raw["norm_topk_prob"]),
                                                 scaling=raw["routed_scaling_factor"]))
-        act, bias = raw["mlp_hidden_act"], raw["mlp_bias"]
+        act, bias, self.group = raw["mlp_hidden_act"], raw["mlp_bias"], build_group()
         self.experts = RoutedExperts(ExpertActivation(act, gated=False),
-                                     [UngatedMLP(hidden_size, raw["moe_intermediate_size"], act, False)
-                                      for _ in range(experts)])
-        self.shared_experts = UngatedMLP(hidden_size, raw["moe_shared_expert_intermediate_size"], act, bias)
+                                     [UngatedMLP(hidden_size, raw["moe_intermediate_size"], act, False, reduce=False,
+                                                 what="moe_intermediate_size") for _ in range(experts)])
+        self.shared_experts = UngatedMLP(hidden_size, raw["moe_shared_expert_intermediate_size"], act, bias,
+                                         reduce=False, what="moe_shared_expert_intermediate_size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        return self.experts(x, weights, ids) + self.shared_experts(x)
+        # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
+        return all_reduce(self.experts(x, weights, ids) + self.shared_experts(x), self.group)
 
 
 class PlainAttention(nn.Module):
@@ -110,11 +121,10 @@ class PlainAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.q_proj = linear(cfg.hidden_size, cfg.q_size)
-        self.k_proj = linear(cfg.hidden_size, cfg.kv_size)
-        self.v_proj = linear(cfg.hidden_size, cfg.kv_size)
-        self.o_proj = linear(cfg.q_size, cfg.hidden_size)
-        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                            cfg.head_dim, False, False)  # heads split over tensor-parallel ranks
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
+        self.attn = Attention(p.heads, p.kv_heads, cfg.head_dim)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
@@ -154,6 +164,9 @@ class NemotronHModel(nn.Module):
 
 
 class NemotronHForCausalLM(nn.Module):
+    # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
+    shards_over_ranks = True
+
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:

@@ -18,6 +18,11 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
 The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers (when the
 config declares them: models/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
 (speculative/mtp.py); each is a full-attention layer of this stack.
+
+Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard these models: the gated attention's
+heads (q_proj's [query, gate] rows by head, kv heads as the Llama family's), gated DeltaNet's heads
+(layers/gated_deltanet.py), the dense MLPs and every expert's rows (the shared expert's too, its scalar
+gate whole), the embedding and head vocab-parallel; the MTP layers' fc and norms whole on every rank.
 """
 from __future__ import annotations
 
@@ -32,7 +37,10 @@ from outpace.config import ConfigError, ModelConfig, _require
 from outpace.layers.decoder import GatedMLP, norm_head_logits, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.gated_deltanet import GatedDeltaNet
-from outpace.layers.linear import linear
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import build_group
+from outpace.distributed.sharding import kv_head_shard, split_evenly
+from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -112,16 +120,20 @@ class GatedAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.heads, self.head_dim, self.rotary_dim = cfg.num_attention_heads, cfg.head_dim, hybrid.rotary_dim
-        bias = hybrid.attention_bias
-        self.q_proj = linear(cfg.hidden_size, 2 * cfg.q_size, bias=bias)
-        self.k_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
-        self.v_proj = linear(cfg.hidden_size, cfg.kv_size, bias=bias)
-        self.o_proj = linear(cfg.q_size, cfg.hidden_size, bias=bias)
-        self.q_norm = Float32RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset=1.0)
-        self.k_norm = Float32RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset=1.0)
+        group, d, h, bias = build_group(), cfg.head_dim, cfg.hidden_size, hybrid.attention_bias
+        self.head_dim, self.rotary_dim = d, hybrid.rotary_dim
+        # heads split as layers/decoder.py's HeadProjections splits them, q_proj's rows per head doubled
+        # ([query, gate] side by side: vLLM's Qwen3NextAttention shards its 2 * q_size rows by head)
+        self.heads = split_evenly(cfg.num_attention_heads, group.size, "num_attention_heads")
+        first_kv, kv_heads = kv_head_shard(cfg.num_key_value_heads, group.rank, group.size)
+        self.q_proj = column_parallel(h, 2 * cfg.q_size, bias, (group.rank * self.heads * 2 * d, self.heads * 2 * d))
+        self.k_proj = column_parallel(h, cfg.kv_size, bias, (first_kv * d, kv_heads * d))
+        self.v_proj = column_parallel(h, cfg.kv_size, bias, (first_kv * d, kv_heads * d))
+        self.o_proj = row_parallel(cfg.q_size, h, bias, "num_attention_heads * head_dim")
+        self.q_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
+        self.k_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.rotary = rotary
-        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.attn = Attention(self.heads, kv_heads, d)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, d, r = x.shape[0], self.head_dim, self.rotary_dim
@@ -141,16 +153,20 @@ class SparseMoeWithSharedExpert(nn.Module):
 
     def __init__(self, hidden_size: int, hybrid: Qwen3NextConfig, act: str) -> None:
         super().__init__()
+        self.group = build_group()
         self.gate = Router(hidden_size, hybrid.routing)
-        experts = [GatedMLP(hidden_size, hybrid.moe_intermediate_size, act) for _ in range(hybrid.routing.num_experts)]
+        experts = [GatedMLP(hidden_size, hybrid.moe_intermediate_size, act, reduce=False, what="moe_intermediate_size")
+                   for _ in range(hybrid.routing.num_experts)]
         self.experts = RoutedExperts(ExpertActivation(act), experts)
-        self.shared_expert = GatedMLP(hidden_size, hybrid.shared_expert_intermediate_size, act)
+        self.shared_expert = GatedMLP(hidden_size, hybrid.shared_expert_intermediate_size, act, reduce=False,
+                                      what="shared_expert_intermediate_size")
         self.shared_expert_gate = linear(hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return self.experts(x, weights, ids) + shared
+        # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
+        return all_reduce(self.experts(x, weights, ids) + shared, self.group)
 
 
 class Qwen3NextDecoderLayer(nn.Module):
@@ -188,6 +204,9 @@ class Qwen3NextModel(nn.Module):
 
 
 class Qwen3NextForCausalLM(nn.Module):
+    # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
+    shards_over_ranks = True
+
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:
