@@ -46,13 +46,14 @@ def family_prompts() -> list[list[int]]:
     return [[(i * 37 + j * 11) % 199 + 1 for j in range(3 + 9 * i)] for i in range(5)]
 
 
-def make_gemma(variant: str):
-    """test_gemma.py's Gemma text model with head counts that split, every weight mattering as there."""
+def make_gemma(variant: str, **extra):
+    """test_gemma.py's Gemma text model with head counts that split (and ``extra`` config fields), every weight
+    mattering as there."""
     import transformers
 
     cls, base, overrides = GEMMAS[variant]
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**{**base, **overrides}),
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**{**base, **overrides, **extra}),
                                                           dtype=torch.float32)
     with torch.no_grad():
         for name, t in model.state_dict().items():
