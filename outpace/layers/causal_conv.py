@@ -36,19 +36,27 @@ def causal_conv_run(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
 
 def _tree_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                parents: torch.Tensor, keep_every: bool):
-    """``causal_conv_run`` over a draft tree (every position valid): one token at a time, each window
-    the parent's state plus the token."""
+    """``causal_conv_run`` over a draft tree (every position valid): each node's window is its root path's
+    last ``width - 1`` inputs (reaching into the state above the root) and its own.
+
+    Over the run's extended inputs [state rows (oldest first), nodes], each position's predecessor is its
+    parent node, the last state row for a root, the previous row for a state row; a node's window is the
+    node and its ``width - 1`` predecessors, so it is gathered in ``width - 1`` steps, not node by node."""
     runs, length, channels = x.shape
-    row = torch.arange(runs, device=x.device)
-    w = weight.to(x.dtype).t()                                           # [width, channels]
-    stack = x.new_empty(runs, length + 1, w.shape[0] - 1, channels)      # [:, i + 1]: the state after token i
-    stack[:, 0] = state
-    y = torch.empty_like(x)
-    for t in range(length):
-        window = torch.cat((stack[row, parents[:, t] + 1], x[:, t:t + 1]), dim=1)  # [runs, width, channels]
-        y[:, t] = (window * w).sum(1)
-        stack[:, t + 1] = window[:, 1:]
+    keep = weight.shape[1] - 1
+    extended = torch.cat((state.to(x.dtype), x), dim=1)                  # [runs, keep + len, channels]
+    node_before = torch.where(parents >= 0, parents + keep, keep - 1)     # [runs, len]
+    state_before = (torch.arange(keep, device=x.device) - 1).clamp(min=0).expand(runs, keep)
+    before = torch.cat((state_before, node_before), dim=1)                # [runs, keep + len]
+    index = [torch.arange(keep, keep + length, device=x.device).expand(runs, length)]
+    for _ in range(keep):
+        index.append(before.gather(1, index[-1]))
+    index = torch.stack(index[::-1], dim=2)                               # [runs, len, width]: oldest first
+    windows = extended.gather(1, index.reshape(runs, -1, 1).expand(-1, -1, channels)).view(runs, length, keep + 1,
+                                                                                            channels)
+    y = torch.einsum("stwc,cw->stc", windows, weight.to(x.dtype))
     if bias is not None:
         y = y + bias.to(x.dtype)
+    every = windows[:, :, 1:]                                             # [runs, len, keep, channels]
     # (a tree is verified, never committed whole: its "last" state is only the last node's)
-    return y, stack[:, -1], stack[:, 1:] if keep_every else None
+    return y, every[:, -1], every if keep_every else None
