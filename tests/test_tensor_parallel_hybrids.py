@@ -1,9 +1,10 @@
 """Tensor parallelism for the hybrid targets, on CPU processes (gloo), in fp32: Qwen3-Next (gated DeltaNet
 packed by key head, MoE with a shared expert), Qwen3.5 (separate q/k/v, z, b, a projections) and Nemotron-H
 (Mamba2 with two groups, and with one group replicated on both ranks; MoE, ungated MLP, attention without
-RoPE) give exactly the TP = 1 greedy tokens at TP = 2 with batching, chunked prefill and preemption; with
-speculation (EAGLE3 chain and tree, the checkpoints' own MTP layers: one reused, two chained) the tokens
-equal the target's alone and as many drafts are accepted as at one rank. Each rank's recurrent state
+RoPE) give exactly the TP = 1 greedy tokens at TP = 2 with batching, chunked prefill and preemption. With
+speculation (EAGLE3 chain and tree; the checkpoints' own MTP layers, one reused, two chained; DFlash on the
+Qwen models; the target as its own standalone draft, whose sharded state slots roll back as the target's) the
+tokens equal the target's alone and as many drafts are accepted as at one rank. Each rank's recurrent state
 slots hold its heads' state; its shards put back together are the checkpoint.
 
 One group of 2 processes (tests/tp_harness.py) runs every scenario; the TP = 1 references run in the test
@@ -11,6 +12,7 @@ process.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model
-from spec_models import make_eagle3_draft
+from spec_models import make_dflash_draft, make_eagle3_draft
 from test_hybrid_drafters import MTP_LAYERS, PROMPTS, VOCAB, save_with_mtp
 from tp_harness import Scenario, run_group
 
@@ -40,9 +42,18 @@ def plain_prompts() -> list[list[int]]:
     return [[(i * 37 + j * 11) % 129 + 1 for j in range(3 + 7 * i)] for i in range(4)]
 
 
-def shapes(draft: str) -> dict[str, SpeculativeConfig]:
-    return {"eagle3-chain": SpeculativeConfig("eagle3", draft, num_steps=3),
-            "eagle3-tree": SpeculativeConfig("eagle3", draft, num_steps=3, topk=2, num_draft_tokens=6)}
+def drafters(target: Path, root: Path) -> dict[str, SpeculativeConfig]:
+    """EAGLE3 chain and tree, the target as its own standalone draft, and (Qwen's: tests/spec_models.py reads the
+    layer count from config.json, which Nemotron-H's lacks) DFlash over every layer's features."""
+    eagle3 = str(make_eagle3_draft(target, root / "eagle3"))
+    out = {"eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=3),
+           "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=3, topk=2, num_draft_tokens=6),
+           "draft": SpeculativeConfig("draft", str(target), num_steps=3)}
+    layers = json.loads((target / "config.json").read_text()).get("num_hidden_layers")
+    if layers:
+        dflash = make_dflash_draft(target, root / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1)
+        out["dflash"] = SpeculativeConfig("dflash", str(dflash), num_steps=3)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +72,8 @@ def checkpoints(tmp_path_factory) -> dict:
             out[f"{variant}-mtp"] = (str(path), dict(SPEC_ENGINE, speculative=mtp), PROMPTS)
         else:
             path = save_hybrid(make_hybrid(variant, vocab_size=VOCAB), root / f"{variant}-spec")
-        draft = str(make_eagle3_draft(Path(path), root / f"{variant}-eagle3"))
-        for shape, spec in shapes(draft).items():
-            out[f"{variant}-{shape}"] = (str(path), dict(SPEC_ENGINE, speculative=spec), PROMPTS)
+        for method, spec in drafters(Path(path), root / f"{variant}-drafts").items():
+            out[f"{variant}-{method}"] = (str(path), dict(SPEC_ENGINE, speculative=spec), PROMPTS)
     return out
 
 
@@ -89,9 +99,8 @@ def test_greedy_at_two_ranks_matches_one(name, tp2, checkpoints):
     assert got["free_blocks"] == PRESSURE["num_kv_blocks"]
 
 
-@pytest.mark.parametrize("name", ["qwen3_next-mtp", "qwen3_5-mtp"] + [f"{v}-{s}" for v in ("qwen3_next", "qwen3_5",
-                                                                                            "nemotron_h")
-                                                                     for s in ("eagle3-chain", "eagle3-tree")])
+@pytest.mark.parametrize("name", ["qwen3_next-mtp", "qwen3_5-mtp", "qwen3_next-dflash", "qwen3_5-dflash"] + [
+    f"{v}-{m}" for v in ("qwen3_next", "qwen3_5", "nemotron_h") for m in ("eagle3-chain", "eagle3-tree", "draft")])
 def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp2, checkpoints):
     path, engine, prompts = checkpoints[name]
     got = tp2[name]
@@ -99,6 +108,8 @@ def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp
     assert got["tokens"] == one_rank(path, prompts, **plain)[0]
     assert got["accepted"] == one_rank(path, prompts, **engine)[1] > 0
     assert got["free_blocks"] == engine["num_kv_blocks"]
+    if name.endswith("-draft"):  # the target as its own draft (its own state slots): every draft accepted
+        assert got["accepted"] >= 0.9 * 3 * got["verifies"]
 
 
 def build_rank(path: str, rank: int, size: int):

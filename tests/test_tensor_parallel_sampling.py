@@ -2,7 +2,10 @@
 TP = 2 engine emits follow the target's own joint distribution (chi-square against the exact joint computed
 from the unsharded target: tests/test_lossless_sampling.py's model, prompt and parameters), without drafts and
 through EAGLE3 chains and trees, the target's MTP layers, DFlash and a standalone draft; each rank samples
-from the logits gathered over the vocabulary shards (5 tokens, padded to 64 rows per rank).
+from the logits gathered over the vocabulary shards (5 tokens, padded to 64 rows per rank). On a hybrid target
+(Qwen3-Next: tests/test_hybrid_speculation.py's model, prompt and parameters) through EAGLE3 one draft deep,
+so that a third token often comes from a second verify reading the recurrent state (each rank's heads) the
+first kept.
 
 One group of 2 processes (tests/tp_harness.py) runs every scenario.
 """
