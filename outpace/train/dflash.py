@@ -64,16 +64,13 @@ class DFlashRecipe(GreedyDistillRecipe):
     max_minutes: float | None = 4.5
 
     def __post_init__(self) -> None:
-        def check(name: str, ok: bool, allowed: str) -> None:
-            if not ok:
-                raise ValueError(f"DFlashRecipe.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
-
+        super().__post_init__()
+        check = self.check
         check("block_size", self.block_size >= 2, ">= 2 (the bonus token and at least one mask)")
         check("num_layers", self.num_layers >= 1, ">= 1")
         check("num_anchors", self.num_anchors >= 1, ">= 1")
         check("loss_gamma", self.loss_gamma > 0, "> 0")
         check("soft_label_weight", self.soft_label_weight >= 0, ">= 0")
-        check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
         check("prompt_len", self.prompt_len >= 2, ">= 2 (an anchor needs a context row before it)")
         check("new_tokens", self.new_tokens - self.block_size + 2 >= self.num_anchors,
               f"such that new_tokens - block_size + 2 >= num_anchors ({self.num_anchors} distinct anchors in "

@@ -61,6 +61,16 @@ class DistillRecipe:
     eval_max_tokens: int = 64
     eval_num_prompts: int | None = None           # the first N held-out prompts; None: all
 
+    def __post_init__(self) -> None:
+        """Every recipe's shared fields are checked here; a recipe checks its own after calling this."""
+        self.check("batch_size", self.batch_size >= 1, ">= 1")
+        self.check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
+
+    def check(self, name: str, ok: bool, allowed: str) -> None:
+        """Refuse a field's value by name: ``allowed`` says what it must be."""
+        if not ok:
+            raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
+
     @property
     def optim(self) -> OptimConfig:
         return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=self.max_minutes)

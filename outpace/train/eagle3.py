@@ -69,15 +69,11 @@ class Eagle3Recipe(GreedyDistillRecipe):
     max_minutes: float | None = 4.5
 
     def __post_init__(self) -> None:
-        def check(name: str, ok: bool, allowed: str) -> None:
-            if not ok:
-                raise ValueError(f"Eagle3Recipe.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
-
+        super().__post_init__()
+        check = self.check
         check("ttt_steps", self.ttt_steps >= 1, ">= 1")
-        check("batch_size", self.batch_size >= 1, ">= 1")
         check("draft_vocab_size", self.draft_vocab_size >= 1, ">= 1")
         check("step_decay", self.step_decay > 0, "> 0")
-        check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
         check("new_tokens", self.prompt_len + self.new_tokens > self.ttt_steps + 1,
               "such that windows of prompt_len + new_tokens tokens are longer than ttt_steps + 1")
 

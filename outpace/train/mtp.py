@@ -54,13 +54,10 @@ class MTPRecipe(GreedyDistillRecipe):
     max_minutes: float | None = 3.0
 
     def __post_init__(self) -> None:
-        def check(name: str, ok: bool, allowed: str) -> None:
-            if not ok:
-                raise ValueError(f"MTPRecipe.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
-
+        super().__post_init__()
+        check = self.check
         check("num_layers", self.num_layers is None or self.num_layers >= 1, "None or >= 1")
         check("depth_decay", self.depth_decay > 0, "> 0")
-        check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
 
     @classmethod
     def toy(cls, **overrides) -> MTPRecipe:
