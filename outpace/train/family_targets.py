@@ -358,6 +358,7 @@ def parse_budget_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tup
         torch.set_num_threads(a.threads)
     return a, {k: v for k, v in (("steps", a.steps), ("max_minutes", a.max_minutes)) if v is not None}
 
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m outpace.train.family_targets", description=__doc__.split("\n")[0])
     p.add_argument("name", choices=sorted(RECIPES))
