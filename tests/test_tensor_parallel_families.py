@@ -27,7 +27,7 @@ from outpace.models.loader import build_model
 from spec_models import make_eagle3_draft
 from test_deepseek import make_hf_deepseek
 from test_gemma import GEMMA3_TEXT, GEMMA4_MOE_SHARED, PROMPT
-from tp_harness import Scenario, run_group
+from tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
@@ -169,15 +169,6 @@ def test_the_draft_reads_the_same_rows_and_logits_at_two_ranks(tp2, checkpoints,
     two = tp2["draft_reads"]
     assert torch.equal(torch.tensor(two["embedding"]), torch.tensor(one["embedding"]))
     torch.testing.assert_close(torch.tensor(two["logits"]), torch.tensor(one["logits"]), rtol=1e-6, atol=1e-6)
-
-
-def build_rank(path: str, rank: int, size: int):
-    """This rank's shard of the model at ``path``, loaded (no collectives run: nothing is computed)."""
-    cfg = ModelConfig.from_pretrained(path)
-    with building_in(RankGroup(rank, size)):
-        model = build_model(cfg, torch.float32)
-    load_checkpoint(model, path, progress=False)
-    return model
 
 
 def test_a_replicated_table_is_handed_as_this_ranks_rows(checkpoints, gemma_draft):

@@ -21,14 +21,13 @@ import torch
 from hybrid_models import make_hybrid, save_hybrid
 from outpace import LLM, SamplingParams
 from outpace.cache.state_slots import StateSlots
-from outpace.checkpoint import load_checkpoint
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model
 from spec_models import make_dflash_draft, make_eagle3_draft
 from test_hybrid_drafters import MTP_LAYERS, PROMPTS, VOCAB, save_with_mtp
-from tp_harness import Scenario, run_group
+from tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
@@ -110,14 +109,6 @@ def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp
     assert got["free_blocks"] == engine["num_kv_blocks"]
     if name.endswith("-draft"):  # the target as its own draft (its own state slots): every draft accepted
         assert got["accepted"] >= 0.9 * 3 * got["verifies"]
-
-
-def build_rank(path: str, rank: int, size: int):
-    """This rank's shard of the model at ``path``, loaded (no collectives run: nothing is computed)."""
-    with building_in(RankGroup(rank, size)):
-        model = build_model(ModelConfig.from_pretrained(path), torch.float32)
-    load_checkpoint(model, path, progress=False)
-    return model
 
 
 def test_gated_deltanet_shards_cover_the_checkpoint(checkpoints):

@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.checkpoint import load_checkpoint
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model
 from test_step3p5 import CONFIG, write_checkpoint
-from tp_harness import Scenario, run_group
+from tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
@@ -65,14 +64,6 @@ def test_mtp_at_two_ranks_is_lossless_with_one_ranks_acceptance(tp2, step):
     one = generate(step, PROMPTS[:3], params, **MTP_SPEC)
     assert got["accepted"] == sum(o.spec_metrics.num_accepted_drafts for o in one) > 0
     assert got["verifies"] == sum(o.spec_metrics.num_verifies for o in one)
-
-
-def build_rank(path: str, rank: int, size: int):
-    """This rank's shard of the model at ``path``, loaded (no collectives run: nothing is computed)."""
-    with building_in(RankGroup(rank, size)):
-        model = build_model(ModelConfig.from_pretrained(path), torch.float32)
-    load_checkpoint(model, path, progress=False)
-    return model
 
 
 def test_shards_cover_the_checkpoint(step):

@@ -12,9 +12,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
 
-from outpace.config import SamplingParams
+from outpace.checkpoint import load_checkpoint
+from outpace.config import ModelConfig, SamplingParams
+from outpace.distributed.group import RankGroup, building_in
+from outpace.models.loader import build_model
 
 
 @dataclass
@@ -80,3 +84,11 @@ def _rank_main(rank: int, world: int, rendezvous: str, scenarios: list[Scenario]
         Path(out).write_text(json.dumps(results))
     dist.barrier()  # no rank tears its groups down while another still talks over them
     dist.destroy_process_group()
+
+
+def build_rank(path: str, rank: int, size: int):
+    """This rank's shard of the model at ``path``, loaded (no collectives run: nothing is computed)."""
+    with building_in(RankGroup(rank, size)):
+        model = build_model(ModelConfig.from_pretrained(path), torch.float32)
+    load_checkpoint(model, path, progress=False)
+    return model
