@@ -3,6 +3,7 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine_fuzz import request_strategy, run_with_aborts
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 
@@ -19,14 +20,6 @@ def tight_llm(llama_dir, speculative: bool):
     return _llm_cache[speculative]
 
 
-request_strategy = st.tuples(
-    st.integers(1, 20),          # prompt length
-    st.integers(1, 12),          # max_tokens
-    st.one_of(st.none(), st.integers(0, 10)),  # abort after this many steps (None: run to the end)
-    st.booleans(),               # greedy or sampled
-)
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(request_strategy, min_size=1, max_size=6), st.booleans())
 def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
@@ -34,21 +27,15 @@ def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
     engine = llm.engine
     initial = engine.pool.num_free
     assert initial == engine.pool.num_blocks
-    ids = {}
-    for i, (plen, max_tokens, abort_after, greedy) in enumerate(requests):
-        params = SamplingParams(temperature=0 if greedy else 1.0, max_tokens=max_tokens, seed=i, ignore_eos=True)
-        ids[engine.add_request([(i * 31 + j) % 200 for j in range(plen)], params)] = abort_after
-    step = 0
-    while engine.has_unfinished_requests:
-        for rid, abort_after in ids.items():
-            if abort_after == step:
-                engine.abort_request(rid)
-        engine.step()
-        step += 1
+
+    def check() -> None:
         in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
         assert engine.pool.num_free + in_use == engine.pool.num_blocks
         # a request slot (engine/slots.py) only while running: none held for a waiting or gone request
         assert set(engine.runner.slots._slot_of) <= {r.request_id for r in engine.scheduler.running}
+
+    run_with_aborts(engine, [([(i * 31 + j) % 200 for j in range(plen)], *rest)
+                             for i, (plen, *rest) in enumerate(requests)], check)
     assert engine.pool.num_free == initial
     assert not engine.runner.slots._slot_of and len(engine.runner.slots._free) == engine.config.max_num_seqs
 

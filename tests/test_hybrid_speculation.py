@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine_fuzz import request_strategy, run_with_aborts
 from hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 from oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
@@ -142,14 +143,6 @@ def test_ngram_drafts_are_lossless(variant, adaptive, targets):
 # ---- accounting: every state slot and block comes back --------------------------------------------------
 _llm_cache = {}
 
-request_strategy = st.tuples(
-    st.integers(1, 20),                          # prompt length
-    st.integers(1, 12),                          # max_tokens
-    st.one_of(st.none(), st.integers(0, 10)),    # abort after this many steps (None: run to the end)
-    st.booleans(),                               # greedy or sampled
-)
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(request_strategy, min_size=1, max_size=6), st.sampled_from(list(HYBRIDS)), st.sampled_from(list(SPECS)))
 def test_every_slot_and_block_returns(targets, oracle, requests, variant, shape):
@@ -158,21 +151,15 @@ def test_every_slot_and_block_returns(targets, oracle, requests, variant, shape)
         _llm_cache[key] = LLM(str(targets[variant][0]), block_size=4, num_kv_blocks=12, max_num_batched_tokens=16,
                               max_num_seqs=4, speculative=SPECS[shape])
     engine = _llm_cache[key].engine
-    ids = {}
-    for i, (plen, max_tokens, abort_after, greedy) in enumerate(requests):
-        params = SamplingParams(temperature=0 if greedy else 1.0, max_tokens=max_tokens, seed=i, ignore_eos=True)
-        ids[engine.add_request([(i * 31 + j) % 131 for j in range(plen)], params)] = abort_after
-    step = 0
-    while engine.has_unfinished_requests:
-        for rid, abort_after in ids.items():
-            if abort_after == step:
-                engine.abort_request(rid)
-        engine.step()
-        step += 1
+
+    def check() -> None:
         in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
         assert engine.pool.num_free + in_use == engine.pool.num_blocks
         # a state slot (the request slot) only while running
         assert set(engine.runner.slots._slot_of) <= {r.request_id for r in engine.scheduler.running}
+
+    run_with_aborts(engine, [([(i * 31 + j) % 131 for j in range(plen)], *rest)
+                             for i, (plen, *rest) in enumerate(requests)], check)
     assert engine.pool.num_free == engine.pool.num_blocks
     assert not engine.runner.slots._slot_of and len(engine.runner.slots._free) == engine.config.max_num_seqs
 

@@ -9,6 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine_fuzz import run_with_aborts
 from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bound_caches
@@ -241,24 +242,17 @@ def test_block_accounting_with_shared_blocks(llama_dir, requests, speculative):
     hold as many entries as the blocks' reference counts; everything returns at the end."""
     llm = tight_cached_llm(llama_dir, speculative)
     engine, pool = llm.engine, llm.engine.pool
-    ids = {}
-    for i, (stem, plen, max_tokens, abort_after, greedy) in enumerate(requests):
-        prompt = [(stem * 41 + j * 3) % 200 for j in range(plen)] + [i]
-        params = SamplingParams(temperature=0 if greedy else 1.0, max_tokens=max_tokens, seed=i, ignore_eos=True)
-        ids[engine.add_request(prompt, params)] = abort_after
-    step = 0
-    while engine.has_unfinished_requests:
-        for rid, abort_after in ids.items():
-            if abort_after == step:
-                engine.abort_request(rid)
-        engine.step()
-        step += 1
+
+    def check() -> None:
         tables = [pool.table(r.request_id) for r in engine.scheduler.running]
         held = {b for t in tables for b in t}
         assert pool.num_free + len(held) == pool.num_blocks
         assert sum(map(len, tables)) == sum(pool._refs)
         assert all(pool._refs[b] == 0 for b in pool._free) and not held & set(pool._free)
         assert set(engine.runner.slots._slot_of) <= {r.request_id for r in engine.scheduler.running}
+
+    run_with_aborts(engine, [([(stem * 41 + j * 3) % 200 for j in range(plen)] + [i], *rest)
+                             for i, (stem, plen, *rest) in enumerate(requests)], check)
     assert pool.num_free == pool.num_blocks and not any(pool._refs)
     assert not engine.runner.slots._slot_of and not pool._tables
 
