@@ -10,18 +10,12 @@ from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.speculative.metrics import SpecMetrics
 from spec_models import random_llama
+from zoo_drafters import zoo_drafters
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TARGET = str(ZOO / "tinypy")
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-DRAFTERS = {
-    "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5),
-    "eagle3-tree": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4, topk=3, num_draft_tokens=10),
-    "mtp": SpeculativeConfig("mtp", num_steps=3),
-    "ngram": SpeculativeConfig("ngram", num_steps=4),
-    "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
-    "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
-}
+DRAFTERS = zoo_drafters(chain_steps=5, tree=(4, 3, 10))
 
 
 @pytest.fixture(scope="module")

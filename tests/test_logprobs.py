@@ -2,25 +2,16 @@
 tokens, equal (1e-4, fp32) with and without speculation for every drafter, and equal to what the
 target gives the same tokens as a prompt."""
 import math
-import os
 
 import pytest
 import torch
 
 from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
+from zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters
 
 ZOO = "zoo/"
-# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
-DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
-DRAFTERS = {
-    "eagle3-chain": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=4),
-    "eagle3-tree": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
-    "mtp": SpeculativeConfig("mtp", num_steps=3),
-    "dflash": SpeculativeConfig("dflash", ZOO + "tinypy-dflash", num_steps=7),
-    "draft": SpeculativeConfig("draft", ZOO + "tinypy-draft", num_steps=4),
-    "ngram": SpeculativeConfig("ngram", num_steps=4),
-}
+DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
 PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def push(self, x):\n", "import os\n\nfor name in "]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3)
 

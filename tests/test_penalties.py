@@ -1,7 +1,6 @@
 """Repetition, frequency and presence penalties and logit_bias: vLLM's formulas, applied to the
 target's logits at every verified node as if the node's draft path had been committed, so greedy
 output is the same with and without speculation, for every drafter."""
-import os
 
 import pytest
 import torch
@@ -10,18 +9,10 @@ from outpace import LLM, SamplingParams
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.layers.logits_processing import Penalties, node_counts
 from outpace.speculative.tree import ancestor_mask
+from zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters
 
 ZOO = "zoo/"
-# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
-DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
-DRAFTERS = {
-    "eagle3-chain": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=4),
-    "eagle3-tree": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
-    "mtp": SpeculativeConfig("mtp", num_steps=3),
-    "dflash": SpeculativeConfig("dflash", ZOO + "tinypy-dflash", num_steps=7),
-    "draft": SpeculativeConfig("draft", ZOO + "tinypy-draft", num_steps=4),
-    "ngram": SpeculativeConfig("ngram", num_steps=4),
-}
+DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
 PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def push(self, x):\n", "import os\n\nfor name in "]
 PENALIZED = [
     SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, repetition_penalty=1.4),

@@ -16,19 +16,12 @@ from outpace.cache.kv_cache import bound_caches
 from outpace.cache.prefix_cache import PrefixCache
 from outpace.config import ConfigError, SpeculativeConfig
 from outpace.server.metrics import ServerMetrics
+from zoo_drafters import zoo_drafters
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TARGET = str(ZOO / "tinypy")
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-DRAFTERS = {
-    "none": SpeculativeConfig(),
-    "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5),
-    "eagle3-tree": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4, topk=3, num_draft_tokens=10),
-    "mtp": SpeculativeConfig("mtp", num_steps=3),
-    "ngram": SpeculativeConfig("ngram", num_steps=4),
-    "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
-    "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
-}
+DRAFTERS = {"none": SpeculativeConfig(), **zoo_drafters(chain_steps=5, tree=(4, 3, 10))}
 
 
 def pool_with_cache(num_blocks: int, block_size: int = 4, reads_ahead: int = 0) -> BlockPool:

@@ -16,19 +16,10 @@ from outpace.config import ConfigError, SpeculativeConfig, StructuredOutputsPara
 from outpace.layers.logits_processing import apply_token_bitmask  # noqa: E402
 from outpace.speculative.verify import verify_greedy_chain  # noqa: E402
 from outpace.structured import GrammarCompiler  # noqa: E402
+from zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters  # noqa: E402
 
 ZOO = "zoo/"
-# fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU
-DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
-DRAFTERS = {
-    "none": SpeculativeConfig(),
-    "eagle3-chain": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=4),
-    "eagle3-tree": SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
-    "mtp": SpeculativeConfig("mtp", num_steps=3),
-    "dflash": SpeculativeConfig("dflash", ZOO + "tinypy-dflash", num_steps=7),
-    "draft": SpeculativeConfig("draft", ZOO + "tinypy-draft", num_steps=4),
-    "ngram": SpeculativeConfig("ngram", num_steps=4),
-}
+DRAFTERS = {"none": SpeculativeConfig(), **zoo_drafters(chain_steps=4, tree=(3, 2, 6))}
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                       "age": {"type": "integer", "minimum": 0, "maximum": 120}},
