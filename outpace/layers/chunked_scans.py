@@ -22,6 +22,7 @@ discarded by the caller.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -34,8 +35,13 @@ def use_chunked(x: torch.Tensor, length: int, parents: torch.Tensor | None, keep
     """Whether a run batch goes through the chunked kernels: on CUDA, long, a chain keeping no per-token
     state, and flash-linear-attention installed (a dependency of outpace; without it the per-token kernel
     computes the same function)."""
-    return (x.is_cuda and length >= CHUNKED_MIN_LEN and parents is None and not keep_every
-            and importlib.util.find_spec("fla") is not None)
+    return x.is_cuda and length >= CHUNKED_MIN_LEN and parents is None and not keep_every and _fla_installed()
+
+
+@functools.cache
+def _fla_installed() -> bool:
+    """Looked up once (every layer of every long prefill asks)."""
+    return importlib.util.find_spec("fla") is not None
 
 
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
