@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from outpace.distributed.launch import _free_port
+from outpace.distributed.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class LocalServer:
     def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: str | Path | None = None) -> None:
         self.args = list(args)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._own_log = log_path is None
         if log_path is None:

@@ -126,8 +126,8 @@ def join_group(config) -> Ranks:
     """This process's rank in the default process group (initialised through env:// first, as torchrun
     sets it up, unless the caller already did), for an engine of ``config``."""
     owns = not dist.is_initialized()
-    group = init_rank_group(config.tensor_parallel_size, int(os.environ.get("RANK", 0)), config.device,
-                            timeout_s=COLLECTIVE_TIMEOUT_S)
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    group = init_rank_group(config.tensor_parallel_size, rank, config.device, timeout_s=COLLECTIVE_TIMEOUT_S)
     return Ranks(group, owns_group=owns)
 
 
@@ -139,7 +139,7 @@ def follow(config, group: RankGroup) -> None:
 
 
 def _start_ranks(config) -> Ranks:
-    port = _free_port()
+    port = free_port()
     init_method = f"tcp://127.0.0.1:{port}"
     context = mp.get_context("spawn")
     processes = {}
@@ -171,7 +171,7 @@ def _rank_main(config, rank: int, init_method: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -69,6 +69,12 @@ class LMHead(nn.Module):
             return logits
         return all_gather_last_dim(logits, self.group)[..., :self.vocab_size]
 
+    def full_weight(self) -> torch.Tensor:
+        """[vocab, hidden]: every rank's rows, gathered (a collective when sharded)."""
+        if self.group.size == 1:
+            return self.weight
+        return all_gather_last_dim(self.weight.detach().t(), self.group)[:, :self.vocab_size].t()
+
 
 class ScaledVocabEmbedding(VocabEmbedding):
     """[num_tokens] token ids -> [num_tokens, dim] rows times ``scale``, the scale rounded to the weight's

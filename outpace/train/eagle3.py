@@ -41,6 +41,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
@@ -49,6 +50,7 @@ from outpace.train.distill import DistillData, GreedyDistillRecipe, masked_cross
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
+from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
@@ -245,24 +247,38 @@ def ttt_forward(draft: Eagle3Draft, embed: Callable[[torch.Tensor], torch.Tensor
 
 
 def ttt_losses(draft: Eagle3Draft, outputs: list[torch.Tensor], teacher_logits: torch.Tensor,
-               mask: torch.Tensor | None = None, soft_labels: bool = True):
+               mask: torch.Tensor | None = None, soft_labels: bool = True, ranks: TrainRanks = ONE_RANK):
     """outputs from ``ttt_forward``; teacher_logits [B, T, draft_vocab] (the target's logits on the draft
     vocabulary); mask [B, T] bool over label rows (None: all) -> (losses, top-1 agreements), one per step.
 
     Step j at row t is scored against the target at row t + 1 + j (rows with t + 1 + j >= T are left out):
     the soft cross-entropy against its distribution renormalised on the draft vocabulary, or
     (``soft_labels`` False) the cross-entropy against its argmax there; the mean over the rows ``mask``
-    keeps."""
+    keeps (over several training ranks, this rank's share of the mean over all their rows)."""
     t = teacher_logits.shape[1]
     losses, top1 = [], []
     for j, o in enumerate(outputs):
         rows = t - 1 - j
         student = draft.compute_logits(o[:, :rows]).flatten(0, 1)            # [B * rows, draft_vocab]
         keep = mask[:, 1 + j:].flatten() if mask is not None else None
-        loss, agree = masked_cross_entropy(student, teacher_logits[:, 1 + j:].flatten(0, 1), keep, soft_labels)
+        loss, agree = masked_cross_entropy(student, teacher_logits[:, 1 + j:].flatten(0, 1), keep, soft_labels, ranks)
         losses.append(loss)
         top1.append(agree)
     return losses, top1
+
+
+class TTTObjective(nn.Module):
+    """One batch's TTT losses and top-1 agreements as a module's forward: FSDP (train/ranks.py) gathers the
+    draft's weights around a module's forward, and here that is all of the draft's work in a step."""
+
+    def __init__(self, draft: Eagle3Draft, recipe: Eagle3Recipe, ranks: TrainRanks) -> None:
+        super().__init__()
+        self.draft, self.recipe, self.ranks = draft, recipe, ranks
+
+    def forward(self, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor, tokens: torch.Tensor,
+                teacher_logits: torch.Tensor, mask: torch.Tensor):
+        outputs = ttt_forward(self.draft, embed, aux, tokens, self.recipe.ttt_steps)
+        return ttt_losses(self.draft, outputs, teacher_logits, mask, self.recipe.soft_labels, self.ranks)
 
 
 def weighted_loss(losses: list[torch.Tensor], decay: float = STEP_DECAY) -> torch.Tensor:
@@ -274,21 +290,26 @@ def weighted_loss(losses: list[torch.Tensor], decay: float = STEP_DECAY) -> torc
 # The recipe
 
 
-def draft_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors: parameters in bf16, d2t (int64) and t2d (bool) as they are."""
-    state = {name: p.detach().to(torch.bfloat16) for name, p in draft.named_parameters()}
+def draft_state_dict(draft: Eagle3Draft, ranks: TrainRanks = ONE_RANK) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors: parameters in bf16 (gathered from the training ranks), d2t (int64) and t2d (bool)
+    as they are."""
+    state = {name: p.detach().to(torch.bfloat16) for name, p in ranks.full_parameters(draft).items()}
     state.update(d2t=draft.d2t.detach(), t2d=draft.t2d.detach())
     return state
 
 
-def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: str) -> dict:
+def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: str,
+                 ranks: TrainRanks = ONE_RANK) -> dict:
+    """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
+    tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
+    rows = ranks.rows(recipe.batch_size, "Eagle3Recipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt")
-    target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
-                        progress=False)
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
+    target = ranks.load_target(lambda: load_model(
+        target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device, progress=False))
     target.requires_grad_(False)
     tcfg: ModelConfig = target.config
     capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
@@ -310,31 +331,32 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
         draft.d2t.copy_(d2t)
         draft.t2d.copy_(t2d)
         if recipe.init_head_from_target:
-            draft.lm_head.weight.copy_(target.lm_head.weight[vocab_ids.to(device)].float())
+            draft.lm_head.weight.copy_(target.lm_head.full_weight()[vocab_ids.to(device)].float())
             draft.norm.weight.copy_(target.model.norm.weight.float())
     vocab_dev, t2d_dev = vocab_ids.to(device), t2d.to(device)
-    gen = torch.Generator().manual_seed(recipe.seed)
+    embed = ranks.embedding(target, tcfg.vocab_size)
+    objective = ranks.shard(TTTObjective(draft, recipe, ranks))
+    gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):
         tokens, starts = data.batch_with_starts(recipe.batch_size, gen)
         tokens, starts = tokens.to(device), starts.to(device)
         b, t = tokens.shape
-        out = teacher_forward(target, tokens)
+        out = teacher_forward(target, tokens)  # the whole batch: a tensor-parallel target needs it on every rank
         with torch.no_grad():
-            aux = out.aux_hidden_states.view(b, t, -1)
-            logits = target.compute_logits(out.hidden_states).view(b, t, -1)   # [B, T, vocab]
-            mask = response_mask(starts, t)                                     # [B, T] label rows
+            aux = out.aux_hidden_states.view(b, t, -1)[rows]
+            logits = target.compute_logits(out.hidden_states).view(b, t, -1)[rows]   # [b, T, vocab]
+            mask = response_mask(starts[rows], t)                                     # [b, T] label rows
             if recipe.mask_out_of_vocab:
                 mask &= t2d_dev[logits.argmax(-1)]
-            teacher = logits[..., vocab_dev]                                    # [B, T, draft_vocab]
-        outputs = ttt_forward(draft, target.embed, aux, tokens, recipe.ttt_steps)
-        losses, top1 = ttt_losses(draft, outputs, teacher, mask, recipe.soft_labels)
+            teacher = logits[..., vocab_dev]                                          # [b, T, draft_vocab]
+        losses, top1 = objective(embed, aux, tokens[rows], teacher, mask)
         extra = {**{f"loss step {j}": l.detach() for j, l in enumerate(losses)},
                  **{f"top1 step {j}": a for j, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.step_decay), tokens.numel(), extra
 
-    history = train(draft, loss_fn, recipe.optim, device, desc="eagle3 draft",
-                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen))
+    history = train(objective, loss_fn, recipe.optim, device, desc="eagle3 draft",
+                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
 
     written, convention = checkpoint_aux_ids(capture)
     metrics = dict(
@@ -344,13 +366,15 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
         target_num_layers=tcfg.num_hidden_layers, capture_layer_ids=list(capture),
         checkpoint_aux_layer_ids=written, checkpoint_aux_convention=convention,
         draft_vocab_size=vocab_ids.numel(), draft_vocab_coverage=float(freq[vocab_ids].sum()))
-    state = draft_state_dict(draft)
-    del target, draft, data
-    save_trained(out_dir, state, cfg_dict, history, "EAGLE3 draft: TTT loss (CE vs the target, per step)",
-                 metrics, write_eagle3_card, plotted_prefix="loss")
-    shutil.rmtree(resume_dir, ignore_errors=True)
+    state = draft_state_dict(draft, ranks)
+    del target, draft, objective, data
+    if ranks.is_driver:
+        save_trained(out_dir, state, cfg_dict, history, "EAGLE3 draft: TTT loss (CE vs the target, per step)",
+                     metrics, write_eagle3_card, plotted_prefix="loss")
+        shutil.rmtree(resume_dir, ignore_errors=True)
     spec = SpeculativeConfig("eagle3", str(out_dir), num_steps=recipe.eval_num_steps)
-    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_eagle3_card, device, t0)
+    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_eagle3_card, device, t0,
+                               ranks=ranks)
 
 
 TRAIN_COMMAND = "python -m outpace train draft --method eagle3 --target zoo/tinypy --out zoo/tinypy-eagle3 --device cuda"

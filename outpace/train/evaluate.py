@@ -11,6 +11,7 @@ from pathlib import Path
 
 from outpace.config import SamplingParams, SpeculativeConfig
 from outpace.speculative.metrics import SpecMetrics
+from outpace.train.ranks import ONE_RANK, TrainRanks
 
 
 def heldout_prompts_file(target_dir: Path, given: str | None) -> Path | None:
@@ -27,23 +28,24 @@ def load_prompts(path: Path) -> list[str]:
 
 
 def heldout_acceptance(target_dir: Path, spec: SpeculativeConfig, prompts: list, max_tokens: int, device: str,
-                       seed: int = 0) -> dict:
+                       seed: int = 0, ranks: TrainRanks = ONE_RANK) -> dict:
     """{"temperature 0": {...}, "temperature 1": {...}}: tau, acceptance by draft position, and at
-    temperature 0 the share of prompts whose output equals the target's alone (1.0 in fp32 on the CPU)."""
-    from outpace import LLM
-
+    temperature 0 the share of prompts whose output equals the target's alone (1.0 in fp32 on the CPU).
+    The engines are tensor-parallel over the training ``ranks`` (rank 0 calls this; train/ranks.py)."""
     engine = dict(device=device, seed=seed, cuda_graphs=False)  # a few dozen steps: capturing would cost more
     results = {}
     for temperature in (0.0, 1.0):
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
-        outs = LLM(str(target_dir), speculative=spec, **engine).generate(prompts, params)
+        with ranks.open_llm(str(target_dir), speculative=spec, **engine) as llm:
+            outs = llm.generate(prompts, params)
         metrics = SpecMetrics()
         for o in outs:
             metrics = metrics.merge(o.spec_metrics)
         row = {"acceptance_length": metrics.acceptance_length,
                "acceptance_rate_per_position": metrics.acceptance_rate_per_position}
         if temperature == 0.0:
-            plain = LLM(str(target_dir), **engine).generate(prompts, params)
+            with ranks.open_llm(str(target_dir), **engine) as llm:
+                plain = llm.generate(prompts, params)
             row["same_output_as_target"] = sum(o.token_ids == p.token_ids for o, p in zip(outs, plain)) / len(outs)
         results[f"temperature {temperature:g}"] = row
     return results
@@ -57,18 +59,27 @@ def acceptance_table(evaluation: dict) -> str:
 
 
 def finish_with_heldout(out_dir: Path, serve_target: Path, spec: SpeculativeConfig, recipe, metrics: dict,
-                        write_card, device: str, started: float, prompts_near: Path | None = None) -> dict:
+                        write_card, device: str, started: float, prompts_near: Path | None = None,
+                        ranks: TrainRanks = ONE_RANK) -> dict:
     """The last step of a draft recipe: held-out acceptance of what it saved (``serve_target`` + ``spec``,
     loaded as serving loads them), added to ``metrics`` (``heldout``) and written into out_dir's
     training_metrics.json and card. Nothing is measured when no held-out prompts are known (the recipe's
-    ``eval_prompts``, else the zoo's ``eval_prompts.json`` beside ``prompts_near`` or ``serve_target``)."""
+    ``eval_prompts``, else the zoo's ``eval_prompts.json`` beside ``prompts_near`` or ``serve_target``).
+    Over several training ranks rank 0 measures, with engines over them all, and every rank gets the result."""
+    return ranks.on_driver(lambda: _measure_heldout(out_dir, serve_target, spec, recipe, metrics, write_card, device,
+                                                    started, prompts_near, ranks))
+
+
+def _measure_heldout(out_dir: Path, serve_target: Path, spec: SpeculativeConfig, recipe, metrics: dict, write_card,
+                     device: str, started: float, prompts_near: Path | None, ranks: TrainRanks) -> dict:
     prompts_file = heldout_prompts_file(prompts_near or serve_target, recipe.eval_prompts)
     if prompts_file is None:
         return metrics
     prompts = load_prompts(prompts_file)[: recipe.eval_num_prompts]
     metrics["heldout"] = dict(prompts=str(prompts_file), num_prompts=len(prompts), max_tokens=recipe.eval_max_tokens,
                               device=device, spec=f"--method {spec.method} --num-steps {spec.num_steps}",
-                              **heldout_acceptance(serve_target, spec, prompts, recipe.eval_max_tokens, device))
+                              **heldout_acceptance(serve_target, spec, prompts, recipe.eval_max_tokens, device,
+                                                   ranks=ranks))
     metrics["total_wall_seconds"] = time.perf_counter() - started
     (Path(out_dir) / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_card(Path(out_dir), metrics)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
 
 
@@ -53,12 +54,14 @@ class TrainHistory:
                 "tokens_seen": self.tokens_seen, "total_steps": self.total_steps}
 
 
-# loss_fn(step) -> (loss to backprop, number of tokens in the batch, extra scalars to log)
+# loss_fn(step) -> (loss to backprop, number of tokens in the batch, extra scalars to log); over several
+# training ranks, the loss and the scalars are this rank's shares (they sum over the ranks to the value)
 LossFn = Callable[[int], tuple[torch.Tensor, int, dict[str, float]]]
 
 
 def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_every: int = 10,
-          desc: str = "training", resume: Resume | None = None) -> TrainHistory:
+          desc: str = "training", resume: Resume | None = None, ranks: TrainRanks = ONE_RANK) -> TrainHistory:
+    """Train ``model`` (over several ``ranks``: FSDP-sharded, train/ranks.py) on ``loss_fn``'s losses."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -67,7 +70,7 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
                                   fused=device.startswith("cuda"))
     history = TrainHistory(total_steps=opt.steps)
     step = 0
-    saved = resume.load(model, optimizer) if resume is not None else None
+    saved = resume.load(model, optimizer, ranks) if resume is not None else None
     if saved is not None:
         step, fields = saved
         history = TrainHistory(**fields)
@@ -75,7 +78,7 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
     start = time.perf_counter() - history.wall_seconds  # a resumed run counts the time already spent
     window_tokens, window_start = 0, time.perf_counter()
     model.train()
-    bar = tqdm(total=history.total_steps, initial=step, desc=desc, mininterval=2.0)
+    bar = tqdm(total=history.total_steps, initial=step, desc=desc, mininterval=2.0, disable=not ranks.is_driver)
     # NOTE: a run resumed after the calibration started keeps the step count it calibrated to.
     calibrate = opt.max_minutes is not None and step <= opt.calibration_steps // 3
     while step < history.total_steps:
@@ -87,24 +90,27 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
             else:
                 per_step = (time.perf_counter() - calibration_start) / (step - opt.calibration_steps // 3)
                 remaining = 60 * opt.max_minutes - (time.perf_counter() - start)
-                history.total_steps = min(opt.steps, max(step + 1, step + int(remaining / per_step)))
+                history.total_steps = ranks.agree(min(opt.steps, max(step + 1, step + int(remaining / per_step))))
                 bar.total = history.total_steps
         for group in optimizer.param_groups:
             group["lr"] = opt.lr_at(step, history.total_steps)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
             loss, num_tokens, extra = loss_fn(step)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * ranks.size).backward()  # FSDP averages the ranks' gradients: the mean of size x shares
         torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
         optimizer.step()
         history.tokens_seen += num_tokens
         window_tokens += num_tokens
         if step % log_every == 0 or step == history.total_steps - 1:
-            value = loss.item()  # one sync per log interval, not per step
+            # one sync (and over several ranks one all-reduce) per log interval, not per step
+            logged = ranks.total(torch.stack([loss.detach().float(), *(torch.as_tensor(v, device=loss.device).float()
+                                                                      for v in extra.values())])).tolist()
+            value = logged[0]
             history.steps.append(step)
             history.losses.append(value)
-            for k, v in extra.items():
-                history.extra.setdefault(k, []).append(float(v))
+            for k, v in zip(extra, logged[1:]):
+                history.extra.setdefault(k, []).append(v)
             now = time.perf_counter()
             bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{window_tokens / max(now - window_start, 1e-9):,.0f}")
             window_tokens, window_start = 0, now
@@ -112,7 +118,7 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
         step += 1
         if resume is not None and step % resume.every == 0 and step < history.total_steps:
             history.wall_seconds = time.perf_counter() - start
-            resume.save(step, model, optimizer, history)
+            resume.save(step, model, optimizer, history, ranks)
     bar.close()
     history.wall_seconds = time.perf_counter() - start
     model.eval()

@@ -1,0 +1,216 @@
+"""Draft training over several processes (torch.distributed): the target tensor-parallel over every
+rank, the draft data-parallel with its weights and optimizer moments sharded by FSDP.
+
+This is SpecForge's layout (scripts/train_eagle3.py: the target tensor-parallel, the draft wrapped in
+FSDP): a target that does not fit one GPU is split as serving splits it (outpace/distributed/), and its
+hidden states come from outpace's own sharded forward.
+
+Each step every rank draws the same batch (one seeded generator), runs the sharded target over all of
+it (tensor parallelism needs the same input on every rank), and then runs the draft over its own
+``rows`` of the batch. A draft loss is a mean over the kept rows of the whole batch, so each rank
+computes its *share* of it (its rows' sum over the global count, ``global_count``): the shares add up
+to the one-process loss. FSDP averages the ranks' gradients, so the loop backpropagates ``size``
+times the share, and their mean is exactly the one-process gradient: the same recipe gives the same
+curve at any number of ranks, up to float summation order (tests/test_train_ranks.py).
+
+Engines (the data the target generates, the held-out evaluation) run on rank 0 as tensor-parallel
+engines over the same ranks: ``on_driver(fn)`` runs ``fn`` on rank 0 while the other ranks serve the
+engines it opens with ``open_llm`` (each announced to them first), then hands ``fn``'s result to every
+rank.
+
+Two ways in, as for serving: ``outpace train draft --nproc-per-node N`` starts ranks 1 .. N-1 itself
+(torch.multiprocessing, a TCP rendezvous on localhost), or ``torchrun --nproc-per-node N -m outpace
+train draft ...`` starts them all (env://, several machines alike; rank 0 prints the result).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from outpace.distributed.collectives import all_reduce, broadcast_from_driver
+from outpace.distributed.group import SINGLE, RankGroup, building_in, init_rank_group
+from outpace.distributed.launch import (COLLECTIVE_TIMEOUT_S, exit_reason, follow, free_port, join_group,
+                                       launched_by_torchrun)
+
+_ENGINES_DONE = "outpace: no more engines"
+
+
+class RankFailed(RuntimeError):
+    """Another rank of the training run failed; this one cannot go on."""
+
+
+@dataclass(frozen=True)
+class TrainRanks:
+    group: RankGroup = SINGLE
+    device: str = "cpu"
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def is_driver(self) -> bool:
+        return self.group.is_driver
+
+    # --- the batch and the loss -------------------------------------------------------------
+
+    def rows(self, batch_size: int, what: str = "batch_size") -> slice:
+        """This rank's rows of a batch every rank drew alike (``batch_size`` must split evenly)."""
+        if batch_size % self.size:
+            raise ValueError(f"{what}={batch_size} does not split over {self.size} training ranks: it must be a "
+                             f"multiple of {self.size}")
+        share = batch_size // self.size
+        return slice(self.group.rank * share, (self.group.rank + 1) * share)
+
+    def global_count(self, count: torch.Tensor) -> torch.Tensor:
+        """The sum of a per-rank count over the ranks (no gradient): what a loss share divides by."""
+        return all_reduce(count.detach().clone(), self.group)
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over the ranks, detached (the loss shares' sum is the loss)."""
+        return all_reduce(x.detach().float().clone(), self.group)
+
+    def agree(self, value):
+        """Rank 0's ``value`` on every rank (a step count each rank measured for itself)."""
+        return broadcast_from_driver(value, self.group)
+
+    # --- the models -------------------------------------------------------------------------
+
+    def load_target(self, load: Callable[[], nn.Module]) -> nn.Module:
+        """``load()`` built in this run's group: the rank's tensor-parallel shard of the target."""
+        with building_in(self.group):
+            return load()
+
+    def shard(self, objective: nn.Module) -> nn.Module:
+        """FSDP over the ranks for the module whose forward is the whole draft computation of a step (its
+        forward hooks gather the draft's weights around all of it); the module itself for one rank."""
+        if self.size == 1:
+            return objective
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cuda" if self.device.startswith("cuda") else "cpu", (self.size,))
+        return fully_shard(objective, mesh=mesh)
+
+    def embedding(self, target: nn.Module, vocab_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The target's token embedding as a function each rank calls on its own rows: the target's own for
+        one rank; over several (a sharded lookup is a collective that needs the same ids on every rank),
+        its whole table, looked up once through the target (scaling included), indexed locally."""
+        if self.size == 1:
+            return target.embed
+        device = next(target.parameters()).device
+        with torch.no_grad():
+            table = target.embed(torch.arange(vocab_size, device=device))      # [vocab, hidden]
+        return lambda token_ids: F.embedding(token_ids, table)
+
+    def full_parameters(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """name -> the whole parameter on every rank (FSDP shards gathered: a collective)."""
+        return {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in module.named_parameters()}
+
+    # --- engines ----------------------------------------------------------------------------
+
+    def open_llm(self, model: str, progress: bool = False, **engine_kwargs):
+        """An ``LLM`` of ``model`` tensor-parallel over this run's ranks (rank 0, inside ``on_driver``): its
+        config goes to the other ranks first, which build the same engine and follow it until it closes."""
+        from outpace import LLM
+        from outpace.config import EngineConfig
+
+        if self.size == 1:
+            return LLM(model, progress=progress, **engine_kwargs)
+        engine_kwargs = {**engine_kwargs, "tensor_parallel_size": self.size}
+        broadcast_from_driver(EngineConfig(model=model, **engine_kwargs), self.group)
+        return LLM(model, progress=progress, **engine_kwargs)
+
+    def on_driver(self, fn: Callable[[], object]):
+        """``fn()`` on rank 0 (its engines from ``open_llm``; the other ranks serve them meanwhile), and its
+        result on every rank. A failure on rank 0 is raised on every rank."""
+        if self.size == 1:
+            return fn()
+        if self.is_driver:
+            try:
+                result, failure = fn(), None
+            except BaseException as e:
+                result, failure = None, e
+            broadcast_from_driver(_ENGINES_DONE, self.group)
+            broadcast_from_driver((result, None if failure is None else f"{type(failure).__name__}: {failure}"),
+                                  self.group)
+            if failure is not None:
+                raise failure
+            return result
+        self._serve_engines()
+        result, failure = broadcast_from_driver(None, self.group)
+        if failure is not None:
+            raise RankFailed(f"training rank 0 failed: {failure}")
+        return result
+
+    def _serve_engines(self) -> None:
+        """Ranks > 0: follow each engine rank 0 announces until it says there are no more."""
+        while (config := broadcast_from_driver(None, self.group)) != _ENGINES_DONE:
+            ranks = join_group(config)
+            try:
+                follow(config, ranks.group)
+            finally:
+                ranks.close()
+
+
+ONE_RANK = TrainRanks()
+
+
+def train_on_ranks(fn: Callable[..., dict], nproc: int, device: str, *args):
+    """``fn(*args, ranks=...)`` on every rank of a training run; rank 0's result here (None on the other
+    ranks of a torchrun launch). One rank and no launcher: a plain call."""
+    if launched_by_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if nproc not in (1, world):
+            raise ValueError(f"--nproc-per-node {nproc} under torchrun, whose WORLD_SIZE is {world}: give torchrun's "
+                             "count only")
+        return _run_rank(fn, args, device, init_rank_group(world, int(os.environ["RANK"]), device,
+                                                          timeout_s=COLLECTIVE_TIMEOUT_S))
+    if nproc == 1:
+        return fn(*args, ranks=TrainRanks(SINGLE, device))
+    if nproc < 1:
+        raise ValueError(f"--nproc-per-node {nproc}: must be >= 1")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    context = mp.get_context("spawn")
+    processes = [context.Process(target=_spawned_rank, args=(fn, args, device, nproc, rank, init_method),
+                                 name=f"outpace-train-rank-{rank}", daemon=False) for rank in range(1, nproc)]
+    for p in processes:
+        p.start()
+    try:
+        result = _run_rank(fn, args, device, init_rank_group(nproc, 0, device, init_method, COLLECTIVE_TIMEOUT_S))
+    finally:
+        for p in processes:
+            p.join(60.0)
+            if p.exitcode is None:
+                p.terminate()
+                p.join(5.0)
+    failed = {p.name: exit_reason(p.exitcode) for p in processes if p.exitcode != 0}
+    if failed:
+        raise RankFailed(f"training ranks failed: {failed}")
+    return result
+
+
+def _run_rank(fn: Callable[..., dict], args: tuple, device: str, group: RankGroup):
+    try:
+        result = fn(*args, ranks=TrainRanks(group, device))
+    finally:
+        dist.destroy_process_group()
+    return result if group.is_driver else None
+
+
+def _spawned_rank(fn, args, device: str, nproc: int, rank: int, init_method: str) -> None:
+    """A rank that ``train_on_ranks`` started: run, and exit 1 naming the error if the run fails."""
+    try:
+        _run_rank(fn, args, device, init_rank_group(nproc, rank, device, init_method, COLLECTIVE_TIMEOUT_S))
+    except BaseException:
+        print(f"outpace training rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        sys.exit(1)
