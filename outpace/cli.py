@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     td.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="any other recipe field (VALUE read as JSON, else as a string); repeatable")
     td.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                    help="training ranks started here (eagle3): the target tensor-parallel over them, the draft "
+                    help="training ranks started here (eagle3, dflash): the target tensor-parallel over them, the draft "
                          "data-parallel with FSDP; or launch with torchrun --nproc-per-node N")
     _train_args(td)
     td.set_defaults(func=cmd_train_draft)
@@ -387,7 +387,7 @@ def cmd_train_target(a: argparse.Namespace) -> None:
 
 
 # --method -> (recipe class, training function), imported lazily; those that train over several ranks
-MULTI_RANK_METHODS = ("eagle3",)
+MULTI_RANK_METHODS = ("eagle3", "dflash")
 DRAFT_RECIPES = {
     "standalone": ("outpace.train.standalone:StandaloneRecipe", "outpace.train.standalone:train_standalone"),
     "eagle3": ("outpace.train.eagle3:Eagle3Recipe", "outpace.train.eagle3:train_eagle3"),

@@ -32,6 +32,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,7 +103,11 @@ class DFlashDraft(nn.Module):
         self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
 
     def attach_target(self, target: nn.Module) -> None:
-        self._borrowed = (target.model.embed_tokens, target.lm_head)
+        self.borrow(target.model.embed_tokens, target.lm_head)
+
+    def borrow(self, embed: Callable[[torch.Tensor], torch.Tensor], head: nn.Module) -> None:
+        """Use ``embed`` (token ids -> rows) and ``head`` ([n, hidden] -> logits) as the target's."""
+        self._borrowed = (embed, head)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._borrowed[0](token_ids)

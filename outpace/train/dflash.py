@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
@@ -46,6 +47,7 @@ from outpace.train.distill import DistillData, GreedyDistillRecipe, soft_cross_e
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
+from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
@@ -243,10 +245,12 @@ def teacher_rows(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def block_losses(draft: DFlashDraft, hidden: torch.Tensor, teacher_logits: torch.Tensor,
-                 soft_label_weight: float = 0.0):
+                 soft_label_weight: float = 0.0, ranks: TrainRanks = ONE_RANK):
     """hidden [b, K, B, hidden] from ``dflash_forward``; teacher_logits [b, K, B - 1, vocab] (the target's
     logits at rows a + i - 1, i = 1 .. B - 1) -> (losses, top-1 agreements) per block row i. The loss is
-    the cross-entropy against the target's argmax, plus ``soft_label_weight`` x the soft cross-entropy."""
+    the cross-entropy against the target's argmax, plus ``soft_label_weight`` x the soft cross-entropy.
+    Over several training ranks, each holding as many rows of the batch (and K blocks per row), a rank's
+    mean over its blocks divided by the number of ranks is its share of the mean over all of them."""
     b, k, n, _ = hidden.shape
     student = draft.compute_logits(hidden[:, :, 1:].reshape(b * k * (n - 1), -1)).view(b, k, n - 1, -1)
     losses, top1 = [], []
@@ -256,9 +260,23 @@ def block_losses(draft: DFlashDraft, hidden: torch.Tensor, teacher_logits: torch
         loss = F.cross_entropy(s.float(), label)
         if soft_label_weight:
             loss = loss + soft_label_weight * soft_cross_entropy(s, t)
-        losses.append(loss)
-        top1.append((s.argmax(-1) == label).float().mean().detach())
+        losses.append(loss / ranks.size)
+        top1.append((s.argmax(-1) == label).float().mean().detach() / ranks.size)
     return losses, top1
+
+
+class BlockObjective(nn.Module):
+    """One batch's block losses and top-1 agreements as a module's forward: FSDP (train/ranks.py) gathers the
+    draft's weights around a module's forward, and here that is all of the draft's work in a step."""
+
+    def __init__(self, draft: DFlashDraft, recipe: DFlashRecipe, ranks: TrainRanks) -> None:
+        super().__init__()
+        self.draft, self.recipe, self.ranks = draft, recipe, ranks
+
+    def forward(self, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor, tokens: torch.Tensor,
+                anchors: torch.Tensor, teacher_logits: torch.Tensor):
+        hidden = dflash_forward(self.draft, embed, aux, tokens, anchors)
+        return block_losses(self.draft, hidden, teacher_logits, self.recipe.soft_label_weight, self.ranks)
 
 
 def weighted_loss(losses: list[torch.Tensor], gamma: float) -> torch.Tensor:
@@ -270,7 +288,10 @@ def weighted_loss(losses: list[torch.Tensor], gamma: float) -> torch.Tensor:
 # The recipe
 
 
-def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: str) -> dict:
+def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: str,
+                 ranks: TrainRanks = ONE_RANK) -> dict:
+    """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
+    tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
@@ -279,10 +300,11 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
+    rows = ranks.rows(recipe.batch_size, "DFlashRecipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt")
-    target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
-                        progress=False)
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
+    target = ranks.load_target(lambda: load_model(
+        target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device, progress=False))
     target.requires_grad_(False)
     tcfg: ModelConfig = target.config
     layer_ids = tuple(recipe.target_layer_ids or default_target_layer_ids(tcfg.num_hidden_layers))
@@ -300,13 +322,15 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     if recipe.init_norm_from_target:
         with torch.no_grad():
             draft.norm.weight.copy_(target.model.norm.weight.float())
-    draft.attach_target(target)
+    embed = ranks.embedding(target, tcfg.vocab_size)
+    draft.borrow(embed, ranks.head(target))
+    objective = ranks.shard(BlockObjective(draft, recipe, ranks))
     num_parameters = sum(p.numel() for p in draft.parameters())
     size_mib = 2 * num_parameters / 2 ** 20
     if size_mib > recipe.max_checkpoint_mib:
         raise ValueError(f"the DFlash draft has {num_parameters:,} parameters ({size_mib:.2f} MiB in bf16), over "
                          f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}")
-    gen = torch.Generator().manual_seed(recipe.seed)
+    gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches and anchors
     n = recipe.block_size
 
     def loss_fn(step: int):
@@ -316,20 +340,19 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         # the lowest anchor of each row: the last prompt token in a continuation, 1 in a corpus window
         first_anchor = (starts - 1).clamp(min=1)
         anchors = sample_anchors(b, t, n, recipe.num_anchors, gen, first_anchor).to(device)  # [b, K]
-        out = teacher_forward(target, tokens)
+        out = teacher_forward(target, tokens)  # the whole batch: a tensor-parallel target needs it on every rank
         with torch.no_grad():
             aux = out.aux_hidden_states.view(b, t, -1)
             rows_t = teacher_rows(anchors, n)                                   # [b, K, B - 1]
             flat = (rows_t + torch.arange(b, device=device)[:, None, None] * t).reshape(-1)
             teacher = target.compute_logits(out.hidden_states[flat]).view(*rows_t.shape, -1)
-        hidden = dflash_forward(draft, target.embed, aux, tokens, anchors)
-        losses, top1 = block_losses(draft, hidden, teacher, recipe.soft_label_weight)
+        losses, top1 = objective(embed, aux[rows], tokens[rows], anchors[rows], teacher[rows])
         extra = {**{f"loss pos {i + 1}": l.detach() for i, l in enumerate(losses)},
                  **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.loss_gamma), tokens.numel(), extra
 
-    history = train(draft, loss_fn, recipe.optim, device, desc="dflash draft",
-                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen))
+    history = train(objective, loss_fn, recipe.optim, device, desc="dflash draft",
+                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
 
     positions = range(1, n)
     metrics = dict(
@@ -339,13 +362,15 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         position_weights=position_weights(n, recipe.loss_gamma),
         target_num_layers=tcfg.num_hidden_layers, target_layer_ids=list(layer_ids),
         capture_layer_ids=list(cfg.capture_layer_ids), mask_token=mask_token, mask_token_id=mask_token_id)
-    state = {name: p.detach() for name, p in draft.named_parameters()}
-    del target, draft, data
-    save_trained(out_dir, state, cfg_dict, history, "DFlash draft: block loss (CE vs the target, per position)",
-                 metrics, write_dflash_card, plotted_prefix="loss")
-    shutil.rmtree(resume_dir, ignore_errors=True)
+    state = {name: p.detach() for name, p in ranks.full_parameters(draft).items()}
+    del target, draft, objective, data
+    if ranks.is_driver:
+        save_trained(out_dir, state, cfg_dict, history, "DFlash draft: block loss (CE vs the target, per position)",
+                     metrics, write_dflash_card, plotted_prefix="loss")
+        shutil.rmtree(resume_dir, ignore_errors=True)
     spec = SpeculativeConfig("dflash", str(out_dir), num_steps=n - 1)
-    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_dflash_card, device, t0)
+    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_dflash_card, device, t0,
+                               ranks=ranks)
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method dflash --target zoo/tinypy --out zoo/tinypy-dflash "

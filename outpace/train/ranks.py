@@ -112,6 +112,19 @@ class TrainRanks:
             table = target.embed(torch.arange(vocab_size, device=device))      # [vocab, hidden]
         return lambda token_ids: F.embedding(token_ids, table)
 
+    def head(self, target: nn.Module) -> nn.Module:
+        """The target's head as a module each rank calls on its own rows: the target's own for one rank; over
+        several (sharded logits are gathered over the ranks, which must hold the same rows), its whole weight
+        gathered once into an unsharded head."""
+        if self.size == 1:
+            return target.lm_head
+        from outpace.layers.embedding import LMHead
+
+        weight = target.lm_head.full_weight()                                  # [vocab, hidden]
+        head = LMHead(weight.shape[1], weight.shape[0]).to(weight.device)
+        head.weight = nn.Parameter(weight, requires_grad=False)
+        return head
+
     def full_parameters(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """name -> the whole parameter on every rank (FSDP shards gathered: a collective)."""
         return {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in module.named_parameters()}
