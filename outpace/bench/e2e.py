@@ -150,8 +150,9 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
                     row["verifies_by_num_drafts"] = merged.verifies_by_num_drafts
                 chooser = llm.engine.runner.choosers.get(SamplingMode.of([params]))
                 if chooser is not None:  # what adaptive speculation knew after the row
-                    row["chooser"] = {"acceptance": chooser.acceptance(),
-                                      "step_ms": {s.num_nodes - 1: 1e3 * c for (bk, s), c in chooser.costs.items()
+                    shapes = llm.engine.runner.shapes
+                    row["chooser"] = {"acceptance": {s.label: chooser.acceptance(s) for s in shapes if s.num_steps},
+                                      "step_ms": {s.label: 1e3 * c for (bk, s), c in chooser.costs.items()
                                                   if bk == bucket_for(llm.engine.runner.graph_buckets, b)}}
                     row["wall_ms_per_step"] = 1e3 * seconds / max(1, sum(o.spec_metrics.num_verifies for o in outs)
                                                                    / counts[b])

@@ -1,76 +1,104 @@
-"""Adaptive speculation: each step drafts as many tokens as pay off now.
+"""Adaptive speculation: each step drafts the shape that pays off now.
 
-For a batch of ``b`` requests, drafting k tokens a request commits on average
-E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k tokens per verify, a_j the live probability that draft j
-is accepted given that draft j - 1 was (estimated from every verify's outcome, with a decay so that
-it follows the text), and costs the step time c(b, k) of its shape (every step is timed as it runs:
-on the GPU between events around its graph replay; captured shapes start from a profile taken at
-start-up on padding rows). The step takes the k of the highest
-E(k) / c(b, k); k = 0 is plain decoding, so speculation is never chosen where it loses. Every
-``probe_every``-th step drafts the most tokens, so that acceptance past the chosen k stays measured
-(otherwise a drafter judged useless once would never be tried again). A shape whose cost for the
-batch size is not known yet is tried once (the longest first). Against noise in the timings (a busy
-CPU), a shape is never taken as cheaper than one with fewer drafts, and more drafts must promise a
-``margin`` more tokens per second than fewer.
+For a batch of ``b`` requests, a shape of depth k commits on average
+E = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k tokens per verify, a_j the live probability that the accepted path
+reaches depth j given that it reached depth j - 1. Acceptance is kept per kind of shape: one set for every
+chain length (a chain's depth j is its draft j, whatever its length), and one per tree shape (a tree's
+accepted path reaches depth j more often than a chain's, and differently for each width). It is estimated
+from every verify's outcome, with a decay so that it follows the text. A shape costs the step time c(b, s)
+(every step is timed as it runs: on the GPU between events around its graph replay; captured shapes start
+from a profile taken at start-up on padding rows). The step takes the shape of the highest E / c(b, s);
+no drafts (plain decoding) is one of the shapes, so speculation is never chosen where it loses.
+
+Every ``probe_every``-th step drafts a probe shape instead, in turn the longest chain and each tree, so that
+acceptance past the chosen shape stays measured (otherwise a drafter judged useless once would never be
+tried again). A shape whose cost for the batch size is not known yet is tried once (the longest first).
+Against noise in the timings (a busy CPU), a shape is never taken as cheaper than one with fewer nodes
+(or, at as many nodes, fewer branches), and a larger shape must promise a ``margin`` more tokens per
+second than a smaller one.
 """
 from __future__ import annotations
 
 from outpace.speculative.proposer import DraftShape
 
+CHAINS = "chain"  # the acceptance key every chain length shares
+
+
+def acceptance_key(shape: DraftShape) -> DraftShape | str:
+    """Whose acceptance a shape's verifies measure: the chains' (shared) or the tree shape's own."""
+    return CHAINS if shape.is_chain else shape
+
+
+class _DepthAcceptance:
+    """Decayed counts, per depth, of verifies whose accepted path tried and reached that depth."""
+
+    def __init__(self, depth: int, prior: float) -> None:
+        self.accepted = [prior * 4.0] * depth  # a prior worth a few verifies
+        self.tried = [4.0] * depth
+
+    def rates(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepted, self.tried)]
+
+    def observe(self, depth: int, accepted_drafts: list[int], decay: float) -> None:
+        for j in range(len(self.tried)):
+            self.accepted[j] *= decay
+            self.tried[j] *= decay
+        for a in accepted_drafts:
+            for j in range(min(a + 1, depth)):  # depths tried: up to the first rejection
+                self.tried[j] += 1
+                self.accepted[j] += j < a
+
 
 class DraftLengthChooser:
     def __init__(self, shapes: list[DraftShape], decay: float = 0.99, prior: float = 0.6, probe_every: int = 64,
                  cost_smoothing: float = 0.3, margin: float = 1.03) -> None:
-        """``shapes``: the draft shapes to choose from (the longest last); per-position acceptance
-        starts at ``prior`` (worth a few verifies) and forgets with ``decay`` per verify; a shape with
-        more drafts must promise ``margin`` times the tokens per second of one with fewer."""
-        self.shapes = sorted(shapes, key=lambda s: s.num_nodes)
-        depth = max(s.num_steps for s in self.shapes)
+        """``shapes``: the draft shapes to choose from; acceptance per depth starts at ``prior`` and forgets
+        with ``decay`` per verify of its shapes; a larger shape must promise ``margin`` times the tokens per
+        second of a smaller one."""
+        self.shapes = sorted(shapes, key=lambda s: (s.num_nodes, s.topk))
         self.decay, self.probe_every, self.smoothing, self.margin = decay, probe_every, cost_smoothing, margin
-        self.accepted = [prior * 4.0] * depth   # decayed counts, per draft position
-        self.tried = [4.0] * depth
+        self._acceptance: dict[DraftShape | str, _DepthAcceptance] = {}
+        for s in self.shapes:
+            if s.num_steps:
+                key = acceptance_key(s)
+                depth = max(s.num_steps, len(self._acceptance[key].tried) if key in self._acceptance else 0)
+                self._acceptance[key] = _DepthAcceptance(depth, prior)
+        longest_chain = max((s for s in self.shapes if s.is_chain), key=lambda s: s.num_steps, default=None)
+        self.probes = [s for s in self.shapes if s.num_steps and (not s.is_chain or s == longest_chain)]
         self.costs: dict[tuple[int, DraftShape], float] = {}
         self._steps = 0
 
-    def acceptance(self) -> list[float]:
-        """a_j: the chance draft j is accepted when draft j - 1 was, per position."""
-        return [a / t for a, t in zip(self.accepted, self.tried)]
+    def acceptance(self, shape: DraftShape | None = None) -> list[float]:
+        """a_j per depth for ``shape``'s kind (None: the chains'; empty when there are none)."""
+        stats = self._acceptance.get(CHAINS if shape is None else acceptance_key(shape))
+        return stats.rates() if stats is not None else []
 
     def expected_tokens(self, shape: DraftShape) -> float:
-        """Tokens one verify of this shape commits on average: 1 + sum over depths of the chance to
-        reach it (a tree counts by depth, as if its best path were a chain)."""
+        """Tokens one verify of this shape commits on average: 1 + the chance to reach each depth."""
         total, reach = 1.0, 1.0
-        for a in self.acceptance()[:shape.num_steps]:
+        for a in self.acceptance(shape)[:shape.num_steps] if shape.num_steps else []:
             reach *= a
             total += reach
         return total
 
     def choose(self, bucket: int) -> DraftShape:
         self._steps += 1
-        if self._steps % self.probe_every == 0:
-            return self.shapes[-1]
+        if self._steps % self.probe_every == 0 and self.probes:
+            return self.probes[(self._steps // self.probe_every - 1) % len(self.probes)]
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
         if unknown:  # try it once: its cost is measured as it runs
             return unknown[-1]
         rate, cost = {}, 0.0
-        for s in self.shapes:  # NOTE: more drafts never cost less: a cheaper timing is noise
+        for s in self.shapes:  # NOTE: larger shapes never cost less: a cheaper timing is noise
             cost = max(cost, self.costs[bucket, s])
             rate[s] = self.expected_tokens(s) / cost
         best = max(rate.values())
-        return next(s for s in self.shapes if rate[s] >= best / self.margin)  # the fewest drafts near the best
+        return next(s for s in self.shapes if rate[s] >= best / self.margin)  # the smallest near the best
 
     def observe(self, shape: DraftShape, accepted_drafts: list[int]) -> None:
-        """One verify per request: how many of its drafts were accepted."""
-        k = shape.num_steps
-        if k == 0:
-            return
-        for j in range(len(self.tried)):
-            self.accepted[j] *= self.decay
-            self.tried[j] *= self.decay
-        for a in accepted_drafts:
-            for j in range(min(a + 1, k)):  # positions tried: up to the first rejection
-                self.tried[j] += 1
-                self.accepted[j] += j < a
+        """One verify per request: how many of its drafts were accepted (the depth its accepted path reached)."""
+        if shape.num_steps:
+            self._acceptance[acceptance_key(shape)].observe(shape.num_steps, accepted_drafts, self.decay)
 
     def record_cost(self, bucket: int, shape: DraftShape, seconds: float) -> None:
         """A step's measured time (eager steps: smoothed; start-up profiles: as given, then fixed)."""

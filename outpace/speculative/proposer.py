@@ -43,16 +43,32 @@ class DraftShape:
     def is_chain(self) -> bool:
         return self.topk == 1
 
+    @property
+    def label(self) -> str:
+        """"none", "chain K" or "tree K x topk, N nodes" (report keys)."""
+        if self.num_steps == 0:
+            return "none"
+        return f"chain {self.num_steps}" if self.is_chain else \
+            f"tree {self.num_steps} x {self.topk}, {self.num_nodes} nodes"
+
 
 def draft_shapes(spec) -> tuple[DraftShape, ...]:
-    """The draft shapes a ``SpeculativeConfig`` allows, fewest drafts first: its own shape when fixed;
-    adaptive, every chain length from 0 up to it (a tree: none, or the whole tree)."""
+    """The draft shapes a ``SpeculativeConfig`` allows, fewest drafts first (then fewest branches): its own
+    shape when fixed; adaptive, every chain length from 0 up to ``num_steps``, and for a tree also the trees
+    of its depth and node count with fewer branches per step (topk halved down to 2, as far as their
+    candidates still fill the nodes): a narrower, deeper-reaching tree can accept more per verify than a
+    wide one at the same cost, and a chain can beat any tree at a large batch."""
     full = DraftShape(spec.num_steps, spec.topk, spec.num_draft_tokens if spec.topk > 1 else None)
     if not spec.adaptive:
         return (full,)
-    if spec.topk > 1:
-        return (DraftShape(0), full)
-    return tuple(DraftShape(k) for k in range(spec.num_steps + 1))
+    chains = tuple(DraftShape(k) for k in range(spec.num_steps + 1))
+    if spec.topk == 1:
+        return chains
+    trees, topk = [full], spec.topk // 2
+    while topk >= 2 and 1 + topk + (spec.num_steps - 1) * topk * topk >= spec.num_draft_tokens:
+        trees.append(DraftShape(spec.num_steps, topk, spec.num_draft_tokens))
+        topk //= 2
+    return tuple(sorted(chains + tuple(trees), key=lambda s: (s.num_nodes, s.topk)))  # the most nodes last
 
 
 @dataclass
