@@ -38,7 +38,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
@@ -47,7 +46,7 @@ from outpace.train.distill import DistillData, GreedyDistillRecipe, soft_cross_e
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
-from outpace.train.ranks import ONE_RANK, TrainRanks
+from outpace.train.ranks import ONE_RANK, DraftStep, TrainRanks
 from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
@@ -265,20 +264,6 @@ def block_losses(draft: DFlashDraft, hidden: torch.Tensor, teacher_logits: torch
     return losses, top1
 
 
-class BlockObjective(nn.Module):
-    """One batch's block losses and top-1 agreements as a module's forward: FSDP (train/ranks.py) gathers the
-    draft's weights around a module's forward, and here that is all of the draft's work in a step."""
-
-    def __init__(self, draft: DFlashDraft, recipe: DFlashRecipe, ranks: TrainRanks) -> None:
-        super().__init__()
-        self.draft, self.recipe, self.ranks = draft, recipe, ranks
-
-    def forward(self, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor, tokens: torch.Tensor,
-                anchors: torch.Tensor, teacher_logits: torch.Tensor):
-        hidden = dflash_forward(self.draft, embed, aux, tokens, anchors)
-        return block_losses(self.draft, hidden, teacher_logits, self.recipe.soft_label_weight, self.ranks)
-
-
 def weighted_loss(losses: list[torch.Tensor], gamma: float) -> torch.Tensor:
     weights = position_weights(len(losses) + 1, gamma)
     return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
@@ -324,7 +309,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
             draft.norm.weight.copy_(target.model.norm.weight.float())
     embed = ranks.embedding(target, tcfg.vocab_size)
     draft.borrow(embed, ranks.head(target))
-    objective = ranks.shard(BlockObjective(draft, recipe, ranks))
+    objective = ranks.shard(DraftStep(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
+        d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks)))
     num_parameters = sum(p.numel() for p in draft.parameters())
     size_mib = 2 * num_parameters / 2 ** 20
     if size_mib > recipe.max_checkpoint_mib:

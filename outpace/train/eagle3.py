@@ -41,7 +41,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
@@ -50,7 +49,7 @@ from outpace.train.distill import DistillData, GreedyDistillRecipe, masked_cross
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
-from outpace.train.ranks import ONE_RANK, TrainRanks
+from outpace.train.ranks import ONE_RANK, DraftStep, TrainRanks
 from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
@@ -267,20 +266,6 @@ def ttt_losses(draft: Eagle3Draft, outputs: list[torch.Tensor], teacher_logits: 
     return losses, top1
 
 
-class TTTObjective(nn.Module):
-    """One batch's TTT losses and top-1 agreements as a module's forward: FSDP (train/ranks.py) gathers the
-    draft's weights around a module's forward, and here that is all of the draft's work in a step."""
-
-    def __init__(self, draft: Eagle3Draft, recipe: Eagle3Recipe, ranks: TrainRanks) -> None:
-        super().__init__()
-        self.draft, self.recipe, self.ranks = draft, recipe, ranks
-
-    def forward(self, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor, tokens: torch.Tensor,
-                teacher_logits: torch.Tensor, mask: torch.Tensor):
-        outputs = ttt_forward(self.draft, embed, aux, tokens, self.recipe.ttt_steps)
-        return ttt_losses(self.draft, outputs, teacher_logits, mask, self.recipe.soft_labels, self.ranks)
-
-
 def weighted_loss(losses: list[torch.Tensor], decay: float = STEP_DECAY) -> torch.Tensor:
     weights = [decay ** j for j in range(len(losses))]
     return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
@@ -335,7 +320,8 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
             draft.norm.weight.copy_(target.model.norm.weight.float())
     vocab_dev, t2d_dev = vocab_ids.to(device), t2d.to(device)
     embed = ranks.embedding(target, tcfg.vocab_size)
-    objective = ranks.shard(TTTObjective(draft, recipe, ranks))
+    objective = ranks.shard(DraftStep(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
+        d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks)))
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):

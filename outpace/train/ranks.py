@@ -175,6 +175,19 @@ class TrainRanks:
                 ranks.close()
 
 
+class DraftStep(nn.Module):
+    """A draft and the computation of one training step on it (``step(draft, *inputs)`` -> losses) as one
+    module: FSDP gathers a module's weights around its forward, and this forward is all of the draft's work
+    in a step (a recipe calls parts of the draft, not its forward)."""
+
+    def __init__(self, draft: nn.Module, step: Callable[..., object]) -> None:
+        super().__init__()
+        self.draft, self.step = draft, step
+
+    def forward(self, *inputs):
+        return self.step(self.draft, *inputs)
+
+
 ONE_RANK = TrainRanks()
 
 
