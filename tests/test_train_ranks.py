@@ -2,6 +2,7 @@
 tensor-parallel over both, the EAGLE3 or DFlash draft data-parallel with FSDP. The two-rank run follows the
 one-process run's loss curve and saves the same draft, which serves losslessly; a stopped two-rank run
 resumes from its one state file to the draft of an uninterrupted run; what cannot be split is refused by name."""
+import dataclasses
 import json
 
 import pytest
@@ -133,3 +134,14 @@ def test_what_does_not_split_is_refused_by_name(targets, tmp_path):
                   str(tmp_path), "--device", "cpu", "--nproc-per-node", "2"])
     assert not any(tmp_path.iterdir())  # refused before anything ran
 
+
+
+def test_a_failure_on_rank_0_stops_every_rank_with_its_reason(targets, tmp_path):
+    """Rank 0 fails while the other rank serves its engines (prompt files that do not exist): the error is
+    raised here and the other rank stops too, instead of waiting for an engine that never comes."""
+    target_dir, recipe = targets["eagle3"]
+    missing = str(tmp_path / "no_such_prompts.jsonl")
+    with pytest.raises((FileNotFoundError, ValueError), match="no_such_prompts"):
+        train_on_ranks(train_eagle3, 2, "cpu", target_dir, dataclasses.replace(recipe, prompt_files=(missing,)),
+                       tmp_path / "out", "cpu")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
