@@ -72,13 +72,14 @@ def make_eagle3_draft(target_dir: Path, out_dir: Path, draft_vocab_size: int | N
 
 
 def dflash_config_dict(target_dir, block_size=4, layer_ids=(0, 1, 3), mask_token_id=202, num_layers=2,
-                       **extra) -> dict:
+                       num_target_layers=None, **extra) -> dict:
+    """``num_target_layers`` None: the target config's num_hidden_layers (a Nemotron-H config has none)."""
     t = json.loads((target_dir / "config.json").read_text())
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": t["hidden_size"],
            "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
            "num_hidden_layers": num_layers, "vocab_size": t["vocab_size"], "rms_norm_eps": 1e-6,
            "rope_theta": 1000.0, "max_position_embeddings": 256, "tie_word_embeddings": False,
-           "torch_dtype": "float32", "num_target_layers": t["num_hidden_layers"], "block_size": block_size,
+           "torch_dtype": "float32", "num_target_layers": num_target_layers or t["num_hidden_layers"], "block_size": block_size,
            "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids)}}
     cfg.update(extra)
     return cfg

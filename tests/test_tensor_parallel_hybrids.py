@@ -2,8 +2,8 @@
 packed by key head, MoE with a shared expert), Qwen3.5 (separate q/k/v, z, b, a projections) and Nemotron-H
 (Mamba2 with two groups, and with one group replicated on both ranks; MoE, ungated MLP, attention without
 RoPE) give exactly the TP = 1 greedy tokens at TP = 2 with batching, chunked prefill and preemption. With
-speculation (EAGLE3 chain and tree; the checkpoints' own MTP layers, one reused, two chained; DFlash on the
-Qwen models; the target as its own standalone draft, whose sharded state slots roll back as the target's) the
+speculation (EAGLE3 chain and tree; the checkpoints' own MTP layers, one reused, two chained; DFlash; the
+target as its own standalone draft, whose sharded state slots roll back as the target's) the
 tokens equal the target's alone and as many drafts are accepted as at one rank. Each rank's recurrent state
 slots hold its heads' state; its shards put back together are the checkpoint.
 
@@ -12,7 +12,6 @@ process.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -42,17 +41,15 @@ def plain_prompts() -> list[list[int]]:
 
 
 def drafters(target: Path, root: Path) -> dict[str, SpeculativeConfig]:
-    """EAGLE3 chain and tree, the target as its own standalone draft, and (Qwen's: tests/spec_models.py reads the
-    layer count from config.json, which Nemotron-H's lacks) DFlash over every layer's features."""
+    """EAGLE3 chain and tree, the target as its own standalone draft, and DFlash over every layer's features."""
     eagle3 = str(make_eagle3_draft(target, root / "eagle3"))
-    out = {"eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=3),
-           "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=3, topk=2, num_draft_tokens=6),
-           "draft": SpeculativeConfig("draft", str(target), num_steps=3)}
-    layers = json.loads((target / "config.json").read_text()).get("num_hidden_layers")
-    if layers:
-        dflash = make_dflash_draft(target, root / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1)
-        out["dflash"] = SpeculativeConfig("dflash", str(dflash), num_steps=3)
-    return out
+    layers = ModelConfig.from_pretrained(str(target)).num_hidden_layers  # (Nemotron-H's config.json names none)
+    dflash = make_dflash_draft(target, root / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1,
+                               num_target_layers=layers)
+    return {"eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=3),
+            "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=3, topk=2, num_draft_tokens=6),
+            "draft": SpeculativeConfig("draft", str(target), num_steps=3),
+            "dflash": SpeculativeConfig("dflash", str(dflash), num_steps=3)}
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +95,9 @@ def test_greedy_at_two_ranks_matches_one(name, tp2, checkpoints):
     assert got["free_blocks"] == PRESSURE["num_kv_blocks"]
 
 
-@pytest.mark.parametrize("name", ["qwen3_next-mtp", "qwen3_5-mtp", "qwen3_next-dflash", "qwen3_5-dflash"] + [
-    f"{v}-{m}" for v in ("qwen3_next", "qwen3_5", "nemotron_h") for m in ("eagle3-chain", "eagle3-tree", "draft")])
+@pytest.mark.parametrize("name", ["qwen3_next-mtp", "qwen3_5-mtp"] + [
+    f"{v}-{m}" for v in ("qwen3_next", "qwen3_5", "nemotron_h") for m in ("eagle3-chain", "eagle3-tree", "draft",
+                                                                           "dflash")])
 def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp2, checkpoints):
     path, engine, prompts = checkpoints[name]
     got = tp2[name]
