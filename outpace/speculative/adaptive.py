@@ -57,12 +57,11 @@ class DraftLengthChooser:
         second of a smaller one."""
         self.shapes = sorted(shapes, key=lambda s: (s.num_nodes, s.topk))
         self.decay, self.probe_every, self.smoothing, self.margin = decay, probe_every, cost_smoothing, margin
-        self._acceptance: dict[DraftShape | str, _DepthAcceptance] = {}
+        depths: dict[DraftShape | str, int] = {}  # the deepest shape of each kind
         for s in self.shapes:
             if s.num_steps:
-                key = acceptance_key(s)
-                depth = max(s.num_steps, len(self._acceptance[key].tried) if key in self._acceptance else 0)
-                self._acceptance[key] = _DepthAcceptance(depth, prior)
+                depths[acceptance_key(s)] = max(s.num_steps, depths.get(acceptance_key(s), 0))
+        self._acceptance = {key: _DepthAcceptance(depth, prior) for key, depth in depths.items()}
         longest_chain = max((s for s in self.shapes if s.is_chain), key=lambda s: s.num_steps, default=None)
         self.probes = [s for s in self.shapes if s.num_steps and (not s.is_chain or s == longest_chain)]
         self.costs: dict[tuple[int, DraftShape], float] = {}

@@ -202,5 +202,5 @@ def masked_cross_entropy(student: torch.Tensor, teacher: torch.Tensor, keep: tor
     log_p = F.log_softmax(student, -1)
     label = teacher.argmax(-1)
     per_row = -(F.softmax(teacher, -1) * log_p).sum(-1) if soft else -log_p.gather(1, label[:, None])[:, 0]
-    count = ranks.global_count(weight.sum()).clamp(min=1)
+    count = ranks.total(weight.sum()).clamp(min=1)
     return (per_row * weight).sum() / count, (((student.argmax(-1) == label).float() * weight).sum() / count).detach()

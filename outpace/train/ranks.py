@@ -8,7 +8,7 @@ hidden states come from outpace's own sharded forward.
 Each step every rank draws the same batch (one seeded generator), runs the sharded target over all of
 it (tensor parallelism needs the same input on every rank), and then runs the draft over its own
 ``rows`` of the batch. A draft loss is a mean over the kept rows of the whole batch, so each rank
-computes its *share* of it (its rows' sum over the global count, ``global_count``): the shares add up
+computes its *share* of it (its rows' sum over the count of all ranks' rows, ``total``): the shares add up
 to the one-process loss. FSDP averages the ranks' gradients, so the loop backpropagates ``size``
 times the share, and their mean is exactly the one-process gradient: the same recipe gives the same
 curve at any number of ranks, up to float summation order (tests/test_train_ranks.py).
@@ -71,12 +71,9 @@ class TrainRanks:
         share = batch_size // self.size
         return slice(self.group.rank * share, (self.group.rank + 1) * share)
 
-    def global_count(self, count: torch.Tensor) -> torch.Tensor:
-        """The sum of a per-rank count over the ranks (no gradient): what a loss share divides by."""
-        return all_reduce(count.detach().clone(), self.group)
-
     def total(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum of ``x`` over the ranks, detached (the loss shares' sum is the loss)."""
+        """The sum of ``x`` over the ranks, detached, in float32 (the loss shares' sum is the loss; the rows'
+        counts' sum is what a share divides by)."""
         return all_reduce(x.detach().float().clone(), self.group)
 
     def agree(self, value):
