@@ -66,8 +66,8 @@ def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr):
     return lo, tl.minimum(lo + split_len, kv_end)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_mask_seq", "stride_mask_q",
-                               "num_splits"])
+@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_bt_seq", "stride_mask_seq",
+                               "stride_mask_q", "num_splits"])
 def _mla_kernel(
     q_latent_ptr,                          # [num_tokens, heads, R]
     q_rope_ptr,                            # [num_tokens, heads, P]

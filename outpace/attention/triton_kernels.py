@@ -287,8 +287,8 @@ def _attend(
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window", "stride_table_seq", "stride_mask_seq",
-                               "stride_mask_q", "num_splits"])
+@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window", "stride_table_seq", "stride_bt_seq",
+                               "stride_mask_seq", "stride_mask_q", "num_splits"])
 def _attention_kernel(
     q_ptr,                                 # [num_tokens, heads, head_dim]
     k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]

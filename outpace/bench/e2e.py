@@ -13,8 +13,9 @@ the 24 prompts and 8 of them again), after untimed warm-up rounds (every prompt'
 prompts of decoding at the row's batch and temperature). Two rates: steady, over the engine steps in
 which all b requests decode (what a server sustains at that batch size: the figure the speed-ups
 compare), and closed-batch, the whole run, prefill included, and the tail where a batch's requests
-finish at different steps (with speculation they do, without it they all finish together). The
-widened checkpoints are written once into ``workdir`` and reused by later runs.
+finish at different steps (with speculation they do, without it they all finish together). During a
+row the heap is frozen (``gc.freeze``, as ``outpace serve`` freezes it), so no full collection pauses
+a timed step. The widened checkpoints are written once into ``workdir`` and reused by later runs.
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def _run(llm: LLM, prompts: list[str], batch: int, params: SamplingParams, count
         return outputs
 
     engine.step = step
+    gc.collect()
+    gc.freeze()  # as a server does (server/app.py): no full collection scans the engine inside a timed step
     try:
         _sync()
         t0 = time.perf_counter()
@@ -93,6 +96,7 @@ def _run(llm: LLM, prompts: list[str], batch: int, params: SamplingParams, count
         _sync()
     finally:
         engine.step = real_step
+        gc.unfreeze()
     return outs, time.perf_counter() - t0, steady[1] / steady[0] if steady[0] else float("nan")
 
 

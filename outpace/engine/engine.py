@@ -28,6 +28,7 @@ from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
 from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
+from outpace.engine.warm_up import warm_up_prefills
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.models.loader import load_model, resolve_dtype
@@ -141,6 +142,9 @@ class LLMEngine:
         self.max_model_len = limits[self._context_limit]
         if on_gpu and config.cuda_graphs:
             self.capture_graphs()
+        if on_gpu:  # compile the eager prefill's kernel variants now, not in the first requests (engine/warm_up.py)
+            warm_up_prefills(self.runner, self.pool, config.max_num_seqs, config.max_num_batched_tokens,
+                             self.max_model_len)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

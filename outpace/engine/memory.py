@@ -26,9 +26,9 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import kv_cache_bytes, rebind_kv_caches
-from outpace.config import ConfigError, SamplingParams
+from outpace.config import ConfigError
 from outpace.distributed.group import RankGroup
-from outpace.request import Request
+from outpace.engine.warm_up import scratch_prefill
 
 GiB = 1 << 30
 
@@ -54,19 +54,6 @@ class MemoryPlan:
                 f"{capped}; budget {self.budget / GiB:.3f} GiB, in use {self.in_use / GiB:.3f} GiB, activation "
                 f"workspace {self.workspace / GiB:.3f} GiB, CUDA graphs ~{self.graphs / GiB:.3f} GiB, left for KV "
                 f"{max(free, 0) / GiB:.3f} GiB at {self.block_bytes / 1024:.1f} KiB per block")
-
-
-def profile_prefill(runner, pool: BlockPool, num_tokens: int) -> None:
-    """One prefill forward of ``num_tokens`` tokens through the runner (a request that exists only here)."""
-    from outpace.engine.scheduler import ScheduledRequest  # the scheduler imports the pool: no cycle at load
-
-    req = Request("kv-sizing-profile", [0] * num_tokens, SamplingParams(temperature=0, max_tokens=1))
-    pool.grow(req.request_id, num_tokens)
-    try:
-        runner.execute([ScheduledRequest(req, num_tokens)])
-    finally:
-        runner.release(req.request_id)
-        pool.free(req.request_id)
 
 
 def _rss_bytes() -> int:
@@ -99,13 +86,13 @@ def plan_kv_pool(runner, pool: BlockPool, device: torch.device, utilization: flo
         in_use = total - free - cached - provisional
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        profile_prefill(runner, pool, profile_tokens)
+        scratch_prefill(runner, pool, [profile_tokens])
         torch.cuda.synchronize(device)
         workspace = torch.cuda.max_memory_allocated(device) - base
         budget = int(total * utilization)
     else:
         available, base = _available_ram(), _rss_bytes()
-        profile_prefill(runner, pool, profile_tokens)
+        scratch_prefill(runner, pool, [profile_tokens])
         workspace = max(_peak_rss_bytes() - base, 0)
         in_use, budget = 0, int(available * utilization)
     graphs = workspace * min(graph_tokens, profile_tokens) // profile_tokens
