@@ -26,17 +26,18 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     steps, execute = [], engine.runner.execute
 
     def recording(batch):
-        steps.append([s.num_new_tokens for s in batch])
+        steps.append([(s.num_reused_tokens, s.num_new_tokens) for s in batch])
         return execute(batch)
 
     engine.runner.execute = recording
     warm_up_prefills(engine.runner, engine.pool, 4, 256, engine.max_model_len)
     engine.runner.execute = execute
-    # every power-of-two chunk up to the longest tile, alone and as a batch within max_num_seqs and the
+    # every power-of-two chunk up to the longest tile: alone after no prefix and after prefixes of 64 to
+    # 1024 rows (the pool's 1536 rows hold no 2048-row one), then as a batch within max_num_seqs and the
     # batched-token budget
     expected = []
     for n in (1 << i for i in range(LONGEST_WARM_QUERY.bit_length())):
-        expected += [[n], [n] * min(4, 256 // n)]
+        expected += [[(p, n)] for p in (0, 64, 128, 256, 512, 1024)] + [[(0, n)] * min(4, 256 // n)]
     assert steps == expected
     assert engine.pool.num_free == free_blocks and not engine.pool._tables
     assert sorted(engine.runner.slots._free) == free_slots
@@ -49,11 +50,15 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
 
 
 def test_warm_up_stops_at_what_the_pool_and_context_hold():
-    llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=3,
+    llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=6,
               block_size=16)
     steps, execute = [], llm.engine.runner.execute
-    llm.engine.runner.execute = lambda batch: steps.append([s.num_new_tokens for s in batch]) or execute(batch)
-    warm_up_prefills(llm.engine.runner, llm.engine.pool, 4, 256, max_len=20)
-    # 3 blocks of 16 rows: up to three 16-token chunks at once; the context's 20 rows end the lengths at 16
-    assert steps == [[1], [1] * 3, [2], [2] * 3, [4], [4] * 3, [8], [8] * 3, [16], [16] * 3]
-    assert llm.engine.pool.num_free == 3
+    llm.engine.runner.execute = lambda batch: steps.append([(s.num_reused_tokens, s.num_new_tokens)
+                                                            for s in batch]) or execute(batch)
+    warm_up_prefills(llm.engine.runner, llm.engine.pool, 4, 256, max_len=70)
+    # 6 blocks of 16 rows: a 64-row prefix before chunks of up to 5 tokens (within the context's 70 rows) and
+    # up to six 16-token chunks at once; lengths end at 64 (128 > 70)
+    assert steps == [[(0, 1)], [(64, 1)], [(0, 1)] * 4, [(0, 2)], [(64, 2)], [(0, 2)] * 4, [(0, 4)], [(64, 4)],
+                     [(0, 4)] * 4, [(0, 8)], [(0, 8)] * 4, [(0, 16)], [(0, 16)] * 4, [(0, 32)], [(0, 32)] * 3,
+                     [(0, 64)]]
+    assert llm.engine.pool.num_free == 6

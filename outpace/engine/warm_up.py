@@ -5,13 +5,17 @@ its shape.
 Triton compiles a kernel once per set of constexpr arguments. The decode steps are captured at
 start-up, so theirs are compiled then; a prefill chunk runs eagerly, and the paged attention kernel
 picks its tile height from the chunk's longest query (16 to 128 rows of query tokens times the GQA
-group: attention/triton_kernels.launch_config) and whether it splits the KV from the grid's size. On
-an H100 each new variant costs the request that meets it one to two seconds of compiling
-(benchmarks/diag_first_use.py: the README's command spent 25 of its 53 s compiling, 27 tokens/s). The
-warm-up runs one chunk of every power-of-two length up to ``LONGEST_WARM_QUERY`` (which reaches every
-tile height whatever the group), alone (few programs: split KV) and as a full batch of such chunks
-(many programs: unsplit), greedy and sampled, and drafters absorb each chunk as they would a prompt's.
-With Triton's disk cache, later processes load the variants instead of compiling them.
+group), and its KV split, with the combine kernel's width, from the grid's size and the block table's
+capacity (attention/triton_kernels.launch_config). On an H100 each new variant costs the request that
+meets it one to two seconds of compiling (benchmarks/diag_first_use.py: the README's command spent 25
+of its 53 s compiling and reported 27 tokens/s; a short uncached suffix after a long cached prefix met
+new variants on every length class). The warm-up runs chunks of every power-of-two length up to
+``LONGEST_WARM_QUERY`` (every tile height, whatever the group) after cached prefixes of every power of
+two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width), alone (few
+programs: split KV; sampled) and as full batches without a prefix (many programs: unsplit; greedy).
+Drafters absorb each chunk as they would a prompt's; the prefixes are taken as prefix-cache hits (their
+rows' contents do not matter: the outputs are dropped). With Triton's disk cache, later processes load
+the variants instead of compiling them.
 """
 from __future__ import annotations
 
@@ -21,20 +25,25 @@ from outpace.cache.block_pool import BlockPool
 from outpace.config import SamplingParams
 from outpace.request import Request
 
-LONGEST_WARM_QUERY = 128  # tile rows are at most 128: with one query head per KV head, 128 tokens fill them
+LONGEST_WARM_QUERY = 128    # tile rows are at most 128: with one query head per KV head, 128 tokens fill them
+SHORTEST_WARM_PREFIX = 64   # one split's KV tile
+LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables select no new variant
 
 
-def scratch_prefill(runner, pool: BlockPool, lengths: Sequence[int], params: SamplingParams | None = None) -> None:
-    """One prefill step through the runner of requests with prompts of these lengths (all zeros),
-    each completing its prompt; their blocks and slots are free again afterwards."""
+def scratch_prefill(runner, pool: BlockPool, lengths: Sequence[int], params: SamplingParams | None = None,
+                    prefix: int = 0) -> None:
+    """One prefill step through the runner of requests (all-zero tokens) that each bring ``lengths[i]``
+    new tokens after ``prefix`` rows taken as a prefix-cache hit, and complete their prompts; their
+    blocks and slots are free again afterwards."""
     from outpace.engine.scheduler import ScheduledRequest  # the scheduler imports the pool: no cycle at load
 
     params = params or SamplingParams(temperature=0, max_tokens=1)
-    reqs = [Request(f"scratch-prefill-{i}", [0] * n, params) for i, n in enumerate(lengths)]
+    reqs = [Request(f"scratch-prefill-{i}", [0] * (prefix + n), params) for i, n in enumerate(lengths)]
     try:
         for r in reqs:
             pool.grow(r.request_id, r.num_tokens)
-        runner.execute([ScheduledRequest(r, r.num_tokens) for r in reqs])
+            r.num_computed_tokens = prefix
+        runner.execute([ScheduledRequest(r, n, num_reused_tokens=prefix) for r, n in zip(reqs, lengths)])
     finally:
         for r in reqs:
             runner.release(r.request_id)
@@ -42,16 +51,20 @@ def scratch_prefill(runner, pool: BlockPool, lengths: Sequence[int], params: Sam
 
 
 def warm_up_prefills(runner, pool: BlockPool, max_seqs: int, max_batched_tokens: int, max_len: int) -> None:
-    """Run the module docstring's warm-up chunks (lengths below ``max_len``, batches within
-    ``max_seqs``, ``max_batched_tokens`` and the pool's free blocks)."""
+    """Run the module docstring's warm-up chunks: those whose rows fit ``max_len`` and the pool's free
+    blocks, in batches within ``max_seqs`` and ``max_batched_tokens``."""
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=1, seed=0)
     length = 1
-    while length <= min(LONGEST_WARM_QUERY, max_len - 1):
-        fits = pool.num_free // pool.blocks_needed(length)
-        if fits < 1:
-            break
-        scratch_prefill(runner, pool, [length], sampled)
-        batch = min(max_seqs, max_batched_tokens // length, fits)
+    while length <= min(LONGEST_WARM_QUERY, max_len - 1) and pool.can_hold("", length):
+        prefixes = [0] + [p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX)
+                          if p + length < max_len and pool.can_hold("", p + length)]
+        for prefix in prefixes:
+            scratch_prefill(runner, pool, [length], sampled, prefix)
+        batch = min(max_seqs, max_batched_tokens // length, pool.num_free // pool.blocks_needed(length))
         if batch > 1:
             scratch_prefill(runner, pool, [length] * batch)
         length *= 2
+
+
+def _powers_of_two(lo: int, hi: int) -> list[int]:
+    return [1 << i for i in range(lo.bit_length() - 1, hi.bit_length())]
