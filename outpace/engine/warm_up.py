@@ -54,10 +54,13 @@ def warm_up_prefills(runner, pool: BlockPool, max_seqs: int, max_batched_tokens:
     """Run the module docstring's warm-up chunks: those whose rows fit ``max_len`` and the pool's free
     blocks, in batches within ``max_seqs`` and ``max_batched_tokens``."""
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=1, seed=0)
+
+    def fits(rows: int) -> bool:
+        return rows < max_len and pool.blocks_needed(rows) <= pool.num_free
+
     length = 1
-    while length <= min(LONGEST_WARM_QUERY, max_len - 1) and pool.can_hold("", length):
-        prefixes = [0] + [p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX)
-                          if p + length < max_len and pool.can_hold("", p + length)]
+    while length <= LONGEST_WARM_QUERY and fits(length):
+        prefixes = [0] + [p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX) if fits(p + length)]
         for prefix in prefixes:
             scratch_prefill(runner, pool, [length], sampled, prefix)
         batch = min(max_seqs, max_batched_tokens // length, pool.num_free // pool.blocks_needed(length))
