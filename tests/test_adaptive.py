@@ -52,6 +52,27 @@ def test_chooser_takes_the_best_tokens_per_second():
     assert chooser.choose(1) == DraftShape(0)
 
 
+def test_each_request_keeps_its_own_acceptance_and_the_batch_takes_their_mean():
+    """A request that accepts everything and one that accepts nothing, verified together: the batch-wide rates
+    are their mixture; alone, each follows its own (the first drafts the longest chain, the second none), a
+    new request follows the batch, and a finished one's counts are dropped."""
+    shapes = [DraftShape(k) for k in range(4)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k in range(4):
+        chooser.record_cost(2, DraftShape(k), 1.0 + 0.1 * k)
+    for _ in range(300):
+        chooser.observe(DraftShape(3), [3, 0], ["repeats", "sampled"])
+    assert chooser.acceptance(None, "repeats") == pytest.approx([1.0, 1.0, 1.0], abs=0.03)  # the prior: 4 of ~104
+    assert chooser.acceptance(None, "sampled") == pytest.approx([0.0, 1.0, 1.0], abs=0.03)  # 2-3: the batch-wide
+    assert chooser.expected_tokens(DraftShape(3), ["repeats"]) == pytest.approx(4, abs=0.1)
+    assert chooser.expected_tokens(DraftShape(3), ["repeats", "sampled"]) == pytest.approx(2.5, abs=0.1)
+    assert chooser.choose(2, ["repeats"]) == DraftShape(3)
+    assert chooser.choose(2, ["sampled"]) == DraftShape(0)   # the tail of a closed batch: plain decoding
+    assert chooser.choose(2, ["new"]) == chooser.choose(2)   # no history: the batch-wide choice
+    chooser.forget("sampled")
+    assert chooser.acceptance(None, "sampled") == chooser.acceptance()
+
+
 def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
     """A tree's accepted path reaches each depth more often than a chain's: each tree shape keeps its own
     acceptance, so a narrow tree that accepts more is chosen over a wide one at the same cost, and a chain
@@ -112,7 +133,7 @@ def test_lossless_while_the_number_of_drafts_changes(temperature, spec):
     llm = LLM(ZOO, max_num_seqs=4, speculative=spec)
     shapes, turn, used = llm.engine.runner.shapes, iter(range(10 ** 6)), set()
     for chooser in llm.engine.runner.choosers.values():
-        chooser.choose = lambda bucket: used.add(shape := shapes[next(turn) % len(shapes)]) or shape
+        chooser.choose = lambda bucket, ids: used.add(shape := shapes[next(turn) % len(shapes)]) or shape
     outs = llm.generate(prompts, params)
     assert used == set(shapes) and len(shapes) == (6 if spec is EAGLE3 else 8)
     seen = [n for o in outs for n, c in enumerate(o.spec_metrics.verifies_by_num_drafts) if c]

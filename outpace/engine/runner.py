@@ -156,6 +156,8 @@ class ModelRunner:
         self.slots.release(request_id)
         if self.grammars is not None:
             self.grammars.release(request_id)
+        for chooser in self.choosers.values():
+            chooser.forget(request_id)
 
     # ---- a step ----------------------------------------------------------------------------------
     def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
@@ -272,7 +274,7 @@ class ModelRunner:
         chooser = self.choosers.get(launch.key.mode)
         if chooser is not None:
             chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
-            chooser.observe(launch.key.shape, [row.accepted for row in rows])
+            chooser.observe(launch.key.shape, [row.accepted for row in rows], launch.request_ids)
         by_id = dict(zip(launch.request_ids, rows))
         if self._ahead is not None:  # each request's length once this step is committed
             self._ahead.starts = tuple(s + by_id[i].accepted + 1 for i, s in zip(ids, starts))
@@ -295,7 +297,7 @@ class ModelRunner:
         ids, n = tuple(r.request_id for r in reqs), len(reqs)
         bucket = bucket_for(self.graph_buckets, n)
         mode = SamplingMode.of([r.params for r in reqs])
-        shape = self.choosers[mode].choose(bucket or n) if self.choosers else self.shapes[0]
+        shape = self.choosers[mode].choose(bucket or n, ids) if self.choosers else self.shapes[0]
         key = StepKey(bucket or n, shape, mode, LogitsFeatures.of([r.params for r in reqs]))
         self.slots.sync_tables(ids)
         if key.features.penalties and not ahead:
