@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tqdm.auto import tqdm
+
 from outpace.cache.block_pool import BlockPool
 from outpace.config import SamplingParams
 from outpace.request import Request
@@ -58,15 +60,17 @@ def warm_up_prefills(runner, pool: BlockPool, max_seqs: int, max_batched_tokens:
     def fits(rows: int) -> bool:
         return rows < max_len and pool.blocks_needed(rows) <= pool.num_free
 
+    steps = []  # (lengths, params, prefix) of each scratch prefill
     length = 1
     while length <= LONGEST_WARM_QUERY and fits(length):
         prefixes = [0] + [p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX) if fits(p + length)]
-        for prefix in prefixes:
-            scratch_prefill(runner, pool, [length], sampled, prefix)
+        steps += [([length], sampled, prefix) for prefix in prefixes]
         batch = min(max_seqs, max_batched_tokens // length, pool.num_free // pool.blocks_needed(length))
         if batch > 1:
-            scratch_prefill(runner, pool, [length] * batch)
+            steps.append(([length] * batch, None, 0))
         length *= 2
+    for lengths, params, prefix in tqdm(steps, desc="warming up prefill kernels", disable=len(steps) < 8):
+        scratch_prefill(runner, pool, lengths, params, prefix)
 
 
 def _powers_of_two(lo: int, hi: int) -> list[int]:
