@@ -88,10 +88,12 @@ class DraftLengthChooser:
         for ``request_id`` its own counts blended with the batch-wide rates (module docstring)."""
         key = CHAINS if shape is None else acceptance_key(shape)
         stats = self._acceptance.get(key)
-        if stats is None:
-            return []
+        return [] if stats is None else self._rates_of(key, request_id, stats.rates())
+
+    def _rates_of(self, key: DraftShape | str, request_id: str | None, batch_wide: list[float]) -> list[float]:
+        """The request's rates for ``key``'s shapes: ``batch_wide`` blended with its own counts, if it has any."""
         own = self._own.get(request_id, {}).get(key)
-        return stats.rates() if own is None else own.blended(stats.rates(), REQUEST_PRIOR)
+        return batch_wide if own is None else own.blended(batch_wide, REQUEST_PRIOR)
 
     def expected_tokens(self, shape: DraftShape, request_ids: Sequence[str] = ()) -> float:
         """Tokens one verify of this shape commits on average, per request of the batch (``request_ids``;
@@ -109,10 +111,9 @@ class DraftLengthChooser:
 
     def _mean_reach(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[float]:
         """Per depth j of ``key``'s shapes, the mean over the requests of a_1 ... a_j (batch-wide: one row)."""
-        prior = self._acceptance[key].rates()
-        rows = [prior if (own := self._own.get(r, {}).get(key)) is None else own.blended(prior, REQUEST_PRIOR)
-                for r in request_ids] or [prior]
-        mean = [0.0] * len(prior)
+        batch_wide = self._acceptance[key].rates()
+        rows = [self._rates_of(key, r, batch_wide) for r in request_ids] or [batch_wide]
+        mean = [0.0] * len(batch_wide)
         for rates in rows:
             reach = 1.0
             for j, a in enumerate(rates):
