@@ -67,3 +67,27 @@ def test_every_decode_step_replays_a_captured_iteration(method, temperature):
     eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, **kwargs).generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in eager]
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["plain"] + list(SPECS))
+def test_lone_prefill_chunks_replay_captured_forwards(method):
+    """Prompts one at a time (each prefill a lone chunk), chunked in 64-token steps, then the first again (a
+    prefix-cache hit): every prefill forward replays a captured graph, and the tokens in fp32 equal those of
+    an engine without graphs (engine/prefill_graphs.py)."""
+    tinypy = str(ZOO / "tinypy")
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4, max_num_batched_tokens=64,
+                  speculative=SPECS.get(method, SpeculativeConfig()))
+    llm = LLM(tinypy, **kwargs)
+    graphs = llm.engine.runner.prefill_graphs
+    assert graphs.buckets == (16, 32, 64) and all(call.graph is not None for call in graphs._graphs.values())
+    sizes, run = [], graphs.run
+    graphs.run = lambda size, *args: sizes.append(size) or run(size, *args)
+    eager = LLM(tinypy, cuda_graphs=False, **kwargs)
+    for prompt in prompts + prompts[:1]:
+        assert llm.generate([prompt], params)[0].token_ids == eager.generate([prompt], params)[0].token_ids
+    steps = sum(-(-len(llm.tokenizer.encode(p)) // 64) for p in prompts)
+    assert len(sizes) >= steps + 1
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks

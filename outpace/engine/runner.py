@@ -1,8 +1,9 @@
-"""Runs a scheduled batch: prefill chunks through one eager forward, decoding requests through the
-decode iteration (iteration.py), captured per batch bucket on CUDA.
+"""Runs a scheduled batch: prefill chunks through one forward (a lone chunk through the forward captured
+for its token bucket, prefill_graphs.py; others eagerly), decoding requests through the decode
+iteration (iteration.py), captured per batch bucket on CUDA.
 
-Host work per step: for prefill chunks, flat inputs and attention metadata built from lists, one
-forward, the first tokens sampled, the drafter told what was committed (``Proposer.absorb``);
+Host work per step: for prefill chunks, flat inputs and (eager) attention metadata built from lists,
+one forward, the first tokens sampled, the drafter told what was committed (``Proposer.absorb``);
 for decoding requests, the batch's slots written into the iteration's input and new block-table
 entries copied; then one host sync for the step's tokens.
 
@@ -31,6 +32,7 @@ from outpace.cache.kv_cache import CacheRows, bind_kv_cache, bound_caches
 from outpace.cache.state_slots import StateSlots
 from outpace.engine.cuda_graphs import bucket_for, pinned
 from outpace.engine.iteration import DecodeIteration, LogitsFeatures, SamplingMode, StepKey
+from outpace.engine.prefill_graphs import PrefillGraphs
 from outpace.engine.run_ahead import HostCopy, reserve_rows
 from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
 from outpace.engine.slots import RequestSlots
@@ -104,13 +106,16 @@ class ModelRunner:
         self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs,
                                          self.states)
         self.graph_buckets: tuple[int, ...] = ()
+        self.prefill_graphs = PrefillGraphs(model, self.backend, self.slots, max_rows)
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
         self._ahead: _Launch | None = None
 
     # ---- set-up ----------------------------------------------------------------------------------
-    def capture(self, buckets: tuple[int, ...]) -> None:
-        """Capture the decode step for every bucket, draft shape and sampling mode (on CUDA; elsewhere the
-        replays run the same step eagerly); with adaptive speculation, profile each on the GPU."""
+    def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
+        """Capture the decode step for every bucket, draft shape and sampling mode, and the forward of a
+        lone prefill chunk for every prefill bucket unless the model has recurrent layers
+        (engine/prefill_graphs.py); on CUDA, elsewhere the replays run the same code eagerly. With adaptive
+        speculation, profile each decode step on the GPU."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
         keys = [StepKey(b, shape, mode) for b in sorted(buckets, reverse=True) for shape in self.shapes
@@ -118,6 +123,8 @@ class ModelRunner:
         with forward_settings(self.batch_invariant):
             for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
                 self.iteration.capture(key, memory)
+            if not self.states.has_state:
+                self.prefill_graphs.capture(prefill_buckets, memory)
             if self.choosers and self.device.type == "cuda":
                 for key in keys:
                     self.choosers[key.mode].record_cost(key.bucket, key.shape, self.profile(key))
@@ -182,15 +189,12 @@ class ModelRunner:
         starts = [r.num_computed_tokens for r in reqs]
         counts = [s.num_new_tokens for s in batch]
         tables = [self.pool.table(r.request_id) for r in reqs]
-        meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
         ids = [t for r, a, c in zip(reqs, starts, counts) for t in r.token_ids[a:a + c]]
-        pos = [p for a, c in zip(starts, counts) for p in range(a, a + c)]
         final = [s.completes_sequence for s in batch]  # a token is sampled
         decodes = [s.decodes_next for s in batch]      # the slot's decode state starts
         with torch.inference_mode():
             input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-            with forward_context(meta, self.backend, recurrent=self.states.prefill(slot_ids, starts)):
-                out = self.model(input_ids, torch.tensor(pos, device=self.device))
+            out = self._prefill_forward(reqs, slot_ids, starts, counts, tables, input_ids)
             ends = torch.tensor(counts).cumsum(0) - 1
             done = [i for i, f in enumerate(final) if f]
             if any(r.prompt_logprobs is not None for r in reqs):
@@ -220,6 +224,19 @@ class ModelRunner:
             token, entry = next(entries)
             results.append(StepResult([token], c, logprobs=None if entry is None else [entry]))
         return results
+
+    def _prefill_forward(self, reqs: list[Request], slot_ids: list[int], starts: list[int], counts: list[int],
+                         tables: list[list[int]], input_ids: torch.Tensor):
+        """The target's forward over the chunks (``input_ids`` [sum(counts)]): a lone chunk that a prefill
+        bucket holds replays its captured forward, any other step runs eagerly."""
+        size = self.prefill_graphs.bucket(counts[0], starts[0]) if len(reqs) == 1 else None
+        if size is not None:
+            self.slots.sync_tables([reqs[0].request_id])
+            return self.prefill_graphs.run(size, slot_ids[0], starts[0], input_ids)
+        meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
+        pos = torch.tensor([p for a, c in zip(starts, counts) for p in range(a, a + c)], device=self.device)
+        with forward_context(meta, self.backend, recurrent=self.states.prefill(slot_ids, starts)):
+            return self.model(input_ids, pos)
 
     def _sample_first(self, reqs: list[Request], slot_ids: list[int],
                       hidden: torch.Tensor) -> tuple[torch.Tensor, list | None]:

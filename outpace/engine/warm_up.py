@@ -2,8 +2,10 @@
 warm-up that compiles, before the first request, the kernel variants an eager prefill chunk selects by
 its shape.
 
-Triton compiles a kernel once per set of constexpr arguments. The decode steps are captured at
-start-up, so theirs are compiled then; a prefill chunk runs eagerly, and the paged attention kernel
+Triton compiles a kernel once per set of constexpr arguments. The decode steps and the lone prefill
+chunks that a prefill bucket holds are captured at start-up (engine/prefill_graphs.py), so theirs are
+compiled then; other prefill steps (several chunks, longer ones, the context's end, models with recurrent
+layers, engines without graphs) run eagerly, and the paged attention kernel
 picks its tile height from the chunk's longest query (16 to 128 rows of query tokens times the GQA
 group), and its KV split, with the combine kernel's width, from the grid's size and the block table's
 capacity (attention/triton_kernels.launch_config). On an H100 each new variant costs the request that

@@ -1,0 +1,95 @@
+"""A lone prefill chunk replayed through the forward captured for its token bucket (engine/prefill_graphs.py).
+On the CPU a replay runs the padded forward eagerly over the same static buffers, so the bucket choice,
+the padding and everything read from the outputs are checked here; the GPU tests check the graphs."""
+import json
+from pathlib import Path
+
+import pytest
+
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.engine.prefill_graphs import prefill_buckets
+
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+SPECS = pytest.mark.parametrize("spec", [
+    None,
+    SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4),
+    SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, topk=2, num_draft_tokens=6),
+    SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
+    SpeculativeConfig("mtp", num_steps=3),
+    SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
+    SpeculativeConfig("ngram", num_steps=4),
+], ids=["plain", "eagle3", "eagle3-tree", "dflash", "mtp", "draft", "ngram"])
+# 32 tokens a step: a 40-token prompt is prefilled as a 32-token chunk, then an 8-token one (bucket 16)
+ENGINE = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=32)
+
+
+def test_buckets_are_powers_of_two_within_the_token_budget():
+    assert prefill_buckets(2048) == (16, 32, 64, 128, 256, 512)
+    assert prefill_buckets(100) == (16, 32, 64)
+    assert prefill_buckets(8) == ()
+
+
+def _prompts() -> list[str]:
+    return json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:3]
+
+
+def _counting_replays(llm: LLM) -> list[int]:
+    """The bucket of every prefill forward that replayed one."""
+    graphs, sizes = llm.engine.runner.prefill_graphs, []
+    run = graphs.run
+
+    def counting(size, *args):
+        sizes.append(size)
+        return run(size, *args)
+
+    graphs.run = counting
+    return sizes
+
+
+@SPECS
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
+    """Prompts one at a time, each in chunks of 32 tokens and a shorter last one, then the first prompt again
+    (with prefix caching, only its uncached suffix): every prefill step replays a bucket, and the tokens,
+    acceptance and prompt log-probabilities equal those of an engine that runs every prefill eagerly."""
+    spec = spec or SpeculativeConfig()
+    eager, graphed = LLM(str(ZOO / "tinypy"), speculative=spec, **ENGINE), LLM(str(ZOO / "tinypy"), speculative=spec,
+                                                                              **ENGINE)
+    graphed.engine.capture_graphs()
+    replays = _counting_replays(graphed)
+    tok = graphed.tokenizer
+    prompts = [tok.encode(p)[-40:] for p in _prompts()]
+    params = SamplingParams(temperature=temperature, max_tokens=16, seed=5, ignore_eos=True, prompt_logprobs=1)
+    for prompt in prompts + prompts[:1]:
+        want, got = eager.generate([prompt], params)[0], graphed.generate([prompt], params)[0]
+        assert got.token_ids == want.token_ids
+        if spec.enabled:
+            assert got.spec_metrics.accepted_per_position == want.spec_metrics.accepted_per_position
+        assert [list(row) for row in got.prompt_logprobs[1:]] == [list(row) for row in want.prompt_logprobs[1:]]
+        assert [e.logprob for row in got.prompt_logprobs[1:] for e in row.values()] == pytest.approx(
+            [e.logprob for row in want.prompt_logprobs[1:] for e in row.values()], abs=1e-4)
+    assert replays[:6] == [32, 16] * 3  # the rest: the repeated prompt's suffix (a cache hit, when on)
+    assert replays[6:] in ([16], [32, 16])
+    engine = graphed.engine
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.slots._slot_of
+
+
+def test_batches_chunks_past_the_largest_bucket_and_the_context_end_run_eagerly():
+    llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=4, max_num_batched_tokens=2048)
+    llm.engine.capture_graphs()
+    graphs = llm.engine.runner.prefill_graphs
+    assert graphs.buckets == (16, 32, 64, 128, 256, 512)
+    assert graphs.bucket(1, 0) == 16 and graphs.bucket(100, 40) == 128 and graphs.bucket(513, 0) is None
+    assert graphs.bucket(10, graphs.max_rows - 16) == 16 and graphs.bucket(10, graphs.max_rows - 15) is None
+    replays = _counting_replays(llm)
+    prompts = [llm.tokenizer.encode(p)[-40:] for p in _prompts()]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))  # one step prefills all three
+    assert replays == []
+
+
+def test_models_with_recurrent_layers_capture_no_prefill():
+    """Padding tokens would advance a request's recurrent state: hybrids prefill eagerly."""
+    llm = LLM(str(ZOO / "tinyqwen35"), device="cpu", max_num_seqs=2)
+    llm.engine.capture_graphs()
+    assert llm.engine.runner.prefill_graphs.buckets == ()
