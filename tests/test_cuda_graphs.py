@@ -99,6 +99,26 @@ def test_run_ahead_can_be_turned_off(prompts, reference):
     assert hits["hits"] == 0
 
 
+def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, reference):
+    """A step that every request of the batch may finish in by length (its output reaching max_tokens if
+    all drafts are accepted) is not followed by one run ahead, which would serve nobody while the next
+    request's prefill waits for it: one request after another, no step run ahead is dropped. With two
+    requests of different lengths, the longer one's steps are still run ahead while the shorter one ends."""
+    llm = _graphed(EAGLE3)
+    owner, dropped = llm.engine.runner, []
+    drop = owner._drop_ahead
+    owner._drop_ahead = lambda: dropped.append(owner._ahead is not None) or drop()
+    hits = _count_run_ahead_hits(llm)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for prompt in prompts:
+        llm.generate([prompt], params)
+    assert not any(dropped) and hits["hits"] > 10
+    params, expected = reference
+    hits["hits"] = 0
+    assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == expected[:2]  # 12 and 17 tokens
+    assert hits["hits"] >= 4
+
+
 DRAFTERS = pytest.mark.parametrize("spec", [
     EAGLE3, DFLASH,
     SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),

@@ -285,7 +285,7 @@ class ModelRunner:
     def _decode(self, reqs: list[Request]) -> list[StepResult]:
         ids, starts = tuple(r.request_id for r in reqs), tuple(r.num_computed_tokens for r in reqs)
         launch = self._take_ahead(ids, starts) or self._launch(reqs)
-        if self._may_run_ahead(reqs):
+        if self._may_run_ahead(reqs, launch.key.shape):
             self._ahead = self._launch(reqs, ahead=True)
         rows = self.iteration.unpack(launch.copy.tolist(), launch.key, len(launch.request_ids))
         chooser = self.choosers.get(launch.key.mode)
@@ -385,9 +385,9 @@ class ModelRunner:
             for buffer, saved in zip(self._state(launch.key), launch.saved):
                 buffer.index_copy_(0, slot_ids, saved.index_select(0, index))
 
-    def _may_run_ahead(self, reqs: list[Request]) -> bool:
-        """Whether to launch the step after this one now: captured, and its rows reserved for any
-        acceptance of this one (run_ahead.reserve_rows)."""
+    def _may_run_ahead(self, reqs: list[Request], shape: DraftShape) -> bool:
+        """Whether to launch the step after this one (which drafts ``shape``) now: captured, and its rows
+        reserved for any acceptance of this one (run_ahead.reserve_rows)."""
         if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(reqs)) is None:
             return False
         if any(r.params.structured_outputs is not None for r in reqs):  # its masks need this step's tokens
@@ -395,7 +395,8 @@ class ModelRunner:
         per_step = self.shapes[-1].num_nodes
         lookahead = self.proposer.lookahead if self.proposer is not None else 0
         rows = [r.num_computed_tokens + 2 * per_step + lookahead + 1 for r in reqs]
-        return reserve_rows(self.pool, reqs, rows, min(self.run_ahead_limit, self.slots.max_rows))
+        limit = min(self.run_ahead_limit, self.slots.max_rows)
+        return reserve_rows(self.pool, reqs, rows, limit, committed=shape.num_steps + 1)
 
 
 def _next_tokens(reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor) -> torch.Tensor:
