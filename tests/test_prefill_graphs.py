@@ -88,6 +88,23 @@ def test_batches_chunks_past_the_largest_bucket_and_the_context_end_run_eagerly(
     assert replays == []
 
 
+def test_mla_buckets_stop_below_the_expanded_form():
+    """MLA expands its latents by gathering the whole block table from ``expand_min_query_len`` queries on (32
+    for tinyds): a captured chunk's table is the slot's full width, so only shorter buckets are captured, and a
+    lone prompt's chunks replay them or prefill eagerly with the tokens an eager engine gives."""
+    kw = dict(device="cpu", max_num_seqs=2, max_num_batched_tokens=64)
+    graphed, eager = LLM(str(ZOO / "tinyds"), **kw), LLM(str(ZOO / "tinyds"), **kw)
+    graphed.engine.capture_graphs()
+    assert graphed.engine.runner.prefill_graphs.buckets == (16,)
+    replays = _counting_replays(graphed)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for prompt in _prompts():
+        ids = graphed.tokenizer.encode(prompt)[-30:]
+        for chunk in (ids[:12], ids):  # 12 tokens (replayed), then 30 (eager, or after a cached block replayed)
+            assert graphed.generate([chunk], params)[0].token_ids == eager.generate([chunk], params)[0].token_ids
+    assert len(replays) >= 3 and set(replays) == {16}
+
+
 def test_models_with_recurrent_layers_capture_no_prefill():
     """Padding tokens would advance a request's recurrent state: hybrids prefill eagerly."""
     llm = LLM(str(ZOO / "tinyqwen35"), device="cpu", max_num_seqs=2)

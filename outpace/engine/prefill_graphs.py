@@ -12,10 +12,14 @@ padding block. Only the forward is captured: sampling the first token and the dr
 read the first ``c`` rows of its outputs as they read an eager forward's.
 
 Models with recurrent layers are left out: padding tokens would advance a request's recurrent state.
+Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
+table, from some query-run length on (layers/mla.py): a captured chunk's table is the slot's full width,
+so the buckets stop below that length and longer chunks prefill eagerly, over their own blocks.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -24,6 +28,7 @@ from outpace.attention import forward_context
 from outpace.attention.uniform_metadata import uniform_paged_metadata
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.slots import RequestSlots
+from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.speculative.proposer import positions
 
 SMALLEST_PREFILL_BUCKET = 16    # the attention kernel's smallest tile: fewer rows cost the same
@@ -52,11 +57,14 @@ class PrefillGraphs:
         self.slot = torch.zeros(1, dtype=torch.int64, device=device)                           # [1] the request's slot
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
-        """Capture the forward for every bucket (on CUDA; elsewhere a replay runs it eagerly). The slot
-        is the padding slot meanwhile: its table points at the padding block."""
+        """Capture the forward for every bucket that fits the context and stays below an MLA layer's expanded
+        form (on CUDA; elsewhere a replay runs it eagerly). The slot is the padding slot meanwhile: its table
+        points at the padding block."""
         self.slot.fill_(self.slots.padding_slot)
         self.start.zero_()
-        self.buckets = tuple(b for b in sorted(buckets) if b <= min(LARGEST_PREFILL_BUCKET, self.max_rows))
+        expands = min((m.expand_min_query_len for m in self.model.modules()
+                       if isinstance(m, MultiHeadLatentAttention)), default=math.inf)
+        self.buckets = tuple(b for b in sorted(buckets) if b <= min(LARGEST_PREFILL_BUCKET, self.max_rows) and b < expands)
         self._graphs = {size: CapturedCall(lambda size=size: self._forward(size), self.slots.device, memory_pool)
                         for size in self.buckets}
 
