@@ -36,8 +36,9 @@ from outpace.engine.slots import RequestSlots
 from outpace.layers.logits_processing import TokenLogprobs, apply_token_bitmask, count_tokens, token_logprobs
 from outpace.layers.sampler import is_greedy
 from outpace.request import VERIFY
+from outpace.speculative.chain import chain_drafts
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
-from outpace.speculative.tree import ancestor_mask, chain_tree
+from outpace.speculative.tree import ancestor_mask
 from outpace.speculative.verify import verify_chain, verify_tree
 
 
@@ -139,7 +140,7 @@ class DecodeIteration:
                               tables if width is None else tables[:, :width].contiguous(), s.seeds[slot_ids],
                               s.sampling(slot_ids, key.mode is SamplingMode.GREEDY,
                                          key.mode is SamplingMode.FILTERED), s.pool.block_size)
-            drafts = self.proposer.draft(rows, shape) if self.proposer is not None else _root_only(rows)
+            drafts = self.proposer.draft(rows, shape) if self.proposer is not None else chain_drafts(rows, [], [])
             n = shape.num_nodes
             mask = None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)  # [b, n, n]
             with rows.context(rows.lengths, n, self.backend, mask) as ctx:
@@ -157,8 +158,7 @@ class DecodeIteration:
             if key.features.penalties:  # node 0 and the accepted drafts are output before the new last token
                 path = result.accepted_path                                              # [b, depth + 1]
                 count_tokens(s.output_counts, slot_ids, drafts.token_ids.gather(1, path.clamp(min=0)), path >= 0)
-            if self.states.has_state:
-                self.states.commit(slot_ids, result.last_correct_step_indices)
+            self.states.commit(slot_ids, result.last_correct_step_indices)  # (a no-op without recurrent state)
             if self.proposer is not None:
                 self.proposer.update(Verified(rows, out.hidden_states, out.aux_hidden_states, result))
             s.lengths[slot_ids] = rows.lengths + result.num_correct_drafts + 1
@@ -205,12 +205,7 @@ class DecodeIteration:
         order = torch.arange(width, device=path.device).expand(b, -1)                  # [b, depth + 1]
         src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)         # unaccepted: stay
         dst_rows = rows.lengths[:, None] + order
-        bs = rows.block_size
-
-        def flat_slots(r: torch.Tensor) -> torch.Tensor:  # [b, w] rows -> [b, w] flat cache rows
-            return rows.tables.gather(1, r // bs) * bs + r % bs
-
-        self.kv_rows.move(flat_slots(src_rows), flat_slots(dst_rows))
+        self.kv_rows.move(rows.cache_slots(src_rows), rows.cache_slots(dst_rows))
 
 
 def _committed_logprobs(logits: torch.Tensor, result, k: int) -> TokenLogprobs:
@@ -221,9 +216,3 @@ def _committed_logprobs(logits: torch.Tensor, result, k: int) -> TokenLogprobs:
     nodes = result.accepted_path.clamp(min=0)                                                    # [b, w]
     rows = logits.gather(1, nodes[..., None].expand(-1, -1, vocab))                              # [b, w, V]
     return token_logprobs(rows.reshape(-1, vocab), result.output_token_ids.clamp(min=0).reshape(-1), k)
-
-
-def _root_only(rows: DecodeRows) -> Drafts:
-    """No drafter: node 0 alone (plain decoding)."""
-    parents, depths = chain_tree(rows.size, 1, rows.slots.device)
-    return Drafts(rows.last_tokens[:, None], parents, depths)

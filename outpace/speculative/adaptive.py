@@ -27,6 +27,8 @@ second than a smaller one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import mul
 
 from outpace.speculative.proposer import DraftShape
 
@@ -54,9 +56,7 @@ class _DepthAcceptance:
         return [(a + weight * p) / (t + weight) for a, t, p in zip(self.accepted, self.tried, prior)]
 
     def observe(self, depth: int, accepted_drafts: list[int], decay: float) -> None:
-        for j in range(len(self.tried)):
-            self.accepted[j] *= decay
-            self.tried[j] *= decay
+        self.accepted, self.tried = [a * decay for a in self.accepted], [t * decay for t in self.tried]
         for a in accepted_drafts:
             for j in range(min(a + 1, depth)):  # depths tried: up to the first rejection
                 self.tried[j] += 1
@@ -71,14 +71,13 @@ class DraftLengthChooser:
         second of a smaller one."""
         self.shapes = sorted(shapes, key=lambda s: (s.num_nodes, s.topk))
         self.decay, self.probe_every, self.smoothing, self.margin = decay, probe_every, cost_smoothing, margin
-        depths: dict[DraftShape | str, int] = {}  # the deepest shape of each kind
+        self._depths: dict[DraftShape | str, int] = {}  # the deepest shape of each kind
         for s in self.shapes:
             if s.num_steps:
-                depths[acceptance_key(s)] = max(s.num_steps, depths.get(acceptance_key(s), 0))
-        self._acceptance = {key: _DepthAcceptance(depth, prior) for key, depth in depths.items()}
+                self._depths[acceptance_key(s)] = max(s.num_steps, self._depths.get(acceptance_key(s), 0))
+        self._acceptance = {key: _DepthAcceptance(depth, prior) for key, depth in self._depths.items()}
         longest_chain = max((s for s in self.shapes if s.is_chain), key=lambda s: s.num_steps, default=None)
         self.probes = [s for s in self.shapes if s.num_steps and (not s.is_chain or s == longest_chain)]
-        self._depths = depths
         self._own: dict[str, dict[DraftShape | str, _DepthAcceptance]] = {}  # request id -> its own counts
         self.costs: dict[tuple[int, DraftShape], float] = {}
         self._steps = 0
@@ -113,13 +112,8 @@ class DraftLengthChooser:
         """Per depth j of ``key``'s shapes, the mean over the requests of a_1 ... a_j (batch-wide: one row)."""
         batch_wide = self._acceptance[key].rates()
         rows = [self._rates_of(key, r, batch_wide) for r in request_ids] or [batch_wide]
-        mean = [0.0] * len(batch_wide)
-        for rates in rows:
-            reach = 1.0
-            for j, a in enumerate(rates):
-                reach *= a
-                mean[j] += reach / len(rows)
-        return mean
+        reaches = [accumulate(rates, mul) for rates in rows]  # per request: a_1, a_1 a_2, ...
+        return [sum(reach / len(rows) for reach in depth) for depth in zip(*reaches)]
 
     def choose(self, bucket: int, request_ids: Sequence[str] = ()) -> DraftShape:
         self._steps += 1

@@ -1,6 +1,5 @@
-"""Pieces every chain drafter shares: choosing a draft token from draft logits (greedy, or sampled
-from the request's processed distribution q, which speculative sampling then needs), and packing
-the drafts into a chain ``Drafts``."""
+"""Pieces every chain drafter shares: choosing a draft token from draft logits (greedy, or sampled from the request's
+processed distribution q, which speculative sampling then needs), and packing the drafts into a chain ``Drafts``."""
 from __future__ import annotations
 
 import torch

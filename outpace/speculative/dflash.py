@@ -27,8 +27,7 @@ from outpace.config import ConfigError, SpeculativeConfig
 from outpace.models.dflash import load_dflash_draft
 from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import chain_drafts, choose_chain
-from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
-                                          positions)
+from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 from outpace.speculative.rows import prefill_extension
 
 
@@ -62,12 +61,11 @@ class DFlashProposer(Proposer):
             self.draft_model.write_context(features, ext.positions, ext.metadata.slot_mapping)
 
     def update(self, verified: Verified) -> None:
-        rows, bs = verified.rows, verified.rows.block_size
+        rows = verified.rows
         n = verified.aux_hidden_states.shape[0] // rows.size                     # verified nodes per row
         kv_rows = rows.lengths[:, None] + torch.arange(n, device=rows.lengths.device)  # [b, n]: node i at L + i
-        slots = (rows.tables.gather(1, kv_rows // bs) * bs + kv_rows % bs).reshape(-1)  # [b * n]
         self.draft_model.write_context(self.draft_model.fuse(verified.aux_hidden_states), kv_rows.reshape(-1),
-                                       slots)
+                                       rows.cache_slots(kv_rows).reshape(-1))
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:

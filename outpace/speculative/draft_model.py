@@ -24,8 +24,7 @@ from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.models.loader import load_model
 from outpace.speculative.chain import chain_drafts, choose_chain
-from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
-                                          positions)
+from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 from outpace.speculative.rows import prefill_extension
 
 
@@ -161,13 +160,12 @@ class DraftModelProposer(Proposer):
         self.states.commit(rows.slots, count - 1)  # the state after token L, the last committed one
         tokens, probs = [], []
         for j in range(1, shape.num_steps + 1):
-            token = choose_chain(self._logits(hidden), rows, j, probs)
-            tokens.append(token)
+            tokens.append(choose_chain(self._logits(hidden), rows, j, probs))
             if j < shape.num_steps:  # the row reading draft j sits at position L + j
                 row = rows.lengths + j
                 with rows.context(row, 1, self.backend) as ctx:
                     ctx.recurrent = self._advance(rows.slots)
-                    hidden = self._forward(token, row)
+                    hidden = self._forward(tokens[-1], row)
         if shape.num_steps > 1:
             self.states.commit(rows.slots, count - 1)  # back to the state after token L
         return chain_drafts(rows, tokens, probs)

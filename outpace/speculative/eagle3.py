@@ -27,8 +27,7 @@ from outpace.config import SpeculativeConfig
 from outpace.models.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import choose_chain, chain_drafts
-from outpace.speculative.proposer import (DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified,
-                                          positions)
+from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 from outpace.speculative.rows import prefill_extension
 from outpace.speculative.tree import select_tree
 
@@ -57,8 +56,7 @@ class Eagle3Proposer(Proposer):
 
     @property
     def lookahead(self) -> int:
-        s = self.spec
-        return max(s.num_draft_tokens, (s.num_steps - 1) * s.topk) - 1
+        return max(self.spec.num_draft_tokens, (self.spec.num_steps - 1) * self.spec.topk) - 1
 
     @property
     def unsettled_rows(self) -> int:
@@ -120,12 +118,11 @@ class Eagle3Proposer(Proposer):
     def _draft_chain(self, rows: DecodeRows, num_steps: int, hidden: torch.Tensor) -> Drafts:
         tokens, probs = [], []
         for j in range(1, num_steps + 1):
-            token = choose_chain(self._to_target_logits(self.draft_model.compute_logits(hidden)), rows, j, probs)
-            tokens.append(token)
+            tokens.append(choose_chain(self._to_target_logits(self.draft_model.compute_logits(hidden)), rows, j, probs))
             if j < num_steps:  # the row reading draft j sits at position L + j - 1
                 row = rows.lengths + j - 1
                 with rows.context(row, 1, self.backend):
-                    hidden = self.draft_model(token, row, hidden)
+                    hidden = self.draft_model(tokens[-1], row, hidden)
         return chain_drafts(rows, tokens, probs)
 
     def _draft_tree(self, rows: DecodeRows, shape: DraftShape, hidden: torch.Tensor) -> Drafts:

@@ -1,7 +1,8 @@
 """Speculative-decoding metrics: per request, and summed over requests."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import zip_longest
 
 
 @dataclass
@@ -38,8 +39,7 @@ class SpecMetrics:
         self.verifies_by_num_drafts[num_drafts] += 1
         if budget is not None and budget - 1 < max_depth:
             max_depth = budget - 1
-            num_drafts = (max_depth if draft_depths is None
-                          else sum(1 for d in draft_depths if d <= max_depth))
+            num_drafts = max_depth if draft_depths is None else sum(1 for d in draft_depths if d <= max_depth)
             num_accepted = min(num_accepted, max_depth)
         self.num_verifies += 1
         self.num_draft_tokens += num_drafts
@@ -54,20 +54,8 @@ class SpecMetrics:
         self.histogram[num_accepted] += 1
 
     def merge(self, other: SpecMetrics) -> SpecMetrics:
-        out = SpecMetrics(self.num_verifies + other.num_verifies, self.num_draft_tokens + other.num_draft_tokens,
-                          self.num_accepted_drafts + other.num_accepted_drafts)
-        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
-        out.accepted_per_position = [_at(self.accepted_per_position, i) + _at(other.accepted_per_position, i)
-                                     for i in range(n)]
-        m = max(len(self.histogram), len(other.histogram))
-        out.histogram = [_at(self.histogram, i) + _at(other.histogram, i) for i in range(m)]
-        k = max(len(self.proposed_per_position), len(other.proposed_per_position))
-        out.proposed_per_position = [_at(self.proposed_per_position, i) + _at(other.proposed_per_position, i)
-                                     for i in range(k)]
-        d = max(len(self.verifies_by_num_drafts), len(other.verifies_by_num_drafts))
-        out.verifies_by_num_drafts = [_at(self.verifies_by_num_drafts, i) + _at(other.verifies_by_num_drafts, i)
-                                      for i in range(d)]
-        return out
+        """The field-wise sum (lists element-wise, the shorter one padded with zeros)."""
+        return SpecMetrics(**{f.name: _add(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
 
     @property
     def acceptance_length(self) -> float:
@@ -80,17 +68,15 @@ class SpecMetrics:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
 
     def to_dict(self) -> dict:
-        return {"num_verifies": self.num_verifies, "num_draft_tokens": self.num_draft_tokens,
-                "num_accepted_drafts": self.num_accepted_drafts, "acceptance_length": self.acceptance_length,
-                "acceptance_rate_per_position": self.acceptance_rate_per_position,
-                "accepted_per_position": self.accepted_per_position,
-                "proposed_per_position": self.proposed_per_position, "histogram": self.histogram,
-                "verifies_by_num_drafts": self.verifies_by_num_drafts}
+        keys = ("num_verifies", "num_draft_tokens", "num_accepted_drafts", "acceptance_length",
+                "acceptance_rate_per_position", "accepted_per_position", "proposed_per_position", "histogram",
+                "verifies_by_num_drafts")
+        return {key: getattr(self, key) for key in keys}
 
 
 def _grow(values: list[int], size: int) -> None:
     values.extend([0] * (size - len(values)))
 
 
-def _at(values: list[int], i: int) -> int:
-    return values[i] if i < len(values) else 0
+def _add(a: int | list[int], b: int | list[int]) -> int | list[int]:
+    return [x + y for x, y in zip_longest(a, b, fillvalue=0)] if isinstance(a, list) else a + b

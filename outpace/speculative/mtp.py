@@ -110,8 +110,7 @@ class MTPProposer(Proposer):
         meta = build_paged_metadata([prefill.tables[i] for i in take], [firsts[i] for i in take],
                                     [runs[i] for i in take], self.pool.block_size, self.device)
         pos = torch.cat([torch.arange(firsts[i], firsts[i] + runs[i]) for i in take]).to(self.device)  # [m]
-        target_hidden = torch.cat([seqs[i][0][:runs[i]] for i in take])                                 # [m, hidden]
-        h = target_hidden
+        h = target_hidden = torch.cat([seqs[i][0][:runs[i]] for i in take])                             # [m, hidden]
         with forward_context(meta, self.backend):
             for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
                 tokens = torch.cat([seqs[i][1][k:k + runs[i]] for i in take])                           # [m]
@@ -134,8 +133,7 @@ class MTPProposer(Proposer):
         self.pending_hidden[rows.slots] = torch.where(
             is_old[..., None], old_hidden.gather(1, old[..., None].expand(expand)),
             new_hidden.gather(1, new[..., None].expand(expand)))
-        self.pending_tokens[rows.slots] = torch.where(is_old, old_tokens.gather(1, old),
-                                                      new_tokens.gather(1, new))
+        self.pending_tokens[rows.slots] = torch.where(is_old, old_tokens.gather(1, old), new_tokens.gather(1, new))
         self.pending_start[rows.slots] = rows.lengths - kept
         self.pending_count[rows.slots] = kept + verified.result.num_correct_drafts + 1
 

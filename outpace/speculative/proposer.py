@@ -18,9 +18,12 @@ import abc
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from outpace.attention import forward_context, uniform_paged_metadata
+from outpace.attention.registry import get_backend
 from outpace.layers.sampler import SamplingTensors, random_keys
+from outpace.request import DRAWS
 from outpace.speculative.verify import VerifyResult
 
 
@@ -91,8 +94,6 @@ class DecodeRows:
     def keys(self, offset: int, purpose: int) -> torch.Tensor:
         """[b] random keys for a draw deciding the token at position L + offset (outpace/request.py
         names the purposes)."""
-        from outpace.request import DRAWS
-
         return random_keys(self.seeds, (self.lengths + offset) * DRAWS + purpose)
 
     def context(self, starts: torch.Tensor, query_len: int, backend, custom_mask: torch.Tensor | None = None):
@@ -100,6 +101,10 @@ class DecodeRows:
         query_len - 1 (``custom_mask`` [b, query_len, window] for trees, else causal)."""
         meta = uniform_paged_metadata(self.tables, starts, query_len, self.block_size, custom_mask)
         return forward_context(meta, backend)
+
+    def cache_slots(self, kv_rows: torch.Tensor) -> torch.Tensor:
+        """[b, w] KV rows of each row's request -> [b, w] their flat rows in the paged cache."""
+        return self.tables.gather(1, kv_rows // self.block_size) * self.block_size + kv_rows % self.block_size
 
 
 def positions(starts: torch.Tensor, n: int) -> torch.Tensor:
@@ -134,9 +139,8 @@ class Verified:
     def committed_rows(self, width: int) -> torch.Tensor:
         """[b, width] int64: for each row, the flat index (into the verify forward's outputs) of its
         committed nodes in order, padded with its last committed node."""
-        b = self.rows.size
-        path = self.result.accepted_path                                       # [b, depth + 1], -1 after
-        path = torch.cat([path, path.new_full((b, max(0, width - path.shape[1])), -1)], dim=1)[:, :width]
+        b, path = self.rows.size, self.result.accepted_path                    # path: [b, depth + 1], -1 after
+        path = F.pad(path, (0, width - path.shape[1]), value=-1)               # [b, width]: cut or padded
         last = path.gather(1, self.result.num_correct_drafts[:, None])         # [b, 1]
         path = torch.where(path >= 0, path, last)
         num_nodes = self.hidden_states.shape[0] // b
@@ -145,7 +149,7 @@ class Verified:
     def next_tokens(self, width: int) -> torch.Tensor:
         """[b, width] int64: the token after each committed row, padded with the last (the bonus)."""
         out = self.result.output_token_ids                                     # [b, depth + 1], -1 after
-        out = torch.cat([out, out.new_full((out.shape[0], max(0, width - out.shape[1])), -1)], dim=1)[:, :width]
+        out = F.pad(out, (0, width - out.shape[1]), value=-1)                  # [b, width]: cut or padded
         return torch.where(out >= 0, out, self.result.bonus_token_ids[:, None])
 
 
@@ -178,12 +182,8 @@ class Proposer(abc.ABC):
     kv_reads_ahead: int = 0
 
     def __init__(self, spec, pool, max_slots: int, device: str, attention_backend: str = "torch") -> None:
-        from outpace.attention.registry import get_backend
-
-        self.spec = spec
-        self.pool = pool
+        self.spec, self.pool, self.device = spec, pool, torch.device(device)
         self.max_slots = max_slots  # slot indices 0 .. max_slots (the last: padding)
-        self.device = torch.device(device)
         self.backend = get_backend(attention_backend)
 
     @property

@@ -43,8 +43,7 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: to
     node_of = torch.full((batch, num_candidates), -1, dtype=torch.int64, device=scores.device)
     node_of.scatter_(1, chosen, torch.arange(1, num_nodes, device=scores.device).expand(batch, -1))
     parent_cand = torch.gather(parent_candidate, 1, chosen)
-    parent_node = torch.where(parent_cand < 0, torch.zeros_like(parent_cand),
-                              torch.gather(node_of, 1, parent_cand.clamp(min=0)))
+    parent_node = torch.where(parent_cand < 0, 0, torch.gather(node_of, 1, parent_cand.clamp(min=0)))
     root = torch.zeros(batch, 1, dtype=torch.int64, device=scores.device)
     token_ids = torch.cat([root_tokens[:, None], torch.gather(tokens, 1, chosen)], dim=1)
     parents = torch.cat([root - 1, parent_node], dim=1)

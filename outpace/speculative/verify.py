@@ -2,31 +2,27 @@
 
 Terms
 -----
-- position / node 0: the last accepted token (already committed, not a draft). The
-  target's distribution at position j (``target_*[:, j]``) is for the token *after*
-  position j. In a chain, position j >= 1 holds draft ``j - 1``; in a tree, node j >= 1
-  holds ``draft_token_ids[:, j]``.
+- position / node 0: the last accepted token (already committed, not a draft). The target's distribution at position
+  j (``target_*[:, j]``) is for the token *after* position j. In a chain, position j >= 1 holds draft ``j - 1``; in
+  a tree, node j >= 1 holds ``draft_token_ids[:, j]``.
 - ``num_correct_drafts``: drafts accepted (the longest accepted prefix / root path).
-- bonus token: the one token the target adds after the last correct draft. When every
-  draft on the path was accepted it is sampled from the target at the last accepted node
-  (vLLM's "bonus"); when a draft was rejected it is sampled from the residual at the
-  rejection point (vLLM's "recovered"). Either way exactly one per request, so
-  accepted tokens per verify = ``num_correct_drafts + 1``.
-- ``last_correct_step_indices``: the verified position/node whose state must survive
-  (KV, recurrent state): ``num_correct_drafts`` for a chain, the accepted node for a tree.
+- bonus token: the one token the target adds after the last correct draft. When every draft on the path was accepted
+  it is sampled from the target at the last accepted node (vLLM's "bonus"); when a draft was rejected it is sampled
+  from the residual at the rejection point (vLLM's "recovered"). Either way exactly one per request, so accepted
+  tokens per verify = ``num_correct_drafts + 1``.
+- ``last_correct_step_indices``: the verified position/node whose state must survive (KV, recurrent state):
+  ``num_correct_drafts`` for a chain, the accepted node for a tree.
 
-Greedy verification compares drafts with ``argmax`` of the target. Sampling verification
-is speculative (rejection) sampling and is exactly lossless: the emitted tokens have the
-target's processed distribution (``outpace.layers.sampler.logits_to_probs``). Rows whose
-target distribution is one-hot (temperature 0) reduce to the greedy rule: a draft equal to
-the argmax is always accepted, any other always rejected, and the bonus token is the
-argmax. Randomness comes from per-row random keys (``outpace.layers.sampler.random_keys``,
-or the default RNG without them): the uniforms are stream 0 of a row's key, the bonus token's
-draw stream 1, so a seeded request reproduces whatever the batch looks like.
+Greedy verification compares drafts with ``argmax`` of the target. Sampling verification is speculative (rejection)
+sampling and is exactly lossless: the emitted tokens have the target's processed distribution
+(``outpace.layers.sampler.logits_to_probs``). Rows whose target distribution is one-hot (temperature 0) reduce to
+the greedy rule: a draft equal to the argmax is always accepted, any other always rejected, and the bonus token is
+the argmax. Randomness comes from per-row random keys (``outpace.layers.sampler.random_keys``, or the default RNG
+without them): the uniforms are stream 0 of a row's key, the bonus token's draw stream 1, so a seeded request
+reproduces whatever the batch looks like.
 
-Nothing here syncs with the host; shapes depend only on input shapes. Chain functions are
-fully vectorised; tree functions loop over depth (greedy) or over nodes (sampling), with
-every step vectorised over the batch.
+Nothing here syncs with the host; shapes depend only on input shapes. Chain functions are fully vectorised; tree
+functions loop over depth (greedy) or over nodes (sampling), with every step vectorised over the batch.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from outpace.layers.sampler import Keys, SamplingTensors, draw_uniform, logits_to_probs, sample_from_probs
@@ -98,25 +95,17 @@ def _residual_after_rejecting_token(p: Tensor, token: Tensor) -> Tensor:
 
 
 def _chain_result(draft_token_ids: Tensor, num_correct_drafts: Tensor, bonus_token_ids: Tensor) -> VerifyResult:
-    batch, num_drafts = draft_token_ids.shape
-    device = draft_token_ids.device
+    num_drafts = draft_token_ids.shape[1]
     if num_drafts == 0:  # plain decoding: the bonus token alone, at position 0 (a few kernels fewer per step)
         return VerifyResult(bonus_token_ids[:, None], num_correct_drafts, bonus_token_ids, num_correct_drafts,
                             num_correct_drafts[:, None])
-    positions = torch.arange(num_drafts + 1, device=device)  # [L]
+    positions = torch.arange(num_drafts + 1, device=draft_token_ids.device)  # [L]
     n = num_correct_drafts[:, None]  # [batch, 1]
-    pad = torch.full((batch, 1), -1, dtype=torch.int64, device=device)  # [batch, 1]
-    drafts = torch.cat([draft_token_ids, pad], dim=1)  # [batch, L]
+    drafts = F.pad(draft_token_ids, (0, 1), value=-1)  # [batch, L]
     output = torch.where(positions < n, drafts, -1)  # [batch, L]
     output = torch.where(positions == n, bonus_token_ids[:, None], output)  # [batch, L]
     accepted_path = torch.where(positions <= n, positions, -1)  # [batch, L]
-    return VerifyResult(
-        output_token_ids=output,
-        num_correct_drafts=num_correct_drafts,
-        bonus_token_ids=bonus_token_ids,
-        last_correct_step_indices=num_correct_drafts,
-        accepted_path=accepted_path,
-    )
+    return VerifyResult(output, num_correct_drafts, bonus_token_ids, num_correct_drafts, accepted_path)
 
 
 def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> VerifyResult:
@@ -133,13 +122,8 @@ def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> Verif
     return _chain_result(draft_token_ids, num_correct_drafts, bonus)
 
 
-def verify_sampling_chain(
-    draft_token_ids: Tensor,
-    draft_probs: Tensor | None,
-    target_probs: Tensor,
-    keys: Keys = None,
-    uniform_rand: Tensor | None = None,
-) -> VerifyResult:
+def verify_sampling_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, target_probs: Tensor, keys: Keys = None,
+                          uniform_rand: Tensor | None = None) -> VerifyResult:
     """Speculative sampling over a chain (Leviathan et al. / Chen et al.).
 
     ``draft_token_ids``  # [batch, num_drafts]: draft j was proposed from q_j
@@ -148,16 +132,14 @@ def verify_sampling_chain(
     ``keys``: per-row random keys (or None: the default RNG) for the uniforms and the bonus token.
     ``uniform_rand``     # [batch, num_drafts] optional explicit U[0, 1) numbers.
 
-    Draft j (token x) is accepted with probability min(1, p_j(x) / q_j(x)); drafts after the
-    first rejection are discarded. At the first rejection j the bonus token is sampled from
-    normalize(max(0, p_j - q_j)); if all drafts are accepted, from p_{num_drafts}.
-    Lossless when each draft j was sampled from q_j given the drafts before it.
+    Draft j (token x) is accepted with probability min(1, p_j(x) / q_j(x)); drafts after the first rejection are
+    discarded. At the first rejection j the bonus token is sampled from normalize(max(0, p_j - q_j)); if all drafts
+    are accepted, from p_{num_drafts}. Lossless when each draft j was sampled from q_j given the drafts before it.
 
-    ``draft_probs=None``: q_j is taken as the one-hot at the draft token (deterministic
-    proposers: n-gram, greedy drafts). Then x is accepted with probability p_j(x) and the
-    residual is p_j with x removed. This is lossless for any drafts chosen without looking
-    at this function's random numbers (conditioned on the drafts the output is exactly p),
-    at the price of lower acceptance than passing the true q of sampled drafts.
+    ``draft_probs=None``: q_j is taken as the one-hot at the draft token (deterministic proposers: n-gram, greedy
+    drafts). Then x is accepted with probability p_j(x) and the residual is p_j with x removed. This is lossless for
+    any drafts chosen without looking at this function's random numbers (conditioned on the drafts the output is
+    exactly p), at the price of lower acceptance than passing the true q of sampled drafts.
     """
     draft_token_ids = draft_token_ids.long()
     batch, num_drafts = draft_token_ids.shape
@@ -165,10 +147,8 @@ def verify_sampling_chain(
     rows = torch.arange(batch, device=device)  # [batch]
 
     p_draft = target_probs[:, :num_drafts].gather(-1, draft_token_ids[..., None]).squeeze(-1)  # [batch, num_drafts]
-    if draft_probs is None:
-        q_draft = 1.0
-    else:
-        q_draft = draft_probs.gather(-1, draft_token_ids[..., None]).squeeze(-1)  # [batch, num_drafts]
+    # [batch, num_drafts]; 1.0: the one-hot q of deterministic drafts
+    q_draft = 1.0 if draft_probs is None else draft_probs.gather(-1, draft_token_ids[..., None]).squeeze(-1)
     if uniform_rand is None:
         uniform_rand = draw_uniform(batch, num_drafts, keys, device)  # [batch, num_drafts]
     accepted = _accepts(uniform_rand, p_draft, q_draft)  # [batch, num_drafts]
@@ -188,51 +168,35 @@ def verify_sampling_chain(
 
 
 # ----------------------------------------------------------------------------------------
-# Trees: parent [batch, num_nodes] (-1 for node 0), draft_token_ids [batch, num_nodes]
-# (node 0's entry unused), target distributions [batch, num_nodes, V]. Nodes are in
-# topological order (parent index < child index); siblings are tried in index order.
+# Trees: parent [batch, num_nodes] (-1 for node 0), draft_token_ids [batch, num_nodes] (node 0's entry unused), target
+# distributions [batch, num_nodes, V]. Nodes are in topological order (parent index < child index); siblings are
+# tried in index order.
 
 
-def _tree_result(
-    draft_token_ids: Tensor, accepted_path: Tensor, num_correct_drafts: Tensor, bonus_token_ids: Tensor
-) -> VerifyResult:
+def _tree_result(draft_token_ids: Tensor, accepted_path: Tensor, num_correct_drafts: Tensor,
+                 bonus_token_ids: Tensor) -> VerifyResult:
     path_nodes = accepted_path[:, 1:]  # [batch, max_depth]
     tokens = draft_token_ids.gather(1, path_nodes.clamp(min=0))  # [batch, max_depth]
     tokens = torch.where(path_nodes >= 0, tokens, -1)  # [batch, max_depth]
-    pad = torch.full_like(tokens[:, :1], -1)  # [batch, 1]
-    output = torch.cat([tokens, pad], dim=1)  # [batch, max_depth + 1]
+    output = F.pad(tokens, (0, 1), value=-1)  # [batch, max_depth + 1]
     output = output.scatter(1, num_correct_drafts[:, None], bonus_token_ids[:, None])  # [batch, max_depth + 1]
     last_node = accepted_path.gather(1, num_correct_drafts[:, None]).squeeze(1)  # [batch]
-    return VerifyResult(
-        output_token_ids=output,
-        num_correct_drafts=num_correct_drafts,
-        bonus_token_ids=bonus_token_ids,
-        last_correct_step_indices=last_node,
-        accepted_path=accepted_path,
-    )
+    return VerifyResult(output, num_correct_drafts, bonus_token_ids, last_node, accepted_path)
 
 
-def _empty_path(batch: int, max_depth: int, device: torch.device) -> Tensor:
-    path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)  # [batch, max_depth + 1]
-    path[:, 0].zero_()
-    return path
-
-
-def verify_greedy_tree(
-    parent: Tensor, draft_token_ids: Tensor, target_logits: Tensor, max_depth: int | None = None
-) -> VerifyResult:
-    """Greedy tree verification: from the root, repeatedly move to the child whose token is
-    the target's argmax at the current node (the lowest-index one if several); stop when no
-    child matches. The bonus token is the argmax at the last accepted node.
+def verify_greedy_tree(parent: Tensor, draft_token_ids: Tensor, target_logits: Tensor,
+                       max_depth: int | None = None) -> VerifyResult:
+    """Greedy tree verification: from the root, repeatedly move to the child whose token is the target's argmax at the
+    current node (the lowest-index one if several); stop when no child matches. The bonus token is the argmax at the
+    last accepted node.
 
     ``parent``           # [batch, num_nodes] int64, -1 for node 0
     ``draft_token_ids``  # [batch, num_nodes], node 0 unused
     ``target_logits``    # [batch, num_nodes, V] (logits or probs)
-    ``max_depth``: an upper bound on the tree depth (default ``num_nodes - 1``); it fixes the
-    loop count and the width ``max_depth + 1`` of the outputs.
+    ``max_depth``: an upper bound on the tree depth (default ``num_nodes - 1``); it fixes the loop count and the width
+    ``max_depth + 1`` of the outputs.
     """
-    parent = parent.long()
-    draft_token_ids = draft_token_ids.long()
+    parent, draft_token_ids = parent.long(), draft_token_ids.long()
     batch, num_nodes = parent.shape
     device = parent.device
     max_depth = num_nodes - 1 if max_depth is None else max_depth
@@ -245,7 +209,7 @@ def verify_greedy_tree(
                                                                          max_depth))
     current = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     num_correct_drafts = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
-    accepted_path = _empty_path(batch, max_depth, device)  # [batch, max_depth + 1]
+    accepted_path = F.pad(current[:, None], (0, max_depth), value=-1)  # [batch, max_depth + 1]: node 0, then -1
     for depth in range(1, max_depth + 1):
         wanted = target_predict.gather(1, current[:, None])  # [batch, 1]
         is_match = (parent == current[:, None]) & (draft_token_ids == wanted)  # [batch, num_nodes]
@@ -258,15 +222,9 @@ def verify_greedy_tree(
     return _tree_result(draft_token_ids, accepted_path, num_correct_drafts, bonus)
 
 
-def verify_sampling_tree(
-    parent: Tensor,
-    draft_token_ids: Tensor,
-    draft_probs: Tensor | None,
-    target_probs: Tensor,
-    keys: Keys = None,
-    uniform_rand: Tensor | None = None,
-    max_depth: int | None = None,
-) -> VerifyResult:
+def verify_sampling_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                         keys: Keys = None, uniform_rand: Tensor | None = None,
+                         max_depth: int | None = None) -> VerifyResult:
     """Multi-candidate recursive rejection sampling over a draft tree (SpecInfer style).
 
     ``parent``           # [batch, num_nodes] int64, -1 for node 0; topological order
@@ -275,29 +233,27 @@ def verify_sampling_tree(
                          # drawn; or None for deterministically chosen children (below)
     ``target_probs``     # [batch, num_nodes, V]: p at node u, processed by logits_to_probs
     ``uniform_rand``     # [batch, num_nodes - 1] optional; column j - 1 decides node j
-    ``max_depth``: upper bound on the tree depth (default ``num_nodes - 1``); outputs have
-    width ``max_depth + 1``. A deeper tree is a caller error.
+    ``max_depth``: upper bound on the tree depth (default ``num_nodes - 1``); outputs have width ``max_depth + 1``. A
+    deeper tree is a caller error.
 
-    At the current node u: r <- p_u. Try u's children in index order; child c with token x
-    is accepted with probability min(1, r(x) / q_u(x)), and then u <- c and we start again
-    at c. On rejection r <- normalize(max(0, r - q_u)) and the next child is tried. When
-    every child is rejected (or u is a leaf), the bonus token is sampled from r.
+    At the current node u: r <- p_u. Try u's children in index order; child c with token x is accepted with
+    probability min(1, r(x) / q_u(x)), and then u <- c and we start again at c. On rejection
+    r <- normalize(max(0, r - q_u)) and the next child is tried. When every child is rejected (or u is a leaf), the
+    bonus token is sampled from r.
 
     When lossless:
-    - ``draft_probs`` given: lossless when, given the path to u, the children of u are
-      i.i.d. samples from q_u (with replacement; duplicate tokens allowed) and their number
-      does not depend on the sampled values. Each child's subtree may depend on that child.
-      Deterministic top-k children (EAGLE trees) do NOT satisfy this: use None.
-    - ``draft_probs=None``: each child is treated as a one-hot proposal: accept token x with
-      probability r(x); on rejection remove x from r and renormalise. Lossless for any tree
-      built without this function's random numbers (top-k, n-gram, beam, sampled drafts):
-      conditioned on the tree, the emitted tokens have exactly the target distribution.
+    - ``draft_probs`` given: lossless when, given the path to u, the children of u are i.i.d. samples from q_u (with
+      replacement; duplicate tokens allowed) and their number does not depend on the sampled values. Each child's
+      subtree may depend on that child. Deterministic top-k children (EAGLE trees) do NOT satisfy this: use None.
+    - ``draft_probs=None``: each child is treated as a one-hot proposal: accept token x with probability r(x); on
+      rejection remove x from r and renormalise. Lossless for any tree built without this function's random numbers
+      (top-k, n-gram, beam, sampled drafts): conditioned on the tree, the emitted tokens have exactly the target
+      distribution.
 
-    Cost: a loop over the ``num_nodes - 1`` nodes, each step O(batch * V), because siblings
-    must be tried one after another (each rejection changes r).
+    Cost: a loop over the ``num_nodes - 1`` nodes, each step O(batch * V), because siblings must be tried one after
+    another (each rejection changes r).
     """
-    parent = parent.long()
-    draft_token_ids = draft_token_ids.long()
+    parent, draft_token_ids = parent.long(), draft_token_ids.long()
     batch, num_nodes = parent.shape
     device = parent.device
     max_depth = num_nodes - 1 if max_depth is None else max_depth
@@ -307,7 +263,7 @@ def verify_sampling_tree(
 
     current = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     num_correct_drafts = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
-    accepted_path = _empty_path(batch, max_depth, device)  # [batch, max_depth + 1]
+    accepted_path = F.pad(current[:, None], (0, max_depth), value=-1)  # [batch, max_depth + 1]: node 0, then -1
     residual = target_probs[:, 0]  # [batch, V]: r at the current node
     draft_q = None if draft_probs is None else draft_probs[:, 0]  # [batch, V]: q at the current node
     for node in range(1, num_nodes):
@@ -345,13 +301,8 @@ def _target_probs(target_logits: Tensor, st: SamplingTensors) -> Tensor:
     return logits_to_probs(flat, st.repeat_interleave(positions)).view(batch, positions, vocab)
 
 
-def verify_chain(
-    draft_token_ids: Tensor,
-    draft_probs: Tensor | None,
-    target_logits: Tensor,
-    st: SamplingTensors,
-    keys: Keys = None,
-) -> VerifyResult:
+def verify_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, target_logits: Tensor, st: SamplingTensors,
+                 keys: Keys = None) -> VerifyResult:
     """Greedy verification when every request is greedy (``st.all_greedy``, a host bool),
     else speculative sampling on the processed target distribution. ``st`` has one row per
     request; shapes as in :func:`verify_sampling_chain` with raw ``target_logits``."""
@@ -360,15 +311,8 @@ def verify_chain(
     return verify_sampling_chain(draft_token_ids, draft_probs, _target_probs(target_logits, st), keys)
 
 
-def verify_tree(
-    parent: Tensor,
-    draft_token_ids: Tensor,
-    draft_probs: Tensor | None,
-    target_logits: Tensor,
-    st: SamplingTensors,
-    keys: Keys = None,
-    max_depth: int | None = None,
-) -> VerifyResult:
+def verify_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None, target_logits: Tensor,
+                st: SamplingTensors, keys: Keys = None, max_depth: int | None = None) -> VerifyResult:
     """Tree counterpart of :func:`verify_chain`."""
     if st.all_greedy:
         return verify_greedy_tree(parent, draft_token_ids, target_logits, max_depth)
