@@ -103,7 +103,7 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
     """A step that every request of the batch may finish in by length (its output reaching max_tokens if
     all drafts are accepted) is not followed by one run ahead, which would serve nobody while the next
     request's prefill waits for it: one request after another, no step run ahead is dropped. With two
-    requests of different lengths, the longer one's steps are still run ahead while the shorter one ends."""
+    requests of different lengths, the longer one's steps are still run ahead."""
     llm = _graphed(EAGLE3)
     owner, dropped = llm.engine.runner, []
     drop = owner._drop_ahead

@@ -33,12 +33,15 @@ class HostCopy:
 
 
 def reserve_rows(pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int, committed: int) -> bool:
-    """Whether a step may run ahead for these requests: some of them surely outlives the current step,
-    which commits at most ``committed`` tokens a request (a step that every request may finish by length
-    in would likely serve nobody, and the next step waits for it: at batch 1 with speculation, one step
-    per request), and each request's table can hold ``rows`` [i] KV rows (at most ``limit``, the
-    positions graphs and the model allow); if so the tables are grown to that now."""
-    if all(r.num_output_tokens + committed >= r.params.max_tokens for r in reqs) or any(n > limit for n in rows):
+    """Whether a step may run ahead for these requests: none of them surely ends by length with the
+    current step, and not every one of them may (the current step commits at most ``committed`` tokens a
+    request; a step run ahead of one that all may finish in would likely serve nobody, and the next step
+    waits for it: at batch 1 with speculation, one step per request), and each request's table can hold
+    ``rows`` [i] KV rows (at most ``limit``, the positions graphs and the model allow); if so the tables
+    are grown to that now."""
+    if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > limit for r, n in zip(reqs, rows)):
+        return False
+    if all(r.num_output_tokens + committed >= r.params.max_tokens for r in reqs):
         return False
     extra = sum(max(0, pool.blocks_needed(n) - len(pool.table(r.request_id))) for r, n in zip(reqs, rows))
     if extra > pool.num_free:
