@@ -29,7 +29,7 @@ from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import choose_chain, chain_drafts
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 from outpace.speculative.rows import prefill_extension
-from outpace.speculative.tree import select_tree, top_k
+from outpace.speculative.tree import select_tree
 
 
 class Eagle3Proposer(Proposer):
@@ -128,7 +128,7 @@ class Eagle3Proposer(Proposer):
     def _draft_tree(self, rows: DecodeRows, shape: DraftShape, hidden: torch.Tensor) -> Drafts:
         b, k, dev = rows.size, shape.topk, rows.slots.device
         logp = torch.log_softmax(self.draft_model.compute_logits(hidden), -1)  # [b, draft_vocab]
-        score, tok = top_k(logp, k)                                              # [b, k]
+        score, tok = logp.topk(k, dim=-1)                                        # [b, k]
         scores, tokens = [score], [tok]
         parent_cands = [torch.full((b, k), -1, dtype=torch.int64, device=dev)]
         depths = [torch.ones(b, k, dtype=torch.int64, device=dev)]
@@ -145,15 +145,15 @@ class Eagle3Proposer(Proposer):
             with rows.context(rows.lengths + written, k, self.backend, mask):
                 out = self.draft_model(self.target_ids[frontier_tok].reshape(-1), pos,
                                        frontier_hidden.reshape(b * k, -1)).view(b, k, -1)
-            child_logp = torch.log_softmax(self.draft_model.compute_logits(out.reshape(b * k, -1)), -1)
-            child_logp, child_tok = top_k(child_logp, k)                         # [b * k, k]
+            child_logp, child_tok = torch.log_softmax(self.draft_model.compute_logits(out.reshape(b * k, -1)), -1) \
+                .topk(k, dim=-1)                                                 # [b * k, k]
             child_score = (frontier_score[:, :, None] + child_logp.view(b, k, k)).reshape(b, k * k)
             child_tok = child_tok.view(b, k * k)
             scores.append(child_score)
             tokens.append(child_tok)
             parent_cands.append(frontier.repeat_interleave(k, dim=1))
             depths.append(torch.full((b, k * k), step, dtype=torch.int64, device=dev))
-            best = top_k(child_score, k)[1]                                      # [b, k] among the k * k children
+            best = child_score.topk(k, dim=1).indices                            # [b, k] among the k * k children
             parent_row = best // k                                               # which frontier row they came from
             frontier = num_candidates + best
             num_candidates += k * k

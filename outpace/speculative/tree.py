@@ -3,19 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from outpace.attention.context import batch_invariant
-
-
-def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) of the ``k`` largest along the last dim, largest first. In batch-invariant mode ties
-    go to the lower index whatever the batch (a stable sort): on CUDA ``torch.topk`` orders ties by its
-    algorithm, which it picks from the number of rows, so a tree drafted beside other rows could change, and
-    with it the verify forward's rounding of the same tokens (not the tokens themselves)."""
-    if batch_invariant():
-        ordered, order = values.sort(dim=-1, descending=True, stable=True)
-        return ordered[..., :k].contiguous(), order[..., :k].contiguous()
-    return values.topk(k, dim=-1)
-
 
 def chain_tree(batch: int, num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(parents, depths), each [batch, num_nodes], of a chain: node i's parent is i - 1."""
@@ -52,7 +39,7 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: to
     """
     batch, num_candidates = scores.shape
     keyed = scores - 1e-6 * depths.float()
-    chosen = top_k(keyed, num_nodes - 1)[1].sort(dim=1).values                    # [batch, num_nodes - 1]
+    chosen = keyed.topk(num_nodes - 1, dim=1).indices.sort(dim=1).values          # [batch, num_nodes - 1]
     node_of = torch.full((batch, num_candidates), -1, dtype=torch.int64, device=scores.device)
     node_of.scatter_(1, chosen, torch.arange(1, num_nodes, device=scores.device).expand(batch, -1))
     parent_cand = torch.gather(parent_candidate, 1, chosen)
