@@ -64,7 +64,8 @@ class PrefillGraphs:
         self.start.zero_()
         expands = min((m.expand_min_query_len for m in self.model.modules()
                        if isinstance(m, MultiHeadLatentAttention)), default=math.inf)
-        self.buckets = tuple(b for b in sorted(buckets) if b <= min(LARGEST_PREFILL_BUCKET, self.max_rows) and b < expands)
+        fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
+        self.buckets = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
         self._graphs = {size: CapturedCall(lambda size=size: self._forward(size), self.slots.device, memory_pool)
                         for size in self.buckets}
 

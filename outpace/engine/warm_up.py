@@ -16,7 +16,9 @@ new variants on every length class). The warm-up runs chunks of every power-of-t
 two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width), alone (few
 programs: split KV; sampled) and as full batches without a prefix (many programs: unsplit; greedy).
 Drafters absorb each chunk as they would a prompt's; the prefixes are taken as prefix-cache hits (their
-rows' contents do not matter: the outputs are dropped). With Triton's disk cache, later processes load
+rows' contents do not matter: the outputs are dropped). On an engine with prefill graphs the lone chunks
+replay those graphs like any lone chunk, so they compile no eager variant: a lone chunk that runs eagerly
+there (at the context's end) still compiles its variant when first met. With Triton's disk cache, later processes load
 the variants instead of compiling them.
 """
 from __future__ import annotations
