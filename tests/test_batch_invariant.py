@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from outpace.attention.context import forward_settings
 from outpace.layers.batch_invariant import batch_invariant_linear
+from outpace.layers.linear import project, project_rows_alone
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -34,3 +36,18 @@ def test_rows_are_bitwise_independent_of_the_batch_bf16():
         assert torch.equal(batch_invariant_linear(x[rows], w), full[rows])
     ref = F.linear(x.float(), w.float())
     assert ((full.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_cpu_projection_rows_are_bitwise_independent_of_the_batch_in_batch_invariant_mode():
+    """On the CPU, batch-invariant mode projects each row alone: a row's bits are the same among any number
+    of rows (a plain F.linear gives other bits for some row counts on some CPUs: MKL's kernel for 1-11 rows
+    differs from its kernel for 12 or more on an AVX-512 machine), and equal F.linear's for a single row."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(40, 256, generator=g), torch.randn(300, 256, generator=g), torch.randn(300, generator=g)
+    with forward_settings(batch_invariant=True):
+        full = project(x, w, b)
+        for m in range(1, 40):
+            assert torch.equal(project(x[:m], w, b), full[:m])
+        assert project(x[:0], w).shape == (0, 300) and project(x.view(4, 10, 256), w).shape == (4, 10, 300)
+    assert torch.equal(full, project_rows_alone(x, w, b))
+    assert torch.equal(full[3], F.linear(x[3], w, b))

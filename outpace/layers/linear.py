@@ -10,9 +10,9 @@
 With one rank both are the plain projection, computed as before.
 
 Batch-invariant mode (a setting of the forward context: attention/context.py, from
-EngineConfig.batch_invariant): every projection on a CUDA tensor goes through
-``batch_invariant_linear``, whose result for a row does not depend on how many rows share the
-call, so a verify forward and a decode step produce the same bits.
+EngineConfig.batch_invariant): a row's result does not depend on how many rows share the call, so a
+verify forward and a decode step produce the same bits. On CUDA every projection goes through
+``batch_invariant_linear``; elsewhere each row is projected alone (``project_rows_alone``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; a Triton kernel
     that streams the weights once for few rows (bf16/fp16 decode and small verify batches, where it
     beats cuBLAS's GEMV: layers/skinny_gemm.py); F.linear otherwise."""
-    if x.is_cuda and batch_invariant():
+    if batch_invariant():
+        if not x.is_cuda:
+            return project_rows_alone(x, weight, bias)
         from outpace.layers.batch_invariant import batch_invariant_linear
 
         return batch_invariant_linear(x, weight, bias)
@@ -40,6 +42,16 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
         if skinny_applies(x, weight, bias):
             return skinny_linear(x, weight)
     return F.linear(x, weight, bias)
+
+
+def project_rows_alone(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] -> [..., out], each row as a matrix-vector product of its own: the CPU's batch-invariant
+    projection. A CPU BLAS picks its GEMM kernel by the row count, and a row can round differently among 3
+    rows than among 12 (MKL on an AVX-512 machine: tests/test_batch_invariant.py)."""
+    rows = x.reshape(-1, x.shape[-1])                                            # [M, in]
+    if rows.shape[0] == 0:
+        return F.linear(x, weight, bias)
+    return torch.stack([F.linear(row, weight, bias) for row in rows.unbind()]).reshape(*x.shape[:-1], -1)
 
 
 class Linear(nn.Linear):
