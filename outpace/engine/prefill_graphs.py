@@ -45,9 +45,11 @@ def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
 
 
 class PrefillGraphs:
-    def __init__(self, model: nn.Module, backend, slots: RequestSlots, max_rows: int) -> None:
-        """``max_rows``: the positions the model and a slot's table allow (a padded chunk stays below)."""
+    def __init__(self, model: nn.Module, backend, slots: RequestSlots, max_rows: int, recurrent: bool) -> None:
+        """``max_rows``: the positions the model and a slot's table allow (a padded chunk stays below);
+        ``recurrent``: the model has recurrent layers (then nothing is captured)."""
         self.model, self.backend, self.slots, self.max_rows = model, backend, slots, max_rows
+        self.recurrent = recurrent
         self.buckets: tuple[int, ...] = ()
         self._graphs: dict[int, CapturedCall] = {}
         device = slots.device
@@ -58,14 +60,14 @@ class PrefillGraphs:
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every bucket that fits the context and stays below an MLA layer's expanded
-        form (on CUDA; elsewhere a replay runs it eagerly). The slot is the padding slot meanwhile: its table
-        points at the padding block."""
+        form, none for a recurrent model (on CUDA; elsewhere a replay runs it eagerly). The slot is the padding
+        slot meanwhile: its table points at the padding block."""
         self.slot.fill_(self.slots.padding_slot)
         self.start.zero_()
         expands = min((m.expand_min_query_len for m in self.model.modules()
                        if isinstance(m, MultiHeadLatentAttention)), default=math.inf)
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
-        self.buckets = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
+        self.buckets = () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
         self._graphs = {size: CapturedCall(lambda size=size: self._forward(size), self.slots.device, memory_pool)
                         for size in self.buckets}
 

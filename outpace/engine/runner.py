@@ -106,15 +106,15 @@ class ModelRunner:
         self.iteration = DecodeIteration(model, self.backend, self.kv_caches, self.slots, self.proposer, max_seqs,
                                          self.states)
         self.graph_buckets: tuple[int, ...] = ()
-        self.prefill_graphs = PrefillGraphs(model, self.backend, self.slots, max_rows)
+        self.prefill_graphs = PrefillGraphs(model, self.backend, self.slots, max_rows, self.states.has_state)
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
         self._ahead: _Launch | None = None
 
     # ---- set-up ----------------------------------------------------------------------------------
     def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
         """Capture the decode step for every bucket, draft shape and sampling mode, and the forward of a
-        lone prefill chunk for every prefill bucket unless the model has recurrent layers
-        (engine/prefill_graphs.py); on CUDA, elsewhere the replays run the same code eagerly. With adaptive
+        lone prefill chunk for the prefill buckets the model allows (engine/prefill_graphs.py); on CUDA,
+        elsewhere the replays run the same code eagerly. With adaptive
         speculation, profile each decode step on the GPU."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
@@ -123,8 +123,7 @@ class ModelRunner:
         with forward_settings(self.batch_invariant):
             for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
                 self.iteration.capture(key, memory)
-            if not self.states.has_state:
-                self.prefill_graphs.capture(prefill_buckets, memory)
+            self.prefill_graphs.capture(prefill_buckets, memory)
             if self.choosers and self.device.type == "cuda":
                 for key in keys:
                     self.choosers[key.mode].record_cost(key.bucket, key.shape, self.profile(key))
