@@ -57,7 +57,7 @@ SIZES = {
     "gpu": dict(num_continuations=4096, steps=20000, generation_batch=1024, max_minutes=0.5),
 }
 DATA_FIELDS = ("num_continuations", "prompt_len", "new_tokens", "data_temperature", "corpus_fraction", "seed",
-               "max_corpus_bytes", "prompt_files")
+               "max_corpus_bytes", "prompt_files", "prompt_split", "eval_prompts")
 
 
 def recipe_for(method: str, base: dict, overrides: dict):

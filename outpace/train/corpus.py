@@ -239,3 +239,58 @@ def heldout_prompts(
         elif attempts > 10 * (num_prompts + len(corpus.heldout)):
             raise ValueError("held-out files contain no usable text for prompts")
     return prompts
+
+
+# A prompt found in no file is matched by its longest lines instead: up to this many distinct lines of at least
+# this many characters (stripped); shorter lines ("return x", "else:") are too common to tell files apart.
+_MATCH_LINES = 3
+_MATCH_LINE_CHARS = 24
+
+
+def _identifying_lines(prompt: str) -> list[str]:
+    """The prompt's longest distinct stripped lines (at most _MATCH_LINES, each >= _MATCH_LINE_CHARS long)."""
+    lines = {line.strip() for line in prompt.split("\n")}
+    long = sorted((line for line in lines if len(line) >= _MATCH_LINE_CHARS), key=lambda line: (-len(line), line))
+    return long[:_MATCH_LINES]
+
+
+def files_holding_prompts(files: list[SourceFile], prompts: list[str]) -> set[str]:
+    """rel_paths of the files that any of ``prompts`` (e.g. heldout_prompts' output) was cut from.
+
+    A prompt, stripped of its surrounding whitespace, marks every file whose text holds it: _snippet cuts a
+    run of whole lines out of the file, so it is a substring of that file's text wherever the file is the same.
+    The corpus depends on the installed packages, so the file may differ here (another version of its
+    package); a prompt that no file holds marks instead every file holding most of its _identifying_lines (a
+    majority, each line stripped). A file that is not in ``files`` at all (its package missing, or its path on
+    the train side here) matches nothing, as it should.
+    """
+    marked: set[str] = set()
+    for prompt in filter(None, (p.strip() for p in prompts)):
+        exact = {f.rel_path for f in files if prompt in f.text}
+        if not exact:
+            lines = _identifying_lines(prompt)
+            need = len(lines) // 2 + 1
+            exact = {f.rel_path for f in files if lines and sum(line in f.text for line in lines) >= need}
+        marked |= exact
+    return marked
+
+
+def heldout_files_unused_by(corpus: Corpus, eval_prompts: list[str], max_total_bytes: int | None = None
+                            ) -> tuple[list[SourceFile], list[str]]:
+    """(files, excluded): the held-out files that no prompt of ``eval_prompts`` was cut from
+    (files_holding_prompts), in rel_path order, and the sorted rel_paths of those excluded.
+
+    max_total_bytes caps the files kept as build_corpus caps the train split: once their UTF-8 size reaches
+    the cap, no further file is added.
+    """
+    excluded = files_holding_prompts(corpus.heldout, eval_prompts)
+    files: list[SourceFile] = []
+    size = 0
+    for f in corpus.heldout:
+        if max_total_bytes is not None and size >= max_total_bytes:
+            break
+        if f.rel_path in excluded:
+            continue
+        files.append(f)
+        size += len(f.text.encode("utf-8"))
+    return files, sorted(excluded)

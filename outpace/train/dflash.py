@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, GreedyDistillRecipe, soft_cross_entropy, teacher_forward
+from outpace.train.distill import (DistillData, GreedyDistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
+                                   unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -342,7 +343,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
 
     positions = range(1, n)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device), checkpoint_mib=size_mib,
+        common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics, checkpoint_mib=size_mib,
         final_position_loss={i: history.extra[f"loss pos {i}"][-1] for i in positions},
         final_position_top1={i: history.extra[f"top1 pos {i}"][-1] for i in positions},
         position_weights=position_weights(n, recipe.loss_gamma),
@@ -371,15 +372,15 @@ def write_dflash_card(out_dir: Path, m: dict) -> None:
     rows = "\n".join(f"| {i} | x(a+{i}) | {m['position_weights'][int(i) - 1]:.3f} | {m['final_position_loss'][i]:.4f} "
                      f"| {m['final_position_top1'][i]:.4f} |" for i in sorted(m["final_position_top1"], key=int))
     sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
-    corpus = (f", mixed with raw train-split windows of the same length ({100 * r['corpus_fraction']:.0f}% of each "
-              "batch)" if r["corpus_fraction"] else "")
+    corpus = (f", mixed with raw {window_source(r)} windows of the same length "
+              f"({100 * r['corpus_fraction']:.0f}% of each batch)" if r["corpus_fraction"] else "")
     soft = (f" plus {r['soft_label_weight']} x the soft cross-entropy against its distribution there"
             if r["soft_label_weight"] else "")
     acceptance = heldout_section(m)
     sections = {
         "Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target generated
-{sampled} through outpace's engine after {r['prompt_len']}-token prompts cut from the corpus's train split{corpus},
-{r['batch_size']} windows of {r['prompt_len'] + r['new_tokens']} tokens per batch. Held-out files are never used.""",
+{sampled} through outpace's engine after {r['prompt_len']}-token prompts cut from {prompt_source(m)}{corpus},
+{r['batch_size']} windows of {r['prompt_len'] + r['new_tokens']} tokens per batch. {unused_files_note(m)}""",
         "Block training": f"""The target runs once per batch (no gradient) and gives the outputs of its layers
 {m['target_layer_ids']} (outpace capture indices {m['capture_layer_ids']}), concatenated and fused by `fc` +
 `hidden_norm` into one context feature per row, and its logits. Each window gets {r['num_anchors']} distinct

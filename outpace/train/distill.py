@@ -11,8 +11,9 @@ from tokenizers import Tokenizer
 
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SamplingParams
-from outpace.train.corpus import build_corpus
+from outpace.train.corpus import build_corpus, heldout_files_unused_by
 from outpace.train.data import TokenStream
+from outpace.train.evaluate import heldout_prompts_file, load_prompts
 from outpace.train.loop import OptimConfig
 from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.tokenizer import EOS_TOKEN
@@ -26,6 +27,37 @@ def target_train_stream(target_dir: Path, heldout_fraction: float = 0.05, max_co
     return TokenStream.from_files(corpus.train, tok, tok.token_to_id(EOS_TOKEN))
 
 
+def target_heldout_stream(target_dir: Path, eval_prompts_file: Path, heldout_fraction: float = 0.05,
+                          max_corpus_bytes: int = 30_000_000, roots=None) -> tuple[TokenStream, dict]:
+    """The corpus's held-out files that no prompt of ``eval_prompts_file`` was cut from (corpus.py
+    ``heldout_files_unused_by``, up to ``max_corpus_bytes``) tokenized with the target's tokenizer, and what
+    was used: {"eval_prompts", "files", "tokens", "excluded_files" (their rel_paths)}."""
+    tok = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
+    corpus = build_corpus(roots, heldout_fraction=heldout_fraction, max_total_bytes=0)  # 0: no train file kept
+    files, excluded = heldout_files_unused_by(corpus, load_prompts(eval_prompts_file), max_corpus_bytes)
+    if not files:
+        raise ValueError(f"prompt_split='heldout': no held-out file is left once those that the prompts of "
+                         f"{eval_prompts_file} were cut from are excluded ({len(excluded)} of {len(corpus.heldout)})")
+    stream = TokenStream.from_files(files, tok, tok.token_to_id(EOS_TOKEN))
+    return stream, dict(eval_prompts=str(eval_prompts_file), files=len(files), tokens=len(stream),
+                        excluded_files=excluded)
+
+
+def corpus_stream(target_dir: Path, prompt_split: str, eval_prompts: str | None,
+                  max_corpus_bytes: int) -> tuple[TokenStream, dict | None]:
+    """The corpus files of ``prompt_split`` tokenized, and for "heldout" what ``target_heldout_stream`` used
+    (None for "train"). The evaluation prompts are those the run ends with (evaluate.py: the recipe's
+    ``eval_prompts``, else the zoo's beside the target)."""
+    if prompt_split == "train":
+        return target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes), None
+    eval_file = heldout_prompts_file(target_dir, eval_prompts)
+    if eval_file is None:
+        raise ValueError("prompt_split='heldout' leaves out the held-out files that the evaluation prompts were cut "
+                         f"from, and none are known: give eval_prompts (--eval-prompts), or put eval_prompts.json "
+                         f"beside {target_dir}")
+    return target_heldout_stream(target_dir, eval_file, max_corpus_bytes=max_corpus_bytes)
+
+
 def target_continuations(target_dir: Path, prompts: list[list[int]], seq_len: int, device: str,
                          temperature: float = 0.8, seed: int = 0, ranks: TrainRanks = ONE_RANK,
                          **engine_kwargs) -> torch.Tensor:
@@ -36,6 +68,11 @@ def target_continuations(target_dir: Path, prompts: list[list[int]], seq_len: in
     with ranks.open_llm(str(target_dir), device=device, seed=seed, progress=True, **engine_kwargs) as llm:
         outs = llm.generate(prompts, params, progress=True)
     return torch.tensor([p + o.token_ids for p, o in zip(prompts, outs)], dtype=torch.int64)
+
+
+# Where the corpus prompts (and raw windows) come from: "train", the files the target was trained on; "heldout",
+# the held-out files less every one that an evaluation prompt was cut from (``target_heldout_stream``).
+PROMPT_SPLITS = ("train", "heldout")
 
 
 @dataclass(frozen=True)
@@ -53,11 +90,13 @@ class DistillRecipe:
     seed: int = 0
     max_corpus_bytes: int = 30_000_000
     data_temperature: float = 0.8                 # the target samples its continuations at this temperature
-    corpus_fraction: float = 0.5                  # share of each batch that is raw train-split windows
+    corpus_fraction: float = 0.5                  # share of each batch that is raw corpus windows
+    prompt_split: str = "train"                   # corpus files of the prompts and windows (PROMPT_SPLITS)
     prompt_files: tuple[str, ...] | None = None   # the user's prompts (train/prompts.py); None: the zoo corpus
     generation_batch: int = 512                   # continuations the engine generates at once
     resume_every: int = 250                       # steps between saves of the training state
     eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
+                                                  # (with prompt_split "heldout", their files are never trained on)
     eval_max_tokens: int = 64
     eval_num_prompts: int | None = None           # the first N held-out prompts; None: all
 
@@ -65,6 +104,9 @@ class DistillRecipe:
         """Every recipe's shared fields are checked here; a recipe checks its own after calling this."""
         self.check("batch_size", self.batch_size >= 1, ">= 1")
         self.check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
+        self.check("prompt_split", self.prompt_split in PROMPT_SPLITS, f"one of {', '.join(PROMPT_SPLITS)}")
+        self.check("prompt_split", self.prompt_split == "train" or not self.prompt_files,
+                   "'train' with prompt files (--data): the split is the zoo corpus's, which they replace")
 
     def check(self, name: str, ok: bool, allowed: str) -> None:
         """Refuse a field's value by name: ``allowed`` says what it must be."""
@@ -92,9 +134,13 @@ class GreedyDistillRecipe(DistillRecipe):
 
 class DistillData:
     """Training batches for a draft: the target's own continuations of prompts, and a share
-    (``corpus_fraction``) of raw train-split windows of the same length (``prompt_len + new_tokens``).
+    (``corpus_fraction``) of raw corpus windows of the same length (``prompt_len + new_tokens``).
 
-    Prompts: windows of ``prompt_len`` tokens of the zoo corpus's train split, or the user's files
+    Corpus: the zoo corpus's files of ``prompt_split`` (``corpus_stream``; ``heldout_corpus`` says which
+    held-out files, None for the train split). The raw windows follow the prompts' split: both are what the draft
+    learns the text regime from, and the split exists to move that regime off the target's training data.
+
+    Prompts: windows of ``prompt_len`` tokens of that corpus, or the user's files
     (``prompt_files``, train/prompts.py: up to ``prompt_len`` tokens each; a shorter prompt gets a longer
     continuation, so every row has ``seq_len`` tokens). ``starts`` [rows] holds where each continuation
     begins (its prompt's length; 0 for a corpus window, which has no prompt).
@@ -106,11 +152,13 @@ class DistillData:
     def __init__(self, target_dir: Path, num_continuations: int, prompt_len: int, new_tokens: int, device: str,
                  seed: int = 0, max_corpus_bytes: int = 30_000_000, temperature: float = 0.8,
                  corpus_fraction: float = 0.5, generation_batch: int = 512, cache: Path | None = None,
-                 prompt_files: tuple[str, ...] | None = None, ranks: TrainRanks = ONE_RANK) -> None:
+                 prompt_files: tuple[str, ...] | None = None, ranks: TrainRanks = ONE_RANK, prompt_split: str = "train",
+                 eval_prompts: str | None = None) -> None:
         self.seq_len = prompt_len + new_tokens
         self.corpus_fraction = corpus_fraction
-        needs_corpus = corpus_fraction > 0 or not prompt_files
-        self.stream = target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes) if needs_corpus else None
+        self.stream, self.heldout_corpus = None, None
+        if corpus_fraction > 0 or not prompt_files:
+            self.stream, self.heldout_corpus = corpus_stream(target_dir, prompt_split, eval_prompts, max_corpus_bytes)
         if cache is not None and Path(cache).is_file():
             saved = torch.load(cache)
             self.continuations, self.starts = saved["tokens"], saved["starts"]
@@ -137,7 +185,14 @@ class DistillData:
         return ranks.on_driver(lambda: cls(
             target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device, recipe.seed,
             recipe.max_corpus_bytes, recipe.data_temperature, recipe.corpus_fraction,
-            generation_batch or recipe.generation_batch, cache, recipe.prompt_files, ranks))
+            generation_batch or recipe.generation_batch, cache, recipe.prompt_files, ranks, recipe.prompt_split,
+            recipe.eval_prompts))
+
+    @property
+    def corpus_metrics(self) -> dict:
+        """The training metrics' record of the held-out files used ({"heldout_corpus": ...}; none for the train
+        split, whose metrics stay as they were)."""
+        return {} if self.heldout_corpus is None else {"heldout_corpus": self.heldout_corpus}
 
     def num_corpus_rows(self, batch_size: int) -> int:
         return int(batch_size * self.corpus_fraction)
@@ -165,6 +220,30 @@ class DistillData:
             corpus = torch.bincount(self.stream.tokens.reshape(-1).long(), minlength=vocab_size).double()
             freq = (1 - self.corpus_fraction) * freq + self.corpus_fraction * corpus / corpus.sum().clamp(min=1)
         return freq
+
+
+def prompt_source(m: dict) -> str:
+    """The card's words for where a run's prompts came from (``m``: its training metrics)."""
+    r = m["recipe"]
+    if r["prompt_files"]:
+        return "the user's prompt files"
+    if r["prompt_split"] == "train":
+        return "the corpus's train split"
+    return f"{m['heldout_corpus']['files']} held-out files of the corpus ({m['heldout_corpus']['tokens']:,} tokens)"
+
+
+def window_source(r: dict) -> str:
+    """The card's adjective for the raw corpus windows of a run's recipe ``r``."""
+    return "held-out" if r["prompt_split"] == "heldout" else "train-split"
+
+
+def unused_files_note(m: dict) -> str:
+    """The card's sentence on the corpus files a run never trained on."""
+    if m["recipe"]["prompt_split"] == "train":
+        return "Held-out files are never used."
+    h = m["heldout_corpus"]
+    return (f"Train-split files (the target's training data) are never used, nor the {len(h['excluded_files'])} "
+            f"held-out files that a prompt of the evaluation's `{Path(h['eval_prompts']).name}` occurs in.")
 
 
 def device_name(device: str) -> str:

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype, load_model
-from outpace.train.distill import DistillData, GreedyDistillRecipe, masked_cross_entropy, response_mask, teacher_forward
+from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
+                                   teacher_forward, unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -346,7 +347,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
 
     written, convention = checkpoint_aux_ids(capture)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device),
+        common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics,
         final_step_loss={j: history.extra[f"loss step {j}"][-1] for j in range(recipe.ttt_steps)},
         final_step_top1={j: history.extra[f"top1 step {j}"][-1] for j in range(recipe.ttt_steps)},
         target_num_layers=tcfg.num_hidden_layers, capture_layer_ids=list(capture),
@@ -374,17 +375,16 @@ def write_eagle3_card(out_dir: Path, m: dict) -> None:
     rows = "\n".join(f"| {j} | x(t+{int(j) + 2}) | {r['step_decay'] ** int(j):.3f} | {m['final_step_loss'][j]:.4f} "
                      f"| {m['final_step_top1'][j]:.4f} |" for j in steps)
     sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
-    source = "the user's prompt files" if r.get("prompt_files") else "the corpus's train split"
-    corpus = (f", mixed with raw train-split windows of the same length ({100 * r['corpus_fraction']:.0f}% of each "
-              "batch)" if r["corpus_fraction"] else "")
+    corpus = (f", mixed with raw {window_source(r)} windows of the same length "
+              f"({100 * r['corpus_fraction']:.0f}% of each batch)" if r["corpus_fraction"] else "")
     labels = ("the soft cross-entropy against the target's distribution at that position restricted to the draft "
               "vocabulary (soft labels)" if r["soft_labels"] else "the cross-entropy against the target's argmax "
               "over the draft vocabulary (hard labels)")
     oov = (" and rows where the target's argmax is outside the draft vocabulary" if r["mask_out_of_vocab"] else "")
     sections = {
         "Data": f"""{r['num_continuations']} continuations that the target generated {sampled} through outpace's
-engine after prompts of up to {r['prompt_len']} tokens from {source}{corpus}, {r['batch_size']} windows of
-{r['prompt_len'] + r['new_tokens']} tokens per batch. Held-out files are never used. The draft vocabulary is the
+engine after prompts of up to {r['prompt_len']} tokens from {prompt_source(m)}{corpus}, {r['batch_size']} windows of
+{r['prompt_len'] + r['new_tokens']} tokens per batch. {unused_files_note(m)} The draft vocabulary is the
 {m['draft_vocab_size']} most frequent target ids in that data (they cover {100 * m['draft_vocab_coverage']:.1f}% of
 its tokens), sorted by id.""",
         "Training-time test": f"""The target runs once per batch (no gradient) and gives the aux hidden states

@@ -33,8 +33,8 @@ from safetensors.torch import save_file
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.models.loader import load_model
-from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, response_mask,
-                                   teacher_forward)
+from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, prompt_source,
+                                   response_mask, teacher_forward, unused_files_note)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
 from outpace.train.loop import plot_history, train
@@ -187,7 +187,7 @@ def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str) -
     to_ckpt = getattr(target, "checkpoint_name", lambda name: name)
     replaced = {to_ckpt(f"mtp_layers.{name}"): p for name, p in layers.named_parameters() if p.requires_grad}
     metrics = dict(
-        common_metrics(recipe, layers, history, t0, device), num_mtp_layers=n, chained=chained,
+        common_metrics(recipe, layers, history, t0, device), **data.corpus_metrics, num_mtp_layers=n, chained=chained,
         final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
         final_layer_top1={k: history.extra[f"top1 layer {k}"][-1] for k in range(n)},
         replaced_tensors=len(replaced), target=str(target_dir))
@@ -222,8 +222,8 @@ def write_mtp_card(out_dir: Path, m: dict) -> None:
         "cross-entropy against the target's argmax"
     sections = {
         "Data": f"""{r['num_continuations']} continuations that the target generated {sampled} through outpace's
-engine after prompts of up to {r['prompt_len']} tokens, {r['batch_size']} windows of
-{r['prompt_len'] + r['new_tokens']} tokens per batch.""",
+engine after prompts of up to {r['prompt_len']} tokens from {prompt_source(m)}, {r['batch_size']} windows of
+{r['prompt_len'] + r['new_tokens']} tokens per batch. {unused_files_note(m)}""",
         "Fine-tuning": f"""The target ({m['target']}) runs once per batch (no gradient) and gives its last
 hidden states and logits; its first {m['num_mtp_layers']} MTP layers then run
 {'chained (layer k reads layer k-1 output)' if m['chained'] else 'each on the target state'} over the whole window

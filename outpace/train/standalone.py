@@ -14,7 +14,8 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict
 from outpace.config import ModelConfig
 from outpace.models.loader import build_model, load_model
-from outpace.train.distill import DistillData, DistillRecipe, soft_cross_entropy, teacher_forward
+from outpace.train.distill import (DistillData, DistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
+                                   unused_files_note, window_source)
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
 from outpace.train.target import init_weights
@@ -75,7 +76,8 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
         shutil.copy(target_dir / name, out_dir / name)
     return save_trained(out_dir, model_state_dict(draft), cfg_dict, history,
                         "standalone draft: distillation loss (soft CE vs target)",
-                        common_metrics(recipe, draft, history, t0, device), write_standalone_card)
+                        dict(common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics),
+                        write_standalone_card)
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method standalone --target zoo/tinypy --out zoo/tinypy-draft "
@@ -87,9 +89,9 @@ def write_standalone_card(out_dir: Path, m: dict) -> None:
 
     r = m["recipe"]
     sections = {"Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target
-(zoo/tinypy) sampled at temperature 0.8 after {r['prompt_len']}-token prompts cut from the corpus's train split,
-mixed half and half with raw train-split windows. The loss is the cross-entropy against the target's full
-distribution at every position (soft labels). Held-out files are never used. Final training loss:
+(zoo/tinypy) sampled at temperature 0.8 after {r['prompt_len']}-token prompts cut from {prompt_source(m)},
+mixed half and half with raw {window_source(r)} windows. The loss is the cross-entropy against the target's full
+distribution at every position (soft labels). {unused_files_note(m)} Final training loss:
 {m['final_loss']:.4f}. The tokenizer is the target's."""}
     write_model_card(out_dir, "tinypy-draft: a standalone draft model for tinypy",
                      "A much smaller Llama with the target's tokenizer, for `--method draft`.", TRAIN_COMMAND,
