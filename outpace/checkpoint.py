@@ -115,7 +115,7 @@ def checkpoint_tensor_names(model_dir: str | Path) -> set[str]:
     return names
 
 
-def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = True) -> None:
+def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = True, part: str | None = None) -> None:
     """Copy a checkpoint's tensors into ``model``'s parameters and persistent buffers (converting
     dtype). Every parameter must be in the checkpoint; a persistent buffer (e.g. a draft's vocabulary
     map) keeps its default when absent.
@@ -124,11 +124,15 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
     ``ignored_checkpoint_tensors`` (regexes of checkpoint tensors to skip).
     A tied head (same Parameter as the embedding) is one parameter, so a checkpoint's duplicate
     ``lm_head.weight`` is skipped when the model ties it.
+
+    ``part``: only the parameters and buffers of that submodule (e.g. "mtp_layers") are loaded, and the
+    checkpoint's other tensors are skipped unread.
     """
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
-    params = {to_ckpt(name): p for name, p in model.named_parameters()}
+    wanted = (lambda name: True) if part is None else (lambda name: name.startswith(f"{part}."))
+    params = {to_ckpt(name): p for name, p in model.named_parameters() if wanted(name)}
     persistent = set(model.state_dict().keys())
-    buffers = {to_ckpt(name): b for name, b in model.named_buffers() if name in persistent}
+    buffers = {to_ckpt(name): b for name, b in model.named_buffers() if name in persistent and wanted(name)}
     all_names = {to_ckpt(name) for name, _ in model.named_parameters(remove_duplicate=False)}
     ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
     seen: set[str] = set()
@@ -139,6 +143,8 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
                 if any(r.search(name) for r in ignored) or (name in all_names and name not in params):
                     continue
                 if name not in params and name not in buffers:
+                    if part is not None:
+                        continue
                     raise CheckpointError(f"unexpected tensor {name!r} in {path.name}: the model has no such parameter")
                 param = params.get(name, buffers.get(name))
                 tensor = _read(f, name, path, param)
@@ -171,10 +177,12 @@ def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:
     return shard.read(part, full)
 
 
-def model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters under their checkpoint names (a tied head appears once, as the embedding)."""
+def model_state_dict(model: nn.Module, parameters: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Parameters under their checkpoint names (a tied head appears once, as the embedding). ``parameters``:
+    name -> tensor in place of ``model.named_parameters()`` (e.g. FSDP's shards gathered whole)."""
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
-    return {to_ckpt(name): p.detach() for name, p in model.named_parameters()}
+    items = parameters.items() if parameters is not None else model.named_parameters()
+    return {to_ckpt(name): p.detach() for name, p in items}
 
 
 def save_checkpoint(tensors: dict[str, torch.Tensor], out_dir: str | Path, max_shard_bytes: int = 2 << 30,

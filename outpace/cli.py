@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -349,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     td.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="any other recipe field (VALUE read as JSON, else as a string); repeatable")
     td.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                    help="training ranks started here (eagle3, dflash): the target tensor-parallel over them, the draft "
-                         "data-parallel with FSDP; or launch with torchrun --nproc-per-node N")
+                    help="training ranks started here (every --method): the target tensor-parallel over them, the "
+                         "draft (mtp: the MTP layers) data-parallel with FSDP; or launch with torchrun "
+                         "--nproc-per-node N")
     _train_args(td)
     td.set_defaults(func=cmd_train_draft)
     return parser
@@ -386,8 +386,7 @@ def cmd_train_target(a: argparse.Namespace) -> None:
                                               "train_wall_seconds", "num_parameters")}, indent=2))
 
 
-# --method -> (recipe class, training function), imported lazily; those that train over several ranks
-MULTI_RANK_METHODS = ("eagle3", "dflash")
+# --method -> (recipe class, training function), imported lazily; each trains over any number of ranks
 DRAFT_RECIPES = {
     "standalone": ("outpace.train.standalone:StandaloneRecipe", "outpace.train.standalone:train_standalone"),
     "eagle3": ("outpace.train.eagle3:Eagle3Recipe", "outpace.train.eagle3:train_eagle3"),
@@ -411,17 +410,9 @@ def cmd_train_draft(a: argparse.Namespace) -> None:
         recipe = recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
     except TypeError as e:  # a --set field the recipe does not have
         raise ValueError(f"{recipe_cls.__name__}: {e}") from None
-    from outpace.distributed.launch import launched_by_torchrun
     from outpace.train.ranks import train_on_ranks
 
-    ranks = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else a.nproc_per_node
-    if ranks == 1:
-        metrics = train_fn(Path(a.target), recipe, Path(a.out), a.device)
-    elif a.method not in MULTI_RANK_METHODS:
-        raise ValueError(f"--method {a.method} trains in one process only (--nproc-per-node / torchrun with "
-                         f"{ranks} ranks); over several ranks: {', '.join(MULTI_RANK_METHODS)}")
-    else:
-        metrics = train_on_ranks(train_fn, a.nproc_per_node, a.device, Path(a.target), recipe, Path(a.out), a.device)
+    metrics = train_on_ranks(train_fn, a.nproc_per_node, a.device, Path(a.target), recipe, Path(a.out), a.device)
     if metrics is None:  # a rank > 0 of a torchrun launch: rank 0 prints
         return
     keys = ("final_loss", "final_step_top1", "final_position_top1", "final_layer_top1", "train_wall_seconds",

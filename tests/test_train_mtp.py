@@ -16,14 +16,12 @@ from outpace.train.mtp import MTPRecipe, mtp_chain, train_mtp
 from outpace.train.target import TargetRecipe, train_target
 
 
-@pytest.fixture(scope="module")
-def toy_target(tmp_path_factory):
-    """A toy tinypy (2 layers, 3 chained MTP layers) whose tied embedding is scaled up 4x (peaked next-token
-    distributions, as a trained target's are) and whose MTP layers' eh_proj are scrambled (far from the
-    target: something to learn)."""
+def write_mtp_target(out):
+    """A toy tinypy (2 layers, 3 chained MTP layers) in ``out`` whose tied embedding is scaled up 4x (peaked
+    next-token distributions, as a trained target's are) and whose MTP layers' eh_proj are scrambled (far from
+    the target: something to learn)."""
     from safetensors.torch import save_file
 
-    out = tmp_path_factory.mktemp("mtp_target")
     train_target(TargetRecipe.toy(steps=30), out, "cpu", num_samples=1)
     tensors = load_file(out / "model.safetensors")
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"] * 4
@@ -33,6 +31,11 @@ def toy_target(tmp_path_factory):
         tensors[f"model.layers.{k}.eh_proj.weight"] = (torch.randn(w.shape, generator=g) * 0.3).to(w.dtype)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+@pytest.fixture(scope="module")
+def toy_target(tmp_path_factory):
+    return write_mtp_target(tmp_path_factory.mktemp("mtp_target"))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def test_chain_reads_the_serving_rows(toy_target):
     b, t = tokens.shape
     with torch.no_grad():
         hidden = teacher_forward(target, tokens).hidden_states
-        logits = mtp_chain(target, hidden, tokens, 3, chained=True)
+        logits = mtp_chain(target, target.mtp_layers, hidden, tokens, chained=True)
         positions = torch.arange(t).repeat(b)
         h = hidden
         with forward_context(DenseCausalMetadata(b, t)):

@@ -1,7 +1,8 @@
 """Draft training over several ranks (outpace/train/ranks.py), on two CPU processes (gloo): the target
-tensor-parallel over both, the EAGLE3 or DFlash draft data-parallel with FSDP. The two-rank run follows the
-one-process run's loss curve and saves the same draft, which serves losslessly; a stopped two-rank run
-resumes from its one state file to the draft of an uninterrupted run; what cannot be split is refused by name."""
+tensor-parallel over both; the EAGLE3, DFlash or standalone draft, or the target's own MTP layers (a whole copy
+on each rank), data-parallel with FSDP. The two-rank run follows the one-process run's loss curve and saves the
+same draft, which serves losslessly; a stopped two-rank run resumes from its one state file to the draft of an
+uninterrupted run; what cannot be split is refused by name."""
 import dataclasses
 import json
 
@@ -9,17 +10,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import outpace.train.eagle3 as eagle3_module
 from outpace.cli import main as cli_main
 from outpace.config import SpeculativeConfig
 from outpace.distributed.group import RankGroup
 from outpace.train.dflash import DFlashRecipe, train_dflash
 from outpace.train.eagle3 import Eagle3Recipe, train_eagle3
+from outpace.train.mtp import MTPRecipe, train_mtp
 from outpace.train.ranks import RankFailed, TrainRanks, train_on_ranks
+from outpace.train.standalone import StandaloneRecipe, train_standalone
 
 from test_dflash import peaked_target  # noqa: F401  (fixture: a random Llama with peaked outputs, <|mask|> = 2)
+from test_train_mtp import write_mtp_target
 
-TRAIN = {"eagle3": train_eagle3, "dflash": train_dflash}
+TRAIN = {"eagle3": train_eagle3, "dflash": train_dflash, "mtp": train_mtp, "standalone": train_standalone}
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +34,18 @@ def eval_prompts(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory, peaked_target, eval_prompts):  # noqa: F811
-    """method -> (target directory, toy recipe): a trained toy target for EAGLE3 (six layers, as the zoo's);
-    for DFlash a random target with peaked outputs and a mask token."""
+    """method -> (target directory, toy recipe): a trained toy target for EAGLE3 and the standalone draft (six
+    layers, as the zoo's); for DFlash a random target with peaked outputs and a mask token; for MTP a toy
+    target whose MTP layers were scrambled (something to learn)."""
     from outpace.train.target import TargetRecipe, train_target
 
     target_dir = tmp_path_factory.mktemp("ranks_target")
     train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
     return {"eagle3": (target_dir, Eagle3Recipe.toy(eval_prompts=eval_prompts, eval_num_steps=3, resume_every=10)),
-            "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=eval_prompts, resume_every=10))}
+            "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=eval_prompts, resume_every=10)),
+            "mtp": (write_mtp_target(tmp_path_factory.mktemp("ranks_mtp_target")),
+                    MTPRecipe.toy(eval_prompts=eval_prompts, resume_every=10)),
+            "standalone": (target_dir, StandaloneRecipe.toy(resume_every=10))}
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +63,9 @@ def trained(targets, tmp_path_factory):
 
 
 @pytest.mark.parametrize("method", sorted(TRAIN))
-def test_two_ranks_follow_the_one_process_curve(trained, method):
+def test_two_ranks_follow_the_one_process_curve(trained, targets, method):
     one, two = trained(method, 1)[1]["history"], trained(method, 2)[1]["history"]
-    assert one["steps"] == two["steps"] and one["total_steps"] == two["total_steps"] == 30
+    assert one["steps"] == two["steps"] and one["total_steps"] == two["total_steps"] == targets[method][1].steps
     assert min(one["losses"][-2:]) < one["losses"][0] - 0.3  # it trains at all
     # the same gradients up to float summation order (the shares of the loss add up to the whole batch's)
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-4)
@@ -67,32 +74,45 @@ def test_two_ranks_follow_the_one_process_curve(trained, method):
     assert two["tokens_seen"] == one["tokens_seen"]
 
 
+def served(method: str, target_dir, trained_dir, recipe) -> tuple[str, SpeculativeConfig]:
+    """(the model to serve, the speculative config) of what a run of ``method`` saved in ``trained_dir``."""
+    if method == "mtp":  # the target's copy with its MTP layers fine-tuned
+        return str(trained_dir), SpeculativeConfig("mtp", num_steps=3)
+    steps = recipe.block_size - 1 if method == "dflash" else 4
+    return str(target_dir), SpeculativeConfig("draft" if method == "standalone" else method, str(trained_dir),
+                                              num_steps=steps)
+
+
 @pytest.mark.parametrize("method", sorted(TRAIN))
 def test_two_ranks_save_the_same_draft_and_it_serves_losslessly(trained, targets, method):
     from outpace import LLM, SamplingParams
 
+    target_dir, recipe = targets[method]
     (dir_one, one), (dir_two, two) = trained(method, 1), trained(method, 2)
     w1, w2 = load_file(dir_one / "model.safetensors"), load_file(dir_two / "model.safetensors")
-    assert w1.keys() == w2.keys() and "fc.weight" in w1
+    assert w1.keys() == w2.keys()
     for name in w1:  # bf16 weights: equal up to a rounding of the last bit
         torch.testing.assert_close(w2[name].float(), w1[name].float(), rtol=2e-2, atol=1e-3, msg=name)
+    if method == "mtp":  # the same tensors moved in both runs, the MTP layers' q/k/v among them
+        before = load_file(target_dir / "model.safetensors")
+        moved = [{k for k in w if not torch.equal(w[k], before[k])} for w in (w1, w2)]
+        assert moved[0] == moved[1] and "model.layers.2.self_attn.q_proj.weight" in moved[0]
     assert json.loads((dir_two / "config.json").read_text()) == json.loads((dir_one / "config.json").read_text())
     assert not (dir_two / "resume").exists() and (dir_two / "README.md").is_file()
     assert two["num_parameters"] == one["num_parameters"]  # FSDP's shards counted whole
-    assert two["heldout"]["temperature 0"]["same_output_as_target"] == 1.0  # measured with a two-rank engine
-    target_dir, recipe = targets[method]
+    if method != "standalone":  # (the standalone recipe measures no held-out acceptance)
+        assert two["heldout"]["temperature 0"]["same_output_as_target"] == 1.0  # measured with a two-rank engine
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = [[5, 17, 3, 40], [9, 9, 101, 7, 64, 3]]
     expected = [o.token_ids for o in LLM(str(target_dir)).generate(prompts, greedy)]
-    steps = recipe.block_size - 1 if method == "dflash" else 4
-    spec = SpeculativeConfig(method, str(dir_two), num_steps=steps)
-    assert [o.token_ids for o in LLM(str(target_dir), speculative=spec).generate(prompts, greedy)] == expected
+    model, spec = served(method, target_dir, dir_two, recipe)
+    assert [o.token_ids for o in LLM(model, speculative=spec).generate(prompts, greedy)] == expected
 
 
-def stopping_train(target_dir, recipe, out, device, ranks):
-    """train_eagle3 that fails on every rank in its 16th step (state saved after steps 10)."""
+def stopping_train(method, target_dir, recipe, out, device, ranks):
+    """TRAIN[method] that fails on every rank in its 16th step (state saved after steps 10)."""
     calls = {"n": 0}
-    original = eagle3_module.ttt_losses
+    original = torch.nn.utils.clip_grad_norm_  # the training loop calls it once a step
 
     def counting(*args, **kwargs):
         calls["n"] += 1
@@ -100,22 +120,24 @@ def stopping_train(target_dir, recipe, out, device, ranks):
             raise RuntimeError("stopped by the test")
         return original(*args, **kwargs)
 
-    eagle3_module.ttt_losses = counting
+    torch.nn.utils.clip_grad_norm_ = counting
     try:
-        return train_eagle3(target_dir, recipe, out, device, ranks=ranks)
+        return TRAIN[method](target_dir, recipe, out, device, ranks=ranks)
     finally:
-        eagle3_module.ttt_losses = original
+        torch.nn.utils.clip_grad_norm_ = original
 
 
-def test_a_stopped_two_rank_run_resumes_to_the_same_draft(trained, targets, tmp_path):
-    """(EAGLE3 only: the state file is the training loop's, train/resume.py, the same for every recipe.)"""
-    target_dir, recipe = targets["eagle3"]
-    uninterrupted_dir, uninterrupted_metrics = trained("eagle3", 2)
+@pytest.mark.parametrize("method", ["eagle3", "mtp", "standalone"])
+def test_a_stopped_two_rank_run_resumes_to_the_same_draft(trained, targets, tmp_path, method):
+    """(The state file is the training loop's, train/resume.py, for every recipe; DFlash's FSDP module is
+    EAGLE3's kind, a draft of its own, while MTP's is a part of the target, the standalone draft a whole model.)"""
+    target_dir, recipe = targets[method]
+    uninterrupted_dir, uninterrupted_metrics = trained(method, 2)
     with pytest.raises((RuntimeError, RankFailed), match="stopped by the test|training ranks failed"):
-        train_on_ranks(stopping_train, 2, "cpu", target_dir, recipe, tmp_path, "cpu")
+        train_on_ranks(stopping_train, 2, "cpu", method, target_dir, recipe, tmp_path, "cpu")
     state = torch.load(tmp_path / "resume" / "state.pt", weights_only=False)
     assert state["step"] == 10 and state["ranks"] == 2  # one file, written by rank 0
-    metrics = train_on_ranks(train_eagle3, 2, "cpu", target_dir, recipe, tmp_path, "cpu")
+    metrics = train_on_ranks(TRAIN[method], 2, "cpu", target_dir, recipe, tmp_path, "cpu")
     uninterrupted_history = uninterrupted_metrics["history"]
     assert metrics["history"]["steps"] == uninterrupted_history["steps"]
     assert metrics["history"]["losses"] == pytest.approx(uninterrupted_history["losses"], rel=1e-5)
@@ -128,12 +150,11 @@ def test_a_stopped_two_rank_run_resumes_to_the_same_draft(trained, targets, tmp_
 def test_what_does_not_split_is_refused_by_name(targets, tmp_path):
     with pytest.raises(ValueError, match="batch_size=5 does not split over 2 training ranks"):
         TrainRanks(RankGroup(0, 2)).rows(5)
-    target_dir, _ = targets["eagle3"]
-    with pytest.raises(SystemExit, match="--method mtp trains in one process only"):
+    target_dir, _ = targets["mtp"]
+    with pytest.raises(SystemExit, match="MTPRecipe.batch_size=5 does not split over 2 training ranks"):
         cli_main(["train", "draft", "--method", "mtp", "--toy", "--target", str(target_dir), "--out",
-                  str(tmp_path), "--device", "cpu", "--nproc-per-node", "2"])
-    assert not any(tmp_path.iterdir())  # refused before anything ran
-
+                  str(tmp_path), "--device", "cpu", "--nproc-per-node", "2", "--set", "batch_size=5"])
+    assert not any(tmp_path.iterdir())  # refused on every rank before anything ran
 
 
 def test_a_failure_on_rank_0_stops_every_rank_with_its_reason(targets, tmp_path):

@@ -205,6 +205,16 @@ def pack_projections(model: nn.Module) -> None:
             module.gate_up = PackedProjection([module.gate_proj, module.up_proj])
 
 
+def unpack_projections(model: nn.Module) -> None:
+    """Undo ``pack_projections`` for training: each projection multiplies by its own parameter again (through
+    the packed tensor, which its parameter only views, no gradient would reach it)."""
+    for module in model.modules():
+        if getattr(module, "qkv", None) is not None:
+            module.qkv = None
+        if isinstance(module, GatedMLP):
+            module.gate_up = None
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, sliding_window: int | None = None) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ from torch import nn
 
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.config import ConfigError, ModelConfig
-from outpace.distributed.group import build_group
+from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
 from outpace.models.mtp import has_own_mtp_heads
 from outpace.registry import model_class
@@ -74,3 +74,25 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", p
     pack_projections(model)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()
+
+
+def load_part(model_dir: str | Path, part: str, dtype: torch.dtype, device: str, buffers_from: nn.Module) -> nn.Module:
+    """The submodule ``part`` (e.g. "mtp_layers") of the model in ``model_dir``, whole (unsharded, whatever
+    group is being built) and alone: the rest of the model is built on the meta device (no memory) and its
+    checkpoint tensors are never read. Buffers are computed, not stored (rotary tables), and a meta build
+    has none: they are copied from ``buffers_from``, the same submodule of the model as loaded (buffers are
+    never sharded). Projections stay unpacked (``pack_projections`` is for serving)."""
+    cfg = ModelConfig.from_pretrained(model_dir)
+    with building_in(SINGLE):
+        model = build_model(cfg, dtype, "meta", has_own_mtp_heads(cfg, checkpoint_tensor_names(model_dir)))
+    whole = model.get_submodule(part).to_empty(device=device)
+    load_checkpoint(model, model_dir, progress=False, part=part)
+    source = dict(buffers_from.named_buffers())
+    with torch.no_grad():
+        for name, buffer in whole.named_buffers():
+            found = source.get(name)
+            if found is None or found.shape != buffer.shape:
+                raise ValueError(f"buffer {part}.{name} of {model_dir} is {tuple(buffer.shape)} in the whole part but "
+                                 f"{'absent' if found is None else tuple(found.shape)} in the model as loaded")
+            buffer.copy_(found)
+    return whole

@@ -41,13 +41,13 @@ import torch.nn.functional as F
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
-from outpace.models.loader import default_dtype, load_model
+from outpace.models.loader import default_dtype
 from outpace.train.distill import (DistillData, GreedyDistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
                                    unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
-from outpace.train.ranks import ONE_RANK, DraftStep, TrainRanks
+from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
@@ -289,9 +289,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     rows = ranks.rows(recipe.batch_size, "DFlashRecipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
     data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
-    target = ranks.load_target(lambda: load_model(
-        target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device, progress=False))
-    target.requires_grad_(False)
+    target = ranks.load_target(target_dir, device)
     tcfg: ModelConfig = target.config
     layer_ids = tuple(recipe.target_layer_ids or default_target_layer_ids(tcfg.num_hidden_layers))
     bad = [i for i in layer_ids if not 0 <= i < tcfg.num_hidden_layers]
@@ -310,8 +308,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
             draft.norm.weight.copy_(target.model.norm.weight.float())
     embed = ranks.embedding(target, tcfg.vocab_size)
     draft.borrow(embed, ranks.head(target))
-    objective = ranks.shard(DraftStep(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
-        d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks)))
+    objective = ranks.shard(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
+        d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks))
     num_parameters = sum(p.numel() for p in draft.parameters())
     size_mib = 2 * num_parameters / 2 ** 20
     if size_mib > recipe.max_checkpoint_mib:

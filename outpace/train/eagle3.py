@@ -44,13 +44,13 @@ import torch.nn.functional as F
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
-from outpace.models.loader import default_dtype, load_model
+from outpace.models.loader import default_dtype
 from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
                                    teacher_forward, unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
-from outpace.train.ranks import ONE_RANK, DraftStep, TrainRanks
+from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
@@ -294,9 +294,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     rows = ranks.rows(recipe.batch_size, "Eagle3Recipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
     data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
-    target = ranks.load_target(lambda: load_model(
-        target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device, progress=False))
-    target.requires_grad_(False)
+    target = ranks.load_target(target_dir, device)
     tcfg: ModelConfig = target.config
     capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
     target.set_aux_hidden_state_layers(capture)
@@ -321,8 +319,8 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
             draft.norm.weight.copy_(target.model.norm.weight.float())
     vocab_dev, t2d_dev = vocab_ids.to(device), t2d.to(device)
     embed = ranks.embedding(target, tcfg.vocab_size)
-    objective = ranks.shard(DraftStep(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
-        d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks)))
+    objective = ranks.shard(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
+        d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks))
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):

@@ -32,12 +32,13 @@ from safetensors.torch import save_file
 
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
-from outpace.models.loader import load_model
+from outpace.layers.decoder import unpack_projections
 from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, prompt_source,
                                    response_mask, teacher_forward, unused_files_note)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
-from outpace.train.loop import plot_history, train
+from outpace.train.loop import TrainHistory, plot_history, train
+from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
 
 # Files of the target that describe the target itself, not the fine-tuned copy (its card, plot, metrics).
@@ -67,20 +68,19 @@ class MTPRecipe(GreedyDistillRecipe):
                              eval_max_tokens=12), **overrides})
 
 
-def mtp_chain(target, target_hidden: torch.Tensor, tokens: torch.Tensor, num_layers: int,
-              chained: bool) -> list[torch.Tensor]:
+def mtp_chain(target, layers, target_hidden: torch.Tensor, tokens: torch.Tensor, chained: bool) -> list[torch.Tensor]:
     """target_hidden [B * T, hidden] (the target's last pre-norm states over tokens[:, :T]); tokens [B, >= T]
-    -> the logits [B * T, vocab] of MTP layers 0 .. num_layers - 1: layer k at row t reads token t + k + 1
-    (token 0 past the given tokens: those rows never reach a loss) and predicts token t + k + 2, at
-    position t. Each layer reads the target's state, embeds and computes logits in its own layout
-    (models/mtp.py: outpace's layers use the target's pre-norm state, embedding and head; DeepSeek-V3's the
-    post-norm state and their own embedding and shared head)."""
+    -> the logits [B * T, vocab] of the MTP ``layers`` 0 .. K - 1 (the target's first K): layer k at row t
+    reads token t + k + 1 (token 0 past the given tokens: those rows never reach a loss) and predicts token
+    t + k + 2, at position t. Each layer reads the target's state, embeds and computes logits in its own
+    layout (models/mtp.py: outpace's layers use the target's pre-norm state, embedding and head; DeepSeek-V3's
+    the post-norm state and their own embedding and shared head)."""
     b = tokens.shape[0]
     t = target_hidden.shape[0] // b
     positions = torch.arange(t, device=tokens.device).repeat(b)
     logits, h = [], None
     with forward_context(DenseCausalMetadata(b, t)):
-        for k, layer in enumerate(list(target.mtp_layers)[:num_layers]):
+        for k, layer in enumerate(layers):
             ids = tokens[:, k + 1:k + 1 + t]
             ids = torch.nn.functional.pad(ids, (0, t - ids.shape[1]), value=0).reshape(-1)
             state = layer.target_state(target, target_hidden) if h is None or not chained else h
@@ -91,15 +91,18 @@ def mtp_chain(target, target_hidden: torch.Tensor, tokens: torch.Tensor, num_lay
     return logits
 
 
-def depth_losses(logits: list[torch.Tensor], teacher: torch.Tensor, mask: torch.Tensor, soft: bool):
+def depth_losses(logits: list[torch.Tensor], teacher: torch.Tensor, mask: torch.Tensor, soft: bool,
+                 ranks: TrainRanks = ONE_RANK):
     """logits from ``mtp_chain``; teacher [B, T, vocab] (the target's logits); mask [B, T] label rows ->
-    (losses, top-1 agreements) per layer: layer k at row t against the target at row t + k + 1."""
+    (losses, top-1 agreements) per layer: layer k at row t against the target at row t + k + 1 (over several
+    training ranks, this rank's shares of the means over all their rows)."""
     b, t, _ = teacher.shape
     losses, top1 = [], []
     for k, lg in enumerate(logits):
         rows = t - 1 - k
         student = lg.view(b, t, -1)[:, :rows].flatten(0, 1)
-        loss, agree = masked_cross_entropy(student, teacher[:, 1 + k:].flatten(0, 1), mask[:, 1 + k:].flatten(), soft)
+        keep = mask[:, 1 + k:].flatten()
+        loss, agree = masked_cross_entropy(student, teacher[:, 1 + k:].flatten(0, 1), keep, soft, ranks)
         losses.append(loss)
         top1.append(agree)
     return losses, top1
@@ -110,10 +113,11 @@ def weighted_loss(losses: list[torch.Tensor], decay: float) -> torch.Tensor:
     return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
 
 
-def trainable_mtp(target, num_layers: int) -> torch.nn.ModuleList:
-    """The first ``num_layers`` MTP layers in fp32, trainable; embedding and head copies stay frozen
-    (DeepSeek-V3 shares them with the main model)."""
-    layers = torch.nn.ModuleList(list(target.mtp_layers)[:num_layers]).float()
+def trainable_mtp(mtp_layers, num_layers: int) -> torch.nn.ModuleList:
+    """The first ``num_layers`` of the target's MTP layers in fp32, trainable, their projections unpacked;
+    embedding and head copies stay frozen (DeepSeek-V3 shares them with the main model)."""
+    layers = torch.nn.ModuleList(list(mtp_layers)[:num_layers]).float()
+    unpack_projections(layers)
     for name, p in layers.named_parameters():
         p.requires_grad_(not ("embed_tokens" in name or "shared_head.head" in name))
     return layers
@@ -145,16 +149,40 @@ def write_target_copy(target_dir: Path, out_dir: Path, replaced: dict[str, torch
                          "files: this target's MTP layout cannot be written back")
 
 
-def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str) -> dict:
+def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str, ranks: TrainRanks = ONE_RANK) -> dict:
+    """Fine-tune the target's MTP layers, write the target copy and evaluate it.
+
+    Over several ``ranks`` (train/ranks.py) the frozen trunk is tensor-parallel over them, as for EAGLE3 and
+    DFlash, and the MTP layers train data-parallel (FSDP), each rank taking its rows of every batch. Not
+    tensor-parallel in place: outpace's sharded layers are built for serving and their collectives carry no
+    gradient; and the MTP layers (one decoder layer each) are small next to the trunk, so each rank trains a
+    whole copy read from the checkpoint (``TrainRanks.whole``), FSDP sharding its weights and moments, over
+    the target's embedding and head whole on each rank (``TrainRanks.row_local``)."""
     t0 = time.perf_counter()
-    torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     if out_dir.resolve() == target_dir.resolve():
         raise ValueError("--out must differ from --target: the fine-tuned target is written beside the original")
     resume_dir = out_dir / "resume"
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt")
-    target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
-                        progress=False)
+    replaced, history, metrics = _fine_tune(target_dir, recipe, resume_dir, device, t0, ranks)
+    if ranks.is_driver:
+        write_target_copy(target_dir, out_dir, replaced)
+        plot_history(_losses_only(history), out_dir / "loss.png", "MTP layers: loss (CE vs the target, per layer)")
+        (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        write_mtp_card(out_dir, metrics)
+        shutil.rmtree(resume_dir, ignore_errors=True)
+    spec = SpeculativeConfig("mtp", num_steps=metrics["num_mtp_layers"])
+    return finish_with_heldout(out_dir, out_dir, spec, recipe, metrics, write_mtp_card, device, t0,
+                               prompts_near=target_dir, ranks=ranks)
+
+
+def _fine_tune(target_dir: Path, recipe: MTPRecipe, resume_dir: Path, device: str, started: float,
+               ranks: TrainRanks) -> tuple[dict[str, torch.Tensor], TrainHistory, dict]:
+    """The training of ``train_mtp``: (the trained tensors under their checkpoint names, whole on every rank;
+    the history; the metrics). The target is freed when it returns, before the held-out engines start."""
+    torch.manual_seed(recipe.seed)
+    rows = ranks.rows(recipe.batch_size, "MTPRecipe.batch_size")  # this rank's rows of each batch
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
+    target = ranks.load_target(target_dir, device)
     cfg = target.config
     available = cfg.num_nextn_predict_layers
     if not available:
@@ -163,43 +191,39 @@ def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str) -
     n = recipe.num_layers or available
     if n > available:
         raise ValueError(f"MTPRecipe.num_layers={n} is invalid: the target has {available} MTP layers")
-    target.requires_grad_(False)
-    layers = trainable_mtp(target, n)
+    layers = trainable_mtp(ranks.whole(target, "mtp_layers"), n)
     chained = bool(cfg.chain_mtp_hidden_states or layers[0].chained_by_layout)
-    gen = torch.Generator().manual_seed(recipe.seed)
+    local = ranks.row_local(target)
+    objective = ranks.shard(layers, lambda mtp, hidden, tokens, teacher, mask: depth_losses(
+        mtp_chain(local, mtp, hidden, tokens, chained), teacher, mask, recipe.soft_labels, ranks))
+    gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):
         tokens, starts = data.batch_with_starts(recipe.batch_size, gen)
         tokens, starts = tokens.to(device), starts.to(device)
         b, t = tokens.shape
-        hidden = teacher_forward(target, tokens).hidden_states                  # [B * T, hidden] pre-norm
+        hidden = teacher_forward(target, tokens).hidden_states  # the whole batch: a tensor-parallel target needs it
         with torch.no_grad():
-            teacher = target.compute_logits(hidden).view(b, t, -1)             # [B, T, vocab]
-        logits = mtp_chain(target, hidden, tokens, n, chained)
-        losses, top1 = depth_losses(logits, teacher, response_mask(starts, t), recipe.soft_labels)
+            teacher = target.compute_logits(hidden).view(b, t, -1)[rows]         # [b, T, vocab]
+        mine = hidden.view(b, t, -1)[rows].flatten(0, 1)                         # [b * T, hidden] pre-norm
+        losses, top1 = objective(mine, tokens[rows], teacher, response_mask(starts[rows], t))
         extra = {**{f"loss layer {k}": l.detach() for k, l in enumerate(losses)},
                  **{f"top1 layer {k}": a for k, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.depth_decay), tokens.numel(), extra
 
-    history = train(layers, loss_fn, recipe.optim, device, desc="mtp layers",
-                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen))
+    history = train(objective, loss_fn, recipe.optim, device, desc="mtp layers",
+                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
 
     to_ckpt = getattr(target, "checkpoint_name", lambda name: name)
-    replaced = {to_ckpt(f"mtp_layers.{name}"): p for name, p in layers.named_parameters() if p.requires_grad}
+    trained = {name for name, p in layers.named_parameters() if p.requires_grad}
+    replaced = {to_ckpt(f"mtp_layers.{name}"): p.detach() for name, p in ranks.full_parameters(layers).items()
+                if name in trained}
     metrics = dict(
-        common_metrics(recipe, layers, history, t0, device), **data.corpus_metrics, num_mtp_layers=n, chained=chained,
-        final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
+        common_metrics(recipe, layers, history, started, device), **data.corpus_metrics, num_mtp_layers=n,
+        chained=chained, final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
         final_layer_top1={k: history.extra[f"top1 layer {k}"][-1] for k in range(n)},
         replaced_tensors=len(replaced), target=str(target_dir))
-    del target, data
-    write_target_copy(target_dir, out_dir, replaced)
-    plot_history(_losses_only(history), out_dir / "loss.png", "MTP layers: loss (CE vs the target, per layer)")
-    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_mtp_card(out_dir, metrics)
-    shutil.rmtree(resume_dir, ignore_errors=True)
-    spec = SpeculativeConfig("mtp", num_steps=n)
-    return finish_with_heldout(out_dir, out_dir, spec, recipe, metrics, write_mtp_card, device, t0,
-                               prompts_near=target_dir)
+    return replaced, history, metrics
 
 
 def _losses_only(history):

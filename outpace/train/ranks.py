@@ -1,5 +1,7 @@
 """Draft training over several processes (torch.distributed): the target tensor-parallel over every
-rank, the draft data-parallel with its weights and optimizer moments sharded by FSDP.
+rank, the draft data-parallel with its weights and optimizer moments sharded by FSDP. The draft is a model
+of its own (EAGLE3, DFlash, the standalone draft) or a part of the target (its MTP layers: ``whole`` gives
+each rank an unsharded copy of that part, since tensor-parallel layers are built for serving, not training).
 
 This is SpecForge's layout (scripts/train_eagle3.py: the target tensor-parallel, the draft wrapped in
 FSDP): a target that does not fit one GPU is split as serving splits it (outpace/distributed/), and its
@@ -28,6 +30,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -82,14 +85,20 @@ class TrainRanks:
 
     # --- the models -------------------------------------------------------------------------
 
-    def load_target(self, load: Callable[[], nn.Module]) -> nn.Module:
-        """``load()`` built in this run's group: the rank's tensor-parallel shard of the target."""
-        with building_in(self.group):
-            return load()
+    def load_target(self, target_dir: Path, device: str) -> nn.Module:
+        """The target, frozen, in the training precision (bf16 on the GPU, fp32 on the CPU): over several
+        ranks this rank's tensor-parallel shard of it."""
+        from outpace.models.loader import load_model
 
-    def shard(self, objective: nn.Module) -> nn.Module:
-        """FSDP over the ranks for the module whose forward is the whole draft computation of a step (its
-        forward hooks gather the draft's weights around all of it); the module itself for one rank."""
+        with building_in(self.group):
+            target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
+                                progress=False)
+        return target.requires_grad_(False)
+
+    def shard(self, draft: nn.Module, step: Callable[..., object]) -> nn.Module:
+        """``DraftStep(draft, step)``, with FSDP over the ranks (its forward hooks gather the draft's weights
+        around the whole step); as it is for one rank."""
+        objective = DraftStep(draft, step)
         if self.size == 1:
             return objective
         from torch.distributed.device_mesh import init_device_mesh
@@ -97,6 +106,27 @@ class TrainRanks:
 
         mesh = init_device_mesh("cuda" if self.device.startswith("cuda") else "cpu", (self.size,))
         return fully_shard(objective, mesh=mesh)
+
+    def whole(self, target: nn.Module, part: str) -> nn.Module:
+        """The target's submodule ``part`` (e.g. "mtp_layers") whole on this rank, to train data-parallel: the
+        target's own for one rank; over several (the tensor-parallel target holds only a shard of it, and its
+        collectives carry no gradient) a copy built unsharded and read from the target's checkpoint
+        (models/loader.py ``load_part``)."""
+        sharded = target.get_submodule(part)
+        if self.size == 1:
+            return sharded
+        from outpace.models.loader import load_part
+
+        param = next(sharded.parameters())
+        return load_part(target.checkpoint_dir, part, param.dtype, str(param.device), buffers_from=sharded)
+
+    def row_local(self, target: nn.Module) -> nn.Module:
+        """The target as a draft calls it on this rank's own rows (its ``embed``, head and ``compute_logits``;
+        models/mtp.py's layers take it as their ``target``): the target itself for one rank; over several, a
+        ``RowLocalTarget`` over its whole embedding and head (``embedding``, ``head``)."""
+        if self.size == 1:
+            return target
+        return RowLocalTarget(target, self.embedding(target, target.config.vocab_size), self.head(target))
 
     def embedding(self, target: nn.Module, vocab_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """The target's token embedding as a function each rank calls on its own rows: the target's own for
@@ -183,6 +213,23 @@ class DraftStep(nn.Module):
 
     def forward(self, *inputs):
         return self.step(self.draft, *inputs)
+
+
+class RowLocalTarget:
+    """A tensor-parallel target whose embedding and head each rank applies to its own rows: a sharded lookup
+    or head is a collective over the same rows on every rank, so these are whole (``TrainRanks.embedding``,
+    ``TrainRanks.head``); ``compute_logits`` is the target class's own, over this head; every other attribute
+    is the target's (its final norm is replicated, not sharded)."""
+
+    def __init__(self, target: nn.Module, embed: Callable[[torch.Tensor], torch.Tensor], head: nn.Module) -> None:
+        self._target, self.embed, self.lm_head = target, embed, head
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n, vocab] float32 logits."""
+        return type(self._target).compute_logits(self, hidden)
+
+    def __getattr__(self, name: str):
+        return getattr(self._target, name)
 
 
 ONE_RANK = TrainRanks()

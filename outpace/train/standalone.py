@@ -9,15 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict
 from outpace.config import ModelConfig
-from outpace.models.loader import build_model, load_model
-from outpace.train.distill import (DistillData, DistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
+from outpace.models.loader import build_model
+from outpace.train.distill import (DistillData, DistillRecipe, masked_cross_entropy, prompt_source, teacher_forward,
                                    unused_files_note, window_source)
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
+from outpace.train.ranks import ONE_RANK, TrainRanks
+from outpace.train.resume import Resume
 from outpace.train.target import init_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -50,34 +53,51 @@ def draft_config(target_cfg: dict, recipe: StandaloneRecipe) -> dict:
     return cfg
 
 
-def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, device: str) -> dict:
+def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, device: str,
+                     ranks: TrainRanks = ONE_RANK) -> dict:
+    """Distil and save the draft; over several ``ranks`` (train/ranks.py) the target is tensor-parallel over
+    them and gives the soft labels of the whole batch, and the draft (a model of its own, which reads no
+    target state) trains data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    data = DistillData.for_recipe(target_dir, recipe, device)
-    target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device)
+    rows = ranks.rows(recipe.batch_size, "StandaloneRecipe.batch_size")  # this rank's rows of each batch
+    resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
+    target = ranks.load_target(target_dir, device)
     cfg_dict = draft_config(json.loads((target_dir / "config.json").read_text()), recipe)
     draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
     init_weights(draft, recipe.seed)
-    gen = torch.Generator().manual_seed(recipe.seed)
+    objective = ranks.shard(draft, lambda d, tokens, teacher: masked_cross_entropy(
+        d.compute_logits(draft_forward(d, tokens)), teacher, ranks=ranks)[0])
+    gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):
         tokens = data.batch(recipe.batch_size, gen).to(device)
-        teacher = target.compute_logits(teacher_forward(target, tokens).hidden_states)
         b, t = tokens.shape
-        with forward_context(DenseCausalMetadata(b, t)):
-            student = draft.compute_logits(draft(tokens.reshape(-1), torch.arange(t, device=device).repeat(b)).hidden_states)
-        return soft_cross_entropy(student, teacher), tokens.numel(), {}
+        # the whole batch: a tensor-parallel target needs it on every rank
+        teacher = target.compute_logits(teacher_forward(target, tokens).hidden_states).view(b, t, -1)  # [B, T, vocab]
+        return objective(tokens[rows], teacher[rows].flatten(0, 1)), tokens.numel(), {}
 
-    history = train(draft, loss_fn, recipe.optim, device, desc="standalone draft")
+    history = train(objective, loss_fn, recipe.optim, device, desc="standalone draft",
+                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
+    state = model_state_dict(draft, ranks.full_parameters(draft))
+    metrics = dict(common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics)
+    if ranks.is_driver:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            shutil.copy(target_dir / name, out_dir / name)
+        save_trained(out_dir, state, cfg_dict, history, "standalone draft: distillation loss (soft CE vs target)",
+                     metrics, write_standalone_card)
+        shutil.rmtree(resume_dir, ignore_errors=True)
+    return metrics
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(target_dir / name, out_dir / name)
-    return save_trained(out_dir, model_state_dict(draft), cfg_dict, history,
-                        "standalone draft: distillation loss (soft CE vs target)",
-                        dict(common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics),
-                        write_standalone_card)
+
+def draft_forward(draft: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [b, T] -> the draft's last pre-norm hidden states [b * T, hidden] (dense causal)."""
+    b, t = tokens.shape
+    with forward_context(DenseCausalMetadata(b, t)):
+        return draft(tokens.reshape(-1), torch.arange(t, device=tokens.device).repeat(b)).hidden_states
 
 
 TRAIN_COMMAND = ("python -m outpace train draft --method standalone --target zoo/tinypy --out zoo/tinypy-draft "

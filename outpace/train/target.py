@@ -107,7 +107,8 @@ def mtp_forward_losses(model, tokens: torch.Tensor, num_mtp: int, chain: bool):
     positions = torch.arange(t, device=tokens.device).repeat(b)  # [b * t]
     with forward_context(DenseCausalMetadata(b, t)):
         target_hidden = model(tokens[:, :t].reshape(-1), positions).hidden_states  # [b * t, hidden]
-    all_logits = [model.compute_logits(target_hidden), *mtp_chain(model, target_hidden, tokens, num_mtp, chain)]
+    layers = list(model.mtp_layers)[:num_mtp]
+    all_logits = [model.compute_logits(target_hidden), *mtp_chain(model, layers, target_hidden, tokens, chain)]
     losses, accs = [], []
     for k, logits in enumerate(all_logits):
         labels = tokens[:, k + 1:t + k + 1].reshape(-1)
