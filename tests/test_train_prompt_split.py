@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from outpace.cli import main
 from outpace.train.corpus import Corpus, SourceFile, files_holding_prompts, heldout_files_unused_by, heldout_prompts
 from outpace.train.data import TokenStream
-from outpace.train.distill import DistillData, DistillRecipe
+from outpace.train.distill import DistillData, DistillRecipe, unused_files_note
 from outpace.train.eagle3 import Eagle3Recipe
 from outpace.train.tokenizer import EOS_TOKEN
 
@@ -167,3 +167,15 @@ def test_refusals(generated, corpus, eval_prompts, tmp_path):
     with pytest.raises(ValueError, match="no held-out file is left"):
         DistillData.for_recipe(TARGET, _recipe(prompt_split="heldout", eval_prompts=str(everything)), "cpu")
     assert not generated  # every refusal came before any generation
+
+
+def test_the_card_says_which_corpus_files_a_run_never_read():
+    """The train split never reads held-out files; the held-out split names what it left out; with the user's
+    prompt files the card claims nothing about what they hold (they may be held-out text)."""
+    heldout = {"eval_prompts": "zoo/eval_prompts.json", "excluded_files": ["a.py", "b.py"]}
+    train = unused_files_note({"recipe": {"prompt_files": None, "prompt_split": "train"}})
+    held = unused_files_note({"recipe": {"prompt_files": None, "prompt_split": "heldout"}, "heldout_corpus": heldout})
+    user = unused_files_note({"recipe": {"prompt_files": ("mine.txt",), "prompt_split": "train"}})
+    assert train == "Held-out files are never used."
+    assert "2 held-out files" in held and "eval_prompts.json" in held
+    assert user == "The corpus's held-out files are not read."

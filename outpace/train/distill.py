@@ -239,6 +239,8 @@ def window_source(r: dict) -> str:
 
 def unused_files_note(m: dict) -> str:
     """The card's sentence on the corpus files a run never trained on."""
+    if m["recipe"]["prompt_files"]:  # what they hold is the user's to say
+        return "The corpus's held-out files are not read."
     if m["recipe"]["prompt_split"] == "train":
         return "Held-out files are never used."
     h = m["heldout_corpus"]
