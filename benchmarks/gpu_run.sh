@@ -12,7 +12,11 @@
 #                                                    # floor, EAGLE3 at TP = 2, 2 data-parallel replicas); parts of
 #                                                    # correctness,tp_speed,dp (all by default; a part measured by an
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
-#                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR
+#                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.
+#                                                    # MULTI_TIME_LIMIT / MULTI_DP_RESERVE (seconds) set the run's
+#                                                    # budget; a run into an OUT_DIR holding an earlier run's JSON
+#                                                    # continues it (finished items are kept), so a bench longer than
+#                                                    # one device command is the same command repeated
 #   bash benchmarks/gpu_run.sh OUT_DIR serve [methods] # outpace bench serve --sweep (issue 21): `outpace serve` of the
 #                                                    # zoo widened to 8B for each method (of bench e2e's; none eagle3
 #                                                    # by default; keep none for the speed-ups) at 1 to 64 concurrent
@@ -45,9 +49,11 @@ import json; json.dump(run_attention_bench(), open('$out/attention_bench.json', 
   } 2>&1 | grep -v -i "warn" | tee "$out/profile.log" | grep -E "^context|^zoo|^one graph|Error"
   python3 -m outpace bench acceptance --device cuda --dtype bfloat16 --out "$out" 2>&1 | grep -v "it/s\]" | tail -8
 elif [ "$stage" = multi ]; then
-  export NCCL_NVLS_ENABLE=0  # NVLink multicast off, as the device notes ask
-  python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} 2>&1 \
-    | grep --line-buffered -v "it/s\]" | tee "$out/multi_gpu.log" | tail -80
+  # NVLink multicast off in NCCL, PyTorch and NVSHMEM, as the device notes ask
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} \
+    ${MULTI_TIME_LIMIT:+--time-limit $MULTI_TIME_LIMIT} ${MULTI_DP_RESERVE:+--dp-reserve $MULTI_DP_RESERVE} 2>&1 \
+    | grep --line-buffered -v "it/s\]" | tee -a "$out/multi_gpu.log" | tail -80
 elif [ "$stage" = serve ]; then
   shift 2
   python3 -m outpace bench serve --sweep --out "$out" --workdir .e2e_models --max-tokens 128 \

@@ -183,9 +183,10 @@ def cmd_bench(a: argparse.Namespace) -> None:
         run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "abef")
         return
     if a.what == "multi":
-        from outpace.bench.multi_gpu import run_multi_gpu_bench
+        from outpace.bench.multi_gpu import Plan, run_multi_gpu_bench
 
-        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "correctness,tp_speed,dp",
+        plan = Plan(**{k: v for k, v in (("time_limit_s", a.time_limit), ("dp_reserve_s", a.dp_reserve)) if v})
+        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "correctness,tp_speed,dp", plan=plan,
                             workdir=Path(a.workdir))
         return
     if a.what == "e2e":
@@ -295,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(of bench/e2e.py drafters(); default: all, and none eagle3 for serve --sweep)")
     b.add_argument("--workdir", default=".e2e_models", help="bench e2e, multi and serve --sweep: where the widened "
                    "8B-shaped zoo (and bench multi's random checkpoints) are written")
+    mb = b.add_argument_group("bench multi")
+    mb.add_argument("--time-limit", type=float, default=None, help="seconds the whole run may take (540 by default); "
+                    "items that no longer fit are listed as not run, and the same command into the same --out "
+                    "continues with them")
+    mb.add_argument("--dp-reserve", type=float, default=None, help="seconds of the limit kept for the dp part (130)")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")

@@ -114,3 +114,35 @@ def test_cli_and_part_names(tmp_path):
     assert parse_args(["bench", "gpu"]).parts is None  # bench gpu's own default (abef) applies
     with pytest.raises(ValueError, match="unknown part"):
         run_multi_gpu_bench(tmp_path, "correctness,speed", Plan(device="cpu"), tmp_path / "work")
+
+
+def test_a_run_continues_an_earlier_one():
+    """Items an earlier run into OUT finished are kept with their rows; its errors and skipped items are
+    retried (the device's ten-minute commands: one bench as the same command repeated)."""
+    from outpace.bench.multi_gpu import Clock, Run, continued
+
+    earlier = {"parts": ["correctness"], "copy_bandwidth_bytes_per_s": 1e12, "device": "GPU",
+               "correctness": {"tp_equality": [{"model": "a"}], "lossless": []},
+               "done": ["correctness: a float32"], "seconds": {"correctness: a float32": 3.0, "correctness: b": 1.0},
+               "errors": {"correctness: b": "RuntimeError: boom"}, "not_run": ["tp_speed: 70b: 5 s left"]}
+    fresh = {"parts": ["tp_speed"], "errors": {}, "not_run": [], "seconds": {}, "done": []}
+    result = continued(earlier, fresh)
+    assert result["parts"] == ["correctness", "tp_speed"] and result["correctness"] == earlier["correctness"]
+    assert result["copy_bandwidth_bytes_per_s"] == 1e12 and result["done"] == ["correctness: a float32"]
+    assert result["seconds"] == {"correctness: a float32": 3.0} and result["errors"] == {}
+    assert result["earlier_run"]["errors"] == earlier["errors"]
+
+    class Group:
+        healthy = True
+
+        def settled(self):
+            return True
+
+    ran = []
+    run = Run(Group(), Plan(device="cpu"), result, Path("/dev/null"), Path("."), Clock(60.0))
+    run.save = lambda: None
+    run.item("correctness: a float32", 1.0, lambda: ran.append("a"))
+    run.item("correctness: b", 1.0, lambda: ran.append("b"))
+    run.item("tp_speed: 70b", 1e6, lambda: ran.append("70b"))
+    assert ran == ["b"] and result["done"] == ["correctness: a float32", "correctness: b"]
+    assert result["not_run"] and result["not_run"][0].startswith("tp_speed: 70b")

@@ -20,7 +20,10 @@
 that does not fit one GPU is listed as such) and one replica's throughput.
 
 The ranks are spawned once and build every engine in turn (bench/rank_group.py); each row is written as
-it is measured, and an item that no longer fits the time limit is listed under ``not_run``.
+it is measured, and an item that no longer fits the time limit is listed under ``not_run``. A run into an
+OUT that holds an earlier run's multi_gpu.json continues it: the items that finished there without an error
+are kept with their rows and not run again, so a bench longer than one command's limit (the device's ten
+minutes) is the same command repeated.
 """
 from __future__ import annotations
 
@@ -193,7 +196,10 @@ class Run:
         part.replace(self.path)
 
     def item(self, name: str, seconds: float, fn) -> None:
-        """Run one item (an engine and its rows) if ``seconds`` are left; its error is recorded, the run goes on."""
+        """Run one item (an engine and its rows) if ``seconds`` are left and an earlier run into this OUT did
+        not finish it; its error is recorded, the run goes on."""
+        if name in self.result["done"]:
+            return
         if self.clock.left() < seconds:
             self.result["not_run"].append(f"{name}: {self.clock.left():.0f} s left of the time limit, "
                                           f"~{seconds:.0f} s needed")
@@ -206,6 +212,8 @@ class Run:
             except Exception as e:  # one broken item must not cost the others' figures
                 self.result["errors"][name] = f"{type(e).__name__}: {e}"
                 print(f"bench multi: {name} failed:\n{traceback.format_exc()}")
+            else:
+                self.result["done"].append(name)
             release_memory()
             self.result["seconds"][name] = round(time.monotonic() - t0, 1)
             self.group.settled()
@@ -223,7 +231,8 @@ class Run:
     # ---- correctness ------------------------------------------------------------------------------------
     def correctness(self) -> None:
         plan, world = self.plan, self.group.world
-        section = self.result["correctness"] = {"tokens": plan.tokens, "tp": world, "tp_equality": [], "lossless": []}
+        section = self.result.setdefault("correctness", {"tokens": plan.tokens, "tp": world, "tp_equality": [],
+                                                         "lossless": []})
         zoo = zoo_dir()
         cases = [Case(name, str(zoo / name)) for name in plan.zoo_targets if (zoo / name / "config.json").is_file()]
         shape = plan.shapes[plan.random_shape]
@@ -274,7 +283,8 @@ class Run:
     # ---- tensor-parallel speed ----------------------------------------------------------------------------
     def tp_speed(self) -> None:
         plan, world = self.plan, self.group.world
-        self.result["tp_speed"] = {"context": plan.context, "decode": [], "all_reduce": [], "eagle3": [], "oracle": []}
+        self.result.setdefault("tp_speed", {"context": plan.context, "decode": [], "all_reduce": [], "eagle3": [],
+                                            "oracle": []})
         if self.widening is not None:
             self.widening.join()
             if self.widening_error:
@@ -400,11 +410,11 @@ def _rank0_main(group, plan: Plan, parts: list[str], path: str, workdir: str, se
     path, workdir = Path(path), Path(workdir)
     result = json.loads(path.read_text())
     run = Run(group, plan, result, path, workdir, Clock(seconds))
+    if "copy_bandwidth_bytes_per_s" not in result:  # a continued run keeps the figure its floors were built on
+        on_gpu = plan.device.startswith("cuda")
+        result["copy_bandwidth_bytes_per_s"] = copy_bandwidth() if on_gpu else cpu_copy_bandwidth()
     if plan.device.startswith("cuda"):
         result["device"] = torch.cuda.get_device_name()
-        result["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
-    else:
-        result["copy_bandwidth_bytes_per_s"] = cpu_copy_bandwidth()
     run.save()
     if "tp_speed" in parts:
         run.widen_in_background()
@@ -426,6 +436,18 @@ def cpu_copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
 
 
 # ---- the run --------------------------------------------------------------------------------------------
+def continued(earlier: dict, fresh: dict) -> dict:
+    """The result a run starts from when ``out_dir`` holds an earlier run's: its measured sections, the copy
+    bandwidth their floors used and the items it finished (``done``, with their seconds) are kept; its
+    errors and not-run items are retried, and recorded under ``earlier_run``."""
+    result = {**fresh, "earlier_run": {k: earlier[k] for k in ("parts", "errors", "not_run") if k in earlier}}
+    result["parts"] = sorted(set(earlier.get("parts", [])) | set(fresh["parts"]), key=list(PARTS).index)
+    result.update({k: earlier[k] for k in (*PARTS, "device", "copy_bandwidth_bytes_per_s") if k in earlier})
+    result["done"] = list(earlier.get("done", []))
+    result["seconds"] = {k: v for k, v in earlier.get("seconds", {}).items() if k in result["done"]}
+    return result
+
+
 def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", plan: Plan | None = None,
                         workdir: Path = Path(".multi_gpu_models")) -> dict:
     """Run the parts (comma-separated of ``PARTS``, or ``single``); results in ``out_dir``: multi_gpu.json
@@ -448,17 +470,13 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", p
     path = out_dir / ("multi_gpu_single.json" if single else "multi_gpu.json")
     result = {"parts": names, "world": plan.world, "device": plan.device, "torch": torch.__version__,
               "plan": {k: v for k, v in dataclasses.asdict(plan).items() if k != "cases"},
-              "errors": {}, "not_run": [], "seconds": {}}
-    if path.is_file():  # the parts an earlier run into out_dir measured and this one does not are kept
-        earlier = json.loads(path.read_text())
-        result["earlier_run"] = {k: earlier[k] for k in ("parts", "errors", "not_run", "seconds") if k in earlier}
-        result.update({part: earlier[part] for part in PARTS if part in earlier and part not in names})
-        if "copy_bandwidth_bytes_per_s" in earlier:
-            result["copy_bandwidth_bytes_per_s"] = earlier["copy_bandwidth_bytes_per_s"]
+              "errors": {}, "not_run": [], "seconds": {}, "done": []}
+    if path.is_file():
+        result = continued(json.loads(path.read_text()), result)
     path.write_text(json.dumps(result, indent=1) + "\n")
     on_ranks = [p for p in names if p in ("correctness", "tp_speed")]
     if on_ranks:
-        seconds = clock.left() - (plan.dp_reserve_s if "dp" in names else 0.0)
+        seconds = clock.left() - (plan.dp_reserve_s if "dp" in names and "dp" not in result["done"] else 0.0)
         if plan.world > 1:
             clean = run_in_group(plan.world, plan.device, workdir, _rank0_main,
                                  (plan, on_ranks, str(path), str(workdir), seconds - 20), seconds)
@@ -468,9 +486,10 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", p
         else:
             _rank0_main(BenchGroup(1, plan.device, None, None), plan, on_ranks, str(path), str(workdir), seconds)
             result = json.loads(path.read_text())
-    if "dp" in names:
+    if "dp" in names and "dp" not in result["done"]:
         try:
             result["dp"] = dp_throughput(plan, widened_zoo(plan, workdir)[0], replicas=1 if single else 2)
+            result["done"].append("dp")
         except Exception as e:
             result["errors"]["dp"] = f"{type(e).__name__}: {e}"
             print(f"bench multi: dp failed:\n{traceback.format_exc()}")
