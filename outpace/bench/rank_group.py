@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import pickle
 import statistics
 import time
 import traceback
@@ -150,6 +151,11 @@ def run_in_group(world: int, device: str, workdir: Path, main: Callable, args: t
                 p.kill()
                 clean = False
             p.join(5)
+        for rank, error_file in enumerate(ctx.error_files):
+            # NOTE: torch's spawn wrapper writes a rank's uncaught exception to this file, not to stderr
+            if os.path.isfile(error_file) and os.path.getsize(error_file):
+                with open(error_file, "rb") as f:
+                    print(f"bench: rank {rank} failed:\n{pickle.load(f)}", flush=True)
     return clean and all(p.exitcode == 0 for p in ctx.processes)
 
 
