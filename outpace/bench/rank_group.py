@@ -130,7 +130,8 @@ def run_in_group(world: int, device: str, workdir: Path, main: Callable, args: t
     rank exited cleanly; ranks still running ``deadline_s`` after the start (or after rank 0 exited) are
     killed, so a hang costs at most that."""
     workdir.mkdir(parents=True, exist_ok=True)
-    markers = workdir / f"markers-{os.getpid()}-{time.monotonic_ns()}"
+    # absolute: a relative path in the file:// rendezvous URL would be read as its host name
+    markers = workdir.resolve() / f"markers-{os.getpid()}-{time.monotonic_ns()}"
     markers.mkdir()
     ctx = mp.start_processes(_rank_main, args=(world, device, str(markers), main, args), nprocs=world, join=False,
                              start_method="spawn")
