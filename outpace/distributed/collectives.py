@@ -21,7 +21,7 @@ def all_gather_last_dim(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
     shard = x.shape[-1]
     rows = x.reshape(-1, shard).contiguous()                                      # [n, shard]
     gathered = torch.empty(group.size * rows.shape[0], shard, dtype=x.dtype, device=x.device)
-    dist.all_gather_single(gathered, rows, group=group.device_group)              # [size * n, shard]
+    dist.all_gather_into_tensor(gathered, rows, group=group.device_group)         # [size * n, shard]
     out = gathered.view(group.size, rows.shape[0], shard).permute(1, 0, 2)        # [n, size, shard]
     return out.reshape(*x.shape[:-1], group.size * shard)
 
