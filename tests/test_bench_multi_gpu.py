@@ -146,3 +146,15 @@ def test_a_run_continues_an_earlier_one():
     run.item("tp_speed: 70b", 1e6, lambda: ran.append("70b"))
     assert ran == ["b"] and result["done"] == ["correctness: a float32", "correctness: b"]
     assert result["not_run"] and result["not_run"][0].startswith("tp_speed: 70b")
+
+
+def test_a_run_on_another_gpu_drops_the_earlier_timings():
+    from outpace.bench.multi_gpu import forget_timings
+
+    result = {"tp_speed": {"decode": [1]}, "dp": {"x": 1}, "copy_bandwidth_bytes_per_s": 3e12,
+              "correctness": {"tp_equality": [1]}, "done": ["tp_speed: 8b plain TP = 1", "correctness: a", "dp"],
+              "seconds": {"tp_speed: 8b plain TP = 1": 30.0, "correctness: a": 2.0, "dp": 100.0}}
+    forget_timings(result, "measured on H100, this run is on H200")
+    assert "tp_speed" not in result and "dp" not in result and "copy_bandwidth_bytes_per_s" not in result
+    assert result["correctness"] == {"tp_equality": [1]} and result["done"] == ["correctness: a"]
+    assert result["seconds"] == {"correctness: a": 2.0} and "H200" in result["earlier_run"]["timings_dropped"]

@@ -410,11 +410,14 @@ def _rank0_main(group, plan: Plan, parts: list[str], path: str, workdir: str, se
     path, workdir = Path(path), Path(workdir)
     result = json.loads(path.read_text())
     run = Run(group, plan, result, path, workdir, Clock(seconds))
+    on_gpu = plan.device.startswith("cuda")
+    if on_gpu:
+        name = torch.cuda.get_device_name()
+        if result.get("device") not in (plan.device, name):  # continuing another machine's run
+            forget_timings(result, f"measured on {result['device']}, this run is on {name}")
+        result["device"] = name
     if "copy_bandwidth_bytes_per_s" not in result:  # a continued run keeps the figure its floors were built on
-        on_gpu = plan.device.startswith("cuda")
         result["copy_bandwidth_bytes_per_s"] = copy_bandwidth() if on_gpu else cpu_copy_bandwidth()
-    if plan.device.startswith("cuda"):
-        result["device"] = torch.cuda.get_device_name()
     run.save()
     if "tp_speed" in parts:
         run.widen_in_background()
@@ -436,6 +439,15 @@ def cpu_copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
 
 
 # ---- the run --------------------------------------------------------------------------------------------
+def forget_timings(result: dict, why: str) -> None:
+    """Drop the timed sections of a continued run (tp_speed, dp, the copy bandwidth) and their items: they
+    were measured on another kind of GPU, and one result mixes no machines. Correctness rows are kept."""
+    dropped = [k for k in ("tp_speed", "dp", "copy_bandwidth_bytes_per_s") if result.pop(k, None) is not None]
+    result["done"] = [d for d in result["done"] if not d.startswith(("tp_speed", "dp"))]
+    result["seconds"] = {k: v for k, v in result["seconds"].items() if k in result["done"]}
+    result.setdefault("earlier_run", {})["timings_dropped"] = f"{', '.join(dropped)}: {why}"
+
+
 def continued(earlier: dict, fresh: dict) -> dict:
     """The result a run starts from when ``out_dir`` holds an earlier run's: its measured sections, the copy
     bandwidth their floors used and the items it finished (``done``, with their seconds) are kept; its
