@@ -1,5 +1,31 @@
-"""The shared statistical check: a chi-square goodness-of-fit p-value."""
+"""The shared statistical check of the sampling tests: the exact joint distribution of a target's next
+three tokens, and a chi-square goodness-of-fit p-value of observed counts against it."""
 import torch
+
+from outpace.attention import DenseCausalMetadata, forward_context
+from outpace.layers.sampler import SamplingTensors, logits_to_probs
+from outpace.models.loader import load_model
+
+
+def exact_joint(target_dir, prompt: list[int], params, vocab: int) -> torch.Tensor:
+    """[vocab ** 3]: the probability of every three-token continuation of ``prompt`` under the target's
+    distributions processed by ``params`` (temperature, top-k, top-p...), from outpace's model in fp32 (its
+    parity with transformers is each family's own test). Branches of probability 0 are not expanded."""
+    model = load_model(target_dir, torch.float32)
+    st = SamplingTensors.from_params([params], "cpu")
+
+    def next_probs(seq: list[int]) -> torch.Tensor:                                   # [vocab] float64
+        with torch.no_grad(), forward_context(DenseCausalMetadata(1, len(seq))):
+            h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
+            return logits_to_probs(model.compute_logits(h), st)[0].double()
+
+    joint = torch.zeros(vocab, vocab, vocab, dtype=torch.float64)
+    p1 = next_probs(prompt)
+    for a in p1.nonzero().flatten().tolist():
+        p2 = next_probs(prompt + [a])
+        for b in p2.nonzero().flatten().tolist():
+            joint[a, b] = p1[a] * p2[b] * next_probs(prompt + [a, b])
+    return joint.flatten()
 
 
 def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:

@@ -18,7 +18,8 @@ from outpace.models.eagle3 import DraftMismatchError
 from outpace.models.gemma4_assistant import load_gemma4_assistant
 from outpace.models.loader import load_model
 from test_gemma_sampling import GEMMA4_TINY as TARGET
-from test_gemma_sampling import PARAMS, VOCAB, assert_follows_the_joint, exact_joint, make_tiny_gemma, sampling_llm
+from stats import exact_joint
+from test_gemma_sampling import PARAMS, VOCAB, assert_follows_the_joint, make_tiny_gemma, sampling_llm
 
 WINDOW = TARGET["sliding_window"]  # a 12-token vocabulary: random drafts are accepted now and then
 # the five target layers are [sliding, sliding, full, sliding, full]: the assistant reads layers 3 and 4's KV
@@ -203,4 +204,4 @@ def test_sampling_follows_the_target_distribution(kind, target, assistants):
     """Sampled drafts (q from the assistant's logits under the request's sampling) verified by rejection."""
     prompt = PROMPT[:10]
     llm = sampling_llm(target[1], SpeculativeConfig("gemma4_assistant", str(assistants[kind][1]), num_steps=3))
-    assert_follows_the_joint(llm, prompt, exact_joint(target[1], prompt, PARAMS), 0.05)
+    assert_follows_the_joint(llm, prompt, exact_joint(target[1], prompt, PARAMS, VOCAB), 0.05)

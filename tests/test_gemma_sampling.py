@@ -2,19 +2,16 @@
 tokens the engine emits follow the target's exact joint distribution (chi-square), for chains and trees.
 The targets are test_gemma.py's (sliding windows of 7, softcapping, Gemma 4's per-layer embeddings) with a
 12-token vocabulary, so that random drafts are accepted now and then; the prompt is longer than the window.
-``exact_joint`` serves the Gemma 4 assistant's sampling test too (test_gemma4_assistant.py)."""
+``assert_follows_the_joint`` serves the Gemma 4 assistant's sampling test too (test_gemma4_assistant.py)."""
 import pytest
 import torch
 import transformers
 
 from hf_models import save_hf_model
 from outpace import LLM, SamplingParams
-from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
-from outpace.layers.sampler import SamplingTensors, logits_to_probs
-from outpace.models.loader import load_model
 from spec_models import make_eagle3_draft
-from stats import chi_square_p_value
+from stats import chi_square_p_value, exact_joint
 from test_gemma import GEMMA3_TEXT, GEMMA4_TEXT
 
 VOCAB, TRIALS = 12, 3000
@@ -37,26 +34,6 @@ def make_tiny_gemma(variant: str, path):
             if "norm" in name or "scal" in name or name.endswith("bias"):
                 t.add_(torch.randn_like(t) * 0.1)
     return model.eval(), save_hf_model(model.eval(), path)
-
-
-def exact_joint(target_dir, prompt: list[int], params: SamplingParams) -> torch.Tensor:
-    """[VOCAB ** 3]: the probability of every three-token continuation under the target's processed
-    distributions (outpace's model; its parity with transformers is test_gemma.py's)."""
-    model = load_model(target_dir, torch.float32)
-    st = SamplingTensors.from_params([params], "cpu")
-
-    def next_probs(seq):
-        with torch.no_grad(), forward_context(DenseCausalMetadata(1, len(seq))):
-            h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
-            return logits_to_probs(model.compute_logits(h), st)[0].double()
-
-    joint = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
-    p1 = next_probs(prompt)
-    for a in p1.nonzero().flatten().tolist():
-        p2 = next_probs(prompt + [a])
-        for b in p2.nonzero().flatten().tolist():
-            joint[a, b] = p1[a] * p2[b] * next_probs(prompt + [a, b])
-    return joint.flatten()
 
 
 def assert_follows_the_joint(llm: LLM, prompt: list[int], joint: torch.Tensor, min_accepted: float) -> None:
@@ -85,7 +62,7 @@ def gemma(tmp_path_factory):
             _, path = make_tiny_gemma(variant, root / "target")
             draft = make_eagle3_draft(path, root / "eagle3", draft_vocab_size=10, aux_ids=[1, 2, 4], seed=3,
                                       use_aux_norm=True, target_model_type="gemma3_text")
-            cache[variant] = (path, exact_joint(path, PROMPT, PARAMS), draft)
+            cache[variant] = (path, exact_joint(path, PROMPT, PARAMS, VOCAB), draft)
         return cache[variant]
 
     return get

@@ -15,13 +15,10 @@ from engine_fuzz import request_strategy, run_with_aborts
 from hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 from oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
-from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.cache.state_slots import StateSlots
 from outpace.config import SpeculativeConfig
-from outpace.layers.sampler import SamplingTensors, logits_to_probs
-from outpace.models.loader import load_model
 from outpace.registry import PROPOSERS
-from stats import chi_square_p_value
+from stats import chi_square_p_value, exact_joint
 
 PROPOSERS["oracle"] = "oracle_proposer:OracleProposer"
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -174,25 +171,6 @@ SAMPLING_SPECS = {
 }
 
 
-def exact_joint(target_dir) -> torch.Tensor:
-    """[VOCAB ** LENGTH] probability of every continuation, from the target's processed distributions."""
-    model = load_model(target_dir, torch.float32)
-    st_ = SamplingTensors.from_params([SAMPLED], "cpu")
-
-    def next_probs(seq):
-        with torch.no_grad(), forward_context(DenseCausalMetadata(1, len(seq))):
-            h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
-            return logits_to_probs(model.compute_logits(h), st_)[0].double()
-
-    joint = torch.zeros([VOCAB] * LENGTH, dtype=torch.float64)
-    p1 = next_probs(PROMPT)
-    for a in range(VOCAB):
-        p2 = next_probs(PROMPT + [a])
-        for b in range(VOCAB):
-            joint[a, b] = p1[a] * p2[b] * next_probs(PROMPT + [a, b])
-    return joint.flatten()
-
-
 @pytest.mark.parametrize("shape", list(SAMPLING_SPECS))
 def test_sampled_tokens_follow_the_target_distribution(shape, tmp_path, monkeypatch):
     path = save_hybrid(make_hybrid("qwen3_next", vocab_size=VOCAB), tmp_path / "target")
@@ -205,6 +183,6 @@ def test_sampled_tokens_follow_the_target_distribution(shape, tmp_path, monkeypa
     outs = llm.generate([PROMPT] * TRIALS, SAMPLED)
     emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, LENGTH]
     index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]
-    p = chi_square_p_value(torch.bincount(index, minlength=VOCAB ** LENGTH), TRIALS * exact_joint(path))
+    p = chi_square_p_value(torch.bincount(index, minlength=VOCAB ** LENGTH), TRIALS * exact_joint(path, PROMPT, SAMPLED, VOCAB))
     assert p > 1e-3, f"{shape}: p = {p:.2e}"
     assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0.1 * TRIALS  # speculation really ran

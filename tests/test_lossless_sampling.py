@@ -5,12 +5,9 @@ import pytest
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
-from outpace.layers.sampler import SamplingTensors, logits_to_probs
-from outpace.models.loader import load_model
 from spec_models import make_dflash_draft, make_eagle3_draft, random_llama
-from stats import chi_square_p_value
+from stats import chi_square_p_value, exact_joint
 
 VOCAB, PROMPT, LENGTH, TRIALS = 5, [0, 1, 2, 3, 4, 1], 3, 6000
 PARAMS = SamplingParams(temperature=0.8, top_k=4, top_p=0.95, max_tokens=LENGTH, ignore_eos=True)
@@ -23,25 +20,6 @@ def models(tmp_path_factory):
     return {"target": target, "draft": random_llama(root / "draft", VOCAB, seed=1),
             "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2]),
             "dflash": make_dflash_draft(target, root / "dflash", block_size=3, layer_ids=(0, 1), mask_token_id=4)}
-
-
-def exact_joint(target_dir) -> torch.Tensor:
-    """[VOCAB ** LENGTH] probability of every continuation, from the target's processed distributions."""
-    model = load_model(target_dir, torch.float32)
-    st = SamplingTensors.from_params([PARAMS], "cpu")
-
-    def next_probs(seq):
-        with torch.no_grad(), forward_context(DenseCausalMetadata(1, len(seq))):
-            h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
-            return logits_to_probs(model.compute_logits(h), st)[0].double()
-
-    joint = torch.zeros([VOCAB] * LENGTH, dtype=torch.float64)
-    p1 = next_probs(PROMPT)
-    for a in range(VOCAB):
-        p2 = next_probs(PROMPT + [a])
-        for b in range(VOCAB):
-            joint[a, b] = p1[a] * p2[b] * next_probs(PROMPT + [a, b])
-    return joint.flatten()
 
 
 SPECS = {
@@ -69,7 +47,7 @@ def test_emitted_tokens_follow_the_target_distribution(method, models):
     emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, LENGTH]
     index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]
     counts = torch.bincount(index, minlength=VOCAB ** LENGTH)
-    p = chi_square_p_value(counts, TRIALS * exact_joint(models["target"]))
+    p = chi_square_p_value(counts, TRIALS * exact_joint(models["target"], PROMPT, PARAMS, VOCAB))
     assert p > 1e-3, f"{method}: p = {p:.2e}"
     if method != "none":
         assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0.1 * TRIALS  # speculation really ran

@@ -18,8 +18,8 @@ import test_hybrid_speculation as hybrid
 from hybrid_models import make_hybrid, save_hybrid
 from outpace.config import SpeculativeConfig
 from spec_models import make_eagle3_draft
-from stats import chi_square_p_value
-from test_lossless_sampling import PARAMS, PROMPT, SPECS, TRIALS, VOCAB, exact_joint
+from stats import chi_square_p_value, exact_joint
+from test_lossless_sampling import PARAMS, PROMPT, SPECS, TRIALS, VOCAB
 from test_lossless_sampling import models  # noqa: F401 (a fixture: the target and its drafts)
 from tp_harness import Scenario, run_group
 
@@ -50,7 +50,7 @@ def tp2(models, hybrid_target, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def joint(models) -> torch.Tensor:
-    return exact_joint(models["target"])
+    return exact_joint(models["target"], PROMPT, PARAMS, VOCAB)
 
 
 def p_value(tokens: list[list[int]], vocab: int, trials: int, joint: torch.Tensor) -> float:
@@ -73,6 +73,6 @@ def test_sampled_tokens_at_two_ranks_follow_the_target_distribution(method, tp2,
 @pytest.mark.parametrize("shape", list(HYBRID_SHAPES))
 def test_sampled_tokens_on_a_hybrid_at_two_ranks_follow_the_target_distribution(shape, tp2, hybrid_target):
     got = tp2[f"hybrid-{shape}"]
-    p = p_value(got["tokens"], hybrid.VOCAB, hybrid.TRIALS, hybrid.exact_joint(hybrid_target[0]))
+    p = p_value(got["tokens"], hybrid.VOCAB, hybrid.TRIALS, exact_joint(hybrid_target[0], hybrid.PROMPT, hybrid.SAMPLED, hybrid.VOCAB))
     assert p > 1e-3, f"{shape}: p = {p:.2e}"
     assert got["accepted"] > 0.1 * hybrid.TRIALS  # speculation really ran

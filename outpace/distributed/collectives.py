@@ -6,6 +6,10 @@ import torch.distributed as dist
 
 from outpace.distributed.group import RankGroup
 
+# NOTE: torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns there); the GPU
+# machine's torch 2.11 has only the old name.
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def all_reduce(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
     """Sum of ``x`` over the group's ranks, in place (every rank gets the same sum)."""
@@ -21,7 +25,7 @@ def all_gather_last_dim(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
     shard = x.shape[-1]
     rows = x.reshape(-1, shard).contiguous()                                      # [n, shard]
     gathered = torch.empty(group.size * rows.shape[0], shard, dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(gathered, rows, group=group.device_group)         # [size * n, shard]
+    _all_gather_into(gathered, rows, group=group.device_group)                    # [size * n, shard]
     out = gathered.view(group.size, rows.shape[0], shard).permute(1, 0, 2)        # [n, size, shard]
     return out.reshape(*x.shape[:-1], group.size * shard)
 
