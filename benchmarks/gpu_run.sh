@@ -17,6 +17,15 @@
 #                                                    # budget; a run into an OUT_DIR holding an earlier run's JSON
 #                                                    # continues it (finished items are kept), so a bench longer than
 #                                                    # one device command is the same command repeated
+#   bash benchmarks/gpu_run.sh OUT_DIR train [minutes] [methods] # issue 22: the zoo's drafts retrained side by side
+#                                                    # on the one GPU (methods of eagle3 dflash mtp, all by default;
+#                                                    # `minutes` each, 10 by default; TRAIN_SET="--set F=V ..." adds
+#                                                    # recipe fields to every run): per method its log, its draft as
+#                                                    # draft_METHOD.tar.gz, and train_summary.json (held-out tau at
+#                                                    # T=0 and T=1 as each trainer measured it, wall times)
+#   bash benchmarks/gpu_run.sh OUT_DIR ablation [methods] # issue 22 item 4: benchmarks/train_ablation.py at its GPU
+#                                                    # size (eagle3 dflash mtp by default; resumable: repeat the
+#                                                    # command on the same machine to go on); its JSON and tables
 #   bash benchmarks/gpu_run.sh OUT_DIR serve [methods] # outpace bench serve --sweep (issue 21): `outpace serve` of the
 #                                                    # zoo widened to 8B for each method (of bench e2e's; none eagle3
 #                                                    # by default; keep none for the speed-ups) at 1 to 64 concurrent
@@ -24,7 +33,7 @@
 #                                                    # servers' logs in OUT_DIR
 set -uo pipefail
 out=${1:?output folder}
-stage=${2:?checks, bench, e2e, multi or serve}
+stage=${2:?checks, bench, e2e, multi, train, ablation or serve}
 parts=${3:-abef}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (pytest, matplotlib), carried as wheels
@@ -59,6 +68,40 @@ elif [ "$stage" = serve ]; then
   python3 -m outpace bench serve --sweep --out "$out" --workdir .e2e_models --max-tokens 128 \
     --methods ${@:-none eagle3} 2>&1 | grep --line-buffered -v -E "it/s\]|tensor/s\]" | tee "$out/serve_sweep.log" \
     | tail -40
+elif [ "$stage" = train ]; then
+  minutes=${3:-10}
+  shift $(( $# < 3 ? $# : 3 ))
+  work=.e2e_models/train
+  rm -rf "$work" && mkdir -p "$work"
+  for m in ${@:-eagle3 dflash mtp}; do
+    ( start=$(date +%s)
+      python3 -m outpace train draft --method "$m" --target zoo/tinypy --out "$work/tinypy-$m" --device "${TRAIN_DEVICE:-cuda}" \
+        --max-minutes "$minutes" ${TRAIN_SET:-} > "$out/train_$m.log" 2>&1
+      echo "$m exit $? wall $(( $(date +%s) - start )) s" >> "$work/walls.txt" ) &
+  done
+  wait
+  cat "$work/walls.txt"
+  python3 - "$work" "$out/train_summary.json" <<'PY'
+import json, sys
+from pathlib import Path
+work, rows = Path(sys.argv[1]), {}
+walls = {l.split()[0]: l.strip() for l in (work / "walls.txt").read_text().splitlines()}
+for d in sorted(work.glob("tinypy-*")):
+    m = json.loads((d / "training_metrics.json").read_text()) if (d / "training_metrics.json").is_file() else {}
+    held = m.get("heldout", {})
+    rows[d.name] = {"run": walls.get(d.name.split("-", 1)[1]), "train_wall_seconds": m.get("train_wall_seconds"),
+                    **{t: held[t].get("acceptance_length") for t in held if t.startswith("temperature")},
+                    "acceptance_by_position_T0": held.get("temperature 0", {}).get("acceptance_rate_per_position")}
+    print(d.name, rows[d.name])
+Path(sys.argv[2]).write_text(json.dumps(rows, indent=1) + "\n")
+PY
+  for d in "$work"/tinypy-*; do tar -czf "$out/draft_${d##*-}.tar.gz" -C "$work" "$(basename "$d")"; done
+  ls -la "$out"
+elif [ "$stage" = ablation ]; then
+  shift 2
+  python3 benchmarks/train_ablation.py .e2e_models/ablation --size gpu --device cuda ${@:+--methods "$@"} 2>&1 \
+    | grep --line-buffered -v -E "it/s\]|s/it\]" | tee "$out/train_ablation.log" | tail -40
+  cp .e2e_models/ablation/train_ablation.json .e2e_models/ablation/train_ablation.md "$out/"
 elif [ "$stage" = e2e ]; then
   shift 2
   python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50
