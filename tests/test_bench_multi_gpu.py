@@ -110,7 +110,9 @@ def test_compare_finds_the_first_difference():
 
 def test_cli_and_part_names(tmp_path):
     a = parse_args(["bench", "multi", "--parts", "single", "--out", str(tmp_path)])
-    assert (a.what, a.parts) == ("multi", "single")
+    assert (a.what, a.parts, a.time_limit, a.dp_reserve) == ("multi", "single", None, None)
+    a = parse_args(["bench", "multi", "--time-limit", "300", "--dp-reserve", "90"])
+    assert (a.time_limit, a.dp_reserve) == (300.0, 90.0)
     assert parse_args(["bench", "gpu"]).parts is None  # bench gpu's own default (abef) applies
     with pytest.raises(ValueError, match="unknown part"):
         run_multi_gpu_bench(tmp_path, "correctness,speed", Plan(device="cpu"), tmp_path / "work")
