@@ -124,12 +124,15 @@ def test_a_run_continues_an_earlier_one():
     from outpace.bench.multi_gpu import Clock, Run, continued
 
     earlier = {"parts": ["correctness"], "copy_bandwidth_bytes_per_s": 1e12, "device": "GPU",
-               "correctness": {"tp_equality": [{"model": "a"}], "lossless": []},
+               "correctness": {"tp_equality": [{"model": "a", "item": "correctness: a float32"},
+                                               {"model": "b", "partial": True, "item": "correctness: b"}],
+                               "lossless": []},
                "done": ["correctness: a float32"], "seconds": {"correctness: a float32": 3.0, "correctness: b": 1.0},
                "errors": {"correctness: b": "RuntimeError: boom"}, "not_run": ["tp_speed: 70b: 5 s left"]}
     fresh = {"parts": ["tp_speed"], "errors": {}, "not_run": [], "seconds": {}, "done": []}
     result = continued(earlier, fresh)
     assert result["parts"] == ["correctness", "tp_speed"] and result["correctness"] == earlier["correctness"]
+    result["correctness"] = {k: [dict(r) for r in v] for k, v in result["correctness"].items()}
     assert result["copy_bandwidth_bytes_per_s"] == 1e12 and result["done"] == ["correctness: a float32"]
     assert result["seconds"] == {"correctness: a float32": 3.0} and result["errors"] == {}
     assert result["earlier_run"]["errors"] == earlier["errors"]
@@ -143,10 +146,13 @@ def test_a_run_continues_an_earlier_one():
     ran = []
     run = Run(Group(), Plan(device="cpu"), result, Path("/dev/null"), Path("."), Clock(60.0))
     run.save = lambda: None
+    rows = result["correctness"]["tp_equality"]
     run.item("correctness: a float32", 1.0, lambda: ran.append("a"))
-    run.item("correctness: b", 1.0, lambda: ran.append("b"))
+    run.item("correctness: b", 1.0, lambda: (ran.append("b"), run.add(rows, {"model": "b"})))
     run.item("tp_speed: 70b", 1e6, lambda: ran.append("70b"))
     assert ran == ["b"] and result["done"] == ["correctness: a float32", "correctness: b"]
+    # the retried item's partial row from the failed run is replaced by its new row
+    assert rows == [{"model": "a", "item": "correctness: a float32"}, {"model": "b", "item": "correctness: b"}]
     assert result["not_run"] and result["not_run"][0].startswith("tp_speed: 70b")
 
 

@@ -177,6 +177,7 @@ class Run:
         self.workdir, self.clock = workdir, clock
         self.widening: threading.Thread | None = None
         self.widening_error: str | None = None
+        self.current_item: str | None = None  # the item whose rows are being measured
 
     def widen_in_background(self) -> None:
         """Write the widened zoo (CPU work) while the GPUs run correctness; ``tp_speed`` waits for it before
@@ -200,13 +201,14 @@ class Run:
         not finish it; its error is recorded, the run goes on."""
         if name in self.result["done"]:
             return
+        self._drop_rows_of(name)  # a retried item's partial rows from the run that failed it
         if self.clock.left() < seconds:
             self.result["not_run"].append(f"{name}: {self.clock.left():.0f} s left of the time limit, "
                                           f"~{seconds:.0f} s needed")
         elif not self.group.healthy:
             self.result["not_run"].append(f"{name}: the rank group was given up after an earlier failure")
         else:
-            t0 = time.monotonic()
+            t0, self.current_item = time.monotonic(), name
             try:
                 fn()
             except Exception as e:  # one broken item must not cost the others' figures
@@ -218,6 +220,17 @@ class Run:
             self.result["seconds"][name] = round(time.monotonic() - t0, 1)
             self.group.settled()
         self.save()
+
+    def add(self, rows: list, row: dict) -> None:
+        """Append a measured row, tagged with the item that measured it, and save."""
+        rows.append({**row, "item": self.current_item})
+        self.save()
+
+    def _drop_rows_of(self, name: str) -> None:
+        for section in (self.result.get(part, {}) for part in ("correctness", "tp_speed")):
+            for key, rows in section.items():
+                if isinstance(rows, list):
+                    rows[:] = [r for r in rows if r.get("item") != name]
 
     def engine(self, model: str, tp: int, **engine):
         return self.group.llm(model, device=self.plan.device, tensor_parallel_size=tp, **engine)
@@ -237,7 +250,10 @@ class Run:
         cases = [Case(name, str(zoo / name)) for name in plan.zoo_targets if (zoo / name / "config.json").is_file()]
         shape = plan.shapes[plan.random_shape]
         random_dir = self.workdir / f"random-{plan.random_shape}"
-        self.item("correctness: write the random checkpoint", 10 + shape["num_hidden_layers"],
+        writing = "correctness: write the random checkpoint"
+        if not (random_dir / "config.json").is_file() and writing in self.result["done"]:
+            self.result["done"].remove(writing)  # continued on a fresh machine: written again
+        self.item(writing, 10 + shape["num_hidden_layers"],
                   lambda: self._random_checkpoint(random_dir, shape))
         if (random_dir / "config.json").is_file():
             cases.append(Case(f"random-{plan.random_shape}", str(random_dir)))
@@ -253,8 +269,8 @@ class Run:
                     if dtype == "float32" and case.reference is None:
                         plain[case.name] = [o.token_ids for o in outs]
                     against = "TP = 1" if case.reference is None else f"TP = 1 of {Path(case.reference).name}"
-                    section["tp_equality"].append({"model": case.name, "dtype": dtype, "tp": world,
-                                                   "reference": against, **compare(reference, outs)})
+                    self.add(section["tp_equality"], {"model": case.name, "dtype": dtype, "tp": world,
+                                                      "reference": against, **compare(reference, outs)})
                 self.item(f"correctness: {case.name} {dtype}", 2 * cost, row)
         drafts = [("tinypy", name, ZOO_DRAFTERS[name]) for name in plan.drafters]
         drafts += [(target, method, SpeculativeConfig(method, draft, num_steps=steps))
@@ -268,8 +284,8 @@ class Run:
                 if target not in plain:
                     plain[target] = [o.token_ids for o in self.generate(str(zoo / target), prompts, "float32", world)]
                 outs = self.generate(str(zoo / target), prompts, "float32", world, spec)
-                section["lossless"].append({"drafter": name, "target": target, "dtype": "float32", "tp": world,
-                                            "tau": tau(outs), **compare(plain[target], outs)})
+                self.add(section["lossless"], {"drafter": name, "target": target, "dtype": "float32", "tp": world,
+                                               "tau": tau(outs), **compare(plain[target], outs)})
             self.item(f"correctness: {target} {name} lossless", 15.0, lossless)
         rows = section["tp_equality"]
         section["all_tp_equal_fp32"] = all(r["equal"] for r in rows if r["dtype"] == "float32") if rows else None
@@ -315,8 +331,9 @@ class Run:
         count = 2 * shape["num_hidden_layers"]
         for batch in self.plan.batches:
             timed = self.group.run(time_all_reduces, count, batch, shape["hidden_size"], self.plan.device)
-            self.result["tp_speed"]["all_reduce"].append({"shape": name, "batch": batch, "all_reduces": count,
-                                                          "hidden": shape["hidden_size"], "dtype": "bfloat16", **timed})
+            self.add(self.result["tp_speed"]["all_reduce"], {"shape": name, "batch": batch, "all_reduces": count,
+                                                             "hidden": shape["hidden_size"], "dtype": "bfloat16",
+                                                             **timed})
 
     def _decode(self, name: str, shape: dict, tp: int) -> None:
         plan = self.plan
@@ -334,8 +351,7 @@ class Run:
                 row.update(shape=name, tp=tp, weight_bytes_per_gpu=weights, kv_bytes_per_token_per_gpu=kv,
                            read_seconds=read_s, all_reduce_seconds=reduce_s, floor_tokens_per_s=floor,
                            fraction_of_floor=row["tokens_per_s"] / floor)
-                self.result["tp_speed"]["decode"].append(row)
-                self.save()
+                self.add(self.result["tp_speed"]["decode"], row)
 
     def _eagle3_widened(self) -> None:
         """Plain decoding and EAGLE3 (adaptive, as bench e2e runs it) on the widened zoo at TP = world (one GPU:
@@ -367,8 +383,7 @@ class Run:
                         row["match_plain_greedy"] = compare(plain_tokens[batch], outs)["match_rate"]
                         base = next(r for r in rows if r["method"] == "none" and r["batch"] == batch and r["tp"] == tp)
                         row["speedup"] = steady / base["steady_tokens_per_s"]
-                    rows.append(row)
-                    self.save()
+                    self.add(rows, row)
                 if method == "eagle3":
                     self._oracle_rows(llm, label, tp)
 
@@ -399,10 +414,9 @@ class Run:
                 time_decode(llm, batch, self.plan.context, steps=len(runner.shapes) + 1)
                 costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
             for row in oracle_speedups(costs):
-                self.result["tp_speed"]["oracle"].append(
-                    {"shape": name, "tp": tp, "batch": batch, "method": "eagle3", **row,
-                     "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())}, "label": ORACLE_LABEL})
-        self.save()
+                self.add(self.result["tp_speed"]["oracle"],
+                         {"shape": name, "tp": tp, "batch": batch, "method": "eagle3", **row,
+                          "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())}, "label": ORACLE_LABEL})
 
 
 def _rank0_main(group, plan: Plan, parts: list[str], path: str, workdir: str, seconds: float) -> None:
