@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 # method -> [(variant, what it changes, recipe overrides)]; "full" first. Elements the recipe uses are
 # removed; elements it leaves out (DFlash's soft labels, a 0.8 depth decay for MTP) are added.
 SAMPLED_DATA = dict(data_temperature=0.8, corpus_fraction=0.5)
+CORPUS_WINDOWS = dict(corpus_fraction=0.5)  # greedy continuations and raw corpus windows, half and half
 VARIANTS = {
     "eagle3": [
         ("full", "the recipe: TTT 7 steps, 0.8^j, soft labels, OOV rows out, greedy data", {}),
@@ -35,6 +36,7 @@ VARIANTS = {
         ("uniform step weights", "step_decay 1.0", dict(step_decay=1.0)),
         ("hard labels", "CE against the target's argmax", dict(soft_labels=False)),
         ("OOV rows kept", "mask_out_of_vocab off", dict(mask_out_of_vocab=False)),
+        ("+ corpus windows", "greedy continuations, half corpus windows (added)", CORPUS_WINDOWS),
         ("sampled data", "continuations at T=0.8, half corpus windows", SAMPLED_DATA),
     ],
     "dflash": [
@@ -42,6 +44,7 @@ VARIANTS = {
         ("uniform row weights", "loss_gamma 1e6", dict(loss_gamma=1e6)),
         ("8 anchors", "num_anchors 8", dict(num_anchors=8)),
         ("+ soft labels", "soft_label_weight 1.0 (added)", dict(soft_label_weight=1.0)),
+        ("+ corpus windows", "greedy continuations, half corpus windows (added)", CORPUS_WINDOWS),
         ("sampled data", "continuations at T=0.8, half corpus windows", SAMPLED_DATA),
     ],
     "mtp": [
@@ -49,13 +52,15 @@ VARIANTS = {
         ("full", "the recipe: chained, soft labels, mean over depths, greedy data", {}),
         ("hard labels", "CE against the target's argmax", dict(soft_labels=False)),
         ("+ 0.8 depth decay", "depth_decay 0.8 (added)", dict(depth_decay=0.8)),
+        ("+ corpus windows", "greedy continuations, half corpus windows (added)", CORPUS_WINDOWS),
         ("sampled data", "continuations at T=0.8, half corpus windows", SAMPLED_DATA),
     ],
 }
 # the short budget each variant trains for
 SIZES = {
     "cpu": dict(num_continuations=256, prompt_len=32, new_tokens=64, batch_size=8, steps=150, warmup_steps=15,
-                max_minutes=None, generation_batch=256, eval_max_tokens=48, eval_num_prompts=8),
+                max_minutes=None, generation_batch=256, eval_max_tokens=48, eval_num_prompts=8,
+                num_anchors=32),  # DFlash: at most new_tokens - block_size + 2 distinct anchors
     "gpu": dict(num_continuations=4096, steps=20000, generation_batch=1024, max_minutes=0.5),
 }
 DATA_FIELDS = ("num_continuations", "prompt_len", "new_tokens", "data_temperature", "corpus_fraction", "seed",
