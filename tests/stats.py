@@ -10,7 +10,7 @@ from outpace.models.loader import load_model
 def exact_joint(target_dir, prompt: list[int], params, vocab: int) -> torch.Tensor:
     """[vocab ** 3]: the probability of every three-token continuation of ``prompt`` under the target's
     distributions processed by ``params`` (temperature, top-k, top-p...), from outpace's model in fp32 (its
-    parity with transformers is each family's own test). Branches of probability 0 are not expanded."""
+    parity with transformers is each family's own test)."""
     model = load_model(target_dir, torch.float32)
     st = SamplingTensors.from_params([params], "cpu")
 
@@ -19,6 +19,12 @@ def exact_joint(target_dir, prompt: list[int], params, vocab: int) -> torch.Tens
             h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
             return logits_to_probs(model.compute_logits(h), st)[0].double()
 
+    return joint_of_three(next_probs, prompt, vocab)
+
+
+def joint_of_three(next_probs, prompt: list[int], vocab: int) -> torch.Tensor:
+    """[vocab ** 3] from ``next_probs(sequence) -> [vocab]`` (the processed next-token distribution);
+    branches of probability 0 are not expanded."""
     joint = torch.zeros(vocab, vocab, vocab, dtype=torch.float64)
     p1 = next_probs(prompt)
     for a in p1.nonzero().flatten().tolist():

@@ -23,7 +23,7 @@ from outpace.layers.sampler import SamplingTensors, logits_to_probs
 from outpace.models.deepseek import DeepseekConfig
 from outpace.models.loader import load_model
 from outpace.registry import PROPOSERS
-from stats import chi_square_p_value
+from stats import chi_square_p_value, joint_of_three
 
 PROPOSERS["oracle"] = "oracle_proposer:OracleProposer"
 
@@ -367,18 +367,13 @@ def test_sampling_follows_the_target_distribution(method, mtp_target):
         with torch.no_grad():
             return logits_to_probs(paged_logits(model, torch.tensor(seq))[-1:], st)[0].double()
 
-    joint = torch.zeros(vocab, vocab, vocab, dtype=torch.float64)
-    p1 = next_probs(prompt)
-    for a in p1.nonzero().flatten().tolist():
-        p2 = next_probs(prompt + [a])
-        for b in p2.nonzero().flatten().tolist():
-            joint[a, b] = p1[a] * p2[b] * next_probs(prompt + [a, b])
+    joint = joint_of_three(next_probs, prompt, vocab)
     llm = LLM(str(path), block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192,
               seed=7, speculative=SpeculativeConfig(method, num_steps=2, ngram_min=1))
     outs = llm.generate([prompt] * trials, params)
     emitted = torch.tensor([o.token_ids for o in outs])                # [trials, 3]
     counts = torch.bincount((emitted[:, 0] * vocab + emitted[:, 1]) * vocab + emitted[:, 2], minlength=vocab ** 3)
-    assert chi_square_p_value(counts, trials * joint.flatten()) > 1e-3
+    assert chi_square_p_value(counts, trials * joint) > 1e-3
     assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0.05 * trials  # speculation really ran
 
 

@@ -25,7 +25,7 @@ from outpace.models.eagle3 import Eagle3Config, load_eagle3_draft, target_captur
 from outpace.models.eagle3_aux_ids import FIRST_ID_RULE, GEMMA_OUTPUT_IDS
 from outpace.models.loader import load_model
 from spec_models import make_eagle3_draft
-from stats import chi_square_p_value
+from stats import chi_square_p_value, joint_of_three
 from test_deepseek import make_hf_deepseek, paged_logits
 from test_gemma import PROMPT, make_gemma
 
@@ -158,13 +158,7 @@ def deepseek_joint(deepseek):
         with torch.no_grad():
             return logits_to_probs(paged_logits(model, torch.tensor(seq))[-1:], st)[0].double()
 
-    joint = torch.zeros(DS_VOCAB, DS_VOCAB, DS_VOCAB, dtype=torch.float64)
-    p1 = next_probs(prompt)
-    for a in p1.nonzero().flatten().tolist():
-        p2 = next_probs(prompt + [a])
-        for b in p2.nonzero().flatten().tolist():
-            joint[a, b] = p1[a] * p2[b] * next_probs(prompt + [a, b])
-    return prompt, params, joint.flatten()
+    return prompt, params, joint_of_three(next_probs, prompt, DS_VOCAB)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
