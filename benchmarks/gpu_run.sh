@@ -24,8 +24,9 @@
 #                                                    # draft_METHOD.tar.gz, and train_summary.json (held-out tau at
 #                                                    # T=0 and T=1 as each trainer measured it, wall times)
 #   bash benchmarks/gpu_run.sh OUT_DIR ablation [methods] # issue 22 item 4: benchmarks/train_ablation.py at its GPU
-#                                                    # size (eagle3 dflash mtp by default; resumable: repeat the
-#                                                    # command on the same machine to go on); its JSON and tables
+#                                                    # size, one process per method side by side (eagle3 dflash mtp
+#                                                    # by default; resumable: repeat the command on the same machine
+#                                                    # to go on); per method its log, merged JSON and tables
 #   bash benchmarks/gpu_run.sh OUT_DIR serve [methods] # outpace bench serve --sweep (issue 21): `outpace serve` of the
 #                                                    # zoo widened to 8B for each method (of bench e2e's; none eagle3
 #                                                    # by default; keep none for the speed-ups) at 1 to 64 concurrent
@@ -99,9 +100,13 @@ PY
   ls -la "$out"
 elif [ "$stage" = ablation ]; then
   shift 2
-  python3 benchmarks/train_ablation.py .e2e_models/ablation --size gpu --device cuda ${@:+--methods "$@"} 2>&1 \
-    | grep --line-buffered -v -E "it/s\]|s/it\]" | tee "$out/train_ablation.log" | tail -40
-  cp .e2e_models/ablation/train_ablation.json .e2e_models/ablation/train_ablation.md "$out/"
+  methods=${@:-eagle3 dflash mtp}
+  for m in $methods; do  # one process per method, side by side on the GPU
+    python3 benchmarks/train_ablation.py .e2e_models/ablation/$m --size gpu --device cuda --methods $m 2>&1 \
+      | grep --line-buffered -v -E "it/s\]|s/it\]" > "$out/train_ablation_$m.log" &
+  done
+  wait
+  python3 benchmarks/train_ablation.py "$out" --merge $(for m in $methods; do echo .e2e_models/ablation/$m; done)
 elif [ "$stage" = e2e ]; then
   shift 2
   python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50

@@ -177,7 +177,7 @@ def test_toy_run_draft_serves_losslessly_and_heldout_is_measured(toy_run):
 
     target_dir, out, recipe, metrics = toy_run
     assert recipe.ttt_steps == 4 and Eagle3Recipe().ttt_steps == 7  # SpecForge's TTT length
-    assert Eagle3Recipe().data_temperature == 0.0 and Eagle3Recipe().corpus_fraction == 0.0
+    assert Eagle3Recipe().data_temperature == 0.0 and Eagle3Recipe().corpus_fraction == 0.5
     assert not (out / "resume").exists(), "the training state goes once the draft is saved"
     heldout = metrics["heldout"]
     assert heldout["num_prompts"] == 2 and heldout["temperature 0"]["same_output_as_target"] == 1.0

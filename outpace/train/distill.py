@@ -123,7 +123,7 @@ class DistillRecipe:
 class GreedyDistillRecipe(DistillRecipe):
     """The data of the recipes that learn the target's greedy trajectory (DFlash, EAGLE3, MTP): at
     temperature 0 a draft token is accepted only when it is the target's greedy token, so the data is the
-    target's own greedy continuations, with no corpus windows."""
+    target's own greedy continuations; EAGLE3 and MTP add raw corpus windows (their recipes say why)."""
 
     num_continuations: int = 16384
     new_tokens: int = 128

@@ -12,7 +12,8 @@ Why greedy continuations (``data_temperature`` 0, the data of the DFlash and EAG
 train/distill.py): at temperature 0 layer k's draft is verified only after drafts 1..k were the target's
 greedy tokens, and on the target's greedy continuation the tokens layer k reads are exactly those.
 The label of layer k at row t is the target's distribution at row t + k + 1 (soft labels; or its argmax),
-on response rows only. Depth k weighs ``depth_decay`` ** k, normalised (1.0: DeepSeek-V3's mean over
+on response rows only. Half of each batch (``corpus_fraction`` 0.5) is raw corpus windows, every row
+labelled, as for EAGLE3 (train/eagle3.py): the target's function over more text than its continuations. Depth k weighs ``depth_decay`` ** k, normalised (1.0: DeepSeek-V3's mean over
 depths, arXiv 2412.19437 section 2.2; EAGLE-3's TTT uses 0.8).
 
 The output directory is the target with its MTP tensors replaced: every other file and tensor is copied
@@ -52,6 +53,7 @@ class MTPRecipe(GreedyDistillRecipe):
     soft_labels: bool = True          # False: cross-entropy against the target's argmax
     lr: float = 1e-3
     warmup_steps: int = 50
+    corpus_fraction: float = 0.5      # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 3.0
 
     def __post_init__(self) -> None:
