@@ -26,7 +26,8 @@
 #   bash benchmarks/gpu_run.sh OUT_DIR ablation [methods] # issue 22 item 4: benchmarks/train_ablation.py at its GPU
 #                                                    # size, one process per method side by side (eagle3 dflash mtp
 #                                                    # by default; resumable: repeat the command on the same machine
-#                                                    # to go on); per method its log, merged JSON and tables
+#                                                    # to go on; ABLATION_TIME_LIMIT seconds stops it); per method its
+#                                                    # log, and the finished variants' merged JSON and tables
 #   bash benchmarks/gpu_run.sh OUT_DIR serve [methods] # outpace bench serve --sweep (issue 21): `outpace serve` of the
 #                                                    # zoo widened to 8B for each method (of bench e2e's; none eagle3
 #                                                    # by default; keep none for the speed-ups) at 1 to 64 concurrent
@@ -101,12 +102,13 @@ PY
 elif [ "$stage" = ablation ]; then
   shift 2
   methods=${@:-eagle3 dflash mtp}
-  for m in $methods; do  # one process per method, side by side on the GPU
-    python3 benchmarks/train_ablation.py .e2e_models/ablation/$m --size gpu --device cuda --methods $m 2>&1 \
-      | grep --line-buffered -v -E "it/s\]|s/it\]" > "$out/train_ablation_$m.log" &
+  for m in $methods; do  # one process per method, side by side on the GPU; ABLATION_TIME_LIMIT (s) stops them
+    timeout "${ABLATION_TIME_LIMIT:-0}" python3 benchmarks/train_ablation.py .e2e_models/ablation/$m --size gpu \
+      --device cuda --methods $m 2>&1 | grep --line-buffered -v -E "it/s\]|s/it\]" > "$out/train_ablation_$m.log" &
   done
   wait
-  python3 benchmarks/train_ablation.py "$out" --merge $(for m in $methods; do echo .e2e_models/ablation/$m; done)
+  python3 benchmarks/train_ablation.py "$out" --merge \
+    $(for m in $methods; do [ -f .e2e_models/ablation/$m/train_ablation.json ] && echo .e2e_models/ablation/$m; done)
 elif [ "$stage" = e2e ]; then
   shift 2
   python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50
