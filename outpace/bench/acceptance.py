@@ -1,7 +1,9 @@
 """Acceptance of each drafter on the zoo's held-out prompts at temperature 0 (``outpace bench
 acceptance``): tau, per-position acceptance rates and the histogram, as JSON and a plot; and how
 far each drafter's output matches ``--method none`` (exactly, in fp32 on the CPU; on a GPU in
-bf16 different kernel shapes for verify and decode can round differently and flip a near-tie)."""
+bf16 different kernel shapes for verify and decode can round differently and flip a near-tie).
+Beside them, tau and per-position acceptance at temperature 1 (rejection sampling; the engine's seed
+fixes the draws, and no output comparison applies)."""
 from __future__ import annotations
 
 import json
@@ -19,21 +21,32 @@ from outpace.zoo import TARGET
 def measure_acceptance(model: str, configs: dict[str, SpeculativeConfig], prompts: list[str], max_tokens: int,
                        engine_kwargs: dict) -> dict[str, dict]:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
     reference = [o.token_ids for o in LLM(model, **engine_kwargs).generate(prompts, params)]
     results = {}
     for name, spec in tqdm(configs.items(), desc="acceptance"):
-        outs = LLM(model, speculative=spec, **engine_kwargs).generate(prompts, params)
-        metrics = SpecMetrics()
-        for o in outs:
-            metrics = metrics.merge(o.spec_metrics)
+        llm = LLM(model, speculative=spec, **engine_kwargs)
+        outs = llm.generate(prompts, params)
+        metrics = _merged(outs)
+        at_one = _merged(llm.generate(prompts, sampled))
         same_prefix = [_common_prefix(o.token_ids, ref) for o, ref in zip(outs, reference)]
         results[name] = {"method": spec.method, "num_steps": spec.num_steps, "topk": spec.topk,
                          "num_draft_tokens": spec.num_draft_tokens,
                          "lossless": [o.token_ids for o in outs] == reference,
                          "prompt_match_rate": sum(n == len(r) for n, r in zip(same_prefix, reference)) / len(reference),
                          "token_match_rate": sum(same_prefix) / sum(len(r) for r in reference),
-                         **metrics.to_dict()}
+                         **metrics.to_dict(),
+                         "temperature 1": {"acceptance_length": at_one.acceptance_length,
+                                           "acceptance_rate_per_position": at_one.acceptance_rate_per_position,
+                                           "num_verifies": at_one.num_verifies}}
     return results
+
+
+def _merged(outs) -> SpecMetrics:
+    metrics = SpecMetrics()
+    for o in outs:
+        metrics = metrics.merge(o.spec_metrics)
+    return metrics
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -101,9 +114,10 @@ def run_acceptance_bench(model: str, zoo: Path, out_dir: Path, max_tokens: int, 
         {"prompts": len(prompts), "max_tokens": max_tokens, "engine": engine_kwargs, "results": results},
         indent=2, default=str) + "\n")
     plot_acceptance(results, out_dir / f"acceptance{tag}.png")
-    print(f"{'drafter':>34} {'tau':>6} {'same output':>12} {'same tokens':>12}  per-position acceptance")
+    print(f"{'drafter':>34} {'tau':>6} {'tau T=1':>8} {'same output':>12} {'same tokens':>12}  "
+          "per-position acceptance (T=0)")
     for name, r in results.items():
         rates = " ".join(f"{x:.2f}" for x in r["acceptance_rate_per_position"])
-        print(f"{name:>34} {r['acceptance_length']:>6.2f} {r['prompt_match_rate']:>12.1%} "
-              f"{r['token_match_rate']:>12.1%}  {rates}")
+        print(f"{name:>34} {r['acceptance_length']:>6.2f} {r['temperature 1']['acceptance_length']:>8.2f} "
+              f"{r['prompt_match_rate']:>12.1%} {r['token_match_rate']:>12.1%}  {rates}")
     return results
