@@ -19,7 +19,9 @@
 #                                                    # one device command is the same command repeated
 #   bash benchmarks/gpu_run.sh OUT_DIR train [minutes] [methods] # issue 22: the zoo's drafts retrained side by side
 #                                                    # on the one GPU (methods of eagle3 dflash mtp, all by default;
-#                                                    # `minutes` each, 10 by default; TRAIN_SET="--set F=V ..." adds
+#                                                    # `minutes` of training loop each, 7 by default (data and the
+#                                                    # held-out run come on top: ~2 min on an H100); TRAIN_TIME_LIMIT
+#                                                    # (s) stops a trainer, the rest still packed; TRAIN_SET="--set F=V ..." adds
 #                                                    # recipe fields to every run): per method its log, its draft as
 #                                                    # draft_METHOD.tar.gz, and train_summary.json (held-out tau at
 #                                                    # T=0 and T=1 as each trainer measured it, wall times)
@@ -71,14 +73,15 @@ elif [ "$stage" = serve ]; then
     --methods ${@:-none eagle3} 2>&1 | grep --line-buffered -v -E "it/s\]|tensor/s\]" | tee "$out/serve_sweep.log" \
     | tail -40
 elif [ "$stage" = train ]; then
-  minutes=${3:-10}
+  minutes=${3:-7}
   shift $(( $# < 3 ? $# : 3 ))
   work=.e2e_models/train
   rm -rf "$work" && mkdir -p "$work"
   for m in ${@:-eagle3 dflash mtp}; do
     ( start=$(date +%s)
-      python3 -m outpace train draft --method "$m" --target zoo/tinypy --out "$work/tinypy-$m" --device "${TRAIN_DEVICE:-cuda}" \
-        --max-minutes "$minutes" ${TRAIN_SET:-} > "$out/train_$m.log" 2>&1
+      timeout "${TRAIN_TIME_LIMIT:-0}" python3 -m outpace train draft --method "$m" --target zoo/tinypy \
+        --out "$work/tinypy-$m" --device "${TRAIN_DEVICE:-cuda}" --max-minutes "$minutes" ${TRAIN_SET:-} \
+        > "$out/train_$m.log" 2>&1
       echo "$m exit $? wall $(( $(date +%s) - start )) s" >> "$work/walls.txt" ) &
   done
   wait
@@ -97,7 +100,8 @@ for d in sorted(work.glob("tinypy-*")):
     print(d.name, rows[d.name])
 Path(sys.argv[2]).write_text(json.dumps(rows, indent=1) + "\n")
 PY
-  for d in "$work"/tinypy-*; do tar -czf "$out/draft_${d##*-}.tar.gz" -C "$work" "$(basename "$d")"; done
+  for d in "$work"/tinypy-*; do  # (a run stopped by TRAIN_TIME_LIMIT leaves its training state, too big to return)
+    tar -czf "$out/draft_${d##*-}.tar.gz" --exclude=resume -C "$work" "$(basename "$d")"; done
   ls -la "$out"
 elif [ "$stage" = ablation ]; then
   shift 2

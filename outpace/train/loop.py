@@ -28,10 +28,12 @@ class OptimConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     # A time budget: after ``calibration_steps`` steps the run is shortened to the number of steps
-    # that fit (the cosine schedule follows the new length); reruns with a fixed ``steps`` and no
-    # budget reproduce a curve exactly.
+    # that fit (the cosine schedule follows the new length), and every ``replan_every`` steps after that
+    # shortened again if the recent steps were slower (a GPU shared with other runs), so the budget holds;
+    # reruns with a fixed ``steps`` and no budget reproduce a curve exactly.
     max_minutes: float | None = None
     calibration_steps: int = 30
+    replan_every: int = 200
 
     def lr_at(self, step: int, total_steps: int) -> float:
         if step < self.warmup_steps:
@@ -79,19 +81,12 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
     window_tokens, window_start = 0, time.perf_counter()
     model.train()
     bar = tqdm(total=history.total_steps, initial=step, desc=desc, mininterval=2.0, disable=not ranks.is_driver)
-    # NOTE: a run resumed after the calibration started keeps the step count it calibrated to.
-    calibrate = opt.max_minutes is not None and step <= opt.calibration_steps // 3
+    budget = None if opt.max_minutes is None else StepBudget(opt, start)
     while step < history.total_steps:
-        if calibrate and step in (opt.calibration_steps // 3, opt.calibration_steps):
-            # time the steps after the first third (start-up, allocator and kernel warm-up excluded)
+        if budget is not None and budget.due(step):
             _sync(device)
-            if step == opt.calibration_steps // 3:
-                calibration_start = time.perf_counter()
-            else:
-                per_step = (time.perf_counter() - calibration_start) / (step - opt.calibration_steps // 3)
-                remaining = 60 * opt.max_minutes - (time.perf_counter() - start)
-                history.total_steps = ranks.agree(min(opt.steps, max(step + 1, step + int(remaining / per_step))))
-                bar.total = history.total_steps
+            history.total_steps = ranks.agree(budget.plan(step, history.total_steps))
+            bar.total = history.total_steps
         for group in optimizer.param_groups:
             group["lr"] = opt.lr_at(step, history.total_steps)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
@@ -123,6 +118,37 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
     history.wall_seconds = time.perf_counter() - start
     model.eval()
     return history
+
+
+class StepBudget:
+    """How many steps fit ``opt.max_minutes`` of wall time (counted from ``start``, which a resumed run
+    sets back by the time already spent). The first plan times the steps of a window that opens a third of
+    the way into ``calibration_steps`` (start-up, allocator and kernel warm-up excluded) and closes at
+    ``calibration_steps``; every ``replan_every`` steps after it, the last window's step time plans again.
+    A plan only ever shortens the run (from ``opt.steps``, or a resumed run's planned length), so a
+    machine that turns busier mid-run does not carry it past the budget."""
+
+    def __init__(self, opt: OptimConfig, start: float) -> None:
+        self.opt, self.start = opt, start
+        self.mark: tuple[int, float] | None = None  # (step, time) where the current window opened
+        self.window = opt.calibration_steps - opt.calibration_steps // 3
+
+    def due(self, step: int) -> bool:
+        """A window opens or closes at this step."""
+        if self.mark is None:
+            return step >= self.opt.calibration_steps // 3
+        return step - self.mark[0] >= self.window
+
+    def plan(self, step: int, total_steps: int) -> int:
+        """The run's length after ``step`` steps (call when ``due``, after a device sync)."""
+        now = time.perf_counter()
+        if self.mark is not None:
+            per_step = (now - self.mark[1]) / (step - self.mark[0])
+            remaining = 60 * self.opt.max_minutes - (now - self.start)
+            total_steps = min(total_steps, max(step + 1, step + int(remaining / per_step)))
+            self.window = self.opt.replan_every
+        self.mark = (step, now)
+        return total_steps
 
 
 def _sync(device: str) -> None:
