@@ -366,7 +366,8 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
                                ranks=ranks)
 
 
-TRAIN_COMMAND = "python -m outpace train draft --method eagle3 --target zoo/tinypy --out zoo/tinypy-eagle3 --device cuda"
+TRAIN_COMMAND = ("python -m outpace train draft --method eagle3 --target zoo/tinypy --out zoo/tinypy-eagle3 --device cuda "
+                 "--max-minutes 7.5 --set batch_size=64")
 
 
 def write_eagle3_card(out_dir: Path, m: dict) -> None:
