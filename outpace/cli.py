@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--time-limit", type=float, default=None, help="seconds the whole run may take (540 by default); "
                     "items that no longer fit are listed as not run, and the same command into the same --out "
                     "continues with them")
-    mb.add_argument("--dp-reserve", type=float, default=None, help="seconds of the limit kept for the dp part (130)")
+    mb.add_argument("--dp-reserve", type=float, default=None, help="seconds of the limit kept for the dp part (170)")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")

@@ -1,6 +1,12 @@
 """``bench multi`` part dp: requests/s and output tokens/s of the served model at ``dp_streams`` concurrent
 streams (bench serve's client, server/bench.py): one replica (``outpace serve`` on one GPU) against
 ``outpace serve --data-parallel-size 2`` (server/replicas.py: one replica per GPU behind the one server).
+
+Data parallelism multiplies throughput only where one replica is saturated. Decode of an 8B shape is bound by
+reading the weights, so one replica at 64 streams runs a step over 64 rows in little more time than two
+replicas each run one over 32; the second level, ``dp_saturated_streams`` (256), is where a replica's batch
+costs in proportion to its rows. Both levels run on the same servers, each after a warm-up at its own
+stream count (a batch size met for the first time captures its graphs).
 """
 from __future__ import annotations
 
@@ -14,9 +20,18 @@ def start_server(model: str, plan, gpus: str | None, *extra: str) -> LocalServer
     on_gpu = plan.device.startswith("cuda")
     return LocalServer(
         model, "--device", "cuda" if on_gpu else "cpu", "--dtype", "bfloat16" if on_gpu else "float32",
-        "--method", "none", "--max-num-seqs", str(plan.dp_streams), "--num-kv-blocks", str(plan.dp_kv_blocks),
-        "--max-num-batched-tokens", "8192", "--max-queued-requests", str(4 * plan.dp_requests),
+        "--method", "none", "--max-num-seqs", str(max(_levels(plan))), "--num-kv-blocks", str(plan.dp_kv_blocks),
+        "--max-num-batched-tokens", "8192", "--max-queued-requests", str(4 * max(_levels(plan).values())),
         "--log-level", "warning", *extra, env=None if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus})
+
+
+def _levels(plan) -> dict[int, int]:
+    """{concurrent streams: requests} of each level: ``dp_streams``, and ``dp_saturated_streams`` with as many
+    requests per stream."""
+    levels = {plan.dp_streams: plan.dp_requests}
+    if plan.dp_saturated_streams:
+        levels[plan.dp_saturated_streams] = plan.dp_requests * plan.dp_saturated_streams // plan.dp_streams
+    return levels
 
 
 def measure(server: LocalServer, streams: int, requests: int, max_tokens: int, prompts: list[str]) -> dict:
@@ -25,27 +40,38 @@ def measure(server: LocalServer, streams: int, requests: int, max_tokens: int, p
 
 
 def dp_throughput(plan, model: str, replicas: int = 2) -> dict:
-    """One replica against ``replicas`` behind one server (1: the single-GPU figure alone); bf16 on GPUs."""
+    """One replica against ``replicas`` behind one server (1: the single-GPU figures alone), at each level;
+    bf16 on GPUs. The top-level rows are the ``dp_streams`` level's, ``saturated`` holds the other's."""
     prompts = load_prompts(zoo_dir() / "eval_prompts.json")
     on_gpu = plan.device.startswith("cuda")
-    result = {"model": model, "streams": plan.dp_streams, "requests": plan.dp_requests,
-              "max_tokens": plan.dp_max_tokens, "temperature": 0.0}
+    levels = _levels(plan)
 
-    def served(gpus: str, *extra: str) -> dict:
+    def served(gpus: str, *extra: str) -> dict[int, dict]:
         server = start_server(model, plan, gpus if on_gpu else None, *extra)
         try:
             server.wait_ready(240.0)
-            # warm-up: the first requests' prefill shapes and batch buckets
-            measure(server, min(16, plan.dp_streams), min(16, plan.dp_requests), 8, prompts)
-            return measure(server, plan.dp_streams, plan.dp_requests, plan.dp_max_tokens, prompts)
+            rows = {}
+            for streams, requests in levels.items():
+                measure(server, streams, streams, 8, prompts)  # warm-up: this level's batch sizes
+                rows[streams] = measure(server, streams, requests, plan.dp_max_tokens, prompts)
+            return rows
         finally:
             server.close()
 
-    result["one_replica"] = served("0")
-    if replicas > 1:
+    one = served("0")
+    two = served(",".join(map(str, range(replicas))), "--data-parallel-size", str(replicas)) if replicas > 1 else {}
+    by_level = []
+    for streams, requests in levels.items():
+        row = {"streams": streams, "requests": requests, "one_replica": one[streams]}
+        if two:
+            row["two_replicas"] = two[streams]
+            row["output_tokens_per_s_ratio"] = two[streams]["output_tokens_per_s"] / one[streams]["output_tokens_per_s"]
+            row["requests_per_s_ratio"] = two[streams]["requests_per_s"] / one[streams]["requests_per_s"]
+        by_level.append(row)
+    first, *rest = by_level
+    result = {"model": model, "max_tokens": plan.dp_max_tokens, "temperature": 0.0, **first}
+    if two:
         result["mode"] = f"outpace serve --data-parallel-size {replicas}"
-        result["two_replicas"] = served(",".join(map(str, range(replicas))), "--data-parallel-size", str(replicas))
-        one, two = result["one_replica"], result["two_replicas"]
-        result["output_tokens_per_s_ratio"] = two["output_tokens_per_s"] / one["output_tokens_per_s"]
-        result["requests_per_s_ratio"] = two["requests_per_s"] / one["requests_per_s"]
+    if rest:
+        result["saturated"] = rest[0]
     return result

@@ -14,8 +14,9 @@
   the captured step costs with 0..k drafts that adaptive speculation profiles at start-up, and the best
   k's tokens per second for an assumed per-position acceptance (bench/hybrid_shape.py's model), with a
   random EAGLE3 draft of SpecForge's layout (bench/random_checkpoint.py).
-- ``dp``: the widened 8B target served, 64 concurrent streams: one replica against two behind one server,
-  one per GPU (``outpace serve --data-parallel-size 2``; bench/dp_serve.py).
+- ``dp``: the widened 8B target served, 64 concurrent streams (and 256, where one replica saturates): one
+  replica against two behind one server, one per GPU (``outpace serve --data-parallel-size 2``;
+  bench/dp_serve.py).
 ``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
 that does not fit one GPU is listed as such) and one replica's throughput.
 
@@ -89,9 +90,10 @@ class Plan:
     dp_streams: int = 64
     dp_requests: int = 192
     dp_max_tokens: int = 128
-    dp_kv_blocks: int = 2048
+    dp_kv_blocks: int = 4096                          # per replica: holds every stream of both levels
+    dp_saturated_streams: int | None = 256            # a second level, where one replica's batch saturates it
     time_limit_s: float = 540.0                       # the whole run; items that no longer fit are skipped
-    dp_reserve_s: float = 130.0
+    dp_reserve_s: float = 170.0
 
     def item_seconds(self, shape: dict) -> float:
         """A rough budget for one engine of ``shape`` (build, capture, rows), to skip what cannot finish."""

@@ -34,6 +34,10 @@ def targets(r: dict) -> dict:
         ratio = dp.get("output_tokens_per_s_ratio")
         out["dp2_over_one >= 1.9 (output tokens/s)"] = {"value": ratio, "met": None if ratio is None else ratio >= 1.9,
                                                          "mode": dp.get("mode")}
+        saturated = dp.get("saturated", {}).get("output_tokens_per_s_ratio")
+        if saturated is not None:
+            out[f"dp2_over_one at {dp['saturated']['streams']} streams (saturated, output tokens/s)"] = {
+                "value": saturated, "met": None}
     return out
 
 
@@ -68,11 +72,13 @@ def print_multi_gpu(r: dict) -> None:
                   f"k={x['num_drafts']} {x['speedup']:.2f}x (assumed acceptance, measured costs)")
     dp = r.get("dp")
     if dp:
-        for key in ("one_replica", "two_replicas"):
-            if key in dp:
-                s = dp[key]
-                print(f"  {key:<12} {s['requests_per_s']:.2f} requests/s, {s['output_tokens_per_s']:.1f} output "
-                      f"tokens/s ({s['num_requests'] - s['num_failed']}/{s['num_requests']} ok)")
+        for level in (dp, dp.get("saturated", {})):
+            for key in ("one_replica", "two_replicas"):
+                if key in level:
+                    s = level[key]
+                    print(f"  {level['streams']:>4} streams {key:<12} {s['requests_per_s']:.2f} requests/s, "
+                          f"{s['output_tokens_per_s']:.1f} output tokens/s "
+                          f"({s['num_requests'] - s['num_failed']}/{s['num_requests']} ok)")
         if "mode" in dp:
             print(f"  two replicas: {dp['mode']}")
     for text in r.get("not_run", []):
@@ -111,11 +117,13 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     axes[1].set_ylabel("tokens/s over plain decoding")
     axes[1].set_title("EAGLE3 (blue: real acceptance; orange: ORACLE)")
     dp = r.get("dp", {})
-    keys = [k for k in ("one_replica", "two_replicas") if k in dp]
-    axes[2].bar(range(len(keys)), [dp[k]["output_tokens_per_s"] for k in keys])
-    axes[2].set_xticks(range(len(keys)), keys)
+    levels = [level for level in (dp, dp.get("saturated", {})) if "one_replica" in level]
+    bars = [(f"{level['streams']} streams, {key.replace('_', ' ')}", level[key]["output_tokens_per_s"])
+            for level in levels for key in ("one_replica", "two_replicas") if key in level]
+    axes[2].bar(range(len(bars)), [b[1] for b in bars], color=["C0", "C2"] * len(levels))
+    axes[2].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=20, fontsize=7)
     axes[2].set_ylabel("output tokens/s")
-    axes[2].set_title(f"data parallel, {dp.get('streams', '-')} streams")
+    axes[2].set_title("data parallel: one replica against two")
     fig.suptitle(f"outpace bench multi: {r.get('device')} x{r.get('world')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
