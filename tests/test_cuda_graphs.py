@@ -103,7 +103,8 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
     """A step that every request of the batch may finish in by length (its output reaching max_tokens if
     all drafts are accepted) is not followed by one run ahead, which would serve nobody while the next
     request's prefill waits for it: one request after another, no step run ahead is dropped. With two
-    requests of different lengths, the longer one's steps are still run ahead."""
+    requests of different lengths, every step follows the rule (``test_run_ahead_rule`` checks the rule
+    itself, whatever the zoo draft happens to accept), and each step run ahead serves the next step."""
     llm = _graphed(EAGLE3)
     owner, dropped = llm.engine.runner, []
     drop = owner._drop_ahead
@@ -113,10 +114,22 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
     for prompt in prompts:
         llm.generate([prompt], params)
     assert not any(dropped) and hits["hits"] > 10
+    decisions, may_run_ahead = [], owner._may_run_ahead
+
+    def logged(reqs, shape):  # (each request's output length and max_tokens, tokens the step may commit, ran)
+        ran = may_run_ahead(reqs, shape)
+        decisions.append(([(r.num_output_tokens, r.params.max_tokens) for r in reqs], shape.num_steps + 1, ran))
+        return ran
+
+    owner._may_run_ahead = logged
     params, expected = reference
     hits["hits"] = 0
     assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == expected[:2]  # 12 and 17 tokens
-    assert hits["hits"] >= 4
+    for lengths, committed, ran in decisions:
+        surely_ends = any(n + 1 >= m for n, m in lengths)
+        all_may_end = all(n + committed >= m for n, m in lengths)
+        assert ran == (not surely_ends and not all_may_end), (lengths, committed, ran)
+    assert hits["hits"] == sum(ran for _, _, ran in decisions) > 0 and not any(dropped)
 
 
 DRAFTERS = pytest.mark.parametrize("spec", [
