@@ -120,10 +120,11 @@ class DistillRecipe:
 
 
 @dataclass(frozen=True)
-class GreedyDistillRecipe(DistillRecipe):
-    """The data of the recipes that learn the target's greedy trajectory (DFlash, EAGLE3, MTP): at
-    temperature 0 a draft token is accepted only when it is the target's greedy token, so the data is the
-    target's own greedy continuations; EAGLE3 and MTP add raw corpus windows (their recipes say why)."""
+class TrajectoryDistillRecipe(DistillRecipe):
+    """The data of the recipes that learn the target's own trajectory (DFlash, EAGLE3, MTP): many of the
+    target's continuations, greedy by default (at temperature 0 a draft token is accepted only when it is the
+    target's greedy token); EAGLE3 and MTP add raw corpus windows, DFlash samples its continuations at 0.8
+    (their recipes say why)."""
 
     num_continuations: int = 16384
     new_tokens: int = 128

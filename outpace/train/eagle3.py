@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
+from outpace.train.distill import (DistillData, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
                                    teacher_forward, unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
@@ -61,7 +61,7 @@ STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j (SpecForge's ploss_wei
 
 
 @dataclass(frozen=True)
-class Eagle3Recipe(GreedyDistillRecipe):
+class Eagle3Recipe(TrajectoryDistillRecipe):
     draft_vocab_size: int = 2048
     intermediate_size: int | None = None        # None: the target's
     aux_layer_ids: tuple[int, ...] | None = None  # capture ids (input-of); None: default_capture_ids(L)

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import unpack_projections
-from outpace.train.distill import (DistillData, GreedyDistillRecipe, masked_cross_entropy, prompt_source,
+from outpace.train.distill import (DistillData, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source,
                                    response_mask, teacher_forward, unused_files_note)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
@@ -47,7 +47,7 @@ NOT_COPIED = ("README.md", "loss.png", "training_metrics.json")
 
 
 @dataclass(frozen=True)
-class MTPRecipe(GreedyDistillRecipe):
+class MTPRecipe(TrajectoryDistillRecipe):
     num_layers: int | None = None     # fine-tune the first N MTP layers (None: all the target has)
     depth_decay: float = 1.0          # layer k weighs depth_decay ** k (normalised)
     soft_labels: bool = True          # False: cross-entropy against the target's argmax
