@@ -17,7 +17,6 @@ outs = LLM("zoo/tinypy", device="cpu").generate(prompts, SamplingParams(temperat
 target = load_model("zoo/tinypy", torch.float32, "cpu", progress=False)
 draft = load_eagle3_draft(draft_dir, target, torch.float32, "cpu")
 target.set_aux_hidden_state_layers(target_capture_ids(draft.config, target))
-agree = total = 0
 per_step = {}
 with torch.no_grad():
     for o in outs:

@@ -38,8 +38,6 @@ def test_acceptance_floor(case, reference):
     spec, floor = CASES[case]
     outs = LLM(str(ZOO / "tinypy"), speculative=spec).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == reference
-    m = SpecMetrics()
-    for o in outs:
-        m = m.merge(o.spec_metrics)
+    m = SpecMetrics.total(o.spec_metrics for o in outs)
     print(case, m.acceptance_length, m.acceptance_rate_per_position)
     assert m.acceptance_length >= floor, f"{case}: tau {m.acceptance_length:.3f} fell under its floor {floor}"

@@ -26,10 +26,7 @@ def zoo_reference():
 
 
 def merged(outs) -> SpecMetrics:
-    m = SpecMetrics()
-    for o in outs:
-        m = m.merge(o.spec_metrics)
-    return m
+    return SpecMetrics.total(o.spec_metrics for o in outs)
 
 
 @pytest.mark.parametrize("method", list(DRAFTERS))
@@ -101,3 +98,15 @@ def test_drafters_are_lossless_on_random_models(random_models, target, spec):
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert llm.engine.pool.num_free == 30
+
+
+def test_spec_metrics_total_is_the_fieldwise_sum():
+    a, b = SpecMetrics(), SpecMetrics()
+    a.record(num_drafts=3, max_depth=3, num_accepted=2)
+    b.record(num_drafts=1, max_depth=1, num_accepted=0)
+    b.record(num_drafts=3, max_depth=3, num_accepted=3)
+    t = SpecMetrics.total([a, b])
+    assert (t.num_verifies, t.num_draft_tokens, t.num_accepted_drafts) == (3, 7, 5)
+    assert t.accepted_per_position == [2, 2, 1] and t.proposed_per_position == [3, 2, 2]
+    assert t.histogram == [1, 0, 1, 1] and t.verifies_by_num_drafts == [0, 1, 0, 2]
+    assert SpecMetrics.total([]) == SpecMetrics()

@@ -141,10 +141,7 @@ def plain():
 
 
 def tau(outs) -> float:
-    m = SpecMetrics()
-    for o in outs:
-        m = m.merge(o.spec_metrics)
-    return m.acceptance_length
+    return SpecMetrics.total(o.spec_metrics for o in outs).acceptance_length
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -27,8 +27,8 @@ def measure_acceptance(model: str, configs: dict[str, SpeculativeConfig], prompt
     for name, spec in tqdm(configs.items(), desc="acceptance"):
         llm = LLM(model, speculative=spec, **engine_kwargs)
         outs = llm.generate(prompts, params)
-        metrics = _merged(outs)
-        at_one = _merged(llm.generate(prompts, sampled))
+        metrics = SpecMetrics.total(o.spec_metrics for o in outs)
+        at_one = SpecMetrics.total(o.spec_metrics for o in llm.generate(prompts, sampled))
         same_prefix = [_common_prefix(o.token_ids, ref) for o, ref in zip(outs, reference)]
         results[name] = {"method": spec.method, "num_steps": spec.num_steps, "topk": spec.topk,
                          "num_draft_tokens": spec.num_draft_tokens,
@@ -40,13 +40,6 @@ def measure_acceptance(model: str, configs: dict[str, SpeculativeConfig], prompt
                                            "acceptance_rate_per_position": at_one.acceptance_rate_per_position,
                                            "num_verifies": at_one.num_verifies}}
     return results
-
-
-def _merged(outs) -> SpecMetrics:
-    metrics = SpecMetrics()
-    for o in outs:
-        metrics = metrics.merge(o.spec_metrics)
-    return metrics
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -41,9 +41,7 @@ def run_decode_bench(model: str, batch_sizes: list[int], max_tokens: int, engine
             t0 = time.perf_counter()
             outs = llm.generate(prompts[:bs], params)
             elapsed = time.perf_counter() - t0
-            metrics = SpecMetrics()
-            for o in outs:
-                metrics = metrics.merge(o.spec_metrics)
+            metrics = SpecMetrics.total(o.spec_metrics for o in outs)
             rows.append({"method": spec.method, "num_steps": spec.num_steps, "topk": spec.topk,
                          "num_draft_tokens": spec.num_draft_tokens if spec.enabled else 1, "batch_size": bs,
                          "tokens": sum(len(o.token_ids) for o in outs), "seconds": elapsed,

@@ -32,6 +32,7 @@ from outpace.bench.widen import LLAMA_8B, widen_zoo
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.iteration import SamplingMode
+from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
 BATCHES, TEMPERATURES = (1, 8, 32), (0.0, 0.8)
@@ -148,10 +149,8 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
                 verifies = sum(o.spec_metrics.num_verifies for o in outs)
                 if verifies:
                     row["tau"] = sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1
-                    merged = outs[0].spec_metrics
-                    for o in outs[1:]:
-                        merged = merged.merge(o.spec_metrics)
-                    row["verifies_by_num_drafts"] = merged.verifies_by_num_drafts
+                    row["verifies_by_num_drafts"] = SpecMetrics.total(
+                        o.spec_metrics for o in outs).verifies_by_num_drafts
                 chooser = llm.engine.runner.choosers.get(SamplingMode.of([params]))
                 if chooser is not None:  # what adaptive speculation knew after the row
                     shapes = llm.engine.runner.shapes

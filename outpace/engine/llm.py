@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from outpace.config import EngineConfig, SamplingParams
 from outpace.engine.engine import LLMEngine
 from outpace.request import CompletionOutput, RequestOutput
+from outpace.speculative.metrics import SpecMetrics
 
 Prompt = str | Sequence[int]
 Conversation = list[dict[str, str]]
@@ -106,9 +107,7 @@ def _best(params: SamplingParams, outs: list[RequestOutput]) -> RequestOutput:
     completions = [CompletionOutput(i, o.text, o.token_ids, o.cumulative_logprob,
                                     o.logprobs if params.logprobs is not None else None, o.finish_reason, o.stop_reason)
                    for i, o in enumerate(outs)]
-    spec = outs[0].spec_metrics
-    for o in outs[1:]:
-        spec = spec.merge(o.spec_metrics)
+    spec = SpecMetrics.total(o.spec_metrics for o in outs)
     first = completions[0]
     return dataclasses.replace(outs[0], text=first.text, token_ids=first.token_ids, logprobs=first.logprobs,
                                spec_metrics=spec, outputs=completions)

@@ -1,6 +1,7 @@
 """Speculative-decoding metrics: per request, and summed over requests."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from itertools import zip_longest
 
@@ -56,6 +57,14 @@ class SpecMetrics:
     def merge(self, other: SpecMetrics) -> SpecMetrics:
         """The field-wise sum (lists element-wise, the shorter one padded with zeros)."""
         return SpecMetrics(**{f.name: _add(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
+
+    @classmethod
+    def total(cls, metrics: Iterable[SpecMetrics]) -> SpecMetrics:
+        """The sum of many (e.g. every output's ``spec_metrics`` of a generate call)."""
+        result = cls()
+        for m in metrics:
+            result = result.merge(m)
+        return result
 
     @property
     def acceptance_length(self) -> float:

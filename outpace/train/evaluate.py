@@ -38,9 +38,7 @@ def heldout_acceptance(target_dir: Path, spec: SpeculativeConfig, prompts: list,
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
         with ranks.open_llm(str(target_dir), speculative=spec, **engine) as llm:
             outs = llm.generate(prompts, params)
-        metrics = SpecMetrics()
-        for o in outs:
-            metrics = metrics.merge(o.spec_metrics)
+        metrics = SpecMetrics.total(o.spec_metrics for o in outs)
         row = {"acceptance_length": metrics.acceptance_length,
                "acceptance_rate_per_position": metrics.acceptance_rate_per_position}
         if temperature == 0.0:
