@@ -34,7 +34,7 @@ def run(tmp_path_factory) -> tuple[dict, Path]:
                 cases=(Case("mismatch", str(other), str(work / "random-8b"), ("float32",)),),
                 prompts=2, tokens=8, batches=BATCHES, context=16, decode_steps=4, speed_tokens=8, batch1_prompts=1,
                 eagle3_steps=2, oracle_steps=2, dp_streams=4, dp_requests=8, dp_max_tokens=8, dp_kv_blocks=256,
-                dp_saturated_streams=8, time_limit_s=900, dp_reserve_s=300)
+                dp_saturated_streams=8, dp_client_processes=2, time_limit_s=900, dp_reserve_s=300)
     out = root / "out"
     run_multi_gpu_bench(out, "correctness,tp_speed,dp", plan, work)
     return json.loads((out / "multi_gpu.json").read_text()), out
@@ -95,6 +95,7 @@ def test_data_parallel_rows(run):
     dp = run[0]["dp"]
     for key in ("one_replica", "two_replicas"):
         assert dp[key]["num_failed"] == 0 and dp[key]["num_requests"] == 8 and dp[key]["output_tokens"] > 0
+        assert dp[key]["client_processes"] == 2  # the load split over two client processes, every request counted
     assert dp["mode"] == "outpace serve --data-parallel-size 2"
     assert dp["output_tokens_per_s_ratio"] == pytest.approx(
         dp["two_replicas"]["output_tokens_per_s"] / dp["one_replica"]["output_tokens_per_s"])

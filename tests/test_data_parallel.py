@@ -1,7 +1,8 @@
 """Data parallelism for serving (server/replicas.py): ``outpace serve --data-parallel-size 2`` as a real
 process with the zoo target and its EAGLE3 draft (the default), two engine replicas in processes of their
 own: 200 concurrent streams give the greedy texts of one engine (the offline ``LLM`` of the same config),
-spread over both replicas by queue length; /metrics adds the replicas up; killing one replica's process
+spread over both replicas by queue length; /metrics adds the replicas up; a client that leaves mid-stream has
+its request aborted in its replica (which runs on its own and takes the abort between steps); killing one replica's process
 fails only its requests, with an error naming it, while the other's finish unchanged and new requests
 keep being served."""
 import asyncio
@@ -100,6 +101,40 @@ def test_metrics_add_the_replicas_up(server, llm):
     assert after[("outpace:kv_blocks_total", ())] == after[("outpace:kv_blocks_free", ())] == 2 * one
     assert after[("outpace:data_parallel_replicas_alive", ())] == 2
     assert grew("outpace:time_to_first_token_seconds_count") == len(prompts)
+
+
+def test_streams_left_midway_are_aborted_in_their_replicas(server, llm):
+    """Eight clients leave after 3 events of 1000-token streams while four others run: each leaver's replica
+    aborts it (its blocks come back, finish reason "abort"), the others' texts are unchanged."""
+    keep = [_prompt(i) for i in range(80, 84)]
+    expected = offline(llm, keep, max_tokens=12)
+    m0 = metrics(server.url)
+
+    async def leave_early(c, prompt: str) -> int:
+        body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
+        seen = 0
+        async with c.stream("POST", "/v1/completions", json=body) as resp:
+            async for line in resp.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 3:
+                    break  # leaving the block closes the connection mid-stream
+        return seen
+
+    async def run():
+        async with _client(server.url) as c:
+            return await asyncio.gather(*(leave_early(c, _prompt(i)) for i in range(84, 92)),
+                                        *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 12}) for p in keep))
+
+    results = asyncio.run(run())
+    assert results[:8] == [3] * 8
+    assert [text for text, _ in results[8:]] == expected
+    health = wait_idle(server.url, timeout=30)  # every block of both replicas back
+    assert all(r["num_requests_unfinished"] == 0 for r in health["data_parallel_replicas"])
+    m1 = metrics(server.url)
+    aborts = (("finished_reason", "abort"),)
+    assert m1[("outpace:request_success_total", aborts)] - m0.get(("outpace:request_success_total", aborts), 0) == 8
+    generated = m1[("outpace:generation_tokens_total", ())] - m0[("outpace:generation_tokens_total", ())]
+    assert generated < 8 * 1000 / 2  # aborted long before their 1000 tokens
 
 
 async def _stream_until_error(client, body: dict, started: asyncio.Event | None = None) -> dict:

@@ -34,9 +34,12 @@ def _levels(plan) -> dict[int, int]:
     return levels
 
 
-def measure(server: LocalServer, streams: int, requests: int, max_tokens: int, prompts: list[str]) -> dict:
-    """``requests`` greedy completions, ``streams`` at a time: server/bench.py's summary."""
-    return {**run_load(server.url, cycled(prompts, requests, max_tokens), streams), "streams": streams}
+def measure(server: LocalServer, streams: int, requests: int, max_tokens: int, prompts: list[str],
+            client_processes: int) -> dict:
+    """``requests`` greedy completions, ``streams`` at a time, sent by ``client_processes`` client processes:
+    server/bench.py's summary."""
+    return {**run_load(server.url, cycled(prompts, requests, max_tokens), streams,
+                       client_processes=min(client_processes, streams)), "streams": streams}
 
 
 def dp_throughput(plan, model: str, replicas: int = 2) -> dict:
@@ -52,8 +55,9 @@ def dp_throughput(plan, model: str, replicas: int = 2) -> dict:
             server.wait_ready(240.0)
             rows = {}
             for streams, requests in levels.items():
-                measure(server, streams, streams, 8, prompts)  # warm-up: this level's batch sizes
-                rows[streams] = measure(server, streams, requests, plan.dp_max_tokens, prompts)
+                clients = plan.dp_client_processes
+                measure(server, streams, streams, 8, prompts, clients)  # warm-up: this level's batch sizes
+                rows[streams] = measure(server, streams, requests, plan.dp_max_tokens, prompts, clients)
             return rows
         finally:
             server.close()

@@ -92,6 +92,7 @@ class Plan:
     dp_max_tokens: int = 128
     dp_kv_blocks: int = 4096                          # per replica: holds every stream of both levels
     dp_saturated_streams: int | None = 256            # a second level, where one replica's batch saturates it
+    dp_client_processes: int = 4                      # the load's client processes (server/bench.py run_load)
     time_limit_s: float = 540.0                       # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 170.0
 

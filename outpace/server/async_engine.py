@@ -5,7 +5,8 @@ The engine is not thread-safe, so exactly one thread (``outpace-engine``) calls 
 group of requests, abort some, stop) and get each request's outputs back on an asyncio queue
 through ``loop.call_soon_threadsafe``. When nothing is unfinished the thread blocks on the
 command queue (no busy spin); otherwise it drains commands between steps, so a new request joins
-the running batch at the next step and an abort frees its KV blocks before the next step.
+the running batch at the next step and an abort frees its KV blocks before the next step. A step's
+outputs reach the event loop in one wake-up (``_flush``), not one per request.
 
 The thread also records the Prometheus metrics and logs a throughput / tau line every
 ``log_interval`` seconds while busy.
@@ -84,10 +85,7 @@ class GenerationStream:
         return not self._pending
 
     def _put(self, item) -> None:  # engine thread
-        try:
-            self._loop.call_soon_threadsafe(self._deliver, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
+        _post(self._loop, [(self, item)])
 
     def _deliver(self, item) -> None:  # event loop
         if isinstance(item, tuple) and not item[1].finished:
@@ -130,6 +128,18 @@ class GenerationStream:
             self._engine._commands.put(("abort", list(self._pending)))
 
 
+def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[GenerationStream, object]]) -> None:
+    """Deliver ``items`` (stream, output or error) on ``loop``, in order, in one wake-up (engine thread)."""
+    def deliver() -> None:
+        for stream, item in items:
+            stream._deliver(item)
+
+    try:
+        loop.call_soon_threadsafe(deliver)
+    except RuntimeError:  # the event loop is closed: nobody is listening any more
+        pass
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig, metrics: ServerMetrics | None = None, log_interval: float = 10.0,
                  progress: bool = False, engine=None) -> None:
@@ -153,6 +163,7 @@ class AsyncEngine:
         self._num_unfinished = 0  # submitted (or about to be) and not yet finished; under _lock
         self._stopping = False
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._outbox: list[tuple[GenerationStream, object]] = []  # engine thread: outputs not yet flushed
         self._thread = threading.Thread(target=self._run, name="outpace-engine", daemon=True)
         self._interval = _Interval(time.perf_counter())
         if metrics is not None:
@@ -258,6 +269,7 @@ class AsyncEngine:
             elif kind == "stop":
                 self._stopping = True
             self._publish()
+            self._flush()
 
     def _add(self, stream: GenerationStream) -> None:
         for index, req in enumerate(stream.requests):
@@ -306,6 +318,7 @@ class AsyncEngine:
             tracked = self._tracked.get(out.request_id)
             if tracked is not None:
                 self._record(tracked, out, now)
+        self._flush()
 
     def _record(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
         """Metrics for one output, then hand it to its stream."""
@@ -337,7 +350,16 @@ class AsyncEngine:
             # NOTE: the output shares the request's mutable metrics objects; hand out copies.
             out = dataclasses.replace(out, metrics=dataclasses.replace(out.metrics),
                                       spec_metrics=SpecMetrics().merge(out.spec_metrics))
-        tracked.stream._put((tracked.index, out))
+        self._outbox.append((tracked.stream, (tracked.index, out)))
+
+    def _flush(self) -> None:
+        """Hand the outputs recorded since the last flush to their streams' event loops, one wake-up each."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, item in self._outbox:
+            by_loop.setdefault(stream._loop, []).append((stream, item))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            _post(loop, items)
 
     def _record_spec(self, tracked: _Tracked, spec: SpecMetrics) -> None:
         seen, m, iv = tracked.seen, self.metrics, self._interval
@@ -369,6 +391,7 @@ class AsyncEngine:
                                  self.engine.pool.num_blocks)
 
     def _fail_all(self, error: EngineError) -> None:
+        self._flush()
         for request_id, tracked in list(self._tracked.items()):
             self._tracked.pop(request_id, None)
             self._done(1)

@@ -104,7 +104,9 @@ def cycled(prompts: list[str], num_requests: int, max_tokens: int) -> list[Bench
 
 
 async def _run(base_url: str, requests: list[BenchRequest], concurrency: int, temperature: float,
-               api_key: str | None, model: str | None, chat: bool, ignore_eos: bool) -> tuple[list[_Result], float]:
+               api_key: str | None, model: str | None, chat: bool, ignore_eos: bool) -> tuple[list[_Result], float, float]:
+    """The results, and when the first request was sent and the last finished (``time.perf_counter``, which is
+    system-wide on Linux, so client processes' times compare)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -132,16 +134,36 @@ async def _run(base_url: str, requests: list[BenchRequest], concurrency: int, te
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(requests))))))
-        return results, time.perf_counter() - start
+        return results, start, time.perf_counter()
+
+
+def _run_shard(args: tuple) -> tuple[list[_Result], float, float]:
+    return asyncio.run(_run(*args))
 
 
 def run_load(url: str, requests: list[BenchRequest], concurrency: int, temperature: float = 0.0,
              api_key: str | None = None, model: str | None = None, chat: bool = False,
-             ignore_eos: bool = False) -> dict:
-    """One load level: ``requests`` in order, ``concurrency`` in flight at once; ``summarize``'s figures."""
-    results, wall = asyncio.run(_run(url.rstrip("/"), requests, concurrency, temperature, api_key, model, chat,
-                                     ignore_eos))
-    return {**summarize(results, wall), "concurrency": concurrency}
+             ignore_eos: bool = False, client_processes: int = 1) -> dict:
+    """One load level: ``requests`` in order, ``concurrency`` in flight at once; ``summarize``'s figures.
+
+    ``client_processes`` > 1 splits the requests and the concurrency over that many client processes (request i
+    to process i mod P), so that at thousands of streamed tokens per second the one Python client is not what
+    limits the figures; the wall time runs from the first process's start to the last one's end."""
+    if client_processes < 1 or client_processes > concurrency:
+        raise ValueError(f"client_processes={client_processes} is invalid: must be in [1, concurrency={concurrency}]")
+    shards = [(url.rstrip("/"), requests[i::client_processes], len(range(i, concurrency, client_processes)),
+               temperature, api_key, model, chat, ignore_eos) for i in range(client_processes)]
+    if client_processes == 1:
+        runs = [_run_shard(shards[0])]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(client_processes, mp_context=mp.get_context("spawn")) as pool:
+            runs = list(pool.map(_run_shard, shards))
+    results = [r for shard, _, _ in runs for r in shard]
+    wall = max(end for _, _, end in runs) - min(start for _, start, _ in runs)
+    return {**summarize(results, wall), "concurrency": concurrency, "client_processes": client_processes}
 
 
 def summarize(results: list[_Result], wall: float) -> dict:

@@ -4,11 +4,17 @@ Each replica is an engine in a process of its own (spawned; a tensor-parallel re
 ranks from there), as vLLM runs one engine-core process per data-parallel rank and SGLang's
 DataParallelController one scheduler process per rank: a replica that dies takes only its own requests
 with it. The server process keeps, per replica, the ``AsyncEngine`` of the single-engine server (its
-thread, streams, aborts and metrics, unchanged) driving a ``RemoteEngine``: the ``LLMEngine`` calls that
-thread makes (submit, abort, step) travel over a pipe to the replica, one call at a time, and each reply
-carries the replica's scheduler state. Request validation (``new_request``, which reads only fixed
-engine fields, as the single server calls it from the event loop) is answered by a second thread of the
-replica over a second pipe, so it never waits behind a step.
+thread, streams, aborts and metrics, unchanged) driving a ``RemoteEngine``.
+
+The replica runs its engine on its own, as vLLM's engine-core busy loop does: while it has unfinished
+requests it steps without waiting for the server, taking the commands that arrived (submit, abort) between
+steps and sending each step's outputs with its scheduler state; idle, it waits for a command. On the server's
+side ``RemoteEngine.submit`` and ``abort_request`` only send (a duplicate id is refused there, from the ids it
+has sent), and ``step`` returns the outputs that arrived (an aborted request's last output among them). So
+the GPU never waits for the server's thread to take a step's outputs and ask for the next. Each reply says how
+many commands the replica has taken, so the server counts a request it has sent but the replica has not yet
+seen as unfinished. Request validation (``new_request``, which reads only fixed engine fields, as the single
+server calls it from the event loop) is answered by a second thread of the replica over a second pipe.
 
 ``DataParallelEngine`` is what the HTTP layer talks to (the ``AsyncEngine`` surface app.py uses): a group
 of requests goes to the live replica with the fewest unfinished requests (its queue length); every
@@ -45,7 +51,8 @@ class ReplicaDied(RuntimeError):
 
 @dataclass(frozen=True)
 class _State:
-    """The replica engine's state after a call."""
+    """The replica engine's state after a round of its loop (``_serve``)."""
+    commands_taken: int  # of those the server sent
     has_unfinished: bool
     num_running: int
     num_waiting: int
@@ -56,8 +63,8 @@ class _State:
 
 # ---- the replica's process ---------------------------------------------------------------------
 def _replica_main(config: EngineConfig, index: int, calls, checks) -> None:
-    """Build the engine, then answer ``calls`` (submit / abort / step / close) on this thread and
-    ``checks`` (new_request) on another, until the server closes the pipe or says close."""
+    """Build the engine, then run it (``_serve``) on this thread and answer ``checks`` (new_request) on another,
+    until the server closes the pipe or says close."""
     from outpace.engine.engine import LLMEngine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
@@ -68,28 +75,46 @@ def _replica_main(config: EngineConfig, index: int, calls, checks) -> None:
         calls.send(("error", _portable(e)))
         return
     calls.send(("ready", dict(max_model_len=engine.max_model_len, vocab_size=engine.model_config.vocab_size,
-                              num_blocks=engine.pool.num_blocks, state=_state_of(engine))))
+                              num_blocks=engine.pool.num_blocks, state=_state_of(engine, 0))))
     threading.Thread(target=_answer_checks, args=(engine, checks), daemon=True).start()
     try:
-        while True:
-            try:
-                kind, arg = calls.recv()
-            except (EOFError, OSError):  # the server is gone
-                break
-            if kind == "close":
-                break
-            try:
-                if kind == "submit":
-                    result = engine.submit(arg)
-                elif kind == "abort":
-                    result = engine.abort_request(arg)
-                else:
-                    result = engine.step()
-                calls.send(("ok", (result, _state_of(engine))))
-            except Exception as e:  # noqa: BLE001 - the call's error, raised again in the server
-                calls.send(("error", _portable(e)))
+        _serve(engine, calls)
     finally:
         engine.close()
+
+
+def _serve(engine, calls) -> None:
+    """Step the engine while it has work, taking the server's commands between steps; after each round send
+    ("outputs", (outputs, commands taken so far, state)), or ("error", e) when the step failed (the server
+    then aborts the step's requests, as the single server does). Idle, block until a command comes."""
+    taken, failed = 0, False
+    while True:
+        outputs: list[RequestOutput] = []
+        try:
+            if failed or not engine.has_unfinished_requests:  # (after a failed step: wait for the aborts)
+                calls.poll(None)
+            while calls.poll(0):
+                kind, arg = calls.recv()
+                taken += 1
+                if kind == "close":
+                    return
+                if kind == "submit":
+                    engine.submit(arg)
+                else:  # abort
+                    out = engine.abort_request(arg)
+                    if out is not None:
+                        outputs.append(out)
+        except (EOFError, OSError):  # the server is gone
+            return
+        failed = False
+        try:
+            if engine.has_unfinished_requests:
+                outputs += engine.step()
+        except Exception as e:  # noqa: BLE001 - the step's error, raised again in the server
+            failed = True
+            calls.send(("error", (_portable(e), outputs, taken, _state_of(engine, taken))))
+            continue
+        calls.send(("outputs", (outputs, taken, _state_of(engine, taken))))
 
 
 def _answer_checks(engine, checks) -> None:
@@ -104,9 +129,9 @@ def _answer_checks(engine, checks) -> None:
             checks.send(("error", _portable(e)))
 
 
-def _state_of(engine) -> _State:
+def _state_of(engine, taken: int) -> _State:
     s = engine.scheduler
-    return _State(engine.has_unfinished_requests, len(s.running), len(s.waiting), engine.pool.num_free,
+    return _State(taken, engine.has_unfinished_requests, len(s.running), len(s.waiting), engine.pool.num_free,
                   {r.request_id: (r.status, r.num_computed_tokens) for r in (*s.running, *s.waiting)},
                   engine.prefix_cache_stats)
 
@@ -161,7 +186,9 @@ class RemoteEngine:
         self.stream_outputs = True
         self.scheduler, self.pool = _Counts(), _Pool(0, 0)
         self._requests: dict[str, Request] = {}  # submitted here, not yet finished: their progress is mirrored
-        self.has_unfinished_requests = False
+        self._replica_unfinished = False
+        self._sent = self._taken = 0  # commands sent, and taken by the replica as its latest state says
+        self._step_error: BaseException | None = None  # a failed step's, raised by the next ``step``
         self.prefix_cache_stats: PrefixCacheStats | None = None
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -181,21 +208,48 @@ class RemoteEngine:
             return self._result(self._checks)
 
     def submit(self, req: Request) -> str:
-        out = self._call("submit", req)
+        """Sent to the replica, which queues it at its next round (an id in use is refused here, as
+        ``LLMEngine.submit`` refuses it)."""
+        if req.request_id in self._requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self._command("submit", req)
         self._requests[req.request_id] = req
-        return out
+        return req.request_id
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        out = self._call("abort", request_id)
-        self._requests.pop(request_id, None)
-        return out
+        """Sent to the replica; the request's last output (finish reason "abort") comes from a later ``step``."""
+        if request_id in self._requests:
+            self._command("abort", request_id)
+        return None
 
     def step(self) -> list[RequestOutput]:
-        outs = self._call("step", None)
-        for out in outs:
+        """The outputs the replica has sent since the last call, waiting for its next round if none have come.
+        A failed step's error is raised by the call after the one that returns the outputs before it."""
+        if self._step_error is not None:
+            error, self._step_error = self._step_error, None
+            raise error
+        outputs: list[RequestOutput] = []
+        while True:
+            kind, value = self._receive(self._calls)
+            if kind == "error":
+                self._step_error, value = value[0], value[1:]
+            outs, taken, state = value
+            outputs += outs
+            self._apply(state)
+            if self._step_error is not None or not self._poll():
+                break
+        for out in outputs:
             if out.finished:
                 self._requests.pop(out.request_id, None)
-        return outs
+        if self._step_error is not None and not outputs:
+            error, self._step_error = self._step_error, None
+            raise error
+        return outputs
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """The replica's latest state says so, or it has not yet taken every command sent."""
+        return self._replica_unfinished or self._sent > self._taken
 
     def close(self, timeout_s: float = 30.0) -> None:
         try:
@@ -212,11 +266,16 @@ class RemoteEngine:
         return self.process.is_alive()
 
     # ---- the pipe ----------------------------------------------------------------------------------
-    def _call(self, kind: str, arg):
+    def _command(self, kind: str, arg) -> None:
         self._send(self._calls, (kind, arg))
-        result, state = self._result(self._calls)
-        self._apply(state)
-        return result
+        self._sent += 1
+
+    def _poll(self) -> bool:
+        """Whether another round's message is waiting."""
+        try:
+            return self._calls.poll(0)
+        except (EOFError, OSError) as e:
+            raise self._died(e) from None
 
     def _send(self, conn, message) -> None:
         try:
@@ -244,7 +303,7 @@ class RemoteEngine:
                            f"{type(e).__name__}: {e}".rstrip(": "))
 
     def _apply(self, state: _State) -> None:
-        self.has_unfinished_requests = state.has_unfinished
+        self._taken, self._replica_unfinished = state.commands_taken, state.has_unfinished
         self.scheduler.running = range(state.num_running)
         self.scheduler.waiting = range(state.num_waiting)
         self.pool.num_free = state.num_free_blocks
