@@ -401,21 +401,29 @@ DRAFT_RECIPES = {
 }
 
 
-def cmd_train_draft(a: argparse.Namespace) -> None:
+def draft_recipe(a: argparse.Namespace):
+    """The recipe that ``train draft``'s arguments ask for (the model cards write them back:
+    train/model_card.py ``draft_train_command``)."""
     from outpace.registry import resolve
 
-    a.target = a.target or str(default_model())
-    _check_model_dir(a.target)
     recipe_cls = resolve({a.method: DRAFT_RECIPES[a.method][0]}, a.method, "draft recipe")
-    train_fn = resolve({a.method: DRAFT_RECIPES[a.method][1]}, a.method, "draft recipe")
     overrides = _recipe_overrides(a, ("steps", "max_minutes", "seed", "eval_prompts", "num_continuations"))
     if a.data:
         overrides["prompt_files"] = tuple(a.data)
     overrides.update(_field_values(a.set))
     try:
-        recipe = recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
+        return recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
     except TypeError as e:  # a --set field the recipe does not have
         raise ValueError(f"{recipe_cls.__name__}: {e}") from None
+
+
+def cmd_train_draft(a: argparse.Namespace) -> None:
+    from outpace.registry import resolve
+
+    a.target = a.target or str(default_model())
+    _check_model_dir(a.target)
+    train_fn = resolve({a.method: DRAFT_RECIPES[a.method][1]}, a.method, "draft recipe")
+    recipe = draft_recipe(a)
     from outpace.train.ranks import train_on_ranks
 
     metrics = train_on_ranks(train_fn, a.nproc_per_node, a.device, Path(a.target), recipe, Path(a.out), a.device)

@@ -363,12 +363,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                                ranks=ranks)
 
 
-TRAIN_COMMAND = ("python -m outpace train draft --method dflash --target zoo/tinypy --out zoo/tinypy-dflash "
-                 "--device cuda")
-
-
 def write_dflash_card(out_dir: Path, m: dict) -> None:
-    from outpace.train.model_card import write_model_card
+    from outpace.train.model_card import draft_train_command, write_model_card
 
     r = m["recipe"]
     n = r["block_size"]
@@ -412,4 +408,5 @@ bf16 weights: {m['checkpoint_mib']:.2f} MiB. Serve with `--method dflash --num-s
     }
     write_model_card(out_dir, "tinypy-dflash: a DFlash block draft for tinypy",
                      f"A {r['num_layers']}-layer block-diffusion draft that proposes {n - 1} tokens in one forward, "
-                     "for `--method dflash`.", TRAIN_COMMAND, sections)
+                     "for `--method dflash`.",
+                     draft_train_command("dflash", DFlashRecipe, m, "zoo/tinypy-dflash"), sections)

@@ -118,7 +118,6 @@ class DistillRecipe:
         return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=self.max_minutes)
 
 
-
 @dataclass(frozen=True)
 class TrajectoryDistillRecipe(DistillRecipe):
     """The data of the recipes that learn the target's own trajectory (DFlash, EAGLE3, MTP): many of the

@@ -366,12 +366,8 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
                                ranks=ranks)
 
 
-TRAIN_COMMAND = ("python -m outpace train draft --method eagle3 --target zoo/tinypy --out zoo/tinypy-eagle3 --device cuda "
-                 "--max-minutes 7.5 --set batch_size=64")
-
-
 def write_eagle3_card(out_dir: Path, m: dict) -> None:
-    from outpace.train.model_card import write_model_card
+    from outpace.train.model_card import draft_train_command, write_model_card
 
     r = m["recipe"]
     steps = sorted(m["final_step_top1"], key=int)
@@ -417,4 +413,4 @@ Last logged training batch, per step (top-1: agreement with the target's argmax 
     }
     write_model_card(out_dir, "tinypy-eagle3: an EAGLE3 draft for tinypy",
                      "One decoder layer over three of the target's hidden states, for `--method eagle3`.",
-                     TRAIN_COMMAND, sections)
+                     draft_train_command("eagle3", Eagle3Recipe, m, "zoo/tinypy-eagle3"), sections)

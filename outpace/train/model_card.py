@@ -1,8 +1,13 @@
 """README.md for a trained zoo model, written from its training_metrics.json."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+
+# Recipe fields that `outpace train draft` takes as flags of their own (cli.py); any other goes through --set.
+_DRAFT_FLAGS = {"steps": "--steps", "max_minutes": "--max-minutes", "seed": "--seed",
+                "num_continuations": "--num-continuations", "eval_prompts": "--eval-prompts"}
 
 
 def _fmt(value) -> str:
@@ -32,3 +37,21 @@ def write_model_card(model_dir: Path, title: str, summary: str, command: str, ex
     path = model_dir / "README.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def draft_train_command(method: str, recipe_cls, m: dict, out: str, target: str = "zoo/tinypy") -> str:
+    """The ``outpace train draft`` command of a run (``m``: its training metrics): every recipe field whose value
+    differs from ``recipe_cls``'s default, as its own flag (``_DRAFT_FLAGS``, ``--data``) or ``--set``."""
+    defaults = json.loads(json.dumps(dataclasses.asdict(recipe_cls())))  # (tuples as lists, as the metrics hold them)
+    parts = [f"python -m outpace train draft --method {method} --target {target} --out {out}",
+             "--device " + ("cpu" if m["device"] == "cpu" else "cuda")]
+    for name, value in m["recipe"].items():
+        if value == defaults[name]:
+            continue
+        if name == "prompt_files" and value:
+            parts.append("--data " + " ".join(value))
+        elif name in _DRAFT_FLAGS and value is not None:
+            parts.append(f"{_DRAFT_FLAGS[name]} {value}")
+        else:
+            parts.append(f"--set {name}={json.dumps(value, separators=(',', ':'))}")
+    return " ".join(parts)

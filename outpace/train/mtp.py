@@ -234,11 +234,8 @@ def _losses_only(history):
     return dataclasses.replace(history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")})
 
 
-TRAIN_COMMAND = "python -m outpace train draft --method mtp --target zoo/tinypy --out OUT --device cuda"
-
-
 def write_mtp_card(out_dir: Path, m: dict) -> None:
-    from outpace.train.model_card import write_model_card
+    from outpace.train.model_card import draft_train_command, write_model_card
 
     r = m["recipe"]
     rows = "\n".join(f"| {k} | x(t+{int(k) + 2}) | {r['depth_decay'] ** int(k):.3f} | {m['final_layer_loss'][k]:.4f} "
@@ -263,4 +260,5 @@ position, response rows only; layer k weighs {r['depth_decay']}^k (normalised). 
         "Held-out acceptance": heldout_section(m),
     }
     write_model_card(out_dir, f"{out_dir.name}: the target with its MTP layers fine-tuned",
-                     "Serve with `--model` this directory and `--method mtp`.", TRAIN_COMMAND, sections)
+                     "Serve with `--model` this directory and `--method mtp`.",
+                     draft_train_command("mtp", MTPRecipe, m, "OUT"), sections)

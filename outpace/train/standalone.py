@@ -100,12 +100,8 @@ def draft_forward(draft: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         return draft(tokens.reshape(-1), torch.arange(t, device=tokens.device).repeat(b)).hidden_states
 
 
-TRAIN_COMMAND = ("python -m outpace train draft --method standalone --target zoo/tinypy --out zoo/tinypy-draft "
-                 "--device cuda --steps 6000 --max-minutes 4.5")
-
-
 def write_standalone_card(out_dir: Path, m: dict) -> None:
-    from outpace.train.model_card import write_model_card
+    from outpace.train.model_card import draft_train_command, write_model_card
 
     r = m["recipe"]
     sections = {"Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target
@@ -114,5 +110,6 @@ mixed half and half with raw {window_source(r)} windows. The loss is the cross-e
 distribution at every position (soft labels). {unused_files_note(m)} Final training loss:
 {m['final_loss']:.4f}. The tokenizer is the target's."""}
     write_model_card(out_dir, "tinypy-draft: a standalone draft model for tinypy",
-                     "A much smaller Llama with the target's tokenizer, for `--method draft`.", TRAIN_COMMAND,
+                     "A much smaller Llama with the target's tokenizer, for `--method draft`.",
+                     draft_train_command("standalone", StandaloneRecipe, m, "zoo/tinypy-draft"),
                      sections)

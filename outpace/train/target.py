@@ -30,7 +30,6 @@ from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
 from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids, train_tokenizer
 
 
-
 @dataclass(frozen=True)
 class TargetRecipe:
     vocab_size: int = 4096
