@@ -4,9 +4,10 @@ streams (bench serve's client, server/bench.py): one replica (``outpace serve`` 
 
 Data parallelism multiplies throughput only where one replica is saturated. Decode of an 8B shape is bound by
 reading the weights, so one replica at 64 streams runs a step over 64 rows in little more time than two
-replicas each run one over 32; the second level, ``dp_saturated_streams`` (256), is where a replica's batch
-costs in proportion to its rows. Both levels run on the same servers, each after a warm-up at its own
-stream count (a batch size met for the first time captures its graphs).
+replicas each run one over 32; the second level, ``dp_saturated_streams`` (256), is where one replica's step
+costs in proportion to its rows (on two H100s its host work, not the GPU, bounds it there). Both levels run on
+the same servers, each after a warm-up at its own stream count (a batch size met for the first time captures
+its graphs).
 """
 from __future__ import annotations
 
