@@ -37,6 +37,19 @@ def stream_text(events, chat: bool = False) -> tuple[str, str | None]:
     return text, finish
 
 
+async def leave_after(client: httpx.AsyncClient, prompt: str, events: int = 3) -> int:
+    """Stream a greedy 1000-token completion and close the connection after ``events`` events (a client that
+    goes away mid-stream); returns the events seen."""
+    body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
+    seen = 0
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        async for line in resp.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen >= events:
+                break  # leaving the block closes the connection mid-stream
+    return seen
+
+
 def wait_idle(url: str, timeout: float = 60.0) -> dict:
     """Wait until no request is unfinished and every KV block is free; returns /health."""
     deadline = time.monotonic() + timeout

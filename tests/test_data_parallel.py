@@ -17,7 +17,8 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
     pytest.importorskip(_dependency)
 httpx = pytest.importorskip("httpx")
 
-from server_helpers import PROMPTS, ServerProcess, metrics, offline_llm, sse_events, stream_text, wait_idle
+from server_helpers import (PROMPTS, ServerProcess, leave_after, metrics, offline_llm, sse_events, stream_text,
+                            wait_idle)
 
 from outpace import SamplingParams
 
@@ -110,19 +111,9 @@ def test_streams_left_midway_are_aborted_in_their_replicas(server, llm):
     expected = offline(llm, keep, max_tokens=12)
     m0 = metrics(server.url)
 
-    async def leave_early(c, prompt: str) -> int:
-        body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
-        seen = 0
-        async with c.stream("POST", "/v1/completions", json=body) as resp:
-            async for line in resp.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 3:
-                    break  # leaving the block closes the connection mid-stream
-        return seen
-
     async def run():
         async with _client(server.url) as c:
-            return await asyncio.gather(*(leave_early(c, _prompt(i)) for i in range(84, 92)),
+            return await asyncio.gather(*(leave_after(c, _prompt(i)) for i in range(84, 92)),
                                         *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 12}) for p in keep))
 
     results = asyncio.run(run())

@@ -12,7 +12,7 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from server_helpers import (PROMPTS, ServerProcess, chat_prompt_ids, metrics, offline_llm, sse_events,
+from server_helpers import (PROMPTS, ServerProcess, chat_prompt_ids, leave_after, metrics, offline_llm, sse_events,
                             stream_text, wait_idle)
 
 from outpace import SamplingParams
@@ -145,16 +145,6 @@ def test_disconnected_streams_are_aborted(server, llm):
     m0 = metrics(server.url)
     aborts0 = m0.get(("outpace:request_success_total", (("finished_reason", "abort"),)), 0)
 
-    async def leave_early(c: httpx.AsyncClient, prompt: str) -> int:
-        body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
-        seen = 0
-        async with c.stream("POST", "/v1/completions", json=body) as resp:
-            async for line in resp.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 3:
-                    break  # leaving the block closes the connection mid-stream
-        return seen
-
     async def give_up(c: httpx.AsyncClient, prompt: str) -> str:  # a non-streaming client that times out
         # (long before its 1000 tokens could be done, so the server must abort it)
         body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
@@ -167,7 +157,7 @@ def test_disconnected_streams_are_aborted(server, llm):
     async def run():
         limits = httpx.Limits(max_connections=20, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as c:
-            return await asyncio.gather(*(leave_early(c, _prompt(i)) for i in range(10, 14)),
+            return await asyncio.gather(*(leave_after(c, _prompt(i)) for i in range(10, 14)),
                                         give_up(c, _prompt(14)),
                                         *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 12})
                                           for p in keep))
