@@ -63,17 +63,22 @@ class _State:
 
 # ---- the replica's process ---------------------------------------------------------------------
 def _replica_main(config: EngineConfig, index: int, calls, checks) -> None:
-    """Build the engine, then run it (``_serve``) on this thread and answer ``checks`` (new_request) on another,
-    until the server closes the pipe or says close."""
+    """The replica process: build the engine, then ``run_replica`` it."""
     from outpace.engine.engine import LLMEngine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
     try:
         engine = LLMEngine(config, progress=False)
-        engine.stream_outputs = True
     except BaseException as e:  # noqa: BLE001 - reported to the server, which fails to start
         calls.send(("error", _portable(e)))
         return
+    run_replica(engine, calls, checks)
+
+
+def run_replica(engine, calls, checks) -> None:
+    """Say ready, then run ``engine`` (``_serve``) on this thread and answer ``checks`` (new_request) on another,
+    until the server closes the pipe or says close; the engine is closed at the end."""
+    engine.stream_outputs = True
     calls.send(("ready", dict(max_model_len=engine.max_model_len, vocab_size=engine.model_config.vocab_size,
                               num_blocks=engine.pool.num_blocks, state=_state_of(engine, 0))))
     threading.Thread(target=_answer_checks, args=(engine, checks), daemon=True).start()
@@ -85,8 +90,9 @@ def _replica_main(config: EngineConfig, index: int, calls, checks) -> None:
 
 def _serve(engine, calls) -> None:
     """Step the engine while it has work, taking the server's commands between steps; after each round send
-    ("outputs", (outputs, commands taken so far, state)), or ("error", e) when the step failed (the server
-    then aborts the step's requests, as the single server does). Idle, block until a command comes."""
+    ("outputs", (outputs, state)), or ("error", (e, outputs, state)) when the step failed (the server then aborts
+    the step's requests, as the single server does). The state counts the commands taken so far. Idle, block
+    until a command comes."""
     taken, failed = 0, False
     while True:
         outputs: list[RequestOutput] = []
@@ -112,9 +118,9 @@ def _serve(engine, calls) -> None:
                 outputs += engine.step()
         except Exception as e:  # noqa: BLE001 - the step's error, raised again in the server
             failed = True
-            calls.send(("error", (_portable(e), outputs, taken, _state_of(engine, taken))))
+            calls.send(("error", (_portable(e), outputs, _state_of(engine, taken))))
             continue
-        calls.send(("outputs", (outputs, taken, _state_of(engine, taken))))
+        calls.send(("outputs", (outputs, _state_of(engine, taken))))
 
 
 def _answer_checks(engine, checks) -> None:
@@ -170,19 +176,11 @@ class _ModelConfig:
 class RemoteEngine:
     """The ``LLMEngine`` calls ``AsyncEngine`` makes, answered by replica ``index``'s process."""
 
-    def __init__(self, config: EngineConfig, index: int) -> None:
-        self.index = index
-        context = mp.get_context("spawn")
-        self._calls, their_calls = context.Pipe()
-        self._checks, their_checks = context.Pipe()
+    def __init__(self, index: int, calls, checks, process) -> None:
+        """``calls`` and ``checks``: this side's ends of the replica's two pipes; ``process``: what runs it (a
+        ``multiprocessing.Process``, from ``spawn``)."""
+        self.index, self._calls, self._checks, self.process = index, calls, checks, process
         self._check_lock = threading.Lock()
-        # NOTE: not a daemon: a tensor-parallel replica starts its ranks as its own children
-        self.process = context.Process(target=_replica_main, args=(config, index, their_calls, their_checks),
-                                       name=f"outpace-replica-{index}")
-        with _visible_devices(config, index):
-            self.process.start()
-        their_calls.close()
-        their_checks.close()
         self.stream_outputs = True
         self.scheduler, self.pool = _Counts(), _Pool(0, 0)
         self._requests: dict[str, Request] = {}  # submitted here, not yet finished: their progress is mirrored
@@ -190,6 +188,21 @@ class RemoteEngine:
         self._sent = self._taken = 0  # commands sent, and taken by the replica as its latest state says
         self._step_error: BaseException | None = None  # a failed step's, raised by the next ``step``
         self.prefix_cache_stats: PrefixCacheStats | None = None
+
+    @classmethod
+    def spawn(cls, config: EngineConfig, index: int) -> RemoteEngine:
+        """Replica ``index`` of ``config`` started in a process of its own, on its GPUs (``_visible_devices``)."""
+        context = mp.get_context("spawn")
+        calls, their_calls = context.Pipe()
+        checks, their_checks = context.Pipe()
+        # NOTE: not a daemon: a tensor-parallel replica starts its ranks as its own children
+        process = context.Process(target=_replica_main, args=(config, index, their_calls, their_checks),
+                                  name=f"outpace-replica-{index}")
+        with _visible_devices(config, index):
+            process.start()
+        their_calls.close()
+        their_checks.close()
+        return cls(index, calls, checks, process)
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         if not self._calls.poll(timeout_s):
@@ -233,7 +246,7 @@ class RemoteEngine:
             kind, value = self._receive(self._calls)
             if kind == "error":
                 self._step_error, value = value[0], value[1:]
-            outs, taken, state = value
+            outs, state = value
             outputs += outs
             self._apply(state)
             if self._step_error is not None or not self._poll():
@@ -354,7 +367,7 @@ class DataParallelEngine:
         if size < 1:
             raise ValueError(f"data_parallel_size={size} is invalid: must be >= 1")
         self.config, self.metrics = config, metrics
-        remotes = [RemoteEngine(config, i) for i in range(size)]
+        remotes = [RemoteEngine.spawn(config, i) for i in range(size)]
         try:
             for remote in remotes:
                 remote.wait_ready()
