@@ -162,10 +162,7 @@ def mtp_metrics(monkeypatch, chained: bool) -> tuple[SpecMetrics, list[list[int]
 
     monkeypatch.setattr(mtp_proposer.MTPProposer, "__init__", with_form)
     outs = LLM(str(ZOO / "tinyds"), speculative=SpeculativeConfig("mtp", num_steps=2)).generate(MTP_PROMPTS, MTP_GREEDY)
-    m = SpecMetrics()
-    for o in outs:
-        m = m.merge(o.spec_metrics)
-    return m, [o.token_ids for o in outs]
+    return SpecMetrics.total(o.spec_metrics for o in outs), [o.token_ids for o in outs]
 
 
 def test_unchained_mtp_lowers_tau(monkeypatch):

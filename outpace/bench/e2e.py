@@ -146,19 +146,17 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
                 outs, seconds, steady = _run(llm, prompts, b, params, counts[b])
                 row = {"method": name, "batch": b, "temperature": t, "steady_tokens_per_s": steady,
                        "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds, "seconds": seconds}
-                verifies = sum(o.spec_metrics.num_verifies for o in outs)
-                if verifies:
-                    row["tau"] = sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1
-                    row["verifies_by_num_drafts"] = SpecMetrics.total(
-                        o.spec_metrics for o in outs).verifies_by_num_drafts
+                spec = SpecMetrics.total(o.spec_metrics for o in outs)
+                if spec.num_verifies:
+                    row["tau"] = spec.acceptance_length
+                    row["verifies_by_num_drafts"] = spec.verifies_by_num_drafts
                 chooser = llm.engine.runner.choosers.get(SamplingMode.of([params]))
                 if chooser is not None:  # what adaptive speculation knew after the row
                     shapes = llm.engine.runner.shapes
                     row["chooser"] = {"acceptance": {s.label: chooser.acceptance(s) for s in shapes if s.num_steps},
                                       "step_ms": {s.label: 1e3 * c for (bk, s), c in chooser.costs.items()
                                                   if bk == bucket_for(llm.engine.runner.graph_buckets, b)}}
-                    row["wall_ms_per_step"] = 1e3 * seconds / max(1, sum(o.spec_metrics.num_verifies for o in outs)
-                                                                   / counts[b])
+                    row["wall_ms_per_step"] = 1e3 * seconds / max(1, spec.num_verifies / counts[b])
                 if t == 0:
                     tokens = [o.token_ids for o in outs]
                     row["match_zoo_greedy"] = _match(outs, result["zoo_greedy"][str(b)])

@@ -156,10 +156,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def _merged(outputs: list[RequestOutput]) -> dict:
-    total = SpecMetrics()
-    for out in outputs:
-        total = total.merge(out.spec_metrics)
-    return total.to_dict()
+    return SpecMetrics.total(out.spec_metrics for out in outputs).to_dict()
 
 
 def _sse(payload: Any) -> bytes:

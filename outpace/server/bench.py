@@ -168,11 +168,8 @@ def run_load(url: str, requests: list[BenchRequest], concurrency: int, temperatu
 
 def summarize(results: list[_Result], wall: float) -> dict:
     ok = [r for r in results if r.ok]
-    spec = SpecMetrics()
-    for r in ok:
-        if r.spec:
-            spec = spec.merge(SpecMetrics(r.spec["num_verifies"], r.spec["num_draft_tokens"],
-                                          r.spec["num_accepted_drafts"]))
+    spec = SpecMetrics.total(SpecMetrics(r.spec["num_verifies"], r.spec["num_draft_tokens"],
+                                         r.spec["num_accepted_drafts"]) for r in ok if r.spec)
     out_tokens = sum(r.completion_tokens for r in ok)
     tpot = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
     return {
