@@ -33,8 +33,8 @@ def run(tmp_path_factory) -> tuple[dict, Path]:
                 drafters=("eagle3",), family_drafters=(),
                 cases=(Case("mismatch", str(other), str(work / "random-8b"), ("float32",)),),
                 prompts=2, tokens=8, batches=BATCHES, context=16, decode_steps=4, speed_tokens=8, batch1_prompts=1,
-                eagle3_steps=2, oracle_steps=2, dp_streams=4, dp_requests=8, dp_max_tokens=8, dp_kv_blocks=256,
-                dp_saturated_streams=8, dp_client_processes=2, time_limit_s=900, dp_reserve_s=300)
+                eagle3_steps=2, eagle3_adaptive=False, oracle_steps=2, dp_streams=4, dp_requests=8, dp_max_tokens=8,
+                dp_kv_blocks=256, dp_saturated_streams=8, dp_client_processes=2, time_limit_s=900, dp_reserve_s=300)
     out = root / "out"
     run_multi_gpu_bench(out, "correctness,tp_speed,dp", plan, work)
     return json.loads((out / "multi_gpu.json").read_text()), out

@@ -43,6 +43,7 @@ from outpace.bench.rank_group import release_memory
 from outpace.bench.gpu import LLAMA_8B, ZOO_DRAFTERS, copy_bandwidth, engine_8b, time_decode, weight_bytes_read
 from outpace.bench.widen import LLAMA_8B as WIDE_8B, Shape, widen_checkpoint, widen_draft
 from outpace.config import SpeculativeConfig
+from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
 # Llama-3.1-70B's config.json: hidden 8192, 80 layers, 64 query and 8 key/value heads of 128, intermediate
@@ -86,6 +87,7 @@ class Plan:
     speed_tokens: int = 64                            # EAGLE3 rows: tokens per request
     batch1_prompts: int = 3                           # EAGLE3 rows at batch 1: prompts one after another
     eagle3_steps: int = 5                             # adaptive, up to this many drafts (as bench e2e)
+    eagle3_adaptive: bool = True                      # False: chains of eagle3_steps every step (no timing)
     oracle_steps: int = 4
     dp_streams: int = 64
     dp_requests: int = 192
@@ -134,8 +136,8 @@ def compare(reference: list[list[int]], outs) -> dict:
 
 
 def tau(outs) -> float | None:
-    verifies = sum(o.spec_metrics.num_verifies for o in outs)
-    return sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1 if verifies else None
+    spec = SpecMetrics.total(o.spec_metrics for o in outs)
+    return spec.acceptance_length if spec.num_verifies else None
 
 
 def kv_bytes_per_token(llm) -> int:
@@ -357,8 +359,9 @@ class Run:
                 self.add(self.result["tp_speed"]["decode"], row)
 
     def _eagle3_widened(self) -> None:
-        """Plain decoding and EAGLE3 (adaptive, as bench e2e runs it) on the widened zoo at TP = world (one GPU:
-        TP = 1), steady tokens/s over the held-out prompts; the EAGLE3 engine's step costs give oracle rows too."""
+        """Plain decoding and EAGLE3 (adaptive, as bench e2e runs it; ``eagle3_adaptive`` False: fixed chains) on the
+        widened zoo at TP = world (one GPU: TP = 1), steady tokens/s over the held-out prompts; an adaptive EAGLE3
+        engine's step costs give oracle rows too."""
         from outpace.bench.e2e import _run
 
         plan, tp = self.plan, self.group.world
@@ -367,12 +370,14 @@ class Run:
         counts = {b: plan.batch1_prompts if b == 1 else b for b in plan.batches}
         greedy = SamplingParams(temperature=0.0, max_tokens=plan.speed_tokens, ignore_eos=True)
         methods = {"none": SpeculativeConfig(),
-                   "eagle3": SpeculativeConfig("eagle3", draft, num_steps=plan.eagle3_steps, adaptive=True)}
+                   "eagle3": SpeculativeConfig("eagle3", draft, num_steps=plan.eagle3_steps,
+                                               adaptive=plan.eagle3_adaptive)}
         plain_tokens, rows = {}, self.result["tp_speed"]["eagle3"]
         label = f"{plan.widened_shape} (widened zoo)" if plan.widen_to else "zoo"
+        engine = dict(dtype="bfloat16", max_num_seqs=max(plan.batches),
+                      num_kv_blocks=max(plan.batches) * (plan.context // 16 + 16) + 64)
         for method, spec in methods.items():
-            with self.engine(target, tp, dtype="bfloat16", max_num_seqs=max(plan.batches), speculative=spec,
-                             num_kv_blocks=max(plan.batches) * (plan.context // 16 + 16) + 64) as llm:
+            with self.engine(target, tp, speculative=spec, **engine) as llm:
                 for batch in plan.batches:
                     _run(llm, prompts, batch, greedy.replace(max_tokens=4), counts[batch])  # warm-up: prefill shapes
                     _run(llm, prompts, batch, greedy, batch)                                # and this batch's steps
@@ -387,8 +392,12 @@ class Run:
                         base = next(r for r in rows if r["method"] == "none" and r["batch"] == batch and r["tp"] == tp)
                         row["speedup"] = steady / base["steady_tokens_per_s"]
                     self.add(rows, row)
-                if method == "eagle3":
+                if method == "eagle3" and plan.eagle3_adaptive:
                     self._oracle_rows(llm, label, tp)
+        if not plan.eagle3_adaptive:  # the oracle rows read adaptive speculation's step costs
+            adaptive = dataclasses.replace(methods["eagle3"], adaptive=True)
+            with self.engine(target, tp, speculative=adaptive, **engine) as llm:
+                self._oracle_rows(llm, label, tp)
 
     def _eagle3_oracle(self, name: str, shape: dict) -> None:
         from outpace.bench.random_checkpoint import random_eagle3_draft
