@@ -314,7 +314,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     embed = ranks.embedding(target, tcfg.vocab_size)
     draft.borrow(embed, ranks.head(target))
     objective = ranks.shard(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
-        d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks))
+        d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks),
+        recipe.compiles_on(device))
     num_parameters = sum(p.numel() for p in draft.parameters())
     size_mib = 2 * num_parameters / 2 ** 20
     if size_mib > recipe.max_checkpoint_mib:

@@ -95,6 +95,8 @@ class DistillRecipe:
     prompt_files: tuple[str, ...] | None = None   # the user's prompts (train/prompts.py); None: the zoo corpus
     generation_batch: int = 512                   # continuations the engine generates at once
     resume_every: int = 250                       # steps between saves of the training state
+    compile_step: bool = True                     # torch.compile the draft's training step on a GPU (ranks.py
+                                                  # DraftStep; never on the CPU, where compiling outlasts the steps)
     eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
                                                   # (with prompt_split "heldout", their files are never trained on)
     eval_max_tokens: int = 64
@@ -112,6 +114,10 @@ class DistillRecipe:
         """Refuse a field's value by name: ``allowed`` says what it must be."""
         if not ok:
             raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
+
+    def compiles_on(self, device: str) -> bool:
+        """Whether the draft's training step is compiled on ``device``."""
+        return self.compile_step and device.startswith("cuda")
 
     @property
     def optim(self) -> OptimConfig:

@@ -324,7 +324,8 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     vocab_dev, t2d_dev = vocab_ids.to(device), t2d.to(device)
     embed = ranks.embedding(target, tcfg.vocab_size)
     objective = ranks.shard(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
-        d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks))
+        d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks),
+        recipe.compiles_on(device))
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):

@@ -47,12 +47,14 @@ class TrainHistory:
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
+    tokens_per_second: list[float] = field(default_factory=list)  # over the log interval ending at each logged step
     wall_seconds: float = 0.0
     tokens_seen: int = 0
     total_steps: int = 0
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "losses": self.losses, "extra": self.extra, "wall_seconds": self.wall_seconds,
+        return {"steps": self.steps, "losses": self.losses, "extra": self.extra,
+                "tokens_per_second": self.tokens_per_second, "wall_seconds": self.wall_seconds,
                 "tokens_seen": self.tokens_seen, "total_steps": self.total_steps}
 
 
@@ -107,7 +109,8 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
             for k, v in zip(extra, logged[1:]):
                 history.extra.setdefault(k, []).append(v)
             now = time.perf_counter()
-            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{window_tokens / max(now - window_start, 1e-9):,.0f}")
+            history.tokens_per_second.append(window_tokens / max(now - window_start, 1e-9))
+            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{history.tokens_per_second[-1]:,.0f}")
             window_tokens, window_start = 0, now
         bar.update(1)
         step += 1

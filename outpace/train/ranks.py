@@ -95,10 +95,10 @@ class TrainRanks:
                                 progress=False)
         return target.requires_grad_(False)
 
-    def shard(self, draft: nn.Module, step: Callable[..., object]) -> nn.Module:
-        """``DraftStep(draft, step)``, with FSDP over the ranks (its forward hooks gather the draft's weights
-        around the whole step); as it is for one rank."""
-        objective = DraftStep(draft, step)
+    def shard(self, draft: nn.Module, step: Callable[..., object], compile_step: bool = False) -> nn.Module:
+        """``DraftStep(draft, step, compile_step)``, with FSDP over the ranks (its forward hooks gather the draft's
+        weights around the whole step); as it is for one rank."""
+        objective = DraftStep(draft, step, compile_step)
         if self.size == 1:
             return objective
         from torch.distributed.device_mesh import init_device_mesh
@@ -205,11 +205,17 @@ class TrainRanks:
 class DraftStep(nn.Module):
     """A draft and the computation of one training step on it (``step(draft, *inputs)`` -> losses) as one
     module: FSDP gathers a module's weights around its forward, and this forward is all of the draft's work
-    in a step (a recipe calls parts of the draft, not its forward)."""
+    in a step (a recipe calls parts of the draft, not its forward).
 
-    def __init__(self, draft: nn.Module, step: Callable[..., object]) -> None:
+    ``compile_step``: run ``step`` through ``torch.compile`` (static shapes: every batch of a recipe has one
+    shape). A draft's step is hundreds of small, memory-bound kernels (softmaxes over the vocabulary per TTT
+    step or block row, masked attention scores); compiled, they fuse.
+    """
+
+    def __init__(self, draft: nn.Module, step: Callable[..., object], compile_step: bool = False) -> None:
         super().__init__()
-        self.draft, self.step = draft, step
+        self.draft = draft
+        self.step = torch.compile(step, dynamic=False) if compile_step else step
 
     def forward(self, *inputs):
         return self.step(self.draft, *inputs)
