@@ -202,25 +202,35 @@ def _project(layer: Eagle3Layer, positions: torch.Tensor, embeds: torch.Tensor, 
     return q.view(b, t, -1, d).transpose(1, 2), k.view(b, t, -1, d).transpose(1, 2), v.transpose(1, 2)
 
 
+def ttt_mask(seq_len: int, num_steps: int, device: torch.device) -> torch.Tensor:
+    """[T, num_steps * T] bool: which keys row t of TTT step num_steps - 1 attends to, with the keys of
+    steps 0 .. num_steps - 1 side by side: the step-0 keys of rows 0..t (causal), and for each later step i
+    the step-i key of row t itself (one diagonal per step)."""
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    diagonal = torch.eye(seq_len, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [diagonal] * (num_steps - 1), dim=1)
+
+
 def ttt_attention(q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
     """Attention of TTT step j = len(kv) - 1.
 
     q [B, heads, T, d]; kv[i] = (k, v) [B, kv_heads, T, d] of step i. Row t attends to the step-0
-    keys of rows 0..t (causal) and to the step-i key of row t itself for i = 1..j (one diagonal per
-    later step), under one softmax. Returns [B, T, heads * d].
+    keys of rows 0..t (causal) and to the step-i key of row t itself for i = 1..j (``ttt_mask``), under one
+    softmax. Returns [B, T, heads * d].
+
+    NOTE: one ``scaled_dot_product_attention`` over all steps' keys under that mask, although only the step-0
+    block needs a matrix product (the later steps' keys are one per row): it is a single fused kernel (on
+    CUDA memory-efficient attention, which takes a mask; GQA is expanded for it), and compiled training
+    steps keep it as that library kernel. The hand-written form (causal scores, diagonal dot products, one
+    softmax over their concatenation) was 4 times slower in eager, and Inductor (torch 2.11, H100) compiled
+    its backward wrongly: gradients matched eager on the call that compiled it, then were off by 10^3-10^4
+    relative on every later call (.diag runs of 2026-11-27, benchmarks/train_compile/README.md).
     """
     b, heads, t, d = q.shape
-    kv_heads = kv[0][0].shape[1]
-    qg = q.view(b, kv_heads, heads // kv_heads, t, d)  # GQA: query head h reads kv head h // group
-    k0, v0 = kv[0][0].unsqueeze(2), kv[0][1].unsqueeze(2)  # [B, kv_heads, 1, T, d]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = [(qg @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]  # [B, kvh, g, T, T]
-    scores += [(qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k, _ in kv[1:]]  # [B, kvh, g, T, 1]
-    probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
-    out = probs[..., :t] @ v0
-    for i, (_, v) in enumerate(kv[1:]):
-        out = out + probs[..., t + i: t + i + 1] * v.unsqueeze(2)
-    return out.reshape(b, heads, t, d).transpose(1, 2).reshape(b, t, heads * d)
+    group = heads // kv[0][0].shape[1]  # GQA: query head h reads kv head h // group
+    keys, values = (torch.cat(x, dim=2).repeat_interleave(group, dim=1) for x in zip(*kv))  # [B, heads, (j+1)T, d]
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, len(kv), q.device), scale=scale)
+    return out.transpose(1, 2).reshape(b, t, heads * d)
 
 
 def ttt_forward(draft: Eagle3Draft, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor,
