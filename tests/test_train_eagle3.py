@@ -169,6 +169,15 @@ def test_toy_run_loss_falls(toy_run):
     for j in range(recipe.ttt_steps):
         assert 0.0 <= metrics["final_step_top1"][j] <= 1.0
     assert extra["top1 step 0"][-1] > extra["top1 step 0"][0]
+    rates = metrics["history"]["tokens_per_second"]  # one per logged step, each over its own log interval
+    assert len(rates) == len(losses) and all(r > 0 for r in rates)
+
+
+def test_steps_compile_on_a_gpu_only():
+    recipe = Eagle3Recipe.toy()
+    assert recipe.compile_step and recipe.compiles_on("cuda") and recipe.compiles_on("cuda:1")
+    assert not recipe.compiles_on("cpu")
+    assert not Eagle3Recipe.toy(compile_step=False).compiles_on("cuda")
 
 
 def test_toy_run_draft_serves_losslessly_and_heldout_is_measured(toy_run):

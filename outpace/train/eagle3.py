@@ -73,6 +73,7 @@ class Eagle3Recipe(TrajectoryDistillRecipe):
     eval_num_steps: int = 5                     # chain length of the held-out acceptance run
     corpus_fraction: float = 0.5                # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 4.5
+    compile_step: bool = True                   # H100, batch 256: 1.2M tokens/s against eager 0.41M (benchmarks/train_compile)
 
     def __post_init__(self) -> None:
         super().__post_init__()
