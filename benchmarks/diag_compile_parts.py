@@ -67,7 +67,8 @@ def main() -> None:
             eager_attention, E.ttt_attention = E.ttt_attention, attention  # ttt_forward looks it up in the module
             try:
                 with torch.autocast(device, dtype=torch.bfloat16):
-                    loss = E.weighted_loss(losses(draft, forward(draft, embed, aux, tokens, TTT_STEPS), teacher, mask)[0])
+                    outputs = forward(draft, embed, aux, tokens, TTT_STEPS)
+                    loss = E.weighted_loss(losses(draft, outputs, teacher, mask)[0])
                 return torch.autograd.grad(loss, params)
             finally:
                 E.ttt_attention = eager_attention

@@ -176,7 +176,7 @@ def test_toy_run_loss_falls(toy_run):
 def test_steps_compile_on_a_gpu_only():
     recipe = Eagle3Recipe.toy()
     assert recipe.compile_step and recipe.compiles_on("cuda") and recipe.compiles_on("cuda:1")
-    assert not recipe.compiles_on("cpu")
+    assert not recipe.compiles_on("cpu") and not recipe.compiles_on("cuda", num_ranks=2)
     assert not Eagle3Recipe.toy(compile_step=False).compiles_on("cuda")
 
 

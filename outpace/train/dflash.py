@@ -315,7 +315,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     draft.borrow(embed, ranks.head(target))
     objective = ranks.shard(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
         d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks),
-        recipe.compiles_on(device))
+        recipe.compiles_on(device, ranks.size))
     num_parameters = sum(p.numel() for p in draft.parameters())
     size_mib = 2 * num_parameters / 2 ** 20
     if size_mib > recipe.max_checkpoint_mib:

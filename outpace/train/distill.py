@@ -95,9 +95,9 @@ class DistillRecipe:
     prompt_files: tuple[str, ...] | None = None   # the user's prompts (train/prompts.py); None: the zoo corpus
     generation_batch: int = 512                   # continuations the engine generates at once
     resume_every: int = 250                       # steps between saves of the training state
-    compile_step: bool = False                    # torch.compile the draft's training step on a GPU (ranks.py
-                                                  # DraftStep; never on the CPU, where compiling outlasts the steps);
-                                                  # on by default where tests/test_train_compile.py has passed on one
+    compile_step: bool = False                    # torch.compile the draft's training step on one GPU
+                                                  # (``compiles_on``); on by default where tests/test_train_compile.py
+                                                  # has passed on a GPU
     eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
                                                   # (with prompt_split "heldout", their files are never trained on)
     eval_max_tokens: int = 64
@@ -116,9 +116,12 @@ class DistillRecipe:
         if not ok:
             raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
 
-    def compiles_on(self, device: str) -> bool:
-        """Whether the draft's training step is compiled on ``device``."""
-        return self.compile_step and device.startswith("cuda")
+    def compiles_on(self, device: str, num_ranks: int = 1) -> bool:
+        """Whether the draft's training step is compiled (ranks.py ``DraftStep``) on ``device`` over ``num_ranks``
+        training ranks: with ``compile_step``, on one GPU only. Not on the CPU, where compiling takes longer than
+        the steps it saves; not over several ranks, where a compiled step under FSDP, with the collectives of
+        its loss inside, has never been checked against eager."""
+        return self.compile_step and device.startswith("cuda") and num_ranks == 1
 
     @property
     def optim(self) -> OptimConfig:

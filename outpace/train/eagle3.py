@@ -73,7 +73,7 @@ class Eagle3Recipe(TrajectoryDistillRecipe):
     eval_num_steps: int = 5                     # chain length of the held-out acceptance run
     corpus_fraction: float = 0.5                # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 4.5
-    compile_step: bool = True                   # H100, batch 256: 1.2M tokens/s against eager 0.41M (benchmarks/train_compile)
+    compile_step: bool = True                   # H100, batch 256: 1.2M tokens/s, eager 0.41M (benchmarks/train_compile)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -220,12 +220,11 @@ def ttt_attention(q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], 
     softmax. Returns [B, T, heads * d].
 
     NOTE: one ``scaled_dot_product_attention`` over all steps' keys under that mask, although only the step-0
-    block needs a matrix product (the later steps' keys are one per row): it is a single fused kernel (on
-    CUDA memory-efficient attention, which takes a mask; GQA is expanded for it), and compiled training
-    steps keep it as that library kernel. The hand-written form (causal scores, diagonal dot products, one
-    softmax over their concatenation) was 4 times slower in eager, and Inductor (torch 2.11, H100) compiled
-    its backward wrongly: gradients matched eager on the call that compiled it, then were off by 10^3-10^4
-    relative on every later call (.diag runs of 2026-11-27, benchmarks/train_compile/README.md).
+    block needs a matrix product (the later steps' keys are one per row): it is one fused library kernel (GQA
+    expanded for it), and a compiled training step keeps it as that kernel. The hand-written form (causal
+    scores, diagonal dot products, one softmax over their concatenation) was compiled wrongly by Inductor
+    (torch 2.11, H100): its gradients matched eager on the call that compiled it, then were off by 10^3-10^4
+    relative on every later call (benchmarks/diag_compile_parts.py, benchmarks/train_compile/README.md).
     """
     b, heads, t, d = q.shape
     group = heads // kv[0][0].shape[1]  # GQA: query head h reads kv head h // group
@@ -336,7 +335,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     embed = ranks.embedding(target, tcfg.vocab_size)
     objective = ranks.shard(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
         d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks),
-        recipe.compiles_on(device))
+        recipe.compiles_on(device, ranks.size))
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):

@@ -198,7 +198,7 @@ def _fine_tune(target_dir: Path, recipe: MTPRecipe, resume_dir: Path, device: st
     local = ranks.row_local(target)
     objective = ranks.shard(layers, lambda mtp, hidden, tokens, teacher, mask: depth_losses(
         mtp_chain(local, mtp, hidden, tokens, chained), teacher, mask, recipe.soft_labels, ranks),
-        recipe.compiles_on(device))
+        recipe.compiles_on(device, ranks.size))
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):

@@ -69,7 +69,7 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
     init_weights(draft, recipe.seed)
     objective = ranks.shard(draft, lambda d, tokens, teacher: masked_cross_entropy(
-        d.compute_logits(draft_forward(d, tokens)), teacher, ranks=ranks)[0], recipe.compiles_on(device))
+        d.compute_logits(draft_forward(d, tokens)), teacher, ranks=ranks)[0], recipe.compiles_on(device, ranks.size))
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):
