@@ -40,6 +40,10 @@ VARIANTS = {
         ("OOV rows kept", "mask_out_of_vocab off", dict(mask_out_of_vocab=False)),
         ("no corpus windows", "greedy continuations only", GREEDY_ONLY),
         ("sampled data", "continuations at T=0.8, half corpus windows", SAMPLED_DATA),
+        # the default capture [2, L/2, L-3] reads the inputs of layers 2, 3, 4 of the zoo's 6-layer target, so the
+        # draft never sees its last two layers (DFlash reads layer 5's output)
+        ("top-layer features", "aux_layer_ids [2, 4, 6] (inputs of layers 2 and 4, the last layer's output)",
+         dict(aux_layer_ids=(2, 4, 6))),
     ],
     "dflash": [
         ("full", "the recipe: block 8, 64 anchors in the continuation, gamma 4, hard labels, continuations at T=0.8",
@@ -67,7 +71,8 @@ SIZES = {
     # a fixed step count, not a time budget: the methods run side by side on one GPU (gpu_run.sh ablation), and
     # under a time budget a variant's step count followed how busy the GPU was when its turn came (2026-11-27:
     # 207 to 541 steps in 30 s, benchmarks/train_ablation_gpu)
-    "gpu": dict(num_continuations=4096, steps=500, generation_batch=1024, max_minutes=None),
+    # (eager: compiling a step takes about a minute, more than it saves over 500 steps)
+    "gpu": dict(num_continuations=4096, steps=500, generation_batch=1024, max_minutes=None, compile_step=False),
 }
 DATA_FIELDS = ("num_continuations", "prompt_len", "new_tokens", "data_temperature", "corpus_fraction", "seed",
                "max_corpus_bytes", "prompt_files", "prompt_split", "eval_prompts")
