@@ -16,12 +16,10 @@ from pathlib import Path
 
 import torch
 
-from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
-from outpace.models.loader import default_dtype
+from outpace.models.eagle3 import Eagle3Config
 from outpace.train import eagle3 as E
 from outpace.train.distill import response_mask, teacher_forward
 from outpace.train.ranks import ONE_RANK
-from outpace.train.target import init_weights
 
 SEQ, DRAFT_VOCAB, TTT_STEPS = 192, 2048, 7
 
@@ -34,21 +32,15 @@ def build(device: str, batch: int):
     capture = E.default_capture_ids(tcfg.num_hidden_layers)
     target.set_aux_hidden_state_layers(capture)
     vocab_ids = torch.arange(DRAFT_VOCAB)
-    d2t, t2d = E.vocab_maps(vocab_ids, tcfg.vocab_size)
-    cfg = Eagle3Config.from_dict(E.eagle3_config(tcfg, E.Eagle3Recipe(), capture, DRAFT_VOCAB, "llama"))
-    with default_dtype(torch.float32), torch.device(device):
-        draft = Eagle3Draft(cfg, has_embedding=False, has_head=True)
-    init_weights(draft, 0)
-    with torch.no_grad():
-        draft.d2t.copy_(d2t)
-        draft.t2d.copy_(t2d)
-        draft.lm_head.weight.copy_(target.lm_head.full_weight()[vocab_ids.to(device)].float())
+    recipe = E.Eagle3Recipe()
+    cfg = Eagle3Config.from_dict(E.eagle3_config(tcfg, recipe, capture, DRAFT_VOCAB, "llama"))
+    draft = E.initial_draft(cfg, target, vocab_ids, recipe, device)
     tokens = torch.randint(3, DRAFT_VOCAB, (batch, SEQ), device=device)
     with torch.autocast(device, dtype=torch.bfloat16):
         out = teacher_forward(target, tokens)
         aux = out.aux_hidden_states.view(batch, SEQ, -1)
         logits = target.compute_logits(out.hidden_states).view(batch, SEQ, -1)
-    mask = response_mask(torch.full((batch,), 64, device=device), SEQ) & t2d.to(device)[logits.argmax(-1)]
+    mask = response_mask(torch.full((batch,), 64, device=device), SEQ) & draft.t2d[logits.argmax(-1)]
     return draft, (ONE_RANK.embedding(target, tcfg.vocab_size), aux, tokens, logits[..., vocab_ids.to(device)], mask)
 
 

@@ -298,6 +298,23 @@ def draft_state_dict(draft: Eagle3Draft, ranks: TrainRanks = ONE_RANK) -> dict[s
     return state
 
 
+def initial_draft(cfg: Eagle3Config, target, vocab_ids: torch.Tensor, recipe: Eagle3Recipe, device: str) -> Eagle3Draft:
+    """The draft a run starts from, fp32 on ``device``: seeded random weights, the vocabulary maps of
+    ``vocab_ids`` (the draft vocabulary's target ids, sorted), and with ``init_head_from_target`` the target's head
+    rows of those ids and its final norm."""
+    with default_dtype(torch.float32), torch.device(device):
+        draft = Eagle3Draft(cfg, has_embedding=False, has_head=True)
+    init_weights(draft, recipe.seed)
+    d2t, t2d = vocab_maps(vocab_ids, target.config.vocab_size)
+    with torch.no_grad():
+        draft.d2t.copy_(d2t)
+        draft.t2d.copy_(t2d)
+        if recipe.init_head_from_target:
+            draft.lm_head.weight.copy_(target.lm_head.full_weight()[vocab_ids.to(device)].float())
+            draft.norm.weight.copy_(target.model.norm.weight.float())
+    return draft
+
+
 def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: str,
                  ranks: TrainRanks = ONE_RANK) -> dict:
     """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
@@ -315,23 +332,14 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
 
     freq = data.token_frequencies(tcfg.vocab_size)
     vocab_ids = select_draft_vocab(freq, min(recipe.draft_vocab_size, tcfg.vocab_size))
-    d2t, t2d = vocab_maps(vocab_ids, tcfg.vocab_size)
     model_type = json.loads((target_dir / "config.json").read_text()).get("model_type")
     cfg_dict = eagle3_config(tcfg, recipe, capture, vocab_ids.numel(), model_type)
     cfg = Eagle3Config.from_dict(cfg_dict)
     # NOTE: what serving captures must be what we train with.
     assert cfg.capture_layer_ids(tcfg.num_hidden_layers) == capture, (cfg.aux_layer_ids, capture)
 
-    with default_dtype(torch.float32), torch.device(device):
-        draft = Eagle3Draft(cfg, has_embedding=False, has_head=True)
-    init_weights(draft, recipe.seed)
-    with torch.no_grad():
-        draft.d2t.copy_(d2t)
-        draft.t2d.copy_(t2d)
-        if recipe.init_head_from_target:
-            draft.lm_head.weight.copy_(target.lm_head.full_weight()[vocab_ids.to(device)].float())
-            draft.norm.weight.copy_(target.model.norm.weight.float())
-    vocab_dev, t2d_dev = vocab_ids.to(device), t2d.to(device)
+    draft = initial_draft(cfg, target, vocab_ids, recipe, device)
+    vocab_dev, t2d_dev = vocab_ids.to(device), draft.t2d
     embed = ranks.embedding(target, tcfg.vocab_size)
     objective = ranks.shard(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
         d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks),
