@@ -1,13 +1,11 @@
 """Acceptance of the zoo drafts on held-out prompts at temperature 0, asserted above floors a
 little under the measured values, so a change that silently lowers acceptance fails CI.
-Measured (CPU, fp32) when the floors were set: EAGLE3 chain 5 steps tau 3.05; EAGLE3 tree
-(topk 4, 16 draft tokens) 3.74; MTP 3 steps 3.18; standalone draft 5 steps 3.32; DFlash block 8
-tau 2.38; the DFlash draft retrained (issue 22's recipe), 2.72 (EAGLE3 chain 2.98 in the same run). The
-EAGLE3 draft retrained on an H100 (issue 22's recipe, 7.3 min, 2026-11-27): chain 3.14, tree 3.72 on these
-16 prompts (MTP 3.11, standalone 3.25, DFlash 2.72 in the same run). Retrained again on an H100 alone, with
-twice the batch and continuations (6.3 min, 2026-11-27): chain 3.36, tree 4.05 on these 16 prompts; the DFlash
-draft the same way (6.0 min, sampled continuations): 2.78. The EAGLE3 draft with its training step compiled,
-3.3x the rows (batch 256, 5.7 min, 2026-11-27): chain 3.48, tree 4.13 on these 16 prompts."""
+
+Measured on these 16 prompts (CPU, fp32) for the drafts the zoo ships now: EAGLE3 chain (5 steps) tau 3.92 and
+tree (topk 4, 16 draft tokens) 4.60 (the draft trained 5.6 min on an H100 over the target's last layer and its
+whole vocabulary, 2026-11-27, benchmarks/train_zoo_h100_alone); MTP (3 chained layers) 3.11; standalone draft
+(5 steps) 3.25; DFlash (block 8) 2.78. The floors sit 0.05-0.1 under them: CPU BLAS builds round differently,
+and a near tie flipped changes which drafts a prompt accepts."""
 import json
 from pathlib import Path
 
@@ -22,9 +20,9 @@ PROMPTS = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:16]
 GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
 
 CASES = {
-    "eagle3-chain": (SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5), 3.35),
+    "eagle3-chain": (SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5), 3.8),
     "eagle3-tree": (SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5, topk=4,
-                                      num_draft_tokens=16), 4.0),
+                                      num_draft_tokens=16), 4.5),
     "mtp": (SpeculativeConfig("mtp", num_steps=3), 3.05),
     "draft": (SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=5), 3.2),
     "dflash": (SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7), 2.7),

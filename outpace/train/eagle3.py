@@ -131,6 +131,13 @@ def checkpoint_aux_ids(capture: tuple[int, ...]) -> tuple[list[int], str]:
     return list(capture), "input-of"
 
 
+def describe_capture(capture: list[int], num_layers: int) -> str:
+    """Capture (input-of) ids in words: id L, the input of a layer past the last, is the last layer's output."""
+    inputs = [i for i in capture if i < num_layers]
+    words = [f"the inputs of its layers {inputs}"] if inputs else []
+    return " and ".join(words + ["its last layer's output"] * (num_layers in capture))
+
+
 def select_draft_vocab(freq: torch.Tensor, size: int) -> torch.Tensor:
     """[size] int64: the ``size`` most frequent target ids (ties: lower id first), sorted by id."""
     order = torch.sort(freq, descending=True, stable=True).indices
@@ -409,7 +416,7 @@ engine after prompts of up to {r['prompt_len']} tokens from {prompt_source(m)}{c
 {m['draft_vocab_size']} most frequent target ids in that data (they cover {100 * m['draft_vocab_coverage']:.1f}% of
 its tokens), sorted by id.""",
         "Training-time test": f"""The target runs once per batch (no gradient) and gives the aux hidden states
-(the inputs of its layers {m['capture_layer_ids']}, concatenated) and its logits. The draft then runs
+({describe_capture(m['capture_layer_ids'], m['target_num_layers'])}, concatenated) and its logits. The draft then runs
 {r['ttt_steps']} simulated draft steps over every row t of the window at once. Step 0 reads `fc(aux_t)` and the
 embedding of token t+1 at position t, attends causally, and predicts token t+2. Step j reads the step j-1 output
 of the same row and token t+1+j at position t+j, and predicts token t+2+j; its attention sees the step-0
@@ -430,7 +437,7 @@ Last logged training batch, per step (top-1: agreement with the target's argmax 
 (draft vocabulary), `d2t` (target id = draft id + d2t[draft id]) and `t2d` (bool over the target vocabulary). No
 `embed_tokens`: the draft borrows the target's. `eagle_config.eagle_aux_hidden_state_layer_ids` =
 {m['checkpoint_aux_layer_ids']} in the "{m['checkpoint_aux_convention']}" convention (a first id of 1 means
-"output of layer X"), i.e. the inputs of target layers {m['capture_layer_ids']}.""",
+"output of layer X"), i.e., in the target, {describe_capture(m['capture_layer_ids'], m['target_num_layers'])}.""",
         "Held-out acceptance": heldout_section(m),
     }
     write_model_card(out_dir, "tinypy-eagle3: an EAGLE3 draft for tinypy",
