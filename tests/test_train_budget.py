@@ -58,3 +58,24 @@ def test_a_resumed_run_plans_from_its_own_steps_within_what_is_left(monkeypatch)
 def test_the_step_count_is_the_cap_when_it_fits(monkeypatch):
     opt = OptimConfig(steps=500, max_minutes=1.0)
     assert run(monkeypatch, lambda s: 0.01, opt)[0] == 500
+
+
+def test_a_whole_run_budget_leaves_the_loop_what_the_data_left_less_the_heldout_reserve(monkeypatch):
+    """``total_minutes`` (DistillRecipe.loop_optim): the loop gets the run's budget less the time the data took
+    and ``heldout_reserve_minutes``; ``max_minutes`` still caps it; a budget spent before training is refused by
+    name, and so is one no larger than its reserve."""
+    from outpace.train import distill
+    from outpace.train.eagle3 import Eagle3Recipe
+
+    clock = FakeClock()
+    monkeypatch.setattr(distill.time, "perf_counter", clock)
+    clock.now = 150.0  # the data took 2.5 minutes of a run that started at 0
+    assert Eagle3Recipe(max_minutes=None, total_minutes=10).loop_optim(0.0).max_minutes == pytest.approx(6.5)
+    assert Eagle3Recipe(max_minutes=5.0, total_minutes=10).loop_optim(0.0).max_minutes == 5.0
+    assert Eagle3Recipe(max_minutes=5.0, total_minutes=10, heldout_reserve_minutes=3).loop_optim(0.0).max_minutes \
+        == pytest.approx(4.5)
+    assert Eagle3Recipe(max_minutes=5.0).loop_optim(0.0).max_minutes == 5.0  # no whole-run budget: as set
+    with pytest.raises(ValueError, match="total_minutes=3.* is spent before training"):
+        Eagle3Recipe(total_minutes=3).loop_optim(0.0)
+    with pytest.raises(ValueError, match="total_minutes=1.*more than heldout_reserve_minutes"):
+        Eagle3Recipe(total_minutes=1)

@@ -342,7 +342,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                  **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.loss_gamma), tokens.numel(), extra
 
-    history = train(objective, loss_fn, recipe.optim, device, desc="dflash draft",
+    history = train(objective, loss_fn, recipe.loop_optim(t0), device, desc="dflash draft",
                     resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
 
     positions = range(1, n)

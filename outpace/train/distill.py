@@ -2,6 +2,7 @@
 target's distributions over them (soft labels)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,9 @@ class DistillRecipe:
     steps: int = 6000
     lr: float = 3e-3
     warmup_steps: int = 100
-    max_minutes: float | None = 4.0
+    max_minutes: float | None = 4.0               # the training loop's budget
+    total_minutes: float | None = None            # the whole run's (``loop_optim``): data, loop, saving, held-out run
+    heldout_reserve_minutes: float = 1.0          # of total_minutes, kept for saving and the held-out run
     seed: int = 0
     max_corpus_bytes: int = 30_000_000
     data_temperature: float = 0.8                 # the target samples its continuations at this temperature
@@ -106,6 +109,9 @@ class DistillRecipe:
     def __post_init__(self) -> None:
         """Every recipe's shared fields are checked here; a recipe checks its own after calling this."""
         self.check("batch_size", self.batch_size >= 1, ">= 1")
+        self.check("total_minutes", self.total_minutes is None or self.total_minutes > self.heldout_reserve_minutes,
+                   f"None or more than heldout_reserve_minutes ({self.heldout_reserve_minutes})")
+        self.check("heldout_reserve_minutes", self.heldout_reserve_minutes >= 0, ">= 0")
         self.check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
         self.check("prompt_split", self.prompt_split in PROMPT_SPLITS, f"one of {', '.join(PROMPT_SPLITS)}")
         self.check("prompt_split", self.prompt_split == "train" or not self.prompt_files,
@@ -123,9 +129,25 @@ class DistillRecipe:
         its loss inside, has never been checked against eager."""
         return self.compile_step and device.startswith("cuda") and num_ranks == 1
 
-    @property
-    def optim(self) -> OptimConfig:
-        return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=self.max_minutes)
+    def loop_optim(self, run_start: float) -> OptimConfig:
+        """The training loop's settings, for a loop starting now in a run that started at ``run_start``
+        (``time.perf_counter()``).
+
+        Its budget is ``max_minutes``, and with ``total_minutes`` also no more than what the run has left, less
+        ``heldout_reserve_minutes``: on a machine that generates the data slower than usual, the loop shortens
+        and the held-out run still fits (a ten-minute device command stopped one run seconds before its loop
+        ended, benchmarks/train_zoo_h100_alone). A resumed run's loop also counts the loop time already spent.
+        """
+        minutes = self.max_minutes
+        if self.total_minutes is not None:
+            spent = (time.perf_counter() - run_start) / 60
+            left = self.total_minutes - self.heldout_reserve_minutes - spent
+            if left <= 0:
+                raise ValueError(f"{type(self).__name__}.total_minutes={self.total_minutes} is spent before training: "
+                                 f"preparing the data took {spent:.1f} min and heldout_reserve_minutes is "
+                                 f"{self.heldout_reserve_minutes}")
+            minutes = left if minutes is None else min(minutes, left)
+        return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=minutes)
 
 
 @dataclass(frozen=True)

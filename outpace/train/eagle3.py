@@ -373,7 +373,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
                  **{f"top1 step {j}": a for j, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.step_decay), tokens.numel(), extra
 
-    history = train(objective, loss_fn, recipe.optim, device, desc="eagle3 draft",
+    history = train(objective, loss_fn, recipe.loop_optim(t0), device, desc="eagle3 draft",
                     resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
 
     written, convention = checkpoint_aux_ids(capture)

@@ -214,7 +214,7 @@ def _fine_tune(target_dir: Path, recipe: MTPRecipe, resume_dir: Path, device: st
                  **{f"top1 layer {k}": a for k, a in enumerate(top1)}}
         return weighted_loss(losses, recipe.depth_decay), tokens.numel(), extra
 
-    history = train(objective, loss_fn, recipe.optim, device, desc="mtp layers",
+    history = train(objective, loss_fn, recipe.loop_optim(started), device, desc="mtp layers",
                     resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
 
     to_ckpt = getattr(target, "checkpoint_name", lambda name: name)

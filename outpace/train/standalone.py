@@ -79,7 +79,7 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
         teacher = target.compute_logits(teacher_forward(target, tokens).hidden_states).view(b, t, -1)  # [B, T, vocab]
         return objective(tokens[rows], teacher[rows].flatten(0, 1)), tokens.numel(), {}
 
-    history = train(objective, loss_fn, recipe.optim, device, desc="standalone draft",
+    history = train(objective, loss_fn, recipe.loop_optim(t0), device, desc="standalone draft",
                     resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
     state = model_state_dict(draft, ranks.full_parameters(draft))
     metrics = dict(common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics)
