@@ -1,4 +1,5 @@
 """Continuous batching, chunked prefill, sampling parameters and stops (random model, CPU)."""
+import pytest
 import torch
 
 from outpace import LLM, SamplingParams
@@ -103,22 +104,35 @@ def test_streamed_outputs_grow_to_the_final_output(zoo_like_dir):
     assert seen[-1].token_ids == final.token_ids and seen[-1].text == final.text
 
 
-def test_incremental_detokenization_matches_full_decode():
-    """Random token streams (partial UTF-8 characters included) through the zoo tokenizer."""
+class DecodeOnly:
+    """A tokenizer seen only through ``decode`` (no Rust backend to stream from)."""
+
+    def __init__(self, tok) -> None:
+        self.decode = tok.decode
+
+
+@pytest.mark.parametrize("path", ["DecodeStream", "decode", "decode with space clean-up"])
+def test_incremental_detokenization_matches_full_decode(path):
+    """Random token streams (partial UTF-8 characters included) through the zoo tokenizer, on each path of
+    ``update_text``: the Rust backend's DecodeStream, and ``tokenizer.decode`` (a tokenizer without a backend,
+    or one that cleans up spaces after decoding, which DecodeStream would not do)."""
     from pathlib import Path
 
     from transformers import AutoTokenizer
 
-    from outpace.detokenizer import DetokenizerState, update_text
+    from outpace.detokenizer import DetokenizerState, streaming_backend, update_text
 
-    tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "zoo" / "tinypy")
+    full_tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "zoo" / "tinypy")
+    full_tok.clean_up_tokenization_spaces = path == "decode with space clean-up"
+    tok = DecodeOnly(full_tok) if path == "decode" else full_tok
+    assert (streaming_backend(tok) is not None) == (path == "DecodeStream")
     g = torch.Generator().manual_seed(0)
-    emoji = tok.encode("→ 世界 🐍 é")
+    emoji = full_tok.encode("→ 世界 🐍 é . ,")
     for trial in range(20):
         ids, state = [], DetokenizerState()
         for _ in range(60):
             ids += emoji[:int(torch.randint(1, 4, (1,), generator=g))] if trial % 2 else \
-                torch.randint(0, tok.vocab_size, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+                torch.randint(0, full_tok.vocab_size, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
             text = update_text(tok, ids, state)
             full = tok.decode(ids, skip_special_tokens=True)
             if not full.endswith("\ufffd"):
