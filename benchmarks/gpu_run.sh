@@ -9,8 +9,9 @@
 #                                                    # default; rows of earlier runs into OUT_DIR are kept)
 #   bash benchmarks/gpu_run.sh OUT_DIR multi [parts] # on nvidia-h200-x2: outpace bench multi (issue 20: TP = 2 vs
 #                                                    # TP = 1 correctness, 8B/70B-shaped TP = 2 decode vs the 2-GPU
-#                                                    # floor, EAGLE3 at TP = 2, 2 data-parallel replicas); parts of
-#                                                    # correctness,tp_speed,dp (all by default; a part measured by an
+#                                                    # floor, EAGLE3 at TP = 2, 2 data-parallel replicas, plain and
+#                                                    # with EAGLE3); parts of correctness,tp_speed,dp,dp_eagle3
+#                                                    # (all by default; a part measured by an
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.
 #                                                    # MULTI_TIME_LIMIT / MULTI_DP_RESERVE (seconds) set the run's

@@ -183,10 +183,10 @@ def cmd_bench(a: argparse.Namespace) -> None:
         run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "abef")
         return
     if a.what == "multi":
-        from outpace.bench.multi_gpu import Plan, run_multi_gpu_bench
+        from outpace.bench.multi_gpu import PARTS, Plan, run_multi_gpu_bench
 
         plan = Plan(**{k: v for k, v in (("time_limit_s", a.time_limit), ("dp_reserve_s", a.dp_reserve)) if v})
-        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "correctness,tp_speed,dp", plan=plan,
+        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or ",".join(PARTS), plan=plan,
                             workdir=Path(a.workdir))
         return
     if a.what == "e2e":
@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--out", default=None, help="also write the rows as JSON here (bench gpu: the output folder)")
     b.add_argument("--parts", default=None, help="bench gpu: which parts to run (see outpace/bench/gpu.py; default "
-                   "abef); bench multi: correctness,tp_speed,dp (the default) or single (outpace/bench/multi_gpu.py)")
+                   "abef); bench multi: of correctness,tp_speed,dp,dp_eagle3 (all by default) or single "
+                   "(outpace/bench/multi_gpu.py)")
     b.add_argument("--methods", nargs="*", default=None, help="bench e2e and serve --sweep: the methods to run "
                    "(of bench/e2e.py drafters(); default: all, and none eagle3 for serve --sweep)")
     b.add_argument("--workdir", default=".e2e_models", help="bench e2e, multi and serve --sweep: where the widened "
@@ -300,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--time-limit", type=float, default=None, help="seconds the whole run may take (540 by default); "
                     "items that no longer fit are listed as not run, and the same command into the same --out "
                     "continues with them")
-    mb.add_argument("--dp-reserve", type=float, default=None, help="seconds of the limit kept for the dp part (170)")
+    mb.add_argument("--dp-reserve", type=float, default=None,
+                    help="seconds of the limit kept for each data-parallel part (170)")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")

@@ -36,14 +36,14 @@ def run(tmp_path_factory) -> tuple[dict, Path]:
                 eagle3_steps=2, eagle3_adaptive=False, oracle_steps=2, dp_streams=4, dp_requests=8, dp_max_tokens=8,
                 dp_kv_blocks=256, dp_saturated_streams=8, dp_client_processes=2, time_limit_s=900, dp_reserve_s=300)
     out = root / "out"
-    run_multi_gpu_bench(out, "correctness,tp_speed,dp", plan, work)
+    run_multi_gpu_bench(out, "correctness,tp_speed,dp,dp_eagle3", plan, work)
     return json.loads((out / "multi_gpu.json").read_text()), out
 
 
 def test_every_part_ran(run):
     result, out = run
     assert result["errors"] == {} and result["not_run"] == []
-    assert {"correctness", "tp_speed", "dp", "targets"} <= set(result)
+    assert {"correctness", "tp_speed", "dp", "dp_eagle3", "targets"} <= set(result)
     assert (out / "multi_gpu.png").is_file()
 
 
@@ -91,8 +91,14 @@ def test_speed_rows_carry_their_floor(run):
     assert all(r["label"] == ORACLE_LABEL and 0 in {int(k) for k in r["step_ms"]} for r in tp["oracle"])
 
 
-def test_data_parallel_rows(run):
-    dp = run[0]["dp"]
+@pytest.mark.parametrize("part", ["dp", "dp_eagle3"])
+def test_data_parallel_rows(run, part):
+    """Plain decoding (``dp``) and EAGLE3 (``dp_eagle3``, the zoo draft on this CPU plan) served by one replica and
+    by two: every request answered, the ratios from the rows, a target line for each part."""
+    dp = run[0][part]
+    assert dp["drafter"] == ("--method none" if part == "dp" else
+                             f"--method eagle3 --draft {Path(__file__).resolve().parents[1] / 'zoo' / 'tinypy-eagle3'} "
+                             "--num-steps 2")
     for key in ("one_replica", "two_replicas"):
         assert dp[key]["num_failed"] == 0 and dp[key]["num_requests"] == 8 and dp[key]["output_tokens"] > 0
         assert dp[key]["client_processes"] == 2  # the load split over two client processes, every request counted
@@ -105,7 +111,10 @@ def test_data_parallel_rows(run):
         assert saturated[key]["num_failed"] == 0 and saturated[key]["num_requests"] == 16
     assert saturated["output_tokens_per_s_ratio"] == pytest.approx(
         saturated["two_replicas"]["output_tokens_per_s"] / saturated["one_replica"]["output_tokens_per_s"])
-    assert "dp2_over_one at 8 streams (saturated, output tokens/s)" in run[0]["targets"]
+    with_drafter = "" if part == "dp" else f" with {dp['drafter']}"
+    assert f"dp2_over_one{with_drafter} at 8 streams (saturated, output tokens/s)" in run[0]["targets"]
+    assert run[0]["targets"][f"dp2_over_one{with_drafter} >= 1.9 (output tokens/s)"]["value"] == \
+        dp["output_tokens_per_s_ratio"]
 
 
 def test_compare_finds_the_first_difference():
@@ -167,10 +176,11 @@ def test_a_run_continues_an_earlier_one():
 def test_a_run_on_another_gpu_drops_the_earlier_timings():
     from outpace.bench.multi_gpu import forget_timings
 
-    result = {"tp_speed": {"decode": [1]}, "dp": {"x": 1}, "copy_bandwidth_bytes_per_s": 3e12,
-              "correctness": {"tp_equality": [1]}, "done": ["tp_speed: 8b plain TP = 1", "correctness: a", "dp"],
-              "seconds": {"tp_speed: 8b plain TP = 1": 30.0, "correctness: a": 2.0, "dp": 100.0}}
+    result = {"tp_speed": {"decode": [1]}, "dp": {"x": 1}, "dp_eagle3": {"x": 2}, "copy_bandwidth_bytes_per_s": 3e12,
+              "correctness": {"tp_equality": [1]},
+              "done": ["tp_speed: 8b plain TP = 1", "correctness: a", "dp", "dp_eagle3"],
+              "seconds": {"tp_speed: 8b plain TP = 1": 30.0, "correctness: a": 2.0, "dp": 100.0, "dp_eagle3": 90.0}}
     forget_timings(result, "measured on H100, this run is on H200")
-    assert "tp_speed" not in result and "dp" not in result and "copy_bandwidth_bytes_per_s" not in result
+    assert not {"tp_speed", "dp", "dp_eagle3", "copy_bandwidth_bytes_per_s"} & set(result)
     assert result["correctness"] == {"tp_equality": [1]} and result["done"] == ["correctness: a"]
     assert result["seconds"] == {"correctness: a": 2.0} and "H200" in result["earlier_run"]["timings_dropped"]

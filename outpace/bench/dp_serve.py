@@ -16,12 +16,13 @@ from outpace.server.bench import cycled, load_prompts, run_load
 from outpace.zoo import zoo_dir
 
 
-def start_server(model: str, plan, gpus: str | None, *extra: str) -> LocalServer:
-    """``outpace serve`` of ``model`` with plain decoding, on the GPUs ``gpus`` (CUDA_VISIBLE_DEVICES)."""
+def start_server(model: str, plan, gpus: str | None, drafter: tuple[str, ...], *extra: str) -> LocalServer:
+    """``outpace serve`` of ``model`` with the ``drafter`` flags (``--method ...``), on the GPUs ``gpus``
+    (CUDA_VISIBLE_DEVICES)."""
     on_gpu = plan.device.startswith("cuda")
     return LocalServer(
         model, "--device", "cuda" if on_gpu else "cpu", "--dtype", "bfloat16" if on_gpu else "float32",
-        "--method", "none", "--max-num-seqs", str(max(_levels(plan))), "--num-kv-blocks", str(plan.dp_kv_blocks),
+        *drafter, "--max-num-seqs", str(max(_levels(plan))), "--num-kv-blocks", str(plan.dp_kv_blocks),
         "--max-num-batched-tokens", "8192", "--max-queued-requests", str(4 * max(_levels(plan).values())),
         "--log-level", "warning", *extra, env=None if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus})
 
@@ -43,15 +44,16 @@ def measure(server: LocalServer, streams: int, requests: int, max_tokens: int, p
                        client_processes=min(client_processes, streams)), "streams": streams}
 
 
-def dp_throughput(plan, model: str, replicas: int = 2) -> dict:
-    """One replica against ``replicas`` behind one server (1: the single-GPU figures alone), at each level;
-    bf16 on GPUs. The top-level rows are the ``dp_streams`` level's, ``saturated`` holds the other's."""
+def dp_throughput(plan, model: str, drafter: tuple[str, ...] = ("--method", "none"), replicas: int = 2) -> dict:
+    """One replica against ``replicas`` behind one server (1: the single-GPU figures alone), at each level,
+    every server with the ``drafter`` flags; bf16 on GPUs. The top-level rows are the ``dp_streams`` level's,
+    ``saturated`` holds the other's."""
     prompts = load_prompts(zoo_dir() / "eval_prompts.json")
     on_gpu = plan.device.startswith("cuda")
     levels = _levels(plan)
 
     def served(gpus: str, *extra: str) -> dict[int, dict]:
-        server = start_server(model, plan, gpus if on_gpu else None, *extra)
+        server = start_server(model, plan, gpus if on_gpu else None, drafter, *extra)
         try:
             server.wait_ready(240.0)
             rows = {}
@@ -74,7 +76,8 @@ def dp_throughput(plan, model: str, replicas: int = 2) -> dict:
             row["requests_per_s_ratio"] = two[streams]["requests_per_s"] / one[streams]["requests_per_s"]
         by_level.append(row)
     first, *rest = by_level
-    result = {"model": model, "max_tokens": plan.dp_max_tokens, "temperature": 0.0, **first}
+    result = {"model": model, "drafter": " ".join(drafter), "max_tokens": plan.dp_max_tokens, "temperature": 0.0,
+              **first}
     if two:
         result["mode"] = f"outpace serve --data-parallel-size {replicas}"
     if rest:

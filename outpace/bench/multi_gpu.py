@@ -16,7 +16,9 @@
   random EAGLE3 draft of SpecForge's layout (bench/random_checkpoint.py).
 - ``dp``: the widened 8B target served, 64 concurrent streams (and 256, where one replica saturates): one
   replica against two behind one server, one per GPU (``outpace serve --data-parallel-size 2``;
-  bench/dp_serve.py).
+  bench/dp_serve.py); ``dp_eagle3``: the same with speculation on (the widened EAGLE3 draft, chains of
+  ``eagle3_steps``), where a step's cost grows with its rows (each verifies 1 + k tokens), so that one
+  replica's batch of 64 costs more than either replica's batch of 32 in plain decoding.
 ``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
 that does not fit one GPU is listed as such) and one replica's throughput.
 
@@ -50,7 +52,9 @@ from outpace.zoo import zoo_dir
 # 28672; vocabulary, RoPE (theta 500000, llama3 scaling) and norms as the 8B's.
 LLAMA_70B = {**LLAMA_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
              "num_attention_heads": 64, "num_key_value_heads": 8}
-PARTS = ("correctness", "tp_speed", "dp")
+# the data-parallel parts: part -> the drafter its servers run
+DP_PARTS = {"dp": "none", "dp_eagle3": "eagle3"}
+PARTS = ("correctness", "tp_speed", *DP_PARTS)
 ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 
 
@@ -96,7 +100,7 @@ class Plan:
     dp_saturated_streams: int | None = 256            # a second level, where one replica's batch saturates it
     dp_client_processes: int = 4                      # the load's client processes (server/bench.py run_load)
     time_limit_s: float = 540.0                       # the whole run; items that no longer fit are skipped
-    dp_reserve_s: float = 170.0
+    dp_reserve_s: float = 170.0                       # per data-parallel part
 
     def item_seconds(self, shape: dict) -> float:
         """A rough budget for one engine of ``shape`` (build, capture, rows), to skip what cannot finish."""
@@ -468,7 +472,7 @@ def cpu_copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
 def forget_timings(result: dict, why: str) -> None:
     """Drop the timed sections of a continued run (tp_speed, dp, the copy bandwidth) and their items: they
     were measured on another kind of GPU, and one result mixes no machines. Correctness rows are kept."""
-    dropped = [k for k in ("tp_speed", "dp", "copy_bandwidth_bytes_per_s") if result.pop(k, None) is not None]
+    dropped = [k for k in ("tp_speed", *DP_PARTS, "copy_bandwidth_bytes_per_s") if result.pop(k, None) is not None]
     result["done"] = [d for d in result["done"] if not d.startswith(("tp_speed", "dp"))]
     result["seconds"] = {k: v for k, v in result["seconds"].items() if k in result["done"]}
     result.setdefault("earlier_run", {})["timings_dropped"] = f"{', '.join(dropped)}: {why}"
@@ -486,7 +490,7 @@ def continued(earlier: dict, fresh: dict) -> dict:
     return result
 
 
-def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", plan: Plan | None = None,
+def run_multi_gpu_bench(out_dir: Path, parts: str = ",".join(PARTS), plan: Plan | None = None,
                         workdir: Path = Path(".multi_gpu_models")) -> dict:
     """Run the parts (comma-separated of ``PARTS``, or ``single``); results in ``out_dir``: multi_gpu.json
     (multi_gpu_single.json for ``single``), a plot beside it; a table printed last."""
@@ -496,7 +500,7 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", p
 
     plan = plan or Plan()
     single = parts == "single"
-    names = ["tp_speed", "dp"] if single else [p.strip() for p in parts.split(",") if p.strip()]
+    names = ["tp_speed", *DP_PARTS] if single else [p.strip() for p in parts.split(",") if p.strip()]
     unknown = [p for p in names if p not in PARTS]
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}: choose from {', '.join(PARTS)} or 'single'")
@@ -513,8 +517,9 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", p
         result = continued(json.loads(path.read_text()), result)
     path.write_text(json.dumps(result, indent=1) + "\n")
     on_ranks = [p for p in names if p in ("correctness", "tp_speed")]
+    pending_dp = [p for p in names if p in DP_PARTS and p not in result["done"]]
     if on_ranks:
-        seconds = clock.left() - (plan.dp_reserve_s if "dp" in names and "dp" not in result["done"] else 0.0)
+        seconds = clock.left() - plan.dp_reserve_s * len(pending_dp)
         if plan.world > 1:
             clean = run_in_group(plan.world, plan.device, workdir, _rank0_main,
                                  (plan, on_ranks, str(path), str(workdir), seconds - 20), seconds)
@@ -524,13 +529,17 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = "correctness,tp_speed,dp", p
         else:
             _rank0_main(BenchGroup(1, plan.device, None, None), plan, on_ranks, str(path), str(workdir), seconds)
             result = json.loads(path.read_text())
-    if "dp" in names and "dp" not in result["done"]:
+    for part in pending_dp:
         try:
-            result["dp"] = dp_throughput(plan, widened_zoo(plan, workdir)[0], replicas=1 if single else 2)
-            result["done"].append("dp")
+            target, draft = widened_zoo(plan, workdir)
+            drafter = ("--method", "none") if DP_PARTS[part] == "none" else \
+                ("--method", DP_PARTS[part], "--draft", draft, "--num-steps", str(plan.eagle3_steps))
+            result[part] = dp_throughput(plan, target, drafter, replicas=1 if single else 2)
+            result["done"].append(part)
         except Exception as e:
-            result["errors"]["dp"] = f"{type(e).__name__}: {e}"
-            print(f"bench multi: dp failed:\n{traceback.format_exc()}")
+            result["errors"][part] = f"{type(e).__name__}: {e}"
+            print(f"bench multi: {part} failed:\n{traceback.format_exc()}")
+        path.write_text(json.dumps(result, indent=1) + "\n")
     result["targets"] = targets(result)
     path.write_text(json.dumps(result, indent=1) + "\n")
     try:

@@ -12,7 +12,7 @@ def targets(r: dict) -> dict:
     """Each target's figure and whether it is met (None: not measured in this run)."""
     out: dict = {}
     world = r.get("world", 2)
-    tp, corr, dp = r.get("tp_speed", {}), r.get("correctness", {}), r.get("dp", {})
+    tp, corr = r.get("tp_speed", {}), r.get("correctness", {})
     if corr:
         out["tp_equal_fp32"] = {"value": corr.get("all_tp_equal_fp32"), "met": corr.get("all_tp_equal_fp32")}
         out["drafters_lossless_fp32"] = {"value": corr.get("all_lossless_fp32"), "met": corr.get("all_lossless_fp32")}
@@ -31,14 +31,21 @@ def targets(r: dict) -> dict:
             if oracle:
                 out[f"eagle3_tp2_batch{batch}_70b ORACLE speedups"] = {
                     "value": {o["acceptance"]: round(o["speedup"], 3) for o in oracle}, "met": None}
-        ratio = dp.get("output_tokens_per_s_ratio")
-        out["dp2_over_one >= 1.9 (output tokens/s)"] = {"value": ratio, "met": None if ratio is None else ratio >= 1.9,
-                                                         "mode": dp.get("mode")}
-        saturated = dp.get("saturated", {}).get("output_tokens_per_s_ratio")
-        if saturated is not None:
-            out[f"dp2_over_one at {dp['saturated']['streams']} streams (saturated, output tokens/s)"] = {
-                "value": saturated, "met": None}
+        for part, dp in _dp_parts(r):
+            with_drafter = "" if part == "dp" else f" with {dp.get('drafter')}"
+            ratio = dp.get("output_tokens_per_s_ratio")
+            out[f"dp2_over_one{with_drafter} >= 1.9 (output tokens/s)"] = {
+                "value": ratio, "met": None if ratio is None else ratio >= 1.9, "mode": dp.get("mode")}
+            saturated = dp.get("saturated", {}).get("output_tokens_per_s_ratio")
+            if saturated is not None:
+                out[f"dp2_over_one{with_drafter} at {dp['saturated']['streams']} streams (saturated, output "
+                    "tokens/s)"] = {"value": saturated, "met": None}
     return out
+
+
+def _dp_parts(r: dict) -> list[tuple[str, dict]]:
+    """(part, rows) of the data-parallel parts this run has (``dp``: plain decoding; ``dp_eagle3``)."""
+    return [(part, r[part]) for part in ("dp", "dp_eagle3") if r.get(part)]
 
 
 def print_multi_gpu(r: dict) -> None:
@@ -70,8 +77,8 @@ def print_multi_gpu(r: dict) -> None:
         for x in tp["oracle"]:
             print(f"  ORACLE EAGLE3 {x['shape']} TP={x['tp']} batch {x['batch']} a={x['acceptance']}: "
                   f"k={x['num_drafts']} {x['speedup']:.2f}x (assumed acceptance, measured costs)")
-    dp = r.get("dp")
-    if dp:
+    for part, dp in _dp_parts(r):
+        print(f"  {part}: served with {dp.get('drafter', '--method none')}")
         for level in (dp, dp.get("saturated", {})):
             for key in ("one_replica", "two_replicas"):
                 if key in level:
@@ -116,12 +123,12 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     axes[1].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=70, fontsize=6)
     axes[1].set_ylabel("tokens/s over plain decoding")
     axes[1].set_title("EAGLE3 (blue: real acceptance; orange: ORACLE)")
-    dp = r.get("dp", {})
-    levels = [level for level in (dp, dp.get("saturated", {})) if "one_replica" in level]
-    bars = [(f"{level['streams']} streams, {key.replace('_', ' ')}", level[key]["output_tokens_per_s"])
-            for level in levels for key in ("one_replica", "two_replicas") if key in level]
-    axes[2].bar(range(len(bars)), [b[1] for b in bars], color=["C0", "C2"] * len(levels))
-    axes[2].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=20, fontsize=7)
+    bars = [(f"{part} {level['streams']} streams, {key.replace('_', ' ')}", level[key]["output_tokens_per_s"],
+             "C0" if key == "one_replica" else "C2")
+            for part, dp in _dp_parts(r) for level in (dp, dp.get("saturated", {}))
+            for key in ("one_replica", "two_replicas") if key in level]
+    axes[2].bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+    axes[2].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=30, fontsize=6)
     axes[2].set_ylabel("output tokens/s")
     axes[2].set_title("data parallel: one replica against two")
     fig.suptitle(f"outpace bench multi: {r.get('device')} x{r.get('world')}")
