@@ -16,9 +16,10 @@
   random EAGLE3 draft of SpecForge's layout (bench/random_checkpoint.py).
 - ``dp``: the widened 8B target served, 64 concurrent streams (and 256, where one replica saturates): one
   replica against two behind one server, one per GPU (``outpace serve --data-parallel-size 2``;
-  bench/dp_serve.py); ``dp_eagle3``: the same with speculation on (the widened EAGLE3 draft, chains of
-  ``eagle3_steps``), where a step's cost grows with its rows (each verifies 1 + k tokens), so that one
-  replica's batch of 64 costs more than either replica's batch of 32 in plain decoding.
+  bench/dp_serve.py); ``dp_eagle3``: the same with speculation on (the widened EAGLE3 draft, as the server
+  runs it by default: adaptive, up to 5 drafts a step; chains of ``eagle3_steps`` where ``eagle3_adaptive`` is
+  off), where a step's cost grows with its rows (each verifies 1 + k tokens), so that one replica's batch of
+  64 costs more than either replica's batch of 32 in plain decoding.
 ``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
 that does not fit one GPU is listed as such) and one replica's throughput.
 
@@ -532,8 +533,10 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = ",".join(PARTS), plan: Plan 
     for part in pending_dp:
         try:
             target, draft = widened_zoo(plan, workdir)
-            drafter = ("--method", "none") if DP_PARTS[part] == "none" else \
-                ("--method", DP_PARTS[part], "--draft", draft, "--num-steps", str(plan.eagle3_steps))
+            drafter = ("--method", "none") if DP_PARTS[part] == "none" else (
+                "--method", DP_PARTS[part], "--draft", draft,
+                # adaptive: the server's default, up to 5 drafts a step as each batch size pays
+                *(() if plan.eagle3_adaptive else ("--num-steps", str(plan.eagle3_steps))))
             result[part] = dp_throughput(plan, target, drafter, replicas=1 if single else 2)
             result["done"].append(part)
         except Exception as e:
