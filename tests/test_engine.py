@@ -131,8 +131,8 @@ def test_incremental_detokenization_matches_full_decode(path):
     for trial in range(20):
         ids, state = [], DetokenizerState()
         for _ in range(60):
-            ids += emoji[:int(torch.randint(1, 4, (1,), generator=g))] if trial % 2 else \
-                torch.randint(0, full_tok.vocab_size, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+            n = int(torch.randint(1, 4, (1,), generator=g))
+            ids += emoji[:n] if trial % 2 else torch.randint(0, full_tok.vocab_size, (n,), generator=g).tolist()
             text = update_text(tok, ids, state)
             full = tok.decode(ids, skip_special_tokens=True)
             if not full.endswith("\ufffd"):

@@ -44,6 +44,7 @@ import torch
 from outpace import SamplingParams
 from outpace.bench.rank_group import release_memory
 from outpace.bench.gpu import LLAMA_8B, ZOO_DRAFTERS, copy_bandwidth, engine_8b, time_decode, weight_bytes_read
+from outpace.bench.multi_gpu_report import DP_PARTS
 from outpace.bench.widen import LLAMA_8B as WIDE_8B, Shape, widen_checkpoint, widen_draft
 from outpace.config import SpeculativeConfig
 from outpace.speculative.metrics import SpecMetrics
@@ -53,8 +54,6 @@ from outpace.zoo import zoo_dir
 # 28672; vocabulary, RoPE (theta 500000, llama3 scaling) and norms as the 8B's.
 LLAMA_70B = {**LLAMA_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
              "num_attention_heads": 64, "num_key_value_heads": 8}
-# the data-parallel parts: part -> the drafter its servers run
-DP_PARTS = {"dp": "none", "dp_eagle3": "eagle3"}
 PARTS = ("correctness", "tp_speed", *DP_PARTS)
 ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# the data-parallel parts of a run (multi_gpu.py runs them, bench/dp_serve.py): part -> the drafter its servers run
+DP_PARTS = {"dp": "none", "dp_eagle3": "eagle3"}
+
 
 def _row(rows: list[dict], **match) -> dict | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
@@ -45,7 +48,7 @@ def targets(r: dict) -> dict:
 
 def _dp_parts(r: dict) -> list[tuple[str, dict]]:
     """(part, rows) of the data-parallel parts this run has (``dp``: plain decoding; ``dp_eagle3``)."""
-    return [(part, r[part]) for part in ("dp", "dp_eagle3") if r.get(part)]
+    return [(part, r[part]) for part in DP_PARTS if r.get(part)]
 
 
 def print_multi_gpu(r: dict) -> None:

@@ -135,7 +135,9 @@ def describe_capture(capture: list[int], num_layers: int) -> str:
     """Capture (input-of) ids in words: id L, the input of a layer past the last, is the last layer's output."""
     inputs = [i for i in capture if i < num_layers]
     words = [f"the inputs of its layers {inputs}"] if inputs else []
-    return " and ".join(words + ["its last layer's output"] * (num_layers in capture))
+    if num_layers in capture:
+        words.append("its last layer's output")
+    return " and ".join(words)
 
 
 def select_draft_vocab(freq: torch.Tensor, size: int) -> torch.Tensor:
