@@ -35,6 +35,9 @@ def _engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> 
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="auto: triton on CUDA, torch on the CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="the batch sizes whose decode step is captured (default: 1, 2, 4, 8, 16, 32, 48, 64, 96, "
+                        "128, 192, 256 below --max-num-seqs, and --max-num-seqs); larger batches run eagerly")
     p.add_argument("--no-run-ahead", action="store_true",
                    help="greedy decode and the captured speculative iteration wait for each step's tokens "
                         "before launching the next")
@@ -112,7 +115,7 @@ def _engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
                   gpu_memory_utilization=a.gpu_memory_utilization, cpu_memory_utilization=a.cpu_memory_utilization,
                   enable_prefix_caching=a.enable_prefix_caching,
                   max_num_batched_tokens=a.max_num_batched_tokens, attention_backend=a.attention_backend,
-                  cuda_graphs=not a.enforce_eager, run_ahead=not a.no_run_ahead,
+                  cuda_graphs=not a.enforce_eager, cuda_graph_sizes=a.cuda_graph_sizes, run_ahead=not a.no_run_ahead,
                   batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
     if speculative:
         kwargs["speculative"] = _speculative_config(a)

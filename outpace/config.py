@@ -517,6 +517,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto": triton on CUDA, torch on the CPU
     # Capture the decode iteration at start-up (every bucket, draft shape, sampling mode); CUDA only.
     cuda_graphs: bool = True
+    # The batch sizes captured (vLLM's --cuda-graph-sizes, SGLang's --cuda-graph-bs); None: 1, 2, 4, 8, 16, 32,
+    # 48, 64, 96, 128, 192, 256 below max_num_seqs, and max_num_seqs. A batch above the largest runs eagerly.
+    cuda_graph_sizes: tuple[int, ...] | None = None
     # Captured decode steps (any drafter, any sampling) launch the next step before the host has read
     # the current step's tokens (its inputs are the slot state on the device), so the host's
     # scheduling overlaps the GPU's forward: engine/runner.py.
@@ -558,6 +561,12 @@ class EngineConfig:
         _require(o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0")
         if self.max_model_len is not None:
             _positive_int(o, "max_model_len", self.max_model_len)
+        if self.cuda_graph_sizes is not None:
+            sizes = self.cuda_graph_sizes
+            _require(o, "cuda_graph_sizes", sizes, isinstance(sizes, (tuple, list)) and len(sizes) > 0 and all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 < n <= self.max_num_seqs for n in sizes),
+                f"None or batch sizes in [1, max_num_seqs={self.max_num_seqs}]")
+            object.__setattr__(self, "cuda_graph_sizes", tuple(sorted(set(sizes))))
         _require(o, "attention_backend", self.attention_backend,
                  self.attention_backend in ("auto", "torch", "triton"), "one of auto, torch, triton")
         _require(o, "load_format", self.load_format, self.load_format in ("safetensors", "dummy"),

@@ -71,6 +71,10 @@ def test_invalid_sampling_values_name_the_field(field, value):
 def test_invalid_engine_values_name_the_field():
     with pytest.raises(ConfigError, match="EngineConfig.block_size="):
         EngineConfig(model="x", block_size=0)
+    for sizes in ((), (0, 4), (4, 8), (2.5,)):  # max_num_seqs is 4
+        with pytest.raises(ConfigError, match=r"EngineConfig.cuda_graph_sizes=.*max_num_seqs=4"):
+            EngineConfig(model="x", max_num_seqs=4, cuda_graph_sizes=sizes)
+    assert EngineConfig(model="x", max_num_seqs=4, cuda_graph_sizes=[4, 1, 4]).cuda_graph_sizes == (1, 4)
 
 
 def test_bad_prompts_leave_other_requests_unharmed(llama_dir):

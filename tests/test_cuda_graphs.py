@@ -34,6 +34,7 @@ def test_buckets():
     assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 48, 64)
     assert batch_buckets(5) == (1, 2, 4, 5)
     assert bucket_for((1, 2, 4), 3) == 4 and bucket_for((1, 2, 4), 5) is None
+    assert batch_buckets(64, (8, 2)) == (2, 8)  # EngineConfig.cuda_graph_sizes
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,16 @@ def reference(prompts):
 def test_graphed_decode_equals_eager(prompts, reference):
     params, expected = reference
     llm = _graphed(None)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_only_the_chosen_batch_sizes_are_captured(prompts, reference):
+    """cuda_graph_sizes (3,): batches of up to 3 replay the size-3 step padded, a batch of 4 runs eagerly; the tokens
+    are those of the uncaptured engine."""
+    params, expected = reference
+    llm = _graphed(None, cuda_graph_sizes=(3,))
+    assert llm.engine.runner.graph_buckets == (3,)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 

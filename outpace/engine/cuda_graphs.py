@@ -17,8 +17,11 @@ import torch
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 
-def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
-    """The captured batch sizes: the default ladder up to ``max_num_seqs``, which is always one."""
+def batch_buckets(max_num_seqs: int, sizes: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The captured batch sizes, ascending: ``sizes`` (EngineConfig.cuda_graph_sizes) when given, else the default
+    ladder up to ``max_num_seqs``, which is always one."""
+    if sizes is not None:
+        return tuple(sorted(sizes))
     return tuple(b for b in DEFAULT_BUCKETS if b < max_num_seqs) + (max_num_seqs,)
 
 

@@ -28,6 +28,7 @@ from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
 from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
+from outpace.engine.cuda_graphs import batch_buckets
 from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.warm_up import warm_up_prefills
 from outpace.engine.runner import ModelRunner
@@ -130,7 +131,8 @@ class LLMEngine:
             graph_tokens = 0
             if on_gpu and config.cuda_graphs:  # the largest captured forward: a decode step or a prefill chunk
                 prefill = prefill_buckets(config.max_num_batched_tokens)
-                graph_tokens = max([config.max_num_seqs * decode_tokens, *prefill])
+                largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
+                graph_tokens = max([largest * decode_tokens, *prefill])
             context = min(max_pos, config.max_model_len + reserved) if config.max_model_len else max_pos
             self._size_kv_pool(profile_tokens, graph_tokens, context, reserved, progress)
         self.prefix_caching_off_reason = self._set_up_prefix_cache()
@@ -196,14 +198,13 @@ class LLMEngine:
         return None
 
     def capture_graphs(self) -> None:
-        """Capture the decode iteration for every batch bucket up to max_num_seqs, and a lone prefill chunk's
-        forward for every prefill bucket. Done at start-up on CUDA unless ``cuda_graphs`` is off; on the CPU
-        the same code runs eagerly (for tests)."""
-        from outpace.engine.cuda_graphs import batch_buckets
-
+        """Capture the decode iteration for every batch bucket (``cuda_graph_sizes``, by default a ladder up to
+        max_num_seqs), and a lone prefill chunk's forward for every prefill bucket. Done at start-up on CUDA unless
+        ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests)."""
         reserved = torch.cuda.memory_reserved(self.runner.device) if self.runner.device.type == "cuda" else 0
         config = self.config
-        self.runner.capture(batch_buckets(config.max_num_seqs), prefill_buckets(config.max_num_batched_tokens))
+        self.runner.capture(batch_buckets(config.max_num_seqs, config.cuda_graph_sizes),
+                            prefill_buckets(config.max_num_batched_tokens))
         if self.memory_plan is not None and self.runner.device.type == "cuda":
             taken = torch.cuda.memory_reserved(self.runner.device) - reserved
             _report(f"CUDA graphs took {taken / (1 << 30):.3f} GiB (sizing estimated "

@@ -202,9 +202,12 @@ class DistillData:
         else:
             prompts = self.stream.windows(num_continuations, prompt_len, torch.Generator().manual_seed(seed)).tolist()
         self.starts = torch.tensor([len(p) for p in prompts], dtype=torch.int64)  # [rows]
+        # every wave decodes generation_batch rows in step after its prompts are in: that one batch size is captured
+        # (the default ladder cost about 20 s of an H100 run's start-up, benchmarks/train_zoo_h100_alone)
         self.continuations = target_continuations(  # [rows, seq_len]
             target_dir, prompts, self.seq_len, device, temperature, seed=seed, ranks=ranks, max_num_seqs=generation_batch,
-            num_kv_blocks=generation_batch * self.seq_len // 16 + 64, max_num_batched_tokens=16384)
+            num_kv_blocks=generation_batch * self.seq_len // 16 + 64, max_num_batched_tokens=16384,
+            cuda_graph_sizes=(generation_batch,))
         if cache is not None:
             Path(cache).parent.mkdir(parents=True, exist_ok=True)
             torch.save({"tokens": self.continuations, "starts": self.starts}, cache)
