@@ -284,9 +284,17 @@ def _run_rank(fn: Callable[..., dict], args: tuple, device: str, group: RankGrou
 
 
 def _spawned_rank(fn, args, device: str, nproc: int, rank: int, init_method: str) -> None:
-    """A rank that ``train_on_ranks`` started: run, and exit 1 naming the error if the run fails."""
+    """A rank that ``train_on_ranks`` started: run, and exit 1 naming the error if the run fails.
+
+    NOTE: a rank whose run is complete leaves with ``os._exit(0)``, skipping the interpreter's teardown: its
+    process group is destroyed and rank 0 writes every file, so nothing is left to finalise, and once (CI,
+    2026-11-27) that teardown aborted a finished rank ("terminate called without an active exception": a C++
+    thread still joinable when destroyed), which failed a run that had completed."""
     try:
         _run_rank(fn, args, device, init_rank_group(nproc, rank, device, init_method, COLLECTIVE_TIMEOUT_S))
     except BaseException:
         print(f"outpace training rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         sys.exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
