@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (DistillData, TrajectoryDistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
+from outpace.train.distill import (distillation_inputs, TrajectoryDistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
                                    unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
@@ -284,17 +284,14 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
-    torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     declared = tokenizer_mask_token_id(target_dir)
     if declared is None:
         raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
-    rows = ranks.rows(recipe.batch_size, "DFlashRecipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
-    target = ranks.load_target(target_dir, device)
+    rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     tcfg: ModelConfig = target.config
     layer_ids = tuple(recipe.target_layer_ids or default_target_layer_ids(tcfg.num_hidden_layers))
     bad = [i for i in layer_ids if not 0 <= i < tcfg.num_hidden_layers]

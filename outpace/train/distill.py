@@ -257,6 +257,18 @@ class DistillData:
         return freq
 
 
+def distillation_inputs(target_dir: Path, recipe: DistillRecipe, resume_dir: Path, device: str,
+                        ranks: TrainRanks = ONE_RANK) -> tuple[slice, DistillData, torch.nn.Module]:
+    """What every recipe's run trains from: (this rank's rows of each batch; the target's continuations, cached
+    under ``resume_dir`` so that a resumed run reads them back; the frozen target, this rank's shard of it over
+    several ranks). Seeds torch's generator first, so that the draft's initialisation that follows is the
+    recipe's seed's."""
+    torch.manual_seed(recipe.seed)
+    rows = ranks.rows(recipe.batch_size, f"{type(recipe).__name__}.batch_size")
+    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
+    return rows, data, ranks.load_target(target_dir, device)
+
+
 def prompt_source(m: dict) -> str:
     """The card's words for where a run's prompts came from (``m``: its training metrics)."""
     r = m["recipe"]

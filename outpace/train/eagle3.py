@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (DistillData, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
+from outpace.train.distill import (distillation_inputs, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
                                    teacher_forward, unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
@@ -332,12 +332,9 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
-    torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    rows = ranks.rows(recipe.batch_size, "Eagle3Recipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
-    target = ranks.load_target(target_dir, device)
+    rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     tcfg: ModelConfig = target.config
     capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
     target.set_aux_hidden_state_layers(capture)

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import unpack_projections
-from outpace.train.distill import (DistillData, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source,
+from outpace.train.distill import (distillation_inputs, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source,
                                    response_mask, teacher_forward, unused_files_note)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
@@ -181,10 +181,7 @@ def _fine_tune(target_dir: Path, recipe: MTPRecipe, resume_dir: Path, device: st
                ranks: TrainRanks) -> tuple[dict[str, torch.Tensor], TrainHistory, dict]:
     """The training of ``train_mtp``: (the trained tensors under their checkpoint names, whole on every rank;
     the history; the metrics). The target is freed when it returns, before the held-out engines start."""
-    torch.manual_seed(recipe.seed)
-    rows = ranks.rows(recipe.batch_size, "MTPRecipe.batch_size")  # this rank's rows of each batch
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
-    target = ranks.load_target(target_dir, device)
+    rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     cfg = target.config
     available = cfg.num_nextn_predict_layers
     if not available:

@@ -15,7 +15,7 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict
 from outpace.config import ModelConfig
 from outpace.models.loader import build_model
-from outpace.train.distill import (DistillData, DistillRecipe, masked_cross_entropy, prompt_source, teacher_forward,
+from outpace.train.distill import (distillation_inputs, DistillRecipe, masked_cross_entropy, prompt_source, teacher_forward,
                                    unused_files_note, window_source)
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -59,12 +59,9 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     them and gives the soft labels of the whole batch, and the draft (a model of its own, which reads no
     target state) trains data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
-    torch.manual_seed(recipe.seed)
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    rows = ranks.rows(recipe.batch_size, "StandaloneRecipe.batch_size")  # this rank's rows of each batch
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
-    target = ranks.load_target(target_dir, device)
+    rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     cfg_dict = draft_config(json.loads((target_dir / "config.json").read_text()), recipe)
     draft = build_model(ModelConfig.from_dict(cfg_dict), torch.float32, device)
     init_weights(draft, recipe.seed)
