@@ -22,7 +22,7 @@
 #                                                    # on the one GPU (methods of eagle3 dflash mtp, all by default;
 #                                                    # `minutes` of training loop each, 7 by default (data and the
 #                                                    # held-out run come on top: ~2 min on an H100); TRAIN_TIME_LIMIT
-#                                                    # (s) stops a trainer, the rest still packed; TRAIN_SET="--set F=V ..." adds
+#                                                    # (s) stops a trainer, the rest still packed; TRAIN_WORK its scratch folder; TRAIN_SET="--set F=V ..." adds
 #                                                    # recipe fields to every run; "--set total_minutes=9" bounds a
 #                                                    # whole run, data and held-out run included, shortening the
 #                                                    # loop to fit): per method its log, its draft as
@@ -78,7 +78,7 @@ elif [ "$stage" = serve ]; then
 elif [ "$stage" = train ]; then
   minutes=${3:-7}
   shift $(( $# < 3 ? $# : 3 ))
-  work=.e2e_models/train
+  work=${TRAIN_WORK:-.e2e_models/train}  # (two runs side by side, one per GPU, name one each)
   rm -rf "$work" && mkdir -p "$work"
   for m in ${@:-eagle3 dflash mtp}; do
     ( start=$(date +%s)
