@@ -101,39 +101,42 @@ def print_multi_gpu(r: dict) -> None:
 
 
 def plot_multi_gpu(r: dict, path: Path) -> None:
-    """Three panels: plain decode against the floor; EAGLE3 over plain (real and oracle); DP throughput."""
+    """Up to three panels, those of the parts measured: plain decode against the floor; EAGLE3 over plain (real
+    and oracle); DP throughput."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    decode = r.get("tp_speed", {}).get("decode", [])
-    labels = [f"{x['shape']} TP{x['tp']} b{x['batch']}" for x in decode]
-    axes[0].bar(range(len(decode)), [x["fraction_of_floor"] for x in decode])
-    axes[0].axhline(0.8, color="red", linewidth=0.8, linestyle="--", label="target 80% (70B, TP 2, batch 1)")
-    axes[0].set_xticks(range(len(decode)), labels, rotation=60, fontsize=7)
-    axes[0].set_ylabel("decode tokens/s / floor")
-    axes[0].set_title("plain decode vs the floor (bytes / copy bw + all-reduces)")
-    axes[0].legend(fontsize=7)
     tp = r.get("tp_speed", {})
-    bars = [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} real", x.get("speedup", 0), "C0")
-            for x in tp.get("eagle3", []) if x["method"] == "eagle3"]
-    bars += [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} ORACLE a={x['acceptance']}", x["speedup"], "C1")
-             for x in tp.get("oracle", [])]
-    axes[1].bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
-    axes[1].axhline(1.0, color="black", linewidth=0.8)
-    axes[1].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=70, fontsize=6)
-    axes[1].set_ylabel("tokens/s over plain decoding")
-    axes[1].set_title("EAGLE3 (blue: real acceptance; orange: ORACLE)")
-    bars = [(f"{part} {level['streams']} streams, {key.replace('_', ' ')}", level[key]["output_tokens_per_s"],
-             "C0" if key == "one_replica" else "C2")
-            for part, dp in _dp_parts(r) for level in (dp, dp.get("saturated", {}))
-            for key in ("one_replica", "two_replicas") if key in level]
-    axes[2].bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
-    axes[2].set_xticks(range(len(bars)), [b[0] for b in bars], rotation=30, fontsize=6)
-    axes[2].set_ylabel("output tokens/s")
-    axes[2].set_title("data parallel: one replica against two")
+    decode = [(f"{x['shape']} TP{x['tp']} b{x['batch']}", x["fraction_of_floor"], "C0") for x in tp.get("decode", [])]
+    eagle3 = [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} real", x.get("speedup", 0), "C0")
+              for x in tp.get("eagle3", []) if x["method"] == "eagle3"]
+    eagle3 += [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} ORACLE a={x['acceptance']}", x["speedup"], "C1")
+               for x in tp.get("oracle", [])]
+    dp = [(f"{part} {level['streams']} streams, {key.replace('_', ' ')}", level[key]["output_tokens_per_s"],
+           "C0" if key == "one_replica" else "C2")
+          for part, d in _dp_parts(r) for level in (d, d.get("saturated", {}))
+          for key in ("one_replica", "two_replicas") if key in level]
+    # (bars, y label, title, a reference line (y, colour, label) or None, tick rotation, tick font size)
+    panels = [p for p in (
+        (decode, "decode tokens/s / floor", "plain decode vs the floor (bytes / copy bw + all-reduces)",
+         (0.8, "red", "target 80% (70B, TP 2, batch 1)"), 60, 7),
+        (eagle3, "tokens/s over plain decoding", "EAGLE3 (blue: real acceptance; orange: ORACLE)",
+         (1.0, "black", None), 70, 6),
+        (dp, "output tokens/s", "data parallel: one replica against two", None, 30, 6)) if p[0]]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.5), squeeze=False)
+    for ax, (bars, ylabel, title, line, rotation, fontsize) in zip(axes[0], panels):
+        ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+        ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=rotation, fontsize=fontsize)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if line:
+            ax.axhline(line[0], color=line[1], linewidth=0.8, linestyle="--" if line[2] else "-", label=line[2])
+            if line[2]:
+                ax.legend(fontsize=7)
     fig.suptitle(f"outpace bench multi: {r.get('device')} x{r.get('world')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
