@@ -41,3 +41,10 @@ def test_changed_fields_come_back_through_the_parser(method, changes):
     command = draft_train_command(method, cls, _metrics(recipe, device="cpu"), "zoo/x")
     assert "--device cpu" in command
     assert _parsed(command) == recipe
+
+
+def test_a_run_over_several_ranks_gives_their_count():
+    cls = resolve({"eagle3": DRAFT_RECIPES["eagle3"][0]}, "eagle3", "draft recipe")
+    command = draft_train_command("eagle3", cls, {**_metrics(cls()), "training_ranks": 2}, "OUT")
+    assert command.endswith(" --nproc-per-node 2")
+    assert build_parser().parse_args(command.split()[3:]).nproc_per_node == 2

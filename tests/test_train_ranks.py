@@ -100,6 +100,9 @@ def test_two_ranks_save_the_same_draft_and_it_serves_losslessly(trained, targets
     assert json.loads((dir_two / "config.json").read_text()) == json.loads((dir_one / "config.json").read_text())
     assert not (dir_two / "resume").exists() and (dir_two / "README.md").is_file()
     assert two["num_parameters"] == one["num_parameters"]  # FSDP's shards counted whole
+    assert (one["training_ranks"], two["training_ranks"]) == (1, 2)
+    card = (dir_two / "README.md").read_text()
+    assert "--nproc-per-node 2" in card and "(2 training ranks)" in card
     if method != "standalone":  # (the standalone recipe measures no held-out acceptance)
         assert two["heldout"]["temperature 0"]["same_output_as_target"] == 1.0  # measured with a two-rank engine
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

@@ -344,7 +344,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
 
     positions = range(1, n)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics, checkpoint_mib=size_mib,
+        common_metrics(recipe, draft, history, t0, device, ranks.size), **data.corpus_metrics, checkpoint_mib=size_mib,
         final_position_loss={i: history.extra[f"loss pos {i}"][-1] for i in positions},
         final_position_top1={i: history.extra[f"top1 pos {i}"][-1] for i in positions},
         position_weights=position_weights(n, recipe.loss_gamma),

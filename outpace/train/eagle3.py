@@ -377,7 +377,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
 
     written, convention = checkpoint_aux_ids(capture)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics,
+        common_metrics(recipe, draft, history, t0, device, ranks.size), **data.corpus_metrics,
         final_step_loss={j: history.extra[f"loss step {j}"][-1] for j in range(recipe.ttt_steps)},
         final_step_top1={j: history.extra[f"top1 step {j}"][-1] for j in range(recipe.ttt_steps)},
         target_num_layers=tcfg.num_hidden_layers, capture_layer_ids=list(capture),

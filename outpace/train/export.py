@@ -18,11 +18,14 @@ from outpace.train.loop import TrainHistory, plot_history
 MAX_SHARD_BYTES = 15 * 1024 * 1024
 
 
-def common_metrics(recipe, model: nn.Module, history: TrainHistory, started: float, device: str) -> dict:
-    """What every recipe reports: its recipe, size, wall times, final loss, loss history, device."""
+def common_metrics(recipe, model: nn.Module, history: TrainHistory, started: float, device: str,
+                   num_ranks: int = 1) -> dict:
+    """What every recipe reports: its recipe, size, wall times, final loss, loss history, device and the
+    number of training ranks (one device each)."""
     return dict(recipe=dataclasses.asdict(recipe), num_parameters=sum(p.numel() for p in model.parameters()),
                 train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - started,
-                final_loss=history.losses[-1], history=history.to_dict(), device=device_name(device))
+                final_loss=history.losses[-1], history=history.to_dict(), device=device_name(device),
+                training_ranks=num_ranks)
 
 
 def save_trained(out_dir: Path, tensors: dict[str, torch.Tensor], cfg_dict: dict, history: TrainHistory,

@@ -21,7 +21,7 @@ def write_model_card(model_dir: Path, title: str, summary: str, command: str, ex
     lines = [
         f"# {title}", "", summary, "",
         "## Reproduce", "", "```", command, "```", "",
-        f"Trained on {m['device']} in {m['train_wall_seconds']:.0f} s of training "
+        f"Trained on {_devices(m)} in {m['train_wall_seconds']:.0f} s of training "
         f"({m['total_wall_seconds']:.0f} s in all, data preparation and evaluation included); "
         f"{m['num_parameters']:,} parameters; weights stored in bf16.", "",
         "![loss](loss.png)", "",
@@ -54,4 +54,12 @@ def draft_train_command(method: str, recipe_cls, m: dict, out: str, target: str 
             parts.append(f"{_DRAFT_FLAGS[name]} {value}")
         else:
             parts.append(f"--set {name}={json.dumps(value, separators=(',', ':'))}")
+    if m.get("training_ranks", 1) > 1:
+        parts.append(f"--nproc-per-node {m['training_ranks']}")
     return " ".join(parts)
+
+
+def _devices(m: dict) -> str:
+    """Where a run trained: its device, or N x it over N training ranks (metrics without the count: one)."""
+    n = m.get("training_ranks", 1)
+    return m["device"] if n == 1 else f"{n} x {m['device']} ({n} training ranks)"

@@ -219,7 +219,7 @@ def _fine_tune(target_dir: Path, recipe: MTPRecipe, resume_dir: Path, device: st
     replaced = {to_ckpt(f"mtp_layers.{name}"): p.detach() for name, p in ranks.full_parameters(layers).items()
                 if name in trained}
     metrics = dict(
-        common_metrics(recipe, layers, history, started, device), **data.corpus_metrics, num_mtp_layers=n,
+        common_metrics(recipe, layers, history, started, device, ranks.size), **data.corpus_metrics, num_mtp_layers=n,
         chained=chained, final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
         final_layer_top1={k: history.extra[f"top1 layer {k}"][-1] for k in range(n)},
         replaced_tensors=len(replaced), target=str(target_dir))

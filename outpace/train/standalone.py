@@ -79,7 +79,7 @@ def train_standalone(target_dir: Path, recipe: StandaloneRecipe, out_dir: Path, 
     history = train(objective, loss_fn, recipe.loop_optim(t0), device, desc="standalone draft",
                     resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
     state = model_state_dict(draft, ranks.full_parameters(draft))
-    metrics = dict(common_metrics(recipe, draft, history, t0, device), **data.corpus_metrics)
+    metrics = dict(common_metrics(recipe, draft, history, t0, device, ranks.size), **data.corpus_metrics)
     if ranks.is_driver:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
