@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (distillation_inputs, TrajectoryDistillRecipe, prompt_source, soft_cross_entropy, teacher_forward,
-                                   unused_files_note, window_source)
+from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, prompt_source, soft_cross_entropy,
+                                   teacher_forward, unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train

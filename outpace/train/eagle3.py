@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (distillation_inputs, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source, response_mask,
-                                   teacher_forward, unused_files_note, window_source)
+from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
+                                   response_mask, teacher_forward, unused_files_note, window_source)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import unpack_projections
-from outpace.train.distill import (distillation_inputs, TrajectoryDistillRecipe, masked_cross_entropy, prompt_source,
+from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
                                    response_mask, teacher_forward, unused_files_note)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics

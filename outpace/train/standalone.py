@@ -15,8 +15,8 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict
 from outpace.config import ModelConfig
 from outpace.models.loader import build_model
-from outpace.train.distill import (distillation_inputs, DistillRecipe, masked_cross_entropy, prompt_source, teacher_forward,
-                                   unused_files_note, window_source)
+from outpace.train.distill import (DistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
+                                   teacher_forward, unused_files_note, window_source)
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
 from outpace.train.ranks import ONE_RANK, TrainRanks
