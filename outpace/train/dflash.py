@@ -69,6 +69,8 @@ class DFlashRecipe(TrajectoryDistillRecipe):
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
     max_checkpoint_mib: float = 4.0               # bf16 size budget of the saved draft
     max_minutes: float | None = 4.5
+    compile_step: bool = True                     # H100, batch 128: 2.4x eager (benchmarks/train_compile); its
+                                                  # check, tests/test_train_compile.py, passed there 2026-11-27
 
     def __post_init__(self) -> None:
         super().__post_init__()
