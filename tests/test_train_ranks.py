@@ -5,6 +5,10 @@ same draft, which serves losslessly; a stopped two-rank run resumes from its one
 uninterrupted run; what cannot be split is refused by name."""
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,3 +173,23 @@ def test_a_failure_on_rank_0_stops_every_rank_with_its_reason(targets, tmp_path)
         train_on_ranks(train_eagle3, 2, "cpu", target_dir, dataclasses.replace(recipe, prompt_files=(missing,)),
                        tmp_path / "out", "cpu")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def _bars_on_every_rank(steps: int, ranks: TrainRanks) -> int:
+    from tqdm import tqdm
+
+    return sum(1 for _ in tqdm(range(steps), disable=not ranks.is_driver))
+
+
+def test_a_spawned_rank_leaks_no_semaphore():
+    """A spawned rank leaves through os._exit (train/ranks.py ``_spawned_rank``): its progress bars must not
+    hold a multiprocessing semaphore, which the resource tracker reports as leaked when the run exits."""
+    code = ("from outpace.train.ranks import train_on_ranks\n"
+            "from test_train_ranks import _bars_on_every_rank\n"
+            "assert train_on_ranks(_bars_on_every_rank, 2, 'cpu', 3) == 3\n")
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests.parent), str(tests)])
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert run.returncode == 0, run.stderr
+    assert "leaked semaphore" not in run.stderr, run.stderr

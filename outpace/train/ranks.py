@@ -289,7 +289,14 @@ def _spawned_rank(fn, args, device: str, nproc: int, rank: int, init_method: str
     NOTE: a rank whose run is complete leaves with ``os._exit(0)``, skipping the interpreter's teardown: its
     process group is destroyed and rank 0 writes every file, so nothing is left to finalise, and once (CI,
     2026-11-27) that teardown aborted a finished rank ("terminate called without an active exception": a C++
-    thread still joinable when destroyed), which failed a run that had completed."""
+    thread still joinable when destroyed), which failed a run that had completed. Skipping it would leave
+    tqdm's default lock, a multiprocessing semaphore, unreleased (the resource tracker then warns of a leak), so
+    the rank's progress bars take a thread lock instead: they all live in this one process."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     try:
         _run_rank(fn, args, device, init_rank_group(nproc, rank, device, init_method, COLLECTIVE_TIMEOUT_S))
     except BaseException:
