@@ -11,11 +11,8 @@ import pytest
 import torch
 import transformers
 
-from hf_models import save_hf_model
+from hf_models import paged_prefill_error, save_hf_model
 from outpace import LLM, SamplingParams
-from outpace.attention import build_paged_metadata, forward_context
-from outpace.cache.block_pool import BlockPool
-from outpace.cache.kv_cache import bind_kv_cache
 from outpace.checkpoint import checkpoint_tensor_names
 from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
 from outpace.models.loader import load_model
@@ -106,14 +103,7 @@ def generate(path, prompt, n, **engine):
 def test_prefill_logits_match_transformers(variant, gemma):
     """45 tokens (over six windows) in one paged forward over scattered blocks."""
     hf, path = gemma(variant)
-    model = load_model(path, torch.float32)
-    ids = torch.randint(0, 211, (45,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model.model, BlockPool(8, 16), torch.float32, "cpu")
-        with forward_context(build_paged_metadata([[5, 2, 7]], [0], [45], 16, "cpu")):
-            logits = model.compute_logits(model(ids, torch.arange(45)).hidden_states)
-    rel = ((logits - ref).norm() / ref.norm()).item()
+    rel = paged_prefill_error(hf, path, 211)
     assert rel < 1e-4, f"{variant}: relative error {rel}"
 
 

@@ -8,6 +8,7 @@ sequence for every token."""
 import pytest
 import torch
 
+from hf_models import paged_prefill_error
 from hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
@@ -46,14 +47,7 @@ def greedy_by_recomputation(hf, prompt, n):
 @pytest.mark.parametrize("variant", list(HYBRIDS))
 def test_prefill_logits_match_transformers(variant, checkpoints):
     hf, path = checkpoints(variant)
-    model = load_model(path, torch.float32)
-    ids = torch.randint(0, 131, (45,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model.model, BlockPool(8, 16), torch.float32, "cpu")
-        with forward_context(build_paged_metadata([[5, 2, 7]], [0], [45], 16, "cpu")):
-            logits = model.compute_logits(model(ids, torch.arange(45)).hidden_states)
-    rel = ((logits - ref).norm() / ref.norm()).item()
+    rel = paged_prefill_error(hf, path, 131)
     assert rel < 1e-4, f"{variant}: relative error {rel}"
 
 

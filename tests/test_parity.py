@@ -2,26 +2,14 @@
 import pytest
 import torch
 
-from hf_models import VARIANTS
+from hf_models import VARIANTS, paged_prefill_error
 from outpace import LLM, SamplingParams
-from outpace.attention import build_paged_metadata, forward_context
-from outpace.cache.block_pool import BlockPool
-from outpace.cache.kv_cache import bind_kv_cache
-from outpace.models.loader import load_model
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_prefill_logits_match_transformers(variant, hf_checkpoints):
     hf, path = hf_checkpoints(variant)
-    model = load_model(path, torch.float32)
-    ids = torch.randint(0, hf.config.vocab_size, (45,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
-        meta = build_paged_metadata([[5, 2, 7]], [0], [45], 16, "cpu")
-        with forward_context(meta):
-            logits = model.compute_logits(model(ids, torch.arange(45)).hidden_states)
-    rel = ((logits - ref).norm() / ref.norm()).item()
+    rel = paged_prefill_error(hf, path, hf.config.vocab_size)
     assert rel < 1e-4, f"{variant}: relative error {rel}"
 
 
