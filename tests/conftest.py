@@ -47,7 +47,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hf_models import make_hf_model, save_hf_model  # noqa: E402
+from hf_models import checkpoint_cache, make_hf_model, save_hf_model  # noqa: E402
 
 
 # transformers' hybrid classes pick flash-linear-attention's (GPU-only) kernels for the delta rule, and
@@ -96,15 +96,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def hf_checkpoints(tmp_path_factory):
     """variant -> (transformers model, directory of its saved checkpoint)."""
-    cache = {}
-
-    def get(variant: str):
-        if variant not in cache:
-            model = make_hf_model(variant)
-            cache[variant] = (model, save_hf_model(model, tmp_path_factory.mktemp(variant)))
-        return cache[variant]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, make_hf_model)
 
 
 @pytest.fixture(scope="session")

@@ -69,3 +69,18 @@ def paged_prefill_error(hf, path: Path, vocab_size: int, num_tokens: int = 45) -
         with forward_context(build_paged_metadata([[5, 2, 7]], [0], [num_tokens], 16, "cpu")):
             logits = model.compute_logits(model(ids, torch.arange(num_tokens)).hidden_states)
     return ((logits - ref).norm() / ref.norm()).item()
+
+
+def checkpoint_cache(tmp_path_factory, make, save=None):
+    """A fixture's value: variant -> (transformers model, directory of its saved checkpoint), each variant built
+    by ``make(variant)`` and saved by ``save(model, directory)`` (``save_hf_model`` by default) once."""
+    save = save or save_hf_model
+    cache = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            model = make(variant)
+            cache[variant] = (model, save(model, tmp_path_factory.mktemp(variant)))
+        return cache[variant]
+
+    return get

@@ -11,7 +11,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from hf_models import make_hf_model, save_hf_model
+from hf_models import checkpoint_cache, make_hf_model, save_hf_model
 from oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
@@ -77,15 +77,7 @@ def make_hf_deepseek(variant: str, **overrides):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """variant -> (transformers model, directory of its saved checkpoint)."""
-    cache = {}
-
-    def get(variant: str):
-        if variant not in cache:
-            model = make_hf_deepseek(variant)
-            cache[variant] = (model, save_hf_model(model, tmp_path_factory.mktemp(variant)))
-        return cache[variant]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, make_hf_deepseek)
 
 
 def set_expand_threshold(model, query_len) -> None:

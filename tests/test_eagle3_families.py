@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_models import save_hf_model
+from hf_models import checkpoint_cache, save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
@@ -55,15 +55,7 @@ def narrow_draft(deepseek, tmp_path_factory):
 def gemma(tmp_path_factory):
     """variant -> (transformers model, directory): the 5-layer Gemma 3 and Gemma 4 (per-layer embeddings,
     sliding windows of 7) of test_gemma.py."""
-    cache = {}
-
-    def get(variant: str):
-        if variant not in cache:
-            model = make_gemma(variant)
-            cache[variant] = (model, save_hf_model(model, tmp_path_factory.mktemp(variant)))
-        return cache[variant]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, make_gemma)
 
 
 def target_forward(target, ids: torch.Tensor, capture):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from hf_models import paged_prefill_error, save_hf_model
+from hf_models import checkpoint_cache, paged_prefill_error
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import checkpoint_tensor_names
 from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
@@ -76,15 +76,7 @@ def make_gemma(variant: str):
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
     """variant -> (transformers model, directory of its saved checkpoint)."""
-    cache = {}
-
-    def get(variant: str):
-        if variant not in cache:
-            model = make_gemma(variant)
-            cache[variant] = (model, save_hf_model(model, tmp_path_factory.mktemp(variant)))
-        return cache[variant]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, make_gemma)
 
 
 def transformers_greedy(hf, prompt, n):

@@ -8,7 +8,7 @@ sequence for every token."""
 import pytest
 import torch
 
-from hf_models import paged_prefill_error
+from hf_models import checkpoint_cache, paged_prefill_error
 from hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
@@ -25,15 +25,7 @@ PROMPTS = [[3, 17, 99, 100, 8, 42, 7], [5, 9], [(i * 7) % 131 for i in range(13)
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    cache = {}
-
-    def get(variant):
-        if variant not in cache:
-            hf = make_hybrid(variant)
-            cache[variant] = (hf, save_hybrid(hf, tmp_path_factory.mktemp(variant)))
-        return cache[variant]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, make_hybrid, save_hybrid)
 
 
 def greedy_by_recomputation(hf, prompt, n):
