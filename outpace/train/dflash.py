@@ -29,7 +29,9 @@ held-out tau 1.54 / 1.41 at T = 0 / 1 against 1.43 / 1.31, benchmarks/train_expe
 steps, with half raw corpus windows: 1.86 / 1.58 against 1.69 / 1.40, benchmarks/train_ablation_gpu). The
 labels stay the target's own choices at every row (its argmax after the real prefix); what sampling adds is
 more varied text to learn them on. Both results are early in training: ``data_temperature=0`` is the
-ablation's "greedy data" row.
+ablation's "greedy data" row. Against it: at T = 0.8 the zoo target's sampled tokens are its argmax 72% of the
+time, so block row i's label lies on the path greedy verification accepts for only 0.71 0.54 0.41 0.32 0.26 0.21
+of anchors at rows 2 .. 7 (benchmarks/diag_dflash_label_path.py), the rows where the zoo draft falls away.
 """
 from __future__ import annotations
 
