@@ -22,10 +22,12 @@
 #                                                    # on the one GPU (methods of eagle3 dflash mtp, all by default;
 #                                                    # `minutes` of training loop each, 7 by default (data and the
 #                                                    # held-out run come on top: ~2 min on an H100); TRAIN_TIME_LIMIT
-#                                                    # (s) stops a trainer, the rest still packed; TRAIN_WORK its scratch folder; TRAIN_SET="--set F=V ..." adds
-#                                                    # recipe fields to every run; "--set total_minutes=9" bounds a
-#                                                    # whole run, data and held-out run included, shortening the
-#                                                    # loop to fit): per method its log, its draft as
+#                                                    # (s) stops a trainer, the rest still packed; TRAIN_WORK names
+#                                                    # its scratch folder (one per run side by side on two GPUs);
+#                                                    # TRAIN_SET="--set F=V ..." adds recipe fields to every run;
+#                                                    # "--set total_minutes=9" bounds a whole run, data and held-out
+#                                                    # run included, shortening the loop to fit): per method its
+#                                                    # log, its draft as
 #                                                    # draft_METHOD.tar.gz, and train_summary.json (held-out tau at
 #                                                    # T=0 and T=1 as each trainer measured it, wall times)
 #   bash benchmarks/gpu_run.sh OUT_DIR ablation [methods] # issue 22 item 4: benchmarks/train_ablation.py at its GPU
