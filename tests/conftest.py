@@ -118,3 +118,13 @@ def zoo_like_dir(tmp_path_factory):
     path = save_hf_model(model, tmp_path_factory.mktemp("zoo_like"))
     save_tokenizer(tok, path, model_max_length=512)
     return path
+
+
+@pytest.fixture(scope="session")
+def toy_eval_prompts(tmp_path_factory) -> str:
+    """A held-out prompts file (zoo/eval_prompts.json's format) of two short code prompts, for toy training runs."""
+    import json
+
+    path = tmp_path_factory.mktemp("toy_prompts") / "eval_prompts.json"
+    path.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
+    return str(path)

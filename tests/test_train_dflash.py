@@ -2,7 +2,6 @@
 path equals, tests/test_dflash.py), anchors fall in the continuations, labels on greedy continuations are
 the tokens serving verifies, and a toy run trains, resumes, saves a draft that serves losslessly and
 measures its held-out acceptance."""
-import json
 
 import pytest
 import torch
@@ -84,11 +83,9 @@ def test_labels_on_greedy_continuations_are_the_continuation(peaked_target):  # 
 
 
 @pytest.fixture(scope="module")
-def toy_run(peaked_target, tmp_path_factory):  # noqa: F811
+def toy_run(peaked_target, tmp_path_factory, toy_eval_prompts):  # noqa: F811
     out = tmp_path_factory.mktemp("dflash_toy")
-    prompts = tmp_path_factory.mktemp("prompts") / "eval_prompts.json"
-    prompts.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
-    recipe = DFlashRecipe.toy(eval_prompts=str(prompts), resume_every=10)
+    recipe = DFlashRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)
     return peaked_target, out, recipe, train_dflash(peaked_target, recipe, out, "cpu")
 
 

@@ -146,7 +146,7 @@ def test_vocab_selection_and_maps():
 
 
 @pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
+def toy_run(tmp_path_factory, toy_eval_prompts):
     from outpace.train.eagle3 import train_eagle3
     from outpace.train.target import TargetRecipe, train_target
 
@@ -154,9 +154,7 @@ def toy_run(tmp_path_factory):
     # six layers like the zoo target: the default capture [2, 3, 3] must become [2, 3, 4]
     train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
     out = tmp_path_factory.mktemp("eagle3_draft")
-    prompts = tmp_path_factory.mktemp("prompts") / "eval_prompts.json"
-    prompts.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
-    recipe = Eagle3Recipe.toy(eval_prompts=str(prompts), eval_num_steps=3)
+    recipe = Eagle3Recipe.toy(eval_prompts=toy_eval_prompts, eval_num_steps=3)
     return target_dir, out, recipe, train_eagle3(target_dir, recipe, out, "cpu")
 
 

@@ -1,7 +1,6 @@
 """The MTP fine-tune recipe: a toy target's chained MTP layers fine-tuned on its greedy continuations; the
 loss falls, only the MTP tensors change, the copy serves losslessly with --method mtp and its held-out
 acceptance is measured; the chain forward reads the rows and tokens the serving layers read."""
-import json
 
 import pytest
 import torch
@@ -39,11 +38,9 @@ def toy_target(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def toy_run(toy_target, tmp_path_factory):
+def toy_run(toy_target, tmp_path_factory, toy_eval_prompts):
     out = tmp_path_factory.mktemp("mtp_tuned")
-    prompts = tmp_path_factory.mktemp("prompts") / "eval_prompts.json"
-    prompts.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
-    recipe = MTPRecipe.toy(eval_prompts=str(prompts), resume_every=10)
+    recipe = MTPRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)
     return toy_target, out, recipe, train_mtp(toy_target, recipe, out, "cpu")
 
 

@@ -30,14 +30,7 @@ TRAIN = {"eagle3": train_eagle3, "dflash": train_dflash, "mtp": train_mtp, "stan
 
 
 @pytest.fixture(scope="module")
-def eval_prompts(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("ranks_prompts") / "eval_prompts.json"
-    path.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def targets(tmp_path_factory, peaked_target, eval_prompts):  # noqa: F811
+def targets(tmp_path_factory, peaked_target, toy_eval_prompts):  # noqa: F811
     """method -> (target directory, toy recipe): a trained toy target for EAGLE3 and the standalone draft (six
     layers, as the zoo's); for DFlash a random target with peaked outputs and a mask token; for MTP a toy
     target whose MTP layers were scrambled (something to learn)."""
@@ -45,10 +38,10 @@ def targets(tmp_path_factory, peaked_target, eval_prompts):  # noqa: F811
 
     target_dir = tmp_path_factory.mktemp("ranks_target")
     train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
-    return {"eagle3": (target_dir, Eagle3Recipe.toy(eval_prompts=eval_prompts, eval_num_steps=3, resume_every=10)),
-            "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=eval_prompts, resume_every=10)),
+    return {"eagle3": (target_dir, Eagle3Recipe.toy(eval_prompts=toy_eval_prompts, eval_num_steps=3, resume_every=10)),
+            "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
             "mtp": (write_mtp_target(tmp_path_factory.mktemp("ranks_mtp_target")),
-                    MTPRecipe.toy(eval_prompts=eval_prompts, resume_every=10)),
+                    MTPRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
             "standalone": (target_dir, StandaloneRecipe.toy(resume_every=10))}
 
 
