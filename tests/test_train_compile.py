@@ -1,8 +1,7 @@
 """On a GPU the draft recipes compile their training step (``compile_step``, train/ranks.py ``DraftStep``):
 the compiled EAGLE3, DFlash and MTP steps give the eager step's loss and gradients under bf16 autocast, on the
 call that compiles them and on later calls after the weights moved in place, as an optimizer moves them.
-(EAGLE3 and DFlash passed on an H100, and compile by default; MTP's check is newer and MTP stays opt-in until
-it has passed there.)
+(EAGLE3 and DFlash passed on an H100, MTP on an H200; all three compile by default.)
 
 The later calls matter: Inductor (torch 2.11, H100) once compiled the hand-written TTT attention so that
 gradients were right on the compiling call only (train/eagle3.py ``ttt_attention``)."""
