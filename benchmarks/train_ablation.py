@@ -52,13 +52,14 @@ VARIANTS = {
          dict(draft_vocab_size=2048, mask_out_of_vocab=False)),
     ],
     "dflash": [
-        ("full", "the recipe: block 8, 64 anchors in the continuation, gamma 4, hard labels, continuations at T=0.8",
+        ("full", "the recipe: block 8, 64 anchors in the continuation, gamma 4, hard labels, continuations at T=0.4",
          {}),
         ("uniform row weights", "loss_gamma 1e6", dict(loss_gamma=1e6)),
         ("8 anchors", "num_anchors 8", dict(num_anchors=8)),
         ("+ soft labels", "soft_label_weight 1.0 (added)", dict(soft_label_weight=1.0)),
-        ("+ corpus windows", "continuations at T=0.8, half corpus windows (added)", CORPUS_WINDOWS),
+        ("+ corpus windows", "continuations at T=0.4, half corpus windows (added)", CORPUS_WINDOWS),
         ("greedy data", "greedy continuations (T=0)", dict(data_temperature=0.0)),
+        ("data at T=0.8", "continuations at T=0.8", dict(data_temperature=0.8)),
     ],
     "mtp": [
         ("as trained", "the zoo target's MTP layers, not fine-tuned", None),

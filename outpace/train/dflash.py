@@ -1,5 +1,5 @@
 """``outpace train draft --method dflash``: a DFlash block-diffusion draft trained on the target's own
-continuations (sampled at temperature 0.8).
+continuations (sampled at temperature 0.4).
 
 Shapes follow the target (hidden size, heads, head_dim, intermediate size): the draft borrows the
 target's embedding and head, so its checkpoint holds neither. It reads the outputs of a few target
@@ -21,17 +21,18 @@ Training, for token windows x [b, T] = a corpus prompt (rows < prompt_len) and t
   exp(-(i - 1) / gamma) (the DFlash paper's decay; gamma 4 for block 8 as in NVIDIA Model-Optimizer's
   DFlash default, 7 for block 16 in SpecForge's configs) and normalised by the sum of the weights.
 
-Why sampled continuations (``data_temperature`` 0.8), although greedy ones label every block row with
-exactly what greedy verification accepts (at temperature 0 row i is accepted only when rows 1 .. i - 1 were
-the target's greedy tokens, and a draft cannot see the tokens between the anchor and row i): at equal steps
-the target's sampled continuations gave the better draft at both temperatures, on the CPU (800 steps:
-held-out tau 1.54 / 1.41 at T = 0 / 1 against 1.43 / 1.31, benchmarks/train_experiments) and on an H100 (650
-steps, with half raw corpus windows: 1.86 / 1.58 against 1.69 / 1.40, benchmarks/train_ablation_gpu). The
-labels stay the target's own choices at every row (its argmax after the real prefix); what sampling adds is
-more varied text to learn them on. Both results are early in training: ``data_temperature=0`` is the
-ablation's "greedy data" row. Against it: at T = 0.8 the zoo target's sampled tokens are its argmax 72% of the
-time, so block row i's label lies on the path greedy verification accepts for only 0.71 0.54 0.41 0.32 0.26 0.21
-of anchors at rows 2 .. 7 (benchmarks/diag_dflash_label_path.py), the rows where the zoo draft falls away.
+Why continuations sampled at temperature 0.4, neither greedy nor 0.8: at temperature 0 row i is accepted only
+when rows 1 .. i - 1 were the target's greedy tokens, and a draft cannot see the tokens between the anchor and
+row i, so a label is what greedy verification asks for only when the sampled tokens before it are argmax tokens;
+sampling gives more varied text to learn on. At T = 0.8 the zoo target's sampled tokens are its argmax 72% of
+the time and row 7's label is on that path for 0.21 of anchors; at T = 0.4, 93% and 0.71
+(benchmarks/diag_dflash_label_path.py). At the zoo's whole-run budget (about 9 minutes on an H200, 49152
+continuations; benchmarks/train_dflash_depth) held-out tau at T = 0 was, for 2 / 4 / 6 layers (intermediate
+640 / 256 / 128), 2.85 / 3.38 /
+3.47 with T = 0.8 data and 3.02 / 3.49 / - with greedy data; 6 layers with T = 0.4 data reached 3.73 (greedy
+and T = 0.2 3.59 and 3.60, on a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05
+against 1.85). The 650-step ablation row "greedy data" (benchmarks/train_ablation_gpu) is far earlier in
+training, where sampled data won.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ from outpace.train.target import init_weights
 
 @dataclass(frozen=True)
 class DFlashRecipe(TrajectoryDistillRecipe):
-    data_temperature: float = 0.8                 # sampled continuations (module docstring)
+    data_temperature: float = 0.4                 # sampled continuations (module docstring)
     block_size: int = 8                           # B: B - 1 drafts per verify
     num_layers: int = 2
     intermediate_size: int | None = None          # None: the target's

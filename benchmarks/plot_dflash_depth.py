@@ -1,0 +1,37 @@
+"""Plot of benchmarks/train_dflash_depth/runs.json: held-out tau (CPU, fp32) of each DFlash run against its
+number of layers, one line per data temperature, at T = 0 and T = 1.
+
+  python benchmarks/plot_dflash_depth.py [benchmarks/train_dflash_depth]
+"""
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def main(folder: Path) -> None:
+    runs = json.loads((folder / "runs.json").read_text())
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, key in zip(axes, ("tau T=0", "tau T=1")):
+        for temp in sorted({r["data_temperature"] for r in runs.values()}):
+            rows = sorted((r["num_layers"], r["cpu_fp32_heldout"][key], r["total_minutes"])
+                          for r in runs.values() if r["data_temperature"] == temp)
+            ax.plot([x for x, _, _ in rows], [y for _, y, _ in rows], marker="o", label=f"data at T = {temp}")
+            for x, y, minutes in rows:
+                ax.annotate(f"{minutes:g} min", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        ax.set(xlabel="draft layers (intermediate 640 / 256 / 128)", ylabel=f"held-out {key}",
+               title=f"serving at {key.split()[1]}")
+        ax.set_xticks([2, 4, 6])
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("DFlash block 8 on the zoo target: depth and data temperature (whole-run budget per point)")
+    fig.tight_layout()
+    fig.savefig(folder / "tau.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "train_dflash_depth")
