@@ -164,7 +164,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
                api_key=a.api_key or os.environ.get("OUTPACE_API_KEY") or None,
                max_queued_requests=a.max_queued_requests, max_tokens_limit=a.max_tokens_limit, max_n=a.max_n,
                max_body_bytes=a.max_body_bytes, log_interval=a.log_interval, drain_timeout=a.drain_timeout,
-               data_parallel_size=a.data_parallel_size)
+               data_parallel_size=a.data_parallel_size, engine_process=a.engine_process)
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
@@ -279,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-parallel-size", "--dp", type=int, default=1, metavar="M",
                    help="engine replicas behind the server, each in its own process (and each tensor-parallel "
                         "over --tensor-parallel-size ranks); requests go to the one with the shortest queue")
+    s.add_argument("--engine-process", action="store_true",
+                   help="run the one engine in a process of its own, as each data-parallel replica runs, so that "
+                        "HTTP streaming and the engine's host work do not share one interpreter (implied by "
+                        "--data-parallel-size > 1)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
 
@@ -305,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "items that no longer fit are listed as not run, and the same command into the same --out "
                     "continues with them")
     mb.add_argument("--dp-reserve", type=float, default=None,
-                    help="seconds of the limit kept for each data-parallel part (170)")
+                    help="seconds of the limit kept for each data-parallel part (260)")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")

@@ -93,21 +93,24 @@ def test_speed_rows_carry_their_floor(run):
 
 @pytest.mark.parametrize("part", ["dp", "dp_eagle3"])
 def test_data_parallel_rows(run, part):
-    """Plain decoding (``dp``) and EAGLE3 (``dp_eagle3``, the zoo draft on this CPU plan) served by one replica and
-    by two: every request answered, the ratios from the rows, a target line for each part."""
+    """Plain decoding (``dp``) and EAGLE3 (``dp_eagle3``, the zoo draft on this CPU plan) served by one replica (in
+    the server's process and in its own) and by two: every request answered, the ratios from the rows, target
+    lines for each part."""
     dp = run[0][part]
     assert dp["drafter"] == ("--method none" if part == "dp" else
                              f"--method eagle3 --draft {Path(__file__).resolve().parents[1] / 'zoo' / 'tinypy-eagle3'} "
                              "--num-steps 2")
-    for key in ("one_replica", "two_replicas"):
+    for key in ("one_replica", "one_replica_own_process", "two_replicas"):
         assert dp[key]["num_failed"] == 0 and dp[key]["num_requests"] == 8 and dp[key]["output_tokens"] > 0
         assert dp[key]["client_processes"] == 2  # the load split over two client processes, every request counted
     assert dp["mode"] == "outpace serve --data-parallel-size 2"
     assert dp["output_tokens_per_s_ratio"] == pytest.approx(
         dp["two_replicas"]["output_tokens_per_s"] / dp["one_replica"]["output_tokens_per_s"])
+    assert dp["output_tokens_per_s_ratio_own_process"] == pytest.approx(
+        dp["two_replicas"]["output_tokens_per_s"] / dp["one_replica_own_process"]["output_tokens_per_s"])
     saturated = dp["saturated"]  # the second level: twice the streams, as many requests per stream
     assert (saturated["streams"], saturated["requests"], dp["streams"], dp["requests"]) == (8, 16, 4, 8)
-    for key in ("one_replica", "two_replicas"):
+    for key in ("one_replica", "one_replica_own_process", "two_replicas"):
         assert saturated[key]["num_failed"] == 0 and saturated[key]["num_requests"] == 16
     assert saturated["output_tokens_per_s_ratio"] == pytest.approx(
         saturated["two_replicas"]["output_tokens_per_s"] / saturated["one_replica"]["output_tokens_per_s"])
@@ -115,6 +118,8 @@ def test_data_parallel_rows(run, part):
     assert f"dp2_over_one{with_drafter} at 8 streams (saturated, output tokens/s)" in run[0]["targets"]
     assert run[0]["targets"][f"dp2_over_one{with_drafter} >= 1.9 (output tokens/s)"]["value"] == \
         dp["output_tokens_per_s_ratio"]
+    assert run[0]["targets"][f"dp2_over_one{with_drafter}, one replica with --engine-process (output tokens/s)"][
+        "value"] == dp["output_tokens_per_s_ratio_own_process"]
 
 
 def test_compare_finds_the_first_difference():

@@ -8,6 +8,17 @@ replicas each run one over 32; the second level, ``dp_saturated_streams`` (256),
 costs in proportion to its rows (on two H100s its host work, not the GPU, bounds it there). Both levels run on
 the same servers, each after a warm-up at its own stream count (a batch size met for the first time captures
 its graphs).
+
+Two baselines of one replica: the single server as users run it (the engine in the server's process) and
+``--engine-process`` (the engine in a process of its own, as each of the two replicas runs), so the two-replica
+ratio can be read against either: at 256 streams one replica's tokens/s stayed where they were at 64 while
+two replicas' rose 2.7x (benchmarks/multi_gpu/dp_ab_h200_run), which points at the host work the in-process
+engine shares with the HTTP event loop.
+
+Each stream sends ``dp_requests / dp_streams`` requests one after another (8): with 3, a level lasted 3-4 s, of
+which the ramp (every stream's prefill at once) and the drain (the last streams' tails) were a large part, and
+the wall-clock throughput diluted what per-token times showed (dp_ab_h200_run: EAGLE3 at 64 streams, 2.1x lower
+time per output token with two replicas, 1.40x the tokens/s).
 """
 from __future__ import annotations
 
@@ -66,14 +77,21 @@ def dp_throughput(plan, model: str, drafter: tuple[str, ...] = ("--method", "non
             server.close()
 
     one = served("0")
+    own = served("0", "--engine-process") if plan.dp_engine_process else {}
     two = served(",".join(map(str, range(replicas))), "--data-parallel-size", str(replicas)) if replicas > 1 else {}
     by_level = []
     for streams, requests in levels.items():
         row = {"streams": streams, "requests": requests, "one_replica": one[streams]}
+        if own:
+            row["one_replica_own_process"] = own[streams]
         if two:
             row["two_replicas"] = two[streams]
-            row["output_tokens_per_s_ratio"] = two[streams]["output_tokens_per_s"] / one[streams]["output_tokens_per_s"]
-            row["requests_per_s_ratio"] = two[streams]["requests_per_s"] / one[streams]["requests_per_s"]
+            for suffix, base in (("", one), ("_own_process", own)):
+                if base:
+                    row[f"output_tokens_per_s_ratio{suffix}"] = (two[streams]["output_tokens_per_s"]
+                                                                 / base[streams]["output_tokens_per_s"])
+                    row[f"requests_per_s_ratio{suffix}"] = (two[streams]["requests_per_s"]
+                                                            / base[streams]["requests_per_s"])
         by_level.append(row)
     first, *rest = by_level
     result = {"model": model, "drafter": " ".join(drafter), "max_tokens": plan.dp_max_tokens, "temperature": 0.0,

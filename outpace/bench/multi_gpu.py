@@ -94,13 +94,14 @@ class Plan:
     eagle3_adaptive: bool = True                      # False: chains of eagle3_steps every step (no timing)
     oracle_steps: int = 4
     dp_streams: int = 64
-    dp_requests: int = 192
+    dp_requests: int = 512                            # 8 per stream, one after another (bench/dp_serve.py)
+    dp_engine_process: bool = True                    # a third server: one replica with --engine-process
     dp_max_tokens: int = 128
     dp_kv_blocks: int = 4096                          # per replica: holds every stream of both levels
     dp_saturated_streams: int | None = 256            # a second level, where one replica's batch saturates it
     dp_client_processes: int = 4                      # the load's client processes (server/bench.py run_load)
     time_limit_s: float = 540.0                       # the whole run; items that no longer fit are skipped
-    dp_reserve_s: float = 170.0                       # per data-parallel part
+    dp_reserve_s: float = 260.0                       # per data-parallel part
 
     def item_seconds(self, shape: dict) -> float:
         """A rough budget for one engine of ``shape`` (build, capture, rows), to skip what cannot finish."""

@@ -5,6 +5,8 @@ from pathlib import Path
 
 # the data-parallel parts of a run (multi_gpu.py runs them, bench/dp_serve.py): part -> the drafter its servers run
 DP_PARTS = {"dp": "none", "dp_eagle3": "eagle3"}
+# the servers of a data-parallel level (bench/dp_serve.py) -> their bars' colour
+DP_SERVERS = {"one_replica": "C0", "one_replica_own_process": "C1", "two_replicas": "C2"}
 
 
 def _row(rows: list[dict], **match) -> dict | None:
@@ -39,6 +41,10 @@ def targets(r: dict) -> dict:
             ratio = dp.get("output_tokens_per_s_ratio")
             out[f"dp2_over_one{with_drafter} >= 1.9 (output tokens/s)"] = {
                 "value": ratio, "met": None if ratio is None else ratio >= 1.9, "mode": dp.get("mode")}
+            own = dp.get("output_tokens_per_s_ratio_own_process")
+            if own is not None:
+                out[f"dp2_over_one{with_drafter}, one replica with --engine-process (output tokens/s)"] = {
+                    "value": own, "met": None}
             saturated = dp.get("saturated", {}).get("output_tokens_per_s_ratio")
             if saturated is not None:
                 out[f"dp2_over_one{with_drafter} at {dp['saturated']['streams']} streams (saturated, output "
@@ -83,10 +89,10 @@ def print_multi_gpu(r: dict) -> None:
     for part, dp in _dp_parts(r):
         print(f"  {part}: served with {dp.get('drafter', '--method none')}")
         for level in (dp, dp.get("saturated", {})):
-            for key in ("one_replica", "two_replicas"):
+            for key in DP_SERVERS:
                 if key in level:
                     s = level[key]
-                    print(f"  {level['streams']:>4} streams {key:<12} {s['requests_per_s']:.2f} requests/s, "
+                    print(f"  {level['streams']:>4} streams {key:<24} {s['requests_per_s']:.2f} requests/s, "
                           f"{s['output_tokens_per_s']:.1f} output tokens/s "
                           f"({s['num_requests'] - s['num_failed']}/{s['num_requests']} ok)")
         if "mode" in dp:
@@ -115,9 +121,9 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     eagle3 += [(f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} ORACLE a={x['acceptance']}", x["speedup"], "C1")
                for x in tp.get("oracle", [])]
     dp = [(f"{part} {level['streams']} streams, {key.replace('_', ' ')}", level[key]["output_tokens_per_s"],
-           "C0" if key == "one_replica" else "C2")
+           DP_SERVERS[key])
           for part, d in _dp_parts(r) for level in (d, d.get("saturated", {}))
-          for key in ("one_replica", "two_replicas") if key in level]
+          for key in DP_SERVERS if key in level]
     # (bars, y label, title, a reference line (y, colour, label) or None, tick rotation, tick font size)
     panels = [p for p in (
         (decode, "decode tokens/s / floor", "plain decode vs the floor (bytes / copy bw + all-reduces)",

@@ -269,14 +269,16 @@ class _Job:
 def build_app(engine_config: EngineConfig, served_model_name: str | None = None, api_key: str | None = None,
               max_queued_requests: int | None = 512, max_tokens_limit: int = 4096, max_n: int = 16,
               max_choices: int = 64, max_body_bytes: int = 1 << 20, log_interval: float = 10.0,
-              drain_timeout: float | None = None, data_parallel_size: int = 1) -> FastAPI:
+              drain_timeout: float | None = None, data_parallel_size: int = 1,
+              engine_process: bool = False) -> FastAPI:
     """Load the engine and build the app. The engine thread starts and stops with the app's lifespan;
     stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts).
 
     Limits: ``max_queued_requests`` waiting requests (429 beyond; an empty queue always takes one
     request), ``max_tokens_limit`` per request, ``n <= max_n``, prompts x n <= ``max_choices``,
     bodies of ``max_body_bytes`` (413 beyond). With ``api_key`` the /v1 routes need the bearer token.
-    ``data_parallel_size`` engine replicas serve behind it (server/replicas.py).
+    ``data_parallel_size`` engine replicas serve behind it, each in a process of its own; one replica runs in
+    this process unless ``engine_process`` (server/replicas.py ``serving_engine``).
     """
     for name, value in (("max_tokens_limit", max_tokens_limit), ("max_n", max_n), ("max_choices", max_choices),
                         ("max_body_bytes", max_body_bytes), ("log_interval", log_interval),
@@ -285,7 +287,7 @@ def build_app(engine_config: EngineConfig, served_model_name: str | None = None,
             raise ConfigError(f"server {name}={value!r} is invalid: must be > 0")
     model_name = served_model_name or Path(engine_config.model).name or str(engine_config.model)
     metrics = ServerMetrics(model_name)
-    engine = serving_engine(engine_config, metrics, log_interval, data_parallel_size)
+    engine = serving_engine(engine_config, metrics, log_interval, data_parallel_size, engine_process)
     created = int(time.time())
 
     @asynccontextmanager

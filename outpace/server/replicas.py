@@ -460,9 +460,12 @@ class DataParallelEngine:
 
 
 def serving_engine(config: EngineConfig, metrics: ServerMetrics | None, log_interval: float,
-                   data_parallel_size: int = 1):
-    """The engine behind the HTTP layer: one ``AsyncEngine``, or with several replicas a ``DataParallelEngine``."""
-    if data_parallel_size == 1:
+                   data_parallel_size: int = 1, engine_process: bool = False):
+    """The engine behind the HTTP layer: one ``AsyncEngine`` in the server's process, or a
+    ``DataParallelEngine`` of ``data_parallel_size`` replicas, each in a process of its own (also for one
+    replica with ``engine_process``: the HTTP event loop and the engine's host work then no longer share one
+    interpreter, as vLLM's API server and engine-core process do not)."""
+    if data_parallel_size == 1 and not engine_process:
         return AsyncEngine(config, metrics, log_interval=log_interval)
     return DataParallelEngine(config, data_parallel_size, metrics, log_interval)
 
