@@ -25,6 +25,7 @@ gauge, and takes no new requests; the others go on.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -190,15 +191,16 @@ class RemoteEngine:
         self.prefix_cache_stats: PrefixCacheStats | None = None
 
     @classmethod
-    def spawn(cls, config: EngineConfig, index: int) -> RemoteEngine:
-        """Replica ``index`` of ``config`` started in a process of its own, on its GPUs (``_visible_devices``)."""
+    def spawn(cls, config: EngineConfig, index: int, own_gpus: bool = True) -> RemoteEngine:
+        """Replica ``index`` of ``config`` started in a process of its own, on its GPUs (``_visible_devices``;
+        without ``own_gpus``, on those this process sees, where ``config.device`` picks one, as in-process)."""
         context = mp.get_context("spawn")
         calls, their_calls = context.Pipe()
         checks, their_checks = context.Pipe()
         # NOTE: not a daemon: a tensor-parallel replica starts its ranks as its own children
         process = context.Process(target=_replica_main, args=(config, index, their_calls, their_checks),
                                   name=f"outpace-replica-{index}")
-        with _visible_devices(config, index):
+        with _visible_devices(config, index) if own_gpus else contextlib.nullcontext():
             process.start()
         their_calls.close()
         their_checks.close()
@@ -367,7 +369,7 @@ class DataParallelEngine:
         if size < 1:
             raise ValueError(f"data_parallel_size={size} is invalid: must be >= 1")
         self.config, self.metrics = config, metrics
-        remotes = [RemoteEngine.spawn(config, i) for i in range(size)]
+        remotes = [RemoteEngine.spawn(config, i, own_gpus=size > 1) for i in range(size)]
         try:
             for remote in remotes:
                 remote.wait_ready()

@@ -28,9 +28,8 @@ sampling gives more varied text to learn on. At T = 0.8 the zoo target's sampled
 the time and row 7's label is on that path for 0.21 of anchors; at T = 0.4, 93% and 0.71
 (benchmarks/diag_dflash_label_path.py). At the zoo's whole-run budget (about 9 minutes on an H200, 49152
 continuations; benchmarks/train_dflash_depth) held-out tau at T = 0 was, for 2 / 4 / 6 layers (intermediate
-640 / 256 / 128), 2.85 / 3.38 /
-3.47 with T = 0.8 data and 3.02 / 3.49 / - with greedy data; 6 layers with T = 0.4 data reached 3.73 (greedy
-and T = 0.2 3.59 and 3.60, on a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05
+640 / 256 / 128), 2.85 / 3.38 / 3.47 with T = 0.8 data and 3.02 / 3.49 / - with greedy data; 6 layers with
+T = 0.4 data reached 3.73 (greedy and T = 0.2: 3.59 and 3.60, on a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05
 against 1.85). The 650-step ablation row "greedy data" (benchmarks/train_ablation_gpu) is far earlier in
 training, where sampled data won.
 """
