@@ -72,6 +72,20 @@ def offline_llm(*serve_args: str):
     return LLM(a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, **_engine_kwargs(a))
 
 
+def serving(*serve_args: str, log_says: str | None = None):
+    """The body of a module fixture: ``outpace serve SERVE_ARGS`` for the module's tests (the offline reference
+    model loads while it starts); at teardown SIGTERM must end it with exit code 0, its log holding
+    ``log_says``."""
+    proc = ServerProcess(*serve_args)
+    try:
+        offline_llm()
+        yield proc.wait_ready()
+        assert proc.terminate() == 0, proc.output()
+        assert log_says is None or log_says in proc.output(), proc.output()
+    finally:
+        proc.close()
+
+
 def chat_prompt_ids(llm, messages: list[dict]) -> list[int]:
     """How the server turns chat messages into prompt tokens: the chat template, no added specials."""
     text = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -17,7 +17,7 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
     pytest.importorskip(_dependency)
 httpx = pytest.importorskip("httpx")
 
-from server_helpers import (PROMPTS, ServerProcess, leave_after, metrics, offline_llm, sse_events, stream_text,
+from server_helpers import (PROMPTS, leave_after, metrics, offline_llm, serving, sse_events, stream_text,
                             wait_idle)
 
 from outpace import SamplingParams
@@ -25,13 +25,7 @@ from outpace import SamplingParams
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--data-parallel-size", "2", "--log-interval", "2")
-    try:
-        offline_llm()  # load the reference model while the server starts
-        yield proc.wait_ready()
-        assert proc.terminate() == 0, proc.output()
-    finally:
-        proc.close()
+    yield from serving("--data-parallel-size", "2", "--log-interval", "2")
 
 
 @pytest.fixture(scope="module")

@@ -10,20 +10,14 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
     pytest.importorskip(_dependency)
 httpx = pytest.importorskip("httpx")
 
-from server_helpers import PROMPTS, ServerProcess, offline_llm, sse_events, stream_text, wait_idle
+from server_helpers import PROMPTS, offline_llm, serving, sse_events, stream_text, wait_idle
 
 from outpace import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--engine-process")
-    try:
-        offline_llm()  # load the reference model while the server starts
-        yield proc.wait_ready()
-        assert proc.terminate() == 0, proc.output()
-    finally:
-        proc.close()
+    yield from serving("--engine-process")
 
 
 def test_streams_equal_the_offline_engine_and_free_their_blocks(server):

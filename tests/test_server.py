@@ -12,7 +12,7 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from server_helpers import (PROMPTS, ServerProcess, chat_prompt_ids, leave_after, metrics, offline_llm, sse_events,
+from server_helpers import (PROMPTS, chat_prompt_ids, leave_after, metrics, offline_llm, serving, sse_events,
                             stream_text, wait_idle)
 
 from outpace import SamplingParams
@@ -22,14 +22,7 @@ GREEDY = {"temperature": 0, "max_tokens": 12}
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--log-interval", "2")
-    try:
-        offline_llm()  # load the reference model while the server starts
-        yield proc.wait_ready()
-        assert proc.terminate() == 0, proc.output()
-        assert "shutting down" in proc.output()
-    finally:
-        proc.close()
+    yield from serving("--log-interval", "2", log_says="shutting down")
 
 
 @pytest.fixture(scope="module")
