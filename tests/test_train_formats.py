@@ -181,3 +181,15 @@ def test_cli_refuses_unknown_recipe_fields(user_target, tmp_path):
     with pytest.raises(SystemExit, match="Eagle3Recipe"):
         cli_main(["train", "draft", "--method", "eagle3", "--target", str(user_target), "--out", str(tmp_path),
                   "--device", "cpu", "--toy", "--set", "no_such_field=1"])
+
+
+def test_training_metrics_round_curves_only(tmp_path):
+    """training_metrics.json keeps a run's figures exact and its curves (lists) to 5 significant digits."""
+    from outpace.train.metrics_file import write_metrics
+
+    metrics = {"final_loss": 0.123456789, "history": {"losses": [2.718281828, 3], "extra": {"top1": [[0.333333333]]}},
+               "recipe": {"lr": 0.00123456789, "aux_layer_ids": [2, 4, 6]}}
+    write_metrics(tmp_path, metrics)
+    saved = json.loads((tmp_path / "training_metrics.json").read_text())
+    assert saved["final_loss"] == 0.123456789 and saved["recipe"] == metrics["recipe"]
+    assert saved["history"] == {"losses": [2.7183, 3], "extra": {"top1": [[0.33333]]}}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from outpace.config import SamplingParams, SpeculativeConfig
 from outpace.speculative.metrics import SpecMetrics
+from outpace.train.metrics_file import write_metrics
 from outpace.train.ranks import ONE_RANK, TrainRanks
 
 
@@ -79,7 +80,7 @@ def _measure_heldout(out_dir: Path, serve_target: Path, spec: SpeculativeConfig,
                               **heldout_acceptance(serve_target, spec, prompts, recipe.eval_max_tokens, device,
                                                    ranks=ranks))
     metrics["total_wall_seconds"] = time.perf_counter() - started
-    (Path(out_dir) / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_metrics(out_dir, metrics)
     write_card(Path(out_dir), metrics)
     return metrics
 

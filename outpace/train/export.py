@@ -14,6 +14,7 @@ from torch import nn
 from outpace.checkpoint import save_checkpoint
 from outpace.train.distill import device_name
 from outpace.train.loop import TrainHistory, plot_history
+from outpace.train.metrics_file import write_metrics
 
 MAX_SHARD_BYTES = 15 * 1024 * 1024
 
@@ -41,6 +42,6 @@ def save_trained(out_dir: Path, tensors: dict[str, torch.Tensor], cfg_dict: dict
         history = dataclasses.replace(history, extra={k: v for k, v in history.extra.items()
                                                       if k.startswith(plotted_prefix)})
     plot_history(history, out_dir / "loss.png", plot_title)
-    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_metrics(out_dir, metrics)
     write_card(out_dir, metrics)
     return metrics

@@ -51,6 +51,7 @@ from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training
 from outpace.train.corpus import build_corpus, heldout_prompts
 from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
+from outpace.train.metrics_file import write_metrics
 from outpace.train.loop import OptimConfig, plot_history, train
 from outpace.train.target import evaluate, init_weights, mtp_forward_losses, sample_completions
 from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids
@@ -281,7 +282,7 @@ def train_family_target(r: FamilyRecipe, out_dir: Path, device: str = "cpu", tok
         samples=sample_completions(out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device),
         command=command)
     metrics["total_wall_seconds"] = time.perf_counter() - t0
-    (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_metrics(out_dir, metrics)
     write_family_card(out_dir)
     return metrics
 
