@@ -45,7 +45,11 @@ out=${1:?output folder}
 stage=${2:?checks, bench, e2e, multi, train, ablation or serve}
 parts=${3:-abef}
 mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (pytest, matplotlib), carried as wheels
+# Packages the device image lacks, carried as wheels in .whl/ (the device tool's README says how to fetch them).
+# The server stages (serve, multi's dp parts) need, at constraints.txt's versions: fastapi, starlette, uvicorn,
+# httptools, pydantic, pydantic_core, annotated-types, annotated-doc, typing-inspection, typing_extensions,
+# anyio and opentelemetry-api (fastapi 0.165 imports it; without it every server exits at start, 2026-11-28).
+if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=.:/tmp/site
 else
