@@ -52,7 +52,7 @@ VARIANTS = {
          dict(draft_vocab_size=2048, mask_out_of_vocab=False)),
     ],
     "dflash": [
-        ("full", "the recipe: block 8, 64 anchors in the continuation, gamma 4, hard labels, continuations at T=0.4",
+        ("full", "the recipe: block 8, 5 layers, 64 anchors in the continuation, gamma 4, hard labels, data at T=0.4",
          {}),
         ("uniform row weights", "loss_gamma 1e6", dict(loss_gamma=1e6)),
         ("8 anchors", "num_anchors 8", dict(num_anchors=8)),

@@ -82,6 +82,23 @@ def test_labels_on_greedy_continuations_are_the_continuation(peaked_target):  # 
     assert not torch.equal(prompt_labels, tokens[:, 1: r.prompt_len - 1])
 
 
+@pytest.mark.parametrize("field, value, error", [
+    ("max_checkpoint_mib", 0.01, "over DFlashRecipe.max_checkpoint_mib=0.01"),
+    ("target_layer_ids", (1, 9), "layers \\[9\\] are not in the target's"),
+])
+def test_a_draft_shape_the_target_cannot_take_is_refused_before_any_data(
+        peaked_target, tmp_path, monkeypatch, field, value, error):  # noqa: F811
+    """A draft over its size budget or reading layers the target lacks is refused by name from the target's
+    config, before a continuation is generated (DistillData never built) and with nothing written."""
+    import outpace.train.dflash as recipe_module
+
+    monkeypatch.setattr(recipe_module, "distillation_inputs", lambda *a, **k: pytest.fail("data was generated"))
+    with pytest.raises(ValueError, match=error):
+        train_dflash(peaked_target, DFlashRecipe.toy(**{field: value}), tmp_path / "out", "cpu")
+    assert not (tmp_path / "out").exists()
+    assert DFlashRecipe().max_checkpoint_mib is None  # a user's target has no zoo budget by default
+
+
 @pytest.fixture(scope="module")
 def toy_run(peaked_target, tmp_path_factory, toy_eval_prompts):  # noqa: F811
     out = tmp_path_factory.mktemp("dflash_toy")

@@ -21,17 +21,16 @@ Training, for token windows x [b, T] = a corpus prompt (rows < prompt_len) and t
   exp(-(i - 1) / gamma) (the DFlash paper's decay; gamma 4 for block 8 as in NVIDIA Model-Optimizer's
   DFlash default, 7 for block 16 in SpecForge's configs) and normalised by the sum of the weights.
 
-Why continuations sampled at temperature 0.4, neither greedy nor 0.8: at temperature 0 row i is accepted only
-when rows 1 .. i - 1 were the target's greedy tokens, and a draft cannot see the tokens between the anchor and
-row i, so a label is what greedy verification asks for only when the sampled tokens before it are argmax tokens;
-sampling gives more varied text to learn on. At T = 0.8 the zoo target's sampled tokens are its argmax 72% of
-the time and row 7's label is on that path for 0.21 of anchors; at T = 0.4, 93% and 0.71
-(benchmarks/diag_dflash_label_path.py). At the zoo's whole-run budget (about 9 minutes on an H200, 49152
-continuations; benchmarks/train_dflash_depth) held-out tau at T = 0 was, for 2 / 4 / 6 layers (intermediate
-640 / 256 / 128), 2.85 / 3.38 / 3.47 with T = 0.8 data and 3.02 / 3.49 / - with greedy data; 6 layers with
-T = 0.4 data reached 3.73 (greedy and T = 0.2: 3.59 and 3.60, on a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05
-against 1.85). The 650-step ablation row "greedy data" (benchmarks/train_ablation_gpu) is far earlier in
-training, where sampled data won.
+Why continuations sampled at temperature 0.4, neither greedy nor 0.8: at temperature 0 row i is accepted only when
+rows 1 .. i - 1 were the target's greedy tokens, and a draft cannot see the tokens between the anchor and row i, so
+a label is what greedy verification asks for only when the sampled tokens before it are argmax tokens; sampling
+gives more varied text to learn on. At T = 0.8 the zoo target's sampled tokens are its argmax 72% of the time and
+row 7's label is on that path for 0.21 of anchors; at T = 0.4, 93% and 0.71 (benchmarks/diag_dflash_label_path.py).
+At the zoo's whole-run budget (about 9 minutes on an H200, 49152 continuations; benchmarks/train_dflash_depth)
+held-out tau at T = 0 was, for 2 / 4 / 6 layers (intermediate 640 / 256 / 128), 2.85 / 3.38 / 3.47 with T = 0.8 data
+and 3.02 / 3.49 / - with greedy data; 6 layers with T = 0.4 data reached 3.73 (greedy and T = 0.2: 3.59 and 3.60, on
+a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05 against 1.85). The 650-step ablation
+row "greedy data" (benchmarks/train_ablation_gpu) is far earlier in training, where sampled data won.
 """
 from __future__ import annotations
 
@@ -62,14 +61,14 @@ from outpace.train.target import init_weights
 class DFlashRecipe(TrajectoryDistillRecipe):
     data_temperature: float = 0.4                 # sampled continuations (module docstring)
     block_size: int = 8                           # B: B - 1 drafts per verify
-    num_layers: int = 2
+    num_layers: int = 5                           # SpecForge's DFlash configs: 5 (10 for Qwen3-32B)
     intermediate_size: int | None = None          # None: the target's
     target_layer_ids: tuple[int, ...] | None = None  # "output of layer X"; None: default_target_layer_ids(L)
     num_anchors: int = 64                         # blocks per training window, all in the continuation
     loss_gamma: float = 4.0                       # block row i weighs exp(-(i - 1) / gamma)
     soft_label_weight: float = 0.0                # loss = hard CE + this x soft CE (vs the target's distribution)
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
-    max_checkpoint_mib: float = 4.0               # bf16 size budget of the saved draft
+    max_checkpoint_mib: float | None = None       # bf16 size budget of the saved draft (the zoo's: 4)
     max_minutes: float | None = 4.5
     compile_step: bool = True                     # H100, batch 128: 2.4x eager (benchmarks/train_compile); its
                                                   # check, tests/test_train_compile.py, passed there 2026-11-27
@@ -79,6 +78,7 @@ class DFlashRecipe(TrajectoryDistillRecipe):
         check = self.check
         check("block_size", self.block_size >= 2, ">= 2 (the bonus token and at least one mask)")
         check("num_layers", self.num_layers >= 1, ">= 1")
+        check("max_checkpoint_mib", self.max_checkpoint_mib is None or self.max_checkpoint_mib > 0, "> 0 or None")
         check("num_anchors", self.num_anchors >= 1, ">= 1")
         check("loss_gamma", self.loss_gamma > 0, "> 0")
         check("soft_label_weight", self.soft_label_weight >= 0, ">= 0")
@@ -110,6 +110,12 @@ def default_target_layer_ids(num_layers: int, count: int = 3) -> tuple[int, ...]
         return (0,)
     span = num_layers - 2
     return tuple(sorted({1 + round(k * span / max(count - 1, 1)) for k in range(count)}))
+
+
+def checkpoint_mib(cfg: DFlashConfig, target_hidden: int) -> float:
+    """The draft's bf16 checkpoint size, its parameters counted on the meta device."""
+    with torch.device("meta"):
+        return 2 * sum(p.numel() for p in DFlashDraft(cfg, target_hidden).parameters()) / 2 ** 20
 
 
 def dflash_config(target_cfg: ModelConfig, recipe: DFlashRecipe, target_layer_ids: tuple[int, ...],
@@ -294,9 +300,8 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
                          "a DFlash draft needs one for its block placeholders")
     mask_token, mask_token_id = declared
-    resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
-    rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
-    tcfg: ModelConfig = target.config
+    # the draft's shape is checked from the target's config before any data is generated
+    tcfg = ModelConfig.from_pretrained(target_dir)
     layer_ids = tuple(recipe.target_layer_ids or default_target_layer_ids(tcfg.num_hidden_layers))
     bad = [i for i in layer_ids if not 0 <= i < tcfg.num_hidden_layers]
     if bad:
@@ -304,6 +309,12 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
                          f"0 .. {tcfg.num_hidden_layers - 1}")
     cfg_dict = dflash_config(tcfg, recipe, layer_ids, mask_token_id)
     cfg = DFlashConfig.from_dict(cfg_dict)
+    size_mib = checkpoint_mib(cfg, tcfg.hidden_size)
+    if recipe.max_checkpoint_mib is not None and size_mib > recipe.max_checkpoint_mib:
+        raise ValueError(f"the DFlash draft would take {size_mib:.2f} MiB in bf16, over "
+                         f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}")
+    resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
+    rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     target.set_aux_hidden_state_layers(cfg.capture_layer_ids)
 
     with default_dtype(torch.float32), torch.device(device):
@@ -317,11 +328,6 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     objective = ranks.shard(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
         d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks),
         recipe.compiles_on(device, ranks.size))
-    num_parameters = sum(p.numel() for p in draft.parameters())
-    size_mib = 2 * num_parameters / 2 ** 20
-    if size_mib > recipe.max_checkpoint_mib:
-        raise ValueError(f"the DFlash draft has {num_parameters:,} parameters ({size_mib:.2f} MiB in bf16), over "
-                         f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}")
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches and anchors
     n = recipe.block_size
 
