@@ -158,6 +158,19 @@ def toy_run(tmp_path_factory, toy_eval_prompts):
     return target_dir, out, recipe, train_eagle3(target_dir, recipe, out, "cpu")
 
 
+def test_capture_ids_the_target_lacks_are_refused_before_any_data(toy_run, tmp_path, monkeypatch):
+    """aux_layer_ids past the target's last layer's output are refused by name from its config, before a
+    continuation is generated and with nothing written."""
+    import outpace.train.eagle3 as recipe_module
+
+    target_dir = toy_run[0]
+    monkeypatch.setattr(recipe_module, "distillation_inputs", lambda *a, **k: pytest.fail("data was generated"))
+    refused = r"Eagle3Recipe.aux_layer_ids \[2, 4, 7\]: ids \[7\] are not in the target's 0 .. 6"
+    with pytest.raises(ValueError, match=refused):
+        recipe_module.train_eagle3(target_dir, Eagle3Recipe.toy(aux_layer_ids=(2, 4, 7)), tmp_path / "out", "cpu")
+    assert not (tmp_path / "out").exists()
+
+
 def test_toy_run_loss_falls(toy_run):
     _, _, recipe, metrics = toy_run
     losses = metrics["history"]["losses"]

@@ -333,10 +333,16 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
+    # the capture is checked from the target's config before any data is generated
+    tcfg = ModelConfig.from_pretrained(target_dir)
+    capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
+    bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
+    if bad:
+        raise ValueError(f"Eagle3Recipe.aux_layer_ids {list(capture)}: ids {bad} are not in the target's 0 .. "
+                         f"{tcfg.num_hidden_layers} (the input of layer i; {tcfg.num_hidden_layers}: the last layer's "
+                         "output)")
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
     rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
-    tcfg: ModelConfig = target.config
-    capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
     target.set_aux_hidden_state_layers(capture)
 
     freq = data.token_frequencies(tcfg.vocab_size)
