@@ -25,6 +25,16 @@ from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 
 
+def check_aux_layer_ids(layer_ids: tuple[int, ...], num_layers: int,
+                        name: str = "aux hidden state layer ids") -> None:
+    """Refuse capture ids outside 0 .. ``num_layers`` (id i: the input of layer i; ``num_layers``: the last
+    layer's output), ``name`` saying where they came from."""
+    bad = [i for i in layer_ids if not 0 <= i <= num_layers]
+    if bad:
+        raise ValueError(f"{name} {list(layer_ids)}: ids {bad} are not in the target's 0 .. {num_layers} (the input "
+                         f"of layer i; {num_layers}: the last layer's output)")
+
+
 @dataclass
 class ModelOutput:
     hidden_states: torch.Tensor                  # [num_tokens, hidden] last layer's output, pre-norm
@@ -68,11 +78,7 @@ class LlamaForCausalLM(nn.Module):
 
     def set_aux_hidden_state_layers(self, layer_ids: tuple[int, ...]) -> None:
         """Capture the inputs of these layers (index num_hidden_layers: the last layer's output)."""
-        bad = [i for i in layer_ids if not 0 <= i <= self.config.num_hidden_layers]
-        if bad:
-            raise ValueError(f"aux hidden state layer ids {bad} are out of range: the target has "
-                             f"{self.config.num_hidden_layers} layers, so ids must be in "
-                             f"[0, {self.config.num_hidden_layers}]")
+        check_aux_layer_ids(layer_ids, self.config.num_hidden_layers)
         self.aux_layer_ids = tuple(layer_ids)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from outpace.config import ModelConfig, SpeculativeConfig
 from outpace.models.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
+from outpace.models.llama import check_aux_layer_ids
 from outpace.models.loader import default_dtype
 from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
                                    response_mask, teacher_forward, unused_files_note, window_source)
@@ -336,11 +337,7 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     # the capture is checked from the target's config before any data is generated
     tcfg = ModelConfig.from_pretrained(target_dir)
     capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
-    bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
-    if bad:
-        raise ValueError(f"Eagle3Recipe.aux_layer_ids {list(capture)}: ids {bad} are not in the target's 0 .. "
-                         f"{tcfg.num_hidden_layers} (the input of layer i; {tcfg.num_hidden_layers}: the last layer's "
-                         "output)")
+    check_aux_layer_ids(capture, tcfg.num_hidden_layers, "Eagle3Recipe.aux_layer_ids")
     resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
     rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     target.set_aux_hidden_state_layers(capture)

@@ -51,8 +51,8 @@ from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training
 from outpace.train.corpus import build_corpus, heldout_prompts
 from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
-from outpace.train.metrics_file import write_metrics
 from outpace.train.loop import OptimConfig, plot_history, train
+from outpace.train.metrics_file import write_metrics
 from outpace.train.target import evaluate, init_weights, mtp_forward_losses, sample_completions
 from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids
 from outpace.zoo import TARGET, zoo_dir
