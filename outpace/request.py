@@ -109,7 +109,7 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
     def finished(self) -> bool:

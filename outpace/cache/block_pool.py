@@ -50,12 +50,17 @@ class BlockPool:
 
     def can_hold(self, request_id: str, num_tokens: int) -> bool:
         """Whether the request's table can grow to hold ``num_tokens`` slots."""
-        return self.blocks_needed(num_tokens) - len(self.table(request_id)) <= self.num_free
+        extra = self.blocks_needed(num_tokens) - len(self._tables.get(request_id, ()))
+        return extra <= 0 or extra <= self.num_free  # (num_free not summed when no block is needed)
 
     def grow(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow the request's table to hold ``num_tokens`` slots; returns the table."""
-        table = self._tables.setdefault(request_id, [])
+        table = self._tables.get(request_id)
+        if table is None:
+            table = self._tables[request_id] = []
         extra = self.blocks_needed(num_tokens) - len(table)
+        if extra <= 0:  # (most steps of a decoding request)
+            return table
         if extra > self.num_free:
             raise RuntimeError(f"request {request_id!r} needs {extra} more blocks, {self.num_free} are free")
         for _ in range(extra):
@@ -107,9 +112,11 @@ class BlockPool:
         cache = self.prefix_cache
         if cache is None:
             return
+        done = self._num_published.get(request_id, 0)
+        if num_settled < (done + 1) * self.block_size:  # no new full block settled (most steps)
+            return
         table = self.table(request_id)
         n = min(num_settled // self.block_size, (len(token_ids) - cache.reads_ahead) // self.block_size, len(table))
-        done = self._num_published.get(request_id, 0)
         if n <= done:
             return
         for block, key in zip(table[done:n], cache.keys(request_id, token_ids, n)[done:]):

@@ -60,7 +60,8 @@ def is_decoding(req: Request, computed: int | None = None) -> bool:
     """Past its prefill: one uncomputed token (the last sampled one). ``computed``: the tokens with KV
     (default: ``num_computed_tokens``)."""
     computed = req.num_computed_tokens if computed is None else computed
-    return req.num_output_tokens > 0 and req.num_tokens - computed == 1
+    tokens = req.token_ids
+    return len(tokens) - computed == 1 and len(tokens) > len(req.prompt_token_ids)  # (some output token)
 
 
 class Scheduler:
@@ -100,20 +101,21 @@ class Scheduler:
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
+        pool, running = self.pool, RequestStatus.RUNNING
         for req in list(self.running):
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
             n, cost, rows = self._demand(req, budget, req.num_computed_tokens)
             if n == 0 or cost > budget:
                 continue
-            while not self.pool.can_hold(req.request_id, rows):
+            while not pool.can_hold(req.request_id, rows):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is req:
                     break
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
-            self.pool.grow(req.request_id, rows)
+            pool.grow(req.request_id, rows)
             scheduled.append(ScheduledRequest(req, n))
             budget -= cost
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
