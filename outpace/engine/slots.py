@@ -139,19 +139,26 @@ class RequestSlots:
 
     def sync_tables(self, request_ids: Sequence[str]) -> None:
         """Copy to the device the table entries these requests gained since the last copy."""
-        dirty = False
+        width, written, table_of = self.host_tables.shape[1], self._written, self.pool.table
+        at, blocks = [], []  # the new entries' flat indices in host_tables, and their blocks
         for rid in request_ids:
-            s, table = self._slot_of[rid], self.pool.table(rid)
-            if len(table) > self.host_tables.shape[1]:
-                raise ValueError(f"request {rid!r} has {len(table)} blocks, its slot holds {self.host_tables.shape[1]}")
-            if len(table) < self._written[s]:  # shrank (preempted and re-admitted under the same slot)
+            s, table = self._slot_of[rid], table_of(rid)
+            n, w = len(table), written[s]
+            if n == w:  # (most requests, most steps)
+                continue
+            if n > width:
+                raise ValueError(f"request {rid!r} has {n} blocks, its slot holds {width}")
+            if n < w:  # shrank (preempted and re-admitted under the same slot)
                 self._reset_table(s)
-            if len(table) > self._written[s]:
-                self.host_tables[s, self._written[s]:len(table)] = torch.tensor(table[self._written[s]:])
-                self._written[s] = len(table)
-                dirty = True
-        if dirty:  # NOTE: whole-table copy; rows only grow while their requests live, so a queued replay
-            self.tables.copy_(self.host_tables, non_blocking=True)  # still reads what it read before
+                w = 0
+            at += range(s * width + w, s * width + n)
+            blocks += table[w:]
+            written[s] = n
+        if blocks:
+            self.host_tables.view(-1)[torch.tensor(at)] = torch.tensor(blocks)
+            # NOTE: whole-table copy; rows only grow while their requests live, so a queued replay still reads
+            # what it read before
+            self.tables.copy_(self.host_tables, non_blocking=True)
 
     def _reset_table(self, s: int) -> None:
         self.host_tables[s].fill_(self.pool.padding_block)
