@@ -89,12 +89,12 @@ class StepKey:
     features: LogitsFeatures = field(default_factory=LogitsFeatures)
 
 
-class StepRow(NamedTuple):
-    """One request's part of a step's outputs (``DecodeIteration.unpack``)."""
-    tokens: list[int]                  # committed: the accepted drafts and the bonus
-    accepted: int                      # accepted drafts
-    depths: list[int] | None           # a tree's drafts' depths; None for a chain
-    logprobs: list[tuple] | None       # per committed token: (logprob, rank, top ids, top logprobs)
+class StepRows(NamedTuple):
+    """A step's outputs by request (``DecodeIteration.unpack``): column[i] is request i's."""
+    tokens: list[list[int]]                 # committed: the accepted drafts and the bonus
+    accepted: list[int]                     # accepted drafts
+    depths: list[list[int]] | None          # a tree's drafts' depths; None for a chain
+    logprobs: list[list[tuple]] | None      # per committed token: (logprob, rank, top ids, top logprobs)
 
 
 # The host's part of a grammar step: the draft trees -> each row's token bitmask at every node, on the
@@ -183,20 +183,24 @@ class DecodeIteration:
         return logits
 
     @staticmethod
-    def unpack(host: list[int], key: StepKey, n: int) -> list[StepRow]:
+    def unpack(host: list[int], key: StepKey, n: int) -> StepRows:
         """The first ``n`` rows of a step's packed outputs."""
         shape, b = key.shape, key.bucket
         width, nodes = shape.num_steps + 1, shape.num_nodes
-        tokens, accepted = host[:b * width], host[b * width:b * width + b]
+        accepted = host[b * width:b * width + n]
+        starts = range(0, n * width, width)  # each row's first output position
+        tokens = [host[a:a + c + 1] for a, c in zip(starts, accepted)]
         at = b * width + b
-        depths = host[at:at + b * nodes] if not shape.is_chain else []
-        at += len(depths)
+        depths = None
+        if not shape.is_chain:
+            depths = [host[at + i * nodes + 1:at + (i + 1) * nodes] for i in range(n)]
+            at += b * nodes
         k = key.features.logprobs
-        logprobs = TokenLogprobs.unpack_rows(host[at:at + n * width * (2 + 2 * k)], k) if k is not None else None
-        return [StepRow(tokens[i * width:i * width + accepted[i] + 1], accepted[i],
-                        None if shape.is_chain else depths[i * nodes + 1:(i + 1) * nodes],
-                        None if logprobs is None else logprobs[i * width:i * width + accepted[i] + 1])
-                for i in range(n)]
+        logprobs = None
+        if k is not None:
+            entries = TokenLogprobs.unpack_rows(host[at:at + n * width * (2 + 2 * k)], k)
+            logprobs = [entries[a:a + c + 1] for a, c in zip(starts, accepted)]
+        return StepRows(tokens, accepted, depths, logprobs)
 
     def _commit_tree_kv(self, rows: DecodeRows, path: torch.Tensor) -> None:
         """Move the target KV of each row's accepted nodes (``path`` [b, depth + 1], -1 after) from KV row

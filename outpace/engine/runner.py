@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 from torch import nn
@@ -42,6 +43,9 @@ from outpace.request import SAMPLE, Request, position_logprobs, request_keys
 from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, Drafts, PrefillRows, Proposer
 from outpace.structured import GrammarTable
+
+
+_request_id, _num_computed, _params = attrgetter("request_id"), attrgetter("num_computed_tokens"), attrgetter("params")
 
 
 class _StepTimer:
@@ -169,18 +173,17 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         """Prefill chunks (a token sampled for each that completes its prompt), then one decode step
         for the decoding requests."""
-        prefill = [s for s in batch if not is_decoding(s.request)]
-        decode = [s.request for s in batch if is_decoding(s.request)]
+        decoding = [is_decoding(s.request) for s in batch]
+        prefill = [s for s, d in zip(batch, decoding) if not d]
+        decode = [s.request for s, d in zip(batch, decoding) if d]
         if prefill:
             self._drop_ahead()
-        results = {}
         with forward_settings(self.batch_invariant):
-            if prefill:
-                results.update(zip((id(s.request) for s in prefill), self._prefill(prefill)))
-            if decode:
-                results.update(zip(map(id, decode), self._decode(decode)))
+            prefilled = iter(self._prefill(prefill) if prefill else ())
+            decoded = iter(self._decode(decode) if decode else ())
+        results = [next(decoded) if d else next(prefilled) for d in decoding]  # (each list in batch order)
         self._advance_grammars(batch, results)
-        return [results[id(s.request)] for s in batch]
+        return results
 
     def _prefill(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         reqs = [s.request for s in batch]
@@ -282,7 +285,7 @@ class ModelRunner:
             offset += c
 
     def _decode(self, reqs: list[Request]) -> list[StepResult]:
-        ids, starts = tuple(r.request_id for r in reqs), tuple(r.num_computed_tokens for r in reqs)
+        ids, starts = tuple(map(_request_id, reqs)), tuple(map(_num_computed, reqs))
         launch = self._take_ahead(ids, starts) or self._launch(reqs)
         if self._may_run_ahead(reqs, launch.key.shape):
             self._ahead = self._launch(reqs, ahead=True)
@@ -290,45 +293,45 @@ class ModelRunner:
         chooser = self.choosers.get(launch.key.mode)
         if chooser is not None:
             chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
-            chooser.observe(launch.key.shape, [row.accepted for row in rows], launch.request_ids)
-        by_id = dict(zip(launch.request_ids, rows))
+            chooser.observe(launch.key.shape, rows.accepted, launch.request_ids)
+        row_of = dict(zip(launch.request_ids, range(len(launch.request_ids))))  # (it may hold requests gone since)
         if self._ahead is not None:  # each request's length once this step is committed
-            self._ahead.starts = tuple(s + by_id[i].accepted + 1 for i, s in zip(ids, starts))
+            self._ahead.starts = tuple(s + rows.accepted[row_of[i]] + 1 for i, s in zip(ids, starts))
         shape = launch.key.shape
+        tokens, accepted, depths, entries = rows
         results = []
-        for req in reqs:
-            row = by_id[req.request_id]
-            logprobs = None if row.logprobs is None else [position_logprobs(t, *lp) for t, lp in zip(row.tokens,
-                                                                                                     row.logprobs)]
+        for i in map(row_of.__getitem__, ids):
+            logprobs = None if entries is None else [position_logprobs(t, *lp) for t, lp in zip(tokens[i], entries[i])]
             if self.proposer is None:
-                results.append(StepResult(row.tokens, 1, logprobs=logprobs))
+                results.append(StepResult(tokens[i], 1, logprobs=logprobs))
             else:
-                results.append(StepResult(row.tokens, row.accepted + 1, row.accepted, row.depths, shape.num_nodes - 1,
+                results.append(StepResult(tokens[i], accepted[i] + 1, accepted[i],
+                                          None if depths is None else depths[i], shape.num_nodes - 1,
                                           shape.num_steps, logprobs))
         return results
 
     def _launch(self, reqs: list[Request], ahead: bool = False) -> _Launch:
         """Write the batch into the iteration's input and run its step (captured when a bucket holds it).
         ``ahead``: the step after the one just launched, whose slot state it starts from is saved."""
-        ids, n = tuple(r.request_id for r in reqs), len(reqs)
+        ids, n, params = tuple(map(_request_id, reqs)), len(reqs), list(map(_params, reqs))
         bucket = bucket_for(self.graph_buckets, n)
-        mode = SamplingMode.of([r.params for r in reqs])
+        mode = SamplingMode.of(params)
         shape = self.choosers[mode].choose(bucket or n, ids) if self.choosers else self.shapes[0]
-        key = StepKey(bucket or n, shape, mode, LogitsFeatures.of([r.params for r in reqs]))
+        key = StepKey(bucket or n, shape, mode, LogitsFeatures.of(params))
         self.slots.sync_tables(ids)
         if key.features.penalties and not ahead:
             for r in reqs:
                 if r.params.penalized:
                     self.slots.load_history(r, r.num_computed_tokens)
-        slot_ids = [self.slots.slot(i) for i in ids]
+        slot_ids = list(map(self.slots.slot, ids))
         self.iteration.batch_slots[:key.bucket].copy_(
             pinned(slot_ids + [self.slots.padding_slot] * (key.bucket - n), self.device), non_blocking=True)
         saved = None
         if ahead:
             index = self.iteration.batch_slots[:n]
             saved = [t.index_select(0, index) for t in self._state(key)]
-        width = None if bucket is not None else max(len(self.pool.table(i)) for i in ids)
-        starts = () if ahead else tuple(r.num_computed_tokens for r in reqs)
+        width = None if bucket is not None else max(map(len, map(self.pool.table, ids)))
+        starts = () if ahead else tuple(map(_num_computed, reqs))
         timer = _StepTimer(self.device) if self.choosers else None  # adaptive: every step's time is measured
         masks = (lambda drafts: self._grammar_masks(reqs, drafts)) if key.features.grammar else None
         out = self.iteration.run(key, width, masks)
@@ -342,12 +345,13 @@ class ModelRunner:
         masks = self.grammars.tree_masks(reqs, drafts.token_ids.cpu(), drafts.parents.cpu())
         return masks.to(self.device, non_blocking=True)
 
-    def _advance_grammars(self, batch: list[ScheduledRequest], results: dict[int, StepResult]) -> None:
-        """Each constrained request's grammar accepts the tokens its step committed."""
-        for s in batch:
-            grammar = self.grammars.get(s.request) if self.grammars is not None else None
-            if grammar is not None:
-                grammar.accept(results[id(s.request)].new_token_ids)
+    def _advance_grammars(self, batch: list[ScheduledRequest], results: list[StepResult]) -> None:
+        """Each constrained request's grammar accepts the tokens its step committed (``results`` in batch order)."""
+        if self.grammars is None:
+            return
+        for s, result in zip(batch, results):
+            if s.request.params.structured_outputs is not None:
+                self.grammars.get(s.request).accept(result.new_token_ids)
 
     # ---- run-ahead -------------------------------------------------------------------------------
     def _state(self, key: StepKey) -> list[torch.Tensor]:
