@@ -332,26 +332,27 @@ class LLMEngine:
         results = self.runner.execute(batch)
         outputs = []
         now = time.perf_counter()
+        settle, append_token = self.scheduler.settle, self._append_token
         for s, result in zip(batch, results):
-            req = s.request
+            req, new_token_ids = s.request, result.new_token_ids
             req.num_computed_tokens += result.num_committed
             if result.num_accepted_drafts is not None:
                 budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
                 req.spec_metrics.record(result.num_drafts, result.max_depth, result.num_accepted_drafts,
                                         budget, result.draft_depths)
-            if result.new_token_ids and req.metrics.first_token_time is None:
+            if new_token_ids and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             stop = False
-            for i, token in enumerate(result.new_token_ids):
+            for i, token in enumerate(new_token_ids):
                 if result.logprobs is not None:
                     req.record_logprobs(result.logprobs[i])
-                if self._append_token(req, token):
+                if append_token(req, token):
                     stop = True
                     break
-            self.scheduler.settle(req)  # its blocks' keys read the tokens just appended
+            settle(req)  # its blocks' keys read the tokens just appended
             if stop:
                 outputs.append(self._finish(req))
-            elif self.stream_outputs and result.new_token_ids:
+            elif self.stream_outputs and new_token_ids:
                 self._detokenize_so_far(req)
                 outputs.append(RequestOutput.of(req))
         return outputs
@@ -377,7 +378,8 @@ class LLMEngine:
                     req.text = req.text[:at]
                     req.finish_reason, req.stop_reason = "stop", s
                     return True
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        num_tokens = len(req.token_ids)  # (num_tokens; less the prompt's, num_output_tokens)
+        if num_tokens - len(req.prompt_token_ids) >= p.max_tokens or num_tokens >= self.max_model_len:
             req.finish_reason = "length"
             return True
         return False
