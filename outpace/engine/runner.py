@@ -187,7 +187,7 @@ class ModelRunner:
 
     def _prefill(self, batch: list[ScheduledRequest]) -> list[StepResult]:
         reqs = [s.request for s in batch]
-        slot_ids = [self.slots.assign(r) for r in reqs]
+        slot_ids = self.slots.assign(reqs)
         starts = [r.num_computed_tokens for r in reqs]
         counts = [s.num_new_tokens for s in batch]
         tables = [self.pool.table(r.request_id) for r in reqs]

@@ -71,31 +71,39 @@ class RequestSlots:
         """Whether the request holds this slot now."""
         return self._slot_of.get(request_id) == slot
 
-    def assign(self, req: Request) -> int:
-        """Give the request a slot (if it has none) with its seed and sampling parameters."""
-        if req.request_id in self._slot_of:
-            return self._slot_of[req.request_id]
-        s = self._free.pop()
-        self._slot_of[req.request_id] = s
-        p = req.params
-        row = SamplingTensors.from_params([p], "cpu")
-        for buffer, value in ((self.temperature, row.temperature), (self.top_k, row.top_k), (self.top_p, row.top_p),
-                              (self.min_p, row.min_p)):
-            buffer[s] = value[0]
-        self.seeds[s] = req.seed
-        self.repetition_penalty[s], self.frequency_penalty[s] = p.repetition_penalty, p.frequency_penalty
-        self.presence_penalty[s] = p.presence_penalty
-        if p.penalized:
-            self._allocate_penalty_rows()
-            self._unloaded.add(s)
-        if s in self._biased:
-            self.logit_bias[s].zero_()
-            self._biased.discard(s)
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), dtype=torch.int64)
-            self.logit_bias[s, ids.to(self.device)] = torch.tensor(list(p.logit_bias.values())).to(self.device)
-            self._biased.add(s)
-        return s
+    def assign(self, reqs: Sequence[Request]) -> list[int]:
+        """Give each request a slot (unless it holds one) with its seed and sampling parameters; returns their
+        slots."""
+        new = [r for r in reqs if r.request_id not in self._slot_of]
+        if new:
+            slots = [self._free.pop() for _ in new]
+            self._slot_of.update(zip((r.request_id for r in new), slots))
+            self._load_params(new, slots)
+        return [self._slot_of[r.request_id] for r in reqs]
+
+    def _load_params(self, reqs: list[Request], slots: list[int]) -> None:
+        """Write the requests' seeds and sampling parameters into their new slots, with one write per buffer."""
+        params = [r.params for r in reqs]
+        index = torch.tensor(slots, device=self.device)
+        rows = SamplingTensors.from_params(params, "cpu")
+        for buffer, values in ((self.temperature, rows.temperature), (self.top_k, rows.top_k),
+                               (self.top_p, rows.top_p), (self.min_p, rows.min_p),
+                               (self.seeds, torch.tensor([r.seed for r in reqs], dtype=torch.int64))):
+            buffer[index] = values.to(self.device)
+        for buffer, name in ((self.repetition_penalty, "repetition_penalty"),
+                             (self.frequency_penalty, "frequency_penalty"), (self.presence_penalty, "presence_penalty")):
+            buffer[index] = torch.tensor([getattr(p, name) for p in params], dtype=torch.float32).to(self.device)
+        for s, p in zip(slots, params):
+            if p.penalized:
+                self._allocate_penalty_rows()
+                self._unloaded.add(s)
+            if s in self._biased:
+                self.logit_bias[s].zero_()
+                self._biased.discard(s)
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), dtype=torch.int64)
+                self.logit_bias[s, ids.to(self.device)] = torch.tensor(list(p.logit_bias.values())).to(self.device)
+                self._biased.add(s)
 
     def _allocate_penalty_rows(self) -> None:
         if self.logit_bias is None:
