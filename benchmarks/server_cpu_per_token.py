@@ -35,9 +35,10 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def measure(model: Path, streams: int, prompts: list[str]) -> dict:
+def measure(model: Path, streams: int, prompts: list[str], serve_args: list[str]) -> dict:
     server = LocalServer(str(model), "--device", "cpu", "--method", "none", "--max-num-seqs", str(streams),
-                         "--num-kv-blocks", "4096", "--max-num-batched-tokens", "8192", "--log-level", "warning")
+                         "--num-kv-blocks", "4096", "--max-num-batched-tokens", "8192", "--log-level", "warning",
+                         *serve_args)
     try:
         server.wait_ready(120)
         run_load(server.url, cycled(prompts, streams, 8), streams, ignore_eos=True)  # warm-up
@@ -56,6 +57,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--tag", required=True)
     p.add_argument("--streams", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--serve-args", default="", help="more `outpace serve` arguments, e.g. '--engine-process'")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="outpace-server-cpu-"))
     try:
@@ -64,11 +66,11 @@ def main() -> None:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(zoo_dir() / "tinypy" / name, model / name)
         prompts = load_prompts(zoo_dir() / "eval_prompts.json")
-        rows = [measure(model, s, prompts) for s in a.streams]
+        rows = [measure(model, s, prompts, a.serve_args.split()) for s in a.streams]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"tag": a.tag, "uvloop": importlib.util.find_spec("uvloop") is not None,
-              "httptools": importlib.util.find_spec("httptools") is not None, "cpus": os.cpu_count(), "rows": rows}
+              "httptools": importlib.util.find_spec("httptools") is not None, "serve_args": a.serve_args, "cpus": os.cpu_count(), "rows": rows}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"server_cpu_{a.tag}.json").write_text(json.dumps(result, indent=1) + "\n")
