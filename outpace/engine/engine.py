@@ -333,26 +333,28 @@ class LLMEngine:
         outputs = []
         now = time.perf_counter()
         settle, append_token = self.scheduler.settle, self._append_token
-        for s, result in zip(batch, results):
-            req, new_token_ids = s.request, result.new_token_ids
-            req.num_computed_tokens += result.num_committed
-            if result.num_accepted_drafts is not None:
+        tokens, logprobs, at = results.new_token_ids, results.logprobs, 0  # at: the request's first new token
+        for i, (s, n) in enumerate(zip(batch, results.num_new_tokens)):
+            req = s.request
+            req.num_computed_tokens += results.num_committed[i]
+            if results.num_accepted_drafts[i] is not None:
                 budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
-                req.spec_metrics.record(result.num_drafts, result.max_depth, result.num_accepted_drafts,
-                                        budget, result.draft_depths)
-            if new_token_ids and req.metrics.first_token_time is None:
+                req.spec_metrics.record(results.num_drafts[i], results.max_depth[i], results.num_accepted_drafts[i],
+                                        budget, results.draft_depths[i])
+            if n and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             stop = False
-            for i, token in enumerate(new_token_ids):
-                if result.logprobs is not None:
-                    req.record_logprobs(result.logprobs[i])
-                if append_token(req, token):
+            for j in range(at, at + n):
+                if logprobs is not None:
+                    req.record_logprobs(logprobs[j])
+                if append_token(req, tokens[j]):
                     stop = True
                     break
+            at += n
             settle(req)  # its blocks' keys read the tokens just appended
             if stop:
                 outputs.append(self._finish(req))
-            elif self.stream_outputs and new_token_ids:
+            elif self.stream_outputs and n:
                 self._detokenize_so_far(req)
                 outputs.append(RequestOutput.of(req))
         return outputs

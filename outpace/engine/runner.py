@@ -35,7 +35,7 @@ from outpace.engine.cuda_graphs import bucket_for, pinned
 from outpace.engine.iteration import DecodeIteration, LogitsFeatures, SamplingMode, StepKey
 from outpace.engine.prefill_graphs import PrefillGraphs
 from outpace.engine.run_ahead import HostCopy, reserve_rows
-from outpace.engine.scheduler import ScheduledRequest, StepResult, is_decoding
+from outpace.engine.scheduler import ScheduledRequest, StepResults, is_decoding
 from outpace.engine.slots import RequestSlots
 from outpace.layers.logits_processing import apply_token_bitmask, token_logprobs
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
@@ -170,7 +170,7 @@ class ModelRunner:
             chooser.forget(request_id)
 
     # ---- a step ----------------------------------------------------------------------------------
-    def execute(self, batch: list[ScheduledRequest]) -> list[StepResult]:
+    def execute(self, batch: list[ScheduledRequest]) -> StepResults:
         """Prefill chunks (a token sampled for each that completes its prompt), then one decode step
         for the decoding requests."""
         decoding = [is_decoding(s.request) for s in batch]
@@ -179,13 +179,13 @@ class ModelRunner:
         if prefill:
             self._drop_ahead()
         with forward_settings(self.batch_invariant):
-            prefilled = iter(self._prefill(prefill) if prefill else ())
-            decoded = iter(self._decode(decode) if decode else ())
-        results = [next(decoded) if d else next(prefilled) for d in decoding]  # (each list in batch order)
+            prefilled = self._prefill(prefill) if prefill else None
+            decoded = self._decode(decode) if decode else None
+        results = StepResults.interleave(decoding, prefilled, decoded)
         self._advance_grammars(batch, results)
         return results
 
-    def _prefill(self, batch: list[ScheduledRequest]) -> list[StepResult]:
+    def _prefill(self, batch: list[ScheduledRequest]) -> StepResults:
         reqs = [s.request for s in batch]
         slot_ids = self.slots.assign(reqs)
         starts = [r.num_computed_tokens for r in reqs]
@@ -216,16 +216,10 @@ class ModelRunner:
                                                  _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
                                                  out.aux_hidden_states, tables,
                                                  [r.token_ids[:s.num_reused_tokens] for r, s in zip(reqs, batch)]))
-            tokens = sampled.tolist()
-        entries = iter(zip(tokens, first_logprobs or [None] * len(tokens)))
-        results = []
-        for f, c in zip(final, counts):
-            if not f:
-                results.append(StepResult([], c))
-                continue
-            token, entry = next(entries)
-            results.append(StepResult([token], c, logprobs=None if entry is None else [entry]))
-        return results
+            tokens = sampled.tolist()  # the completed prompts', in batch order
+        n = len(batch)
+        return StepResults(tokens, [int(f) for f in final], counts, [None] * n, [None] * n, [0] * n, [0] * n,
+                           first_logprobs)
 
     def _prefill_forward(self, reqs: list[Request], slot_ids: list[int], starts: list[int], counts: list[int],
                          tables: list[list[int]], input_ids: torch.Tensor):
@@ -284,7 +278,7 @@ class ModelRunner:
                     r.prompt_logprobs += [position_logprobs(t, *row) for t, row in zip(targets.tolist(), lp.host_rows())]
             offset += c
 
-    def _decode(self, reqs: list[Request]) -> list[StepResult]:
+    def _decode(self, reqs: list[Request]) -> StepResults:
         ids, starts = tuple(map(_request_id, reqs)), tuple(map(_num_computed, reqs))
         launch = self._take_ahead(ids, starts) or self._launch(reqs)
         if self._may_run_ahead(reqs, launch.key.shape):
@@ -297,18 +291,18 @@ class ModelRunner:
         row_of = dict(zip(launch.request_ids, range(len(launch.request_ids))))  # (it may hold requests gone since)
         if self._ahead is not None:  # each request's length once this step is committed
             self._ahead.starts = tuple(s + rows.accepted[row_of[i]] + 1 for i, s in zip(ids, starts))
-        shape = launch.key.shape
+        shape, n = launch.key.shape, len(ids)
         tokens, accepted, depths, entries = rows
-        results = []
-        for i in map(row_of.__getitem__, ids):
-            logprobs = None if entries is None else [position_logprobs(t, *lp) for t, lp in zip(tokens[i], entries[i])]
-            if self.proposer is None:
-                results.append(StepResult(tokens[i], 1, logprobs=logprobs))
-            else:
-                results.append(StepResult(tokens[i], accepted[i] + 1, accepted[i],
-                                          None if depths is None else depths[i], shape.num_nodes - 1,
-                                          shape.num_steps, logprobs))
-        return results
+        order = list(map(row_of.__getitem__, ids))
+        counts = [accepted[i] + 1 for i in order]
+        new_token_ids = [t for i in order for t in tokens[i]]
+        logprobs = None if entries is None else [position_logprobs(t, *lp) for i in order
+                                                 for t, lp in zip(tokens[i], entries[i])]
+        if self.proposer is None:
+            return StepResults(new_token_ids, counts, [1] * n, [None] * n, [None] * n, [0] * n, [0] * n, logprobs)
+        return StepResults(new_token_ids, counts, counts, [accepted[i] for i in order],
+                           [None] * n if depths is None else [depths[i] for i in order], [shape.num_nodes - 1] * n,
+                           [shape.num_steps] * n, logprobs)
 
     def _launch(self, reqs: list[Request], ahead: bool = False) -> _Launch:
         """Write the batch into the iteration's input and run its step (captured when a bucket holds it).
@@ -345,13 +339,15 @@ class ModelRunner:
         masks = self.grammars.tree_masks(reqs, drafts.token_ids.cpu(), drafts.parents.cpu())
         return masks.to(self.device, non_blocking=True)
 
-    def _advance_grammars(self, batch: list[ScheduledRequest], results: list[StepResult]) -> None:
-        """Each constrained request's grammar accepts the tokens its step committed (``results`` in batch order)."""
+    def _advance_grammars(self, batch: list[ScheduledRequest], results: StepResults) -> None:
+        """Each constrained request's grammar accepts the tokens its step committed."""
         if self.grammars is None:
             return
-        for s, result in zip(batch, results):
+        at = 0
+        for s, n in zip(batch, results.num_new_tokens):
             if s.request.params.structured_outputs is not None:
-                self.grammars.get(s.request).accept(result.new_token_ids)
+                self.grammars.get(s.request).accept(results.new_token_ids[at:at + n])
+            at += n
 
     # ---- run-ahead -------------------------------------------------------------------------------
     def _state(self, key: StepKey) -> list[torch.Tensor]:
