@@ -1,5 +1,6 @@
 """Plot of benchmarks/train_dflash_depth/runs.json: held-out tau (CPU, fp32) of each DFlash run against its
-number of layers, one line per data temperature, at T = 0 and T = 1.
+number of layers, one line per data temperature, at T = 0 and T = 1; runs whose data differs otherwise (half corpus
+windows, twice the continuations) are single labelled points.
 
   python benchmarks/plot_dflash_depth.py [benchmarks/train_dflash_depth]
 """
@@ -15,14 +16,21 @@ import matplotlib.pyplot as plt
 
 def main(folder: Path) -> None:
     runs = json.loads((folder / "runs.json").read_text())
+    # the study's data: continuations only, 49152 of them; the others are drawn as points of their own
+    main_runs = {k: r for k, r in runs.items() if r["corpus_fraction"] == 0 and r["num_continuations"] == 49152}
+    other_runs = {k: r for k, r in runs.items() if k not in main_runs}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     for ax, key in zip(axes, ("tau T=0", "tau T=1")):
-        for temp in sorted({r["data_temperature"] for r in runs.values()}):
+        for temp in sorted({r["data_temperature"] for r in main_runs.values()}):
             rows = sorted((r["num_layers"], r["cpu_fp32_heldout"][key], r["total_minutes"])
-                          for r in runs.values() if r["data_temperature"] == temp)
+                          for r in main_runs.values() if r["data_temperature"] == temp)
             ax.plot([x for x, _, _ in rows], [y for _, y, _ in rows], marker="o", label=f"data at T = {temp}")
             for x, y, minutes in rows:
                 ax.annotate(f"{minutes:g} min", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        for r in other_runs.values():
+            what = (f"T = {r['data_temperature']:g}, {r['num_continuations']} continuations"
+                    + (f" + {r['corpus_fraction']:g} corpus windows" if r["corpus_fraction"] else ""))
+            ax.plot(r["num_layers"], r["cpu_fp32_heldout"][key], marker="*", markersize=10, linestyle="", label=what)
         ax.set(xlabel="draft layers (intermediate 640 / 256 / 128)", ylabel=f"held-out {key}",
                title=f"serving at {key.split()[1]}")
         ax.set_xticks([2, 4, 6])

@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # method -> [(variant, what it changes, recipe overrides)]; "full" first. Elements the recipe uses are
-# removed; elements it leaves out (DFlash's soft labels and corpus windows, a 0.8 depth decay for MTP) are added.
+# removed; elements it leaves out (DFlash's soft labels, a 0.8 depth decay for MTP) are added.
 SAMPLED_DATA = dict(data_temperature=0.8, corpus_fraction=0.5)
-CORPUS_WINDOWS = dict(corpus_fraction=0.5)  # greedy continuations and raw corpus windows, half and half
 GREEDY_ONLY = dict(corpus_fraction=0.0)
 VARIANTS = {
     "eagle3": [
@@ -52,14 +51,14 @@ VARIANTS = {
          dict(draft_vocab_size=2048, mask_out_of_vocab=False)),
     ],
     "dflash": [
-        ("full", "the recipe: block 8, 5 layers, 64 anchors in the continuation, gamma 4, hard labels, data at T=0.4",
-         {}),
+        ("full", "the recipe: block 8, 5 layers, 64 anchors in the continuation, gamma 4, hard labels, data at T=0.4 "
+                 "+ half corpus windows", {}),
         ("uniform row weights", "loss_gamma 1e6", dict(loss_gamma=1e6)),
         ("8 anchors", "num_anchors 8", dict(num_anchors=8)),
         ("+ soft labels", "soft_label_weight 1.0 (added)", dict(soft_label_weight=1.0)),
-        ("+ corpus windows", "continuations at T=0.4, half corpus windows (added)", CORPUS_WINDOWS),
-        ("greedy data", "greedy continuations (T=0)", dict(data_temperature=0.0)),
-        ("data at T=0.8", "continuations at T=0.8", dict(data_temperature=0.8)),
+        ("no corpus windows", "continuations at T=0.4 only", dict(corpus_fraction=0.0)),
+        ("greedy data", "greedy continuations (T=0), half corpus windows", dict(data_temperature=0.0)),
+        ("data at T=0.8", "continuations at T=0.8, half corpus windows", dict(data_temperature=0.8)),
     ],
     "mtp": [
         ("as trained", "the zoo target's MTP layers, not fine-tuned", None),

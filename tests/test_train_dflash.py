@@ -65,7 +65,7 @@ def test_labels_on_greedy_continuations_are_the_continuation(peaked_target):  # 
     """On the target's greedy continuation (``data_temperature`` 0, the ablation's "greedy data"), the argmax
     label of block row i (the target's logits at row a + i - 1) is the token at a + i, for every anchor in the
     continuation: what greedy verification accepts."""
-    r = DFlashRecipe.toy(data_temperature=0.0)
+    r = DFlashRecipe.toy(data_temperature=0.0, corpus_fraction=0.0)  # continuations only
     data = DistillData.for_recipe(peaked_target, r, "cpu", r.generation_batch)
     tokens = data.batch(4, torch.Generator().manual_seed(0))
     target = load_model(peaked_target, torch.float32, progress=False)

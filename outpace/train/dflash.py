@@ -8,7 +8,8 @@ The mask token is the target tokenizer's ``mask_token`` (the zoo's ``<|mask|>``,
 
 Training, for token windows x [b, T] = a corpus prompt (rows < prompt_len) and the target's continuation
 (the target runs once per batch, no gradient, and gives the capture layers' states and its logits):
-- per window, ``num_anchors`` distinct anchors a in the continuation, a in [prompt_len - 1, T - B + 1]
+- per window, ``num_anchors`` distinct anchors a in the continuation, a in [prompt_len - 1, T - B + 1] (from 1 in a
+  raw corpus window, which has no prompt)
   (SpecForge samples anchors only where its loss mask is set, i.e. in the regenerated response;
   specforge/core/dflash.py ``_sample_anchors``), hundreds per sequence there (``num_anchors`` 512);
 - per anchor, the block [x_a, mask x (B - 1)] at positions a .. a + B - 1 whose rows attend to the
@@ -31,6 +32,12 @@ held-out tau at T = 0 was, for 2 / 4 / 6 layers (intermediate 640 / 256 / 128), 
 and 3.02 / 3.49 / - with greedy data; 6 layers with T = 0.4 data reached 3.73 (greedy and T = 0.2: 3.59 and 3.60, on
 a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05 against 1.85). The 650-step ablation
 row "greedy data" (benchmarks/train_ablation_gpu) is far earlier in training, where sampled data won.
+
+Why half of each batch is raw corpus windows: the 6-layer draft over-fits 49152 continuations (its last batch agreed
+with the target on 0.91 of block row 1, held-out 0.80), and twice the continuations cost the budget's training
+time in generation (tau 2.91). Corpus windows cost no generation; their labels are still the target's argmax, and
+their anchors may fall anywhere in the window. At the same budget they gave 3.79 (T = 1: 2.04) against 3.73
+(1.85), and 1.85 against 1.77 in the 500-step ablation (benchmarks/train_ablation_gpu_500steps).
 """
 from __future__ import annotations
 
@@ -60,6 +67,7 @@ from outpace.train.target import init_weights
 @dataclass(frozen=True)
 class DFlashRecipe(TrajectoryDistillRecipe):
     data_temperature: float = 0.4                 # sampled continuations (module docstring)
+    corpus_fraction: float = 0.5                  # raw corpus windows beside them (module docstring)
     block_size: int = 8                           # B: B - 1 drafts per verify
     num_layers: int = 5                           # SpecForge's DFlash configs: 5 (10 for Qwen3-32B)
     intermediate_size: int | None = None          # None: the target's

@@ -154,7 +154,7 @@ class DistillRecipe:
 class TrajectoryDistillRecipe(DistillRecipe):
     """The data of the recipes that learn the target's own trajectory (DFlash, EAGLE3, MTP): many of the
     target's continuations, greedy by default (at temperature 0 a draft token is accepted only when it is the
-    target's greedy token); EAGLE3 and MTP add raw corpus windows, DFlash samples its continuations at 0.8
+    target's greedy token); each recipe adds raw corpus windows, and DFlash samples its continuations at 0.4
     (their recipes say why)."""
 
     num_continuations: int = 16384
