@@ -48,26 +48,27 @@ class BlockPool:
     def table(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
 
-    def can_hold(self, request_id: str, num_tokens: int) -> bool:
-        """Whether the request's table can grow to hold ``num_tokens`` slots."""
-        extra = self.blocks_needed(num_tokens) - len(self._tables.get(request_id, ()))
-        return extra <= 0 or extra <= self.num_free  # (num_free not summed when no block is needed)
-
-    def grow(self, request_id: str, num_tokens: int) -> list[int]:
-        """Grow the request's table to hold ``num_tokens`` slots; returns the table."""
+    def try_grow(self, request_id: str, num_tokens: int) -> bool:
+        """Grow the request's table to hold ``num_tokens`` slots if enough blocks are free; whether it holds them
+        now (if not, nothing changed)."""
         table = self._tables.get(request_id)
+        extra = self.blocks_needed(num_tokens) - (0 if table is None else len(table))
+        if extra > 0 and extra > self.num_free:  # (num_free not summed when no block is needed)
+            return False
         if table is None:
             table = self._tables[request_id] = []
-        extra = self.blocks_needed(num_tokens) - len(table)
-        if extra <= 0:  # (most steps of a decoding request)
-            return table
-        if extra > self.num_free:
-            raise RuntimeError(f"request {request_id!r} needs {extra} more blocks, {self.num_free} are free")
         for _ in range(extra):
             block = self._free.pop() if self._free else self.prefix_cache.evict()
             self._refs[block] = 1
             table.append(block)
-        return table
+        return True
+
+    def grow(self, request_id: str, num_tokens: int) -> list[int]:
+        """Grow the request's table to hold ``num_tokens`` slots; returns the table."""
+        if not self.try_grow(request_id, num_tokens):
+            extra = self.blocks_needed(num_tokens) - len(self.table(request_id))
+            raise RuntimeError(f"request {request_id!r} needs {extra} more blocks, {self.num_free} are free")
+        return self._tables[request_id]
 
     def free(self, request_id: str) -> None:
         """Drop the request's table. Its published blocks no other table holds become idle, the table's last

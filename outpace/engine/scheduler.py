@@ -134,14 +134,13 @@ class Scheduler:
             n, cost, rows = self._demand(req, budget, req.num_computed_tokens)
             if n == 0 or cost > budget:
                 continue
-            while not pool.can_hold(req.request_id, rows):
+            while not pool.try_grow(req.request_id, rows):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is req:
                     break
             if req.status is not running:
                 continue
-            pool.grow(req.request_id, rows)
             scheduled.append(ScheduledRequest(req, n))
             budget -= cost
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
