@@ -334,13 +334,14 @@ class LLMEngine:
         now = time.perf_counter()
         settle, append_token = self.scheduler.settle, self._append_token
         tokens, logprobs, at = results.new_token_ids, results.logprobs, 0  # at: the request's first new token
-        for i, (s, n) in enumerate(zip(batch, results.num_new_tokens)):
+        for i, (s, n, committed, accepted) in enumerate(zip(batch, results.num_new_tokens, results.num_committed,
+                                                            results.num_accepted_drafts)):
             req = s.request
-            req.num_computed_tokens += results.num_committed[i]
-            if results.num_accepted_drafts[i] is not None:
+            req.num_computed_tokens += committed
+            if accepted is not None:
                 budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
-                req.spec_metrics.record(results.num_drafts[i], results.max_depth[i], results.num_accepted_drafts[i],
-                                        budget, results.draft_depths[i])
+                req.spec_metrics.record(results.num_drafts[i], results.max_depth[i], accepted, budget,
+                                        results.draft_depths[i])
             if n and req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             stop = False
