@@ -91,7 +91,8 @@ class RequestSlots:
                                (self.seeds, torch.tensor([r.seed for r in reqs], dtype=torch.int64))):
             buffer[index] = values.to(self.device)
         for buffer, name in ((self.repetition_penalty, "repetition_penalty"),
-                             (self.frequency_penalty, "frequency_penalty"), (self.presence_penalty, "presence_penalty")):
+                             (self.frequency_penalty, "frequency_penalty"),
+                             (self.presence_penalty, "presence_penalty")):
             buffer[index] = torch.tensor([getattr(p, name) for p in params], dtype=torch.float32).to(self.device)
         for s, p in zip(slots, params):
             if p.penalized:
