@@ -15,7 +15,8 @@
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.
 #                                                    # MULTI_TIME_LIMIT / MULTI_DP_RESERVE (seconds) set the run's
-#                                                    # budget; a run into an OUT_DIR holding an earlier run's JSON
+#                                                    # budget, MULTI_DP_STREAMS="64" the dp levels (bench multi
+#                                                    # --dp-streams); a run into an OUT_DIR holding an earlier run's JSON
 #                                                    # continues it (finished items are kept), so a bench longer than
 #                                                    # one device command is the same command repeated
 #   bash benchmarks/gpu_run.sh OUT_DIR train [minutes] [methods] # issue 22: the zoo's drafts retrained side by side
@@ -74,7 +75,8 @@ elif [ "$stage" = multi ]; then
   # NVLink multicast off in NCCL, PyTorch and NVSHMEM, as the device notes ask
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} \
-    ${MULTI_TIME_LIMIT:+--time-limit $MULTI_TIME_LIMIT} ${MULTI_DP_RESERVE:+--dp-reserve $MULTI_DP_RESERVE} 2>&1 \
+    ${MULTI_TIME_LIMIT:+--time-limit $MULTI_TIME_LIMIT} ${MULTI_DP_RESERVE:+--dp-reserve $MULTI_DP_RESERVE} \
+    ${MULTI_DP_STREAMS:+--dp-streams $MULTI_DP_STREAMS} 2>&1 \
     | grep --line-buffered -v "it/s\]" | tee -a "$out/multi_gpu.log" | tail -80
 elif [ "$stage" = serve ]; then
   shift 2

@@ -186,10 +186,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
         run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "abef")
         return
     if a.what == "multi":
-        from outpace.bench.multi_gpu import PARTS, Plan, run_multi_gpu_bench
+        from outpace.bench.multi_gpu import PARTS, run_multi_gpu_bench
 
-        plan = Plan(**{k: v for k, v in (("time_limit_s", a.time_limit), ("dp_reserve_s", a.dp_reserve)) if v})
-        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or ",".join(PARTS), plan=plan,
+        run_multi_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or ",".join(PARTS), plan=multi_plan(a),
                             workdir=Path(a.workdir))
         return
     if a.what == "e2e":
@@ -215,6 +214,20 @@ def cmd_bench(a: argparse.Namespace) -> None:
     run_decode_bench(a.model, batch_sizes=a.batch_sizes, max_tokens=a.max_tokens,
                      engine_kwargs=_engine_kwargs(a, speculative=False), speculative=_speculative_config(a),
                      out_json=a.out)
+
+
+def multi_plan(a: argparse.Namespace):
+    """``bench multi``'s Plan: its defaults, with the budget and data-parallel levels the command line gives."""
+    from outpace.bench.multi_gpu import Plan
+
+    fields = {k: v for k, v in (("time_limit_s", a.time_limit), ("dp_reserve_s", a.dp_reserve)) if v}
+    if a.dp_streams:
+        if len(a.dp_streams) > 2 or min(a.dp_streams) < 1:
+            raise ValueError(f"--dp-streams {' '.join(map(str, a.dp_streams))} is invalid: one or two levels of "
+                             "concurrent streams, each >= 1")
+        fields.update(dp_streams=a.dp_streams[0], dp_saturated_streams=a.dp_streams[1] if len(a.dp_streams) > 1
+                      else None)
+    return Plan(**fields)
 
 
 def cmd_serve_sweep(a: argparse.Namespace) -> None:
@@ -310,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "continues with them")
     mb.add_argument("--dp-reserve", type=float, default=None,
                     help="seconds of the limit kept for each data-parallel part (260)")
+    mb.add_argument("--dp-streams", type=int, nargs="+", default=None, metavar="N",
+                    help="the data-parallel parts' levels of concurrent streams: the first (64 by default), and "
+                    "optionally a second, saturated one (256 by default; one value: that level alone)")
     cb = b.add_argument_group("bench cpu")
     cb.add_argument("--busy", type=int, nargs="+", default=[0],
                     help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)")

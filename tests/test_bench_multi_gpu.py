@@ -13,7 +13,7 @@ import pytest
 
 from outpace.bench.multi_gpu import ORACLE_LABEL, Case, Plan, compare, run_multi_gpu_bench
 from outpace.bench.random_checkpoint import random_target
-from outpace.cli import parse_args
+from outpace.cli import multi_plan, parse_args
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -133,8 +133,13 @@ def test_compare_finds_the_first_difference():
 def test_cli_and_part_names(tmp_path):
     a = parse_args(["bench", "multi", "--parts", "single", "--out", str(tmp_path)])
     assert (a.what, a.parts, a.time_limit, a.dp_reserve) == ("multi", "single", None, None)
-    a = parse_args(["bench", "multi", "--time-limit", "300", "--dp-reserve", "90"])
-    assert (a.time_limit, a.dp_reserve) == (300.0, 90.0)
+    a = parse_args(["bench", "multi", "--time-limit", "300", "--dp-reserve", "90", "--dp-streams", "64"])
+    plan = multi_plan(a)
+    assert (plan.time_limit_s, plan.dp_reserve_s, plan.dp_streams, plan.dp_saturated_streams) == (300, 90, 64, None)
+    plan = multi_plan(parse_args(["bench", "multi", "--dp-streams", "32", "128"]))
+    assert (plan.dp_streams, plan.dp_saturated_streams, plan.time_limit_s) == (32, 128, Plan().time_limit_s)
+    with pytest.raises(ValueError, match="--dp-streams 64 0 is invalid"):
+        multi_plan(parse_args(["bench", "multi", "--dp-streams", "64", "0"]))
     assert parse_args(["bench", "gpu"]).parts is None  # bench gpu's own default (abef) applies
     with pytest.raises(ValueError, match="unknown part"):
         run_multi_gpu_bench(tmp_path, "correctness,speed", Plan(device="cpu"), tmp_path / "work")
