@@ -1,7 +1,8 @@
 """Where a served engine's steps go: the offline engine under the load a server gives it, step by step.
 
     PYTHONPATH=. python benchmarks/diag_closed_loop.py --model DIR [--method eagle3 --draft DIR] [--streams 64]
-        [--requests 512] [--max-tokens 128] [--device cuda --dtype bfloat16] [--num-steps N] [--out FILE.json]
+        [--requests 512] [--max-tokens 128] [--spread 0.5] [--device cuda --dtype bfloat16] [--num-steps N]
+        [--out FILE.json]
 
 ``--streams`` requests are in flight at once and each that finishes is replaced by the next (a closed loop, as
 ``bench multi``'s dp parts and ``bench serve`` load a server), with the engine streaming its outputs as the server
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -83,14 +85,18 @@ class _Watch:
 
 
 def closed_loop(engine: LLMEngine, prompts: list[str], streams: int, requests: int, max_tokens: int,
-                temperature: float) -> tuple[list[StepRecord], float, int]:
-    """Run ``requests`` requests, ``streams`` at a time: (step records, wall seconds, output tokens)."""
+                temperature: float, spread: float = 0.0) -> tuple[list[StepRecord], float, int]:
+    """Run ``requests`` requests, ``streams`` at a time: (step records, wall seconds, output tokens). Each asks
+    for ``max_tokens``, or with ``spread`` a length drawn uniformly from max_tokens x [1 - spread, 1 + spread]
+    (seeded)."""
     watch = _Watch(engine)
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
+    lengths = random.Random(0)
     sent = 0
 
     def send() -> None:
         nonlocal sent
+        n = round(max_tokens * lengths.uniform(1 - spread, 1 + spread)) if spread else max_tokens
+        params = SamplingParams(temperature=temperature, max_tokens=max(n, 1), ignore_eos=True)
         engine.submit(engine.new_request(prompts[sent % len(prompts)], params, f"loop-{time.perf_counter()}-{sent}"))
         sent += 1
 
@@ -147,6 +153,8 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--requests", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--spread", type=float, default=0.0, help="output lengths drawn from max_tokens x [1 - s, 1 + s] "
+                   "(0: all equal, as bench multi's dp parts ask, so that a wave of requests ends in one step)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -158,7 +166,7 @@ def main() -> None:
     engine.stream_outputs = True
     prompts = load_prompts(zoo_dir() / "eval_prompts.json")
     closed_loop(engine, prompts, a.streams, a.streams, 8, a.temperature)  # warm-up: this load's batch sizes
-    records, wall, tokens = closed_loop(engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature)
+    records, wall, tokens = closed_loop(engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature, a.spread)
     rows = summary(records)
     print(f"{a.method}: {a.requests} requests, {a.streams} streams: {tokens / wall:.0f} output tokens/s, "
           f"{len(records)} steps, {1e3 * wall / len(records):.2f} ms a step")
