@@ -36,6 +36,9 @@
 #                                                    # by default; resumable: repeat the command on the same machine
 #                                                    # to go on; ABLATION_TIME_LIMIT seconds stops it); per method its
 #                                                    # log, and the finished variants' merged JSON and tables
+#   bash benchmarks/gpu_run.sh OUT_DIR closed_loop    # benchmarks/diag_closed_loop.py: one replica of the zoo widened
+#                                                    # to 8B under a server's load of 64 streams, every step timed,
+#                                                    # plain and adaptive EAGLE3, equal and spread lengths (~4 min)
 #   bash benchmarks/gpu_run.sh OUT_DIR serve [methods] # outpace bench serve --sweep (issue 21): `outpace serve` of the
 #                                                    # zoo widened to 8B for each method (of bench e2e's; none eagle3
 #                                                    # by default; keep none for the speed-ups) at 1 to 64 concurrent
@@ -43,7 +46,7 @@
 #                                                    # servers' logs in OUT_DIR
 set -uo pipefail
 out=${1:?output folder}
-stage=${2:?checks, bench, e2e, multi, train, ablation or serve}
+stage=${2:?checks, bench, e2e, multi, train, ablation, serve or closed_loop}
 parts=${3:-abef}
 mkdir -p "$out"
 # Packages the device image lacks, carried as wheels in .whl/ (the device tool's README says how to fetch them).
@@ -124,6 +127,19 @@ elif [ "$stage" = ablation ]; then
   wait
   python3 benchmarks/train_ablation.py "$out" --merge \
     $(for m in $methods; do [ -f .e2e_models/ablation/$m/train_ablation.json ] && echo .e2e_models/ablation/$m; done)
+elif [ "$stage" = closed_loop ]; then
+  # one replica's steps under a server's load (benchmarks/diag_closed_loop.py) on the zoo widened to 8B, plain and
+  # adaptive EAGLE3, with equal and with spread output lengths
+  python3 -c "from pathlib import Path; from outpace.bench.multi_gpu import Plan, widened_zoo; \
+widened_zoo(Plan(), Path('.e2e_models'))" 2>&1 | grep -v "tensor/s\]"
+  for spread in 0 0.5; do
+    for m in none eagle3; do
+      python3 benchmarks/diag_closed_loop.py --model .e2e_models/tinypy --method $m \
+        $([ $m = eagle3 ] && echo --draft .e2e_models/tinypy-eagle3) --device cuda --dtype bfloat16 --streams 64 \
+        --requests 512 --max-tokens 128 --spread $spread --out "$out/closed_loop_${m}_spread$spread.json" 2>&1 \
+        | grep -v -E "it/s\]|s/it\]|tensor/s\]" | tee -a "$out/closed_loop.log" | tail -12
+    done
+  done
 elif [ "$stage" = e2e ]; then
   shift 2
   python3 -m outpace bench e2e --out "$out" --max-tokens 128 ${@:+--methods "$@"} 2>&1 | grep -v "it/s\]" | tail -50
