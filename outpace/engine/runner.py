@@ -31,6 +31,7 @@ from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import CacheRows, bind_kv_cache, bound_caches
 from outpace.cache.state_slots import StateSlots
+from outpace.config import SamplingParams
 from outpace.engine.cuda_graphs import bucket_for, pinned
 from outpace.engine.iteration import DecodeIteration, LogitsFeatures, SamplingMode, StepKey
 from outpace.engine.prefill_graphs import PrefillGraphs
@@ -45,7 +46,7 @@ from outpace.speculative.proposer import DraftShape, Drafts, PrefillRows, Propos
 from outpace.structured import GrammarTable
 
 
-_request_id, _num_computed, _params = attrgetter("request_id"), attrgetter("num_computed_tokens"), attrgetter("params")
+_request_id, _num_computed = attrgetter("request_id"), attrgetter("num_computed_tokens")
 
 
 class _StepTimer:
@@ -113,6 +114,10 @@ class ModelRunner:
         self.prefill_graphs = PrefillGraphs(model, self.backend, self.slots, max_rows, self.states.has_state)
         self.run_ahead_limit: int | None = None  # max_model_len when run-ahead is on
         self._ahead: _Launch | None = None
+        # Each decoding request's kind: the params of the first request seen whose own params gave the same
+        # SamplingMode and LogitsFeatures (a step's mode and features depend only on the set of its requests' kinds)
+        self._kind_of: dict[str, SamplingParams] = {}
+        self._kinds: dict[tuple[SamplingMode, LogitsFeatures], SamplingParams] = {}
 
     # ---- set-up ----------------------------------------------------------------------------------
     def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
@@ -164,6 +169,7 @@ class ModelRunner:
         if self._ahead is not None and request_id in self._ahead.request_ids:
             self._ahead.copy.wait()
         self.slots.release(request_id)
+        self._kind_of.pop(request_id, None)
         if self.grammars is not None:
             self.grammars.release(request_id)
         for chooser in self.choosers.values():
@@ -307,11 +313,12 @@ class ModelRunner:
     def _launch(self, reqs: list[Request], ahead: bool = False) -> _Launch:
         """Write the batch into the iteration's input and run its step (captured when a bucket holds it).
         ``ahead``: the step after the one just launched, whose slot state it starts from is saved."""
-        ids, n, params = tuple(map(_request_id, reqs)), len(reqs), list(map(_params, reqs))
+        ids, n = tuple(map(_request_id, reqs)), len(reqs)
+        kinds = self._kinds_of(reqs, ids)
         bucket = bucket_for(self.graph_buckets, n)
-        mode = SamplingMode.of(params)
+        mode = SamplingMode.of(kinds)
         shape = self.choosers[mode].choose(bucket or n, ids) if self.choosers else self.shapes[0]
-        key = StepKey(bucket or n, shape, mode, LogitsFeatures.of(params))
+        key = StepKey(bucket or n, shape, mode, LogitsFeatures.of(kinds))
         self.slots.sync_tables(ids)
         if key.features.penalties and not ahead:
             for r in reqs:
@@ -332,6 +339,18 @@ class ModelRunner:
         if timer is not None:
             timer.stop()
         return _Launch(key, ids, starts, HostCopy(out), slot_ids, saved, timer)
+
+    def _kinds_of(self, reqs: list[Request], ids: tuple[str, ...]) -> list[SamplingParams]:
+        """The params of each kind of request in the batch, once: all a step's SamplingMode and LogitsFeatures read
+        (each request's kind found at its first decode step)."""
+        kinds = list(map(self._kind_of.get, ids))
+        if None in kinds:
+            for r in reqs:
+                if r.request_id not in self._kind_of:
+                    kind = (SamplingMode.of([r.params]), LogitsFeatures.of([r.params]))
+                    self._kind_of[r.request_id] = self._kinds.setdefault(kind, r.params)
+            kinds = list(map(self._kind_of.__getitem__, ids))
+        return list(dict(zip(map(id, kinds), kinds)).values())  # (distinct, by identity)
 
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
         """The host's part of a grammar step: each row's bitmask at every draft node ([b, n, words] on the
