@@ -39,13 +39,15 @@ def reserve_rows(pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], 
     waits for it: at batch 1 with speculation, one step per request), and each request's table can hold
     ``rows`` [i] KV rows (at most ``limit``, the positions graphs and the model allow); if so the tables
     are grown to that now."""
-    if any(r.num_output_tokens + 1 >= r.params.max_tokens or n > limit for r, n in zip(reqs, rows)):
+    if not reqs:
         return False
-    if all(r.num_output_tokens + committed >= r.params.max_tokens for r in reqs):
+    left = [r.params.max_tokens - r.num_output_tokens for r in reqs]  # the tokens each request may still produce
+    if min(left) <= 1 or max(rows) > limit or max(left) <= committed:
         return False
-    extra = sum(max(0, pool.blocks_needed(n) - len(pool.table(r.request_id))) for r, n in zip(reqs, rows))
-    if extra > pool.num_free:
+    missing = [pool.blocks_needed(n) - len(pool.table(r.request_id)) for r, n in zip(reqs, rows)]  # blocks
+    if sum(m for m in missing if m > 0) > pool.num_free:
         return False
-    for r, n in zip(reqs, rows):
-        pool.grow(r.request_id, n)
+    for r, n, m in zip(reqs, rows, missing):
+        if m > 0:
+            pool.grow(r.request_id, n)
     return True

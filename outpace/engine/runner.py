@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import add, attrgetter
 
 import torch
 from torch import nn
@@ -295,12 +295,12 @@ class ModelRunner:
             chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
             chooser.observe(launch.key.shape, rows.accepted, launch.request_ids)
         row_of = dict(zip(launch.request_ids, range(len(launch.request_ids))))  # (it may hold requests gone since)
-        if self._ahead is not None:  # each request's length once this step is committed
-            self._ahead.starts = tuple(s + rows.accepted[row_of[i]] + 1 for i, s in zip(ids, starts))
         shape, n = launch.key.shape, len(ids)
         tokens, accepted, depths, entries = rows
         order = list(map(row_of.__getitem__, ids))
         counts = [accepted[i] + 1 for i in order]
+        if self._ahead is not None:  # each request's length once this step is committed
+            self._ahead.starts = tuple(map(add, starts, counts))
         new_token_ids = [t for i in order for t in tokens[i]]
         logprobs = None if entries is None else [position_logprobs(t, *lp) for i in order
                                                  for t, lp in zip(tokens[i], entries[i])]
@@ -382,7 +382,7 @@ class ModelRunner:
         if launch is None:
             return None
         ran = dict(zip(launch.request_ids, launch.starts))
-        if ids and all(ran.get(i) == s for i, s in zip(ids, starts)):
+        if ids and tuple(map(ran.get, ids)) == starts:
             self._ahead = None
             return launch
         self._drop_ahead()
