@@ -294,10 +294,11 @@ class ModelRunner:
         if chooser is not None:
             chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
             chooser.observe(launch.key.shape, rows.accepted, launch.request_ids)
-        row_of = dict(zip(launch.request_ids, range(len(launch.request_ids))))  # (it may hold requests gone since)
         shape, n = launch.key.shape, len(ids)
         tokens, accepted, depths, entries = rows
-        order = list(map(row_of.__getitem__, ids))
+        order = range(n)  # each request's row of the launch, which may also hold requests gone since
+        if launch.request_ids != ids:
+            order = list(map(dict(zip(launch.request_ids, range(len(launch.request_ids)))).__getitem__, ids))
         counts = [accepted[i] + 1 for i in order]
         if self._ahead is not None:  # each request's length once this step is committed
             self._ahead.starts = tuple(map(add, starts, counts))
