@@ -213,6 +213,11 @@ def dflash_block_size(draft_dir: str | Path) -> int:
     return DFlashConfig.from_dict(json.loads(path.read_text())).block_size
 
 
+def layers_outside(target_layer_ids: tuple[int, ...], num_layers: int) -> list[int]:
+    """The ids of ``target_layer_ids`` ("output of layer X") that name no layer of a ``num_layers``-layer target."""
+    return [i for i in target_layer_ids if not 0 <= i < num_layers]
+
+
 def _tensor_shape(draft_dir: Path, name: str) -> tuple[int, ...] | None:
     for path in checkpoint_files(draft_dir):  # safetensors or .bin
         with open_shard(path) as f:
@@ -242,7 +247,7 @@ def load_dflash_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     if fc_in % cfg.num_features or fc_in // cfg.num_features != tcfg.hidden_size:
         problems.append(f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers x "
                         f"{fc_in / cfg.num_features:g}, but the target hidden size is {tcfg.hidden_size}")
-    bad = [i for i in cfg.target_layer_ids if not 0 <= i < L]
+    bad = layers_outside(cfg.target_layer_ids, L)
     if bad:
         problems.append(f"target_layer_ids {list(cfg.target_layer_ids)} name layers {bad} that the target does not "
                         f"have (ids mean 'output of layer X'; the target has {L} layers: 0 .. {L - 1})")

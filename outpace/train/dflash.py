@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from outpace.config import ModelConfig, SpeculativeConfig
-from outpace.models.dflash import DFlashConfig, DFlashDraft, tokenizer_mask_token_id
+from outpace.models.dflash import DFlashConfig, DFlashDraft, layers_outside, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype
 from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, prompt_source, soft_cross_entropy,
                                    teacher_forward, unused_files_note, window_source)
@@ -311,7 +311,7 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
     # the draft's shape is checked from the target's config before any data is generated
     tcfg = ModelConfig.from_pretrained(target_dir)
     layer_ids = tuple(recipe.target_layer_ids or default_target_layer_ids(tcfg.num_hidden_layers))
-    bad = [i for i in layer_ids if not 0 <= i < tcfg.num_hidden_layers]
+    bad = layers_outside(layer_ids, tcfg.num_hidden_layers)
     if bad:
         raise ValueError(f"DFlashRecipe.target_layer_ids {list(layer_ids)}: layers {bad} are not in the target's "
                          f"0 .. {tcfg.num_hidden_layers - 1}")
