@@ -11,8 +11,8 @@ from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.models.dflash import DFlashConfig, DFlashDraft, load_dflash_draft
 from outpace.models.loader import load_model
-from outpace.train.dflash import (DFlashRecipe, block_inputs, dflash_forward, sample_anchors, teacher_rows,
-                                  train_dflash)
+from outpace.train.dflash import (DFlashRecipe, block_inputs, dflash_config, dflash_forward, sample_anchors,
+                                  teacher_rows, train_dflash)
 from outpace.train.distill import DistillData, teacher_forward
 from spec_models import dflash_config_dict
 from test_dflash import peaked_target  # noqa: F401  (fixture: a random Llama with peaked outputs, <|mask|> = 2)
@@ -85,6 +85,7 @@ def test_labels_on_greedy_continuations_are_the_continuation(peaked_target):  # 
 @pytest.mark.parametrize("field, value, error", [
     ("max_checkpoint_mib", 0.01, "over DFlashRecipe.max_checkpoint_mib=0.01"),
     ("target_layer_ids", (1, 9), "layers \\[9\\] are not in the target's"),
+    ("num_key_value_heads", 4, "num_key_value_heads=4 is invalid: must be a divisor of num_attention_heads=6"),
 ])
 def test_a_draft_shape_the_target_cannot_take_is_refused_before_any_data(
         peaked_target, tmp_path, monkeypatch, field, value, error):  # noqa: F811
@@ -97,6 +98,17 @@ def test_a_draft_shape_the_target_cannot_take_is_refused_before_any_data(
         train_dflash(peaked_target, DFlashRecipe.toy(**{field: value}), tmp_path / "out", "cpu")
     assert not (tmp_path / "out").exists()
     assert DFlashRecipe().max_checkpoint_mib is None  # a user's target has no zoo budget by default
+
+
+def test_a_draft_may_have_fewer_kv_heads_than_its_target(peaked_target):  # noqa: F811
+    """``num_key_value_heads`` narrows the draft's k/v projections (depth within a size budget); None keeps the
+    target's."""
+    tcfg = load_model(peaked_target, torch.float32, progress=False).config
+    for kv_heads, expected in ((None, tcfg.num_key_value_heads), (3, 3)):
+        cfg_dict = dflash_config(tcfg, DFlashRecipe.toy(num_key_value_heads=kv_heads), (0,), 2)
+        draft = DFlashDraft(DFlashConfig.from_dict(cfg_dict), tcfg.hidden_size)
+        assert cfg_dict["num_key_value_heads"] == expected
+        assert draft.layers[0].self_attn.k_proj.weight.shape[0] == expected * tcfg.head_dim
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,7 @@ class DFlashRecipe(TrajectoryDistillRecipe):
     block_size: int = 8                           # B: B - 1 drafts per verify
     num_layers: int = 5                           # SpecForge's DFlash configs: 5 (10 for Qwen3-32B)
     intermediate_size: int | None = None          # None: the target's
+    num_key_value_heads: int | None = None        # None: the target's; fewer buys depth within a size budget
     target_layer_ids: tuple[int, ...] | None = None  # "output of layer X"; None: default_target_layer_ids(L)
     num_anchors: int = 64                         # blocks per training window, all in the continuation
     loss_gamma: float = 4.0                       # block row i weighs exp(-(i - 1) / gamma)
@@ -86,6 +87,8 @@ class DFlashRecipe(TrajectoryDistillRecipe):
         check = self.check
         check("block_size", self.block_size >= 2, ">= 2 (the bonus token and at least one mask)")
         check("num_layers", self.num_layers >= 1, ">= 1")
+        check("num_key_value_heads", self.num_key_value_heads is None or self.num_key_value_heads >= 1,
+              ">= 1 or None")
         check("max_checkpoint_mib", self.max_checkpoint_mib is None or self.max_checkpoint_mib > 0, "> 0 or None")
         check("num_anchors", self.num_anchors >= 1, ">= 1")
         check("loss_gamma", self.loss_gamma > 0, "> 0")
@@ -135,7 +138,7 @@ def dflash_config(target_cfg: ModelConfig, recipe: DFlashRecipe, target_layer_id
         "hidden_size": target_cfg.hidden_size,
         "intermediate_size": recipe.intermediate_size or target_cfg.intermediate_size,
         "num_attention_heads": target_cfg.num_attention_heads,
-        "num_key_value_heads": target_cfg.num_key_value_heads,
+        "num_key_value_heads": recipe.num_key_value_heads or target_cfg.num_key_value_heads,
         "head_dim": target_cfg.head_dim,
         "num_hidden_layers": recipe.num_layers,
         "hidden_act": "silu",
