@@ -127,9 +127,10 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
     assert not any(dropped) and hits["hits"] > 10
     decisions, may_run_ahead = [], owner._may_run_ahead
 
-    def logged(reqs, shape):  # (each request's output length and max_tokens, tokens the step may commit, ran)
-        ran = may_run_ahead(reqs, shape)
-        decisions.append(([(r.num_output_tokens, r.params.max_tokens) for r in reqs], shape.num_steps + 1, ran))
+    def logged(reqs, shape, joining):  # (each request's output length and max_tokens, tokens the step may commit, ran)
+        ran = may_run_ahead(reqs, shape, joining)
+        ahead = reqs + [s.request for s in joining]
+        decisions.append(([(r.num_output_tokens, r.params.max_tokens) for r in ahead], shape.num_steps + 1, ran))
         return ran
 
     owner._may_run_ahead = logged
@@ -141,6 +142,29 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
         all_may_end = all(n + committed >= m for n, m in lengths)
         assert ran == (not surely_ends and not all_may_end), (lengths, committed, ran)
     assert hits["hits"] == sum(ran for _, _, ran in decisions) > 0 and not any(dropped)
+
+
+@pytest.mark.parametrize("spec", [None, EAGLE3], ids=["plain", "eagle3"])
+def test_a_join_keeps_the_step_run_ahead_and_rides_in_the_next(prompts, reference, spec):
+    """Six requests of ragged lengths through four slots: each join's prefill shares a step with the others'
+    decoding. The step run ahead survives it (none is dropped: no step is computed twice), the joining
+    request rides in the step run ahead next, and every token equals plain greedy decoding."""
+    params, expected = reference
+    llm = _graphed(spec)
+    owner, dropped, joined = llm.engine.runner, [], []
+    drop, may_run_ahead = owner._drop_ahead, owner._may_run_ahead
+    owner._drop_ahead = lambda: dropped.append(owner._ahead is not None) or drop()
+
+    def logged(reqs, shape, joining):
+        ran = may_run_ahead(reqs, shape, joining)
+        joined.append(ran and bool(reqs) and bool(joining))
+        return ran
+
+    owner._may_run_ahead = logged
+    hits = _count_run_ahead_hits(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert not any(dropped) and any(joined) and hits["hits"] > 10
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not owner.slots._slot_of
 
 
 DRAFTERS = pytest.mark.parametrize("spec", [

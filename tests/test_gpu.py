@@ -71,10 +71,11 @@ def test_every_decode_step_replays_a_captured_iteration(method, temperature):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["plain"] + list(SPECS))
-def test_lone_prefill_chunks_replay_captured_forwards(method):
+def test_prefill_chunks_replay_captured_forwards(method):
     """Prompts one at a time (each prefill a lone chunk), chunked in 64-token steps, then the first again (a
-    prefix-cache hit): every prefill forward replays a captured graph, and the tokens in fp32 equal those of
-    an engine without graphs (engine/prefill_graphs.py)."""
+    prefix-cache hit): every prefill forward replays a captured graph; then six short prompts through four
+    slots (several chunks a step); the tokens in fp32 equal those of an engine without graphs
+    (engine/prefill_graphs.py)."""
     tinypy = str(ZOO / "tinypy")
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -83,11 +84,16 @@ def test_lone_prefill_chunks_replay_captured_forwards(method):
     llm = LLM(tinypy, **kwargs)
     graphs = llm.engine.runner.prefill_graphs
     assert graphs.buckets == (16, 32, 64) and all(call.graph is not None for call in graphs._graphs.values())
-    sizes, run = [], graphs.run
-    graphs.run = lambda size, *args: sizes.append(size) or run(size, *args)
+    keys, run = [], graphs.run
+    graphs.run = lambda key, *args: keys.append(key) or run(key, *args)
     eager = LLM(tinypy, cuda_graphs=False, **kwargs)
     for prompt in prompts + prompts[:1]:
         assert llm.generate([prompt], params)[0].token_ids == eager.generate([prompt], params)[0].token_ids
     steps = sum(-(-len(llm.tokenizer.encode(p)) // 64) for p in prompts)
-    assert len(sizes) >= steps + 1
+    assert len(keys) >= steps + 1 and {k for k, _ in keys} == {1}
+    # several chunks a step: short prompts together, then joining while others decode
+    short = [llm.tokenizer.encode(p)[-20:] for p in prompts + prompts[:2]]
+    ragged = [params.replace(max_tokens=8 + 6 * i) for i in range(len(short))]
+    assert [o.token_ids for o in llm.generate(short, ragged)] == [o.token_ids for o in eager.generate(short, ragged)]
+    assert max(k for k, _ in keys) > 1
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks

@@ -1,4 +1,5 @@
-"""A lone prefill chunk replayed through the forward captured for its token bucket (engine/prefill_graphs.py).
+"""A step's prefill chunks replayed through the forward captured for their count and token bucket
+(engine/prefill_graphs.py).
 On the CPU a replay runs the padded forward eagerly over the same static buffers, so the bucket choice,
 the padding and everything read from the outputs are checked here; the GPU tests check the graphs."""
 import json
@@ -34,17 +35,17 @@ def _prompts() -> list[str]:
     return json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:3]
 
 
-def _counting_replays(llm: LLM) -> list[int]:
-    """The bucket of every prefill forward that replayed one."""
-    graphs, sizes = llm.engine.runner.prefill_graphs, []
+def _counting_replays(llm: LLM) -> list[tuple[int, int]]:
+    """The key (chunks, tokens a chunk) of every prefill forward that replayed one."""
+    graphs, keys = llm.engine.runner.prefill_graphs, []
     run = graphs.run
 
-    def counting(size, *args):
-        sizes.append(size)
-        return run(size, *args)
+    def counting(key, *args):
+        keys.append(key)
+        return run(key, *args)
 
     graphs.run = counting
-    return sizes
+    return keys
 
 
 @SPECS
@@ -69,22 +70,50 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
         assert [list(row) for row in got.prompt_logprobs[1:]] == [list(row) for row in want.prompt_logprobs[1:]]
         assert [e.logprob for row in got.prompt_logprobs[1:] for e in row.values()] == pytest.approx(
             [e.logprob for row in want.prompt_logprobs[1:] for e in row.values()], abs=1e-4)
-    assert replays[:6] == [32, 16] * 3  # the rest: the repeated prompt's suffix (a cache hit, when on)
-    assert replays[6:] in ([16], [32, 16])
+    assert replays[:6] == [(1, 32), (1, 16)] * 3  # the rest: the repeated prompt's suffix (a cache hit, when on)
+    assert replays[6:] in ([(1, 16)], [(1, 32), (1, 16)])
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.slots._slot_of
 
 
-def test_batches_chunks_past_the_largest_bucket_and_the_context_end_run_eagerly():
-    llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=4, max_num_batched_tokens=2048)
+@SPECS
+def test_several_chunks_replay_one_key_and_change_no_token(spec):
+    """Six prompts through four slots with ragged output lengths: the first step prefills four chunks, and
+    later requests join while others decode. Every prefill step replays one key, and the tokens and acceptance
+    equal those of an engine that runs every prefill eagerly."""
+    spec = spec or SpeculativeConfig()
+    kw = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=256, speculative=spec)
+    eager, graphed = LLM(str(ZOO / "tinypy"), **kw), LLM(str(ZOO / "tinypy"), **kw)
+    graphed.engine.capture_graphs()
+    replays = _counting_replays(graphed)
+    prompts = [graphed.tokenizer.encode(p)[-40:] for p in
+               json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:6]]
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(6)]
+    want, got = eager.generate(prompts, params), graphed.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    if spec.enabled:
+        assert [o.spec_metrics.accepted_per_position for o in got] == [
+            o.spec_metrics.accepted_per_position for o in want]
+    assert replays[0] == (4, 64) and len(replays) >= 2  # the first wave, then the joins
+    engine = graphed.engine
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.slots._slot_of
+
+
+def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_eagerly():
+    llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=16, max_num_batched_tokens=2048)
     llm.engine.capture_graphs()
     graphs = llm.engine.runner.prefill_graphs
     assert graphs.buckets == (16, 32, 64, 128, 256, 512)
-    assert graphs.bucket(1, 0) == 16 and graphs.bucket(100, 40) == 128 and graphs.bucket(513, 0) is None
-    assert graphs.bucket(10, graphs.max_rows - 16) == 16 and graphs.bucket(10, graphs.max_rows - 15) is None
+    assert graphs.bucket([1], [0]) == (1, 16) and graphs.bucket([100], [40]) == (1, 128)
+    assert graphs.bucket([513], [0]) is None
+    assert graphs.bucket([3, 40, 9], [0, 5, 0]) == (4, 64) and graphs.bucket([3] * 8, [0] * 8) == (8, 16)
+    assert graphs.bucket([3] * 9, [0] * 9) is None            # more chunks than a key holds
+    assert graphs.bucket([200, 100, 10], [0] * 3) is None      # 4 chunks of 256 tokens: past 512
+    assert graphs.bucket([10], [graphs.max_rows - 16]) == (1, 16)
+    assert graphs.bucket([10, 10], [0, graphs.max_rows - 15]) is None
     replays = _counting_replays(llm)
-    prompts = [llm.tokenizer.encode(p)[-40:] for p in _prompts()]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))  # one step prefills all three
+    prompts = [llm.tokenizer.encode(p)[-40:] for p in json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:9]]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))  # one step prefills all nine
     assert replays == []
 
 
@@ -102,7 +131,7 @@ def test_mla_buckets_stop_below_the_expanded_form():
         ids = graphed.tokenizer.encode(prompt)[-30:]
         for chunk in (ids[:12], ids):  # 12 tokens (replayed), then 30 (eager, or after a cached block replayed)
             assert graphed.generate([chunk], params)[0].token_ids == eager.generate([chunk], params)[0].token_ids
-    assert len(replays) >= 3 and set(replays) == {16}
+    assert len(replays) >= 3 and set(replays) == {(1, 16)}
 
 
 def test_models_with_recurrent_layers_capture_no_prefill():

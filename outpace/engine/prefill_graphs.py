@@ -1,15 +1,17 @@
-"""One request's prefill chunk as a captured forward, padded to a token bucket.
+"""A step's prefill chunks as one captured forward, each chunk padded to a token bucket.
 
 An eager prefill forward of the 8B shape spends about 20 ms launching kernels for about 7 ms of GPU
 work (benchmarks/diag_prefill.py). At low load each request is prefilled alone, so that launch time is
-most of what a request costs beyond its decode steps, and the time to its first token. A step whose
-prefill part is one chunk of ``c`` tokens (a new prompt, or after a prefix-cache hit its uncached
-suffix) replays instead the forward captured for the smallest bucket ``P >= c``: the chunk's tokens and
-``P - c`` padding tokens at KV rows start .. start + P - 1, causal, so no real row sees a padding row.
-The padding rows' KV lands past the request's last row: in its own partly filled block (rows that the
-next chunk or decode step rewrites before anything reads them) or, past its table, in the pool's
-padding block. Only the forward is captured: sampling the first token and the drafter's ``absorb``
-read the first ``c`` rows of its outputs as they read an eager forward's.
+most of what a request costs beyond its decode steps, and the time to its first token; under a server's
+load a few short prompts (or their uncached suffixes) join at most steps, beside the decoding batch
+(benchmarks/diag_closed_loop.py). A step whose prefill part is ``n`` chunks of ``c_i`` tokens replays
+instead the forward captured for the smallest key ``(K, P)`` with ``K >= n`` chunks and ``P >= max c_i``
+tokens a chunk (``K * P`` at most the largest bucket): chunk i's tokens and ``P - c_i`` padding tokens at
+KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row; chunks n .. K - 1 are the
+padding slot's. The padding rows' KV lands past each request's last row: in its own partly filled block
+(rows that the next chunk or decode step rewrites before anything reads them) or, past its table, in the
+pool's padding block. Only the forward is captured: sampling the first tokens and the drafter's
+``absorb`` read the real rows of its outputs, gathered in the order an eager forward gives them.
 
 Models with recurrent layers are left out: padding tokens would advance a request's recurrent state.
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
@@ -32,7 +34,8 @@ from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.speculative.proposer import positions
 
 SMALLEST_PREFILL_BUCKET = 16    # the attention kernel's smallest tile: fewer rows cost the same
-LARGEST_PREFILL_BUCKET = 512    # longer chunks amortize an eager forward's launches
+LARGEST_PREFILL_BUCKET = 512    # tokens a key holds: longer prefills amortize an eager forward's launches
+CHUNK_BUCKETS = (1, 2, 4, 8)    # chunks a key holds
 
 
 def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
@@ -44,54 +47,67 @@ def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+PrefillKey = tuple[int, int]    # (K chunks, P tokens a chunk)
+
+
 class PrefillGraphs:
     def __init__(self, model: nn.Module, backend, slots: RequestSlots, max_rows: int, recurrent: bool) -> None:
         """``max_rows``: the positions the model and a slot's table allow (a padded chunk stays below);
         ``recurrent``: the model has recurrent layers (then nothing is captured)."""
         self.model, self.backend, self.slots, self.max_rows = model, backend, slots, max_rows
         self.recurrent = recurrent
-        self.buckets: tuple[int, ...] = ()
-        self._graphs: dict[int, CapturedCall] = {}
-        device = slots.device
+        self.buckets: tuple[int, ...] = ()          # P: tokens a chunk
+        self._graphs: dict[PrefillKey, CapturedCall] = {}
+        device, k = slots.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
-        self.token_ids = torch.zeros(LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device)  # [P] (stale past c)
-        self.start = torch.zeros(1, dtype=torch.int64, device=device)                          # [1] first row
-        self.slot = torch.zeros(1, dtype=torch.int64, device=device)                           # [1] the request's slot
+        self.token_ids = torch.zeros(LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device)  # [K * P] (stale pads)
+        self.starts = torch.zeros(k, dtype=torch.int64, device=device)                          # [K] first rows
+        self.slot_ids = torch.full((k,), slots.padding_slot, dtype=torch.int64, device=device)  # [K] their slots
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
-        """Capture the forward for every bucket that fits the context and stays below an MLA layer's expanded
-        form, none for a recurrent model (on CUDA; elsewhere a replay runs it eagerly). The slot is the padding
-        slot meanwhile: its table points at the padding block."""
-        self.slot.fill_(self.slots.padding_slot)
-        self.start.zero_()
+        """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
+        expanded form, none for a recurrent model (on CUDA; elsewhere a replay runs it eagerly). The chunks are
+        the padding slot's meanwhile: its table points at the padding block."""
+        self.slot_ids.fill_(self.slots.padding_slot)
+        self.starts.zero_()
         expands = min((m.expand_min_query_len for m in self.model.modules()
                        if isinstance(m, MultiHeadLatentAttention)), default=math.inf)
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
         self.buckets = () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
-        self._graphs = {size: CapturedCall(lambda size=size: self._forward(size), self.slots.device, memory_pool)
-                        for size in self.buckets}
+        keys = [(k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET]
+        self._graphs = {key: CapturedCall(lambda key=key: self._forward(*key), self.slots.device, memory_pool)
+                        for key in keys}
 
-    def bucket(self, count: int, start: int) -> int | None:
-        """The bucket a chunk of ``count`` rows from row ``start`` replays, or None (run it eagerly)."""
-        size = bucket_for(self.buckets, count)
-        return size if size is not None and start + size <= self.max_rows else None
+    def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
+        """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
+        chunks, size = bucket_for(CHUNK_BUCKETS, len(counts)), bucket_for(self.buckets, max(counts))
+        if chunks is None or size is None or (chunks, size) not in self._graphs:
+            return None
+        return (chunks, size) if max(starts) + size <= self.max_rows else None
 
-    def run(self, size: int, slot: int, start: int, token_ids: torch.Tensor):
-        """The forward of a chunk (``token_ids`` [c] on the device, c <= ``size``) of the request in
-        ``slot`` from KV row ``start``: outputs [c, ...], views of the graph's (valid until its next replay).
-        The slot's table must be on the device (``RequestSlots.sync_tables``)."""
-        c = token_ids.shape[0]
-        self.token_ids[:c].copy_(token_ids)
-        self.start.fill_(start)
-        self.slot.fill_(slot)
-        out = self._graphs[size].replay()
+    def run(self, key: PrefillKey, slot_ids: list[int], starts: list[int], counts: list[int],
+            token_ids: torch.Tensor):
+        """The forward of the chunks (``token_ids`` [sum(counts)] on the device, chunk i's ``counts[i]`` tokens
+        of the request in ``slot_ids[i]`` from KV row ``starts[i]``): outputs [sum(counts), ...] in that order.
+        The slots' tables must be on the device (``RequestSlots.sync_tables``)."""
+        chunks, size = key
+        n = len(counts)
+        rows = torch.tensor([i * size + j for i, c in enumerate(counts) for j in range(c)])   # [sum(counts)]
+        rows = rows.to(self.token_ids.device, non_blocking=True)
+        self.token_ids.index_copy_(0, rows, token_ids)
+        pads = chunks - n
+        self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
+        self.slot_ids[:chunks].copy_(torch.tensor(slot_ids + [self.slots.padding_slot] * pads), non_blocking=True)
+        out = self._graphs[key].replay()
         aux = out.aux_hidden_states
-        return dataclasses.replace(out, hidden_states=out.hidden_states[:c],
-                                   aux_hidden_states=None if aux is None else aux[:c])
+        return dataclasses.replace(out, hidden_states=out.hidden_states.index_select(0, rows),
+                                   aux_hidden_states=None if aux is None else aux.index_select(0, rows))
 
-    def _forward(self, size: int):
-        """``size`` tokens at rows start .. start + size - 1 of the slot's request (static buffers only)."""
-        tables = self.slots.tables.index_select(0, self.slot)                               # [1, max_blocks]
-        meta = uniform_paged_metadata(tables, self.start, size, self.slots.pool.block_size)
+    def _forward(self, chunks: int, size: int):
+        """``chunks`` chunks of ``size`` tokens, chunk i at rows starts[i] .. starts[i] + size - 1 of the request in
+        slot_ids[i] (static buffers only)."""
+        tables = self.slots.tables.index_select(0, self.slot_ids[:chunks])                   # [K, max_blocks]
+        starts = self.starts[:chunks]
+        meta = uniform_paged_metadata(tables, starts, size, self.slots.pool.block_size)
         with torch.inference_mode(), forward_context(meta, self.backend):
-            return self.model(self.token_ids[:size], positions(self.start, size))
+            return self.model(self.token_ids[:chunks * size], positions(starts, size))

@@ -1,6 +1,6 @@
-"""Runs a scheduled batch: prefill chunks through one forward (a lone chunk through the forward captured
-for its token bucket, prefill_graphs.py; others eagerly), decoding requests through the decode
-iteration (iteration.py), captured per batch bucket on CUDA.
+"""Runs a scheduled batch: prefill chunks through one forward (the forward captured for their count and
+token bucket when one holds them, prefill_graphs.py; others eagerly), decoding requests through the
+decode iteration (iteration.py), captured per batch bucket on CUDA.
 
 Host work per step: for prefill chunks, flat inputs and (eager) attention metadata built from lists,
 one forward, the first tokens sampled, the drafter told what was committed (``Proposer.absorb``);
@@ -8,12 +8,15 @@ for decoding requests, the batch's slots written into the iteration's input and 
 entries copied; then one host sync for the step's tokens.
 
 Run-ahead (``enable_run_ahead``): right after a decode step the next one is launched for the same
-requests, before the host reads the first one's tokens: everything it needs is already in the slot
-state on the device. While the GPU runs it, the engine appends tokens, checks stop conditions and
-schedules. If the next step's batch is those requests (or some of them, others having finished), at
-the lengths the step run ahead started from, its results serve it; otherwise it is dropped and the
-slot state it advanced is restored, so the state is again the one after the tokens the host holds
-(the KV rows it wrote lie past every committed row, and are rewritten before anything reads them).
+requests and for those whose prefill the step completed, before the host reads the first one's tokens:
+everything it needs is already in the slot state on the device (a prefill's writes are queued before
+it). While the GPU runs it, the engine appends tokens, checks stop conditions and schedules. If the next
+step's batch is those requests (or some of them, others having finished), at the lengths the step run
+ahead started from, its results serve it, whatever new prompts that step also prefills; otherwise it is
+dropped and the slot state it advanced is restored, so the state is again the one after the tokens the
+host holds (the KV rows it wrote lie past every committed row, and are rewritten before anything reads
+them). Under a server's load requests end and join at most steps, so a step run ahead that a join
+dropped would be a step computed twice (benchmarks/diag_closed_loop.py).
 """
 from __future__ import annotations
 
@@ -47,6 +50,11 @@ from outpace.structured import GrammarTable
 
 
 _request_id, _num_computed = attrgetter("request_id"), attrgetter("num_computed_tokens")
+
+
+def _length_after(chunk: ScheduledRequest) -> int:
+    """A prefilled request's KV rows once its chunk is committed."""
+    return chunk.request.num_computed_tokens + chunk.num_new_tokens
 
 
 class _StepTimer:
@@ -121,8 +129,8 @@ class ModelRunner:
 
     # ---- set-up ----------------------------------------------------------------------------------
     def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
-        """Capture the decode step for every bucket, draft shape and sampling mode, and the forward of a
-        lone prefill chunk for the prefill buckets the model allows (engine/prefill_graphs.py); on CUDA,
+        """Capture the decode step for every bucket, draft shape and sampling mode, and the forward of up to
+        8 prefill chunks for the prefill buckets the model allows (engine/prefill_graphs.py); on CUDA,
         elsewhere the replays run the same code eagerly. With adaptive
         speculation, profile each decode step on the GPU."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
@@ -182,11 +190,12 @@ class ModelRunner:
         decoding = [is_decoding(s.request) for s in batch]
         prefill = [s for s, d in zip(batch, decoding) if not d]
         decode = [s.request for s, d in zip(batch, decoding) if d]
-        if prefill:
-            self._drop_ahead()
+        if self._ahead is not None and any(s.request.request_id in self._ahead.request_ids for s in prefill):
+            self._drop_ahead()  # a request it ran for is recomputed: its slot may come back to it (see _drop_ahead)
         with forward_settings(self.batch_invariant):
             prefilled = self._prefill(prefill) if prefill else None
-            decoded = self._decode(decode) if decode else None
+            joining = [s for s in prefill if s.decodes_next]
+            decoded = self._decode(decode, joining) if decode else None
         results = StepResults.interleave(decoding, prefilled, decoded)
         self._advance_grammars(batch, results)
         return results
@@ -229,12 +238,12 @@ class ModelRunner:
 
     def _prefill_forward(self, reqs: list[Request], slot_ids: list[int], starts: list[int], counts: list[int],
                          tables: list[list[int]], input_ids: torch.Tensor):
-        """The target's forward over the chunks (``input_ids`` [sum(counts)]): a lone chunk that a prefill
-        bucket holds replays its captured forward, any other step runs eagerly."""
-        size = self.prefill_graphs.bucket(counts[0], starts[0]) if len(reqs) == 1 else None
-        if size is not None:
-            self.slots.sync_tables([reqs[0].request_id])
-            return self.prefill_graphs.run(size, slot_ids[0], starts[0], input_ids)
+        """The target's forward over the chunks (``input_ids`` [sum(counts)]): chunks that a prefill key holds
+        replay its captured forward, others run eagerly."""
+        key = self.prefill_graphs.bucket(counts, starts)
+        if key is not None:
+            self.slots.sync_tables(list(map(_request_id, reqs)))
+            return self.prefill_graphs.run(key, slot_ids, starts, counts, input_ids)
         meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
         pos = torch.tensor([p for a, c in zip(starts, counts) for p in range(a, a + c)], device=self.device)
         with forward_context(meta, self.backend, recurrent=self.states.prefill(slot_ids, starts)):
@@ -284,11 +293,13 @@ class ModelRunner:
                     r.prompt_logprobs += [position_logprobs(t, *row) for t, row in zip(targets.tolist(), lp.host_rows())]
             offset += c
 
-    def _decode(self, reqs: list[Request]) -> StepResults:
+    def _decode(self, reqs: list[Request], joining: list[ScheduledRequest] = ()) -> StepResults:
+        """One decode step for ``reqs``; the step after it may be run ahead for them and for the requests whose
+        prefill this step completed (``joining``: their slots were written by the prefill, queued before)."""
         ids, starts = tuple(map(_request_id, reqs)), tuple(map(_num_computed, reqs))
         launch = self._take_ahead(ids, starts) or self._launch(reqs)
-        if self._may_run_ahead(reqs, launch.key.shape):
-            self._ahead = self._launch(reqs, ahead=True)
+        if self._may_run_ahead(reqs, launch.key.shape, joining):
+            self._ahead = self._launch(reqs + [s.request for s in joining], ahead=True)
         rows = self.iteration.unpack(launch.copy.tolist(), launch.key, len(launch.request_ids))
         chooser = self.choosers.get(launch.key.mode)
         if chooser is not None:
@@ -301,7 +312,7 @@ class ModelRunner:
             order = list(map(dict(zip(launch.request_ids, range(len(launch.request_ids)))).__getitem__, ids))
         counts = [accepted[i] + 1 for i in order]
         if self._ahead is not None:  # each request's length once this step is committed
-            self._ahead.starts = tuple(map(add, starts, counts))
+            self._ahead.starts = tuple(map(add, starts, counts)) + tuple(map(_length_after, joining))
         new_token_ids = [t for i in order for t in tokens[i]]
         logprobs = None if entries is None else [position_logprobs(t, *lp) for i in order
                                                  for t, lp in zip(tokens[i], entries[i])]
@@ -404,18 +415,20 @@ class ModelRunner:
             for buffer, saved in zip(self._state(launch.key), launch.saved):
                 buffer.index_copy_(0, slot_ids, saved.index_select(0, index))
 
-    def _may_run_ahead(self, reqs: list[Request], shape: DraftShape) -> bool:
-        """Whether to launch the step after this one (which drafts ``shape``) now: captured, and its rows
-        reserved for any acceptance of this one (run_ahead.reserve_rows)."""
-        if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(reqs)) is None:
+    def _may_run_ahead(self, reqs: list[Request], shape: DraftShape, joining: list[ScheduledRequest]) -> bool:
+        """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` and ``joining``:
+        captured, and its rows reserved for any acceptance of this one (run_ahead.reserve_rows)."""
+        ahead = reqs + [s.request for s in joining]
+        if self.run_ahead_limit is None or bucket_for(self.graph_buckets, len(ahead)) is None:
             return False
-        if any(r.params.structured_outputs is not None for r in reqs):  # its masks need this step's tokens
+        if any(r.params.structured_outputs is not None for r in ahead):  # its masks need this step's tokens
             return False
         per_step = self.shapes[-1].num_nodes
         lookahead = self.proposer.lookahead if self.proposer is not None else 0
-        rows = [r.num_computed_tokens + 2 * per_step + lookahead + 1 for r in reqs]
+        rows = [r.num_computed_tokens + 2 * per_step + lookahead + 1 for r in reqs] \
+            + [_length_after(s) + per_step + lookahead + 1 for s in joining]
         limit = min(self.run_ahead_limit, self.slots.max_rows)
-        return reserve_rows(self.pool, reqs, rows, limit, committed=shape.num_steps + 1)
+        return reserve_rows(self.pool, ahead, rows, limit, committed=shape.num_steps + 1)
 
 
 def _next_tokens(reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor) -> torch.Tensor:
