@@ -1,6 +1,6 @@
 """Plot of benchmarks/train_dflash_depth/runs.json: held-out tau (CPU, fp32) of each DFlash run against its
 number of layers, one line per data temperature, at T = 0 and T = 1; runs whose data differs otherwise (half corpus
-windows, twice the continuations) are single labelled points.
+windows, twice the continuations, 8 and 10 layers with fewer k/v heads) are single labelled points.
 
   python benchmarks/plot_dflash_depth.py [benchmarks/train_dflash_depth]
 """
@@ -19,7 +19,7 @@ def main(folder: Path) -> None:
     # the study's data: continuations only, 49152 of them; the others are drawn as points of their own
     main_runs = {k: r for k, r in runs.items() if r["corpus_fraction"] == 0 and r["num_continuations"] == 49152}
     other_runs = {k: r for k, r in runs.items() if k not in main_runs}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 6.5), sharex=True)
     for ax, key in zip(axes, ("tau T=0", "tau T=1")):
         for temp in sorted({r["data_temperature"] for r in main_runs.values()}):
             rows = sorted((r["num_layers"], r["cpu_fp32_heldout"][key], r["total_minutes"])
@@ -28,16 +28,20 @@ def main(folder: Path) -> None:
             for x, y, minutes in rows:
                 ax.annotate(f"{minutes:g} min", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
         for r in other_runs.values():
-            what = (f"T = {r['data_temperature']:g}, {r['num_continuations']} continuations"
-                    + (f" + {r['corpus_fraction']:g} corpus windows" if r["corpus_fraction"] else ""))
+            what = (f"T = {r['data_temperature']:g}, {r['num_continuations']} cont."
+                    + (f" + {r['corpus_fraction']:g} corpus windows" if r["corpus_fraction"] else "")
+                    + (f"; x {r['intermediate_size']}, {r['num_key_value_heads']} kv heads"
+                       if r.get("num_key_value_heads") else "")
+                    + (f", {r['num_anchors']} anchors" if r.get("num_anchors", 64) != 64 else ""))
             ax.plot(r["num_layers"], r["cpu_fp32_heldout"][key], marker="*", markersize=10, linestyle="", label=what)
-        ax.set(xlabel="draft layers (intermediate 640 / 256 / 128)", ylabel=f"held-out {key}",
+        ax.set(xlabel="draft layers (intermediate 640 / 256 / 128 at 2 / 4 / 6)", ylabel=f"held-out {key}",
                title=f"serving at {key.split()[1]}")
-        ax.set_xticks([2, 4, 6])
+        ax.set_xticks(sorted({r["num_layers"] for r in runs.values()}))
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8)
     fig.suptitle("DFlash block 8 on the zoo target: depth and data temperature (whole-run budget per point)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.24, 1, 1))
     fig.savefig(folder / "tau.png", dpi=110)
 
 
