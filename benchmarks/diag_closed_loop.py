@@ -22,7 +22,9 @@ carried a prefill and took 68% of the wall time, 61 ms at the median against 50 
 their decode part). Decode-only chain-3 steps made 1911 tokens/s, plain's 1922: on the CPU every part of a step is
 the model's compute, so the chooser's beliefs match the decode-only steps, and what speculation loses is in the
 steps that also prefill (with EAGLE3 the requests end at different steps, so their successors' prefills spread over
-most steps). The GPU run of this script, on the widened zoo, is what says whether the 44 ms steps above are the same.
+most steps). On the GPU (one H200, the widened zoo, ``closed_loop_h200/``) the 37 ms steps that
+carried a prefill were a decode step computed twice (the step run ahead dropped at the join) and an eager prefill of
+several chunks; after 4ea5060 they take 18-19 ms and EAGLE3 makes 1.14x plain decoding's tokens/s (0.68x before).
 The same load with lengths spread (``--spread 0.5``), two rounds each on the shared CPU (+-15% between rounds):
 plain 1430 and 1209 tokens/s, EAGLE3 1159 and 1423; with equal lengths plain 1531 and 1651, EAGLE3 1080 and 1315.
 Equal lengths, as bench multi's dp parts ask, let plain decoding prefill a whole wave of requests in one step.
