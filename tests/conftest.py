@@ -128,3 +128,51 @@ def toy_eval_prompts(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("toy_prompts") / "eval_prompts.json"
     path.write_text(json.dumps({"prompts": ["def f(x):\n    return", "class A:\n    def"]}))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def peaked_target(tmp_path_factory):
+    """Like zoo_like_dir (a random Llama with a real tokenizer whose <|mask|> is id 2), but with large initial
+    weights so that its next-token distributions are peaked: something to learn. Built once for the DFlash
+    tests and the training tests that read it (none writes into it)."""
+    import sysconfig
+
+    from outpace.train.tokenizer import save_tokenizer, train_tokenizer
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tok = train_tokenizer([(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "abc.py")],
+                          vocab_size=400)
+    model = make_hf_model("llama", vocab_size=tok.get_vocab_size(), eos_token_id=0, initializer_range=0.5)
+    path = save_hf_model(model, tmp_path_factory.mktemp("peaked_target"))
+    save_tokenizer(tok, path, model_max_length=512)
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained_toy_target(tmp_path_factory):
+    """num_layers -> (directory, metrics) of ``TargetRecipe.toy(steps=30, num_layers=num_layers)`` trained on the
+    CPU (two greedy samples), once per session: the same deterministic run that tests/test_train.py,
+    test_train_mtp.py, test_train_eagle3.py and test_train_ranks.py each trained for themselves. Tests read the
+    directory and never write into it (a test that changes a target copies it first: test_train_mtp.py
+    ``write_mtp_target``)."""
+    from outpace.train.target import TargetRecipe, train_target
+
+    cache = {}
+
+    def get(num_layers: int):
+        if num_layers not in cache:
+            out = tmp_path_factory.mktemp(f"toy_target_{num_layers}_layers")
+            cache[num_layers] = out, train_target(TargetRecipe.toy(steps=30, num_layers=num_layers), out, "cpu",
+                                                  num_samples=2)
+        return cache[num_layers]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def mtp_toy_target(trained_toy_target, tmp_path_factory):
+    """test_train_mtp.py's ``write_mtp_target`` over the two-layer toy target, built once for the MTP recipe's
+    tests and the rank tests."""
+    from test_train_mtp import write_mtp_target
+
+    return write_mtp_target(tmp_path_factory.mktemp("mtp_target"), trained_toy_target(2)[0])

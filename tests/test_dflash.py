@@ -288,24 +288,6 @@ def test_mask_token_must_be_the_tokenizers(zoo_like_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def peaked_target(tmp_path_factory):
-    """Like conftest's zoo_like_dir (a random Llama with a real tokenizer whose <|mask|> is id 2), but with
-    large initial weights so that its next-token distributions are peaked: something to learn."""
-    import sysconfig
-    from pathlib import Path
-
-    from outpace.train.tokenizer import save_tokenizer, train_tokenizer
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    tok = train_tokenizer([(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "abc.py")],
-                          vocab_size=400)
-    model = make_hf_model("llama", vocab_size=tok.get_vocab_size(), eos_token_id=0, initializer_range=0.5)
-    path = save_hf_model(model, tmp_path_factory.mktemp("peaked_target"))
-    save_tokenizer(tok, path, model_max_length=512)
-    return path
-
-
-@pytest.fixture(scope="module")
 def toy_run(peaked_target, tmp_path_factory):
     from outpace.train.dflash import DFlashRecipe, train_dflash
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from outpace.config import ModelConfig
-from outpace.train.target import TargetRecipe, hf_config, prepare_data, run_target_training, train_target
+from outpace.train.target import TargetRecipe, hf_config, prepare_data, run_target_training
 
 RECIPE = TargetRecipe.toy(steps=30)
 
@@ -16,9 +16,9 @@ def toy_data():
 
 
 @pytest.fixture(scope="module")
-def toy_target(tmp_path_factory):
-    out = tmp_path_factory.mktemp("toy_target")
-    return out, train_target(RECIPE, out, "cpu", num_samples=2)
+def toy_target(trained_toy_target):
+    assert RECIPE == TargetRecipe.toy(steps=30, num_layers=RECIPE.num_layers)
+    return trained_toy_target(RECIPE.num_layers)  # conftest.py: train_target(RECIPE, out, "cpu", num_samples=2)
 
 
 def test_loss_falls_and_runs_reproduce(toy_data):

@@ -15,7 +15,6 @@ from outpace.train.dflash import (DFlashRecipe, block_inputs, dflash_config, dfl
                                   teacher_rows, train_dflash)
 from outpace.train.distill import DistillData, teacher_forward
 from spec_models import dflash_config_dict
-from test_dflash import peaked_target  # noqa: F401  (fixture: a random Llama with peaked outputs, <|mask|> = 2)
 
 
 @pytest.fixture(scope="module")

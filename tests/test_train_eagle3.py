@@ -146,13 +146,11 @@ def test_vocab_selection_and_maps():
 
 
 @pytest.fixture(scope="module")
-def toy_run(tmp_path_factory, toy_eval_prompts):
+def toy_run(tmp_path_factory, toy_eval_prompts, trained_toy_target):
     from outpace.train.eagle3 import train_eagle3
-    from outpace.train.target import TargetRecipe, train_target
 
-    target_dir = tmp_path_factory.mktemp("eagle3_target")
     # six layers like the zoo target: the default capture [2, 3, 3] must become [2, 3, 4]
-    train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
+    target_dir = trained_toy_target(6)[0]  # conftest.py: TargetRecipe.toy(steps=30, num_layers=6), trained once
     out = tmp_path_factory.mktemp("eagle3_draft")
     recipe = Eagle3Recipe.toy(eval_prompts=toy_eval_prompts, eval_num_steps=3)
     return target_dir, out, recipe, train_eagle3(target_dir, recipe, out, "cpu")

@@ -12,16 +12,18 @@ from outpace.config import SpeculativeConfig
 from outpace.models.loader import load_model
 from outpace.train.distill import teacher_forward
 from outpace.train.mtp import MTPRecipe, mtp_chain, train_mtp
-from outpace.train.target import TargetRecipe, train_target
 
 
-def write_mtp_target(out):
+def write_mtp_target(out, trained):
     """A toy tinypy (2 layers, 3 chained MTP layers) in ``out`` whose tied embedding is scaled up 4x (peaked
     next-token distributions, as a trained target's are) and whose MTP layers' eh_proj are scrambled (far from
-    the target: something to learn)."""
+    the target: something to learn). ``trained``: the directory ``train_target(TargetRecipe.toy(steps=30), ...)``
+    wrote (conftest's ``trained_toy_target(2)``), copied into ``out`` and changed there."""
+    import shutil
+
     from safetensors.torch import save_file
 
-    train_target(TargetRecipe.toy(steps=30), out, "cpu", num_samples=1)
+    shutil.copytree(trained, out, dirs_exist_ok=True)
     tensors = load_file(out / "model.safetensors")
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"] * 4
     g = torch.Generator().manual_seed(0)
@@ -33,8 +35,8 @@ def write_mtp_target(out):
 
 
 @pytest.fixture(scope="module")
-def toy_target(tmp_path_factory):
-    return write_mtp_target(tmp_path_factory.mktemp("mtp_target"))
+def toy_target(mtp_toy_target):
+    return mtp_toy_target  # conftest.py: write_mtp_target's, built once per session
 
 
 @pytest.fixture(scope="module")

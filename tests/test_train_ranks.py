@@ -23,25 +23,20 @@ from outpace.train.mtp import MTPRecipe, train_mtp
 from outpace.train.ranks import RankFailed, TrainRanks, train_on_ranks
 from outpace.train.standalone import StandaloneRecipe, train_standalone
 
-from test_dflash import peaked_target  # noqa: F401  (fixture: a random Llama with peaked outputs, <|mask|> = 2)
-from test_train_mtp import write_mtp_target
 
 TRAIN = {"eagle3": train_eagle3, "dflash": train_dflash, "mtp": train_mtp, "standalone": train_standalone}
 
 
 @pytest.fixture(scope="module")
-def targets(tmp_path_factory, peaked_target, toy_eval_prompts):  # noqa: F811
+def targets(peaked_target, toy_eval_prompts, trained_toy_target, mtp_toy_target):
     """method -> (target directory, toy recipe): a trained toy target for EAGLE3 and the standalone draft (six
     layers, as the zoo's); for DFlash a random target with peaked outputs and a mask token; for MTP a toy
-    target whose MTP layers were scrambled (something to learn)."""
-    from outpace.train.target import TargetRecipe, train_target
-
-    target_dir = tmp_path_factory.mktemp("ranks_target")
-    train_target(TargetRecipe.toy(steps=30, num_layers=6), target_dir, "cpu", num_samples=1)
+    target whose MTP layers were scrambled (something to learn). The targets are conftest.py's, built once
+    per session."""
+    target_dir = trained_toy_target(6)[0]
     return {"eagle3": (target_dir, Eagle3Recipe.toy(eval_prompts=toy_eval_prompts, eval_num_steps=3, resume_every=10)),
             "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
-            "mtp": (write_mtp_target(tmp_path_factory.mktemp("ranks_mtp_target")),
-                    MTPRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
+            "mtp": (mtp_toy_target, MTPRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
             "standalone": (target_dir, StandaloneRecipe.toy(resume_every=10))}
 
 
