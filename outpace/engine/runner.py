@@ -21,7 +21,6 @@ dropped would be a step computed twice (benchmarks/diag_closed_loop.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from operator import add, attrgetter
 
@@ -187,24 +186,21 @@ class ModelRunner:
     # ---- a step ----------------------------------------------------------------------------------
     def execute(self, batch: list[ScheduledRequest]) -> StepResults:
         """Prefill chunks (a token sampled for each that completes its prompt), then one decode step
-        for the decoding requests, launched before the host reads the prefill's tokens."""
+        for the decoding requests."""
         decoding = [is_decoding(s.request) for s in batch]
         prefill = [s for s, d in zip(batch, decoding) if not d]
         decode = [s.request for s, d in zip(batch, decoding) if d]
         if self._ahead is not None and any(s.request.request_id in self._ahead.request_ids for s in prefill):
             self._drop_ahead()  # a request it ran for is recomputed: its slot may come back to it (see _drop_ahead)
         with forward_settings(self.batch_invariant):
-            read_prefill = self._prefill(prefill) if prefill else None
+            prefilled = self._prefill(prefill) if prefill else None
             joining = [s for s in prefill if s.decodes_next]
             decoded = self._decode(decode, joining) if decode else None
-            prefilled = read_prefill() if prefill else None  # (the host waits for the first tokens only now)
         results = StepResults.interleave(decoding, prefilled, decoded)
         self._advance_grammars(batch, results)
         return results
 
-    def _prefill(self, batch: list[ScheduledRequest]) -> Callable[[], StepResults]:
-        """Queue the chunks' forward, the first tokens' sampling and the drafter's absorb; returns what reads their
-        results, which waits for the GPU: the step's decode part (and the step run ahead) is launched before."""
+    def _prefill(self, batch: list[ScheduledRequest]) -> StepResults:
         reqs = [s.request for s in batch]
         slot_ids = self.slots.assign(reqs)
         starts = [r.num_computed_tokens for r in reqs]
@@ -235,10 +231,10 @@ class ModelRunner:
                                                  _next_tokens(reqs, starts, counts, sampled), out.hidden_states,
                                                  out.aux_hidden_states, tables,
                                                  [r.token_ids[:s.num_reused_tokens] for r, s in zip(reqs, batch)]))
-            tokens = HostCopy(sampled)  # the completed prompts', in batch order: read once the decode step is launched
+            tokens = sampled.tolist()  # the completed prompts', in batch order
         n = len(batch)
-        return lambda: StepResults(tokens.tolist(), [int(f) for f in final], counts, [None] * n, [None] * n, [0] * n,
-                                   [0] * n, first_logprobs)
+        return StepResults(tokens, [int(f) for f in final], counts, [None] * n, [None] * n, [0] * n, [0] * n,
+                           first_logprobs)
 
     def _prefill_forward(self, reqs: list[Request], slot_ids: list[int], starts: list[int], counts: list[int],
                          tables: list[list[int]], input_ids: torch.Tensor):
