@@ -14,8 +14,10 @@ import matplotlib.pyplot as plt
 
 
 def main(folder: Path) -> None:
-    runs = sorted(p for p in folder.iterdir() if p.is_dir())
     loads = (("0", "equal lengths"), ("0.5", "lengths spread 0.5"))
+    runs = sorted(p for p in folder.iterdir()  # (runs of every load and method)
+                  if p.is_dir() and all((p / f"closed_loop_{m}_spread{s}.json").is_file()
+                                        for s, _ in loads for m in ("none", "eagle3")))
     fig, axes = plt.subplots(1, len(loads), figsize=(10, 4), sharey=True)
     width = 0.8 / len(runs)
     for ax, (spread, title) in zip(axes, loads):
