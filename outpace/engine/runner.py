@@ -191,7 +191,9 @@ class ModelRunner:
         prefill = [s for s, d in zip(batch, decoding) if not d]
         decode = [s.request for s, d in zip(batch, decoding) if d]
         if self._ahead is not None and any(s.request.request_id in self._ahead.request_ids for s in prefill):
-            self._drop_ahead()  # a request it ran for is recomputed: its slot may come back to it (see _drop_ahead)
+            # a request the step run ahead ran for is recomputed (it was preempted): dropped later, the step's
+            # restore would write the old state over what this prefill writes, should the request get its slot back
+            self._drop_ahead()
         with forward_settings(self.batch_invariant):
             prefilled = self._prefill(prefill) if prefill else None
             joining = [s for s in prefill if s.decodes_next]
