@@ -79,8 +79,8 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
 @SPECS
 def test_several_chunks_replay_one_key_and_change_no_token(spec):
     """Six prompts through four slots with ragged output lengths: the first step prefills four chunks, and
-    later requests join while others decode. Every prefill step replays one key, and the tokens and acceptance
-    equal those of an engine that runs every prefill eagerly."""
+    later requests join while others decode. Every prefill step replays one key, and the tokens, acceptance and
+    prompt log-probabilities equal those of an engine that runs every prefill eagerly."""
     spec = spec or SpeculativeConfig()
     kw = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=256, speculative=spec)
     eager, graphed = LLM(str(ZOO / "tinypy"), **kw), LLM(str(ZOO / "tinypy"), **kw)
@@ -88,9 +88,14 @@ def test_several_chunks_replay_one_key_and_change_no_token(spec):
     replays = _counting_replays(graphed)
     prompts = [graphed.tokenizer.encode(p)[-40:] for p in
                json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:6]]
-    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True, prompt_logprobs=1 if i % 2 else None)
+              for i in range(6)]
     want, got = eager.generate(prompts, params), graphed.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for a, b in zip(got[1::2], want[1::2]):  # each chunk's rows read back in order from the padded forward
+        assert [list(row) for row in a.prompt_logprobs[1:]] == [list(row) for row in b.prompt_logprobs[1:]]
+        assert [e.logprob for row in a.prompt_logprobs[1:] for e in row.values()] == pytest.approx(
+            [e.logprob for row in b.prompt_logprobs[1:] for e in row.values()], abs=1e-4)
     if spec.enabled:
         assert [o.spec_metrics.accepted_per_position for o in got] == [
             o.spec_metrics.accepted_per_position for o in want]
