@@ -80,10 +80,8 @@ class PrefillGraphs:
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
         """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
-        chunks, size = bucket_for(CHUNK_BUCKETS, len(counts)), bucket_for(self.buckets, max(counts))
-        if chunks is None or size is None or (chunks, size) not in self._graphs:
-            return None
-        return (chunks, size) if max(starts) + size <= self.max_rows else None
+        key = bucket_for(CHUNK_BUCKETS, len(counts)), bucket_for(self.buckets, max(counts))  # (None: no bucket)
+        return key if key in self._graphs and max(starts) + key[1] <= self.max_rows else None
 
     def run(self, key: PrefillKey, slot_ids: list[int], starts: list[int], counts: list[int],
             token_ids: torch.Tensor):
