@@ -25,6 +25,9 @@
 #                                                    # held-out run come on top: ~2 min on an H100); TRAIN_TIME_LIMIT
 #                                                    # (s) stops a trainer, the rest still packed; TRAIN_WORK names
 #                                                    # its scratch folder (one per run side by side on two GPUs);
+#                                                    # TRAIN_RESUME=1 keeps that folder, so a run stopped by
+#                                                    # TRAIN_TIME_LIMIT goes on from its saved state when the same
+#                                                    # command is repeated on the same (still warm) machine;
 #                                                    # TRAIN_SET="--set F=V ..." adds recipe fields to every run;
 #                                                    # "--set total_minutes=9" bounds a whole run, data and held-out
 #                                                    # run included, shortening the loop to fit): per method its
@@ -90,7 +93,8 @@ elif [ "$stage" = train ]; then
   minutes=${3:-7}
   shift $(( $# < 3 ? $# : 3 ))
   work=${TRAIN_WORK:-.e2e_models/train}  # (two runs side by side, one per GPU, name one each)
-  rm -rf "$work" && mkdir -p "$work"
+  [ -n "${TRAIN_RESUME:-}" ] || rm -rf "$work"
+  mkdir -p "$work" && rm -f "$work/walls.txt"
   for m in ${@:-eagle3 dflash mtp}; do
     ( start=$(date +%s)
       timeout "${TRAIN_TIME_LIMIT:-0}" python3 -m outpace train draft --method "$m" --target zoo/tinypy \
