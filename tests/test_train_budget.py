@@ -19,7 +19,7 @@ def run(monkeypatch, step_seconds, opt: OptimConfig, first_step: int = 0, spent:
     """Drive a StepBudget as train() does; ``step_seconds(step)`` is each step's cost. -> (steps run, seconds)."""
     clock = FakeClock()
     monkeypatch.setattr(loop.time, "perf_counter", clock)
-    budget = StepBudget(opt, start=-spent)
+    budget = StepBudget(opt, start=-spent, first_step=first_step)
     total, step = opt.steps, first_step
     while step < total:
         if budget.due(step):
@@ -53,6 +53,15 @@ def test_a_resumed_run_plans_from_its_own_steps_within_what_is_left(monkeypatch)
     opt = OptimConfig(steps=100_000, max_minutes=1.0)
     steps, seconds = run(monkeypatch, lambda s: 0.01, opt, first_step=3000, spent=30.0)
     assert 5900 <= steps <= 6000 and 59.0 <= seconds <= 60.0
+
+
+def test_a_resumed_run_does_not_calibrate_on_its_warm_up(monkeypatch):
+    """A resumed process compiles its step again: its first steps are slow. Calibrating on them shortened a
+    resumed DFlash run from 8882 to 5903 steps on an H200 (benchmarks/train_ceiling/): the window opens a
+    third of the way into calibration_steps after the step the process starts at, as it does at step 0."""
+    opt = OptimConfig(steps=100_000, max_minutes=1.0)
+    steps, seconds = run(monkeypatch, lambda s: 5.0 if s < 3002 else 0.01, opt, first_step=3000, spent=20.0)
+    assert 5950 <= steps <= 6010 and 59.0 <= seconds <= 60.0  # calibrated on the warm-up it stopped at 3078
 
 
 def test_the_step_count_is_the_cap_when_it_fits(monkeypatch):

@@ -83,7 +83,7 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
     window_tokens, window_start = 0, time.perf_counter()
     model.train()
     bar = tqdm(total=history.total_steps, initial=step, desc=desc, mininterval=2.0, disable=not ranks.is_driver)
-    budget = None if opt.max_minutes is None else StepBudget(opt, start)
+    budget = None if opt.max_minutes is None else StepBudget(opt, start, first_step=step)
     while step < history.total_steps:
         if budget is not None and budget.due(step):
             _sync(device)
@@ -126,20 +126,22 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
 class StepBudget:
     """How many steps fit ``opt.max_minutes`` of wall time (counted from ``start``, which a resumed run
     sets back by the time already spent). The first plan times the steps of a window that opens a third of
-    the way into ``calibration_steps`` (start-up, allocator and kernel warm-up excluded) and closes at
-    ``calibration_steps``; every ``replan_every`` steps after it, the last window's step time plans again.
-    A plan only ever shortens the run (from ``opt.steps``, or a resumed run's planned length), so a
-    machine that turns busier mid-run does not carry it past the budget."""
+    the way into ``calibration_steps`` after ``first_step``, the step this process starts at (start-up,
+    allocator and kernel warm-up, a compiled step's compilation excluded: a resumed run warms up again),
+    and closes ``calibration_steps`` after it; every ``replan_every`` steps after that, the last window's
+    step time plans again. A plan only ever shortens the run (from ``opt.steps``, or a resumed run's planned
+    length), so a machine that turns busier mid-run does not carry it past the budget."""
 
-    def __init__(self, opt: OptimConfig, start: float) -> None:
+    def __init__(self, opt: OptimConfig, start: float, first_step: int = 0) -> None:
         self.opt, self.start = opt, start
+        self.opens_at = first_step + opt.calibration_steps // 3
         self.mark: tuple[int, float] | None = None  # (step, time) where the current window opened
         self.window = opt.calibration_steps - opt.calibration_steps // 3
 
     def due(self, step: int) -> bool:
         """A window opens or closes at this step."""
         if self.mark is None:
-            return step >= self.opt.calibration_steps // 3
+            return step >= self.opens_at
         return step - self.mark[0] >= self.window
 
     def plan(self, step: int, total_steps: int) -> int:
