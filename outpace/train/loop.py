@@ -51,11 +51,13 @@ class TrainHistory:
     wall_seconds: float = 0.0
     tokens_seen: int = 0
     total_steps: int = 0
+    resumed_from_step: int | None = None  # the step the last process resumed at (None: it ran from step 0)
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "losses": self.losses, "extra": self.extra,
                 "tokens_per_second": self.tokens_per_second, "wall_seconds": self.wall_seconds,
-                "tokens_seen": self.tokens_seen, "total_steps": self.total_steps}
+                "tokens_seen": self.tokens_seen, "total_steps": self.total_steps,
+                "resumed_from_step": self.resumed_from_step}
 
 
 # loss_fn(step) -> (loss to backprop, number of tokens in the batch, extra scalars to log); over several
@@ -77,7 +79,7 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
     saved = resume.load(model, optimizer, ranks) if resume is not None else None
     if saved is not None:
         step, fields = saved
-        history = TrainHistory(**fields)
+        history = TrainHistory(**{**fields, "resumed_from_step": step})
     use_autocast = device.startswith("cuda")
     start = time.perf_counter() - history.wall_seconds  # a resumed run counts the time already spent
     window_tokens, window_start = 0, time.perf_counter()

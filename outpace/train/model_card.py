@@ -21,8 +21,7 @@ def write_model_card(model_dir: Path, title: str, summary: str, command: str, ex
     lines = [
         f"# {title}", "", summary, "",
         "## Reproduce", "", "```", command, "```", "",
-        f"Trained on {_devices(m)} in {m['train_wall_seconds']:.0f} s of training "
-        f"({m['total_wall_seconds']:.0f} s in all, data preparation and evaluation included); "
+        f"Trained on {_devices(m)} in {m['train_wall_seconds']:.0f} s of training ({_whole_run(m)}); "
         f"{m['num_parameters']:,} parameters; weights stored in bf16.", "",
         "![loss](loss.png)", "",
         "## Recipe", "", "| field | value |", "|---|---|", recipe, "",
@@ -57,6 +56,16 @@ def draft_train_command(method: str, recipe_cls, m: dict, out: str, target: str 
     if m.get("training_ranks", 1) > 1:
         parts.append(f"--nproc-per-node {m['training_ranks']}")
     return " ".join(parts)
+
+
+def _whole_run(m: dict) -> str:
+    """The run's whole wall time; a resumed run's is only its last process's (earlier processes' data
+    preparation is not on its clock), and the card says so."""
+    resumed = m.get("history", {}).get("resumed_from_step")
+    if resumed is None:
+        return f"{m['total_wall_seconds']:.0f} s in all, data preparation and evaluation included"
+    return (f"resumed at step {resumed}: its last process took {m['total_wall_seconds']:.0f} s in all, evaluation "
+            "included; the training seconds count every process's loop")
 
 
 def _devices(m: dict) -> str:
