@@ -167,7 +167,7 @@ def test_a_stopped_run_resumes_to_the_same_draft(toy_run, tmp_path, monkeypatch)
     calls["n"] = -10**9  # no second stop
     metrics = train_dflash(target_dir, recipe, tmp_path, "cpu")
     assert metrics["history"]["steps"][0] == 0 and len(metrics["history"]["steps"]) == 4  # steps 0, 10, 20, 29
-    # its clock started again at step 20 (no data preparation on it): the card says so rather than "in all"
+    # the recipe's clock started again when the run resumed at step 20: the card says so rather than "in all"
     assert metrics["history"]["resumed_from_step"] == 20
     assert "resumed at step 20: its last process took" in (tmp_path / "README.md").read_text()
     assert "s in all, data preparation and evaluation included" in (out / "README.md").read_text()

@@ -175,7 +175,7 @@ def plot_history(history: TrainHistory, path: Path, title: str) -> None:
         ax.plot(history.steps, values, label=name, alpha=0.8)
     ax.set_xlabel("step")
     # from scratch the first steps' loss is ~10x the last: on a linear axis the curves then lie flat at the bottom
-    wide = max(history.losses) > 4 * min(history.losses) > 0
+    wide = bool(history.losses) and max(history.losses) > 4 * min(history.losses) > 0
     ax.set_yscale("log" if wide else "linear")
     ax.set_ylabel("cross-entropy (nats/token" + (", log scale)" if wide else ")"))
     ax.set_title(title)
