@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from outpace.models.eagle3 import Eagle3Config
-from outpace.train import eagle3 as E
+from outpace.models.drafts.eagle3 import Eagle3Config
+from outpace.train.recipes import eagle3 as E
 from outpace.train.distill import response_mask, teacher_forward
 from outpace.train.ranks import ONE_RANK
 

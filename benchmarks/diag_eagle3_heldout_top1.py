@@ -6,10 +6,10 @@ import sys
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.models.eagle3 import load_eagle3_draft, target_capture_ids
+from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.models.loader import load_model
 from outpace.train.distill import teacher_forward
-from outpace.train.eagle3 import ttt_forward
+from outpace.train.recipes.eagle3 import ttt_forward
 
 draft_dir = sys.argv[1] if len(sys.argv) > 1 else "zoo/tinypy-eagle3"  # run from the repository root
 prompts = json.load(open("zoo/eval_prompts.json"))["prompts"]

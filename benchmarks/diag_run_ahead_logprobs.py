@@ -1,4 +1,4 @@
-"""The run-ahead logprob test's six cases in one process, in pytest's order (tests/test_cuda_graphs.py::
+"""The run-ahead logprob test's six cases in one process, in pytest's order (tests/engine/test_cuda_graphs.py::
 test_run_ahead_serves_sampled_penalized_and_logprob_steps): for each drafter, the engine without run-ahead
 twice (is it deterministic?) and with run-ahead once; where two runs differ, the first differing request
 and position with both entries, so a rounding difference and a wrong entry can be told apart."""

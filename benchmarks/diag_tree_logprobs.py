@@ -1,5 +1,5 @@
 """Is the eagle3-tree run-ahead logprob mismatch nondeterminism or batch dependence? Same engine config twice,
-and run-ahead against none, as tests/test_cuda_graphs.py's run-ahead logprob test builds them."""
+and run-ahead against none, as tests/engine/test_cuda_graphs.py's run-ahead logprob test builds them."""
 import sys
 sys.path.insert(0, "tests")  # from the repository root: python3 benchmarks/diag_tree_logprobs.py
 from test_cuda_graphs import _graphed, _prompts  # noqa: E402

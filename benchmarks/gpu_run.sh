@@ -66,9 +66,9 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ "$stage" = checks ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py tests/test_fused_ops.py \
-    tests/test_fused_projection.py tests/test_batch_invariant.py tests/test_attention.py tests/test_cuda_graphs.py \
-    tests/test_gpu.py tests/test_adaptive.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_attention.py tests/layers/test_fused_ops.py \
+    tests/layers/test_fused_projection.py tests/layers/test_batch_invariant.py tests/layers/test_attention.py tests/engine/test_cuda_graphs.py \
+    tests/gpu/test_gpu.py tests/speculative/test_adaptive.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
   python3 -c "
 from outpace.bench.attention import run_attention_bench
 import json; json.dump(run_attention_bench(), open('$out/attention_bench.json', 'w'), indent=1)

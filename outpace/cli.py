@@ -92,7 +92,7 @@ def _speculative_config(a: argparse.Namespace):
     fixed = num_steps is not None or a.num_draft_tokens is not None
     if num_steps is None:
         if method == "dflash" and draft:
-            from outpace.models.dflash import dflash_block_size
+            from outpace.models.drafts.dflash import dflash_block_size
 
             num_steps = dflash_block_size(draft) - 1
         elif method == "mtp" and _mtp_layers(a.model) > 1:  # chained layers: one step each
@@ -419,10 +419,10 @@ def cmd_train_target(a: argparse.Namespace) -> None:
 
 # --method -> (recipe class, training function), imported lazily; each trains over any number of ranks
 DRAFT_RECIPES = {
-    "standalone": ("outpace.train.standalone:StandaloneRecipe", "outpace.train.standalone:train_standalone"),
-    "eagle3": ("outpace.train.eagle3:Eagle3Recipe", "outpace.train.eagle3:train_eagle3"),
-    "dflash": ("outpace.train.dflash:DFlashRecipe", "outpace.train.dflash:train_dflash"),
-    "mtp": ("outpace.train.mtp:MTPRecipe", "outpace.train.mtp:train_mtp"),
+    "standalone": ("outpace.train.recipes.standalone:StandaloneRecipe", "outpace.train.recipes.standalone:train_standalone"),
+    "eagle3": ("outpace.train.recipes.eagle3:Eagle3Recipe", "outpace.train.recipes.eagle3:train_eagle3"),
+    "dflash": ("outpace.train.recipes.dflash:DFlashRecipe", "outpace.train.recipes.dflash:train_dflash"),
+    "mtp": ("outpace.train.recipes.mtp:MTPRecipe", "outpace.train.recipes.mtp:train_mtp"),
 }
 
 

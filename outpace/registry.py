@@ -37,12 +37,12 @@ def model_class(architecture: str) -> type:
 
 
 PROPOSERS = {
-    "eagle3": "outpace.speculative.eagle3:Eagle3Proposer",
-    "mtp": "outpace.speculative.mtp:MTPProposer",
-    "dflash": "outpace.speculative.dflash:DFlashProposer",
-    "ngram": "outpace.speculative.ngram:NgramProposer",
-    "draft": "outpace.speculative.draft_model:DraftModelProposer",
-    "gemma4_assistant": "outpace.speculative.gemma4_assistant:Gemma4AssistantProposer",
+    "eagle3": "outpace.speculative.drafters.eagle3:Eagle3Proposer",
+    "mtp": "outpace.speculative.drafters.mtp:MTPProposer",
+    "dflash": "outpace.speculative.drafters.dflash:DFlashProposer",
+    "ngram": "outpace.speculative.drafters.ngram:NgramProposer",
+    "draft": "outpace.speculative.drafters.draft_model:DraftModelProposer",
+    "gemma4_assistant": "outpace.speculative.drafters.gemma4_assistant:Gemma4AssistantProposer",
 }
 
 

@@ -17,13 +17,13 @@ def _interpret_dots_row_by_row() -> None:
     The interpreter computes ``tl.dot`` with numpy's matmul, i.e. OpenBLAS, which picks its sgemm
     kernel per CPU at run time. With the Haswell and Zen kernels (CPUs with AVX2 and no AVX-512) a row
     gets other bits in a 16-row than in a 32-row tile (OPENBLAS_CORETYPE=Haswell shows it on any
-    x86-64 machine: tests/test_interpreter_dot.py then fails without this), which is why the
+    x86-64 machine: tests/kernels/test_interpreter_dot.py then fails without this), which is why the
     batch-invariant attention tests failed on some machines and not others. A GPU's MMA does not do
     that (the batch-invariant kernels rest on it: attention/triton_kernels.py), so the interpreter
     would test the BLAS of the machine rather than the kernels' own reduction order. Here each output
     element is the sum over k of a[i, k] * b[k, j] in increasing k, accumulated in the accumulator's
     dtype: one numpy reduction over a strided axis, which numpy walks in order, the same arithmetic
-    for a row whatever the rows around it (tests/test_interpreter_dot.py checks it). With it, the
+    for a row whatever the rows around it (tests/kernels/test_interpreter_dot.py checks it). With it, the
     bit-for-bit tests hold on any CPU under the pinned numpy and Triton (constraints.txt).
     """
     try:
@@ -47,7 +47,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hf_models import checkpoint_cache, make_hf_model, save_hf_model  # noqa: E402
+from helpers.hf_models import checkpoint_cache, make_hf_model, save_hf_model  # noqa: E402
 
 
 # transformers' hybrid classes pick flash-linear-attention's (GPU-only) kernels for the delta rule, and
@@ -151,7 +151,7 @@ def peaked_target(tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_toy_target(tmp_path_factory):
     """num_layers -> (directory, metrics) of ``TargetRecipe.toy(steps=30, num_layers=num_layers)`` trained on the
-    CPU (two greedy samples), once per session: the same deterministic run that tests/test_train.py,
+    CPU (two greedy samples), once per session: the same deterministic run that tests/train/test_train.py,
     test_train_mtp.py, test_train_eagle3.py and test_train_ranks.py each trained for themselves. Tests read the
     directory and never write into it (a test that changes a target copies it first: test_train_mtp.py
     ``write_mtp_target``)."""

@@ -8,7 +8,7 @@ does not depend on how many rows share the call. A context that does not set it 
 one around it (the engine opens ``forward_settings`` around each step), so drafters' forwards inside
 a step follow the engine's setting without passing it along.
 
-``recurrent``: for models with recurrent layers (layers/recurrent.py), which state slot each sequence
+``recurrent``: for models with recurrent layers (layers/recurrent.py), which state row each sequence
 reads and what the forward keeps; the engine sets it on the forwards of the target it serves (prefill
 chunks, verify), None elsewhere (each sequence then starts from a zero state and nothing is kept)."""
 from __future__ import annotations

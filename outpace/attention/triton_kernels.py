@@ -86,9 +86,9 @@ thus run the same floating-point operations on the same operands for it, e.g. a 
 position p and the same row inside a verify forward over p - 2 .. p + 3, in any ragged batch and
 with any block-table width. On the GPU this rests on what the batch-invariant linear rests on too:
 an MMA or a row reduction gives a row the same bits wherever the row sits in its tile, and an MMA
-whose products are all zero returns its accumulator unchanged (tests/test_triton_attention.py checks
+whose products are all zero returns its accumulator unchanged (tests/kernels/test_triton_attention.py checks
 it in bf16 on the GPU). Not so for float32 on the GPU: there a row under a tree mask came out 1 ulp
-apart between a decode and a verify call (H100, tests/test_triton_attention.py's interpreter shapes
+apart between a decode and a verify call (H100, tests/kernels/test_triton_attention.py's interpreter shapes
 run on the GPU); causal rows matched. Not investigated yet: the mode's bit-exactness is established
 for bf16/fp16 on the GPU and for every dtype in the interpreter.
 

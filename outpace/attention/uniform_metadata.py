@@ -1,6 +1,6 @@
 """Attention metadata for a batch in which every sequence brings the same number of new tokens,
 built on the device from device tensors (no host synchronisation), so that it can run inside a
-CUDA-graph capture (engine/iteration.py, engine/cuda_graphs.py).
+CUDA-graph capture (engine/decode_step.py, engine/cuda_graphs.py).
 
 A captured speculative iteration builds one such metadata per draft step and per verify: on CUDA
 it is one kernel (``uniform_metadata_kernel``, in uniform_metadata_kernel.py) instead of the ~15

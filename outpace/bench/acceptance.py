@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
 from outpace.config import ModelConfig, SpeculativeConfig
-from outpace.models.hybrid_mtp import mtp_layer_count
+from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import TARGET
 
@@ -79,7 +79,7 @@ def zoo_drafters(model: str, zoo: Path) -> dict[str, SpeculativeConfig]:
         configs["eagle3 chain (5 steps)"] = SpeculativeConfig("eagle3", str(eagle3), num_steps=5)
         configs["eagle3 tree (topk 4, 16 tokens)"] = SpeculativeConfig("eagle3", str(eagle3), num_steps=5, topk=4,
                                                                        num_draft_tokens=16)
-    # num_nextn_predict_layers, or Qwen3.5's mtp_num_hidden_layers (models/hybrid_mtp.py)
+    # num_nextn_predict_layers, or Qwen3.5's mtp_num_hidden_layers (models/drafts/hybrid_mtp.py)
     mtp_layers = mtp_layer_count(ModelConfig.from_pretrained(model).raw)
     if mtp_layers:
         configs[f"mtp chained ({mtp_layers} steps)"] = SpeculativeConfig("mtp", num_steps=mtp_layers)
@@ -87,7 +87,7 @@ def zoo_drafters(model: str, zoo: Path) -> dict[str, SpeculativeConfig]:
         configs["standalone draft (5 steps)"] = SpeculativeConfig("draft", str(draft), num_steps=5)
     configs["ngram (5 steps)"] = SpeculativeConfig("ngram", num_steps=5)
     if dflash.is_dir():
-        from outpace.models.dflash import dflash_block_size
+        from outpace.models.drafts.dflash import dflash_block_size
 
         block = dflash_block_size(dflash)
         configs[f"dflash (block {block})"] = SpeculativeConfig("dflash", str(dflash), num_steps=block - 1)

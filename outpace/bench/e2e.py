@@ -31,7 +31,7 @@ from outpace import LLM, SamplingParams
 from outpace.bench.widen import LLAMA_8B, widen_zoo
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
-from outpace.engine.iteration import SamplingMode
+from outpace.engine.decode_step import SamplingMode
 from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 

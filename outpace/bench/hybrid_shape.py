@@ -21,7 +21,7 @@ from outpace import LLM
 from outpace.bench.gpu import time_decode
 from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count
 from outpace.config import SpeculativeConfig
-from outpace.engine.iteration import SamplingMode
+from outpace.engine.decode_step import SamplingMode
 
 BATCHES, CONTEXT, MTP_STEPS = (1, 8), 512, 3
 

@@ -420,7 +420,7 @@ class Run:
         GPU; on the CPU, measured by running steps), and the oracle speed-ups they give."""
         from outpace.bench.hybrid_shape import oracle_speedups
         from outpace.engine.cuda_graphs import bucket_for
-        from outpace.engine.iteration import SamplingMode
+        from outpace.engine.decode_step import SamplingMode
 
         runner = llm.engine.runner
         chooser = runner.choosers[SamplingMode.GREEDY]

@@ -19,7 +19,7 @@ import torch
 
 from outpace.bench.widen import Entry, write_checkpoint
 from outpace.config import ModelConfig
-from outpace.models.eagle3 import Eagle3Config, Eagle3Draft
+from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from outpace.models.loader import build_model
 
 # EAGLE-3 drafts as SpecForge configures them (configs/llama3-8B-eagle3.json and the other *-eagle3.json):

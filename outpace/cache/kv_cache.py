@@ -43,7 +43,7 @@ def kv_cache_bytes(pool: BlockPool) -> int:
 
 class CacheRows:
     """Moves token rows inside every cache tensor of a model at once: what a tree commit does to the target's
-    KV (engine/iteration.py). ``move(src, dst)``, both [b, width] flat token rows (block * block_size +
+    KV (engine/decode_step.py). ``move(src, dst)``, both [b, width] flat token rows (block * block_size +
     offset): for each request r and column i >= 1, row dst[r, i] of every tensor receives row src[r, i].
 
     On CUDA one Triton launch serves every tensor (cache/row_move_kernel.py), copying each request's

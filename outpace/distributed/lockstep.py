@@ -2,7 +2,7 @@
 
 As SGLang runs one scheduler per tensor-parallel rank and has rank 0 broadcast the requests it
 received to the others (``broadcast_pyobj`` over the TP CPU group in sglang/srt/managers/scheduler.py
-``recv_requests``), every rank here holds a whole engine: scheduler, block pool, slots and drafter
+``recv_requests``), every rank here holds a whole engine: scheduler, block pool, indices and drafter
 state. Only rank 0 (the driver) talks to the user; at each step it sends the others what changed
 since the last one (requests added, requests aborted), and each rank then schedules and runs the
 same step: scheduling is a function of that state, and the step's tokens are equal on every rank

@@ -1,9 +1,9 @@
 """CUDA graphs: the decode iteration captured per batch bucket at start-up and replayed with padding.
 
-A captured step reads only static device buffers (the batch's slots, the slot state, the block tables) and builds
+A captured step reads only static device buffers (the batch's indices, the request state, the block tables) and builds
 its attention metadata from them with device operations (``uniform_paged_metadata``), so a replay costs a small
 host-to-device copy and one graph launch instead of thousands of kernel launches. A batch of ``n`` requests replays
-the graph of the smallest bucket >= n; the padded rows use the padding slot (engine/slots.py), so the KV they write
+the graph of the smallest bucket >= n; the padded rows use the padding row (engine/request_table.py), so the KV they write
 lands where no request reads.
 """
 from __future__ import annotations

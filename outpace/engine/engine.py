@@ -112,7 +112,7 @@ class LLMEngine:
         spec = config.speculative
         rows = max_pos if sizing else min(max_pos, blocks * config.block_size)
         factory, shapes = None, (DraftShape(0),)
-        if spec.enabled:  # the drafter, once the runner knows its slots: factory(max_slots)
+        if spec.enabled:  # the drafter, once the runner knows its indices: factory(max_requests)
             factory = functools.partial(proposer_class(spec.method), spec, self.model, self.pool, dtype=dtype,
                                         device=config.device, attention_backend=backend)
             shapes = draft_shapes(spec)

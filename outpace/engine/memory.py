@@ -1,9 +1,9 @@
 """Sizing the paged KV pool from memory (``EngineConfig.num_kv_blocks`` None).
 
-The engine builds the target, the drafter and the state slots over a provisional pool just large enough
+The engine builds the target, the drafter and the state rows over a provisional pool just large enough
 for one prefill forward, then measures, as vLLM's profile run does (vllm/v1/worker/gpu_worker.py
 ``determine_available_memory``):
-- in use: on CUDA, the device memory held now (weights, state slots, buffers, other processes) less the
+- in use: on CUDA, the device memory held now (weights, state rows, buffers, other processes) less the
   provisional caches and the blocks torch's allocator keeps free; on the CPU, nothing: the budget is a
   share of the memory still available (``MemAvailable``) once the models are loaded,
 - the activation workspace: the allocation peak of one prefill forward of ``max_num_batched_tokens``
@@ -39,7 +39,7 @@ class MemoryPlan:
 
     device: str
     budget: int      # what the engine may use: a share of the GPU's memory, or of the RAM available
-    in_use: int      # taken before any KV block (CUDA: weights, state slots, buffers, other processes)
+    in_use: int      # taken before any KV block (CUDA: weights, state rows, buffers, other processes)
     workspace: int   # the activation peak of a prefill forward
     graphs: int      # estimated for captured decode steps (0 without them)
     block_bytes: int  # one block's rows in every cache (target and drafter)

@@ -8,14 +8,14 @@ load a few short prompts (or their uncached suffixes) join at most steps, beside
 instead the forward captured for the smallest key ``(K, P)`` with ``K >= n`` chunks and ``P >= max c_i``
 tokens a chunk (``K * P`` at most the largest bucket): chunk i's tokens and ``P - c_i`` padding tokens at
 KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row; chunks n .. K - 1 are the
-padding slot's. The padding rows' KV lands past each request's last row: in its own partly filled block
+padding row's. The padding rows' KV lands past each request's last row: in its own partly filled block
 (rows that the next chunk or decode step rewrites before anything reads them) or, past its table, in the
 pool's padding block. Only the forward is captured: sampling the first tokens and the drafter's
 ``absorb`` read the real rows of its outputs, gathered in the order an eager forward gives them.
 
 Models with recurrent layers are left out: padding tokens would advance a request's recurrent state.
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
-table, from some query-run length on (layers/mla.py): a captured chunk's table is the slot's full width,
+table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
 so the buckets stop below that length and longer chunks prefill eagerly, over their own blocks.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import nn
 from outpace.attention import forward_context
 from outpace.attention.uniform_metadata import uniform_paged_metadata
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
-from outpace.engine.slots import RequestSlots
+from outpace.engine.request_table import RequestTable
 from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.speculative.proposer import positions
 
@@ -51,31 +51,31 @@ PrefillKey = tuple[int, int]    # (K chunks, P tokens a chunk)
 
 
 class PrefillGraphs:
-    def __init__(self, model: nn.Module, backend, slots: RequestSlots, max_rows: int, recurrent: bool) -> None:
-        """``max_rows``: the positions the model and a slot's table allow (a padded chunk stays below);
+    def __init__(self, model: nn.Module, backend, req_table: RequestTable, max_rows: int, recurrent: bool) -> None:
+        """``max_rows``: the positions the model and a row's table allow (a padded chunk stays below);
         ``recurrent``: the model has recurrent layers (then nothing is captured)."""
-        self.model, self.backend, self.slots, self.max_rows = model, backend, slots, max_rows
+        self.model, self.backend, self.req_table, self.max_rows = model, backend, req_table, max_rows
         self.recurrent = recurrent
         self.buckets: tuple[int, ...] = ()          # P: tokens a chunk
         self._graphs: dict[PrefillKey, CapturedCall] = {}
-        device, k = slots.device, CHUNK_BUCKETS[-1]
+        device, k = req_table.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
         self.token_ids = torch.zeros(LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device)  # [K * P] (stale pads)
         self.starts = torch.zeros(k, dtype=torch.int64, device=device)                          # [K] first rows
-        self.slot_ids = torch.full((k,), slots.padding_slot, dtype=torch.int64, device=device)  # [K] their slots
+        self.req_indices = torch.full((k,), req_table.padding_index, dtype=torch.int64, device=device)  # [K] their indices
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
         expanded form, none for a recurrent model (on CUDA; elsewhere a replay runs it eagerly). The chunks are
-        the padding slot's meanwhile: its table points at the padding block."""
-        self.slot_ids.fill_(self.slots.padding_slot)
+        the padding row's meanwhile: its table points at the padding block."""
+        self.req_indices.fill_(self.req_table.padding_index)
         self.starts.zero_()
         expands = min((m.expand_min_query_len for m in self.model.modules()
                        if isinstance(m, MultiHeadLatentAttention)), default=math.inf)
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
         self.buckets = () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
         keys = [(k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET]
-        self._graphs = {key: CapturedCall(lambda key=key: self._forward(*key), self.slots.device, memory_pool)
+        self._graphs = {key: CapturedCall(lambda key=key: self._forward(*key), self.req_table.device, memory_pool)
                         for key in keys}
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
@@ -83,11 +83,11 @@ class PrefillGraphs:
         key = bucket_for(CHUNK_BUCKETS, len(counts)), bucket_for(self.buckets, max(counts))  # (None: no bucket)
         return key if key in self._graphs and max(starts) + key[1] <= self.max_rows else None
 
-    def run(self, key: PrefillKey, slot_ids: list[int], starts: list[int], counts: list[int],
+    def run(self, key: PrefillKey, req_indices: list[int], starts: list[int], counts: list[int],
             token_ids: torch.Tensor):
         """The forward of the chunks (``token_ids`` [sum(counts)] on the device, chunk i's ``counts[i]`` tokens
-        of the request in ``slot_ids[i]`` from KV row ``starts[i]``): outputs [sum(counts), ...] in that order.
-        The slots' tables must be on the device (``RequestSlots.sync_tables``)."""
+        of the request in ``req_indices[i]`` from KV row ``starts[i]``): outputs [sum(counts), ...] in that order.
+        The indices' tables must be on the device (``RequestTable.sync_tables``)."""
         chunks, size = key
         n = len(counts)
         rows = torch.tensor([i * size + j for i, c in enumerate(counts) for j in range(c)])   # [sum(counts)]
@@ -95,7 +95,7 @@ class PrefillGraphs:
         self.token_ids.index_copy_(0, rows, token_ids)
         pads = chunks - n
         self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
-        self.slot_ids[:chunks].copy_(torch.tensor(slot_ids + [self.slots.padding_slot] * pads), non_blocking=True)
+        self.req_indices[:chunks].copy_(torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True)
         out = self._graphs[key].replay()
         aux = out.aux_hidden_states
         return dataclasses.replace(out, hidden_states=out.hidden_states.index_select(0, rows),
@@ -103,9 +103,9 @@ class PrefillGraphs:
 
     def _forward(self, chunks: int, size: int):
         """``chunks`` chunks of ``size`` tokens, chunk i at rows starts[i] .. starts[i] + size - 1 of the request in
-        slot_ids[i] (static buffers only)."""
-        tables = self.slots.tables.index_select(0, self.slot_ids[:chunks])                   # [K, max_blocks]
+        req_indices[i] (static buffers only)."""
+        tables = self.req_table.tables.index_select(0, self.req_indices[:chunks])                   # [K, max_blocks]
         starts = self.starts[:chunks]
-        meta = uniform_paged_metadata(tables, starts, size, self.slots.pool.block_size)
+        meta = uniform_paged_metadata(tables, starts, size, self.req_table.pool.block_size)
         with torch.inference_mode(), forward_context(meta, self.backend):
             return self.model(self.token_ids[:chunks * size], positions(starts, size))

@@ -2,7 +2,7 @@
 
 Each step: running requests first (in arrival order), each scheduled for the tokens it has not
 computed yet (1 for a decoding request, the rest of its prompt for one in prefill), within the
-token budget; then waiting requests join while budget, sequence slots and free blocks allow.
+token budget; then waiting requests join while budget, request rows and free blocks allow.
 When a running request cannot get a block, the most recently admitted running request is
 preempted: its blocks return to the pool and it goes back to the front of the queue, to be
 recomputed from its prompt plus the tokens it already produced.

@@ -40,7 +40,7 @@ def scratch_prefill(runner, pool: BlockPool, lengths: Sequence[int], params: Sam
                     prefix: int = 0) -> None:
     """One prefill step through the runner of requests (all-zero tokens) that each bring ``lengths[i]``
     new tokens after ``prefix`` rows taken as a prefix-cache hit, and complete their prompts; their
-    blocks and slots are free again afterwards."""
+    blocks and indices are free again afterwards."""
     from outpace.engine.scheduler import ScheduledRequest  # the scheduler imports the pool: no cycle at load
 
     params = params or SamplingParams(temperature=0, max_tokens=1)

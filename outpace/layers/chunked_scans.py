@@ -13,7 +13,7 @@ outputs with matrix products and carry the state across chunk edges, so the work
 
 Precision: the chunks' matrix products take float32 inputs as TF32 (Triton's default for ``tl.dot``), so
 single outputs differ from the per-token kernel's by up to ~3e-2 at unit scale (relative error of a whole
-tensor ~1e-3; tests/test_hybrid_kernels.py); the state is carried in float32.
+tensor ~1e-3; tests/kernels/test_hybrid_kernels.py); the state is carried in float32.
 
 Both only take a run's state at its start and give it at its end, so they serve runs that keep no
 per-token state (no tree, no verify). A padding position of a run keeps the state exactly: its decay

@@ -100,7 +100,7 @@ class GatedRMSNorm(nn.Module):
 
 
 class GatedDeltaNet(RecurrentStateLayer):
-    """[num_tokens, hidden] -> [num_tokens, hidden]; its state per slot: ``conv`` [conv_width - 1,
+    """[num_tokens, hidden] -> [num_tokens, hidden]; its state per row: ``conv`` [conv_width - 1,
     conv_channels] in the model's dtype and ``recurrent`` [v_heads, k_dim, v_dim] float32."""
 
     def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,

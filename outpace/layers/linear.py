@@ -47,7 +47,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 def project_rows_alone(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] -> [..., out], each row as a matrix-vector product of its own: the CPU's batch-invariant
     projection. A CPU BLAS picks its GEMM kernel by the row count, and a row can round differently among 3
-    rows than among 12 (MKL on an AVX-512 machine: tests/test_batch_invariant.py)."""
+    rows than among 12 (MKL on an AVX-512 machine: tests/layers/test_batch_invariant.py)."""
     rows = x.reshape(-1, x.shape[-1])                                            # [M, in]
     if rows.shape[0] == 0:
         return F.linear(x, weight, bias)

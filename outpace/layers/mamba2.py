@@ -100,7 +100,7 @@ class GroupedGatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(RecurrentStateLayer):
-    """[num_tokens, hidden] -> [num_tokens, hidden]; its state per slot: ``conv`` [conv_width - 1,
+    """[num_tokens, hidden] -> [num_tokens, hidden]; its state per row: ``conv`` [conv_width - 1,
     conv_channels] in the model's dtype and ``ssm`` [heads, head_dim, state_size] float32."""
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, num_groups: int, state_size: int,

@@ -6,14 +6,14 @@ A forward's tokens are flat ([num_tokens, ...], attention metadata in the forwar
 layer runs each sequence's tokens in order, so ``TokenRuns`` lays them out as [num_seqs, max_len] runs
 (padding positions are marked invalid and leave the state unchanged).
 
-The state of a request lives in its state slot (cache/state_slots.py): the state after every token
+The state of a request lives in its state row (cache/recurrent_states.py): the state after every token
 whose KV is committed. The forward context's ``recurrent`` metadata (``RecurrentMetadata``) says, per
-sequence, which slot it reads, whether it starts from that slot's state or from zeros (the first chunk
+sequence, which row it reads, whether it starts from that row's state or from zeros (the first chunk
 of a prompt), and what the forward keeps:
-- prefill: the state after the sequence's last token goes back into its slot;
-- verify: the state after *every* token goes into the slot's snapshot rows (row i: after token i),
-  the slot itself untouched; the engine then copies the snapshot at ``last_correct_step_indices``
-  into the slot (``StateSlots.commit``). With ``parents`` (a draft tree) token i continues from its
+- prefill: the state after the sequence's last token goes back into its row;
+- verify: the state after *every* token goes into the row's snapshot rows (row i: after token i),
+  the row itself untouched; the engine then copies the snapshot at ``last_correct_step_indices``
+  into the row (``RecurrentStates.commit``). With ``parents`` (a draft tree) token i continues from its
   parent's state, not from token i - 1's.
 Without recurrent metadata (references and tests) each sequence starts from zeros and nothing is kept.
 """
@@ -57,9 +57,9 @@ def scan_runs(state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | 
 class RecurrentMetadata:
     """Per-forward facts recurrent layers read from the forward context (module docstring)."""
 
-    slots: torch.Tensor              # [num_seqs] int64: each sequence's state slot
-    has_initial_state: torch.Tensor  # [num_seqs] bool: start from the slot's state (else from zeros)
-    # [num_seqs, max_len] int64: each token's parent among its sequence's tokens (-1: the slot's state);
+    state_indices: torch.Tensor      # [num_seqs] int64: each sequence's row of the recurrent state
+    has_initial_state: torch.Tensor  # [num_seqs] bool: start from the row's state (else from zeros)
+    # [num_seqs, max_len] int64: each token's parent among its sequence's tokens (-1: the row's state);
     # None: a chain (token i - 1)
     parents: torch.Tensor | None = None
     snapshots: bool = False          # verify: keep the state after every token in the snapshot rows
@@ -96,21 +96,21 @@ class TokenRuns:
 
 
 class RecurrentStateLayer(nn.Module):
-    """A layer that owns one request's recurrent state per state slot: ``state_shapes`` declares the
-    tensors (per slot), ``bind_state`` (called by cache/state_slots.py) gives it the pool's tensors."""
+    """A layer that owns one request's recurrent state per state row: ``state_shapes`` declares the
+    tensors (per row), ``bind_state`` (called by cache/recurrent_states.py) gives it the pool's tensors."""
 
-    states: dict[str, torch.Tensor] | None = None     # name -> [slots, ...]
-    snapshots: dict[str, torch.Tensor] | None = None  # name -> [slots, max_verify_rows, ...]
+    states: dict[str, torch.Tensor] | None = None     # name -> [table_rows, ...]
+    snapshots: dict[str, torch.Tensor] | None = None  # name -> [table_rows, max_verify_rows, ...]
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-        """name -> (per-slot shape, dtype; None: the model's dtype)."""
+        """name -> (per-request shape, dtype; None: the model's dtype)."""
         raise NotImplementedError
 
     def bind_state(self, states: dict[str, torch.Tensor], snapshots: dict[str, torch.Tensor]) -> None:
         self.states, self.snapshots = states, snapshots
 
     def initial_states(self, runs: TokenRuns, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """name -> [num_seqs, ...] the state each run starts from: its slot's, or zeros (a state declared
+        """name -> [num_seqs, ...] the state each run starts from: its row's, or zeros (a state declared
         without a dtype takes x's, the layer's input)."""
         recurrent = get_forward_context().recurrent
         num_seqs = runs.index.shape[0]
@@ -121,7 +121,7 @@ class RecurrentStateLayer(nn.Module):
                 out[name] = zeros
             else:
                 start = recurrent.has_initial_state.view(-1, *[1] * len(shape))
-                out[name] = torch.where(start, self.states[name].index_select(0, recurrent.slots), zeros)
+                out[name] = torch.where(start, self.states[name].index_select(0, recurrent.state_indices), zeros)
         return out
 
     def parents(self) -> torch.Tensor | None:
@@ -143,6 +143,6 @@ class RecurrentStateLayer(nn.Module):
         for name, state in self.states.items():
             if recurrent.snapshots:
                 rows = every[name].shape[1]
-                self.snapshots[name][recurrent.slots, :rows] = every[name].to(state.dtype)
+                self.snapshots[name][recurrent.state_indices, :rows] = every[name].to(state.dtype)
             else:
-                state.index_copy_(0, recurrent.slots, final[name].to(state.dtype))
+                state.index_copy_(0, recurrent.state_indices, final[name].to(state.dtype))

@@ -1,6 +1,6 @@
 """The recurrences of gated DeltaNet (layers/gated_deltanet.py) and Mamba2 (layers/mamba2.py) as Triton
 kernels for the GPU: one launch per layer and forward, whatever the number of tokens, in place of the torch
-loop's few operations per token (which stays the CPU path and the reference: tests/test_hybrid_kernels.py).
+loop's few operations per token (which stays the CPU path and the reference: tests/kernels/test_hybrid_kernels.py).
 
 Each program keeps one block of one head's state in registers for one run of tokens (layers/recurrent.py
 ``TokenRuns``) and walks the run token by token, the structure of flash-linear-attention's

@@ -12,7 +12,7 @@ mscale(factor, mscale_all_dim)^2 (transformers yarn_apply_mscale).
 
 MTP layers (V3 checkpoints: ``model.layers.{num_hidden_layers + k}.{enorm, hnorm, eh_proj, embed_tokens,
 shared_head.norm, shared_head.head}`` beside a decoder block) are DeepSeek blocks with the MTP parts of
-models/mtp.py (``OwnHeadsMTPBlock``: vLLM deepseek_mtp.py's semantics). Their block's MLP follows the
+models/drafts/mtp.py (``OwnHeadsMTPBlock``: vLLM deepseek_mtp.py's semantics). Their block's MLP follows the
 same MoE rule at its layer index num_hidden_layers + k (vLLM builds it as DeepseekV2DecoderLayer with that
 prefix), so DeepSeek-V3's layer 61 is MoE. They are built only when the checkpoint has them:
 transformers' save_pretrained writes num_nextn_predict_layers (DeepseekV3Config.num_mtp_layers, default 1)
@@ -36,9 +36,9 @@ from outpace.layers.moe import MoE, Routing
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
 from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
-from outpace.models.eagle3_aux_ids import FIRST_ID_RULE
+from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.mtp import OwnHeadsMTPBlock
+from outpace.models.drafts.mtp import OwnHeadsMTPBlock
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 
@@ -239,7 +239,7 @@ class DeepseekForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the checkpoint has MTP layers in DeepSeek's layout (the loader decides from its
-        tensor names, models/mtp.py has_own_mtp_heads); without them the model has none and its config
+        tensor names, models/drafts/mtp.py has_own_mtp_heads); without them the model has none and its config
         says num_nextn_predict_layers 0."""
         super().__init__()
         ds = self.deepseek_config = DeepseekConfig.from_model_config(cfg)

@@ -34,7 +34,7 @@ from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.decoder import (GatedMLP, HeadProjections, norm_head_logits, run_layer_stack, sandwich_fuses,
                                     sandwich_layer_fused)
-from outpace.models.eagle3_aux_ids import GEMMA_OUTPUT_IDS
+from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
 logger = logging.getLogger("outpace.models")
@@ -193,7 +193,7 @@ class GemmaForCausalLMBase(nn.Module):
 
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     _model_output = LlamaForCausalLM._model_output
-    # EAGLE3 drafts for Gemma write output-of ids, default [2, L // 2, L - 2] (models/eagle3_aux_ids.py)
+    # EAGLE3 drafts for Gemma write output-of ids, default [2, L // 2, L - 2] (models/drafts/eagle3_aux_ids.py)
     eagle3_aux_ids = GEMMA_OUTPUT_IDS
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool, gemma, model_class: type) -> None:

@@ -64,7 +64,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the MTP layers carry their own embedding and shared head (DeepSeek-V3
-        layout; the loader decides from the checkpoint's tensor names, models/mtp.py)."""
+        layout; the loader decides from the checkpoint's tensor names, models/drafts/mtp.py)."""
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
@@ -72,7 +72,7 @@ class LlamaForCausalLM(nn.Module):
                               tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
         self.aux_layer_ids: tuple[int, ...] = ()
         if cfg.num_nextn_predict_layers:
-            from outpace.models.mtp import build_mtp_layers
+            from outpace.models.drafts.mtp import build_mtp_layers
 
             self.mtp_layers = build_mtp_layers(cfg, self.model.rotary, mtp_own_heads)
 

@@ -12,7 +12,7 @@ from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.config import ConfigError, ModelConfig
 from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
-from outpace.models.mtp import has_own_mtp_heads
+from outpace.models.drafts.mtp import has_own_mtp_heads
 from outpace.registry import model_class
 
 
@@ -36,7 +36,7 @@ def resolve_dtype(requested: str, cfg: ModelConfig, device: str) -> torch.dtype:
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
                 mtp_own_heads: bool = False) -> nn.Module:
     """An uninitialised model (parameters in ``dtype``; rotary tables stay float32). ``mtp_own_heads``:
-    its MTP layers carry their own embedding and shared head (DeepSeek-V3 layout, models/mtp.py).
+    its MTP layers carry their own embedding and shared head (DeepSeek-V3 layout, models/drafts/mtp.py).
     Inside ``building_in(group)`` (distributed/group.py) with several ranks, this rank's shard of a model
     class that declares ``shards_over_ranks``; other classes are refused by name."""
     cls = model_class(cfg.architecture)

@@ -16,8 +16,8 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
   (the three position streams are equal), so they are not read.
 
 The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers (when the
-config declares them: models/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
-(speculative/mtp.py); each is a full-attention layer of this stack.
+config declares them: models/drafts/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
+(speculative/drafters/mtp.py); each is a full-attention layer of this stack.
 
 Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard these models: the gated attention's
 heads (q_proj's [query, gate] rows by head, kv heads as the Llama family's), gated DeltaNet's heads
@@ -44,7 +44,7 @@ from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.hybrid_mtp import QwenMTP, mtp_layer_count
+from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 
 NEXT, QWEN35 = "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"
@@ -111,7 +111,7 @@ class Qwen3NextConfig:
                             normalize=bool(raw["norm_topk_prob"])) if moe else None,
             moe_intermediate_size=raw["moe_intermediate_size"],
             shared_expert_intermediate_size=raw["shared_expert_intermediate_size"],
-            # vLLM qwen3_next_mtp.py: layer k is MoE by the same rule at index k (models/hybrid_mtp.py)
+            # vLLM qwen3_next_mtp.py: layer k is MoE by the same rule at index k (models/drafts/hybrid_mtp.py)
             mtp_moe_layers=moe_layers(mtp_layer_count(raw)))
 
 

@@ -38,7 +38,7 @@ run num_hidden_layers + num_nextn_predict_layers long), then its own head:
 (vLLM maps every ``embed_tokens`` tensor to one shared embedding); the state read is the target's last
 hidden state before the final norm (vLLM's Step3p5Model returns it un-normed, SGLang hands on
 hidden_states_before_norm); no position-0 masking. The layers chain: layer k reads layer k - 1's output
-(models/mtp.py; speculative/mtp.py).
+(models/drafts/mtp.py; speculative/drafters/mtp.py).
 
 Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard it: each layer's heads split by its own
 type's counts (layers/decoder.py ``HeadProjections``: q/k/v column-parallel by head, kv heads replicated
@@ -70,7 +70,7 @@ from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.models.gemma import final_logits
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.mtp import MTPBlock
+from outpace.models.drafts.mtp import MTPBlock
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -391,7 +391,7 @@ class Step3p5SharedHead(nn.Module):
 
 
 class Step3p5MTPLayer(MTPBlock, Step3p5DecoderLayer):
-    """An MTP layer: zero-centred enorm/hnorm and eh_proj (models/mtp.py), a Step-3.5 decoder layer, its own
+    """An MTP layer: zero-centred enorm/hnorm and eh_proj (models/drafts/mtp.py), a Step-3.5 decoder layer, its own
     shared head; the target's embedding and pre-norm state (module docstring)."""
 
     chained_by_layout = True

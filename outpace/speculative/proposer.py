@@ -1,7 +1,7 @@
 """The interface every drafter implements, and the data that crosses it.
 
-A drafter keeps its state per request slot (engine/slots.py) in device buffers that it
-allocates itself; the engine's decode iteration (engine/iteration.py) calls, per step,
+A drafter keeps its state per request row (engine/request_table.py) in device buffers that it
+allocates itself; the engine's decode iteration (engine/decode_step.py) calls, per step,
 - ``draft(rows, shape)``: draft tokens for every row of the batch, as a ``Drafts`` tree,
 - ``update(verified)``: after the verify, record what the step committed (the accepted path's
   rows and the token after each), so the next ``draft`` can bring the draft state up to date.
@@ -77,9 +77,9 @@ def draft_shapes(spec) -> tuple[DraftShape, ...]:
 @dataclass
 class DecodeRows:
     """The requests of one decode iteration, one row each; padded rows of a captured batch use the
-    padding slot (length 0, greedy, its KV in the padding block). Device tensors."""
+    padding row (length 0, greedy, its KV in the padding block). Device tensors."""
 
-    slots: torch.Tensor        # [b] int64
+    req_indices: torch.Tensor        # [b] int64: each row\'s request (engine/request_table.py)
     lengths: torch.Tensor      # [b] int64: L, KV rows; the last token sits at position L (no KV yet)
     last_tokens: torch.Tensor  # [b] int64
     tables: torch.Tensor       # [b, max_blocks] int64 block tables
@@ -89,7 +89,7 @@ class DecodeRows:
 
     @property
     def size(self) -> int:
-        return self.slots.shape[0]
+        return self.req_indices.shape[0]
 
     def keys(self, offset: int, purpose: int) -> torch.Tensor:
         """[b] random keys for a draw deciding the token at position L + offset (outpace/request.py
@@ -157,7 +157,7 @@ class Verified:
 class PrefillRows:
     """Rows a prefill chunk committed, one group per request (host lists, device tensors)."""
 
-    slots: list[int]
+    req_indices: list[int]
     starts: list[int]                  # each request's first row in this chunk
     counts: list[int]                  # its rows in this chunk
     final: list[bool]                  # whether the request decodes after this chunk (its last row's next token is its last token)
@@ -181,9 +181,9 @@ class Proposer(abc.ABC):
     # Prefix caching (cache/prefix_cache.py): the drafter's KV row t is a function of tokens 0 .. t + kv_reads_ahead
     kv_reads_ahead: int = 0
 
-    def __init__(self, spec, pool, max_slots: int, device: str, attention_backend: str = "torch") -> None:
+    def __init__(self, spec, pool, max_requests: int, device: str, attention_backend: str = "torch") -> None:
         self.spec, self.pool, self.device = spec, pool, torch.device(device)
-        self.max_slots = max_slots  # slot indices 0 .. max_slots (the last: padding)
+        self.max_requests = max_requests  # request indices 0 .. max_requests (the last: padding)
         self.backend = get_backend(attention_backend)
 
     @property
@@ -214,6 +214,6 @@ class Proposer(abc.ABC):
         return None
 
     def state(self) -> list[torch.Tensor]:
-        """The per-slot buffers ``draft`` and ``update`` advance (each indexed by slot first): saved
+        """The per-request buffers ``draft`` and ``update`` advance (each indexed by row first): saved
         and restored around a step run ahead."""
         return []

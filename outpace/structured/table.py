@@ -2,7 +2,7 @@
 masks of a step's batch.
 
 A request's grammar is built when the request is first scheduled (its constraint was compiled at
-admission, so this is a cache hit) from the output it already has, and dropped when its slot is freed
+admission, so this is a cache hit) from the output it already has, and dropped when its row is freed
 (finish, abort, preemption): a preempted request's grammar is rebuilt from its output when it runs again.
 """
 from __future__ import annotations

@@ -99,7 +99,7 @@ class DistillRecipe:
     generation_batch: int = 512                   # continuations the engine generates at once
     resume_every: int = 250                       # steps between saves of the training state
     compile_step: bool = False                    # torch.compile the draft's training step on one GPU
-                                                  # (``compiles_on``); on by default where tests/test_train_compile.py
+                                                  # (``compiles_on``); on by default where tests/train/test_train_compile.py
                                                   # has passed on a GPU
     eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
                                                   # (with prompt_split "heldout", their files are never trained on)

@@ -1,9 +1,9 @@
 """EAGLE3 drafts for the family zoo targets (train/family_targets.py: ``tinyds``, ``tinygemma``, ``tinyqwen35``),
-trained by train/eagle3.py's public entry (``train_eagle3``) with a CPU-sized recipe.
+trained by train/recipes/eagle3.py's public entry (``train_eagle3``) with a CPU-sized recipe.
 
 What this adds around that entry, for the target family:
 - Gemma targets: the draft was trained reading the target's own (scaled) embedding lookup, ``target.embed``
-  = raw rows x sqrt(hidden). A served EAGLE3 draft reads the raw rows times ``embed_scale`` (models/eagle3.py),
+  = raw rows x sqrt(hidden). A served EAGLE3 draft reads the raw rows times ``embed_scale`` (models/drafts/eagle3.py),
   which, absent from the config, is sqrt(hidden) only when ``target_model_type`` names a Gemma model
   (SpecForge's rule, sgl-project/SpecForge pull 553 llama3_eagle.py). ``eagle3_config`` writes neither, so
   the config gets ``target_model_type`` = the target's model_type, as SpecForge's Gemma draft configs carry it:
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training
-from outpace.train.eagle3 import Eagle3Recipe, train_eagle3
+from outpace.train.recipes.eagle3 import Eagle3Recipe, train_eagle3
 from outpace.train.model_card import draft_train_command
 from outpace.train.family_targets import parse_budget_args
 

@@ -22,7 +22,7 @@ greedy samples. What the families add:
   experts on every layer), and its config names the MTP layers ``mtp_num_hidden_layers`` as released
   Qwen3.5 checkpoints do. Its gated DeltaNet starts as transformers initialises it
   (Qwen3_5PreTrainedModel._init_weights: ``dt_bias`` 1, ``A_log`` = log U(0.01, 16) per value head, so
-  the heads' decays range from near 1 to near 0). Its MTP layers are Qwen's (models/hybrid_mtp.py: shared
+  the heads' decays range from near 1 to near 0). Its MTP layers are Qwen's (models/drafts/hybrid_mtp.py: shared
   ``fc`` and norms, the target's embedding and head), trained chained as they serve: layer 0 reads the
   target's post-norm state, layer k the normed output of layer k - 1.
 
@@ -161,7 +161,7 @@ def hf_config(r: FamilyRecipe, eos_id: int, pad_id: int) -> dict:
             linear_key_head_dim=r.linear_key_head_dim, linear_value_head_dim=r.linear_value_head_dim,
             rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                  partial_rotary_factor=r.partial_rotary_factor), rms_norm_eps=1e-6).to_dict()
-        # Qwen3.5's own config.json fields (transformers' class omits them; models/hybrid_mtp.py reads the first)
+        # Qwen3.5's own config.json fields (transformers' class omits them; models/drafts/hybrid_mtp.py reads the first)
         cfg.update(mtp_num_hidden_layers=r.num_mtp_layers, mtp_use_dedicated_embeddings=False)
     else:
         types = ["full_attention" if (i + 1) % r.sliding_window_pattern == 0 else "sliding_attention"

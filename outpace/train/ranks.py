@@ -13,7 +13,7 @@ it (tensor parallelism needs the same input on every rank), and then runs the dr
 computes its *share* of it (its rows' sum over the count of all ranks' rows, ``total``): the shares add up
 to the one-process loss. FSDP averages the ranks' gradients, so the loop backpropagates ``size``
 times the share, and their mean is exactly the one-process gradient: the same recipe gives the same
-curve at any number of ranks, up to float summation order (tests/test_train_ranks.py).
+curve at any number of ranks, up to float summation order (tests/train/test_train_ranks.py).
 
 Engines (the data the target generates, the held-out evaluation) run on rank 0 as tensor-parallel
 engines over the same ranks: ``on_driver(fn)`` runs ``fn`` on rank 0 while the other ranks serve the
@@ -122,7 +122,7 @@ class TrainRanks:
 
     def row_local(self, target: nn.Module) -> nn.Module:
         """The target as a draft calls it on this rank's own rows (its ``embed``, head and ``compute_logits``;
-        models/mtp.py's layers take it as their ``target``): the target itself for one rank; over several, a
+        models/drafts/mtp.py's layers take it as their ``target``): the target itself for one rank; over several, a
         ``RowLocalTarget`` over its whole embedding and head (``embedding``, ``head``)."""
         if self.size == 1:
             return target

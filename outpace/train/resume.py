@@ -2,7 +2,7 @@
 the loss history, the data sampler's generator), written every ``every`` steps and read back at start.
 
 A run resumed from step s draws the same batches and takes the same steps as one that never stopped, so
-on the CPU both give the same curve (tests/test_train.py checks it). A run over several training ranks
+on the CPU both give the same curve (tests/train/test_train.py checks it). A run over several training ranks
 (train/ranks.py) keeps one file too: rank 0 writes the whole (FSDP-gathered) state and, on resuming,
 hands each rank its shard (torch.distributed.checkpoint's full state dicts); it resumes over as many ranks.
 """

@@ -97,9 +97,9 @@ def mtp_forward_losses(model, tokens: torch.Tensor, num_mtp: int, chain: bool):
 
     The main model reads tokens[:, :seq_len]; depth k (1-based) at row i consumes the depth k-1
     state at row i (chained) or the target's (not chained) and the embedding of token i+k
-    (train/mtp.py ``mtp_chain``, the forward the MTP fine-tune recipe trains with).
+    (train/recipes/mtp.py ``mtp_chain``, the forward the MTP fine-tune recipe trains with).
     """
-    from outpace.train.mtp import mtp_chain
+    from outpace.train.recipes.mtp import mtp_chain
 
     b, length = tokens.shape
     t = length - num_mtp - 1

@@ -1,0 +1,87 @@
+"""Recurrent state memory of hybrid models (gated DeltaNet, Mamba2: layers/recurrent.py), beside the paged
+KV pool.
+
+Every running request holds one state row: per recurrent layer, its tensors (the convolution window and
+the float32 SSM / delta-rule state) at one row of that layer's pool. A state row is the request's
+request row (engine/request_table.py): it is taken when the request is admitted and returned on finish, abort
+and preemption with it, and a preempted request recomputes its state from its tokens (its first prefill
+chunk starts from zeros, ``has_initial_state`` False); the last row is the padding rows'. Beside each
+row, ``max_verify_rows`` snapshot rows: a verify forward writes the state after each of its tokens there
+(row i: after node i), and ``commit`` then copies the row at ``last_correct_step_indices`` into the row,
+so the state is again the one after every committed token (the SGLang seed review: the accepted step's
+state, not the next one's; for a tree the accepted node's, computed from its parent's).
+
+Memory: ``bytes_per_request`` (states and their snapshot rows) times the indices, fixed at start-up like the
+KV pool (outpace sizes both from the configuration: ``num_kv_blocks``, ``max_num_seqs`` and the largest
+draft tree; ``nbytes`` is the whole).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer
+
+
+class RecurrentStates:
+    def __init__(self, model: nn.Module, num_slots: int, max_verify_rows: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        """Allocate and bind the state of every ``RecurrentStateLayer`` of ``model``: per state tensor,
+        [num_slots, ...] and its snapshots [num_slots, max_verify_rows, ...] (dtype: as the layer
+        declares, else ``dtype``)."""
+        self.device = torch.device(device)
+        self.max_verify_rows = max_verify_rows
+        self.layers = [m for m in model.modules() if isinstance(m, RecurrentStateLayer)]
+        self._states: list[torch.Tensor] = []
+        self._snapshots: list[torch.Tensor] = []
+        for layer in self.layers:
+            states, snapshots = {}, {}
+            for name, (shape, declared) in layer.state_shapes().items():
+                kind = dict(dtype=declared or dtype, device=self.device)
+                states[name] = torch.zeros(num_slots, *shape, **kind)
+                snapshots[name] = torch.zeros(num_slots, max_verify_rows, *shape, **kind)
+                self._states.append(states[name])
+                self._snapshots.append(snapshots[name])
+            layer.bind_state(states, snapshots)
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the model has any recurrent layer (else every method here is a no-op)."""
+        return bool(self.layers)
+
+    @property
+    def bytes_per_request(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self._states + self._snapshots)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._states + self._snapshots)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-request state tensor ([table_rows, ...]) a step advances (the snapshots are scratch rows
+        within one step)."""
+        return list(self._states)
+
+    def prefill(self, indices: list[int], starts: list[int]) -> RecurrentMetadata | None:
+        """Prefill chunks of the requests in these indices, starting at KV rows ``starts``: each continues
+        its row's state (from zeros at row 0) and leaves its state after its last token there."""
+        if not self.has_state:
+            return None
+        return RecurrentMetadata(torch.tensor(indices, dtype=torch.int64, device=self.device),
+                                 torch.tensor([s > 0 for s in starts], device=self.device))
+
+    def verify(self, indices: torch.Tensor, lengths: torch.Tensor, parents: torch.Tensor | None
+               ) -> RecurrentMetadata | None:
+        """A verify forward over draft trees (device tensors, capturable): indices, lengths [b]; parents
+        [b, num_nodes] (-1 for node 0) or None for chains. Writes snapshots only."""
+        if not self.has_state:
+            return None
+        if parents is not None and parents.shape[1] > self.max_verify_rows:
+            raise ValueError(f"{parents.shape[1]} verified nodes, the state snapshots hold {self.max_verify_rows}")
+        return RecurrentMetadata(indices, lengths > 0, parents, snapshots=True)
+
+    def commit(self, indices: torch.Tensor, rows: torch.Tensor) -> None:
+        """After a verify: row indices[i]'s state becomes its snapshot row rows[i] (``last_correct_step_indices``),
+        device operations only (capturable). indices, rows [b] int64."""
+        for state, snapshots in zip(self._states, self._snapshots):
+            state.index_copy_(0, indices, snapshots[indices, rows])

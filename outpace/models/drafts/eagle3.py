@@ -1,0 +1,306 @@
+"""EAGLE3 draft model in the formats of public EAGLE3 checkpoints: the native one
+(``LlamaForCausalLMEagle3``: the EAGLE-3 release, SGLang/SpecForge; ``model.safetensors`` or
+``pytorch_model.bin``) and vLLM's speculators format (``speculators_model_type: "eagle3"``).
+
+One decoder layer over ``concat(input_layernorm(embed(token t+1)), hidden_norm(g_t))`` where g_t is
+``fc(concat(aux hidden states of the target at t))`` for rows the target computed, or the draft's
+own previous pre-norm output for rows it drafted. The layer's residual stream is g_t, or
+``hidden_norm(g_t)`` with ``norm_before_residual`` (speculators' Eagle3DecoderLayer and vLLM's
+llama_eagle3.py ``_norm_before_residual``). Then ``norm`` and ``lm_head`` over a draft vocabulary;
+draft id i is target id ``i + d2t[i]``. Checkpoint tensors: ``fc.weight``, optional
+``fc_norm.{i}.weight`` (per-aux RMSNorm, "aux norm", enabled by ``use_aux_norm`` or ``fc_norm`` in
+the config; SpecForge's Gemma training names them ``aux_norm_{low,mid,high}.weight``, sgl-project/SpecForge
+pull 553 specforge/modeling/draft/llama3_eagle.py, which SGLang's llama_eagle3.py load_weights maps to
+``fc_norm.{0,1,2}``), the layer's ``{input_layernorm,hidden_norm,self_attn.*,post_attention_layernorm,mlp.*}``
+under ``midlayer.`` (native) or ``layers.0.`` (speculators; vLLM's loader renames ``midlayer.`` to
+``layers.0.``), ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` and optionally
+``embed_tokens.weight``. The embedding and, when the draft has none, the head come from the target.
+
+The embedding the draft reads: the raw table's rows times ``embed_scale``. SpecForge's Gemma EAGLE3
+training (pull 553, llama3_eagle.py ``embed_input_ids``) multiplies the raw target table by
+``embed_scale`` from the config, or by sqrt(hidden_size) when ``target_model_type`` names a Gemma
+model, else by 1; so the public Gemma drafts expect the *scaled* lookup Gemma uses itself (SGLang
+serving hands the draft the raw table, get_embed in gemma3_causal.py, and the two differ only through
+the norm's eps: the layer normalises the embedding first). The scale is folded into that norm's eps
+(RMSNorm(s x, eps) = RMSNorm(x, eps / s^2)), so the raw table serves both the eager and the fused path.
+
+Speculators config (vLLM transformers_utils/configs/speculators/{base,algos}.py; speculators
+models/eagle3/config.py): the layer's shapes are the ``transformer_layer_config`` dict (a
+transformers config's ``to_diff_dict()``, so class defaults may be left out; its ``vocab_size`` is
+the target's); ``draft_vocab_size``, ``target_hidden_size`` (null: the layer's hidden size),
+``norm_before_residual`` (default false), ``fc_norm``, ``eagle_aux_hidden_state_layer_ids`` sit at
+the top level; ``speculators_config`` holds ``proposal_methods`` (``speculative_tokens``) and
+``verifier`` (``name_or_path``), which describe serving, not the weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
+from outpace.config import ModelConfig
+from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
+from outpace.layers.linear import linear
+from outpace.layers.norm import RMSNorm
+from outpace.layers.decoder import DecoderAttention, GatedMLP, attention_and_mlp, embed_norm_pair, norm_head_logits
+from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
+from outpace.models.llama import build_rotary
+from outpace.models.loader import covering_positions, default_dtype
+
+
+# SpecForge's names of the three aux norms (pull 553 llama3_eagle.py), in the order of the aux states
+AUX_NORM_NAMES_SPECFORGE = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
+
+
+class DraftMismatchError(ValueError):
+    """A draft does not fit the target it is loaded against."""
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    layer: ModelConfig                 # shapes of the decoder layer (vocab_size is the target's)
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None  # as written in the checkpoint (see capture_layer_ids)
+    use_aux_norm: bool = False
+    bias: bool = False
+    norm_before_residual: bool = False
+    embed_scale: float = 1.0               # the draft reads the target's table rows times this
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> Eagle3Config:
+        """A native config, or a speculators one (``speculators_model_type``)."""
+        if "speculators_model_type" in cfg:
+            cfg = _flatten_speculators(cfg)
+        eagle = cfg.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+        layer = ModelConfig.from_dict({**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
+        return cls(layer=layer,
+                   draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+                   target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+                   aux_layer_ids=tuple(ids) if ids else None,
+                   use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
+                   bias=bool(cfg.get("bias", False)),
+                   norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+                   embed_scale=_embed_scale(cfg))
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids) if self.aux_layer_ids else 3
+
+    def capture_layer_ids(self, num_target_layers: int,
+                          convention: AuxIdConvention = FIRST_ID_RULE) -> tuple[int, ...]:
+        """The target layers whose *inputs* to capture (index num_target_layers: the last output), as
+        the target family's ``convention`` reads the checkpoint's ids (models/drafts/eagle3_aux_ids.py)."""
+        return convention.capture_ids(self.aux_layer_ids, num_target_layers)
+
+
+def target_capture_ids(cfg: Eagle3Config, target: nn.Module) -> tuple[int, ...]:
+    """The capture ids of ``cfg`` on ``target``: families whose drafts write their ids otherwise than the
+    first-id rule declare their ``eagle3_aux_ids`` convention (Gemma)."""
+    return cfg.capture_layer_ids(target.config.num_hidden_layers, getattr(target, "eagle3_aux_ids", FIRST_ID_RULE))
+
+
+def _embed_scale(cfg: dict) -> float:
+    """What the draft multiplies its embedding rows by: SpecForge pull 553 llama3_eagle.py's rule."""
+    if cfg.get("embed_scale") is not None:
+        return float(cfg["embed_scale"])
+    return cfg["hidden_size"] ** 0.5 if "gemma" in (cfg.get("target_model_type") or "") else 1.0
+
+
+def _flatten_speculators(cfg: dict) -> dict:
+    """A speculators-format EAGLE3 config -> the native (flat) form ``Eagle3Config.from_dict`` reads."""
+    kind = cfg["speculators_model_type"]
+    if kind != "eagle3":
+        raise DraftMismatchError(f"speculators_model_type {kind!r} is not supported: only 'eagle3' drafts load here")
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DraftMismatchError("a speculators config needs a transformer_layer_config dict (the layer's shapes)")
+    model_type = layer.get("model_type", "llama")
+    if model_type != "llama":  # vLLM (algos.py update_eagle3) serves every eagle3 speculator as a Llama layer
+        raise DraftMismatchError(f"transformer_layer_config.model_type {model_type!r} is not supported: "
+                                 f"only 'llama' EAGLE3 layers load here")
+    unsupported = [k for k in ("norm_before_fc", "norm_output") if cfg.get(k)]
+    if unsupported:
+        raise DraftMismatchError(f"speculators EAGLE3 options {', '.join(unsupported)} are not supported")
+    from transformers import LlamaConfig
+
+    # speculators rebuilds the layer config as its class (validate_transformer_config), restoring the
+    # defaults that to_diff_dict() left out
+    layer = LlamaConfig(**layer).to_dict()
+    if layer["num_hidden_layers"] != 1:
+        raise DraftMismatchError(f"transformer_layer_config.num_hidden_layers is {layer['num_hidden_layers']}: "
+                                 f"only one-layer EAGLE3 drafts load here")
+    keys = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "fc_norm",
+            "norm_before_residual")
+    return {**layer, **{k: cfg[k] for k in keys if k in cfg}}
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary, norm_before_residual: bool = False) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DecoderAttention(cfg, rotary, input_size=2 * cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, positions: torch.Tensor, token_ids: torch.Tensor, embedding: nn.Embedding,
+                hidden: torch.Tensor) -> torch.Tensor:
+        """token_ids [n] (their rows of ``embedding``), hidden [n, hidden] -> [n, hidden] pre-norm output."""
+        x = embed_norm_pair(token_ids, embedding, self.input_layernorm, hidden, self.hidden_norm,
+                            (self.self_attn, self.mlp))                                    # [n, 2 * hidden]
+        return attention_and_mlp(self.self_attn, self.mlp, self.post_attention_layernorm, positions, x,
+                                 self.residual(x, hidden))
+
+    def residual(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The residual stream [n, hidden] the layer adds to: ``hidden``, or with ``norm_before_residual``
+        its ``hidden_norm``, the second half of x [n, 2 * hidden] the normalised [embedding | hidden]."""
+        return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
+
+
+class UnscaledRows(nn.Module):
+    """[n] ids -> [n, dim]: a borrowed embedding's plain lookup (``VocabEmbedding``'s, vocab-parallel where
+    the table is), without the scale a ``ScaledVocabEmbedding`` (Gemma) multiplies its rows by."""
+
+    def __init__(self, table: VocabEmbedding) -> None:
+        super().__init__()
+        self.table = table
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.table.weight
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return VocabEmbedding.forward(self.table, token_ids)
+
+
+class Eagle3Draft(nn.Module):
+    # speculators checkpoints may carry copies of the verifier's final norm and head
+    # (Eagle3DraftModel's verifier_norm, verifier_lm_head); the target's own are used instead
+    ignored_checkpoint_tensors = (r"^verifier_(norm|lm_head)\.",)
+
+    def __init__(self, cfg: Eagle3Config, has_embedding: bool = False, has_head: bool = True,
+                 layer_prefix: str = "midlayer.", aux_norm_names: tuple[str, ...] | None = None) -> None:
+        """``layer_prefix``: the checkpoint's name for the decoder layer, ``midlayer.`` or ``layers.0.``;
+        ``aux_norm_names``: the checkpoint's names of the aux norms, when not ``fc_norm.{i}``."""
+        super().__init__()
+        lc = cfg.layer
+        self.config = cfg
+        self.layer_prefix = layer_prefix
+        self.aux_norm_names = aux_norm_names
+        self.rotary = build_rotary(lc)
+        if cfg.use_aux_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, lc.rms_norm_eps) for _ in range(cfg.num_aux))
+        self.fc = linear(cfg.num_aux * cfg.target_hidden_size, lc.hidden_size, bias=cfg.bias)
+        self.midlayer = Eagle3Layer(lc, self.rotary, cfg.norm_before_residual)
+        # NOTE: the embedding rows are read raw; their scale lives in the norm after them (module docstring)
+        self.midlayer.input_layernorm.eps = lc.rms_norm_eps / cfg.embed_scale ** 2
+        self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
+        if has_embedding:
+            self.embed_tokens = nn.Embedding(lc.vocab_size, lc.hidden_size)
+        if has_head:
+            self.lm_head = linear(lc.hidden_size, cfg.draft_vocab_size)
+        # draft id i -> target id i + d2t[i]; t2d marks target ids the draft vocabulary has
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(lc.vocab_size, dtype=torch.bool))
+        # (embedding, head) borrowed from the target, kept in a tuple so they are not registered
+        # as this module's submodules (their weights stay the target's, out of our state dict)
+        self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        if param_name.startswith("midlayer."):
+            return self.layer_prefix + param_name.removeprefix("midlayer.")
+        if param_name.startswith("fc_norm.") and self.aux_norm_names:
+            index, rest = param_name.removeprefix("fc_norm.").split(".", 1)
+            return f"{self.aux_norm_names[int(index)]}.{rest}"
+        return param_name
+
+    def attach_target(self, target: nn.Module) -> None:
+        """Borrow the target's embedding (its unscaled rows: ``embed_scale`` applies) and head, each
+        when the draft has none. Under tensor parallelism the draft's embedding is vocab-parallel: a target
+        table kept whole on every rank (Gemma) is handed over as this rank's rows, and a head tied to it is
+        rebound to those rows (layers/embedding.py ``vocab_shard_of``)."""
+        table, head = target.model.embed_tokens, target.lm_head
+        rows = vocab_shard_of(table)
+        if rows is not table and head.weight is table.weight:
+            head = LMHead(rows.embedding_dim, rows.vocab_size, tied_to=rows)
+        self._borrowed = (None if hasattr(self, "embed_tokens") else UnscaledRows(rows),
+                          None if hasattr(self, "lm_head") else head)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[n] -> [n, hidden]: the rows the layer's input norm receives (unscaled: ``embed_scale`` lives in
+        that norm's eps)."""
+        return self._embedding(token_ids)
+
+    @property
+    def _embedding(self) -> nn.Module:
+        return self.embed_tokens if hasattr(self, "embed_tokens") else self._borrowed[0]
+
+    def fuse_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """[n, num_aux * target_hidden] concatenated target states -> [n, hidden]."""
+        if self.config.use_aux_norm:
+            parts = aux.chunk(self.config.num_aux, dim=-1)
+            aux = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts)], dim=-1)
+        return self.fc(aux)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """token_ids [n] (token t+1), positions [n] (t), hidden [n, hidden] -> [n, hidden] pre-norm."""
+        return self.midlayer(positions, token_ids, self._embedding, hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
+        head = self.lm_head if hasattr(self, "lm_head") else self._borrowed[1]
+        return norm_head_logits(self.norm, head, hidden)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str) -> Eagle3Draft:
+    """Load an EAGLE3 draft and check that it fits ``target``; a mismatch raises DraftMismatchError."""
+    draft_dir = Path(draft_dir)
+    raw = json.loads((draft_dir / "config.json").read_text())
+    cfg = Eagle3Config.from_dict(raw)
+    tcfg: ModelConfig = target.config
+    cfg = dataclasses.replace(cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings))
+    names = checkpoint_tensor_names(draft_dir)
+    problems = []
+    if cfg.target_hidden_size != tcfg.hidden_size:
+        problems.append(f"target_hidden_size {cfg.target_hidden_size} != target hidden_size {tcfg.hidden_size}")
+    if cfg.layer.vocab_size != tcfg.vocab_size:
+        problems.append(f"vocab_size {cfg.layer.vocab_size} != target vocab_size {tcfg.vocab_size}")
+    if "lm_head.weight" not in names and cfg.draft_vocab_size != tcfg.vocab_size:
+        problems.append(f"the draft has no lm_head and its draft_vocab_size {cfg.draft_vocab_size} differs from "
+                        f"the target vocabulary {tcfg.vocab_size}")
+    if "embed_tokens.weight" not in names and cfg.layer.hidden_size != tcfg.hidden_size:
+        problems.append(f"the draft has no embedding and its hidden_size {cfg.layer.hidden_size} differs from the "
+                        f"target's {tcfg.hidden_size}")
+    capture = target_capture_ids(cfg, target)
+    bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
+    if bad:
+        written = list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (the target family's default)"
+        problems.append(f"eagle_aux_hidden_state_layer_ids {written} capture the inputs of "
+                        f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]")
+    if problems:
+        raise DraftMismatchError(f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems))
+    with default_dtype(dtype), torch.device(device):
+        draft = Eagle3Draft(cfg, has_embedding="embed_tokens.weight" in names, has_head="lm_head.weight" in names,
+                            layer_prefix="layers.0." if any(n.startswith("layers.0.") for n in names) else "midlayer.",
+                            aux_norm_names=AUX_NORM_NAMES_SPECFORGE if "aux_norm_low.weight" in names else None)
+    load_checkpoint(draft, draft_dir, progress=False)
+    target_ids = torch.arange(cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+    if target_ids.min() < 0 or target_ids.max() >= tcfg.vocab_size or target_ids.unique().numel() != target_ids.numel():
+        raise DraftMismatchError(f"EAGLE3 draft {draft_dir}: its d2t map sends draft ids outside the target "
+                                 f"vocabulary [0, {tcfg.vocab_size}) or two draft ids to one target id")
+    if int(draft.t2d.sum()) != cfg.draft_vocab_size:
+        raise DraftMismatchError(f"EAGLE3 draft {draft_dir}: t2d marks {int(draft.t2d.sum())} target ids, "
+                                 f"draft_vocab_size is {cfg.draft_vocab_size}")
+    draft.attach_target(target)
+    return draft.eval()

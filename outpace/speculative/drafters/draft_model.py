@@ -1,0 +1,171 @@
+"""Standalone draft model: any model outpace loads, with the target's tokenizer, drafting
+autoregressively. Its paged KV lives at the same rows as the target's (shared block tables): each
+propose first runs the rows committed since the last one plus the bonus token's row, then one
+row per further draft step.
+
+A draft with recurrent layers (a hybrid such as Qwen3-Next: layers/recurrent.py) keeps its own state rows
+(cache/recurrent_states.py, indexed by the request row like the target's): row s holds the draft's state after
+every token before its first pending row. ``absorb`` carries it across prefill chunks; ``draft`` runs the
+pending rows as a verify does (a snapshot after each), keeps the snapshot of the last committed token, lets
+the further draft steps advance the row, then puts that snapshot back: the same rollback as the target's,
+at the last committed row instead of the last correct draft.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.cache.recurrent_states import RecurrentStates
+from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.layers.recurrent import RecurrentMetadata
+from outpace.models.loader import load_model
+from outpace.speculative.chain import chain_drafts, choose_chain
+from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
+from outpace.speculative.rows import prefill_extension
+
+
+def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
+    """The number of token ids a draft may propose: the draft must tokenize exactly as the target.
+
+    When both directories carry a tokenizer.json, their token -> id maps (the model's vocabulary and
+    the added tokens) must be equal; the embeddings may then be padded to different sizes (e.g.
+    Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, over the same 151665 tokens), and the shared
+    size is the tokenizer's: the ids past it are padding rows of the embedding, which no text ever
+    produces. Without both tokenizer.json files the vocab sizes must be equal, and that is the size.
+    """
+    t, d = ModelConfig.from_pretrained(target_dir), ModelConfig.from_pretrained(draft_dir)
+    files = [Path(target_dir) / "tokenizer.json", Path(draft_dir) / "tokenizer.json"]
+    if not all(f.is_file() for f in files):
+        if t.vocab_size != d.vocab_size:
+            raise ConfigError(f"draft {draft_dir} has vocab_size {d.vocab_size}, the target {t.vocab_size}, and "
+                              f"without a tokenizer.json in both directories their tokenizers cannot be compared: "
+                              f"a draft model must share the target's tokenizer")
+        return t.vocab_size
+    target_ids, draft_ids = (_token_ids(json.loads(f.read_text())) for f in files)
+    if target_ids != draft_ids:
+        raise ConfigError(f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
+                          f"(their tokenizer.json vocabularies differ)")
+    size = max(target_ids.values()) + 1
+    if size > min(t.vocab_size, d.vocab_size):
+        raise ConfigError(f"the tokenizer of {target_dir} has ids up to {size - 1}, beyond the embedding rows of the "
+                          f"target ({t.vocab_size}) or of the draft {draft_dir} ({d.vocab_size})")
+    return size
+
+
+def _token_ids(tokenizer: dict) -> dict[str, int]:
+    """A tokenizer.json's token -> id map: the model's vocabulary (a token -> id dict, or for Unigram
+    models a list of [token, score] in id order) and the added (special) tokens."""
+    vocab = tokenizer["model"].get("vocab") or {}
+    ids = {tok: i for i, (tok, _) in enumerate(vocab)} if isinstance(vocab, list) else dict(vocab)
+    ids.update({t["content"]: t["id"] for t in tokenizer.get("added_tokens", [])})
+    return ids
+
+
+class DraftModelProposer(Proposer):
+    """A smaller model of the same tokenizer drafts. Draft row t reads the token at t (position t) and
+    predicts the token at t + 1, so its KV row t is final once token t is committed.
+
+    State per row: the committed tokens whose draft rows are not final yet ("pending": the last token
+    after a prefill; after a verify that accepted a drafts, the a + 1 tokens at L + 1 .. L + a + 1),
+    padded to ``num_steps + 1``. ``draft`` extends over them (padded rows lie past L and are rewritten
+    by the draft steps before anything reads them), then step j >= 2 is one row at L + j - 1 reading
+    draft j - 1."""
+
+    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
+                 device: str, attention_backend: str = "torch") -> None:
+        if spec.topk != 1:
+            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for draft: must be 1 (a chain)")
+        self.vocab_size = target.config.vocab_size
+        self.shared_vocab = shared_vocab_size(target.checkpoint_dir, Path(spec.draft))
+        super().__init__(spec, pool, max_requests, device, attention_backend)
+        # rotary tables over the target's whole context (models/loader.py covering_positions)
+        self.draft_model = load_model(spec.draft, dtype, device, progress=False,
+                                      min_positions=target.config.max_position_embeddings)
+        bind_kv_cache(self.draft_model.model, pool, dtype, device)
+        self.width = spec.num_steps + 1
+        # a recurrent draft's state per request row, a snapshot row per pending row (none: no-ops)
+        self.states = RecurrentStates(self.draft_model.model, max_requests + 1, self.width, dtype, device)
+        self.pending_tokens = torch.zeros(max_requests + 1, self.width, dtype=torch.int64, device=self.device)
+        self.pending_start = torch.zeros(max_requests + 1, dtype=torch.int64, device=self.device)  # first pending row
+        self.pending_count = torch.ones(max_requests + 1, dtype=torch.int64, device=self.device)
+
+    @property
+    def lookahead(self) -> int:
+        return self.spec.num_steps
+
+    @property
+    def unsettled_rows(self) -> int:
+        return self.spec.num_steps  # pending rows (after a verify, all but the first were written by draft steps)
+
+    def prefix_caching_refusal(self) -> str | None:
+        if self.states.has_state:
+            return (f"the draft {self.spec.draft} has recurrent layers, and their state is not cached at block "
+                    f"boundaries")
+        return None
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.pending_tokens, self.pending_start, self.pending_count] + self.states.tensors()
+
+    def _forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """token_ids [num_rows]: committed or drafted ids. A padding id of the target's embedding (one no
+        text produces, but which a target may still emit) is read by the draft as id 0 rather than past
+        its own embedding: it can only change what the draft proposes, never what is committed."""
+        return self.draft_model(token_ids.masked_fill(token_ids >= self.shared_vocab, 0), positions).hidden_states
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, target vocab]: the shared ids' logits, -inf elsewhere (padding rows of either
+        embedding are never drafted)."""
+        draft_logits = self.draft_model.compute_logits(hidden)
+        full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
+        full[:, :self.shared_vocab] = draft_logits[:, :self.shared_vocab]
+        return full
+
+    def _advance(self, indices: torch.Tensor) -> RecurrentMetadata | None:
+        """A draft step's recurrent metadata (device tensors, capturable): each row continues its row's state
+        and leaves its state there."""
+        return RecurrentMetadata(indices, torch.ones_like(indices, dtype=torch.bool)) if self.states.has_state else None
+
+    def absorb(self, prefill: PrefillRows) -> None:
+        ext = prefill_extension(prefill, [0] * len(prefill.counts), self.pool.block_size)
+        take = [i for i, c in enumerate(prefill.counts) if c > 0]  # the requests ext holds, in order
+        with ext.context(self.backend) as ctx:
+            ctx.recurrent = self.states.prefill([prefill.req_indices[i] for i in take], [prefill.starts[i] for i in take])
+            self._forward(prefill.token_ids[ext.rows], ext.positions)
+        ends = torch.tensor(prefill.counts).cumsum(0) - 1
+        done = [i for i, f in enumerate(prefill.final) if f]
+        if done:  # the sampled token, at L = the prompt's length, is pending
+            indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
+            self.pending_tokens[indices, 0] = prefill.next_token_ids[ends[done].to(self.device)]
+            self.pending_start[indices] = torch.tensor([prefill.starts[i] + prefill.counts[i] for i in done],
+                                                     device=self.device)
+            self.pending_count[indices] = 1
+
+    def update(self, verified: Verified) -> None:
+        rows = verified.rows
+        self.pending_tokens[rows.req_indices] = verified.next_tokens(self.width)
+        self.pending_start[rows.req_indices] = rows.lengths + 1
+        self.pending_count[rows.req_indices] = verified.result.num_correct_drafts + 1
+
+    def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
+        b, w = rows.size, self.width
+        start, count = self.pending_start[rows.req_indices], self.pending_count[rows.req_indices]
+        with rows.context(start, w, self.backend) as ctx:
+            ctx.recurrent = self.states.verify(rows.req_indices, start, None)  # a snapshot after each pending row
+            out = self._forward(self.pending_tokens[rows.req_indices].reshape(-1), positions(start, w))
+        hidden = out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]  # row L's output [b, hidden]
+        self.states.commit(rows.req_indices, count - 1)  # the state after token L, the last committed one
+        tokens, probs = [], []
+        for j in range(1, shape.num_steps + 1):
+            tokens.append(choose_chain(self._logits(hidden), rows, j, probs))
+            if j < shape.num_steps:  # the row reading draft j sits at position L + j
+                row = rows.lengths + j
+                with rows.context(row, 1, self.backend) as ctx:
+                    ctx.recurrent = self._advance(rows.req_indices)
+                    hidden = self._forward(tokens[-1], row)
+        if shape.num_steps > 1:
+            self.states.commit(rows.req_indices, count - 1)  # back to the state after token L
+        return chain_drafts(rows, tokens, probs)

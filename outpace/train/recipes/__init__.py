@@ -1,0 +1,1 @@
+"""One training recipe per draft kind (``outpace train draft --method ...``)."""

@@ -1,0 +1,64 @@
+"""Sharded saving and loading round-trips; dtypes convert on load; the zoo target matches transformers."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from outpace.checkpoint import checkpoint_files, model_state_dict, save_checkpoint
+from outpace.models.loader import load_model
+
+ZOO_TARGET = Path(__file__).resolve().parents[2] / "zoo" / "tinypy"
+
+
+def test_sharded_save_roundtrip(tmp_path, llama_dir):
+    model = load_model(llama_dir, torch.float32)
+    files = save_checkpoint(model_state_dict(model), tmp_path, max_shard_bytes=40_000, dtype=torch.bfloat16)
+    assert len(files) > 1 and all(f.stat().st_size <= 40_000 + 4096 for f in files)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {f.name for f in files}
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    assert checkpoint_files(tmp_path) == sorted(files)
+    reloaded = load_model(tmp_path, torch.float32)
+    for (name, a), (_, b) in zip(model.named_parameters(), reloaded.named_parameters()):
+        torch.testing.assert_close(b, a.to(torch.bfloat16).float(), msg=name)
+
+
+def test_zoo_target_matches_transformers():
+    """The shipped target loads in transformers (MTP weights ignored) and the logits agree."""
+    from transformers import AutoModelForCausalLM
+
+    from outpace.attention import DenseCausalMetadata, forward_context
+
+    hf = AutoModelForCausalLM.from_pretrained(ZOO_TARGET, dtype=torch.float32).eval()
+    ours = load_model(ZOO_TARGET, torch.float32)
+    ids = torch.randint(0, 4096, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), forward_context(DenseCausalMetadata(1, 64)):
+        ref = hf(ids).logits[0]
+        logits = ours.compute_logits(ours(ids[0], torch.arange(64)).hidden_states)
+    assert ((logits - ref).norm() / ref.norm()).item() < 1e-4
+
+
+class _RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (exec, ("raise SystemExit('unpickling ran code')",))
+
+
+def test_bin_checkpoints_load_only_tensors(tmp_path, llama_dir):
+    """pytorch_model.bin loads like model.safetensors; a pickle that would run code is refused
+    (torch.load weights_only=True) with an error naming the file, and a non-state-dict too."""
+    from safetensors.torch import load_file
+
+    from outpace.checkpoint import CheckpointError
+
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    torch.save(load_file(llama_dir / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    reference, reloaded = load_model(llama_dir, torch.float32), load_model(tmp_path, torch.float32)
+    for (name, a), (_, b) in zip(reference.named_parameters(), reloaded.named_parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    torch.save({"model.embed_tokens.weight": _RunsCodeWhenUnpickled()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin.*weights_only=True"):
+        load_model(tmp_path, torch.float32)
+    torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="does not hold a state dict"):
+        load_model(tmp_path, torch.float32)

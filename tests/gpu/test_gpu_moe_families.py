@@ -1,0 +1,87 @@
+"""GPU-only (skipped without CUDA): every MoE family's tiny target runs its decode iteration as captured CUDA
+graphs with the grouped-expert kernels inside (layers/moe.py RoutedExperts: nothing in the forward syncs with
+the host), and gives in fp32 the tokens of the same engine run eagerly and of the CPU (run_experts); n-gram
+speculation stays lossless with graphs. Families and their expert activations: Qwen3-Next (SiLU, a gated
+shared expert), Nemotron-H (relu2, ungated), Step-3.5 (SiLU with swiglu_limits clamps, stacked experts),
+Gemma 4 (GELU-tanh, packed gate/up). DeepSeek's are tests/test_gpu_deepseek.py."""
+from __future__ import annotations
+
+import pytest
+
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+KWARGS = dict(device="cuda", dtype="float32", max_num_seqs=4, num_kv_blocks=64, block_size=16)
+# family -> (vocabulary size, the kernels' activation, the clamp limits its layers use)
+FAMILIES = {"qwen3_next": (131, "silu", {None}), "nemotron_h": (131, "relu2", {None}),
+            "step3p5": (61, "silu", {None, 0.3}), "gemma4": (211, "gelu_tanh", {None})}
+
+
+def save_family(family: str, path):
+    if family in ("qwen3_next", "nemotron_h"):
+        from helpers.hybrid_models import make_hybrid, save_hybrid
+
+        return save_hybrid(make_hybrid(family), path)
+    if family == "step3p5":
+        from test_step3p5 import CONFIG, write_checkpoint
+
+        return write_checkpoint(path, CONFIG)[0]
+    from helpers.hf_models import save_hf_model
+    from test_gemma import make_gemma
+
+    return save_hf_model(make_gemma("gemma4-moe-kv-shared"), path)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def target(request, tmp_path_factory):
+    return request.param, str(save_family(request.param, tmp_path_factory.mktemp(request.param)))
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    return [[3, 17, 9, 50, 8, 42, 7], [5, 9], [(i * 7) % vocab for i in range(29)], [vocab - 1, 3]]
+
+
+def tokens(llm: LLM, vocab: int) -> list[list[int]]:
+    return [o.token_ids for o in llm.generate(prompts(vocab), GREEDY)]
+
+
+@pytest.mark.gpu
+def test_captured_decode_equals_eager_and_the_cpu_fp32(target):
+    family, path = target
+    vocab = FAMILIES[family][0]
+    graphed = LLM(path, **KWARGS)
+    iteration = graphed.engine.runner.decode_step
+    assert iteration._graphs and all(call.graph is not None for call in iteration._graphs.values())
+    replays, run = [], iteration.run
+    iteration.run = lambda key, *args, **kwargs: replays.append(key in iteration._graphs) or run(key, *args, **kwargs)
+    got = tokens(graphed, vocab)
+    assert len(replays) > 5 and all(replays)  # every decode step a replay: nothing in the forward syncs
+    assert got == tokens(LLM(path, cuda_graphs=False, **KWARGS), vocab)  # the same kernels, eagerly
+    assert got == tokens(LLM(path, device="cpu", block_size=16), vocab)  # run_experts on the CPU
+
+
+@pytest.mark.gpu
+def test_captured_speculation_is_lossless_fp32(target):
+    family, path = target
+    vocab = FAMILIES[family][0]
+    plain = tokens(LLM(path, cuda_graphs=False, **KWARGS), vocab)
+    llm = LLM(path, speculative=SpeculativeConfig("ngram", num_steps=3, ngram_min=1), **KWARGS)
+    assert all(call.graph is not None for call in llm.engine.runner.decode_step._graphs.values())
+    assert tokens(llm, vocab) == plain
+
+
+@pytest.mark.gpu
+def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monkeypatch):
+    import outpace.layers.moe_kernels as kernels
+
+    family, path = target
+    vocab, activation, limits = FAMILIES[family]
+    calls = []
+    real = kernels.grouped_experts
+    monkeypatch.setattr(kernels, "grouped_experts",
+                        lambda *a, **k: calls.append((k["activation"], k["limit"], a[3] is None)) or real(*a, **k))
+    LLM(path, cuda_graphs=False, **KWARGS).generate(prompts(vocab)[:1], GREEDY.replace(max_tokens=3))
+    assert {c[0] for c in calls} == {activation}
+    assert {c[1] for c in calls} == limits
+    assert {c[2] for c in calls} == {family == "nemotron_h"}  # ungated: no gate stack

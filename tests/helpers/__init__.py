@@ -1,0 +1,1 @@
+"""What several test modules share: reference models, harnesses, statistics."""

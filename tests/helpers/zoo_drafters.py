@@ -1,0 +1,26 @@
+"""Every drafter on the zoo target (zoo/tinypy) by name, as the feature tests parametrize over them, and the
+device those tests run on (fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from outpace.config import SpeculativeConfig
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
+TEST_DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
+
+
+def zoo_drafters(chain_steps: int, tree: tuple[int, int, int]) -> dict[str, SpeculativeConfig]:
+    """name -> config: an EAGLE3 chain of ``chain_steps``, an EAGLE3 tree of (steps, topk, draft tokens), the
+    target's 3 MTP layers, DFlash's block of 8, the standalone draft and n-gram (4 drafts each)."""
+    steps, topk, tokens = tree
+    eagle3 = str(ZOO / "tinypy-eagle3")
+    return {
+        "eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=chain_steps),
+        "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=steps, topk=topk, num_draft_tokens=tokens),
+        "mtp": SpeculativeConfig("mtp", num_steps=3),
+        "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
+        "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
+        "ngram": SpeculativeConfig("ngram", num_steps=4),
+    }

@@ -1,0 +1,160 @@
+"""The MLA Triton kernel (attention/mla_kernels.py) against the torch path of layers/mla.py (gathered latent
+rows, attend_paged under the metadata's mask) in Triton's interpreter (fp32 on the CPU; bf16 at the
+DeepSeek-V2-Lite shape on the GPU): decode, chain verify, tree masks over a window of speculative rows,
+ragged batches mixing prefill chunks with decode, shuffled block tables with odd block sizes, kv_lora_rank 36
+(not a power of two), head counts that do not divide the kernel's tile, forced split counts (with empty
+splits); and the attention layer choosing the kernel under the Triton backend."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention.mla_kernels import mla_paged_attention
+from outpace.attention.registry import get_backend
+from outpace.attention.torch_backend import attend_paged, gather_blocks
+from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
+from outpace.layers.rotary import RotaryEmbedding
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (cached rows, new tokens, tree window or None) per sequence
+LAYOUTS = {
+    "decode": ([37, 5, 130, 16], [1, 1, 1, 1], None),
+    "verify": ([20, 45, 7], [5, 5, 5], None),
+    "tree": ([30, 12, 50], [5, 8, 3], [9, 8, 7]),
+    "ragged": ([0, 17, 64, 9], [40, 25, 1, 4], None),
+    "ragged_tree": ([0, 33, 8], [20, 1, 6], [None, 3, 10]),
+}
+
+
+def tree_mask(q: int, window: int, g: torch.Generator) -> torch.Tensor:
+    """[q, window] bool: a random tree over the window whose last q nodes are the new tokens; each row
+    sees its node and the node's ancestors."""
+    seen = torch.zeros(window, window, dtype=torch.bool)
+    for node in range(window):
+        parent = int(torch.randint(-1, node, (1,), generator=g)) if node else -1
+        if parent >= 0:
+            seen[node] = seen[parent]
+        seen[node, node] = True
+    return seen[window - q:]
+
+
+def make_meta(layout: str, block_size: int, g: torch.Generator):
+    cached, new, windows = LAYOUTS[layout]
+    lengths = [c + q for c, q in zip(cached, new)]
+    needed = [-(-n // block_size) for n in lengths]
+    blocks = torch.randperm(sum(needed) + 3, generator=g)[:sum(needed)].tolist()  # shuffled, gaps
+    tables, start = [], 0
+    for k in needed:
+        tables.append(blocks[start:start + k])
+        start += k
+    masks = None
+    if windows is not None:
+        masks = [None if w is None else tree_mask(q, w, g).to(DEVICE) for q, w in zip(new, windows)]
+    meta = build_paged_metadata(tables, cached, new, block_size, DEVICE, masks)
+    return meta, sum(needed) + 3
+
+
+def torch_reference(q_latent, q_rope, cache, meta, scale):
+    rank = q_latent.shape[2]
+    gathered = gather_blocks(cache, meta).to(q_latent.dtype)
+    return attend_paged(torch.cat((q_latent, q_rope), dim=-1), gathered, gathered[..., :rank], meta, scale)
+
+
+CASES = [(layout, block_size, heads, None) for layout in LAYOUTS for block_size, heads in [(16, 4), (3, 3), (5, 6)]]
+CASES += [(layout, 5, 6, splits) for layout in ("verify", "ragged_tree") for splits in (1, 3, 7)]
+
+
+@pytest.mark.parametrize("layout, block_size, heads, num_splits", CASES)
+def test_kernel_equals_the_torch_path(layout, block_size, heads, num_splits):
+    g = torch.Generator().manual_seed(hash((layout, block_size, heads)) % 1000)
+    rank, rope = 36, 8
+    meta, num_blocks = make_meta(layout, block_size, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, block_size, 1, rank + rope, generator=g).to(DEVICE)
+    q_latent = torch.randn(n, heads, rank, generator=g).to(DEVICE)
+    q_rope = torch.randn(n, heads, rope, generator=g).to(DEVICE)
+    expected = torch_reference(q_latent, q_rope, cache, meta, 0.3)
+    got = mla_paged_attention(q_latent, q_rope, cache, meta, 0.3, num_splits=num_splits)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_strided_queries_and_tokens_in_any_order():
+    """q_rope as a slice of a wider tensor (as the layer's split gives it), tokens of a verify batch
+    permuted in the batch (the token table finds them)."""
+    g = torch.Generator().manual_seed(5)
+    meta, num_blocks = make_meta("verify", 16, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 16, 1, 40, generator=g).to(DEVICE)
+    wide = torch.randn(n, 4, 50, generator=g).to(DEVICE)
+    q_latent, q_rope = wide[..., :32], wide[..., 32:40]
+    expected = torch_reference(q_latent, q_rope, cache, meta, 0.2)  # (attend_paged takes the batch in order)
+    order = torch.randperm(n, generator=g).to(DEVICE)
+    meta.slot_mapping, meta.token_seq_index, meta.token_query_index = (
+        meta.slot_mapping[order], meta.token_seq_index[order], meta.token_query_index[order])
+    got = mla_paged_attention(wide[order][..., :32], wide[order][..., 32:40], cache, meta, 0.2, num_splits=2)
+    torch.testing.assert_close(got, expected[order], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["decode", "tree", "ragged"])
+def test_the_layer_chooses_the_kernel_under_the_triton_backend(layout, monkeypatch):
+    """MultiHeadLatentAttention's absorbed form: the same output and cache under either backend, and the
+    kernel runs under the Triton one (and only there)."""
+    import outpace.attention.mla_kernels as kernels
+
+    g = torch.Generator().manual_seed(11)
+    shape = MLAShape(hidden_size=24, num_heads=3, q_lora_rank=None, kv_lora_rank=36, qk_nope_head_dim=6,
+                     qk_rope_head_dim=8, v_head_dim=5, scale=0.25)
+    torch.manual_seed(0)
+    layer = MultiHeadLatentAttention(shape, RotaryEmbedding(8, 512, 10000.0)).to(DEVICE)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.3)
+    layer.expand_min_query_len = 10 ** 6  # always absorbed
+    meta, num_blocks = make_meta(layout, 16, g)
+    n = meta.slot_mapping.shape[0]
+    x = torch.randn(n, 24, generator=g).to(DEVICE)
+    positions = (meta.seq_lens - meta.query_lens)[meta.token_seq_index] + meta.token_query_index
+    calls = []
+    real = kernels.mla_paged_attention
+    monkeypatch.setattr(kernels, "mla_paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs = {}
+    for backend in ("torch", "triton"):
+        layer.bind_cache(num_blocks, 16, torch.float32, DEVICE)
+        with torch.no_grad(), forward_context(meta, get_backend(backend)):
+            outs[backend] = (layer(positions, x), layer.cache_rows.clone())
+        assert len(calls) == (backend == "triton")
+    torch.testing.assert_close(outs["triton"][0], outs["torch"][0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(outs["triton"][1], outs["torch"][1])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.parametrize("layout", ["decode", "verify", "tree"])
+def test_bf16_at_the_v2_lite_shape(layout):
+    g = torch.Generator().manual_seed(2)
+    meta, num_blocks = make_meta(layout, 16, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 16, 1, 576, generator=g).to(DEVICE, torch.bfloat16)
+    q_latent = torch.randn(n, 16, 512, generator=g).to(DEVICE, torch.bfloat16)
+    q_rope = torch.randn(n, 16, 64, generator=g).to(DEVICE, torch.bfloat16)
+    expected = torch_reference(q_latent.float(), q_rope.float(), cache.float(), meta, 192 ** -0.5)
+    got = mla_paged_attention(q_latent, q_rope, cache, meta, 192 ** -0.5).float()
+    assert ((got - expected).norm() / expected.norm()).item() < 2e-2
+
+
+def test_deepseek_greedy_tokens_under_the_triton_backend(tmp_path):
+    """A small DeepSeek-V3 target end to end through the engine: the same greedy tokens with the MLA kernel
+    (decode, and prefill chunks short enough for the absorbed form) as with the torch path."""
+    from helpers.hf_models import save_hf_model
+    from outpace import LLM, SamplingParams
+    from test_deepseek import make_hf_deepseek
+
+    path = str(save_hf_model(make_hf_deepseek("v3-plain"), tmp_path))
+    prompts, params = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]], SamplingParams(temperature=0, max_tokens=6)
+    outs = {backend: [o.token_ids for o in LLM(path, attention_backend=backend, block_size=4, device=DEVICE,
+                                               dtype="float32").generate(prompts, params)]
+            for backend in ("torch", "triton")}
+    assert outs["triton"] == outs["torch"]

@@ -1,0 +1,299 @@
+"""The grouped-expert kernels (layers/moe_kernels.py) against the eager experts (layers/moe.py run_experts)
+in Triton's interpreter (fp32 on the CPU; bf16 and the DeepSeek-V2-Lite shape on the GPU): decode and verify
+batches whose tokens share experts, top_k > 1, experts nobody chose, an odd hidden and expert size, every
+expert chosen by one token (a prefill-sized batch, the large blocks), and the block layout of the routing
+sort. The stacked weights are views of the experts' parameters.
+
+Every activation the kernels take (SiLU-gated, GELU-tanh-gated, SiLU with Step-3.5's clamps, relu2 ungated)
+in every weight layout of ``RoutedExperts`` (expert modules, packed gate/up, separate stacks) equals
+run_experts; and every MoE family's module (DeepSeek, Qwen3-Next, Nemotron-H, Step-3.5, Gemma 4) computes with
+the kernels what it computes eagerly, its eager output being what its code computed before RoutedExperts."""
+from __future__ import annotations
+
+import copy
+import json
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from outpace.layers.activation import ACTIVATIONS  # noqa: E402
+from outpace.layers.decoder import GatedMLP, pack_projections  # noqa: E402
+from outpace.layers.linear import project  # noqa: E402
+from outpace.layers.moe import ExpertActivation, MoE, RoutedExperts, Routing, run_experts  # noqa: E402
+from outpace.layers.moe_kernels import _align_kernel, grouped_experts, max_blocks  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def randomise(module: torch.nn.Module, std: float = 0.3) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, std)
+    return module
+
+
+def make_moe(hidden: int, inter: int, experts: int, top_k: int, dtype=torch.float32) -> MoE:
+    routing = Routing(num_experts=experts, top_k=top_k, scoring="softmax")
+    moe = MoE(hidden, routing, inter, 0, lambda size, bias, **_: GatedMLP(hidden, size, "silu", bias))
+    return randomise(moe).to(DEVICE, dtype)
+
+
+def kernel_out(experts: RoutedExperts, x, weights, ids):
+    return grouped_experts(x, weights, ids, *experts.stacks(), activation=experts.activation.kernel,
+                           limit=experts.activation.limit)
+
+
+def routing_of(n: int, experts: int, top_k: int, shared: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [n, top_k] float32, ids [n, top_k]): distinct experts per token; with ``shared`` every token
+    draws from the same few experts, so tokens share them."""
+    g = torch.Generator().manual_seed(seed)
+    pool = min(experts, top_k + 1) if shared else experts
+    ids = torch.stack([torch.randperm(pool, generator=g)[:top_k] for _ in range(n)])
+    weights = torch.rand(n, top_k, generator=g)
+    return weights.to(DEVICE), ids.to(DEVICE)
+
+
+@pytest.mark.parametrize("n, experts, top_k, shared", [
+    (1, 8, 3, False),    # decode, one token
+    (5, 8, 3, True),     # verify of k+1 = 5 tokens over 4 experts: every expert seen by several tokens
+    (7, 16, 2, False),   # experts nobody chose
+    (4, 6, 6, False),    # top_k = experts
+])
+def test_grouped_experts_equal_the_eager_experts(n, experts, top_k, shared):
+    moe = make_moe(hidden=40, inter=24, experts=experts, top_k=top_k)
+    x = torch.randn(n, 40, device=DEVICE)
+    weights, ids = routing_of(n, experts, top_k, shared, seed=n)
+    expected = run_experts(x, weights, ids, moe.experts)
+    torch.testing.assert_close(kernel_out(moe.experts, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_sized_batch_takes_the_large_blocks():
+    """More pairs than 16 per expert: 64-row blocks, experts with several blocks, ragged last blocks."""
+    moe = make_moe(hidden=24, inter=20, experts=4, top_k=2)
+    n = 70
+    x = torch.randn(n, 24, device=DEVICE)
+    weights, ids = routing_of(n, 4, 2, shared=False, seed=3)
+    expected = run_experts(x, weights, ids, moe.experts)
+    torch.testing.assert_close(kernel_out(moe.experts, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_routing_sort_fills_whole_blocks_of_one_expert():
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2]], device=DEVICE)  # expert 3 four times, 0 twice
+    pairs, block_m = ids.numel(), 16
+    blocks = max_blocks(pairs, 5, block_m)
+    sorted_pairs = torch.full((blocks * block_m,), -7, dtype=torch.int32, device=DEVICE)
+    block_expert = torch.full((blocks,), -7, dtype=torch.int32, device=DEVICE)
+    _align_kernel[(1,)](ids.reshape(-1), sorted_pairs, block_expert, pairs, blocks, NUM_EXPERTS=5, BLOCK_E=16,
+                        BLOCK_M=block_m, CHUNK=4)  # chunks of 4 pairs: the running counts carry across chunks
+    assert block_expert.tolist() == [0, 1, 2, 3] + [-1] * (blocks - 4)
+    rows = sorted_pairs.view(blocks, block_m)[:4].tolist()
+    real = [[p for p in row if p != pairs] for row in rows]
+    assert real == [[1, 4], [3], [7], [0, 2, 5, 6]]  # pair = token * top_k + slot, stable within an expert
+    assert all(p == pairs for row in rows for p in row[len([q for q in row if q != pairs]):])
+
+
+def test_stacked_weights_are_views_of_the_expert_parameters():
+    moe = make_moe(hidden=16, inter=8, experts=4, top_k=2)
+    pack_projections(moe)  # serving packs each expert's gate/up first: the stack must take those over
+    gate, up, down = moe.experts.stacks()
+    assert moe.experts.stacks()[0] is gate  # built once
+    with torch.no_grad():
+        moe.experts[2].up_proj.weight.mul_(2.0)
+        moe.experts[1].down_proj.weight.zero_()
+    assert torch.equal(up[2], moe.experts[2].up_proj.weight)
+    assert torch.equal(moe.experts[2].gate_up.weight, torch.cat((gate[2], up[2])))
+    assert moe.experts[2].gate_up.weight.data_ptr() == gate[2].data_ptr()
+    assert not down[1].any()
+    x = torch.randn(3, 16, device=DEVICE)
+    weights, ids = routing_of(3, 4, 2, shared=True, seed=1)
+    torch.testing.assert_close(kernel_out(moe.experts, x, weights, ids), run_experts(x, weights, ids, moe.experts),
+                               rtol=1e-5, atol=1e-5)
+    moe.to(torch.float64)  # new storage: restacked
+    assert moe.experts.stacks()[0].dtype == torch.float64
+
+
+# ---- every activation, every layout --------------------------------------------------------------------------
+
+class UngatedMLP(torch.nn.Module):
+    """Nemotron-H's expert (models/nemotron_h.py): down(act(up(x)))."""
+
+    def __init__(self, hidden: int, inter: int, act: str) -> None:
+        super().__init__()
+        self.up_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.down_proj = torch.nn.Linear(inter, hidden, bias=False)
+        self.act = act
+
+    def forward(self, x):
+        return self.down_proj(ACTIVATIONS[self.act](self.up_proj(x)))
+
+
+def routed_experts(layout: str, activation: ExpertActivation, hidden=24, inter=20, experts=6) -> RoutedExperts:
+    if layout == "modules":
+        mlp = (partial(GatedMLP, hidden, inter, activation.name) if activation.gated else
+               partial(UngatedMLP, hidden, inter, activation.name))
+        module = RoutedExperts(activation, [mlp() for _ in range(experts)])
+    else:
+        module = RoutedExperts(activation, stacked=(experts, hidden, inter), packed=layout == "packed")
+    return randomise(module).to(DEVICE)
+
+
+CASES = {  # id -> (layout, activation)
+    "silu-modules": ("modules", ExpertActivation("silu")),
+    "gelu_tanh-packed": ("packed", ExpertActivation("gelu_pytorch_tanh")),
+    "gelu_new-modules": ("modules", ExpertActivation("gelu_new")),
+    "silu-clamped-separate": ("separate", ExpertActivation("silu", limit=0.7)),
+    "silu-separate": ("separate", ExpertActivation("silu")),
+    "relu2-ungated-modules": ("modules", ExpertActivation("relu2", gated=False)),
+    "relu2-ungated-separate": ("separate", ExpertActivation("relu2", gated=False)),
+}
+
+
+@pytest.mark.parametrize("n, shared", [(1, False), (5, True), (40, False)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_activation_and_layout_equals_run_experts(case, n, shared):
+    experts = routed_experts(*CASES[case])
+    x = torch.randn(n, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    weights, ids = routing_of(n, 6, 2, shared, seed=n)
+    expected = run_experts(x, weights, ids, experts.eager_experts())
+    experts.kernels = True
+    torch.testing.assert_close(experts(x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernels_take_the_activation_they_are_given():
+    """The same weights under another activation, without the clamp, or ungated give other outputs (so the
+    equalities above pin each formula down), and the clamp is active at these sizes."""
+    x = torch.randn(5, 24, device=DEVICE)
+    weights, ids = routing_of(5, 6, 2, shared=True, seed=5)
+    base = routed_experts("separate", ExpertActivation("silu", limit=0.7))
+    outs = [kernel_out(base, x, weights, ids)]
+    for activation in ("silu", "gelu_tanh"):
+        outs.append(grouped_experts(x, weights, ids, *base.stacks(), activation=activation))
+    outs.append(grouped_experts(x, weights, ids, None, *base.stacks()[1:], activation="relu2"))
+    for i in range(len(outs)):
+        for j in range(i):
+            assert (outs[i] - outs[j]).abs().max() > 1e-3, (i, j)
+
+
+def test_the_kernels_serve_cuda_tensors_without_autograd_only(monkeypatch):
+    """They have no backward: with autograd on (training) the experts run eagerly even on CUDA."""
+    import outpace.layers.moe_kernels as kernels
+
+    experts = routed_experts("modules", ExpertActivation("silu"))
+    calls = []
+    monkeypatch.setattr(kernels, "grouped_experts", lambda *a, **k: calls.append(1) or run_experts(*a[:3], experts))
+    x = torch.randn(3, 24, device=DEVICE, requires_grad=True)
+    weights, ids = routing_of(3, 6, 2, shared=True, seed=0)
+    experts(x, weights, ids).sum().backward()
+    assert not calls and x.grad is not None and experts[0].down_proj.weight.grad is not None
+    with torch.no_grad():
+        experts(x, weights, ids)
+    assert len(calls) == (DEVICE == "cuda")
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="clamp"):
+        ExpertActivation("relu2", gated=False, limit=1.0)
+    with pytest.raises(ValueError, match="grouped experts compute"):
+        grouped_experts(torch.zeros(1, 4), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long), None,
+                        torch.zeros(2, 3, 4), torch.zeros(2, 4, 3), activation="gelu")
+    assert ExpertActivation("gelu").kernel is None  # erf GELU: no kernel, the eager experts
+
+
+# ---- every MoE family's module ---------------------------------------------------------------------------------
+
+def family_model(family: str, tmp_path) -> torch.nn.Module:
+    """The outpace model of a family's tiny test config (tests/hybrid_models.py, test_step3p5.py,
+    test_gemma.py), random weights."""
+    import transformers
+
+    from outpace.config import ModelConfig
+    from outpace.models.loader import build_model
+
+    if family in ("qwen3_next", "nemotron_h"):
+        from helpers.hybrid_models import HYBRIDS
+
+        cls_name, extra = HYBRIDS[family]
+        arch = {"qwen3_next": "Qwen3NextForCausalLM", "nemotron_h": "NemotronHForCausalLM"}[family]
+        getattr(transformers, cls_name)(**extra, architectures=[arch]).save_pretrained(tmp_path)
+    elif family == "gemma4":
+        from test_gemma import GEMMA4_MOE_SHARED
+
+        config = transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED, architectures=["Gemma4ForCausalLM"])
+        config.save_pretrained(tmp_path)
+    elif family == "step3p5":
+        from test_step3p5 import CONFIG
+
+        (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    else:
+        from test_deepseek import make_hf_deepseek
+
+        config = make_hf_deepseek("v3-yarn").config
+        config.architectures = ["DeepseekV3ForCausalLM"]
+        config.save_pretrained(tmp_path)
+    return randomise(build_model(ModelConfig.from_pretrained(tmp_path), torch.float32, DEVICE)).eval()
+
+
+def previous_experts(module: RoutedExperts, family: str) -> list:
+    """The routed experts as each family's code computed them before RoutedExperts."""
+    if family == "step3p5":  # Step3p5MoE.expert
+        from outpace.models.step3p5 import clamped_swiglu
+
+        def expert(e, x):
+            act = clamped_swiglu(project(x, module.gate_proj.weight[e]), project(x, module.up_proj.weight[e]),
+                                 module.activation.limit)
+            return project(act, module.down_proj.weight[e])
+    elif family == "gemma4":  # Gemma4Experts.expert
+        def expert(e, x):
+            gate, up = F.linear(x, module.gate_up_proj[e]).chunk(2, dim=-1)
+            return F.linear(ACTIVATIONS[module.activation.name](gate) * up, module.down_proj[e])
+    else:  # an nn.ModuleList of the family's MLPs
+        return torch.nn.ModuleList(module.per_expert)
+    return [partial(expert, e) for e in range(len(module))]
+
+
+def family_moe(owner: torch.nn.Module, experts: RoutedExperts, x: torch.Tensor) -> torch.Tensor:
+    """The family's MoE block over x [n, hidden]: its router, its routed experts and its shared experts
+    (Gemma 4: the layer's router and experts; the layer adds the dense MLP)."""
+    return experts.run(x, *owner.router(x)) if hasattr(owner, "router") else owner(x)
+
+
+@pytest.mark.parametrize("family, kernel", [("deepseek", "silu"), ("qwen3_next", "silu"), ("nemotron_h", "relu2"),
+                                            ("step3p5", "silu"), ("gemma4", "gelu_tanh")])
+def test_each_family_moe_equals_its_previous_output_and_the_kernels(family, kernel, tmp_path):
+    model = family_model(family, tmp_path)
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
+    assert found, f"{family}: no RoutedExperts"
+    for i, (name, experts) in enumerate(found):
+        owner = experts if hasattr(experts, "gate") else model.get_submodule(name.rpartition(".")[0])
+        assert experts.activation.kernel == kernel
+        x = torch.randn(9, experts.stacks()[2].shape[1], device=DEVICE)
+        weights, ids = routing_of(9, len(experts), 2, shared=True, seed=i)
+        with torch.no_grad():
+            experts.kernels = False
+            eager, eager_block = experts.run(x, weights, ids), family_moe(owner, experts, x)
+            assert torch.equal(eager, run_experts(x, weights, ids, previous_experts(experts, family)))
+            experts.kernels = True
+            torch.testing.assert_close(experts.run(x, weights, ids), eager, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(family_moe(owner, experts, x), eager_block, rtol=1e-5, atol=1e-5)
+    if family == "step3p5":
+        assert {m.activation.limit for _, m in found} == {None, 0.3}  # clamped layers run through the clamp
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite expert shape: GPU only")
+@pytest.mark.parametrize("n", [1, 4, 8, 32])
+def test_bf16_at_the_v2_lite_shape(n):
+    moe = make_moe(hidden=2048, inter=1408, experts=64, top_k=6, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.02)
+    x = torch.randn(n, 2048, device=DEVICE, dtype=torch.bfloat16)
+    weights, ids = routing_of(n, 64, 6, shared=False, seed=n)
+    reference = copy.deepcopy(moe.experts).float()  # before the kernel stacks them (its parameters become views)
+    got = kernel_out(moe.experts, x, weights, ids)
+    expected = run_experts(x.float(), weights, ids, reference)  # float32 reference
+    assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2

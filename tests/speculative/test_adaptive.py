@@ -1,0 +1,162 @@
+"""Adaptive speculation (speculative/adaptive.py): the draft shape (chain length, tree width) changes from
+step to step, output stays lossless, and a drafter whose drafts are useless ends up not drafting at all."""
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers.oracle_proposer import OracleProposer
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.registry import PROPOSERS
+from outpace.speculative.adaptive import DraftLengthChooser
+from outpace.speculative.proposer import DraftShape, draft_shapes
+
+PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
+ZOO = "zoo/tinypy"
+EAGLE3 = SpeculativeConfig("eagle3", "zoo/tinypy-eagle3", num_steps=5, adaptive=True)
+EAGLE3_TREE = SpeculativeConfig("eagle3", "zoo/tinypy-eagle3", topk=4)  # adaptive: 5 steps, 16 nodes
+
+
+def _prompts(n: int) -> list[str]:
+    return json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"][:n]
+
+
+def test_config_is_adaptive_unless_the_shape_is_given():
+    assert SpeculativeConfig("ngram").adaptive and SpeculativeConfig("ngram").num_steps == 5
+    assert not SpeculativeConfig("ngram", num_steps=3).adaptive
+    assert draft_shapes(SpeculativeConfig("ngram", num_steps=3)) == (DraftShape(3),)
+    assert [s.num_steps for s in draft_shapes(SpeculativeConfig("ngram"))] == [0, 1, 2, 3, 4, 5]
+    tree = SpeculativeConfig("eagle3", "d", num_steps=4, topk=2, num_draft_tokens=8, adaptive=True)
+    assert draft_shapes(tree) == (*(DraftShape(k) for k in range(5)), DraftShape(4, 2, 8))
+    # a wide tree also offers its narrower trees of the same depth and nodes, the most nodes last
+    assert EAGLE3_TREE.adaptive and (EAGLE3_TREE.num_steps, EAGLE3_TREE.num_draft_tokens) == (5, 16)
+    assert draft_shapes(EAGLE3_TREE) == (*(DraftShape(k) for k in range(6)), DraftShape(5, 2, 16), DraftShape(5, 4, 16))
+    # topk 4 at depth 2 fills 16 nodes (1 + 4 + 16 candidates), topk 2 cannot (1 + 2 + 4): not offered
+    shallow = SpeculativeConfig("eagle3", "d", num_steps=2, topk=4, num_draft_tokens=16, adaptive=True)
+    assert draft_shapes(shallow)[-2:] == (DraftShape(2), DraftShape(2, 4, 16))
+
+
+def test_chooser_takes_the_best_tokens_per_second():
+    shapes = [DraftShape(k) for k in range(4)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k, cost in enumerate((1.0, 1.2, 1.4, 1.6)):
+        chooser.record_cost(1, DraftShape(k), cost)
+    for _ in range(200):  # drafts 1 and 2 always accepted, draft 3 never
+        chooser.observe(DraftShape(3), [2])
+    # E(k) = 1, 2, 3, 3 tokens for 1.0, 1.2, 1.4, 1.6: k = 2 is best
+    assert [round(a, 2) for a in chooser.acceptance()] == [1.0, 1.0, 0.0]
+    assert chooser.choose(1) == DraftShape(2)
+    for _ in range(400):  # now nothing is accepted: plain decoding wins
+        chooser.observe(DraftShape(3), [0])
+    assert chooser.choose(1) == DraftShape(0)
+
+
+def test_each_request_keeps_its_own_acceptance_and_the_batch_takes_their_mean():
+    """A request that accepts everything and one that accepts nothing, verified together: the batch-wide rates
+    are their mixture; alone, each follows its own (the first drafts the longest chain, the second none), a
+    new request follows the batch, and a finished one's counts are dropped."""
+    shapes = [DraftShape(k) for k in range(4)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k in range(4):
+        chooser.record_cost(2, DraftShape(k), 1.0 + 0.1 * k)
+    for _ in range(300):
+        chooser.observe(DraftShape(3), [3, 0], ["repeats", "sampled"])
+    assert chooser.acceptance(None, "repeats") == pytest.approx([1.0, 1.0, 1.0], abs=0.03)  # the prior: 4 of ~104
+    assert chooser.acceptance(None, "sampled") == pytest.approx([0.0, 1.0, 1.0], abs=0.03)  # 2-3: the batch-wide
+    assert chooser.expected_tokens(DraftShape(3), ["repeats"]) == pytest.approx(4, abs=0.1)
+    assert chooser.expected_tokens(DraftShape(3), ["repeats", "sampled"]) == pytest.approx(2.5, abs=0.1)
+    assert chooser.choose(2, ["repeats"]) == DraftShape(3)
+    assert chooser.choose(2, ["sampled"]) == DraftShape(0)   # the tail of a closed batch: plain decoding
+    assert chooser.choose(2, ["new"]) == chooser.choose(2)   # no history: the batch-wide choice
+    chooser.forget("sampled")
+    assert chooser.acceptance(None, "sampled") == chooser.acceptance()
+
+
+def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
+    """A tree's accepted path reaches each depth more often than a chain's: each tree shape keeps its own
+    acceptance, so a narrow tree that accepts more is chosen over a wide one at the same cost, and a chain
+    once the trees cost too much for the batch."""
+    chain, narrow, wide = DraftShape(5), DraftShape(5, 2, 16), DraftShape(5, 4, 16)
+    shapes = [DraftShape(k) for k in range(6)] + [narrow, wide]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for _ in range(300):
+        chooser.observe(chain, [1])    # chains: draft 1 accepted, draft 2 never
+        chooser.observe(narrow, [4])   # the narrow tree reaches depth 4
+        chooser.observe(wide, [3])     # the wide one depth 3
+    assert [round(a, 2) for a in chooser.acceptance()] == [1.0, 0.0, 0.6, 0.6, 0.6]  # (depths never tried: prior)
+    assert chooser.expected_tokens(narrow) == pytest.approx(5, abs=0.01)
+    assert chooser.expected_tokens(wide) == pytest.approx(4, abs=0.01)
+    assert chooser.expected_tokens(DraftShape(3)) == pytest.approx(2, abs=0.01)
+    for k in range(6):  # small batch: every shape costs about the same
+        chooser.record_cost(1, DraftShape(k), 1.0 + 0.01 * k)
+    chooser.record_cost(1, narrow, 1.1)
+    chooser.record_cost(1, wide, 1.1)
+    assert chooser.choose(1) == narrow
+    for k in range(6):  # large batch: 16 verified nodes per request cost three times a step of 2
+        chooser.record_cost(32, DraftShape(k), 1.0 + 0.1 * k)
+    chooser.record_cost(32, narrow, 3.0)
+    chooser.record_cost(32, wide, 3.0)
+    assert chooser.choose(32) == DraftShape(1)  # 2 tokens for 1.1 beats 5 for 3.0
+
+
+def test_probes_take_the_longest_chain_and_each_tree_in_turn():
+    narrow, wide = DraftShape(5, 2, 16), DraftShape(5, 4, 16)
+    chooser = DraftLengthChooser([DraftShape(k) for k in range(6)] + [wide, narrow], probe_every=2)
+    for s in chooser.shapes:
+        chooser.record_cost(1, s, 1.0)
+    probes = [chooser.choose(1) for _ in range(12)][1::2]
+    assert probes == [DraftShape(5), narrow, wide] * 2
+
+
+def test_every_unknown_cost_is_tried_once_and_probes_refresh_acceptance():
+    shapes = [DraftShape(k) for k in range(3)]
+    chooser = DraftLengthChooser(shapes, probe_every=4)
+    tried = []
+    for _ in range(3):
+        shape = chooser.choose(8)
+        tried.append(shape)
+        chooser.record_cost(8, shape, 1.0 + shape.num_steps)
+    assert sorted(s.num_steps for s in tried) == [0, 1, 2]
+    assert chooser.choose(8) == shapes[-1]  # the 4th step is a probe
+
+
+@pytest.mark.parametrize("spec", [EAGLE3, EAGLE3_TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_lossless_while_the_number_of_drafts_changes(temperature, spec):
+    """A chooser forced through every shape in turn (for a tree: every chain length and both tree widths):
+    greedy output equals plain decoding, token for token; sampled requests run through every shape too
+    (their distribution is checked against the target's, with the shapes changing, in
+    test_lossless_sampling.py's eagle3-adaptive case)."""
+    prompts = _prompts(4)
+    params = SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True, seed=1)
+    llm = LLM(ZOO, max_num_seqs=4, speculative=spec)
+    shapes, turn, used = llm.engine.runner.shapes, iter(range(10 ** 6)), set()
+    for chooser in llm.engine.runner.choosers.values():
+        chooser.choose = lambda bucket, ids: used.add(shape := shapes[next(turn) % len(shapes)]) or shape
+    outs = llm.generate(prompts, params)
+    assert used == set(shapes) and len(shapes) == (6 if spec is EAGLE3 else 8)
+    seen = [n for o in outs for n, c in enumerate(o.spec_metrics.verifies_by_num_drafts) if c]
+    assert {0, 1, 2, 3, 4, 5} <= set(seen)
+    assert all(len(o.token_ids) == 40 for o in outs)
+    if temperature == 0:
+        expected = LLM(ZOO, max_num_seqs=4).generate(prompts, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+
+
+def test_useless_drafts_are_not_drafted(monkeypatch):
+    """An oracle whose every draft is wrong: after trying each shape, the steps draft nothing but the
+    probes (one step in 64). The steps' costs are a fixed model here (each verified token adds a tenth
+    of a step), so that the choice follows acceptance alone, not a busy CPU's timing noise."""
+    record = DraftLengthChooser.record_cost
+    monkeypatch.setattr(DraftLengthChooser, "record_cost",
+                        lambda self, bucket, shape, seconds: record(self, bucket, shape, 1.0 + 0.1 * shape.num_nodes))
+    prompts = _prompts(2)
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    expected = LLM(ZOO).generate(prompts, params)
+    monkeypatch.setattr(OracleProposer, "corruption", 1.0)
+    llm = LLM(ZOO, speculative=SpeculativeConfig("oracle", "unused", num_steps=4, adaptive=True))
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    by_drafts = outs[0].spec_metrics.verifies_by_num_drafts
+    assert by_drafts[0] >= 0.9 * sum(by_drafts), by_drafts
