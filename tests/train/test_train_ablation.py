@@ -1,4 +1,4 @@
-"""benchmarks/train_ablation.py builds a valid recipe for every variant of every method at every size
+"""benchmarks/scripts/train_ablation.py builds a valid recipe for every variant of every method at every size
 (a DFlash size whose continuations held fewer anchor positions than it asked for failed only when its
 turn came, minutes into a run)."""
 import importlib.util
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_ablation.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "train_ablation.py"
 spec = importlib.util.spec_from_file_location("train_ablation", SCRIPT)
 ablation = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ablation)

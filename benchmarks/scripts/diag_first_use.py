@@ -1,0 +1,97 @@
+"""What a request pays on first use on the GPU (issue 15 diagnosis): Triton compilations and garbage
+collections, timed, and the engine steps they fall in.
+
+``python3 benchmarks/scripts/diag_first_use.py readme``: the README's main command in this process (EAGLE3 on the
+zoo), then the same generation again; ``python3 benchmarks/scripts/diag_first_use.py e2e``: bench e2e's first
+rows (the zoo target generates and is dropped, then plain decoding on the zoo widened to 8B, its warm-up
+rounds and its timed batch-1 greedy run), with every step over 30 ms listed with what happened in it."""
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.runtime.jit as triton_jit
+
+events: list[tuple[float, str, float]] = []  # (end time, what, seconds)
+
+
+def _hook_compiles() -> None:
+    real = triton_jit.JITFunction._do_compile
+
+    def timed(self, *args, **kwargs):
+        t = time.perf_counter()
+        out = real(self, *args, **kwargs)
+        events.append((time.perf_counter(), f"compile {self.fn.__name__}", time.perf_counter() - t))
+        return out
+
+    triton_jit.JITFunction._do_compile = timed
+    started = [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif time.perf_counter() - started[0] > 1e-3:
+            events.append((time.perf_counter(), f"gc gen {info['generation']}", time.perf_counter() - started[0]))
+
+    gc.callbacks.append(on_gc)
+
+
+def _summary(since: float, label: str) -> None:
+    mine = [e for e in events if e[0] >= since]
+    print(f"{label}: {len(mine)} events, {sum(e[2] for e in mine):.2f} s: "
+          + ", ".join(f"{w} {1e3 * s:.0f} ms" for _, w, s in mine[:40]))
+
+
+def readme() -> None:
+    from outpace.cli import main
+
+    for run in (1, 2):
+        t = time.perf_counter()
+        main(["generate", "--prompt", "def fibonacci(n):"])
+        _summary(t, f"README command, run {run} in this process ({time.perf_counter() - t:.1f} s)")
+
+
+def e2e() -> None:
+    from outpace import LLM, SamplingParams
+    from outpace.bench.e2e import _run
+    from outpace.bench.widen import LLAMA_8B, widen_zoo
+
+    w = Path(".e2e_models")
+    if not (w / "tinypy" / "config.json").is_file():
+        widen_zoo("zoo", w, LLAMA_8B, dtype=torch.bfloat16)
+    prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    t = time.perf_counter()
+    zoo = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=32)
+    _run(zoo, prompts, 1, greedy, 8)
+    del zoo
+    _summary(t, "zoo target")
+    t = time.perf_counter()
+    llm = LLM(str(w / "tinypy"), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024)
+    _summary(t, "plain engine start")
+    for label, params, count in (("warm-up prefills", greedy.replace(max_tokens=4), 8),
+                                 ("warm-up decode", greedy, 1), ("timed", greedy, 8)):
+        steps, real_step = [], llm.engine.step
+
+        def step():
+            s = time.perf_counter()
+            out = real_step()
+            steps.append((s, time.perf_counter()))
+            return out
+
+        llm.engine.step = step
+        t = time.perf_counter()
+        _, seconds, steady = _run(llm, prompts, 1, params, count)
+        llm.engine.step = real_step
+        _summary(t, f"{label}: {seconds:.2f} s, steady {steady:.0f} tokens/s")
+        for s, e in steps:
+            if e - s > 0.03:
+                inside = [f"{w} {1e3 * d:.0f} ms" for end, w, d in events if s <= end <= e]
+                print(f"  step of {1e3 * (e - s):.0f} ms: {', '.join(inside) or 'nothing logged'}")
+
+
+if __name__ == "__main__":
+    _hook_compiles()
+    {"readme": readme, "e2e": e2e}[sys.argv[1]]()
