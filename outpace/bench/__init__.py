@@ -1,1 +1,1 @@
-"""Benchmarks: results are data (JSON/CSV under benchmarks/), never test assertions."""
+"""Benchmarks: results are data (JSON/CSV under benchmarks/results/), never test assertions."""

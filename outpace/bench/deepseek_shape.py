@@ -281,7 +281,7 @@ if __name__ == "__main__":  # python -m outpace.bench.deepseek_shape OUT_DIR: th
 
     from outpace.bench.gpu import copy_bandwidth
 
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks")
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/gpu_bench")
     out.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth()
     with tempfile.TemporaryDirectory() as tmp:

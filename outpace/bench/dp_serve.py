@@ -12,7 +12,7 @@ its graphs).
 Two baselines of one replica: the single server as users run it (the engine in the server's process) and
 ``--engine-process`` (the engine in a process of its own, as each of the two replicas runs), so the two-replica
 ratio can be read against either: at 256 streams one replica's tokens/s stayed where they were at 64 while
-two replicas' rose 2.7x (benchmarks/multi_gpu/dp_ab_h200_run), which points at the host work the in-process
+two replicas' rose 2.7x (benchmarks/results/multi_gpu/dp_ab_h200_run), which points at the host work the in-process
 engine shares with the HTTP event loop.
 
 Each stream sends ``dp_requests / dp_streams`` requests one after another (8): with 3, a level lasted 3-4 s, of

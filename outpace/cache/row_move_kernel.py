@@ -1,6 +1,6 @@
 """One Triton launch that moves token rows inside every paged cache tensor of a model (the tree commit of
 cache/kv_cache.py ``CacheRows``), instead of a gather and a scatter per tensor: 2 launches x 2 tensors x
-32 layers took 0.47 ms of an 8B-shaped batch-1 tree step on the H100 (benchmarks/diag_spec_step.py).
+32 layers took 0.47 ms of an 8B-shaped batch-1 tree step on the H100 (benchmarks/scripts/diag_spec_step.py).
 
 The tensors are reached through a table of their base addresses (the way SGLang's
 ``copy_all_layer_kv_cache`` kernel reaches every layer's buffer), so one program serves one

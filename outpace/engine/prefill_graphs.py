@@ -1,10 +1,10 @@
 """A step's prefill chunks as one captured forward, each chunk padded to a token bucket.
 
 An eager prefill forward of the 8B shape spends about 20 ms launching kernels for about 7 ms of GPU
-work (benchmarks/diag_prefill.py). At low load each request is prefilled alone, so that launch time is
+work (benchmarks/scripts/diag_prefill.py). At low load each request is prefilled alone, so that launch time is
 most of what a request costs beyond its decode steps, and the time to its first token; under a server's
 load a few short prompts (or their uncached suffixes) join at most steps, beside the decoding batch
-(benchmarks/diag_closed_loop.py). A step whose prefill part is ``n`` chunks of ``c_i`` tokens replays
+(benchmarks/scripts/diag_closed_loop.py). A step whose prefill part is ``n`` chunks of ``c_i`` tokens replays
 instead the forward captured for the smallest key ``(K, P)`` with ``K >= n`` chunks and ``P >= max c_i``
 tokens a chunk (``K * P`` at most the largest bucket): chunk i's tokens and ``P - c_i`` padding tokens at
 KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row; chunks n .. K - 1 are the

@@ -9,7 +9,7 @@ layers, engines without graphs) run eagerly, and the paged attention kernel
 picks its tile height from the chunk's longest query (16 to 128 rows of query tokens times the GQA
 group), and its KV split, with the combine kernel's width, from the grid's size and the block table's
 capacity (attention/triton_kernels.launch_config). On an H100 each new variant costs the request that
-meets it one to two seconds of compiling (benchmarks/diag_first_use.py: the README's command spent 25
+meets it one to two seconds of compiling (benchmarks/scripts/diag_first_use.py: the README's command spent 25
 of its 53 s compiling and reported 27 tokens/s; a short uncached suffix after a long cached prefix met
 new variants on every length class). The warm-up runs chunks of every power-of-two length up to
 ``LONGEST_WARM_QUERY`` (every tile height, whatever the group) after cached prefixes of every power of

@@ -1,7 +1,7 @@
 """layers/sampler.py's counter-based random numbers as two Triton kernels, for the GPU: the same bits as
 its torch code (which stays the CPU path and the reference: tests/kernels/test_random_kernel.py), in one launch
 each instead of one launch per int64 operation (a temperature-0.8 EAGLE3 step made about 150 of those,
-some 0.4 ms at batch 1 on the H100: benchmarks/diag_spec_step.py).
+some 0.4 ms at batch 1 on the H100: benchmarks/scripts/diag_spec_step.py).
 
 splitmix64's finaliser and increment, as in sampler.py (Steele, Lea and Flood 2014), on uint64, where
 shifts are logical and products wrap."""

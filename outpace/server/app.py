@@ -548,7 +548,7 @@ def run_server(engine_config: EngineConfig, host: str = "127.0.0.1", port: int =
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(engine_config, **app_kwargs)
     # NOTE: the engine's objects live as long as the process: frozen, the garbage collector's full passes
-    # no longer scan them (one took 0.1-0.3 s inside a decode step on the H100: benchmarks/diag_first_use.py;
+    # no longer scan them (one took 0.1-0.3 s inside a decode step on the H100: benchmarks/scripts/diag_first_use.py;
     # vLLM freezes its start-up heap likewise).
     gc.collect()
     gc.freeze()

@@ -2,7 +2,7 @@
 down a verified tree. speculative/tree.py and speculative/verify.py keep the torch code, which the CPU
 runs and tests compare against (tests/kernels/test_tree_kernels.py); on the GPU each of their depth loops cost
 some 8 tiny launches per level, about 0.15 ms of an 8B-shaped batch-1 tree step on the H100
-(benchmarks/diag_spec_step.py). One program serves one request's tree."""
+(benchmarks/scripts/diag_spec_step.py). One program serves one request's tree."""
 from __future__ import annotations
 
 import torch

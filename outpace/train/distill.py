@@ -136,7 +136,7 @@ class DistillRecipe:
         Its budget is ``max_minutes``, and with ``total_minutes`` also no more than what the run has left, less
         ``heldout_reserve_minutes``: on a machine that generates the data slower than usual, the loop shortens
         and the held-out run still fits (a ten-minute device command stopped one run seconds before its loop
-        ended, benchmarks/train_zoo_h100_alone). A resumed run's loop also counts the loop time already spent.
+        ended, benchmarks/results/train_zoo_h100_alone). A resumed run's loop also counts the loop time already spent.
         """
         minutes = self.max_minutes
         if self.total_minutes is not None:
@@ -203,7 +203,7 @@ class DistillData:
             prompts = self.stream.windows(num_continuations, prompt_len, torch.Generator().manual_seed(seed)).tolist()
         self.starts = torch.tensor([len(p) for p in prompts], dtype=torch.int64)  # [rows]
         # every wave decodes generation_batch rows in step after its prompts are in: that one batch size is captured
-        # (the default ladder cost about 20 s of an H100 run's start-up, benchmarks/train_zoo_h100_alone)
+        # (the default ladder cost about 20 s of an H100 run's start-up, benchmarks/results/train_zoo_h100_alone)
         self.continuations = target_continuations(  # [rows, seq_len]
             target_dir, prompts, self.seq_len, device, temperature, seed=seed, ranks=ranks, max_num_seqs=generation_batch,
             num_kv_blocks=generation_batch * self.seq_len // 16 + 64, max_num_batched_tokens=16384,

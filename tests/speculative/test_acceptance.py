@@ -3,10 +3,10 @@ little under the measured values, so a change that silently lowers acceptance fa
 
 Measured on these 16 prompts (CPU, fp32) for the drafts the zoo ships now: EAGLE3 chain (5 steps) tau 4.02 and
 tree (topk 4, 16 draft tokens) 4.71 (the draft read the target's last layer, drafted over its whole vocabulary
-and trained 5.4 min on an H100 on 49152 target continuations, 2026-11-27, benchmarks/train_zoo_h100_alone); MTP
-(3 chained layers, fine-tuned 4.0 min on an H200, 2026-11-28, benchmarks/train_mtp_h200) 3.15; standalone draft
+and trained 5.4 min on an H100 on 49152 target continuations, 2026-11-27, benchmarks/results/train_zoo_h100_alone); MTP
+(3 chained layers, fine-tuned 4.0 min on an H200, 2026-11-28, benchmarks/results/train_mtp_h200) 3.15; standalone draft
 (5 steps) 3.25; DFlash (block 8) 3.61 (6 layers, trained 4.7 min on an H200 on 49152 continuations sampled at
-T = 0.4 and as many raw corpus windows, 2026-11-28, benchmarks/train_dflash_depth; the draft before it measured 3.69
+T = 0.4 and as many raw corpus windows, 2026-11-28, benchmarks/results/train_dflash_depth; the draft before it measured 3.69
 here and 3.73 against this one's 3.79 on all 24 prompts). The floors sit 0.05-0.1 under them: CPU BLAS builds
 round differently, and a near tie flipped changes which drafts a prompt accepts."""
 import json

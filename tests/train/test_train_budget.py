@@ -57,7 +57,7 @@ def test_a_resumed_run_plans_from_its_own_steps_within_what_is_left(monkeypatch)
 
 def test_a_resumed_run_does_not_calibrate_on_its_warm_up(monkeypatch):
     """A resumed process compiles its step again: its first steps are slow. Calibrating on them shortened a
-    resumed DFlash run from 8882 to 5903 steps on an H200 (benchmarks/train_ceiling/): the window opens a
+    resumed DFlash run from 8882 to 5903 steps on an H200 (benchmarks/results/train_ceiling/): the window opens a
     third of the way into calibration_steps after the step the process starts at, as it does at step 0."""
     opt = OptimConfig(steps=100_000, max_minutes=1.0)
     steps, seconds = run(monkeypatch, lambda s: 5.0 if s < 3002 else 0.01, opt, first_step=3000, spent=20.0)

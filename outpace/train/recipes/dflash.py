@@ -26,18 +26,18 @@ Why continuations sampled at temperature 0.4, neither greedy nor 0.8: at tempera
 rows 1 .. i - 1 were the target's greedy tokens, and a draft cannot see the tokens between the anchor and row i, so
 a label is what greedy verification asks for only when the sampled tokens before it are argmax tokens; sampling
 gives more varied text to learn on. At T = 0.8 the zoo target's sampled tokens are its argmax 72% of the time and
-row 7's label is on that path for 0.21 of anchors; at T = 0.4, 93% and 0.71 (benchmarks/diag_dflash_label_path.py).
-At the zoo's whole-run budget (about 9 minutes on an H200, 49152 continuations; benchmarks/train_dflash_depth)
+row 7's label is on that path for 0.21 of anchors; at T = 0.4, 93% and 0.71 (benchmarks/scripts/diag_dflash_label_path.py).
+At the zoo's whole-run budget (about 9 minutes on an H200, 49152 continuations; benchmarks/results/train_dflash_depth)
 held-out tau at T = 0 was, for 2 / 4 / 6 layers (intermediate 640 / 256 / 128), 2.85 / 3.38 / 3.47 with T = 0.8 data
 and 3.02 / 3.49 / - with greedy data; 6 layers with T = 0.4 data reached 3.73 (greedy and T = 0.2: 3.59 and 3.60, on
 a 9% shorter budget). T = 0.8 data gives the best tau at temperature 1 (2.05 against 1.85). The 650-step ablation
-row "greedy data" (benchmarks/train_ablation_gpu) is far earlier in training, where sampled data won.
+row "greedy data" (benchmarks/results/train_ablation_gpu) is far earlier in training, where sampled data won.
 
 Why half of each batch is raw corpus windows: the 6-layer draft over-fits 49152 continuations (its last batch agreed
 with the target on 0.91 of block row 1, held-out 0.80), and twice the continuations cost the budget's training
 time in generation (tau 2.91). Corpus windows cost no generation; their labels are still the target's argmax, and
 their anchors may fall anywhere in the window. At the same budget they gave 3.79 (T = 1: 2.04) against 3.73
-(1.85), and 1.85 against 1.77 in the 500-step ablation (benchmarks/train_ablation_gpu_500steps).
+(1.85), and 1.85 against 1.77 in the 500-step ablation (benchmarks/results/train_ablation_gpu_500steps).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class DFlashRecipe(TrajectoryDistillRecipe):
     init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
     max_checkpoint_mib: float | None = None       # bf16 size budget of the saved draft (the zoo's: 4)
     max_minutes: float | None = 4.5
-    compile_step: bool = True                     # H100, batch 128: 2.4x eager (benchmarks/train_compile); its
+    compile_step: bool = True                     # H100, batch 128: 2.4x eager (benchmarks/results/train_compile); its
                                                   # check, tests/train/test_train_compile.py, passed there 2026-11-27
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ borrows the target's embedding (the checkpoint has no ``embed_tokens``). Its hea
 vocabulary of the ``draft_vocab_size`` most frequent target ids in the training data (32000, SpecForge's
 configs' value, or the whole vocabulary when that is smaller: a token outside the draft vocabulary can never be
 drafted, and on the zoo's 4096-token target the 2048 most frequent ids covered only 94% of its greedy tokens;
-the whole vocabulary took chain tau 3.61 -> 3.95 on the CPU, benchmarks/train_zoo_h100_alone).
+the whole vocabulary took chain tau 3.61 -> 3.95 on the CPU, benchmarks/results/train_zoo_h100_alone).
 
 The recipe is the published one (EAGLE-3, arXiv 2503.01840, section 3: training-time test; SpecForge's
 ``OnlineEagle3Model``, specforge/core/eagle3.py, and its training loop, scripts/train_eagle3.py):
@@ -17,7 +17,7 @@ The recipe is the published one (EAGLE-3, arXiv 2503.01840, section 3: training-
   continuation every TTT step sees exactly the inputs serving verifies. Half of each batch
   (``corpus_fraction`` 0.5) is raw corpus windows, labelled by the target's distributions there: they
   teach step 0 the target's function over far more text than its own continuations cover (on the CPU,
-  held-out tau 2.34 -> 2.65 at T=0 and 1.61 -> 1.90 at T=1 at equal steps, benchmarks/train_experiments);
+  held-out tau 2.34 -> 2.65 at T=0 and 1.61 -> 1.90 at T=1 at equal steps, benchmarks/results/train_experiments);
 - ``ttt_steps`` 7 unrolled steps (SpecForge's ``length=7``);
 - soft labels: the target's distribution at the label position, restricted to the draft vocabulary and
   renormalised there (SpecForge: ``target_p = softmax(target_logits[..., t2d])``);
@@ -77,7 +77,7 @@ class Eagle3Recipe(TrajectoryDistillRecipe):
     eval_num_steps: int = 5                     # chain length of the held-out acceptance run
     corpus_fraction: float = 0.5                # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 4.5
-    compile_step: bool = True                   # H100, batch 256: 1.2M tokens/s, eager 0.41M (benchmarks/train_compile)
+    compile_step: bool = True                   # H100, batch 256: 1.2M tokens/s, eager 0.41M (benchmarks/results/train_compile)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -237,7 +237,7 @@ def ttt_attention(q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], 
     expanded for it), and a compiled training step keeps it as that kernel. The hand-written form (causal
     scores, diagonal dot products, one softmax over their concatenation) was compiled wrongly by Inductor
     (torch 2.11, H100): its gradients matched eager on the call that compiled it, then were off by 10^3-10^4
-    relative on every later call (benchmarks/diag_compile_parts.py, benchmarks/train_compile/README.md).
+    relative on every later call (benchmarks/scripts/diag_compile_parts.py, benchmarks/results/train_compile/README.md).
     """
     b, heads, t, d = q.shape
     group = heads // kv[0][0].shape[1]  # GQA: query head h reads kv head h // group

@@ -55,7 +55,7 @@ class MTPRecipe(TrajectoryDistillRecipe):
     warmup_steps: int = 50
     corpus_fraction: float = 0.5      # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 3.0
-    compile_step: bool = True         # H100, batch 128: 1.7x eager (benchmarks/train_compile); its check,
+    compile_step: bool = True         # H100, batch 128: 1.7x eager (benchmarks/results/train_compile); its check,
                                       # tests/train/test_train_compile.py, passed on an H200 2026-11-28
 
     def __post_init__(self) -> None:
