@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from outpace.config import EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
+from outpace.config import EngineConfig, SpeculativeConfig  # noqa: E402
+from outpace.sampling_params import SamplingParams  # noqa: E402
 from outpace.engine.engine import LLMEngine  # noqa: E402
 from outpace.engine.scheduler import is_decoding  # noqa: E402
 from outpace.server.bench import load_prompts  # noqa: E402
@@ -79,7 +80,7 @@ class _Watch:
             self.prefill_chunks = [s.num_new_tokens for s, d in zip(batch, decoding) if not d]
             return batch
         engine.scheduler.schedule = watched_schedule
-        for chooser in engine.runner.choosers.values():
+        for chooser in engine.choosers.values():
             choose = chooser.choose
 
             def watched_choose(bucket, request_ids=(), _choose=choose, _chooser=chooser):

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from outpace import LLM, SamplingParams
 from outpace.bench.e2e import drafters
 from outpace.bench.widen import LLAMA_8B, widen_zoo
-from outpace.engine.decode_step import SamplingMode, StepKey
+from outpace.engine.step_key import SamplingMode, StepKey
 from outpace.speculative.proposer import DraftShape
 
 work = Path(".e2e_models")
@@ -48,11 +48,11 @@ for method, temperature, shapes in CASES:
     mode = SamplingMode.of([params])
     for shape in shapes:
         key = StepKey(1, shape, mode)
-        if key not in runner.decode_step._graphs:
-            print(method, shape, "not captured; captured shapes:", sorted({k.shape for k in runner.decode_step._graphs}, key=str))
+        if key not in runner.decode_step.graphs:
+            print(method, shape, "not captured; captured shapes:", sorted({k.shape for k in runner.decode_step.graphs}, key=str))
             continue
         replay_ms = 1e3 * runner.profile(key, repeats=50)
-        graph = runner.decode_step._graphs[key]
+        graph = runner.decode_step.graphs[key]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 graph.replay()

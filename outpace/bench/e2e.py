@@ -31,7 +31,7 @@ from outpace import LLM, SamplingParams
 from outpace.bench.widen import LLAMA_8B, widen_zoo
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
-from outpace.engine.decode_step import SamplingMode
+from outpace.engine.step_key import SamplingMode
 from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
@@ -150,7 +150,7 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
                 if spec.num_verifies:
                     row["tau"] = spec.acceptance_length
                     row["verifies_by_num_drafts"] = spec.verifies_by_num_drafts
-                chooser = llm.engine.runner.choosers.get(SamplingMode.of([params]))
+                chooser = llm.engine.choosers.get(SamplingMode.of([params]))
                 if chooser is not None:  # what adaptive speculation knew after the row
                     shapes = llm.engine.runner.shapes
                     row["chooser"] = {"acceptance": {s.label: chooser.acceptance(s) for s in shapes if s.num_steps},

@@ -21,7 +21,7 @@ from outpace import LLM
 from outpace.bench.gpu import time_decode
 from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count
 from outpace.config import SpeculativeConfig
-from outpace.engine.decode_step import SamplingMode
+from outpace.engine.step_key import SamplingMode
 
 BATCHES, CONTEXT, MTP_STEPS = (1, 8), 512, 3
 
@@ -78,7 +78,7 @@ def run_hybrid_bench(workdir: Path, bandwidth: float) -> dict:
     torch.cuda.empty_cache()
     llm = _build(workdir, SpeculativeConfig("mtp", num_steps=MTP_STEPS, adaptive=True))
     runner = llm.engine.runner
-    chooser = runner.choosers[SamplingMode.GREEDY]  # its costs: each captured step profiled at start-up
+    chooser = llm.engine.choosers[SamplingMode.GREEDY]  # its costs: each captured step profiled at start-up
     for batch in BATCHES:
         bucket = min(b for b in runner.graph_buckets if b >= batch)
         costs = {s.num_steps: c for (bk, s), c in chooser.costs.items() if bk == bucket}

@@ -154,7 +154,7 @@ def fits_one_device(shape: dict, device: str, tp: int) -> tuple[bool, str]:
     """Whether a bf16 model of ``shape`` fits ``tp`` devices (weights within 90% of each one's memory)."""
     if not device.startswith("cuda"):
         return True, ""
-    from outpace.config import ModelConfig
+    from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
 
     params = sum(p.numel() for p in build_model(ModelConfig.from_dict(shape), torch.bfloat16, "meta").parameters())
@@ -420,10 +420,10 @@ class Run:
         GPU; on the CPU, measured by running steps), and the oracle speed-ups they give."""
         from outpace.bench.hybrid_shape import oracle_speedups
         from outpace.engine.cuda_graphs import bucket_for
-        from outpace.engine.decode_step import SamplingMode
+        from outpace.engine.step_key import SamplingMode
 
         runner = llm.engine.runner
-        chooser = runner.choosers[SamplingMode.GREEDY]
+        chooser = llm.engine.choosers[SamplingMode.GREEDY]
         for batch in self.plan.batches:
             bucket = bucket_for(runner.graph_buckets, batch) or batch
             costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}

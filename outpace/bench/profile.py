@@ -26,7 +26,7 @@ from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.bench.gpu import ZOO_DRAFTERS, build_8b
 from outpace.engine.cuda_graphs import bucket_for
-from outpace.engine.decode_step import SamplingMode, StepKey
+from outpace.engine.step_key import SamplingMode, StepKey
 from outpace.speculative.proposer import DraftShape
 from outpace.config import SpeculativeConfig
 from outpace.layers import fused_projection
@@ -64,7 +64,7 @@ def _gpu_busy(prof) -> tuple[float, int]:
 def _recapture_decode(engine) -> None:
     """Capture the decode steps again (after a launch setting changed); the old graphs are freed
     before the new capture, not by a later collection."""
-    engine.runner.decode_step._graphs.clear()
+    engine.runner.decode_step.graphs.clear()
     gc.collect()
     engine.runner.capture(engine.runner.graph_buckets)
 
@@ -109,7 +109,7 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward()
             torch.cuda.synchronize()
-        graph = runner.decode_step._graphs[_decode_key(engine, batch)]
+        graph = runner.decode_step.graphs[_decode_key(engine, batch)]
         with profile(activities=[ProfilerActivity.CUDA]) as graph_prof:
             for _ in range(3):
                 graph.replay()
@@ -169,7 +169,7 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
         torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
     runner = engine.runner
-    replay = _replay_ms(runner.decode_step._graphs[StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1],
+    replay = _replay_ms(runner.decode_step.graphs[StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1],
                                                           SamplingMode.GREEDY)])  # the longest draft shape
     produced, steps = sum(len(o.token_ids) for o in outs), len(step_ms)
     steady = sorted(step_ms[3:])

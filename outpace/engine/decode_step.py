@@ -22,8 +22,6 @@ are captured at start-up; the others run the same function eagerly.
 """
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
@@ -33,60 +31,13 @@ from outpace.cache.kv_cache import CacheRows
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.request_table import RequestTable
+from outpace.engine.step_key import SamplingMode, StepKey
 from outpace.layers.logits_processing import TokenLogprobs, apply_token_bitmask, count_tokens, token_logprobs
-from outpace.layers.sampler import is_greedy
 from outpace.request import VERIFY
 from outpace.speculative.chain import chain_drafts
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
 from outpace.speculative.tree import ancestor_mask
 from outpace.speculative.verify import verify_chain, verify_tree
-
-
-class SamplingMode(enum.Enum):
-    """What a batch's sampling needs, a host flag fixed per captured step: every request greedy
-    (argmax only); some sample from their temperature alone; some also apply top-k, top-p or min-p
-    (a sort over the vocabulary per verified row)."""
-    GREEDY = "greedy"
-    SAMPLE = "sample"
-    FILTERED = "filtered"
-
-    @classmethod
-    def of(cls, params: list) -> SamplingMode:
-        sampled = [p for p in params if not is_greedy(p)]
-        if not sampled:
-            return cls.GREEDY
-        filtered = any((p.top_k or 0) > 0 or (p.top_p if p.top_p is not None else 1.0) < 1.0 or (p.min_p or 0.0) > 0
-                       for p in sampled)
-        return cls.FILTERED if filtered else cls.SAMPLE
-
-
-@dataclass(frozen=True)
-class LogitsFeatures:
-    """What a batch asks of the target's logits beyond sampling (host flags fixed per step):
-    ``penalties``: some request has penalties or a logit bias; ``grammar``: some request has a grammar;
-    ``logprobs``: the most top log-probabilities a request wants (0: only the chosen token's; None: none)."""
-    penalties: bool = False
-    grammar: bool = False
-    logprobs: int | None = None
-
-    @classmethod
-    def of(cls, params: list) -> LogitsFeatures:
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
-        return cls(any(p.penalized for p in params), any(p.structured_outputs is not None for p in params),
-                   max(wanted) if wanted else None)
-
-    @property
-    def any(self) -> bool:
-        return self.penalties or self.grammar or self.logprobs is not None
-
-
-@dataclass(frozen=True)
-class StepKey:
-    """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly)."""
-    bucket: int
-    shape: DraftShape
-    mode: SamplingMode
-    features: LogitsFeatures = field(default_factory=LogitsFeatures)
 
 
 class StepRows(NamedTuple):
@@ -113,18 +64,18 @@ class DecodeStep:
         # The step's input: each row's row (padding rows: the padding row). Static, so captured
         # graphs read it; the host writes it before each launch.
         self.batch_indices = torch.full((max_seqs,), req_table.padding_index, dtype=torch.int64, device=req_table.device)
-        self._graphs: dict[StepKey, CapturedCall] = {}
+        self.graphs: dict[StepKey, CapturedCall] = {}  # the captured steps (CUDA; eager replays elsewhere)
 
     def capture(self, key: StepKey, memory_pool=None) -> None:
         """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
-        self._graphs[key] = CapturedCall(lambda: self.step(key), self.req_table.device, memory_pool)
+        self.graphs[key] = CapturedCall(lambda: self.step(key), self.req_table.device, memory_pool)
 
     def run(self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None) -> torch.Tensor:
         """Run the step for the rows in ``batch_indices[:key.bucket]``: the captured graph of the key when
         there is one (full-width block tables), else eagerly over the first ``width`` table columns.
         ``token_masks``: the grammar's masks (a key with ``features.grammar``). Returns the step's packed
         outputs (``unpack``)."""
-        graph = self._graphs.get(key)
+        graph = self.graphs.get(key)
         return graph.replay() if graph is not None else self.step(key, width, token_masks)
 
     def step(self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None) -> torch.Tensor:
@@ -181,6 +132,13 @@ class DecodeStep:
         if key.features.grammar:
             logits = apply_token_bitmask(logits, token_masks(drafts))
         return logits
+
+    def state_buffers(self, key: StepKey) -> list[torch.Tensor]:
+        """Every per-request buffer a step of this key advances (each indexed by request row first)."""
+        table = self.req_table
+        counts = [table.output_counts] if key.features.penalties else []
+        drafter = self.proposer.state() if self.proposer is not None else []
+        return [table.lengths, table.last_tokens] + self.states.tensors() + counts + drafter
 
     @staticmethod
     def unpack(host: list[int], key: StepKey, n: int) -> StepRows:

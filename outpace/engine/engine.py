@@ -8,7 +8,6 @@ at each step sends the other ranks what changed, so every rank schedules and run
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import sys
@@ -22,7 +21,10 @@ import torch
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
-from outpace.config import CPU_KV_BLOCKS, ConfigError, EngineConfig, ModelConfig, SamplingParams
+from outpace.config import CPU_KV_BLOCKS, EngineConfig
+from outpace.model_config import ModelConfig
+from outpace.sampling_params import SamplingParams
+from outpace.validation import ConfigError
 from outpace.detokenizer import update_text
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
@@ -33,9 +35,11 @@ from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.warm_up import warm_up_prefills
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
+from outpace.engine.step_key import SamplingMode
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.registry import proposer_class
 from outpace.request import Request, RequestOutput
+from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.structured import GrammarCompiler, GrammarTable
 from outpace.threads import configure_threads
@@ -50,7 +54,9 @@ def load_tokenizer(path: str | Path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    # NOTE: the engine refuses a prompt longer than its context itself; transformers' own limit
+    # (model_max_length) would only log a warning of indexing errors that cannot happen here.
+    return AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
 
 
 def _report(message: str, progress: bool) -> None:
@@ -84,8 +90,6 @@ class LLMEngine:
         except BaseException:
             self.ranks.close()
             raise
-        if self.lockstep is not None:  # the adaptive draft length: rank 0's choice on every rank
-            self.runner.choosers = {mode: DriverChoice(c, self.ranks.group) for mode, c in self.runner.choosers.items()}
         # (a finalizer holds no reference to the engine, so collecting it closes the ranks)
         driver = self.lockstep is not None and self.ranks.group.is_driver
         self._closer = weakref.finalize(self, close_ranks, self.lockstep if driver else None, self.ranks)
@@ -111,16 +115,22 @@ class LLMEngine:
         backend = resolve_backend_name(config.attention_backend, config.device)
         spec = config.speculative
         rows = max_pos if sizing else min(max_pos, blocks * config.block_size)
-        factory, shapes = None, (DraftShape(0),)
-        if spec.enabled:  # the drafter, once the runner knows its indices: factory(max_requests)
-            factory = functools.partial(proposer_class(spec.method), spec, self.model, self.pool, dtype=dtype,
-                                        device=config.device, attention_backend=backend)
+        self.proposer, shapes = None, (DraftShape(0),)
+        if spec.enabled:
+            self.proposer = proposer_class(spec.method)(spec, self.model, self.pool, config.max_num_seqs, dtype=dtype,
+                                                        device=config.device, attention_backend=backend)
+            self.model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
             shapes = draft_shapes(spec)
+        self.choosers = self._build_choosers(shapes)
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.grammars = GrammarTable(GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids))
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
-                                  factory, shapes, config.batch_invariant)
+                                  self.proposer, shapes, self.choosers, self.grammars, config.batch_invariant)
         decode_tokens, lookahead = shapes[-1].num_nodes, 0
         if spec.enabled:
-            lookahead = self.runner.proposer.lookahead
+            lookahead = self.proposer.lookahead
             if config.max_num_batched_tokens < decode_tokens:
                 raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
                                   f"must be >= num_draft_tokens={decode_tokens}")
@@ -136,7 +146,7 @@ class LLMEngine:
             context = min(max_pos, config.max_model_len + reserved) if config.max_model_len else max_pos
             self._size_kv_pool(profile_tokens, graph_tokens, context, reserved, progress)
         self.prefix_caching_off_reason = self._set_up_prefix_cache()
-        unsettled = self.runner.proposer.unsettled_rows if spec.enabled else 0
+        unsettled = self.proposer.unsettled_rows if spec.enabled else 0
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens,
                                    decode_tokens, lookahead, on_free=self._on_free, unsettled_rows=unsettled)
         limits = {"max_position_embeddings": max_pos - reserved,
@@ -151,14 +161,19 @@ class LLMEngine:
         if on_gpu:  # compile the eager prefill's kernel variants now, not in the first requests (engine/warm_up.py)
             warm_up_prefills(self.runner, self.pool, config.max_num_seqs, config.max_num_batched_tokens,
                              self.max_model_len)
-        self.eos_token_ids = set(self.model_config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.runner.grammars = GrammarTable(GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
-                                                            self.eos_token_ids))
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
+
+    def _build_choosers(self, shapes: tuple[DraftShape, ...]) -> dict:
+        """Adaptive speculation (several draft shapes): one draft-shape chooser per sampling mode (acceptance
+        and step costs differ between them); with several ranks, rank 0's choice is every rank's."""
+        if len(shapes) == 1:
+            return {}
+        choosers = {mode: DraftLengthChooser(list(shapes)) for mode in SamplingMode}
+        if self.lockstep is not None:
+            choosers = {mode: DriverChoice(c, self.ranks.group) for mode, c in choosers.items()}
+        return choosers
 
     def _size_kv_pool(self, profile_tokens: int, graph_tokens: int, context: int, reserved: int,
                       progress: bool) -> None:
@@ -180,9 +195,9 @@ class LLMEngine:
         """Give the pool a prefix cache unless the configuration turns it off or the models cannot use one;
         returns why it is off (None: on)."""
         enable = self.config.enable_prefix_caching
-        proposer = self.runner.proposer
+        proposer = self.proposer
         refusal = None
-        if self.runner.states.has_state:
+        if self.runner.has_recurrent_state:
             refusal = (f"the target {self.model_config.architecture} has recurrent layers (Mamba / linear "
                        f"attention), and their per-request state is not cached at block boundaries")
         elif proposer is not None:
@@ -264,7 +279,7 @@ class LLMEngine:
         bad = [t for t in (p.logit_bias or {}) if t >= self.model_config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
-        self.runner.grammars.check(req)
+        self.grammars.check(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._requests.pop(request_id, None)

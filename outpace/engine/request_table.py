@@ -64,8 +64,28 @@ class RequestTable:
         """The KV rows a row's table can address."""
         return self.tables.shape[1] * self.pool.block_size
 
+    @property
+    def held_by(self) -> set[str]:
+        """The requests that hold a row now."""
+        return set(self._index_of)
+
+    @property
+    def num_free(self) -> int:
+        """Rows no request holds (the padding row not counted)."""
+        return len(self._free)
+
     def index_of(self, request_id: str) -> int:
         return self._index_of[request_id]
+
+    @property
+    def request_ids(self) -> list[str]:
+        """The requests that hold a row."""
+        return list(self._index_of)
+
+    @property
+    def num_free(self) -> int:
+        """Rows no request holds (the padding row not counted)."""
+        return len(self._free)
 
     def holds(self, request_id: str, row: int) -> bool:
         """Whether the request holds this row now."""

@@ -1,5 +1,16 @@
-"""What running a decode step ahead needs (engine/runner.py): results copied to the host without
-blocking the stream, and the KV rows of the step after next reserved before it is launched."""
+"""Running a decode step ahead (``ModelRunner.enable_run_ahead``).
+
+Right after a decode step the next one is launched for the same requests and for those whose prefill
+the step completed, before the host reads the first one's tokens: everything it needs is already in
+the request state on the device (a prefill's writes are queued before it). While the GPU runs it, the
+engine appends tokens, checks stop conditions and schedules. If the next step's batch is those requests
+(or some of them, others having finished), at the lengths the step run ahead started from, its results
+serve it, whatever new prompts that step also prefills; otherwise it is dropped and the request state
+it advanced is restored, so the state is again the one after the tokens the host holds (the KV rows it
+wrote lie past every committed row, and are rewritten before anything reads them). Under a server's
+load requests end and join at most steps, so a step run ahead that a join dropped would be a step
+computed twice (benchmarks/diag_closed_loop.py).
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -7,29 +18,84 @@ from collections.abc import Sequence
 import torch
 
 from outpace.cache.block_pool import BlockPool
+from outpace.engine.decode_step import DecodeStep
+from outpace.engine.launch import DecodeLaunch
+from outpace.engine.request_table import RequestTable
+from outpace.engine.scheduler import ScheduledRequest
+from outpace.engine.step_key import StepKey
 from outpace.request import Request
+from outpace.speculative.proposer import DraftShape
 
 
-class HostCopy:
-    """values [n] (device) on their way to a host tensor; ``tolist`` waits only for them, not for
-    work queued after them."""
+def length_after(chunk: ScheduledRequest) -> int:
+    """A prefilled request's KV rows once its chunk is committed."""
+    return chunk.request.num_computed_tokens + chunk.num_new_tokens
 
-    def __init__(self, values: torch.Tensor) -> None:
-        on_gpu = values.is_cuda
-        self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=on_gpu)
-        self.host.copy_(values, non_blocking=True)
-        self.done = None
-        if on_gpu:  # on the CPU the copy above was synchronous
-            self.done = torch.cuda.Event()
-            self.done.record()
 
-    def wait(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
+class RunAhead:
+    """The one decode step launched ahead, if any, and the rule that decides whether to launch it."""
 
-    def tolist(self) -> list:
-        self.wait()
-        return self.host.tolist()
+    def __init__(self, pool: BlockPool, req_table: RequestTable, decode_step: DecodeStep, per_step: int,
+                 lookahead: int, max_model_len: int) -> None:
+        """``per_step``: the most KV rows a decode step writes per request (the largest draft shape's
+        nodes); ``lookahead``: the rows past them a drafter reads; positions stay below ``max_model_len``."""
+        self.pool, self.req_table, self.decode_step = pool, req_table, decode_step
+        self.per_step, self.lookahead = per_step, lookahead
+        self.limit = min(max_model_len, req_table.max_rows)
+        self.launch: DecodeLaunch | None = None
+
+    def ran_for(self, request_ids) -> bool:
+        """Whether the step run ahead (if any) ran for one of these requests."""
+        return self.launch is not None and any(rid in self.launch.request_ids for rid in request_ids)
+
+    def saved_state(self, key: StepKey, n: int) -> list[torch.Tensor]:
+        """The request state of the batch's first ``n`` rows before a step of ``key``, to restore on a drop."""
+        index = self.decode_step.batch_indices[:n]
+        return [t.index_select(0, index) for t in self.decode_step.state_buffers(key)]
+
+    def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:
+        """The step run ahead if it serves this batch (each request was in it, from the length it has
+        now: requests that have left since do not matter); any other is dropped."""
+        launch = self.launch
+        if launch is None:
+            return None
+        ran = dict(zip(launch.request_ids, launch.starts))
+        if request_ids and tuple(map(ran.get, request_ids)) == starts:
+            self.launch = None
+            return launch
+        self.drop()
+        return None
+
+    def drop(self) -> None:
+        """Undo the step run ahead: wait for it, then restore the request state it started from, for the
+        rows still held by the requests it ran for."""
+        launch, self.launch = self.launch, None
+        if launch is None:
+            return
+        launch.copy.wait()
+        rows = [i for i, (rid, index) in enumerate(zip(launch.request_ids, launch.req_indices))
+                if self.req_table.holds(rid, index)]
+        if not rows:
+            return
+        device = self.req_table.device
+        kept = torch.tensor(rows, device=device)
+        indices = torch.tensor([launch.req_indices[i] for i in rows], device=device)
+        for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved):
+            buffer.index_copy_(0, indices, saved.index_select(0, kept))
+
+    def may_launch(self, reqs: list[Request], shape: DraftShape, joining: list[ScheduledRequest],
+                   captured: bool) -> bool:
+        """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` and
+        ``joining`` (whose prefill this step completes): ``captured`` (a graph holds the batch), no
+        grammar (its masks need this step's tokens), and its rows reserved for any acceptance of this one
+        (``reserve_rows``)."""
+        ahead = reqs + [s.request for s in joining]
+        if not captured or any(r.params.structured_outputs is not None for r in ahead):
+            return False
+        extra = self.per_step + self.lookahead + 1
+        rows = [r.num_computed_tokens + self.per_step + extra for r in reqs]
+        rows += [length_after(s) + extra for s in joining]
+        return reserve_rows(self.pool, ahead, rows, self.limit, committed=shape.num_steps + 1)
 
 
 def reserve_rows(pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int, committed: int) -> bool:

@@ -68,16 +68,18 @@ def test_only_the_chosen_batch_sizes_are_captured(prompts, reference):
 
 
 def _count_run_ahead_hits(llm: LLM) -> dict:
-    """Counts steps whose results came from a step run ahead (engine/runner.py)."""
-    owner = llm.engine.runner
-    hits, take = {"hits": 0}, owner._take_ahead
+    """Counts steps whose results came from a step run ahead (engine/run_ahead.py)."""
+    owner, hits = llm.engine.runner.run_ahead, {"hits": 0}
+    if owner is None:  # run-ahead is off
+        return hits
+    take = owner.take
 
     def counting(ids, starts):
         launch = take(ids, starts)
         hits["hits"] += launch is not None
         return launch
 
-    owner._take_ahead = counting
+    owner.take = counting
     return hits
 
 
@@ -117,23 +119,23 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
     requests of different lengths, every step follows the rule (``test_run_ahead_rule`` checks the rule
     itself, whatever the zoo draft happens to accept), and each step run ahead serves the next step."""
     llm = _graphed(EAGLE3)
-    owner, dropped = llm.engine.runner, []
-    drop = owner._drop_ahead
-    owner._drop_ahead = lambda: dropped.append(owner._ahead is not None) or drop()
+    owner, dropped = llm.engine.runner.run_ahead, []
+    drop = owner.drop
+    owner.drop = lambda: dropped.append(owner.launch is not None) or drop()
     hits = _count_run_ahead_hits(llm)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for prompt in prompts:
         llm.generate([prompt], params)
     assert not any(dropped) and hits["hits"] > 10
-    decisions, may_run_ahead = [], owner._may_run_ahead
+    decisions, may_run_ahead = [], owner.may_launch
 
-    def logged(reqs, shape, joining):  # (each request's output length and max_tokens, tokens the step may commit, ran)
-        ran = may_run_ahead(reqs, shape, joining)
+    def logged(reqs, shape, joining, captured):  # (each request's output length and max_tokens, tokens the step may commit, ran)
+        ran = may_run_ahead(reqs, shape, joining, captured)
         ahead = reqs + [s.request for s in joining]
         decisions.append(([(r.num_output_tokens, r.params.max_tokens) for r in ahead], shape.num_steps + 1, ran))
         return ran
 
-    owner._may_run_ahead = logged
+    owner.may_launch = logged
     params, expected = reference
     hits["hits"] = 0
     assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == expected[:2]  # 12 and 17 tokens
@@ -151,20 +153,20 @@ def test_a_join_keeps_the_step_run_ahead_and_rides_in_the_next(prompts, referenc
     request rides in the step run ahead next, and every token equals plain greedy decoding."""
     params, expected = reference
     llm = _graphed(spec)
-    owner, dropped, joined = llm.engine.runner, [], []
-    drop, may_run_ahead = owner._drop_ahead, owner._may_run_ahead
-    owner._drop_ahead = lambda: dropped.append(owner._ahead is not None) or drop()
+    owner, dropped, joined = llm.engine.runner.run_ahead, [], []
+    drop, may_run_ahead = owner.drop, owner.may_launch
+    owner.drop = lambda: dropped.append(owner.launch is not None) or drop()
 
-    def logged(reqs, shape, joining):
-        ran = may_run_ahead(reqs, shape, joining)
+    def logged(reqs, shape, joining, captured):
+        ran = may_run_ahead(reqs, shape, joining, captured)
         joined.append(ran and bool(reqs) and bool(joining))
         return ran
 
-    owner._may_run_ahead = logged
+    owner.may_launch = logged
     hits = _count_run_ahead_hits(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert not any(dropped) and any(joined) and hits["hits"] > 10
-    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not owner.indices._index_of
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not owner.indices.request_ids
 
 
 DRAFTERS = pytest.mark.parametrize("spec", [
@@ -182,7 +184,7 @@ def _counting_steps(llm: LLM) -> dict:
     run = iteration.run
 
     def counting(key, *args):
-        calls["captured" if key in iteration._graphs else "eager"] += 1
+        calls["captured" if key in iteration.graphs else "eager"] += 1
         return run(key, *args)
 
     iteration.run = counting
@@ -201,7 +203,7 @@ def test_captured_iteration_is_lossless_across_batch_changes(prompts, reference,
     assert calls["captured"] > 10 and calls["eager"] == 0  # every decode step replayed a captured key
     assert hits["hits"] > 5  # and many of them were run ahead
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
-    assert not llm.engine.runner.req_table._index_of  # every row released
+    assert not llm.engine.runner.req_table.request_ids  # every row released
 
 
 @DRAFTERS
@@ -246,7 +248,7 @@ def test_eagle3_padded_pending_rows_are_never_read(prompts):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     eager = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3).generate(prompts[:3], params)
     llm = _graphed(EAGLE3)
-    proposer = llm.engine.runner.proposer
+    proposer = llm.engine.proposer
     draft = proposer.draft
 
     def poisoned(rows, shape):
@@ -274,4 +276,4 @@ def test_captured_iteration_survives_preemption(prompts, reference, spec):
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert llm.engine.pool.num_free == 14
-    assert not llm.engine.runner.req_table._index_of
+    assert not llm.engine.runner.req_table.request_ids

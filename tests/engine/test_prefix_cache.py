@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from helpers.engine_fuzz import run_with_aborts
 from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
-from outpace.cache.kv_cache import bound_caches
+from outpace.cache.kv_cache import pool_cache_tensors
 from outpace.cache.prefix_cache import PrefixCache
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.server.metrics import ServerMetrics
 from helpers.zoo_drafters import zoo_drafters
 
@@ -154,7 +155,7 @@ def settled_rows(llm, request_id: str, num_rows: int) -> list:
     table = torch.tensor(pool.table(request_id))
     rows = torch.arange(num_rows)
     index = table[rows // pool.block_size] * pool.block_size + rows % pool.block_size
-    return [t.flatten(0, 1)[index] for model, _, _ in pool._bound for layer in bound_caches(model) for t in layer]
+    return [t.flatten(0, 1)[index] for t in pool_cache_tensors(pool)]
 
 
 @pytest.mark.parametrize("method", ["eagle3-chain", "mtp", "draft", "dflash"])
@@ -171,7 +172,7 @@ def test_a_hit_gives_the_drafter_the_kv_it_would_have_computed(method, shared_pr
         turn = first.prompt_token_ids + first.token_ids + shared_prompts[3][:5]
         rid = llm.engine.add_request(turn, GREEDY)
         llm.engine.step()
-        settled = len(turn) - llm.engine.runner.proposer.unsettled_rows
+        settled = len(turn) - llm.engine.proposer.unsettled_rows
         rows[caching] = settled_rows(llm, rid, settled)
         if caching:
             assert llm.engine.scheduler.running[0].num_computed_tokens == len(turn)
@@ -218,7 +219,7 @@ def test_cached_blocks_are_evicted_under_pressure_and_outputs_stay_right(llama_d
         outs += llm.generate(prompts[i:i + 3], params)
     assert [o.token_ids for o in outs] == expected
     pool = llm.engine.pool
-    assert pool.num_free == 16 and pool.prefix_cache.num_idle == 16 - len(pool._free)
+    assert pool.num_free == 16 and pool.prefix_cache.num_idle == 16 - pool.num_empty
     assert pool.prefix_cache.stats.hits == 0             # the pool held nothing of a prompt three rounds back
     repeat = llm.generate(prompts[-3:], params)          # the most recent ones are still there
     assert [o.token_ids for o in repeat] == expected[-3:]
@@ -235,19 +236,21 @@ def test_block_accounting_with_shared_blocks(llama_dir, requests, speculative):
     hold as many entries as the blocks' reference counts; everything returns at the end."""
     llm = tight_cached_llm(llama_dir, speculative)
     engine, pool = llm.engine, llm.engine.pool
+    blocks = range(1, pool.num_blocks + 1)
 
     def check() -> None:
         tables = [pool.table(r.request_id) for r in engine.scheduler.running]
         held = {b for t in tables for b in t}
         assert pool.num_free + len(held) == pool.num_blocks
-        assert sum(map(len, tables)) == sum(pool._refs)
-        assert all(pool._refs[b] == 0 for b in pool._free) and not held & set(pool._free)
-        assert set(engine.runner.req_table._index_of) <= {r.request_id for r in engine.scheduler.running}
+        assert sum(map(len, tables)) == sum(pool.num_holders(b) for b in blocks)
+        assert all(pool.num_holders(b) == 0 for b in blocks if pool.is_empty(b))
+        assert not any(pool.is_empty(b) for b in held)
+        assert set(engine.runner.req_table.request_ids) <= {r.request_id for r in engine.scheduler.running}
 
     run_with_aborts(engine, [([(stem * 41 + j * 3) % 200 for j in range(plen)] + [i], *rest)
                              for i, (stem, plen, *rest) in enumerate(requests)], check)
-    assert pool.num_free == pool.num_blocks and not any(pool._refs)
-    assert not engine.runner.req_table._index_of and not pool._tables
+    assert pool.num_free == pool.num_blocks and not any(pool.num_holders(b) for b in blocks)
+    assert not engine.runner.req_table.request_ids and not pool.request_ids
 
 
 _tight = {}

@@ -43,7 +43,7 @@ def test_graphed_decode_equals_eager_torch_backend_fp32():
     kwargs = dict(device="cuda", dtype="float32", max_num_seqs=8)
     eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, attention_backend="torch", **kwargs).generate(prompts, params)
     graphed = LLM(str(ZOO / "tinypy"), **kwargs)
-    assert all(call.graph is not None for call in graphed.engine.runner.decode_step._graphs.values())
+    assert all(call.graph is not None for call in graphed.engine.runner.decode_step.graphs.values())
     assert [o.token_ids for o in graphed.generate(prompts, params)] == [o.token_ids for o in eager]
 
 
@@ -59,9 +59,9 @@ def test_every_decode_step_replays_a_captured_iteration(method, temperature):
     kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=spec)
     llm = LLM(str(ZOO / "tinypy"), **kwargs)
     iteration = llm.engine.runner.decode_step
-    assert all(call.graph is not None for call in iteration._graphs.values())
+    assert all(call.graph is not None for call in iteration.graphs.values())
     replays, run = [], iteration.run
-    iteration.run = lambda key, *args: replays.append(key in iteration._graphs) or run(key, *args)
+    iteration.run = lambda key, *args: replays.append(key in iteration.graphs) or run(key, *args)
     outs = llm.generate(prompts, params)
     assert len(replays) > 5 and all(replays)
     eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, **kwargs).generate(prompts, params)
@@ -83,7 +83,7 @@ def test_prefill_chunks_replay_captured_forwards(method):
                   speculative=SPECS.get(method, SpeculativeConfig()))
     llm = LLM(tinypy, **kwargs)
     graphs = llm.engine.runner.prefill_graphs
-    assert graphs.buckets == (16, 32, 64) and all(call.graph is not None for call in graphs._graphs.values())
+    assert graphs.buckets == (16, 32, 64) and all(call.graph is not None for call in graphs.graphs.values())
     keys, run = [], graphs.run
     graphs.run = lambda key, *args: keys.append(key) or run(key, *args)
     eager = LLM(tinypy, cuda_graphs=False, **kwargs)

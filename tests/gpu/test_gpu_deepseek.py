@@ -1,7 +1,7 @@
 """GPU-only (skipped without CUDA): a small DeepSeek target (MLA over the latent cache + MoE) runs its decode
 iteration as captured CUDA graphs, with the MLA kernel and the grouped-expert kernels inside, and gives in
 fp32 the tokens of the same engine run eagerly and of the eager torch attention path; speculation (n-gram
-chains) stays lossless with graphs. Shapes as tests/test_deepseek.py's (kv_lora_rank 36, vocab 203, expert
+chains) stays lossless with graphs. Shapes as tests/helpers/deepseek_models.py's (kv_lora_rank 36, vocab 203, expert
 groups, dense first layers), V2 and V3 routing."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
+from helpers.deepseek_models import make_hf_deepseek
 from helpers.hf_models import save_hf_model
-from test_deepseek import make_hf_deepseek
 
 PROMPTS = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2, 17, 40, 33, 2, 9, 11, 3, 101, 7], list(range(13)) * 2,
            [200, 3]]
@@ -32,9 +32,9 @@ def tokens(llm: LLM) -> list[list[int]]:
 def test_captured_decode_equals_eager_fp32(target):
     graphed = LLM(target, **KWARGS)
     iteration = graphed.engine.runner.decode_step
-    assert iteration._graphs and all(call.graph is not None for call in iteration._graphs.values())
+    assert iteration.graphs and all(call.graph is not None for call in iteration.graphs.values())
     replays, run = [], iteration.run
-    iteration.run = lambda key, *args: replays.append(key in iteration._graphs) or run(key, *args)
+    iteration.run = lambda key, *args: replays.append(key in iteration.graphs) or run(key, *args)
     got = tokens(graphed)
     assert len(replays) > 5 and all(replays)  # every decode step a replay: nothing in the forward syncs
     assert got == tokens(LLM(target, cuda_graphs=False, **KWARGS))  # the same kernels, eagerly
@@ -46,7 +46,7 @@ def test_captured_decode_equals_eager_fp32(target):
 def test_captured_speculation_is_lossless_fp32(target):
     plain = tokens(LLM(target, cuda_graphs=False, attention_backend="torch", **KWARGS))
     llm = LLM(target, speculative=SpeculativeConfig("ngram", num_steps=3, ngram_min=1), **KWARGS)
-    assert all(call.graph is not None for call in llm.engine.runner.decode_step._graphs.values())
+    assert all(call.graph is not None for call in llm.engine.runner.decode_step.graphs.values())
     assert tokens(llm) == plain
 
 

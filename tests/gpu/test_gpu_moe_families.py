@@ -3,7 +3,7 @@ graphs with the grouped-expert kernels inside (layers/moe.py RoutedExperts: noth
 the host), and gives in fp32 the tokens of the same engine run eagerly and of the CPU (run_experts); n-gram
 speculation stays lossless with graphs. Families and their expert activations: Qwen3-Next (SiLU, a gated
 shared expert), Nemotron-H (relu2, ungated), Step-3.5 (SiLU with swiglu_limits clamps, stacked experts),
-Gemma 4 (GELU-tanh, packed gate/up). DeepSeek's are tests/test_gpu_deepseek.py."""
+Gemma 4 (GELU-tanh, packed gate/up). DeepSeek's are tests/gpu/test_gpu_deepseek.py."""
 from __future__ import annotations
 
 import pytest
@@ -24,11 +24,11 @@ def save_family(family: str, path):
 
         return save_hybrid(make_hybrid(family), path)
     if family == "step3p5":
-        from test_step3p5 import CONFIG, write_checkpoint
+        from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
 
         return write_checkpoint(path, CONFIG)[0]
+    from helpers.gemma_models import make_gemma
     from helpers.hf_models import save_hf_model
-    from test_gemma import make_gemma
 
     return save_hf_model(make_gemma("gemma4-moe-kv-shared"), path)
 
@@ -52,9 +52,9 @@ def test_captured_decode_equals_eager_and_the_cpu_fp32(target):
     vocab = FAMILIES[family][0]
     graphed = LLM(path, **KWARGS)
     iteration = graphed.engine.runner.decode_step
-    assert iteration._graphs and all(call.graph is not None for call in iteration._graphs.values())
+    assert iteration.graphs and all(call.graph is not None for call in iteration.graphs.values())
     replays, run = [], iteration.run
-    iteration.run = lambda key, *args, **kwargs: replays.append(key in iteration._graphs) or run(key, *args, **kwargs)
+    iteration.run = lambda key, *args, **kwargs: replays.append(key in iteration.graphs) or run(key, *args, **kwargs)
     got = tokens(graphed, vocab)
     assert len(replays) > 5 and all(replays)  # every decode step a replay: nothing in the forward syncs
     assert got == tokens(LLM(path, cuda_graphs=False, **KWARGS), vocab)  # the same kernels, eagerly
@@ -67,7 +67,7 @@ def test_captured_speculation_is_lossless_fp32(target):
     vocab = FAMILIES[family][0]
     plain = tokens(LLM(path, cuda_graphs=False, **KWARGS), vocab)
     llm = LLM(path, speculative=SpeculativeConfig("ngram", num_steps=3, ngram_min=1), **KWARGS)
-    assert all(call.graph is not None for call in llm.engine.runner.decode_step._graphs.values())
+    assert all(call.graph is not None for call in llm.engine.runner.decode_step.graphs.values())
     assert tokens(llm, vocab) == plain
 
 

@@ -132,7 +132,7 @@ def test_lossless_while_the_number_of_drafts_changes(temperature, spec):
     params = SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True, seed=1)
     llm = LLM(ZOO, max_num_seqs=4, speculative=spec)
     shapes, turn, used = llm.engine.runner.shapes, iter(range(10 ** 6)), set()
-    for chooser in llm.engine.runner.choosers.values():
+    for chooser in llm.engine.choosers.values():
         chooser.choose = lambda bucket, ids: used.add(shape := shapes[next(turn) % len(shapes)]) or shape
     outs = llm.generate(prompts, params)
     assert used == set(shapes) and len(shapes) == (6 if spec is EAGLE3 else 8)

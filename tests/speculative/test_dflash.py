@@ -13,7 +13,8 @@ from helpers.spec_models import dflash_config_dict, make_dflash_draft
 from helpers.hf_models import make_hf_model, save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.models.drafts.dflash import DFlashConfig, dflash_block_size, load_dflash_draft
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.loader import load_model
@@ -143,8 +144,8 @@ def _rows_requests(llm, rows):
 def _record_blocks(llm, monkeypatch):
     """Record (tokens, L, logits) of every request at every block forward."""
     records = []
-    proposer = llm.engine.runner.proposer
-    original = proposer._block_logits
+    proposer = llm.engine.proposer
+    original = proposer.block_logits
 
     def recording(rows, k):
         logits = original(rows, k)
@@ -153,13 +154,13 @@ def _record_blocks(llm, monkeypatch):
                        for i, (r, L) in enumerate(zip(requests, rows.lengths.tolist())) if r is not None)
         return logits
 
-    monkeypatch.setattr(proposer, "_block_logits", recording)
+    monkeypatch.setattr(proposer, "block_logits", recording)
     return records
 
 
 def _check_against_recomputation(llm, records, limit=60):
     """Each recorded block's logits equal a dense recomputation from the target's features of tokens[:L]."""
-    target, draft = llm.engine.model, llm.engine.runner.proposer.draft_model
+    target, draft = llm.engine.model, llm.engine.proposer.draft_model
     assert records
     step = max(1, len(records) // limit)
     for tokens, L, logits in records[::step]:
@@ -181,7 +182,7 @@ def test_random_dflash_is_lossless_chunked_and_preempted(target4, draft4, refere
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
     assert llm.engine.pool.num_free == 30
-    proposer = llm.engine.runner.proposer
+    proposer = llm.engine.proposer
     # target_layer_ids (0, 1, 3) mean outputs of those layers: the inputs of 1, 2 and 4 (4 = the last output)
     assert proposer.aux_layer_ids == llm.engine.model.aux_layer_ids == (1, 2, 4)
     assert proposer.lookahead == BLOCK - 1
@@ -195,7 +196,7 @@ def test_right_drafts_are_accepted_and_state_stays_exact(target4, draft4, refere
     truth = {tuple(p): p + f for p, f in zip(ps, full)}
     llm = _tight_llm(target4, draft4, num_kv_blocks=24)
     records = _record_blocks(llm, monkeypatch)
-    proposer = llm.engine.runner.proposer
+    proposer = llm.engine.proposer
     original = proposer.draft
 
     def oracle(rows, shape):

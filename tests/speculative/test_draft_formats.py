@@ -30,7 +30,7 @@ def reference(target, prompts):
 
 def record_proposals(llm) -> list[torch.Tensor]:
     """Every Drafts.token_ids [batch, 1 + drafts] the engine's proposer returns, from now on."""
-    proposer, seen = llm.engine.runner.proposer, []
+    proposer, seen = llm.engine.proposer, []
     draft = proposer.draft
 
     def wrapped(rows, shape):
@@ -193,7 +193,7 @@ def test_short_rotary_draft_runs_past_its_max_position_embeddings(llama_dir, tmp
     draft = make_eagle3_draft(llama_dir, tmp_path / "d", draft_vocab_size=150, max_position_embeddings=16)
     prompts = [[(j * 7) % 200 for j in range(30)], [3, 5, 8]]
     llm, _ = assert_lossless(llama_dir, draft, prompts=prompts, num_steps=3)
-    assert llm.engine.runner.proposer.draft_model.rotary.cos.shape[0] >= 512  # the target's context
+    assert llm.engine.proposer.draft_model.rotary.cos.shape[0] >= 512  # the target's context
 
 
 # ---- a standalone draft with a differently padded vocabulary ---------------------------------------------
@@ -241,7 +241,7 @@ def test_target_padding_ids_past_the_draft_embedding_do_not_crash(zoo_like_dir, 
 
 
 def test_padded_vocab_draft_with_another_tokenizer_is_refused(zoo_like_dir, tmp_path):
-    from outpace.config import ConfigError
+    from outpace.validation import ConfigError
 
     real = json.loads((zoo_like_dir / "config.json").read_text())["vocab_size"]
     target = save_hf_model(make_hf_model("llama", vocab_size=real + 10), tmp_path / "target")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from outpace import LLM, SamplingParams
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.speculative.metrics import SpecMetrics
 from helpers.spec_models import random_llama
 from helpers.zoo_drafters import zoo_drafters
@@ -46,7 +47,7 @@ def test_mtp_chain_beats_feeding_every_layer_the_target_state(zoo_reference):
     taus = {}
     for chained in (True, False):
         llm = LLM(TARGET, speculative=DRAFTERS["mtp"])
-        llm.engine.runner.proposer.chained = chained
+        llm.engine.proposer.chained = chained
         outs = llm.generate(prompts, GREEDY)
         assert [o.token_ids for o in outs] == expected  # lossless either way
         taus[chained] = merged(outs).acceptance_length

@@ -22,45 +22,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.hybrid_drafting import MTP_LAYERS, PROMPTS, VOCAB, save_with_mtp
 from helpers.hybrid_models import make_hybrid, save_hybrid
 from helpers.spec_models import make_dflash_draft, make_eagle3_draft
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ModelConfig, SpeculativeConfig
-from outpace.engine import iteration
-from outpace.models.loader import build_model, load_model
+from outpace.config import SpeculativeConfig
+from outpace.engine import decode_step
+from outpace.models.loader import load_model
 from outpace.speculative.drafters import draft_model as draft_proposer
 from outpace.speculative.drafters import mtp as mtp_proposer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-VOCAB = 13  # random drafters then propose the target's token now and then
-PROMPTS = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2], [2, 11]]
-MTP_LAYERS = {"qwen3_next": 1, "qwen3_5": 2}  # one layer reused step after step; two chained
 
 
 def rel_error(a, b):
     return ((a - b).norm() / b.norm()).item()
-
-
-# ---- checkpoints -------------------------------------------------------------------------------------------
-
-def save_with_mtp(variant: str, path, num_layers: int, seed: int = 1):
-    """A hybrid checkpoint with ``num_layers`` random MTP layers under Qwen's names (config.json's
-    ``mtp_num_hidden_layers``); returns (the transformers model, the directory)."""
-    hf = make_hybrid(variant, vocab_size=VOCAB)
-    save_hybrid(hf, path)
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["mtp_num_hidden_layers"] = num_layers
-    (path / "config.json").write_text(json.dumps(cfg))
-    g = torch.Generator().manual_seed(seed)
-    tensors = load_file(path / "model.safetensors")
-    for name, p in build_model(ModelConfig.from_pretrained(path), torch.float32).named_parameters():
-        if name.startswith("mtp."):  # norms around 0 ((1 + w) scales), matrices 4x transformers' init
-            tensors[name] = torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.08)
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    return hf, path
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +230,7 @@ def test_eagle3_is_lossless(variant, shape, targets, tmp_path):
     spec = SpeculativeConfig("eagle3", str(draft), num_steps=3) if shape == "chain" else \
         SpeculativeConfig("eagle3", str(draft), num_steps=3, topk=2, num_draft_tokens=6)
     llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=8, speculative=spec)
-    assert llm.engine.runner.proposer.aux_layer_ids  # the hybrid captures its layers' inputs
+    assert llm.engine.proposer.aux_layer_ids  # the hybrid captures its layers' inputs
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs(path, PROMPTS)
     assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
@@ -266,7 +245,7 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
     layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
     draft = make_dflash_draft(path, tmp_path / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1)
     expected = plain_outputs(path, PROMPTS)
-    checked, real = [], iteration.verify_chain
+    checked, real = [], decode_step.verify_chain
 
     def checking(drafts, draft_probs, logits, sampling, keys):
         result = real(drafts, draft_probs, logits, sampling, keys)
@@ -278,7 +257,7 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
         checked.append(drafts.shape[1])
         return result
 
-    monkeypatch.setattr(iteration, "verify_chain", checking)
+    monkeypatch.setattr(decode_step, "verify_chain", checking)
     llm = LLM(str(path), block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig("dflash", str(draft),
                                                                                        num_steps=3))
     outs = llm.generate(PROMPTS, GREEDY)
@@ -335,7 +314,7 @@ def drafts_of_a_run(target, draft, prompt, monkeypatch, skip_rollback=False):
     llm = LLM(str(target), block_size=4, num_kv_blocks=64, max_num_batched_tokens=4,
               speculative=SpeculativeConfig("draft", str(draft), num_steps=3))
     if skip_rollback:  # the state after the draft steps stays: commit only before them
-        states, commit, calls = llm.engine.runner.proposer.states, llm.engine.runner.proposer.states.commit, []
+        states, commit, calls = llm.engine.proposer.states, llm.engine.proposer.states.commit, []
         states.commit = lambda indices, rows: (calls.append(1), len(calls) % 2 and commit(indices, rows))
     return llm.generate([prompt], GREEDY)[0], record
 

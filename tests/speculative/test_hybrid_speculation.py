@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from helpers.engine_fuzz import request_strategy, run_with_aborts
 from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
+from helpers.hybrid_sampling import LENGTH, PROMPT, SAMPLED, TRIALS, VOCAB
 from helpers.oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
 from outpace.cache.recurrent_states import RecurrentStates
@@ -127,7 +128,7 @@ def test_ngram_drafts_are_lossless(variant, adaptive, targets):
                                                                      adaptive=adaptive))
     if adaptive:
         shapes, turn = llm.engine.runner.shapes, iter(range(10 ** 6))
-        for chooser in llm.engine.runner.choosers.values():
+        for chooser in llm.engine.choosers.values():
             chooser.choose = lambda bucket, ids: shapes[next(turn) % len(shapes)]
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == expected
@@ -153,17 +154,16 @@ def test_every_slot_and_block_returns(targets, oracle, requests, variant, shape)
         in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
         assert engine.pool.num_free + in_use == engine.pool.num_blocks
         # a state row (the request row) only while running
-        assert set(engine.runner.req_table._index_of) <= {r.request_id for r in engine.scheduler.running}
+        assert set(engine.runner.req_table.request_ids) <= {r.request_id for r in engine.scheduler.running}
 
     run_with_aborts(engine, [([(i * 31 + j) % 131 for j in range(plen)], *rest)
                              for i, (plen, *rest) in enumerate(requests)], check)
     assert engine.pool.num_free == engine.pool.num_blocks
-    assert not engine.runner.req_table._index_of and len(engine.runner.req_table._free) == engine.config.max_num_seqs
+    assert not engine.runner.req_table.request_ids
+    assert engine.runner.req_table.num_free == engine.config.max_num_seqs
 
 
 # ---- sampling: the emitted tokens follow the target's distribution --------------------------------------
-VOCAB, PROMPT, LENGTH, TRIALS = 5, [0, 1, 2, 3, 4, 1], 3, 3000
-SAMPLED = SamplingParams(temperature=0.9, max_tokens=LENGTH, ignore_eos=True)
 # one draft deep, so the third token often comes from a second verify, which reads the state the first kept
 SAMPLING_SPECS = {
     "chain": SpeculativeConfig("oracle", "unused", num_steps=1),

@@ -1,0 +1,74 @@
+"""A decode step in flight: its key, the requests it ran for, and its outputs on their way to the host."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from outpace.engine.step_key import StepKey
+
+
+class HostCopy:
+    """values [n] (device) on their way to a host tensor; ``tolist`` waits only for them, not for
+    work queued after them."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        on_gpu = values.is_cuda
+        self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=on_gpu)
+        self.host.copy_(values, non_blocking=True)
+        self.done = None
+        if on_gpu:  # on the CPU the copy above was synchronous
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+    def tolist(self) -> list:
+        self.wait()
+        return self.host.tolist()
+
+
+class StepTimer:
+    """A step's time: on CUDA the GPU's, between events around its launch (read once its outputs are on
+    the host, so without a sync of its own); elsewhere the wall time of the (synchronous) call."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.events = None
+        if device.type == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events[1].record()
+        self.elapsed = time.perf_counter() - self.t0
+
+    def seconds(self) -> float:
+        if self.events is None:
+            return self.elapsed
+        self.events[1].synchronize()
+        return self.events[0].elapsed_time(self.events[1]) / 1e3
+
+
+@dataclass
+class DecodeLaunch:
+    """A decode step in flight."""
+
+    key: StepKey
+    request_ids: tuple[str, ...]
+    starts: tuple[int, ...]  # each request's length L when the step started
+    copy: HostCopy  # its packed outputs on their way to the host
+    req_indices: list[int]  # each request's row of the request table
+    saved: list[torch.Tensor] | None = None  # run ahead: its rows' request state before it
+    timer: StepTimer | None = None  # the step's time, for the adaptive chooser
+
+    def row_of(self, request_ids: tuple[str, ...]) -> list[int]:
+        """Each of ``request_ids``' row in this launch's outputs (which may also hold requests gone since)."""
+        if request_ids == self.request_ids:
+            return list(range(len(request_ids)))
+        row = {rid: i for i, rid in enumerate(self.request_ids)}
+        return [row[rid] for rid in request_ids]
