@@ -1,6 +1,6 @@
 """Where a served engine's steps go: the offline engine under the load a server gives it, step by step.
 
-    PYTHONPATH=. python benchmarks/diag_closed_loop.py --model DIR [--method eagle3 --draft DIR] [--streams 64]
+    PYTHONPATH=. python benchmarks/scripts/diag_closed_loop.py --model DIR [--method eagle3 --draft DIR] [--streams 64]
         [--requests 512] [--max-tokens 128] [--spread 0.5] [--device cuda --dtype bfloat16] [--num-steps N]
         [--out FILE.json]
 

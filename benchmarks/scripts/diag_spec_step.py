@@ -2,7 +2,7 @@
 widened to 8B: for plain decoding and the drafters whose batch-1 targets were missed, the captured step
 of the shape adaptive speculation chooses most is replayed under torch.profiler, and its kernels are
 summed by name (per replay), next to the replay time and the time the GPU sat idle inside it.
-Run from the repository root on the GPU machine: python3 benchmarks/diag_spec_step.py [OUT_JSON]"""
+Run from the repository root on the GPU machine: python3 benchmarks/scripts/diag_spec_step.py [OUT_JSON]"""
 import gc
 import json
 import sys

@@ -9,7 +9,7 @@ serve it, whatever new prompts that step also prefills; otherwise it is dropped 
 it advanced is restored, so the state is again the one after the tokens the host holds (the KV rows it
 wrote lie past every committed row, and are rewritten before anything reads them). Under a server's
 load requests end and join at most steps, so a step run ahead that a join dropped would be a step
-computed twice (benchmarks/diag_closed_loop.py).
+computed twice (benchmarks/scripts/diag_closed_loop.py).
 """
 from __future__ import annotations
 
