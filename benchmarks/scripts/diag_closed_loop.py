@@ -12,7 +12,7 @@ believed that shape costs at that batch size (speculative/adaptive.py: on a GPU 
 step's launch, not the host's work around it). The table compares, per shape, the wall time of the steps that
 only decoded with the chooser's belief, and says how many steps carried a prefill.
 
-Why: on two H200s (benchmarks/multi_gpu/dp_h200_8req, call 3), one replica served 64 streams at 9239 output
+Why: on two H200s (benchmarks/results/multi_gpu/dp_h200_8req, call 3), one replica served 64 streams at 9239 output
 tokens/s with plain decoding and 5205 with adaptive EAGLE3 (tau 3.58): about 7 ms a step against 44 ms, where the
 chooser had chosen speculation. This run shows which steps take the time, without the HTTP server around them.
 
@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from outpace.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from outpace.sampling_params import SamplingParams  # noqa: E402
