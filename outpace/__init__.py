@@ -3,7 +3,9 @@ from outpace.threads import prefer_passive_wait
 
 prefer_passive_wait()  # before torch loads (outpace/threads.py)
 
-from outpace.config import EngineConfig, ModelConfig, SamplingParams
+from outpace.config import EngineConfig
+from outpace.model_config import ModelConfig
+from outpace.sampling_params import SamplingParams
 from outpace.engine.llm import LLM
 from outpace.request import RequestOutput
 

@@ -488,7 +488,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from outpace.config import ConfigError
+    from outpace.validation import ConfigError
 
     try:
         args.func(args)

@@ -6,12 +6,12 @@ from typing import Any
 
 MODELS = {
     "LlamaForCausalLM": "outpace.models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "outpace.models.mistral:MistralForCausalLM",
     # multi-head latent attention, mixture of experts
     "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
-    "Qwen2ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
-    "Qwen3ForCausalLM": "outpace.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "outpace.models.qwen3:Qwen3ForCausalLM",
     # sliding and full attention layers, per-head gates, MoE, chained MTP layers
     "Step3p5ForCausalLM": "outpace.models.step3p5:Step3p5ForCausalLM",
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from outpace.config import SamplingParams
+from outpace.sampling_params import SamplingParams
 from outpace.detokenizer import DetokenizerState
 from outpace.speculative.metrics import SpecMetrics
 

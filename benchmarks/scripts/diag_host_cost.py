@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from outpace.bench.random_checkpoint import random_target  # noqa: E402
-from outpace.config import EngineConfig, SamplingParams  # noqa: E402
+from outpace.config import EngineConfig  # noqa: E402
+from outpace.sampling_params import SamplingParams  # noqa: E402
 from outpace.engine.engine import LLMEngine  # noqa: E402
 
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=32, intermediate_size=64,

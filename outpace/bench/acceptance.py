@@ -12,7 +12,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import TARGET

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from outpace.bench.widen import Entry, write_checkpoint
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from outpace.models.loader import build_model
 

@@ -14,7 +14,8 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from outpace.config import EngineConfig, SamplingParams
+from outpace.config import EngineConfig
+from outpace.sampling_params import SamplingParams
 from outpace.engine.engine import LLMEngine
 from outpace.request import CompletionOutput, RequestOutput
 from outpace.speculative.metrics import SpecMetrics

@@ -26,7 +26,7 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import kv_cache_bytes, rebind_kv_caches
-from outpace.config import ConfigError
+from outpace.validation import ConfigError
 from outpace.distributed.group import RankGroup
 from outpace.engine.warm_up import scratch_prefill
 

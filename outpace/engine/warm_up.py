@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from outpace.cache.block_pool import BlockPool
-from outpace.config import SamplingParams
+from outpace.sampling_params import SamplingParams
 from outpace.request import Request
 
 LONGEST_WARM_QUERY = 128    # tile rows are at most 128: with one query head per KV head, 128 tokens fill them

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import kv_head_shard, split_evenly

@@ -29,16 +29,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from outpace.config import ModelConfig, _require
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.moe import MoE, Routing
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
 from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
+from outpace.model_config import ModelConfig
+from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.drafts.mtp import OwnHeadsMTPBlock
+from outpace.validation import require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 
@@ -150,23 +152,23 @@ def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> Non
     o = "ModelConfig"
     # transformers repeats each kv head num_attention_heads // num_key_value_heads times over the expanded
     # per-head keys; DeepSeek's checkpoints set the two equal.
-    _require(o, "num_key_value_heads", kv_heads, kv_heads == heads, f"num_attention_heads={heads} for MLA")
+    require(o, "num_key_value_heads", kv_heads, kv_heads == heads, f"num_attention_heads={heads} for MLA")
     for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-        _require(o, name, raw[name], isinstance(raw[name], int) and raw[name] > 0, "a positive integer")
-    _require(o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even")
+        require(o, name, raw[name], isinstance(raw[name], int) and raw[name] > 0, "a positive integer")
+    require(o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even")
     q_rank = raw["q_lora_rank"]
-    _require(o, "q_lora_rank", q_rank, q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
+    require(o, "q_lora_rank", q_rank, q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
              "None or a positive integer")
     scoring = "sigmoid" if v3 else "softmax"
-    _require(o, "scoring_func", raw["scoring_func"], raw["scoring_func"] == scoring, f"{scoring!r} for this version")
+    require(o, "scoring_func", raw["scoring_func"], raw["scoring_func"] == scoring, f"{scoring!r} for this version")
     methods = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
-    _require(o, "topk_method", raw["topk_method"], raw["topk_method"] in methods, f"one of {', '.join(methods)}")
+    require(o, "topk_method", raw["topk_method"], raw["topk_method"] in methods, f"one of {', '.join(methods)}")
     if not v3:  # transformers' V2 router ignores norm_topk_prob, DeepSeek's normalises and then does not
         # scale, vLLM normalises and scales: no reference to be exact against.
-        _require(o, "norm_topk_prob", raw["norm_topk_prob"], not raw["norm_topk_prob"],
+        require(o, "norm_topk_prob", raw["norm_topk_prob"], not raw["norm_topk_prob"],
                  "false for V2 (its references disagree on what true computes)")
     freq = raw["moe_layer_freq"]
-    _require(o, "moe_layer_freq", freq, isinstance(freq, int) and freq > 0, "a positive integer")
+    require(o, "moe_layer_freq", freq, isinstance(freq, int) and freq > 0, "a positive integer")
     if raw["n_routed_experts"] is not None:
         _check_routing(raw, v3)
 
@@ -174,16 +176,16 @@ def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> Non
 def _check_routing(raw: dict, v3: bool) -> None:
     o = "ModelConfig"
     experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
-    _require(o, "n_routed_experts", experts, isinstance(experts, int) and experts > 0, "a positive integer or None")
-    _require(o, "num_experts_per_tok", top_k, isinstance(top_k, int) and 0 < top_k <= experts,
+    require(o, "n_routed_experts", experts, isinstance(experts, int) and experts > 0, "a positive integer or None")
+    require(o, "num_experts_per_tok", top_k, isinstance(top_k, int) and 0 < top_k <= experts,
              f"an integer in [1, n_routed_experts={experts}]")
     if v3 or raw["topk_method"] == "group_limited_greedy":
         groups, top_groups = raw["n_group"], raw["topk_group"]
-        _require(o, "n_group", groups, isinstance(groups, int) and groups > 0 and experts % groups == 0
+        require(o, "n_group", groups, isinstance(groups, int) and groups > 0 and experts % groups == 0
                  and (not v3 or experts // groups >= 2),
                  f"a divisor of n_routed_experts={experts}" + (" leaving >= 2 experts per group (V3 scores a "
                                                                 "group by its two best)" if v3 else ""))
-        _require(o, "topk_group", top_groups, isinstance(top_groups, int) and 0 < top_groups <= groups
+        require(o, "topk_group", top_groups, isinstance(top_groups, int) and 0 < top_groups <= groups
                  and top_k <= top_groups * (experts // groups),
                  f"an integer in [1, n_group={groups}] whose groups hold num_experts_per_tok={top_k} experts")
 
@@ -231,7 +233,7 @@ class DeepseekModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class DeepseekForCausalLM(nn.Module):
+class DeepseekForCausalLM(nn.Module, ConfigHooks):
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in: MLA's heads
     # (layers/mla.py), every expert's rows (layers/moe.py), the dense MLPs, vocab-parallel embedding and heads.

@@ -28,14 +28,16 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.config import ConfigError, ModelConfig
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.decoder import (GatedMLP, HeadProjections, norm_head_logits, run_layer_stack, sandwich_fuses,
                                     sandwich_layer_fused)
+from outpace.model_config import ModelConfig
+from outpace.models.config_hooks import ConfigHooks, windows_of_layer_types
 from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
+from outpace.validation import ConfigError
 
 logger = logging.getLogger("outpace.models")
 
@@ -115,6 +117,18 @@ class Gemma3Config:
                    multimodal=multimodal)
 
 
+def gemma_layer_windows(cfg: dict, num_layers: int, window: int | None, pattern: int,
+                        last_full: bool) -> tuple[int | None, ...]:
+    """transformers Gemma3TextConfig / Gemma4TextConfig.__post_init__: without layer_types, every
+    ``pattern``-th layer is full and the others slide; Gemma 4 forces its last layer to full
+    (``last_full``). Gemma3Attention / Gemma4TextAttention: sliding layers use ``window``."""
+    types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                            for i in range(num_layers)])
+    if last_full and types:
+        types[-1] = "full_attention"
+    return windows_of_layer_types(types, window, num_layers, "a sliding_window")
+
+
 def layer_type(cfg: ModelConfig, layer: int) -> str:
     """The layer's type, sliding_attention or full_attention, from its window (ModelConfig parsed them)."""
     return "full_attention" if cfg.layer_window(layer) is None else "sliding_attention"
@@ -178,7 +192,7 @@ class Gemma3Model(nn.Module):
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
 
-class GemmaForCausalLMBase(nn.Module):
+class GemmaForCausalLMBase(nn.Module, ConfigHooks):
     """What the Gemma 3 and Gemma 4 causal LMs share: the family config beside the common one, the
     text model, the (tied or own) head, embedding lookup and soft-capped logits, and the aux hidden
     state capture (EAGLE3) of the Llama family: capture index i is the input of layer i, index
@@ -195,6 +209,11 @@ class GemmaForCausalLMBase(nn.Module):
     _model_output = LlamaForCausalLM._model_output
     # EAGLE3 drafts for Gemma write output-of ids, default [2, L // 2, L - 2] (models/drafts/eagle3_aux_ids.py)
     eagle3_aux_ids = GEMMA_OUTPUT_IDS
+
+    @classmethod
+    def config_overrides(cls, cfg: dict) -> dict:
+        # Gemma3TextConfig / Gemma4TextConfig name the MLP's activation hidden_activation
+        return {"hidden_act": cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool, gemma, model_class: type) -> None:
         """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers.
@@ -218,6 +237,11 @@ class GemmaForCausalLMBase(nn.Module):
 
 
 class Gemma3ForCausalLM(GemmaForCausalLMBase):
+    @classmethod
+    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+        return gemma_layer_windows(cfg, num_layers, cfg.get("sliding_window", 4096),
+                                   cfg.get("sliding_window_pattern", 6), last_full=False)
+
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma3Config.from_model_config(cfg), Gemma3Model)
         self.ignored_checkpoint_tensors = skip_towers(cfg, ("vision_tower", "multi_modal_projector")) \

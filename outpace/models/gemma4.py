@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.config import ModelConfig
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
@@ -44,8 +43,9 @@ from outpace.layers.linear import linear
 from outpace.layers.moe import ExpertActivation, RoutedExperts
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, layer_type, layer_type_ropes, refuse,
-                                  skip_towers)
+from outpace.model_config import ModelConfig
+from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, gemma_layer_windows, layer_type,
+                                  layer_type_ropes, refuse, skip_towers)
 from outpace.layers.decoder import GatedMLP, HeadProjections, sandwich_fuses, sandwich_layer_fused
 from outpace.models.llama import ModelOutput
 
@@ -320,6 +320,11 @@ class Gemma4Model(nn.Module):
 
 
 class Gemma4ForCausalLM(GemmaForCausalLMBase):
+    @classmethod
+    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+        # Gemma4TextConfig: every 6th layer full, the last always, windows of 512 by default
+        return gemma_layer_windows(cfg, num_layers, cfg.get("sliding_window", 512), 6, last_full=True)
+
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma4Config.from_model_config(cfg), Gemma4Model)
         self.multimodal = cfg.architecture == "Gemma4ForConditionalGeneration"

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from outpace.config import ModelConfig
 from outpace.layers.decoder import DecoderLayer, norm_head_logits, run_layers
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.model_config import ModelConfig
+from outpace.models.config_hooks import ConfigHooks
 
 
 def check_aux_layer_ids(layer_ids: tuple[int, ...], num_layers: int,
@@ -55,12 +56,19 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(nn.Module, ConfigHooks):
     # Checkpoint tensors that are legitimately not parameters here.
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
     # Every layer shards over tensor-parallel ranks (layers/decoder.py, layers/embedding.py) when built
     # inside distributed.group.building_in: models/loader.py refuses classes without this flag.
     shards_over_ranks = True
+
+    @classmethod
+    def config_overrides(cls, cfg: dict) -> dict:
+        # transformers LlamaAttention: attention_bias on q/k/v/o; LlamaMLP: mlp_bias on gate/up/down
+        bias = bool(cfg.get("attention_bias", False))
+        return {"attention_bias": bias, "attention_out_bias": bias,
+                "mlp_bias": bool(cfg.get("mlp_bias", False))}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the MTP layers carry their own embedding and shared head (DeepSeek-V3

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
-from outpace.config import ConfigError, ModelConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.mtp import has_own_mtp_heads

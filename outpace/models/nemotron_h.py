@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.config import ConfigError, ModelConfig, _require
 from outpace.layers.activation import ACTIVATIONS
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
@@ -36,7 +35,10 @@ from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
+from outpace.model_config import ModelConfig
+from outpace.models.config_hooks import ConfigHooks
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
+from outpace.validation import ConfigError, require
 
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
@@ -54,22 +56,22 @@ def block_types(raw: dict) -> tuple[str, ...]:
     if raw.get("layers_block_type"):
         return tuple(raw["layers_block_type"])
     pattern = raw.get("hybrid_override_pattern") or ""
-    _require("ModelConfig", "hybrid_override_pattern", pattern, bool(pattern) and set(pattern) <= set(PATTERN),
+    require("ModelConfig", "hybrid_override_pattern", pattern, bool(pattern) and set(pattern) <= set(PATTERN),
              f"a non-empty string of {''.join(PATTERN)}")
     return tuple(PATTERN[c] for c in pattern)
 
 
 def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
     o = "ModelConfig"
-    _require(o, "layers_block_type", types, set(types) <= set(PATTERN.values()),
+    require(o, "layers_block_type", types, set(types) <= set(PATTERN.values()),
              f"entries of {', '.join(PATTERN.values())}")
     for name in ("moe_latent_size", "sliding_window"):
-        _require(o, name, raw[name], raw[name] is None, "None (not implemented)")
-    _require(o, "mamba_ssm_cache_dtype", raw["mamba_ssm_cache_dtype"], raw["mamba_ssm_cache_dtype"] == "float32",
+        require(o, name, raw[name], raw[name] is None, "None (not implemented)")
+    require(o, "mamba_ssm_cache_dtype", raw["mamba_ssm_cache_dtype"], raw["mamba_ssm_cache_dtype"] == "float32",
              "float32 (the state outpace keeps)")
     for name in ("mlp_hidden_act", "mamba_hidden_act"):
-        _require(o, name, raw[name], raw[name] in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}")
-    _require(o, "mamba_num_heads", raw["mamba_num_heads"], raw["mamba_num_heads"] % raw["n_groups"] == 0,
+        require(o, name, raw[name], raw[name] in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}")
+    require(o, "mamba_num_heads", raw["mamba_num_heads"], raw["mamba_num_heads"] % raw["n_groups"] == 0,
              f"a multiple of n_groups={raw['n_groups']}")
 
 
@@ -96,7 +98,7 @@ class NemotronHMoE(nn.Module):
     def __init__(self, hidden_size: int, raw: dict) -> None:
         super().__init__()
         experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
-        _require("ModelConfig", "num_experts_per_tok", top_k, 0 < top_k <= experts, f"in [1, n_routed_experts={experts}]")
+        require("ModelConfig", "num_experts_per_tok", top_k, 0 < top_k <= experts, f"in [1, n_routed_experts={experts}]")
         # transformers NemotronHTopkRouter: groups scored by the sum of their two best (corrected) scores
         self.gate = Router(hidden_size, Routing(experts, top_k, "sigmoid", raw["n_group"], raw["topk_group"],
                                                 "top2_sum", correction_bias=True,
@@ -163,9 +165,15 @@ class NemotronHModel(nn.Module):
         self.norm = Float32RMSNorm(cfg.hidden_size, raw["layer_norm_epsilon"])
 
 
-class NemotronHForCausalLM(nn.Module):
+class NemotronHForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
+
+    @classmethod
+    def config_overrides(cls, cfg: dict) -> dict:
+        # transformers' NemotronHConfig derives the layer count from its pattern and does not save it
+        pattern = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern") or ()
+        return {"num_hidden_layers": cfg.get("num_hidden_layers") or len(pattern)}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
@@ -173,7 +181,7 @@ class NemotronHForCausalLM(nn.Module):
             raise ConfigError(f"{cfg.architecture}: MTP layers are not implemented")
         raw = {**DEFAULTS, **cfg.raw}
         types = block_types(raw)
-        _require("ModelConfig", "num_hidden_layers", cfg.num_hidden_layers, cfg.num_hidden_layers == len(types),
+        require("ModelConfig", "num_hidden_layers", cfg.num_hidden_layers, cfg.num_hidden_layers == len(types),
                  f"the number of block types ({len(types)})")
         _refuse_unimplemented(raw, types)
         self.config = dataclasses.replace(cfg, num_nextn_predict_layers=0)

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.config import ConfigError, ModelConfig, _require
 from outpace.layers.decoder import GatedMLP, norm_head_logits, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.gated_deltanet import GatedDeltaNet
@@ -44,8 +43,11 @@ from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.model_config import ModelConfig
+from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
+from outpace.validation import ConfigError, require
 
 NEXT, QWEN35 = "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"
 
@@ -82,15 +84,15 @@ class Qwen3NextConfig:
         types = tuple(raw.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                                                  for i in range(n)])
         o = "ModelConfig"
-        _require(o, "layer_types", types, len(types) == n and set(types) <= {"linear_attention", "full_attention"},
+        require(o, "layer_types", types, len(types) == n and set(types) <= {"linear_attention", "full_attention"},
                  f"{n} entries of linear_attention or full_attention")
-        _require(o, "linear_num_value_heads", raw["linear_num_value_heads"],
+        require(o, "linear_num_value_heads", raw["linear_num_value_heads"],
                  raw["linear_num_value_heads"] % raw["linear_num_key_heads"] == 0,
                  f"a multiple of linear_num_key_heads={raw['linear_num_key_heads']}")
         rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
         factor = rope.get("partial_rotary_factor", raw["partial_rotary_factor"])
         rotary_dim = int(cfg.head_dim * factor)  # transformers Qwen3NextRotaryEmbedding
-        _require(o, "partial_rotary_factor", factor, 0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
+        require(o, "partial_rotary_factor", factor, 0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
                  f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]")
         moe = cfg.architecture == NEXT and raw["num_experts"] > 0
 
@@ -99,7 +101,7 @@ class Qwen3NextConfig:
                              and (i + 1) % raw["decoder_sparse_step"] == 0)
 
         if moe:
-            _require(o, "num_experts_per_tok", raw["num_experts_per_tok"],
+            require(o, "num_experts_per_tok", raw["num_experts_per_tok"],
                      0 < raw["num_experts_per_tok"] <= raw["num_experts"], f"in [1, num_experts={raw['num_experts']}]")
         return cls(
             layer_types=types, conv_width=raw["linear_conv_kernel_dim"], num_k_heads=raw["linear_num_key_heads"],
@@ -203,9 +205,10 @@ class Qwen3NextModel(nn.Module):
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
 
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
+    partial_rotary = True  # RoPE turns the leading partial_rotary_factor of each head
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()

@@ -57,7 +57,6 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.config import ConfigError, ModelConfig
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
@@ -68,9 +67,12 @@ from outpace.layers.linear import column_parallel
 from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.model_config import ModelConfig
+from outpace.models.config_hooks import ConfigHooks
 from outpace.models.gemma import final_logits
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.drafts.mtp import MTPBlock
+from outpace.validation import ConfigError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -430,10 +432,19 @@ class Step3p5Model(nn.Module):
         return self.rotaries[self.rotary_index[index]]
 
 
-class Step3p5ForCausalLM(nn.Module):
+class Step3p5ForCausalLM(nn.Module, ConfigHooks):
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
+
+    @classmethod
+    def config_overrides(cls, cfg: dict) -> dict:
+        own = {}
+        if not cfg.get("num_key_value_heads") and cfg.get("num_attention_groups"):
+            own["num_key_value_heads"] = cfg["num_attention_groups"]  # its name for them (vLLM step3p5.py)
+        if isinstance(cfg.get("rope_theta"), list):  # one theta per layer: Step3p5Config reads them all
+            own["rope_theta"] = float(cfg["rope_theta"][0])
+        return own
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads`` (the loader's DeepSeek-V3 layout test) is False for Step-3.5 checkpoints, whose MTP

@@ -31,7 +31,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from outpace.config import ConfigError, EngineConfig, SamplingParams
+from outpace.config import EngineConfig
+from outpace.sampling_params import SamplingParams
+from outpace.validation import ConfigError
 from outpace.request import PositionLogprobs, RequestOutput
 from outpace.server.async_engine import EngineError, GenerationStream, QueueFull
 from outpace.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics

@@ -22,7 +22,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from outpace.config import EngineConfig, SamplingParams
+from outpace.config import EngineConfig
+from outpace.sampling_params import SamplingParams
 from outpace.engine.engine import LLMEngine, load_tokenizer
 from outpace.request import Request, RequestOutput, RequestStatus
 from outpace.server.metrics import ServerMetrics

@@ -11,7 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from outpace.config import MAX_LOGPROBS, ConfigError, StructuredOutputsParams
+from outpace.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
+from outpace.validation import ConfigError
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 16

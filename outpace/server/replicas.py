@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from outpace.cache.prefix_cache import PrefixCacheStats
-from outpace.config import EngineConfig, SamplingParams
+from outpace.config import EngineConfig
+from outpace.sampling_params import SamplingParams
 from outpace.distributed.launch import exit_reason
 from outpace.request import Request, RequestOutput
 from outpace.server.async_engine import AsyncEngine, EngineError, EngineStats, GenerationStream

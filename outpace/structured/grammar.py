@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from outpace.config import StructuredOutputsParams
+from outpace.sampling_params import StructuredOutputsParams
 from outpace.layers.logits_processing import BITS_PER_WORD, bitmask_words
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from outpace.attention import DenseCausalMetadata, forward_context
-from outpace.config import SamplingParams
+from outpace.sampling_params import SamplingParams
 from outpace.train.corpus import build_corpus, heldout_files_unused_by
 from outpace.train.data import TokenStream
 from outpace.train.evaluate import heldout_prompts_file, load_prompts

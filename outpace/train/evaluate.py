@@ -9,7 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from outpace.config import SamplingParams, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
 from outpace.train.metrics_file import write_metrics
 from outpace.train.ranks import ONE_RANK, TrainRanks

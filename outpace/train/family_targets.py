@@ -42,7 +42,7 @@ import torch
 from tokenizers import Tokenizer
 
 from outpace.checkpoint import save_checkpoint
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.moe import Router
 from outpace.layers.norm import Float32RMSNorm

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict, save_checkpoint
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
 from outpace.train.corpus import Corpus, SourceFile, build_corpus, heldout_prompts
 from outpace.train.data import TokenStream

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.bench.widen import LLAMA_8B, Shape, Widening, widen_zoo
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.layers.norm import RMSNorm
 from outpace.layers.decoder import DecoderAttention
 from outpace.models.llama import build_rotary

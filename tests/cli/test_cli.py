@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from outpace.cli import main, parse_args
-from outpace.config import ConfigError, EngineConfig
+from outpace.config import EngineConfig
+from outpace.validation import ConfigError
 from outpace.zoo import default_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,9 @@ import torch
 from helpers.hf_models import make_hf_model, save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import load_checkpoint
-from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.launch import RankFailure
 from outpace.distributed.lockstep import DriverChoice, Lockstep, RankDivergence, StepMessage

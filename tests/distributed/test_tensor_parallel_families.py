@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from helpers.hf_models import save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import load_checkpoint
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model

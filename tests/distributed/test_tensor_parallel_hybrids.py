@@ -20,7 +20,8 @@ import torch
 from helpers.hybrid_models import make_hybrid, save_hybrid
 from outpace import LLM, SamplingParams
 from outpace.cache.recurrent_states import RecurrentStates
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model

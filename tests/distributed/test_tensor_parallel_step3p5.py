@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model

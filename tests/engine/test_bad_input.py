@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 from helpers.hf_models import make_hf_model, save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import CheckpointError
-from outpace.config import ConfigError, EngineConfig
+from outpace.config import EngineConfig
+from outpace.validation import ConfigError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

@@ -11,7 +11,8 @@ import transformers
 from transformers.activations import ACT2CLS, ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from outpace.config import ROPE_TYPES, ConfigError, ModelConfig
+from outpace.model_config import ROPE_TYPES, ModelConfig
+from outpace.validation import ConfigError
 from outpace.layers.activation import ACTIVATIONS
 
 # The Llama family's classes (models/llama.py); other families walk their own config classes in their

@@ -4,7 +4,8 @@ import os
 import pytest
 
 from outpace import LLM, SamplingParams
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 
 ZOO = "zoo/"
 # fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from helpers.zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters
 
 ZOO = "zoo/"

@@ -7,7 +7,8 @@ import torch
 
 from outpace import LLM, SamplingParams
 from outpace.cache.kv_cache import bound_caches
-from outpace.config import ConfigError, EngineConfig, SpeculativeConfig
+from outpace.config import EngineConfig, SpeculativeConfig
+from outpace.validation import ConfigError
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 SMALL = dict(block_size=4, max_num_seqs=2, max_num_batched_tokens=32)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.layers.logits_processing import Penalties, node_counts
 from outpace.speculative.tree import ancestor_mask
 from helpers.zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters

@@ -12,7 +12,9 @@ import torch
 pytest.importorskip("xgrammar")
 
 from outpace import LLM, SamplingParams  # noqa: E402
-from outpace.config import ConfigError, SpeculativeConfig, StructuredOutputsParams  # noqa: E402
+from outpace.config import SpeculativeConfig  # noqa: E402
+from outpace.sampling_params import StructuredOutputsParams  # noqa: E402
+from outpace.validation import ConfigError  # noqa: E402
 from outpace.layers.logits_processing import apply_token_bitmask  # noqa: E402
 from outpace.speculative.verify import verify_greedy_chain  # noqa: E402
 from outpace.structured import GrammarCompiler  # noqa: E402

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from outpace.checkpoint import model_state_dict, save_checkpoint
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.dflash import DFlashConfig, DFlashDraft
 from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from outpace.models.loader import build_model

@@ -16,7 +16,8 @@ import torch
 import torch.multiprocessing as mp
 
 from outpace.checkpoint import load_checkpoint
-from outpace.config import ModelConfig, SamplingParams
+from outpace.model_config import ModelConfig
+from outpace.sampling_params import SamplingParams
 from outpace.distributed.group import RankGroup, building_in
 from outpace.models.loader import build_model
 

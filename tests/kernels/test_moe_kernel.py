@@ -211,7 +211,7 @@ def family_model(family: str, tmp_path) -> torch.nn.Module:
     test_gemma.py), random weights."""
     import transformers
 
-    from outpace.config import ModelConfig
+    from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
 
     if family in ("qwen3_next", "nemotron_h"):

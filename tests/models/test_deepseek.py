@@ -17,7 +17,9 @@ from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.layers.rotary import _inverse_frequencies, rope_attention_factor
 from outpace.layers.sampler import SamplingTensors, logits_to_probs
 from outpace.models.deepseek import DeepseekConfig

@@ -14,7 +14,9 @@ import transformers
 from helpers.hf_models import checkpoint_cache, paged_prefill_error
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import checkpoint_tensor_names
-from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.models.loader import load_model
 from outpace.registry import PROPOSERS
 

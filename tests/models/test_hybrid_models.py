@@ -14,7 +14,8 @@ from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ConfigError, ModelConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.gated_deltanet import gated_delta_rule_run
 from outpace.layers.mamba2 import ssm_run

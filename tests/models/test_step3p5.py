@@ -27,7 +27,9 @@ from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.models.loader import load_model
 from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE, clamped_swiglu
 

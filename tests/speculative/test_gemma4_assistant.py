@@ -13,7 +13,8 @@ from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context, uniform_paged_metadata
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.models.loader import load_model

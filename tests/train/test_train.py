@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.train.target import TargetRecipe, hf_config, prepare_data, run_target_training
 
 RECIPE = TargetRecipe.toy(steps=30)

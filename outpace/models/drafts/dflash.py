@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
-from outpace.config import ConfigError, ModelConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.drafts.eagle3 import DraftMismatchError

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm

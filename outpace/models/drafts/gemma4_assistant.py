@@ -39,7 +39,8 @@ from torch import nn
 from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.checkpoint import load_checkpoint
-from outpace.config import ConfigError, ModelConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.distributed.group import build_group
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear

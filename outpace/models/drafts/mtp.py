@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm

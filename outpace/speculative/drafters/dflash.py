@@ -23,7 +23,8 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.models.drafts.dflash import load_dflash_draft
 from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import chain_drafts, choose_chain

@@ -20,7 +20,9 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.cache.recurrent_states import RecurrentStates
-from outpace.config import ConfigError, ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
+from outpace.validation import ConfigError
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.models.loader import load_model
 from outpace.speculative.chain import chain_drafts, choose_chain

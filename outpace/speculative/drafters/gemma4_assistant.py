@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from outpace.cache.block_pool import BlockPool
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.speculative.chain import chain_drafts, choose_chain

@@ -36,7 +36,8 @@ import torch
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from outpace.config import ConfigError, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.validation import ConfigError
 from outpace.speculative.chain import chain_drafts
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified
 

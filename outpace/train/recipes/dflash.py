@@ -51,7 +51,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.dflash import DFlashConfig, DFlashDraft, layers_outside, tokenizer_mask_token_id
 from outpace.models.loader import default_dtype
 from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, prompt_source, soft_cross_entropy,

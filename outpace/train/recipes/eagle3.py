@@ -48,7 +48,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from outpace.config import ModelConfig, SpeculativeConfig
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.llama import check_aux_layer_ids
 from outpace.models.loader import default_dtype

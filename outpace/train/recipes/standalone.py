@@ -13,7 +13,7 @@ from torch import nn
 
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict
-from outpace.config import ModelConfig
+from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
 from outpace.train.distill import (DistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
                                    teacher_forward, unused_files_note, window_source)

@@ -1,0 +1,69 @@
+"""How a model family reads its config.json into ``ModelConfig`` (outpace/model_config.py).
+
+``ModelConfig.from_dict`` reads the fields of transformers' common layout (LlamaConfig's names) and
+asks the architecture's model class, found through outpace/registry.py, for the rest: each model class
+inherits ``ConfigHooks`` and overrides what its family reads otherwise. A new family states its quirks
+in its own file; model_config.py does not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from outpace.validation import is_int, require
+
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' layer_types of these families
+
+
+class ConfigHooks:
+    """The defaults: transformers' common fields as they are, every layer full attention."""
+
+    # Whether rope_parameters' partial_rotary_factor below 1 (RoPE on the leading part of each head)
+    # is implemented; elsewhere it is refused.
+    partial_rotary: ClassVar[bool] = False
+
+    @classmethod
+    def config_overrides(cls, cfg: dict) -> dict[str, Any]:
+        """``ModelConfig`` fields this family derives from its config.json (``cfg``) otherwise than the
+        common layout gives them: field name -> value. Fields left out are read the common way."""
+        return {}
+
+    @classmethod
+    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+        """Each of the ``num_layers`` decoder layers' sliding attention window (None: full attention),
+        as the family's transformers classes compute it; () when every layer is full."""
+        return ()
+
+
+def windows_of_layer_types(
+    types: list[str], window: int | None, num_layers: int, sliding_needs: str
+) -> tuple[int | None, ...]:
+    """transformers' ``layer_types`` -> each layer's window: ``window`` for a sliding_attention layer,
+    None for a full_attention one; other types, another count than ``num_layers`` or a sliding layer
+    without a window (``sliding_needs`` says what gives one) are refused."""
+    require(
+        "ModelConfig",
+        "layer_types",
+        types,
+        len(types) == num_layers
+        and set(types) <= set(LAYER_TYPES)
+        and (window is not None or "sliding_attention" not in types),
+        f"{num_layers} entries of full_attention or sliding_attention (sliding only with "
+        f"{sliding_needs})",
+    )
+    return checked_windows(
+        tuple(window if t == "sliding_attention" else None for t in types), window
+    )
+
+
+def checked_windows(windows: tuple[int | None, ...], window: int | None) -> tuple[int | None, ...]:
+    """``windows`` as ``layer_windows`` returns them (() when every layer is full), once the config's
+    ``sliding_window`` (``window``) is known to be a positive integer wherever a layer slides."""
+    require(
+        "ModelConfig",
+        "sliding_window",
+        window,
+        all(w is None or (is_int(w) and w > 0) for w in windows),
+        "None or a positive integer",
+    )
+    return windows if any(w is not None for w in windows) else ()

@@ -1,0 +1,256 @@
+"""What a request asks of decoding: ``SamplingParams`` (vLLM's names, defaults and meanings) and the
+``StructuredOutputsParams`` constraint it may carry. Both check themselves at construction; an invalid
+value raises ``ConfigError`` naming the field (outpace/validation.py), before the engine sees it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from outpace.validation import ConfigError, is_finite_number, is_int, require, require_positive_int
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on a request's output, compiled into a token mask by outpace/structured/ (names as
+    vLLM's ``StructuredOutputsParams``). Exactly one field is set:
+
+    ``json``: a JSON schema (a dict or its JSON text); ``json_object``: any JSON object; ``regex``: a
+    regular expression the whole output matches; ``choice``: one of these strings; ``grammar``: an EBNF
+    grammar (GBNF, the form xgrammar reads, rule ``root`` first)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        o = "StructuredOutputsParams"
+        if self.choice is not None:
+            object.__setattr__(self, "choice", tuple(self.choice))
+            require(
+                o,
+                "choice",
+                self.choice,
+                len(self.choice) > 0 and all(isinstance(c, str) and c for c in self.choice),
+                "a non-empty list of non-empty strings",
+            )
+        require(
+            o,
+            "json",
+            self.json,
+            self.json is None or isinstance(self.json, (str, dict)),
+            "a JSON schema: a dict or its JSON text",
+        )
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            require(
+                o,
+                name,
+                value,
+                value is None or (isinstance(value, str) and value.strip() != ""),
+                "a non-empty string",
+            )
+        require(
+            o, "json_object", self.json_object, self.json_object in (None, True, False), "a bool"
+        )
+        chosen = [
+            name
+            for name in ("json", "regex", "choice", "grammar")
+            if getattr(self, name) is not None
+        ]
+        chosen += ["json_object"] if self.json_object else []
+        if len(chosen) != 1:
+            raise ConfigError(
+                f"{o} needs exactly one of json, regex, choice, grammar, json_object; "
+                f"got {', '.join(chosen) or 'none'}"
+            )
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: json, regex, choice, grammar or json_object."""
+        return next(
+            name
+            for name in ("json", "regex", "choice", "grammar", "json_object")
+            if getattr(self, name)
+        )
+
+
+MAX_LOGPROBS = 20  # top_logprobs per position a request may ask for (vLLM's default max_logprobs and OpenAI's limit)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters (names, defaults and meanings follow vLLM's SamplingParams).
+
+    temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k; ``top_p`` 1 and ``min_p`` 0
+    disable theirs. ``max_tokens`` counts generated tokens.
+
+    ``n`` completions are returned per prompt, the best ``n`` of ``best_of`` sampled ones by cumulative
+    log-probability (``LLM.generate`` fans them out; an engine request is one sequence).
+    Penalties act on the target's logits at every position (a verified draft prefix counting as
+    committed): ``repetition_penalty`` divides positive logits (multiplies negative ones) of tokens
+    seen in the prompt or the output; ``frequency_penalty`` subtracts itself times a token's count in
+    the output, ``presence_penalty`` itself once per token present in it. ``logit_bias`` adds to
+    given token ids' logits (before the penalties, as vLLM orders them).
+    ``logprobs`` k: each output token's log-probability, its rank and the k most likely tokens';
+    ``prompt_logprobs`` k: the same for every prompt token but the first (offline API). They are the
+    target's raw log-probabilities (log-softmax of the logits before any processing: vLLM's default
+    ``raw_logprobs`` mode), identical with and without speculation.
+    ``structured_outputs``: the output must follow a JSON schema, a regex, a choice or a grammar.
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+
+    def __post_init__(self) -> None:
+        o = "SamplingParams"
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        real = (int, float)
+        require_positive_int(o, "n", self.n)
+        require(
+            o,
+            "best_of",
+            self.best_of,
+            self.best_of is None or (is_int(self.best_of) and self.best_of >= self.n),
+            f"None or an integer >= n={self.n}",
+        )
+        require(
+            o,
+            "temperature",
+            self.temperature,
+            is_finite_number(self.temperature) and self.temperature >= 0,
+            "a finite number >= 0",
+        )
+        require(
+            o,
+            "top_p",
+            self.top_p,
+            isinstance(self.top_p, real) and 0 < self.top_p <= 1,
+            "in (0, 1]",
+        )
+        require(
+            o,
+            "top_k",
+            self.top_k,
+            is_int(self.top_k) and self.top_k >= -1,
+            "-1 or 0 (disabled) or a positive integer",
+        )
+        require(
+            o,
+            "min_p",
+            self.min_p,
+            isinstance(self.min_p, real) and 0 <= self.min_p <= 1,
+            "in [0, 1]",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            require(o, name, value, is_finite_number(value) and -2 <= value <= 2, "in [-2, 2]")
+        require(
+            o,
+            "repetition_penalty",
+            self.repetition_penalty,
+            is_finite_number(self.repetition_penalty) and self.repetition_penalty > 0,
+            "a finite number > 0",
+        )
+        if self.logit_bias is not None:
+            require(
+                o,
+                "logit_bias",
+                self.logit_bias,
+                isinstance(self.logit_bias, dict)
+                and all(
+                    is_int(t) and t >= 0 and is_finite_number(b) for t, b in self.logit_bias.items()
+                ),
+                "a dict of token id (int >= 0) -> finite bias",
+            )
+            object.__setattr__(
+                self, "logit_bias", {int(t): float(b) for t, b in self.logit_bias.items()} or None
+            )
+        require_positive_int(o, "max_tokens", self.max_tokens)
+        require(
+            o,
+            "stop",
+            self.stop,
+            all(isinstance(s, str) and s for s in self.stop),
+            "non-empty strings",
+        )
+        require(
+            o,
+            "stop_token_ids",
+            self.stop_token_ids,
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "non-negative integers",
+        )
+        require(
+            o,
+            "seed",
+            self.seed,
+            self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+            "None or an integer >= 0",
+        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            require(
+                o,
+                name,
+                value,
+                value is None or (is_int(value) and 0 <= value <= MAX_LOGPROBS),
+                f"None or an integer in [0, {MAX_LOGPROBS}]",
+            )
+        require(
+            o,
+            "structured_outputs",
+            self.structured_outputs,
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "None or a StructuredOutputsParams",
+        )
+        if self.structured_outputs is not None:
+            # NOTE: the grammar ends at its stop token (an eos id); past it nothing may be committed.
+            require(
+                o,
+                "ignore_eos",
+                self.ignore_eos,
+                not self.ignore_eos,
+                "False with structured_outputs (the grammar ends with an end-of-sequence token)",
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits are changed before sampling (penalties or logit_bias)."""
+        return (
+            bool(self.logit_bias)
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
