@@ -1,55 +1,110 @@
-"""OpenAI request bodies (pydantic), the OpenAI error shape, and the sampling parameters they map to.
+"""OpenAI request bodies (pydantic) read as vLLM reads them, and the OpenAI error shape.
 
 Field names follow OpenAI's API; ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``, ``structured_outputs`` and ``add_generation_prompt`` are extensions (as in vLLM). Like OpenAI, unknown fields are ignored,
-but a known field of the wrong type or out of range is an error: the models are strict (no
-"5" -> 5 coercion, no NaN or infinity) and every failure becomes a 400 naming the field.
+``ignore_eos``, ``structured_outputs`` (and the older ``guided_json``, ``guided_regex``,
+``guided_choice``, ``guided_grammar``), ``add_special_tokens`` and ``add_generation_prompt`` are
+vLLM's extensions. Values are read as vLLM reads them, in pydantic's lax mode ("5" and 5.0 are 5,
+"true" is true), never NaN or infinity; token ids must be integers. Every failure is a 400 naming
+its field.
+
+A field this server does not implement is refused by name, never ignored: a null value counts as
+absent, and a few vLLM fields are taken at the one value that asks for nothing more (``NEUTRAL``).
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 from outpace.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from outpace.validation import ConfigError
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 16
+UNSEEDED = -1  # vLLM's seed meaning "no seed" (its SamplingParams turns -1 into None)
+
+# vLLM fields outpace does not implement, accepted at the value that asks for nothing (vLLM's default).
+NEUTRAL: dict[str, Any] = {
+    "min_tokens": 0,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "priority": 0,
+}
 
 
 class APIError(Exception):
     """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type
 
     def to_dict(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
 
 
+def unsupported(message: str, param: str) -> APIError:
+    return bad_request(message, param, "unsupported_parameter")
+
+
 NonNegFloat = Annotated[float, Field(ge=0)]
 Probability = Annotated[float, Field(ge=0, le=1)]
 PositiveInt = Annotated[int, Field(ge=1)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
 
 
-class _Strict(BaseModel):
-    # NOTE: extra fields are ignored (OpenAI's behaviour); known ones are checked strictly.
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+class _Body(BaseModel):
+    # NOTE: undeclared fields are kept (model_extra) so that ``refuse_unknown_fields`` names them.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(_Body):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # usage on every chunk
 
 
-class _SamplingFields(_Strict):
+class StructuredOutputs(_Body):
+    """vLLM's ``structured_outputs`` object: exactly one constraint."""
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: NonEmptyStr | None = None
+    choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
+    grammar: NonEmptyStr | None = None
+    json_object: bool | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The constraints set, by ``StructuredOutputsParams`` field name."""
+        values = {"json": self.json_, "regex": self.regex, "choice": self.choice}
+        values.update(grammar=self.grammar, json_object=self.json_object or None)
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class _SamplingFields(_Body):
     """What completions and chat completions share."""
 
     model: str | None = None
@@ -62,15 +117,20 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Any = Field(default_factory=list)  # str | list[str], normalized to a list below
-    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(max_length=256)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=256)] | None = None
     ignore_eos: bool = False
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    seed: Annotated[int, Field(ge=UNSEEDED, le=MAX_SEED)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None  # vLLM's extension: json, regex, choice, grammar, json_object
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None  # vLLM's older names for structured_outputs
+    guided_regex: NonEmptyStr | None = None
+    guided_choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
+    guided_grammar: NonEmptyStr | None = None
+    guided_decoding_backend: Literal["auto", "xgrammar"] | None = None  # outpace's one backend
     user: str | None = None
 
     @field_validator("stop", mode="before")
@@ -91,9 +151,16 @@ class _SamplingFields(_Strict):
     def check_supported(self) -> None:
         """Refuse (400) what outpace does not implement rather than ignore it silently."""
         if self.stream_options is not None and not self.stream:
-            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+            raise bad_request(
+                "stream_options is only allowed when stream is true", "stream_options"
+            )
         self.logit_bias_ids()
         self.constraint()
+
+    @property
+    def engine_seed(self) -> int | None:
+        """The seed the engine gets: None for no seed (absent, or vLLM's -1)."""
+        return None if self.seed == UNSEEDED else self.seed
 
     def logit_bias_ids(self) -> dict[int, float] | None:
         """``logit_bias`` with its keys (token ids as strings, OpenAI's form) as ints."""
@@ -104,30 +171,62 @@ class _SamplingFields(_Strict):
             raise bad_request(f"logit_bias keys must be token ids, got {bad[0]!r}", "logit_bias")
         return {int(k): v for k, v in self.logit_bias.items()}
 
-    def constraint(self) -> StructuredOutputsParams | None:
-        """The output's constraint from ``response_format`` (text, json_object, json_schema) or
-        ``structured_outputs``; anything else is refused by name."""
+    def constraint_source(self) -> tuple[str, dict[str, Any]] | None:
+        """The request field that constrains the output (``response_format``, ``structured_outputs.X``
+        or ``guided_X``) and the ``StructuredOutputsParams`` arguments it means; None: unconstrained.
+        These fields are exclusive, as in vLLM."""
+        given = []
         fmt = self.response_format
         kind = None if fmt is None else fmt.get("type", "text")
         if kind not in (None, "text", "json_object", "json_schema"):
-            raise bad_request(f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
-                              "response_format", "unsupported_parameter")
-        if kind not in (None, "text") and self.structured_outputs is not None:
-            raise bad_request("response_format and structured_outputs are exclusive", "structured_outputs")
+            raise unsupported(
+                f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
+                "response_format",
+            )
+        if kind == "json_object":
+            given.append(("response_format", {"json_object": True}))
+        if kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            param = "response_format.json_schema.schema"
+            if not isinstance(schema, dict):
+                raise bad_request(f"{param} must be a JSON schema object", param)
+            given.append((param, {"json": schema}))
+        if self.structured_outputs is not None:
+            chosen = self.structured_outputs.given()
+            if len(chosen) != 1:
+                raise bad_request(
+                    "structured_outputs needs exactly one of json, regex, choice, grammar, "
+                    f"json_object; got {', '.join(chosen) or 'none'}",
+                    "structured_outputs",
+                )
+            ((name, value),) = chosen.items()
+            given.append((f"structured_outputs.{name}", {name: value}))
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                given.append((f"guided_{name}", {name: value}))
+        if len(given) > 1:
+            raise bad_request(
+                f"{given[0][0]} and {given[1][0]} both constrain the output: give one", given[1][0]
+            )
+        return given[0] if given else None
+
+    @property
+    def constraint_param(self) -> str | None:
+        """The field to name when the constraint does not compile."""
+        source = self.constraint_source()
+        return None if source is None else source[0]
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The output's constraint, from whichever field gives it (``constraint_source``)."""
+        source = self.constraint_source()
+        if source is None:
+            return None
+        param, kwargs = source
         try:
-            if kind == "json_object":
-                return StructuredOutputsParams(json_object=True)
-            if kind == "json_schema":
-                schema = (fmt.get("json_schema") or {}).get("schema")
-                if not isinstance(schema, dict):
-                    raise bad_request("response_format.json_schema.schema must be a JSON schema object",
-                                      "response_format")
-                return StructuredOutputsParams(json=schema)
-            if self.structured_outputs is not None:
-                return StructuredOutputsParams(**self.structured_outputs)
-        except (ConfigError, TypeError) as e:
-            raise bad_request(f"invalid structured_outputs: {e}", "structured_outputs") from None
-        return None
+            return StructuredOutputsParams(**kwargs)
+        except ConfigError as e:
+            raise bad_request(f"invalid {param}: {e}", param) from None
 
     def wanted_logprobs(self) -> int | None:
         """Top log-probabilities per output token the response shows (None: no logprobs)."""
@@ -135,7 +234,8 @@ class _SamplingFields(_Strict):
 
     @property
     def sequences_per_prompt(self) -> int:
-        """Sequences generated per prompt (completions: ``best_of``, of which the ``n`` most likely are returned)."""
+        """Sequences generated per prompt (completions: ``best_of``, of which the ``n`` most likely
+        are returned)."""
         return self.n
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
@@ -143,29 +243,52 @@ class _SamplingFields(_Strict):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+        """A usage chunk ends the stream (``continuous_usage_stats`` asks for usage, so it too)."""
+        o = self.stream_options
+        return bool(o and (o.include_usage or o.continuous_usage_stats))
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_SamplingFields):
     # str | list[str] | list[int] | list[list[int]]; checked by ``prompts()`` with precise messages.
     prompt: Any = None
+    # NOTE: 0 only with echo: the prompt (and its log-probabilities) alone, as lm-evaluation-harness asks.
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: PositiveInt | None = None
     logprobs: Annotated[int, Field(ge=0)] | None = None
+    add_special_tokens: bool = True
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:
             raise bad_request(f"logprobs={self.logprobs} is more than {MAX_LOGPROBS}", "logprobs")
-        if self.logprobs is not None and (self.stream or self.echo):
-            raise bad_request("logprobs with stream or echo are not supported", "logprobs", "unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request(
+                "max_tokens=0 generates nothing: it is allowed only with echo (the prompt and, with "
+                "logprobs, its log-probabilities)",
+                "max_tokens",
+            )
         if self.suffix:
-            raise bad_request("suffix is not supported", "suffix", "unsupported_parameter")
+            raise unsupported("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of < self.n:
             raise bad_request(f"best_of={self.best_of} must be >= n={self.n}", "best_of")
         if self.best_of not in (None, self.n) and self.stream:
-            raise bad_request("best_of with stream is not supported", "best_of", "unsupported_parameter")
+            raise unsupported("best_of with stream is not supported", "best_of")
+
+    @property
+    def echo_only(self) -> bool:
+        """The answer is the echoed prompt alone (``max_tokens`` 0)."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Log-probabilities of the prompt's tokens, which echo with logprobs shows (vLLM's rule)."""
+        return self.logprobs if self.echo else None
 
     def wanted_logprobs(self) -> int | None:
         return self.logprobs
@@ -182,8 +305,7 @@ class CompletionRequest(_SamplingFields):
         if isinstance(p, str):
             return [p]
         if not isinstance(p, list):
-            raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
-                              "lists of token ids", "prompt")
+            raise bad_request(_PROMPT_SHAPES, "prompt")
         if not p:
             raise bad_request("prompt is empty", "prompt")
         if all(_is_token(t) for t in p):
@@ -192,20 +314,22 @@ class CompletionRequest(_SamplingFields):
             return list(p)
         if all(isinstance(ids, list) and all(_is_token(t) for t in ids) for ids in p):
             return [list(ids) for ids in p]
-        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
-                          "lists of token ids", "prompt")
+        raise bad_request(_PROMPT_SHAPES, "prompt")
+
+
+_PROMPT_SHAPES = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 
 
 def _is_token(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-class ContentPart(_Strict):
+class ContentPart(_Body):
     type: str
     text: str | None = None
 
 
-class ChatMessage(_Strict):
+class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -218,10 +342,22 @@ class ChatMessage(_Strict):
         parts = []
         for j, part in enumerate(self.content):
             if part.type != "text" or part.text is None:
-                raise bad_request(f"content part type {part.type!r} is not supported (only 'text')",
-                                  f"messages.{i}.content.{j}", "unsupported_content")
+                raise bad_request(
+                    f"content part type {part.type!r} is not supported (only 'text')",
+                    f"messages.{i}.content.{j}",
+                    "unsupported_content",
+                )
             parts.append(part.text)
         return "".join(parts)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template expects them (``developer`` is OpenAI's new name for system)."""
+    out = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": m.text(i)})
+    return out
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -233,19 +369,20 @@ class ChatCompletionRequest(_SamplingFields):
     functions: list[Any] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool = False  # the chat template holds the special tokens (vLLM's default)
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         if (self.top_logprobs or 0) > MAX_LOGPROBS:
-            raise bad_request(f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs")
-        if self.logprobs and self.stream:
-            raise bad_request("logprobs with stream are not supported", "logprobs", "unsupported_parameter")
+            raise bad_request(
+                f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs"
+            )
         if self.tools or self.functions:
-            raise bad_request("tools are not supported", "tools", "unsupported_parameter")
+            raise unsupported("tools are not supported", "tools")
         if self.tool_choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice is not supported", "tool_choice", "unsupported_parameter")
+            raise unsupported("tool_choice is not supported", "tool_choice")
         if not self.messages:
             raise bad_request("messages is empty: at least one message is needed", "messages")
 
@@ -258,37 +395,108 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_tokens, "max_tokens"
 
     def conversation(self) -> list[dict[str, str]]:
-        """Messages as the chat template expects them (``developer`` is OpenAI's new name for system)."""
-        out = []
-        for i, m in enumerate(self.messages):
-            role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.text(i)})
-        return out
+        return conversation(self.messages)
 
 
-def parse_body(model: type[_Strict], body: bytes) -> Any:
-    """Validate a JSON body; any problem becomes a 400 naming the field."""
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a ``prompt`` (special tokens added by default) or chat ``messages`` (the
+    chat template applied, no special tokens added by default)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    def check_supported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("give either prompt or messages", "prompt")
+
+    @property
+    def special_tokens(self) -> bool:
+        """Whether the tokenizer adds its special tokens (vLLM: for a prompt yes, for messages no)."""
+        return (
+            self.add_special_tokens
+            if self.add_special_tokens is not None
+            else self.messages is None
+        )
+
+
+class DetokenizeRequest(_Body):
+    """vLLM's /detokenize: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+def parse_body(model: type[BaseModel], body: bytes) -> Any:
+    """Validate a JSON body; any problem, an unknown field included, becomes a 400 naming the field."""
     try:
-        return model.model_validate_json(body)
+        parsed = model.model_validate_json(body)
     except ValidationError as e:
         raise bad_request(*_describe(e)) from None
+    refuse_unknown_fields(parsed)
+    return parsed
+
+
+def refuse_unknown_fields(body: BaseModel, at: str = "") -> None:
+    """400 naming the first field ``body`` (or a model inside it) does not declare, unless it is null
+    or a ``NEUTRAL`` field at its neutral value."""
+    for name, value in (body.model_extra or {}).items():
+        if value is None or (not at and name in NEUTRAL and value == NEUTRAL[name]):
+            continue
+        param = at + name
+        if not at and name in NEUTRAL:
+            raise unsupported(
+                f"{param}={_short(value)} is not supported: only {NEUTRAL[name]!r} (its default)",
+                param,
+            )
+        raise unsupported(
+            f"{param} is not a field this server implements (refused rather than ignored)", param
+        )
+    for name, field in type(body).model_fields.items():
+        value = getattr(body, name)
+        key = field.alias or name
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, BaseModel):
+                refuse_unknown_fields(item, f"{at}{key}." + ("" if i is None else f"{i}."))
 
 
 def _describe(e: ValidationError) -> tuple[str, str | None]:
     errors = e.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
-        return f"the request body is not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}", None
+        reason = first["msg"].removeprefix("Invalid JSON: ")
+        return f"the request body is not valid JSON: {reason}", None
     if first["type"] == "model_type" and not first["loc"]:
         return "the request body must be a JSON object", None
-    param = ".".join(str(x) for x in first["loc"]) or None
+    # NOTE: a value that fails a union fails each member; the member it went deepest in says most.
+    within = _field(first["loc"]) or ""
+    first = max(
+        (e for e in errors if (_field(e["loc"]) or "").startswith(within)),
+        key=lambda e: len(e["loc"]),
+    )
+    param = _field(first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         return f"{param} is required", param
     value = first.get("input")
-    shown = "" if isinstance(value, (dict, list)) or first["type"] == "missing" else f" (got {_short(value)})"
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    shown = "" if isinstance(value, (dict, list)) else f" (got {_short(value)})"
+    others = len({_field(e["loc"]) for e in errors}) - 1  # a union's failed members count once
+    more = f" (and {others} more problems)" if others else ""
     return f"invalid {param}: {msg}{shown}{more}", param
+
+
+_UNION_MEMBER = re.compile(r"str|int|float|bool|.*[\[\]-].*")
+
+
+def _field(loc: tuple) -> str | None:
+    """The dotted field path of an error's location, less the union members pydantic names in it
+    (``guided_json.str``: the value failed the ``str`` member of ``str | dict``)."""
+    kept = [str(x) for x in loc if isinstance(x, int) or not _UNION_MEMBER.fullmatch(x)]
+    return ".".join(kept) or None
 
 
 def _short(value: Any) -> str:

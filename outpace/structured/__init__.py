@@ -1,5 +1,6 @@
 """Structured output: grammar-constrained decoding (JSON schemas, regexes, choices, EBNF) through xgrammar."""
-from outpace.structured.grammar import GrammarCompiler, RequestGrammar
+
+from outpace.structured.grammar import ConstraintError, GrammarCompiler, RequestGrammar
 from outpace.structured.table import GrammarTable
 
-__all__ = ["GrammarCompiler", "RequestGrammar", "GrammarTable"]
+__all__ = ["ConstraintError", "GrammarCompiler", "RequestGrammar", "GrammarTable"]

@@ -15,23 +15,43 @@ at once, which is the rollback of rejected drafts.
 
 JSON (a schema or ``json_object``) is generated compactly, with no free whitespace between tokens
 (xgrammar's ``any_whitespace=False``), so a model cannot stall in whitespace until max_tokens.
+A schema's ``$ref`` must resolve inside the schema: xgrammar lets any value through where a reference
+leaves it (another file, a URL, an anchor), so such a schema is refused rather than run unconstrained.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Sequence
+import re
+from typing import Any, Sequence
+from urllib.parse import unquote
 
 import torch
 
-from outpace.sampling_params import StructuredOutputsParams
 from outpace.layers.logits_processing import BITS_PER_WORD, bitmask_words
+from outpace.sampling_params import StructuredOutputsParams
+
+
+class ConstraintError(ValueError):
+    """A constraint that does not compile: ``kind`` names its field of ``StructuredOutputsParams`` (json,
+    regex, choice, grammar, json_object) and ``detail`` says why, without xgrammar's internals."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        # NOTE: both in args, so that it pickles (a data-parallel replica sends it back).
+        super().__init__(kind, detail)
+        self.kind, self.detail = kind, detail
+
+    def __str__(self) -> str:
+        return f"structured_outputs.{self.kind} does not compile: {self.detail}"
 
 
 def _xgrammar():
     try:
         import xgrammar
     except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ValueError("structured_outputs needs the xgrammar package: pip install 'outpace[structured]'") from e
+        raise ValueError(
+            "structured_outputs needs the xgrammar package: pip install 'outpace[structured]'"
+        ) from e
     return xgrammar
 
 
@@ -47,36 +67,48 @@ class GrammarCompiler:
     def _compiler_or_build(self):
         if self._compiler is None:
             if self.tokenizer is None:
-                raise ValueError("structured_outputs needs the model's tokenizer, and this model has none")
+                raise ValueError(
+                    "structured_outputs needs the model's tokenizer, and this model has none"
+                )
             if not self.stop_token_ids:
-                raise ValueError("structured_outputs needs an end-of-sequence token id, and this model has none")
+                raise ValueError(
+                    "structured_outputs needs an end-of-sequence token id, and this model has none"
+                )
             xgr = _xgrammar()
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.stop_token_ids)
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+            )
             self._compiler = xgr.GrammarCompiler(info, max_threads=2)
         return self._compiler
 
     def compile(self, spec: StructuredOutputsParams):
-        """The compiled grammar; a constraint that does not compile raises ValueError naming its field."""
+        """The compiled grammar; a constraint that does not compile raises ``ConstraintError``."""
         compiler, kind = self._compiler_or_build(), spec.kind
+        if kind == "json":
+            schema = _parsed_schema(spec.json)
+            _check_refs(schema, schema)
         try:
             if kind == "json":
-                schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
-                return compiler.compile_json_schema(schema, any_whitespace=False)
+                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if kind == "json_object":
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
                 return compiler.compile_regex(spec.regex)
             if kind == "choice":  # GBNF string literals take JSON's escapes
-                return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec.choice))
+                return compiler.compile_grammar(
+                    "root ::= " + " | ".join(json.dumps(c) for c in spec.choice)
+                )
             return compiler.compile_grammar(spec.grammar)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
-            raise ValueError(f"structured_outputs.{kind} does not compile: {str(e).strip()[:500]}") from None
+            raise ConstraintError(kind, _parser_message(e)) from None
 
-    def matcher(self, spec: StructuredOutputsParams, output_token_ids: Sequence[int] = ()) -> RequestGrammar:
+    def matcher(
+        self, spec: StructuredOutputsParams, output_token_ids: Sequence[int] = ()
+    ) -> RequestGrammar:
         """A request's grammar state after ``output_token_ids`` (its committed output so far)."""
-        grammar = RequestGrammar(_xgrammar().GrammarMatcher(self.compile(spec)), self.vocab_size,
-                                 self.stop_token_ids)
+        grammar = RequestGrammar(
+            _xgrammar().GrammarMatcher(self.compile(spec)), self.vocab_size, self.stop_token_ids
+        )
         grammar.accept(output_token_ids)
         return grammar
 
@@ -85,7 +117,9 @@ class RequestGrammar:
     def __init__(self, matcher, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         self.matcher, self.vocab_size = matcher, vocab_size
         self.words = bitmask_words(vocab_size)
-        self.stop_only = torch.zeros(self.words, dtype=torch.int32)  # [words]: the stop tokens alone
+        self.stop_only = torch.zeros(
+            self.words, dtype=torch.int32
+        )  # [words]: the stop tokens alone
         for t in stop_token_ids:
             self.stop_only[t // BITS_PER_WORD] |= _bit(t % BITS_PER_WORD)
 
@@ -98,7 +132,9 @@ class RequestGrammar:
         distribution was masked): it is a bug, raised as one."""
         for t in tokens:
             if not self.matcher.accept_token(int(t)):
-                raise RuntimeError(f"the grammar refused committed token {t}: its mask was not applied")
+                raise RuntimeError(
+                    f"the grammar refused committed token {t}: its mask was not applied"
+                )
 
     def fill_tree(self, tokens: Sequence[int], parents: Sequence[int], out: torch.Tensor) -> None:
         """``out`` [n, words] int32 (host): the bitmask at each node of a draft tree (node 0: the last
@@ -127,3 +163,61 @@ class RequestGrammar:
 def _bit(i: int) -> int:
     """Bit i of an int32 word, as a Python int of the word's signed value."""
     return (1 << i) - (1 << 32 if i == BITS_PER_WORD - 1 else 0)
+
+
+# xgrammar's messages start with a log prefix naming its C++ source ("[07:18:49] /project/cpp/
+# regex_converter.cc:83: ") and may hold a failed check's expression; the user needs neither.
+_INTERNALS = re.compile(r"\[[\d:]+\] \S+:\d+: |Check failed: \(.*?\) is false: ")
+
+
+def _parser_message(e: Exception) -> str:
+    return _INTERNALS.sub("", str(e)).strip()[:500] or type(e).__name__
+
+
+def _parsed_schema(schema: str | dict) -> Any:
+    if not isinstance(schema, str):
+        return schema
+    try:
+        return json.loads(schema)
+    except ValueError as e:
+        raise ConstraintError("json", f"the schema is not valid JSON: {e}") from None
+
+
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")  # values there are data, not schemas
+
+
+def _check_refs(node: Any, root: Any) -> None:
+    """Every ``$ref`` in the schema ``node`` points inside ``root`` (ConstraintError naming it otherwise)."""
+    if isinstance(node, list):
+        for item in node:
+            _check_refs(item, root)
+        return
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        _resolve(ref, root)
+    for key, value in node.items():
+        if key not in _DATA_KEYWORDS:
+            _check_refs(value, root)
+
+
+def _resolve(ref: str, root: Any) -> None:
+    """Follow a local reference (``#`` or a JSON pointer ``#/...``) through ``root``."""
+    if ref != "#" and not ref.startswith("#/"):
+        raise ConstraintError(
+            "json",
+            f"$ref {ref!r} cannot be resolved: only references inside the schema "
+            "('#' or '#/...') are supported",
+        )
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise ConstraintError(
+                "json", f"$ref {ref!r} cannot be resolved: the schema has no {part!r} there"
+            )

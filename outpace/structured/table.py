@@ -5,6 +5,7 @@ A request's grammar is built when the request is first scheduled (its constraint
 admission, so this is a cache hit) from the output it already has, and dropped when its row is freed
 (finish, abort, preemption): a preempted request's grammar is rebuilt from its output when it runs again.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -39,11 +40,15 @@ class GrammarTable:
     def release(self, request_id: str) -> None:
         self._of.pop(request_id, None)
 
-    def tree_masks(self, reqs: Sequence[Request], tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    def tree_masks(
+        self, reqs: Sequence[Request], tokens: torch.Tensor, parents: torch.Tensor
+    ) -> torch.Tensor:
         """[rows, n, words] int32 (host): each row's bitmask at every node of its draft tree; ``tokens``,
         ``parents`` [rows, n] (host; rows past ``reqs`` are padding: no constraint)."""
         rows, n = tokens.shape
-        masks = torch.full((rows, n, bitmask_words(self.compiler.vocab_size)), -1, dtype=torch.int32)
+        masks = torch.full(
+            (rows, n, bitmask_words(self.compiler.vocab_size)), -1, dtype=torch.int32
+        )
         token_lists, parent_lists = tokens.tolist(), parents.tolist()
         for i, req in enumerate(reqs):
             grammar = self.get(req)

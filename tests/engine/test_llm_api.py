@@ -101,8 +101,8 @@ def test_server_structured_output_logprobs_penalties_best_of():
         assert sums[0] >= sums[1] and all(len(c["logprobs"]["tokens"]) == len(c["logprobs"]["top_logprobs"])
                                           for c in choices)
         for body, param in (({"response_format": {"type": "yaml"}}, "response_format"),
-                            ({"logprobs": 1, "stream": True}, "logprobs"),
-                            ({"structured_outputs": {"json": {"type": 5}}}, "prompt"),
+                            ({"logprobs": 21}, "logprobs"),
+                            ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json"),
                             ({"logit_bias": {"x": 1}}, "logit_bias")):
             r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, **body})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
