@@ -70,6 +70,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why the request failed (finish_reason "error")
     text: str = ""
     seed: int = 0  # the request's random stream (layers/sampler.py random_keys): params.seed, or drawn at admission
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
@@ -146,6 +147,7 @@ class RequestOutput:
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
+    error: str | None = None  # why the request failed (finish_reason "error"); no other request is affected
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -161,7 +163,7 @@ class RequestOutput:
         logprobs = None if req.logprobs is None else list(req.logprobs)
         return cls(req.request_id, req.prompt, req.prompt_token_ids, req.text, req.output_token_ids,
                    req.finish_reason, req.stop_reason, req.finished, req.metrics, req.spec_metrics,
-                   logprobs, req.cumulative_logprob, req.prompt_logprobs)
+                   logprobs, req.cumulative_logprob, req.prompt_logprobs, error=req.error)
 
 
 # What a request's random draw at a position is for: the counter of ``random_keys`` is position * DRAWS + purpose.

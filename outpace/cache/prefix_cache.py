@@ -59,7 +59,7 @@ class PrefixCache:
         """The keys of the request's first ``num_blocks`` blocks (block b needs tokens up to (b + 1) *
         block_size + reads_ahead - 1). Kept per request until ``forget``: its tokens only ever grow."""
         bs, ahead = self.block_size, self.reads_ahead
-        if num_blocks * bs + ahead > len(token_ids):
+        if num_blocks > 0 and num_blocks * bs + ahead > len(token_ids):
             raise ValueError(f"block {num_blocks - 1} of request {request_id!r} reads tokens up to "
                              f"{num_blocks * bs + ahead - 1}, the request has {len(token_ids)}")
         chain, keys = self._chains.setdefault(request_id, ([], []))

@@ -36,9 +36,10 @@ from outpace.engine.warm_up import warm_up_prefills
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.step_key import SamplingMode
+from outpace.engine.step_results import StepResults
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.registry import proposer_class
-from outpace.request import Request, RequestOutput
+from outpace.request import Request, RequestOutput, RequestStatus
 from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.structured import GrammarCompiler, GrammarTable
@@ -310,11 +311,12 @@ class LLMEngine:
         if self.ranks.closed:
             raise RuntimeError("the engine was closed")
         batch = self.scheduler.schedule()
+        failed = [self._failed_output(req) for req in self._take_failed()]
         if self.lockstep is None:
-            return self._run(batch)
+            return failed + self._run(batch)
         try:
             self.lockstep.lead(batch)
-            return self._run(batch)
+            return failed + self._run(batch)
         except BaseException as e:
             # NOTE: a step that failed part-way leaves the ranks at different points: none can go on, so the
             # ranks this process started are stopped (torchrun's fail on the collective timeout)
@@ -341,39 +343,87 @@ class LLMEngine:
         do for one rank; idempotent."""
         self._closer()
 
+    def _take_failed(self) -> list[Request]:
+        """The requests the scheduler failed since the last step (none other is affected)."""
+        failed, self.scheduler.failed = self.scheduler.failed, []
+        return failed
+
     def _run(self, batch) -> list[RequestOutput]:
         if not batch:
             return []
-        results = self.runner.execute(batch)
+        try:
+            results = self.runner.execute(batch)
+        except Exception as error:
+            if self.lockstep is not None:  # the ranks would part ways: step() stops them all
+                raise
+            return self._isolate(batch, error)
         outputs = []
         now = time.perf_counter()
-        settle, append_token = self.scheduler.settle, self._append_token
-        tokens, logprobs, at = results.new_token_ids, results.logprobs, 0  # at: the request's first new token
-        for i, (s, n, committed, accepted) in enumerate(zip(batch, results.num_new_tokens, results.num_committed,
-                                                            results.num_accepted_drafts)):
-            req = s.request
-            req.num_computed_tokens += committed
-            if accepted is not None:
-                budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
-                req.spec_metrics.record(results.num_drafts[i], results.max_depth[i], accepted, budget,
-                                        results.draft_depths[i])
-            if n and req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            stop = False
-            for j in range(at, at + n):
-                if logprobs is not None:
-                    req.record_logprobs(logprobs[j])
-                if append_token(req, tokens[j]):
-                    stop = True
-                    break
+        at = 0  # the request's first new token
+        for i, s in enumerate(batch):
+            n = results.num_new_tokens[i]
+            try:
+                out = self._commit(s.request, results, i, at, now)
+            except Exception as error:  # noqa: BLE001 - e.g. its stop strings: this request's failure alone
+                out = self._fail(s.request, error)
             at += n
-            settle(req)  # its blocks' keys read the tokens just appended
-            if stop:
-                outputs.append(self._finish(req))
-            elif self.stream_outputs and n:
-                self._detokenize_so_far(req)
-                outputs.append(RequestOutput.of(req))
+            if out is not None:
+                outputs.append(out)
         return outputs
+
+    def _commit(self, req: Request, results: StepResults, i: int, at: int, now: float) -> RequestOutput | None:
+        """Request ``i`` of the step: its committed rows, metrics and new tokens (``results.new_token_ids[at:]``).
+        Returns its output when it finished (or, streaming, when it got tokens)."""
+        n, accepted = results.num_new_tokens[i], results.num_accepted_drafts[i]
+        req.num_computed_tokens += results.num_committed[i]
+        self.scheduler.cleared(req)
+        if accepted is not None:
+            budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
+            req.spec_metrics.record(results.num_drafts[i], results.max_depth[i], accepted, budget,
+                                    results.draft_depths[i])
+        if n and req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        stop = False
+        for j in range(at, at + n):
+            if results.logprobs is not None:
+                req.record_logprobs(results.logprobs[j])
+            if self._append_token(req, results.new_token_ids[j]):
+                stop = True
+                break
+        self.scheduler.settle(req)  # its blocks' keys read the tokens just appended
+        if stop:
+            return self._finish(req)
+        if self.stream_outputs and n:
+            self._detokenize_so_far(req)
+            return RequestOutput.of(req)
+        return None
+
+    def _isolate(self, batch: list, error: Exception) -> list[RequestOutput]:
+        """The step of ``batch`` raised: a lone request is failed; otherwise which request caused it is not
+        known, so the scheduler runs each of the batch's requests alone until it gets past this point
+        (``Scheduler.isolate``: recomputation, so no other request's output changes)."""
+        logger.exception("a step of %d requests failed", len(batch))
+        if len(batch) == 1:
+            return [self._fail(batch[0].request, error)]
+        self.scheduler.isolate([s.request for s in batch])
+        return []
+
+    def _fail(self, req: Request, error: BaseException) -> RequestOutput:
+        """End one request with ``error``, returning what it holds; its output says why."""
+        req.error = f"{type(error).__name__}: {error}"
+        if req.status is RequestStatus.FINISHED:  # it failed while finishing: its blocks are back already
+            req.finish_reason = "error"
+        else:
+            self.scheduler.finish(req, "error")
+        return self._failed_output(req)
+
+    def _failed_output(self, req: Request) -> RequestOutput:
+        """A failed request's output (finish_reason "error", ``error`` the cause; its text is not decoded,
+        which may be what failed)."""
+        logger.error("request %s failed: %s", req.request_id, req.error)
+        self._requests.pop(req.request_id, None)
+        req.metrics.finished_time = time.perf_counter()
+        return RequestOutput.of(req)
 
     def _on_free(self, req: Request) -> None:
         self.runner.release(req.request_id)

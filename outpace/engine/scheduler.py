@@ -69,6 +69,8 @@ class Scheduler:
         self.unsettled_rows = unsettled_rows
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.failed: list[Request] = []  # failed while being scheduled, not yet reported (the engine drains it)
+        self.suspects: dict[str, int] = {}  # request id -> computed tokens when its batch's step failed
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -86,45 +88,103 @@ class Scheduler:
         return n, n, computed + n
 
     def schedule(self) -> list[ScheduledRequest]:
+        """The next step's batch. While suspects remain (``isolate``), the first of them runs alone."""
+        suspect = next((r for r in [*self.running, *self.waiting] if r.request_id in self.suspects), None)
+        if suspect is None:
+            return self._schedule(list(self.running), self.max_num_seqs)
+        if suspect in self.running:
+            return self._schedule([suspect], 0)
+        self.waiting.remove(suspect)
+        self.waiting.appendleft(suspect)
+        return self._schedule([], 1)
+
+    def _schedule(self, running: list[Request], max_joining: int) -> list[ScheduledRequest]:
+        """``running`` requests first, then up to ``max_joining`` waiting ones. A request whose scheduling
+        raises is failed alone (``failed``)."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
-        pool, running = self.pool, RequestStatus.RUNNING
-        for req in list(self.running):
-            if req.status is not running:
+        for req in running:
+            try:
+                chunk = self._continue(req, budget)
+            except Exception as error:  # noqa: BLE001 - this request's failure is its own
+                self._fail(req, error)
                 continue
-            n, cost, rows = self._demand(req, budget, req.num_computed_tokens)
-            if n == 0 or cost > budget:
-                continue
-            while not pool.try_grow(req.request_id, rows):
-                victim = self.running[-1]
-                self.preempt(victim)
-                if victim is req:
-                    break
-            if req.status is not running:
-                continue
-            scheduled.append(ScheduledRequest(req, n))
-            budget -= cost
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            if chunk is not None:
+                scheduled.append(chunk[0])
+                budget -= chunk[1]
+        joined = 0
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and joined < max_joining:
             req = self.waiting[0]
-            reused = self._cached_prefix(req)
-            computed = len(reused) * self.pool.block_size
-            n, cost, rows = self._demand(req, budget, computed)
-            needed = self.pool.blocks_needed(rows) - len(reused) + self.pool.blocks_taken(reused)
-            if cost > budget or needed > self.pool.num_free:
+            try:
+                chunk = self._join(req, budget)
+            except Exception as error:  # noqa: BLE001 - this request's failure is its own
+                self._fail(req, error)
+                continue
+            if chunk is None:
                 break
-            self.waiting.popleft()
-            self.pool.reuse(req.request_id, reused)
-            req.num_computed_tokens = computed
-            if self.pool.prefix_cache is not None:
-                stats = self.pool.prefix_cache.stats
-                stats.queries += req.num_tokens
-                stats.hits += computed
-            self.pool.grow(req.request_id, rows)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            scheduled.append(ScheduledRequest(req, n, computed))
-            budget -= cost
+            scheduled.append(chunk[0])
+            budget -= chunk[1]
+            joined += 1
         return scheduled
+
+    def _continue(self, req: Request, budget: int) -> tuple[ScheduledRequest, int] | None:
+        """A running request's chunk within ``budget`` and its forward cost (None: none now), its blocks
+        grown, preempting the most recently admitted requests (itself included) while the pool cannot hold
+        them."""
+        if req.status is not RequestStatus.RUNNING:
+            return None
+        n, cost, rows = self._demand(req, budget, req.num_computed_tokens)
+        if n == 0 or cost > budget:
+            return None
+        while not self.pool.try_grow(req.request_id, rows):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is req:
+                break
+        return (ScheduledRequest(req, n), cost) if req.status is RequestStatus.RUNNING else None
+
+    def _join(self, req: Request, budget: int) -> tuple[ScheduledRequest, int] | None:
+        """Admit the first waiting request, from its cached prefix, if budget and free blocks allow: its
+        chunk and forward cost."""
+        reused = self._cached_prefix(req)
+        computed = len(reused) * self.pool.block_size
+        n, cost, rows = self._demand(req, budget, computed)
+        needed = self.pool.blocks_needed(rows) - len(reused) + self.pool.blocks_taken(reused)
+        if cost > budget or needed > self.pool.num_free:
+            return None
+        self.waiting.popleft()
+        self.pool.reuse(req.request_id, reused)
+        req.num_computed_tokens = computed
+        if self.pool.prefix_cache is not None:
+            stats = self.pool.prefix_cache.stats
+            stats.queries += req.num_tokens
+            stats.hits += computed
+        self.pool.grow(req.request_id, rows)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return ScheduledRequest(req, n, computed), cost
+
+    def isolate(self, batch: list[Request]) -> None:
+        """A step of ``batch`` failed and the fault cannot be told apart: every running request is preempted
+        (recomputed later: outputs so far are kept) and the batch's requests become suspects, each then run
+        alone until it gets past the point where the step failed (``cleared``); one that fails alone is
+        failed alone."""
+        for req in batch:
+            self.suspects[req.request_id] = req.num_computed_tokens
+        for req in reversed(self.running):
+            self.preempt(req)
+
+    def cleared(self, req: Request) -> None:
+        """After a step that ran for ``req``: a suspect past the point where its batch failed is one no more."""
+        mark = self.suspects.get(req.request_id)
+        if mark is not None and req.num_computed_tokens > mark:
+            del self.suspects[req.request_id]
+
+    def _fail(self, req: Request, error: BaseException) -> None:
+        """End one request with ``error`` (finish_reason "error"), returning whatever it holds."""
+        req.error = f"{type(error).__name__}: {error}"
+        self.finish(req, "error")
+        self.failed.append(req)
 
     def _cached_prefix(self, req: Request) -> list[int]:
         """The published blocks a joining request starts from (module docstring)."""
@@ -155,5 +215,6 @@ class Scheduler:
         self.pool.free(req.request_id)
         self.pool.forget(req.request_id)
         self.on_free(req)
+        self.suspects.pop(req.request_id, None)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

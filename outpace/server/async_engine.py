@@ -351,7 +351,9 @@ class AsyncEngine:
             # NOTE: the output shares the request's mutable metrics objects; hand out copies.
             out = dataclasses.replace(out, metrics=dataclasses.replace(out.metrics),
                                       spec_metrics=SpecMetrics().merge(out.spec_metrics))
-        self._outbox.append((tracked.stream, (tracked.index, out)))
+        failure = out.error is not None  # this request alone failed: its client gets the error
+        item = EngineError(f"request {out.request_id} failed: {out.error}") if failure else (tracked.index, out)
+        self._outbox.append((tracked.stream, item))
 
     def _flush(self) -> None:
         """Hand the outputs recorded since the last flush to their streams' event loops, one wake-up each."""
