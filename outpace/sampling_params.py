@@ -9,7 +9,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from outpace.validation import ConfigError, is_finite_number, is_int, require, require_positive_int
+from outpace.validation import (
+    ConfigError,
+    is_finite_number,
+    is_int,
+    is_int64,
+    require,
+    require_positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,10 @@ class StructuredOutputsParams:
         )
 
 
-MAX_LOGPROBS = 20  # top_logprobs per position a request may ask for (vLLM's default max_logprobs and OpenAI's limit)
+# top_logprobs per position a request may ask for (vLLM's default max_logprobs and OpenAI's limit)
+MAX_LOGPROBS = 20
+# OpenAI's range for a logit_bias value, either sign (the server refuses beyond it; vLLM clamps)
+MAX_LOGIT_BIAS = 100
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ class SamplingParams:
     """Per-request decoding parameters (names, defaults and meanings follow vLLM's SamplingParams).
 
     temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k; ``top_p`` 1 and ``min_p`` 0
-    disable theirs. ``max_tokens`` counts generated tokens.
+    disable theirs. ``max_tokens`` counts generated tokens. ``seed`` -1 means no seed (as in vLLM).
 
     ``n`` completions are returned per prompt, the best ``n`` of ``best_of`` sampled ones by cumulative
     log-probability (``LLM.generate`` fans them out; an engine request is one sequence).
@@ -128,13 +138,14 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        real = (int, float)
+        if self.seed == -1 and is_int(self.seed):  # vLLM's "no seed"
+            object.__setattr__(self, "seed", None)
         require_positive_int(o, "n", self.n)
         require(
             o,
             "best_of",
             self.best_of,
-            self.best_of is None or (is_int(self.best_of) and self.best_of >= self.n),
+            self.best_of is None or (is_int64(self.best_of) and self.best_of >= self.n),
             f"None or an integer >= n={self.n}",
         )
         require(
@@ -148,21 +159,21 @@ class SamplingParams:
             o,
             "top_p",
             self.top_p,
-            isinstance(self.top_p, real) and 0 < self.top_p <= 1,
+            is_finite_number(self.top_p) and 0 < self.top_p <= 1,
             "in (0, 1]",
         )
         require(
             o,
             "top_k",
             self.top_k,
-            is_int(self.top_k) and self.top_k >= -1,
+            is_int64(self.top_k) and self.top_k >= -1,
             "-1 or 0 (disabled) or a positive integer",
         )
         require(
             o,
             "min_p",
             self.min_p,
-            isinstance(self.min_p, real) and 0 <= self.min_p <= 1,
+            is_finite_number(self.min_p) and 0 <= self.min_p <= 1,
             "in [0, 1]",
         )
         for name in ("presence_penalty", "frequency_penalty"):
@@ -182,9 +193,10 @@ class SamplingParams:
                 self.logit_bias,
                 isinstance(self.logit_bias, dict)
                 and all(
-                    is_int(t) and t >= 0 and is_finite_number(b) for t, b in self.logit_bias.items()
+                    is_int64(t) and t >= 0 and is_finite_number(b) and abs(b) <= MAX_LOGIT_BIAS
+                    for t, b in self.logit_bias.items()
                 ),
-                "a dict of token id (int >= 0) -> finite bias",
+                f"a dict of token id (int >= 0) -> bias in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]",
             )
             object.__setattr__(
                 self, "logit_bias", {int(t): float(b) for t, b in self.logit_bias.items()} or None
@@ -201,15 +213,15 @@ class SamplingParams:
             o,
             "stop_token_ids",
             self.stop_token_ids,
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-            "non-negative integers",
+            all(is_int64(t) and t >= 0 for t in self.stop_token_ids),
+            "non-negative integers (int64)",
         )
         require(
             o,
             "seed",
             self.seed,
-            self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
-            "None or an integer >= 0",
+            self.seed is None or (is_int64(self.seed) and self.seed >= 0),
+            "None, -1 (no seed) or an integer in [0, 2**63 - 1]",
         )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)

@@ -62,7 +62,7 @@ def test_unknown_architecture(tmp_path, llama_dir):
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.5), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
-    ("min_p", 2.0), ("max_tokens", 0), ("seed", -1), ("stop", [""]),
+    ("min_p", 2.0), ("max_tokens", 0), ("seed", -2), ("stop", [""]),
 ])
 def test_invalid_sampling_values_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"SamplingParams.{field}="):
