@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.attention.registry import get_backend
+from outpace.checkpoint import CheckpointError, checkpoint_tensor_names
 from outpace.layers.sampler import SamplingTensors, random_keys
 from outpace.request import DRAWS
 from outpace.speculative.verify import VerifyResult
@@ -180,6 +182,35 @@ class Proposer(abc.ABC):
     supports_trees: bool = False
     # Prefix caching (cache/prefix_cache.py): the drafter's KV row t is a function of tokens 0 .. t + kv_reads_ahead
     kv_reads_ahead: int = 0
+    # Whether the drafter loads a draft checkpoint (SpeculativeConfig.draft), and a tensor that every such
+    # checkpoint holds and a target's does not (None: any model's checkpoint may be one).
+    takes_draft_checkpoint: bool = True
+    draft_checkpoint_tensor: str | None = None
+
+    @classmethod
+    def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
+        """Draft steps per verify when none is asked for (adaptive drafting chooses up to this many),
+        for this target and draft checkpoint."""
+        return 5
+
+    @classmethod
+    def draft_checkpoint_problem(cls, draft_dir: Path) -> str | None:
+        """Why ``draft_dir`` is plainly no draft checkpoint of this drafter, None when it may be one.
+        Reads config.json's presence and the tensor names only: cheap enough to run before the target loads."""
+        if not (draft_dir / "config.json").is_file():
+            return "it has no config.json"
+        if cls.draft_checkpoint_tensor is None:
+            return None
+        try:
+            names = checkpoint_tensor_names(draft_dir)
+        except CheckpointError as e:
+            return str(e)
+        if cls.draft_checkpoint_tensor in names:
+            return None
+        problem = f"it has no {cls.draft_checkpoint_tensor} tensor, which every such draft holds"
+        if "model.embed_tokens.weight" in names:
+            problem += " (it holds model.embed_tokens.weight: a target checkpoint?)"
+        return problem
 
     def __init__(self, spec, pool, max_requests: int, device: str, attention_backend: str = "torch") -> None:
         self.spec, self.pool, self.device = spec, pool, torch.device(device)

@@ -5,7 +5,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-# Recipe fields that `outpace train draft` takes as flags of their own (cli.py); any other goes through --set.
+# Recipe fields that `outpace train draft` takes as flags of their own (cli/train.py); any other goes through --set.
 _DRAFT_FLAGS = {"steps": "--steps", "max_minutes": "--max-minutes", "seed": "--seed",
                 "num_continuations": "--num-continuations", "eval_prompts": "--eval-prompts"}
 

@@ -13,7 +13,8 @@ import pytest
 
 from outpace.bench.multi_gpu import ORACLE_LABEL, Case, Plan, compare, run_multi_gpu_bench
 from outpace.bench.random_checkpoint import random_target
-from outpace.cli import multi_plan, parse_args
+from outpace.cli import parse_args
+from outpace.cli.bench import multi_plan
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

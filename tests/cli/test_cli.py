@@ -1,4 +1,5 @@
 """What a new user types first: the CLI's model, device, version and prompt forms."""
+
 import json
 import subprocess
 import sys
@@ -34,9 +35,13 @@ def test_positional_model_equals_the_flag(llama_dir):
 
 def test_device_defaults_to_the_gpu_when_present(llama_dir):
     """In a process of its own: conftest makes 'auto' the CPU in this one."""
-    code = (f"import torch; from outpace.config import EngineConfig; "
-            f"print(EngineConfig(model={str(llama_dir)!r}).device, torch.cuda.is_available())")
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    code = (
+        f"import torch; from outpace.config import EngineConfig; "
+        f"print(EngineConfig(model={str(llama_dir)!r}).device, torch.cuda.is_available())"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     device, cuda = run.stdout.split()
     assert device == ("cuda" if cuda == "True" else "cpu")
 
@@ -47,15 +52,44 @@ def test_cuda_without_cuda_is_one_line(llama_dir, capsys):
         EngineConfig(model=str(llama_dir), device="cuda")
     with pytest.raises(SystemExit) as e:
         main(["generate", str(llama_dir), "--device", "cuda", "--prompt-token-ids", "1"])
-    assert str(e.value.code).startswith("error: EngineConfig.device='cuda' is invalid") and "\n" not in e.value.code
+    assert (
+        str(e.value.code).startswith("error: EngineConfig.device='cuda' is invalid")
+        and "\n" not in e.value.code
+    )
 
 
 def test_token_id_prompt_for_a_model_without_tokenizer(llama_dir, capsys):
-    main(["generate", str(llama_dir), "--device", "cpu", "--prompt-token-ids", "5", "6", "7", "--max-tokens", "4",
-          "--json"])
+    main(
+        [
+            "generate",
+            str(llama_dir),
+            "--device",
+            "cpu",
+            "--prompt-token-ids",
+            "5",
+            "6",
+            "7",
+            "--max-tokens",
+            "4",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) == 4 and out["text"] == ""
-    main(["generate", str(llama_dir), "--device", "cpu", "--prompt-token-ids", "5", "6", "7", "--max-tokens", "4"])
+    main(
+        [
+            "generate",
+            str(llama_dir),
+            "--device",
+            "cpu",
+            "--prompt-token-ids",
+            "5",
+            "6",
+            "7",
+            "--max-tokens",
+            "4",
+        ]
+    )
     assert capsys.readouterr().out.split() == [str(t) for t in out["token_ids"]]
     with pytest.raises(SystemExit, match="has no tokenizer: pass the prompt as token ids"):
         main(["generate", str(llama_dir), "--device", "cpu", "--prompt", "text"])
@@ -67,8 +101,24 @@ def test_main_command_without_triton(tmp_path):
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('triton is not installed here')\n")
     env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
-    run = subprocess.run([sys.executable, "-m", "outpace", "generate", "--device", "cpu", "--max-tokens", "8",
-                          "--prompt", "def fibonacci(n):"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "outpace",
+            "generate",
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "8",
+            "--prompt",
+            "def fibonacci(n):",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("def fibonacci(n):") and "tau" in run.stderr
 
@@ -77,10 +127,30 @@ def test_main_command_without_triton(tmp_path):
 def test_non_editable_install_finds_the_zoo(tmp_path):
     """`pip install .` (not editable) carries the zoo as package data, and the default model resolves to it."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     code = "from outpace.zoo import default_model; print(default_model())"
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target)},
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert Path(run.stdout.strip()) == target / "outpace" / "zoo" / "tinypy"
     assert (target / "outpace" / "zoo" / "tinypy-eagle3" / "model.safetensors").is_file()

@@ -66,10 +66,11 @@ def wait_idle(url: str, timeout: float = 60.0) -> dict:
 def offline_llm(*serve_args: str):
     """The offline LLM with exactly the engine config ``outpace serve SERVE_ARGS`` builds."""
     from outpace import LLM
-    from outpace.cli import _engine_kwargs, parse_args
+    from outpace.cli import parse_args
+    from outpace.cli.engine_args import engine_kwargs
 
     a = parse_args(["serve", *serve_args])
-    return LLM(a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, **_engine_kwargs(a))
+    return LLM(a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, **engine_kwargs(a))
 
 
 def serving(*serve_args: str, log_says: str | None = None):

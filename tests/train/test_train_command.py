@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from outpace.cli import DRAFT_RECIPES, build_parser, draft_recipe
+from outpace.cli import build_parser
+from outpace.cli.train import DRAFT_RECIPES, draft_recipe
 from outpace.registry import resolve
 from outpace.train.model_card import draft_train_command
 

@@ -19,13 +19,15 @@ restore: it wrote only rows past every committed row.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.validation import ConfigError
-from outpace.models.drafts.dflash import load_dflash_draft
+from outpace.models.drafts.dflash import dflash_block_size, load_dflash_draft
 from outpace.layers.decoder import pack_projections
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
@@ -33,6 +35,13 @@ from outpace.speculative.rows import prefill_extension
 
 
 class DFlashProposer(Proposer):
+    draft_checkpoint_tensor = "fc.weight"  # the fusion of the target's hidden features
+
+    @classmethod
+    def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
+        """The draft's block size - 1: a block is the bonus token and one mask per draft step."""
+        return dflash_block_size(draft_dir) - 1
+
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
                  device: str, attention_backend: str = "torch") -> None:
         super().__init__(spec, pool, max_requests, device, attention_backend)

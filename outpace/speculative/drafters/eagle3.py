@@ -35,6 +35,7 @@ from outpace.speculative.tree import select_tree
 class Eagle3Proposer(Proposer):
     supports_trees = True
     kv_reads_ahead = 1  # draft row t reads token t + 1
+    draft_checkpoint_tensor = "fc.weight"  # the fusion of the target's aux hidden states
 
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
                  device: str, attention_backend: str = "torch") -> None:

@@ -25,6 +25,8 @@ from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Prefill
 
 
 class Gemma4AssistantProposer(Proposer):
+    draft_checkpoint_tensor = "pre_projection.weight"  # [token embedding | target state] -> the assistant's width
+
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
                  device: str, attention_backend: str = "torch") -> None:
         if spec.topk != 1:

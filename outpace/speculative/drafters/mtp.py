@@ -31,6 +31,9 @@ taking the previous chunk's pending rows with it.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from outpace.attention import build_paged_metadata, forward_context
@@ -38,11 +41,21 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.validation import ConfigError
+from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 
 
 class MTPProposer(Proposer):
+    takes_draft_checkpoint = False  # the target's own MTP layers draft
+
+    @classmethod
+    def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
+        """One step per MTP layer when the target chains several (at most that many steps run), else
+        the base default (a single layer drafts every step)."""
+        layers = mtp_layer_count(json.loads((target_dir / "config.json").read_text()))
+        return layers if layers > 1 else super().default_num_steps(target_dir, draft_dir)
+
     def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
                  device: str, attention_backend: str = "torch") -> None:
         cfg = target.config

@@ -22,6 +22,8 @@ from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Prefill
 
 
 class NgramProposer(Proposer):
+    takes_draft_checkpoint = False  # it drafts from the request's own tokens
+
     def __init__(self, spec: SpeculativeConfig, target, pool, max_requests: int, dtype, device: str,
                  attention_backend: str = "torch") -> None:
         if spec.topk != 1:

@@ -1,0 +1,41 @@
+"""Command line: ``outpace generate | serve | bench | train``. The CLI only parses arguments, builds
+configs and calls the API; what a drafter or a model family needs comes from its class.
+
+One module per verb (generate.py, serve.py, bench.py, train.py), each adding its parser and running its
+command; engine_args.py and speculative_args.py hold the flags they share. Parsing imports no torch, so
+``outpace --help`` is fast: the engine is imported by the function that runs a command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from outpace import __version__
+from outpace.cli import bench, generate, serve, train
+from outpace.cli.engine_args import resolve_model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outpace", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"outpace {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for verb in (generate, serve, bench, train):
+        verb.add_parser(sub)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed, with the model resolved (``resolve_model``) where the command loads one."""
+    args = build_parser().parse_args(argv)
+    if hasattr(args, "model") and not (args.command == "bench" and args.what in bench.MODEL_FREE):
+        resolve_model(args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # ConfigError and CheckpointError are ValueErrors
+        sys.exit(f"error: {e}")

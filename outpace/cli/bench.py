@@ -1,0 +1,177 @@
+"""``outpace bench``: decode speed, acceptance, a running server, the GPU and multi-GPU suites."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from outpace.cli.bench_serve import add_serve_bench_args, load_server, sweep_servers
+from outpace.cli.engine_args import add_engine_args, check_model_dir, engine_kwargs
+from outpace.cli.speculative_args import speculative_config
+from outpace.zoo import zoo_dir
+
+# NOTE: each bench module is imported in the function that runs it: the parser (and `outpace --help`)
+# loads no torch.
+
+MODEL_FREE = ("serve", "gpu", "e2e", "multi")  # the benches that load no --model
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser(
+        "bench", help="decode throughput with and without speculation; acceptance; or a server"
+    )
+    b.add_argument(
+        "what",
+        nargs="?",
+        default="speed",
+        choices=["speed", "acceptance", "gpu", "serve", "cpu", "e2e", "multi"],
+        help="speed: tokens/s at each batch size; acceptance: every zoo drafter on held-out "
+        "prompts; serve: load a running server (outpace serve) over HTTP; cpu: plain decode "
+        "against transformers' generate on the CPU; e2e: every drafter on the zoo widened to "
+        "8B (GPU); multi: tensor and data parallelism on the GPUs of one machine",
+    )
+    add_engine_args(b)
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument(
+        "--out",
+        default=None,
+        help="also write the rows as JSON here (bench gpu: the output folder)",
+    )
+    b.add_argument(
+        "--parts",
+        default=None,
+        help="bench gpu: which parts to run (see outpace/bench/gpu.py; default abef); bench "
+        "multi: of correctness,tp_speed,dp,dp_eagle3 (all by default) or single "
+        "(outpace/bench/multi_gpu.py)",
+    )
+    b.add_argument(
+        "--methods",
+        nargs="*",
+        default=None,
+        help="bench e2e and serve --sweep: the methods to run (of bench/e2e.py drafters(); "
+        "default: all, and none eagle3 for serve --sweep)",
+    )
+    b.add_argument(
+        "--workdir",
+        default=".e2e_models",
+        help="bench e2e, multi and serve --sweep: where the widened 8B-shaped zoo (and bench "
+        "multi's random checkpoints) are written",
+    )
+    mb = b.add_argument_group("bench multi")
+    mb.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds the whole run may take (540 by default); items that no longer fit are "
+        "listed as not run, and the same command into the same --out continues with them",
+    )
+    mb.add_argument(
+        "--dp-reserve",
+        type=float,
+        default=None,
+        help="seconds of the limit kept for each data-parallel part (260)",
+    )
+    mb.add_argument(
+        "--dp-streams",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="the data-parallel parts' levels of concurrent streams: the first (64 by "
+        "default), and optionally a second, saturated one (256 by default; one value: that "
+        "level alone)",
+    )
+    cb = b.add_argument_group("bench cpu")
+    cb.add_argument(
+        "--busy",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)",
+    )
+    cb.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds; the median is reported"
+    )
+    cb.add_argument(
+        "--num-prompts", type=int, default=4, help="prompts of zoo/eval_prompts.json per round"
+    )
+    add_serve_bench_args(b)
+    b.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> None:
+    if a.what == "serve" and a.sweep:
+        sweep_servers(a)
+        return
+    if a.what == "serve":
+        load_server(a)
+        return
+    if a.what == "gpu":
+        from outpace.bench.gpu import run_gpu_bench
+
+        run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "abef")
+        return
+    if a.what == "multi":
+        from outpace.bench.multi_gpu import PARTS, run_multi_gpu_bench
+
+        parts = a.parts or ",".join(PARTS)
+        run_multi_gpu_bench(
+            Path(a.out or "benchmarks"), parts=parts, plan=multi_plan(a), workdir=Path(a.workdir)
+        )
+        return
+    if a.what == "e2e":
+        from outpace.bench.e2e import run_e2e_bench
+
+        run_e2e_bench(
+            Path(a.out or "benchmarks"), Path(a.workdir), a.methods, max_tokens=a.max_tokens
+        )
+        return
+    check_model_dir(a.model)
+    if a.what == "acceptance":
+        from outpace.bench.acceptance import run_acceptance_bench
+
+        kwargs = engine_kwargs(a, speculative=False)
+        run_acceptance_bench(a.model, zoo_dir(), Path(a.out or "benchmarks"), a.max_tokens, kwargs)
+        return
+    if a.what == "cpu":
+        from outpace.bench.cpu_vs_transformers import run_cpu_bench
+
+        run_cpu_bench(
+            a.model,
+            max_tokens=a.max_tokens,
+            num_prompts=a.num_prompts,
+            rounds=a.rounds,
+            busy=a.busy,
+            engine_kwargs=engine_kwargs(a, speculative=False),
+            out_json=a.out,
+        )
+        return
+    from outpace.bench.decode import run_decode_bench
+
+    run_decode_bench(
+        a.model,
+        batch_sizes=a.batch_sizes,
+        max_tokens=a.max_tokens,
+        engine_kwargs=engine_kwargs(a, speculative=False),
+        speculative=speculative_config(a),
+        out_json=a.out,
+    )
+
+
+def multi_plan(a: argparse.Namespace):
+    """``bench multi``'s Plan: its defaults, with the budget and data-parallel levels the command line gives."""
+    from outpace.bench.multi_gpu import Plan
+
+    fields = {
+        k: v for k, v in (("time_limit_s", a.time_limit), ("dp_reserve_s", a.dp_reserve)) if v
+    }
+    if a.dp_streams:
+        if len(a.dp_streams) > 2 or min(a.dp_streams) < 1:
+            raise ValueError(
+                f"--dp-streams {' '.join(map(str, a.dp_streams))} is invalid: one or two levels of "
+                "concurrent streams, each >= 1"
+            )
+        saturated = a.dp_streams[1] if len(a.dp_streams) > 1 else None
+        fields.update(dp_streams=a.dp_streams[0], dp_saturated_streams=saturated)
+    return Plan(**fields)

@@ -1,0 +1,137 @@
+"""The flags of every command that builds an engine (the speculative ones: speculative_args.py), the
+model they name, and the engine's keyword arguments they give."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from outpace.cli.speculative_args import add_speculative_args, speculative_config
+from outpace.zoo import default_model
+
+
+def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> None:
+    # `outpace generate MODEL` as well as --model MODEL, as vLLM's `vllm serve MODEL`
+    if positional_model:
+        p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as --model")
+    p.add_argument(
+        "--model", default=None, help="Hugging Face checkpoint directory (default: the zoo target)"
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (the GPU when there is one, else the CPU), cpu or cuda[:N]",
+    )
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=None,
+        help="KV cache blocks (default: sized from memory on a GPU, 512 on the CPU unless "
+        "--cpu-memory-utilization is given)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of the GPU's memory the engine may use in all (weights, activations, CUDA "
+        "graphs, KV cache); the KV cache gets what is left",
+    )
+    p.add_argument(
+        "--cpu-memory-utilization",
+        type=float,
+        default=None,
+        help="on the CPU, size the KV cache from this share of the RAM available once the models "
+        "are loaded",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse KV blocks of shared prompt prefixes across requests (default: on, except for "
+        "hybrid targets and recurrent drafts)",
+    )
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton"],
+        help="auto: triton on CUDA, torch on the CPU",
+    )
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument(
+        "--cuda-graph-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="the batch sizes whose decode step is captured (default: 1, 2, 4, 8, 16, 32, 48, 64, "
+        "96, 128, 192, 256 below --max-num-seqs, and --max-num-seqs); larger batches run "
+        "eagerly",
+    )
+    p.add_argument(
+        "--no-run-ahead",
+        action="store_true",
+        help="greedy decode and the captured speculative iteration wait for each step's tokens "
+        "before launching the next",
+    )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="deterministic mode: batch-invariant projections on CUDA (speculation matches plain "
+        "decoding bit for bit in bf16; slower)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard the model over N ranks, one process each (started here, or by torchrun "
+        "--nproc-per-node N); NCCL between GPUs, gloo between CPU processes",
+    )
+    add_speculative_args(p)
+
+
+def resolve_model(a: argparse.Namespace) -> None:
+    """a.model from --model or the positional MODEL (not both, unless equal), else the zoo target."""
+    given = {m for m in (getattr(a, "model_arg", None), a.model) if m is not None}
+    if len(given) > 1:
+        sys.exit(f"error: two models given: {a.model_arg} and --model {a.model}")
+    if given:
+        a.model = given.pop()
+        return
+    try:
+        a.model = str(default_model())
+    except FileNotFoundError as e:
+        sys.exit(f"error: no model given and {e}")
+
+
+def check_model_dir(path: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        sys.exit(f"error: {path} is not a model directory (no config.json)")
+
+
+def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
+    """The engine's keyword arguments (LLM, EngineConfig) that the flags of ``add_engine_args`` give."""
+    kwargs = dict(
+        device=a.device,
+        dtype=a.dtype,
+        num_kv_blocks=a.num_kv_blocks,
+        block_size=a.block_size,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        cpu_memory_utilization=a.cpu_memory_utilization,
+        enable_prefix_caching=a.enable_prefix_caching,
+        max_num_batched_tokens=a.max_num_batched_tokens,
+        attention_backend=a.attention_backend,
+        cuda_graphs=not a.enforce_eager,
+        cuda_graph_sizes=a.cuda_graph_sizes,
+        run_ahead=not a.no_run_ahead,
+        batch_invariant=a.batch_invariant,
+        tensor_parallel_size=a.tensor_parallel_size,
+    )
+    if speculative:
+        kwargs["speculative"] = speculative_config(a)
+    return kwargs

@@ -1,0 +1,94 @@
+"""The speculative decoding flags (--method, --draft, the draft shape) and the config they make.
+
+What a drafter needs (whether it loads a draft checkpoint, how many steps it drafts by default) comes
+from its class (speculative/proposer.py), found through the registry; what the zoo ships, from
+outpace/zoo.py. A flag that cannot work is refused here, naming it, before any model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from outpace.config import SpeculativeConfig
+from outpace.registry import PROPOSERS, proposer_class
+from outpace.zoo import DEFAULT_METHOD, default_draft, is_default_model
+
+METHODS = ["none", *PROPOSERS]  # the drafters are the registry's
+
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--method",
+        default=None,
+        choices=METHODS,
+        help=f"drafter (default: {DEFAULT_METHOD} with the zoo draft on the zoo target, none "
+        "otherwise)",
+    )
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="draft checkpoint directory (default: the zoo's draft for --method on a zoo model)",
+    )
+    p.add_argument(
+        "--num-steps",
+        type=int,
+        default=None,
+        help="draft steps per verify (default: the drafter's for this target and draft, e.g. a "
+        "DFlash draft's block size - 1; 5 for most)",
+    )
+    p.add_argument("--topk", type=int, default=1, help="branches per draft step (1: a chain)")
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="tokens verified per step (default: num-steps + 1 for a chain, 16 at most for a tree)",
+    )
+
+
+def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
+    """The SpeculativeConfig the flags ask for (a.model: the target, resolved)."""
+    method = a.method or (DEFAULT_METHOD if is_default_model(a.model) else "none")
+    if method == "none":
+        if a.draft is not None:
+            raise ValueError(
+                f"--draft {a.draft} is given, but --method is none: name the drafter with --method"
+            )
+        return SpeculativeConfig()
+    drafter = proposer_class(method)
+    draft = draft_checkpoint(a, method, drafter)
+    num_steps = a.num_steps
+    if num_steps is None:
+        num_steps = drafter.default_num_steps(Path(a.model), draft)
+    # --num-steps / --num-draft-tokens fix the shape; without them each step chooses up to this one
+    fixed = a.num_steps is not None or a.num_draft_tokens is not None
+    return SpeculativeConfig(
+        method,
+        None if draft is None else str(draft),
+        num_steps=num_steps,
+        topk=a.topk,
+        num_draft_tokens=a.num_draft_tokens,
+        adaptive=not fixed,
+    )
+
+
+def draft_checkpoint(a: argparse.Namespace, method: str, drafter: type) -> Path | None:
+    """The draft checkpoint ``--method`` loads: --draft, else the zoo's draft for a zoo model; None for a
+    drafter that loads none. Refused when it plainly is no draft of that drafter."""
+    if not drafter.takes_draft_checkpoint:
+        if a.draft is not None:
+            raise ValueError(
+                f"--draft {a.draft} is given, but --method {method} loads no draft checkpoint"
+            )
+        return None
+    draft = Path(a.draft) if a.draft is not None else default_draft(method, a.model)
+    if draft is None:
+        raise ValueError(f"--method {method} needs --draft DIR, a draft checkpoint directory")
+    if not draft.is_dir():
+        raise ValueError(f"--draft {draft}: no such directory")
+    problem = drafter.draft_checkpoint_problem(draft)
+    if problem is not None:
+        raise ValueError(
+            f"--draft {draft} is not a draft checkpoint for --method {method}: {problem}"
+        )
+    return draft

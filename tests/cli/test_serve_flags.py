@@ -1,0 +1,37 @@
+"""`outpace serve` refuses an address it cannot listen on before it loads the model (issue 42 item 9)."""
+
+import socket
+
+import pytest
+
+import outpace.server.app
+from outpace.cli import main
+
+
+@pytest.fixture
+def no_server_start(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            "the server started (and loaded the model) before the address was checked"
+        )
+
+    monkeypatch.setattr(outpace.server.app, "run_server", refuse)
+
+
+def test_a_port_out_of_range_is_refused(no_server_start, llama_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(llama_dir), "--port", "70000"])
+    assert e.value.code == 2  # argparse's usage error
+    assert "argument --port: 70000 is not a TCP port (1 to 65535)" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(no_server_start, llama_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as e:
+            main(["serve", str(llama_dir), "--device", "cpu", "--port", str(port)])
+    assert str(e.value.code).startswith(
+        f"error: --host 127.0.0.1 --port {port}: cannot listen there"
+    )
