@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from outpace.cli import DRAFT_RECIPES
+from outpace.cli.train import DRAFT_RECIPES
 from outpace.registry import resolve
 
 

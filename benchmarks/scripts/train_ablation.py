@@ -85,7 +85,7 @@ DATA_FIELDS = ("num_continuations", "prompt_len", "new_tokens", "data_temperatur
 
 
 def recipe_for(method: str, base: dict, overrides: dict):
-    from outpace.cli import DRAFT_RECIPES
+    from outpace.cli.train import DRAFT_RECIPES
     from outpace.registry import resolve
 
     cls = resolve({method: DRAFT_RECIPES[method][0]}, method, "draft recipe")
@@ -117,7 +117,7 @@ def run_variant(method: str, recipe, target: Path, out: Path, data: Path | None,
                                      SIZES_USED["eval_max_tokens"], device)
         return dict(heldout=heldout, train_wall_seconds=0.0, final_loss=None, steps=0,
                     wall_seconds=time.perf_counter() - started)
-    from outpace.cli import DRAFT_RECIPES
+    from outpace.cli.train import DRAFT_RECIPES
     from outpace.registry import resolve
 
     train_fn = resolve({method: DRAFT_RECIPES[method][1]}, method, "draft recipe")
