@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import numbers
 import sys
 import time
 import weakref
@@ -24,7 +25,7 @@ from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
 from outpace.model_config import ModelConfig
 from outpace.sampling_params import SamplingParams
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, read_json_object
 from outpace.detokenizer import update_text
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
@@ -48,16 +49,36 @@ from outpace.threads import configure_threads
 logger = logging.getLogger("outpace.engine")
 
 
+# The JSON files transformers' AutoTokenizer reads from a tokenizer directory (config.json is ModelConfig's).
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "chat_template.json", "vocab.json")
+
+
 def load_tokenizer(path: str | Path):
-    """The checkpoint's tokenizer through transformers, or None when the directory has none."""
+    """The checkpoint's tokenizer through transformers, or None when the directory has none. A tokenizer
+    that does not load raises ``ConfigError`` naming the file that is not valid JSON, else the directory."""
     path = Path(path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return None
     from transformers import AutoTokenizer
 
-    # NOTE: the engine refuses a prompt longer than its context itself; transformers' own limit
-    # (model_max_length) would only log a warning of indexing errors that cannot happen here.
-    return AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
+    try:
+        # NOTE: the engine refuses a prompt longer than its context itself; transformers' own limit
+        # (model_max_length) would only log a warning of indexing errors that cannot happen here.
+        return AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
+    except Exception as error:  # noqa: BLE001 - explained below, naming the file (parsed again on failure only)
+        for name in TOKENIZER_JSON_FILES:
+            if (path / name).is_file():
+                read_json_object(path / name)
+        raise ConfigError(f"{path}: the tokenizer cannot be loaded by transformers: {error}") from error
+
+
+def _token_ids(prompt: Sequence) -> list[int]:
+    """A prompt given as token ids: integers only (not bools, floats or strings, which int() would take)."""
+    for i, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"prompt token id {i} is {t!r} ({type(t).__name__}): token ids must be integers")
+    return [int(t) for t in prompt]
 
 
 def _report(message: str, progress: bool) -> None:
@@ -98,6 +119,11 @@ class LLMEngine:
     def _build(self, config: EngineConfig, progress: bool) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
+        max_pos = self.model_config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > max_pos:
+            raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "
+                              f"max_position_embeddings is {max_pos} ({config.model}/config.json)")
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)  # (a bad file named before the model loads)
         torch.manual_seed(config.seed)
         self._seeds = torch.Generator().manual_seed(config.seed)  # unseeded requests' seeds
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
@@ -105,8 +131,6 @@ class LLMEngine:
                                 load_format=config.load_format)
         if config.device == "cpu":
             configure_threads(sum(p.numel() for p in self.model.parameters()))
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
-        max_pos = self.model_config.max_position_embeddings
         # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)
         profile_tokens = min(config.max_num_batched_tokens, max_pos - 1)
         sizing = config.kv_blocks_from_memory
@@ -157,6 +181,12 @@ class LLMEngine:
             limits["max_model_len"] = config.max_model_len
         self._context_limit = min(limits, key=limits.get)
         self.max_model_len = limits[self._context_limit]
+        if config.max_model_len and self.max_model_len < config.max_model_len:
+            raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
+                              f"{self.max_model_len} tokens, set by {self._context_limit}"
+                              + (f" ({reserved} rows are kept for the drafts)" if reserved else ""))
+        _report(f"the context holds {self.max_model_len} tokens (set by {self._context_limit}"
+                + (f", {reserved} rows kept for the drafts)" if reserved else ")"), progress)
         if on_gpu and config.cuda_graphs:
             self.capture_graphs()
         if on_gpu:  # compile the eager prefill's kernel variants now, not in the first requests (engine/warm_up.py)
@@ -255,7 +285,7 @@ class LLMEngine:
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             text = prompt
         else:
-            token_ids, text = [int(t) for t in prompt], None
+            token_ids, text = _token_ids(prompt), None
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
         bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
@@ -265,11 +295,23 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len} (set by "
                              f"{self._context_limit}): "
                              f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
+        self._check_room(len(token_ids), params.max_tokens)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seed = params.seed if params.seed is not None else int(torch.randint(1 << 62, (), generator=self._seeds))
         req = Request(request_id, token_ids, params, prompt=text, seed=seed)
         self._check_features(req)
         return req
+
+    def _check_room(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """``max_tokens`` can be reached: within the context, and within the room the prompt leaves when the
+        KV cache, not the model, sets the context (a limit the client cannot know; otherwise the output
+        stops at the context with finish_reason "length", as vLLM's server clamps it)."""
+        where = f"the context holds {self.max_model_len} tokens (set by {self._context_limit})"
+        if max_tokens > self.max_model_len:
+            raise ValueError(f"SamplingParams max_tokens={max_tokens} is more than {where}")
+        if self._context_limit.startswith("the KV cache") and num_prompt_tokens + max_tokens > self.max_model_len:
+            raise ValueError(f"SamplingParams max_tokens={max_tokens} does not fit: the prompt has "
+                             f"{num_prompt_tokens} tokens and {where}; raise EngineConfig.num_kv_blocks")
 
     def _check_features(self, req: Request) -> None:
         """What a request asks beyond plain sampling is possible here (ValueError naming what is not)."""
