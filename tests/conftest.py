@@ -153,7 +153,7 @@ def trained_toy_target(tmp_path_factory):
     """num_layers -> (directory, metrics) of ``TargetRecipe.toy(steps=30, num_layers=num_layers)`` trained on the
     CPU (two greedy samples), once per session: the same deterministic run that tests/train/test_train.py,
     test_train_mtp.py, test_train_eagle3.py and test_train_ranks.py each trained for themselves. Tests read the
-    directory and never write into it (a test that changes a target copies it first: test_train_mtp.py
+    directory and never write into it (a test that changes a target copies it first: helpers/mtp_targets.py
     ``write_mtp_target``)."""
     from outpace.train.target import TargetRecipe, train_target
 
@@ -171,8 +171,8 @@ def trained_toy_target(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mtp_toy_target(trained_toy_target, tmp_path_factory):
-    """test_train_mtp.py's ``write_mtp_target`` over the two-layer toy target, built once for the MTP recipe's
+    """helpers/mtp_targets.py's ``write_mtp_target`` over the two-layer toy target, built once for the MTP recipe's
     tests and the rank tests."""
-    from test_train_mtp import write_mtp_target
+    from helpers.mtp_targets import write_mtp_target
 
     return write_mtp_target(tmp_path_factory.mktemp("mtp_target"), trained_toy_target(2)[0])

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.deepseek_models import SPEC_PROMPTS, save_v3_with_mtp
+from helpers.gemma_models import make_splittable_gemma
 from helpers.hf_models import save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from helpers.spec_models import make_dflash_draft
-from test_deepseek import SPEC_PROMPTS, mtp_target  # noqa: F401 (a fixture: DeepSeek-V3 with one MTP layer)
-from test_tensor_parallel_families import make_gemma
 from helpers.tp_harness import Scenario, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -36,11 +36,11 @@ def dflash(target: Path, out: Path) -> SpeculativeConfig:
 
 
 @pytest.fixture(scope="module")
-def scenarios(mtp_target, tmp_path_factory) -> dict[str, tuple[str, SpeculativeConfig]]:
+def scenarios(tmp_path_factory) -> dict[str, tuple[str, SpeculativeConfig]]:
     """name -> (target directory, speculative config)."""
     root = tmp_path_factory.mktemp("drafters")
-    deepseek = mtp_target[2]
-    gemma = save_hf_model(make_gemma("gemma3", vocab_size=VOCAB), root / "gemma3")
+    deepseek = save_v3_with_mtp(root / "deepseek")[2]  # DeepSeek-V3 with one MTP layer
+    gemma = save_hf_model(make_splittable_gemma("gemma3", vocab_size=VOCAB), root / "gemma3")
     return {"deepseek-mtp-1": (str(deepseek), SpeculativeConfig("mtp", num_steps=1)),
             "deepseek-mtp-3": (str(deepseek), SpeculativeConfig("mtp", num_steps=3)),
             "deepseek-dflash": (str(deepseek), dflash(deepseek, root / "deepseek-dflash")),

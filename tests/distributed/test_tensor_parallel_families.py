@@ -17,6 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.deepseek_models import make_hf_deepseek
+from helpers.gemma_models import PROMPT, SPLITTABLE, make_splittable_gemma
 from helpers.hf_models import save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import load_checkpoint
@@ -26,8 +28,6 @@ from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model
 from helpers.spec_models import make_eagle3_draft
-from test_deepseek import make_hf_deepseek
-from test_gemma import GEMMA3_TEXT, GEMMA4_MOE_SHARED, PROMPT
 from helpers.tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -36,38 +36,17 @@ PRESSURE = dict(block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
 # 6 heads, every MLP (dense 96, experts 24, shared 24 or 48) divisible by 2 and by 3
 DEEPSEEK = dict(num_attention_heads=6, num_key_value_heads=6, intermediate_size=96)
 DEEPSEEKS = ["v3-yarn", "v2-group"]  # q_lora_rank, grouped sigmoid routing; biases on attention, MLPs, shared experts
-GEMMA3 = dict(num_attention_heads=6, num_key_value_heads=1, intermediate_size=96)  # one kv head: replicated
-# Gemma 4 with k = v full layers (6 kv heads there), KV-sharing layers, double-wide MLPs, the MoE block and
-# per-layer embeddings
-GEMMA4 = dict(GEMMA3, num_global_key_value_heads=6, moe_intermediate_size=24)
-GEMMAS = {"gemma3": ("Gemma3TextConfig", GEMMA3_TEXT, GEMMA3), "gemma4": ("Gemma4TextConfig", GEMMA4_MOE_SHARED, GEMMA4)}
 
 
 def family_prompts() -> list[list[int]]:
     return [[(i * 37 + j * 11) % 199 + 1 for j in range(3 + 9 * i)] for i in range(5)]
 
 
-def make_gemma(variant: str, **extra):
-    """test_gemma.py's Gemma text model with head counts that split (and ``extra`` config fields), every weight
-    mattering as there."""
-    import transformers
-
-    cls, base, overrides = GEMMAS[variant]
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**{**base, **overrides, **extra}),
-                                                          dtype=torch.float32)
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            if "norm" in name or "scal" in name or name.endswith("bias"):
-                t.add_(torch.randn_like(t) * 0.1)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("families")
     paths = {v: str(save_hf_model(make_hf_deepseek(v, **DEEPSEEK), root / v)) for v in DEEPSEEKS}
-    paths.update({v: str(save_hf_model(make_gemma(v), root / v)) for v in GEMMAS})
+    paths.update({v: str(save_hf_model(make_splittable_gemma(v), root / v)) for v in SPLITTABLE})
     return paths
 
 
@@ -143,7 +122,7 @@ def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
         return [o.token_ids for o in llm.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("variant", DEEPSEEKS + list(GEMMAS))
+@pytest.mark.parametrize("variant", DEEPSEEKS + list(SPLITTABLE))
 @pytest.mark.parametrize("size", [2, 3])
 def test_family_matches_one_rank(variant, size, checkpoints, request):
     got = request.getfixturevalue(f"tp{size}")[variant]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.hybrid_drafting import MTP_LAYERS, PROMPTS, VOCAB, save_with_mtp
 from helpers.hybrid_models import make_hybrid, save_hybrid
 from outpace import LLM, SamplingParams
 from outpace.cache.recurrent_states import RecurrentStates
@@ -26,7 +27,6 @@ from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model
 from helpers.spec_models import make_dflash_draft, make_eagle3_draft
-from test_hybrid_drafters import MTP_LAYERS, PROMPTS, VOCAB, save_with_mtp
 from helpers.tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

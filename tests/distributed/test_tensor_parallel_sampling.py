@@ -1,9 +1,9 @@
 """Rejection sampling stays exact at two ranks: with temperature, top-k and top-p, the first three tokens a
 TP = 2 engine emits follow the target's own joint distribution (chi-square against the exact joint computed
-from the unsharded target: tests/speculative/test_lossless_sampling.py's model, prompt and parameters), without drafts and
+from the unsharded target: tests/helpers/lossless_sampling.py's model, prompt and parameters), without drafts and
 through EAGLE3 chains and trees, the target's MTP layers, DFlash and a standalone draft; each rank samples
 from the logits gathered over the vocabulary shards (5 tokens, padded to 64 rows per rank). On a hybrid target
-(Qwen3-Next: tests/speculative/test_hybrid_speculation.py's model, prompt and parameters) through EAGLE3 one draft deep,
+(Qwen3-Next: tests/helpers/hybrid_sampling.py's model, prompt and parameters) through EAGLE3 one draft deep,
 so that a third token often comes from a second verify reading the recurrent state (each rank's heads) the
 first kept.
 
@@ -14,18 +14,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-import test_hybrid_speculation as hybrid
+from helpers import hybrid_sampling as hybrid
 from helpers.hybrid_models import make_hybrid, save_hybrid
+from helpers.lossless_sampling import PARAMS, PROMPT, SPECS, TRIALS, VOCAB, save_sampling_models
 from outpace.config import SpeculativeConfig
 from helpers.spec_models import make_eagle3_draft
 from helpers.stats import chi_square_p_value, exact_joint
-from test_lossless_sampling import PARAMS, PROMPT, SPECS, TRIALS, VOCAB
-from test_lossless_sampling import models  # noqa: F401 (a fixture: the target and its drafts)
 from helpers.tp_harness import Scenario, run_group
 
 METHODS = ["none", "eagle3-chain", "eagle3-tree", "mtp", "dflash", "draft"]
 HYBRID_SHAPES = {"chain": dict(num_steps=1), "tree": dict(num_steps=1, topk=3, num_draft_tokens=4)}
 ENGINE = dict(block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192, seed=123)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return save_sampling_models(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

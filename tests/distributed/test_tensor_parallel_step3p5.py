@@ -19,7 +19,7 @@ from outpace.model_config import ModelConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
 from outpace.models.loader import build_model
-from test_step3p5 import CONFIG, write_checkpoint
+from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
 from helpers.tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -148,9 +148,9 @@ def test_bf16_at_the_v2_lite_shape(layout):
 def test_deepseek_greedy_tokens_under_the_triton_backend(tmp_path):
     """A small DeepSeek-V3 target end to end through the engine: the same greedy tokens with the MLA kernel
     (decode, and prefill chunks short enough for the absorbed form) as with the torch path."""
+    from helpers.deepseek_models import make_hf_deepseek
     from helpers.hf_models import save_hf_model
     from outpace import LLM, SamplingParams
-    from test_deepseek import make_hf_deepseek
 
     path = str(save_hf_model(make_hf_deepseek("v3-plain"), tmp_path))
     prompts, params = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]], SamplingParams(temperature=0, max_tokens=6)

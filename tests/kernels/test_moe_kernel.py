@@ -207,8 +207,8 @@ def test_refusals():
 # ---- every MoE family's module ---------------------------------------------------------------------------------
 
 def family_model(family: str, tmp_path) -> torch.nn.Module:
-    """The outpace model of a family's tiny test config (tests/hybrid_models.py, test_step3p5.py,
-    test_gemma.py), random weights."""
+    """The outpace model of a family's tiny test config (tests/helpers/: hybrid_models.py,
+    step3p5_checkpoints.py, gemma_models.py), random weights."""
     import transformers
 
     from outpace.model_config import ModelConfig
@@ -221,16 +221,16 @@ def family_model(family: str, tmp_path) -> torch.nn.Module:
         arch = {"qwen3_next": "Qwen3NextForCausalLM", "nemotron_h": "NemotronHForCausalLM"}[family]
         getattr(transformers, cls_name)(**extra, architectures=[arch]).save_pretrained(tmp_path)
     elif family == "gemma4":
-        from test_gemma import GEMMA4_MOE_SHARED
+        from helpers.gemma_models import GEMMA4_MOE_SHARED
 
         config = transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED, architectures=["Gemma4ForCausalLM"])
         config.save_pretrained(tmp_path)
     elif family == "step3p5":
-        from test_step3p5 import CONFIG
+        from helpers.step3p5_checkpoints import CONFIG
 
         (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     else:
-        from test_deepseek import make_hf_deepseek
+        from helpers.deepseek_models import make_hf_deepseek
 
         config = make_hf_deepseek("v3-yarn").config
         config.architectures = ["DeepseekV3ForCausalLM"]

@@ -14,7 +14,7 @@ from outpace.attention import build_paged_metadata
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_kernels import paged_attention, write_kv
 from outpace.attention.context import forward_settings
-from test_triton_attention import DEVICE, Case, make_case, poisoned_allocations
+from helpers.attention_cases import DEVICE, Case, make_case, poisoned_allocations
 
 # (cached rows, new tokens, tree window or None) per sequence, and the sliding window
 LAYOUTS = {

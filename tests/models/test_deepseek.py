@@ -3,14 +3,12 @@ weights (fp32, CPU): prefill logits in both attention forms over the latent cach
 through chunked prefill, tree-verify masks; the MTP layer against a reference assembled from transformers'
 DeepSeek-V3 pieces with vLLM deepseek_mtp.py's semantics; lossless speculation (MTP, n-gram, the oracle's
 chains and trees, sampling); block accounting; every config field decided on."""
-import json
-
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
-from torch import nn
 
+from helpers.deepseek_models import (SMALL, SPEC_PROMPTS, VARIANTS, YARN, make_hf_deepseek, paged_logits,
+                                     save_v3_with_mtp)
 from helpers.hf_models import checkpoint_cache, make_hf_model, save_hf_model
 from helpers.oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
@@ -29,52 +27,6 @@ from helpers.stats import chi_square_p_value, joint_of_three
 
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 
-# Odd shapes: kv_lora_rank 36 (not a power of two), vocab 203 (not a multiple of 64), v_head_dim != qk_nope_head_dim.
-SMALL = dict(vocab_size=203, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=36, qk_rope_head_dim=8, qk_nope_head_dim=12,
-             v_head_dim=10, n_routed_experts=8, num_experts_per_tok=3, max_position_embeddings=256,
-             eos_token_id=None)
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
-        "mscale": 0.9, "mscale_all_dim": 0.7}
-
-VARIANTS = {
-    # q_lora_rank, YaRN with both mscales, 4 groups of 2 experts (2 kept), sigmoid scores + correction bias
-    "v3-yarn": ("DeepseekV3Config", dict(q_lora_rank=20, n_group=4, topk_group=2, first_k_dense_replace=1,
-                                         n_shared_experts=1, rope_parameters=YARN)),
-    # no q_lora_rank, the neox rotation, no renormalisation, two dense layers first
-    "v3-plain": ("DeepseekV3Config", dict(q_lora_rank=None, n_group=2, topk_group=1, first_k_dense_replace=2,
-                                          norm_topk_prob=False, rope_interleave=False, routed_scaling_factor=1.0,
-                                          n_shared_experts=2)),
-    # no q_lora_rank, softmax group-limited greedy routing, biases, YaRN
-    "v2-group": ("DeepseekV2Config", dict(q_lora_rank=None, topk_method="group_limited_greedy", n_group=4,
-                                          topk_group=2, first_k_dense_replace=1, n_shared_experts=2,
-                                          routed_scaling_factor=1.5, attention_bias=True, mlp_bias=True,
-                                          rope_parameters=YARN)),
-    # q_lora_rank, plain greedy softmax routing
-    "v2-greedy": ("DeepseekV2Config", dict(q_lora_rank=20, topk_method="greedy", first_k_dense_replace=1,
-                                           n_shared_experts=1)),
-}
-
-
-def randomize(module: nn.Module) -> None:
-    """Every weight matters: matrices N(0, 0.1), norms 1 + N(0, 0.1), biases (the router's correction bias
-    too) N(0, 0.1); transformers initialises the router and the correction bias to zero."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in list(module.named_parameters()) + list(module.named_buffers()):
-            if "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias") or p.dim() > 1:
-                p.copy_(0.1 * torch.randn_like(p))
-
-
-def make_hf_deepseek(variant: str, **overrides):
-    cls_name, extra = VARIANTS[variant]
-    cfg = getattr(transformers, cls_name)(**{**SMALL, **extra, **overrides})
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    randomize(model)
-    return model.eval()
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
@@ -88,14 +40,6 @@ def set_expand_threshold(model, query_len) -> None:
     for module in model.modules():
         if hasattr(module, "expand_min_query_len"):
             module.expand_min_query_len = query_len
-
-
-def paged_logits(model, ids: torch.Tensor, blocks=(5, 2, 7, 0), block_size: int = 16) -> torch.Tensor:
-    """One prefill forward of ``ids`` [n] in the given cache blocks -> [n, vocab] logits."""
-    n = ids.shape[0]
-    meta = build_paged_metadata([list(blocks)], [0], [n], block_size, "cpu")
-    with forward_context(meta):
-        return model.compute_logits(model(ids, torch.arange(n)).hidden_states)
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -206,69 +150,9 @@ def test_llama_with_yarn_matches_transformers(tmp_path):
 # ---- MTP -----------------------------------------------------------------------------------------------------
 
 
-class ReferenceMTP(nn.Module):
-    """DeepSeek-V3's MTP layer assembled from transformers' DeepSeek-V3 pieces, with vLLM deepseek_mtp.py's
-    semantics (DeepSeekMultiTokenPredictorLayer, SharedHead): the block is DeepseekV3DecoderLayer at layer
-    index num_hidden_layers."""
-
-    def __init__(self, config) -> None:
-        super().__init__()
-        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
-
-        h, eps = config.hidden_size, config.rms_norm_eps
-        self.embed_tokens = nn.Embedding(config.vocab_size, h)
-        self.enorm, self.hnorm = DeepseekV3RMSNorm(h, eps), DeepseekV3RMSNorm(h, eps)
-        self.eh_proj = nn.Linear(2 * h, h, bias=False)
-        self.block = DeepseekV3DecoderLayer(config, config.num_hidden_layers)
-        self.shared_head = nn.Module()
-        self.shared_head.norm = DeepseekV3RMSNorm(h, eps)
-        self.shared_head.head = nn.Linear(h, config.vocab_size, bias=False)
-
-    def checkpoint(self, prefix: str) -> dict[str, torch.Tensor]:
-        """The tensors as DeepSeek stores them: block parameters beside the MTP ones, experts one by one."""
-        out = {}
-        for name, t in self.state_dict().items():
-            name = name.removeprefix("block.")
-            if name.endswith("mlp.experts.gate_up_proj"):  # [experts, 2 * inter, hidden]: gate rows, then up
-                for e, weight in enumerate(t):
-                    gate, up = weight.chunk(2, dim=0)
-                    out[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = gate
-                    out[f"{prefix}mlp.experts.{e}.up_proj.weight"] = up
-            elif name.endswith("mlp.experts.down_proj"):
-                for e, down in enumerate(t):
-                    out[f"{prefix}mlp.experts.{e}.down_proj.weight"] = down
-            else:
-                out[prefix + name] = t
-        return {k: v.contiguous() for k, v in out.items()}
-
-    def forward(self, hf, ids: torch.Tensor) -> torch.Tensor:
-        """ids [L] -> [L - 1, vocab] logits: row t reads token t + 1 and the target's post-norm state at t."""
-        n = ids.shape[0] - 1
-        positions = torch.arange(n)
-        hidden = hf.model(ids[None]).last_hidden_state[0, :n]          # post-norm, as vLLM's DeepseekV2Model
-        embeds = self.embed_tokens(ids[1:])
-        embeds[positions == 0] = 0                                     # "masking inputs at position 0"
-        h = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))[None]
-        causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = self.block(h, attention_mask=causal, position_ids=positions[None],
-                         position_embeddings=hf.model.rotary_emb(h, positions[None]))[0]
-        return self.shared_head.head(self.shared_head.norm(out))
-
-
 @pytest.fixture(scope="module")
 def mtp_target(tmp_path_factory):
-    """A DeepSeek-V3 checkpoint with one MTP layer in DeepSeek's layout (small vocabulary, so random drafts
-    are accepted now and then); -> (transformers model, reference MTP layer, directory)."""
-    hf = make_hf_deepseek("v3-yarn", vocab_size=13, num_mtp_layers=1)
-    path = save_hf_model(hf, tmp_path_factory.mktemp("v3-mtp"))
-    ref = ReferenceMTP(hf.config)
-    randomize(ref)
-    ref.eval()
-    tensors = load_file(path / "model.safetensors")
-    save_file({**tensors, **ref.checkpoint(f"model.layers.{SMALL['num_hidden_layers']}.")},
-              path / "model.safetensors", metadata={"format": "pt"})
-    assert json.loads((path / "config.json").read_text())["num_nextn_predict_layers"] == 1
-    return hf, ref, path
+    return save_v3_with_mtp(tmp_path_factory.mktemp("v3-mtp"))
 
 
 def test_mtp_layer_matches_the_reference(mtp_target, checkpoints):
@@ -295,7 +179,6 @@ def test_mtp_layer_matches_the_reference(mtp_target, checkpoints):
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-SPEC_PROMPTS = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2], list(range(13)) * 2]
 SPECS = {
     "mtp-1": SpeculativeConfig("mtp", num_steps=1),
     "mtp-3": SpeculativeConfig("mtp", num_steps=3),

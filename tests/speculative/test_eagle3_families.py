@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.deepseek_models import make_hf_deepseek, paged_logits
+from helpers.gemma_models import PROMPT, make_gemma
 from helpers.hf_models import checkpoint_cache, save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, build_paged_metadata, forward_context
@@ -26,8 +28,6 @@ from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, GEMMA_OUTPUT_IDS
 from outpace.models.loader import load_model
 from helpers.spec_models import make_eagle3_draft
 from helpers.stats import chi_square_p_value, joint_of_three
-from test_deepseek import make_hf_deepseek, paged_logits
-from test_gemma import PROMPT, make_gemma
 
 DS_LAYERS, DS_VOCAB = 6, 13
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -54,7 +54,7 @@ def narrow_draft(deepseek, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
     """variant -> (transformers model, directory): the 5-layer Gemma 3 and Gemma 4 (per-layer embeddings,
-    sliding windows of 7) of test_gemma.py."""
+    sliding windows of 7) of helpers/gemma_models.py."""
     return checkpoint_cache(tmp_path_factory, make_gemma)
 
 

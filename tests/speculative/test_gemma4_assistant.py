@@ -8,6 +8,9 @@ import pytest
 import torch
 import transformers
 
+from helpers.gemma_models import make_every_weight_matter
+from helpers.gemma_sampling import GEMMA4_TINY as TARGET
+from helpers.gemma_sampling import PARAMS, VOCAB, assert_follows_the_joint, make_tiny_gemma, sampling_llm
 from helpers.hf_models import save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context, uniform_paged_metadata
@@ -18,22 +21,12 @@ from outpace.validation import ConfigError
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.models.loader import load_model
-from test_gemma_sampling import GEMMA4_TINY as TARGET
 from helpers.stats import exact_joint
-from test_gemma_sampling import PARAMS, VOCAB, assert_follows_the_joint, make_tiny_gemma, sampling_llm
 
 WINDOW = TARGET["sliding_window"]  # a 12-token vocabulary: random drafts are accepted now and then
 # the five target layers are [sliding, sliding, full, sliding, full]: the assistant reads layers 3 and 4's KV
 ASSISTANT_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 PROMPT = [3, 1, 9, 10, 8, 4, 7, 3, 1, 9, 10, 8, 6, 5, 2, 11, 0]  # 17 tokens: over two windows of 7
-
-
-def perturb(model) -> None:
-    """Every weight matters: transformers initialises norms, layer scalars and biases to 0 or 1."""
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            if "norm" in name or "scal" in name or name.endswith("bias"):
-                t.add_(torch.randn_like(t) * 0.1)
 
 
 def make_assistant(ordered: bool = False, seed: int = 1, **text):
@@ -49,7 +42,7 @@ def make_assistant(ordered: bool = False, seed: int = 1, **text):
                                              centroid_intermediate_top_k=2)
     torch.manual_seed(seed)
     model = transformers.Gemma4AssistantForCausalLM(cfg).eval()
-    perturb(model)
+    make_every_weight_matter(model)
     with torch.no_grad():
         for p in model.parameters():  # larger weights: drafts that depend on their inputs
             if p.dim() == 2:
@@ -61,7 +54,7 @@ def make_assistant(ordered: bool = False, seed: int = 1, **text):
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    """test_gemma.py's 5-layer Gemma 4 (per-layer embeddings, windows of 7) with 12 tokens -> (model, directory)."""
+    """helpers/gemma_models.py's 5-layer Gemma 4 (per-layer embeddings, windows of 7) with 12 tokens -> (model, directory)."""
     return make_tiny_gemma("gemma4", tmp_path_factory.mktemp("target"))
 
 

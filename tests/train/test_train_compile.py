@@ -92,12 +92,10 @@ def test_compiled_dflash_step_matches_eager():
     assert_compiled_matches_eager(draft, step)
 
 
-def test_compiled_mtp_step_matches_eager(tmp_path):
+def test_compiled_mtp_step_matches_eager(mtp_toy_target):
     """The target's own MTP layers, chained, as train/recipes/mtp.py trains them: fp32 layers over a bf16 target."""
-    from test_train_mtp import write_mtp_target
-
     torch.manual_seed(0)
-    target = load_model(write_mtp_target(tmp_path / "target"), torch.bfloat16, "cuda", progress=False)
+    target = load_model(mtp_toy_target, torch.bfloat16, "cuda", progress=False)
     layers = M.trainable_mtp(target.mtp_layers, 3)
     tokens = torch.randint(3, 300, (BATCH, SEQ), device="cuda")
     with torch.no_grad():

@@ -163,19 +163,13 @@ def test_a_failure_on_rank_0_stops_every_rank_with_its_reason(targets, tmp_path)
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
-def _bars_on_every_rank(steps: int, ranks: TrainRanks) -> int:
-    from tqdm import tqdm
-
-    return sum(1 for _ in tqdm(range(steps), disable=not ranks.is_driver))
-
-
 def test_a_spawned_rank_leaks_no_semaphore():
     """A spawned rank leaves through os._exit (train/ranks.py ``_spawned_rank``): its progress bars must not
     hold a multiprocessing semaphore, which the resource tracker reports as leaked when the run exits."""
     code = ("from outpace.train.ranks import train_on_ranks\n"
-            "from test_train_ranks import _bars_on_every_rank\n"
-            "assert train_on_ranks(_bars_on_every_rank, 2, 'cpu', 3) == 3\n")
-    tests = Path(__file__).resolve().parent
+            "from helpers.spawned_ranks import bars_on_every_rank\n"
+            "assert train_on_ranks(bars_on_every_rank, 2, 'cpu', 3) == 3\n")
+    tests = Path(__file__).resolve().parents[1]
     path = os.pathsep.join([str(tests.parent), str(tests)])
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": path})
