@@ -42,6 +42,23 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self._free) + (self.prefix_cache.num_idle if self.prefix_cache is not None else 0)
 
+    @property
+    def num_empty(self) -> int:
+        """Blocks neither in a table nor idle in the prefix cache."""
+        return len(self._free)
+
+    def is_empty(self, block: int) -> bool:
+        return block in self._free
+
+    def num_holders(self, block: int) -> int:
+        """How many tables hold the block."""
+        return self._refs[block]
+
+    @property
+    def held_by(self) -> set[str]:
+        """The requests that hold a table now."""
+        return set(self._tables)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

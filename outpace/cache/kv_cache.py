@@ -35,10 +35,14 @@ def rebind_kv_caches(pool: BlockPool) -> None:
         bind_kv_cache(model, pool, dtype, device)
 
 
+def pool_cache_tensors(pool: BlockPool) -> list[torch.Tensor]:
+    """Every cache tensor bound to ``pool``, model by model in binding order."""
+    return [t for model, _, _ in pool._bound for layer in bound_caches(model) for t in layer]
+
+
 def kv_cache_bytes(pool: BlockPool) -> int:
     """Bytes of every cache bound to ``pool`` (the padding block included)."""
-    return sum(t.numel() * t.element_size() for model, _, _ in pool._bound for layer in bound_caches(model)
-               for t in layer)
+    return sum(t.numel() * t.element_size() for t in pool_cache_tensors(pool))
 
 
 class CacheRows:

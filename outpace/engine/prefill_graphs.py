@@ -57,7 +57,7 @@ class PrefillGraphs:
         self.model, self.backend, self.req_table, self.max_rows = model, backend, req_table, max_rows
         self.recurrent = recurrent
         self.buckets: tuple[int, ...] = ()          # P: tokens a chunk
-        self._graphs: dict[PrefillKey, CapturedCall] = {}
+        self.graphs: dict[PrefillKey, CapturedCall] = {}
         device, k = req_table.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
         self.token_ids = torch.zeros(LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device)  # [K * P] (stale pads)
@@ -75,13 +75,13 @@ class PrefillGraphs:
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
         self.buckets = () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
         keys = [(k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET]
-        self._graphs = {key: CapturedCall(lambda key=key: self._forward(*key), self.req_table.device, memory_pool)
+        self.graphs = {key: CapturedCall(lambda key=key: self._forward(*key), self.req_table.device, memory_pool)
                         for key in keys}
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
         """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
         key = bucket_for(CHUNK_BUCKETS, len(counts)), bucket_for(self.buckets, max(counts))  # (None: no bucket)
-        return key if key in self._graphs and max(starts) + key[1] <= self.max_rows else None
+        return key if key in self.graphs and max(starts) + key[1] <= self.max_rows else None
 
     def run(self, key: PrefillKey, req_indices: list[int], starts: list[int], counts: list[int],
             token_ids: torch.Tensor):
@@ -96,7 +96,7 @@ class PrefillGraphs:
         pads = chunks - n
         self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
         self.req_indices[:chunks].copy_(torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True)
-        out = self._graphs[key].replay()
+        out = self.graphs[key].replay()
         aux = out.aux_hidden_states
         return dataclasses.replace(out, hidden_states=out.hidden_states.index_select(0, rows),
                                    aux_hidden_states=None if aux is None else aux.index_select(0, rows))

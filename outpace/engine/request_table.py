@@ -77,16 +77,6 @@ class RequestTable:
     def index_of(self, request_id: str) -> int:
         return self._index_of[request_id]
 
-    @property
-    def request_ids(self) -> list[str]:
-        """The requests that hold a row."""
-        return list(self._index_of)
-
-    @property
-    def num_free(self) -> int:
-        """Rows no request holds (the padding row not counted)."""
-        return len(self._free)
-
     def holds(self, request_id: str, row: int) -> bool:
         """Whether the request holds this row now."""
         return self._index_of.get(request_id) == row

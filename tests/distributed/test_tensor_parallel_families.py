@@ -163,7 +163,7 @@ def test_a_replicated_table_is_handed_as_this_ranks_rows(checkpoints, gemma_draf
         assert torch.equal(target.model.embed_tokens.weight, whole)
         with building_in(RankGroup(rank, 2)):
             draft = load_eagle3_draft(gemma_draft, target, torch.float32, "cpu")
-        rows, head = draft._borrowed[0].table, draft._borrowed[1]
+        rows, head = draft.embedding.table, draft.head
         assert rows.weight.shape == (128, whole.shape[1]) and rows.first_id == 128 * rank
         assert head.weight is rows.weight and head.group.size == 2
         n = min(128, 211 - 128 * rank)  # rank 0: 128 rows of the table, rank 1: 83 and 45 zero rows

@@ -32,12 +32,12 @@ def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
         in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
         assert engine.pool.num_free + in_use == engine.pool.num_blocks
         # a request row (engine/request_table.py) only while running: none held for a waiting or gone request
-        assert set(engine.runner.req_table.request_ids) <= {r.request_id for r in engine.scheduler.running}
+        assert engine.runner.req_table.held_by <= {r.request_id for r in engine.scheduler.running}
 
     run_with_aborts(engine, [([(i * 31 + j) % 200 for j in range(plen)], *rest)
                              for i, (plen, *rest) in enumerate(requests)], check)
     assert engine.pool.num_free == initial
-    assert not engine.runner.req_table.request_ids
+    assert not engine.runner.req_table.held_by
     assert engine.runner.req_table.num_free == engine.config.max_num_seqs
 
 

@@ -166,7 +166,7 @@ def test_a_join_keeps_the_step_run_ahead_and_rides_in_the_next(prompts, referenc
     hits = _count_run_ahead_hits(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert not any(dropped) and any(joined) and hits["hits"] > 10
-    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not owner.indices.request_ids
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not owner.indices.held_by
 
 
 DRAFTERS = pytest.mark.parametrize("spec", [
@@ -203,7 +203,7 @@ def test_captured_iteration_is_lossless_across_batch_changes(prompts, reference,
     assert calls["captured"] > 10 and calls["eager"] == 0  # every decode step replayed a captured key
     assert hits["hits"] > 5  # and many of them were run ahead
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
-    assert not llm.engine.runner.req_table.request_ids  # every row released
+    assert not llm.engine.runner.req_table.held_by  # every row released
 
 
 @DRAFTERS
@@ -276,4 +276,4 @@ def test_captured_iteration_survives_preemption(prompts, reference, spec):
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert llm.engine.pool.num_free == 14
-    assert not llm.engine.runner.req_table.request_ids
+    assert not llm.engine.runner.req_table.held_by

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from outpace import LLM, SamplingParams
-from outpace.cache.kv_cache import bound_caches
+from outpace.cache.kv_cache import pool_cache_tensors
 from outpace.config import EngineConfig, SpeculativeConfig
 from outpace.validation import ConfigError
 
@@ -15,7 +15,7 @@ SMALL = dict(block_size=4, max_num_seqs=2, max_num_batched_tokens=32)
 
 
 def every_cache(llm) -> list[torch.Tensor]:
-    return [t for model, _, _ in llm.engine.pool._bound for layer in bound_caches(model) for t in layer]
+    return pool_cache_tensors(llm.engine.pool)
 
 
 def test_cpu_pool_sized_from_available_memory_with_the_drafter_counted(llama_dir, caplog):

@@ -73,7 +73,7 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
     assert replays[:6] == [(1, 32), (1, 16)] * 3  # the rest: the repeated prompt's suffix (a cache hit, when on)
     assert replays[6:] in ([(1, 16)], [(1, 32), (1, 16)])
     engine = graphed.engine
-    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.request_ids
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 
 
 @SPECS
@@ -101,7 +101,7 @@ def test_several_chunks_replay_one_key_and_change_no_token(spec):
             o.spec_metrics.accepted_per_position for o in want]
     assert replays[0] == (4, 64) and len(replays) >= 2  # the first wave, then the joins
     engine = graphed.engine
-    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.request_ids
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 
 
 def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_eagerly():

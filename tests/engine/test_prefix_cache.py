@@ -245,12 +245,12 @@ def test_block_accounting_with_shared_blocks(llama_dir, requests, speculative):
         assert sum(map(len, tables)) == sum(pool.num_holders(b) for b in blocks)
         assert all(pool.num_holders(b) == 0 for b in blocks if pool.is_empty(b))
         assert not any(pool.is_empty(b) for b in held)
-        assert set(engine.runner.req_table.request_ids) <= {r.request_id for r in engine.scheduler.running}
+        assert engine.runner.req_table.held_by <= {r.request_id for r in engine.scheduler.running}
 
     run_with_aborts(engine, [([(stem * 41 + j * 3) % 200 for j in range(plen)] + [i], *rest)
                              for i, (stem, plen, *rest) in enumerate(requests)], check)
     assert pool.num_free == pool.num_blocks and not any(pool.num_holders(b) for b in blocks)
-    assert not engine.runner.req_table.request_ids and not pool.request_ids
+    assert not engine.runner.req_table.held_by and not pool.held_by
 
 
 _tight = {}

@@ -22,7 +22,7 @@ def _engine(target: str, draft: str) -> LLM:
 def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     warmed, fresh = _engine(target, draft), _engine(target, draft)
     engine = warmed.engine
-    free_blocks, free_slots = engine.pool.num_free, sorted(engine.runner.req_table._free)
+    free_blocks, free_rows = engine.pool.num_free, engine.runner.req_table.num_free
     steps, execute = [], engine.runner.execute
 
     def recording(batch):
@@ -39,8 +39,8 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     for n in (1 << i for i in range(LONGEST_WARM_QUERY.bit_length())):
         expected += [[(p, n)] for p in (0, 64, 128, 256, 512, 1024)] + [[(0, n)] * min(4, 256 // n)]
     assert steps == expected
-    assert engine.pool.num_free == free_blocks and not engine.pool._tables
-    assert sorted(engine.runner.req_table._free) == free_slots
+    assert engine.pool.num_free == free_blocks and not engine.pool.held_by
+    assert engine.runner.req_table.num_free == free_rows and not engine.runner.req_table.held_by
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:3]
     for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
                    SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=3)):

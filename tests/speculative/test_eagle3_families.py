@@ -60,9 +60,7 @@ def gemma(tmp_path_factory):
 
 def target_forward(target, ids: torch.Tensor, capture):
     """One prefill of ids [n] over the paged cache (MLA runs there only), capturing ``capture``."""
-    if not hasattr(target, "_test_pool"):
-        target._test_pool = BlockPool(8, 16)
-        bind_kv_cache(target.model, target._test_pool, torch.float32, "cpu")
+    bind_kv_cache(target.model, BlockPool(8, 16), torch.float32, "cpu")
     target.set_aux_hidden_state_layers(tuple(capture))
     with torch.no_grad(), forward_context(build_paged_metadata([[5, 2, 7]], [0], [ids.numel()], 16, "cpu")):
         return target(ids, torch.arange(ids.numel()))
@@ -218,7 +216,7 @@ def test_gemma_wrong_offset_or_embedding_scale_changes_proposals(variant, gemma,
     reference = RMSNorm(hidden, 1e-2)
     reference.weight.data.copy_(layer_norm.weight)
     with torch.no_grad():
-        torch.testing.assert_close(layer_norm(scaled._embedding(ids)), reference(target.embed(ids)),
+        torch.testing.assert_close(layer_norm(scaled.embed(ids)), reference(target.embed(ids)),
                                    rtol=1e-5, atol=1e-5)
     capture = target_capture_ids(scaled.config, target)
     assert capture == (3, 4, 5)

@@ -154,12 +154,12 @@ def test_every_slot_and_block_returns(targets, oracle, requests, variant, shape)
         in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
         assert engine.pool.num_free + in_use == engine.pool.num_blocks
         # a state row (the request row) only while running
-        assert set(engine.runner.req_table.request_ids) <= {r.request_id for r in engine.scheduler.running}
+        assert engine.runner.req_table.held_by <= {r.request_id for r in engine.scheduler.running}
 
     run_with_aborts(engine, [([(i * 31 + j) % 131 for j in range(plen)], *rest)
                              for i, (plen, *rest) in enumerate(requests)], check)
     assert engine.pool.num_free == engine.pool.num_blocks
-    assert not engine.runner.req_table.request_ids
+    assert not engine.runner.req_table.held_by
     assert engine.runner.req_table.num_free == engine.config.max_num_seqs
 
 

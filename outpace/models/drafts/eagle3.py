@@ -237,11 +237,17 @@ class Eagle3Draft(nn.Module):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[n] -> [n, hidden]: the rows the layer's input norm receives (unscaled: ``embed_scale`` lives in
         that norm's eps)."""
-        return self._embedding(token_ids)
+        return self.embedding(token_ids)
 
     @property
-    def _embedding(self) -> nn.Module:
+    def embedding(self) -> nn.Module:
+        """The draft's own embedding, or the target's rows it borrowed."""
         return self.embed_tokens if hasattr(self, "embed_tokens") else self._borrowed[0]
+
+    @property
+    def head(self) -> nn.Module:
+        """The draft's own head, or the target's it borrowed."""
+        return self.lm_head if hasattr(self, "lm_head") else self._borrowed[1]
 
     def fuse_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """[n, num_aux * target_hidden] concatenated target states -> [n, hidden]."""
@@ -252,12 +258,11 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """token_ids [n] (token t+1), positions [n] (t), hidden [n, hidden] -> [n, hidden] pre-norm."""
-        return self.midlayer(positions, token_ids, self._embedding, hidden)
+        return self.midlayer(positions, token_ids, self.embedding, hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
-        head = self.lm_head if hasattr(self, "lm_head") else self._borrowed[1]
-        return norm_head_logits(self.norm, head, hidden)
+        return norm_head_logits(self.norm, self.head, hidden)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -80,12 +80,12 @@ class DFlashProposer(Proposer):
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         k = shape.num_steps
-        logits = self._block_logits(rows, k) if k else None                     # [b, k, vocab]
+        logits = self.block_logits(rows, k) if k else None                     # [b, k, vocab]
         probs: list[torch.Tensor] = []
         tokens = [choose_chain(logits[:, j - 1], rows, j, probs) for j in range(1, k + 1)]
         return chain_drafts(rows, tokens, probs)
 
-    def _block_logits(self, rows: DecodeRows, k: int) -> torch.Tensor:
+    def block_logits(self, rows: DecodeRows, k: int) -> torch.Tensor:
         """One draft forward over every row's block -> the logits of block rows 1 .. k, [b, k, vocab]."""
         b, n = rows.size, self.block_size
         ids = torch.cat([rows.last_tokens[:, None], rows.last_tokens.new_full((b, n - 1), self.mask_token_id)], 1)
