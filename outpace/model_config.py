@@ -182,19 +182,24 @@ class ModelConfig:
         return cls.from_dict(json.loads(path.read_text()))
 
 
+def _rope_parameters(cfg: dict) -> dict:
+    """Where transformers 5 reads RoPE (PreTrainedConfig.convert_rope_params_to_dict): rope_scaling,
+    the older name, else rope_parameters; a top-level rope_theta only fills in a theta they lack."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(cfg.get(key), dict) and cfg[key]:
+            return cfg[key]
+    return {}
+
+
 def _rope_theta(cfg: dict) -> float:
-    theta = cfg.get("rope_theta")
-    if theta is None and isinstance(cfg.get("rope_parameters"), dict):  # transformers >= 5
-        theta = cfg["rope_parameters"].get("rope_theta")
+    theta = _rope_parameters(cfg).get("rope_theta", cfg.get("rope_theta"))
     return float(theta if theta is not None else 10000.0)
 
 
 def _rope_scaling(cfg: dict) -> dict | None:
-    params = cfg.get("rope_parameters")
-    if cfg.get("rope_theta") is None and isinstance(params, dict):  # transformers >= 5
-        if params.get("rope_type", "default") != "default":
-            return params
-    return cfg.get("rope_scaling")
+    """The rope parameters when their rope_type is not the default (__post_init__ checks it)."""
+    params = _rope_parameters(cfg)
+    return None if params.get("rope_type", params.get("type", "default")) == "default" else params
 
 
 def _eos_token_ids(cfg: dict) -> tuple[int, ...]:

@@ -274,7 +274,7 @@ IMPLEMENTED = {
     "vocab_size": (100, {}), "hidden_size": (2048, {}), "intermediate_size": (100, {}),
     "num_hidden_layers": (4, {}), "num_attention_heads": ({"num_attention_heads": 16, "num_key_value_heads": 16}, {}),
     "hidden_act": ("gelu", {}), "max_position_embeddings": (1024, {}), "rms_norm_eps": (1e-5, {}),
-    "tie_word_embeddings": (True, {}), "rope_parameters": ({"rope_theta": 5e5, "rope_type": "default"}, {}),
+    "tie_word_embeddings": (True, {}), "rope_parameters": ({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}, {}),
     "eos_token_id": (7, {}), "dtype": ("bfloat16", {}), "attention_bias": (True, {}), "mlp_bias": (True, {}),
     "kv_lora_rank": (256, {}), "q_lora_rank": (None, {}), "qk_nope_head_dim": (64, {}),
     "qk_rope_head_dim": (32, {}), "v_head_dim": (64, {}), "n_routed_experts": (128, {"n_group": 8}),
