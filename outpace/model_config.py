@@ -8,14 +8,22 @@ family is named here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from outpace.registry import MODELS, model_class
-from outpace.validation import ConfigError, require, require_positive_int
+from outpace.validation import (
+    INT64_MAX,
+    ConfigError,
+    ConfigFields,
+    is_finite_number,
+    is_int,
+    read_json_object,
+    require,
+    require_positive_int,
+)
 
 SUPPORTED_ARCHITECTURES = tuple(MODELS)  # the one list of architectures is the registry's
 
@@ -84,8 +92,10 @@ class ModelConfig:
             self.num_attention_heads % self.num_key_value_heads == 0,
             f"a divisor of num_attention_heads={self.num_attention_heads}",
         )
-        require(o, "rms_norm_eps", self.rms_norm_eps, 0 < self.rms_norm_eps < 1, "in (0, 1)")
-        require(o, "rope_theta", self.rope_theta, self.rope_theta > 0, "> 0")
+        eps = self.rms_norm_eps
+        require(o, "rms_norm_eps", eps, is_finite_number(eps) and 0 < eps < 1, "in (0, 1)")
+        theta = self.rope_theta
+        require(o, "rope_theta", theta, is_finite_number(theta) and theta > 0, "a number > 0")
         require(
             o,
             "torch_dtype",
@@ -97,7 +107,7 @@ class ModelConfig:
             o,
             "num_nextn_predict_layers",
             self.num_nextn_predict_layers,
-            isinstance(self.num_nextn_predict_layers, int) and self.num_nextn_predict_layers >= 0,
+            is_int(self.num_nextn_predict_layers) and self.num_nextn_predict_layers >= 0,
             "an integer >= 0",
         )
         if self.rope_scaling is not None:
@@ -116,7 +126,7 @@ class ModelConfig:
                     o,
                     f"rope_scaling.{key}",
                     value,
-                    isinstance(value, (int, float)) and value > 0,
+                    is_finite_number(value) and value > 0,
                     "a number > 0 for YaRN",
                 )
         # NOTE: imported here so that importing this module does not import torch (the CLI's parser).
@@ -152,26 +162,23 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> ModelConfig:
-        archs = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
-        arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ConfigError(
-                f"ModelConfig.architecture={arch!r} is not supported: must be one of "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        cfg = _text_model_config(cfg)
+    def from_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
+        """``cfg``: the config.json object; ``source`` names it in errors (its path)."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{source}: must hold a JSON object, got a {type(cfg).__name__}")
+        arch = _architecture(ConfigFields(cfg, source))
+        fields = ConfigFields(_text_model_config(cfg), source)
         family = model_class(arch)
-        _refuse_unimplemented(family, arch, cfg)
-        fields = family.config_overrides(cfg)
+        _refuse_unimplemented(family, arch, fields)
+        values = family.config_overrides(fields)
         for name, read in COMMON_FIELDS.items():
-            if name not in fields:
-                fields[name] = read(cfg, fields)
+            if name not in values:
+                values[name] = read(fields, values)
         return cls(
             architecture=arch,
-            **fields,
-            layer_windows=family.layer_windows(cfg, fields["num_hidden_layers"]),
-            raw=cfg,
+            **values,
+            layer_windows=family.layer_windows(fields, values["num_hidden_layers"]),
+            raw=fields.data,
         )
 
     @classmethod
@@ -179,73 +186,98 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ConfigError(f"no config.json in model directory {str(model_dir)!r}")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_json_object(path), str(path))
 
 
-def _rope_parameters(cfg: dict) -> dict:
+def _architecture(fields: ConfigFields) -> str:
+    """The first of ``architectures`` (else ``model_type``), one the registry knows."""
+    archs = fields.get("architectures") or [fields.string("model_type", "<missing>")]
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise fields.fail("architectures", archs, "a list of class names")
+    if archs[0] not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(
+            f"{fields.source}: architecture {archs[0]!r} is not supported: must be one of "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return archs[0]
+
+
+def _rope_parameters(fields: ConfigFields) -> ConfigFields | None:
     """Where transformers 5 reads RoPE (PreTrainedConfig.convert_rope_params_to_dict): rope_scaling,
     the older name, else rope_parameters; a top-level rope_theta only fills in a theta they lack."""
     for key in ("rope_scaling", "rope_parameters"):
-        if isinstance(cfg.get(key), dict) and cfg[key]:
-            return cfg[key]
-    return {}
+        params = fields.mapping(key)
+        if params is not None and params.data:
+            return params
+    return None
 
 
-def _rope_theta(cfg: dict) -> float:
-    theta = _rope_parameters(cfg).get("rope_theta", cfg.get("rope_theta"))
-    return float(theta if theta is not None else 10000.0)
+def _rope_theta(fields: ConfigFields) -> float:
+    params = _rope_parameters(fields)
+    if params is not None and "rope_theta" in params:
+        return float(params.number("rope_theta", positive=True))
+    return float(fields.number("rope_theta", 10000.0, positive=True))
 
 
-def _rope_scaling(cfg: dict) -> dict | None:
-    """The rope parameters when their rope_type is not the default (__post_init__ checks it)."""
-    params = _rope_parameters(cfg)
-    return None if params.get("rope_type", params.get("type", "default")) == "default" else params
+def _rope_scaling(fields: ConfigFields) -> dict | None:
+    """The rope_parameters dict when its rope_type is not the default (__post_init__ checks it)."""
+    params = _rope_parameters(fields)
+    if params is None:
+        return None
+    kind = params.get("rope_type", params.get("type", "default"))
+    return None if kind == "default" else params.data
 
 
-def _eos_token_ids(cfg: dict) -> tuple[int, ...]:
-    eos = cfg.get("eos_token_id")
-    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+def _eos_token_ids(fields: ConfigFields) -> tuple[int, ...]:
+    eos = fields.get("eos_token_id")
+    if eos is None or isinstance(eos, list):
+        return tuple(fields.integers("eos_token_id") or ())
+    return (fields.integer("eos_token_id", minimum=0, maximum=INT64_MAX),)
+
+
+def _torch_dtype(fields: ConfigFields) -> str:
+    return fields.string("torch_dtype", None) or fields.string("dtype", None) or "float32"
 
 
 # ModelConfig field -> how transformers' common config.json layout gives it, from the config and the
 # fields read before it (in this order). A family's ``config_overrides`` replaces any of them.
-COMMON_FIELDS: dict[str, Callable[[dict, dict[str, Any]], Any]] = {
-    "vocab_size": lambda cfg, _: cfg["vocab_size"],
-    "hidden_size": lambda cfg, _: cfg["hidden_size"],
-    "intermediate_size": lambda cfg, _: cfg["intermediate_size"],
-    "num_hidden_layers": lambda cfg, _: cfg.get("num_hidden_layers"),
-    "num_attention_heads": lambda cfg, _: cfg["num_attention_heads"],
-    "num_key_value_heads": lambda cfg, read: (
-        cfg.get("num_key_value_heads") or read["num_attention_heads"]
+COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
+    "vocab_size": lambda f, _: f.integer("vocab_size"),
+    "hidden_size": lambda f, _: f.integer("hidden_size"),
+    "intermediate_size": lambda f, _: f.integer("intermediate_size"),
+    "num_hidden_layers": lambda f, _: f.integer("num_hidden_layers"),
+    "num_attention_heads": lambda f, _: f.integer("num_attention_heads"),
+    "num_key_value_heads": lambda f, read: f.integer(
+        "num_key_value_heads", read["num_attention_heads"]
     ),
-    "head_dim": lambda cfg, read: (
-        cfg.get("head_dim") or read["hidden_size"] // read["num_attention_heads"]
+    "head_dim": lambda f, read: f.integer(
+        "head_dim", read["hidden_size"] // read["num_attention_heads"]
     ),
-    "max_position_embeddings": lambda cfg, _: cfg.get("max_position_embeddings", 4096),
-    "rms_norm_eps": lambda cfg, _: cfg.get("rms_norm_eps", 1e-6),
-    "rope_theta": lambda cfg, _: _rope_theta(cfg),
-    "rope_scaling": lambda cfg, _: _rope_scaling(cfg),
-    "tie_word_embeddings": lambda cfg, _: bool(cfg.get("tie_word_embeddings", False)),
-    "hidden_act": lambda cfg, _: cfg.get("hidden_act", "silu"),
-    "torch_dtype": lambda cfg, _: str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
-    "eos_token_ids": lambda cfg, _: _eos_token_ids(cfg),
-    "num_nextn_predict_layers": lambda cfg, _: int(cfg.get("num_nextn_predict_layers", 0)),
-    "chain_mtp_hidden_states": lambda cfg, _: bool(cfg.get("chain_mtp_hidden_states", False)),
+    "max_position_embeddings": lambda f, _: f.integer("max_position_embeddings", 4096),
+    "rms_norm_eps": lambda f, _: float(f.number("rms_norm_eps", 1e-6, positive=True)),
+    "rope_theta": lambda f, _: _rope_theta(f),
+    "rope_scaling": lambda f, _: _rope_scaling(f),
+    "tie_word_embeddings": lambda f, _: f.boolean("tie_word_embeddings", False),
+    "hidden_act": lambda f, _: f.string("hidden_act", "silu"),
+    "torch_dtype": lambda f, _: _torch_dtype(f),
+    "eos_token_ids": lambda f, _: _eos_token_ids(f),
+    "num_nextn_predict_layers": lambda f, _: f.integer("num_nextn_predict_layers", 0, minimum=0),
+    "chain_mtp_hidden_states": lambda f, _: f.boolean("chain_mtp_hidden_states", False),
 }
 
 
-def _refuse_unimplemented(family: type, arch: str, cfg: dict) -> None:
+def _refuse_unimplemented(family: type, arch: str, fields: ConfigFields) -> None:
     """Refuse config.json entries outside the family's own fields that would change what the model
     computes and that outpace does not implement."""
-    if cfg.get("quantization_config") is not None:
+    if fields.get("quantization_config") is not None:
         raise ConfigError(
-            f"ModelConfig.quantization_config={cfg['quantization_config']!r} is not supported: "
-            "outpace loads unquantized checkpoints only"
+            f"ModelConfig.quantization_config={fields.get('quantization_config')!r} is not "
+            "supported: outpace loads unquantized checkpoints only"
         )
     for key in ("rope_parameters", "rope_scaling"):
-        rope = cfg.get(key)
+        rope = fields.mapping(key)
         # transformers modeling_rope_utils: rotate only int(head_dim * partial_rotary_factor) dimensions.
-        factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
+        factor = 1.0 if rope is None else rope.number("partial_rotary_factor", 1.0, positive=True)
         require(
             "ModelConfig",
             f"{key}.partial_rotary_factor",

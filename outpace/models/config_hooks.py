@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from outpace.validation import is_int, require
+from outpace.validation import ConfigFields
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' layer_types of these families
 
@@ -23,47 +23,39 @@ class ConfigHooks:
     partial_rotary: ClassVar[bool] = False
 
     @classmethod
-    def config_overrides(cls, cfg: dict) -> dict[str, Any]:
-        """``ModelConfig`` fields this family derives from its config.json (``cfg``) otherwise than the
-        common layout gives them: field name -> value. Fields left out are read the common way."""
+    def config_overrides(cls, cfg: ConfigFields) -> dict[str, Any]:
+        """``ModelConfig`` fields this family derives from its config.json (``cfg``, whose typed reads
+        name the file and the field in their errors) otherwise than the common layout gives them:
+        field name -> value. Fields left out are read the common way."""
         return {}
 
     @classmethod
-    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+    def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
         """Each of the ``num_layers`` decoder layers' sliding attention window (None: full attention),
         as the family's transformers classes compute it; () when every layer is full."""
         return ()
 
 
 def windows_of_layer_types(
-    types: list[str], window: int | None, num_layers: int, sliding_needs: str
+    cfg: ConfigFields, types: list[str], window: int | None, num_layers: int, sliding_needs: str
 ) -> tuple[int | None, ...]:
     """transformers' ``layer_types`` -> each layer's window: ``window`` for a sliding_attention layer,
     None for a full_attention one; other types, another count than ``num_layers`` or a sliding layer
-    without a window (``sliding_needs`` says what gives one) are refused."""
-    require(
-        "ModelConfig",
-        "layer_types",
-        types,
+    without a window (``sliding_needs`` says what gives one) are refused naming cfg's file."""
+    if not (
         len(types) == num_layers
         and set(types) <= set(LAYER_TYPES)
-        and (window is not None or "sliding_attention" not in types),
-        f"{num_layers} entries of full_attention or sliding_attention (sliding only with "
-        f"{sliding_needs})",
-    )
-    return checked_windows(
-        tuple(window if t == "sliding_attention" else None for t in types), window
-    )
+        and (window is not None or "sliding_attention" not in types)
+    ):
+        raise cfg.fail(
+            "layer_types",
+            types,
+            f"{num_layers} entries of full_attention or sliding_attention (sliding only with "
+            f"{sliding_needs})",
+        )
+    return empty_if_all_full(tuple(window if t == "sliding_attention" else None for t in types))
 
 
-def checked_windows(windows: tuple[int | None, ...], window: int | None) -> tuple[int | None, ...]:
-    """``windows`` as ``layer_windows`` returns them (() when every layer is full), once the config's
-    ``sliding_window`` (``window``) is known to be a positive integer wherever a layer slides."""
-    require(
-        "ModelConfig",
-        "sliding_window",
-        window,
-        all(w is None or (is_int(w) and w > 0) for w in windows),
-        "None or a positive integer",
-    )
+def empty_if_all_full(windows: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """``windows`` as ``layer_windows`` returns them: () when no layer slides."""
     return windows if any(w is not None for w in windows) else ()

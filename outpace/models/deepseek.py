@@ -40,7 +40,7 @@ from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.drafts.mtp import OwnHeadsMTPBlock
-from outpace.validation import require
+from outpace.validation import ConfigFields, require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 
@@ -238,6 +238,12 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in: MLA's heads
     # (layers/mla.py), every expert's rows (layers/moe.py), the dense MLPs, vocab-parallel embedding and heads.
     shards_over_ranks = True
+
+    @classmethod
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
+        # DeepseekV2Config / DeepseekV3Config.__post_init__ derive head_dim from qk_rope_head_dim (the
+        # file's head_dim is not read; MLA's shapes are DeepseekConfig's)
+        return {"head_dim": cfg.integer("qk_rope_head_dim", DEFAULTS[V3]["qk_rope_head_dim"])}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the checkpoint has MTP layers in DeepSeek's layout (the loader decides from its

@@ -37,7 +37,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks, windows_of_layer_types
 from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, ConfigFields
 
 logger = logging.getLogger("outpace.models")
 
@@ -117,16 +117,16 @@ class Gemma3Config:
                    multimodal=multimodal)
 
 
-def gemma_layer_windows(cfg: dict, num_layers: int, window: int | None, pattern: int,
+def gemma_layer_windows(cfg: ConfigFields, num_layers: int, window: int | None, pattern: int,
                         last_full: bool) -> tuple[int | None, ...]:
     """transformers Gemma3TextConfig / Gemma4TextConfig.__post_init__: without layer_types, every
     ``pattern``-th layer is full and the others slide; Gemma 4 forces its last layer to full
     (``last_full``). Gemma3Attention / Gemma4TextAttention: sliding layers use ``window``."""
-    types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                            for i in range(num_layers)])
+    types = list(cfg.strings("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                                for i in range(num_layers)])
     if last_full and types:
         types[-1] = "full_attention"
-    return windows_of_layer_types(types, window, num_layers, "a sliding_window")
+    return windows_of_layer_types(cfg, types, window, num_layers, "a sliding_window")
 
 
 def layer_type(cfg: ModelConfig, layer: int) -> str:
@@ -211,9 +211,9 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
     eagle3_aux_ids = GEMMA_OUTPUT_IDS
 
     @classmethod
-    def config_overrides(cls, cfg: dict) -> dict:
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
         # Gemma3TextConfig / Gemma4TextConfig name the MLP's activation hidden_activation
-        return {"hidden_act": cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))}
+        return {"hidden_act": cfg.string("hidden_act", None) or cfg.string("hidden_activation", "silu")}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool, gemma, model_class: type) -> None:
         """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers.
@@ -238,9 +238,9 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
 
 class Gemma3ForCausalLM(GemmaForCausalLMBase):
     @classmethod
-    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
-        return gemma_layer_windows(cfg, num_layers, cfg.get("sliding_window", 4096),
-                                   cfg.get("sliding_window_pattern", 6), last_full=False)
+    def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
+        return gemma_layer_windows(cfg, num_layers, cfg.optional_integer("sliding_window", 4096),
+                                   cfg.integer("sliding_window_pattern", 6), last_full=False)
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma3Config.from_model_config(cfg), Gemma3Model)

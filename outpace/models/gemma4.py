@@ -48,6 +48,7 @@ from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, gemma_lay
                                   layer_type_ropes, refuse, skip_towers)
 from outpace.layers.decoder import GatedMLP, HeadProjections, sandwich_fuses, sandwich_layer_fused
 from outpace.models.llama import ModelOutput
+from outpace.validation import ConfigFields
 
 ROPE_TYPES = ("default", "proportional")
 # transformers Gemma4TextConfig.__post_init__'s rope_parameters when the config gives none
@@ -321,9 +322,10 @@ class Gemma4Model(nn.Module):
 
 class Gemma4ForCausalLM(GemmaForCausalLMBase):
     @classmethod
-    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+    def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
         # Gemma4TextConfig: every 6th layer full, the last always, windows of 512 by default
-        return gemma_layer_windows(cfg, num_layers, cfg.get("sliding_window", 512), 6, last_full=True)
+        window = cfg.optional_integer("sliding_window", 512)
+        return gemma_layer_windows(cfg, num_layers, window, 6, last_full=True)
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma4Config.from_model_config(cfg), Gemma4Model)

@@ -24,6 +24,7 @@ from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
+from outpace.validation import ConfigFields
 
 
 def check_aux_layer_ids(layer_ids: tuple[int, ...], num_layers: int,
@@ -64,11 +65,11 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
     shards_over_ranks = True
 
     @classmethod
-    def config_overrides(cls, cfg: dict) -> dict:
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
         # transformers LlamaAttention: attention_bias on q/k/v/o; LlamaMLP: mlp_bias on gate/up/down
-        bias = bool(cfg.get("attention_bias", False))
-        return {"attention_bias": bias, "attention_out_bias": bias,
-                "mlp_bias": bool(cfg.get("mlp_bias", False))}
+        bias = cfg.boolean("attention_bias", False)
+        mlp_bias = cfg.boolean("mlp_bias", False)
+        return {"attention_bias": bias, "attention_out_bias": bias, "mlp_bias": mlp_bias}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads``: the MTP layers carry their own embedding and shared head (DeepSeek-V3

@@ -38,7 +38,7 @@ from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.validation import ConfigError, require
+from outpace.validation import ConfigError, ConfigFields, require
 
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
@@ -170,10 +170,10 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
     shards_over_ranks = True
 
     @classmethod
-    def config_overrides(cls, cfg: dict) -> dict:
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
         # transformers' NemotronHConfig derives the layer count from its pattern and does not save it
-        pattern = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern") or ()
-        return {"num_hidden_layers": cfg.get("num_hidden_layers") or len(pattern)}
+        pattern = cfg.strings("layers_block_type") or cfg.string("hybrid_override_pattern", "")
+        return {"num_hidden_layers": cfg.integer("num_hidden_layers", len(pattern))}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()

@@ -5,25 +5,27 @@ from __future__ import annotations
 
 from outpace.models.config_hooks import windows_of_layer_types
 from outpace.models.llama import LlamaForCausalLM
+from outpace.validation import ConfigFields
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     @classmethod
-    def config_overrides(cls, cfg: dict) -> dict:
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
         return {"attention_bias": True}  # Qwen2Attention: biases on q/k/v, always; none on o
 
     @classmethod
-    def layer_windows(cls, cfg: dict, num_layers: int) -> tuple[int | None, ...]:
+    def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
         # transformers Qwen2Config / Qwen3Config.__post_init__: sliding_window only with
         # use_sliding_window; without layer_types, the layers from max_window_layers on slide.
         # Qwen2Attention: a layer of type "sliding_attention" uses sliding_window (and
         # create_sliding_window_causal_mask needs one).
-        window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
-        first_sliding = cfg.get("max_window_layers", 28)
-        types = cfg.get("layer_types") or [
+        sliding = cfg.boolean("use_sliding_window", False)
+        window = cfg.optional_integer("sliding_window", 4096) if sliding else None
+        first_sliding = cfg.integer("max_window_layers", 28, minimum=0)
+        types = cfg.strings("layer_types") or [
             "sliding_attention" if window is not None and i >= first_sliding else "full_attention"
             for i in range(num_layers)
         ]
         return windows_of_layer_types(
-            types, window, num_layers, "use_sliding_window and a sliding_window"
+            cfg, types, window, num_layers, "use_sliding_window and a sliding_window"
         )

@@ -72,7 +72,7 @@ from outpace.models.config_hooks import ConfigHooks
 from outpace.models.gemma import final_logits
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.drafts.mtp import MTPBlock
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, ConfigFields, is_finite_number
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -438,12 +438,16 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
     shards_over_ranks = True
 
     @classmethod
-    def config_overrides(cls, cfg: dict) -> dict:
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
         own = {}
-        if not cfg.get("num_key_value_heads") and cfg.get("num_attention_groups"):
-            own["num_key_value_heads"] = cfg["num_attention_groups"]  # its name for them (vLLM step3p5.py)
-        if isinstance(cfg.get("rope_theta"), list):  # one theta per layer: Step3p5Config reads them all
-            own["rope_theta"] = float(cfg["rope_theta"][0])
+        if cfg.get("num_key_value_heads") is None and cfg.get("num_attention_groups") is not None:
+            # its name for the kv heads (vLLM step3p5.py)
+            own["num_key_value_heads"] = cfg.integer("num_attention_groups")
+        theta = cfg.get("rope_theta")
+        if isinstance(theta, list):  # one theta per layer: Step3p5Config reads them all
+            if not (theta and all(is_finite_number(t) and t > 0 for t in theta)):
+                raise cfg.fail("rope_theta", theta, "a number > 0 or a list of them, one per layer")
+            own["rope_theta"] = float(theta[0])
         return own
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:

@@ -1,13 +1,18 @@
 """A checkpoint's config.json is honoured as transformers reads it, or refused with an error that names
-the file and the field (issue 42, item 2)."""
+the file and the field (issue 42, items 2 and 6)."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 from helpers.hf_models import make_hf_model, paged_prefill_error, save_hf_model
 from outpace.model_config import ModelConfig
+from outpace.models.drafts.eagle3 import load_eagle3_draft
+from outpace.models.loader import load_model
 from outpace.validation import ConfigError
 
 
@@ -47,3 +52,117 @@ def test_unimplemented_rope_type_in_rope_parameters_is_refused_beside_rope_theta
         rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
         with pytest.raises(ConfigError, match="rope_type.*'dynamic'"):
             ModelConfig.from_dict({**cfg, "rope_theta": 10000.0, key: rope})
+
+
+# ---- every field the loaders read is type-checked, the error naming the file and the field ----------
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
+
+
+class Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = Missing()  # a field left out
+
+# field -> a value of the wrong type or an absurd one (MISSING: the field left out)
+BAD_FIELDS = [
+    ("rms_norm_eps", "1e-5"),
+    ("rms_norm_eps", True),
+    ("hidden_size", MISSING),
+    ("hidden_size", "256"),
+    ("architectures", "LlamaForCausalLM"),
+    ("architectures", [7]),
+    ("vocab_size", 4096.0),
+    ("max_position_embeddings", 1e9),
+    ("max_position_embeddings", 10**9),
+    ("head_dim", 0),
+    ("head_dim", -32),
+    ("num_key_value_heads", 0),
+    ("num_hidden_layers", 6.0),
+    ("num_attention_heads", True),
+    ("intermediate_size", MISSING),
+    ("tie_word_embeddings", "yes"),
+    ("eos_token_id", "0"),
+    ("eos_token_id", [0, 1.5]),
+    ("hidden_act", 5),
+    ("torch_dtype", 16),
+    ("num_nextn_predict_layers", -1),
+    ("num_nextn_predict_layers", "3"),
+    ("chain_mtp_hidden_states", "true"),
+    ("rope_parameters", "x"),
+    ("attention_bias", "false"),
+    ("mlp_bias", 1),
+]
+
+
+def zoo_copy(tmp_path, name="tinypy", **changes) -> Path:
+    """zoo/<name>'s config.json in a directory of its own, with ``changes`` (MISSING deletes a field)."""
+    cfg = json.loads((ZOO / name / "config.json").read_text())
+    for key, value in changes.items():
+        if value is MISSING:
+            cfg.pop(key)
+        else:
+            cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def refused_naming(path, fn, *names) -> str:
+    with pytest.raises(ConfigError) as err:
+        fn()
+    message = str(err.value)
+    assert str(path) in message and all(n in message for n in names), message
+    return message
+
+
+@pytest.mark.parametrize("field,value", BAD_FIELDS, ids=[f"{f}={v!r}"[:40] for f, v in BAD_FIELDS])
+def test_a_bad_field_is_refused_naming_file_and_field(field, value, tmp_path):
+    zoo_copy(tmp_path, **{field: value})
+    refused_naming(
+        tmp_path / "config.json", lambda: ModelConfig.from_pretrained(tmp_path), repr(field)
+    )
+
+
+def test_the_message_says_what_was_expected_and_what_came(tmp_path):
+    zoo_copy(tmp_path, rms_norm_eps="1e-5")
+    message = refused_naming(tmp_path, lambda: ModelConfig.from_pretrained(tmp_path))
+    assert (
+        message == f"{tmp_path / 'config.json'}: field 'rms_norm_eps' must be a number, got '1e-5'"
+    )
+
+
+def test_rope_theta_is_type_checked_where_transformers_reads_it(tmp_path):
+    zoo_copy(tmp_path, rope_theta="abc", rope_parameters=None)
+    refused_naming(tmp_path, lambda: ModelConfig.from_pretrained(tmp_path), "'rope_theta'", "'abc'")
+    zoo_copy(tmp_path, rope_parameters={"rope_type": "default", "rope_theta": "abc"})
+    refused_naming(
+        tmp_path, lambda: ModelConfig.from_pretrained(tmp_path), "'rope_parameters.rope_theta'"
+    )
+
+
+@pytest.mark.parametrize("text", ['{"architectures": [', "", "[1, 2]", '"LlamaForCausalLM"'])
+def test_a_config_that_is_not_a_json_object_is_refused_naming_the_file(text, tmp_path):
+    (tmp_path / "config.json").write_text(text)
+    refused_naming(tmp_path / "config.json", lambda: ModelConfig.from_pretrained(tmp_path))
+
+
+def test_a_config_dict_that_is_not_a_dict_is_refused():
+    with pytest.raises(ConfigError, match="config.json: must hold a JSON object, got a list"):
+        ModelConfig.from_dict([1, 2])
+
+
+@pytest.mark.parametrize("ids", ["1,2,3", [1, "2", 3], [1.0, 2.0, 3.0], 3])
+def test_eagle3_aux_layer_ids_of_another_type_are_refused_naming_file_and_field(ids, tmp_path):
+    draft = tmp_path / "draft"
+    shutil.copytree(ZOO / "tinypy-eagle3", draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    (draft / "config.json").write_text(json.dumps(cfg))
+    target = load_model(ZOO / "tinypy", torch.float32)
+    refused_naming(
+        draft / "config.json",
+        lambda: load_eagle3_draft(draft, target, torch.float32, "cpu"),
+        "'eagle_config.eagle_aux_hidden_state_layer_ids'",
+    )

@@ -5,15 +5,16 @@ The walk takes each class's default config (``to_dict``); a field none of the ta
 fails the test, so a transformers upgrade that adds one has to be looked at. "Implemented" is
 checked, not trusted: setting the field to another value must change the loaded ModelConfig.
 """
+
 import pytest
 import torch
 import transformers
 from transformers.activations import ACT2CLS, ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from outpace.layers.activation import ACTIVATIONS
 from outpace.model_config import ROPE_TYPES, ModelConfig
 from outpace.validation import ConfigError
-from outpace.layers.activation import ACTIVATIONS
 
 # The Llama family's classes (models/llama.py); other families walk their own config classes in their
 # own tests (tests/models/test_gemma.py).
@@ -22,16 +23,23 @@ CLASSES = {arch: arch.replace("ForCausalLM", "Config") for arch in LLAMA_FAMILY}
 
 # Fields that do not change what inference computes, and why.
 IRRELEVANT = {
-    "transformers_version", "_name_or_path",                     # provenance
-    "model_type",                                                # the architectures entry names the class
-    "output_hidden_states", "output_attentions", "return_dict",  # what a transformers forward returns
-    "use_cache",                                                 # transformers' own KV cache switch
-    "is_encoder_decoder", "chunk_size_feed_forward",             # not read by these decoder-only classes
-    "id2label", "label2id", "problem_type",                      # classification heads
-    "initializer_range",                                         # initialisation
-    "attention_dropout",                                         # training only (dropout is 0 in eval)
-    "pretraining_tp",                                            # not read by transformers 5's LlamaModel
-    "pad_token_id", "bos_token_id",                              # the tokenizer's business
+    "transformers_version",
+    "_name_or_path",  # provenance
+    "model_type",  # the architectures entry names the class
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",  # what a transformers forward returns
+    "use_cache",  # transformers' own KV cache switch
+    "is_encoder_decoder",
+    "chunk_size_feed_forward",  # not read by these decoder-only classes
+    "id2label",
+    "label2id",
+    "problem_type",  # classification heads
+    "initializer_range",  # initialisation
+    "attention_dropout",  # training only (dropout is 0 in eval)
+    "pretraining_tp",  # not read by transformers 5's LlamaModel
+    "pad_token_id",
+    "bos_token_id",  # the tokenizer's business
 }
 
 N = 32  # layers of every default config
@@ -56,11 +64,22 @@ IMPLEMENTED = {
     "dtype": ("bfloat16", {}),
     "attention_bias": (True, {}),
     "mlp_bias": (True, {}),
-    "sliding_window": (16, {"use_sliding_window": True, "max_window_layers": 0, "layer_types": None}),
-    "use_sliding_window": (True, {"sliding_window": 16, "max_window_layers": 0, "layer_types": None}),
-    "max_window_layers": (1, {"use_sliding_window": True, "sliding_window": 16, "layer_types": None}),
-    "layer_types": (["sliding_attention"] + ["full_attention"] * (N - 1),
-                    {"use_sliding_window": True, "sliding_window": 16}),
+    "sliding_window": (
+        16,
+        {"use_sliding_window": True, "max_window_layers": 0, "layer_types": None},
+    ),
+    "use_sliding_window": (
+        True,
+        {"sliding_window": 16, "max_window_layers": 0, "layer_types": None},
+    ),
+    "max_window_layers": (
+        1,
+        {"use_sliding_window": True, "sliding_window": 16, "layer_types": None},
+    ),
+    "layer_types": (
+        ["sliding_attention"] + ["full_attention"] * (N - 1),
+        {"use_sliding_window": True, "sliding_window": 16},
+    ),
 }
 
 
@@ -99,28 +118,68 @@ def test_unimplemented_values_are_refused_by_name(arch):
     for act in ("prelu", "xielu", "no_such_act"):
         refused({**base, "hidden_act": act}, "hidden_act", repr(act))
     for kind in set(ROPE_INIT_FUNCTIONS) - set(ROPE_TYPES):
-        refused({**base, "rope_parameters": {"rope_type": kind, "rope_theta": 1e4, "factor": 2.0}},
-                "rope_type", repr(kind))
-    refused({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-            "partial_rotary_factor", "0.5")
-    refused({**base, "quantization_config": {"quant_method": "gptq"}}, "quantization_config", "gptq")
+        refused(
+            {**base, "rope_parameters": {"rope_type": kind, "rope_theta": 1e4, "factor": 2.0}},
+            "rope_type",
+            repr(kind),
+        )
+    refused(
+        {
+            **base,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            },
+        },
+        "partial_rotary_factor",
+        "0.5",
+    )
+    refused(
+        {**base, "quantization_config": {"quant_method": "gptq"}}, "quantization_config", "gptq"
+    )
     if "sliding_window" in base:
-        refused({**base, "sliding_window": 0, "use_sliding_window": True, "max_window_layers": 0,
-                 "layer_types": None}, "sliding_window", "0")
+        refused(
+            {
+                **base,
+                "sliding_window": 0,
+                "use_sliding_window": True,
+                "max_window_layers": 0,
+                "layer_types": None,
+            },
+            "sliding_window",
+            "0",
+        )
     if "layer_types" in base:
-        refused({**base, "layer_types": ["chunked_attention"] * N}, "layer_types", "chunked_attention")
+        refused(
+            {**base, "layer_types": ["chunked_attention"] * N}, "layer_types", "chunked_attention"
+        )
         # transformers' create_sliding_window_causal_mask needs a window for a sliding layer
-        refused({**base, "layer_types": ["sliding_attention"] * N}, "layer_types", "sliding_attention")
+        refused(
+            {**base, "layer_types": ["sliding_attention"] * N}, "layer_types", "sliding_attention"
+        )
 
 
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
 def test_supported_rope_types_load(arch):
-    kinds = {"linear": {"factor": 2.0}, "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                   "original_max_position_embeddings": 64}, "default": {},
-             "yarn": {"factor": 4.0, "original_max_position_embeddings": 64}}
+    kinds = {
+        "linear": {"factor": 2.0},
+        "llama3": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        "default": {},
+        "yarn": {"factor": 4.0, "original_max_position_embeddings": 64},
+    }
     for kind in ROPE_TYPES:
-        cfg = ModelConfig.from_dict({**default_dict(arch), "rope_parameters": {"rope_type": kind, "rope_theta": 1e4,
-                                                                                 **kinds[kind]}})
+        cfg = ModelConfig.from_dict(
+            {
+                **default_dict(arch),
+                "rope_parameters": {"rope_type": kind, "rope_theta": 1e4, **kinds[kind]},
+            }
+        )
         assert cfg.rope_theta == 1e4
 
 
@@ -137,15 +196,27 @@ def test_every_activation_matches_transformers_or_is_refused():
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
 def test_layer_windows_follow_transformers(arch):
     """Per-layer windows as transformers' own modules read them, for sliding settings of each class."""
-    small = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=8)
+    small = dict(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     settings = {
         "LlamaForCausalLM": [{}],
         "MistralForCausalLM": [{"sliding_window": 8}, {"sliding_window": None}, {}],
-        "Qwen2ForCausalLM": [{"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
-                             {"use_sliding_window": False, "sliding_window": 8, "max_window_layers": 0},
-                             {"use_sliding_window": True, "sliding_window": 5,
-                              "layer_types": ["sliding_attention", "full_attention"] * 2}],
+        "Qwen2ForCausalLM": [
+            {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+            {"use_sliding_window": False, "sliding_window": 8, "max_window_layers": 0},
+            {
+                "use_sliding_window": True,
+                "sliding_window": 5,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+            },
+        ],
     }
     settings["Qwen3ForCausalLM"] = settings["Qwen2ForCausalLM"]
     for extra in settings[arch]:
@@ -153,5 +224,7 @@ def test_layer_windows_follow_transformers(arch):
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
         ours = ModelConfig.from_dict({**hf_cfg.to_dict(), "architectures": [arch]})
         for i, layer in enumerate(model.model.layers):
-            expected = getattr(layer.self_attn, "sliding_window", getattr(hf_cfg, "sliding_window", None))
+            expected = getattr(
+                layer.self_attn, "sliding_window", getattr(hf_cfg, "sliding_window", None)
+            )
             assert ours.layer_window(i) == expected, (extra, i)

@@ -40,7 +40,7 @@ from torch import nn
 
 from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
 from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, read_json_object
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.drafts.eagle3 import DraftMismatchError
@@ -58,7 +58,7 @@ class DFlashConfig:
     num_target_layers: int | None = None
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> DFlashConfig:
+    def from_dict(cls, cfg: dict, source: str = "config.json") -> DFlashConfig:
         dflash = cfg.get("dflash_config") or {}
 
         def field(name: str):
@@ -75,7 +75,7 @@ class DFlashConfig:
         if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) for i in ids):
             raise ConfigError(f"DFlashConfig.target_layer_ids={ids!r} is invalid: must be a non-empty list of ints")
         # Qwen3-style layers: per-head q/k RMSNorm (ModelConfig derives qk_norm from the architecture).
-        layer = ModelConfig.from_dict({**cfg, "architectures": ["Qwen3ForCausalLM"]})
+        layer = ModelConfig.from_dict({**cfg, "architectures": ["Qwen3ForCausalLM"]}, source)
         return cls(layer=layer, block_size=block_size, mask_token_id=int(mask_token_id),
                    target_layer_ids=tuple(ids), num_target_layers=cfg.get("num_target_layers"))
 
@@ -211,7 +211,7 @@ def dflash_block_size(draft_dir: str | Path) -> int:
     path = Path(draft_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"no config.json in DFlash draft directory {str(draft_dir)!r}")
-    return DFlashConfig.from_dict(json.loads(path.read_text())).block_size
+    return DFlashConfig.from_dict(read_json_object(path), str(path)).block_size
 
 
 def layers_outside(target_layer_ids: tuple[int, ...], num_layers: int) -> list[int]:
@@ -232,7 +232,8 @@ def load_dflash_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     draft_dir = Path(draft_dir)
     if not (draft_dir / "config.json").is_file():
         raise ConfigError(f"no config.json in DFlash draft directory {str(draft_dir)!r}")
-    cfg = DFlashConfig.from_dict(json.loads((draft_dir / "config.json").read_text()))
+    path = draft_dir / "config.json"
+    cfg = DFlashConfig.from_dict(read_json_object(path), str(path))
     tcfg: ModelConfig = target.config
     L, vocab = tcfg.num_hidden_layers, tcfg.vocab_size
     problems = []

@@ -35,7 +35,6 @@ the top level; ``speculators_config`` holds ``proposal_methods`` (``speculative_
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from outpace.layers.decoder import DecoderAttention, GatedMLP, attention_and_mlp
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype
+from outpace.validation import ConfigFields, read_json_object
 
 
 # SpecForge's names of the three aux norms (pull 553 llama3_eagle.py), in the order of the aux states
@@ -73,17 +73,18 @@ class Eagle3Config:
     embed_scale: float = 1.0               # the draft reads the target's table rows times this
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> Eagle3Config:
-        """A native config, or a speculators one (``speculators_model_type``)."""
+    def from_dict(cls, cfg: dict, source: str = "config.json") -> Eagle3Config:
+        """A native config, or a speculators one (``speculators_model_type``); ``source`` names it in
+        errors."""
         if "speculators_model_type" in cfg:
             cfg = _flatten_speculators(cfg)
-        eagle = cfg.get("eagle_config") or {}
-        ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
-        layer = ModelConfig.from_dict({**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
+        fields = ConfigFields(cfg, source)
+        layer = ModelConfig.from_dict({**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1},
+                                      source)
         return cls(layer=layer,
-                   draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
-                   target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
-                   aux_layer_ids=tuple(ids) if ids else None,
+                   draft_vocab_size=fields.integer("draft_vocab_size", layer.vocab_size),
+                   target_hidden_size=fields.integer("target_hidden_size", layer.hidden_size),
+                   aux_layer_ids=_aux_layer_ids(fields),
                    use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
                    bias=bool(cfg.get("bias", False)),
                    norm_before_residual=bool(cfg.get("norm_before_residual", False)),
@@ -104,6 +105,13 @@ def target_capture_ids(cfg: Eagle3Config, target: nn.Module) -> tuple[int, ...]:
     """The capture ids of ``cfg`` on ``target``: families whose drafts write their ids otherwise than the
     first-id rule declare their ``eagle3_aux_ids`` convention (Gemma)."""
     return cfg.capture_layer_ids(target.config.num_hidden_layers, getattr(target, "eagle3_aux_ids", FIRST_ID_RULE))
+
+
+def _aux_layer_ids(fields: ConfigFields) -> tuple[int, ...] | None:
+    """eagle_config's eagle_aux_hidden_state_layer_ids, else the top level's; None when absent or empty."""
+    eagle, key = fields.mapping("eagle_config"), "eagle_aux_hidden_state_layer_ids"
+    ids = eagle.integers(key) if eagle is not None and key in eagle else fields.integers(key)
+    return tuple(ids) if ids else None
 
 
 def _embed_scale(cfg: dict) -> float:
@@ -271,8 +279,8 @@ class Eagle3Draft(nn.Module):
 def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str) -> Eagle3Draft:
     """Load an EAGLE3 draft and check that it fits ``target``; a mismatch raises DraftMismatchError."""
     draft_dir = Path(draft_dir)
-    raw = json.loads((draft_dir / "config.json").read_text())
-    cfg = Eagle3Config.from_dict(raw)
+    path = draft_dir / "config.json"
+    cfg = Eagle3Config.from_dict(read_json_object(path), str(path))
     tcfg: ModelConfig = target.config
     cfg = dataclasses.replace(cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings))
     names = checkpoint_tensor_names(draft_dir)
