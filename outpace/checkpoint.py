@@ -2,8 +2,10 @@
 load; safetensors, save.
 
 Loading checks every tensor against the model: a tensor the model lacks, a parameter the
-checkpoint lacks, a wrong shape, or a shard the index names but the directory lacks each raise
-``CheckpointError`` naming the tensor and the file.
+checkpoint lacks or a wrong shape each raise ``CheckpointError`` naming the tensor and the file.
+Before any tensor is read, every weight file is checked readable: an index that is no valid JSON or
+names a missing shard, an empty or truncated safetensors file, a ``.bin`` that is no PyTorch archive
+each raise ``CheckpointError`` naming the file and what is wrong (headers only: milliseconds).
 
 Tensor parallelism: a parameter marked with a ``shard`` (distributed/sharding.py ``Shard``) is this
 rank's part of the checkpoint tensor; only that part is read (safetensors ``get_slice`` reads the
@@ -13,19 +15,23 @@ selected bytes alone).
 read with ``torch.load(weights_only=True)``: the unpickler rebuilds only tensors and plain containers
 and refuses any other object, so a checkpoint cannot run code when it is loaded.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import pickle
 import re
+import zipfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
+
+from outpace.validation import ConfigError, read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -42,22 +48,32 @@ class CheckpointError(ValueError):
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
     """The weight files of a checkpoint directory, in index order: safetensors when there are any
-    (sharded, single or any ``*.safetensors``), else ``pytorch_model.bin`` (sharded or single)."""
-    model_dir = Path(model_dir)
+    (sharded, single or any ``*.safetensors``), else ``pytorch_model.bin`` (sharded or single).
+    Each is checked readable (``check_readable``)."""
+    files = _weight_files(Path(model_dir))
+    for path in files:
+        check_readable(path)
+    return files
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
     index = _index_file(model_dir)
     if index is not None:
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [model_dir / n for n in names]
+        files = [model_dir / n for n in sorted(set(_weight_map(index).values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise CheckpointError(f"{index} names shard(s) that are missing from {model_dir}: {', '.join(missing)}")
+            raise CheckpointError(
+                f"{index} names shard(s) that are missing from {model_dir}: {', '.join(missing)}"
+            )
         return files
     for single in (SINGLE_FILE, BIN_SINGLE_FILE):
         if (model_dir / single).is_file():
             return [model_dir / single]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"no *.safetensors files, {BIN_SINGLE_FILE} or {BIN_INDEX_FILE} in {model_dir}")
+        raise CheckpointError(
+            f"no *.safetensors files, {BIN_SINGLE_FILE} or {BIN_INDEX_FILE} in {model_dir}"
+        )
     return files
 
 
@@ -68,6 +84,82 @@ def _index_file(model_dir: Path) -> Path | None:
     return None
 
 
+def _weight_map(index: Path) -> dict[str, str]:
+    """An index file's tensor name -> shard file name map."""
+    try:
+        weight_map = read_json_object(index).get("weight_map")
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(
+            f"{index}: field 'weight_map' must be an object of tensor name -> file name, "
+            f"got {type(weight_map).__name__}"
+        )
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise CheckpointError(
+                f"{index}: field 'weight_map' gives tensor {name!r} the file {file!r}: "
+                f"must be a file name"
+            )
+    return weight_map
+
+
+def check_readable(path: Path) -> None:
+    """Raise ``CheckpointError`` naming ``path`` and what is wrong unless it is a safetensors file
+    whose header reads and whose data it covers, or a ``.bin`` that is a PyTorch archive. Reads
+    headers only."""
+    problem = _bin_problem(path) if path.suffix == ".bin" else _safetensors_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
+
+
+def _bin_problem(path: Path) -> str | None:
+    """torch.save writes a zip archive (before PyTorch 1.6 a pickle: protocol >= 2, byte 0x80 first)."""
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic[:1] == b"\x80" or zipfile.is_zipfile(path):
+        return None
+    if not magic:
+        return "is empty (0 bytes)"
+    if magic == b"PK\x03\x04":
+        return "is truncated: a zip archive without its end"
+    return "is not a PyTorch archive (torch.save writes a zip file)"
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu"):
+            return None
+    except SafetensorError as error:
+        return _refused_safetensors(path, error)
+
+
+def _refused_safetensors(path: Path, error: SafetensorError) -> str:
+    """What is wrong, in words, with a file that safetensors refused with ``error``. The format: an
+    8-byte little-endian header length n, n bytes of JSON header giving each tensor's data_offsets
+    [begin, end], then the data."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"is {'empty' if not size else 'truncated'} ({size} bytes): not a safetensors file"
+    with path.open("rb") as f:
+        header_size = int.from_bytes(f.read(8), "little")
+        if 8 + header_size > size:
+            return (
+                f"is truncated or not a safetensors file: its first 8 bytes give a header of "
+                f"{header_size} bytes, the file has {size}"
+            )
+        try:
+            header = json.loads(f.read(header_size))
+            end = max(
+                (t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError):
+            return f"has a header that is not valid safetensors JSON ({error})"
+    if 8 + header_size + end > size:
+        return f"is truncated: its tensors end at byte {8 + header_size + end}, the file has {size} bytes"
+    return f"is not a valid safetensors file ({error})"
+
+
 class _PickledShard:
     """A ``.bin`` shard's tensors, with safetensors' ``keys()`` / ``get_tensor(name)`` interface."""
 
@@ -75,10 +167,16 @@ class _PickledShard:
         try:  # weights_only: tensors and plain containers only, never arbitrary objects
             state = torch.load(path, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-            raise CheckpointError(f"{path} cannot be read as a state dict of tensors with "
-                                  f"torch.load(weights_only=True): {e}") from e
-        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
-            raise CheckpointError(f"{path} does not hold a state dict (a dict of tensor name -> tensor)")
+            raise CheckpointError(
+                f"{path} cannot be read as a state dict of tensors with "
+                f"torch.load(weights_only=True): {e}"
+            ) from e
+        if not isinstance(state, dict) or not all(
+            isinstance(t, torch.Tensor) for t in state.values()
+        ):
+            raise CheckpointError(
+                f"{path} does not hold a state dict (a dict of tensor name -> tensor)"
+            )
         self._state = state
 
     def keys(self):
@@ -107,7 +205,7 @@ def checkpoint_tensor_names(model_dir: str | Path) -> set[str]:
     index = _index_file(Path(model_dir))
     if index is not None:
         checkpoint_files(model_dir)  # the shards must exist
-        return set(json.loads(index.read_text())["weight_map"])
+        return set(_weight_map(index))
     names: set[str] = set()
     for path in checkpoint_files(model_dir):
         with open_shard(path) as f:
@@ -115,7 +213,9 @@ def checkpoint_tensor_names(model_dir: str | Path) -> set[str]:
     return names
 
 
-def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = True, part: str | None = None) -> None:
+def load_checkpoint(
+    model: nn.Module, model_dir: str | Path, progress: bool = True, part: str | None = None
+) -> None:
     """Copy a checkpoint's tensors into ``model``'s parameters and persistent buffers (converting
     dtype). Every parameter must be in the checkpoint; a persistent buffer (e.g. a draft's vocabulary
     map) keeps its default when absent.
@@ -132,20 +232,28 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
     wanted = (lambda name: True) if part is None else (lambda name: name.startswith(f"{part}."))
     params = {to_ckpt(name): p for name, p in model.named_parameters() if wanted(name)}
     persistent = set(model.state_dict().keys())
-    buffers = {to_ckpt(name): b for name, b in model.named_buffers() if name in persistent and wanted(name)}
+    buffers = {
+        to_ckpt(name): b for name, b in model.named_buffers() if name in persistent and wanted(name)
+    }
     all_names = {to_ckpt(name) for name, _ in model.named_parameters(remove_duplicate=False)}
     ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
     seen: set[str] = set()
     files = checkpoint_files(model_dir)
-    for path in tqdm(files, desc="loading weights", unit="shard", disable=not progress or len(files) < 2):
+    for path in tqdm(
+        files, desc="loading weights", unit="shard", disable=not progress or len(files) < 2
+    ):
         with open_shard(path) as f:
             for name in f.keys():
-                if any(r.search(name) for r in ignored) or (name in all_names and name not in params):
+                if any(r.search(name) for r in ignored) or (
+                    name in all_names and name not in params
+                ):
                     continue
                 if name not in params and name not in buffers:
                     if part is not None:
                         continue
-                    raise CheckpointError(f"unexpected tensor {name!r} in {path.name}: the model has no such parameter")
+                    raise CheckpointError(
+                        f"unexpected tensor {name!r} in {path.name}: the model has no such parameter"
+                    )
                 param = params.get(name, buffers.get(name))
                 tensor = _read(f, name, path, param)
                 with torch.no_grad():
@@ -153,8 +261,11 @@ def load_checkpoint(model: nn.Module, model_dir: str | Path, progress: bool = Tr
                 seen.add(name)
     missing = sorted(set(params) - seen)
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {shown}")
+        raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {_listed(missing)}")
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:
@@ -164,20 +275,26 @@ def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:
     if shard is None:
         tensor = f.get_tensor(name)
         if tuple(tensor.shape) != tuple(param.shape):
-            raise CheckpointError(f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
-                                  f"the model expects {tuple(param.shape)}")
+            raise CheckpointError(
+                f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(param.shape)}"
+            )
         return tensor
     part = f.get_slice(name)
     full = tuple(part.get_shape()) if hasattr(part, "get_shape") else tuple(part.shape)
     expected = list(param.shape)
     expected[shard.dim] = shard.full
     if full != tuple(expected):
-        raise CheckpointError(f"tensor {name!r} in {path.name} has shape {full}, the model expects "
-                              f"{tuple(expected)} (of which this rank holds {tuple(param.shape)})")
+        raise CheckpointError(
+            f"tensor {name!r} in {path.name} has shape {full}, the model expects "
+            f"{tuple(expected)} (of which this rank holds {tuple(param.shape)})"
+        )
     return shard.read(part, full)
 
 
-def model_state_dict(model: nn.Module, parameters: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def model_state_dict(
+    model: nn.Module, parameters: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """Parameters under their checkpoint names (a tied head appears once, as the embedding). ``parameters``:
     name -> tensor in place of ``model.named_parameters()`` (e.g. FSDP's shards gathered whole)."""
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
@@ -185,8 +302,12 @@ def model_state_dict(model: nn.Module, parameters: dict[str, torch.Tensor] | Non
     return {to_ckpt(name): p.detach() for name, p in items}
 
 
-def save_checkpoint(tensors: dict[str, torch.Tensor], out_dir: str | Path, max_shard_bytes: int = 2 << 30,
-                    dtype: torch.dtype | None = None) -> list[Path]:
+def save_checkpoint(
+    tensors: dict[str, torch.Tensor],
+    out_dir: str | Path,
+    max_shard_bytes: int = 2 << 30,
+    dtype: torch.dtype | None = None,
+) -> list[Path]:
     """Write safetensors shards of at most ``max_shard_bytes`` (plus an index when sharded)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +317,9 @@ def save_checkpoint(tensors: dict[str, torch.Tensor], out_dir: str | Path, max_s
         t = (t.to(dtype) if dtype is not None else t).contiguous().cpu()
         nbytes = t.numel() * t.element_size()
         if nbytes > max_shard_bytes:
-            raise CheckpointError(f"tensor {name!r} ({nbytes} bytes) is larger than the shard limit {max_shard_bytes}")
+            raise CheckpointError(
+                f"tensor {name!r} ({nbytes} bytes) is larger than the shard limit {max_shard_bytes}"
+            )
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
@@ -211,6 +334,7 @@ def save_checkpoint(tensors: dict[str, torch.Tensor], out_dir: str | Path, max_s
     if len(shards) > 1:
         weight_map = {t: name for shard, name in zip(shards, names) for t in shard}
         total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
-        (out_dir / INDEX_FILE).write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (out_dir / INDEX_FILE).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
     return [out_dir / n for n in names]

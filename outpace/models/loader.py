@@ -1,4 +1,5 @@
 """Build a model from a Hugging Face directory: config, class from the registry, weights."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,12 +10,12 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
-from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
 from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.mtp import has_own_mtp_heads
 from outpace.registry import model_class
+from outpace.validation import ConfigError
 
 
 @contextlib.contextmanager
@@ -34,8 +35,12 @@ def resolve_dtype(requested: str, cfg: ModelConfig, device: str) -> torch.dtype:
     return DTYPES[cfg.torch_dtype] if device.startswith("cuda") else torch.float32
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
-                mtp_own_heads: bool = False) -> nn.Module:
+def build_model(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    mtp_own_heads: bool = False,
+) -> nn.Module:
     """An uninitialised model (parameters in ``dtype``; rotary tables stay float32). ``mtp_own_heads``:
     its MTP layers carry their own embedding and shared head (DeepSeek-V3 layout, models/drafts/mtp.py).
     Inside ``building_in(group)`` (distributed/group.py) with several ranks, this rank's shard of a model
@@ -43,8 +48,10 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
     cls = model_class(cfg.architecture)
     group = build_group()
     if group.size > 1 and not getattr(cls, "shards_over_ranks", False):
-        raise ConfigError(f"architecture {cfg.architecture} cannot be sharded over tensor_parallel_size="
-                          f"{group.size} ranks yet: its model class does not declare shards_over_ranks")
+        raise ConfigError(
+            f"architecture {cfg.architecture} cannot be sharded over tensor_parallel_size="
+            f"{group.size} ranks yet: its model class does not declare shards_over_ranks"
+        )
     with default_dtype(dtype), torch.device(device):
         return cls(cfg, mtp_own_heads=mtp_own_heads)
 
@@ -54,13 +61,22 @@ def covering_positions(cfg: ModelConfig, positions: int) -> ModelConfig:
     ``max_position_embeddings`` is the length it was trained at (2048 in the original EAGLE-3 release,
     yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), not a limit of the target's context it serves: RoPE is
     defined at every position, so its tables are sized to cover the target's context too."""
-    return dataclasses.replace(cfg, max_position_embeddings=max(cfg.max_position_embeddings, positions))
+    return dataclasses.replace(
+        cfg, max_position_embeddings=max(cfg.max_position_embeddings, positions)
+    )
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", progress: bool = True,
-               load_format: str = "safetensors", min_positions: int = 0) -> nn.Module:
+def load_model(
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    progress: bool = True,
+    load_format: str = "safetensors",
+    min_positions: int = 0,
+) -> nn.Module:
     """``load_format`` "dummy" skips the weights and fills the parameters with small random values
-    (vLLM's ``--load-format dummy``): for benchmarks of a shape without its checkpoint.
+    (vLLM's ``--load-format dummy``): for benchmarks of a shape without its checkpoint. Otherwise an
+    unreadable weight file raises ``CheckpointError`` before the model is built.
     ``min_positions``: rotary tables cover at least this many positions (a draft serving a target
     with a longer context, see ``covering_positions``)."""
     cfg = covering_positions(ModelConfig.from_pretrained(model_dir), min_positions)
@@ -70,14 +86,19 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", p
             for name, p in model.named_parameters():
                 p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
     else:
-        model = build_model(cfg, dtype, device, has_own_mtp_heads(cfg, checkpoint_tensor_names(model_dir)))
+        names = checkpoint_tensor_names(
+            model_dir
+        )  # (every weight file checked readable before the build)
+        model = build_model(cfg, dtype, device, has_own_mtp_heads(cfg, names))
         load_checkpoint(model, model_dir, progress=progress)
     pack_projections(model)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()
 
 
-def load_part(model_dir: str | Path, part: str, dtype: torch.dtype, device: str, buffers_from: nn.Module) -> nn.Module:
+def load_part(
+    model_dir: str | Path, part: str, dtype: torch.dtype, device: str, buffers_from: nn.Module
+) -> nn.Module:
     """The submodule ``part`` (e.g. "mtp_layers") of the model in ``model_dir``, whole (unsharded, whatever
     group is being built) and alone: the rest of the model is built on the meta device (no memory) and its
     checkpoint tensors are never read. Buffers are computed, not stored (rotary tables), and a meta build
@@ -85,7 +106,9 @@ def load_part(model_dir: str | Path, part: str, dtype: torch.dtype, device: str,
     never sharded). Projections stay unpacked (``pack_projections`` is for serving)."""
     cfg = ModelConfig.from_pretrained(model_dir)
     with building_in(SINGLE):
-        model = build_model(cfg, dtype, "meta", has_own_mtp_heads(cfg, checkpoint_tensor_names(model_dir)))
+        model = build_model(
+            cfg, dtype, "meta", has_own_mtp_heads(cfg, checkpoint_tensor_names(model_dir))
+        )
     whole = model.get_submodule(part).to_empty(device=device)
     load_checkpoint(model, model_dir, progress=False, part=part)
     source = dict(buffers_from.named_buffers())
@@ -93,7 +116,9 @@ def load_part(model_dir: str | Path, part: str, dtype: torch.dtype, device: str,
         for name, buffer in whole.named_buffers():
             found = source.get(name)
             if found is None or found.shape != buffer.shape:
-                raise ValueError(f"buffer {part}.{name} of {model_dir} is {tuple(buffer.shape)} in the whole part but "
-                                 f"{'absent' if found is None else tuple(found.shape)} in the model as loaded")
+                raise ValueError(
+                    f"buffer {part}.{name} of {model_dir} is {tuple(buffer.shape)} in the whole part but "
+                    f"{'absent' if found is None else tuple(found.shape)} in the model as loaded"
+                )
             buffer.copy_(found)
     return whole

@@ -28,7 +28,6 @@ Two forwards share the same weights and the same math:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,12 +190,12 @@ def tokenizer_mask_token_id(model_dir: str | Path | None) -> tuple[str, int] | N
     config_path, tok_path = model_dir / "tokenizer_config.json", model_dir / "tokenizer.json"
     if not config_path.is_file() or not tok_path.is_file():
         return None
-    token = json.loads(config_path.read_text()).get("mask_token")
+    token = read_json_object(config_path).get("mask_token")
     if isinstance(token, dict):
         token = token.get("content")
     if not token:
         return None
-    tok = json.loads(tok_path.read_text())
+    tok = read_json_object(tok_path)
     for added in tok.get("added_tokens", []):
         if added.get("content") == token:
             return token, int(added["id"])

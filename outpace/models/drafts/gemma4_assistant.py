@@ -38,7 +38,7 @@ from torch import nn
 
 from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
-from outpace.checkpoint import load_checkpoint
+from outpace.checkpoint import checkpoint_files, load_checkpoint
 from outpace.model_config import ModelConfig
 from outpace.validation import ConfigError
 from outpace.distributed.group import build_group
@@ -238,6 +238,7 @@ def load_gemma4_assistant(draft_dir: str | Path, target, dtype: torch.dtype, dev
     raw = json.loads((draft_dir / "config.json").read_text())
     cfg = AssistantConfig.from_dict(raw)
     cfg = dataclasses.replace(cfg, text=covering_positions(cfg.text, target.config.max_position_embeddings))
+    checkpoint_files(draft_dir)  # every weight file checked readable before the draft is built
     with default_dtype(dtype), torch.device(device):
         draft = Gemma4Assistant(cfg, target)
     load_checkpoint(draft, draft_dir, progress=False)

@@ -12,7 +12,6 @@ at the last committed row instead of the last correct draft.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.config import SpeculativeConfig
 from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, read_json_object
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.models.loader import load_model
 from outpace.speculative.chain import chain_drafts, choose_chain
@@ -47,7 +46,7 @@ def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
                               f"without a tokenizer.json in both directories their tokenizers cannot be compared: "
                               f"a draft model must share the target's tokenizer")
         return t.vocab_size
-    target_ids, draft_ids = (_token_ids(json.loads(f.read_text())) for f in files)
+    target_ids, draft_ids = (_token_ids(read_json_object(f)) for f in files)
     if target_ids != draft_ids:
         raise ConfigError(f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
                           f"(their tokenizer.json vocabularies differ)")
