@@ -79,14 +79,6 @@ class SpeculativeConfig:
             isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min,
             f"an integer >= ngram_min={self.ngram_min}",
         )
-        if self.method != "none":
-            require(
-                o,
-                "draft",
-                self.draft,
-                self.method in ("ngram", "mtp") or bool(self.draft),
-                f"a draft checkpoint directory for method {self.method!r}",
-            )
 
     @property
     def enabled(self) -> bool:

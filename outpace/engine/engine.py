@@ -34,6 +34,7 @@ from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_s
 from outpace.engine.cuda_graphs import batch_buckets
 from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.warm_up import warm_up_prefills
+from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.step_key import SamplingMode
@@ -120,6 +121,10 @@ class LLMEngine:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         max_pos = self.model_config.max_position_embeddings
+        spec = config.speculative
+        if spec.enabled and proposer_class(spec.method).takes_draft_checkpoint and not spec.draft:
+            raise ConfigError(f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
+                              f"with a draft checkpoint: give its directory")
         if config.max_model_len is not None and config.max_model_len > max_pos:
             raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "
                               f"max_position_embeddings is {max_pos} ({config.model}/config.json)")
@@ -138,14 +143,20 @@ class LLMEngine:
         self.pool = BlockPool(blocks, config.block_size)
         on_gpu = config.device.startswith("cuda")
         backend = resolve_backend_name(config.attention_backend, config.device)
-        spec = config.speculative
-        rows = max_pos if sizing else min(max_pos, blocks * config.block_size)
-        self.proposer, shapes = None, (DraftShape(0),)
+        self.proposer, shapes, lookahead = None, (DraftShape(0),), 0
         if spec.enabled:
             self.proposer = proposer_class(spec.method)(spec, self.model, self.pool, config.max_num_seqs, dtype=dtype,
                                                         device=config.device, attention_backend=backend)
             self.model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
-            shapes = draft_shapes(spec)
+            shapes, lookahead = draft_shapes(spec), self.proposer.lookahead
+            if lookahead >= POSITIONS_PAST_CONTEXT:
+                raise ConfigError(f"SpeculativeConfig num_steps={spec.num_steps}, num_draft_tokens="
+                                  f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
+                                  f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported")
+        # NOTE: with speculation the lookahead + 1 rows after a request's last token are kept for its drafts,
+        # also past the end of the context (rotary tables cover POSITIONS_PAST_CONTEXT more positions).
+        reserved = lookahead + 1 if spec.enabled else 0
+        rows = max_pos + reserved if sizing else min(max_pos + reserved, blocks * config.block_size)
         self.choosers = self._build_choosers(shapes)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -153,14 +164,10 @@ class LLMEngine:
         self.grammars = GrammarTable(GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids))
         self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
                                   self.proposer, shapes, self.choosers, self.grammars, config.batch_invariant)
-        decode_tokens, lookahead = shapes[-1].num_nodes, 0
-        if spec.enabled:
-            lookahead = self.proposer.lookahead
-            if config.max_num_batched_tokens < decode_tokens:
-                raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
-                                  f"must be >= num_draft_tokens={decode_tokens}")
-        # NOTE: with speculation the last lookahead + 1 rows of the context are reserved for drafts.
-        reserved = lookahead + 1 if spec.enabled else 0
+        decode_tokens = shapes[-1].num_nodes
+        if spec.enabled and config.max_num_batched_tokens < decode_tokens:
+            raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
+                              f"must be >= num_draft_tokens={decode_tokens}")
         self.memory_plan = None
         if sizing:
             graph_tokens = 0
@@ -168,13 +175,13 @@ class LLMEngine:
                 prefill = prefill_buckets(config.max_num_batched_tokens)
                 largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
                 graph_tokens = max([largest * decode_tokens, *prefill])
-            context = min(max_pos, config.max_model_len + reserved) if config.max_model_len else max_pos
+            context = (config.max_model_len or max_pos) + reserved
             self._size_kv_pool(profile_tokens, graph_tokens, context, reserved, progress)
         self.prefix_caching_off_reason = self._set_up_prefix_cache()
         unsettled = self.proposer.unsettled_rows if spec.enabled else 0
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens,
                                    decode_tokens, lookahead, on_free=self._on_free, unsettled_rows=unsettled)
-        limits = {"max_position_embeddings": max_pos - reserved,
+        limits = {"max_position_embeddings": max_pos,
                   f"the KV cache ({self.pool.num_blocks} blocks of {config.block_size})":
                       self.pool.num_blocks * config.block_size - reserved}
         if config.max_model_len:
@@ -183,10 +190,8 @@ class LLMEngine:
         self.max_model_len = limits[self._context_limit]
         if config.max_model_len and self.max_model_len < config.max_model_len:
             raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
-                              f"{self.max_model_len} tokens, set by {self._context_limit}"
-                              + (f" ({reserved} rows are kept for the drafts)" if reserved else ""))
-        _report(f"the context holds {self.max_model_len} tokens (set by {self._context_limit}"
-                + (f", {reserved} rows kept for the drafts)" if reserved else ")"), progress)
+                              f"{self.max_model_len} tokens, set by {self._context_limit}")
+        _report(f"the context holds {self.max_model_len} tokens (set by {self._context_limit})", progress)
         if on_gpu and config.cuda_graphs:
             self.capture_graphs()
         if on_gpu:  # compile the eager prefill's kernel variants now, not in the first requests (engine/warm_up.py)

@@ -73,6 +73,12 @@ def rope_attention_factor(scaling: dict | None) -> float:
     return yarn_mscale(factor)
 
 
+# Positions past the model's context that a table also covers: a verify near the end of the context places its
+# draft nodes there (the engine keeps a request's drafts within this many rows past its last token, so the
+# context is not shortened by them; no token at those positions is ever emitted).
+POSITIONS_PAST_CONTEXT = 64
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at arbitrary (e.g. tree-depth) positions from a cached table."""
 
@@ -84,9 +90,11 @@ class RotaryEmbedding(nn.Module):
         applied to both."""
         super().__init__()
         inv_freq = _inverse_frequencies(head_dim, theta, scaling)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        positions = torch.arange(max_positions + POSITIONS_PAST_CONTEXT, dtype=torch.float32)
+        angles = torch.outer(positions, inv_freq)
         factor = rope_attention_factor(scaling)
-        self.register_buffer("cos", angles.cos() * factor, persistent=False)  # [max_positions, head_dim // 2]
+        # [max_positions + POSITIONS_PAST_CONTEXT, head_dim // 2]
+        self.register_buffer("cos", angles.cos() * factor, persistent=False)
         self.register_buffer("sin", angles.sin() * factor, persistent=False)
         self.interleaved = interleaved
 

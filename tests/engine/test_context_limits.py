@@ -27,10 +27,23 @@ def test_a_max_model_len_past_the_model_is_refused_not_clamped():
         LLM(TINYPY, device="cpu", max_model_len=5000)
 
 
-def test_a_max_model_len_the_drafts_rows_leave_no_room_for_is_refused():
-    with pytest.raises(ConfigError, match=r"max_model_len=2048 is invalid: the context holds 2042 tokens, set by "
-                                          r"max_position_embeddings \(6 rows are kept for the drafts\)"):
-        LLM(TINYPY, device="cpu", max_model_len=2048, speculative=EAGLE3)
+def test_drafts_do_not_shorten_the_context_and_stay_lossless_at_its_end(llm):
+    """With a drafter the context is still the model's 2048 tokens (it used to be 2042: the drafts' rows
+    were kept inside it); a request that runs into the end of the context verifies drafts past it and
+    emits exactly plain decoding's tokens, stopping by length at 2048."""
+    spec = LLM(TINYPY, device="cpu", max_model_len=2048, speculative=EAGLE3)
+    assert spec.engine.max_model_len == llm.engine.max_model_len == 2048
+    prompt = (llm.engine.tokenizer.encode("def fibonacci(n):\n    return n\n") * 200)[:2036]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = llm.generate([prompt], params)[0]
+    out = spec.generate([prompt], params)[0]
+    assert out.token_ids == expected.token_ids and len(out.token_ids) == 12 and out.finish_reason == "length"
+
+
+def test_drafts_reaching_past_what_the_rotary_tables_cover_are_refused():
+    with pytest.raises(ConfigError, match=r"num_steps=100, num_draft_tokens=101 is invalid: its drafts reach 100 "
+                                          r"rows past a request's last token, at most 63 are supported"):
+        LLM(TINYPY, device="cpu", speculative=SpeculativeConfig("ngram", num_steps=100))
 
 
 def test_max_tokens_past_the_context_is_refused(llm):
@@ -56,3 +69,10 @@ def test_token_ids_must_be_integers(llm, bad):
     with pytest.raises(ValueError, match=r"prompt token id 1 is .* token ids must be integers"):
         llm.generate([[5, bad, 7]], SamplingParams(max_tokens=2))
     assert not llm.engine.has_unfinished_requests
+
+
+def test_a_drafter_that_drafts_from_a_checkpoint_needs_one():
+    """The drafter class says whether it takes a draft checkpoint (no list of methods in the config)."""
+    with pytest.raises(ConfigError, match=r"SpeculativeConfig.draft=None is invalid: method 'eagle3' drafts with a "
+                                          r"draft checkpoint"):
+        LLM(TINYPY, device="cpu", speculative=SpeculativeConfig("eagle3", num_steps=3))
