@@ -2,10 +2,11 @@
 load; safetensors, save.
 
 Loading checks every tensor against the model: a tensor the model lacks, a parameter the
-checkpoint lacks or a wrong shape each raise ``CheckpointError`` naming the tensor and the file.
-Before any tensor is read, every weight file is checked readable: an index that is no valid JSON or
-names a missing shard, an empty or truncated safetensors file, a ``.bin`` that is no PyTorch archive
-each raise ``CheckpointError`` naming the file and what is wrong (headers only: milliseconds).
+checkpoint lacks, a wrong shape, a dtype the parameter cannot take or a value that is not finite
+(weight_checks.py) each raise ``CheckpointError`` naming the tensor and the file. Before any tensor is
+read, every weight file is checked readable: an index that is no valid JSON or names a missing
+shard, an empty or truncated safetensors file, a ``.bin`` that is no PyTorch archive each raise
+``CheckpointError`` naming the file and what is wrong (headers only: milliseconds).
 
 Tensor parallelism: a parameter marked with a ``shard`` (distributed/sharding.py ``Shard``) is this
 rank's part of the checkpoint tensor; only that part is read (safetensors ``get_slice`` reads the
@@ -19,6 +20,7 @@ and refuses any other object, so a checkpoint cannot run code when it is loaded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import pickle
 import re
@@ -32,6 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from outpace.validation import ConfigError, read_json_object
+from outpace.weight_checks import FinitenessCheck, Loaded, dtype_problem
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -227,6 +230,9 @@ def load_checkpoint(
 
     ``part``: only the parameters and buffers of that submodule (e.g. "mtp_layers") are loaded, and the
     checkpoint's other tensors are skipped unread.
+
+    Every tensor is checked for its dtype before the copy and for finite values after it
+    (weight_checks.py: one host sync for the whole load).
     """
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     wanted = (lambda name: True) if part is None else (lambda name: name.startswith(f"{part}."))
@@ -238,6 +244,7 @@ def load_checkpoint(
     all_names = {to_ckpt(name) for name, _ in model.named_parameters(remove_duplicate=False)}
     ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
     seen: set[str] = set()
+    finite = FinitenessCheck()
     files = checkpoint_files(model_dir)
     for path in tqdm(
         files, desc="loading weights", unit="shard", disable=not progress or len(files) < 2
@@ -254,18 +261,44 @@ def load_checkpoint(
                     raise CheckpointError(
                         f"unexpected tensor {name!r} in {path.name}: the model has no such parameter"
                     )
-                param = params.get(name, buffers.get(name))
-                tensor = _read(f, name, path, param)
-                with torch.no_grad():
-                    param.copy_(tensor.to(param.dtype))
+                _load_tensor(f, name, path, params.get(name, buffers.get(name)), finite)
                 seen.add(name)
     missing = sorted(set(params) - seen)
     if missing:
         raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {_listed(missing)}")
+    _refuse_non_finite(finite)
+
+
+def _load_tensor(f, name: str, path: Path, param: torch.Tensor, finite: FinitenessCheck) -> None:
+    """Copy tensor ``name`` of shard file ``f`` into ``param``: its dtype checked before, its values
+    queued for the finiteness check after."""
+    tensor = _read(f, name, path, param)
+    problem = dtype_problem(tensor.dtype, param)
+    if problem is not None:
+        raise CheckpointError(f"{path}: tensor {name!r} {problem}")
+    with torch.no_grad():
+        param.copy_(tensor.to(param.dtype))
+    reread = functools.partial(_read_again, path, name, param)
+    finite.add(Loaded(name, path, param, tensor.dtype, reread))
+
+
+def _refuse_non_finite(finite: FinitenessCheck) -> None:
+    problems = finite.problems()
+    if problems:
+        (first, problem), others = problems[0], [loaded.name for loaded, _ in problems[1:]]
+        also = (
+            f" (and {len(others)} more tensor(s) not finite: {_listed(others)})" if others else ""
+        )
+        raise CheckpointError(f"{first.path}: tensor {first.name!r} {problem}{also}")
 
 
 def _listed(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _read_again(path: Path, name: str, param: torch.Tensor) -> torch.Tensor:
+    with open_shard(path) as f:
+        return _read(f, name, path, param)
 
 
 def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:

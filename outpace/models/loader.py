@@ -76,7 +76,8 @@ def load_model(
 ) -> nn.Module:
     """``load_format`` "dummy" skips the weights and fills the parameters with small random values
     (vLLM's ``--load-format dummy``): for benchmarks of a shape without its checkpoint. Otherwise an
-    unreadable weight file raises ``CheckpointError`` before the model is built.
+    unreadable weight file raises ``CheckpointError`` before the model is built, and a weight of the
+    wrong dtype or not finite while it loads (checkpoint.py ``load_checkpoint``).
     ``min_positions``: rotary tables cover at least this many positions (a draft serving a target
     with a longer context, see ``covering_positions``)."""
     cfg = covering_positions(ModelConfig.from_pretrained(model_dir), min_positions)

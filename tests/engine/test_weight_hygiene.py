@@ -1,28 +1,37 @@
-"""Files that cannot be read are refused with an error that names the file and what is wrong, before
-the model is built (issue 42 item 6, build item 3): empty or truncated safetensors files, a
-pytorch_model.bin that is no archive, an index that is no valid JSON or names a missing shard, a
-tokenizer file that is no valid JSON, for targets and draft checkpoints alike."""
+"""Corrupt weights and unreadable files are refused with an error that names the file (and the tensor),
+for targets and draft checkpoints alike (issue 42 items 5 and 6, build item 3): NaN or inf values and
+integer or bool tensors where the model expects floating point (once loaded silently: the engine then
+emitted token 0 with a NaN logprob); empty or truncated safetensors files, a pytorch_model.bin that is
+no archive, an index that is no valid JSON or names a missing shard, a tokenizer file that is no valid
+JSON, each before the model is built."""
 
 import io
 import json
+import math
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
+from torch import nn
 
-from outpace.checkpoint import INDEX_FILE, CheckpointError
+from outpace.checkpoint import INDEX_FILE, CheckpointError, load_checkpoint
 from outpace.config import EngineConfig
+from outpace.distributed.group import RankGroup, building_in
 from outpace.engine.engine import LLMEngine
+from outpace.model_config import ModelConfig
 from outpace.models import loader
-from outpace.models.drafts.dflash import tokenizer_mask_token_id
-from outpace.models.loader import load_model
+from outpace.models.drafts.dflash import load_dflash_draft, tokenizer_mask_token_id
+from outpace.models.drafts.eagle3 import load_eagle3_draft
+from outpace.models.loader import build_model, load_model
 from outpace.speculative.drafters.draft_model import shared_vocab_size
 from outpace.validation import ConfigError
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
+UP = "model.layers.0.mlp.up_proj.weight"
+NAN, INF = math.nan, math.inf
 
 
 def copy_zoo(name: str, tmp_path: Path) -> Path:
@@ -157,3 +166,176 @@ def test_a_draft_tokenizer_file_that_is_no_json_is_named(tmp_path):
         ConfigError, match=re.escape(f"{target_dir / 'tokenizer_config.json'}: not valid JSON")
     ):
         tokenizer_mask_token_id(target_dir)
+
+
+# ---- corrupt weights: refused naming the file and the tensor ----------------------------------------
+
+
+def rewrite_tensor(model_dir: Path, name: str, change) -> Path:
+    """Replace tensor ``name`` of ``model_dir``'s model.safetensors by ``change(tensor)``; the file."""
+    file = model_dir / "model.safetensors"
+    tensors = load_file(file)
+    tensors[name] = change(tensors[name])
+    save_file(tensors, file, metadata={"format": "pt"})
+    return file
+
+
+def with_values(*values: float, dtype: torch.dtype | None = None):
+    """A change that sets a tensor's first values (converting it to ``dtype`` first when given)."""
+
+    def change(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(dtype or tensor.dtype).clone()
+        tensor.view(-1)[: len(values)] = torch.tensor(values)
+        return tensor
+
+    return change
+
+
+CORRUPT_WEIGHTS = {
+    "NaN": (with_values(NAN, NAN, NAN), "has 3 NaN values"),
+    "inf": (with_values(INF, -INF), "has 2 inf values"),
+    "NaN and inf": (with_values(NAN, INF), "has 1 NaN value and 1 inf value"),
+    "int32": (
+        lambda t: t.to(torch.int32),
+        "has dtype int32, the model expects floating point (float32)",
+    ),
+    "bool": (lambda t: t > 0, "has dtype bool, the model expects floating point (float32)"),
+}
+
+
+@pytest.mark.parametrize("kind", CORRUPT_WEIGHTS)
+def test_a_corrupt_weight_is_refused_naming_the_file_and_the_tensor(kind, tmp_path):
+    path = copy_zoo("tinypy", tmp_path)
+    change, problem = CORRUPT_WEIGHTS[kind]
+    file = rewrite_tensor(path, UP, change)
+    with pytest.raises(CheckpointError, match=re.escape(f"{file}: tensor {UP!r} {problem}")):
+        load_model(path, torch.float32, progress=False)
+
+
+def test_every_non_finite_tensor_is_counted(tmp_path):
+    path = copy_zoo("tinypy", tmp_path)
+    rewrite_tensor(path, UP, with_values(NAN))
+    rewrite_tensor(path, "model.norm.weight", with_values(-INF))
+    with pytest.raises(
+        CheckpointError, match=r"\(and 1 more tensor\(s\) not finite: model.norm.weight\)"
+    ):
+        load_model(path, torch.float32, progress=False)
+
+
+def test_values_that_overflow_the_loaded_dtype_are_named_so(tmp_path):
+    path = copy_zoo("tinypy", tmp_path)
+    file = rewrite_tensor(path, UP, with_values(1e6, -1e6, dtype=torch.float32))
+    load_model(path, torch.float32, progress=False)  # finite as float32
+    with pytest.raises(
+        CheckpointError,
+        match=re.escape(
+            f"{file}: tensor {UP!r} has 2 inf values once converted to float16: its float32 values are finite"
+        ),
+    ):
+        load_model(path, torch.float16, progress=False)
+
+
+def test_finite_values_whose_float32_sum_overflows_load(tmp_path):
+    """The fast check (a float32 sum per tensor) flags them; the exact count clears them."""
+    path = copy_zoo("tinypy", tmp_path)
+    rewrite_tensor(path, UP, with_values(3e38, 3e38, dtype=torch.float32))
+    model = load_model(path, torch.float32, progress=False)
+    assert max(p.max() for p in model.parameters()) == 3e38
+
+
+def rank_model(path: Path, rank: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Rank ``rank`` of 2's shard of the model at ``path``, loaded (tensor parallelism)."""
+    with building_in(RankGroup(rank, 2)):
+        model = build_model(ModelConfig.from_pretrained(path), dtype)
+    load_checkpoint(model, path, progress=False)
+    return model
+
+
+def test_each_rank_checks_the_slices_it_loads(tmp_path):
+    """q_proj's rows split over 2 ranks: a NaN in rank 1's rows fails rank 1's load alone; an
+    overflow there is told from the stored slice, read again."""
+    path = copy_zoo("tinypy", tmp_path)
+    name = "model.layers.0.self_attn.q_proj.weight"  # [256, 256]: rank 1 holds rows 128 ..
+    nan_in_rank_1 = torch.zeros(256, 256)
+    nan_in_rank_1[200, 3] = NAN
+    file = rewrite_tensor(path, name, lambda t: t + nan_in_rank_1.to(t.dtype))
+    rank_model(path, 0)
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"{file}: tensor {name!r} has 1 NaN value")
+    ):
+        rank_model(path, 1)
+    rewrite_tensor(path, name, lambda t: t.float().nan_to_num(nan=1e6))
+    rank_model(path, 0, torch.float16)
+    with pytest.raises(CheckpointError, match="has 1 inf value once converted to float16"):
+        rank_model(path, 1, torch.float16)
+
+
+class PackedWeight(nn.Module):
+    """A parameter whose checkpoint form is int8 (as a quantization method would declare it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(2, 4))
+        self.weight.checkpoint_dtypes = (torch.int8,)
+
+
+def test_a_parameter_declares_the_dtypes_its_checkpoint_may_store(tmp_path):
+    model = PackedWeight()
+    save_file(
+        {"weight": torch.arange(8, dtype=torch.int8).view(2, 4)}, tmp_path / "model.safetensors"
+    )
+    load_checkpoint(model, tmp_path, progress=False)
+    assert model.weight.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    save_file({"weight": torch.ones(2, 4)}, tmp_path / "model.safetensors")
+    with pytest.raises(
+        CheckpointError, match="'weight' has dtype float32, the model expects one of int8"
+    ):
+        load_checkpoint(model, tmp_path, progress=False)
+
+
+# ---- draft checkpoints: the same checks through the same function -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model(ZOO / "tinypy", torch.float32, progress=False)
+
+
+DRAFTS = {  # drafter -> (zoo checkpoint, one of its floating-point tensors, load(draft dir, target))
+    "eagle3": (
+        "tinypy-eagle3",
+        "fc.weight",
+        lambda d, t: load_eagle3_draft(d, t, torch.float32, "cpu"),
+    ),
+    "dflash": (
+        "tinypy-dflash",
+        "fc.weight",
+        lambda d, t: load_dflash_draft(d, t, torch.float32, "cpu"),
+    ),
+    "draft_model": ("tinypy-draft", UP, lambda d, t: load_model(d, torch.float32, progress=False)),
+    # MTP drafts with the target's own layers, stored after its decoder layers
+    "mtp": (
+        "tinypy",
+        "model.layers.6.mlp.up_proj.weight",
+        lambda d, t: load_model(d, torch.float32, progress=False),
+    ),
+}
+
+
+@pytest.mark.parametrize("drafter", DRAFTS)
+def test_a_draft_checkpoint_gets_the_same_checks(drafter, target, tmp_path):
+    name, tensor, load = DRAFTS[drafter]
+    path = copy_zoo(name, tmp_path)
+    file = rewrite_tensor(path, tensor, with_values(INF))
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"{file}: tensor {tensor!r} has 1 inf value")
+    ):
+        load(path, target)
+    rewrite_tensor(path, tensor, lambda t: t.to(torch.int32))
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"{file}: tensor {tensor!r} has dtype int32")
+    ):
+        load(path, target)
+    truncated(file, 1000)
+    with pytest.raises(CheckpointError, match=re.escape(f"{file}: is truncated")):
+        load(path, target)
