@@ -167,12 +167,18 @@ class RequestOutput:
 
 
 # What a request's random draw at a position is for: the counter of ``random_keys`` is position * DRAWS + purpose.
+# SAMPLE: the token at the position itself, whoever decides it: a seeded request's Gumbel noise there (the
+# prefill's last row, a verify node, a drafter guessing it all use it: layers/sampler.py), an unseeded prefill's
+# draw. VERIFY: an unseeded verify's uniforms and bonus draw (position: the first token it decides). DRAFT: an
+# unseeded request's sampled draft.
 SAMPLE, VERIFY, DRAFT, DRAWS = 0, 1, 2, 4
 
 
 def request_keys(requests: list[Request], positions, purpose: int, device) -> torch.Tensor:
     """[n] int64 random keys for drawing, for each request, at ``positions`` [n] (ints or a tensor):
-    the position of the token the draw decides (or of the first, for a verify)."""
+    the position of the token the draw decides (or of the first, for a verify). The same counters as
+    ``DecodeRows.keys`` (speculative/proposer.py) for the same position: a token sampled at the end of a
+    prefill and one decided in a decode step draw from the same key."""
     from outpace.layers.sampler import random_keys
 
     seeds = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=device)

@@ -9,10 +9,13 @@ token.
 
 Let L be a request's KV length; its last token sits at position L with no KV yet. The drafts form a
 tree whose node 0 is that token and whose node i sits at position L + depth(i) in KV row L + i. The
-target forwards all nodes; acceptance (greedy, or rejection sampling: speculative/verify.py) keeps
-``a`` drafts along one root path and adds the bonus token; a tree's path is then moved to rows
-L .. L + a (a chain's already is), the request's length becomes L + a + 1 and its last token the
-bonus. Rows past the path are left behind: the next forward overwrites them.
+target forwards all nodes; acceptance (greedy, rejection sampling, or for seeded requests exact
+matching against the target's own samples: speculative/verify.py) keeps ``a`` drafts along one root
+path and adds the bonus token; a tree's path is then moved to rows L .. L + a (a chain's already is),
+the request's length becomes L + a + 1 and its last token the bonus. Rows past the path are left
+behind: the next forward overwrites them. The node at depth d decides the token at position L + 1 + d,
+and a seeded request's randomness there is a function of its seed and that position alone
+(layers/sampler.py), as for the token a prefill samples at the end of a prompt (engine/prefill.py).
 
 What a step does to the target's logits before verifying them, and what it reports besides tokens, is
 the key's ``LogitsFeatures``: penalties and logit biases at every node (the node's path counted as
@@ -31,10 +34,10 @@ from outpace.cache.kv_cache import CacheRows
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.request_table import RequestTable
-from outpace.engine.step_key import SamplingMode, StepKey
+from outpace.engine.step_key import StepKey
 from outpace.layers.logits_processing import TokenLogprobs, apply_token_bitmask, count_tokens, token_logprobs
 from outpace.request import VERIFY
-from outpace.speculative.chain import chain_drafts
+from outpace.speculative.chain import chain_drafts, position_gumbel
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
 from outpace.speculative.tree import ancestor_mask
 from outpace.speculative.verify import verify_chain, verify_tree
@@ -89,8 +92,8 @@ class DecodeStep:
             tables = s.tables.index_select(0, req_indices)                                # [b, max_blocks]
             rows = DecodeRows(req_indices, s.lengths[req_indices], s.last_tokens[req_indices],
                               tables if width is None else tables[:, :width].contiguous(), s.seeds[req_indices],
-                              s.sampling(req_indices, key.mode is SamplingMode.GREEDY,
-                                         key.mode is SamplingMode.FILTERED), s.pool.block_size)
+                              s.sampling(req_indices, key.mode.greedy, key.mode.filtered, key.mode.seeded),
+                              s.pool.block_size)
             drafts = self.proposer.draft(rows, shape) if self.proposer is not None else chain_drafts(rows, [], [])
             n = shape.num_nodes
             mask = None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)  # [b, n, n]
@@ -99,11 +102,13 @@ class DecodeStep:
                 out = self.model(drafts.token_ids.reshape(-1), (rows.lengths[:, None] + drafts.depths).reshape(-1))
             raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)           # [b, n, vocab]
             logits = self._processed(key, raw, drafts, mask, token_masks)               # [b, n, vocab]
-            keys = None if key.mode is SamplingMode.GREEDY else rows.keys(0, VERIFY)  # greedy draws nothing
+            keys = None if key.mode.greedy else rows.keys(0, VERIFY)  # greedy draws nothing
+            gumbel = _node_gumbel(rows, drafts.depths, shape, logits.shape[-1])          # [b, n, vocab] or None
             if shape.is_chain:
-                result = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys)
+                result = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys,
+                                      gumbel)
             else:
-                result = verify_tree(drafts.parents, drafts.token_ids, None, logits, rows.sampling, keys,
+                result = verify_tree(drafts.parents, drafts.token_ids, None, logits, rows.sampling, keys, gumbel,
                                      max_depth=shape.num_steps)
                 self._commit_tree_kv(rows, result.accepted_path)
             if key.features.penalties:  # node 0 and the accepted drafts are output before the new last token
@@ -168,6 +173,16 @@ class DecodeStep:
         src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)         # unaccepted: stay
         dst_rows = rows.lengths[:, None] + order
         self.kv_rows.move(rows.cache_slots(src_rows), rows.cache_slots(dst_rows))
+
+
+def _node_gumbel(rows: DecodeRows, depths: torch.Tensor, shape: DraftShape, vocab: int) -> torch.Tensor | None:
+    """[b, n, vocab] the seeded rows' noise at each node (``depths`` [b, n]): that of the position the node
+    decides, L + 1 + its depth, which the nodes of one depth share; None when no row is seeded."""
+    gumbel = position_gumbel(rows, 1, shape.num_steps + 1, vocab)                       # [b * (depth + 1), vocab]
+    if gumbel is None:
+        return None
+    gumbel = gumbel.view(rows.size, shape.num_steps + 1, vocab)                          # [b, depth + 1, vocab]
+    return gumbel if shape.is_chain else gumbel.gather(1, depths[..., None].expand(-1, -1, vocab))
 
 
 def _committed_logprobs(logits: torch.Tensor, result, k: int) -> TokenLogprobs:

@@ -97,7 +97,9 @@ class PrefillStep:
                       hidden: torch.Tensor) -> tuple[torch.Tensor, list | None]:
         """The token after each completed prompt, from its last row's hidden state [n, hidden]: ([n] tokens,
         each one's log-probabilities when some request wants them). Penalties, logit biases and grammars
-        apply as in a decode step (the functions it uses, on one position)."""
+        apply as in a decode step (the functions it uses, on one position), and the random key is that of
+        the position sampled (num_tokens), as a decode node deciding it would draw: a seeded request gets the
+        same token whether a recomputed prefill or a decode step samples it (layers/sampler.py)."""
         raw = self.model.compute_logits(hidden)  # [n, vocab]
         features = LogitsFeatures.of([r.params for r in reqs])
         logits = raw

@@ -8,7 +8,8 @@ nothing from the host but new block-table entries:
   KV yet (it is the first token the next step forwards),
 - ``last_tokens`` [table_rows]: that token,
 - ``seeds`` [table_rows]: its random stream (layers/sampler.py ``random_keys``),
-- its sampling parameters (temperature, top-k, top-p, min-p), one row per row,
+- its sampling parameters (temperature, top-k, top-p, min-p) and whether it is seeded (``seeded``: it samples
+  by the Gumbel-max rule with noise of its seed and position alone, layers/sampler.py), one row per row,
 - its penalties (repetition, frequency, presence) and, allocated on first use, the vocabulary-wide
   rows that penalties and ``logit_bias`` read: ``logit_bias`` [table_rows, V], ``prompt_mask`` [table_rows, V]
   and ``output_counts`` [table_rows, V] (the output tokens before position L; a step counts node 0 and the
@@ -45,6 +46,7 @@ class RequestTable:
         self.top_k = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.top_p = torch.ones(n, dtype=torch.float32, device=self.device)
         self.min_p = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self.seeded = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.repetition_penalty = torch.ones(n, dtype=torch.float32, device=self.device)
         self.frequency_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
         self.presence_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -97,7 +99,7 @@ class RequestTable:
         index = torch.tensor(indices, device=self.device)
         rows = SamplingTensors.from_params(params, "cpu")
         for buffer, values in ((self.temperature, rows.temperature), (self.top_k, rows.top_k),
-                               (self.top_p, rows.top_p), (self.min_p, rows.min_p),
+                               (self.top_p, rows.top_p), (self.min_p, rows.min_p), (self.seeded, rows.seeded),
                                (self.seeds, torch.tensor([r.seed for r in reqs], dtype=torch.int64))):
             buffer[index] = values.to(self.device)
         for buffer, name in ((self.repetition_penalty, "repetition_penalty"),
@@ -184,9 +186,10 @@ class RequestTable:
         self._written[s] = 0
         self.tables[s].copy_(self.host_tables[s], non_blocking=True)
 
-    def sampling(self, indices: torch.Tensor, greedy: bool, filtered: bool) -> SamplingTensors:
+    def sampling(self, indices: torch.Tensor, greedy: bool, filtered: bool, seeded: bool) -> SamplingTensors:
         """The rows' sampling parameters (``indices`` [n] on the device); host flags: ``greedy``, every row is
-        (argmax only); ``filtered``, some row applies top-k, top-p or min-p (padding rows are greedy)."""
+        (argmax only); ``filtered``, some row applies top-k, top-p or min-p; ``seeded``, some row is seeded
+        (padding rows are greedy)."""
         if greedy:  # nothing reads the parameters: the padding row's (greedy) rows, no gathers
             pad = self.padding_index
             n = indices.shape[0]
@@ -194,4 +197,5 @@ class RequestTable:
                                    self.top_p[pad:].expand(n), self.min_p[pad:].expand(n), all_greedy=True,
                                    need_top_k=False, need_top_p=False, need_min_p=False)
         return SamplingTensors(self.temperature[indices], self.top_k[indices], self.top_p[indices], self.min_p[indices],
-                               all_greedy=greedy, need_top_k=filtered, need_top_p=filtered, need_min_p=filtered)
+                               seeded=self.seeded[indices], all_greedy=greedy, need_top_k=filtered,
+                               need_top_p=filtered, need_min_p=filtered, any_seeded=seeded)

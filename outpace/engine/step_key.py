@@ -4,23 +4,39 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from outpace.layers.sampler import is_greedy
+from outpace.layers.sampler import is_greedy, is_seeded
 from outpace.speculative.proposer import DraftShape
 
 
 class SamplingMode(enum.Enum):
     """What a batch's sampling needs, a host flag fixed per captured step: every request greedy
     (argmax only); some sample from their temperature alone; some also apply top-k, top-p or min-p
-    (a sort over the vocabulary per verified row)."""
+    (a sort over the vocabulary per verified row); some are seeded (layers/sampler.py: their noise is
+    drawn at every node; the filters are on, as for FILTERED)."""
     GREEDY = "greedy"
     SAMPLE = "sample"
     FILTERED = "filtered"
+    SEEDED = "seeded"
+
+    @property
+    def greedy(self) -> bool:
+        return self is SamplingMode.GREEDY
+
+    @property
+    def filtered(self) -> bool:
+        return self in (SamplingMode.FILTERED, SamplingMode.SEEDED)
+
+    @property
+    def seeded(self) -> bool:
+        return self is SamplingMode.SEEDED
 
     @classmethod
     def of(cls, params: list) -> SamplingMode:
         sampled = [p for p in params if not is_greedy(p)]
         if not sampled:
             return cls.GREEDY
+        if any(is_seeded(p) for p in sampled):
+            return cls.SEEDED
         filtered = any((p.top_k or 0) > 0 or (p.top_p if p.top_p is not None else 1.0) < 1.0 or (p.min_p or 0.0) > 0
                        for p in sampled)
         return cls.FILTERED if filtered else cls.SAMPLE

@@ -13,6 +13,14 @@ Terms
   draw). Every random number of a row is a counter-based function of its key, so a request
   gets the same tokens whatever else is in the batch and wherever it sits, eagerly or inside a
   captured CUDA graph. Without keys the default RNG is used.
+- *seeded row*: a sampled (not greedy) row of a request with a seed (``SamplingParams.seed``). Its
+  token at position p is the Gumbel-max sample ``argmax(log(probs) + G_p)``, where ``G_p``
+  (``draw_gumbel``) is i.i.d. Gumbel(0, 1) noise over the vocabulary drawn from the key of (seed, p)
+  alone: a token of exactly the processed distribution, and the same token whoever computes it (the
+  prefill's last row, any verify node deciding position p, a drafter guessing it). Given its
+  noise, a seeded row's distribution is the point mass at that sample (``logits_to_probs`` with
+  ``gumbel``), so everything downstream treats it like a greedy row: speculative verification
+  becomes exact matching, and the output does not depend on drafts, batch or preemption.
 
 Filter order (documented convention): temperature -> top-k -> top-p -> min-p, each filter
 seeing the renormalised output of the previous one; this is Hugging Face transformers'
@@ -48,6 +56,11 @@ def is_greedy(params: Any) -> bool:
     temperature = getattr(params, "temperature", 1.0)
     return temperature is not None and float(temperature) < GREEDY_EPS
 
+
+def is_seeded(params: Any) -> bool:
+    """Whether a request samples seeded rows (module docstring): it has a seed and is not greedy."""
+    return getattr(params, "seed", None) is not None and not is_greedy(params)
+
 Keys = Tensor | None  # [n] int64 per-row random keys (``random_keys``), or None: the default RNG
 
 
@@ -61,11 +74,13 @@ class SamplingTensors:
       top_p        # [n] float32; 1.0 = disabled, keep-mass in (0, 1]
       min_p        # [n] float32; 0.0 = disabled, in [0, 1]
       greedy       # [n] bool; temperature < GREEDY_EPS (derived when not given)
+      seeded       # [n] bool; a seeded row (module docstring); none when not given
 
     Python flags (computed on the host by :meth:`from_params`; conservative defaults when
     the dataclass is built directly, which only costs speed, never correctness):
       all_greedy: every row is greedy -> :func:`sample` is a bare argmax.
       need_top_k / need_top_p / need_min_p: some non-greedy row uses that filter.
+      any_seeded: some row may be seeded -> its noise is drawn (False when ``seeded`` is not given).
     """
 
     temperature: Tensor  # [n] float32
@@ -73,14 +88,19 @@ class SamplingTensors:
     top_p: Tensor  # [n] float32
     min_p: Tensor  # [n] float32
     greedy: Tensor | None = None  # [n] bool
+    seeded: Tensor | None = None  # [n] bool
     all_greedy: bool = False
     need_top_k: bool = True
     need_top_p: bool = True
     need_min_p: bool = True
+    any_seeded: bool = True
 
     def __post_init__(self) -> None:
         if self.greedy is None:
             self.greedy = self.temperature < GREEDY_EPS  # [n]
+        if self.seeded is None:
+            self.seeded = torch.zeros_like(self.greedy)  # [n]
+            self.any_seeded = False
 
     @property
     def num_rows(self) -> int:
@@ -88,7 +108,7 @@ class SamplingTensors:
 
     @classmethod
     def from_params(cls, params_list: Sequence[Any], device: torch.device | str) -> "SamplingTensors":
-        """Build from objects with ``temperature``, ``top_k``, ``top_p``, ``min_p``.
+        """Build from objects with ``temperature``, ``top_k``, ``top_p``, ``min_p`` and ``seed``.
 
         Missing or ``None`` attributes mean "disabled"; ``top_k <= 0`` is stored as 0.
         """
@@ -104,16 +124,19 @@ class SamplingTensors:
             min_ps.append(0.0 if min_p is None else float(min_p))
         greedy = [is_greedy(params) for params in params_list]
         sampled = [i for i, g in enumerate(greedy) if not g]
+        seeded = [is_seeded(params) for params in params_list]
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device),
             top_k=torch.tensor(top_ks, dtype=torch.int64, device=device),
             top_p=torch.tensor(top_ps, dtype=torch.float32, device=device),
             min_p=torch.tensor(min_ps, dtype=torch.float32, device=device),
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            seeded=torch.tensor(seeded, dtype=torch.bool, device=device),
             all_greedy=len(sampled) == 0,
             need_top_k=any(top_ks[i] > 0 for i in sampled),
             need_top_p=any(top_ps[i] < 1.0 for i in sampled),
             need_min_p=any(min_ps[i] > 0.0 for i in sampled),
+            any_seeded=any(seeded),
         )
 
     def repeat_interleave(self, repeats: int | Tensor, output_size: int | None = None) -> "SamplingTensors":
@@ -134,6 +157,7 @@ class SamplingTensors:
             top_p=rep(self.top_p),
             min_p=rep(self.min_p),
             greedy=rep(self.greedy),
+            seeded=rep(self.seeded),
         )
 
 
@@ -143,14 +167,30 @@ def _one_hot_argmax(logits: Tensor) -> Tensor:
     return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, index, 1.0)
 
 
-def logits_to_probs(logits: Tensor, st: SamplingTensors) -> Tensor:
+def logits_to_probs(logits: Tensor, st: SamplingTensors, gumbel: Tensor | None = None) -> Tensor:
     """The processed distribution each row samples from.  # [n, V] float32
 
     ``logits``  # [n, V]. Steps: divide by temperature -> top-k -> top-p -> min-p ->
     renormalise; greedy rows are the one-hot at ``argmax(logits)``. Each filter is a
     per-row probability threshold (see the module docstring for ties), so the whole chain
     is one sort plus one mask. The most probable token is always kept.
+    ``gumbel``  # [n, V]: each row's noise (``draw_gumbel`` of the position it decides); with it,
+    seeded rows are the one-hot at their Gumbel-max sample (``gumbel_scores``).
     """
+    probs = _processed(logits, st)  # [n, V]
+    if gumbel is None or not st.any_seeded:
+        return probs
+    return torch.where(st.seeded[:, None], _one_hot_argmax(gumbel_scores(probs, gumbel)), probs)  # [n, V]
+
+
+def gumbel_scores(probs: Tensor, gumbel: Tensor) -> Tensor:
+    """``log(probs) + gumbel``: the scores whose argmax is a Gumbel-max sample of ``probs`` (``-inf`` where a
+    token has probability 0, so it is never the argmax).  # [n, V]"""
+    return probs.log() + gumbel
+
+
+def _processed(logits: Tensor, st: SamplingTensors) -> Tensor:
+    """``logits_to_probs`` without noise.  # [n, V] float32"""
     logits = logits.float()  # [n, V]
     if st.all_greedy:
         return _one_hot_argmax(logits)
@@ -227,6 +267,22 @@ def draw_uniform(num_rows: int, num_cols: int, keys: Keys, device: torch.device 
     return ((bits >> 40) & ((1 << 24) - 1)).float() * 2.0 ** -24  # 24 random bits: exact in float32
 
 
+GUMBEL_STREAM = 2  # draw_uniform's stream of the Gumbel noise (0: verify's uniforms, 1: a categorical draw)
+
+
+def draw_gumbel(keys: Tensor, num_cols: int) -> Tensor:
+    """Gumbel(0, 1) noise ``-log(-log(u))``, u from ``GUMBEL_STREAM`` of each row's key: a seeded row's noise at the
+    position its key names (module docstring). ``keys``  # [n] -> [n, num_cols] float32
+
+    u is clamped away from 0 (probability 2 ** -24) so the noise stays finite: in [-2.9, 16.7].
+    (On CUDA one Triton launch computes it: layers/random_kernel.py.)"""
+    if keys.is_cuda:
+        from outpace.layers import random_kernel
+        return random_kernel.draw_gumbel(keys, num_cols, GUMBEL_STREAM)
+    u = draw_uniform(keys.shape[0], num_cols, keys, keys.device, stream=GUMBEL_STREAM)  # [n, num_cols]
+    return -torch.log(-torch.log(u.clamp_(min=2.0 ** -25)))
+
+
 def sample_from_probs(probs: Tensor, keys: Keys = None) -> Tensor:
     """One categorical draw per row.  # [n] int64
 
@@ -245,11 +301,14 @@ def sample(logits: Tensor, st: SamplingTensors, keys: Keys = None) -> Tensor:
     """Sample one token per row from the processed distribution.  # [n] int64
 
     ``logits``  # [n, V]. Fast path: when ``st.all_greedy`` (a host-side Python bool),
-    a bare argmax with no random numbers drawn.
+    a bare argmax with no random numbers drawn. ``keys`` name the position each row decides: a
+    seeded row takes the Gumbel-max sample with that position's noise (``draw_gumbel``), the
+    others an inverse-CDF draw (``sample_from_probs``); without keys, every row the latter.
     """
     if st.all_greedy:
         return logits.argmax(dim=-1)  # [n]
-    return sample_from_probs(logits_to_probs(logits, st), keys)
+    gumbel = draw_gumbel(keys, logits.shape[-1]) if st.any_seeded and keys is not None else None  # [n, V]
+    return sample_from_probs(logits_to_probs(logits, st, gumbel), keys)
 
 
 class Sampler(torch.nn.Module):

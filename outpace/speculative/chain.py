@@ -1,21 +1,34 @@
-"""Pieces every chain drafter shares: choosing a draft token from draft logits (greedy, or sampled from the request's
-processed distribution q, which speculative sampling then needs), and packing the drafts into a chain ``Drafts``."""
+"""Pieces every chain drafter shares: choosing a draft token from draft logits (greedy, sampled from the request's
+processed distribution q, which speculative sampling then needs, or for a seeded row the Gumbel-max guess with the
+noise of the position: layers/sampler.py), and packing the drafts into a chain ``Drafts``."""
 from __future__ import annotations
 
 import torch
 
-from outpace.layers.sampler import logits_to_probs, sample_from_probs
-from outpace.request import DRAFT
+from outpace.layers.sampler import draw_gumbel, logits_to_probs, sample_from_probs
+from outpace.request import DRAFT, SAMPLE
 from outpace.speculative.proposer import DecodeRows, Drafts
 from outpace.speculative.tree import chain_tree
 
 
+def position_gumbel(rows: DecodeRows, first: int, count: int, vocab: int) -> torch.Tensor | None:
+    """[b * count, vocab] (row-major: row s's positions together) the seeded noise of the tokens at positions
+    L + first .. L + first + count - 1 of each row (layers/sampler.py: the noise of the position's own
+    sample, whoever computes it), or None when no row is seeded."""
+    if not rows.sampling.any_seeded:
+        return None
+    keys = torch.stack([rows.keys(first + i, SAMPLE) for i in range(count)], dim=1)  # [b, count]
+    return draw_gumbel(keys.reshape(-1), vocab)
+
+
 def choose_chain(logits: torch.Tensor, rows: DecodeRows, j: int, probs: list[torch.Tensor]) -> torch.Tensor:
     """Draft j (at position L + j) from logits [b, vocab] over the target vocabulary -> [b]: the argmax
-    when every row is greedy; else drawn from each row's processed distribution q, appended to ``probs``."""
+    when every row is greedy; else drawn from each row's processed distribution q, appended to ``probs``.
+    A seeded row's q is the point mass at its Gumbel-max sample under the draft, with the noise the target
+    samples position L + j with: where the draft agrees with the target, so does the draft token."""
     if rows.sampling.all_greedy:
         return logits.argmax(-1)
-    q = logits_to_probs(logits, rows.sampling)                                   # [b, vocab]
+    q = logits_to_probs(logits, rows.sampling, position_gumbel(rows, j, 1, logits.shape[-1]))  # [b, vocab]
     probs.append(q)
     return sample_from_probs(q, rows.keys(j, DRAFT))
 

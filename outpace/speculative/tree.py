@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from outpace.layers.sampler import SamplingTensors, gumbel_scores, logits_to_probs
+
 
 def chain_tree(batch: int, num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(parents, depths), each [batch, num_nodes], of a chain: node i's parent is i - 1."""
@@ -49,3 +51,17 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: to
     parents = torch.cat([root - 1, parent_node], dim=1)
     node_depths = torch.cat([root, torch.gather(depths, 1, chosen)], dim=1)
     return token_ids, parents, node_depths
+
+
+def tree_log_probs(logits: torch.Tensor, st: SamplingTensors, gumbel: torch.Tensor | None) -> torch.Tensor:
+    """The log-probabilities a tree drafter ranks each node's children by, [n, V] from draft ``logits`` [n, V]:
+    the draft's own (``log_softmax``), or for a seeded row (layers/sampler.py) those of its perturbed
+    distribution, ``log_softmax(log q + G)`` (q: the draft's distribution processed by the row's parameters;
+    ``gumbel`` [n, V]: the noise of the children's position, None when no row is seeded). A seeded row's best
+    child is then its Gumbel-max sample under the draft (the chain's draft), the next ones the runners-up,
+    and a candidate's cumulative score still never exceeds its parent's."""
+    logp = torch.log_softmax(logits, dim=-1)                                       # [n, V]
+    if gumbel is None:
+        return logp
+    perturbed = torch.log_softmax(gumbel_scores(logits_to_probs(logits, st), gumbel), dim=-1)  # [n, V]
+    return torch.where(st.seeded[:, None], perturbed, logp)

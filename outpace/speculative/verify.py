@@ -18,8 +18,15 @@ sampling and is exactly lossless: the emitted tokens have the target's processed
 (``outpace.layers.sampler.logits_to_probs``). Rows whose target distribution is one-hot (temperature 0) reduce to
 the greedy rule: a draft equal to the argmax is always accepted, any other always rejected, and the bonus token is
 the argmax. Randomness comes from per-row random keys (``outpace.layers.sampler.random_keys``, or the default RNG
-without them): the uniforms are stream 0 of a row's key, the bonus token's draw stream 1, so a seeded request
-reproduces whatever the batch looks like.
+without them): the uniforms are stream 0 of a row's key, the bonus token's draw stream 1, so a request reproduces
+whatever the batch looks like.
+
+Seeded rows (``outpace.layers.sampler``'s module docstring) are verified by exact matching: given each node's
+noise (``gumbel``: that of the position the node decides, shared by the nodes of one depth), a seeded row's
+target distribution at the node is the point mass at its Gumbel-max sample, so the rule above reduces to the greedy
+one against those samples, whatever the draft probabilities: the longest path of drafts equal to the target's own
+samples is kept and the bonus token is its sample after that path. The output is then the token sequence plain
+decoding samples with the same noise: it does not depend on the drafts.
 
 Nothing here syncs with the host; shapes depend only on input shapes. Chain functions are fully vectorised; tree
 functions loop over depth (greedy) or over nodes (sampling), with every step vectorised over the batch.
@@ -293,28 +300,32 @@ def verify_sampling_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: T
 # Entry points from target logits and per-request sampling params.
 
 
-def _target_probs(target_logits: Tensor, st: SamplingTensors) -> Tensor:
+def _target_probs(target_logits: Tensor, st: SamplingTensors, gumbel: Tensor | None) -> Tensor:
     """Process per-request ``target_logits`` [batch, positions, V] with ``st`` (one row
-    per request).  # [batch, positions, V] float32"""
+    per request) and, for seeded rows, ``gumbel`` [batch, positions, V].  # [batch, positions, V] float32"""
     batch, positions, vocab = target_logits.shape
     flat = target_logits.reshape(batch * positions, vocab)  # [batch * positions, V]
-    return logits_to_probs(flat, st.repeat_interleave(positions)).view(batch, positions, vocab)
+    noise = None if gumbel is None else gumbel.reshape(batch * positions, vocab)  # [batch * positions, V]
+    return logits_to_probs(flat, st.repeat_interleave(positions), noise).view(batch, positions, vocab)
 
 
 def verify_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, target_logits: Tensor, st: SamplingTensors,
-                 keys: Keys = None) -> VerifyResult:
+                 keys: Keys = None, gumbel: Tensor | None = None) -> VerifyResult:
     """Greedy verification when every request is greedy (``st.all_greedy``, a host bool),
-    else speculative sampling on the processed target distribution. ``st`` has one row per
-    request; shapes as in :func:`verify_sampling_chain` with raw ``target_logits``."""
+    else speculative sampling on the processed target distribution, exact matching for seeded
+    rows (module docstring). ``st`` has one row per request; ``gumbel`` [batch, num_drafts + 1, V]:
+    the noise of the position each node decides; other shapes as in :func:`verify_sampling_chain`
+    with raw ``target_logits``."""
     if st.all_greedy:
         return verify_greedy_chain(draft_token_ids, target_logits)
-    return verify_sampling_chain(draft_token_ids, draft_probs, _target_probs(target_logits, st), keys)
+    return verify_sampling_chain(draft_token_ids, draft_probs, _target_probs(target_logits, st, gumbel), keys)
 
 
 def verify_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None, target_logits: Tensor,
-                st: SamplingTensors, keys: Keys = None, max_depth: int | None = None) -> VerifyResult:
-    """Tree counterpart of :func:`verify_chain`."""
+                st: SamplingTensors, keys: Keys = None, gumbel: Tensor | None = None,
+                max_depth: int | None = None) -> VerifyResult:
+    """Tree counterpart of :func:`verify_chain` (``gumbel`` [batch, num_nodes, V])."""
     if st.all_greedy:
         return verify_greedy_tree(parent, draft_token_ids, target_logits, max_depth)
-    target_probs = _target_probs(target_logits, st)
+    target_probs = _target_probs(target_logits, st, gumbel)
     return verify_sampling_tree(parent, draft_token_ids, draft_probs, target_probs, keys, max_depth=max_depth)

@@ -25,3 +25,13 @@ def test_keys_and_uniforms_match_the_torch_reference():
         assert torch.equal(got, want), (cols, stream)
     keys = keys.to(DEVICE)
     assert not torch.equal(random_kernel.draw_uniform(keys, 8, 0), random_kernel.draw_uniform(keys, 8, 1))
+
+
+def test_gumbel_noise_matches_the_torch_reference():
+    """The same uniforms; -log(-log(u)) may round differently in the last bits."""
+    keys = sampler.random_keys(torch.arange(5, dtype=torch.int64), torch.arange(5, dtype=torch.int64) * 7)
+    for cols in (1, 200, 1500):
+        want = sampler.draw_gumbel(keys, cols)
+        got = random_kernel.draw_gumbel(keys.to(DEVICE), cols, sampler.GUMBEL_STREAM).cpu()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.isfinite().all()

@@ -26,10 +26,10 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.layers.decoder import pack_projections
-from outpace.speculative.chain import choose_chain, chain_drafts
+from outpace.speculative.chain import choose_chain, chain_drafts, position_gumbel
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
 from outpace.speculative.rows import prefill_extension
-from outpace.speculative.tree import select_tree
+from outpace.speculative.tree import select_tree, tree_log_probs
 
 
 class Eagle3Proposer(Proposer):
@@ -126,9 +126,19 @@ class Eagle3Proposer(Proposer):
                     hidden = self.draft_model(tokens[-1], row, hidden)
         return chain_drafts(rows, tokens, probs)
 
+    def _tree_log_probs(self, hidden: torch.Tensor, rows: DecodeRows, depth: int, repeats: int) -> torch.Tensor:
+        """[b * repeats, draft_vocab]: what the children at ``depth`` (position L + depth) of ``repeats`` nodes per
+        row are ranked by (tree.tree_log_probs), from those nodes' outputs ``hidden`` [b * repeats, hidden]."""
+        logits = self.draft_model.compute_logits(hidden)                            # [b * repeats, draft_vocab]
+        gumbel = position_gumbel(rows, depth, 1, self.vocab_size)                   # [b, vocab] or None
+        if gumbel is None:
+            return torch.log_softmax(logits, -1)
+        gumbel = gumbel[:, self.target_ids].repeat_interleave(repeats, dim=0)       # [b * repeats, draft_vocab]
+        return tree_log_probs(logits, rows.sampling.repeat_interleave(repeats), gumbel)
+
     def _draft_tree(self, rows: DecodeRows, shape: DraftShape, hidden: torch.Tensor) -> Drafts:
         b, k, dev = rows.size, shape.topk, rows.req_indices.device
-        logp = torch.log_softmax(self.draft_model.compute_logits(hidden), -1)  # [b, draft_vocab]
+        logp = self._tree_log_probs(hidden, rows, 1, 1)                          # [b, draft_vocab]
         score, tok = logp.topk(k, dim=-1)                                        # [b, k]
         scores, tokens = [score], [tok]
         parent_cands = [torch.full((b, k), -1, dtype=torch.int64, device=dev)]
@@ -146,7 +156,7 @@ class Eagle3Proposer(Proposer):
             with rows.context(rows.lengths + written, k, self.backend, mask):
                 out = self.draft_model(self.target_ids[frontier_tok].reshape(-1), pos,
                                        frontier_hidden.reshape(b * k, -1)).view(b, k, -1)
-            child_logp, child_tok = torch.log_softmax(self.draft_model.compute_logits(out.reshape(b * k, -1)), -1) \
+            child_logp, child_tok = self._tree_log_probs(out.reshape(b * k, -1), rows, step, k) \
                 .topk(k, dim=-1)                                                 # [b * k, k]
             child_score = (frontier_score[:, :, None] + child_logp.view(b, k, k)).reshape(b, k * k)
             child_tok = child_tok.view(b, k * k)
