@@ -31,8 +31,9 @@ from outpace.attention.layer import Attention
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.layers.decoder import (GatedMLP, HeadProjections, norm_head_logits, run_layer_stack, sandwich_fuses,
-                                    sandwich_layer_fused)
+from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
+from outpace.layers.fused_decoder import norm_head_logits
+from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks, windows_of_layer_types
 from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
@@ -171,7 +172,7 @@ class Gemma3DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> h + post_norm(attention(pre_norm(h))), then the same around the MLP.
-        Few rows on the GPU: the shared fused kernels (layers/decoder.py ``sandwich_layer_fused``)."""
+        Few rows on the GPU: the shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``)."""
         if sandwich_fuses(self.self_attn, self.mlp, h):
             return sandwich_layer_fused(self, positions, h)
         h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h)))
@@ -232,7 +233,7 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
 
     def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
-        (written into ``out`` if given); one fused kernel for few rows on the GPU (layers/decoder.py)."""
+        (written into ``out`` if given); one fused kernel for few rows on the GPU (layers/fused_decoder.py)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out, self.gemma.final_logit_softcapping)
 
 

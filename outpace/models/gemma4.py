@@ -46,7 +46,8 @@ from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, gemma_layer_windows, layer_type,
                                   layer_type_ropes, refuse, skip_towers)
-from outpace.layers.decoder import GatedMLP, HeadProjections, sandwich_fuses, sandwich_layer_fused
+from outpace.layers.decoder import GatedMLP, HeadProjections
+from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.models.llama import ModelOutput
 from outpace.validation import ConfigFields
 
@@ -266,7 +267,7 @@ class Gemma4DecoderLayer(nn.Module):
                 shared: SharedKV) -> torch.Tensor:
         """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
         output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
-        shared fused kernels (layers/decoder.py ``sandwich_layer_fused``) for a layer with its own KV that
+        shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that
         no other layer reads, and no MoE block."""
         if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
             if per_layer_input is None:

@@ -1,6 +1,6 @@
 """The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (attention bias) and
 Qwen3ForCausalLM (per-head q/k RMSNorm) share this one implementation, composed of the decoder
-layers of outpace/layers/decoder.py (which choose their kernels: this file is eager code only).
+layers of outpace/layers/fused_decoder.py (which choose their kernels: this file is eager code only).
 
 Forward works on flat tokens: ``input_ids [num_tokens]``, ``positions [num_tokens]``; the
 attention metadata travels in the forward context. ``forward`` returns the last hidden state
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from outpace.layers.decoder import DecoderLayer, norm_head_logits, run_layers
 from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, run_layers
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -52,7 +52,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.rotary = build_rotary(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary, cfg.layer_window(i))
+        self.layers = nn.ModuleList(FusedDecoderLayer(cfg, self.rotary, cfg.layer_window(i))
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -29,7 +29,8 @@ from outpace.attention.layer import Attention
 from outpace.layers.activation import ACTIVATIONS
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
-from outpace.layers.decoder import HeadProjections, norm_head_logits, run_layer_stack
+from outpace.layers.decoder import HeadProjections, run_layer_stack
+from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer

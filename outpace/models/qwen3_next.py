@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.layers.decoder import GatedMLP, norm_head_logits, run_layer_stack
+from outpace.layers.decoder import GatedMLP, run_layer_stack
+from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.distributed.collectives import all_reduce

@@ -186,7 +186,7 @@ def test_bf16_at_the_8b_shapes_matches_the_unfused_chain(pdl):
 def _decode(tmp_path, monkeypatch, dtype, fusable):
     """Prefill three sequences of a random two-layer Llama, then one decode forward with ``fusable``
     deciding the fused path -> (logits [3, vocab], the KV caches)."""
-    import outpace.layers.decoder as decoder
+    import outpace.layers.fused_decoder as fused_decoder
     from outpace.attention import build_paged_metadata, forward_context
     from outpace.attention.triton_backend import TritonAttentionBackend
     from outpace.cache.block_pool import BlockPool
@@ -205,7 +205,7 @@ def _decode(tmp_path, monkeypatch, dtype, fusable):
     positions = torch.cat([torch.arange(n) for n in prompt_lens]).to(DEVICE)
     with torch.inference_mode(), forward_context(prefill, backend):
         model(ids, positions)
-    monkeypatch.setattr(decoder, "fusable_rows", fusable)
+    monkeypatch.setattr(fused_decoder, "fusable_rows", fusable)
     decode = build_paged_metadata(tables, prompt_lens, [1, 1, 1], 16, DEVICE)
     with torch.inference_mode(), forward_context(decode, backend):
         out = model(torch.tensor([7, 8, 9], device=DEVICE), torch.tensor(prompt_lens, device=DEVICE))
@@ -230,9 +230,9 @@ def test_fused_decoder_layers_compute_what_the_unfused_ones_do(tmp_path, monkeyp
 def test_bf16_fused_decode_forward_on_the_gpu_matches_the_unfused_one(tmp_path, monkeypatch):
     """The real conditions choose the fused path for a bf16 decode batch on the GPU; its logits and
     cache agree with the unfused path's to bf16 precision."""
-    import outpace.layers.decoder as decoder
+    import outpace.layers.fused_decoder as fused_decoder
 
-    calls, real = [], decoder.fusable_rows
+    calls, real = [], fused_decoder.fusable_rows
     ref_logits, ref_caches = _decode(tmp_path, monkeypatch, torch.bfloat16, lambda x, w: False)
     logits, caches = _decode(tmp_path, monkeypatch, torch.bfloat16, lambda x, w: calls.append(real(x, w)) or calls[-1])
     assert calls and all(calls), "the fused path was not chosen"
@@ -261,15 +261,15 @@ def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
     """EAGLE3 speculation on the zoo pair with every few-row forward fused (target decode and verify,
     the draft layer and both heads; forced on here, the kernels in the interpreter on the CPU): the
     same tokens and the same accepted drafts (the draft's proposals) as without fusion."""
-    import outpace.layers.decoder as decoder
+    import outpace.layers.fused_decoder as fused_decoder
     from outpace.config import SpeculativeConfig
 
     spec = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3)
     expected = _speculate(spec, 8)
-    calls, real = [], decoder.fused_attention_output_and_mlp
-    monkeypatch.setattr(decoder, "fusable_rows", lambda x, w: x.shape[0] <= 16)
+    calls, real = [], fused_decoder.fused_attention_output_and_mlp
+    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: x.shape[0] <= 16)
     # the draft layer's call is the one without a next norm (a target layer hands its stream to the next norm)
-    monkeypatch.setattr(decoder, "fused_attention_output_and_mlp",
+    monkeypatch.setattr(fused_decoder, "fused_attention_output_and_mlp",
                         lambda *a: calls.append(a[-1] is None) or real(*a))
     assert _speculate(spec, 8) == expected
     assert any(calls), "the draft layer's fused path did not run"
@@ -281,13 +281,13 @@ def test_fused_dflash_gives_the_unfused_output(monkeypatch):
     q/k norms in the q/k/v kernel) and its context writes (k/v only) included: the same tokens and
     the same accepted drafts as without fusion."""
     import outpace.layers.fused_projection as fp
-    import outpace.layers.decoder as decoder
+    import outpace.layers.fused_decoder as fused_decoder
     from outpace.config import SpeculativeConfig
 
     spec = SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7)
     expected = _speculate(spec, 10)
     calls, real = [], fp.norm_project_qkv
-    monkeypatch.setattr(decoder, "fusable_rows", lambda x, w: x.shape[0] <= 16)
+    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: x.shape[0] <= 16)
     monkeypatch.setattr(fp, "norm_project_qkv", lambda *a, **kw: calls.append((a[4], kw["qk_norm"] is not None))
                         or real(*a, **kw))
     assert _speculate(spec, 10) == expected

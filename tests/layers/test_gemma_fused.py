@@ -1,5 +1,5 @@
 """Gemma's few-row fused path comes from the shared fused layers (layers/fused_projection.py,
-layers/decoder.py): norm variants ((1 + w) and w, in float32), GELU-tanh gating, soft-capped logits, v norm,
+layers/fused_sandwich.py): norm variants ((1 + w) and w, in float32), GELU-tanh gating, soft-capped logits, v norm,
 the sandwich norms around attention and the MLP. On the CPU the kernels run in Triton's interpreter (fp32):
 each variant equals its eager module, and a Gemma 3 and a Gemma 4 decode forward on the fused path equals the
 eager one (logits and KV). On a GPU: tiny Gemma 3 / Gemma 4 targets under CUDA graphs and the Triton backend
@@ -121,7 +121,8 @@ def gemma(tmp_path_factory):
 def _decode(path, monkeypatch, fusable):
     """Prefill two sequences longer than the window of 7, then one decode forward with ``fusable``
     deciding the fused path -> (logits [2, vocab], the KV caches, layers that ran fused)."""
-    import outpace.layers.decoder as decoder
+    import outpace.layers.fused_decoder as fused_decoder
+    import outpace.layers.fused_sandwich as fused_sandwich
     from outpace.attention import build_paged_metadata, forward_context
     from outpace.attention.triton_backend import TritonAttentionBackend
     from outpace.cache.block_pool import BlockPool
@@ -136,8 +137,9 @@ def _decode(path, monkeypatch, fusable):
     with torch.inference_mode(), forward_context(build_paged_metadata(tables, [0, 0], lens, 16, DEVICE), backend):
         model(ids, positions)
     fused = []
-    real = decoder.sandwich_layer_fused
-    monkeypatch.setattr(decoder, "fusable_rows", fusable)
+    real = fused_sandwich.sandwich_layer_fused
+    for fused_module in (fused_decoder, fused_sandwich):  # the head's path and the layers'
+        monkeypatch.setattr(fused_module, "fusable_rows", fusable)
     for module in ("outpace.models.gemma", "outpace.models.gemma4"):
         monkeypatch.setattr(f"{module}.sandwich_layer_fused", lambda *a, **kw: fused.append(1) or real(*a, **kw))
     with torch.inference_mode(), forward_context(build_paged_metadata(tables, lens, [1, 1], 16, DEVICE), backend):

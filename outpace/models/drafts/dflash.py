@@ -43,7 +43,7 @@ from outpace.validation import ConfigError, read_json_object
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.models.drafts.eagle3 import DraftMismatchError
-from outpace.layers.decoder import DecoderLayer, norm_head_logits
+from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, write_kv
 from outpace.models.llama import build_rotary
 from outpace.models.loader import default_dtype
 
@@ -97,7 +97,7 @@ class DFlashDraft(nn.Module):
         self.rotary = build_rotary(lc)
         self.fc = linear(cfg.num_features * target_hidden_size, lc.hidden_size)
         self.hidden_norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
-        self.layers = nn.ModuleList(DecoderLayer(lc, self.rotary) for _ in range(lc.num_hidden_layers))
+        self.layers = nn.ModuleList(FusedDecoderLayer(lc, self.rotary) for _ in range(lc.num_hidden_layers))
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         # (embedding, head) borrowed from the target; a tuple keeps them out of our submodules/state dict
         self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
@@ -129,7 +129,7 @@ class DFlashDraft(nn.Module):
         The same features feed every layer (they are not transformed by earlier layers).
         """
         for layer in self.layers:
-            layer.self_attn.write_kv(features, positions, slot_mapping)
+            write_kv(layer.self_attn, features, positions, slot_mapping)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Block rows through paged attention: token_ids, positions [n] -> [n, hidden] pre-norm.

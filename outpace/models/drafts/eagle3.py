@@ -46,7 +46,8 @@ from outpace.model_config import ModelConfig
 from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.layers.decoder import DecoderAttention, GatedMLP, attention_and_mlp, embed_norm_pair, norm_head_logits
+from outpace.layers.decoder import DecoderAttention, GatedMLP
+from outpace.layers.fused_decoder import attention_and_mlp, embed_norm_pair, norm_head_logits
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype

@@ -41,7 +41,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.layers.decoder import DecoderLayer, norm_head_logits
+from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits
 
 
 def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
@@ -130,9 +130,9 @@ class OwnHeadsMTPBlock(MTPBlock):
         return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
 
 
-class MTPLayer(MTPBlock, DecoderLayer):
+class MTPLayer(MTPBlock, FusedDecoderLayer):
     """A Llama-family MTP layer in the target's own layout (outpace's trained ones)."""
 
 
-class DeepSeekMTPLayer(OwnHeadsMTPBlock, DecoderLayer):
+class DeepSeekMTPLayer(OwnHeadsMTPBlock, FusedDecoderLayer):
     """A Llama-family decoder block in DeepSeek-V3's MTP layout."""

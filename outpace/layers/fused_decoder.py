@@ -1,0 +1,300 @@
+"""The few-row fast paths of every family's decoder layers, and the choice between them and the eager
+modules (layers/decoder.py). On the GPU, for few half-precision rows (``fusable_rows``: decode and small
+verify batches), a layer runs as a handful of projection kernels (layers/fused_projection.py: the norms,
+RoPE, the KV write, the residual adds and the gate activation folded into the projections) around the
+attention kernel; otherwise the eager modules run. Models stay eager code and call, where a fast path
+exists:
+
+- Llama-family layers: ``FusedDecoderLayer`` (the layer), ``run_layers`` (a stack: each layer hands
+  the next its output stream already made ready for the next input norm), ``write_kv`` (DFlash's
+  context rows);
+- EAGLE3's layer over [embedding | hidden]: ``embed_norm_pair``, ``attention_and_mlp``;
+- the final norm and LM head: ``norm_head_logits``;
+- Gemma's "sandwich" layers: layers/fused_sandwich.py, from the pieces here.
+
+The fused kernels read whole weights, so sharded layers (tensor parallelism) take the eager path. The
+rounding differs from the eager chain, so batch-invariant mode never fuses (``fusable_rows``).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from outpace.layers.activation import FUSED_ACTIVATIONS
+from outpace.layers.decoder import DecoderAttention, DecoderLayer, GatedMLP, residual_stream
+from outpace.layers.linear import is_sharded
+from outpace.layers.norm import RMSNorm
+
+
+def projection_kernels() -> ModuleType:
+    """layers/fused_projection.py, imported on first use: every path here reaches it only after
+    ``fusable_rows`` (CUDA tensors, or tests that force the kernels into Triton's interpreter)."""
+    from outpace.layers import fused_projection  # lazy: it imports Triton, a GPU-only dependency
+
+    return fused_projection
+
+
+def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fused few-row kernels (layers/fused_projection.py) serve x [n, in] @ weight.T."""
+    return x.is_cuda and projection_kernels().fused_rows_apply(x, weight)
+
+
+def norm_offset(norm: nn.Module) -> float:
+    """What an RMSNorm module adds to its weight (layers/norm.py: Gemma 3's are 1 + w)."""
+    return getattr(norm, "offset", 0.0)
+
+
+# ---- Llama-family attention and layers --------------------------------------------------------------
+
+
+def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
+    """Whether one fused kernel projects x [num_tokens, in] to q/k/v and writes k and v into a cache:
+    few half-precision rows on the GPU, packed q/k/v without bias, per-head q/k norms (if any) over a
+    power-of-two head_dim."""
+    head_dim = attn.cfg.head_dim
+    return (
+        attn.qkv is not None
+        and attn.qkv.bias is None
+        and not is_sharded(attn.o_proj)
+        and fusable_rows(x, attn.qkv.weight)
+        and (not attn.cfg.qk_norm or head_dim & (head_dim - 1) == 0)
+    )
+
+
+def attention_fuses(attn: DecoderAttention, x: torch.Tensor) -> bool:
+    """Whether ``attend_fused`` serves x [num_tokens, hidden]: ``projects_fused``, and a backend that
+    attends over a cache the projection wrote."""
+    return projects_fused(attn, x) and attn.attn.fused_write_target() is not None
+
+
+def project_fused(
+    attn: DecoderAttention,
+    rows,
+    eps: float,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_only: bool = False,
+) -> torch.Tensor:
+    """The fused q/k/v kernel (``projects_fused``): k and v of ``rows`` (as in ``attend_fused``) into
+    the caches at ``slots`` [num_tokens]; returns q [num_tokens, q_size] ([num_tokens, 0] with
+    ``kv_only``, which projects only the k and v rows of the packed weight)."""
+    cfg = attn.cfg
+    q_norm = (attn.k_norm if kv_only else attn.q_norm) if cfg.qk_norm else None
+    qk_norm = (q_norm.weight, attn.k_norm.weight, attn.k_norm.eps) if cfg.qk_norm else None
+    weight = attn.qkv.weight[attn.q_size :] if kv_only else attn.qkv.weight
+    return projection_kernels().norm_project_qkv(
+        rows,
+        eps,
+        weight,
+        cfg.head_dim,
+        0 if kv_only else attn.q_size,
+        positions,
+        attn.rotary.cos,
+        attn.rotary.sin,
+        k_cache,
+        v_cache,
+        slots,
+        qk_norm=qk_norm,
+    )
+
+
+def attend_fused(attn: DecoderAttention, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
+    """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden]),
+    or an input already normalised ([num_tokens, input_size]) -> attention output [num_tokens,
+    heads * head_dim] (before o_proj). One kernel normalises, projects, applies the q/k norms,
+    rotates and writes k and v into the cache; the backend then attends over the cache."""
+    q = project_fused(attn, rows, eps, positions, *attn.attn.fused_write_target())
+    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.cfg.head_dim), positions)
+
+
+def write_kv(
+    attn: DecoderAttention, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """``DecoderAttention.write_kv`` (k and v of x [n, in] at positions [n] into the layer's paged cache
+    at slot_mapping [n], without attending); few rows on the GPU: the fused q/k/v kernel's k/v-only form."""
+    k_cache, v_cache = attn.attn.kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
+    if projects_fused(attn, x) and k_cache.is_contiguous() and v_cache.is_contiguous():
+        project_fused(attn, x, 0.0, positions, k_cache, v_cache, slot_mapping, kv_only=True)
+    else:
+        attn.write_kv(x, positions, slot_mapping)
+
+
+def mlp_fuses(mlp: GatedMLP) -> bool:
+    """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU or GELU-tanh, no biases)
+    compute this MLP."""
+    return (
+        mlp.gate_up is not None
+        and mlp.gate_up.bias is None
+        and mlp.down_proj.bias is None
+        and mlp.act in FUSED_ACTIVATIONS
+        and not is_sharded(mlp.down_proj)
+    )
+
+
+def layer_fuses(attn: DecoderAttention, mlp: GatedMLP, x: torch.Tensor) -> bool:
+    """Whether the fused kernels compute a layer of this attention and MLP over x [num_tokens, in]:
+    ``attention_fuses``, and what ``fused_attention_output_and_mlp`` computes (no o_proj bias, an
+    MLP that ``mlp_fuses``)."""
+    return mlp_fuses(mlp) and attn.o_proj.bias is None and attention_fuses(attn, x)
+
+
+def fused_attention_output_and_mlp(
+    attn: torch.Tensor,
+    stream: torch.Tensor,
+    o_proj: nn.Linear,
+    post_norm: RMSNorm,
+    mlp: GatedMLP,
+    next_norm: RMSNorm | None,
+):
+    """The rest of a decoder layer after attention, fused: attn [n, heads * head_dim], stream [n, hidden]
+    (the residual stream) -> the layer's output stream, made ready for ``next_norm`` when given
+    (``NormedRows``), else a tensor [n, hidden]. Three projection kernels."""
+    kernels = projection_kernels()
+    mid = kernels.project_add_normed(attn, o_proj.weight, stream, post_norm.weight)
+    act = kernels.norm_project_swiglu(mid, post_norm.eps, mlp.gate_up.weight, act=mlp.act)
+    if next_norm is None:
+        return kernels.project_add(act, mlp.down_proj.weight, mid.stream)
+    return kernels.project_add_normed(act, mlp.down_proj.weight, mid.stream, next_norm.weight)
+
+
+class FusedDecoderLayer(DecoderLayer):
+    """``DecoderLayer`` that takes the fused path (``layer_fuses``: few rows on the GPU) where it serves
+    the rows, the eager one elsewhere."""
+
+    def forward_residual(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``DecoderLayer.forward_residual``; on the fused path, (the output stream, None)."""
+        if not self.fuses(h):
+            return super().forward_residual(positions, h, residual)
+        rows = projection_kernels().normed_rows(
+            residual_stream(h, residual), self.input_layernorm.weight
+        )
+        return self.forward_fused(positions, rows, None), None
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves h [num_tokens, hidden] (``layer_fuses``)."""
+        return layer_fuses(self.self_attn, self.mlp, h)
+
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: RMSNorm | None):
+        """rows: the layer's input stream made ready for its input norm (``NormedRows``) -> its output
+        stream, made ready for ``next_norm`` (the next layer's input norm) when given, else a tensor
+        [num_tokens, hidden]. Four projection kernels (norms, RoPE, the KV write, the residual adds and
+        SiLU*mul folded in) around the attention kernel."""
+        attn = attend_fused(self.self_attn, positions, rows, self.input_layernorm.eps)
+        return fused_attention_output_and_mlp(
+            attn,
+            rows.stream,
+            self.self_attn.o_proj,
+            self.post_attention_layernorm,
+            self.mlp,
+            next_norm,
+        )
+
+
+def run_layers(
+    layers: list[FusedDecoderLayer],
+    final_norm: RMSNorm,
+    positions: torch.Tensor,
+    h: torch.Tensor,
+    capture: tuple[int, ...],
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """A stack of decoder layers over h [num_tokens, hidden] -> (the last layer's output stream
+    [num_tokens, hidden], before ``final_norm``; {layer index in ``capture``: that layer's input stream}).
+
+    Few rows on the GPU take the fused path (``FusedDecoderLayer.forward_fused``): each layer hands the
+    next its output stream already made ready for the next input norm (``final_norm`` after the last).
+    Otherwise each residual add is fused into the RMSNorm after it (``forward_residual``)."""
+    captured = {}
+    if layers[0].fuses(h):
+        norms = [layer.input_layernorm for layer in layers[1:]] + [
+            final_norm
+        ]  # the norm after each layer
+        rows = projection_kernels().normed_rows(h, layers[0].input_layernorm.weight)
+        for i, (layer, next_norm) in enumerate(zip(layers, norms)):
+            if i in capture:
+                captured[i] = rows.stream
+            rows = layer.forward_fused(positions, rows, next_norm)
+        return rows.stream, captured
+    residual = None  # the stream is h + residual
+    for i, layer in enumerate(layers):
+        if i in capture:
+            captured[i] = residual_stream(h, residual)
+        h, residual = layer.forward_residual(positions, h, residual)
+    return residual_stream(h, residual), captured
+
+
+def norm_head_logits(
+    norm: RMSNorm,
+    head: nn.Module,
+    hidden: torch.Tensor,
+    out: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """[n, hidden] pre-norm -> [n, vocab] float32 logits: the final norm (any ``norm_offset``), then the
+    head (a module with a ``weight`` [vocab, hidden]), soft-capped at ``softcap`` when given (Gemma's
+    final_logit_softcapping); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
+    tensor to write them into (returned), instead of a new one."""
+    if not is_sharded(head) and fusable_rows(hidden, head.weight):
+        kernels = projection_kernels()
+        return kernels.norm_project(
+            kernels.normed_rows(hidden, norm.weight, norm_offset(norm)),
+            norm.eps,
+            head.weight,
+            out_dtype=torch.float32,
+            out=out,
+            softcap=softcap,
+        )
+    logits = head(norm(hidden)).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap  # (layers/embedding.py softcap)
+    return logits if out is None else out.copy_(logits)
+
+
+# ---- EAGLE3's layer over [embedding | hidden] -------------------------------------------------------
+
+
+def embed_norm_pair(
+    token_ids: torch.Tensor,
+    embedding: nn.Embedding,
+    embed_norm: RMSNorm,
+    hidden: torch.Tensor,
+    hidden_norm: RMSNorm,
+    reader: tuple[DecoderAttention, GatedMLP],
+) -> torch.Tensor:
+    """[embed_norm(embedding(token_ids)) | hidden_norm(hidden)], [n, 2 * hidden] (EAGLE3's layer input):
+    token_ids [n], hidden [n, hidden]. In one kernel when the layer that reads it (``reader``: its
+    attention and MLP) runs fused on these rows."""
+    if layer_fuses(*reader, hidden):
+        return projection_kernels().embed_norm_pair(
+            token_ids,
+            embedding.weight,
+            (embed_norm.weight, embed_norm.eps),
+            hidden,
+            (hidden_norm.weight, hidden_norm.eps),
+        )
+    return torch.cat((embed_norm(embedding(token_ids)), hidden_norm(hidden)), dim=-1)
+
+
+def attention_and_mlp(
+    attn: DecoderAttention,
+    mlp: GatedMLP,
+    post_norm: RMSNorm,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+) -> torch.Tensor:
+    """The rest of a layer whose input is already normalised (EAGLE3's [embedding | hidden]): x [n, in],
+    residual [n, hidden] -> h + mlp(post_norm(h)) with h = residual + attention(x), [n, hidden]. Few rows
+    on the GPU: four projection kernels around attention."""
+    if layer_fuses(attn, mlp, x):
+        # x is normalised already: the kernel's input norm is not applied
+        out = attend_fused(attn, positions, x, 0.0)
+        return fused_attention_output_and_mlp(out, residual, attn.o_proj, post_norm, mlp, None)
+    h = residual + attn(positions, x)
+    return h + mlp(post_norm(h))

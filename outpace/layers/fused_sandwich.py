@@ -1,0 +1,107 @@
+"""Gemma's few-row fast path: a "sandwich" layer (a norm before and after attention and the MLP) as
+the fused projection kernels (layers/fused_projection.py: norms with a (1 + w) scale, per-head q/k norms,
+v norm, GELU-tanh gating, the sandwich norms folded into the projections) around the attention kernel,
+for any attention with q/k/v packed (layers/decoder.py ``pack_projections``). Chosen as
+layers/fused_decoder.py chooses the Llama layer's path: ``sandwich_fuses``, then ``sandwich_layer_fused``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from outpace.layers.decoder import GatedMLP
+from outpace.layers.fused_decoder import fusable_rows, mlp_fuses, norm_offset, projection_kernels
+from outpace.layers.linear import is_sharded
+
+
+def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``attend_fused_qkv`` serves an attention module over x [num_tokens, hidden]: its q/k/v
+    packed without bias (layers/decoder.py ``pack_projections``), an o_proj without bias, not sharded,
+    per-head q/k norms over a power-of-two ``head_dim``, few half-precision rows on the GPU and a backend
+    that attends over a cache the kernel wrote."""
+    d = attn.head_dim
+    return (
+        getattr(attn, "qkv", None) is not None
+        and attn.qkv.bias is None
+        and attn.o_proj.bias is None
+        and not is_sharded(attn.o_proj)
+        and d & (d - 1) == 0
+        and fusable_rows(x, attn.qkv.weight)
+        and attn.attn.fused_write_target() is not None
+    )
+
+
+def attend_fused_qkv(
+    attn: nn.Module, positions: torch.Tensor, rows, eps: float, v_norm: bool = False
+) -> torch.Tensor:
+    """``attend_fused`` for another attention module with q_proj/k_proj/v_proj packed as ``qkv``,
+    ``q_norm``/``k_norm`` per head (any ``norm_offset``), ``rotary``, ``attn`` and ``head_dim``
+    (Gemma's): rows (``NormedRows``) -> the attention output [num_tokens, heads * head_dim] before
+    o_proj. ``v_norm``: v heads normalised without a weight (Gemma 4)."""
+    k_cache, v_cache, slots = attn.attn.fused_write_target()
+    q = projection_kernels().norm_project_qkv(
+        rows,
+        eps,
+        attn.qkv.weight,
+        attn.head_dim,
+        attn.qkv.sizes[0],
+        positions,
+        attn.rotary.cos,
+        attn.rotary.sin,
+        k_cache,
+        v_cache,
+        slots,
+        qk_norm=(attn.q_norm.weight, attn.k_norm.weight, attn.k_norm.eps),
+        qk_offset=norm_offset(attn.q_norm),
+        v_norm=v_norm,
+    )
+    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions)
+
+
+def fused_sandwich_rest(
+    attn: torch.Tensor,
+    stream: torch.Tensor,
+    o_proj: nn.Linear,
+    norms: tuple[nn.Module, ...],
+    mlp: GatedMLP,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The rest of a "sandwich" layer after attention (Gemma: a norm before and after attention and the
+    MLP), fused: attn [n, heads * head_dim], stream [n, hidden]; norms (post-attention, pre-MLP,
+    post-MLP) -> stream + post(o) = mid, then mid + post_mlp(mlp(pre_mlp(mid))), times ``scale`` [1] when
+    given (Gemma 4's layer_scalar): [n, hidden]. Two projection kernels that also prepare the norm after
+    them, two row kernels that add the normed output to the stream, and the gate/up kernel."""
+    kernels = projection_kernels()
+    post_attn, pre_mlp, post_mlp = norms
+    o = kernels.project_normed(attn, o_proj.weight, post_attn.weight, norm_offset(post_attn))
+    mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
+    act = kernels.norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
+    down = kernels.project_normed(act, mlp.down_proj.weight, post_mlp.weight, norm_offset(post_mlp))
+    return kernels.add_normed(down, post_mlp.eps, mid.stream, scale=scale)
+
+
+def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
+    """Whether ``fused_sandwich_rest`` and ``attend_fused_qkv`` serve a sandwich layer over h."""
+    return mlp_fuses(mlp) and qkv_fuses(attn, h)
+
+
+def sandwich_layer_fused(
+    layer: nn.Module,
+    positions: torch.Tensor,
+    h: torch.Tensor,
+    v_norm: bool = False,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
+    ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) over h [n, hidden] on the
+    fused path (``sandwich_fuses``) -> its output [n, hidden] (times ``scale`` when given)."""
+    norm = layer.input_layernorm
+    rows = projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
+    attn = attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
+    norms = (
+        layer.post_attention_layernorm,
+        layer.pre_feedforward_layernorm,
+        layer.post_feedforward_layernorm,
+    )
+    return fused_sandwich_rest(attn, h, layer.self_attn.o_proj, norms, layer.mlp, scale)
