@@ -247,8 +247,8 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
     expected = plain_outputs(path, PROMPTS)
     checked, real = [], decode_step.verify_chain
 
-    def checking(drafts, draft_probs, logits, sampling, keys):
-        result = real(drafts, draft_probs, logits, sampling, keys)
+    def checking(drafts, draft_probs, logits, sampling, keys, gumbel):
+        result = real(drafts, draft_probs, logits, sampling, keys, gumbel)
         predict = logits.argmax(-1)                                               # [b, k + 1]
         correct_len = (drafts == predict[:, :-1]).int().cumprod(1).sum(1)
         assert torch.equal(result.num_correct_drafts, correct_len)
