@@ -166,7 +166,7 @@ def test_a_join_keeps_the_step_run_ahead_and_rides_in_the_next(prompts, referenc
     hits = _count_run_ahead_hits(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert not any(dropped) and any(joined) and hits["hits"] > 10
-    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not owner.indices.held_by
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not llm.engine.runner.req_table.held_by
 
 
 DRAFTERS = pytest.mark.parametrize("spec", [
