@@ -8,6 +8,7 @@ each step decodes the tokens since ``prefix_offset`` (a few tokens of left conte
 on their neighbours decode the same way) and appends what is new. Either way text is held back while the
 newest tokens end inside a multi-byte character. The final text of a finished request is decoded in one piece.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from tokenizers.decoders import DecodeStream
 @dataclass
 class DetokenizerState:
     text: str = ""
-    prefix_offset: int = 0               # start of the context window (in output tokens); decode path only
-    read_offset: int = 0                 # output tokens already turned into ``text``
-    stream: DecodeStream | None = None   # the Rust backend's decoder, once the first tokens reach it
+    prefix_offset: int = 0  # start of the context window (in output tokens); decode path only
+    read_offset: int = 0  # output tokens already turned into ``text``
+    stream: DecodeStream | None = None  # the Rust backend's decoder, once the first tokens reach it
 
 
 def streaming_backend(tokenizer):
@@ -38,15 +39,15 @@ def update_text(tokenizer, ids: list[int], state: DetokenizerState) -> str:
         if state.stream is None:
             state.stream = DecodeStream(skip_special_tokens=True)
         if len(ids) > state.read_offset:
-            chunk = state.stream.step(backend, ids[state.read_offset:])
+            chunk = state.stream.step(backend, ids[state.read_offset :])
             state.read_offset = len(ids)
             if chunk:
                 state.text += chunk
         return state.text
     decode = lambda part: tokenizer.decode(part, skip_special_tokens=True)  # noqa: E731
-    seen = decode(ids[state.prefix_offset:state.read_offset])
-    current = decode(ids[state.prefix_offset:])
+    seen = decode(ids[state.prefix_offset : state.read_offset])
+    current = decode(ids[state.prefix_offset :])
     if len(current) > len(seen) and not current.endswith("\ufffd"):
-        state.text += current[len(seen):]
+        state.text += current[len(seen) :]
         state.prefix_offset, state.read_offset = state.read_offset, len(ids)
     return state.text

@@ -1,4 +1,5 @@
 """Name -> class registries with lazy imports (models, proposers), instead of if/elif factories."""
+
 from __future__ import annotations
 
 import importlib

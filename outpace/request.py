@@ -1,4 +1,5 @@
 """A request's state as it moves through the engine, and what the user gets back."""
+
 from __future__ import annotations
 
 import enum
@@ -7,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from outpace.sampling_params import SamplingParams
 from outpace.detokenizer import DetokenizerState
+from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
 
 
@@ -39,6 +40,7 @@ class RequestMetrics:
 class Logprob:
     """A token's raw log-probability at a position (layers/logits_processing.py), its rank there (1: the
     most likely), and its text when a tokenizer decoded it (vLLM's ``Logprob``)."""
+
     logprob: float
     rank: int
     decoded_token: str | None = None
@@ -48,8 +50,9 @@ class Logprob:
 PositionLogprobs = dict[int, Logprob]
 
 
-def position_logprobs(token: int, logprob: float, rank: int, top_ids: list[int],
-                      top_logprobs: list[float]) -> PositionLogprobs:
+def position_logprobs(
+    token: int, logprob: float, rank: int, top_ids: list[int], top_logprobs: list[float]
+) -> PositionLogprobs:
     """One position's entry from a step's packed values (``TokenLogprobs.unpack_rows``)."""
     entry = {token: Logprob(logprob, rank)}
     for r, (t, lp) in enumerate(zip(top_ids, top_logprobs), start=1):
@@ -106,7 +109,7 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -120,6 +123,7 @@ class Request:
 @dataclass
 class CompletionOutput:
     """One completion of a prompt (vLLM's ``CompletionOutput``)."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -133,6 +137,7 @@ class CompletionOutput:
 class RequestOutput:
     """What a request produced. ``outputs`` holds its completions (vLLM's shape: ``n`` of them from
     ``LLM.generate``); ``text``, ``token_ids``, ``logprobs``... are the first one's."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -147,12 +152,23 @@ class RequestOutput:
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
-    error: str | None = None  # why the request failed (finish_reason "error"); no other request is affected
+    error: str | None = (
+        None  # why the request failed (finish_reason "error"); no other request is affected
+    )
 
     def __post_init__(self) -> None:
         if not self.outputs:
-            self.outputs = [CompletionOutput(0, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
-                                             self.finish_reason, self.stop_reason)]
+            self.outputs = [
+                CompletionOutput(
+                    0,
+                    self.text,
+                    self.token_ids,
+                    self.cumulative_logprob,
+                    self.logprobs,
+                    self.finish_reason,
+                    self.stop_reason,
+                )
+            ]
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -161,9 +177,22 @@ class RequestOutput:
     @classmethod
     def of(cls, req: Request) -> RequestOutput:
         logprobs = None if req.logprobs is None else list(req.logprobs)
-        return cls(req.request_id, req.prompt, req.prompt_token_ids, req.text, req.output_token_ids,
-                   req.finish_reason, req.stop_reason, req.finished, req.metrics, req.spec_metrics,
-                   logprobs, req.cumulative_logprob, req.prompt_logprobs, error=req.error)
+        return cls(
+            req.request_id,
+            req.prompt,
+            req.prompt_token_ids,
+            req.text,
+            req.output_token_ids,
+            req.finish_reason,
+            req.stop_reason,
+            req.finished,
+            req.metrics,
+            req.spec_metrics,
+            logprobs,
+            req.cumulative_logprob,
+            req.prompt_logprobs,
+            error=req.error,
+        )
 
 
 # What a request's random draw at a position is for: the counter of ``random_keys`` is position * DRAWS + purpose.

@@ -20,6 +20,7 @@ Two defences, both measured (2 cores here; 8 cores of a 16-core host):
 
 An explicit OMP_NUM_THREADS (or OMP_WAIT_POLICY / GOMP_SPINCOUNT) is the user's choice and is kept.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,9 @@ def cgroup_cpu_limit(path: str = CGROUP_CPU_MAX) -> int | None:
 def available_cpus(cpu_max: str = CGROUP_CPU_MAX) -> int:
     """CPUs this process may run on: its affinity mask (the CPU count where the OS has none: macOS),
     capped by the cgroup quota."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     limit = cgroup_cpu_limit(cpu_max)
     return cpus if limit is None else min(cpus, limit)
 

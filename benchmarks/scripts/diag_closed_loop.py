@@ -29,6 +29,7 @@ The same load with lengths spread (``--spread 0.5``), two rounds each on the sha
 plain 1430 and 1209 tokens/s, EAGLE3 1159 and 1423; with equal lengths plain 1531 and 1651, EAGLE3 1080 and 1315.
 Equal lengths, as bench multi's dp parts ask, let plain decoding prefill a whole wave of requests in one step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from outpace.config import EngineConfig, SpeculativeConfig  # noqa: E402
-from outpace.sampling_params import SamplingParams  # noqa: E402
 from outpace.engine.engine import LLMEngine  # noqa: E402
 from outpace.engine.scheduler import is_decoding  # noqa: E402
+from outpace.sampling_params import SamplingParams  # noqa: E402
 from outpace.server.bench import load_prompts  # noqa: E402
 from outpace.zoo import zoo_dir  # noqa: E402
 
@@ -56,14 +57,21 @@ class StepRecord:
     decode_rows: int
     prefill_rows: int
     prefill_tokens: int
-    tokens: int                     # committed by the step, over its rows
-    shape: str | None               # the draft shape chosen (adaptive speculation), e.g. "chain 5"
-    believed_s: float | None        # the chooser's cost for that shape and batch size after the step
+    tokens: int  # committed by the step, over its rows
+    shape: str | None  # the draft shape chosen (adaptive speculation), e.g. "chain 5"
+    believed_s: float | None  # the chooser's cost for that shape and batch size after the step
 
 
 def _shape_name(shape) -> str:
-    return "plain" if not shape.num_steps else (f"chain {shape.num_steps}" if shape.is_chain else
-                                                 f"tree {shape.num_steps}x{shape.topk}/{shape.num_nodes}")
+    return (
+        "plain"
+        if not shape.num_steps
+        else (
+            f"chain {shape.num_steps}"
+            if shape.is_chain
+            else f"tree {shape.num_steps}x{shape.topk}/{shape.num_nodes}"
+        )
+    )
 
 
 class _Watch:
@@ -75,10 +83,13 @@ class _Watch:
 
         def watched_schedule():
             batch = schedule()
-            decoding = [is_decoding(s.request) for s in batch]  # (before the step changes the requests)
+            decoding = [
+                is_decoding(s.request) for s in batch
+            ]  # (before the step changes the requests)
             self.decode_rows = sum(decoding)
             self.prefill_chunks = [s.num_new_tokens for s, d in zip(batch, decoding) if not d]
             return batch
+
         engine.scheduler.schedule = watched_schedule
         for chooser in engine.choosers.values():
             choose = chooser.choose
@@ -87,11 +98,19 @@ class _Watch:
                 shape = _choose(bucket, request_ids)
                 self.chosen.append((_chooser, bucket, shape))
                 return shape
+
             chooser.choose = watched_choose
 
 
-def closed_loop(engine: LLMEngine, prompts: list[str], streams: int, requests: int, max_tokens: int,
-                temperature: float, spread: float = 0.0) -> tuple[list[StepRecord], float, int]:
+def closed_loop(
+    engine: LLMEngine,
+    prompts: list[str],
+    streams: int,
+    requests: int,
+    max_tokens: int,
+    temperature: float,
+    spread: float = 0.0,
+) -> tuple[list[StepRecord], float, int]:
     """Run ``requests`` requests, ``streams`` at a time: (step records, wall seconds, output tokens). Each asks
     for ``max_tokens``, or with ``spread`` a length drawn uniformly from max_tokens x [1 - spread, 1 + spread]
     (seeded)."""
@@ -103,7 +122,11 @@ def closed_loop(engine: LLMEngine, prompts: list[str], streams: int, requests: i
         nonlocal sent
         n = round(max_tokens * lengths.uniform(1 - spread, 1 + spread)) if spread else max_tokens
         params = SamplingParams(temperature=temperature, max_tokens=max(n, 1), ignore_eos=True)
-        engine.submit(engine.new_request(prompts[sent % len(prompts)], params, f"loop-{time.perf_counter()}-{sent}"))
+        engine.submit(
+            engine.new_request(
+                prompts[sent % len(prompts)], params, f"loop-{time.perf_counter()}-{sent}"
+            )
+        )
         sent += 1
 
     for _ in range(min(streams, requests)):
@@ -128,8 +151,17 @@ def closed_loop(engine: LLMEngine, prompts: list[str], streams: int, requests: i
         if watch.chosen:
             chooser, bucket, chosen = watch.chosen[0]
             shape, believed = _shape_name(chosen), chooser.costs.get((bucket, chosen))
-        records.append(StepRecord(wall, watch.decode_rows, len(watch.prefill_chunks), sum(watch.prefill_chunks),
-                                  tokens, shape, believed))
+        records.append(
+            StepRecord(
+                wall,
+                watch.decode_rows,
+                len(watch.prefill_chunks),
+                sum(watch.prefill_chunks),
+                tokens,
+                shape,
+                believed,
+            )
+        )
     return records, time.perf_counter() - start, output_tokens
 
 
@@ -138,15 +170,23 @@ def summary(records: list[StepRecord]) -> list[dict]:
     and for decode-only steps the chooser's median belief in ms."""
     groups: dict[str, list[StepRecord]] = {}
     for r in records:
-        groups.setdefault("with a prefill" if r.prefill_rows else (r.shape or "plain"), []).append(r)
+        groups.setdefault("with a prefill" if r.prefill_rows else (r.shape or "plain"), []).append(
+            r
+        )
     rows = []
     for name, rs in sorted(groups.items()):
         beliefs = [r.believed_s for r in rs if r.believed_s is not None]
-        rows.append({"steps": name, "count": len(rs), "wall_ms_p50": 1e3 * statistics.median(r.wall_s for r in rs),
-                     "believed_ms_p50": 1e3 * statistics.median(beliefs) if beliefs else None,
-                     "decode_rows_p50": statistics.median(r.decode_rows for r in rs),
-                     "tokens_per_step_p50": statistics.median(r.tokens for r in rs),
-                     "share_of_wall": sum(r.wall_s for r in rs) / sum(r.wall_s for r in records)})
+        rows.append(
+            {
+                "steps": name,
+                "count": len(rs),
+                "wall_ms_p50": 1e3 * statistics.median(r.wall_s for r in rs),
+                "believed_ms_p50": 1e3 * statistics.median(beliefs) if beliefs else None,
+                "decode_rows_p50": statistics.median(r.decode_rows for r in rs),
+                "tokens_per_step_p50": statistics.median(r.tokens for r in rs),
+                "share_of_wall": sum(r.wall_s for r in rs) / sum(r.wall_s for r in records),
+            }
+        )
     return rows
 
 
@@ -155,35 +195,71 @@ def main() -> None:
     p.add_argument("--model", default=str(zoo_dir() / "tinypy"))
     p.add_argument("--method", default="none")
     p.add_argument("--draft", default=None)
-    p.add_argument("--num-steps", type=int, default=None, help="a fixed chain (default: adaptive up to 5)")
+    p.add_argument(
+        "--num-steps", type=int, default=None, help="a fixed chain (default: adaptive up to 5)"
+    )
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--requests", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--spread", type=float, default=0.0, help="output lengths drawn from max_tokens x [1 - s, 1 + s] "
-                   "(0: all equal, as bench multi's dp parts ask, so that a wave of requests ends in one step)")
+    p.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        help="output lengths drawn from max_tokens x [1 - s, 1 + s] "
+        "(0: all equal, as bench multi's dp parts ask, so that a wave of requests ends in one step)",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--out", default=None, help="a JSON file for every step's record and the summary")
+    p.add_argument(
+        "--out", default=None, help="a JSON file for every step's record and the summary"
+    )
     a = p.parse_args()
     spec = SpeculativeConfig(a.method, a.draft, num_steps=a.num_steps)
-    engine = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype, speculative=spec,
-                                    max_num_seqs=a.streams, max_num_batched_tokens=8192))
+    engine = LLMEngine(
+        EngineConfig(
+            model=a.model,
+            device=a.device,
+            dtype=a.dtype,
+            speculative=spec,
+            max_num_seqs=a.streams,
+            max_num_batched_tokens=8192,
+        )
+    )
     engine.stream_outputs = True
     prompts = load_prompts(zoo_dir() / "eval_prompts.json")
-    closed_loop(engine, prompts, a.streams, a.streams, 8, a.temperature)  # warm-up: this load's batch sizes
-    records, wall, tokens = closed_loop(engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature, a.spread)
+    closed_loop(
+        engine, prompts, a.streams, a.streams, 8, a.temperature
+    )  # warm-up: this load's batch sizes
+    records, wall, tokens = closed_loop(
+        engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature, a.spread
+    )
     rows = summary(records)
-    print(f"{a.method}: {a.requests} requests, {a.streams} streams: {tokens / wall:.0f} output tokens/s, "
-          f"{len(records)} steps, {1e3 * wall / len(records):.2f} ms a step")
-    print(f"{'steps':>16} {'count':>6} {'wall ms':>8} {'believed':>8} {'rows':>5} {'tokens':>6} {'of wall':>7}")
+    print(
+        f"{a.method}: {a.requests} requests, {a.streams} streams: {tokens / wall:.0f} output tokens/s, "
+        f"{len(records)} steps, {1e3 * wall / len(records):.2f} ms a step"
+    )
+    print(
+        f"{'steps':>16} {'count':>6} {'wall ms':>8} {'believed':>8} {'rows':>5} {'tokens':>6} {'of wall':>7}"
+    )
     for r in rows:
         believed = "-" if r["believed_ms_p50"] is None else f"{r['believed_ms_p50']:.2f}"
-        print(f"{r['steps']:>16} {r['count']:>6} {r['wall_ms_p50']:>8.2f} {believed:>8} {r['decode_rows_p50']:>5.0f} "
-              f"{r['tokens_per_step_p50']:>6.0f} {r['share_of_wall']:>7.1%}")
+        print(
+            f"{r['steps']:>16} {r['count']:>6} {r['wall_ms_p50']:>8.2f} {believed:>8} {r['decode_rows_p50']:>5.0f} "
+            f"{r['tokens_per_step_p50']:>6.0f} {r['share_of_wall']:>7.1%}"
+        )
     if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "output_tokens_per_s": tokens / wall, "summary": rows,
-                                           "steps": [asdict(r) for r in records]}) + "\n")
+        Path(a.out).write_text(
+            json.dumps(
+                {
+                    "args": vars(a),
+                    "output_tokens_per_s": tokens / wall,
+                    "summary": rows,
+                    "steps": [asdict(r) for r in records],
+                }
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the compiled forward + backward time. benchmarks/results/train_compile/README.md
 
     PYTHONPATH=. python benchmarks/scripts/diag_compile_parts.py [--device cuda] [--batch 128]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,9 @@ from pathlib import Path
 import torch
 
 from outpace.models.drafts.eagle3 import Eagle3Config
-from outpace.train.recipes import eagle3 as E
 from outpace.train.distill import response_mask, teacher_forward
 from outpace.train.ranks import ONE_RANK
+from outpace.train.recipes import eagle3 as E
 
 SEQ, DRAFT_VOCAB, TTT_STEPS = 192, 2048, 7
 
@@ -40,8 +41,16 @@ def build(device: str, batch: int):
         out = teacher_forward(target, tokens)
         aux = out.aux_hidden_states.view(batch, SEQ, -1)
         logits = target.compute_logits(out.hidden_states).view(batch, SEQ, -1)
-    mask = response_mask(torch.full((batch,), 64, device=device), SEQ) & draft.t2d[logits.argmax(-1)]
-    return draft, (ONE_RANK.embedding(target, tcfg.vocab_size), aux, tokens, logits[..., vocab_ids.to(device)], mask)
+    mask = (
+        response_mask(torch.full((batch,), 64, device=device), SEQ) & draft.t2d[logits.argmax(-1)]
+    )
+    return draft, (
+        ONE_RANK.embedding(target, tcfg.vocab_size),
+        aux,
+        tokens,
+        logits[..., vocab_ids.to(device)],
+        mask,
+    )
 
 
 def main() -> None:
@@ -55,8 +64,12 @@ def main() -> None:
 
     def step(forward=E.ttt_forward, attention=E.ttt_attention, losses=E.ttt_losses):
         """One forward + backward with the given parts -> the draft's gradients."""
+
         def run():
-            eager_attention, E.ttt_attention = E.ttt_attention, attention  # ttt_forward looks it up in the module
+            eager_attention, E.ttt_attention = (
+                E.ttt_attention,
+                attention,
+            )  # ttt_forward looks it up in the module
             try:
                 with torch.autocast(device, dtype=torch.bfloat16):
                     outputs = forward(draft, embed, aux, tokens, TTT_STEPS)
@@ -64,16 +77,23 @@ def main() -> None:
                 return torch.autograd.grad(loss, params)
             finally:
                 E.ttt_attention = eager_attention
+
         return run
 
     def whole(**options):
-        compiled = torch.compile(lambda d: E.ttt_losses(d, E.ttt_forward(d, embed, aux, tokens, TTT_STEPS), teacher,
-                                                        mask)[0], dynamic=False, **options)
+        compiled = torch.compile(
+            lambda d: E.ttt_losses(
+                d, E.ttt_forward(d, embed, aux, tokens, TTT_STEPS), teacher, mask
+            )[0],
+            dynamic=False,
+            **options,
+        )
 
         def run():
             with torch.autocast(device, dtype=torch.bfloat16):
                 loss = E.weighted_loss(compiled(draft))
             return torch.autograd.grad(loss, params)
+
         return run
 
     def compiled(fn):
@@ -118,8 +138,11 @@ def main() -> None:
                 for p in params:
                     p.add_(0.02 * torch.randn_like(p))
             errors.append(worst_error(fn(), eager()))
-        print(f"{name:24} first call {first_call:6.1f}s  worst grad rel: {' '.join(f'{e:.2e}' for e in errors)}  "
-              f"ms {milliseconds(fn):.1f}", flush=True)
+        print(
+            f"{name:24} first call {first_call:6.1f}s  worst grad rel: {' '.join(f'{e:.2e}' for e in errors)}  "
+            f"ms {milliseconds(fn):.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

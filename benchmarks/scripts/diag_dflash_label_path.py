@@ -9,6 +9,7 @@ the greedy path (rows 1 .. i - 1 all argmax). Greedy continuations (temperature 
 
   PYTHONPATH=. python benchmarks/scripts/diag_dflash_label_path.py [--temperature 0.8] [--tokens 96]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ def argmax_agreement(model, prompt: list[int], completion: list[int]) -> torch.T
     n = ids.numel()
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         argmax = model.compute_logits(model(ids, torch.arange(n)).hidden_states).argmax(-1)  # [n]
-    return argmax[len(prompt) - 1:n - 1] == ids[len(prompt):]
+    return argmax[len(prompt) - 1 : n - 1] == ids[len(prompt) :]
 
 
 def main() -> None:
@@ -45,18 +46,25 @@ def main() -> None:
     from outpace.models.loader import load_model
 
     prompts = json.loads(Path(a.prompts).read_text())["prompts"]
-    outs = LLM(a.target).generate(prompts, SamplingParams(temperature=a.temperature, max_tokens=a.tokens,
-                                                          ignore_eos=True, seed=0))
+    outs = LLM(a.target).generate(
+        prompts,
+        SamplingParams(temperature=a.temperature, max_tokens=a.tokens, ignore_eos=True, seed=0),
+    )
     model = load_model(a.target, torch.float32)
-    on_path = torch.stack([argmax_agreement(model, list(o.prompt_token_ids), list(o.token_ids)).float()
-                           for o in outs])                                        # [prompts, tokens]
-    anchors = a.tokens - a.block_size                                             # anchors with a whole block
-    print(f"{len(prompts)} prompts, {a.tokens} tokens sampled at temperature {a.temperature}: "
-          f"{on_path.mean().item():.3f} of the tokens are the target's argmax")
-    reach = torch.ones(on_path.shape[0], anchors)                                 # [prompts, anchors]
+    on_path = torch.stack(
+        [argmax_agreement(model, list(o.prompt_token_ids), list(o.token_ids)).float() for o in outs]
+    )  # [prompts, tokens]
+    anchors = a.tokens - a.block_size  # anchors with a whole block
+    print(
+        f"{len(prompts)} prompts, {a.tokens} tokens sampled at temperature {a.temperature}: "
+        f"{on_path.mean().item():.3f} of the tokens are the target's argmax"
+    )
+    reach = torch.ones(on_path.shape[0], anchors)  # [prompts, anchors]
     for i in range(1, a.block_size):
-        if i > 1:  # row i's label is on the greedy path when tokens a + 1 .. a + i - 1 are argmax tokens
-            reach = reach * on_path[:, i - 1:i - 1 + anchors]
+        if (
+            i > 1
+        ):  # row i's label is on the greedy path when tokens a + 1 .. a + i - 1 are argmax tokens
+            reach = reach * on_path[:, i - 1 : i - 1 + anchors]
         print(f"block row {i}: label on the greedy path for {reach.mean().item():.2f} of anchors")
 
 

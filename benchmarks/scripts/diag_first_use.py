@@ -5,6 +5,7 @@ collections, timed, and the engine steps they fall in.
 zoo), then the same generation again; ``python3 benchmarks/scripts/diag_first_use.py e2e``: bench e2e's first
 rows (the zoo target generates and is dropped, then plain decoding on the zoo widened to 8B, its warm-up
 rounds and its timed batch-1 greedy run), with every step over 30 ms listed with what happened in it."""
+
 import gc
 import json
 import sys
@@ -33,15 +34,23 @@ def _hook_compiles() -> None:
         if phase == "start":
             started[0] = time.perf_counter()
         elif time.perf_counter() - started[0] > 1e-3:
-            events.append((time.perf_counter(), f"gc gen {info['generation']}", time.perf_counter() - started[0]))
+            events.append(
+                (
+                    time.perf_counter(),
+                    f"gc gen {info['generation']}",
+                    time.perf_counter() - started[0],
+                )
+            )
 
     gc.callbacks.append(on_gc)
 
 
 def _summary(since: float, label: str) -> None:
     mine = [e for e in events if e[0] >= since]
-    print(f"{label}: {len(mine)} events, {sum(e[2] for e in mine):.2f} s: "
-          + ", ".join(f"{w} {1e3 * s:.0f} ms" for _, w, s in mine[:40]))
+    print(
+        f"{label}: {len(mine)} events, {sum(e[2] for e in mine):.2f} s: "
+        + ", ".join(f"{w} {1e3 * s:.0f} ms" for _, w, s in mine[:40])
+    )
 
 
 def readme() -> None:
@@ -69,10 +78,15 @@ def e2e() -> None:
     del zoo
     _summary(t, "zoo target")
     t = time.perf_counter()
-    llm = LLM(str(w / "tinypy"), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024)
+    llm = LLM(
+        str(w / "tinypy"), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024
+    )
     _summary(t, "plain engine start")
-    for label, params, count in (("warm-up prefills", greedy.replace(max_tokens=4), 8),
-                                 ("warm-up decode", greedy, 1), ("timed", greedy, 8)):
+    for label, params, count in (
+        ("warm-up prefills", greedy.replace(max_tokens=4), 8),
+        ("warm-up decode", greedy, 1),
+        ("timed", greedy, 8),
+    ):
         steps, real_step = [], llm.engine.step
 
         def step():

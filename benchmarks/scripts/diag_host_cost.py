@@ -12,6 +12,7 @@ objects per row and step): 256 rows median of 8, 14.8 -> 10.3 us; 1024 rows medi
 256 rows streamed, three runs each, 16.6-18.2 -> 12.3-13.3 us. About 6.5 us of the 256-row figure is the decode
 iteration's tensor work on the CPU (forward, logits, verify), which the host code does not change.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,20 +29,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from outpace.bench.random_checkpoint import random_target  # noqa: E402
 from outpace.config import EngineConfig  # noqa: E402
-from outpace.sampling_params import SamplingParams  # noqa: E402
 from outpace.engine.engine import LLMEngine  # noqa: E402
+from outpace.sampling_params import SamplingParams  # noqa: E402
 
-TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=32, intermediate_size=64,
-            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=512,
-            max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=True, eos_token_id=0)
+TINY = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=512,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    eos_token_id=0,
+)
 
 
 def decode_all(engine: LLMEngine, rows: int, tokens: int) -> tuple[int, float]:
     """Submit ``rows`` requests and step until all finish: (steps, seconds)."""
     for i in range(rows):
         prompt = [1 + (i + j) % 500 for j in range(32)]
-        engine.submit(engine.new_request(prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
-                                         f"r{time.perf_counter()}-{i}"))
+        engine.submit(
+            engine.new_request(
+                prompt,
+                SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
+                f"r{time.perf_counter()}-{i}",
+            )
+        )
     steps, start = 0, time.perf_counter()
     while engine.has_unfinished_requests:
         engine.step()
@@ -57,13 +74,23 @@ def main() -> None:
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         random_target(tmp, TINY, dtype=torch.float32)
-        engine = LLMEngine(EngineConfig(model=tmp, device="cpu", max_num_seqs=a.rows, num_kv_blocks=a.rows * 8 + 64,
-                                        max_num_batched_tokens=a.rows * 40), progress=False)
+        engine = LLMEngine(
+            EngineConfig(
+                model=tmp,
+                device="cpu",
+                max_num_seqs=a.rows,
+                num_kv_blocks=a.rows * 8 + 64,
+                max_num_batched_tokens=a.rows * 40,
+            ),
+            progress=False,
+        )
         engine.stream_outputs = a.stream
         decode_all(engine, a.rows, 4)  # warm-up
         steps, seconds = decode_all(engine, a.rows, 64)
-        print(f"rows {a.rows}, stream {a.stream}: {1e3 * seconds / steps:.2f} ms a step, "
-              f"{1e6 * seconds / steps / a.rows:.1f} us per row and step")
+        print(
+            f"rows {a.rows}, stream {a.stream}: {1e3 * seconds / steps:.2f} ms a step, "
+            f"{1e6 * seconds / steps / a.rows:.1f} us per row and step"
+        )
         if a.profile:
             profile = cProfile.Profile()
             profile.enable()

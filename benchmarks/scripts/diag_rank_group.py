@@ -2,6 +2,7 @@
 bench/rank_group.py starts its ranks) and gloo for host objects, each step timed and printed by each
 rank, under a hard limit. Run: python benchmarks/scripts/diag_rank_group.py [cpu|cuda] (the network environment
 variables as the caller sets them: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."""
+
 from __future__ import annotations
 
 import datetime
@@ -26,8 +27,13 @@ def rank_main(rank: int, world: int, device: str, rendezvous: str) -> None:
     if on_gpu:
         torch.cuda.set_device(rank)
     timeout = datetime.timedelta(seconds=60)
-    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world, timeout=timeout)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
     say("default group initialised")
     control = dist.new_group(backend="gloo", timeout=timeout)
     say("gloo group created")
@@ -49,7 +55,12 @@ if __name__ == "__main__":
         address = socket.gethostbyname(name)
     except OSError as e:
         address = f"unresolved ({e})"
-    print(f"hostname {name} -> {address}; GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}", flush=True)
+    print(
+        f"hostname {name} -> {address}; GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(rank_main, args=(2, device, f"{tmp}/rendezvous"), nprocs=2, start_method="spawn")
+        mp.start_processes(
+            rank_main, args=(2, device, f"{tmp}/rendezvous"), nprocs=2, start_method="spawn"
+        )
     print("both ranks finished", flush=True)

@@ -2,6 +2,7 @@
 the wall time, the part spent waiting for the GPU's results, and how many steps were served by a step
 run ahead; for plain decoding and adaptive drafters on the zoo widened to 8B, batch 32, temperature 0.8.
 Run from the repository root on the GPU machine: python3 benchmarks/scripts/diag_step_time.py"""
+
 import json
 import time
 from pathlib import Path
@@ -30,12 +31,22 @@ def timed_tolist(self):
 
 
 run_ahead.HostCopy.tolist = timed_tolist
-specs = {"none": SpeculativeConfig(),
-         "tree": SpeculativeConfig("eagle3", str(w / "tinypy-eagle3"), num_steps=5, topk=4, num_draft_tokens=16,
-                                   adaptive=True),
-         "ngram": SpeculativeConfig("ngram", num_steps=4, adaptive=True)}
+specs = {
+    "none": SpeculativeConfig(),
+    "tree": SpeculativeConfig(
+        "eagle3", str(w / "tinypy-eagle3"), num_steps=5, topk=4, num_draft_tokens=16, adaptive=True
+    ),
+    "ngram": SpeculativeConfig("ngram", num_steps=4, adaptive=True),
+}
 for name, spec in specs.items():
-    llm = LLM(str(w / "tinypy"), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024, speculative=spec)
+    llm = LLM(
+        str(w / "tinypy"),
+        device="cuda",
+        dtype="bfloat16",
+        max_num_seqs=32,
+        num_kv_blocks=1024,
+        speculative=spec,
+    )
     eng = llm.engine
     p = SamplingParams(temperature=0.8, max_tokens=128, ignore_eos=True, seed=0)
     llm.generate(prompts, p)
@@ -59,8 +70,10 @@ for name, spec in specs.items():
     outs = llm.generate(prompts, p)
     elapsed = time.perf_counter() - t0
     steady = sorted(times[2:])
-    print(f"{name}: {len(times)} steps, {hits[0]} run ahead, median step {1e3 * steady[len(steady) // 2]:.2f} ms, "
-          f"waiting for the GPU {1e3 * waited[0] / len(times):.2f} ms/step, host {1e3 * (sum(times) - waited[0]) / len(times):.2f} ms/step, "
-          f"{sum(len(o.token_ids) for o in outs) / elapsed:.0f} tokens/s")
+    print(
+        f"{name}: {len(times)} steps, {hits[0]} run ahead, median step {1e3 * steady[len(steady) // 2]:.2f} ms, "
+        f"waiting for the GPU {1e3 * waited[0] / len(times):.2f} ms/step, host {1e3 * (sum(times) - waited[0]) / len(times):.2f} ms/step, "
+        f"{sum(len(o.token_ids) for o in outs) / elapsed:.0f} tokens/s"
+    )
     del llm, eng
     torch.cuda.empty_cache()

@@ -6,6 +6,7 @@ split, which depends on the packages installed here; the target trained on the G
 
     python benchmarks/scripts/heldout_prompt_text.py OUT.txt [FILES.json]   # FILES.json: the files used and excluded
 """
+
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,11 @@ corpus = build_corpus(heldout_fraction=0.05, max_total_bytes=0)  # 0: no train f
 prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
 files, excluded = heldout_files_unused_by(corpus, prompts, 30_000_000)
 out.write_text("\n\n".join(f.text for f in files))
-print(f"{len(files)} of {len(corpus.heldout)} held-out files ({len(excluded)} excluded), "
-      f"{out.stat().st_size} bytes -> {out}")
+print(
+    f"{len(files)} of {len(corpus.heldout)} held-out files ({len(excluded)} excluded), "
+    f"{out.stat().st_size} bytes -> {out}"
+)
 if len(sys.argv) > 2:
-    Path(sys.argv[2]).write_text(json.dumps({"files": [f.rel_path for f in files], "excluded": excluded}, indent=0))
+    Path(sys.argv[2]).write_text(
+        json.dumps({"files": [f.rel_path for f in files], "excluded": excluded}, indent=0)
+    )

@@ -6,6 +6,7 @@ adaptive EAGLE3, on one GPU: bench/dp_serve.py ``dp_throughput`` with one replic
 
 Writes OUT_DIR/one_replica_64.json and prints output tokens/s and the EAGLE3 / plain ratios.
 """
+
 import json
 import sys
 import time
@@ -22,7 +23,10 @@ def main(out: Path) -> None:
     plan = Plan(world=1, dp_saturated_streams=None)
     target, draft = widened_zoo(plan, Path(".e2e_models"))
     rows = {}
-    for name, drafter in (("plain", ("--method", "none")), ("eagle3", ("--method", "eagle3", "--draft", draft))):
+    for name, drafter in (
+        ("plain", ("--method", "none")),
+        ("eagle3", ("--method", "eagle3", "--draft", draft)),
+    ):
         start = time.time()
         rows[name] = dp_throughput(plan, target, drafter, replicas=1)
         rows[name]["seconds"] = time.time() - start
@@ -30,7 +34,10 @@ def main(out: Path) -> None:
         for server in ("one_replica", "one_replica_own_process"):
             print(name, server, round(rows[name][server]["output_tokens_per_s"]), flush=True)
     for server in ("one_replica", "one_replica_own_process"):
-        ratio = rows["eagle3"][server]["output_tokens_per_s"] / rows["plain"][server]["output_tokens_per_s"]
+        ratio = (
+            rows["eagle3"][server]["output_tokens_per_s"]
+            / rows["plain"][server]["output_tokens_per_s"]
+        )
         print(f"eagle3 / plain, {server}: {ratio:.2f}x")
 
 

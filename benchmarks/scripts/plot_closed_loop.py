@@ -3,6 +3,7 @@ plain decoding and adaptive EAGLE3, with equal and with spread output lengths, f
 
   python benchmarks/scripts/plot_closed_loop.py [benchmarks/results/closed_loop_h200]
 """
+
 import json
 import sys
 from pathlib import Path
@@ -15,22 +16,37 @@ import matplotlib.pyplot as plt
 
 def main(folder: Path) -> None:
     loads = (("0", "equal lengths"), ("0.5", "lengths spread 0.5"))
-    runs = sorted(p for p in folder.iterdir()  # (runs of every load and method)
-                  if p.is_dir() and all((p / f"closed_loop_{m}_spread{s}.json").is_file()
-                                        for s, _ in loads for m in ("none", "eagle3")))
+    runs = sorted(
+        p
+        for p in folder.iterdir()  # (runs of every load and method)
+        if p.is_dir()
+        and all(
+            (p / f"closed_loop_{m}_spread{s}.json").is_file()
+            for s, _ in loads
+            for m in ("none", "eagle3")
+        )
+    )
     fig, axes = plt.subplots(1, len(loads), figsize=(10, 4), sharey=True)
     width = 0.8 / len(runs)
     for ax, (spread, title) in zip(axes, loads):
         for i, run in enumerate(runs):
-            rates = [json.loads((run / f"closed_loop_{m}_spread{spread}.json").read_text())["output_tokens_per_s"]
-                     for m in ("none", "eagle3")]
+            rates = [
+                json.loads((run / f"closed_loop_{m}_spread{spread}.json").read_text())[
+                    "output_tokens_per_s"
+                ]
+                for m in ("none", "eagle3")
+            ]
             bars = ax.bar([x + i * width for x in range(2)], rates, width, label=run.name)
             ax.bar_label(bars, fmt="%.0f", fontsize=8)
-        ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(2)], ["plain", "EAGLE3 (adaptive)"])
+        ax.set_xticks(
+            [x + width * (len(runs) - 1) / 2 for x in range(2)], ["plain", "EAGLE3 (adaptive)"]
+        )
         ax.set(title=title, ylabel="output tokens/s")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("One replica, zoo widened to 8B, 64 streams, H200: before and after 4ea5060 (run-ahead across joins, several prefill chunks captured)")
+    fig.suptitle(
+        "One replica, zoo widened to 8B, 64 streams, H200: before and after 4ea5060 (run-ahead across joins, several prefill chunks captured)"
+    )
     fig.tight_layout()
     fig.savefig(folder / "closed_loop.png", dpi=110)
 

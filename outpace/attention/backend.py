@@ -1,4 +1,5 @@
 """The attention backend interface."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -7,7 +8,9 @@ import torch
 
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # ([num_blocks, block_size, kv_heads, head_dim]) x (k, v)
+KVCache = tuple[
+    torch.Tensor, torch.Tensor
+]  # ([num_blocks, block_size, kv_heads, head_dim]) x (k, v)
 
 
 class AttentionBackend(Protocol):
@@ -22,7 +25,8 @@ class AttentionBackend(Protocol):
         metadata: PagedAttentionMetadata | DenseCausalMetadata,
         scale: float,
         sliding_window: int | None = None,
-        positions: torch.Tensor | None = None,  # [num_tokens]: the queries' positions (paged, sliding window)
+        positions: torch.Tensor
+        | None = None,  # [num_tokens]: the queries' positions (paged, sliding window)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Write the new tokens' k/v into ``kv_cache`` (paged) and attend; with ``sliding_window``, a
         query at position p sees only keys at positions above p - sliding_window."""

@@ -11,6 +11,7 @@ a step follow the engine's setting without passing it along.
 ``recurrent``: for models with recurrent layers (layers/recurrent.py), which state row each sequence
 reads and what the forward keeps; the engine sets it on the forwards of the target it serves (prefill
 chunks, verify), None elsewhere (each sequence then starts from a zero state and nothing is kept)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class ForwardContext:
-    metadata: PagedAttentionMetadata | DenseCausalMetadata | None  # None: settings only, no forward yet
+    metadata: (
+        PagedAttentionMetadata | DenseCausalMetadata | None
+    )  # None: settings only, no forward yet
     backend: AttentionBackend
     batch_invariant: bool = False
     recurrent: RecurrentMetadata | None = None
@@ -47,8 +50,12 @@ def batch_invariant() -> bool:
 
 
 @contextlib.contextmanager
-def forward_context(metadata, backend: AttentionBackend | None = None, batch_invariant: bool | None = None,
-                    recurrent: RecurrentMetadata | None = None) -> Iterator[ForwardContext]:
+def forward_context(
+    metadata,
+    backend: AttentionBackend | None = None,
+    batch_invariant: bool | None = None,
+    recurrent: RecurrentMetadata | None = None,
+) -> Iterator[ForwardContext]:
     """``batch_invariant`` None: as the enclosing context (off outside any); ``recurrent`` is never
     inherited (a drafter's forward inside a step is not the target's)."""
     global _current

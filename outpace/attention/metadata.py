@@ -12,6 +12,7 @@ lists (any mix of query lengths); ``uniform_paged_metadata`` (uniform_metadata.p
 the device, for batches where every sequence brings the same number of tokens, so that it can run
 inside a CUDA-graph capture (see engine/cuda_graphs.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,12 +29,14 @@ class DenseCausalMetadata:
 
 @dataclass
 class PagedAttentionMetadata:
-    slot_mapping: torch.Tensor       # [num_tokens] int64: flat cache slot (block * block_size + offset)
-    block_tables: torch.Tensor       # [num_seqs, max_blocks] int64, padded with block 0
-    seq_lens: torch.Tensor           # [num_seqs] int64: KV length after this forward
-    query_lens: torch.Tensor         # [num_seqs] int64: new tokens per sequence
-    token_seq_index: torch.Tensor    # [num_tokens] int64: sequence of each new token
-    token_query_index: torch.Tensor  # [num_tokens] int64: index of each token among its sequence's new tokens
+    slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot (block * block_size + offset)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with block 0
+    seq_lens: torch.Tensor  # [num_seqs] int64: KV length after this forward
+    query_lens: torch.Tensor  # [num_seqs] int64: new tokens per sequence
+    token_seq_index: torch.Tensor  # [num_tokens] int64: sequence of each new token
+    token_query_index: (
+        torch.Tensor
+    )  # [num_tokens] int64: index of each token among its sequence's new tokens
     max_query_len: int
     block_size: int
     # [num_seqs, max_query_len, window] bool: which of the sequence's last ``window`` KV rows
@@ -41,8 +44,12 @@ class PagedAttentionMetadata:
     # rows before the window are always visible. None means plain causal.
     custom_mask: torch.Tensor | None = None
     _attn_mask: torch.Tensor | None = None
-    _window_masks: dict = field(default_factory=dict)  # sliding window -> its attn_mask, computed on first use
-    _token_table: torch.Tensor | None = None  # computed on first use, unless the builder has it (uniform)
+    _window_masks: dict = field(
+        default_factory=dict
+    )  # sliding window -> its attn_mask, computed on first use
+    _token_table: torch.Tensor | None = (
+        None  # computed on first use, unless the builder has it (uniform)
+    )
 
     @property
     def num_seqs(self) -> int:
@@ -53,9 +60,15 @@ class PagedAttentionMetadata:
         token; entries past a sequence's query length are 0. Device operations only; computed on
         first use and reused by every layer of the forward."""
         if self._token_table is None:
-            table = torch.zeros(self.num_seqs, self.max_query_len, dtype=torch.int32, device=self.slot_mapping.device)
+            table = torch.zeros(
+                self.num_seqs,
+                self.max_query_len,
+                dtype=torch.int32,
+                device=self.slot_mapping.device,
+            )
             table[self.token_seq_index, self.token_query_index] = torch.arange(
-                self.slot_mapping.shape[0], dtype=torch.int32, device=table.device)
+                self.slot_mapping.shape[0], dtype=torch.int32, device=table.device
+            )
             self._token_table = table
         return self._token_table
 
@@ -72,10 +85,14 @@ class PagedAttentionMetadata:
         if positions is None:
             raise ValueError("a sliding window needs the queries' positions")
         if self.custom_mask is not None and self.custom_mask.shape[2] > sliding_window:
-            raise ValueError(f"a custom attention mask {self.custom_mask.shape[2]} rows wide exceeds the sliding "
-                             f"window of {sliding_window} rows (draft fewer tokens per verify)")
+            raise ValueError(
+                f"a custom attention mask {self.custom_mask.shape[2]} rows wide exceeds the sliding "
+                f"window of {sliding_window} rows (draft fewer tokens per verify)"
+            )
 
-    def attn_mask(self, sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def attn_mask(
+        self, sliding_window: int | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[num_seqs, 1, max_query_len, max_kv_len] bool, True where attention is allowed; with
         ``sliding_window``, only KV rows r > p - sliding_window for a query at position p
         (``positions`` [num_tokens], see ``check_sliding_window``).
@@ -85,25 +102,31 @@ class PagedAttentionMetadata:
         if sliding_window is not None:
             if sliding_window not in self._window_masks:
                 self.check_sliding_window(sliding_window, positions)
-                q_pos = positions.new_zeros(self.num_seqs, self.max_query_len)   # [num_seqs, max_q]; padding: 0
+                q_pos = positions.new_zeros(
+                    self.num_seqs, self.max_query_len
+                )  # [num_seqs, max_q]; padding: 0
                 q_pos[self.token_seq_index, self.token_query_index] = positions
                 kv_index = torch.arange(self.attn_mask().shape[-1], device=q_pos.device)  # [max_kv]
-                in_window = kv_index[None, None, :] > q_pos[:, :, None] - sliding_window  # [num_seqs, max_q, max_kv]
+                in_window = (
+                    kv_index[None, None, :] > q_pos[:, :, None] - sliding_window
+                )  # [num_seqs, max_q, max_kv]
                 # Padding rows (position 0) keep key 0; a real row keeps its own row.
                 self._window_masks[sliding_window] = self.attn_mask() & in_window.unsqueeze(1)
             return self._window_masks[sliding_window]
         if self._attn_mask is None:
             max_kv = self.block_tables.shape[1] * self.block_size
             device = self.block_tables.device
-            kv_index = torch.arange(max_kv, device=device)                       # [max_kv]
-            q_index = torch.arange(self.max_query_len, device=device)            # [max_q]
+            kv_index = torch.arange(max_kv, device=device)  # [max_kv]
+            q_index = torch.arange(self.max_query_len, device=device)  # [max_q]
             if self.custom_mask is None:
-                prefix_len = (self.seq_lens - self.query_lens)[:, None, None]    # [num_seqs, 1, 1]
-                rel = kv_index[None, None, :] - prefix_len                       # [num_seqs, 1, max_kv]
-                mask = (rel < 0) | (rel <= q_index[None, :, None])               # [num_seqs, max_q, max_kv]
+                prefix_len = (self.seq_lens - self.query_lens)[:, None, None]  # [num_seqs, 1, 1]
+                rel = kv_index[None, None, :] - prefix_len  # [num_seqs, 1, max_kv]
+                mask = (rel < 0) | (rel <= q_index[None, :, None])  # [num_seqs, max_q, max_kv]
             else:
                 window = self.custom_mask.shape[2]
-                rel = kv_index[None, None, :] - (self.seq_lens[:, None, None] - window)  # [num_seqs, 1, max_kv]
+                rel = kv_index[None, None, :] - (
+                    self.seq_lens[:, None, None] - window
+                )  # [num_seqs, 1, max_kv]
                 idx = rel.clamp(0, window - 1).expand(-1, self.max_query_len, -1)
                 mask = (rel < 0) | ((rel < window) & torch.gather(self.custom_mask, 2, idx))
             # Padding query rows see key 0 so that no softmax row is empty.
@@ -135,8 +158,10 @@ def build_paged_metadata(
         table[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     starts = torch.tensor(num_cached, dtype=torch.int64)
-    seq_index = torch.repeat_interleave(torch.arange(num_seqs), q_lens)                  # [num_tokens]
-    query_index = torch.arange(len(seq_index)) - torch.repeat_interleave(q_lens.cumsum(0) - q_lens, q_lens)
+    seq_index = torch.repeat_interleave(torch.arange(num_seqs), q_lens)  # [num_tokens]
+    query_index = torch.arange(len(seq_index)) - torch.repeat_interleave(
+        q_lens.cumsum(0) - q_lens, q_lens
+    )
     rows = starts[seq_index] + query_index
     slots = table[seq_index, rows // block_size] * block_size + rows % block_size
     custom = None
@@ -146,7 +171,7 @@ def build_paged_metadata(
         for s, (mask, q) in enumerate(zip(custom_masks, query_lens)):
             if mask is None:
                 mask = torch.ones(q, q, dtype=torch.bool, device=device).tril()
-            custom[s, :q, window - mask.shape[1]:] = mask
+            custom[s, :q, window - mask.shape[1] :] = mask
     return PagedAttentionMetadata(
         slot_mapping=slots.to(device),
         block_tables=table.to(device),

@@ -24,6 +24,7 @@ Not batch-invariant: as the fast path of attention/triton_kernels.py, a row's re
 batch (tile rows, split count), so the deterministic mode (EngineConfig.batch_invariant) does not extend
 to MLA targets yet.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,16 @@ _MAX_SPLITS = 64
 
 
 @triton.jit
-def _tile_kv_end(seq_lens_ptr, query_lens_ptr, seq, tile, heads, window, HAS_MASK: tl.constexpr,
-                 BLOCK_M: tl.constexpr):
+def _tile_kv_end(
+    seq_lens_ptr,
+    query_lens_ptr,
+    seq,
+    tile,
+    heads,
+    window,
+    HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """(kv_end, prefix, seq_len, query_len) of row tile ``tile`` of sequence ``seq``: the tile's rows see
     KV rows below kv_end only (0 for a tile past the sequence's new tokens)."""
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
@@ -66,38 +75,68 @@ def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr):
     return lo, tl.minimum(lo + split_len, kv_end)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "stride_table_seq", "stride_bt_seq", "stride_mask_seq",
-                               "stride_mask_q", "num_splits"])
+@triton.jit(
+    do_not_specialize=[
+        "num_tokens",
+        "window",
+        "stride_table_seq",
+        "stride_bt_seq",
+        "stride_mask_seq",
+        "stride_mask_q",
+        "num_splits",
+    ]
+)
 def _mla_kernel(
-    q_latent_ptr,                          # [num_tokens, heads, R]
-    q_rope_ptr,                            # [num_tokens, heads, P]
-    cache_ptr,                             # [num_blocks * block_size (flat slots), R + P]
-    out_ptr,                               # [num_tokens, heads, R]; written unless SPLIT_KV
-    part_acc_ptr,                          # [num_splits, num_tokens, heads, R] float32 (SPLIT_KV)
-    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
-    token_table_ptr,                       # [num_seqs, max_query_len] int32
-    block_tables_ptr,                      # [num_seqs, max_blocks] int64
-    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
-    qk_scale,                              # softmax scale * log2(e)
-    num_tokens, window,
-    stride_qlt, stride_qlh, stride_qrt, stride_qrh, stride_ot, stride_oh, stride_cache_slot,
-    stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
+    q_latent_ptr,  # [num_tokens, heads, R]
+    q_rope_ptr,  # [num_tokens, heads, P]
+    cache_ptr,  # [num_blocks * block_size (flat slots), R + P]
+    out_ptr,  # [num_tokens, heads, R]; written unless SPLIT_KV
+    part_acc_ptr,  # [num_splits, num_tokens, heads, R] float32 (SPLIT_KV)
+    part_max_ptr,
+    part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
+    token_table_ptr,  # [num_seqs, max_query_len] int32
+    block_tables_ptr,  # [num_seqs, max_blocks] int64
+    seq_lens_ptr,
+    query_lens_ptr,  # [num_seqs] int64
+    custom_mask_ptr,  # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    qk_scale,  # softmax scale * log2(e)
+    num_tokens,
+    window,
+    stride_qlt,
+    stride_qlh,
+    stride_qrt,
+    stride_qrh,
+    stride_ot,
+    stride_oh,
+    stride_cache_slot,
+    stride_table_seq,
+    stride_bt_seq,
+    stride_mask_seq,
+    stride_mask_q,
     num_splits,
-    HEADS: tl.constexpr, R: tl.constexpr, P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+    HEADS: tl.constexpr,
+    R: tl.constexpr,
+    P: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
     split = tl.program_id(2)
-    kv_end, prefix, seq_len, query_len = _tile_kv_end(seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window,
-                                                      HAS_MASK, BLOCK_M)
+    kv_end, prefix, seq_len, query_len = _tile_kv_end(
+        seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M
+    )
     kv_lo, kv_hi = _split_range(kv_end, split, num_splits, BLOCK_N)
     # A split past the rows its tile sees does nothing; split 0 always writes (every row gets a result).
     if (kv_lo < kv_hi) | (split == 0):
         flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        q_index = flat // HEADS                                                  # [BLOCK_M]
+        q_index = flat // HEADS  # [BLOCK_M]
         head = flat % HEADS
         row_ok = q_index < query_len
         token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
@@ -105,30 +144,53 @@ def _mla_kernel(
         r_ok = offs_r < R
         offs_p = tl.arange(0, BLOCK_P)
         p_ok = offs_p < P
-        q_lat = tl.load(q_latent_ptr + token[:, None] * stride_qlt + head[:, None] * stride_qlh + offs_r[None, :],
-                        mask=row_ok[:, None] & r_ok[None, :], other=0.0)        # [BLOCK_M, BLOCK_R]
-        q_pe = tl.load(q_rope_ptr + token[:, None] * stride_qrt + head[:, None] * stride_qrh + offs_p[None, :],
-                       mask=row_ok[:, None] & p_ok[None, :], other=0.0)          # [BLOCK_M, BLOCK_P]
+        q_lat = tl.load(
+            q_latent_ptr
+            + token[:, None] * stride_qlt
+            + head[:, None] * stride_qlh
+            + offs_r[None, :],
+            mask=row_ok[:, None] & r_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_R]
+        q_pe = tl.load(
+            q_rope_ptr + token[:, None] * stride_qrt + head[:, None] * stride_qrh + offs_p[None, :],
+            mask=row_ok[:, None] & p_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_P]
         bt_ptr = block_tables_ptr + seq * stride_bt_seq
-        mask_rows = custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q  # [BLOCK_M] (HAS_MASK)
+        mask_rows = (
+            custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q
+        )  # [BLOCK_M] (HAS_MASK)
         window_start = seq_len - window
-        own_row = prefix + q_index                                               # [BLOCK_M] (causal)
+        own_row = prefix + q_index  # [BLOCK_M] (causal)
         # The running max starts finite: rows with nothing visible yet keep exp2(-inf - max) = 0.
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
         for start in range(kv_lo, kv_hi, BLOCK_N):
-            offs_n, n_ok, lat_offs, lat_ok = _kv_rows(start, kv_hi, bt_ptr, stride_cache_slot, offs_r, r_ok,
-                                                      BLOCK_SIZE, BLOCK_N)
-            _, _, pe_offs, pe_ok = _kv_rows(start, kv_hi, bt_ptr, stride_cache_slot, R + offs_p, p_ok,
-                                            BLOCK_SIZE, BLOCK_N)
-            latent = tl.load(cache_ptr + lat_offs, mask=lat_ok, other=0.0).to(q_lat.dtype)  # [BLOCK_N, BLOCK_R]
-            k_pe = tl.load(cache_ptr + pe_offs, mask=pe_ok, other=0.0).to(q_pe.dtype)       # [BLOCK_N, BLOCK_P]
+            offs_n, n_ok, lat_offs, lat_ok = _kv_rows(
+                start, kv_hi, bt_ptr, stride_cache_slot, offs_r, r_ok, BLOCK_SIZE, BLOCK_N
+            )
+            _, _, pe_offs, pe_ok = _kv_rows(
+                start, kv_hi, bt_ptr, stride_cache_slot, R + offs_p, p_ok, BLOCK_SIZE, BLOCK_N
+            )
+            latent = tl.load(cache_ptr + lat_offs, mask=lat_ok, other=0.0).to(
+                q_lat.dtype
+            )  # [BLOCK_N, BLOCK_R]
+            k_pe = tl.load(cache_ptr + pe_offs, mask=pe_ok, other=0.0).to(
+                q_pe.dtype
+            )  # [BLOCK_N, BLOCK_P]
             s = tl.dot(q_lat, tl.trans(latent), input_precision=PRECISION)
-            s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * qk_scale       # [BLOCK_M, BLOCK_N]
-            if HAS_MASK:  # rows before the window: seen by every row (other=1); the window: as the mask says
+            s = (
+                tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * qk_scale
+            )  # [BLOCK_M, BLOCK_N]
+            if (
+                HAS_MASK
+            ):  # rows before the window: seen by every row (other=1); the window: as the mask says
                 in_window = row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :]
-                allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_window, other=1)
+                allowed = tl.load(
+                    mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_window, other=1
+                )
                 visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
             else:
                 visible = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
@@ -136,24 +198,39 @@ def _mla_kernel(
             m_i, l_i, acc = _softmax_step(s, latent, m_i, l_i, acc, PRECISION)
         out_ok = row_ok[:, None] & r_ok[None, :]
         if SPLIT_KV:
-            part = (split * num_tokens + token) * HEADS + head                   # [BLOCK_M]
+            part = (split * num_tokens + token) * HEADS + head  # [BLOCK_M]
             tl.store(part_max_ptr + part, m_i, mask=row_ok)
             tl.store(part_sum_ptr + part, l_i, mask=row_ok)
             tl.store(part_acc_ptr + part[:, None] * R + offs_r[None, :], acc, mask=out_ok)
         else:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_r[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=out_ok)
+            tl.store(
+                out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_r[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=out_ok,
+            )
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_splits", "window"])
 def _combine_kernel(
-    part_acc_ptr, part_max_ptr, part_sum_ptr,  # as _mla_kernel's
-    out_ptr,                                   # [num_tokens, heads, R]
-    seq_index_ptr, query_index_ptr,            # [num_tokens] int64
-    seq_lens_ptr, query_lens_ptr,              # [num_seqs] int64
-    num_tokens, num_splits, window, stride_ot, stride_oh,
-    HEADS: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,  # as _mla_kernel's
+    out_ptr,  # [num_tokens, heads, R]
+    seq_index_ptr,
+    query_index_ptr,  # [num_tokens] int64
+    seq_lens_ptr,
+    query_lens_ptr,  # [num_seqs] int64
+    num_tokens,
+    num_splits,
+    window,
+    stride_ot,
+    stride_oh,
+    HEADS: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
 ):
     """Program (token, head): merges, in split order, the partials of the splits that ran for the row's
@@ -162,25 +239,43 @@ def _combine_kernel(
     head = tl.program_id(1)
     seq = tl.load(seq_index_ptr + token)
     tile = (tl.load(query_index_ptr + token).to(tl.int32) * HEADS + head) // BLOCK_M
-    kv_end, _, _, _ = _tile_kv_end(seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M)
+    kv_end, _, _, _ = _tile_kv_end(
+        seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M
+    )
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
     part = token * HEADS + head
     m = tl.load(part_max_ptr + part)
     l = tl.load(part_sum_ptr + part)
-    acc = tl.load(part_acc_ptr + part * R + offs_r, mask=r_ok, other=0.0)       # [BLOCK_R]
+    acc = tl.load(part_acc_ptr + part * R + offs_r, mask=r_ok, other=0.0)  # [BLOCK_R]
     for j in range(1, num_splits):
         lo, hi = _split_range(kv_end, j, num_splits, BLOCK_N)
         if lo < hi:
             pj = j * num_tokens * HEADS + part
-            m, l, acc = _merge_partials(m, l, acc, tl.load(part_max_ptr + pj), tl.load(part_sum_ptr + pj),
-                                        tl.load(part_acc_ptr + pj * R + offs_r, mask=r_ok, other=0.0))
+            m, l, acc = _merge_partials(
+                m,
+                l,
+                acc,
+                tl.load(part_max_ptr + pj),
+                tl.load(part_sum_ptr + pj),
+                tl.load(part_acc_ptr + pj * R + offs_r, mask=r_ok, other=0.0),
+            )
     out = acc / tl.where(l > 0, l, 1.0)
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_r, out.to(out_ptr.dtype.element_ty), mask=r_ok)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_r,
+        out.to(out_ptr.dtype.element_ty),
+        mask=r_ok,
+    )
 
 
-def mla_paged_attention(q_latent: torch.Tensor, q_rope: torch.Tensor, cache_rows: torch.Tensor,
-                        meta: PagedAttentionMetadata, scale: float, num_splits: int | None = None) -> torch.Tensor:
+def mla_paged_attention(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache_rows: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """q_latent [num_tokens, heads, R] (W_UK^T q_nope per head), q_rope [num_tokens, heads, P] (rotated) over
     the latent cache ``cache_rows`` [num_blocks, block_size, 1, R + P] (contiguous, the new tokens' rows
     already written) -> the attended latents [num_tokens, heads, R] in q_latent's dtype, under the
@@ -196,13 +291,24 @@ def mla_paged_attention(q_latent: torch.Tensor, q_rope: torch.Tensor, cache_rows
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
     if num_splits is None:
         programs, target = meta.num_seqs * tiles, _PROGRAMS_PER_SM * num_sms(q_latent.device)
-        num_splits = 1 if programs >= target else \
-            max(1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS))
+        num_splits = (
+            1
+            if programs >= target
+            else max(
+                1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS)
+            )
+        )
     out = torch.empty(num_tokens, heads, rank, dtype=q_latent.dtype, device=q_latent.device)
     if num_splits > 1:
-        part_acc = torch.empty(num_splits, num_tokens, heads, rank, dtype=torch.float32, device=out.device)
-        part_max = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=out.device)
-        part_sum = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=out.device)
+        part_acc = torch.empty(
+            num_splits, num_tokens, heads, rank, dtype=torch.float32, device=out.device
+        )
+        part_max = torch.empty(
+            num_splits, num_tokens, heads, dtype=torch.float32, device=out.device
+        )
+        part_sum = torch.empty(
+            num_splits, num_tokens, heads, dtype=torch.float32, device=out.device
+        )
     else:  # unused by the kernel
         part_acc = part_max = part_sum = out
     mask = meta.custom_mask
@@ -214,20 +320,66 @@ def mla_paged_attention(q_latent: torch.Tensor, q_rope: torch.Tensor, cache_rows
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
     _mla_kernel[(meta.num_seqs, tiles, num_splits)](
-        q_latent, q_rope, flat_cache, out, part_acc, part_max, part_sum, token_table, meta.block_tables,
-        meta.seq_lens, meta.query_lens, mask_arg, scale * _LOG2E, num_tokens, window,
-        q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1), out.stride(0), out.stride(1),
-        flat_cache.stride(0), token_table.stride(0), meta.block_tables.stride(0), *mask_strides, num_splits,
-        HEADS=heads, R=rank, P=rope, BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        SPLIT_KV=num_splits > 1, HAS_MASK=mask is not None, PRECISION="ieee" if fp32 else "tf32",
-        num_warps=8 if block_m > 16 else 4, num_stages=2,
+        q_latent,
+        q_rope,
+        flat_cache,
+        out,
+        part_acc,
+        part_max,
+        part_sum,
+        token_table,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_lens,
+        mask_arg,
+        scale * _LOG2E,
+        num_tokens,
+        window,
+        q_latent.stride(0),
+        q_latent.stride(1),
+        q_rope.stride(0),
+        q_rope.stride(1),
+        out.stride(0),
+        out.stride(1),
+        flat_cache.stride(0),
+        token_table.stride(0),
+        meta.block_tables.stride(0),
+        *mask_strides,
+        num_splits,
+        HEADS=heads,
+        R=rank,
+        P=rope,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        BLOCK_P=max(16, triton.next_power_of_2(rope)),
+        BLOCK_SIZE=meta.block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        SPLIT_KV=num_splits > 1,
+        HAS_MASK=mask is not None,
+        PRECISION="ieee" if fp32 else "tf32",
+        num_warps=8 if block_m > 16 else 4,
+        num_stages=2,
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens, heads)](
-            part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
-            meta.query_lens, num_tokens, num_splits, window, out.stride(0), out.stride(1),
-            HEADS=heads, R=rank, BLOCK_R=triton.next_power_of_2(rank), BLOCK_M=block_m, BLOCK_N=block_n,
+            part_acc,
+            part_max,
+            part_sum,
+            out,
+            meta.token_seq_index,
+            meta.token_query_index,
+            meta.seq_lens,
+            meta.query_lens,
+            num_tokens,
+            num_splits,
+            window,
+            out.stride(0),
+            out.stride(1),
+            HEADS=heads,
+            R=rank,
+            BLOCK_R=triton.next_power_of_2(rank),
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
             HAS_MASK=mask is not None,
         )
     return out

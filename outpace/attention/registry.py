@@ -1,4 +1,5 @@
 """Attention backends by name, imported lazily."""
+
 from __future__ import annotations
 
 import importlib
@@ -24,14 +25,18 @@ def resolve_backend_name(requested: str, device: str) -> str:
     if requested == "auto":
         return "triton" if device.startswith("cuda") and triton_available() else "torch"
     if requested == "triton" and not triton_available():
-        raise ValueError("attention_backend='triton' needs the triton package, which is not installed "
-                         "(pip install triton, or use attention_backend 'torch')")
+        raise ValueError(
+            "attention_backend='triton' needs the triton package, which is not installed "
+            "(pip install triton, or use attention_backend 'torch')"
+        )
     return requested
 
 
 def get_backend(name: str) -> AttentionBackend:
     if name not in _BACKENDS:
-        raise ValueError(f"attention backend {name!r} is unknown: must be one of {', '.join(_BACKENDS)}")
+        raise ValueError(
+            f"attention backend {name!r} is unknown: must be one of {', '.join(_BACKENDS)}"
+        )
     if name not in _instances:
         module, cls = _BACKENDS[name].split(":")
         _instances[name] = getattr(importlib.import_module(module), cls)()

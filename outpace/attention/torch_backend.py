@@ -6,6 +6,7 @@ padded [num_seqs, kv_heads, max_kv_len, head_dim] view, pad the queries to
 layer's sliding window: ``PagedAttentionMetadata.attn_mask``), unpad. One code path serves
 prefill, decode and (chain or tree) verify.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -21,36 +22,73 @@ from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetada
 class TorchAttentionBackend:
     name = "torch"
 
-    def forward(self, q, k, v, kv_cache: KVCache | None, metadata, scale: float, sliding_window: int | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        kv_cache: KVCache | None,
+        metadata,
+        scale: float,
+        sliding_window: int | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if isinstance(metadata, DenseCausalMetadata):
             return _dense_causal(q, k, v, metadata, scale, sliding_window)
         return _paged(q, k, v, kv_cache, metadata, scale, sliding_window, positions)
 
 
-def _dense_causal(q, k, v, meta: DenseCausalMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
+def _dense_causal(
+    q, k, v, meta: DenseCausalMetadata, scale: float, sliding_window: int | None
+) -> torch.Tensor:
     b, s = meta.batch_size, meta.seq_len
 
     def to_bhsd(x: torch.Tensor) -> torch.Tensor:  # [b * s, h, d] -> [b, h, s, d]
         return x.view(b, s, x.shape[1], x.shape[2]).transpose(1, 2)
 
     mask = None
-    if sliding_window is not None:  # each row's position is its index: causal, and i - j < sliding_window
-        offset = torch.arange(s, device=q.device)[:, None] - torch.arange(s, device=q.device)  # [s, s]: i - j
+    if (
+        sliding_window is not None
+    ):  # each row's position is its index: causal, and i - j < sliding_window
+        offset = torch.arange(s, device=q.device)[:, None] - torch.arange(
+            s, device=q.device
+        )  # [s, s]: i - j
         mask = (offset >= 0) & (offset < sliding_window)
-    out = F.scaled_dot_product_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), attn_mask=mask, is_causal=mask is None,
-                                         scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        to_bhsd(q),
+        to_bhsd(k),
+        to_bhsd(v),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
     return out.transpose(1, 2).reshape(q.shape)
 
 
-def _paged(q, k, v, kv_cache: KVCache, meta: PagedAttentionMetadata, scale: float, sliding_window: int | None,
-           positions: torch.Tensor | None) -> torch.Tensor:
+def _paged(
+    q,
+    k,
+    v,
+    kv_cache: KVCache,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    positions: torch.Tensor | None,
+) -> torch.Tensor:
     k_cache, v_cache = kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    return attend_paged(q, gather_blocks(k_cache, meta).to(q.dtype), gather_blocks(v_cache, meta).to(q.dtype), meta,
-                        scale, sliding_window, positions)
+    return attend_paged(
+        q,
+        gather_blocks(k_cache, meta).to(q.dtype),
+        gather_blocks(v_cache, meta).to(q.dtype),
+        meta,
+        scale,
+        sliding_window,
+        positions,
+    )
 
 
 def gather_blocks(cache: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
@@ -61,8 +99,15 @@ def gather_blocks(cache: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Te
     return blocks.view(meta.num_seqs, -1, cache.shape[2], cache.shape[3]).transpose(1, 2)
 
 
-def attend_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: PagedAttentionMetadata, scale: float,
-                 sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+def attend_paged(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [num_tokens, heads, qk_dim]; k [num_seqs, kv_heads, max_kv_len, qk_dim] and v [num_seqs, kv_heads,
     max_kv_len, v_dim], each sequence's KV rows (``gather_blocks``, the new tokens' rows already written)
     -> [num_tokens, heads, v_dim], under the metadata's mask (causal, tree, sliding window)."""
@@ -76,9 +121,22 @@ def attend_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: PagedA
         q_pad[meta.token_seq_index, meta.token_query_index] = q
     # NOTE: on CUDA not cuDNN: on the H100 it rebuilds its graph on every call (~0.5 ms of host time per
     # layer). On the CPU torch's own choice, its flash kernel, is about 3x faster than MATH for a decode row.
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]) if q.is_cuda else nullcontext():
-        out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), k, v,
-                                             attn_mask=meta.attn_mask(sliding_window, positions),
-                                             scale=scale, enable_gqa=True)
+    with (
+        sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        if q.is_cuda
+        else nullcontext()
+    ):
+        out = F.scaled_dot_product_attention(
+            q_pad.transpose(1, 2),
+            k,
+            v,
+            attn_mask=meta.attn_mask(sliding_window, positions),
+            scale=scale,
+            enable_gqa=True,
+        )
     out = out.transpose(1, 2)  # [num_seqs, max_query_len, heads, v_dim]
-    return out.reshape(q.shape[0], heads, -1) if uniform else out[meta.token_seq_index, meta.token_query_index]
+    return (
+        out.reshape(q.shape[0], heads, -1)
+        if uniform
+        else out[meta.token_seq_index, meta.token_query_index]
+    )

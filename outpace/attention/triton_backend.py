@@ -7,6 +7,7 @@ dense causal attention is delegated to the torch backend. In batch-invariant mod
 (EngineConfig.batch_invariant) ``paged_attention`` runs the kernels' batch-invariant variant, which
 gives a row the same bits in a decode step and in a verify forward (triton_kernels.py says why).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,18 +24,50 @@ class TritonAttentionBackend:
     def __init__(self) -> None:
         self._dense = TorchAttentionBackend()
 
-    def forward(self, q, k, v, kv_cache: KVCache | None, metadata: PagedAttentionMetadata | DenseCausalMetadata,
-                scale: float, sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        kv_cache: KVCache | None,
+        metadata: PagedAttentionMetadata | DenseCausalMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if isinstance(metadata, DenseCausalMetadata):
             return self._dense.forward(q, k, v, kv_cache, metadata, scale, sliding_window)
         k_cache, v_cache = kv_cache
         token_table = write_kv(k, v, k_cache, v_cache, metadata)
-        return paged_attention(q, k_cache, v_cache, metadata, token_table, scale, sliding_window=sliding_window,
-                               positions=positions)
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            metadata,
+            token_table,
+            scale,
+            sliding_window=sliding_window,
+            positions=positions,
+        )
 
-    def attend_written(self, q, kv_cache: KVCache, metadata: PagedAttentionMetadata, scale: float,
-                       sliding_window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def attend_written(
+        self,
+        q,
+        kv_cache: KVCache,
+        metadata: PagedAttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``forward`` for a batch whose k and v are already in the cache (a fused projection wrote them)."""
         k_cache, v_cache = kv_cache
-        return paged_attention(q, k_cache, v_cache, metadata, metadata.token_table(), scale,
-                               sliding_window=sliding_window, positions=positions)
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            metadata,
+            metadata.token_table(),
+            scale,
+            sliding_window=sliding_window,
+            positions=positions,
+        )

@@ -103,6 +103,7 @@ on every tile (predicated off before the window) over whole BLOCK_N tiles, not 1
 and its variant spills a little (compiled for sm_90 with Triton 3.9, bf16, head_dim 128, 8 warps:
 136 bytes a thread; the causal variant none); no FMA contraction.
 """
+
 from __future__ import annotations
 
 import math
@@ -112,28 +113,40 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.context import batch_invariant
+from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
-_PROGRAMS_PER_SM = 2   # target grid size for split-KV, in programs per streaming multiprocessor
+_PROGRAMS_PER_SM = 2  # target grid size for split-KV, in programs per streaming multiprocessor
 _MAX_SPLITS = 64
-_MAX_BLOCK_M = 128     # tile rows (query tokens x GQA group) per program
-_INVARIANT_BLOCK_M = 64       # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
-_INVARIANT_SPLIT_ROWS = 512   # batch-invariant variant: KV rows per split
+_MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
+_INVARIANT_BLOCK_M = 64  # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
+_INVARIANT_SPLIT_ROWS = 512  # batch-invariant variant: KV rows per split
 
 
 @triton.jit(do_not_specialize=["stride_table_seq"])
 def _write_kv_kernel(
-    k_ptr, v_ptr,                          # [num_tokens, kv_heads, head_dim]
-    k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
-    slot_ptr, seq_index_ptr, query_index_ptr,  # [num_tokens] int64
-    token_table_ptr,                       # [num_seqs, max_query_len] int32, written here
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cache_slot, stride_cache_head, stride_table_seq,
-    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    k_ptr,
+    v_ptr,  # [num_tokens, kv_heads, head_dim]
+    k_cache_ptr,
+    v_cache_ptr,  # [num_blocks * block_size (flat slots), kv_heads, head_dim]
+    slot_ptr,
+    seq_index_ptr,
+    query_index_ptr,  # [num_tokens] int64
+    token_table_ptr,  # [num_seqs, max_query_len] int32, written here
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
@@ -151,9 +164,18 @@ def _write_kv_kernel(
 
 
 @triton.jit
-def _query_rows(token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS: tl.constexpr,
-                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_D: tl.constexpr):
+def _query_rows(
+    token_table_ptr,
+    seq_lens_ptr,
+    query_lens_ptr,
+    stride_table_seq,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """The program's (sequence, kv head, query tile, split) and the rows of its tile: row m is query
     q_start + m // GROUP of the sequence, q head kv_head * GROUP + m % GROUP. Metadata only (no q)."""
     seq = tl.program_id(0) // KV_HEADS
@@ -163,37 +185,73 @@ def _query_rows(token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq,
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     query_len = tl.load(query_lens_ptr + seq).to(tl.int32)
     offs_m = tl.arange(0, BLOCK_M)
-    q_index = q_start + offs_m // GROUP                                          # [BLOCK_M]
-    head = kv_head * GROUP + offs_m % GROUP                                      # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)                  # [BLOCK_M]
+    q_index = q_start + offs_m // GROUP  # [BLOCK_M]
+    head = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < query_len)  # [BLOCK_M]
     token = tl.load(token_table_ptr + seq * stride_table_seq + q_index, mask=row_ok, other=0)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    return seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok
+    return (
+        seq,
+        kv_head,
+        q_start,
+        split,
+        seq_len,
+        query_len,
+        q_index,
+        head,
+        row_ok,
+        token,
+        offs_d,
+        d_ok,
+    )
 
 
 @triton.jit
 def _load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh):
     """The tile's queries [BLOCK_M, BLOCK_D] (``_query_rows``)."""
-    return tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                   mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    return tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
 
 
 @triton.jit
-def _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kv_rows(
+    start,
+    hi,
+    bt_ptr,
+    stride_cache_slot,
+    offs_d,
+    d_ok,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """KV rows start .. start + BLOCK_N - 1 (those below ``hi`` are real): each row's cache offsets
     through the block table, block_tables[row // BLOCK_SIZE] * BLOCK_SIZE + row % BLOCK_SIZE."""
-    offs_n = start + tl.arange(0, BLOCK_N)                                       # [BLOCK_N] KV rows
+    offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV rows
     n_ok = offs_n < hi
     block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
-    slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE                              # [BLOCK_N] int64
-    kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]                # [BLOCK_N, BLOCK_D]
+    slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE  # [BLOCK_N] int64
+    kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     return offs_n, n_ok, kv_offs, n_ok[:, None] & d_ok[None, :]
 
 
 @triton.jit
-def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, sliding_window, num_splits,
-                    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_geometry(
+    seq_lens_ptr,
+    query_lens_ptr,
+    seq,
+    q_start,
+    window,
+    sliding_window,
+    num_splits,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """For the query tile starting at query ``q_start`` of sequence ``seq``: kv_start (a multiple of
     BLOCK_N; rows below it are outside every row's sliding window, 0 without one), kv_end (it sees KV
     rows below it), shared_end (rows below it are seen by every row of the tile, sliding window aside),
@@ -204,30 +262,54 @@ def _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window, sliding_
     prefix = seq_len - query_len
     if HAS_MASK:
         kv_end = seq_len
-        shared_end = seq_len - window              # rows before the mask's window: seen by every row
-        first_pos = seq_len - window               # no query of the mask sits before its window
+        shared_end = seq_len - window  # rows before the mask's window: seen by every row
+        first_pos = seq_len - window  # no query of the mask sits before its window
     else:
         kv_end = tl.minimum(seq_len, prefix + q_start + BLOCK_Q)
-        shared_end = prefix + q_start + 1          # rows up to the tile's first query: seen by every row
-        first_pos = prefix + q_start               # the tile's first query's position
+        shared_end = prefix + q_start + 1  # rows up to the tile's first query: seen by every row
+        first_pos = prefix + q_start  # the tile's first query's position
     kv_end = tl.where(q_start < query_len, kv_end, 0)  # a tile past the new tokens: no rows, no KV
     kv_start = 0
-    if SLIDING:  # the first query's window starts at first_pos - sliding_window + 1; later ones after it
-        kv_start = tl.minimum(tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N * BLOCK_N, kv_end)
+    if (
+        SLIDING
+    ):  # the first query's window starts at first_pos - sliding_window + 1; later ones after it
+        kv_start = tl.minimum(
+            tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N * BLOCK_N, kv_end
+        )
     split_len = tl.cdiv(tl.cdiv(kv_end - kv_start, num_splits), BLOCK_N) * BLOCK_N
     return kv_start, kv_end, shared_end, prefix, split_len
 
 
 @triton.jit
-def _kv_range(seq_lens_ptr, query_lens_ptr, window, sliding_window, num_splits, KV_HEADS: tl.constexpr,
-              HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kv_range(
+    seq_lens_ptr,
+    query_lens_ptr,
+    window,
+    sliding_window,
+    num_splits,
+    KV_HEADS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
     rows its query tile can see, kv_lo .. kv_hi - 1; shared_end and prefix (``_split_geometry``); and
     slide_end: with a sliding window, rows from it on are inside every row's window (the tile's
     queries sit at positions below kv_end)."""
     kv_start, kv_end, shared_end, prefix, split_len = _split_geometry(
-        seq_lens_ptr, query_lens_ptr, tl.program_id(0) // KV_HEADS, tl.program_id(1) * BLOCK_Q, window,
-        sliding_window, num_splits, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
+        seq_lens_ptr,
+        query_lens_ptr,
+        tl.program_id(0) // KV_HEADS,
+        tl.program_id(1) * BLOCK_Q,
+        window,
+        sliding_window,
+        num_splits,
+        HAS_MASK,
+        SLIDING,
+        BLOCK_Q,
+        BLOCK_N,
+    )
     kv_lo = kv_start + tl.program_id(2) * split_len
     return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix, kv_end - sliding_window
 
@@ -247,78 +329,147 @@ def _softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 @triton.jit
 def _attend(
-    q, m_i, l_i, acc,                      # [BLOCK_M, BLOCK_D] queries; online softmax state
-    lo, hi,                                # KV rows lo .. hi - 1
-    bt_ptr,                                # the sequence's block table row
-    k_base, v_base,                        # cache pointers at slot 0 of this kv head
-    stride_cache_slot, offs_d, d_ok, qk_scale,
-    q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
-    mask_rows, window_start,               # [BLOCK_M] custom-mask row pointers; the window's first KV row
-    q_pos, sliding_window,                 # [BLOCK_M] each row's position; its window (SLIDING)
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,                    # 0: every row sees every KV row, 1: causal, 2: custom mask (every
-                                           # KV row in its window), 3: custom mask, rows before it seen by all
-    SLIDING: tl.constexpr,                 # and, on top: a row at position p sees only rows r > p - sliding_window
+    q,
+    m_i,
+    l_i,
+    acc,  # [BLOCK_M, BLOCK_D] queries; online softmax state
+    lo,
+    hi,  # KV rows lo .. hi - 1
+    bt_ptr,  # the sequence's block table row
+    k_base,
+    v_base,  # cache pointers at slot 0 of this kv head
+    stride_cache_slot,
+    offs_d,
+    d_ok,
+    qk_scale,
+    q_row,
+    row_ok,  # [BLOCK_M] each row's own KV row; rows that are real
+    mask_rows,
+    window_start,  # [BLOCK_M] custom-mask row pointers; the window's first KV row
+    q_pos,
+    sliding_window,  # [BLOCK_M] each row's position; its window (SLIDING)
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,  # 0: every row sees every KV row, 1: causal, 2: custom mask (every
+    # KV row in its window), 3: custom mask, rows before it seen by all
+    SLIDING: tl.constexpr,  # and, on top: a row at position p sees only rows r > p - sliding_window
     PRECISION: tl.constexpr,
 ):
     """Online softmax of the tile's rows over KV rows lo .. hi - 1, in BLOCK_N tiles."""
     for start in range(lo, hi, BLOCK_N):
-        offs_n, n_ok, kv_offs, kv_ok = _kv_rows(start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE,
-                                                BLOCK_N)
-        k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale        # [BLOCK_M, BLOCK_N]
+        offs_n, n_ok, kv_offs, kv_ok = _kv_rows(
+            start, hi, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE, BLOCK_N
+        )
+        k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         if MASK == 0:
             visible = n_ok[None, :]
         elif MASK == 1:
             visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
         elif MASK == 2:
             in_mask = row_ok[:, None] & n_ok[None, :]
-            allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_mask, other=0)
+            allowed = tl.load(
+                mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_mask, other=0
+            )
             visible = in_mask & (allowed != 0)
         else:  # rows before the window: seen by every row (other=1); the window: as the mask says
-            allowed = tl.load(mask_rows[:, None] + (offs_n - window_start)[None, :],
-                              mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :], other=1)
+            allowed = tl.load(
+                mask_rows[:, None] + (offs_n - window_start)[None, :],
+                mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :],
+                other=1,
+            )
             visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
         if SLIDING:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
-        v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)        # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window", "stride_table_seq", "stride_bt_seq",
-                               "stride_mask_seq", "stride_mask_q", "num_splits"])
+@triton.jit(
+    do_not_specialize=[
+        "num_tokens",
+        "window",
+        "sliding_window",
+        "stride_table_seq",
+        "stride_bt_seq",
+        "stride_mask_seq",
+        "stride_mask_q",
+        "num_splits",
+    ]
+)
 def _attention_kernel(
-    q_ptr,                                 # [num_tokens, heads, head_dim]
-    k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
-    out_ptr,                               # [num_tokens, heads, head_dim]; written unless SPLIT_KV
-    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
-    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
-    token_table_ptr,                       # [num_seqs, max_query_len] int32
-    block_tables_ptr,                      # [num_seqs, max_blocks] int64
-    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
-    positions_ptr,                         # [num_tokens] int64: each token's position (SLIDING)
-    qk_scale,                              # softmax scale * log2(e)
-    num_tokens, window, sliding_window,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cache_slot, stride_cache_head,
-    stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
+    q_ptr,  # [num_tokens, heads, head_dim]
+    k_cache_ptr,
+    v_cache_ptr,  # [num_blocks * block_size (flat slots), kv_heads, head_dim]
+    out_ptr,  # [num_tokens, heads, head_dim]; written unless SPLIT_KV
+    part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
+    part_max_ptr,
+    part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
+    token_table_ptr,  # [num_seqs, max_query_len] int32
+    block_tables_ptr,  # [num_seqs, max_blocks] int64
+    seq_lens_ptr,
+    query_lens_ptr,  # [num_seqs] int64
+    custom_mask_ptr,  # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    positions_ptr,  # [num_tokens] int64: each token's position (SLIDING)
+    qk_scale,  # softmax scale * log2(e)
+    num_tokens,
+    window,
+    sliding_window,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    stride_bt_seq,
+    stride_mask_seq,
+    stride_mask_q,
     num_splits,
-    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
-    BLOCK_D: tl.constexpr, SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, SLIDING: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_N_TAIL: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
     # before this kernel starts: read before waiting on the previous kernel (q and positions come after).
-    kv_lo, kv_hi, shared_end, prefix, slide_end = _kv_range(seq_lens_ptr, query_lens_ptr, window, sliding_window,
-                                                            num_splits, KV_HEADS, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
+    kv_lo, kv_hi, shared_end, prefix, slide_end = _kv_range(
+        seq_lens_ptr,
+        query_lens_ptr,
+        window,
+        sliding_window,
+        num_splits,
+        KV_HEADS,
+        HAS_MASK,
+        SLIDING,
+        BLOCK_Q,
+        BLOCK_N,
+    )
     seq, kv_head, _, split, seq_len, _, q_index, head, row_ok, token, offs_d, d_ok = _query_rows(
-        token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q,
-        BLOCK_M, BLOCK_D)
+        token_table_ptr,
+        seq_lens_ptr,
+        query_lens_ptr,
+        stride_table_seq,
+        KV_HEADS,
+        GROUP,
+        HEAD_DIM,
+        BLOCK_Q,
+        BLOCK_M,
+        BLOCK_D,
+    )
     pdl_enter(PDL)
     # A split past the rows its tile sees does nothing: the combine reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
@@ -326,24 +477,110 @@ def _attention_kernel(
         q = _load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
         q_pos = q_index  # unused without SLIDING
         if SLIDING:
-            q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)       # [BLOCK_M]
-        _attention_program(q, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-                           block_tables_ptr, custom_mask_ptr, qk_scale, num_tokens, window, stride_ot, stride_oh,
-                           stride_cache_slot, stride_cache_head, stride_bt_seq, stride_mask_seq, stride_mask_q,
-                           kv_lo, kv_hi, shared_end, prefix, slide_end, seq, kv_head, split, seq_len, q_index, head,
-                           row_ok, token, q_pos, sliding_window, offs_d, d_ok, KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE,
-                           BLOCK_M, BLOCK_N, BLOCK_N_TAIL, BLOCK_D, SPLIT_KV, HAS_MASK, SLIDING, PRECISION)
+            q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)  # [BLOCK_M]
+        _attention_program(
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            out_ptr,
+            part_acc_ptr,
+            part_max_ptr,
+            part_sum_ptr,
+            block_tables_ptr,
+            custom_mask_ptr,
+            qk_scale,
+            num_tokens,
+            window,
+            stride_ot,
+            stride_oh,
+            stride_cache_slot,
+            stride_cache_head,
+            stride_bt_seq,
+            stride_mask_seq,
+            stride_mask_q,
+            kv_lo,
+            kv_hi,
+            shared_end,
+            prefix,
+            slide_end,
+            seq,
+            kv_head,
+            split,
+            seq_len,
+            q_index,
+            head,
+            row_ok,
+            token,
+            q_pos,
+            sliding_window,
+            offs_d,
+            d_ok,
+            KV_HEADS,
+            GROUP,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_N_TAIL,
+            BLOCK_D,
+            SPLIT_KV,
+            HAS_MASK,
+            SLIDING,
+            PRECISION,
+        )
 
 
 @triton.jit
 def _attention_program(
-        q, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, block_tables_ptr,
-        custom_mask_ptr, qk_scale, num_tokens, window, stride_ot, stride_oh, stride_cache_slot, stride_cache_head,
-        stride_bt_seq, stride_mask_seq, stride_mask_q, kv_lo, kv_hi, shared_end, prefix, slide_end, seq, kv_head,
-        split, seq_len, q_index, head, row_ok, token, q_pos, sliding_window, offs_d, d_ok,
-        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
-        SPLIT_KV: tl.constexpr, HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, PRECISION: tl.constexpr):
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    block_tables_ptr,
+    custom_mask_ptr,
+    qk_scale,
+    num_tokens,
+    window,
+    stride_ot,
+    stride_oh,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_bt_seq,
+    stride_mask_seq,
+    stride_mask_q,
+    kv_lo,
+    kv_hi,
+    shared_end,
+    prefix,
+    slide_end,
+    seq,
+    kv_head,
+    split,
+    seq_len,
+    q_index,
+    head,
+    row_ok,
+    token,
+    q_pos,
+    sliding_window,
+    offs_d,
+    d_ok,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_N_TAIL: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1 and the tile's queries
     q [BLOCK_M, BLOCK_D] (rows: ``_query_rows``; positions q_pos, read with SLIDING only)."""
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
@@ -354,33 +591,106 @@ def _attention_program(
     bt_ptr = block_tables_ptr + seq * stride_bt_seq
     k_base = k_cache_ptr + kv_head * stride_cache_head
     v_base = v_cache_ptr + kv_head * stride_cache_head
-    mask_rows = custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q  # [BLOCK_M] (HAS_MASK)
+    mask_rows = (
+        custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q
+    )  # [BLOCK_M] (HAS_MASK)
     # With a sliding window, first the rows below slide_end, at its edge: some rows of the tile see them,
     # others not. They lie before a custom mask's window (it is at most sliding_window wide), so a custom
     # mask needs no mask there, and causal rows only when the window is shorter than the tile.
     edge_end = kv_lo
     if SLIDING:
         edge_end = tl.minimum(kv_hi, tl.maximum(kv_lo, slide_end))
-        m_i, l_i, acc = _attend(q, m_i, l_i, acc, kv_lo, edge_end, bt_ptr, k_base, v_base, stride_cache_slot, offs_d,
-                                d_ok, qk_scale, prefix + q_index, row_ok, mask_rows, seq_len - window, q_pos,
-                                sliding_window, BLOCK_SIZE, BLOCK_N, 0 if HAS_MASK else 1, True, PRECISION)
+        m_i, l_i, acc = _attend(
+            q,
+            m_i,
+            l_i,
+            acc,
+            kv_lo,
+            edge_end,
+            bt_ptr,
+            k_base,
+            v_base,
+            stride_cache_slot,
+            offs_d,
+            d_ok,
+            qk_scale,
+            prefix + q_index,
+            row_ok,
+            mask_rows,
+            seq_len - window,
+            q_pos,
+            sliding_window,
+            BLOCK_SIZE,
+            BLOCK_N,
+            0 if HAS_MASK else 1,
+            True,
+            PRECISION,
+        )
     # Then the rows every row of the tile sees (the long, unmasked part), then the masked rest.
     shared_hi = tl.maximum(edge_end, tl.minimum(kv_hi, shared_end))
-    m_i, l_i, acc = _attend(q, m_i, l_i, acc, edge_end, shared_hi, bt_ptr, k_base, v_base,
-                            stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok, mask_rows,
-                            seq_len - window, q_pos, sliding_window, BLOCK_SIZE, BLOCK_N, 0, False, PRECISION)
-    m_i, l_i, acc = _attend(q, m_i, l_i, acc, shared_hi, kv_hi, bt_ptr, k_base, v_base,
-                            stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok, mask_rows,
-                            seq_len - window, q_pos, sliding_window, BLOCK_SIZE, BLOCK_N_TAIL, 2 if HAS_MASK else 1,
-                            SLIDING, PRECISION)
+    m_i, l_i, acc = _attend(
+        q,
+        m_i,
+        l_i,
+        acc,
+        edge_end,
+        shared_hi,
+        bt_ptr,
+        k_base,
+        v_base,
+        stride_cache_slot,
+        offs_d,
+        d_ok,
+        qk_scale,
+        prefix + q_index,
+        row_ok,
+        mask_rows,
+        seq_len - window,
+        q_pos,
+        sliding_window,
+        BLOCK_SIZE,
+        BLOCK_N,
+        0,
+        False,
+        PRECISION,
+    )
+    m_i, l_i, acc = _attend(
+        q,
+        m_i,
+        l_i,
+        acc,
+        shared_hi,
+        kv_hi,
+        bt_ptr,
+        k_base,
+        v_base,
+        stride_cache_slot,
+        offs_d,
+        d_ok,
+        qk_scale,
+        prefix + q_index,
+        row_ok,
+        mask_rows,
+        seq_len - window,
+        q_pos,
+        sliding_window,
+        BLOCK_SIZE,
+        BLOCK_N_TAIL,
+        2 if HAS_MASK else 1,
+        SLIDING,
+        PRECISION,
+    )
 
     out_ok = row_ok[:, None] & d_ok[None, :]
     if not SPLIT_KV:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_ok)
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=out_ok,
+        )
     else:
-        part = (split * num_tokens + token) * (KV_HEADS * GROUP) + head          # [BLOCK_M]
+        part = (split * num_tokens + token) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
@@ -388,14 +698,29 @@ def _attention_program(
 
 @triton.jit(do_not_specialize=["num_tokens", "num_splits", "window", "sliding_window"])
 def _combine_kernel(
-    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
-    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
-    out_ptr,                               # [num_tokens, heads, head_dim]
-    seq_index_ptr, query_index_ptr,        # [num_tokens] int64
-    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    num_tokens, num_splits, window, sliding_window, stride_ot, stride_oh,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32
+    part_max_ptr,
+    part_sum_ptr,  # [num_splits, num_tokens, heads] float32
+    out_ptr,  # [num_tokens, heads, head_dim]
+    seq_index_ptr,
+    query_index_ptr,  # [num_tokens] int64
+    seq_lens_ptr,
+    query_lens_ptr,  # [num_seqs] int64
+    num_tokens,
+    num_splits,
+    window,
+    sliding_window,
+    stride_ot,
+    stride_oh,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (token, head): merges the partials of the splits that saw rows for the token's tile.
     Which splits ran follows from the metadata alone (complete before the forward's first kernel):
@@ -404,39 +729,72 @@ def _combine_kernel(
     head = tl.program_id(1)
     seq = tl.load(seq_index_ptr + token)
     q_start = tl.load(query_index_ptr + token).to(tl.int32) // BLOCK_Q * BLOCK_Q
-    kv_start, kv_end, _, _, split_len = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window,
-                                                        sliding_window, num_splits, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
+    kv_start, kv_end, _, _, split_len = _split_geometry(
+        seq_lens_ptr,
+        query_lens_ptr,
+        seq,
+        q_start,
+        window,
+        sliding_window,
+        num_splits,
+        HAS_MASK,
+        SLIDING,
+        BLOCK_Q,
+        BLOCK_N,
+    )
     pdl_enter(PDL)
     offs_s = tl.arange(0, BLOCK_S)
-    s_ok = (offs_s < num_splits) & ((offs_s == 0) | (kv_start + offs_s * split_len < kv_end))  # the splits that ran
+    s_ok = (offs_s < num_splits) & (
+        (offs_s == 0) | (kv_start + offs_s * split_len < kv_end)
+    )  # the splits that ran
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    part = (offs_s * num_tokens + token) * HEADS + head                          # [BLOCK_S]
+    part = (offs_s * num_tokens + token) * HEADS + head  # [BLOCK_S]
     m = tl.load(part_max_ptr + part, mask=s_ok, other=-1.0e30)
     l = tl.load(part_sum_ptr + part, mask=s_ok, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)                 # [BLOCK_S, BLOCK_D]
-    weight = tl.exp2(m - tl.max(m, axis=0))        # finite: every max is >= -1e30
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    weight = tl.exp2(m - tl.max(m, axis=0))  # finite: every max is >= -1e30
     total = tl.sum(l * weight, axis=0)
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_ok,
+    )
 
 
 # Batch-invariant variant (the deterministic mode) ---------------------------------------------------------------------
 
+
 @triton.jit
 def _attend_chunk(
-    q,                                     # [BLOCK_M, BLOCK_D] queries
-    lo, hi,                                # KV rows lo .. hi - 1; lo a multiple of BLOCK_N
-    bt_ptr,                                # the sequence's block table row
-    k_base, v_base,                        # cache pointers at slot 0 of this kv head
-    stride_cache_slot, offs_d, d_ok, qk_scale,
-    q_row, row_ok,                         # [BLOCK_M] each row's own KV row; rows that are real
-    mask_rows,                             # [BLOCK_M] the rows' custom-mask row pointers (HAS_MASK)
-    window_start,                          # the mask window's first KV row
-    q_pos, sliding_window,                 # [BLOCK_M] the rows' positions; their window (SLIDING)
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, PRECISION: tl.constexpr,
+    q,  # [BLOCK_M, BLOCK_D] queries
+    lo,
+    hi,  # KV rows lo .. hi - 1; lo a multiple of BLOCK_N
+    bt_ptr,  # the sequence's block table row
+    k_base,
+    v_base,  # cache pointers at slot 0 of this kv head
+    stride_cache_slot,
+    offs_d,
+    d_ok,
+    qk_scale,
+    q_row,
+    row_ok,  # [BLOCK_M] each row's own KV row; rows that are real
+    mask_rows,  # [BLOCK_M] the rows' custom-mask row pointers (HAS_MASK)
+    window_start,  # the mask window's first KV row
+    q_pos,
+    sliding_window,  # [BLOCK_M] the rows' positions; their window (SLIDING)
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Online softmax from a fresh state over KV rows lo .. hi - 1, in BLOCK_N tiles at absolute
     multiples of BLOCK_N, one masked pass: the same code for every tile, whatever the tile's rows.
@@ -445,61 +803,159 @@ def _attend_chunk(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    return _attend(q, m_i, l_i, acc, lo, hi, bt_ptr, k_base, v_base, stride_cache_slot, offs_d, d_ok, qk_scale,
-                   q_row, row_ok, mask_rows, window_start, q_pos, sliding_window, BLOCK_SIZE, BLOCK_N,
-                   3 if HAS_MASK else 1, SLIDING, PRECISION)
+    return _attend(
+        q,
+        m_i,
+        l_i,
+        acc,
+        lo,
+        hi,
+        bt_ptr,
+        k_base,
+        v_base,
+        stride_cache_slot,
+        offs_d,
+        d_ok,
+        qk_scale,
+        q_row,
+        row_ok,
+        mask_rows,
+        window_start,
+        q_pos,
+        sliding_window,
+        BLOCK_SIZE,
+        BLOCK_N,
+        3 if HAS_MASK else 1,
+        SLIDING,
+        PRECISION,
+    )
 
 
-@triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window", "stride_table_seq", "stride_bt_seq",
-                               "stride_mask_seq", "stride_mask_q"])
+@triton.jit(
+    do_not_specialize=[
+        "num_tokens",
+        "window",
+        "sliding_window",
+        "stride_table_seq",
+        "stride_bt_seq",
+        "stride_mask_seq",
+        "stride_mask_q",
+    ]
+)
 def _invariant_attention_kernel(
-    q_ptr,                                 # [num_tokens, heads, head_dim]
-    k_cache_ptr, v_cache_ptr,              # [num_blocks * block_size (flat slots), kv_heads, head_dim]
-    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
-    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
-    token_table_ptr,                       # [num_seqs, max_query_len] int32
-    block_tables_ptr,                      # [num_seqs, max_blocks] int64
-    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    custom_mask_ptr,                       # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
-    positions_ptr,                         # [num_tokens] int64: each token's position (SLIDING)
-    qk_scale,                              # softmax scale * log2(e)
-    num_tokens, window, sliding_window,
-    stride_qt, stride_qh,
-    stride_cache_slot, stride_cache_head,
-    stride_table_seq, stride_bt_seq, stride_mask_seq, stride_mask_q,
-    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_ROWS: tl.constexpr, HAS_MASK: tl.constexpr, SLIDING: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,  # [num_tokens, heads, head_dim]
+    k_cache_ptr,
+    v_cache_ptr,  # [num_blocks * block_size (flat slots), kv_heads, head_dim]
+    part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32
+    part_max_ptr,
+    part_sum_ptr,  # [num_splits, num_tokens, heads] float32
+    token_table_ptr,  # [num_seqs, max_query_len] int32
+    block_tables_ptr,  # [num_seqs, max_blocks] int64
+    seq_lens_ptr,
+    query_lens_ptr,  # [num_seqs] int64
+    custom_mask_ptr,  # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    positions_ptr,  # [num_tokens] int64: each token's position (SLIDING)
+    qk_scale,  # softmax scale * log2(e)
+    num_tokens,
+    window,
+    sliding_window,
+    stride_qt,
+    stride_qh,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    stride_bt_seq,
+    stride_mask_seq,
+    stride_mask_q,
+    KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
     over the absolute KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS), cut at the last row
     the tile can see and, with a sliding window, started at the tile of the first row any of its
     rows sees (``_split_geometry``'s kv_start: the tiles skipped would leave every row's state as
     is). Writes nothing when that range is empty for the whole tile (no row reads it)."""
-    seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = _query_rows(
-        token_table_ptr, seq_lens_ptr, query_lens_ptr, stride_table_seq, KV_HEADS, GROUP, HEAD_DIM, BLOCK_Q,
-        BLOCK_M, BLOCK_D)
+    seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = (
+        _query_rows(
+            token_table_ptr,
+            seq_lens_ptr,
+            query_lens_ptr,
+            stride_table_seq,
+            KV_HEADS,
+            GROUP,
+            HEAD_DIM,
+            BLOCK_Q,
+            BLOCK_M,
+            BLOCK_D,
+        )
+    )
     q = _load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
     q_pos = q_index  # unused without SLIDING
     if SLIDING:
-        q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)          # [BLOCK_M]
+        q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)  # [BLOCK_M]
 
-    kv_start, kv_end, _, prefix, _ = _split_geometry(seq_lens_ptr, query_lens_ptr, seq, q_start, window,
-                                                     sliding_window, 1, HAS_MASK, SLIDING, BLOCK_Q, BLOCK_N)
+    kv_start, kv_end, _, prefix, _ = _split_geometry(
+        seq_lens_ptr,
+        query_lens_ptr,
+        seq,
+        q_start,
+        window,
+        sliding_window,
+        1,
+        HAS_MASK,
+        SLIDING,
+        BLOCK_Q,
+        BLOCK_N,
+    )
     kv_lo = tl.maximum(split * SPLIT_ROWS, kv_start)
     kv_hi = tl.minimum(split * SPLIT_ROWS + SPLIT_ROWS, kv_end)
-    m_i, l_i, acc = _attend_chunk(q, kv_lo, kv_hi, block_tables_ptr + seq * stride_bt_seq,
-                                  k_cache_ptr + kv_head * stride_cache_head, v_cache_ptr + kv_head * stride_cache_head,
-                                  stride_cache_slot, offs_d, d_ok, qk_scale, prefix + q_index, row_ok,
-                                  custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q, seq_len - window,
-                                  q_pos, sliding_window, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, HAS_MASK, SLIDING,
-                                  PRECISION)
+    m_i, l_i, acc = _attend_chunk(
+        q,
+        kv_lo,
+        kv_hi,
+        block_tables_ptr + seq * stride_bt_seq,
+        k_cache_ptr + kv_head * stride_cache_head,
+        v_cache_ptr + kv_head * stride_cache_head,
+        stride_cache_slot,
+        offs_d,
+        d_ok,
+        qk_scale,
+        prefix + q_index,
+        row_ok,
+        custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q,
+        seq_len - window,
+        q_pos,
+        sliding_window,
+        BLOCK_SIZE,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_D,
+        HAS_MASK,
+        SLIDING,
+        PRECISION,
+    )
 
-    written = tl.where(kv_lo < kv_hi, row_ok, False)  # a row that sees nothing here gets a neutral partial
+    written = tl.where(
+        kv_lo < kv_hi, row_ok, False
+    )  # a row that sees nothing here gets a neutral partial
     part = (split * num_tokens + token.to(tl.int64)) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
     tl.store(part_max_ptr + part, m_i, mask=written)
     tl.store(part_sum_ptr + part, l_i, mask=written)
-    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=written[:, None] & d_ok[None, :])
+    tl.store(
+        part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+        acc,
+        mask=written[:, None] & d_ok[None, :],
+    )
 
 
 @triton.jit
@@ -515,14 +971,25 @@ def _merge_partials(m, l, acc, m_j, l_j, acc_j):
 
 @triton.jit(do_not_specialize=["num_tokens", "window", "sliding_window"])
 def _invariant_combine_kernel(
-    part_acc_ptr,                          # [num_splits, num_tokens, heads, HEAD_DIM] float32
-    part_max_ptr, part_sum_ptr,            # [num_splits, num_tokens, heads] float32
-    out_ptr,                               # [num_tokens, heads, head_dim]
-    seq_index_ptr, query_index_ptr,        # [num_tokens] int64
-    seq_lens_ptr, query_lens_ptr,          # [num_seqs] int64
-    num_tokens, window, sliding_window, stride_ot, stride_oh,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_ROWS: tl.constexpr,
-    HAS_MASK: tl.constexpr, SLIDING: tl.constexpr,
+    part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32
+    part_max_ptr,
+    part_sum_ptr,  # [num_splits, num_tokens, heads] float32
+    out_ptr,  # [num_tokens, heads, head_dim]
+    seq_index_ptr,
+    query_index_ptr,  # [num_tokens] int64
+    seq_lens_ptr,
+    query_lens_ptr,  # [num_seqs] int64
+    num_tokens,
+    window,
+    sliding_window,
+    stride_ot,
+    stride_oh,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     """Program (token, head): folds the row's partials in split order, from split 0 (with a sliding
     window: the split holding the first row its tile's walk may start at, see below) up to the split
@@ -551,32 +1018,54 @@ def _invariant_combine_kernel(
     p0 = first_split * num_tokens * HEADS + part
     m = tl.load(part_max_ptr + p0)
     l = tl.load(part_sum_ptr + p0)
-    acc = tl.load(part_acc_ptr + p0 * HEAD_DIM + offs_d, mask=d_ok, other=0.0)   # [BLOCK_D]
+    acc = tl.load(part_acc_ptr + p0 * HEAD_DIM + offs_d, mask=d_ok, other=0.0)  # [BLOCK_D]
     for j in range(first_split + 1, tl.cdiv(kv_end, SPLIT_ROWS)):
         pj = j * num_tokens * HEADS + part
-        m, l, acc = _merge_partials(m, l, acc, tl.load(part_max_ptr + pj), tl.load(part_sum_ptr + pj),
-                                    tl.load(part_acc_ptr + pj * HEAD_DIM + offs_d, mask=d_ok, other=0.0))
+        m, l, acc = _merge_partials(
+            m,
+            l,
+            acc,
+            tl.load(part_max_ptr + pj),
+            tl.load(part_sum_ptr + pj),
+            tl.load(part_acc_ptr + pj * HEAD_DIM + offs_d, mask=d_ok, other=0.0),
+        )
     out = acc / tl.where(l > 0, l, 1.0)
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_ok,
+    )
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
     """Tile sizes and grid of ``_attention_kernel``: functions of shapes and python ints only."""
-    block_q: int       # query tokens per tile: block_m // group
-    block_m: int       # tile rows: block_q * group, padded to a power of two >= 16 (tl.dot)
-    block_n: int       # KV rows per step over the rows every row of the tile sees
+
+    block_q: int  # query tokens per tile: block_m // group
+    block_m: int  # tile rows: block_q * group, padded to a power of two >= 16 (tl.dot)
+    block_n: int  # KV rows per step over the rows every row of the tile sees
     block_n_tail: int  # KV rows per step over the masked rest (causal diagonal or tree window)
-    block_d: int       # head_dim padded to a power of two >= 16
+    block_d: int  # head_dim padded to a power of two >= 16
     num_q_tiles: int
     num_splits: int
     num_warps: int
     num_stages: int
-    split_rows: int | None = None  # batch-invariant variant: KV rows per split, fixed (split j: [j * S, (j + 1) * S))
+    split_rows: int | None = (
+        None  # batch-invariant variant: KV rows per split, fixed (split j: [j * S, (j + 1) * S))
+    )
 
 
-def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
-                  max_kv_rows: int, num_sms: int, num_splits: int | None = None) -> LaunchConfig:
+def launch_config(
+    num_seqs: int,
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    elem_size: int,
+    max_query_len: int,
+    max_kv_rows: int,
+    num_sms: int,
+    num_splits: int | None = None,
+) -> LaunchConfig:
     """Pick tiles for the batch's shape. ``max_kv_rows`` is the block table's capacity in rows;
     ``elem_size`` the bytes of a q or cache element. The tiles were checked (compiled for sm_90)
     to fit the registers without spilling for bf16/fp16 head_dim <= 256 and fp32 head_dim <= 128.
@@ -587,26 +1076,52 @@ def launch_config(num_seqs: int, kv_heads: int, group: int, head_dim: int, elem_
     """
     if group > _MAX_BLOCK_M:
         raise ValueError(f"{group} q heads per kv head exceed a {_MAX_BLOCK_M}-row tile")
-    fp32 = elem_size >= 4  # tl.dot in float32 runs on FMAs with its operands in registers: smaller tiles
+    fp32 = (
+        elem_size >= 4
+    )  # tl.dot in float32 runs on FMAs with its operands in registers: smaller tiles
     block_d = max(16, triton.next_power_of_2(head_dim))
     max_block_m = _MAX_BLOCK_M if not fp32 else 64 if block_d <= 64 else 16
-    block_m = min(max(16, triton.next_power_of_2(max_query_len * group)),
-                  max(max_block_m, triton.next_power_of_2(group)))
-    block_q = block_m // group  # a full tile even for shorter queries: one compiled variant per block_m
+    block_m = min(
+        max(16, triton.next_power_of_2(max_query_len * group)),
+        max(max_block_m, triton.next_power_of_2(group)),
+    )
+    block_q = (
+        block_m // group
+    )  # a full tile even for shorter queries: one compiled variant per block_m
     block_n = 32 if fp32 or block_d > 128 else 64
     num_q_tiles = math.ceil(max_query_len / block_q)
     if num_splits is None:
         programs = num_seqs * kv_heads * num_q_tiles
         target = _PROGRAMS_PER_SM * num_sms
-        num_splits = 1 if programs >= target else \
-            max(1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS))
-    return LaunchConfig(block_q=block_q, block_m=block_m, block_n=block_n, block_n_tail=16, block_d=block_d,
-                        num_q_tiles=num_q_tiles, num_splits=num_splits, num_warps=8 if fp32 or block_m > 64 else 4,
-                        num_stages=2 if fp32 or block_m > 64 else 3)
+        num_splits = (
+            1
+            if programs >= target
+            else max(
+                1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS)
+            )
+        )
+    return LaunchConfig(
+        block_q=block_q,
+        block_m=block_m,
+        block_n=block_n,
+        block_n_tail=16,
+        block_d=block_d,
+        num_q_tiles=num_q_tiles,
+        num_splits=num_splits,
+        num_warps=8 if fp32 or block_m > 64 else 4,
+        num_stages=2 if fp32 or block_m > 64 else 3,
+    )
 
 
-def invariant_launch_config(kv_heads: int, group: int, head_dim: int, elem_size: int, max_query_len: int,
-                            max_kv_rows: int, split_rows: int | None = None) -> LaunchConfig:
+def invariant_launch_config(
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    elem_size: int,
+    max_query_len: int,
+    max_kv_rows: int,
+    split_rows: int | None = None,
+) -> LaunchConfig:
     """Tiles of the batch-invariant variant: block_m, block_n, split_rows, warps and stages depend on
     the model's shape and dtype only, never on the batch; the grid (query tiles, and splits: one per
     ``split_rows`` rows of the block table's capacity ``max_kv_rows``) is the only thing that does."""
@@ -614,24 +1129,39 @@ def invariant_launch_config(kv_heads: int, group: int, head_dim: int, elem_size:
         raise ValueError(f"{group} q heads per kv head exceed a {_MAX_BLOCK_M}-row tile")
     fp32 = elem_size >= 4
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m = max(_INVARIANT_BLOCK_M if not fp32 or block_d <= 64 else 16, triton.next_power_of_2(group))
+    block_m = max(
+        _INVARIANT_BLOCK_M if not fp32 or block_d <= 64 else 16, triton.next_power_of_2(group)
+    )
     block_n = 32 if fp32 or block_d > 128 else 64
     split_rows = split_rows or _INVARIANT_SPLIT_ROWS
     if split_rows % block_n:
         raise ValueError(f"split_rows={split_rows} must be a multiple of the {block_n}-row KV tile")
     block_q = block_m // group
-    return LaunchConfig(block_q=block_q, block_m=block_m, block_n=block_n, block_n_tail=block_n, block_d=block_d,
-                        num_q_tiles=math.ceil(max_query_len / block_q),
-                        num_splits=max(1, math.ceil(max_kv_rows / split_rows)),
-                        num_warps=8, num_stages=2 if fp32 else 3, split_rows=split_rows)
+    return LaunchConfig(
+        block_q=block_q,
+        block_m=block_m,
+        block_n=block_n,
+        block_n_tail=block_n,
+        block_d=block_d,
+        num_q_tiles=math.ceil(max_query_len / block_q),
+        num_splits=max(1, math.ceil(max_kv_rows / split_rows)),
+        num_warps=8,
+        num_stages=2 if fp32 else 3,
+        split_rows=split_rows,
+    )
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             meta: PagedAttentionMetadata) -> torch.Tensor:
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+) -> torch.Tensor:
     """Store k, v [num_tokens, kv_heads, head_dim] at ``meta.slot_mapping`` in the caches
     ([num_blocks, block_size, kv_heads, head_dim], contiguous).
 
@@ -642,19 +1172,41 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     token_table = torch.empty(meta.num_seqs, meta.max_query_len, dtype=torch.int32, device=k.device)
     _write_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, meta.slot_mapping, meta.token_seq_index, meta.token_query_index, token_table,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        meta.slot_mapping,
+        meta.token_seq_index,
+        meta.token_query_index,
+        token_table,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(1),
+        k_cache.stride(2),
         token_table.stride(0),
-        KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),
+        KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return token_table
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata,
-                    token_table: torch.Tensor, scale: float, num_splits: int | None = None,
-                    split_rows: int | None = None, sliding_window: int | None = None,
-                    positions: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    token_table: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    split_rows: int | None = None,
+    sliding_window: int | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [num_tokens, heads, head_dim] over the caches ([num_blocks, block_size, kv_heads, head_dim],
     already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype.
 
@@ -670,23 +1222,40 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         meta.check_sliding_window(sliding_window, positions)
     if batch_invariant():
         if num_splits is not None:
-            raise ValueError("num_splits cannot be forced in batch-invariant mode: the KV partition is fixed")
-        return _invariant_paged_attention(q, k_cache, v_cache, meta, token_table, scale, split_rows, sliding_window,
-                                          positions)
+            raise ValueError(
+                "num_splits cannot be forced in batch-invariant mode: the KV partition is fixed"
+            )
+        return _invariant_paged_attention(
+            q, k_cache, v_cache, meta, token_table, scale, split_rows, sliding_window, positions
+        )
     if split_rows is not None:
         raise ValueError("split_rows applies to the batch-invariant variant only")
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     q = _last_dim_contiguous(q)
     pdl = pdl_available(q.device)
-    cfg = launch_config(meta.num_seqs, kv_heads, heads // kv_heads, head_dim,
-                        max(q.element_size(), k_cache.element_size()), meta.max_query_len,
-                        meta.block_tables.shape[1] * meta.block_size, num_sms(q.device), num_splits)
+    cfg = launch_config(
+        meta.num_seqs,
+        kv_heads,
+        heads // kv_heads,
+        head_dim,
+        max(q.element_size(), k_cache.element_size()),
+        meta.max_query_len,
+        meta.block_tables.shape[1] * meta.block_size,
+        num_sms(q.device),
+        num_splits,
+    )
     out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
     if cfg.num_splits > 1:
-        part_acc = torch.empty(cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device)
-        part_max = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
-        part_sum = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
+        part_acc = torch.empty(
+            cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device
+        )
+        part_max = torch.empty(
+            cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device
+        )
+        part_sum = torch.empty(
+            cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device
+        )
     else:  # unused by the kernel
         part_acc = part_max = part_sum = out
     mask = meta.custom_mask
@@ -698,42 +1267,110 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     sliding = sliding_window is not None
     grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
     _attention_kernel[grid](
-        q, k_cache, v_cache, out, part_acc, part_max, part_sum, token_table, meta.block_tables, meta.seq_lens,
-        meta.query_lens, mask_arg, positions if sliding else meta.seq_lens, scale * _LOG2E, num_tokens, window,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_acc,
+        part_max,
+        part_sum,
+        token_table,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_lens,
+        mask_arg,
+        positions if sliding else meta.seq_lens,
+        scale * _LOG2E,
+        num_tokens,
+        window,
         sliding_window or 0,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
-        token_table.stride(0), meta.block_tables.stride(0), *mask_strides, cfg.num_splits,
-        KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
-        BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_N_TAIL=cfg.block_n_tail,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        token_table.stride(0),
+        meta.block_tables.stride(0),
+        *mask_strides,
+        cfg.num_splits,
+        KV_HEADS=kv_heads,
+        GROUP=heads // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=meta.block_size,
+        BLOCK_Q=cfg.block_q,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_N_TAIL=cfg.block_n_tail,
         BLOCK_D=cfg.block_d,
-        SPLIT_KV=cfg.num_splits > 1, HAS_MASK=mask is not None, SLIDING=sliding,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch_options(pdl),
+        SPLIT_KV=cfg.num_splits > 1,
+        HAS_MASK=mask is not None,
+        SLIDING=sliding,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PDL=pdl,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl_launch_options(pdl),
     )
     if cfg.num_splits > 1:
         _combine_kernel[(num_tokens, heads)](
-            part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
-            meta.query_lens, num_tokens, cfg.num_splits, window, sliding_window or 0, out.stride(0), out.stride(1),
-            HEADS=heads, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(cfg.num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=mask is not None, SLIDING=sliding, BLOCK_Q=cfg.block_q,
-            BLOCK_N=cfg.block_n, PDL=pdl, **pdl_launch_options(pdl),
+            part_acc,
+            part_max,
+            part_sum,
+            out,
+            meta.token_seq_index,
+            meta.token_query_index,
+            meta.seq_lens,
+            meta.query_lens,
+            num_tokens,
+            cfg.num_splits,
+            window,
+            sliding_window or 0,
+            out.stride(0),
+            out.stride(1),
+            HEADS=heads,
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(cfg.num_splits),
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            HAS_MASK=mask is not None,
+            SLIDING=sliding,
+            BLOCK_Q=cfg.block_q,
+            BLOCK_N=cfg.block_n,
+            PDL=pdl,
+            **pdl_launch_options(pdl),
         )
     return out
 
 
-def _invariant_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               meta: PagedAttentionMetadata, token_table: torch.Tensor, scale: float,
-                               split_rows: int | None, sliding_window: int | None,
-                               positions: torch.Tensor | None) -> torch.Tensor:
+def _invariant_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    token_table: torch.Tensor,
+    scale: float,
+    split_rows: int | None,
+    sliding_window: int | None,
+    positions: torch.Tensor | None,
+) -> torch.Tensor:
     """``paged_attention``'s batch-invariant variant: always split-KV over the fixed partition, then
     the ordered combine (see the module docstring)."""
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     q = _last_dim_contiguous(q)
-    cfg = invariant_launch_config(kv_heads, heads // kv_heads, head_dim, max(q.element_size(), k_cache.element_size()),
-                                  meta.max_query_len, meta.block_tables.shape[1] * meta.block_size, split_rows)
+    cfg = invariant_launch_config(
+        kv_heads,
+        heads // kv_heads,
+        head_dim,
+        max(q.element_size(), k_cache.element_size()),
+        meta.max_query_len,
+        meta.block_tables.shape[1] * meta.block_size,
+        split_rows,
+    )
     out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
-    part_acc = torch.empty(cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device)
+    part_acc = torch.empty(
+        cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device
+    )
     part_max = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
     part_sum = torch.empty(cfg.num_splits, num_tokens, heads, dtype=torch.float32, device=q.device)
     mask = meta.custom_mask
@@ -745,21 +1382,65 @@ def _invariant_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     sliding = sliding_window is not None
     # NOTE: no FMA contraction, so every kernel rounds exactly the operations it is written with.
     _invariant_attention_kernel[(meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)](
-        q, k_cache, v_cache, part_acc, part_max, part_sum, token_table, meta.block_tables, meta.seq_lens,
-        meta.query_lens, mask_arg, positions if sliding else meta.seq_lens, scale * _LOG2E, num_tokens, window,
+        q,
+        k_cache,
+        v_cache,
+        part_acc,
+        part_max,
+        part_sum,
+        token_table,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_lens,
+        mask_arg,
+        positions if sliding else meta.seq_lens,
+        scale * _LOG2E,
+        num_tokens,
+        window,
         sliding_window or 0,
-        q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
-        token_table.stride(0), meta.block_tables.stride(0), *mask_strides,
-        KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
-        BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
-        SPLIT_ROWS=cfg.split_rows, HAS_MASK=mask is not None, SLIDING=sliding,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        token_table.stride(0),
+        meta.block_tables.stride(0),
+        *mask_strides,
+        KV_HEADS=kv_heads,
+        GROUP=heads // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=meta.block_size,
+        BLOCK_Q=cfg.block_q,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_D=cfg.block_d,
+        SPLIT_ROWS=cfg.split_rows,
+        HAS_MASK=mask is not None,
+        SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        enable_fp_fusion=False,
     )
     _invariant_combine_kernel[(num_tokens, heads)](
-        part_acc, part_max, part_sum, out, meta.token_seq_index, meta.token_query_index, meta.seq_lens,
-        meta.query_lens, num_tokens, window, sliding_window or 0, out.stride(0), out.stride(1),
-        HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT_ROWS=cfg.split_rows,
-        HAS_MASK=mask is not None, SLIDING=sliding, enable_fp_fusion=False,
+        part_acc,
+        part_max,
+        part_sum,
+        out,
+        meta.token_seq_index,
+        meta.token_query_index,
+        meta.seq_lens,
+        meta.query_lens,
+        num_tokens,
+        window,
+        sliding_window or 0,
+        out.stride(0),
+        out.stride(1),
+        HEADS=heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        SPLIT_ROWS=cfg.split_rows,
+        HAS_MASK=mask is not None,
+        SLIDING=sliding,
+        enable_fp_fusion=False,
     )
     return out

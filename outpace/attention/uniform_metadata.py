@@ -8,6 +8,7 @@ small torch operations the same fields take, which in a graph of tiny kernels co
 layer. Elsewhere (the CPU tests of
 the graph code) torch operations compute the same fields.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,13 @@ import torch
 from outpace.attention.metadata import PagedAttentionMetadata
 
 
-def uniform_paged_metadata(block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int,
-                           custom_mask: torch.Tensor | None = None) -> PagedAttentionMetadata:
+def uniform_paged_metadata(
+    block_tables: torch.Tensor,
+    starts: torch.Tensor,
+    query_len: int,
+    block_size: int,
+    custom_mask: torch.Tensor | None = None,
+) -> PagedAttentionMetadata:
     """Every sequence brings ``query_len`` new tokens at rows starts[s] .. starts[s] + query_len - 1.
 
     block_tables [num_seqs, max_blocks] int64 and starts [num_seqs] int64 live on the device.
@@ -25,15 +31,26 @@ def uniform_paged_metadata(block_tables: torch.Tensor, starts: torch.Tensor, que
     is sequence s's i-th.
     """
     build = _fields_kernel if block_tables.is_cuda else _fields_torch
-    slots, seq_lens, query_lens, seq_index, query_index, token_table = build(block_tables, starts, query_len,
-                                                                            block_size)
+    slots, seq_lens, query_lens, seq_index, query_index, token_table = build(
+        block_tables, starts, query_len, block_size
+    )
     return PagedAttentionMetadata(
-        slot_mapping=slots, block_tables=block_tables, seq_lens=seq_lens, query_lens=query_lens,
-        token_seq_index=seq_index, token_query_index=query_index, max_query_len=query_len, block_size=block_size,
-        custom_mask=custom_mask, _token_table=token_table)
+        slot_mapping=slots,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        token_seq_index=seq_index,
+        token_query_index=query_index,
+        max_query_len=query_len,
+        block_size=block_size,
+        custom_mask=custom_mask,
+        _token_table=token_table,
+    )
 
 
-def _fields_kernel(block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int):
+def _fields_kernel(
+    block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int
+):
     """(slot_mapping, seq_lens, query_lens, token_seq_index, token_query_index, token_table), one launch."""
     import triton  # (here: Triton is a GPU dependency, absent from CPU-only installs)
 
@@ -41,21 +58,44 @@ def _fields_kernel(block_tables: torch.Tensor, starts: torch.Tensor, query_len: 
 
     num_seqs, dev = block_tables.shape[0], block_tables.device
     n = num_seqs * query_len
-    slots, seq_index, query_index = (torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3))
+    slots, seq_index, query_index = (
+        torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)
+    )
     seq_lens, query_lens = (torch.empty(num_seqs, dtype=torch.int64, device=dev) for _ in range(2))
     token_table = torch.empty(num_seqs, query_len, dtype=torch.int32, device=dev)
     uniform_metadata_kernel[(num_seqs,)](
-        block_tables, starts, slots, seq_lens, query_lens, seq_index, query_index, token_table, query_len,
-        block_tables.stride(0), starts.stride(0), BLOCK_SIZE=block_size, BLOCK_Q=triton.next_power_of_2(query_len))
+        block_tables,
+        starts,
+        slots,
+        seq_lens,
+        query_lens,
+        seq_index,
+        query_index,
+        token_table,
+        query_len,
+        block_tables.stride(0),
+        starts.stride(0),
+        BLOCK_SIZE=block_size,
+        BLOCK_Q=triton.next_power_of_2(query_len),
+    )
     return slots, seq_lens, query_lens, seq_index, query_index, token_table
 
 
-def _fields_torch(block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int):
+def _fields_torch(
+    block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int
+):
     """The same fields as ``_fields_kernel``, with torch operations."""
     num_seqs, dev = block_tables.shape[0], block_tables.device
-    q_index = torch.arange(query_len, device=dev)                                   # [q]
-    rows = starts[:, None] + q_index                                                # [num_seqs, q]
-    slots = (torch.gather(block_tables, 1, rows // block_size) * block_size + rows % block_size).reshape(-1)
-    return (slots, starts + query_len, torch.full((num_seqs,), query_len, dtype=torch.int64, device=dev),
-            torch.arange(num_seqs, device=dev).repeat_interleave(query_len), q_index.repeat(num_seqs),
-            torch.arange(num_seqs * query_len, dtype=torch.int32, device=dev).view(num_seqs, query_len))
+    q_index = torch.arange(query_len, device=dev)  # [q]
+    rows = starts[:, None] + q_index  # [num_seqs, q]
+    slots = (
+        torch.gather(block_tables, 1, rows // block_size) * block_size + rows % block_size
+    ).reshape(-1)
+    return (
+        slots,
+        starts + query_len,
+        torch.full((num_seqs,), query_len, dtype=torch.int64, device=dev),
+        torch.arange(num_seqs, device=dev).repeat_interleave(query_len),
+        q_index.repeat(num_seqs),
+        torch.arange(num_seqs * query_len, dtype=torch.int32, device=dev).view(num_seqs, query_len),
+    )

@@ -19,6 +19,7 @@ difference from the torch backend's output. A failing implementation records its
 and the run goes on; FlexAttention rows are skipped once they have taken ``flex_compile_budget_s``
 (one compile per shape: 24 in all).
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,14 +38,17 @@ from outpace.attention.torch_backend import TorchAttentionBackend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 KINDS = {"decode": 1, "verify": 6, "tree": 16}  # query tokens per sequence
-BATCHES, CONTEXTS = (1, 8, 32, 64), (4096, 512)  # the long context first: it gets FlexAttention's compile budget
+BATCHES, CONTEXTS = (
+    (1, 8, 32, 64),
+    (4096, 512),
+)  # the long context first: it gets FlexAttention's compile budget
 FLEX_NOTE = "KV write, gather to dense and block mask outside the timed region"
 
 
 @dataclass
 class _Inputs:
-    q: torch.Tensor        # [num_tokens, HEADS, HEAD_DIM]
-    k: torch.Tensor        # [num_tokens, KV_HEADS, HEAD_DIM]
+    q: torch.Tensor  # [num_tokens, HEADS, HEAD_DIM]
+    k: torch.Tensor  # [num_tokens, KV_HEADS, HEAD_DIM]
     v: torch.Tensor
     k_cache: torch.Tensor  # [num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM]
     v_cache: torch.Tensor
@@ -64,10 +68,14 @@ def _tree_mask(n: int, g: torch.Generator) -> torch.Tensor:
     return seen
 
 
-def _inputs(k_cache, v_cache, tables: list[list[int]], context: int, kind: str, device, g) -> _Inputs:
+def _inputs(
+    k_cache, v_cache, tables: list[list[int]], context: int, kind: str, device, g
+) -> _Inputs:
     batch, q_len = len(tables), KINDS[kind]
     masks = [_tree_mask(q_len, g).to(device) for _ in range(batch)] if kind == "tree" else None
-    meta = build_paged_metadata(tables, [context] * batch, [q_len] * batch, BLOCK_SIZE, device, masks)
+    meta = build_paged_metadata(
+        tables, [context] * batch, [q_len] * batch, BLOCK_SIZE, device, masks
+    )
     q = torch.randn(batch * q_len, HEADS, HEAD_DIM, device=device, dtype=k_cache.dtype)
     k = torch.randn(batch * q_len, KV_HEADS, HEAD_DIM, device=device, dtype=k_cache.dtype)
     v = torch.randn_like(k)
@@ -111,6 +119,7 @@ def _flex_call(x: _Inputs, scale: float):
     k_dense, v_dense = dense(x.k_cache), dense(x.v_cache)
     seq_lens, prefix = meta.seq_lens, meta.seq_lens - meta.query_lens
     if meta.custom_mask is None:
+
         def mask_mod(b, h, q_idx, kv_idx):
             return kv_idx <= prefix[b] + q_idx
     else:
@@ -121,7 +130,9 @@ def _flex_call(x: _Inputs, scale: float):
             return (rel < 0) | ((rel < window) & tree[b, q_idx, rel.clamp(0, window - 1)])
 
     block_mask = create_block_mask(mask_mod, n, None, q_len, kv_len, device=x.q.device)
-    q4 = x.q.view(n, q_len, HEADS, HEAD_DIM).transpose(1, 2).contiguous()  # [n, HEADS, q_len, HEAD_DIM]
+    q4 = (
+        x.q.view(n, q_len, HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    )  # [n, HEADS, q_len, HEAD_DIM]
     flex = _compiled_flex()
 
     return lambda: flex(q4, k_dense, v_dense, block_mask=block_mask, scale=scale, enable_gqa=True)
@@ -148,23 +159,37 @@ def _time_us(fn, device: torch.device) -> float:
     return statistics.median(times) * 1e6
 
 
-def _measure(impl: str, x: _Inputs, scale: float, reference: torch.Tensor, device: torch.device) -> dict:
+def _measure(
+    impl: str, x: _Inputs, scale: float, reference: torch.Tensor, device: torch.device
+) -> dict:
     """Time one implementation on ``x``: microseconds, bandwidth and its difference from ``reference``."""
     fn = _CALLS[impl](x, scale)
     out = fn()  # compiles (Triton, FlexAttention) outside the timing
-    if out.dim() == 4:  # FlexAttention's [batch, HEADS, q_len, HEAD_DIM] -> the backends' [num_tokens, HEADS, HEAD_DIM]
+    if (
+        out.dim() == 4
+    ):  # FlexAttention's [batch, HEADS, q_len, HEAD_DIM] -> the backends' [num_tokens, HEADS, HEAD_DIM]
         out = out.transpose(1, 2).reshape(-1, HEADS, HEAD_DIM)
     diff = (out.float() - reference.float()).abs().max().item()
     us = _time_us(fn, device)
-    return {"microseconds": us, "kv_bandwidth_gb_per_s": x.kv_bytes() / us / 1e3, "max_abs_diff_vs_torch": diff}
+    return {
+        "microseconds": us,
+        "kv_bandwidth_gb_per_s": x.kv_bytes() / us / 1e3,
+        "max_abs_diff_vs_torch": diff,
+    }
 
 
-def run_attention_bench(device="cuda", batches=BATCHES, contexts=CONTEXTS, impls=tuple(_CALLS),
-                        flex_compile_budget_s: float = 90.0, out_json: str | None = None) -> list[dict]:
+def run_attention_bench(
+    device="cuda",
+    batches=BATCHES,
+    contexts=CONTEXTS,
+    impls=tuple(_CALLS),
+    flex_compile_budget_s: float = 90.0,
+    out_json: str | None = None,
+) -> list[dict]:
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     rows, flex_s = [], 0.0  # flex_s: time spent in FlexAttention rows (compiles dominate)
@@ -175,22 +200,36 @@ def run_attention_bench(device="cuda", batches=BATCHES, contexts=CONTEXTS, impls
                 per_seq = -(-(context + max(KINDS.values())) // BLOCK_SIZE)
                 num_blocks = batch * per_seq + 1  # block 0: the tables' padding block, never used
                 perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
-                tables = [perm[i * per_seq:(i + 1) * per_seq] for i in range(batch)]
-                k_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
+                tables = [perm[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
+                k_cache = torch.randn(
+                    num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, device=device, dtype=dtype
+                )
                 v_cache = torch.randn_like(k_cache)
                 for kind, q_len in KINDS.items():
                     x = _inputs(k_cache, v_cache, tables, context, kind, device, g)
                     reference = _torch_call(x, scale)()
                     for impl in impls:
-                        row = {"impl": impl, "kind": kind, "batch": batch, "context": context, "query_len": q_len,
-                               "kv_bytes": x.kv_bytes(), "device": name, "microseconds": None,
-                               "kv_bandwidth_gb_per_s": None, "max_abs_diff_vs_torch": None, "error": None,
-                               "note": FLEX_NOTE if impl == "flex" else "KV write included"}
+                        row = {
+                            "impl": impl,
+                            "kind": kind,
+                            "batch": batch,
+                            "context": context,
+                            "query_len": q_len,
+                            "kv_bytes": x.kv_bytes(),
+                            "device": name,
+                            "microseconds": None,
+                            "kv_bandwidth_gb_per_s": None,
+                            "max_abs_diff_vs_torch": None,
+                            "error": None,
+                            "note": FLEX_NOTE if impl == "flex" else "KV write included",
+                        }
                         t0 = time.perf_counter()
                         try:
                             if impl == "flex" and flex_s > flex_compile_budget_s:
-                                raise RuntimeError(f"skipped: FlexAttention budget of {flex_compile_budget_s:.0f} s "
-                                                   "(compiles) spent")
+                                raise RuntimeError(
+                                    f"skipped: FlexAttention budget of {flex_compile_budget_s:.0f} s "
+                                    "(compiles) spent"
+                                )
                             row.update(_measure(impl, x, scale, reference, device))
                         except Exception as e:  # noqa: BLE001 (one failure must not end the run)
                             row["error"] = f"{type(e).__name__}: {e}"[:500]
@@ -209,15 +248,25 @@ def run_attention_bench(device="cuda", batches=BATCHES, contexts=CONTEXTS, impls
 
 
 def _print_table(rows: list[dict], name: str) -> None:
-    print(f"attention, {HEADS} q heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}, block {BLOCK_SIZE}, on {name}")
-    print(f"{'impl':>7} {'kind':>7} {'batch':>6} {'context':>8} {'us':>9} {'KV GB/s':>9} {'max diff':>9}")
+    print(
+        f"attention, {HEADS} q heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}, block {BLOCK_SIZE}, on {name}"
+    )
+    print(
+        f"{'impl':>7} {'kind':>7} {'batch':>6} {'context':>8} {'us':>9} {'KV GB/s':>9} {'max diff':>9}"
+    )
     for r in rows:
         if r["error"]:
-            print(f"{r['impl']:>7} {r['kind']:>7} {r['batch']:>6} {r['context']:>8}  {r['error'][:80]}")
+            print(
+                f"{r['impl']:>7} {r['kind']:>7} {r['batch']:>6} {r['context']:>8}  {r['error'][:80]}"
+            )
         else:
-            print(f"{r['impl']:>7} {r['kind']:>7} {r['batch']:>6} {r['context']:>8} {r['microseconds']:>9.1f} "
-                  f"{r['kv_bandwidth_gb_per_s']:>9.0f} {r['max_abs_diff_vs_torch']:>9.2e}")
-    print(f"flex: {FLEX_NOTE}; triton and torch: KV write included. GPU medians, L2 flushed before each call.")
+            print(
+                f"{r['impl']:>7} {r['kind']:>7} {r['batch']:>6} {r['context']:>8} {r['microseconds']:>9.1f} "
+                f"{r['kv_bandwidth_gb_per_s']:>9.0f} {r['max_abs_diff_vs_torch']:>9.2e}"
+            )
+    print(
+        f"flex: {FLEX_NOTE}; triton and torch: KV write included. GPU medians, L2 flushed before each call."
+    )
 
 
 if __name__ == "__main__":

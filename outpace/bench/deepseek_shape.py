@@ -23,6 +23,7 @@ uniform draw would, so the experts a batch reads are counted, not assumed.
   tau = (1 - a^(k+1)) / (1 - a) for a per-position acceptance a, against plain decoding's b / T_verify(1)
   from the same forward timings, at the best k for each method.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,29 +41,75 @@ from outpace.engine.cuda_graphs import CapturedCall
 from outpace.layers.moe import MoE, Router, run_experts
 
 V2_LITE = dict(
-    architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", vocab_size=102400, hidden_size=2048,
-    intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
-    num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
-    moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1, scoring_func="softmax", norm_topk_prob=False,
-    routed_scaling_factor=1.0, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-    v_head_dim=128, hidden_act="silu", max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000,
-    rope_scaling={"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
-                  "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},
-    attention_bias=False, tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=100000, eos_token_id=100001)
+    architectures=["DeepseekV2ForCausalLM"],
+    model_type="deepseek_v2",
+    vocab_size=102400,
+    hidden_size=2048,
+    intermediate_size=10944,
+    moe_intermediate_size=1408,
+    num_hidden_layers=27,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    n_routed_experts=64,
+    n_shared_experts=2,
+    num_experts_per_tok=6,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    topk_method="greedy",
+    n_group=1,
+    topk_group=1,
+    scoring_func="softmax",
+    norm_topk_prob=False,
+    routed_scaling_factor=1.0,
+    q_lora_rank=None,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    hidden_act="silu",
+    max_position_embeddings=163840,
+    rms_norm_eps=1e-6,
+    rope_theta=10000,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 40,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+    },
+    attention_bias=False,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+    bos_token_id=100000,
+    eos_token_id=100001,
+)
 BATCHES, CONTEXTS = (1, 8, 32), (512, 4096)
-EXPERT_TOKENS = (1, 4, 5, 6, 7, 8)          # grouped-expert micro-bench: tokens per call (k + 1 for verify)
-VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)    # target forward: tokens per sequence
+EXPERT_TOKENS = (1, 4, 5, 6, 7, 8)  # grouped-expert micro-bench: tokens per call (k + 1 for verify)
+VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)  # target forward: tokens per sequence
 MAX_DRAFTS = {"mtp": 3, "eagle3": 7}
 
 
 # ---- the model ------------------------------------------------------------------------------------
-def build_v2_lite(workdir: Path, max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES)) -> LLM:
+def build_v2_lite(
+    workdir: Path, max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES)
+) -> LLM:
     """The V2-Lite-shaped target, random bf16 weights, the decode iteration captured per batch bucket."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(V2_LITE))
     blocks = max_num_seqs * (-(-(max_context + 64) // 16)) + 64
-    llm = LLM(str(workdir), device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
-              block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192, cuda_graphs=False)
+    llm = LLM(
+        str(workdir),
+        device="cuda",
+        dtype="bfloat16",
+        load_format="dummy",
+        num_kv_blocks=blocks,
+        block_size=16,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8192,
+        cuda_graphs=False,
+    )
     llm.engine.capture_graphs()
     return llm
 
@@ -75,23 +122,37 @@ def byte_budget(model) -> dict:
     moe_layers = [m for m in model.model.layers if isinstance(m.mlp, MoE)]
     expert = sum(p.numel() * p.element_size() for p in moe_layers[0].mlp.experts[0].parameters())
     embed = model.model.embed_tokens.weight
-    always = sum(p.numel() * p.element_size() for n, p in params.items() if n not in routed) \
+    always = (
+        sum(p.numel() * p.element_size() for n, p in params.items() if n not in routed)
         - embed.numel() * embed.element_size()
+    )
     attn = model.model.layers[0].self_attn
-    cache_row = sum(layer.self_attn.cache_rows[0, 0].numel() * layer.self_attn.cache_rows.element_size()
-                    for layer in model.model.layers)
-    return {"total_params": sum(p.numel() for p in params.values()), "always_read_bytes": always,
-            "expert_bytes": expert, "moe_layers": len(moe_layers), "embedding_row_bytes": embed[0].numel() *
-            embed.element_size(), "latent_cache_bytes_per_token": cache_row,
-            "attention_bytes_per_layer": sum(p.numel() * p.element_size() for p in attn.parameters())}
+    cache_row = sum(
+        layer.self_attn.cache_rows[0, 0].numel() * layer.self_attn.cache_rows.element_size()
+        for layer in model.model.layers
+    )
+    return {
+        "total_params": sum(p.numel() for p in params.values()),
+        "always_read_bytes": always,
+        "expert_bytes": expert,
+        "moe_layers": len(moe_layers),
+        "embedding_row_bytes": embed[0].numel() * embed.element_size(),
+        "latent_cache_bytes_per_token": cache_row,
+        "attention_bytes_per_layer": sum(p.numel() * p.element_size() for p in attn.parameters()),
+    }
 
 
-def floor_seconds(budget: dict, bandwidth: float, batch: int, tokens: int, context: int, distinct: float) -> float:
+def floor_seconds(
+    budget: dict, bandwidth: float, batch: int, tokens: int, context: int, distinct: float
+) -> float:
     """The time to read what a forward of ``batch`` sequences x ``tokens`` at ``context`` reads, with
     ``distinct`` routed experts per MoE layer on average, at the copy bandwidth."""
-    read = (budget["always_read_bytes"] + batch * tokens * budget["embedding_row_bytes"]
-            + budget["moe_layers"] * distinct * budget["expert_bytes"]
-            + batch * (context + tokens) * budget["latent_cache_bytes_per_token"])
+    read = (
+        budget["always_read_bytes"]
+        + batch * tokens * budget["embedding_row_bytes"]
+        + budget["moe_layers"] * distinct * budget["expert_bytes"]
+        + batch * (context + tokens) * budget["latent_cache_bytes_per_token"]
+    )
     return read / bandwidth
 
 
@@ -102,8 +163,13 @@ class CountExperts:
 
     def __init__(self, model) -> None:
         self.counts: list[int] = []
-        self.hooks = [m.register_forward_hook(lambda _m, _i, out: self.counts.append(int(out[1].unique().numel())))
-                      for m in model.modules() if isinstance(m, Router)]
+        self.hooks = [
+            m.register_forward_hook(
+                lambda _m, _i, out: self.counts.append(int(out[1].unique().numel()))
+            )
+            for m in model.modules()
+            if isinstance(m, Router)
+        ]
 
     def close(self) -> float:
         for h in self.hooks:
@@ -132,14 +198,18 @@ def _static_batch(llm: LLM, batch: int, tokens: int, context: int):
     per_seq = -(-(context + tokens) // block_size)
     if batch * per_seq + 1 > llm.engine.pool.num_blocks:
         raise RuntimeError("the KV pool is too small for the forward timings")
-    tables = (1 + torch.arange(batch * per_seq, device="cuda")).view(batch, per_seq)  # block 0 left alone
+    tables = (1 + torch.arange(batch * per_seq, device="cuda")).view(
+        batch, per_seq
+    )  # block 0 left alone
     starts = torch.full((batch,), context, dtype=torch.int64, device="cuda")
     ids = torch.randint(0, V2_LITE["vocab_size"], (batch * tokens,), device="cuda")
     positions = (starts[:, None] + torch.arange(tokens, device="cuda")).reshape(-1)
     return tables, starts, ids, positions
 
 
-def time_forward(llm: LLM, batch: int, tokens: int, context: int, layers: list[int] | None = None) -> dict:
+def time_forward(
+    llm: LLM, batch: int, tokens: int, context: int, layers: list[int] | None = None
+) -> dict:
     """A captured forward of ``batch`` sequences x ``tokens`` (causal, as a chain verify) at ``context``:
     the whole target and its greedy tokens, or (``layers``) only those decoder layers and the head (a draft
     step's cost). Returns seconds and the distinct experts per MoE layer its tokens chose."""
@@ -162,8 +232,14 @@ def time_forward(llm: LLM, batch: int, tokens: int, context: int, layers: list[i
     forward()
     distinct = counter.close()
     seconds = _time_replays(CapturedCall(forward, torch.device("cuda")))
-    return {"batch": batch, "tokens": tokens, "context": context, "layers": layers, "seconds": seconds,
-            "distinct_experts": distinct}
+    return {
+        "batch": batch,
+        "tokens": tokens,
+        "context": context,
+        "layers": layers,
+        "seconds": seconds,
+        "distinct_experts": distinct,
+    }
 
 
 def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> dict:
@@ -175,10 +251,14 @@ def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> 
     moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
     r = moes[0].gate.routing
     g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(tokens, V2_LITE["hidden_size"], device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(
+        tokens, V2_LITE["hidden_size"], device="cuda", dtype=torch.bfloat16, generator=g
+    )
     routing = []
     for _ in moes:
-        ids = torch.rand(tokens, r.num_experts, device="cuda", generator=g).argsort(dim=-1)[:, :r.top_k]
+        ids = torch.rand(tokens, r.num_experts, device="cuda", generator=g).argsort(dim=-1)[
+            :, : r.top_k
+        ]
         routing.append((torch.rand(tokens, r.top_k, device="cuda", generator=g), ids))
     distinct = sum(ids.unique().numel() for _, ids in routing) / len(routing)
     stacked = [m.experts.stacks() for m in moes]
@@ -197,26 +277,47 @@ def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> 
         torch.cuda.synchronize()
     eager = (time.perf_counter() - t0) / len(moes)
     read = distinct * budget["expert_bytes"]
-    return {"tokens": tokens, "distinct_experts": distinct, "bytes_read": read, "seconds": seconds,
-            "bytes_per_s": read / seconds, "fraction_of_copy_bandwidth": read / seconds / bandwidth,
-            "eager_loop_seconds": eager}
+    return {
+        "tokens": tokens,
+        "distinct_experts": distinct,
+        "bytes_read": read,
+        "seconds": seconds,
+        "bytes_per_s": read / seconds,
+        "fraction_of_copy_bandwidth": read / seconds / bandwidth,
+        "eager_loop_seconds": eager,
+    }
 
 
 # ---- speculation under oracle acceptance -----------------------------------------------------------
-def oracle_speedups(verify: dict[tuple[int, int], float], draft: dict[tuple[str, int], float]) -> list[dict]:
+def oracle_speedups(
+    verify: dict[tuple[int, int], float], draft: dict[tuple[str, int], float]
+) -> list[dict]:
     """verify[(batch, tokens)] and draft[(method, batch)] seconds -> per method, batch and acceptance: the
     best k's tokens/s against plain decoding (module docstring's model; acceptance assumed)."""
     rows = []
     for (method, batch), step in sorted(draft.items()):
         plain = batch / verify[batch, 1]
-        costs = {k: verify[batch, k + 1] + k * step for k in range(1, MAX_DRAFTS[method] + 1)
-                 if (batch, k + 1) in verify}                               # a step of k drafts, seconds
+        costs = {
+            k: verify[batch, k + 1] + k * step
+            for k in range(1, MAX_DRAFTS[method] + 1)
+            if (batch, k + 1) in verify
+        }  # a step of k drafts, seconds
         for a in ORACLE_ACCEPTANCE:
             k, speedup = best_draft_count(costs, verify[batch, 1], a)
-            rows.append({"method": method, "batch": batch, "oracle_acceptance": a, "num_steps": k,
-                         "tau": expected_tokens(a, k), "tokens_per_s": plain * speedup,
-                         "plain_tokens_per_s": plain, "speedup": speedup,
-                         "draft_step_seconds": step, "label": "oracle acceptance (assumed), costs measured"})
+            rows.append(
+                {
+                    "method": method,
+                    "batch": batch,
+                    "oracle_acceptance": a,
+                    "num_steps": k,
+                    "tau": expected_tokens(a, k),
+                    "tokens_per_s": plain * speedup,
+                    "plain_tokens_per_s": plain,
+                    "speedup": speedup,
+                    "draft_step_seconds": step,
+                    "label": "oracle acceptance (assumed), costs measured",
+                }
+            )
     return rows
 
 
@@ -228,28 +329,42 @@ def run_deepseek_bench(workdir: Path, bandwidth: float) -> dict:
     llm = build_v2_lite(workdir)
     model = llm.engine.model
     budget = byte_budget(model)
-    result: dict = {"model": "DeepSeek-V2-Lite shape, random bf16 weights", "config": V2_LITE, "bytes": budget}
+    result: dict = {
+        "model": "DeepSeek-V2-Lite shape, random bf16 weights",
+        "config": V2_LITE,
+        "bytes": budget,
+    }
     verify, drafts, forwards = {}, {}, []
     for batch in tqdm(BATCHES, desc="(d) DeepSeek forwards"):
         for tokens in VERIFY_TOKENS:
             r = time_forward(llm, batch, tokens, 512)
-            r["floor_seconds"] = floor_seconds(budget, bandwidth, batch, tokens, 512, r["distinct_experts"])
+            r["floor_seconds"] = floor_seconds(
+                budget, bandwidth, batch, tokens, 512, r["distinct_experts"]
+            )
             r["fraction_of_floor"] = r["floor_seconds"] / r["seconds"]
             forwards.append(r)
             verify[batch, tokens] = r["seconds"]
-        drafts["mtp", batch] = time_forward(llm, batch, 1, 512, layers=[1])["seconds"]     # a MoE layer + head
-        drafts["eagle3", batch] = time_forward(llm, batch, 1, 512, layers=[0])["seconds"]  # the dense layer + head
+        drafts["mtp", batch] = time_forward(llm, batch, 1, 512, layers=[1])[
+            "seconds"
+        ]  # a MoE layer + head
+        drafts["eagle3", batch] = time_forward(llm, batch, 1, 512, layers=[0])[
+            "seconds"
+        ]  # the dense layer + head
     result["forwards"] = forwards
     result["oracle_speculation"] = oracle_speedups(verify, drafts)
-    result["grouped_experts"] = [time_grouped_experts(model, t, bandwidth, budget)
-                                 for t in tqdm(EXPERT_TOKENS, desc="(d) grouped experts")]
+    result["grouped_experts"] = [
+        time_grouped_experts(model, t, bandwidth, budget)
+        for t in tqdm(EXPERT_TOKENS, desc="(d) grouped experts")
+    ]
     distinct = {r["batch"]: r["distinct_experts"] for r in forwards if r["tokens"] == 1}
     decode = result["decode"] = []
     for context in CONTEXTS:
         for batch in tqdm(BATCHES, desc=f"(d) DeepSeek decode, context {context}"):
             r = time_decode(llm, batch, context)
             r["distinct_experts"] = distinct[batch]
-            r["floor_steps_per_s"] = 1 / floor_seconds(budget, bandwidth, batch, 1, context, distinct[batch])
+            r["floor_steps_per_s"] = 1 / floor_seconds(
+                budget, bandwidth, batch, 1, context, distinct[batch]
+            )
             r["fraction_of_floor"] = (1e3 / r["step_ms"]) / r["floor_steps_per_s"]
             decode.append(r)
     return result
@@ -257,22 +372,42 @@ def run_deepseek_bench(workdir: Path, bandwidth: float) -> dict:
 
 def print_deepseek_summary(r: dict) -> None:
     b = r["bytes"]
-    print(f"(d) {r['model']}: {b['total_params'] / 1e9:.1f}B parameters; always read {b['always_read_bytes'] / 1e9:.2f} GB,"
-          f" {b['expert_bytes'] / 1e6:.1f} MB per routed expert x {b['moe_layers']} MoE layers")
-    print(f"    decode {'context':>7} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'experts':>7} {'of floor':>8}")
+    print(
+        f"(d) {r['model']}: {b['total_params'] / 1e9:.1f}B parameters; always read {b['always_read_bytes'] / 1e9:.2f} GB,"
+        f" {b['expert_bytes'] / 1e6:.1f} MB per routed expert x {b['moe_layers']} MoE layers"
+    )
+    print(
+        f"    decode {'context':>7} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'experts':>7} {'of floor':>8}"
+    )
     for x in r.get("decode", []):
-        print(f"           {x['context']:>7} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
-              f"{x['distinct_experts']:>7.1f} {x['fraction_of_floor']:>8.1%}")
-    print(f"    grouped experts {'tokens':>6} {'experts':>7} {'us':>7} {'GB/s':>7} {'of copy bw':>10} {'eager us':>8}")
+        print(
+            f"           {x['context']:>7} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
+            f"{x['distinct_experts']:>7.1f} {x['fraction_of_floor']:>8.1%}"
+        )
+    print(
+        f"    grouped experts {'tokens':>6} {'experts':>7} {'us':>7} {'GB/s':>7} {'of copy bw':>10} {'eager us':>8}"
+    )
     for x in r.get("grouped_experts", []):
-        print(f"                    {x['tokens']:>6} {x['distinct_experts']:>7.1f} {x['seconds'] * 1e6:>7.1f} "
-              f"{x['bytes_per_s'] / 1e9:>7.0f} {x['fraction_of_copy_bandwidth']:>10.1%} "
-              f"{x['eager_loop_seconds'] * 1e6:>8.0f}")
-    print("    forward (context 512): " + "; ".join(f"b{x['batch']} t{x['tokens']} {x['seconds'] * 1e3:.2f} ms "
-                                                  f"({x['fraction_of_floor']:.0%})" for x in r.get("forwards", [])))
-    print("    ORACLE acceptance (assumed), measured costs: " + "; ".join(
-        f"{x['method']} b{x['batch']} a={x['oracle_acceptance']} k={x['num_steps']} {x['speedup']:.2f}x"
-        for x in r.get("oracle_speculation", [])))
+        print(
+            f"                    {x['tokens']:>6} {x['distinct_experts']:>7.1f} {x['seconds'] * 1e6:>7.1f} "
+            f"{x['bytes_per_s'] / 1e9:>7.0f} {x['fraction_of_copy_bandwidth']:>10.1%} "
+            f"{x['eager_loop_seconds'] * 1e6:>8.0f}"
+        )
+    print(
+        "    forward (context 512): "
+        + "; ".join(
+            f"b{x['batch']} t{x['tokens']} {x['seconds'] * 1e3:.2f} ms "
+            f"({x['fraction_of_floor']:.0%})"
+            for x in r.get("forwards", [])
+        )
+    )
+    print(
+        "    ORACLE acceptance (assumed), measured costs: "
+        + "; ".join(
+            f"{x['method']} b{x['batch']} a={x['oracle_acceptance']} k={x['num_steps']} {x['speedup']:.2f}x"
+            for x in r.get("oracle_speculation", [])
+        )
+    )
 
 
 if __name__ == "__main__":  # python -m outpace.bench.deepseek_shape OUT_DIR: this part alone
@@ -285,7 +420,11 @@ if __name__ == "__main__":  # python -m outpace.bench.deepseek_shape OUT_DIR: th
     out.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth()
     with tempfile.TemporaryDirectory() as tmp:
-        res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_bytes_per_s": bw,
-               "deepseek": run_deepseek_bench(Path(tmp), bw)}
+        res = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "copy_bandwidth_bytes_per_s": bw,
+            "deepseek": run_deepseek_bench(Path(tmp), bw),
+        }
     (out / "deepseek_bench.json").write_text(json.dumps(res, indent=2) + "\n")
     print_deepseek_summary(res["deepseek"])

@@ -20,6 +20,7 @@ which the ramp (every stream's prefill at once) and the drain (the last streams'
 the wall-clock throughput diluted what per-token times showed (dp_ab_h200_run: EAGLE3 at 64 streams, 2.1x lower
 time per output token with two replicas, 1.40x the tokens/s).
 """
+
 from __future__ import annotations
 
 from outpace.bench.local_server import LocalServer
@@ -27,15 +28,32 @@ from outpace.server.bench import cycled, load_prompts, run_load
 from outpace.zoo import zoo_dir
 
 
-def start_server(model: str, plan, gpus: str | None, drafter: tuple[str, ...], *extra: str) -> LocalServer:
+def start_server(
+    model: str, plan, gpus: str | None, drafter: tuple[str, ...], *extra: str
+) -> LocalServer:
     """``outpace serve`` of ``model`` with the ``drafter`` flags (``--method ...``), on the GPUs ``gpus``
     (CUDA_VISIBLE_DEVICES)."""
     on_gpu = plan.device.startswith("cuda")
     return LocalServer(
-        model, "--device", "cuda" if on_gpu else "cpu", "--dtype", "bfloat16" if on_gpu else "float32",
-        *drafter, "--max-num-seqs", str(max(_levels(plan))), "--num-kv-blocks", str(plan.dp_kv_blocks),
-        "--max-num-batched-tokens", "8192", "--max-queued-requests", str(4 * max(_levels(plan).values())),
-        "--log-level", "warning", *extra, env=None if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus})
+        model,
+        "--device",
+        "cuda" if on_gpu else "cpu",
+        "--dtype",
+        "bfloat16" if on_gpu else "float32",
+        *drafter,
+        "--max-num-seqs",
+        str(max(_levels(plan))),
+        "--num-kv-blocks",
+        str(plan.dp_kv_blocks),
+        "--max-num-batched-tokens",
+        "8192",
+        "--max-queued-requests",
+        str(4 * max(_levels(plan).values())),
+        "--log-level",
+        "warning",
+        *extra,
+        env=None if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus},
+    )
 
 
 def _levels(plan) -> dict[int, int]:
@@ -43,19 +61,36 @@ def _levels(plan) -> dict[int, int]:
     requests per stream."""
     levels = {plan.dp_streams: plan.dp_requests}
     if plan.dp_saturated_streams:
-        levels[plan.dp_saturated_streams] = plan.dp_requests * plan.dp_saturated_streams // plan.dp_streams
+        levels[plan.dp_saturated_streams] = (
+            plan.dp_requests * plan.dp_saturated_streams // plan.dp_streams
+        )
     return levels
 
 
-def measure(server: LocalServer, streams: int, requests: int, max_tokens: int, prompts: list[str],
-            client_processes: int) -> dict:
+def measure(
+    server: LocalServer,
+    streams: int,
+    requests: int,
+    max_tokens: int,
+    prompts: list[str],
+    client_processes: int,
+) -> dict:
     """``requests`` greedy completions, ``streams`` at a time, sent by ``client_processes`` client processes:
     server/bench.py's summary."""
-    return {**run_load(server.url, cycled(prompts, requests, max_tokens), streams,
-                       client_processes=min(client_processes, streams)), "streams": streams}
+    return {
+        **run_load(
+            server.url,
+            cycled(prompts, requests, max_tokens),
+            streams,
+            client_processes=min(client_processes, streams),
+        ),
+        "streams": streams,
+    }
 
 
-def dp_throughput(plan, model: str, drafter: tuple[str, ...] = ("--method", "none"), replicas: int = 2) -> dict:
+def dp_throughput(
+    plan, model: str, drafter: tuple[str, ...] = ("--method", "none"), replicas: int = 2
+) -> dict:
     """One replica against ``replicas`` behind one server (1: the single-GPU figures alone), at each level,
     every server with the ``drafter`` flags; bf16 on GPUs. The top-level rows are the ``dp_streams`` level's,
     ``saturated`` holds the other's."""
@@ -70,15 +105,23 @@ def dp_throughput(plan, model: str, drafter: tuple[str, ...] = ("--method", "non
             rows = {}
             for streams, requests in levels.items():
                 clients = plan.dp_client_processes
-                measure(server, streams, streams, 8, prompts, clients)  # warm-up: this level's batch sizes
-                rows[streams] = measure(server, streams, requests, plan.dp_max_tokens, prompts, clients)
+                measure(
+                    server, streams, streams, 8, prompts, clients
+                )  # warm-up: this level's batch sizes
+                rows[streams] = measure(
+                    server, streams, requests, plan.dp_max_tokens, prompts, clients
+                )
             return rows
         finally:
             server.close()
 
     one = served("0")
     own = served("0", "--engine-process") if plan.dp_engine_process else {}
-    two = served(",".join(map(str, range(replicas))), "--data-parallel-size", str(replicas)) if replicas > 1 else {}
+    two = (
+        served(",".join(map(str, range(replicas))), "--data-parallel-size", str(replicas))
+        if replicas > 1
+        else {}
+    )
     by_level = []
     for streams, requests in levels.items():
         row = {"streams": streams, "requests": requests, "one_replica": one[streams]}
@@ -88,14 +131,21 @@ def dp_throughput(plan, model: str, drafter: tuple[str, ...] = ("--method", "non
             row["two_replicas"] = two[streams]
             for suffix, base in (("", one), ("_own_process", own)):
                 if base:
-                    row[f"output_tokens_per_s_ratio{suffix}"] = (two[streams]["output_tokens_per_s"]
-                                                                 / base[streams]["output_tokens_per_s"])
-                    row[f"requests_per_s_ratio{suffix}"] = (two[streams]["requests_per_s"]
-                                                            / base[streams]["requests_per_s"])
+                    row[f"output_tokens_per_s_ratio{suffix}"] = (
+                        two[streams]["output_tokens_per_s"] / base[streams]["output_tokens_per_s"]
+                    )
+                    row[f"requests_per_s_ratio{suffix}"] = (
+                        two[streams]["requests_per_s"] / base[streams]["requests_per_s"]
+                    )
         by_level.append(row)
     first, *rest = by_level
-    result = {"model": model, "drafter": " ".join(drafter), "max_tokens": plan.dp_max_tokens, "temperature": 0.0,
-              **first}
+    result = {
+        "model": model,
+        "drafter": " ".join(drafter),
+        "max_tokens": plan.dp_max_tokens,
+        "temperature": 0.0,
+        **first,
+    }
     if two:
         result["mode"] = f"outpace serve --data-parallel-size {replicas}"
     if rest:

@@ -17,6 +17,7 @@ finish at different steps (with speculation they do, without it they all finish 
 row the heap is frozen (``gc.freeze``, as ``outpace serve`` freezes it), so no full collection pauses
 a timed step. The widened checkpoints are written once into ``workdir`` and reused by later runs.
 """
+
 from __future__ import annotations
 
 import gc
@@ -36,7 +37,12 @@ from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
 BATCHES, TEMPERATURES = (1, 8, 32), (0.0, 0.8)
-ZOO_MODELS = ("tinypy", "tinypy-eagle3", "tinypy-dflash", "tinypy-draft")  # the target and its drafts
+ZOO_MODELS = (
+    "tinypy",
+    "tinypy-eagle3",
+    "tinypy-dflash",
+    "tinypy-draft",
+)  # the target and its drafts
 
 
 def widened_zoo(workdir: Path) -> dict[str, Path]:
@@ -51,12 +57,24 @@ def drafters(models: dict[str, Path]) -> dict[str, SpeculativeConfig]:
     """The methods timed: each drafter as a user would configure it (adaptive shapes up to these)."""
     return {
         "none": SpeculativeConfig(),
-        "eagle3": SpeculativeConfig("eagle3", str(models["tinypy-eagle3"]), num_steps=5, adaptive=True),
-        "eagle3-tree": SpeculativeConfig("eagle3", str(models["tinypy-eagle3"]), num_steps=5, topk=4,
-                                         num_draft_tokens=16, adaptive=True),
+        "eagle3": SpeculativeConfig(
+            "eagle3", str(models["tinypy-eagle3"]), num_steps=5, adaptive=True
+        ),
+        "eagle3-tree": SpeculativeConfig(
+            "eagle3",
+            str(models["tinypy-eagle3"]),
+            num_steps=5,
+            topk=4,
+            num_draft_tokens=16,
+            adaptive=True,
+        ),
         "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),
-        "dflash": SpeculativeConfig("dflash", str(models["tinypy-dflash"]), num_steps=7, adaptive=True),
-        "draft": SpeculativeConfig("draft", str(models["tinypy-draft"]), num_steps=4, adaptive=True),
+        "dflash": SpeculativeConfig(
+            "dflash", str(models["tinypy-dflash"]), num_steps=7, adaptive=True
+        ),
+        "draft": SpeculativeConfig(
+            "draft", str(models["tinypy-draft"]), num_steps=4, adaptive=True
+        ),
         "ngram": SpeculativeConfig("ngram", num_steps=4, adaptive=True),
     }
 
@@ -64,7 +82,7 @@ def drafters(models: dict[str, Path]) -> dict[str, SpeculativeConfig]:
 def _groups(prompts: list[str], batch: int, count: int) -> list[list[str]]:
     """``count`` prompts (cycling through them) in groups of ``batch``."""
     cycled = [prompts[i % len(prompts)] for i in range(count)]
-    return [cycled[i:i + batch] for i in range(0, count, batch)]
+    return [cycled[i : i + batch] for i in range(0, count, batch)]
 
 
 def _run(llm: LLM, prompts: list[str], batch: int, params: SamplingParams, count: int):
@@ -77,8 +95,11 @@ def _run(llm: LLM, prompts: list[str], batch: int, params: SamplingParams, count
 
     def step():
         running = engine.scheduler.running
-        full = (not engine.scheduler.waiting and len(running) == batch
-                and all(r.num_tokens - r.num_computed_tokens == 1 for r in running))
+        full = (
+            not engine.scheduler.waiting
+            and len(running) == batch
+            and all(r.num_tokens - r.num_computed_tokens == 1 for r in running)
+        )
         before = sum(r.num_output_tokens for r in running)
         t = time.perf_counter()
         outputs = real_step()
@@ -115,8 +136,13 @@ def _match(outs, reference) -> float:
     return same / total
 
 
-def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None, max_tokens: int = 128,
-                  batch1_prompts: int = 8) -> dict:
+def run_e2e_bench(
+    out_dir: Path,
+    workdir: Path,
+    methods: list[str] | None = None,
+    max_tokens: int = 128,
+    batch1_prompts: int = 8,
+) -> dict:
     """Run the methods (default: all); rows of earlier runs in ``out_dir/e2e_bench.json`` are kept,
     so the methods may be split over several runs."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,26 +152,52 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
     prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
     counts = {1: batch1_prompts, 8: len(prompts), 32: 32}
     specs = drafters(models)
-    result.update(device=torch.cuda.get_device_name(), torch=torch.__version__, shape="Llama-3.1-8B (widened zoo)",
-                  max_tokens=max_tokens, prompts=counts)
+    result.update(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        shape="Llama-3.1-8B (widened zoo)",
+        max_tokens=max_tokens,
+        prompts=counts,
+    )
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     zoo = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=32)
-    result["zoo_greedy"] = {str(b): [o.token_ids for o in _run(zoo, prompts, b, greedy, counts[b])[0]]
-                            for b in BATCHES}
+    result["zoo_greedy"] = {
+        str(b): [o.token_ids for o in _run(zoo, prompts, b, greedy, counts[b])[0]] for b in BATCHES
+    }
     del zoo
     rows = [r for r in result["rows"] if r["method"] not in (methods or specs)]
-    plain_greedy = result.setdefault("plain_greedy", {})  # batch -> the widened target's own greedy tokens
+    plain_greedy = result.setdefault(
+        "plain_greedy", {}
+    )  # batch -> the widened target's own greedy tokens
     for name in tqdm(methods or list(specs), desc="e2e methods"):
-        llm = LLM(str(models["tinypy"]), device="cuda", dtype="bfloat16", max_num_seqs=32, num_kv_blocks=1024,
-                  speculative=specs[name])
+        llm = LLM(
+            str(models["tinypy"]),
+            device="cuda",
+            dtype="bfloat16",
+            max_num_seqs=32,
+            num_kv_blocks=1024,
+            speculative=specs[name],
+        )
         for b in BATCHES:
-            _run(llm, prompts, b, greedy.replace(max_tokens=4), counts[b])  # warm-up: every prefill shape of the row
+            _run(
+                llm, prompts, b, greedy.replace(max_tokens=4), counts[b]
+            )  # warm-up: every prefill shape of the row
             for t in TEMPERATURES:
-                params = SamplingParams(temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None)
-                _run(llm, prompts, b, params, b)  # warm-up: decode steps of this batch and temperature
+                params = SamplingParams(
+                    temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None
+                )
+                _run(
+                    llm, prompts, b, params, b
+                )  # warm-up: decode steps of this batch and temperature
                 outs, seconds, steady = _run(llm, prompts, b, params, counts[b])
-                row = {"method": name, "batch": b, "temperature": t, "steady_tokens_per_s": steady,
-                       "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds, "seconds": seconds}
+                row = {
+                    "method": name,
+                    "batch": b,
+                    "temperature": t,
+                    "steady_tokens_per_s": steady,
+                    "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds,
+                    "seconds": seconds,
+                }
                 spec = SpecMetrics.total(o.spec_metrics for o in outs)
                 if spec.num_verifies:
                     row["tau"] = spec.acceptance_length
@@ -153,9 +205,16 @@ def run_e2e_bench(out_dir: Path, workdir: Path, methods: list[str] | None = None
                 chooser = llm.engine.choosers.get(SamplingMode.of([params]))
                 if chooser is not None:  # what adaptive speculation knew after the row
                     shapes = llm.engine.runner.shapes
-                    row["chooser"] = {"acceptance": {s.label: chooser.acceptance(s) for s in shapes if s.num_steps},
-                                      "step_ms": {s.label: 1e3 * c for (bk, s), c in chooser.costs.items()
-                                                  if bk == bucket_for(llm.engine.runner.graph_buckets, b)}}
+                    row["chooser"] = {
+                        "acceptance": {
+                            s.label: chooser.acceptance(s) for s in shapes if s.num_steps
+                        },
+                        "step_ms": {
+                            s.label: 1e3 * c
+                            for (bk, s), c in chooser.costs.items()
+                            if bk == bucket_for(llm.engine.runner.graph_buckets, b)
+                        },
+                    }
                     row["wall_ms_per_step"] = 1e3 * seconds / max(1, spec.num_verifies / counts[b])
                 if t == 0:
                     tokens = [o.token_ids for o in outs]
@@ -190,12 +249,16 @@ def _with_speedups(result: dict) -> dict:
 
 
 def print_e2e(result: dict) -> None:
-    print(f"\n{'method':<12} {'batch':>5} {'temp':>4} {'tokens/s':>9} {'vs plain':>8} {'closed':>7} {'tau':>5} "
-          f"{'match':>6}")
+    print(
+        f"\n{'method':<12} {'batch':>5} {'temp':>4} {'tokens/s':>9} {'vs plain':>8} {'closed':>7} {'tau':>5} "
+        f"{'match':>6}"
+    )
     for r in result["rows"]:
-        print(f"{r['method']:<12} {r['batch']:>5} {r['temperature']:>4} {r['steady_tokens_per_s']:>9.1f} "
-              f"{r.get('speedup', float('nan')):>7.2f}x {r.get('speedup_closed_batch', float('nan')):>6.2f}x "
-              f"{r.get('tau', 1.0):>5.2f} {r.get('match_plain_greedy', float('nan')):>6.1%}")
+        print(
+            f"{r['method']:<12} {r['batch']:>5} {r['temperature']:>4} {r['steady_tokens_per_s']:>9.1f} "
+            f"{r.get('speedup', float('nan')):>7.2f}x {r.get('speedup_closed_batch', float('nan')):>6.2f}x "
+            f"{r.get('tau', 1.0):>5.2f} {r.get('match_plain_greedy', float('nan')):>6.1%}"
+        )
 
 
 def plot_e2e(result: dict, out_dir: Path) -> None:
@@ -209,9 +272,23 @@ def plot_e2e(result: dict, out_dir: Path) -> None:
     fig, axes = plt.subplots(1, len(TEMPERATURES), figsize=(12, 4), sharey=True)
     for ax, t in zip(axes, TEMPERATURES):
         for i, b in enumerate(BATCHES):
-            values = [next((r.get("speedup", 0) for r in result["rows"]
-                            if r["method"] == m and r["batch"] == b and r["temperature"] == t), 0) for m in methods]
-            ax.bar([j + 0.27 * (i - 1) for j in range(len(methods))], values, width=0.27, label=f"batch {b}")
+            values = [
+                next(
+                    (
+                        r.get("speedup", 0)
+                        for r in result["rows"]
+                        if r["method"] == m and r["batch"] == b and r["temperature"] == t
+                    ),
+                    0,
+                )
+                for m in methods
+            ]
+            ax.bar(
+                [j + 0.27 * (i - 1) for j in range(len(methods))],
+                values,
+                width=0.27,
+                label=f"batch {b}",
+            )
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(methods)), methods, rotation=30)
         ax.set_title(f"temperature {t}")

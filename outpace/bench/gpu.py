@@ -17,6 +17,7 @@
     prompts, b at a time (batch 1: one after another).
 Decode rows time a fixed number of engine steps while every request of the batch is running.
 """
+
 from __future__ import annotations
 
 import gc
@@ -31,12 +32,28 @@ from tqdm.auto import tqdm
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 
-LLAMA_8B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-                torch_dtype="bfloat16", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                      "high_freq_factor": 4.0,
-                                                      "original_max_position_embeddings": 8192})
+LLAMA_8B = dict(
+    architectures=["LlamaForCausalLM"],
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
 BATCHES, CONTEXTS = (1, 8, 32, 64), (512, 4096)
 
 
@@ -70,8 +87,14 @@ def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
 
 
 # ---- engines on the 8B shape ----------------------------------------------------------------
-def engine_8b(workdir: Path, speculative: SpeculativeConfig | None = None, max_context: int = max(CONTEXTS),
-              max_num_seqs: int = max(BATCHES), config: dict = LLAMA_8B, **engine) -> tuple[str, dict]:
+def engine_8b(
+    workdir: Path,
+    speculative: SpeculativeConfig | None = None,
+    max_context: int = max(CONTEXTS),
+    max_num_seqs: int = max(BATCHES),
+    config: dict = LLAMA_8B,
+    **engine,
+) -> tuple[str, dict]:
     """(model directory, LLM keyword arguments) of the 8B-shaped target (or ``config``'s shape) with random
     weights and, when speculating, its draft; ``engine``: EngineConfig fields that override these (device,
     tensor_parallel_size). The config.json is written here, so that every rank of a tensor-parallel
@@ -79,13 +102,29 @@ def engine_8b(workdir: Path, speculative: SpeculativeConfig | None = None, max_c
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(config))
     blocks = max_num_seqs * (-(-(max_context + 64) // 16)) + 64
-    return str(workdir), {**dict(device="cuda", dtype="bfloat16", load_format="dummy", num_kv_blocks=blocks,
-                                 block_size=16, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
-                                 speculative=speculative or SpeculativeConfig(), cuda_graphs=True), **engine}
+    return str(workdir), {
+        **dict(
+            device="cuda",
+            dtype="bfloat16",
+            load_format="dummy",
+            num_kv_blocks=blocks,
+            block_size=16,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=8192,
+            speculative=speculative or SpeculativeConfig(),
+            cuda_graphs=True,
+        ),
+        **engine,
+    }
 
 
-def build_8b(workdir: Path, speculative: SpeculativeConfig | None = None,
-             max_context: int = max(CONTEXTS), max_num_seqs: int = max(BATCHES), **engine) -> LLM:
+def build_8b(
+    workdir: Path,
+    speculative: SpeculativeConfig | None = None,
+    max_context: int = max(CONTEXTS),
+    max_num_seqs: int = max(BATCHES),
+    **engine,
+) -> LLM:
     """The 8B-shaped target with random weights (and an EAGLE3 draft when speculating), graphs captured."""
     model, kwargs = engine_8b(workdir, speculative, max_context, max_num_seqs, **engine)
     return LLM(model, **kwargs)
@@ -96,8 +135,13 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
     engine = llm.engine
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=64 * steps, ignore_eos=True)
-    ids = [engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(context)], params) for i in range(batch)]
-    while any(r.num_output_tokens == 0 for r in engine.scheduler.running) or engine.scheduler.waiting:
+    ids = [
+        engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(context)], params)
+        for i in range(batch)
+    ]
+    while (
+        any(r.num_output_tokens == 0 for r in engine.scheduler.running) or engine.scheduler.waiting
+    ):
         engine.step()  # prefill (chunked) until every request has its first token
     for _ in range(3):
         engine.step()  # warm-up: the first decode steps hand state to the captured iteration
@@ -110,12 +154,20 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
     elapsed = time.perf_counter() - t0
     running = engine.scheduler.running
     if len(running) != batch:
-        raise RuntimeError(f"only {len(running)} of {batch} requests ran through the timed steps (KV pool too small?)")
+        raise RuntimeError(
+            f"only {len(running)} of {batch} requests ran through the timed steps (KV pool too small?)"
+        )
     tokens = sum(r.num_output_tokens for r in running) - before
     for rid in ids:
         engine.abort_request(rid)
-    return {"batch": batch, "context": context, "steps": steps, "step_ms": 1e3 * elapsed / steps,
-            "tokens_per_s": tokens / elapsed, "tokens_per_step": tokens / steps / batch}
+    return {
+        "batch": batch,
+        "context": context,
+        "steps": steps,
+        "step_ms": 1e3 * elapsed / steps,
+        "tokens_per_s": tokens / elapsed,
+        "tokens_per_step": tokens / steps / batch,
+    }
 
 
 # ---- (e) transformers ---------------------------------------------------------------------------
@@ -123,7 +175,6 @@ def transformers_generate(model, context: int = 512, new_tokens: int = 64) -> di
     """transformers' LlamaForCausalLM sharing outpace's weights: greedy ``generate`` at batch 1.
     Decode tokens/s = (new_tokens - 1) / (time(new_tokens) - time(1 token)), prefill cancelled out."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     config = LlamaConfig(**{k: v for k, v in LLAMA_8B.items() if k != "architectures"})
@@ -131,8 +182,12 @@ def transformers_generate(model, context: int = 512, new_tokens: int = 64) -> di
         hf = LlamaForCausalLM(config)
     missing, unexpected = hf.load_state_dict(model.state_dict(), assign=True, strict=False)
     if missing or unexpected:
-        raise RuntimeError(f"weights do not map onto transformers' Llama: missing {missing}, unexpected {unexpected}")
-    hf.model.rotary_emb = LlamaRotaryEmbedding(config=config, device="cuda")  # its buffers were on meta
+        raise RuntimeError(
+            f"weights do not map onto transformers' Llama: missing {missing}, unexpected {unexpected}"
+        )
+    hf.model.rotary_emb = LlamaRotaryEmbedding(
+        config=config, device="cuda"
+    )  # its buffers were on meta
     hf = hf.eval()
     prompt = torch.randint(0, 128000, (1, context), device="cuda")
 
@@ -147,15 +202,20 @@ def transformers_generate(model, context: int = 512, new_tokens: int = 64) -> di
     timed(4)  # warm-up
     one = _median([timed(1) for _ in range(3)])
     full = _median([timed(new_tokens) for _ in range(2)])
-    return {"context": context, "new_tokens": new_tokens, "decode_tokens_per_s": (new_tokens - 1) / (full - one),
-            "attn_implementation": hf.config._attn_implementation}
+    return {
+        "context": context,
+        "new_tokens": new_tokens,
+        "decode_tokens_per_s": (new_tokens - 1) / (full - one),
+        "attn_implementation": hf.config._attn_implementation,
+    }
 
 
 # ---- (f) the zoo ----------------------------------------------------------------------------------
 ZOO_DRAFTERS = {
     "eagle3": SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=5),
-    "eagle3-tree": SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=5, topk=4,
-                                     num_draft_tokens=16),
+    "eagle3-tree": SpeculativeConfig(
+        method="eagle3", draft="zoo/tinypy-eagle3", num_steps=5, topk=4, num_draft_tokens=16
+    ),
     "mtp": SpeculativeConfig(method="mtp", num_steps=3),
     "dflash": SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7),
     "draft": SpeculativeConfig(method="draft", draft="zoo/tinypy-draft", num_steps=4),
@@ -172,11 +232,21 @@ def zoo_speed(batches=(1, 8), max_tokens: int = 128, repeats: int = 3) -> list[d
     prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llms = {}
-    for name, spec in tqdm({"none": SpeculativeConfig(), **ZOO_DRAFTERS}.items(), desc="(f) zoo engines"):
-        llms[name] = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=max(batches), speculative=spec)
-        for b in batches:  # warm-up: every prompt's prefill shapes compiled, every batch bucket used
+    for name, spec in tqdm(
+        {"none": SpeculativeConfig(), **ZOO_DRAFTERS}.items(), desc="(f) zoo engines"
+    ):
+        llms[name] = LLM(
+            "zoo/tinypy",
+            device="cuda",
+            dtype="bfloat16",
+            max_num_seqs=max(batches),
+            speculative=spec,
+        )
+        for (
+            b
+        ) in batches:  # warm-up: every prompt's prefill shapes compiled, every batch bucket used
             for i in range(0, len(prompts), b):
-                llms[name].generate(prompts[i:i + b], params.replace(max_tokens=8))
+                llms[name].generate(prompts[i : i + b], params.replace(max_tokens=8))
     rounds: dict[tuple[str, int], list[float]] = {}
     tau: dict[tuple[str, int], float | None] = {}
     for _ in tqdm(range(repeats), desc="(f) zoo rounds"):
@@ -184,14 +254,34 @@ def zoo_speed(batches=(1, 8), max_tokens: int = 128, repeats: int = 3) -> list[d
             for name, llm in llms.items():
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                outs = [o for i in range(0, len(prompts), b) for o in llm.generate(prompts[i:i + b], params)]
+                outs = [
+                    o
+                    for i in range(0, len(prompts), b)
+                    for o in llm.generate(prompts[i : i + b], params)
+                ]
                 elapsed = time.perf_counter() - t0
-                rounds.setdefault((name, b), []).append(sum(len(o.token_ids) for o in outs) / elapsed)
+                rounds.setdefault((name, b), []).append(
+                    sum(len(o.token_ids) for o in outs) / elapsed
+                )
                 verifies = sum(o.spec_metrics.num_verifies for o in outs)
-                tau[name, b] = (sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1) if verifies else None
-    rows = [{"method": name, "batch": b, "prompts": len(prompts), "tokens_per_s": _median(rates),
-             "tokens_per_s_rounds": rates, "acceptance_length": tau[name, b]}
-            for b in batches for name in llms for rates in [rounds[name, b]]]
+                tau[name, b] = (
+                    (sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1)
+                    if verifies
+                    else None
+                )
+    rows = [
+        {
+            "method": name,
+            "batch": b,
+            "prompts": len(prompts),
+            "tokens_per_s": _median(rates),
+            "tokens_per_s_rounds": rates,
+            "acceptance_length": tau[name, b],
+        }
+        for b in batches
+        for name in llms
+        for rates in [rounds[name, b]]
+    ]
     base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base[r["batch"]]
@@ -203,8 +293,12 @@ def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
     """Run the requested parts; the JSON is rewritten after each one, and a part that fails records
     its error and lets the others run."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "model": "Llama-3.1-8B shape, random bf16 weights", "errors": {}}
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "model": "Llama-3.1-8B shape, random bf16 weights",
+        "errors": {},
+    }
 
     def save() -> None:
         (out_dir / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -262,9 +356,12 @@ def llama_8b_parts(result: dict, part, tmp: Path, bandwidth: float) -> None:
     model = llm.engine.model
     weights = weight_bytes_read(model)
     kv_token = kv_bytes_per_token(llm.engine.model_config, torch.bfloat16)
-    result.update(weight_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()),
-                  weight_bytes_read=weights, kv_bytes_per_token=kv_token,
-                  floor_forwards_per_s_batch1_no_kv=bandwidth / weights)
+    result.update(
+        weight_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()),
+        weight_bytes_read=weights,
+        kv_bytes_per_token=kv_token,
+        floor_forwards_per_s_batch1_no_kv=bandwidth / weights,
+    )
 
     def decode() -> None:
         rows = result["decode"] = []
@@ -290,16 +387,22 @@ def _median(values: list[float]) -> float:
 def print_summary(r: dict) -> None:
     print(f"\ncopy bandwidth {r['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s")
     if "weight_bytes_read" in r:
-        print(f"8B shape: weights read per forward {r['weight_bytes_read'] / 1e9:.2f} GB (of "
-              f"{r['weight_bytes_total'] / 1e9:.2f} GB); batch-1 floor {r['floor_forwards_per_s_batch1_no_kv']:.1f} "
-              f"forwards/s before KV")
+        print(
+            f"8B shape: weights read per forward {r['weight_bytes_read'] / 1e9:.2f} GB (of "
+            f"{r['weight_bytes_total'] / 1e9:.2f} GB); batch-1 floor {r['floor_forwards_per_s_batch1_no_kv']:.1f} "
+            f"forwards/s before KV"
+        )
     if "decode" in r:
         print(f"(b) {'context':>7} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'of floor':>8}")
         for x in r["decode"]:
-            print(f"    {x['context']:>7} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
-                  f"{x['fraction_of_floor']:>8.1%}")
+            print(
+                f"    {x['context']:>7} {x['batch']:>5} {x['tokens_per_s']:>9.1f} {x['step_ms']:>8.2f} "
+                f"{x['fraction_of_floor']:>8.1%}"
+            )
     if "transformers_generate" in r:
-        print(f"(e) transformers generate, batch 1: {r['transformers_generate']['decode_tokens_per_s']:.1f} tokens/s")
+        print(
+            f"(e) transformers generate, batch 1: {r['transformers_generate']['decode_tokens_per_s']:.1f} tokens/s"
+        )
     if "hybrid" in r:
         from outpace.bench.hybrid_shape import print_hybrid_summary
 
@@ -309,5 +412,10 @@ def print_summary(r: dict) -> None:
 
         print_deepseek_summary(r["deepseek"])
     if "zoo" in r:
-        print("(f) zoo: " + "; ".join(f"{x['method']} b{x['batch']} {x['tokens_per_s']:.0f} tok/s {x['speedup']:.2f}x"
-                                      for x in r["zoo"]))
+        print(
+            "(f) zoo: "
+            + "; ".join(
+                f"{x['method']} b{x['batch']} {x['tokens_per_s']:.0f} tok/s {x['speedup']:.2f}x"
+                for x in r["zoo"]
+            )
+        )

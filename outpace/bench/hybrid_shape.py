@@ -10,6 +10,7 @@
   under ORACLE acceptance (an assumed per-position acceptance: random weights accept nothing), labelled
   as such in the output.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,9 @@ def qwen35_config() -> dict:
 
     cfg = Qwen3_5TextConfig(max_position_embeddings=8192).to_dict()
     cfg.update(architectures=["Qwen3_5ForCausalLM"], mtp_num_hidden_layers=1)
-    return {k: v for k, v in cfg.items() if k not in ("id2label", "label2id", "transformers_version")}
+    return {
+        k: v for k, v in cfg.items() if k not in ("id2label", "label2id", "transformers_version")
+    }
 
 
 def step_bytes(llm: LLM, batch: int, context: int) -> int:
@@ -41,8 +44,12 @@ def step_bytes(llm: LLM, batch: int, context: int) -> int:
     full-attention layers' KV of ``context`` tokens per request, and each request's recurrent state read
     and written (conv window and fp32 delta-rule state)."""
     model = llm.engine.model
-    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("mtp"))
-    kv = sum(t[0, 0].numel() * t.element_size() for pair in llm.engine.runner.kv_caches for t in pair)
+    weights = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("mtp")
+    )
+    kv = sum(
+        t[0, 0].numel() * t.element_size() for pair in llm.engine.runner.kv_caches for t in pair
+    )
     state = sum(t[0].numel() * t.element_size() for t in llm.engine.runner.states.tensors())
     return weights + batch * (context * kv + 2 * state)
 
@@ -58,16 +65,30 @@ def oracle_speedups(costs: dict[int, float]) -> list[dict]:
 
 
 def _build(workdir: Path, speculative: SpeculativeConfig) -> LLM:
-    return LLM(str(workdir), device="cuda", dtype="bfloat16", load_format="dummy", block_size=16,
-               num_kv_blocks=max(BATCHES) * (CONTEXT // 16 + 40) + 16, max_num_seqs=max(BATCHES),
-               max_num_batched_tokens=2048, speculative=speculative)
+    return LLM(
+        str(workdir),
+        device="cuda",
+        dtype="bfloat16",
+        load_format="dummy",
+        block_size=16,
+        num_kv_blocks=max(BATCHES) * (CONTEXT // 16 + 40) + 16,
+        max_num_seqs=max(BATCHES),
+        max_num_batched_tokens=2048,
+        speculative=speculative,
+    )
 
 
 def run_hybrid_bench(workdir: Path, bandwidth: float) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(qwen35_config()))
-    result = {"model": "Qwen3.5 shape (transformers Qwen3_5TextConfig defaults), one MTP layer, random bf16 weights",
-              "config": qwen35_config(), "context": CONTEXT, "decode": [], "mtp_step_ms": {}, "oracle": {}}
+    result = {
+        "model": "Qwen3.5 shape (transformers Qwen3_5TextConfig defaults), one MTP layer, random bf16 weights",
+        "config": qwen35_config(),
+        "context": CONTEXT,
+        "decode": [],
+        "mtp_step_ms": {},
+        "oracle": {},
+    }
     llm = _build(workdir, SpeculativeConfig())
     for batch in BATCHES:
         row = time_decode(llm, batch, CONTEXT)
@@ -78,7 +99,9 @@ def run_hybrid_bench(workdir: Path, bandwidth: float) -> dict:
     torch.cuda.empty_cache()
     llm = _build(workdir, SpeculativeConfig("mtp", num_steps=MTP_STEPS, adaptive=True))
     runner = llm.engine.runner
-    chooser = llm.engine.choosers[SamplingMode.GREEDY]  # its costs: each captured step profiled at start-up
+    chooser = llm.engine.choosers[
+        SamplingMode.GREEDY
+    ]  # its costs: each captured step profiled at start-up
     for batch in BATCHES:
         bucket = min(b for b in runner.graph_buckets if b >= batch)
         costs = {s.num_steps: c for (bk, s), c in chooser.costs.items() if bk == bucket}
@@ -93,9 +116,18 @@ def print_hybrid_summary(r: dict) -> None:
     print(f"(h) {r['model']}, context {r['context']}")
     print("    batch  tokens/s  step ms  of floor")
     for row in r["decode"]:
-        print(f"    {row['batch']:5d} {row['tokens_per_s']:9.1f} {row['step_ms']:8.2f} {row['fraction_of_floor']:8.1%}")
+        print(
+            f"    {row['batch']:5d} {row['tokens_per_s']:9.1f} {row['step_ms']:8.2f} {row['fraction_of_floor']:8.1%}"
+        )
     for batch, ms in r["mtp_step_ms"].items():
-        print(f"    MTP captured step ms at batch {batch} (drafts: ms): "
-              + ", ".join(f"{k}: {v:.2f}" for k, v in ms.items()))
-        print("    ORACLE acceptance (assumed), measured step costs: " + "; ".join(
-            f"a={o['acceptance']} k={o['num_drafts']} {o['speedup']:.2f}x" for o in r["oracle"][batch]))
+        print(
+            f"    MTP captured step ms at batch {batch} (drafts: ms): "
+            + ", ".join(f"{k}: {v:.2f}" for k, v in ms.items())
+        )
+        print(
+            "    ORACLE acceptance (assumed), measured step costs: "
+            + "; ".join(
+                f"a={o['acceptance']} k={o['num_drafts']} {o['speedup']:.2f}x"
+                for o in r["oracle"][batch]
+            )
+        )

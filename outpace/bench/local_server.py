@@ -5,6 +5,7 @@ Ready once /health answers 200; a server that exits or is not ready in time rais
 tail. ``terminate`` sends SIGTERM (the server finishes in-flight requests and exits 0: server/app.py
 ``run_server``) and kills it if it outlives the timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class LocalServer:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: str | Path | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, log_path: str | Path | None = None
+    ) -> None:
         self.args = list(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -35,9 +38,23 @@ class LocalServer:
         env = dict(os.environ, **(env or {}))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "outpace", "serve", "--host", "127.0.0.1",
-                                          "--port", str(self.port), *self.args],
-                                         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "outpace",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    *self.args,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_ready(self, timeout: float = 180.0) -> LocalServer:
         deadline = time.monotonic() + timeout
@@ -49,11 +66,15 @@ class LocalServer:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"the server was not ready after {timeout} s; its log ends:\n{self.tail()}")
+        raise TimeoutError(
+            f"the server was not ready after {timeout} s; its log ends:\n{self.tail()}"
+        )
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {self.proc.returncode}; its log ends:\n{self.tail()}")
+            raise RuntimeError(
+                f"the server exited with {self.proc.returncode}; its log ends:\n{self.tail()}"
+            )
 
     def output(self) -> str:
         return self.log_path.read_text()

@@ -29,6 +29,7 @@ OUT that holds an earlier run's multi_gpu.json continues it: the items that fini
 are kept with their rows and not run again, so a bench longer than one command's limit (the device's ten
 minutes) is the same command repeated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,18 +43,32 @@ from pathlib import Path
 import torch
 
 from outpace import SamplingParams
-from outpace.bench.rank_group import release_memory
-from outpace.bench.gpu import LLAMA_8B, ZOO_DRAFTERS, copy_bandwidth, engine_8b, time_decode, weight_bytes_read
+from outpace.bench.gpu import (
+    LLAMA_8B,
+    ZOO_DRAFTERS,
+    copy_bandwidth,
+    engine_8b,
+    time_decode,
+    weight_bytes_read,
+)
 from outpace.bench.multi_gpu_report import DP_PARTS
-from outpace.bench.widen import LLAMA_8B as WIDE_8B, Shape, widen_checkpoint, widen_draft
+from outpace.bench.rank_group import release_memory
+from outpace.bench.widen import LLAMA_8B as WIDE_8B
+from outpace.bench.widen import Shape, widen_checkpoint, widen_draft
 from outpace.config import SpeculativeConfig
 from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
 # Llama-3.1-70B's config.json: hidden 8192, 80 layers, 64 query and 8 key/value heads of 128, intermediate
 # 28672; vocabulary, RoPE (theta 500000, llama3 scaling) and norms as the 8B's.
-LLAMA_70B = {**LLAMA_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-             "num_attention_heads": 64, "num_key_value_heads": 8}
+LLAMA_70B = {
+    **LLAMA_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
 PARTS = ("correctness", "tp_speed", *DP_PARTS)
 ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 
@@ -61,6 +76,7 @@ ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 @dataclass(frozen=True)
 class Case:
     """Correctness: ``model`` at TP = world against ``reference`` (default: the same model) at TP = 1."""
+
     name: str
     model: str
     reference: str | None = None
@@ -70,38 +86,43 @@ class Case:
 @dataclass(frozen=True)
 class Plan:
     """What the run measures; the defaults are the GPU run's, tests pass tiny shapes."""
+
     device: str = "cuda"
     world: int = 2
-    shapes: dict = field(default_factory=lambda: {"8b": LLAMA_8B, "70b": LLAMA_70B})  # tp_speed targets
-    random_shape: str = "8b"                          # the random checkpoint of correctness
-    widen_to: Shape | None = WIDE_8B                  # the zoo widened for EAGLE3 and DP (None: the zoo itself)
-    widened_shape: str = "8b"                         # the shapes entry the widened zoo stands for
+    shapes: dict = field(
+        default_factory=lambda: {"8b": LLAMA_8B, "70b": LLAMA_70B}
+    )  # tp_speed targets
+    random_shape: str = "8b"  # the random checkpoint of correctness
+    widen_to: Shape | None = WIDE_8B  # the zoo widened for EAGLE3 and DP (None: the zoo itself)
+    widened_shape: str = "8b"  # the shapes entry the widened zoo stands for
     zoo_targets: tuple[str, ...] = ("tinypy", "tinyds", "tinygemma")  # those present
-    drafters: tuple[str, ...] = tuple(ZOO_DRAFTERS)   # bench/gpu.py's zoo drafters, on tinypy
+    drafters: tuple[str, ...] = tuple(ZOO_DRAFTERS)  # bench/gpu.py's zoo drafters, on tinypy
     # the family targets' own drafts (those present): (target, method, zoo draft or None, num_steps)
     family_drafters: tuple[tuple[str, str, str | None, int], ...] = (
-        ("tinyds", "mtp", None, 2), ("tinyds", "eagle3", "tinyds-eagle3", 4),
-        ("tinygemma", "eagle3", "tinygemma-eagle3", 4))
-    cases: tuple[Case, ...] = ()                      # extra correctness cases
-    prompts: int = 8                                  # correctness: prompts, tokens each
+        ("tinyds", "mtp", None, 2),
+        ("tinyds", "eagle3", "tinyds-eagle3", 4),
+        ("tinygemma", "eagle3", "tinygemma-eagle3", 4),
+    )
+    cases: tuple[Case, ...] = ()  # extra correctness cases
+    prompts: int = 8  # correctness: prompts, tokens each
     tokens: int = 32
     batches: tuple[int, ...] = (1, 8, 32)
     context: int = 512
     decode_steps: int = 16
-    speed_tokens: int = 64                            # EAGLE3 rows: tokens per request
-    batch1_prompts: int = 3                           # EAGLE3 rows at batch 1: prompts one after another
-    eagle3_steps: int = 5                             # adaptive, up to this many drafts (as bench e2e)
-    eagle3_adaptive: bool = True                      # False: chains of eagle3_steps every step (no timing)
+    speed_tokens: int = 64  # EAGLE3 rows: tokens per request
+    batch1_prompts: int = 3  # EAGLE3 rows at batch 1: prompts one after another
+    eagle3_steps: int = 5  # adaptive, up to this many drafts (as bench e2e)
+    eagle3_adaptive: bool = True  # False: chains of eagle3_steps every step (no timing)
     oracle_steps: int = 4
     dp_streams: int = 64
-    dp_requests: int = 512                            # 8 per stream, one after another (bench/dp_serve.py)
-    dp_engine_process: bool = True                    # a third server: one replica with --engine-process
+    dp_requests: int = 512  # 8 per stream, one after another (bench/dp_serve.py)
+    dp_engine_process: bool = True  # a third server: one replica with --engine-process
     dp_max_tokens: int = 128
-    dp_kv_blocks: int = 4096                          # per replica: holds every stream of both levels
-    dp_saturated_streams: int | None = 256            # a second level, where one replica's batch saturates it
-    dp_client_processes: int = 4                      # the load's client processes (server/bench.py run_load)
-    time_limit_s: float = 540.0                       # the whole run; items that no longer fit are skipped
-    dp_reserve_s: float = 260.0                       # per data-parallel part
+    dp_kv_blocks: int = 4096  # per replica: holds every stream of both levels
+    dp_saturated_streams: int | None = 256  # a second level, where one replica's batch saturates it
+    dp_client_processes: int = 4  # the load's client processes (server/bench.py run_load)
+    time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
+    dp_reserve_s: float = 260.0  # per data-parallel part
 
     def item_seconds(self, shape: dict) -> float:
         """A rough budget for one engine of ``shape`` (build, capture, rows), to skip what cannot finish."""
@@ -135,9 +156,20 @@ def compare(reference: list[list[int]], outs) -> dict:
     from outpace.bench.e2e import _match
 
     tokens = [o.token_ids for o in outs]
-    first = next(([i, j] for i, (r, t) in enumerate(zip(reference, tokens))
-                  for j in range(max(len(r), len(t))) if j >= min(len(r), len(t)) or r[j] != t[j]), None)
-    return {"equal": tokens == reference, "match_rate": _match(outs, reference), "first_mismatch": first}
+    first = next(
+        (
+            [i, j]
+            for i, (r, t) in enumerate(zip(reference, tokens))
+            for j in range(max(len(r), len(t)))
+            if j >= min(len(r), len(t)) or r[j] != t[j]
+        ),
+        None,
+    )
+    return {
+        "equal": tokens == reference,
+        "match_rate": _match(outs, reference),
+        "first_mismatch": first,
+    }
 
 
 def tau(outs) -> float | None:
@@ -147,7 +179,9 @@ def tau(outs) -> float | None:
 
 def kv_bytes_per_token(llm) -> int:
     """KV bytes one token takes on this rank (its shard of the heads), over every layer."""
-    return sum(t[0, 0].numel() * t.element_size() for pair in llm.engine.runner.kv_caches for t in pair)
+    return sum(
+        t[0, 0].numel() * t.element_size() for pair in llm.engine.runner.kv_caches for t in pair
+    )
 
 
 def fits_one_device(shape: dict, device: str, tp: int) -> tuple[bool, str]:
@@ -157,11 +191,16 @@ def fits_one_device(shape: dict, device: str, tp: int) -> tuple[bool, str]:
     from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
 
-    params = sum(p.numel() for p in build_model(ModelConfig.from_dict(shape), torch.bfloat16, "meta").parameters())
+    params = sum(
+        p.numel()
+        for p in build_model(ModelConfig.from_dict(shape), torch.bfloat16, "meta").parameters()
+    )
     memory = torch.cuda.get_device_properties(0).total_memory
     need = 2 * params / tp
-    return need < 0.9 * memory, (f"{2 * params / 1e9:.0f} GB of bf16 weights, {need / 2**30:.1f} GiB per GPU at "
-                                 f"TP = {tp}, one GPU holds {memory / 2**30:.0f} GiB")
+    return need < 0.9 * memory, (
+        f"{2 * params / 1e9:.0f} GB of bf16 weights, {need / 2**30:.1f} GiB per GPU at "
+        f"TP = {tp}, one GPU holds {memory / 2**30:.0f} GiB"
+    )
 
 
 def widened_zoo(plan: Plan, workdir: Path) -> tuple[str, str]:
@@ -174,7 +213,9 @@ def widened_zoo(plan: Plan, workdir: Path) -> tuple[str, str]:
         widen_checkpoint(zoo / "tinypy", target, plan.widen_to, torch.bfloat16)
     if not (draft / "config.json").is_file():
         hidden = Shape.of(json.loads((zoo / "tinypy" / "config.json").read_text())).hidden
-        widen_draft(zoo / "tinypy-eagle3", draft, plan.widen_to, torch.bfloat16, target_hidden=hidden)
+        widen_draft(
+            zoo / "tinypy-eagle3", draft, plan.widen_to, torch.bfloat16, target_hidden=hidden
+        )
     return str(target), str(draft)
 
 
@@ -182,7 +223,9 @@ def widened_zoo(plan: Plan, workdir: Path) -> tuple[str, str]:
 class Run:
     """Rank 0's side of the run: the parts, rows recorded and saved as they come."""
 
-    def __init__(self, group, plan: Plan, result: dict, path: Path, workdir: Path, clock: Clock) -> None:
+    def __init__(
+        self, group, plan: Plan, result: dict, path: Path, workdir: Path, clock: Clock
+    ) -> None:
         self.group, self.plan, self.result, self.path = group, plan, result, path
         self.workdir, self.clock = workdir, clock
         self.widening: threading.Thread | None = None
@@ -192,11 +235,15 @@ class Run:
     def widen_in_background(self) -> None:
         """Write the widened zoo (CPU work) while the GPUs run correctness; ``tp_speed`` waits for it before
         timing anything, so it takes no host time from a timed step."""
+
         def widen() -> None:
             try:
                 widened_zoo(self.plan, self.workdir)
-            except Exception as e:  # recorded; the EAGLE3 item tries again and reports its own failure
+            except (
+                Exception
+            ) as e:  # recorded; the EAGLE3 item tries again and reports its own failure
                 self.widening_error = f"{type(e).__name__}: {e}"
+
         self.widening = threading.Thread(target=widen, name="widen-zoo", daemon=True)
         self.widening.start()
 
@@ -213,10 +260,13 @@ class Run:
             return
         self._drop_rows_of(name)  # a retried item's partial rows from the run that failed it
         if self.clock.left() < seconds:
-            self.result["not_run"].append(f"{name}: {self.clock.left():.0f} s left of the time limit, "
-                                          f"~{seconds:.0f} s needed")
+            self.result["not_run"].append(
+                f"{name}: {self.clock.left():.0f} s left of the time limit, ~{seconds:.0f} s needed"
+            )
         elif not self.group.healthy:
-            self.result["not_run"].append(f"{name}: the rank group was given up after an earlier failure")
+            self.result["not_run"].append(
+                f"{name}: the rank group was given up after an earlier failure"
+            )
         else:
             t0, self.current_item = time.monotonic(), name
             try:
@@ -238,33 +288,45 @@ class Run:
 
     def _drop_rows_of(self, name: str) -> None:
         for section in (self.result.get(part, {}) for part in ("correctness", "tp_speed")):
-            for key, rows in section.items():
+            for rows in section.values():
                 if isinstance(rows, list):
                     rows[:] = [r for r in rows if r.get("item") != name]
 
     def engine(self, model: str, tp: int, **engine):
         return self.group.llm(model, device=self.plan.device, tensor_parallel_size=tp, **engine)
 
-    def generate(self, model: str, prompts: list, dtype: str, tp: int, spec: SpeculativeConfig | None = None):
+    def generate(
+        self, model: str, prompts: list, dtype: str, tp: int, spec: SpeculativeConfig | None = None
+    ):
         params = SamplingParams(temperature=0.0, max_tokens=self.plan.tokens, ignore_eos=True)
         spec = spec or SpeculativeConfig()
-        with self.engine(model, tp, dtype=dtype, max_num_seqs=len(prompts), speculative=spec) as llm:
+        with self.engine(
+            model, tp, dtype=dtype, max_num_seqs=len(prompts), speculative=spec
+        ) as llm:
             return llm.generate(prompts, params)
 
     # ---- correctness ------------------------------------------------------------------------------------
     def correctness(self) -> None:
         plan, world = self.plan, self.group.world
-        section = self.result.setdefault("correctness", {"tokens": plan.tokens, "tp": world, "tp_equality": [],
-                                                         "lossless": []})
+        section = self.result.setdefault(
+            "correctness", {"tokens": plan.tokens, "tp": world, "tp_equality": [], "lossless": []}
+        )
         zoo = zoo_dir()
-        cases = [Case(name, str(zoo / name)) for name in plan.zoo_targets if (zoo / name / "config.json").is_file()]
+        cases = [
+            Case(name, str(zoo / name))
+            for name in plan.zoo_targets
+            if (zoo / name / "config.json").is_file()
+        ]
         shape = plan.shapes[plan.random_shape]
         random_dir = self.workdir / f"random-{plan.random_shape}"
         writing = "correctness: write the random checkpoint"
         if not (random_dir / "config.json").is_file() and writing in self.result["done"]:
             self.result["done"].remove(writing)  # continued on a fresh machine: written again
-        self.item(writing, 10 + shape["num_hidden_layers"],
-                  lambda: self._random_checkpoint(random_dir, shape))
+        self.item(
+            writing,
+            10 + shape["num_hidden_layers"],
+            lambda: self._random_checkpoint(random_dir, shape),
+        )
         if (random_dir / "config.json").is_file():
             cases.append(Case(f"random-{plan.random_shape}", str(random_dir)))
         plain: dict[str, list] = {}  # zoo target -> its TP = world fp32 tokens
@@ -273,33 +335,70 @@ class Run:
             prompts = prompts_for(case.model, plan.prompts, vocab)
             cost = plan.item_seconds(shape) if case.name.startswith("random") else 15.0
             for dtype in case.dtypes:
+
                 def row(case=case, dtype=dtype, prompts=prompts) -> None:
-                    reference = [o.token_ids for o in self.generate(case.reference or case.model, prompts, dtype, 1)]
+                    reference = [
+                        o.token_ids
+                        for o in self.generate(case.reference or case.model, prompts, dtype, 1)
+                    ]
                     outs = self.generate(case.model, prompts, dtype, world)
                     if dtype == "float32" and case.reference is None:
                         plain[case.name] = [o.token_ids for o in outs]
-                    against = "TP = 1" if case.reference is None else f"TP = 1 of {Path(case.reference).name}"
-                    self.add(section["tp_equality"], {"model": case.name, "dtype": dtype, "tp": world,
-                                                      "reference": against, **compare(reference, outs)})
+                    against = (
+                        "TP = 1"
+                        if case.reference is None
+                        else f"TP = 1 of {Path(case.reference).name}"
+                    )
+                    self.add(
+                        section["tp_equality"],
+                        {
+                            "model": case.name,
+                            "dtype": dtype,
+                            "tp": world,
+                            "reference": against,
+                            **compare(reference, outs),
+                        },
+                    )
+
                 self.item(f"correctness: {case.name} {dtype}", 2 * cost, row)
         drafts = [("tinypy", name, ZOO_DRAFTERS[name]) for name in plan.drafters]
-        drafts += [(target, method, SpeculativeConfig(method, draft, num_steps=steps))
-                   for target, method, draft, steps in plan.family_drafters
-                   if (zoo / target).is_dir() and (draft is None or (zoo / draft).is_dir())]
+        drafts += [
+            (target, method, SpeculativeConfig(method, draft, num_steps=steps))
+            for target, method, draft, steps in plan.family_drafters
+            if (zoo / target).is_dir() and (draft is None or (zoo / draft).is_dir())
+        ]
         for target, name, spec in drafts:
+
             def lossless(target=target, name=name, spec=spec) -> None:
                 if spec.draft:
                     spec = dataclasses.replace(spec, draft=str(zoo / Path(spec.draft).name))
                 prompts = zoo_prompts(plan.prompts)
                 if target not in plain:
-                    plain[target] = [o.token_ids for o in self.generate(str(zoo / target), prompts, "float32", world)]
+                    plain[target] = [
+                        o.token_ids
+                        for o in self.generate(str(zoo / target), prompts, "float32", world)
+                    ]
                 outs = self.generate(str(zoo / target), prompts, "float32", world, spec)
-                self.add(section["lossless"], {"drafter": name, "target": target, "dtype": "float32", "tp": world,
-                                               "tau": tau(outs), **compare(plain[target], outs)})
+                self.add(
+                    section["lossless"],
+                    {
+                        "drafter": name,
+                        "target": target,
+                        "dtype": "float32",
+                        "tp": world,
+                        "tau": tau(outs),
+                        **compare(plain[target], outs),
+                    },
+                )
+
             self.item(f"correctness: {target} {name} lossless", 15.0, lossless)
         rows = section["tp_equality"]
-        section["all_tp_equal_fp32"] = all(r["equal"] for r in rows if r["dtype"] == "float32") if rows else None
-        section["all_lossless_fp32"] = all(r["equal"] for r in section["lossless"]) if section["lossless"] else None
+        section["all_tp_equal_fp32"] = (
+            all(r["equal"] for r in rows if r["dtype"] == "float32") if rows else None
+        )
+        section["all_lossless_fp32"] = (
+            all(r["equal"] for r in section["lossless"]) if section["lossless"] else None
+        )
 
     def _random_checkpoint(self, out: Path, shape: dict) -> None:
         from outpace.bench.random_checkpoint import random_target
@@ -309,8 +408,10 @@ class Run:
     # ---- tensor-parallel speed ----------------------------------------------------------------------------
     def tp_speed(self) -> None:
         plan, world = self.plan, self.group.world
-        self.result.setdefault("tp_speed", {"context": plan.context, "decode": [], "all_reduce": [], "eagle3": [],
-                                            "oracle": []})
+        self.result.setdefault(
+            "tp_speed",
+            {"context": plan.context, "decode": [], "all_reduce": [], "eagle3": [], "oracle": []},
+        )
         if self.widening is not None:
             self.widening.join()
             if self.widening_error:
@@ -318,39 +419,74 @@ class Run:
         sizes = sorted({1, world})
         for name, shape in plan.shapes.items():
             if world > 1:
-                self.item(f"tp_speed: all-reduces {name}", 10.0,
-                          lambda name=name, shape=shape: self._all_reduces(name, shape))
+                self.item(
+                    f"tp_speed: all-reduces {name}",
+                    10.0,
+                    lambda name=name, shape=shape: self._all_reduces(name, shape),
+                )
             for tp in sizes:
                 fits, why = fits_one_device(shape, plan.device, tp)
                 if not fits:
-                    self.result["not_run"].append(f"tp_speed: {name} at TP = {tp} does not fit: {why}")
+                    self.result["not_run"].append(
+                        f"tp_speed: {name} at TP = {tp} does not fit: {why}"
+                    )
                     continue
-                self.item(f"tp_speed: {name} plain TP = {tp}", plan.item_seconds(shape),
-                          lambda name=name, shape=shape, tp=tp: self._decode(name, shape, tp))
-        self.item("tp_speed: EAGLE3 on the widened zoo", 3 * plan.item_seconds(plan.shapes[plan.widened_shape]),
-                  self._eagle3_widened)
+                self.item(
+                    f"tp_speed: {name} plain TP = {tp}",
+                    plan.item_seconds(shape),
+                    lambda name=name, shape=shape, tp=tp: self._decode(name, shape, tp),
+                )
+        self.item(
+            "tp_speed: EAGLE3 on the widened zoo",
+            3 * plan.item_seconds(plan.shapes[plan.widened_shape]),
+            self._eagle3_widened,
+        )
         for name, shape in plan.shapes.items():
             if name == plan.widened_shape or not fits_one_device(shape, plan.device, world)[0]:
                 continue
-            self.item(f"tp_speed: EAGLE3 oracle {name} TP = {world}", 1.5 * plan.item_seconds(shape),
-                      lambda name=name, shape=shape: self._eagle3_oracle(name, shape))
+            self.item(
+                f"tp_speed: EAGLE3 oracle {name} TP = {world}",
+                1.5 * plan.item_seconds(shape),
+                lambda name=name, shape=shape: self._eagle3_oracle(name, shape),
+            )
 
     def _all_reduces(self, name: str, shape: dict) -> None:
         from outpace.bench.rank_group import time_all_reduces
 
         count = 2 * shape["num_hidden_layers"]
         for batch in self.plan.batches:
-            timed = self.group.run(time_all_reduces, count, batch, shape["hidden_size"], self.plan.device)
-            self.add(self.result["tp_speed"]["all_reduce"], {"shape": name, "batch": batch, "all_reduces": count,
-                                                             "hidden": shape["hidden_size"], "dtype": "bfloat16",
-                                                             **timed})
+            timed = self.group.run(
+                time_all_reduces, count, batch, shape["hidden_size"], self.plan.device
+            )
+            self.add(
+                self.result["tp_speed"]["all_reduce"],
+                {
+                    "shape": name,
+                    "batch": batch,
+                    "all_reduces": count,
+                    "hidden": shape["hidden_size"],
+                    "dtype": "bfloat16",
+                    **timed,
+                },
+            )
 
     def _decode(self, name: str, shape: dict, tp: int) -> None:
         plan = self.plan
         bandwidth = self.result["copy_bandwidth_bytes_per_s"]
-        reduces = {r["batch"]: r["seconds"] for r in self.result["tp_speed"]["all_reduce"] if r["shape"] == name}
-        model, kwargs = engine_8b(self.workdir / name, None, plan.context, max(plan.batches), config=shape,
-                                  device=plan.device, tensor_parallel_size=tp)
+        reduces = {
+            r["batch"]: r["seconds"]
+            for r in self.result["tp_speed"]["all_reduce"]
+            if r["shape"] == name
+        }
+        model, kwargs = engine_8b(
+            self.workdir / name,
+            None,
+            plan.context,
+            max(plan.batches),
+            config=shape,
+            device=plan.device,
+            tensor_parallel_size=tp,
+        )
         with self.group.llm(model, **kwargs) as llm:
             weights, kv = weight_bytes_read(llm.engine.model), kv_bytes_per_token(llm)
             for batch in plan.batches:
@@ -358,9 +494,16 @@ class Run:
                 read_s = (weights + batch * plan.context * kv) / bandwidth
                 reduce_s = reduces.get(batch, float("nan")) if tp > 1 else 0.0
                 floor = batch / (read_s + reduce_s)
-                row.update(shape=name, tp=tp, weight_bytes_per_gpu=weights, kv_bytes_per_token_per_gpu=kv,
-                           read_seconds=read_s, all_reduce_seconds=reduce_s, floor_tokens_per_s=floor,
-                           fraction_of_floor=row["tokens_per_s"] / floor)
+                row.update(
+                    shape=name,
+                    tp=tp,
+                    weight_bytes_per_gpu=weights,
+                    kv_bytes_per_token_per_gpu=kv,
+                    read_seconds=read_s,
+                    all_reduce_seconds=reduce_s,
+                    floor_tokens_per_s=floor,
+                    fraction_of_floor=row["tokens_per_s"] / floor,
+                )
                 self.add(self.result["tp_speed"]["decode"], row)
 
     def _eagle3_widened(self) -> None:
@@ -374,27 +517,45 @@ class Run:
         prompts = zoo_prompts(max(plan.batches))
         counts = {b: plan.batch1_prompts if b == 1 else b for b in plan.batches}
         greedy = SamplingParams(temperature=0.0, max_tokens=plan.speed_tokens, ignore_eos=True)
-        methods = {"none": SpeculativeConfig(),
-                   "eagle3": SpeculativeConfig("eagle3", draft, num_steps=plan.eagle3_steps,
-                                               adaptive=plan.eagle3_adaptive)}
+        methods = {
+            "none": SpeculativeConfig(),
+            "eagle3": SpeculativeConfig(
+                "eagle3", draft, num_steps=plan.eagle3_steps, adaptive=plan.eagle3_adaptive
+            ),
+        }
         plain_tokens, rows = {}, self.result["tp_speed"]["eagle3"]
         label = f"{plan.widened_shape} (widened zoo)" if plan.widen_to else "zoo"
-        engine = dict(dtype="bfloat16", max_num_seqs=max(plan.batches),
-                      num_kv_blocks=max(plan.batches) * (plan.context // 16 + 16) + 64)
+        engine = dict(
+            dtype="bfloat16",
+            max_num_seqs=max(plan.batches),
+            num_kv_blocks=max(plan.batches) * (plan.context // 16 + 16) + 64,
+        )
         for method, spec in methods.items():
             with self.engine(target, tp, speculative=spec, **engine) as llm:
                 for batch in plan.batches:
-                    _run(llm, prompts, batch, greedy.replace(max_tokens=4), counts[batch])  # warm-up: prefill shapes
-                    _run(llm, prompts, batch, greedy, batch)                                # and this batch's steps
+                    _run(
+                        llm, prompts, batch, greedy.replace(max_tokens=4), counts[batch]
+                    )  # warm-up: prefill shapes
+                    _run(llm, prompts, batch, greedy, batch)  # and this batch's steps
                     outs, seconds, steady = _run(llm, prompts, batch, greedy, counts[batch])
-                    row = {"shape": label, "tp": tp, "method": method, "batch": batch,
-                           "steady_tokens_per_s": steady, "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds,
-                           "tau": tau(outs)}
+                    row = {
+                        "shape": label,
+                        "tp": tp,
+                        "method": method,
+                        "batch": batch,
+                        "steady_tokens_per_s": steady,
+                        "tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds,
+                        "tau": tau(outs),
+                    }
                     if method == "none":
                         plain_tokens[batch] = [o.token_ids for o in outs]
                     else:
                         row["match_plain_greedy"] = compare(plain_tokens[batch], outs)["match_rate"]
-                        base = next(r for r in rows if r["method"] == "none" and r["batch"] == batch and r["tp"] == tp)
+                        base = next(
+                            r
+                            for r in rows
+                            if r["method"] == "none" and r["batch"] == batch and r["tp"] == tp
+                        )
                         row["speedup"] = steady / base["steady_tokens_per_s"]
                     self.add(rows, row)
                 if method == "eagle3" and plan.eagle3_adaptive:
@@ -410,8 +571,15 @@ class Run:
         plan, tp = self.plan, self.group.world
         draft = random_eagle3_draft(self.workdir / f"{name}-eagle3", shape, device=plan.device)
         spec = SpeculativeConfig("eagle3", str(draft), num_steps=plan.oracle_steps, adaptive=True)
-        model, kwargs = engine_8b(self.workdir / name, spec, plan.context, max(plan.batches), config=shape,
-                                  device=plan.device, tensor_parallel_size=tp)
+        model, kwargs = engine_8b(
+            self.workdir / name,
+            spec,
+            plan.context,
+            max(plan.batches),
+            config=shape,
+            device=plan.device,
+            tensor_parallel_size=tp,
+        )
         with self.group.llm(model, **kwargs) as llm:
             self._oracle_rows(llm, name, tp)
 
@@ -431,12 +599,23 @@ class Run:
                 time_decode(llm, batch, self.plan.context, steps=len(runner.shapes) + 1)
                 costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
             for row in oracle_speedups(costs):
-                self.add(self.result["tp_speed"]["oracle"],
-                         {"shape": name, "tp": tp, "batch": batch, "method": "eagle3", **row,
-                          "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())}, "label": ORACLE_LABEL})
+                self.add(
+                    self.result["tp_speed"]["oracle"],
+                    {
+                        "shape": name,
+                        "tp": tp,
+                        "batch": batch,
+                        "method": "eagle3",
+                        **row,
+                        "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())},
+                        "label": ORACLE_LABEL,
+                    },
+                )
 
 
-def _rank0_main(group, plan: Plan, parts: list[str], path: str, workdir: str, seconds: float) -> None:
+def _rank0_main(
+    group, plan: Plan, parts: list[str], path: str, workdir: str, seconds: float
+) -> None:
     """Rank 0 of the group (bench/rank_group.py): the parts that run on the ranks."""
     path, workdir = Path(path), Path(workdir)
     result = json.loads(path.read_text())
@@ -447,7 +626,9 @@ def _rank0_main(group, plan: Plan, parts: list[str], path: str, workdir: str, se
         if result.get("device") not in (plan.device, name):  # continuing another machine's run
             forget_timings(result, f"measured on {result['device']}, this run is on {name}")
         result["device"] = name
-    if "copy_bandwidth_bytes_per_s" not in result:  # a continued run keeps the figure its floors were built on
+    if (
+        "copy_bandwidth_bytes_per_s" not in result
+    ):  # a continued run keeps the figure its floors were built on
         result["copy_bandwidth_bytes_per_s"] = copy_bandwidth() if on_gpu else cpu_copy_bandwidth()
     run.save()
     if "tp_speed" in parts:
@@ -473,7 +654,11 @@ def cpu_copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
 def forget_timings(result: dict, why: str) -> None:
     """Drop the timed sections of a continued run (tp_speed, dp, the copy bandwidth) and their items: they
     were measured on another kind of GPU, and one result mixes no machines. Correctness rows are kept."""
-    dropped = [k for k in ("tp_speed", *DP_PARTS, "copy_bandwidth_bytes_per_s") if result.pop(k, None) is not None]
+    dropped = [
+        k
+        for k in ("tp_speed", *DP_PARTS, "copy_bandwidth_bytes_per_s")
+        if result.pop(k, None) is not None
+    ]
     result["done"] = [d for d in result["done"] if not d.startswith(("tp_speed", "dp"))]
     result["seconds"] = {k: v for k, v in result["seconds"].items() if k in result["done"]}
     result.setdefault("earlier_run", {})["timings_dropped"] = f"{', '.join(dropped)}: {why}"
@@ -483,16 +668,27 @@ def continued(earlier: dict, fresh: dict) -> dict:
     """The result a run starts from when ``out_dir`` holds an earlier run's: its measured sections, the copy
     bandwidth their floors used and the items it finished (``done``, with their seconds) are kept; its
     errors and not-run items are retried, and recorded under ``earlier_run``."""
-    result = {**fresh, "earlier_run": {k: earlier[k] for k in ("parts", "errors", "not_run") if k in earlier}}
-    result["parts"] = sorted(set(earlier.get("parts", [])) | set(fresh["parts"]), key=list(PARTS).index)
-    result.update({k: earlier[k] for k in (*PARTS, "device", "copy_bandwidth_bytes_per_s") if k in earlier})
+    result = {
+        **fresh,
+        "earlier_run": {k: earlier[k] for k in ("parts", "errors", "not_run") if k in earlier},
+    }
+    result["parts"] = sorted(
+        set(earlier.get("parts", [])) | set(fresh["parts"]), key=list(PARTS).index
+    )
+    result.update(
+        {k: earlier[k] for k in (*PARTS, "device", "copy_bandwidth_bytes_per_s") if k in earlier}
+    )
     result["done"] = list(earlier.get("done", []))
     result["seconds"] = {k: v for k, v in earlier.get("seconds", {}).items() if k in result["done"]}
     return result
 
 
-def run_multi_gpu_bench(out_dir: Path, parts: str = ",".join(PARTS), plan: Plan | None = None,
-                        workdir: Path = Path(".multi_gpu_models")) -> dict:
+def run_multi_gpu_bench(
+    out_dir: Path,
+    parts: str = ",".join(PARTS),
+    plan: Plan | None = None,
+    workdir: Path = Path(".multi_gpu_models"),
+) -> dict:
     """Run the parts (comma-separated of ``PARTS``, or ``single``); results in ``out_dir``: multi_gpu.json
     (multi_gpu_single.json for ``single``), a plot beside it; a table printed last."""
     from outpace.bench.dp_serve import dp_throughput
@@ -501,7 +697,9 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = ",".join(PARTS), plan: Plan 
 
     plan = plan or Plan()
     single = parts == "single"
-    names = ["tp_speed", *DP_PARTS] if single else [p.strip() for p in parts.split(",") if p.strip()]
+    names = (
+        ["tp_speed", *DP_PARTS] if single else [p.strip() for p in parts.split(",") if p.strip()]
+    )
     unknown = [p for p in names if p not in PARTS]
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}: choose from {', '.join(PARTS)} or 'single'")
@@ -511,9 +709,17 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = ",".join(PARTS), plan: Plan 
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     path = out_dir / ("multi_gpu_single.json" if single else "multi_gpu.json")
-    result = {"parts": names, "world": plan.world, "device": plan.device, "torch": torch.__version__,
-              "plan": {k: v for k, v in dataclasses.asdict(plan).items() if k != "cases"},
-              "errors": {}, "not_run": [], "seconds": {}, "done": []}
+    result = {
+        "parts": names,
+        "world": plan.world,
+        "device": plan.device,
+        "torch": torch.__version__,
+        "plan": {k: v for k, v in dataclasses.asdict(plan).items() if k != "cases"},
+        "errors": {},
+        "not_run": [],
+        "seconds": {},
+        "done": [],
+    }
     if path.is_file():
         result = continued(json.loads(path.read_text()), result)
     path.write_text(json.dumps(result, indent=1) + "\n")
@@ -522,21 +728,44 @@ def run_multi_gpu_bench(out_dir: Path, parts: str = ",".join(PARTS), plan: Plan 
     if on_ranks:
         seconds = clock.left() - plan.dp_reserve_s * len(pending_dp)
         if plan.world > 1:
-            clean = run_in_group(plan.world, plan.device, workdir, _rank0_main,
-                                 (plan, on_ranks, str(path), str(workdir), seconds - 20), seconds)
+            clean = run_in_group(
+                plan.world,
+                plan.device,
+                workdir,
+                _rank0_main,
+                (plan, on_ranks, str(path), str(workdir), seconds - 20),
+                seconds,
+            )
             result = json.loads(path.read_text())
             if not clean:
-                result["errors"]["ranks"] = "a rank did not exit cleanly (stopped by the run; see the log)"
+                result["errors"]["ranks"] = (
+                    "a rank did not exit cleanly (stopped by the run; see the log)"
+                )
         else:
-            _rank0_main(BenchGroup(1, plan.device, None, None), plan, on_ranks, str(path), str(workdir), seconds)
+            _rank0_main(
+                BenchGroup(1, plan.device, None, None),
+                plan,
+                on_ranks,
+                str(path),
+                str(workdir),
+                seconds,
+            )
             result = json.loads(path.read_text())
     for part in pending_dp:
         try:
             target, draft = widened_zoo(plan, workdir)
-            drafter = ("--method", "none") if DP_PARTS[part] == "none" else (
-                "--method", DP_PARTS[part], "--draft", draft,
-                # adaptive: the server's default, up to 5 drafts a step as each batch size pays
-                *(() if plan.eagle3_adaptive else ("--num-steps", str(plan.eagle3_steps))))
+            drafter = (
+                ("--method", "none")
+                if DP_PARTS[part] == "none"
+                else (
+                    "--method",
+                    DP_PARTS[part],
+                    "--draft",
+                    draft,
+                    # adaptive: the server's default, up to 5 drafts a step as each batch size pays
+                    *(() if plan.eagle3_adaptive else ("--num-steps", str(plan.eagle3_steps))),
+                )
+            )
             result[part] = dp_throughput(plan, target, drafter, replicas=1 if single else 2)
             result["done"].append(part)
         except Exception as e:

@@ -9,6 +9,7 @@
   the wall time, the GPU's busy time and kernel count (from torch.profiler), and the time of the step's
   graph replayed back to back with no host in between (what the GPU alone needs).
 """
+
 from __future__ import annotations
 
 import gc
@@ -25,24 +26,27 @@ from torch.profiler import ProfilerActivity, profile
 from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.bench.gpu import ZOO_DRAFTERS, build_8b
+from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.step_key import SamplingMode, StepKey
-from outpace.speculative.proposer import DraftShape
-from outpace.config import SpeculativeConfig
 from outpace.layers import fused_projection
-
+from outpace.speculative.proposer import DraftShape
 
 # launch settings measured at each of their values by ``profile_decode`` (then set back as shipped):
 # label -> (module, attribute, values)
-SETTINGS = {"pipeline stages of o_proj and down_proj": (fused_projection, "plain_stages", (5, 6, 7)),
-            "pipeline stages of q/k/v": (fused_projection, "qkv_stages", (4, 5)),
-            "pipeline stages of gate/up and the LM head": (fused_projection, "paired_stages", (5, 6))}
+SETTINGS = {
+    "pipeline stages of o_proj and down_proj": (fused_projection, "plain_stages", (5, 6, 7)),
+    "pipeline stages of q/k/v": (fused_projection, "qkv_stages", (4, 5)),
+    "pipeline stages of gate/up and the LM head": (fused_projection, "paired_stages", (5, 6)),
+}
 
 
 def _cuda_events(prof) -> list:
     """The profiled region's GPU kernels and copies, in launch order."""
-    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                  key=lambda e: e.time_range.start)
+    return sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
 
 
 def _kernel_table(prof, top: int, per: float = 1.0) -> list[str]:
@@ -71,7 +75,9 @@ def _recapture_decode(engine) -> None:
 
 def _decode_key(engine, batch: int) -> StepKey:
     """The captured greedy plain-decoding step of a batch."""
-    return StepKey(bucket_for(engine.runner.graph_buckets, batch), DraftShape(0), SamplingMode.GREEDY)
+    return StepKey(
+        bucket_for(engine.runner.graph_buckets, batch), DraftShape(0), SamplingMode.GREEDY
+    )
 
 
 def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
@@ -84,10 +90,15 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
                 for value in [*values, *values]:
                     setattr(module, name, value)
                     _recapture_decode(engine)
-                    times.setdefault(value, []).append(1e3 * engine.runner.profile(_decode_key(engine, batch)))
+                    times.setdefault(value, []).append(
+                        1e3 * engine.runner.profile(_decode_key(engine, batch))
+                    )
                 setattr(module, name, shipped)
-                print(f"context {ctx}: captured decode forward with {label} = " +
-                      ", ".join(f"{v}: {min(t):.4f} ms" for v, t in times.items()) + f" (shipped: {shipped})")
+                print(
+                    f"context {ctx}: captured decode forward with {label} = "
+                    + ", ".join(f"{v}: {min(t):.4f} ms" for v, t in times.items())
+                    + f" (shipped: {shipped})"
+                )
         _recapture_decode(engine)  # as shipped
         graph_ms = 1e3 * engine.runner.profile(_decode_key(engine, batch))
         runner, pool = engine.runner, engine.pool
@@ -115,14 +126,18 @@ def profile_decode(batch: int = 1, context: int = 512, top: int = 25) -> None:
                 graph.replay()
             torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
-    print(f"batch {batch}, context {context}: kernels {busy:.3f} ms in {launches} launches; graph replay {graph_ms:.3f} ms")
+    print(
+        f"batch {batch}, context {context}: kernels {busy:.3f} ms in {launches} launches; graph replay {graph_ms:.3f} ms"
+    )
     print("\n".join(_kernel_table(prof, top)))
     kernels = _cuda_events(graph_prof)
-    last = kernels[-(len(kernels) // 3):]  # the third replay
+    last = kernels[-(len(kernels) // 3) :]  # the third replay
     span = (last[-1].time_range.end - last[0].time_range.start) / 1e3
-    print(f"one graph replay: {len(last)} kernels, {span:.3f} ms from the first kernel's start to the last one's "
-          f"end, {sum(e.device_time_total for e in last) / 1e3:.3f} ms of kernel time; its kernels in order "
-          "(duration, gap after the previous kernel's end: negative when they overlap):")
+    print(
+        f"one graph replay: {len(last)} kernels, {span:.3f} ms from the first kernel's start to the last one's "
+        f"end, {sum(e.device_time_total for e in last) / 1e3:.3f} ms of kernel time; its kernels in order "
+        "(duration, gap after the previous kernel's end: negative when they overlap):"
+    )
     for i, e in enumerate(last):
         if i < 24 or i >= len(last) - 6:
             gap = e.time_range.start - last[i - 1].time_range.end if i else 0.0
@@ -169,19 +184,32 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
         torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
     runner = engine.runner
-    replay = _replay_ms(runner.decode_step.graphs[StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1],
-                                                          SamplingMode.GREEDY)])  # the longest draft shape
+    replay = _replay_ms(
+        runner.decode_step.graphs[
+            StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1], SamplingMode.GREEDY)
+        ]
+    )  # the longest draft shape
     produced, steps = sum(len(o.token_ids) for o in outs), len(step_ms)
     steady = sorted(step_ms[3:])
-    row = {"method": method, "batch": batch, "steps": steps, "tokens": produced,
-           "wall_ms_per_step": wall / steps, "gpu_busy_ms_per_step": busy / steps,
-           "gpu_ops_per_step": launches / steps, "graph_replay_ms": replay,
-           "tokens_per_s": produced / wall * 1e3, "first_steps_ms": step_ms[:3],
-           "steady_step_ms_median": steady[len(steady) // 2] if steady else float("nan")}
-    print(f"zoo {method} b{batch}: {steps} steps, {produced} tokens, {row['tokens_per_s']:.0f} tok/s; per step: "
-          f"wall {row['wall_ms_per_step']:.3f} ms, GPU busy {row['gpu_busy_ms_per_step']:.3f} ms in "
-          f"{row['gpu_ops_per_step']:.1f} kernels/copies, graph replayed back to back {replay:.3f} ms; first steps "
-          f"{', '.join(f'{t:.2f}' for t in step_ms[:3])} ms, then a median {row['steady_step_ms_median']:.3f} ms")
+    row = {
+        "method": method,
+        "batch": batch,
+        "steps": steps,
+        "tokens": produced,
+        "wall_ms_per_step": wall / steps,
+        "gpu_busy_ms_per_step": busy / steps,
+        "gpu_ops_per_step": launches / steps,
+        "graph_replay_ms": replay,
+        "tokens_per_s": produced / wall * 1e3,
+        "first_steps_ms": step_ms[:3],
+        "steady_step_ms_median": steady[len(steady) // 2] if steady else float("nan"),
+    }
+    print(
+        f"zoo {method} b{batch}: {steps} steps, {produced} tokens, {row['tokens_per_s']:.0f} tok/s; per step: "
+        f"wall {row['wall_ms_per_step']:.3f} ms, GPU busy {row['gpu_busy_ms_per_step']:.3f} ms in "
+        f"{row['gpu_ops_per_step']:.1f} kernels/copies, graph replayed back to back {replay:.3f} ms; first steps "
+        f"{', '.join(f'{t:.2f}' for t in step_ms[:3])} ms, then a median {row['steady_step_ms_median']:.3f} ms"
+    )
     print("\n".join(_kernel_table(prof, top, per=steps)))
     return row
 
@@ -190,4 +218,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["zoo"]:
         profile_zoo(*(sys.argv[2:3] or ["eagle3"]), *(int(a) for a in sys.argv[3:]))
     else:
-        profile_decode(*(int(a) for a in sys.argv[2 if sys.argv[1:2] == ["8b"] else 1:]))
+        profile_decode(*(int(a) for a in sys.argv[2 if sys.argv[1:2] == ["8b"] else 1 :]))

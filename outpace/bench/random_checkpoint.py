@@ -10,6 +10,7 @@ Values as the dummy load draws them: N(0, std) for matrices, 1 for norm weights,
 every tensor from its own seeded generator, drawn on ``device`` (8B parameters take seconds on a GPU),
 and streamed to safetensors shards one tensor at a time (bench/widen.py ``write_checkpoint``).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,16 +29,24 @@ from outpace.models.loader import build_model
 DRAFT_VOCAB_SIZE = 32000
 
 
-def _entries(module: torch.nn.Module, dtype: torch.dtype, seed: int, std: float, device: str) -> list[Entry]:
+def _entries(
+    module: torch.nn.Module, dtype: torch.dtype, seed: int, std: float, device: str
+) -> list[Entry]:
     """A (meta-device) module's parameters as checkpoint entries of random values."""
     to_ckpt = getattr(module, "checkpoint_name", lambda n: n)
     entries = []
     for i, (name, p) in enumerate(module.named_parameters()):
+
         def build(shape=tuple(p.shape), name=name, i=i) -> torch.Tensor:
             if len(shape) == 1:
                 return torch.full(shape, 1.0 if "norm" in name else 0.0, dtype=dtype)
             g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
-            return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * std).to(dtype).cpu()
+            return (
+                (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * std)
+                .to(dtype)
+                .cpu()
+            )
+
         entries.append((to_ckpt(name), tuple(p.shape), dtype, build))
     return entries
 
@@ -48,36 +57,69 @@ def _written(out_dir: Path, config: dict) -> bool:
     return path.is_file() and json.loads(path.read_text()) == config
 
 
-def random_target(out_dir: str | Path, config: dict, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                  std: float = 0.02, device: str = "cpu") -> Path:
+def random_target(
+    out_dir: str | Path,
+    config: dict,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    std: float = 0.02,
+    device: str = "cpu",
+) -> Path:
     """A random checkpoint of ``config`` (a config.json dict) in ``out_dir`` (kept when already written)."""
     out_dir = Path(out_dir)
     config = {**config, "random_checkpoint": {"seed": seed, "std": std}}
     if not _written(out_dir, config):
         (out_dir / "config.json").unlink(missing_ok=True)
         model = build_model(ModelConfig.from_dict(config), dtype, "meta")
-        write_checkpoint(out_dir, _entries(model, dtype, seed, std, device), desc=f"random {out_dir.name}")
+        write_checkpoint(
+            out_dir, _entries(model, dtype, seed, std, device), desc=f"random {out_dir.name}"
+        )
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
 
 
 def eagle3_config(target: dict, draft_vocab_size: int = DRAFT_VOCAB_SIZE) -> dict:
     """An EAGLE3 draft's config.json for a target's config (the layout above; aux layers: the default)."""
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings")
-    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
-            **{k: target[k] for k in keys if k in target},
-            "draft_vocab_size": min(draft_vocab_size, target["vocab_size"]),
-            "target_hidden_size": target["hidden_size"], "tie_word_embeddings": False,
-            "torch_dtype": target.get("torch_dtype", "bfloat16")}
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "max_position_embeddings",
+    )
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        **{k: target[k] for k in keys if k in target},
+        "draft_vocab_size": min(draft_vocab_size, target["vocab_size"]),
+        "target_hidden_size": target["hidden_size"],
+        "tie_word_embeddings": False,
+        "torch_dtype": target.get("torch_dtype", "bfloat16"),
+    }
 
 
-def random_eagle3_draft(out_dir: str | Path, target: dict, dtype: torch.dtype = torch.bfloat16, seed: int = 1,
-                        std: float = 0.02, device: str = "cpu", draft_vocab_size: int = DRAFT_VOCAB_SIZE) -> Path:
+def random_eagle3_draft(
+    out_dir: str | Path,
+    target: dict,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 1,
+    std: float = 0.02,
+    device: str = "cpu",
+    draft_vocab_size: int = DRAFT_VOCAB_SIZE,
+) -> Path:
     """A random EAGLE3 draft for a target of config ``target``, with its own head over the first
     ``draft_vocab_size`` target ids (d2t = 0, t2d marks them) and the target's embedding."""
     out_dir = Path(out_dir)
-    config = {**eagle3_config(target, draft_vocab_size), "random_checkpoint": {"seed": seed, "std": std}}
+    config = {
+        **eagle3_config(target, draft_vocab_size),
+        "random_checkpoint": {"seed": seed, "std": std},
+    }
     if not _written(out_dir, config):
         (out_dir / "config.json").unlink(missing_ok=True)
         with torch.device("meta"):

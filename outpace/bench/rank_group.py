@@ -9,6 +9,7 @@ command writes a marker file, so rank 0 can tell a follower that came back from 
 engine: the group is then given up (``healthy`` False: no more tensor-parallel work), and the parent
 stops the stuck rank when rank 0 is done.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -99,7 +100,10 @@ def time_all_reduces(count: int, rows: int, hidden: int, device: str, repeats: i
         from outpace.bench.deepseek_shape import _time_replays
 
         try:
-            return {"seconds": _time_replays(CapturedCall(loop, torch.device(device)), repeats), "timed": "captured"}
+            return {
+                "seconds": _time_replays(CapturedCall(loop, torch.device(device)), repeats),
+                "timed": "captured",
+            }
         except RuntimeError as e:
             print(f"bench: all-reduces not captured ({e}); timing them eagerly")
     times = []
@@ -125,7 +129,9 @@ def release_memory() -> None:
 
 
 # ---- the processes ------------------------------------------------------------------------------------
-def run_in_group(world: int, device: str, workdir: Path, main: Callable, args: tuple, deadline_s: float) -> bool:
+def run_in_group(
+    world: int, device: str, workdir: Path, main: Callable, args: tuple, deadline_s: float
+) -> bool:
     """Spawn ``world`` ranks; rank 0 runs ``main(group, *args)``, the others follow it. Returns whether every
     rank exited cleanly; ranks still running ``deadline_s`` after the start (or after rank 0 exited) are
     killed, so a hang costs at most that."""
@@ -133,14 +139,21 @@ def run_in_group(world: int, device: str, workdir: Path, main: Callable, args: t
     # absolute: a relative path in the file:// rendezvous URL would be read as its host name
     markers = workdir.resolve() / f"markers-{os.getpid()}-{time.monotonic_ns()}"
     markers.mkdir()
-    ctx = mp.start_processes(_rank_main, args=(world, device, str(markers), main, args), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _rank_main,
+        args=(world, device, str(markers), main, args),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + deadline_s
     leader, clean = ctx.processes[0], True
     try:
         while any(p.is_alive() for p in ctx.processes):
             if time.monotonic() > deadline:
-                print(f"bench: ranks still running past the {deadline_s:.0f} s limit; stopping them")
+                print(
+                    f"bench: ranks still running past the {deadline_s:.0f} s limit; stopping them"
+                )
                 clean = False
                 break
             if not leader.is_alive():  # rank 0 is done: the others get a little while to leave
@@ -160,15 +173,24 @@ def run_in_group(world: int, device: str, workdir: Path, main: Callable, args: t
     return clean and all(p.exitcode == 0 for p in ctx.processes)
 
 
-def _rank_main(rank: int, world: int, device: str, markers: str, main: Callable, args: tuple) -> None:
+def _rank_main(
+    rank: int, world: int, device: str, markers: str, main: Callable, args: tuple
+) -> None:
     # init_rank_group picks a rank's GPU from LOCAL_RANK; torchrun's variables say the group exists
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (the device notes ask for it)
+    os.environ.setdefault(
+        "NCCL_NVLS_ENABLE", "0"
+    )  # NVLink multicast off (the device notes ask for it)
     on_gpu = device.startswith("cuda")
     if on_gpu:
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"file://{markers}/rendezvous", rank=rank,
-                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=f"file://{markers}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     if rank == 0:
         group = BenchGroup(world, device, control, Path(markers) if markers else None)
@@ -177,7 +199,9 @@ def _rank_main(rank: int, world: int, device: str, markers: str, main: Callable,
         finally:
             group.finish()
         if not group.healthy:
-            os._exit(0)  # a rank is stuck in a broken engine: no teardown with it (the parent stops it)
+            os._exit(
+                0
+            )  # a rank is stuck in a broken engine: no teardown with it (the parent stops it)
     else:
         _follow_commands(rank, control, Path(markers))
     dist.destroy_process_group()

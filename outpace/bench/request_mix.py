@@ -15,6 +15,7 @@ acceptance falls on longer contexts. With the zoo target and draft (CPU, float32
 tokens, fixed 5-step chains) tau was 3.8 without a prefix, 4.2 with a 44-token prefix, 3.3 with 175
 tokens, 2.4 with 241 and 1.1 with 8 joined prompts (680 tokens): hence prefixes of at most ~200 tokens.
 """
+
 from __future__ import annotations
 
 import random
@@ -33,17 +34,22 @@ def shared_prefixes(prompts: list[str], prefix_chars: tuple[int, ...] = PREFIX_C
         while len(text) < n:
             text += prompts[start % len(prompts)] + "\n\n"
             start += 1
-        prefixes.append(text[:text.rfind("\n", 0, n) + 1] or text[:n])
+        prefixes.append(text[: text.rfind("\n", 0, n) + 1] or text[:n])
     return prefixes
 
 
-def request_mix(prompts: list[str], num_requests: int, seed: int | str, max_tokens: tuple[int, int] = (32, 128),
-                prefix_chars: tuple[int, ...] = PREFIX_CHARS) -> list[BenchRequest]:
+def request_mix(
+    prompts: list[str],
+    num_requests: int,
+    seed: int | str,
+    max_tokens: tuple[int, int] = (32, 128),
+    prefix_chars: tuple[int, ...] = PREFIX_CHARS,
+) -> list[BenchRequest]:
     rng = random.Random(seed)
     prefixes = shared_prefixes(prompts, prefix_chars)
     requests = []
     for _ in range(num_requests):
         prefix, user = rng.choice(prefixes), rng.choice(prompts)
-        user = user[:rng.randint(len(user) // 4, len(user))]
+        user = user[: rng.randint(len(user) // 4, len(user))]
         requests.append(BenchRequest(prefix + user, rng.randint(*max_tokens)))
     return requests

@@ -15,6 +15,7 @@ requests/s, tau from the responses' ``spec_metrics``, and the prefix-cache hit r
 Writes ``serve_sweep.json`` (rows, config, device, versions; rewritten after each level),
 ``serve_sweep.png`` and each server's log (``serve_<method>.log``) into ``out_dir``, and prints a table.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,18 @@ class SweepConfig:
 
 def serve_command(target: Path, spec: SpeculativeConfig, cfg: SweepConfig) -> list[str]:
     """``outpace serve`` arguments (host and port aside) for ``spec`` on ``target``."""
-    args = [str(target), "--method", spec.method, "--device", cfg.device, "--dtype", cfg.dtype,
-            "--enable-prefix-caching", "--max-num-seqs", str(max(cfg.concurrency))]
+    args = [
+        str(target),
+        "--method",
+        spec.method,
+        "--device",
+        cfg.device,
+        "--dtype",
+        cfg.dtype,
+        "--enable-prefix-caching",
+        "--max-num-seqs",
+        str(max(cfg.concurrency)),
+    ]
     if spec.draft:
         args += ["--draft", spec.draft]
     if spec.topk > 1:
@@ -74,25 +85,52 @@ def run_serve_sweep(model_dir: Path, out_dir: Path, cfg: SweepConfig = SweepConf
         raise ValueError(f"unknown methods {unknown}: choose from {', '.join(specs)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(zoo_dir() / "eval_prompts.json")
-    levels = {c: request_mix(prompts, cfg.num_requests(c), f"{cfg.seed}:{c}", cfg.max_tokens, cfg.prefix_chars)
-              for c in cfg.concurrency}
-    warmup = request_mix(prompts, cfg.warmup_requests, f"{cfg.seed}:warm-up", (8, 16), cfg.prefix_chars)
-    result = {"config": {**asdict(cfg), "model_dir": str(model_dir)}, "device": _device_name(cfg.device),
-              "versions": _versions(), "servers": {}, "rows": []}
+    levels = {
+        c: request_mix(
+            prompts, cfg.num_requests(c), f"{cfg.seed}:{c}", cfg.max_tokens, cfg.prefix_chars
+        )
+        for c in cfg.concurrency
+    }
+    warmup = request_mix(
+        prompts, cfg.warmup_requests, f"{cfg.seed}:warm-up", (8, 16), cfg.prefix_chars
+    )
+    result = {
+        "config": {**asdict(cfg), "model_dir": str(model_dir)},
+        "device": _device_name(cfg.device),
+        "versions": _versions(),
+        "servers": {},
+        "rows": [],
+    }
     for method in cfg.methods:
         args = serve_command(model_dir / "tinypy", specs[method], cfg)
         result["servers"][method] = shlex.join(["outpace", "serve", *args])
         t0 = time.perf_counter()
         with LocalServer(*args, log_path=out_dir / f"serve_{method}.log") as server:
             server.wait_ready(cfg.ready_timeout_s)
-            print(f"{method}: server ready in {time.perf_counter() - t0:.0f} s; warm-up", flush=True)
-            run_load(server.url, warmup, max(cfg.concurrency), cfg.temperature, chat=cfg.chat, ignore_eos=True)
+            print(
+                f"{method}: server ready in {time.perf_counter() - t0:.0f} s; warm-up", flush=True
+            )
+            run_load(
+                server.url,
+                warmup,
+                max(cfg.concurrency),
+                cfg.temperature,
+                chat=cfg.chat,
+                ignore_eos=True,
+            )
             for c in cfg.concurrency:
                 before = scrape_metrics(server.url)
-                row = run_load(server.url, levels[c], c, cfg.temperature, chat=cfg.chat, ignore_eos=True)
+                row = run_load(
+                    server.url, levels[c], c, cfg.temperature, chat=cfg.chat, ignore_eos=True
+                )
                 server.check_alive()
-                row = {"method": method, **row,
-                       "prefix_cache_hit_rate": prefix_cache_hit_rate(before, scrape_metrics(server.url))}
+                row = {
+                    "method": method,
+                    **row,
+                    "prefix_cache_hit_rate": prefix_cache_hit_rate(
+                        before, scrape_metrics(server.url)
+                    ),
+                }
                 result["rows"].append(row)
                 print(_progress(row), flush=True)
                 _write(result, out_dir)
@@ -103,17 +141,27 @@ def run_serve_sweep(model_dir: Path, out_dir: Path, cfg: SweepConfig = SweepConf
 
 
 def _write(result: dict, out_dir: Path) -> None:
-    base = {r["concurrency"]: r["output_tokens_per_s"] for r in result["rows"] if r["method"] == "none"}
+    base = {
+        r["concurrency"]: r["output_tokens_per_s"] for r in result["rows"] if r["method"] == "none"
+    }
     for r in result["rows"]:  # output tokens/s over plain decoding's at the same concurrency
-        r["speedup"] = r["output_tokens_per_s"] / base[r["concurrency"]] if base.get(r["concurrency"]) else None
+        r["speedup"] = (
+            r["output_tokens_per_s"] / base[r["concurrency"]]
+            if base.get(r["concurrency"])
+            else None
+        )
     (out_dir / "serve_sweep.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 def _device_name(device: str) -> str:
     if device != "cpu":
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if smi.returncode == 0 and smi.stdout.strip():
                 return smi.stdout.splitlines()[0].strip()
         except (OSError, subprocess.TimeoutExpired):
@@ -127,8 +175,12 @@ def _versions() -> dict:
     from outpace import __version__
 
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {"outpace": __version__, "commit": git.stdout.strip() or None, "torch": torch.__version__,
-            "python": sys.version.split()[0]}
+    return {
+        "outpace": __version__,
+        "commit": git.stdout.strip() or None,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
 
 
 def _ms(p: dict, q: str) -> float:
@@ -137,23 +189,34 @@ def _ms(p: dict, q: str) -> float:
 
 def _progress(r: dict) -> str:
     tau = f", tau {r['tau']:.2f}" if r["tau"] else ""
-    hit = f", prefix-cache hits {r['prefix_cache_hit_rate']:.0%}" if r["prefix_cache_hit_rate"] is not None else ""
+    hit = (
+        f", prefix-cache hits {r['prefix_cache_hit_rate']:.0%}"
+        if r["prefix_cache_hit_rate"] is not None
+        else ""
+    )
     failed = f", {r['num_failed']} FAILED: {'; '.join(r['errors'])}" if r["num_failed"] else ""
-    return (f"  {r['method']} c={r['concurrency']}: {r['num_requests']} requests in {r['wall_s']:.1f} s, "
-            f"{r['output_tokens_per_s']:.0f} tokens/s, TTFT p50 {_ms(r['ttft_s'], 'p50'):.0f} ms{tau}{hit}{failed}")
+    return (
+        f"  {r['method']} c={r['concurrency']}: {r['num_requests']} requests in {r['wall_s']:.1f} s, "
+        f"{r['output_tokens_per_s']:.0f} tokens/s, TTFT p50 {_ms(r['ttft_s'], 'p50'):.0f} ms{tau}{hit}{failed}"
+    )
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'method':<12} {'conc':>4} {'tok/s':>8} {'vs none':>7} {'TTFT ms p50':>11} {'p99':>7} "
-             f"{'ITL ms p50':>10} {'p99':>6} {'TPOT ms p50':>11} {'E2E s p50':>9} {'p99':>6} {'tau':>5} {'hits':>5}"]
+    lines = [
+        f"{'method':<12} {'conc':>4} {'tok/s':>8} {'vs none':>7} {'TTFT ms p50':>11} {'p99':>7} "
+        f"{'ITL ms p50':>10} {'p99':>6} {'TPOT ms p50':>11} {'E2E s p50':>9} {'p99':>6} {'tau':>5} {'hits':>5}"
+    ]
     for r in result["rows"]:
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-        hits = f"{r['prefix_cache_hit_rate']:.0%}" if r["prefix_cache_hit_rate"] is not None else "-"
+        hits = (
+            f"{r['prefix_cache_hit_rate']:.0%}" if r["prefix_cache_hit_rate"] is not None else "-"
+        )
         lines.append(
             f"{r['method']:<12} {r['concurrency']:>4} {r['output_tokens_per_s']:>8.1f} {speedup:>7} "
             f"{_ms(r['ttft_s'], 'p50'):>11.1f} {_ms(r['ttft_s'], 'p99'):>7.1f} {_ms(r['itl_s'], 'p50'):>10.1f} "
             f"{_ms(r['itl_s'], 'p99'):>6.1f} {_ms(r['tpot_s'], 'p50'):>11.1f} {r['e2e_s']['p50']:>9.2f} "
-            f"{r['e2e_s']['p99']:>6.2f} {r['tau'] or 1.0:>5.2f} {hits:>5}")
+            f"{r['e2e_s']['p99']:>6.2f} {r['tau'] or 1.0:>5.2f} {hits:>5}"
+        )
     return "\n".join(lines)
 
 
@@ -172,25 +235,60 @@ def plot_sweep(result: dict, path: Path) -> None:
         cs = [r["concurrency"] for r in rows]
         line = tput.plot(cs, [r["output_tokens_per_s"] for r in rows], marker="o", label=method)[0]
         color = line.get_color()
-        ttft.plot(cs, [_ms(r["ttft_s"], "p50") for r in rows], marker="o", color=color, label=f"{method} p50")
-        ttft.plot(cs, [_ms(r["ttft_s"], "p99") for r in rows], marker="x", color=color, linestyle="--",
-                  label=f"{method} p99")
-        itl.plot(cs, [_ms(r["itl_s"], "p50") for r in rows], marker="o", color=color, label=f"{method} ITL p50")
-        itl.plot(cs, [_ms(r["tpot_s"], "p50") for r in rows], marker="x", color=color, linestyle=":",
-                 label=f"{method} TPOT p50")
+        ttft.plot(
+            cs,
+            [_ms(r["ttft_s"], "p50") for r in rows],
+            marker="o",
+            color=color,
+            label=f"{method} p50",
+        )
+        ttft.plot(
+            cs,
+            [_ms(r["ttft_s"], "p99") for r in rows],
+            marker="x",
+            color=color,
+            linestyle="--",
+            label=f"{method} p99",
+        )
+        itl.plot(
+            cs,
+            [_ms(r["itl_s"], "p50") for r in rows],
+            marker="o",
+            color=color,
+            label=f"{method} ITL p50",
+        )
+        itl.plot(
+            cs,
+            [_ms(r["tpot_s"], "p50") for r in rows],
+            marker="x",
+            color=color,
+            linestyle=":",
+            label=f"{method} TPOT p50",
+        )
         if method != "none":
-            speedup.plot(cs, [r["speedup"] or float("nan") for r in rows], marker="o", color=color, label=method)
+            speedup.plot(
+                cs,
+                [r["speedup"] or float("nan") for r in rows],
+                marker="o",
+                color=color,
+                label=method,
+            )
     speedup.axhline(1.0, color="black", linewidth=0.8)
-    for ax, title, ylabel in ((tput, "output throughput", "tokens/s"), (ttft, "time to first token", "ms"),
-                              (itl, "inter-token latency (a chunk per step) and time per output token", "ms"),
-                              (speedup, "speculation over plain decoding", "output tokens/s ratio")):
+    for ax, title, ylabel in (
+        (tput, "output throughput", "tokens/s"),
+        (ttft, "time to first token", "ms"),
+        (itl, "inter-token latency (a chunk per step) and time per output token", "ms"),
+        (speedup, "speculation over plain decoding", "output tokens/s ratio"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
     ttft.set_yscale("log")
-    fig.suptitle(f"outpace bench serve --sweep: {Path(result['config']['model_dir']).name}, {result['device']}")
+    fig.suptitle(
+        f"outpace bench serve --sweep: {Path(result['config']['model_dir']).name}, {result['device']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -62,6 +62,7 @@ irrational and rounded once to the output dtype.
 The writer streams: the header of each safetensors shard is computed from shapes alone, then each
 tensor is built, written and dropped (the 8B target is ~16 GB in bf16, memory holds one tensor).
 """
+
 from __future__ import annotations
 
 import json
@@ -91,8 +92,14 @@ class Shape:
     def of(cls, cfg: dict) -> Shape:
         """The shape a Hugging Face config.json declares."""
         heads = cfg["num_attention_heads"]
-        return cls(cfg["hidden_size"], cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads,
-                   cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"])
+        return cls(
+            cfg["hidden_size"],
+            cfg["num_hidden_layers"],
+            heads,
+            cfg.get("num_key_value_heads") or heads,
+            cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            cfg["intermediate_size"],
+        )
 
 
 # meta-llama/Llama-3.1-8B and Llama-3.2-1B config.json (head_dim = hidden_size / num_attention_heads)
@@ -108,6 +115,7 @@ MAX_SHARD_BYTES = 4 << 30
 class Widening:
     """The index maps and scales from one small checkpoint's shape to a big one (module docstring).
     ``in_hidden``: (small, big) width of the states an EAGLE3/DFlash ``fc`` reads, the target's."""
+
     small: Shape
     big: Shape
     qk_norm: bool = False
@@ -115,8 +123,11 @@ class Widening:
 
     def __post_init__(self) -> None:
         s, b = self.small, self.big
-        problems = [f"{f} {getattr(s, f)} > {getattr(b, f)}" for f in ("hidden", "layers", "intermediate", "kv_heads")
-                    if getattr(s, f) > getattr(b, f)]
+        problems = [
+            f"{f} {getattr(s, f)} > {getattr(b, f)}"
+            for f in ("hidden", "layers", "intermediate", "kv_heads")
+            if getattr(s, f) > getattr(b, f)
+        ]
         if b.head_dim % s.head_dim or s.head_dim % 2:
             problems.append(f"head_dim {b.head_dim} is not a multiple of the even {s.head_dim}")
         if b.heads % b.kv_heads or b.heads // b.kv_heads < s.heads // s.kv_heads:
@@ -145,14 +156,18 @@ class Widening:
         return self._heads([(h // gs) * gb + h % gs for h in range(self.small.heads)])
 
     def kv_rows(self) -> torch.Tensor:
-        return self._heads(list(range(self.small.kv_heads)))  # [kv_heads_s * d_s]: kv head g stays g
+        return self._heads(
+            list(range(self.small.kv_heads))
+        )  # [kv_heads_s * d_s]: kv head g stays g
 
     def chunks(self, n: int, hidden: tuple[int, int] | None = None) -> torch.Tensor:
         """[n * H_s]: input column c * H_s + i -> c * H_b + i (n = 1: the plain hidden map)."""
         hs, hb = hidden or (self.small.hidden, self.big.hidden)
         return torch.cat([c * hb + torch.arange(hs) for c in range(n)])
 
-    def plan(self, name: str, shape: tuple[int, ...]) -> tuple[list[tuple[torch.Tensor, int]], float]:
+    def plan(
+        self, name: str, shape: tuple[int, ...]
+    ) -> tuple[list[tuple[torch.Tensor, int]], float]:
         """A checkpoint tensor's name and small shape -> ([(index map, big size)] per axis, scale).
         Raises KeyError for a tensor it does not know."""
         s, b = self.small, self.big
@@ -160,40 +175,45 @@ class Widening:
         H = (torch.arange(s.hidden), b.hidden)
         Q, KV = (self.q_rows(), b.heads * b.head_dim), (self.kv_rows(), b.kv_heads * b.head_dim)
         k = b.head_dim / s.head_dim
-        c = math.sqrt(self.ratio * k)                # q and k scale under per-head norms
+        c = math.sqrt(self.ratio * k)  # q and k scale under per-head norms
         if module in ("d2t", "t2d"):
             return [(torch.arange(n), n) for n in shape], 1.0
-        if module in ("embed_tokens", "lm_head", "head"):                  # [vocab, H]
+        if module in ("embed_tokens", "lm_head", "head"):  # [vocab, H]
             return [(torch.arange(shape[0]), shape[0]), H], 1.0
-        if module in NORMS:                                                # [H]
+        if module in NORMS:  # [H]
             return [H], math.sqrt(self.ratio)
-        if module in ("q_norm", "k_norm"):                                 # [head_dim]
+        if module in ("q_norm", "k_norm"):  # [head_dim]
             return [(self.head_dims(), b.head_dim)], 1.0 if module == "q_norm" else 1 / math.sqrt(k)
         if module in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "eh_proj", "fc"):
             hidden = self.in_hidden if module == "fc" and self.in_hidden else (s.hidden, b.hidden)
             n = shape[1] // hidden[0]
-            cols = (self.chunks(n, hidden), n * hidden[1])                  # [out, n * H]
+            cols = (self.chunks(n, hidden), n * hidden[1])  # [out, n * H]
             rows = {"q_proj": Q, "k_proj": KV, "v_proj": KV}.get(module, H)
             if module in ("gate_proj", "up_proj"):
                 rows = (torch.arange(s.intermediate), b.intermediate)
-            scale = {"q_proj": c if self.qk_norm else math.sqrt(k), "k_proj": c if self.qk_norm else 1.0}
+            scale = {
+                "q_proj": c if self.qk_norm else math.sqrt(k),
+                "k_proj": c if self.qk_norm else 1.0,
+            }
             return [rows, cols], scale.get(module, 1.0)
-        if module == "o_proj":                                             # [H, heads * head_dim]
+        if module == "o_proj":  # [H, heads * head_dim]
             return [H, Q], 1.0
-        if module == "down_proj":                                          # [H, intermediate]
+        if module == "down_proj":  # [H, intermediate]
             return [H, (torch.arange(s.intermediate), b.intermediate)], 1.0
         raise KeyError(f"widen: no rule for tensor {name!r} {tuple(shape)}")
 
     def big_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(size for _, size in self.plan(name, shape)[0])
 
-    def tensor(self, name: str, t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def tensor(
+        self, name: str, t: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """A small checkpoint tensor -> its widened value (floating tensors in ``dtype``, others as they are)."""
         axes, scale = self.plan(name, tuple(t.shape))
         if not t.is_floating_point():
             return t.clone()
         out = torch.zeros([size for _, size in axes], dtype=dtype)
-        value = (t.double() * scale).to(dtype)        # the product rounded once
+        value = (t.double() * scale).to(dtype)  # the product rounded once
         index = tuple(idx.view([-1] + [1] * (len(axes) - 1 - a)) for a, (idx, _) in enumerate(axes))
         out[index] = value
         return out
@@ -202,10 +222,17 @@ class Widening:
         """A config.json with the big shape, the norms' eps times r, the output dtype and provenance."""
         b, eps = self.big, cfg.get("rms_norm_eps", 1e-6)
         dtype_name = str(dtype).removeprefix("torch.")
-        out = {**cfg, "hidden_size": b.hidden, "intermediate_size": b.intermediate, "num_attention_heads": b.heads,
-               "num_key_value_heads": b.kv_heads, "head_dim": b.head_dim,
-               "rms_norm_eps": eps * self.ratio, "torch_dtype": dtype_name,
-               "widened_from": {"checkpoint": source, **vars(self.small), "rms_norm_eps": eps}}
+        out = {
+            **cfg,
+            "hidden_size": b.hidden,
+            "intermediate_size": b.intermediate,
+            "num_attention_heads": b.heads,
+            "num_key_value_heads": b.kv_heads,
+            "head_dim": b.head_dim,
+            "rms_norm_eps": eps * self.ratio,
+            "torch_dtype": dtype_name,
+            "widened_from": {"checkpoint": source, **vars(self.small), "rms_norm_eps": eps},
+        }
         if "dtype" in cfg:  # transformers >= 5 writes both
             out["dtype"] = dtype_name
         return out
@@ -213,10 +240,17 @@ class Widening:
 
 # ---- writing ------------------------------------------------------------------------------------
 
-Entry = tuple[str, tuple[int, ...], torch.dtype, Callable[[], torch.Tensor]]  # name, shape, dtype, builder
+Entry = tuple[
+    str, tuple[int, ...], torch.dtype, Callable[[], torch.Tensor]
+]  # name, shape, dtype, builder
 
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
-              torch.bool: "BOOL"}
+_ST_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int64: "I64",
+    torch.bool: "BOOL",
+}
 
 
 def _nbytes(e: Entry) -> int:
@@ -228,7 +262,11 @@ def _write_safetensors(path: Path, entries: list[Entry], bar: tqdm) -> None:
     byte offsets, then the raw little-endian bytes), written one tensor at a time."""
     header, offset = {}, 0
     for e in entries:
-        header[e[0]] = {"dtype": _ST_DTYPES[e[2]], "shape": list(e[1]), "data_offsets": [offset, offset + _nbytes(e)]}
+        header[e[0]] = {
+            "dtype": _ST_DTYPES[e[2]],
+            "shape": list(e[1]),
+            "data_offsets": [offset, offset + _nbytes(e)],
+        }
         offset += _nbytes(e)
     header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -237,13 +275,23 @@ def _write_safetensors(path: Path, entries: list[Entry], bar: tqdm) -> None:
         f.write(struct.pack("<Q", len(blob)) + blob)
         for name, shape, dtype, build in entries:
             t = build()
-            assert tuple(t.shape) == shape and t.dtype == dtype, (name, t.shape, shape, t.dtype, dtype)
+            assert tuple(t.shape) == shape and t.dtype == dtype, (
+                name,
+                t.shape,
+                shape,
+                t.dtype,
+                dtype,
+            )
             f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
             bar.update()
 
 
-def write_checkpoint(out_dir: Path, entries: list[Entry], max_shard_bytes: int = MAX_SHARD_BYTES,
-                     desc: str = "widening") -> None:
+def write_checkpoint(
+    out_dir: Path,
+    entries: list[Entry],
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+    desc: str = "widening",
+) -> None:
     """Safetensors shards of at most ``max_shard_bytes`` (and an index when more than one), streamed.
     Weight files an earlier run left in ``out_dir`` are removed first."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -254,26 +302,44 @@ def write_checkpoint(out_dir: Path, entries: list[Entry], max_shard_bytes: int =
         if shards[-1] and sum(map(_nbytes, shards[-1])) + _nbytes(e) > max_shard_bytes:
             shards.append([])
         shards[-1].append(e)
-    names = ["model.safetensors"] if len(shards) == 1 else \
-        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     with tqdm(total=len(entries), desc=desc, unit="tensor") as bar:
         for shard, name in zip(shards, names):
             _write_safetensors(out_dir / name, shard, bar)
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(map(_nbytes, entries))},
-                 "weight_map": {e[0]: n for shard, n in zip(shards, names) for e in shard}}
+        index = {
+            "metadata": {"total_size": sum(map(_nbytes, entries))},
+            "weight_map": {e[0]: n for shard, n in zip(shards, names) for e in shard},
+        }
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
     for f in src.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json",
-                                                        "added_tokens.json", "vocab.json", "merges.txt"):
+        if f.name.startswith("tokenizer") or f.name in (
+            "special_tokens_map.json",
+            "generation_config.json",
+            "added_tokens.json",
+            "vocab.json",
+            "merges.txt",
+        ):
             shutil.copy2(f, dst / f.name)
 
 
-def _widen_dir(src: Path, dst: Path, widening: Widening, cfg: dict, dtype: torch.dtype, rename: Callable[[str], str],
-               extra: Callable[[dict[str, tuple[int, ...]]], list[Entry]], max_shard_bytes: int) -> Path:
+def _widen_dir(
+    src: Path,
+    dst: Path,
+    widening: Widening,
+    cfg: dict,
+    dtype: torch.dtype,
+    rename: Callable[[str], str],
+    extra: Callable[[dict[str, tuple[int, ...]]], list[Entry]],
+    max_shard_bytes: int,
+) -> Path:
     """Every tensor of ``src`` (one safetensors file, as the zoo's), widened and renamed, then ``extra``
     entries (given the big shapes written); the config, and the tokenizer files copied."""
     path = src / "model.safetensors"
@@ -285,6 +351,7 @@ def _widen_dir(src: Path, dst: Path, widening: Widening, cfg: dict, dtype: torch
         def make() -> torch.Tensor:
             with safe_open(str(path), framework="pt") as f:
                 return widening.tensor(name, f.get_tensor(name), dtype)
+
         return make
 
     entries: list[Entry] = []
@@ -298,8 +365,13 @@ def _widen_dir(src: Path, dst: Path, widening: Widening, cfg: dict, dtype: torch
     return dst
 
 
-def widen_checkpoint(src_dir: str | Path, dst_dir: str | Path, shape: Shape = LLAMA_8B,
-                     dtype: torch.dtype = torch.bfloat16, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+def widen_checkpoint(
+    src_dir: str | Path,
+    dst_dir: str | Path,
+    shape: Shape = LLAMA_8B,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> Path:
     """A Llama-family checkpoint (the zoo target with its MTP layers, or the standalone draft) -> the
     same function in ``shape``: the trained layers first, then all-zero layers, then the MTP layers."""
     src, dst = Path(src_dir), Path(dst_dir)
@@ -316,17 +388,38 @@ def widen_checkpoint(src_dir: str | Path, dst_dir: str | Path, shape: Shape = LL
         return name
 
     def zero_layers(written: dict[str, tuple[int, ...]]) -> list[Entry]:
-        layer0 = {n.removeprefix("model.layers.0."): s for n, s in written.items() if n.startswith("model.layers.0.")}
-        return [(f"model.layers.{i}.{suffix}", s, dtype, lambda s=s: torch.zeros(s, dtype=dtype))
-                for i in range(small.layers, shape.layers) for suffix, s in layer0.items()]
+        layer0 = {
+            n.removeprefix("model.layers.0."): s
+            for n, s in written.items()
+            if n.startswith("model.layers.0.")
+        }
+        return [
+            (f"model.layers.{i}.{suffix}", s, dtype, lambda s=s: torch.zeros(s, dtype=dtype))
+            for i in range(small.layers, shape.layers)
+            for suffix, s in layer0.items()
+        ]
 
-    return _widen_dir(src, dst, w, {**w.config(cfg, dtype, src.name), "num_hidden_layers": shape.layers},
-                      dtype, rename, zero_layers, max_shard_bytes)
+    return _widen_dir(
+        src,
+        dst,
+        w,
+        {**w.config(cfg, dtype, src.name), "num_hidden_layers": shape.layers},
+        dtype,
+        rename,
+        zero_layers,
+        max_shard_bytes,
+    )
 
 
-def widen_draft(src_dir: str | Path, dst_dir: str | Path, target: Shape = LLAMA_8B, dtype: torch.dtype = torch.bfloat16,
-                draft_shape: Shape | None = None, target_hidden: int | None = None,
-                max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+def widen_draft(
+    src_dir: str | Path,
+    dst_dir: str | Path,
+    target: Shape = LLAMA_8B,
+    dtype: torch.dtype = torch.bfloat16,
+    draft_shape: Shape | None = None,
+    target_hidden: int | None = None,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> Path:
     """A draft trained for the zoo target -> the same draft for the target widened into ``target``.
     EAGLE3 and DFlash drafts take the target's width with their own layer count; a standalone Llama
     draft takes ``draft_shape`` (default ``DRAFT_SHAPES[target]``). ``target_hidden``: the small
@@ -337,25 +430,43 @@ def widen_draft(src_dir: str | Path, dst_dir: str | Path, target: Shape = LLAMA_
     arch = (cfg.get("architectures") or [""])[0]
     if arch not in ("LlamaForCausalLMEagle3", "DFlashDraftModel"):
         if draft_shape is None and target not in DRAFT_SHAPES:
-            raise ValueError(f"no standalone draft shape is known for the target shape {target}: pass draft_shape")
-        return widen_checkpoint(src, dst, draft_shape or DRAFT_SHAPES[target], dtype, max_shard_bytes)
+            raise ValueError(
+                f"no standalone draft shape is known for the target shape {target}: pass draft_shape"
+            )
+        return widen_checkpoint(
+            src, dst, draft_shape or DRAFT_SHAPES[target], dtype, max_shard_bytes
+        )
     small = Shape.of(cfg)
     hs = target_hidden or cfg.get("target_hidden_size") or small.hidden
-    w = Widening(small, replace(target, layers=small.layers), arch == "DFlashDraftModel", (hs, target.hidden))
+    w = Widening(
+        small, replace(target, layers=small.layers), arch == "DFlashDraftModel", (hs, target.hidden)
+    )
     new = w.config(cfg, dtype, src.name)
     if arch == "DFlashDraftModel":
-        new["num_target_layers"] = target.layers   # its target_layer_ids stay: the trained layers come first
+        new["num_target_layers"] = (
+            target.layers
+        )  # its target_layer_ids stay: the trained layers come first
     else:
         new["target_hidden_size"] = target.hidden  # eagle_aux_hidden_state_layer_ids, d2t, t2d stay
     return _widen_dir(src, dst, w, new, dtype, lambda n: n, lambda written: [], max_shard_bytes)
 
 
-def widen_zoo(zoo_dir: str | Path, out_dir: str | Path, shape: Shape = LLAMA_8B, draft_shape: Shape | None = None,
-              dtype: torch.dtype = torch.bfloat16, max_shard_bytes: int = MAX_SHARD_BYTES) -> dict[str, Path]:
+def widen_zoo(
+    zoo_dir: str | Path,
+    out_dir: str | Path,
+    shape: Shape = LLAMA_8B,
+    draft_shape: Shape | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> dict[str, Path]:
     """The zoo's target and its three drafts, widened into ``out_dir/<name>``: name -> directory."""
     zoo, out = Path(zoo_dir), Path(out_dir)
     hidden = Shape.of(json.loads((zoo / "tinypy" / "config.json").read_text())).hidden
-    dirs = {"tinypy": widen_checkpoint(zoo / "tinypy", out / "tinypy", shape, dtype, max_shard_bytes)}
+    dirs = {
+        "tinypy": widen_checkpoint(zoo / "tinypy", out / "tinypy", shape, dtype, max_shard_bytes)
+    }
     for name in ("tinypy-eagle3", "tinypy-dflash", "tinypy-draft"):
-        dirs[name] = widen_draft(zoo / name, out / name, shape, dtype, draft_shape, hidden, max_shard_bytes)
+        dirs[name] = widen_draft(
+            zoo / name, out / name, shape, dtype, draft_shape, hidden, max_shard_bytes
+        )
     return dirs

@@ -1,4 +1,5 @@
 """Exact accounting of the paged KV pool's blocks, shared between requests through the prefix cache."""
+
 from __future__ import annotations
 
 from outpace.cache.prefix_cache import PrefixCache
@@ -14,7 +15,9 @@ class BlockPool:
     ``num_blocks``, and ``sum(len(table))`` equals the sum of ``_refs``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None
+    ) -> None:
         self.block_size = block_size
         self.prefix_cache = prefix_cache
         self._tables: dict[str, list[int]] = {}
@@ -40,7 +43,9 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free) + (self.prefix_cache.num_idle if self.prefix_cache is not None else 0)
+        return len(self._free) + (
+            self.prefix_cache.num_idle if self.prefix_cache is not None else 0
+        )
 
     @property
     def num_empty(self) -> int:
@@ -84,7 +89,9 @@ class BlockPool:
         """Grow the request's table to hold ``num_tokens`` slots; returns the table."""
         if not self.try_grow(request_id, num_tokens):
             extra = self.blocks_needed(num_tokens) - len(self.table(request_id))
-            raise RuntimeError(f"request {request_id!r} needs {extra} more blocks, {self.num_free} are free")
+            raise RuntimeError(
+                f"request {request_id!r} needs {extra} more blocks, {self.num_free} are free"
+            )
         return self._tables[request_id]
 
     def free(self, request_id: str) -> None:
@@ -134,7 +141,11 @@ class BlockPool:
         if num_settled < (done + 1) * self.block_size:  # no new full block settled (most steps)
             return
         table = self.table(request_id)
-        n = min(num_settled // self.block_size, (len(token_ids) - cache.reads_ahead) // self.block_size, len(table))
+        n = min(
+            num_settled // self.block_size,
+            (len(token_ids) - cache.reads_ahead) // self.block_size,
+            len(table),
+        )
         if n <= done:
             return
         for block, key in zip(table[done:n], cache.keys(request_id, token_ids, n)[done:]):

@@ -1,4 +1,5 @@
 """The paged KV tensors of one model, bound to its attention layers."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,9 @@ from outpace.attention.layer import PagedCacheLayer
 from outpace.cache.block_pool import BlockPool
 
 
-def bind_kv_cache(model: nn.Module, pool: BlockPool, dtype: torch.dtype,
-                  device: torch.device | str) -> list[tuple[torch.Tensor, ...]]:
+def bind_kv_cache(
+    model: nn.Module, pool: BlockPool, dtype: torch.dtype, device: torch.device | str
+) -> list[tuple[torch.Tensor, ...]]:
     """Allocate and bind the cache of every ``PagedCacheLayer`` of ``model`` (in module order), each layer's
     tensors shaped [num_blocks + 1, block_size, ...] in the layout it declares (``Attention``: k and v
     [.., kv_heads, head_dim]; MLA: a latent view and a rope view of one row per token); returns the list
@@ -19,8 +21,11 @@ def bind_kv_cache(model: nn.Module, pool: BlockPool, dtype: torch.dtype,
     KV there.
     """
     pool._bound.append((model, dtype, device))
-    return [module.bind_cache(pool.num_blocks + 1, pool.block_size, dtype, device)
-            for module in model.modules() if isinstance(module, PagedCacheLayer)]
+    return [
+        module.bind_cache(pool.num_blocks + 1, pool.block_size, dtype, device)
+        for module in model.modules()
+        if isinstance(module, PagedCacheLayer)
+    ]
 
 
 def bound_caches(model: nn.Module) -> list[tuple[torch.Tensor, ...]]:
@@ -58,15 +63,20 @@ class CacheRows:
     def __init__(self, caches: list[tuple[torch.Tensor, ...]], fused: bool | None = None) -> None:
         """``fused``: use the Triton kernel (None: on CUDA)."""
         self.tensors = [t for layer in caches for t in layer]
-        self.fused = bool(self.tensors) and (self.tensors[0].device.type == "cuda" if fused is None else fused)
+        self.fused = bool(self.tensors) and (
+            self.tensors[0].device.type == "cuda" if fused is None else fused
+        )
         if self.fused:
             for t in self.tensors:  # each token row: contiguous bytes, rows a fixed stride apart
                 assert t.stride(0) == t.shape[1] * t.stride(1) and t[0, 0].is_contiguous(), t.shape
             size = self.tensors[0].element_size()
             device = self.tensors[0].device
-            self.bases = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64, device=device)
-            self.row_strides = torch.tensor([t.stride(1) * size for t in self.tensors], dtype=torch.int64,
-                                            device=device)
+            self.bases = torch.tensor(
+                [t.data_ptr() for t in self.tensors], dtype=torch.int64, device=device
+            )
+            self.row_strides = torch.tensor(
+                [t.stride(1) * size for t in self.tensors], dtype=torch.int64, device=device
+            )
             sizes = [t[0, 0].numel() * t.element_size() for t in self.tensors]
             self.row_bytes = torch.tensor(sizes, dtype=torch.int64, device=device)
             self.max_row_bytes = max(sizes)
@@ -74,7 +84,10 @@ class CacheRows:
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         if self.fused:
             from outpace.cache.row_move_kernel import move_rows_all  # Triton: only where a GPU runs
-            move_rows_all(self.bases, self.row_strides, self.row_bytes, self.max_row_bytes, src, dst)
+
+            move_rows_all(
+                self.bases, self.row_strides, self.row_bytes, self.max_row_bytes, src, dst
+            )
             return
         src, dst = src.reshape(-1), dst.reshape(-1)
         for cache in self.tensors:

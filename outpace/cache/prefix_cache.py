@@ -14,6 +14,7 @@ so a hit leaves every proposal as it would have been (SGLang keyed the draft's r
 and lost most hits on deep prompts to mismatches: sglang#32459). The cost is that a prefix must match
 ``reads_ahead`` tokens past a block for that block to hit.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,7 +28,7 @@ class PrefixCacheStats:
     """Counted in tokens over requests admitted (a preempted request counts again when readmitted)."""
 
     queries: int = 0  # tokens of admitted requests that a hit could have covered
-    hits: int = 0     # of those, tokens whose KV came from the cache
+    hits: int = 0  # of those, tokens whose KV came from the cache
 
     @property
     def hit_rate(self) -> float:
@@ -43,7 +44,7 @@ class PrefixCache:
         self.reads_ahead = reads_ahead
         self._block_of: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
-        self._idle: OrderedDict[int, None] = OrderedDict()   # least recently used first
+        self._idle: OrderedDict[int, None] = OrderedDict()  # least recently used first
         # request -> (chained digests of its blocks' tokens, their keys), for its first blocks so far
         self._chains: dict[str, tuple[list[bytes], list[bytes]]] = {}
         self.stats = PrefixCacheStats()
@@ -60,14 +61,24 @@ class PrefixCache:
         block_size + reads_ahead - 1). Kept per request until ``forget``: its tokens only ever grow."""
         bs, ahead = self.block_size, self.reads_ahead
         if num_blocks > 0 and num_blocks * bs + ahead > len(token_ids):
-            raise ValueError(f"block {num_blocks - 1} of request {request_id!r} reads tokens up to "
-                             f"{num_blocks * bs + ahead - 1}, the request has {len(token_ids)}")
+            raise ValueError(
+                f"block {num_blocks - 1} of request {request_id!r} reads tokens up to "
+                f"{num_blocks * bs + ahead - 1}, the request has {len(token_ids)}"
+            )
         chain, keys = self._chains.setdefault(request_id, ([], []))
         for b in range(len(keys), num_blocks):
             parent = chain[-1] if chain else b""
-            chain.append(hashlib.sha256(parent + array("q", token_ids[b * bs:(b + 1) * bs]).tobytes()).digest())
-            after = token_ids[(b + 1) * bs:(b + 1) * bs + ahead]
-            keys.append(hashlib.sha256(chain[b] + array("q", after).tobytes()).digest() if ahead else chain[b])
+            chain.append(
+                hashlib.sha256(
+                    parent + array("q", token_ids[b * bs : (b + 1) * bs]).tobytes()
+                ).digest()
+            )
+            after = token_ids[(b + 1) * bs : (b + 1) * bs + ahead]
+            keys.append(
+                hashlib.sha256(chain[b] + array("q", after).tobytes()).digest()
+                if ahead
+                else chain[b]
+            )
         return keys[:num_blocks]
 
     def longest_hit(self, keys: list[bytes]) -> list[int]:

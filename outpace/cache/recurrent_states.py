@@ -15,6 +15,7 @@ Memory: ``bytes_per_request`` (states and their snapshot rows) times the indices
 KV pool (outpace sizes both from the configuration: ``num_kv_blocks``, ``max_num_seqs`` and the largest
 draft tree; ``nbytes`` is the whole).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,14 @@ from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer
 
 
 class RecurrentStates:
-    def __init__(self, model: nn.Module, num_slots: int, max_verify_rows: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        num_slots: int,
+        max_verify_rows: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         """Allocate and bind the state of every ``RecurrentStateLayer`` of ``model``: per state tensor,
         [num_slots, ...] and its snapshots [num_slots, max_verify_rows, ...] (dtype: as the layer
         declares, else ``dtype``)."""
@@ -67,17 +74,22 @@ class RecurrentStates:
         its row's state (from zeros at row 0) and leaves its state after its last token there."""
         if not self.has_state:
             return None
-        return RecurrentMetadata(torch.tensor(indices, dtype=torch.int64, device=self.device),
-                                 torch.tensor([s > 0 for s in starts], device=self.device))
+        return RecurrentMetadata(
+            torch.tensor(indices, dtype=torch.int64, device=self.device),
+            torch.tensor([s > 0 for s in starts], device=self.device),
+        )
 
-    def verify(self, indices: torch.Tensor, lengths: torch.Tensor, parents: torch.Tensor | None
-               ) -> RecurrentMetadata | None:
+    def verify(
+        self, indices: torch.Tensor, lengths: torch.Tensor, parents: torch.Tensor | None
+    ) -> RecurrentMetadata | None:
         """A verify forward over draft trees (device tensors, capturable): indices, lengths [b]; parents
         [b, num_nodes] (-1 for node 0) or None for chains. Writes snapshots only."""
         if not self.has_state:
             return None
         if parents is not None and parents.shape[1] > self.max_verify_rows:
-            raise ValueError(f"{parents.shape[1]} verified nodes, the state snapshots hold {self.max_verify_rows}")
+            raise ValueError(
+                f"{parents.shape[1]} verified nodes, the state snapshots hold {self.max_verify_rows}"
+            )
         return RecurrentMetadata(indices, lengths > 0, parents, snapshots=True)
 
     def commit(self, indices: torch.Tensor, rows: torch.Tensor) -> None:

@@ -5,6 +5,7 @@ cache/kv_cache.py ``CacheRows``), instead of a gather and a scatter per tensor: 
 The tensors are reached through a table of their base addresses (the way SGLang's
 ``copy_all_layer_kv_cache`` kernel reaches every layer's buffer), so one program serves one
 (tensor, request) pair and copies that request's rows one after another, in column order."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _move_rows_kernel(bases, row_strides, row_bytes, src, dst, WIDTH: tl.constexpr, CHUNK: tl.constexpr,
-                      NUM_CHUNKS: tl.constexpr):
+def _move_rows_kernel(
+    bases,
+    row_strides,
+    row_bytes,
+    src,
+    dst,
+    WIDTH: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+):
     t = tl.program_id(0)  # the tensor
     r = tl.program_id(1)  # the request
     base = tl.load(bases + t).to(tl.pointer_type(tl.uint8))
@@ -31,11 +40,25 @@ def _move_rows_kernel(bases, row_strides, row_bytes, src, dst, WIDTH: tl.constex
                 tl.store(base + d * stride + c * CHUNK + offs, row, mask=m)
 
 
-def move_rows_all(bases: torch.Tensor, row_strides: torch.Tensor, row_bytes: torch.Tensor, max_row_bytes: int,
-                  src: torch.Tensor, dst: torch.Tensor) -> None:
+def move_rows_all(
+    bases: torch.Tensor,
+    row_strides: torch.Tensor,
+    row_bytes: torch.Tensor,
+    max_row_bytes: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+) -> None:
     """``bases``, ``row_strides``, ``row_bytes``  # [tensors] int64: each tensor's address, bytes from one
     token row to the next, bytes of one row; ``src``, ``dst``  # [b, width] int64 flat token rows."""
     chunk = min(triton.next_power_of_2(max_row_bytes), 4096)
     grid = (bases.numel(), src.shape[0])
-    _move_rows_kernel[grid](bases, row_strides, row_bytes, src, dst, WIDTH=src.shape[1], CHUNK=chunk,
-                            NUM_CHUNKS=triton.cdiv(max_row_bytes, chunk))
+    _move_rows_kernel[grid](
+        bases,
+        row_strides,
+        row_bytes,
+        src,
+        dst,
+        WIDTH=src.shape[1],
+        CHUNK=chunk,
+        NUM_CHUNKS=triton.cdiv(max_row_bytes, chunk),
+    )

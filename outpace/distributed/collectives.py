@@ -1,4 +1,5 @@
 """The collectives sharded layers and the lockstep engine use; each is the identity for one rank."""
+
 from __future__ import annotations
 
 import torch
@@ -23,10 +24,10 @@ def all_gather_last_dim(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
     if group.size == 1:
         return x
     shard = x.shape[-1]
-    rows = x.reshape(-1, shard).contiguous()                                      # [n, shard]
+    rows = x.reshape(-1, shard).contiguous()  # [n, shard]
     gathered = torch.empty(group.size * rows.shape[0], shard, dtype=x.dtype, device=x.device)
-    _all_gather_into(gathered, rows, group=group.device_group)                    # [size * n, shard]
-    out = gathered.view(group.size, rows.shape[0], shard).permute(1, 0, 2)        # [n, size, shard]
+    _all_gather_into(gathered, rows, group=group.device_group)  # [size * n, shard]
+    out = gathered.view(group.size, rows.shape[0], shard).permute(1, 0, 2)  # [n, size, shard]
     return out.reshape(*x.shape[:-1], group.size * shard)
 
 

@@ -11,6 +11,7 @@ Layers learn their group when they are built: ``building_in(group)`` around a mo
 keeps the group it was built in; outside any ``building_in`` block the group is ``SINGLE`` (rank 0
 of 1), the degenerate case in which every layer is the plain unsharded one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +28,7 @@ class RankGroup:
     rank: int
     size: int
     device_group: object = None  # torch ProcessGroup for tensors (None when size is 1)
-    cpu_group: object = None     # torch ProcessGroup (gloo) for host objects
+    cpu_group: object = None  # torch ProcessGroup (gloo) for host objects
 
     @property
     def is_driver(self) -> bool:
@@ -56,8 +57,9 @@ def build_group() -> RankGroup:
     return _building
 
 
-def init_rank_group(world_size: int, rank: int, device: str, init_method: str = "env://",
-                    timeout_s: float = 60.0) -> RankGroup:
+def init_rank_group(
+    world_size: int, rank: int, device: str, init_method: str = "env://", timeout_s: float = 60.0
+) -> RankGroup:
     """Join (or create) the default process group and return this rank's ``RankGroup``.
 
     ``device`` "cpu": gloo for tensors; "cuda...": NCCL (this process's GPU is its local rank, LOCAL_RANK
@@ -71,11 +73,18 @@ def init_rank_group(world_size: int, rank: int, device: str, init_method: str = 
 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if on_gpu else "gloo", init_method=init_method, world_size=world_size,
-                                rank=rank, timeout=timeout)
+        dist.init_process_group(
+            "nccl" if on_gpu else "gloo",
+            init_method=init_method,
+            world_size=world_size,
+            rank=rank,
+            timeout=timeout,
+        )
     if dist.get_world_size() != world_size:
-        raise ValueError(f"tensor_parallel_size={world_size} does not match the process group's world size "
-                         f"{dist.get_world_size()} (torchrun --nproc-per-node must equal --tensor-parallel-size)")
+        raise ValueError(
+            f"tensor_parallel_size={world_size} does not match the process group's world size "
+            f"{dist.get_world_size()} (torchrun --nproc-per-node must equal --tensor-parallel-size)"
+        )
     # NOTE: ranks > 0 wait on the CPU group for rank 0's next step however long the engine idles (a
     # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo
     # noticing the closed connection.

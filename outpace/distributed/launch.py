@@ -9,6 +9,7 @@ Two ways in, one engine:
   carries on as the driver and every other rank serves it (``follow``) and then exits.
 Either way ranks > 0 build the same engine and follow rank 0 step by step (distributed/lockstep.py).
 """
+
 from __future__ import annotations
 
 import gc
@@ -36,9 +37,14 @@ class RankFailure(RuntimeError):
 class Ranks:
     """This process's place in the engine's group, and (on a rank 0 that started them) the other ranks'
     processes."""
+
     group: RankGroup = SINGLE
-    processes: dict[int, mp.Process] = field(default_factory=dict)  # rank -> process, when started here
-    owns_group: bool = False  # this process created the default process group (and destroys it at close)
+    processes: dict[int, mp.Process] = field(
+        default_factory=dict
+    )  # rank -> process, when started here
+    owns_group: bool = (
+        False  # this process created the default process group (and destroys it at close)
+    )
     closed: bool = False
 
     def dead(self, wait_s: float = 2.0) -> dict[int, int]:
@@ -55,11 +61,17 @@ class Ranks:
         collective's (a rank died, or the backend reported a broken or timed-out collective)."""
         dead = self.dead()
         if dead:
-            described = ", ".join(f"rank {r} exited with {exit_reason(code)}" for r, code in sorted(dead.items()))
-            return RankFailure(f"tensor-parallel {described}; the engine stopped the other ranks: {error}")
+            described = ", ".join(
+                f"rank {r} exited with {exit_reason(code)}" for r, code in sorted(dead.items())
+            )
+            return RankFailure(
+                f"tensor-parallel {described}; the engine stopped the other ranks: {error}"
+            )
         if isinstance(error, dist.DistError):
-            return RankFailure(f"a collective of the tensor-parallel group failed (a rank stopped or timed out): "
-                               f"{error}")
+            return RankFailure(
+                f"a collective of the tensor-parallel group failed (a rank stopped or timed out): "
+                f"{error}"
+            )
         return None
 
     def stop_processes(self, timeout_s: float = 10.0) -> None:
@@ -108,8 +120,10 @@ def join_ranks(config) -> Ranks:
         return Ranks()
     gc.collect()  # an engine dropped but not closed (held in a reference cycle) closes its ranks now
     if _started_here:
-        raise RuntimeError("a tensor-parallel engine whose ranks this process started is still open: close() it "
-                           "(LLM.close, LLMEngine.close) before starting another")
+        raise RuntimeError(
+            "a tensor-parallel engine whose ranks this process started is still open: close() it "
+            "(LLM.close, LLMEngine.close) before starting another"
+        )
     if dist.is_initialized() or launched_by_torchrun():
         ranks = join_group(config)
         if not ranks.group.is_driver:
@@ -127,7 +141,9 @@ def join_group(config) -> Ranks:
     sets it up, unless the caller already did), for an engine of ``config``."""
     owns = not dist.is_initialized()
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    group = init_rank_group(config.tensor_parallel_size, rank, config.device, timeout_s=COLLECTIVE_TIMEOUT_S)
+    group = init_rank_group(
+        config.tensor_parallel_size, rank, config.device, timeout_s=COLLECTIVE_TIMEOUT_S
+    )
     return Ranks(group, owns_group=owns)
 
 
@@ -144,14 +160,23 @@ def _start_ranks(config) -> Ranks:
     context = mp.get_context("spawn")
     processes = {}
     for rank in range(1, config.tensor_parallel_size):
-        p = context.Process(target=_rank_main, args=(config, rank, init_method), name=f"outpace-rank-{rank}",
-                            daemon=True)
+        p = context.Process(
+            target=_rank_main,
+            args=(config, rank, init_method),
+            name=f"outpace-rank-{rank}",
+            daemon=True,
+        )
         p.start()
         processes[rank] = p
     ranks = Ranks(processes=processes, owns_group=True)
     try:
-        ranks.group = init_rank_group(config.tensor_parallel_size, 0, config.device, init_method,
-                                      timeout_s=COLLECTIVE_TIMEOUT_S)
+        ranks.group = init_rank_group(
+            config.tensor_parallel_size,
+            0,
+            config.device,
+            init_method,
+            timeout_s=COLLECTIVE_TIMEOUT_S,
+        )
     except BaseException:
         ranks.close(timeout_s=0.0)
         raise
@@ -162,8 +187,13 @@ def _start_ranks(config) -> Ranks:
 def _rank_main(config, rank: int, init_method: str) -> None:
     """A started rank's process: join the group, follow rank 0, exit 1 (naming why) if that fails."""
     try:
-        group = init_rank_group(config.tensor_parallel_size, rank, config.device, init_method,
-                                timeout_s=COLLECTIVE_TIMEOUT_S)
+        group = init_rank_group(
+            config.tensor_parallel_size,
+            rank,
+            config.device,
+            init_method,
+            timeout_s=COLLECTIVE_TIMEOUT_S,
+        )
         follow(config, group)
     except BaseException as e:  # rank 0 died or failed: leave, saying why
         print(f"outpace rank {rank}: stopping: {type(e).__name__}: {e}", file=sys.stderr)

@@ -13,6 +13,7 @@ difference, instead of entering mismatched collectives.
 The one choice taken from measured time, the adaptive draft length (speculative/adaptive.py), is
 rank 0's on every rank (``DriverChoice``).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -29,8 +30,13 @@ class RankDivergence(RuntimeError):
 @dataclass
 class StepMessage:
     """What rank 0 sends before each step."""
-    ops: list[tuple[str, bytes | str]] = field(default_factory=list)  # ("add", pickled Request) | ("abort", id)
-    schedule: list[tuple[str, int]] = field(default_factory=list)     # the batch: (request id, new tokens)
+
+    ops: list[tuple[str, bytes | str]] = field(
+        default_factory=list
+    )  # ("add", pickled Request) | ("abort", id)
+    schedule: list[tuple[str, int]] = field(
+        default_factory=list
+    )  # the batch: (request id, new tokens)
 
 
 def schedule_of(batch) -> list[tuple[str, int]]:
@@ -68,8 +74,10 @@ class Lockstep:
     def check(self, batch, message: StepMessage) -> None:
         mine = schedule_of(batch)
         if mine != message.schedule:
-            raise RankDivergence(f"rank {self.group.rank} scheduled {mine}, rank 0 scheduled {message.schedule}: "
-                                 f"the ranks' engines diverged")
+            raise RankDivergence(
+                f"rank {self.group.rank} scheduled {mine}, rank 0 scheduled {message.schedule}: "
+                f"the ranks' engines diverged"
+            )
 
 
 def requests_of(message: StepMessage):

@@ -6,6 +6,7 @@ mamba_mixer2.py, used for Qwen3-Next's conv1d in models/qwen3_next.py too), so t
 parts belong together: its q heads with their k and v heads, its x heads with their groups' B and C.
 With one rank every part is whole and these are the plain layers.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,9 @@ from outpace.distributed.group import RankGroup
 from outpace.distributed.sharding import PackedShard, Shard, mark_shard, split_evenly
 from outpace.layers.linear import Linear, linear
 
-Part = tuple[int, int, int]  # (the part's rows in the checkpoint, this rank's first row within it, its rows)
+Part = tuple[
+    int, int, int
+]  # (the part's rows in the checkpoint, this rank's first row within it, its rows)
 
 
 def even_part(rows: int, group: RankGroup, what: str) -> Part:
@@ -37,7 +40,9 @@ def _mark(params: list[nn.Parameter | None], parts: list[Part], group: RankGroup
                 mark_shard(p, PackedShard(0, tuple(parts)))
 
 
-def packed_column_parallel(in_features: int, parts: list[Part], group: RankGroup, bias: bool = False) -> Linear:
+def packed_column_parallel(
+    in_features: int, parts: list[Part], group: RankGroup, bias: bool = False
+) -> Linear:
     """A column-parallel projection whose output rows are ``parts``: [..., in] -> this rank's rows of each part,
     concatenated."""
     layer = linear(in_features, sum(count for _, _, count in parts), bias)

@@ -11,6 +11,7 @@ Rules, as vLLM and SGLang shard the Llama family:
   token id reaches them and gathered logits are trimmed to the real vocabulary. With one rank
   nothing is padded: the layers are the plain ones, shaped as the checkpoint.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class Shard:
     equal blocks packed one after another (an expert's gate rows, then its up rows) and this rank holds
     rows ``start .. start + length`` of each block, concatenated (vLLM's MergedColumnParallelLinear
     shards a packed gate/up the same way)."""
+
     dim: int
     start: int
     length: int
@@ -43,12 +45,20 @@ class Shard:
         checks ``full_shape[dim] == full``."""
         if self.blocks > 1:
             block = self.full // self.blocks
-            return _read_ranges(tensor_slice, full_shape, self.dim,
-                                [(b * block + self.start, b * block + self.start + self.length)
-                                 for b in range(self.blocks)])
+            return _read_ranges(
+                tensor_slice,
+                full_shape,
+                self.dim,
+                [
+                    (b * block + self.start, b * block + self.start + self.length)
+                    for b in range(self.blocks)
+                ],
+            )
         start, end = self.start, min(self.start + self.length, full_shape[self.dim])
         pad_shape = list(full_shape)
-        pad_shape[self.dim] = self.length - max(end - start, 0)   # padding rows past the checkpoint's
+        pad_shape[self.dim] = self.length - max(
+            end - start, 0
+        )  # padding rows past the checkpoint's
         if end <= start:  # a rank that holds padding rows only
             return torch.zeros(pad_shape, dtype=_dtype(tensor_slice))
         part = _read_ranges(tensor_slice, full_shape, self.dim, [(start, end)])
@@ -63,6 +73,7 @@ class PackedShard:
     q, k and v channels; Mamba2's z, x, B, C and dt rows): per part, (its rows in the checkpoint, this rank's
     first row within it, this rank's rows), the rank's rows of every part concatenated in order (vLLM's
     ``mamba_v2_sharded_weight_loader`` shards such tensors part by part)."""
+
     dim: int
     parts: tuple[tuple[int, int, int], ...]
 
@@ -79,7 +90,9 @@ class PackedShard:
         return _read_ranges(tensor_slice, full_shape, self.dim, ranges)
 
 
-def _read_ranges(tensor_slice, full_shape: tuple[int, ...], dim: int, ranges: list[tuple[int, int]]) -> torch.Tensor:
+def _read_ranges(
+    tensor_slice, full_shape: tuple[int, ...], dim: int, ranges: list[tuple[int, int]]
+) -> torch.Tensor:
     """Rows [start, end) of each range along ``dim``, concatenated."""
     index, parts = [slice(None)] * len(full_shape), []
     for start, end in ranges:
@@ -105,12 +118,16 @@ def mark_shard(param: torch.nn.Parameter, shard: Shard | PackedShard | None) -> 
 def split_evenly(total: int, size: int, what: str) -> int:
     """total / size, or ShardingError naming ``what`` when it does not divide."""
     if total % size:
-        raise ShardingError(f"{what}={total} does not split over tensor_parallel_size={size} ranks: "
-                            f"it must be a multiple of {size}")
+        raise ShardingError(
+            f"{what}={total} does not split over tensor_parallel_size={size} ranks: "
+            f"it must be a multiple of {size}"
+        )
     return total // size
 
 
-def kv_head_shard(num_kv_heads: int, rank: int, size: int, what: str = "num_key_value_heads") -> tuple[int, int]:
+def kv_head_shard(
+    num_kv_heads: int, rank: int, size: int, what: str = "num_key_value_heads"
+) -> tuple[int, int]:
     """(first kv head, kv heads) this rank holds: an even split, or one head replicated on
     size / num_kv_heads consecutive ranks when there are fewer heads than ranks. (Mamba2's groups of
     heads split the same way, ``what`` naming them: vLLM MambaMixer2 replicates a group on the ranks of
@@ -119,8 +136,10 @@ def kv_head_shard(num_kv_heads: int, rank: int, size: int, what: str = "num_key_
         per_rank = split_evenly(num_kv_heads, size, what)
         return rank * per_rank, per_rank
     if size % num_kv_heads:
-        raise ShardingError(f"{what}={num_kv_heads} cannot be replicated over "
-                            f"tensor_parallel_size={size} ranks: the size must be a multiple of it")
+        raise ShardingError(
+            f"{what}={num_kv_heads} cannot be replicated over "
+            f"tensor_parallel_size={size} ranks: the size must be a multiple of it"
+        )
     return rank // (size // num_kv_heads), 1
 
 

@@ -6,13 +6,13 @@ host-to-device copy and one graph launch instead of thousands of kernel launches
 the graph of the smallest bucket >= n; the padded rows use the padding row (engine/request_table.py), so the KV they write
 lands where no request reads.
 """
+
 from __future__ import annotations
 
 import gc
 from typing import Callable, Sequence
 
 import torch
-
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 

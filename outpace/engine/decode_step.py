@@ -23,6 +23,7 @@ output), a grammar's masks (computed on the host between the draft and the verif
 such a step runs eagerly), the raw log-probabilities of the committed tokens. Only keys without any
 are captured at start-up; the others run the same function eagerly.
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
@@ -35,7 +36,12 @@ from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.request_table import RequestTable
 from outpace.engine.step_key import StepKey
-from outpace.layers.logits_processing import TokenLogprobs, apply_token_bitmask, count_tokens, token_logprobs
+from outpace.layers.logits_processing import (
+    TokenLogprobs,
+    apply_token_bitmask,
+    count_tokens,
+    token_logprobs,
+)
 from outpace.request import VERIFY
 from outpace.speculative.chain import chain_drafts, position_gumbel
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
@@ -45,10 +51,13 @@ from outpace.speculative.verify import verify_chain, verify_tree
 
 class StepRows(NamedTuple):
     """A step's outputs by request (``DecodeStep.unpack``): column[i] is request i's."""
-    tokens: list[list[int]]                 # committed: the accepted drafts and the bonus
-    accepted: list[int]                     # accepted drafts
-    depths: list[list[int]] | None          # a tree's drafts' depths; None for a chain
-    logprobs: list[list[tuple]] | None      # per committed token: (logprob, rank, top ids, top logprobs)
+
+    tokens: list[list[int]]  # committed: the accepted drafts and the bonus
+    accepted: list[int]  # accepted drafts
+    depths: list[list[int]] | None  # a tree's drafts' depths; None for a chain
+    logprobs: (
+        list[list[tuple]] | None
+    )  # per committed token: (logprob, rank, top ids, top logprobs)
 
 
 # The host's part of a grammar step: the draft trees -> each row's token bitmask at every node, on the
@@ -57,8 +66,16 @@ TokenMasks = Callable[[Drafts], torch.Tensor]
 
 
 class DecodeStep:
-    def __init__(self, model: nn.Module, backend, kv_caches: list, req_table: RequestTable, proposer: Proposer | None,
-                 max_seqs: int, states: RecurrentStates) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        backend,
+        kv_caches: list,
+        req_table: RequestTable,
+        proposer: Proposer | None,
+        max_seqs: int,
+        states: RecurrentStates,
+    ) -> None:
         """``states``: the indices' recurrent state (hybrid models; empty otherwise), kept at the last
         correct node of each verify (``RecurrentStates.commit``)."""
         self.model, self.backend, self.states = model, backend, states
@@ -66,14 +83,20 @@ class DecodeStep:
         self.kv_rows = CacheRows(kv_caches)
         # The step's input: each row's row (padding rows: the padding row). Static, so captured
         # graphs read it; the host writes it before each launch.
-        self.batch_indices = torch.full((max_seqs,), req_table.padding_index, dtype=torch.int64, device=req_table.device)
-        self.graphs: dict[StepKey, CapturedCall] = {}  # the captured steps (CUDA; eager replays elsewhere)
+        self.batch_indices = torch.full(
+            (max_seqs,), req_table.padding_index, dtype=torch.int64, device=req_table.device
+        )
+        self.graphs: dict[
+            StepKey, CapturedCall
+        ] = {}  # the captured steps (CUDA; eager replays elsewhere)
 
     def capture(self, key: StepKey, memory_pool=None) -> None:
         """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
         self.graphs[key] = CapturedCall(lambda: self.step(key), self.req_table.device, memory_pool)
 
-    def run(self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None) -> torch.Tensor:
+    def run(
+        self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None
+    ) -> torch.Tensor:
         """Run the step for the rows in ``batch_indices[:key.bucket]``: the captured graph of the key when
         there is one (full-width block tables), else eagerly over the first ``width`` table columns.
         ``token_masks``: the grammar's masks (a key with ``features.grammar``). Returns the step's packed
@@ -81,45 +104,87 @@ class DecodeStep:
         graph = self.graphs.get(key)
         return graph.replay() if graph is not None else self.step(key, width, token_masks)
 
-    def step(self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None) -> torch.Tensor:
+    def step(
+        self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None
+    ) -> torch.Tensor:
         """The iteration (capturable without logits features). Returns [b * (depth + 1) + b (+ b * num_nodes
         for trees) (+ b * (depth + 1) * (2 + 2k) with log-probabilities)] int64: each row's output tokens
         (accepted drafts, the bonus, then -1), its number of accepted drafts, for trees each node's depth,
         and each output position's packed log-probabilities (``TokenLogprobs.pack``)."""
         s, shape, b = self.req_table, key.shape, key.bucket
         with torch.inference_mode():
-            req_indices = self.batch_indices[:b]                                            # [b]
-            tables = s.tables.index_select(0, req_indices)                                # [b, max_blocks]
-            rows = DecodeRows(req_indices, s.lengths[req_indices], s.last_tokens[req_indices],
-                              tables if width is None else tables[:, :width].contiguous(), s.seeds[req_indices],
-                              s.sampling(req_indices, key.mode.greedy, key.mode.filtered, key.mode.seeded),
-                              s.pool.block_size)
-            drafts = self.proposer.draft(rows, shape) if self.proposer is not None else chain_drafts(rows, [], [])
+            req_indices = self.batch_indices[:b]  # [b]
+            tables = s.tables.index_select(0, req_indices)  # [b, max_blocks]
+            rows = DecodeRows(
+                req_indices,
+                s.lengths[req_indices],
+                s.last_tokens[req_indices],
+                tables if width is None else tables[:, :width].contiguous(),
+                s.seeds[req_indices],
+                s.sampling(req_indices, key.mode.greedy, key.mode.filtered, key.mode.seeded),
+                s.pool.block_size,
+            )
+            drafts = (
+                self.proposer.draft(rows, shape)
+                if self.proposer is not None
+                else chain_drafts(rows, [], [])
+            )
             n = shape.num_nodes
-            mask = None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)  # [b, n, n]
+            mask = (
+                None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)
+            )  # [b, n, n]
             with rows.context(rows.lengths, n, self.backend, mask) as ctx:
-                ctx.recurrent = self.states.verify(req_indices, rows.lengths, None if shape.is_chain else drafts.parents)
-                out = self.model(drafts.token_ids.reshape(-1), (rows.lengths[:, None] + drafts.depths).reshape(-1))
-            raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)           # [b, n, vocab]
-            logits = self._processed(key, raw, drafts, mask, token_masks)               # [b, n, vocab]
+                ctx.recurrent = self.states.verify(
+                    req_indices, rows.lengths, None if shape.is_chain else drafts.parents
+                )
+                out = self.model(
+                    drafts.token_ids.reshape(-1),
+                    (rows.lengths[:, None] + drafts.depths).reshape(-1),
+                )
+            raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)  # [b, n, vocab]
+            logits = self._processed(key, raw, drafts, mask, token_masks)  # [b, n, vocab]
             keys = None if key.mode.greedy else rows.keys(0, VERIFY)  # greedy draws nothing
-            gumbel = _node_gumbel(rows, drafts.depths, shape, logits.shape[-1])          # [b, n, vocab] or None
+            gumbel = _node_gumbel(
+                rows, drafts.depths, shape, logits.shape[-1]
+            )  # [b, n, vocab] or None
             if shape.is_chain:
-                result = verify_chain(drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys,
-                                      gumbel)
+                result = verify_chain(
+                    drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys, gumbel
+                )
             else:
-                result = verify_tree(drafts.parents, drafts.token_ids, None, logits, rows.sampling, keys, gumbel,
-                                     max_depth=shape.num_steps)
+                result = verify_tree(
+                    drafts.parents,
+                    drafts.token_ids,
+                    None,
+                    logits,
+                    rows.sampling,
+                    keys,
+                    gumbel,
+                    max_depth=shape.num_steps,
+                )
                 self._commit_tree_kv(rows, result.accepted_path)
-            if key.features.penalties:  # node 0 and the accepted drafts are output before the new last token
-                path = result.accepted_path                                              # [b, depth + 1]
-                count_tokens(s.output_counts, req_indices, drafts.token_ids.gather(1, path.clamp(min=0)), path >= 0)
-            self.states.commit(req_indices, result.last_correct_step_indices)  # (a no-op without recurrent state)
+            if (
+                key.features.penalties
+            ):  # node 0 and the accepted drafts are output before the new last token
+                path = result.accepted_path  # [b, depth + 1]
+                count_tokens(
+                    s.output_counts,
+                    req_indices,
+                    drafts.token_ids.gather(1, path.clamp(min=0)),
+                    path >= 0,
+                )
+            self.states.commit(
+                req_indices, result.last_correct_step_indices
+            )  # (a no-op without recurrent state)
             if self.proposer is not None:
-                self.proposer.update(Verified(rows, out.hidden_states, out.aux_hidden_states, result))
+                self.proposer.update(
+                    Verified(rows, out.hidden_states, out.aux_hidden_states, result)
+                )
             s.lengths[req_indices] = rows.lengths + result.num_correct_drafts + 1
             s.last_tokens[req_indices] = result.bonus_token_ids
-            s.lengths[s.padding_index:].zero_()  # (the last row; a slice: no host scalar copied in a capture)
+            s.lengths[
+                s.padding_index :
+            ].zero_()  # (the last row; a slice: no host scalar copied in a capture)
             packed = [result.output_token_ids.reshape(-1), result.num_correct_drafts]
             if not shape.is_chain:
                 packed.append(drafts.depths.reshape(-1))
@@ -127,13 +192,25 @@ class DecodeStep:
                 packed.append(_committed_logprobs(raw, result, key.features.logprobs).pack())
             return torch.cat(packed)
 
-    def _processed(self, key: StepKey, logits: torch.Tensor, drafts: Drafts, tree_mask: torch.Tensor | None,
-                   token_masks: TokenMasks | None) -> torch.Tensor:
+    def _processed(
+        self,
+        key: StepKey,
+        logits: torch.Tensor,
+        drafts: Drafts,
+        tree_mask: torch.Tensor | None,
+        token_masks: TokenMasks | None,
+    ) -> torch.Tensor:
         """The logits verified: biased and penalized at every node as if its path were committed, then
         masked by the grammar. ``logits`` [b, n, V] -> [b, n, V]."""
         if key.features.penalties:
-            ancestors = tree_mask if tree_mask is not None else ancestor_mask(drafts.parents, key.shape.num_steps)
-            logits = self.req_table.penalties(self.batch_indices[:key.bucket]).apply(logits, drafts.token_ids, ancestors)
+            ancestors = (
+                tree_mask
+                if tree_mask is not None
+                else ancestor_mask(drafts.parents, key.shape.num_steps)
+            )
+            logits = self.req_table.penalties(self.batch_indices[: key.bucket]).apply(
+                logits, drafts.token_ids, ancestors
+            )
         if key.features.grammar:
             logits = apply_token_bitmask(logits, token_masks(drafts))
         return logits
@@ -150,38 +227,40 @@ class DecodeStep:
         """The first ``n`` rows of a step's packed outputs."""
         shape, b = key.shape, key.bucket
         width, nodes = shape.num_steps + 1, shape.num_nodes
-        accepted = host[b * width:b * width + n]
+        accepted = host[b * width : b * width + n]
         starts = range(0, n * width, width)  # each row's first output position
-        tokens = [host[a:a + c + 1] for a, c in zip(starts, accepted)]
+        tokens = [host[a : a + c + 1] for a, c in zip(starts, accepted)]
         at = b * width + b
         depths = None
         if not shape.is_chain:
-            depths = [host[at + i * nodes + 1:at + (i + 1) * nodes] for i in range(n)]
+            depths = [host[at + i * nodes + 1 : at + (i + 1) * nodes] for i in range(n)]
             at += b * nodes
         k = key.features.logprobs
         logprobs = None
         if k is not None:
-            entries = TokenLogprobs.unpack_rows(host[at:at + n * width * (2 + 2 * k)], k)
-            logprobs = [entries[a:a + c + 1] for a, c in zip(starts, accepted)]
+            entries = TokenLogprobs.unpack_rows(host[at : at + n * width * (2 + 2 * k)], k)
+            logprobs = [entries[a : a + c + 1] for a, c in zip(starts, accepted)]
         return StepRows(tokens, accepted, depths, logprobs)
 
     def _commit_tree_kv(self, rows: DecodeRows, path: torch.Tensor) -> None:
         """Move the target KV of each row's accepted nodes (``path`` [b, depth + 1], -1 after) from KV row
         L + node to row L + i, i their order on the path; a chain's path needs no move."""
         b, width = path.shape
-        order = torch.arange(width, device=path.device).expand(b, -1)                  # [b, depth + 1]
-        src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)         # unaccepted: stay
+        order = torch.arange(width, device=path.device).expand(b, -1)  # [b, depth + 1]
+        src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)  # unaccepted: stay
         dst_rows = rows.lengths[:, None] + order
         self.kv_rows.move(rows.cache_slots(src_rows), rows.cache_slots(dst_rows))
 
 
-def _node_gumbel(rows: DecodeRows, depths: torch.Tensor, shape: DraftShape, vocab: int) -> torch.Tensor | None:
+def _node_gumbel(
+    rows: DecodeRows, depths: torch.Tensor, shape: DraftShape, vocab: int
+) -> torch.Tensor | None:
     """[b, n, vocab] the seeded rows' noise at each node (``depths`` [b, n]): that of the position the node
     decides, L + 1 + its depth, which the nodes of one depth share; None when no row is seeded."""
-    gumbel = position_gumbel(rows, 1, shape.num_steps + 1, vocab)                       # [b * (depth + 1), vocab]
+    gumbel = position_gumbel(rows, 1, shape.num_steps + 1, vocab)  # [b * (depth + 1), vocab]
     if gumbel is None:
         return None
-    gumbel = gumbel.view(rows.size, shape.num_steps + 1, vocab)                          # [b, depth + 1, vocab]
+    gumbel = gumbel.view(rows.size, shape.num_steps + 1, vocab)  # [b, depth + 1, vocab]
     return gumbel if shape.is_chain else gumbel.gather(1, depths[..., None].expand(-1, -1, vocab))
 
 
@@ -190,6 +269,8 @@ def _committed_logprobs(logits: torch.Tensor, result, k: int) -> TokenLogprobs:
     at the accepted nodes ``result.accepted_path``; past the bonus: node 0 and token 0, ignored).
     ``logits`` [b, n, V] -> b * w rows."""
     b, _, vocab = logits.shape
-    nodes = result.accepted_path.clamp(min=0)                                                    # [b, w]
-    rows = logits.gather(1, nodes[..., None].expand(-1, -1, vocab))                              # [b, w, V]
-    return token_logprobs(rows.reshape(-1, vocab), result.output_token_ids.clamp(min=0).reshape(-1), k)
+    nodes = result.accepted_path.clamp(min=0)  # [b, w]
+    rows = logits.gather(1, nodes[..., None].expand(-1, -1, vocab))  # [b, w, V]
+    return token_logprobs(
+        rows.reshape(-1, vocab), result.output_token_ids.clamp(min=0).reshape(-1), k
+    )

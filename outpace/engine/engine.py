@@ -5,6 +5,7 @@ is this rank's shard (built inside ``building_in``); rank 0's takes requests and
 at each step sends the other ranks what changed, so every rank schedules and runs the same step
 (distributed/lockstep.py). The other ranks run ``follow`` instead of being called.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,36 +24,42 @@ from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
-from outpace.model_config import ModelConfig
-from outpace.sampling_params import SamplingParams
-from outpace.validation import ConfigError, read_json_object
 from outpace.detokenizer import update_text
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
-from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
 from outpace.engine.cuda_graphs import batch_buckets
+from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
 from outpace.engine.prefill_graphs import prefill_buckets
-from outpace.engine.warm_up import warm_up_prefills
-from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.step_key import SamplingMode
 from outpace.engine.step_results import StepResults
+from outpace.engine.warm_up import warm_up_prefills
+from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
+from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.registry import proposer_class
 from outpace.request import Request, RequestOutput, RequestStatus
+from outpace.sampling_params import SamplingParams
 from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.structured import GrammarCompiler, GrammarTable
 from outpace.threads import configure_threads
+from outpace.validation import ConfigError, read_json_object
 
 logger = logging.getLogger("outpace.engine")
 
 
 # The JSON files transformers' AutoTokenizer reads from a tokenizer directory (config.json is ModelConfig's).
-TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                        "chat_template.json", "vocab.json")
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "vocab.json",
+)
 
 
 def load_tokenizer(path: str | Path):
@@ -71,14 +78,18 @@ def load_tokenizer(path: str | Path):
         for name in TOKENIZER_JSON_FILES:
             if (path / name).is_file():
                 read_json_object(path / name)
-        raise ConfigError(f"{path}: the tokenizer cannot be loaded by transformers: {error}") from error
+        raise ConfigError(
+            f"{path}: the tokenizer cannot be loaded by transformers: {error}"
+        ) from error
 
 
 def _token_ids(prompt: Sequence) -> list[int]:
     """A prompt given as token ids: integers only (not bools, floats or strings, which int() would take)."""
     for i, t in enumerate(prompt):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise ValueError(f"prompt token id {i} is {t!r} ({type(t).__name__}): token ids must be integers")
+            raise ValueError(
+                f"prompt token id {i} is {t!r} ({type(t).__name__}): token ids must be integers"
+            )
     return [int(t) for t in prompt]
 
 
@@ -101,7 +112,9 @@ def close_ranks(lockstep: Lockstep | None, ranks: Ranks) -> None:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: bool = True, ranks: Ranks | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, progress: bool = True, ranks: Ranks | None = None
+    ) -> None:
         """``ranks``: this process's rank of a tensor-parallel engine (distributed/launch.py); by default
         joined from ``config`` (and with more than one, the other ranks started or awaited)."""
         self.ranks = ranks if ranks is not None else join_ranks(config)
@@ -115,7 +128,9 @@ class LLMEngine:
             raise
         # (a finalizer holds no reference to the engine, so collecting it closes the ranks)
         driver = self.lockstep is not None and self.ranks.group.is_driver
-        self._closer = weakref.finalize(self, close_ranks, self.lockstep if driver else None, self.ranks)
+        self._closer = weakref.finalize(
+            self, close_ranks, self.lockstep if driver else None, self.ranks
+        )
 
     def _build(self, config: EngineConfig, progress: bool) -> None:
         self.config = config
@@ -123,36 +138,56 @@ class LLMEngine:
         max_pos = self.model_config.max_position_embeddings
         spec = config.speculative
         if spec.enabled and proposer_class(spec.method).takes_draft_checkpoint and not spec.draft:
-            raise ConfigError(f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
-                              f"with a draft checkpoint: give its directory")
+            raise ConfigError(
+                f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
+                f"with a draft checkpoint: give its directory"
+            )
         if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "
-                              f"max_position_embeddings is {max_pos} ({config.model}/config.json)")
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)  # (a bad file named before the model loads)
+            raise ConfigError(
+                f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "
+                f"max_position_embeddings is {max_pos} ({config.model}/config.json)"
+            )
+        self.tokenizer = load_tokenizer(
+            config.tokenizer or config.model
+        )  # (a bad file named before the model loads)
         torch.manual_seed(config.seed)
         self._seeds = torch.Generator().manual_seed(config.seed)  # unseeded requests' seeds
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
-        self.model = load_model(config.model, dtype, config.device, progress=progress,
-                                load_format=config.load_format)
+        self.model = load_model(
+            config.model, dtype, config.device, progress=progress, load_format=config.load_format
+        )
         if config.device == "cpu":
             configure_threads(sum(p.numel() for p in self.model.parameters()))
         # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)
         profile_tokens = min(config.max_num_batched_tokens, max_pos - 1)
         sizing = config.kv_blocks_from_memory
-        blocks = -(-profile_tokens // config.block_size) if sizing else config.num_kv_blocks or CPU_KV_BLOCKS
+        blocks = (
+            -(-profile_tokens // config.block_size)
+            if sizing
+            else config.num_kv_blocks or CPU_KV_BLOCKS
+        )
         self.pool = BlockPool(blocks, config.block_size)
         on_gpu = config.device.startswith("cuda")
         backend = resolve_backend_name(config.attention_backend, config.device)
         self.proposer, shapes, lookahead = None, (DraftShape(0),), 0
         if spec.enabled:
-            self.proposer = proposer_class(spec.method)(spec, self.model, self.pool, config.max_num_seqs, dtype=dtype,
-                                                        device=config.device, attention_backend=backend)
+            self.proposer = proposer_class(spec.method)(
+                spec,
+                self.model,
+                self.pool,
+                config.max_num_seqs,
+                dtype=dtype,
+                device=config.device,
+                attention_backend=backend,
+            )
             self.model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
             shapes, lookahead = draft_shapes(spec), self.proposer.lookahead
             if lookahead >= POSITIONS_PAST_CONTEXT:
-                raise ConfigError(f"SpeculativeConfig num_steps={spec.num_steps}, num_draft_tokens="
-                                  f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
-                                  f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported")
+                raise ConfigError(
+                    f"SpeculativeConfig num_steps={spec.num_steps}, num_draft_tokens="
+                    f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
+                    f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported"
+                )
         # NOTE: with speculation the lookahead + 1 rows after a request's last token are kept for its drafts,
         # also past the end of the context (rotary tables cover POSITIONS_PAST_CONTEXT more positions).
         reserved = lookahead + 1 if spec.enabled else 0
@@ -161,17 +196,35 @@ class LLMEngine:
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.grammars = GrammarTable(GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids))
-        self.runner = ModelRunner(self.model, self.pool, dtype, config.device, backend, config.max_num_seqs, rows,
-                                  self.proposer, shapes, self.choosers, self.grammars, config.batch_invariant)
+        self.grammars = GrammarTable(
+            GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.pool,
+            dtype,
+            config.device,
+            backend,
+            config.max_num_seqs,
+            rows,
+            self.proposer,
+            shapes,
+            self.choosers,
+            self.grammars,
+            config.batch_invariant,
+        )
         decode_tokens = shapes[-1].num_nodes
         if spec.enabled and config.max_num_batched_tokens < decode_tokens:
-            raise ConfigError(f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
-                              f"must be >= num_draft_tokens={decode_tokens}")
+            raise ConfigError(
+                f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
+                f"must be >= num_draft_tokens={decode_tokens}"
+            )
         self.memory_plan = None
         if sizing:
             graph_tokens = 0
-            if on_gpu and config.cuda_graphs:  # the largest captured forward: a decode step or a prefill chunk
+            if (
+                on_gpu and config.cuda_graphs
+            ):  # the largest captured forward: a decode step or a prefill chunk
                 prefill = prefill_buckets(config.max_num_batched_tokens)
                 largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
                 graph_tokens = max([largest * decode_tokens, *prefill])
@@ -179,24 +232,44 @@ class LLMEngine:
             self._size_kv_pool(profile_tokens, graph_tokens, context, reserved, progress)
         self.prefix_caching_off_reason = self._set_up_prefix_cache()
         unsettled = self.proposer.unsettled_rows if spec.enabled else 0
-        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens,
-                                   decode_tokens, lookahead, on_free=self._on_free, unsettled_rows=unsettled)
-        limits = {"max_position_embeddings": max_pos,
-                  f"the KV cache ({self.pool.num_blocks} blocks of {config.block_size})":
-                      self.pool.num_blocks * config.block_size - reserved}
+        self.scheduler = Scheduler(
+            self.pool,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            decode_tokens,
+            lookahead,
+            on_free=self._on_free,
+            unsettled_rows=unsettled,
+        )
+        limits = {
+            "max_position_embeddings": max_pos,
+            f"the KV cache ({self.pool.num_blocks} blocks of {config.block_size})": self.pool.num_blocks
+            * config.block_size
+            - reserved,
+        }
         if config.max_model_len:
             limits["max_model_len"] = config.max_model_len
         self._context_limit = min(limits, key=limits.get)
         self.max_model_len = limits[self._context_limit]
         if config.max_model_len and self.max_model_len < config.max_model_len:
-            raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
-                              f"{self.max_model_len} tokens, set by {self._context_limit}")
-        _report(f"the context holds {self.max_model_len} tokens (set by {self._context_limit})", progress)
+            raise ConfigError(
+                f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
+                f"{self.max_model_len} tokens, set by {self._context_limit}"
+            )
+        _report(
+            f"the context holds {self.max_model_len} tokens (set by {self._context_limit})",
+            progress,
+        )
         if on_gpu and config.cuda_graphs:
             self.capture_graphs()
         if on_gpu:  # compile the eager prefill's kernel variants now, not in the first requests (engine/warm_up.py)
-            warm_up_prefills(self.runner, self.pool, config.max_num_seqs, config.max_num_batched_tokens,
-                             self.max_model_len)
+            warm_up_prefills(
+                self.runner,
+                self.pool,
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                self.max_model_len,
+            )
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
@@ -211,18 +284,32 @@ class LLMEngine:
             choosers = {mode: DriverChoice(c, self.ranks.group) for mode, c in choosers.items()}
         return choosers
 
-    def _size_kv_pool(self, profile_tokens: int, graph_tokens: int, context: int, reserved: int,
-                      progress: bool) -> None:
+    def _size_kv_pool(
+        self, profile_tokens: int, graph_tokens: int, context: int, reserved: int, progress: bool
+    ) -> None:
         """Size the pool from memory (engine/memory.py) and say what was chosen."""
         config = self.config
         cuda = self.runner.device.type == "cuda"
         utilization = config.gpu_memory_utilization if cuda else config.cpu_memory_utilization
         limit = config.max_num_seqs * self.pool.blocks_needed(context)
-        plan = plan_kv_pool(self.runner, self.pool, self.runner.device, utilization, profile_tokens, graph_tokens,
-                            limit)
-        plan = dataclasses.replace(plan, num_blocks=agree_across_ranks(plan.num_blocks, self.ranks.group))
-        refuse_too_small(plan, self.pool.blocks_needed(2 + reserved), config.block_size,
-                         "gpu_memory_utilization" if cuda else "cpu_memory_utilization")
+        plan = plan_kv_pool(
+            self.runner,
+            self.pool,
+            self.runner.device,
+            utilization,
+            profile_tokens,
+            graph_tokens,
+            limit,
+        )
+        plan = dataclasses.replace(
+            plan, num_blocks=agree_across_ranks(plan.num_blocks, self.ranks.group)
+        )
+        refuse_too_small(
+            plan,
+            self.pool.blocks_needed(2 + reserved),
+            config.block_size,
+            "gpu_memory_utilization" if cuda else "cpu_memory_utilization",
+        )
         resize_kv_pool(self.runner, self.pool, plan.num_blocks)
         self.memory_plan = plan
         _report(plan.summary(config.block_size), progress)
@@ -234,8 +321,10 @@ class LLMEngine:
         proposer = self.proposer
         refusal = None
         if self.runner.has_recurrent_state:
-            refusal = (f"the target {self.model_config.architecture} has recurrent layers (Mamba / linear "
-                       f"attention), and their per-request state is not cached at block boundaries")
+            refusal = (
+                f"the target {self.model_config.architecture} has recurrent layers (Mamba / linear "
+                f"attention), and their per-request state is not cached at block boundaries"
+            )
         elif proposer is not None:
             refusal = proposer.prefix_caching_refusal()
         if enable and refusal:
@@ -245,27 +334,42 @@ class LLMEngine:
         if refusal:
             _report(f"prefix caching is off: {refusal}", False)
             return refusal
-        self.pool.prefix_cache = PrefixCache(self.config.block_size, proposer.kv_reads_ahead if proposer else 0)
+        self.pool.prefix_cache = PrefixCache(
+            self.config.block_size, proposer.kv_reads_ahead if proposer else 0
+        )
         return None
 
     def capture_graphs(self) -> None:
         """Capture the decode iteration for every batch bucket (``cuda_graph_sizes``, by default a ladder up to
         max_num_seqs), and a lone prefill chunk's forward for every prefill bucket. Done at start-up on CUDA unless
         ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests)."""
-        reserved = torch.cuda.memory_reserved(self.runner.device) if self.runner.device.type == "cuda" else 0
+        reserved = (
+            torch.cuda.memory_reserved(self.runner.device)
+            if self.runner.device.type == "cuda"
+            else 0
+        )
         config = self.config
-        self.runner.capture(batch_buckets(config.max_num_seqs, config.cuda_graph_sizes),
-                            prefill_buckets(config.max_num_batched_tokens))
+        self.runner.capture(
+            batch_buckets(config.max_num_seqs, config.cuda_graph_sizes),
+            prefill_buckets(config.max_num_batched_tokens),
+        )
         if self.memory_plan is not None and self.runner.device.type == "cuda":
             taken = torch.cuda.memory_reserved(self.runner.device) - reserved
-            _report(f"CUDA graphs took {taken / (1 << 30):.3f} GiB (sizing estimated "
-                    f"{self.memory_plan.graphs / (1 << 30):.3f} GiB)", False)
+            _report(
+                f"CUDA graphs took {taken / (1 << 30):.3f} GiB (sizing estimated "
+                f"{self.memory_plan.graphs / (1 << 30):.3f} GiB)",
+                False,
+            )
         if self.config.run_ahead:
             self.runner.enable_run_ahead(self.max_model_len)
 
     # ---- admission -------------------------------------------------------------------------
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
         """Validate and queue a request. Raises ValueError naming the problem; nothing else changes."""
         return self.submit(self.new_request(prompt, params, request_id))
 
@@ -278,15 +382,21 @@ class LLMEngine:
         self.scheduler.add(req)
         return req.request_id
 
-    def new_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> Request:
+    def new_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> Request:
         """A validated request, not yet queued (so a batch can be checked before any of it runs)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError(f"model {self.config.model} has no tokenizer: pass the prompt as token ids")
+                raise ValueError(
+                    f"model {self.config.model} has no tokenizer: pass the prompt as token ids"
+                )
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             text = prompt
         else:
@@ -295,14 +405,22 @@ class LLMEngine:
             raise ValueError("prompt is empty: at least one token is needed")
         bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
         if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+            )
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len} (set by "
-                             f"{self._context_limit}): "
-                             f"at most {self.max_model_len - 1} prompt tokens leave room to generate")
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens, the context holds {self.max_model_len} (set by "
+                f"{self._context_limit}): "
+                f"at most {self.max_model_len - 1} prompt tokens leave room to generate"
+            )
         self._check_room(len(token_ids), params.max_tokens)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seed = params.seed if params.seed is not None else int(torch.randint(1 << 62, (), generator=self._seeds))
+        seed = (
+            params.seed
+            if params.seed is not None
+            else int(torch.randint(1 << 62, (), generator=self._seeds))
+        )
         req = Request(request_id, token_ids, params, prompt=text, seed=seed)
         self._check_features(req)
         return req
@@ -314,19 +432,28 @@ class LLMEngine:
         where = f"the context holds {self.max_model_len} tokens (set by {self._context_limit})"
         if max_tokens > self.max_model_len:
             raise ValueError(f"SamplingParams max_tokens={max_tokens} is more than {where}")
-        if self._context_limit.startswith("the KV cache") and num_prompt_tokens + max_tokens > self.max_model_len:
-            raise ValueError(f"SamplingParams max_tokens={max_tokens} does not fit: the prompt has "
-                             f"{num_prompt_tokens} tokens and {where}; raise EngineConfig.num_kv_blocks")
+        if (
+            self._context_limit.startswith("the KV cache")
+            and num_prompt_tokens + max_tokens > self.max_model_len
+        ):
+            raise ValueError(
+                f"SamplingParams max_tokens={max_tokens} does not fit: the prompt has "
+                f"{num_prompt_tokens} tokens and {where}; raise EngineConfig.num_kv_blocks"
+            )
 
     def _check_features(self, req: Request) -> None:
         """What a request asks beyond plain sampling is possible here (ValueError naming what is not)."""
         p = req.params
         if p.n != 1 or p.best_of not in (None, 1):
-            raise ValueError(f"SamplingParams n={p.n}, best_of={p.best_of}: an engine request is one sequence; "
-                             "LLM.generate (and the server) fan n and best_of out")
+            raise ValueError(
+                f"SamplingParams n={p.n}, best_of={p.best_of}: an engine request is one sequence; "
+                "LLM.generate (and the server) fan n and best_of out"
+            )
         bad = [t for t in (p.logit_bias or {}) if t >= self.model_config.vocab_size]
         if bad:
-            raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+            raise ValueError(
+                f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+            )
         self.grammars.check(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -418,16 +545,25 @@ class LLMEngine:
                 outputs.append(out)
         return outputs
 
-    def _commit(self, req: Request, results: StepResults, i: int, at: int, now: float) -> RequestOutput | None:
+    def _commit(
+        self, req: Request, results: StepResults, i: int, at: int, now: float
+    ) -> RequestOutput | None:
         """Request ``i`` of the step: its committed rows, metrics and new tokens (``results.new_token_ids[at:]``).
         Returns its output when it finished (or, streaming, when it got tokens)."""
         n, accepted = results.num_new_tokens[i], results.num_accepted_drafts[i]
         req.num_computed_tokens += results.num_committed[i]
         self.scheduler.cleared(req)
         if accepted is not None:
-            budget = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
-            req.spec_metrics.record(results.num_drafts[i], results.max_depth[i], accepted, budget,
-                                    results.draft_depths[i])
+            budget = min(
+                req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens
+            )
+            req.spec_metrics.record(
+                results.num_drafts[i],
+                results.max_depth[i],
+                accepted,
+                budget,
+                results.draft_depths[i],
+            )
         if n and req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
         stop = False
@@ -458,7 +594,9 @@ class LLMEngine:
     def _fail(self, req: Request, error: BaseException) -> RequestOutput:
         """End one request with ``error``, returning what it holds; its output says why."""
         req.error = f"{type(error).__name__}: {error}"
-        if req.status is RequestStatus.FINISHED:  # it failed while finishing: its blocks are back already
+        if (
+            req.status is RequestStatus.FINISHED
+        ):  # it failed while finishing: its blocks are back already
             req.finish_reason = "error"
         else:
             self.scheduler.finish(req, "error")
@@ -494,7 +632,10 @@ class LLMEngine:
                     req.finish_reason, req.stop_reason = "stop", s
                     return True
         num_tokens = len(req.token_ids)  # (num_tokens; less the prompt's, num_output_tokens)
-        if num_tokens - len(req.prompt_token_ids) >= p.max_tokens or num_tokens >= self.max_model_len:
+        if (
+            num_tokens - len(req.prompt_token_ids) >= p.max_tokens
+            or num_tokens >= self.max_model_len
+        ):
             req.finish_reason = "length"
             return True
         return False

@@ -1,4 +1,5 @@
 """A decode step in flight: its key, the requests it ran for, and its outputs on their way to the host."""
+
 from __future__ import annotations
 
 import time
@@ -38,7 +39,10 @@ class StepTimer:
     def __init__(self, device: torch.device) -> None:
         self.events = None
         if device.type == "cuda":
-            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
             self.events[0].record()
         self.t0 = time.perf_counter()
 

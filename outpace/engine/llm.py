@@ -7,6 +7,7 @@ level with ``if __name__ == "__main__":``, as for any spawned process); under ``
 script's rest runs on rank 0 alone. ``close()`` (or leaving a ``with LLM(...) as llm:`` block) stops
 the other ranks; collecting the object does too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,9 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from outpace.config import EngineConfig
-from outpace.sampling_params import SamplingParams
 from outpace.engine.engine import LLMEngine
 from outpace.request import CompletionOutput, RequestOutput
+from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
 
 Prompt = str | Sequence[int]
@@ -41,8 +42,12 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 progress: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        progress: bool = False,
+    ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs come back in prompt order, one per prompt
         with its ``n`` completions in ``outputs``.
 
@@ -53,10 +58,17 @@ class LLM:
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        params_list = (
+            list(params)
+            if isinstance(params, (list, tuple))
+            else [params or SamplingParams()] * len(prompts)
+        )
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        groups = [[self.engine.new_request(p, child) for child in _children(sp)] for p, sp in zip(prompts, params_list)]
+        groups = [
+            [self.engine.new_request(p, child) for child in _children(sp)]
+            for p, sp in zip(prompts, params_list)
+        ]
         for group in groups:
             for r in group:
                 self.engine.submit(r)
@@ -68,26 +80,43 @@ class LLM:
                     if out.finished:
                         results[out.request_id] = out
                         bar.update(1)
-        return [_best(sp, [results[r.request_id] for r in group]) for sp, group in zip(params_list, groups)]
+        return [
+            _best(sp, [results[r.request_id] for r in group])
+            for sp, group in zip(params_list, groups)
+        ]
 
-    def chat(self, messages: Conversation | Sequence[Conversation],
-             params: SamplingParams | Sequence[SamplingParams] | None = None, add_generation_prompt: bool = True,
-             chat_template: str | None = None, progress: bool = False) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        progress: bool = False,
+    ) -> list[RequestOutput]:
         """Generate replies to conversations (a list of ``{"role", "content"}`` messages, or a list of them)
         rendered by the tokenizer's chat template (or ``chat_template``); as ``generate`` otherwise. The
         template holds any special tokens, so none are added when it is tokenized (as vLLM does)."""
         tok = self.tokenizer
         if tok is None or not (chat_template or getattr(tok, "chat_template", None)):
-            raise ValueError(f"model {self.engine.config.model} has no chat template: pass chat_template= or "
-                             "use generate()")
+            raise ValueError(
+                f"model {self.engine.config.model} has no chat template: pass chat_template= or "
+                "use generate()"
+            )
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for i, conversation in enumerate(conversations):
-            if not conversation or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                           for m in conversation):
-                raise ValueError(f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages")
-            text = tok.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+            if not conversation or not all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in conversation
+            ):
+                raise ValueError(
+                    f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages"
+                )
+            text = tok.apply_chat_template(
+                conversation,
+                chat_template=chat_template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
             prompts.append(tok.encode(text, add_special_tokens=False))
         return self.generate(prompts, params, progress)
 
@@ -97,18 +126,37 @@ def _children(params: SamplingParams) -> list[SamplingParams]:
     log-probability needs the chosen tokens' log-probabilities, asked for when the params did not."""
     count = params.best_of or params.n
     ranked = count > params.n
-    one = params.replace(n=1, best_of=None, logprobs=0 if ranked and params.logprobs is None else params.logprobs)
-    return [one if one.seed is None else one.replace(seed=(one.seed + i) % 2**63) for i in range(count)]
+    one = params.replace(
+        n=1, best_of=None, logprobs=0 if ranked and params.logprobs is None else params.logprobs
+    )
+    return [
+        one if one.seed is None else one.replace(seed=(one.seed + i) % 2**63) for i in range(count)
+    ]
 
 
 def _best(params: SamplingParams, outs: list[RequestOutput]) -> RequestOutput:
     """One prompt's output: its best ``n`` completions (all of them, in order, without best_of)."""
     if len(outs) > params.n:
-        outs = sorted(outs, key=lambda o: o.cumulative_logprob, reverse=True)[:params.n]
-    completions = [CompletionOutput(i, o.text, o.token_ids, o.cumulative_logprob,
-                                    o.logprobs if params.logprobs is not None else None, o.finish_reason, o.stop_reason)
-                   for i, o in enumerate(outs)]
+        outs = sorted(outs, key=lambda o: o.cumulative_logprob, reverse=True)[: params.n]
+    completions = [
+        CompletionOutput(
+            i,
+            o.text,
+            o.token_ids,
+            o.cumulative_logprob,
+            o.logprobs if params.logprobs is not None else None,
+            o.finish_reason,
+            o.stop_reason,
+        )
+        for i, o in enumerate(outs)
+    ]
     spec = SpecMetrics.total(o.spec_metrics for o in outs)
     first = completions[0]
-    return dataclasses.replace(outs[0], text=first.text, token_ids=first.token_ids, logprobs=first.logprobs,
-                               spec_metrics=spec, outputs=completions)
+    return dataclasses.replace(
+        outs[0],
+        text=first.text,
+        token_ids=first.token_ids,
+        logprobs=first.logprobs,
+        spec_metrics=spec,
+        outputs=completions,
+    )

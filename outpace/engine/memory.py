@@ -16,6 +16,7 @@ of the available RAM) to KV blocks, each costing the target's and the drafter's 
 tokens. The pool never takes more blocks than ``max_num_seqs`` requests of the longest context fill.
 With tensor parallelism every rank takes the smallest count any rank found (their schedules must agree).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,9 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import kv_cache_bytes, rebind_kv_caches
-from outpace.validation import ConfigError
 from outpace.distributed.group import RankGroup
 from outpace.engine.warm_up import scratch_prefill
+from outpace.validation import ConfigError
 
 GiB = 1 << 30
 
@@ -38,22 +39,28 @@ class MemoryPlan:
     """What sizing found, in bytes (``num_blocks`` blocks)."""
 
     device: str
-    budget: int      # what the engine may use: a share of the GPU's memory, or of the RAM available
-    in_use: int      # taken before any KV block (CUDA: weights, state rows, buffers, other processes)
-    workspace: int   # the activation peak of a prefill forward
-    graphs: int      # estimated for captured decode steps (0 without them)
+    budget: int  # what the engine may use: a share of the GPU's memory, or of the RAM available
+    in_use: int  # taken before any KV block (CUDA: weights, state rows, buffers, other processes)
+    workspace: int  # the activation peak of a prefill forward
+    graphs: int  # estimated for captured decode steps (0 without them)
     block_bytes: int  # one block's rows in every cache (target and drafter)
     num_blocks: int
-    limit: int       # blocks max_num_seqs full-length requests fill
+    limit: int  # blocks max_num_seqs full-length requests fill
 
     def summary(self, block_size: int) -> str:
         free = self.budget - self.in_use - self.workspace - self.graphs
-        capped = " (capped: max_num_seqs requests of the longest context)" if self.num_blocks == self.limit else ""
-        return (f"KV cache sized from {self.device} memory: {self.num_blocks} blocks of {block_size} tokens = "
-                f"{self.num_blocks * block_size} tokens, {self.num_blocks * self.block_bytes / GiB:.3f} GiB"
-                f"{capped}; budget {self.budget / GiB:.3f} GiB, in use {self.in_use / GiB:.3f} GiB, activation "
-                f"workspace {self.workspace / GiB:.3f} GiB, CUDA graphs ~{self.graphs / GiB:.3f} GiB, left for KV "
-                f"{max(free, 0) / GiB:.3f} GiB at {self.block_bytes / 1024:.1f} KiB per block")
+        capped = (
+            " (capped: max_num_seqs requests of the longest context)"
+            if self.num_blocks == self.limit
+            else ""
+        )
+        return (
+            f"KV cache sized from {self.device} memory: {self.num_blocks} blocks of {block_size} tokens = "
+            f"{self.num_blocks * block_size} tokens, {self.num_blocks * self.block_bytes / GiB:.3f} GiB"
+            f"{capped}; budget {self.budget / GiB:.3f} GiB, in use {self.in_use / GiB:.3f} GiB, activation "
+            f"workspace {self.workspace / GiB:.3f} GiB, CUDA graphs ~{self.graphs / GiB:.3f} GiB, left for KV "
+            f"{max(free, 0) / GiB:.3f} GiB at {self.block_bytes / 1024:.1f} KiB per block"
+        )
 
 
 def _rss_bytes() -> int:
@@ -73,8 +80,15 @@ def _available_ram() -> int:
     raise RuntimeError("/proc/meminfo has no MemAvailable line")
 
 
-def plan_kv_pool(runner, pool: BlockPool, device: torch.device, utilization: float, profile_tokens: int,
-                 graph_tokens: int, limit: int) -> MemoryPlan:
+def plan_kv_pool(
+    runner,
+    pool: BlockPool,
+    device: torch.device,
+    utilization: float,
+    profile_tokens: int,
+    graph_tokens: int,
+    limit: int,
+) -> MemoryPlan:
     """Measure (module docstring) with the provisional pool bound; ``graph_tokens``: the largest captured
     step's tokens (0: no graphs); ``limit``: the most blocks worth having."""
     provisional = kv_cache_bytes(pool)
@@ -97,7 +111,9 @@ def plan_kv_pool(runner, pool: BlockPool, device: torch.device, utilization: flo
         in_use, budget = 0, int(available * utilization)
     graphs = workspace * min(graph_tokens, profile_tokens) // profile_tokens
     fits = (budget - in_use - workspace - graphs) // block_bytes
-    return MemoryPlan(device.type, budget, in_use, workspace, graphs, block_bytes, max(min(fits, limit), 0), limit)
+    return MemoryPlan(
+        device.type, budget, in_use, workspace, graphs, block_bytes, max(min(fits, limit), 0), limit
+    )
 
 
 def agree_across_ranks(num_blocks: int, group: RankGroup) -> int:
@@ -121,6 +137,8 @@ def resize_kv_pool(runner, pool: BlockPool, num_blocks: int) -> None:
 def refuse_too_small(plan: MemoryPlan, min_blocks: int, block_size: int, field: str) -> None:
     """A pool that cannot hold even one request of ``min_blocks`` blocks is refused, naming the numbers."""
     if plan.num_blocks < min_blocks:
-        raise ConfigError(f"not enough memory for the KV cache: {plan.num_blocks} blocks fit, one request needs "
-                          f"{min_blocks} ({plan.summary(block_size)}); raise EngineConfig.{field}, lower "
-                          f"max_num_batched_tokens, or give num_kv_blocks")
+        raise ConfigError(
+            f"not enough memory for the KV cache: {plan.num_blocks} blocks fit, one request needs "
+            f"{min_blocks} ({plan.summary(block_size)}); raise EngineConfig.{field}, lower "
+            f"max_num_batched_tokens, or give num_kv_blocks"
+        )

@@ -6,6 +6,7 @@ first token sampled for each request whose prompt the chunk completes, the decod
 that decode next written into the request table, and the drafter told what was committed
 (``Proposer.absorb``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,9 +28,17 @@ from outpace.structured import GrammarTable
 
 
 class PrefillStep:
-    def __init__(self, model: nn.Module, pool: BlockPool, backend, req_table: RequestTable,
-                 states: RecurrentStates, graphs: PrefillGraphs, proposer: Proposer | None,
-                 grammars: GrammarTable | None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        pool: BlockPool,
+        backend,
+        req_table: RequestTable,
+        states: RecurrentStates,
+        graphs: PrefillGraphs,
+        proposer: Proposer | None,
+        grammars: GrammarTable | None,
+    ) -> None:
         self.model, self.pool, self.backend = model, pool, backend
         self.req_table, self.states, self.graphs = req_table, states, graphs
         self.proposer, self.grammars = proposer, grammars
@@ -42,7 +51,7 @@ class PrefillStep:
         starts = [r.num_computed_tokens for r in reqs]
         counts = [s.num_new_tokens for s in batch]
         tables = [self.pool.table(r.request_id) for r in reqs]
-        ids = [t for r, a, c in zip(reqs, starts, counts) for t in r.token_ids[a:a + c]]
+        ids = [t for r, a, c in zip(reqs, starts, counts) for t in r.token_ids[a : a + c]]
         final = [s.completes_sequence for s in batch]  # a token is sampled
         decodes = [s.decodes_next for s in batch]  # the request's decode state starts
         done = [i for i, f in enumerate(final) if f]
@@ -56,22 +65,52 @@ class PrefillStep:
             if done:
                 last_rows = (torch.tensor(counts).cumsum(0) - 1)[done].to(self.device)
                 sampled, first_logprobs = self._sample_first(
-                    [reqs[i] for i in done], [req_indices[i] for i in done], out.hidden_states[last_rows])
+                    [reqs[i] for i in done],
+                    [req_indices[i] for i in done],
+                    out.hidden_states[last_rows],
+                )
             if any(decodes):
-                self._start_decoding(reqs, req_indices, starts, counts, decodes, dict(zip(done, sampled.unbind(0))))
+                self._start_decoding(
+                    reqs, req_indices, starts, counts, decodes, dict(zip(done, sampled.unbind(0)))
+                )
             if self.proposer is not None:
-                self.proposer.absorb(PrefillRows(
-                    req_indices, starts, counts, decodes, torch.arange(len(ids), device=self.device), input_ids,
-                    _next_tokens(reqs, starts, counts, sampled), out.hidden_states, out.aux_hidden_states, tables,
-                    [r.token_ids[:s.num_reused_tokens] for r, s in zip(reqs, batch)]))
+                self.proposer.absorb(
+                    PrefillRows(
+                        req_indices,
+                        starts,
+                        counts,
+                        decodes,
+                        torch.arange(len(ids), device=self.device),
+                        input_ids,
+                        _next_tokens(reqs, starts, counts, sampled),
+                        out.hidden_states,
+                        out.aux_hidden_states,
+                        tables,
+                        [r.token_ids[: s.num_reused_tokens] for r, s in zip(reqs, batch)],
+                    )
+                )
             tokens = sampled.tolist()  # the completed prompts', in batch order
         n = len(batch)
-        return StepResults(new_token_ids=tokens, num_new_tokens=[int(f) for f in final], num_committed=counts,
-                           num_accepted_drafts=[None] * n, draft_depths=[None] * n, num_drafts=[0] * n,
-                           max_depth=[0] * n, logprobs=first_logprobs)
+        return StepResults(
+            new_token_ids=tokens,
+            num_new_tokens=[int(f) for f in final],
+            num_committed=counts,
+            num_accepted_drafts=[None] * n,
+            draft_depths=[None] * n,
+            num_drafts=[0] * n,
+            max_depth=[0] * n,
+            logprobs=first_logprobs,
+        )
 
-    def _forward(self, reqs: list[Request], req_indices: list[int], starts: list[int], counts: list[int],
-                 tables: list[list[int]], input_ids: torch.Tensor):
+    def _forward(
+        self,
+        reqs: list[Request],
+        req_indices: list[int],
+        starts: list[int],
+        counts: list[int],
+        tables: list[list[int]],
+        input_ids: torch.Tensor,
+    ):
         """The target's forward over the chunks (``input_ids`` [sum(counts)]): chunks that a prefill key holds
         replay its captured forward, others run eagerly."""
         key = self.graphs.bucket(counts, starts)
@@ -79,22 +118,39 @@ class PrefillStep:
             self.req_table.sync_tables([r.request_id for r in reqs])
             return self.graphs.run(key, req_indices, starts, counts, input_ids)
         meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
-        pos = torch.tensor([p for a, c in zip(starts, counts) for p in range(a, a + c)], device=self.device)
-        with forward_context(meta, self.backend, recurrent=self.states.prefill(req_indices, starts)):
+        pos = torch.tensor(
+            [p for a, c in zip(starts, counts) for p in range(a, a + c)], device=self.device
+        )
+        with forward_context(
+            meta, self.backend, recurrent=self.states.prefill(req_indices, starts)
+        ):
             return self.model(input_ids, pos)
 
-    def _start_decoding(self, reqs: list[Request], req_indices: list[int], starts: list[int], counts: list[int],
-                        decodes: list[bool], sampled_at: dict[int, torch.Tensor]) -> None:
+    def _start_decoding(
+        self,
+        reqs: list[Request],
+        req_indices: list[int],
+        starts: list[int],
+        counts: list[int],
+        decodes: list[bool],
+        sampled_at: dict[int, torch.Tensor],
+    ) -> None:
         """The requests that decode next: their lengths and last tokens (just sampled, or for a recomputed
         request the one it has) written into the request table."""
         rows = [i for i, d in enumerate(decodes) if d]
-        last = [sampled_at[i] if i in sampled_at else torch.tensor(reqs[i].token_ids[-1], device=self.device)
-                for i in rows]
-        self.req_table.start_decoding([req_indices[i] for i in rows], [starts[i] + counts[i] for i in rows],
-                                      torch.stack(last))
+        last = [
+            sampled_at[i]
+            if i in sampled_at
+            else torch.tensor(reqs[i].token_ids[-1], device=self.device)
+            for i in rows
+        ]
+        self.req_table.start_decoding(
+            [req_indices[i] for i in rows], [starts[i] + counts[i] for i in rows], torch.stack(last)
+        )
 
-    def _sample_first(self, reqs: list[Request], req_indices: list[int],
-                      hidden: torch.Tensor) -> tuple[torch.Tensor, list | None]:
+    def _sample_first(
+        self, reqs: list[Request], req_indices: list[int], hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, list | None]:
         """The token after each completed prompt, from its last row's hidden state [n, hidden]: ([n] tokens,
         each one's log-probabilities when some request wants them). Penalties, logit biases and grammars
         apply as in a decode step (the functions it uses, on one position), and the random key is that of
@@ -103,7 +159,9 @@ class PrefillStep:
         raw = self.model.compute_logits(hidden)  # [n, vocab]
         features = LogitsFeatures.of([r.params for r in reqs])
         logits = raw
-        if features.penalties:  # the output so far is counted (all of it precedes the token sampled)
+        if (
+            features.penalties
+        ):  # the output so far is counted (all of it precedes the token sampled)
             for r in reqs:
                 if r.params.penalized:
                     self.req_table.load_history(r, r.num_tokens)
@@ -111,42 +169,60 @@ class PrefillStep:
             logits = self.req_table.penalties(rows).apply(logits[:, None, :])[:, 0]
         if features.grammar:
             no_drafts = torch.zeros(len(reqs), 1, dtype=torch.int64)
-            masks = self.grammars.tree_masks(reqs, no_drafts, no_drafts - 1).to(self.device)  # [n, 1, words]
+            masks = self.grammars.tree_masks(reqs, no_drafts, no_drafts - 1).to(
+                self.device
+            )  # [n, 1, words]
             logits = apply_token_bitmask(logits, masks[:, 0])
         if all(is_greedy(r.params) for r in reqs):
             tokens = logits.argmax(dim=-1)
         else:
             st = SamplingTensors.from_params([r.params for r in reqs], self.device)
-            tokens = sample(logits, st, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device))
+            tokens = sample(
+                logits, st, request_keys(reqs, [r.num_tokens for r in reqs], SAMPLE, self.device)
+            )
         if features.logprobs is None:
             return tokens, None
         rows = token_logprobs(raw, tokens, features.logprobs).host_rows()
         return tokens, [position_logprobs(t, *row) for t, row in zip(tokens.tolist(), rows)]
 
-    def _record_prompt_logprobs(self, reqs: list[Request], starts: list[int], counts: list[int],
-                                hidden: torch.Tensor) -> None:
+    def _record_prompt_logprobs(
+        self, reqs: list[Request], starts: list[int], counts: list[int], hidden: torch.Tensor
+    ) -> None:
         """Requests with ``prompt_logprobs``: the entry of every prompt token this chunk's rows predict (the
         row at position p predicts token p + 1), unless a run before preemption recorded it already."""
         offset = 0
         for r, a, c in zip(reqs, starts, counts):
             if r.prompt_logprobs is not None:
                 first = max(a, len(r.prompt_logprobs) - 1)  # the first row whose entry is missing
-                last = min(a + c, r.num_prompt_tokens - 1)  # rows up to the one predicting the last prompt token
+                last = min(
+                    a + c, r.num_prompt_tokens - 1
+                )  # rows up to the one predicting the last prompt token
                 if first < last:
-                    rows = hidden[offset + first - a:offset + last - a]
-                    targets = torch.tensor(r.prompt_token_ids[first + 1:last + 1], device=self.device)
-                    lp = token_logprobs(self.model.compute_logits(rows), targets, r.params.prompt_logprobs)
-                    r.prompt_logprobs += [position_logprobs(t, *row) for t, row in zip(targets.tolist(), lp.host_rows())]
+                    rows = hidden[offset + first - a : offset + last - a]
+                    targets = torch.tensor(
+                        r.prompt_token_ids[first + 1 : last + 1], device=self.device
+                    )
+                    lp = token_logprobs(
+                        self.model.compute_logits(rows), targets, r.params.prompt_logprobs
+                    )
+                    r.prompt_logprobs += [
+                        position_logprobs(t, *row)
+                        for t, row in zip(targets.tolist(), lp.host_rows())
+                    ]
             offset += c
 
 
-def _next_tokens(reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor) -> torch.Tensor:
+def _next_tokens(
+    reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor
+) -> torch.Tensor:
     """[sum(counts)] the token after each prefill row: the prompt's next one, or for the last row of a
     completed prompt the token just ``sampled`` ([completed prompts] on the device, in batch order)."""
     tokens, tails = [], []
     for r, a, c in zip(reqs, starts, counts):
-        known = r.token_ids[a + 1:a + c + 1]
-        tokens += known + [0] * (c - len(known))  # one row short exactly when the chunk completes the prompt
+        known = r.token_ids[a + 1 : a + c + 1]
+        tokens += known + [0] * (
+            c - len(known)
+        )  # one row short exactly when the chunk completes the prompt
         if len(known) < c:
             tails.append(len(tokens) - 1)
     next_ids = torch.tensor(tokens, dtype=torch.int64, device=sampled.device)

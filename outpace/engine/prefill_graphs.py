@@ -18,6 +18,7 @@ Multi-head latent attention switches to its expanded form, which gathers each se
 table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
 so the buckets stop below that length and longer chunks prefill eagerly, over their own blocks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,9 +34,11 @@ from outpace.engine.request_table import RequestTable
 from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.speculative.proposer import positions
 
-SMALLEST_PREFILL_BUCKET = 16    # the attention kernel's smallest tile: fewer rows cost the same
-LARGEST_PREFILL_BUCKET = 512    # tokens a key holds: longer prefills amortize an eager forward's launches
-CHUNK_BUCKETS = (1, 2, 4, 8)    # chunks a key holds
+SMALLEST_PREFILL_BUCKET = 16  # the attention kernel's smallest tile: fewer rows cost the same
+LARGEST_PREFILL_BUCKET = (
+    512  # tokens a key holds: longer prefills amortize an eager forward's launches
+)
+CHUNK_BUCKETS = (1, 2, 4, 8)  # chunks a key holds
 
 
 def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
@@ -47,22 +50,33 @@ def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-PrefillKey = tuple[int, int]    # (K chunks, P tokens a chunk)
+PrefillKey = tuple[int, int]  # (K chunks, P tokens a chunk)
 
 
 class PrefillGraphs:
-    def __init__(self, model: nn.Module, backend, req_table: RequestTable, max_rows: int, recurrent: bool) -> None:
+    def __init__(
+        self, model: nn.Module, backend, req_table: RequestTable, max_rows: int, recurrent: bool
+    ) -> None:
         """``max_rows``: the positions the model and a row's table allow (a padded chunk stays below);
         ``recurrent``: the model has recurrent layers (then nothing is captured)."""
-        self.model, self.backend, self.req_table, self.max_rows = model, backend, req_table, max_rows
+        self.model, self.backend, self.req_table, self.max_rows = (
+            model,
+            backend,
+            req_table,
+            max_rows,
+        )
         self.recurrent = recurrent
-        self.buckets: tuple[int, ...] = ()          # P: tokens a chunk
+        self.buckets: tuple[int, ...] = ()  # P: tokens a chunk
         self.graphs: dict[PrefillKey, CapturedCall] = {}
         device, k = req_table.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
-        self.token_ids = torch.zeros(LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device)  # [K * P] (stale pads)
-        self.starts = torch.zeros(k, dtype=torch.int64, device=device)                          # [K] first rows
-        self.req_indices = torch.full((k,), req_table.padding_index, dtype=torch.int64, device=device)  # [K] their indices
+        self.token_ids = torch.zeros(
+            LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device
+        )  # [K * P] (stale pads)
+        self.starts = torch.zeros(k, dtype=torch.int64, device=device)  # [K] first rows
+        self.req_indices = torch.full(
+            (k,), req_table.padding_index, dtype=torch.int64, device=device
+        )  # [K] their indices
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
@@ -70,42 +84,72 @@ class PrefillGraphs:
         the padding row's meanwhile: its table points at the padding block."""
         self.req_indices.fill_(self.req_table.padding_index)
         self.starts.zero_()
-        expands = min((m.expand_min_query_len for m in self.model.modules()
-                       if isinstance(m, MultiHeadLatentAttention)), default=math.inf)
+        expands = min(
+            (
+                m.expand_min_query_len
+                for m in self.model.modules()
+                if isinstance(m, MultiHeadLatentAttention)
+            ),
+            default=math.inf,
+        )
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
-        self.buckets = () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
-        keys = [(k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET]
-        self.graphs = {key: CapturedCall(lambda key=key: self._forward(*key), self.req_table.device, memory_pool)
-                        for key in keys}
+        self.buckets = (
+            () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
+        )
+        keys = [
+            (k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET
+        ]
+        self.graphs = {
+            key: CapturedCall(
+                lambda key=key: self._forward(*key), self.req_table.device, memory_pool
+            )
+            for key in keys
+        }
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
         """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
-        key = bucket_for(CHUNK_BUCKETS, len(counts)), bucket_for(self.buckets, max(counts))  # (None: no bucket)
+        key = (
+            bucket_for(CHUNK_BUCKETS, len(counts)),
+            bucket_for(self.buckets, max(counts)),
+        )  # (None: no bucket)
         return key if key in self.graphs and max(starts) + key[1] <= self.max_rows else None
 
-    def run(self, key: PrefillKey, req_indices: list[int], starts: list[int], counts: list[int],
-            token_ids: torch.Tensor):
+    def run(
+        self,
+        key: PrefillKey,
+        req_indices: list[int],
+        starts: list[int],
+        counts: list[int],
+        token_ids: torch.Tensor,
+    ):
         """The forward of the chunks (``token_ids`` [sum(counts)] on the device, chunk i's ``counts[i]`` tokens
         of the request in ``req_indices[i]`` from KV row ``starts[i]``): outputs [sum(counts), ...] in that order.
         The indices' tables must be on the device (``RequestTable.sync_tables``)."""
         chunks, size = key
         n = len(counts)
-        rows = torch.tensor([i * size + j for i, c in enumerate(counts) for j in range(c)])   # [sum(counts)]
+        rows = torch.tensor(
+            [i * size + j for i, c in enumerate(counts) for j in range(c)]
+        )  # [sum(counts)]
         rows = rows.to(self.token_ids.device, non_blocking=True)
         self.token_ids.index_copy_(0, rows, token_ids)
         pads = chunks - n
         self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
-        self.req_indices[:chunks].copy_(torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True)
+        self.req_indices[:chunks].copy_(
+            torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True
+        )
         out = self.graphs[key].replay()
         aux = out.aux_hidden_states
-        return dataclasses.replace(out, hidden_states=out.hidden_states.index_select(0, rows),
-                                   aux_hidden_states=None if aux is None else aux.index_select(0, rows))
+        return dataclasses.replace(
+            out,
+            hidden_states=out.hidden_states.index_select(0, rows),
+            aux_hidden_states=None if aux is None else aux.index_select(0, rows),
+        )
 
     def _forward(self, chunks: int, size: int):
         """``chunks`` chunks of ``size`` tokens, chunk i at rows starts[i] .. starts[i] + size - 1 of the request in
         req_indices[i] (static buffers only)."""
-        tables = self.req_table.tables.index_select(0, self.req_indices[:chunks])                   # [K, max_blocks]
+        tables = self.req_table.tables.index_select(0, self.req_indices[:chunks])  # [K, max_blocks]
         starts = self.starts[:chunks]
         meta = uniform_paged_metadata(tables, starts, size, self.req_table.pool.block_size)
         with torch.inference_mode(), forward_context(meta, self.backend):
-            return self.model(self.token_ids[:chunks * size], positions(starts, size))
+            return self.model(self.token_ids[: chunks * size], positions(starts, size))

@@ -20,6 +20,7 @@ The last row, ``padding_index``, belongs to no request: padded rows of a capture
 its length stays 0 and its table points at the pool's padding block, so the KV it writes lands
 where no request reads.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -33,8 +34,14 @@ from outpace.request import Request
 
 
 class RequestTable:
-    def __init__(self, pool: BlockPool, max_seqs: int, max_blocks: int, device: torch.device | str,
-                 vocab_size: int) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        max_seqs: int,
+        max_blocks: int,
+        device: torch.device | str,
+        vocab_size: int,
+    ) -> None:
         self.pool, self.device, self.vocab_size = pool, torch.device(device), vocab_size
         self.padding_index = max_seqs
         n = max_seqs + 1
@@ -42,7 +49,9 @@ class RequestTable:
         self.lengths = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.last_tokens = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.seeds = torch.zeros(n, dtype=torch.int64, device=self.device)
-        self.temperature = torch.zeros(n, dtype=torch.float32, device=self.device)  # 0: greedy (the padding row too)
+        self.temperature = torch.zeros(
+            n, dtype=torch.float32, device=self.device
+        )  # 0: greedy (the padding row too)
         self.top_k = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.top_p = torch.ones(n, dtype=torch.float32, device=self.device)
         self.min_p = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -50,14 +59,20 @@ class RequestTable:
         self.repetition_penalty = torch.ones(n, dtype=torch.float32, device=self.device)
         self.frequency_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
         self.presence_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
-        self.logit_bias: torch.Tensor | None = None     # [table_rows, V] float32, allocated on first use
-        self.prompt_mask: torch.Tensor | None = None    # [table_rows, V] bool
+        self.logit_bias: torch.Tensor | None = (
+            None  # [table_rows, V] float32, allocated on first use
+        )
+        self.prompt_mask: torch.Tensor | None = None  # [table_rows, V] bool
         self.output_counts: torch.Tensor | None = None  # [table_rows, V] int32
-        self._biased: set[int] = set()                  # indices whose logit_bias row is not zero
-        self._unloaded: set[int] = set()                # penalized indices whose prompt and counts rows await load_history
-        self.host_tables = torch.full((n, max_blocks), pool.padding_block, dtype=torch.int64, pin_memory=on_gpu)
-        self.tables = self.host_tables.to(self.device)                     # [table_rows, max_blocks]
-        self._written = [0] * n                                              # table entries copied per row
+        self._biased: set[int] = set()  # indices whose logit_bias row is not zero
+        self._unloaded: set[int] = (
+            set()
+        )  # penalized indices whose prompt and counts rows await load_history
+        self.host_tables = torch.full(
+            (n, max_blocks), pool.padding_block, dtype=torch.int64, pin_memory=on_gpu
+        )
+        self.tables = self.host_tables.to(self.device)  # [table_rows, max_blocks]
+        self._written = [0] * n  # table entries copied per row
         self._free = list(range(max_seqs - 1, -1, -1))
         self._index_of: dict[str, int] = {}
 
@@ -98,14 +113,23 @@ class RequestTable:
         params = [r.params for r in reqs]
         index = torch.tensor(indices, device=self.device)
         rows = SamplingTensors.from_params(params, "cpu")
-        for buffer, values in ((self.temperature, rows.temperature), (self.top_k, rows.top_k),
-                               (self.top_p, rows.top_p), (self.min_p, rows.min_p), (self.seeded, rows.seeded),
-                               (self.seeds, torch.tensor([r.seed for r in reqs], dtype=torch.int64))):
+        for buffer, values in (
+            (self.temperature, rows.temperature),
+            (self.top_k, rows.top_k),
+            (self.top_p, rows.top_p),
+            (self.min_p, rows.min_p),
+            (self.seeded, rows.seeded),
+            (self.seeds, torch.tensor([r.seed for r in reqs], dtype=torch.int64)),
+        ):
             buffer[index] = values.to(self.device)
-        for buffer, name in ((self.repetition_penalty, "repetition_penalty"),
-                             (self.frequency_penalty, "frequency_penalty"),
-                             (self.presence_penalty, "presence_penalty")):
-            buffer[index] = torch.tensor([getattr(p, name) for p in params], dtype=torch.float32).to(self.device)
+        for buffer, name in (
+            (self.repetition_penalty, "repetition_penalty"),
+            (self.frequency_penalty, "frequency_penalty"),
+            (self.presence_penalty, "presence_penalty"),
+        ):
+            buffer[index] = torch.tensor(
+                [getattr(p, name) for p in params], dtype=torch.float32
+            ).to(self.device)
         for s, p in zip(indices, params):
             if p.penalized:
                 self._allocate_penalty_rows()
@@ -115,7 +139,9 @@ class RequestTable:
                 self._biased.discard(s)
             if p.logit_bias:
                 ids = torch.tensor(list(p.logit_bias), dtype=torch.int64)
-                self.logit_bias[s, ids.to(self.device)] = torch.tensor(list(p.logit_bias.values())).to(self.device)
+                self.logit_bias[s, ids.to(self.device)] = torch.tensor(
+                    list(p.logit_bias.values())
+                ).to(self.device)
                 self._biased.add(s)
 
     def _allocate_penalty_rows(self) -> None:
@@ -134,14 +160,26 @@ class RequestTable:
             return
         self._unloaded.discard(s)
         prompt = torch.tensor(req.prompt_token_ids, dtype=torch.int64)
-        self.prompt_mask[s] = torch.zeros(self.vocab_size, dtype=torch.bool).index_fill_(0, prompt, True).to(self.device)
-        before = torch.tensor(req.token_ids[req.num_prompt_tokens:length], dtype=torch.int64)
-        self.output_counts[s] = torch.bincount(before, minlength=self.vocab_size).to(torch.int32).to(self.device)
+        self.prompt_mask[s] = (
+            torch.zeros(self.vocab_size, dtype=torch.bool)
+            .index_fill_(0, prompt, True)
+            .to(self.device)
+        )
+        before = torch.tensor(req.token_ids[req.num_prompt_tokens : length], dtype=torch.int64)
+        self.output_counts[s] = (
+            torch.bincount(before, minlength=self.vocab_size).to(torch.int32).to(self.device)
+        )
 
     def penalties(self, indices: torch.Tensor) -> Penalties:
         """The rows' penalties and logit biases (``indices`` [n] on the device); the rows must be allocated."""
-        return Penalties(self.repetition_penalty[indices], self.frequency_penalty[indices], self.presence_penalty[indices],
-                         self.logit_bias[indices], self.prompt_mask[indices], self.output_counts[indices])
+        return Penalties(
+            self.repetition_penalty[indices],
+            self.frequency_penalty[indices],
+            self.presence_penalty[indices],
+            self.logit_bias[indices],
+            self.prompt_mask[indices],
+            self.output_counts[indices],
+        )
 
     def release(self, request_id: str) -> None:
         """The request ended or was preempted: its row is free again (its table row reset on reuse)."""
@@ -151,7 +189,9 @@ class RequestTable:
             self._free.append(s)
             self._reset_table(s)
 
-    def start_decoding(self, indices: list[int], lengths: list[int], last_tokens: torch.Tensor) -> None:
+    def start_decoding(
+        self, indices: list[int], lengths: list[int], last_tokens: torch.Tensor
+    ) -> None:
         """Prefills completed: row indices[i] has lengths[i] KV rows and its last token (just sampled,
         not in the KV) is last_tokens[i] ([n] on the device)."""
         index = torch.tensor(indices, device=self.device)
@@ -186,16 +226,34 @@ class RequestTable:
         self._written[s] = 0
         self.tables[s].copy_(self.host_tables[s], non_blocking=True)
 
-    def sampling(self, indices: torch.Tensor, greedy: bool, filtered: bool, seeded: bool) -> SamplingTensors:
+    def sampling(
+        self, indices: torch.Tensor, greedy: bool, filtered: bool, seeded: bool
+    ) -> SamplingTensors:
         """The rows' sampling parameters (``indices`` [n] on the device); host flags: ``greedy``, every row is
         (argmax only); ``filtered``, some row applies top-k, top-p or min-p; ``seeded``, some row is seeded
         (padding rows are greedy)."""
         if greedy:  # nothing reads the parameters: the padding row's (greedy) rows, no gathers
             pad = self.padding_index
             n = indices.shape[0]
-            return SamplingTensors(self.temperature[pad:].expand(n), self.top_k[pad:].expand(n),
-                                   self.top_p[pad:].expand(n), self.min_p[pad:].expand(n), all_greedy=True,
-                                   need_top_k=False, need_top_p=False, need_min_p=False)
-        return SamplingTensors(self.temperature[indices], self.top_k[indices], self.top_p[indices], self.min_p[indices],
-                               seeded=self.seeded[indices], all_greedy=greedy, need_top_k=filtered,
-                               need_top_p=filtered, need_min_p=filtered, any_seeded=seeded)
+            return SamplingTensors(
+                self.temperature[pad:].expand(n),
+                self.top_k[pad:].expand(n),
+                self.top_p[pad:].expand(n),
+                self.min_p[pad:].expand(n),
+                all_greedy=True,
+                need_top_k=False,
+                need_top_p=False,
+                need_min_p=False,
+            )
+        return SamplingTensors(
+            self.temperature[indices],
+            self.top_k[indices],
+            self.top_p[indices],
+            self.min_p[indices],
+            seeded=self.seeded[indices],
+            all_greedy=greedy,
+            need_top_k=filtered,
+            need_top_p=filtered,
+            need_min_p=filtered,
+            any_seeded=seeded,
+        )

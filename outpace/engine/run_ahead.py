@@ -11,6 +11,7 @@ wrote lie past every committed row, and are rewritten before anything reads them
 load requests end and join at most steps, so a step run ahead that a join dropped would be a step
 computed twice (benchmarks/scripts/diag_closed_loop.py).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,8 +36,15 @@ def length_after(chunk: ScheduledRequest) -> int:
 class RunAhead:
     """The one decode step launched ahead, if any, and the rule that decides whether to launch it."""
 
-    def __init__(self, pool: BlockPool, req_table: RequestTable, decode_step: DecodeStep, per_step: int,
-                 lookahead: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        req_table: RequestTable,
+        decode_step: DecodeStep,
+        per_step: int,
+        lookahead: int,
+        max_model_len: int,
+    ) -> None:
         """``per_step``: the most KV rows a decode step writes per request (the largest draft shape's
         nodes); ``lookahead``: the rows past them a drafter reads; positions stay below ``max_model_len``."""
         self.pool, self.req_table, self.decode_step = pool, req_table, decode_step
@@ -46,7 +54,9 @@ class RunAhead:
 
     def ran_for(self, request_ids) -> bool:
         """Whether the step run ahead (if any) ran for one of these requests."""
-        return self.launch is not None and any(rid in self.launch.request_ids for rid in request_ids)
+        return self.launch is not None and any(
+            rid in self.launch.request_ids for rid in request_ids
+        )
 
     def saved_state(self, key: StepKey, n: int) -> list[torch.Tensor]:
         """The request state of the batch's first ``n`` rows before a step of ``key``, to restore on a drop."""
@@ -73,8 +83,11 @@ class RunAhead:
         if launch is None:
             return
         launch.copy.wait()
-        rows = [i for i, (rid, index) in enumerate(zip(launch.request_ids, launch.req_indices))
-                if self.req_table.holds(rid, index)]
+        rows = [
+            i
+            for i, (rid, index) in enumerate(zip(launch.request_ids, launch.req_indices))
+            if self.req_table.holds(rid, index)
+        ]
         if not rows:
             return
         device = self.req_table.device
@@ -83,8 +96,13 @@ class RunAhead:
         for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved):
             buffer.index_copy_(0, indices, saved.index_select(0, kept))
 
-    def may_launch(self, reqs: list[Request], shape: DraftShape, joining: list[ScheduledRequest],
-                   captured: bool) -> bool:
+    def may_launch(
+        self,
+        reqs: list[Request],
+        shape: DraftShape,
+        joining: list[ScheduledRequest],
+        captured: bool,
+    ) -> bool:
         """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` and
         ``joining`` (whose prefill this step completes): ``captured`` (a graph holds the batch), no
         grammar (its masks need this step's tokens), and its rows reserved for any acceptance of this one
@@ -98,7 +116,9 @@ class RunAhead:
         return reserve_rows(self.pool, ahead, rows, self.limit, committed=shape.num_steps + 1)
 
 
-def reserve_rows(pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int, committed: int) -> bool:
+def reserve_rows(
+    pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int, committed: int
+) -> bool:
     """Whether a step may run ahead for these requests: none of them surely ends by length with the
     current step, and not every one of them may (the current step commits at most ``committed`` tokens a
     request; a step run ahead of one that all may finish in would likely serve nobody, and the next step
@@ -107,10 +127,14 @@ def reserve_rows(pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], 
     are grown to that now."""
     if not reqs:
         return False
-    left = [r.params.max_tokens - r.num_output_tokens for r in reqs]  # the tokens each request may still produce
+    left = [
+        r.params.max_tokens - r.num_output_tokens for r in reqs
+    ]  # the tokens each request may still produce
     if min(left) <= 1 or max(rows) > limit or max(left) <= committed:
         return False
-    missing = [pool.blocks_needed(n) - len(pool.table(r.request_id)) for r, n in zip(reqs, rows)]  # blocks
+    missing = [
+        pool.blocks_needed(n) - len(pool.table(r.request_id)) for r, n in zip(reqs, rows)
+    ]  # blocks
     if sum(m for m in missing if m > 0) > pool.num_free:
         return False
     for r, n, m in zip(reqs, rows, missing):

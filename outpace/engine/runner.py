@@ -6,6 +6,7 @@ The runner owns the device state a step reads (the request table, recurrent stat
 dispatches; the engine builds the parts it is given (the drafter, the draft-shape choosers, the grammar
 table) and reads the runner only through its public methods and properties.
 """
+
 from __future__ import annotations
 
 from operator import attrgetter
@@ -32,18 +33,28 @@ from outpace.engine.step_results import StepResults
 from outpace.request import Request, position_logprobs
 from outpace.sampling_params import SamplingParams
 from outpace.speculative.adaptive import DraftLengthChooser
-from outpace.speculative.proposer import DraftShape, Drafts, Proposer
+from outpace.speculative.proposer import Drafts, DraftShape, Proposer
 from outpace.structured import GrammarTable
 
 _request_id, _num_computed = attrgetter("request_id"), attrgetter("num_computed_tokens")
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, pool: BlockPool, kv_dtype: torch.dtype, device: str,
-                 attention_backend: str, max_seqs: int, max_rows: int, proposer: Proposer | None = None,
-                 shapes: tuple[DraftShape, ...] = (DraftShape(0),),
-                 choosers: dict[SamplingMode, DraftLengthChooser] | None = None,
-                 grammars: GrammarTable | None = None, batch_invariant: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        pool: BlockPool,
+        kv_dtype: torch.dtype,
+        device: str,
+        attention_backend: str,
+        max_seqs: int,
+        max_rows: int,
+        proposer: Proposer | None = None,
+        shapes: tuple[DraftShape, ...] = (DraftShape(0),),
+        choosers: dict[SamplingMode, DraftLengthChooser] | None = None,
+        grammars: GrammarTable | None = None,
+        batch_invariant: bool = False,
+    ) -> None:
         """``proposer``: the drafter (None: plain decoding), built for ``max_seqs`` requests; ``shapes``
         what it may draft: one shape (fixed), or several, chosen step by step by ``choosers`` (one per
         sampling mode, speculative/adaptive.py); ``grammars``: the structured-output table; ``max_rows``:
@@ -55,17 +66,30 @@ class ModelRunner:
         self.backend = get_backend(attention_backend)
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
         self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
-        self.req_table = RequestTable(pool, max_seqs, pool.blocks_needed(max_rows), self.device,
-                                      model.config.vocab_size)
+        self.req_table = RequestTable(
+            pool, max_seqs, pool.blocks_needed(max_rows), self.device, model.config.vocab_size
+        )
         # hybrid models: each request's recurrent state, with a snapshot row per verified node
-        self.states = RecurrentStates(model.model, max_seqs + 1, max(s.num_nodes for s in shapes), kv_dtype,
-                                      device)
+        self.states = RecurrentStates(
+            model.model, max_seqs + 1, max(s.num_nodes for s in shapes), kv_dtype, device
+        )
         self.shapes, self.choosers = shapes, choosers or {}
-        self.decode_step = DecodeStep(model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs,
-                                      self.states)
-        self.prefill_graphs = PrefillGraphs(model, self.backend, self.req_table, max_rows, self.states.has_state)
-        self.prefill_step = PrefillStep(model, pool, self.backend, self.req_table, self.states,
-                                        self.prefill_graphs, proposer, grammars)
+        self.decode_step = DecodeStep(
+            model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
+        )
+        self.prefill_graphs = PrefillGraphs(
+            model, self.backend, self.req_table, max_rows, self.states.has_state
+        )
+        self.prefill_step = PrefillStep(
+            model,
+            pool,
+            self.backend,
+            self.req_table,
+            self.states,
+            self.prefill_graphs,
+            proposer,
+            grammars,
+        )
         self.graph_buckets: tuple[int, ...] = ()
         self.run_ahead: RunAhead | None = None
         # Each decoding request's kind: the params of the first request seen whose own params gave the same
@@ -86,8 +110,12 @@ class ModelRunner:
         step on the GPU."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
-        keys = [StepKey(b, shape, mode) for b in sorted(buckets, reverse=True) for shape in self.shapes
-                for mode in SamplingMode]
+        keys = [
+            StepKey(b, shape, mode)
+            for b in sorted(buckets, reverse=True)
+            for shape in self.shapes
+            for mode in SamplingMode
+        ]
         with forward_settings(self.batch_invariant):
             for key in tqdm(keys, desc="capturing decode steps", disable=len(keys) < 8):
                 self.decode_step.capture(key, memory)
@@ -121,8 +149,14 @@ class ModelRunner:
     def enable_run_ahead(self, max_model_len: int) -> None:
         """Run decode steps ahead (engine/run_ahead.py); positions stay below ``max_model_len``."""
         lookahead = self.proposer.lookahead if self.proposer is not None else 0
-        self.run_ahead = RunAhead(self.pool, self.req_table, self.decode_step, self.shapes[-1].num_nodes,
-                                  lookahead, max_model_len)
+        self.run_ahead = RunAhead(
+            self.pool,
+            self.req_table,
+            self.decode_step,
+            self.shapes[-1].num_nodes,
+            lookahead,
+            max_model_len,
+        )
 
     def release(self, request_id: str) -> None:
         """The request finished or was preempted: its row is free, once the step run ahead (if it ran for
@@ -143,7 +177,9 @@ class ModelRunner:
         decoding = [is_decoding(s.request) for s in batch]
         prefill = [s for s, d in zip(batch, decoding) if not d]
         decode = [s.request for s, d in zip(batch, decoding) if d]
-        if self.run_ahead is not None and self.run_ahead.ran_for(s.request.request_id for s in prefill):
+        if self.run_ahead is not None and self.run_ahead.ran_for(
+            s.request.request_id for s in prefill
+        ):
             # a request the step run ahead ran for is recomputed (it was preempted): dropped later, the step's
             # restore would write the old state over what this prefill writes, should it get its row back
             self.run_ahead.drop()
@@ -166,20 +202,26 @@ class ModelRunner:
             captured = bucket_for(self.graph_buckets, len(batch)) is not None
             if ahead.may_launch(reqs, launch.key.shape, joining, captured):
                 ahead.launch = self._launch(batch, ahead=True)
-        tokens, accepted, depths, entries = self.decode_step.unpack(launch.copy.tolist(), launch.key,
-                                                                    len(launch.request_ids))
+        tokens, accepted, depths, entries = self.decode_step.unpack(
+            launch.copy.tolist(), launch.key, len(launch.request_ids)
+        )
         chooser = self.choosers.get(launch.key.mode)
         if chooser is not None:
             chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
             chooser.observe(launch.key.shape, accepted, launch.request_ids)
         order = launch.row_of(ids)
         counts = [accepted[i] + 1 for i in order]
-        if ahead is not None and ahead.launch is not None:  # each request's length once this step is committed
-            ahead.launch.starts = (tuple(a + c for a, c in zip(starts, counts))
-                                   + tuple(map(length_after, joining)))
+        if (
+            ahead is not None and ahead.launch is not None
+        ):  # each request's length once this step is committed
+            ahead.launch.starts = tuple(a + c for a, c in zip(starts, counts)) + tuple(
+                map(length_after, joining)
+            )
         logprobs = None
         if entries is not None:
-            logprobs = [position_logprobs(t, *lp) for i in order for t, lp in zip(tokens[i], entries[i])]
+            logprobs = [
+                position_logprobs(t, *lp) for i in order for t, lp in zip(tokens[i], entries[i])
+            ]
         n, shape = len(ids), launch.key.shape
         speculative = self.proposer is not None
         return StepResults(
@@ -187,10 +229,13 @@ class ModelRunner:
             num_new_tokens=counts,
             num_committed=counts if speculative else [1] * n,
             num_accepted_drafts=[accepted[i] for i in order] if speculative else [None] * n,
-            draft_depths=[None] * n if depths is None or not speculative else [depths[i] for i in order],
+            draft_depths=[None] * n
+            if depths is None or not speculative
+            else [depths[i] for i in order],
             num_drafts=[shape.num_nodes - 1] * n if speculative else [0] * n,
             max_depth=[shape.num_steps] * n if speculative else [0] * n,
-            logprobs=logprobs)
+            logprobs=logprobs,
+        )
 
     def _launch(self, reqs: list[Request], ahead: bool = False) -> DecodeLaunch:
         """Write the batch into the decode step's input and run it (captured when a bucket holds it).
@@ -208,11 +253,15 @@ class ModelRunner:
                     self.req_table.load_history(r, r.num_computed_tokens)
         req_indices = list(map(self.req_table.index_of, ids))
         padded = req_indices + [self.req_table.padding_index] * (key.bucket - n)
-        self.decode_step.batch_indices[:key.bucket].copy_(pinned(padded, self.device), non_blocking=True)
+        self.decode_step.batch_indices[: key.bucket].copy_(
+            pinned(padded, self.device), non_blocking=True
+        )
         saved = self.run_ahead.saved_state(key, n) if ahead else None
         width = None if bucket is not None else max(len(self.pool.table(rid)) for rid in ids)
         starts = () if ahead else tuple(map(_num_computed, reqs))
-        timer = StepTimer(self.device) if self.choosers else None  # adaptive: every step's time is measured
+        timer = (
+            StepTimer(self.device) if self.choosers else None
+        )  # adaptive: every step's time is measured
         masks = (lambda drafts: self._grammar_masks(reqs, drafts)) if key.features.grammar else None
         out = self.decode_step.run(key, width, masks)
         if timer is not None:
@@ -244,5 +293,5 @@ class ModelRunner:
         at = 0
         for s, n in zip(batch, results.num_new_tokens):
             if s.request.params.structured_outputs is not None:
-                self.grammars.get(s.request).accept(results.new_token_ids[at:at + n])
+                self.grammars.get(s.request).accept(results.new_token_ids[at : at + n])
             at += n

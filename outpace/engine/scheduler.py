@@ -14,6 +14,7 @@ request asking for prompt log-probabilities), and after
 every step each running request publishes its full blocks whose rows are settled: computed, and past the
 drafter's ``unsettled_rows``.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -28,7 +29,9 @@ from outpace.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
-    num_reused_tokens: int = 0  # joining now: rows 0 .. num_reused_tokens - 1 came from the prefix cache
+    num_reused_tokens: int = (
+        0  # joining now: rows 0 .. num_reused_tokens - 1 came from the prefix cache
+    )
 
     @property
     def completes_sequence(self) -> bool:
@@ -48,7 +51,9 @@ def is_decoding(req: Request, computed: int | None = None) -> bool:
     (default: ``num_computed_tokens``)."""
     computed = req.num_computed_tokens if computed is None else computed
     tokens = req.token_ids
-    return len(tokens) - computed == 1 and len(tokens) > len(req.prompt_token_ids)  # (some output token)
+    return len(tokens) - computed == 1 and len(tokens) > len(
+        req.prompt_token_ids
+    )  # (some output token)
 
 
 class Scheduler:
@@ -57,9 +62,16 @@ class Scheduler:
     (draft and verify rows). ``on_free`` is told about every request whose blocks are freed;
     ``unsettled_rows``: the drafter's (speculative/proposer.py), 0 without one."""
 
-    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
-                 decode_tokens: int = 1, lookahead: int = 0,
-                 on_free: Callable[[Request], None] = lambda req: None, unsettled_rows: int = 0) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        decode_tokens: int = 1,
+        lookahead: int = 0,
+        on_free: Callable[[Request], None] = lambda req: None,
+        unsettled_rows: int = 0,
+    ) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -69,8 +81,12 @@ class Scheduler:
         self.unsettled_rows = unsettled_rows
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.failed: list[Request] = []  # failed while being scheduled, not yet reported (the engine drains it)
-        self.suspects: dict[str, int] = {}  # request id -> computed tokens when its batch's step failed
+        self.failed: list[
+            Request
+        ] = []  # failed while being scheduled, not yet reported (the engine drains it)
+        self.suspects: dict[
+            str, int
+        ] = {}  # request id -> computed tokens when its batch's step failed
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -89,7 +105,9 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledRequest]:
         """The next step's batch. While suspects remain (``isolate``), the first of them runs alone."""
-        suspect = next((r for r in [*self.running, *self.waiting] if r.request_id in self.suspects), None)
+        suspect = next(
+            (r for r in [*self.running, *self.waiting] if r.request_id in self.suspects), None
+        )
         if suspect is None:
             return self._schedule(list(self.running), self.max_num_seqs)
         if suspect in self.running:
@@ -113,7 +131,12 @@ class Scheduler:
                 scheduled.append(chunk[0])
                 budget -= chunk[1]
         joined = 0
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and joined < max_joining:
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+            and joined < max_joining
+        ):
             req = self.waiting[0]
             try:
                 chunk = self._join(req, budget)
@@ -188,14 +211,18 @@ class Scheduler:
 
     def _cached_prefix(self, req: Request) -> list[int]:
         """The published blocks a joining request starts from (module docstring)."""
-        if self.pool.prefix_cache is None or req.params.prompt_logprobs is not None:  # (every prompt row's logits)
+        if (
+            self.pool.prefix_cache is None or req.params.prompt_logprobs is not None
+        ):  # (every prompt row's logits)
             return []
         keep = 2 if req.num_output_tokens > 0 else 1  # rows the request must still forward
         return self.pool.cached_blocks(req.request_id, req.token_ids, req.num_tokens - keep)
 
     def settle(self, req: Request) -> None:
         """After a step: publish the request's blocks whose rows are settled (module docstring)."""
-        self.pool.publish(req.request_id, req.token_ids, req.num_computed_tokens - self.unsettled_rows)
+        self.pool.publish(
+            req.request_id, req.token_ids, req.num_computed_tokens - self.unsettled_rows
+        )
 
     def preempt(self, req: Request) -> None:
         self.running.remove(req)

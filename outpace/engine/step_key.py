@@ -1,4 +1,5 @@
 """What fixes a decode step's shapes and host flags: the key of one captured graph (engine/decode_step.py)."""
+
 from __future__ import annotations
 
 import enum
@@ -13,6 +14,7 @@ class SamplingMode(enum.Enum):
     (argmax only); some sample from their temperature alone; some also apply top-k, top-p or min-p
     (a sort over the vocabulary per verified row); some are seeded (layers/sampler.py: their noise is
     drawn at every node; the filters are on, as for FILTERED)."""
+
     GREEDY = "greedy"
     SAMPLE = "sample"
     FILTERED = "filtered"
@@ -37,8 +39,12 @@ class SamplingMode(enum.Enum):
             return cls.GREEDY
         if any(is_seeded(p) for p in sampled):
             return cls.SEEDED
-        filtered = any((p.top_k or 0) > 0 or (p.top_p if p.top_p is not None else 1.0) < 1.0 or (p.min_p or 0.0) > 0
-                       for p in sampled)
+        filtered = any(
+            (p.top_k or 0) > 0
+            or (p.top_p if p.top_p is not None else 1.0) < 1.0
+            or (p.min_p or 0.0) > 0
+            for p in sampled
+        )
         return cls.FILTERED if filtered else cls.SAMPLE
 
 
@@ -47,6 +53,7 @@ class LogitsFeatures:
     """What a batch asks of the target's logits beyond sampling (host flags fixed per step):
     ``penalties``: some request has penalties or a logit bias; ``grammar``: some request has a grammar;
     ``logprobs``: the most top log-probabilities a request wants (0: only the chosen token's; None: none)."""
+
     penalties: bool = False
     grammar: bool = False
     logprobs: int | None = None
@@ -54,8 +61,11 @@ class LogitsFeatures:
     @classmethod
     def of(cls, params: list) -> LogitsFeatures:
         wanted = [p.logprobs for p in params if p.logprobs is not None]
-        return cls(any(p.penalized for p in params), any(p.structured_outputs is not None for p in params),
-                   max(wanted) if wanted else None)
+        return cls(
+            any(p.penalized for p in params),
+            any(p.structured_outputs is not None for p in params),
+            max(wanted) if wanted else None,
+        )
 
     @property
     def any(self) -> bool:
@@ -65,6 +75,7 @@ class LogitsFeatures:
 @dataclass(frozen=True)
 class StepKey:
     """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly)."""
+
     bucket: int
     shape: DraftShape
     mode: SamplingMode

@@ -21,6 +21,7 @@ replay those graphs like any lone chunk, so they compile no eager variant: a lon
 there (at the context's end) still compiles its variant when first met. With Triton's disk cache, later processes load
 the variants instead of compiling them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,35 +29,50 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from outpace.cache.block_pool import BlockPool
-from outpace.sampling_params import SamplingParams
 from outpace.request import Request
+from outpace.sampling_params import SamplingParams
 
-LONGEST_WARM_QUERY = 128    # tile rows are at most 128: with one query head per KV head, 128 tokens fill them
-SHORTEST_WARM_PREFIX = 64   # one split's KV tile
+LONGEST_WARM_QUERY = (
+    128  # tile rows are at most 128: with one query head per KV head, 128 tokens fill them
+)
+SHORTEST_WARM_PREFIX = 64  # one split's KV tile
 LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables select no new variant
 
 
-def scratch_prefill(runner, pool: BlockPool, lengths: Sequence[int], params: SamplingParams | None = None,
-                    prefix: int = 0) -> None:
+def scratch_prefill(
+    runner,
+    pool: BlockPool,
+    lengths: Sequence[int],
+    params: SamplingParams | None = None,
+    prefix: int = 0,
+) -> None:
     """One prefill step through the runner of requests (all-zero tokens) that each bring ``lengths[i]``
     new tokens after ``prefix`` rows taken as a prefix-cache hit, and complete their prompts; their
     blocks and indices are free again afterwards."""
-    from outpace.engine.scheduler import ScheduledRequest  # the scheduler imports the pool: no cycle at load
+    from outpace.engine.scheduler import (
+        ScheduledRequest,  # the scheduler imports the pool: no cycle at load
+    )
 
     params = params or SamplingParams(temperature=0, max_tokens=1)
-    reqs = [Request(f"scratch-prefill-{i}", [0] * (prefix + n), params) for i, n in enumerate(lengths)]
+    reqs = [
+        Request(f"scratch-prefill-{i}", [0] * (prefix + n), params) for i, n in enumerate(lengths)
+    ]
     try:
         for r in reqs:
             pool.grow(r.request_id, r.num_tokens)
             r.num_computed_tokens = prefix
-        runner.execute([ScheduledRequest(r, n, num_reused_tokens=prefix) for r, n in zip(reqs, lengths)])
+        runner.execute(
+            [ScheduledRequest(r, n, num_reused_tokens=prefix) for r, n in zip(reqs, lengths)]
+        )
     finally:
         for r in reqs:
             runner.release(r.request_id)
             pool.free(r.request_id)
 
 
-def warm_up_prefills(runner, pool: BlockPool, max_seqs: int, max_batched_tokens: int, max_len: int) -> None:
+def warm_up_prefills(
+    runner, pool: BlockPool, max_seqs: int, max_batched_tokens: int, max_len: int
+) -> None:
     """Run the module docstring's warm-up chunks: those whose rows fit ``max_len`` and the pool's free
     blocks, in batches within ``max_seqs`` and ``max_batched_tokens``."""
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=1, seed=0)
@@ -67,13 +83,19 @@ def warm_up_prefills(runner, pool: BlockPool, max_seqs: int, max_batched_tokens:
     steps = []  # (lengths, params, prefix) of each scratch prefill
     length = 1
     while length <= LONGEST_WARM_QUERY and fits(length):
-        prefixes = [0] + [p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX) if fits(p + length)]
+        prefixes = [0] + [
+            p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX) if fits(p + length)
+        ]
         steps += [([length], sampled, prefix) for prefix in prefixes]
-        batch = min(max_seqs, max_batched_tokens // length, pool.num_free // pool.blocks_needed(length))
+        batch = min(
+            max_seqs, max_batched_tokens // length, pool.num_free // pool.blocks_needed(length)
+        )
         if batch > 1:
             steps.append(([length] * batch, None, 0))
         length *= 2
-    for lengths, params, prefix in tqdm(steps, desc="warming up prefill kernels", disable=len(steps) < 8):
+    for lengths, params, prefix in tqdm(
+        steps, desc="warming up prefill kernels", disable=len(steps) < 8
+    ):
         scratch_prefill(runner, pool, lengths, params, prefix)
 
 

@@ -1,5 +1,6 @@
 """Gated activations: act(gate) * up, for every parameter-free activation transformers' ``ACT2FN``
 offers (transformers/activations.py; the formulas below follow its classes)."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 
 def _gelu_tanh_formula(x: torch.Tensor) -> torch.Tensor:
     # transformers NewGELUActivation / AccurateGELUActivation / GELUTanh(use_gelu_tanh_python=True)
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    return (
+        0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    )
 
 
 def _laplace(x: torch.Tensor) -> torch.Tensor:
@@ -26,17 +29,19 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "swish": F.silu,
     "gelu": F.gelu,
     "gelu_python": lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))),
-    "gelu_10": lambda x: torch.clip(F.gelu(x), -10, 10),                      # ClippedGELUActivation(-10, 10)
+    "gelu_10": lambda x: torch.clip(F.gelu(x), -10, 10),  # ClippedGELUActivation(-10, 10)
     "gelu_new": _gelu_tanh_formula,
     "gelu_accurate": _gelu_tanh_formula,
     "gelu_python_tanh": _gelu_tanh_formula,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+    "gelu_fast": lambda x: (
+        0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+    ),
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
     "relu": F.relu,
     "relu2": lambda x: torch.square(F.relu(x)),
     "relu6": F.relu6,
-    "leaky_relu": F.leaky_relu,                                                 # nn.LeakyReLU(): slope 0.01
+    "leaky_relu": F.leaky_relu,  # nn.LeakyReLU(): slope 0.01
     "hardswish": F.hardswish,
     "mish": F.mish,
     "sigmoid": torch.sigmoid,

@@ -6,14 +6,21 @@ width inputs ending at t (transformers' causal_conv1d_fn: F.conv1d with width - 
 padding, which is the zero state). The state after token t is the last width - 1 rows of window_t.
 In a draft tree, token t's window continues its parent's, not token t - 1's.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def causal_conv_run(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def causal_conv_run(
+    x: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    valid: torch.Tensor,
+    parents: torch.Tensor | None,
+    keep_every: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x [runs, len, channels]; state [runs, width - 1, channels]; weight [channels, width]; valid [runs, len]
     (a prefix of each run); parents [runs, len] (-1: the state) or None (a chain) -> (y [runs, len,
     channels] before the activation, the state after each run's last valid token [runs, width - 1,
@@ -22,20 +29,26 @@ def causal_conv_run(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
         return _tree_conv(x, state, weight, bias, parents, keep_every)
     runs, length, _ = x.shape
     keep = weight.shape[1] - 1
-    padded = torch.cat((state.to(x.dtype), x), dim=1)                     # [runs, keep + len, channels]
-    windows = padded.unfold(1, keep + 1, 1)                               # [runs, len, channels, width]
+    padded = torch.cat((state.to(x.dtype), x), dim=1)  # [runs, keep + len, channels]
+    windows = padded.unfold(1, keep + 1, 1)  # [runs, len, channels, width]
     y = torch.einsum("stcw,cw->stc", windows, weight.to(x.dtype))
     if bias is not None:
         y = y + bias.to(x.dtype)
-    ends = valid.sum(1)                                                   # [runs]: each run's valid tokens
-    rows = ends[:, None] + torch.arange(keep, device=x.device)            # [runs, keep]
+    ends = valid.sum(1)  # [runs]: each run's valid tokens
+    rows = ends[:, None] + torch.arange(keep, device=x.device)  # [runs, keep]
     final = padded.gather(1, rows[:, :, None].expand(-1, -1, x.shape[2]))
-    every = windows[..., 1:].transpose(2, 3) if keep_every else None     # [runs, len, keep, channels]
+    every = windows[..., 1:].transpose(2, 3) if keep_every else None  # [runs, len, keep, channels]
     return y, final, every
 
 
-def _tree_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               parents: torch.Tensor, keep_every: bool):
+def _tree_conv(
+    x: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    parents: torch.Tensor,
+    keep_every: bool,
+):
     """``causal_conv_run`` over a draft tree (every position valid): each node's window is its root path's
     last ``width - 1`` inputs (reaching into the state above the root) and its own.
 
@@ -44,19 +57,20 @@ def _tree_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias:
     node and its ``width - 1`` predecessors, so it is gathered in ``width - 1`` steps, not node by node."""
     runs, length, channels = x.shape
     keep = weight.shape[1] - 1
-    extended = torch.cat((state.to(x.dtype), x), dim=1)                  # [runs, keep + len, channels]
-    node_before = torch.where(parents >= 0, parents + keep, keep - 1)     # [runs, len]
+    extended = torch.cat((state.to(x.dtype), x), dim=1)  # [runs, keep + len, channels]
+    node_before = torch.where(parents >= 0, parents + keep, keep - 1)  # [runs, len]
     state_before = (torch.arange(keep, device=x.device) - 1).clamp(min=0).expand(runs, keep)
-    before = torch.cat((state_before, node_before), dim=1)                # [runs, keep + len]
+    before = torch.cat((state_before, node_before), dim=1)  # [runs, keep + len]
     index = [torch.arange(keep, keep + length, device=x.device).expand(runs, length)]
     for _ in range(keep):
         index.append(before.gather(1, index[-1]))
-    index = torch.stack(index[::-1], dim=2)                               # [runs, len, width]: oldest first
-    windows = extended.gather(1, index.reshape(runs, -1, 1).expand(-1, -1, channels)).view(runs, length, keep + 1,
-                                                                                            channels)
+    index = torch.stack(index[::-1], dim=2)  # [runs, len, width]: oldest first
+    windows = extended.gather(1, index.reshape(runs, -1, 1).expand(-1, -1, channels)).view(
+        runs, length, keep + 1, channels
+    )
     y = torch.einsum("stwc,cw->stc", windows, weight.to(x.dtype))
     if bias is not None:
         y = y + bias.to(x.dtype)
-    every = windows[:, :, 1:]                                             # [runs, len, keep, channels]
+    every = windows[:, :, 1:]  # [runs, len, keep, channels]
     # (a tree is verified, never committed whole: its "last" state is only the last node's)
     return y, every[:, -1], every if keep_every else None

@@ -20,6 +20,7 @@ per-token state (no tree, no verify). A padding position of a run keeps the stat
 is exp(0) = 1 and its update is zero (beta = 0 for the delta rule, value 0 for the scan); its output is
 discarded by the caller.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,11 +32,19 @@ import torch
 CHUNKED_MIN_LEN = 64
 
 
-def use_chunked(x: torch.Tensor, length: int, parents: torch.Tensor | None, keep_every: bool) -> bool:
+def use_chunked(
+    x: torch.Tensor, length: int, parents: torch.Tensor | None, keep_every: bool
+) -> bool:
     """Whether a run batch goes through the chunked kernels: on CUDA, long, a chain keeping no per-token
     state, and flash-linear-attention installed (a dependency of outpace; without it the per-token kernel
     computes the same function)."""
-    return x.is_cuda and length >= CHUNKED_MIN_LEN and parents is None and not keep_every and _fla_installed()
+    return (
+        x.is_cuda
+        and length >= CHUNKED_MIN_LEN
+        and parents is None
+        and not keep_every
+        and _fla_installed()
+    )
 
 
 @functools.cache
@@ -44,31 +53,62 @@ def _fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       state: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_rule_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    valid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q (normalised and scaled), k (normalised) [runs, len, k_heads, k_dim]; v [runs, len, v_heads, v_dim];
     g (log decay), beta [runs, len, v_heads]; state [runs, v_heads, k_dim, v_dim]; valid [runs, len] ->
     (o [runs, len, v_heads, v_dim], the state after each run's last valid token), float32."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     keep = valid[:, :, None]
-    o, final = chunk_gated_delta_rule(q, k, v, torch.where(keep, g, 0.0), torch.where(keep, beta, 0.0), scale=1.0,
-                                      initial_state=state.contiguous(), output_final_state=True)
+    o, final = chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        torch.where(keep, g, 0.0),
+        torch.where(keep, beta, 0.0),
+        scale=1.0,
+        initial_state=state.contiguous(),
+        output_final_state=True,
+    )
     return o, final
 
 
-def ssm_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                D: torch.Tensor, state: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ssm_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    state: torch.Tensor,
+    valid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [runs, len, heads, head_dim]; dt [runs, len, heads]; A, D [heads]; B, C [runs, len, groups,
     state_size]; state [runs, heads, head_dim, state_size]; valid [runs, len] -> (y [runs, len, heads,
     head_dim], the state after each run's last valid token), float32."""
     from fla.ops.simple_gla import chunk_simple_gla
 
     repeat = x.shape[2] // B.shape[2]
-    B, C = (t.repeat_interleave(repeat, dim=2) for t in (B, C))           # [runs, len, heads, state_size]
+    B, C = (t.repeat_interleave(repeat, dim=2) for t in (B, C))  # [runs, len, heads, state_size]
     keep = valid[:, :, None]
-    g = torch.where(keep, dt * A, 0.0)                                     # [runs, len, heads]
-    value = torch.where(keep[..., None], dt[..., None] * x, 0.0)           # [runs, len, heads, head_dim]
-    y, final = chunk_simple_gla(C.contiguous(), B.contiguous(), value, g=g, scale=1.0,
-                                initial_state=state.contiguous(), output_final_state=True, state_v_first=True)
+    g = torch.where(keep, dt * A, 0.0)  # [runs, len, heads]
+    value = torch.where(keep[..., None], dt[..., None] * x, 0.0)  # [runs, len, heads, head_dim]
+    y, final = chunk_simple_gla(
+        C.contiguous(),
+        B.contiguous(),
+        value,
+        g=g,
+        scale=1.0,
+        initial_state=state.contiguous(),
+        output_final_state=True,
+        state_v_first=True,
+    )
     return y + D[:, None] * x, final

@@ -12,6 +12,7 @@ a plain nn.Embedding), and a head tied to it is then whole too. A vocab-parallel
 a table (EAGLE3) is handed this rank's rows of it, ceil-divided and padded as its own would be, and a
 borrowed tied head is rebound to those rows (``vocab_shard_of``; SGLang's Gemma _shard_weight).
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,8 @@ class VocabEmbedding(nn.Embedding):
         if self.group.size == 1:
             return super().forward(input_ids)
         local = input_ids - self.first_id
-        elsewhere = (local < 0) | (local >= self.num_embeddings)                 # [num_tokens]
-        rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)        # [num_tokens, hidden]
+        elsewhere = (local < 0) | (local >= self.num_embeddings)  # [num_tokens]
+        rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)  # [num_tokens, hidden]
         return all_reduce(rows.masked_fill(elsewhere[:, None], 0.0), self.group)
 
 
@@ -50,9 +51,13 @@ class LMHead(nn.Module):
     """[num_tokens, hidden] -> [num_tokens, vocab] logits; shares the embedding's weight when tied.
     ``weight`` [rows, hidden]: this rank's rows of the vocabulary."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, tied_to: VocabEmbedding | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, vocab_size: int, tied_to: VocabEmbedding | None = None
+    ) -> None:
         super().__init__()
-        group = tied_to.group if tied_to is not None else build_group()  # a tied head splits as its table
+        group = (
+            tied_to.group if tied_to is not None else build_group()
+        )  # a tied head splits as its table
         self.group: RankGroup = group
         self.vocab_size = vocab_size
         if tied_to is not None:
@@ -64,23 +69,25 @@ class LMHead(nn.Module):
                 mark_shard(self.weight, Shard(0, group.rank * rows, rows, vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = project(hidden, self.weight)                                    # [num_tokens, rows]
+        logits = project(hidden, self.weight)  # [num_tokens, rows]
         if self.group.size == 1:
             return logits
-        return all_gather_last_dim(logits, self.group)[..., :self.vocab_size]
+        return all_gather_last_dim(logits, self.group)[..., : self.vocab_size]
 
     def full_weight(self) -> torch.Tensor:
         """[vocab, hidden]: every rank's rows, gathered (a collective when sharded)."""
         if self.group.size == 1:
             return self.weight
-        return all_gather_last_dim(self.weight.detach().t(), self.group)[:, :self.vocab_size].t()
+        return all_gather_last_dim(self.weight.detach().t(), self.group)[:, : self.vocab_size].t()
 
 
 class ScaledVocabEmbedding(VocabEmbedding):
     """[num_tokens] token ids -> [num_tokens, dim] rows times ``scale``, the scale rounded to the weight's
     dtype first (transformers Gemma3TextScaledWordEmbedding: sqrt(hidden) is 55.5, not 55.4256, in bf16)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, scale: float, replicated: bool = False) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, scale: float, replicated: bool = False
+    ) -> None:
         super().__init__(num_embeddings, embedding_dim, replicated)
         self.scale = scale
 
@@ -103,12 +110,14 @@ def vocab_shard_of(table: VocabEmbedding) -> VocabEmbedding:
     if group.size == 1 or table.group.size == group.size:
         return table
     if table.group.size != 1:
-        raise ValueError(f"an embedding split over {table.group.size} ranks cannot be handed to a module built over "
-                         f"{group.size}")
+        raise ValueError(
+            f"an embedding split over {table.group.size} ranks cannot be handed to a module built over "
+            f"{group.size}"
+        )
     with torch.device("meta"):
-        shard = VocabEmbedding(table.vocab_size, table.embedding_dim)       # [rows, dim] in ``group``
+        shard = VocabEmbedding(table.vocab_size, table.embedding_dim)  # [rows, dim] in ``group``
     first, rows, full = shard.first_id, shard.num_embeddings, table.weight.detach()
-    mine = full[first:first + rows]                                         # [<= rows, dim] views
+    mine = full[first : first + rows]  # [<= rows, dim] views
     if mine.shape[0] < rows:
         mine = torch.cat([mine, mine.new_zeros(rows - mine.shape[0], mine.shape[1])])
     shard.weight = nn.Parameter(mine, requires_grad=False)

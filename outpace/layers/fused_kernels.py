@@ -17,6 +17,7 @@ captured in a CUDA graph. The kernels have no backward: the modules call them on
 with autograd off (the engine runs under ``torch.inference_mode``). With TRITON_INTERPRET=1 the
 launchers also run on CPU tensors (float32), which is how the tests check them without a GPU.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,19 @@ _SILU_BLOCK = 1024
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, dim, stride_x, stride_res, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    dim,
+    stride_x,
+    stride_res,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Row r: s = x[r] (+ res[r], rounded to res_out's dtype and stored there);
     out[r] = w * (s * rsqrt(mean(s^2) + eps)).to(s.dtype), rounded to out's dtype."""
     row = tl.program_id(0).to(tl.int64)
@@ -46,8 +58,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, dim, stride_x,
     tl.store(out_ptr + row * dim + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_triton(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., dim] (+ residual [..., dim]) -> (RMSNorm of the sum, the sum), as ``rms_norm_torch``.
 
     Without a residual the sum is ``x`` itself. Outputs are new contiguous tensors: the sum in
@@ -58,20 +71,45 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res2 = x2 if residual is None else _rows(residual)
     stream_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     stream = x if residual is None else torch.empty(x.shape, dtype=stream_dtype, device=x.device)
-    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, stream_dtype), device=x.device)
+    out = torch.empty(
+        x.shape, dtype=torch.promote_types(weight.dtype, stream_dtype), device=x.device
+    )
     block = triton.next_power_of_2(dim)
-    _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, stream, dim, x2.stride(0), res2.stride(0), eps,
-                                     HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                     num_warps=min(max(block // 256, 1), 16), enable_fp_fusion=False)
+    _rms_norm_kernel[(x2.shape[0],)](
+        x2,
+        res2,
+        weight,
+        out,
+        stream,
+        dim,
+        x2.stride(0),
+        res2.stride(0),
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=min(max(block // 256, 1), 16),
+        enable_fp_fusion=False,
+    )
     return out, stream
 
 
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, token, heads, stride_t, stride_h, cos, sin, half,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    out_ptr,
+    token,
+    heads,
+    stride_t,
+    stride_h,
+    cos,
+    sin,
+    half,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """Rotates the ``heads`` heads of one token: x [.., heads, 2 * half] (strided) -> out, contiguous.
     cos, sin [1, BLOCK_HALF] float32."""
-    h = tl.arange(0, BLOCK_H)[:, None]     # [BLOCK_H, 1]
+    h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     j = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
     mask = (h < heads) & (j < half)
     src = x_ptr + token * stride_t + h * stride_h + j
@@ -83,21 +121,42 @@ def _rotate_heads(x_ptr, out_ptr, token, heads, stride_t, stride_h, cos, sin, ha
 
 
 @triton.jit
-def _rotary_kernel(pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_heads, k_heads,
-                   stride_qt, stride_qh, stride_kt, stride_kh, half,
-                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    q_heads,
+    k_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    half,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """Token t: q and k heads rotated by the angles of row positions[t] of the cos/sin tables."""
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)[None, :]
     cos = tl.load(cos_ptr + pos * half + j, mask=j < half, other=0.0)  # [1, BLOCK_HALF]
     sin = tl.load(sin_ptr + pos * half + j, mask=j < half, other=0.0)
-    _rotate_heads(q_ptr, q_out_ptr, token, q_heads, stride_qt, stride_qh, cos, sin, half, BLOCK_QH, BLOCK_HALF)
-    _rotate_heads(k_ptr, k_out_ptr, token, k_heads, stride_kt, stride_kh, cos, sin, half, BLOCK_KH, BLOCK_HALF)
+    _rotate_heads(
+        q_ptr, q_out_ptr, token, q_heads, stride_qt, stride_qh, cos, sin, half, BLOCK_QH, BLOCK_HALF
+    )
+    _rotate_heads(
+        k_ptr, k_out_ptr, token, k_heads, stride_kt, stride_kh, cos, sin, half, BLOCK_KH, BLOCK_HALF
+    )
 
 
-def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_triton(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [n]; q [n, heads, head_dim], k [n, kv_heads, head_dim] (any token/head strides);
     cos, sin [max_positions, head_dim // 2] float32 -> rotated (q, k), new contiguous tensors, as
     ``rotary_torch``."""
@@ -106,15 +165,32 @@ def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     half = q.shape[-1] // 2
     _rotary_kernel[(positions.shape[0],)](
-        positions.contiguous(), cos.contiguous(), sin.contiguous(), q, k, q_out, k_out, q.shape[1], k.shape[1],
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), half,
-        BLOCK_QH=triton.next_power_of_2(max(q.shape[1], 1)), BLOCK_KH=triton.next_power_of_2(max(k.shape[1], 1)),
-        BLOCK_HALF=triton.next_power_of_2(half), enable_fp_fusion=False)
+        positions.contiguous(),
+        cos.contiguous(),
+        sin.contiguous(),
+        q,
+        k,
+        q_out,
+        k_out,
+        q.shape[1],
+        k.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        half,
+        BLOCK_QH=triton.next_power_of_2(max(q.shape[1], 1)),
+        BLOCK_KH=triton.next_power_of_2(max(k.shape[1], 1)),
+        BLOCK_HALF=triton.next_power_of_2(half),
+        enable_fp_fusion=False,
+    )
     return q_out, k_out
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, width, stride_gate, stride_up, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    gate_ptr, up_ptr, out_ptr, width, stride_gate, stride_up, stride_out, BLOCK: tl.constexpr
+):
     """One row, BLOCK columns: out = silu(gate) * up; silu is rounded to gate's dtype first, as F.silu's
     output is. Rows are strided, so gate and up may be the two halves of one packed projection."""
     row = tl.program_id(0).to(tl.int64)
@@ -131,10 +207,20 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up [..., intermediate] -> silu(gate) * up, as ``silu_and_mul_torch``."""
     gate2, up2 = _rows(gate), _rows(up)
     rows, width = gate2.shape
-    out = torch.empty(rows, width, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    out = torch.empty(
+        rows, width, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device
+    )
     _silu_and_mul_kernel[(rows, triton.cdiv(width, _SILU_BLOCK))](
-        gate2, up2, out, width, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=_SILU_BLOCK,
-        enable_fp_fusion=False)
+        gate2,
+        up2,
+        out,
+        width,
+        gate2.stride(0),
+        up2.stride(0),
+        out.stride(0),
+        BLOCK=_SILU_BLOCK,
+        enable_fp_fusion=False,
+    )
     return out.view(gate.shape)
 
 

@@ -39,6 +39,7 @@ never depend on the previous kernel), and only then wait for the previous kernel
 With TRITON_INTERPRET=1 the kernels also run on CPU tensors (float32), which is how the tests check
 them without a GPU.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +66,8 @@ _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiti
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
 # that follow it to start beside it.
 paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
-qkv_stages = 4     # 120 KB
-plain_stages = 6   # o_proj, down_proj: 120 KB
+qkv_stages = 4  # 120 KB
+plain_stages = 6  # o_proj, down_proj: 120 KB
 
 
 @dataclass
@@ -77,13 +78,16 @@ class NormedRows:
     sq_parts [P, M] float32: partial sums of the stream's squares, P of them per row (the programs of
     the kernel that wrote the stream), which sum to the row's sum of squares.
     """
+
     stream: torch.Tensor
     normed: torch.Tensor
     sq_parts: torch.Tensor
 
 
 @triton.jit
-def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, offset, BLOCK: tl.constexpr):
+def _normed_rows_kernel(
+    x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, offset, BLOCK: tl.constexpr
+):
     """Row r: normed[r] = x[r] * (offset + w); sq[0, r] = sum(x[r]^2)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -95,8 +99,19 @@ def _normed_rows_kernel(x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, offse
 
 
 @triton.jit
-def _embed_norm_pair_kernel(ids_ptr, emb_ptr, w_emb_ptr, h_ptr, w_h_ptr, out_ptr, N, stride_emb, stride_h, eps,
-                            BLOCK: tl.constexpr):
+def _embed_norm_pair_kernel(
+    ids_ptr,
+    emb_ptr,
+    w_emb_ptr,
+    h_ptr,
+    w_h_ptr,
+    out_ptr,
+    N,
+    stride_emb,
+    stride_h,
+    eps,
+    BLOCK: tl.constexpr,
+):
     """Row r: out[r] = [RMSNorm(emb[ids[r]]) * w_emb | RMSNorm(h[r]) * w_h], out [M, 2 * N]."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -104,23 +119,69 @@ def _embed_norm_pair_kernel(ids_ptr, emb_ptr, w_emb_ptr, h_ptr, w_h_ptr, out_ptr
     token = tl.load(ids_ptr + row).to(tl.int64)
     e = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
     h = tl.load(h_ptr + row * stride_h + cols, mask=ok, other=0.0).to(tl.float32)
-    e *= tl.rsqrt(tl.sum(e * e, axis=0) / N + eps) * tl.load(w_emb_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    h *= tl.rsqrt(tl.sum(h * h, axis=0) / N + eps) * tl.load(w_h_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    e *= tl.rsqrt(tl.sum(e * e, axis=0) / N + eps) * tl.load(
+        w_emb_ptr + cols, mask=ok, other=0.0
+    ).to(tl.float32)
+    h *= tl.rsqrt(tl.sum(h * h, axis=0) / N + eps) * tl.load(w_h_ptr + cols, mask=ok, other=0.0).to(
+        tl.float32
+    )
     tl.store(out_ptr + row * 2 * N + cols, e.to(out_ptr.dtype.element_ty), mask=ok)
     tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def _fused_rows_kernel(
-        x_ptr, w_ptr, out_ptr, res_ptr, sq_in_ptr, next_norm_ptr, normed_out_ptr, sq_out_ptr,
-        pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
-        M, N_OUT, K, stride_xm, stride_wn, stride_om, stride_rm, num_sq_parts, eps, q_size, kv_size, qk_eps, subs,
-        next_offset, qk_offset, cap,
-        OUTS: tl.constexpr, CHUNK: tl.constexpr, SCALE_ROWS: tl.constexpr, RESIDUAL: tl.constexpr,
-        NEXT_NORM: tl.constexpr, EPILOGUE: tl.constexpr,
-        QK_NORM: tl.constexpr, V_NORM: tl.constexpr, ACT: tl.constexpr, SOFTCAP: tl.constexpr,
-        HALF: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_P: tl.constexpr,
-        PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    res_ptr,
+    sq_in_ptr,
+    next_norm_ptr,
+    normed_out_ptr,
+    sq_out_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    M,
+    N_OUT,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    num_sq_parts,
+    eps,
+    q_size,
+    kv_size,
+    qk_eps,
+    subs,
+    next_offset,
+    qk_offset,
+    cap,
+    OUTS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    NEXT_NORM: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    V_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HALF: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH_K: tl.constexpr,
+):
     """Program p owns outputs p * OUTS ... p * OUTS + OUTS - 1 of every row and computes them as ``subs``
     sub-tiles of CHUNK (<= BN) consecutive outputs each. PLAIN: output i is column i.
     SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
@@ -133,16 +194,16 @@ def _fused_rows_kernel(
     pid = tl.program_id(0)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
-    rows = tl.arange(0, BM)                                                      # [BM]
+    rows = tl.arange(0, BM)  # [BM]
     row_ok = rows < M
     ks = tl.arange(0, BK)
     if PDL:
-        i = pid * OUTS + tl.arange(0, BN)                                        # the first sub-tile's outputs
+        i = pid * OUTS + tl.arange(0, BN)  # the first sub-tile's outputs
         i = tl.where((i < pid * OUTS + CHUNK) & (i < own_end), i, pid * OUTS)
         if paired:
             i = (i // HALF) * (2 * HALF) + i % HALF
-        lines = tl.arange(0, PREFETCH_K // 64) * 64                              # one bf16 element per 128 B
-        lines = tl.where(lines < K, lines, 0)[None, :]                           # never past a row's end
+        lines = tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128 B
+        lines = tl.where(lines < K, lines, 0)[None, :]  # never past a row's end
         row_a = i[:, None] * stride_wn
         prefetch_l2(w_ptr + row_a + lines)
         if paired:
@@ -150,41 +211,58 @@ def _fused_rows_kernel(
     pdl_enter(PDL)
     if SCALE_ROWS:
         parts = tl.arange(0, BLOCK_P)
-        sq = tl.load(sq_in_ptr + parts[:, None] * M + rows[None, :],
-                     mask=(parts < num_sq_parts)[:, None] & row_ok[None, :], other=0.0)     # [BLOCK_P, BM]
-        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]                  # [BM, 1]
+        sq = tl.load(
+            sq_in_ptr + parts[:, None] * M + rows[None, :],
+            mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_P, BM]
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
     for sub in range(subs):
         start = pid * OUTS + sub * CHUNK
-        i = start + tl.arange(0, BN)                                             # [BN]
+        i = start + tl.arange(0, BN)  # [BN]
         i_ok = (i < start + CHUNK) & (i < own_end)
         if paired:
-            col_a = (i // HALF) * (2 * HALF) + i % HALF                         # [BN]
+            col_a = (i // HALF) * (2 * HALF) + i % HALF  # [BN]
         else:
             col_a = i
         ok = row_ok[:, None] & i_ok[None, :]
         # The epilogue's operands, asked for before the weights stream so that their latency hides behind it.
         if EPILOGUE == _PLAIN:
             if RESIDUAL:
-                res = tl.load(res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0)   # [BM, BN]
+                res = tl.load(
+                    res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0
+                )  # [BM, BN]
             if NEXT_NORM:
-                w_next = tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32) + next_offset  # [BN]
+                w_next = (
+                    tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32) + next_offset
+                )  # [BN]
         elif EPILOGUE == _QKV:
-            cos, sin, slot = _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF)
+            cos, sin, slot = _rope_operands(
+                pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF
+            )
             if QK_NORM:
-                norm_a, norm_b = _head_norm_weights(col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr,
-                                                    qk_offset, HALF)
+                norm_a, norm_b = _head_norm_weights(
+                    col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr, qk_offset, HALF
+                )
         acc_a = tl.zeros((BM, BN), dtype=tl.float32)
         acc_b = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
-            kk = k0 + ks                                                         # [BK]
+            kk = k0 + ks  # [BK]
             k_ok = kk < K
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0)                                               # [BM, BK]
+            x = tl.load(
+                x_ptr + rows[:, None] * stride_xm + kk[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )  # [BM, BK]
             w_ok = i_ok[:, None] & k_ok[None, :]
-            w_a = tl.load(w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)   # [BN, BK]
+            w_a = tl.load(
+                w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
+            )  # [BN, BK]
             acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
             if paired:
-                w_b = tl.load(w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0)
+                w_b = tl.load(
+                    w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
+                )
                 acc_b += tl.dot(x, tl.trans(w_b), input_precision=PRECISION)
         if SCALE_ROWS:
             acc_a *= rstd
@@ -197,43 +275,103 @@ def _fused_rows_kernel(
             out = acc_a.to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
             if NEXT_NORM:
-                s = tl.where(ok, out.to(tl.float32), 0.0)                        # the stream as stored
-                tl.store(normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
-                         (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty), mask=ok)
-                tl.store(sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok)
+                s = tl.where(ok, out.to(tl.float32), 0.0)  # the stream as stored
+                tl.store(
+                    normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
+                    (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty),
+                    mask=ok,
+                )
+                tl.store(
+                    sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok
+                )
         elif EPILOGUE == _SWIGLU:
-            if ACT == _ACT_GELU_TANH:  # transformers' GELU-tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-                gate = 0.5 * acc_a * (1.0 + _tanh(0.7978845608028654 * (acc_a + 0.044715 * acc_a * acc_a * acc_a)))
+            if (
+                ACT == _ACT_GELU_TANH
+            ):  # transformers' GELU-tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+                gate = (
+                    0.5
+                    * acc_a
+                    * (1.0 + _tanh(0.7978845608028654 * (acc_a + 0.044715 * acc_a * acc_a * acc_a)))
+                )
             else:
                 gate = acc_a / (1.0 + tl.exp(-acc_a))
-            tl.store(out_ptr + rows[:, None] * stride_om + i[None, :],
-                     (gate * acc_b).to(out_ptr.dtype.element_ty), mask=ok)
+            tl.store(
+                out_ptr + rows[:, None] * stride_om + i[None, :],
+                (gate * acc_b).to(out_ptr.dtype.element_ty),
+                mask=ok,
+            )
         else:
             if QK_NORM:
-                acc_a, acc_b = _head_norm(acc_a, acc_b, col_a, norm_a, norm_b, q_size, kv_size, qk_eps, BM, BN, HALF,
-                                          V_NORM)
-            _qkv_epilogue(acc_a, acc_b, rows, col_a, ok, out_ptr, stride_om, cos, sin, slot, k_cache_ptr,
-                          v_cache_ptr, q_size, kv_size, HALF)
+                acc_a, acc_b = _head_norm(
+                    acc_a,
+                    acc_b,
+                    col_a,
+                    norm_a,
+                    norm_b,
+                    q_size,
+                    kv_size,
+                    qk_eps,
+                    BM,
+                    BN,
+                    HALF,
+                    V_NORM,
+                )
+            _qkv_epilogue(
+                acc_a,
+                acc_b,
+                rows,
+                col_a,
+                ok,
+                out_ptr,
+                stride_om,
+                cos,
+                sin,
+                slot,
+                k_cache_ptr,
+                v_cache_ptr,
+                q_size,
+                kv_size,
+                HALF,
+            )
 
 
 @triton.jit
-def _head_norm_weights(col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, offset, HALF: tl.constexpr):
+def _head_norm_weights(
+    col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, offset, HALF: tl.constexpr
+):
     """The per-head norm scales of columns col_a (pair j of its head) and col_a + HALF: offset + q_norm's
     for q columns, offset + k_norm's for k columns, 1 for v columns -> two [1, BN] float32."""
     is_q = col_a < q_size
     is_v = col_a >= q_size + kv_size
     w_a = tl.where(is_q, tl.load(q_norm_ptr + j), tl.load(k_norm_ptr + j)).to(tl.float32) + offset
-    w_b = tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(tl.float32) + offset
+    w_b = (
+        tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(
+            tl.float32
+        )
+        + offset
+    )
     return tl.where(is_v, 1.0, w_a)[None, :], tl.where(is_v, 1.0, w_b)[None, :]
 
 
 @triton.jit
-def _head_norm(a, b, col_a, w_a, w_b, q_size, kv_size, eps, BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
-               V_NORM: tl.constexpr):
+def _head_norm(
+    a,
+    b,
+    col_a,
+    w_a,
+    w_b,
+    q_size,
+    kv_size,
+    eps,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HALF: tl.constexpr,
+    V_NORM: tl.constexpr,
+):
     """a, b [BM, BN]: columns j and j + HALF of whole heads (BN // HALF of them, in order). q and k
     columns get their head's RMSNorm (scales w_a, w_b: ``_head_norm_weights``); v columns too with
     V_NORM (scale 1), else they pass."""
-    sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)          # [BM, heads]
+    sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)  # [BM, heads]
     rstd = tl.rsqrt(sq / (2 * HALF) + eps)
     rstd = tl.reshape(tl.broadcast_to(rstd[:, :, None], (BM, BN // HALF, HALF)), (BM, BN))
     if V_NORM:
@@ -250,9 +388,26 @@ def _tanh(x):
 
 
 @triton.jit
-def _add_normed_kernel(o_ptr, sq_in_ptr, res_ptr, scale_ptr, w_next_ptr, out_ptr, normed_ptr, sq_out_ptr, N,
-                       num_sq_parts, stride_om, stride_rm, eps, next_offset, HAS_SCALE: tl.constexpr,
-                       NEXT_NORM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
+def _add_normed_kernel(
+    o_ptr,
+    sq_in_ptr,
+    res_ptr,
+    scale_ptr,
+    w_next_ptr,
+    out_ptr,
+    normed_ptr,
+    sq_out_ptr,
+    N,
+    num_sq_parts,
+    stride_om,
+    stride_rm,
+    eps,
+    next_offset,
+    HAS_SCALE: tl.constexpr,
+    NEXT_NORM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     """Row r: s = (res[r] + o[r] * rsqrt(sum(sq_in[:, r]) / N + eps)) (* scale[0]), o being a projection's
     output times its norm's scale (``project_normed``); stores s, and with NEXT_NORM s * (next_offset +
     w_next) and sum(s^2) (s as stored)."""
@@ -280,17 +435,32 @@ def _add_normed_kernel(o_ptr, sq_in_ptr, res_ptr, scale_ptr, w_next_ptr, out_ptr
 def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF: tl.constexpr):
     """For rows at positions pos_ptr[rows] and pair j of each column's head: cos, sin [BM, BN] float32
     and the rows' cache slots [BM, 1]."""
-    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)                          # [BM]
-    trig = pos[:, None].to(tl.int64) * HALF + j[None, :]                         # [BM, BN]
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)  # [BM]
+    trig = pos[:, None].to(tl.int64) * HALF + j[None, :]  # [BM, BN]
     cos = tl.load(cos_ptr + trig, mask=ok, other=1.0)
     sin = tl.load(sin_ptr + trig, mask=ok, other=0.0)
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]            # [BM, 1]
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
     return cos, sin, slot
 
 
 @triton.jit
-def _qkv_epilogue(a, b, rows, col_a, ok, q_ptr, stride_qm, cos, sin, slot, k_cache_ptr, v_cache_ptr, q_size,
-                  kv_size, HALF: tl.constexpr):
+def _qkv_epilogue(
+    a,
+    b,
+    rows,
+    col_a,
+    ok,
+    q_ptr,
+    stride_qm,
+    cos,
+    sin,
+    slot,
+    k_cache_ptr,
+    v_cache_ptr,
+    q_size,
+    kv_size,
+    HALF: tl.constexpr,
+):
     """a, b [BM, BN]: columns col_a and col_a + HALF of [q | k | v] for each row. Rotates q and k pairs
     by cos, sin (``_rope_operands``, neox layout), then stores q into q_ptr [M, q_size] and k, v into
     the caches' rows at the rows' slots (caches [slots, kv_size], contiguous)."""
@@ -303,7 +473,7 @@ def _qkv_epilogue(a, b, rows, col_a, ok, q_ptr, stride_qm, cos, sin, slot, k_cac
     tl.store(q_dst + HALF, b.to(q_ptr.dtype.element_ty), mask=ok & is_q)
     is_k = (col_a >= q_size)[None, :] & rotate
     is_v = (col_a >= q_size + kv_size)[None, :]
-    kv_col = tl.where(is_v, col_a - q_size - kv_size, tl.where(is_k, col_a - q_size, 0))   # [1, BN]
+    kv_col = tl.where(is_v, col_a - q_size - kv_size, tl.where(is_k, col_a - q_size, 0))  # [1, BN]
     k_dst = k_cache_ptr + slot * kv_size + kv_col
     v_dst = v_cache_ptr + slot * kv_size + kv_col
     tl.store(k_dst, a.to(k_cache_ptr.dtype.element_ty), mask=ok & is_k)
@@ -315,15 +485,23 @@ def _qkv_epilogue(a, b, rows, col_a, ok, q_ptr, stride_qm, cos, sin, slot, k_cac
 def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernels serve x [M, K] @ weight.T: few rows of half precision on the GPU,
     autograd off, outside batch-invariant mode."""
-    return (x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and weight.is_contiguous() and not torch.is_grad_enabled()
-            and not batch_invariant())
+    return (
+        x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] <= MAX_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and weight.is_contiguous()
+        and not torch.is_grad_enabled()
+        and not batch_invariant()
+    )
 
 
 @dataclass(frozen=True)
 class _Grid:
     """How a projection's outputs (columns, or column pairs) spread over the programs: ``outs`` a
     program, computed as ``subs`` sub-tiles of ``chunk`` outputs in a tile ``block_n`` wide."""
+
     programs: int
     outs: int
     subs: int
@@ -337,8 +515,13 @@ def _grid(n_out: int, outs: int, max_block: int, whole: int = 1) -> _Grid:
     outs = triton.cdiv(outs, whole) * whole
     subs = triton.cdiv(outs, max_block // whole * whole)
     chunk = triton.cdiv(outs // whole, subs) * whole
-    return _Grid(triton.cdiv(n_out, outs), outs, triton.cdiv(outs, chunk), chunk,
-                 max(16, triton.next_power_of_2(chunk)))
+    return _Grid(
+        triton.cdiv(n_out, outs),
+        outs,
+        triton.cdiv(outs, chunk),
+        chunk,
+        max(16, triton.next_power_of_2(chunk)),
+    )
 
 
 def _is_wide_plain(epilogue: int, weight_rows: int) -> bool:
@@ -353,8 +536,14 @@ def _stages(epilogue: int, weight_rows: int) -> int:
     return qkv_stages if epilogue == _QKV.value else paired_stages
 
 
-def _launch_grid(n_out: int, epilogue: int, weight_rows: int, device: torch.device, whole_heads: int = 1,
-                 outs: int | None = None) -> _Grid:
+def _launch_grid(
+    n_out: int,
+    epilogue: int,
+    weight_rows: int,
+    device: torch.device,
+    whole_heads: int = 1,
+    outs: int | None = None,
+) -> _Grid:
     """The grid of a projection with ``n_out`` outputs: by default the outputs spread evenly over one
     program a streaming multiprocessor (``outs`` a program when given: benchmarks).
 
@@ -369,13 +558,26 @@ def _launch_grid(n_out: int, epilogue: int, weight_rows: int, device: torch.devi
     return _grid(n_out, outs, max_block, whole_heads)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int, epilogue: int, half: int = 1,
-            norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-            next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-            qkv: tuple | None = None, qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-            pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None, next_offset: float = 0.0,
-            qk_offset: float = 0.0, v_norm: bool = False, act: str = "silu",
-            softcap: float | None = None) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    n_out: int,
+    epilogue: int,
+    half: int = 1,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
+    next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    qkv: tuple | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    pdl: bool | None = None,
+    tiles: tuple[int, int, int, int] | None = None,
+    next_offset: float = 0.0,
+    qk_offset: float = 0.0,
+    v_norm: bool = False,
+    act: str = "silu",
+    softcap: float | None = None,
+) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
@@ -387,31 +589,89 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, n_out: int
         raise ValueError(f"no fused gate activation {act!r}")
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    outs, block_k, num_warps, num_stages = tiles or (None, 256, 4, _stages(epilogue, weight.shape[0]))
+    outs, block_k, num_warps, num_stages = tiles or (
+        None,
+        256,
+        4,
+        _stages(epilogue, weight.shape[0]),
+    )
     if tiles is None and qk_norm is not None and half > 32:
-        block_k, num_stages = 128, 4  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
+        block_k, num_stages = (
+            128,
+            4,
+        )  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
-    grid = _launch_grid(n_out, epilogue, weight.shape[0], x.device, half if qk_norm is not None else 1, outs)
+    grid = _launch_grid(
+        n_out, epilogue, weight.shape[0], x.device, half if qk_norm is not None else 1, outs
+    )
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
     if next_norm is not None and sq_out.shape[0] != grid.programs * grid.subs:
-        raise ValueError(f"sq_parts out has {sq_out.shape[0]} rows for {grid.programs * grid.subs} sub-tiles")
-    pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = qkv if qkv is not None else (x,) * 6 + (0, 0)
+        raise ValueError(
+            f"sq_parts out has {sq_out.shape[0]} rows for {grid.programs * grid.subs} sub-tiles"
+        )
+    pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = (
+        qkv if qkv is not None else (x,) * 6 + (0, 0)
+    )
     q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     _fused_rows_kernel[(grid.programs,)](
-        x, weight, out, res, sq_in, w_next, normed_out, sq_out, pos, cos, sin, k_cache, v_cache, slots, q_norm, k_norm,
-        m, n_out, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), sq_in.shape[0], eps, q_size,
-        kv_size, qk_eps, grid.subs, next_offset, qk_offset, 1.0 if softcap is None else softcap, OUTS=grid.outs, CHUNK=grid.chunk, SCALE_ROWS=norm is not None,
-        RESIDUAL=residual is not None, NEXT_NORM=next_norm is not None, EPILOGUE=epilogue,
-        QK_NORM=qk_norm is not None, V_NORM=v_norm, ACT=_ACT_GELU_TANH if act in GELU_TANH else _ACT_SILU,
-        SOFTCAP=softcap is not None, HALF=half, BM=MAX_ROWS, BN=grid.block_n, BK=block_k,
+        x,
+        weight,
+        out,
+        res,
+        sq_in,
+        w_next,
+        normed_out,
+        sq_out,
+        pos,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slots,
+        q_norm,
+        k_norm,
+        m,
+        n_out,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        res.stride(0),
+        sq_in.shape[0],
+        eps,
+        q_size,
+        kv_size,
+        qk_eps,
+        grid.subs,
+        next_offset,
+        qk_offset,
+        1.0 if softcap is None else softcap,
+        OUTS=grid.outs,
+        CHUNK=grid.chunk,
+        SCALE_ROWS=norm is not None,
+        RESIDUAL=residual is not None,
+        NEXT_NORM=next_norm is not None,
+        EPILOGUE=epilogue,
+        QK_NORM=qk_norm is not None,
+        V_NORM=v_norm,
+        ACT=_ACT_GELU_TANH if act in GELU_TANH else _ACT_SILU,
+        SOFTCAP=softcap is not None,
+        HALF=half,
+        BM=MAX_ROWS,
+        BN=grid.block_n,
+        BK=block_k,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=use_pdl,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(use_pdl))
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **pdl_launch_options(use_pdl),
+    )
     return out
 
 
@@ -421,13 +681,27 @@ def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor, offset: float = 0.0)
     x = x if x.stride(1) == 1 else x.contiguous()
     normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sq = torch.empty(1, x.shape[0], dtype=torch.float32, device=x.device)
-    _normed_rows_kernel[(x.shape[0],)](x, norm_weight, normed, sq, x.shape[0], x.shape[1], x.stride(0), offset,
-                                       BLOCK=triton.next_power_of_2(x.shape[1]))
+    _normed_rows_kernel[(x.shape[0],)](
+        x,
+        norm_weight,
+        normed,
+        sq,
+        x.shape[0],
+        x.shape[1],
+        x.stride(0),
+        offset,
+        BLOCK=triton.next_power_of_2(x.shape[1]),
+    )
     return NormedRows(x, normed, sq)
 
 
-def embed_norm_pair(token_ids: torch.Tensor, embedding: torch.Tensor, embed_norm: tuple[torch.Tensor, float],
-                    hidden: torch.Tensor, hidden_norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+def embed_norm_pair(
+    token_ids: torch.Tensor,
+    embedding: torch.Tensor,
+    embed_norm: tuple[torch.Tensor, float],
+    hidden: torch.Tensor,
+    hidden_norm: tuple[torch.Tensor, float],
+) -> torch.Tensor:
     """EAGLE3's layer input in one kernel: token_ids [M], embedding [vocab, N], hidden [M, N], norms
     (weight [N], eps) with one eps -> [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
     (w_emb, eps), (w_h, eps_h) = embed_norm, hidden_norm
@@ -436,19 +710,38 @@ def embed_norm_pair(token_ids: torch.Tensor, embedding: torch.Tensor, embed_norm
     m, n = hidden.shape
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     out = torch.empty(m, 2 * n, dtype=hidden.dtype, device=hidden.device)
-    _embed_norm_pair_kernel[(m,)](token_ids, embedding, w_emb, hidden, w_h, out, n, embedding.stride(0),
-                                  hidden.stride(0), eps, BLOCK=triton.next_power_of_2(n))
+    _embed_norm_pair_kernel[(m,)](
+        token_ids,
+        embedding,
+        w_emb,
+        hidden,
+        w_h,
+        out,
+        n,
+        embedding.stride(0),
+        hidden.stride(0),
+        eps,
+        BLOCK=triton.next_power_of_2(n),
+    )
     return out
 
 
-def project_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+def project_add(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl: bool | None = None
+) -> torch.Tensor:
     """x [M, K], residual [M, N] -> residual + x @ weight.T [M, N] (a new tensor)."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     return _launch(x, weight, out, weight.shape[0], _PLAIN.value, residual=residual, pdl=pdl)
 
 
-def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-                       next_norm_weight: torch.Tensor, pdl: bool | None = None, next_offset: float = 0.0) -> NormedRows:
+def project_add_normed(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor | None,
+    next_norm_weight: torch.Tensor,
+    pdl: bool | None = None,
+    next_offset: float = 0.0,
+) -> NormedRows:
     """``project_add`` (x @ weight.T alone when ``residual`` is None), its result made ready for the
     RMSNorm with scale next_offset + ``next_norm_weight`` [N]."""
     m, n = x.shape[0], weight.shape[0]
@@ -456,19 +749,38 @@ def project_add_normed(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
     grid = _launch_grid(n, _PLAIN.value, n, x.device)
     sq = torch.empty(grid.programs * grid.subs, m, dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, n, _PLAIN.value, residual=residual, next_norm=(next_norm_weight, normed, sq), pdl=pdl,
-            next_offset=next_offset)
+    _launch(
+        x,
+        weight,
+        out,
+        n,
+        _PLAIN.value,
+        residual=residual,
+        next_norm=(next_norm_weight, normed, sq),
+        pdl=pdl,
+        next_offset=next_offset,
+    )
     return NormedRows(out, normed, sq)
 
 
-def project_normed(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, offset: float = 0.0,
-                   pdl: bool | None = None) -> NormedRows:
+def project_normed(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor,
+    offset: float = 0.0,
+    pdl: bool | None = None,
+) -> NormedRows:
     """x [M, K] @ weight.T, made ready for a sandwich norm with scale offset + norm_weight (``add_normed``)."""
     return project_add_normed(x, weight, None, norm_weight, pdl, offset)
 
 
-def add_normed(o: NormedRows, eps: float, residual: torch.Tensor, next_norm: tuple[torch.Tensor, float] | None = None,
-               scale: torch.Tensor | None = None) -> NormedRows | torch.Tensor:
+def add_normed(
+    o: NormedRows,
+    eps: float,
+    residual: torch.Tensor,
+    next_norm: tuple[torch.Tensor, float] | None = None,
+    scale: torch.Tensor | None = None,
+) -> NormedRows | torch.Tensor:
     """A sandwich norm's residual add, one program a row: s = residual + RMSNorm(o.stream) (o from
     ``project_normed``, which applied the norm's scale), times ``scale`` [1] when given -> s made ready for
     the RMSNorm ``next_norm`` = (weight [N], offset) when given (``NormedRows``), else s [M, N]."""
@@ -480,16 +792,39 @@ def add_normed(o: NormedRows, eps: float, residual: torch.Tensor, next_norm: tup
         normed = torch.empty_like(out)
         sq = torch.empty(1, m, dtype=torch.float32, device=out.device)
     w_next, offset = next_norm if next_norm is not None else (out, 0.0)
-    _add_normed_kernel[(m,)](o.normed, o.sq_parts, residual, out if scale is None else scale, w_next, out, normed, sq,
-                             n, o.sq_parts.shape[0], o.normed.stride(0), residual.stride(0), eps, offset,
-                             HAS_SCALE=scale is not None, NEXT_NORM=next_norm is not None,
-                             BLOCK=triton.next_power_of_2(n), BLOCK_P=triton.next_power_of_2(o.sq_parts.shape[0]))
+    _add_normed_kernel[(m,)](
+        o.normed,
+        o.sq_parts,
+        residual,
+        out if scale is None else scale,
+        w_next,
+        out,
+        normed,
+        sq,
+        n,
+        o.sq_parts.shape[0],
+        o.normed.stride(0),
+        residual.stride(0),
+        eps,
+        offset,
+        HAS_SCALE=scale is not None,
+        NEXT_NORM=next_norm is not None,
+        BLOCK=triton.next_power_of_2(n),
+        BLOCK_P=triton.next_power_of_2(o.sq_parts.shape[0]),
+    )
     return out if next_norm is None else NormedRows(out, normed, sq)
 
 
-def norm_project(rows: NormedRows, eps: float, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
-                 pdl: bool | None = None, tiles: tuple[int, int, int, int] | None = None,
-                 out: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+def norm_project(
+    rows: NormedRows,
+    eps: float,
+    weight: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    pdl: bool | None = None,
+    tiles: tuple[int, int, int, int] | None = None,
+    out: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default), into
     ``out`` (contiguous rows) when given; soft-capped (cap * tanh(logit / cap)) with ``softcap``."""
     x = rows.normed
@@ -497,28 +832,67 @@ def norm_project(rows: NormedRows, eps: float, weight: torch.Tensor, out_dtype: 
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=x.device)
     elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(1) != 1:
-        raise ValueError(f"norm_project writes {shape} {dtype}, got out {tuple(out.shape)} {out.dtype} "
-                         f"with strides {out.stride()}")
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, norm=(rows.sq_parts, eps), pdl=pdl, tiles=tiles,
-                   softcap=softcap)
+        raise ValueError(
+            f"norm_project writes {shape} {dtype}, got out {tuple(out.shape)} {out.dtype} "
+            f"with strides {out.stride()}"
+        )
+    return _launch(
+        x,
+        weight,
+        out,
+        weight.shape[0],
+        _PLAIN.value,
+        norm=(rows.sq_parts, eps),
+        pdl=pdl,
+        tiles=tiles,
+        softcap=softcap,
+    )
 
 
-def norm_project_swiglu(rows: NormedRows, eps: float, gate_up: torch.Tensor, pdl: bool | None = None,
-                        tiles: tuple[int, int, int, int] | None = None, act: str = "silu") -> torch.Tensor:
+def norm_project_swiglu(
+    rows: NormedRows,
+    eps: float,
+    gate_up: torch.Tensor,
+    pdl: bool | None = None,
+    tiles: tuple[int, int, int, int] | None = None,
+    act: str = "silu",
+) -> torch.Tensor:
     """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where
     [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``)."""
     x, inter = rows.normed, gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    return _launch(x, gate_up, out, inter, _SWIGLU.value, half=inter, norm=(rows.sq_parts, eps), pdl=pdl,
-                   tiles=tiles, act=act)
+    return _launch(
+        x,
+        gate_up,
+        out,
+        inter,
+        _SWIGLU.value,
+        half=inter,
+        norm=(rows.sq_parts, eps),
+        pdl=pdl,
+        tiles=tiles,
+        act=act,
+    )
 
 
-def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Tensor, head_dim: int, q_size: int,
-                     positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, pdl: bool | None = None,
-                     tiles: tuple[int, int, int, int] | None = None, qk_offset: float = 0.0,
-                     v_norm: bool = False) -> torch.Tensor:
+def norm_project_qkv(
+    rows: NormedRows | torch.Tensor,
+    eps: float,
+    qkv: torch.Tensor,
+    head_dim: int,
+    q_size: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    pdl: bool | None = None,
+    tiles: tuple[int, int, int, int] | None = None,
+    qk_offset: float = 0.0,
+    v_norm: bool = False,
+) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
     cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
     (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T (rows @ qkv.T for a tensor
@@ -534,5 +908,18 @@ def norm_project_qkv(rows: NormedRows | torch.Tensor, eps: float, qkv: torch.Ten
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
-    return _launch(x, qkv, q, qkv.shape[0] // 2, _QKV.value, half=head_dim // 2, norm=norm, qkv=args,
-                   qk_norm=qk_norm, pdl=pdl, tiles=tiles, qk_offset=qk_offset, v_norm=v_norm)
+    return _launch(
+        x,
+        qkv,
+        q,
+        qkv.shape[0] // 2,
+        _QKV.value,
+        half=head_dim // 2,
+        norm=norm,
+        qkv=args,
+        qk_norm=qk_norm,
+        pdl=pdl,
+        tiles=tiles,
+        qk_offset=qk_offset,
+        v_norm=v_norm,
+    )

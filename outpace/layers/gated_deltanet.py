@@ -24,6 +24,7 @@ heads split alike); the projections' q, k, v, z, b, a rows and the convolution's
 each part sliced (distributed/packed.py); A_log and dt_bias per value head; the gated norm (per head_v_dim)
 whole; out_proj row-parallel, its one all-reduce the layer's only collective. The state is this rank's heads'.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.distributed.group import build_group
-from outpace.distributed.packed import even_part, packed_column_parallel, packed_depthwise_conv, rows_of, sharded_vector
+from outpace.distributed.packed import (
+    even_part,
+    packed_column_parallel,
+    packed_depthwise_conv,
+    rows_of,
+    sharded_vector,
+)
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import delta_rule_chunked, use_chunked
@@ -44,9 +51,18 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def gated_delta_rule_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                         state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool,
-                         kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def gated_delta_rule_run(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    valid: torch.Tensor,
+    parents: torch.Tensor | None,
+    keep_every: bool,
+    kernel: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The delta rule over runs of tokens (module docstring), one token at a time, in float32.
 
     q, k [runs, len, k_heads, k_dim] (not yet normalised); v [runs, len, v_heads, v_dim]; g, beta [runs,
@@ -59,22 +75,28 @@ def gated_delta_rule_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     out_dtype = v.dtype
     q, k = (l2_normalize(x.float()) for x in (q, k))
     q = q * q.shape[-1] ** -0.5
-    if kernel is None and use_chunked(v, v.shape[1], parents, keep_every):  # layers/chunked_scans.py
-        out, final = delta_rule_chunked(q, k, v.float(), g.float(), beta.float(), state.float(), valid)
+    if kernel is None and use_chunked(
+        v, v.shape[1], parents, keep_every
+    ):  # layers/chunked_scans.py
+        out, final = delta_rule_chunked(
+            q, k, v.float(), g.float(), beta.float(), state.float(), valid
+        )
         return out.to(out_dtype), final, None
     v, decay, beta = v.float(), g.float().exp(), beta.float()
     if v.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
         from outpace.layers.recurrent_kernels import delta_rule_scan
 
-        out, final, every = delta_rule_scan(q, k, v, decay, beta, state.float(), valid, parents, keep_every)
+        out, final, every = delta_rule_scan(
+            q, k, v, decay, beta, state.float(), valid, parents, keep_every
+        )
         return out.to(out_dtype), final, every
     repeat = v.shape[2] // q.shape[2]
     q, k = (x.repeat_interleave(repeat, dim=2) for x in (q, k))
 
     def step(t: int, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = s * decay[:, t, :, None, None]
-        k_t = k[:, t, :, :, None]                                              # [runs, heads, k_dim, 1]
-        delta = (v[:, t] - (s * k_t).sum(-2)) * beta[:, t, :, None]            # [runs, heads, v_dim]
+        k_t = k[:, t, :, :, None]  # [runs, heads, k_dim, 1]
+        delta = (v[:, t] - (s * k_t).sum(-2)) * beta[:, t, :, None]  # [runs, heads, v_dim]
         s = s + k_t * delta[:, :, None, :]
         return s, (s * q[:, t, :, :, None]).sum(-2)
 
@@ -95,7 +117,9 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x, gate [..., dim] -> [..., dim] in x's dtype."""
         xf = x.float()
-        normed = self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        normed = self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(
+            x.dtype
+        )
         return (normed * F.silu(gate.float())).to(x.dtype)
 
 
@@ -103,8 +127,18 @@ class GatedDeltaNet(RecurrentStateLayer):
     """[num_tokens, hidden] -> [num_tokens, hidden]; its state per row: ``conv`` [conv_width - 1,
     conv_channels] in the model's dtype and ``recurrent`` [v_heads, k_dim, v_dim] float32."""
 
-    def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 conv_width: int, eps: float, activation: str, packed_by_key_head: bool) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_width: int,
+        eps: float,
+        activation: str,
+        packed_by_key_head: bool,
+    ) -> None:
         """``packed_by_key_head``: Qwen3-Next's projections (in_proj_qkvz, in_proj_ba), else Qwen3.5's.
         Built in a tensor-parallel group (module docstring), the head counts and dims below are this rank's."""
         super().__init__()
@@ -118,39 +152,66 @@ class GatedDeltaNet(RecurrentStateLayer):
         self.activation = activation
         self.packed_by_key_head = packed_by_key_head
         keys, values = rows_of(k_heads, head_k_dim), rows_of(v_heads, head_v_dim)
-        if packed_by_key_head:  # (packed per key head: an even split of the rows is whole key-head groups)
-            self.in_proj_qkvz = column_parallel(hidden_size, 2 * keys[0] + 2 * values[0], what="linear_num_key_heads")
-            self.in_proj_ba = column_parallel(hidden_size, 2 * num_v_heads, what="linear_num_key_heads")
+        if (
+            packed_by_key_head
+        ):  # (packed per key head: an even split of the rows is whole key-head groups)
+            self.in_proj_qkvz = column_parallel(
+                hidden_size, 2 * keys[0] + 2 * values[0], what="linear_num_key_heads"
+            )
+            self.in_proj_ba = column_parallel(
+                hidden_size, 2 * num_v_heads, what="linear_num_key_heads"
+            )
         else:
             self.in_proj_qkv = packed_column_parallel(hidden_size, [keys, keys, values], group)
             self.in_proj_z = column_parallel(hidden_size, values[0], what="linear_num_value_heads")
-            self.in_proj_b = column_parallel(hidden_size, num_v_heads, what="linear_num_value_heads")
-            self.in_proj_a = column_parallel(hidden_size, num_v_heads, what="linear_num_value_heads")
+            self.in_proj_b = column_parallel(
+                hidden_size, num_v_heads, what="linear_num_value_heads"
+            )
+            self.in_proj_a = column_parallel(
+                hidden_size, num_v_heads, what="linear_num_value_heads"
+            )
         # the checkpoint's depthwise convolution [channels, 1, width]; causal_conv_run applies it
         self.conv1d = packed_depthwise_conv([keys, keys, values], conv_width, group, bias=False)
         self.dt_bias = sharded_vector(v_heads, 1.0, group)
         self.A_log = sharded_vector(v_heads, 0.0, group)
         self.norm = GatedRMSNorm(head_v_dim, eps)
-        self.out_proj = row_parallel(values[0], hidden_size, what="linear_num_value_heads * linear_value_head_dim")
+        self.out_proj = row_parallel(
+            values[0], hidden_size, what="linear_num_value_heads * linear_value_head_dim"
+        )
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-        return {"conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),
-                "recurrent": ((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32)}
+        return {
+            "conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),
+            "recurrent": ((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32),
+        }
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [n, hidden] -> (conv input [n, channels]: all q, all k, all v; z [n, v_heads, v_dim]; b, a
         [n, v_heads])."""
         n = x.shape[0]
         if not self.packed_by_key_head:
-            return (self.in_proj_qkv(x), self.in_proj_z(x).view(n, self.num_v_heads, self.head_v_dim),
-                    self.in_proj_b(x), self.in_proj_a(x))
+            return (
+                self.in_proj_qkv(x),
+                self.in_proj_z(x).view(n, self.num_v_heads, self.head_v_dim),
+                self.in_proj_b(x),
+                self.in_proj_a(x),
+            )
         per_group = self.num_v_heads // self.num_k_heads
         kd, vd = self.head_k_dim, per_group * self.head_v_dim
         qkvz = self.in_proj_qkvz(x).view(n, self.num_k_heads, 2 * kd + 2 * vd)
-        q, k, v, z = qkvz.split([kd, kd, vd, vd], dim=-1)                    # per key head
-        b, a = self.in_proj_ba(x).view(n, self.num_k_heads, 2 * per_group).split([per_group, per_group], dim=-1)
+        q, k, v, z = qkvz.split([kd, kd, vd, vd], dim=-1)  # per key head
+        b, a = (
+            self.in_proj_ba(x)
+            .view(n, self.num_k_heads, 2 * per_group)
+            .split([per_group, per_group], dim=-1)
+        )
         mixed = torch.cat((q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), dim=-1)
-        return (mixed, z.reshape(n, self.num_v_heads, self.head_v_dim), b.reshape(n, -1), a.reshape(n, -1))
+        return (
+            mixed,
+            z.reshape(n, self.num_v_heads, self.head_v_dim),
+            b.reshape(n, -1),
+            a.reshape(n, -1),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
@@ -158,17 +219,35 @@ class GatedDeltaNet(RecurrentStateLayer):
         mixed, z, b, a = self._project(x)
         start = self.initial_states(runs, x)
         parents, keep_every = self.parents(), self.keeps_every_state()
-        conv, conv_final, conv_every = causal_conv_run(runs.gather(mixed), start["conv"], self.conv1d.weight[:, 0],
-                                                       None, runs.valid, parents, keep_every)
-        conv = ACTIVATIONS[self.activation](conv)                               # [runs, len, channels]
+        conv, conv_final, conv_every = causal_conv_run(
+            runs.gather(mixed),
+            start["conv"],
+            self.conv1d.weight[:, 0],
+            None,
+            runs.valid,
+            parents,
+            keep_every,
+        )
+        conv = ACTIVATIONS[self.activation](conv)  # [runs, len, channels]
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         s, t = conv.shape[:2]
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [num_tokens, v_heads]
+        g = -self.A_log.float().exp() * F.softplus(
+            a.float() + self.dt_bias
+        )  # [num_tokens, v_heads]
         o, final, every = gated_delta_rule_run(
-            q.reshape(s, t, self.num_k_heads, self.head_k_dim), k.reshape(s, t, self.num_k_heads, self.head_k_dim),
-            v.reshape(s, t, self.num_v_heads, self.head_v_dim), runs.gather(g), runs.gather(b.sigmoid()),
-            start["recurrent"], runs.valid, parents, keep_every)
-        self.store({"conv": conv_final, "recurrent": final},
-                   {"conv": conv_every, "recurrent": every} if keep_every else None)
-        o = self.norm(runs.scatter(o), z)                                      # [num_tokens, v_heads, v_dim]
+            q.reshape(s, t, self.num_k_heads, self.head_k_dim),
+            k.reshape(s, t, self.num_k_heads, self.head_k_dim),
+            v.reshape(s, t, self.num_v_heads, self.head_v_dim),
+            runs.gather(g),
+            runs.gather(b.sigmoid()),
+            start["recurrent"],
+            runs.valid,
+            parents,
+            keep_every,
+        )
+        self.store(
+            {"conv": conv_final, "recurrent": final},
+            {"conv": conv_every, "recurrent": every} if keep_every else None,
+        )
+        o = self.norm(runs.scatter(o), z)  # [num_tokens, v_heads, v_dim]
         return self.out_proj(o.reshape(x.shape[0], self.value_dim))

@@ -14,6 +14,7 @@ EngineConfig.batch_invariant): a row's result does not depend on how many rows s
 verify forward and a decode step produce the same bits. On CUDA every projection goes through
 ``batch_invariant_linear``; elsewhere each row is projected alone (``project_rows_alone``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,7 +27,9 @@ from outpace.distributed.group import SINGLE, RankGroup, build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def project(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; a Triton kernel
     that streams the weights once for few rows (bf16/fp16 decode and small verify batches, where it
     beats cuBLAS's GEMV: layers/skinny_gemm.py); F.linear otherwise."""
@@ -44,14 +47,18 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return F.linear(x, weight, bias)
 
 
-def project_rows_alone(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def project_rows_alone(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., in] -> [..., out], each row as a matrix-vector product of its own: the CPU's batch-invariant
     projection. A CPU BLAS picks its GEMM kernel by the row count, and a row can round differently among 3
     rows than among 12 (MKL on an AVX-512 machine: tests/layers/test_batch_invariant.py)."""
-    rows = x.reshape(-1, x.shape[-1])                                            # [M, in]
+    rows = x.reshape(-1, x.shape[-1])  # [M, in]
     if rows.shape[0] == 0:
         return F.linear(x, weight, bias)
-    return torch.stack([F.linear(row, weight, bias) for row in rows.unbind()]).reshape(*x.shape[:-1], -1)
+    return torch.stack([F.linear(row, weight, bias) for row in rows.unbind()]).reshape(
+        *x.shape[:-1], -1
+    )
 
 
 class Linear(nn.Linear):
@@ -59,8 +66,8 @@ class Linear(nn.Linear):
     (``reduces``) sums its partial products over ``group``."""
 
     group: RankGroup = SINGLE
-    reduces: bool = False   # row-parallel: sums its partial products over the group
-    partial: bool = False   # row-parallel whose caller sums them: the bias on rank 0 only
+    reduces: bool = False  # row-parallel: sums its partial products over the group
+    partial: bool = False  # row-parallel whose caller sums them: the bias on rank 0 only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.reduces:
@@ -74,16 +81,23 @@ def linear(in_features: int, out_features: int, bias: bool = False) -> Linear:
     return Linear(in_features, out_features, bias=bias)
 
 
-def column_parallel(in_features: int, out_features: int, bias: bool = False,
-                    rows: tuple[int, int] | None = None, what: str = "output features") -> Linear:
+def column_parallel(
+    in_features: int,
+    out_features: int,
+    bias: bool = False,
+    rows: tuple[int, int] | None = None,
+    what: str = "output features",
+) -> Linear:
     """A projection whose output rows split over the group being built: this rank holds ``rows`` = (first,
     count) of the ``out_features`` (default: an even split, ``what`` naming them when they do not
     divide), of the weight and the bias."""
     group = build_group()
     if group.size == 1:
         return linear(in_features, out_features, bias)
-    first, count = rows or (group.rank * split_evenly(out_features, group.size, what),
-                            out_features // group.size)
+    first, count = rows or (
+        group.rank * split_evenly(out_features, group.size, what),
+        out_features // group.size,
+    )
     layer = Linear(in_features, count, bias=bias)
     layer.group = group
     mark_shard(layer.weight, Shard(0, first, count, out_features))
@@ -92,8 +106,13 @@ def column_parallel(in_features: int, out_features: int, bias: bool = False,
     return layer
 
 
-def row_parallel(in_features: int, out_features: int, bias: bool = False, what: str = "input features",
-                 reduce: bool = True) -> Linear:
+def row_parallel(
+    in_features: int,
+    out_features: int,
+    bias: bool = False,
+    what: str = "input features",
+    reduce: bool = True,
+) -> Linear:
     """A projection whose input columns split evenly over the group being built (``what`` names them in
     the error when they do not divide); the outputs are all-reduced, or with ``reduce=False`` left for the
     caller to sum (module docstring)."""

@@ -18,6 +18,7 @@ Log-probabilities are the target's *raw* ones: log-softmax of the logits before 
 (vLLM's default ``logprobs_mode="raw_logprobs"``), so they do not depend on the request's sampling
 settings, and a verified position reports what a plain decode step at that position would.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,9 +36,9 @@ def bitmask_words(vocab_size: int) -> int:
 
 def allowed_tokens(bitmask: Tensor, vocab_size: int) -> Tensor:
     """Unpack a token bitmask ``[..., words]`` int32 into ``[..., vocab_size]`` bool (True: allowed)."""
-    shifts = torch.arange(BITS_PER_WORD, device=bitmask.device, dtype=torch.int32)          # [32]
-    bits = (bitmask[..., None] >> shifts) & 1                                                  # [..., words, 32]
-    return bits.flatten(-2)[..., :vocab_size].bool()                                            # [..., V]
+    shifts = torch.arange(BITS_PER_WORD, device=bitmask.device, dtype=torch.int32)  # [32]
+    bits = (bitmask[..., None] >> shifts) & 1  # [..., words, 32]
+    return bits.flatten(-2)[..., :vocab_size].bool()  # [..., V]
 
 
 def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
@@ -64,16 +65,21 @@ class Penalties:
     prompt_mask: Tensor
     counts: Tensor
 
-    def apply(self, logits: Tensor, node_tokens: Tensor | None = None, ancestors: Tensor | None = None) -> Tensor:
+    def apply(
+        self, logits: Tensor, node_tokens: Tensor | None = None, ancestors: Tensor | None = None
+    ) -> Tensor:
         """Biased and penalized ``logits`` [b, n, V] -> float32 [b, n, V]. With ``node_tokens`` [b, n] and
         ``ancestors`` [b, n, n] (node u's path: itself and its ancestors, node 0 included) node u counts the
         tokens on its path as output too (``node_counts``); without them every position reads ``counts``."""
         b, n, _ = logits.shape
-        counts = self.counts[:, None, :].float() if node_tokens is None else node_counts(self.counts, node_tokens,
-                                                                                         ancestors)  # [b, n|1, V]
-        logits = logits.float() + self.logit_bias[:, None, :]                                      # [b, n, V]
-        seen = self.prompt_mask[:, None, :] | (counts > 0)                                         # [b, n, V]
-        rep = self.repetition[:, None, None]                                                       # [b, 1, 1]
+        counts = (
+            self.counts[:, None, :].float()
+            if node_tokens is None
+            else node_counts(self.counts, node_tokens, ancestors)
+        )  # [b, n|1, V]
+        logits = logits.float() + self.logit_bias[:, None, :]  # [b, n, V]
+        seen = self.prompt_mask[:, None, :] | (counts > 0)  # [b, n, V]
+        rep = self.repetition[:, None, None]  # [b, 1, 1]
         logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
         logits = logits - self.frequency[:, None, None] * counts
         return logits - self.presence[:, None, None] * (counts > 0).float()
@@ -86,7 +92,7 @@ def node_counts(counts: Tensor, node_tokens: Tensor, ancestors: Tensor) -> Tenso
     committed token), ``ancestors`` [b, n, n] bool (``ancestors[s, u, w]``: w is u or an ancestor of u).
     -> [b, n, V] float32: counts + one for each token on the path root .. u."""
     b, n = node_tokens.shape
-    out = counts[:, None, :].float().expand(b, n, counts.shape[-1]).clone()                    # [b, n, V]
+    out = counts[:, None, :].float().expand(b, n, counts.shape[-1]).clone()  # [b, n, V]
     return out.scatter_add_(2, node_tokens[:, None, :].expand(b, n, n), ancestors.float())
 
 
@@ -94,7 +100,11 @@ def count_tokens(counts: Tensor, slots: Tensor, tokens: Tensor, weights: Tensor)
     """counts[slots[s], tokens[s, j]] += weights[s, j] (in place; repeated tokens add up).
     ``counts`` [slots, V] int32, ``slots`` [b], ``tokens`` [b, w] int64, ``weights`` [b, w] (0 or 1)."""
     index = slots[:, None].expand_as(tokens)
-    counts.index_put_((index.reshape(-1), tokens.reshape(-1)), weights.reshape(-1).to(counts.dtype), accumulate=True)
+    counts.index_put_(
+        (index.reshape(-1), tokens.reshape(-1)),
+        weights.reshape(-1).to(counts.dtype),
+        accumulate=True,
+    )
 
 
 @dataclass
@@ -116,29 +126,52 @@ class TokenLogprobs:
     def pack(self) -> Tensor:
         """[m * (2 + 2k)] int64: per row logprob (float32 bits), rank, top ids, top logprobs (bits)."""
         bits = lambda t: t.float().contiguous().view(torch.int32).to(torch.int64)  # noqa: E731
-        return torch.cat([bits(self.logprob)[:, None], self.rank[:, None], self.top_ids, bits(self.top_logprobs)],
-                         dim=1).reshape(-1)
+        return torch.cat(
+            [
+                bits(self.logprob)[:, None],
+                self.rank[:, None],
+                self.top_ids,
+                bits(self.top_logprobs),
+            ],
+            dim=1,
+        ).reshape(-1)
 
     def host_rows(self) -> list[tuple[float, int, list[int], list[float]]]:
         """(logprob, rank, top ids, top logprobs) per row, on the host."""
-        return list(zip(self.logprob.tolist(), self.rank.tolist(), self.top_ids.tolist(), self.top_logprobs.tolist()))
+        return list(
+            zip(
+                self.logprob.tolist(),
+                self.rank.tolist(),
+                self.top_ids.tolist(),
+                self.top_logprobs.tolist(),
+            )
+        )
 
     @staticmethod
     def unpack_rows(values: list[int], k: int) -> list[tuple[float, int, list[int], list[float]]]:
         """The host side of ``pack``: (logprob, rank, top ids, top logprobs) per row."""
         width = 2 + 2 * k
-        as_float = torch.tensor(values, dtype=torch.int64).to(torch.int32).view(torch.float32).tolist()
+        as_float = (
+            torch.tensor(values, dtype=torch.int64).to(torch.int32).view(torch.float32).tolist()
+        )
         rows = []
         for r in range(len(values) // width):
             at = r * width
-            rows.append((as_float[at], values[at + 1], values[at + 2:at + 2 + k], as_float[at + 2 + k:at + width]))
+            rows.append(
+                (
+                    as_float[at],
+                    values[at + 1],
+                    values[at + 2 : at + 2 + k],
+                    as_float[at + 2 + k : at + width],
+                )
+            )
         return rows
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, k: int) -> TokenLogprobs:
     """Raw log-probabilities of ``tokens`` [m] under ``logits`` [m, V], with the top ``k``."""
-    logp = torch.log_softmax(logits.float(), dim=-1)                                            # [m, V]
-    chosen = logp.gather(1, tokens[:, None])                                                    # [m, 1]
-    rank = (logp > chosen).sum(dim=1) + 1                                                       # [m]
-    top = logp.topk(k, dim=-1)                                                                  # [m, k]
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [m, V]
+    chosen = logp.gather(1, tokens[:, None])  # [m, 1]
+    rank = (logp > chosen).sum(dim=1) + 1  # [m]
+    top = logp.topk(k, dim=-1)  # [m, k]
     return TokenLogprobs(chosen.squeeze(1), rank, top.indices, top.values)

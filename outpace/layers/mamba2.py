@@ -22,6 +22,7 @@ projection's z, x, B, C and dt rows and the convolution's x, B, C channels follo
 groups; out_proj row-parallel, its one all-reduce the layer's only collective (plus a gather in the norm
 when a group spans ranks). The state is this rank's heads'.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,14 @@ from torch import nn
 
 from outpace.distributed.collectives import all_gather_last_dim
 from outpace.distributed.group import RankGroup, build_group
-from outpace.distributed.packed import (Part, even_part, packed_column_parallel, packed_depthwise_conv, rows_of,
-                                       sharded_vector)
+from outpace.distributed.packed import (
+    Part,
+    even_part,
+    packed_column_parallel,
+    packed_depthwise_conv,
+    rows_of,
+    sharded_vector,
+)
 from outpace.distributed.sharding import kv_head_shard
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
@@ -40,9 +47,19 @@ from outpace.layers.linear import row_parallel
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
 
-def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
-            state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool,
-            kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def ssm_run(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    state: torch.Tensor,
+    valid: torch.Tensor,
+    parents: torch.Tensor | None,
+    keep_every: bool,
+    kernel: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The selective scan over runs of tokens (module docstring), one token at a time, in float32.
 
     x [runs, len, heads, head_dim]; dt [runs, len, heads] (discretisation steps, final); A, D [heads];
@@ -53,21 +70,31 @@ def ssm_run(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
     prefill run on CUDA takes flash-linear-attention's chunked kernel (layers/chunked_scans.py)."""
     out_dtype = x.dtype
     x, dt = x.float(), dt.float()
-    if kernel is None and use_chunked(x, x.shape[1], parents, keep_every):  # layers/chunked_scans.py
-        y, final = ssm_chunked(x, dt, A.float(), B.float(), C.float(), D.float(), state.float(), valid)
+    if kernel is None and use_chunked(
+        x, x.shape[1], parents, keep_every
+    ):  # layers/chunked_scans.py
+        y, final = ssm_chunked(
+            x, dt, A.float(), B.float(), C.float(), D.float(), state.float(), valid
+        )
         return y.to(out_dtype), final, None
-    decay = (dt * A.float()).exp()                                         # [runs, len, heads]
+    decay = (dt * A.float()).exp()  # [runs, len, heads]
     if x.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
         from outpace.layers.recurrent_kernels import ssm_scan
 
-        y, final, every = ssm_scan(x, dt, decay, B.float(), C.float(), D.float(), state.float(), valid, parents,
-                                   keep_every)
+        y, final, every = ssm_scan(
+            x, dt, decay, B.float(), C.float(), D.float(), state.float(), valid, parents, keep_every
+        )
         return y.to(out_dtype), final, every
     repeat = x.shape[2] // B.shape[2]
-    B, C = (t.float().repeat_interleave(repeat, dim=2) for t in (B, C))    # [runs, len, heads, state_size]
+    B, C = (
+        t.float().repeat_interleave(repeat, dim=2) for t in (B, C)
+    )  # [runs, len, heads, state_size]
 
     def step(t: int, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = s * decay[:, t, :, None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        s = (
+            s * decay[:, t, :, None, None]
+            + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        )
         return s, (s * C[:, t, :, None, :]).sum(-1) + D.float()[:, None] * x[:, t]
 
     y = torch.empty_like(x)
@@ -88,14 +115,14 @@ class GroupedGatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x, gate [n, dim] -> [n, dim] in x's dtype."""
-        h = x.float() * F.silu(gate.float())                                       # [n, dim]
+        h = x.float() * F.silu(gate.float())  # [n, dim]
         spans = self.group_size > h.shape[1]
         if spans:
-            h = all_gather_last_dim(h, self.group)                                 # [n, size * dim]
-        grouped = h.view(x.shape[0], -1, self.group_size)                          # [n, groups, group_size]
+            h = all_gather_last_dim(h, self.group)  # [n, size * dim]
+        grouped = h.view(x.shape[0], -1, self.group_size)  # [n, groups, group_size]
         h = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)).view_as(h)
         if spans:
-            h = h[:, self.group.rank * x.shape[1]:(self.group.rank + 1) * x.shape[1]]
+            h = h[:, self.group.rank * x.shape[1] : (self.group.rank + 1) * x.shape[1]]
         return self.weight * h.to(x.dtype)
 
 
@@ -103,50 +130,94 @@ class Mamba2Mixer(RecurrentStateLayer):
     """[num_tokens, hidden] -> [num_tokens, hidden]; its state per row: ``conv`` [conv_width - 1,
     conv_channels] in the model's dtype and ``ssm`` [heads, head_dim, state_size] float32."""
 
-    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, num_groups: int, state_size: int,
-                 conv_width: int, conv_bias: bool, proj_bias: bool, activation: str, time_step_min: float,
-                 eps: float) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        num_groups: int,
+        state_size: int,
+        conv_width: int,
+        conv_bias: bool,
+        proj_bias: bool,
+        activation: str,
+        time_step_min: float,
+        eps: float,
+    ) -> None:
         """Built in a tensor-parallel group (module docstring), the counts below are this rank's."""
         super().__init__()
         group = build_group()
         heads = even_part(num_heads, group, "mamba_num_heads")
         first_group, local_groups = kv_head_shard(num_groups, group.rank, group.size, "n_groups")
-        self.num_heads, self.head_dim, self.num_groups, self.state_size = heads[2], head_dim, local_groups, state_size
+        self.num_heads, self.head_dim, self.num_groups, self.state_size = (
+            heads[2],
+            head_dim,
+            local_groups,
+            state_size,
+        )
         self.inner = self.num_heads * head_dim
-        inner = rows_of(heads, head_dim)                                            # x (and z) channels
-        groups = rows_of((num_groups, first_group, local_groups), state_size)       # B (and C) channels
+        inner = rows_of(heads, head_dim)  # x (and z) channels
+        groups = rows_of((num_groups, first_group, local_groups), state_size)  # B (and C) channels
         self.conv_channels = self.inner + 2 * groups[2]
         self.activation, self.time_step_min = activation, time_step_min
-        self.in_proj = packed_column_parallel(hidden_size, [inner, inner, groups, groups, heads], group, proj_bias)
+        self.in_proj = packed_column_parallel(
+            hidden_size, [inner, inner, groups, groups, heads], group, proj_bias
+        )
         # the checkpoint's depthwise convolution [channels, 1, width] (+ bias); causal_conv_run applies it
         self.conv1d = packed_depthwise_conv([inner, groups, groups], conv_width, group, conv_bias)
         self.dt_bias = sharded_vector(heads, 1.0, group)
         self.A_log = sharded_vector(heads, 0.0, group)
         self.D = sharded_vector(heads, 1.0, group)
         self.norm = GroupedGatedRMSNorm(inner, num_heads * head_dim // num_groups, eps, group)
-        self.out_proj = row_parallel(inner[0], hidden_size, proj_bias, "mamba_num_heads * mamba_head_dim")
+        self.out_proj = row_parallel(
+            inner[0], hidden_size, proj_bias, "mamba_num_heads * mamba_head_dim"
+        )
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-        return {"conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),
-                "ssm": ((self.num_heads, self.head_dim, self.state_size), torch.float32)}
+        return {
+            "conv": ((self.conv1d.kernel_size[0] - 1, self.conv_channels), None),
+            "ssm": ((self.num_heads, self.head_dim, self.state_size), torch.float32),
+        }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
         runs = TokenRuns.of_context(x.device)
-        gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_channels, self.num_heads], dim=-1)
+        gate, xbc, dt = self.in_proj(x).split(
+            [self.inner, self.conv_channels, self.num_heads], dim=-1
+        )
         start = self.initial_states(runs, x)
         parents, keep_every = self.parents(), self.keeps_every_state()
-        conv, conv_final, conv_every = causal_conv_run(runs.gather(xbc), start["conv"], self.conv1d.weight[:, 0],
-                                                       self.conv1d.bias, runs.valid, parents, keep_every)
-        conv = ACTIVATIONS[self.activation](conv)                               # [runs, len, channels]
+        conv, conv_final, conv_every = causal_conv_run(
+            runs.gather(xbc),
+            start["conv"],
+            self.conv1d.weight[:, 0],
+            self.conv1d.bias,
+            runs.valid,
+            parents,
+            keep_every,
+        )
+        conv = ACTIVATIONS[self.activation](conv)  # [runs, len, channels]
         groups = self.num_groups * self.state_size
         xs, B, C = conv.split([self.inner, groups, groups], dim=-1)
         s, t = conv.shape[:2]
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.time_step_min)  # [num_tokens, heads]
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(
+            min=self.time_step_min
+        )  # [num_tokens, heads]
         y, final, every = ssm_run(
-            xs.reshape(s, t, self.num_heads, self.head_dim), runs.gather(dt), -self.A_log.float().exp(),
-            B.reshape(s, t, self.num_groups, self.state_size), C.reshape(s, t, self.num_groups, self.state_size),
-            self.D, start["ssm"], runs.valid, parents, keep_every)
-        self.store({"conv": conv_final, "ssm": final}, {"conv": conv_every, "ssm": every} if keep_every else None)
+            xs.reshape(s, t, self.num_heads, self.head_dim),
+            runs.gather(dt),
+            -self.A_log.float().exp(),
+            B.reshape(s, t, self.num_groups, self.state_size),
+            C.reshape(s, t, self.num_groups, self.state_size),
+            self.D,
+            start["ssm"],
+            runs.valid,
+            parents,
+            keep_every,
+        )
+        self.store(
+            {"conv": conv_final, "ssm": final},
+            {"conv": conv_every, "ssm": every} if keep_every else None,
+        )
         y = self.norm(runs.scatter(y).reshape(x.shape[0], self.inner), gate)
         return self.out_proj(y)

@@ -24,6 +24,7 @@ Triton (CUDA by default; no host synchronisation, so decode and verify forwards 
 else with the torch backend's paged helpers (block gather, masks for causal and tree verify); the expanded
 form always with the latter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,13 +49,13 @@ from outpace.layers.rotary import RotaryEmbedding
 class MLAShape:
     hidden_size: int
     num_heads: int
-    q_lora_rank: int | None   # None: one q_proj
+    q_lora_rank: int | None  # None: one q_proj
     kv_lora_rank: int
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-    scale: float              # softmax scale (qk_head_dim ** -0.5, YaRN's mscale folded in)
-    bias: bool = False        # attention_bias: on q_a_proj, kv_a_proj_with_mqa and o_proj (transformers)
+    scale: float  # softmax scale (qk_head_dim ** -0.5, YaRN's mscale folded in)
+    bias: bool = False  # attention_bias: on q_a_proj, kv_a_proj_with_mqa and o_proj (transformers)
 
     @property
     def expand_min_query_len(self) -> int | float:
@@ -86,22 +87,32 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             self.q_a_proj = linear(s.hidden_size, s.q_lora_rank, bias=s.bias)
             self.q_a_layernorm = RMSNorm(s.q_lora_rank, _LATENT_NORM_EPS)
             self.q_b_proj = column_parallel(s.q_lora_rank, s.num_heads * qk_head_dim)
-        self.kv_a_proj_with_mqa = linear(s.hidden_size, s.kv_lora_rank + s.qk_rope_head_dim, bias=s.bias)
+        self.kv_a_proj_with_mqa = linear(
+            s.hidden_size, s.kv_lora_rank + s.qk_rope_head_dim, bias=s.bias
+        )
         self.kv_a_layernorm = RMSNorm(s.kv_lora_rank, _LATENT_NORM_EPS)
-        self.kv_b_proj = column_parallel(s.kv_lora_rank, s.num_heads * (s.qk_nope_head_dim + s.v_head_dim))
-        self.o_proj = row_parallel(s.num_heads * s.v_head_dim, s.hidden_size, s.bias, "num_attention_heads")
+        self.kv_b_proj = column_parallel(
+            s.kv_lora_rank, s.num_heads * (s.qk_nope_head_dim + s.v_head_dim)
+        )
+        self.o_proj = row_parallel(
+            s.num_heads * s.v_head_dim, s.hidden_size, s.bias, "num_attention_heads"
+        )
         self.rotary = rotary
         self.expand_min_query_len = s.expand_min_query_len
-        self.cache_rows: torch.Tensor | None = None  # [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
+        self.cache_rows: torch.Tensor | None = (
+            None  # [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
+        )
 
-    def bind_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype,
-                   device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    def bind_cache(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One row [c, k_pe] per token, kept whole as ``cache_rows``; ``kv_cache`` is its two views (latent
         [.., 1, kv_lora_rank], rope [.., 1, qk_rope_head_dim]), so callers that copy a (k, v) pair of rows
         copy the whole row."""
         r = self.shape.kv_lora_rank
-        self.cache_rows = torch.zeros(num_blocks, block_size, 1, r + self.shape.qk_rope_head_dim, dtype=dtype,
-                                      device=device)
+        self.cache_rows = torch.zeros(
+            num_blocks, block_size, 1, r + self.shape.qk_rope_head_dim, dtype=dtype, device=device
+        )
         self.kv_cache = (self.cache_rows[..., :r], self.cache_rows[..., r:])
         return self.kv_cache
 
@@ -111,13 +122,29 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         s, n = self.shape, x.shape[0]
         meta = get_forward_context().metadata
         if not isinstance(meta, (PagedAttentionMetadata, DenseCausalMetadata)):
-            raise TypeError(f"multi-head latent attention needs paged or dense causal metadata, not {type(meta)}")
-        q = self.q_proj(x) if s.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_pe = q.view(n, s.num_heads, -1).split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
-        latent, k_pe = self.kv_a_proj_with_mqa(x).split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
-        q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))  # [n, heads, rope], [n, 1, rope]
-        rows = torch.cat((self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1)  # [n, 1, r + rope]
-        if isinstance(meta, DenseCausalMetadata):  # training and teacher forwards: whole windows, no cache
+            raise TypeError(
+                f"multi-head latent attention needs paged or dense causal metadata, not {type(meta)}"
+            )
+        q = (
+            self.q_proj(x)
+            if s.q_lora_rank is None
+            else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        )
+        q_nope, q_pe = q.view(n, s.num_heads, -1).split(
+            [s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1
+        )
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split(
+            [s.kv_lora_rank, s.qk_rope_head_dim], dim=-1
+        )
+        q_pe, k_pe = self.rotary(
+            positions, q_pe, k_pe.unsqueeze(1)
+        )  # [n, heads, rope], [n, 1, rope]
+        rows = torch.cat(
+            (self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1
+        )  # [n, 1, r + rope]
+        if isinstance(
+            meta, DenseCausalMetadata
+        ):  # training and teacher forwards: whole windows, no cache
             return self.o_proj(self._dense_causal(q_nope, q_pe, rows, meta).reshape(n, -1))
         cache = self.cache_rows
         cache.view(-1, 1, cache.shape[-1]).index_copy_(0, meta.slot_mapping, rows.to(cache.dtype))
@@ -125,32 +152,50 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             out = self._expanded(q_nope, q_pe, gather_blocks(cache, meta).to(x.dtype), meta)
         else:
             out = self._absorbed(q_nope, q_pe, meta)
-        return self.o_proj(out.reshape(n, -1))                     # out [n, heads, v_head_dim]
+        return self.o_proj(out.reshape(n, -1))  # out [n, heads, v_head_dim]
 
     def _up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight split per head: W_UK [heads, nope, r] and W_UV [heads, v, r]."""
         s = self.shape
-        w = self.kv_b_proj.weight.view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
+        w = self.kv_b_proj.weight.view(
+            s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank
+        )
         return w.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)
 
-    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
+    def _absorbed(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, meta: PagedAttentionMetadata
+    ) -> torch.Tensor:
         """q_nope [n, heads, nope], q_pe [n, heads, rope], the new tokens' rows already cached -> [n, heads,
         v_head_dim], attending in latent space: the Triton kernel under the Triton backend, else torch."""
         w_uk, w_uv = self._up_weights()
-        q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)        # [n, heads, r]
+        q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # [n, heads, r]
         if get_forward_context().backend.name == "triton":
-            from outpace.attention.mla_kernels import mla_paged_attention  # Triton: installed with that backend
+            from outpace.attention.mla_kernels import (
+                mla_paged_attention,  # Triton: installed with that backend
+            )
 
             attended = mla_paged_attention(q_latent, q_pe, self.cache_rows, meta, self.shape.scale)
         else:
             r = self.shape.kv_lora_rank
-            gathered = gather_blocks(self.cache_rows, meta).to(q_latent.dtype)  # [num_seqs, 1, max_kv_len, r + rope]
-            attended = attend_paged(torch.cat((q_latent, q_pe), dim=-1), gathered, gathered[..., :r], meta,
-                                    self.shape.scale)              # [n, heads, r]
+            gathered = gather_blocks(self.cache_rows, meta).to(
+                q_latent.dtype
+            )  # [num_seqs, 1, max_kv_len, r + rope]
+            attended = attend_paged(
+                torch.cat((q_latent, q_pe), dim=-1),
+                gathered,
+                gathered[..., :r],
+                meta,
+                self.shape.scale,
+            )  # [n, heads, r]
         return torch.einsum("thr,hvr->thv", attended, w_uv)
 
-    def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, gathered: torch.Tensor,
-                  meta: PagedAttentionMetadata) -> torch.Tensor:
+    def _expanded(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        gathered: torch.Tensor,
+        meta: PagedAttentionMetadata,
+    ) -> torch.Tensor:
         """As ``_absorbed``, with the cached latents expanded into per-head keys and values."""
         k, v = self._expand(gathered)
         return attend_paged(torch.cat((q_nope, q_pe), dim=-1), k, v, meta, self.shape.scale)
@@ -160,17 +205,26 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         [num_seqs, heads, kv_len, v_head_dim]."""
         s = self.shape
         latent, k_pe = gathered.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
-        kv = self.kv_b_proj(latent).unflatten(-1, (s.num_heads, -1))  # [num_seqs, 1, max_kv_len, heads, nope + v]
-        kv = kv.squeeze(1).transpose(1, 2)                             # [num_seqs, heads, max_kv_len, nope + v]
+        kv = self.kv_b_proj(latent).unflatten(
+            -1, (s.num_heads, -1)
+        )  # [num_seqs, 1, max_kv_len, heads, nope + v]
+        kv = kv.squeeze(1).transpose(1, 2)  # [num_seqs, heads, max_kv_len, nope + v]
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
         return torch.cat((k_nope, k_pe.expand(-1, s.num_heads, -1, -1)), dim=-1), v
 
-    def _dense_causal(self, q_nope: torch.Tensor, q_pe: torch.Tensor, rows: torch.Tensor,
-                      meta: DenseCausalMetadata) -> torch.Tensor:
+    def _dense_causal(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        rows: torch.Tensor,
+        meta: DenseCausalMetadata,
+    ) -> torch.Tensor:
         """The expanded form over ``meta.batch_size`` whole windows of ``meta.seq_len`` tokens (rows [n, 1, r + rope]
         this forward's own, nothing cached) -> [n, heads, v_head_dim]."""
         b, t, h = meta.batch_size, meta.seq_len, self.shape.num_heads
-        k, v = self._expand(rows.view(b, t, 1, -1).transpose(1, 2))   # [b, heads, t, .]
+        k, v = self._expand(rows.view(b, t, 1, -1).transpose(1, 2))  # [b, heads, t, .]
         q = torch.cat((q_nope, q_pe), dim=-1).view(b, t, h, -1).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.shape.scale)  # [b, heads, t, v]
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.shape.scale
+        )  # [b, heads, t, v]
         return out.transpose(1, 2).reshape(b * t, h, -1)

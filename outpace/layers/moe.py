@@ -29,6 +29,7 @@ replicated, so every rank picks the same experts; each rank's experts return par
 plus shared output is summed over the ranks with one all-reduce. The grouped kernels take the sharded
 stacks as they are (each expert is a narrower SwiGLU).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,13 +52,13 @@ class Routing:
 
     num_experts: int
     top_k: int
-    scoring: str                   # "softmax" or "sigmoid"
-    num_groups: int = 1            # n_group (1: no group limit)
-    top_groups: int = 1            # topk_group
-    group_score: str = "max"       # "max" (V2) or "top2_sum" (V3): how a group is scored
+    scoring: str  # "softmax" or "sigmoid"
+    num_groups: int = 1  # n_group (1: no group limit)
+    top_groups: int = 1  # topk_group
+    group_score: str = "max"  # "max" (V2) or "top2_sum" (V3): how a group is scored
     correction_bias: bool = False  # V3's e_score_correction_bias, added for selection only
-    normalize: bool = False        # norm_topk_prob
-    scaling: float = 1.0           # routed_scaling_factor
+    normalize: bool = False  # norm_topk_prob
+    scaling: float = 1.0  # routed_scaling_factor
 
 
 class Router(nn.Module):
@@ -68,19 +69,23 @@ class Router(nn.Module):
     def __init__(self, hidden_size: int, routing: Routing) -> None:
         super().__init__()
         self.routing = routing
-        self.weight = nn.Parameter(torch.empty(routing.num_experts, hidden_size, dtype=torch.float32))
+        self.weight = nn.Parameter(
+            torch.empty(routing.num_experts, hidden_size, dtype=torch.float32)
+        )
         if routing.correction_bias:
-            self.register_buffer("e_score_correction_bias", torch.zeros(routing.num_experts, dtype=torch.float32))
+            self.register_buffer(
+                "e_score_correction_bias", torch.zeros(routing.num_experts, dtype=torch.float32)
+            )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing
-        logits = F.linear(x.float(), self.weight.float())                       # [n, experts]
+        logits = F.linear(x.float(), self.weight.float())  # [n, experts]
         scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
         choice = scores + self.e_score_correction_bias if r.correction_bias else scores
         if r.num_groups > 1:
             choice = _limit_to_top_groups(choice, r)
-        ids = torch.topk(choice, r.top_k, dim=-1, sorted=False).indices        # [n, top_k]
-        weights = scores.gather(1, ids)                                         # [n, top_k]
+        ids = torch.topk(choice, r.top_k, dim=-1, sorted=False).indices  # [n, top_k]
+        weights = scores.gather(1, ids)  # [n, top_k]
         if r.normalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * r.scaling, ids
@@ -88,9 +93,9 @@ class Router(nn.Module):
 
 def _limit_to_top_groups(choice: torch.Tensor, r: Routing) -> torch.Tensor:
     """choice [n, experts] -> the same with every expert outside the ``top_groups`` best groups at -inf."""
-    grouped = choice.view(choice.shape[0], r.num_groups, -1)                    # [n, groups, experts per group]
+    grouped = choice.view(choice.shape[0], r.num_groups, -1)  # [n, groups, experts per group]
     if r.group_score == "max":
-        group_scores = grouped.max(dim=-1).values                               # [n, groups]
+        group_scores = grouped.max(dim=-1).values  # [n, groups]
     else:
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
     top = torch.topk(group_scores, r.top_groups, dim=-1, sorted=False).indices  # [n, top_groups]
@@ -98,19 +103,21 @@ def _limit_to_top_groups(choice: torch.Tensor, r: Routing) -> torch.Tensor:
     return grouped.masked_fill(~keep[:, :, None], float("-inf")).view_as(choice)
 
 
-def run_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: nn.ModuleList) -> torch.Tensor:
+def run_experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: nn.ModuleList
+) -> torch.Tensor:
     """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] -> sum over j of weights[:, j] times
     expert ids[:, j] applied to x: [n, hidden] in x's dtype, accumulated in float32.
 
     The tokens are sorted by expert and each expert runs once over its rows (one host sync for the
     per-expert counts): the place a grouped-GEMM kernel takes over on the GPU."""
     top_k = ids.shape[1]
-    order = ids.flatten().argsort(stable=True)                                  # [n * top_k]: (token, slot) by expert
+    order = ids.flatten().argsort(stable=True)  # [n * top_k]: (token, slot) by expert
     counts = torch.bincount(ids.flatten(), minlength=len(experts)).tolist()
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert, rows in zip(experts, order.split(counts)):
         if rows.numel():
-            tokens = rows // top_k                                              # [rows]
+            tokens = rows // top_k  # [rows]
             y = expert(x.index_select(0, tokens)).float() * weights.flatten()[rows, None]
             out.index_add_(0, tokens, y)
     return out.to(x.dtype)
@@ -118,9 +125,16 @@ def run_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
 
 # ACTIVATIONS keys -> the grouped kernels' activation (layers/moe_kernels.py ACTIVATIONS); the tanh GELUs
 # are one formula (layers/activation.py)
-_KERNEL_ACTIVATIONS = {"silu": "silu", "swish": "silu", "relu2": "relu2", "gelu_pytorch_tanh": "gelu_tanh",
-                       "gelu_new": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu_accurate": "gelu_tanh",
-                       "gelu_fast": "gelu_tanh"}
+_KERNEL_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "relu2": "relu2",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_accurate": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+}
 
 
 @dataclass(frozen=True)
@@ -130,7 +144,7 @@ class ExpertActivation:
     up.clamp(-L, L)`` (Step-3.5's SwiGLU clamp, vLLM SwigluStepAndMul); ungated, ``ACTIVATIONS[name](up)``
     (Nemotron-H's relu2)."""
 
-    name: str                    # a key of layers/activation.py ACTIVATIONS
+    name: str  # a key of layers/activation.py ACTIVATIONS
     gated: bool = True
     limit: float | None = None
 
@@ -151,7 +165,9 @@ class ExpertActivation:
             return ACTIVATIONS[self.name](up)
         if self.limit is None:
             return act_and_mul(self.name, gate, up)
-        return ACTIVATIONS[self.name](gate).clamp(max=self.limit) * up.clamp(-self.limit, self.limit)
+        return ACTIVATIONS[self.name](gate).clamp(max=self.limit) * up.clamp(
+            -self.limit, self.limit
+        )
 
 
 class StackedWeight(nn.Module):
@@ -176,8 +192,13 @@ class RoutedExperts(nn.Module):
       rows first) and ``down_proj`` [experts, hidden, inter] (transformers' fused experts: Gemma 4);
     - ``stacked=..., packed=False``: ``{gate,up,down}_proj.weight`` [experts, out, in] (Step-3.5)."""
 
-    def __init__(self, activation: ExpertActivation, experts: Sequence[nn.Module] = (),
-                 stacked: tuple[int, int, int] | None = None, packed: bool = True) -> None:
+    def __init__(
+        self,
+        activation: ExpertActivation,
+        experts: Sequence[nn.Module] = (),
+        stacked: tuple[int, int, int] | None = None,
+        packed: bool = True,
+    ) -> None:
         super().__init__()
         experts = list(experts)
         if bool(experts) == (stacked is not None):
@@ -225,8 +246,9 @@ class RoutedExperts(nn.Module):
         if kernel is not None and use:
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
-            return moe_kernels.grouped_experts(x, weights, ids, *self.stacks(), activation=kernel,
-                                               limit=self.activation.limit)
+            return moe_kernels.grouped_experts(
+                x, weights, ids, *self.stacks(), activation=kernel, limit=self.activation.limit
+            )
         return run_experts(x, weights, ids, self.eager_experts())
 
     def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -237,7 +259,9 @@ class RoutedExperts(nn.Module):
         """Expert ``e`` of the stacked layouts over x [rows, hidden] -> [rows, hidden] (the eager path)."""
         if isinstance(self.down_proj, StackedWeight):
             gate = project(x, self.gate_proj.weight[e]) if self.activation.gated else None
-            return project(self.activation(gate, project(x, self.up_proj.weight[e])), self.down_proj.weight[e])
+            return project(
+                self.activation(gate, project(x, self.up_proj.weight[e])), self.down_proj.weight[e]
+            )
         gate, up = project(x, self.gate_up_proj[e]).chunk(2, dim=-1)
         return project(self.activation(gate, up), self.down_proj[e])
 
@@ -259,18 +283,23 @@ class RoutedExperts(nn.Module):
             return self.gate_up_proj[:, :inter], self.gate_up_proj[:, inter:], self.down_proj
         first, gated = self.per_expert[0], self.activation.gated
         first_in = first.gate_proj if gated else first.up_proj
-        if self._stacks is not None and first.down_proj.weight.data_ptr() == self._stacks[2].data_ptr() \
-                and first_in.weight.data_ptr() == self._stacks[1 - gated].data_ptr():
+        if (
+            self._stacks is not None
+            and first.down_proj.weight.data_ptr() == self._stacks[2].data_ptr()
+            and first_in.weight.data_ptr() == self._stacks[1 - gated].data_ptr()
+        ):
             return self._stacks
         # Plain tensors even inside inference mode: the parameters become views of them.
         with torch.no_grad(), torch.inference_mode(False):
             names = ("gate_proj", "up_proj") if gated else ("up_proj",)
-            gate_up = torch.stack([torch.cat([getattr(e, name).weight for name in names]) for e in self.per_expert])
+            gate_up = torch.stack(
+                [torch.cat([getattr(e, name).weight for name in names]) for e in self.per_expert]
+            )
             down = torch.stack([e.down_proj.weight for e in self.per_expert])
             inter = down.shape[2]
             for e, expert in enumerate(self.per_expert):
                 for i, name in enumerate(names):
-                    getattr(expert, name).weight.data = gate_up[e, i * inter:(i + 1) * inter]
+                    getattr(expert, name).weight.data = gate_up[e, i * inter : (i + 1) * inter]
                 expert.down_proj.weight.data = down[e]
                 if getattr(expert, "gate_up", None) is not None:
                     expert.gate_up.weight = gate_up[e]
@@ -285,8 +314,15 @@ class MoE(nn.Module):
 
     The routed experts are a ``RoutedExperts`` of the family's MLP modules (the grouped kernels on CUDA)."""
 
-    def __init__(self, hidden_size: int, routing: Routing, expert_size: int, num_shared: int,
-                 make_mlp: Callable[..., nn.Module], shared_bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        routing: Routing,
+        expert_size: int,
+        num_shared: int,
+        make_mlp: Callable[..., nn.Module],
+        shared_bias: bool = False,
+    ) -> None:
         """``make_mlp(intermediate_size, bias, reduce=False, what=name)``: a gate/up/down SwiGLU MLP (the model
         family's ``GatedMLP``) returning this rank's partial sum; the routed experts have ``expert_size`` and no
         biases, the shared experts are one MLP of num_shared * expert_size (transformers DeepseekV2Moe: biases
@@ -294,11 +330,21 @@ class MoE(nn.Module):
         super().__init__()
         self.group = build_group()
         self.gate = Router(hidden_size, routing)
-        experts = [make_mlp(expert_size, False, reduce=False, what="moe_intermediate_size")
-                   for _ in range(routing.num_experts)]
+        experts = [
+            make_mlp(expert_size, False, reduce=False, what="moe_intermediate_size")
+            for _ in range(routing.num_experts)
+        ]
         self.experts = RoutedExperts(ExpertActivation(experts[0].act), experts)
-        self.shared_experts = make_mlp(expert_size * num_shared, shared_bias, reduce=False,
-                                       what="moe_intermediate_size * n_shared_experts") if num_shared else None
+        self.shared_experts = (
+            make_mlp(
+                expert_size * num_shared,
+                shared_bias,
+                reduce=False,
+                what="moe_intermediate_size * n_shared_experts",
+            )
+            if num_shared
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, *self.gate(x))

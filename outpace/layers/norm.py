@@ -1,5 +1,6 @@
 """RMSNorm, computed in float32 and cast back (as Llama and Qwen do), optionally fused with the
 residual add in front of it (vLLM's ``fused_add_rms_norm``): on CUDA one Triton kernel does both."""
+
 from __future__ import annotations
 
 from typing import overload
@@ -8,8 +9,9 @@ import torch
 from torch import nn
 
 
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_torch(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., dim] (+ residual [..., dim]) -> (RMSNorm of s, s) [..., dim] each, where s = x + residual
     (x itself without a residual). The reference: the CPU path, and what ``rms_norm_triton`` computes."""
     if residual is not None:
@@ -29,7 +31,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor: ...
 
     @overload
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(self, x, residual=None):
         """x [..., dim] -> RMSNorm(x) [..., dim]; with residual [..., dim] -> (RMSNorm(x + residual),
@@ -42,7 +46,9 @@ class RMSNorm(nn.Module):
         return normed if residual is None else (normed, stream)
 
 
-def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
+def rms_norm_f32(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0
+) -> torch.Tensor:
     """x [..., dim] -> its RMSNorm times (offset + weight) [dim], all in float32, cast back at the end
     (``RMSNorm`` casts before the weight multiplies); no weight: the bare normalisation."""
     xf = x.float()
@@ -59,11 +65,15 @@ class Float32RMSNorm(nn.Module):
     0.0: the plain weight (Gemma4RMSNorm). ``with_weight`` False: no parameter at all, the bare
     normalisation (Gemma4RMSNorm(with_scale=False), Gemma 4's v norm and router norm)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, offset: float = 0.0, with_weight: bool = True) -> None:
+    def __init__(
+        self, dim: int, eps: float = 1e-6, offset: float = 0.0, with_weight: bool = True
+    ) -> None:
         super().__init__()
         self.eps, self.offset = eps, offset
         # at initialisation the scale is 1
-        self.register_parameter("weight", nn.Parameter(torch.full((dim,), 1.0 - offset)) if with_weight else None)
+        self.register_parameter(
+            "weight", nn.Parameter(torch.full((dim,), 1.0 - offset)) if with_weight else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., dim] -> [..., dim]."""

@@ -7,6 +7,7 @@ Every kernel launched this way calls ``pdl_enter`` before its first read of a pr
 and before its first write: it then completes only after its predecessor, so the chain of waits
 orders every kernel after all earlier ones, as plain stream order does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,12 @@ import triton.language as tl
 def pdl_available(device: torch.device) -> bool:
     """Hopper or newer, and a Triton that exposes the instructions; OUTPACE_PDL=0 turns it off (to
     measure what it gives)."""
-    return (os.environ.get("OUTPACE_PDL", "1") != "0" and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-            and hasattr(tl.extra.cuda, "gdc_wait"))
+    return (
+        os.environ.get("OUTPACE_PDL", "1") != "0"
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 9
+        and hasattr(tl.extra.cuda, "gdc_wait")
+    )
 
 
 def pdl_launch_options(enabled: bool) -> dict:
@@ -43,5 +48,11 @@ def prefetch_l2(ptrs):
     """Ask for the 128-byte lines at ``ptrs`` to be brought into L2 (no registers are written): what a
     kernel does with inputs that no earlier kernel still writes, before ``pdl_enter``. Only a hint:
     L2 is where global memory is coherent, so a line a later write changes is never read stale."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
+        "=r,l",
+        [ptrs],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )

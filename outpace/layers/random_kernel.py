@@ -6,6 +6,7 @@ benchmarks/scripts/diag_spec_step.py).
 
 splitmix64's finaliser and increment, as in sampler.py (Steele, Lea and Flood 2014), on uint64, where
 shifts are logical and products wrap."""
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,9 @@ def draw_uniform(keys: torch.Tensor, num_cols: int, stream: int) -> torch.Tensor
     if out.numel() == 0:  # e.g. a chain step of no drafts: nothing to draw
         return out
     block = min(BLOCK, triton.next_power_of_2(num_cols))
-    _uniform_kernel[(keys.shape[0], triton.cdiv(num_cols, block))](keys.contiguous(), out, num_cols,
-                                                                    stream * (1 << 32) + 1, B=block)
+    _uniform_kernel[(keys.shape[0], triton.cdiv(num_cols, block))](
+        keys.contiguous(), out, num_cols, stream * (1 << 32) + 1, B=block
+    )
     return out
 
 
@@ -81,6 +83,7 @@ def draw_gumbel(keys: torch.Tensor, num_cols: int, stream: int) -> torch.Tensor:
     if out.numel() == 0:
         return out
     block = min(1024, triton.next_power_of_2(num_cols))
-    _gumbel_kernel[(keys.shape[0], triton.cdiv(num_cols, block))](keys.contiguous(), out, num_cols,
-                                                                   stream * (1 << 32) + 1, B=block)
+    _gumbel_kernel[(keys.shape[0], triton.cdiv(num_cols, block))](
+        keys.contiguous(), out, num_cols, stream * (1 << 32) + 1, B=block
+    )
     return out

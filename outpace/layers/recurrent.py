@@ -17,6 +17,7 @@ of a prompt), and what the forward keeps:
   parent's state, not from token i - 1's.
 Without recurrent metadata (references and tests) each sequence starts from zeros and nothing is kept.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,14 @@ from outpace.attention.context import get_forward_context
 from outpace.attention.metadata import DenseCausalMetadata
 
 
-def scan_runs(state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | None, keep_every: bool,
-              out: torch.Tensor, step: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def scan_runs(
+    state: torch.Tensor,
+    valid: torch.Tensor,
+    parents: torch.Tensor | None,
+    keep_every: bool,
+    out: torch.Tensor,
+    step: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The torch form of a recurrence over runs, one token at a time (the CPU path and the kernels'
     reference): ``step(t, s)`` takes each run's state before token t ([runs, ...] float32) and returns the
     state after it and the token's output, written into ``out[:, t]``. state [runs, ...]; valid, parents
@@ -42,7 +48,9 @@ def scan_runs(state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | 
     row = torch.arange(runs, device=state.device)
     stack = None
     if parents is not None or keep_every:
-        stack = state.new_empty(runs, length + 1, *state.shape[1:])  # [:, i + 1]: the state after token i
+        stack = state.new_empty(
+            runs, length + 1, *state.shape[1:]
+        )  # [:, i + 1]: the state after token i
         stack[:, 0] = state
     for t in range(length):
         s, out[:, t] = step(t, state if parents is None else stack[row, parents[:, t] + 1])
@@ -57,21 +65,23 @@ def scan_runs(state: torch.Tensor, valid: torch.Tensor, parents: torch.Tensor | 
 class RecurrentMetadata:
     """Per-forward facts recurrent layers read from the forward context (module docstring)."""
 
-    state_indices: torch.Tensor      # [num_seqs] int64: each sequence's row of the recurrent state
+    state_indices: torch.Tensor  # [num_seqs] int64: each sequence's row of the recurrent state
     has_initial_state: torch.Tensor  # [num_seqs] bool: start from the row's state (else from zeros)
     # [num_seqs, max_len] int64: each token's parent among its sequence's tokens (-1: the row's state);
     # None: a chain (token i - 1)
     parents: torch.Tensor | None = None
-    snapshots: bool = False          # verify: keep the state after every token in the snapshot rows
+    snapshots: bool = False  # verify: keep the state after every token in the snapshot rows
 
 
 @dataclass
 class TokenRuns:
     """The forward's flat tokens as one run per sequence."""
 
-    index: torch.Tensor        # [num_seqs, max_len] int64: flat index of each run position (padding: 0)
-    valid: torch.Tensor        # [num_seqs, max_len] bool: a real token (padding leaves the state as it is)
-    seq_index: torch.Tensor    # [num_tokens] int64: each flat token's run
+    index: torch.Tensor  # [num_seqs, max_len] int64: flat index of each run position (padding: 0)
+    valid: (
+        torch.Tensor
+    )  # [num_seqs, max_len] bool: a real token (padding leaves the state as it is)
+    seq_index: torch.Tensor  # [num_tokens] int64: each flat token's run
     query_index: torch.Tensor  # [num_tokens] int64: its position in the run
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +99,12 @@ class TokenRuns:
         if isinstance(meta, DenseCausalMetadata):
             b, t = meta.batch_size, meta.seq_len
             flat = torch.arange(b * t, device=device)
-            return cls(flat.view(b, t), torch.ones(b, t, dtype=torch.bool, device=device), flat // t, flat % t)
+            return cls(
+                flat.view(b, t),
+                torch.ones(b, t, dtype=torch.bool, device=device),
+                flat // t,
+                flat % t,
+            )
         index = meta.token_table().long()
         valid = torch.arange(meta.max_query_len, device=index.device) < meta.query_lens[:, None]
         return cls(index, valid, meta.token_seq_index, meta.token_query_index)
@@ -99,14 +114,16 @@ class RecurrentStateLayer(nn.Module):
     """A layer that owns one request's recurrent state per state row: ``state_shapes`` declares the
     tensors (per row), ``bind_state`` (called by cache/recurrent_states.py) gives it the pool's tensors."""
 
-    states: dict[str, torch.Tensor] | None = None     # name -> [table_rows, ...]
+    states: dict[str, torch.Tensor] | None = None  # name -> [table_rows, ...]
     snapshots: dict[str, torch.Tensor] | None = None  # name -> [table_rows, max_verify_rows, ...]
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         """name -> (per-request shape, dtype; None: the model's dtype)."""
         raise NotImplementedError
 
-    def bind_state(self, states: dict[str, torch.Tensor], snapshots: dict[str, torch.Tensor]) -> None:
+    def bind_state(
+        self, states: dict[str, torch.Tensor], snapshots: dict[str, torch.Tensor]
+    ) -> None:
         self.states, self.snapshots = states, snapshots
 
     def initial_states(self, runs: TokenRuns, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -121,7 +138,9 @@ class RecurrentStateLayer(nn.Module):
                 out[name] = zeros
             else:
                 start = recurrent.has_initial_state.view(-1, *[1] * len(shape))
-                out[name] = torch.where(start, self.states[name].index_select(0, recurrent.state_indices), zeros)
+                out[name] = torch.where(
+                    start, self.states[name].index_select(0, recurrent.state_indices), zeros
+                )
         return out
 
     def parents(self) -> torch.Tensor | None:

@@ -1,5 +1,6 @@
 """Rotary position embedding (neox layout: rotate halves), with llama3 and linear scaling, and Gemma 4's
 proportional partial rotation."""
+
 from __future__ import annotations
 
 import math
@@ -28,28 +29,38 @@ def _inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> t
         low_wavelen, high_wavelen = old_len / low, old_len / high
         smooth = (old_len / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        inv_freq = torch.where(wavelen > low_wavelen, inv_freq / factor,
-                               torch.where(wavelen < high_wavelen, inv_freq, smoothed))
+        inv_freq = torch.where(
+            wavelen > low_wavelen,
+            inv_freq / factor,
+            torch.where(wavelen < high_wavelen, inv_freq, smoothed),
+        )
     elif kind == "yarn":
         inv_freq = _yarn_inverse_frequencies(inv_freq, head_dim, theta, scaling)
     return inv_freq.float()
 
 
-def _yarn_inverse_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+def _yarn_inverse_frequencies(
+    inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict
+) -> torch.Tensor:
     """YaRN (transformers _compute_yarn_parameters, DeepSeek's DeepseekV3YarnRotaryEmbedding): frequencies
     below the correction range are interpolated (divided by ``factor``), those above it kept, a linear ramp
     between. inv_freq [head_dim // 2] float64, unscaled."""
     factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
     beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
-    def correction_dim(rotations: float) -> float:  # the dimension that turns ``rotations`` times over old_len
+    def correction_dim(
+        rotations: float,
+    ) -> float:  # the dimension that turns ``rotations`` times over old_len
         return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
     if scaling.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low if high != low else 0.001)).clamp(0, 1)
+    ramp = (
+        (torch.arange(head_dim // 2, dtype=torch.float64) - low)
+        / (high - low if high != low else 0.001)
+    ).clamp(0, 1)
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
@@ -67,7 +78,11 @@ def rope_attention_factor(scaling: dict | None) -> float:
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
-    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    factor, mscale, mscale_all_dim = (
+        scaling["factor"],
+        scaling.get("mscale"),
+        scaling.get("mscale_all_dim"),
+    )
     if mscale and mscale_all_dim:
         return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
     return yarn_mscale(factor)
@@ -82,8 +97,14 @@ POSITIONS_PAST_CONTEXT = 64
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at arbitrary (e.g. tree-depth) positions from a cached table."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,
-                 interleaved: bool = False) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: dict | None = None,
+        interleaved: bool = False,
+    ) -> None:
         """``interleaved``: dimension pairs (0, 1), (2, 3), ... rotate together (DeepSeek's layout,
         transformers apply_rotary_pos_emb_interleave); the rotated result comes out in the halves layout
         (even dimensions, then odd ones), as transformers' does: q.k is the same under any permutation
@@ -110,8 +131,9 @@ class RotaryEmbedding(nn.Module):
         return rotary(positions, q, k, self.cos, self.sin)
 
 
-def rotary_torch(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_torch(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference (the CPU path, and what ``rotary_triton`` computes): positions [n];
     q [n, heads, head_dim], k [n, kv_heads, head_dim]; cos, sin [max_positions, head_dim // 2]
     float32 tables -> rotated (q, k) in their dtypes, float32 math."""

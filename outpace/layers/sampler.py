@@ -61,6 +61,7 @@ def is_seeded(params: Any) -> bool:
     """Whether a request samples seeded rows (module docstring): it has a seed and is not greedy."""
     return getattr(params, "seed", None) is not None and not is_greedy(params)
 
+
 Keys = Tensor | None  # [n] int64 per-row random keys (``random_keys``), or None: the default RNG
 
 
@@ -107,7 +108,9 @@ class SamplingTensors:
         return self.temperature.shape[0]
 
     @classmethod
-    def from_params(cls, params_list: Sequence[Any], device: torch.device | str) -> "SamplingTensors":
+    def from_params(
+        cls, params_list: Sequence[Any], device: torch.device | str
+    ) -> "SamplingTensors":
         """Build from objects with ``temperature``, ``top_k``, ``top_p``, ``min_p`` and ``seed``.
 
         Missing or ``None`` attributes mean "disabled"; ``top_k <= 0`` is stored as 0.
@@ -139,7 +142,9 @@ class SamplingTensors:
             any_seeded=any(seeded),
         )
 
-    def repeat_interleave(self, repeats: int | Tensor, output_size: int | None = None) -> "SamplingTensors":
+    def repeat_interleave(
+        self, repeats: int | Tensor, output_size: int | None = None
+    ) -> "SamplingTensors":
         """Repeat each row ``repeats`` times (e.g. one request's params for all its draft
         positions). With a tensor ``repeats`` pass ``output_size`` to avoid a host sync.
         The Python flags stay valid: a row subset/repeat cannot add a filter or a sampled row.
@@ -164,7 +169,9 @@ class SamplingTensors:
 def _one_hot_argmax(logits: Tensor) -> Tensor:
     """One-hot float32 rows at ``argmax`` (first index on ties).  # [n, V]"""
     index = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
-    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, index, 1.0)
+    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
+        -1, index, 1.0
+    )
 
 
 def logits_to_probs(logits: Tensor, st: SamplingTensors, gumbel: Tensor | None = None) -> Tensor:
@@ -180,7 +187,9 @@ def logits_to_probs(logits: Tensor, st: SamplingTensors, gumbel: Tensor | None =
     probs = _processed(logits, st)  # [n, V]
     if gumbel is None or not st.any_seeded:
         return probs
-    return torch.where(st.seeded[:, None], _one_hot_argmax(gumbel_scores(probs, gumbel)), probs)  # [n, V]
+    return torch.where(
+        st.seeded[:, None], _one_hot_argmax(gumbel_scores(probs, gumbel)), probs
+    )  # [n, V]
 
 
 def gumbel_scores(probs: Tensor, gumbel: Tensor) -> Tensor:
@@ -232,7 +241,10 @@ def _mix64(x: Tensor) -> Tensor:
     mask, since torch shifts int64 arithmetically): a bijection whose outputs look independent for
     consecutive inputs. Constants from Steele, Lea and Flood, "Fast splittable pseudorandom number
     generators" (2014), as in java.util.SplittableRandom.  # same shape as x"""
-    for shift, multiplier in ((30, -4658895280553007687), (27, -7723592293110705685)):  # 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+    for shift, multiplier in (
+        (30, -4658895280553007687),
+        (27, -7723592293110705685),
+    ):  # 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
         x = (x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))) * multiplier
     return x ^ ((x >> 31) & ((1 << 33) - 1))
 
@@ -249,11 +261,14 @@ def random_keys(seeds: Tensor, counters: Tensor) -> Tensor:
     (On CUDA one Triton launch computes the same bits: layers/random_kernel.py.)"""
     if seeds.is_cuda:
         from outpace.layers import random_kernel
+
         return random_kernel.random_keys(seeds, counters)
     return seeds ^ _mix64(counters * _GOLDEN)
 
 
-def draw_uniform(num_rows: int, num_cols: int, keys: Keys, device: torch.device | str, stream: int = 0) -> Tensor:
+def draw_uniform(
+    num_rows: int, num_cols: int, keys: Keys, device: torch.device | str, stream: int = 0
+) -> Tensor:
     """U[0, 1) numbers: row i from ``keys[i]`` (counter-based, capturable) when keys are given, else
     the default RNG. ``stream`` separates independent draws made with the same keys.
     # [num_rows, num_cols] float32"""
@@ -261,13 +276,18 @@ def draw_uniform(num_rows: int, num_cols: int, keys: Keys, device: torch.device 
         return torch.rand(num_rows, num_cols, device=device)
     if keys.is_cuda:
         from outpace.layers import random_kernel
+
         return random_kernel.draw_uniform(keys, num_cols, stream)
-    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device) + stream * (1 << 32)  # [cols]
+    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device) + stream * (
+        1 << 32
+    )  # [cols]
     bits = _mix64(keys[:, None] + _GOLDEN * (cols + 1))  # [rows, cols]
-    return ((bits >> 40) & ((1 << 24) - 1)).float() * 2.0 ** -24  # 24 random bits: exact in float32
+    return ((bits >> 40) & ((1 << 24) - 1)).float() * 2.0**-24  # 24 random bits: exact in float32
 
 
-GUMBEL_STREAM = 2  # draw_uniform's stream of the Gumbel noise (0: verify's uniforms, 1: a categorical draw)
+GUMBEL_STREAM = (
+    2  # draw_uniform's stream of the Gumbel noise (0: verify's uniforms, 1: a categorical draw)
+)
 
 
 def draw_gumbel(keys: Tensor, num_cols: int) -> Tensor:
@@ -278,9 +298,12 @@ def draw_gumbel(keys: Tensor, num_cols: int) -> Tensor:
     (On CUDA one Triton launch computes it: layers/random_kernel.py.)"""
     if keys.is_cuda:
         from outpace.layers import random_kernel
+
         return random_kernel.draw_gumbel(keys, num_cols, GUMBEL_STREAM)
-    u = draw_uniform(keys.shape[0], num_cols, keys, keys.device, stream=GUMBEL_STREAM)  # [n, num_cols]
-    return -torch.log(-torch.log(u.clamp_(min=2.0 ** -25)))
+    u = draw_uniform(
+        keys.shape[0], num_cols, keys, keys.device, stream=GUMBEL_STREAM
+    )  # [n, num_cols]
+    return -torch.log(-torch.log(u.clamp_(min=2.0**-25)))
 
 
 def sample_from_probs(probs: Tensor, keys: Keys = None) -> Tensor:
@@ -307,7 +330,9 @@ def sample(logits: Tensor, st: SamplingTensors, keys: Keys = None) -> Tensor:
     """
     if st.all_greedy:
         return logits.argmax(dim=-1)  # [n]
-    gumbel = draw_gumbel(keys, logits.shape[-1]) if st.any_seeded and keys is not None else None  # [n, V]
+    gumbel = (
+        draw_gumbel(keys, logits.shape[-1]) if st.any_seeded and keys is not None else None
+    )  # [n, V]
     return sample_from_probs(logits_to_probs(logits, st, gumbel), keys)
 
 

@@ -1,4 +1,5 @@
 """The number of streaming multiprocessors, which sizes the GPU kernels' grids."""
+
 from __future__ import annotations
 
 import functools

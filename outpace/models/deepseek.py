@@ -21,6 +21,7 @@ without any MTP tensors.
 The model interface is the Llama family's (models/llama.py): flat tokens, metadata in the forward
 context, ``forward`` -> pre-norm ``ModelOutput``, ``compute_logits``, aux hidden state capture.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,17 +30,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.moe import MoE, Routing
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
-from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
-from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.drafts.mtp import OwnHeadsMTPBlock
+from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.validation import ConfigFields, require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -48,15 +49,48 @@ V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 # (version-specific ones), and DeepSeek's for the fields transformers lacks (moe_layer_freq, scoring_func,
 # topk_method: DeepSeek-V3's config.json has sigmoid and noaux_tc).
 DEFAULTS = {
-    V2: dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-             n_routed_experts=64, num_experts_per_tok=None, moe_intermediate_size=1407, n_shared_experts=2,
-             first_k_dense_replace=0, n_group=None, topk_group=None, norm_topk_prob=False, routed_scaling_factor=1.0,
-             moe_layer_freq=1, scoring_func="softmax", topk_method="greedy", attention_bias=False, mlp_bias=False),
-    V3: dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-             n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
-             first_k_dense_replace=3, n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5,
-             moe_layer_freq=1, scoring_func="sigmoid", topk_method="noaux_tc", attention_bias=False,
-             rope_interleave=True),
+    V2: dict(
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=64,
+        num_experts_per_tok=None,
+        moe_intermediate_size=1407,
+        n_shared_experts=2,
+        first_k_dense_replace=0,
+        n_group=None,
+        topk_group=None,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        moe_layer_freq=1,
+        scoring_func="softmax",
+        topk_method="greedy",
+        attention_bias=False,
+        mlp_bias=False,
+    ),
+    V3: dict(
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        n_shared_experts=1,
+        first_k_dense_replace=3,
+        n_group=8,
+        topk_group=4,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        moe_layer_freq=1,
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+        attention_bias=False,
+        rope_interleave=True,
+    ),
 }
 
 
@@ -64,10 +98,10 @@ DEFAULTS = {
 class DeepseekConfig:
     """What a DeepSeek model reads from config.json beyond ``ModelConfig`` (``from_model_config``)."""
 
-    version: int                      # 2 or 3
+    version: int  # 2 or 3
     vocab_size: int
     hidden_size: int
-    intermediate_size: int            # the dense layers' MLP
+    intermediate_size: int  # the dense layers' MLP
     num_hidden_layers: int
     rms_norm_eps: float
     hidden_act: str
@@ -79,12 +113,12 @@ class DeepseekConfig:
     qk_rope_head_dim: int
     v_head_dim: int
     attention_bias: bool
-    mlp_bias: bool                    # V2: on the dense MLPs and the shared experts
+    mlp_bias: bool  # V2: on the dense MLPs and the shared experts
     rope_interleave: bool
     max_position_embeddings: int
     rope_theta: float
     rope_scaling: dict | None
-    n_routed_experts: int | None      # None: every layer dense
+    n_routed_experts: int | None  # None: every layer dense
     moe_intermediate_size: int
     n_shared_experts: int
     first_k_dense_replace: int
@@ -97,31 +131,57 @@ class DeepseekConfig:
         _refuse_unimplemented(raw, v3, cfg.num_attention_heads, cfg.num_key_value_heads)
         experts = raw["n_routed_experts"]
         return cls(
-            version=3 if v3 else 2, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-            rms_norm_eps=cfg.rms_norm_eps, hidden_act=cfg.hidden_act, tie_word_embeddings=cfg.tie_word_embeddings,
-            num_heads=cfg.num_attention_heads, q_lora_rank=raw["q_lora_rank"],
-            kv_lora_rank=raw["kv_lora_rank"], qk_nope_head_dim=raw["qk_nope_head_dim"],
-            qk_rope_head_dim=raw["qk_rope_head_dim"], v_head_dim=raw["v_head_dim"],
+            version=3 if v3 else 2,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            rms_norm_eps=cfg.rms_norm_eps,
+            hidden_act=cfg.hidden_act,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            num_heads=cfg.num_attention_heads,
+            q_lora_rank=raw["q_lora_rank"],
+            kv_lora_rank=raw["kv_lora_rank"],
+            qk_nope_head_dim=raw["qk_nope_head_dim"],
+            qk_rope_head_dim=raw["qk_rope_head_dim"],
+            v_head_dim=raw["v_head_dim"],
             attention_bias=bool(raw["attention_bias"]),
             mlp_bias=not v3 and bool(raw["mlp_bias"]),  # DeepseekV3MLP has no biases
-            rope_interleave=bool(raw["rope_interleave"]) if v3 else True,  # V2: apply_rotary_emb's pairs
-            max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
+            rope_interleave=bool(raw["rope_interleave"])
+            if v3
+            else True,  # V2: apply_rotary_emb's pairs
+            max_position_embeddings=cfg.max_position_embeddings,
+            rope_theta=cfg.rope_theta,
             rope_scaling=cfg.rope_scaling,
-            n_routed_experts=experts, moe_intermediate_size=raw["moe_intermediate_size"],
-            n_shared_experts=raw["n_shared_experts"] or 0, first_k_dense_replace=raw["first_k_dense_replace"] or 0,
+            n_routed_experts=experts,
+            moe_intermediate_size=raw["moe_intermediate_size"],
+            n_shared_experts=raw["n_shared_experts"] or 0,
+            first_k_dense_replace=raw["first_k_dense_replace"] or 0,
             moe_layer_freq=raw["moe_layer_freq"],
-            routing=None if experts is None else _routing(raw, v3))
+            routing=None if experts is None else _routing(raw, v3),
+        )
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (MTP layers: num_hidden_layers + k) is MoE (module docstring)."""
-        return (self.n_routed_experts is not None and index >= self.first_k_dense_replace
-                and index % self.moe_layer_freq == 0)
+        return (
+            self.n_routed_experts is not None
+            and index >= self.first_k_dense_replace
+            and index % self.moe_layer_freq == 0
+        )
 
     @property
     def mla_shape(self) -> MLAShape:
-        return MLAShape(self.hidden_size, self.num_heads, self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim,
-                        self.qk_rope_head_dim, self.v_head_dim, self.softmax_scale, self.attention_bias)
+        return MLAShape(
+            self.hidden_size,
+            self.num_heads,
+            self.q_lora_rank,
+            self.kv_lora_rank,
+            self.qk_nope_head_dim,
+            self.qk_rope_head_dim,
+            self.v_head_dim,
+            self.softmax_scale,
+            self.attention_bias,
+        )
 
     @property
     def softmax_scale(self) -> float:
@@ -139,11 +199,16 @@ def _routing(raw: dict, v3: bool) -> Routing:
     noaux_tc; V2: softmax, greedy or group_limited_greedy (n_group and topk_group only for the latter)."""
     grouped = v3 or raw["topk_method"] == "group_limited_greedy"
     return Routing(
-        num_experts=raw["n_routed_experts"], top_k=raw["num_experts_per_tok"],
+        num_experts=raw["n_routed_experts"],
+        top_k=raw["num_experts_per_tok"],
         scoring="sigmoid" if v3 else "softmax",
-        num_groups=raw["n_group"] if grouped else 1, top_groups=raw["topk_group"] if grouped else 1,
-        group_score="top2_sum" if v3 else "max", correction_bias=v3,
-        normalize=v3 and bool(raw["norm_topk_prob"]), scaling=float(raw["routed_scaling_factor"]))
+        num_groups=raw["n_group"] if grouped else 1,
+        top_groups=raw["topk_group"] if grouped else 1,
+        group_score="top2_sum" if v3 else "max",
+        correction_bias=v3,
+        normalize=v3 and bool(raw["norm_topk_prob"]),
+        scaling=float(raw["routed_scaling_factor"]),
+    )
 
 
 def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> None:
@@ -152,21 +217,55 @@ def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> Non
     o = "ModelConfig"
     # transformers repeats each kv head num_attention_heads // num_key_value_heads times over the expanded
     # per-head keys; DeepSeek's checkpoints set the two equal.
-    require(o, "num_key_value_heads", kv_heads, kv_heads == heads, f"num_attention_heads={heads} for MLA")
+    require(
+        o,
+        "num_key_value_heads",
+        kv_heads,
+        kv_heads == heads,
+        f"num_attention_heads={heads} for MLA",
+    )
     for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-        require(o, name, raw[name], isinstance(raw[name], int) and raw[name] > 0, "a positive integer")
-    require(o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even")
+        require(
+            o, name, raw[name], isinstance(raw[name], int) and raw[name] > 0, "a positive integer"
+        )
+    require(
+        o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even"
+    )
     q_rank = raw["q_lora_rank"]
-    require(o, "q_lora_rank", q_rank, q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
-             "None or a positive integer")
+    require(
+        o,
+        "q_lora_rank",
+        q_rank,
+        q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
+        "None or a positive integer",
+    )
     scoring = "sigmoid" if v3 else "softmax"
-    require(o, "scoring_func", raw["scoring_func"], raw["scoring_func"] == scoring, f"{scoring!r} for this version")
+    require(
+        o,
+        "scoring_func",
+        raw["scoring_func"],
+        raw["scoring_func"] == scoring,
+        f"{scoring!r} for this version",
+    )
     methods = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
-    require(o, "topk_method", raw["topk_method"], raw["topk_method"] in methods, f"one of {', '.join(methods)}")
-    if not v3:  # transformers' V2 router ignores norm_topk_prob, DeepSeek's normalises and then does not
+    require(
+        o,
+        "topk_method",
+        raw["topk_method"],
+        raw["topk_method"] in methods,
+        f"one of {', '.join(methods)}",
+    )
+    if (
+        not v3
+    ):  # transformers' V2 router ignores norm_topk_prob, DeepSeek's normalises and then does not
         # scale, vLLM normalises and scales: no reference to be exact against.
-        require(o, "norm_topk_prob", raw["norm_topk_prob"], not raw["norm_topk_prob"],
-                 "false for V2 (its references disagree on what true computes)")
+        require(
+            o,
+            "norm_topk_prob",
+            raw["norm_topk_prob"],
+            not raw["norm_topk_prob"],
+            "false for V2 (its references disagree on what true computes)",
+        )
     freq = raw["moe_layer_freq"]
     require(o, "moe_layer_freq", freq, isinstance(freq, int) and freq > 0, "a positive integer")
     if raw["n_routed_experts"] is not None:
@@ -176,18 +275,42 @@ def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> Non
 def _check_routing(raw: dict, v3: bool) -> None:
     o = "ModelConfig"
     experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
-    require(o, "n_routed_experts", experts, isinstance(experts, int) and experts > 0, "a positive integer or None")
-    require(o, "num_experts_per_tok", top_k, isinstance(top_k, int) and 0 < top_k <= experts,
-             f"an integer in [1, n_routed_experts={experts}]")
+    require(
+        o,
+        "n_routed_experts",
+        experts,
+        isinstance(experts, int) and experts > 0,
+        "a positive integer or None",
+    )
+    require(
+        o,
+        "num_experts_per_tok",
+        top_k,
+        isinstance(top_k, int) and 0 < top_k <= experts,
+        f"an integer in [1, n_routed_experts={experts}]",
+    )
     if v3 or raw["topk_method"] == "group_limited_greedy":
         groups, top_groups = raw["n_group"], raw["topk_group"]
-        require(o, "n_group", groups, isinstance(groups, int) and groups > 0 and experts % groups == 0
-                 and (not v3 or experts // groups >= 2),
-                 f"a divisor of n_routed_experts={experts}" + (" leaving >= 2 experts per group (V3 scores a "
-                                                                "group by its two best)" if v3 else ""))
-        require(o, "topk_group", top_groups, isinstance(top_groups, int) and 0 < top_groups <= groups
-                 and top_k <= top_groups * (experts // groups),
-                 f"an integer in [1, n_group={groups}] whose groups hold num_experts_per_tok={top_k} experts")
+        require(
+            o,
+            "n_group",
+            groups,
+            isinstance(groups, int)
+            and groups > 0
+            and experts % groups == 0
+            and (not v3 or experts // groups >= 2),
+            f"a divisor of n_routed_experts={experts}"
+            + (" leaving >= 2 experts per group (V3 scores a group by its two best)" if v3 else ""),
+        )
+        require(
+            o,
+            "topk_group",
+            top_groups,
+            isinstance(top_groups, int)
+            and 0 < top_groups <= groups
+            and top_k <= top_groups * (experts // groups),
+            f"an integer in [1, n_group={groups}] whose groups hold num_experts_per_tok={top_k} experts",
+        )
 
 
 class DeepseekDecoderLayer(nn.Module):
@@ -203,8 +326,14 @@ class DeepseekDecoderLayer(nn.Module):
             return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias, **shard)
 
         if cfg.is_moe_layer(index):
-            self.mlp = MoE(cfg.hidden_size, cfg.routing, cfg.moe_intermediate_size, cfg.n_shared_experts, mlp,
-                           shared_bias=cfg.mlp_bias)
+            self.mlp = MoE(
+                cfg.hidden_size,
+                cfg.routing,
+                cfg.moe_intermediate_size,
+                cfg.n_shared_experts,
+                mlp,
+                shared_bias=cfg.mlp_bias,
+            )
         else:
             self.mlp = mlp(cfg.intermediate_size, cfg.mlp_bias)
 
@@ -212,8 +341,9 @@ class DeepseekDecoderLayer(nn.Module):
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden] (h + attention + MLP)."""
         return residual_stream(*self.forward_residual(positions, h, None))
 
-    def forward_residual(self, positions: torch.Tensor, h: torch.Tensor,
-                         residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_residual(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """As DecoderLayer.forward_residual (layers/decoder.py): the input and the output stream split as
         (h, residual), each residual add fused into the RMSNorm after it."""
         return pre_norm_residual(self, positions, h, residual)
@@ -226,10 +356,17 @@ class DeepseekMTPLayer(OwnHeadsMTPBlock, DeepseekDecoderLayer):
 class DeepseekModel(nn.Module):
     def __init__(self, cfg: DeepseekConfig) -> None:
         super().__init__()
-        self.rotary = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling, interleaved=cfg.rope_interleave)
+        self.rotary = RotaryEmbedding(
+            cfg.qk_rope_head_dim,
+            cfg.max_position_embeddings,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            interleaved=cfg.rope_interleave,
+        )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, self.rotary, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DeepseekDecoderLayer(cfg, self.rotary, i) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -253,17 +390,25 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
         ds = self.deepseek_config = DeepseekConfig.from_model_config(cfg)
         self.config = cfg if mtp_own_heads else dataclasses.replace(cfg, num_nextn_predict_layers=0)
         self.model = DeepseekModel(ds)
-        self.lm_head = LMHead(ds.hidden_size, ds.vocab_size,
-                              tied_to=self.model.embed_tokens if ds.tie_word_embeddings else None)
+        self.lm_head = LMHead(
+            ds.hidden_size,
+            ds.vocab_size,
+            tied_to=self.model.embed_tokens if ds.tie_word_embeddings else None,
+        )
         self.aux_layer_ids: tuple[int, ...] = ()
         if self.config.num_nextn_predict_layers:
             n = ds.num_hidden_layers
-            self.mtp_layers = nn.ModuleList(DeepseekMTPLayer(ds, self.model.rotary, n + k)
-                                            for k in range(self.config.num_nextn_predict_layers))
+            self.mtp_layers = nn.ModuleList(
+                DeepseekMTPLayer(ds, self.model.rotary, n + k)
+                for k in range(self.config.num_nextn_predict_layers)
+            )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
-        h, residual = self.embed(input_ids), None  # [num_tokens, hidden]; the stream is h + residual
+        h, residual = (
+            self.embed(input_ids),
+            None,
+        )  # [num_tokens, hidden]; the stream is h + residual
         captured = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layer_ids:
@@ -280,4 +425,3 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
     _model_output = LlamaForCausalLM._model_output
     compute_logits = LlamaForCausalLM.compute_logits
     checkpoint_name = LlamaForCausalLM.checkpoint_name
-

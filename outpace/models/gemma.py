@@ -18,6 +18,7 @@ table per request for every layer, so blocks are freed when the request ends.
 Forward works on flat tokens like the Llama family: ``forward`` returns the last hidden state before
 the final norm, ``compute_logits`` applies norm, head and softcapping to the rows that need logits.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,12 +29,12 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
-from outpace.layers.norm import Float32RMSNorm
-from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
+from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
+from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks, windows_of_layer_types
 from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
@@ -43,7 +44,11 @@ from outpace.validation import ConfigError, ConfigFields
 logger = logging.getLogger("outpace.models")
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
-ROPE_TYPES = ("default", "linear", "llama3")  # what Gemma 3 layers may use (layers/rotary.py, attention factor 1)
+ROPE_TYPES = (
+    "default",
+    "linear",
+    "llama3",
+)  # what Gemma 3 layers may use (layers/rotary.py, attention factor 1)
 
 
 def refuse(field: str, value, allowed: str) -> ConfigError:
@@ -55,6 +60,7 @@ def refuse(field: str, value, allowed: str) -> ConfigError:
 class LayerTypeRope:
     """One layer type's RoPE: ``theta`` and ``scaling`` (None or a rope_parameters dict with a rope_type
     that layers/rotary.py implements)."""
+
     theta: float
     scaling: dict | None
 
@@ -70,8 +76,12 @@ def layer_type_ropes(params: dict, rope_types: tuple[str, ...]) -> dict[str, Lay
         p = params[layer_type]
         kind = p.get("rope_type", p.get("type", "default"))
         if kind not in rope_types:
-            raise refuse(f"rope_parameters.{layer_type}.rope_type", kind, f"one of {', '.join(rope_types)}")
-        ropes[layer_type] = LayerTypeRope(float(p["rope_theta"]), None if kind == "default" else dict(p))
+            raise refuse(
+                f"rope_parameters.{layer_type}.rope_type", kind, f"one of {', '.join(rope_types)}"
+            )
+        ropes[layer_type] = LayerTypeRope(
+            float(p["rope_theta"]), None if kind == "default" else dict(p)
+        )
     return ropes
 
 
@@ -91,11 +101,14 @@ def _gemma3_rope_parameters(raw: dict) -> dict:
 @dataclass(frozen=True)
 class Gemma3Config:
     """The Gemma 3 fields of a text config (Gemma3TextConfig) beyond ``ModelConfig``'s."""
-    ropes: dict[str, LayerTypeRope]          # layer type -> its RoPE
-    query_pre_attn_scalar: float             # attention scores are scaled by its inverse square root
-    final_logit_softcapping: float | None    # None for a multimodal checkpoint (see from_model_config)
-    attention_bias: bool                     # biases on q_proj, k_proj, v_proj, o_proj
-    multimodal: bool                         # a Gemma3ForConditionalGeneration checkpoint
+
+    ropes: dict[str, LayerTypeRope]  # layer type -> its RoPE
+    query_pre_attn_scalar: float  # attention scores are scaled by its inverse square root
+    final_logit_softcapping: (
+        float | None
+    )  # None for a multimodal checkpoint (see from_model_config)
+    attention_bias: bool  # biases on q_proj, k_proj, v_proj, o_proj
+    multimodal: bool  # a Gemma3ForConditionalGeneration checkpoint
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> Gemma3Config:
@@ -103,28 +116,42 @@ class Gemma3Config:
         # NOTE: transformers 5.24's Gemma3Attention stores attn_logit_softcapping but never applies it; a
         # checkpoint that sets it may expect either, so it is refused rather than guessed.
         if raw.get("attn_logit_softcapping") is not None:
-            raise refuse("attn_logit_softcapping", raw["attn_logit_softcapping"],
-                         "None (attention logit softcapping is not implemented)")
+            raise refuse(
+                "attn_logit_softcapping",
+                raw["attn_logit_softcapping"],
+                "None (attention logit softcapping is not implemented)",
+            )
         if raw.get("use_bidirectional_attention"):
-            raise refuse("use_bidirectional_attention", raw["use_bidirectional_attention"],
-                         "False (outpace decodes causally)")
+            raise refuse(
+                "use_bidirectional_attention",
+                raw["use_bidirectional_attention"],
+                "False (outpace decodes causally)",
+            )
         multimodal = cfg.architecture == "Gemma3ForConditionalGeneration"
-        return cls(ropes=layer_type_ropes(_gemma3_rope_parameters(raw), ROPE_TYPES),
-                   query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
-                   # transformers' Gemma3ForConditionalGeneration.forward does not soft-cap its logits (its
-                   # text config's final_logit_softcapping is read by Gemma3ForCausalLM only)
-                   final_logit_softcapping=None if multimodal else raw.get("final_logit_softcapping"),
-                   attention_bias=bool(raw.get("attention_bias", False)),
-                   multimodal=multimodal)
+        return cls(
+            ropes=layer_type_ropes(_gemma3_rope_parameters(raw), ROPE_TYPES),
+            query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
+            # transformers' Gemma3ForConditionalGeneration.forward does not soft-cap its logits (its
+            # text config's final_logit_softcapping is read by Gemma3ForCausalLM only)
+            final_logit_softcapping=None if multimodal else raw.get("final_logit_softcapping"),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            multimodal=multimodal,
+        )
 
 
-def gemma_layer_windows(cfg: ConfigFields, num_layers: int, window: int | None, pattern: int,
-                        last_full: bool) -> tuple[int | None, ...]:
+def gemma_layer_windows(
+    cfg: ConfigFields, num_layers: int, window: int | None, pattern: int, last_full: bool
+) -> tuple[int | None, ...]:
     """transformers Gemma3TextConfig / Gemma4TextConfig.__post_init__: without layer_types, every
     ``pattern``-th layer is full and the others slide; Gemma 4 forces its last layer to full
     (``last_full``). Gemma3Attention / Gemma4TextAttention: sliding layers use ``window``."""
-    types = list(cfg.strings("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                                for i in range(num_layers)])
+    types = list(
+        cfg.strings("layer_types")
+        or [
+            "sliding_attention" if (i + 1) % pattern else "full_attention"
+            for i in range(num_layers)
+        ]
+    )
     if last_full and types:
         types[-1] = "full_attention"
     return windows_of_layer_types(cfg, types, window, num_layers, "a sliding_window")
@@ -136,33 +163,54 @@ def layer_type(cfg: ModelConfig, layer: int) -> str:
 
 
 class Gemma3Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, gemma: Gemma3Config, rotary: RotaryEmbedding,
-                 sliding_window: int | None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        gemma: Gemma3Config,
+        rotary: RotaryEmbedding,
+        sliding_window: int | None,
+    ) -> None:
         super().__init__()
         self.head_dim = d = cfg.head_dim
         bias = gemma.attention_bias
-        p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, d,
-                            bias, bias)  # heads split over tensor-parallel ranks (layers/decoder.py)
+        p = HeadProjections(
+            cfg.hidden_size,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            d,
+            bias,
+            bias,
+        )  # heads split over tensor-parallel ranks (layers/decoder.py)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         self.q_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.k_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.rotary = rotary
-        self.attn = Attention(p.heads, p.kv_heads, d, sliding_window, scale=gemma.query_pre_attn_scalar ** -0.5)
-        self.qkv = None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
+        self.attn = Attention(
+            p.heads, p.kv_heads, d, sliding_window, scale=gemma.query_pre_attn_scalar**-0.5
+        )
+        self.qkv = (
+            None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
+        )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
         n, d = x.shape[0], self.head_dim
         q = self.q_norm(self.q_proj(x).view(n, -1, d))  # [num_tokens, heads, head_dim]
         k = self.k_norm(self.k_proj(x).view(n, -1, d))  # [num_tokens, kv_heads, head_dim]
-        v = self.v_proj(x).view(n, -1, d)               # [num_tokens, kv_heads, head_dim]
+        v = self.v_proj(x).view(n, -1, d)  # [num_tokens, kv_heads, head_dim]
         q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v, positions))
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, gemma: Gemma3Config, rotary: RotaryEmbedding,
-                 sliding_window: int | None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        gemma: Gemma3Config,
+        rotary: RotaryEmbedding,
+        sliding_window: int | None,
+    ) -> None:
         super().__init__()
         norm = lambda: Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)  # noqa: E731
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
@@ -183,13 +231,19 @@ class Gemma3Model(nn.Module):
     def __init__(self, cfg: ModelConfig, gemma: Gemma3Config) -> None:
         super().__init__()
         # One table per layer type, shared by that type's layers (not checkpoint tensors).
-        self.rotary = nn.ModuleDict({t: rope.rotary(cfg.head_dim, cfg.max_position_embeddings)
-                                     for t, rope in gemma.ropes.items()})
-        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size ** 0.5,
-                                                 replicated=True)
+        self.rotary = nn.ModuleDict(
+            {
+                t: rope.rotary(cfg.head_dim, cfg.max_position_embeddings)
+                for t, rope in gemma.ropes.items()
+            }
+        )
+        self.embed_tokens = ScaledVocabEmbedding(
+            cfg.vocab_size, cfg.hidden_size, cfg.hidden_size**0.5, replicated=True
+        )
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(cfg, gemma, self.rotary[layer_type(cfg, i)], cfg.layer_window(i))
-            for i in range(cfg.num_hidden_layers))
+            for i in range(cfg.num_hidden_layers)
+        )
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
 
@@ -214,43 +268,66 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         # Gemma3TextConfig / Gemma4TextConfig name the MLP's activation hidden_activation
-        return {"hidden_act": cfg.string("hidden_act", None) or cfg.string("hidden_activation", "silu")}
+        return {
+            "hidden_act": cfg.string("hidden_act", None) or cfg.string("hidden_activation", "silu")
+        }
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool, gemma, model_class: type) -> None:
         """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers.
         ``gemma``: the family's own config; ``model_class(cfg, gemma)`` builds the text model."""
         super().__init__()
         if mtp_own_heads or cfg.num_nextn_predict_layers:
-            raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers, "0 for Gemma (no MTP layers)")
+            raise refuse(
+                "num_nextn_predict_layers",
+                cfg.num_nextn_predict_layers,
+                "0 for Gemma (no MTP layers)",
+            )
         self.config, self.gemma = cfg, gemma
         self.model = model_class(cfg, gemma)
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
-                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.lm_head = LMHead(
+            cfg.hidden_size,
+            cfg.vocab_size,
+            tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
+        )
         self.aux_layer_ids: tuple[int, ...] = ()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits, soft-capped when configured
         (written into ``out`` if given); one fused kernel for few rows on the GPU (layers/fused_decoder.py)."""
-        return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out, self.gemma.final_logit_softcapping)
+        return norm_head_logits(
+            self.model.norm, self.lm_head, hidden_states, out, self.gemma.final_logit_softcapping
+        )
 
 
 class Gemma3ForCausalLM(GemmaForCausalLMBase):
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
-        return gemma_layer_windows(cfg, num_layers, cfg.optional_integer("sliding_window", 4096),
-                                   cfg.integer("sliding_window_pattern", 6), last_full=False)
+        return gemma_layer_windows(
+            cfg,
+            num_layers,
+            cfg.optional_integer("sliding_window", 4096),
+            cfg.integer("sliding_window_pattern", 6),
+            last_full=False,
+        )
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma3Config.from_model_config(cfg), Gemma3Model)
-        self.ignored_checkpoint_tensors = skip_towers(cfg, ("vision_tower", "multi_modal_projector")) \
-            if self.gemma.multimodal else ()
+        self.ignored_checkpoint_tensors = (
+            skip_towers(cfg, ("vision_tower", "multi_modal_projector"))
+            if self.gemma.multimodal
+            else ()
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h, captured = run_layer_stack(self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids)
+        h, captured = run_layer_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
         return self._model_output(h, captured)
 
     def checkpoint_name(self, param_name: str) -> str:
@@ -263,8 +340,11 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
 def skip_towers(cfg: ModelConfig, prefixes: tuple[str, ...]) -> tuple[str, ...]:
     """A multimodal checkpoint's non-text parts (its tensors under ``prefixes``): logs that they are
     skipped; returns the patterns that make the loader skip them (``ignored_checkpoint_tensors``)."""
-    logger.info("%s: outpace serves its text model; the checkpoint's %s are skipped", cfg.architecture,
-                ", ".join(f"{p}.*" for p in prefixes))
+    logger.info(
+        "%s: outpace serves its text model; the checkpoint's %s are skipped",
+        cfg.architecture,
+        ", ".join(f"{p}.*" for p in prefixes),
+    )
     return tuple(rf"^{re.escape(p)}\." for p in prefixes)
 
 

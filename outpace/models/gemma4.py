@@ -25,6 +25,7 @@ A KV-sharing layer uses its producer's ``Attention`` module, so the engine binds
 it hands that module the producer's k and v of this forward, which the backend writes again into the
 same slots (the same values) before attending.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,16 +39,23 @@ from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
+from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.layers.linear import linear
 from outpace.layers.moe import ExpertActivation, RoutedExperts
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
-from outpace.models.gemma import (GemmaForCausalLMBase, LayerTypeRope, gemma_layer_windows, layer_type,
-                                  layer_type_ropes, refuse, skip_towers)
-from outpace.layers.decoder import GatedMLP, HeadProjections
-from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
+from outpace.models.gemma import (
+    GemmaForCausalLMBase,
+    LayerTypeRope,
+    gemma_layer_windows,
+    layer_type,
+    layer_type_ropes,
+    refuse,
+    skip_towers,
+)
 from outpace.models.llama import ModelOutput
 from outpace.validation import ConfigFields
 
@@ -55,7 +63,11 @@ ROPE_TYPES = ("default", "proportional")
 # transformers Gemma4TextConfig.__post_init__'s rope_parameters when the config gives none
 DEFAULT_ROPE_PARAMETERS = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+    "full_attention": {
+        "rope_type": "proportional",
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 1_000_000.0,
+    },
 }
 LAYER_OVERRIDES = ("head_dim", "num_key_value_heads")  # the per_layer_config entries implemented
 # what a Gemma4ForConditionalGeneration checkpoint holds beside its language model (transformers Gemma4Model)
@@ -65,10 +77,11 @@ MULTIMODAL_PARTS = ("vision_tower", "embed_vision", "audio_tower", "embed_audio"
 @dataclass(frozen=True)
 class LayerShape:
     """One decoder layer's attention shape and KV sharing."""
+
     head_dim: int
     num_kv_heads: int
-    k_eq_v: bool               # no v_proj: v is k_proj's output
-    producer: int | None       # the layer whose KV this one attends over (None: its own)
+    k_eq_v: bool  # no v_proj: v is k_proj's output
+    producer: int | None  # the layer whose KV this one attends over (None: its own)
     double_wide_mlp: bool
 
 
@@ -76,35 +89,44 @@ class LayerShape:
 class Gemma4Moe:
     num_experts: int
     top_k: int
-    intermediate_size: int     # of each expert
+    intermediate_size: int  # of each expert
 
 
 @dataclass(frozen=True)
 class Gemma4Config:
     """The Gemma 4 fields of a text config (Gemma4TextConfig) beyond ``ModelConfig``'s."""
-    ropes: dict[str, LayerTypeRope]        # layer type -> its RoPE
+
+    ropes: dict[str, LayerTypeRope]  # layer type -> its RoPE
     layers: tuple[LayerShape, ...]
     final_logit_softcapping: float | None
-    attention_bias: bool                   # biases on q_proj, k_proj, v_proj, o_proj
-    per_layer_size: int                    # hidden_size_per_layer_input (0: no per-layer embeddings)
-    per_layer_vocab_size: int              # vocab_size_per_layer_input
+    attention_bias: bool  # biases on q_proj, k_proj, v_proj, o_proj
+    per_layer_size: int  # hidden_size_per_layer_input (0: no per-layer embeddings)
+    per_layer_vocab_size: int  # vocab_size_per_layer_input
     moe: Gemma4Moe | None
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> Gemma4Config:
         raw = cfg.raw
         if raw.get("use_bidirectional_attention") == "all":
-            raise refuse("use_bidirectional_attention", "all", "None or 'vision' (outpace decodes text causally)")
+            raise refuse(
+                "use_bidirectional_attention",
+                "all",
+                "None or 'vision' (outpace decodes text causally)",
+            )
         moe = None
         if raw.get("enable_moe_block"):
             moe = Gemma4Moe(raw["num_experts"], raw["top_k_experts"], raw["moe_intermediate_size"])
-        return cls(ropes=layer_type_ropes(raw.get("rope_parameters") or DEFAULT_ROPE_PARAMETERS, ROPE_TYPES),
-                   layers=_layer_shapes(cfg),
-                   final_logit_softcapping=raw.get("final_logit_softcapping"),
-                   attention_bias=bool(raw.get("attention_bias", False)),
-                   per_layer_size=int(raw.get("hidden_size_per_layer_input", 256) or 0),
-                   per_layer_vocab_size=int(raw.get("vocab_size_per_layer_input", 262_144)),
-                   moe=moe)
+        return cls(
+            ropes=layer_type_ropes(
+                raw.get("rope_parameters") or DEFAULT_ROPE_PARAMETERS, ROPE_TYPES
+            ),
+            layers=_layer_shapes(cfg),
+            final_logit_softcapping=raw.get("final_logit_softcapping"),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            per_layer_size=int(raw.get("hidden_size_per_layer_input", 256) or 0),
+            per_layer_vocab_size=int(raw.get("vocab_size_per_layer_input", 262_144)),
+            moe=moe,
+        )
 
 
 def _layer_overrides(cfg: ModelConfig) -> dict[int, dict]:
@@ -117,8 +139,11 @@ def _layer_overrides(cfg: ModelConfig) -> dict[int, dict]:
         for i, o in overrides.items():
             unknown = sorted(set(o) - set(LAYER_OVERRIDES))
             if unknown:
-                raise refuse(f"per_layer_config.{i}.{unknown[0]}", o[unknown[0]],
-                             f"absent (per-layer overrides of {', '.join(LAYER_OVERRIDES)} only)")
+                raise refuse(
+                    f"per_layer_config.{i}.{unknown[0]}",
+                    o[unknown[0]],
+                    f"absent (per-layer overrides of {', '.join(LAYER_OVERRIDES)} only)",
+                )
         return overrides
     full = {"head_dim": raw.get("global_head_dim", 512)}
     if raw.get("attention_k_eq_v", False) and raw.get("num_global_key_value_heads") is not None:
@@ -133,19 +158,29 @@ def _layer_shapes(cfg: ModelConfig) -> tuple[LayerShape, ...]:
     overrides = _layer_overrides(cfg)
     first_shared = n - int(raw.get("num_kv_shared_layers", 0))
     types = [layer_type(cfg, i) for i in range(n)]
-    producers = {t: max((i for i in range(first_shared) if types[i] == t), default=None) for t in set(types)}
+    producers = {
+        t: max((i for i in range(first_shared) if types[i] == t), default=None) for t in set(types)
+    }
     shapes = []
     for i, t in enumerate(types):
         producer = producers[t] if i >= first_shared else None
         if i >= first_shared and producer is None:
-            raise refuse("num_kv_shared_layers", raw["num_kv_shared_layers"],
-                         f"small enough that an earlier layer of type {t} produces the KV layer {i} shares")
+            raise refuse(
+                "num_kv_shared_layers",
+                raw["num_kv_shared_layers"],
+                f"small enough that an earlier layer of type {t} produces the KV layer {i} shares",
+            )
         o = overrides.get(i, {})
-        shapes.append(LayerShape(head_dim=o.get("head_dim", cfg.head_dim),
-                                 num_kv_heads=o.get("num_key_value_heads", cfg.num_key_value_heads),
-                                 k_eq_v=bool(raw.get("attention_k_eq_v", False)) and t == "full_attention",
-                                 producer=producer,
-                                 double_wide_mlp=bool(raw.get("use_double_wide_mlp", False)) and producer is not None))
+        shapes.append(
+            LayerShape(
+                head_dim=o.get("head_dim", cfg.head_dim),
+                num_kv_heads=o.get("num_key_value_heads", cfg.num_key_value_heads),
+                k_eq_v=bool(raw.get("attention_k_eq_v", False)) and t == "full_attention",
+                producer=producer,
+                double_wide_mlp=bool(raw.get("use_double_wide_mlp", False))
+                and producer is not None,
+            )
+        )
     return tuple(shapes)
 
 
@@ -153,16 +188,31 @@ SharedKV = dict  # layer index -> (k, v) [num_tokens, kv_heads, head_dim] of thi
 
 
 class Gemma4Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, gemma: Gemma4Config, index: int, rotary: RotaryEmbedding,
-                 producer_attn: Attention | None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        gemma: Gemma4Config,
+        index: int,
+        rotary: RotaryEmbedding,
+        producer_attn: Attention | None,
+    ) -> None:
         """``producer_attn``: for a KV-sharing layer, its producer's Attention (module docstring)."""
         super().__init__()
         shape = gemma.layers[index]
         self.index, self.shape, self.head_dim = index, shape, shape.head_dim
         d, bias, eps = shape.head_dim, gemma.attention_bias, cfg.rms_norm_eps
         # heads split over tensor-parallel ranks (layers/decoder.py); a sharing layer has no k/v projections
-        p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, shape.num_kv_heads, d, bias,
-                            bias, with_kv=producer_attn is None, with_v=not shape.k_eq_v)
+        p = HeadProjections(
+            cfg.hidden_size,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            shape.num_kv_heads,
+            d,
+            bias,
+            bias,
+            with_kv=producer_attn is None,
+            with_v=not shape.k_eq_v,
+        )
         self.q_proj, self.o_proj = p.q_proj, p.o_proj
         self.q_norm = Float32RMSNorm(d, eps)
         self.rotary = rotary
@@ -181,12 +231,14 @@ class Gemma4Attention(nn.Module):
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]. A producer leaves its
         k and v in ``shared`` under its index; a sharing layer takes its producer's from there."""
         n, d = x.shape[0], self.shape.head_dim
-        q = self.q_norm(self.q_proj(x).view(n, -1, d))                 # [num_tokens, heads, head_dim]
+        q = self.q_norm(self.q_proj(x).view(n, -1, d))  # [num_tokens, heads, head_dim]
         if self.shape.producer is not None:
             k, v = shared[self.shape.producer]
-            q, _ = self.rotary(positions, q, q)  # (the rotary layer rotates a pair; only q is new here)
+            q, _ = self.rotary(
+                positions, q, q
+            )  # (the rotary layer rotates a pair; only q is new here)
         else:
-            k = self.k_proj(x).view(n, -1, d)                          # [num_tokens, kv_heads, head_dim]
+            k = self.k_proj(x).view(n, -1, d)  # [num_tokens, kv_heads, head_dim]
             v = k if self.shape.k_eq_v else self.v_proj(x).view(n, -1, d)
             q, k = self.rotary(positions, q, self.k_norm(k))
             v = self.v_norm(v)
@@ -208,8 +260,10 @@ class Gemma4Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = self.proj(self.norm(x) * self.scale * x.shape[-1] ** -0.5).float().softmax(dim=-1)  # [n, experts]
-        weights, ids = torch.topk(scores, self.top_k, dim=-1)                                      # [n, top_k]
+        scores = (
+            self.proj(self.norm(x) * self.scale * x.shape[-1] ** -0.5).float().softmax(dim=-1)
+        )  # [n, experts]
+        weights, ids = torch.topk(scores, self.top_k, dim=-1)  # [n, top_k]
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.per_expert_scale[ids].float(), ids
 
@@ -239,15 +293,23 @@ class Gemma4Experts(RoutedExperts):
 
 
 class Gemma4DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, gemma: Gemma4Config, index: int, rotary: RotaryEmbedding,
-                 producer_attn: Attention | None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        gemma: Gemma4Config,
+        index: int,
+        rotary: RotaryEmbedding,
+        producer_attn: Attention | None,
+    ) -> None:
         super().__init__()
         hidden, eps, shape = cfg.hidden_size, cfg.rms_norm_eps, gemma.layers[index]
         norm = partial(Float32RMSNorm, hidden, eps)
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
         self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
         self.self_attn = Gemma4Attention(cfg, gemma, index, rotary, producer_attn)
-        self.mlp = GatedMLP(hidden, cfg.intermediate_size * (2 if shape.double_wide_mlp else 1), cfg.hidden_act)
+        self.mlp = GatedMLP(
+            hidden, cfg.intermediate_size * (2 if shape.double_wide_mlp else 1), cfg.hidden_act
+        )
         self.register_buffer("layer_scalar", torch.ones(1))  # a checkpoint tensor
         self.has_moe = gemma.moe is not None
         # the fused path writes k and v into the cache only: a layer whose KV others read runs eagerly
@@ -263,29 +325,48 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = linear(gemma.per_layer_size, hidden)
             self.post_per_layer_input_norm = norm()
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, per_layer_input: torch.Tensor | None,
-                shared: SharedKV) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        h: torch.Tensor,
+        per_layer_input: torch.Tensor | None,
+        shared: SharedKV,
+    ) -> torch.Tensor:
         """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
         output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
         shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that
         no other layer reads, and no MoE block."""
         if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
             if per_layer_input is None:
-                return sandwich_layer_fused(self, positions, h, v_norm=True, scale=self.layer_scalar)
-            return self.per_layer_branch(sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input)
-        h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h), shared))
+                return sandwich_layer_fused(
+                    self, positions, h, v_norm=True, scale=self.layer_scalar
+                )
+            return self.per_layer_branch(
+                sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
+            )
+        h = h + self.post_attention_layernorm(
+            self.self_attn(positions, self.input_layernorm(h), shared)
+        )
         mlp = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
             routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
         h = h + self.post_feedforward_layernorm(mlp)
-        return h * self.layer_scalar if per_layer_input is None else self.per_layer_branch(h, per_layer_input)
+        return (
+            h * self.layer_scalar
+            if per_layer_input is None
+            else self.per_layer_branch(h, per_layer_input)
+        )
 
     def per_layer_branch(self, h: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] after the MLP; per_layer_input [num_tokens, per_layer_size] -> the
         layer's output: h plus the per-layer input's gated branch, times layer_scalar."""
-        gate = self.act(self.per_layer_input_gate(h)) * per_layer_input        # [num_tokens, per_layer_size]
-        return (h + self.post_per_layer_input_norm(self.per_layer_projection(gate))) * self.layer_scalar
+        gate = (
+            self.act(self.per_layer_input_gate(h)) * per_layer_input
+        )  # [num_tokens, per_layer_size]
+        return (
+            h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
+        ) * self.layer_scalar
 
 
 class Gemma4Model(nn.Module):
@@ -297,17 +378,25 @@ class Gemma4Model(nn.Module):
         for i, shape in enumerate(gemma.layers):
             key = f"{layer_type(cfg, i)}_{shape.head_dim}"
             if key not in self.rotary:
-                self.rotary[key] = gemma.ropes[layer_type(cfg, i)].rotary(shape.head_dim, cfg.max_position_embeddings)
-        self.embed_tokens = ScaledVocabEmbedding(cfg.vocab_size, hidden, hidden ** 0.5, replicated=True)  # (gemma.py)
+                self.rotary[key] = gemma.ropes[layer_type(cfg, i)].rotary(
+                    shape.head_dim, cfg.max_position_embeddings
+                )
+        self.embed_tokens = ScaledVocabEmbedding(
+            cfg.vocab_size, hidden, hidden**0.5, replicated=True
+        )  # (gemma.py)
         self.layers = nn.ModuleList()
         for i, shape in enumerate(gemma.layers):
-            producer = None if shape.producer is None else self.layers[shape.producer].self_attn.attn
+            producer = (
+                None if shape.producer is None else self.layers[shape.producer].self_attn.attn
+            )
             rotary = self.rotary[f"{layer_type(cfg, i)}_{shape.head_dim}"]
             self.layers.append(Gemma4DecoderLayer(cfg, gemma, i, rotary, producer))
         self.norm = Float32RMSNorm(hidden, cfg.rms_norm_eps)
         self.per_layer_size = p = gemma.per_layer_size
         if p:
-            self.embed_tokens_per_layer = ScaledVocabEmbedding(gemma.per_layer_vocab_size, n * p, p ** 0.5)
+            self.embed_tokens_per_layer = ScaledVocabEmbedding(
+                gemma.per_layer_vocab_size, n * p, p**0.5
+            )
             self.per_layer_model_projection = linear(hidden, n * p)
             self.per_layer_projection_norm = Float32RMSNorm(p, cfg.rms_norm_eps)
 
@@ -318,7 +407,7 @@ class Gemma4Model(nn.Module):
         n, p = input_ids.shape[0], self.per_layer_size
         tokens = self.embed_tokens_per_layer(input_ids).view(n, -1, p)
         projected = self.per_layer_model_projection(embeds) * embeds.shape[-1] ** -0.5
-        return (self.per_layer_projection_norm(projected.view(n, -1, p)) + tokens) * 2 ** -0.5
+        return (self.per_layer_projection_norm(projected.view(n, -1, p)) + tokens) * 2**-0.5
 
 
 class Gemma4ForCausalLM(GemmaForCausalLMBase):
@@ -331,12 +420,15 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma4Config.from_model_config(cfg), Gemma4Model)
         self.multimodal = cfg.architecture == "Gemma4ForConditionalGeneration"
-        self.ignored_checkpoint_tensors = skip_towers(cfg, tuple(f"model.{p}" for p in MULTIMODAL_PARTS)) \
-            if self.multimodal else ()
+        self.ignored_checkpoint_tensors = (
+            skip_towers(cfg, tuple(f"model.{p}" for p in MULTIMODAL_PARTS))
+            if self.multimodal
+            else ()
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h = self.embed(input_ids)                                                    # [num_tokens, hidden]
+        h = self.embed(input_ids)  # [num_tokens, hidden]
         per_layer = self.model.per_layer_inputs(input_ids, h) if self.model.per_layer_size else None
         captured, shared = {}, {}
         for i, layer in enumerate(self.model.layers):

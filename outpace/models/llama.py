@@ -10,6 +10,7 @@ only the rows that need logits.
 Aux hidden states (for EAGLE3 drafts): capture index i means "the input of layer i"; index
 ``num_hidden_layers`` means the output of the last layer before the final norm.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,24 +28,31 @@ from outpace.models.config_hooks import ConfigHooks
 from outpace.validation import ConfigFields
 
 
-def check_aux_layer_ids(layer_ids: tuple[int, ...], num_layers: int,
-                        name: str = "aux hidden state layer ids") -> None:
+def check_aux_layer_ids(
+    layer_ids: tuple[int, ...], num_layers: int, name: str = "aux hidden state layer ids"
+) -> None:
     """Refuse capture ids outside 0 .. ``num_layers`` (id i: the input of layer i; ``num_layers``: the last
     layer's output), ``name`` saying where they came from."""
     bad = [i for i in layer_ids if not 0 <= i <= num_layers]
     if bad:
-        raise ValueError(f"{name} {list(layer_ids)}: ids {bad} are not in the target's 0 .. {num_layers} (the input "
-                         f"of layer i; {num_layers}: the last layer's output)")
+        raise ValueError(
+            f"{name} {list(layer_ids)}: ids {bad} are not in the target's 0 .. {num_layers} (the input "
+            f"of layer i; {num_layers}: the last layer's output)"
+        )
 
 
 @dataclass
 class ModelOutput:
-    hidden_states: torch.Tensor                  # [num_tokens, hidden] last layer's output, pre-norm
-    aux_hidden_states: torch.Tensor | None = None  # [num_tokens, num_aux * hidden] captured layer inputs
+    hidden_states: torch.Tensor  # [num_tokens, hidden] last layer's output, pre-norm
+    aux_hidden_states: torch.Tensor | None = (
+        None  # [num_tokens, num_aux * hidden] captured layer inputs
+    )
 
 
 def build_rotary(cfg: ModelConfig) -> RotaryEmbedding:
-    return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+    return RotaryEmbedding(
+        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+    )
 
 
 class LlamaModel(nn.Module):
@@ -52,8 +60,10 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.rotary = build_rotary(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(FusedDecoderLayer(cfg, self.rotary, cfg.layer_window(i))
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            FusedDecoderLayer(cfg, self.rotary, cfg.layer_window(i))
+            for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -77,8 +87,11 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
-                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.lm_head = LMHead(
+            cfg.hidden_size,
+            cfg.vocab_size,
+            tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
+        )
         self.aux_layer_ids: tuple[int, ...] = ()
         if cfg.num_nextn_predict_layers:
             from outpace.models.drafts.mtp import build_mtp_layers
@@ -94,8 +107,9 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
         return self.model.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        h, captured = run_layers(self.model.layers, self.model.norm, positions, self.embed(input_ids),
-                                 self.aux_layer_ids)
+        h, captured = run_layers(
+            self.model.layers, self.model.norm, positions, self.embed(input_ids), self.aux_layer_ids
+        )
         return self._model_output(h, captured)
 
     def _model_output(self, h: torch.Tensor, captured: dict[int, torch.Tensor]) -> ModelOutput:
@@ -104,7 +118,9 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
         aux = [captured[i] for i in self.aux_layer_ids]  # in the drafter's order, repeats allowed
         return ModelOutput(h, torch.cat(aux, dim=-1) if aux else None)
 
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 

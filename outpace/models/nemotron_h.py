@@ -17,6 +17,7 @@ Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard it: Mamba2's
 intermediate rows (the shared expert's too; one all-reduce per mixture), the embedding and head
 vocab-parallel.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,15 +27,15 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.layers.activation import ACTIVATIONS
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
+from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import HeadProjections, run_layer_stack
-from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
-from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
+from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
@@ -44,12 +45,31 @@ from outpace.validation import ConfigError, ConfigFields, require
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 # transformers' NemotronHConfig defaults for fields a config.json may omit
-DEFAULTS = dict(layer_norm_epsilon=1e-5, mlp_hidden_act="relu2", mlp_bias=False, mamba_num_heads=128,
-                mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4, use_conv_bias=True, use_bias=False,
-                mamba_hidden_act="silu", time_step_min=0.001, n_routed_experts=8, num_experts_per_tok=2,
-                moe_intermediate_size=7688, moe_shared_expert_intermediate_size=7688, n_group=1, topk_group=1,
-                norm_topk_prob=True, routed_scaling_factor=1.0, moe_latent_size=None, sliding_window=None,
-                mamba_ssm_cache_dtype="float32")
+DEFAULTS = dict(
+    layer_norm_epsilon=1e-5,
+    mlp_hidden_act="relu2",
+    mlp_bias=False,
+    mamba_num_heads=128,
+    mamba_head_dim=64,
+    ssm_state_size=128,
+    n_groups=8,
+    conv_kernel=4,
+    use_conv_bias=True,
+    use_bias=False,
+    mamba_hidden_act="silu",
+    time_step_min=0.001,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=7688,
+    moe_shared_expert_intermediate_size=7688,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+    moe_latent_size=None,
+    sliding_window=None,
+    mamba_ssm_cache_dtype="float32",
+)
 
 
 def block_types(raw: dict) -> tuple[str, ...]:
@@ -57,30 +77,57 @@ def block_types(raw: dict) -> tuple[str, ...]:
     if raw.get("layers_block_type"):
         return tuple(raw["layers_block_type"])
     pattern = raw.get("hybrid_override_pattern") or ""
-    require("ModelConfig", "hybrid_override_pattern", pattern, bool(pattern) and set(pattern) <= set(PATTERN),
-             f"a non-empty string of {''.join(PATTERN)}")
+    require(
+        "ModelConfig",
+        "hybrid_override_pattern",
+        pattern,
+        bool(pattern) and set(pattern) <= set(PATTERN),
+        f"a non-empty string of {''.join(PATTERN)}",
+    )
     return tuple(PATTERN[c] for c in pattern)
 
 
 def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
     o = "ModelConfig"
-    require(o, "layers_block_type", types, set(types) <= set(PATTERN.values()),
-             f"entries of {', '.join(PATTERN.values())}")
+    require(
+        o,
+        "layers_block_type",
+        types,
+        set(types) <= set(PATTERN.values()),
+        f"entries of {', '.join(PATTERN.values())}",
+    )
     for name in ("moe_latent_size", "sliding_window"):
         require(o, name, raw[name], raw[name] is None, "None (not implemented)")
-    require(o, "mamba_ssm_cache_dtype", raw["mamba_ssm_cache_dtype"], raw["mamba_ssm_cache_dtype"] == "float32",
-             "float32 (the state outpace keeps)")
+    require(
+        o,
+        "mamba_ssm_cache_dtype",
+        raw["mamba_ssm_cache_dtype"],
+        raw["mamba_ssm_cache_dtype"] == "float32",
+        "float32 (the state outpace keeps)",
+    )
     for name in ("mlp_hidden_act", "mamba_hidden_act"):
         require(o, name, raw[name], raw[name] in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}")
-    require(o, "mamba_num_heads", raw["mamba_num_heads"], raw["mamba_num_heads"] % raw["n_groups"] == 0,
-             f"a multiple of n_groups={raw['n_groups']}")
+    require(
+        o,
+        "mamba_num_heads",
+        raw["mamba_num_heads"],
+        raw["mamba_num_heads"] % raw["n_groups"] == 0,
+        f"a multiple of n_groups={raw['n_groups']}",
+    )
 
 
 class UngatedMLP(nn.Module):
     """down_proj(act(up_proj(x))): [n, hidden] -> [n, hidden]."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool, reduce: bool = True,
-                 what: str = "intermediate_size") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        act: str,
+        bias: bool,
+        reduce: bool = True,
+        what: str = "intermediate_size",
+    ) -> None:
         """Sharded as layers/decoder.py's GatedMLP: ``reduce=False`` leaves the partial sum to the caller."""
         super().__init__()
         self.act = act
@@ -99,18 +146,51 @@ class NemotronHMoE(nn.Module):
     def __init__(self, hidden_size: int, raw: dict) -> None:
         super().__init__()
         experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
-        require("ModelConfig", "num_experts_per_tok", top_k, 0 < top_k <= experts, f"in [1, n_routed_experts={experts}]")
+        require(
+            "ModelConfig",
+            "num_experts_per_tok",
+            top_k,
+            0 < top_k <= experts,
+            f"in [1, n_routed_experts={experts}]",
+        )
         # transformers NemotronHTopkRouter: groups scored by the sum of their two best (corrected) scores
-        self.gate = Router(hidden_size, Routing(experts, top_k, "sigmoid", raw["n_group"], raw["topk_group"],
-                                                "top2_sum", correction_bias=True,
-                                                normalize=bool(raw["norm_topk_prob"]),
-                                                scaling=raw["routed_scaling_factor"]))
+        self.gate = Router(
+            hidden_size,
+            Routing(
+                experts,
+                top_k,
+                "sigmoid",
+                raw["n_group"],
+                raw["topk_group"],
+                "top2_sum",
+                correction_bias=True,
+                normalize=bool(raw["norm_topk_prob"]),
+                scaling=raw["routed_scaling_factor"],
+            ),
+        )
         act, bias, self.group = raw["mlp_hidden_act"], raw["mlp_bias"], build_group()
-        self.experts = RoutedExperts(ExpertActivation(act, gated=False),
-                                     [UngatedMLP(hidden_size, raw["moe_intermediate_size"], act, False, reduce=False,
-                                                 what="moe_intermediate_size") for _ in range(experts)])
-        self.shared_experts = UngatedMLP(hidden_size, raw["moe_shared_expert_intermediate_size"], act, bias,
-                                         reduce=False, what="moe_shared_expert_intermediate_size")
+        self.experts = RoutedExperts(
+            ExpertActivation(act, gated=False),
+            [
+                UngatedMLP(
+                    hidden_size,
+                    raw["moe_intermediate_size"],
+                    act,
+                    False,
+                    reduce=False,
+                    what="moe_intermediate_size",
+                )
+                for _ in range(experts)
+            ],
+        )
+        self.shared_experts = UngatedMLP(
+            hidden_size,
+            raw["moe_shared_expert_intermediate_size"],
+            act,
+            bias,
+            reduce=False,
+            what="moe_shared_expert_intermediate_size",
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
@@ -124,8 +204,15 @@ class PlainAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
-        p = HeadProjections(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                            cfg.head_dim, False, False)  # heads split over tensor-parallel ranks
+        p = HeadProjections(
+            cfg.hidden_size,
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            False,
+            False,
+        )  # heads split over tensor-parallel ranks
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         self.attn = Attention(p.heads, p.kv_heads, cfg.head_dim)
 
@@ -141,14 +228,25 @@ class NemotronHBlock(nn.Module):
         self.kind = kind
         self.norm = Float32RMSNorm(cfg.hidden_size, raw["layer_norm_epsilon"])
         if kind == "linear_attention":
-            self.mixer = Mamba2Mixer(cfg.hidden_size, raw["mamba_num_heads"], raw["mamba_head_dim"], raw["n_groups"],
-                                     raw["ssm_state_size"], raw["conv_kernel"], bool(raw["use_conv_bias"]),
-                                     bool(raw["use_bias"]), raw["mamba_hidden_act"], raw["time_step_min"],
-                                     raw["layer_norm_epsilon"])
+            self.mixer = Mamba2Mixer(
+                cfg.hidden_size,
+                raw["mamba_num_heads"],
+                raw["mamba_head_dim"],
+                raw["n_groups"],
+                raw["ssm_state_size"],
+                raw["conv_kernel"],
+                bool(raw["use_conv_bias"]),
+                bool(raw["use_bias"]),
+                raw["mamba_hidden_act"],
+                raw["time_step_min"],
+                raw["layer_norm_epsilon"],
+            )
         elif kind == "full_attention":
             self.mixer = PlainAttention(cfg)
         elif kind == "mlp":
-            self.mixer = UngatedMLP(cfg.hidden_size, cfg.intermediate_size, raw["mlp_hidden_act"], bool(raw["mlp_bias"]))
+            self.mixer = UngatedMLP(
+                cfg.hidden_size, cfg.intermediate_size, raw["mlp_hidden_act"], bool(raw["mlp_bias"])
+            )
         else:
             self.mixer = NemotronHMoE(cfg.hidden_size, raw)
 
@@ -182,21 +280,33 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
             raise ConfigError(f"{cfg.architecture}: MTP layers are not implemented")
         raw = {**DEFAULTS, **cfg.raw}
         types = block_types(raw)
-        require("ModelConfig", "num_hidden_layers", cfg.num_hidden_layers, cfg.num_hidden_layers == len(types),
-                 f"the number of block types ({len(types)})")
+        require(
+            "ModelConfig",
+            "num_hidden_layers",
+            cfg.num_hidden_layers,
+            cfg.num_hidden_layers == len(types),
+            f"the number of block types ({len(types)})",
+        )
         _refuse_unimplemented(raw, types)
         self.config = dataclasses.replace(cfg, num_nextn_predict_layers=0)
         self.model = NemotronHModel(cfg, raw, types)
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
-                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.lm_head = LMHead(
+            cfg.hidden_size,
+            cfg.vocab_size,
+            tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
+        )
         self.aux_layer_ids: tuple[int, ...] = ()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states."""
-        h, captured = run_layer_stack(self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids)
+        h, captured = run_layer_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
         return self._model_output(h, captured)
 
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 

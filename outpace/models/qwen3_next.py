@@ -24,6 +24,7 @@ heads (q_proj's [query, gate] rows by head, kv heads as the Llama family's), gat
 (layers/gated_deltanet.py), the dense MLPs and every expert's rows (the shared expert's too, its scalar
 gate whole), the embedding and head vocab-parallel; the MTP layers' fc and norms whole on every rank.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,15 +34,15 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.layers.decoder import GatedMLP, run_layer_stack
-from outpace.layers.fused_decoder import norm_head_logits
-from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import kv_head_shard, split_evenly
+from outpace.layers.decoder import GatedMLP, run_layer_stack
+from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.fused_decoder import norm_head_logits
+from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import column_parallel, linear, row_parallel
-from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
+from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -53,69 +54,125 @@ from outpace.validation import ConfigError, require
 NEXT, QWEN35 = "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"
 
 # transformers' Qwen3NextConfig / Qwen3_5TextConfig defaults for fields a config.json may omit
-DEFAULTS = dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-                linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4,
-                partial_rotary_factor=0.25, attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=512,
-                shared_expert_intermediate_size=512, num_experts_per_tok=10, num_experts=512, norm_topk_prob=True,
-                mlp_only_layers=())
+DEFAULTS = dict(
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    full_attention_interval=4,
+    partial_rotary_factor=0.25,
+    attention_bias=False,
+    decoder_sparse_step=1,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts_per_tok=10,
+    num_experts=512,
+    norm_topk_prob=True,
+    mlp_only_layers=(),
+)
 
 
 @dataclass(frozen=True)
 class Qwen3NextConfig:
     """What these models read from config.json beyond ``ModelConfig``."""
 
-    layer_types: tuple[str, ...]   # "linear_attention" or "full_attention" per layer
+    layer_types: tuple[str, ...]  # "linear_attention" or "full_attention" per layer
     conv_width: int
     num_k_heads: int
     num_v_heads: int
     head_k_dim: int
     head_v_dim: int
-    rotary_dim: int                # the dimensions of a head RoPE turns
+    rotary_dim: int  # the dimensions of a head RoPE turns
     attention_bias: bool
-    moe_layers: frozenset[int]     # Qwen3-Next: the layers whose MLP is the mixture of experts
+    moe_layers: frozenset[int]  # Qwen3-Next: the layers whose MLP is the mixture of experts
     routing: Routing | None
     moe_intermediate_size: int
     shared_expert_intermediate_size: int
-    mtp_moe_layers: frozenset[int] = frozenset()  # the MTP layers whose MLP is the mixture of experts
+    mtp_moe_layers: frozenset[int] = (
+        frozenset()
+    )  # the MTP layers whose MLP is the mixture of experts
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> Qwen3NextConfig:
         raw, n = {**DEFAULTS, **cfg.raw}, cfg.num_hidden_layers
         interval = raw["full_attention_interval"]
-        types = tuple(raw.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                                                 for i in range(n)])
+        types = tuple(
+            raw.get("layer_types")
+            or [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(n)
+            ]
+        )
         o = "ModelConfig"
-        require(o, "layer_types", types, len(types) == n and set(types) <= {"linear_attention", "full_attention"},
-                 f"{n} entries of linear_attention or full_attention")
-        require(o, "linear_num_value_heads", raw["linear_num_value_heads"],
-                 raw["linear_num_value_heads"] % raw["linear_num_key_heads"] == 0,
-                 f"a multiple of linear_num_key_heads={raw['linear_num_key_heads']}")
+        require(
+            o,
+            "layer_types",
+            types,
+            len(types) == n and set(types) <= {"linear_attention", "full_attention"},
+            f"{n} entries of linear_attention or full_attention",
+        )
+        require(
+            o,
+            "linear_num_value_heads",
+            raw["linear_num_value_heads"],
+            raw["linear_num_value_heads"] % raw["linear_num_key_heads"] == 0,
+            f"a multiple of linear_num_key_heads={raw['linear_num_key_heads']}",
+        )
         rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
         factor = rope.get("partial_rotary_factor", raw["partial_rotary_factor"])
         rotary_dim = int(cfg.head_dim * factor)  # transformers Qwen3NextRotaryEmbedding
-        require(o, "partial_rotary_factor", factor, 0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
-                 f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]")
+        require(
+            o,
+            "partial_rotary_factor",
+            factor,
+            0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
+            f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]",
+        )
         moe = cfg.architecture == NEXT and raw["num_experts"] > 0
 
-        def moe_layers(count: int) -> frozenset[int]:  # transformers Qwen3NextDecoderLayer (vLLM's alike)
-            return frozenset(i for i in range(count) if moe and i not in raw["mlp_only_layers"]
-                             and (i + 1) % raw["decoder_sparse_step"] == 0)
+        def moe_layers(
+            count: int,
+        ) -> frozenset[int]:  # transformers Qwen3NextDecoderLayer (vLLM's alike)
+            return frozenset(
+                i
+                for i in range(count)
+                if moe
+                and i not in raw["mlp_only_layers"]
+                and (i + 1) % raw["decoder_sparse_step"] == 0
+            )
 
         if moe:
-            require(o, "num_experts_per_tok", raw["num_experts_per_tok"],
-                     0 < raw["num_experts_per_tok"] <= raw["num_experts"], f"in [1, num_experts={raw['num_experts']}]")
+            require(
+                o,
+                "num_experts_per_tok",
+                raw["num_experts_per_tok"],
+                0 < raw["num_experts_per_tok"] <= raw["num_experts"],
+                f"in [1, num_experts={raw['num_experts']}]",
+            )
         return cls(
-            layer_types=types, conv_width=raw["linear_conv_kernel_dim"], num_k_heads=raw["linear_num_key_heads"],
-            num_v_heads=raw["linear_num_value_heads"], head_k_dim=raw["linear_key_head_dim"],
-            head_v_dim=raw["linear_value_head_dim"], rotary_dim=rotary_dim,
+            layer_types=types,
+            conv_width=raw["linear_conv_kernel_dim"],
+            num_k_heads=raw["linear_num_key_heads"],
+            num_v_heads=raw["linear_num_value_heads"],
+            head_k_dim=raw["linear_key_head_dim"],
+            head_v_dim=raw["linear_value_head_dim"],
+            rotary_dim=rotary_dim,
             attention_bias=bool(raw["attention_bias"]),
             moe_layers=moe_layers(n),
-            routing=Routing(raw["num_experts"], raw["num_experts_per_tok"], "softmax",
-                            normalize=bool(raw["norm_topk_prob"])) if moe else None,
+            routing=Routing(
+                raw["num_experts"],
+                raw["num_experts_per_tok"],
+                "softmax",
+                normalize=bool(raw["norm_topk_prob"]),
+            )
+            if moe
+            else None,
             moe_intermediate_size=raw["moe_intermediate_size"],
             shared_expert_intermediate_size=raw["shared_expert_intermediate_size"],
             # vLLM qwen3_next_mtp.py: layer k is MoE by the same rule at index k (models/drafts/hybrid_mtp.py)
-            mtp_moe_layers=moe_layers(mtp_layer_count(raw)))
+            mtp_moe_layers=moe_layers(mtp_layer_count(raw)),
+        )
 
 
 class GatedAttention(nn.Module):
@@ -129,7 +186,9 @@ class GatedAttention(nn.Module):
         # ([query, gate] side by side: vLLM's Qwen3NextAttention shards its 2 * q_size rows by head)
         self.heads = split_evenly(cfg.num_attention_heads, group.size, "num_attention_heads")
         first_kv, kv_heads = kv_head_shard(cfg.num_key_value_heads, group.rank, group.size)
-        self.q_proj = column_parallel(h, 2 * cfg.q_size, bias, (group.rank * self.heads * 2 * d, self.heads * 2 * d))
+        self.q_proj = column_parallel(
+            h, 2 * cfg.q_size, bias, (group.rank * self.heads * 2 * d, self.heads * 2 * d)
+        )
         self.k_proj = column_parallel(h, cfg.kv_size, bias, (first_kv * d, kv_heads * d))
         self.v_proj = column_parallel(h, cfg.kv_size, bias, (first_kv * d, kv_heads * d))
         self.o_proj = row_parallel(cfg.q_size, h, bias, "num_attention_heads * head_dim")
@@ -140,13 +199,15 @@ class GatedAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n, d, r = x.shape[0], self.head_dim, self.rotary_dim
-        q, gate = self.q_proj(x).view(n, self.heads, 2 * d).chunk(2, dim=-1)   # [n, heads, head_dim] each
+        q, gate = (
+            self.q_proj(x).view(n, self.heads, 2 * d).chunk(2, dim=-1)
+        )  # [n, heads, head_dim] each
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(n, -1, d))                          # [n, kv_heads, head_dim]
+        k = self.k_norm(self.k_proj(x).view(n, -1, d))  # [n, kv_heads, head_dim]
         v = self.v_proj(x).view(n, -1, d)
         q_rot, k_rot = self.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous())
         q, k = torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
-        out = self.attn(q, k, v, positions)                                     # [n, heads * head_dim]
+        out = self.attn(q, k, v, positions)  # [n, heads * head_dim]
         return self.o_proj(out * torch.sigmoid(gate.reshape(n, -1)))
 
 
@@ -158,11 +219,24 @@ class SparseMoeWithSharedExpert(nn.Module):
         super().__init__()
         self.group = build_group()
         self.gate = Router(hidden_size, hybrid.routing)
-        experts = [GatedMLP(hidden_size, hybrid.moe_intermediate_size, act, reduce=False, what="moe_intermediate_size")
-                   for _ in range(hybrid.routing.num_experts)]
+        experts = [
+            GatedMLP(
+                hidden_size,
+                hybrid.moe_intermediate_size,
+                act,
+                reduce=False,
+                what="moe_intermediate_size",
+            )
+            for _ in range(hybrid.routing.num_experts)
+        ]
         self.experts = RoutedExperts(ExpertActivation(act), experts)
-        self.shared_expert = GatedMLP(hidden_size, hybrid.shared_expert_intermediate_size, act, reduce=False,
-                                      what="shared_expert_intermediate_size")
+        self.shared_expert = GatedMLP(
+            hidden_size,
+            hybrid.shared_expert_intermediate_size,
+            act,
+            reduce=False,
+            what="shared_expert_intermediate_size",
+        )
         self.shared_expert_gate = linear(hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -173,15 +247,27 @@ class SparseMoeWithSharedExpert(nn.Module):
 
 
 class Qwen3NextDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig, rotary: RotaryEmbedding, index: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, hybrid: Qwen3NextConfig, rotary: RotaryEmbedding, index: int
+    ) -> None:
         super().__init__()
         self.input_layernorm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
-        self.post_attention_layernorm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        self.post_attention_layernorm = Float32RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, offset=1.0
+        )
         self.is_linear = hybrid.layer_types[index] == "linear_attention"
         if self.is_linear:
-            self.linear_attn = GatedDeltaNet(cfg.hidden_size, hybrid.num_k_heads, hybrid.num_v_heads,
-                                             hybrid.head_k_dim, hybrid.head_v_dim, hybrid.conv_width, cfg.rms_norm_eps,
-                                             cfg.hidden_act, packed_by_key_head=cfg.architecture == NEXT)
+            self.linear_attn = GatedDeltaNet(
+                cfg.hidden_size,
+                hybrid.num_k_heads,
+                hybrid.num_v_heads,
+                hybrid.head_k_dim,
+                hybrid.head_v_dim,
+                hybrid.conv_width,
+                cfg.rms_norm_eps,
+                cfg.hidden_act,
+                packed_by_key_head=cfg.architecture == NEXT,
+            )
         else:
             self.self_attn = GatedAttention(cfg, hybrid, rotary)
         if index in hybrid.moe_layers:
@@ -199,10 +285,13 @@ class Qwen3NextDecoderLayer(nn.Module):
 class Qwen3NextModel(nn.Module):
     def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig) -> None:
         super().__init__()
-        self.rotary = RotaryEmbedding(hybrid.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            hybrid.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(cfg, hybrid, self.rotary, i)
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Qwen3NextDecoderLayer(cfg, hybrid, self.rotary, i) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
 
@@ -214,28 +303,50 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:
-            raise ConfigError(f"{cfg.architecture}: MTP layers in DeepSeek's layout are not implemented")
+            raise ConfigError(
+                f"{cfg.architecture}: MTP layers in DeepSeek's layout are not implemented"
+            )
         self.hybrid = Qwen3NextConfig.from_model_config(cfg)
         num_mtp = mtp_layer_count(cfg.raw)
         self.config = dataclasses.replace(cfg, num_nextn_predict_layers=num_mtp)
         self.model = Qwen3NextModel(cfg, self.hybrid)
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size,
-                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.lm_head = LMHead(
+            cfg.hidden_size,
+            cfg.vocab_size,
+            tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
+        )
         self.aux_layer_ids: tuple[int, ...] = ()
-        self.ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",) + (() if num_mtp else (r"^mtp\.",))
-        if num_mtp:  # (registered before the steps, so parameters are named mtp.* as in the checkpoint)
-            mtp_stack = dataclasses.replace(self.hybrid, layer_types=("full_attention",) * num_mtp,
-                                            moe_layers=self.hybrid.mtp_moe_layers)
-            self.mtp = QwenMTP(cfg.hidden_size, cfg.rms_norm_eps, [
-                Qwen3NextDecoderLayer(cfg, mtp_stack, self.model.rotary, k) for k in range(num_mtp)])
+        self.ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",) + (
+            () if num_mtp else (r"^mtp\.",)
+        )
+        if (
+            num_mtp
+        ):  # (registered before the steps, so parameters are named mtp.* as in the checkpoint)
+            mtp_stack = dataclasses.replace(
+                self.hybrid,
+                layer_types=("full_attention",) * num_mtp,
+                moe_layers=self.hybrid.mtp_moe_layers,
+            )
+            self.mtp = QwenMTP(
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+                [
+                    Qwen3NextDecoderLayer(cfg, mtp_stack, self.model.rotary, k)
+                    for k in range(num_mtp)
+                ],
+            )
             self.mtp_layers = self.mtp.steps()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
-        h, captured = run_layer_stack(self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids)
+        h, captured = run_layer_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
         return self._model_output(h, captured)
 
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 

@@ -48,6 +48,7 @@ gate/up (and the matching columns of down) and share_expert_dim / size of the sh
 plus shared partial sums all-reduced once; the dense MLP column/row-parallel; vocab-parallel embedding,
 head and each MTP layer's shared head.
 """
+
 from __future__ import annotations
 
 import re
@@ -64,14 +65,14 @@ from outpace.layers.activation import silu_and_mul
 from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import column_parallel
-from outpace.layers.moe import ExpertActivation, Router, RoutedExperts, Routing
+from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
+from outpace.models.drafts.mtp import MTPBlock
 from outpace.models.gemma import final_logits
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.drafts.mtp import MTPBlock
 from outpace.validation import ConfigError, ConfigFields, is_finite_number
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -79,12 +80,30 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 # What a config.json that omits a field means: vLLM's Step3p5Config defaults (transformers_utils/configs/
 # step3p5.py), or for the fields that class lacks, vLLM step3p5.py's getattr defaults (a default the code
 # then refuses, such as the config class's softmax router activation, makes the field required).
-DEFAULTS = dict(moe_num_experts=16, moe_top_k=4, moe_intermediate_size=10240, rope_theta=500000.0,
-                moe_router_scaling_factor=1.0, norm_expert_weight=True, use_moe_router_bias=True,
-                need_fp32_gate=True, use_head_wise_attn_gate=False, att_impl_type="GQA", use_rope_layers=None,
-                yarn_only_types=None, attention_other_setting=None, partial_rotary_factors=None,
-                swiglu_limits=None, swiglu_limits_shared=None, share_expert_dim=None, use_qk_norm=True,
-                zero_centered=True, sink=False, attention_bias=False, moe_router_activation="softmax")
+DEFAULTS = dict(
+    moe_num_experts=16,
+    moe_top_k=4,
+    moe_intermediate_size=10240,
+    rope_theta=500000.0,
+    moe_router_scaling_factor=1.0,
+    norm_expert_weight=True,
+    use_moe_router_bias=True,
+    need_fp32_gate=True,
+    use_head_wise_attn_gate=False,
+    att_impl_type="GQA",
+    use_rope_layers=None,
+    yarn_only_types=None,
+    attention_other_setting=None,
+    partial_rotary_factors=None,
+    swiglu_limits=None,
+    swiglu_limits_shared=None,
+    share_expert_dim=None,
+    use_qk_norm=True,
+    zero_centered=True,
+    sink=False,
+    attention_bias=False,
+    moe_router_activation="softmax",
+)
 
 
 def refuse(name: str, value, allowed: str) -> ConfigError:
@@ -95,15 +114,15 @@ def refuse(name: str, value, allowed: str) -> ConfigError:
 class LayerSpec:
     """One decoder layer's shape, read from the per-layer config lists at its index."""
 
-    sliding_window: int | None          # None: full attention
+    sliding_window: int | None  # None: full attention
     num_heads: int
     num_kv_heads: int
     rope_theta: float
-    rotary_dim: int                     # the leading dimensions of each head that RoPE rotates
+    rotary_dim: int  # the leading dimensions of each head that RoPE rotates
     rope_scaling: dict | None
     moe: bool
-    swiglu_limit: float | None          # routed experts' clamp (None: plain SwiGLU)
-    swiglu_limit_shared: float | None   # the shared expert's and the dense MLP's clamp
+    swiglu_limit: float | None  # routed experts' clamp (None: plain SwiGLU)
+    swiglu_limit_shared: float | None  # the shared expert's and the dense MLP's clamp
 
 
 @dataclass(frozen=True)
@@ -131,16 +150,27 @@ class Step3p5Config:
         total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
         experts, top_k = raw["moe_num_experts"], raw["moe_top_k"]
         return cfg_cls(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_hidden_layers, rms_norm_eps=cfg.rms_norm_eps, head_dim=cfg.head_dim,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            rms_norm_eps=cfg.rms_norm_eps,
+            head_dim=cfg.head_dim,
             max_position_embeddings=cfg.max_position_embeddings,
             head_wise_gate=bool(raw["use_head_wise_attn_gate"]),
             moe_intermediate_size=raw["moe_intermediate_size"],
             # vLLM Step3p5Config: share_expert_dim defaults to moe_intermediate_size * moe_top_k
             share_expert_dim=raw["share_expert_dim"] or raw["moe_intermediate_size"] * top_k,
-            routing=Routing(num_experts=experts, top_k=top_k, scoring="sigmoid", correction_bias=True,
-                            normalize=True, scaling=float(raw["moe_router_scaling_factor"])),
-            layers=tuple(_layer_spec(raw, cfg, i) for i in range(total)))
+            routing=Routing(
+                num_experts=experts,
+                top_k=top_k,
+                scoring="sigmoid",
+                correction_bias=True,
+                normalize=True,
+                scaling=float(raw["moe_router_scaling_factor"]),
+            ),
+            layers=tuple(_layer_spec(raw, cfg, i) for i in range(total)),
+        )
 
 
 def _per_layer(raw: dict, name: str, index: int, default):
@@ -168,14 +198,19 @@ def _layer_spec(raw: dict, cfg: ModelConfig, i: int) -> LayerSpec:
     theta, yarn_only = raw["rope_theta"], raw["yarn_only_types"]
     return LayerSpec(
         sliding_window=raw["sliding_window"] if sliding else None,
-        num_heads=other.get("num_attention_heads", cfg.num_attention_heads) if sliding else cfg.num_attention_heads,
-        num_kv_heads=other.get("num_attention_groups", cfg.num_key_value_heads) if sliding else cfg.num_key_value_heads,
+        num_heads=other.get("num_attention_heads", cfg.num_attention_heads)
+        if sliding
+        else cfg.num_attention_heads,
+        num_kv_heads=other.get("num_attention_groups", cfg.num_key_value_heads)
+        if sliding
+        else cfg.num_key_value_heads,
         rope_theta=float(theta[i] if isinstance(theta, list) else theta),
         rotary_dim=int(cfg.head_dim * _per_layer(raw, "partial_rotary_factors", i, 1.0)),
         rope_scaling=cfg.rope_scaling if yarn_only and kind in yarn_only else None,
         moe=i in _moe_layers(raw),
         swiglu_limit=_limit(raw, "swiglu_limits", i),
-        swiglu_limit_shared=_limit(raw, "swiglu_limits_shared", i))
+        swiglu_limit_shared=_limit(raw, "swiglu_limits_shared", i),
+    )
 
 
 def _refuse_unimplemented(raw: dict, cfg: ModelConfig) -> None:
@@ -183,37 +218,62 @@ def _refuse_unimplemented(raw: dict, cfg: ModelConfig) -> None:
     or on which vLLM and SGLang disagree (``raw``: defaults filled in)."""
     total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
     for name, value, why in (
-            ("use_qk_norm", True, "both references always apply the per-head q/k norms"),
-            ("zero_centered", True, "both references build every norm as GemmaRMSNorm"),
-            ("need_fp32_gate", True, "vLLM asserts it; the router runs in float32"),
-            ("att_impl_type", "GQA", "vLLM raises for any other"),
-            ("moe_router_activation", "sigmoid", "SGLang routes with sigmoid only; vLLM's config class defaults "
-                                                 "to softmax, so the field must be given")):
+        ("use_qk_norm", True, "both references always apply the per-head q/k norms"),
+        ("zero_centered", True, "both references build every norm as GemmaRMSNorm"),
+        ("need_fp32_gate", True, "vLLM asserts it; the router runs in float32"),
+        ("att_impl_type", "GQA", "vLLM raises for any other"),
+        (
+            "moe_router_activation",
+            "sigmoid",
+            "SGLang routes with sigmoid only; vLLM's config class defaults "
+            "to softmax, so the field must be given",
+        ),
+    ):
         if raw[name] != value:
             raise refuse(name, raw[name], f"{value!r} ({why})")
-    if not raw["use_moe_router_bias"]:  # vLLM asserts it; SGLang's TopK reads a router_bias it then lacks
+    if not raw[
+        "use_moe_router_bias"
+    ]:  # vLLM asserts it; SGLang's TopK reads a router_bias it then lacks
         raise refuse("use_moe_router_bias", raw["use_moe_router_bias"], "true")
     if not raw["norm_expert_weight"]:  # vLLM renormalises only with it, SGLang always
-        raise refuse("norm_expert_weight", raw["norm_expert_weight"], "true (SGLang always renormalises)")
-    if raw["sink"]:  # neither reference reads it: attention sinks are not implemented anywhere we can check
+        raise refuse(
+            "norm_expert_weight", raw["norm_expert_weight"], "true (SGLang always renormalises)"
+        )
+    if raw[
+        "sink"
+    ]:  # neither reference reads it: attention sinks are not implemented anywhere we can check
         raise refuse("sink", raw["sink"], "false (attention sinks are not implemented)")
     if raw["attention_bias"]:  # vLLM: biases on q/k/v; SGLang: none
-        raise refuse("attention_bias", raw["attention_bias"], "false (the references disagree on what true means)")
+        raise refuse(
+            "attention_bias",
+            raw["attention_bias"],
+            "false (the references disagree on what true means)",
+        )
     if cfg.tie_word_embeddings:
-        raise refuse("tie_word_embeddings", True, "false (SGLang unties the head, vLLM never ties it)")
+        raise refuse(
+            "tie_word_embeddings", True, "false (SGLang unties the head, vLLM never ties it)"
+        )
     if cfg.hidden_act != "silu":  # vLLM Step3p5MLP raises for anything else; SGLang always SiLU
         raise refuse("hidden_act", cfg.hidden_act, "'silu'")
     if "scale_emb" in raw:  # SGLang multiplies the embedding by it, vLLM does not
         raise refuse("scale_emb", raw["scale_emb"], "absent (the references disagree on it)")
     types = raw.get("layer_types")
-    if not (isinstance(types, list) and len(types) >= total and set(types[:total]) <= set(LAYER_TYPES)):
-        raise refuse("layer_types", types, f"a list of at least num_hidden_layers + num_nextn_predict_layers = "
-                                           f"{total} entries of {' or '.join(LAYER_TYPES)} (vLLM and SGLang "
-                                           "index it by layer, MTP layers included)")
+    if not (
+        isinstance(types, list) and len(types) >= total and set(types[:total]) <= set(LAYER_TYPES)
+    ):
+        raise refuse(
+            "layer_types",
+            types,
+            f"a list of at least num_hidden_layers + num_nextn_predict_layers = "
+            f"{total} entries of {' or '.join(LAYER_TYPES)} (vLLM and SGLang "
+            "index it by layer, MTP layers included)",
+        )
     if "sliding_attention" in types[:total]:
         window = raw.get("sliding_window")
         if not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
-            raise refuse("sliding_window", window, "a positive integer (the model has sliding layers)")
+            raise refuse(
+                "sliding_window", window, "a positive integer (the model has sliding layers)"
+            )
     _check_attention_other_setting(raw, cfg)
     _check_rope(raw, cfg, total)
     _check_moe(raw, total)
@@ -229,47 +289,86 @@ def _check_attention_other_setting(raw: dict, cfg: ModelConfig) -> None:
         raise refuse("attention_other_setting", other, "a dict or absent")
     # vLLM uses these heads on the layers of type attention_type, SGLang on the sliding layers
     if other.get("attention_type", "sliding_attention") != "sliding_attention":
-        raise refuse("attention_other_setting.attention_type", other["attention_type"], "'sliding_attention'")
+        raise refuse(
+            "attention_other_setting.attention_type", other["attention_type"], "'sliding_attention'"
+        )
     if other.get("head_dim", cfg.head_dim) != cfg.head_dim:  # vLLM reads it, SGLang uses head_dim
-        raise refuse("attention_other_setting.head_dim", other["head_dim"], f"head_dim={cfg.head_dim}")
+        raise refuse(
+            "attention_other_setting.head_dim", other["head_dim"], f"head_dim={cfg.head_dim}"
+        )
     heads = other.get("num_attention_heads", cfg.num_attention_heads)
     kv = other.get("num_attention_groups", cfg.num_key_value_heads)
     if not (isinstance(heads, int) and isinstance(kv, int) and 0 < kv and heads % kv == 0):
-        raise refuse("attention_other_setting", other, "num_attention_heads a multiple of num_attention_groups")
+        raise refuse(
+            "attention_other_setting",
+            other,
+            "num_attention_heads a multiple of num_attention_groups",
+        )
 
 
 def _check_rope(raw: dict, cfg: ModelConfig, total: int) -> None:
     theta = raw["rope_theta"]
     if isinstance(theta, list) and not (len(theta) >= total and all(t > 0 for t in theta[:total])):
-        raise refuse("rope_theta", theta, f"a number or a list of at least {total} positive numbers")
+        raise refuse(
+            "rope_theta", theta, f"a number or a list of at least {total} positive numbers"
+        )
     factors = raw["partial_rotary_factors"]
-    if factors and not (len(factors) >= total and all(
-            0 < f <= 1 and int(cfg.head_dim * f) % 2 == 0 for f in factors[:total])):
-        raise refuse("partial_rotary_factors", factors,
-                     f"a list of at least {total} factors in (0, 1], each rotating an even number of dimensions")
+    if factors and not (
+        len(factors) >= total
+        and all(0 < f <= 1 and int(cfg.head_dim * f) % 2 == 0 for f in factors[:total])
+    ):
+        raise refuse(
+            "partial_rotary_factors",
+            factors,
+            f"a list of at least {total} factors in (0, 1], each rotating an even number of dimensions",
+        )
     use_rope = raw["use_rope_layers"]
-    if use_rope and not all(use_rope[:total]):  # vLLM skips RoPE on the false layers, SGLang rotates every layer
-        raise refuse("use_rope_layers", use_rope, "empty or all true (the references disagree on false entries)")
+    if use_rope and not all(
+        use_rope[:total]
+    ):  # vLLM skips RoPE on the false layers, SGLang rotates every layer
+        raise refuse(
+            "use_rope_layers",
+            use_rope,
+            "empty or all true (the references disagree on false entries)",
+        )
     yarn_only = raw["yarn_only_types"]
     if cfg.rope_scaling is not None and not yarn_only:
         # vLLM scales every layer without yarn_only_types, SGLang none
-        raise refuse("yarn_only_types", yarn_only, "a non-empty list of layer types when rope_scaling is set")
+        raise refuse(
+            "yarn_only_types", yarn_only, "a non-empty list of layer types when rope_scaling is set"
+        )
 
 
 def _check_moe(raw: dict, total: int) -> None:
-    if raw.get("moe_layers_enum") is None:  # vLLM: MoE from layer 1 on; SGLang cannot load without it
-        raise refuse("moe_layers_enum", None, "the MoE layers' indices (the references disagree on its absence)")
+    if (
+        raw.get("moe_layers_enum") is None
+    ):  # vLLM: MoE from layer 1 on; SGLang cannot load without it
+        raise refuse(
+            "moe_layers_enum",
+            None,
+            "the MoE layers' indices (the references disagree on its absence)",
+        )
     experts, top_k = raw.get("moe_num_experts"), raw.get("moe_top_k")
     if _moe_layers(raw) & set(range(total)):
-        if not (isinstance(experts, int) and experts > 0 and isinstance(top_k, int) and 0 < top_k <= experts):
+        if not (
+            isinstance(experts, int)
+            and experts > 0
+            and isinstance(top_k, int)
+            and 0 < top_k <= experts
+        ):
             raise refuse("moe_top_k", top_k, f"an integer in [1, moe_num_experts={experts}]")
     for name in ("swiglu_limits", "swiglu_limits_shared"):
         values = raw[name]
-        if values and not (len(values) >= total and all(v is None or v >= 0 for v in values[:total])):
-            raise refuse(name, values, f"None or a list of at least {total} limits, each None or >= 0")
+        if values and not (
+            len(values) >= total and all(v is None or v >= 0 for v in values[:total])
+        ):
+            raise refuse(
+                name, values, f"None or a list of at least {total} limits, each None or >= 0"
+            )
 
 
 # ---- layers ------------------------------------------------------------------------------------------------
+
 
 def zero_centred_norm(dim: int, eps: float) -> Float32RMSNorm:
     """GemmaRMSNorm (vLLM, SGLang): normalised in float32 and scaled by 1 + weight."""
@@ -286,8 +385,14 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) ->
 class Step3p5MLP(GatedMLP):
     """The dense MLP and the shared expert: a SiLU ``GatedMLP`` with the optional SwiGLU clamp."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, limit: float | None, reduce: bool = True,
-                 what: str = "intermediate_size") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        limit: float | None,
+        reduce: bool = True,
+        what: str = "intermediate_size",
+    ) -> None:
         """``reduce=False``: this rank's partial sum (the shared expert, all-reduced with the routed experts)."""
         super().__init__(hidden_size, intermediate_size, "silu", reduce=reduce, what=what)
         self.limit = limit
@@ -295,7 +400,9 @@ class Step3p5MLP(GatedMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.limit is None:
             return super().forward(x)
-        gate, up = self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        gate, up = (
+            self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        )
         return self.down_proj(clamped_swiglu(gate, up, self.limit))
 
 
@@ -309,7 +416,12 @@ class Step3p5MoE(RoutedExperts):
     (the layer all-reduces it with the shared expert's)."""
 
     def __init__(self, cfg: Step3p5Config, limit: float | None) -> None:
-        group, e, h, full = build_group(), cfg.routing.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        group, e, h, full = (
+            build_group(),
+            cfg.routing.num_experts,
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+        )
         inter = split_evenly(full, group.size, "moe_intermediate_size")
         super().__init__(ExpertActivation("silu", limit=limit), stacked=(e, h, inter), packed=False)
         if group.size > 1:
@@ -320,7 +432,7 @@ class Step3p5MoE(RoutedExperts):
         self.gate = Router(h, cfg.routing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.run(x, *self.gate(x))                                      # weights, ids [n, top_k]
+        return self.run(x, *self.gate(x))  # weights, ids [n, top_k]
 
 
 class Step3p5Attention(nn.Module):
@@ -331,28 +443,34 @@ class Step3p5Attention(nn.Module):
         # heads split over tensor-parallel ranks by this layer type's counts (layers/decoder.py), refused under
         # the config field they come from when they do not split
         sliding = spec.sliding_window is not None
-        split_evenly(spec.num_heads, group.size,
-                     "attention_other_setting.num_attention_heads" if sliding else "num_attention_heads")
+        split_evenly(
+            spec.num_heads,
+            group.size,
+            "attention_other_setting.num_attention_heads" if sliding else "num_attention_heads",
+        )
         p = HeadProjections(h, h, spec.num_heads, spec.num_kv_heads, d, False, False)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         self.q_norm = zero_centred_norm(d, cfg.rms_norm_eps)
         self.k_norm = zero_centred_norm(d, cfg.rms_norm_eps)
         # one gate row per head: this rank's heads' rows
-        self.g_proj = (column_parallel(h, spec.num_heads, False, (group.rank * p.heads, p.heads))
-                       if cfg.head_wise_gate else None)
+        self.g_proj = (
+            column_parallel(h, spec.num_heads, False, (group.rank * p.heads, p.heads))
+            if cfg.head_wise_gate
+            else None
+        )
         self.rotary = rotary
         self.attn = Attention(p.heads, p.kv_heads, d, spec.sliding_window)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
         n, d, r = x.shape[0], self.head_dim, self.rotary_dim
-        q = self.q_norm(self.q_proj(x).view(n, -1, d))   # [num_tokens, heads, head_dim]
-        k = self.k_norm(self.k_proj(x).view(n, -1, d))   # [num_tokens, kv_heads, head_dim]
+        q = self.q_norm(self.q_proj(x).view(n, -1, d))  # [num_tokens, heads, head_dim]
+        k = self.k_norm(self.k_proj(x).view(n, -1, d))  # [num_tokens, kv_heads, head_dim]
         v = self.v_proj(x).view(n, -1, d)
         q_rot, k_rot = self.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous())
         q, k = torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
-        out = self.attn(q, k, v, positions)               # [num_tokens, heads * head_dim]
-        if self.g_proj is not None:                       # one sigmoid gate per head
+        out = self.attn(q, k, v, positions)  # [num_tokens, heads * head_dim]
+        if self.g_proj is not None:  # one sigmoid gate per head
             out = (out.view(n, -1, d) * torch.sigmoid(self.g_proj(x))[..., None]).view(n, -1)
         return self.o_proj(out)
 
@@ -368,8 +486,13 @@ class Step3p5DecoderLayer(nn.Module):
         self.is_moe = spec.moe
         if spec.moe:
             self.moe = Step3p5MoE(cfg, spec.swiglu_limit)
-            self.share_expert = Step3p5MLP(cfg.hidden_size, cfg.share_expert_dim, spec.swiglu_limit_shared,
-                                           reduce=False, what="share_expert_dim")
+            self.share_expert = Step3p5MLP(
+                cfg.hidden_size,
+                cfg.share_expert_dim,
+                spec.swiglu_limit_shared,
+                reduce=False,
+                what="share_expert_dim",
+            )
             self.group = build_group()  # the routed and shared partial sums are all-reduced once
         else:
             self.mlp = Step3p5MLP(cfg.hidden_size, cfg.intermediate_size, spec.swiglu_limit_shared)
@@ -420,12 +543,20 @@ class Step3p5Model(nn.Module):
             key = (spec.rotary_dim, spec.rope_theta, repr(spec.rope_scaling))
             if key not in tables:
                 tables[key] = len(rotaries)
-                rotaries.append(RotaryEmbedding(spec.rotary_dim, cfg.max_position_embeddings, spec.rope_theta,
-                                                spec.rope_scaling))
+                rotaries.append(
+                    RotaryEmbedding(
+                        spec.rotary_dim,
+                        cfg.max_position_embeddings,
+                        spec.rope_theta,
+                        spec.rope_scaling,
+                    )
+                )
             self.rotary_index.append(tables[key])
         self.rotaries = nn.ModuleList(rotaries)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Step3p5DecoderLayer(cfg, i, self.rotary(i)) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Step3p5DecoderLayer(cfg, i, self.rotary(i)) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def rotary(self, index: int) -> RotaryEmbedding:
@@ -455,8 +586,11 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
         heads sit under ``transformer.shared_head``."""
         super().__init__()
         if mtp_own_heads:
-            raise refuse("num_nextn_predict_layers", cfg.num_nextn_predict_layers,
-                         "MTP layers in Step-3.5's layout (transformer.shared_head.*), not DeepSeek-V3's")
+            raise refuse(
+                "num_nextn_predict_layers",
+                cfg.num_nextn_predict_layers,
+                "MTP layers in Step-3.5's layout (transformer.shared_head.*), not DeepSeek-V3's",
+            )
         step = self.step_config = Step3p5Config.from_model_config(cfg)
         self.config = cfg
         self.model = Step3p5Model(step)
@@ -464,15 +598,21 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
         self.aux_layer_ids: tuple[int, ...] = ()
         if cfg.num_nextn_predict_layers:
             n = step.num_hidden_layers
-            self.mtp_layers = nn.ModuleList(Step3p5MTPLayer(step, n + k, self.model.rotary(n + k))
-                                            for k in range(cfg.num_nextn_predict_layers))
+            self.mtp_layers = nn.ModuleList(
+                Step3p5MTPLayer(step, n + k, self.model.rotary(n + k))
+                for k in range(cfg.num_nextn_predict_layers)
+            )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h, captured = run_layer_stack(self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids)
+        h, captured = run_layer_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
         return self._model_output(h, captured)
 
-    def compute_logits(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (into ``out`` when given). Not the fused few-row
         kernel: it applies a plain RMSNorm weight, this norm is zero-centred."""
         return final_logits(self.lm_head(self.model.norm(hidden_states)), None, out)

@@ -11,6 +11,7 @@ outputs reach the event loop in one wake-up (``_flush``), not one per request.
 The thread also records the Prometheus metrics and logs a throughput / tau line every
 ``log_interval`` seconds while busy.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outpace.config import EngineConfig
-from outpace.sampling_params import SamplingParams
 from outpace.engine.engine import LLMEngine, load_tokenizer
 from outpace.request import Request, RequestOutput, RequestStatus
+from outpace.sampling_params import SamplingParams
 from outpace.server.metrics import ServerMetrics
 from outpace.speculative.metrics import SpecMetrics
 
@@ -72,13 +73,17 @@ class GenerationStream:
     reader holds at most one pending unfinished output per request, however long it lags.
     """
 
-    def __init__(self, engine: AsyncEngine, requests: Sequence[Request], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, engine: AsyncEngine, requests: Sequence[Request], loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._engine = engine
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
         self.requests = list(requests)
         self._pending = {r.request_id for r in requests}
-        self._latest: dict[int, tuple[int, RequestOutput]] = {}  # unread unfinished output per index
+        self._latest: dict[
+            int, tuple[int, RequestOutput]
+        ] = {}  # unread unfinished output per index
         self._aborted = False
 
     @property
@@ -106,8 +111,11 @@ class GenerationStream:
             raise StopAsyncIteration
         while True:
             try:
-                item = self._queue.get_nowait() if not self._queue.empty() else \
-                    await asyncio.wait_for(self._queue.get(), timeout=1.0)
+                item = (
+                    self._queue.get_nowait()
+                    if not self._queue.empty()
+                    else await asyncio.wait_for(self._queue.get(), timeout=1.0)
+                )
                 break
             except asyncio.TimeoutError:
                 if not self._engine._thread.is_alive() and self._queue.empty():
@@ -131,6 +139,7 @@ class GenerationStream:
 
 def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[GenerationStream, object]]) -> None:
     """Deliver ``items`` (stream, output or error) on ``loop``, in order, in one wake-up (engine thread)."""
+
     def deliver() -> None:
         for stream, item in items:
             stream._deliver(item)
@@ -142,8 +151,14 @@ def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[GenerationStream, o
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig, metrics: ServerMetrics | None = None, log_interval: float = 10.0,
-                 progress: bool = False, engine=None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        metrics: ServerMetrics | None = None,
+        log_interval: float = 10.0,
+        progress: bool = False,
+        engine=None,
+    ) -> None:
         """``engine``: the engine to drive (default: a new ``LLMEngine``); a data-parallel replica's is a
         ``RemoteEngine`` answering the same calls from its own process (server/replicas.py)."""
         self.config = config
@@ -156,20 +171,27 @@ class AsyncEngine:
         self.max_num_seqs = config.max_num_seqs
         self.metrics = metrics
         self.log_interval = log_interval
-        self.stats = EngineStats(kv_blocks_free=self.engine.pool.num_free,
-                                 kv_blocks_total=self.engine.pool.num_blocks)
+        self.stats = EngineStats(
+            kv_blocks_free=self.engine.pool.num_free, kv_blocks_total=self.engine.pool.num_blocks
+        )
         self.error: BaseException | None = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._num_unfinished = 0  # submitted (or about to be) and not yet finished; under _lock
         self._stopping = False
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
-        self._outbox: list[tuple[GenerationStream, object]] = []  # engine thread: outputs not yet flushed
+        self._outbox: list[
+            tuple[GenerationStream, object]
+        ] = []  # engine thread: outputs not yet flushed
         self._thread = threading.Thread(target=self._run, name="outpace-engine", daemon=True)
         self._interval = _Interval(time.perf_counter())
         if metrics is not None:
-            for name, attr in (("num_requests_running", "num_running"), ("num_requests_waiting", "num_waiting"),
-                               ("kv_blocks_free", "kv_blocks_free"), ("kv_blocks_total", "kv_blocks_total")):
+            for name, attr in (
+                ("num_requests_running", "num_running"),
+                ("num_requests_waiting", "num_waiting"),
+                ("kv_blocks_free", "kv_blocks_free"),
+                ("kv_blocks_total", "kv_blocks_total"),
+            ):
                 metrics.bind_gauge(f"outpace:{name}", lambda a=attr: getattr(self.stats, a))
             metrics.watch_prefix_cache(lambda: self.engine.prefix_cache_stats)
 
@@ -185,24 +207,32 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return self._num_unfinished
 
-    def new_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> Request:
+    def new_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> Request:
         """Validate one request (ValueError naming the problem). Called from the event loop: with
         token ids and an explicit id, ``LLMEngine.new_request`` reads only immutable engine fields."""
         return self.engine.new_request(prompt_token_ids, params, request_id)
 
-    def open_stream(self, requests: Sequence[Request], max_queued: int | None = None) -> GenerationStream:
+    def open_stream(
+        self, requests: Sequence[Request], max_queued: int | None = None
+    ) -> GenerationStream:
         """Queue a group of validated requests and return its output stream.
 
         Raises QueueFull when ``max_queued`` requests already wait and this group would not fit
         (an empty queue always takes one group), EngineError when the engine is not running.
         """
         if not self.alive or self._stopping:
-            raise EngineError("the engine is not running" if not self.alive else "the server is shutting down")
+            raise EngineError(
+                "the engine is not running" if not self.alive else "the server is shutting down"
+            )
         with self._lock:
             waiting = max(self._num_unfinished - self.stats.num_running, 0)
             if max_queued is not None and waiting > 0 and waiting + len(requests) > max_queued:
-                raise QueueFull(f"the server is busy: {waiting} requests are queued "
-                                f"(--max-queued-requests {max_queued}); retry later")
+                raise QueueFull(
+                    f"the server is busy: {waiting} requests are queued "
+                    f"(--max-queued-requests {max_queued}); retry later"
+                )
             self._num_unfinished += len(requests)
         stream = GenerationStream(self, requests, asyncio.get_running_loop())
         self._commands.put(("add", stream))
@@ -310,11 +340,15 @@ class AsyncEngine:
         self._publish()
         now = time.perf_counter()
         for tracked in self._tracked.values():
-            if not tracked.scheduled and (tracked.request.status is not RequestStatus.WAITING
-                                          or tracked.request.num_computed_tokens > 0):
+            if not tracked.scheduled and (
+                tracked.request.status is not RequestStatus.WAITING
+                or tracked.request.num_computed_tokens > 0
+            ):
                 tracked.scheduled = True
                 if self.metrics is not None:
-                    self.metrics.queue_time.observe(max(start - tracked.request.metrics.arrival_time, 0.0))
+                    self.metrics.queue_time.observe(
+                        max(start - tracked.request.metrics.arrival_time, 0.0)
+                    )
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is not None:
@@ -349,10 +383,17 @@ class AsyncEngine:
                 m.e2e.observe(max(finished - out.metrics.arrival_time, 0.0))
                 m.finished(out.finish_reason)
             # NOTE: the output shares the request's mutable metrics objects; hand out copies.
-            out = dataclasses.replace(out, metrics=dataclasses.replace(out.metrics),
-                                      spec_metrics=SpecMetrics().merge(out.spec_metrics))
+            out = dataclasses.replace(
+                out,
+                metrics=dataclasses.replace(out.metrics),
+                spec_metrics=SpecMetrics().merge(out.spec_metrics),
+            )
         failure = out.error is not None  # this request alone failed: its client gets the error
-        item = EngineError(f"request {out.request_id} failed: {out.error}") if failure else (tracked.index, out)
+        item = (
+            EngineError(f"request {out.request_id} failed: {out.error}")
+            if failure
+            else (tracked.index, out)
+        )
         self._outbox.append((tracked.stream, item))
 
     def _flush(self) -> None:
@@ -371,12 +412,18 @@ class AsyncEngine:
             return
         drafts = spec.num_draft_tokens - seen.num_draft_tokens
         accepted = spec.num_accepted_drafts - seen.num_accepted_drafts
-        per_pos = [a - (seen.accepted_per_position[i] if i < len(seen.accepted_per_position) else 0)
-                   for i, a in enumerate(spec.accepted_per_position)]
-        proposed = [p - (seen.proposed_per_position[i] if i < len(seen.proposed_per_position) else 0)
-                    for i, p in enumerate(spec.proposed_per_position)]
+        per_pos = [
+            a - (seen.accepted_per_position[i] if i < len(seen.accepted_per_position) else 0)
+            for i, a in enumerate(spec.accepted_per_position)
+        ]
+        proposed = [
+            p - (seen.proposed_per_position[i] if i < len(seen.proposed_per_position) else 0)
+            for i, p in enumerate(spec.proposed_per_position)
+        ]
         tracked.seen = SpecMetrics().merge(spec)
-        iv.spec = iv.spec.merge(SpecMetrics(verifies, drafts, accepted, per_pos, proposed_per_position=proposed))
+        iv.spec = iv.spec.merge(
+            SpecMetrics(verifies, drafts, accepted, per_pos, proposed_per_position=proposed)
+        )
         if m is not None:
             m.spec_drafts.inc(verifies)
             m.spec_draft_tokens.inc(drafts)
@@ -390,8 +437,9 @@ class AsyncEngine:
 
     def _publish(self) -> None:
         s = self.engine.scheduler
-        self.stats = EngineStats(len(s.running), len(s.waiting), self.engine.pool.num_free,
-                                 self.engine.pool.num_blocks)
+        self.stats = EngineStats(
+            len(s.running), len(s.waiting), self.engine.pool.num_free, self.engine.pool.num_blocks
+        )
 
     def _fail_all(self, error: EngineError) -> None:
         self._flush()
@@ -417,13 +465,17 @@ class AsyncEngine:
             self._interval = _Interval(now)
             return
         st = self.stats
-        line = (f"prompt throughput {iv.prompt_tokens / elapsed:.1f} tokens/s, generation throughput "
-                f"{iv.generation_tokens / elapsed:.1f} tokens/s, running {st.num_running}, waiting "
-                f"{st.num_waiting}, KV blocks used {st.kv_blocks_total - st.kv_blocks_free}/{st.kv_blocks_total}")
+        line = (
+            f"prompt throughput {iv.prompt_tokens / elapsed:.1f} tokens/s, generation throughput "
+            f"{iv.generation_tokens / elapsed:.1f} tokens/s, running {st.num_running}, waiting "
+            f"{st.num_waiting}, KV blocks used {st.kv_blocks_total - st.kv_blocks_free}/{st.kv_blocks_total}"
+        )
         if iv.spec.num_verifies:
             rates = " ".join(f"{r:.2f}" for r in iv.spec.acceptance_rate_per_position)
-            line += (f", spec: {iv.spec.num_verifies} verifies, tau {iv.spec.acceptance_length:.2f}, "
-                     f"acceptance per position {rates}")
+            line += (
+                f", spec: {iv.spec.num_verifies} verifies, tau {iv.spec.acceptance_length:.2f}, "
+                f"acceptance per position {rates}"
+            )
         logger.info(line)
         self._interval = _Interval(now)
 

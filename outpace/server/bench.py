@@ -7,6 +7,7 @@ after the first (TPOT) and the end-to-end latency; tau comes from the responses'
 ``spec_metrics``. ``run_serve_bench`` cycles through a prompt set (``zoo/eval_prompts.json`` by
 default); bench/serve_sweep.py runs levels of a request mix against servers it starts.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -103,16 +104,27 @@ def cycled(prompts: list[str], num_requests: int, max_tokens: int) -> list[Bench
     return [BenchRequest(prompts[i % len(prompts)], max_tokens) for i in range(num_requests)]
 
 
-async def _run(base_url: str, requests: list[BenchRequest], concurrency: int, temperature: float,
-               api_key: str | None, model: str | None, chat: bool, ignore_eos: bool) -> tuple[list[_Result], float, float]:
+async def _run(
+    base_url: str,
+    requests: list[BenchRequest],
+    concurrency: int,
+    temperature: float,
+    api_key: str | None,
+    model: str | None,
+    chat: bool,
+    ignore_eos: bool,
+) -> tuple[list[_Result], float, float]:
     """The results, and when the first request was sent and the last finished (``time.perf_counter``, which is
     system-wide on Linux, so client processes' times compare)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(None, connect=30.0)) as client:
+    limits = httpx.Limits(
+        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
+    )
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=headers, limits=limits, timeout=httpx.Timeout(None, connect=30.0)
+    ) as client:
         if model is None:
             resp = await client.get("/v1/models")
             resp.raise_for_status()
@@ -123,9 +135,14 @@ async def _run(base_url: str, requests: list[BenchRequest], concurrency: int, te
 
         async def worker() -> None:
             for r in todo:
-                body: dict[str, Any] = {"model": model, "max_tokens": r.max_tokens, "temperature": temperature,
-                                        "ignore_eos": ignore_eos, "stream": True,
-                                        "stream_options": {"include_usage": True}}
+                body: dict[str, Any] = {
+                    "model": model,
+                    "max_tokens": r.max_tokens,
+                    "temperature": temperature,
+                    "ignore_eos": ignore_eos,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 if chat:
                     body["messages"] = [{"role": "user", "content": r.prompt}]
                 else:
@@ -141,18 +158,39 @@ def _run_shard(args: tuple) -> tuple[list[_Result], float, float]:
     return asyncio.run(_run(*args))
 
 
-def run_load(url: str, requests: list[BenchRequest], concurrency: int, temperature: float = 0.0,
-             api_key: str | None = None, model: str | None = None, chat: bool = False,
-             ignore_eos: bool = False, client_processes: int = 1) -> dict:
+def run_load(
+    url: str,
+    requests: list[BenchRequest],
+    concurrency: int,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    model: str | None = None,
+    chat: bool = False,
+    ignore_eos: bool = False,
+    client_processes: int = 1,
+) -> dict:
     """One load level: ``requests`` in order, ``concurrency`` in flight at once; ``summarize``'s figures.
 
     ``client_processes`` > 1 splits the requests and the concurrency over that many client processes (request i
     to process i mod P), so that at thousands of streamed tokens per second the one Python client is not what
     limits the figures; the wall time runs from the first process's start to the last one's end."""
     if client_processes < 1 or client_processes > concurrency:
-        raise ValueError(f"client_processes={client_processes} is invalid: must be in [1, concurrency={concurrency}]")
-    shards = [(url.rstrip("/"), requests[i::client_processes], len(range(i, concurrency, client_processes)),
-               temperature, api_key, model, chat, ignore_eos) for i in range(client_processes)]
+        raise ValueError(
+            f"client_processes={client_processes} is invalid: must be in [1, concurrency={concurrency}]"
+        )
+    shards = [
+        (
+            url.rstrip("/"),
+            requests[i::client_processes],
+            len(range(i, concurrency, client_processes)),
+            temperature,
+            api_key,
+            model,
+            chat,
+            ignore_eos,
+        )
+        for i in range(client_processes)
+    ]
     if client_processes == 1:
         runs = [_run_shard(shards[0])]
     else:
@@ -163,38 +201,73 @@ def run_load(url: str, requests: list[BenchRequest], concurrency: int, temperatu
             runs = list(pool.map(_run_shard, shards))
     results = [r for shard, _, _ in runs for r in shard]
     wall = max(end for _, _, end in runs) - min(start for _, start, _ in runs)
-    return {**summarize(results, wall), "concurrency": concurrency, "client_processes": client_processes}
+    return {
+        **summarize(results, wall),
+        "concurrency": concurrency,
+        "client_processes": client_processes,
+    }
 
 
 def summarize(results: list[_Result], wall: float) -> dict:
     ok = [r for r in results if r.ok]
-    spec = SpecMetrics.total(SpecMetrics(r.spec["num_verifies"], r.spec["num_draft_tokens"],
-                                         r.spec["num_accepted_drafts"]) for r in ok if r.spec)
+    spec = SpecMetrics.total(
+        SpecMetrics(
+            r.spec["num_verifies"], r.spec["num_draft_tokens"], r.spec["num_accepted_drafts"]
+        )
+        for r in ok
+        if r.spec
+    )
     out_tokens = sum(r.completion_tokens for r in ok)
     tpot = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
     return {
-        "num_requests": len(results), "num_failed": len(results) - len(ok),
+        "num_requests": len(results),
+        "num_failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
-        "wall_s": wall, "requests_per_s": len(ok) / wall if wall else None,
-        "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / wall if wall else None,
+        "wall_s": wall,
+        "requests_per_s": len(ok) / wall if wall else None,
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / wall if wall else None,
         "prompt_tokens": sum(r.prompt_tokens for r in ok),
-        "ttft_s": percentiles([r.ttft for r in ok]), "tpot_s": percentiles(tpot),
-        "itl_s": percentiles([x for r in ok for x in r.itl]), "e2e_s": percentiles([r.e2e for r in ok]),
+        "ttft_s": percentiles([r.ttft for r in ok]),
+        "tpot_s": percentiles(tpot),
+        "itl_s": percentiles([x for r in ok for x in r.itl]),
+        "e2e_s": percentiles([r.e2e for r in ok]),
         "spec_verifies": spec.num_verifies,
         "tau": spec.acceptance_length if spec.num_verifies else None,
     }
 
 
-def run_serve_bench(url: str, num_requests: int = 96, concurrency: int = 8, prompts: str | Path | None = None,
-                    max_tokens: int = 64, temperature: float = 0.0, api_key: str | None = None,
-                    model: str | None = None, chat: bool = False, out_json: str | None = None) -> dict:
+def run_serve_bench(
+    url: str,
+    num_requests: int = 96,
+    concurrency: int = 8,
+    prompts: str | Path | None = None,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    model: str | None = None,
+    chat: bool = False,
+    out_json: str | None = None,
+) -> dict:
     if prompts is None:
         from outpace.zoo import zoo_dir
 
         prompts = zoo_dir() / "eval_prompts.json"
-    summary = run_load(url, cycled(load_prompts(prompts), num_requests, max_tokens), concurrency, temperature,
-                       api_key, model, chat)
-    summary.update(url=url, max_tokens=max_tokens, temperature=temperature, endpoint="chat" if chat else "completions")
+    summary = run_load(
+        url,
+        cycled(load_prompts(prompts), num_requests, max_tokens),
+        concurrency,
+        temperature,
+        api_key,
+        model,
+        chat,
+    )
+    summary.update(
+        url=url,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        endpoint="chat" if chat else "completions",
+    )
     print(format_summary(summary))
     if out_json:
         Path(out_json).write_text(json.dumps(summary, indent=1) + "\n")
@@ -210,15 +283,22 @@ def scrape_metrics(url: str) -> dict[tuple[str, tuple], float]:
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))] = s.value
+            out[
+                (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))
+            ] = s.value
     return out
 
 
 def prefix_cache_hit_rate(before: dict, after: dict) -> float | None:
     """Prompt tokens served from the prefix cache over those looked up, between two ``scrape_metrics``
     (None: caching off, or nothing looked up)."""
-    hits, queries = ((after.get((f"outpace:prefix_cache_{n}_total", ()), 0.0)
-                      - before.get((f"outpace:prefix_cache_{n}_total", ()), 0.0)) for n in ("hits", "queries"))
+    hits, queries = (
+        (
+            after.get((f"outpace:prefix_cache_{n}_total", ()), 0.0)
+            - before.get((f"outpace:prefix_cache_{n}_total", ()), 0.0)
+        )
+        for n in ("hits", "queries")
+    )
     return hits / queries if queries else None
 
 
@@ -227,15 +307,21 @@ def format_summary(s: dict) -> str:
         return " ".join(f"{k} {v * 1000:.1f}" if v is not None else f"{k} -" for k, v in p.items())
 
     lines = [
-        (f"requests: {s['num_requests'] - s['num_failed']}/{s['num_requests']} ok, concurrency {s['concurrency']}, "
-         f"wall {s['wall_s']:.2f} s, {s['requests_per_s']:.2f} requests/s"),
-        (f"output: {s['output_tokens']} tokens, {s['output_tokens_per_s']:.1f} tokens/s "
-         f"(prompt tokens {s['prompt_tokens']})"),
+        (
+            f"requests: {s['num_requests'] - s['num_failed']}/{s['num_requests']} ok, concurrency {s['concurrency']}, "
+            f"wall {s['wall_s']:.2f} s, {s['requests_per_s']:.2f} requests/s"
+        ),
+        (
+            f"output: {s['output_tokens']} tokens, {s['output_tokens_per_s']:.1f} tokens/s "
+            f"(prompt tokens {s['prompt_tokens']})"
+        ),
         f"TTFT ms: {ms(s['ttft_s'])}",
         f"TPOT ms: {ms(s['tpot_s'])}",
         f"ITL  ms: {ms(s['itl_s'])}",
         f"E2E  ms: {ms(s['e2e_s'])}",
-        f"tau: {s['tau']:.2f} over {s['spec_verifies']} verifies" if s["tau"] else "tau: - (no speculation)",
+        f"tau: {s['tau']:.2f} over {s['spec_verifies']} verifies"
+        if s["tau"]
+        else "tau: - (no speculation)",
     ]
     if s["errors"]:
         lines.append("errors: " + "; ".join(s["errors"]))

@@ -23,6 +23,7 @@ replica records into the server's one ``ServerMetrics``, whose gauges become sum
 own requests with an error naming it (the thread's ``EngineError``), is reported by /health and the
 gauge, and takes no new requests; the others go on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,9 +37,9 @@ from dataclasses import dataclass
 
 from outpace.cache.prefix_cache import PrefixCacheStats
 from outpace.config import EngineConfig
-from outpace.sampling_params import SamplingParams
 from outpace.distributed.launch import exit_reason
 from outpace.request import Request, RequestOutput
+from outpace.sampling_params import SamplingParams
 from outpace.server.async_engine import AsyncEngine, EngineError, EngineStats, GenerationStream
 from outpace.server.metrics import ServerMetrics
 
@@ -54,6 +55,7 @@ class ReplicaDied(RuntimeError):
 @dataclass(frozen=True)
 class _State:
     """The replica engine's state after a round of its loop (``_serve``)."""
+
     commands_taken: int  # of those the server sent
     has_unfinished: bool
     num_running: int
@@ -81,8 +83,17 @@ def run_replica(engine, calls, checks) -> None:
     """Say ready, then run ``engine`` (``_serve``) on this thread and answer ``checks`` (new_request) on another,
     until the server closes the pipe or says close; the engine is closed at the end."""
     engine.stream_outputs = True
-    calls.send(("ready", dict(max_model_len=engine.max_model_len, vocab_size=engine.model_config.vocab_size,
-                              num_blocks=engine.pool.num_blocks, state=_state_of(engine, 0))))
+    calls.send(
+        (
+            "ready",
+            dict(
+                max_model_len=engine.max_model_len,
+                vocab_size=engine.model_config.vocab_size,
+                num_blocks=engine.pool.num_blocks,
+                state=_state_of(engine, 0),
+            ),
+        )
+    )
     threading.Thread(target=_answer_checks, args=(engine, checks), daemon=True).start()
     try:
         _serve(engine, calls)
@@ -99,7 +110,9 @@ def _serve(engine, calls) -> None:
     while True:
         outputs: list[RequestOutput] = []
         try:
-            if failed or not engine.has_unfinished_requests:  # (after a failed step: wait for the aborts)
+            if (
+                failed or not engine.has_unfinished_requests
+            ):  # (after a failed step: wait for the aborts)
                 calls.poll(None)
             while calls.poll(0):
                 kind, arg = calls.recv()
@@ -139,9 +152,15 @@ def _answer_checks(engine, checks) -> None:
 
 def _state_of(engine, taken: int) -> _State:
     s = engine.scheduler
-    return _State(taken, engine.has_unfinished_requests, len(s.running), len(s.waiting), engine.pool.num_free,
-                  {r.request_id: (r.status, r.num_computed_tokens) for r in (*s.running, *s.waiting)},
-                  engine.prefix_cache_stats)
+    return _State(
+        taken,
+        engine.has_unfinished_requests,
+        len(s.running),
+        len(s.waiting),
+        engine.pool.num_free,
+        {r.request_id: (r.status, r.num_computed_tokens) for r in (*s.running, *s.waiting)},
+        engine.prefix_cache_stats,
+    )
 
 
 def _portable(e: BaseException) -> BaseException:
@@ -185,10 +204,16 @@ class RemoteEngine:
         self._check_lock = threading.Lock()
         self.stream_outputs = True
         self.scheduler, self.pool = _Counts(), _Pool(0, 0)
-        self._requests: dict[str, Request] = {}  # submitted here, not yet finished: their progress is mirrored
+        self._requests: dict[
+            str, Request
+        ] = {}  # submitted here, not yet finished: their progress is mirrored
         self._replica_unfinished = False
-        self._sent = self._taken = 0  # commands sent, and taken by the replica as its latest state says
-        self._step_error: BaseException | None = None  # a failed step's, raised by the next ``step``
+        self._sent = self._taken = (
+            0  # commands sent, and taken by the replica as its latest state says
+        )
+        self._step_error: BaseException | None = (
+            None  # a failed step's, raised by the next ``step``
+        )
         self.prefix_cache_stats: PrefixCacheStats | None = None
 
     @classmethod
@@ -199,8 +224,11 @@ class RemoteEngine:
         calls, their_calls = context.Pipe()
         checks, their_checks = context.Pipe()
         # NOTE: not a daemon: a tensor-parallel replica starts its ranks as its own children
-        process = context.Process(target=_replica_main, args=(config, index, their_calls, their_checks),
-                                  name=f"outpace-replica-{index}")
+        process = context.Process(
+            target=_replica_main,
+            args=(config, index, their_calls, their_checks),
+            name=f"outpace-replica-{index}",
+        )
         with _visible_devices(config, index) if own_gpus else contextlib.nullcontext():
             process.start()
         their_calls.close()
@@ -209,11 +237,18 @@ class RemoteEngine:
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         if not self._calls.poll(timeout_s):
-            raise ReplicaDied(f"data-parallel replica {self.index} did not start within {timeout_s:.0f} s")
+            raise ReplicaDied(
+                f"data-parallel replica {self.index} did not start within {timeout_s:.0f} s"
+            )
         kind, info = self._receive(self._calls)
         if kind == "error":
-            raise RuntimeError(f"data-parallel replica {self.index} failed to start: {info}") from info
-        self.max_model_len, self.model_config = info["max_model_len"], _ModelConfig(info["vocab_size"])
+            raise RuntimeError(
+                f"data-parallel replica {self.index} failed to start: {info}"
+            ) from info
+        self.max_model_len, self.model_config = (
+            info["max_model_len"],
+            _ModelConfig(info["vocab_size"]),
+        )
         self.pool = _Pool(0, info["num_blocks"])
         self._apply(info["state"])
 
@@ -315,8 +350,10 @@ class RemoteEngine:
         self.process.join(2.0)
         code = self.process.exitcode
         how = "is not answering" if code is None else f"exited with {exit_reason(code)}"
-        return ReplicaDied(f"data-parallel replica {self.index} (pid {self.process.pid}) {how}: "
-                           f"{type(e).__name__}: {e}".rstrip(": "))
+        return ReplicaDied(
+            f"data-parallel replica {self.index} (pid {self.process.pid}) {how}: "
+            f"{type(e).__name__}: {e}".rstrip(": ")
+        )
 
     def _apply(self, state: _State) -> None:
         self._taken, self._replica_unfinished = state.commands_taken, state.has_unfinished
@@ -345,11 +382,15 @@ class _visible_devices:
 
         tp = self.config.tensor_parallel_size
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        mine = devices[self.index * tp:(self.index + 1) * tp]
+        devices = (
+            visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        )
+        mine = devices[self.index * tp : (self.index + 1) * tp]
         if len(mine) < tp:
-            raise ValueError(f"data-parallel replica {self.index} needs GPUs {self.index * tp} .. "
-                             f"{(self.index + 1) * tp - 1}, but {len(devices)} are visible")
+            raise ValueError(
+                f"data-parallel replica {self.index} needs GPUs {self.index * tp} .. "
+                f"{(self.index + 1) * tp - 1}, but {len(devices)} are visible"
+            )
         self.saved = (visible,)
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
 
@@ -365,8 +406,13 @@ class _visible_devices:
 class DataParallelEngine:
     """M replicas behind one server, with the ``AsyncEngine`` surface app.py uses (module docstring)."""
 
-    def __init__(self, config: EngineConfig, size: int, metrics: ServerMetrics | None = None,
-                 log_interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        size: int,
+        metrics: ServerMetrics | None = None,
+        log_interval: float = 10.0,
+    ) -> None:
         if size < 1:
             raise ValueError(f"data_parallel_size={size} is invalid: must be >= 1")
         self.config, self.metrics = config, metrics
@@ -378,19 +424,33 @@ class DataParallelEngine:
             for remote in remotes:
                 remote.close(timeout_s=5.0)
             raise
-        self.replicas = [AsyncEngine(config, metrics, log_interval=log_interval, engine=r) for r in remotes]
+        self.replicas = [
+            AsyncEngine(config, metrics, log_interval=log_interval, engine=r) for r in remotes
+        ]
         first = self.replicas[0]
-        self.tokenizer, self.max_model_len, self.vocab_size = first.tokenizer, first.max_model_len, first.vocab_size
+        self.tokenizer, self.max_model_len, self.vocab_size = (
+            first.tokenizer,
+            first.max_model_len,
+            first.vocab_size,
+        )
         self.max_num_seqs = config.max_num_seqs * size
-        if metrics is not None:  # the gauges each replica bound to its own stats: their sums instead
+        if (
+            metrics is not None
+        ):  # the gauges each replica bound to its own stats: their sums instead
             for name in ("num_running", "num_waiting", "kv_blocks_free", "kv_blocks_total"):
-                gauge = "outpace:num_requests_" + name.removeprefix("num_") if name.startswith("num_") \
+                gauge = (
+                    "outpace:num_requests_" + name.removeprefix("num_")
+                    if name.startswith("num_")
                     else f"outpace:{name}"
+                )
                 metrics.bind_gauge(gauge, lambda a=name: getattr(self.stats, a))
             from prometheus_client import Gauge
 
-            Gauge("outpace:data_parallel_replicas_alive", "Data-parallel replicas serving requests.",
-                  registry=metrics.registry).set_function(lambda: sum(self._alive(r) for r in self.replicas))
+            Gauge(
+                "outpace:data_parallel_replicas_alive",
+                "Data-parallel replicas serving requests.",
+                registry=metrics.registry,
+            ).set_function(lambda: sum(self._alive(r) for r in self.replicas))
         self._round = 0
         self.routed = [0] * size  # requests sent to each replica
 
@@ -415,16 +475,24 @@ class DataParallelEngine:
     @property
     def stats(self) -> EngineStats:
         live = [r.stats for r in self.replicas if self._alive(r)]
-        return EngineStats(sum(s.num_running for s in live), sum(s.num_waiting for s in live),
-                           sum(s.kv_blocks_free for s in live), sum(s.kv_blocks_total for s in live))
+        return EngineStats(
+            sum(s.num_running for s in live),
+            sum(s.num_waiting for s in live),
+            sum(s.kv_blocks_free for s in live),
+            sum(s.kv_blocks_total for s in live),
+        )
 
-    def new_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> Request:
+    def new_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> Request:
         """Validated by a live replica (any: they are built alike), taken in turn."""
         live = self._live()
         self._round += 1
         return live[self._round % len(live)].new_request(prompt_token_ids, params, request_id)
 
-    def open_stream(self, requests: Sequence[Request], max_queued: int | None = None) -> GenerationStream:
+    def open_stream(
+        self, requests: Sequence[Request], max_queued: int | None = None
+    ) -> GenerationStream:
         """The group goes to the live replica with the fewest unfinished requests (``max_queued``: per replica)."""
         replica = min(self._live(), key=lambda r: r.num_unfinished)
         stream = replica.open_stream(requests, max_queued)
@@ -442,12 +510,28 @@ class DataParallelEngine:
 
     def health(self) -> dict:
         """Each replica's state, for /health."""
-        return {"data_parallel_replicas": [
-            {"replica": i, "status": "ok" if self._alive(r) else "error", "pid": r.engine.process.pid,
-             "num_requests_unfinished": r.num_unfinished, "num_requests_routed": self.routed[i],
-             **({"error": str(r.error or f"process exited with {exit_reason(r.engine.process.exitcode)}")}
-                if not self._alive(r) else {})}
-            for i, r in enumerate(self.replicas)]}
+        return {
+            "data_parallel_replicas": [
+                {
+                    "replica": i,
+                    "status": "ok" if self._alive(r) else "error",
+                    "pid": r.engine.process.pid,
+                    "num_requests_unfinished": r.num_unfinished,
+                    "num_requests_routed": self.routed[i],
+                    **(
+                        {
+                            "error": str(
+                                r.error
+                                or f"process exited with {exit_reason(r.engine.process.exitcode)}"
+                            )
+                        }
+                        if not self._alive(r)
+                        else {}
+                    ),
+                }
+                for i, r in enumerate(self.replicas)
+            ]
+        }
 
     # ---- helpers ---------------------------------------------------------------------------------------
     @staticmethod
@@ -457,13 +541,20 @@ class DataParallelEngine:
     def _live(self) -> list[AsyncEngine]:
         live = [r for r in self.replicas if self._alive(r)]
         if not live:
-            raise EngineError("every data-parallel replica has stopped: " + "; ".join(
-                str(r.error) for r in self.replicas if r.error is not None))
+            raise EngineError(
+                "every data-parallel replica has stopped: "
+                + "; ".join(str(r.error) for r in self.replicas if r.error is not None)
+            )
         return live
 
 
-def serving_engine(config: EngineConfig, metrics: ServerMetrics | None, log_interval: float,
-                   data_parallel_size: int = 1, engine_process: bool = False):
+def serving_engine(
+    config: EngineConfig,
+    metrics: ServerMetrics | None,
+    log_interval: float,
+    data_parallel_size: int = 1,
+    engine_process: bool = False,
+):
     """The engine behind the HTTP layer: one ``AsyncEngine`` in the server's process, or a
     ``DataParallelEngine`` of ``data_parallel_size`` replicas, each in a process of its own (also for one
     replica with ``engine_process``: the HTTP event loop and the engine's host work then no longer share one
@@ -471,5 +562,3 @@ def serving_engine(config: EngineConfig, metrics: ServerMetrics | None, log_inte
     if data_parallel_size == 1 and not engine_process:
         return AsyncEngine(config, metrics, log_interval=log_interval)
     return DataParallelEngine(config, data_parallel_size, metrics, log_interval)
-
-

@@ -24,6 +24,7 @@ Against noise in the timings (a busy CPU), a shape is never taken as cheaper tha
 (or, at as many nodes, fewer branches), and a larger shape must promise a ``margin`` more tokens per
 second than a smaller one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from operator import mul
 
 from outpace.speculative.proposer import DraftShape
 
-CHAINS = "chain"     # the acceptance key every chain length shares
+CHAINS = "chain"  # the acceptance key every chain length shares
 REQUEST_PRIOR = 4.0  # a request's own rates start as the batch-wide ones, worth this many verifies
 
 
@@ -53,10 +54,15 @@ class _DepthAcceptance:
 
     def blended(self, prior: list[float], weight: float) -> list[float]:
         """The rates with ``prior`` [depth] counted as ``weight`` more verifies."""
-        return [(a + weight * p) / (t + weight) for a, t, p in zip(self.accepted, self.tried, prior)]
+        return [
+            (a + weight * p) / (t + weight) for a, t, p in zip(self.accepted, self.tried, prior)
+        ]
 
     def observe(self, depth: int, accepted_drafts: list[int], decay: float) -> None:
-        self.accepted, self.tried = [a * decay for a in self.accepted], [t * decay for t in self.tried]
+        self.accepted, self.tried = (
+            [a * decay for a in self.accepted],
+            [t * decay for t in self.tried],
+        )
         for a in accepted_drafts:
             for j in range(min(a + 1, depth)):  # depths tried: up to the first rejection
                 self.tried[j] += 1
@@ -64,32 +70,58 @@ class _DepthAcceptance:
 
 
 class DraftLengthChooser:
-    def __init__(self, shapes: list[DraftShape], decay: float = 0.99, prior: float = 0.6, probe_every: int = 64,
-                 cost_smoothing: float = 0.3, margin: float = 1.03) -> None:
+    def __init__(
+        self,
+        shapes: list[DraftShape],
+        decay: float = 0.99,
+        prior: float = 0.6,
+        probe_every: int = 64,
+        cost_smoothing: float = 0.3,
+        margin: float = 1.03,
+    ) -> None:
         """``shapes``: the draft shapes to choose from; acceptance per depth starts at ``prior`` and forgets
         with ``decay`` per verify of its shapes; a larger shape must promise ``margin`` times the tokens per
         second of a smaller one."""
         self.shapes = sorted(shapes, key=lambda s: (s.num_nodes, s.topk))
-        self.decay, self.probe_every, self.smoothing, self.margin = decay, probe_every, cost_smoothing, margin
+        self.decay, self.probe_every, self.smoothing, self.margin = (
+            decay,
+            probe_every,
+            cost_smoothing,
+            margin,
+        )
         self._depths: dict[DraftShape | str, int] = {}  # the deepest shape of each kind
         for s in self.shapes:
             if s.num_steps:
-                self._depths[acceptance_key(s)] = max(s.num_steps, self._depths.get(acceptance_key(s), 0))
-        self._acceptance = {key: _DepthAcceptance(depth, prior) for key, depth in self._depths.items()}
-        longest_chain = max((s for s in self.shapes if s.is_chain), key=lambda s: s.num_steps, default=None)
-        self.probes = [s for s in self.shapes if s.num_steps and (not s.is_chain or s == longest_chain)]
-        self._own: dict[str, dict[DraftShape | str, _DepthAcceptance]] = {}  # request id -> its own counts
+                self._depths[acceptance_key(s)] = max(
+                    s.num_steps, self._depths.get(acceptance_key(s), 0)
+                )
+        self._acceptance = {
+            key: _DepthAcceptance(depth, prior) for key, depth in self._depths.items()
+        }
+        longest_chain = max(
+            (s for s in self.shapes if s.is_chain), key=lambda s: s.num_steps, default=None
+        )
+        self.probes = [
+            s for s in self.shapes if s.num_steps and (not s.is_chain or s == longest_chain)
+        ]
+        self._own: dict[
+            str, dict[DraftShape | str, _DepthAcceptance]
+        ] = {}  # request id -> its own counts
         self.costs: dict[tuple[int, DraftShape], float] = {}
         self._steps = 0
 
-    def acceptance(self, shape: DraftShape | None = None, request_id: str | None = None) -> list[float]:
+    def acceptance(
+        self, shape: DraftShape | None = None, request_id: str | None = None
+    ) -> list[float]:
         """a_j per depth for ``shape``'s kind (None: the chains'; empty when there are none): batch-wide, or
         for ``request_id`` its own counts blended with the batch-wide rates (module docstring)."""
         key = CHAINS if shape is None else acceptance_key(shape)
         stats = self._acceptance.get(key)
         return [] if stats is None else self._rates_of(key, request_id, stats.rates())
 
-    def _rates_of(self, key: DraftShape | str, request_id: str | None, batch_wide: list[float]) -> list[float]:
+    def _rates_of(
+        self, key: DraftShape | str, request_id: str | None, batch_wide: list[float]
+    ) -> list[float]:
         """The request's rates for ``key``'s shapes: ``batch_wide`` blended with its own counts, if it has any."""
         own = self._own.get(request_id, {}).get(key)
         return batch_wide if own is None else own.blended(batch_wide, REQUEST_PRIOR)
@@ -106,7 +138,7 @@ class DraftLengthChooser:
         key = acceptance_key(shape)
         if key not in reach:
             reach[key] = self._mean_reach(key, request_ids)
-        return 1.0 + sum(reach[key][:shape.num_steps])
+        return 1.0 + sum(reach[key][: shape.num_steps])
 
     def _mean_reach(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[float]:
         """Per depth j of ``key``'s shapes, the mean over the requests of a_1 ... a_j (batch-wide: one row)."""
@@ -127,9 +159,13 @@ class DraftLengthChooser:
             cost = max(cost, self.costs[bucket, s])
             rate[s] = self._expected(s, request_ids, reach) / cost
         best = max(rate.values())
-        return next(s for s in self.shapes if rate[s] >= best / self.margin)  # the smallest near the best
+        return next(
+            s for s in self.shapes if rate[s] >= best / self.margin
+        )  # the smallest near the best
 
-    def observe(self, shape: DraftShape, accepted_drafts: list[int], request_ids: Sequence[str] = ()) -> None:
+    def observe(
+        self, shape: DraftShape, accepted_drafts: list[int], request_ids: Sequence[str] = ()
+    ) -> None:
         """One verify per request: how many of its drafts were accepted (the depth its accepted path reached);
         ``request_ids``, in the same order, also count it as each request's own."""
         if not shape.num_steps:
@@ -150,5 +186,6 @@ class DraftLengthChooser:
         """A step's measured time (eager steps: smoothed; start-up profiles: as given, then fixed)."""
         key = (bucket, shape)
         old = self.costs.get(key)
-        self.costs[key] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
-
+        self.costs[key] = (
+            seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        )

@@ -1,4 +1,5 @@
 """Speculative-decoding metrics: per request, and summed over requests."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -31,8 +32,14 @@ class SpecMetrics:
     proposed_per_position: list[int] = field(default_factory=list)
     verifies_by_num_drafts: list[int] = field(default_factory=list)
 
-    def record(self, num_drafts: int, max_depth: int, num_accepted: int, budget: int | None = None,
-               draft_depths: list[int] | None = None) -> None:
+    def record(
+        self,
+        num_drafts: int,
+        max_depth: int,
+        num_accepted: int,
+        budget: int | None = None,
+        draft_depths: list[int] | None = None,
+    ) -> None:
         """One verify of ``num_drafts`` drafts on paths of at most ``max_depth`` (a chain: both K)
         that accepted ``num_accepted``. ``budget``: tokens the request could still commit; only
         drafts at depth < budget count (a tree's by ``draft_depths``, 1-based: node 0 is not a draft)."""
@@ -40,7 +47,11 @@ class SpecMetrics:
         self.verifies_by_num_drafts[num_drafts] += 1
         if budget is not None and budget - 1 < max_depth:
             max_depth = budget - 1
-            num_drafts = max_depth if draft_depths is None else sum(1 for d in draft_depths if d <= max_depth)
+            num_drafts = (
+                max_depth
+                if draft_depths is None
+                else sum(1 for d in draft_depths if d <= max_depth)
+            )
             num_accepted = min(num_accepted, max_depth)
         self.num_verifies += 1
         self.num_draft_tokens += num_drafts
@@ -56,7 +67,9 @@ class SpecMetrics:
 
     def merge(self, other: SpecMetrics) -> SpecMetrics:
         """The field-wise sum (lists element-wise, the shorter one padded with zeros)."""
-        return SpecMetrics(**{f.name: _add(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
+        return SpecMetrics(
+            **{f.name: _add(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)}
+        )
 
     @classmethod
     def total(cls, metrics: Iterable[SpecMetrics]) -> SpecMetrics:
@@ -69,17 +82,32 @@ class SpecMetrics:
     @property
     def acceptance_length(self) -> float:
         """tau: committed tokens per verify, the bonus token included."""
-        return (self.num_accepted_drafts + self.num_verifies) / self.num_verifies if self.num_verifies else 0.0
+        return (
+            (self.num_accepted_drafts + self.num_verifies) / self.num_verifies
+            if self.num_verifies
+            else 0.0
+        )
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
         """Draft i's acceptance rate over the verifies that could have committed it."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+        return [
+            a / p if p else 0.0
+            for a, p in zip(self.accepted_per_position, self.proposed_per_position)
+        ]
 
     def to_dict(self) -> dict:
-        keys = ("num_verifies", "num_draft_tokens", "num_accepted_drafts", "acceptance_length",
-                "acceptance_rate_per_position", "accepted_per_position", "proposed_per_position", "histogram",
-                "verifies_by_num_drafts")
+        keys = (
+            "num_verifies",
+            "num_draft_tokens",
+            "num_accepted_drafts",
+            "acceptance_length",
+            "acceptance_rate_per_position",
+            "accepted_per_position",
+            "proposed_per_position",
+            "histogram",
+            "verifies_by_num_drafts",
+        )
         return {key: getattr(self, key) for key in keys}
 
 

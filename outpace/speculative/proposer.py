@@ -12,6 +12,7 @@ lives at the same rows as its target KV, in the drafter's own tensors.
 
 A drafter never imports the engine: what it needs arrives in ``DecodeRows`` and ``Verified``.
 """
+
 from __future__ import annotations
 
 import abc
@@ -50,11 +51,14 @@ class DraftShape:
 
     @property
     def label(self) -> str:
-        """"none", "chain K" or "tree K x topk, N nodes" (report keys)."""
+        """ "none", "chain K" or "tree K x topk, N nodes" (report keys)."""
         if self.num_steps == 0:
             return "none"
-        return f"chain {self.num_steps}" if self.is_chain else \
-            f"tree {self.num_steps} x {self.topk}, {self.num_nodes} nodes"
+        return (
+            f"chain {self.num_steps}"
+            if self.is_chain
+            else f"tree {self.num_steps} x {self.topk}, {self.num_nodes} nodes"
+        )
 
 
 def draft_shapes(spec) -> tuple[DraftShape, ...]:
@@ -73,7 +77,9 @@ def draft_shapes(spec) -> tuple[DraftShape, ...]:
     while topk >= 2 and 1 + topk + (spec.num_steps - 1) * topk * topk >= spec.num_draft_tokens:
         trees.append(DraftShape(spec.num_steps, topk, spec.num_draft_tokens))
         topk //= 2
-    return tuple(sorted(chains + tuple(trees), key=lambda s: (s.num_nodes, s.topk)))  # the most nodes last
+    return tuple(
+        sorted(chains + tuple(trees), key=lambda s: (s.num_nodes, s.topk))
+    )  # the most nodes last
 
 
 @dataclass
@@ -81,11 +87,11 @@ class DecodeRows:
     """The requests of one decode iteration, one row each; padded rows of a captured batch use the
     padding row (length 0, greedy, its KV in the padding block). Device tensors."""
 
-    req_indices: torch.Tensor        # [b] int64: each row\'s request (engine/request_table.py)
-    lengths: torch.Tensor      # [b] int64: L, KV rows; the last token sits at position L (no KV yet)
+    req_indices: torch.Tensor  # [b] int64: each row\'s request (engine/request_table.py)
+    lengths: torch.Tensor  # [b] int64: L, KV rows; the last token sits at position L (no KV yet)
     last_tokens: torch.Tensor  # [b] int64
-    tables: torch.Tensor       # [b, max_blocks] int64 block tables
-    seeds: torch.Tensor        # [b] int64 random streams
+    tables: torch.Tensor  # [b, max_blocks] int64 block tables
+    seeds: torch.Tensor  # [b] int64 random streams
     sampling: SamplingTensors  # [b] rows
     block_size: int
 
@@ -98,7 +104,9 @@ class DecodeRows:
         names the purposes)."""
         return random_keys(self.seeds, (self.lengths + offset) * DRAWS + purpose)
 
-    def context(self, starts: torch.Tensor, query_len: int, backend, custom_mask: torch.Tensor | None = None):
+    def context(
+        self, starts: torch.Tensor, query_len: int, backend, custom_mask: torch.Tensor | None = None
+    ):
         """A forward context in which row s's ``query_len`` new tokens are KV rows starts[s] .. starts[s] +
         query_len - 1 (``custom_mask`` [b, query_len, window] for trees, else causal)."""
         meta = uniform_paged_metadata(self.tables, starts, query_len, self.block_size, custom_mask)
@@ -106,7 +114,10 @@ class DecodeRows:
 
     def cache_slots(self, kv_rows: torch.Tensor) -> torch.Tensor:
         """[b, w] KV rows of each row's request -> [b, w] their flat rows in the paged cache."""
-        return self.tables.gather(1, kv_rows // self.block_size) * self.block_size + kv_rows % self.block_size
+        return (
+            self.tables.gather(1, kv_rows // self.block_size) * self.block_size
+            + kv_rows % self.block_size
+        )
 
 
 def positions(starts: torch.Tensor, n: int) -> torch.Tensor:
@@ -119,9 +130,9 @@ class Drafts:
     """Draft tokens for every row as trees of ``num_nodes`` nodes (a chain is the tree where node i's
     parent is i - 1). Node 0 is the last token, which is not a draft."""
 
-    token_ids: torch.Tensor            # [b, num_nodes] int64 target-vocabulary ids
-    parents: torch.Tensor              # [b, num_nodes] int64, -1 for node 0
-    depths: torch.Tensor               # [b, num_nodes] int64, 0 for node 0
+    token_ids: torch.Tensor  # [b, num_nodes] int64 target-vocabulary ids
+    parents: torch.Tensor  # [b, num_nodes] int64, -1 for node 0
+    depths: torch.Tensor  # [b, num_nodes] int64, 0 for node 0
     # Chains with sampled drafts: q at each draft position, [b, num_nodes - 1, vocab]; None when the
     # drafts were chosen deterministically (greedy, top-k trees, n-gram): q is then one-hot.
     draft_probs: torch.Tensor | None = None
@@ -134,24 +145,24 @@ class Verified:
     (a tree's path already moved there), and ``result.output_token_ids[s, i]`` follows row L + i."""
 
     rows: DecodeRows
-    hidden_states: torch.Tensor              # [b * num_nodes, hidden] the verify forward's, pre-norm
-    aux_hidden_states: torch.Tensor | None   # [b * num_nodes, num_aux * hidden]
+    hidden_states: torch.Tensor  # [b * num_nodes, hidden] the verify forward's, pre-norm
+    aux_hidden_states: torch.Tensor | None  # [b * num_nodes, num_aux * hidden]
     result: VerifyResult
 
     def committed_rows(self, width: int) -> torch.Tensor:
         """[b, width] int64: for each row, the flat index (into the verify forward's outputs) of its
         committed nodes in order, padded with its last committed node."""
-        b, path = self.rows.size, self.result.accepted_path                    # path: [b, depth + 1], -1 after
-        path = F.pad(path, (0, width - path.shape[1]), value=-1)               # [b, width]: cut or padded
-        last = path.gather(1, self.result.num_correct_drafts[:, None])         # [b, 1]
+        b, path = self.rows.size, self.result.accepted_path  # path: [b, depth + 1], -1 after
+        path = F.pad(path, (0, width - path.shape[1]), value=-1)  # [b, width]: cut or padded
+        last = path.gather(1, self.result.num_correct_drafts[:, None])  # [b, 1]
         path = torch.where(path >= 0, path, last)
         num_nodes = self.hidden_states.shape[0] // b
         return path + torch.arange(b, device=path.device)[:, None] * num_nodes
 
     def next_tokens(self, width: int) -> torch.Tensor:
         """[b, width] int64: the token after each committed row, padded with the last (the bonus)."""
-        out = self.result.output_token_ids                                     # [b, depth + 1], -1 after
-        out = F.pad(out, (0, width - out.shape[1]), value=-1)                  # [b, width]: cut or padded
+        out = self.result.output_token_ids  # [b, depth + 1], -1 after
+        out = F.pad(out, (0, width - out.shape[1]), value=-1)  # [b, width]: cut or padded
         return torch.where(out >= 0, out, self.result.bonus_token_ids[:, None])
 
 
@@ -160,15 +171,17 @@ class PrefillRows:
     """Rows a prefill chunk committed, one group per request (host lists, device tensors)."""
 
     req_indices: list[int]
-    starts: list[int]                  # each request's first row in this chunk
-    counts: list[int]                  # its rows in this chunk
-    final: list[bool]                  # whether the request decodes after this chunk (its last row's next token is its last token)
-    rows: torch.Tensor                 # [total] int64 index of each committed row into the forward's outputs
-    token_ids: torch.Tensor            # [total] int64 the token at each row (the forward's input)
-    next_token_ids: torch.Tensor       # [total] int64 the token after each row
-    hidden_states: torch.Tensor        # [num_rows_in_forward, hidden]
+    starts: list[int]  # each request's first row in this chunk
+    counts: list[int]  # its rows in this chunk
+    final: list[
+        bool
+    ]  # whether the request decodes after this chunk (its last row's next token is its last token)
+    rows: torch.Tensor  # [total] int64 index of each committed row into the forward's outputs
+    token_ids: torch.Tensor  # [total] int64 the token at each row (the forward's input)
+    next_token_ids: torch.Tensor  # [total] int64 the token after each row
+    hidden_states: torch.Tensor  # [num_rows_in_forward, hidden]
     aux_hidden_states: torch.Tensor | None
-    tables: list[list[int]]            # each request's block table
+    tables: list[list[int]]  # each request's block table
     # each request's tokens at rows 0 .. starts[i] - 1 when this is its first chunk and those rows came
     # from the prefix cache (cache/prefix_cache.py), else []: their KV, the target's and the drafter's, is final
     reused_token_ids: list[list[int]]
@@ -178,7 +191,9 @@ class Proposer(abc.ABC):
     """A drafter. ``lookahead``: KV rows past a request's last token that drafting may write
     (the scheduler reserves them with the verify's rows)."""
 
-    aux_layer_ids: tuple[int, ...] = ()  # target layers whose inputs the drafter reads (ModelConfig convention)
+    aux_layer_ids: tuple[
+        int, ...
+    ] = ()  # target layers whose inputs the drafter reads (ModelConfig convention)
     supports_trees: bool = False
     # Prefix caching (cache/prefix_cache.py): the drafter's KV row t is a function of tokens 0 .. t + kv_reads_ahead
     kv_reads_ahead: int = 0
@@ -212,7 +227,9 @@ class Proposer(abc.ABC):
             problem += " (it holds model.embed_tokens.weight: a target checkpoint?)"
         return problem
 
-    def __init__(self, spec, pool, max_requests: int, device: str, attention_backend: str = "torch") -> None:
+    def __init__(
+        self, spec, pool, max_requests: int, device: str, attention_backend: str = "torch"
+    ) -> None:
         self.spec, self.pool, self.device = spec, pool, torch.device(device)
         self.max_requests = max_requests  # request indices 0 .. max_requests (the last: padding)
         self.backend = get_backend(attention_backend)

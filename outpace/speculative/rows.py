@@ -1,4 +1,5 @@
 """Running a drafter over prefill rows of its own paged KV (shared block tables with the target)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ class PrefillExtension:
     """The prefill rows a drafter extends its KV over now: each request's first ``counts[i] - keep[i]``
     rows of its chunk."""
 
-    rows: torch.Tensor       # [m] int64 index of each into the prefill's rows
+    rows: torch.Tensor  # [m] int64 index of each into the prefill's rows
     positions: torch.Tensor  # [m] int64 its position (= its KV row)
     metadata: object
 
@@ -22,7 +23,9 @@ class PrefillExtension:
         return forward_context(self.metadata, backend)
 
 
-def prefill_extension(prefill: PrefillRows, keep: list[int], block_size: int) -> PrefillExtension | None:
+def prefill_extension(
+    prefill: PrefillRows, keep: list[int], block_size: int
+) -> PrefillExtension | None:
     """The rows of ``prefill`` but each request's last ``keep[i]``; None when that leaves none."""
     take = [i for i, (c, k) in enumerate(zip(prefill.counts, keep)) if c > k]
     if not take:
@@ -31,7 +34,11 @@ def prefill_extension(prefill: PrefillRows, keep: list[int], block_size: int) ->
     offsets = torch.tensor([0] + prefill.counts).cumsum(0).tolist()
     counts = [prefill.counts[i] - keep[i] for i in take]
     starts = [prefill.starts[i] for i in take]
-    rows = torch.cat([torch.arange(offsets[i], offsets[i] + c) for i, c in zip(take, counts)]).to(device)
+    rows = torch.cat([torch.arange(offsets[i], offsets[i] + c) for i, c in zip(take, counts)]).to(
+        device
+    )
     positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(device)
-    meta = build_paged_metadata([prefill.tables[i] for i in take], starts, counts, block_size, device)
+    meta = build_paged_metadata(
+        [prefill.tables[i] for i in take], starts, counts, block_size, device
+    )
     return PrefillExtension(rows, positions, meta)

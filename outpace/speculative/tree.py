@@ -1,4 +1,5 @@
 """Draft trees on the device: chains, ancestor masks, and EAGLE-2-style node selection."""
+
 from __future__ import annotations
 
 import torch
@@ -19,6 +20,7 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """
     if parents.is_cuda:  # the same walk in one launch (speculative/tree_kernels.py)
         from outpace.speculative import tree_kernels
+
         return tree_kernels.ancestor_mask(parents, max_depth)
     batch, n = parents.shape
     mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(batch, n, n).clone()
@@ -30,8 +32,14 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return mask
 
 
-def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: torch.Tensor,
-                depths: torch.Tensor, root_tokens: torch.Tensor, num_nodes: int):
+def select_tree(
+    scores: torch.Tensor,
+    tokens: torch.Tensor,
+    parent_candidate: torch.Tensor,
+    depths: torch.Tensor,
+    root_tokens: torch.Tensor,
+    num_nodes: int,
+):
     """Keep the ``num_nodes - 1`` best candidates by cumulative log-probability (EAGLE-2).
 
     Candidates [batch, C] are listed parents-first; parent_candidate is -1 for the root's
@@ -41,11 +49,13 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: to
     """
     batch, num_candidates = scores.shape
     keyed = scores - 1e-6 * depths.float()
-    chosen = keyed.topk(num_nodes - 1, dim=1).indices.sort(dim=1).values          # [batch, num_nodes - 1]
+    chosen = keyed.topk(num_nodes - 1, dim=1).indices.sort(dim=1).values  # [batch, num_nodes - 1]
     node_of = torch.full((batch, num_candidates), -1, dtype=torch.int64, device=scores.device)
     node_of.scatter_(1, chosen, torch.arange(1, num_nodes, device=scores.device).expand(batch, -1))
     parent_cand = torch.gather(parent_candidate, 1, chosen)
-    parent_node = torch.where(parent_cand < 0, 0, torch.gather(node_of, 1, parent_cand.clamp(min=0)))
+    parent_node = torch.where(
+        parent_cand < 0, 0, torch.gather(node_of, 1, parent_cand.clamp(min=0))
+    )
     root = torch.zeros(batch, 1, dtype=torch.int64, device=scores.device)
     token_ids = torch.cat([root_tokens[:, None], torch.gather(tokens, 1, chosen)], dim=1)
     parents = torch.cat([root - 1, parent_node], dim=1)
@@ -53,15 +63,19 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, parent_candidate: to
     return token_ids, parents, node_depths
 
 
-def tree_log_probs(logits: torch.Tensor, st: SamplingTensors, gumbel: torch.Tensor | None) -> torch.Tensor:
+def tree_log_probs(
+    logits: torch.Tensor, st: SamplingTensors, gumbel: torch.Tensor | None
+) -> torch.Tensor:
     """The log-probabilities a tree drafter ranks each node's children by, [n, V] from draft ``logits`` [n, V]:
     the draft's own (``log_softmax``), or for a seeded row (layers/sampler.py) those of its perturbed
     distribution, ``log_softmax(log q + G)`` (q: the draft's distribution processed by the row's parameters;
     ``gumbel`` [n, V]: the noise of the children's position, None when no row is seeded). A seeded row's best
     child is then its Gumbel-max sample under the draft (the chain's draft), the next ones the runners-up,
     and a candidate's cumulative score still never exceeds its parent's."""
-    logp = torch.log_softmax(logits, dim=-1)                                       # [n, V]
+    logp = torch.log_softmax(logits, dim=-1)  # [n, V]
     if gumbel is None:
         return logp
-    perturbed = torch.log_softmax(gumbel_scores(logits_to_probs(logits, st), gumbel), dim=-1)  # [n, V]
+    perturbed = torch.log_softmax(
+        gumbel_scores(logits_to_probs(logits, st), gumbel), dim=-1
+    )  # [n, V]
     return torch.where(st.seeded[:, None], perturbed, logp)

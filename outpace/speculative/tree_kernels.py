@@ -3,6 +3,7 @@ down a verified tree. speculative/tree.py and speculative/verify.py keep the tor
 runs and tests compare against (tests/kernels/test_tree_kernels.py); on the GPU each of their depth loops cost
 some 8 tiny launches per level, about 0.15 ms of an 8B-shaped batch-1 tree step on the H100
 (benchmarks/scripts/diag_spec_step.py). One program serves one request's tree."""
+
 from __future__ import annotations
 
 import torch
@@ -15,22 +16,25 @@ def _ancestor_mask_kernel(parents, mask, n, MAX_DEPTH: tl.constexpr, BN: tl.cons
     r = tl.program_id(0)
     nodes = tl.arange(0, BN)
     valid = nodes < n
-    allowed = nodes[:, None] == nodes[None, :]                           # [BN, BN] itself
-    current = tl.load(parents + r * n + nodes, mask=valid, other=-1)     # one step up
+    allowed = nodes[:, None] == nodes[None, :]  # [BN, BN] itself
+    current = tl.load(parents + r * n + nodes, mask=valid, other=-1)  # one step up
     for _ in tl.static_range(MAX_DEPTH):
         up = current >= 0
         allowed = allowed | ((nodes[None, :] == current[:, None]) & up[:, None])
         current = tl.where(up, tl.load(parents + r * n + current, mask=up, other=-1), current)
     inside = valid[:, None] & valid[None, :]
-    tl.store(mask + r * n * n + nodes[:, None] * n + nodes[None, :], allowed.to(tl.int8), mask=inside)
+    tl.store(
+        mask + r * n * n + nodes[:, None] * n + nodes[None, :], allowed.to(tl.int8), mask=inside
+    )
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """speculative/tree.ancestor_mask.  parents [batch, n] -> [batch, n, n] bool"""
     batch, n = parents.shape
     mask = torch.empty(batch, n, n, dtype=torch.int8, device=parents.device)
-    _ancestor_mask_kernel[(batch,)](parents.long().contiguous(), mask, n, MAX_DEPTH=max_depth,
-                                    BN=triton.next_power_of_2(n))
+    _ancestor_mask_kernel[(batch,)](
+        parents.long().contiguous(), mask, n, MAX_DEPTH=max_depth, BN=triton.next_power_of_2(n)
+    )
     return mask.view(torch.bool)
 
 
@@ -41,8 +45,18 @@ def _pick(values, nodes, node):
 
 
 @triton.jit
-def _greedy_walk_kernel(parents, tokens, predict, path_out, correct_out, bonus_out, n,
-                        MAX_DEPTH: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+def _greedy_walk_kernel(
+    parents,
+    tokens,
+    predict,
+    path_out,
+    correct_out,
+    bonus_out,
+    n,
+    MAX_DEPTH: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+):
     r = tl.program_id(0)
     nodes = tl.arange(0, BN)
     valid = nodes < n
@@ -50,14 +64,14 @@ def _greedy_walk_kernel(parents, tokens, predict, path_out, correct_out, bonus_o
     tok = tl.load(tokens + r * n + nodes, mask=valid, other=-1)
     pred = tl.load(predict + r * n + nodes, mask=valid, other=-1)
     cols = tl.arange(0, BD)
-    path = tl.where(cols == 0, 0, -1).to(tl.int64)                  # [BD]: node 0, then -1
+    path = tl.where(cols == 0, 0, -1).to(tl.int64)  # [BD]: node 0, then -1
     current = tl.full((), 0, tl.int64)
     correct = tl.full((), 0, tl.int64)
     for depth in tl.static_range(1, MAX_DEPTH + 1):
         wanted = _pick(pred, nodes, current)
         match = valid & (par == current) & (tok == wanted)
-        child = tl.min(tl.where(match, nodes, BN), axis=0)          # the lowest matching child
-        found = child < BN                                          # once False, stays False
+        child = tl.min(tl.where(match, nodes, BN), axis=0)  # the lowest matching child
+        found = child < BN  # once False, stays False
         path = tl.where((cols == depth) & found, child, path)
         current = tl.where(found, child, current)
         correct += found.to(tl.int64)
@@ -66,8 +80,12 @@ def _greedy_walk_kernel(parents, tokens, predict, path_out, correct_out, bonus_o
     tl.store(bonus_out + r, _pick(pred, nodes, current))
 
 
-def greedy_walk(parents: torch.Tensor, draft_token_ids: torch.Tensor, target_predict: torch.Tensor,
-                max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def greedy_walk(
+    parents: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_predict: torch.Tensor,
+    max_depth: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """speculative/verify.verify_greedy_tree's walk.  parents, draft_token_ids, target_predict [batch, n]
     -> (accepted_path [batch, max_depth + 1], num_correct_drafts [batch], bonus_token_ids [batch])."""
     batch, n = parents.shape
@@ -75,7 +93,16 @@ def greedy_walk(parents: torch.Tensor, draft_token_ids: torch.Tensor, target_pre
     path = torch.empty(batch, max_depth + 1, dtype=torch.int64, device=dev)
     correct = torch.empty(batch, dtype=torch.int64, device=dev)
     bonus = torch.empty(batch, dtype=torch.int64, device=dev)
-    _greedy_walk_kernel[(batch,)](parents.long().contiguous(), draft_token_ids.long().contiguous(),
-                                  target_predict.long().contiguous(), path, correct, bonus, n, MAX_DEPTH=max_depth,
-                                  BN=triton.next_power_of_2(n), BD=triton.next_power_of_2(max_depth + 1))
+    _greedy_walk_kernel[(batch,)](
+        parents.long().contiguous(),
+        draft_token_ids.long().contiguous(),
+        target_predict.long().contiguous(),
+        path,
+        correct,
+        bonus,
+        n,
+        MAX_DEPTH=max_depth,
+        BN=triton.next_power_of_2(n),
+        BD=triton.next_power_of_2(max_depth + 1),
+    )
     return path, correct, bonus

@@ -40,7 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from outpace.layers.sampler import Keys, SamplingTensors, draw_uniform, logits_to_probs, sample_from_probs
+from outpace.layers.sampler import (
+    Keys,
+    SamplingTensors,
+    draw_uniform,
+    logits_to_probs,
+    sample_from_probs,
+)
 
 
 @dataclass
@@ -101,18 +107,29 @@ def _residual_after_rejecting_token(p: Tensor, token: Tensor) -> Tensor:
 # Chains: draft_token_ids [batch, num_drafts], target distributions [batch, num_drafts + 1, V].
 
 
-def _chain_result(draft_token_ids: Tensor, num_correct_drafts: Tensor, bonus_token_ids: Tensor) -> VerifyResult:
+def _chain_result(
+    draft_token_ids: Tensor, num_correct_drafts: Tensor, bonus_token_ids: Tensor
+) -> VerifyResult:
     num_drafts = draft_token_ids.shape[1]
-    if num_drafts == 0:  # plain decoding: the bonus token alone, at position 0 (a few kernels fewer per step)
-        return VerifyResult(bonus_token_ids[:, None], num_correct_drafts, bonus_token_ids, num_correct_drafts,
-                            num_correct_drafts[:, None])
+    if (
+        num_drafts == 0
+    ):  # plain decoding: the bonus token alone, at position 0 (a few kernels fewer per step)
+        return VerifyResult(
+            bonus_token_ids[:, None],
+            num_correct_drafts,
+            bonus_token_ids,
+            num_correct_drafts,
+            num_correct_drafts[:, None],
+        )
     positions = torch.arange(num_drafts + 1, device=draft_token_ids.device)  # [L]
     n = num_correct_drafts[:, None]  # [batch, 1]
     drafts = F.pad(draft_token_ids, (0, 1), value=-1)  # [batch, L]
     output = torch.where(positions < n, drafts, -1)  # [batch, L]
     output = torch.where(positions == n, bonus_token_ids[:, None], output)  # [batch, L]
     accepted_path = torch.where(positions <= n, positions, -1)  # [batch, L]
-    return VerifyResult(output, num_correct_drafts, bonus_token_ids, num_correct_drafts, accepted_path)
+    return VerifyResult(
+        output, num_correct_drafts, bonus_token_ids, num_correct_drafts, accepted_path
+    )
 
 
 def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> VerifyResult:
@@ -129,8 +146,13 @@ def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> Verif
     return _chain_result(draft_token_ids, num_correct_drafts, bonus)
 
 
-def verify_sampling_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, target_probs: Tensor, keys: Keys = None,
-                          uniform_rand: Tensor | None = None) -> VerifyResult:
+def verify_sampling_chain(
+    draft_token_ids: Tensor,
+    draft_probs: Tensor | None,
+    target_probs: Tensor,
+    keys: Keys = None,
+    uniform_rand: Tensor | None = None,
+) -> VerifyResult:
     """Speculative sampling over a chain (Leviathan et al. / Chen et al.).
 
     ``draft_token_ids``  # [batch, num_drafts]: draft j was proposed from q_j
@@ -153,9 +175,15 @@ def verify_sampling_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, t
     device = draft_token_ids.device
     rows = torch.arange(batch, device=device)  # [batch]
 
-    p_draft = target_probs[:, :num_drafts].gather(-1, draft_token_ids[..., None]).squeeze(-1)  # [batch, num_drafts]
+    p_draft = (
+        target_probs[:, :num_drafts].gather(-1, draft_token_ids[..., None]).squeeze(-1)
+    )  # [batch, num_drafts]
     # [batch, num_drafts]; 1.0: the one-hot q of deterministic drafts
-    q_draft = 1.0 if draft_probs is None else draft_probs.gather(-1, draft_token_ids[..., None]).squeeze(-1)
+    q_draft = (
+        1.0
+        if draft_probs is None
+        else draft_probs.gather(-1, draft_token_ids[..., None]).squeeze(-1)
+    )
     if uniform_rand is None:
         uniform_rand = draw_uniform(batch, num_drafts, keys, device)  # [batch, num_drafts]
     accepted = _accepts(uniform_rand, p_draft, q_draft)  # [batch, num_drafts]
@@ -165,9 +193,13 @@ def verify_sampling_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, t
     if num_drafts > 0:
         rejected_at = num_correct_drafts.clamp(max=num_drafts - 1)  # [batch]
         if draft_probs is None:
-            residual = _residual_after_rejecting_token(next_probs, draft_token_ids[rows, rejected_at])  # [batch, V]
+            residual = _residual_after_rejecting_token(
+                next_probs, draft_token_ids[rows, rejected_at]
+            )  # [batch, V]
         else:
-            residual = _residual_after_rejection(next_probs, draft_probs[rows, rejected_at])  # [batch, V]
+            residual = _residual_after_rejection(
+                next_probs, draft_probs[rows, rejected_at]
+            )  # [batch, V]
         rejected = num_correct_drafts < num_drafts  # [batch]
         next_probs = torch.where(rejected[:, None], residual, next_probs)  # [batch, V]
     bonus = sample_from_probs(next_probs, keys)  # [batch]
@@ -180,19 +212,26 @@ def verify_sampling_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, t
 # tried in index order.
 
 
-def _tree_result(draft_token_ids: Tensor, accepted_path: Tensor, num_correct_drafts: Tensor,
-                 bonus_token_ids: Tensor) -> VerifyResult:
+def _tree_result(
+    draft_token_ids: Tensor,
+    accepted_path: Tensor,
+    num_correct_drafts: Tensor,
+    bonus_token_ids: Tensor,
+) -> VerifyResult:
     path_nodes = accepted_path[:, 1:]  # [batch, max_depth]
     tokens = draft_token_ids.gather(1, path_nodes.clamp(min=0))  # [batch, max_depth]
     tokens = torch.where(path_nodes >= 0, tokens, -1)  # [batch, max_depth]
     output = F.pad(tokens, (0, 1), value=-1)  # [batch, max_depth + 1]
-    output = output.scatter(1, num_correct_drafts[:, None], bonus_token_ids[:, None])  # [batch, max_depth + 1]
+    output = output.scatter(
+        1, num_correct_drafts[:, None], bonus_token_ids[:, None]
+    )  # [batch, max_depth + 1]
     last_node = accepted_path.gather(1, num_correct_drafts[:, None]).squeeze(1)  # [batch]
     return VerifyResult(output, num_correct_drafts, bonus_token_ids, last_node, accepted_path)
 
 
-def verify_greedy_tree(parent: Tensor, draft_token_ids: Tensor, target_logits: Tensor,
-                       max_depth: int | None = None) -> VerifyResult:
+def verify_greedy_tree(
+    parent: Tensor, draft_token_ids: Tensor, target_logits: Tensor, max_depth: int | None = None
+) -> VerifyResult:
     """Greedy tree verification: from the root, repeatedly move to the child whose token is the target's argmax at the
     current node (the lowest-index one if several); stop when no child matches. The bonus token is the argmax at the
     last accepted node.
@@ -212,11 +251,16 @@ def verify_greedy_tree(parent: Tensor, draft_token_ids: Tensor, target_logits: T
     target_predict = target_logits.argmax(dim=-1)  # [batch, num_nodes]
     if target_predict.is_cuda:  # the same walk in one launch (speculative/tree_kernels.py)
         from outpace.speculative import tree_kernels
-        return _tree_result(draft_token_ids, *tree_kernels.greedy_walk(parent, draft_token_ids, target_predict,
-                                                                         max_depth))
+
+        return _tree_result(
+            draft_token_ids,
+            *tree_kernels.greedy_walk(parent, draft_token_ids, target_predict, max_depth),
+        )
     current = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     num_correct_drafts = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
-    accepted_path = F.pad(current[:, None], (0, max_depth), value=-1)  # [batch, max_depth + 1]: node 0, then -1
+    accepted_path = F.pad(
+        current[:, None], (0, max_depth), value=-1
+    )  # [batch, max_depth + 1]: node 0, then -1
     for depth in range(1, max_depth + 1):
         wanted = target_predict.gather(1, current[:, None])  # [batch, 1]
         is_match = (parent == current[:, None]) & (draft_token_ids == wanted)  # [batch, num_nodes]
@@ -229,9 +273,15 @@ def verify_greedy_tree(parent: Tensor, draft_token_ids: Tensor, target_logits: T
     return _tree_result(draft_token_ids, accepted_path, num_correct_drafts, bonus)
 
 
-def verify_sampling_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-                         keys: Keys = None, uniform_rand: Tensor | None = None,
-                         max_depth: int | None = None) -> VerifyResult:
+def verify_sampling_tree(
+    parent: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor | None,
+    target_probs: Tensor,
+    keys: Keys = None,
+    uniform_rand: Tensor | None = None,
+    max_depth: int | None = None,
+) -> VerifyResult:
     """Multi-candidate recursive rejection sampling over a draft tree (SpecInfer style).
 
     ``parent``           # [batch, num_nodes] int64, -1 for node 0; topological order
@@ -270,9 +320,13 @@ def verify_sampling_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: T
 
     current = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
     num_correct_drafts = torch.zeros(batch, dtype=torch.int64, device=device)  # [batch]
-    accepted_path = F.pad(current[:, None], (0, max_depth), value=-1)  # [batch, max_depth + 1]: node 0, then -1
+    accepted_path = F.pad(
+        current[:, None], (0, max_depth), value=-1
+    )  # [batch, max_depth + 1]: node 0, then -1
     residual = target_probs[:, 0]  # [batch, V]: r at the current node
-    draft_q = None if draft_probs is None else draft_probs[:, 0]  # [batch, V]: q at the current node
+    draft_q = (
+        None if draft_probs is None else draft_probs[:, 0]
+    )  # [batch, V]: q at the current node
     for node in range(1, num_nodes):
         tried = parent[:, node] == current  # [batch]
         token = draft_token_ids[:, node]  # [batch]
@@ -290,7 +344,9 @@ def verify_sampling_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: T
         residual = torch.where(accepted[:, None], target_probs[:, node], residual)  # [batch, V]
         current = torch.where(accepted, node, current)
         num_correct_drafts = num_correct_drafts + accepted
-        write = accepted[:, None] & (depths == num_correct_drafts[:, None])  # [batch, max_depth + 1]
+        write = accepted[:, None] & (
+            depths == num_correct_drafts[:, None]
+        )  # [batch, max_depth + 1]
         accepted_path = torch.where(write, node, accepted_path)
     bonus = sample_from_probs(residual, keys)  # [batch]
     return _tree_result(draft_token_ids, accepted_path, num_correct_drafts, bonus)
@@ -305,12 +361,22 @@ def _target_probs(target_logits: Tensor, st: SamplingTensors, gumbel: Tensor | N
     per request) and, for seeded rows, ``gumbel`` [batch, positions, V].  # [batch, positions, V] float32"""
     batch, positions, vocab = target_logits.shape
     flat = target_logits.reshape(batch * positions, vocab)  # [batch * positions, V]
-    noise = None if gumbel is None else gumbel.reshape(batch * positions, vocab)  # [batch * positions, V]
-    return logits_to_probs(flat, st.repeat_interleave(positions), noise).view(batch, positions, vocab)
+    noise = (
+        None if gumbel is None else gumbel.reshape(batch * positions, vocab)
+    )  # [batch * positions, V]
+    return logits_to_probs(flat, st.repeat_interleave(positions), noise).view(
+        batch, positions, vocab
+    )
 
 
-def verify_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, target_logits: Tensor, st: SamplingTensors,
-                 keys: Keys = None, gumbel: Tensor | None = None) -> VerifyResult:
+def verify_chain(
+    draft_token_ids: Tensor,
+    draft_probs: Tensor | None,
+    target_logits: Tensor,
+    st: SamplingTensors,
+    keys: Keys = None,
+    gumbel: Tensor | None = None,
+) -> VerifyResult:
     """Greedy verification when every request is greedy (``st.all_greedy``, a host bool),
     else speculative sampling on the processed target distribution, exact matching for seeded
     rows (module docstring). ``st`` has one row per request; ``gumbel`` [batch, num_drafts + 1, V]:
@@ -318,14 +384,25 @@ def verify_chain(draft_token_ids: Tensor, draft_probs: Tensor | None, target_log
     with raw ``target_logits``."""
     if st.all_greedy:
         return verify_greedy_chain(draft_token_ids, target_logits)
-    return verify_sampling_chain(draft_token_ids, draft_probs, _target_probs(target_logits, st, gumbel), keys)
+    return verify_sampling_chain(
+        draft_token_ids, draft_probs, _target_probs(target_logits, st, gumbel), keys
+    )
 
 
-def verify_tree(parent: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None, target_logits: Tensor,
-                st: SamplingTensors, keys: Keys = None, gumbel: Tensor | None = None,
-                max_depth: int | None = None) -> VerifyResult:
+def verify_tree(
+    parent: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor | None,
+    target_logits: Tensor,
+    st: SamplingTensors,
+    keys: Keys = None,
+    gumbel: Tensor | None = None,
+    max_depth: int | None = None,
+) -> VerifyResult:
     """Tree counterpart of :func:`verify_chain` (``gumbel`` [batch, num_nodes, V])."""
     if st.all_greedy:
         return verify_greedy_tree(parent, draft_token_ids, target_logits, max_depth)
     target_probs = _target_probs(target_logits, st, gumbel)
-    return verify_sampling_tree(parent, draft_token_ids, draft_probs, target_probs, keys, max_depth=max_depth)
+    return verify_sampling_tree(
+        parent, draft_token_ids, draft_probs, target_probs, keys, max_depth=max_depth
+    )

@@ -22,6 +22,7 @@ i <= t (<= 0), so strong decays underflow to 0 and never overflow.
 without recurrent metadata (training's dense forwards: each sequence from zeros, nothing kept); the engine's
 forwards (prefill, verify, trees) keep the per-token loop, so serving is unchanged.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -36,8 +37,16 @@ from outpace.layers.gated_deltanet import l2_normalize
 CHUNK = 64
 
 
-def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       state: torch.Tensor, valid: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    valid: torch.Tensor,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``gated_delta_rule_run``'s function for a chain keeping no per-token state (module docstring).
 
     q, k [runs, len, k_heads, k_dim] (not yet normalised); v [runs, len, v_heads, v_dim]; g (log decay), beta
@@ -53,28 +62,36 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     pad = -length % chunk
     n = (length + pad) // chunk
 
-    def chunks(x: torch.Tensor) -> torch.Tensor:  # [runs, len, heads, ...] -> [runs, heads, n, chunk, ...]
+    def chunks(
+        x: torch.Tensor,
+    ) -> torch.Tensor:  # [runs, len, heads, ...] -> [runs, heads, n, chunk, ...]
         x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
         return x.view(runs, n, chunk, v_heads, *x.shape[3:]).transpose(1, 3).transpose(2, 3)
 
     q, k, v, g, beta = chunks(q), chunks(k), chunks(v.float()), chunks(g), chunks(beta)
-    G = g.cumsum(-1)                                                        # [runs, heads, n, chunk]
+    G = g.cumsum(-1)  # [runs, heads, n, chunk]
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=g.device).tril()
-    decay = torch.exp(torch.where(causal, G[..., :, None] - G[..., None, :], float("-inf")))  # [.., t, i]
+    decay = torch.exp(
+        torch.where(causal, G[..., :, None] - G[..., None, :], float("-inf"))
+    )  # [.., t, i]
     A = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
     eye = torch.eye(chunk, device=g.device)
-    values = torch.linalg.solve_triangular(eye + A, beta[..., None] * v, upper=False, unitriangular=True)
-    keys = torch.linalg.solve_triangular(eye + A, (beta * G.exp())[..., None] * k, upper=False, unitriangular=True)
-    scores = decay * (q @ k.transpose(-1, -2))                              # [.., t, i], zero above the diagonal
-    q_start = q * G.exp()[..., None]                                        # reads S_0
-    k_end = k * (G[..., -1:] - G).exp()[..., None]                          # writes the chunk's last state
-    s = state.float()                                                       # [runs, heads, k_dim, v_dim]
+    values = torch.linalg.solve_triangular(
+        eye + A, beta[..., None] * v, upper=False, unitriangular=True
+    )
+    keys = torch.linalg.solve_triangular(
+        eye + A, (beta * G.exp())[..., None] * k, upper=False, unitriangular=True
+    )
+    scores = decay * (q @ k.transpose(-1, -2))  # [.., t, i], zero above the diagonal
+    q_start = q * G.exp()[..., None]  # reads S_0
+    k_end = k * (G[..., -1:] - G).exp()[..., None]  # writes the chunk's last state
+    s = state.float()  # [runs, heads, k_dim, v_dim]
     outs = []
     for c in range(n):
-        u = values[:, :, c] - keys[:, :, c] @ s                             # [runs, heads, chunk, v_dim]
+        u = values[:, :, c] - keys[:, :, c] @ s  # [runs, heads, chunk, v_dim]
         outs.append(q_start[:, :, c] @ s + scores[:, :, c] @ u)
         s = G[:, :, c, -1, None, None].exp() * s + k_end[:, :, c].transpose(-1, -2) @ u
-    o = torch.stack(outs, dim=2).transpose(1, 3).transpose(1, 2)           # [runs, n, chunk, heads, v_dim]
+    o = torch.stack(outs, dim=2).transpose(1, 3).transpose(1, 2)  # [runs, n, chunk, heads, v_dim]
     return o.reshape(runs, n * chunk, v_heads, -1)[:, :length].to(out_dtype), s
 
 

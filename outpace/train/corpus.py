@@ -221,7 +221,9 @@ def heldout_prompts(
     line-aligned snippet of about prompt_chars characters (see _snippet).
     """
     if num_prompts < 0 or prompt_chars <= 0:
-        raise ValueError(f"need num_prompts >= 0 and prompt_chars > 0, got {num_prompts}, {prompt_chars}")
+        raise ValueError(
+            f"need num_prompts >= 0 and prompt_chars > 0, got {num_prompts}, {prompt_chars}"
+        )
     if num_prompts and not corpus.heldout:
         raise ValueError("corpus has no held-out files to cut prompts from")
     rng = random.Random(seed)
@@ -250,7 +252,10 @@ _MATCH_LINE_CHARS = 24
 def _identifying_lines(prompt: str) -> list[str]:
     """The prompt's longest distinct stripped lines (at most _MATCH_LINES, each >= _MATCH_LINE_CHARS long)."""
     lines = {line.strip() for line in prompt.split("\n")}
-    long = sorted((line for line in lines if len(line) >= _MATCH_LINE_CHARS), key=lambda line: (-len(line), line))
+    long = sorted(
+        (line for line in lines if len(line) >= _MATCH_LINE_CHARS),
+        key=lambda line: (-len(line), line),
+    )
     return long[:_MATCH_LINES]
 
 
@@ -270,13 +275,16 @@ def files_holding_prompts(files: list[SourceFile], prompts: list[str]) -> set[st
         if not exact:
             lines = _identifying_lines(prompt)
             need = len(lines) // 2 + 1
-            exact = {f.rel_path for f in files if lines and sum(line in f.text for line in lines) >= need}
+            exact = {
+                f.rel_path for f in files if lines and sum(line in f.text for line in lines) >= need
+            }
         marked |= exact
     return marked
 
 
-def heldout_files_unused_by(corpus: Corpus, eval_prompts: list[str], max_total_bytes: int | None = None
-                            ) -> tuple[list[SourceFile], list[str]]:
+def heldout_files_unused_by(
+    corpus: Corpus, eval_prompts: list[str], max_total_bytes: int | None = None
+) -> tuple[list[SourceFile], list[str]]:
     """(files, excluded): the held-out files that no prompt of ``eval_prompts`` was cut from
     (files_holding_prompts), in rel_path order, and the sorted rel_paths of those excluded.
 

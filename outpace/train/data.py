@@ -1,4 +1,5 @@
 """Token data for training: the corpus tokenized into one stream, and seeded random windows."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """What every draft learns from: the target's own continuations of corpus prompts, and the
 target's distributions over them (soft labels)."""
+
 from __future__ import annotations
 
 import time
@@ -20,32 +21,51 @@ from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.tokenizer import EOS_TOKEN
 
 
-def target_train_stream(target_dir: Path, heldout_fraction: float = 0.05, max_corpus_bytes: int = 30_000_000,
-                        roots=None) -> TokenStream:
+def target_train_stream(
+    target_dir: Path, heldout_fraction: float = 0.05, max_corpus_bytes: int = 30_000_000, roots=None
+) -> TokenStream:
     """The corpus's train split tokenized with the target's tokenizer (held-out files excluded)."""
     tok = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
-    corpus = build_corpus(roots, heldout_fraction=heldout_fraction, max_total_bytes=max_corpus_bytes)
+    corpus = build_corpus(
+        roots, heldout_fraction=heldout_fraction, max_total_bytes=max_corpus_bytes
+    )
     return TokenStream.from_files(corpus.train, tok, tok.token_to_id(EOS_TOKEN))
 
 
-def target_heldout_stream(target_dir: Path, eval_prompts_file: Path, heldout_fraction: float = 0.05,
-                          max_corpus_bytes: int = 30_000_000, roots=None) -> tuple[TokenStream, dict]:
+def target_heldout_stream(
+    target_dir: Path,
+    eval_prompts_file: Path,
+    heldout_fraction: float = 0.05,
+    max_corpus_bytes: int = 30_000_000,
+    roots=None,
+) -> tuple[TokenStream, dict]:
     """The corpus's held-out files that no prompt of ``eval_prompts_file`` was cut from (corpus.py
     ``heldout_files_unused_by``, up to ``max_corpus_bytes``) tokenized with the target's tokenizer, and what
     was used: {"eval_prompts", "files", "tokens", "excluded_files" (their rel_paths)}."""
     tok = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
-    corpus = build_corpus(roots, heldout_fraction=heldout_fraction, max_total_bytes=0)  # 0: no train file kept
-    files, excluded = heldout_files_unused_by(corpus, load_prompts(eval_prompts_file), max_corpus_bytes)
+    corpus = build_corpus(
+        roots, heldout_fraction=heldout_fraction, max_total_bytes=0
+    )  # 0: no train file kept
+    files, excluded = heldout_files_unused_by(
+        corpus, load_prompts(eval_prompts_file), max_corpus_bytes
+    )
     if not files:
-        raise ValueError(f"prompt_split='heldout': no held-out file is left once those that the prompts of "
-                         f"{eval_prompts_file} were cut from are excluded ({len(excluded)} of {len(corpus.heldout)})")
+        raise ValueError(
+            f"prompt_split='heldout': no held-out file is left once those that the prompts of "
+            f"{eval_prompts_file} were cut from are excluded ({len(excluded)} of {len(corpus.heldout)})"
+        )
     stream = TokenStream.from_files(files, tok, tok.token_to_id(EOS_TOKEN))
-    return stream, dict(eval_prompts=str(eval_prompts_file), files=len(files), tokens=len(stream),
-                        excluded_files=excluded)
+    return stream, dict(
+        eval_prompts=str(eval_prompts_file),
+        files=len(files),
+        tokens=len(stream),
+        excluded_files=excluded,
+    )
 
 
-def corpus_stream(target_dir: Path, prompt_split: str, eval_prompts: str | None,
-                  max_corpus_bytes: int) -> tuple[TokenStream, dict | None]:
+def corpus_stream(
+    target_dir: Path, prompt_split: str, eval_prompts: str | None, max_corpus_bytes: int
+) -> tuple[TokenStream, dict | None]:
     """The corpus files of ``prompt_split`` tokenized, and for "heldout" what ``target_heldout_stream`` used
     (None for "train"). The evaluation prompts are those the run ends with (evaluate.py: the recipe's
     ``eval_prompts``, else the zoo's beside the target)."""
@@ -53,20 +73,34 @@ def corpus_stream(target_dir: Path, prompt_split: str, eval_prompts: str | None,
         return target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes), None
     eval_file = heldout_prompts_file(target_dir, eval_prompts)
     if eval_file is None:
-        raise ValueError("prompt_split='heldout' leaves out the held-out files that the evaluation prompts were cut "
-                         f"from, and none are known: give eval_prompts (--eval-prompts), or put eval_prompts.json "
-                         f"beside {target_dir}")
+        raise ValueError(
+            "prompt_split='heldout' leaves out the held-out files that the evaluation prompts were cut "
+            f"from, and none are known: give eval_prompts (--eval-prompts), or put eval_prompts.json "
+            f"beside {target_dir}"
+        )
     return target_heldout_stream(target_dir, eval_file, max_corpus_bytes=max_corpus_bytes)
 
 
-def target_continuations(target_dir: Path, prompts: list[list[int]], seq_len: int, device: str,
-                         temperature: float = 0.8, seed: int = 0, ranks: TrainRanks = ONE_RANK,
-                         **engine_kwargs) -> torch.Tensor:
+def target_continuations(
+    target_dir: Path,
+    prompts: list[list[int]],
+    seq_len: int,
+    device: str,
+    temperature: float = 0.8,
+    seed: int = 0,
+    ranks: TrainRanks = ONE_RANK,
+    **engine_kwargs,
+) -> torch.Tensor:
     """[len(prompts), seq_len] int64: each prompt followed by the target's own continuation up to ``seq_len``
     tokens (generated by outpace's engine, tensor-parallel over the training ``ranks``; EOS does not stop
     it, so all rows are full)."""
-    params = [SamplingParams(temperature=temperature, max_tokens=seq_len - len(p), ignore_eos=True) for p in prompts]
-    with ranks.open_llm(str(target_dir), device=device, seed=seed, progress=True, **engine_kwargs) as llm:
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=seq_len - len(p), ignore_eos=True)
+        for p in prompts
+    ]
+    with ranks.open_llm(
+        str(target_dir), device=device, seed=seed, progress=True, **engine_kwargs
+    ) as llm:
         outs = llm.generate(prompts, params, progress=True)
     return torch.tensor([p + o.token_ids for p, o in zip(prompts, outs)], dtype=torch.int64)
 
@@ -87,40 +121,58 @@ class DistillRecipe:
     steps: int = 6000
     lr: float = 3e-3
     warmup_steps: int = 100
-    max_minutes: float | None = 4.0               # the training loop's budget
-    total_minutes: float | None = None            # the whole run's (``loop_optim``): data, loop, saving, held-out run
-    heldout_reserve_minutes: float = 1.0          # of total_minutes, kept for saving and the held-out run
+    max_minutes: float | None = 4.0  # the training loop's budget
+    total_minutes: float | None = (
+        None  # the whole run's (``loop_optim``): data, loop, saving, held-out run
+    )
+    heldout_reserve_minutes: float = 1.0  # of total_minutes, kept for saving and the held-out run
     seed: int = 0
     max_corpus_bytes: int = 30_000_000
-    data_temperature: float = 0.8                 # the target samples its continuations at this temperature
-    corpus_fraction: float = 0.5                  # share of each batch that is raw corpus windows
-    prompt_split: str = "train"                   # corpus files of the prompts and windows (PROMPT_SPLITS)
-    prompt_files: tuple[str, ...] | None = None   # the user's prompts (train/prompts.py); None: the zoo corpus
-    generation_batch: int = 512                   # continuations the engine generates at once
-    resume_every: int = 250                       # steps between saves of the training state
-    compile_step: bool = False                    # torch.compile the draft's training step on one GPU
-                                                  # (``compiles_on``); on by default where tests/train/test_train_compile.py
-                                                  # has passed on a GPU
-    eval_prompts: str | None = None               # held-out prompts; None: the zoo's beside the target, if any
-                                                  # (with prompt_split "heldout", their files are never trained on)
+    data_temperature: float = 0.8  # the target samples its continuations at this temperature
+    corpus_fraction: float = 0.5  # share of each batch that is raw corpus windows
+    prompt_split: str = "train"  # corpus files of the prompts and windows (PROMPT_SPLITS)
+    prompt_files: tuple[str, ...] | None = (
+        None  # the user's prompts (train/prompts.py); None: the zoo corpus
+    )
+    generation_batch: int = 512  # continuations the engine generates at once
+    resume_every: int = 250  # steps between saves of the training state
+    compile_step: bool = False  # torch.compile the draft's training step on one GPU
+    # (``compiles_on``); on by default where tests/train/test_train_compile.py
+    # has passed on a GPU
+    eval_prompts: str | None = None  # held-out prompts; None: the zoo's beside the target, if any
+    # (with prompt_split "heldout", their files are never trained on)
     eval_max_tokens: int = 64
-    eval_num_prompts: int | None = None           # the first N held-out prompts; None: all
+    eval_num_prompts: int | None = None  # the first N held-out prompts; None: all
 
     def __post_init__(self) -> None:
         """Every recipe's shared fields are checked here; a recipe checks its own after calling this."""
         self.check("batch_size", self.batch_size >= 1, ">= 1")
-        self.check("total_minutes", self.total_minutes is None or self.total_minutes > self.heldout_reserve_minutes,
-                   f"None or more than heldout_reserve_minutes ({self.heldout_reserve_minutes})")
+        self.check(
+            "total_minutes",
+            self.total_minutes is None or self.total_minutes > self.heldout_reserve_minutes,
+            f"None or more than heldout_reserve_minutes ({self.heldout_reserve_minutes})",
+        )
         self.check("heldout_reserve_minutes", self.heldout_reserve_minutes >= 0, ">= 0")
-        self.check("corpus_fraction", 0 <= self.corpus_fraction < 1, "in [0, 1) (some rows must be continuations)")
-        self.check("prompt_split", self.prompt_split in PROMPT_SPLITS, f"one of {', '.join(PROMPT_SPLITS)}")
-        self.check("prompt_split", self.prompt_split == "train" or not self.prompt_files,
-                   "'train' with prompt files (--data): the split is the zoo corpus's, which they replace")
+        self.check(
+            "corpus_fraction",
+            0 <= self.corpus_fraction < 1,
+            "in [0, 1) (some rows must be continuations)",
+        )
+        self.check(
+            "prompt_split", self.prompt_split in PROMPT_SPLITS, f"one of {', '.join(PROMPT_SPLITS)}"
+        )
+        self.check(
+            "prompt_split",
+            self.prompt_split == "train" or not self.prompt_files,
+            "'train' with prompt files (--data): the split is the zoo corpus's, which they replace",
+        )
 
     def check(self, name: str, ok: bool, allowed: str) -> None:
         """Refuse a field's value by name: ``allowed`` says what it must be."""
         if not ok:
-            raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
+            raise ValueError(
+                f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: must be {allowed}"
+            )
 
     def compiles_on(self, device: str, num_ranks: int = 1) -> bool:
         """Whether the draft's training step is compiled (ranks.py ``DraftStep``) on ``device`` over ``num_ranks``
@@ -143,11 +195,15 @@ class DistillRecipe:
             spent = (time.perf_counter() - run_start) / 60
             left = self.total_minutes - self.heldout_reserve_minutes - spent
             if left <= 0:
-                raise ValueError(f"{type(self).__name__}.total_minutes={self.total_minutes} is spent before training: "
-                                 f"preparing the data took {spent:.1f} min and heldout_reserve_minutes is "
-                                 f"{self.heldout_reserve_minutes}")
+                raise ValueError(
+                    f"{type(self).__name__}.total_minutes={self.total_minutes} is spent before training: "
+                    f"preparing the data took {spent:.1f} min and heldout_reserve_minutes is "
+                    f"{self.heldout_reserve_minutes}"
+                )
             minutes = left if minutes is None else min(minutes, left)
-        return OptimConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=minutes)
+        return OptimConfig(
+            steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, max_minutes=minutes
+        )
 
 
 @dataclass(frozen=True)
@@ -163,6 +219,7 @@ class TrajectoryDistillRecipe(DistillRecipe):
     data_temperature: float = 0.0
     corpus_fraction: float = 0.0
     generation_batch: int = 1024
+
 
 class DistillData:
     """Training batches for a draft: the target's own continuations of prompts, and a share
@@ -181,16 +238,31 @@ class DistillData:
     resumed run does not generate them again).
     """
 
-    def __init__(self, target_dir: Path, num_continuations: int, prompt_len: int, new_tokens: int, device: str,
-                 seed: int = 0, max_corpus_bytes: int = 30_000_000, temperature: float = 0.8,
-                 corpus_fraction: float = 0.5, generation_batch: int = 512, cache: Path | None = None,
-                 prompt_files: tuple[str, ...] | None = None, ranks: TrainRanks = ONE_RANK, prompt_split: str = "train",
-                 eval_prompts: str | None = None) -> None:
+    def __init__(
+        self,
+        target_dir: Path,
+        num_continuations: int,
+        prompt_len: int,
+        new_tokens: int,
+        device: str,
+        seed: int = 0,
+        max_corpus_bytes: int = 30_000_000,
+        temperature: float = 0.8,
+        corpus_fraction: float = 0.5,
+        generation_batch: int = 512,
+        cache: Path | None = None,
+        prompt_files: tuple[str, ...] | None = None,
+        ranks: TrainRanks = ONE_RANK,
+        prompt_split: str = "train",
+        eval_prompts: str | None = None,
+    ) -> None:
         self.seq_len = prompt_len + new_tokens
         self.corpus_fraction = corpus_fraction
         self.stream, self.heldout_corpus = None, None
         if corpus_fraction > 0 or not prompt_files:
-            self.stream, self.heldout_corpus = corpus_stream(target_dir, prompt_split, eval_prompts, max_corpus_bytes)
+            self.stream, self.heldout_corpus = corpus_stream(
+                target_dir, prompt_split, eval_prompts, max_corpus_bytes
+            )
         if cache is not None and Path(cache).is_file():
             saved = torch.load(cache)
             self.continuations, self.starts = saved["tokens"], saved["starts"]
@@ -200,28 +272,60 @@ class DistillData:
 
             prompts = load_prompt_ids(prompt_files, target_dir, prompt_len, num_continuations, seed)
         else:
-            prompts = self.stream.windows(num_continuations, prompt_len, torch.Generator().manual_seed(seed)).tolist()
+            prompts = self.stream.windows(
+                num_continuations, prompt_len, torch.Generator().manual_seed(seed)
+            ).tolist()
         self.starts = torch.tensor([len(p) for p in prompts], dtype=torch.int64)  # [rows]
         # every wave decodes generation_batch rows in step after its prompts are in: that one batch size is captured
         # (the default ladder cost about 20 s of an H100 run's start-up, benchmarks/results/train_zoo_h100_alone)
         self.continuations = target_continuations(  # [rows, seq_len]
-            target_dir, prompts, self.seq_len, device, temperature, seed=seed, ranks=ranks, max_num_seqs=generation_batch,
-            num_kv_blocks=generation_batch * self.seq_len // 16 + 64, max_num_batched_tokens=16384,
-            cuda_graph_sizes=(generation_batch,))
+            target_dir,
+            prompts,
+            self.seq_len,
+            device,
+            temperature,
+            seed=seed,
+            ranks=ranks,
+            max_num_seqs=generation_batch,
+            num_kv_blocks=generation_batch * self.seq_len // 16 + 64,
+            max_num_batched_tokens=16384,
+            cuda_graph_sizes=(generation_batch,),
+        )
         if cache is not None:
             Path(cache).parent.mkdir(parents=True, exist_ok=True)
             torch.save({"tokens": self.continuations, "starts": self.starts}, cache)
 
     @classmethod
-    def for_recipe(cls, target_dir: Path, recipe: DistillRecipe, device: str, generation_batch: int | None = None,
-                   cache: Path | None = None, ranks: TrainRanks = ONE_RANK) -> DistillData:
+    def for_recipe(
+        cls,
+        target_dir: Path,
+        recipe: DistillRecipe,
+        device: str,
+        generation_batch: int | None = None,
+        cache: Path | None = None,
+        ranks: TrainRanks = ONE_RANK,
+    ) -> DistillData:
         """The recipe's data; over several training ranks, built on rank 0 (its engine tensor-parallel over
         them all) and handed to every rank."""
-        return ranks.on_driver(lambda: cls(
-            target_dir, recipe.num_continuations, recipe.prompt_len, recipe.new_tokens, device, recipe.seed,
-            recipe.max_corpus_bytes, recipe.data_temperature, recipe.corpus_fraction,
-            generation_batch or recipe.generation_batch, cache, recipe.prompt_files, ranks, recipe.prompt_split,
-            recipe.eval_prompts))
+        return ranks.on_driver(
+            lambda: cls(
+                target_dir,
+                recipe.num_continuations,
+                recipe.prompt_len,
+                recipe.new_tokens,
+                device,
+                recipe.seed,
+                recipe.max_corpus_bytes,
+                recipe.data_temperature,
+                recipe.corpus_fraction,
+                generation_batch or recipe.generation_batch,
+                cache,
+                recipe.prompt_files,
+                ranks,
+                recipe.prompt_split,
+                recipe.eval_prompts,
+            )
+        )
 
     @property
     def corpus_metrics(self) -> dict:
@@ -232,14 +336,20 @@ class DistillData:
     def num_corpus_rows(self, batch_size: int) -> int:
         return int(batch_size * self.corpus_fraction)
 
-    def batch_with_starts(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_with_starts(
+        self, batch_size: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """([batch_size, seq_len] int64, [batch_size] int64) on the CPU: continuations first, then
         ``num_corpus_rows`` corpus windows; and where each row's continuation starts (0 for the windows)."""
         num_corpus = self.num_corpus_rows(batch_size)
-        rows = torch.randint(0, self.continuations.shape[0], (batch_size - num_corpus,), generator=generator)
+        rows = torch.randint(
+            0, self.continuations.shape[0], (batch_size - num_corpus,), generator=generator
+        )
         if not num_corpus:
             return self.continuations[rows], self.starts[rows]
-        tokens = torch.cat([self.continuations[rows], self.stream.windows(num_corpus, self.seq_len, generator)])
+        tokens = torch.cat(
+            [self.continuations[rows], self.stream.windows(num_corpus, self.seq_len, generator)]
+        )
         return tokens, torch.cat([self.starts[rows], torch.zeros(num_corpus, dtype=torch.int64)])
 
     def batch(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -252,20 +362,31 @@ class DistillData:
         cont = torch.bincount(self.continuations.reshape(-1), minlength=vocab_size).double()
         freq = cont / cont.sum().clamp(min=1)
         if self.corpus_fraction:
-            corpus = torch.bincount(self.stream.tokens.reshape(-1).long(), minlength=vocab_size).double()
-            freq = (1 - self.corpus_fraction) * freq + self.corpus_fraction * corpus / corpus.sum().clamp(min=1)
+            corpus = torch.bincount(
+                self.stream.tokens.reshape(-1).long(), minlength=vocab_size
+            ).double()
+            freq = (
+                1 - self.corpus_fraction
+            ) * freq + self.corpus_fraction * corpus / corpus.sum().clamp(min=1)
         return freq
 
 
-def distillation_inputs(target_dir: Path, recipe: DistillRecipe, resume_dir: Path, device: str,
-                        ranks: TrainRanks = ONE_RANK) -> tuple[slice, DistillData, torch.nn.Module]:
+def distillation_inputs(
+    target_dir: Path,
+    recipe: DistillRecipe,
+    resume_dir: Path,
+    device: str,
+    ranks: TrainRanks = ONE_RANK,
+) -> tuple[slice, DistillData, torch.nn.Module]:
     """What every recipe's run trains from: (this rank's rows of each batch; the target's continuations, cached
     under ``resume_dir`` so that a resumed run reads them back; the frozen target, this rank's shard of it over
     several ranks). Seeds torch's generator first, so that the draft's initialisation that follows is the
     recipe's seed's."""
     torch.manual_seed(recipe.seed)
     rows = ranks.rows(recipe.batch_size, f"{type(recipe).__name__}.batch_size")
-    data = DistillData.for_recipe(target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks)
+    data = DistillData.for_recipe(
+        target_dir, recipe, device, cache=resume_dir / "data.pt", ranks=ranks
+    )
     return rows, data, ranks.load_target(target_dir, device)
 
 
@@ -291,8 +412,10 @@ def unused_files_note(m: dict) -> str:
     if m["recipe"]["prompt_split"] == "train":
         return "Held-out files are never used."
     h = m["heldout_corpus"]
-    return (f"Train-split files (the target's training data) are never used, nor the {len(h['excluded_files'])} "
-            f"held-out files that a prompt of the evaluation's `{Path(h['eval_prompts']).name}` occurs in.")
+    return (
+        f"Train-split files (the target's training data) are never used, nor the {len(h['excluded_files'])} "
+        f"held-out files that a prompt of the evaluation's `{Path(h['eval_prompts']).name}` occurs in."
+    )
 
 
 def device_name(device: str) -> str:
@@ -301,7 +424,11 @@ def device_name(device: str) -> str:
 
 def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Mean over rows of -sum_v p_teacher(v) log p_student(v); both [n, vocab]."""
-    return -(F.softmax(teacher_logits.float(), -1) * F.log_softmax(student_logits.float(), -1)).sum(-1).mean()
+    return (
+        -(F.softmax(teacher_logits.float(), -1) * F.log_softmax(student_logits.float(), -1))
+        .sum(-1)
+        .mean()
+    )
 
 
 @torch.no_grad()
@@ -319,16 +446,29 @@ def response_mask(starts: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.arange(seq_len, device=starts.device)[None, :] + 1 >= starts[:, None]
 
 
-def masked_cross_entropy(student: torch.Tensor, teacher: torch.Tensor, keep: torch.Tensor | None = None,
-                         soft: bool = True, ranks: TrainRanks = ONE_RANK) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_cross_entropy(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    soft: bool = True,
+    ranks: TrainRanks = ONE_RANK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher [n, vocab] logits; keep [n] bool (None: all rows) -> (loss, top-1 agreement), both
     means over the kept rows. The loss is the soft cross-entropy against the teacher's distribution, or
     (``soft`` False) the cross-entropy against its argmax. Over several training ranks, each holding its
     rows of the batch, both are this rank's shares of the means over every rank's kept rows."""
     student, teacher = student.float(), teacher.float()
-    weight = keep.float() if keep is not None else torch.ones(student.shape[0], device=student.device)
+    weight = (
+        keep.float() if keep is not None else torch.ones(student.shape[0], device=student.device)
+    )
     log_p = F.log_softmax(student, -1)
     label = teacher.argmax(-1)
-    per_row = -(F.softmax(teacher, -1) * log_p).sum(-1) if soft else -log_p.gather(1, label[:, None])[:, 0]
+    per_row = (
+        -(F.softmax(teacher, -1) * log_p).sum(-1)
+        if soft
+        else -log_p.gather(1, label[:, None])[:, 0]
+    )
     count = ranks.total(weight.sum()).clamp(min=1)
-    return (per_row * weight).sum() / count, (((student.argmax(-1) == label).float() * weight).sum() / count).detach()
+    return (per_row * weight).sum() / count, (
+        ((student.argmax(-1) == label).float() * weight).sum() / count
+    ).detach()

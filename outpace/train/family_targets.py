@@ -28,6 +28,7 @@ greedy samples. What the families add:
 
 Run: ``python -m outpace.train.family_targets tinyds --out zoo/tinyds`` (``--help`` for the options).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,10 @@ import torch
 from tokenizers import Tokenizer
 
 from outpace.checkpoint import save_checkpoint
-from outpace.model_config import ModelConfig
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.moe import Router
 from outpace.layers.norm import Float32RMSNorm
+from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
 from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training
 from outpace.train.corpus import build_corpus, heldout_prompts
@@ -64,7 +65,7 @@ DEEPSEEK, GEMMA, QWEN35 = "DeepseekV3ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5
 class FamilyRecipe:
     architecture: str
     hidden_size: int
-    intermediate_size: int          # DeepSeek: the dense layers' MLP
+    intermediate_size: int  # DeepSeek: the dense layers' MLP
     num_layers: int
     num_heads: int
     # DeepSeek-V3 (MLA, MoE, MTP)
@@ -97,7 +98,7 @@ class FamilyRecipe:
     full_attention_interval: int = 4  # every 4th layer full attention, the others gated DeltaNet
     partial_rotary_factor: float = 0.25
     # data and optimisation
-    vocab_size: int = 4096          # the zoo tokenizer's
+    vocab_size: int = 4096  # the zoo tokenizer's
     max_position_embeddings: int = 2048
     seq_len: int = 256
     batch_size: int = 8
@@ -116,20 +117,57 @@ class FamilyRecipe:
 
     def toy(self, **overrides) -> FamilyRecipe:
         """This family in a CPU-sized shape for tests (seconds)."""
-        small = dict(hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, moe_intermediate_size=16,
-                     n_routed_experts=4, n_group=2, topk_group=1, head_dim=16, sliding_window=8, seq_len=32,
-                     batch_size=4, steps=20, warmup_steps=2, max_minutes=None, max_corpus_bytes=300_000,
-                     eval_windows=4)
+        small = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=3,
+            num_heads=2,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            n_group=2,
+            topk_group=1,
+            head_dim=16,
+            sliding_window=8,
+            seq_len=32,
+            batch_size=4,
+            steps=20,
+            warmup_steps=2,
+            max_minutes=None,
+            max_corpus_bytes=300_000,
+            eval_windows=4,
+        )
         return dataclasses.replace(self, **{**small, **overrides})
 
 
 RECIPES = {
-    "tinyds": FamilyRecipe(DEEPSEEK, hidden_size=64, intermediate_size=192, num_layers=4, num_heads=4,
-                           q_lora_rank=48, num_mtp_layers=2),
-    "tinygemma": FamilyRecipe(GEMMA, hidden_size=128, intermediate_size=256, num_layers=6, num_heads=4,
-                              num_kv_heads=1, head_dim=32),
-    "tinyqwen35": FamilyRecipe(QWEN35, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
-                               num_kv_heads=1, head_dim=32, num_mtp_layers=2),
+    "tinyds": FamilyRecipe(
+        DEEPSEEK,
+        hidden_size=64,
+        intermediate_size=192,
+        num_layers=4,
+        num_heads=4,
+        q_lora_rank=48,
+        num_mtp_layers=2,
+    ),
+    "tinygemma": FamilyRecipe(
+        GEMMA,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=6,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+    ),
+    "tinyqwen35": FamilyRecipe(
+        QWEN35,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+        num_mtp_layers=2,
+    ),
 }
 
 
@@ -137,39 +175,84 @@ def hf_config(r: FamilyRecipe, eos_id: int, pad_id: int) -> dict:
     """config.json through transformers' own config class of the family."""
     import transformers
 
-    common = dict(vocab_size=r.vocab_size, hidden_size=r.hidden_size, intermediate_size=r.intermediate_size,
-                  num_hidden_layers=r.num_layers, num_attention_heads=r.num_heads,
-                  max_position_embeddings=r.max_position_embeddings, tie_word_embeddings=True,
-                  bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+    common = dict(
+        vocab_size=r.vocab_size,
+        hidden_size=r.hidden_size,
+        intermediate_size=r.intermediate_size,
+        num_hidden_layers=r.num_layers,
+        num_attention_heads=r.num_heads,
+        max_position_embeddings=r.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
     if r.is_deepseek:
         cfg = transformers.DeepseekV3Config(
-            **common, num_key_value_heads=r.num_heads, q_lora_rank=r.q_lora_rank, kv_lora_rank=r.kv_lora_rank,
-            qk_nope_head_dim=r.qk_nope_head_dim, qk_rope_head_dim=r.qk_rope_head_dim, v_head_dim=r.v_head_dim,
-            n_routed_experts=r.n_routed_experts, num_experts_per_tok=r.num_experts_per_tok, n_group=r.n_group,
-            topk_group=r.topk_group, moe_intermediate_size=r.moe_intermediate_size,
-            n_shared_experts=r.n_shared_experts, first_k_dense_replace=r.first_k_dense_replace,
-            norm_topk_prob=True, routed_scaling_factor=1.0, rms_norm_eps=1e-6,
-            num_nextn_predict_layers=r.num_mtp_layers).to_dict()
+            **common,
+            num_key_value_heads=r.num_heads,
+            q_lora_rank=r.q_lora_rank,
+            kv_lora_rank=r.kv_lora_rank,
+            qk_nope_head_dim=r.qk_nope_head_dim,
+            qk_rope_head_dim=r.qk_rope_head_dim,
+            v_head_dim=r.v_head_dim,
+            n_routed_experts=r.n_routed_experts,
+            num_experts_per_tok=r.num_experts_per_tok,
+            n_group=r.n_group,
+            topk_group=r.topk_group,
+            moe_intermediate_size=r.moe_intermediate_size,
+            n_shared_experts=r.n_shared_experts,
+            first_k_dense_replace=r.first_k_dense_replace,
+            norm_topk_prob=True,
+            routed_scaling_factor=1.0,
+            rms_norm_eps=1e-6,
+            num_nextn_predict_layers=r.num_mtp_layers,
+        ).to_dict()
         # DeepSeek's own config.json fields (transformers' class omits them; models/deepseek.py DEFAULTS)
-        cfg.update(num_nextn_predict_layers=r.num_mtp_layers, scoring_func="sigmoid", topk_method="noaux_tc")
+        cfg.update(
+            num_nextn_predict_layers=r.num_mtp_layers,
+            scoring_func="sigmoid",
+            topk_method="noaux_tc",
+        )
     elif r.architecture == QWEN35:
-        types = ["full_attention" if (i + 1) % r.full_attention_interval == 0 else "linear_attention"
-                 for i in range(r.num_layers)]
+        types = [
+            "full_attention" if (i + 1) % r.full_attention_interval == 0 else "linear_attention"
+            for i in range(r.num_layers)
+        ]
         cfg = transformers.Qwen3_5TextConfig(
-            **common, num_key_value_heads=r.num_kv_heads, head_dim=r.head_dim, layer_types=types,
-            linear_num_key_heads=r.linear_num_key_heads, linear_num_value_heads=r.linear_num_value_heads,
-            linear_key_head_dim=r.linear_key_head_dim, linear_value_head_dim=r.linear_value_head_dim,
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
-                                 partial_rotary_factor=r.partial_rotary_factor), rms_norm_eps=1e-6).to_dict()
+            **common,
+            num_key_value_heads=r.num_kv_heads,
+            head_dim=r.head_dim,
+            layer_types=types,
+            linear_num_key_heads=r.linear_num_key_heads,
+            linear_num_value_heads=r.linear_num_value_heads,
+            linear_key_head_dim=r.linear_key_head_dim,
+            linear_value_head_dim=r.linear_value_head_dim,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=10000.0,
+                partial_rotary_factor=r.partial_rotary_factor,
+            ),
+            rms_norm_eps=1e-6,
+        ).to_dict()
         # Qwen3.5's own config.json fields (transformers' class omits them; models/drafts/hybrid_mtp.py reads the first)
         cfg.update(mtp_num_hidden_layers=r.num_mtp_layers, mtp_use_dedicated_embeddings=False)
     else:
-        types = ["full_attention" if (i + 1) % r.sliding_window_pattern == 0 else "sliding_attention"
-                 for i in range(r.num_layers)]
+        types = [
+            "full_attention" if (i + 1) % r.sliding_window_pattern == 0 else "sliding_attention"
+            for i in range(r.num_layers)
+        ]
         cfg = transformers.Gemma3TextConfig(
-            **common, num_key_value_heads=r.num_kv_heads, head_dim=r.head_dim, query_pre_attn_scalar=r.head_dim,
-            sliding_window=r.sliding_window, layer_types=types, final_logit_softcapping=None,
-            hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6).to_dict()
+            **common,
+            num_key_value_heads=r.num_kv_heads,
+            head_dim=r.head_dim,
+            query_pre_attn_scalar=r.head_dim,
+            sliding_window=r.sliding_window,
+            layer_types=types,
+            final_logit_softcapping=None,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+        ).to_dict()
     cfg.update(architectures=[r.architecture], torch_dtype="bfloat16")
     return cfg
 
@@ -179,7 +262,9 @@ def build_target(r: FamilyRecipe, cfg: ModelConfig, device: str) -> torch.nn.Mod
     DeltaNet's decay parameters as transformers sets them and each DeepSeek MTP layer's embedding and head
     tied to the target's (module docstring)."""
     torch.manual_seed(r.seed)
-    model = build_model(cfg, torch.float32, device, mtp_own_heads=r.is_deepseek and r.num_mtp_layers > 0)
+    model = build_model(
+        cfg, torch.float32, device, mtp_own_heads=r.is_deepseek and r.num_mtp_layers > 0
+    )
     init_weights(model, r.seed)
     g = torch.Generator().manual_seed(r.seed)
     with torch.no_grad():
@@ -202,14 +287,18 @@ class ExpertBalancer:
 
     def __init__(self, model: torch.nn.Module, speed: float) -> None:
         self.speed = speed
-        self.routers = [m for m in model.modules() if isinstance(m, Router) and m.routing.correction_bias]
+        self.routers = [
+            m for m in model.modules() if isinstance(m, Router) and m.routing.correction_bias
+        ]
         self.loads: dict[Router, torch.Tensor] = {}
         for router in self.routers:
             router.register_forward_hook(self._record)
 
     def _record(self, router: Router, _inputs, output) -> None:
         if router.training:
-            counts = torch.bincount(output[1].flatten(), minlength=router.routing.num_experts).float()
+            counts = torch.bincount(
+                output[1].flatten(), minlength=router.routing.num_experts
+            ).float()
             self.loads[router] = self.loads.get(router, 0) + counts
 
     @torch.no_grad()
@@ -229,22 +318,45 @@ def checkpoint_tensors(model: torch.nn.Module, copies: bool) -> dict[str, torch.
     first name: Qwen's ``mtp.*``, not the per-step views; the target's tied head once, as its embedding), the
     routers' correction biases in float32 (as DeepSeek-V3's checkpoints keep them)."""
     name = getattr(model, "checkpoint_name", lambda n: n)
-    out = {name(n): p.detach().to(torch.bfloat16) for n, p in model.named_parameters(remove_duplicate=not copies)
-           if not n.startswith("lm_head.") or not model.config.tie_word_embeddings}
-    out.update({name(n): b.detach().float() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
+    out = {
+        name(n): p.detach().to(torch.bfloat16)
+        for n, p in model.named_parameters(remove_duplicate=not copies)
+        if not n.startswith("lm_head.") or not model.config.tie_word_embeddings
+    }
+    out.update(
+        {
+            name(n): b.detach().float()
+            for n, b in model.named_buffers()
+            if n.endswith("e_score_correction_bias")
+        }
+    )
     return out
 
 
 def prepare_data(r: FamilyRecipe, tokenizer_dir: Path, roots=None):
     """The zoo corpus split, tokenized with the zoo tokenizer: (corpus, tokenizer, train, held-out)."""
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    corpus = build_corpus(roots, heldout_fraction=r.heldout_fraction, max_total_bytes=r.max_corpus_bytes)
+    corpus = build_corpus(
+        roots, heldout_fraction=r.heldout_fraction, max_total_bytes=r.max_corpus_bytes
+    )
     eos = special_token_ids(tok)[EOS_TOKEN]
-    return corpus, tok, TokenStream.from_files(corpus.train, tok, eos), TokenStream.from_files(corpus.heldout, tok, eos)
+    return (
+        corpus,
+        tok,
+        TokenStream.from_files(corpus.train, tok, eos),
+        TokenStream.from_files(corpus.heldout, tok, eos),
+    )
 
 
-def train_family_target(r: FamilyRecipe, out_dir: Path, device: str = "cpu", tokenizer_dir: Path | None = None,
-                        roots=None, num_samples: int = 2, command: str = "") -> dict:
+def train_family_target(
+    r: FamilyRecipe,
+    out_dir: Path,
+    device: str = "cpu",
+    tokenizer_dir: Path | None = None,
+    roots=None,
+    num_samples: int = 2,
+    command: str = "",
+) -> dict:
     t0 = time.perf_counter()
     corpus, tok, stream, heldout = prepare_data(r, Path(tokenizer_dir or zoo_dir() / TARGET), roots)
     ids = special_token_ids(tok)
@@ -258,13 +370,23 @@ def train_family_target(r: FamilyRecipe, out_dir: Path, device: str = "cpu", tok
         balancer.step()  # the loads of the previous step's forward
         batch = stream.windows(r.batch_size, window, gen).to(device)
         losses, _ = mtp_forward_losses(model, batch, r.num_mtp_layers, r.chain_mtp)
-        extra = {"main": losses[0].detach(), **{f"mtp depth {k}": losses[k].detach() for k in range(1, len(losses))}}
+        extra = {
+            "main": losses[0].detach(),
+            **{f"mtp depth {k}": losses[k].detach() for k in range(1, len(losses))},
+        }
         mtp = torch.stack(losses[1:]).mean() if len(losses) > 1 else 0.0
         return losses[0] + r.mtp_loss_weight * mtp, batch.numel(), extra
 
     with chunked_delta_rule_in_training():  # gated DeltaNet in chunks (train/chunked_delta_rule.py)
-        history = train(model, loss_fn, OptimConfig(steps=r.steps, lr=r.lr, warmup_steps=r.warmup_steps,
-                                                    max_minutes=r.max_minutes), device, desc=r.architecture)
+        history = train(
+            model,
+            loss_fn,
+            OptimConfig(
+                steps=r.steps, lr=r.lr, warmup_steps=r.warmup_steps, max_minutes=r.max_minutes
+            ),
+            device,
+            desc=r.architecture,
+        )
         imbalance = balancer.step()
         windows = heldout.sequential_windows(window, r.eval_windows)
         metrics = evaluate(model, windows, r, device, batch=8)
@@ -275,12 +397,22 @@ def train_family_target(r: FamilyRecipe, out_dir: Path, device: str = "cpu", tok
     save_tokenizer(tok, out_dir, model_max_length=r.max_position_embeddings)
     plot_history(history, out_dir / "loss.png", f"{out_dir.name}: training loss")
     metrics.update(
-        recipe=dataclasses.asdict(r), corpus=corpus.stats(), train_tokens=len(stream), heldout_tokens=len(heldout),
-        num_parameters=sum(p.numel() for p in model.parameters()), train_wall_seconds=history.wall_seconds,
-        steps_run=history.total_steps, tokens_seen=history.tokens_seen, last_expert_load_max_over_mean=imbalance,
-        device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", history=history.to_dict(),
-        samples=sample_completions(out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device),
-        command=command)
+        recipe=dataclasses.asdict(r),
+        corpus=corpus.stats(),
+        train_tokens=len(stream),
+        heldout_tokens=len(heldout),
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        train_wall_seconds=history.wall_seconds,
+        steps_run=history.total_steps,
+        tokens_seen=history.tokens_seen,
+        last_expert_load_max_over_mean=imbalance,
+        device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        history=history.to_dict(),
+        samples=sample_completions(
+            out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device
+        ),
+        command=command,
+    )
     metrics["total_wall_seconds"] = time.perf_counter() - t0
     write_metrics(out_dir, metrics)
     write_family_card(out_dir)
@@ -294,29 +426,32 @@ def write_family_card(out_dir: Path) -> None:
     out_dir = Path(out_dir)
     m = json.loads((out_dir / "training_metrics.json").read_text())
     r, c = m["recipe"], m["corpus"]
-    mtp_rows = "".join(f"| MTP depth {d} (token t+{int(d) + 1}) | {m['mtp_heldout_loss'][d]:.4f} | "
-                       f"{m['mtp_heldout_top1'][d]:.4f} |\n" for d in sorted(m["mtp_heldout_top1"], key=int))
+    mtp_rows = "".join(
+        f"| MTP depth {d} (token t+{int(d) + 1}) | {m['mtp_heldout_loss'][d]:.4f} | "
+        f"{m['mtp_heldout_top1'][d]:.4f} |\n"
+        for d in sorted(m["mtp_heldout_top1"], key=int)
+    )
     data = f"""The zoo corpus (train/corpus.py: Python files of the training machine's stdlib and site-packages, the
-first {r['max_corpus_bytes'] / 1e6:.0f} MB; {c['train_files']:,} train files, {m['train_tokens']:,} tokens) with the zoo
-tokenizer (tinypy's byte-level BPE, {r['vocab_size']} tokens). Files whose path hash puts them in the
-{r['heldout_fraction']:.0%} held-out side ({c['heldout_files']:,} files) never train anything. {m['steps_run']} steps of
-{r['batch_size']} random windows of {r['seq_len']} tokens: {m['tokens_seen']:,} tokens seen, on a shared 2-core CPU."""
-    heldout = f"""{r['eval_windows']} held-out windows of {r['seq_len']} tokens, teacher-forced.
+first {r["max_corpus_bytes"] / 1e6:.0f} MB; {c["train_files"]:,} train files, {m["train_tokens"]:,} tokens) with the zoo
+tokenizer (tinypy's byte-level BPE, {r["vocab_size"]} tokens). Files whose path hash puts them in the
+{r["heldout_fraction"]:.0%} held-out side ({c["heldout_files"]:,} files) never train anything. {m["steps_run"]} steps of
+{r["batch_size"]} random windows of {r["seq_len"]} tokens: {m["tokens_seen"]:,} tokens seen, on a shared 2-core CPU."""
+    heldout = f"""{r["eval_windows"]} held-out windows of {r["seq_len"]} tokens, teacher-forced.
 
 | head | loss (nats/token) | top-1 accuracy |
 |---|---|---|
-| target (token t+1) | {m['heldout_loss']:.4f} | {m['heldout_top1']:.4f} |
+| target (token t+1) | {m["heldout_loss"]:.4f} | {m["heldout_top1"]:.4f} |
 {mtp_rows}"""
     if r["architecture"] == DEEPSEEK:
         n = r["num_layers"]
         layout = f"""`DeepseekV3ForCausalLM` as transformers and DeepSeek name its tensors (tied embedding and head).
-Layers 0..{r['first_k_dense_replace'] - 1} have a dense MLP, the others an MoE of {r['n_routed_experts']} routed experts
-(top {r['num_experts_per_tok']}, sigmoid scores, {r['n_group']} groups of which {r['topk_group']} are kept, normalised
-weights) plus {r['n_shared_experts']} shared expert, `mlp.experts.{{e}}.{{gate,up,down}}_proj` as DeepSeek's checkpoints
+Layers 0..{r["first_k_dense_replace"] - 1} have a dense MLP, the others an MoE of {r["n_routed_experts"]} routed experts
+(top {r["num_experts_per_tok"]}, sigmoid scores, {r["n_group"]} groups of which {r["topk_group"]} are kept, normalised
+weights) plus {r["n_shared_experts"]} shared expert, `mlp.experts.{{e}}.{{gate,up,down}}_proj` as DeepSeek's checkpoints
 store them; `mlp.gate.e_score_correction_bias` (float32) is the bias the auxiliary-loss-free balancing learned (last
-step's busiest expert had {m['last_expert_load_max_over_mean']:.2f}x the mean load). MLA: q_lora_rank
-{r['q_lora_rank']}, kv_lora_rank {r['kv_lora_rank']}, qk_nope/rope/v head dims {r['qk_nope_head_dim']}/{r['qk_rope_head_dim']}/{r['v_head_dim']}.
-The {r['num_mtp_layers']} MTP layers are `model.layers.{n}` and `model.layers.{n + 1}` in DeepSeek-V3's layout: `enorm`,
+step's busiest expert had {m["last_expert_load_max_over_mean"]:.2f}x the mean load). MLA: q_lora_rank
+{r["q_lora_rank"]}, kv_lora_rank {r["kv_lora_rank"]}, qk_nope/rope/v head dims {r["qk_nope_head_dim"]}/{r["qk_rope_head_dim"]}/{r["v_head_dim"]}.
+The {r["num_mtp_layers"]} MTP layers are `model.layers.{n}` and `model.layers.{n + 1}` in DeepSeek-V3's layout: `enorm`,
 `hnorm`, `eh_proj`, `embed_tokens`, `shared_head.{{norm,head}}` beside an MoE decoder block. They were trained chained
 (layer 0 reads the target's post-norm state, layer 1 layer 0's pre-norm output; at row i layer k embeds token i+k+1,
 position 0's embedding zeroed, and predicts token i+k+2), with embedding and head tied to the target's as DeepSeek-V3
@@ -324,13 +459,13 @@ trains them; the checkpoint holds each copy."""
     elif r["architecture"] == QWEN35:
         rotary = int(r["head_dim"] * r["partial_rotary_factor"])
         layout = f"""`Qwen3_5ForCausalLM` (Qwen3.5's text model, `model_type` qwen3_5_text) as transformers and Qwen name its
-tensors (tied embedding and head). {r['num_layers']} layers, every {r['full_attention_interval']}th gated full attention
+tensors (tied embedding and head). {r["num_layers"]} layers, every {r["full_attention_interval"]}th gated full attention
 (`layer_types`), the others gated DeltaNet: `linear_attn.{{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,conv1d,dt_bias,A_log,norm,out_proj}}`,
-{r['linear_num_key_heads']} key heads of {r['linear_key_head_dim']}, {r['linear_num_value_heads']} value heads of
-{r['linear_value_head_dim']}, a causal convolution of width 4. Gated attention: {r['num_heads']} query heads, {r['num_kv_heads']}
-kv head, head_dim {r['head_dim']}, `q_proj` giving each head's query and output gate, q/k norms, RoPE on the first
-{rotary} dimensions (partial_rotary_factor {r['partial_rotary_factor']}). Dense SwiGLU MLP, (1 + w) RMSNorms.
-The {r['num_mtp_layers']} MTP layers are Qwen's `mtp.*` (`mtp_num_hidden_layers: {r['num_mtp_layers']}` in config.json):
+{r["linear_num_key_heads"]} key heads of {r["linear_key_head_dim"]}, {r["linear_num_value_heads"]} value heads of
+{r["linear_value_head_dim"]}, a causal convolution of width 4. Gated attention: {r["num_heads"]} query heads, {r["num_kv_heads"]}
+kv head, head_dim {r["head_dim"]}, `q_proj` giving each head's query and output gate, q/k norms, RoPE on the first
+{rotary} dimensions (partial_rotary_factor {r["partial_rotary_factor"]}). Dense SwiGLU MLP, (1 + w) RMSNorms.
+The {r["num_mtp_layers"]} MTP layers are Qwen's `mtp.*` (`mtp_num_hidden_layers: {r["num_mtp_layers"]}` in config.json):
 `fc` over [pre_fc_norm_embedding(embedding), pre_fc_norm_hidden(state)], then `layers.{{k}}` (a gated-attention
 layer with a dense MLP), then `norm`; `fc` and the norms are shared by the layers, the embedding and head are the
 target's. They were trained with the target, chained as they serve (layer 0 reads the target's post-norm state, layer 1 layer 0's normed output; at row
@@ -338,16 +473,23 @@ i layer k embeds token i+k+1 and predicts token i+k+2). Training ran the delta r
 (train/chunked_delta_rule.py, the same function as the per-token loop serving runs)."""
     else:
         layout = f"""`Gemma3ForCausalLM` as transformers names its tensors (tied embedding, scaled by sqrt(hidden) on lookup).
-{r['num_layers']} layers, every {r['sliding_window_pattern']}rd global (`layer_types`), the others sliding over
-{r['sliding_window']} tokens; {r['num_heads']} query heads, {r['num_kv_heads']} kv head, head_dim {r['head_dim']},
-query_pre_attn_scalar {r['head_dim']}, (1 + w) RMSNorms (four per layer, q/k norms), GELU-tanh MLP, no logit softcapping."""
+{r["num_layers"]} layers, every {r["sliding_window_pattern"]}rd global (`layer_types`), the others sliding over
+{r["sliding_window"]} tokens; {r["num_heads"]} query heads, {r["num_kv_heads"]} kv head, head_dim {r["head_dim"]},
+query_pre_attn_scalar {r["head_dim"]}, (1 + w) RMSNorms (four per layer, q/k norms), GELU-tanh MLP, no logit softcapping."""
     title = f"{out_dir.name}: a small {r['architecture'].removesuffix('ForCausalLM')}-architecture code model"
-    write_model_card(out_dir, title, "A zoo target of outpace for its model family (train/family_targets.py).",
-                     m.get("command") or f"python -m outpace.train.family_targets {out_dir.name} --out zoo/{out_dir.name}",
-                     {"Data": data, "Held-out results": heldout, "Checkpoint layout": layout})
+    write_model_card(
+        out_dir,
+        title,
+        "A zoo target of outpace for its model family (train/family_targets.py).",
+        m.get("command")
+        or f"python -m outpace.train.family_targets {out_dir.name} --out zoo/{out_dir.name}",
+        {"Data": data, "Held-out results": heldout, "Checkpoint layout": layout},
+    )
 
 
-def parse_budget_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
+def parse_budget_args(
+    p: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, dict]:
     """Add the training-budget options the family scripts share (--device, --steps, --max-minutes,
     --threads), parse, set the CPU threads, and return (the arguments, the recipe fields they override)."""
     p.add_argument("--device", default="cpu")
@@ -357,19 +499,39 @@ def parse_budget_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tup
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    return a, {k: v for k, v in (("steps", a.steps), ("max_minutes", a.max_minutes)) if v is not None}
+    return a, {
+        k: v for k, v in (("steps", a.steps), ("max_minutes", a.max_minutes)) if v is not None
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m outpace.train.family_targets", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m outpace.train.family_targets", description=__doc__.split("\n")[0]
+    )
     p.add_argument("name", choices=sorted(RECIPES))
     p.add_argument("--out", required=True)
     a, overrides = parse_budget_args(p, argv)
     recipe = dataclasses.replace(RECIPES[a.name], **overrides)
-    command = "python -m outpace.train.family_targets " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m outpace.train.family_targets " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     metrics = train_family_target(recipe, Path(a.out), a.device, command=command)
-    print(json.dumps({k: metrics[k] for k in ("heldout_loss", "heldout_top1", "mtp_heldout_top1", "train_wall_seconds",
-                                              "steps_run", "num_parameters")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: metrics[k]
+                for k in (
+                    "heldout_loss",
+                    "heldout_top1",
+                    "mtp_heldout_top1",
+                    "train_wall_seconds",
+                    "steps_run",
+                    "num_parameters",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

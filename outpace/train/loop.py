@@ -3,6 +3,7 @@ autocast on GPU, gradient clipping, a progress bar with loss and tokens/s, a tim
 loss history that becomes a PNG. Seeded: the same recipe on the same machine gives the same curve.
 Resumable: given a ``Resume``, the run saves its state every few steps and starts from it when present.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,9 @@ class OptimConfig:
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return self.lr * (
+            self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        )
 
 
 @dataclass
@@ -47,17 +50,27 @@ class TrainHistory:
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
-    tokens_per_second: list[float] = field(default_factory=list)  # over the log interval ending at each logged step
+    tokens_per_second: list[float] = field(
+        default_factory=list
+    )  # over the log interval ending at each logged step
     wall_seconds: float = 0.0
     tokens_seen: int = 0
     total_steps: int = 0
-    resumed_from_step: int | None = None  # the step the last process resumed at (None: it ran from step 0)
+    resumed_from_step: int | None = (
+        None  # the step the last process resumed at (None: it ran from step 0)
+    )
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "losses": self.losses, "extra": self.extra,
-                "tokens_per_second": self.tokens_per_second, "wall_seconds": self.wall_seconds,
-                "tokens_seen": self.tokens_seen, "total_steps": self.total_steps,
-                "resumed_from_step": self.resumed_from_step}
+        return {
+            "steps": self.steps,
+            "losses": self.losses,
+            "extra": self.extra,
+            "tokens_per_second": self.tokens_per_second,
+            "wall_seconds": self.wall_seconds,
+            "tokens_seen": self.tokens_seen,
+            "total_steps": self.total_steps,
+            "resumed_from_step": self.resumed_from_step,
+        }
 
 
 # loss_fn(step) -> (loss to backprop, number of tokens in the batch, extra scalars to log); over several
@@ -65,15 +78,29 @@ class TrainHistory:
 LossFn = Callable[[int], tuple[torch.Tensor, int, dict[str, float]]]
 
 
-def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_every: int = 10,
-          desc: str = "training", resume: Resume | None = None, ranks: TrainRanks = ONE_RANK) -> TrainHistory:
+def train(
+    model: nn.Module,
+    loss_fn: LossFn,
+    opt: OptimConfig,
+    device: str,
+    log_every: int = 10,
+    desc: str = "training",
+    resume: Resume | None = None,
+    ranks: TrainRanks = ONE_RANK,
+) -> TrainHistory:
     """Train ``model`` (over several ``ranks``: FSDP-sharded, train/ranks.py) on ``loss_fn``'s losses."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=opt.lr, betas=(0.9, 0.95),
-                                  fused=device.startswith("cuda"))
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": opt.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=opt.lr,
+        betas=(0.9, 0.95),
+        fused=device.startswith("cuda"),
+    )
     history = TrainHistory(total_steps=opt.steps)
     step = 0
     saved = resume.load(model, optimizer, ranks) if resume is not None else None
@@ -81,10 +108,18 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
         step, fields = saved
         history = TrainHistory(**{**fields, "resumed_from_step": step})
     use_autocast = device.startswith("cuda")
-    start = time.perf_counter() - history.wall_seconds  # a resumed run counts the time already spent
+    start = (
+        time.perf_counter() - history.wall_seconds
+    )  # a resumed run counts the time already spent
     window_tokens, window_start = 0, time.perf_counter()
     model.train()
-    bar = tqdm(total=history.total_steps, initial=step, desc=desc, mininterval=2.0, disable=not ranks.is_driver)
+    bar = tqdm(
+        total=history.total_steps,
+        initial=step,
+        desc=desc,
+        mininterval=2.0,
+        disable=not ranks.is_driver,
+    )
     budget = None if opt.max_minutes is None else StepBudget(opt, start, first_step=step)
     while step < history.total_steps:
         if budget is not None and budget.due(step):
@@ -96,15 +131,23 @@ def train(model: nn.Module, loss_fn: LossFn, opt: OptimConfig, device: str, log_
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
             loss, num_tokens, extra = loss_fn(step)
         optimizer.zero_grad(set_to_none=True)
-        (loss * ranks.size).backward()  # FSDP averages the ranks' gradients: the mean of size x shares
+        (
+            loss * ranks.size
+        ).backward()  # FSDP averages the ranks' gradients: the mean of size x shares
         torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
         optimizer.step()
         history.tokens_seen += num_tokens
         window_tokens += num_tokens
         if step % log_every == 0 or step == history.total_steps - 1:
             # one sync (and over several ranks one all-reduce) per log interval, not per step
-            logged = ranks.total(torch.stack([loss.detach().float(), *(torch.as_tensor(v, device=loss.device).float()
-                                                                      for v in extra.values())])).tolist()
+            logged = ranks.total(
+                torch.stack(
+                    [
+                        loss.detach().float(),
+                        *(torch.as_tensor(v, device=loss.device).float() for v in extra.values()),
+                    ]
+                )
+            ).tolist()
             value = logged[0]
             history.steps.append(step)
             history.losses.append(value)

@@ -1,4 +1,5 @@
 """training_metrics.json, as every recipe and the zoo's target trainer write it."""
+
 from __future__ import annotations
 
 import json
@@ -18,4 +19,6 @@ def _curves_rounded(value):
 def write_metrics(out_dir: Path, metrics: dict) -> None:
     """``out_dir``/training_metrics.json. A curve's digits past the fifth are noise, and at 16 digits a ten-minute
     run's curves took most of its draft's 0.33 MiB of metrics, in a zoo with a size budget."""
-    (Path(out_dir) / "training_metrics.json").write_text(json.dumps(_curves_rounded(metrics), indent=2) + "\n")
+    (Path(out_dir) / "training_metrics.json").write_text(
+        json.dumps(_curves_rounded(metrics), indent=2) + "\n"
+    )

@@ -1,4 +1,5 @@
 """README.md for a trained zoo model, written from its training_metrics.json."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,25 +7,47 @@ import json
 from pathlib import Path
 
 # Recipe fields that `outpace train draft` takes as flags of their own (cli/train.py); any other goes through --set.
-_DRAFT_FLAGS = {"steps": "--steps", "max_minutes": "--max-minutes", "seed": "--seed",
-                "num_continuations": "--num-continuations", "eval_prompts": "--eval-prompts"}
+_DRAFT_FLAGS = {
+    "steps": "--steps",
+    "max_minutes": "--max-minutes",
+    "seed": "--seed",
+    "num_continuations": "--num-continuations",
+    "eval_prompts": "--eval-prompts",
+}
 
 
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def write_model_card(model_dir: Path, title: str, summary: str, command: str, extra_sections: dict[str, str]) -> Path:
+def write_model_card(
+    model_dir: Path, title: str, summary: str, command: str, extra_sections: dict[str, str]
+) -> Path:
     model_dir = Path(model_dir)
     m = json.loads((model_dir / "training_metrics.json").read_text())
     recipe = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in m["recipe"].items())
     lines = [
-        f"# {title}", "", summary, "",
-        "## Reproduce", "", "```", command, "```", "",
+        f"# {title}",
+        "",
+        summary,
+        "",
+        "## Reproduce",
+        "",
+        "```",
+        command,
+        "```",
+        "",
         f"Trained on {_devices(m)} in {m['train_wall_seconds']:.0f} s of training ({_whole_run(m)}); "
-        f"{m['num_parameters']:,} parameters; weights stored in bf16.", "",
-        "![loss](loss.png)", "",
-        "## Recipe", "", "| field | value |", "|---|---|", recipe, "",
+        f"{m['num_parameters']:,} parameters; weights stored in bf16.",
+        "",
+        "![loss](loss.png)",
+        "",
+        "## Recipe",
+        "",
+        "| field | value |",
+        "|---|---|",
+        recipe,
+        "",
     ]
     for heading, body in extra_sections.items():
         lines += [f"## {heading}", "", body.strip(), ""]
@@ -38,12 +61,18 @@ def write_model_card(model_dir: Path, title: str, summary: str, command: str, ex
     return path
 
 
-def draft_train_command(method: str, recipe_cls, m: dict, out: str, target: str = "zoo/tinypy") -> str:
+def draft_train_command(
+    method: str, recipe_cls, m: dict, out: str, target: str = "zoo/tinypy"
+) -> str:
     """The ``outpace train draft`` command of a run (``m``: its training metrics): every recipe field whose value
     differs from ``recipe_cls``'s default, as its own flag (``_DRAFT_FLAGS``, ``--data``) or ``--set``."""
-    defaults = json.loads(json.dumps(dataclasses.asdict(recipe_cls())))  # (tuples as lists, as the metrics hold them)
-    parts = [f"python -m outpace train draft --method {method} --target {target} --out {out}",
-             "--device " + ("cpu" if m["device"] == "cpu" else "cuda")]
+    defaults = json.loads(
+        json.dumps(dataclasses.asdict(recipe_cls()))
+    )  # (tuples as lists, as the metrics hold them)
+    parts = [
+        f"python -m outpace train draft --method {method} --target {target} --out {out}",
+        "--device " + ("cpu" if m["device"] == "cpu" else "cuda"),
+    ]
     for name, value in m["recipe"].items():
         if value == defaults[name]:
             continue
@@ -64,8 +93,10 @@ def _whole_run(m: dict) -> str:
     resumed = m.get("history", {}).get("resumed_from_step")
     if resumed is None:
         return f"{m['total_wall_seconds']:.0f} s in all, data preparation and evaluation included"
-    return (f"resumed at step {resumed}: its last process took {m['total_wall_seconds']:.0f} s in all, evaluation "
-            "included; the training seconds count every process's loop")
+    return (
+        f"resumed at step {resumed}: its last process took {m['total_wall_seconds']:.0f} s in all, evaluation "
+        "included; the training seconds count every process's loop"
+    )
 
 
 def _devices(m: dict) -> str:

@@ -9,6 +9,7 @@ vLLM's speculators regenerate them, so only the prompts are read here:
 - any other file: plain text, one document; the prompts are windows of ``prompt_len`` tokens cut at random
   offsets of all documents back to back (as the zoo corpus is cut).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,28 @@ from pathlib import Path
 import torch
 
 _TEXT_KEYS = ("prompt", "text", "input", "question")
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 def _conversation(turns: list[dict]) -> list[dict]:
     """Turns in either form -> [{"role", "content"}] up to and including the last user turn."""
-    messages = [{"role": _SHAREGPT_ROLES.get(t.get("role", t.get("from")), t.get("role", t.get("from"))),
-                 "content": t.get("content", t.get("value", ""))} for t in turns]
+    messages = [
+        {
+            "role": _SHAREGPT_ROLES.get(t.get("role", t.get("from")), t.get("role", t.get("from"))),
+            "content": t.get("content", t.get("value", "")),
+        }
+        for t in turns
+    ]
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     if last_user is None:
         raise ValueError("a conversation has no user turn")
-    return messages[:last_user + 1]
+    return messages[: last_user + 1]
 
 
 def record_ids(record, tokenizer, where: str) -> list[int]:
@@ -35,21 +47,31 @@ def record_ids(record, tokenizer, where: str) -> list[int]:
     if isinstance(record, str):
         return tokenizer.encode(record, add_special_tokens=False)
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: a record must be a string or an object, not {type(record).__name__}")
+        raise ValueError(
+            f"{where}: a record must be a string or an object, not {type(record).__name__}"
+        )
     for key in _TEXT_KEYS:
         if isinstance(record.get(key), str):
             return tokenizer.encode(record[key], add_special_tokens=False)
     turns = record.get("messages", record.get("conversations"))
     if isinstance(turns, list):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"{where}: a conversation needs a chat template, and the target's tokenizer has none")
-        text = tokenizer.apply_chat_template(_conversation(turns), tokenize=False, add_generation_prompt=True)
+            raise ValueError(
+                f"{where}: a conversation needs a chat template, and the target's tokenizer has none"
+            )
+        text = tokenizer.apply_chat_template(
+            _conversation(turns), tokenize=False, add_generation_prompt=True
+        )
         return tokenizer.encode(text, add_special_tokens=False)
-    raise ValueError(f"{where}: no prompt found (keys {sorted(record)}; expected one of "
-                     f"{list(_TEXT_KEYS) + ['messages', 'conversations']})")
+    raise ValueError(
+        f"{where}: no prompt found (keys {sorted(record)}; expected one of "
+        f"{list(_TEXT_KEYS) + ['messages', 'conversations']})"
+    )
 
 
-def load_prompt_ids(files, target_dir: Path, prompt_len: int, num: int, seed: int = 0) -> list[list[int]]:
+def load_prompt_ids(
+    files, target_dir: Path, prompt_len: int, num: int, seed: int = 0
+) -> list[list[int]]:
     """At most ``num`` prompts (token ids, each 1..prompt_len long) from ``files``: every jsonl prompt (its
     last ``prompt_len`` tokens) in file order, then random windows of the text files for the rest."""
     from transformers import AutoTokenizer
@@ -75,8 +97,10 @@ def load_prompt_ids(files, target_dir: Path, prompt_len: int, num: int, seed: in
     if missing and len(stream) > prompt_len:
         g = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, len(stream) - prompt_len, (missing,), generator=g).tolist()
-        prompts += [stream[s:s + prompt_len] for s in starts]
+        prompts += [stream[s : s + prompt_len] for s in starts]
     if not prompts:
-        raise ValueError(f"--data {[str(f) for f in files]}: no prompts (jsonl records or text longer than "
-                         f"{prompt_len} tokens)")
+        raise ValueError(
+            f"--data {[str(f) for f in files]}: no prompts (jsonl records or text longer than "
+            f"{prompt_len} tokens)"
+        )
     return prompts

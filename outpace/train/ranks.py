@@ -24,6 +24,7 @@ Two ways in, as for serving: ``outpace train draft --nproc-per-node N`` starts r
 (torch.multiprocessing, a TCP rendezvous on localhost), or ``torchrun --nproc-per-node N -m outpace
 train draft ...`` starts them all (env://, several machines alike; rank 0 prints the result).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,14 @@ from torch import nn
 
 from outpace.distributed.collectives import all_reduce, broadcast_from_driver
 from outpace.distributed.group import SINGLE, RankGroup, building_in, init_rank_group
-from outpace.distributed.launch import (COLLECTIVE_TIMEOUT_S, exit_reason, follow, free_port, join_group,
-                                       launched_by_torchrun)
+from outpace.distributed.launch import (
+    COLLECTIVE_TIMEOUT_S,
+    exit_reason,
+    follow,
+    free_port,
+    join_group,
+    launched_by_torchrun,
+)
 
 _ENGINES_DONE = "outpace: no more engines"
 
@@ -69,8 +76,10 @@ class TrainRanks:
     def rows(self, batch_size: int, what: str = "batch_size") -> slice:
         """This rank's rows of a batch every rank drew alike (``batch_size`` must split evenly)."""
         if batch_size % self.size:
-            raise ValueError(f"{what}={batch_size} does not split over {self.size} training ranks: it must be a "
-                             f"multiple of {self.size}")
+            raise ValueError(
+                f"{what}={batch_size} does not split over {self.size} training ranks: it must be a "
+                f"multiple of {self.size}"
+            )
         share = batch_size // self.size
         return slice(self.group.rank * share, (self.group.rank + 1) * share)
 
@@ -91,11 +100,17 @@ class TrainRanks:
         from outpace.models.loader import load_model
 
         with building_in(self.group):
-            target = load_model(target_dir, torch.bfloat16 if device.startswith("cuda") else torch.float32, device,
-                                progress=False)
+            target = load_model(
+                target_dir,
+                torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                device,
+                progress=False,
+            )
         return target.requires_grad_(False)
 
-    def shard(self, draft: nn.Module, step: Callable[..., object], compile_step: bool = False) -> nn.Module:
+    def shard(
+        self, draft: nn.Module, step: Callable[..., object], compile_step: bool = False
+    ) -> nn.Module:
         """``DraftStep(draft, step, compile_step)``, with FSDP over the ranks (its forward hooks gather the draft's
         weights around the whole step); as it is for one rank."""
         objective = DraftStep(draft, step, compile_step)
@@ -118,7 +133,9 @@ class TrainRanks:
         from outpace.models.loader import load_part
 
         param = next(sharded.parameters())
-        return load_part(target.checkpoint_dir, part, param.dtype, str(param.device), buffers_from=sharded)
+        return load_part(
+            target.checkpoint_dir, part, param.dtype, str(param.device), buffers_from=sharded
+        )
 
     def row_local(self, target: nn.Module) -> nn.Module:
         """The target as a draft calls it on this rank's own rows (its ``embed``, head and ``compute_logits``;
@@ -126,9 +143,13 @@ class TrainRanks:
         ``RowLocalTarget`` over its whole embedding and head (``embedding``, ``head``)."""
         if self.size == 1:
             return target
-        return RowLocalTarget(target, self.embedding(target, target.config.vocab_size), self.head(target))
+        return RowLocalTarget(
+            target, self.embedding(target, target.config.vocab_size), self.head(target)
+        )
 
-    def embedding(self, target: nn.Module, vocab_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def embedding(
+        self, target: nn.Module, vocab_size: int
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The target's token embedding as a function each rank calls on its own rows: the target's own for
         one rank; over several (a sharded lookup is a collective that needs the same ids on every rank),
         its whole table, looked up once through the target (scaling included), indexed locally."""
@@ -136,7 +157,7 @@ class TrainRanks:
             return target.embed
         device = next(target.parameters()).device
         with torch.no_grad():
-            table = target.embed(torch.arange(vocab_size, device=device))      # [vocab, hidden]
+            table = target.embed(torch.arange(vocab_size, device=device))  # [vocab, hidden]
         return lambda token_ids: F.embedding(token_ids, table)
 
     def head(self, target: nn.Module) -> nn.Module:
@@ -147,14 +168,17 @@ class TrainRanks:
             return target.lm_head
         from outpace.layers.embedding import LMHead
 
-        weight = target.lm_head.full_weight()                                  # [vocab, hidden]
+        weight = target.lm_head.full_weight()  # [vocab, hidden]
         head = LMHead(weight.shape[1], weight.shape[0]).to(weight.device)
         head.weight = nn.Parameter(weight, requires_grad=False)
         return head
 
     def full_parameters(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """name -> the whole parameter on every rank (FSDP shards gathered: a collective)."""
-        return {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in module.named_parameters()}
+        return {
+            name: p.full_tensor() if hasattr(p, "full_tensor") else p
+            for name, p in module.named_parameters()
+        }
 
     # --- engines ----------------------------------------------------------------------------
 
@@ -181,8 +205,10 @@ class TrainRanks:
             except BaseException as e:
                 result, failure = None, e
             broadcast_from_driver(_ENGINES_DONE, self.group)
-            broadcast_from_driver((result, None if failure is None else f"{type(failure).__name__}: {failure}"),
-                                  self.group)
+            broadcast_from_driver(
+                (result, None if failure is None else f"{type(failure).__name__}: {failure}"),
+                self.group,
+            )
             if failure is not None:
                 raise failure
             return result
@@ -212,7 +238,9 @@ class DraftStep(nn.Module):
     step or block row, masked attention scores); compiled, they fuse.
     """
 
-    def __init__(self, draft: nn.Module, step: Callable[..., object], compile_step: bool = False) -> None:
+    def __init__(
+        self, draft: nn.Module, step: Callable[..., object], compile_step: bool = False
+    ) -> None:
         super().__init__()
         self.draft = draft
         self.step = torch.compile(step, dynamic=False) if compile_step else step
@@ -227,7 +255,9 @@ class RowLocalTarget:
     ``TrainRanks.head``); ``compute_logits`` is the target class's own, over this head; every other attribute
     is the target's (its final norm is replicated, not sharded)."""
 
-    def __init__(self, target: nn.Module, embed: Callable[[torch.Tensor], torch.Tensor], head: nn.Module) -> None:
+    def __init__(
+        self, target: nn.Module, embed: Callable[[torch.Tensor], torch.Tensor], head: nn.Module
+    ) -> None:
         self._target, self.embed, self.lm_head = target, embed, head
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -247,22 +277,37 @@ def train_on_ranks(fn: Callable[..., dict], nproc: int, device: str, *args):
     if launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if nproc not in (1, world):
-            raise ValueError(f"--nproc-per-node {nproc} under torchrun, whose WORLD_SIZE is {world}: give torchrun's "
-                             "count only")
-        return _run_rank(fn, args, device, init_rank_group(world, int(os.environ["RANK"]), device,
-                                                          timeout_s=COLLECTIVE_TIMEOUT_S))
+            raise ValueError(
+                f"--nproc-per-node {nproc} under torchrun, whose WORLD_SIZE is {world}: give torchrun's "
+                "count only"
+            )
+        return _run_rank(
+            fn,
+            args,
+            device,
+            init_rank_group(world, int(os.environ["RANK"]), device, timeout_s=COLLECTIVE_TIMEOUT_S),
+        )
     if nproc == 1:
         return fn(*args, ranks=TrainRanks(SINGLE, device))
     if nproc < 1:
         raise ValueError(f"--nproc-per-node {nproc}: must be >= 1")
     init_method = f"tcp://127.0.0.1:{free_port()}"
     context = mp.get_context("spawn")
-    processes = [context.Process(target=_spawned_rank, args=(fn, args, device, nproc, rank, init_method),
-                                 name=f"outpace-train-rank-{rank}", daemon=False) for rank in range(1, nproc)]
+    processes = [
+        context.Process(
+            target=_spawned_rank,
+            args=(fn, args, device, nproc, rank, init_method),
+            name=f"outpace-train-rank-{rank}",
+            daemon=False,
+        )
+        for rank in range(1, nproc)
+    ]
     for p in processes:
         p.start()
     try:
-        result = _run_rank(fn, args, device, init_rank_group(nproc, 0, device, init_method, COLLECTIVE_TIMEOUT_S))
+        result = _run_rank(
+            fn, args, device, init_rank_group(nproc, 0, device, init_method, COLLECTIVE_TIMEOUT_S)
+        )
     finally:
         for p in processes:
             p.join(60.0)
@@ -298,7 +343,12 @@ def _spawned_rank(fn, args, device: str, nproc: int, rank: int, init_method: str
 
     tqdm.set_lock(threading.RLock())
     try:
-        _run_rank(fn, args, device, init_rank_group(nproc, rank, device, init_method, COLLECTIVE_TIMEOUT_S))
+        _run_rank(
+            fn,
+            args,
+            device,
+            init_rank_group(nproc, rank, device, init_method, COLLECTIVE_TIMEOUT_S),
+        )
     except BaseException:
         print(f"outpace training rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         sys.exit(1)

@@ -7,6 +7,7 @@ layers are chained (Step-3.5-Flash): depth 1 consumes the target's last pre-norm
 depth k the pre-norm output of depth k-1; at row i depth k embeds token i+k and predicts token
 i+k+1, at rotary position i.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,13 @@ from outpace.train.corpus import Corpus, SourceFile, build_corpus, heldout_promp
 from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
 from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
-from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids, train_tokenizer
+from outpace.train.tokenizer import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    save_tokenizer,
+    special_token_ids,
+    train_tokenizer,
+)
 
 
 @dataclass(frozen=True)
@@ -57,10 +64,29 @@ class TargetRecipe:
     @classmethod
     def toy(cls, **overrides) -> TargetRecipe:
         """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(**{**dict(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                             num_kv_heads=2, max_position_embeddings=256, seq_len=32, batch_size=8, steps=40,
-                             lr=1e-2, warmup_steps=5, max_minutes=None, max_corpus_bytes=300_000,
-                             tokenizer_sample_bytes=200_000, eval_windows=8), **overrides})
+        return cls(
+            **{
+                **dict(
+                    vocab_size=400,
+                    hidden_size=32,
+                    intermediate_size=64,
+                    num_layers=2,
+                    num_heads=4,
+                    num_kv_heads=2,
+                    max_position_embeddings=256,
+                    seq_len=32,
+                    batch_size=8,
+                    steps=40,
+                    lr=1e-2,
+                    warmup_steps=5,
+                    max_minutes=None,
+                    max_corpus_bytes=300_000,
+                    tokenizer_sample_bytes=200_000,
+                    eval_windows=8,
+                ),
+                **overrides,
+            }
+        )
 
 
 def hf_config(recipe: TargetRecipe, eos_id: int, pad_id: int) -> dict:
@@ -68,14 +94,28 @@ def hf_config(recipe: TargetRecipe, eos_id: int, pad_id: int) -> dict:
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
-        vocab_size=recipe.vocab_size, hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
-        num_key_value_heads=recipe.num_kv_heads, head_dim=recipe.hidden_size // recipe.num_heads,
-        max_position_embeddings=recipe.max_position_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id,
+        vocab_size=recipe.vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        head_dim=recipe.hidden_size // recipe.num_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
     ).to_dict()
-    cfg.update(architectures=["LlamaForCausalLM"], torch_dtype="bfloat16", rope_theta=10000.0,
-               num_nextn_predict_layers=recipe.num_mtp_layers, chain_mtp_hidden_states=recipe.chain_mtp)
+    cfg.update(
+        architectures=["LlamaForCausalLM"],
+        torch_dtype="bfloat16",
+        rope_theta=10000.0,
+        num_nextn_predict_layers=recipe.num_mtp_layers,
+        chain_mtp_hidden_states=recipe.chain_mtp,
+    )
     return cfg
 
 
@@ -107,45 +147,58 @@ def mtp_forward_losses(model, tokens: torch.Tensor, num_mtp: int, chain: bool):
     with forward_context(DenseCausalMetadata(b, t)):
         target_hidden = model(tokens[:, :t].reshape(-1), positions).hidden_states  # [b * t, hidden]
     layers = list(model.mtp_layers)[:num_mtp]
-    all_logits = [model.compute_logits(target_hidden), *mtp_chain(model, layers, target_hidden, tokens, chain)]
+    all_logits = [
+        model.compute_logits(target_hidden),
+        *mtp_chain(model, layers, target_hidden, tokens, chain),
+    ]
     losses, accs = [], []
     for k, logits in enumerate(all_logits):
-        labels = tokens[:, k + 1:t + k + 1].reshape(-1)
+        labels = tokens[:, k + 1 : t + k + 1].reshape(-1)
         losses.append(F.cross_entropy(logits, labels))
         accs.append((logits.argmax(-1) == labels).float().mean().detach())
     return losses, accs
 
 
 @torch.no_grad()
-def evaluate(model, windows: torch.Tensor, recipe: TargetRecipe, device: str, batch: int = 16) -> dict:
+def evaluate(
+    model, windows: torch.Tensor, recipe: TargetRecipe, device: str, batch: int = 16
+) -> dict:
     """Held-out loss of the target and teacher-forced top-1 accuracy of each MTP depth."""
     k = recipe.num_mtp_layers
     loss_sum, acc_sum, n = torch.zeros(k + 1), torch.zeros(k + 1), 0
     for i in range(0, windows.shape[0], batch):
-        w = windows[i:i + batch].to(device)
+        w = windows[i : i + batch].to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
             losses, accs = mtp_forward_losses(model, w, k, recipe.chain_mtp)
         loss_sum += torch.stack(losses).float().cpu()
         acc_sum += torch.stack(accs).float().cpu()
         n += 1
     loss, acc = (loss_sum / n).tolist(), (acc_sum / n).tolist()
-    return {"heldout_loss": loss[0], "heldout_top1": acc[0],
-            "mtp_heldout_loss": {d: loss[d] for d in range(1, k + 1)},
-            "mtp_heldout_top1": {d: acc[d] for d in range(1, k + 1)}}
+    return {
+        "heldout_loss": loss[0],
+        "heldout_top1": acc[0],
+        "mtp_heldout_loss": {d: loss[d] for d in range(1, k + 1)},
+        "mtp_heldout_top1": {d: acc[d] for d in range(1, k + 1)},
+    }
 
 
 def prepare_data(recipe: TargetRecipe, roots=None):
     """Corpus, tokenizer, train stream and held-out stream for a recipe."""
-    corpus: Corpus = build_corpus(roots, heldout_fraction=recipe.heldout_fraction,
-                                  max_total_bytes=recipe.max_corpus_bytes)
-    tok = train_tokenizer(tokenizer_sample(corpus.train, recipe.tokenizer_sample_bytes), vocab_size=recipe.vocab_size)
+    corpus: Corpus = build_corpus(
+        roots, heldout_fraction=recipe.heldout_fraction, max_total_bytes=recipe.max_corpus_bytes
+    )
+    tok = train_tokenizer(
+        tokenizer_sample(corpus.train, recipe.tokenizer_sample_bytes), vocab_size=recipe.vocab_size
+    )
     ids = special_token_ids(tok)
     train_stream = TokenStream.from_files(corpus.train, tok, ids[EOS_TOKEN])
     heldout_stream = TokenStream.from_files(corpus.heldout, tok, ids[EOS_TOKEN])
     return corpus, tok, train_stream, heldout_stream
 
 
-def train_target(recipe: TargetRecipe, out_dir: Path, device: str, roots=None, num_samples: int = 4) -> dict:
+def train_target(
+    recipe: TargetRecipe, out_dir: Path, device: str, roots=None, num_samples: int = 4
+) -> dict:
     """Train, evaluate and save the target (with its MTP layers) as a HF directory in ``out_dir``."""
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
@@ -154,7 +207,9 @@ def train_target(recipe: TargetRecipe, out_dir: Path, device: str, roots=None, n
     cfg_dict = hf_config(recipe, ids[EOS_TOKEN], ids[PAD_TOKEN])
     cfg = ModelConfig.from_dict(cfg_dict)
     history, model = run_target_training(recipe, cfg, train_stream, device)
-    windows = heldout_stream.sequential_windows(recipe.seq_len + recipe.num_mtp_layers + 1, recipe.eval_windows)
+    windows = heldout_stream.sequential_windows(
+        recipe.seq_len + recipe.num_mtp_layers + 1, recipe.eval_windows
+    )
     metrics = evaluate(model, windows, recipe, device)
 
     out_dir = Path(out_dir)
@@ -164,19 +219,27 @@ def train_target(recipe: TargetRecipe, out_dir: Path, device: str, roots=None, n
     save_tokenizer(tok, out_dir, model_max_length=recipe.max_position_embeddings)
     plot_history(history, out_dir / "loss.png", "tinypy target: training loss")
     metrics.update(
-        recipe=dataclasses.asdict(recipe), corpus=corpus.stats(), train_tokens=len(train_stream),
-        heldout_tokens=len(heldout_stream), num_parameters=sum(p.numel() for p in model.parameters()),
-        train_wall_seconds=history.wall_seconds, total_wall_seconds=time.perf_counter() - t0,
+        recipe=dataclasses.asdict(recipe),
+        corpus=corpus.stats(),
+        train_tokens=len(train_stream),
+        heldout_tokens=len(heldout_stream),
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        train_wall_seconds=history.wall_seconds,
+        total_wall_seconds=time.perf_counter() - t0,
         device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         history=history.to_dict(),
-        samples=sample_completions(out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device),
+        samples=sample_completions(
+            out_dir, heldout_prompts(corpus, num_samples, prompt_chars=160), device
+        ),
     )
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_target_card(out_dir, metrics)
     return metrics
 
 
-TRAIN_COMMAND = "python -m outpace train target --out zoo/tinypy --device cuda --steps 12000 --max-minutes 7.0"
+TRAIN_COMMAND = (
+    "python -m outpace train target --out zoo/tinypy --device cuda --steps 12000 --max-minutes 7.0"
+)
 
 
 def write_target_card(out_dir: Path, m: dict) -> None:
@@ -184,27 +247,30 @@ def write_target_card(out_dir: Path, m: dict) -> None:
 
     c, r = m["corpus"], m["recipe"]
     depths = sorted(m["mtp_heldout_top1"], key=int)
-    mtp_rows = "\n".join(f"| MTP depth {d} (token t+{int(d) + 1}) | {m['mtp_heldout_loss'][d]:.4f} | "
-                         f"{m['mtp_heldout_top1'][d]:.4f} |" for d in depths)
+    mtp_rows = "\n".join(
+        f"| MTP depth {d} (token t+{int(d) + 1}) | {m['mtp_heldout_loss'][d]:.4f} | "
+        f"{m['mtp_heldout_top1'][d]:.4f} |"
+        for d in depths
+    )
     sections = {
         "Data": f"""Python source files of the training machine's standard library and site-packages
-({c['train_files']:,} train files, {c['train_bytes'] / 1e6:.1f} MB; {m['train_tokens']:,} tokens), deduplicated by
-content. Files are split by a sha256 hash of their relative path: {c['heldout_files']:,} held-out files
-({m['heldout_tokens']:,} tokens) never train anything and supply evaluation windows and prompts. Tokenizer:
-byte-level BPE, {r['vocab_size']} tokens, trained on the train split (`<|endoftext|>`=0 is EOS, `<|pad|>`=1,
+({c["train_files"]:,} train files, {c["train_bytes"] / 1e6:.1f} MB; {m["train_tokens"]:,} tokens), deduplicated by
+content. Files are split by a sha256 hash of their relative path: {c["heldout_files"]:,} held-out files
+({m["heldout_tokens"]:,} tokens) never train anything and supply evaluation windows and prompts. Tokenizer:
+byte-level BPE, {r["vocab_size"]} tokens, trained on the train split (`<|endoftext|>`=0 is EOS, `<|pad|>`=1,
 `<|mask|>`=2 is reserved for DFlash drafts, then chat tokens `<|system|>` `<|user|>` `<|assistant|>`).""",
-        "Held-out results": f"""{r['eval_windows']} held-out windows of {r['seq_len']} tokens, teacher-forced.
+        "Held-out results": f"""{r["eval_windows"]} held-out windows of {r["seq_len"]} tokens, teacher-forced.
 
 | head | loss (nats/token) | top-1 accuracy |
 |---|---|---|
-| target (token t+1) | {m['heldout_loss']:.4f} | {m['heldout_top1']:.4f} |
+| target (token t+1) | {m["heldout_loss"]:.4f} | {m["heldout_top1"]:.4f} |
 {mtp_rows}
 
 MTP top-1 is measured against the true next tokens with true tokens fed to the chain: the first
 figure of how much each lookahead depth can accept.""",
         "Checkpoint layout": f"""A `LlamaForCausalLM` checkpoint (tied embeddings) that transformers loads as is, ignoring
-the MTP weights. `config.json` adds `num_nextn_predict_layers: {r['num_mtp_layers']}` and
-`chain_mtp_hidden_states: {str(r['chain_mtp']).lower()}`. MTP layer k is stored DeepSeek-V3 style as
+the MTP weights. `config.json` adds `num_nextn_predict_layers: {r["num_mtp_layers"]}` and
+`chain_mtp_hidden_states: {str(r["chain_mtp"]).lower()}`. MTP layer k is stored DeepSeek-V3 style as
 `model.layers.{{num_hidden_layers + k}}.*`: `enorm`, `hnorm` (RMSNorm of the next token's embedding and of the
 incoming hidden state), `eh_proj` (2H -> H over their concatenation), then one decoder layer
 (`input_layernorm`, `self_attn.{{q,k,v,o}}_proj`, `post_attention_layernorm`, `mlp.{{gate,up,down}}_proj`). Logits
@@ -212,9 +278,14 @@ use the target's final `model.norm` and (tied) head. Chained: layer 0 consumes t
 hidden state, layer k the pre-norm output of layer k-1; at row i, layer k embeds token i+k+1 and predicts
 token i+k+2.""",
     }
-    write_model_card(out_dir, "tinypy: a small Python code model with 3 chained MTP layers",
-                     "The zoo target of outpace: the default `--model`, the model CI measures acceptance "
-                     "with, and the benchmark pair's target.", TRAIN_COMMAND, sections)
+    write_model_card(
+        out_dir,
+        "tinypy: a small Python code model with 3 chained MTP layers",
+        "The zoo target of outpace: the default `--model`, the model CI measures acceptance "
+        "with, and the benchmark pair's target.",
+        TRAIN_COMMAND,
+        sections,
+    )
 
 
 def run_target_training(recipe: TargetRecipe, cfg: ModelConfig, stream: TokenStream, device: str):
@@ -229,11 +300,18 @@ def run_target_training(recipe: TargetRecipe, cfg: ModelConfig, stream: TokenStr
         batch = stream.windows(recipe.batch_size, window, gen).to(device, non_blocking=True)
         losses, _ = mtp_forward_losses(model, batch, recipe.num_mtp_layers, recipe.chain_mtp)
         main, mtp = losses[0], torch.stack(losses[1:]).mean()
-        extra = {"main": main.detach(), **{f"mtp depth {k}": losses[k].detach() for k in range(1, len(losses))}}
+        extra = {
+            "main": main.detach(),
+            **{f"mtp depth {k}": losses[k].detach() for k in range(1, len(losses))},
+        }
         return main + recipe.mtp_loss_weight * mtp, batch.numel(), extra
 
-    opt = OptimConfig(steps=recipe.steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps,
-                      max_minutes=recipe.max_minutes)
+    opt = OptimConfig(
+        steps=recipe.steps,
+        lr=recipe.lr,
+        warmup_steps=recipe.warmup_steps,
+        max_minutes=recipe.max_minutes,
+    )
     history: TrainHistory = train(model, loss_fn, opt, device, desc="target")
     return history, model
 
@@ -247,9 +325,14 @@ def reproducibility_check(recipe: TargetRecipe, steps: int, device: str, out_dir
     cfg = ModelConfig.from_dict(hf_config(recipe, ids[EOS_TOKEN], ids[PAD_TOKEN]))
     runs = [run_target_training(recipe, cfg, stream, device)[0] for _ in range(2)]
     diffs = [abs(a - b) for a, b in zip(runs[0].losses, runs[1].losses)]
-    result = {"steps": runs[0].steps, "losses": [r.losses for r in runs], "max_abs_diff": max(diffs),
-              "mean_abs_diff": sum(diffs) / len(diffs), "seed": recipe.seed,
-              "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
+    result = {
+        "steps": runs[0].steps,
+        "losses": [r.losses for r in runs],
+        "max_abs_diff": max(diffs),
+        "mean_abs_diff": sum(diffs) / len(diffs),
+        "seed": recipe.seed,
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+    }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "target_reproducibility.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -260,9 +343,14 @@ def reproducibility_check(recipe: TargetRecipe, steps: int, device: str, out_dir
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, r in enumerate(runs):
-        ax.plot(r.steps, r.losses, label=f"run {i + 1}", alpha=0.8, linestyle="-" if i == 0 else "--")
-    ax.set(xlabel="step", ylabel="training loss", title=f"tinypy recipe, seed {recipe.seed}, twice "
-                                                       f"(max |diff| {max(diffs):.4f})")
+        ax.plot(
+            r.steps, r.losses, label=f"run {i + 1}", alpha=0.8, linestyle="-" if i == 0 else "--"
+        )
+    ax.set(
+        xlabel="step",
+        ylabel="training loss",
+        title=f"tinypy recipe, seed {recipe.seed}, twice (max |diff| {max(diffs):.4f})",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "target_reproducibility.png", dpi=110)
@@ -279,11 +367,17 @@ def init_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
             if p.dim() == 1:
                 p.fill_(1.0) if "norm" in name else p.zero_()
                 continue
-            scale = std / (2 * num_layers) ** 0.5 if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+            scale = (
+                std / (2 * num_layers) ** 0.5
+                if name.endswith(("o_proj.weight", "down_proj.weight"))
+                else std
+            )
             p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
-def sample_completions(model_dir: Path, prompts: list[str], device: str, max_tokens: int = 64) -> list[dict]:
+def sample_completions(
+    model_dir: Path, prompts: list[str], device: str, max_tokens: int = 64
+) -> list[dict]:
     """Greedy completions of held-out prompts through outpace's own engine."""
     from outpace import LLM, SamplingParams
 

@@ -60,7 +60,9 @@ def train_tokenizer(
     """
     min_vocab = len(SPECIAL_TOKENS) + _NUM_BYTES
     if vocab_size < min_vocab:
-        raise ValueError(f"vocab_size must be at least {min_vocab} (specials + bytes), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least {min_vocab} (specials + bytes), got {vocab_size}"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

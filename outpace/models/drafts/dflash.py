@@ -25,12 +25,12 @@ Two forwards share the same weights and the same math:
 - training (dense): ``forward_dense`` takes context features as extra keys and an explicit mask, so
   many anchors of many sequences run in one batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Callable
 
 import torch
@@ -38,22 +38,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
-from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError, read_json_object
+from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, write_kv
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3 import DraftMismatchError
-from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, write_kv
 from outpace.models.llama import build_rotary
 from outpace.models.loader import default_dtype
+from outpace.validation import ConfigError, read_json_object
 
 
 @dataclass(frozen=True)
 class DFlashConfig:
-    layer: ModelConfig                  # decoder shapes; num_hidden_layers = draft layers, vocab = target's
-    block_size: int                     # rows per block: the bonus token + block_size - 1 masks
+    layer: ModelConfig  # decoder shapes; num_hidden_layers = draft layers, vocab = target's
+    block_size: int  # rows per block: the bonus token + block_size - 1 masks
     mask_token_id: int
-    target_layer_ids: tuple[int, ...]   # as in the checkpoint: "output of target layer X"
+    target_layer_ids: tuple[int, ...]  # as in the checkpoint: "output of target layer X"
     num_target_layers: int | None = None
 
     @classmethod
@@ -63,20 +63,39 @@ class DFlashConfig:
         def field(name: str):
             value = dflash.get(name, cfg.get(name))
             if value is None:
-                raise ConfigError(f"DFlash config has no {name} (looked in dflash_config and at the top level): "
-                                  f"not a DFlash draft checkpoint?")
+                raise ConfigError(
+                    f"DFlash config has no {name} (looked in dflash_config and at the top level): "
+                    f"not a DFlash draft checkpoint?"
+                )
             return value
 
-        block_size, mask_token_id, ids = field("block_size"), field("mask_token_id"), field("target_layer_ids")
+        block_size, mask_token_id, ids = (
+            field("block_size"),
+            field("mask_token_id"),
+            field("target_layer_ids"),
+        )
         if not isinstance(block_size, int) or block_size < 2:
-            raise ConfigError(f"DFlashConfig.block_size={block_size!r} is invalid: must be an integer >= 2 "
-                              "(the bonus token and at least one mask)")
-        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) for i in ids):
-            raise ConfigError(f"DFlashConfig.target_layer_ids={ids!r} is invalid: must be a non-empty list of ints")
+            raise ConfigError(
+                f"DFlashConfig.block_size={block_size!r} is invalid: must be an integer >= 2 "
+                "(the bonus token and at least one mask)"
+            )
+        if (
+            not isinstance(ids, (list, tuple))
+            or not ids
+            or not all(isinstance(i, int) for i in ids)
+        ):
+            raise ConfigError(
+                f"DFlashConfig.target_layer_ids={ids!r} is invalid: must be a non-empty list of ints"
+            )
         # Qwen3-style layers: per-head q/k RMSNorm (ModelConfig derives qk_norm from the architecture).
         layer = ModelConfig.from_dict({**cfg, "architectures": ["Qwen3ForCausalLM"]}, source)
-        return cls(layer=layer, block_size=block_size, mask_token_id=int(mask_token_id),
-                   target_layer_ids=tuple(ids), num_target_layers=cfg.get("num_target_layers"))
+        return cls(
+            layer=layer,
+            block_size=block_size,
+            mask_token_id=int(mask_token_id),
+            target_layer_ids=tuple(ids),
+            num_target_layers=cfg.get("num_target_layers"),
+        )
 
     @property
     def capture_layer_ids(self) -> tuple[int, ...]:
@@ -97,7 +116,9 @@ class DFlashDraft(nn.Module):
         self.rotary = build_rotary(lc)
         self.fc = linear(cfg.num_features * target_hidden_size, lc.hidden_size)
         self.hidden_norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
-        self.layers = nn.ModuleList(FusedDecoderLayer(lc, self.rotary) for _ in range(lc.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            FusedDecoderLayer(lc, self.rotary) for _ in range(lc.num_hidden_layers)
+        )
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         # (embedding, head) borrowed from the target; a tuple keeps them out of our submodules/state dict
         self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
@@ -122,7 +143,9 @@ class DFlashDraft(nn.Module):
         return norm_head_logits(self.norm, head, hidden)
 
     # ---- serving (paged KV, inside a forward_context) ----------------------------------------
-    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write_context(
+        self, features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         """Write context rows' k/v into every layer's KV cache.
 
         features [n, hidden] (``fuse`` output), positions [n], slot_mapping [n] flat cache slots.
@@ -143,8 +166,14 @@ class DFlashDraft(nn.Module):
         return h
 
     # ---- training (dense, explicit mask) -----------------------------------------------------
-    def forward_dense(self, context: torch.Tensor, context_positions: torch.Tensor, block_embeds: torch.Tensor,
-                      block_positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward_dense(
+        self,
+        context: torch.Tensor,
+        context_positions: torch.Tensor,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Dense forward of many blocks at once.
 
         context [b, T, hidden] (``fuse`` output), context_positions [b, T]; block_embeds [b, Q, hidden],
@@ -164,14 +193,22 @@ class DFlashDraft(nn.Module):
             k_blk, v_blk = attn.key_value(x, blk_pos)
             k_ctx, v_ctx = attn.key_value(ctx_flat, ctx_pos)
 
-            def heads_first(y: torch.Tensor, n: int) -> torch.Tensor:  # [b * n, h, d] -> [b, h, n, d]
+            def heads_first(
+                y: torch.Tensor, n: int
+            ) -> torch.Tensor:  # [b * n, h, d] -> [b, h, n, d]
                 return y.view(b, n, *y.shape[1:]).transpose(1, 2)
 
             k = torch.cat([heads_first(k_ctx, t), heads_first(k_blk, q_len)], dim=2)
             v = torch.cat([heads_first(v_ctx, t), heads_first(v_blk, q_len)], dim=2)
             qh = heads_first(q, q_len)
-            out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=attn_mask,
-                                                 scale=attn.attn.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                qh,
+                k.to(qh.dtype),
+                v.to(qh.dtype),
+                attn_mask=attn_mask,
+                scale=attn.attn.scale,
+                enable_gqa=True,
+            )
             h = h + attn.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
@@ -226,7 +263,9 @@ def _tensor_shape(draft_dir: Path, name: str) -> tuple[int, ...] | None:
     return None
 
 
-def load_dflash_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str) -> DFlashDraft:
+def load_dflash_draft(
+    draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str
+) -> DFlashDraft:
     """Load a DFlash draft and check that it fits ``target``; a mismatch raises DraftMismatchError."""
     draft_dir = Path(draft_dir)
     if not (draft_dir / "config.json").is_file():
@@ -239,33 +278,47 @@ def load_dflash_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dty
     if cfg.layer.vocab_size != vocab:
         problems.append(f"vocab_size {cfg.layer.vocab_size} != target vocab_size {vocab}")
     if cfg.layer.hidden_size != tcfg.hidden_size:
-        problems.append(f"hidden_size {cfg.layer.hidden_size} != target hidden_size {tcfg.hidden_size} (the draft "
-                        "embeds with the target's embedding and predicts with its head)")
+        problems.append(
+            f"hidden_size {cfg.layer.hidden_size} != target hidden_size {tcfg.hidden_size} (the draft "
+            "embeds with the target's embedding and predicts with its head)"
+        )
     fc_shape = _tensor_shape(draft_dir, "fc.weight")
     if fc_shape is None:
         raise DraftMismatchError(f"DFlash draft {draft_dir} has no fc.weight tensor")
     fc_in = fc_shape[1]
     if fc_in % cfg.num_features or fc_in // cfg.num_features != tcfg.hidden_size:
-        problems.append(f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers x "
-                        f"{fc_in / cfg.num_features:g}, but the target hidden size is {tcfg.hidden_size}")
+        problems.append(
+            f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers x "
+            f"{fc_in / cfg.num_features:g}, but the target hidden size is {tcfg.hidden_size}"
+        )
     bad = layers_outside(cfg.target_layer_ids, L)
     if bad:
-        problems.append(f"target_layer_ids {list(cfg.target_layer_ids)} name layers {bad} that the target does not "
-                        f"have (ids mean 'output of layer X'; the target has {L} layers: 0 .. {L - 1})")
+        problems.append(
+            f"target_layer_ids {list(cfg.target_layer_ids)} name layers {bad} that the target does not "
+            f"have (ids mean 'output of layer X'; the target has {L} layers: 0 .. {L - 1})"
+        )
     if cfg.num_target_layers is not None and cfg.num_target_layers != L:
         problems.append(f"num_target_layers {cfg.num_target_layers} != the target's {L} layers")
     if not 0 <= cfg.mask_token_id < vocab:
-        problems.append(f"mask_token_id {cfg.mask_token_id} is outside the target vocabulary [0, {vocab})")
+        problems.append(
+            f"mask_token_id {cfg.mask_token_id} is outside the target vocabulary [0, {vocab})"
+        )
     else:
         declared = tokenizer_mask_token_id(getattr(target, "checkpoint_dir", None))
         if declared is not None and declared[1] != cfg.mask_token_id:
-            problems.append(f"mask_token_id {cfg.mask_token_id} is not the target tokenizer's mask token "
-                            f"{declared[0]!r} (id {declared[1]})")
+            problems.append(
+                f"mask_token_id {cfg.mask_token_id} is not the target tokenizer's mask token "
+                f"{declared[0]!r} (id {declared[1]})"
+            )
     if problems:
-        raise DraftMismatchError(f"DFlash draft {draft_dir} does not fit the target: " + "; ".join(problems))
+        raise DraftMismatchError(
+            f"DFlash draft {draft_dir} does not fit the target: " + "; ".join(problems)
+        )
     # Rotary tables are computed, not learned: cover every position the target can reach.
     positions = max(cfg.layer.max_position_embeddings, tcfg.max_position_embeddings)
-    cfg = dataclasses.replace(cfg, layer=dataclasses.replace(cfg.layer, max_position_embeddings=positions))
+    cfg = dataclasses.replace(
+        cfg, layer=dataclasses.replace(cfg.layer, max_position_embeddings=positions)
+    )
     with default_dtype(dtype), torch.device(device):
         draft = DFlashDraft(cfg, tcfg.hidden_size)
     load_checkpoint(draft, draft_dir, progress=False)

@@ -32,6 +32,7 @@ the target's); ``draft_vocab_size``, ``target_hidden_size`` (null: the layer's h
 the top level; ``speculators_config`` holds ``proposal_methods`` (``speculative_tokens``) and
 ``verifier`` (``name_or_path``), which describe serving, not the weights.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,17 +43,16 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
-from outpace.model_config import ModelConfig
+from outpace.layers.decoder import DecoderAttention, GatedMLP
 from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
+from outpace.layers.fused_decoder import attention_and_mlp, embed_norm_pair, norm_head_logits
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.layers.decoder import DecoderAttention, GatedMLP
-from outpace.layers.fused_decoder import attention_and_mlp, embed_norm_pair, norm_head_logits
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype
 from outpace.validation import ConfigFields, read_json_object
-
 
 # SpecForge's names of the three aux norms (pull 553 llama3_eagle.py), in the order of the aux states
 AUX_NORM_NAMES_SPECFORGE = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
@@ -64,14 +64,14 @@ class DraftMismatchError(ValueError):
 
 @dataclass(frozen=True)
 class Eagle3Config:
-    layer: ModelConfig                 # shapes of the decoder layer (vocab_size is the target's)
+    layer: ModelConfig  # shapes of the decoder layer (vocab_size is the target's)
     draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...] | None  # as written in the checkpoint (see capture_layer_ids)
     use_aux_norm: bool = False
     bias: bool = False
     norm_before_residual: bool = False
-    embed_scale: float = 1.0               # the draft reads the target's table rows times this
+    embed_scale: float = 1.0  # the draft reads the target's table rows times this
 
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> Eagle3Config:
@@ -80,23 +80,27 @@ class Eagle3Config:
         if "speculators_model_type" in cfg:
             cfg = _flatten_speculators(cfg)
         fields = ConfigFields(cfg, source)
-        layer = ModelConfig.from_dict({**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1},
-                                      source)
-        return cls(layer=layer,
-                   draft_vocab_size=fields.integer("draft_vocab_size", layer.vocab_size),
-                   target_hidden_size=fields.integer("target_hidden_size", layer.hidden_size),
-                   aux_layer_ids=_aux_layer_ids(fields),
-                   use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
-                   bias=bool(cfg.get("bias", False)),
-                   norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-                   embed_scale=_embed_scale(cfg))
+        layer = ModelConfig.from_dict(
+            {**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}, source
+        )
+        return cls(
+            layer=layer,
+            draft_vocab_size=fields.integer("draft_vocab_size", layer.vocab_size),
+            target_hidden_size=fields.integer("target_hidden_size", layer.hidden_size),
+            aux_layer_ids=_aux_layer_ids(fields),
+            use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
+            bias=bool(cfg.get("bias", False)),
+            norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+            embed_scale=_embed_scale(cfg),
+        )
 
     @property
     def num_aux(self) -> int:
         return len(self.aux_layer_ids) if self.aux_layer_ids else 3
 
-    def capture_layer_ids(self, num_target_layers: int,
-                          convention: AuxIdConvention = FIRST_ID_RULE) -> tuple[int, ...]:
+    def capture_layer_ids(
+        self, num_target_layers: int, convention: AuxIdConvention = FIRST_ID_RULE
+    ) -> tuple[int, ...]:
         """The target layers whose *inputs* to capture (index num_target_layers: the last output), as
         the target family's ``convention`` reads the checkpoint's ids (models/drafts/eagle3_aux_ids.py)."""
         return convention.capture_ids(self.aux_layer_ids, num_target_layers)
@@ -105,7 +109,9 @@ class Eagle3Config:
 def target_capture_ids(cfg: Eagle3Config, target: nn.Module) -> tuple[int, ...]:
     """The capture ids of ``cfg`` on ``target``: families whose drafts write their ids otherwise than the
     first-id rule declare their ``eagle3_aux_ids`` convention (Gemma)."""
-    return cfg.capture_layer_ids(target.config.num_hidden_layers, getattr(target, "eagle3_aux_ids", FIRST_ID_RULE))
+    return cfg.capture_layer_ids(
+        target.config.num_hidden_layers, getattr(target, "eagle3_aux_ids", FIRST_ID_RULE)
+    )
 
 
 def _aux_layer_ids(fields: ConfigFields) -> tuple[int, ...] | None:
@@ -126,27 +132,44 @@ def _flatten_speculators(cfg: dict) -> dict:
     """A speculators-format EAGLE3 config -> the native (flat) form ``Eagle3Config.from_dict`` reads."""
     kind = cfg["speculators_model_type"]
     if kind != "eagle3":
-        raise DraftMismatchError(f"speculators_model_type {kind!r} is not supported: only 'eagle3' drafts load here")
+        raise DraftMismatchError(
+            f"speculators_model_type {kind!r} is not supported: only 'eagle3' drafts load here"
+        )
     layer = cfg.get("transformer_layer_config")
     if not isinstance(layer, dict):
-        raise DraftMismatchError("a speculators config needs a transformer_layer_config dict (the layer's shapes)")
+        raise DraftMismatchError(
+            "a speculators config needs a transformer_layer_config dict (the layer's shapes)"
+        )
     model_type = layer.get("model_type", "llama")
-    if model_type != "llama":  # vLLM (algos.py update_eagle3) serves every eagle3 speculator as a Llama layer
-        raise DraftMismatchError(f"transformer_layer_config.model_type {model_type!r} is not supported: "
-                                 f"only 'llama' EAGLE3 layers load here")
+    if (
+        model_type != "llama"
+    ):  # vLLM (algos.py update_eagle3) serves every eagle3 speculator as a Llama layer
+        raise DraftMismatchError(
+            f"transformer_layer_config.model_type {model_type!r} is not supported: "
+            f"only 'llama' EAGLE3 layers load here"
+        )
     unsupported = [k for k in ("norm_before_fc", "norm_output") if cfg.get(k)]
     if unsupported:
-        raise DraftMismatchError(f"speculators EAGLE3 options {', '.join(unsupported)} are not supported")
+        raise DraftMismatchError(
+            f"speculators EAGLE3 options {', '.join(unsupported)} are not supported"
+        )
     from transformers import LlamaConfig
 
     # speculators rebuilds the layer config as its class (validate_transformer_config), restoring the
     # defaults that to_diff_dict() left out
     layer = LlamaConfig(**layer).to_dict()
     if layer["num_hidden_layers"] != 1:
-        raise DraftMismatchError(f"transformer_layer_config.num_hidden_layers is {layer['num_hidden_layers']}: "
-                                 f"only one-layer EAGLE3 drafts load here")
-    keys = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "fc_norm",
-            "norm_before_residual")
+        raise DraftMismatchError(
+            f"transformer_layer_config.num_hidden_layers is {layer['num_hidden_layers']}: "
+            f"only one-layer EAGLE3 drafts load here"
+        )
+    keys = (
+        "draft_vocab_size",
+        "target_hidden_size",
+        "eagle_aux_hidden_state_layer_ids",
+        "fc_norm",
+        "norm_before_residual",
+    )
     return {**layer, **{k: cfg[k] for k in keys if k in cfg}}
 
 
@@ -160,18 +183,35 @@ class Eagle3Layer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
         self.norm_before_residual = norm_before_residual
 
-    def forward(self, positions: torch.Tensor, token_ids: torch.Tensor, embedding: nn.Embedding,
-                hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        token_ids: torch.Tensor,
+        embedding: nn.Embedding,
+        hidden: torch.Tensor,
+    ) -> torch.Tensor:
         """token_ids [n] (their rows of ``embedding``), hidden [n, hidden] -> [n, hidden] pre-norm output."""
-        x = embed_norm_pair(token_ids, embedding, self.input_layernorm, hidden, self.hidden_norm,
-                            (self.self_attn, self.mlp))                                    # [n, 2 * hidden]
-        return attention_and_mlp(self.self_attn, self.mlp, self.post_attention_layernorm, positions, x,
-                                 self.residual(x, hidden))
+        x = embed_norm_pair(
+            token_ids,
+            embedding,
+            self.input_layernorm,
+            hidden,
+            self.hidden_norm,
+            (self.self_attn, self.mlp),
+        )  # [n, 2 * hidden]
+        return attention_and_mlp(
+            self.self_attn,
+            self.mlp,
+            self.post_attention_layernorm,
+            positions,
+            x,
+            self.residual(x, hidden),
+        )
 
     def residual(self, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The residual stream [n, hidden] the layer adds to: ``hidden``, or with ``norm_before_residual``
         its ``hidden_norm``, the second half of x [n, 2 * hidden] the normalised [embedding | hidden]."""
-        return x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
+        return x[:, hidden.shape[-1] :] if self.norm_before_residual else hidden
 
 
 class UnscaledRows(nn.Module):
@@ -195,8 +235,14 @@ class Eagle3Draft(nn.Module):
     # (Eagle3DraftModel's verifier_norm, verifier_lm_head); the target's own are used instead
     ignored_checkpoint_tensors = (r"^verifier_(norm|lm_head)\.",)
 
-    def __init__(self, cfg: Eagle3Config, has_embedding: bool = False, has_head: bool = True,
-                 layer_prefix: str = "midlayer.", aux_norm_names: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Eagle3Config,
+        has_embedding: bool = False,
+        has_head: bool = True,
+        layer_prefix: str = "midlayer.",
+        aux_norm_names: tuple[str, ...] | None = None,
+    ) -> None:
         """``layer_prefix``: the checkpoint's name for the decoder layer, ``midlayer.`` or ``layers.0.``;
         ``aux_norm_names``: the checkpoint's names of the aux norms, when not ``fc_norm.{i}``."""
         super().__init__()
@@ -206,11 +252,13 @@ class Eagle3Draft(nn.Module):
         self.aux_norm_names = aux_norm_names
         self.rotary = build_rotary(lc)
         if cfg.use_aux_norm:
-            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, lc.rms_norm_eps) for _ in range(cfg.num_aux))
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(cfg.target_hidden_size, lc.rms_norm_eps) for _ in range(cfg.num_aux)
+            )
         self.fc = linear(cfg.num_aux * cfg.target_hidden_size, lc.hidden_size, bias=cfg.bias)
         self.midlayer = Eagle3Layer(lc, self.rotary, cfg.norm_before_residual)
         # NOTE: the embedding rows are read raw; their scale lives in the norm after them (module docstring)
-        self.midlayer.input_layernorm.eps = lc.rms_norm_eps / cfg.embed_scale ** 2
+        self.midlayer.input_layernorm.eps = lc.rms_norm_eps / cfg.embed_scale**2
         self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
         if has_embedding:
             self.embed_tokens = nn.Embedding(lc.vocab_size, lc.hidden_size)
@@ -240,8 +288,10 @@ class Eagle3Draft(nn.Module):
         rows = vocab_shard_of(table)
         if rows is not table and head.weight is table.weight:
             head = LMHead(rows.embedding_dim, rows.vocab_size, tied_to=rows)
-        self._borrowed = (None if hasattr(self, "embed_tokens") else UnscaledRows(rows),
-                          None if hasattr(self, "lm_head") else head)
+        self._borrowed = (
+            None if hasattr(self, "embed_tokens") else UnscaledRows(rows),
+            None if hasattr(self, "lm_head") else head,
+        )
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[n] -> [n, hidden]: the rows the layer's input norm receives (unscaled: ``embed_scale`` lives in
@@ -265,7 +315,9 @@ class Eagle3Draft(nn.Module):
             aux = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts)], dim=-1)
         return self.fc(aux)
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
         """token_ids [n] (token t+1), positions [n] (t), hidden [n, hidden] -> [n, hidden] pre-norm."""
         return self.midlayer(positions, token_ids, self.embedding, hidden)
 
@@ -277,44 +329,74 @@ class Eagle3Draft(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
 
-def load_eagle3_draft(draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str) -> Eagle3Draft:
+def load_eagle3_draft(
+    draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str
+) -> Eagle3Draft:
     """Load an EAGLE3 draft and check that it fits ``target``; a mismatch raises DraftMismatchError."""
     draft_dir = Path(draft_dir)
     path = draft_dir / "config.json"
     cfg = Eagle3Config.from_dict(read_json_object(path), str(path))
     tcfg: ModelConfig = target.config
-    cfg = dataclasses.replace(cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings))
+    cfg = dataclasses.replace(
+        cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings)
+    )
     names = checkpoint_tensor_names(draft_dir)
     problems = []
     if cfg.target_hidden_size != tcfg.hidden_size:
-        problems.append(f"target_hidden_size {cfg.target_hidden_size} != target hidden_size {tcfg.hidden_size}")
+        problems.append(
+            f"target_hidden_size {cfg.target_hidden_size} != target hidden_size {tcfg.hidden_size}"
+        )
     if cfg.layer.vocab_size != tcfg.vocab_size:
         problems.append(f"vocab_size {cfg.layer.vocab_size} != target vocab_size {tcfg.vocab_size}")
     if "lm_head.weight" not in names and cfg.draft_vocab_size != tcfg.vocab_size:
-        problems.append(f"the draft has no lm_head and its draft_vocab_size {cfg.draft_vocab_size} differs from "
-                        f"the target vocabulary {tcfg.vocab_size}")
+        problems.append(
+            f"the draft has no lm_head and its draft_vocab_size {cfg.draft_vocab_size} differs from "
+            f"the target vocabulary {tcfg.vocab_size}"
+        )
     if "embed_tokens.weight" not in names and cfg.layer.hidden_size != tcfg.hidden_size:
-        problems.append(f"the draft has no embedding and its hidden_size {cfg.layer.hidden_size} differs from the "
-                        f"target's {tcfg.hidden_size}")
+        problems.append(
+            f"the draft has no embedding and its hidden_size {cfg.layer.hidden_size} differs from the "
+            f"target's {tcfg.hidden_size}"
+        )
     capture = target_capture_ids(cfg, target)
     bad = [i for i in capture if not 0 <= i <= tcfg.num_hidden_layers]
     if bad:
-        written = list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (the target family's default)"
-        problems.append(f"eagle_aux_hidden_state_layer_ids {written} capture the inputs of "
-                        f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]")
+        written = (
+            list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (the target family's default)"
+        )
+        problems.append(
+            f"eagle_aux_hidden_state_layer_ids {written} capture the inputs of "
+            f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]"
+        )
     if problems:
-        raise DraftMismatchError(f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems))
+        raise DraftMismatchError(
+            f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems)
+        )
     with default_dtype(dtype), torch.device(device):
-        draft = Eagle3Draft(cfg, has_embedding="embed_tokens.weight" in names, has_head="lm_head.weight" in names,
-                            layer_prefix="layers.0." if any(n.startswith("layers.0.") for n in names) else "midlayer.",
-                            aux_norm_names=AUX_NORM_NAMES_SPECFORGE if "aux_norm_low.weight" in names else None)
+        draft = Eagle3Draft(
+            cfg,
+            has_embedding="embed_tokens.weight" in names,
+            has_head="lm_head.weight" in names,
+            layer_prefix="layers.0."
+            if any(n.startswith("layers.0.") for n in names)
+            else "midlayer.",
+            aux_norm_names=AUX_NORM_NAMES_SPECFORGE if "aux_norm_low.weight" in names else None,
+        )
     load_checkpoint(draft, draft_dir, progress=False)
     target_ids = torch.arange(cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
-    if target_ids.min() < 0 or target_ids.max() >= tcfg.vocab_size or target_ids.unique().numel() != target_ids.numel():
-        raise DraftMismatchError(f"EAGLE3 draft {draft_dir}: its d2t map sends draft ids outside the target "
-                                 f"vocabulary [0, {tcfg.vocab_size}) or two draft ids to one target id")
+    if (
+        target_ids.min() < 0
+        or target_ids.max() >= tcfg.vocab_size
+        or target_ids.unique().numel() != target_ids.numel()
+    ):
+        raise DraftMismatchError(
+            f"EAGLE3 draft {draft_dir}: its d2t map sends draft ids outside the target "
+            f"vocabulary [0, {tcfg.vocab_size}) or two draft ids to one target id"
+        )
     if int(draft.t2d.sum()) != cfg.draft_vocab_size:
-        raise DraftMismatchError(f"EAGLE3 draft {draft_dir}: t2d marks {int(draft.t2d.sum())} target ids, "
-                                 f"draft_vocab_size is {cfg.draft_vocab_size}")
+        raise DraftMismatchError(
+            f"EAGLE3 draft {draft_dir}: t2d marks {int(draft.t2d.sum())} target ids, "
+            f"draft_vocab_size is {cfg.draft_vocab_size}"
+        )
     draft.attach_target(target)
     return draft.eval()

@@ -22,6 +22,7 @@ target family the public serving and training code wrote for it:
   specforge/algorithms/model_providers.py resolve_eagle_capture_layers) is [2, L // 2, L - 3]
   input-of too; a draft written without ids by that code expects L - 3.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class AuxIdConvention:
-    ids_mean_outputs: bool        # every written id is "output of layer X", whatever the first id
-    default_last_from_end: int    # absent ids: [2, L // 2, L - default_last_from_end]
+    ids_mean_outputs: bool  # every written id is "output of layer X", whatever the first id
+    default_last_from_end: int  # absent ids: [2, L // 2, L - default_last_from_end]
 
     def capture_ids(self, written: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
         """The input-of indices to capture for the ids a checkpoint wrote (None: absent)."""

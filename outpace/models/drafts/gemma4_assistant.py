@@ -27,6 +27,7 @@ cluster); the others get -inf here, where transformers fills them with the batch
 logit minus 1 (a host sync, and a value that depends on the batch): the argmax and the selected logits
 are the same.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,21 +40,32 @@ from torch import nn
 from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.checkpoint import checkpoint_files, load_checkpoint
-from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
 from outpace.distributed.group import build_group
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
+from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.gemma import layer_type, layer_type_ropes, refuse
-from outpace.models.gemma4 import (DEFAULT_ROPE_PARAMETERS, ROPE_TYPES, Gemma4Config, Gemma4DecoderLayer, LayerShape,
-                                   _layer_overrides)
+from outpace.models.gemma4 import (
+    DEFAULT_ROPE_PARAMETERS,
+    ROPE_TYPES,
+    Gemma4Config,
+    Gemma4DecoderLayer,
+    LayerShape,
+    _layer_overrides,
+)
 from outpace.models.loader import covering_positions, default_dtype
+from outpace.validation import ConfigError
 
 # Gemma4AssistantConfig.validate_architecture: what an assistant's text config must leave off
-REQUIRED_OFF = ("hidden_size_per_layer_input", "enable_moe_block", "use_double_wide_mlp", "vocab_size_per_layer_input",
-                "attention_k_eq_v")
+REQUIRED_OFF = (
+    "hidden_size_per_layer_input",
+    "enable_moe_block",
+    "use_double_wide_mlp",
+    "vocab_size_per_layer_input",
+    "attention_k_eq_v",
+)
 
 
 class TargetCacheAttention(Attention):
@@ -67,8 +79,13 @@ class TargetCacheAttention(Attention):
         # NOTE: the window is the assistant's + 1 over the query's KV row L - 1 (rows > L - 1 - (W + 1)):
         # the last W + 1 keys, as the flipped bidirectional mask (module docstring). Comparing KV rows
         # with the row the query occupies keeps every backend's window arithmetic exact.
-        super().__init__(num_heads, target.num_kv_heads, target.head_dim,
-                         None if sliding_window is None else sliding_window + 1, scale=1.0)
+        super().__init__(
+            num_heads,
+            target.num_kv_heads,
+            target.head_dim,
+            None if sliding_window is None else sliding_window + 1,
+            scale=1.0,
+        )
         self._target = (target,)  # not a submodule: the target owns it
 
     @property
@@ -78,7 +95,9 @@ class TargetCacheAttention(Attention):
     @kv_cache.setter
     def kv_cache(self, value) -> None:
         if value is not None:
-            raise ValueError("an assistant layer attends over the target's cache and binds none of its own")
+            raise ValueError(
+                "an assistant layer attends over the target's cache and binds none of its own"
+            )
 
     def bind_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device):
         return self.kv_cache
@@ -96,6 +115,7 @@ class TargetCacheAttention(Attention):
 @dataclasses.dataclass(frozen=True)
 class AssistantConfig:
     """config.json of a Gemma4AssistantForCausalLM beyond its text config (Gemma4AssistantConfig)."""
+
     text: ModelConfig
     backbone_hidden_size: int
     use_ordered_embeddings: bool
@@ -108,26 +128,39 @@ class AssistantConfig:
         text = dict(raw["text_config"], architectures=["Gemma4ForCausalLM"])
         for key in REQUIRED_OFF:
             if text.get(key):
-                raise refuse(f"text_config.{key}", text[key], "0, False or absent in a Gemma 4 assistant")
+                raise refuse(
+                    f"text_config.{key}", text[key], "0, False or absent in a Gemma 4 assistant"
+                )
         if text.get("use_bidirectional_attention") == "all":
             raise refuse("text_config.use_bidirectional_attention", "all", "None or 'vision'")
         n = text["num_hidden_layers"]
-        if text.get("num_kv_shared_layers", 0) not in (0, n):  # 0: Gemma4AssistantConfig.__post_init__ sets n
-            raise refuse("text_config.num_kv_shared_layers", text["num_kv_shared_layers"],
-                         f"num_hidden_layers = {n} (every assistant layer shares the target's KV)")
-        return cls(text=ModelConfig.from_dict(text), backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
-                   use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
-                   num_centroids=int(raw.get("num_centroids", 2048)),
-                   centroid_top_k=int(raw.get("centroid_intermediate_top_k", 32)),
-                   tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)))
+        if text.get("num_kv_shared_layers", 0) not in (
+            0,
+            n,
+        ):  # 0: Gemma4AssistantConfig.__post_init__ sets n
+            raise refuse(
+                "text_config.num_kv_shared_layers",
+                text["num_kv_shared_layers"],
+                f"num_hidden_layers = {n} (every assistant layer shares the target's KV)",
+            )
+        return cls(
+            text=ModelConfig.from_dict(text),
+            backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
+            use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
+            num_centroids=int(raw.get("num_centroids", 2048)),
+            centroid_top_k=int(raw.get("centroid_intermediate_top_k", 32)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        )
 
 
 def store_layers(target) -> dict[str, int]:
     """Layer type -> the target layer whose KV the assistant's layers of that type read: the last one of
     the type that computes its own KV (transformers Gemma4TextConfig.kv_sharing_modes' "store")."""
     cfg, shapes = target.config, target.gemma.layers
-    return {t: max(i for i, s in enumerate(shapes) if s.producer is None and layer_type(cfg, i) == t)
-            for t in {layer_type(cfg, i) for i in range(cfg.num_hidden_layers)}}
+    return {
+        t: max(i for i, s in enumerate(shapes) if s.producer is None and layer_type(cfg, i) == t)
+        for t in {layer_type(cfg, i) for i in range(cfg.num_hidden_layers)}
+    }
 
 
 class OrderedHead(nn.Module):
@@ -143,10 +176,14 @@ class OrderedHead(nn.Module):
 
     def forward(self, h: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """h [n, hidden] -> [n, vocab] float32 logits."""
-        clusters = self.centroids(h).topk(self.top_k, dim=-1).indices                     # [n, top_k]
-        ids = self.token_ordering.view(self.num_centroids, -1)[clusters].flatten(1)      # [n, top_k * per_cluster]
+        clusters = self.centroids(h).topk(self.top_k, dim=-1).indices  # [n, top_k]
+        ids = self.token_ordering.view(self.num_centroids, -1)[clusters].flatten(
+            1
+        )  # [n, top_k * per_cluster]
         scores = torch.einsum("nd,nkd->nk", h, head_weight[ids]).float()
-        return torch.full((h.shape[0], head_weight.shape[0]), float("-inf"), device=h.device).scatter_(1, ids, scores)
+        return torch.full(
+            (h.shape[0], head_weight.shape[0]), float("-inf"), device=h.device
+        ).scatter_(1, ids, scores)
 
 
 class Gemma4Assistant(nn.Module):
@@ -160,15 +197,32 @@ class Gemma4Assistant(nn.Module):
         target_layers = target.model.layers
         overrides = _layer_overrides(text)
         gemma = Gemma4Config(
-            ropes=layer_type_ropes(text.raw.get("rope_parameters") or DEFAULT_ROPE_PARAMETERS, ROPE_TYPES),
-            layers=tuple(LayerShape(head_dim=overrides.get(i, {}).get("head_dim", text.head_dim),
-                                    num_kv_heads=text.num_key_value_heads, k_eq_v=False,
-                                    producer=stores[layer_type(text, i)], double_wide_mlp=False)
-                         for i in range(text.num_hidden_layers)),
-            final_logit_softcapping=None, attention_bias=bool(text.raw.get("attention_bias", False)),
-            per_layer_size=0, per_layer_vocab_size=0, moe=None)
-        problems = [f"backbone_hidden_size {cfg.backbone_hidden_size} != the target's hidden_size {tcfg.hidden_size}"
-                    ] if cfg.backbone_hidden_size != tcfg.hidden_size else []
+            ropes=layer_type_ropes(
+                text.raw.get("rope_parameters") or DEFAULT_ROPE_PARAMETERS, ROPE_TYPES
+            ),
+            layers=tuple(
+                LayerShape(
+                    head_dim=overrides.get(i, {}).get("head_dim", text.head_dim),
+                    num_kv_heads=text.num_key_value_heads,
+                    k_eq_v=False,
+                    producer=stores[layer_type(text, i)],
+                    double_wide_mlp=False,
+                )
+                for i in range(text.num_hidden_layers)
+            ),
+            final_logit_softcapping=None,
+            attention_bias=bool(text.raw.get("attention_bias", False)),
+            per_layer_size=0,
+            per_layer_vocab_size=0,
+            moe=None,
+        )
+        problems = (
+            [
+                f"backbone_hidden_size {cfg.backbone_hidden_size} != the target's hidden_size {tcfg.hidden_size}"
+            ]
+            if cfg.backbone_hidden_size != tcfg.hidden_size
+            else []
+        )
         if text.vocab_size != tcfg.vocab_size:
             problems.append(f"vocab_size {text.vocab_size} != the target's {tcfg.vocab_size}")
         attns = []
@@ -176,45 +230,74 @@ class Gemma4Assistant(nn.Module):
             t = layer_type(text, i)
             source = target_layers[shape.producer].self_attn.attn
             if (source.head_dim, source.sliding_window) != (shape.head_dim, text.layer_window(i)):
-                problems.append(f"layer {i} ({t}): head_dim {shape.head_dim}, window {text.layer_window(i)} against "
-                                f"the target's {t} KV of head_dim {source.head_dim}, window {source.sliding_window}")
-            attns.append(TargetCacheAttention(source, text.num_attention_heads, text.layer_window(i)))
+                problems.append(
+                    f"layer {i} ({t}): head_dim {shape.head_dim}, window {text.layer_window(i)} against "
+                    f"the target's {t} KV of head_dim {source.head_dim}, window {source.sliding_window}"
+                )
+            attns.append(
+                TargetCacheAttention(source, text.num_attention_heads, text.layer_window(i))
+            )
         if problems:
-            raise DraftMismatchError("Gemma 4 assistant does not fit the target: " + "; ".join(problems))
+            raise DraftMismatchError(
+                "Gemma 4 assistant does not fit the target: " + "; ".join(problems)
+            )
         self.model = nn.Module()
-        self.model.rotary = nn.ModuleDict()  # one table per (layer type, head_dim), not checkpoint tensors
+        self.model.rotary = (
+            nn.ModuleDict()
+        )  # one table per (layer type, head_dim), not checkpoint tensors
         for i, shape in enumerate(gemma.layers):
             key = f"{layer_type(text, i)}_{shape.head_dim}"
             if key not in self.model.rotary:
-                self.model.rotary[key] = gemma.ropes[layer_type(text, i)].rotary(shape.head_dim,
-                                                                                  text.max_position_embeddings)
+                self.model.rotary[key] = gemma.ropes[layer_type(text, i)].rotary(
+                    shape.head_dim, text.max_position_embeddings
+                )
         self.model.layers = nn.ModuleList(
-            Gemma4DecoderLayer(text, gemma, i, self.model.rotary[f"{layer_type(text, i)}_{shape.head_dim}"], attns[i])
-            for i, shape in enumerate(gemma.layers))
+            Gemma4DecoderLayer(
+                text,
+                gemma,
+                i,
+                self.model.rotary[f"{layer_type(text, i)}_{shape.head_dim}"],
+                attns[i],
+            )
+            for i, shape in enumerate(gemma.layers)
+        )
         self.model.norm = Float32RMSNorm(text.hidden_size, text.rms_norm_eps)
-        self.model.embed_tokens = VocabEmbedding(text.vocab_size, text.hidden_size)  # the tied head's rows only
-        self.lm_head = LMHead(text.hidden_size, text.vocab_size,
-                              tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None)
+        self.model.embed_tokens = VocabEmbedding(
+            text.vocab_size, text.hidden_size
+        )  # the tied head's rows only
+        self.lm_head = LMHead(
+            text.hidden_size,
+            text.vocab_size,
+            tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
+        )
         self.pre_projection = linear(2 * cfg.backbone_hidden_size, text.hidden_size)
         self.post_projection = linear(text.hidden_size, cfg.backbone_hidden_size)
         if cfg.use_ordered_embeddings:
             if text.vocab_size % cfg.num_centroids:
-                raise refuse("num_centroids", cfg.num_centroids, f"a divisor of vocab_size {text.vocab_size}")
-            self.masked_embedding = OrderedHead(text.hidden_size, text.vocab_size, cfg.num_centroids,
-                                                cfg.centroid_top_k)
+                raise refuse(
+                    "num_centroids", cfg.num_centroids, f"a divisor of vocab_size {text.vocab_size}"
+                )
+            self.masked_embedding = OrderedHead(
+                text.hidden_size, text.vocab_size, cfg.num_centroids, cfg.centroid_top_k
+            )
         self._target = (target,)
-        self._kv = {shape.producer: attns[i] for i, shape in enumerate(gemma.layers)}  # target layer -> a reader
+        self._kv = {
+            shape.producer: attns[i] for i, shape in enumerate(gemma.layers)
+        }  # target layer -> a reader
 
     def target_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's pre-norm last hidden states [n, hidden] -> the state a first step reads (normed)."""
         return self._target[0].model.norm(hidden)
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
-                hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step: token_ids [n] (each row's token at position L), positions [n] (L), hidden [n, backbone]
         -> (logits [n, vocab] float32, the next step's hidden [n, backbone]). Under a forward context
         whose query rows are the rows' KV rows L - 1 (``TargetCacheAttention``)."""
-        x = torch.cat((self._target[0].embed(token_ids), hidden.to(self.pre_projection.weight.dtype)), dim=-1)
+        x = torch.cat(
+            (self._target[0].embed(token_ids), hidden.to(self.pre_projection.weight.dtype)), dim=-1
+        )
         h = self.pre_projection(x)
         shared = {p: attn.cached_rows() for p, attn in self._kv.items()}
         for layer in self.model.layers:
@@ -227,17 +310,25 @@ class Gemma4Assistant(nn.Module):
         return logits, self.post_projection(h)
 
 
-def load_gemma4_assistant(draft_dir: str | Path, target, dtype: torch.dtype, device: str) -> Gemma4Assistant:
+def load_gemma4_assistant(
+    draft_dir: str | Path, target, dtype: torch.dtype, device: str
+) -> Gemma4Assistant:
     """Load a Gemma4AssistantForCausalLM checkpoint against a Gemma 4 ``target`` (loaded, caches bound or
     to be bound); a mismatch raises DraftMismatchError."""
     draft_dir = Path(draft_dir)
     if build_group().size > 1:
-        raise ConfigError("a Gemma 4 assistant drafts at tensor_parallel_size 1 only (its layers read whole target caches)")
+        raise ConfigError(
+            "a Gemma 4 assistant drafts at tensor_parallel_size 1 only (its layers read whole target caches)"
+        )
     if not hasattr(target, "gemma") or not hasattr(target.gemma, "layers"):
-        raise ConfigError(f"a Gemma 4 assistant drafts for Gemma 4 targets, not {target.config.architecture}")
+        raise ConfigError(
+            f"a Gemma 4 assistant drafts for Gemma 4 targets, not {target.config.architecture}"
+        )
     raw = json.loads((draft_dir / "config.json").read_text())
     cfg = AssistantConfig.from_dict(raw)
-    cfg = dataclasses.replace(cfg, text=covering_positions(cfg.text, target.config.max_position_embeddings))
+    cfg = dataclasses.replace(
+        cfg, text=covering_positions(cfg.text, target.config.max_position_embeddings)
+    )
     checkpoint_files(draft_dir)  # every weight file checked readable before the draft is built
     with default_dtype(dtype), torch.device(device):
         draft = Gemma4Assistant(cfg, target)

@@ -28,6 +28,7 @@ Each ``QwenMTPStep`` is one MTP layer as speculative/drafters/mtp.py drives it (
 hidden)``, ``target_state``, ``embed``, ``compute_logits``; models/drafts/mtp.py ``MTPBlock`` has the same
 interface); the layout chains (each step reads the previous step's returned state).
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,12 +69,19 @@ class QwenMTPStep(nn.Module):
         super().__init__()
         # (the shared parts one by one, not the parent module: no cycle in the module tree)
         self.fc, self.layer, self.norm = mtp.fc, mtp.layers[k], mtp.norm
-        self.pre_fc_norm_embedding, self.pre_fc_norm_hidden = mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden
+        self.pre_fc_norm_embedding, self.pre_fc_norm_hidden = (
+            mtp.pre_fc_norm_embedding,
+            mtp.pre_fc_norm_hidden,
+        )
 
-    def forward(self, positions: torch.Tensor, token_embeds: torch.Tensor, hidden_states: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, token_embeds: torch.Tensor, hidden_states: torch.Tensor
+    ) -> torch.Tensor:
         """token_embeds [n, hidden] of token t + 1, hidden_states [n, hidden] for t -> [n, hidden] normed."""
-        x = torch.cat((self.pre_fc_norm_embedding(token_embeds), self.pre_fc_norm_hidden(hidden_states)), dim=-1)
+        x = torch.cat(
+            (self.pre_fc_norm_embedding(token_embeds), self.pre_fc_norm_hidden(hidden_states)),
+            dim=-1,
+        )
         return self.norm(self.layer(positions, self.fc(x)))
 
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

@@ -31,25 +31,28 @@ The MTP parts are mixins over a decoder layer class: ``MTPLayer`` and ``DeepSeek
 over a Llama-family block; models/deepseek.py puts ``OwnHeadsMTPBlock`` over a DeepSeek block (MLA and
 MoE or dense MLP), as vLLM's DeepSeekMultiTokenPredictorLayer wraps a DeepseekV2DecoderLayer.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from outpace.model_config import ModelConfig
 from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
-from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits
+from outpace.model_config import ModelConfig
 
 
 def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
     """Whether a checkpoint stores its MTP layers DeepSeek-V3 style: the first MTP layer has a
     ``shared_head.head`` (vLLM deepseek_mtp.py: spec-layer weights ``embed_tokens``, ``enorm``,
     ``hnorm``, ``eh_proj``, ``shared_head``)."""
-    return (cfg.num_nextn_predict_layers > 0
-            and f"model.layers.{cfg.num_hidden_layers}.shared_head.head.weight" in tensor_names)
+    return (
+        cfg.num_nextn_predict_layers > 0
+        and f"model.layers.{cfg.num_hidden_layers}.shared_head.head.weight" in tensor_names
+    )
 
 
 def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool) -> nn.ModuleList:
@@ -75,8 +78,12 @@ class MTPBlock(nn.Module):
         """The kind of norm ``enorm`` and ``hnorm`` are (Step-3.5-Flash's are zero-centred: models/step3p5.py)."""
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, token_embeds: torch.Tensor,  # type: ignore[override]
-                hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        token_embeds: torch.Tensor,  # type: ignore[override]
+        hidden_states: torch.Tensor,
+    ) -> torch.Tensor:
         """token_embeds [n, hidden] of token t+1; hidden_states [n, hidden] at t -> [n, hidden] pre-norm."""
         h = self.eh_proj(torch.cat((self.enorm(token_embeds), self.hnorm(hidden_states)), dim=-1))
         return super().forward(positions, h)
@@ -115,9 +122,15 @@ class OwnHeadsMTPBlock(MTPBlock):
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.shared_head = SharedHead(cfg)
 
-    def forward(self, positions: torch.Tensor, token_embeds: torch.Tensor,  # type: ignore[override]
-                hidden_states: torch.Tensor) -> torch.Tensor:
-        token_embeds = torch.where((positions == 0)[:, None], 0.0, token_embeds)  # vLLM: position 0 masked
+    def forward(
+        self,
+        positions: torch.Tensor,
+        token_embeds: torch.Tensor,  # type: ignore[override]
+        hidden_states: torch.Tensor,
+    ) -> torch.Tensor:
+        token_embeds = torch.where(
+            (positions == 0)[:, None], 0.0, token_embeds
+        )  # vLLM: position 0 masked
         return super().forward(positions, token_embeds, hidden_states)
 
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ next block's rows L' .. L' + B - 1, which its forward writes in each layer befor
 context row a block reads holds its committed feature, and a step run ahead and then dropped needs no
 restore: it wrote only rows past every committed row.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,12 +27,20 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
-from outpace.models.drafts.dflash import dflash_block_size, load_dflash_draft
 from outpace.layers.decoder import pack_projections
+from outpace.models.drafts.dflash import dflash_block_size, load_dflash_draft
 from outpace.speculative.chain import chain_drafts, choose_chain
-from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
+from outpace.speculative.proposer import (
+    DecodeRows,
+    Drafts,
+    DraftShape,
+    PrefillRows,
+    Proposer,
+    Verified,
+    positions,
+)
 from outpace.speculative.rows import prefill_extension
+from outpace.validation import ConfigError
 
 
 class DFlashProposer(Proposer):
@@ -42,19 +51,31 @@ class DFlashProposer(Proposer):
         """The draft's block size - 1: a block is the bonus token and one mask per draft step."""
         return dflash_block_size(draft_dir) - 1
 
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
-                 device: str, attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target,
+        pool: BlockPool,
+        max_requests: int,
+        dtype: torch.dtype,
+        device: str,
+        attention_backend: str = "torch",
+    ) -> None:
         super().__init__(spec, pool, max_requests, device, attention_backend)
         if spec.topk != 1:
-            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for dflash: must be 1 (a DFlash "
-                              "block is verified as a chain)")
+            raise ConfigError(
+                f"SpeculativeConfig.topk={spec.topk} is invalid for dflash: must be 1 (a DFlash "
+                "block is verified as a chain)"
+            )
         self.draft_model = load_dflash_draft(spec.draft, target, dtype, device)
         pack_projections(self.draft_model)  # one matmul for q/k/v and for gate/up
         cfg = self.draft_model.config
         if spec.num_draft_tokens != cfg.block_size:
-            raise ConfigError(f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for the DFlash draft "
-                              f"{spec.draft}: its block_size is {cfg.block_size}, and num_steps + 1 "
-                              f"(= {spec.num_steps + 1}) must equal block_size; use num_steps={cfg.block_size - 1}")
+            raise ConfigError(
+                f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for the DFlash draft "
+                f"{spec.draft}: its block_size is {cfg.block_size}, and num_steps + 1 "
+                f"(= {spec.num_steps + 1}) must equal block_size; use num_steps={cfg.block_size - 1}"
+            )
         self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
         self.aux_layer_ids = cfg.capture_layer_ids
         bind_kv_cache(self.draft_model, pool, dtype, device)
@@ -65,22 +86,31 @@ class DFlashProposer(Proposer):
 
     # ---- context rows --------------------------------------------------------------------------
     def absorb(self, prefill: PrefillRows) -> None:
-        ext = prefill_extension(prefill, [0] * len(prefill.counts), self.pool.block_size)  # every row
+        ext = prefill_extension(
+            prefill, [0] * len(prefill.counts), self.pool.block_size
+        )  # every row
         if ext is not None:
-            features = self.draft_model.fuse(prefill.aux_hidden_states[prefill.rows[ext.rows]])  # [m, hidden]
+            features = self.draft_model.fuse(
+                prefill.aux_hidden_states[prefill.rows[ext.rows]]
+            )  # [m, hidden]
             self.draft_model.write_context(features, ext.positions, ext.metadata.slot_mapping)
 
     def update(self, verified: Verified) -> None:
         rows = verified.rows
-        n = verified.aux_hidden_states.shape[0] // rows.size                     # verified nodes per row
-        kv_rows = rows.lengths[:, None] + torch.arange(n, device=rows.lengths.device)  # [b, n]: node i at L + i
-        self.draft_model.write_context(self.draft_model.fuse(verified.aux_hidden_states), kv_rows.reshape(-1),
-                                       rows.cache_slots(kv_rows).reshape(-1))
+        n = verified.aux_hidden_states.shape[0] // rows.size  # verified nodes per row
+        kv_rows = rows.lengths[:, None] + torch.arange(
+            n, device=rows.lengths.device
+        )  # [b, n]: node i at L + i
+        self.draft_model.write_context(
+            self.draft_model.fuse(verified.aux_hidden_states),
+            kv_rows.reshape(-1),
+            rows.cache_slots(kv_rows).reshape(-1),
+        )
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         k = shape.num_steps
-        logits = self.block_logits(rows, k) if k else None                     # [b, k, vocab]
+        logits = self.block_logits(rows, k) if k else None  # [b, k, vocab]
         probs: list[torch.Tensor] = []
         tokens = [choose_chain(logits[:, j - 1], rows, j, probs) for j in range(1, k + 1)]
         return chain_drafts(rows, tokens, probs)
@@ -88,8 +118,15 @@ class DFlashProposer(Proposer):
     def block_logits(self, rows: DecodeRows, k: int) -> torch.Tensor:
         """One draft forward over every row's block -> the logits of block rows 1 .. k, [b, k, vocab]."""
         b, n = rows.size, self.block_size
-        ids = torch.cat([rows.last_tokens[:, None], rows.last_tokens.new_full((b, n - 1), self.mask_token_id)], 1)
-        full = torch.ones(b, n, n, dtype=torch.bool, device=ids.device)            # non-causal over the block
+        ids = torch.cat(
+            [rows.last_tokens[:, None], rows.last_tokens.new_full((b, n - 1), self.mask_token_id)],
+            1,
+        )
+        full = torch.ones(b, n, n, dtype=torch.bool, device=ids.device)  # non-causal over the block
         with rows.context(rows.lengths, n, self.backend, full):
-            hidden = self.draft_model(ids.reshape(-1), positions(rows.lengths, n))   # [b * n, hidden]
-        return self.draft_model.compute_logits(hidden.view(b, n, -1)[:, 1:k + 1].reshape(b * k, -1)).view(b, k, -1)
+            hidden = self.draft_model(
+                ids.reshape(-1), positions(rows.lengths, n)
+            )  # [b * n, hidden]
+        return self.draft_model.compute_logits(
+            hidden.view(b, n, -1)[:, 1 : k + 1].reshape(b * k, -1)
+        ).view(b, k, -1)

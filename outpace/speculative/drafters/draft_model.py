@@ -10,6 +10,7 @@ pending rows as a verify does (a snapshot after each), keeps the snapshot of the
 the further draft steps advance the row, then puts that snapshot back: the same rollback as the target's,
 at the last committed row instead of the last correct draft.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,13 +21,21 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError, read_json_object
 from outpace.layers.recurrent import RecurrentMetadata
+from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model
 from outpace.speculative.chain import chain_drafts, choose_chain
-from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
+from outpace.speculative.proposer import (
+    DecodeRows,
+    Drafts,
+    DraftShape,
+    PrefillRows,
+    Proposer,
+    Verified,
+    positions,
+)
 from outpace.speculative.rows import prefill_extension
+from outpace.validation import ConfigError, read_json_object
 
 
 def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
@@ -42,18 +51,24 @@ def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
     files = [Path(target_dir) / "tokenizer.json", Path(draft_dir) / "tokenizer.json"]
     if not all(f.is_file() for f in files):
         if t.vocab_size != d.vocab_size:
-            raise ConfigError(f"draft {draft_dir} has vocab_size {d.vocab_size}, the target {t.vocab_size}, and "
-                              f"without a tokenizer.json in both directories their tokenizers cannot be compared: "
-                              f"a draft model must share the target's tokenizer")
+            raise ConfigError(
+                f"draft {draft_dir} has vocab_size {d.vocab_size}, the target {t.vocab_size}, and "
+                f"without a tokenizer.json in both directories their tokenizers cannot be compared: "
+                f"a draft model must share the target's tokenizer"
+            )
         return t.vocab_size
     target_ids, draft_ids = (_token_ids(read_json_object(f)) for f in files)
     if target_ids != draft_ids:
-        raise ConfigError(f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
-                          f"(their tokenizer.json vocabularies differ)")
+        raise ConfigError(
+            f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
+            f"(their tokenizer.json vocabularies differ)"
+        )
     size = max(target_ids.values()) + 1
     if size > min(t.vocab_size, d.vocab_size):
-        raise ConfigError(f"the tokenizer of {target_dir} has ids up to {size - 1}, beyond the embedding rows of the "
-                          f"target ({t.vocab_size}) or of the draft {draft_dir} ({d.vocab_size})")
+        raise ConfigError(
+            f"the tokenizer of {target_dir} has ids up to {size - 1}, beyond the embedding rows of the "
+            f"target ({t.vocab_size}) or of the draft {draft_dir} ({d.vocab_size})"
+        )
     return size
 
 
@@ -76,22 +91,43 @@ class DraftModelProposer(Proposer):
     by the draft steps before anything reads them), then step j >= 2 is one row at L + j - 1 reading
     draft j - 1."""
 
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
-                 device: str, attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target,
+        pool: BlockPool,
+        max_requests: int,
+        dtype: torch.dtype,
+        device: str,
+        attention_backend: str = "torch",
+    ) -> None:
         if spec.topk != 1:
-            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for draft: must be 1 (a chain)")
+            raise ConfigError(
+                f"SpeculativeConfig.topk={spec.topk} is invalid for draft: must be 1 (a chain)"
+            )
         self.vocab_size = target.config.vocab_size
         self.shared_vocab = shared_vocab_size(target.checkpoint_dir, Path(spec.draft))
         super().__init__(spec, pool, max_requests, device, attention_backend)
         # rotary tables over the target's whole context (models/loader.py covering_positions)
-        self.draft_model = load_model(spec.draft, dtype, device, progress=False,
-                                      min_positions=target.config.max_position_embeddings)
+        self.draft_model = load_model(
+            spec.draft,
+            dtype,
+            device,
+            progress=False,
+            min_positions=target.config.max_position_embeddings,
+        )
         bind_kv_cache(self.draft_model.model, pool, dtype, device)
         self.width = spec.num_steps + 1
         # a recurrent draft's state per request row, a snapshot row per pending row (none: no-ops)
-        self.states = RecurrentStates(self.draft_model.model, max_requests + 1, self.width, dtype, device)
-        self.pending_tokens = torch.zeros(max_requests + 1, self.width, dtype=torch.int64, device=self.device)
-        self.pending_start = torch.zeros(max_requests + 1, dtype=torch.int64, device=self.device)  # first pending row
+        self.states = RecurrentStates(
+            self.draft_model.model, max_requests + 1, self.width, dtype, device
+        )
+        self.pending_tokens = torch.zeros(
+            max_requests + 1, self.width, dtype=torch.int64, device=self.device
+        )
+        self.pending_start = torch.zeros(
+            max_requests + 1, dtype=torch.int64, device=self.device
+        )  # first pending row
         self.pending_count = torch.ones(max_requests + 1, dtype=torch.int64, device=self.device)
 
     @property
@@ -100,12 +136,16 @@ class DraftModelProposer(Proposer):
 
     @property
     def unsettled_rows(self) -> int:
-        return self.spec.num_steps  # pending rows (after a verify, all but the first were written by draft steps)
+        return (
+            self.spec.num_steps
+        )  # pending rows (after a verify, all but the first were written by draft steps)
 
     def prefix_caching_refusal(self) -> str | None:
         if self.states.has_state:
-            return (f"the draft {self.spec.draft} has recurrent layers, and their state is not cached at block "
-                    f"boundaries")
+            return (
+                f"the draft {self.spec.draft} has recurrent layers, and their state is not cached at block "
+                f"boundaries"
+            )
         return None
 
     def state(self) -> list[torch.Tensor]:
@@ -115,34 +155,45 @@ class DraftModelProposer(Proposer):
         """token_ids [num_rows]: committed or drafted ids. A padding id of the target's embedding (one no
         text produces, but which a target may still emit) is read by the draft as id 0 rather than past
         its own embedding: it can only change what the draft proposes, never what is committed."""
-        return self.draft_model(token_ids.masked_fill(token_ids >= self.shared_vocab, 0), positions).hidden_states
+        return self.draft_model(
+            token_ids.masked_fill(token_ids >= self.shared_vocab, 0), positions
+        ).hidden_states
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, target vocab]: the shared ids' logits, -inf elsewhere (padding rows of either
         embedding are never drafted)."""
         draft_logits = self.draft_model.compute_logits(hidden)
         full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
-        full[:, :self.shared_vocab] = draft_logits[:, :self.shared_vocab]
+        full[:, : self.shared_vocab] = draft_logits[:, : self.shared_vocab]
         return full
 
     def _advance(self, indices: torch.Tensor) -> RecurrentMetadata | None:
         """A draft step's recurrent metadata (device tensors, capturable): each row continues its row's state
         and leaves its state there."""
-        return RecurrentMetadata(indices, torch.ones_like(indices, dtype=torch.bool)) if self.states.has_state else None
+        return (
+            RecurrentMetadata(indices, torch.ones_like(indices, dtype=torch.bool))
+            if self.states.has_state
+            else None
+        )
 
     def absorb(self, prefill: PrefillRows) -> None:
         ext = prefill_extension(prefill, [0] * len(prefill.counts), self.pool.block_size)
-        take = [i for i, c in enumerate(prefill.counts) if c > 0]  # the requests ext holds, in order
+        take = [
+            i for i, c in enumerate(prefill.counts) if c > 0
+        ]  # the requests ext holds, in order
         with ext.context(self.backend) as ctx:
-            ctx.recurrent = self.states.prefill([prefill.req_indices[i] for i in take], [prefill.starts[i] for i in take])
+            ctx.recurrent = self.states.prefill(
+                [prefill.req_indices[i] for i in take], [prefill.starts[i] for i in take]
+            )
             self._forward(prefill.token_ids[ext.rows], ext.positions)
         ends = torch.tensor(prefill.counts).cumsum(0) - 1
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:  # the sampled token, at L = the prompt's length, is pending
             indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
             self.pending_tokens[indices, 0] = prefill.next_token_ids[ends[done].to(self.device)]
-            self.pending_start[indices] = torch.tensor([prefill.starts[i] + prefill.counts[i] for i in done],
-                                                     device=self.device)
+            self.pending_start[indices] = torch.tensor(
+                [prefill.starts[i] + prefill.counts[i] for i in done], device=self.device
+            )
             self.pending_count[indices] = 1
 
     def update(self, verified: Verified) -> None:
@@ -155,10 +206,18 @@ class DraftModelProposer(Proposer):
         b, w = rows.size, self.width
         start, count = self.pending_start[rows.req_indices], self.pending_count[rows.req_indices]
         with rows.context(start, w, self.backend) as ctx:
-            ctx.recurrent = self.states.verify(rows.req_indices, start, None)  # a snapshot after each pending row
-            out = self._forward(self.pending_tokens[rows.req_indices].reshape(-1), positions(start, w))
-        hidden = out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]  # row L's output [b, hidden]
-        self.states.commit(rows.req_indices, count - 1)  # the state after token L, the last committed one
+            ctx.recurrent = self.states.verify(
+                rows.req_indices, start, None
+            )  # a snapshot after each pending row
+            out = self._forward(
+                self.pending_tokens[rows.req_indices].reshape(-1), positions(start, w)
+            )
+        hidden = out.view(b, w, -1)[
+            torch.arange(b, device=out.device), count - 1
+        ]  # row L's output [b, hidden]
+        self.states.commit(
+            rows.req_indices, count - 1
+        )  # the state after token L, the last committed one
         tokens, probs = [], []
         for j in range(1, shape.num_steps + 1):
             tokens.append(choose_chain(self._logits(hidden), rows, j, probs))

@@ -17,6 +17,7 @@ expanded node proposes ``topk`` children, and finally the ``num_draft_tokens - 1
 the highest cumulative log-probability form the verified tree. Prefill chunks are extended at
 once (``absorb``), all but a completed prompt's last row, which stays pending.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,10 +25,18 @@ import torch
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.layers.decoder import pack_projections
-from outpace.speculative.chain import choose_chain, chain_drafts, position_gumbel
-from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
+from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
+from outpace.speculative.chain import chain_drafts, choose_chain, position_gumbel
+from outpace.speculative.proposer import (
+    DecodeRows,
+    Drafts,
+    DraftShape,
+    PrefillRows,
+    Proposer,
+    Verified,
+    positions,
+)
 from outpace.speculative.rows import prefill_extension
 from outpace.speculative.tree import select_tree, tree_log_probs
 
@@ -37,8 +46,16 @@ class Eagle3Proposer(Proposer):
     kv_reads_ahead = 1  # draft row t reads token t + 1
     draft_checkpoint_tensor = "fc.weight"  # the fusion of the target's aux hidden states
 
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
-                 device: str, attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target,
+        pool: BlockPool,
+        max_requests: int,
+        dtype: torch.dtype,
+        device: str,
+        attention_backend: str = "torch",
+    ) -> None:
         super().__init__(spec, pool, max_requests, device, attention_backend)
         self.draft_model = load_eagle3_draft(spec.draft, target, dtype, device)
         pack_projections(self.draft_model)  # one matmul for q/k/v and for gate/up
@@ -47,13 +64,24 @@ class Eagle3Proposer(Proposer):
         self.vocab_size = target.config.vocab_size
         # draft vocabulary -> target ids, [draft_vocab]
         self.target_ids = self.draft_model.draft_to_target(
-            torch.arange(self.draft_model.config.draft_vocab_size, device=self.device))
-        self.width = spec.num_steps + 1  # pending rows a row holds: a verify commits at most this many
+            torch.arange(self.draft_model.config.draft_vocab_size, device=self.device)
+        )
+        self.width = (
+            spec.num_steps + 1
+        )  # pending rows a row holds: a verify commits at most this many
         indices, hidden = max_requests + 1, self.draft_model.config.layer.hidden_size
-        self.pending_hidden = torch.zeros(indices, self.width, hidden, dtype=dtype, device=self.device)  # fused states
-        self.pending_tokens = torch.zeros(indices, self.width, dtype=torch.int64, device=self.device)   # token after each
-        self.pending_start = torch.zeros(indices, dtype=torch.int64, device=self.device)                # first pending row
-        self.pending_count = torch.ones(indices, dtype=torch.int64, device=self.device)                 # pending rows, >= 1
+        self.pending_hidden = torch.zeros(
+            indices, self.width, hidden, dtype=dtype, device=self.device
+        )  # fused states
+        self.pending_tokens = torch.zeros(
+            indices, self.width, dtype=torch.int64, device=self.device
+        )  # token after each
+        self.pending_start = torch.zeros(
+            indices, dtype=torch.int64, device=self.device
+        )  # first pending row
+        self.pending_count = torch.ones(
+            indices, dtype=torch.int64, device=self.device
+        )  # pending rows, >= 1
 
     @property
     def lookahead(self) -> int:
@@ -68,7 +96,9 @@ class Eagle3Proposer(Proposer):
 
     # ---- committed rows ------------------------------------------------------------------------
     def absorb(self, prefill: PrefillRows) -> None:
-        fused = self.draft_model.fuse_aux(prefill.aux_hidden_states[prefill.rows])          # [total, hidden]
+        fused = self.draft_model.fuse_aux(
+            prefill.aux_hidden_states[prefill.rows]
+        )  # [total, hidden]
         keep = [1 if f else 0 for f in prefill.final]  # a completed prompt's last row stays pending
         ext = prefill_extension(prefill, keep, self.pool.block_size)
         if ext is not None:
@@ -81,13 +111,14 @@ class Eagle3Proposer(Proposer):
             last = ends[done].to(self.device)
             self.pending_hidden[indices, 0] = fused[last]
             self.pending_tokens[indices, 0] = prefill.next_token_ids[last]
-            self.pending_start[indices] = torch.tensor([prefill.starts[i] + prefill.counts[i] - 1 for i in done],
-                                                     device=self.device)
+            self.pending_start[indices] = torch.tensor(
+                [prefill.starts[i] + prefill.counts[i] - 1 for i in done], device=self.device
+            )
             self.pending_count[indices] = 1
 
     def update(self, verified: Verified) -> None:
         rows, b = verified.rows, verified.rows.size
-        committed = verified.committed_rows(self.width).reshape(-1)                       # [b * width]
+        committed = verified.committed_rows(self.width).reshape(-1)  # [b * width]
         fused = self.draft_model.fuse_aux(verified.aux_hidden_states.index_select(0, committed))
         self.pending_hidden[rows.req_indices] = fused.view(b, self.width, -1)
         self.pending_tokens[rows.req_indices] = verified.next_tokens(self.width)
@@ -100,8 +131,11 @@ class Eagle3Proposer(Proposer):
         b, w = rows.size, self.width
         start, count = self.pending_start[rows.req_indices], self.pending_count[rows.req_indices]
         with rows.context(start, w, self.backend):
-            out = self.draft_model(self.pending_tokens[rows.req_indices].reshape(-1), positions(start, w),
-                                   self.pending_hidden[rows.req_indices].reshape(b * w, -1))
+            out = self.draft_model(
+                self.pending_tokens[rows.req_indices].reshape(-1),
+                positions(start, w),
+                self.pending_hidden[rows.req_indices].reshape(b * w, -1),
+            )
         return out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]
 
     def _to_target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
@@ -119,60 +153,81 @@ class Eagle3Proposer(Proposer):
     def _draft_chain(self, rows: DecodeRows, num_steps: int, hidden: torch.Tensor) -> Drafts:
         tokens, probs = [], []
         for j in range(1, num_steps + 1):
-            tokens.append(choose_chain(self._to_target_logits(self.draft_model.compute_logits(hidden)), rows, j, probs))
+            tokens.append(
+                choose_chain(
+                    self._to_target_logits(self.draft_model.compute_logits(hidden)), rows, j, probs
+                )
+            )
             if j < num_steps:  # the row reading draft j sits at position L + j - 1
                 row = rows.lengths + j - 1
                 with rows.context(row, 1, self.backend):
                     hidden = self.draft_model(tokens[-1], row, hidden)
         return chain_drafts(rows, tokens, probs)
 
-    def _tree_log_probs(self, hidden: torch.Tensor, rows: DecodeRows, depth: int, repeats: int) -> torch.Tensor:
+    def _tree_log_probs(
+        self, hidden: torch.Tensor, rows: DecodeRows, depth: int, repeats: int
+    ) -> torch.Tensor:
         """[b * repeats, draft_vocab]: what the children at ``depth`` (position L + depth) of ``repeats`` nodes per
         row are ranked by (tree.tree_log_probs), from those nodes' outputs ``hidden`` [b * repeats, hidden]."""
-        logits = self.draft_model.compute_logits(hidden)                            # [b * repeats, draft_vocab]
-        gumbel = position_gumbel(rows, depth, 1, self.vocab_size)                   # [b, vocab] or None
+        logits = self.draft_model.compute_logits(hidden)  # [b * repeats, draft_vocab]
+        gumbel = position_gumbel(rows, depth, 1, self.vocab_size)  # [b, vocab] or None
         if gumbel is None:
             return torch.log_softmax(logits, -1)
-        gumbel = gumbel[:, self.target_ids].repeat_interleave(repeats, dim=0)       # [b * repeats, draft_vocab]
+        gumbel = gumbel[:, self.target_ids].repeat_interleave(
+            repeats, dim=0
+        )  # [b * repeats, draft_vocab]
         return tree_log_probs(logits, rows.sampling.repeat_interleave(repeats), gumbel)
 
     def _draft_tree(self, rows: DecodeRows, shape: DraftShape, hidden: torch.Tensor) -> Drafts:
         b, k, dev = rows.size, shape.topk, rows.req_indices.device
-        logp = self._tree_log_probs(hidden, rows, 1, 1)                          # [b, draft_vocab]
-        score, tok = logp.topk(k, dim=-1)                                        # [b, k]
+        logp = self._tree_log_probs(hidden, rows, 1, 1)  # [b, draft_vocab]
+        score, tok = logp.topk(k, dim=-1)  # [b, k]
         scores, tokens = [score], [tok]
         parent_cands = [torch.full((b, k), -1, dtype=torch.int64, device=dev)]
         depths = [torch.ones(b, k, dtype=torch.int64, device=dev)]
-        frontier = torch.arange(k, device=dev).expand(b, k)                      # candidate ids being expanded
-        frontier_hidden = hidden[:, None, :].expand(b, k, hidden.shape[-1])      # [b, k, hidden]
+        frontier = torch.arange(k, device=dev).expand(b, k)  # candidate ids being expanded
+        frontier_hidden = hidden[:, None, :].expand(b, k, hidden.shape[-1])  # [b, k, hidden]
         frontier_score, frontier_tok = score, tok
-        row_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)             # ancestors among tree rows
+        row_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)  # ancestors among tree rows
         eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
         num_candidates = k
         for step in range(2, shape.num_steps + 1):
-            written = (step - 2) * k  # tree rows already in the draft KV (rows L .. L + written - 1)
-            mask = torch.cat([row_anc, eye], dim=2)                              # [b, k, written + k]
-            pos = (rows.lengths + step - 2).repeat_interleave(k)                 # [b * k]
+            written = (
+                step - 2
+            ) * k  # tree rows already in the draft KV (rows L .. L + written - 1)
+            mask = torch.cat([row_anc, eye], dim=2)  # [b, k, written + k]
+            pos = (rows.lengths + step - 2).repeat_interleave(k)  # [b * k]
             with rows.context(rows.lengths + written, k, self.backend, mask):
-                out = self.draft_model(self.target_ids[frontier_tok].reshape(-1), pos,
-                                       frontier_hidden.reshape(b * k, -1)).view(b, k, -1)
-            child_logp, child_tok = self._tree_log_probs(out.reshape(b * k, -1), rows, step, k) \
-                .topk(k, dim=-1)                                                 # [b * k, k]
+                out = self.draft_model(
+                    self.target_ids[frontier_tok].reshape(-1),
+                    pos,
+                    frontier_hidden.reshape(b * k, -1),
+                ).view(b, k, -1)
+            child_logp, child_tok = self._tree_log_probs(
+                out.reshape(b * k, -1), rows, step, k
+            ).topk(k, dim=-1)  # [b * k, k]
             child_score = (frontier_score[:, :, None] + child_logp.view(b, k, k)).reshape(b, k * k)
             child_tok = child_tok.view(b, k * k)
             scores.append(child_score)
             tokens.append(child_tok)
             parent_cands.append(frontier.repeat_interleave(k, dim=1))
             depths.append(torch.full((b, k * k), step, dtype=torch.int64, device=dev))
-            best = child_score.topk(k, dim=1).indices                            # [b, k] among the k * k children
-            parent_row = best // k                                               # which frontier row they came from
+            best = child_score.topk(k, dim=1).indices  # [b, k] among the k * k children
+            parent_row = best // k  # which frontier row they came from
             frontier = num_candidates + best
             num_candidates += k * k
             frontier_score = torch.gather(child_score, 1, best)
             frontier_tok = torch.gather(child_tok, 1, best)
-            frontier_hidden = torch.gather(out, 1, parent_row[..., None].expand(-1, -1, out.shape[-1]))
+            frontier_hidden = torch.gather(
+                out, 1, parent_row[..., None].expand(-1, -1, out.shape[-1])
+            )
             row_anc = torch.gather(mask, 1, parent_row[..., None].expand(-1, -1, mask.shape[2]))
         token_ids, parents, node_depths = select_tree(
-            torch.cat(scores, 1), self.target_ids[torch.cat(tokens, 1)], torch.cat(parent_cands, 1),
-            torch.cat(depths, 1), rows.last_tokens, shape.num_nodes)
+            torch.cat(scores, 1),
+            self.target_ids[torch.cat(tokens, 1)],
+            torch.cat(parent_cands, 1),
+            torch.cat(depths, 1),
+            rows.last_tokens,
+            shape.num_nodes,
+        )
         return Drafts(token_ids, parents, node_depths)

@@ -11,32 +11,54 @@ SinglePositionMultiTokenCandidateGenerator.get_candidates).
 State per row: the target's pre-norm hidden state at row L - 1, that is the last committed row of the
 last verify (or of the prompt). The assistant keeps no KV, so ``update`` and ``absorb`` only record it.
 """
+
 from __future__ import annotations
 
 import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.speculative.chain import chain_drafts, choose_chain
-from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified
+from outpace.speculative.proposer import (
+    DecodeRows,
+    Drafts,
+    DraftShape,
+    PrefillRows,
+    Proposer,
+    Verified,
+)
+from outpace.validation import ConfigError
 
 
 class Gemma4AssistantProposer(Proposer):
-    draft_checkpoint_tensor = "pre_projection.weight"  # [token embedding | target state] -> the assistant's width
+    draft_checkpoint_tensor = (
+        "pre_projection.weight"  # [token embedding | target state] -> the assistant's width
+    )
 
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
-                 device: str, attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target,
+        pool: BlockPool,
+        max_requests: int,
+        dtype: torch.dtype,
+        device: str,
+        attention_backend: str = "torch",
+    ) -> None:
         if spec.topk != 1:
-            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for gemma4_assistant: must be 1 "
-                              f"(a chain: every step sits at one position)")
+            raise ConfigError(
+                f"SpeculativeConfig.topk={spec.topk} is invalid for gemma4_assistant: must be 1 "
+                f"(a chain: every step sits at one position)"
+            )
         super().__init__(spec, pool, max_requests, device, attention_backend)
         self.draft_model = load_gemma4_assistant(spec.draft, target, dtype, device)
         pack_projections(self.draft_model)  # one matmul for gate/up
         # the target's pre-norm state at each row's row L - 1
-        self.last_hidden = torch.zeros(max_requests + 1, target.config.hidden_size, dtype=dtype, device=self.device)
+        self.last_hidden = torch.zeros(
+            max_requests + 1, target.config.hidden_size, dtype=dtype, device=self.device
+        )
 
     @property
     def lookahead(self) -> int:
@@ -46,17 +68,26 @@ class Gemma4AssistantProposer(Proposer):
         return [self.last_hidden]
 
     def absorb(self, prefill: PrefillRows) -> None:
-        last = (torch.tensor(prefill.counts).cumsum(0) - 1).to(self.device)    # each request's last row
+        last = (torch.tensor(prefill.counts).cumsum(0) - 1).to(
+            self.device
+        )  # each request's last row
         indices = torch.tensor(prefill.req_indices, device=self.device)
-        self.last_hidden[indices] = prefill.hidden_states[prefill.rows[last]].to(self.last_hidden.dtype)
+        self.last_hidden[indices] = prefill.hidden_states[prefill.rows[last]].to(
+            self.last_hidden.dtype
+        )
 
     def update(self, verified: Verified) -> None:
-        last = verified.committed_rows(self.spec.num_steps + 1)[:, -1]          # [b] the last committed node
+        last = verified.committed_rows(self.spec.num_steps + 1)[
+            :, -1
+        ]  # [b] the last committed node
         self.last_hidden[verified.rows.req_indices] = verified.hidden_states.index_select(0, last)
 
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         tokens, probs = [], []
-        token, hidden = rows.last_tokens, self.draft_model.target_state(self.last_hidden[rows.req_indices])
+        token, hidden = (
+            rows.last_tokens,
+            self.draft_model.target_state(self.last_hidden[rows.req_indices]),
+        )
         if shape.num_steps:
             # NOTE: padded rows (length 0) read row 0 of the padding block
             with rows.context((rows.lengths - 1).clamp(min=0), 1, self.backend):

@@ -29,6 +29,7 @@ layer over a prompt's rows but the last max(K, 1), which it leaves pending (the 
 draft 1, whether decoding follows a completed prompt or a recomputed one that stops a token short),
 taking the previous chunk's pending rows with it.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,18 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
 from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.chain import chain_drafts, choose_chain
-from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified, positions
+from outpace.speculative.proposer import (
+    DecodeRows,
+    Drafts,
+    DraftShape,
+    PrefillRows,
+    Proposer,
+    Verified,
+    positions,
+)
+from outpace.validation import ConfigError
 
 
 class MTPProposer(Proposer):
@@ -56,32 +65,54 @@ class MTPProposer(Proposer):
         layers = mtp_layer_count(json.loads((target_dir / "config.json").read_text()))
         return layers if layers > 1 else super().default_num_steps(target_dir, draft_dir)
 
-    def __init__(self, spec: SpeculativeConfig, target, pool: BlockPool, max_requests: int, dtype: torch.dtype,
-                 device: str, attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target,
+        pool: BlockPool,
+        max_requests: int,
+        dtype: torch.dtype,
+        device: str,
+        attention_backend: str = "torch",
+    ) -> None:
         cfg = target.config
         n = cfg.num_nextn_predict_layers
         if n == 0:
-            raise ConfigError(f"--method mtp needs a target with MTP layers: {cfg.architecture} checkpoint has "
-                              f"num_nextn_predict_layers = 0")
+            raise ConfigError(
+                f"--method mtp needs a target with MTP layers: {cfg.architecture} checkpoint has "
+                f"num_nextn_predict_layers = 0"
+            )
         if spec.topk != 1:
-            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for mtp: must be 1 (a chain)")
+            raise ConfigError(
+                f"SpeculativeConfig.topk={spec.topk} is invalid for mtp: must be 1 (a chain)"
+            )
         if n > 1 and spec.num_steps > n:
-            raise ConfigError(f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for mtp: the target has "
-                              f"{n} MTP layers, so at most {n} steps (more steps reuse a layer only when there is "
-                              f"exactly one)")
+            raise ConfigError(
+                f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for mtp: the target has "
+                f"{n} MTP layers, so at most {n} steps (more steps reuse a layer only when there is "
+                f"exactly one)"
+            )
         super().__init__(spec, pool, max_requests, device, attention_backend)
         self.target = target
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
         self.chained = cfg.chain_mtp_hidden_states or self.layers[0].chained_by_layout
         bind_kv_cache(target.mtp_layers, pool, dtype, device)
-        self.kv_reads_ahead = len(self.layers)          # layer k's row t reads token t + k + 1
-        self.keep = len(self.layers) - 1                # K: rows before the new ones that each draft re-runs
+        self.kv_reads_ahead = len(self.layers)  # layer k's row t reads token t + k + 1
+        self.keep = len(self.layers) - 1  # K: rows before the new ones that each draft re-runs
         self.width = self.keep + spec.num_steps + 1
         indices = max_requests + 1
-        self.pending_hidden = torch.zeros(indices, self.width, cfg.hidden_size, dtype=dtype, device=self.device)
-        self.pending_tokens = torch.zeros(indices, self.width, dtype=torch.int64, device=self.device)  # token after each
-        self.pending_start = torch.zeros(indices, dtype=torch.int64, device=self.device)               # first pending row
-        self.pending_count = torch.ones(indices, dtype=torch.int64, device=self.device)                # pending rows
+        self.pending_hidden = torch.zeros(
+            indices, self.width, cfg.hidden_size, dtype=dtype, device=self.device
+        )
+        self.pending_tokens = torch.zeros(
+            indices, self.width, dtype=torch.int64, device=self.device
+        )  # token after each
+        self.pending_start = torch.zeros(
+            indices, dtype=torch.int64, device=self.device
+        )  # first pending row
+        self.pending_count = torch.ones(
+            indices, dtype=torch.int64, device=self.device
+        )  # pending rows
 
     @property
     def lookahead(self) -> int:
@@ -100,77 +131,117 @@ class MTPProposer(Proposer):
 
     # ---- committed rows ------------------------------------------------------------------------
     def absorb(self, prefill: PrefillRows) -> None:
-        hidden = self._target_state(prefill.hidden_states[prefill.rows])                    # [total, hidden]
+        hidden = self._target_state(prefill.hidden_states[prefill.rows])  # [total, hidden]
         offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
         counts = self.pending_count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
-        seqs, firsts, runs = [], [], []  # per request: its rows (pending ones first), the first one, those extended
+        seqs, firsts, runs = (
+            [],
+            [],
+            [],
+        )  # per request: its rows (pending ones first), the first one, those extended
         for i, (s, start) in enumerate(zip(prefill.req_indices, prefill.starts)):
-            chunk = (hidden[offsets[i]:offsets[i + 1]], prefill.next_token_ids[offsets[i]:offsets[i + 1]])
+            chunk = (
+                hidden[offsets[i] : offsets[i + 1]],
+                prefill.next_token_ids[offsets[i] : offsets[i + 1]],
+            )
             # a later chunk: the previous one's pending rows come first (rows reused from the prefix cache are final)
             held = counts[i] if start > len(prefill.reused_token_ids[i]) else 0
-            h = torch.cat([self.pending_hidden[s, :held], chunk[0]])                         # [rows, hidden]
-            t = torch.cat([self.pending_tokens[s, :held], chunk[1]])                         # [rows]
+            h = torch.cat([self.pending_hidden[s, :held], chunk[0]])  # [rows, hidden]
+            t = torch.cat([self.pending_tokens[s, :held], chunk[1]])  # [rows]
             keep = min(max(self.keep, 1), h.shape[0])
             seqs.append((h, t))
             firsts.append(start - held)
             runs.append(h.shape[0] - keep)
-            self.pending_hidden[s, :keep] = h[runs[-1]:]
-            self.pending_tokens[s, :keep] = t[runs[-1]:]
+            self.pending_hidden[s, :keep] = h[runs[-1] :]
+            self.pending_tokens[s, :keep] = t[runs[-1] :]
             self.pending_start[s] = start - held + runs[-1]
             self.pending_count[s] = keep
         take = [i for i, m in enumerate(runs) if m > 0]
         if not take:
             return
-        meta = build_paged_metadata([prefill.tables[i] for i in take], [firsts[i] for i in take],
-                                    [runs[i] for i in take], self.pool.block_size, self.device)
-        pos = torch.cat([torch.arange(firsts[i], firsts[i] + runs[i]) for i in take]).to(self.device)  # [m]
-        h = target_hidden = torch.cat([seqs[i][0][:runs[i]] for i in take])                             # [m, hidden]
+        meta = build_paged_metadata(
+            [prefill.tables[i] for i in take],
+            [firsts[i] for i in take],
+            [runs[i] for i in take],
+            self.pool.block_size,
+            self.device,
+        )
+        pos = torch.cat([torch.arange(firsts[i], firsts[i] + runs[i]) for i in take]).to(
+            self.device
+        )  # [m]
+        h = target_hidden = torch.cat([seqs[i][0][: runs[i]] for i in take])  # [m, hidden]
         with forward_context(meta, self.backend):
             for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
-                tokens = torch.cat([seqs[i][1][k:k + runs[i]] for i in take])                           # [m]
-                h = layer(pos, layer.embed(self.target, tokens), h if self.chained else target_hidden)
+                tokens = torch.cat([seqs[i][1][k : k + runs[i]] for i in take])  # [m]
+                h = layer(
+                    pos, layer.embed(self.target, tokens), h if self.chained else target_hidden
+                )
 
     def update(self, verified: Verified) -> None:
         rows, b, w = verified.rows, verified.rows.size, self.width
-        n = self.spec.num_steps + 1                                                       # committed rows at most
-        committed = verified.committed_rows(n).reshape(-1)                                # [b * n]
-        new_hidden = self._target_state(verified.hidden_states.index_select(0, committed)).view(b, n, -1)
-        new_tokens = verified.next_tokens(n)                                              # [b, n]
-        count = self.pending_count[rows.req_indices]                                            # [b]
-        kept = torch.minimum(count.clamp(max=self.keep), rows.lengths)                    # [b] (padding row: 0)
-        i = torch.arange(w, device=self.device).expand(b, w)                              # [b, w]
-        old = ((count - kept)[:, None] + i).clamp(max=w - 1)                               # kept rows: the last ones
+        n = self.spec.num_steps + 1  # committed rows at most
+        committed = verified.committed_rows(n).reshape(-1)  # [b * n]
+        new_hidden = self._target_state(verified.hidden_states.index_select(0, committed)).view(
+            b, n, -1
+        )
+        new_tokens = verified.next_tokens(n)  # [b, n]
+        count = self.pending_count[rows.req_indices]  # [b]
+        kept = torch.minimum(count.clamp(max=self.keep), rows.lengths)  # [b] (padding row: 0)
+        i = torch.arange(w, device=self.device).expand(b, w)  # [b, w]
+        old = ((count - kept)[:, None] + i).clamp(max=w - 1)  # kept rows: the last ones
         is_old = i < kept[:, None]
         new = (i - kept[:, None]).clamp(0, n - 1)
-        old_hidden, old_tokens = self.pending_hidden[rows.req_indices], self.pending_tokens[rows.req_indices]
+        old_hidden, old_tokens = (
+            self.pending_hidden[rows.req_indices],
+            self.pending_tokens[rows.req_indices],
+        )
         expand = (b, w, old_hidden.shape[-1])
         self.pending_hidden[rows.req_indices] = torch.where(
-            is_old[..., None], old_hidden.gather(1, old[..., None].expand(expand)),
-            new_hidden.gather(1, new[..., None].expand(expand)))
-        self.pending_tokens[rows.req_indices] = torch.where(is_old, old_tokens.gather(1, old), new_tokens.gather(1, new))
+            is_old[..., None],
+            old_hidden.gather(1, old[..., None].expand(expand)),
+            new_hidden.gather(1, new[..., None].expand(expand)),
+        )
+        self.pending_tokens[rows.req_indices] = torch.where(
+            is_old, old_tokens.gather(1, old), new_tokens.gather(1, new)
+        )
         self.pending_start[rows.req_indices] = rows.lengths - kept
         self.pending_count[rows.req_indices] = kept + verified.result.num_correct_drafts + 1
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         b, w = rows.size, self.width
-        start, count = self.pending_start[rows.req_indices], self.pending_count[rows.req_indices]     # [b]
-        target_hidden = self.pending_hidden[rows.req_indices].reshape(b * w, -1)                # [b * w, hidden]
-        pending = self.pending_tokens[rows.req_indices]                                          # [b, w]
-        last = torch.arange(b, device=self.device) * w + count - 1                         # [b] flat row L - 1
-        pos = positions(start, w)                                                          # [b * w]
-        tokens, probs = [], []                                                             # drafts, each [b]
+        start, count = (
+            self.pending_start[rows.req_indices],
+            self.pending_count[rows.req_indices],
+        )  # [b]
+        target_hidden = self.pending_hidden[rows.req_indices].reshape(b * w, -1)  # [b * w, hidden]
+        pending = self.pending_tokens[rows.req_indices]  # [b, w]
+        last = torch.arange(b, device=self.device) * w + count - 1  # [b] flat row L - 1
+        pos = positions(start, w)  # [b * w]
+        tokens, probs = [], []  # drafts, each [b]
         h = target_hidden
         for k, layer in enumerate(self.layers):
-            read = torch.arange(k, k + w, device=self.device).expand(b, w)  # token t + k + 1 of [pending, drafts]
-            ids = pending.gather(1, read.clamp(max=w - 1))                                 # [b, w]
-            if tokens:  # rows past the drafts (a draft of fewer steps, padding rows) read a padding token
-                drafted = torch.stack(tokens, 1).gather(1, (read - count[:, None]).clamp(0, len(tokens) - 1))
+            read = torch.arange(k, k + w, device=self.device).expand(
+                b, w
+            )  # token t + k + 1 of [pending, drafts]
+            ids = pending.gather(1, read.clamp(max=w - 1))  # [b, w]
+            if (
+                tokens
+            ):  # rows past the drafts (a draft of fewer steps, padding rows) read a padding token
+                drafted = torch.stack(tokens, 1).gather(
+                    1, (read - count[:, None]).clamp(0, len(tokens) - 1)
+                )
                 ids = torch.where(read < count[:, None], ids, drafted)
             with rows.context(start, w, self.backend):
-                h = layer(pos, layer.embed(self.target, ids.reshape(-1)), h if self.chained else target_hidden)
+                h = layer(
+                    pos,
+                    layer.embed(self.target, ids.reshape(-1)),
+                    h if self.chained else target_hidden,
+                )
             if k < shape.num_steps:
-                tokens.append(choose_chain(layer.compute_logits(self.target, h[last]), rows, k + 1, probs))
+                tokens.append(
+                    choose_chain(layer.compute_logits(self.target, h[last]), rows, k + 1, probs)
+                )
         layer, h = self.layers[0], h[last]
         for j in range(len(self.layers) + 1, shape.num_steps + 1):  # a single layer, reused
             row = rows.lengths + j - 2

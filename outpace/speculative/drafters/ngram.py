@@ -11,26 +11,46 @@ drafts; a request without a match (or a continuation cut short by the history's 
 with its last token: the verify just rejects what is wrong. Drafts are deterministic, so their
 draft distribution is one-hot and speculative sampling stays exactly lossless.
 """
+
 from __future__ import annotations
 
 import torch
 
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
 from outpace.speculative.chain import chain_drafts
-from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, PrefillRows, Proposer, Verified
+from outpace.speculative.proposer import (
+    DecodeRows,
+    Drafts,
+    DraftShape,
+    PrefillRows,
+    Proposer,
+    Verified,
+)
+from outpace.validation import ConfigError
 
 
 class NgramProposer(Proposer):
     takes_draft_checkpoint = False  # it drafts from the request's own tokens
 
-    def __init__(self, spec: SpeculativeConfig, target, pool, max_requests: int, dtype, device: str,
-                 attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target,
+        pool,
+        max_requests: int,
+        dtype,
+        device: str,
+        attention_backend: str = "torch",
+    ) -> None:
         if spec.topk != 1:
-            raise ConfigError(f"SpeculativeConfig.topk={spec.topk} is invalid for ngram: must be 1 (a chain)")
+            raise ConfigError(
+                f"SpeculativeConfig.topk={spec.topk} is invalid for ngram: must be 1 (a chain)"
+            )
         super().__init__(spec, pool, max_requests, device, attention_backend)
         self.min_n, self.max_n = spec.ngram_min, spec.ngram_max
-        max_len = target.config.max_position_embeddings + spec.num_steps + 1  # writes past the end land here
+        max_len = (
+            target.config.max_position_embeddings + spec.num_steps + 1
+        )  # writes past the end land here
         self.history = torch.zeros(max_requests + 1, max_len, dtype=torch.int64, device=self.device)
 
     @property
@@ -41,17 +61,28 @@ class NgramProposer(Proposer):
         return [self.history]
 
     def absorb(self, prefill: PrefillRows) -> None:
-        for row, reused in zip(prefill.req_indices, prefill.reused_token_ids):  # rows from the prefix cache
+        for row, reused in zip(
+            prefill.req_indices, prefill.reused_token_ids
+        ):  # rows from the prefix cache
             if reused:
-                self.history[row, :len(reused)] = torch.tensor(reused, device=self.device)
-        indices = torch.tensor([s for s, c in zip(prefill.req_indices, prefill.counts) for _ in range(c)], device=self.device)
-        pos = torch.cat([torch.arange(a, a + c) for a, c in zip(prefill.starts, prefill.counts)]).to(self.device)
+                self.history[row, : len(reused)] = torch.tensor(reused, device=self.device)
+        indices = torch.tensor(
+            [s for s, c in zip(prefill.req_indices, prefill.counts) for _ in range(c)],
+            device=self.device,
+        )
+        pos = torch.cat(
+            [torch.arange(a, a + c) for a, c in zip(prefill.starts, prefill.counts)]
+        ).to(self.device)
         self.history[indices, pos] = prefill.token_ids
-        self.history[indices, pos + 1] = prefill.next_token_ids  # a completed prompt's sampled token, at its L
+        self.history[indices, pos + 1] = (
+            prefill.next_token_ids
+        )  # a completed prompt's sampled token, at its L
 
     def update(self, verified: Verified) -> None:
         rows, width = verified.rows, self.spec.num_steps + 1
-        pos = rows.lengths[:, None] + 1 + torch.arange(width, device=self.device)  # [b, width]: L + 1 ..
+        pos = (
+            rows.lengths[:, None] + 1 + torch.arange(width, device=self.device)
+        )  # [b, width]: L + 1 ..
         # Past the accepted tokens the padding (the bonus again) lands after the history's end.
         self.history[rows.req_indices[:, None], pos] = verified.next_tokens(width)
 
@@ -59,20 +90,26 @@ class NgramProposer(Proposer):
         k = shape.num_steps
         if k == 0:
             return chain_drafts(rows, [], [])
-        history = self.history.index_select(0, rows.req_indices)                         # [b, max_len]
+        history = self.history.index_select(0, rows.req_indices)  # [b, max_len]
         b, max_len = history.shape
-        index = torch.arange(max_len, device=self.device)                          # [max_len]
-        last = rows.lengths[:, None]                                                # [b, 1] L
-        found = torch.full((b,), -1, dtype=torch.int64, device=self.device)         # continuation start, -1: none
+        index = torch.arange(max_len, device=self.device)  # [max_len]
+        last = rows.lengths[:, None]  # [b, 1] L
+        found = torch.full(
+            (b,), -1, dtype=torch.int64, device=self.device
+        )  # continuation start, -1: none
         for n in range(self.max_n, self.min_n - 1, -1):  # the longest suffix first
-            suffix = history.gather(1, (last - n + 1 + torch.arange(n, device=self.device)).clamp(min=0))  # [b, n]
-            windows = history.unfold(1, n, 1)                                      # [b, max_len - n + 1, n]
-            starts = index[:max_len - n + 1]
+            suffix = history.gather(
+                1, (last - n + 1 + torch.arange(n, device=self.device)).clamp(min=0)
+            )  # [b, n]
+            windows = history.unfold(1, n, 1)  # [b, max_len - n + 1, n]
+            starts = index[: max_len - n + 1]
             # a window ending before L, with a full suffix before L to compare (L + 1 >= n + 1)
             ok = (windows == suffix[:, None, :]).all(-1) & (starts + n <= last) & (last >= n)
-            latest = torch.where(ok, starts + n, -1).amax(dim=1)                   # [b]
+            latest = torch.where(ok, starts + n, -1).amax(dim=1)  # [b]
             found = torch.where(found < 0, latest, found)
-        cont = found[:, None] + torch.arange(k, device=self.device)                # [b, k]
+        cont = found[:, None] + torch.arange(k, device=self.device)  # [b, k]
         usable = (found[:, None] >= 0) & (cont <= last)
-        tokens = torch.where(usable, history.gather(1, cont.clamp(0, max_len - 1)), rows.last_tokens[:, None])
+        tokens = torch.where(
+            usable, history.gather(1, cont.clamp(0, max_len - 1)), rows.last_tokens[:, None]
+        )
         return chain_drafts(rows, list(tokens.unbind(1)), [])

@@ -39,6 +39,7 @@ time in generation (tau 2.91). Corpus windows cost no generation; their labels a
 their anchors may fall anywhere in the window. At the same budget they gave 3.79 (T = 1: 2.04) against 3.73
 (1.85), and 1.85 against 1.77 in the 500-step ablation (benchmarks/results/train_ablation_gpu_500steps).
 """
+
 from __future__ import annotations
 
 import math
@@ -53,10 +54,22 @@ import torch.nn.functional as F
 
 from outpace.config import SpeculativeConfig
 from outpace.model_config import ModelConfig
-from outpace.models.drafts.dflash import DFlashConfig, DFlashDraft, layers_outside, tokenizer_mask_token_id
+from outpace.models.drafts.dflash import (
+    DFlashConfig,
+    DFlashDraft,
+    layers_outside,
+    tokenizer_mask_token_id,
+)
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, prompt_source, soft_cross_entropy,
-                                   teacher_forward, unused_files_note, window_source)
+from outpace.train.distill import (
+    TrajectoryDistillRecipe,
+    distillation_inputs,
+    prompt_source,
+    soft_cross_entropy,
+    teacher_forward,
+    unused_files_note,
+    window_source,
+)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -67,37 +80,51 @@ from outpace.train.target import init_weights
 
 @dataclass(frozen=True)
 class DFlashRecipe(TrajectoryDistillRecipe):
-    data_temperature: float = 0.4                 # sampled continuations (module docstring)
-    corpus_fraction: float = 0.5                  # raw corpus windows beside them (module docstring)
-    block_size: int = 8                           # B: B - 1 drafts per verify
-    num_layers: int = 5                           # SpecForge's DFlash configs: 5 (10 for Qwen3-32B)
-    intermediate_size: int | None = None          # None: the target's
-    num_key_value_heads: int | None = None        # None: the target's; fewer buys depth within a size budget
-    target_layer_ids: tuple[int, ...] | None = None  # "output of layer X"; None: default_target_layer_ids(L)
-    num_anchors: int = 64                         # blocks per training window, all in the continuation
-    loss_gamma: float = 4.0                       # block row i weighs exp(-(i - 1) / gamma)
-    soft_label_weight: float = 0.0                # loss = hard CE + this x soft CE (vs the target's distribution)
-    init_norm_from_target: bool = True            # the final norm starts as the target's (its head follows)
-    max_checkpoint_mib: float | None = None       # bf16 size budget of the saved draft (the zoo's: 4)
+    data_temperature: float = 0.4  # sampled continuations (module docstring)
+    corpus_fraction: float = 0.5  # raw corpus windows beside them (module docstring)
+    block_size: int = 8  # B: B - 1 drafts per verify
+    num_layers: int = 5  # SpecForge's DFlash configs: 5 (10 for Qwen3-32B)
+    intermediate_size: int | None = None  # None: the target's
+    num_key_value_heads: int | None = (
+        None  # None: the target's; fewer buys depth within a size budget
+    )
+    target_layer_ids: tuple[int, ...] | None = (
+        None  # "output of layer X"; None: default_target_layer_ids(L)
+    )
+    num_anchors: int = 64  # blocks per training window, all in the continuation
+    loss_gamma: float = 4.0  # block row i weighs exp(-(i - 1) / gamma)
+    soft_label_weight: float = 0.0  # loss = hard CE + this x soft CE (vs the target's distribution)
+    init_norm_from_target: bool = True  # the final norm starts as the target's (its head follows)
+    max_checkpoint_mib: float | None = None  # bf16 size budget of the saved draft (the zoo's: 4)
     max_minutes: float | None = 4.5
-    compile_step: bool = True                     # H100, batch 128: 2.4x eager (benchmarks/results/train_compile); its
-                                                  # check, tests/train/test_train_compile.py, passed there 2026-11-27
+    compile_step: bool = True  # H100, batch 128: 2.4x eager (benchmarks/results/train_compile); its
+    # check, tests/train/test_train_compile.py, passed there 2026-11-27
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check = self.check
         check("block_size", self.block_size >= 2, ">= 2 (the bonus token and at least one mask)")
         check("num_layers", self.num_layers >= 1, ">= 1")
-        check("num_key_value_heads", self.num_key_value_heads is None or self.num_key_value_heads >= 1,
-              ">= 1 or None")
-        check("max_checkpoint_mib", self.max_checkpoint_mib is None or self.max_checkpoint_mib > 0, "> 0 or None")
+        check(
+            "num_key_value_heads",
+            self.num_key_value_heads is None or self.num_key_value_heads >= 1,
+            ">= 1 or None",
+        )
+        check(
+            "max_checkpoint_mib",
+            self.max_checkpoint_mib is None or self.max_checkpoint_mib > 0,
+            "> 0 or None",
+        )
         check("num_anchors", self.num_anchors >= 1, ">= 1")
         check("loss_gamma", self.loss_gamma > 0, "> 0")
         check("soft_label_weight", self.soft_label_weight >= 0, ">= 0")
         check("prompt_len", self.prompt_len >= 2, ">= 2 (an anchor needs a context row before it)")
-        check("new_tokens", self.new_tokens - self.block_size + 2 >= self.num_anchors,
-              f"such that new_tokens - block_size + 2 >= num_anchors ({self.num_anchors} distinct anchors in "
-              "each continuation)")
+        check(
+            "new_tokens",
+            self.new_tokens - self.block_size + 2 >= self.num_anchors,
+            f"such that new_tokens - block_size + 2 >= num_anchors ({self.num_anchors} distinct anchors in "
+            "each continuation)",
+        )
 
     @property
     def seq_len(self) -> int:
@@ -106,9 +133,27 @@ class DFlashRecipe(TrajectoryDistillRecipe):
     @classmethod
     def toy(cls, **overrides) -> DFlashRecipe:
         """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(**{**dict(block_size=4, num_layers=1, num_anchors=8, num_continuations=8, prompt_len=8,
-                             new_tokens=24, batch_size=4, steps=30, lr=1e-2, warmup_steps=2, max_minutes=None,
-                             max_corpus_bytes=300_000, generation_batch=8, eval_max_tokens=12), **overrides})
+        return cls(
+            **{
+                **dict(
+                    block_size=4,
+                    num_layers=1,
+                    num_anchors=8,
+                    num_continuations=8,
+                    prompt_len=8,
+                    new_tokens=24,
+                    batch_size=4,
+                    steps=30,
+                    lr=1e-2,
+                    warmup_steps=2,
+                    max_minutes=None,
+                    max_corpus_bytes=300_000,
+                    generation_batch=8,
+                    eval_max_tokens=12,
+                ),
+                **overrides,
+            }
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,11 +172,15 @@ def default_target_layer_ids(num_layers: int, count: int = 3) -> tuple[int, ...]
 def checkpoint_mib(cfg: DFlashConfig, target_hidden: int) -> float:
     """The draft's bf16 checkpoint size, its parameters counted on the meta device."""
     with torch.device("meta"):
-        return 2 * sum(p.numel() for p in DFlashDraft(cfg, target_hidden).parameters()) / 2 ** 20
+        return 2 * sum(p.numel() for p in DFlashDraft(cfg, target_hidden).parameters()) / 2**20
 
 
-def dflash_config(target_cfg: ModelConfig, recipe: DFlashRecipe, target_layer_ids: tuple[int, ...],
-                  mask_token_id: int) -> dict:
+def dflash_config(
+    target_cfg: ModelConfig,
+    recipe: DFlashRecipe,
+    target_layer_ids: tuple[int, ...],
+    mask_token_id: int,
+) -> dict:
     """config.json in the public DFlash v1 format (``DFlashDraftModel``, Qwen3-style layers)."""
     cfg = {
         "architectures": ["DFlashDraftModel"],
@@ -152,8 +201,11 @@ def dflash_config(target_cfg: ModelConfig, recipe: DFlashRecipe, target_layer_id
         "torch_dtype": "bfloat16",
         "num_target_layers": target_cfg.num_hidden_layers,
         "block_size": recipe.block_size,
-        "dflash_config": {"block_size": recipe.block_size, "mask_token_id": mask_token_id,
-                          "target_layer_ids": list(target_layer_ids)},
+        "dflash_config": {
+            "block_size": recipe.block_size,
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(target_layer_ids),
+        },
     }
     if target_cfg.rope_scaling is not None:
         cfg["rope_scaling"] = target_cfg.rope_scaling
@@ -164,24 +216,34 @@ def dflash_config(target_cfg: ModelConfig, recipe: DFlashRecipe, target_layer_id
 # Blocks and the training forward
 
 
-def sample_anchors(batch: int, seq_len: int, block_size: int, num_anchors: int, generator: torch.Generator,
-                   first: torch.Tensor | int = 1) -> torch.Tensor:
+def sample_anchors(
+    batch: int,
+    seq_len: int,
+    block_size: int,
+    num_anchors: int,
+    generator: torch.Generator,
+    first: torch.Tensor | int = 1,
+) -> torch.Tensor:
     """[batch, num_anchors] int64: distinct anchors per window in [first, seq_len - block_size + 1], sorted.
 
     ``first``: the lowest anchor, one for all windows or [batch] (at least 1: an anchor needs a context
     row). Anchor a needs the target's logits at row a + B - 2 <= seq_len - 1 (the label of its last row).
     """
     last = seq_len - block_size + 1
-    first = torch.as_tensor(first).expand(batch)[:, None]                        # [batch, 1]
-    candidates = torch.arange(last + 1)[None, :]                                 # [1, last + 1]
+    first = torch.as_tensor(first).expand(batch)[:, None]  # [batch, 1]
+    candidates = torch.arange(last + 1)[None, :]  # [1, last + 1]
     keys = torch.rand(batch, last + 1, generator=generator).masked_fill(candidates < first, 2.0)
     picks = keys.argsort(dim=1)[:, :num_anchors]
     if (picks < first).any():
-        raise ValueError(f"a window has fewer than {num_anchors} anchors in [{first.min().item()}, {last}]")
+        raise ValueError(
+            f"a window has fewer than {num_anchors} anchors in [{first.min().item()}, {last}]"
+        )
     return picks.sort(dim=1).values
 
 
-def block_ids_and_positions(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
+def block_ids_and_positions(
+    tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int
+):
     """tokens [b, T], anchors [b, K] -> (ids [b, K, B]: x_a then mask tokens, positions [b, K, B]: a + i)."""
     positions = anchors[:, :, None] + torch.arange(block_size, device=tokens.device)  # [b, K, B]
     ids = torch.full_like(positions, mask_token_id)
@@ -200,15 +262,24 @@ def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
     k = anchors.shape[1]
     dev = tokens.device
     ids, positions = block_ids_and_positions(tokens, anchors, block_size, mask_token_id)
-    context = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]    # [b, K, T]
+    context = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]  # [b, K, T]
     context = context[:, :, None, :].expand(b, k, block_size, t).reshape(b, k * block_size, t)
-    same_block = torch.arange(k, device=dev).repeat_interleave(block_size)        # [K * B] block of each row
-    own = (same_block[:, None] == same_block[None, :]).expand(b, -1, -1)           # [b, K * B, K * B]
+    same_block = torch.arange(k, device=dev).repeat_interleave(
+        block_size
+    )  # [K * B] block of each row
+    own = (same_block[:, None] == same_block[None, :]).expand(b, -1, -1)  # [b, K * B, K * B]
     return ids.reshape(b, -1), positions.reshape(b, -1), torch.cat([context, own], dim=2)
 
 
-def block_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
-                    v_blk: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+def block_attention(
+    q: torch.Tensor,
+    k_ctx: torch.Tensor,
+    v_ctx: torch.Tensor,
+    k_blk: torch.Tensor,
+    v_blk: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Attention of every block row over [the context rows its anchor sees, the rows of its own block].
 
     q [b, K, B, heads, d]; k_ctx, v_ctx [b, T, kv_heads, d]; k_blk, v_blk [b, K, B, kv_heads, d];
@@ -218,20 +289,27 @@ def block_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k
     b, k, n, heads, d = q.shape
     t, kv_heads = k_ctx.shape[1], k_ctx.shape[2]
     g = heads // kv_heads
-    qh = q.reshape(b, k, n, kv_heads, g, d).permute(0, 3, 4, 1, 2, 5)          # [b, kvh, g, K, B, d]
-    kc, vc = (x.permute(0, 2, 1, 3)[:, :, None] for x in (k_ctx, v_ctx))       # [b, kvh, 1, T, d]
-    kb, vb = (x.permute(0, 3, 1, 2, 4)[:, :, None] for x in (k_blk, v_blk))    # [b, kvh, 1, K, B, d]
-    s_ctx = (qh.reshape(b, kv_heads, g, k * n, d) @ kc.transpose(-1, -2)).view(b, kv_heads, g, k, n, t)
+    qh = q.reshape(b, k, n, kv_heads, g, d).permute(0, 3, 4, 1, 2, 5)  # [b, kvh, g, K, B, d]
+    kc, vc = (x.permute(0, 2, 1, 3)[:, :, None] for x in (k_ctx, v_ctx))  # [b, kvh, 1, T, d]
+    kb, vb = (x.permute(0, 3, 1, 2, 4)[:, :, None] for x in (k_blk, v_blk))  # [b, kvh, 1, K, B, d]
+    s_ctx = (qh.reshape(b, kv_heads, g, k * n, d) @ kc.transpose(-1, -2)).view(
+        b, kv_heads, g, k, n, t
+    )
     s_ctx = s_ctx.masked_fill(~visible[:, None, None, :, None, :], float("-inf"))
-    s_blk = qh @ kb.transpose(-1, -2)                                            # [b, kvh, g, K, B, B]
+    s_blk = qh @ kb.transpose(-1, -2)  # [b, kvh, g, K, B, B]
     probs = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1).float() * scale, dim=-1).to(q.dtype)
     out = (probs[..., :t].reshape(b, kv_heads, g, k * n, t) @ vc).view(b, kv_heads, g, k, n, d)
-    out = out + probs[..., t:] @ vb                                              # [b, kvh, g, K, B, d]
+    out = out + probs[..., t:] @ vb  # [b, kvh, g, K, B, d]
     return out.permute(0, 3, 4, 1, 2, 5).reshape(b, k, n, heads * d)
 
 
-def dflash_forward(draft: DFlashDraft, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor,
-                   tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+def dflash_forward(
+    draft: DFlashDraft,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    aux: torch.Tensor,
+    tokens: torch.Tensor,
+    anchors: torch.Tensor,
+) -> torch.Tensor:
     """aux [b, T, num_features * target_hidden], tokens [b, T], anchors [b, K] -> the block rows'
     pre-norm outputs [b, K, B, hidden] (row i of block k at position anchors[:, k] + i).
 
@@ -241,21 +319,29 @@ def dflash_forward(draft: DFlashDraft, embed: Callable[[torch.Tensor], torch.Ten
     b, t = tokens.shape
     k, n = anchors.shape[1], cfg.block_size
     ids, positions = block_ids_and_positions(tokens, anchors, n, cfg.mask_token_id)
-    context = draft.fuse(aux).reshape(b * t, -1)                                   # [b * T, hidden]
+    context = draft.fuse(aux).reshape(b * t, -1)  # [b * T, hidden]
     context_positions = torch.arange(t, device=tokens.device).repeat(b)
-    visible = torch.arange(t, device=tokens.device)[None, None, :] < anchors[:, :, None]  # [b, K, T]
+    visible = (
+        torch.arange(t, device=tokens.device)[None, None, :] < anchors[:, :, None]
+    )  # [b, K, T]
     block_positions = positions.reshape(-1)
     # NOTE: the residual stream starts in the draft's precision (fp32 masters under autocast), not the target's.
-    h = embed(ids.reshape(-1)).to(context.dtype)                                  # [b * K * B, hidden]
+    h = embed(ids.reshape(-1)).to(context.dtype)  # [b * K * B, hidden]
     for layer in draft.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn.query(x, block_positions)                                        # [b * K * B, heads, d]
-        k_blk, v_blk = attn.key_value(x, block_positions)                         # [b * K * B, kv_heads, d]
-        k_ctx, v_ctx = attn.key_value(context, context_positions)                 # [b * T, kv_heads, d]
-        out = block_attention(q.view(b, k, n, *q.shape[1:]), k_ctx.view(b, t, *k_ctx.shape[1:]),
-                              v_ctx.view(b, t, *v_ctx.shape[1:]), k_blk.view(b, k, n, *k_blk.shape[1:]),
-                              v_blk.view(b, k, n, *v_blk.shape[1:]), visible, attn.attn.scale)
+        q = attn.query(x, block_positions)  # [b * K * B, heads, d]
+        k_blk, v_blk = attn.key_value(x, block_positions)  # [b * K * B, kv_heads, d]
+        k_ctx, v_ctx = attn.key_value(context, context_positions)  # [b * T, kv_heads, d]
+        out = block_attention(
+            q.view(b, k, n, *q.shape[1:]),
+            k_ctx.view(b, t, *k_ctx.shape[1:]),
+            v_ctx.view(b, t, *v_ctx.shape[1:]),
+            k_blk.view(b, k, n, *k_blk.shape[1:]),
+            v_blk.view(b, k, n, *v_blk.shape[1:]),
+            visible,
+            attn.attn.scale,
+        )
         h = h + attn.o_proj(out.reshape(b * k * n, -1).to(h.dtype))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return h.view(b, k, n, -1)
@@ -271,15 +357,22 @@ def teacher_rows(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return anchors[:, :, None] + torch.arange(block_size - 1, device=anchors.device)
 
 
-def block_losses(draft: DFlashDraft, hidden: torch.Tensor, teacher_logits: torch.Tensor,
-                 soft_label_weight: float = 0.0, ranks: TrainRanks = ONE_RANK):
+def block_losses(
+    draft: DFlashDraft,
+    hidden: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    soft_label_weight: float = 0.0,
+    ranks: TrainRanks = ONE_RANK,
+):
     """hidden [b, K, B, hidden] from ``dflash_forward``; teacher_logits [b, K, B - 1, vocab] (the target's
     logits at rows a + i - 1, i = 1 .. B - 1) -> (losses, top-1 agreements) per block row i. The loss is
     the cross-entropy against the target's argmax, plus ``soft_label_weight`` x the soft cross-entropy.
     Over several training ranks, each holding as many rows of the batch (and K blocks per row), a rank's
     mean over its blocks divided by the number of ranks is its share of the mean over all of them."""
     b, k, n, _ = hidden.shape
-    student = draft.compute_logits(hidden[:, :, 1:].reshape(b * k * (n - 1), -1)).view(b, k, n - 1, -1)
+    student = draft.compute_logits(hidden[:, :, 1:].reshape(b * k * (n - 1), -1)).view(
+        b, k, n - 1, -1
+    )
     losses, top1 = [], []
     for i in range(n - 1):
         s, t = student[:, :, i].flatten(0, 1), teacher_logits[:, :, i].flatten(0, 1)
@@ -301,31 +394,40 @@ def weighted_loss(losses: list[torch.Tensor], gamma: float) -> torch.Tensor:
 # The recipe
 
 
-def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: str,
-                 ranks: TrainRanks = ONE_RANK) -> dict:
+def train_dflash(
+    target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: str, ranks: TrainRanks = ONE_RANK
+) -> dict:
     """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     declared = tokenizer_mask_token_id(target_dir)
     if declared is None:
-        raise ValueError(f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
-                         "a DFlash draft needs one for its block placeholders")
+        raise ValueError(
+            f"target {target_dir} has no tokenizer mask token (tokenizer_config.json mask_token): "
+            "a DFlash draft needs one for its block placeholders"
+        )
     mask_token, mask_token_id = declared
     # the draft's shape is checked from the target's config before any data is generated
     tcfg = ModelConfig.from_pretrained(target_dir)
     layer_ids = tuple(recipe.target_layer_ids or default_target_layer_ids(tcfg.num_hidden_layers))
     bad = layers_outside(layer_ids, tcfg.num_hidden_layers)
     if bad:
-        raise ValueError(f"DFlashRecipe.target_layer_ids {list(layer_ids)}: layers {bad} are not in the target's "
-                         f"0 .. {tcfg.num_hidden_layers - 1}")
+        raise ValueError(
+            f"DFlashRecipe.target_layer_ids {list(layer_ids)}: layers {bad} are not in the target's "
+            f"0 .. {tcfg.num_hidden_layers - 1}"
+        )
     cfg_dict = dflash_config(tcfg, recipe, layer_ids, mask_token_id)
     cfg = DFlashConfig.from_dict(cfg_dict)
     size_mib = checkpoint_mib(cfg, tcfg.hidden_size)
     if recipe.max_checkpoint_mib is not None and size_mib > recipe.max_checkpoint_mib:
-        raise ValueError(f"the DFlash draft would take {size_mib:.2f} MiB in bf16, over "
-                         f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}")
-    resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
+        raise ValueError(
+            f"the DFlash draft would take {size_mib:.2f} MiB in bf16, over "
+            f"DFlashRecipe.max_checkpoint_mib={recipe.max_checkpoint_mib}"
+        )
+    resume_dir = (
+        out_dir / "resume"
+    )  # training state while the run lasts; removed once the draft is saved
     rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     target.set_aux_hidden_state_layers(cfg.capture_layer_ids)
 
@@ -337,10 +439,20 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
             draft.norm.weight.copy_(target.model.norm.weight.float())
     embed = ranks.embedding(target, tcfg.vocab_size)
     draft.borrow(embed, ranks.head(target))
-    objective = ranks.shard(draft, lambda d, embed, aux, tokens, anchors, teacher: block_losses(
-        d, dflash_forward(d, embed, aux, tokens, anchors), teacher, recipe.soft_label_weight, ranks),
-        recipe.compiles_on(device, ranks.size))
-    gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches and anchors
+    objective = ranks.shard(
+        draft,
+        lambda d, embed, aux, tokens, anchors, teacher: block_losses(
+            d,
+            dflash_forward(d, embed, aux, tokens, anchors),
+            teacher,
+            recipe.soft_label_weight,
+            ranks,
+        ),
+        recipe.compiles_on(device, ranks.size),
+    )
+    gen = torch.Generator().manual_seed(
+        recipe.seed
+    )  # every rank draws the same batches and anchors
     n = recipe.block_size
 
     def loss_fn(step: int):
@@ -349,38 +461,66 @@ def train_dflash(target_dir: Path, recipe: DFlashRecipe, out_dir: Path, device: 
         b, t = tokens.shape
         # the lowest anchor of each row: the last prompt token in a continuation, 1 in a corpus window
         first_anchor = (starts - 1).clamp(min=1)
-        anchors = sample_anchors(b, t, n, recipe.num_anchors, gen, first_anchor).to(device)  # [b, K]
-        out = teacher_forward(target, tokens)  # the whole batch: a tensor-parallel target needs it on every rank
+        anchors = sample_anchors(b, t, n, recipe.num_anchors, gen, first_anchor).to(
+            device
+        )  # [b, K]
+        out = teacher_forward(
+            target, tokens
+        )  # the whole batch: a tensor-parallel target needs it on every rank
         with torch.no_grad():
             aux = out.aux_hidden_states.view(b, t, -1)
-            rows_t = teacher_rows(anchors, n)                                   # [b, K, B - 1]
+            rows_t = teacher_rows(anchors, n)  # [b, K, B - 1]
             flat = (rows_t + torch.arange(b, device=device)[:, None, None] * t).reshape(-1)
             teacher = target.compute_logits(out.hidden_states[flat]).view(*rows_t.shape, -1)
         losses, top1 = objective(embed, aux[rows], tokens[rows], anchors[rows], teacher[rows])
-        extra = {**{f"loss pos {i + 1}": l.detach() for i, l in enumerate(losses)},
-                 **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)}}
+        extra = {
+            **{f"loss pos {i + 1}": l.detach() for i, l in enumerate(losses)},
+            **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)},
+        }
         return weighted_loss(losses, recipe.loss_gamma), tokens.numel(), extra
 
-    history = train(objective, loss_fn, recipe.loop_optim(t0), device, desc="dflash draft",
-                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
+    history = train(
+        objective,
+        loss_fn,
+        recipe.loop_optim(t0),
+        device,
+        desc="dflash draft",
+        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        ranks=ranks,
+    )
 
     positions = range(1, n)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device, ranks.size), **data.corpus_metrics, checkpoint_mib=size_mib,
+        common_metrics(recipe, draft, history, t0, device, ranks.size),
+        **data.corpus_metrics,
+        checkpoint_mib=size_mib,
         final_position_loss={i: history.extra[f"loss pos {i}"][-1] for i in positions},
         final_position_top1={i: history.extra[f"top1 pos {i}"][-1] for i in positions},
         position_weights=position_weights(n, recipe.loss_gamma),
-        target_num_layers=tcfg.num_hidden_layers, target_layer_ids=list(layer_ids),
-        capture_layer_ids=list(cfg.capture_layer_ids), mask_token=mask_token, mask_token_id=mask_token_id)
+        target_num_layers=tcfg.num_hidden_layers,
+        target_layer_ids=list(layer_ids),
+        capture_layer_ids=list(cfg.capture_layer_ids),
+        mask_token=mask_token,
+        mask_token_id=mask_token_id,
+    )
     state = {name: p.detach() for name, p in ranks.full_parameters(draft).items()}
-    del target, draft, objective, data
+    target = draft = objective = data = None  # the training state freed before the held-out run
     if ranks.is_driver:
-        save_trained(out_dir, state, cfg_dict, history, "DFlash draft: block loss (CE vs the target, per position)",
-                     metrics, write_dflash_card, plotted_prefix="loss")
+        save_trained(
+            out_dir,
+            state,
+            cfg_dict,
+            history,
+            "DFlash draft: block loss (CE vs the target, per position)",
+            metrics,
+            write_dflash_card,
+            plotted_prefix="loss",
+        )
         shutil.rmtree(resume_dir, ignore_errors=True)
     spec = SpeculativeConfig("dflash", str(out_dir), num_steps=n - 1)
-    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_dflash_card, device, t0,
-                               ranks=ranks)
+    return finish_with_heldout(
+        out_dir, target_dir, spec, recipe, metrics, write_dflash_card, device, t0, ranks=ranks
+    )
 
 
 def write_dflash_card(out_dir: Path, m: dict) -> None:
@@ -388,29 +528,43 @@ def write_dflash_card(out_dir: Path, m: dict) -> None:
 
     r = m["recipe"]
     n = r["block_size"]
-    rows = "\n".join(f"| {i} | x(a+{i}) | {m['position_weights'][int(i) - 1]:.3f} | {m['final_position_loss'][i]:.4f} "
-                     f"| {m['final_position_top1'][i]:.4f} |" for i in sorted(m["final_position_top1"], key=int))
-    sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
-    corpus = (f", mixed with raw {window_source(r)} windows of the same length "
-              f"({100 * r['corpus_fraction']:.0f}% of each batch)" if r["corpus_fraction"] else "")
-    soft = (f" plus {r['soft_label_weight']} x the soft cross-entropy against its distribution there"
-            if r["soft_label_weight"] else "")
+    rows = "\n".join(
+        f"| {i} | x(a+{i}) | {m['position_weights'][int(i) - 1]:.3f} | {m['final_position_loss'][i]:.4f} "
+        f"| {m['final_position_top1'][i]:.4f} |"
+        for i in sorted(m["final_position_top1"], key=int)
+    )
+    sampled = (
+        "greedily (temperature 0)"
+        if r["data_temperature"] == 0
+        else f"at temperature {r['data_temperature']}"
+    )
+    corpus = (
+        f", mixed with raw {window_source(r)} windows of the same length "
+        f"({100 * r['corpus_fraction']:.0f}% of each batch)"
+        if r["corpus_fraction"]
+        else ""
+    )
+    soft = (
+        f" plus {r['soft_label_weight']} x the soft cross-entropy against its distribution there"
+        if r["soft_label_weight"]
+        else ""
+    )
     acceptance = heldout_section(m)
     sections = {
-        "Data": f"""{r['num_continuations']} continuations of {r['new_tokens']} tokens that the target generated
-{sampled} through outpace's engine after {r['prompt_len']}-token prompts cut from {prompt_source(m)}{corpus},
-{r['batch_size']} windows of {r['prompt_len'] + r['new_tokens']} tokens per batch. {unused_files_note(m)}""",
+        "Data": f"""{r["num_continuations"]} continuations of {r["new_tokens"]} tokens that the target generated
+{sampled} through outpace's engine after {r["prompt_len"]}-token prompts cut from {prompt_source(m)}{corpus},
+{r["batch_size"]} windows of {r["prompt_len"] + r["new_tokens"]} tokens per batch. {unused_files_note(m)}""",
         "Block training": f"""The target runs once per batch (no gradient) and gives the outputs of its layers
-{m['target_layer_ids']} (outpace capture indices {m['capture_layer_ids']}), concatenated and fused by `fc` +
-`hidden_norm` into one context feature per row, and its logits. Each window gets {r['num_anchors']} distinct
+{m["target_layer_ids"]} (outpace capture indices {m["capture_layer_ids"]}), concatenated and fused by `fc` +
+`hidden_norm` into one context feature per row, and its logits. Each window gets {r["num_anchors"]} distinct
 random anchors a in its continuation (from the last prompt token on); each anchor a block of {n} rows: the token
-x(a) then {n - 1} `{m['mask_token']}` tokens (id {m['mask_token_id']}) at positions a .. a+{n - 1}, embedded with
+x(a) then {n - 1} `{m["mask_token"]}` tokens (id {m["mask_token_id"]}) at positions a .. a+{n - 1}, embedded with
 the target's embedding. Every block row attends to the context features of rows < a and to every row of its own
 block (non-causal), which is what the serving draft sees when x(a) is the bonus token. Block row i >= 1 learns
 the target's own choice for position a+i (cross-entropy against the target's argmax at row a+i-1{soft}),
-weighted by exp(-(i-1)/{r['loss_gamma']}) and normalised by the weights' sum. On greedy continuations that label
+weighted by exp(-(i-1)/{r["loss_gamma"]}) and normalised by the weights' sum. On greedy continuations that label
 is exactly what verification at temperature 0 accepts. The final norm starts as the
-target's{'' if r['init_norm_from_target'] else ' (not used: ones)'}. Final training loss: {m['final_loss']:.4f}.
+target's{"" if r["init_norm_from_target"] else " (not used: ones)"}. Final training loss: {m["final_loss"]:.4f}.
 
 Last logged training batch, per block row (top-1: agreement with the target's argmax):
 
@@ -418,15 +572,19 @@ Last logged training batch, per block row (top-1: agreement with the target's ar
 |---|---|---|---|---|
 {rows}""",
         "Checkpoint layout": f"""`DFlashDraftModel` in the public DFlash v1 format: `fc.weight`
-({len(m['target_layer_ids'])} x target hidden -> hidden), `hidden_norm.weight`, `layers.{{i}}.*` ({r['num_layers']}
+({len(m["target_layer_ids"])} x target hidden -> hidden), `hidden_norm.weight`, `layers.{{i}}.*` ({r["num_layers"]}
 Qwen3-style layers: `input_layernorm`, `self_attn.{{q,k,v,o}}_proj`, `self_attn.{{q,k}}_norm`,
 `post_attention_layernorm`, `mlp.{{gate,up,down}}_proj`), `norm.weight`. No embedding and no head: the target's
-are used. `dflash_config` = `{{"block_size": {n}, "mask_token_id": {m['mask_token_id']}, "target_layer_ids":
-{m['target_layer_ids']}}}` (ids mean "output of layer X"), `num_target_layers` = {m['target_num_layers']}.
-bf16 weights: {m['checkpoint_mib']:.2f} MiB. Serve with `--method dflash --num-steps {n - 1}`.""",
+are used. `dflash_config` = `{{"block_size": {n}, "mask_token_id": {m["mask_token_id"]}, "target_layer_ids":
+{m["target_layer_ids"]}}}` (ids mean "output of layer X"), `num_target_layers` = {m["target_num_layers"]}.
+bf16 weights: {m["checkpoint_mib"]:.2f} MiB. Serve with `--method dflash --num-steps {n - 1}`.""",
         "Held-out acceptance": acceptance,
     }
-    write_model_card(out_dir, "tinypy-dflash: a DFlash block draft for tinypy",
-                     f"A {r['num_layers']}-layer block-diffusion draft that proposes {n - 1} tokens in one forward, "
-                     "for `--method dflash`.",
-                     draft_train_command("dflash", DFlashRecipe, m, "zoo/tinypy-dflash"), sections)
+    write_model_card(
+        out_dir,
+        "tinypy-dflash: a DFlash block draft for tinypy",
+        f"A {r['num_layers']}-layer block-diffusion draft that proposes {n - 1} tokens in one forward, "
+        "for `--method dflash`.",
+        draft_train_command("dflash", DFlashRecipe, m, "zoo/tinypy-dflash"),
+        sections,
+    )

@@ -36,6 +36,7 @@ Training-time test, for token windows x [B, T] (row t of the draft holds target 
   into a chain (the draft-extend rows, then the rows it drafted itself).
 Labels come from the target's logits at row t+1+j; rows whose label index t+1+j >= T are left out.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,16 @@ from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from outpace.models.llama import check_aux_layer_ids
 from outpace.models.loader import default_dtype
-from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
-                                   response_mask, teacher_forward, unused_files_note, window_source)
+from outpace.train.distill import (
+    TrajectoryDistillRecipe,
+    distillation_inputs,
+    masked_cross_entropy,
+    prompt_source,
+    response_mask,
+    teacher_forward,
+    unused_files_note,
+    window_source,
+)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
@@ -67,18 +76,22 @@ STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j (SpecForge's ploss_wei
 
 @dataclass(frozen=True)
 class Eagle3Recipe(TrajectoryDistillRecipe):
-    draft_vocab_size: int = 32000               # capped at the target's vocabulary
-    intermediate_size: int | None = None        # None: the target's
-    aux_layer_ids: tuple[int, ...] | None = None  # capture ids (input-of); None: default_capture_ids(L)
+    draft_vocab_size: int = 32000  # capped at the target's vocabulary
+    intermediate_size: int | None = None  # None: the target's
+    aux_layer_ids: tuple[int, ...] | None = (
+        None  # capture ids (input-of); None: default_capture_ids(L)
+    )
     ttt_steps: int = 7
-    step_decay: float = STEP_DECAY              # TTT step j weighs step_decay ** j
-    soft_labels: bool = True                    # False: cross-entropy against the target's argmax
-    mask_out_of_vocab: bool = True              # leave out rows whose target argmax is not in the draft vocab
-    init_head_from_target: bool = True          # lm_head rows and final norm start as the target's
-    eval_num_steps: int = 5                     # chain length of the held-out acceptance run
-    corpus_fraction: float = 0.5                # raw corpus windows beside the greedy continuations
+    step_decay: float = STEP_DECAY  # TTT step j weighs step_decay ** j
+    soft_labels: bool = True  # False: cross-entropy against the target's argmax
+    mask_out_of_vocab: bool = True  # leave out rows whose target argmax is not in the draft vocab
+    init_head_from_target: bool = True  # lm_head rows and final norm start as the target's
+    eval_num_steps: int = 5  # chain length of the held-out acceptance run
+    corpus_fraction: float = 0.5  # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 4.5
-    compile_step: bool = True                   # H100, batch 256: 1.2M tokens/s, eager 0.41M (benchmarks/results/train_compile)
+    compile_step: bool = (
+        True  # H100, batch 256: 1.2M tokens/s, eager 0.41M (benchmarks/results/train_compile)
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,15 +99,35 @@ class Eagle3Recipe(TrajectoryDistillRecipe):
         check("ttt_steps", self.ttt_steps >= 1, ">= 1")
         check("draft_vocab_size", self.draft_vocab_size >= 1, ">= 1")
         check("step_decay", self.step_decay > 0, "> 0")
-        check("new_tokens", self.prompt_len + self.new_tokens > self.ttt_steps + 1,
-              "such that windows of prompt_len + new_tokens tokens are longer than ttt_steps + 1")
+        check(
+            "new_tokens",
+            self.prompt_len + self.new_tokens > self.ttt_steps + 1,
+            "such that windows of prompt_len + new_tokens tokens are longer than ttt_steps + 1",
+        )
 
     @classmethod
     def toy(cls, **overrides) -> Eagle3Recipe:
         """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(**{**dict(draft_vocab_size=128, ttt_steps=4, num_continuations=8, prompt_len=8, new_tokens=24,
-                             batch_size=4, steps=30, lr=1e-2, warmup_steps=2, max_minutes=None,
-                             max_corpus_bytes=300_000, generation_batch=8, eval_max_tokens=12), **overrides})
+        return cls(
+            **{
+                **dict(
+                    draft_vocab_size=128,
+                    ttt_steps=4,
+                    num_continuations=8,
+                    prompt_len=8,
+                    new_tokens=24,
+                    batch_size=4,
+                    steps=30,
+                    lr=1e-2,
+                    warmup_steps=2,
+                    max_minutes=None,
+                    max_corpus_bytes=300_000,
+                    generation_batch=8,
+                    eval_max_tokens=12,
+                ),
+                **overrides,
+            }
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,8 +145,10 @@ def default_capture_ids(num_layers: int) -> tuple[int, ...]:
     for i in (2, num_layers // 2, num_layers - 3):
         ids.append(max(i, ids[-1] + 1) if ids else i)
     if ids[-1] > num_layers or ids[0] < 0:
-        raise ValueError(f"a target with {num_layers} layers is too shallow for three distinct aux layers "
-                         f"starting at the input of layer 2")
+        raise ValueError(
+            f"a target with {num_layers} layers is too shallow for three distinct aux layers "
+            f"starting at the input of layer 2"
+        )
     return tuple(ids)
 
 
@@ -126,8 +161,10 @@ def checkpoint_aux_ids(capture: tuple[int, ...]) -> tuple[list[int], str]:
     capture ids as they are. A first capture id of 1 fits neither convention and is refused.
     """
     if capture[0] == 1:
-        raise ValueError("capturing the input of layer 1 first cannot be written unambiguously in "
-                         "eagle_aux_hidden_state_layer_ids (a first id of 1 means 'output of layer 1')")
+        raise ValueError(
+            "capturing the input of layer 1 first cannot be written unambiguously in "
+            "eagle_aux_hidden_state_layer_ids (a first id of 1 means 'output of layer 1')"
+        )
     if capture[0] == 2:
         return [i - 1 for i in capture], "output-of"
     return list(capture), "input-of"
@@ -156,8 +193,13 @@ def vocab_maps(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, 
     return d2t, t2d
 
 
-def eagle3_config(target_cfg: ModelConfig, recipe: Eagle3Recipe, capture: tuple[int, ...],
-                  draft_vocab_size: int, target_model_type: str | None = None) -> dict:
+def eagle3_config(
+    target_cfg: ModelConfig,
+    recipe: Eagle3Recipe,
+    capture: tuple[int, ...],
+    draft_vocab_size: int,
+    target_model_type: str | None = None,
+) -> dict:
     """config.json in the public EAGLE3 format (``LlamaForCausalLMEagle3``; the fields SGLang's
     llama_eagle3.py and SpecForge's draft configs carry). A Gemma target adds ``target_model_type``: the
     served draft then scales the borrowed embedding rows by sqrt(hidden) as the target's own lookup does
@@ -202,7 +244,9 @@ def _shift_tokens(tokens: torch.Tensor, shift: int) -> torch.Tensor:
     return F.pad(tokens[:, shift:], (0, min(shift, tokens.shape[1])), value=0)
 
 
-def _project(layer: Eagle3Layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor):
+def _project(
+    layer: Eagle3Layer, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor
+):
     """embeds, hidden [B, T, H]; positions [T] -> q [B, heads, T, d], k, v [B, kv_heads, T, d]."""
     attn = layer.self_attn
     b, t, _ = hidden.shape
@@ -214,7 +258,11 @@ def _project(layer: Eagle3Layer, positions: torch.Tensor, embeds: torch.Tensor, 
     if attn.cfg.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = attn.rotary(positions.repeat(b), q, k)
-    return q.view(b, t, -1, d).transpose(1, 2), k.view(b, t, -1, d).transpose(1, 2), v.transpose(1, 2)
+    return (
+        q.view(b, t, -1, d).transpose(1, 2),
+        k.view(b, t, -1, d).transpose(1, 2),
+        v.transpose(1, 2),
+    )
 
 
 def ttt_mask(seq_len: int, num_steps: int, device: torch.device) -> torch.Tensor:
@@ -226,7 +274,9 @@ def ttt_mask(seq_len: int, num_steps: int, device: torch.device) -> torch.Tensor
     return torch.cat([causal] + [diagonal] * (num_steps - 1), dim=1)
 
 
-def ttt_attention(q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
+def ttt_attention(
+    q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], scale: float
+) -> torch.Tensor:
     """Attention of TTT step j = len(kv) - 1.
 
     q [B, heads, T, d]; kv[i] = (k, v) [B, kv_heads, T, d] of step i. Row t attends to the step-0
@@ -242,13 +292,22 @@ def ttt_attention(q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], 
     """
     b, heads, t, d = q.shape
     group = heads // kv[0][0].shape[1]  # GQA: query head h reads kv head h // group
-    keys, values = (torch.cat(x, dim=2).repeat_interleave(group, dim=1) for x in zip(*kv))  # [B, heads, (j+1)T, d]
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, len(kv), q.device), scale=scale)
+    keys, values = (
+        torch.cat(x, dim=2).repeat_interleave(group, dim=1) for x in zip(*kv)
+    )  # [B, heads, (j+1)T, d]
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=ttt_mask(t, len(kv), q.device), scale=scale
+    )
     return out.transpose(1, 2).reshape(b, t, heads * d)
 
 
-def ttt_forward(draft: Eagle3Draft, embed: Callable[[torch.Tensor], torch.Tensor], aux: torch.Tensor,
-                tokens: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
+def ttt_forward(
+    draft: Eagle3Draft,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    aux: torch.Tensor,
+    tokens: torch.Tensor,
+    num_steps: int,
+) -> list[torch.Tensor]:
     """aux [B, T, num_aux * target_hidden], tokens [B, T] -> [o^0, ..., o^{num_steps-1}], each
     [B, T, hidden] pre-norm: o^j at row t is the draft's output j steps into a chain started at t.
 
@@ -257,8 +316,10 @@ def ttt_forward(draft: Eagle3Draft, embed: Callable[[torch.Tensor], torch.Tensor
     layer = draft.midlayer
     b, t = tokens.shape
     if t + num_steps - 1 > draft.config.layer.max_position_embeddings:
-        raise ValueError(f"TTT positions reach {t + num_steps - 2}, beyond the draft's "
-                         f"max_position_embeddings {draft.config.layer.max_position_embeddings}")
+        raise ValueError(
+            f"TTT positions reach {t + num_steps - 2}, beyond the draft's "
+            f"max_position_embeddings {draft.config.layer.max_position_embeddings}"
+        )
     scale = layer.self_attn.attn.scale
     hidden = draft.fuse_aux(aux)  # [B, T, hidden]
     base = torch.arange(t, device=tokens.device)
@@ -274,8 +335,14 @@ def ttt_forward(draft: Eagle3Draft, embed: Callable[[torch.Tensor], torch.Tensor
     return outputs
 
 
-def ttt_losses(draft: Eagle3Draft, outputs: list[torch.Tensor], teacher_logits: torch.Tensor,
-               mask: torch.Tensor | None = None, soft_labels: bool = True, ranks: TrainRanks = ONE_RANK):
+def ttt_losses(
+    draft: Eagle3Draft,
+    outputs: list[torch.Tensor],
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    soft_labels: bool = True,
+    ranks: TrainRanks = ONE_RANK,
+):
     """outputs from ``ttt_forward``; teacher_logits [B, T, draft_vocab] (the target's logits on the draft
     vocabulary); mask [B, T] bool over label rows (None: all) -> (losses, top-1 agreements), one per step.
 
@@ -287,16 +354,18 @@ def ttt_losses(draft: Eagle3Draft, outputs: list[torch.Tensor], teacher_logits: 
     losses, top1 = [], []
     for j, o in enumerate(outputs):
         rows = t - 1 - j
-        student = draft.compute_logits(o[:, :rows]).flatten(0, 1)            # [B * rows, draft_vocab]
-        keep = mask[:, 1 + j:].flatten() if mask is not None else None
-        loss, agree = masked_cross_entropy(student, teacher_logits[:, 1 + j:].flatten(0, 1), keep, soft_labels, ranks)
+        student = draft.compute_logits(o[:, :rows]).flatten(0, 1)  # [B * rows, draft_vocab]
+        keep = mask[:, 1 + j :].flatten() if mask is not None else None
+        loss, agree = masked_cross_entropy(
+            student, teacher_logits[:, 1 + j :].flatten(0, 1), keep, soft_labels, ranks
+        )
         losses.append(loss)
         top1.append(agree)
     return losses, top1
 
 
 def weighted_loss(losses: list[torch.Tensor], decay: float = STEP_DECAY) -> torch.Tensor:
-    weights = [decay ** j for j in range(len(losses))]
+    weights = [decay**j for j in range(len(losses))]
     return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
 
 
@@ -307,12 +376,16 @@ def weighted_loss(losses: list[torch.Tensor], decay: float = STEP_DECAY) -> torc
 def draft_state_dict(draft: Eagle3Draft, ranks: TrainRanks = ONE_RANK) -> dict[str, torch.Tensor]:
     """Checkpoint tensors: parameters in bf16 (gathered from the training ranks), d2t (int64) and t2d (bool)
     as they are."""
-    state = {name: p.detach().to(torch.bfloat16) for name, p in ranks.full_parameters(draft).items()}
+    state = {
+        name: p.detach().to(torch.bfloat16) for name, p in ranks.full_parameters(draft).items()
+    }
     state.update(d2t=draft.d2t.detach(), t2d=draft.t2d.detach())
     return state
 
 
-def initial_draft(cfg: Eagle3Config, target, vocab_ids: torch.Tensor, recipe: Eagle3Recipe, device: str) -> Eagle3Draft:
+def initial_draft(
+    cfg: Eagle3Config, target, vocab_ids: torch.Tensor, recipe: Eagle3Recipe, device: str
+) -> Eagle3Draft:
     """The draft a run starts from, fp32 on ``device``: seeded random weights, the vocabulary maps of
     ``vocab_ids`` (the draft vocabulary's target ids, sorted), and with ``init_head_from_target`` the target's head
     rows of those ids and its final norm."""
@@ -329,17 +402,24 @@ def initial_draft(cfg: Eagle3Config, target, vocab_ids: torch.Tensor, recipe: Ea
     return draft
 
 
-def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: str,
-                 ranks: TrainRanks = ONE_RANK) -> dict:
+def train_eagle3(
+    target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: str, ranks: TrainRanks = ONE_RANK
+) -> dict:
     """Train, save and evaluate the draft; over several ``ranks`` (train/ranks.py) the target is
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     # the capture is checked from the target's config before any data is generated
     tcfg = ModelConfig.from_pretrained(target_dir)
-    capture = tuple(recipe.aux_layer_ids) if recipe.aux_layer_ids else default_capture_ids(tcfg.num_hidden_layers)
+    capture = (
+        tuple(recipe.aux_layer_ids)
+        if recipe.aux_layer_ids
+        else default_capture_ids(tcfg.num_hidden_layers)
+    )
     check_aux_layer_ids(capture, tcfg.num_hidden_layers, "Eagle3Recipe.aux_layer_ids")
-    resume_dir = out_dir / "resume"  # training state while the run lasts; removed once the draft is saved
+    resume_dir = (
+        out_dir / "resume"
+    )  # training state while the run lasts; removed once the draft is saved
     rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     target.set_aux_hidden_state_layers(capture)
 
@@ -354,48 +434,82 @@ def train_eagle3(target_dir: Path, recipe: Eagle3Recipe, out_dir: Path, device: 
     draft = initial_draft(cfg, target, vocab_ids, recipe, device)
     vocab_dev, t2d_dev = vocab_ids.to(device), draft.t2d
     embed = ranks.embedding(target, tcfg.vocab_size)
-    objective = ranks.shard(draft, lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
-        d, ttt_forward(d, embed, aux, tokens, recipe.ttt_steps), teacher, mask, recipe.soft_labels, ranks),
-        recipe.compiles_on(device, ranks.size))
+    objective = ranks.shard(
+        draft,
+        lambda d, embed, aux, tokens, teacher, mask: ttt_losses(
+            d,
+            ttt_forward(d, embed, aux, tokens, recipe.ttt_steps),
+            teacher,
+            mask,
+            recipe.soft_labels,
+            ranks,
+        ),
+        recipe.compiles_on(device, ranks.size),
+    )
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):
         tokens, starts = data.batch_with_starts(recipe.batch_size, gen)
         tokens, starts = tokens.to(device), starts.to(device)
         b, t = tokens.shape
-        out = teacher_forward(target, tokens)  # the whole batch: a tensor-parallel target needs it on every rank
+        out = teacher_forward(
+            target, tokens
+        )  # the whole batch: a tensor-parallel target needs it on every rank
         with torch.no_grad():
             aux = out.aux_hidden_states.view(b, t, -1)[rows]
-            logits = target.compute_logits(out.hidden_states).view(b, t, -1)[rows]   # [b, T, vocab]
-            mask = response_mask(starts[rows], t)                                     # [b, T] label rows
+            logits = target.compute_logits(out.hidden_states).view(b, t, -1)[rows]  # [b, T, vocab]
+            mask = response_mask(starts[rows], t)  # [b, T] label rows
             if recipe.mask_out_of_vocab:
                 mask &= t2d_dev[logits.argmax(-1)]
-            teacher = logits[..., vocab_dev]                                          # [b, T, draft_vocab]
+            teacher = logits[..., vocab_dev]  # [b, T, draft_vocab]
         losses, top1 = objective(embed, aux, tokens[rows], teacher, mask)
-        extra = {**{f"loss step {j}": l.detach() for j, l in enumerate(losses)},
-                 **{f"top1 step {j}": a for j, a in enumerate(top1)}}
+        extra = {
+            **{f"loss step {j}": l.detach() for j, l in enumerate(losses)},
+            **{f"top1 step {j}": a for j, a in enumerate(top1)},
+        }
         return weighted_loss(losses, recipe.step_decay), tokens.numel(), extra
 
-    history = train(objective, loss_fn, recipe.loop_optim(t0), device, desc="eagle3 draft",
-                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
+    history = train(
+        objective,
+        loss_fn,
+        recipe.loop_optim(t0),
+        device,
+        desc="eagle3 draft",
+        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        ranks=ranks,
+    )
 
     written, convention = checkpoint_aux_ids(capture)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device, ranks.size), **data.corpus_metrics,
+        common_metrics(recipe, draft, history, t0, device, ranks.size),
+        **data.corpus_metrics,
         final_step_loss={j: history.extra[f"loss step {j}"][-1] for j in range(recipe.ttt_steps)},
         final_step_top1={j: history.extra[f"top1 step {j}"][-1] for j in range(recipe.ttt_steps)},
-        target_num_layers=tcfg.num_hidden_layers, capture_layer_ids=list(capture),
-        checkpoint_aux_layer_ids=written, checkpoint_aux_convention=convention,
-        draft_vocab_size=vocab_ids.numel(), draft_vocab_coverage=float(freq[vocab_ids].sum()))
+        target_num_layers=tcfg.num_hidden_layers,
+        capture_layer_ids=list(capture),
+        checkpoint_aux_layer_ids=written,
+        checkpoint_aux_convention=convention,
+        draft_vocab_size=vocab_ids.numel(),
+        draft_vocab_coverage=float(freq[vocab_ids].sum()),
+    )
     state = draft_state_dict(draft, ranks)
-    del target, draft, objective, data
+    target = draft = objective = data = None  # the training state freed before the held-out run
     if ranks.is_driver:
-        save_trained(out_dir, state, cfg_dict, history, "EAGLE3 draft: TTT loss (CE vs the target, per step)",
-                     metrics, write_eagle3_card, plotted_prefix="loss")
+        save_trained(
+            out_dir,
+            state,
+            cfg_dict,
+            history,
+            "EAGLE3 draft: TTT loss (CE vs the target, per step)",
+            metrics,
+            write_eagle3_card,
+            plotted_prefix="loss",
+        )
         shutil.rmtree(resume_dir, ignore_errors=True)
     spec = SpeculativeConfig("eagle3", str(out_dir), num_steps=recipe.eval_num_steps)
-    return finish_with_heldout(out_dir, target_dir, spec, recipe, metrics, write_eagle3_card, device, t0,
-                               ranks=ranks)
+    return finish_with_heldout(
+        out_dir, target_dir, spec, recipe, metrics, write_eagle3_card, device, t0, ranks=ranks
+    )
 
 
 def write_eagle3_card(out_dir: Path, m: dict) -> None:
@@ -403,31 +517,58 @@ def write_eagle3_card(out_dir: Path, m: dict) -> None:
 
     r = m["recipe"]
     steps = sorted(m["final_step_top1"], key=int)
-    rows = "\n".join(f"| {j} | x(t+{int(j) + 2}) | {r['step_decay'] ** int(j):.3f} | {m['final_step_loss'][j]:.4f} "
-                     f"| {m['final_step_top1'][j]:.4f} |" for j in steps)
-    sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
-    corpus = (f", mixed with raw {window_source(r)} windows of the same length "
-              f"({100 * r['corpus_fraction']:.0f}% of each batch)" if r["corpus_fraction"] else "")
-    labels = ("the soft cross-entropy against the target's distribution at that position restricted to the draft "
-              "vocabulary (soft labels)" if r["soft_labels"] else "the cross-entropy against the target's argmax "
-              "over the draft vocabulary (hard labels)")
-    oov = (" and rows where the target's argmax is outside the draft vocabulary" if r["mask_out_of_vocab"] else "")
+    rows = "\n".join(
+        f"| {j} | x(t+{int(j) + 2}) | {r['step_decay'] ** int(j):.3f} | {m['final_step_loss'][j]:.4f} "
+        f"| {m['final_step_top1'][j]:.4f} |"
+        for j in steps
+    )
+    sampled = (
+        "greedily (temperature 0)"
+        if r["data_temperature"] == 0
+        else f"at temperature {r['data_temperature']}"
+    )
+    corpus = (
+        f", mixed with raw {window_source(r)} windows of the same length "
+        f"({100 * r['corpus_fraction']:.0f}% of each batch)"
+        if r["corpus_fraction"]
+        else ""
+    )
+    labels = (
+        "the soft cross-entropy against the target's distribution at that position restricted to the draft "
+        "vocabulary (soft labels)"
+        if r["soft_labels"]
+        else "the cross-entropy against the target's argmax over the draft vocabulary (hard labels)"
+    )
+    oov = (
+        " and rows where the target's argmax is outside the draft vocabulary"
+        if r["mask_out_of_vocab"]
+        else ""
+    )
     sections = {
-        "Data": f"""{r['num_continuations']} continuations that the target generated {sampled} through outpace's
-engine after prompts of up to {r['prompt_len']} tokens from {prompt_source(m)}{corpus}, {r['batch_size']} windows of
-{r['prompt_len'] + r['new_tokens']} tokens per batch. {unused_files_note(m)} The draft vocabulary is the
-{m['draft_vocab_size']} most frequent target ids in that data (they cover {100 * m['draft_vocab_coverage']:.1f}% of
+        "Data": f"""{r["num_continuations"]} continuations that the target generated {sampled} through outpace's
+engine after prompts of up to {r["prompt_len"]} tokens from {prompt_source(m)}{corpus}, {r["batch_size"]} windows of
+{r["prompt_len"] + r["new_tokens"]} tokens per batch. {unused_files_note(m)} The draft vocabulary is the
+{m["draft_vocab_size"]} most frequent target ids in that data (they cover {100 * m["draft_vocab_coverage"]:.1f}% of
 its tokens), sorted by id.""",
         "Training-time test": f"""The target runs once per batch (no gradient) and gives the aux hidden states
-({describe_capture(m['capture_layer_ids'], m['target_num_layers'])}, concatenated) and its logits. The draft then runs
-{r['ttt_steps']} simulated draft steps over every row t of the window at once. Step 0 reads `fc(aux_t)` and the
+({
+            describe_capture(m["capture_layer_ids"], m["target_num_layers"])
+        }, concatenated) and its logits. The draft then runs
+{
+            r["ttt_steps"]
+        } simulated draft steps over every row t of the window at once. Step 0 reads `fc(aux_t)` and the
 embedding of token t+1 at position t, attends causally, and predicts token t+2. Step j reads the step j-1 output
 of the same row and token t+1+j at position t+j, and predicts token t+2+j; its attention sees the step-0
 keys/values of rows 0..t plus its own row's keys/values of steps 1..j, which is exactly what the serving draft
-sees j steps into a chain. Each step's loss is {labels}; rows whose label is a prompt token or falls outside the
-window{oov} are left out. Total loss = sum_j {r['step_decay']}^j loss_j / sum_j {r['step_decay']}^j. The head starts
-from the target's head rows of the draft vocabulary {'(and its final norm)' if r['init_head_from_target'] else
-'(not used: random init)'}. Final training loss: {m['final_loss']:.4f}.
+sees j steps into a chain. Each step's loss is {
+            labels
+        }; rows whose label is a prompt token or falls outside the
+window{oov} are left out. Total loss = sum_j {r["step_decay"]}^j loss_j / sum_j {
+            r["step_decay"]
+        }^j. The head starts
+from the target's head rows of the draft vocabulary {
+            "(and its final norm)" if r["init_head_from_target"] else "(not used: random init)"
+        }. Final training loss: {m["final_loss"]:.4f}.
 
 Last logged training batch, per step (top-1: agreement with the target's argmax over the draft vocabulary):
 
@@ -439,10 +580,14 @@ Last logged training batch, per step (top-1: agreement with the target's argmax 
 [embedding, hidden], `self_attn.o_proj`, `post_attention_layernorm`, `mlp.*`), `norm.weight`, `lm_head.weight`
 (draft vocabulary), `d2t` (target id = draft id + d2t[draft id]) and `t2d` (bool over the target vocabulary). No
 `embed_tokens`: the draft borrows the target's. `eagle_config.eagle_aux_hidden_state_layer_ids` =
-{m['checkpoint_aux_layer_ids']} in the "{m['checkpoint_aux_convention']}" convention (a first id of 1 means
-"output of layer X"), i.e., in the target, {describe_capture(m['capture_layer_ids'], m['target_num_layers'])}.""",
+{m["checkpoint_aux_layer_ids"]} in the "{m["checkpoint_aux_convention"]}" convention (a first id of 1 means
+"output of layer X"), i.e., in the target, {describe_capture(m["capture_layer_ids"], m["target_num_layers"])}.""",
         "Held-out acceptance": heldout_section(m),
     }
-    write_model_card(out_dir, "tinypy-eagle3: an EAGLE3 draft for tinypy",
-                     "One decoder layer over three of the target's hidden states, for `--method eagle3`.",
-                     draft_train_command("eagle3", Eagle3Recipe, m, "zoo/tinypy-eagle3"), sections)
+    write_model_card(
+        out_dir,
+        "tinypy-eagle3: an EAGLE3 draft for tinypy",
+        "One decoder layer over three of the target's hidden states, for `--method eagle3`.",
+        draft_train_command("eagle3", Eagle3Recipe, m, "zoo/tinypy-eagle3"),
+        sections,
+    )

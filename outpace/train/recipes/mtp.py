@@ -19,6 +19,7 @@ depths, arXiv 2412.19437 section 2.2; EAGLE-3's TTT uses 0.8).
 The output directory is the target with its MTP tensors replaced: every other file and tensor is copied
 as it is (names, shards, dtypes), so it serves with ``--model OUT --method mtp``.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,15 @@ from safetensors.torch import save_file
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import unpack_projections
-from outpace.train.distill import (TrajectoryDistillRecipe, distillation_inputs, masked_cross_entropy, prompt_source,
-                                   response_mask, teacher_forward, unused_files_note)
+from outpace.train.distill import (
+    TrajectoryDistillRecipe,
+    distillation_inputs,
+    masked_cross_entropy,
+    prompt_source,
+    response_mask,
+    teacher_forward,
+    unused_files_note,
+)
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
 from outpace.train.loop import TrainHistory, plot_history, train
@@ -48,15 +56,17 @@ NOT_COPIED = ("README.md", "loss.png", "training_metrics.json")
 
 @dataclass(frozen=True)
 class MTPRecipe(TrajectoryDistillRecipe):
-    num_layers: int | None = None     # fine-tune the first N MTP layers (None: all the target has)
-    depth_decay: float = 1.0          # layer k weighs depth_decay ** k (normalised)
-    soft_labels: bool = True          # False: cross-entropy against the target's argmax
+    num_layers: int | None = None  # fine-tune the first N MTP layers (None: all the target has)
+    depth_decay: float = 1.0  # layer k weighs depth_decay ** k (normalised)
+    soft_labels: bool = True  # False: cross-entropy against the target's argmax
     lr: float = 1e-3
     warmup_steps: int = 50
-    corpus_fraction: float = 0.5      # raw corpus windows beside the greedy continuations
+    corpus_fraction: float = 0.5  # raw corpus windows beside the greedy continuations
     max_minutes: float | None = 3.0
-    compile_step: bool = True         # H100, batch 128: 1.7x eager (benchmarks/results/train_compile); its check,
-                                      # tests/train/test_train_compile.py, passed on an H200 2026-11-28
+    compile_step: bool = (
+        True  # H100, batch 128: 1.7x eager (benchmarks/results/train_compile); its check,
+    )
+    # tests/train/test_train_compile.py, passed on an H200 2026-11-28
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,12 +77,29 @@ class MTPRecipe(TrajectoryDistillRecipe):
     @classmethod
     def toy(cls, **overrides) -> MTPRecipe:
         """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(**{**dict(num_continuations=8, prompt_len=8, new_tokens=24, batch_size=4, steps=30, lr=1e-2,
-                             warmup_steps=2, max_minutes=None, max_corpus_bytes=300_000, generation_batch=8,
-                             eval_max_tokens=12), **overrides})
+        return cls(
+            **{
+                **dict(
+                    num_continuations=8,
+                    prompt_len=8,
+                    new_tokens=24,
+                    batch_size=4,
+                    steps=30,
+                    lr=1e-2,
+                    warmup_steps=2,
+                    max_minutes=None,
+                    max_corpus_bytes=300_000,
+                    generation_batch=8,
+                    eval_max_tokens=12,
+                ),
+                **overrides,
+            }
+        )
 
 
-def mtp_chain(target, layers, target_hidden: torch.Tensor, tokens: torch.Tensor, chained: bool) -> list[torch.Tensor]:
+def mtp_chain(
+    target, layers, target_hidden: torch.Tensor, tokens: torch.Tensor, chained: bool
+) -> list[torch.Tensor]:
     """target_hidden [B * T, hidden] (the target's last pre-norm states over tokens[:, :T]); tokens [B, >= T]
     -> the logits [B * T, vocab] of the MTP ``layers`` 0 .. K - 1 (the target's first K): layer k at row t
     reads token t + k + 1 (token 0 past the given tokens: those rows never reach a loss) and predicts token
@@ -85,7 +112,7 @@ def mtp_chain(target, layers, target_hidden: torch.Tensor, tokens: torch.Tensor,
     logits, h = [], None
     with forward_context(DenseCausalMetadata(b, t)):
         for k, layer in enumerate(layers):
-            ids = tokens[:, k + 1:k + 1 + t]
+            ids = tokens[:, k + 1 : k + 1 + t]
             ids = torch.nn.functional.pad(ids, (0, t - ids.shape[1]), value=0).reshape(-1)
             state = layer.target_state(target, target_hidden) if h is None or not chained else h
             # NOTE: the layer's own precision (fp32 masters when only the MTP layers train on a bf16 target)
@@ -95,8 +122,13 @@ def mtp_chain(target, layers, target_hidden: torch.Tensor, tokens: torch.Tensor,
     return logits
 
 
-def depth_losses(logits: list[torch.Tensor], teacher: torch.Tensor, mask: torch.Tensor, soft: bool,
-                 ranks: TrainRanks = ONE_RANK):
+def depth_losses(
+    logits: list[torch.Tensor],
+    teacher: torch.Tensor,
+    mask: torch.Tensor,
+    soft: bool,
+    ranks: TrainRanks = ONE_RANK,
+):
     """logits from ``mtp_chain``; teacher [B, T, vocab] (the target's logits); mask [B, T] label rows ->
     (losses, top-1 agreements) per layer: layer k at row t against the target at row t + k + 1 (over several
     training ranks, this rank's shares of the means over all their rows)."""
@@ -105,15 +137,17 @@ def depth_losses(logits: list[torch.Tensor], teacher: torch.Tensor, mask: torch.
     for k, lg in enumerate(logits):
         rows = t - 1 - k
         student = lg.view(b, t, -1)[:, :rows].flatten(0, 1)
-        keep = mask[:, 1 + k:].flatten()
-        loss, agree = masked_cross_entropy(student, teacher[:, 1 + k:].flatten(0, 1), keep, soft, ranks)
+        keep = mask[:, 1 + k :].flatten()
+        loss, agree = masked_cross_entropy(
+            student, teacher[:, 1 + k :].flatten(0, 1), keep, soft, ranks
+        )
         losses.append(loss)
         top1.append(agree)
     return losses, top1
 
 
 def weighted_loss(losses: list[torch.Tensor], decay: float) -> torch.Tensor:
-    weights = [decay ** k for k in range(len(losses))]
+    weights = [decay**k for k in range(len(losses))]
     return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
 
 
@@ -149,11 +183,15 @@ def write_target_copy(target_dir: Path, out_dir: Path, replaced: dict[str, torch
             metadata = src.metadata()
         save_file(tensors, str(out_dir / f.name), metadata=metadata)
     if missing:
-        raise ValueError(f"the fine-tuned MTP tensors {sorted(missing)[:4]} are not in {target_dir}'s safetensors "
-                         "files: this target's MTP layout cannot be written back")
+        raise ValueError(
+            f"the fine-tuned MTP tensors {sorted(missing)[:4]} are not in {target_dir}'s safetensors "
+            "files: this target's MTP layout cannot be written back"
+        )
 
 
-def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str, ranks: TrainRanks = ONE_RANK) -> dict:
+def train_mtp(
+    target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str, ranks: TrainRanks = ONE_RANK
+) -> dict:
     """Fine-tune the target's MTP layers, write the target copy and evaluate it.
 
     Over several ``ranks`` (train/ranks.py) the frozen trunk is tensor-parallel over them, as for EAGLE3 and
@@ -165,100 +203,165 @@ def train_mtp(target_dir: Path, recipe: MTPRecipe, out_dir: Path, device: str, r
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     if out_dir.resolve() == target_dir.resolve():
-        raise ValueError("--out must differ from --target: the fine-tuned target is written beside the original")
+        raise ValueError(
+            "--out must differ from --target: the fine-tuned target is written beside the original"
+        )
     resume_dir = out_dir / "resume"
     replaced, history, metrics = _fine_tune(target_dir, recipe, resume_dir, device, t0, ranks)
     if ranks.is_driver:
         write_target_copy(target_dir, out_dir, replaced)
-        plot_history(_losses_only(history), out_dir / "loss.png", "MTP layers: loss (CE vs the target, per layer)")
+        plot_history(
+            _losses_only(history),
+            out_dir / "loss.png",
+            "MTP layers: loss (CE vs the target, per layer)",
+        )
         (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         write_mtp_card(out_dir, metrics)
         shutil.rmtree(resume_dir, ignore_errors=True)
     spec = SpeculativeConfig("mtp", num_steps=metrics["num_mtp_layers"])
-    return finish_with_heldout(out_dir, out_dir, spec, recipe, metrics, write_mtp_card, device, t0,
-                               prompts_near=target_dir, ranks=ranks)
+    return finish_with_heldout(
+        out_dir,
+        out_dir,
+        spec,
+        recipe,
+        metrics,
+        write_mtp_card,
+        device,
+        t0,
+        prompts_near=target_dir,
+        ranks=ranks,
+    )
 
 
-def _fine_tune(target_dir: Path, recipe: MTPRecipe, resume_dir: Path, device: str, started: float,
-               ranks: TrainRanks) -> tuple[dict[str, torch.Tensor], TrainHistory, dict]:
+def _fine_tune(
+    target_dir: Path,
+    recipe: MTPRecipe,
+    resume_dir: Path,
+    device: str,
+    started: float,
+    ranks: TrainRanks,
+) -> tuple[dict[str, torch.Tensor], TrainHistory, dict]:
     """The training of ``train_mtp``: (the trained tensors under their checkpoint names, whole on every rank;
     the history; the metrics). The target is freed when it returns, before the held-out engines start."""
     rows, data, target = distillation_inputs(target_dir, recipe, resume_dir, device, ranks)
     cfg = target.config
     available = cfg.num_nextn_predict_layers
     if not available:
-        raise ValueError(f"--method mtp fine-tunes the target's MTP layers: {target_dir} has none "
-                         "(num_nextn_predict_layers = 0)")
+        raise ValueError(
+            f"--method mtp fine-tunes the target's MTP layers: {target_dir} has none "
+            "(num_nextn_predict_layers = 0)"
+        )
     n = recipe.num_layers or available
     if n > available:
-        raise ValueError(f"MTPRecipe.num_layers={n} is invalid: the target has {available} MTP layers")
+        raise ValueError(
+            f"MTPRecipe.num_layers={n} is invalid: the target has {available} MTP layers"
+        )
     layers = trainable_mtp(ranks.whole(target, "mtp_layers"), n)
     chained = bool(cfg.chain_mtp_hidden_states or layers[0].chained_by_layout)
     local = ranks.row_local(target)
-    objective = ranks.shard(layers, lambda mtp, hidden, tokens, teacher, mask: depth_losses(
-        mtp_chain(local, mtp, hidden, tokens, chained), teacher, mask, recipe.soft_labels, ranks),
-        recipe.compiles_on(device, ranks.size))
+    objective = ranks.shard(
+        layers,
+        lambda mtp, hidden, tokens, teacher, mask: depth_losses(
+            mtp_chain(local, mtp, hidden, tokens, chained), teacher, mask, recipe.soft_labels, ranks
+        ),
+        recipe.compiles_on(device, ranks.size),
+    )
     gen = torch.Generator().manual_seed(recipe.seed)  # every rank draws the same batches
 
     def loss_fn(step: int):
         tokens, starts = data.batch_with_starts(recipe.batch_size, gen)
         tokens, starts = tokens.to(device), starts.to(device)
         b, t = tokens.shape
-        hidden = teacher_forward(target, tokens).hidden_states  # the whole batch: a tensor-parallel target needs it
+        hidden = teacher_forward(
+            target, tokens
+        ).hidden_states  # the whole batch: a tensor-parallel target needs it
         with torch.no_grad():
-            teacher = target.compute_logits(hidden).view(b, t, -1)[rows]         # [b, T, vocab]
-        mine = hidden.view(b, t, -1)[rows].flatten(0, 1)                         # [b * T, hidden] pre-norm
+            teacher = target.compute_logits(hidden).view(b, t, -1)[rows]  # [b, T, vocab]
+        mine = hidden.view(b, t, -1)[rows].flatten(0, 1)  # [b * T, hidden] pre-norm
         losses, top1 = objective(mine, tokens[rows], teacher, response_mask(starts[rows], t))
-        extra = {**{f"loss layer {k}": l.detach() for k, l in enumerate(losses)},
-                 **{f"top1 layer {k}": a for k, a in enumerate(top1)}}
+        extra = {
+            **{f"loss layer {k}": l.detach() for k, l in enumerate(losses)},
+            **{f"top1 layer {k}": a for k, a in enumerate(top1)},
+        }
         return weighted_loss(losses, recipe.depth_decay), tokens.numel(), extra
 
-    history = train(objective, loss_fn, recipe.loop_optim(started), device, desc="mtp layers",
-                    resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen), ranks=ranks)
+    history = train(
+        objective,
+        loss_fn,
+        recipe.loop_optim(started),
+        device,
+        desc="mtp layers",
+        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        ranks=ranks,
+    )
 
     to_ckpt = getattr(target, "checkpoint_name", lambda name: name)
     trained = {name for name, p in layers.named_parameters() if p.requires_grad}
-    replaced = {to_ckpt(f"mtp_layers.{name}"): p.detach() for name, p in ranks.full_parameters(layers).items()
-                if name in trained}
+    replaced = {
+        to_ckpt(f"mtp_layers.{name}"): p.detach()
+        for name, p in ranks.full_parameters(layers).items()
+        if name in trained
+    }
     metrics = dict(
-        common_metrics(recipe, layers, history, started, device, ranks.size), **data.corpus_metrics, num_mtp_layers=n,
-        chained=chained, final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
+        common_metrics(recipe, layers, history, started, device, ranks.size),
+        **data.corpus_metrics,
+        num_mtp_layers=n,
+        chained=chained,
+        final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
         final_layer_top1={k: history.extra[f"top1 layer {k}"][-1] for k in range(n)},
-        replaced_tensors=len(replaced), target=str(target_dir))
+        replaced_tensors=len(replaced),
+        target=str(target_dir),
+    )
     return replaced, history, metrics
 
 
 def _losses_only(history):
     import dataclasses
 
-    return dataclasses.replace(history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")})
+    return dataclasses.replace(
+        history, extra={k: v for k, v in history.extra.items() if k.startswith("loss")}
+    )
 
 
 def write_mtp_card(out_dir: Path, m: dict) -> None:
     from outpace.train.model_card import draft_train_command, write_model_card
 
     r = m["recipe"]
-    rows = "\n".join(f"| {k} | x(t+{int(k) + 2}) | {r['depth_decay'] ** int(k):.3f} | {m['final_layer_loss'][k]:.4f} "
-                     f"| {m['final_layer_top1'][k]:.4f} |" for k in sorted(m["final_layer_top1"], key=int))
-    sampled = "greedily (temperature 0)" if r["data_temperature"] == 0 else f"at temperature {r['data_temperature']}"
-    labels = "soft cross-entropy against the target's distribution" if r["soft_labels"] else \
-        "cross-entropy against the target's argmax"
+    rows = "\n".join(
+        f"| {k} | x(t+{int(k) + 2}) | {r['depth_decay'] ** int(k):.3f} | {m['final_layer_loss'][k]:.4f} "
+        f"| {m['final_layer_top1'][k]:.4f} |"
+        for k in sorted(m["final_layer_top1"], key=int)
+    )
+    sampled = (
+        "greedily (temperature 0)"
+        if r["data_temperature"] == 0
+        else f"at temperature {r['data_temperature']}"
+    )
+    labels = (
+        "soft cross-entropy against the target's distribution"
+        if r["soft_labels"]
+        else "cross-entropy against the target's argmax"
+    )
     sections = {
-        "Data": f"""{r['num_continuations']} continuations that the target generated {sampled} through outpace's
-engine after prompts of up to {r['prompt_len']} tokens from {prompt_source(m)}, {r['batch_size']} windows of
-{r['prompt_len'] + r['new_tokens']} tokens per batch. {unused_files_note(m)}""",
-        "Fine-tuning": f"""The target ({m['target']}) runs once per batch (no gradient) and gives its last
-hidden states and logits; its first {m['num_mtp_layers']} MTP layers then run
-{'chained (layer k reads layer k-1 output)' if m['chained'] else 'each on the target state'} over the whole window
+        "Data": f"""{r["num_continuations"]} continuations that the target generated {sampled} through outpace's
+engine after prompts of up to {r["prompt_len"]} tokens from {prompt_source(m)}, {r["batch_size"]} windows of
+{r["prompt_len"] + r["new_tokens"]} tokens per batch. {unused_files_note(m)}""",
+        "Fine-tuning": f"""The target ({m["target"]}) runs once per batch (no gradient) and gives its last
+hidden states and logits; its first {m["num_mtp_layers"]} MTP layers then run
+{"chained (layer k reads layer k-1 output)" if m["chained"] else "each on the target state"} over the whole window
 as served: layer k at row t reads token t+k+1 and predicts token t+k+2. Loss per layer: {labels} at that
-position, response rows only; layer k weighs {r['depth_decay']}^k (normalised). Only the MTP layers change
-({m['replaced_tensors']} tensors); every other file and tensor of the target is copied as it was.
+position, response rows only; layer k weighs {r["depth_decay"]}^k (normalised). Only the MTP layers change
+({m["replaced_tensors"]} tensors); every other file and tensor of the target is copied as it was.
 
 | layer | predicts | weight | loss | top-1 |
 |---|---|---|---|---|
 {rows}""",
         "Held-out acceptance": heldout_section(m),
     }
-    write_model_card(out_dir, f"{out_dir.name}: the target with its MTP layers fine-tuned",
-                     "Serve with `--model` this directory and `--method mtp`.",
-                     draft_train_command("mtp", MTPRecipe, m, "OUT"), sections)
+    write_model_card(
+        out_dir,
+        f"{out_dir.name}: the target with its MTP layers fine-tuned",
+        "Serve with `--model` this directory and `--method mtp`.",
+        draft_train_command("mtp", MTPRecipe, m, "OUT"),
+        sections,
+    )
