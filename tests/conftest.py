@@ -33,10 +33,14 @@ def _interpret_dots_row_by_row() -> None:
     fp_dot = InterpreterBuilder.create_dot
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:  # fp8/int8: the original
+        if (
+            a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8
+        ):  # fp8/int8: the original
             return fp_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         acc = d.data.dtype
-        products = a.data.astype(acc)[..., :, :, None] * b.data.astype(acc)[..., None, :, :]  # [..., M, K, N]
+        products = (
+            a.data.astype(acc)[..., :, :, None] * b.data.astype(acc)[..., None, :, :]
+        )  # [..., M, K, N]
         return type(d)(products.sum(axis=-2, dtype=acc) + d.data, d.dtype.scalar)
 
     InterpreterBuilder.create_dot = create_dot
@@ -48,7 +52,6 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers.hf_models import checkpoint_cache, make_hf_model, save_hf_model  # noqa: E402
-
 
 # transformers' hybrid classes pick flash-linear-attention's (GPU-only) kernels for the delta rule, and
 # mamba_ssm's / causal_conv1d's where installed, over their own torch code
@@ -69,7 +72,11 @@ def _transformers_reference_in_torch():
             except ImportError:
                 continue
             for attr, fn in list(vars(module).items()):
-                if callable(fn) and hasattr(fn, "__wrapped__") and getattr(fn, "__module__", None) == module.__name__:
+                if (
+                    callable(fn)
+                    and hasattr(fn, "__wrapped__")
+                    and getattr(fn, "__module__", None) == module.__name__
+                ):
                     patch.setattr(module, attr, fn.__wrapped__)
         yield
 
@@ -112,7 +119,10 @@ def zoo_like_dir(tmp_path_factory):
     from outpace.train.tokenizer import save_tokenizer, train_tokenizer
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "functools.py", "abc.py")]
+    texts = [
+        (stdlib / name).read_text()
+        for name in ("textwrap.py", "string.py", "functools.py", "abc.py")
+    ]
     tok = train_tokenizer(texts, vocab_size=400)
     model = make_hf_model("llama", vocab_size=tok.get_vocab_size(), eos_token_id=0)
     path = save_hf_model(model, tmp_path_factory.mktemp("zoo_like"))
@@ -140,9 +150,13 @@ def peaked_target(tmp_path_factory):
     from outpace.train.tokenizer import save_tokenizer, train_tokenizer
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    tok = train_tokenizer([(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "abc.py")],
-                          vocab_size=400)
-    model = make_hf_model("llama", vocab_size=tok.get_vocab_size(), eos_token_id=0, initializer_range=0.5)
+    tok = train_tokenizer(
+        [(stdlib / name).read_text() for name in ("textwrap.py", "string.py", "abc.py")],
+        vocab_size=400,
+    )
+    model = make_hf_model(
+        "llama", vocab_size=tok.get_vocab_size(), eos_token_id=0, initializer_range=0.5
+    )
     path = save_hf_model(model, tmp_path_factory.mktemp("peaked_target"))
     save_tokenizer(tok, path, model_max_length=512)
     return path
@@ -162,8 +176,12 @@ def trained_toy_target(tmp_path_factory):
     def get(num_layers: int):
         if num_layers not in cache:
             out = tmp_path_factory.mktemp(f"toy_target_{num_layers}_layers")
-            cache[num_layers] = out, train_target(TargetRecipe.toy(steps=30, num_layers=num_layers), out, "cpu",
-                                                  num_samples=2)
+            cache[num_layers] = (
+                out,
+                train_target(
+                    TargetRecipe.toy(steps=30, num_layers=num_layers), out, "cpu", num_samples=2
+                ),
+            )
         return cache[num_layers]
 
     return get

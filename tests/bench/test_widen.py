@@ -5,6 +5,7 @@ through ``outpace.LLM``): a small but wider shape that exercises every map (hidd
 head_dim 32 -> 64, kv heads 4 -> 6, q heads per kv head 2 -> 3, so unused q heads sit inside real
 groups; 6 -> 8 layers; the standalone draft 192 -> 384, 6/2 -> 12/3 heads) gives the zoo target's
 greedy tokens, and every drafter the zoo pair's tokens and acceptance."""
+
 import json
 from pathlib import Path
 
@@ -16,9 +17,9 @@ from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.bench.widen import LLAMA_8B, Shape, Widening, widen_zoo
 from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
-from outpace.layers.norm import RMSNorm
 from outpace.layers.decoder import DecoderAttention
+from outpace.layers.norm import RMSNorm
+from outpace.model_config import ModelConfig
 from outpace.models.llama import build_rotary
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
@@ -47,7 +48,11 @@ def _attention_pair(src: str, prefix: str, arch: str, big: Shape):
     small = Shape.of(cfg)
     w = Widening(small, big, qk_norm=arch == "Qwen3ForCausalLM")
     with safe_open(str(ZOO / src / "model.safetensors"), framework="pt") as f:
-        tensors = {n.removeprefix(prefix): f.get_tensor(n).float() for n in f.keys() if n.startswith(prefix)}
+        tensors = {
+            n.removeprefix(prefix): f.get_tensor(n).float()
+            for n in f.keys()
+            if n.startswith(prefix)
+        }
     widened = {n: w.tensor(prefix + n, t) for n, t in tensors.items()}
     big_cfg = {**w.config(cfg, torch.float32, src), "num_hidden_layers": big.layers}
     return _attention(cfg, tensors), _attention(big_cfg, widened), small.hidden
@@ -70,10 +75,17 @@ def _check_attention(src, prefix, arch, big):
     return out, out_wide, hs
 
 
-@pytest.mark.parametrize("src,prefix,arch", [
-    ("tinypy", "model.layers.0.self_attn.", "LlamaForCausalLM"),
-    ("tinypy-dflash", "layers.0.self_attn.", "Qwen3ForCausalLM"),  # per-head q/k norms: q/k scaled by c = 1/2
-])
+@pytest.mark.parametrize(
+    "src,prefix,arch",
+    [
+        ("tinypy", "model.layers.0.self_attn.", "LlamaForCausalLM"),
+        (
+            "tinypy-dflash",
+            "layers.0.self_attn.",
+            "Qwen3ForCausalLM",
+        ),  # per-head q/k norms: q/k scaled by c = 1/2
+    ],
+)
 @pytest.mark.parametrize("big", [LLAMA_8B, SMALL], ids=["8B", "small"])
 def test_attention_layer_widened_same_output(src, prefix, arch, big):
     out, out_wide, hs = _check_attention(src, prefix, arch, big)
@@ -85,14 +97,19 @@ def test_wrong_rope_pair_map_is_caught(monkeypatch):
     """Padding each head's dims in place (dim i -> i) pairs i with i + 64 instead of i + 16 at 8B:
     the rotation is wrong and the output differs grossly."""
     monkeypatch.setattr(Widening, "head_dims", lambda self: torch.arange(self.small.head_dim))
-    out, out_wide, hs = _check_attention("tinypy", "model.layers.0.self_attn.", "LlamaForCausalLM", LLAMA_8B)
+    out, out_wide, hs = _check_attention(
+        "tinypy", "model.layers.0.self_attn.", "LlamaForCausalLM", LLAMA_8B
+    )
     assert (out_wide[:, :hs] - out).abs().max() > 1e-2 * out.abs().max()
 
 
 def test_rmsnorm_widened_same_output():
     """eps * r and weight * sqrt(r) over zero-padded dims (r = 256 / 4096)."""
     g = torch.Generator().manual_seed(1)
-    x, weight = torch.randn(5, 256, generator=g) * 1e-3, torch.randn(256, generator=g)  # small x: eps matters
+    x, weight = (
+        torch.randn(5, 256, generator=g) * 1e-3,
+        torch.randn(256, generator=g),
+    )  # small x: eps matters
     w = Widening(Shape.of(json.loads((ZOO / "tinypy" / "config.json").read_text())), LLAMA_8B)
     small, big = RMSNorm(256, 1e-5), RMSNorm(4096, 1e-5 * w.ratio)
     small.weight.data, big.weight.data = weight, w.tensor("model.norm.weight", weight)
@@ -108,23 +125,36 @@ def test_impossible_widening_is_refused():
     with pytest.raises(ValueError, match="head_dim 48"):
         Widening(small, Shape(512, 8, 16, 8, 48, 1024))
     with pytest.raises(ValueError, match="q heads per kv head"):
-        Widening(small, Shape(512, 8, 8, 8, 64, 1024))  # group 1 < 2: a small group would span two kv heads
+        Widening(
+            small, Shape(512, 8, 8, 8, 64, 1024)
+        )  # group 1 < 2: a small group would span two kv heads
 
 
 # ---- engine level: greedy tokens and acceptance through outpace.LLM --------------------------------
 
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     # a small shard limit, so the sharded layout with its index is what the engine loads
-    return widen_zoo(ZOO, tmp_path_factory.mktemp("wide"), SMALL, SMALL_DRAFT, torch.float32,
-                     max_shard_bytes=48 << 20)
+    return widen_zoo(
+        ZOO,
+        tmp_path_factory.mktemp("wide"),
+        SMALL,
+        SMALL_DRAFT,
+        torch.float32,
+        max_shard_bytes=48 << 20,
+    )
 
 
 def _generate(target: Path, method: str | None = None, draft: Path | None = None):
     spec = {}
     if method:
-        spec["speculative"] = SpeculativeConfig(method, str(draft) if draft else None, **SPECS[method][1])
-    outs = LLM(str(target), device="cpu", dtype="float32", num_kv_blocks=64, **spec).generate(PROMPTS, GREEDY)
+        spec["speculative"] = SpeculativeConfig(
+            method, str(draft) if draft else None, **SPECS[method][1]
+        )
+    outs = LLM(str(target), device="cpu", dtype="float32", num_kv_blocks=64, **spec).generate(
+        PROMPTS, GREEDY
+    )
     verifies = sum(o.spec_metrics.num_verifies for o in outs)
     accepted = sum(o.spec_metrics.num_accepted_drafts for o in outs)
     return [o.token_ids for o in outs], (accepted + verifies) / verifies if verifies else None
@@ -137,10 +167,19 @@ def reference():
 
 def test_widened_checkpoints_are_shaped(wide):
     cfg = json.loads((wide["tinypy"] / "config.json").read_text())
-    assert Shape.of(cfg) == SMALL and cfg["rms_norm_eps"] == 1e-5 * (256 / 576) and cfg["num_nextn_predict_layers"] == 3
+    assert (
+        Shape.of(cfg) == SMALL
+        and cfg["rms_norm_eps"] == 1e-5 * (256 / 576)
+        and cfg["num_nextn_predict_layers"] == 3
+    )
     index = json.loads((wide["tinypy"] / "model.safetensors.index.json").read_text())["weight_map"]
-    assert "model.layers.10.eh_proj.weight" in index and "model.layers.7.mlp.down_proj.weight" in index
-    assert json.loads((wide["tinypy-dflash"] / "config.json").read_text())["num_target_layers"] == SMALL.layers
+    assert (
+        "model.layers.10.eh_proj.weight" in index and "model.layers.7.mlp.down_proj.weight" in index
+    )
+    assert (
+        json.loads((wide["tinypy-dflash"] / "config.json").read_text())["num_target_layers"]
+        == SMALL.layers
+    )
     assert Shape.of(json.loads((wide["tinypy-draft"] / "config.json").read_text())) == SMALL_DRAFT
 
 

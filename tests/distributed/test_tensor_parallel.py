@@ -7,6 +7,7 @@ that dies stops the engine with an error naming it, and nothing hangs.
 The groups of 2 and 3 processes are spawned once each (tests/helpers/tp_harness.py) and run every scenario;
 the TP = 1 references run in the test process.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,18 +20,18 @@ import pytest
 import torch
 
 from helpers.hf_models import make_hf_model, save_hf_model
+from helpers.tp_harness import Scenario, run_group
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import load_checkpoint
 from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.launch import RankFailure
 from outpace.distributed.lockstep import DriverChoice, Lockstep, RankDivergence, StepMessage
 from outpace.distributed.sharding import ShardingError, vocab_shard_rows
+from outpace.model_config import ModelConfig
 from outpace.models.llama import LlamaForCausalLM
 from outpace.models.loader import build_model
-from helpers.tp_harness import Scenario, run_group
+from outpace.validation import ConfigError
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 TARGET = str(ZOO / "tinypy")
@@ -38,11 +39,19 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
 PRESSURE = dict(block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
 FAMILY = {  # variant -> kv heads at TP = 3 (6 query heads): 3 splits evenly, 1 is replicated on every rank
-    "llama": 1, "mistral": 3, "qwen2": 1, "qwen3": 3}
+    "llama": 1,
+    "mistral": 3,
+    "qwen2": 1,
+    "qwen3": 3,
+}
 DRAFTERS = {
     "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4),
-    "eagle3-tree": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, topk=2, num_draft_tokens=6),
-    "eagle3-adaptive": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4, adaptive=True),
+    "eagle3-tree": SpeculativeConfig(
+        "eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, topk=2, num_draft_tokens=6
+    ),
+    "eagle3-adaptive": SpeculativeConfig(
+        "eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4, adaptive=True
+    ),
     "mtp": SpeculativeConfig("mtp", num_steps=3),
     "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
     "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=3),
@@ -64,9 +73,13 @@ def family(tmp_path_factory) -> dict[str, dict[int, str]]:
     """variant -> {tensor_parallel_size: checkpoint}: the 6-head configs with 2 kv heads (TP = 2) and with
     the kv heads of FAMILY (TP = 3)."""
     root = tmp_path_factory.mktemp("family")
-    return {v: {2: str(save_hf_model(make_hf_model(v), root / f"{v}-2")),
-                3: str(save_hf_model(make_hf_model(v, num_key_value_heads=kv), root / f"{v}-3"))}
-            for v, kv in FAMILY.items()}
+    return {
+        v: {
+            2: str(save_hf_model(make_hf_model(v), root / f"{v}-2")),
+            3: str(save_hf_model(make_hf_model(v, num_key_value_heads=kv), root / f"{v}-3")),
+        }
+        for v, kv in FAMILY.items()
+    }
 
 
 def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
@@ -77,10 +90,25 @@ def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def tp2(family, tmp_path_factory) -> dict:
     scenarios = [Scenario(f"{v}", family[v][2], family_prompts(), GREEDY, PRESSURE) for v in FAMILY]
-    scenarios += [Scenario(m, TARGET, zoo_prompts(), GREEDY, dict(num_kv_blocks=24, max_num_batched_tokens=64,
-                                                                   speculative=spec))
-                  for m, spec in DRAFTERS.items()]
-    scenarios.append(Scenario("eagle3-sampled", TARGET, zoo_prompts(), SAMPLED, dict(speculative=DRAFTERS["eagle3-chain"])))
+    scenarios += [
+        Scenario(
+            m,
+            TARGET,
+            zoo_prompts(),
+            GREEDY,
+            dict(num_kv_blocks=24, max_num_batched_tokens=64, speculative=spec),
+        )
+        for m, spec in DRAFTERS.items()
+    ]
+    scenarios.append(
+        Scenario(
+            "eagle3-sampled",
+            TARGET,
+            zoo_prompts(),
+            SAMPLED,
+            dict(speculative=DRAFTERS["eagle3-chain"]),
+        )
+    )
     return run_group(2, scenarios, tmp_path_factory.mktemp("tp2"), probes=[driver_choice_probe])
 
 
@@ -106,8 +134,16 @@ def driver_choice_probe(rank: int, world: int) -> list[str]:
 @pytest.fixture(scope="module")
 def tp3(family, tmp_path_factory) -> dict:
     scenarios = [Scenario(f"{v}", family[v][3], family_prompts(), GREEDY, PRESSURE) for v in FAMILY]
-    scenarios.append(Scenario("world-mismatch", family["llama"][3], [[1]], GREEDY, dict(tensor_parallel_size=2),
-                              error="does not match the process group's world size 3"))
+    scenarios.append(
+        Scenario(
+            "world-mismatch",
+            family["llama"][3],
+            [[1]],
+            GREEDY,
+            dict(tensor_parallel_size=2),
+            error="does not match the process group's world size 3",
+        )
+    )
     return run_group(3, scenarios, tmp_path_factory.mktemp("tp3"))
 
 
@@ -136,7 +172,9 @@ def test_drafter_is_lossless_at_two_ranks(method, tp2, zoo_reference):
 def test_sampled_speculation_matches_one_rank(tp2):
     """The same seeded draws from the same distributions (fp32: equal up to rounding) at both sizes."""
     spec = DRAFTERS["eagle3-chain"]
-    assert tp2["eagle3-sampled"]["tokens"] == reference(TARGET, zoo_prompts(), SAMPLED, speculative=spec)
+    assert tp2["eagle3-sampled"]["tokens"] == reference(
+        TARGET, zoo_prompts(), SAMPLED, speculative=spec
+    )
 
 
 def test_every_rank_takes_rank_zeros_draft_length(tp2):
@@ -150,7 +188,9 @@ def test_a_rank_that_schedules_differently_fails_by_name():
 
     message = StepMessage(schedule=[("req-0", 16)])
     Lockstep(RankGroup(1, 2)).check([Batch("req-0", 16)], message)
-    with pytest.raises(RankDivergence, match=r"rank 1 scheduled \[\('req-0', 8\)\], rank 0 scheduled"):
+    with pytest.raises(
+        RankDivergence, match=r"rank 1 scheduled \[\('req-0', 8\)\], rank 0 scheduled"
+    ):
         Lockstep(RankGroup(1, 2)).check([Batch("req-0", 8)], message)
 
 
@@ -171,14 +211,21 @@ def test_shards_cover_the_checkpoint(family):
             shards.append(build_model(cfg, torch.float32))
         load_checkpoint(shards[-1], path, progress=False)
     layer = [s.model.layers[0].self_attn for s in shards]
-    assert torch.equal(torch.cat([a.q_proj.weight for a in layer]), whole.model.layers[0].self_attn.q_proj.weight)
-    assert torch.equal(torch.cat([a.o_proj.weight for a in layer], 1), whole.model.layers[0].self_attn.o_proj.weight)
+    assert torch.equal(
+        torch.cat([a.q_proj.weight for a in layer]), whole.model.layers[0].self_attn.q_proj.weight
+    )
+    assert torch.equal(
+        torch.cat([a.o_proj.weight for a in layer], 1),
+        whole.model.layers[0].self_attn.o_proj.weight,
+    )
     for a in layer:  # one kv head, replicated
         assert torch.equal(a.k_proj.weight, whole.model.layers[0].self_attn.k_proj.weight)
-    assert vocab_shard_rows(cfg.vocab_size, 3) == 128  # 203 / 3 rounded up to 64 rows: rank 2 holds padding only
+    assert (
+        vocab_shard_rows(cfg.vocab_size, 3) == 128
+    )  # 203 / 3 rounded up to 64 rows: rank 2 holds padding only
     embed = torch.cat([s.model.embed_tokens.weight for s in shards])
-    assert torch.equal(embed[:cfg.vocab_size], whole.model.embed_tokens.weight)
-    assert not embed[cfg.vocab_size:].any()
+    assert torch.equal(embed[: cfg.vocab_size], whole.model.embed_tokens.weight)
+    assert not embed[cfg.vocab_size :].any()
 
 
 def test_dimensions_that_do_not_split_are_refused(family, monkeypatch):
@@ -187,8 +234,13 @@ def test_dimensions_that_do_not_split_are_refused(family, monkeypatch):
         build_model(cfg, torch.float32)
     with building_in(RankGroup(0, 4)), pytest.raises(ShardingError, match="num_attention_heads=6"):
         build_model(cfg, torch.float32)
-    monkeypatch.setattr(LlamaForCausalLM, "shards_over_ranks", False)  # (every registered class declares it)
-    with building_in(RankGroup(0, 2)), pytest.raises(ConfigError, match=f"{cfg.architecture} cannot be sharded"):
+    monkeypatch.setattr(
+        LlamaForCausalLM, "shards_over_ranks", False
+    )  # (every registered class declares it)
+    with (
+        building_in(RankGroup(0, 2)),
+        pytest.raises(ConfigError, match=f"{cfg.architecture} cannot be sharded"),
+    ):
         build_model(cfg, torch.float32)
 
 
@@ -236,7 +288,9 @@ def test_ranks_stop_when_rank_zero_dies(tmp_path):
 
     script = tmp_path / "rank_zero_dies.py"
     script.write_text(RANK_ZERO_DIES)
-    done = subprocess.run([sys.executable, str(script), TARGET], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script), TARGET], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -signal.SIGKILL
     worker = int(done.stdout.split()[-1])
     deadline = time.monotonic() + 20

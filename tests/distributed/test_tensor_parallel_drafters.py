@@ -9,6 +9,7 @@ draft accepted).
 One group of 2 processes (tests/helpers/tp_harness.py) runs every scenario; the TP = 1 references run in the test
 process.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,10 @@ import pytest
 from helpers.deepseek_models import SPEC_PROMPTS, save_v3_with_mtp
 from helpers.gemma_models import make_splittable_gemma
 from helpers.hf_models import save_hf_model
-from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
 from helpers.spec_models import make_dflash_draft
 from helpers.tp_harness import Scenario, run_group
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 VOCAB = 13
@@ -41,18 +42,26 @@ def scenarios(tmp_path_factory) -> dict[str, tuple[str, SpeculativeConfig]]:
     root = tmp_path_factory.mktemp("drafters")
     deepseek = save_v3_with_mtp(root / "deepseek")[2]  # DeepSeek-V3 with one MTP layer
     gemma = save_hf_model(make_splittable_gemma("gemma3", vocab_size=VOCAB), root / "gemma3")
-    return {"deepseek-mtp-1": (str(deepseek), SpeculativeConfig("mtp", num_steps=1)),
-            "deepseek-mtp-3": (str(deepseek), SpeculativeConfig("mtp", num_steps=3)),
-            "deepseek-dflash": (str(deepseek), dflash(deepseek, root / "deepseek-dflash")),
-            "deepseek-draft": (str(deepseek), SpeculativeConfig("draft", str(deepseek), num_steps=3)),
-            "gemma3-dflash": (str(gemma), dflash(gemma, root / "gemma3-dflash")),
-            "gemma3-draft": (str(gemma), SpeculativeConfig("draft", str(gemma), num_steps=3))}
+    return {
+        "deepseek-mtp-1": (str(deepseek), SpeculativeConfig("mtp", num_steps=1)),
+        "deepseek-mtp-3": (str(deepseek), SpeculativeConfig("mtp", num_steps=3)),
+        "deepseek-dflash": (str(deepseek), dflash(deepseek, root / "deepseek-dflash")),
+        "deepseek-draft": (str(deepseek), SpeculativeConfig("draft", str(deepseek), num_steps=3)),
+        "gemma3-dflash": (str(gemma), dflash(gemma, root / "gemma3-dflash")),
+        "gemma3-draft": (str(gemma), SpeculativeConfig("draft", str(gemma), num_steps=3)),
+    }
 
 
 @pytest.fixture(scope="module")
 def tp2(scenarios, tmp_path_factory) -> dict:
-    return run_group(2, [Scenario(name, path, SPEC_PROMPTS, GREEDY, dict(ENGINE, speculative=spec))
-                         for name, (path, spec) in scenarios.items()], tmp_path_factory.mktemp("tp2"))
+    return run_group(
+        2,
+        [
+            Scenario(name, path, SPEC_PROMPTS, GREEDY, dict(ENGINE, speculative=spec))
+            for name, (path, spec) in scenarios.items()
+        ],
+        tmp_path_factory.mktemp("tp2"),
+    )
 
 
 def one_rank(path: str, **engine) -> tuple[list[list[int]], int]:
@@ -62,13 +71,24 @@ def one_rank(path: str, **engine) -> tuple[list[list[int]], int]:
     return [o.token_ids for o in outs], sum(o.spec_metrics.num_accepted_drafts for o in outs)
 
 
-@pytest.mark.parametrize("name", ["deepseek-mtp-1", "deepseek-mtp-3", "deepseek-dflash", "deepseek-draft",
-                                  "gemma3-dflash", "gemma3-draft"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepseek-mtp-1",
+        "deepseek-mtp-3",
+        "deepseek-dflash",
+        "deepseek-draft",
+        "gemma3-dflash",
+        "gemma3-draft",
+    ],
+)
 def test_drafter_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, scenarios, tp2):
     path, spec = scenarios[name]
     got = tp2[name]
     assert got["tokens"] == one_rank(path, **ENGINE)[0]
     assert got["accepted"] == one_rank(path, **ENGINE, speculative=spec)[1] > 0
     assert got["free_blocks"] == ENGINE["num_kv_blocks"]
-    if name.endswith("-draft"):  # the target as its own draft: every draft accepted but where max_tokens cut
+    if name.endswith(
+        "-draft"
+    ):  # the target as its own draft: every draft accepted but where max_tokens cut
         assert got["accepted"] >= 0.9 * 3 * got["verifies"]

@@ -8,6 +8,7 @@ and stays lossless at TP = 2; dimensions that do not split are refused by name.
 One group of 2 and one of 3 processes (tests/helpers/tp_harness.py) run every scenario; the TP = 1 references
 run in the test process.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,22 +21,25 @@ from safetensors.torch import load_file, save_file
 from helpers.deepseek_models import make_hf_deepseek
 from helpers.gemma_models import PROMPT, SPLITTABLE, make_splittable_gemma
 from helpers.hf_models import save_hf_model
+from helpers.spec_models import make_eagle3_draft
+from helpers.tp_harness import Scenario, build_rank, run_group
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import load_checkpoint
 from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
+from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
-from helpers.spec_models import make_eagle3_draft
-from helpers.tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
 PRESSURE = dict(block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
 # 6 heads, every MLP (dense 96, experts 24, shared 24 or 48) divisible by 2 and by 3
 DEEPSEEK = dict(num_attention_heads=6, num_key_value_heads=6, intermediate_size=96)
-DEEPSEEKS = ["v3-yarn", "v2-group"]  # q_lora_rank, grouped sigmoid routing; biases on attention, MLPs, shared experts
+DEEPSEEKS = [
+    "v3-yarn",
+    "v2-group",
+]  # q_lora_rank, grouped sigmoid routing; biases on attention, MLPs, shared experts
 
 
 def family_prompts() -> list[list[int]]:
@@ -55,9 +59,17 @@ def gemma_draft(checkpoints, tmp_path_factory) -> str:
     """An EAGLE3 draft for the Gemma 3 target with neither embedding nor head: it borrows the target's
     (replicated) embedding and its head tied to it."""
     out = tmp_path_factory.mktemp("gemma-draft")
-    make_eagle3_draft(Path(checkpoints["gemma3"]), out, aux_ids=[1, 2, 4], use_aux_norm=True,
-                      target_model_type="gemma3_text", num_attention_heads=6, num_key_value_heads=2,
-                      intermediate_size=96, seed=5)  # (seed 5: some of its tree's drafts are accepted)
+    make_eagle3_draft(
+        Path(checkpoints["gemma3"]),
+        out,
+        aux_ids=[1, 2, 4],
+        use_aux_norm=True,
+        target_model_type="gemma3_text",
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        seed=5,
+    )  # (seed 5: some of its tree's drafts are accepted)
     tensors = load_file(out / "model.safetensors")
     del tensors["lm_head.weight"]
     save_file(tensors, out / "model.safetensors")
@@ -71,6 +83,7 @@ def gemma_spec(draft: str) -> SpeculativeConfig:
 class DraftReads:
     """A probe (tests/helpers/tp_harness.py) run on every rank: the Gemma target and its EAGLE3 draft built in the
     group, and what the draft reads from the borrowed embedding and computes with the borrowed head."""
+
     __name__ = "draft_reads"
 
     def __init__(self, target: str, draft: str) -> None:
@@ -93,23 +106,43 @@ def draft_reads(target_dir: str, draft_dir: str, group: RankGroup) -> dict:
     ids = torch.arange(0, 211, 5)  # ids of both ranks' rows
     hidden = torch.randn(ids.numel(), 60, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        return {"embedding": draft.embed(ids).tolist(), "logits": draft.compute_logits(hidden).tolist()}
+        return {
+            "embedding": draft.embed(ids).tolist(),
+            "logits": draft.compute_logits(hidden).tolist(),
+        }
 
 
 def scenarios(checkpoints, gemma_draft=None) -> list[Scenario]:
-    out = [Scenario(name, path, family_prompts(), GREEDY, PRESSURE) for name, path in checkpoints.items()]
+    out = [
+        Scenario(name, path, family_prompts(), GREEDY, PRESSURE)
+        for name, path in checkpoints.items()
+    ]
     if gemma_draft is not None:
-        out.append(Scenario("gemma3-eagle3", checkpoints["gemma3"], [PROMPT, PROMPT[3:] + PROMPT[:5]],
-                            GREEDY.replace(max_tokens=32),
-                            dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=10,
-                                 speculative=gemma_spec(gemma_draft))))
+        out.append(
+            Scenario(
+                "gemma3-eagle3",
+                checkpoints["gemma3"],
+                [PROMPT, PROMPT[3:] + PROMPT[:5]],
+                GREEDY.replace(max_tokens=32),
+                dict(
+                    block_size=4,
+                    num_kv_blocks=64,
+                    max_num_batched_tokens=10,
+                    speculative=gemma_spec(gemma_draft),
+                ),
+            )
+        )
     return out
 
 
 @pytest.fixture(scope="module")
 def tp2(checkpoints, gemma_draft, tmp_path_factory) -> dict:
-    return run_group(2, scenarios(checkpoints, gemma_draft), tmp_path_factory.mktemp("tp2"),
-                     probes=[DraftReads(checkpoints["gemma3"], gemma_draft)])
+    return run_group(
+        2,
+        scenarios(checkpoints, gemma_draft),
+        tmp_path_factory.mktemp("tp2"),
+        probes=[DraftReads(checkpoints["gemma3"], gemma_draft)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +181,9 @@ def test_the_draft_reads_the_same_rows_and_logits_at_two_ranks(tp2, checkpoints,
     one = draft_reads(checkpoints["gemma3"], gemma_draft, RankGroup(0, 1))
     two = tp2["draft_reads"]
     assert torch.equal(torch.tensor(two["embedding"]), torch.tensor(one["embedding"]))
-    torch.testing.assert_close(torch.tensor(two["logits"]), torch.tensor(one["logits"]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(two["logits"]), torch.tensor(one["logits"]), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_a_replicated_table_is_handed_as_this_ranks_rows(checkpoints, gemma_draft):
@@ -167,7 +202,7 @@ def test_a_replicated_table_is_handed_as_this_ranks_rows(checkpoints, gemma_draf
         assert rows.weight.shape == (128, whole.shape[1]) and rows.first_id == 128 * rank
         assert head.weight is rows.weight and head.group.size == 2
         n = min(128, 211 - 128 * rank)  # rank 0: 128 rows of the table, rank 1: 83 and 45 zero rows
-        assert torch.equal(rows.weight[:n], whole[128 * rank:128 * rank + n])
+        assert torch.equal(rows.weight[:n], whole[128 * rank : 128 * rank + n])
         assert not rows.weight[n:].any()
         if rank == 0:
             assert rows.weight.data_ptr() == target.model.embed_tokens.weight.data_ptr()
@@ -181,13 +216,23 @@ def test_expert_shards_cover_the_checkpoint(checkpoints):
     ds[3] = build_rank(checkpoints["v3-yarn"], 0, 1)
     moe = [m.model.layers[1].mlp for m in ds]
     for e in (0, 5):
-        assert torch.equal(torch.cat([m.experts[e].gate_proj.weight for m in moe[:3]]), moe[3].experts[e].gate_proj.weight)
-        assert torch.equal(torch.cat([m.experts[e].down_proj.weight for m in moe[:3]], 1),
-                           moe[3].experts[e].down_proj.weight)
-    assert torch.equal(torch.cat([m.shared_experts.up_proj.weight for m in moe[:3]]), moe[3].shared_experts.up_proj.weight)
+        assert torch.equal(
+            torch.cat([m.experts[e].gate_proj.weight for m in moe[:3]]),
+            moe[3].experts[e].gate_proj.weight,
+        )
+        assert torch.equal(
+            torch.cat([m.experts[e].down_proj.weight for m in moe[:3]], 1),
+            moe[3].experts[e].down_proj.weight,
+        )
+    assert torch.equal(
+        torch.cat([m.shared_experts.up_proj.weight for m in moe[:3]]),
+        moe[3].shared_experts.up_proj.weight,
+    )
     attn = [m.model.layers[0].self_attn for m in ds]
     assert torch.equal(torch.cat([a.kv_b_proj.weight for a in attn[:3]]), attn[3].kv_b_proj.weight)
-    assert all(torch.equal(a.kv_a_proj_with_mqa.weight, attn[3].kv_a_proj_with_mqa.weight) for a in attn)
+    assert all(
+        torch.equal(a.kv_a_proj_with_mqa.weight, attn[3].kv_a_proj_with_mqa.weight) for a in attn
+    )
     assert [a.shape.num_heads for a in attn] == [2, 2, 2, 6]
 
     g4 = [build_rank(checkpoints["gemma4"], r, 2).model.layers[0].experts for r in range(2)]
@@ -203,7 +248,10 @@ def test_dimensions_that_do_not_split_are_refused(checkpoints):
     raw = json.loads((Path(checkpoints["v3-yarn"]) / "config.json").read_text())
     with building_in(RankGroup(0, 4)), pytest.raises(ShardingError, match="num_attention_heads=6"):
         build_model(ModelConfig.from_pretrained(checkpoints["v3-yarn"]), torch.float32)
-    with building_in(RankGroup(0, 2)), pytest.raises(ShardingError, match="moe_intermediate_size=25"):
+    with (
+        building_in(RankGroup(0, 2)),
+        pytest.raises(ShardingError, match="moe_intermediate_size=25"),
+    ):
         build_model(ModelConfig.from_dict({**raw, "moe_intermediate_size": 25}), torch.float32)
     raw = json.loads((Path(checkpoints["gemma4"]) / "config.json").read_text())
     with building_in(RankGroup(0, 4)), pytest.raises(ShardingError, match="num_attention_heads=6"):

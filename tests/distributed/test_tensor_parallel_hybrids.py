@@ -10,6 +10,7 @@ indices hold its heads' state; its shards put back together are the checkpoint.
 One group of 2 processes (tests/helpers/tp_harness.py) runs every scenario; the TP = 1 references run in the test
 process.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,15 +20,15 @@ import torch
 
 from helpers.hybrid_drafting import MTP_LAYERS, PROMPTS, VOCAB, save_with_mtp
 from helpers.hybrid_models import make_hybrid, save_hybrid
+from helpers.spec_models import make_dflash_draft, make_eagle3_draft
+from helpers.tp_harness import Scenario, build_rank, run_group
 from outpace import LLM, SamplingParams
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.distributed.sharding import ShardingError
+from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
-from helpers.spec_models import make_dflash_draft, make_eagle3_draft
-from helpers.tp_harness import Scenario, build_rank, run_group
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
@@ -44,13 +45,22 @@ def plain_prompts() -> list[list[int]]:
 def drafters(target: Path, root: Path) -> dict[str, SpeculativeConfig]:
     """EAGLE3 chain and tree, the target as its own standalone draft, and DFlash over every layer's features."""
     eagle3 = str(make_eagle3_draft(target, root / "eagle3"))
-    layers = ModelConfig.from_pretrained(str(target)).num_hidden_layers  # (Nemotron-H's config.json names none)
-    dflash = make_dflash_draft(target, root / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1,
-                               num_target_layers=layers)
-    return {"eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=3),
-            "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=3, topk=2, num_draft_tokens=6),
-            "draft": SpeculativeConfig("draft", str(target), num_steps=3),
-            "dflash": SpeculativeConfig("dflash", str(dflash), num_steps=3)}
+    layers = ModelConfig.from_pretrained(
+        str(target)
+    ).num_hidden_layers  # (Nemotron-H's config.json names none)
+    dflash = make_dflash_draft(
+        target,
+        root / "dflash",
+        layer_ids=tuple(range(layers)),
+        mask_token_id=VOCAB - 1,
+        num_target_layers=layers,
+    )
+    return {
+        "eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=3),
+        "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=3, topk=2, num_draft_tokens=6),
+        "draft": SpeculativeConfig("draft", str(target), num_steps=3),
+        "dflash": SpeculativeConfig("dflash", str(dflash), num_steps=3),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +86,10 @@ def checkpoints(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def tp2(checkpoints, tmp_path_factory) -> dict:
-    scenarios = [Scenario(name, path, prompts, GREEDY, engine) for name, (path, engine, prompts) in checkpoints.items()]
+    scenarios = [
+        Scenario(name, path, prompts, GREEDY, engine)
+        for name, (path, engine, prompts) in checkpoints.items()
+    ]
     return run_group(2, scenarios, tmp_path_factory.mktemp("tp2"), timeout_s=900)
 
 
@@ -96,9 +109,15 @@ def test_greedy_at_two_ranks_matches_one(name, tp2, checkpoints):
     assert got["free_blocks"] == PRESSURE["num_kv_blocks"]
 
 
-@pytest.mark.parametrize("name", ["qwen3_next-mtp", "qwen3_5-mtp"] + [
-    f"{v}-{m}" for v in ("qwen3_next", "qwen3_5", "nemotron_h") for m in ("eagle3-chain", "eagle3-tree", "draft",
-                                                                           "dflash")])
+@pytest.mark.parametrize(
+    "name",
+    ["qwen3_next-mtp", "qwen3_5-mtp"]
+    + [
+        f"{v}-{m}"
+        for v in ("qwen3_next", "qwen3_5", "nemotron_h")
+        for m in ("eagle3-chain", "eagle3-tree", "draft", "dflash")
+    ],
+)
 def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp2, checkpoints):
     path, engine, prompts = checkpoints[name]
     got = tp2[name]
@@ -106,7 +125,9 @@ def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp
     assert got["tokens"] == one_rank(path, prompts, **plain)[0]
     assert got["accepted"] == one_rank(path, prompts, **engine)[1] > 0
     assert got["free_blocks"] == engine["num_kv_blocks"]
-    if name.endswith("-draft"):  # the target as its own draft (its own state rows): every draft accepted
+    if name.endswith(
+        "-draft"
+    ):  # the target as its own draft (its own state rows): every draft accepted
         assert got["accepted"] >= 0.9 * 3 * got["verifies"]
 
 
@@ -124,15 +145,21 @@ def test_gated_deltanet_shards_cover_the_checkpoint(checkpoints):
         for p in range(3):
             assert torch.equal(torch.cat([m[p] for m in mine]), full[p])
     for name in ("in_proj_z", "in_proj_b", "in_proj_a"):
-        assert torch.equal(torch.cat([getattr(a, name).weight for a in ranks]), getattr(whole, name).weight)
+        assert torch.equal(
+            torch.cat([getattr(a, name).weight for a in ranks]), getattr(whole, name).weight
+        )
     for name in ("A_log", "dt_bias"):
         assert torch.equal(torch.cat([getattr(a, name) for a in ranks]), getattr(whole, name))
     assert torch.equal(torch.cat([a.out_proj.weight for a in ranks], 1), whole.out_proj.weight)
     assert all(torch.equal(a.norm.weight, whole.norm.weight) for a in ranks)
     assert ranks[0].state_shapes()["recurrent"][0] == (2, kd, 6)
     assert ranks[0].state_shapes()["conv"][0] == (3, 2 * 8 + vd // 2)
-    half, full = (RecurrentStates(build_rank(path, 0, size).model, 3, 4, torch.float32, "cpu").bytes_per_request
-                  for size in (2, 1))
+    half, full = (
+        RecurrentStates(
+            build_rank(path, 0, size).model, 3, 4, torch.float32, "cpu"
+        ).bytes_per_request
+        for size in (2, 1)
+    )
     assert 2 * half == full  # (every recurrent state tensor split by heads)
 
 
@@ -142,7 +169,9 @@ def test_qwen3_next_packed_by_key_head_shards(checkpoints):
     whole = build_rank(path, 0, 1).model.layers[0].linear_attn
     ranks = [build_rank(path, r, 2).model.layers[0].linear_attn for r in range(2)]
     for name in ("in_proj_qkvz", "in_proj_ba"):
-        assert torch.equal(torch.cat([getattr(a, name).weight for a in ranks]), getattr(whole, name).weight)
+        assert torch.equal(
+            torch.cat([getattr(a, name).weight for a in ranks]), getattr(whole, name).weight
+        )
     assert [a.num_k_heads for a in ranks] == [1, 1] and [a.num_v_heads for a in ranks] == [2, 2]
 
 
@@ -157,12 +186,22 @@ def test_mamba2_shards_cover_the_checkpoint(name, checkpoints):
     ranks = [build_rank(path, r, 2).model.layers[0].mixer for r in range(2)]
 
     def covers(full: torch.Tensor, mine: list[torch.Tensor], heads: bool) -> bool:
-        return torch.equal(torch.cat(mine), full) if heads or split else all(torch.equal(m, full) for m in mine)
+        return (
+            torch.equal(torch.cat(mine), full)
+            if heads or split
+            else all(torch.equal(m, full) for m in mine)
+        )
 
     for tensor, sizes, mine_sizes, of_heads in [
-            (lambda m: m.in_proj.weight, [30, 30, g, g, 6], [15, 15, 7, 7, 3], [True, True, False, False, True]),
-            (lambda m: m.conv1d.weight, [30, g, g], [15, 7, 7], [True, False, False]),
-            (lambda m: m.conv1d.bias, [30, g, g], [15, 7, 7], [True, False, False])]:
+        (
+            lambda m: m.in_proj.weight,
+            [30, 30, g, g, 6],
+            [15, 15, 7, 7, 3],
+            [True, True, False, False, True],
+        ),
+        (lambda m: m.conv1d.weight, [30, g, g], [15, 7, 7], [True, False, False]),
+        (lambda m: m.conv1d.bias, [30, g, g], [15, 7, 7], [True, False, False]),
+    ]:
         full, mine = tensor(whole).split(sizes), [tensor(m).split(mine_sizes) for m in ranks]
         for p, heads in enumerate(of_heads):
             assert covers(full[p], [m[p] for m in mine], heads), (sizes, p)
@@ -174,7 +213,10 @@ def test_mamba2_shards_cover_the_checkpoint(name, checkpoints):
 
 
 def test_what_does_not_split_is_refused_by_name(checkpoints):
-    for name, size, field in [("qwen3_5", 4, "linear_num_key_heads=2"), ("nemotron_h", 4, "mamba_num_heads=6"),
-                              ("nemotron_h", 3, "n_groups=2")]:
+    for name, size, field in [
+        ("qwen3_5", 4, "linear_num_key_heads=2"),
+        ("nemotron_h", 4, "mamba_num_heads=6"),
+        ("nemotron_h", 3, "n_groups=2"),
+    ]:
         with building_in(RankGroup(0, size)), pytest.raises(ShardingError, match=field):
             build_model(ModelConfig.from_pretrained(checkpoints[name][0]), torch.float32)

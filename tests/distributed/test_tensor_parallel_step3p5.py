@@ -8,19 +8,20 @@ that do not split are refused under their config field's name.
 
 One group of 2 processes (tests/helpers/tp_harness.py) runs both scenarios; the TP = 1 references run in this
 process."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
-from outpace.distributed.group import RankGroup, building_in
-from outpace.distributed.sharding import ShardingError
-from outpace.models.loader import build_model
 from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
 from helpers.tp_harness import Scenario, build_rank, run_group
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.distributed.group import RankGroup, building_in
+from outpace.distributed.sharding import ShardingError
+from outpace.model_config import ModelConfig
+from outpace.models.loader import build_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
@@ -28,8 +29,11 @@ PRESSURE = dict(block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
 MTP_SPEC = dict(block_size=4, speculative=SpeculativeConfig("mtp", num_steps=3))
 # a small vocabulary (random MTP layers' drafts are accepted now and then, test_step3p5.py's mtp_target); one kv
 # head on the sliding layers, replicated on both ranks
-STEP = {**CONFIG, "vocab_size": 13,
-        "attention_other_setting": {**CONFIG["attention_other_setting"], "num_attention_groups": 1}}
+STEP = {
+    **CONFIG,
+    "vocab_size": 13,
+    "attention_other_setting": {**CONFIG["attention_other_setting"], "num_attention_groups": 1},
+}
 PROMPTS = [[(i * 5 + j * 3) % 13 for j in range(3 + 7 * i)] for i in range(5)]
 
 
@@ -41,9 +45,14 @@ def step(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tp2(step, tmp_path_factory) -> dict:
-    return run_group(2, [Scenario("greedy", step, PROMPTS, GREEDY, PRESSURE),
-                         Scenario("mtp", step, PROMPTS[:3], GREEDY.replace(max_tokens=24), MTP_SPEC)],
-                     tmp_path_factory.mktemp("tp2"))
+    return run_group(
+        2,
+        [
+            Scenario("greedy", step, PROMPTS, GREEDY, PRESSURE),
+            Scenario("mtp", step, PROMPTS[:3], GREEDY.replace(max_tokens=24), MTP_SPEC),
+        ],
+        tmp_path_factory.mktemp("tp2"),
+    )
 
 
 def generate(model: str, prompts, params, **engine):
@@ -72,23 +81,38 @@ def test_shards_cover_the_checkpoint(step):
     heads' q and gate rows, the sliding layers' one kv head whole, the full layers' own kv head; an MTP
     layer's experts and its own head's vocabulary rows too."""
     ranks, whole = [build_rank(step, r, 2) for r in range(2)], build_rank(step, 0, 1)
-    for layer in (1, "mtp0"):  # a decoder MoE layer (sliding) and the first MTP layer (MoE, sliding)
+    for layer in (
+        1,
+        "mtp0",
+    ):  # a decoder MoE layer (sliding) and the first MTP layer (MoE, sliding)
         parts = [m.mtp_layers[0] if layer == "mtp0" else m.model.layers[layer] for m in ranks]
         ref = whole.mtp_layers[0] if layer == "mtp0" else whole.model.layers[layer]
         for name, dim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
-            assert torch.equal(torch.cat([getattr(p.moe, name).weight for p in parts], dim),
-                               getattr(ref.moe, name).weight)
-        assert torch.equal(torch.cat([p.share_expert.up_proj.weight for p in parts]), ref.share_expert.up_proj.weight)
+            assert torch.equal(
+                torch.cat([getattr(p.moe, name).weight for p in parts], dim),
+                getattr(ref.moe, name).weight,
+            )
+        assert torch.equal(
+            torch.cat([p.share_expert.up_proj.weight for p in parts]),
+            ref.share_expert.up_proj.weight,
+        )
         attn = [p.self_attn for p in parts]
         assert torch.equal(torch.cat([a.g_proj.weight for a in attn]), ref.self_attn.g_proj.weight)
         assert torch.equal(torch.cat([a.q_proj.weight for a in attn]), ref.self_attn.q_proj.weight)
-        assert all(torch.equal(a.k_proj.weight, ref.self_attn.k_proj.weight) for a in attn)  # replicated
+        assert all(
+            torch.equal(a.k_proj.weight, ref.self_attn.k_proj.weight) for a in attn
+        )  # replicated
         assert [a.attn.num_heads for a in attn] == [3, 3]
     full = [m.model.layers[0].self_attn for m in ranks]
-    assert torch.equal(torch.cat([a.k_proj.weight for a in full]), whole.model.layers[0].self_attn.k_proj.weight)
+    assert torch.equal(
+        torch.cat([a.k_proj.weight for a in full]), whole.model.layers[0].self_attn.k_proj.weight
+    )
     assert [a.attn.num_heads for a in full] == [2, 2]
     heads = [m.mtp_layers[2].shared_head.head.weight for m in ranks]
-    assert torch.equal(heads[0][:13], whole.mtp_layers[2].shared_head.head.weight) and not heads[1].any()
+    assert (
+        torch.equal(heads[0][:13], whole.mtp_layers[2].shared_head.head.weight)
+        and not heads[1].any()
+    )
 
 
 def refused(raw: dict, size: int, name: str) -> None:
@@ -97,12 +121,26 @@ def refused(raw: dict, size: int, name: str) -> None:
 
 
 def test_what_does_not_split_is_refused_by_name():
-    refused(STEP, 3, r"num_attention_heads=4 does not split over tensor_parallel_size=3")  # the full layers
-    sliding = {**STEP["attention_other_setting"], "num_attention_heads": 4, "num_attention_groups": 2}
-    splits = dict(num_attention_heads=6, num_attention_groups=3, intermediate_size=54, moe_intermediate_size=21,
-                  share_expert_dim=27)  # at three ranks, all but the sliding layers' heads
-    refused({**STEP, **splits, "attention_other_setting": sliding}, 3,
-            r"attention_other_setting\.num_attention_heads=4 does not split")
+    refused(
+        STEP, 3, r"num_attention_heads=4 does not split over tensor_parallel_size=3"
+    )  # the full layers
+    sliding = {
+        **STEP["attention_other_setting"],
+        "num_attention_heads": 4,
+        "num_attention_groups": 2,
+    }
+    splits = dict(
+        num_attention_heads=6,
+        num_attention_groups=3,
+        intermediate_size=54,
+        moe_intermediate_size=21,
+        share_expert_dim=27,
+    )  # at three ranks, all but the sliding layers' heads
+    refused(
+        {**STEP, **splits, "attention_other_setting": sliding},
+        3,
+        r"attention_other_setting\.num_attention_heads=4 does not split",
+    )
     refused({**STEP, "moe_intermediate_size": 21}, 2, "moe_intermediate_size=21")
     refused({**STEP, "share_expert_dim": 27}, 2, "share_expert_dim=27")
     refused({**STEP, "intermediate_size": 55}, 2, "intermediate_size=55")

@@ -1,4 +1,5 @@
 """Bad input gets a clear error naming the problem, and the engine keeps serving."""
+
 import json
 import shutil
 
@@ -27,7 +28,10 @@ def test_missing_shard(tmp_path):
 def test_sharded_checkpoint_loads(tmp_path, llama_dir):
     path = save_hf_model(make_hf_model("llama"), tmp_path / "sharded", max_shard_size="40KB")
     p = [1, 2, 3, 4]
-    assert LLM(str(path)).generate([p], GREEDY)[0].token_ids == LLM(str(llama_dir)).generate([p], GREEDY)[0].token_ids
+    assert (
+        LLM(str(path)).generate([p], GREEDY)[0].token_ids
+        == LLM(str(llama_dir)).generate([p], GREEDY)[0].token_ids
+    )
 
 
 def _rewrite(src, dst, edit):
@@ -46,7 +50,9 @@ def test_wrong_shape_missing_and_extra_tensor(tmp_path, llama_dir):
     missing = _rewrite(llama_dir, tmp_path / "missing", lambda t: t.pop(name))
     with pytest.raises(CheckpointError, match=rf"lacks.*{name}"):
         LLM(str(missing))
-    extra = _rewrite(llama_dir, tmp_path / "extra", lambda t: t.__setitem__("model.bogus.weight", torch.zeros(2)))
+    extra = _rewrite(
+        llama_dir, tmp_path / "extra", lambda t: t.__setitem__("model.bogus.weight", torch.zeros(2))
+    )
     with pytest.raises(CheckpointError, match=r"model\.bogus\.weight.*model.safetensors"):
         LLM(str(extra))
 
@@ -60,10 +66,20 @@ def test_unknown_architecture(tmp_path, llama_dir):
         LLM(str(path))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", -0.5), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
-    ("min_p", 2.0), ("max_tokens", 0), ("seed", -2), ("stop", [""]),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.5),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("min_p", 2.0),
+        ("max_tokens", 0),
+        ("seed", -2),
+        ("stop", [""]),
+    ],
+)
 def test_invalid_sampling_values_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"SamplingParams.{field}="):
         SamplingParams(**{field: value})
@@ -75,7 +91,10 @@ def test_invalid_engine_values_name_the_field():
     for sizes in ((), (0, 4), (4, 8), (2.5,)):  # max_num_seqs is 4
         with pytest.raises(ConfigError, match=r"EngineConfig.cuda_graph_sizes=.*max_num_seqs=4"):
             EngineConfig(model="x", max_num_seqs=4, cuda_graph_sizes=sizes)
-    assert EngineConfig(model="x", max_num_seqs=4, cuda_graph_sizes=[4, 1, 4]).cuda_graph_sizes == (1, 4)
+    assert EngineConfig(model="x", max_num_seqs=4, cuda_graph_sizes=[4, 1, 4]).cuda_graph_sizes == (
+        1,
+        4,
+    )
 
 
 def test_bad_prompts_leave_other_requests_unharmed(llama_dir):

@@ -1,5 +1,6 @@
 """Block and request-row accounting under any mix of finishing, aborted and preempted requests
 (hypothesis)."""
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,13 +15,24 @@ def tight_llm(llama_dir, speculative: bool):
     """A pool of 12 blocks of 4 tokens: a few requests already force preemption. With speculation
     (n-gram, 3 drafts) every decode step also reserves lookahead rows."""
     if speculative not in _llm_cache:
-        spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1) if speculative else SpeculativeConfig()
-        _llm_cache[speculative] = LLM(str(llama_dir), block_size=4, num_kv_blocks=12, max_num_batched_tokens=16,
-                                      speculative=spec)
+        spec = (
+            SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
+            if speculative
+            else SpeculativeConfig()
+        )
+        _llm_cache[speculative] = LLM(
+            str(llama_dir),
+            block_size=4,
+            num_kv_blocks=12,
+            max_num_batched_tokens=16,
+            speculative=spec,
+        )
     return _llm_cache[speculative]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(request_strategy, min_size=1, max_size=6), st.booleans())
 def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
     llm = tight_llm(llama_dir, speculative)
@@ -34,8 +46,14 @@ def test_free_blocks_return_to_initial(llama_dir, requests, speculative):
         # a request row (engine/request_table.py) only while running: none held for a waiting or gone request
         assert engine.runner.req_table.held_by <= {r.request_id for r in engine.scheduler.running}
 
-    run_with_aborts(engine, [([(i * 31 + j) % 200 for j in range(plen)], *rest)
-                             for i, (plen, *rest) in enumerate(requests)], check)
+    run_with_aborts(
+        engine,
+        [
+            ([(i * 31 + j) % 200 for j in range(plen)], *rest)
+            for i, (plen, *rest) in enumerate(requests)
+        ],
+        check,
+    )
     assert engine.pool.num_free == initial
     assert not engine.runner.req_table.held_by
     assert engine.runner.req_table.num_free == engine.config.max_num_seqs

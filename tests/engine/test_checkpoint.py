@@ -1,4 +1,5 @@
 """Sharded saving and loading round-trips; dtypes convert on load; the zoo target matches transformers."""
+
 import json
 from pathlib import Path
 
@@ -13,7 +14,9 @@ ZOO_TARGET = Path(__file__).resolve().parents[2] / "zoo" / "tinypy"
 
 def test_sharded_save_roundtrip(tmp_path, llama_dir):
     model = load_model(llama_dir, torch.float32)
-    files = save_checkpoint(model_state_dict(model), tmp_path, max_shard_bytes=40_000, dtype=torch.bfloat16)
+    files = save_checkpoint(
+        model_state_dict(model), tmp_path, max_shard_bytes=40_000, dtype=torch.bfloat16
+    )
     assert len(files) > 1 and all(f.stat().st_size <= 40_000 + 4096 for f in files)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {f.name for f in files}
@@ -56,7 +59,9 @@ def test_bin_checkpoints_load_only_tensors(tmp_path, llama_dir):
     reference, reloaded = load_model(llama_dir, torch.float32), load_model(tmp_path, torch.float32)
     for (name, a), (_, b) in zip(reference.named_parameters(), reloaded.named_parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
-    torch.save({"model.embed_tokens.weight": _RunsCodeWhenUnpickled()}, tmp_path / "pytorch_model.bin")
+    torch.save(
+        {"model.embed_tokens.weight": _RunsCodeWhenUnpickled()}, tmp_path / "pytorch_model.bin"
+    )
     with pytest.raises(CheckpointError, match="pytorch_model.bin.*weights_only=True"):
         load_model(tmp_path, torch.float32)
     torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")

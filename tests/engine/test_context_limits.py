@@ -1,6 +1,7 @@
 """Limits that used to shift or truncate silently are refused with a message naming the setting (issue 42
 item 7): a max_model_len the model or the KV cache cannot hold, a max_tokens past the context, a KV cache
 too small for the request, token ids that are not integers."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,11 @@ def llm():
 
 
 def test_a_max_model_len_past_the_model_is_refused_not_clamped():
-    with pytest.raises(ConfigError, match=r"max_model_len=5000 is invalid: the model's max_position_embeddings is "
-                                          r"2048 \(.*tinypy/config.json\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"max_model_len=5000 is invalid: the model's max_position_embeddings is "
+        r"2048 \(.*tinypy/config.json\)",
+    ):
         LLM(TINYPY, device="cpu", max_model_len=5000)
 
 
@@ -37,17 +41,26 @@ def test_drafts_do_not_shorten_the_context_and_stay_lossless_at_its_end(llm):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = llm.generate([prompt], params)[0]
     out = spec.generate([prompt], params)[0]
-    assert out.token_ids == expected.token_ids and len(out.token_ids) == 12 and out.finish_reason == "length"
+    assert (
+        out.token_ids == expected.token_ids
+        and len(out.token_ids) == 12
+        and out.finish_reason == "length"
+    )
 
 
 def test_drafts_reaching_past_what_the_rotary_tables_cover_are_refused():
-    with pytest.raises(ConfigError, match=r"num_steps=100, num_draft_tokens=101 is invalid: its drafts reach 100 "
-                                          r"rows past a request's last token, at most 63 are supported"):
+    with pytest.raises(
+        ConfigError,
+        match=r"num_steps=100, num_draft_tokens=101 is invalid: its drafts reach 100 "
+        r"rows past a request's last token, at most 63 are supported",
+    ):
         LLM(TINYPY, device="cpu", speculative=SpeculativeConfig("ngram", num_steps=100))
 
 
 def test_max_tokens_past_the_context_is_refused(llm):
-    with pytest.raises(ValueError, match=r"max_tokens=100000000 is more than the context holds 2048 tokens"):
+    with pytest.raises(
+        ValueError, match=r"max_tokens=100000000 is more than the context holds 2048 tokens"
+    ):
         llm.generate(["def f(x):"], SamplingParams(max_tokens=100_000_000))
     assert not llm.engine.has_unfinished_requests
 
@@ -56,11 +69,16 @@ def test_a_kv_cache_too_small_for_the_request_is_named_not_truncated():
     """One block of 16 rows, 6 of them kept for EAGLE3's drafts: a 5-token prompt asking for 8 tokens
     used to stop after 5 with finish_reason "length"."""
     llm = LLM(TINYPY, device="cpu", num_kv_blocks=1, speculative=EAGLE3)
-    with pytest.raises(ValueError, match=r"max_tokens=8 does not fit: the prompt has 5 tokens and the context "
-                                         r"holds 10 tokens \(set by the KV cache \(1 blocks of 16\)\); raise "
-                                         r"EngineConfig.num_kv_blocks"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_tokens=8 does not fit: the prompt has 5 tokens and the context "
+        r"holds 10 tokens \(set by the KV cache \(1 blocks of 16\)\); raise "
+        r"EngineConfig.num_kv_blocks",
+    ):
         llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=8))
-    out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    out = llm.generate(
+        [[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 5 and llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
@@ -73,6 +91,9 @@ def test_token_ids_must_be_integers(llm, bad):
 
 def test_a_drafter_that_drafts_from_a_checkpoint_needs_one():
     """The drafter class says whether it takes a draft checkpoint (no list of methods in the config)."""
-    with pytest.raises(ConfigError, match=r"SpeculativeConfig.draft=None is invalid: method 'eagle3' drafts with a "
-                                          r"draft checkpoint"):
+    with pytest.raises(
+        ConfigError,
+        match=r"SpeculativeConfig.draft=None is invalid: method 'eagle3' drafts with a "
+        r"draft checkpoint",
+    ):
         LLM(TINYPY, device="cpu", speculative=SpeculativeConfig("eagle3", num_steps=3))

@@ -2,6 +2,7 @@
 padding to batch buckets, request state across batch changes, run-ahead. On the CPU a "replay" re-runs
 the captured step eagerly over the same static buffers, so everything but the capture itself is
 checked here, for every drafter; the GPU tests (tests/gpu/test_gpu.py) check the captured graphs."""
+
 import json
 from pathlib import Path
 
@@ -46,7 +47,10 @@ def prompts():
 def reference(prompts):
     """Greedy outputs without speculation or graphs, with ragged lengths so the batch changes."""
     llm = LLM(ZOO, max_num_seqs=4)
-    params = [SamplingParams(temperature=0, max_tokens=12 + 5 * i, ignore_eos=True) for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0, max_tokens=12 + 5 * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     return params, [o.token_ids for o in llm.generate(prompts, params)]
 
 
@@ -88,12 +92,22 @@ def test_run_ahead_decode_is_lossless_across_stops_joins_and_preemption(prompts)
     preempted (a pool too small for the batch); every output equals eager decoding and every block
     returns to the pool."""
     eager = LLM(ZOO, max_num_seqs=4)
-    free_run = eager.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
-    params = [SamplingParams(temperature=0, max_tokens=10 + 4 * i, ignore_eos=True,
-                             stop_token_ids=[free_run[i].token_ids[6]] if i % 2 else [])
-              for i in range(len(prompts))]
+    free_run = eager.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    )
+    params = [
+        SamplingParams(
+            temperature=0,
+            max_tokens=10 + 4 * i,
+            ignore_eos=True,
+            stop_token_ids=[free_run[i].token_ids[6]] if i % 2 else [],
+        )
+        for i in range(len(prompts))
+    ]
     expected = eager.generate(prompts, params)
-    assert any(o.finish_reason == "stop" for o in expected) and any(o.finish_reason == "length" for o in expected)
+    assert any(o.finish_reason == "stop" for o in expected) and any(
+        o.finish_reason == "length" for o in expected
+    )
     for kw in ({}, {"num_kv_blocks": 10, "max_num_batched_tokens": 64}):
         llm = _graphed(None, **kw)
         hits = _count_run_ahead_hits(llm)
@@ -129,16 +143,22 @@ def test_no_step_runs_ahead_when_every_request_may_end_by_length(prompts, refere
     assert not any(dropped) and hits["hits"] > 10
     decisions, may_run_ahead = [], owner.may_launch
 
-    def logged(reqs, shape, joining, captured):  # (each request's output length and max_tokens, tokens the step may commit, ran)
+    def logged(
+        reqs, shape, joining, captured
+    ):  # (each request's output length and max_tokens, tokens the step may commit, ran)
         ran = may_run_ahead(reqs, shape, joining, captured)
         ahead = reqs + [s.request for s in joining]
-        decisions.append(([(r.num_output_tokens, r.params.max_tokens) for r in ahead], shape.num_steps + 1, ran))
+        decisions.append(
+            ([(r.num_output_tokens, r.params.max_tokens) for r in ahead], shape.num_steps + 1, ran)
+        )
         return ran
 
     owner.may_launch = logged
     params, expected = reference
     hits["hits"] = 0
-    assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == expected[:2]  # 12 and 17 tokens
+    assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == expected[
+        :2
+    ]  # 12 and 17 tokens
     for lengths, committed, ran in decisions:
         surely_ends = any(n + 1 >= m for n, m in lengths)
         all_may_end = all(n + committed >= m for n, m in lengths)
@@ -166,16 +186,26 @@ def test_a_join_keeps_the_step_run_ahead_and_rides_in_the_next(prompts, referenc
     hits = _count_run_ahead_hits(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert not any(dropped) and any(joined) and hits["hits"] > 10
-    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks and not llm.engine.runner.req_table.held_by
+    assert (
+        llm.engine.pool.num_free == llm.engine.pool.num_blocks
+        and not llm.engine.runner.req_table.held_by
+    )
 
 
-DRAFTERS = pytest.mark.parametrize("spec", [
-    EAGLE3, DFLASH,
-    SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6),
-    SpeculativeConfig(method="mtp", num_steps=3),
-    SpeculativeConfig(method="draft", draft="zoo/tinypy-draft", num_steps=4),
-    SpeculativeConfig(method="ngram", num_steps=4),
-], ids=["eagle3", "dflash", "eagle3-tree", "mtp", "draft", "ngram"])
+DRAFTERS = pytest.mark.parametrize(
+    "spec",
+    [
+        EAGLE3,
+        DFLASH,
+        SpeculativeConfig(
+            method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6
+        ),
+        SpeculativeConfig(method="mtp", num_steps=3),
+        SpeculativeConfig(method="draft", draft="zoo/tinypy-draft", num_steps=4),
+        SpeculativeConfig(method="ngram", num_steps=4),
+    ],
+    ids=["eagle3", "dflash", "eagle3-tree", "mtp", "draft", "ngram"],
+)
 
 
 def _counting_steps(llm: LLM) -> dict:
@@ -200,7 +230,9 @@ def test_captured_iteration_is_lossless_across_batch_changes(prompts, reference,
     calls, hits = _counting_steps(llm), _count_run_ahead_hits(llm)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
-    assert calls["captured"] > 10 and calls["eager"] == 0  # every decode step replayed a captured key
+    assert (
+        calls["captured"] > 10 and calls["eager"] == 0
+    )  # every decode step replayed a captured key
     assert hits["hits"] > 5  # and many of them were run ahead
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
     assert not llm.engine.runner.req_table.held_by  # every row released
@@ -215,9 +247,19 @@ def test_run_ahead_serves_sampled_penalized_and_logprob_steps(prompts, spec):
     in the step before it, so its batch can be larger than the step it replaces, and a CPU BLAS may round
     a row differently in a larger batch (without the mode the tokens agreed and the logprobs did not, on
     the 16-core host of an H100 machine)."""
-    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=18, ignore_eos=True,
-                             presence_penalty=0.5 * (i % 2), frequency_penalty=0.3 * (i % 2),
-                             logprobs=2 if i % 3 == 0 else None) for i in range(4)]
+    params = [
+        SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            seed=i,
+            max_tokens=18,
+            ignore_eos=True,
+            presence_penalty=0.5 * (i % 2),
+            frequency_penalty=0.3 * (i % 2),
+            logprobs=2 if i % 3 == 0 else None,
+        )
+        for i in range(4)
+    ]
     expected = _graphed(spec, run_ahead=False, batch_invariant=True).generate(prompts[:4], params)
     llm = _graphed(spec, batch_invariant=True)
     hits = _count_run_ahead_hits(llm)
@@ -233,7 +275,10 @@ def test_run_ahead_serves_sampled_penalized_and_logprob_steps(prompts, spec):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_captured_and_eager_steps_agree_token_for_token(prompts, spec, temperature):
     """The same step code eagerly and replayed: the same drafts, acceptance and (seeded) samples."""
-    params = [SamplingParams(temperature=temperature, max_tokens=20, seed=i, ignore_eos=True) for i in range(3)]
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=20, seed=i, ignore_eos=True)
+        for i in range(3)
+    ]
     eager = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:3], params)
     graphed = _graphed(spec).generate(prompts[:3], params)
     for a, b in zip(eager, graphed):
@@ -253,9 +298,11 @@ def test_eagle3_padded_pending_rows_are_never_read(prompts):
 
     def poisoned(rows, shape):
         count = proposer.pending_count[rows.req_indices]
-        padded = torch.arange(proposer.width) >= count[:, None]                  # [b, width]
+        padded = torch.arange(proposer.width) >= count[:, None]  # [b, width]
         garbage = 100 * torch.randn(int(padded.sum()), proposer.pending_hidden.shape[-1])
-        proposer.pending_hidden[rows.req_indices[:, None].expand_as(padded)[padded], padded.nonzero()[:, 1]] = garbage
+        proposer.pending_hidden[
+            rows.req_indices[:, None].expand_as(padded)[padded], padded.nonzero()[:, 1]
+        ] = garbage
         return draft(rows, shape)
 
     proposer.draft = poisoned

@@ -1,4 +1,5 @@
 """Continuous batching, chunked prefill, sampling parameters and stops (random model, CPU)."""
+
 import pytest
 import torch
 
@@ -24,7 +25,9 @@ def test_batched_equals_one_at_a_time(llama_dir):
 def test_chunked_prefill_equals_whole_prefill(llama_dir):
     ps = prompts(6)
     whole = LLM(str(llama_dir), block_size=4, num_kv_blocks=256).generate(ps, GREEDY)
-    chunked = LLM(str(llama_dir), block_size=4, num_kv_blocks=256, max_num_batched_tokens=7).generate(ps, GREEDY)
+    chunked = LLM(
+        str(llama_dir), block_size=4, num_kv_blocks=256, max_num_batched_tokens=7
+    ).generate(ps, GREEDY)
     assert [o.token_ids for o in whole] == [o.token_ids for o in chunked]
 
 
@@ -47,12 +50,18 @@ def test_requests_join_between_steps(llama_dir):
 def test_seeded_sampling_is_reproducible_and_batch_independent(llama_dir):
     ps = prompts(3)
     llm = LLM(str(llama_dir), block_size=4, num_kv_blocks=256)
-    params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=12, seed=100 + i, ignore_eos=True)
-              for i in range(3)]
+    params = [
+        SamplingParams(
+            temperature=0.9, top_p=0.9, top_k=50, max_tokens=12, seed=100 + i, ignore_eos=True
+        )
+        for i in range(3)
+    ]
     together = [o.token_ids for o in llm.generate(ps, params)]
     alone = [llm.generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
     assert together == alone
-    unseeded = llm.generate(ps[:1] * 4, SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True))
+    unseeded = llm.generate(
+        ps[:1] * 4, SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    )
     assert len({tuple(o.token_ids) for o in unseeded}) > 1
 
 
@@ -78,11 +87,16 @@ def test_max_tokens_stop_token_ids_and_abort(llama_dir):
 def test_eos_and_stop_strings_with_tokenizer(zoo_like_dir):
     llm = LLM(str(zoo_like_dir), block_size=4, num_kv_blocks=256)
     tok = llm.tokenizer
-    free = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    free = llm.generate(
+        ["def f(x):"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )[0]
     assert free.text == tok.decode(free.token_ids, skip_special_tokens=True)
     if len(free.text.strip()) >= 4:
         stop = free.text.strip()[2:4]
-        out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=24, stop=[stop], ignore_eos=True))[0]
+        out = llm.generate(
+            ["def f(x):"],
+            SamplingParams(temperature=0, max_tokens=24, stop=[stop], ignore_eos=True),
+        )[0]
         assert out.finish_reason == "stop" and out.stop_reason == stop
         assert stop not in out.text and free.text.startswith(out.text)
 
@@ -98,7 +112,9 @@ def test_streamed_outputs_grow_to_the_final_output(zoo_like_dir):
     while engine.has_unfinished_requests:
         for out in engine.step():
             assert out.request_id == rid
-            assert out.token_ids[:len(seen[-1].token_ids) if seen else 0] == (seen[-1].token_ids if seen else [])
+            assert out.token_ids[: len(seen[-1].token_ids) if seen else 0] == (
+                seen[-1].token_ids if seen else []
+            )
             seen.append(out)
     assert [o.finished for o in seen] == [False] * (len(seen) - 1) + [True]
     assert seen[-1].token_ids == final.token_ids and seen[-1].text == final.text
@@ -132,7 +148,11 @@ def test_incremental_detokenization_matches_full_decode(path):
         ids, state = [], DetokenizerState()
         for _ in range(60):
             n = int(torch.randint(1, 4, (1,), generator=g))
-            ids += emoji[:n] if trial % 2 else torch.randint(0, full_tok.vocab_size, (n,), generator=g).tolist()
+            ids += (
+                emoji[:n]
+                if trial % 2
+                else torch.randint(0, full_tok.vocab_size, (n,), generator=g).tolist()
+            )
             text = update_text(tok, ids, state)
             full = tok.decode(ids, skip_special_tokens=True)
             if not full.endswith("\ufffd"):

@@ -2,6 +2,7 @@
 ``serving_engine``), as a data-parallel replica does, with the single server's behaviour: concurrent greedy
 streams give the offline ``LLM``'s texts, /health names the engine's process (not the server's), and every KV
 block is free again afterwards."""
+
 import asyncio
 
 import pytest
@@ -10,9 +11,8 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
     pytest.importorskip(_dependency)
 httpx = pytest.importorskip("httpx")
 
-from helpers.server_helpers import PROMPTS, offline_llm, serving, sse_events, stream_text, wait_idle
-
-from outpace import SamplingParams
+from helpers.server_helpers import PROMPTS, offline_llm, serving, sse_events, stream_text, wait_idle  # noqa: E402
+from outpace import SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,9 @@ def server():
 
 def test_streams_equal_the_offline_engine_and_free_their_blocks(server):
     prompts = [PROMPTS[i % len(PROMPTS)][: 20 + 7 * i] for i in range(12)]
-    expected = [o.text for o in offline_llm().generate(prompts, SamplingParams(temperature=0, max_tokens=8))]
+    expected = [
+        o.text for o in offline_llm().generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    ]
 
     async def stream(client, prompt: str) -> str:
         body = {"prompt": prompt, "temperature": 0, "max_tokens": 8, "stream": True}

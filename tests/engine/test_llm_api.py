@@ -1,4 +1,5 @@
 """The offline API's vLLM-shaped surface: n and best_of, LLM.chat with the tokenizer's chat template."""
+
 import os
 
 import pytest
@@ -14,16 +15,26 @@ DEVICE = os.environ.get("OUTPACE_TEST_DEVICE", "cpu")
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_seqs=16,
-               speculative=SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3))
+    return LLM(
+        ZOO + "tinypy",
+        device=DEVICE,
+        dtype="float32",
+        num_kv_blocks=256,
+        max_num_seqs=16,
+        speculative=SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3),
+    )
 
 
 def test_n_completions_per_prompt(llm):
-    outs = llm.generate(["def add(a, b):\n", "x = "], SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12))
+    outs = llm.generate(
+        ["def add(a, b):\n", "x = "], SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12)
+    )
     assert len(outs) == 2
     for out in outs:
         assert [c.index for c in out.outputs] == [0, 1, 2]
-        assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "seeds seed + i give distinct samples"
+        assert len({tuple(c.token_ids) for c in out.outputs}) > 1, (
+            "seeds seed + i give distinct samples"
+        )
         assert out.text == out.outputs[0].text and out.token_ids == out.outputs[0].token_ids
     # completion i is the request with seed + i
     second = llm.generate("x = ", SamplingParams(temperature=1.0, seed=6, max_tokens=12))[0]
@@ -43,7 +54,10 @@ def test_best_of_keeps_the_most_likely(llm):
 
 
 def test_chat_uses_the_chat_template(llm):
-    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list."}]
+    messages = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Sort a list."},
+    ]
     params = SamplingParams(temperature=0, max_tokens=12)
     out = llm.chat(messages, params)[0]
     text = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -77,32 +91,68 @@ def test_server_structured_output_logprobs_penalties_best_of():
     from outpace.config import EngineConfig
     from outpace.server.app import build_app
 
-    config = EngineConfig(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_seqs=8,
-                          speculative=SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3))
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["n"]}
+    config = EngineConfig(
+        ZOO + "tinypy",
+        device=DEVICE,
+        dtype="float32",
+        num_kv_blocks=256,
+        max_num_seqs=8,
+        speculative=SpeculativeConfig("eagle3", ZOO + "tinypy-eagle3", num_steps=3),
+    )
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+    }
     with TestClient(build_app(config, log_interval=1e9)) as http:
-        r = http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "a number"}], "max_tokens": 20, "temperature": 0.7, "seed": 1,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
-            "logprobs": True, "top_logprobs": 2, "frequency_penalty": 0.5, "logit_bias": {"272": -3}})
+        r = http.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "a number"}],
+                "max_tokens": 20,
+                "temperature": 0.7,
+                "seed": 1,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": schema},
+                },
+                "logprobs": True,
+                "top_logprobs": 2,
+                "frequency_penalty": 0.5,
+                "logit_bias": {"272": -3},
+            },
+        )
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         assert 0 <= json.loads(choice["message"]["content"])["n"] <= 9
         content = choice["logprobs"]["content"]
         assert len(content) == r.json()["usage"]["completion_tokens"]
         assert all(len(c["top_logprobs"]) == 2 and c["logprob"] <= 0 for c in content)
-        r = http.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 6, "temperature": 1.0, "seed": 3,
-                                               "n": 2, "best_of": 3, "logprobs": 1, "repetition_penalty": 1.2})
+        r = http.post(
+            "/v1/completions",
+            json={
+                "prompt": "def f(x):",
+                "max_tokens": 6,
+                "temperature": 1.0,
+                "seed": 3,
+                "n": 2,
+                "best_of": 3,
+                "logprobs": 1,
+                "repetition_penalty": 1.2,
+            },
+        )
         assert r.status_code == 200, r.text
         choices = r.json()["choices"]
         assert len(choices) == 2 and [c["index"] for c in choices] == [0, 1]
         sums = [sum(c["logprobs"]["token_logprobs"]) for c in choices]
-        assert sums[0] >= sums[1] and all(len(c["logprobs"]["tokens"]) == len(c["logprobs"]["top_logprobs"])
-                                          for c in choices)
-        for body, param in (({"response_format": {"type": "yaml"}}, "response_format"),
-                            ({"logprobs": 21}, "logprobs"),
-                            ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json"),
-                            ({"logit_bias": {"x": 1}}, "logit_bias")):
+        assert sums[0] >= sums[1] and all(
+            len(c["logprobs"]["tokens"]) == len(c["logprobs"]["top_logprobs"]) for c in choices
+        )
+        for body, param in (
+            ({"response_format": {"type": "yaml"}}, "response_format"),
+            ({"logprobs": 21}, "logprobs"),
+            ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json"),
+            ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ):
             r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, **body})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)

@@ -1,25 +1,37 @@
 """logprobs, top_logprobs and prompt_logprobs: the target's raw log-probabilities of the committed
 tokens, equal (1e-4, fp32) with and without speculation for every drafter, and equal to what the
 target gives the same tokens as a prompt."""
+
 import math
 
 import pytest
 import torch
 
+from helpers.zoo_drafters import TEST_DEVICE as DEVICE
+from helpers.zoo_drafters import zoo_drafters
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.validation import ConfigError
-from helpers.zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters
 
 ZOO = "zoo/"
 DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
-PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def push(self, x):\n", "import os\n\nfor name in "]
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "class Stack:\n    def push(self, x):\n",
+    "import os\n\nfor name in ",
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3)
 
 
 def _llm(spec: SpeculativeConfig | None = None) -> LLM:
-    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_seqs=8,
-               speculative=spec or SpeculativeConfig())
+    return LLM(
+        ZOO + "tinypy",
+        device=DEVICE,
+        dtype="float32",
+        num_kv_blocks=256,
+        max_num_seqs=8,
+        speculative=spec or SpeculativeConfig(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +43,11 @@ def plain():
 def assert_same_logprobs(got, want, tol=1e-4):
     assert len(got) == len(want)
     for position, (g, w) in enumerate(zip(got, want)):
-        assert list(g) == list(w), (position, g, w)  # the chosen token and the same top tokens, in order
+        assert list(g) == list(w), (
+            position,
+            g,
+            w,
+        )  # the chosen token and the same top tokens, in order
         for token in w:
             assert abs(g[token].logprob - w[token].logprob) < tol, (position, token)
             assert g[token].rank == w[token].rank, (position, token)
@@ -46,7 +62,9 @@ def test_greedy_logprobs_equal_with_and_without_speculation(plain, drafter):
         assert out.token_ids == ref.token_ids
         assert_same_logprobs(out.logprobs, ref.logprobs)
         assert abs(out.cumulative_logprob - ref.cumulative_logprob) < 1e-3
-        for token, entry in zip(out.token_ids, out.logprobs):  # greedy: the chosen token is the most likely
+        for token, entry in zip(
+            out.token_ids, out.logprobs
+        ):  # greedy: the chosen token is the most likely
             assert next(iter(entry)) == token and entry[token].rank == 1
 
 
@@ -56,22 +74,37 @@ def test_sampled_logprobs_are_the_targets(plain, drafter):
     (prompt_logprobs of prompt + output, through a plain engine), with penalties and a filter on:
     raw log-probabilities do not depend on them."""
     llm, _ = plain
-    params = SamplingParams(temperature=0.9, top_k=40, seed=7, max_tokens=20, ignore_eos=True, logprobs=2,
-                            repetition_penalty=1.2)
+    params = SamplingParams(
+        temperature=0.9,
+        top_k=40,
+        seed=7,
+        max_tokens=20,
+        ignore_eos=True,
+        logprobs=2,
+        repetition_penalty=1.2,
+    )
     outs = _llm(DRAFTERS[drafter]).generate(PROMPTS, params)
     for out in outs:
         ids = out.prompt_token_ids + out.token_ids
         ref = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))[0]
         assert ref.prompt_logprobs[0] is None and len(ref.prompt_logprobs) == len(ids)
-        assert_same_logprobs(out.logprobs, ref.prompt_logprobs[len(out.prompt_token_ids):])
+        assert_same_logprobs(out.logprobs, ref.prompt_logprobs[len(out.prompt_token_ids) :])
 
 
 def test_prompt_logprobs_chunked_equal_whole():
     """Prompt log-probabilities recorded chunk by chunk (a prompt longer than the token budget) equal
     those of one prefill, and the first prompt token has none."""
-    whole = _llm().generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4))[0]
-    chunked = LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=256, max_num_batched_tokens=5,
-                  block_size=4).generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4))[0]
+    whole = _llm().generate(
+        PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4)
+    )[0]
+    chunked = LLM(
+        ZOO + "tinypy",
+        device=DEVICE,
+        dtype="float32",
+        num_kv_blocks=256,
+        max_num_batched_tokens=5,
+        block_size=4,
+    ).generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4))[0]
     assert whole.prompt_logprobs[0] is None and chunked.prompt_logprobs[0] is None
     assert len(whole.prompt_logprobs) == len(whole.prompt_token_ids)
     assert_same_logprobs(chunked.prompt_logprobs[1:], whole.prompt_logprobs[1:])

@@ -5,27 +5,46 @@ output is the same with and without speculation, for every drafter."""
 import pytest
 import torch
 
+from helpers.zoo_drafters import TEST_DEVICE as DEVICE
+from helpers.zoo_drafters import zoo_drafters
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
 from outpace.layers.logits_processing import Penalties, node_counts
 from outpace.speculative.tree import ancestor_mask
-from helpers.zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters
+from outpace.validation import ConfigError
 
 ZOO = "zoo/"
 DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
-PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def push(self, x):\n", "import os\n\nfor name in "]
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "class Stack:\n    def push(self, x):\n",
+    "import os\n\nfor name in ",
+]
 PENALIZED = [
     SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, repetition_penalty=1.4),
-    SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, frequency_penalty=0.8, presence_penalty=0.4,
-                   logit_bias={2355: -100.0}),
-    SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),  # none: shares the batch with the others
+    SamplingParams(
+        temperature=0,
+        max_tokens=32,
+        ignore_eos=True,
+        frequency_penalty=0.8,
+        presence_penalty=0.4,
+        logit_bias={2355: -100.0},
+    ),
+    SamplingParams(
+        temperature=0, max_tokens=32, ignore_eos=True
+    ),  # none: shares the batch with the others
 ]
 
 
 def _llm(spec: SpeculativeConfig | None = None, **kwargs) -> LLM:
     kwargs = {"num_kv_blocks": 256, "max_num_seqs": 8, **kwargs}
-    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", speculative=spec or SpeculativeConfig(), **kwargs)
+    return LLM(
+        ZOO + "tinypy",
+        device=DEVICE,
+        dtype="float32",
+        speculative=spec or SpeculativeConfig(),
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +76,26 @@ def test_penalties_with_chunked_prefill_and_preemption(plain):
 
 def test_penalties_match_vllms_formulas():
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 3, 10, generator=g) * 3                                 # [b, n, V]
-    counts = torch.tensor([[0, 2, 0, 1, 0, 0, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]], dtype=torch.int32)
+    logits = torch.randn(2, 3, 10, generator=g) * 3  # [b, n, V]
+    counts = torch.tensor(
+        [[0, 2, 0, 1, 0, 0, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0, 0, 0, 0, 1]], dtype=torch.int32
+    )
     prompt = torch.zeros(2, 10, dtype=torch.bool)
     prompt[0, 5] = prompt[1, 2] = True
     bias = torch.zeros(2, 10)
     bias[1, 4] = 2.5
-    pen = Penalties(torch.tensor([1.5, 0.7]), torch.tensor([0.3, -0.2]), torch.tensor([0.5, 1.0]), bias, prompt, counts)
+    pen = Penalties(
+        torch.tensor([1.5, 0.7]),
+        torch.tensor([0.3, -0.2]),
+        torch.tensor([0.5, 1.0]),
+        bias,
+        prompt,
+        counts,
+    )
     got = pen.apply(logits)
-    for s in range(2):  # vLLM: bias, then repetition on prompt | output, then frequency, then presence
+    for s in range(
+        2
+    ):  # vLLM: bias, then repetition on prompt | output, then frequency, then presence
         x = logits[s] + bias[s]
         seen = prompt[s] | (counts[s] > 0)
         r = pen.repetition[s]
@@ -75,7 +105,7 @@ def test_penalties_match_vllms_formulas():
 
 
 def test_node_counts_count_each_nodes_path():
-    parents = torch.tensor([[-1, 0, 0, 1, 3]])                                      # 0 -> 1 -> 3 -> 4, 0 -> 2
+    parents = torch.tensor([[-1, 0, 0, 1, 3]])  # 0 -> 1 -> 3 -> 4, 0 -> 2
     tokens = torch.tensor([[7, 1, 2, 7, 1]])
     counts = torch.zeros(1, 8, dtype=torch.int32)
     counts[0, 7] = 1
@@ -89,11 +119,18 @@ def test_node_counts_count_each_nodes_path():
 
 
 def test_bad_penalties_are_refused_by_name():
-    for field, value in (("repetition_penalty", 0.0), ("frequency_penalty", 2.5), ("presence_penalty", float("nan")),
-                         ("logit_bias", {"3": 1.0}), ("logit_bias", {3: float("inf")})):
+    for field, value in (
+        ("repetition_penalty", 0.0),
+        ("frequency_penalty", 2.5),
+        ("presence_penalty", float("nan")),
+        ("logit_bias", {"3": 1.0}),
+        ("logit_bias", {3: float("inf")}),
+    ):
         with pytest.raises(ConfigError, match=f"SamplingParams.{field}="):
             SamplingParams(**{field: value})
     llm = _llm()
-    with pytest.raises(ValueError, match=r"logit_bias token ids \[5000\] are outside the vocabulary"):
+    with pytest.raises(
+        ValueError, match=r"logit_bias token ids \[5000\] are outside the vocabulary"
+    ):
         llm.generate("x", SamplingParams(logit_bias={5000: 1.0}))
     assert not llm.engine.has_unfinished_requests

@@ -2,6 +2,7 @@
 (engine/prefill_graphs.py).
 On the CPU a replay runs the padded forward eagerly over the same static buffers, so the bucket choice,
 the padding and everything read from the outputs are checked here; the GPU tests check the graphs."""
+
 import json
 from pathlib import Path
 
@@ -12,15 +13,21 @@ from outpace.config import SpeculativeConfig
 from outpace.engine.prefill_graphs import prefill_buckets
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
-SPECS = pytest.mark.parametrize("spec", [
-    None,
-    SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4),
-    SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, topk=2, num_draft_tokens=6),
-    SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
-    SpeculativeConfig("mtp", num_steps=3),
-    SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
-    SpeculativeConfig("ngram", num_steps=4),
-], ids=["plain", "eagle3", "eagle3-tree", "dflash", "mtp", "draft", "ngram"])
+SPECS = pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=4),
+        SpeculativeConfig(
+            "eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, topk=2, num_draft_tokens=6
+        ),
+        SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
+        SpeculativeConfig("mtp", num_steps=3),
+        SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),
+        SpeculativeConfig("ngram", num_steps=4),
+    ],
+    ids=["plain", "eagle3", "eagle3-tree", "dflash", "mtp", "draft", "ngram"],
+)
 # 32 tokens a step: a 40-token prompt is prefilled as a 32-token chunk, then an 8-token one (bucket 16)
 ENGINE = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=32)
 
@@ -55,22 +62,33 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
     (with prefix caching, only its uncached suffix): every prefill step replays a bucket, and the tokens,
     acceptance and prompt log-probabilities equal those of an engine that runs every prefill eagerly."""
     spec = spec or SpeculativeConfig()
-    eager, graphed = LLM(str(ZOO / "tinypy"), speculative=spec, **ENGINE), LLM(str(ZOO / "tinypy"), speculative=spec,
-                                                                              **ENGINE)
+    eager, graphed = (
+        LLM(str(ZOO / "tinypy"), speculative=spec, **ENGINE),
+        LLM(str(ZOO / "tinypy"), speculative=spec, **ENGINE),
+    )
     graphed.engine.capture_graphs()
     replays = _counting_replays(graphed)
     tok = graphed.tokenizer
     prompts = [tok.encode(p)[-40:] for p in _prompts()]
-    params = SamplingParams(temperature=temperature, max_tokens=16, seed=5, ignore_eos=True, prompt_logprobs=1)
+    params = SamplingParams(
+        temperature=temperature, max_tokens=16, seed=5, ignore_eos=True, prompt_logprobs=1
+    )
     for prompt in prompts + prompts[:1]:
         want, got = eager.generate([prompt], params)[0], graphed.generate([prompt], params)[0]
         assert got.token_ids == want.token_ids
         if spec.enabled:
             assert got.spec_metrics.accepted_per_position == want.spec_metrics.accepted_per_position
-        assert [list(row) for row in got.prompt_logprobs[1:]] == [list(row) for row in want.prompt_logprobs[1:]]
-        assert [e.logprob for row in got.prompt_logprobs[1:] for e in row.values()] == pytest.approx(
-            [e.logprob for row in want.prompt_logprobs[1:] for e in row.values()], abs=1e-4)
-    assert replays[:6] == [(1, 32), (1, 16)] * 3  # the rest: the repeated prompt's suffix (a cache hit, when on)
+        assert [list(row) for row in got.prompt_logprobs[1:]] == [
+            list(row) for row in want.prompt_logprobs[1:]
+        ]
+        assert [
+            e.logprob for row in got.prompt_logprobs[1:] for e in row.values()
+        ] == pytest.approx(
+            [e.logprob for row in want.prompt_logprobs[1:] for e in row.values()], abs=1e-4
+        )
+    assert (
+        replays[:6] == [(1, 32), (1, 16)] * 3
+    )  # the rest: the repeated prompt's suffix (a cache hit, when on)
     assert replays[6:] in ([(1, 16)], [(1, 32), (1, 16)])
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
@@ -86,19 +104,34 @@ def test_several_chunks_replay_one_key_and_change_no_token(spec):
     eager, graphed = LLM(str(ZOO / "tinypy"), **kw), LLM(str(ZOO / "tinypy"), **kw)
     graphed.engine.capture_graphs()
     replays = _counting_replays(graphed)
-    prompts = [graphed.tokenizer.encode(p)[-40:] for p in
-               json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:6]]
-    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True, prompt_logprobs=1 if i % 2 else None)
-              for i in range(6)]
+    prompts = [
+        graphed.tokenizer.encode(p)[-40:]
+        for p in json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:6]
+    ]
+    params = [
+        SamplingParams(
+            temperature=0,
+            max_tokens=8 + 5 * i,
+            ignore_eos=True,
+            prompt_logprobs=1 if i % 2 else None,
+        )
+        for i in range(6)
+    ]
     want, got = eager.generate(prompts, params), graphed.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    for a, b in zip(got[1::2], want[1::2]):  # each chunk's rows read back in order from the padded forward
-        assert [list(row) for row in a.prompt_logprobs[1:]] == [list(row) for row in b.prompt_logprobs[1:]]
+    for a, b in zip(
+        got[1::2], want[1::2]
+    ):  # each chunk's rows read back in order from the padded forward
+        assert [list(row) for row in a.prompt_logprobs[1:]] == [
+            list(row) for row in b.prompt_logprobs[1:]
+        ]
         assert [e.logprob for row in a.prompt_logprobs[1:] for e in row.values()] == pytest.approx(
-            [e.logprob for row in b.prompt_logprobs[1:] for e in row.values()], abs=1e-4)
+            [e.logprob for row in b.prompt_logprobs[1:] for e in row.values()], abs=1e-4
+        )
     if spec.enabled:
         assert [o.spec_metrics.accepted_per_position for o in got] == [
-            o.spec_metrics.accepted_per_position for o in want]
+            o.spec_metrics.accepted_per_position for o in want
+        ]
     assert replays[0] == (4, 64) and len(replays) >= 2  # the first wave, then the joins
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
@@ -111,13 +144,19 @@ def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_ea
     assert graphs.buckets == (16, 32, 64, 128, 256, 512)
     assert graphs.bucket([1], [0]) == (1, 16) and graphs.bucket([100], [40]) == (1, 128)
     assert graphs.bucket([513], [0]) is None
-    assert graphs.bucket([3, 40, 9], [0, 5, 0]) == (4, 64) and graphs.bucket([3] * 8, [0] * 8) == (8, 16)
-    assert graphs.bucket([3] * 9, [0] * 9) is None            # more chunks than a key holds
-    assert graphs.bucket([200, 100, 10], [0] * 3) is None      # 4 chunks of 256 tokens: past 512
+    assert graphs.bucket([3, 40, 9], [0, 5, 0]) == (4, 64) and graphs.bucket([3] * 8, [0] * 8) == (
+        8,
+        16,
+    )
+    assert graphs.bucket([3] * 9, [0] * 9) is None  # more chunks than a key holds
+    assert graphs.bucket([200, 100, 10], [0] * 3) is None  # 4 chunks of 256 tokens: past 512
     assert graphs.bucket([10], [graphs.max_rows - 16]) == (1, 16)
     assert graphs.bucket([10, 10], [0, graphs.max_rows - 15]) is None
     replays = _counting_replays(llm)
-    prompts = [llm.tokenizer.encode(p)[-40:] for p in json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:9]]
+    prompts = [
+        llm.tokenizer.encode(p)[-40:]
+        for p in json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:9]
+    ]
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))  # one step prefills all nine
     assert replays == []
 
@@ -134,8 +173,14 @@ def test_mla_buckets_stop_below_the_expanded_form():
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for prompt in _prompts():
         ids = graphed.tokenizer.encode(prompt)[-30:]
-        for chunk in (ids[:12], ids):  # 12 tokens (replayed), then 30 (eager, or after a cached block replayed)
-            assert graphed.generate([chunk], params)[0].token_ids == eager.generate([chunk], params)[0].token_ids
+        for chunk in (
+            ids[:12],
+            ids,
+        ):  # 12 tokens (replayed), then 30 (eager, or after a cached block replayed)
+            assert (
+                graphed.generate([chunk], params)[0].token_ids
+                == eager.generate([chunk], params)[0].token_ids
+            )
     assert len(replays) >= 3 and set(replays) == {(1, 16)}
 
 

@@ -1,6 +1,7 @@
 """One request's failure is that request's alone (issue 42): whatever goes wrong while scheduling or running
 one request ends it with an error (finish_reason "error", ``RequestOutput.error``), and every other request,
 the KV blocks, the request rows and the engine go on as if it had never come."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,13 @@ from outpace.config import EngineConfig, SpeculativeConfig
 from outpace.server.app import build_app
 
 ZOO = str(Path(__file__).resolve().parents[2] / "zoo" / "tinypy")
-PROMPTS = ["def fibonacci(n):", "class Stack:", "import os\n", "def quicksort(xs):", "for i in range(10):"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:",
+    "import os\n",
+    "def quicksort(xs):",
+    "for i in range(10):",
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
@@ -42,8 +49,10 @@ def _poison(monkeypatch, owner, name: str, prompt_ids: list[int], after_tokens: 
             items = arg if isinstance(arg, list) else [arg]
             for item in items:
                 req = getattr(item, "request", item)
-                if (getattr(req, "prompt_token_ids", None) == prompt_ids
-                        and req.num_output_tokens >= after_tokens):
+                if (
+                    getattr(req, "prompt_token_ids", None) == prompt_ids
+                    and req.num_output_tokens >= after_tokens
+                ):
                     raise RuntimeError("injected failure")
         return real(*args, **kwargs)
 
@@ -57,7 +66,9 @@ def _assert_clean(llm):
     assert not engine.has_unfinished_requests
 
 
-@pytest.mark.parametrize("where, after", [("execute", 0), ("execute", 5), ("schedule", 0), ("append", 3)])
+@pytest.mark.parametrize(
+    "where, after", [("execute", 0), ("execute", 5), ("schedule", 0), ("append", 3)]
+)
 def test_a_failing_request_fails_alone(llm, expected, monkeypatch, where, after):
     """A failure injected into one request of a running batch (in its prefill or mid-decode, in the
     runner, while scheduling it, or while appending its tokens): it alone ends with an error, every other
@@ -115,8 +126,13 @@ def test_a_failing_request_fails_alone_through_the_server(expected, monkeypatch)
 
         async def ask_all():
             async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-                bodies = [{"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True} for p in PROMPTS]
-                return await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies))
+                bodies = [
+                    {"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+                    for p in PROMPTS
+                ]
+                return await asyncio.gather(
+                    *(client.post("/v1/completions", json=b) for b in bodies)
+                )
 
         answers = asyncio.run(ask_all())
         assert answers[2].status_code == 500 and "injected failure" in answers[2].text
@@ -127,7 +143,10 @@ def test_a_failing_request_fails_alone_through_the_server(expected, monkeypatch)
                 text = answer.json()["choices"][0]["text"]
                 assert text == tokenizer.decode(expected[i], skip_special_tokens=True), i
         health = httpx.get(url + "/health", timeout=10).json()
-        assert health["num_requests_unfinished"] == 0 and health["kv_blocks_free"] == health["kv_blocks_total"]
+        assert (
+            health["num_requests_unfinished"] == 0
+            and health["kv_blocks_free"] == health["kv_blocks_total"]
+        )
     finally:
         server.should_exit = True
         thread.join(timeout=60)

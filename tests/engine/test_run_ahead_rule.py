@@ -2,6 +2,7 @@
 batch surely ends by length with the current step, nor when every request may (a step run ahead would
 likely serve nobody); otherwise yes, with each request's table grown for the rows the step ahead needs, as
 long as the pool and the position limit allow."""
+
 from types import SimpleNamespace
 
 from outpace.cache.block_pool import BlockPool
@@ -9,7 +10,11 @@ from outpace.engine.run_ahead import reserve_rows
 
 
 def request(rid: str, output_tokens: int, max_tokens: int):
-    return SimpleNamespace(request_id=rid, num_output_tokens=output_tokens, params=SimpleNamespace(max_tokens=max_tokens))
+    return SimpleNamespace(
+        request_id=rid,
+        num_output_tokens=output_tokens,
+        params=SimpleNamespace(max_tokens=max_tokens),
+    )
 
 
 def test_a_step_runs_ahead_while_one_request_may_not_end():
@@ -21,19 +26,28 @@ def test_a_step_runs_ahead_while_one_request_may_not_end():
 
 def test_no_step_runs_ahead_when_every_request_may_end():
     pool = BlockPool(num_blocks=16, block_size=4)
-    assert not reserve_rows(pool, [request("a", 8, 12), request("b", 13, 17)], [20, 20], limit=64, committed=5)
+    assert not reserve_rows(
+        pool, [request("a", 8, 12), request("b", 13, 17)], [20, 20], limit=64, committed=5
+    )
     assert not reserve_rows(pool, [request("a", 10, 12)], [20], limit=64, committed=5)
     assert pool.num_free == 16 and not pool.table("a")
 
 
 def test_no_step_runs_ahead_when_a_request_surely_ends():
     pool = BlockPool(num_blocks=16, block_size=4)
-    assert not reserve_rows(pool, [request("a", 11, 12), request("b", 1, 100)], [20, 20], limit=64, committed=5)
+    assert not reserve_rows(
+        pool, [request("a", 11, 12), request("b", 1, 100)], [20, 20], limit=64, committed=5
+    )
 
 
 def test_no_step_runs_ahead_past_the_position_limit_or_the_free_blocks():
     pool = BlockPool(num_blocks=4, block_size=4)
     assert not reserve_rows(pool, [request("a", 1, 100)], [65], limit=64, committed=5)
-    assert not reserve_rows(pool, [request("a", 1, 100), request("b", 1, 100)], [12, 12], limit=64, committed=5)
+    assert not reserve_rows(
+        pool, [request("a", 1, 100), request("b", 1, 100)], [12, 12], limit=64, committed=5
+    )
     assert pool.num_free == 4  # nothing grown when refused
-    assert reserve_rows(pool, [request("a", 1, 100)], [16], limit=64, committed=5) and pool.num_free == 0
+    assert (
+        reserve_rows(pool, [request("a", 1, 100)], [16], limit=64, committed=5)
+        and pool.num_free == 0
+    )

@@ -5,6 +5,7 @@ engine equals transformers' greedy generate, with whole and chunked prefill, on 
 backends; speculative decoding (n-gram chains, a standalone draft, oracle trees) verifies across the
 window edge and stays lossless. Logit parity over a long prompt is tests/models/test_parity.py's, which
 runs these variants too."""
+
 import pytest
 import torch
 
@@ -16,7 +17,11 @@ from outpace.registry import PROPOSERS
 
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 # The Triton backend's kernels: interpreted on the CPU, compiled (float32) where there is a GPU.
-TRITON = dict(attention_backend="triton", device="cuda" if torch.cuda.is_available() else "cpu", dtype="float32")
+TRITON = dict(
+    attention_backend="triton",
+    device="cuda" if torch.cuda.is_available() else "cpu",
+    dtype="float32",
+)
 WINDOWED = ["mistral-window", "qwen2-window", "qwen3-window"]
 # Repeats, so that n-gram lookup finds drafts.
 PROMPT = [3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5]
@@ -24,13 +29,20 @@ PROMPT = [3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5]
 
 def transformers_greedy(hf, prompt, n):
     with torch.no_grad():
-        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        return hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
 
 
 def generate(path, n, **engine):
     out = LLM(str(path), block_size=4, num_kv_blocks=64, **engine).generate(
-        [PROMPT], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]
+        [PROMPT], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    )[0]
     return out.token_ids
 
 
@@ -38,8 +50,11 @@ def generate(path, n, **engine):
 def test_the_window_changes_transformers_output(variant, hf_checkpoints):
     """The window matters in these checkpoints: transformers without it (same weights) predicts otherwise."""
     hf, _ = hf_checkpoints(variant)
-    no_window = {"mistral-window": {"sliding_window": None}, "qwen2-window": {"use_sliding_window": False},
-                 "qwen3-window": {"use_sliding_window": False, "layer_types": None}}
+    no_window = {
+        "mistral-window": {"sliding_window": None},
+        "qwen2-window": {"use_sliding_window": False},
+        "qwen3-window": {"use_sliding_window": False, "layer_types": None},
+    }
     full = make_hf_model(variant, **no_window[variant])
     ids = torch.tensor([PROMPT * 3])
     with torch.no_grad():
@@ -52,7 +67,9 @@ def test_the_window_changes_transformers_output(variant, hf_checkpoints):
 def test_greedy_matches_transformers_torch_backend(variant, chunked, hf_checkpoints):
     hf, path = hf_checkpoints(variant)
     engine = {"max_num_batched_tokens": 5} if chunked else {}
-    assert generate(path, 24, attention_backend="torch", **engine) == transformers_greedy(hf, PROMPT, 24)
+    assert generate(path, 24, attention_backend="torch", **engine) == transformers_greedy(
+        hf, PROMPT, 24
+    )
 
 
 @pytest.mark.parametrize("variant", ["mistral-window", "qwen2-window"])
@@ -67,7 +84,9 @@ SPECS = {
     "ngram": lambda path: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
     "draft": lambda path: SpeculativeConfig("draft", str(path), num_steps=3),
     # 7 tree rows: within the 8-row window (the metadata refuses a wider tree mask)
-    "tree": lambda path: SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=7),
+    "tree": lambda path: SpeculativeConfig(
+        "oracle", "unused", num_steps=3, topk=2, num_draft_tokens=7
+    ),
 }
 
 
@@ -80,7 +99,13 @@ def test_speculation_across_the_window_is_lossless(variant, method, hf_checkpoin
     expected = transformers_greedy(hf, PROMPT, 24)
     monkeypatch.setattr(OracleProposer, "references", {tuple(PROMPT): expected})
     monkeypatch.setattr(OracleProposer, "corruption", 0.3)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=10, speculative=SPECS[method](path))
+    llm = LLM(
+        str(path),
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=10,
+        speculative=SPECS[method](path),
+    )
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
     assert out.token_ids == expected
     assert out.spec_metrics.num_accepted_drafts > 0

@@ -2,6 +2,7 @@
 accepts; drafts are masked by the target's grammar-constrained distribution (a draft leaving the
 grammar is rejected at that position), the grammar state rolls back with rejected drafts, and nothing
 is committed past the grammar's end."""
+
 import json
 import os
 import re
@@ -11,32 +12,51 @@ import torch
 
 pytest.importorskip("xgrammar")
 
+from helpers.zoo_drafters import TEST_DEVICE as DEVICE  # noqa: E402
+from helpers.zoo_drafters import zoo_drafters
 from outpace import LLM, SamplingParams  # noqa: E402
 from outpace.config import SpeculativeConfig  # noqa: E402
-from outpace.sampling_params import StructuredOutputsParams  # noqa: E402
-from outpace.validation import ConfigError  # noqa: E402
 from outpace.layers.logits_processing import apply_token_bitmask  # noqa: E402
+from outpace.sampling_params import StructuredOutputsParams  # noqa: E402
 from outpace.speculative.verify import verify_greedy_chain  # noqa: E402
 from outpace.structured import GrammarCompiler  # noqa: E402
-from helpers.zoo_drafters import TEST_DEVICE as DEVICE, zoo_drafters  # noqa: E402
+from outpace.validation import ConfigError  # noqa: E402
 
 ZOO = "zoo/"
 DRAFTERS = {"none": SpeculativeConfig(), **zoo_drafters(chain_steps=4, tree=(3, 2, 6))}
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"]},
-    {"type": "object", "properties": {"ok": {"type": "boolean"},
-                                      "tag": {"enum": ["def", "class", "import"]}},
-     "required": ["ok", "tag"]},
-    {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer", "minimum": 0,
-                                                                          "maximum": 99},
-                                              "minItems": 1, "maxItems": 3}},
-     "required": ["ids"]},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+    },
+    {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["def", "class", "import"]}},
+        "required": ["ok", "tag"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "ids": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0, "maximum": 99},
+                "minItems": 1,
+                "maxItems": 3,
+            }
+        },
+        "required": ["ids"],
+    },
 ]
 # A prompt per schema shows an example, as a user would (the n-gram drafter proposes from it).
-PROMPTS = ['people = [{"name": "ann", "age": 31}]\nperson = ', 'flags = {"ok": true, "tag": "def"}\nflags = ',
-           'batch = {"ids": [4, 17]}\nbatch = ']
+PROMPTS = [
+    'people = [{"name": "ann", "age": 31}]\nperson = ',
+    'flags = {"ok": true, "tag": "def"}\nflags = ',
+    'batch = {"ids": [4, 17]}\nbatch = ',
+]
 # 30 requests per drafter: 210 in all; OUTPACE_STRUCTURED_REQUESTS=200 runs 200 per drafter.
 PER_DRAFTER = int(os.environ.get("OUTPACE_STRUCTURED_REQUESTS", "30"))
 
@@ -53,7 +73,9 @@ def validate(value, schema) -> None:
         for key, item in value.items():
             validate(item, schema["properties"][key])
     elif kind == "array":
-        assert isinstance(value, list) and schema["minItems"] <= len(value) <= schema["maxItems"], value
+        assert isinstance(value, list) and schema["minItems"] <= len(value) <= schema["maxItems"], (
+            value
+        )
         for item in value:
             validate(item, schema["items"])
     elif kind == "string":
@@ -66,24 +88,41 @@ def validate(value, schema) -> None:
 
 
 def _llm(drafter: str, **kwargs) -> LLM:
-    return LLM(ZOO + "tinypy", device=DEVICE, dtype="float32", num_kv_blocks=512, max_num_seqs=32,
-               speculative=DRAFTERS[drafter], **kwargs)
+    return LLM(
+        ZOO + "tinypy",
+        device=DEVICE,
+        dtype="float32",
+        num_kv_blocks=512,
+        max_num_seqs=32,
+        speculative=DRAFTERS[drafter],
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_sampled_json_schemas_parse_and_validate(drafter):
     llm = _llm(drafter)
-    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=64,
-                             structured_outputs=StructuredOutputsParams(json=SCHEMAS[i % len(SCHEMAS)]))
-              for i in range(PER_DRAFTER)]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=i,
+            max_tokens=64,
+            structured_outputs=StructuredOutputsParams(json=SCHEMAS[i % len(SCHEMAS)]),
+        )
+        for i in range(PER_DRAFTER)
+    ]
     outs = llm.generate([PROMPTS[i % len(PROMPTS)] for i in range(PER_DRAFTER)], params)
     for i, out in enumerate(outs):
         assert out.finish_reason == "stop", (i, out.text)
-        assert out.token_ids[-1] in llm.engine.eos_token_ids  # the grammar's end, and nothing after it
+        assert (
+            out.token_ids[-1] in llm.engine.eos_token_ids
+        )  # the grammar's end, and nothing after it
         validate(json.loads(out.text), SCHEMAS[i % len(SCHEMAS)])
     if drafter != "none":
         accepted = sum(o.spec_metrics.num_accepted_drafts for o in outs)
-        assert accepted > len(outs), f"{drafter}: {accepted} drafts accepted in {len(outs)} requests"
+        assert accepted > len(outs), (
+            f"{drafter}: {accepted} drafts accepted in {len(outs)} requests"
+        )
     assert llm.engine.pool.num_free == 512
 
 
@@ -91,10 +130,14 @@ def test_sampled_json_schemas_parse_and_validate(drafter):
 def test_greedy_constrained_output_equals_plain(drafter):
     """Greedy constrained decoding is lossless too: the same text with and without speculation, for a
     regex, a choice, an EBNF grammar and json_object."""
-    specs = [StructuredOutputsParams(regex=r"(0|[1-9][0-9]{0,3})\.[0-9]{2}"),
-             StructuredOutputsParams(choice=["return None", "return x + 1", "pass"]),
-             StructuredOutputsParams(grammar='root ::= "x = " num ("," num)? ("," num)?\nnum ::= [0-9] | [1-9] [0-9]'),
-             StructuredOutputsParams(json_object=True)]
+    specs = [
+        StructuredOutputsParams(regex=r"(0|[1-9][0-9]{0,3})\.[0-9]{2}"),
+        StructuredOutputsParams(choice=["return None", "return x + 1", "pass"]),
+        StructuredOutputsParams(
+            grammar='root ::= "x = " num ("," num)? ("," num)?\nnum ::= [0-9] | [1-9] [0-9]'
+        ),
+        StructuredOutputsParams(json_object=True),
+    ]
     params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=s) for s in specs]
     prompts = ["price = ", "def f(x):\n    ", "x = [", "d = "]
     plain = [o.text for o in _llm("none").generate(prompts, params)]
@@ -120,7 +163,9 @@ def test_draft_leaving_the_grammar_is_rejected_there_and_state_rolls_back():
     grammar.fill_tree([a, b, x, c], [-1, 0, 1, 2], masks)
     after = torch.zeros(1, 128, dtype=torch.int32)
     grammar.fill_tree([a], [-1], after)
-    assert torch.equal(before, after) and torch.equal(before[0], masks[0]), "drafts must be rolled back"
+    assert torch.equal(before, after) and torch.equal(before[0], masks[0]), (
+        "drafts must be rolled back"
+    )
     logits = torch.full((1, 4, 4096), -5.0)
     for pos, tok_id in enumerate([b, x, c, a]):  # the raw target agrees with every draft
         logits[0, pos, tok_id] = 5.0
@@ -140,11 +185,17 @@ def test_draft_leaving_the_grammar_is_rejected_there_and_state_rolls_back():
 def test_bad_constraints_are_refused_by_name():
     llm = _llm("none")
     with pytest.raises(ValueError, match="structured_outputs.json does not compile"):
-        llm.generate("x = ", SamplingParams(structured_outputs=StructuredOutputsParams(json='{"type": 5}')))
+        llm.generate(
+            "x = ", SamplingParams(structured_outputs=StructuredOutputsParams(json='{"type": 5}'))
+        )
     with pytest.raises(ValueError, match="structured_outputs.grammar does not compile"):
-        llm.generate("x = ", SamplingParams(structured_outputs=StructuredOutputsParams(grammar="root ::= (")))
+        llm.generate(
+            "x = ", SamplingParams(structured_outputs=StructuredOutputsParams(grammar="root ::= ("))
+        )
     assert not llm.engine.has_unfinished_requests
     with pytest.raises(ConfigError, match="exactly one of"):
         StructuredOutputsParams(regex="a", choice=["b"])
     with pytest.raises(ConfigError, match="SamplingParams.ignore_eos"):
-        SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(json_object=True))
+        SamplingParams(
+            ignore_eos=True, structured_outputs=StructuredOutputsParams(json_object=True)
+        )

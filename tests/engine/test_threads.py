@@ -1,12 +1,19 @@
 """The CPU thread choice (outpace/threads.py): from the affinity mask and the cgroup quota; an
 explicit user setting is kept."""
+
 import os
 
 import pytest
 import torch
 
 from outpace import threads
-from outpace.threads import PARAMS_PER_THREAD, available_cpus, cgroup_cpu_limit, choose_num_threads, configure_threads
+from outpace.threads import (
+    PARAMS_PER_THREAD,
+    available_cpus,
+    cgroup_cpu_limit,
+    choose_num_threads,
+    configure_threads,
+)
 
 
 @pytest.fixture
@@ -25,7 +32,7 @@ def _cpu_max(tmp_path, text: str) -> str:
 def test_cgroup_quota(tmp_path):
     assert cgroup_cpu_limit(_cpu_max(tmp_path, "max 100000\n")) is None
     assert cgroup_cpu_limit(_cpu_max(tmp_path, "200000 100000\n")) == 2
-    assert cgroup_cpu_limit(_cpu_max(tmp_path, "150000 100000\n")) == 2   # 1.5 CPUs: rounded up
+    assert cgroup_cpu_limit(_cpu_max(tmp_path, "150000 100000\n")) == 2  # 1.5 CPUs: rounded up
     assert cgroup_cpu_limit(_cpu_max(tmp_path, "5000 100000\n")) == 1
     assert cgroup_cpu_limit(str(tmp_path / "absent")) is None
 
@@ -40,7 +47,7 @@ def test_available_cpus_is_affinity_capped_by_quota(tmp_path, monkeypatch):
 
 
 def test_thread_count_grows_with_the_model_up_to_the_cpus():
-    assert choose_num_threads(7_600_000, 16) == 1           # the zoo target: one thread
+    assert choose_num_threads(7_600_000, 16) == 1  # the zoo target: one thread
     assert choose_num_threads(0, 16) == 1
     assert choose_num_threads(4 * PARAMS_PER_THREAD, 16) == 4
     assert choose_num_threads(100 * PARAMS_PER_THREAD, 16) == 16

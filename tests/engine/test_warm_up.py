@@ -1,6 +1,7 @@
 """The start-up warm-up (engine/warm_up.py): the prefill chunks it runs, and an engine it leaves as it
 found it (blocks, indices, drafter and recurrent state), so later requests get the tokens a fresh engine
 gives. On the GPU the engine runs it at start-up; here it is called on CPU engines."""
+
 import json
 from pathlib import Path
 
@@ -11,14 +12,22 @@ from outpace.config import SpeculativeConfig
 from outpace.engine.warm_up import LONGEST_WARM_QUERY, warm_up_prefills
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
-ENGINE = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=96, block_size=16)
+ENGINE = dict(
+    device="cpu", max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=96, block_size=16
+)
 
 
 def _engine(target: str, draft: str) -> LLM:
-    return LLM(str(ZOO / target), speculative=SpeculativeConfig("eagle3", str(ZOO / draft), num_steps=3), **ENGINE)
+    return LLM(
+        str(ZOO / target),
+        speculative=SpeculativeConfig("eagle3", str(ZOO / draft), num_steps=3),
+        **ENGINE,
+    )
 
 
-@pytest.mark.parametrize("target,draft", [("tinypy", "tinypy-eagle3"), ("tinyqwen35", "tinyqwen35-eagle3")])
+@pytest.mark.parametrize(
+    "target,draft", [("tinypy", "tinypy-eagle3"), ("tinyqwen35", "tinyqwen35-eagle3")]
+)
 def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     warmed, fresh = _engine(target, draft), _engine(target, draft)
     engine = warmed.engine
@@ -42,23 +51,49 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     assert engine.pool.num_free == free_blocks and not engine.pool.held_by
     assert engine.runner.req_table.num_free == free_rows and not engine.runner.req_table.held_by
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:3]
-    for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                   SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=3)):
+    for params in (
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=3),
+    ):
         got, want = warmed.generate(prompts, params), fresh.generate(prompts, params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
-        assert [o.spec_metrics.num_accepted_drafts for o in got] == [o.spec_metrics.num_accepted_drafts for o in want]
+        assert [o.spec_metrics.num_accepted_drafts for o in got] == [
+            o.spec_metrics.num_accepted_drafts for o in want
+        ]
 
 
 def test_warm_up_stops_at_what_the_pool_and_context_hold():
-    llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=6,
-              block_size=16)
+    llm = LLM(
+        str(ZOO / "tinypy"),
+        device="cpu",
+        max_num_seqs=4,
+        max_num_batched_tokens=256,
+        num_kv_blocks=6,
+        block_size=16,
+    )
     steps, execute = [], llm.engine.runner.execute
-    llm.engine.runner.execute = lambda batch: steps.append([(s.num_reused_tokens, s.num_new_tokens)
-                                                            for s in batch]) or execute(batch)
+    llm.engine.runner.execute = lambda batch: (
+        steps.append([(s.num_reused_tokens, s.num_new_tokens) for s in batch]) or execute(batch)
+    )
     warm_up_prefills(llm.engine.runner, llm.engine.pool, 4, 256, max_len=70)
     # 6 blocks of 16 rows: a 64-row prefix before chunks of up to 5 tokens (within the context's 70 rows) and
     # up to six 16-token chunks at once; lengths end at 64 (128 > 70)
-    assert steps == [[(0, 1)], [(64, 1)], [(0, 1)] * 4, [(0, 2)], [(64, 2)], [(0, 2)] * 4, [(0, 4)], [(64, 4)],
-                     [(0, 4)] * 4, [(0, 8)], [(0, 8)] * 4, [(0, 16)], [(0, 16)] * 4, [(0, 32)], [(0, 32)] * 3,
-                     [(0, 64)]]
+    assert steps == [
+        [(0, 1)],
+        [(64, 1)],
+        [(0, 1)] * 4,
+        [(0, 2)],
+        [(64, 2)],
+        [(0, 2)] * 4,
+        [(0, 4)],
+        [(64, 4)],
+        [(0, 4)] * 4,
+        [(0, 8)],
+        [(0, 8)] * 4,
+        [(0, 16)],
+        [(0, 16)] * 4,
+        [(0, 32)],
+        [(0, 32)] * 3,
+        [(0, 64)],
+    ]
     assert llm.engine.pool.num_free == 6

@@ -1,5 +1,6 @@
 """GPU-only checks (skipped without CUDA): every zoo drafter stays lossless in fp32 on the GPU, with
 CUDA graphs and the Triton attention backend (the defaults on CUDA) and eagerly with the torch backend."""
+
 import json
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from outpace.config import SpeculativeConfig
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 SPECS = {
     "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5),
-    "eagle3-tree": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5, topk=4, num_draft_tokens=16),
+    "eagle3-tree": SpeculativeConfig(
+        "eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5, topk=4, num_draft_tokens=16
+    ),
     "mtp": SpeculativeConfig("mtp", num_steps=3),
     "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
     "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=5),
@@ -27,8 +30,14 @@ MODES = {"graphs-triton": {}, "eager-torch": {"cuda_graphs": False, "attention_b
 def test_zoo_drafters_lossless_fp32_on_gpu(method, mode):
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:8]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    kwargs = dict(device="cuda", dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128, max_num_seqs=8,
-                  **MODES[mode])
+    kwargs = dict(
+        device="cuda",
+        dtype="float32",
+        num_kv_blocks=64,
+        max_num_batched_tokens=128,
+        max_num_seqs=8,
+        **MODES[mode],
+    )
     expected = [o.token_ids for o in LLM(str(ZOO / "tinypy"), **kwargs).generate(prompts, params)]
     llm = LLM(str(ZOO / "tinypy"), speculative=SPECS[method], **kwargs)
     outs = llm.generate(prompts, params)
@@ -41,7 +50,9 @@ def test_graphed_decode_equals_eager_torch_backend_fp32():
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:8]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     kwargs = dict(device="cuda", dtype="float32", max_num_seqs=8)
-    eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, attention_backend="torch", **kwargs).generate(prompts, params)
+    eager = LLM(
+        str(ZOO / "tinypy"), cuda_graphs=False, attention_backend="torch", **kwargs
+    ).generate(prompts, params)
     graphed = LLM(str(ZOO / "tinypy"), **kwargs)
     assert all(call.graph is not None for call in graphed.engine.runner.decode_step.graphs.values())
     assert [o.token_ids for o in graphed.generate(prompts, params)] == [o.token_ids for o in eager]
@@ -54,7 +65,10 @@ def test_every_decode_step_replays_a_captured_iteration(method, temperature):
     """Every drafter, greedy and sampled: each decode step is a graph replay, and (seeded) the tokens
     equal those of the same steps run eagerly (same code, same random keys)."""
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
-    params = [SamplingParams(temperature=temperature, max_tokens=48, seed=i, ignore_eos=True) for i in range(4)]
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=48, seed=i, ignore_eos=True)
+        for i in range(4)
+    ]
     spec = SPECS.get(method, SpeculativeConfig("ngram", num_steps=4))
     kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=spec)
     llm = LLM(str(ZOO / "tinypy"), **kwargs)
@@ -79,21 +93,33 @@ def test_prefill_chunks_replay_captured_forwards(method):
     tinypy = str(ZOO / "tinypy")
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4, max_num_batched_tokens=64,
-                  speculative=SPECS.get(method, SpeculativeConfig()))
+    kwargs = dict(
+        device="cuda",
+        dtype="float32",
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        speculative=SPECS.get(method, SpeculativeConfig()),
+    )
     llm = LLM(tinypy, **kwargs)
     graphs = llm.engine.runner.prefill_graphs
-    assert graphs.buckets == (16, 32, 64) and all(call.graph is not None for call in graphs.graphs.values())
+    assert graphs.buckets == (16, 32, 64) and all(
+        call.graph is not None for call in graphs.graphs.values()
+    )
     keys, run = [], graphs.run
     graphs.run = lambda key, *args: keys.append(key) or run(key, *args)
     eager = LLM(tinypy, cuda_graphs=False, **kwargs)
     for prompt in prompts + prompts[:1]:
-        assert llm.generate([prompt], params)[0].token_ids == eager.generate([prompt], params)[0].token_ids
+        assert (
+            llm.generate([prompt], params)[0].token_ids
+            == eager.generate([prompt], params)[0].token_ids
+        )
     steps = sum(-(-len(llm.tokenizer.encode(p)) // 64) for p in prompts)
     assert len(keys) >= steps + 1 and {k for k, _ in keys} == {1}
     # several chunks a step: short prompts together, then joining while others decode
     short = [llm.tokenizer.encode(p)[-20:] for p in prompts + prompts[:2]]
     ragged = [params.replace(max_tokens=8 + 6 * i) for i in range(len(short))]
-    assert [o.token_ids for o in llm.generate(short, ragged)] == [o.token_ids for o in eager.generate(short, ragged)]
+    assert [o.token_ids for o in llm.generate(short, ragged)] == [
+        o.token_ids for o in eager.generate(short, ragged)
+    ]
     assert max(k for k, _ in keys) > 1
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks

@@ -3,25 +3,32 @@ iteration as captured CUDA graphs, with the MLA kernel and the grouped-expert ke
 fp32 the tokens of the same engine run eagerly and of the eager torch attention path; speculation (n-gram
 chains) stays lossless with graphs. Shapes as tests/helpers/deepseek_models.py's (kv_lora_rank 36, vocab 203, expert
 groups, dense first layers), V2 and V3 routing."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
 from helpers.deepseek_models import make_hf_deepseek
 from helpers.hf_models import save_hf_model
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
 
-PROMPTS = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2, 17, 40, 33, 2, 9, 11, 3, 101, 7], list(range(13)) * 2,
-           [200, 3]]
+PROMPTS = [
+    [1, 5, 2, 7, 3],
+    [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2, 17, 40, 33, 2, 9, 11, 3, 101, 7],
+    list(range(13)) * 2,
+    [200, 3],
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 KWARGS = dict(device="cuda", dtype="float32", max_num_seqs=4, num_kv_blocks=128, block_size=4)
 
 
 @pytest.fixture(scope="module", params=["v2-group", "v3-yarn"])
 def target(request, tmp_path_factory):
-    return str(save_hf_model(make_hf_deepseek(request.param), tmp_path_factory.mktemp(request.param)))
+    return str(
+        save_hf_model(make_hf_deepseek(request.param), tmp_path_factory.mktemp(request.param))
+    )
 
 
 def tokens(llm: LLM) -> list[list[int]]:
@@ -36,9 +43,13 @@ def test_captured_decode_equals_eager_fp32(target):
     replays, run = [], iteration.run
     iteration.run = lambda key, *args: replays.append(key in iteration.graphs) or run(key, *args)
     got = tokens(graphed)
-    assert len(replays) > 5 and all(replays)  # every decode step a replay: nothing in the forward syncs
+    assert len(replays) > 5 and all(
+        replays
+    )  # every decode step a replay: nothing in the forward syncs
     assert got == tokens(LLM(target, cuda_graphs=False, **KWARGS))  # the same kernels, eagerly
-    assert got == tokens(LLM(target, cuda_graphs=False, attention_backend="torch", **KWARGS))  # torch MLA
+    assert got == tokens(
+        LLM(target, cuda_graphs=False, attention_backend="torch", **KWARGS)
+    )  # torch MLA
     assert graphed.engine.pool.num_free == 128
 
 
@@ -56,6 +67,8 @@ def test_moe_layers_take_the_grouped_kernels_on_cuda(target, monkeypatch):
 
     calls = []
     real = kernels.grouped_experts
-    monkeypatch.setattr(kernels, "grouped_experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(
+        kernels, "grouped_experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+    )
     LLM(target, cuda_graphs=False, **KWARGS).generate(PROMPTS[:1], GREEDY.replace(max_tokens=3))
     assert calls and torch.cuda.is_available()

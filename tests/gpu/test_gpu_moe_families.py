@@ -4,6 +4,7 @@ the host), and gives in fp32 the tokens of the same engine run eagerly and of th
 speculation stays lossless with graphs. Families and their expert activations: Qwen3-Next (SiLU, a gated
 shared expert), Nemotron-H (relu2, ungated), Step-3.5 (SiLU with swiglu_limits clamps, stacked experts),
 Gemma 4 (GELU-tanh, packed gate/up). DeepSeek's are tests/gpu/test_gpu_deepseek.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,12 @@ from outpace.config import SpeculativeConfig
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 KWARGS = dict(device="cuda", dtype="float32", max_num_seqs=4, num_kv_blocks=64, block_size=16)
 # family -> (vocabulary size, the kernels' activation, the clamp limits its layers use)
-FAMILIES = {"qwen3_next": (131, "silu", {None}), "nemotron_h": (131, "relu2", {None}),
-            "step3p5": (61, "silu", {None, 0.3}), "gemma4": (211, "gelu_tanh", {None})}
+FAMILIES = {
+    "qwen3_next": (131, "silu", {None}),
+    "nemotron_h": (131, "relu2", {None}),
+    "step3p5": (61, "silu", {None, 0.3}),
+    "gemma4": (211, "gelu_tanh", {None}),
+}
 
 
 def save_family(family: str, path):
@@ -54,9 +59,13 @@ def test_captured_decode_equals_eager_and_the_cpu_fp32(target):
     iteration = graphed.engine.runner.decode_step
     assert iteration.graphs and all(call.graph is not None for call in iteration.graphs.values())
     replays, run = [], iteration.run
-    iteration.run = lambda key, *args, **kwargs: replays.append(key in iteration.graphs) or run(key, *args, **kwargs)
+    iteration.run = lambda key, *args, **kwargs: (
+        replays.append(key in iteration.graphs) or run(key, *args, **kwargs)
+    )
     got = tokens(graphed, vocab)
-    assert len(replays) > 5 and all(replays)  # every decode step a replay: nothing in the forward syncs
+    assert len(replays) > 5 and all(
+        replays
+    )  # every decode step a replay: nothing in the forward syncs
     assert got == tokens(LLM(path, cuda_graphs=False, **KWARGS), vocab)  # the same kernels, eagerly
     assert got == tokens(LLM(path, device="cpu", block_size=16), vocab)  # run_experts on the CPU
 
@@ -79,9 +88,14 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
     vocab, activation, limits = FAMILIES[family]
     calls = []
     real = kernels.grouped_experts
-    monkeypatch.setattr(kernels, "grouped_experts",
-                        lambda *a, **k: calls.append((k["activation"], k["limit"], a[3] is None)) or real(*a, **k))
-    LLM(path, cuda_graphs=False, **KWARGS).generate(prompts(vocab)[:1], GREEDY.replace(max_tokens=3))
+    monkeypatch.setattr(
+        kernels,
+        "grouped_experts",
+        lambda *a, **k: calls.append((k["activation"], k["limit"], a[3] is None)) or real(*a, **k),
+    )
+    LLM(path, cuda_graphs=False, **KWARGS).generate(
+        prompts(vocab)[:1], GREEDY.replace(max_tokens=3)
+    )
     assert {c[0] for c in calls} == {activation}
     assert {c[1] for c in calls} == limits
     assert {c[2] for c in calls} == {family == "nemotron_h"}  # ungated: no gate stack

@@ -1,6 +1,7 @@
 """Random paged-attention inputs for the attention kernel tests: q/k/v and KV caches whose sequences sit in
 random, shuffled blocks, with optional tree masks; and poisoned allocations, so that a lane a backend forgets
 to write shows up."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,13 +24,13 @@ def tree_mask(q: int, window: int, g: torch.Generator) -> torch.Tensor:
         if parent >= 0:
             seen[node] = seen[parent]
         seen[node, node] = True
-    return seen[window - q:]
+    return seen[window - q :]
 
 
 @dataclass
 class Case:
-    q: torch.Tensor        # [num_tokens, heads, head_dim]
-    k: torch.Tensor        # [num_tokens, kv_heads, head_dim]
+    q: torch.Tensor  # [num_tokens, heads, head_dim]
+    k: torch.Tensor  # [num_tokens, kv_heads, head_dim]
     v: torch.Tensor
     k_cache: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
     v_cache: torch.Tensor
@@ -37,8 +38,19 @@ class Case:
     scale: float
 
 
-def make_case(cached, new, windows=None, *, block_size=16, head_dim=32, heads=8, kv_heads=2, dtype=torch.float32,
-              device=DEVICE, seed=0) -> Case:
+def make_case(
+    cached,
+    new,
+    windows=None,
+    *,
+    block_size=16,
+    head_dim=32,
+    heads=8,
+    kv_heads=2,
+    dtype=torch.float32,
+    device=DEVICE,
+    seed=0,
+) -> Case:
     """Random q/k/v and caches; each sequence's blocks are a random, shuffled slice of the pool
     (block 0 left as the tables' padding block)."""
     g = torch.Generator().manual_seed(seed)
@@ -47,7 +59,7 @@ def make_case(cached, new, windows=None, *, block_size=16, head_dim=32, heads=8,
     perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     tables, used = [], 0
     for n in counts:
-        tables.append(perm[used:used + n])
+        tables.append(perm[used : used + n])
         used += n
     masks = None
     if windows is not None:
@@ -57,10 +69,15 @@ def make_case(cached, new, windows=None, *, block_size=16, head_dim=32, heads=8,
     def randn(*shape):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-    return Case(q=randn(total, heads, head_dim), k=randn(total, kv_heads, head_dim), v=randn(total, kv_heads, head_dim),
-                k_cache=randn(num_blocks, block_size, kv_heads, head_dim),
-                v_cache=randn(num_blocks, block_size, kv_heads, head_dim),
-                meta=build_paged_metadata(tables, cached, new, block_size, device, masks), scale=head_dim ** -0.5)
+    return Case(
+        q=randn(total, heads, head_dim),
+        k=randn(total, kv_heads, head_dim),
+        v=randn(total, kv_heads, head_dim),
+        k_cache=randn(num_blocks, block_size, kv_heads, head_dim),
+        v_cache=randn(num_blocks, block_size, kv_heads, head_dim),
+        meta=build_paged_metadata(tables, cached, new, block_size, device, masks),
+        scale=head_dim**-0.5,
+    )
 
 
 @contextlib.contextmanager
@@ -70,7 +87,7 @@ def poisoned_allocations():
 
     def empty(*args, **kwargs):
         x = real(*args, **kwargs)
-        return x.fill_(float("nan") if x.is_floating_point() else 2 ** 30)
+        return x.fill_(float("nan") if x.is_floating_point() else 2**30)
 
     torch.empty = empty
     try:

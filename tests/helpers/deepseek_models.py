@@ -1,6 +1,7 @@
 """Tiny DeepSeek-V2/V3 transformers models (fp32, random weights) for tests: odd shapes (kv_lora_rank 36, vocab
 203, v_head_dim != qk_nope_head_dim), YaRN, grouped routing; a reference of DeepSeek-V3's MTP layer assembled
 from transformers' pieces with vLLM deepseek_mtp.py's semantics, and a checkpoint that carries it."""
+
 import json
 
 import torch
@@ -12,29 +13,80 @@ from helpers.hf_models import save_hf_model
 from outpace.attention import build_paged_metadata, forward_context
 
 # Odd shapes: kv_lora_rank 36 (not a power of two), vocab 203 (not a multiple of 64), v_head_dim != qk_nope_head_dim.
-SMALL = dict(vocab_size=203, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=36, qk_rope_head_dim=8, qk_nope_head_dim=12,
-             v_head_dim=10, n_routed_experts=8, num_experts_per_tok=3, max_position_embeddings=256,
-             eos_token_id=None)
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
-        "mscale": 0.9, "mscale_all_dim": 0.7}
+SMALL = dict(
+    vocab_size=203,
+    hidden_size=48,
+    intermediate_size=80,
+    moe_intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=36,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=12,
+    v_head_dim=10,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    max_position_embeddings=256,
+    eos_token_id=None,
+)
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "mscale": 0.9,
+    "mscale_all_dim": 0.7,
+}
 
 VARIANTS = {
     # q_lora_rank, YaRN with both mscales, 4 groups of 2 experts (2 kept), sigmoid scores + correction bias
-    "v3-yarn": ("DeepseekV3Config", dict(q_lora_rank=20, n_group=4, topk_group=2, first_k_dense_replace=1,
-                                         n_shared_experts=1, rope_parameters=YARN)),
+    "v3-yarn": (
+        "DeepseekV3Config",
+        dict(
+            q_lora_rank=20,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            rope_parameters=YARN,
+        ),
+    ),
     # no q_lora_rank, the neox rotation, no renormalisation, two dense layers first
-    "v3-plain": ("DeepseekV3Config", dict(q_lora_rank=None, n_group=2, topk_group=1, first_k_dense_replace=2,
-                                          norm_topk_prob=False, rope_interleave=False, routed_scaling_factor=1.0,
-                                          n_shared_experts=2)),
+    "v3-plain": (
+        "DeepseekV3Config",
+        dict(
+            q_lora_rank=None,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=2,
+            norm_topk_prob=False,
+            rope_interleave=False,
+            routed_scaling_factor=1.0,
+            n_shared_experts=2,
+        ),
+    ),
     # no q_lora_rank, softmax group-limited greedy routing, biases, YaRN
-    "v2-group": ("DeepseekV2Config", dict(q_lora_rank=None, topk_method="group_limited_greedy", n_group=4,
-                                          topk_group=2, first_k_dense_replace=1, n_shared_experts=2,
-                                          routed_scaling_factor=1.5, attention_bias=True, mlp_bias=True,
-                                          rope_parameters=YARN)),
+    "v2-group": (
+        "DeepseekV2Config",
+        dict(
+            q_lora_rank=None,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=2,
+            routed_scaling_factor=1.5,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters=YARN,
+        ),
+    ),
     # q_lora_rank, plain greedy softmax routing
-    "v2-greedy": ("DeepseekV2Config", dict(q_lora_rank=20, topk_method="greedy", first_k_dense_replace=1,
-                                           n_shared_experts=1)),
+    "v2-greedy": (
+        "DeepseekV2Config",
+        dict(q_lora_rank=20, topk_method="greedy", first_k_dense_replace=1, n_shared_experts=1),
+    ),
 }
 
 
@@ -58,7 +110,9 @@ def make_hf_deepseek(variant: str, **overrides):
     return model.eval()
 
 
-def paged_logits(model, ids: torch.Tensor, blocks=(5, 2, 7, 0), block_size: int = 16) -> torch.Tensor:
+def paged_logits(
+    model, ids: torch.Tensor, blocks=(5, 2, 7, 0), block_size: int = 16
+) -> torch.Tensor:
     """One prefill forward of ``ids`` [n] in the given cache blocks -> [n, vocab] logits."""
     n = ids.shape[0]
     meta = build_paged_metadata([list(blocks)], [0], [n], block_size, "cpu")
@@ -92,7 +146,9 @@ class ReferenceMTP(nn.Module):
         out = {}
         for name, t in self.state_dict().items():
             name = name.removeprefix("block.")
-            if name.endswith("mlp.experts.gate_up_proj"):  # [experts, 2 * inter, hidden]: gate rows, then up
+            if name.endswith(
+                "mlp.experts.gate_up_proj"
+            ):  # [experts, 2 * inter, hidden]: gate rows, then up
                 for e, weight in enumerate(t):
                     gate, up = weight.chunk(2, dim=0)
                     out[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = gate
@@ -108,13 +164,19 @@ class ReferenceMTP(nn.Module):
         """ids [L] -> [L - 1, vocab] logits: row t reads token t + 1 and the target's post-norm state at t."""
         n = ids.shape[0] - 1
         positions = torch.arange(n)
-        hidden = hf.model(ids[None]).last_hidden_state[0, :n]          # post-norm, as vLLM's DeepseekV2Model
+        hidden = hf.model(ids[None]).last_hidden_state[
+            0, :n
+        ]  # post-norm, as vLLM's DeepseekV2Model
         embeds = self.embed_tokens(ids[1:])
-        embeds[positions == 0] = 0                                     # "masking inputs at position 0"
+        embeds[positions == 0] = 0  # "masking inputs at position 0"
         h = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))[None]
         causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = self.block(h, attention_mask=causal, position_ids=positions[None],
-                         position_embeddings=hf.model.rotary_emb(h, positions[None]))[0]
+        out = self.block(
+            h,
+            attention_mask=causal,
+            position_ids=positions[None],
+            position_embeddings=hf.model.rotary_emb(h, positions[None]),
+        )[0]
         return self.shared_head.head(self.shared_head.norm(out))
 
 
@@ -130,7 +192,10 @@ def save_v3_with_mtp(path):
     randomize(ref)
     ref.eval()
     tensors = load_file(path / "model.safetensors")
-    save_file({**tensors, **ref.checkpoint(f"model.layers.{SMALL['num_hidden_layers']}.")},
-              path / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {**tensors, **ref.checkpoint(f"model.layers.{SMALL['num_hidden_layers']}.")},
+        path / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     assert json.loads((path / "config.json").read_text())["num_nextn_predict_layers"] == 1
     return hf, ref, path

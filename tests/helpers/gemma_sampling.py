@@ -1,6 +1,7 @@
 """Sampling on tiny Gemma 3 and Gemma 4 targets (helpers/gemma_models.py's with a 12-token vocabulary, so that
 random drafts are accepted now and then): the targets, the sampling parameters, an engine for many samples,
 and the chi-square check of the first three tokens against the target's exact joint."""
+
 import torch
 import transformers
 
@@ -14,9 +15,13 @@ VOCAB, TRIALS = 12, 3000
 PARAMS = SamplingParams(temperature=0.8, top_k=3, max_tokens=3, ignore_eos=True)
 # softcapping at 0.5 would leave nearly uniform distributions: a wrong sampler could hide in them
 GEMMA3_TINY = dict(GEMMA3_TEXT, vocab_size=VOCAB, final_logit_softcapping=3.0)
-GEMMA4_TINY = dict(GEMMA4_TEXT, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0)
-CONFIGS = {"gemma3": lambda: transformers.Gemma3TextConfig(**GEMMA3_TINY),
-           "gemma4": lambda: transformers.Gemma4TextConfig(**GEMMA4_TINY)}
+GEMMA4_TINY = dict(
+    GEMMA4_TEXT, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0
+)
+CONFIGS = {
+    "gemma3": lambda: transformers.Gemma3TextConfig(**GEMMA3_TINY),
+    "gemma4": lambda: transformers.Gemma4TextConfig(**GEMMA4_TINY),
+}
 
 
 def make_tiny_gemma(variant: str, path):
@@ -25,16 +30,25 @@ def make_tiny_gemma(variant: str, path):
     return model, save_hf_model(model, path)
 
 
-def assert_follows_the_joint(llm: LLM, prompt: list[int], joint: torch.Tensor, min_accepted: float) -> None:
+def assert_follows_the_joint(
+    llm: LLM, prompt: list[int], joint: torch.Tensor, min_accepted: float
+) -> None:
     outs = llm.generate([prompt] * TRIALS, PARAMS)
-    emitted = torch.tensor([o.token_ids for o in outs])                                 # [TRIALS, 3]
+    emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, 3]
     index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]
-    p = chi_square_p_value(torch.bincount(index, minlength=VOCAB ** 3), TRIALS * joint)
+    p = chi_square_p_value(torch.bincount(index, minlength=VOCAB**3), TRIALS * joint)
     assert p > 1e-3, f"p = {p:.2e}"
     accepted = sum(o.spec_metrics.num_accepted_drafts for o in outs)
     assert accepted > min_accepted * TRIALS, f"{accepted} drafts accepted: speculation hardly ran"
 
 
 def sampling_llm(target_dir, spec: SpeculativeConfig) -> LLM:
-    return LLM(str(target_dir), block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192,
-               seed=11, speculative=spec)
+    return LLM(
+        str(target_dir),
+        block_size=4,
+        num_kv_blocks=4096,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        seed=11,
+        speculative=spec,
+    )

@@ -1,33 +1,68 @@
 """Random-initialised Hugging Face checkpoints for tests (transformers is the reference here only)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-SMALL = dict(vocab_size=203, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
-             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
+SMALL = dict(
+    vocab_size=203,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 
 # architecture -> (transformers config class, extra config)
 VARIANTS = {
     "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
-    "llama-tied-odd-headdim": ("LlamaConfig", dict(tie_word_embeddings=True, head_dim=12,
-                                                    rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                                  "original_max_position_embeddings": 64})),
+    "llama-tied-odd-headdim": (
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=True,
+            head_dim=12,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=16)),
     # Sliding windows far shorter than the tests' prompts plus generations: every layer (Mistral), the
     # layers from max_window_layers on (Qwen2), the layers layer_types names (Qwen3).
     "mistral-window": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=8)),
-    "qwen2-window": ("Qwen2Config", dict(tie_word_embeddings=False, use_sliding_window=True, sliding_window=8,
-                                         max_window_layers=1)),
-    "qwen3-window": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=16, use_sliding_window=True,
-                                         sliding_window=6, layer_types=["sliding_attention", "full_attention",
-                                                                        "sliding_attention"])),
+    "qwen2-window": (
+        "Qwen2Config",
+        dict(
+            tie_word_embeddings=False,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=1,
+        ),
+    ),
+    "qwen3-window": (
+        "Qwen3Config",
+        dict(
+            tie_word_embeddings=False,
+            head_dim=16,
+            use_sliding_window=True,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+    ),
     # Other gate activations, and the biases LlamaConfig can add (q/k/v/o, gate/up/down).
-    "llama-gelu-biases": ("LlamaConfig", dict(hidden_act="gelu", attention_bias=True, mlp_bias=True)),
+    "llama-gelu-biases": (
+        "LlamaConfig",
+        dict(hidden_act="gelu", attention_bias=True, mlp_bias=True),
+    ),
     "llama-gelu-tanh": ("LlamaConfig", dict(hidden_act="gelu_pytorch_tanh")),
 }
 

@@ -1,5 +1,6 @@
 """The hybrid drafter tests' targets (Qwen3-Next, Qwen3.5, Nemotron-H): a small vocabulary, so that random
 drafts are accepted now and then, their prompts, and checkpoints with the target's own MTP layers."""
+
 import json
 
 import torch
@@ -25,7 +26,9 @@ def save_with_mtp(variant: str, path, num_layers: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     tensors = load_file(path / "model.safetensors")
     for name, p in build_model(ModelConfig.from_pretrained(path), torch.float32).named_parameters():
-        if name.startswith("mtp."):  # norms around 0 ((1 + w) scales), matrices 4x transformers' init
+        if name.startswith(
+            "mtp."
+        ):  # norms around 0 ((1 + w) scales), matrices 4x transformers' init
             tensors[name] = torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.08)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return hf, path

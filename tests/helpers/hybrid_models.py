@@ -1,31 +1,82 @@
 """Random-initialised transformers checkpoints of the hybrid targets (Qwen3-Next, Qwen3.5 text,
 Nemotron-H) for tests: tiny, odd shapes (grouped value heads, partial RoPE, Mamba groups, MoE)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-COMMON = dict(vocab_size=131, hidden_size=40, intermediate_size=56, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=512, tie_word_embeddings=False)
-DELTANET = dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=6, linear_num_key_heads=2,
-                linear_num_value_heads=4, head_dim=12,
-                rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
+COMMON = dict(
+    vocab_size=131,
+    hidden_size=40,
+    intermediate_size=56,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+DELTANET = dict(
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=6,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    head_dim=12,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+)
 
 # variant -> (transformers config class, config)
 HYBRIDS = {
-    "qwen3_next": ("Qwen3NextConfig", dict(COMMON, **DELTANET, num_hidden_layers=4,
-                                           layer_types=["linear_attention", "full_attention", "linear_attention",
-                                                        "linear_attention"],
-                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
-                                           shared_expert_intermediate_size=20, mlp_only_layers=[2])),
-    "qwen3_5": ("Qwen3_5TextConfig", dict(COMMON, **DELTANET, num_hidden_layers=3, full_attention_interval=2)),
-    "nemotron_h": ("NemotronHConfig", dict(COMMON, head_dim=10, mamba_num_heads=6, mamba_head_dim=5, n_groups=2,
-                                           ssm_state_size=7, conv_kernel=4, chunk_size=16, n_routed_experts=4,
-                                           num_experts_per_tok=2, moe_intermediate_size=12,
-                                           moe_shared_expert_intermediate_size=16, n_group=2, topk_group=1,
-                                           layers_block_type=["linear_attention", "moe", "full_attention", "mlp",
-                                                              "linear_attention"])),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(
+            COMMON,
+            **DELTANET,
+            num_hidden_layers=4,
+            layer_types=[
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "linear_attention",
+            ],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=12,
+            shared_expert_intermediate_size=20,
+            mlp_only_layers=[2],
+        ),
+    ),
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(COMMON, **DELTANET, num_hidden_layers=3, full_attention_interval=2),
+    ),
+    "nemotron_h": (
+        "NemotronHConfig",
+        dict(
+            COMMON,
+            head_dim=10,
+            mamba_num_heads=6,
+            mamba_head_dim=5,
+            n_groups=2,
+            ssm_state_size=7,
+            conv_kernel=4,
+            chunk_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=12,
+            moe_shared_expert_intermediate_size=16,
+            n_group=2,
+            topk_group=1,
+            layers_block_type=[
+                "linear_attention",
+                "moe",
+                "full_attention",
+                "mlp",
+                "linear_attention",
+            ],
+        ),
+    ),
 }
 
 

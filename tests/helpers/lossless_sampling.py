@@ -1,5 +1,6 @@
 """The sampling tests' tiny Llama target (5 tokens, so that the joint of three tokens stays small enough to
 test), its drafts of every kind, the prompt, the sampling parameters and the speculative configs."""
+
 from helpers.spec_models import make_dflash_draft, make_eagle3_draft, random_llama
 from outpace import SamplingParams
 from outpace.config import SpeculativeConfig
@@ -11,20 +12,29 @@ PARAMS = SamplingParams(temperature=0.8, top_k=4, top_p=0.95, max_tokens=LENGTH,
 def save_sampling_models(root) -> dict:
     """name -> directory: the target (with 2 MTP layers), a standalone, an EAGLE3 and a DFlash draft."""
     target = random_llama(root / "target", VOCAB, seed=0, mtp_layers=2)
-    return {"target": target, "draft": random_llama(root / "draft", VOCAB, seed=1),
-            "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2]),
-            "dflash": make_dflash_draft(target, root / "dflash", block_size=3, layer_ids=(0, 1), mask_token_id=4)}
+    return {
+        "target": target,
+        "draft": random_llama(root / "draft", VOCAB, seed=1),
+        "eagle3": make_eagle3_draft(target, root / "eagle3", draft_vocab_size=4, aux_ids=[0, 1, 2]),
+        "dflash": make_dflash_draft(
+            target, root / "dflash", block_size=3, layer_ids=(0, 1), mask_token_id=4
+        ),
+    }
 
 
 # method -> (models -> its speculative config)
 SPECS = {
     "none": lambda m: SpeculativeConfig(),
     "eagle3-chain": lambda m: SpeculativeConfig("eagle3", str(m["eagle3"]), num_steps=3),
-    "eagle3-tree": lambda m: SpeculativeConfig("eagle3", str(m["eagle3"]), num_steps=3, topk=2, num_draft_tokens=5),
+    "eagle3-tree": lambda m: SpeculativeConfig(
+        "eagle3", str(m["eagle3"]), num_steps=3, topk=2, num_draft_tokens=5
+    ),
     "mtp": lambda m: SpeculativeConfig("mtp", num_steps=2),
     "ngram": lambda m: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
     "draft": lambda m: SpeculativeConfig("draft", str(m["draft"]), num_steps=3),
     "dflash": lambda m: SpeculativeConfig("dflash", str(m["dflash"]), num_steps=2),
     # adaptive speculation, forced through 0 .. 3 drafts step after step (speculative/adaptive.py)
-    "eagle3-adaptive": lambda m: SpeculativeConfig("eagle3", str(m["eagle3"]), num_steps=3, adaptive=True),
+    "eagle3-adaptive": lambda m: SpeculativeConfig(
+        "eagle3", str(m["eagle3"]), num_steps=3, adaptive=True
+    ),
 }

@@ -1,4 +1,5 @@
 """A toy target with chained MTP layers far from the target: something for the MTP recipe to learn."""
+
 import shutil
 
 import torch
@@ -16,6 +17,8 @@ def write_mtp_target(out, trained):
     g = torch.Generator().manual_seed(0)
     for k in range(2, 5):
         w = tensors[f"model.layers.{k}.eh_proj.weight"]
-        tensors[f"model.layers.{k}.eh_proj.weight"] = (torch.randn(w.shape, generator=g) * 0.3).to(w.dtype)
+        tensors[f"model.layers.{k}.eh_proj.weight"] = (torch.randn(w.shape, generator=g) * 0.3).to(
+            w.dtype
+        )
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

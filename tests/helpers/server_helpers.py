@@ -1,4 +1,5 @@
 """Helpers for the server tests: a real ``outpace serve`` process, SSE reading, metrics, offline references."""
+
 from __future__ import annotations
 
 import functools
@@ -40,7 +41,13 @@ def stream_text(events, chat: bool = False) -> tuple[str, str | None]:
 async def leave_after(client: httpx.AsyncClient, prompt: str, events: int = 3) -> int:
     """Stream a greedy 1000-token completion and close the connection after ``events`` events (a client that
     goes away mid-stream); returns the events seen."""
-    body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {
+        "prompt": prompt,
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     seen = 0
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         async for line in resp.aiter_lines():
@@ -70,7 +77,9 @@ def offline_llm(*serve_args: str):
     from outpace.cli.engine_args import engine_kwargs
 
     a = parse_args(["serve", *serve_args])
-    return LLM(a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, **engine_kwargs(a))
+    return LLM(
+        a.model, max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, **engine_kwargs(a)
+    )
 
 
 def serving(*serve_args: str, log_says: str | None = None):

@@ -1,4 +1,5 @@
 """Functions that spawned training ranks run by reference (importable in a fresh process)."""
+
 from outpace.train.ranks import TrainRanks
 
 

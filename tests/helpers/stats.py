@@ -1,5 +1,6 @@
 """The shared statistical check of the sampling tests: the exact joint distribution of a target's next
 three tokens, and a chi-square goodness-of-fit p-value of observed counts against it."""
+
 import torch
 
 from outpace.attention import DenseCausalMetadata, forward_context
@@ -14,7 +15,7 @@ def exact_joint(target_dir, prompt: list[int], params, vocab: int) -> torch.Tens
     model = load_model(target_dir, torch.float32)
     st = SamplingTensors.from_params([params], "cpu")
 
-    def next_probs(seq: list[int]) -> torch.Tensor:                                   # [vocab] float64
+    def next_probs(seq: list[int]) -> torch.Tensor:  # [vocab] float64
         with torch.no_grad(), forward_context(DenseCausalMetadata(1, len(seq))):
             h = model(torch.tensor(seq), torch.arange(len(seq))).hidden_states[-1:]
             return logits_to_probs(model.compute_logits(h), st)[0].double()

@@ -4,6 +4,7 @@ process joins one default process group; rank 0 runs each scenario through the p
 ``join_group`` + ``follow``). Rank 0's results come back as a dict name -> result. A probe (a
 top-level function ``probe(rank, world)``) runs on every rank first, its rank-0 value recorded under
 its name."""
+
 from __future__ import annotations
 
 import datetime
@@ -16,10 +17,10 @@ import torch
 import torch.multiprocessing as mp
 
 from outpace.checkpoint import load_checkpoint
-from outpace.model_config import ModelConfig
-from outpace.sampling_params import SamplingParams
 from outpace.distributed.group import RankGroup, building_in
+from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
+from outpace.sampling_params import SamplingParams
 
 
 @dataclass
@@ -28,17 +29,25 @@ class Scenario:
     model: str
     prompts: list
     params: SamplingParams
-    engine: dict = field(default_factory=dict)   # EngineConfig fields (tensor_parallel_size: the group's)
-    error: str | None = None                     # every rank expects an exception whose text holds this
+    engine: dict = field(
+        default_factory=dict
+    )  # EngineConfig fields (tensor_parallel_size: the group's)
+    error: str | None = None  # every rank expects an exception whose text holds this
 
 
-def run_group(world: int, scenarios: list[Scenario], workdir: Path, timeout_s: float = 600, probes=()) -> dict:
+def run_group(
+    world: int, scenarios: list[Scenario], workdir: Path, timeout_s: float = 600, probes=()
+) -> dict:
     """Run ``probes`` then ``scenarios`` in ``world`` spawned processes; fails (killing them) past
     ``timeout_s``."""
     out = workdir / f"results-{world}.json"
-    ctx = mp.start_processes(_rank_main, args=(world, str(workdir / f"rendezvous-{world}"), scenarios, str(out),
-                                               list(probes)),
-                             nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _rank_main,
+        args=(world, str(workdir / f"rendezvous-{world}"), scenarios, str(out), list(probes)),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=1):
@@ -51,15 +60,22 @@ def run_group(world: int, scenarios: list[Scenario], workdir: Path, timeout_s: f
     return json.loads(out.read_text())
 
 
-def _rank_main(rank: int, world: int, rendezvous: str, scenarios: list[Scenario], out: str, probes: list) -> None:
+def _rank_main(
+    rank: int, world: int, rendezvous: str, scenarios: list[Scenario], out: str, probes: list
+) -> None:
     import torch.distributed as dist
 
     from outpace import LLM
     from outpace.config import EngineConfig
     from outpace.distributed.launch import follow, join_group
 
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     results = {probe.__name__: probe(rank, world) for probe in probes}
     for s in scenarios:
         engine = {"tensor_parallel_size": world, **s.engine}
@@ -68,11 +84,13 @@ def _rank_main(rank: int, world: int, rendezvous: str, scenarios: list[Scenario]
             if rank == 0:
                 with LLM(s.model, **engine) as llm:
                     outs = llm.generate(s.prompts, s.params)
-                    results[s.name] = {"tokens": [o.token_ids for o in outs],
-                                       "preemptions": sum(o.metrics.num_preemptions for o in outs),
-                                       "verifies": sum(o.spec_metrics.num_verifies for o in outs),
-                                       "accepted": sum(o.spec_metrics.num_accepted_drafts for o in outs),
-                                       "free_blocks": llm.engine.pool.num_free}
+                    results[s.name] = {
+                        "tokens": [o.token_ids for o in outs],
+                        "preemptions": sum(o.metrics.num_preemptions for o in outs),
+                        "verifies": sum(o.spec_metrics.num_verifies for o in outs),
+                        "accepted": sum(o.spec_metrics.num_accepted_drafts for o in outs),
+                        "free_blocks": llm.engine.pool.num_free,
+                    }
             else:
                 config = EngineConfig(model=s.model, **engine)
                 follow(config, join_group(config).group)

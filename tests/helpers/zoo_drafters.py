@@ -1,5 +1,6 @@
 """Every drafter on the zoo target (zoo/tinypy) by name, as the feature tests parametrize over them, and the
 device those tests run on (fp32 on the CPU by default; OUTPACE_TEST_DEVICE=cuda runs the same checks on a GPU)."""
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,9 @@ def zoo_drafters(chain_steps: int, tree: tuple[int, int, int]) -> dict[str, Spec
     eagle3 = str(ZOO / "tinypy-eagle3")
     return {
         "eagle3-chain": SpeculativeConfig("eagle3", eagle3, num_steps=chain_steps),
-        "eagle3-tree": SpeculativeConfig("eagle3", eagle3, num_steps=steps, topk=topk, num_draft_tokens=tokens),
+        "eagle3-tree": SpeculativeConfig(
+            "eagle3", eagle3, num_steps=steps, topk=topk, num_draft_tokens=tokens
+        ),
         "mtp": SpeculativeConfig("mtp", num_steps=3),
         "dflash": SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7),
         "draft": SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=4),

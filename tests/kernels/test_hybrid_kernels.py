@@ -4,6 +4,7 @@ runs of mixed lengths (padding leaves the state alone), verify chains keeping th
 and draft trees whose nodes continue their parents' states; grouped key / B-C heads, odd head sizes. On a
 GPU also: the kernels inside a captured CUDA graph, and Qwen3-Next / Nemotron-H generating the CPU's
 greedy tokens in fp32 (speculative tree included)."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,7 @@ def delta_inputs(seed, k_heads=2, v_heads=4, dk=8, dv=6):
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     q, k = r(RUNS, LENGTH, k_heads, dk), r(RUNS, LENGTH, k_heads, dk)
     v = r(RUNS, LENGTH, v_heads, dv)
-    gate = -torch.rand(RUNS, LENGTH, v_heads, generator=g)                 # log decay <= 0
+    gate = -torch.rand(RUNS, LENGTH, v_heads, generator=g)  # log decay <= 0
     beta = torch.rand(RUNS, LENGTH, v_heads, generator=g)
     state = r(RUNS, v_heads, dk, dv)
     return [t.to(DEVICE) for t in (q, k, v, gate, beta, state)]
@@ -40,7 +41,12 @@ def ssm_inputs(seed, heads=6, groups=2, p=5, n=7):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     x, dt = r(RUNS, LENGTH, heads, p), torch.rand(RUNS, LENGTH, heads, generator=g) * 0.5 + 0.01
-    A, B, C, D = -torch.rand(heads, generator=g), r(RUNS, LENGTH, groups, n), r(RUNS, LENGTH, groups, n), r(heads)
+    A, B, C, D = (
+        -torch.rand(heads, generator=g),
+        r(RUNS, LENGTH, groups, n),
+        r(RUNS, LENGTH, groups, n),
+        r(heads),
+    )
     state = r(RUNS, heads, p, n)
     return [t.to(DEVICE) for t in (x, dt, A, B, C, D, state)]
 
@@ -91,7 +97,9 @@ def test_padding_leaves_the_kernel_state_alone():
     noisy = [t.clone() for t in (q, k, v)]
     for t in noisy:
         t[~valid] = 7.0
-    _, final_noisy, _ = gated_delta_rule_run(*noisy, gate, beta, state, valid, None, False, kernel=True)
+    _, final_noisy, _ = gated_delta_rule_run(
+        *noisy, gate, beta, state, valid, None, False, kernel=True
+    )
     torch.testing.assert_close(final_noisy, final, rtol=0, atol=0)
 
 
@@ -102,37 +110,52 @@ def test_kernels_take_strided_states_and_inputs():
     valid, _ = runs_and_trees(0)
     q, k, v, gate, beta, state = delta_inputs(4)
     state_delta = state
-    strided = state.transpose(2, 3).contiguous().transpose(2, 3)             # same values, other strides
+    strided = state.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
     args = (valid, None, False)
-    assert_same(gated_delta_rule_run(q, k, v, gate, beta, strided, *args, kernel=True),
-                gated_delta_rule_run(q, k, v, gate, beta, state, *args, kernel=False))
+    assert_same(
+        gated_delta_rule_run(q, k, v, gate, beta, strided, *args, kernel=True),
+        gated_delta_rule_run(q, k, v, gate, beta, state, *args, kernel=False),
+    )
     *rest, state = ssm_inputs(5)
     strided = state.transpose(2, 3).contiguous().transpose(2, 3)
-    assert_same(ssm_run(*rest, strided, *args, kernel=True), ssm_run(*rest, state, *args, kernel=False))
+    assert_same(
+        ssm_run(*rest, strided, *args, kernel=True), ssm_run(*rest, state, *args, kernel=False)
+    )
     # inputs laid out channel-major, as a convolution's output is (empty_like would keep that layout for y)
     x, dt, A, B, C, D = rest
     permuted = [t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for t in (x, B, C)]
-    assert_same(ssm_run(permuted[0], dt, A, permuted[1], permuted[2], D, state, *args, kernel=True),
-                ssm_run(x, dt, A, B, C, D, state, *args, kernel=False))
+    assert_same(
+        ssm_run(permuted[0], dt, A, permuted[1], permuted[2], D, state, *args, kernel=True),
+        ssm_run(x, dt, A, B, C, D, state, *args, kernel=False),
+    )
     v_permuted = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    assert_same(gated_delta_rule_run(q, k, v_permuted, gate, beta, state_delta, *args, kernel=True),
-                gated_delta_rule_run(q, k, v, gate, beta, state_delta, *args, kernel=False))
+    assert_same(
+        gated_delta_rule_run(q, k, v_permuted, gate, beta, state_delta, *args, kernel=True),
+        gated_delta_rule_run(q, k, v, gate, beta, state_delta, *args, kernel=False),
+    )
 
 
 # ---- GPU only ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_kernels_replay_inside_a_cuda_graph():
     valid, parents = runs_and_trees(0)
     delta, ssm = delta_inputs(4), ssm_inputs(5)
-    eager = (gated_delta_rule_run(*delta, valid, parents, True), ssm_run(*ssm, valid, parents, True))
+    eager = (
+        gated_delta_rule_run(*delta, valid, parents, True),
+        ssm_run(*ssm, valid, parents, True),
+    )
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm-up (compilation) outside the capture
         gated_delta_rule_run(*delta, valid, parents, True), ssm_run(*ssm, valid, parents, True)
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        captured = (gated_delta_rule_run(*delta, valid, parents, True), ssm_run(*ssm, valid, parents, True))
+        captured = (
+            gated_delta_rule_run(*delta, valid, parents, True),
+            ssm_run(*ssm, valid, parents, True),
+        )
     graph.replay()
     torch.cuda.synchronize()
     for got, want in zip(captured, eager):
@@ -153,11 +176,22 @@ def test_hybrid_greedy_tokens_on_the_gpu_equal_the_cpus(variant, tmp_path):
     eagle3 = make_eagle3_draft(path, tmp_path / "eagle3")
     prompts = [[3, 17, 99, 100, 8, 42, 7], [5, 9], [(i * 7) % 131 for i in range(40)]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    cpu = [o.token_ids for o in LLM(str(path), device="cpu", block_size=4).generate(prompts, params)]
-    for spec in (SpeculativeConfig(), SpeculativeConfig("draft", str(path), num_steps=3),
-                 SpeculativeConfig("eagle3", str(eagle3), num_steps=3, topk=2, num_draft_tokens=6)):
-        gpu = LLM(str(path), device="cuda", dtype="float32", block_size=16, max_num_batched_tokens=16,
-                  speculative=spec).generate(prompts, params)
+    cpu = [
+        o.token_ids for o in LLM(str(path), device="cpu", block_size=4).generate(prompts, params)
+    ]
+    for spec in (
+        SpeculativeConfig(),
+        SpeculativeConfig("draft", str(path), num_steps=3),
+        SpeculativeConfig("eagle3", str(eagle3), num_steps=3, topk=2, num_draft_tokens=6),
+    ):
+        gpu = LLM(
+            str(path),
+            device="cuda",
+            dtype="float32",
+            block_size=16,
+            max_num_batched_tokens=16,
+            speculative=spec,
+        ).generate(prompts, params)
         assert [o.token_ids for o in gpu] == cpu, spec
 
 
@@ -171,6 +205,7 @@ def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
 
     def assert_near(got, want):
         assert ((got - want).norm() / want.norm()).item() < 5e-3
+
     pytest.importorskip("fla")
     from outpace.layers.chunked_scans import use_chunked
 
@@ -186,9 +221,14 @@ def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
     chunked = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False)
     per_token = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False, kernel=True)
     assert_near(chunked[0][valid], per_token[0][valid])  # outputs [valid, ...]
-    assert_near(chunked[1], per_token[1])                # final states
+    assert_near(chunked[1], per_token[1])  # final states
     x, dt = r(runs, length, 8, 32), torch.rand(runs, length, 8, generator=g).cuda() * 0.2 + 0.01
-    A, B, C, D = -torch.rand(8, generator=g).cuda(), r(runs, length, 2, 64), r(runs, length, 2, 64), r(8)
+    A, B, C, D = (
+        -torch.rand(8, generator=g).cuda(),
+        r(runs, length, 2, 64),
+        r(runs, length, 2, 64),
+        r(8),
+    )
     state = r(runs, 8, 32, 64) * 0.1
     chunked = ssm_run(x, dt, A, B, C, D, state, valid, None, False)
     per_token = ssm_run(x, dt, A, B, C, D, state, valid, None, False, kernel=True)
@@ -209,10 +249,22 @@ def test_hybrid_long_prompts_through_chunked_prefill_keep_the_cpus_tokens(varian
 
     path = save_hybrid(make_hybrid(variant), tmp_path / variant)
     eagle3 = make_eagle3_draft(path, tmp_path / "eagle3")
-    prompts = [[(i * 7 + 3) % 131 for i in range(300)], [(i * 11) % 97 + 1 for i in range(150)], [5, 9, 4]]
+    prompts = [
+        [(i * 7 + 3) % 131 for i in range(300)],
+        [(i * 11) % 97 + 1 for i in range(150)],
+        [5, 9, 4],
+    ]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    cpu = [o.token_ids for o in LLM(str(path), device="cpu", block_size=16).generate(prompts, params)]
+    cpu = [
+        o.token_ids for o in LLM(str(path), device="cpu", block_size=16).generate(prompts, params)
+    ]
     for spec in (SpeculativeConfig(), SpeculativeConfig("eagle3", str(eagle3), num_steps=3)):
-        gpu = LLM(str(path), device="cuda", dtype="float32", block_size=16, max_num_batched_tokens=128,
-                  speculative=spec).generate(prompts, params)
+        gpu = LLM(
+            str(path),
+            device="cuda",
+            dtype="float32",
+            block_size=16,
+            max_num_batched_tokens=128,
+            speculative=spec,
+        ).generate(prompts, params)
         assert [o.token_ids for o in gpu] == cpu, spec

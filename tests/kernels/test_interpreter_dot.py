@@ -1,4 +1,5 @@
 """The interpreter's tl.dot as tests/conftest.py sets it: a row's bits depend on that row's operands only."""
+
 import os
 
 import pytest
@@ -7,7 +8,9 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="checks the interpreter")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="checks the interpreter"
+)
 
 
 @triton.jit

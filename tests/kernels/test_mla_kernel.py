@@ -4,6 +4,7 @@ DeepSeek-V2-Lite shape on the GPU): decode, chain verify, tree masks over a wind
 ragged batches mixing prefill chunks with decode, shuffled block tables with odd block sizes, kv_lora_rank 36
 (not a power of two), head counts that do not divide the kernel's tile, forced split counts (with empty
 splits); and the attention layer choosing the kernel under the Triton backend."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,17 +40,17 @@ def tree_mask(q: int, window: int, g: torch.Generator) -> torch.Tensor:
         if parent >= 0:
             seen[node] = seen[parent]
         seen[node, node] = True
-    return seen[window - q:]
+    return seen[window - q :]
 
 
 def make_meta(layout: str, block_size: int, g: torch.Generator):
     cached, new, windows = LAYOUTS[layout]
     lengths = [c + q for c, q in zip(cached, new)]
     needed = [-(-n // block_size) for n in lengths]
-    blocks = torch.randperm(sum(needed) + 3, generator=g)[:sum(needed)].tolist()  # shuffled, gaps
+    blocks = torch.randperm(sum(needed) + 3, generator=g)[: sum(needed)].tolist()  # shuffled, gaps
     tables, start = [], 0
     for k in needed:
-        tables.append(blocks[start:start + k])
+        tables.append(blocks[start : start + k])
         start += k
     masks = None
     if windows is not None:
@@ -61,10 +62,16 @@ def make_meta(layout: str, block_size: int, g: torch.Generator):
 def torch_reference(q_latent, q_rope, cache, meta, scale):
     rank = q_latent.shape[2]
     gathered = gather_blocks(cache, meta).to(q_latent.dtype)
-    return attend_paged(torch.cat((q_latent, q_rope), dim=-1), gathered, gathered[..., :rank], meta, scale)
+    return attend_paged(
+        torch.cat((q_latent, q_rope), dim=-1), gathered, gathered[..., :rank], meta, scale
+    )
 
 
-CASES = [(layout, block_size, heads, None) for layout in LAYOUTS for block_size, heads in [(16, 4), (3, 3), (5, 6)]]
+CASES = [
+    (layout, block_size, heads, None)
+    for layout in LAYOUTS
+    for block_size, heads in [(16, 4), (3, 3), (5, 6)]
+]
 CASES += [(layout, 5, 6, splits) for layout in ("verify", "ragged_tree") for splits in (1, 3, 7)]
 
 
@@ -91,11 +98,18 @@ def test_strided_queries_and_tokens_in_any_order():
     cache = torch.randn(num_blocks, 16, 1, 40, generator=g).to(DEVICE)
     wide = torch.randn(n, 4, 50, generator=g).to(DEVICE)
     q_latent, q_rope = wide[..., :32], wide[..., 32:40]
-    expected = torch_reference(q_latent, q_rope, cache, meta, 0.2)  # (attend_paged takes the batch in order)
+    expected = torch_reference(
+        q_latent, q_rope, cache, meta, 0.2
+    )  # (attend_paged takes the batch in order)
     order = torch.randperm(n, generator=g).to(DEVICE)
     meta.slot_mapping, meta.token_seq_index, meta.token_query_index = (
-        meta.slot_mapping[order], meta.token_seq_index[order], meta.token_query_index[order])
-    got = mla_paged_attention(wide[order][..., :32], wide[order][..., 32:40], cache, meta, 0.2, num_splits=2)
+        meta.slot_mapping[order],
+        meta.token_seq_index[order],
+        meta.token_query_index[order],
+    )
+    got = mla_paged_attention(
+        wide[order][..., :32], wide[order][..., 32:40], cache, meta, 0.2, num_splits=2
+    )
     torch.testing.assert_close(got, expected[order], rtol=1e-5, atol=1e-5)
 
 
@@ -106,21 +120,31 @@ def test_the_layer_chooses_the_kernel_under_the_triton_backend(layout, monkeypat
     import outpace.attention.mla_kernels as kernels
 
     g = torch.Generator().manual_seed(11)
-    shape = MLAShape(hidden_size=24, num_heads=3, q_lora_rank=None, kv_lora_rank=36, qk_nope_head_dim=6,
-                     qk_rope_head_dim=8, v_head_dim=5, scale=0.25)
+    shape = MLAShape(
+        hidden_size=24,
+        num_heads=3,
+        q_lora_rank=None,
+        kv_lora_rank=36,
+        qk_nope_head_dim=6,
+        qk_rope_head_dim=8,
+        v_head_dim=5,
+        scale=0.25,
+    )
     torch.manual_seed(0)
     layer = MultiHeadLatentAttention(shape, RotaryEmbedding(8, 512, 10000.0)).to(DEVICE)
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0.0, 0.3)
-    layer.expand_min_query_len = 10 ** 6  # always absorbed
+    layer.expand_min_query_len = 10**6  # always absorbed
     meta, num_blocks = make_meta(layout, 16, g)
     n = meta.slot_mapping.shape[0]
     x = torch.randn(n, 24, generator=g).to(DEVICE)
     positions = (meta.seq_lens - meta.query_lens)[meta.token_seq_index] + meta.token_query_index
     calls = []
     real = kernels.mla_paged_attention
-    monkeypatch.setattr(kernels, "mla_paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        kernels, "mla_paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     outs = {}
     for backend in ("torch", "triton"):
         layer.bind_cache(num_blocks, 16, torch.float32, DEVICE)
@@ -140,8 +164,8 @@ def test_bf16_at_the_v2_lite_shape(layout):
     cache = torch.randn(num_blocks, 16, 1, 576, generator=g).to(DEVICE, torch.bfloat16)
     q_latent = torch.randn(n, 16, 512, generator=g).to(DEVICE, torch.bfloat16)
     q_rope = torch.randn(n, 16, 64, generator=g).to(DEVICE, torch.bfloat16)
-    expected = torch_reference(q_latent.float(), q_rope.float(), cache.float(), meta, 192 ** -0.5)
-    got = mla_paged_attention(q_latent, q_rope, cache, meta, 192 ** -0.5).float()
+    expected = torch_reference(q_latent.float(), q_rope.float(), cache.float(), meta, 192**-0.5)
+    got = mla_paged_attention(q_latent, q_rope, cache, meta, 192**-0.5).float()
     assert ((got - expected).norm() / expected.norm()).item() < 2e-2
 
 
@@ -153,8 +177,17 @@ def test_deepseek_greedy_tokens_under_the_triton_backend(tmp_path):
     from outpace import LLM, SamplingParams
 
     path = str(save_hf_model(make_hf_deepseek("v3-plain"), tmp_path))
-    prompts, params = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]], SamplingParams(temperature=0, max_tokens=6)
-    outs = {backend: [o.token_ids for o in LLM(path, attention_backend=backend, block_size=4, device=DEVICE,
-                                               dtype="float32").generate(prompts, params)]
-            for backend in ("torch", "triton")}
+    prompts, params = (
+        [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]],
+        SamplingParams(temperature=0, max_tokens=6),
+    )
+    outs = {
+        backend: [
+            o.token_ids
+            for o in LLM(
+                path, attention_backend=backend, block_size=4, device=DEVICE, dtype="float32"
+            ).generate(prompts, params)
+        ]
+        for backend in ("torch", "triton")
+    }
     assert outs["triton"] == outs["torch"]

@@ -8,6 +8,7 @@ Every activation the kernels take (SiLU-gated, GELU-tanh-gated, SiLU with Step-3
 in every weight layout of ``RoutedExperts`` (expert modules, packed gate/up, separate stacks) equals
 run_experts; and every MoE family's module (DeepSeek, Qwen3-Next, Nemotron-H, Step-3.5, Gemma 4) computes with
 the kernels what it computes eagerly, its eager output being what its code computed before RoutedExperts."""
+
 from __future__ import annotations
 
 import copy
@@ -39,16 +40,26 @@ def randomise(module: torch.nn.Module, std: float = 0.3) -> torch.nn.Module:
 
 def make_moe(hidden: int, inter: int, experts: int, top_k: int, dtype=torch.float32) -> MoE:
     routing = Routing(num_experts=experts, top_k=top_k, scoring="softmax")
-    moe = MoE(hidden, routing, inter, 0, lambda size, bias, **_: GatedMLP(hidden, size, "silu", bias))
+    moe = MoE(
+        hidden, routing, inter, 0, lambda size, bias, **_: GatedMLP(hidden, size, "silu", bias)
+    )
     return randomise(moe).to(DEVICE, dtype)
 
 
 def kernel_out(experts: RoutedExperts, x, weights, ids):
-    return grouped_experts(x, weights, ids, *experts.stacks(), activation=experts.activation.kernel,
-                           limit=experts.activation.limit)
+    return grouped_experts(
+        x,
+        weights,
+        ids,
+        *experts.stacks(),
+        activation=experts.activation.kernel,
+        limit=experts.activation.limit,
+    )
 
 
-def routing_of(n: int, experts: int, top_k: int, shared: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def routing_of(
+    n: int, experts: int, top_k: int, shared: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [n, top_k] float32, ids [n, top_k]): distinct experts per token; with ``shared`` every token
     draws from the same few experts, so tokens share them."""
     g = torch.Generator().manual_seed(seed)
@@ -58,18 +69,28 @@ def routing_of(n: int, experts: int, top_k: int, shared: bool, seed: int) -> tup
     return weights.to(DEVICE), ids.to(DEVICE)
 
 
-@pytest.mark.parametrize("n, experts, top_k, shared", [
-    (1, 8, 3, False),    # decode, one token
-    (5, 8, 3, True),     # verify of k+1 = 5 tokens over 4 experts: every expert seen by several tokens
-    (7, 16, 2, False),   # experts nobody chose
-    (4, 6, 6, False),    # top_k = experts
-])
+@pytest.mark.parametrize(
+    "n, experts, top_k, shared",
+    [
+        (1, 8, 3, False),  # decode, one token
+        (
+            5,
+            8,
+            3,
+            True,
+        ),  # verify of k+1 = 5 tokens over 4 experts: every expert seen by several tokens
+        (7, 16, 2, False),  # experts nobody chose
+        (4, 6, 6, False),  # top_k = experts
+    ],
+)
 def test_grouped_experts_equal_the_eager_experts(n, experts, top_k, shared):
     moe = make_moe(hidden=40, inter=24, experts=experts, top_k=top_k)
     x = torch.randn(n, 40, device=DEVICE)
     weights, ids = routing_of(n, experts, top_k, shared, seed=n)
     expected = run_experts(x, weights, ids, moe.experts)
-    torch.testing.assert_close(kernel_out(moe.experts, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        kernel_out(moe.experts, x, weights, ids), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_prefill_sized_batch_takes_the_large_blocks():
@@ -79,27 +100,47 @@ def test_prefill_sized_batch_takes_the_large_blocks():
     x = torch.randn(n, 24, device=DEVICE)
     weights, ids = routing_of(n, 4, 2, shared=False, seed=3)
     expected = run_experts(x, weights, ids, moe.experts)
-    torch.testing.assert_close(kernel_out(moe.experts, x, weights, ids), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        kernel_out(moe.experts, x, weights, ids), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_routing_sort_fills_whole_blocks_of_one_expert():
-    ids = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2]], device=DEVICE)  # expert 3 four times, 0 twice
+    ids = torch.tensor(
+        [[3, 0], [3, 1], [0, 3], [3, 2]], device=DEVICE
+    )  # expert 3 four times, 0 twice
     pairs, block_m = ids.numel(), 16
     blocks = max_blocks(pairs, 5, block_m)
     sorted_pairs = torch.full((blocks * block_m,), -7, dtype=torch.int32, device=DEVICE)
     block_expert = torch.full((blocks,), -7, dtype=torch.int32, device=DEVICE)
-    _align_kernel[(1,)](ids.reshape(-1), sorted_pairs, block_expert, pairs, blocks, NUM_EXPERTS=5, BLOCK_E=16,
-                        BLOCK_M=block_m, CHUNK=4)  # chunks of 4 pairs: the running counts carry across chunks
+    _align_kernel[(1,)](
+        ids.reshape(-1),
+        sorted_pairs,
+        block_expert,
+        pairs,
+        blocks,
+        NUM_EXPERTS=5,
+        BLOCK_E=16,
+        BLOCK_M=block_m,
+        CHUNK=4,
+    )  # chunks of 4 pairs: the running counts carry across chunks
     assert block_expert.tolist() == [0, 1, 2, 3] + [-1] * (blocks - 4)
     rows = sorted_pairs.view(blocks, block_m)[:4].tolist()
     real = [[p for p in row if p != pairs] for row in rows]
-    assert real == [[1, 4], [3], [7], [0, 2, 5, 6]]  # pair = token * top_k + slot, stable within an expert
-    assert all(p == pairs for row in rows for p in row[len([q for q in row if q != pairs]):])
+    assert real == [
+        [1, 4],
+        [3],
+        [7],
+        [0, 2, 5, 6],
+    ]  # pair = token * top_k + slot, stable within an expert
+    assert all(p == pairs for row in rows for p in row[len([q for q in row if q != pairs]) :])
 
 
 def test_stacked_weights_are_views_of_the_expert_parameters():
     moe = make_moe(hidden=16, inter=8, experts=4, top_k=2)
-    pack_projections(moe)  # serving packs each expert's gate/up first: the stack must take those over
+    pack_projections(
+        moe
+    )  # serving packs each expert's gate/up first: the stack must take those over
     gate, up, down = moe.experts.stacks()
     assert moe.experts.stacks()[0] is gate  # built once
     with torch.no_grad():
@@ -111,13 +152,18 @@ def test_stacked_weights_are_views_of_the_expert_parameters():
     assert not down[1].any()
     x = torch.randn(3, 16, device=DEVICE)
     weights, ids = routing_of(3, 4, 2, shared=True, seed=1)
-    torch.testing.assert_close(kernel_out(moe.experts, x, weights, ids), run_experts(x, weights, ids, moe.experts),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        kernel_out(moe.experts, x, weights, ids),
+        run_experts(x, weights, ids, moe.experts),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     moe.to(torch.float64)  # new storage: restacked
     assert moe.experts.stacks()[0].dtype == torch.float64
 
 
 # ---- every activation, every layout --------------------------------------------------------------------------
+
 
 class UngatedMLP(torch.nn.Module):
     """Nemotron-H's expert (models/nemotron_h.py): down(act(up(x)))."""
@@ -132,13 +178,20 @@ class UngatedMLP(torch.nn.Module):
         return self.down_proj(ACTIVATIONS[self.act](self.up_proj(x)))
 
 
-def routed_experts(layout: str, activation: ExpertActivation, hidden=24, inter=20, experts=6) -> RoutedExperts:
+def routed_experts(
+    layout: str, activation: ExpertActivation, hidden=24, inter=20, experts=6
+) -> RoutedExperts:
     if layout == "modules":
-        mlp = (partial(GatedMLP, hidden, inter, activation.name) if activation.gated else
-               partial(UngatedMLP, hidden, inter, activation.name))
+        mlp = (
+            partial(GatedMLP, hidden, inter, activation.name)
+            if activation.gated
+            else partial(UngatedMLP, hidden, inter, activation.name)
+        )
         module = RoutedExperts(activation, [mlp() for _ in range(experts)])
     else:
-        module = RoutedExperts(activation, stacked=(experts, hidden, inter), packed=layout == "packed")
+        module = RoutedExperts(
+            activation, stacked=(experts, hidden, inter), packed=layout == "packed"
+        )
     return randomise(module).to(DEVICE)
 
 
@@ -185,7 +238,9 @@ def test_the_kernels_serve_cuda_tensors_without_autograd_only(monkeypatch):
 
     experts = routed_experts("modules", ExpertActivation("silu"))
     calls = []
-    monkeypatch.setattr(kernels, "grouped_experts", lambda *a, **k: calls.append(1) or run_experts(*a[:3], experts))
+    monkeypatch.setattr(
+        kernels, "grouped_experts", lambda *a, **k: calls.append(1) or run_experts(*a[:3], experts)
+    )
     x = torch.randn(3, 24, device=DEVICE, requires_grad=True)
     weights, ids = routing_of(3, 6, 2, shared=True, seed=0)
     experts(x, weights, ids).sum().backward()
@@ -199,12 +254,20 @@ def test_refusals():
     with pytest.raises(ValueError, match="clamp"):
         ExpertActivation("relu2", gated=False, limit=1.0)
     with pytest.raises(ValueError, match="grouped experts compute"):
-        grouped_experts(torch.zeros(1, 4), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long), None,
-                        torch.zeros(2, 3, 4), torch.zeros(2, 4, 3), activation="gelu")
+        grouped_experts(
+            torch.zeros(1, 4),
+            torch.ones(1, 1),
+            torch.zeros(1, 1, dtype=torch.long),
+            None,
+            torch.zeros(2, 3, 4),
+            torch.zeros(2, 4, 3),
+            activation="gelu",
+        )
     assert ExpertActivation("gelu").kernel is None  # erf GELU: no kernel, the eager experts
 
 
 # ---- every MoE family's module ---------------------------------------------------------------------------------
+
 
 def family_model(family: str, tmp_path) -> torch.nn.Module:
     """The outpace model of a family's tiny test config (tests/helpers/: hybrid_models.py,
@@ -223,7 +286,9 @@ def family_model(family: str, tmp_path) -> torch.nn.Module:
     elif family == "gemma4":
         from helpers.gemma_models import GEMMA4_MOE_SHARED
 
-        config = transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED, architectures=["Gemma4ForCausalLM"])
+        config = transformers.Gemma4TextConfig(
+            **GEMMA4_MOE_SHARED, architectures=["Gemma4ForCausalLM"]
+        )
         config.save_pretrained(tmp_path)
     elif family == "step3p5":
         from helpers.step3p5_checkpoints import CONFIG
@@ -235,7 +300,9 @@ def family_model(family: str, tmp_path) -> torch.nn.Module:
         config = make_hf_deepseek("v3-yarn").config
         config.architectures = ["DeepseekV3ForCausalLM"]
         config.save_pretrained(tmp_path)
-    return randomise(build_model(ModelConfig.from_pretrained(tmp_path), torch.float32, DEVICE)).eval()
+    return randomise(
+        build_model(ModelConfig.from_pretrained(tmp_path), torch.float32, DEVICE)
+    ).eval()
 
 
 def previous_experts(module: RoutedExperts, family: str) -> list:
@@ -244,10 +311,14 @@ def previous_experts(module: RoutedExperts, family: str) -> list:
         from outpace.models.step3p5 import clamped_swiglu
 
         def expert(e, x):
-            act = clamped_swiglu(project(x, module.gate_proj.weight[e]), project(x, module.up_proj.weight[e]),
-                                 module.activation.limit)
+            act = clamped_swiglu(
+                project(x, module.gate_proj.weight[e]),
+                project(x, module.up_proj.weight[e]),
+                module.activation.limit,
+            )
             return project(act, module.down_proj.weight[e])
     elif family == "gemma4":  # Gemma4Experts.expert
+
         def expert(e, x):
             gate, up = F.linear(x, module.gate_up_proj[e]).chunk(2, dim=-1)
             return F.linear(ACTIVATIONS[module.activation.name](gate) * up, module.down_proj[e])
@@ -262,26 +333,43 @@ def family_moe(owner: torch.nn.Module, experts: RoutedExperts, x: torch.Tensor) 
     return experts.run(x, *owner.router(x)) if hasattr(owner, "router") else owner(x)
 
 
-@pytest.mark.parametrize("family, kernel", [("deepseek", "silu"), ("qwen3_next", "silu"), ("nemotron_h", "relu2"),
-                                            ("step3p5", "silu"), ("gemma4", "gelu_tanh")])
+@pytest.mark.parametrize(
+    "family, kernel",
+    [
+        ("deepseek", "silu"),
+        ("qwen3_next", "silu"),
+        ("nemotron_h", "relu2"),
+        ("step3p5", "silu"),
+        ("gemma4", "gelu_tanh"),
+    ],
+)
 def test_each_family_moe_equals_its_previous_output_and_the_kernels(family, kernel, tmp_path):
     model = family_model(family, tmp_path)
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
     assert found, f"{family}: no RoutedExperts"
     for i, (name, experts) in enumerate(found):
-        owner = experts if hasattr(experts, "gate") else model.get_submodule(name.rpartition(".")[0])
+        owner = (
+            experts if hasattr(experts, "gate") else model.get_submodule(name.rpartition(".")[0])
+        )
         assert experts.activation.kernel == kernel
         x = torch.randn(9, experts.stacks()[2].shape[1], device=DEVICE)
         weights, ids = routing_of(9, len(experts), 2, shared=True, seed=i)
         with torch.no_grad():
             experts.kernels = False
             eager, eager_block = experts.run(x, weights, ids), family_moe(owner, experts, x)
-            assert torch.equal(eager, run_experts(x, weights, ids, previous_experts(experts, family)))
+            assert torch.equal(
+                eager, run_experts(x, weights, ids, previous_experts(experts, family))
+            )
             experts.kernels = True
             torch.testing.assert_close(experts.run(x, weights, ids), eager, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(family_moe(owner, experts, x), eager_block, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                family_moe(owner, experts, x), eager_block, rtol=1e-5, atol=1e-5
+            )
     if family == "step3p5":
-        assert {m.activation.limit for _, m in found} == {None, 0.3}  # clamped layers run through the clamp
+        assert {m.activation.limit for _, m in found} == {
+            None,
+            0.3,
+        }  # clamped layers run through the clamp
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite expert shape: GPU only")
@@ -293,7 +381,9 @@ def test_bf16_at_the_v2_lite_shape(n):
             p.normal_(0.0, 0.02)
     x = torch.randn(n, 2048, device=DEVICE, dtype=torch.bfloat16)
     weights, ids = routing_of(n, 64, 6, shared=False, seed=n)
-    reference = copy.deepcopy(moe.experts).float()  # before the kernel stacks them (its parameters become views)
+    reference = copy.deepcopy(
+        moe.experts
+    ).float()  # before the kernel stacks them (its parameters become views)
     got = kernel_out(moe.experts, x, weights, ids)
     expected = run_experts(x.float(), weights, ids, reference)  # float32 reference
     assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2

@@ -1,5 +1,6 @@
 """The few-row matrix product (decode GEMV): the same function as F.linear, and used only where it
 applies. On the CPU the kernel runs in Triton's interpreter (float32)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,9 @@ def test_applies_only_to_few_half_precision_rows_without_bias_or_grad():
         assert skinny_applies(torch.zeros(16, 4, dtype=torch.bfloat16), w, None)
         assert not skinny_applies(torch.zeros(17, 4, dtype=torch.bfloat16), w, None)
         assert not skinny_applies(torch.zeros(2, 4), w.float(), None)
-        assert not skinny_applies(torch.zeros(2, 4, dtype=torch.bfloat16), w, torch.zeros(8, dtype=torch.bfloat16))
+        assert not skinny_applies(
+            torch.zeros(2, 4, dtype=torch.bfloat16), w, torch.zeros(8, dtype=torch.bfloat16)
+        )
     assert not skinny_applies(torch.zeros(2, 4, dtype=torch.bfloat16), w, None)  # autograd on
 
 

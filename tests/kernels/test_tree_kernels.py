@@ -2,6 +2,7 @@
 interpreter) equals the torch code the CPU runs: the ancestor mask, and greedy tree verification's walk
 (path, accepted drafts, bonus), on random topologically ordered trees where the target agrees with some
 branches."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,7 @@ def _random_trees(batch: int, n: int, vocab: int, seed: int):
     depth = torch.zeros(batch, n, dtype=torch.int64)
     for i in range(1, n):
         parents[:, i] = (torch.rand(batch, generator=g) * i).long()
-        depth[:, i] = depth.gather(1, parents[:, i:i + 1]).squeeze(1) + 1
+        depth[:, i] = depth.gather(1, parents[:, i : i + 1]).squeeze(1) + 1
     tokens = torch.randint(0, vocab, (batch, n), generator=g)
     predict = torch.randint(0, vocab, (batch, n), generator=g)
     for b in range(batch):
@@ -38,7 +39,9 @@ def test_ancestor_mask_kernel(n, seed):
     parents, _, _, max_depth = _random_trees(6, n, 5, seed)
     want = tree.ancestor_mask(parents, max_depth)
     assert torch.equal(tree_kernels.ancestor_mask(parents.to(DEVICE), max_depth).cpu(), want)
-    assert not torch.equal(tree_kernels.ancestor_mask(parents.to(DEVICE), max_depth - 1).cpu(), want)
+    assert not torch.equal(
+        tree_kernels.ancestor_mask(parents.to(DEVICE), max_depth - 1).cpu(), want
+    )
 
 
 @pytest.mark.parametrize("n, seed", [(16, 0), (7, 1), (33, 2)])
@@ -46,8 +49,12 @@ def test_greedy_walk_kernel(n, seed):
     parents, tokens, predict, max_depth = _random_trees(6, n, 3, seed)
     logits = torch.nn.functional.one_hot(predict, 3).float()
     want = verify.verify_greedy_tree(parents, tokens, logits, max_depth)
-    path, correct, bonus = (t.cpu() for t in tree_kernels.greedy_walk(
-        parents.to(DEVICE), tokens.to(DEVICE), predict.to(DEVICE), max_depth))
+    path, correct, bonus = (
+        t.cpu()
+        for t in tree_kernels.greedy_walk(
+            parents.to(DEVICE), tokens.to(DEVICE), predict.to(DEVICE), max_depth
+        )
+    )
     assert torch.equal(path, want.accepted_path)
     assert torch.equal(correct, want.num_correct_drafts)
     assert torch.equal(bonus, want.bonus_token_ids)

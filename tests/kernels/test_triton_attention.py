@@ -16,6 +16,7 @@ under causal and tree masks that give the row the same visible KV. The interpret
 numpy in the kernels' own operation order, where the fast path already fails that check; the bf16
 GPU version is the real one.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,20 +24,25 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers.attention_cases import DEVICE, Case, make_case, poisoned_allocations, tree_mask
 from outpace.attention import (
     DenseCausalMetadata,
     build_paged_metadata,
     forward_context,
     uniform_paged_metadata,
 )
+from outpace.attention.context import forward_settings
 from outpace.attention.layer import Attention
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_backend import TritonAttentionBackend
-from outpace.attention.triton_kernels import invariant_launch_config, launch_config, paged_attention, write_kv
-from outpace.attention.context import forward_settings
-from helpers.attention_cases import DEVICE, Case, make_case, poisoned_allocations, tree_mask
+from outpace.attention.triton_kernels import (
+    invariant_launch_config,
+    launch_config,
+    paged_attention,
+    write_kv,
+)
 
 # (cached rows, new tokens, tree window or None) per sequence
 LAYOUTS = {
@@ -54,8 +60,9 @@ def run_torch(case: Case, dtype=None):
     """The torch backend on fresh copies of the caches (optionally in another dtype): (out, k_cache, v_cache)."""
     dtype = dtype or case.q.dtype
     caches = (case.k_cache.to(dtype, copy=True), case.v_cache.to(dtype, copy=True))
-    out = TorchAttentionBackend().forward(case.q.to(dtype), case.k.to(dtype), case.v.to(dtype), caches, case.meta,
-                                          case.scale)
+    out = TorchAttentionBackend().forward(
+        case.q.to(dtype), case.k.to(dtype), case.v.to(dtype), caches, case.meta, case.scale
+    )
     return out, *caches
 
 
@@ -64,8 +71,16 @@ def run_triton(case: Case, num_splits=None, split_rows=None):
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
     with poisoned_allocations():
         token_table = write_kv(case.k, case.v, k_cache, v_cache, case.meta)
-        out = paged_attention(case.q, k_cache, v_cache, case.meta, token_table, case.scale, num_splits=num_splits,
-                              split_rows=split_rows)
+        out = paged_attention(
+            case.q,
+            k_cache,
+            v_cache,
+            case.meta,
+            token_table,
+            case.scale,
+            num_splits=num_splits,
+            split_rows=split_rows,
+        )
     return out, k_cache, v_cache
 
 
@@ -83,8 +98,16 @@ def assert_matches_torch(case: Case, num_splits=None, atol=1e-5, rtol=1e-4, spli
 def test_matches_torch_backend(layout, shape):
     block_size, head_dim, heads, kv_heads = shape
     cached, new, windows = LAYOUTS[layout]
-    case = make_case(cached, new, windows, block_size=block_size, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
-                     seed=10 * list(LAYOUTS).index(layout) + SHAPES.index(shape))
+    case = make_case(
+        cached,
+        new,
+        windows,
+        block_size=block_size,
+        head_dim=head_dim,
+        heads=heads,
+        kv_heads=kv_heads,
+        seed=10 * list(LAYOUTS).index(layout) + SHAPES.index(shape),
+    )
     assert_matches_torch(case)
 
 
@@ -102,11 +125,20 @@ def test_token_order_is_free():
     expected, _, _ = run_torch(case)
     perm = torch.randperm(case.q.shape[0], generator=torch.Generator().manual_seed(0)).to(DEVICE)
     m = case.meta
-    meta = PagedAttentionMetadata(slot_mapping=m.slot_mapping[perm], block_tables=m.block_tables, seq_lens=m.seq_lens,
-                                  query_lens=m.query_lens, token_seq_index=m.token_seq_index[perm],
-                                  token_query_index=m.token_query_index[perm], max_query_len=m.max_query_len,
-                                  block_size=m.block_size, custom_mask=m.custom_mask)
-    shuffled = Case(case.q[perm], case.k[perm], case.v[perm], case.k_cache, case.v_cache, meta, case.scale)
+    meta = PagedAttentionMetadata(
+        slot_mapping=m.slot_mapping[perm],
+        block_tables=m.block_tables,
+        seq_lens=m.seq_lens,
+        query_lens=m.query_lens,
+        token_seq_index=m.token_seq_index[perm],
+        token_query_index=m.token_query_index[perm],
+        max_query_len=m.max_query_len,
+        block_size=m.block_size,
+        custom_mask=m.custom_mask,
+    )
+    shuffled = Case(
+        case.q[perm], case.k[perm], case.v[perm], case.k_cache, case.v_cache, meta, case.scale
+    )
     out, _, _ = run_triton(shuffled, num_splits=2)
     torch.testing.assert_close(out, expected[perm], atol=1e-5, rtol=1e-4)
 
@@ -114,7 +146,9 @@ def test_token_order_is_free():
 def test_uniform_metadata():
     """The graph-capture metadata (uniform query length, built with device operations)."""
     case = make_case([9, 30], [4, 4], [6, 7], block_size=16, seed=5)
-    uniform = uniform_paged_metadata(case.meta.block_tables, case.meta.seq_lens - 4, 4, 16, case.meta.custom_mask)
+    uniform = uniform_paged_metadata(
+        case.meta.block_tables, case.meta.seq_lens - 4, 4, 16, case.meta.custom_mask
+    )
     case.meta = uniform
     assert_matches_torch(case, num_splits=3)
 
@@ -128,13 +162,24 @@ def test_uniform_metadata_fields(query_len):
     tables = [[7, 2, 9, 4], [3, 5, 0, 0], [1, 8, 6, 0]]
     starts, block_size = [13, 1, 26], 8
     ref = build_paged_metadata(tables, starts, [query_len] * 3, block_size, "cpu")
-    expected = (ref.slot_mapping, ref.seq_lens, ref.query_lens, ref.token_seq_index, ref.token_query_index,
-                ref.token_table())
+    expected = (
+        ref.slot_mapping,
+        ref.seq_lens,
+        ref.query_lens,
+        ref.token_seq_index,
+        ref.token_query_index,
+        ref.token_table(),
+    )
     for build in (_fields_kernel, _fields_torch):
-        strided_starts = torch.tensor([[s, -1] for s in starts]).to(DEVICE)[:, 0]  # a column: stride 2
+        strided_starts = torch.tensor([[s, -1] for s in starts]).to(DEVICE)[
+            :, 0
+        ]  # a column: stride 2
         got = build(torch.tensor(tables).to(DEVICE), strided_starts, query_len, block_size)
-        for name, a, b in zip(["slots", "seq_lens", "query_lens", "seq_index", "query_index", "token_table"],
-                              got, expected):
+        for name, a, b in zip(
+            ["slots", "seq_lens", "query_lens", "seq_index", "query_index", "token_table"],
+            got,
+            expected,
+        ):
             assert a.dtype == b.dtype, name
             assert torch.equal(a.cpu(), b), (build.__name__, name)
 
@@ -153,8 +198,10 @@ def test_registered_backend_through_layer():
 
     dense = DenseCausalMetadata(batch_size=2, seq_len=4)
     q, k, v = torch.randn(8, 4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
-    torch.testing.assert_close(backend.forward(q, k, v, None, dense, 0.25),
-                               TorchAttentionBackend().forward(q, k, v, None, dense, 0.25))
+    torch.testing.assert_close(
+        backend.forward(q, k, v, None, dense, 0.25),
+        TorchAttentionBackend().forward(q, k, v, None, dense, 0.25),
+    )
 
 
 def test_launch_config_fills_the_gpu():
@@ -166,15 +213,39 @@ def test_launch_config_fills_the_gpu():
     big = launch_config(num_seqs=64, max_query_len=6, max_kv_rows=4112, **shape)
     assert big.num_splits == 1 and big.block_m == 32
     prefill = launch_config(num_seqs=1, max_query_len=2048, max_kv_rows=2048, **shape)
-    assert (prefill.block_m, prefill.block_q, prefill.num_q_tiles, prefill.num_splits) == (128, 32, 64, 1)
+    assert (prefill.block_m, prefill.block_q, prefill.num_q_tiles, prefill.num_splits) == (
+        128,
+        32,
+        64,
+        1,
+    )
     fp32 = launch_config(num_seqs=1, max_query_len=1, max_kv_rows=64, **(shape | {"elem_size": 4}))
-    assert (fp32.block_m, fp32.block_n, fp32.num_splits) == (16, 32, 2)  # at most one split per BLOCK_N rows
-    odd = launch_config(num_seqs=2, kv_heads=2, group=3, head_dim=12, elem_size=4, max_query_len=7, max_kv_rows=64,
-                        num_sms=132)
-    assert (odd.block_m, odd.block_q, odd.block_d, odd.block_n, odd.num_splits) == (32, 10, 16, 32, 2)
+    assert (fp32.block_m, fp32.block_n, fp32.num_splits) == (
+        16,
+        32,
+        2,
+    )  # at most one split per BLOCK_N rows
+    odd = launch_config(
+        num_seqs=2,
+        kv_heads=2,
+        group=3,
+        head_dim=12,
+        elem_size=4,
+        max_query_len=7,
+        max_kv_rows=64,
+        num_sms=132,
+    )
+    assert (odd.block_m, odd.block_q, odd.block_d, odd.block_n, odd.num_splits) == (
+        32,
+        10,
+        16,
+        32,
+        2,
+    )
 
 
 # Batch-invariant variant ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def batch_invariant_mode():
@@ -190,22 +261,47 @@ def test_invariant_matches_torch_backend(batch_invariant_mode, layout, shape, sp
     """Same function as the torch backend, with one split (S = 512) or many, some empty (S = 32)."""
     block_size, head_dim, heads, kv_heads = shape
     cached, new, windows = LAYOUTS[layout]
-    case = make_case(cached, new, windows, block_size=block_size, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
-                     seed=100 + 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape))
+    case = make_case(
+        cached,
+        new,
+        windows,
+        block_size=block_size,
+        head_dim=head_dim,
+        heads=heads,
+        kv_heads=kv_heads,
+        seed=100 + 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape),
+    )
     assert_matches_torch(case, split_rows=split_rows)
 
 
 def test_invariant_launch_config_is_fixed():
     """Tiles, warps and the split size do not depend on the batch; the split count only on the table's capacity."""
     shape = {"kv_heads": 8, "group": 4, "head_dim": 128, "elem_size": 2}
-    configs = [invariant_launch_config(max_query_len=q, max_kv_rows=4112, **shape) for q in (1, 6, 2048)]
-    fixed = {(c.block_m, c.block_q, c.block_n, c.block_d, c.split_rows, c.num_warps, c.num_stages, c.num_splits)
-             for c in configs}
+    configs = [
+        invariant_launch_config(max_query_len=q, max_kv_rows=4112, **shape) for q in (1, 6, 2048)
+    ]
+    fixed = {
+        (
+            c.block_m,
+            c.block_q,
+            c.block_n,
+            c.block_d,
+            c.split_rows,
+            c.num_warps,
+            c.num_stages,
+            c.num_splits,
+        )
+        for c in configs
+    }
     assert fixed == {(64, 16, 64, 128, 512, 8, 3, 9)}
     assert [c.num_q_tiles for c in configs] == [1, 1, 128]
     assert invariant_launch_config(max_query_len=1, max_kv_rows=100, **shape).num_splits == 1
-    assert invariant_launch_config(group=3, head_dim=12, kv_heads=2, elem_size=4, max_query_len=7,
-                                   max_kv_rows=64).block_m == 64
+    assert (
+        invariant_launch_config(
+            group=3, head_dim=12, kv_heads=2, elem_size=4, max_query_len=7, max_kv_rows=64
+        ).block_m
+        == 64
+    )
     with pytest.raises(ValueError, match="multiple"):
         invariant_launch_config(max_query_len=1, max_kv_rows=100, split_rows=96, **shape)
 
@@ -216,11 +312,16 @@ def test_invariant_mode_selection(batch_invariant_mode):
     case = make_case([21, 2], [1, 7], seed=8)
     out, _, _ = run_triton(case)
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-    backend_out = get_backend("triton").forward(case.q, case.k, case.v, (k_cache, v_cache), case.meta, case.scale)
+    backend_out = get_backend("triton").forward(
+        case.q, case.k, case.v, (k_cache, v_cache), case.meta, case.scale
+    )
     assert torch.equal(out, backend_out)
     with pytest.raises(ValueError, match="fixed"):
         run_triton(case, num_splits=2)
-    with forward_settings(batch_invariant=False), pytest.raises(ValueError, match="batch-invariant"):
+    with (
+        forward_settings(batch_invariant=False),
+        pytest.raises(ValueError, match="batch-invariant"),
+    ):
         run_triton(case, split_rows=64)
 
 
@@ -231,8 +332,10 @@ def make_rows(lengths, *, heads, kv_heads, head_dim, dtype, device, seed):
     def randn(*shape):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-    return {s: (randn(n, heads, head_dim), randn(n, kv_heads, head_dim), randn(n, kv_heads, head_dim))
-            for s, n in lengths.items()}
+    return {
+        s: (randn(n, heads, head_dim), randn(n, kv_heads, head_dim), randn(n, kv_heads, head_dim))
+        for s, n in lengths.items()
+    }
 
 
 def run_rows(rows, entries, *, block_size, seed, split_rows=None, extra_blocks=0):
@@ -244,26 +347,41 @@ def run_rows(rows, entries, *, block_size, seed, split_rows=None, extra_blocks=0
     g = torch.Generator().manual_seed(seed)
     q0, k0, _ = next(iter(rows.values()))
     device = q0.device
-    counts = [-(-(c + n) // block_size) + (extra_blocks if i == 0 else 0) for i, (_, c, n, _) in enumerate(entries)]
+    counts = [
+        -(-(c + n) // block_size) + (extra_blocks if i == 0 else 0)
+        for i, (_, c, n, _) in enumerate(entries)
+    ]
     num_blocks = sum(counts) + 1
     perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
-    tables = [perm[sum(counts[:i]):sum(counts[:i + 1])] for i in range(len(entries))]
-    k_cache = torch.full((num_blocks, block_size, *k0.shape[1:]), float("nan"), dtype=k0.dtype, device=device)
+    tables = [perm[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(entries))]
+    k_cache = torch.full(
+        (num_blocks, block_size, *k0.shape[1:]), float("nan"), dtype=k0.dtype, device=device
+    )
     v_cache = k_cache.clone()
     for (s, c, _, _), table in zip(entries, tables):
         r = torch.arange(c)
         slots = (torch.tensor(table)[r // block_size] * block_size + r % block_size).to(device)
         k_cache.view(-1, *k0.shape[1:])[slots] = rows[s][1][:c]
         v_cache.view(-1, *k0.shape[1:])[slots] = rows[s][2][:c]
-    q, k, v = (torch.cat([rows[s][i][c:c + n] for s, c, n, _ in entries]) for i in range(3))
+    q, k, v = (torch.cat([rows[s][i][c : c + n] for s, c, n, _ in entries]) for i in range(3))
     masks = [m for *_, m in entries]
-    meta = build_paged_metadata(tables, [e[1] for e in entries], [e[2] for e in entries], block_size, device,
-                                masks if any(m is not None for m in masks) else None)
+    meta = build_paged_metadata(
+        tables,
+        [e[1] for e in entries],
+        [e[2] for e in entries],
+        block_size,
+        device,
+        masks if any(m is not None for m in masks) else None,
+    )
     with poisoned_allocations():
         token_table = write_kv(k, v, k_cache, v_cache, meta)
-        out = paged_attention(q, k_cache, v_cache, meta, token_table, q.shape[-1] ** -0.5, split_rows=split_rows)
+        out = paged_attention(
+            q, k_cache, v_cache, meta, token_table, q.shape[-1] ** -0.5, split_rows=split_rows
+        )
     starts = [sum(e[2] for e in entries[:i]) for i in range(len(entries))]
-    return {(s, c + i): out[start + i] for (s, c, n, _), start in zip(entries, starts) for i in range(n)}
+    return {
+        (s, c + i): out[start + i] for (s, c, n, _), start in zip(entries, starts) for i in range(n)
+    }
 
 
 def reference_row(rows, s, p, visible):
@@ -271,7 +389,10 @@ def reference_row(rows, s, p, visible):
     q, k, v = (x.double() for x in rows[s])
     group = q.shape[1] // k.shape[1]
     visible = visible.to(k.device)
-    keys, values = k[:p + 1][visible].repeat_interleave(group, 1), v[:p + 1][visible].repeat_interleave(group, 1)
+    keys, values = (
+        k[: p + 1][visible].repeat_interleave(group, 1),
+        v[: p + 1][visible].repeat_interleave(group, 1),
+    )
     scores = torch.einsum("hd,khd->hk", q[p], keys) * q.shape[-1] ** -0.5
     return torch.einsum("hk,khd->hd", scores.softmax(-1), values)
 
@@ -279,8 +400,12 @@ def reference_row(rows, s, p, visible):
 def assert_same_rows(a, b, rows, visible, atol):
     """Bit-equal rows in the two calls' outputs, and close to the float64 reference."""
     for (s, p), seen in visible.items():
-        assert torch.equal(a[s, p], b[s, p]), f"sequence {s}, row {p}: {(a[s, p] - b[s, p]).abs().max().item()}"
-        torch.testing.assert_close(a[s, p].double(), reference_row(rows, s, p, seen), atol=atol, rtol=0)
+        assert torch.equal(a[s, p], b[s, p]), (
+            f"sequence {s}, row {p}: {(a[s, p] - b[s, p]).abs().max().item()}"
+        )
+        torch.testing.assert_close(
+            a[s, p].double(), reference_row(rows, s, p, seen), atol=atol, rtol=0
+        )
 
 
 def causal_rows_scenario(targets, *, block_size, dtype, device, seed, split_rows, **shape):
@@ -288,12 +413,20 @@ def causal_rows_scenario(targets, *, block_size, dtype, device, seed, split_rows
     chunk, and verify (query_len 6 over p - 2 .. p + 3) of the same sequences in another order, with
     other neighbours and a wider block table: {(seq, p): row} of each call, and the rows' visible KV."""
     others = {len(targets): 60, len(targets) + 1: 90}
-    rows = make_rows({**{s: p + 4 for s, p in enumerate(targets)}, **others}, dtype=dtype, device=device, seed=seed,
-                     **shape)
+    rows = make_rows(
+        {**{s: p + 4 for s, p in enumerate(targets)}, **others},
+        dtype=dtype,
+        device=device,
+        seed=seed,
+        **shape,
+    )
     o1, o2 = others
     decode = [(o1, 10, 20, None)] + [(s, p, 1, None) for s, p in enumerate(targets)]
-    verify = [(o2, 40, 33, None)] + [(s, p - 2, 6, None) for s, p in reversed(list(enumerate(targets)))] + \
-        [(o1, 50, 5, None)]
+    verify = (
+        [(o2, 40, 33, None)]
+        + [(s, p - 2, 6, None) for s, p in reversed(list(enumerate(targets)))]
+        + [(o1, 50, 5, None)]
+    )
     kw = {"block_size": block_size, "split_rows": split_rows}
     a = run_rows(rows, decode, seed=seed + 1, **kw)
     b = run_rows(rows, verify, seed=seed + 2, extra_blocks=7, **kw)
@@ -309,7 +442,9 @@ def tree_rows_scenario(p0, p1, *, block_size, dtype, device, seed, split_rows, *
     whose mask shows it every row up to itself. Ragged neighbours: causal chunks, causal under the
     call's tree mask or not. Returns rows, the calls' outputs and the visible rows."""
     g = torch.Generator().manual_seed(seed)
-    rows = make_rows({0: p0 + 4, 1: p1 + 4, 2: 60, 3: 40}, dtype=dtype, device=device, seed=seed, **shape)
+    rows = make_rows(
+        {0: p0 + 4, 1: p1 + 4, 2: 60, 3: 40}, dtype=dtype, device=device, seed=seed, **shape
+    )
 
     def random_rows(q, window):  # [q, window]: a random subset, each new row seeing itself
         mask = torch.rand(q, window, generator=g) < 0.5
@@ -317,27 +452,34 @@ def tree_rows_scenario(p0, p1, *, block_size, dtype, device, seed, split_rows, *
         return mask
 
     w1, w2 = 150, 158
-    a = p0 + 1 - w1                                      # decode window's first row
+    a = p0 + 1 - w1  # decode window's first row
     seen0 = torch.ones(p0 + 1, dtype=torch.bool)
     seen0[a:] = torch.rand(p0 + 1 - a, generator=g) < 0.3
     gap = -(-a // 64) * 64
-    seen0[gap:gap + 64] = False
+    seen0[gap : gap + 64] = False
     seen0[p0] = True
     assert gap + 64 < p0
     dec_mask0 = seen0[a:].reshape(1, w1)
     ver_mask0 = random_rows(6, w2)
-    ver_mask0[2] = torch.cat([seen0[p0 + 4 - w2:], torch.zeros(3, dtype=torch.bool)])
+    ver_mask0[2] = torch.cat([seen0[p0 + 4 - w2 :], torch.zeros(3, dtype=torch.bool)])
     ver_mask1 = random_rows(6, 10)
-    ver_mask1[2] = torch.arange(10) < 7                  # rows p1 - 6 .. p1 of the window p1 - 6 .. p1 + 3
+    ver_mask1[2] = torch.arange(10) < 7  # rows p1 - 6 .. p1 of the window p1 - 6 .. p1 + 3
 
     def dev(m):
         return m.to(device)
 
     kw = {"block_size": block_size, "split_rows": split_rows}
-    decode_tree = run_rows(rows, [(2, 9, 30, None), (0, p0, 1, dev(dec_mask0))], seed=seed + 1, **kw)
+    decode_tree = run_rows(
+        rows, [(2, 9, 30, None), (0, p0, 1, dev(dec_mask0))], seed=seed + 1, **kw
+    )
     decode_causal = run_rows(rows, [(3, 7, 12, None), (1, p1, 1, None)], seed=seed + 2, **kw)
-    verify = run_rows(rows, [(1, p1 - 2, 6, dev(ver_mask1)), (2, 40, 7, None), (0, p0 - 2, 6, dev(ver_mask0))],
-                      seed=seed + 3, extra_blocks=5, **kw)
+    verify = run_rows(
+        rows,
+        [(1, p1 - 2, 6, dev(ver_mask1)), (2, 40, 7, None), (0, p0 - 2, 6, dev(ver_mask0))],
+        seed=seed + 3,
+        extra_blocks=5,
+        **kw,
+    )
     decode = {(0, p0): decode_tree[0, p0], (1, p1): decode_causal[1, p1]}
     return rows, decode, verify, {(0, p0): seen0, (1, p1): torch.ones(p1 + 1, dtype=torch.bool)}
 
@@ -350,22 +492,42 @@ INTERPRETER_SHAPES = [(16, 32, 8, 2), (6, 12, 6, 2)]
 def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, split_rows):
     """Rows p at tile and split boundaries (p - 2 .. p + 3 crossing 64, 96 and 128): decode == verify, bitwise."""
     block_size, head_dim, heads, kv_heads = shape
-    rows, a, b, visible = causal_rows_scenario([130, 96, 63, 17], block_size=block_size, dtype=torch.float32,
-                                               device=DEVICE, seed=20, split_rows=split_rows, heads=heads,
-                                               kv_heads=kv_heads, head_dim=head_dim)
+    rows, a, b, visible = causal_rows_scenario(
+        [130, 96, 63, 17],
+        block_size=block_size,
+        dtype=torch.float32,
+        device=DEVICE,
+        seed=20,
+        split_rows=split_rows,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+    )
     assert_same_rows(a, b, rows, visible, atol=1e-5)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="float32 on the GPU is not bit-invariant under tree masks: "
-                    "an H100 gave rows 1 ulp apart (see triton_kernels.py); bf16 is checked below")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="float32 on the GPU is not bit-invariant under tree masks: "
+    "an H100 gave rows 1 ulp apart (see triton_kernels.py); bf16 is checked below",
+)
 @pytest.mark.parametrize("split_rows", [None, 32, 64], ids=["S512", "S32", "S64"])
 @pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
 def test_invariant_tree_rows_match(batch_invariant_mode, shape, split_rows):
     """Tree masks: the same visible rows give the same bits, whatever the window and the mask's other rows."""
     block_size, head_dim, heads, kv_heads = shape
-    rows, a, b, visible = tree_rows_scenario(200, 96, block_size=block_size, dtype=torch.float32, device=DEVICE,
-                                             seed=30, split_rows=split_rows, heads=heads, kv_heads=kv_heads,
-                                             head_dim=head_dim)
+    rows, a, b, visible = tree_rows_scenario(
+        200,
+        96,
+        block_size=block_size,
+        dtype=torch.float32,
+        device=DEVICE,
+        seed=30,
+        split_rows=split_rows,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+    )
     assert_same_rows(a, b, rows, visible, atol=1e-5)
 
 
@@ -380,8 +542,12 @@ EIGHT_B = {"head_dim": 128, "heads": 32, "kv_heads": 8}
 def test_bf16_long_context_8b_shape(layout, num_splits):
     """bf16 against the torch backend computed in float32 on the same (bf16-valued) inputs."""
     cached = [4000, 1500, 7000, 33]
-    new, windows = {"decode": ([1] * 4, None), "verify": ([6] * 4, None), "tree": ([16] * 4, [20, 16, 40, 16]),
-                    "mixed": ([300, 1, 6, 16], [None, None, None, 24])}[layout]
+    new, windows = {
+        "decode": ([1] * 4, None),
+        "verify": ([6] * 4, None),
+        "tree": ([16] * 4, [20, 16, 40, 16]),
+        "mixed": ([300, 1, 6, 16], [None, None, None, 24]),
+    }[layout]
     case = make_case(cached, new, windows, block_size=16, dtype=torch.bfloat16, seed=11, **EIGHT_B)
     expected, k_ref, _ = run_torch(case, dtype=torch.float32)
     out, k_cache, _ = run_triton(case, num_splits)
@@ -405,17 +571,32 @@ def test_cuda_graph_replay_matches_eager(query_len, window):
     def randn(*shape):
         return torch.randn(*shape, generator=g).to(dev, torch.bfloat16)
 
-    k_cache, v_cache = randn(num_blocks, block_size, kv_heads, dim), randn(num_blocks, block_size, kv_heads, dim)
-    q, k, v = randn(batch * query_len, heads, dim), randn(batch * query_len, kv_heads, dim), \
-        randn(batch * query_len, kv_heads, dim)
+    k_cache, v_cache = (
+        randn(num_blocks, block_size, kv_heads, dim),
+        randn(num_blocks, block_size, kv_heads, dim),
+    )
+    q, k, v = (
+        randn(batch * query_len, heads, dim),
+        randn(batch * query_len, kv_heads, dim),
+        randn(batch * query_len, kv_heads, dim),
+    )
     tables = torch.zeros(batch, max_blocks, dtype=torch.int64, device=dev)
     starts = torch.zeros(batch, dtype=torch.int64, device=dev)
-    mask = None if window is None else torch.zeros(batch, query_len, window, dtype=torch.bool, device=dev)
+    mask = (
+        None
+        if window is None
+        else torch.zeros(batch, query_len, window, dtype=torch.bool, device=dev)
+    )
 
     def new_inputs():
         """Fresh values in the static buffers: new lengths (some crossing blocks), tables, masks, q/k/v."""
         starts.copy_(torch.randint(window or 0, 4500, (batch,), generator=g))
-        tables.copy_(torch.randperm(num_blocks - 1, generator=g)[:batch * max_blocks].view(batch, max_blocks) + 1)
+        tables.copy_(
+            torch.randperm(num_blocks - 1, generator=g)[: batch * max_blocks].view(
+                batch, max_blocks
+            )
+            + 1
+        )
         for x in (q, k, v):
             x.copy_(torch.randn(x.shape, generator=g))
         if mask is not None:
@@ -423,7 +604,7 @@ def test_cuda_graph_replay_matches_eager(query_len, window):
 
     def call():
         meta = uniform_paged_metadata(tables, starts, query_len, block_size, mask)
-        return backend.forward(q, k, v, (k_cache, v_cache), meta, dim ** -0.5)
+        return backend.forward(q, k, v, (k_cache, v_cache), meta, dim**-0.5)
 
     new_inputs()
     captured = CapturedCall(call, dev)
@@ -446,8 +627,12 @@ def test_cuda_graph_replay_matches_eager(query_len, window):
 def test_invariant_bf16_long_context_8b_shape(batch_invariant_mode, layout):
     """The batch-invariant variant in bf16 against the torch backend in float32."""
     cached = [4000, 1500, 7000, 33]
-    new, windows = {"decode": ([1] * 4, None), "verify": ([6] * 4, None), "tree": ([16] * 4, [20, 16, 40, 16]),
-                    "mixed": ([300, 1, 6, 16], [None, None, None, 24])}[layout]
+    new, windows = {
+        "decode": ([1] * 4, None),
+        "verify": ([6] * 4, None),
+        "tree": ([16] * 4, [20, 16, 40, 16]),
+        "mixed": ([300, 1, 6, 16], [None, None, None, 24]),
+    }[layout]
     case = make_case(cached, new, windows, block_size=16, dtype=torch.bfloat16, seed=12, **EIGHT_B)
     expected, _, _ = run_torch(case, dtype=torch.float32)
     out, _, _ = run_triton(case)
@@ -459,14 +644,29 @@ def test_invariant_bf16_long_context_8b_shape(batch_invariant_mode, layout):
 @pytest.mark.parametrize("split_rows", [None, 64], ids=["S512", "S64"])
 def test_invariant_decode_and_verify_rows_match_bf16(batch_invariant_mode, split_rows):
     """The real check: bf16 on the GPU, Llama-8B head shape, long contexts, rows across 512-row splits."""
-    rows, a, b, visible = causal_rows_scenario([4000, 1535, 6999, 511, 1023], block_size=16, dtype=torch.bfloat16,
-                                               device="cuda", seed=40, split_rows=split_rows, **EIGHT_B)
+    rows, a, b, visible = causal_rows_scenario(
+        [4000, 1535, 6999, 511, 1023],
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=40,
+        split_rows=split_rows,
+        **EIGHT_B,
+    )
     assert_same_rows(a, b, rows, visible, atol=2e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("split_rows", [None, 64], ids=["S512", "S64"])
 def test_invariant_tree_rows_match_bf16(batch_invariant_mode, split_rows):
-    rows, a, b, visible = tree_rows_scenario(3000, 1025, block_size=16, dtype=torch.bfloat16, device="cuda", seed=50,
-                                             split_rows=split_rows, **EIGHT_B)
+    rows, a, b, visible = tree_rows_scenario(
+        3000,
+        1025,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=50,
+        split_rows=split_rows,
+        **EIGHT_B,
+    )
     assert_same_rows(a, b, rows, visible, atol=2e-2)

@@ -1,6 +1,7 @@
 """The fused Triton kernels (add + RMSNorm, RoPE, silu_and_mul) against their torch references, and the
 decoder layer's fused residual path against the unfused formulation. Without a GPU the kernels run
 in Triton's interpreter on CPU tensors (float32); the bf16 and CUDA-graph checks need a GPU."""
+
 import pytest
 import torch
 
@@ -63,19 +64,25 @@ def test_rms_norm_reads_strided_rows():
     """EAGLE3's aux norm reads column chunks of a wider tensor: rows with a stride > dim."""
     wide, weight = _rand(5, 3 * 40, seed=6), _rand(40, seed=7)
     part = wide[:, 40:80]
-    assert _rel(rms_norm_triton(part, weight, 1e-6)[0], rms_norm_torch(part, weight, 1e-6)[0]) < 1e-6
+    assert (
+        _rel(rms_norm_triton(part, weight, 1e-6)[0], rms_norm_torch(part, weight, 1e-6)[0]) < 1e-6
+    )
 
 
-@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(12, 6, 2), (32, 3, 1), (128, 4, 4), (64, 0, 2), (32, 2, 0)])
+@pytest.mark.parametrize(
+    "head_dim,q_heads,kv_heads", [(12, 6, 2), (32, 3, 1), (128, 4, 4), (64, 0, 2), (32, 2, 0)]
+)
 def test_rotary_matches_torch(head_dim, q_heads, kv_heads, poisoned):
     """q and k are strided views of one [n, (q_heads + 2 kv_heads) * head_dim] projection; 0 heads is
     DFlash's way of rotating k (or q) alone."""
     n = 9
     rope = RotaryEmbedding(head_dim, 64, 10000.0).to(DEVICE)
     qkv = _rand(n, (q_heads + 2 * kv_heads) * head_dim, seed=head_dim)
-    q = qkv[:, :q_heads * head_dim].view(n, q_heads, head_dim)
-    k = qkv[:, q_heads * head_dim:(q_heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
-    positions = torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(head_dim)).to(DEVICE)
+    q = qkv[:, : q_heads * head_dim].view(n, q_heads, head_dim)
+    k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    positions = torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(head_dim)).to(
+        DEVICE
+    )
     out = rotary_triton(positions, q, k, rope.cos, rope.sin)
     ref = rotary_torch(positions, q, k, rope.cos, rope.sin)
     for o, r in zip(out, ref):  # float32: the same products and sums, rounded the same way
@@ -89,7 +96,9 @@ def test_silu_and_mul_matches_torch(shape, poisoned):
 
 
 def test_silu_and_mul_reads_the_halves_of_a_packed_projection(poisoned):
-    packed = _rand(5, 2 * 300, seed=12) * 4  # [rows, gate | up], as a packed gate_up projection gives
+    packed = (
+        _rand(5, 2 * 300, seed=12) * 4
+    )  # [rows, gate | up], as a packed gate_up projection gives
     gate, up = packed.chunk(2, dim=-1)
     assert not gate.is_contiguous()
     assert _rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
@@ -110,7 +119,10 @@ def test_decoder_layers_match_the_unfused_residual_adds(llama_dir):
     layers = model.model.layers
     model.set_aux_hidden_state_layers((0, 2, len(layers), 1))
     n = 10
-    ids, positions = torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)), torch.arange(n)
+    ids, positions = (
+        torch.randint(0, 200, (n,), generator=torch.Generator().manual_seed(0)),
+        torch.arange(n),
+    )
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         out = model(ids, positions)
         h, inputs = model.embed(ids), []
@@ -119,7 +131,9 @@ def test_decoder_layers_match_the_unfused_residual_adds(llama_dir):
             assert torch.equal(layer(positions, h), _unfused(layer, positions, h))
             h = _unfused(layer, positions, h)
     assert torch.equal(out.hidden_states, h)
-    assert torch.equal(out.aux_hidden_states, torch.cat([inputs[0], inputs[2], h, inputs[1]], dim=-1))
+    assert torch.equal(
+        out.aux_hidden_states, torch.cat([inputs[0], inputs[2], h, inputs[1]], dim=-1)
+    )
 
 
 def _unfused(layer, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -131,12 +145,22 @@ def _unfused(layer, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("x_dtype,residual_dtype,weight_dtype", [
-    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
-    (torch.bfloat16, torch.float32, torch.float32),  # autocast: bf16 projections, float32 stream and weights
-])
+@pytest.mark.parametrize(
+    "x_dtype,residual_dtype,weight_dtype",
+    [
+        (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+        (
+            torch.bfloat16,
+            torch.float32,
+            torch.float32,
+        ),  # autocast: bf16 projections, float32 stream and weights
+    ],
+)
 def test_add_rms_norm_bf16_on_cuda(x_dtype, residual_dtype, weight_dtype):
-    x, residual = _rand(37, 4096, seed=12, dtype=x_dtype), _rand(37, 4096, seed=13, dtype=residual_dtype)
+    x, residual = (
+        _rand(37, 4096, seed=12, dtype=x_dtype),
+        _rand(37, 4096, seed=13, dtype=residual_dtype),
+    )
     weight = _rand(4096, seed=14, dtype=weight_dtype)
     norm = RMSNorm(4096).cuda()
     norm.weight.data = weight
@@ -154,9 +178,12 @@ def test_rotary_and_silu_bf16_on_cuda():
     n, d = 21, 128
     rope = RotaryEmbedding(d, 4096, 500000.0).cuda()
     qkv = _rand(n, (32 + 2 * 8) * d, seed=15, dtype=torch.bfloat16)
-    q, k = qkv[:, :32 * d].view(n, 32, d), qkv[:, 32 * d:40 * d].view(n, 8, d)
+    q, k = qkv[:, : 32 * d].view(n, 32, d), qkv[:, 32 * d : 40 * d].view(n, 8, d)
     positions = torch.randint(0, 4096, (n,), device="cuda")
-    gate, up = _rand(n, 14336, seed=16, dtype=torch.bfloat16), _rand(n, 14336, seed=17, dtype=torch.bfloat16)
+    gate, up = (
+        _rand(n, 14336, seed=16, dtype=torch.bfloat16),
+        _rand(n, 14336, seed=17, dtype=torch.bfloat16),
+    )
     with torch.inference_mode():
         out = rope(positions, q, k)
         act = silu_and_mul(gate, up)
@@ -169,7 +196,11 @@ def test_rotary_and_silu_bf16_on_cuda():
 def test_kernels_replay_in_a_cuda_graph():
     norm, rope = RMSNorm(256).cuda(), RotaryEmbedding(64, 128, 10000.0).cuda()
     x, residual = _rand(5, 256, seed=18), _rand(5, 256, seed=19)
-    q, k, positions = _rand(5, 4, 64, seed=20), _rand(5, 2, 64, seed=21), torch.arange(5, device="cuda")
+    q, k, positions = (
+        _rand(5, 4, 64, seed=20),
+        _rand(5, 2, 64, seed=21),
+        torch.arange(5, device="cuda"),
+    )
 
     def step():
         out, stream = norm(x, residual)

@@ -1,12 +1,23 @@
 """The fused few-row projections compute what the unfused chain of modules computes. On the CPU the
 kernels run in Triton's interpreter (float32); on the GPU in bf16 at the Llama-3.1-8B shapes."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from outpace.layers.fused_projection import (_PLAIN, _QKV, _launch_grid, embed_norm_pair, fused_rows_apply,
-                                             norm_project, norm_project_qkv, norm_project_swiglu, normed_rows,
-                                             project_add, project_add_normed)
+from outpace.layers.fused_projection import (
+    _PLAIN,
+    _QKV,
+    _launch_grid,
+    embed_norm_pair,
+    fused_rows_apply,
+    norm_project,
+    norm_project_qkv,
+    norm_project_swiglu,
+    normed_rows,
+    project_add,
+    project_add_normed,
+)
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
@@ -33,14 +44,21 @@ def test_norm_project_is_rms_norm_then_linear(m, k, n):
 
 def test_norm_project_can_write_another_dtype():
     x, nw, w = _rand(3, 64, seed=4), _rand(64, seed=5), _rand(40, 64, seed=6)
-    out = norm_project(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE), out_dtype=torch.float64)
+    out = norm_project(
+        normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE), out_dtype=torch.float64
+    )
     assert out.dtype == torch.float64
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 300, 70), (5, 64, 520)])
 def test_project_add_normed_readies_the_stream_for_the_next_norm(m, k, n):
     """The stream it writes, normed by the projection after it, is RMSNorm(stream) @ W.T."""
-    x, w, res, nw = _rand(m, k, seed=21), _rand(n, k, seed=22), _rand(m, n, seed=23), _rand(n, seed=24)
+    x, w, res, nw = (
+        _rand(m, k, seed=21),
+        _rand(n, k, seed=22),
+        _rand(m, n, seed=23),
+        _rand(n, seed=24),
+    )
     w_next = _rand(30, n, seed=25)
     rows = project_add_normed(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE), nw.to(DEVICE))
     stream = res.double() + F.linear(x.double(), w.double())
@@ -61,25 +79,39 @@ def test_project_add_adds_the_residual(m, k, n):
 def test_strided_rows_are_read_correctly():
     x = _rand(5, 128, seed=10)[:, :64]  # row stride 128
     w, res = _rand(48, 64, seed=11), _rand(5, 48, seed=12)
-    _close(project_add(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE)), res.double() + F.linear(x.double(), w.double()))
+    _close(
+        project_add(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE)),
+        res.double() + F.linear(x.double(), w.double()),
+    )
 
 
 @pytest.mark.parametrize("m,k,inter", [(1, 96, 80), (12, 64, 200)])
 def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
     x, nw, w = _rand(m, k, seed=13), _rand(k, seed=14), _rand(2 * inter, k, seed=15)
-    gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double()).chunk(2, dim=-1)
-    _close(norm_project_swiglu(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE)), F.silu(gate) * up)
+    gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double()).chunk(
+        2, dim=-1
+    )
+    _close(
+        norm_project_swiglu(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE)),
+        F.silu(gate) * up,
+    )
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qk_norm"])
-@pytest.mark.parametrize("m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64), (3, 4, 2, 128)])
+@pytest.mark.parametrize(
+    "m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64), (3, 4, 2, 128)]
+)
 def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_dim, qk_norm):
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
     x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
     w = _rand(q_size + 2 * kv_size, k_in, seed=18)
     qn, kn = _rand(head_dim, seed=21), _rand(head_dim, seed=22)
-    rotary = RotaryEmbedding(head_dim, 4096, 10000.0, {"rope_type": "llama3", "factor": 8.0,
-                                                        "original_max_position_embeddings": 256})
+    rotary = RotaryEmbedding(
+        head_dim,
+        4096,
+        10000.0,
+        {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 256},
+    )
     positions = torch.randint(0, 4096, (m,), generator=torch.Generator().manual_seed(19))
     num_blocks, block_size = 6, 4
     slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(20))[:m]
@@ -92,24 +124,48 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
     if qk_norm:
         q, k = rms_norm_torch(q, qn.double(), EPS)[0], rms_norm_torch(k, kn.double(), EPS)[0]
     q_ref, k_ref = rotary_torch(positions, q, k, rotary.cos.double(), rotary.sin.double())
-    k_cache_ref, v_cache_ref = k_cache.double().view(-1, kv_size), v_cache.double().view(-1, kv_size)
+    k_cache_ref, v_cache_ref = (
+        k_cache.double().view(-1, kv_size),
+        v_cache.double().view(-1, kv_size),
+    )
     k_cache_ref[slots], v_cache_ref[slots] = k_ref.reshape(m, kv_size), v
 
     dev = [t.to(DEVICE) for t in (k_cache, v_cache)]
-    out = norm_project_qkv(normed_rows(x.to(DEVICE), nw.to(DEVICE)), EPS, w.to(DEVICE), head_dim, q_size,
-                           positions.to(DEVICE),
-                           rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *dev, slots.to(DEVICE),
-                           qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None)
+    out = norm_project_qkv(
+        normed_rows(x.to(DEVICE), nw.to(DEVICE)),
+        EPS,
+        w.to(DEVICE),
+        head_dim,
+        q_size,
+        positions.to(DEVICE),
+        rotary.cos.to(DEVICE),
+        rotary.sin.to(DEVICE),
+        *dev,
+        slots.to(DEVICE),
+        qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
+    )
     _close(out, q_ref.reshape(m, q_size))
-    _close(dev[0].view(-1, kv_size), k_cache_ref)   # the tokens' slots hold k; every other slot is untouched
+    _close(
+        dev[0].view(-1, kv_size), k_cache_ref
+    )  # the tokens' slots hold k; every other slot is untouched
     _close(dev[1].view(-1, kv_size), v_cache_ref)
 
     # k and v alone (q_size 0: a drafter's context rows), from rows that are already normalised
     kv_only = [torch.zeros_like(c) for c in dev]
     normed_x = rms_norm_torch(x.double(), nw.double(), EPS)[0].float()
-    norm_project_qkv(normed_x.to(DEVICE), 0.0, w[q_size:].to(DEVICE), head_dim, 0, positions.to(DEVICE),
-                     rotary.cos.to(DEVICE), rotary.sin.to(DEVICE), *kv_only, slots.to(DEVICE),
-                     qk_norm=(kn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None)
+    norm_project_qkv(
+        normed_x.to(DEVICE),
+        0.0,
+        w[q_size:].to(DEVICE),
+        head_dim,
+        0,
+        positions.to(DEVICE),
+        rotary.cos.to(DEVICE),
+        rotary.sin.to(DEVICE),
+        *kv_only,
+        slots.to(DEVICE),
+        qk_norm=(kn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
+    )
     _close(kv_only[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(kv_only[1].view(-1, kv_size)[slots], v)
 
@@ -130,20 +186,49 @@ def test_embed_norm_pair_is_both_norms_concatenated():
     """EAGLE3's layer input: [RMSNorm(embedding[ids]) | RMSNorm(hidden)] in one kernel."""
     emb, hidden = _rand(50, 40, seed=23), _rand(3, 40, seed=24)
     we, wh, ids = _rand(40, seed=25), _rand(40, seed=26), torch.tensor([7, 0, 49])
-    expected = torch.cat([rms_norm_torch(emb[ids].double(), we.double(), EPS)[0],
-                          rms_norm_torch(hidden.double(), wh.double(), EPS)[0]], dim=-1)
-    out = embed_norm_pair(ids.to(DEVICE), emb.to(DEVICE), (we.to(DEVICE), EPS), hidden.to(DEVICE), (wh.to(DEVICE), EPS))
+    expected = torch.cat(
+        [
+            rms_norm_torch(emb[ids].double(), we.double(), EPS)[0],
+            rms_norm_torch(hidden.double(), wh.double(), EPS)[0],
+        ],
+        dim=-1,
+    )
+    out = embed_norm_pair(
+        ids.to(DEVICE),
+        emb.to(DEVICE),
+        (we.to(DEVICE), EPS),
+        hidden.to(DEVICE),
+        (wh.to(DEVICE), EPS),
+    )
     _close(out, expected)
     with pytest.raises(ValueError, match="one eps"):
-        embed_norm_pair(ids.to(DEVICE), emb.to(DEVICE), (we.to(DEVICE), EPS), hidden.to(DEVICE), (wh.to(DEVICE), 1e-3))
+        embed_norm_pair(
+            ids.to(DEVICE),
+            emb.to(DEVICE),
+            (we.to(DEVICE), EPS),
+            hidden.to(DEVICE),
+            (wh.to(DEVICE), 1e-3),
+        )
 
 
 @pytest.mark.parametrize("processors", [4, 132])
-@pytest.mark.parametrize("n_out,epilogue,whole", [(70, _PLAIN, 1), (4096, _PLAIN, 1), (128256, _PLAIN, 1),
-                                                  (14336, _QKV, 1), (3072, _QKV, 1), (80, _QKV, 8),
-                                                  (3072, _QKV, 64)])
-def test_grid_gives_every_output_to_one_program_evenly(n_out, epilogue, whole, processors, monkeypatch):
+@pytest.mark.parametrize(
+    "n_out,epilogue,whole",
+    [
+        (70, _PLAIN, 1),
+        (4096, _PLAIN, 1),
+        (128256, _PLAIN, 1),
+        (14336, _QKV, 1),
+        (3072, _QKV, 1),
+        (80, _QKV, 8),
+        (3072, _QKV, 64),
+    ],
+)
+def test_grid_gives_every_output_to_one_program_evenly(
+    n_out, epilogue, whole, processors, monkeypatch
+):
     from outpace.layers import fused_projection
+
     monkeypatch.setattr(fused_projection, "num_sms", lambda device: processors)
     grid = _launch_grid(n_out, epilogue.value, 2 * n_out, torch.device("cpu"), whole)
     owner = torch.zeros(n_out, dtype=torch.long)
@@ -152,10 +237,12 @@ def test_grid_gives_every_output_to_one_program_evenly(n_out, epilogue, whole, p
         for sub in range(grid.subs):
             start = p * grid.outs + sub * grid.chunk
             assert start % whole == 0  # a sub-tile starts on a head (per-head norms)
-            owner[start:min(start + grid.chunk, own_end)] += 1
+            owner[start : min(start + grid.chunk, own_end)] += 1
     assert (owner == 1).all()
     assert grid.chunk <= grid.block_n and grid.block_n % whole == 0
-    assert grid.programs <= max(processors, n_out // 16)  # one program an SM, unless outputs are few
+    assert grid.programs <= max(
+        processors, n_out // 16
+    )  # one program an SM, unless outputs are few
     if n_out >= 16 * processors:  # no program has more than its share, to the sub-tile
         assert grid.outs <= -(-n_out // processors) + whole - 1
 
@@ -165,8 +252,12 @@ def test_applies_only_to_few_half_precision_rows_on_the_gpu_without_grad():
     with torch.inference_mode():
         assert not fused_rows_apply(torch.zeros(2, 4, dtype=torch.bfloat16), w)  # the CPU
         if torch.cuda.is_available():
-            assert fused_rows_apply(torch.zeros(16, 4, dtype=torch.bfloat16, device="cuda"), w.cuda())
-            assert not fused_rows_apply(torch.zeros(17, 4, dtype=torch.bfloat16, device="cuda"), w.cuda())
+            assert fused_rows_apply(
+                torch.zeros(16, 4, dtype=torch.bfloat16, device="cuda"), w.cuda()
+            )
+            assert not fused_rows_apply(
+                torch.zeros(17, 4, dtype=torch.bfloat16, device="cuda"), w.cuda()
+            )
             assert not fused_rows_apply(torch.zeros(2, 4, device="cuda"), w.float().cuda())
 
 
@@ -187,12 +278,12 @@ def _decode(tmp_path, monkeypatch, dtype, fusable):
     """Prefill three sequences of a random two-layer Llama, then one decode forward with ``fusable``
     deciding the fused path -> (logits [3, vocab], the KV caches)."""
     import outpace.layers.fused_decoder as fused_decoder
+    from helpers.spec_models import random_llama
     from outpace.attention import build_paged_metadata, forward_context
     from outpace.attention.triton_backend import TritonAttentionBackend
     from outpace.cache.block_pool import BlockPool
     from outpace.cache.kv_cache import bind_kv_cache
     from outpace.models.loader import load_model
-    from helpers.spec_models import random_llama
 
     path = tmp_path / "t"
     if not path.exists():
@@ -208,7 +299,9 @@ def _decode(tmp_path, monkeypatch, dtype, fusable):
     monkeypatch.setattr(fused_decoder, "fusable_rows", fusable)
     decode = build_paged_metadata(tables, prompt_lens, [1, 1, 1], 16, DEVICE)
     with torch.inference_mode(), forward_context(decode, backend):
-        out = model(torch.tensor([7, 8, 9], device=DEVICE), torch.tensor(prompt_lens, device=DEVICE))
+        out = model(
+            torch.tensor([7, 8, 9], device=DEVICE), torch.tensor(prompt_lens, device=DEVICE)
+        )
         logits = model.compute_logits(out.hidden_states)
     monkeypatch.undo()
     return logits.float(), [torch.stack(c).float() for c in caches]
@@ -219,7 +312,9 @@ def test_fused_decoder_layers_compute_what_the_unfused_ones_do(tmp_path, monkeyp
     the unfused path's logits in float32 and writes the same KV into the cache."""
     calls = []
     ref_logits, ref_caches = _decode(tmp_path, monkeypatch, torch.float32, lambda x, w: False)
-    logits, caches = _decode(tmp_path, monkeypatch, torch.float32, lambda x, w: calls.append(x.shape) or True)
+    logits, caches = _decode(
+        tmp_path, monkeypatch, torch.float32, lambda x, w: calls.append(x.shape) or True
+    )
     assert calls, "the fused path did not run"
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
@@ -234,15 +329,20 @@ def test_bf16_fused_decode_forward_on_the_gpu_matches_the_unfused_one(tmp_path, 
 
     calls, real = [], fused_decoder.fusable_rows
     ref_logits, ref_caches = _decode(tmp_path, monkeypatch, torch.bfloat16, lambda x, w: False)
-    logits, caches = _decode(tmp_path, monkeypatch, torch.bfloat16, lambda x, w: calls.append(real(x, w)) or calls[-1])
+    logits, caches = _decode(
+        tmp_path, monkeypatch, torch.bfloat16, lambda x, w: calls.append(real(x, w)) or calls[-1]
+    )
     assert calls and all(calls), "the fused path was not chosen"
     _close(logits, ref_logits.double().cpu(), tol=2e-2)
     for c, r in zip(caches, ref_caches):
         _close(c, r.double().cpu(), tol=2e-2)
 
 
-INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernels on CPU tensors in Triton's "
-                                      "interpreter; on the GPU the bf16 tests here check the real dispatch")
+INTERPRETER_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="runs the kernels on CPU tensors in Triton's "
+    "interpreter; on the GPU the bf16 tests here check the real dispatch",
+)
 
 
 def _speculate(spec, max_tokens: int) -> list:
@@ -251,8 +351,10 @@ def _speculate(spec, max_tokens: int) -> list:
     from outpace import LLM, SamplingParams
 
     llm = LLM("zoo/tinypy", speculative=spec, attention_backend="triton", max_num_seqs=2)
-    outs = llm.generate(["def add(a, b):", "class Stack:"],
-                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    outs = llm.generate(
+        ["def add(a, b):", "class Stack:"],
+        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+    )
     return [(o.token_ids, o.spec_metrics.acceptance_rate_per_position) for o in outs]
 
 
@@ -269,8 +371,11 @@ def test_fused_eagle3_chain_gives_the_unfused_output(monkeypatch):
     calls, real = [], fused_decoder.fused_attention_output_and_mlp
     monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: x.shape[0] <= 16)
     # the draft layer's call is the one without a next norm (a target layer hands its stream to the next norm)
-    monkeypatch.setattr(fused_decoder, "fused_attention_output_and_mlp",
-                        lambda *a: calls.append(a[-1] is None) or real(*a))
+    monkeypatch.setattr(
+        fused_decoder,
+        "fused_attention_output_and_mlp",
+        lambda *a: calls.append(a[-1] is None) or real(*a),
+    )
     assert _speculate(spec, 8) == expected
     assert any(calls), "the draft layer's fused path did not run"
 
@@ -280,16 +385,19 @@ def test_fused_dflash_gives_the_unfused_output(monkeypatch):
     """DFlash speculation with every few-row forward fused, the draft's Qwen3-style layers (per-head
     q/k norms in the q/k/v kernel) and its context writes (k/v only) included: the same tokens and
     the same accepted drafts as without fusion."""
-    import outpace.layers.fused_projection as fp
     import outpace.layers.fused_decoder as fused_decoder
+    import outpace.layers.fused_projection as fp
     from outpace.config import SpeculativeConfig
 
     spec = SpeculativeConfig(method="dflash", draft="zoo/tinypy-dflash", num_steps=7)
     expected = _speculate(spec, 10)
     calls, real = [], fp.norm_project_qkv
     monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: x.shape[0] <= 16)
-    monkeypatch.setattr(fp, "norm_project_qkv", lambda *a, **kw: calls.append((a[4], kw["qk_norm"] is not None))
-                        or real(*a, **kw))
+    monkeypatch.setattr(
+        fp,
+        "norm_project_qkv",
+        lambda *a, **kw: calls.append((a[4], kw["qk_norm"] is not None)) or real(*a, **kw),
+    )
     assert _speculate(spec, 10) == expected
     assert (0, True) in calls, "no fused context write (k/v only, with the k norm)"
     assert any(q > 0 and qk for q, qk in calls), "no fused draft layer with q/k norms"

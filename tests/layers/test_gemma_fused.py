@@ -4,6 +4,7 @@ the sandwich norms around attention and the MLP. On the CPU the kernels run in T
 each variant equals its eager module, and a Gemma 3 and a Gemma 4 decode forward on the fused path equals the
 eager one (logits and KV). On a GPU: tiny Gemma 3 / Gemma 4 targets under CUDA graphs and the Triton backend
 (sliding windows, query_pre_attn_scalar, Gemma 4's scale 1.0) give the eager torch tokens in fp32."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,8 +13,14 @@ import transformers
 from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
 from helpers.hf_models import save_hf_model
 from outpace.layers.activation import ACTIVATIONS
-from outpace.layers.fused_projection import (add_normed, norm_project, norm_project_qkv, norm_project_swiglu,
-                                             normed_rows, project_normed)
+from outpace.layers.fused_projection import (
+    add_normed,
+    norm_project,
+    norm_project_qkv,
+    norm_project_swiglu,
+    normed_rows,
+    project_normed,
+)
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
@@ -39,7 +46,9 @@ def test_norm_variant_and_softcap_head(offset):
     ref = torch.tanh(F.linear(norm(x), w) / 2.0) * 2.0
     out = norm_project(normed_rows(x, norm.weight, offset), EPS, w, softcap=2.0)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    plain = norm_project(normed_rows(x, norm.weight, 1.0 - offset), EPS, w, softcap=2.0)  # the other variant
+    plain = norm_project(
+        normed_rows(x, norm.weight, 1.0 - offset), EPS, w, softcap=2.0
+    )  # the other variant
     assert not torch.allclose(plain, ref, atol=1e-3)
 
 
@@ -47,7 +56,9 @@ def test_gelu_tanh_gate():
     x, gate_up = _rand(4, 32, seed=1, scale=2), _rand(2 * 24, 32, seed=2, scale=0.5)
     norm = _norm(32, 1.0, seed=3)
     g, u = F.linear(norm(x), gate_up).chunk(2, dim=-1)
-    out = norm_project_swiglu(normed_rows(x, norm.weight, 1.0), EPS, gate_up, act="gelu_pytorch_tanh")
+    out = norm_project_swiglu(
+        normed_rows(x, norm.weight, 1.0), EPS, gate_up, act="gelu_pytorch_tanh"
+    )
     torch.testing.assert_close(out, ACTIVATIONS["gelu_pytorch_tanh"](g) * u, rtol=1e-5, atol=1e-5)
     silu = norm_project_swiglu(normed_rows(x, norm.weight, 1.0), EPS, gate_up)
     assert not torch.allclose(silu, out, atol=1e-3)
@@ -57,19 +68,40 @@ def test_gelu_tanh_gate():
 def test_qkv_with_norm_variants_and_v_norm(offset, v_norm):
     """q/k head norms with scale offset + w, v heads normalised without a weight (Gemma 4), partial RoPE."""
     m, heads, kv_heads, d, hidden = 3, 4, 2, 16, 32
-    x, qkv = _rand(m, hidden, seed=1, scale=2), _rand((heads + 2 * kv_heads) * d, hidden, seed=2, scale=0.3)
+    x, qkv = (
+        _rand(m, hidden, seed=1, scale=2),
+        _rand((heads + 2 * kv_heads) * d, hidden, seed=2, scale=0.3),
+    )
     norm, q_norm, k_norm = _norm(hidden, offset, 3), _norm(d, offset, 4), _norm(d, offset, 5)
-    rope = RotaryEmbedding(d, 64, 1e4, {"rope_type": "proportional", "partial_rotary_factor": 0.25}).to(DEVICE)
-    positions, slots = torch.tensor([5, 17, 40], device=DEVICE), torch.tensor([2, 9, 13], device=DEVICE)
+    rope = RotaryEmbedding(
+        d, 64, 1e4, {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    ).to(DEVICE)
+    positions, slots = (
+        torch.tensor([5, 17, 40], device=DEVICE),
+        torch.tensor([2, 9, 13], device=DEVICE),
+    )
     q, k, v = F.linear(norm(x), qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
     q, k, v = q_norm(q.view(m, heads, d)), k_norm(k.view(m, kv_heads, d)), v.view(m, kv_heads, d)
     if v_norm:
         v = Float32RMSNorm(d, EPS, with_weight=False)(v)
     q, k = rotary_torch(positions, q, k, rope.cos, rope.sin)
     k_cache, v_cache = (torch.zeros(4, 4, kv_heads, d, device=DEVICE) for _ in range(2))
-    out = norm_project_qkv(normed_rows(x, norm.weight, offset), EPS, qkv, d, heads * d, positions, rope.cos,
-                           rope.sin, k_cache, v_cache, slots, qk_norm=(q_norm.weight, k_norm.weight, EPS),
-                           qk_offset=offset, v_norm=v_norm)
+    out = norm_project_qkv(
+        normed_rows(x, norm.weight, offset),
+        EPS,
+        qkv,
+        d,
+        heads * d,
+        positions,
+        rope.cos,
+        rope.sin,
+        k_cache,
+        v_cache,
+        slots,
+        qk_norm=(q_norm.weight, k_norm.weight, EPS),
+        qk_offset=offset,
+        v_norm=v_norm,
+    )
     torch.testing.assert_close(out, q.reshape(m, -1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_cache.view(-1, kv_heads, d)[slots], k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(v_cache.view(-1, kv_heads, d)[slots], v, rtol=1e-5, atol=1e-5)
@@ -79,12 +111,20 @@ def test_qkv_with_norm_variants_and_v_norm(offset, v_norm):
 def test_sandwich_residual_add(offset):
     """stream + post_norm(x @ W.T) (times a layer scalar), made ready for the next norm."""
     x, w, stream = _rand(3, 24, seed=1, scale=2), _rand(40, 24, seed=2), _rand(3, 40, seed=3)
-    post, after, scalar = _norm(40, offset, 4), _norm(40, offset, 5), torch.tensor([0.7], device=DEVICE)
+    post, after, scalar = (
+        _norm(40, offset, 4),
+        _norm(40, offset, 5),
+        torch.tensor([0.7], device=DEVICE),
+    )
     mid = stream + post(F.linear(x, w))
-    rows = add_normed(project_normed(x, w, post.weight, offset), EPS, stream, (after.weight, offset))
+    rows = add_normed(
+        project_normed(x, w, post.weight, offset), EPS, stream, (after.weight, offset)
+    )
     torch.testing.assert_close(rows.stream, mid, rtol=1e-5, atol=1e-5)
     head = _rand(30, 40, seed=6)
-    torch.testing.assert_close(norm_project(rows, EPS, head), F.linear(after(mid), head), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        norm_project(rows, EPS, head), F.linear(after(mid), head), rtol=1e-5, atol=1e-5
+    )
     scaled = add_normed(project_normed(x, w, post.weight, offset), EPS, stream, scale=scalar)
     torch.testing.assert_close(scaled, mid * 0.7, rtol=1e-5, atol=1e-5)
 
@@ -92,11 +132,18 @@ def test_sandwich_residual_add(offset):
 # ---- whole layers -------------------------------------------------------------------------------------------
 # power-of-two head dims (the fused q/k norms need them); Gemma 4 with per-layer inputs and wider full layers
 LAYERS = {
-    "gemma3": lambda: transformers.Gemma3TextConfig(**dict(GEMMA3_TEXT, head_dim=8, num_hidden_layers=3)),
-    "gemma4": lambda: transformers.Gemma4TextConfig(**dict(GEMMA4_TEXT, head_dim=8, global_head_dim=16,
-                                                           num_hidden_layers=3, layer_types=[
-                                                               "sliding_attention", "full_attention",
-                                                               "sliding_attention"])),
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **dict(GEMMA3_TEXT, head_dim=8, num_hidden_layers=3)
+    ),
+    "gemma4": lambda: transformers.Gemma4TextConfig(
+        **dict(
+            GEMMA4_TEXT,
+            head_dim=8,
+            global_head_dim=16,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )
+    ),
 }
 
 
@@ -107,7 +154,9 @@ def gemma(tmp_path_factory):
     def get(variant):
         if variant not in cache:
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(LAYERS[variant](), dtype=torch.float32)
+            model = transformers.AutoModelForCausalLM.from_config(
+                LAYERS[variant](), dtype=torch.float32
+            )
             with torch.no_grad():
                 for name, t in model.state_dict().items():
                     if "norm" in name or "scal" in name:
@@ -134,15 +183,23 @@ def _decode(path, monkeypatch, fusable):
     caches = bind_kv_cache(model.model, BlockPool(5, 16), torch.float32, DEVICE)
     ids = (torch.arange(sum(lens)) * 7 % 211).to(DEVICE)
     positions = torch.cat([torch.arange(n) for n in lens]).to(DEVICE)
-    with torch.inference_mode(), forward_context(build_paged_metadata(tables, [0, 0], lens, 16, DEVICE), backend):
+    with (
+        torch.inference_mode(),
+        forward_context(build_paged_metadata(tables, [0, 0], lens, 16, DEVICE), backend),
+    ):
         model(ids, positions)
     fused = []
     real = fused_sandwich.sandwich_layer_fused
     for fused_module in (fused_decoder, fused_sandwich):  # the head's path and the layers'
         monkeypatch.setattr(fused_module, "fusable_rows", fusable)
     for module in ("outpace.models.gemma", "outpace.models.gemma4"):
-        monkeypatch.setattr(f"{module}.sandwich_layer_fused", lambda *a, **kw: fused.append(1) or real(*a, **kw))
-    with torch.inference_mode(), forward_context(build_paged_metadata(tables, lens, [1, 1], 16, DEVICE), backend):
+        monkeypatch.setattr(
+            f"{module}.sandwich_layer_fused", lambda *a, **kw: fused.append(1) or real(*a, **kw)
+        )
+    with (
+        torch.inference_mode(),
+        forward_context(build_paged_metadata(tables, lens, [1, 1], 16, DEVICE), backend),
+    ):
         out = model(torch.tensor([7, 8], device=DEVICE), torch.tensor(lens, device=DEVICE))
         logits = model.compute_logits(out.hidden_states)
     monkeypatch.undo()
@@ -170,8 +227,10 @@ def test_cuda_graphs_and_triton_give_the_eager_tokens(variant, gemma):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [[3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5], [5, 9, 200]]
     runs = {}
-    for name, engine in {"eager": dict(attention_backend="torch", cuda_graphs=False),
-                         "graphs": dict(attention_backend="triton", cuda_graphs=True)}.items():
+    for name, engine in {
+        "eager": dict(attention_backend="torch", cuda_graphs=False),
+        "graphs": dict(attention_backend="triton", cuda_graphs=True),
+    }.items():
         llm = LLM(str(gemma(variant)), device="cuda", dtype="float32", block_size=16, **engine)
         runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
     assert runs["graphs"] == runs["eager"]

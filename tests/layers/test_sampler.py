@@ -20,7 +20,12 @@ from outpace.layers.sampler import (
 )
 
 
-def params(temperature: float = 1.0, top_k: int | None = 0, top_p: float | None = 1.0, min_p: float | None = 0.0):
+def params(
+    temperature: float = 1.0,
+    top_k: int | None = 0,
+    top_p: float | None = 1.0,
+    min_p: float | None = 0.0,
+):
     return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
 
@@ -43,7 +48,8 @@ def filtered(logits: torch.Tensor, **kw) -> set[int]:
 
 def test_from_params_conventions():
     st = SamplingTensors.from_params(
-        [params(0.0, -1, None, None), params(0.7, 5, 0.9, 0.1), SimpleNamespace(temperature=1.0)], "cpu"
+        [params(0.0, -1, None, None), params(0.7, 5, 0.9, 0.1), SimpleNamespace(temperature=1.0)],
+        "cpu",
     )
     assert st.top_k.tolist() == [0, 5, 0]
     assert st.top_k.dtype == torch.int64 and st.temperature.dtype == torch.float32
@@ -53,7 +59,12 @@ def test_from_params_conventions():
     assert (st.all_greedy, st.need_top_k, st.need_top_p, st.need_min_p) == (False, True, True, True)
     # Filters on greedy rows do not count: they are argmax anyway.
     st = SamplingTensors.from_params([params(0.0, 3, 0.5, 0.5), params(1.0)], "cpu")
-    assert (st.all_greedy, st.need_top_k, st.need_top_p, st.need_min_p) == (False, False, False, False)
+    assert (st.all_greedy, st.need_top_k, st.need_top_p, st.need_min_p) == (
+        False,
+        False,
+        False,
+        False,
+    )
     assert SamplingTensors.from_params([params(0.0), params(0.0)], "cpu").all_greedy
 
 
@@ -84,7 +95,9 @@ def test_top_k_kept_sets():
     assert filtered(DYADIC_LOGITS, top_k=0) == {0, 1, 2, 3, 4}  # disabled
     assert filtered(DYADIC_LOGITS, top_k=99) == {0, 1, 2, 3, 4}
     st = SamplingTensors.from_params([params(top_k=2)], "cpu")
-    torch.testing.assert_close(logits_to_probs(DYADIC_LOGITS, st)[0, [1, 4]], torch.tensor([2 / 3, 1 / 3]))
+    torch.testing.assert_close(
+        logits_to_probs(DYADIC_LOGITS, st)[0, [1, 4]], torch.tensor([2 / 3, 1 / 3])
+    )
 
 
 def test_top_p_kept_sets():
@@ -128,7 +141,13 @@ def test_filter_order_top_k_then_top_p_then_min_p():
 def test_rows_are_independent():
     torch.manual_seed(0)
     logits = torch.randn(5, 17)
-    plist = [params(0.5, 3), params(1.0, 0, 0.7), params(1.5, 0, 1.0, 0.2), params(0.0), params(0.8, 5, 0.9, 0.05)]
+    plist = [
+        params(0.5, 3),
+        params(1.0, 0, 0.7),
+        params(1.5, 0, 1.0, 0.2),
+        params(0.0),
+        params(0.8, 5, 0.9, 0.05),
+    ]
     batched = logits_to_probs(logits, SamplingTensors.from_params(plist, "cpu"))
     for row, p in enumerate(plist):
         alone = logits_to_probs(logits[row : row + 1], SamplingTensors.from_params([p], "cpu"))
@@ -246,7 +265,9 @@ def test_greedy_fast_path_is_argmax_and_draws_nothing():
 def test_greedy_rows_in_mixed_batch():
     torch.manual_seed(0)
     logits = torch.randn(64, 30)
-    st = SamplingTensors.from_params([params(0.0) if i % 2 else params(1.0, 5) for i in range(64)], "cpu")
+    st = SamplingTensors.from_params(
+        [params(0.0) if i % 2 else params(1.0, 5) for i in range(64)], "cpu"
+    )
     tokens = sample(logits, st)
     assert torch.equal(tokens[1::2], logits[1::2].argmax(-1))
     # Sampled rows stay inside their top-5.

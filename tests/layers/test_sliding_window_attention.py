@@ -5,16 +5,17 @@ verify, tree verify (rows whose positions are not their KV rows), ragged batches
 kernels' fast path with its split heuristic and forced splits, and the batch-invariant variant
 (fixed splits, some wholly before the window), which also keeps its bit-exactness between a decode
 row and the same row inside a verify. Interpreter-sized shapes on the CPU (see conftest.py)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from helpers.attention_cases import DEVICE, Case, make_case, poisoned_allocations
 from outpace.attention import build_paged_metadata
+from outpace.attention.context import forward_settings
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_kernels import paged_attention, write_kv
-from outpace.attention.context import forward_settings
-from helpers.attention_cases import DEVICE, Case, make_case, poisoned_allocations
 
 # (cached rows, new tokens, tree window or None) per sequence, and the sliding window
 LAYOUTS = {
@@ -34,7 +35,7 @@ def positions_of(case: Case) -> torch.Tensor:
     if m.custom_mask is None:
         return prefix + m.token_query_index
     width = m.custom_mask.shape[2]
-    seen = m.custom_mask[m.token_seq_index, m.token_query_index].sum(-1)           # [num_tokens]
+    seen = m.custom_mask[m.token_seq_index, m.token_query_index].sum(-1)  # [num_tokens]
     return m.seq_lens[m.token_seq_index] - width + seen - 1
 
 
@@ -69,12 +70,22 @@ def reference(case: Case, positions: torch.Tensor, window: int) -> torch.Tensor:
 def run(case: Case, backend: str, window: int, positions: torch.Tensor, **kwargs) -> torch.Tensor:
     k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
     if backend == "torch":
-        return TorchAttentionBackend().forward(case.q, case.k, case.v, (k_cache, v_cache), case.meta, case.scale,
-                                               window, positions)
+        return TorchAttentionBackend().forward(
+            case.q, case.k, case.v, (k_cache, v_cache), case.meta, case.scale, window, positions
+        )
     with poisoned_allocations():
         token_table = write_kv(case.k, case.v, k_cache, v_cache, case.meta)
-        return paged_attention(case.q, k_cache, v_cache, case.meta, token_table, case.scale, sliding_window=window,
-                               positions=positions, **kwargs)
+        return paged_attention(
+            case.q,
+            k_cache,
+            v_cache,
+            case.meta,
+            token_table,
+            case.scale,
+            sliding_window=window,
+            positions=positions,
+            **kwargs,
+        )
 
 
 @pytest.fixture
@@ -83,19 +94,33 @@ def invariant_mode():
         yield
 
 
-VARIANTS = {"torch": ("torch", {}), "triton": ("triton", {}), "triton-splits": ("triton", {"num_splits": 5})}
+VARIANTS = {
+    "torch": ("torch", {}),
+    "triton": ("triton", {}),
+    "triton-splits": ("triton", {"num_splits": 5}),
+}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_matches_dense_reference(layout, variant):
     cached, new, trees, window = LAYOUTS[layout]
-    case = make_case(cached, new, trees, block_size=6, head_dim=12, heads=6, kv_heads=2,
-                     seed=list(LAYOUTS).index(layout))
+    case = make_case(
+        cached,
+        new,
+        trees,
+        block_size=6,
+        head_dim=12,
+        heads=6,
+        kv_heads=2,
+        seed=list(LAYOUTS).index(layout),
+    )
     positions = positions_of(case)
     backend, kwargs = VARIANTS[variant]
     out = run(case, backend, window, positions, **kwargs)
-    torch.testing.assert_close(out.double(), reference(case, positions, window), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        out.double(), reference(case, positions, window), atol=1e-5, rtol=1e-4
+    )
 
 
 @pytest.mark.parametrize("layout", ["decode", "prefill-chunks", "tree"])
@@ -105,7 +130,9 @@ def test_invariant_matches_dense_reference(invariant_mode, layout):
     case = make_case(cached, new, trees, block_size=6, head_dim=12, heads=6, kv_heads=2, seed=7)
     positions = positions_of(case)
     out = run(case, "triton", window, positions, split_rows=32)
-    torch.testing.assert_close(out.double(), reference(case, positions, window), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        out.double(), reference(case, positions, window), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_invariant_decode_and_verify_rows_are_bit_equal(invariant_mode):
@@ -116,20 +143,35 @@ def test_invariant_decode_and_verify_rows_are_bit_equal(invariant_mode):
     g = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     heads, kv_heads, dim, block, p, window = 4, 2, 16, 8, 150, 40
-    q, k, v = (torch.randn(p + 4, h, dim, generator=g).to(DEVICE, dtype) for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(p + 4, h, dim, generator=g).to(DEVICE, dtype)
+        for h in (heads, kv_heads, kv_heads)
+    )
 
     def row_p(cached: int, new: int, tree: bool) -> torch.Tensor:
         table = list(range(1, (p + 4) // block + 2))
-        cache = [torch.full((len(table) + 1, block, kv_heads, dim), float("nan"), device=DEVICE, dtype=dtype)
-                 for _ in range(2)]
+        cache = [
+            torch.full(
+                (len(table) + 1, block, kv_heads, dim), float("nan"), device=DEVICE, dtype=dtype
+            )
+            for _ in range(2)
+        ]
         for c, x in zip(cache, (k, v)):
-            c.view(-1, kv_heads, dim)[block:block + cached] = x[:cached]
+            c.view(-1, kv_heads, dim)[block : block + cached] = x[:cached]
         mask = [torch.ones(new, new, dtype=torch.bool, device=DEVICE).tril()] if tree else None
         meta = build_paged_metadata([table], [cached], [new], block, DEVICE, mask)
         with poisoned_allocations():
-            token_table = write_kv(k[cached:cached + new], v[cached:cached + new], *cache, meta)
-            out = paged_attention(q[cached:cached + new], *cache, meta, token_table, dim ** -0.5, split_rows=64,
-                                  sliding_window=window, positions=torch.arange(cached, cached + new, device=DEVICE))
+            token_table = write_kv(k[cached : cached + new], v[cached : cached + new], *cache, meta)
+            out = paged_attention(
+                q[cached : cached + new],
+                *cache,
+                meta,
+                token_table,
+                dim**-0.5,
+                split_rows=64,
+                sliding_window=window,
+                positions=torch.arange(cached, cached + new, device=DEVICE),
+            )
         return out[p - cached]
 
     decode = row_p(p, 1, False)
@@ -151,5 +193,9 @@ def test_dense_training_metadata():
     from outpace.attention import DenseCausalMetadata
 
     case = make_case([0], [30], block_size=6, head_dim=12, heads=6, kv_heads=2, seed=3)
-    dense = TorchAttentionBackend().forward(case.q, case.k, case.v, None, DenseCausalMetadata(1, 30), case.scale, 7)
-    torch.testing.assert_close(dense.double(), reference(case, positions_of(case), 7), atol=1e-5, rtol=1e-4)
+    dense = TorchAttentionBackend().forward(
+        case.q, case.k, case.v, None, DenseCausalMetadata(1, 30), case.scale, 7
+    )
+    torch.testing.assert_close(
+        dense.double(), reference(case, positions_of(case), 7), atol=1e-5, rtol=1e-4
+    )

@@ -3,27 +3,35 @@ weights (fp32, CPU): prefill logits in both attention forms over the latent cach
 through chunked prefill, tree-verify masks; the MTP layer against a reference assembled from transformers'
 DeepSeek-V3 pieces with vLLM deepseek_mtp.py's semantics; lossless speculation (MTP, n-gram, the oracle's
 chains and trees, sampling); block accounting; every config field decided on."""
+
 import pytest
 import torch
 import transformers
 
-from helpers.deepseek_models import (SMALL, SPEC_PROMPTS, VARIANTS, YARN, make_hf_deepseek, paged_logits,
-                                     save_v3_with_mtp)
+from helpers.deepseek_models import (
+    SMALL,
+    SPEC_PROMPTS,
+    VARIANTS,
+    YARN,
+    make_hf_deepseek,
+    paged_logits,
+    save_v3_with_mtp,
+)
 from helpers.hf_models import checkpoint_cache, make_hf_model, save_hf_model
 from helpers.oracle_proposer import OracleProposer
+from helpers.stats import chi_square_p_value, joint_of_three
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
 from outpace.layers.rotary import _inverse_frequencies, rope_attention_factor
 from outpace.layers.sampler import SamplingTensors, logits_to_probs
+from outpace.model_config import ModelConfig
 from outpace.models.deepseek import DeepseekConfig
 from outpace.models.loader import load_model
 from outpace.registry import PROPOSERS
-from helpers.stats import chi_square_p_value, joint_of_three
+from outpace.validation import ConfigError
 
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 
@@ -51,7 +59,7 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_prefill_logits_match_transformers(variant, form, checkpoints):
     hf, path = checkpoints(variant)
     model = load_model(path, torch.float32)
-    set_expand_threshold(model, 1 if form == "expanded" else 10 ** 9)
+    set_expand_threshold(model, 1 if form == "expanded" else 10**9)
     ids = torch.randint(0, SMALL["vocab_size"], (45,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
@@ -65,15 +73,30 @@ def test_greedy_tokens_match_transformers_batched_and_chunked(variant, checkpoin
     """Several prompts at once; then chunked prefill (chunks of 16 tokens: the expanded form over cached
     prefixes, shorter ones absorbed); decode is always absorbed."""
     hf, path = checkpoints(variant)
-    prompts = [[3, 17, 99, 150, 8, 42, 7], list(range(100, 119)), [(i * 37) % 203 for i in range(33)]]
+    prompts = [
+        [3, 17, 99, 150, 8, 42, 7],
+        list(range(100, 119)),
+        [(i * 37) % 203 for i in range(33)],
+    ]
     with torch.no_grad():
         # (an explicit attention mask: generate would take the prompt's token 0 for padding)
-        refs = [hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.int64),
-                            max_new_tokens=32, do_sample=False, min_new_tokens=32, eos_token_id=None,
-                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        refs = [
+            hf.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.int64),
+                max_new_tokens=32,
+                do_sample=False,
+                min_new_tokens=32,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
+            for p in prompts
+        ]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     for chunk in (2048, 16):
-        outs = LLM(str(path), block_size=4, num_kv_blocks=128, max_num_batched_tokens=chunk).generate(prompts, params)
+        outs = LLM(
+            str(path), block_size=4, num_kv_blocks=128, max_num_batched_tokens=chunk
+        ).generate(prompts, params)
         assert [o.token_ids for o in outs] == refs, f"{variant}, chunks of {chunk}"
 
 
@@ -82,14 +105,16 @@ def test_tree_verify_rows_match_their_causal_paths(checkpoints):
     logits that a causal forward over the prefix and the node's root path gives its last token: both forms."""
     _, path = checkpoints("v3-yarn")
     model = load_model(path, torch.float32)
-    prefix = torch.randint(0, SMALL["vocab_size"], (10,), generator=torch.Generator().manual_seed(2))
-    tree = torch.tensor([11, 22, 33, 44, 55, 66])                # node tokens
+    prefix = torch.randint(
+        0, SMALL["vocab_size"], (10,), generator=torch.Generator().manual_seed(2)
+    )
+    tree = torch.tensor([11, 22, 33, 44, 55, 66])  # node tokens
     parents, depths = [-1, 0, 0, 1, 1, 2], [0, 1, 1, 2, 2, 2]
     mask = torch.eye(6, dtype=torch.bool)
     for i in range(1, 6):
         mask[i] |= mask[parents[i]]
     for form in ("absorbed", "expanded"):
-        set_expand_threshold(model, 1 if form == "expanded" else 10 ** 9)
+        set_expand_threshold(model, 1 if form == "expanded" else 10**9)
         with torch.no_grad():
             bind_kv_cache(model, BlockPool(8, 4), torch.float32, "cpu")
             paged_logits(model, prefix, blocks=(3, 6, 1, 4), block_size=4)
@@ -103,7 +128,9 @@ def test_tree_verify_rows_match_their_causal_paths(checkpoints):
                     path.insert(0, tree[node].item())
                     node = parents[node]
                 bind_kv_cache(model, BlockPool(8, 4), torch.float32, "cpu")
-                causal = paged_logits(model, torch.cat([prefix, torch.tensor(path)]), (0, 1, 2, 3), block_size=4)[-1]
+                causal = paged_logits(
+                    model, torch.cat([prefix, torch.tensor(path)]), (0, 1, 2, 3), block_size=4
+                )[-1]
                 assert rel_error(tree_logits[i], causal) < 1e-5, (form, i)
 
 
@@ -129,9 +156,18 @@ def test_yarn_tables_match_transformers():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     without_mscale = {k: v for k, v in YARN.items() if not k.startswith("mscale")}
-    for rope in (YARN, without_mscale, {**YARN, "beta_fast": 16, "truncate": False}, {**YARN, "attention_factor": 1.3}):
-        for cfg in (transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters=dict(rope)),
-                    transformers.DeepseekV3Config(**{**SMALL, "rope_parameters": dict(rope)})):
+    for rope in (
+        YARN,
+        without_mscale,
+        {**YARN, "beta_fast": 16, "truncate": False},
+        {**YARN, "attention_factor": 1.3},
+    ):
+        for cfg in (
+            transformers.LlamaConfig(
+                hidden_size=64, num_attention_heads=4, rope_parameters=dict(rope)
+            ),
+            transformers.DeepseekV3Config(**{**SMALL, "rope_parameters": dict(rope)}),
+        ):
             inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](cfg)
             ours = _inverse_frequencies(cfg.head_dim, 10000.0, rope)
             torch.testing.assert_close(ours, inv_freq, rtol=1e-6, atol=0)
@@ -139,7 +175,9 @@ def test_yarn_tables_match_transformers():
 
 
 def test_llama_with_yarn_matches_transformers(tmp_path):
-    hf = make_hf_model("llama", rope_parameters={k: v for k, v in YARN.items() if not k.startswith("mscale")})
+    hf = make_hf_model(
+        "llama", rope_parameters={k: v for k, v in YARN.items() if not k.startswith("mscale")}
+    )
     model = load_model(save_hf_model(hf, tmp_path), torch.float32)
     ids = torch.randint(0, 203, (40,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -159,7 +197,9 @@ def test_mtp_layer_matches_the_reference(mtp_target, checkpoints):
     hf, ref, path = mtp_target
     model = load_model(path, torch.float32)
     layer = model.mtp_layers[0]
-    assert type(layer.mlp).__name__ == "MoE"  # layer index 3 >= first_k_dense_replace, as DeepSeek-V3's 61
+    assert (
+        type(layer.mlp).__name__ == "MoE"
+    )  # layer index 3 >= first_k_dense_replace, as DeepSeek-V3's 61
     ids = torch.randint(0, 13, (30,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         expected = ref(hf, ids)
@@ -167,10 +207,14 @@ def test_mtp_layer_matches_the_reference(mtp_target, checkpoints):
         bind_kv_cache(model.mtp_layers, BlockPool(8, 16), torch.float32, "cpu")
         meta = build_paged_metadata([[1, 2]], [0], [30], 16, "cpu")
         with forward_context(meta):
-            hidden = model(ids, torch.arange(30)).hidden_states      # pre-norm
+            hidden = model(ids, torch.arange(30)).hidden_states  # pre-norm
         meta = build_paged_metadata([[1, 2]], [0], [29], 16, "cpu")
         with forward_context(meta):
-            out = layer(torch.arange(29), layer.embed(model, ids[1:]), layer.target_state(model, hidden[:-1]))
+            out = layer(
+                torch.arange(29),
+                layer.embed(model, ids[1:]),
+                layer.target_state(model, hidden[:-1]),
+            )
             logits = layer.compute_logits(model, out)
     assert rel_error(logits, expected) < 1e-4
     # a checkpoint without MTP tensors (transformers' save_pretrained) has no MTP layers
@@ -190,18 +234,27 @@ SPECS = {
 
 @pytest.fixture(scope="module")
 def plain_outputs(mtp_target):
-    outs = LLM(str(mtp_target[2]), block_size=4).generate(SPEC_PROMPTS, GREEDY.replace(max_tokens=60))
+    outs = LLM(str(mtp_target[2]), block_size=4).generate(
+        SPEC_PROMPTS, GREEDY.replace(max_tokens=60)
+    )
     return [o.token_ids for o in outs]
 
 
 @pytest.mark.parametrize("method", list(SPECS))
 def test_greedy_speculation_is_lossless(method, mtp_target, plain_outputs, monkeypatch):
-    monkeypatch.setattr(OracleProposer, "references", {tuple(p): o for p, o in zip(SPEC_PROMPTS, plain_outputs)})
+    monkeypatch.setattr(
+        OracleProposer, "references", {tuple(p): o for p, o in zip(SPEC_PROMPTS, plain_outputs)}
+    )
     monkeypatch.setattr(OracleProposer, "vocab_size", 13)
-    llm = LLM(str(mtp_target[2]), block_size=4, num_kv_blocks=64, max_num_batched_tokens=16,
-              speculative=SPECS[method])
+    llm = LLM(
+        str(mtp_target[2]),
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=16,
+        speculative=SPECS[method],
+    )
     outs = llm.generate(SPEC_PROMPTS, GREEDY)
-    assert [o.token_ids for o in outs] == [o[:GREEDY.max_tokens] for o in plain_outputs]
+    assert [o.token_ids for o in outs] == [o[: GREEDY.max_tokens] for o in plain_outputs]
     assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0, "no draft was ever accepted"
     assert llm.engine.pool.num_free == 64
 
@@ -210,11 +263,24 @@ def test_preemption_and_abort_return_every_latent_block(mtp_target):
     """A pool of 10 blocks of 4 tokens forces preemption; one request is aborted mid-run: every block of the
     latent cache (target and MTP layers share the pool's block tables) comes back, and the requests that
     ran to the end produce the plain tokens."""
-    prompts = SPEC_PROMPTS[:2] + [[(i * 5) % 13 for i in range(9)], [(i * 3) % 13 for i in range(7)]]
-    expected = [o.token_ids for o in LLM(str(mtp_target[2]), block_size=4).generate(prompts[:3], GREEDY.replace(
-        max_tokens=16))]
+    prompts = SPEC_PROMPTS[:2] + [
+        [(i * 5) % 13 for i in range(9)],
+        [(i * 3) % 13 for i in range(7)],
+    ]
+    expected = [
+        o.token_ids
+        for o in LLM(str(mtp_target[2]), block_size=4).generate(
+            prompts[:3], GREEDY.replace(max_tokens=16)
+        )
+    ]
     for spec in (SpeculativeConfig(), SPECS["mtp-3"]):
-        llm = LLM(str(mtp_target[2]), block_size=4, num_kv_blocks=10, max_num_batched_tokens=8, speculative=spec)
+        llm = LLM(
+            str(mtp_target[2]),
+            block_size=4,
+            num_kv_blocks=10,
+            max_num_batched_tokens=8,
+            speculative=spec,
+        )
         engine = llm.engine
         ids = [engine.add_request(p, GREEDY.replace(max_tokens=16)) for p in prompts]
         done, step = {}, 0
@@ -226,7 +292,9 @@ def test_preemption_and_abort_return_every_latent_block(mtp_target):
             in_use = sum(len(engine.pool.table(r.request_id)) for r in engine.scheduler.running)
             assert engine.pool.num_free + in_use == engine.pool.num_blocks
         assert engine.pool.num_free == 10
-        assert sum(done[i].metrics.num_preemptions for i in ids[:3]) > 0, "the pool was meant to force preemption"
+        assert sum(done[i].metrics.num_preemptions for i in ids[:3]) > 0, (
+            "the pool was meant to force preemption"
+        )
         assert [done[i].token_ids for i in ids[:3]] == expected
 
 
@@ -245,13 +313,24 @@ def test_sampling_follows_the_target_distribution(method, mtp_target):
             return logits_to_probs(paged_logits(model, torch.tensor(seq))[-1:], st)[0].double()
 
     joint = joint_of_three(next_probs, prompt, vocab)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192,
-              seed=7, speculative=SpeculativeConfig(method, num_steps=2, ngram_min=1))
+    llm = LLM(
+        str(path),
+        block_size=4,
+        num_kv_blocks=4096,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        seed=7,
+        speculative=SpeculativeConfig(method, num_steps=2, ngram_min=1),
+    )
     outs = llm.generate([prompt] * trials, params)
-    emitted = torch.tensor([o.token_ids for o in outs])                # [trials, 3]
-    counts = torch.bincount((emitted[:, 0] * vocab + emitted[:, 1]) * vocab + emitted[:, 2], minlength=vocab ** 3)
+    emitted = torch.tensor([o.token_ids for o in outs])  # [trials, 3]
+    counts = torch.bincount(
+        (emitted[:, 0] * vocab + emitted[:, 1]) * vocab + emitted[:, 2], minlength=vocab**3
+    )
     assert chi_square_p_value(counts, trials * joint) > 1e-3
-    assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0.05 * trials  # speculation really ran
+    assert (
+        sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0.05 * trials
+    )  # speculation really ran
 
 
 # ---- config ----------------------------------------------------------------------------------------------------
@@ -259,11 +338,26 @@ def test_sampling_follows_the_target_distribution(method, mtp_target):
 # Every field of the DeepSeek config classes: read by ModelConfig or DeepseekConfig (setting another value
 # changes one of them), irrelevant to inference, or refused.
 IRRELEVANT = {
-    "transformers_version", "_name_or_path", "model_type", "output_hidden_states", "output_attentions",
-    "return_dict", "use_cache", "is_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
-    "problem_type", "initializer_range", "attention_dropout", "pretraining_tp", "pad_token_id", "bos_token_id",
-    "output_router_logits",      # returning router logits (training's auxiliary loss)
-    "head_dim", "qk_head_dim",   # derived: DeepseekV2/V3Config.__post_init__ set them from the rope / qk dims
+    "transformers_version",
+    "_name_or_path",
+    "model_type",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "use_cache",
+    "is_encoder_decoder",
+    "chunk_size_feed_forward",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "initializer_range",
+    "attention_dropout",
+    "pretraining_tp",
+    "pad_token_id",
+    "bos_token_id",
+    "output_router_logits",  # returning router logits (training's auxiliary loss)
+    "head_dim",
+    "qk_head_dim",  # derived: DeepseekV2/V3Config.__post_init__ set them from the rope / qk dims
 }
 V2_GROUPED = {"topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 2}
 # field -> (another value, or a dict of fields changed together; other changes that let the field matter,
@@ -271,15 +365,32 @@ V2_GROUPED = {"topk_method": "group_limited_greedy", "n_group": 8, "topk_group":
 IMPLEMENTED = {
     # which version parses the rest (each refuses the other's routing values: checked below, not in the walk)
     "architectures": (None, {}),
-    "vocab_size": (100, {}), "hidden_size": (2048, {}), "intermediate_size": (100, {}),
-    "num_hidden_layers": (4, {}), "num_attention_heads": ({"num_attention_heads": 16, "num_key_value_heads": 16}, {}),
-    "hidden_act": ("gelu", {}), "max_position_embeddings": (1024, {}), "rms_norm_eps": (1e-5, {}),
-    "tie_word_embeddings": (True, {}), "rope_parameters": ({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}, {}),
-    "eos_token_id": (7, {}), "dtype": ("bfloat16", {}), "attention_bias": (True, {}), "mlp_bias": (True, {}),
-    "kv_lora_rank": (256, {}), "q_lora_rank": (None, {}), "qk_nope_head_dim": (64, {}),
-    "qk_rope_head_dim": (32, {}), "v_head_dim": (64, {}), "n_routed_experts": (128, {"n_group": 8}),
-    "num_experts_per_tok": (4, {}), "moe_intermediate_size": (100, {}), "n_shared_experts": (3, {}),
-    "first_k_dense_replace": (5, {}), "routed_scaling_factor": (1.25, {}), "rope_interleave": (False, {}),
+    "vocab_size": (100, {}),
+    "hidden_size": (2048, {}),
+    "intermediate_size": (100, {}),
+    "num_hidden_layers": (4, {}),
+    "num_attention_heads": ({"num_attention_heads": 16, "num_key_value_heads": 16}, {}),
+    "hidden_act": ("gelu", {}),
+    "max_position_embeddings": (1024, {}),
+    "rms_norm_eps": (1e-5, {}),
+    "tie_word_embeddings": (True, {}),
+    "rope_parameters": ({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}, {}),
+    "eos_token_id": (7, {}),
+    "dtype": ("bfloat16", {}),
+    "attention_bias": (True, {}),
+    "mlp_bias": (True, {}),
+    "kv_lora_rank": (256, {}),
+    "q_lora_rank": (None, {}),
+    "qk_nope_head_dim": (64, {}),
+    "qk_rope_head_dim": (32, {}),
+    "v_head_dim": (64, {}),
+    "n_routed_experts": (128, {"n_group": 8}),
+    "num_experts_per_tok": (4, {}),
+    "moe_intermediate_size": (100, {}),
+    "n_shared_experts": (3, {}),
+    "first_k_dense_replace": (5, {}),
+    "routed_scaling_factor": (1.25, {}),
+    "rope_interleave": (False, {}),
     "n_group": (4, lambda arch: {} if "V3" in arch else V2_GROUPED),
     "topk_group": (3, lambda arch: {} if "V3" in arch else V2_GROUPED),
     "topk_method": ("group_limited_greedy", {"n_group": 8, "topk_group": 3}),
@@ -295,7 +406,9 @@ def deepseek_dict(arch: str) -> dict:
     cfg = cls().to_dict()
     cfg.update(architectures=[arch], num_key_value_heads=cfg["num_attention_heads"])
     if arch == "DeepseekV2ForCausalLM":
-        cfg.update(num_experts_per_tok=6)  # DeepseekV2Config's default is None, which its router cannot take
+        cfg.update(
+            num_experts_per_tok=6
+        )  # DeepseekV2Config's default is None, which its router cannot take
     return cfg
 
 
@@ -303,8 +416,15 @@ def loaded(cfg: dict) -> tuple:
     """What a DeepSeek model computes from ``cfg``: its DeepseekConfig and the ModelConfig fields the engine
     reads (other ModelConfig fields, e.g. head_dim, are the Llama family's)."""
     m = ModelConfig.from_dict(cfg)
-    engine = (m.vocab_size, m.max_position_embeddings, m.eos_token_ids, m.torch_dtype, m.num_hidden_layers,
-              m.hidden_size, m.num_nextn_predict_layers)
+    engine = (
+        m.vocab_size,
+        m.max_position_embeddings,
+        m.eos_token_ids,
+        m.torch_dtype,
+        m.num_hidden_layers,
+        m.hidden_size,
+        m.num_nextn_predict_layers,
+    )
     return engine, DeepseekConfig.from_model_config(m)
 
 
@@ -313,13 +433,18 @@ def test_every_deepseek_field_is_implemented_irrelevant_or_refused(arch):
     base = deepseek_dict(arch)
     unknown = sorted(set(base) - set(IMPLEMENTED) - IRRELEVANT)
     assert not unknown, f"{arch} fields nobody decided on: {unknown}"
-    for name in set(base) & set(IMPLEMENTED) - {"architectures", "num_key_value_heads", "norm_topk_prob" if "V2" in arch
-                                                 else ""}:
+    for name in set(base) & set(IMPLEMENTED) - {
+        "architectures",
+        "num_key_value_heads",
+        "norm_topk_prob" if "V2" in arch else "",
+    }:
         value, context = IMPLEMENTED[name]
         value = value(arch) if callable(value) else value
         context = context(arch) if callable(context) else context
         changes = value if isinstance(value, dict) else {name: value}
-        assert loaded({**base, **context, **changes}) != loaded({**base, **context}), f"{arch}.{name}={value!r}"
+        assert loaded({**base, **context, **changes}) != loaded({**base, **context}), (
+            f"{arch}.{name}={value!r}"
+        )
     for name in set(base) & IRRELEVANT:
         changed = {**base, name: "changed" if base[name] is None else not base[name]}
         assert loaded(changed) == loaded(base), name
@@ -339,25 +464,53 @@ def test_unimplemented_deepseek_values_are_refused_by_name(arch):
     refused({**base, "scoring_func": "softmax" if v3 else "sigmoid"}, "scoring_func")
     refused({**base, "topk_method": "greedy" if v3 else "noaux_tc"}, "topk_method")
     refused({**base, "moe_layer_freq": 0}, "moe_layer_freq", "0")
-    refused({**base, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
-            "original_max_position_embeddings")
-    refused({**base, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}}, "longrope")
-    refused({**base, "n_group": 3, "topk_group": 1, "topk_method": "noaux_tc" if v3 else "group_limited_greedy"},
-            "n_group", "3")
+    refused(
+        {**base, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+        "original_max_position_embeddings",
+    )
+    refused(
+        {**base, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}},
+        "longrope",
+    )
+    refused(
+        {
+            **base,
+            "n_group": 3,
+            "topk_group": 1,
+            "topk_method": "noaux_tc" if v3 else "group_limited_greedy",
+        },
+        "n_group",
+        "3",
+    )
     if not v3:
         refused({**base, "norm_topk_prob": True}, "norm_topk_prob", "True")
     # DeepSeek's own config.json spellings load as they are
-    legacy = {**base, "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-              "scoring_func": "sigmoid" if v3 else "softmax", "topk_method": "noaux_tc" if v3 else "greedy",
-              "moe_layer_freq": 1}
+    legacy = {
+        **base,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "scoring_func": "sigmoid" if v3 else "softmax",
+        "topk_method": "noaux_tc" if v3 else "greedy",
+        "moe_layer_freq": 1,
+    }
     del legacy["rope_parameters"]
     assert loaded(legacy)[1].rope_scaling["factor"] == 40
 
 
 def test_moe_layer_freq_and_first_dense_layers():
-    cfg = {**deepseek_dict("DeepseekV3ForCausalLM"), "num_hidden_layers": 8, "first_k_dense_replace": 3,
-           "moe_layer_freq": 2}
+    cfg = {
+        **deepseek_dict("DeepseekV3ForCausalLM"),
+        "num_hidden_layers": 8,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 2,
+    }
     ds = loaded(cfg)[1]
     assert [i for i in range(10) if ds.is_moe_layer(i)] == [4, 6, 8]
     assert not loaded({**cfg, "n_routed_experts": None})[1].is_moe_layer(8)
@@ -366,9 +519,21 @@ def test_moe_layer_freq_and_first_dense_layers():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_omitted_fields_mean_the_transformers_defaults(arch):
     full = deepseek_dict(arch)
-    keep = ("architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act", "rope_parameters")
+    keep = (
+        "architectures",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "hidden_act",
+        "rope_parameters",
+    )
     minimal = {k: full[k] for k in keep}
     if arch == "DeepseekV2ForCausalLM":
-        minimal["num_experts_per_tok"] = full["num_experts_per_tok"]  # (the default, None, is refused)
+        minimal["num_experts_per_tok"] = full[
+            "num_experts_per_tok"
+        ]  # (the default, None, is refused)
     assert loaded(minimal)[1] == loaded(full)[1]

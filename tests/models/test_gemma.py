@@ -5,27 +5,38 @@ of 14-45 tokens with chunked prefill across the window edge, both layer kinds' R
 softcapping; a Gemma3ForConditionalGeneration checkpoint whose vision tower is skipped; Gemma 4's
 dense text model with per-layer embeddings, its k = v global layers with wider heads, KV sharing and
 the MoE block. Prefill logits within 1e-4 relative, 32 greedy tokens identical, speculation lossless."""
+
 import logging
 
 import pytest
 import torch
 import transformers
 
-from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_MOE_SHARED, GEMMA4_TEXT, PROMPT, VARIANTS, WINDOW, make_gemma
+from helpers.gemma_models import (
+    GEMMA3_TEXT,
+    GEMMA4_MOE_SHARED,
+    GEMMA4_TEXT,
+    PROMPT,
+    VARIANTS,
+    WINDOW,
+    make_gemma,
+)
 from helpers.hf_models import checkpoint_cache, paged_prefill_error
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import checkpoint_tensor_names
 from outpace.config import SpeculativeConfig
 from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
 from outpace.models.loader import load_model
 from outpace.registry import PROPOSERS
+from outpace.validation import ConfigError
 
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 
 # multimodal variant -> the prefixes of its checkpoint's non-text tensors
-NON_TEXT = {"gemma3-multimodal": ("vision_tower.", "multi_modal_projector."),
-            "gemma4-multimodal": ("model.vision_tower.", "model.embed_vision.")}
+NON_TEXT = {
+    "gemma3-multimodal": ("vision_tower.", "multi_modal_projector."),
+    "gemma4-multimodal": ("model.vision_tower.", "model.embed_vision."),
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +47,20 @@ def gemma(tmp_path_factory):
 
 def transformers_greedy(hf, prompt, n):
     with torch.no_grad():
-        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        return hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
 
 
 def generate(path, prompt, n, **engine):
     out = LLM(str(path), block_size=4, num_kv_blocks=64, **engine).generate(
-        [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0]
+        [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    )[0]
     return out
 
 
@@ -75,12 +93,20 @@ def test_multimodal_checkpoint_serves_its_text_model(variant, gemma, caplog):
     assert not any("vision" in n or "multi_modal" in n for n, _ in model.named_parameters())
     cfg = ModelConfig.from_pretrained(path)
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (211, 60, 5)
-    assert cfg.layer_windows == (WINDOW, WINDOW, None, WINDOW, None if "gemma4" in variant else WINDOW)
+    assert cfg.layer_windows == (
+        WINDOW,
+        WINDOW,
+        None,
+        WINDOW,
+        None if "gemma4" in variant else WINDOW,
+    )
 
 
 SPECS = {
     "ngram": lambda path: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
-    "draft": lambda path: SpeculativeConfig("draft", str(path), num_steps=3),  # the target drafting for itself
+    "draft": lambda path: SpeculativeConfig(
+        "draft", str(path), num_steps=3
+    ),  # the target drafting for itself
     # the true continuation with 30% of the drafts corrupted: verifies that accept part of a chain
     "oracle": lambda path: SpeculativeConfig("oracle", "unused", num_steps=3),
 }
@@ -107,8 +133,11 @@ def test_speculation_is_lossless(variant, method, gemma, monkeypatch):
 
 
 def gemma3_dict(**changes) -> dict:
-    return {**transformers.Gemma3TextConfig(**GEMMA3_TEXT).to_dict(), "architectures": ["Gemma3ForCausalLM"],
-            **changes}
+    return {
+        **transformers.Gemma3TextConfig(**GEMMA3_TEXT).to_dict(),
+        "architectures": ["Gemma3ForCausalLM"],
+        **changes,
+    }
 
 
 def refused(cfg: dict, *names: str) -> None:
@@ -123,8 +152,11 @@ def test_gemma3_unimplemented_values_are_refused_by_name():
     refused(gemma3_dict(attn_logit_softcapping=50.0), "attn_logit_softcapping", "50.0")
     refused(gemma3_dict(use_bidirectional_attention=True), "use_bidirectional_attention", "True")
     yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6}
-    refused(gemma3_dict(rope_parameters={**GEMMA3_TEXT["rope_parameters"], "full_attention": yarn}),
-            "rope_parameters.full_attention.rope_type", "'yarn'")
+    refused(
+        gemma3_dict(rope_parameters={**GEMMA3_TEXT["rope_parameters"], "full_attention": yarn}),
+        "rope_parameters.full_attention.rope_type",
+        "'yarn'",
+    )
     refused(gemma3_dict(layer_types=["chunked_attention"] * 5), "layer_types", "chunked_attention")
 
 
@@ -134,25 +166,41 @@ def test_gemma3_configs_before_transformers_5():
     from outpace.models.gemma import Gemma3Config
 
     old = {k: v for k, v in gemma3_dict().items() if k not in ("rope_parameters", "layer_types")}
-    cfg = ModelConfig.from_dict({**old, "rope_theta": 1e5, "rope_local_base_freq": 1e4, "sliding_window_pattern": 3,
-                                 "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    cfg = ModelConfig.from_dict(
+        {
+            **old,
+            "rope_theta": 1e5,
+            "rope_local_base_freq": 1e4,
+            "sliding_window_pattern": 3,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        }
+    )
     new = ModelConfig.from_dict(gemma3_dict())
     assert cfg.layer_windows == new.layer_windows == (WINDOW, WINDOW, None, WINDOW, WINDOW)
     assert Gemma3Config.from_model_config(cfg).ropes == Gemma3Config.from_model_config(new).ropes
 
 
 def gemma4_dict(**changes) -> dict:
-    return {**transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED).to_dict(), "architectures": ["Gemma4ForCausalLM"],
-            **changes}
+    return {
+        **transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED).to_dict(),
+        "architectures": ["Gemma4ForCausalLM"],
+        **changes,
+    }
 
 
 def test_gemma4_unimplemented_values_are_refused_by_name():
     refused(gemma4_dict(use_bidirectional_attention="all"), "use_bidirectional_attention", "'all'")
     yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6}
-    refused(gemma4_dict(rope_parameters={**GEMMA4_TEXT["rope_parameters"], "full_attention": yarn}),
-            "rope_parameters.full_attention.rope_type", "'yarn'")
-    refused(gemma4_dict(per_layer_config={"2": {"head_dim": 16, "intermediate_size": 64}}),
-            "per_layer_config.2.intermediate_size", "64")
+    refused(
+        gemma4_dict(rope_parameters={**GEMMA4_TEXT["rope_parameters"], "full_attention": yarn}),
+        "rope_parameters.full_attention.rope_type",
+        "'yarn'",
+    )
+    refused(
+        gemma4_dict(per_layer_config={"2": {"head_dim": 16, "intermediate_size": 64}}),
+        "per_layer_config.2.intermediate_size",
+        "64",
+    )
     refused(gemma4_dict(num_kv_shared_layers=4), "num_kv_shared_layers", "4")
 
 
@@ -162,39 +210,76 @@ def test_gemma4_configs_without_per_layer_config():
 
     old = {k: v for k, v in gemma4_dict().items() if k != "per_layer_config"}
     cfg = ModelConfig.from_dict({**old, "global_head_dim": 16, "num_global_key_value_heads": 5})
-    assert Gemma4Config.from_model_config(cfg) == Gemma4Config.from_model_config(ModelConfig.from_dict(gemma4_dict()))
+    assert Gemma4Config.from_model_config(cfg) == Gemma4Config.from_model_config(
+        ModelConfig.from_dict(gemma4_dict())
+    )
 
 
 # Fields of transformers' Gemma3TextConfig / Gemma4TextConfig that do not change what inference computes.
 IRRELEVANT = {
-    "transformers_version", "_name_or_path", "model_type",       # provenance; architectures names the class
-    "output_hidden_states", "output_attentions", "return_dict",  # what a transformers forward returns
-    "use_cache", "is_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id", "problem_type",
-    "initializer_range", "attention_dropout", "pad_token_id", "bos_token_id",
+    "transformers_version",
+    "_name_or_path",
+    "model_type",  # provenance; architectures names the class
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",  # what a transformers forward returns
+    "use_cache",
+    "is_encoder_decoder",
+    "chunk_size_feed_forward",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "initializer_range",
+    "attention_dropout",
+    "pad_token_id",
+    "bos_token_id",
     "_sliding_window_pattern",  # not read back (Gemma3TextConfig reads sliding_window_pattern; layer_types is written)
 }
 MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}
 # field -> (another value; other changes that let the field matter): the parsed configs must then differ.
 IMPLEMENTED = {
-    "vocab_size": (100, {}), "hidden_size": (1024, {}), "intermediate_size": (100, {}),
-    "num_hidden_layers": (4, {"layer_types": None, "per_layer_config": {}}), "num_attention_heads": (16, {}),
-    "num_key_value_heads": (2, {}), "head_dim": (128, {}), "hidden_activation": ("gelu", {}),
-    "max_position_embeddings": (1024, {}), "rms_norm_eps": (1e-5, {}), "tie_word_embeddings": (False, {}),
-    "eos_token_id": (7, {}), "dtype": ("bfloat16", {}), "attention_bias": (True, {}),
-    "sliding_window": (16, {}), "final_logit_softcapping": (30.0, {}),
+    "vocab_size": (100, {}),
+    "hidden_size": (1024, {}),
+    "intermediate_size": (100, {}),
+    "num_hidden_layers": (4, {"layer_types": None, "per_layer_config": {}}),
+    "num_attention_heads": (16, {}),
+    "num_key_value_heads": (2, {}),
+    "head_dim": (128, {}),
+    "hidden_activation": ("gelu", {}),
+    "max_position_embeddings": (1024, {}),
+    "rms_norm_eps": (1e-5, {}),
+    "tie_word_embeddings": (False, {}),
+    "eos_token_id": (7, {}),
+    "dtype": ("bfloat16", {}),
+    "attention_bias": (True, {}),
+    "sliding_window": (16, {}),
+    "final_logit_softcapping": (30.0, {}),
     "layer_types": (lambda base: ["full_attention"] + base["layer_types"][1:], {}),
-    "rope_parameters": (lambda base: {**base["rope_parameters"], "sliding_attention": {"rope_type": "default",
-                                                                                      "rope_theta": 5e4}}, {}),
+    "rope_parameters": (
+        lambda base: {
+            **base["rope_parameters"],
+            "sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+        },
+        {},
+    ),
     # Gemma 3
     "query_pre_attn_scalar": (128, {}),
     # Gemma 4
-    "attention_k_eq_v": (True, {}), "per_layer_config": ({"05": {"head_dim": 128}}, {}),
-    "hidden_size_per_layer_input": (0, {}), "vocab_size_per_layer_input": (100, {}),
-    "num_kv_shared_layers": (6, {}), "use_double_wide_mlp": (True, {"num_kv_shared_layers": 6}),
+    "attention_k_eq_v": (True, {}),
+    "per_layer_config": ({"05": {"head_dim": 128}}, {}),
+    "hidden_size_per_layer_input": (0, {}),
+    "vocab_size_per_layer_input": (100, {}),
+    "num_kv_shared_layers": (6, {}),
+    "use_double_wide_mlp": (True, {"num_kv_shared_layers": 6}),
     "enable_moe_block": (True, {k: v for k, v in MOE.items() if k != "enable_moe_block"}),
-    "num_experts": (8, MOE), "top_k_experts": (3, MOE), "moe_intermediate_size": (16, MOE),
+    "num_experts": (8, MOE),
+    "top_k_experts": (3, MOE),
+    "moe_intermediate_size": (16, MOE),
 }
-REFUSED = {"attn_logit_softcapping": 50.0, "use_bidirectional_attention": "all"}  # field -> a value refused
+REFUSED = {
+    "attn_logit_softcapping": 50.0,
+    "use_bidirectional_attention": "all",
+}  # field -> a value refused
 
 
 def parsed(cfg: dict):
@@ -211,16 +296,24 @@ def parsed(cfg: dict):
 def test_every_field_is_implemented_irrelevant_or_refused(arch):
     """Walks the default text config's fields: a field none of the tables knows fails (a transformers
     upgrade adding one must be looked at); "implemented" is checked: another value changes the parse."""
-    cls = transformers.Gemma3TextConfig if arch.startswith("Gemma3") else transformers.Gemma4TextConfig
+    cls = (
+        transformers.Gemma3TextConfig
+        if arch.startswith("Gemma3")
+        else transformers.Gemma4TextConfig
+    )
     base = {**cls().to_dict(), "architectures": [arch]}
     unknown = sorted(set(base) - set(IMPLEMENTED) - IRRELEVANT - set(REFUSED) - {"architectures"})
     assert not unknown, f"{cls.__name__} fields nobody decided on: {unknown}"
     for name in set(base) & set(IMPLEMENTED):
         value, context = IMPLEMENTED[name]
         value = value(base) if callable(value) else value
-        assert parsed({**base, **context}) != parsed({**base, **context, name: value}), f"{name}={value!r} changes nothing"
+        assert parsed({**base, **context}) != parsed({**base, **context, name: value}), (
+            f"{name}={value!r} changes nothing"
+        )
     for name in set(base) & IRRELEVANT:
-        assert parsed({**base, name: "changed" if base[name] is None else not base[name]}) == parsed(base), name
+        assert parsed(
+            {**base, name: "changed" if base[name] is None else not base[name]}
+        ) == parsed(base), name
     for name in set(base) & set(REFUSED):
         with pytest.raises(ConfigError, match=name):
             parsed({**base, name: REFUSED[name]})

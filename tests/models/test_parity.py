@@ -1,4 +1,5 @@
 """outpace's Llama-family implementation against transformers on random weights (fp32, CPU)."""
+
 import pytest
 import torch
 
@@ -18,8 +19,15 @@ def test_greedy_tokens_match_transformers(variant, hf_checkpoints):
     hf, path = hf_checkpoints(variant)
     prompt = [3, 17, 99, 150, 8, 42, 7]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
-                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    out = LLM(str(path), block_size=4, num_kv_blocks=64).generate([prompt], SamplingParams(
-        temperature=0, max_tokens=32, ignore_eos=True))[0]
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=32,
+            do_sample=False,
+            min_new_tokens=32,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+    out = LLM(str(path), block_size=4, num_kv_blocks=64).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    )[0]
     assert out.token_ids == ref

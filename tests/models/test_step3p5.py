@@ -17,22 +17,35 @@ import transformers
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE, DeepseekV3TopkRouter
-from transformers.models.qwen3_next.modeling_qwen3_next import (Qwen3NextAttention, Qwen3NextRMSNorm,
-                                                                Qwen3NextRotaryEmbedding)
+from transformers.models.qwen3_next.modeling_qwen3_next import (
+    Qwen3NextAttention,
+    Qwen3NextRMSNorm,
+    Qwen3NextRotaryEmbedding,
+)
 
 import outpace.speculative.drafters.mtp as mtp_proposer
-from helpers.step3p5_checkpoints import CONFIG, FULL, MTP, TYPES, N, layer_shape, moe_layers, write_checkpoint
+from helpers.step3p5_checkpoints import (
+    CONFIG,
+    FULL,
+    MTP,
+    TYPES,
+    N,
+    layer_shape,
+    moe_layers,
+    write_checkpoint,
+)
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
 from outpace.models.loader import load_model
 from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE, clamped_swiglu
+from outpace.validation import ConfigError
 
 # ---- the reference, assembled from transformers components -------------------------------------------------
+
 
 def zero_centred_norm(weight: torch.Tensor, eps: float) -> Qwen3NextRMSNorm:
     norm = Qwen3NextRMSNorm(weight.shape[0], eps)  # scales by 1 + weight, as GemmaRMSNorm
@@ -59,17 +72,27 @@ class RefLayer(nn.Module):
         heads, kv = layer_shape(cfg, i)
         self.t, self.p, self.i, self.cfg = t, p, i, cfg
         self.sliding = cfg["layer_types"][i] == "sliding_attention"
-        rope = {"rope_type": "default", "rope_theta": cfg["rope_theta"][i],
-                "partial_rotary_factor": cfg["partial_rotary_factors"][i]}
+        rope = {
+            "rope_type": "default",
+            "rope_theta": cfg["rope_theta"][i],
+            "partial_rotary_factor": cfg["partial_rotary_factors"][i],
+        }
         if cfg["layer_types"][i] in cfg["yarn_only_types"]:
             rope.update(cfg["rope_scaling"])
-        qcfg = transformers.Qwen3NextConfig(hidden_size=cfg["hidden_size"], num_attention_heads=heads,
-                                            num_key_value_heads=kv, head_dim=d, rms_norm_eps=eps,
-                                            max_position_embeddings=cfg["max_position_embeddings"],
-                                            rope_parameters=rope)
+        qcfg = transformers.Qwen3NextConfig(
+            hidden_size=cfg["hidden_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=d,
+            rms_norm_eps=eps,
+            max_position_embeddings=cfg["max_position_embeddings"],
+            rope_parameters=rope,
+        )
         qcfg._attn_implementation = "eager"
         self.attn, self.rotary = Qwen3NextAttention(qcfg, 0).eval(), Qwen3NextRotaryEmbedding(qcfg)
-        gate = t[p + "self_attn.g_proj.weight"][:, None, :].expand(heads, d, -1)  # one gate per head, per element
+        gate = t[p + "self_attn.g_proj.weight"][:, None, :].expand(
+            heads, d, -1
+        )  # one gate per head, per element
         q = t[p + "self_attn.q_proj.weight"].view(heads, d, -1)
         self.attn.q_proj.weight.data.copy_(torch.cat((q, gate), dim=1).reshape(heads * 2 * d, -1))
         for name in ("k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -79,13 +102,20 @@ class RefLayer(nn.Module):
         self.moe = i in moe_layers(cfg)
         if self.moe:
             dcfg = transformers.DeepseekV3Config(
-                hidden_size=cfg["hidden_size"], n_routed_experts=cfg["moe_num_experts"],
-                num_experts_per_tok=cfg["moe_top_k"], n_group=1, topk_group=1, norm_topk_prob=True,
-                routed_scaling_factor=cfg["moe_router_scaling_factor"])
+                hidden_size=cfg["hidden_size"],
+                n_routed_experts=cfg["moe_num_experts"],
+                num_experts_per_tok=cfg["moe_top_k"],
+                n_group=1,
+                topk_group=1,
+                norm_topk_prob=True,
+                routed_scaling_factor=cfg["moe_router_scaling_factor"],
+            )
             self.router = DeepseekV3TopkRouter(dcfg)
             self.router.weight.data.copy_(t[p + "moe.gate.weight"])
             self.router.e_score_correction_bias.copy_(t[p + "moe.router_bias"])
-        mask_cfg = transformers.MistralConfig(sliding_window=cfg["sliding_window"] if self.sliding else None)
+        mask_cfg = transformers.MistralConfig(
+            sliding_window=cfg["sliding_window"] if self.sliding else None
+        )
         mask_cfg._attn_implementation = "eager"
         self.mask_cfg = mask_cfg
 
@@ -93,24 +123,43 @@ class RefLayer(nn.Module):
         t, p, i = self.t, self.p, self.i
         shared_limit, limit = self.cfg["swiglu_limits_shared"][i], self.cfg["swiglu_limits"][i]
         if not self.moe:
-            return ref_swiglu(x, t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"],
-                              t[p + "mlp.down_proj.weight"], shared_limit)
+            return ref_swiglu(
+                x,
+                t[p + "mlp.gate_proj.weight"],
+                t[p + "mlp.up_proj.weight"],
+                t[p + "mlp.down_proj.weight"],
+                shared_limit,
+            )
         _, weights, ids = self.router(x)
-        out = ref_swiglu(x, t[p + "share_expert.gate_proj.weight"], t[p + "share_expert.up_proj.weight"],
-                         t[p + "share_expert.down_proj.weight"], shared_limit)
+        out = ref_swiglu(
+            x,
+            t[p + "share_expert.gate_proj.weight"],
+            t[p + "share_expert.up_proj.weight"],
+            t[p + "share_expert.down_proj.weight"],
+            shared_limit,
+        )
         for row in range(x.shape[0]):
             for j in range(ids.shape[1]):
                 e = ids[row, j]
-                out[row] += weights[row, j] * ref_swiglu(
-                    x[row:row + 1], t[p + "moe.gate_proj.weight"][e], t[p + "moe.up_proj.weight"][e],
-                    t[p + "moe.down_proj.weight"][e], limit)[0]
+                out[row] += (
+                    weights[row, j]
+                    * ref_swiglu(
+                        x[row : row + 1],
+                        t[p + "moe.gate_proj.weight"][e],
+                        t[p + "moe.up_proj.weight"][e],
+                        t[p + "moe.down_proj.weight"][e],
+                        limit,
+                    )[0]
+                )
         return out
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         """x [L, hidden] (positions 0 .. L - 1) -> [L, hidden]."""
         x, pos = x[None], torch.arange(x.shape[0])[None]
         make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
-        mask = make_mask(config=self.mask_cfg, inputs_embeds=x, attention_mask=None, cache=None, position_ids=pos)
+        mask = make_mask(
+            config=self.mask_cfg, inputs_embeds=x, attention_mask=None, cache=None, position_ids=pos
+        )
         return self.attn(x, self.rotary(x, pos), mask)[0][0]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -125,17 +174,23 @@ class Reference(nn.Module):
         super().__init__()
         eps, n = cfg["rms_norm_eps"], cfg["num_hidden_layers"]
         self.t, self.n = t, n
-        self.layers = nn.ModuleList(RefLayer(t, cfg, i) for i in range(n + cfg["num_nextn_predict_layers"]))
+        self.layers = nn.ModuleList(
+            RefLayer(t, cfg, i) for i in range(n + cfg["num_nextn_predict_layers"])
+        )
         self.norm = zero_centred_norm(t["model.norm.weight"], eps)
-        self.mtp_norms = [(zero_centred_norm(t[f"model.layers.{i}.enorm.weight"], eps),
-                           zero_centred_norm(t[f"model.layers.{i}.hnorm.weight"], eps),
-                           zero_centred_norm(t[f"model.layers.{i}.transformer.shared_head.norm.weight"], eps))
-                          for i in range(n, len(self.layers))]
+        self.mtp_norms = [
+            (
+                zero_centred_norm(t[f"model.layers.{i}.enorm.weight"], eps),
+                zero_centred_norm(t[f"model.layers.{i}.hnorm.weight"], eps),
+                zero_centred_norm(t[f"model.layers.{i}.transformer.shared_head.norm.weight"], eps),
+            )
+            for i in range(n, len(self.layers))
+        ]
 
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [L] -> (pre-norm hidden [L, hidden], logits [L, vocab])."""
         h = self.t["model.embed_tokens.weight"][ids]
-        for layer in self.layers[:self.n]:
+        for layer in self.layers[: self.n]:
             h = layer(h)
         return h, self.norm(h) @ self.t["lm_head.weight"].T
 
@@ -145,20 +200,27 @@ class Reference(nn.Module):
         out, prev = [], hidden[:-1]
         for k, (enorm, hnorm, head_norm) in enumerate(self.mtp_norms):
             i, m = self.n + k, ids.shape[0] - 1 - k
-            embeds = self.t["model.embed_tokens.weight"][ids[k + 1:k + 1 + m]]
-            h = torch.cat((enorm(embeds), hnorm(prev[:m])), dim=-1) @ self.t[f"model.layers.{i}.eh_proj.weight"].T
+            embeds = self.t["model.embed_tokens.weight"][ids[k + 1 : k + 1 + m]]
+            h = (
+                torch.cat((enorm(embeds), hnorm(prev[:m])), dim=-1)
+                @ self.t[f"model.layers.{i}.eh_proj.weight"].T
+            )
             prev = self.layers[i](h)
-            out.append(head_norm(prev) @ self.t[f"model.layers.{i}.transformer.shared_head.output.weight"].T)
+            out.append(
+                head_norm(prev)
+                @ self.t[f"model.layers.{i}.transformer.shared_head.output.weight"].T
+            )
         return out
 
     def greedy(self, prompt: list[int], steps: int) -> list[int]:
         seq = list(prompt)
         for _ in range(steps):
             seq.append(int(self(torch.tensor(seq))[1][-1].argmax()))
-        return seq[len(prompt):]
+        return seq[len(prompt) :]
 
 
 # ---- fixtures ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
@@ -182,12 +244,17 @@ IDS = torch.randint(0, 61, (40,), generator=torch.Generator().manual_seed(1))
 
 # ---- parts ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layer", [0, 1])  # full attention (llama3-scaled partial RoPE), sliding (window 5)
+
+@pytest.mark.parametrize(
+    "layer", [0, 1]
+)  # full attention (llama3-scaled partial RoPE), sliding (window 5)
 def test_gated_attention_matches_qwen3_next(layer, target):
     model, ref, _ = target
     x = torch.randn(40, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(2))
     attn = model.model.layers[layer].self_attn
-    assert (attn.attn.sliding_window is None) == FULL[layer] and attn.attn.num_heads == layer_shape(CONFIG, layer)[0]
+    assert (attn.attn.sliding_window is None) == FULL[layer] and attn.attn.num_heads == layer_shape(
+        CONFIG, layer
+    )[0]
     with torch.no_grad():
         bind_kv_cache(model.model, BlockPool(8, 16), torch.float32, "cpu")
         ours = paged(lambda: attn(torch.arange(40), x), 40)
@@ -206,9 +273,19 @@ def test_moe_matches_deepseek_v3():
     and scaled weights, one shared expert of the routed experts' width; 7 experts, top 3."""
     cfg = ModelConfig.from_dict({**CONFIG, "share_expert_dim": CONFIG["moe_intermediate_size"]})
     step = Step3p5Config.from_model_config(cfg)
-    ds = DeepseekV3MoE(transformers.DeepseekV3Config(
-        hidden_size=40, moe_intermediate_size=20, n_routed_experts=7, num_experts_per_tok=3, n_group=1,
-        topk_group=1, n_shared_experts=1, norm_topk_prob=True, routed_scaling_factor=3.0)).eval()
+    ds = DeepseekV3MoE(
+        transformers.DeepseekV3Config(
+            hidden_size=40,
+            moe_intermediate_size=20,
+            n_routed_experts=7,
+            num_experts_per_tok=3,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=3.0,
+        )
+    ).eval()
     torch.manual_seed(3)
     with torch.no_grad():
         for p in list(ds.parameters()) + list(ds.buffers()):
@@ -234,7 +311,9 @@ def test_moe_matches_deepseek_v3():
 
 def test_swiglu_clamp_is_vllms_swiglustep():
     g, u = torch.linspace(-6, 6, 97), torch.linspace(5, -5, 97)
-    expected = torch.nn.functional.silu(g).clamp(max=0.7) * u.clamp(-0.7, 0.7)  # vLLM SwigluStepAndMul, limit 0.7
+    expected = torch.nn.functional.silu(g).clamp(max=0.7) * u.clamp(
+        -0.7, 0.7
+    )  # vLLM SwigluStepAndMul, limit 0.7
     torch.testing.assert_close(clamped_swiglu(g, u, 0.7), expected, rtol=0, atol=0)
     assert not torch.equal(clamped_swiglu(g, u, None), expected)
 
@@ -246,18 +325,23 @@ def test_layers_read_their_config_lists(target):
     assert len(specs) == N + MTP
     for i, spec in enumerate(specs):
         assert (spec.sliding_window, spec.num_heads) == ((None, 4) if FULL[i] else (5, 6))
-        assert spec.rotary_dim == (6 if FULL[i] else 12) and spec.rope_theta == CONFIG["rope_theta"][i]
+        assert (
+            spec.rotary_dim == (6 if FULL[i] else 12) and spec.rope_theta == CONFIG["rope_theta"][i]
+        )
         assert (spec.rope_scaling is not None) == FULL[i] and spec.moe == (i in (1, 2, 4))
         assert spec.swiglu_limit == (CONFIG["swiglu_limits"][i] or None)
         assert spec.swiglu_limit_shared == (CONFIG["swiglu_limits_shared"][i] or None)
     # MTP layer k is decoder layer N + k of the lists: layer 4 is MoE and slides, 5 is dense and full
     assert model.mtp_layers[0].is_moe and type(model.mtp_layers[0].moe).__name__ == "Step3p5MoE"
     assert model.mtp_layers[0].self_attn.attn.sliding_window == 5
-    assert not model.mtp_layers[1].is_moe and model.mtp_layers[1].self_attn.attn.sliding_window is None
+    assert (
+        not model.mtp_layers[1].is_moe and model.mtp_layers[1].self_attn.attn.sliding_window is None
+    )
     assert len(model.model.rotaries) == 2  # one table per (rotated dims, theta, scaling) in use
 
 
 # ---- whole model ---------------------------------------------------------------------------------------------
+
 
 def test_prefill_logits_match_the_reference(target):
     model, ref, _ = target
@@ -279,7 +363,9 @@ def test_greedy_tokens_match_the_reference_whole_and_chunked(target):
     with torch.no_grad():
         expected = [ref.greedy(p, 32) for p in PROMPTS]
     for chunk in (2048, 8):
-        outs = LLM(str(path), block_size=4, num_kv_blocks=128, max_num_batched_tokens=chunk).generate(PROMPTS, GREEDY)
+        outs = LLM(
+            str(path), block_size=4, num_kv_blocks=128, max_num_batched_tokens=chunk
+        ).generate(PROMPTS, GREEDY)
         assert [o.token_ids for o in outs] == expected, f"chunks of {chunk}"
 
 
@@ -295,14 +381,21 @@ def test_mtp_layers_match_the_reference_chained(target):
         prev = model.mtp_layers[0].target_state(model, ours_hidden[:-1])
         for k, layer in enumerate(model.mtp_layers):
             m = n - 1 - k
-            prev = paged(lambda: layer(torch.arange(m), layer.embed(model, IDS[k + 1:k + 1 + m]), prev[:m]), m)
+            prev = paged(
+                lambda: layer(
+                    torch.arange(m), layer.embed(model, IDS[k + 1 : k + 1 + m]), prev[:m]
+                ),
+                m,
+            )
             assert rel_error(layer.compute_logits(model, prev), expected[k]) < 1e-5, k
 
 
 @pytest.fixture(scope="module")
 def mtp_target(tmp_path_factory):
     """A small vocabulary, so random MTP layers' drafts are accepted now and then."""
-    path, _ = write_checkpoint(tmp_path_factory.mktemp("step3p5-mtp"), {**CONFIG, "vocab_size": 13}, seed=4)
+    path, _ = write_checkpoint(
+        tmp_path_factory.mktemp("step3p5-mtp"), {**CONFIG, "vocab_size": 13}, seed=4
+    )
     return path
 
 
@@ -313,8 +406,14 @@ def run_recording_drafts(path, monkeypatch, chained: bool):
     """Greedy outputs with 3 chained MTP layers (or, unchained, every layer fed the target's state), the drafts
     of each draft step, and the number of accepted drafts."""
     drafts, real = [], mtp_proposer.chain_drafts
-    monkeypatch.setattr(mtp_proposer, "chain_drafts", lambda rows, tokens, probs: (
-        drafts.append(torch.stack(tokens, 1).clone()), real(rows, tokens, probs))[1])
+    monkeypatch.setattr(
+        mtp_proposer,
+        "chain_drafts",
+        lambda rows, tokens, probs: (
+            drafts.append(torch.stack(tokens, 1).clone()),
+            real(rows, tokens, probs),
+        )[1],
+    )
     init = mtp_proposer.MTPProposer.__init__
 
     def with_form(self, *args, **kwargs):
@@ -323,34 +422,55 @@ def run_recording_drafts(path, monkeypatch, chained: bool):
         self.chained = chained
 
     monkeypatch.setattr(mtp_proposer.MTPProposer, "__init__", with_form)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=64,
-              speculative=SpeculativeConfig("mtp", num_steps=3))
+    llm = LLM(
+        str(path),
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=64,
+        speculative=SpeculativeConfig("mtp", num_steps=3),
+    )
     outs = llm.generate(MTP_PROMPTS, GREEDY.replace(max_tokens=24))
     assert llm.engine.pool.num_free == 64
-    return [o.token_ids for o in outs], drafts, sum(o.spec_metrics.num_accepted_drafts for o in outs)
+    return (
+        [o.token_ids for o in outs],
+        drafts,
+        sum(o.spec_metrics.num_accepted_drafts for o in outs),
+    )
 
 
 def test_mtp_chained_is_lossless_and_differs_from_unchained(mtp_target, monkeypatch):
-    plain = [o.token_ids for o in LLM(str(mtp_target), block_size=4).generate(MTP_PROMPTS, GREEDY.replace(
-        max_tokens=24))]
+    plain = [
+        o.token_ids
+        for o in LLM(str(mtp_target), block_size=4).generate(
+            MTP_PROMPTS, GREEDY.replace(max_tokens=24)
+        )
+    ]
     chained, chained_drafts, accepted = run_recording_drafts(mtp_target, monkeypatch, chained=True)
     assert chained == plain and accepted > 0, "lossless, and some draft accepted"
     unchained, unchained_drafts, _ = run_recording_drafts(mtp_target, monkeypatch, chained=False)
     assert unchained == plain
     # The first draft step sees the same state in both runs: layer 0 proposes the same token, the later layers
     # (chained: fed layer k - 1's output; unchained: the target's state) propose different ones.
-    first_chained, first_unchained = chained_drafts[0], unchained_drafts[0]   # [rows, 3]
+    first_chained, first_unchained = chained_drafts[0], unchained_drafts[0]  # [rows, 3]
     assert torch.equal(first_chained[:, 0], first_unchained[:, 0])
     assert not torch.equal(first_chained[:, 1:], first_unchained[:, 1:])
 
 
 # ---- config ------------------------------------------------------------------------------------------------
 
+
 def loaded(cfg: dict) -> tuple:
     """What a Step3p5 model computes from ``cfg``: the ModelConfig fields the engine reads and Step3p5Config."""
     m = ModelConfig.from_dict(cfg)
-    engine = (m.vocab_size, m.max_position_embeddings, m.eos_token_ids, m.torch_dtype, m.num_hidden_layers,
-              m.hidden_size, m.num_nextn_predict_layers)
+    engine = (
+        m.vocab_size,
+        m.max_position_embeddings,
+        m.eos_token_ids,
+        m.torch_dtype,
+        m.num_hidden_layers,
+        m.hidden_size,
+        m.num_nextn_predict_layers,
+    )
     return engine, Step3p5Config.from_model_config(m)
 
 
@@ -360,41 +480,60 @@ def with_other(**changes) -> dict:
 
 # field -> a config change that must change what is loaded
 IMPLEMENTED = {
-    "hidden_size": {"hidden_size": 48}, "intermediate_size": {"intermediate_size": 60},
-    "num_hidden_layers": {"num_hidden_layers": 3}, "num_attention_heads": {"num_attention_heads": 8},
+    "hidden_size": {"hidden_size": 48},
+    "intermediate_size": {"intermediate_size": 60},
+    "num_hidden_layers": {"num_hidden_layers": 3},
+    "num_attention_heads": {"num_attention_heads": 8},
     "num_attention_groups": {"num_attention_groups": 4},
     "head_dim": {"head_dim": 16, "attention_other_setting": with_other(head_dim=16)},
-    "vocab_size": {"vocab_size": 67}, "max_position_embeddings": {"max_position_embeddings": 128},
-    "rms_norm_eps": {"rms_norm_eps": 1e-6}, "layer_types": {"layer_types": ["sliding_attention"] + TYPES[1:]},
+    "vocab_size": {"vocab_size": 67},
+    "max_position_embeddings": {"max_position_embeddings": 128},
+    "rms_norm_eps": {"rms_norm_eps": 1e-6},
+    "layer_types": {"layer_types": ["sliding_attention"] + TYPES[1:]},
     "sliding_window": {"sliding_window": 7},
     "attention_other_setting": {"attention_other_setting": with_other(num_attention_heads=4)},
     "rope_theta": {"rope_theta": [2e4] * (N + MTP)},
     "rope_scaling": {"rope_scaling": {**CONFIG["rope_scaling"], "factor": 4.0}},
     "yarn_only_types": {"yarn_only_types": ["full_attention", "sliding_attention"]},
     "partial_rotary_factors": {"partial_rotary_factors": [1.0] * (N + MTP)},
-    "moe_num_experts": {"moe_num_experts": 9}, "moe_top_k": {"moe_top_k": 2},
-    "moe_intermediate_size": {"moe_intermediate_size": 24}, "share_expert_dim": {"share_expert_dim": 20},
-    "moe_layers_enum": {"moe_layers_enum": "1,2"}, "moe_router_scaling_factor": {"moe_router_scaling_factor": 2.0},
+    "moe_num_experts": {"moe_num_experts": 9},
+    "moe_top_k": {"moe_top_k": 2},
+    "moe_intermediate_size": {"moe_intermediate_size": 24},
+    "share_expert_dim": {"share_expert_dim": 20},
+    "moe_layers_enum": {"moe_layers_enum": "1,2"},
+    "moe_router_scaling_factor": {"moe_router_scaling_factor": 2.0},
     "use_head_wise_attn_gate": {"use_head_wise_attn_gate": False},
     "swiglu_limits": {"swiglu_limits": [0.0] * (N + MTP)},
     "swiglu_limits_shared": {"swiglu_limits_shared": [7.0] * (N + MTP)},
-    "num_nextn_predict_layers": {"num_nextn_predict_layers": 2}, "eos_token_id": {"eos_token_id": 7},
+    "num_nextn_predict_layers": {"num_nextn_predict_layers": 2},
+    "eos_token_id": {"eos_token_id": 7},
     "torch_dtype": {"torch_dtype": "bfloat16"},
     "architectures": None,  # selects this class (the registry's line; test_registry_builds_step3p5 below)
 }
 # Fields that do not change what inference computes, and why.
 IRRELEVANT = {
-    "model_type", "auto_map",          # which transformers class / remote code file: the architectures entry decides
-    "bos_token_id",                    # the tokenizer's business
-    "max_seq_len",                     # vLLM and SGLang size the RoPE tables by max_position_embeddings
+    "model_type",
+    "auto_map",  # which transformers class / remote code file: the architectures entry decides
+    "bos_token_id",  # the tokenizer's business
+    "max_seq_len",  # vLLM and SGLang size the RoPE tables by max_position_embeddings
     # neither vLLM nor SGLang reads these: moe_layers_enum lists the MoE layers
-    "use_moe", "moe_layer_offset", "moe_every_n_layer", "moe_dynamic_exp_p",
+    "use_moe",
+    "moe_layer_offset",
+    "moe_every_n_layer",
+    "moe_dynamic_exp_p",
 }
 # Fields implemented at the one value both references build; any other value is refused by name.
 REFUSED_OTHERWISE = {
-    "use_qk_norm": False, "zero_centered": False, "sink": True, "att_impl_type": "MLA", "need_fp32_gate": False,
-    "norm_expert_weight": False, "use_moe_router_bias": False, "moe_router_activation": "softmax",
-    "tie_word_embeddings": True, "use_rope_layers": [True, False] + [True] * (N + MTP - 2),
+    "use_qk_norm": False,
+    "zero_centered": False,
+    "sink": True,
+    "att_impl_type": "MLA",
+    "need_fp32_gate": False,
+    "norm_expert_weight": False,
+    "use_moe_router_bias": False,
+    "moe_router_activation": "softmax",
+    "tie_word_embeddings": True,
+    "use_rope_layers": [True, False] + [True] * (N + MTP - 2),
 }
 
 
@@ -418,26 +557,48 @@ def test_every_config_field_is_implemented_irrelevant_or_refused():
 
 
 def test_unimplemented_values_are_refused_by_name():
-    refused({**CONFIG, "layer_types": TYPES[:N]}, "layer_types")          # the MTP layers need entries too
-    refused({**CONFIG, "layer_types": ["chunked_attention"] * (N + MTP)}, "layer_types", "chunked_attention")
+    refused({**CONFIG, "layer_types": TYPES[:N]}, "layer_types")  # the MTP layers need entries too
+    refused(
+        {**CONFIG, "layer_types": ["chunked_attention"] * (N + MTP)},
+        "layer_types",
+        "chunked_attention",
+    )
     refused({**CONFIG, "sliding_window": 0}, "sliding_window", "0")
-    refused({**CONFIG, "yarn_only_types": []}, "yarn_only_types")         # vLLM scales every layer, SGLang none
-    refused({**CONFIG, "attention_other_setting": with_other(attention_type="full_attention")}, "attention_type")
-    refused({**CONFIG, "attention_other_setting": with_other(head_dim=16)}, "attention_other_setting.head_dim")
+    refused(
+        {**CONFIG, "yarn_only_types": []}, "yarn_only_types"
+    )  # vLLM scales every layer, SGLang none
+    refused(
+        {**CONFIG, "attention_other_setting": with_other(attention_type="full_attention")},
+        "attention_type",
+    )
+    refused(
+        {**CONFIG, "attention_other_setting": with_other(head_dim=16)},
+        "attention_other_setting.head_dim",
+    )
     refused({**CONFIG, "rope_theta": [1e4] * N}, "rope_theta")
-    refused({**CONFIG, "partial_rotary_factors": [0.25] * (N + MTP)}, "partial_rotary_factors")  # 3 dims: odd
+    refused(
+        {**CONFIG, "partial_rotary_factors": [0.25] * (N + MTP)}, "partial_rotary_factors"
+    )  # 3 dims: odd
     refused({**CONFIG, "swiglu_limits": [-1.0] * (N + MTP)}, "swiglu_limits")
     refused({k: v for k, v in CONFIG.items() if k != "moe_layers_enum"}, "moe_layers_enum")
     # omitted: vLLM's config class means softmax, SGLang sigmoid
-    refused({k: v for k, v in CONFIG.items() if k != "moe_router_activation"}, "moe_router_activation", "softmax")
+    refused(
+        {k: v for k, v in CONFIG.items() if k != "moe_router_activation"},
+        "moe_router_activation",
+        "softmax",
+    )
     refused({**CONFIG, "moe_top_k": 8}, "moe_top_k", "8")
     refused({**CONFIG, "scale_emb": 2.0}, "scale_emb")
     refused({**CONFIG, "attention_bias": True}, "attention_bias")
     refused({**CONFIG, "hidden_act": "gelu"}, "hidden_act", "gelu")
-    refused({**CONFIG, "quantization_config": {"quant_method": "fp8"}}, "quantization_config", "fp8")
+    refused(
+        {**CONFIG, "quantization_config": {"quant_method": "fp8"}}, "quantization_config", "fp8"
+    )
 
 
 def test_registry_builds_step3p5(target):
     model, _, _ = target
     assert type(model).__name__ == "Step3p5ForCausalLM" and len(model.mtp_layers) == MTP
-    assert model.config.num_key_value_heads == 2 and model.config.rope_theta == CONFIG["rope_theta"][0]
+    assert (
+        model.config.num_key_value_heads == 2 and model.config.rope_theta == CONFIG["rope_theta"][0]
+    )

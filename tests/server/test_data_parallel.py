@@ -5,6 +5,7 @@ spread over both replicas by queue length; /metrics adds the replicas up; a clie
 its request aborted in its replica (which runs on its own and takes the abort between steps); killing one replica's process
 fails only its requests, with an error naming it, while the other's finish unchanged and new requests
 keep being served."""
+
 import asyncio
 import json
 import os
@@ -17,10 +18,17 @@ for _dependency in ("fastapi", "uvicorn", "prometheus_client"):  # the server ex
     pytest.importorskip(_dependency)
 httpx = pytest.importorskip("httpx")
 
-from helpers.server_helpers import (PROMPTS, leave_after, metrics, offline_llm, serving, sse_events, stream_text,
-                            wait_idle)
-
-from outpace import SamplingParams
+from helpers.server_helpers import (  # noqa: E402
+    PROMPTS,
+    leave_after,
+    metrics,
+    offline_llm,
+    serving,
+    sse_events,
+    stream_text,
+    wait_idle,
+)
+from outpace import SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +69,21 @@ def test_200_concurrent_streams_equal_one_replica(server, llm):
 
     async def run():
         async with _client(server.url) as c:
-            return await asyncio.gather(*(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 8})
-                                          for p in prompts))
+            return await asyncio.gather(
+                *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 8}) for p in prompts)
+            )
 
     results = asyncio.run(run())
-    mismatches = [(p, text, expected[p]) for p, (text, _) in zip(prompts, results) if text != expected[p]]
+    mismatches = [
+        (p, text, expected[p]) for p, (text, _) in zip(prompts, results) if text != expected[p]
+    ]
     assert not mismatches, mismatches[:3]
     after = wait_idle(server.url, timeout=30)
     assert after["kv_blocks_free"] == before["kv_blocks_free"] == before["kv_blocks_total"]
-    routed = [r["num_requests_routed"] - b["num_requests_routed"]
-              for r, b in zip(after["data_parallel_replicas"], before["data_parallel_replicas"])]
+    routed = [
+        r["num_requests_routed"] - b["num_requests_routed"]
+        for r, b in zip(after["data_parallel_replicas"], before["data_parallel_replicas"])
+    ]
     assert sum(routed) == 200 and min(routed) >= 50, routed  # both replicas served
 
 
@@ -81,8 +94,9 @@ def test_metrics_add_the_replicas_up(server, llm):
 
     async def run():
         async with _client(server.url) as c:
-            return await asyncio.gather(*(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 6})
-                                          for p in prompts))
+            return await asyncio.gather(
+                *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 6}) for p in prompts)
+            )
 
     asyncio.run(run())
     wait_idle(server.url, timeout=30)
@@ -93,7 +107,9 @@ def test_metrics_add_the_replicas_up(server, llm):
 
     assert grew("outpace:request_success_total", (("finished_reason", "length"),)) == len(prompts)
     assert grew("outpace:generation_tokens_total") == 6 * len(prompts)
-    assert after[("outpace:kv_blocks_total", ())] == after[("outpace:kv_blocks_free", ())] == 2 * one
+    assert (
+        after[("outpace:kv_blocks_total", ())] == after[("outpace:kv_blocks_free", ())] == 2 * one
+    )
     assert after[("outpace:data_parallel_replicas_alive", ())] == 2
     assert grew("outpace:time_to_first_token_seconds_count") == len(prompts)
 
@@ -107,8 +123,10 @@ def test_streams_left_midway_are_aborted_in_their_replicas(server, llm):
 
     async def run():
         async with _client(server.url) as c:
-            return await asyncio.gather(*(leave_after(c, _prompt(i)) for i in range(84, 92)),
-                                        *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 12}) for p in keep))
+            return await asyncio.gather(
+                *(leave_after(c, _prompt(i)) for i in range(84, 92)),
+                *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 12}) for p in keep),
+            )
 
     results = asyncio.run(run())
     assert results[:8] == [3] * 8
@@ -117,8 +135,14 @@ def test_streams_left_midway_are_aborted_in_their_replicas(server, llm):
     assert all(r["num_requests_unfinished"] == 0 for r in health["data_parallel_replicas"])
     m1 = metrics(server.url)
     aborts = (("finished_reason", "abort"),)
-    assert m1[("outpace:request_success_total", aborts)] - m0.get(("outpace:request_success_total", aborts), 0) == 8
-    generated = m1[("outpace:generation_tokens_total", ())] - m0[("outpace:generation_tokens_total", ())]
+    assert (
+        m1[("outpace:request_success_total", aborts)]
+        - m0.get(("outpace:request_success_total", aborts), 0)
+        == 8
+    )
+    generated = (
+        m1[("outpace:generation_tokens_total", ())] - m0[("outpace:generation_tokens_total", ())]
+    )
     assert generated < 8 * 1000 / 2  # aborted long before their 1000 tokens
 
 
@@ -151,8 +175,10 @@ def test_a_replica_that_dies_fails_only_its_requests(server, llm):
     async def run():
         started = [asyncio.Event() for _ in prompts]
         async with _client(server.url) as c:
-            tasks = [asyncio.ensure_future(_stream_until_error(c, {"prompt": p, **body}, s))
-                     for p, s in zip(prompts, started)]
+            tasks = [
+                asyncio.ensure_future(_stream_until_error(c, {"prompt": p, **body}, s))
+                for p, s in zip(prompts, started)
+            ]
             await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), timeout=240)
             os.kill(victim, signal.SIGKILL)
             return await asyncio.gather(*tasks)
@@ -175,7 +201,8 @@ def test_a_replica_that_dies_fails_only_its_requests(server, llm):
 
     async def again():  # the survivor takes every new request
         async with _client(server.url) as c:
-            return await asyncio.gather(*(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 8})
-                                          for p in prompts[:4]))
+            return await asyncio.gather(
+                *(_stream(c, {"prompt": p, "temperature": 0, "max_tokens": 8}) for p in prompts[:4])
+            )
 
     assert [t for t, _ in asyncio.run(again())] == offline(llm, prompts[:4], max_tokens=8)

@@ -3,6 +3,7 @@ engine: the replica steps on its own while it has work and waits for a command w
 step); submits and aborts only send, an aborted request's last output comes from a later ``step``, a failed
 step's error reaches the server after the outputs before it, and a duplicate id is refused on the server's side.
 The real engines behind real processes are tests/test_data_parallel.py's."""
+
 import multiprocessing as mp
 import threading
 import time
@@ -104,7 +105,9 @@ def replica(request):
     engine = FakeEngine(**request.param)
     calls, their_calls = mp.Pipe()
     checks, their_checks = mp.Pipe()
-    remote = RemoteEngine(0, calls, checks, ThreadProcess(run_replica, (engine, their_calls, their_checks)))
+    remote = RemoteEngine(
+        0, calls, checks, ThreadProcess(run_replica, (engine, their_calls, their_checks))
+    )
     remote.wait_ready(5)
     yield remote, engine
     remote.close(timeout_s=5)
@@ -132,7 +135,9 @@ def test_requests_run_to_the_end_and_the_replica_then_waits(replica):
     assert remote.has_unfinished_requests  # sent, not yet taken: still unfinished here
     outs = _until_done(remote)
     last = {o.request_id: o for o in outs}
-    assert set(last) == {"a", "b"} and all(o.finished and len(o.token_ids) == 3 for o in last.values())
+    assert set(last) == {"a", "b"} and all(
+        o.finished and len(o.token_ids) == 3 for o in last.values()
+    )
     for rid in ("a", "b"):  # one output per step the request ran, tokens growing
         mine = [o.token_ids for o in outs if o.request_id == rid]
         assert [len(t) for t in mine] == [1, 2, 3] and mine[-1] == sorted(set(mine[-1]))
@@ -153,7 +158,9 @@ def test_an_abort_ends_the_request_through_a_later_step(replica):
     assert remote.abort_request("a") is None  # only sent
     outs = _until_done(remote)
     assert outs[-1].request_id == "a" and outs[-1].finished
-    assert remote.abort_request("a") is None and not remote.has_unfinished_requests  # gone: nothing sent
+    assert (
+        remote.abort_request("a") is None and not remote.has_unfinished_requests
+    )  # gone: nothing sent
     before, after = _steps_after_a_pause(engine)
     assert before == after
 
@@ -170,7 +177,9 @@ def test_a_failed_step_reaches_the_server_and_the_replica_waits_for_its_aborts(r
         while True:
             remote.step()
     before, after = _steps_after_a_pause(engine)
-    assert before == after == 2  # "a" is still in the engine, but the replica waits for the server's word
+    assert (
+        before == after == 2
+    )  # "a" is still in the engine, but the replica waits for the server's word
     remote.abort_request("a")  # what AsyncEngine does with a failed step's requests
     outs = _until_done(remote)
     assert outs[-1].request_id == "a" and outs[-1].finished and outs[-1].token_ids == [1]

@@ -9,6 +9,7 @@ and trained 5.4 min on an H100 on 49152 target continuations, 2026-11-27, benchm
 T = 0.4 and as many raw corpus windows, 2026-11-28, benchmarks/results/train_dflash_depth; the draft before it measured 3.69
 here and 3.73 against this one's 3.79 on all 24 prompts). The floors sit 0.05-0.1 under them: CPU BLAS builds
 round differently, and a near tie flipped changes which drafts a prompt accepts."""
+
 import json
 from pathlib import Path
 
@@ -24,8 +25,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
 
 CASES = {
     "eagle3-chain": (SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5), 3.95),
-    "eagle3-tree": (SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5, topk=4,
-                                      num_draft_tokens=16), 4.62),
+    "eagle3-tree": (
+        SpeculativeConfig(
+            "eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5, topk=4, num_draft_tokens=16
+        ),
+        4.62,
+    ),
     "mtp": (SpeculativeConfig("mtp", num_steps=3), 3.08),
     "draft": (SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=5), 3.2),
     "dflash": (SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=7), 3.55),
@@ -44,4 +49,6 @@ def test_acceptance_floor(case, reference):
     assert [o.token_ids for o in outs] == reference
     m = SpecMetrics.total(o.spec_metrics for o in outs)
     print(case, m.acceptance_length, m.acceptance_rate_per_position)
-    assert m.acceptance_length >= floor, f"{case}: tau {m.acceptance_length:.3f} fell under its floor {floor}"
+    assert m.acceptance_length >= floor, (
+        f"{case}: tau {m.acceptance_length:.3f} fell under its floor {floor}"
+    )

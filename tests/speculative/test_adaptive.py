@@ -1,5 +1,6 @@
 """Adaptive speculation (speculative/adaptive.py): the draft shape (chain length, tree width) changes from
 step to step, output stays lossless, and a drafter whose drafts are useless ends up not drafting at all."""
+
 import json
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from outpace.speculative.proposer import DraftShape, draft_shapes
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 ZOO = "zoo/tinypy"
 EAGLE3 = SpeculativeConfig("eagle3", "zoo/tinypy-eagle3", num_steps=5, adaptive=True)
-EAGLE3_TREE = SpeculativeConfig("eagle3", "zoo/tinypy-eagle3", topk=4)  # adaptive: 5 steps, 16 nodes
+EAGLE3_TREE = SpeculativeConfig(
+    "eagle3", "zoo/tinypy-eagle3", topk=4
+)  # adaptive: 5 steps, 16 nodes
 
 
 def _prompts(n: int) -> list[str]:
@@ -31,9 +34,15 @@ def test_config_is_adaptive_unless_the_shape_is_given():
     assert draft_shapes(tree) == (*(DraftShape(k) for k in range(5)), DraftShape(4, 2, 8))
     # a wide tree also offers its narrower trees of the same depth and nodes, the most nodes last
     assert EAGLE3_TREE.adaptive and (EAGLE3_TREE.num_steps, EAGLE3_TREE.num_draft_tokens) == (5, 16)
-    assert draft_shapes(EAGLE3_TREE) == (*(DraftShape(k) for k in range(6)), DraftShape(5, 2, 16), DraftShape(5, 4, 16))
+    assert draft_shapes(EAGLE3_TREE) == (
+        *(DraftShape(k) for k in range(6)),
+        DraftShape(5, 2, 16),
+        DraftShape(5, 4, 16),
+    )
     # topk 4 at depth 2 fills 16 nodes (1 + 4 + 16 candidates), topk 2 cannot (1 + 2 + 4): not offered
-    shallow = SpeculativeConfig("eagle3", "d", num_steps=2, topk=4, num_draft_tokens=16, adaptive=True)
+    shallow = SpeculativeConfig(
+        "eagle3", "d", num_steps=2, topk=4, num_draft_tokens=16, adaptive=True
+    )
     assert draft_shapes(shallow)[-2:] == (DraftShape(2), DraftShape(2, 4, 16))
 
 
@@ -62,13 +71,21 @@ def test_each_request_keeps_its_own_acceptance_and_the_batch_takes_their_mean():
         chooser.record_cost(2, DraftShape(k), 1.0 + 0.1 * k)
     for _ in range(300):
         chooser.observe(DraftShape(3), [3, 0], ["repeats", "sampled"])
-    assert chooser.acceptance(None, "repeats") == pytest.approx([1.0, 1.0, 1.0], abs=0.03)  # the prior: 4 of ~104
-    assert chooser.acceptance(None, "sampled") == pytest.approx([0.0, 1.0, 1.0], abs=0.03)  # 2-3: the batch-wide
+    assert chooser.acceptance(None, "repeats") == pytest.approx(
+        [1.0, 1.0, 1.0], abs=0.03
+    )  # the prior: 4 of ~104
+    assert chooser.acceptance(None, "sampled") == pytest.approx(
+        [0.0, 1.0, 1.0], abs=0.03
+    )  # 2-3: the batch-wide
     assert chooser.expected_tokens(DraftShape(3), ["repeats"]) == pytest.approx(4, abs=0.1)
-    assert chooser.expected_tokens(DraftShape(3), ["repeats", "sampled"]) == pytest.approx(2.5, abs=0.1)
+    assert chooser.expected_tokens(DraftShape(3), ["repeats", "sampled"]) == pytest.approx(
+        2.5, abs=0.1
+    )
     assert chooser.choose(2, ["repeats"]) == DraftShape(3)
-    assert chooser.choose(2, ["sampled"]) == DraftShape(0)   # the tail of a closed batch: plain decoding
-    assert chooser.choose(2, ["new"]) == chooser.choose(2)   # no history: the batch-wide choice
+    assert chooser.choose(2, ["sampled"]) == DraftShape(
+        0
+    )  # the tail of a closed batch: plain decoding
+    assert chooser.choose(2, ["new"]) == chooser.choose(2)  # no history: the batch-wide choice
     chooser.forget("sampled")
     assert chooser.acceptance(None, "sampled") == chooser.acceptance()
 
@@ -81,10 +98,16 @@ def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
     shapes = [DraftShape(k) for k in range(6)] + [narrow, wide]
     chooser = DraftLengthChooser(shapes, probe_every=1000)
     for _ in range(300):
-        chooser.observe(chain, [1])    # chains: draft 1 accepted, draft 2 never
-        chooser.observe(narrow, [4])   # the narrow tree reaches depth 4
-        chooser.observe(wide, [3])     # the wide one depth 3
-    assert [round(a, 2) for a in chooser.acceptance()] == [1.0, 0.0, 0.6, 0.6, 0.6]  # (depths never tried: prior)
+        chooser.observe(chain, [1])  # chains: draft 1 accepted, draft 2 never
+        chooser.observe(narrow, [4])  # the narrow tree reaches depth 4
+        chooser.observe(wide, [3])  # the wide one depth 3
+    assert [round(a, 2) for a in chooser.acceptance()] == [
+        1.0,
+        0.0,
+        0.6,
+        0.6,
+        0.6,
+    ]  # (depths never tried: prior)
     assert chooser.expected_tokens(narrow) == pytest.approx(5, abs=0.01)
     assert chooser.expected_tokens(wide) == pytest.approx(4, abs=0.01)
     assert chooser.expected_tokens(DraftShape(3)) == pytest.approx(2, abs=0.01)
@@ -131,9 +154,11 @@ def test_lossless_while_the_number_of_drafts_changes(temperature, spec):
     prompts = _prompts(4)
     params = SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True, seed=1)
     llm = LLM(ZOO, max_num_seqs=4, speculative=spec)
-    shapes, turn, used = llm.engine.runner.shapes, iter(range(10 ** 6)), set()
+    shapes, turn, used = llm.engine.runner.shapes, iter(range(10**6)), set()
     for chooser in llm.engine.choosers.values():
-        chooser.choose = lambda bucket, ids: used.add(shape := shapes[next(turn) % len(shapes)]) or shape
+        chooser.choose = lambda bucket, ids: (
+            used.add(shape := shapes[next(turn) % len(shapes)]) or shape
+        )
     outs = llm.generate(prompts, params)
     assert used == set(shapes) and len(shapes) == (6 if spec is EAGLE3 else 8)
     seen = [n for o in outs for n, c in enumerate(o.spec_metrics.verifies_by_num_drafts) if c]
@@ -149,8 +174,13 @@ def test_useless_drafts_are_not_drafted(monkeypatch):
     probes (one step in 64). The steps' costs are a fixed model here (each verified token adds a tenth
     of a step), so that the choice follows acceptance alone, not a busy CPU's timing noise."""
     record = DraftLengthChooser.record_cost
-    monkeypatch.setattr(DraftLengthChooser, "record_cost",
-                        lambda self, bucket, shape, seconds: record(self, bucket, shape, 1.0 + 0.1 * shape.num_nodes))
+    monkeypatch.setattr(
+        DraftLengthChooser,
+        "record_cost",
+        lambda self, bucket, shape, seconds: record(
+            self, bucket, shape, 1.0 + 0.1 * shape.num_nodes
+        ),
+    )
     prompts = _prompts(2)
     params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
     expected = LLM(ZOO).generate(prompts, params)

@@ -1,6 +1,7 @@
 """DFlash drafts: the training forward equals the serving forward, serving is lossless (greedy, with chunked
 prefill, preemption and accepted blocks; seeded sampling reproduces), misfits are refused, and a toy
 training run saves a draft that loads and serves."""
+
 import json
 import math
 import shutil
@@ -8,19 +9,22 @@ import shutil
 import pytest
 import torch
 
-from helpers.spec_models import dflash_config_dict, make_dflash_draft
-
 from helpers.hf_models import make_hf_model, save_hf_model
+from helpers.spec_models import dflash_config_dict, make_dflash_draft
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
 from outpace.models.drafts.dflash import DFlashConfig, dflash_block_size, load_dflash_draft
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.loader import load_model
-from outpace.train.recipes.dflash import block_inputs, default_target_layer_ids, dflash_forward, sample_anchors
 from outpace.train.distill import teacher_forward
-
+from outpace.train.recipes.dflash import (
+    block_inputs,
+    default_target_layer_ids,
+    dflash_forward,
+    sample_anchors,
+)
+from outpace.validation import ConfigError
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -28,7 +32,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def target4(tmp_path_factory):
-    return save_hf_model(make_hf_model("llama", num_hidden_layers=4), tmp_path_factory.mktemp("target4"))
+    return save_hf_model(
+        make_hf_model("llama", num_hidden_layers=4), tmp_path_factory.mktemp("target4")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +51,9 @@ def prompts(n, seed=3):
 def reference(target4):
     """Prompts and their greedy continuations without speculation (long enough for oracle drafts)."""
     ps = prompts(6)
-    outs = LLM(str(target4), block_size=4).generate(ps, GREEDY.replace(max_tokens=GREEDY.max_tokens + 2 * BLOCK))
+    outs = LLM(str(target4), block_size=4).generate(
+        ps, GREEDY.replace(max_tokens=GREEDY.max_tokens + 2 * BLOCK)
+    )
     return ps, [o.token_ids for o in outs]
 
 
@@ -53,8 +61,17 @@ def reference(target4):
 # (a) the dense training forward equals the paged serving forward
 
 
-def serving_block(draft, features, a, table, block_size=4, chunks=(0.5,), skip_row=None, causal=False,
-                  position_shift=0):
+def serving_block(
+    draft,
+    features,
+    a,
+    table,
+    block_size=4,
+    chunks=(0.5,),
+    skip_row=None,
+    causal=False,
+    position_shift=0,
+):
     """The serving path for one request: write context rows 0 .. a - 1 (in chunks) into the paged KV,
     then the block [x_a, mask...] at rows a .. a + B - 1. Variants build deliberately wrong serving."""
     cuts = [0] + [int(a * c) for c in chunks] + [a]
@@ -130,8 +147,14 @@ def test_block_inputs_and_anchors():
 
 def _tight_llm(target, draft, **kwargs):
     spec = SpeculativeConfig("dflash", str(draft), num_steps=BLOCK - 1)
-    return LLM(str(target), block_size=4, num_kv_blocks=kwargs.pop("num_kv_blocks", 30),
-               max_num_batched_tokens=16, speculative=spec, **kwargs)
+    return LLM(
+        str(target),
+        block_size=4,
+        num_kv_blocks=kwargs.pop("num_kv_blocks", 30),
+        max_num_batched_tokens=16,
+        speculative=spec,
+        **kwargs,
+    )
 
 
 def _rows_requests(llm, rows):
@@ -150,8 +173,11 @@ def _record_blocks(llm, monkeypatch):
     def recording(rows, k):
         logits = original(rows, k)
         requests = _rows_requests(llm, rows)
-        records.extend((list(r.token_ids), L, logits[i].clone())
-                       for i, (r, L) in enumerate(zip(requests, rows.lengths.tolist())) if r is not None)
+        records.extend(
+            (list(r.token_ids), L, logits[i].clone())
+            for i, (r, L) in enumerate(zip(requests, rows.lengths.tolist()))
+            if r is not None
+        )
         return logits
 
     monkeypatch.setattr(proposer, "block_logits", recording)
@@ -175,12 +201,14 @@ def _check_against_recomputation(llm, records, limit=60):
 
 def test_random_dflash_is_lossless_chunked_and_preempted(target4, draft4, reference, monkeypatch):
     ps, full = reference
-    expected = [t[:GREEDY.max_tokens] for t in full]
+    expected = [t[: GREEDY.max_tokens] for t in full]
     llm = _tight_llm(target4, draft4)
     records = _record_blocks(llm, monkeypatch)
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == expected
-    assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
+    assert sum(o.metrics.num_preemptions for o in outs) > 0, (
+        "the pool was meant to force preemption"
+    )
     assert llm.engine.pool.num_free == 30
     proposer = llm.engine.proposer
     # target_layer_ids (0, 1, 3) mean outputs of those layers: the inputs of 1, 2 and 4 (4 = the last output)
@@ -205,16 +233,19 @@ def test_right_drafts_are_accepted_and_state_stays_exact(target4, draft4, refere
         for i, r in enumerate(_rows_requests(llm, rows)):
             if r is not None:
                 seq = truth[tuple(r.prompt_token_ids)]
-                drafts.token_ids[i, 1:] = torch.tensor(seq[r.num_tokens:r.num_tokens + BLOCK - 1])
+                drafts.token_ids[i, 1:] = torch.tensor(seq[r.num_tokens : r.num_tokens + BLOCK - 1])
         return drafts
 
     monkeypatch.setattr(proposer, "draft", oracle)
     outs = llm.generate(ps, GREEDY)
-    assert [o.token_ids for o in outs] == [t[:GREEDY.max_tokens] for t in full]
+    assert [o.token_ids for o in outs] == [t[: GREEDY.max_tokens] for t in full]
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert llm.engine.pool.num_free == 24
     verifies = sum(o.spec_metrics.num_verifies for o in outs)
-    tau = sum(o.spec_metrics.num_accepted_drafts + o.spec_metrics.num_verifies for o in outs) / verifies
+    tau = (
+        sum(o.spec_metrics.num_accepted_drafts + o.spec_metrics.num_verifies for o in outs)
+        / verifies
+    )
     assert tau > BLOCK - 0.5, tau
     _check_against_recomputation(llm, records)
 
@@ -225,10 +256,18 @@ def test_right_drafts_are_accepted_and_state_stays_exact(target4, draft4, refere
 
 def test_seeded_sampling_reproduces_and_greedy_rows_stay_exact(target4, draft4, reference):
     ps, full = reference
-    sampled = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=i, ignore_eos=True) for i in range(3)]
+    sampled = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=i, ignore_eos=True)
+        for i in range(3)
+    ]
     params = sampled + [GREEDY.replace(max_tokens=16)] * 2
-    runs = [[o.token_ids for o in _tight_llm(target4, draft4, num_kv_blocks=64).generate(ps[:5], params)]
-            for _ in range(2)]
+    runs = [
+        [
+            o.token_ids
+            for o in _tight_llm(target4, draft4, num_kv_blocks=64).generate(ps[:5], params)
+        ]
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1] and all(len(t) == 16 for t in runs[0])
     assert runs[0][3:] == [t[:16] for t in full[3:5]]
 
@@ -251,11 +290,14 @@ def _edit(src, dst, **changes):
 
 def test_misfits_and_misuse_are_refused(target4, draft4, tmp_path):
     target = load_model(target4, torch.float32, progress=False)
-    deep = _edit(draft4, tmp_path / "layers", target_layer_ids=[0, 1, 4])  # the target has layers 0 .. 3
+    deep = _edit(
+        draft4, tmp_path / "layers", target_layer_ids=[0, 1, 4]
+    )  # the target has layers 0 .. 3
     cases = {
         r"target_layer_ids \[0, 1, 4\] name layers \[4\]": deep,
-        r"mask_token_id 203 is outside the target vocabulary \[0, 203\)": _edit(draft4, tmp_path / "mask",
-                                                                               mask_token_id=203),
+        r"mask_token_id 203 is outside the target vocabulary \[0, 203\)": _edit(
+            draft4, tmp_path / "mask", mask_token_id=203
+        ),
         "vocab_size 999": _edit(draft4, tmp_path / "vocab", vocab_size=999),
         "num_target_layers 6": _edit(draft4, tmp_path / "depth", num_target_layers=6),
         "target hidden size is 48": make_dflash_draft(target4, tmp_path / "wide", target_hidden=64),
@@ -265,13 +307,21 @@ def test_misfits_and_misuse_are_refused(target4, draft4, tmp_path):
             load_dflash_draft(path, target, torch.float32, "cpu")
     with pytest.raises(DraftMismatchError, match=r"layers \[4\]"):  # through the engine too
         LLM(str(target4), speculative=SpeculativeConfig("dflash", str(deep), num_steps=3))
-    with pytest.raises(ConfigError, match=r"num_steps=2 is invalid.*block_size is 4.*num_steps \+ 1 \(= 3\)"):
+    with pytest.raises(
+        ConfigError, match=r"num_steps=2 is invalid.*block_size is 4.*num_steps \+ 1 \(= 3\)"
+    ):
         LLM(str(target4), speculative=SpeculativeConfig("dflash", str(draft4), num_steps=2))
     with pytest.raises(ConfigError, match="topk"):
-        LLM(str(target4), speculative=SpeculativeConfig("dflash", str(draft4), num_steps=3, topk=2,
-                                                        num_draft_tokens=4))
+        LLM(
+            str(target4),
+            speculative=SpeculativeConfig(
+                "dflash", str(draft4), num_steps=3, topk=2, num_draft_tokens=4
+            ),
+        )
     with pytest.raises(ConfigError, match="no mask_token_id"):
-        DFlashConfig.from_dict({k: v for k, v in dflash_config_dict(target4).items() if k != "dflash_config"})
+        DFlashConfig.from_dict(
+            {k: v for k, v in dflash_config_dict(target4).items() if k != "dflash_config"}
+        )
 
 
 def test_mask_token_must_be_the_tokenizers(zoo_like_dir, tmp_path):
@@ -279,8 +329,11 @@ def test_mask_token_must_be_the_tokenizers(zoo_like_dir, tmp_path):
     good = make_dflash_draft(zoo_like_dir, tmp_path / "good", mask_token_id=2, layer_ids=(1, 2))
     load_dflash_draft(good, target, torch.float32, "cpu")
     bad = make_dflash_draft(zoo_like_dir, tmp_path / "bad", mask_token_id=7, layer_ids=(1, 2))
-    with pytest.raises(DraftMismatchError, match=r"mask_token_id 7 is not the target tokenizer's mask token "
-                                                 r"'<\|mask\|>' \(id 2\)"):
+    with pytest.raises(
+        DraftMismatchError,
+        match=r"mask_token_id 7 is not the target tokenizer's mask token "
+        r"'<\|mask\|>' \(id 2\)",
+    ):
         load_dflash_draft(bad, target, torch.float32, "cpu")
 
 
@@ -304,29 +357,48 @@ def test_toy_run_trains_saves_loads_and_serves(toy_run):
     losses = metrics["history"]["losses"]
     assert losses[-1] < losses[0] - 0.3, losses
     extra = metrics["history"]["extra"]
-    assert set(extra) == {f"{k} pos {i}" for k in ("loss", "top1") for i in range(1, recipe.block_size)}
+    assert set(extra) == {
+        f"{k} pos {i}" for k in ("loss", "top1") for i in range(1, recipe.block_size)
+    }
     assert all(0.0 <= v <= 1.0 for v in metrics["final_position_top1"].values())
     w = metrics["position_weights"]
     assert w[0] == 1.0 and math.isclose(w[1], math.exp(-1 / recipe.loss_gamma))
 
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["torch_dtype"] == "bfloat16"
-    assert cfg["dflash_config"] == {"block_size": recipe.block_size, "mask_token_id": 2, "target_layer_ids": [1, 2]}
+    assert cfg["dflash_config"] == {
+        "block_size": recipe.block_size,
+        "mask_token_id": 2,
+        "target_layer_ids": [1, 2],
+    }
     assert cfg["num_target_layers"] == 3 and cfg["num_hidden_layers"] == recipe.num_layers
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names = set(f.keys())
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16
         assert tuple(f.get_tensor("fc.weight").shape) == (48, 2 * 48)
-    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
-            "layers.0.self_attn.k_norm.weight", "layers.0.mlp.down_proj.weight"} <= names
+    assert {
+        "fc.weight",
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.0.self_attn.q_norm.weight",
+        "layers.0.self_attn.k_norm.weight",
+        "layers.0.mlp.down_proj.weight",
+    } <= names
     assert not any("embed" in n or "lm_head" in n for n in names)
-    assert (out / "README.md").read_text().count("Block training") == 1 and (out / "loss.png").is_file()
+    assert (out / "README.md").read_text().count("Block training") == 1 and (
+        out / "loss.png"
+    ).is_file()
 
     target = load_model(target_dir, torch.float32, progress=False)
     draft = load_dflash_draft(out, target, torch.float32, "cpu")
     assert draft.config.capture_layer_ids == (2, 3) and dflash_block_size(out) == recipe.block_size
     ps = prompts(3)
-    expected = [o.token_ids for o in LLM(str(target_dir), block_size=4).generate(ps, GREEDY.replace(max_tokens=12))]
+    expected = [
+        o.token_ids
+        for o in LLM(str(target_dir), block_size=4).generate(ps, GREEDY.replace(max_tokens=12))
+    ]
     spec = SpeculativeConfig("dflash", str(out), num_steps=recipe.block_size - 1)
-    outs = LLM(str(target_dir), block_size=4, speculative=spec).generate(ps, GREEDY.replace(max_tokens=12))
+    outs = LLM(str(target_dir), block_size=4, speculative=spec).generate(
+        ps, GREEDY.replace(max_tokens=12)
+    )
     assert [o.token_ids for o in outs] == expected

@@ -3,6 +3,7 @@ speculators format, a draft whose rotary table is shorter than the target's cont
 draft with a differently padded vocabulary, and DeepSeek-V3-style MTP layers with their own
 embedding and shared head. Each checkpoint is written here from the format's public config and
 tensor names, with random weights."""
+
 import dataclasses
 import json
 import shutil
@@ -12,12 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from helpers.hf_models import make_hf_model, save_hf_model
+from helpers.spec_models import make_eagle3_draft, random_llama
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.models.drafts.eagle3 import load_eagle3_draft
 from outpace.models.loader import load_model
-from helpers.spec_models import make_eagle3_draft, random_llama
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 PROMPTS = [[(i * 29 + j * 3) % 200 for j in range(4 + 9 * i)] for i in range(3)]
@@ -45,8 +46,11 @@ def record_proposals(llm) -> list[torch.Tensor]:
 def assert_lossless(target, draft_dir, method="eagle3", prompts=PROMPTS, **spec_args):
     """Greedy output with the draft equals ``--method none``; returns the LLM and every proposal."""
     expected = reference(target, prompts)
-    llm = LLM(str(target), block_size=4, speculative=SpeculativeConfig(method, draft_dir and str(draft_dir),
-                                                                       **spec_args))
+    llm = LLM(
+        str(target),
+        block_size=4,
+        speculative=SpeculativeConfig(method, draft_dir and str(draft_dir), **spec_args),
+    )
     seen = record_proposals(llm)
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
@@ -57,14 +61,19 @@ def assert_lossless(target, draft_dir, method="eagle3", prompts=PROMPTS, **spec_
 def draft_logits(draft, target, prompt: list[int]) -> torch.Tensor:
     """The draft's logits [n, draft_vocab] over a prompt's rows (one draft-extend, dense attention)."""
     n = len(prompt)
-    target.set_aux_hidden_state_layers(draft.config.capture_layer_ids(target.config.num_hidden_layers))
+    target.set_aux_hidden_state_layers(
+        draft.config.capture_layer_ids(target.config.num_hidden_layers)
+    )
     ids = torch.tensor(prompt)
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         aux = target(ids, torch.arange(n)).aux_hidden_states
-        return draft.compute_logits(draft(torch.roll(ids, -1), torch.arange(n), draft.fuse_aux(aux)))
+        return draft.compute_logits(
+            draft(torch.roll(ids, -1), torch.arange(n), draft.fuse_aux(aux))
+        )
 
 
 # ---- EAGLE3 as pytorch_model.bin (the EAGLE-3 release; SGLang's test draft) --------------------------------
+
 
 def test_eagle3_bin_checkpoint_loads_like_its_safetensors(llama_dir, tmp_path):
     native = make_eagle3_draft(llama_dir, tmp_path / "st", draft_vocab_size=120)
@@ -72,22 +81,35 @@ def test_eagle3_bin_checkpoint_loads_like_its_safetensors(llama_dir, tmp_path):
     single = tmp_path / "bin"
     single.mkdir()
     shutil.copy(native / "config.json", single)
-    torch.save(tensors, single / "pytorch_model.bin")  # names as in the release: midlayer.*, fc, d2t, t2d
+    torch.save(
+        tensors, single / "pytorch_model.bin"
+    )  # names as in the release: midlayer.*, fc, d2t, t2d
     sharded = tmp_path / "bin-sharded"  # transformers' sharded layout: pytorch_model.bin.index.json
     sharded.mkdir()
     shutil.copy(native / "config.json", sharded)
     names = sorted(tensors)
-    shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    shards = {
+        "pytorch_model-00001-of-00002.bin": names[::2],
+        "pytorch_model-00002-of-00002.bin": names[1::2],
+    }
     for file, part in shards.items():
         torch.save({n: tensors[n] for n in part}, sharded / file)
     weight_map = {n: file for file, part in shards.items() for n in part}
-    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (sharded / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
 
     target = load_model(llama_dir, torch.float32)
-    reference = draft_logits(load_eagle3_draft(native, target, torch.float32, "cpu"), target, PROMPTS[2])
+    reference = draft_logits(
+        load_eagle3_draft(native, target, torch.float32, "cpu"), target, PROMPTS[2]
+    )
     for d in (single, sharded):
-        torch.testing.assert_close(draft_logits(load_eagle3_draft(d, target, torch.float32, "cpu"), target,
-                                                PROMPTS[2]), reference, rtol=0, atol=0)
+        torch.testing.assert_close(
+            draft_logits(load_eagle3_draft(d, target, torch.float32, "cpu"), target, PROMPTS[2]),
+            reference,
+            rtol=0,
+            atol=0,
+        )
     _, st_proposals = assert_lossless(llama_dir, native, num_steps=3)
     _, bin_proposals = assert_lossless(llama_dir, single, num_steps=3)
     assert all(torch.equal(a, b) for a, b in zip(st_proposals, bin_proposals))
@@ -109,6 +131,7 @@ def test_dflash_bin_checkpoint_proposes_like_its_safetensors(tmp_path):
 
 # ---- EAGLE3 in vLLM's speculators format -----------------------------------------------------------------
 
+
 def to_speculators(native_dir, out_dir, norm_before_residual=False):
     """The native draft rewritten in the speculators format (speculators Eagle3SpeculatorConfig and
     vLLM's SpeculatorsConfig): layer shapes in transformer_layer_config (a LlamaConfig's to_diff_dict),
@@ -116,18 +139,46 @@ def to_speculators(native_dir, out_dir, norm_before_residual=False):
     from transformers import LlamaConfig
 
     native = json.loads((native_dir / "config.json").read_text())
-    layer_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                  "head_dim", "rms_norm_eps", "max_position_embeddings", "rope_theta")
+    layer_keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_theta",
+    )
     layer = LlamaConfig(num_hidden_layers=1, **{k: native[k] for k in layer_keys}).to_diff_dict()
-    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.3.0",
-           "transformer_layer_config": layer, "draft_vocab_size": native["draft_vocab_size"],
-           "target_hidden_size": None, "norm_before_residual": norm_before_residual,
-           "eagle_aux_hidden_state_layer_ids": None, "torch_dtype": "float32",
-           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
-                                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-                                  "verifier": {"name_or_path": "target", "architectures": ["LlamaForCausalLM"]}}}
-    tensors = {n.replace("midlayer.", "layers.0."): t for n, t in load_file(native_dir / "model.safetensors").items()}
+    cfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": native["draft_vocab_size"],
+        "target_hidden_size": None,
+        "norm_before_residual": norm_before_residual,
+        "eagle_aux_hidden_state_layer_ids": None,
+        "torch_dtype": "float32",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": 3,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "verifier": {"name_or_path": "target", "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    tensors = {
+        n.replace("midlayer.", "layers.0."): t
+        for n, t in load_file(native_dir / "model.safetensors").items()
+    }
     tensors["verifier_norm.weight"] = torch.ones(native["hidden_size"])
     out_dir.mkdir()
     save_file(tensors, out_dir / "model.safetensors")
@@ -135,7 +186,9 @@ def to_speculators(native_dir, out_dir, norm_before_residual=False):
     return out_dir
 
 
-def eagle3_layer_reference(draft, embed: torch.Tensor, g: torch.Tensor, norm_before_residual: bool) -> torch.Tensor:
+def eagle3_layer_reference(
+    draft, embed: torch.Tensor, g: torch.Tensor, norm_before_residual: bool
+) -> torch.Tensor:
     """One row at position 0 through speculators' Eagle3DecoderLayer, by hand: attention over a single
     key is its value, so no rotary is needed. embed, g [1, hidden] -> [1, hidden] pre-norm output."""
     w = {n: p.detach() for n, p in draft.midlayer.named_parameters()}
@@ -162,9 +215,13 @@ def test_speculators_eagle3_equals_the_native_format(llama_dir, tmp_path):
     a = load_eagle3_draft(native, target, torch.float32, "cpu")
     b = load_eagle3_draft(spec, target, torch.float32, "cpu")
     eos = a.config.layer.eos_token_ids  # (a token-id default of LlamaConfig, unused by drafts)
-    assert dataclasses.replace(b.config, layer=dataclasses.replace(b.config.layer, eos_token_ids=eos)) == a.config
-    torch.testing.assert_close(draft_logits(b, target, PROMPTS[2]), draft_logits(a, target, PROMPTS[2]),
-                               rtol=0, atol=0)
+    assert (
+        dataclasses.replace(b.config, layer=dataclasses.replace(b.config.layer, eos_token_ids=eos))
+        == a.config
+    )
+    torch.testing.assert_close(
+        draft_logits(b, target, PROMPTS[2]), draft_logits(a, target, PROMPTS[2]), rtol=0, atol=0
+    )
     _, native_proposals = assert_lossless(llama_dir, native, num_steps=3)
     _, spec_proposals = assert_lossless(llama_dir, spec, num_steps=3)
     assert all(torch.equal(x, y) for x, y in zip(native_proposals, spec_proposals))
@@ -178,7 +235,10 @@ def test_speculators_norm_before_residual_follows_the_format(llama_dir, tmp_path
     for flag, path in ((False, native), (True, spec)):
         draft = load_eagle3_draft(path, target, torch.float32, "cpu")
         assert draft.config.norm_before_residual is flag
-        embed, g = draft.embed(torch.tensor([7])), torch.randn(1, 48, generator=torch.Generator().manual_seed(1))
+        embed, g = (
+            draft.embed(torch.tensor([7])),
+            torch.randn(1, 48, generator=torch.Generator().manual_seed(1)),
+        )
         with torch.no_grad(), forward_context(DenseCausalMetadata(1, 1)):
             outputs[flag] = draft(torch.tensor([7]), torch.tensor([0]), g)
             torch.testing.assert_close(outputs[flag], eagle3_layer_reference(draft, embed, g, flag))
@@ -188,15 +248,19 @@ def test_speculators_norm_before_residual_follows_the_format(llama_dir, tmp_path
 
 # ---- a draft whose rotary table is shorter than the target's context -------------------------------------
 
+
 def test_short_rotary_draft_runs_past_its_max_position_embeddings(llama_dir, tmp_path):
     """The EAGLE-3 release says max_position_embeddings 2048 for 128k-context targets; here 16 for 512."""
-    draft = make_eagle3_draft(llama_dir, tmp_path / "d", draft_vocab_size=150, max_position_embeddings=16)
+    draft = make_eagle3_draft(
+        llama_dir, tmp_path / "d", draft_vocab_size=150, max_position_embeddings=16
+    )
     prompts = [[(j * 7) % 200 for j in range(30)], [3, 5, 8]]
     llm, _ = assert_lossless(llama_dir, draft, prompts=prompts, num_steps=3)
     assert llm.engine.proposer.draft_model.rotary.cos.shape[0] >= 512  # the target's context
 
 
 # ---- a standalone draft with a differently padded vocabulary ---------------------------------------------
+
 
 def copy_tokenizer(src, dst):
     for f in src.iterdir():
@@ -209,12 +273,16 @@ def test_padded_vocab_draft_never_proposes_padding(zoo_like_dir, tmp_path):
     here target 410 and draft 424 rows over 400 tokens, the draft's padding rows made its favourites.
     The draft also says max_position_embeddings 16, shorter than the target's 512."""
     real = json.loads((zoo_like_dir / "config.json").read_text())["vocab_size"]
-    target = save_hf_model(make_hf_model("llama", vocab_size=real + 10, eos_token_id=0), tmp_path / "target")
+    target = save_hf_model(
+        make_hf_model("llama", vocab_size=real + 10, eos_token_id=0), tmp_path / "target"
+    )
     draft = random_llama(tmp_path / "draft", real + 24, seed=4, std=0.2)
     cfg = json.loads((draft / "config.json").read_text())
     (draft / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 16}))
     tensors = load_file(draft / "model.safetensors")
-    tensors["lm_head.weight"][real:] = tensors["lm_head.weight"][:real].abs().max() * 50  # [pad, hidden]
+    tensors["lm_head.weight"][real:] = (
+        tensors["lm_head.weight"][:real].abs().max() * 50
+    )  # [pad, hidden]
     save_file(tensors, draft / "model.safetensors")
     for d in (target, draft):
         copy_tokenizer(zoo_like_dir, d)
@@ -228,9 +296,13 @@ def test_target_padding_ids_past_the_draft_embedding_do_not_crash(zoo_like_dir, 
     """The other way round: the target's embedding (420 rows) is padded past the draft's (404), and the
     target's head favours its padding ids, so it emits ids the draft's embedding lacks."""
     real = json.loads((zoo_like_dir / "config.json").read_text())["vocab_size"]
-    target = save_hf_model(make_hf_model("llama", vocab_size=real + 20, eos_token_id=0), tmp_path / "target")
+    target = save_hf_model(
+        make_hf_model("llama", vocab_size=real + 20, eos_token_id=0), tmp_path / "target"
+    )
     tensors = load_file(target / "model.safetensors")
-    tensors["lm_head.weight"][real + 10:] = tensors["lm_head.weight"][:real].abs().max() * 50  # [pad, hidden]
+    tensors["lm_head.weight"][real + 10 :] = (
+        tensors["lm_head.weight"][:real].abs().max() * 50
+    )  # [pad, hidden]
     save_file(tensors, target / "model.safetensors")
     draft = random_llama(tmp_path / "draft", real + 4, seed=5)
     for d in (target, draft):
@@ -256,6 +328,7 @@ def test_padded_vocab_draft_with_another_tokenizer_is_refused(zoo_like_dir, tmp_
 
 
 # ---- DeepSeek-V3-style MTP layers: own embed_tokens and shared_head --------------------------------------
+
 
 @pytest.fixture(scope="module")
 def deepseek_mtp_target(tmp_path_factory):
@@ -285,18 +358,34 @@ def mtp_reference_logits(path, prompt: list[int], next_token: int) -> torch.Tens
     decoder block (transformers' LlamaDecoderLayer as the reference); then shared_head.norm and
     shared_head.head. Returns [n, vocab] logits."""
     from transformers import AutoModelForCausalLM, LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import (
+        LlamaDecoderLayer,
+        LlamaRMSNorm,
+        LlamaRotaryEmbedding,
+    )
 
     cfg_dict = json.loads((path / "config.json").read_text())
     L = cfg_dict["num_hidden_layers"]
     w = load_file(path / "model.safetensors")
-    mtp = {n.removeprefix(f"model.layers.{L}."): t for n, t in w.items() if n.startswith(f"model.layers.{L}.")}
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # ignores the MTP tensors
+    mtp = {
+        n.removeprefix(f"model.layers.{L}."): t
+        for n, t in w.items()
+        if n.startswith(f"model.layers.{L}.")
+    }
+    hf = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32
+    ).eval()  # ignores the MTP tensors
     cfg = LlamaConfig(**{k: v for k, v in cfg_dict.items() if k != "architectures"})
     cfg._attn_implementation = "eager"
     block = LlamaDecoderLayer(cfg, layer_idx=0).eval()
-    block.load_state_dict({n: t for n, t in mtp.items() if n.split(".")[0] in
-                           ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")})
+    block.load_state_dict(
+        {
+            n: t
+            for n, t in mtp.items()
+            if n.split(".")[0]
+            in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+        }
+    )
 
     def rms(x, weight):
         norm = LlamaRMSNorm(x.shape[-1], cfg.rms_norm_eps)
@@ -305,14 +394,23 @@ def mtp_reference_logits(path, prompt: list[int], next_token: int) -> torch.Tens
 
     n = len(prompt)
     with torch.no_grad():
-        h = hf(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0]  # post final norm
+        h = hf(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][
+            0
+        ]  # post final norm
         e = mtp["embed_tokens.weight"][torch.tensor(prompt[1:] + [next_token])]
         e[0] = 0  # position 0
-        x = torch.cat((rms(e, mtp["enorm.weight"]), rms(h, mtp["hnorm.weight"])), -1) @ mtp["eh_proj.weight"].T
+        x = (
+            torch.cat((rms(e, mtp["enorm.weight"]), rms(h, mtp["hnorm.weight"])), -1)
+            @ mtp["eh_proj.weight"].T
+        )
         positions = torch.arange(n)[None]
         causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = block(x[None], attention_mask=causal, position_ids=positions,
-                    position_embeddings=LlamaRotaryEmbedding(cfg)(x[None], positions))
+        out = block(
+            x[None],
+            attention_mask=causal,
+            position_ids=positions,
+            position_embeddings=LlamaRotaryEmbedding(cfg)(x[None], positions),
+        )
         out = out[0] if isinstance(out, tuple) else out
         return rms(out[0], mtp["shared_head.norm.weight"]) @ mtp["shared_head.head.weight"].T
 
@@ -321,7 +419,9 @@ def test_deepseek_mtp_layer_uses_its_own_embedding_and_shared_head(deepseek_mtp_
     prompt = [(j * 11) % 300 for j in range(12)]
     first = reference(deepseek_mtp_target, [prompt])[0].token_ids[0]
     ref = mtp_reference_logits(deepseek_mtp_target, prompt, first)
-    _, seen = assert_lossless(deepseek_mtp_target, None, method="mtp", prompts=[prompt], num_steps=3)
+    _, seen = assert_lossless(
+        deepseek_mtp_target, None, method="mtp", prompts=[prompt], num_steps=3
+    )
     assert int(seen[0][0, 1]) == int(ref[-1].argmax())  # the first proposal is the reference step's
     model = load_model(deepseek_mtp_target, torch.float32)
     layer = model.mtp_layers[0]
@@ -329,8 +429,9 @@ def test_deepseek_mtp_layer_uses_its_own_embedding_and_shared_head(deepseek_mtp_
     n, ids = len(prompt), torch.tensor(prompt + [first])
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         h = model(ids[:n], torch.arange(n)).hidden_states
-        logits = layer.compute_logits(model, layer(torch.arange(n), layer.embed(model, ids[1:]),
-                                                   layer.target_state(model, h)))
+        logits = layer.compute_logits(
+            model, layer(torch.arange(n), layer.embed(model, ids[1:]), layer.target_state(model, h))
+        )
     torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
     prompts = [[(i * 37 + j * 11) % 300 for j in range(5 + 7 * i)] for i in range(3)]
     assert_lossless(deepseek_mtp_target, None, method="mtp", prompts=prompts, num_steps=3)

@@ -1,17 +1,18 @@
 """Every drafter is lossless on the zoo target (greedy, fp32): mixed batches, chunked prefill and
 preemption; misuse is refused at start-up; the MTP chain matters for acceptance."""
+
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
-from outpace.speculative.metrics import SpecMetrics
 from helpers.spec_models import random_llama
 from helpers.zoo_drafters import zoo_drafters
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.speculative.metrics import SpecMetrics
+from outpace.validation import ConfigError
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 TARGET = str(ZOO / "tinypy")
@@ -74,19 +75,24 @@ def test_misuse_is_refused(tmp_path, llama_dir):
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("random")
-    return {"mtp3": random_llama(root / "mtp3", 300, seed=0, mtp_layers=3, chained=True),
-            "mtp1": random_llama(root / "mtp1", 300, seed=1, mtp_layers=1),
-            "mtp2-flat": random_llama(root / "mtp2", 300, seed=2, mtp_layers=2, chained=False),
-            "draft": random_llama(root / "draft", 300, seed=3)}
+    return {
+        "mtp3": random_llama(root / "mtp3", 300, seed=0, mtp_layers=3, chained=True),
+        "mtp1": random_llama(root / "mtp1", 300, seed=1, mtp_layers=1),
+        "mtp2-flat": random_llama(root / "mtp2", 300, seed=2, mtp_layers=2, chained=False),
+        "draft": random_llama(root / "draft", 300, seed=3),
+    }
 
 
-@pytest.mark.parametrize("target,spec", [
-    ("mtp3", SpeculativeConfig("mtp", num_steps=3)),
-    ("mtp1", SpeculativeConfig("mtp", num_steps=4)),      # one MTP layer reused for 4 steps
-    ("mtp2-flat", SpeculativeConfig("mtp", num_steps=2)),  # non-chained form from the config
-    ("mtp3", SpeculativeConfig("ngram", num_steps=3, ngram_min=1)),
-    ("mtp3", SpeculativeConfig("draft", "DRAFT", num_steps=3)),
-])
+@pytest.mark.parametrize(
+    "target,spec",
+    [
+        ("mtp3", SpeculativeConfig("mtp", num_steps=3)),
+        ("mtp1", SpeculativeConfig("mtp", num_steps=4)),  # one MTP layer reused for 4 steps
+        ("mtp2-flat", SpeculativeConfig("mtp", num_steps=2)),  # non-chained form from the config
+        ("mtp3", SpeculativeConfig("ngram", num_steps=3, ngram_min=1)),
+        ("mtp3", SpeculativeConfig("draft", "DRAFT", num_steps=3)),
+    ],
+)
 def test_drafters_are_lossless_on_random_models(random_models, target, spec):
     if spec.method == "draft":
         spec = SpeculativeConfig("draft", str(random_models["draft"]), num_steps=3)

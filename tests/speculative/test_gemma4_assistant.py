@@ -4,24 +4,31 @@ SinglePositionMultiTokenCandidateGenerator feeds it (the target's shared KV, nor
 scaled embedding, every step at one position, sliding layers past the window), with the plain and the
 ordered-embedding head; greedy speculation is lossless (chains, several steps, chunked prefill, batching);
 sampled tokens follow the target's exact joint (chi-square)."""
+
 import pytest
 import torch
 import transformers
 
 from helpers.gemma_models import make_every_weight_matter
 from helpers.gemma_sampling import GEMMA4_TINY as TARGET
-from helpers.gemma_sampling import PARAMS, VOCAB, assert_follows_the_joint, make_tiny_gemma, sampling_llm
+from helpers.gemma_sampling import (
+    PARAMS,
+    VOCAB,
+    assert_follows_the_joint,
+    make_tiny_gemma,
+    sampling_llm,
+)
 from helpers.hf_models import save_hf_model
+from helpers.stats import exact_joint
 from outpace import LLM, SamplingParams
 from outpace.attention import build_paged_metadata, forward_context, uniform_paged_metadata
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
-from outpace.validation import ConfigError
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.models.loader import load_model
-from helpers.stats import exact_joint
+from outpace.validation import ConfigError
 
 WINDOW = TARGET["sliding_window"]  # a 12-token vocabulary: random drafts are accepted now and then
 # the five target layers are [sliding, sliding, full, sliding, full]: the assistant reads layers 3 and 4's KV
@@ -32,14 +39,34 @@ PROMPT = [3, 1, 9, 10, 8, 4, 7, 3, 1, 9, 10, 8, 6, 5, 2, 11, 0]  # 17 tokens: ov
 def make_assistant(ordered: bool = False, seed: int = 1, **text):
     """A 3-layer assistant (hidden 32, 3 heads) for the target; ordered: 4 clusters of 3 tokens, 2 scored."""
     t = TARGET
-    text_config = transformers.Gemma4TextConfig(**{**dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=3,
-        num_key_value_heads=t["num_key_value_heads"], head_dim=t["head_dim"], global_head_dim=t["global_head_dim"],
-        max_position_embeddings=128, sliding_window=WINDOW, layer_types=ASSISTANT_TYPES,
-        hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, rope_parameters=t["rope_parameters"]), **text})
-    cfg = transformers.Gemma4AssistantConfig(text_config=text_config, backbone_hidden_size=t["hidden_size"],
-                                             use_ordered_embeddings=ordered, num_centroids=4,
-                                             centroid_intermediate_top_k=2)
+    text_config = transformers.Gemma4TextConfig(
+        **{
+            **dict(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                intermediate_size=40,
+                num_hidden_layers=3,
+                num_attention_heads=3,
+                num_key_value_heads=t["num_key_value_heads"],
+                head_dim=t["head_dim"],
+                global_head_dim=t["global_head_dim"],
+                max_position_embeddings=128,
+                sliding_window=WINDOW,
+                layer_types=ASSISTANT_TYPES,
+                hidden_size_per_layer_input=0,
+                vocab_size_per_layer_input=0,
+                rope_parameters=t["rope_parameters"],
+            ),
+            **text,
+        }
+    )
+    cfg = transformers.Gemma4AssistantConfig(
+        text_config=text_config,
+        backbone_hidden_size=t["hidden_size"],
+        use_ordered_embeddings=ordered,
+        num_centroids=4,
+        centroid_intermediate_top_k=2,
+    )
     torch.manual_seed(seed)
     model = transformers.Gemma4AssistantForCausalLM(cfg).eval()
     make_every_weight_matter(model)
@@ -73,13 +100,24 @@ def transformers_draft(hf_target, hf_assistant, ids: list[int], steps: int):
     SinglePositionMultiTokenCandidateGenerator.get_candidates computes it -> logits per step [steps, vocab]."""
     n = len(ids) - 1
     with torch.no_grad():
-        out = hf_target(torch.tensor([ids[:n]]), output_hidden_states=True, return_shared_kv_states=True)
-        hidden, kv, token = out.hidden_states[-1][:, -1:], out.shared_kv_states, torch.tensor([[ids[-1]]])
+        out = hf_target(
+            torch.tensor([ids[:n]]), output_hidden_states=True, return_shared_kv_states=True
+        )
+        hidden, kv, token = (
+            out.hidden_states[-1][:, -1:],
+            out.shared_kv_states,
+            torch.tensor([[ids[-1]]]),
+        )
         logits = []
         for _ in range(steps):
             x = torch.cat([hf_target.get_input_embeddings()(token), hidden], dim=-1)
-            step = hf_assistant(inputs_embeds=x, attention_mask=torch.ones(1, n, dtype=torch.long),
-                                position_ids=torch.tensor([[n]]), shared_kv_states=kv, use_cache=False)
+            step = hf_assistant(
+                inputs_embeds=x,
+                attention_mask=torch.ones(1, n, dtype=torch.long),
+                position_ids=torch.tensor([[n]]),
+                shared_kv_states=kv,
+                use_cache=False,
+            )
             logits.append(step.logits[0, -1])
             token, hidden = step.logits.argmax(-1), step.last_hidden_state
     return torch.stack(logits)
@@ -97,7 +135,9 @@ def outpace_draft(target_dir, assistant_dir, ids: list[int], steps: int, block_s
         with forward_context(build_paged_metadata([table], [0], [n], block_size, "cpu")):
             last = model(torch.tensor(ids[:n]), torch.arange(n)).hidden_states[-1:]
         hidden, token, logits = assistant.target_state(last), torch.tensor([ids[-1]]), []
-        with forward_context(uniform_paged_metadata(torch.tensor([table]), torch.tensor([n - 1]), 1, block_size)):
+        with forward_context(
+            uniform_paged_metadata(torch.tensor([table]), torch.tensor([n - 1]), 1, block_size)
+        ):
             for _ in range(steps):
                 step_logits, hidden = assistant(token, torch.tensor([n]), hidden)
                 logits.append(step_logits[0])
@@ -112,8 +152,12 @@ def test_steps_match_transformers(kind, length, target, assistants):
     ids = PROMPT[:length]
     expected = transformers_draft(target[0], hf_assistant, ids, 3)
     got, _ = outpace_draft(target[1], path, ids, 3)
-    chosen = torch.isfinite(got)  # ordered: the tokens of the chosen clusters (transformers fills the others)
-    assert chosen.equal(torch.ones_like(chosen) if kind == "plain" else expected > expected.min(-1, True).values)
+    chosen = torch.isfinite(
+        got
+    )  # ordered: the tokens of the chosen clusters (transformers fills the others)
+    assert chosen.equal(
+        torch.ones_like(chosen) if kind == "plain" else expected > expected.min(-1, True).values
+    )
     torch.testing.assert_close(got[chosen], expected[chosen], rtol=1e-4, atol=1e-4)
     assert got.argmax(-1).equal(expected.argmax(-1))
     assert not torch.allclose(got[0], got[1]), "the second step ignored the first one's state"
@@ -128,12 +172,15 @@ def test_sliding_layers_see_the_window_plus_one(target, assistants, monkeypatch)
 
     init = gemma4_assistant.TargetCacheAttention.__init__
     for shift in (-1, 1):
+
         def shifted(self, source, heads, window, shift=shift):
             init(self, source, heads, None if window is None else window + shift)
 
         monkeypatch.setattr(gemma4_assistant.TargetCacheAttention, "__init__", shifted)
         got, _ = outpace_draft(target[1], path, PROMPT, 1)
-        assert not torch.allclose(got, expected, rtol=1e-4, atol=1e-4), f"window {WINDOW + 1 + shift} fits too"
+        assert not torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (
+            f"window {WINDOW + 1 + shift} fits too"
+        )
 
 
 def test_mismatched_assistant_is_refused(target, tmp_path):
@@ -141,8 +188,12 @@ def test_mismatched_assistant_is_refused(target, tmp_path):
     with pytest.raises(DraftMismatchError, match="head_dim"):
         outpace_draft(target[1], save_hf_model(wide, tmp_path / "wide"), PROMPT, 1)
     with pytest.raises(ConfigError, match="topk"):
-        LLM(str(target[1]), speculative=SpeculativeConfig("gemma4_assistant", str(tmp_path / "wide"), num_steps=2,
-                                                           topk=2, num_draft_tokens=4))
+        LLM(
+            str(target[1]),
+            speculative=SpeculativeConfig(
+                "gemma4_assistant", str(tmp_path / "wide"), num_steps=2, topk=2, num_draft_tokens=4
+            ),
+        )
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -151,15 +202,24 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def plain_tokens(target):
     prompts = [PROMPT, PROMPT[4:11], [5, 5, 2]]
-    return prompts, [o.token_ids for o in LLM(str(target[1]), block_size=4).generate(prompts, GREEDY)]
+    return prompts, [
+        o.token_ids for o in LLM(str(target[1]), block_size=4).generate(prompts, GREEDY)
+    ]
 
 
 @pytest.mark.parametrize("kind,steps", [("plain", 1), ("plain", 3), ("ordered", 4)])
 def test_greedy_is_lossless(kind, steps, target, assistants, plain_tokens):
     """Chunked prefill (chunks of 8 rows), three requests at once, every verify past the window."""
     prompts, expected = plain_tokens
-    llm = LLM(str(target[1]), block_size=4, num_kv_blocks=64, max_num_batched_tokens=8,
-              speculative=SpeculativeConfig("gemma4_assistant", str(assistants[kind][1]), num_steps=steps))
+    llm = LLM(
+        str(target[1]),
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=8,
+        speculative=SpeculativeConfig(
+            "gemma4_assistant", str(assistants[kind][1]), num_steps=steps
+        ),
+    )
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
     accepted = sum(o.spec_metrics.num_accepted_drafts for o in outs)
@@ -183,13 +243,19 @@ def test_engine_drafts_are_transformers_drafts(target, assistants, monkeypatch):
         return out
 
     monkeypatch.setattr(Gemma4AssistantProposer, "draft", recording)
-    llm = LLM(str(target[1]), block_size=4, num_kv_blocks=64,
-              speculative=SpeculativeConfig("gemma4_assistant", str(path), num_steps=3))
+    llm = LLM(
+        str(target[1]),
+        block_size=4,
+        num_kv_blocks=64,
+        speculative=SpeculativeConfig("gemma4_assistant", str(path), num_steps=3),
+    )
     tokens = PROMPT[:9] + llm.generate([PROMPT[:9]], GREEDY.replace(max_tokens=16))[0].token_ids
     assert len(seen) > 3
     for length, chain in seen:
         assert chain[0] == tokens[length]
-        expected = transformers_draft(target[0], hf_assistant, tokens[:length + 1], 3).argmax(-1).tolist()
+        expected = (
+            transformers_draft(target[0], hf_assistant, tokens[: length + 1], 3).argmax(-1).tolist()
+        )
         assert chain[1:] == expected, length
 
 
@@ -197,5 +263,7 @@ def test_engine_drafts_are_transformers_drafts(target, assistants, monkeypatch):
 def test_sampling_follows_the_target_distribution(kind, target, assistants):
     """Sampled drafts (q from the assistant's logits under the request's sampling) verified by rejection."""
     prompt = PROMPT[:10]
-    llm = sampling_llm(target[1], SpeculativeConfig("gemma4_assistant", str(assistants[kind][1]), num_steps=3))
+    llm = sampling_llm(
+        target[1], SpeculativeConfig("gemma4_assistant", str(assistants[kind][1]), num_steps=3)
+    )
     assert_follows_the_joint(llm, prompt, exact_joint(target[1], prompt, PARAMS, VOCAB), 0.05)

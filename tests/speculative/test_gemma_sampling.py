@@ -3,9 +3,17 @@ tokens the engine emits follow the target's exact joint distribution (chi-square
 The targets are helpers/gemma_models.py's (sliding windows of 7, softcapping, Gemma 4's per-layer embeddings)
 with a 12-token vocabulary (helpers/gemma_sampling.py), so that random drafts are accepted now and then; the
 prompt is longer than the window."""
+
 import pytest
 
-from helpers.gemma_sampling import CONFIGS, PARAMS, VOCAB, assert_follows_the_joint, make_tiny_gemma, sampling_llm
+from helpers.gemma_sampling import (
+    CONFIGS,
+    PARAMS,
+    VOCAB,
+    assert_follows_the_joint,
+    make_tiny_gemma,
+    sampling_llm,
+)
 from helpers.spec_models import make_eagle3_draft
 from helpers.stats import exact_joint
 from outpace.config import SpeculativeConfig
@@ -23,8 +31,15 @@ def gemma(tmp_path_factory):
         if variant not in cache:
             root = tmp_path_factory.mktemp(variant)
             _, path = make_tiny_gemma(variant, root / "target")
-            draft = make_eagle3_draft(path, root / "eagle3", draft_vocab_size=10, aux_ids=[1, 2, 4], seed=3,
-                                      use_aux_norm=True, target_model_type="gemma3_text")
+            draft = make_eagle3_draft(
+                path,
+                root / "eagle3",
+                draft_vocab_size=10,
+                aux_ids=[1, 2, 4],
+                seed=3,
+                use_aux_norm=True,
+                target_model_type="gemma3_text",
+            )
             cache[variant] = (path, exact_joint(path, PROMPT, PARAMS, VOCAB), draft)
         return cache[variant]
 

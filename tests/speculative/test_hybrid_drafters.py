@@ -14,6 +14,7 @@
   as its own draft has every draft accepted, a perturbed copy's drafts equal its greedy continuation of
   the committed tokens recomputed from scratch, and skipping the rollback breaks that.
 """
+
 import copy
 import json
 import shutil
@@ -44,14 +45,18 @@ def rel_error(a, b):
 
 @pytest.fixture(scope="module")
 def mtp_targets(tmp_path_factory):
-    return {v: save_with_mtp(v, tmp_path_factory.mktemp(v + "_mtp"), n) for v, n in MTP_LAYERS.items()}
+    return {
+        v: save_with_mtp(v, tmp_path_factory.mktemp(v + "_mtp"), n) for v, n in MTP_LAYERS.items()
+    }
 
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
     """variant -> checkpoint directory, without MTP layers."""
-    return {v: save_hybrid(make_hybrid(v, vocab_size=VOCAB), tmp_path_factory.mktemp(v))
-            for v in ("qwen3_next", "qwen3_5", "nemotron_h")}
+    return {
+        v: save_hybrid(make_hybrid(v, vocab_size=VOCAB), tmp_path_factory.mktemp(v))
+        for v in ("qwen3_next", "qwen3_5", "nemotron_h")
+    }
 
 
 def plain_outputs(path, prompts, params=GREEDY):
@@ -60,14 +65,17 @@ def plain_outputs(path, prompts, params=GREEDY):
 
 # ---- the MTP reference (vLLM / SGLang semantics) -----------------------------------------------------------
 
+
 class ReferenceMTP:
     """The checkpoint's MTP as vLLM and SGLang compute it, from its tensors by name and transformers' classes."""
 
     def __init__(self, hf, path):
         self.hf, self.tensors = hf, load_file(path / "model.safetensors")
         self.eps = hf.config.rms_norm_eps
-        self.layers = [self._layer_model(k) for k in range(json.loads((path / "config.json").read_text())
-                                                               ["mtp_num_hidden_layers"])]
+        self.layers = [
+            self._layer_model(k)
+            for k in range(json.loads((path / "config.json").read_text())["mtp_num_hidden_layers"])
+        ]
 
     def _layer_model(self, k):
         """SGLang Qwen3_5ForCausalLMMTP: the text model class with num_hidden_layers 1 (full attention), fed
@@ -78,14 +86,18 @@ class ReferenceMTP:
         prefix, state = f"mtp.layers.{k}.", {}
         for name, t in self.tensors.items():
             if name.startswith(prefix):
-                state["layers.0." + name[len(prefix):]] = t
+                state["layers.0." + name[len(prefix) :]] = t
         experts = {n for n in state if ".mlp.experts." in n}
-        if experts:  # transformers stacks the experts: gate_up_proj [E, 2I, H] (gate rows first), down_proj
+        if (
+            experts
+        ):  # transformers stacks the experts: gate_up_proj [E, 2I, H] (gate rows first), down_proj
             e_count = self.hf.config.num_experts
             get = lambda e, w: state.pop(f"layers.0.mlp.experts.{e}.{w}.weight")  # noqa: E731
             gate_up = [torch.cat([get(e, "gate_proj"), get(e, "up_proj")]) for e in range(e_count)]
             state["layers.0.mlp.experts.gate_up_proj"] = torch.stack(gate_up)
-            state["layers.0.mlp.experts.down_proj"] = torch.stack([get(e, "down_proj") for e in range(e_count)])
+            state["layers.0.mlp.experts.down_proj"] = torch.stack(
+                [get(e, "down_proj") for e in range(e_count)]
+            )
         state["norm.weight"] = self.tensors["mtp.norm.weight"]
         state["embed_tokens.weight"] = self.tensors["model.embed_tokens.weight"]
         model.load_state_dict(state, strict=True)
@@ -93,7 +105,9 @@ class ReferenceMTP:
 
     def norm(self, x, name):
         """Qwen3NextRMSNorm / vLLM GemmaRMSNorm: x / rms(x) * (1 + w)."""
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.tensors[name])
+        return (
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.tensors[name])
+        )
 
     def target_state(self, ids):
         """The target's last hidden state after its final norm (vLLM Qwen3NextModel returns it normed)."""
@@ -106,7 +120,9 @@ class ReferenceMTP:
         h = self.norm(hidden, "mtp.pre_fc_norm_hidden.weight")
         x = torch.cat([h, e] if swap else [e, h], dim=-1) @ self.tensors["mtp.fc.weight"].T
         pos = torch.arange(x.shape[0])[None]
-        return self.layers[k](inputs_embeds=x[None], position_ids=pos, use_cache=False).last_hidden_state[0]
+        return self.layers[k](
+            inputs_embeds=x[None], position_ids=pos, use_cache=False
+        ).last_hidden_state[0]
 
     def logits(self, out):
         return self.hf.lm_head(out)
@@ -122,7 +138,7 @@ class ReferenceMTP:
         tokens = [int(self.logits(out[-1]).argmax())]
         if len(self.layers) > 1:
             for k in range(1, num_steps):
-                ids = torch.cat([seq, torch.tensor(tokens)])[k + 1:L + k + 1]
+                ids = torch.cat([seq, torch.tensor(tokens)])[k + 1 : L + k + 1]
                 out = self.step(k, ids, out)
                 tokens.append(int(self.logits(out[-1]).argmax()))
             return tokens
@@ -152,16 +168,24 @@ def test_mtp_steps_match_the_reference(variant, mtp_targets):
         bind_kv_cache(model.model, BlockPool(8, 16), torch.float32, "cpu")
         bind_kv_cache(model.mtp_layers, BlockPool(8, 16), torch.float32, "cpu")
         pre_norm = paged(lambda: model(ids[:n], torch.arange(n)).hidden_states, n)
-        prev, ref_prev = model.mtp_layers[0].target_state(model, pre_norm), ref.target_state(ids[:n])
+        prev, ref_prev = (
+            model.mtp_layers[0].target_state(model, pre_norm),
+            ref.target_state(ids[:n]),
+        )
         for k, layer in enumerate(model.mtp_layers):
             m = n - k
-            ours = paged(lambda: layer(torch.arange(m), layer.embed(model, ids[k + 1:]), prev[:m]), m)
-            expected = ref.step(k, ids[k + 1:], ref_prev[:m])
+            ours = paged(
+                lambda: layer(torch.arange(m), layer.embed(model, ids[k + 1 :]), prev[:m]), m
+            )
+            expected = ref.step(k, ids[k + 1 :], ref_prev[:m])
             logits = layer.compute_logits(model, ours)
             assert rel_error(logits, ref.logits(expected)) < 1e-4, k
             if k == 0:  # each misreading moves the logits far past that tolerance
-                for wrong in (ref.step(0, ids[1:], pre_norm), ref.step(0, ids[1:], ref_prev, swap=True),
-                              model.model.norm(expected)):
+                for wrong in (
+                    ref.step(0, ids[1:], pre_norm),
+                    ref.step(0, ids[1:], ref_prev, swap=True),
+                    model.model.norm(expected),
+                ):
                     assert rel_error(logits, ref.logits(wrong)) > 1e-2
             prev, ref_prev = ours, expected
 
@@ -175,8 +199,13 @@ def run_recording_drafts(path, prompt, num_steps, monkeypatch, chunk=2048):
         return real(rows, tokens, probs)
 
     monkeypatch.setattr(mtp_proposer, "chain_drafts", recording)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=chunk,
-              speculative=SpeculativeConfig("mtp", num_steps=num_steps))
+    llm = LLM(
+        str(path),
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=chunk,
+        speculative=SpeculativeConfig("mtp", num_steps=num_steps),
+    )
     out = llm.generate([prompt], GREEDY)[0]
     assert llm.engine.pool.num_free == 64
     return out, record
@@ -199,7 +228,7 @@ def test_mtp_drafts_chained_over_steps_follow_the_reference(variant, mtp_targets
             seq = prompt + expected
             with torch.no_grad():
                 for L, drafts in record:
-                    assert drafts == ref.drafts(seq[:L + 1], steps), (prompt, L, chunk)
+                    assert drafts == ref.drafts(seq[: L + 1], steps), (prompt, L, chunk)
     assert accepted > 0
 
 
@@ -207,11 +236,18 @@ def test_mtp_drafts_chained_over_steps_follow_the_reference(variant, mtp_targets
 def test_mtp_lossless_batched_and_preempted(variant, mtp_targets):
     _, path = mtp_targets[variant]
     expected = plain_outputs(path, PROMPTS)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=10, max_num_batched_tokens=8,
-              speculative=SpeculativeConfig("mtp", num_steps=MTP_LAYERS[variant]))
+    llm = LLM(
+        str(path),
+        block_size=4,
+        num_kv_blocks=10,
+        max_num_batched_tokens=8,
+        speculative=SpeculativeConfig("mtp", num_steps=MTP_LAYERS[variant]),
+    )
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == expected
-    assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
+    assert sum(o.metrics.num_preemptions for o in outs) > 0, (
+        "the pool was meant to force preemption"
+    )
     assert llm.engine.pool.num_free == 10
 
 
@@ -222,13 +258,17 @@ def test_target_without_mtp_layers_refuses_mtp(targets):
 
 # ---- EAGLE3, DFlash, standalone drafts ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", ["qwen3_next", "nemotron_h"])
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_eagle3_is_lossless(variant, shape, targets, tmp_path):
     path = targets[variant]
     draft = make_eagle3_draft(path, tmp_path / "eagle3")
-    spec = SpeculativeConfig("eagle3", str(draft), num_steps=3) if shape == "chain" else \
-        SpeculativeConfig("eagle3", str(draft), num_steps=3, topk=2, num_draft_tokens=6)
+    spec = (
+        SpeculativeConfig("eagle3", str(draft), num_steps=3)
+        if shape == "chain"
+        else SpeculativeConfig("eagle3", str(draft), num_steps=3, topk=2, num_draft_tokens=6)
+    )
     llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=8, speculative=spec)
     assert llm.engine.proposer.aux_layer_ids  # the hybrid captures its layers' inputs
     outs = llm.generate(PROMPTS, GREEDY)
@@ -243,13 +283,15 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
     bonus = target_predict[correct_len]; on a hybrid the state kept is the snapshot at correct_len."""
     path = targets[variant]
     layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
-    draft = make_dflash_draft(path, tmp_path / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1)
+    draft = make_dflash_draft(
+        path, tmp_path / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1
+    )
     expected = plain_outputs(path, PROMPTS)
     checked, real = [], decode_step.verify_chain
 
     def checking(drafts, draft_probs, logits, sampling, keys, gumbel):
         result = real(drafts, draft_probs, logits, sampling, keys, gumbel)
-        predict = logits.argmax(-1)                                               # [b, k + 1]
+        predict = logits.argmax(-1)  # [b, k + 1]
         correct_len = (drafts == predict[:, :-1]).int().cumprod(1).sum(1)
         assert torch.equal(result.num_correct_drafts, correct_len)
         assert torch.equal(result.last_correct_step_indices, correct_len)
@@ -258,8 +300,12 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
         return result
 
     monkeypatch.setattr(decode_step, "verify_chain", checking)
-    llm = LLM(str(path), block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig("dflash", str(draft),
-                                                                                       num_steps=3))
+    llm = LLM(
+        str(path),
+        block_size=4,
+        num_kv_blocks=64,
+        speculative=SpeculativeConfig("dflash", str(draft), num_steps=3),
+    )
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert checked and set(checked) == {3}
@@ -272,8 +318,13 @@ def test_a_hybrid_as_its_own_draft_has_every_draft_accepted(variant, targets):
     itself, every verify accepts all drafts (the last, cut short by max_tokens, excepted)."""
     path = targets[variant]
     for chunk in (2048, 4):
-        llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=chunk,
-                  speculative=SpeculativeConfig("draft", str(path), num_steps=3))
+        llm = LLM(
+            str(path),
+            block_size=4,
+            num_kv_blocks=64,
+            max_num_batched_tokens=chunk,
+            speculative=SpeculativeConfig("draft", str(path), num_steps=3),
+        )
         outs = llm.generate(PROMPTS, GREEDY)
         assert [o.token_ids for o in outs] == plain_outputs(path, PROMPTS)
         for o in outs:
@@ -289,8 +340,9 @@ def perturbed_draft(targets, tmp_path_factory):
         shutil.copy(f, path / f.name)
     tensors = load_file(path / "model.safetensors")
     g = torch.Generator().manual_seed(5)
-    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 0.1 * torch.randn(tensors["lm_head.weight"].shape,
-                                                                               generator=g)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 0.1 * torch.randn(
+        tensors["lm_head.weight"].shape, generator=g
+    )
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return path
 
@@ -309,13 +361,27 @@ def draft_reference(model, seq, num_steps):
 
 def drafts_of_a_run(target, draft, prompt, monkeypatch, skip_rollback=False):
     record, real = [], draft_proposer.chain_drafts
-    monkeypatch.setattr(draft_proposer, "chain_drafts", lambda rows, tokens, probs: (
-        record.append((int(rows.lengths[0]), torch.stack(tokens, 1)[0].tolist())), real(rows, tokens, probs))[1])
-    llm = LLM(str(target), block_size=4, num_kv_blocks=64, max_num_batched_tokens=4,
-              speculative=SpeculativeConfig("draft", str(draft), num_steps=3))
+    monkeypatch.setattr(
+        draft_proposer,
+        "chain_drafts",
+        lambda rows, tokens, probs: (
+            record.append((int(rows.lengths[0]), torch.stack(tokens, 1)[0].tolist())),
+            real(rows, tokens, probs),
+        )[1],
+    )
+    llm = LLM(
+        str(target),
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=4,
+        speculative=SpeculativeConfig("draft", str(draft), num_steps=3),
+    )
     if skip_rollback:  # the state after the draft steps stays: commit only before them
         states, commit, calls = llm.engine.proposer.states, llm.engine.proposer.states.commit, []
-        states.commit = lambda indices, rows: (calls.append(1), len(calls) % 2 and commit(indices, rows))
+        states.commit = lambda indices, rows: (
+            calls.append(1),
+            len(calls) % 2 and commit(indices, rows),
+        )
     return llm.generate([prompt], GREEDY)[0], record
 
 
@@ -333,9 +399,13 @@ def test_a_hybrid_draft_rolls_its_state_back(targets, perturbed_draft, monkeypat
         histogram = [a + b for a, b in zip(histogram, out.spec_metrics.histogram)]
         seq = prompt + expected
         for L, drafts in record:
-            assert drafts == draft_reference(model, seq[:L + 1], 3), (prompt, L)
-    assert histogram[0] and sum(histogram[1:]), histogram  # rejections and acceptances both happened
-    out, record = drafts_of_a_run(target, perturbed_draft, PROMPTS[0], monkeypatch, skip_rollback=True)
+            assert drafts == draft_reference(model, seq[: L + 1], 3), (prompt, L)
+    assert histogram[0] and sum(histogram[1:]), (
+        histogram
+    )  # rejections and acceptances both happened
+    out, record = drafts_of_a_run(
+        target, perturbed_draft, PROMPTS[0], monkeypatch, skip_rollback=True
+    )
     assert out.token_ids == plain[0]
     seq = PROMPTS[0] + plain[0]
-    assert any(drafts != draft_reference(model, seq[:L + 1], 3) for L, drafts in record)
+    assert any(drafts != draft_reference(model, seq[: L + 1], 3) for L, drafts in record)

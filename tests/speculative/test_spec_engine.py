@@ -1,6 +1,7 @@
 """The speculative loop is lossless whatever the drafts: greedy output with speculation equals
 output without it, token for token (fp32, CPU), for chains and trees, mixed prompt lengths,
 chunked prefill, requests joining mid-run, and preemption when KV blocks run out."""
+
 import pytest
 import torch
 
@@ -27,7 +28,7 @@ def reference(llama_dir):
     ps = prompts(8)
     outs = LLM(str(llama_dir), block_size=4).generate(ps, GREEDY.replace(max_tokens=60))
     OracleProposer.references = {tuple(p): o.token_ids for p, o in zip(ps, outs)}
-    return ps, [o.token_ids[:GREEDY.max_tokens] for o in outs]
+    return ps, [o.token_ids[: GREEDY.max_tokens] for o in outs]
 
 
 @pytest.mark.parametrize("shape", list(SPECS))
@@ -39,8 +40,9 @@ def test_greedy_lossless_mixed_batch(llama_dir, reference, shape, corruption, mo
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.pool.num_free == 256
-    tau = sum(o.spec_metrics.num_accepted_drafts + o.spec_metrics.num_verifies for o in outs) / \
-        sum(o.spec_metrics.num_verifies for o in outs)
+    tau = sum(o.spec_metrics.num_accepted_drafts + o.spec_metrics.num_verifies for o in outs) / sum(
+        o.spec_metrics.num_verifies for o in outs
+    )
     if corruption == 0.0:  # a random tree's planted path is often shallower than 4
         assert tau > (3.5 if shape == "chain" else 2.0), "perfect drafts must be accepted"
     if corruption == 1.0:
@@ -50,7 +52,13 @@ def test_greedy_lossless_mixed_batch(llama_dir, reference, shape, corruption, mo
 @pytest.mark.parametrize("shape", list(SPECS))
 def test_greedy_lossless_chunked_joining_and_preempted(llama_dir, reference, shape):
     ps, expected = reference
-    llm = LLM(str(llama_dir), block_size=4, num_kv_blocks=24, max_num_batched_tokens=16, speculative=SPECS[shape])
+    llm = LLM(
+        str(llama_dir),
+        block_size=4,
+        num_kv_blocks=24,
+        max_num_batched_tokens=16,
+        speculative=SPECS[shape],
+    )
     engine, done = llm.engine, {}
     ids = {}
     step = 0
@@ -61,16 +69,26 @@ def test_greedy_lossless_chunked_joining_and_preempted(llama_dir, reference, sha
             done[ids[out.request_id]] = out
         step += 1
     assert [done[i].token_ids for i in range(len(ps))] == expected
-    assert sum(o.metrics.num_preemptions for o in done.values()) > 0, "the pool was meant to force preemption"
+    assert sum(o.metrics.num_preemptions for o in done.values()) > 0, (
+        "the pool was meant to force preemption"
+    )
     assert engine.pool.num_free == 24
 
 
 def test_sampling_runs_and_seeds_reproduce(llama_dir, reference):
     ps, _ = reference
-    params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=i, ignore_eos=True) for i in range(4)]
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=i, ignore_eos=True)
+        for i in range(4)
+    ]
     llm = LLM(str(llama_dir), block_size=4, speculative=SPECS["chain"])
     first = [o.token_ids for o in llm.generate(ps[:4], params)]
-    again = [o.token_ids for o in LLM(str(llama_dir), block_size=4, speculative=SPECS["chain"]).generate(ps[:4], params)]
+    again = [
+        o.token_ids
+        for o in LLM(str(llama_dir), block_size=4, speculative=SPECS["chain"]).generate(
+            ps[:4], params
+        )
+    ]
     assert first == again and all(len(t) == 16 for t in first)
 
 

@@ -1,4 +1,5 @@
 """tau and per-position acceptance count only drafts that could have been committed under max_tokens."""
+
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("
 
 def test_record_caps_at_the_budget():
     m = SpecMetrics()
-    m.record(5, 5, 5, budget=3)   # 3 tokens left: drafts 0 and 1 (+ the bonus) could be committed
+    m.record(5, 5, 5, budget=3)  # 3 tokens left: drafts 0 and 1 (+ the bonus) could be committed
     assert (m.num_draft_tokens, m.num_accepted_drafts) == (2, 2)
     assert m.accepted_per_position == [1, 1] and m.proposed_per_position == [1, 1]
     assert m.acceptance_length == 3.0
@@ -30,7 +31,9 @@ def test_tau_counts_no_draft_past_max_tokens(topk):
     spec = SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=5, topk=topk)
     llm = LLM(str(ZOO / "tinypy"), device="cpu", speculative=spec)
     for max_tokens in (2, 5, 12):
-        out = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))[0]
+        out = llm.generate(
+            PROMPT, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        )[0]
         m = out.spec_metrics
         assert len(out.token_ids) == max_tokens and m.num_verifies > 0
         # the first token comes from the prefill, every later one from a verify

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.stats import chi_square_p_value
-
 import outpace.speculative.verify as verify_mod
+from helpers.stats import chi_square_p_value
 from outpace.layers.sampler import SamplingTensors, logits_to_probs, random_keys, sample_from_probs
 from outpace.speculative.verify import (
     verify_chain,
@@ -49,9 +48,19 @@ def test_greedy_chain_all_none_partial():
     res = verify_greedy_chain(draft, target)
     assert res.num_correct_drafts.tolist() == [3, 0, 2, 1]
     assert res.bonus_token_ids.tolist() == [5, 2, 6, 7]
-    assert res.output_token_ids.tolist() == [[3, 1, 4, 5], [2, -1, -1, -1], [3, 1, 6, -1], [3, 7, -1, -1]]
+    assert res.output_token_ids.tolist() == [
+        [3, 1, 4, 5],
+        [2, -1, -1, -1],
+        [3, 1, 6, -1],
+        [3, 7, -1, -1],
+    ]
     assert res.last_correct_step_indices.tolist() == [3, 0, 2, 1]
-    assert res.accepted_path.tolist() == [[0, 1, 2, 3], [0, -1, -1, -1], [0, 1, 2, -1], [0, 1, -1, -1]]
+    assert res.accepted_path.tolist() == [
+        [0, 1, 2, 3],
+        [0, -1, -1, -1],
+        [0, 1, 2, -1],
+        [0, 1, -1, -1],
+    ]
     assert res.num_accepted_tokens.tolist() == [4, 1, 3, 2]
 
 
@@ -92,7 +101,13 @@ def test_greedy_tree_picks_the_matching_branch():
     ]
     res = verify_greedy_tree(parent, tokens, logits_for(predict, vocab=40), max_depth=TREE_DEPTH)
     assert res.num_correct_drafts.tolist() == [2, 3, 0, 2, 1]
-    assert res.accepted_path.tolist() == [[0, 2, 6, -1], [0, 1, 4, 7], [0, -1, -1, -1], [0, 1, 5, -1], [0, 2, -1, -1]]
+    assert res.accepted_path.tolist() == [
+        [0, 2, 6, -1],
+        [0, 1, 4, 7],
+        [0, -1, -1, -1],
+        [0, 1, 5, -1],
+        [0, 2, -1, -1],
+    ]
     assert res.last_correct_step_indices.tolist() == [6, 7, 0, 5, 2]
     assert res.bonus_token_ids.tolist() == [9, 4, 13, 8, 5]
     assert res.output_token_ids.tolist() == [
@@ -116,7 +131,13 @@ def chain_as_tree(draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def same_result(a, b) -> None:
-    fields = ("output_token_ids", "num_correct_drafts", "bonus_token_ids", "last_correct_step_indices", "accepted_path")
+    fields = (
+        "output_token_ids",
+        "num_correct_drafts",
+        "bonus_token_ids",
+        "last_correct_step_indices",
+        "accepted_path",
+    )
     for field in fields:
         assert torch.equal(getattr(a, field), getattr(b, field)), field
 
@@ -139,9 +160,9 @@ def test_sampling_verifiers_reduce_to_greedy_for_temperature_zero():
     batch, num_drafts, vocab = 400, 3, 4
     target_logits = torch.randn(batch, num_drafts + 1, vocab)
     st = SamplingTensors.from_params([params(0.0)] * batch, "cpu")
-    target_probs = logits_to_probs(target_logits.view(-1, vocab), st.repeat_interleave(num_drafts + 1)).view(
-        batch, num_drafts + 1, vocab
-    )
+    target_probs = logits_to_probs(
+        target_logits.view(-1, vocab), st.repeat_interleave(num_drafts + 1)
+    ).view(batch, num_drafts + 1, vocab)
     draft_probs = torch.softmax(torch.randn(batch, num_drafts, vocab), -1)
     draft = sample_from_probs(draft_probs.view(-1, vocab)).view(batch, num_drafts)
     greedy = verify_greedy_chain(draft, target_logits)
@@ -153,9 +174,9 @@ def test_sampling_verifiers_reduce_to_greedy_for_temperature_zero():
     parent = torch.tensor([TREE_PARENT] * batch)
     tokens = torch.randint(0, vocab, (batch, len(TREE_PARENT)))
     tree_logits = torch.randn(batch, len(TREE_PARENT), vocab)
-    tree_probs = logits_to_probs(tree_logits.view(-1, vocab), st.repeat_interleave(len(TREE_PARENT))).view(
-        batch, len(TREE_PARENT), vocab
-    )
+    tree_probs = logits_to_probs(
+        tree_logits.view(-1, vocab), st.repeat_interleave(len(TREE_PARENT))
+    ).view(batch, len(TREE_PARENT), vocab)
     tree_q = torch.softmax(torch.randn(batch, len(TREE_PARENT), vocab), -1)
     greedy = verify_greedy_tree(parent, tokens, tree_logits)
     assert greedy.num_correct_drafts.max() >= 2
@@ -187,7 +208,9 @@ def test_sampling_tree_siblings_by_hand():
     """Root p = [.5, .3, .2, 0]; children 1 (token 0) and 2 (token 1); node 1 has child 3."""
     parent = torch.tensor([[-1, 0, 0, 1]] * 2)
     tokens = torch.tensor([[0, 0, 1, 2]] * 2)
-    target = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    target = torch.tensor(
+        [[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]]
+    )
     target = target.expand(2, -1, -1)  # [2, 4 nodes, V=4]
     # One-hot proposals: child 1 (token 0) accepted iff u < 0.5. Row 0 rejects it
     # (u = .6); the residual is [0, .6, .4, 0] and child 2 (token 1) is accepted iff u < .6.
@@ -199,7 +222,9 @@ def test_sampling_tree_siblings_by_hand():
     assert res.output_token_ids.tolist() == [[1, 3, -1, -1], [2, -1, -1, -1]]
     # With q at the root = [.25, .5, .25, 0]: child 1 (token 0, p/q = 2) is always
     # accepted, then node 3 (token 2) is accepted iff u * q(2) < p_1(2) = 0: never.
-    q = torch.tensor([[0.25, 0.5, 0.25, 0.0], [0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    q = torch.tensor(
+        [[0.25, 0.5, 0.25, 0.0], [0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    )
     res = verify_sampling_tree(parent, tokens, q.expand(2, -1, -1), target, uniform_rand=u)
     assert res.accepted_path.tolist() == [[0, 1, -1, -1]] * 2
     # Residual at node 1: max(0, onehot(3) - onehot(2)) = onehot(3).
@@ -262,7 +287,9 @@ CONFIGS = {
 }
 
 
-def markov_tables(config: SimpleNamespace, seed: int = 0, target_params: SimpleNamespace | None = None):
+def markov_tables(
+    config: SimpleNamespace, seed: int = 0, target_params: SimpleNamespace | None = None
+):
     """(T, D): target and draft next-token tables, both processed with ``config``.
     ``target_params`` overrides the target's processing (to build broken setups)."""
     g = torch.Generator().manual_seed(seed)
@@ -277,7 +304,9 @@ def expected_joint(table: torch.Tensor) -> torch.Tensor:
     """Probability of each 3-token sequence under the Markov chain.  # [V ** 3]"""
     probs = table.double()
     a, b, c = torch.meshgrid(*(torch.arange(VOCAB),) * 3, indexing="ij")
-    return (probs[START, a] * probs[a, b] * probs[b, c]).flatten()  # [V ** 3], index a*V*V + b*V + c
+    return (
+        probs[START, a] * probs[a, b] * probs[b, c]
+    ).flatten()  # [V ** 3], index a*V*V + b*V + c
 
 
 def joint_p_value(emitted: torch.Tensor, table: torch.Tensor) -> float:
@@ -299,7 +328,9 @@ def append_tokens(emitted, filled, res) -> None:
     filled += count
 
 
-def run_chain(table, draft_table, mode: str, verifier=None, num_drafts: int = 2, trials: int = NUM_TRIALS):
+def run_chain(
+    table, draft_table, mode: str, verifier=None, num_drafts: int = 2, trials: int = NUM_TRIALS
+):
     """Speculative generation with a chain drafter. mode: "sampled" (drafts ~ q, q passed
     to the verifier) or "deterministic" (drafts = argmax q, draft_probs=None)."""
     verifier = verifier or verify_sampling_chain
@@ -339,7 +370,9 @@ def run_tree(table, draft_table, mode: str, pass_q: bool | None = None, trials: 
             if mode == "iid":
                 tokens[:, node] = sample_from_probs(q)
             else:
-                tokens[:, node] = torch.sort(q, dim=-1, descending=True, stable=True).indices[:, TREE_RANK[node]]
+                tokens[:, node] = torch.sort(q, dim=-1, descending=True, stable=True).indices[
+                    :, TREE_RANK[node]
+                ]
         draft_probs = draft_table[tokens] if pass_q else None  # [trials, nodes, V]
         res = verify_sampling_tree(parent, tokens, draft_probs, table[tokens], max_depth=TREE_DEPTH)
         append_tokens(emitted, filled, res)
@@ -415,17 +448,61 @@ def broken_inverted_ratio(uniform, p_x, q_x):
 RESIDUAL, ONE_HOT_RESIDUAL = "_residual_after_rejection", "_residual_after_rejecting_token"
 MUTANTS = [
     # (name, primitive replaced, replacement, runner, config)
-    ("chain: bonus from p after rejection", RESIDUAL, broken_recover_from_target, "chain_sampled", "temperature"),
-    ("chain: inverted acceptance ratio", "_accepts", broken_inverted_ratio, "chain_sampled", "top_k"),
-    ("chain, no q: rejected token kept", ONE_HOT_RESIDUAL, broken_keep_rejected_token, "chain_deterministic", "temperature"),
-    ("tree iid: bonus from p after rejection", RESIDUAL, broken_recover_from_target, "tree_iid", "min_p"),
-    ("tree iid: residual not renormalised", RESIDUAL, broken_unnormalised_residual, "tree_iid", "temperature"),
-    ("tree top-k: rejected token kept", ONE_HOT_RESIDUAL, broken_keep_rejected_token, "tree_topk", "top_p"),
-    ("tree top-k: not renormalised", ONE_HOT_RESIDUAL, broken_remove_without_renormalising, "tree_topk", "temperature"),
+    (
+        "chain: bonus from p after rejection",
+        RESIDUAL,
+        broken_recover_from_target,
+        "chain_sampled",
+        "temperature",
+    ),
+    (
+        "chain: inverted acceptance ratio",
+        "_accepts",
+        broken_inverted_ratio,
+        "chain_sampled",
+        "top_k",
+    ),
+    (
+        "chain, no q: rejected token kept",
+        ONE_HOT_RESIDUAL,
+        broken_keep_rejected_token,
+        "chain_deterministic",
+        "temperature",
+    ),
+    (
+        "tree iid: bonus from p after rejection",
+        RESIDUAL,
+        broken_recover_from_target,
+        "tree_iid",
+        "min_p",
+    ),
+    (
+        "tree iid: residual not renormalised",
+        RESIDUAL,
+        broken_unnormalised_residual,
+        "tree_iid",
+        "temperature",
+    ),
+    (
+        "tree top-k: rejected token kept",
+        ONE_HOT_RESIDUAL,
+        broken_keep_rejected_token,
+        "tree_topk",
+        "top_p",
+    ),
+    (
+        "tree top-k: not renormalised",
+        ONE_HOT_RESIDUAL,
+        broken_remove_without_renormalising,
+        "tree_topk",
+        "temperature",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name,primitive,replacement,runner_name,config_name", MUTANTS, ids=[m[0] for m in MUTANTS])
+@pytest.mark.parametrize(
+    "name,primitive,replacement,runner_name,config_name", MUTANTS, ids=[m[0] for m in MUTANTS]
+)
 def test_statistical_test_rejects_broken_verifier(
     monkeypatch, name, primitive, replacement, runner_name, config_name
 ):
@@ -440,7 +517,9 @@ def test_statistical_test_rejects_top_p_applied_to_draft_only():
     """Bug: the drafter samples with top_p but the target side is processed without it."""
     config = CONFIGS["top_p"]
     true_table, _ = markov_tables(config)
-    unfiltered_target, draft_table = markov_tables(config, target_params=params(temperature=config.temperature))
+    unfiltered_target, draft_table = markov_tables(
+        config, target_params=params(temperature=config.temperature)
+    )
     torch.manual_seed(1)
     emitted = run_chain(unfiltered_target, draft_table, "sampled")
     assert joint_p_value(emitted, true_table) < ALPHA
@@ -476,14 +555,19 @@ def test_verify_chain_dispatch_matches_parts():
     draft = sample_from_probs(q.view(-1, vocab)).view(batch, num_drafts)
     plist = [params(0.8, 5, 0.9) if i % 2 else params(0.0) for i in range(batch)]
     st = SamplingTensors.from_params(plist, "cpu")
-    probs = logits_to_probs(target_logits.view(-1, vocab), st.repeat_interleave(num_drafts + 1)).view(
-        batch, num_drafts + 1, vocab
-    )
+    probs = logits_to_probs(
+        target_logits.view(-1, vocab), st.repeat_interleave(num_drafts + 1)
+    ).view(batch, num_drafts + 1, vocab)
     gens = lambda: random_keys(torch.arange(batch), torch.zeros(batch, dtype=torch.int64))  # noqa: E731
-    same_result(verify_chain(draft, q, target_logits, st, gens()), verify_sampling_chain(draft, q, probs, gens()))
+    same_result(
+        verify_chain(draft, q, target_logits, st, gens()),
+        verify_sampling_chain(draft, q, probs, gens()),
+    )
     greedy_rows = torch.arange(0, batch, 2)
     dispatched = verify_chain(draft, q, target_logits, st, gens())
     reference = verify_greedy_chain(draft, target_logits)
-    assert torch.equal(dispatched.output_token_ids[greedy_rows], reference.output_token_ids[greedy_rows])
+    assert torch.equal(
+        dispatched.output_token_ids[greedy_rows], reference.output_token_ids[greedy_rows]
+    )
     all_greedy = SamplingTensors.from_params([params(0.0)] * batch, "cpu")
     same_result(verify_chain(draft, q, target_logits, all_greedy), reference)

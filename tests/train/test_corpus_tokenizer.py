@@ -110,7 +110,9 @@ def test_nested_roots_and_total_cap(source_root, corpus):
     capped = build_corpus([source_root], heldout_fraction=HELDOUT_FRACTION, max_total_bytes=1000)
     assert 1 <= len(capped.train) < len(corpus.train)
     assert capped.train == corpus.train[: len(capped.train)]  # one root: walk order == sorted
-    assert sum(len(f.text) for f in capped.train[:-1]) < 1000 <= sum(len(f.text) for f in capped.train)
+    assert (
+        sum(len(f.text) for f in capped.train[:-1]) < 1000 <= sum(len(f.text) for f in capped.train)
+    )
     assert capped.heldout == corpus.heldout
 
 

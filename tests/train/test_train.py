@@ -1,4 +1,5 @@
 """The training package at toy scale on the CPU: loss falls, runs reproduce, checkpoints load."""
+
 import json
 
 import pytest
@@ -18,7 +19,9 @@ def toy_data():
 @pytest.fixture(scope="module")
 def toy_target(trained_toy_target):
     assert RECIPE == TargetRecipe.toy(steps=30, num_layers=RECIPE.num_layers)
-    return trained_toy_target(RECIPE.num_layers)  # conftest.py: train_target(RECIPE, out, "cpu", num_samples=2)
+    return trained_toy_target(
+        RECIPE.num_layers
+    )  # conftest.py: train_target(RECIPE, out, "cpu", num_samples=2)
 
 
 def test_loss_falls_and_runs_reproduce(toy_data):
@@ -26,7 +29,9 @@ def test_loss_falls_and_runs_reproduce(toy_data):
     cfg = ModelConfig.from_dict(hf_config(RECIPE, 0, 1))
     first, _ = run_target_training(RECIPE, cfg, stream, "cpu")
     second, _ = run_target_training(RECIPE, cfg, stream, "cpu")
-    assert first.losses == second.losses, "same seed, same data: the curve must repeat exactly on the CPU"
+    assert first.losses == second.losses, (
+        "same seed, same data: the curve must repeat exactly on the CPU"
+    )
     assert sum(first.losses[-2:]) / 2 < sum(first.losses[:2]) / 2 - 0.5
     assert not set(f.rel_path for f in corpus.train) & set(f.rel_path for f in corpus.heldout)
 
@@ -41,7 +46,13 @@ def test_saved_target_layout(toy_target):
         names = set(f.keys())
         assert f.get_tensor("model.norm.weight").dtype == torch.bfloat16
     last = RECIPE.num_layers + RECIPE.num_mtp_layers - 1
-    for part in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "self_attn.q_proj.weight", "mlp.down_proj.weight"):
+    for part in (
+        "enorm.weight",
+        "hnorm.weight",
+        "eh_proj.weight",
+        "self_attn.q_proj.weight",
+        "mlp.down_proj.weight",
+    ):
         assert f"model.layers.{last}.{part}" in names
     assert "lm_head.weight" not in names  # tied
     assert set(metrics["mtp_heldout_top1"]) == {1, 2, 3}

@@ -1,6 +1,7 @@
 """The training loop's time budget (train/loop.py ``StepBudget``): the calibration window sets the run's
 length, and a run whose steps turn slower mid-way (a GPU shared with other runs) is shortened again so it
 ends within the budget; a run that turns faster is never lengthened (its cosine schedule stays)."""
+
 import pytest
 
 from outpace.train import loop
@@ -15,7 +16,9 @@ class FakeClock:
         return self.now
 
 
-def run(monkeypatch, step_seconds, opt: OptimConfig, first_step: int = 0, spent: float = 0.0) -> tuple[int, float]:
+def run(
+    monkeypatch, step_seconds, opt: OptimConfig, first_step: int = 0, spent: float = 0.0
+) -> tuple[int, float]:
     """Drive a StepBudget as train() does; ``step_seconds(step)`` is each step's cost. -> (steps run, seconds)."""
     clock = FakeClock()
     monkeypatch.setattr(loop.time, "perf_counter", clock)
@@ -60,8 +63,12 @@ def test_a_resumed_run_does_not_calibrate_on_its_warm_up(monkeypatch):
     resumed DFlash run from 8882 to 5903 steps on an H200 (benchmarks/results/train_ceiling/): the window opens a
     third of the way into calibration_steps after the step the process starts at, as it does at step 0."""
     opt = OptimConfig(steps=100_000, max_minutes=1.0)
-    steps, seconds = run(monkeypatch, lambda s: 5.0 if s < 3002 else 0.01, opt, first_step=3000, spent=20.0)
-    assert 5950 <= steps <= 6010 and 59.0 <= seconds <= 60.0  # calibrated on the warm-up it stopped at 3078
+    steps, seconds = run(
+        monkeypatch, lambda s: 5.0 if s < 3002 else 0.01, opt, first_step=3000, spent=20.0
+    )
+    assert (
+        5950 <= steps <= 6010 and 59.0 <= seconds <= 60.0
+    )  # calibrated on the warm-up it stopped at 3078
 
 
 def test_the_step_count_is_the_cap_when_it_fits(monkeypatch):
@@ -69,7 +76,9 @@ def test_the_step_count_is_the_cap_when_it_fits(monkeypatch):
     assert run(monkeypatch, lambda s: 0.01, opt)[0] == 500
 
 
-def test_a_whole_run_budget_leaves_the_loop_what_the_data_left_less_the_heldout_reserve(monkeypatch):
+def test_a_whole_run_budget_leaves_the_loop_what_the_data_left_less_the_heldout_reserve(
+    monkeypatch,
+):
     """``total_minutes`` (DistillRecipe.loop_optim): the loop gets the run's budget less the time the data took
     and ``heldout_reserve_minutes``; ``max_minutes`` still caps it; a budget spent before training is refused by
     name, and so is one no larger than its reserve."""
@@ -79,11 +88,16 @@ def test_a_whole_run_budget_leaves_the_loop_what_the_data_left_less_the_heldout_
     clock = FakeClock()
     monkeypatch.setattr(distill.time, "perf_counter", clock)
     clock.now = 150.0  # the data took 2.5 minutes of a run that started at 0
-    assert Eagle3Recipe(max_minutes=None, total_minutes=10).loop_optim(0.0).max_minutes == pytest.approx(6.5)
+    assert Eagle3Recipe(max_minutes=None, total_minutes=10).loop_optim(
+        0.0
+    ).max_minutes == pytest.approx(6.5)
     assert Eagle3Recipe(max_minutes=5.0, total_minutes=10).loop_optim(0.0).max_minutes == 5.0
-    assert Eagle3Recipe(max_minutes=5.0, total_minutes=10, heldout_reserve_minutes=3).loop_optim(0.0).max_minutes \
-        == pytest.approx(4.5)
-    assert Eagle3Recipe(max_minutes=5.0).loop_optim(0.0).max_minutes == 5.0  # no whole-run budget: as set
+    assert Eagle3Recipe(max_minutes=5.0, total_minutes=10, heldout_reserve_minutes=3).loop_optim(
+        0.0
+    ).max_minutes == pytest.approx(4.5)
+    assert (
+        Eagle3Recipe(max_minutes=5.0).loop_optim(0.0).max_minutes == 5.0
+    )  # no whole-run budget: as set
     with pytest.raises(ValueError, match="total_minutes=3.* is spent before training"):
         Eagle3Recipe(total_minutes=3).loop_optim(0.0)
     with pytest.raises(ValueError, match="total_minutes=1.*more than heldout_reserve_minutes"):

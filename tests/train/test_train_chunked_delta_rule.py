@@ -3,6 +3,7 @@ loop's function (layers/gated_deltanet.py, the torch reference serving runs): ou
 gradients, over runs with padding, a starting state, grouped value heads, decays from none to total and a length
 that is not a multiple of the chunk; inside its ``with`` block only forwards without recurrent metadata change
 form."""
+
 import pytest
 import torch
 
@@ -18,7 +19,9 @@ def inputs(seed: int, runs=3, length=150, k_heads=2, v_heads=4, k_dim=8, v_dim=6
     q, k = (torch.randn(runs, length, k_heads, k_dim, generator=g) for _ in range(2))
     v = torch.randn(runs, length, v_heads, v_dim, generator=g)
     # per value head: a decay of about 1, 0.6, 0.05 and 2e-9 per token
-    log_decay = -torch.rand(runs, length, v_heads, generator=g) * torch.tensor([0.01, 0.5, 3.0, 20.0])
+    log_decay = -torch.rand(runs, length, v_heads, generator=g) * torch.tensor(
+        [0.01, 0.5, 3.0, 20.0]
+    )
     beta = torch.rand(runs, length, v_heads, generator=g)
     state = torch.randn(runs, v_heads, k_dim, v_dim, generator=g)
     valid = torch.arange(length) < torch.tensor([length, 100, 37])[:, None]
@@ -29,23 +32,38 @@ def inputs(seed: int, runs=3, length=150, k_heads=2, v_heads=4, k_dim=8, v_dim=6
 def test_chunked_equals_the_per_token_loop(chunk):
     q, k, v, g, beta, state, valid = inputs(0)
     leaves = [t.requires_grad_() for t in (q, k, v, g, beta, state)]
-    loop_out, loop_final, _ = gated_delta_rule_run(q, k, v, g, beta, state, valid, None, False, kernel=False)
+    loop_out, loop_final, _ = gated_delta_rule_run(
+        q, k, v, g, beta, state, valid, None, False, kernel=False
+    )
     out, final = chunked_delta_rule(q, k, v, g, beta, state, valid, chunk=chunk)
     keep = valid[..., None, None]
     assert torch.allclose(out * keep, loop_out * keep, atol=1e-5)
     assert torch.allclose(final, loop_final, atol=1e-5)
     weights = torch.randn_like(out) * keep  # a loss over the real tokens and the final state
-    grads = [torch.autograd.grad((o * weights).sum() + f.square().sum(), leaves)
-             for o, f in ((loop_out, loop_final), (out, final))]
+    grads = [
+        torch.autograd.grad((o * weights).sum() + f.square().sum(), leaves)
+        for o, f in ((loop_out, loop_final), (out, final))
+    ]
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_only_forwards_without_recurrent_metadata_change_form():
-    layer = GatedDeltaNet(32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=6, conv_width=4, eps=1e-6,
-                          activation="silu", packed_by_key_head=False)
+    layer = GatedDeltaNet(
+        32,
+        num_k_heads=2,
+        num_v_heads=4,
+        head_k_dim=8,
+        head_v_dim=6,
+        conv_width=4,
+        eps=1e-6,
+        activation="silu",
+        packed_by_key_head=False,
+    )
     x = torch.randn(2 * 70, 32, generator=torch.Generator().manual_seed(1))
-    engine = RecurrentMetadata(slots=torch.tensor([0, 1]), has_initial_state=torch.tensor([False, False]))
+    engine = RecurrentMetadata(
+        slots=torch.tensor([0, 1]), has_initial_state=torch.tensor([False, False])
+    )
     with torch.no_grad(), forward_context(DenseCausalMetadata(2, 70)):
         served = layer(x)
         with chunked_delta_rule_in_training():

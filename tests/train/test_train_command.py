@@ -1,5 +1,6 @@
 """A draft's model card gives the command that trained it (train/model_card.py ``draft_train_command``): run
 through the CLI's own parser, that command asks for the same recipe."""
+
 import dataclasses
 
 import pytest
@@ -26,16 +27,40 @@ def _parsed(command: str):
 def test_default_recipe_gives_the_bare_command(method):
     cls = resolve({method: DRAFT_RECIPES[method][0]}, method, "draft recipe")
     command = draft_train_command(method, cls, _metrics(cls()), "OUT")
-    assert command == f"python -m outpace train draft --method {method} --target zoo/tinypy --out OUT --device cuda"
+    assert (
+        command
+        == f"python -m outpace train draft --method {method} --target zoo/tinypy --out OUT --device cuda"
+    )
     assert _parsed(command) == cls()
 
 
-@pytest.mark.parametrize("method, changes", [
-    ("eagle3", dict(batch_size=128, num_continuations=32768, max_minutes=6.5, aux_layer_ids=(2, 4, 5), steps=900,
-                    seed=3, prompt_split="heldout")),
-    ("dflash", dict(data_temperature=0.0, num_layers=3, prompt_files=("a.jsonl", "b.txt"), max_minutes=None)),
-    ("mtp", dict(lr=5e-4, depth_decay=0.8, eval_prompts="p.json", soft_labels=False)),
-])
+@pytest.mark.parametrize(
+    "method, changes",
+    [
+        (
+            "eagle3",
+            dict(
+                batch_size=128,
+                num_continuations=32768,
+                max_minutes=6.5,
+                aux_layer_ids=(2, 4, 5),
+                steps=900,
+                seed=3,
+                prompt_split="heldout",
+            ),
+        ),
+        (
+            "dflash",
+            dict(
+                data_temperature=0.0,
+                num_layers=3,
+                prompt_files=("a.jsonl", "b.txt"),
+                max_minutes=None,
+            ),
+        ),
+        ("mtp", dict(lr=5e-4, depth_decay=0.8, eval_prompts="p.json", soft_labels=False)),
+    ],
+)
 def test_changed_fields_come_back_through_the_parser(method, changes):
     cls = resolve({method: DRAFT_RECIPES[method][0]}, method, "draft recipe")
     recipe = cls(**changes)

@@ -5,22 +5,34 @@ call that compiles them and on later calls after the weights moved in place, as 
 
 The later calls matter: Inductor (torch 2.11, H100) once compiled the hand-written TTT attention so that
 gradients were right on the compiling call only (train/recipes/eagle3.py ``ttt_attention``)."""
+
 import pytest
 import torch
 
 from outpace.models.drafts.dflash import DFlashConfig, DFlashDraft
 from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from outpace.models.loader import load_model
+from outpace.train.distill import teacher_forward
 from outpace.train.recipes import dflash as D
 from outpace.train.recipes import eagle3 as E
 from outpace.train.recipes import mtp as M
-from outpace.train.distill import teacher_forward
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="training steps are compiled on a GPU only")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="training steps are compiled on a GPU only"
+)
 
 HIDDEN, VOCAB, BATCH, SEQ = 128, 512, 8, 96
-SHAPE = dict(hidden_size=HIDDEN, intermediate_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
-             vocab_size=VOCAB, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256)
+SHAPE = dict(
+    hidden_size=HIDDEN,
+    intermediate_size=256,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=16,
+    vocab_size=VOCAB,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -50,8 +62,14 @@ def assert_compiled_matches_eager(model: torch.nn.Module, step, rounds: int = 3)
 
 def test_compiled_eagle3_step_matches_eager():
     torch.manual_seed(0)
-    cfg = Eagle3Config.from_dict(dict(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=256,
-                                      target_hidden_size=HIDDEN, **SHAPE))
+    cfg = Eagle3Config.from_dict(
+        dict(
+            architectures=["LlamaForCausalLMEagle3"],
+            draft_vocab_size=256,
+            target_hidden_size=HIDDEN,
+            **SHAPE,
+        )
+    )
     with torch.device("cuda"):
         draft = Eagle3Draft(cfg, has_embedding=False, has_head=True)
         embed = torch.nn.Embedding(VOCAB, HIDDEN).to(torch.bfloat16).requires_grad_(False)
@@ -71,10 +89,18 @@ def test_compiled_eagle3_step_matches_eager():
 def test_compiled_dflash_step_matches_eager():
     torch.manual_seed(0)
     block, anchors_per_row = 8, 24
-    cfg = DFlashConfig.from_dict(dict(architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=2,
-                                      num_target_layers=4, block_size=block, tie_word_embeddings=False,
-                                      dflash_config=dict(block_size=block, mask_token_id=2,
-                                                         target_layer_ids=[0, 1, 3]), **SHAPE))
+    cfg = DFlashConfig.from_dict(
+        dict(
+            architectures=["DFlashDraftModel"],
+            model_type="qwen3",
+            num_hidden_layers=2,
+            num_target_layers=4,
+            block_size=block,
+            tie_word_embeddings=False,
+            dflash_config=dict(block_size=block, mask_token_id=2, target_layer_ids=[0, 1, 3]),
+            **SHAPE,
+        )
+    )
     with torch.device("cuda"):
         draft = DFlashDraft(cfg, HIDDEN)
         embed = torch.nn.Embedding(VOCAB, HIDDEN).to(torch.bfloat16).requires_grad_(False)
@@ -82,7 +108,9 @@ def test_compiled_dflash_step_matches_eager():
         aux = torch.randn(BATCH, SEQ, 3 * HIDDEN, dtype=torch.bfloat16)
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     draft.borrow(embed, head)
-    anchors = D.sample_anchors(BATCH, SEQ, block, anchors_per_row, torch.Generator().manual_seed(0), 8).to("cuda")
+    anchors = D.sample_anchors(
+        BATCH, SEQ, block, anchors_per_row, torch.Generator().manual_seed(0), 8
+    ).to("cuda")
     teacher = 3 * torch.randn(BATCH, anchors_per_row, block - 1, VOCAB, device="cuda")
 
     def step(d):
@@ -99,12 +127,14 @@ def test_compiled_mtp_step_matches_eager(mtp_toy_target):
     layers = M.trainable_mtp(target.mtp_layers, 3)
     tokens = torch.randint(3, 300, (BATCH, SEQ), device="cuda")
     with torch.no_grad():
-        hidden = teacher_forward(target, tokens).hidden_states              # [BATCH * SEQ, hidden]
-        teacher = target.compute_logits(hidden).view(BATCH, SEQ, -1)         # [BATCH, SEQ, vocab]
+        hidden = teacher_forward(target, tokens).hidden_states  # [BATCH * SEQ, hidden]
+        teacher = target.compute_logits(hidden).view(BATCH, SEQ, -1)  # [BATCH, SEQ, vocab]
     mask = torch.rand(BATCH, SEQ, device="cuda") < 0.8
 
     def step(mtp):
-        losses, _ = M.depth_losses(M.mtp_chain(target, mtp, hidden, tokens, chained=True), teacher, mask, soft=True)
+        losses, _ = M.depth_losses(
+            M.mtp_chain(target, mtp, hidden, tokens, chained=True), teacher, mask, soft=True
+        )
         return M.weighted_loss(losses, 1.0)
 
     assert_compiled_matches_eager(layers, step)

@@ -39,12 +39,16 @@ def test_chain_reads_the_serving_rows(toy_target):
         h = hidden
         with forward_context(DenseCausalMetadata(b, t)):
             for k, layer in enumerate(target.mtp_layers):
-                ids = torch.cat([tokens[:, k + 1:], torch.zeros(b, k + 1, dtype=torch.long)], 1).reshape(-1)
+                ids = torch.cat(
+                    [tokens[:, k + 1 :], torch.zeros(b, k + 1, dtype=torch.long)], 1
+                ).reshape(-1)
                 h = layer(positions, target.embed(ids), h)
                 ref = target.compute_logits(h).view(b, t, -1)[:, : t - 1 - k]
                 assert torch.allclose(logits[k].view(b, t, -1)[:, : t - 1 - k], ref, atol=1e-5), k
                 if k == 1:  # reading token t+k instead of t+k+1 is another function
-                    shifted = torch.cat([tokens[:, k:], torch.zeros(b, k, dtype=torch.long)], 1).reshape(-1)
+                    shifted = torch.cat(
+                        [tokens[:, k:], torch.zeros(b, k, dtype=torch.long)], 1
+                    ).reshape(-1)
                     with torch.no_grad():
                         wrong = target.compute_logits(layer(positions, target.embed(shifted), h))
                     assert (wrong.view(b, t, -1)[:, : t - 1 - k] - ref).abs().max() > 1e-3
@@ -57,16 +61,23 @@ def test_loss_falls_and_only_mtp_tensors_change(toy_run):
     assert all(metrics["history"]["extra"][f"top1 layer {k}"][-1] > 0.5 for k in range(3))
     assert metrics["num_mtp_layers"] == 3 and metrics["chained"] is True
     assert not (out / "resume").exists()
-    before, after = load_file(target_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    before, after = (
+        load_file(target_dir / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
     assert before.keys() == after.keys()
     mtp_prefixes = tuple(f"model.layers.{2 + k}." for k in range(3))
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith(mtp_prefixes) for k in changed), sorted(changed)[:5]
     assert all(after[k].dtype == before[k].dtype for k in before)
-    assert {f"{p}eh_proj.weight" for p in mtp_prefixes} <= changed  # every layer moved (bf16 hides tiny steps)
+    assert {
+        f"{p}eh_proj.weight" for p in mtp_prefixes
+    } <= changed  # every layer moved (bf16 hides tiny steps)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == (target_dir / name).read_bytes()
-    assert (out / "loss.png").stat().st_size > 1000 and "Held-out acceptance" in (out / "README.md").read_text()
+    assert (out / "loss.png").stat().st_size > 1000 and "Held-out acceptance" in (
+        out / "README.md"
+    ).read_text()
 
 
 def test_tuned_copy_serves_losslessly_and_heldout_is_measured(toy_run):
@@ -78,7 +89,9 @@ def test_tuned_copy_serves_losslessly_and_heldout_is_measured(toy_run):
     prompts = [[5, 17, 3, 40], [9, 9, 101, 7, 64, 3]]
     expected = [o.token_ids for o in LLM(str(target_dir)).generate(prompts, greedy)]
     spec = SpeculativeConfig("mtp", num_steps=3)
-    assert [o.token_ids for o in LLM(str(out), speculative=spec).generate(prompts, greedy)] == expected
+    assert [
+        o.token_ids for o in LLM(str(out), speculative=spec).generate(prompts, greedy)
+    ] == expected
 
 
 def test_refusals(toy_target, tmp_path):
