@@ -1,0 +1,155 @@
+"""The runner alone, without a real model: a stand-in target whose next token is always the last one plus
+one drives ``ModelRunner`` through the scheduler over a ``BlockPool``, so what the runner itself does is
+checked: prefill and decode dispatch, each request's results in batch order, released rows, and a decode
+step run ahead that serves the next step or is dropped with its state restored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from outpace.cache.block_pool import BlockPool
+from outpace.engine.runner import ModelRunner
+from outpace.engine.scheduler import Scheduler
+from outpace.request import Request
+from outpace.sampling_params import SamplingParams
+
+VOCAB = 50
+
+
+@dataclass
+class _Output:
+    hidden_states: torch.Tensor  # [num_tokens, VOCAB]: each token's one-hot
+    aux_hidden_states: torch.Tensor | None = None
+
+
+@dataclass
+class _Config:
+    vocab_size: int = VOCAB
+
+
+class SuccessorModel(nn.Module):
+    """A target with no layers: its logits at a token put all their mass on the token after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config, self.model = _Config(), nn.Module()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> _Output:
+        return _Output(nn.functional.one_hot(input_ids, VOCAB).float())
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return 10.0 * hidden.roll(1, dims=-1)  # [n, VOCAB]
+
+    def set_aux_hidden_state_layers(self, layer_ids: tuple[int, ...]) -> None:
+        assert not layer_ids
+
+
+def _build(
+    max_seqs: int = 4, run_ahead: bool = False, num_blocks: int = 64
+) -> tuple[ModelRunner, Scheduler, BlockPool]:
+    pool = BlockPool(num_blocks, 4)
+    runner = ModelRunner(SuccessorModel(), pool, torch.float32, "cpu", "torch", max_seqs, 256)
+    scheduler = Scheduler(pool, max_seqs, 64, on_free=lambda r: runner.release(r.request_id))
+    if run_ahead:
+        runner.capture((1, 2, 4))  # on the CPU the "graphs" replay eagerly
+        runner.enable_run_ahead(256)
+    return runner, scheduler, pool
+
+
+def _run(runner: ModelRunner, scheduler: Scheduler, requests: list[Request]) -> list[list[int]]:
+    """Every request to its max_tokens, as the engine commits a step's results."""
+    for r in requests:
+        scheduler.add(r)
+    while scheduler.has_unfinished:
+        batch = scheduler.schedule()
+        results = runner.execute(batch)
+        at = 0
+        for s, n, committed in zip(batch, results.num_new_tokens, results.num_committed):
+            req = s.request
+            req.num_computed_tokens += committed
+            req.token_ids += results.new_token_ids[at : at + n]
+            at += n
+            if req.num_output_tokens >= req.params.max_tokens:
+                del req.token_ids[len(req.prompt_token_ids) + req.params.max_tokens :]
+                scheduler.finish(req, "length")
+    return [r.output_token_ids for r in requests]
+
+
+def _requests(lengths: list[int]) -> list[Request]:
+    return [
+        Request(
+            f"r{i}",
+            [7 * i + j for j in range(3)],
+            SamplingParams(temperature=0, max_tokens=n),
+            seed=i,
+        )
+        for i, n in enumerate(lengths)
+    ]
+
+
+@pytest.mark.parametrize("run_ahead", [False, True], ids=["eager", "run-ahead"])
+def test_each_request_gets_its_own_tokens_and_every_row_returns(run_ahead):
+    runner, scheduler, pool = _build(run_ahead=run_ahead)
+    requests = _requests(
+        [5, 9, 2, 7, 4, 6]
+    )  # six requests through four rows: joins while others decode
+    outputs = _run(runner, scheduler, requests)
+    for r, out in zip(requests, outputs):
+        last = r.prompt_token_ids[-1]
+        assert out == [(last + 1 + k) % VOCAB for k in range(r.params.max_tokens)], r.request_id
+    assert not runner.req_table.held_by and runner.req_table.num_free == 4
+    assert pool.num_free == pool.num_blocks
+
+
+def test_a_step_run_ahead_serves_the_next_steps():
+    """Requests decoding together, a pool too small for all (a request is preempted and recomputed): each
+    step's successor is launched ahead and serves the next step, and every token is exact."""
+    runner, scheduler, pool = _build(run_ahead=True, num_blocks=9)
+    ahead, taken = runner.run_ahead, []
+    take = ahead.take
+
+    def counting_take(ids, starts):
+        launch = take(ids, starts)
+        taken.append(launch is not None)
+        return launch
+
+    ahead.take = counting_take
+    requests = _requests([12, 12, 12])
+    outputs = _run(runner, scheduler, requests)
+    for r, out in zip(requests, outputs):
+        assert out == [(r.prompt_token_ids[-1] + 1 + k) % VOCAB for k in range(12)], r.request_id
+    assert sum(taken) >= 6 and sum(r.metrics.num_preemptions for r in requests) > 0
+    assert not runner.req_table.held_by and pool.num_free == pool.num_blocks
+
+
+def test_dropping_the_step_run_ahead_restores_the_state_the_host_holds():
+    """Once a step has run ahead, dropping it puts each request's device length and last token back to
+    what the host has committed; decoding then goes on exactly."""
+    runner, scheduler, _ = _build(run_ahead=True)
+    requests = _requests([10, 10])
+    for r in requests:
+        scheduler.add(r)
+    while runner.run_ahead.launch is None:
+        batch = scheduler.schedule()
+        results = runner.execute(batch)
+        at = 0
+        for s, n, committed in zip(batch, results.num_new_tokens, results.num_committed):
+            s.request.num_computed_tokens += committed
+            s.request.token_ids += results.new_token_ids[at : at + n]
+            at += n
+    table = runner.req_table
+    rows = [table.index_of(r.request_id) for r in requests]
+    assert [int(table.lengths[i]) for i in rows] != [
+        r.num_computed_tokens for r in requests
+    ]  # ran ahead
+    runner.run_ahead.drop()
+    assert [int(table.lengths[i]) for i in rows] == [r.num_computed_tokens for r in requests]
+    assert [int(table.last_tokens[i]) for i in rows] == [r.token_ids[-1] for r in requests]
+    _run(runner, scheduler, [])  # the two requests, already queued, to their end
+    assert [r.output_token_ids for r in requests] == [
+        [(r.prompt_token_ids[-1] + 1 + k) % VOCAB for k in range(10)] for r in requests
+    ]
