@@ -62,7 +62,7 @@ def test_only_forwards_without_recurrent_metadata_change_form():
     )
     x = torch.randn(2 * 70, 32, generator=torch.Generator().manual_seed(1))
     engine = RecurrentMetadata(
-        slots=torch.tensor([0, 1]), has_initial_state=torch.tensor([False, False])
+        state_indices=torch.tensor([0, 1]), has_initial_state=torch.tensor([False, False])
     )
     with torch.no_grad(), forward_context(DenseCausalMetadata(2, 70)):
         served = layer(x)
