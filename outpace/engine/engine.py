@@ -526,7 +526,7 @@ class LLMEngine:
         if not batch:
             return []
         try:
-            results = self.runner.execute(batch)
+            results = self.runner.execute(batch, closed=not self.scheduler.waiting)
         except Exception as error:
             if self.lockstep is not None:  # the ranks would part ways: step() stops them all
                 raise

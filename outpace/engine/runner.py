@@ -39,6 +39,11 @@ from outpace.structured import GrammarTable
 _request_id, _num_computed = attrgetter("request_id"), attrgetter("num_computed_tokens")
 
 
+def _remaining(req: Request) -> int:
+    """The most tokens the request may still generate (at least the one its step is for)."""
+    return max(1, req.params.max_tokens - req.num_output_tokens)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -74,6 +79,7 @@ class ModelRunner:
             model.model, max_seqs + 1, max(s.num_nodes for s in shapes), kv_dtype, device
         )
         self.shapes, self.choosers = shapes, choosers or {}
+        self.closed_batch = False  # no request waiting (execute's ``closed``)
         self.decode_step = DecodeStep(
             model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
         )
@@ -171,9 +177,11 @@ class ModelRunner:
             chooser.forget(request_id)
 
     # ---- a step ----------------------------------------------------------------------------------
-    def execute(self, batch: list[ScheduledRequest]) -> StepResults:
+    def execute(self, batch: list[ScheduledRequest], closed: bool = False) -> StepResults:
         """Prefill chunks (a token sampled for each that completes its prompt), then one decode step
-        for the decoding requests."""
+        for the decoding requests. ``closed``: no request is waiting, so the draft shape is chosen for the
+        time until the batch's last token (speculative/adaptive.py)."""
+        self.closed_batch = closed
         decoding = [is_decoding(s.request) for s in batch]
         prefill = [s for s, d in zip(batch, decoding) if not d]
         decode = [s.request for s, d in zip(batch, decoding) if d]
@@ -244,7 +252,12 @@ class ModelRunner:
         kinds = self._kinds_of(reqs, ids)
         bucket = bucket_for(self.graph_buckets, n)
         mode = SamplingMode.of(kinds)
-        shape = self.choosers[mode].choose(bucket or n, ids) if self.choosers else self.shapes[0]
+        remaining = [_remaining(r) for r in reqs] if self.closed_batch else None
+        shape = (
+            self.choosers[mode].choose(bucket or n, ids, remaining)
+            if self.choosers
+            else self.shapes[0]
+        )
         key = StepKey(bucket or n, shape, mode, LogitsFeatures.of(kinds))
         self.req_table.sync_tables(ids)
         if key.features.penalties and not ahead:

@@ -90,6 +90,53 @@ def test_each_request_keeps_its_own_acceptance_and_the_batch_takes_their_mean():
     assert chooser.acceptance(None, "sampled") == chooser.acceptance()
 
 
+def test_a_closed_batch_is_timed_by_its_slowest_request():
+    """With requests waiting the step maximises throughput (the batch's mean tokens per second); with none
+    waiting it minimises the time to the batch's last token. A request that accepts everything and one that
+    accepts nothing, with as many tokens left: throughput drafts for the first, but the batch ends when the
+    second does, which drafts cannot hasten, so the closed batch decodes plainly. Once the second has few
+    tokens left, the first is the slowest and drafting pays again."""
+    shapes = [DraftShape(k) for k in range(4)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k in range(4):
+        chooser.record_cost(2, DraftShape(k), 1.0 + 0.1 * k)
+    for _ in range(300):
+        chooser.observe(DraftShape(3), [3, 0], ["repeats", "sampled"])
+    ids = ["repeats", "sampled"]
+    assert chooser.choose(2, ids) == DraftShape(3)  # throughput: E = 2.5 tokens for 1.3
+    assert chooser.choose(2, ids, remaining=[100, 100]) == DraftShape(0)
+    # "sampled" needs 10 steps whatever the shape; "repeats" 100 plain steps, 25 of depth 3
+    assert chooser.choose(2, ids, remaining=[100, 10]) == DraftShape(3)
+    # a closed batch of one is timed by itself: the same choice as throughput's
+    assert chooser.choose(2, ["repeats"], remaining=[50]) == chooser.choose(2, ["repeats"])
+
+
+def test_adaptive_ngram_never_loses_a_closed_batch_to_plain_decoding():
+    """The engine tells the chooser when nothing is waiting: a closed batch whose requests n-gram drafts help
+    unevenly decodes plainly once the slowest of them gains nothing (the steps it drafts cost more and end no
+    sooner), while a batch with requests waiting keeps the throughput rule. Output stays lossless."""
+    llm = LLM(ZOO, speculative=SpeculativeConfig("ngram"), max_num_seqs=4)
+    plain = LLM(ZOO, max_num_seqs=4)
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    prompts = _prompts(4)
+    seen = []
+    chooser = next(iter(llm.engine.runner.choosers.values()))
+    real = chooser.choose
+
+    def spy(bucket, request_ids=(), remaining=None):
+        shape = real(bucket, request_ids, remaining)
+        seen.append((remaining is not None, shape.num_steps))
+        return shape
+
+    chooser.choose = spy
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(prompts, params)]
+    assert seen and all(closed for closed, _ in seen)  # 4 prompts, 4 rows: nothing ever waits
+    seen.clear()
+    llm.generate(_prompts(8), params)  # 8 prompts, 4 rows: the first steps have requests waiting
+    assert not seen[0][0] and seen[-1][0]
+
+
 def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
     """A tree's accepted path reaches each depth more often than a chain's: each tree shape keeps its own
     acceptance, so a narrow tree that accepts more is chosen over a wide one at the same cost, and a chain
@@ -156,7 +203,7 @@ def test_lossless_while_the_number_of_drafts_changes(temperature, spec):
     llm = LLM(ZOO, max_num_seqs=4, speculative=spec)
     shapes, turn, used = llm.engine.runner.shapes, iter(range(10**6)), set()
     for chooser in llm.engine.choosers.values():
-        chooser.choose = lambda bucket, ids: (
+        chooser.choose = lambda bucket, ids, remaining=None: (
             used.add(shape := shapes[next(turn) % len(shapes)]) or shape
         )
     outs = llm.generate(prompts, params)

@@ -159,7 +159,7 @@ def test_ngram_drafts_are_lossless(variant, adaptive, targets):
     if adaptive:
         shapes, turn = llm.engine.runner.shapes, iter(range(10**6))
         for chooser in llm.engine.choosers.values():
-            chooser.choose = lambda bucket, ids: shapes[next(turn) % len(shapes)]
+            chooser.choose = lambda bucket, ids, remaining=None: shapes[next(turn) % len(shapes)]
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == expected
     if adaptive:  # every draft length was verified

@@ -37,7 +37,7 @@ def test_emitted_tokens_follow_the_target_distribution(method, models):
     if method.endswith("adaptive"):
         shapes, turn = llm.engine.runner.shapes, iter(range(10**6))
         for chooser in llm.engine.choosers.values():
-            chooser.choose = lambda bucket, ids: shapes[next(turn) % len(shapes)]
+            chooser.choose = lambda bucket, ids, remaining=None: shapes[next(turn) % len(shapes)]
     outs = llm.generate([PROMPT] * TRIALS, PARAMS)
     emitted = torch.tensor([o.token_ids for o in outs])  # [TRIALS, LENGTH]
     index = (emitted[:, 0] * VOCAB + emitted[:, 1]) * VOCAB + emitted[:, 2]

@@ -70,7 +70,7 @@ def cycle_shapes(llm: LLM, phase: int) -> None:
     step (the real chooser's pick depends on step timings, which differ from run to run anyway)."""
     shapes, turn = llm.engine.runner.shapes, iter(range(phase, 10**6))
     for chooser in llm.engine.choosers.values():
-        chooser.choose = lambda bucket, ids: shapes[next(turn) % len(shapes)]
+        chooser.choose = lambda bucket, ids, remaining=None: shapes[next(turn) % len(shapes)]
 
 
 @pytest.mark.parametrize("method", list(DRAFTERS))
