@@ -11,59 +11,127 @@ float32 on the projections' float32 accumulators:
   sigmoid(2 z));
 - "relu2": relu(up)^2, no gate (Nemotron-H);
 - with ``limit`` L (Step-3.5's swiglu_limits, vLLM SwigluStepAndMul): act(gate).clamp(max=L) * up.clamp(-L, L).
-Three kernels, every grid fixed by the shapes:
 
-1. ``_align_kernel`` (one program): sorts the n * top_k (token, slot) pairs by expert into blocks of
-   BLOCK_M rows, each expert's pairs padded to a whole number of blocks, so that a block holds one
-   expert's pairs only. The number of blocks depends on the routing, but never exceeds
+Shared experts fused with the routed ones (SGLang's "shared experts fusion", sgl-project/sglang PR 4918,
+``num_fused_shared_experts``; first proposed for vLLM in vllm-project/vllm PR 15502): a shared MLP of
+S * inter rows is S more experts of inter rows (the activation acts per intermediate row, the down
+projection's column blocks sum), chosen by every token with weight 1. They come as a second set of stacks
+(``shared``: views of the shared MLP's own parameters, so nothing is copied); expert ids NUM_ROUTED ..
+NUM_ROUTED + S - 1 name them. A token's (token, slot) pairs are its top_k routed slots and then its S
+shared slots: SLOTS = top_k + S per token, pair p = token * SLOTS + slot.
+
+Four kernels, every grid fixed by the shapes:
+
+1. the block layout (``BlockLayout``), written by ``_align_kernel`` (one program) or by the routing kernel
+   itself (layers/moe_routing_kernel.py: routing and this sort in one launch): the pairs sorted by expert
+   into blocks of BLOCK_M rows, each expert's pairs padded to a whole number of blocks, so that a block
+   holds one expert's pairs only. The number of blocks depends on the routing, but never exceeds
    max_blocks = (pairs + min(experts, pairs) * (BLOCK_M - 1)) // BLOCK_M (each expert in use adds at most
    one partly filled block; vLLM's moe_align_block_size bounds its padded length the same way), so the
    grid is sized for that and the blocks past the routing's last are marked expert -1.
+   BLOCK_M (``block_rows``) is at least the token count up to 64 tokens: a token chooses an expert at
+   most once, so each chosen expert is one block and its weights are read once per step, whatever the
+   batch x verify width; beyond 64 tokens (prefill) 64-row blocks.
 2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N): a block's rows times its expert's gate and up
-   rows (up only when ungated), the activation, into an intermediate row per pair slot.
+   rows (up only when ungated), the activation, into an intermediate row per block row.
 3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N): the intermediate rows times the expert's down
-   weight, times the pair's routing weight, into one float32 row per pair; the top_k rows of a token are
-   then summed in slot order (no atomics: the same inputs give the same bits).
-
-An expert's weights are read once per block, however many of the block's rows use them: at a decode or
-verify batch (a few tokens, each expert in use seen by at most BLOCK_M pairs) a forward reads the weights
-of the experts in use once, which is what its cost is measured against (bench/deepseek_shape.py).
+   weight, times the pair's routing weight (1 for a shared slot), into one float32 row per pair.
+4. ``_combine_kernel``, grid (tokens, hidden / BLOCK_H): each token's SLOTS rows summed in slot order (routed
+   slots, then shared), in x's dtype. No atomics: the same inputs give the same bits.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-_SMALL_BLOCK_M = (
-    16  # rows per block when the experts see few pairs each (decode, verify): tl.dot's minimum
-)
-_LARGE_BLOCK_M = (
-    64  # rows per block for prefill-sized batches: fewer re-reads of each expert's weights
-)
+_SMALL_BLOCK_M = 16  # the fewest rows per block: tl.dot's minimum
+_LARGE_BLOCK_M = 64  # the most: beyond 64 tokens (prefill) an expert's pairs span several blocks
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations (module docstring)
 
 
+def block_rows(tokens: int) -> int:
+    """BLOCK_M for a call over ``tokens`` tokens (module docstring 1.): one block per chosen expert up to
+    64 tokens."""
+    return min(_LARGE_BLOCK_M, max(_SMALL_BLOCK_M, triton.next_power_of_2(tokens)))
+
+
+def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """An upper bound on the blocks the layout fills (module docstring 1.), whatever the routing."""
+    return (pairs + min(num_experts, pairs) * (block_m - 1)) // block_m
+
+
+def sort_chunk(num_experts: int) -> int:
+    """Pairs per step of ``sort_pairs_into_blocks``: [CHUNK, experts] one-hot tiles of about 4096 entries."""
+    return min(128, max(16, 4096 // triton.next_power_of_2(num_experts)))
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """The (token, slot) pairs sorted by expert into blocks (module docstring 1.)."""
+
+    sorted_pairs: (
+        torch.Tensor
+    )  # [blocks * block_m] int32: the pair of each row, ``pairs`` if padding
+    block_expert: torch.Tensor  # [blocks] int32: each block's expert, -1 past the last
+    block_m: int
+
+    @classmethod
+    def empty(cls, tokens: int, slots: int, num_experts: int, device) -> BlockLayout:
+        """Unwritten buffers for ``tokens`` x ``slots`` pairs over ``num_experts`` (routed + shared)."""
+        block_m = block_rows(tokens)
+        blocks = max_blocks(tokens * slots, num_experts, block_m)
+        return cls(
+            torch.empty(blocks * block_m, dtype=torch.int32, device=device),
+            torch.empty(blocks, dtype=torch.int32, device=device),
+            block_m,
+        )
+
+    @property
+    def blocks(self) -> int:
+        return self.block_expert.shape[0]
+
+
 @triton.jit
-def _align_kernel(
-    ids_ptr,  # [pairs] int64: expert of pair p = (token p // top_k, slot p % top_k)
+def _pair_experts(
+    ids_ptr, stride_ids, p, pairs, TOP_K: tl.constexpr, SLOTS: tl.constexpr, NUM_ROUTED
+):
+    """p [CHUNK] pair indices -> their experts [CHUNK] int32: ids[token, slot] for a routed slot,
+    NUM_ROUTED + slot - TOP_K for a shared one, -1 past the last pair."""
+    token = p // SLOTS
+    slot = p % SLOTS
+    routed = tl.load(
+        ids_ptr + token * stride_ids + slot, mask=(p < pairs) & (slot < TOP_K), other=0
+    ).to(tl.int32)
+    expert = tl.where(slot < TOP_K, routed, NUM_ROUTED + slot - TOP_K)
+    return tl.where(p < pairs, expert, -1)
+
+
+@triton.jit
+def sort_pairs_into_blocks(
+    ids_ptr,  # [tokens, >= TOP_K] int: the routed experts of each token (row stride stride_ids)
+    stride_ids,
     sorted_pairs_ptr,  # [max_blocks * BLOCK_M] int32, written: pair per row, pairs if padding
     block_expert_ptr,  # [max_blocks] int32, written: each block's expert, -1 past the last
-    pairs,
+    pairs,  # tokens * SLOTS
     max_blocks,
-    NUM_EXPERTS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    NUM_ROUTED,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # a power of two >= routed + shared experts
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    """One program. Pairs keep their order within an expert (stable), rows past an expert's pairs hold
-    the sentinel ``pairs``."""
+    """The block layout (module docstring 1.), by the one program that calls it. Pairs keep their order
+    within an expert (stable), rows past an expert's pairs hold the sentinel ``pairs``."""
     experts = tl.arange(0, BLOCK_E)
     offs = tl.arange(0, CHUNK)
     counts = tl.zeros([BLOCK_E], tl.int32)
     for start in range(0, pairs, CHUNK):
-        ids = tl.load(ids_ptr + start + offs, mask=start + offs < pairs, other=-1).to(tl.int32)
+        ids = _pair_experts(ids_ptr, stride_ids, start + offs, pairs, TOP_K, SLOTS, NUM_ROUTED)
         counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_E]
     first_block = tl.cumsum(blocks, axis=0) - blocks  # [BLOCK_E] exclusive
@@ -76,17 +144,13 @@ def _align_kernel(
         )
     for start in range(0, max_blocks, CHUNK):
         b = start + offs
-        inside = (b[:, None] >= first_block[None, :]) & (
-            b[:, None] < last_block[None, :]
-        )  # [CHUNK, BLOCK_E]
-        expert = (
-            tl.sum(tl.where(inside, experts[None, :] + 1, 0), axis=1) - 1
-        )  # -1: past the last block
+        inside = (b[:, None] >= first_block[None, :]) & (b[:, None] < last_block[None, :])
+        expert = tl.sum(tl.where(inside, experts[None, :] + 1, 0), axis=1) - 1  # -1: past the last
         tl.store(block_expert_ptr + b, expert, mask=b < max_blocks)
     tl.debug_barrier()  # the padding rows are written before the pairs overwrite theirs
     seen = tl.zeros([BLOCK_E], tl.int32)  # pairs of each expert placed so far
     for start in range(0, pairs, CHUNK):
-        ids = tl.load(ids_ptr + start + offs, mask=start + offs < pairs, other=-1).to(tl.int32)
+        ids = _pair_experts(ids_ptr, stride_ids, start + offs, pairs, TOP_K, SLOTS, NUM_ROUTED)
         hit = (ids[:, None] == experts[None, :]).to(tl.int32)  # [CHUNK, BLOCK_E]
         rank = tl.cumsum(hit, axis=0) - hit + seen[None, :]  # earlier pairs of the same expert
         row = tl.sum(hit * (first_block[None, :] * BLOCK_M + rank), axis=1)  # [CHUNK]
@@ -95,13 +159,79 @@ def _align_kernel(
 
 
 @triton.jit
+def _align_kernel(
+    ids_ptr,
+    stride_ids,
+    sorted_pairs_ptr,
+    block_expert_ptr,
+    pairs,
+    max_blocks,
+    NUM_ROUTED,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """One program: the block layout of routing that did not write it (``sort_pairs_into_blocks``)."""
+    sort_pairs_into_blocks(
+        ids_ptr,
+        stride_ids,
+        sorted_pairs_ptr,
+        block_expert_ptr,
+        pairs,
+        max_blocks,
+        NUM_ROUTED,
+        TOP_K,
+        SLOTS,
+        BLOCK_E,
+        BLOCK_M,
+        CHUNK,
+    )
+
+
+def align(ids: torch.Tensor, num_routed: int, num_shared: int = 0) -> BlockLayout:
+    """ids [tokens, top_k] -> the block layout of its pairs and the ``num_shared`` shared slots."""
+    tokens, top_k = ids.shape
+    experts, slots = num_routed + num_shared, top_k + num_shared
+    layout = BlockLayout.empty(tokens, slots, experts, ids.device)
+    _align_kernel[(1,)](
+        ids,
+        ids.stride(0),
+        layout.sorted_pairs,
+        layout.block_expert,
+        tokens * slots,
+        layout.blocks,
+        num_routed,
+        TOP_K=top_k,
+        SLOTS=slots,
+        BLOCK_E=max(16, triton.next_power_of_2(experts)),
+        BLOCK_M=layout.block_m,
+        CHUNK=sort_chunk(experts),
+    )
+    return layout
+
+
+@triton.jit
 def _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M: tl.constexpr):
-    """The program's block: its expert (-1: no block), its rows' pair slots and pairs, which rows are real."""
+    """The program's block: its expert (-1: no block), its rows, their pairs, which rows are real."""
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
-    slots = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of the block
-    pair = tl.load(sorted_pairs_ptr + slots)
-    return expert, slots, pair, pair < pairs
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of the block
+    pair = tl.load(sorted_pairs_ptr + rows)
+    return expert, rows, pair, pair < pairs
+
+
+@triton.jit
+def _expert_rows(
+    expert, routed_ptr, stride_re, stride_rn, shared_ptr, stride_se, stride_sn, NUM_ROUTED
+):
+    """(the expert's weight base pointer, its row stride): routed experts in the routed stack, expert
+    NUM_ROUTED + s at shared expert s."""
+    e = expert.to(tl.int64)
+    shared = e >= NUM_ROUTED
+    base = tl.where(shared, shared_ptr + (e - NUM_ROUTED) * stride_se, routed_ptr + e * stride_re)
+    return base, tl.where(shared, stride_sn, stride_rn)
 
 
 @triton.jit
@@ -125,13 +255,16 @@ def _activation(gate, up, limit, ACT: tl.constexpr, GATED: tl.constexpr, CLAMP: 
 
 @triton.jit(do_not_specialize=["pairs"])
 def _gate_up_kernel(
-    x_ptr,  # [n, hidden]
-    gate_ptr,  # [experts, inter, hidden] (read only when GATED)
-    up_ptr,  # [experts, inter, hidden]
+    x_ptr,  # [tokens, hidden]
+    gate_ptr,  # [routed, inter, hidden] (read only when GATED)
+    up_ptr,  # [routed, inter, hidden]
+    shared_gate_ptr,  # [shared, inter, hidden] (read only when GATED)
+    shared_up_ptr,  # [shared, inter, hidden]
     act_ptr,  # [max_blocks * BLOCK_M, inter], written for the real rows
     sorted_pairs_ptr,
-    block_expert_ptr,  # from _align_kernel
+    block_expert_ptr,  # the block layout
     pairs,
+    num_routed,
     inter,
     hidden,
     limit,
@@ -140,8 +273,12 @@ def _gate_up_kernel(
     stride_gn,
     stride_ue,
     stride_un,
+    stride_sge,
+    stride_sgn,
+    stride_sue,
+    stride_sun,
     stride_act,
-    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -150,17 +287,27 @@ def _gate_up_kernel(
     GATED: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    expert, slots, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
+    expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
-        token = pair // TOP_K
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(
-            0, BLOCK_N
-        )  # [BLOCK_N] intermediate columns
+        token = pair // SLOTS
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] intermediate rows
         n_ok = offs_n < inter
         offs_k = tl.arange(0, BLOCK_K)
-        e = expert.to(tl.int64)
-        gate_rows = gate_ptr + e * stride_ge + offs_n[:, None] * stride_gn  # [BLOCK_N, 1]
-        up_rows = up_ptr + e * stride_ue + offs_n[:, None] * stride_un
+        gate_base, gate_rs = _expert_rows(
+            expert,
+            gate_ptr,
+            stride_ge,
+            stride_gn,
+            shared_gate_ptr,
+            stride_sge,
+            stride_sgn,
+            num_routed,
+        )
+        up_base, up_rs = _expert_rows(
+            expert, up_ptr, stride_ue, stride_un, shared_up_ptr, stride_sue, stride_sun, num_routed
+        )
+        gate_rows = gate_base + offs_n[:, None] * gate_rs  # [BLOCK_N, 1]
+        up_rows = up_base + offs_n[:, None] * up_rs
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -179,7 +326,7 @@ def _gate_up_kernel(
             up = tl.dot(x, tl.trans(w_up), up, input_precision=PRECISION)
         act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
         tl.store(
-            act_ptr + slots[:, None] * stride_act + offs_n[None, :],
+            act_ptr + rows[:, None] * stride_act + offs_n[None, :],
             act.to(act_ptr.dtype.element_ty),
             mask=row_ok[:, None] & n_ok[None, :],
         )
@@ -188,35 +335,45 @@ def _gate_up_kernel(
 @triton.jit(do_not_specialize=["pairs"])
 def _down_kernel(
     act_ptr,  # [max_blocks * BLOCK_M, inter]
-    w_ptr,  # [experts, hidden, inter]
-    weights_ptr,  # [pairs] float32: the routing weight of each pair
-    out_ptr,  # [pairs, hidden] float32, written
+    w_ptr,  # [routed, hidden, inter]
+    shared_w_ptr,  # [shared, hidden, inter]
+    weights_ptr,  # [tokens, >= TOP_K] float32 routing weights (row stride stride_weights)
+    partial_ptr,  # [pairs, hidden] float32, written
     sorted_pairs_ptr,
     block_expert_ptr,
     pairs,
+    num_routed,
     inter,
     hidden,
     stride_act,
     stride_we,
     stride_wn,
-    stride_out,
+    stride_swe,
+    stride_swn,
+    stride_weights,
+    stride_partial,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    expert, slots, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
+    expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] hidden columns
         n_ok = offs_n < hidden
         offs_k = tl.arange(0, BLOCK_K)
-        w_rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn
+        w_base, w_rs = _expert_rows(
+            expert, w_ptr, stride_we, stride_wn, shared_w_ptr, stride_swe, stride_swn, num_routed
+        )
+        w_rows = w_base + offs_n[:, None] * w_rs  # [BLOCK_N, 1]
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             k = k0 + offs_k
             k_ok = k < inter
             a = tl.load(
-                act_ptr + slots[:, None] * stride_act + k[None, :],
+                act_ptr + rows[:, None] * stride_act + k[None, :],
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
@@ -224,17 +381,36 @@ def _down_kernel(
                 w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
             )  # [BLOCK_N, BLOCK_K]
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
-        weight = tl.load(weights_ptr + pair, mask=row_ok, other=0.0)  # [BLOCK_M]
+        token, slot = pair // SLOTS, pair % SLOTS
+        weight = tl.load(
+            weights_ptr + token * stride_weights + slot, mask=row_ok & (slot < TOP_K), other=1.0
+        ).to(tl.float32)  # [BLOCK_M]: 1 for a shared slot
         tl.store(
-            out_ptr + pair[:, None] * stride_out + offs_n[None, :],
+            partial_ptr + pair[:, None] * stride_partial + offs_n[None, :],
             acc * weight[:, None],
             mask=row_ok[:, None] & n_ok[None, :],
         )
 
 
-def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
-    """An upper bound on the blocks ``_align_kernel`` fills (module docstring), whatever the routing."""
-    return (pairs + min(num_experts, pairs) * (block_m - 1)) // block_m
+@triton.jit
+def _combine_kernel(
+    partial_ptr,  # [tokens * SLOTS, hidden] float32
+    out_ptr,  # [tokens, hidden], written
+    hidden,
+    stride_partial,
+    stride_out,
+    SLOTS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic)."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = offs < hidden
+    rows = partial_ptr + token * SLOTS * stride_partial + offs
+    acc = tl.load(rows, mask=ok, other=0.0)
+    for slot in tl.static_range(1, SLOTS):
+        acc += tl.load(rows + slot * stride_partial, mask=ok, other=0.0)
+    tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def grouped_experts(
@@ -247,12 +423,17 @@ def grouped_experts(
     activation: str = "silu",
     limit: float | None = None,
     block_n: int | None = None,
+    shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
+    layout: BlockLayout | None = None,
 ) -> torch.Tensor:
-    """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] int; gate (None: ungated experts) and up
-    [experts, inter, hidden]; down [experts, hidden, inter] (x's dtype, each with its last dimension
-    contiguous); ``activation`` one of ``ACTIVATIONS``, ``limit`` the optional clamp (module docstring) ->
-    sum over slots j of weights[:, j] times expert ids[:, j] applied to x: [n, hidden] in x's dtype,
-    accumulated in float32 (the intermediate rounded to x's dtype, as the eager experts round it). No host
+    """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] int (each with its last dimension
+    contiguous); gate (None: ungated experts) and up [experts, inter, hidden]; down [experts, hidden,
+    inter] (x's dtype, each with its last dimension contiguous); ``activation`` one of ``ACTIVATIONS``,
+    ``limit`` the optional clamp; ``shared`` the shared experts' (gate, up, down) stacks of the same layout
+    and inter, fused (module docstring); ``layout`` the block layout of ids and the shared slots when the
+    routing kernel wrote it (else ``_align_kernel`` writes it) -> sum over slots j of weights[:, j] times
+    expert ids[:, j] applied to x, plus the shared experts' output: [n, hidden] in x's dtype, accumulated
+    in float32 (the intermediate rounded to x's dtype, as the eager experts round it). No host
     synchronisation."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
@@ -260,39 +441,40 @@ def grouped_experts(
         raise ValueError("the clamp limit applies to gated experts only")
     n, hidden = x.shape
     top_k = ids.shape[1]
-    num_experts, inter = down.shape[0], down.shape[2]
-    assert up.stride(-1) == 1 and down.stride(-1) == 1 and (gate is None or gate.stride(-1) == 1)
-    gate_w = up if gate is None else gate  # (not read when ungated)
-    pairs = n * top_k
-    block_m = _SMALL_BLOCK_M if pairs <= _SMALL_BLOCK_M * num_experts else _LARGE_BLOCK_M
-    blocks = max_blocks(pairs, num_experts, block_m)
+    num_routed, inter = down.shape[0], down.shape[2]
+    shared_gate, shared_up, shared_down = shared or (gate, up, down)
+    num_shared = 0 if shared is None else shared_up.shape[0]
+    if shared is not None and (
+        shared_up.shape[1:] != up.shape[1:] or (shared_gate is None) != (gate is None)
+    ):
+        raise ValueError("shared experts fuse with routed ones of their own shape and gating")
+    for w in (gate, up, down, shared_gate, shared_up, shared_down, ids, weights):
+        assert w is None or w.stride(-1) == 1
+    gate_w, shared_gate_w = (
+        (up, shared_up) if gate is None else (gate, shared_gate)
+    )  # (unread: ungated)
+    slots = top_k + num_shared
+    pairs = n * slots
+    if layout is None:
+        layout = align(ids, num_routed, num_shared)
     x = x if x.stride(-1) == 1 else x.contiguous()
-    sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=x.device)
-    block_expert = torch.empty(blocks, dtype=torch.int32, device=x.device)
-    _align_kernel[(1,)](
-        ids.reshape(-1),
-        sorted_pairs,
-        block_expert,
-        pairs,
-        blocks,
-        NUM_EXPERTS=num_experts,
-        BLOCK_E=max(16, triton.next_power_of_2(num_experts)),
-        BLOCK_M=block_m,
-        CHUNK=128,
-    )
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
     fp32 = x.dtype == torch.float32
+    precision = "ieee" if fp32 else "tf32"
     block_k = 32 if fp32 else 128
-    act = torch.empty(blocks * block_m, inter, dtype=x.dtype, device=x.device)
-    bn_up = block_n or (32 if fp32 or block_m == _SMALL_BLOCK_M else 64)
-    _gate_up_kernel[(blocks, triton.cdiv(inter, bn_up))](
+    block_m = layout.block_m
+    act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    bn_up = block_n or (32 if fp32 or block_m < _LARGE_BLOCK_M else 64)
+    _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
         x,
         gate_w,
         up,
+        shared_gate_w,
+        shared_up,
         act,
-        sorted_pairs,
-        block_expert,
+        layout.sorted_pairs,
+        layout.block_expert,
         pairs,
+        num_routed,
         inter,
         hidden,
         float(limit or 0.0),
@@ -301,8 +483,12 @@ def grouped_experts(
         gate_w.stride(1),
         up.stride(0),
         up.stride(1),
+        shared_gate_w.stride(0),
+        shared_gate_w.stride(1),
+        shared_up.stride(0),
+        shared_up.stride(1),
         act.stride(0),
-        TOP_K=top_k,
+        SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_up,
         BLOCK_K=block_k,
@@ -313,22 +499,29 @@ def grouped_experts(
         num_warps=4,
         num_stages=2 if fp32 else 4,
     )
-    out = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
+    partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     bn_down = block_n or (32 if fp32 else 64)
-    _down_kernel[(blocks, triton.cdiv(hidden, bn_down))](
+    _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
         act,
         down,
-        weights.reshape(-1).float(),
-        out,
-        sorted_pairs,
-        block_expert,
+        shared_down,
+        weights,
+        partial,
+        layout.sorted_pairs,
+        layout.block_expert,
         pairs,
+        num_routed,
         inter,
         hidden,
         act.stride(0),
         down.stride(0),
         down.stride(1),
-        out.stride(0),
+        shared_down.stride(0),
+        shared_down.stride(1),
+        weights.stride(0),
+        partial.stride(0),
+        TOP_K=top_k,
+        SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_down,
         BLOCK_K=block_k,
@@ -336,4 +529,9 @@ def grouped_experts(
         num_warps=4,
         num_stages=2 if fp32 else 4,
     )
-    return out.view(n, top_k, hidden).sum(dim=1).to(x.dtype)
+    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _combine_kernel[(n, triton.cdiv(hidden, block_h))](
+        partial, out, hidden, partial.stride(0), out.stride(0), SLOTS=slots, BLOCK_H=block_h
+    )
+    return out

@@ -25,7 +25,13 @@ from outpace.layers.activation import ACTIVATIONS  # noqa: E402
 from outpace.layers.decoder import GatedMLP, pack_projections  # noqa: E402
 from outpace.layers.linear import project  # noqa: E402
 from outpace.layers.moe import ExpertActivation, MoE, RoutedExperts, Routing, run_experts  # noqa: E402
-from outpace.layers.moe_kernels import _align_kernel, grouped_experts, max_blocks  # noqa: E402
+from outpace.layers.moe_kernels import (  # noqa: E402
+    _align_kernel,
+    align,
+    block_rows,
+    grouped_experts,
+    max_blocks,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -114,12 +120,15 @@ def test_routing_sort_fills_whole_blocks_of_one_expert():
     sorted_pairs = torch.full((blocks * block_m,), -7, dtype=torch.int32, device=DEVICE)
     block_expert = torch.full((blocks,), -7, dtype=torch.int32, device=DEVICE)
     _align_kernel[(1,)](
-        ids.reshape(-1),
+        ids,
+        ids.stride(0),
         sorted_pairs,
         block_expert,
         pairs,
         blocks,
-        NUM_EXPERTS=5,
+        5,
+        TOP_K=2,
+        SLOTS=2,
         BLOCK_E=16,
         BLOCK_M=block_m,
         CHUNK=4,
@@ -134,6 +143,34 @@ def test_routing_sort_fills_whole_blocks_of_one_expert():
         [0, 2, 5, 6],
     ]  # pair = token * top_k + slot, stable within an expert
     assert all(p == pairs for row in rows for p in row[len([q for q in row if q != pairs]) :])
+
+
+def test_shared_slots_are_experts_every_token_chooses():
+    """With 2 shared experts each token has 4 slots: its 2 routed ones, then experts 5 and 6."""
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3]], device=DEVICE)
+    layout = align(ids, num_routed=5, num_shared=2)
+    assert layout.block_m == 16
+    experts = layout.block_expert.tolist()
+    assert experts[:5] == [0, 1, 3, 5, 6] and set(experts[5:]) <= {-1}
+    rows = layout.sorted_pairs.view(layout.blocks, 16)[:5].tolist()
+    real = [[p for p in row if p != 12] for row in rows]
+    assert real == [[1, 8], [5], [0, 4, 9], [2, 6, 10], [3, 7, 11]]  # pair = token * 4 + slot
+
+
+@pytest.mark.parametrize(
+    "tokens, block_m", [(1, 16), (16, 16), (17, 32), (33, 64), (64, 64), (65, 64)]
+)
+def test_one_block_per_chosen_expert_up_to_64_tokens(tokens, block_m):
+    """BLOCK_M covers every token up to 64: an expert's weights are read once per call."""
+    assert block_rows(tokens) == block_m
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(8, generator=g)[:3] for _ in range(tokens)]).to(DEVICE)
+    layout = align(ids, num_routed=8, num_shared=1)
+    used = [e for e in layout.block_expert.tolist() if e >= 0]
+    if tokens <= 64:
+        assert sorted(used) == sorted(set(used)) == sorted({*ids.flatten().tolist(), 8})
+    else:
+        assert len(used) > len(set(used))  # beyond 64 tokens an expert spans several blocks
 
 
 def test_stacked_weights_are_views_of_the_expert_parameters():
