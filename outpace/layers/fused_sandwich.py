@@ -3,6 +3,13 @@ the fused projection kernels (layers/fused_projection.py: norms with a (1 + w) s
 v norm, GELU-tanh gating, the sandwich norms folded into the projections) around the attention kernel,
 for any attention with q/k/v packed (layers/decoder.py ``pack_projections``). Chosen as
 layers/fused_decoder.py chooses the Llama layer's path: ``sandwich_fuses``, then ``sandwich_layer_fused``.
+
+A sandwich norm needs its input's whole row (o_proj's or down's output), which no program of the
+projection computing it has. Rather than a row kernel after each (the add, the norm), the stream stays
+split between fused layers (layers/fused_projection.py ``SplitRows``: base + c * delta, c the norm's
+row scale), and the kernels that read it finish it: so a layer is four projection kernels, as a Llama
+layer, and a stack of fused layers adds one row kernel in front (``normed_rows``) and one behind
+(``stream_tensor``).
 """
 
 from __future__ import annotations
@@ -59,26 +66,47 @@ def attend_fused_qkv(
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions)
 
 
+def stream_tensor(stream) -> torch.Tensor:
+    """A residual stream as a tensor [n, hidden]: itself, or a fused layer's split output added up."""
+    return stream if isinstance(stream, torch.Tensor) else projection_kernels().stream_of(stream)
+
+
+def stream_rows(stream) -> torch.Tensor:
+    """A tensor of the stream's shape and dtype [n, hidden] (what ``sandwich_fuses`` decides on)."""
+    return stream if isinstance(stream, torch.Tensor) else stream.base
+
+
+def _post_norm(norm: nn.Module) -> tuple[torch.Tensor, float, float]:
+    """A sandwich norm as ``project_sandwich`` takes it: (weight, eps, offset)."""
+    return norm.weight, norm.eps, norm_offset(norm)
+
+
 def fused_sandwich_rest(
     attn: torch.Tensor,
-    stream: torch.Tensor,
+    stream,
     o_proj: nn.Linear,
     norms: tuple[nn.Module, ...],
     mlp: GatedMLP,
     scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+    next_norm: nn.Module | None = None,
+):
     """The rest of a "sandwich" layer after attention (Gemma: a norm before and after attention and the
-    MLP), fused: attn [n, heads * head_dim], stream [n, hidden]; norms (post-attention, pre-MLP,
-    post-MLP) -> stream + post(o) = mid, then mid + post_mlp(mlp(pre_mlp(mid))), times ``scale`` [1] when
-    given (Gemma 4's layer_scalar): [n, hidden]. Two projection kernels that also prepare the norm after
-    them, two row kernels that add the normed output to the stream, and the gate/up kernel."""
+    MLP), fused: attn [n, heads * head_dim], stream: the layer's input stream ([n, hidden], or a
+    ``SplitRows``); norms (post-attention, pre-MLP, post-MLP) -> stream + post(o) = mid, then
+    mid + post_mlp(mlp(pre_mlp(mid))), times ``scale`` [1] when given (Gemma 4's layer_scalar), as a
+    ``SplitRows`` made ready for ``next_norm`` when given. Three projection kernels: o_proj and down
+    leave the sandwich norm after them to their readers (``project_sandwich``), gate/up finishes
+    pre_mlp's input."""
     kernels = projection_kernels()
     post_attn, pre_mlp, post_mlp = norms
-    o = kernels.project_normed(attn, o_proj.weight, post_attn.weight, norm_offset(post_attn))
-    mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
+    mid = kernels.project_sandwich(
+        attn, o_proj.weight, stream, _post_norm(post_attn), (pre_mlp.weight, norm_offset(pre_mlp))
+    )
     act = kernels.norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
-    down = kernels.project_normed(act, mlp.down_proj.weight, post_mlp.weight, norm_offset(post_mlp))
-    return kernels.add_normed(down, post_mlp.eps, mid.stream, scale=scale)
+    after = None if next_norm is None else (next_norm.weight, norm_offset(next_norm))
+    return kernels.project_sandwich(
+        act, mlp.down_proj.weight, mid, _post_norm(post_mlp), after, scale
+    )
 
 
 def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
@@ -89,19 +117,30 @@ def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
 def sandwich_layer_fused(
     layer: nn.Module,
     positions: torch.Tensor,
-    h: torch.Tensor,
+    stream,
     v_norm: bool = False,
     scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+    next_norm: nn.Module | None = None,
+):
     """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
-    ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) over h [n, hidden] on the
-    fused path (``sandwich_fuses``) -> its output [n, hidden] (times ``scale`` when given)."""
+    ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) on the fused path
+    (``sandwich_fuses``): stream, its input [n, hidden] or the previous fused layer's output made ready
+    for this layer's input norm (``SplitRows``) -> its output (times ``scale`` when given): a
+    ``SplitRows`` made ready for ``next_norm`` (the next layer's input norm) when given, else [n, hidden].
+    Four projection kernels around attention, as a Llama layer; a tensor input adds a row kernel in
+    front (``normed_rows``), a tensor output one behind (``stream_of``)."""
+    kernels = projection_kernels()
     norm = layer.input_layernorm
-    rows = projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
+    rows = stream
+    if isinstance(stream, torch.Tensor):
+        rows = kernels.normed_rows(stream, norm.weight, norm_offset(norm))
     attn = attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
     norms = (
         layer.post_attention_layernorm,
         layer.pre_feedforward_layernorm,
         layer.post_feedforward_layernorm,
     )
-    return fused_sandwich_rest(attn, h, layer.self_attn.o_proj, norms, layer.mlp, scale)
+    out = fused_sandwich_rest(
+        attn, stream, layer.self_attn.o_proj, norms, layer.mlp, scale, next_norm
+    )
+    return out if next_norm is not None else kernels.stream_of(out)

@@ -41,7 +41,12 @@ from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
-from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
+from outpace.layers.fused_sandwich import (
+    sandwich_fuses,
+    sandwich_layer_fused,
+    stream_rows,
+    stream_tensor,
+)
 from outpace.layers.linear import linear
 from outpace.layers.moe import ExpertActivation, RoutedExperts
 from outpace.layers.norm import Float32RMSNorm
@@ -331,19 +336,24 @@ class Gemma4DecoderLayer(nn.Module):
         h: torch.Tensor,
         per_layer_input: torch.Tensor | None,
         shared: SharedKV,
-    ) -> torch.Tensor:
-        """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
-        output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
-        shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that
-        no other layer reads, and no MoE block."""
-        if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
+        next_norm: nn.Module | None = None,
+    ):
+        """h [num_tokens, hidden] (or a fused layer's split output: layers/fused_sandwich.py);
+        per_layer_input [num_tokens, per_layer_size] or None -> the layer's output [num_tokens, hidden]
+        (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the shared fused kernels
+        (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that no other layer
+        reads, and no MoE block; without a per-layer input its output then stays split, made ready for
+        ``next_norm`` (the next layer's input norm) when given."""
+        fuses = not (self.has_moe or self.lends_kv)
+        if fuses and sandwich_fuses(self.self_attn, self.mlp, stream_rows(h)):
             if per_layer_input is None:
                 return sandwich_layer_fused(
-                    self, positions, h, v_norm=True, scale=self.layer_scalar
+                    self, positions, h, v_norm=True, scale=self.layer_scalar, next_norm=next_norm
                 )
             return self.per_layer_branch(
                 sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
             )
+        h = stream_tensor(h)
         h = h + self.post_attention_layernorm(
             self.self_attn(positions, self.input_layernorm(h), shared)
         )
@@ -430,12 +440,14 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
         h = self.embed(input_ids)  # [num_tokens, hidden]
         per_layer = self.model.per_layer_inputs(input_ids, h) if self.model.per_layer_size else None
-        captured, shared = {}, {}
-        for i, layer in enumerate(self.model.layers):
+        captured, shared, layers = {}, {}, self.model.layers
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [None]
+        for i, (layer, next_norm) in enumerate(zip(layers, next_norms)):
             if i in self.aux_layer_ids:
-                captured[i] = h
-            h = layer(positions, h, None if per_layer is None else per_layer[:, i], shared)
-        return self._model_output(h, captured)
+                captured[i] = stream_tensor(h)
+            per_layer_input = None if per_layer is None else per_layer[:, i]
+            h = layer(positions, h, per_layer_input, shared, next_norm)
+        return self._model_output(stream_tensor(h), captured)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
