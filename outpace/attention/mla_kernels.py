@@ -40,6 +40,7 @@ from outpace.layers.sm_count import num_sms
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64
+_BLOCK_T = 16  # tokens a merge program takes (a dot's rows, with W_UV)
 
 
 @triton.jit
@@ -87,13 +88,13 @@ def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr):
     ]
 )
 def _mla_kernel(
-    q_latent_ptr,  # [num_tokens, heads, R]
+    q_latent_ptr,  # [Q_PARTS, num_tokens, heads, R]: the query latent is the sum of the parts
     q_rope_ptr,  # [num_tokens, heads, P]
     cache_ptr,  # [num_blocks * block_size (flat slots), R + P]
-    out_ptr,  # [num_tokens, heads, R]; written unless SPLIT_KV
-    part_acc_ptr,  # [num_splits, num_tokens, heads, R] float32 (SPLIT_KV)
+    out_ptr,  # [num_tokens, heads, R]; written unless PARTIALS
+    part_acc_ptr,  # [num_splits, num_tokens, heads, R] float32 (PARTIALS)
     part_max_ptr,
-    part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
+    part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (PARTIALS)
     token_table_ptr,  # [num_seqs, max_query_len] int32
     block_tables_ptr,  # [num_seqs, max_blocks] int64
     seq_lens_ptr,
@@ -102,6 +103,7 @@ def _mla_kernel(
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
     window,
+    stride_qlpart,
     stride_qlt,
     stride_qlh,
     stride_qrt,
@@ -122,12 +124,15 @@ def _mla_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT_KV: tl.constexpr,
+    Q_PARTS: tl.constexpr,
+    PARTIALS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    tile = tl.program_id(1)
+    tile = tl.program_id(
+        0
+    )  # a sequence's row tiles in consecutive programs: they read the same KV rows
+    seq = tl.program_id(1)
     split = tl.program_id(2)
     kv_end, prefix, seq_len, query_len = _tile_kv_end(
         seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M
@@ -144,14 +149,12 @@ def _mla_kernel(
         r_ok = offs_r < R
         offs_p = tl.arange(0, BLOCK_P)
         p_ok = offs_p < P
-        q_lat = tl.load(
-            q_latent_ptr
-            + token[:, None] * stride_qlt
-            + head[:, None] * stride_qlh
-            + offs_r[None, :],
-            mask=row_ok[:, None] & r_ok[None, :],
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_R]
+        q_offs = token[:, None] * stride_qlt + head[:, None] * stride_qlh + offs_r[None, :]
+        q_ok = row_ok[:, None] & r_ok[None, :]
+        q_lat = tl.load(q_latent_ptr + q_offs, mask=q_ok, other=0.0).to(tl.float32)
+        for part in range(1, Q_PARTS):
+            q_lat += tl.load(q_latent_ptr + part * stride_qlpart + q_offs, mask=q_ok, other=0.0)
+        q_lat = q_lat.to(q_latent_ptr.dtype.element_ty)  # [BLOCK_M, BLOCK_R]
         q_pe = tl.load(
             q_rope_ptr + token[:, None] * stride_qrt + head[:, None] * stride_qrh + offs_p[None, :],
             mask=row_ok[:, None] & p_ok[None, :],
@@ -197,7 +200,7 @@ def _mla_kernel(
             s = tl.where(visible, s, float("-inf"))
             m_i, l_i, acc = _softmax_step(s, latent, m_i, l_i, acc, PRECISION)
         out_ok = row_ok[:, None] & r_ok[None, :]
-        if SPLIT_KV:
+        if PARTIALS:
             part = (split * num_tokens + token) * HEADS + head  # [BLOCK_M]
             tl.store(part_max_ptr + part, m_i, mask=row_ok)
             tl.store(part_sum_ptr + part, l_i, mask=row_ok)
@@ -216,7 +219,8 @@ def _combine_kernel(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,  # as _mla_kernel's
-    out_ptr,  # [num_tokens, heads, R]
+    up_ptr,  # UP: [heads, OUT, R] with unit stride along R (W_UV), else unused
+    out_ptr,  # [num_tokens, heads, OUT]: OUT = R, or the up projection's rows (UP)
     seq_index_ptr,
     query_index_ptr,  # [num_tokens] int64
     seq_lens_ptr,
@@ -224,48 +228,93 @@ def _combine_kernel(
     num_tokens,
     num_splits,
     window,
+    stride_up_head,
+    stride_up_row,
     stride_ot,
     stride_oh,
     HEADS: tl.constexpr,
     R: tl.constexpr,
+    OUT: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    UP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """Program (token, head): merges, in split order, the partials of the splits that ran for the row's
-    tile (the split geometry recomputed from the metadata) and normalises."""
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.load(seq_index_ptr + token)
-    tile = (tl.load(query_index_ptr + token).to(tl.int32) * HEADS + head) // BLOCK_M
+    """Program (head, output chunk, block of BLOCK_T tokens): merges, in split order, the partials of the
+    splits that ran for each row's tile (the split geometry recomputed from the metadata) and normalises.
+    Without UP the chunk is CHUNK columns of the attended latent; with UP it is CHUNK rows of the head's
+    up projection (W_UV: out = attended @ up[head].T), applied to the merged latent [BLOCK_T, R]."""
+    head = tl.program_id(0)
+    chunk = tl.program_id(1)
+    tokens = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    t_ok = tokens < num_tokens
+    seq = tl.load(seq_index_ptr + tokens, mask=t_ok, other=0)
+    q_index = tl.load(query_index_ptr + tokens, mask=t_ok, other=0).to(tl.int32)
     kv_end, _, _, _ = _tile_kv_end(
-        seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M
-    )
-    offs_r = tl.arange(0, BLOCK_R)
-    r_ok = offs_r < R
-    part = token * HEADS + head
-    m = tl.load(part_max_ptr + part)
-    l = tl.load(part_sum_ptr + part)
-    acc = tl.load(part_acc_ptr + part * R + offs_r, mask=r_ok, other=0.0)  # [BLOCK_R]
+        seq_lens_ptr,
+        query_lens_ptr,
+        seq,
+        (q_index * HEADS + head) // BLOCK_M,
+        HEADS,
+        window,
+        HAS_MASK,
+        BLOCK_M,
+    )  # [BLOCK_T]
+    if UP:
+        cols = tl.arange(0, BLOCK_R)  # the whole latent
+    else:
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    col_ok = cols < R
+    part = tokens * HEADS + head  # [BLOCK_T]
+    m = tl.load(part_max_ptr + part, mask=t_ok, other=-1.0e30)[:, None]  # [BLOCK_T, 1]
+    l = tl.load(part_sum_ptr + part, mask=t_ok, other=0.0)[:, None]
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * R + cols[None, :],
+        mask=t_ok[:, None] & col_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_T, BLOCK_R or CHUNK]
     for j in range(1, num_splits):
         lo, hi = _split_range(kv_end, j, num_splits, BLOCK_N)
-        if lo < hi:
-            pj = j * num_tokens * HEADS + part
-            m, l, acc = _merge_partials(
-                m,
-                l,
-                acc,
-                tl.load(part_max_ptr + pj),
-                tl.load(part_sum_ptr + pj),
-                tl.load(part_acc_ptr + pj * R + offs_r, mask=r_ok, other=0.0),
-            )
-    out = acc / tl.where(l > 0, l, 1.0)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + offs_r,
-        out.to(out_ptr.dtype.element_ty),
-        mask=r_ok,
-    )
+        ran = t_ok & (lo < hi)  # a split that did not run left its partials unwritten: neutral ones
+        pj = j * num_tokens * HEADS + part
+        m, l, acc = _merge_partials(
+            m,
+            l,
+            acc,
+            tl.load(part_max_ptr + pj, mask=ran, other=-1.0e30)[:, None],
+            tl.load(part_sum_ptr + pj, mask=ran, other=0.0)[:, None],
+            tl.load(
+                part_acc_ptr + pj[:, None] * R + cols[None, :],
+                mask=ran[:, None] & col_ok[None, :],
+                other=0.0,
+            ),
+        )
+    attended = acc / tl.where(l > 0, l, 1.0)
+    out_base = out_ptr + tokens[:, None] * stride_ot + head * stride_oh
+    if UP:
+        rows = chunk * CHUNK + tl.arange(0, CHUNK)
+        rows_ok = rows < OUT
+        w = tl.load(
+            up_ptr + head * stride_up_head + rows[None, :] * stride_up_row + cols[:, None],
+            mask=col_ok[:, None] & rows_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_R, CHUNK]: up[head, rows].T
+        out = tl.dot(attended.to(w.dtype), w, input_precision=PRECISION)  # [BLOCK_T, CHUNK]
+        tl.store(
+            out_base + rows[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=t_ok[:, None] & rows_ok[None, :],
+        )
+    else:
+        tl.store(
+            out_base + cols[None, :],
+            attended.to(out_ptr.dtype.element_ty),
+            mask=t_ok[:, None] & col_ok[None, :],
+        )
 
 
 def mla_paged_attention(
@@ -280,17 +329,46 @@ def mla_paged_attention(
     the latent cache ``cache_rows`` [num_blocks, block_size, 1, R + P] (contiguous, the new tokens' rows
     already written) -> the attended latents [num_tokens, heads, R] in q_latent's dtype, under the
     metadata's causal or tree mask. ``num_splits`` overrides the split-KV heuristic (tests)."""
-    num_tokens, heads, rank = q_latent.shape
-    rope = q_rope.shape[2]
-    q_latent = q_latent if q_latent.stride(-1) == 1 else q_latent.contiguous()
+    return _attend(q_latent.unsqueeze(0), q_rope, cache_rows, meta, scale, None, num_splits)
+
+
+def mla_attention_up(
+    q_latent_parts: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache_rows: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    up: torch.Tensor,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """``mla_paged_attention`` for a query latent given as the sum of parts [parts, num_tokens, heads, R]
+    (layers/mla_fused.py: partial products of the absorption), each head's attended latent then taken
+    through its up projection ``up`` [heads, OUT, R] (W_UV, unit stride along R) -> [num_tokens, heads,
+    OUT]. Two launches at any split count: the attention writes partials, the merge applies ``up``."""
+    return _attend(q_latent_parts, q_rope, cache_rows, meta, scale, up, num_splits)
+
+
+def _attend(
+    q_parts: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache_rows: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    up: torch.Tensor | None,
+    num_splits: int | None,
+) -> torch.Tensor:
+    q_parts = q_parts if q_parts.stride(-1) == 1 else q_parts.contiguous()
     q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
-    fp32 = max(q_latent.element_size(), cache_rows.element_size()) >= 4
+    num_parts, num_tokens, heads, rank = q_parts.shape
+    rope = q_rope.shape[2]
+    device = q_parts.device
+    fp32 = max(q_parts.element_size(), cache_rows.element_size()) >= 4
     block_m = 16 if fp32 or meta.max_query_len * heads <= 16 else 32
     block_n = 16 if fp32 else 32
     tiles = math.ceil(meta.max_query_len * heads / block_m)
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
     if num_splits is None:
-        programs, target = meta.num_seqs * tiles, _PROGRAMS_PER_SM * num_sms(q_latent.device)
+        programs, target = meta.num_seqs * tiles, _PROGRAMS_PER_SM * num_sms(device)
         num_splits = (
             1
             if programs >= target
@@ -298,17 +376,15 @@ def mla_paged_attention(
                 1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS)
             )
         )
-    out = torch.empty(num_tokens, heads, rank, dtype=q_latent.dtype, device=q_latent.device)
-    if num_splits > 1:
+    out_width = rank if up is None else up.shape[1]
+    out = torch.empty(num_tokens, heads, out_width, dtype=q_parts.dtype, device=device)
+    partials = num_splits > 1 or up is not None
+    if partials:
         part_acc = torch.empty(
-            num_splits, num_tokens, heads, rank, dtype=torch.float32, device=out.device
+            num_splits, num_tokens, heads, rank, dtype=torch.float32, device=device
         )
-        part_max = torch.empty(
-            num_splits, num_tokens, heads, dtype=torch.float32, device=out.device
-        )
-        part_sum = torch.empty(
-            num_splits, num_tokens, heads, dtype=torch.float32, device=out.device
-        )
+        part_max = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device)
+        part_sum = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device)
     else:  # unused by the kernel
         part_acc = part_max = part_sum = out
     mask = meta.custom_mask
@@ -319,8 +395,9 @@ def mla_paged_attention(
         window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
-    _mla_kernel[(meta.num_seqs, tiles, num_splits)](
-        q_latent,
+    block_r = max(16, triton.next_power_of_2(rank))
+    _mla_kernel[(tiles, meta.num_seqs, num_splits)](
+        q_parts,
         q_rope,
         flat_cache,
         out,
@@ -335,8 +412,9 @@ def mla_paged_attention(
         scale * _LOG2E,
         num_tokens,
         window,
-        q_latent.stride(0),
-        q_latent.stride(1),
+        q_parts.stride(0),
+        q_parts.stride(1),
+        q_parts.stride(2),
         q_rope.stride(0),
         q_rope.stride(1),
         out.stride(0),
@@ -349,22 +427,31 @@ def mla_paged_attention(
         HEADS=heads,
         R=rank,
         P=rope,
-        BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        BLOCK_R=block_r,
         BLOCK_P=max(16, triton.next_power_of_2(rope)),
         BLOCK_SIZE=meta.block_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        SPLIT_KV=num_splits > 1,
+        Q_PARTS=num_parts,
+        PARTIALS=partials,
         HAS_MASK=mask is not None,
         PRECISION="ieee" if fp32 else "tf32",
         num_warps=8 if block_m > 16 else 4,
         num_stages=2,
     )
-    if num_splits > 1:
-        _combine_kernel[(num_tokens, heads)](
+    if partials:
+        if up is None:
+            chunk = min(block_r, 128)
+        else:  # about one program an SM over the heads' up projections
+            chunk = min(
+                max(16, triton.next_power_of_2(out_width)),
+                max(32, triton.next_power_of_2(math.ceil(out_width * heads / num_sms(device)))),
+            )
+        _combine_kernel[(heads, math.ceil(out_width / chunk), math.ceil(num_tokens / _BLOCK_T))](
             part_acc,
             part_max,
             part_sum,
+            out if up is None else up,
             out,
             meta.token_seq_index,
             meta.token_query_index,
@@ -373,13 +460,20 @@ def mla_paged_attention(
             num_tokens,
             num_splits,
             window,
+            0 if up is None else up.stride(0),
+            0 if up is None else up.stride(1),
             out.stride(0),
             out.stride(1),
             HEADS=heads,
             R=rank,
-            BLOCK_R=triton.next_power_of_2(rank),
+            OUT=out_width,
+            BLOCK_R=block_r,
+            CHUNK=chunk,
+            BLOCK_T=_BLOCK_T,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             HAS_MASK=mask is not None,
+            UP=up is not None,
+            PRECISION="ieee" if fp32 else "tf32",
         )
     return out

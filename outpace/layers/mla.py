@@ -22,7 +22,9 @@ expands when its longest query run reaches that (``expand_min_query_len``).
 The absorbed form attends in the kernel of attention/mla_kernels.py when the forward context's backend is
 Triton (CUDA by default; no host synchronisation, so decode and verify forwards are captured in CUDA graphs),
 else with the torch backend's paged helpers (block gather, masks for causal and tree verify); the expanded
-form always with the latter.
+form always with the latter. Few half-precision rows on the GPU under the Triton backend (decode, verify)
+take the fused path of layers/mla_fused.py instead (``fuses``): the whole block in five launches, the
+eager modules staying the CPU path and the reference.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetada
 from outpace.attention.torch_backend import attend_paged, gather_blocks
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import split_evenly
-from outpace.layers.linear import column_parallel, linear, row_parallel
+from outpace.layers.fused_decoder import fusable_rows
+from outpace.layers.linear import column_parallel, is_sharded, linear, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 
@@ -125,6 +128,10 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             raise TypeError(
                 f"multi-head latent attention needs paged or dense causal metadata, not {type(meta)}"
             )
+        if self.fuses(x):
+            from outpace.layers.mla_fused import mla_forward_fused  # Triton: a GPU dependency
+
+            return mla_forward_fused(self, positions, x, meta)
         q = (
             self.q_proj(x)
             if s.q_lora_rank is None
@@ -154,7 +161,24 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             out = self._absorbed(q_nope, q_pe, meta)
         return self.o_proj(out.reshape(n, -1))  # out [n, heads, v_head_dim]
 
-    def _up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether layers/mla_fused.py computes this forward over x [num_tokens, hidden]: few rows of half
+        precision on the GPU (``fusable_rows``: not in batch-invariant mode), the absorbed form under the
+        Triton backend over a contiguous cache, and whole (unsharded) weights without biases."""
+        ctx = get_forward_context()
+        meta = ctx.metadata
+        return (
+            isinstance(meta, PagedAttentionMetadata)
+            and meta.max_query_len < self.expand_min_query_len
+            and ctx.backend.name == "triton"
+            and not self.shape.bias
+            and not is_sharded(self.o_proj)
+            and self.cache_rows is not None
+            and self.cache_rows.is_contiguous()
+            and fusable_rows(x, self.kv_a_proj_with_mqa.weight)
+        )
+
+    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight split per head: W_UK [heads, nope, r] and W_UV [heads, v, r]."""
         s = self.shape
         w = self.kv_b_proj.weight.view(
@@ -167,7 +191,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
     ) -> torch.Tensor:
         """q_nope [n, heads, nope], q_pe [n, heads, rope], the new tokens' rows already cached -> [n, heads,
         v_head_dim], attending in latent space: the Triton kernel under the Triton backend, else torch."""
-        w_uk, w_uv = self._up_weights()
+        w_uk, w_uv = self.up_weights()
         q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # [n, heads, r]
         if get_forward_context().backend.name == "triton":
             from outpace.attention.mla_kernels import (

@@ -1,0 +1,476 @@
+"""Multi-head latent attention's few-row path (decode and verify on the GPU; layers/mla.py chooses it): one
+attention block in five launches, where the eager chain takes about twenty.
+
+1. ``_down_kernel``: both down projections of the (already normalised) input x in one grid, q_a_proj's
+   outputs and kv_a_proj_with_mqa's side by side (both stream their weights against the same rows). The
+   q part leaves q_a * w (w: q_a_layernorm's weight) and each program's sums of q_a^2, so that the next
+   kernel applies the norm as rstd * ((q_a * w) @ W.T) (layers/fused_projection.py's NormedRows idea);
+   the kv part leaves its raw float32 rows [latent | k_pe]. Without a q_lora_rank only the kv part runs.
+2. ``_q_absorb_kernel``: per head, the q_nope rows of q_b_proj (or q_proj) times the head's W_UK: the query
+   latent W_UK^T q_nope, in ``q_parts`` partial products over slices of the nope dimension (the
+   attention kernel sums them: enough programs for few heads without an atomic or another launch); the
+   head's q_pe rows, rotated; and one program that finishes the kv rows (kv_a_layernorm on the latent,
+   RoPE on k_pe) and writes them into the latent cache at the tokens' slots.
+3-4. attention/mla_kernels.py ``mla_attention_up``: attention over the latent cache (split-KV partials),
+   then the merge of the splits with each head's W_UV applied to its attended latent.
+5. o_proj (layers/linear.py: the few-row projection kernel on CUDA).
+
+RoPE pairs dimensions (2i, 2i + 1) in DeepSeek's interleaved layout and (i, i + P/2) otherwise; either way
+the rotated pair lands at (i, i + P/2), the layout RotaryEmbedding gives (layers/rotary.py). Roundings
+differ from the eager chain (the projections' outputs stay in float32 up to where the eager chain would
+have rounded a result it then multiplies), so, like the other fused paths, it never serves batch-invariant
+mode. With TRITON_INTERPRET=1 the kernels run on CPU tensors in float32 (tests).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.attention.mla_kernels import mla_attention_up
+from outpace.layers.skinny_gemm import MAX_ROWS
+from outpace.layers.sm_count import num_sms
+
+if TYPE_CHECKING:
+    from outpace.layers.mla import MultiHeadLatentAttention
+
+_DOWN_OUTS = (
+    16  # outputs a program of the down projections: 132 programs at DeepSeek-V3's 1536 + 576
+)
+_TILE_ELEMENTS = 8192  # a weight tile's elements (16 KB of bf16) a pipeline stage
+MAX_Q_PARTS = 2  # the attention kernel re-reads every part: a few heads' programs, not more
+
+
+@triton.jit
+def _rows_dot(
+    x_ptr,
+    stride_xm,
+    rows,
+    row_ok,  # [BM]
+    w_ptr,
+    w_rows,
+    w_ok,  # [BN]: the weight rows this tile computes
+    stride_wn,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """x[rows] @ w[w_rows].T over K columns -> [BM, BN] float32 (masked rows and weight rows give 0)."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    ks = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        kk = k0 + ks
+        k_ok = kk < K
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + kk[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [BM, BK]
+        w = tl.load(
+            w_ptr + w_rows[:, None] * stride_wn + kk[None, :],
+            mask=w_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [BN, BK]
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _rope_pairs(pairs, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The two source columns of rotation pair ``pairs`` in a raw rope part (module docstring)."""
+    if INTERLEAVED:
+        return 2 * pairs, 2 * pairs + 1
+    return pairs, pairs + HALF
+
+
+@triton.jit
+def _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, HALF: tl.constexpr):
+    """Rotation pairs (a, b) [BM, BLOCK_HP] of rows at positions pos_ptr[rows] by the cos, sin tables
+    [max_positions, HALF] float32 (layers/rotary.py's formula)."""
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    trig = pos[:, None] * HALF + pairs[None, :]
+    ok = row_ok[:, None] & pair_ok[None, :]
+    cos = tl.load(cos_ptr + trig, mask=ok, other=1.0)
+    sin = tl.load(sin_ptr + trig, mask=ok, other=0.0)
+    return a * cos - b * sin, b * cos + a * sin
+
+
+@triton.jit
+def _down_kernel(
+    x_ptr,  # [M, K]: the normalised layer input
+    wq_ptr,  # [QR, K] q_a_proj
+    wkv_ptr,  # [KV, K] kv_a_proj_with_mqa, KV = R + P
+    q_norm_ptr,  # [QR] q_a_layernorm's weight
+    q_normed_ptr,  # [M, QR] out: q_a * q_norm
+    q_sq_ptr,  # [q_programs, M] float32 out: each q program's sums of q_a^2
+    kv_raw_ptr,  # [M, KV] float32 out
+    M,
+    K,
+    QR,
+    KV,
+    q_programs,
+    stride_xm,
+    stride_wq,
+    stride_wkv,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Programs 0 .. q_programs - 1: BN outputs of q_a each; the rest: BN outputs of kv_a each."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BM)
+    row_ok = rows < M
+    if pid < q_programs:
+        cols = pid * BN + tl.arange(0, BN)
+        ok = cols < QR
+        acc = _rows_dot(
+            x_ptr, stride_xm, rows, row_ok, wq_ptr, cols, ok, stride_wq, K, BM, BN, BK, PRECISION
+        )  # [BM, BN]; 0 in masked columns
+        w = tl.load(q_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(
+            q_normed_ptr + rows[:, None] * QR + cols[None, :],
+            (acc * w[None, :]).to(q_normed_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & ok[None, :],
+        )
+        tl.store(q_sq_ptr + pid * M + rows, tl.sum(acc * acc, axis=1), mask=row_ok)
+    else:
+        cols = (pid - q_programs) * BN + tl.arange(0, BN)
+        ok = cols < KV
+        acc = _rows_dot(
+            x_ptr, stride_xm, rows, row_ok, wkv_ptr, cols, ok, stride_wkv, K, BM, BN, BK, PRECISION
+        )
+        tl.store(
+            kv_raw_ptr + rows[:, None] * KV + cols[None, :],
+            acc,
+            mask=row_ok[:, None] & ok[None, :],
+        )
+
+
+@triton.jit
+def _write_kv_rows(
+    kv_raw_ptr,  # [M, R + P] float32
+    kv_norm_ptr,  # [R] kv_a_layernorm's weight
+    cache_ptr,  # [slots, R + P]
+    slot_ptr,  # [M]
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    rows,
+    row_ok,
+    kv_eps,
+    stride_cache_slot,
+    R: tl.constexpr,
+    P: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_HP: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+):
+    """The cache rows [RMSNorm(latent) | rotated k_pe] of the raw kv rows, at the rows' slots."""
+    offs = tl.arange(0, BLOCK_R)
+    r_ok = offs < R
+    ok = row_ok[:, None] & r_ok[None, :]
+    raw = kv_raw_ptr + rows[:, None] * (R + P)
+    latent = tl.load(raw + offs[None, :], mask=ok, other=0.0)  # [BM, BLOCK_R]
+    rstd = tl.rsqrt(tl.sum(latent * latent, axis=1) / R + kv_eps)
+    w = tl.load(kv_norm_ptr + offs, mask=r_ok, other=0.0).to(tl.float32)
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    dst = cache_ptr + slot[:, None] * stride_cache_slot
+    tl.store(
+        dst + offs[None, :],
+        (latent * rstd[:, None] * w[None, :]).to(cache_ptr.dtype.element_ty),
+        mask=ok,
+    )
+    pairs = tl.arange(0, BLOCK_HP)
+    pair_ok = pairs < P // 2
+    col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
+    pok = row_ok[:, None] & pair_ok[None, :]
+    a = tl.load(raw + R + col_a[None, :], mask=pok, other=0.0)
+    b = tl.load(raw + R + col_b[None, :], mask=pok, other=0.0)
+    a, b = _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2)
+    tl.store(dst + R + pairs[None, :], a.to(cache_ptr.dtype.element_ty), mask=pok)
+    tl.store(dst + R + P // 2 + pairs[None, :], b.to(cache_ptr.dtype.element_ty), mask=pok)
+
+
+@triton.jit
+def _q_absorb_kernel(
+    x_ptr,  # [M, K]: q_a * q_norm (SCALE_ROWS), or the normalised layer input (q_proj)
+    sq_ptr,  # [num_sq_parts, M] float32: sums of q_a^2 (SCALE_ROWS)
+    wq_ptr,  # [HEADS * (NOPE + P), K]: q_b_proj or q_proj
+    wkvb_ptr,  # [HEADS * (NOPE + V), R]: kv_b_proj (W_UK: the first NOPE rows of each head's)
+    kv_raw_ptr,
+    kv_norm_ptr,
+    cache_ptr,
+    slot_ptr,  # as _write_kv_rows's
+    pos_ptr,  # [M]
+    cos_ptr,
+    sin_ptr,  # [max_positions, P // 2] float32
+    q_parts_ptr,  # [Q_PARTS, M, HEADS, R] out: partial query latents
+    q_pe_ptr,  # [M, HEADS, P] out: rotated
+    M,
+    K,
+    num_sq_parts,
+    eps,
+    kv_eps,
+    stride_xm,
+    stride_wq,
+    stride_wkvb,
+    stride_cache_slot,
+    HEADS: tl.constexpr,
+    NOPE: tl.constexpr,
+    P: tl.constexpr,
+    R: tl.constexpr,
+    V: tl.constexpr,
+    Q_PARTS: tl.constexpr,
+    NOPE_CHUNK: tl.constexpr,
+    BLOCK_NC: tl.constexpr,
+    BLOCK_HP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_SQ: tl.constexpr,
+    BR: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Program h * (Q_PARTS + 1) + c of head h: c < Q_PARTS, part c of the query latent (q_nope's
+    columns c * NOPE_CHUNK ... times their rows of W_UK); c = Q_PARTS, the head's rotated q_pe. The last
+    program (HEADS * (Q_PARTS + 1)) writes the kv rows into the cache. SCALE_ROWS: row r of x @ W.T is
+    scaled by rsqrt(sum(sq[:, r]) / K + eps) (q_a_layernorm)."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BM)
+    row_ok = rows < M
+    if pid == HEADS * (Q_PARTS + 1):
+        _write_kv_rows(
+            kv_raw_ptr,
+            kv_norm_ptr,
+            cache_ptr,
+            slot_ptr,
+            pos_ptr,
+            cos_ptr,
+            sin_ptr,
+            rows,
+            row_ok,
+            kv_eps,
+            stride_cache_slot,
+            R,
+            P,
+            BLOCK_R,
+            BLOCK_HP,
+            INTERLEAVED,
+        )
+    else:
+        head = pid // (Q_PARTS + 1)
+        c = pid % (Q_PARTS + 1)
+        if SCALE_ROWS:
+            parts = tl.arange(0, BLOCK_SQ)
+            sq = tl.load(
+                sq_ptr + parts[:, None] * M + rows[None, :],
+                mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+                other=0.0,
+            )  # [BLOCK_SQ, BM]
+            rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
+        else:
+            rstd = tl.full((BM, 1), 1.0, tl.float32)
+        head_row = head * (NOPE + P)
+        if c < Q_PARTS:
+            j = c * NOPE_CHUNK + tl.arange(0, BLOCK_NC)  # [BLOCK_NC] q_nope columns
+            j_ok = (j < c * NOPE_CHUNK + NOPE_CHUNK) & (j < NOPE)
+            q_nope = _rows_dot(
+                x_ptr,
+                stride_xm,
+                rows,
+                row_ok,
+                wq_ptr,
+                head_row + j,
+                j_ok,
+                stride_wq,
+                K,
+                BM,
+                BLOCK_NC,
+                BK,
+                PRECISION,
+            )
+            q_nope = (q_nope * rstd).to(wkvb_ptr.dtype.element_ty)  # [BM, BLOCK_NC]
+            w_uk_rows = wkvb_ptr + (head * (NOPE + V) + j)[:, None] * stride_wkvb
+            dst = q_parts_ptr + ((c * M + rows) * HEADS + head)[:, None] * R
+            for r0 in range(0, R, BR):
+                rr = r0 + tl.arange(0, BR)
+                r_ok = rr < R
+                w_uk = tl.load(
+                    w_uk_rows + rr[None, :], mask=j_ok[:, None] & r_ok[None, :], other=0.0
+                )  # [BLOCK_NC, BR]
+                part = tl.dot(q_nope, w_uk, input_precision=PRECISION)  # [BM, BR]
+                tl.store(
+                    dst + rr[None, :],
+                    part.to(q_parts_ptr.dtype.element_ty),
+                    mask=row_ok[:, None] & r_ok[None, :],
+                )
+        else:
+            pairs = tl.arange(0, BLOCK_HP)
+            pair_ok = pairs < P // 2
+            col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
+            a = _rows_dot(
+                x_ptr,
+                stride_xm,
+                rows,
+                row_ok,
+                wq_ptr,
+                head_row + NOPE + col_a,
+                pair_ok,
+                stride_wq,
+                K,
+                BM,
+                BLOCK_HP,
+                BK,
+                PRECISION,
+            )
+            b = _rows_dot(
+                x_ptr,
+                stride_xm,
+                rows,
+                row_ok,
+                wq_ptr,
+                head_row + NOPE + col_b,
+                pair_ok,
+                stride_wq,
+                K,
+                BM,
+                BLOCK_HP,
+                BK,
+                PRECISION,
+            )
+            a, b = _rotate(
+                a * rstd, b * rstd, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2
+            )
+            dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
+            ok = row_ok[:, None] & pair_ok[None, :]
+            tl.store(dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
+            tl.store(dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
+
+
+def q_parts(heads: int, device: torch.device) -> int:
+    """How many partial products the query latent is computed in: 2 when the heads' programs at one part
+    (a q_nope and a q_pe program a head) would fill at most half the SMs (DeepSeek-V2-Lite's 16 heads),
+    else 1 (V3's 128, Kimi-K2's 64)."""
+    return MAX_Q_PARTS if 2 * heads * MAX_Q_PARTS <= num_sms(device) else 1
+
+
+def _block_k(block_n: int, fp32: bool) -> int:
+    """K columns a tile of ``block_n`` weight rows streams a step: ``_TILE_ELEMENTS`` in all (half in
+    float32: the same bytes)."""
+    return max(16, min(256, _TILE_ELEMENTS // block_n) // (2 if fp32 else 1))
+
+
+def mla_forward_fused(
+    layer: MultiHeadLatentAttention,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    meta: PagedAttentionMetadata,
+) -> torch.Tensor:
+    """``layer``'s absorbed forward (layers/mla.py ``fuses`` decides when): positions [M]; x [M, hidden]
+    (M <= 16, normalised) -> [M, hidden]; writes the tokens' rows into ``layer.cache_rows`` at
+    meta.slot_mapping."""
+    s = layer.shape
+    m, device, fp32 = x.shape[0], x.device, x.dtype == torch.float32
+    x = x if x.stride(1) == 1 else x.contiguous()
+    precision = "ieee" if fp32 else "tf32"
+    kv_width = s.kv_lora_rank + s.qk_rope_head_dim
+    w_kv = layer.kv_a_proj_with_mqa.weight
+    kv_raw = torch.empty(m, kv_width, dtype=torch.float32, device=device)
+    if s.q_lora_rank is None:
+        q_programs, w_down_q, q_norm, w_q = 0, w_kv, w_kv, layer.q_proj.weight
+        q_normed, q_sq, q_in, eps = x, kv_raw, x, 0.0  # unused by the kernels
+    else:
+        q_programs = triton.cdiv(s.q_lora_rank, _DOWN_OUTS)
+        w_down_q, q_norm = layer.q_a_proj.weight, layer.q_a_layernorm.weight
+        w_q, eps = layer.q_b_proj.weight, layer.q_a_layernorm.eps
+        q_normed = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
+        q_sq = torch.empty(q_programs, m, dtype=torch.float32, device=device)
+        q_in = q_normed
+    _down_kernel[(q_programs + triton.cdiv(kv_width, _DOWN_OUTS),)](
+        x,
+        w_down_q,
+        w_kv,
+        q_norm,
+        q_normed,
+        q_sq,
+        kv_raw,
+        m,
+        x.shape[1],
+        s.q_lora_rank or 0,
+        kv_width,
+        q_programs,
+        x.stride(0),
+        w_down_q.stride(0),
+        w_kv.stride(0),
+        BM=MAX_ROWS,
+        BN=_DOWN_OUTS,
+        BK=_block_k(_DOWN_OUTS, fp32),
+        PRECISION=precision,
+        num_warps=4,
+        num_stages=4,
+    )
+    parts = q_parts(s.num_heads, device)
+    nope_chunk = triton.cdiv(s.qk_nope_head_dim, parts)
+    block_nc = max(16, triton.next_power_of_2(nope_chunk))
+    block_hp = max(16, triton.next_power_of_2(s.qk_rope_head_dim // 2))
+    block_r = max(16, triton.next_power_of_2(s.kv_lora_rank))
+    q_latent = torch.empty(parts, m, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=device)
+    q_pe = torch.empty(m, s.num_heads, s.qk_rope_head_dim, dtype=x.dtype, device=device)
+    w_kvb, cache = layer.kv_b_proj.weight, layer.cache_rows.view(-1, kv_width)
+    _q_absorb_kernel[(s.num_heads * (parts + 1) + 1,)](
+        q_in,
+        q_sq,
+        w_q,
+        w_kvb,
+        kv_raw,
+        layer.kv_a_layernorm.weight,
+        cache,
+        meta.slot_mapping,
+        positions,
+        layer.rotary.cos,
+        layer.rotary.sin,
+        q_latent,
+        q_pe,
+        m,
+        q_in.shape[1],
+        q_sq.shape[0],
+        eps,
+        layer.kv_a_layernorm.eps,
+        q_in.stride(0),
+        w_q.stride(0),
+        w_kvb.stride(0),
+        cache.stride(0),
+        HEADS=s.num_heads,
+        NOPE=s.qk_nope_head_dim,
+        P=s.qk_rope_head_dim,
+        R=s.kv_lora_rank,
+        V=s.v_head_dim,
+        Q_PARTS=parts,
+        NOPE_CHUNK=nope_chunk,
+        BLOCK_NC=block_nc,
+        BLOCK_HP=block_hp,
+        BLOCK_R=block_r,
+        BLOCK_SQ=max(2, triton.next_power_of_2(q_sq.shape[0])),
+        BR=min(block_r, 64 if fp32 else 128),
+        BM=MAX_ROWS,
+        BK=_block_k(max(block_nc, block_hp), fp32),
+        SCALE_ROWS=s.q_lora_rank is not None,
+        INTERLEAVED=layer.rotary.interleaved,
+        PRECISION=precision,
+        num_warps=4,
+        num_stages=3,
+    )
+    _, w_uv = layer.up_weights()  # [heads, v_head_dim, R]
+    attended = mla_attention_up(
+        q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv
+    )  # [M, heads, v_head_dim]
+    return layer.o_proj(attended.view(m, -1))

@@ -1,0 +1,239 @@
+"""The fused few-row MLA block (layers/mla_fused.py) against the eager layer (layers/mla.py under the torch
+backend): in Triton's interpreter in float32 at odd shapes (kv_lora_rank 36, three heads, nope 6, rope 8,
+v 5, with and without a q_lora_rank, both RoPE layouts, one and two query-latent parts), for decode, verify
+chains of 2 to 8 tokens and tree masks over shuffled paged blocks of an odd size: the same output and the
+same latent cache. On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's and V3's shapes against
+the eager layer in float32, and the block's kernel launches and time (``-s`` prints them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import outpace.layers.mla as mla_module
+from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention.registry import get_backend
+from outpace.layers import mla_fused
+from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
+from outpace.layers.rotary import RotaryEmbedding
+from outpace.layers.skinny_gemm import MAX_ROWS
+
+CUDA = torch.cuda.is_available()
+
+# (cached rows, new tokens, tree window or None) per sequence; at most MAX_ROWS tokens in all
+LAYOUTS = {
+    "decode": ([37, 5, 130, 16], [1, 1, 1, 1], None),
+    **{f"chain{k}": ([20, 3], [k, k], None) for k in range(2, 9)},
+    "tree": ([30, 12], [5, 8], [9, 8]),
+    "ragged_tree": ([33, 8, 0], [1, 6, 3], [None, 10, None]),
+}
+
+
+def tree_mask(q: int, window: int, g: torch.Generator) -> torch.Tensor:
+    """[q, window] bool: a random tree over the window whose last q nodes are the new tokens; each row
+    sees its node and the node's ancestors."""
+    seen = torch.zeros(window, window, dtype=torch.bool)
+    for node in range(window):
+        parent = int(torch.randint(-1, node, (1,), generator=g)) if node else -1
+        if parent >= 0:
+            seen[node] = seen[parent]
+        seen[node, node] = True
+    return seen[window - q :]
+
+
+def make_meta(layout: str, block_size: int, g: torch.Generator, device: str):
+    """The layout's metadata over shuffled blocks (with unused ones between), and the pool's block count."""
+    cached, new, windows = LAYOUTS[layout]
+    needed = [-(-(c + q) // block_size) for c, q in zip(cached, new)]
+    blocks = torch.randperm(sum(needed) + 3, generator=g)[: sum(needed)].tolist()
+    tables = [blocks[sum(needed[:s]) : sum(needed[: s + 1])] for s in range(len(needed))]
+    masks = None
+    if windows is not None:
+        masks = [None if w is None else tree_mask(q, w, g).to(device) for q, w in zip(new, windows)]
+    return build_paged_metadata(tables, cached, new, block_size, device, masks), sum(needed) + 3
+
+
+def make_layer(shape: MLAShape, interleaved: bool, device: str) -> MultiHeadLatentAttention:
+    torch.manual_seed(0)
+    rotary = RotaryEmbedding(shape.qk_rope_head_dim, 512, 10000.0, interleaved=interleaved)
+    layer = MultiHeadLatentAttention(shape, rotary).to(device)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+    layer.expand_min_query_len = 10**6  # always absorbed
+    return layer
+
+
+def run(layer, backend: str, meta, num_blocks: int, block_size: int, x, positions, cache_init):
+    """The layer's output and its cache after the forward over a cache that starts as ``cache_init``."""
+    layer.bind_cache(num_blocks, block_size, x.dtype, x.device)
+    layer.cache_rows.copy_(cache_init.to(x.dtype))
+    with torch.no_grad(), forward_context(meta, get_backend(backend)):
+        return layer(positions, x), layer.cache_rows.clone()
+
+
+def positions_of(meta) -> torch.Tensor:
+    return (meta.seq_lens - meta.query_lens)[meta.token_seq_index] + meta.token_query_index
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Forces the fused path for up to MAX_ROWS rows on the CPU and counts its forwards."""
+    calls = []
+    real = mla_fused.mla_forward_fused
+    monkeypatch.setattr(mla_module, "fusable_rows", lambda x, w: x.shape[0] <= MAX_ROWS)
+    monkeypatch.setattr(mla_fused, "mla_forward_fused", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+CASES = [
+    (layout, q_lora_rank, interleaved, parts)
+    for i, layout in enumerate(LAYOUTS)
+    for q_lora_rank, interleaved, parts in [
+        (None, i % 2 == 0, 1 + i % 2),
+        (20, i % 2 == 1, 2 - i % 2),
+    ]
+]
+
+
+@pytest.mark.parametrize("layout, q_lora_rank, interleaved, parts", CASES)
+def test_fused_block_equals_the_eager_layer(
+    layout, q_lora_rank, interleaved, parts, fused_calls, monkeypatch
+):
+    """Output and latent cache (the new rows where the slots say, every other row untouched)."""
+    monkeypatch.setattr(mla_fused, "num_sms", lambda device: 10**4 if parts == 2 else 1)
+    assert mla_fused.q_parts(3, torch.device("cpu")) == parts
+    shape = MLAShape(40, 3, q_lora_rank, 36, 6, 8, 5, scale=0.3)
+    layer = make_layer(shape, interleaved, "cpu")
+    g = torch.Generator().manual_seed(len(layout) + (q_lora_rank or 0))
+    meta, num_blocks = make_meta(layout, 5, g, "cpu")
+    n = meta.slot_mapping.shape[0]
+    x = torch.randn(n, 40, generator=g)
+    cache_init = torch.randn(num_blocks, 5, 1, 44, generator=g)
+    args = (meta, num_blocks, 5, x, positions_of(meta), cache_init)
+    out, cache = run(layer, "triton", *args)
+    assert len(fused_calls) == 1
+    ref_out, ref_cache = run(layer, "torch", *args)
+    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+
+
+def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypatch):
+    """More rows than a few-row kernel takes, the torch backend, and (without the forcing) CPU tensors
+    run the eager layer."""
+    layer = make_layer(MLAShape(40, 3, 20, 36, 6, 8, 5, scale=0.3), True, "cpu")
+    g = torch.Generator().manual_seed(3)
+    for layout, backend in [("chain8", "torch"), ("decode", "torch")]:
+        meta, num_blocks = make_meta(layout, 5, g, "cpu")
+        x = torch.randn(meta.slot_mapping.shape[0], 40, generator=g)
+        cache_init = torch.zeros(num_blocks, 5, 1, 44)
+        run(layer, backend, meta, num_blocks, 5, x, positions_of(meta), cache_init)
+    many = build_paged_metadata([[0, 1, 2, 3]], [0], [MAX_ROWS + 1], 5, "cpu")
+    x = torch.randn(MAX_ROWS + 1, 40, generator=g)
+    run(layer, "triton", many, 4, 5, x, positions_of(many), torch.zeros(4, 5, 1, 44))
+    assert fused_calls == []
+    monkeypatch.undo()
+    meta, num_blocks = make_meta("decode", 5, g, "cpu")
+    x = torch.randn(4, 40, generator=g)
+    layer.bind_cache(num_blocks, 5, torch.float32, "cpu")
+    with torch.no_grad(), forward_context(meta, get_backend("triton")):
+        assert not layer.fuses(x)
+
+
+# ---- GPU: bf16 at the DeepSeek shapes ---------------------------------------------------------------
+
+GPU_SHAPES = {  # DeepSeek-V2-Lite's and V3's attention (their config.json files)
+    "v2-lite": MLAShape(2048, 16, None, 512, 128, 64, 128, scale=192**-0.5),
+    "v3": MLAShape(7168, 128, 1536, 512, 128, 64, 128, scale=192**-0.5),
+}
+
+
+def _gpu_case(name: str, layout: str):
+    shape = GPU_SHAPES[name]
+    layer = make_layer(shape, True, "cuda").to(torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    meta, num_blocks = make_meta(layout, 16, g, "cuda")
+    n = meta.slot_mapping.shape[0]
+    x = torch.randn(n, shape.hidden_size, generator=g).cuda()
+    width = shape.kv_lora_rank + shape.qk_rope_head_dim
+    cache_init = torch.randn(num_blocks, 16, 1, width, generator=g).cuda()
+    return layer, (meta, num_blocks, 16, x, positions_of(meta), cache_init)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.skipif(not CUDA, reason="bf16 at the DeepSeek shapes: GPU only")
+@pytest.mark.parametrize("name", list(GPU_SHAPES))
+@pytest.mark.parametrize("layout", ["decode", "chain4", "chain8", "tree"])
+def test_bf16_at_the_deepseek_shapes(name, layout, monkeypatch):
+    calls = []
+    real = mla_fused.mla_forward_fused
+    monkeypatch.setattr(mla_fused, "mla_forward_fused", lambda *a: calls.append(1) or real(*a))
+    layer, (meta, num_blocks, block_size, x, positions, cache_init) = _gpu_case(name, layout)
+    out, cache = run(
+        layer, "triton", meta, num_blocks, block_size, x.bfloat16(), positions, cache_init
+    )
+    assert calls == [1]
+    reference = copy.deepcopy(layer).float()
+    ref_out, ref_cache = run(
+        reference,
+        "torch",
+        meta,
+        num_blocks,
+        block_size,
+        x.bfloat16().float(),
+        positions,
+        cache_init,
+    )
+    assert _relative(out, ref_out) < 2e-2
+    assert _relative(cache, ref_cache) < 1e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="kernel launches and time on the GPU")
+@pytest.mark.parametrize("name", list(GPU_SHAPES))
+@pytest.mark.parametrize("layout", ["decode", "chain4"])
+def test_block_launches_and_time(name, layout, monkeypatch):
+    """Kernels one block launches (after the forward's first, which builds the token table), fused and
+    eager, and each one's time as a replayed CUDA graph; ``pytest -s`` prints them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layer, (meta, num_blocks, block_size, x, positions, cache_init) = _gpu_case(name, layout)
+    x = x.bfloat16()
+    layer.bind_cache(num_blocks, block_size, torch.bfloat16, "cuda")
+    layer.cache_rows.copy_(cache_init.bfloat16())
+    report = {}
+    for path in ("fused", "eager"):
+        if path == "eager":
+            monkeypatch.setattr(mla_module, "fusable_rows", lambda x, w: False)
+        with torch.no_grad(), forward_context(meta, get_backend("triton")):
+            layer(positions, x)  # compiles; builds the token table
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                layer(positions, x)
+                torch.cuda.synchronize()
+            launches = sum(e.device_type.name == "CUDA" for e in prof.events() if e.device_time > 0)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                layer(positions, x)
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(100):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        report[path] = (launches, start.elapsed_time(end) / 100 * 1000)
+    print(
+        f"\nMLA block {name} {layout}: "
+        + ", ".join(f"{p} {k} launches {us:.1f} us" for p, (k, us) in report.items())
+    )
+    assert report["fused"][0] <= 5
