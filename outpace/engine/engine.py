@@ -40,7 +40,7 @@ from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model, resolve_dtype
 from outpace.registry import proposer_class
-from outpace.request import Request, RequestOutput, RequestStatus
+from outpace.request import Request, RequestOutput
 from outpace.sampling_params import SamplingParams
 from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, draft_shapes
@@ -592,14 +592,9 @@ class LLMEngine:
         return []
 
     def _fail(self, req: Request, error: BaseException) -> RequestOutput:
-        """End one request with ``error``, returning what it holds; its output says why."""
-        req.error = f"{type(error).__name__}: {error}"
-        if (
-            req.status is RequestStatus.FINISHED
-        ):  # it failed while finishing: its blocks are back already
-            req.finish_reason = "error"
-        else:
-            self.scheduler.finish(req, "error")
+        """End one request with ``error`` (Scheduler.fail); its output says why."""
+        self.scheduler.fail(req, error)
+        self.scheduler.failed.remove(req)  # (reported here, not at the next step)
         return self._failed_output(req)
 
     def _failed_output(self, req: Request) -> RequestOutput:

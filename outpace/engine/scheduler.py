@@ -125,7 +125,7 @@ class Scheduler:
             try:
                 chunk = self._continue(req, budget)
             except Exception as error:  # noqa: BLE001 - this request's failure is its own
-                self._fail(req, error)
+                self.fail(req, error)
                 continue
             if chunk is not None:
                 scheduled.append(chunk[0])
@@ -141,7 +141,7 @@ class Scheduler:
             try:
                 chunk = self._join(req, budget)
             except Exception as error:  # noqa: BLE001 - this request's failure is its own
-                self._fail(req, error)
+                self.fail(req, error)
                 continue
             if chunk is None:
                 break
@@ -203,10 +203,15 @@ class Scheduler:
         if mark is not None and req.num_computed_tokens > mark:
             del self.suspects[req.request_id]
 
-    def _fail(self, req: Request, error: BaseException) -> None:
-        """End one request with ``error`` (finish_reason "error"), returning whatever it holds."""
+    def fail(self, req: Request, error: BaseException) -> None:
+        """End one request with ``error`` (finish_reason "error"), returning whatever it holds (nothing
+        when it failed while finishing: its blocks are back already); the engine reports it from
+        ``failed``."""
         req.error = f"{type(error).__name__}: {error}"
-        self.finish(req, "error")
+        if req.status is RequestStatus.FINISHED:
+            req.finish_reason = "error"
+        else:
+            self.finish(req, "error")
         self.failed.append(req)
 
     def _cached_prefix(self, req: Request) -> list[int]:
