@@ -1,0 +1,429 @@
+"""``outpace bench gpu --parts s`` and ``python -m outpace.bench.families --out DIR``: every seed family at
+its public shape (bench/family_shapes.py) with random bf16 weights built on the GPU (``load_format="dummy"``,
+no download), through the real engine path (``LLM``, the decode step captured as CUDA graphs).
+
+Per shape:
+- decode: engine steps at batch 1, 8, 32 with every request running at context 512 (bench/gpu.py
+  ``time_decode``): tokens/s and the fraction of the floor; a batch that does not fit is skipped, saying
+  why;
+- the floor: the bytes a decode step must read over the device copy bandwidth measured in the same run
+  (bytes read plus written, bench/gpu.py ``copy_bandwidth``). Bytes: every weight the step uses (the
+  input embedding tables one row per token; of the routed experts only the distinct experts the batch
+  chose: the EXPECTED count for uniform random routing, E (1 - (1 - k/E)^n) for n tokens choosing k of E
+  each, not counted from the routing), the KV or latent cache rows read (a sliding layer's window at most)
+  and each request's recurrent state, read and written;
+- verify cost: the captured speculative step (n-gram drafts, adaptive so that every draft count is
+  captured) verifying t = 1 .. 8 tokens per sequence at batch 1 and 8, GPU time of a replay (median of
+  20) relative to t = 1. Replays run on the padding row, so attention reads no context: the cost of the
+  weights, the t-token forward and the step's accept and state bookkeeping;
+- kernels: torch.profiler over 3 replays of the captured greedy decode step at batch 1 (padding rows), its
+  GPU kernels and copies per replay (the step's sampling included).
+A layer slice (family_shapes.FamilyShape.is_slice) is reported per layer too: step time and floor bytes
+over its decoder layers (the embedding and head are counted in them).
+
+This file and family_shapes.py use only APIs of outpace as of commit 83e3598, so that both run unchanged
+in a checkout of it (a measurement before and after a change, in one device command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from outpace import LLM
+from outpace.attention.layer import PagedCacheLayer
+from outpace.bench.family_shapes import FamilyShape, experts_per_token, family_shapes
+from outpace.config import SpeculativeConfig
+from outpace.engine.cuda_graphs import bucket_for
+from outpace.engine.step_key import SamplingMode, StepKey
+from outpace.layers.embedding import LMHead
+from outpace.layers.moe import RoutedExperts
+from outpace.speculative.proposer import DraftShape
+
+BATCHES, CONTEXT = (1, 8, 32), 512
+VERIFY_BATCHES, MAX_VERIFY_TOKENS = (1, 8), 8
+# Rough seconds per shape on an H200 (two engines built with their graphs, the timings), for the time limit;
+# the first shape of a process also compiles the Triton kernels.
+ESTIMATE_S = {
+    "deepseek-v2-lite": 110,
+    "deepseek-v3-slice": 120,
+    "kimi-k2-slice": 120,
+    "qwen3-next-80b-slice": 110,
+    "qwen3.5": 80,
+    "nemotron-h-8b": 80,
+    "gemma-3-12b": 80,
+    "gemma-4-26b-a4b": 100,
+    "step-3.5-flash-slice": 100,
+}
+
+
+# ---- the floor ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepBudget:
+    """What a forward reads, by part (bytes)."""
+
+    always: int  # weights every forward reads whole (all but the routed experts and untied input tables)
+    embedding_row: int  # one token's rows of the input tables a head does not share
+    expert: int  # one routed expert
+    moe_layers: int
+    num_experts: int
+    top_k: int
+    kv_rows: tuple[
+        tuple[int, int | None], ...
+    ]  # per cached layer: (one token's row, its window or None)
+    state: int  # one request's recurrent state
+
+
+def distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """The expected number of distinct experts ``tokens`` tokens choose when each chooses ``top_k`` distinct
+    experts of ``num_experts`` uniformly at random: each expert is missed by a token with probability
+    1 - k/E, independently across tokens."""
+    if not num_experts:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def step_bytes(budget: StepBudget, batch: int, context: int, tokens: int = 1) -> float:
+    """Bytes a forward of ``batch`` sequences bringing ``tokens`` tokens each after ``context`` cached ones
+    must read: the weights (module docstring), every cached layer's rows (up to its window) of each
+    sequence, and each sequence's recurrent state read and written."""
+    n = batch * tokens
+    kv = sum(row * min(context + tokens, window or math.inf) for row, window in budget.kv_rows)
+    experts = budget.moe_layers * distinct_experts(budget.num_experts, budget.top_k, n)
+    return (
+        budget.always
+        + n * budget.embedding_row
+        + experts * budget.expert
+        + batch * kv
+        + 2 * batch * budget.state
+    )
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def step_budget(llm: LLM, config: dict) -> StepBudget:
+    """The budget of the engine's target: its parameters by part, the rows of its bound caches and the
+    per-request rows of its recurrent states. The experts of a ``RoutedExperts`` are its parameters but
+    those of a router inside it (``gate.*``, Step-3.5's layout)."""
+    model, runner = llm.engine.model, llm.engine.runner
+    params = {id(p): p for p in model.parameters()}
+    moes = [m for m in model.modules() if isinstance(m, RoutedExperts)]
+    routed = [p for m in moes for name, p in m.named_parameters() if name.split(".")[0] != "gate"]
+    heads = {id(m.weight) for m in model.modules() if isinstance(m, LMHead)}
+    tables = [
+        m.weight
+        for m in model.modules()
+        if isinstance(m, nn.Embedding) and id(m.weight) not in heads
+    ]
+    skipped = {id(p) for p in routed + tables}
+    num_experts, top_k = experts_per_token(config)
+    caches = [m for m in model.model.modules() if isinstance(m, PagedCacheLayer)]
+    return StepBudget(
+        always=_bytes(p for i, p in params.items() if i not in skipped),
+        embedding_row=_bytes(t[0] for t in tables),
+        expert=_bytes(routed) // max(1, sum(m.num_experts for m in moes)),
+        moe_layers=len(moes),
+        num_experts=num_experts,
+        top_k=top_k,
+        kv_rows=tuple(
+            (_bytes(t[0, 0] for t in m.kv_cache), getattr(m, "sliding_window", None))
+            for m in caches
+        ),
+        state=_bytes(t[0] for t in runner.states.tensors()),
+    )
+
+
+# ---- the engines ----------------------------------------------------------------------------------------
+def build(
+    workdir: Path,
+    config: dict,
+    max_num_seqs: int,
+    graph_sizes: tuple[int, ...],
+    speculative: SpeculativeConfig | None = None,
+) -> LLM:
+    """The shape with random bf16 weights on the GPU, its decode step captured for ``graph_sizes``, KV blocks
+    for ``max_num_seqs`` requests of CONTEXT tokens and the decode steps timed after it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(json.dumps(config))
+    return LLM(
+        str(workdir),
+        device="cuda",
+        dtype="bfloat16",
+        load_format="dummy",
+        block_size=16,
+        num_kv_blocks=max_num_seqs * (-(-(CONTEXT + 1024) // 16)) + 64,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=2048,
+        cuda_graph_sizes=graph_sizes,
+        speculative=speculative or SpeculativeConfig(),
+    )
+
+
+def close(llm: LLM) -> None:
+    """Free the engine's GPU memory before the next one is built (the caller's ``llm`` is left without its
+    engine, so its model, caches and graphs go with it)."""
+    llm.close()
+    del llm.engine
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def decode_rows(llm: LLM, budget: StepBudget, bandwidth: float, layers: int) -> list[dict]:
+    """bench/gpu.py ``time_decode`` at each batch against the floor; per layer too (see module docstring)."""
+    from outpace.bench.gpu import time_decode
+
+    rows, failed = [], None
+    for batch in BATCHES:
+        if failed is not None:  # a larger batch needs more still
+            rows.append({"batch": batch, "skipped": f"a smaller batch did not fit: {failed}"})
+            continue
+        try:
+            row = time_decode(llm, batch, CONTEXT)
+        except RuntimeError as e:  # out of memory, or the pool held too few of its requests
+            failed = f"{type(e).__name__}: {e}"[:300]
+            rows.append({"batch": batch, "skipped": failed})
+            continue
+        floor_bytes = step_bytes(budget, batch, CONTEXT)
+        floor_steps = bandwidth / floor_bytes
+        row.update(
+            floor_bytes=floor_bytes,
+            floor_tokens_per_s=floor_steps * batch,
+            fraction_of_floor=(1e3 / row["step_ms"]) / floor_steps,
+            expected_distinct_experts=distinct_experts(budget.num_experts, budget.top_k, batch),
+            step_ms_per_layer=row["step_ms"] / layers,
+            floor_bytes_per_layer=floor_bytes / layers,
+        )
+        rows.append(row)
+    return rows
+
+
+def verify_costs(llm: LLM, repeats: int = 20) -> list[dict]:
+    """Per batch: GPU ms of the captured greedy step verifying t = 1 .. 8 tokens per sequence (t - 1 n-gram
+    drafts), and each relative to t = 1 (lists indexed by t - 1)."""
+    runner = llm.engine.runner
+    rows = []
+    for batch in VERIFY_BATCHES:
+        bucket = bucket_for(runner.graph_buckets, batch)
+        ms = [
+            1e3 * runner.profile(StepKey(bucket, DraftShape(t - 1), SamplingMode.GREEDY), repeats)
+            for t in range(1, MAX_VERIFY_TOKENS + 1)
+        ]
+        rows.append({"batch": batch, "ms": ms, "relative": [v / ms[0] for v in ms]})
+    return rows
+
+
+def kernel_count(llm: LLM, batch: int = 1, replays: int = 3) -> dict:
+    """Kernels and copies of one replay of the captured greedy decode step (rows of the padding index)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from outpace.bench.profile import _cuda_events, _decode_key
+
+    runner = llm.engine.runner
+    graph = runner.decode_step.graphs[_decode_key(llm.engine, batch)]
+    runner.decode_step.batch_indices.fill_(runner.req_table.padding_index)
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = _cuda_events(prof)
+    copies = sum(e.name.startswith(("Memcpy", "Memset")) for e in events)
+    return {
+        "batch": batch,
+        "what": "torch.profiler over graph replays of the captured greedy decode step, per replay",
+        "kernels": (len(events) - copies) / replays,
+        "copies": copies / replays,
+    }
+
+
+def run_shape(shape: FamilyShape, workdir: Path, bandwidth: float) -> dict:
+    """Every measurement of the module docstring for one shape."""
+    layers = shape.config["num_hidden_layers"]
+    result = {
+        "source": shape.source,
+        "layers": layers,
+        "full_layers": shape.full_layers,
+        "slice": shape.is_slice,
+        "note": shape.note,
+        "config": shape.config,
+    }
+    t0 = time.perf_counter()
+    llm = build(workdir, shape.config, max(BATCHES), BATCHES)
+    try:
+        result["build_s"] = time.perf_counter() - t0
+        budget = step_budget(llm, shape.config)
+        result["bytes"] = asdict(budget)
+        result["parameters"] = sum(p.numel() for p in llm.engine.model.parameters())
+        result["decode"] = decode_rows(llm, budget, bandwidth, layers)
+        result["kernels"] = kernel_count(llm)
+    finally:
+        close(llm)
+    spec = SpeculativeConfig("ngram", num_steps=MAX_VERIFY_TOKENS - 1, adaptive=True)
+    try:  # (the decode figures stand without it)
+        llm = build(workdir, shape.config, max(VERIFY_BATCHES), VERIFY_BATCHES, spec)
+        try:
+            result["verify"] = verify_costs(llm)
+        finally:
+            close(llm)
+    except Exception as e:
+        result["verify"], result["verify_error"] = [], f"{type(e).__name__}: {e}"
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+# ---- the run --------------------------------------------------------------------------------------------
+def run_families_bench(
+    workdir: Path,
+    bandwidth: float,
+    names: list[str] | None = None,
+    time_limit_s: float | None = None,
+    done: dict | None = None,
+    save=None,
+) -> dict:
+    """The shapes ``names`` (all by default) not yet in ``done`` (name -> result; results with an error
+    are run again) in turn; a shape whose estimate (ESTIMATE_S) no longer fits in ``time_limit_s`` is listed
+    as not run. A failing shape records its error and the others run. ``save(results)`` after each shape."""
+    shapes = family_shapes()
+    unknown = sorted(set(names or ()) - set(shapes))
+    if unknown:
+        raise ValueError(f"unknown shapes {unknown}: must be of {', '.join(shapes)}")
+    results = dict(done or {})
+    start = time.monotonic()
+    for name in tqdm(names or list(shapes), desc="family shapes"):
+        if name in results and "error" not in results[name]:
+            continue
+        left = None if time_limit_s is None else time_limit_s - (time.monotonic() - start)
+        if left is not None and ESTIMATE_S[name] > left:
+            results[name] = {
+                "not_run": f"its estimate {ESTIMATE_S[name]} s > the {left:.0f} s left"
+            }
+            continue
+        try:
+            results[name] = run_shape(shapes[name], workdir / name, bandwidth)
+        except Exception as e:  # one broken shape must not cost the others' figures
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name} failed: {results[name]['error']}")
+        gc.collect()
+        torch.cuda.empty_cache()
+        if save is not None:
+            save(results)
+    return results
+
+
+def plot_families(results: dict, path: Path) -> None:
+    """Fraction of the floor per shape and batch (bars), verify cost against tokens per sequence (curves)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = {n: r for n, r in results.items() if "decode" in r}
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(15, 5.5))
+    width = 0.8 / len(BATCHES)
+    for j, batch in enumerate(BATCHES):
+        values = [
+            next((d.get("fraction_of_floor", 0.0) for d in r["decode"] if d["batch"] == batch), 0.0)
+            for r in measured.values()
+        ]
+        bars.bar(
+            [i + j * width for i in range(len(measured))], values, width, label=f"batch {batch}"
+        )
+    bars.set_xticks(
+        [i + width for i in range(len(measured))], list(measured), rotation=35, ha="right"
+    )
+    bars.set_ylabel("fraction of the floor (decode, context 512)")
+    bars.axhline(1.0, color="grey", lw=0.8)
+    bars.legend()
+    for name, r in measured.items():
+        for v, style in zip(r.get("verify", []), ("-", "--")):
+            tokens = range(1, len(v["relative"]) + 1)
+            curves.plot(tokens, v["relative"], style, marker="o", label=f"{name} b{v['batch']}")
+    curves.set_xlabel("tokens per sequence verified")
+    curves.set_ylabel("captured step time relative to 1 token")
+    curves.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_summary(results: dict) -> None:
+    print(
+        f"{'shape':24} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'of floor':>8} {'ms/layer':>8}"
+    )
+    for name, r in results.items():
+        if "decode" not in r:
+            print(f"{name:24} {r.get('error') or r.get('not_run')}")
+            continue
+        for d in r["decode"]:
+            if "skipped" in d:
+                print(f"{name:24} {d['batch']:>5} skipped: {d['skipped']}")
+                continue
+            print(
+                f"{name:24} {d['batch']:>5} {d['tokens_per_s']:>9.1f} {d['step_ms']:>8.2f} "
+                f"{d['fraction_of_floor']:>8.1%} {d['step_ms_per_layer']:>8.3f}"
+            )
+        verify = "; ".join(
+            f"b{v['batch']}: " + " ".join(f"{x:.2f}" for x in v["relative"]) for v in r["verify"]
+        )
+        print(
+            f"{'':24} verify t=1..8 relative: {verify}; kernels/step {r['kernels']['kernels']:.0f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--out", default="benchmarks/results/families", help="folder of the JSON and PNG"
+    )
+    p.add_argument("--shapes", default=None, help=f"comma-separated, of {', '.join(ESTIMATE_S)}")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=540,
+        help="seconds the shapes may take (bandwidth and start-up apart); shapes whose estimate no "
+        "longer fits are listed as not run, and the same command into the same --out continues",
+    )
+    p.add_argument("--redo", action="store_true", help="measure again the shapes --out holds")
+    a = p.parse_args(argv)
+    from outpace.bench.gpu import copy_bandwidth
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "families.json"
+    previous = json.loads(path.read_text()) if path.is_file() and not a.redo else {}
+    bandwidth = copy_bandwidth()
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "context": CONTEXT,
+        "shapes": previous.get("shapes", {}),
+    }
+
+    def save(results: dict) -> None:
+        report["shapes"] = results
+        path.write_text(json.dumps(report, indent=2) + "\n")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        names = a.shapes.split(",") if a.shapes else None
+        save(run_families_bench(Path(tmp), bandwidth, names, a.time_limit, report["shapes"], save))
+    plot_families(report["shapes"], out / "families.png")
+    print_summary(report["shapes"])
+    return report
+
+
+if __name__ == "__main__":
+    main()
