@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from outpace.attention.context import get_forward_context
+from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.distributed.collectives import all_gather_last_dim
 from outpace.distributed.group import RankGroup, build_group
 from outpace.distributed.packed import (
@@ -45,6 +47,9 @@ from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import ssm_chunked, use_chunked
 from outpace.layers.linear import row_parallel
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
+
+# The longest run the fused step takes (a verify's draft tokens); longer runs are prefill's.
+FUSED_MAX_LEN = 16
 
 
 def ssm_run(
@@ -128,7 +133,13 @@ class GroupedGatedRMSNorm(nn.Module):
 
 class Mamba2Mixer(RecurrentStateLayer):
     """[num_tokens, hidden] -> [num_tokens, hidden]; its state per row: ``conv`` [conv_width - 1,
-    conv_channels] in the model's dtype and ``ssm`` [heads, head_dim, state_size] float32."""
+    conv_channels] in the model's dtype and ``ssm`` [heads, head_dim, state_size] float32.
+
+    A few-row step (decode, verify: runs of at most ``FUSED_MAX_LEN`` tokens reading and writing bound
+    state rows) goes from in_proj to out_proj in two Triton launches (layers/mamba2_step_kernel.py) when
+    ``fused`` says so (None: on CUDA); prefill, references and the CPU take the eager path below."""
+
+    fused: bool | None = None
 
     def __init__(
         self,
@@ -179,12 +190,35 @@ class Mamba2Mixer(RecurrentStateLayer):
             "ssm": ((self.num_heads, self.head_dim, self.state_size), torch.float32),
         }
 
+    def takes_fused_step(self, x: torch.Tensor) -> bool:
+        """Whether this forward is a step the fused kernels serve (class docstring): paged runs of at most
+        FUSED_MAX_LEN tokens with bound state rows (a tree only in a verify), the SiLU activation, and
+        norm groups within this rank's channels."""
+        ctx = get_forward_context()
+        recurrent = ctx.recurrent
+        return (
+            (x.is_cuda if self.fused is None else self.fused)
+            and isinstance(ctx.metadata, PagedAttentionMetadata)
+            and ctx.metadata.max_query_len <= FUSED_MAX_LEN
+            and recurrent is not None
+            and self.states is not None
+            and (recurrent.parents is None or recurrent.snapshots)
+            and self.activation in ("silu", "swish")
+            and self.inner == self.num_groups * self.norm.group_size
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
+        zxbcdt = self.in_proj(x)  # [num_tokens, inner + conv_channels + heads]
+        if self.takes_fused_step(x):  # two launches (layers/mamba2_step_kernel.py)
+            from outpace.layers.mamba2_step_kernel import mamba2_step
+
+            ctx = get_forward_context()
+            meta = ctx.metadata
+            y = mamba2_step(self, zxbcdt, meta.token_table(), meta.query_lens, ctx.recurrent)
+            return self.out_proj(y)
         runs = TokenRuns.of_context(x.device)
-        gate, xbc, dt = self.in_proj(x).split(
-            [self.inner, self.conv_channels, self.num_heads], dim=-1
-        )
+        gate, xbc, dt = zxbcdt.split([self.inner, self.conv_channels, self.num_heads], dim=-1)
         start = self.initial_states(runs, x)
         parents, keep_every = self.parents(), self.keeps_every_state()
         conv, conv_final, conv_every = causal_conv_run(

@@ -1,0 +1,258 @@
+"""Mamba2's fused few-row step (layers/mamba2_step_kernel.py; Triton's interpreter here, compiled on a GPU)
+against the mixer's eager path (layers/mamba2.py): the layer's output, the state rows and the verify
+snapshots, for decode (mixed run lengths: padding leaves the state alone), verify chains of 2..8 tokens,
+draft trees whose nodes continue their parents' states, runs with and without an initial state, odd head
+counts and sizes, one and two groups. On a GPU also: bf16 at Nemotron-H-8B's shape, the step inside a
+captured CUDA graph, and its time against the eager path's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
+from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, else the interpreter
+SLOTS, SNAPSHOT_ROWS = 5, 8
+# (heads, head_dim, groups, state_size, conv_width): odd sizes, one and two groups, a head of two blocks
+SHAPES = {
+    "odd": (6, 5, 2, 7, 4),
+    "one group, long heads": (3, 40, 1, 16, 3),
+}
+# Nemotron-H-8B (huggingface.co/nvidia/Nemotron-H-8B-Base-8K config.json): hidden_size 4096,
+# mamba_num_heads 128, mamba_head_dim 64, n_groups 8, ssm_state_size 128, conv_kernel 4,
+# use_conv_bias, time_step_min 0.001, layer_norm_epsilon 1e-5
+NEMOTRON_H_8B = dict(hidden=4096, heads=128, head_dim=64, groups=8, state_size=128, width=4)
+
+
+def make_mixer(heads, head_dim, groups, state_size, width, hidden=24, dtype=torch.float32, seed=0):
+    """A mixer with random weights of trained-like scale and random state rows and snapshots."""
+    g = torch.Generator().manual_seed(seed)
+    mixer = Mamba2Mixer(
+        hidden, heads, head_dim, groups, state_size, width, True, False, "silu", 1e-3, 1e-5
+    )
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 1))
+        mixer.A_log.copy_(torch.rand(heads, generator=g) * 2 - 1)
+        mixer.dt_bias.copy_(torch.rand(heads, generator=g) * 2 - 3)
+    mixer = mixer.to(DEVICE, dtype)
+    states, snapshots = {}, {}
+    for name, (shape, declared) in mixer.state_shapes().items():
+        kind = dict(dtype=declared or dtype, device=DEVICE)
+        states[name] = torch.randn(SLOTS, *shape, generator=g).to(**kind)
+        snapshots[name] = torch.randn(SLOTS, SNAPSHOT_ROWS, *shape, generator=g).to(**kind)
+    mixer.bind_state(states, snapshots)
+    return mixer
+
+
+def run_step(mixer, fused, x, query_lens, recurrent):
+    """The mixer over one forward with its own copy of the state -> (output, states, snapshots)."""
+    states = {k: v.clone() for k, v in mixer.states.items()}
+    snapshots = {k: v.clone() for k, v in mixer.snapshots.items()}
+    saved = mixer.states, mixer.snapshots
+    mixer.bind_state(states, snapshots)
+    mixer.fused = fused
+    meta = build_paged_metadata(
+        [[0]] * len(query_lens), [0] * len(query_lens), query_lens, 16, DEVICE
+    )
+    try:
+        with torch.no_grad(), forward_context(meta, recurrent=recurrent):
+            assert mixer.takes_fused_step(x) == fused
+            out = mixer(x)
+    finally:
+        mixer.bind_state(*saved)
+    return out, states, snapshots
+
+
+def recurrent_metadata(indices, has_initial, parents=None, snapshots=False):
+    return RecurrentMetadata(
+        torch.tensor(indices, device=DEVICE),
+        torch.tensor(has_initial, device=DEVICE),
+        None if parents is None else torch.tensor(parents, device=DEVICE),
+        snapshots,
+    )
+
+
+def assert_step_matches_eager(mixer, query_lens, recurrent, tol=1e-5, seed=1):
+    """The fused step's output, state rows and (valid positions') snapshots equal the eager path's."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(query_lens), mixer.in_proj.weight.shape[1], generator=g)
+    x = x.to(DEVICE, mixer.in_proj.weight.dtype)
+    want, want_states, want_snaps = run_step(mixer, False, x, query_lens, recurrent)
+    got, got_states, got_snaps = run_step(mixer, True, x, query_lens, recurrent)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    for name in want_states:
+        torch.testing.assert_close(got_states[name], want_states[name], rtol=tol, atol=tol)
+        for slot, n in zip(recurrent.state_indices.tolist(), query_lens):
+            if recurrent.snapshots:  # padding positions' snapshots are never committed
+                want_rows, got_rows = want_snaps[name][slot, :n], got_snaps[name][slot, :n]
+                torch.testing.assert_close(got_rows, want_rows, rtol=tol, atol=tol)
+    return got
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("lengths", [[1, 1, 1], [3, 1, 2], [2, 0, 4]])
+def test_decode_leaves_the_state_after_each_runs_last_token(shape, lengths):
+    """Decode (one token per run) and short runs of mixed lengths (padding) into the state rows; the
+    middle run starts from zeros."""
+    mixer = make_mixer(*SHAPES[shape])
+    assert_step_matches_eager(mixer, lengths, recurrent_metadata([3, 0, 4], [True, False, True]))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("width", [2, 3, 5, 8])
+def test_verify_chain_keeps_the_state_after_every_token(shape, width):
+    mixer = make_mixer(*SHAPES[shape])
+    recurrent = recurrent_metadata([1, 4, 2], [True, True, False], snapshots=True)
+    assert_step_matches_eager(mixer, [width] * 3, recurrent)
+
+
+def test_verify_chain_of_mixed_lengths():
+    mixer = make_mixer(*SHAPES["odd"])
+    recurrent = recurrent_metadata([1, 4, 2], [True, False, True], snapshots=True)
+    assert_step_matches_eager(mixer, [6, 2, 4], recurrent)
+
+
+TREES = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 0, 3, 3]]  # [runs, nodes]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_tree_nodes_continue_their_parents(shape):
+    mixer = make_mixer(*SHAPES[shape])
+    tree = recurrent_metadata([2, 0, 3], [True, False, True], TREES, snapshots=True)
+    out = assert_step_matches_eager(mixer, [6] * 3, tree)
+    chain = recurrent_metadata([2, 0, 3], [True, False, True], snapshots=True)
+    g = torch.Generator().manual_seed(1)  # the parents matter: as chains the same tokens differ
+    x = torch.randn(18, mixer.in_proj.weight.shape[1], generator=g).to(DEVICE)
+    as_chains, _, _ = run_step(mixer, True, x, [6] * 3, chain)
+    assert not torch.allclose(out[:6], as_chains[:6], atol=1e-3)
+
+
+def test_other_forwards_take_the_eager_path():
+    """No recurrent metadata (references), prefill-length runs, unbound states: the eager path."""
+    mixer = make_mixer(*SHAPES["odd"])
+    x = torch.randn(20, 24, device=DEVICE)
+    recurrent = recurrent_metadata([0], [True])
+    mixer.fused = True
+    long_meta = build_paged_metadata([[0]], [0], [20], 64, DEVICE)
+    with forward_context(long_meta, recurrent=recurrent):
+        assert not mixer.takes_fused_step(x)
+    short_meta = build_paged_metadata([[0]], [0], [4], 16, DEVICE)
+    with forward_context(short_meta):
+        assert not mixer.takes_fused_step(x)
+    with forward_context(short_meta, recurrent=recurrent):
+        assert mixer.takes_fused_step(x)
+        mixer.states = None
+        assert not mixer.takes_fused_step(x)
+
+
+# ---- GPU only ------------------------------------------------------------------------------------------------
+
+
+def nemotron_h_8b_mixer():
+    s = NEMOTRON_H_8B
+    return make_mixer(
+        s["heads"],
+        s["head_dim"],
+        s["groups"],
+        s["state_size"],
+        s["width"],
+        s["hidden"],
+        torch.bfloat16,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["decode", "verify chain", "tree"])
+def test_bf16_at_nemotron_h_8b_shape_matches_the_eager_path(form):
+    """bf16 in the model, float32 state: the fused step rounds where the eager path rounds, so the two
+    differ only by the order of float32 sums (and the bf16 roundings that order flips)."""
+    mixer = nemotron_h_8b_mixer()
+    indices, initial = [3, 0, 4], [True, False, True]
+    if form == "decode":
+        lengths, recurrent = [1, 1, 1], recurrent_metadata(indices, initial)
+    elif form == "verify chain":
+        lengths, recurrent = [8, 8, 8], recurrent_metadata(indices, initial, snapshots=True)
+    else:
+        lengths, recurrent = [6] * 3, recurrent_metadata(indices, initial, TREES, snapshots=True)
+    assert_step_matches_eager(mixer, lengths, recurrent, tol=2e-2)
+
+
+@pytest.mark.gpu
+def test_fused_step_replays_inside_a_cuda_graph():
+    mixer = nemotron_h_8b_mixer()
+    recurrent = recurrent_metadata([3, 0, 4], [True, False, True], TREES, snapshots=True)
+    x = torch.randn(18, NEMOTRON_H_8B["hidden"], device=DEVICE, dtype=torch.bfloat16)
+    meta = build_paged_metadata([[0]] * 3, [0] * 3, [6] * 3, 16, DEVICE)
+    mixer.fused = True
+    with torch.no_grad(), forward_context(meta, recurrent=recurrent):
+        eager = mixer(x)
+        snapshots = {k: v.clone() for k, v in mixer.snapshots.items()}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = mixer(x)
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, eager, rtol=0, atol=0)
+    for name, snap in snapshots.items():
+        torch.testing.assert_close(mixer.snapshots[name], snap, rtol=0, atol=0)
+
+
+def step_time_us(mixer, fused, batch, width, repeats=50):
+    """Mean µs of one layer's step (in_proj to out_proj) over ``batch`` runs of ``width`` tokens, replayed
+    from a CUDA graph as the engine runs it."""
+    lengths = [width] * batch
+    recurrent = recurrent_metadata(list(range(batch)), [True] * batch, snapshots=width > 1)
+    x = torch.randn(batch * width, NEMOTRON_H_8B["hidden"], device=DEVICE, dtype=torch.bfloat16)
+    meta = build_paged_metadata([[0]] * batch, [0] * batch, lengths, 16, DEVICE)
+    mixer.fused = fused
+    with torch.no_grad(), forward_context(meta, recurrent=recurrent):
+        mixer(x)  # compile, warm the token table
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mixer(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / repeats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, width", [(1, 1), (8, 1), (32, 1), (1, 8), (8, 8), (8, 16)])
+def test_fused_step_is_faster_than_the_eager_path(batch, width):
+    """Prints both times (pytest -s); the fused step must not be slower."""
+    s = NEMOTRON_H_8B
+    g = torch.Generator().manual_seed(0)
+    mixer = Mamba2Mixer(
+        s["hidden"],
+        s["heads"],
+        s["head_dim"],
+        s["groups"],
+        s["state_size"],
+        s["width"],
+        True,
+        False,
+        "silu",
+        1e-3,
+        1e-5,
+    ).to(DEVICE, torch.bfloat16)
+    states, snapshots = {}, {}
+    for name, (shape, declared) in mixer.state_shapes().items():
+        kind = dict(dtype=declared or torch.bfloat16, device=DEVICE)
+        states[name] = torch.randn(batch, *shape, generator=g).to(**kind)
+        snapshots[name] = torch.zeros(batch, 16, *shape, **kind)
+    mixer.bind_state(states, snapshots)
+    eager, fused = step_time_us(mixer, False, batch, width), step_time_us(mixer, True, batch, width)
+    print(
+        f"\nNemotron-H-8B mamba step, {batch} x {width} tokens: eager {eager:.1f} µs, fused {fused:.1f} µs"
+    )
+    assert fused <= eager
