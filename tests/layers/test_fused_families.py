@@ -1,0 +1,242 @@
+"""The few-row fused path of the Gemma 3 / Gemma 4 families (layers/fused_sandwich.py over
+layers/fused_projection.py) against the eager modules (layers/decoder.py's habits: the eager path is the
+reference), in Triton's interpreter on the CPU (fp32):
+
+- the split stream (``SplitRows``: a sandwich norm's output not yet added to the stream) that o_proj and
+  down hand on: added up, normalised into q/k/v (q/k norms, RoPE, KV write), gate/up (GELU-tanh) and a
+  soft-capped head, and used as the next residual (odd shapes, 1 to 8 rows, a layer scalar);
+- whole models: a decode (1 row a sequence) and a verify (2 to 8 rows a sequence) forward over caches
+  longer than the sliding window, with sliding and global layers, give the eager logits and KV caches;
+- a fused layer is four projection kernels, as a Llama layer: a stack of L fused layers launches
+  4 L + 2 fused kernels (one row kernel in front, one behind), the head two.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
+from helpers.hf_models import save_hf_model
+from outpace.layers import fused_projection
+from outpace.layers.activation import ACTIVATIONS
+from outpace.layers.fused_projection import (
+    norm_project,
+    norm_project_qkv,
+    norm_project_swiglu,
+    project_sandwich,
+    stream_of,
+)
+from outpace.layers.norm import rms_norm_f32
+from outpace.layers.rotary import RotaryEmbedding, rotary_torch
+
+EPS = 1e-6
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def _rand(*shape, seed, scale=1.0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _norm(x, weight, offset):
+    return rms_norm_f32(x, weight, EPS, offset)
+
+
+# ---- the split stream ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_split_stream_through_a_sandwich_layer(m):
+    """h -> mid = h + post(attn @ Wo.T) -> out = (mid + post_mlp(act @ Wd.T)) * scale, each a split
+    stream from one kernel; every reader of a split stream (q/k/v, gate/up, the head, the next
+    residual add) equals the eager formula on the added-up stream."""
+    hidden, inter, heads, kv_heads, d = 44, 36, 3, 1, 8
+    offset = 1.0  # Gemma 3's (1 + w) norms
+    h, attn, act = _rand(m, hidden, seed=1), _rand(m, 20, seed=2), _rand(m, inter, seed=3)
+    w_o, w_d = _rand(hidden, 20, seed=4, scale=0.3), _rand(hidden, inter, seed=5, scale=0.3)
+    post, pre, post_mlp, nxt = (_rand(hidden, seed=s, scale=0.3) for s in (6, 7, 8, 9))
+    scale = torch.tensor([0.7])
+
+    mid_ref = h + _norm(F.linear(attn, w_o), post, offset)
+    mid = project_sandwich(attn, w_o, h, (post, EPS, offset), (pre, offset))
+    torch.testing.assert_close(stream_of(mid), mid_ref, **TOL)
+
+    gate_up = _rand(2 * inter, hidden, seed=10, scale=0.3)
+    g, u = F.linear(_norm(mid_ref, pre, offset), gate_up).chunk(2, dim=-1)
+    swiglu = norm_project_swiglu(mid, EPS, gate_up, act="gelu_pytorch_tanh")
+    torch.testing.assert_close(swiglu, ACTIVATIONS["gelu_pytorch_tanh"](g) * u, **TOL)
+
+    out_ref = (mid_ref + _norm(F.linear(act, w_d), post_mlp, offset)) * 0.7
+    out = project_sandwich(act, w_d, mid, (post_mlp, EPS, offset), (nxt, offset), scale)
+    torch.testing.assert_close(stream_of(out), out_ref, **TOL)
+
+    head = _rand(29, hidden, seed=11)
+    logits = norm_project(out, EPS, head, softcap=0.5)
+    ref = torch.tanh(F.linear(_norm(out_ref, nxt, offset), head) / 0.5) * 0.5
+    torch.testing.assert_close(logits, ref, **TOL)
+
+    qkv = _rand((heads + 2 * kv_heads) * d, hidden, seed=12, scale=0.3)
+    q_norm, k_norm = _rand(d, seed=13, scale=0.3), _rand(d, seed=14, scale=0.3)
+    rope = RotaryEmbedding(d, 64, 1e4, None)
+    positions, slots = torch.arange(m) * 3 + 1, torch.arange(m) * 2 + 1
+    q, k, v = F.linear(_norm(out_ref, nxt, offset), qkv).split(
+        [heads * d, kv_heads * d, kv_heads * d], dim=-1
+    )
+    q = _norm(q.view(m, heads, d), q_norm, offset)
+    k = _norm(k.view(m, kv_heads, d), k_norm, offset)
+    q, k = rotary_torch(positions, q, k, rope.cos, rope.sin)
+    k_cache, v_cache = (torch.zeros(4, 8, kv_heads, d) for _ in range(2))
+    q_out = norm_project_qkv(
+        out,
+        EPS,
+        qkv,
+        d,
+        heads * d,
+        positions,
+        rope.cos,
+        rope.sin,
+        k_cache,
+        v_cache,
+        slots,
+        qk_norm=(q_norm, k_norm, EPS),
+        qk_offset=offset,
+    )
+    torch.testing.assert_close(q_out, q.reshape(m, -1), **TOL)
+    torch.testing.assert_close(k_cache.view(-1, kv_heads, d)[slots], k, **TOL)
+    torch.testing.assert_close(v_cache.view(-1, kv_heads, d)[slots], v.view(m, kv_heads, d), **TOL)
+
+
+def test_a_split_stream_left_unnormed_adds_up_and_is_refused_as_a_norm_input():
+    """Without a next norm (Gemma 4's per-layer branch reads the stream), no normed copies are written:
+    the stream adds up (Gemma 4's plain-weight norm), and a norm reader refuses it."""
+    x, w, h, post = (
+        _rand(2, 12, seed=1),
+        _rand(16, 12, seed=2),
+        _rand(2, 16, seed=3),
+        _rand(16, seed=4),
+    )
+    split = project_sandwich(x, w, h, (post, EPS, 0.0))
+    torch.testing.assert_close(stream_of(split), h + _norm(F.linear(x, w), post, 0.0), **TOL)
+    with pytest.raises(ValueError, match="next_norm"):
+        norm_project(split, EPS, _rand(8, 16, seed=5))
+
+
+# ---- whole models ----------------------------------------------------------------------------------------
+# power-of-two head dims (the fused q/k norms need them); windows of 7 under contexts of 13 and 20
+MODELS = {
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **dict(GEMMA3_TEXT, head_dim=8, num_hidden_layers=3, sliding_window_pattern=2)
+    ),
+    # no per-layer inputs: the layer scalar folds into the split stream
+    "gemma4": lambda: transformers.Gemma4TextConfig(
+        **dict(
+            GEMMA4_TEXT,
+            head_dim=8,
+            global_head_dim=16,
+            num_hidden_layers=3,
+            hidden_size_per_layer_input=0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )
+    ),
+}
+LENS = [13, 20]
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    """variant -> (the loaded model, its KV caches after prefilling LENS eagerly)."""
+    from outpace.attention import build_paged_metadata, forward_context
+    from outpace.attention.triton_backend import TritonAttentionBackend
+    from outpace.cache.block_pool import BlockPool
+    from outpace.cache.kv_cache import bind_kv_cache
+    from outpace.models.loader import load_model
+
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            torch.manual_seed(0)
+            hf = transformers.AutoModelForCausalLM.from_config(
+                MODELS[variant](), dtype=torch.float32
+            )
+            with torch.no_grad():
+                for name, t in hf.state_dict().items():
+                    if "norm" in name or "scal" in name:
+                        t.add_(torch.randn_like(t) * 0.1)
+            path = save_hf_model(hf.eval(), tmp_path_factory.mktemp(variant))
+            model = load_model(path, torch.float32, "cpu", progress=False)
+            caches = bind_kv_cache(model.model, BlockPool(5, 16), torch.float32, "cpu")
+            ids = torch.arange(sum(LENS)) * 7 % 211
+            positions = torch.cat([torch.arange(n) for n in LENS])
+            meta = build_paged_metadata(TABLES, [0, 0], LENS, 16, "cpu")
+            with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
+                model(ids, positions)
+            cache[variant] = model, caches
+        return cache[variant]
+
+    return get
+
+
+TABLES = [[3, 1], [0, 2]]
+
+
+def _forward(model, caches, rows, fused, monkeypatch):
+    """``rows`` new tokens a sequence after LENS, with the fused path forced on or off -> (logits
+    [2 * rows, vocab], the KV caches after it); the caches are restored after."""
+    import outpace.layers.fused_decoder as fused_decoder
+    import outpace.layers.fused_sandwich as fused_sandwich
+    from outpace.attention import build_paged_metadata, forward_context
+    from outpace.attention.triton_backend import TritonAttentionBackend
+
+    saved = [[t.clone() for t in c] for c in caches]
+    for module in (fused_decoder, fused_sandwich):
+        monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
+    ids = torch.arange(2 * rows) * 5 % 211
+    positions = torch.cat([torch.arange(n, n + rows) for n in LENS])
+    meta = build_paged_metadata(TABLES, LENS, [rows, rows], 16, "cpu")
+    with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
+        logits = model.compute_logits(model(ids, positions).hidden_states)
+    after = [torch.stack(c).clone() for c in caches]
+    for c, s in zip(caches, saved):
+        for t, v in zip(c, s):
+            t.copy_(v)
+    monkeypatch.undo()
+    return logits, after
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8], ids=["decode", "verify3", "verify8"])
+@pytest.mark.parametrize("variant", list(MODELS))
+def test_fused_stack_equals_the_eager_one(variant, rows, family, monkeypatch):
+    model, caches = family(variant)
+    ref_logits, ref_caches = _forward(model, caches, rows, False, monkeypatch)
+    calls = _count_kernels(monkeypatch)
+    logits, fused_caches = _forward(model, caches, rows, True, monkeypatch)
+    layers = len(model.model.layers)
+    # a row kernel in front of the stack, four projections a layer, a row kernel behind; the head two
+    assert calls == {"rows": 1 + 1, "projections": 4 * layers + 1, "add": 1}
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(fused_caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+class _Counted:
+    """A Triton kernel whose launches are counted under ``name`` in ``calls``."""
+
+    def __init__(self, kernel, calls, name):
+        self.kernel, self.calls, self.name = kernel, calls, name
+
+    def __getitem__(self, grid):
+        self.calls[self.name] += 1
+        return self.kernel[grid]
+
+
+def _count_kernels(monkeypatch) -> dict[str, int]:
+    calls = {"rows": 0, "projections": 0, "add": 0}
+    for attr, name in (
+        ("_normed_rows_kernel", "rows"),
+        ("_fused_rows_kernel", "projections"),
+        ("_add_normed_kernel", "add"),
+    ):
+        kernel = getattr(fused_projection, attr)
+        monkeypatch.setattr(fused_projection, attr, _Counted(kernel, calls, name))
+    return calls
