@@ -64,7 +64,13 @@ class Routing:
 class Router(nn.Module):
     """hidden [n, hidden] -> (weights [n, top_k] float32, expert ids [n, top_k] int64). Its weight and the
     correction bias stay float32 whatever the model's dtype (transformers keeps both in float32:
-    DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict)."""
+    DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict).
+
+    On CUDA without autograd the routing kernels of layers/moe_routing_kernel.py (two launches, no host
+    synchronisation; ties go to the lowest expert index); elsewhere ``reference``, the torch code."""
+
+    # the routing kernels: None on CUDA tensors without autograd, True / False forces either (tests)
+    kernel: bool | None = None
 
     def __init__(self, hidden_size: int, routing: Routing) -> None:
         super().__init__()
@@ -78,6 +84,27 @@ class Router(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids, _ = self.route(x)
+        return weights, ids
+
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
+
+    def route(self, x: torch.Tensor, num_shared: int = 0, layout: bool = False):
+        """x [n, hidden] -> (weights, ids, block layout or None): with ``layout`` the routing kernel also
+        writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots per token
+        (layers/moe_kernels.py ``BlockLayout``); the torch path leaves that to ``moe_kernels.align``."""
+        if not self.uses_kernel(x):
+            return (*self.reference(x), None)
+        from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
+
+        bias = getattr(self, "e_score_correction_bias", None)
+        return moe_routing_kernel.route(
+            x, self.weight.float(), bias, self.routing, num_shared, layout
+        )
+
+    def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routing in torch (module docstring): the CPU path and the kernels' reference."""
         r = self.routing
         logits = F.linear(x.float(), self.weight.float())  # [n, experts]
         scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
@@ -239,16 +266,37 @@ class RoutedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.run(x, weights, ids)
 
-    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The experts' output (class docstring); ``forward`` unless a subclass adds the router."""
-        kernel = self.activation.kernel
+    def uses_kernels(self, x: torch.Tensor) -> bool:
+        """Whether ``run`` takes the grouped kernels for x (``kernels``; an activation they have)."""
         use = x.is_cuda and not torch.is_grad_enabled() if self.kernels is None else self.kernels
-        if kernel is not None and use:
+        return use and self.activation.kernel is not None
+
+    def run(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
+        layout=None,
+    ) -> torch.Tensor:
+        """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
+        kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
+        layout the routing kernel wrote (layers/moe_kernels.py grouped_experts)."""
+        if self.uses_kernels(x):
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
             return moe_kernels.grouped_experts(
-                x, weights, ids, *self.stacks(), activation=kernel, limit=self.activation.limit
+                x,
+                weights,
+                ids,
+                *self.stacks(),
+                activation=self.activation.kernel,
+                limit=self.activation.limit,
+                shared=shared,
+                layout=layout,
             )
+        if shared is not None:
+            raise ValueError("fused shared experts run on the grouped kernels only")
         return run_experts(x, weights, ids, self.eager_experts())
 
     def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -347,7 +395,49 @@ class MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, *self.gate(x))
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+        if self.experts.uses_kernels(x):
+            out = self.grouped(x)
+        else:
+            out = self.experts(x, *self.gate(x))
+            if self.shared_experts is not None:
+                out = out + self.shared_experts(x)
         return all_reduce(out, self.group)  # (the partial sums of every rank's expert rows)
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's routed plus shared output on the kernels: routing and the block layout in one
+        launch (after the logits'), the shared experts fused with the routed ones when they can be."""
+        shared = self.shared_stacks()
+        num_shared = 0 if shared is None else shared[1].shape[0]
+        weights, ids, layout = self.gate.route(x, num_shared, layout=True)
+        out = self.experts.run(x, weights, ids, shared=shared, layout=layout)
+        if shared is None and self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+    def shared_stacks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The shared MLP as n_shared more experts of the routed experts' (this rank's) width, for the
+        grouped kernels (layers/moe_kernels.py, shared experts fusion): gate and up [shared, inter,
+        hidden], down [shared, hidden, inter], views of its own parameters (packed or not, this rank's
+        shard: its rows split into experts of the routed width, each row's activation its own and the
+        down projection's column blocks summing). None when it cannot fuse: no shared experts, biases,
+        weights of another dtype (quantized) or not contiguous."""
+        mlp = self.shared_experts
+        if mlp is None:
+            return None
+        down_r = self.experts.stacks()[2]  # [experts, hidden, inter]
+        hidden, inter = down_r.shape[1], down_r.shape[2]
+        projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        gate, up, down = (p.weight for p in projections)
+        if (
+            any(getattr(p, "bias", None) is not None for p in projections)
+            or mlp.act != self.experts.activation.name
+            or any(w.dtype != down_r.dtype or not w.is_contiguous() for w in (gate, up, down))
+            or gate.shape[0] % inter
+        ):
+            return None
+        shared = gate.shape[0] // inter
+        return (
+            gate.view(shared, inter, hidden),
+            up.view(shared, inter, hidden),
+            down.view(hidden, shared, inter).transpose(0, 1),
+        )

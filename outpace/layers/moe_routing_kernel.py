@@ -1,0 +1,366 @@
+"""A mixture's routing in Triton (layers/moe.py ``Router`` on CUDA): two launches per layer, no host
+synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at every verify width).
+
+1. ``_router_logits_kernel``, grid (token blocks, expert blocks, hidden splits): float32 partial router
+   logits, x (any dtype, converted in registers: no float32 copy of x) times the float32 router weight,
+   each split of the hidden dimension into its own [tokens, experts] slice. The router weight is the only
+   large read of routing (DeepSeek-V2-Lite 64 x 2048 x 4 B = 0.5 MB, V3 256 x 7168 x 4 B = 7.3 MB): split
+   over about 128 programs it streams at the device's bandwidth, where the one program of step 2 would
+   read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch.
+2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
+   sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
+   best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
+   the weights (the uncorrected scores, renormalised with ``normalize``, times ``scaling``), as layers/moe.py
+   ``Router.reference`` computes them. Up to ``FUSED_LAYOUT_TOKENS`` tokens it runs as one program that then
+   also writes the expert-sorted block layout of the grouped-expert kernels (layers/moe_kernels.py
+   ``sort_pairs_into_blocks``, shared-expert slots included): routing and the sort in one launch. Beyond
+   (prefill) one program per block of tokens, and the sort is ``moe_kernels.align``'s own launch.
+
+Ties: a top-k takes the largest value first and, among equal values, the lowest index (expert or group);
+the chosen experts are written in that order (largest selection score first). torch.topk leaves the order
+of ties unspecified, so on scores without ties (random scores, as the tests use) both choose the same set.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from outpace.layers.moe_kernels import BlockLayout, align, sort_chunk, sort_pairs_into_blocks
+
+FUSED_LAYOUT_TOKENS = (
+    64  # up to this many tokens routing writes the block layout itself (docstring 2.)
+)
+_LOGIT_PROGRAMS = 128  # programs the logits matvec aims for (132 SMs on an H200)
+_MAX_SPLITS = (
+    8  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
+)
+
+
+@triton.jit
+def _router_logits_kernel(
+    x_ptr,  # [n, hidden] any float dtype
+    w_ptr,  # [experts, hidden] float32
+    partial_ptr,  # [splits, n, experts] float32, written
+    n,
+    hidden,
+    num_experts,
+    split_len,  # hidden columns per split, a multiple of BLOCK_K
+    stride_x,
+    stride_w,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)  # [BLOCK_E]
+    split = tl.program_id(2)
+    t_ok, e_ok = tokens < n, experts < num_experts
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    for k0 in range(split * split_len, (split + 1) * split_len, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < hidden
+        x = tl.load(
+            x_ptr + tokens[:, None].to(tl.int64) * stride_x + k[None, :],
+            mask=t_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_T, BLOCK_K]
+        w = tl.load(
+            w_ptr + experts[:, None] * stride_w + k[None, :],
+            mask=e_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_E, BLOCK_K]
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    out = partial_ptr + (split * n + tokens[:, None]).to(tl.int64) * num_experts + experts[None, :]
+    tl.store(out, acc, mask=t_ok[:, None] & e_ok[None, :])
+
+
+@triton.jit
+def _top_index(values, index, NONE: tl.constexpr):
+    """values [rows, cols], index [cols] -> per row the index of its largest value, the lowest among
+    equal ones ([rows])."""
+    best = tl.max(values, axis=1)
+    return tl.min(tl.where(values == best[:, None], index[None, :], NONE), axis=1)
+
+
+@triton.jit
+def _limit_to_top_groups(
+    choice,  # [BLOCK_T, BLOCK_E] selection scores, -inf past the last expert
+    experts,  # [BLOCK_E]
+    NUM_EXPERTS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOP_GROUPS: tl.constexpr,
+    TOP2_SUM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """choice with every expert outside its token's TOP_GROUPS best groups at -inf (layers/moe.py
+    ``_limit_to_top_groups``)."""
+    group = experts // (NUM_EXPERTS // NUM_GROUPS)  # [BLOCK_E] (>= NUM_GROUPS past the last expert)
+    groups = tl.arange(0, BLOCK_G)
+    scores = tl.full([BLOCK_T, BLOCK_G], float("-inf"), tl.float32)  # [BLOCK_T, BLOCK_G]
+    for g in tl.static_range(NUM_GROUPS):
+        v = tl.where(group[None, :] == g, choice, float("-inf"))  # [BLOCK_T, BLOCK_E]
+        score = tl.max(v, axis=1)  # [BLOCK_T]
+        if TOP2_SUM:  # the best plus the best of the rest (the best twice when it is there twice)
+            first = _top_index(v, experts, BLOCK_E)
+            score += tl.max(tl.where(experts[None, :] == first[:, None], float("-inf"), v), axis=1)
+        scores = tl.where(groups[None, :] == g, score[:, None], scores)
+    keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
+    for _ in tl.static_range(TOP_GROUPS):
+        best = _top_index(scores, groups, BLOCK_G)  # [BLOCK_T]
+        scores = tl.where(groups[None, :] == best[:, None], float("-inf"), scores)
+        keep = keep | (group[None, :] == best[:, None])
+    return tl.where(keep, choice, float("-inf"))
+
+
+@triton.jit
+def _route_tokens(
+    t0,
+    partial_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    n,
+    splits,
+    scaling,
+    NUM_EXPERTS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    BIAS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOP_GROUPS: tl.constexpr,
+    TOP2_SUM: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.)."""
+    tokens = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    experts = tl.arange(0, BLOCK_E)  # [BLOCK_E]
+    t_ok, e_ok = tokens < n, experts < NUM_EXPERTS
+    ok = t_ok[:, None] & e_ok[None, :]
+    cell = tokens[:, None].to(tl.int64) * NUM_EXPERTS + experts[None, :]  # [BLOCK_T, BLOCK_E]
+    logits = tl.load(partial_ptr + cell, mask=ok, other=0.0)
+    for s in range(1, splits):  # in split order: the same bits every time
+        logits += tl.load(partial_ptr + s * n * NUM_EXPERTS + cell, mask=ok, other=0.0)
+    if SOFTMAX:
+        logits = tl.where(e_ok[None, :], logits, float("-inf"))
+        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+        scores = p / tl.sum(p, axis=1)[:, None]
+    else:
+        scores = tl.sigmoid(logits)
+    choice = scores
+    if BIAS:
+        choice += tl.load(bias_ptr + experts, mask=e_ok, other=0.0)[None, :]
+    choice = tl.where(e_ok[None, :], choice, float("-inf"))
+    if NUM_GROUPS > 1:
+        choice = _limit_to_top_groups(
+            choice,
+            experts,
+            NUM_EXPERTS,
+            NUM_GROUPS,
+            TOP_GROUPS,
+            TOP2_SUM,
+            BLOCK_T,
+            BLOCK_E,
+            BLOCK_G,
+        )
+    slots = tl.arange(0, BLOCK_K)
+    top_w = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)  # [BLOCK_T, BLOCK_K] weight per slot
+    top_i = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)  # expert per slot
+    for j in tl.static_range(TOP_K):
+        best = _top_index(choice, experts, BLOCK_E)  # [BLOCK_T]
+        pick = experts[None, :] == best[:, None]  # [BLOCK_T, BLOCK_E]
+        weight = tl.sum(tl.where(pick, scores, 0.0), axis=1)
+        choice = tl.where(pick, float("-inf"), choice)
+        top_w = tl.where(slots[None, :] == j, weight[:, None], top_w)
+        top_i = tl.where(slots[None, :] == j, best[:, None], top_i)
+    if NORMALIZE:
+        top_w = top_w / (tl.sum(top_w, axis=1)[:, None] + 1e-20)
+    out = tokens[:, None].to(tl.int64) * TOP_K + slots[None, :]
+    mask = t_ok[:, None] & (slots[None, :] < TOP_K)
+    tl.store(weights_ptr + out, top_w * scaling, mask=mask)
+    tl.store(ids_ptr + out, top_i.to(tl.int64), mask=mask)
+
+
+@triton.jit
+def _route_kernel(
+    partial_ptr,  # [splits, n, experts] float32 partial logits
+    bias_ptr,  # [experts] float32 (read when BIAS)
+    weights_ptr,  # [n, TOP_K] float32, written
+    ids_ptr,  # [n, TOP_K] int64, written
+    sorted_pairs_ptr,
+    block_expert_ptr,  # the block layout, written when LAYOUT
+    n,
+    splits,
+    scaling,
+    max_blocks,
+    NUM_EXPERTS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    BIAS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOP_GROUPS: tl.constexpr,
+    TOP2_SUM: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LAYOUT: tl.constexpr,  # one program: every token, then the block layout
+    NUM_SHARED: tl.constexpr,
+    SORT_BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    first = tl.program_id(0) * BLOCK_T
+    last = n if LAYOUT else first + 1
+    for t0 in range(first, last, BLOCK_T):
+        _route_tokens(
+            t0,
+            partial_ptr,
+            bias_ptr,
+            weights_ptr,
+            ids_ptr,
+            n,
+            splits,
+            scaling,
+            NUM_EXPERTS,
+            TOP_K,
+            SOFTMAX,
+            BIAS,
+            NUM_GROUPS,
+            TOP_GROUPS,
+            TOP2_SUM,
+            NORMALIZE,
+            BLOCK_T,
+            BLOCK_E,
+            BLOCK_G,
+            BLOCK_K,
+        )
+    if LAYOUT:
+        tl.debug_barrier()  # the ids are written before the sort reads them
+        sort_pairs_into_blocks(
+            ids_ptr,
+            TOP_K,
+            sorted_pairs_ptr,
+            block_expert_ptr,
+            n * (TOP_K + NUM_SHARED),
+            max_blocks,
+            NUM_EXPERTS,
+            TOP_K,
+            TOP_K + NUM_SHARED,
+            SORT_BLOCK_E,
+            BLOCK_M,
+            CHUNK,
+        )
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [n, hidden]; weight [experts, hidden] float32 -> partial logits [splits, n, experts] float32
+    (module docstring 1.), their sum over splits being x.float() @ weight.T."""
+    n, hidden = x.shape
+    experts = weight.shape[0]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    block_t, block_e, block_k = 16, 16, 64
+    tiles = triton.cdiv(n, block_t) * triton.cdiv(experts, block_e)
+    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
+    split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
+    splits = triton.cdiv(hidden, split_len)
+    partial = torch.empty(splits, n, experts, dtype=torch.float32, device=x.device)
+    _router_logits_kernel[(triton.cdiv(n, block_t), triton.cdiv(experts, block_e), splits)](
+        x,
+        weight,
+        partial,
+        n,
+        hidden,
+        experts,
+        split_len,
+        x.stride(0),
+        weight.stride(0),
+        BLOCK_T=block_t,
+        BLOCK_E=block_e,
+        BLOCK_K=block_k,
+        num_warps=4,
+    )
+    return partial
+
+
+def select_experts(
+    partial: torch.Tensor,
+    bias: torch.Tensor | None,
+    routing,
+    num_shared: int = 0,
+    layout: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
+    """partial logits [splits, n, experts] float32 (``router_logits``, or the logits as [1, n, experts]);
+    bias [experts] float32 or None; routing a layers/moe.py ``Routing`` -> (weights [n, top_k] float32,
+    ids [n, top_k] int64, with ``layout`` the block layout of ids and ``num_shared`` shared slots per
+    token (layers/moe_kernels.py), else None)."""
+    splits, n, experts = partial.shape
+    r = routing
+    if r.correction_bias != (bias is not None):
+        raise ValueError("the correction bias comes with Routing.correction_bias")
+    top_k = r.top_k
+    weights = torch.empty(n, top_k, dtype=torch.float32, device=partial.device)
+    ids = torch.empty(n, top_k, dtype=torch.int64, device=partial.device)
+    block_e = triton.next_power_of_2(experts)
+    block_t = max(1, min(triton.next_power_of_2(n), 4096 // block_e, FUSED_LAYOUT_TOKENS))
+    fused = layout and n <= FUSED_LAYOUT_TOKENS
+    blocks = (
+        BlockLayout.empty(n, top_k + num_shared, experts + num_shared, partial.device)
+        if fused
+        else BlockLayout(ids, ids, 16)  # (not written: LAYOUT off)
+    )
+    _route_kernel[(1 if fused else triton.cdiv(n, block_t),)](
+        partial,
+        partial if bias is None else bias,
+        weights,
+        ids,
+        blocks.sorted_pairs,
+        blocks.block_expert,
+        n,
+        splits,
+        float(r.scaling),
+        blocks.blocks,
+        NUM_EXPERTS=experts,
+        TOP_K=top_k,
+        SOFTMAX=r.scoring == "softmax",
+        BIAS=bias is not None,
+        NUM_GROUPS=r.num_groups,
+        TOP_GROUPS=r.top_groups,
+        TOP2_SUM=r.group_score == "top2_sum",
+        NORMALIZE=r.normalize,
+        BLOCK_T=block_t,
+        BLOCK_E=block_e,
+        BLOCK_G=triton.next_power_of_2(r.num_groups),
+        BLOCK_K=triton.next_power_of_2(top_k),
+        LAYOUT=fused,
+        NUM_SHARED=num_shared,
+        SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
+        BLOCK_M=blocks.block_m,
+        CHUNK=sort_chunk(experts + num_shared),
+        num_warps=4,
+    )
+    if not layout:
+        return weights, ids, None
+    return weights, ids, blocks if fused else align(ids, experts, num_shared)
+
+
+def route(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    routing,
+    num_shared: int = 0,
+    layout: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
+    """x [n, hidden] -> ``select_experts`` of its router logits (module docstring)."""
+    return select_experts(router_logits(x, weight), bias, routing, num_shared, layout)

@@ -1,0 +1,158 @@
+"""The routing kernels (layers/moe_routing_kernel.py) against the torch router (layers/moe.py
+``Router.reference``) in Triton's interpreter (fp32 on the CPU; the DeepSeek shapes on the GPU): softmax and
+sigmoid scores, with and without the correction bias, without groups and with groups scored "max" (V2) or
+"top2_sum" (V3), renormalised or not, scaled; decode and verify widths (one program that also writes the
+block layout) and a prefill-sized batch (a program per block of tokens, the layout by ``align``); the tie
+rule; the split router matvec at an odd hidden size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.layers.moe import Router, Routing  # noqa: E402
+from outpace.layers.moe_kernels import align  # noqa: E402
+from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+ROUTINGS = {  # id -> Routing over 24 experts
+    "v2-softmax": Routing(24, 4, "softmax"),
+    "softmax-normalised-scaled": Routing(24, 3, "softmax", normalize=True, scaling=2.5),
+    "v2-groups-max": Routing(24, 3, "softmax", 6, 3, "max", scaling=1.5),
+    "v3-sigmoid-bias-top2-sum": Routing(24, 4, "sigmoid", 4, 2, "top2_sum", True, True, 2.5),
+    "sigmoid-bias-no-groups": Routing(24, 4, "sigmoid", correction_bias=True, normalize=True),
+    "sigmoid-groups-unnormalised": Routing(24, 2, "sigmoid", 3, 1, "top2_sum"),
+}
+
+
+def make_router(routing: Routing, hidden: int, seed: int = 0) -> Router:
+    g = torch.Generator().manual_seed(seed)
+    router = Router(hidden, routing)
+    with torch.no_grad():
+        # logits of about unit size: sigmoid scores far from saturating to ties at 1.0
+        router.weight.copy_(torch.randn(router.weight.shape, generator=g) * hidden**-0.5)
+        if routing.correction_bias:
+            router.e_score_correction_bias.copy_(torch.randn(routing.num_experts, generator=g))
+    return router.to(DEVICE)
+
+
+def by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, ids) with each token's slots in expert order: the chosen set, whatever the order."""
+    ids, order = ids.sort(dim=1)
+    return weights.gather(1, order), ids
+
+
+def assert_same_routing(got, expected) -> None:
+    got_w, got_i = by_expert(*got)
+    exp_w, exp_i = by_expert(*expected)
+    assert torch.equal(got_i, exp_i.to(got_i.dtype))
+    torch.testing.assert_close(got_w, exp_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 5, 70])
+@pytest.mark.parametrize("case", list(ROUTINGS))
+def test_kernel_routes_the_same_float32_scores_as_torch(case, n):
+    """x one-hot rows: the router logits are the weight's columns exactly on both paths (one product, the
+    rest zeros), so both score the same float32 logits and must choose the same experts."""
+    router = make_router(ROUTINGS[case], hidden=n, seed=n)
+    x = torch.eye(n, device=DEVICE)
+    expected = router.reference(x)
+    router.kernel = True
+    weights, ids, layout = router.route(x)
+    assert layout is None and ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert_same_routing((weights, ids), expected)
+    assert all(len(set(row)) == ids.shape[1] for row in ids.tolist())  # distinct experts per token
+
+
+@pytest.mark.parametrize("n, num_shared", [(1, 0), (6, 2), (64, 1), (70, 2)])
+def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
+    """Up to 64 tokens the routing program also sorts the pairs (shared slots included) into the grouped
+    kernels' blocks: the same layout ``align`` writes for those ids; beyond, align's own."""
+    routing = ROUTINGS["v3-sigmoid-bias-top2-sum"]
+    router = make_router(routing, hidden=33, seed=n)
+    router.kernel = True
+    x = torch.randn(n, 33, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    weights, ids, layout = router.route(x, num_shared, layout=True)
+    assert_same_routing((weights, ids), router.reference(x))
+    expected = align(ids, routing.num_experts, num_shared)
+    assert layout.block_m == expected.block_m
+    assert torch.equal(layout.block_expert, expected.block_expert)
+    assert torch.equal(layout.sorted_pairs, expected.sorted_pairs)
+
+
+@pytest.mark.parametrize("case", list(ROUTINGS))
+def test_kernel_equals_torch_on_random_hidden_states(case):
+    """Random x at an odd hidden size: the logits differ from torch's in rounding only (another summation
+    order), far from any tie at these sizes."""
+    router = make_router(ROUTINGS[case], hidden=197, seed=3)
+    x = torch.randn(7, 197, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(7))
+    expected = router(x)  # the torch path off CUDA
+    router.kernel = True
+    assert_same_routing(router(x), expected)
+
+
+def test_split_router_logits_sum_to_the_matvec():
+    """An odd hidden size over several splits of the hidden dimension, bf16 x converted in the kernel."""
+    g = torch.Generator(DEVICE).manual_seed(1)
+    x = torch.randn(3, 197, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(40, 197, device=DEVICE, generator=g)
+    partial = router_logits(x, w)
+    assert partial.shape[0] > 1 and partial.shape[1:] == (3, 40)
+    torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_ties_go_to_the_lowest_expert_and_group():
+    """Equal scores: the lowest indices (the documented tie rule), for experts and for groups."""
+    logits = torch.zeros(1, 2, 16, device=DEVICE)
+    # token 0: every expert ties; token 1: experts 12..15 best (group 3 of 4), the other groups tie
+    logits[0, 1, 12:] = 1.0
+    weights, ids, _ = select_experts(logits, None, Routing(16, 3, "softmax"))
+    assert ids[0].tolist() == [0, 1, 2] and ids[1].tolist() == [12, 13, 14]
+    e = torch.e
+    torch.testing.assert_close(
+        weights, torch.tensor([[1 / 16] * 3, [e / (12 + 4 * e)] * 3]).to(DEVICE)
+    )
+    grouped = Routing(16, 6, "sigmoid", num_groups=4, top_groups=2, group_score="top2_sum")
+    _, ids, _ = select_experts(logits, None, grouped)
+    assert sorted(ids[0].tolist()) == [0, 1, 2, 3, 4, 5]  # groups 0 and 1
+    assert sorted(ids[1].tolist()) == [0, 1, 12, 13, 14, 15]  # group 3, then the lowest of the rest
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="correction bias"):
+        select_experts(
+            torch.zeros(1, 1, 8, device=DEVICE),
+            None,
+            Routing(8, 2, "sigmoid", correction_bias=True),
+        )
+
+
+# ---- the GPU: the DeepSeek shapes --------------------------------------------------------------------------
+
+GPU_ROUTINGS = {
+    "v2-lite": (2048, Routing(64, 6, "softmax")),
+    "v2-groups": (5120, Routing(160, 6, "softmax", 8, 3, "max", scaling=16.0)),
+    "v3": (7168, Routing(256, 8, "sigmoid", 8, 4, "top2_sum", True, True, 2.5)),
+}
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the DeepSeek router shapes in bf16: GPU only")
+@pytest.mark.parametrize("n", [1, 4, 8, 32, 64, 200])
+@pytest.mark.parametrize("case", list(GPU_ROUTINGS))
+def test_gpu_deepseek_shapes(case, n):
+    """bf16 hidden states: the same experts as torch except at near-ties (logits rounded differently),
+    the weights of the tokens that chose the same experts equal to float32 rounding."""
+    hidden, routing = GPU_ROUTINGS[case]
+    router = make_router(routing, hidden, seed=n)
+    x = torch.randn(n, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    x = x.to(torch.bfloat16)
+    router.kernel = False
+    exp_w, exp_i = by_expert(*router(x))
+    router.kernel = True
+    got_w, got_i = by_expert(*router(x))
+    same = (got_i == exp_i).all(dim=1)
+    assert same.float().mean() >= 0.95
+    torch.testing.assert_close(got_w[same], exp_w[same], rtol=1e-4, atol=1e-5)
