@@ -23,6 +23,7 @@ import torch
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
+from outpace.checkpoint import checkpoint_files
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
 from outpace.detokenizer import update_text
 from outpace.distributed.group import building_in
@@ -142,6 +143,8 @@ class LLMEngine:
                 f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
                 f"with a draft checkpoint: give its directory"
             )
+        if spec.enabled and spec.draft and proposer_class(spec.method).takes_draft_checkpoint:
+            checkpoint_files(spec.draft)  # (a damaged draft named before the target loads)
         if config.max_model_len is not None and config.max_model_len > max_pos:
             raise ConfigError(
                 f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from outpace.checkpoint import INDEX_FILE, CheckpointError, load_checkpoint
-from outpace.config import EngineConfig
+from outpace.config import EngineConfig, SpeculativeConfig
 from outpace.distributed.group import RankGroup, building_in
 from outpace.engine.engine import LLMEngine
 from outpace.model_config import ModelConfig
@@ -339,3 +339,21 @@ def test_a_draft_checkpoint_gets_the_same_checks(drafter, target, tmp_path):
     truncated(file, 1000)
     with pytest.raises(CheckpointError, match=re.escape(f"{file}: is truncated")):
         load(path, target)
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "dflash", "draft_model"])
+def test_a_damaged_draft_is_named_before_the_target_loads(drafter, tmp_path, monkeypatch):
+    """The offline API and the server check a draft checkpoint's files before loading the target (once the
+    damage was found only after the target, which can take minutes at real size, had loaded)."""
+    name, tensor, _ = DRAFTS[drafter]
+    path = copy_zoo(name, tmp_path)
+    file = truncated(rewrite_tensor(path, tensor, lambda t: t), 1000)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target loaded before the draft's files were checked")
+
+    monkeypatch.setattr("outpace.engine.engine.load_model", refuse)
+    method = {"draft_model": "draft"}.get(drafter, drafter)
+    config = EngineConfig(str(ZOO / "tinypy"), speculative=SpeculativeConfig(method, str(path)))
+    with pytest.raises(CheckpointError, match=re.escape(f"{file}: is truncated")):
+        LLMEngine(config, progress=False)
