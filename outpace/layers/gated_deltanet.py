@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from outpace.attention.context import get_forward_context
+from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.distributed.group import build_group
 from outpace.distributed.packed import (
     even_part,
@@ -125,7 +127,13 @@ class GatedRMSNorm(nn.Module):
 
 class GatedDeltaNet(RecurrentStateLayer):
     """[num_tokens, hidden] -> [num_tokens, hidden]; its state per row: ``conv`` [conv_width - 1,
-    conv_channels] in the model's dtype and ``recurrent`` [v_heads, k_dim, v_dim] float32."""
+    conv_channels] in the model's dtype and ``recurrent`` [v_heads, k_dim, v_dim] float32.
+
+    A served few-row step (runs of at most ``FUSED_MAX_LEN`` tokens: decode, verify) runs everything between
+    the projections and out_proj as one kernel (layers/deltanet_step_kernel.py) when ``fused_step`` says so
+    (None: on CUDA); the torch code below is the CPU path and its reference."""
+
+    fused_step: bool | None = None
 
     def __init__(
         self,
@@ -213,8 +221,69 @@ class GatedDeltaNet(RecurrentStateLayer):
             a.reshape(n, -1),
         )
 
+    def _projected_rows(self, x: torch.Tensor):
+        """The projections of x [n, hidden] as the step kernel reads them, in place (module docstring)."""
+        # (the kernel module imports Triton: only when used)
+        from outpace.layers.deltanet_step_kernel import ProjectedRows
+
+        kd, vd = self.head_k_dim, self.head_v_dim
+        per_group = self.num_v_heads // self.num_k_heads
+        if not self.packed_by_key_head:  # [all q, all k, all v], z like v, b and a [n, v_heads]
+            b, a = self.in_proj_b(x), self.in_proj_a(x)
+            return ProjectedRows(
+                self.in_proj_qkv(x), 0, self.key_dim, kd, 2 * self.key_dim, per_group * vd,
+                self.in_proj_z(x), 0, per_group * vd, b, 0, a, 0, per_group,
+            )  # fmt: skip
+        # per key head: [q, k, v of its value heads, z of its value heads] and [b of its heads, a of them]
+        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        span = 2 * kd + 2 * per_group * vd
+        return ProjectedRows(
+            qkvz, 0, kd, span, 2 * kd, span,
+            qkvz, 2 * kd + per_group * vd, span, ba, 0, ba, per_group, 2 * per_group,
+        )  # fmt: skip
+
+    def _takes_fused_step(self, x: torch.Tensor) -> bool:
+        """Whether this forward is a served few-row step the kernel takes (class docstring): the state pool
+        bound, paged runs of at most ``FUSED_MAX_LEN`` tokens, silu (the kernel's activation), and a
+        tree only verified."""
+        if not (x.is_cuda if self.fused_step is None else self.fused_step):
+            return False
+        from outpace.layers.deltanet_step_kernel import FUSED_MAX_LEN
+
+        context = get_forward_context()
+        recurrent, meta = context.recurrent, context.metadata
+        return (
+            recurrent is not None
+            and self.states is not None
+            and isinstance(meta, PagedAttentionMetadata)
+            and meta.max_query_len <= FUSED_MAX_LEN
+            and self.activation in ("silu", "swish")
+            and (recurrent.parents is None or recurrent.snapshots)
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
+        if self._takes_fused_step(x):
+            from outpace.layers.deltanet_step_kernel import deltanet_step
+
+            context = get_forward_context()
+            o = deltanet_step(
+                self._projected_rows(x),
+                self.conv1d.weight,
+                self.A_log,
+                self.dt_bias,
+                self.norm.weight,
+                self.norm.eps,
+                context.metadata.token_table(),
+                context.metadata.query_lens,
+                context.recurrent,
+                self.states,
+                self.snapshots,
+                self.num_k_heads,
+                self.head_k_dim,
+                self.head_v_dim,
+            )  # [num_tokens, value_dim]
+            return self.out_proj(o)
         runs = TokenRuns.of_context(x.device)
         mixed, z, b, a = self._project(x)
         start = self.initial_states(runs, x)

@@ -1,0 +1,387 @@
+"""Gated DeltaNet's few-row step (decode, verify: runs of at most ``FUSED_MAX_LEN`` tokens) as one Triton
+launch per layer, between the input projections and out_proj (layers/gated_deltanet.py is the reference:
+``GatedDeltaNet.forward`` with ``fused_step`` off).
+
+One program per (sequence, value head) (``heads_per_program`` value heads when the state row itself is
+written, below) walks its run token by token and does all of the layer's per-token work in registers:
+
+- the causal convolution (layers/causal_conv.py): the window of token t is read from the projections'
+  outputs and, before the run, from the conv state row (zeros without ``has_initial_state``); in a draft
+  tree it follows each node's parents, reaching into the state rows above the root;
+- silu, q and k L2-normalised (eps 1e-6 under the square root), q scaled by head_k_dim ** -0.5;
+- beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (torch's softplus: x above 20 is x);
+- the delta rule from the state row (zeros without ``has_initial_state``); in a tree, token t starts from its
+  parent's state, read back from the snapshot row this program wrote (a barrier between);
+- the gated RMSNorm (weight, then silu(z)), written as the out_proj input [num_tokens, v_heads * v_dim].
+
+What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify; the engine's decode
+is a verify of one token) the conv and recurrent state after every valid token t go into snapshot row t of
+the sequence's state row, the row itself only read; without, the state after the run's last valid token
+goes into the row. Padding positions (past a run's query length) are neither output nor kept.
+
+Conv channels (all q, all k, all v) are shared: the q and k channels of key head kh serve its
+``group = v_heads / k_heads`` value heads. Every program of a group computes them; only the group's last
+value head writes them (its v channels are each head's own), so no two programs write the same bytes. When
+the row itself is written, the group's other programs still read the old q / k window from it, so there one
+program takes the whole group (``heads_per_program = group``) and writes after its last head.
+
+Grid (num_seqs, v_heads / heads_per_program) and loop bounds come from shapes only (no host sync):
+capturable in a CUDA graph. Each program holds its head's whole [k_dim, v_dim] float32 state (one wide load,
+as memory-bound decode wants) and the whole v_dim output row (the norm needs it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from outpace.layers.recurrent import RecurrentMetadata
+
+FUSED_MAX_LEN = (
+    16  # the longest run the step kernel takes (a verify's draft tokens); longer: prefill path
+)
+SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus: x above it is returned as is
+
+
+@dataclass
+class ProjectedRows:
+    """Where the kernel finds each token's projections: element offsets within a row of the given tensors,
+    ``*_group`` the step from one key head's block to the next (the two checkpoint layouts:
+    layers/gated_deltanet.py). Every tensor is [num_tokens, row] with unit stride along the row."""
+
+    qkv: torch.Tensor  # [n, *] the q, k and v projections
+    q: int  # q of key head kh: q + kh * qk_group
+    k: int
+    qk_group: int
+    v: int  # v of value head h: v + (h // group) * v_group + (h % group) * head_v_dim
+    v_group: int
+    z: torch.Tensor  # [n, *] the output gate, laid out like v
+    z_offset: int
+    z_group: int
+    b: (
+        torch.Tensor
+    )  # [n, *] beta's logit of value head h: b_offset + (h // group) * ba_group + h % group
+    b_offset: int
+    a: torch.Tensor  # [n, *] the decay's input, laid out like b
+    a_offset: int
+    ba_group: int
+
+
+@triton.jit
+def _conv_window(
+    proj,
+    proj_row,
+    proj_cols,
+    conv_row,
+    conv_channels,
+    table_rows,
+    pos,
+    taps_used,
+    start,
+    cmask,
+    KEEP: tl.constexpr,
+    CHANNELS: tl.constexpr,
+):
+    """The window [taps, channels] float32 at extended positions ``pos`` [taps] (< KEEP: rows of the conv
+    state ``conv_row``, zeros unless ``start``; else the token at flat row ``table_rows``)."""
+    from_node = (pos >= KEEP) & taps_used
+    from_state = (pos < KEEP) & taps_used & start
+    node = tl.load(
+        proj + table_rows[:, None] * proj_row + proj_cols[None, :],
+        mask=from_node[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    state = tl.load(
+        conv_row + pos[:, None] * CHANNELS + conv_channels[None, :],
+        mask=from_state[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    return node.to(tl.float32) + state.to(tl.float32)
+
+
+@triton.jit
+def _silu(x):
+    return x * tl.sigmoid(x)
+
+
+@triton.jit
+def _deltanet_step_kernel(
+    qkv,
+    qkv_row,
+    q_off,
+    k_off,
+    qk_group,
+    v_off,
+    v_group,
+    z,
+    z_row,
+    z_off,
+    z_group,
+    b,
+    b_row,
+    b_off,
+    a,
+    a_row,
+    a_off,
+    ba_group,
+    conv_w,
+    A_log,
+    dt_bias,
+    norm_w,
+    table,
+    table_row,
+    query_lens,
+    has_initial,
+    state_indices,
+    parents,
+    parents_row,
+    conv_state,
+    rec_state,
+    conv_snap,
+    rec_snap,
+    out,
+    length,
+    snap_rows,
+    eps,
+    scale,
+    K_HEADS: tl.constexpr,
+    V_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    KEEP: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BW: tl.constexpr,
+    TREE: tl.constexpr,
+    SNAPSHOTS: tl.constexpr,
+):
+    CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
+    WIDTH: tl.constexpr = KEEP + 1
+    seq = tl.program_id(0)
+    sidx = tl.load(state_indices + seq).to(tl.int64)
+    n_tokens = tl.load(query_lens + seq)
+    start = tl.load(has_initial + seq) != 0
+    ks, vs, taps = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BW)  # taps: oldest first
+    km, vm, used = ks < DK, vs < DV, taps < WIDTH
+    m2 = km[:, None] & vm[None, :]
+    tile = ks[:, None] * DV + vs[None, :]  # [BK, BV] within [DK, DV]
+    conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
+    conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
+    for j in range(HEADS_PER_PROGRAM):
+        h = tl.program_id(1) * HEADS_PER_PROGRAM + j
+        kh, hg = h // GROUP, h % GROUP
+        writes_qk = hg == GROUP - 1  # the group's q / k conv channels are written by its last head
+        qc = kh * DK + ks  # conv channels
+        kc = K_HEADS * DK + qc
+        vc = 2 * K_HEADS * DK + h * DV + vs
+        q_cols = q_off + kh * qk_group + ks  # columns of the projections' rows
+        k_cols = k_off + kh * qk_group + ks
+        v_cols = v_off + kh * v_group + hg * DV + vs
+        z_cols = z_off + kh * z_group + hg * DV + vs
+        wmask = used[:, None]
+        wq = tl.load(
+            conv_w + qc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0
+        )
+        wk = tl.load(
+            conv_w + kc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0
+        )
+        wv = tl.load(
+            conv_w + vc[None, :] * WIDTH + taps[:, None], mask=wmask & vm[None, :], other=0.0
+        )
+        wq, wk, wv = wq.to(tl.float32), wk.to(tl.float32), wv.to(tl.float32)  # [BW, BK / BV]
+        neg_a = -tl.exp(tl.load(A_log + h).to(tl.float32))
+        bias = tl.load(dt_bias + h).to(tl.float32)
+        weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
+        row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
+        s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
+        for t in range(length):
+            valid = t < n_tokens
+            if TREE:  # walk the parents back from the node: its window, and its start state
+                e = (
+                    KEEP + t
+                )  # extended position: < KEEP the state rows (oldest first), else node e - KEEP
+                pos = tl.where(taps == KEEP, e, 0)
+                for i in tl.static_range(KEEP):
+                    p = tl.load(parents + seq * parents_row + e - KEEP, mask=e >= KEEP, other=0)
+                    e = tl.where(
+                        e >= KEEP, tl.where(p >= 0, p + KEEP, KEEP - 1), tl.maximum(e - 1, 0)
+                    )
+                    pos = tl.where(taps == KEEP - 1 - i, e, pos)
+                p = tl.load(parents + seq * parents_row + t)
+                parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV + tile
+                root = p < 0  # (the row's state read again: one tile fewer held in registers)
+                s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
+            else:
+                pos = t + taps
+            rows = tl.load(table + seq * table_row + pos - KEEP, mask=(pos >= KEEP) & used, other=0)
+            rows = rows.to(tl.int64)  # [BW] flat token of each window position
+            xq = _conv_window(
+                qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
+            )
+            xk = _conv_window(
+                qkv, qkv_row, k_cols, conv_row, kc, rows, pos, used, start, km, KEEP, CHANNELS
+            )
+            xv = _conv_window(
+                qkv, qkv_row, v_cols, conv_row, vc, rows, pos, used, start, vm, KEEP, CHANNELS
+            )
+            qt, kt, vt = (
+                _silu(tl.sum(xq * wq, axis=0)),
+                _silu(tl.sum(xk * wk, axis=0)),
+                _silu(tl.sum(xv * wv, axis=0)),
+            )
+            qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
+            kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            row = tl.load(table + seq * table_row + t).to(tl.int64)  # this token's flat row
+            beta = tl.sigmoid(tl.load(b + row * b_row + b_off + kh * ba_group + hg).to(tl.float32))
+            x = tl.load(a + row * a_row + a_off + kh * ba_group + hg).to(tl.float32) + bias
+            softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
+            sn = s * tl.exp(neg_a * softplus)
+            delta = (vt - tl.sum(sn * kt[:, None], axis=0)) * beta  # [BV]
+            sn = sn + kt[:, None] * delta[None, :]
+            o = tl.sum(sn * qt[:, None], axis=0)  # [BV]
+            gate = tl.load(z + row * z_row + z_cols, mask=vm, other=0.0).to(tl.float32)
+            o = weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
+            tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
+            if SNAPSHOTS:  # the state after token t: snapshot row t
+                kept = (
+                    (taps >= 1)[:, None] & used[:, None] & valid
+                )  # window rows 1.. are the conv state
+                snap = conv_snaps + (t * KEEP + taps[:, None] - 1) * CHANNELS
+                dtype = conv_snap.dtype.element_ty
+                tl.store(snap + vc[None, :], xv.to(dtype), mask=kept & vm[None, :])
+                tl.store(snap + qc[None, :], xq.to(dtype), mask=kept & km[None, :] & writes_qk)
+                tl.store(snap + kc[None, :], xk.to(dtype), mask=kept & km[None, :] & writes_qk)
+                here = rec_snap + ((sidx * snap_rows + t) * V_HEADS + h) * DK * DV + tile
+                tl.store(here, sn, mask=m2 & valid)
+                if TREE:
+                    tl.debug_barrier()  # later nodes read this state back
+            if not TREE:
+                s = tl.where(valid, sn, s)
+        if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
+            pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
+            final_used = taps < KEEP
+            rows = tl.load(
+                table + seq * table_row + pos - KEEP, mask=(pos >= KEEP) & final_used, other=0
+            )
+            rows = rows.to(tl.int64)
+            fq = _conv_window(
+                qkv, qkv_row, q_cols, conv_row, qc, rows, pos, final_used, start, km, KEEP, CHANNELS
+            )
+            fk = _conv_window(
+                qkv, qkv_row, k_cols, conv_row, kc, rows, pos, final_used, start, km, KEEP, CHANNELS
+            )
+            fv = _conv_window(
+                qkv, qkv_row, v_cols, conv_row, vc, rows, pos, final_used, start, vm, KEEP, CHANNELS
+            )
+            tl.debug_barrier()  # every read of the row (this head's and the group's earlier) before its write
+            dtype = conv_state.dtype.element_ty
+            place = conv_row + taps[:, None] * CHANNELS
+            keep = final_used[:, None]
+            tl.store(place + vc[None, :], fv.to(dtype), mask=keep & vm[None, :])
+            tl.store(place + qc[None, :], fq.to(dtype), mask=keep & km[None, :] & writes_qk)
+            tl.store(place + kc[None, :], fk.to(dtype), mask=keep & km[None, :] & writes_qk)
+            tl.store(row_state, s, mask=m2)
+
+
+def deltanet_step(
+    rows: ProjectedRows,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    token_table: torch.Tensor,
+    query_lens: torch.Tensor,
+    recurrent: RecurrentMetadata,
+    states: dict[str, torch.Tensor],
+    snapshots: dict[str, torch.Tensor],
+    num_k_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+) -> torch.Tensor:
+    """The layer's step from its projections to out_proj's input (module docstring). conv_weight [channels,
+    1, width] (the checkpoint's depthwise conv); A_log, dt_bias [v_heads]; norm_weight [v_dim];
+    token_table [num_seqs, max_len] (flat row of each run position), query_lens [num_seqs] (the forward's
+    attention metadata); states / snapshots: the layer's pool tensors (``conv`` [rows, width - 1,
+    channels], ``recurrent`` [rows, v_heads, k_dim, v_dim] float32, snapshots [rows, verify_rows, ...]),
+    updated in place -> [num_tokens, v_heads * v_dim] in the projections' dtype."""
+    conv, rec = states["conv"], states["recurrent"]
+    conv_snap, rec_snap = snapshots["conv"], snapshots["recurrent"]
+    num_seqs, length = token_table.shape
+    v_heads, keep = rec.shape[1], conv.shape[1]
+    group = v_heads // num_k_heads
+    tree = recurrent.parents is not None
+    if tree and not recurrent.snapshots:
+        raise ValueError("a draft tree is verified (snapshots), never written into the row")
+    if recurrent.snapshots and length > rec_snap.shape[1]:
+        raise ValueError(f"{length} verified tokens, the state snapshots hold {rec_snap.shape[1]}")
+    for t in (conv, rec, conv_snap, rec_snap, conv_weight):
+        assert t.is_contiguous()  # the pool's tensors and the conv parameter are allocated so
+    for t in (rows.qkv, rows.z, rows.b, rows.a):
+        assert t.stride(-1) == 1
+    out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
+    heads_per_program = (
+        1 if recurrent.snapshots else group
+    )  # the row written: one program per group
+    bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim)
+    parents = recurrent.parents if tree else token_table
+    if num_seqs and length:
+        _deltanet_step_kernel[(num_seqs, v_heads // heads_per_program)](
+            rows.qkv,
+            rows.qkv.stride(0),
+            rows.q,
+            rows.k,
+            rows.qk_group,
+            rows.v,
+            rows.v_group,
+            rows.z,
+            rows.z.stride(0),
+            rows.z_offset,
+            rows.z_group,
+            rows.b,
+            rows.b.stride(0),
+            rows.b_offset,
+            rows.a,
+            rows.a.stride(0),
+            rows.a_offset,
+            rows.ba_group,
+            conv_weight,
+            A_log,
+            dt_bias,
+            norm_weight,
+            token_table,
+            token_table.stride(0),
+            query_lens,
+            recurrent.has_initial_state,
+            recurrent.state_indices,
+            parents,
+            parents.stride(0),
+            conv,
+            rec,
+            conv_snap,
+            rec_snap,
+            out,
+            length,
+            rec_snap.shape[1],
+            eps,
+            head_k_dim**-0.5,
+            K_HEADS=num_k_heads,
+            V_HEADS=v_heads,
+            GROUP=group,
+            HEADS_PER_PROGRAM=heads_per_program,
+            DK=head_k_dim,
+            DV=head_v_dim,
+            KEEP=keep,
+            BK=bk,
+            BV=bv,
+            BW=triton.next_power_of_2(keep + 1),
+            TREE=tree,
+            SNAPSHOTS=recurrent.snapshots,
+            num_warps=max(4, min(16, bk * bv // 1024)),  # ~16 state floats per thread and tile
+        )
+    return out

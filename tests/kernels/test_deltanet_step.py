@@ -1,0 +1,200 @@
+"""Gated DeltaNet's few-row step as one kernel (layers/deltanet_step_kernel.py; in Triton's interpreter
+here, compiled on a GPU) against the layer's torch path (``GatedDeltaNet.forward`` with ``fused_step``
+off): the layer output, the state rows and the snapshot rows after decode (into the snapshots, as the
+engine's step, and into the row, as a recurrent draft's), verify chains, draft trees, runs padded to the
+longest and sequences starting from zeros, in both checkpoint layouts and with one or two value heads
+per key head and odd head sizes. On a GPU also: bf16 at the Qwen3.5 shape, and inside a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
+from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
+
+POOL_ROWS, SNAPSHOT_ROWS = 5, 8
+STATE_INDICES = [3, 0, 2]  # each sequence's state row (rows 1 and 4 belong to no one here)
+TREE = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 0, 3, 3]]
+SHAPES = {
+    "grouped": dict(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=6),
+    "odd, one per key head": dict(num_k_heads=3, num_v_heads=3, head_k_dim=5, head_v_dim=7),
+}
+# form -> (query lengths, has_initial_state, parents, snapshots)
+FORMS = {
+    "decode": ([1, 1, 1], [True, True, True], None, True),
+    "decode into the row": ([1, 1, 1], [True, False, True], None, False),
+    "verify chain of 2": ([2, 2, 2], [True, True, False], None, True),
+    "verify chain of 8": ([8, 8, 8], [True, True, True], None, True),
+    "tree": ([6, 6, 6], [True, False, True], TREE, True),
+    "padded runs into the row": ([5, 1, 3], [False, True, True], None, False),
+    "padded verify": ([4, 2, 3], [True, True, True], None, True),
+}
+
+
+def make_layer(packed_by_key_head, seed=0, dtype=torch.float32, device="cpu", hidden=12, **shape):
+    torch.manual_seed(seed)
+    layer = GatedDeltaNet(
+        hidden,
+        conv_width=4,
+        eps=1e-6,
+        activation="silu",
+        packed_by_key_head=packed_by_key_head,
+        **shape,
+    )
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if name in ("A_log", "dt_bias") else 1.0))
+    return layer.to(device, dtype)
+
+
+def pool(layer, seed, dtype=torch.float32, device="cpu"):
+    """Random state rows and snapshot rows (so a row the kernel should write and does not shows)."""
+    g = torch.Generator().manual_seed(seed)
+    states, snapshots = {}, {}
+    for name, (shape, declared) in layer.state_shapes().items():
+        kind = dict(dtype=declared or dtype, device=device)
+        states[name] = torch.randn(POOL_ROWS, *shape, generator=g).to(**kind)
+        snapshots[name] = torch.randn(POOL_ROWS, SNAPSHOT_ROWS, *shape, generator=g).to(**kind)
+    return states, snapshots
+
+
+def step(layer, fused, x, form, states, snapshots):
+    """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool -> (out, states,
+    snapshots)."""
+    lengths, start, parents, keep_every = form
+    device = x.device
+    states = {k: v.clone() for k, v in states.items()}
+    snapshots = {k: v.clone() for k, v in snapshots.items()}
+    layer.bind_state(states, snapshots)
+    layer.fused_step = fused
+    meta = build_paged_metadata(
+        [[i] for i in range(len(lengths))], [0] * len(lengths), lengths, 16, device
+    )
+    recurrent = RecurrentMetadata(
+        torch.tensor(STATE_INDICES, device=device),
+        torch.tensor(start, device=device),
+        None if parents is None else torch.tensor(parents, device=device),
+        keep_every,
+    )
+    with torch.no_grad(), forward_context(meta, recurrent=recurrent):
+        out = layer(x)
+    return out, states, snapshots
+
+
+def assert_same_step(got, want, form, snapshots_before, **tolerance):
+    """Outputs and state rows equal; snapshot rows equal at every valid position and untouched elsewhere
+    (the torch path also fills a padded position's row, which no commit reads)."""
+    lengths, _, _, keep_every = form
+    (out, states, snapshots), (out_ref, states_ref, snapshots_ref) = got, want
+    torch.testing.assert_close(out, out_ref, **tolerance)
+    for name in states:
+        torch.testing.assert_close(states[name], states_ref[name], **tolerance)
+        rest = snapshots[name].clone()
+        if keep_every:
+            for row, n in zip(STATE_INDICES, lengths):
+                got_rows, want_rows = snapshots[name][row, :n], snapshots_ref[name][row, :n]
+                torch.testing.assert_close(got_rows, want_rows, **tolerance)
+                rest[row, :n] = snapshots_before[name][row, :n]
+        assert torch.equal(rest, snapshots_before[name])
+
+
+# (form, checkpoint layout, shape): every form, layout and shape, not every combination (the interpreter is
+# slow); the two program splits (value head / key-head group, when the row is written) in both layouts
+CASES = [
+    ("decode", "qwen3_5", "grouped"),
+    ("decode into the row", "qwen3_5", "grouped"),
+    ("decode into the row", "qwen3_next", "odd, one per key head"),
+    ("verify chain of 2", "qwen3_5", "odd, one per key head"),
+    ("verify chain of 8", "qwen3_next", "grouped"),
+    ("tree", "qwen3_next", "grouped"),
+    ("tree", "qwen3_5", "odd, one per key head"),
+    ("padded runs into the row", "qwen3_next", "grouped"),
+    ("padded verify", "qwen3_5", "odd, one per key head"),
+]
+
+
+@pytest.mark.parametrize("form, layout, shape", CASES)
+def test_fused_step_equals_the_torch_path(form, layout, shape):
+    layer = make_layer(layout == "qwen3_next", **SHAPES[shape])
+    x = torch.randn(sum(FORMS[form][0]), 12, generator=torch.Generator().manual_seed(1))
+    states, snapshots = pool(layer, 2)
+    want = step(layer, False, x, FORMS[form], states, snapshots)
+    got = step(layer, True, x, FORMS[form], states, snapshots)
+    assert_same_step(got, want, FORMS[form], snapshots, rtol=1e-5, atol=1e-5)
+    if form == "tree":  # the parents matter: as a chain the same tokens give other outputs
+        lengths, start, _, _ = FORMS[form]
+        chain = step(layer, False, x, (lengths, start, None, True), states, snapshots)
+        assert not torch.allclose(chain[0], want[0], atol=1e-3)
+
+
+# ---- GPU only ------------------------------------------------------------------------------------------------
+
+QWEN3_5 = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)  # Qwen3.5-35B-A3B's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "form", ["decode", "verify chain of 8", "tree", "padded runs into the row"]
+)
+@pytest.mark.parametrize("packed_by_key_head", [False, True], ids=["qwen3_5", "qwen3_next"])
+def test_fused_step_in_bf16_at_the_qwen3_5_shape(form, packed_by_key_head):
+    """bf16 weights and conv state, float32 recurrent state: the kernel computes the conv, the norms and the
+    gate in float32 where the eager path rounds to bf16 between its operations, so the two agree to bf16's
+    precision (relative error of each tensor)."""
+    layer = make_layer(
+        packed_by_key_head, dtype=torch.bfloat16, device="cuda", hidden=256, **QWEN3_5
+    )
+    with torch.no_grad():
+        layer.A_log.uniform_(-2, 0)  # moderate decays over the run
+    x = torch.randn(sum(FORMS[form][0]), 256, generator=torch.Generator().manual_seed(1))
+    x = x.to("cuda", torch.bfloat16)
+    states, snapshots = pool(layer, 2, torch.bfloat16, "cuda")
+    states["recurrent"] *= 0.1
+    want = step(layer, False, x, FORMS[form], states, snapshots)
+    got = step(layer, True, x, FORMS[form], states, snapshots)
+
+    def assert_near(a, b):
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-2
+
+    assert_near(got[0], want[0])
+    lengths, _, _, keep_every = FORMS[form]
+    for name in got[1]:
+        assert_near(got[1][name], want[1][name])
+        if keep_every:
+            for row, n in zip(STATE_INDICES, lengths):
+                assert_near(got[2][name][row, :n], want[2][name][row, :n])
+
+
+@pytest.mark.gpu
+def test_fused_step_replays_inside_a_cuda_graph():
+    layer = make_layer(False, device="cuda", **SHAPES["grouped"])
+    form = FORMS["tree"]
+    x = torch.randn(sum(form[0]), 12, device="cuda")
+    states, snapshots = pool(layer, 2, device="cuda")
+    eager = step(layer, True, x, form, states, snapshots)
+    lengths, start, parents, keep_every = form
+    meta = build_paged_metadata([[i] for i in range(3)], [0] * 3, lengths, 16, "cuda")
+    meta.token_table()
+    recurrent = RecurrentMetadata(
+        torch.tensor(STATE_INDICES, device="cuda"),
+        torch.tensor(start, device="cuda"),
+        torch.tensor(parents, device="cuda"),
+        keep_every,
+    )
+    live = ({k: v.clone() for k, v in states.items()}, {k: v.clone() for k, v in snapshots.items()})
+    layer.bind_state(*live)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), forward_context(meta, recurrent=recurrent):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            layer(x)  # compiled outside the capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            out = layer(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_step((out, *live), eager, form, snapshots, rtol=1e-5, atol=1e-5)
