@@ -14,11 +14,19 @@ pass over the tile's rows: causal (a row sees the prefix and the new tokens up t
 metadata's tree mask (every row before the mask's window, the window as the mask says), as
 attention/triton_kernels.py and PagedAttentionMetadata.attn_mask define them.
 
-Grid (num_seqs, row tiles, num_splits): with few programs the KV rows a tile sees are split into
+Grid (row tiles, num_seqs, num_splits): with few programs the KV rows a tile sees are split into
 ``num_splits`` ranges ("flash decoding"); each split writes its unnormalised partial (running max, sum,
 accumulator) and ``_combine_kernel`` merges the splits that ran. The split count follows from static
 shapes (about two programs per SM), each split's range from the sequence's own length, so short
-sequences in a wide block table still spread over the splits.
+sequences in a wide block table still spread over the splits. A sequence's row tiles (its query tokens'
+heads, BLOCK_M rows at a time) are consecutive programs that stream the same KV rows together, so a cached
+row comes from memory once per sequence, the other tiles' reads of it hitting L2 (a decode step of
+DeepSeek-V2-Lite, 16 heads, is one tile; V3's 128 heads are 4).
+
+Two entry points: ``mla_paged_attention`` (the eager layer's: one query latent, attended latents out) and
+``mla_attention_up`` (layers/mla_fused.py's: the query latent as a sum of partial products, which the
+kernel adds as it loads them; partials always, and the merge takes each head's attended latent through
+its W_UV, so the block's value projection costs no launch of its own).
 
 Not batch-invariant: as the fast path of attention/triton_kernels.py, a row's reduction order follows the
 batch (tile rows, split count), so the deterministic mode (EngineConfig.batch_invariant) does not extend

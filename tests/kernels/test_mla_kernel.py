@@ -3,7 +3,8 @@ rows, attend_paged under the metadata's mask) in Triton's interpreter (fp32 on t
 DeepSeek-V2-Lite shape on the GPU): decode, chain verify, tree masks over a window of speculative rows,
 ragged batches mixing prefill chunks with decode, shuffled block tables with odd block sizes, kv_lora_rank 36
 (not a power of two), head counts that do not divide the kernel's tile, forced split counts (with empty
-splits); and the attention layer choosing the kernel under the Triton backend."""
+splits), the query latent in parts with W_UV applied in the merge (the fused block's form); and the
+attention layer choosing the kernel under the Triton backend."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention import build_paged_metadata, forward_context
-from outpace.attention.mla_kernels import mla_paged_attention
+from outpace.attention.mla_kernels import mla_attention_up, mla_paged_attention
 from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import attend_paged, gather_blocks
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
@@ -86,6 +87,25 @@ def test_kernel_equals_the_torch_path(layout, block_size, heads, num_splits):
     q_rope = torch.randn(n, heads, rope, generator=g).to(DEVICE)
     expected = torch_reference(q_latent, q_rope, cache, meta, 0.3)
     got = mla_paged_attention(q_latent, q_rope, cache, meta, 0.3, num_splits=num_splits)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["decode", "verify", "tree"])
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 7])
+def test_query_parts_and_the_up_projection_in_the_merge(layout, num_splits):
+    """mla_attention_up: the query latent as the sum of two parts, each head's attended latent through its
+    own up projection [heads, 7, R] (a strided view, as W_UV is of kv_b_proj's weight) in the merge."""
+    g = torch.Generator().manual_seed(len(layout))
+    rank, rope, heads = 36, 8, 5
+    meta, num_blocks = make_meta(layout, 5, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 5, 1, rank + rope, generator=g).to(DEVICE)
+    parts = torch.randn(2, n, heads, rank, generator=g).to(DEVICE)
+    q_rope = torch.randn(n, heads, rope, generator=g).to(DEVICE)
+    up = torch.randn(heads, 10, rank, generator=g).to(DEVICE)[:, 3:]  # [heads, 7, rank]
+    attended = torch_reference(parts.sum(0), q_rope, cache, meta, 0.3)
+    expected = torch.einsum("thr,hvr->thv", attended, up)
+    got = mla_attention_up(parts, q_rope, cache, meta, 0.3, up, num_splits=num_splits)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
