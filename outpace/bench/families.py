@@ -344,13 +344,14 @@ def plot_families(results: dict, path: Path) -> None:
     bars.set_xticks(
         [i + width for i in range(len(measured))], list(measured), rotation=35, ha="right"
     )
-    bars.set_ylabel("fraction of the floor (decode, context 512)")
+    bars.set_ylabel(f"fraction of the floor (decode, context {CONTEXT})")
     bars.axhline(1.0, color="grey", lw=0.8)
     bars.legend()
-    for name, r in measured.items():
+    for i, (name, r) in enumerate(measured.items()):
         for v, style in zip(r.get("verify", []), ("-", "--")):
             tokens = range(1, len(v["relative"]) + 1)
-            curves.plot(tokens, v["relative"], style, marker="o", label=f"{name} b{v['batch']}")
+            label = f"{name} b{v['batch']}"
+            curves.plot(tokens, v["relative"], style, color=f"C{i}", marker="o", label=label)
     curves.set_xlabel("tokens per sequence verified")
     curves.set_ylabel("captured step time relative to 1 token")
     curves.legend(fontsize=6, ncol=2)

@@ -97,7 +97,7 @@ TINY = dict(
     ssm_state_size=16,
     sliding_window=8,
     query_pre_attn_scalar=16,
-    max_position_embeddings=512,
+    max_position_embeddings=4096,
     vocab_size_per_layer_input=151,
 )
 TINY_EXPERTS, TINY_TOP_K = 16, 4

@@ -12,6 +12,9 @@
 (h) a Qwen3.5-shaped hybrid target (gated DeltaNet + gated attention, one MTP layer, random bf16 weights):
     decode at batch 1 and 8 against the floor, MTP step costs and speed-ups under labelled oracle
     acceptance (bench/hybrid_shape.py);
+(s) every seed family at its public shape (DeepSeek-V2-Lite, DeepSeek-V3 / Kimi-K2 / Qwen3-Next /
+    Step-3.5-Flash layer slices, Qwen3.5, Nemotron-H-8B, Gemma-3-12B, Gemma 4), random bf16 weights: decode
+    against the floor, verify cost of 1..8 tokens, kernels per step (bench/families.py);
 (e) transformers' ``generate`` on the same weights, batch 1, greedy;
 (f) the zoo models end to end: tokens/s of each drafter against ``--method none`` on the 24 held-out
     prompts, b at a time (batch 1: one after another).
@@ -289,9 +292,15 @@ def zoo_speed(batches=(1, 8), max_tokens: int = 128, repeats: int = 3) -> list[d
 
 
 # ---- the run --------------------------------------------------------------------------------------
-def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
+def run_gpu_bench(
+    out_dir: Path,
+    parts: str = "abef",
+    shapes: list[str] | None = None,
+    time_limit_s: float | None = None,
+) -> dict:
     """Run the requested parts; the JSON is rewritten after each one, and a part that fails records
-    its error and lets the others run."""
+    its error and lets the others run. ``shapes`` and ``time_limit_s``: part (s)'s shapes (all by default)
+    and the seconds they may take (bench/families.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {
         "device": torch.cuda.get_device_name(),
@@ -338,6 +347,16 @@ def run_gpu_bench(out_dir: Path, parts: str = "abef") -> dict:
         part("h", hybrid)
         gc.collect()
         torch.cuda.empty_cache()
+
+        def families() -> None:
+            from outpace.bench.families import plot_families, run_families_bench
+
+            result["families"] = run_families_bench(
+                tmp / "families", bandwidth, shapes, time_limit_s
+            )
+            plot_families(result["families"], out_dir / "families.png")
+
+        part("s", families)
 
     def zoo() -> None:
         result["zoo"] = zoo_speed()
@@ -411,6 +430,10 @@ def print_summary(r: dict) -> None:
         from outpace.bench.deepseek_shape import print_deepseek_summary
 
         print_deepseek_summary(r["deepseek"])
+    if "families" in r:
+        from outpace.bench.families import print_summary as print_families_summary
+
+        print_families_summary(r["families"])
     if "zoo" in r:
         print(
             "(f) zoo: "

@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--parts",
         default=None,
-        help="bench gpu: which parts to run (see outpace/bench/gpu.py; default abef); bench "
+        help="bench gpu: which parts to run (see outpace/bench/gpu.py; default abef; s: the "
+        "seed families at their public shapes, outpace/bench/families.py); bench "
         "multi: of correctness,tp_speed,dp,dp_eagle3 (all by default) or single "
         "(outpace/bench/multi_gpu.py)",
     )
@@ -58,13 +59,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bench e2e, multi and serve --sweep: where the widened 8B-shaped zoo (and bench "
         "multi's random checkpoints) are written",
     )
+    gb = b.add_argument_group("bench gpu")
+    gb.add_argument(
+        "--shapes",
+        default=None,
+        help="part s: comma-separated family shapes (outpace/bench/family_shapes.py; all by default)",
+    )
     mb = b.add_argument_group("bench multi")
     mb.add_argument(
         "--time-limit",
         type=float,
         default=None,
-        help="seconds the whole run may take (540 by default); items that no longer fit are "
-        "listed as not run, and the same command into the same --out continues with them",
+        help="bench multi: seconds the whole run may take (540 by default); items that no longer "
+        "fit are listed as not run, and the same command into the same --out continues with them. "
+        "bench gpu: seconds part s's shapes may take (no limit by default); those that no longer fit "
+        "are listed as not run",
     )
     mb.add_argument(
         "--dp-reserve",
@@ -110,7 +119,13 @@ def run(a: argparse.Namespace) -> None:
     if a.what == "gpu":
         from outpace.bench.gpu import run_gpu_bench
 
-        run_gpu_bench(Path(a.out or "benchmarks"), parts=a.parts or "abef")
+        shapes = a.shapes.split(",") if a.shapes else None
+        run_gpu_bench(
+            Path(a.out or "benchmarks"),
+            parts=a.parts or "abef",
+            shapes=shapes,
+            time_limit_s=a.time_limit,
+        )
         return
     if a.what == "multi":
         from outpace.bench.multi_gpu import PARTS, run_multi_gpu_bench

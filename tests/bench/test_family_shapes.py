@@ -131,3 +131,26 @@ def test_step_budget_leaves_a_router_inside_the_experts_out_of_them(tmp_path):
     assert budget.expert == 3 * config["moe_intermediate_size"] * config["hidden_size"] * 4
     assert budget.moe_layers == 1  # layers 0-2 dense, layer 3 MoE
     assert [w for _, w in budget.kv_rows] == [None, 8, 8, 8]
+
+
+def test_bench_gpu_part_s_takes_the_shapes_and_time_limit(monkeypatch, tmp_path):
+    import outpace.bench.gpu as gpu
+    from outpace.cli import parse_args
+    from outpace.cli.bench import run
+
+    calls = []
+    monkeypatch.setattr(gpu, "run_gpu_bench", lambda out, **kw: calls.append((out, kw)))
+    argv = [
+        "bench",
+        "gpu",
+        "--parts",
+        "s",
+        "--shapes",
+        "qwen3.5,gemma-3-12b",
+        "--time-limit",
+        "300",
+    ]
+    run(parse_args([*argv, "--out", str(tmp_path)]))
+    assert calls == [
+        (tmp_path, dict(parts="s", shapes=["qwen3.5", "gemma-3-12b"], time_limit_s=300.0))
+    ]
