@@ -16,6 +16,13 @@ compare), and closed-batch, the whole run, prefill included, and the tail where 
 finish at different steps (with speculation they do, without it they all finish together). During a
 row the heap is frozen (``gc.freeze``, as ``outpace serve`` freezes it), so no full collection pauses
 a timed step. The widened checkpoints are written once into ``workdir`` and reused by later runs.
+
+``family`` (issue 43 item 6): the zoo's other targets, widened into real shapes with their EAGLE3 drafts
+(bench/widen_deepseek.py: DeepSeek-V2-Lite-like; widen_hybrid.py: Qwen3.5; widen_gemma.py: Gemma-3-12B),
+timed with MTP (the targets that carry MTP layers), EAGLE3 chains and trees against plain decoding: the
+same rows, table and JSON (``e2e_bench_<family>.json``), acceptance measured, not assumed. ``tiny``:
+each family's small test widening, float32 on the CPU when there is no GPU, batches 1 and 2 and a few
+prompts: the whole path end to end in seconds (a test, not a benchmark).
 """
 
 from __future__ import annotations
@@ -23,13 +30,18 @@ from __future__ import annotations
 import gc
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
 from outpace import LLM, SamplingParams
-from outpace.bench.widen import LLAMA_8B, widen_zoo
+from outpace.bench.widen import LLAMA_8B, Shape, widen_zoo
+from outpace.bench.widen_deepseek import DS_TINY, DS_TINY_DRAFT, widen_deepseek_zoo
+from outpace.bench.widen_gemma import GEMMA_TINY, GEMMA_TINY_DRAFT, widen_gemma_zoo
+from outpace.bench.widen_hybrid import QWEN35_TINY, QWEN35_TINY_DRAFT, widen_hybrid_zoo
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.step_key import SamplingMode
@@ -45,16 +57,89 @@ ZOO_MODELS = (
 )  # the target and its drafts
 
 
-def widened_zoo(workdir: Path) -> dict[str, Path]:
-    """The zoo target and its drafts widened into the 8B shape under ``workdir`` (written once, then reused)."""
-    models = {name: workdir / name for name in ZOO_MODELS}
+# A small widening of tinypy for ``tiny`` runs (every map exercised; its standalone draft's shape too).
+LLAMA_TINY = Shape(hidden=384, layers=8, heads=12, kv_heads=4, head_dim=64, intermediate=768)
+LLAMA_TINY_DRAFT = Shape(hidden=256, layers=3, heads=8, kv_heads=2, head_dim=64, intermediate=512)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A zoo target, its drafts, how they are widened (real shapes, and the tiny test ones) and the
+    number of MTP layers the target carries (0: no MTP drafter)."""
+
+    models: tuple[str, ...]  # the target first
+    shape: str
+    mtp_steps: int
+    widen: Callable[[Path, Path, bool, torch.dtype], dict[str, Path]]  # (zoo, out, tiny, dtype)
+
+
+def _tiny_or(real: tuple, tiny: tuple, is_tiny: bool) -> tuple:
+    return tiny if is_tiny else real
+
+
+FAMILIES = {
+    "llama": Family(
+        ZOO_MODELS,
+        "Llama-3.1-8B (widened zoo)",
+        3,
+        lambda zoo, out, tiny, dtype: widen_zoo(
+            zoo, out, *_tiny_or((LLAMA_8B, None), (LLAMA_TINY, LLAMA_TINY_DRAFT), tiny), dtype
+        ),
+    ),
+    "deepseek": Family(
+        ("tinyds", "tinyds-eagle3"),
+        "DeepSeek-V2-Lite-like (widened tinyds: 6 of 64 experts active as copies of the zoo's 2 of 8)",
+        2,
+        lambda zoo, out, tiny, dtype: widen_deepseek_zoo(
+            zoo, out, *_tiny_or((), (DS_TINY, DS_TINY_DRAFT), tiny), dtype=dtype
+        ),
+    ),
+    "qwen35": Family(
+        ("tinyqwen35", "tinyqwen35-eagle3"),
+        "Qwen3.5 (widened tinyqwen35: gated DeltaNet + gated attention)",
+        2,
+        lambda zoo, out, tiny, dtype: widen_hybrid_zoo(
+            zoo, out, *_tiny_or((), (QWEN35_TINY, QWEN35_TINY_DRAFT), tiny), dtype=dtype
+        ),
+    ),
+    "gemma": Family(
+        ("tinygemma", "tinygemma-eagle3"),
+        "Gemma-3-12B (widened tinygemma)",
+        0,
+        lambda zoo, out, tiny, dtype: widen_gemma_zoo(
+            zoo, out, *_tiny_or((), (GEMMA_TINY, GEMMA_TINY_DRAFT), tiny), dtype=dtype
+        ),
+    ),
+}
+
+
+def widened_zoo(
+    workdir: Path, family: str = "llama", tiny: bool = False, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, Path]:
+    """The family's zoo target and drafts widened under ``workdir`` (llama: the 8B shape, at the top of
+    it; the others in ``workdir/<family>``; ``tiny``: ``workdir/tiny/<family>``), written once, then reused."""
+    fam = FAMILIES[family]
+    root = workdir / "tiny" / family if tiny else workdir if family == "llama" else workdir / family
+    models = {name: root / name for name in fam.models}
     if not all((d / "config.json").is_file() for d in models.values()):
-        widen_zoo(zoo_dir(), workdir, LLAMA_8B, dtype=torch.bfloat16)
+        fam.widen(zoo_dir(), root, tiny, dtype)
     return models
 
 
-def drafters(models: dict[str, Path]) -> dict[str, SpeculativeConfig]:
+def drafters(models: dict[str, Path], family: str = "llama") -> dict[str, SpeculativeConfig]:
     """The methods timed: each drafter as a user would configure it (adaptive shapes up to these)."""
+    if family != "llama":  # the families' zoo drafts: EAGLE3 trained over 4 TTT steps, MTP layers
+        eagle3, steps = str(models[FAMILIES[family].models[1]]), FAMILIES[family].mtp_steps
+        specs = {
+            "none": SpeculativeConfig(),
+            "eagle3": SpeculativeConfig("eagle3", eagle3, num_steps=4, adaptive=True),
+            "eagle3-tree": SpeculativeConfig(
+                "eagle3", eagle3, num_steps=4, topk=4, num_draft_tokens=16, adaptive=True
+            ),
+        }
+        if steps:
+            specs["mtp"] = SpeculativeConfig("mtp", num_steps=steps, adaptive=True)
+        return specs
     return {
         "none": SpeculativeConfig(),
         "eagle3": SpeculativeConfig(
@@ -142,27 +227,35 @@ def run_e2e_bench(
     methods: list[str] | None = None,
     max_tokens: int = 128,
     batch1_prompts: int = 8,
+    family: str = "llama",
+    tiny: bool = False,
 ) -> dict:
-    """Run the methods (default: all); rows of earlier runs in ``out_dir/e2e_bench.json`` are kept,
-    so the methods may be split over several runs."""
+    """Run the methods (default: all); rows of earlier runs in ``out_dir/e2e_bench[_<family>].json`` are
+    kept, so the methods may be split over several runs. ``family``, ``tiny``: module docstring."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "e2e_bench.json"
+    stem = "e2e_bench" if family == "llama" else f"e2e_bench_{family}"
+    path = out_dir / f"{stem}.json"
     result = json.loads(path.read_text()) if path.is_file() else {"rows": []}
-    models = widened_zoo(workdir)
-    prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
-    counts = {1: batch1_prompts, 8: len(prompts), 32: 32}
-    specs = drafters(models)
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+    models = widened_zoo(workdir, family, tiny, getattr(torch, dtype))
+    prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
+    batches = (1, 2) if tiny else BATCHES
+    counts = {1: 2, 2: 4} if tiny else {1: batch1_prompts, 8: len(prompts), 32: 32}
+    specs = drafters(models, family)
     result.update(
-        device=torch.cuda.get_device_name(),
+        device=torch.cuda.get_device_name() if cuda else "cpu",
         torch=torch.__version__,
-        shape="Llama-3.1-8B (widened zoo)",
+        family=family,
+        shape=FAMILIES[family].shape + (" (tiny test widening)" if tiny else ""),
         max_tokens=max_tokens,
         prompts=counts,
     )
+    engine = dict(device=device, dtype=dtype, max_num_seqs=max(batches))
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    zoo = LLM("zoo/tinypy", device="cuda", dtype="bfloat16", max_num_seqs=32)
+    zoo = LLM(str(zoo_dir() / FAMILIES[family].models[0]), **engine)
     result["zoo_greedy"] = {
-        str(b): [o.token_ids for o in _run(zoo, prompts, b, greedy, counts[b])[0]] for b in BATCHES
+        str(b): [o.token_ids for o in _run(zoo, prompts, b, greedy, counts[b])[0]] for b in batches
     }
     del zoo
     rows = [r for r in result["rows"] if r["method"] not in (methods or specs)]
@@ -171,14 +264,12 @@ def run_e2e_bench(
     )  # batch -> the widened target's own greedy tokens
     for name in tqdm(methods or list(specs), desc="e2e methods"):
         llm = LLM(
-            str(models["tinypy"]),
-            device="cuda",
-            dtype="bfloat16",
-            max_num_seqs=32,
-            num_kv_blocks=1024,
+            str(models[FAMILIES[family].models[0]]),
+            num_kv_blocks=256 if tiny else 1024,
             speculative=specs[name],
+            **engine,
         )
-        for b in BATCHES:
+        for b in batches:
             _run(
                 llm, prompts, b, greedy.replace(max_tokens=4), counts[b]
             )  # warm-up: every prefill shape of the row
@@ -231,7 +322,7 @@ def run_e2e_bench(
         path.write_text(json.dumps(_with_speedups(result), indent=2) + "\n")
     result = _with_speedups(result)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    plot_e2e(result, out_dir)
+    plot_e2e(result, out_dir, stem)
     print_e2e(result)
     return result
 
@@ -261,7 +352,7 @@ def print_e2e(result: dict) -> None:
         )
 
 
-def plot_e2e(result: dict, out_dir: Path) -> None:
+def plot_e2e(result: dict, out_dir: Path, stem: str = "e2e_bench") -> None:
     """Speed-up over plain decoding per method, one panel per temperature, bars by batch."""
     import matplotlib
 
@@ -269,9 +360,10 @@ def plot_e2e(result: dict, out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     methods = [m for m in dict.fromkeys(r["method"] for r in result["rows"]) if m != "none"]
+    batches = sorted({r["batch"] for r in result["rows"]})
     fig, axes = plt.subplots(1, len(TEMPERATURES), figsize=(12, 4), sharey=True)
     for ax, t in zip(axes, TEMPERATURES):
-        for i, b in enumerate(BATCHES):
+        for i, b in enumerate(batches):
             values = [
                 next(
                     (
@@ -296,5 +388,5 @@ def plot_e2e(result: dict, out_dir: Path) -> None:
     axes[0].legend()
     fig.suptitle(f"outpace bench e2e: {result.get('shape')}, {result.get('device')}")
     fig.tight_layout()
-    fig.savefig(out_dir / "e2e_bench.png", dpi=110)
+    fig.savefig(out_dir / f"{stem}.png", dpi=110)
     plt.close(fig)

@@ -143,6 +143,17 @@ class Part:
     offset: float = 0.0
 
 
+def _place(out: torch.Tensor, dst: list[torch.Tensor], value: torch.Tensor, axis: int = 0) -> None:
+    """out[dst[0] x dst[1] x ...] = value, one axis at a time (index_copy: no advanced indexing, whose
+    parallel loop is slow on a busy CPU)."""
+    if axis == len(dst) - 1:
+        out.index_copy_(axis, dst[axis], value)
+        return
+    rows = out.index_select(axis, dst[axis])
+    _place(rows, dst, value, axis + 1)
+    out.index_copy_(axis, dst[axis], rows)
+
+
 @dataclass
 class Plan:
     """The widened checkpoint being described: entries built lazily from the small tensors."""
@@ -171,12 +182,12 @@ class Plan:
         def build() -> torch.Tensor:
             out = torch.full(shape, fill, dtype=dtype)
             for p in parts:
-                n = len(p.axes)
-                view = lambda a, i: a.view([-1] + [1] * (n - 1 - i))  # noqa: E731
-                dst = tuple(view(a.dst, i) for i, a in enumerate(p.axes))
-                src = tuple(view(a.source(), i) for i, a in enumerate(p.axes))
-                value = t.double()[src] * p.scale + p.offset if t.is_floating_point() else t[src]
-                out[dst] = value.to(dtype)  # the product rounded once
+                value = t.double() if t.is_floating_point() else t
+                for i, a in enumerate(p.axes):
+                    value = value.index_select(i, a.source())
+                if t.is_floating_point():
+                    value = value * p.scale + p.offset  # rounded once, below
+                _place(out, [a.dst for a in p.axes], value.to(dtype))
             return out
 
         self.entries.append((name, shape, dtype, build))

@@ -76,6 +76,9 @@ class GemmaShape:
 
 GEMMA3_12B = GemmaShape(3840, 48, 16, 8, 256, 15360)
 GEMMA3_12B_DRAFT = DraftShape(heads=16, kv_heads=8, head_dim=256, intermediate=15360)
+# A small widening exercising every map (kv heads copied, 4 -> 2 q heads per kv head): tests, ``--tiny``.
+GEMMA_TINY = GemmaShape(320, 8, 4, 2, 64, 384)
+GEMMA_TINY_DRAFT = DraftShape(heads=4, kv_heads=2, head_dim=64, intermediate=384)
 PATTERN = 6  # Gemma 3: every 6th layer full (sliding_window_pattern)
 
 
@@ -90,7 +93,7 @@ class _GemmaWidening:
         self.cfg, self.b, self.plan = cfg, b, Plan(small, dtype)
         self.st = Stream(cfg["hidden_size"], b.hidden)
         d_s = cfg["head_dim"]
-        self.k = b.head_dim / d_s
+        self.k = b.head_dim // d_s  # halves_dims refuses a non-multiple
         dims = halves_dims(d_s, b.head_dim)
         heads = gqa_heads(
             cfg["num_attention_heads"], cfg["num_key_value_heads"], b.heads, b.kv_heads
@@ -171,7 +174,8 @@ class _GemmaWidening:
                 "num_attention_heads": b.heads,
                 "num_key_value_heads": b.kv_heads,
                 "head_dim": b.head_dim,
-                "query_pre_attn_scalar": c.get("query_pre_attn_scalar", 256) * self.k**2,
+                "query_pre_attn_scalar": c.get("query_pre_attn_scalar", 256)
+                * self.k**2,  # an int stays one
                 "layer_types": self.layer_types(),
                 "tie_word_embeddings": False,
             },

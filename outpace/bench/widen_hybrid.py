@@ -89,6 +89,9 @@ class HybridShape:
 
 QWEN35 = HybridShape(4096, 32, 16, 4, 256, 12288, 16, 32, 128, 128)  # bench/hybrid_shape.py
 QWEN35_DRAFT = DraftShape(heads=16, kv_heads=4, head_dim=256, intermediate=12288)
+# A small widening exercising every map (e = 1/4): tests, ``bench e2e --tiny``.
+QWEN35_TINY = HybridShape(256, 6, 8, 2, 64, 384, 4, 8, 64, 64)
+QWEN35_TINY_DRAFT = DraftShape(heads=8, kv_heads=2, head_dim=64, intermediate=384)
 
 
 def _rotary_dim(cfg: dict, head_dim: int) -> int:

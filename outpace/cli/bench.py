@@ -59,6 +59,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bench e2e, multi and serve --sweep: where the widened 8B-shaped zoo (and bench "
         "multi's random checkpoints) are written",
     )
+    b.add_argument(
+        "--family",
+        default="llama",
+        choices=["llama", "deepseek", "qwen35", "gemma"],
+        help="bench e2e: which zoo target to widen (llama: tinypy into Llama-3.1-8B; deepseek, "
+        "qwen35, gemma: bench/widen_deepseek.py, widen_hybrid.py, widen_gemma.py)",
+    )
+    b.add_argument(
+        "--tiny",
+        action="store_true",
+        help="bench e2e: the tiny test widening, batches 1 and 2 (CPU float32 without a GPU)",
+    )
     gb = b.add_argument_group("bench gpu")
     gb.add_argument(
         "--shapes",
@@ -139,7 +151,12 @@ def run(a: argparse.Namespace) -> None:
         from outpace.bench.e2e import run_e2e_bench
 
         run_e2e_bench(
-            Path(a.out or "benchmarks"), Path(a.workdir), a.methods, max_tokens=a.max_tokens
+            Path(a.out or "benchmarks"),
+            Path(a.workdir),
+            a.methods,
+            max_tokens=a.max_tokens,
+            family=a.family,
+            tiny=a.tiny,
         )
         return
     check_model_dir(a.model)
