@@ -229,13 +229,20 @@ def _kv_rows(
     BLOCK_N: tl.constexpr,
 ):
     """KV rows start .. start + BLOCK_N - 1 (those below ``hi`` are real): each row's cache offsets
-    through the block table, block_tables[row // BLOCK_SIZE] * BLOCK_SIZE + row % BLOCK_SIZE."""
+    (``_kv_offsets``)."""
     offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV rows
     n_ok = offs_n < hi
-    block = tl.load(bt_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
-    slot = block * BLOCK_SIZE + offs_n % BLOCK_SIZE  # [BLOCK_N] int64
-    kv_offs = slot[:, None] * stride_cache_slot + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-    return offs_n, n_ok, kv_offs, n_ok[:, None] & d_ok[None, :]
+    kv_offs, kv_ok = _kv_offsets(offs_n, n_ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE)
+    return offs_n, n_ok, kv_offs, kv_ok
+
+
+@triton.jit
+def _kv_offsets(rows, ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl.constexpr):
+    """The cache offsets [BLOCK_N, BLOCK_D] of KV rows ``rows`` [BLOCK_N] (those ``ok`` are real)
+    through the block table, block_tables[row // BLOCK_SIZE] * BLOCK_SIZE + row % BLOCK_SIZE."""
+    block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=ok, other=0)
+    slot = block * BLOCK_SIZE + rows % BLOCK_SIZE  # [BLOCK_N] int64
+    return slot[:, None] * stride_cache_slot + offs_d[None, :], ok[:, None] & d_ok[None, :]
 
 
 @triton.jit
@@ -351,7 +358,7 @@ def _attend(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASK: tl.constexpr,  # 0: every row sees every KV row, 1: causal, 2: custom mask (every
-    # KV row in its window), 3: custom mask, rows before it seen by all
+    # KV row in its window)
     SLIDING: tl.constexpr,  # and, on top: a row at position p sees only rows r > p - sliding_window
     PRECISION: tl.constexpr,
 ):
@@ -366,19 +373,12 @@ def _attend(
             visible = n_ok[None, :]
         elif MASK == 1:
             visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
-        elif MASK == 2:
+        else:
             in_mask = row_ok[:, None] & n_ok[None, :]
             allowed = tl.load(
                 mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_mask, other=0
             )
             visible = in_mask & (allowed != 0)
-        else:  # rows before the window: seen by every row (other=1); the window: as the mask says
-            allowed = tl.load(
-                mask_rows[:, None] + (offs_n - window_start)[None, :],
-                mask=row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :],
-                other=1,
-            )
-            visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
         if SLIDING:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
@@ -771,10 +771,33 @@ def _combine_kernel(
 
 
 @triton.jit
-def _attend_chunk(
+def _invariant_step(q, m_i, l_i, acc, k_base, v_base, kv_offs, kv_ok, visible, qk_scale, PRECISION):
+    """One BLOCK_N tile of the batch-invariant walk: the same operations for every tile and call
+    (scores, mask, online-softmax update); only the KV rows gathered and ``visible`` differ."""
+    k = tl.load(k_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    s = tl.where(visible, s, float("-inf"))
+    v = tl.load(v_base + kv_offs, mask=kv_ok, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+    return _softmax_step(s, v, m_i, l_i, acc, PRECISION)
+
+
+@triton.jit
+def _mask_row(mask_seq_ptr, query, ok, stride_mask_q, window, BLOCK_W: tl.constexpr):
+    """Query ``query``'s custom-mask row (zeros when not ``ok``): (seen [BLOCK_W] int32, rank
+    [BLOCK_W]: seen rows up to and including each column, count: its seen rows)."""
+    offs_w = tl.arange(0, BLOCK_W)
+    seen = tl.load(
+        mask_seq_ptr + query * stride_mask_q + offs_w, mask=(offs_w < window) & ok, other=0
+    )
+    seen = (seen != 0).to(tl.int32)
+    return seen, tl.cumsum(seen, axis=0), tl.sum(seen, axis=0)
+
+
+@triton.jit
+def _attend_invariant(
     q,  # [BLOCK_M, BLOCK_D] queries
     lo,
-    hi,  # KV rows lo .. hi - 1; lo a multiple of BLOCK_N
+    hi,  # logical KV rows lo .. hi - 1; lo a multiple of BLOCK_N
     bt_ptr,  # the sequence's block table row
     k_base,
     v_base,  # cache pointers at slot 0 of this kv head
@@ -782,53 +805,90 @@ def _attend_chunk(
     offs_d,
     d_ok,
     qk_scale,
-    q_row,
-    row_ok,  # [BLOCK_M] each row's own KV row; rows that are real
-    mask_rows,  # [BLOCK_M] the rows' custom-mask row pointers (HAS_MASK)
-    window_start,  # the mask window's first KV row
+    q_row,  # [BLOCK_M] each row's logical position (its last visible logical KV row)
+    q_index,  # [BLOCK_M] each row's query index in its sequence
+    q_start,
+    query_len,
+    mask_seq_ptr,  # the sequence's custom mask [max_query_len, window] (HAS_MASK)
+    stride_mask_q,
+    window,
+    window_start,  # the mask window's first KV row (HAS_MASK)
     q_pos,
     sliding_window,  # [BLOCK_M] the rows' positions; their window (SLIDING)
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_W: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Online softmax from a fresh state over KV rows lo .. hi - 1, in BLOCK_N tiles at absolute
-    multiples of BLOCK_N, one masked pass: the same code for every tile, whatever the tile's rows.
+    """Online softmax from a fresh state over the logical KV rows lo .. hi - 1, in BLOCK_N tiles at
+    absolute multiples of BLOCK_N: every tile runs ``_invariant_step``, a row seeing the logical
+    rows up to its own (causal on logical rows). A row's logical KV sequence is the rows it sees, in
+    cache order: without a custom mask, the physical rows; under one, the rows before the window,
+    then the window rows its mask row shows (a tree node's ancestors by depth, then itself): logical
+    row window_start + j is the (j + 1)-th of them. That is the sequence plain decoding holds at the
+    node's position, in the same tiles: so the node gets the bits decoding would give its token.
+    Tiles wholly before the window are shared by the tile's rows; a tile reaching into it is walked
+    once per query token of the tile, with that token's rows gathered and the other rows masked.
     A KV row a row does not see gets s = -inf, so p = 0 exactly and the row's running max keeps
     its value (exp2(0) = 1 rescales nothing): a tile the row sees nothing of leaves its state as is."""
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    return _attend(
-        q,
-        m_i,
-        l_i,
-        acc,
-        lo,
-        hi,
-        bt_ptr,
-        k_base,
-        v_base,
-        stride_cache_slot,
-        offs_d,
-        d_ok,
-        qk_scale,
-        q_row,
-        row_ok,
-        mask_rows,
-        window_start,
-        q_pos,
-        sliding_window,
-        BLOCK_SIZE,
-        BLOCK_N,
-        3 if HAS_MASK else 1,
-        SLIDING,
-        PRECISION,
-    )
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical KV rows
+        n_ok = offs_n < hi
+        visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])  # [BLOCK_M, BLOCK_N]
+        if SLIDING:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
+        if (not HAS_MASK) or (start + BLOCK_N <= window_start):  # logical rows: physical rows
+            kv_offs, kv_ok = _kv_offsets(
+                offs_n, n_ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE
+            )
+            m_i, l_i, acc = _invariant_step(
+                q, m_i, l_i, acc, k_base, v_base, kv_offs, kv_ok, visible, qk_scale, PRECISION
+            )
+        else:  # the tile reaches into the window: per query token, its own logical rows
+            offs_w = tl.arange(0, BLOCK_W)
+            for t in range(BLOCK_Q):
+                query = q_start + t
+                seen, rank, count = _mask_row(
+                    mask_seq_ptr, query, query < query_len, stride_mask_q, window, BLOCK_W
+                )
+                if (query < query_len) & (start < window_start + count):
+                    # logical row window_start + j: the window column whose rank is j + 1
+                    match = (seen[None, :] != 0) & (
+                        rank[None, :] == (offs_n - window_start + 1)[:, None]
+                    )  # [BLOCK_N, BLOCK_W]
+                    column = tl.sum(tl.where(match, offs_w[None, :], 0), axis=1)  # [BLOCK_N]
+                    rows = tl.where(offs_n < window_start, offs_n, window_start + column)
+                    kv_offs, kv_ok = _kv_offsets(
+                        rows,
+                        n_ok & (offs_n < window_start + count),
+                        bt_ptr,
+                        stride_cache_slot,
+                        offs_d,
+                        d_ok,
+                        BLOCK_SIZE,
+                    )
+                    m_i, l_i, acc = _invariant_step(
+                        q,
+                        m_i,
+                        l_i,
+                        acc,
+                        k_base,
+                        v_base,
+                        kv_offs,
+                        kv_ok,
+                        visible & (q_index == query)[:, None],
+                        qk_scale,
+                        PRECISION,
+                    )
+    return m_i, l_i, acc
 
 
 @triton.jit(
@@ -875,6 +935,7 @@ def _invariant_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,  # the custom mask's window padded to a power of two (HAS_MASK)
     SPLIT_ROWS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
@@ -919,7 +980,18 @@ def _invariant_attention_kernel(
     )
     kv_lo = tl.maximum(split * SPLIT_ROWS, kv_start)
     kv_hi = tl.minimum(split * SPLIT_ROWS + SPLIT_ROWS, kv_end)
-    m_i, l_i, acc = _attend_chunk(
+    window_start = seq_len - window  # HAS_MASK
+    mask_seq_ptr = custom_mask_ptr + seq * stride_mask_seq
+    q_row = prefix + q_index  # [BLOCK_M] each row's logical position: causal, its KV row
+    if HAS_MASK:  # the rows before the window, and the window rows its mask row shows
+        offs_w = tl.arange(0, BLOCK_W)
+        seen = tl.load(
+            mask_seq_ptr + q_index[:, None] * stride_mask_q + offs_w[None, :],
+            mask=row_ok[:, None] & (offs_w < window)[None, :],
+            other=0,
+        )  # [BLOCK_M, BLOCK_W]
+        q_row = window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
+    m_i, l_i, acc = _attend_invariant(
         q,
         kv_lo,
         kv_hi,
@@ -930,16 +1002,22 @@ def _invariant_attention_kernel(
         offs_d,
         d_ok,
         qk_scale,
-        prefix + q_index,
-        row_ok,
-        custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q,
-        seq_len - window,
+        q_row,
+        q_index,
+        q_start,
+        query_len,
+        mask_seq_ptr,
+        stride_mask_q,
+        window,
+        window_start,
         q_pos,
         sliding_window,
         BLOCK_SIZE,
         BLOCK_M,
         BLOCK_N,
         BLOCK_D,
+        BLOCK_Q,
+        BLOCK_W,
         HAS_MASK,
         SLIDING,
         PRECISION,
@@ -1413,6 +1491,7 @@ def _invariant_paged_attention(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=cfg.block_d,
+        BLOCK_W=max(16, triton.next_power_of_2(window)),
         SPLIT_ROWS=cfg.split_rows,
         HAS_MASK=mask is not None,
         SLIDING=sliding,

@@ -1,5 +1,9 @@
 """The batch-invariant linear (deterministic mode): the same function as F.linear, and each row's
-bits independent of the other rows in the call. On the CPU the kernel runs in Triton's interpreter."""
+bits independent of the other rows in the call. On the CPU the kernel runs in Triton's interpreter,
+float32 in the kernel's own operation order: a launch whose reduction over K changed with the row
+count (another K tile, a split-K) would give some row other bits there too. What the interpreter
+cannot show (the GPU's instruction choice by tile shape) is pinned by the tiles being the same for
+every row count (``test_tiles_do_not_depend_on_the_row_count``), and checked in bf16 on the GPU."""
 
 import pytest
 import torch
@@ -8,12 +12,13 @@ import torch.nn.functional as F
 from outpace.attention.context import forward_settings
 from outpace.layers.batch_invariant import batch_invariant_linear
 from outpace.layers.linear import project, project_rows_alone
+from outpace.layers.skinny_gemm import ROW_TILE, skinny_linear, tiles_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize(
-    "m,k,n,bias", [(1, 48, 200, False), (7, 130, 64, True), (70, 64, 33, False)]
+    "m,k,n,bias", [(1, 48, 200, False), (7, 130, 64, True), (70, 300, 33, False)]
 )
 def test_matches_f_linear_fp32(m, k, n, bias):
     g = torch.Generator().manual_seed(m * k + n)
@@ -29,18 +34,71 @@ def test_matches_f_linear_fp32(m, k, n, bias):
 def test_leading_dims_are_kept():
     x, w = torch.randn(2, 3, 16), torch.randn(8, 16)
     assert batch_invariant_linear(x.to(DEVICE), w.to(DEVICE)).shape == (2, 3, 8)
+    assert batch_invariant_linear(x[:0].to(DEVICE), w.to(DEVICE)).shape == (0, 3, 8)
+
+
+@pytest.mark.parametrize("n", [40, 4096, 6144, 16384, 28672, 128256])
+def test_tiles_do_not_depend_on_the_row_count(n):
+    """Every row count gets the same 16-row tile, columns, K step and warps (so the same tl.dot
+    instruction and K order for a row); only how many tiles a program holds (1 or 4) and the grid
+    change, and the grid covers every row once."""
+    tiles = {m: tiles_for(m, n) for m in range(1, 600)}
+    fixed = {(t.block_m, t.block_n, t.block_k, t.num_warps) for t in tiles.values()}
+    assert fixed == {(ROW_TILE, 64 if n >= 16384 else 32, 256, 4)}
+    for m, t in tiles.items():
+        assert t.subtiles in (1, 4)
+        assert (
+            (t.row_groups - 1) * t.subtiles * ROW_TILE < m <= t.row_groups * t.subtiles * ROW_TILE
+        )
+        assert t.col_blocks * t.block_n >= n > (t.col_blocks - 1) * t.block_n
+
+
+def _rows_alone_and_in_batches(x, w, b, counts, offsets):
+    """Assert that rows [o, o + m) of ``x`` get the bits they get in the whole batch, for every
+    count m and offset o (a row at another place in its 16-row tile, in another tile, in a program
+    with one row tile or four), and each row alone the same bits."""
+    full = batch_invariant_linear(x, w, b)
+    for m in counts:
+        for o in offsets:
+            if o + m <= x.shape[0]:
+                part = batch_invariant_linear(x[o : o + m], w, b)
+                assert torch.equal(part, full[o : o + m]), f"rows {o}..{o + m - 1}"
+    for r in (0, 15, 16, 63, 64, x.shape[0] - 1):
+        assert torch.equal(batch_invariant_linear(x[r : r + 1], w, b), full[r : r + 1]), f"row {r}"
+    return full
+
+
+def test_rows_are_bitwise_independent_of_the_batch_fp32():
+    """Decode rows (1..8), verify widths (2..8 tokens times 1..8 sequences: up to 64 rows) and
+    bigger products (four row tiles a program), two K steps with a ragged tail."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(130, 300, generator=g).to(DEVICE)
+    w, b = torch.randn(40, 300, generator=g).to(DEVICE), torch.randn(40, generator=g).to(DEVICE)
+    counts = sorted({*range(1, 9), *(q * s for q in range(2, 9) for s in (2, 5, 8)), 65, 100, 128})
+    _rows_alone_and_in_batches(x, w, None, counts, (0, 3))
+    _rows_alone_and_in_batches(x, w, b, (1, 6, 70), (0, 1))
+
+
+def test_few_rows_are_the_normal_paths_bits():
+    """Up to 16 rows the mode costs nothing: its product is the normal decode path's skinny kernel."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(16, 64, generator=g).to(DEVICE), torch.randn(24, 64, generator=g).to(DEVICE)
+    for m in (1, 5, 16):
+        assert torch.equal(batch_invariant_linear(x[:m], w), skinny_linear(x[:m], w))
 
 
 @pytest.mark.gpu
 def test_rows_are_bitwise_independent_of_the_batch_bf16():
+    """bf16 on the GPU at the Llama-8B widths: o_proj-like (32-column blocks) and the head-like wide
+    product (64-column blocks), rows alone and among 1..300 rows."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(300, 4096, generator=g, device="cuda").bfloat16()
-    w = (torch.randn(1024, 4096, generator=g, device="cuda") * 0.02).bfloat16()
-    full = batch_invariant_linear(x, w)
-    for rows in (slice(0, 1), slice(5, 11), slice(100, 164)):
-        assert torch.equal(batch_invariant_linear(x[rows], w), full[rows])
-    ref = F.linear(x.float(), w.float())
-    assert ((full.float() - ref).norm() / ref.norm()).item() < 1e-2
+    counts = sorted({*range(1, 17), *(q * s for q in range(2, 9) for s in (2, 5, 8)), 100, 300})
+    for n in (1024, 16384):
+        w = (torch.randn(n, 4096, generator=g, device="cuda") * 0.02).bfloat16()
+        full = _rows_alone_and_in_batches(x, w, None, counts, (0, 5, 100))
+        ref = F.linear(x.float(), w.float())
+        assert ((full.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 def test_cpu_projection_rows_are_bitwise_independent_of_the_batch_in_batch_invariant_mode():
