@@ -44,10 +44,23 @@ def randomise(module: torch.nn.Module, std: float = 0.3) -> torch.nn.Module:
     return module
 
 
-def make_moe(hidden: int, inter: int, experts: int, top_k: int, dtype=torch.float32) -> MoE:
+def make_moe(
+    hidden: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+    dtype=torch.float32,
+    shared: int = 0,
+    shared_bias: bool = False,
+) -> MoE:
     routing = Routing(num_experts=experts, top_k=top_k, scoring="softmax")
     moe = MoE(
-        hidden, routing, inter, 0, lambda size, bias, **_: GatedMLP(hidden, size, "silu", bias)
+        hidden,
+        routing,
+        inter,
+        shared,
+        lambda size, bias, **_: GatedMLP(hidden, size, "silu", bias),
+        shared_bias,
     )
     return randomise(moe).to(DEVICE, dtype)
 
@@ -171,6 +184,56 @@ def test_one_block_per_chosen_expert_up_to_64_tokens(tokens, block_m):
         assert sorted(used) == sorted(set(used)) == sorted({*ids.flatten().tolist(), 8})
     else:
         assert len(used) > len(set(used))  # beyond 64 tokens an expert spans several blocks
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 17, 33, 64])
+def test_every_token_count_to_64_with_tokens_sharing_experts(n):
+    """Decode to batch x verify width 64: every chosen expert one block of up to 64 rows, read once."""
+    moe = make_moe(hidden=24, inter=20, experts=6, top_k=3)
+    x = torch.randn(n, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    weights, ids = routing_of(n, 6, 3, shared=True, seed=n)
+    expected = run_experts(x, weights, ids, moe.experts)
+    got = kernel_out(moe.experts, x, weights, ids)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernel_out(moe.experts, x, weights, ids), got)  # the same bits again
+
+
+@pytest.mark.parametrize("n", [1, 5, 64, 70])
+@pytest.mark.parametrize("routing_kernel", [True, False])
+def test_fused_shared_experts_equal_the_separate_shared_mlp(n, routing_kernel):
+    """MoE on the kernels (routing kernel or torch routing, shared experts fused as 2 more experts of
+    weight 1) equals MoE eager (torch routing, run_experts, the shared MLP added)."""
+    moe = make_moe(hidden=24, inter=12, experts=8, top_k=3, shared=2)
+    pack_projections(
+        moe
+    )  # serving packs the shared MLP's gate/up: the fused stacks view those rows
+    x = torch.randn(n, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    with torch.no_grad():
+        expected = moe(x)  # eager off CUDA
+        moe.experts.kernels, moe.gate.kernel = True, routing_kernel
+        got = moe(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_stacks_are_views_of_the_shared_mlp():
+    moe = make_moe(hidden=16, inter=8, experts=4, top_k=2, shared=3)
+    mlp = moe.shared_experts
+    gate, up, down = moe.shared_stacks()
+    assert gate.shape == up.shape == (3, 8, 16) and down.shape == (3, 16, 8)
+    assert gate.data_ptr() == mlp.gate_proj.weight.data_ptr()
+    assert up.data_ptr() == mlp.up_proj.weight.data_ptr()
+    assert down.data_ptr() == mlp.down_proj.weight.data_ptr()
+    assert torch.equal(
+        down[1], mlp.down_proj.weight[:, 8:16]
+    )  # expert s: columns s*inter.. of down
+    assert torch.equal(gate[2], mlp.gate_proj.weight[16:])
+    biased = make_moe(hidden=16, inter=8, experts=4, top_k=2, shared=2, shared_bias=True)
+    assert biased.shared_stacks() is None  # not fusable: the shared MLP runs beside the experts
+    x = torch.randn(3, 16, device=DEVICE)
+    with torch.no_grad():
+        expected = biased(x)
+        biased.experts.kernels = True
+        torch.testing.assert_close(biased(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_stacked_weights_are_views_of_the_expert_parameters():
@@ -424,3 +487,40 @@ def test_bf16_at_the_v2_lite_shape(n):
     got = kernel_out(moe.experts, x, weights, ids)
     expected = run_experts(x.float(), weights, ids, reference)  # float32 reference
     assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 32, 64])
+def test_bf16_v2_lite_moe_with_fused_shared_experts(n):
+    """The whole MoE block on the kernels (routing kernel, fused shared experts) against a float32 eager
+    copy, at every token count to 64."""
+    moe = make_moe(hidden=2048, inter=1408, experts=64, top_k=6, dtype=torch.bfloat16, shared=2)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.02)
+    reference = copy.deepcopy(moe).float()
+    reference.experts.kernels = False
+    x = torch.randn(n, 2048, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert moe.shared_stacks() is not None
+        got = moe(x)
+        weights, ids = moe.gate(x)
+        reference.gate.kernel = False
+        expected = reference.experts(x.float(), weights, ids) + reference.shared_experts(x.float())
+    assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs: GPU only")
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_moe_block_replays_in_a_cuda_graph(n):
+    """Routing, layout, grouped and combine kernels captured once replay new inputs exactly."""
+    moe = make_moe(hidden=256, inter=128, experts=16, top_k=4, dtype=torch.bfloat16, shared=2)
+    x = torch.randn(n, 256, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        moe(x)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe(x)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, moe(x))
