@@ -357,10 +357,10 @@ def _q_absorb_kernel(
 
 
 def q_parts(heads: int, device: torch.device) -> int:
-    """How many partial products the query latent is computed in: 2 when the heads' programs at one part
-    (a q_nope and a q_pe program a head) would fill at most half the SMs (DeepSeek-V2-Lite's 16 heads),
-    else 1 (V3's 128, Kimi-K2's 64)."""
-    return MAX_Q_PARTS if 2 * heads * MAX_Q_PARTS <= num_sms(device) else 1
+    """How many partial products the query latent is computed in: ``MAX_Q_PARTS`` while the heads'
+    programs (a q_pe program and one a part, a head) stay within about two an SM, else 1. DeepSeek-V2-Lite
+    (16 heads) and Kimi-K2 (64): 2, three equal programs a head at nope 128 and rope 64; V3 (128): 1."""
+    return MAX_Q_PARTS if heads * (MAX_Q_PARTS + 1) <= 2 * num_sms(device) else 1
 
 
 def _block_k(block_n: int, fp32: bool) -> int:

@@ -83,6 +83,10 @@ def run(layer, backend: str, meta, num_blocks: int, block_size: int, x, position
         return layer(positions, x), layer.cache_rows.clone()
 
 
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 def positions_of(meta) -> torch.Tensor:
     return (meta.seq_lens - meta.query_lens)[meta.token_seq_index] + meta.token_query_index
 
@@ -129,6 +133,22 @@ def test_fused_block_equals_the_eager_layer(
     torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
 
 
+def test_half_precision(fused_calls):
+    """The half-precision code path (the kernels' casts and stores; Triton's interpreter computes fp16
+    dots, not bf16 ones) against the eager layer in float32."""
+    layer = make_layer(MLAShape(64, 4, 24, 64, 32, 16, 32, scale=0.2), True, "cpu")
+    g = torch.Generator().manual_seed(1)
+    meta, num_blocks = make_meta("tree", 16, g, "cpu")
+    x = torch.randn(meta.slot_mapping.shape[0], 64, generator=g).half()
+    cache_init = torch.randn(num_blocks, 16, 1, 80, generator=g)
+    args = (meta, num_blocks, 16, x, positions_of(meta), cache_init)
+    out, cache = run(copy.deepcopy(layer).half(), "triton", *args)
+    assert fused_calls == [1] and out.dtype == cache.dtype == torch.float16
+    ref_out, ref_cache = run(layer, "torch", *args[:3], x.float(), *args[4:])
+    assert _relative(out, ref_out) < 3e-3
+    assert _relative(cache, ref_cache) < 1e-3
+
+
 def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypatch):
     """More rows than a few-row kernel takes, the torch backend, and (without the forcing) CPU tensors
     run the eager layer."""
@@ -169,10 +189,6 @@ def _gpu_case(name: str, layout: str):
     width = shape.kv_lora_rank + shape.qk_rope_head_dim
     cache_init = torch.randn(num_blocks, 16, 1, width, generator=g).cuda()
     return layer, (meta, num_blocks, 16, x, positions_of(meta), cache_init)
-
-
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.mark.skipif(not CUDA, reason="bf16 at the DeepSeek shapes: GPU only")
