@@ -223,7 +223,8 @@ def test_bf16_at_the_deepseek_shapes(name, layout, monkeypatch):
 @pytest.mark.parametrize("layout", ["decode", *LONG_LAYOUTS])
 def test_block_launches_and_time(name, layout, monkeypatch):
     """Kernels one block launches (after the forward's first, which builds the token table), fused and
-    eager, and each one's time as a replayed CUDA graph; ``pytest -s`` prints them."""
+    eager, and each one's time as a replayed CUDA graph (which computes what the forward did: the cache's
+    new rows are rewritten the same); ``pytest -s`` prints them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -236,7 +237,7 @@ def test_block_launches_and_time(name, layout, monkeypatch):
         if path == "eager":
             monkeypatch.setattr(mla_module, "fusable_rows", lambda x, w: False)
         with torch.no_grad(), forward_context(meta, get_backend("triton")):
-            layer(positions, x)  # compiles; builds the token table
+            direct = layer(positions, x)  # compiles; builds the token table
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 layer(positions, x)
@@ -244,8 +245,9 @@ def test_block_launches_and_time(name, layout, monkeypatch):
             launches = sum(e.device_type == DeviceType.CUDA for e in prof.events())
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                layer(positions, x)
+                captured = layer(positions, x)
         graph.replay()
+        assert torch.equal(captured, direct)  # capturable: the replay computes what the forward did
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(100):
