@@ -2,8 +2,9 @@
 backend): in Triton's interpreter in float32 at odd shapes (kv_lora_rank 36, three heads, nope 6, rope 8,
 v 5, with and without a q_lora_rank, both RoPE layouts, one and two query-latent parts), for decode, verify
 chains of 2 to 8 tokens and tree masks over shuffled paged blocks of an odd size: the same output and the
-same latent cache. On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's and V3's shapes against
-the eager layer in float32, and the block's kernel launches and time (``-s`` prints them)."""
+same latent cache; fp16 too. On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
+V3's shapes against the eager layer in float32, and the block's kernel launches and time (``-s`` prints
+them)."""
 
 from __future__ import annotations
 
@@ -173,8 +174,9 @@ def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypa
 
 # ---- GPU: bf16 at the DeepSeek shapes ---------------------------------------------------------------
 
-GPU_SHAPES = {  # DeepSeek-V2-Lite's and V3's attention (their config.json files)
+GPU_SHAPES = {  # DeepSeek-V2-Lite's, Kimi-K2's and DeepSeek-V3's attention (their config.json files)
     "v2-lite": MLAShape(2048, 16, None, 512, 128, 64, 128, scale=192**-0.5),
+    "kimi-k2": MLAShape(7168, 64, 1536, 512, 128, 64, 128, scale=192**-0.5),
     "v3": MLAShape(7168, 128, 1536, 512, 128, 64, 128, scale=192**-0.5),
 }
 
