@@ -86,7 +86,8 @@ V2_LITE = dict(
     eos_token_id=100001,
 )
 BATCHES, CONTEXTS = (1, 8, 32), (512, 4096)
-EXPERT_TOKENS = (1, 4, 5, 6, 7, 8)  # grouped-expert micro-bench: tokens per call (k + 1 for verify)
+# grouped-expert sweep: tokens per call (batch x verify width)
+EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)  # target forward: tokens per sequence
 MAX_DRAFTS = {"mtp": 3, "eagle3": 7}
 
@@ -243,40 +244,71 @@ def time_forward(
 
 
 def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> dict:
-    """The grouped-expert kernels alone over every MoE layer's experts (one call per layer, captured),
-    uniform random routing of ``tokens`` tokens, against the bytes of the experts they read; and the eager
-    per-expert loop over the same calls."""
+    """``time_moe_layers`` over every MoE layer of the model (``budget`` unused: the layers' own bytes)."""
+    return time_moe_layers(
+        [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)], tokens, bandwidth
+    )
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def time_moe_layers(moes: list[MoE], tokens: int, bandwidth: float) -> dict:
+    """``tokens`` random hidden states through each of ``moes`` (one captured replay runs every layer, so
+    no layer's experts are still in L2 when it runs again), seconds per layer:
+    - ``seconds``: the grouped-expert kernels alone (layers/moe_kernels.py: align, gate/up, down, combine),
+      the shared experts fused, on uniform random routing, against ``bytes_read``: the distinct routed
+      experts the routing chose plus the shared experts, each read once;
+    - ``block_seconds``: the whole MoE block on the kernels (routing kernels with the layout, the same
+      grouped kernels), against its own distinct experts (the router's choice) plus the router weight;
+    - ``eager_loop_seconds``: run_experts (one call per expert in use, a host sync) plus the shared MLP."""
     from outpace.layers.moe_kernels import grouped_experts
 
-    moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
-    r = moes[0].gate.routing
+    first = moes[0]
+    r, hidden = first.gate.routing, first.gate.weight.shape[1]
+    dtype = first.experts.stacks()[2].dtype
     g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(
-        tokens, V2_LITE["hidden_size"], device="cuda", dtype=torch.bfloat16, generator=g
-    )
+    x = torch.randn(tokens, hidden, device="cuda", dtype=dtype, generator=g)
     routing = []
     for _ in moes:
-        ids = torch.rand(tokens, r.num_experts, device="cuda", generator=g).argsort(dim=-1)[
-            :, : r.top_k
-        ]
-        routing.append((torch.rand(tokens, r.top_k, device="cuda", generator=g), ids))
-    distinct = sum(ids.unique().numel() for _, ids in routing) / len(routing)
+        ids = torch.rand(tokens, r.num_experts, device="cuda", generator=g).argsort(dim=-1)
+        routing.append((torch.rand(tokens, r.top_k, device="cuda", generator=g), ids[:, : r.top_k]))
+    shared = [m.shared_stacks() for m in moes]
     stacked = [m.experts.stacks() for m in moes]
+    expert_bytes = _bytes(first.experts[0])
+    shared_bytes = 0 if first.shared_experts is None else _bytes(first.shared_experts)
+    router_bytes = first.gate.weight.numel() * 4 + r.num_experts * 4 * r.correction_bias
 
     def grouped():
         with torch.inference_mode():
-            return [grouped_experts(x, w, ids, *s) for (w, ids), s in zip(routing, stacked)]
+            return [
+                grouped_experts(x, w, ids, *st, shared=sh)
+                for (w, ids), st, sh in zip(routing, stacked, shared)
+            ]
 
-    seconds = _time_replays(CapturedCall(grouped, torch.device("cuda"))) / len(moes)
+    def block():
+        with torch.inference_mode():
+            return [m(x) for m in moes]
+
     with torch.inference_mode():
-        run_experts(x, *routing[0], moes[0].experts)  # warm-up
+        chosen = [m.gate(x)[1] for m in moes]
+    distinct = sum(ids.unique().numel() for _, ids in routing) / len(moes)
+    block_distinct = sum(ids.unique().numel() for ids in chosen) / len(moes)
+    seconds = _time_replays(CapturedCall(grouped, torch.device("cuda"))) / len(moes)
+    block_seconds = _time_replays(CapturedCall(block, torch.device("cuda"))) / len(moes)
+    with torch.inference_mode():
+        run_experts(x, *routing[0], first.experts)  # warm-up
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for (w, ids), m in zip(routing, moes):
-            run_experts(x, w, ids, m.experts)
+            out = run_experts(x, w, ids, m.experts)
+            if m.shared_experts is not None:
+                out = out + m.shared_experts(x)
         torch.cuda.synchronize()
     eager = (time.perf_counter() - t0) / len(moes)
-    read = distinct * budget["expert_bytes"]
+    read = distinct * expert_bytes + shared_bytes
+    block_read = block_distinct * expert_bytes + shared_bytes + router_bytes
     return {
         "tokens": tokens,
         "distinct_experts": distinct,
@@ -284,8 +316,56 @@ def time_grouped_experts(model, tokens: int, bandwidth: float, budget: dict) -> 
         "seconds": seconds,
         "bytes_per_s": read / seconds,
         "fraction_of_copy_bandwidth": read / seconds / bandwidth,
+        "block_distinct_experts": block_distinct,
+        "block_bytes_read": block_read,
+        "block_seconds": block_seconds,
+        "block_fraction_of_copy_bandwidth": block_read / block_seconds / bandwidth,
         "eager_loop_seconds": eager,
     }
+
+
+def moe_sweep(layers: int = 26, tokens: tuple[int, ...] = EXPERT_TOKENS) -> list[dict]:
+    """The grouped-expert sweep without the engine: ``layers`` DeepSeek-V2-Lite MoE blocks (64 routed
+    experts of 1408, 6 active, 2 shared; random bf16 weights) built directly, ``time_moe_layers`` at each
+    token count, printed (``python -c "from outpace.bench.deepseek_shape import moe_sweep; moe_sweep()"``)."""
+    from outpace.bench.gpu import copy_bandwidth
+    from outpace.layers.decoder import GatedMLP
+    from outpace.layers.moe import Routing
+
+    c = V2_LITE
+    routing = Routing(c["n_routed_experts"], c["num_experts_per_tok"], c["scoring_func"])
+    hidden = c["hidden_size"]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"), torch.no_grad():
+            moes = [
+                MoE(
+                    hidden,
+                    routing,
+                    c["moe_intermediate_size"],
+                    c["n_shared_experts"],
+                    lambda size, bias, **_: GatedMLP(hidden, size, "silu", bias),
+                )
+                for _ in range(layers)
+            ]
+            for m in moes:
+                m.gate.weight.normal_(0.0, hidden**-0.5)
+    finally:
+        torch.set_default_dtype(default)
+    bandwidth = copy_bandwidth()
+    rows = [time_moe_layers(moes, t, bandwidth) for t in tokens]
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; per MoE layer:")
+    print(
+        f"{'tokens':>6} {'experts':>7} {'MB':>6} {'grouped us':>10} {'of bw':>6} {'block us':>8} {'of bw':>6}"
+    )
+    for x in rows:
+        print(
+            f"{x['tokens']:>6} {x['distinct_experts']:>7.1f} {x['bytes_read'] / 1e6:>6.1f} "
+            f"{x['seconds'] * 1e6:>10.1f} {x['fraction_of_copy_bandwidth']:>6.1%} "
+            f"{x['block_seconds'] * 1e6:>8.1f} {x['block_fraction_of_copy_bandwidth']:>6.1%}"
+        )
+    return rows
 
 
 # ---- speculation under oracle acceptance -----------------------------------------------------------
