@@ -263,3 +263,28 @@ def test_block_launches_and_time(name, layout, monkeypatch):
         + ", ".join(f"{p} {k} launches {us:.1f} us" for p, (k, us) in report.items())
     )
     assert report["fused"][0] <= 5
+
+
+@pytest.mark.skipif(not CUDA, reason="the engine's CUDA graphs")
+@pytest.mark.parametrize("variant", ["v2-group", "v3-yarn"])
+def test_the_engine_captures_the_fused_block(variant, tmp_path, monkeypatch):
+    """A small DeepSeek target (tests/helpers/deepseek_models.py) in bf16 through the engine: its decode and
+    verify graphs (n-gram chains) capture the fused block and serve every request its tokens. (Not
+    compared token for token with an eager run: the graphs' padded batches may split the attention
+    differently, and in bf16 a greedy choice between close logits may then differ.)"""
+    from helpers.deepseek_models import make_hf_deepseek
+    from helpers.hf_models import save_hf_model
+    from outpace import LLM, SamplingParams
+    from outpace.config import SpeculativeConfig
+
+    calls = []
+    real = mla_fused.mla_forward_fused
+    monkeypatch.setattr(mla_fused, "mla_forward_fused", lambda *a: calls.append(1) or real(*a))
+    path = str(save_hf_model(make_hf_deepseek(variant), tmp_path))
+    prompts = [[1, 5, 2, 7, 3], list(range(13)) * 2, [200, 3]]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    kwargs = dict(device="cuda", dtype="bfloat16", max_num_seqs=4, num_kv_blocks=128, block_size=4)
+    spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
+    outs = LLM(path, speculative=spec, **kwargs).generate(prompts, greedy)
+    assert calls
+    assert all(len(o.token_ids) == 16 and max(o.token_ids) < 203 for o in outs)  # vocab 203
