@@ -450,10 +450,13 @@ def _attend(
     if partials:
         if up is None:
             chunk = min(block_r, 128)
-        else:  # about one program an SM over the heads' up projections
+        else:  # about one program an SM over the heads' up projections, a W_UV tile of at most R x 64
             chunk = min(
                 max(16, triton.next_power_of_2(out_width)),
-                max(32, triton.next_power_of_2(math.ceil(out_width * heads / num_sms(device)))),
+                max(
+                    32,
+                    min(64, triton.next_power_of_2(math.ceil(out_width * heads / num_sms(device)))),
+                ),
             )
         _combine_kernel[(heads, math.ceil(out_width / chunk), math.ceil(num_tokens / _BLOCK_T))](
             part_acc,
