@@ -154,7 +154,8 @@ def build(
     speculative: SpeculativeConfig | None = None,
 ) -> LLM:
     """The shape with random bf16 weights on the GPU, its decode step captured for ``graph_sizes``, KV blocks
-    for ``max_num_seqs`` requests of CONTEXT tokens and the decode steps timed after it."""
+    for ``max_num_seqs`` requests of CONTEXT tokens and the decode steps timed after it (bench/gpu.py
+    ``time_decode``: 27 steps)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(config))
     return LLM(
@@ -163,7 +164,7 @@ def build(
         dtype="bfloat16",
         load_format="dummy",
         block_size=16,
-        num_kv_blocks=max_num_seqs * (-(-(CONTEXT + 1024) // 16)) + 64,
+        num_kv_blocks=max_num_seqs * (-(-(CONTEXT + 128) // 16)) + 64,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=2048,
         cuda_graph_sizes=graph_sizes,
@@ -293,8 +294,8 @@ def run_families_bench(
     done: dict | None = None,
     save=None,
 ) -> dict:
-    """The shapes ``names`` (all by default) not yet in ``done`` (name -> result; results with an error
-    are run again) in turn; a shape whose estimate (ESTIMATE_S) no longer fits in ``time_limit_s`` is listed
+    """The shapes ``names`` (all by default) not yet measured in ``done`` (name -> result; those with an
+    error or not run are run again) in turn; a shape whose estimate (ESTIMATE_S) no longer fits in ``time_limit_s`` is listed
     as not run. A failing shape records its error and the others run. ``save(results)`` after each shape."""
     shapes = family_shapes()
     unknown = sorted(set(names or ()) - set(shapes))
@@ -303,7 +304,7 @@ def run_families_bench(
     results = dict(done or {})
     start = time.monotonic()
     for name in tqdm(names or list(shapes), desc="family shapes"):
-        if name in results and "error" not in results[name]:
+        if "decode" in results.get(name, {}):  # measured already
             continue
         left = None if time_limit_s is None else time_limit_s - (time.monotonic() - start)
         if left is not None and ESTIMATE_S[name] > left:

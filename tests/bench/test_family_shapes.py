@@ -154,3 +154,26 @@ def test_bench_gpu_part_s_takes_the_shapes_and_time_limit(monkeypatch, tmp_path)
     assert calls == [
         (tmp_path, dict(parts="s", shapes=["qwen3.5", "gemma-3-12b"], time_limit_s=300.0))
     ]
+
+
+def test_a_run_measures_what_is_not_measured_yet_within_its_time_limit(monkeypatch, tmp_path):
+    import outpace.bench.families as families
+
+    ran, saved = [], []
+    monkeypatch.setattr(
+        families, "run_shape", lambda shape, *_: ran.append(shape.name) or {"decode": []}
+    )
+    done = {
+        "qwen3.5": {"decode": []},
+        "gemma-3-12b": {"error": "x"},
+        "nemotron-h-8b": {"not_run": "y"},
+    }
+    names = ["qwen3.5", "gemma-3-12b", "nemotron-h-8b", "kimi-k2-slice"]
+    limit = families.ESTIMATE_S["nemotron-h-8b"] + 5  # kimi-k2-slice's estimate is larger
+    assert families.ESTIMATE_S["kimi-k2-slice"] > limit
+    out = families.run_families_bench(tmp_path, 1.0, names, limit, done, saved.append)
+    assert ran == ["gemma-3-12b", "nemotron-h-8b"]  # measured: kept; an error or not run: again
+    assert "not_run" in out["kimi-k2-slice"] and out["qwen3.5"] == {"decode": []}
+    assert len(saved) == 2 and saved[-1] is not done  # after each shape measured
+    with pytest.raises(ValueError, match="unknown shapes"):
+        families.run_families_bench(tmp_path, 1.0, ["llama-9b"])
