@@ -38,7 +38,7 @@ from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.attention.registry import get_backend
 from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count, expected_tokens
 from outpace.engine.cuda_graphs import CapturedCall
-from outpace.layers.moe import MoE, Router, run_experts
+from outpace.layers.moe import MoE, Router, run_experts, shared_expert_stacks
 
 V2_LITE = dict(
     architectures=["DeepseekV2ForCausalLM"],
@@ -274,7 +274,7 @@ def time_moe_layers(moes: list[MoE], tokens: int, bandwidth: float) -> dict:
     for _ in moes:
         ids = torch.rand(tokens, r.num_experts, device="cuda", generator=g).argsort(dim=-1)
         routing.append((torch.rand(tokens, r.top_k, device="cuda", generator=g), ids[:, : r.top_k]))
-    shared = [m.shared_stacks() for m in moes]
+    shared = [shared_expert_stacks(m.shared_experts, m.experts) for m in moes]
     stacked = [m.experts.stacks() for m in moes]
     expert_bytes = _bytes(first.experts[0])
     shared_bytes = 0 if first.shared_experts is None else _bytes(first.shared_experts)

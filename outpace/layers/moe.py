@@ -406,7 +406,7 @@ class MoE(nn.Module):
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's routed plus shared output on the kernels: routing and the block layout in one
         launch (after the logits'), the shared experts fused with the routed ones when they can be."""
-        shared = self.shared_stacks()
+        shared = shared_expert_stacks(self.shared_experts, self.experts)
         num_shared = 0 if shared is None else shared[1].shape[0]
         weights, ids, layout = self.gate.route(x, num_shared, layout=True)
         out = self.experts.run(x, weights, ids, shared=shared, layout=layout)
@@ -414,30 +414,37 @@ class MoE(nn.Module):
             out = out + self.shared_experts(x)
         return out
 
-    def shared_stacks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The shared MLP as n_shared more experts of the routed experts' (this rank's) width, for the
-        grouped kernels (layers/moe_kernels.py, shared experts fusion): gate and up [shared, inter,
-        hidden], down [shared, hidden, inter], views of its own parameters (packed or not, this rank's
-        shard: its rows split into experts of the routed width, each row's activation its own and the
-        down projection's column blocks summing). None when it cannot fuse: no shared experts, biases,
-        weights of another dtype (quantized) or not contiguous."""
-        mlp = self.shared_experts
-        if mlp is None:
-            return None
-        down_r = self.experts.stacks()[2]  # [experts, hidden, inter]
-        hidden, inter = down_r.shape[1], down_r.shape[2]
-        projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        gate, up, down = (p.weight for p in projections)
-        if (
-            any(getattr(p, "bias", None) is not None for p in projections)
-            or mlp.act != self.experts.activation.name
-            or any(w.dtype != down_r.dtype or not w.is_contiguous() for w in (gate, up, down))
-            or gate.shape[0] % inter
-        ):
-            return None
-        shared = gate.shape[0] // inter
-        return (
-            gate.view(shared, inter, hidden),
-            up.view(shared, inter, hidden),
-            down.view(hidden, shared, inter).transpose(0, 1),
-        )
+
+def shared_expert_stacks(
+    mlp: nn.Module | None, experts: RoutedExperts
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None:
+    """A shared MLP (``{gate,up,down}_proj``, or ``{up,down}_proj`` ungated) as more experts of the routed
+    experts' (this rank's) width, for the grouped kernels' shared experts fusion (layers/moe_kernels.py):
+    gate (None ungated) and up [shared, inter, hidden], down [shared, hidden, inter], views of its own
+    parameters (packed or not, this rank's shard: its rows split into experts of the routed width, each
+    row's activation its own and the down projection's column blocks summing). None when it cannot fuse:
+    no MLP, biases, another activation or gating, weights of another dtype (quantized) or not contiguous,
+    a width that is not a multiple of the routed experts'."""
+    if mlp is None:
+        return None
+    down_r = experts.stacks()[2]  # [experts, hidden, inter]
+    hidden, inter = down_r.shape[1], down_r.shape[2]
+    gated = getattr(mlp, "gate_proj", None) is not None
+    projections = ((mlp.gate_proj,) if gated else ()) + (mlp.up_proj, mlp.down_proj)
+    weights = [p.weight for p in projections]
+    if (
+        any(getattr(p, "bias", None) is not None for p in projections)
+        or getattr(mlp, "act", None) != experts.activation.name
+        or gated != experts.activation.gated
+        or experts.activation.limit is not None
+        or any(w.dtype != down_r.dtype or not w.is_contiguous() for w in weights)
+        or weights[-1].shape[1] % inter
+    ):
+        return None
+    shared = weights[-1].shape[1] // inter
+    gate = weights[0].view(shared, inter, hidden) if gated else None
+    return (
+        gate,
+        weights[-2].view(shared, inter, hidden),
+        weights[-1].view(hidden, shared, inter).transpose(0, 1),
+    )

@@ -24,7 +24,14 @@ pytest.importorskip("triton")
 from outpace.layers.activation import ACTIVATIONS  # noqa: E402
 from outpace.layers.decoder import GatedMLP, pack_projections  # noqa: E402
 from outpace.layers.linear import project  # noqa: E402
-from outpace.layers.moe import ExpertActivation, MoE, RoutedExperts, Routing, run_experts  # noqa: E402
+from outpace.layers.moe import (  # noqa: E402
+    ExpertActivation,
+    MoE,
+    RoutedExperts,
+    Routing,
+    run_experts,
+    shared_expert_stacks,
+)
 from outpace.layers.moe_kernels import (  # noqa: E402
     _align_kernel,
     align,
@@ -218,7 +225,7 @@ def test_fused_shared_experts_equal_the_separate_shared_mlp(n, routing_kernel):
 def test_shared_stacks_are_views_of_the_shared_mlp():
     moe = make_moe(hidden=16, inter=8, experts=4, top_k=2, shared=3)
     mlp = moe.shared_experts
-    gate, up, down = moe.shared_stacks()
+    gate, up, down = shared_expert_stacks(moe.shared_experts, moe.experts)
     assert gate.shape == up.shape == (3, 8, 16) and down.shape == (3, 16, 8)
     assert gate.data_ptr() == mlp.gate_proj.weight.data_ptr()
     assert up.data_ptr() == mlp.up_proj.weight.data_ptr()
@@ -228,7 +235,8 @@ def test_shared_stacks_are_views_of_the_shared_mlp():
     )  # expert s: columns s*inter.. of down
     assert torch.equal(gate[2], mlp.gate_proj.weight[16:])
     biased = make_moe(hidden=16, inter=8, experts=4, top_k=2, shared=2, shared_bias=True)
-    assert biased.shared_stacks() is None  # not fusable: the shared MLP runs beside the experts
+    # not fusable: the shared MLP runs beside the experts
+    assert shared_expert_stacks(biased.shared_experts, biased.experts) is None
     x = torch.randn(3, 16, device=DEVICE)
     with torch.no_grad():
         expected = biased(x)
@@ -364,6 +372,22 @@ def test_refusals():
             activation="gelu",
         )
     assert ExpertActivation("gelu").kernel is None  # erf GELU: no kernel, the eager experts
+
+
+def test_ungated_shared_experts_fuse_too():
+    """Nemotron-H's shape: relu2 experts without a gate, a shared MLP three experts wide."""
+    experts = routed_experts("modules", ExpertActivation("relu2", gated=False))
+    shared = randomise(UngatedMLP(24, 60, "relu2")).to(DEVICE)
+    stacks = shared_expert_stacks(shared, experts)
+    assert stacks[0] is None and stacks[1].shape == (3, 20, 24)
+    x = torch.randn(5, 24, device=DEVICE)
+    weights, ids = routing_of(5, 6, 2, shared=True, seed=2)
+    with torch.no_grad():
+        expected = run_experts(x, weights, ids, experts.eager_experts()) + shared(x)
+        experts.kernels = True
+        got = experts.run(x, weights, ids, shared=stacks)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert shared_expert_stacks(UngatedMLP(24, 50, "relu2"), experts) is None  # not 20-wide experts
 
 
 # ---- every MoE family's module ---------------------------------------------------------------------------------
@@ -502,7 +526,7 @@ def test_bf16_v2_lite_moe_with_fused_shared_experts(n):
     reference.experts.kernels = False
     x = torch.randn(n, 2048, device=DEVICE, dtype=torch.bfloat16)
     with torch.no_grad():
-        assert moe.shared_stacks() is not None
+        assert shared_expert_stacks(moe.shared_experts, moe.experts) is not None
         got = moe(x)
         weights, ids = moe.gate(x)
         reference.gate.kernel = False
