@@ -19,7 +19,11 @@ expert, stacked once into tensors whose views the parameters become; or natively
 them in ``run_experts`` (eager: the tokens sorted by expert, one call per expert in use, one host
 synchronisation for the counts; the CPU path and the reference) or, on CUDA, in the grouped-expert kernels
 of layers/moe_kernels.py (no host synchronisation, so a forward can be captured in a CUDA graph), with the
-expert's activation (``ExpertActivation``) as the kernels' constexpr.
+expert's activation (``ExpertActivation``) as the kernels' constexpr. On CUDA the ``Router`` runs the
+routing kernels of layers/moe_routing_kernel.py (the torch code, ``Router.reference``, stays the CPU path and
+their reference), and DeepSeek's ``MoE`` runs as five launches: the router logits, the routing with the
+grouped kernels' block layout, gate/up, down, and the combine of each token's slots, its shared experts
+fused with the routed ones (``shared_expert_stacks``: SGLang's shared experts fusion).
 
 Tensor parallelism (outpace/distributed/), as the default (not expert-parallel) MoE of vLLM and SGLang
 shards it (vLLM FusedMoE's intermediate_size_per_partition; SGLang deepseek_v2.py DeepseekV2MoE, whose
