@@ -26,8 +26,10 @@ the row itself is written, the group's other programs still read the old q / k w
 program takes the whole group (``heads_per_program = group``) and writes after its last head.
 
 Grid (num_seqs, v_heads / heads_per_program) and loop bounds come from shapes only (no host sync):
-capturable in a CUDA graph. Each program holds its head's whole [k_dim, v_dim] float32 state (one wide load,
-as memory-bound decode wants) and the whole v_dim output row (the norm needs it).
+capturable in a CUDA graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants).
+Each program holds its head's whole [k_dim, v_dim] float32 state (one wide load, as memory-bound decode
+wants) and the whole v_dim output row (the norm needs it); the run's flat rows and parents are read once
+into registers, so a token waits on no index load before its inputs'.
 """
 
 from __future__ import annotations
@@ -108,6 +110,19 @@ def _silu(x):
 
 
 @triton.jit
+def _pick(values, index, slots):
+    """values[index] for a register vector ``values`` over ``slots`` (= tl.arange) and a scalar index
+    (0 where out of range): a compare and sum, so the per-token loop waits on no memory for it."""
+    return tl.sum(tl.where(slots == index, values, 0), axis=0)
+
+
+@triton.jit
+def _pick_each(values, index, slots):
+    """values[index] for a vector ``index`` [n] (0 where out of range)."""
+    return tl.sum(tl.where(index[:, None] == slots[None, :], values[None, :], 0), axis=1)
+
+
+@triton.jit
 def _deltanet_step_kernel(
     qkv,
     qkv_row,
@@ -143,7 +158,6 @@ def _deltanet_step_kernel(
     conv_snap,
     rec_snap,
     out,
-    length,
     snap_rows,
     eps,
     scale,
@@ -157,6 +171,8 @@ def _deltanet_step_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BW: tl.constexpr,
+    LENGTH: tl.constexpr,
+    BT: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
 ):
@@ -170,6 +186,11 @@ def _deltanet_step_kernel(
     km, vm, used = ks < DK, vs < DV, taps < WIDTH
     m2 = km[:, None] & vm[None, :]
     tile = ks[:, None] * DV + vs[None, :]  # [BK, BV] within [DK, DV]
+    slots = tl.arange(0, BT)  # the run's positions
+    in_run = slots < LENGTH
+    run_rows = tl.load(table + seq * table_row + slots, mask=in_run, other=0).to(tl.int64)  # [BT]
+    if TREE:
+        run_parents = tl.load(parents + seq * parents_row + slots, mask=in_run, other=-1)  # [BT]
     conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
     conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
     for j in range(HEADS_PER_PROGRAM):
@@ -199,7 +220,7 @@ def _deltanet_step_kernel(
         weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
         row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
         s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
-        for t in range(length):
+        for t in range(LENGTH):
             valid = t < n_tokens
             if TREE:  # walk the parents back from the node: its window, and its start state
                 e = (
@@ -207,19 +228,20 @@ def _deltanet_step_kernel(
                 )  # extended position: < KEEP the state rows (oldest first), else node e - KEEP
                 pos = tl.where(taps == KEEP, e, 0)
                 for i in tl.static_range(KEEP):
-                    p = tl.load(parents + seq * parents_row + e - KEEP, mask=e >= KEEP, other=0)
+                    p = _pick(run_parents, e - KEEP, slots)
                     e = tl.where(
                         e >= KEEP, tl.where(p >= 0, p + KEEP, KEEP - 1), tl.maximum(e - 1, 0)
                     )
                     pos = tl.where(taps == KEEP - 1 - i, e, pos)
-                p = tl.load(parents + seq * parents_row + t)
+                p = _pick(run_parents, t, slots)
                 parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV + tile
                 root = p < 0  # (the row's state read again: one tile fewer held in registers)
                 s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
             else:
                 pos = t + taps
-            rows = tl.load(table + seq * table_row + pos - KEEP, mask=(pos >= KEEP) & used, other=0)
-            rows = rows.to(tl.int64)  # [BW] flat token of each window position
+            rows = _pick_each(
+                run_rows, pos - KEEP, slots
+            )  # [BW] flat token of each window position
             xq = _conv_window(
                 qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
             )
@@ -236,7 +258,7 @@ def _deltanet_step_kernel(
             )
             qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
             kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
-            row = tl.load(table + seq * table_row + t).to(tl.int64)  # this token's flat row
+            row = _pick(run_rows, t, slots)  # this token's flat row
             beta = tl.sigmoid(tl.load(b + row * b_row + b_off + kh * ba_group + hg).to(tl.float32))
             x = tl.load(a + row * a_row + a_off + kh * ba_group + hg).to(tl.float32) + bias
             softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
@@ -265,10 +287,7 @@ def _deltanet_step_kernel(
         if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
             pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
             final_used = taps < KEEP
-            rows = tl.load(
-                table + seq * table_row + pos - KEEP, mask=(pos >= KEEP) & final_used, other=0
-            )
-            rows = rows.to(tl.int64)
+            rows = _pick_each(run_rows, pos - KEEP, slots)
             fq = _conv_window(
                 qkv, qkv_row, q_cols, conv_row, qc, rows, pos, final_used, start, km, KEEP, CHANNELS
             )
@@ -366,7 +385,6 @@ def deltanet_step(
             conv_snap,
             rec_snap,
             out,
-            length,
             rec_snap.shape[1],
             eps,
             head_k_dim**-0.5,
@@ -380,6 +398,8 @@ def deltanet_step(
             BK=bk,
             BV=bv,
             BW=triton.next_power_of_2(keep + 1),
+            LENGTH=length,
+            BT=triton.next_power_of_2(length),
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
             num_warps=max(4, min(16, bk * bv // 1024)),  # ~16 state floats per thread and tile
