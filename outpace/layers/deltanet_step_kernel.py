@@ -223,9 +223,8 @@ def _deltanet_step_kernel(
         for t in range(LENGTH):
             valid = t < n_tokens
             if TREE:  # walk the parents back from the node: its window, and its start state
-                e = (
-                    KEEP + t
-                )  # extended position: < KEEP the state rows (oldest first), else node e - KEEP
+                # extended position: < KEEP the conv state rows (oldest first), else node e - KEEP
+                e = KEEP + t
                 pos = tl.where(taps == KEEP, e, 0)
                 for i in tl.static_range(KEEP):
                     p = _pick(run_parents, e - KEEP, slots)
@@ -239,9 +238,8 @@ def _deltanet_step_kernel(
                 s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
             else:
                 pos = t + taps
-            rows = _pick_each(
-                run_rows, pos - KEEP, slots
-            )  # [BW] flat token of each window position
+            # [BW] the flat token of each window position
+            rows = _pick_each(run_rows, pos - KEEP, slots)
             xq = _conv_window(
                 qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
             )
@@ -270,9 +268,8 @@ def _deltanet_step_kernel(
             o = weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
             tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
             if SNAPSHOTS:  # the state after token t: snapshot row t
-                kept = (
-                    (taps >= 1)[:, None] & used[:, None] & valid
-                )  # window rows 1.. are the conv state
+                # the window's rows 1..KEEP are the conv state
+                kept = (taps >= 1)[:, None] & used[:, None] & valid
                 snap = conv_snaps + (t * KEEP + taps[:, None] - 1) * CHANNELS
                 dtype = conv_snap.dtype.element_ty
                 tl.store(snap + vc[None, :], xv.to(dtype), mask=kept & vm[None, :])
@@ -297,7 +294,8 @@ def _deltanet_step_kernel(
             fv = _conv_window(
                 qkv, qkv_row, v_cols, conv_row, vc, rows, pos, final_used, start, vm, KEEP, CHANNELS
             )
-            tl.debug_barrier()  # every read of the row (this head's and the group's earlier) before its write
+            # every read of the row (this head's, the group's earlier heads') before its write
+            tl.debug_barrier()
             dtype = conv_state.dtype.element_ty
             place = conv_row + taps[:, None] * CHANNELS
             keep = final_used[:, None]
