@@ -254,6 +254,7 @@ def run_shape(shape: FamilyShape, workdir: Path, bandwidth: float) -> dict:
     """Every measurement of the module docstring for one shape."""
     layers = shape.config["num_hidden_layers"]
     result = {
+        "copy_bandwidth_bytes_per_s": bandwidth,  # (a rerun into the same --out measures it again)
         "source": shape.source,
         "layers": layers,
         "full_layers": shape.full_layers,
@@ -385,6 +386,24 @@ def print_summary(results: dict) -> None:
         )
 
 
+def merge_reports(reports: list[dict]) -> dict:
+    """families.json reports of runs over parts of the shapes -> one: the first's header, every shape's
+    measured result (a later one wins), else its first entry (an error, not run)."""
+    merged = {**reports[0], "shapes": {}}
+    for report in reports:
+        for name, shape in report["shapes"].items():
+            if "decode" in shape or name not in merged["shapes"]:
+                merged["shapes"][name] = shape
+    return merged
+
+
+def write_report(report: dict, out: Path) -> None:
+    """families.json and families.png in ``out``; the table printed."""
+    (out / "families.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_families(report["shapes"], out / "families.png")
+    print_summary(report["shapes"])
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -399,11 +418,23 @@ def main(argv: list[str] | None = None) -> dict:
         "longer fits are listed as not run, and the same command into the same --out continues",
     )
     p.add_argument("--redo", action="store_true", help="measure again the shapes --out holds")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="measure nothing: merge these families.json files (runs over parts of the shapes) "
+        "into --out, plot and print them",
+    )
     a = p.parse_args(argv)
-    from outpace.bench.gpu import copy_bandwidth
-
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.merge:
+        report = merge_reports([json.loads(Path(f).read_text()) for f in a.merge])
+        write_report(report, out)
+        return report
+    from outpace.bench.gpu import copy_bandwidth
+
     path = out / "families.json"
     previous = json.loads(path.read_text()) if path.is_file() and not a.redo else {}
     bandwidth = copy_bandwidth()
@@ -421,9 +452,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         names = a.shapes.split(",") if a.shapes else None
-        save(run_families_bench(Path(tmp), bandwidth, names, a.time_limit, report["shapes"], save))
-    plot_families(report["shapes"], out / "families.png")
-    print_summary(report["shapes"])
+        results = run_families_bench(
+            Path(tmp), bandwidth, names, a.time_limit, report["shapes"], save
+        )
+    report["shapes"] = results
+    write_report(report, out)
     return report
 
 

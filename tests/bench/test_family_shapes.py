@@ -177,3 +177,13 @@ def test_a_run_measures_what_is_not_measured_yet_within_its_time_limit(monkeypat
     assert len(saved) == 2 and saved[-1] is not done  # after each shape measured
     with pytest.raises(ValueError, match="unknown shapes"):
         families.run_families_bench(tmp_path, 1.0, ["llama-9b"])
+
+
+def test_reports_of_parts_of_the_shapes_merge_into_one():
+    from outpace.bench.families import merge_reports
+
+    first = {"device": "H200", "shapes": {"a": {"decode": [1]}, "b": {"error": "x"}}}
+    second = {"device": "H200", "shapes": {"b": {"decode": [2]}, "a": {"not_run": "y"}, "c": {}}}
+    merged = merge_reports([first, second])
+    assert merged["shapes"] == {"a": {"decode": [1]}, "b": {"decode": [2]}, "c": {}}
+    assert merged["device"] == "H200"
