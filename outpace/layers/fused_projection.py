@@ -176,6 +176,7 @@ def _fused_rows_kernel(
     normed2_out_ptr,
     post_w_ptr,
     scale_ptr,
+    gate_ptr,
     M,
     N_OUT,
     K,
@@ -196,6 +197,8 @@ def _fused_rows_kernel(
     res_eps,
     num_res_parts,
     post_offset,
+    limit,
+    num_gates,
     OUTS: tl.constexpr,
     CHUNK: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
@@ -210,6 +213,8 @@ def _fused_rows_kernel(
     RES_SPLIT: tl.constexpr,
     SPLIT_OUT: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    CLAMP: tl.constexpr,
+    GATE_DIM: tl.constexpr,
     HALF: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -236,7 +241,10 @@ def _fused_rows_kernel(
     SPLIT_OUT (PLAIN, RESIDUAL): a sandwich norm after the projection, not applied here: stores
     base = residual (* scale[0] with HAS_SCALE) into out, delta = result * (post_offset + post_w)
     (* scale[0]) into delta_out, their sums (result^2, base^2, base * delta, delta^2) into sq_out
-    [4, programs * subs, M], and with NEXT_NORM base and delta times the next norm's scale."""
+    [4, programs * subs, M], and with NEXT_NORM base and delta times the next norm's scale.
+    CLAMP (SWIGLU): act(g).clamp(max=limit) * u.clamp(-limit, limit) (Step-3.5's SwiGLU limits).
+    GATE_DIM > 0 (PLAIN; BK divides it): x's columns are heads of GATE_DIM, each row's head h scaled by
+    sigmoid(gate[row, h]) (gate [M, num_gates] float32 logits; Step-3.5's head-wise attention gate)."""
     pid = tl.program_id(0)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
@@ -330,7 +338,16 @@ def _fused_rows_kernel(
             w_a = tl.load(
                 w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
             )  # [BN, BK]
-            acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
+            if GATE_DIM > 0:  # one head per K step: its gate scales the step's products
+                head_gate = tl.load(
+                    gate_ptr + rows * num_gates + k0 // GATE_DIM, mask=row_ok, other=0.0
+                )  # [BM]
+                acc_a += (
+                    tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
+                    * tl.sigmoid(head_gate)[:, None]
+                )
+            else:
+                acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
             if SPLIT_IN:
                 x2 = tl.load(
                     x2_ptr + rows[:, None] * stride_xm + kk[None, :],
@@ -409,6 +426,9 @@ def _fused_rows_kernel(
                 )
             else:
                 gate = acc_a / (1.0 + tl.exp(-acc_a))
+            if CLAMP:  # vLLM SwigluStepAndMul
+                gate = tl.minimum(gate, limit)
+                acc_b = tl.minimum(tl.maximum(acc_b, -limit), limit)
             tl.store(
                 out_ptr + rows[:, None] * stride_om + i[None, :],
                 (gate * acc_b).to(out_ptr.dtype.element_ty),
@@ -732,6 +752,8 @@ def _launch(
     split_in: tuple[torch.Tensor, float] | None = None,
     res_split: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     split_out: tuple | None = None,
+    limit: float | None = None,
+    gate: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Split streams (``SplitRows``): ``split_in`` (normed delta [M, K], the sandwich norm's eps) when
     norm's sums are a split stream's [4, P, M]; ``res_split`` (delta [M, N], sums [4, P, M], eps)
@@ -743,7 +765,8 @@ def _launch(
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
     ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap.
-    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
+    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages); ``limit``: SWIGLU's clamp;
+    ``gate``: (logits [M, heads] float32, head_dim) scaling x's heads by their sigmoid."""
     if v_norm and qk_norm is None:
         raise ValueError("v_norm needs qk_norm (whole heads a sub-tile)")
     if act not in FUSED_ACTIVATIONS:
@@ -763,6 +786,10 @@ def _launch(
         )  # one head (of head_dim 128, or wider with a shorter BK) a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
+    if gate is not None:
+        if gate[1] & (gate[1] - 1) or gate[0].dtype != torch.float32:
+            raise ValueError("a head-wise gate needs float32 logits and a power-of-two head_dim")
+        block_k = min(block_k, gate[1])  # one head a K step
     grid = _launch_grid(
         n_out, epilogue, weight.shape[0], x.device, half if qk_norm is not None else 1, outs
     )
@@ -815,6 +842,7 @@ def _launch(
         normed2_out,
         post_w,
         x if scale is None else scale,
+        x if gate is None else gate[0],
         m,
         n_out,
         k,
@@ -835,6 +863,8 @@ def _launch(
         res_eps,
         res_sums.shape[1] if res_split is not None else 1,
         post_offset,
+        0.0 if limit is None else limit,
+        1 if gate is None else gate[0].shape[1],
         OUTS=grid.outs,
         CHUNK=grid.chunk,
         SCALE_ROWS=norm is not None,
@@ -849,6 +879,8 @@ def _launch(
         RES_SPLIT=res_split is not None,
         SPLIT_OUT=split_out is not None,
         HAS_SCALE=scale is not None,
+        CLAMP=limit is not None,
+        GATE_DIM=0 if gate is None else gate[1],
         HALF=half,
         BM=MAX_ROWS,
         BN=grid.block_n,
@@ -931,9 +963,12 @@ def project_add_normed(
     next_norm_weight: torch.Tensor,
     pdl: bool | None = None,
     next_offset: float = 0.0,
+    gate: tuple[torch.Tensor, int] | None = None,
 ) -> NormedRows:
     """``project_add`` (x @ weight.T alone when ``residual`` is None), its result made ready for the
-    RMSNorm with scale next_offset + ``next_norm_weight`` [N]."""
+    RMSNorm with scale next_offset + ``next_norm_weight`` [N]. ``gate``: (logits [M, heads] float32,
+    head_dim): x [M, heads * head_dim] is attention output, each head scaled by the sigmoid of its
+    logit first (Step-3.5's head-wise gate)."""
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -949,6 +984,7 @@ def project_add_normed(
         next_norm=(next_norm_weight, normed, sq),
         pdl=pdl,
         next_offset=next_offset,
+        gate=gate,
     )
     return NormedRows(out, normed, sq)
 
@@ -1105,9 +1141,11 @@ def norm_project_swiglu(
     pdl: bool | None = None,
     tiles: tuple[int, int, int, int] | None = None,
     act: str = "silu",
+    limit: float | None = None,
 ) -> torch.Tensor:
     """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where
-    [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``)."""
+    [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``); with
+    ``limit``: act(g).clamp(max=limit) * u.clamp(-limit, limit)."""
     (x, norm, split_in), inter = _normed_input(rows, eps), gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     return _launch(
@@ -1122,6 +1160,7 @@ def norm_project_swiglu(
         pdl=pdl,
         tiles=tiles,
         act=act,
+        limit=limit,
     )
 
 

@@ -1,4 +1,5 @@
-"""Gemma's few-row fast path: a "sandwich" layer (a norm before and after attention and the MLP) as
+"""The few-row fast paths of attention modules other than the Llama layer's with q/k/v packed (Gemma's,
+Step-3.5's). Gemma's: a "sandwich" layer (a norm before and after attention and the MLP) as
 the fused projection kernels (layers/fused_projection.py: norms with a (1 + w) scale, per-head q/k norms,
 v norm, GELU-tanh gating, the sandwich norms folded into the projections) around the attention kernel,
 for any attention with q/k/v packed (layers/decoder.py ``pack_projections``). Chosen as
@@ -10,6 +11,10 @@ split between fused layers (layers/fused_projection.py ``SplitRows``: base + c *
 row scale), and the kernels that read it finish it: so a layer is four projection kernels, as a Llama
 layer, and a stack of fused layers adds one row kernel in front (``normed_rows``) and one behind
 (``stream_tensor``).
+
+Step-3.5's pre-norm layer (zero-centred norms, a head-wise sigmoid gate on the attention output, SwiGLU
+clamps): ``pre_norm_attention_fused`` and ``pre_norm_mlp_fused``, the Llama layer's kernels plus the
+gate's small projection.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from outpace.layers.linear import is_sharded
 def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``attend_fused_qkv`` serves an attention module over x [num_tokens, hidden]: its q/k/v
     packed without bias (layers/decoder.py ``pack_projections``), an o_proj without bias, not sharded,
-    per-head q/k norms over a power-of-two ``head_dim``, few half-precision rows on the GPU and a backend
-    that attends over a cache the kernel wrote."""
+    per-head q/k norms over a power-of-two ``head_dim``, RoPE over whole heads (not Step-3.5's partial
+    rotation of the first dimensions), few half-precision rows on the GPU and a backend that attends over
+    a cache the kernel wrote."""
     d = attn.head_dim
     return (
         getattr(attn, "qkv", None) is not None
@@ -34,6 +40,7 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
         and attn.o_proj.bias is None
         and not is_sharded(attn.o_proj)
         and d & (d - 1) == 0
+        and attn.rotary.cos.shape[-1] * 2 == d
         and fusable_rows(x, attn.qkv.weight)
         and attn.attn.fused_write_target() is not None
     )
@@ -144,3 +151,50 @@ def sandwich_layer_fused(
         attn, stream, layer.self_attn.o_proj, norms, layer.mlp, scale, next_norm
     )
     return out if next_norm is not None else kernels.stream_of(out)
+
+
+# ---- Step-3.5's pre-norm layer over the same attention ------------------------------------------
+
+
+def gate_logits(attn: nn.Module, rows, eps: float):
+    """Step-3.5's head-wise attention gate (``g_proj``, one row per head) on rows (``NormedRows``, the
+    attention's input) -> (logits [n, heads] float32, head_dim) as ``project_add_normed`` takes it, or
+    None without a gate. One small projection kernel (heads x hidden weights)."""
+    if getattr(attn, "g_proj", None) is None:
+        return None
+    logits = projection_kernels().norm_project(rows, eps, attn.g_proj.weight, torch.float32)
+    return logits, attn.head_dim
+
+
+def pre_norm_attention_fused(layer: nn.Module, positions: torch.Tensor, rows):
+    """The attention half of a pre-norm layer of another attention module (``qkv_fuses``; Step-3.5's:
+    zero-centred norms, a head-wise sigmoid gate before o_proj): rows, the layer's input stream made
+    ready for ``input_layernorm`` (``NormedRows``) -> stream + o_proj(gate * attention), made ready for
+    ``post_attention_layernorm`` (``NormedRows``). The q/k/v kernel (q/k norms, RoPE, the KV write),
+    the gate's kernel when there is a gate, attention, and o_proj (the gate applied per head inside
+    its loop, the residual add and the next norm's preparation in its epilogue)."""
+    attn, norm, post = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm
+    out = attend_fused_qkv(attn, positions, rows, norm.eps)
+    return projection_kernels().project_add_normed(
+        out,
+        attn.o_proj.weight,
+        rows.stream,
+        post.weight,
+        next_offset=norm_offset(post),
+        gate=gate_logits(attn, rows, norm.eps),
+    )
+
+
+def pre_norm_mlp_fused(mlp: GatedMLP, mid, eps: float, next_norm: nn.Module | None):
+    """The MLP half of a pre-norm layer (``mlp_fuses``; a SwiGLU clamp ``mlp.limit`` when it has one):
+    mid, the stream made ready for the MLP's norm (``NormedRows``; eps its norm's) -> mid + mlp, made
+    ready for ``next_norm`` when given (``NormedRows``), else [n, hidden]. Two projection kernels."""
+    kernels = projection_kernels()
+    act = kernels.norm_project_swiglu(
+        mid, eps, mlp.gate_up.weight, act=mlp.act, limit=getattr(mlp, "limit", None)
+    )
+    if next_norm is None:
+        return kernels.project_add(act, mlp.down_proj.weight, mid.stream)
+    return kernels.project_add_normed(
+        act, mlp.down_proj.weight, mid.stream, next_norm.weight, next_offset=norm_offset(next_norm)
+    )

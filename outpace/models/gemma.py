@@ -30,7 +30,7 @@ from torch import nn
 
 from outpace.attention.layer import Attention
 from outpace.layers.decoder import GatedMLP, HeadProjections
-from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
+from outpace.layers.embedding import LMHead, ScaledVocabEmbedding
 from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.fused_sandwich import (
     sandwich_fuses,
@@ -359,11 +359,3 @@ def skip_towers(cfg: ModelConfig, prefixes: tuple[str, ...]) -> tuple[str, ...]:
         ", ".join(f"{p}.*" for p in prefixes),
     )
     return tuple(rf"^{re.escape(p)}\." for p in prefixes)
-
-
-def final_logits(logits: torch.Tensor, cap: float | None, out: torch.Tensor | None) -> torch.Tensor:
-    """Head output [n, vocab] -> float32 logits, soft-capped at ``cap`` when given, in ``out`` when given."""
-    logits = logits.float()
-    if cap is not None:
-        logits = softcap(logits, cap)
-    return logits if out is None else out.copy_(logits)

@@ -7,8 +7,11 @@ reference), in Triton's interpreter on the CPU (fp32):
   soft-capped head, and used as the next residual (odd shapes, 1 to 8 rows, a layer scalar);
 - whole models: a decode (1 row a sequence) and a verify (2 to 8 rows a sequence) forward over caches
   longer than the sliding window, with sliding and global layers, give the eager logits and KV caches;
-- a fused layer is four projection kernels, as a Llama layer: a stack of L fused layers launches
-  4 L + 2 fused kernels (one row kernel in front, one behind), the head two.
+- a fused layer is four projection kernels, as a Llama layer: a stack of L fused Gemma layers launches
+  4 L + 2 fused kernels (one row kernel in front, one behind), the head two;
+- Step-3.5 (zero-centred norms, a head-wise sigmoid attention gate, SwiGLU clamps): its sliding layers'
+  attention (q/k/v, the gate's logits, o_proj with the gate in its loop) and dense MLP fused, the MoE and
+  the full layers (RoPE over part of each head) eager, the same logits and caches.
 """
 
 import pytest
@@ -18,12 +21,15 @@ import transformers
 
 from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
 from helpers.hf_models import save_hf_model
+from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
+from helpers.step3p5_checkpoints import write_checkpoint
 from outpace.layers import fused_projection
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.fused_projection import (
     norm_project,
     norm_project_qkv,
     norm_project_swiglu,
+    normed_rows,
     project_sandwich,
     stream_of,
 )
@@ -121,6 +127,31 @@ def test_a_split_stream_left_unnormed_adds_up_and_is_refused_as_a_norm_input():
         norm_project(split, EPS, _rand(8, 16, seed=5))
 
 
+def test_head_wise_gate_and_swiglu_clamp():
+    """Step-3.5's pieces: o_proj over attention output whose heads are scaled by sigmoid(g_proj(x))
+    (the gate inside o_proj's loop, 3 heads of 16), and SwiGLU clamped at a limit that bites."""
+    from outpace.layers.fused_projection import project_add_normed
+    from outpace.models.step3p5 import clamped_swiglu
+
+    m, heads, d, hidden = 5, 3, 16, 28
+    attn, logits = _rand(m, heads * d, seed=1), _rand(m, heads, seed=2, scale=2)
+    w_o, h, nw = (
+        _rand(hidden, heads * d, seed=3, scale=0.3),
+        _rand(m, hidden, seed=4),
+        _rand(hidden, seed=5),
+    )
+    gated = (attn.view(m, heads, d) * torch.sigmoid(logits)[..., None]).view(m, -1)
+    mid = project_add_normed(attn, w_o, h, nw, next_offset=1.0, gate=(logits, d))
+    torch.testing.assert_close(mid.stream, h + F.linear(gated, w_o), **TOL)
+    torch.testing.assert_close(mid.normed, mid.stream * (1.0 + nw), **TOL)
+
+    x, gate_up = _rand(m, hidden, seed=6, scale=2), _rand(2 * 24, hidden, seed=7, scale=0.5)
+    g, u = F.linear(_norm(x, nw, 1.0), gate_up).chunk(2, dim=-1)
+    out = norm_project_swiglu(normed_rows(x, nw, 1.0), EPS, gate_up, limit=0.3)
+    torch.testing.assert_close(out, clamped_swiglu(g, u, 0.3), **TOL)
+    assert not torch.allclose(out, clamped_swiglu(g, u, None), atol=1e-3)  # the clamp bites
+
+
 # ---- whole models ----------------------------------------------------------------------------------------
 # power-of-two head dims (the fused q/k norms need them); windows of 7 under contexts of 13 and 20
 MODELS = {
@@ -139,7 +170,29 @@ MODELS = {
         )
     ),
 }
+# Step-3.5: head_dim 16; layer 0 and 3 full (half of each head rotated: eager), 1 sliding MoE (its attention
+# fused), 2 sliding dense with a SwiGLU clamp that bites (fused whole); no MTP layers
+STEP = dict(
+    STEP_CONFIG,
+    head_dim=16,
+    attention_other_setting=dict(STEP_CONFIG["attention_other_setting"], head_dim=16),
+    moe_layers_enum="1",
+    swiglu_limits_shared=[0.0, 0.0, 0.05, 0.0],
+    num_nextn_predict_layers=0,
+)
 LENS = [13, 20]
+
+
+def _hf_checkpoint(variant, path):
+    if variant == "step3p5":
+        return write_checkpoint(path, STEP)[0]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(MODELS[variant](), dtype=torch.float32)
+    with torch.no_grad():
+        for name, t in hf.state_dict().items():
+            if "norm" in name or "scal" in name:
+                t.add_(torch.randn_like(t) * 0.1)
+    return save_hf_model(hf.eval(), path)
 
 
 @pytest.fixture(scope="module")
@@ -155,18 +208,10 @@ def family(tmp_path_factory):
 
     def get(variant):
         if variant not in cache:
-            torch.manual_seed(0)
-            hf = transformers.AutoModelForCausalLM.from_config(
-                MODELS[variant](), dtype=torch.float32
-            )
-            with torch.no_grad():
-                for name, t in hf.state_dict().items():
-                    if "norm" in name or "scal" in name:
-                        t.add_(torch.randn_like(t) * 0.1)
-            path = save_hf_model(hf.eval(), tmp_path_factory.mktemp(variant))
+            path = _hf_checkpoint(variant, tmp_path_factory.mktemp(variant))
             model = load_model(path, torch.float32, "cpu", progress=False)
             caches = bind_kv_cache(model.model, BlockPool(5, 16), torch.float32, "cpu")
-            ids = torch.arange(sum(LENS)) * 7 % 211
+            ids = torch.arange(sum(LENS)) * 7 % 61
             positions = torch.cat([torch.arange(n) for n in LENS])
             meta = build_paged_metadata(TABLES, [0, 0], LENS, 16, "cpu")
             with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
@@ -191,7 +236,7 @@ def _forward(model, caches, rows, fused, monkeypatch):
     saved = [[t.clone() for t in c] for c in caches]
     for module in (fused_decoder, fused_sandwich):
         monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
-    ids = torch.arange(2 * rows) * 5 % 211
+    ids = torch.arange(2 * rows) * 5 % 61
     positions = torch.cat([torch.arange(n, n + rows) for n in LENS])
     meta = build_paged_metadata(TABLES, LENS, [rows, rows], 16, "cpu")
     with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
@@ -214,6 +259,19 @@ def test_fused_stack_equals_the_eager_one(variant, rows, family, monkeypatch):
     layers = len(model.model.layers)
     # a row kernel in front of the stack, four projections a layer, a row kernel behind; the head two
     assert calls == {"rows": 1 + 1, "projections": 4 * layers + 1, "add": 1}
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(fused_caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 4], ids=["decode", "verify4"])
+def test_fused_step3p5_equals_the_eager_one(rows, family, monkeypatch):
+    model, caches = family("step3p5")
+    ref_logits, ref_caches = _forward(model, caches, rows, False, monkeypatch)
+    calls = _count_kernels(monkeypatch)
+    logits, fused_caches = _forward(model, caches, rows, True, monkeypatch)
+    # layer 1: input norm, q/k/v, gate, o_proj; layer 2: the same, gate/up and down; the head two
+    assert calls == {"rows": 3, "projections": 9, "add": 0}
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(fused_caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
