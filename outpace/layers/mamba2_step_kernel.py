@@ -25,7 +25,8 @@ sizes; the second pass reads and writes only y and z (2 * inner bytes per token)
 state is written there: in decode the state row is read and rewritten in place, and every head of a
 group reads the group's B and C window rows; written in the first launch, one head's program could
 overwrite them before another has read them. After the first launch has finished no program reads the
-start state any more. Each program of either launch writes bytes no other program writes.
+start state any more. Each program of either launch writes bytes no other program writes (runs of
+distinct state rows: the padding rows of a captured batch share one, whose contents are never read).
 
 Rounding follows the eager path in the model's dtype (bf16): the convolution's sum and then its bias
 rounded, the activation rounded, y rounded before the gate, the normalised value rounded before the
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 @triton.jit
 def _softplus(x):
-    # torch's softplus (threshold 20); vLLM's mamba_ssm.py kernel writes it the same way
+    # torch's softplus (threshold 20), written as vLLM's mamba_ssm.py (selective_state_update) writes it
     return tl.where(x <= 20.0, tl.log(tl.exp(x) + 1.0), x)
 
 
