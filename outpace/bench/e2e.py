@@ -241,7 +241,7 @@ def run_e2e_bench(
     models = widened_zoo(workdir, family, tiny, getattr(torch, dtype))
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     batches = (1, 2) if tiny else BATCHES
-    counts = {1: 2, 2: 4} if tiny else {1: batch1_prompts, 8: len(prompts), 32: 32}
+    counts = {1: 1, 2: 2} if tiny else {1: batch1_prompts, 8: len(prompts), 32: 32}
     specs = drafters(models, family)
     result.update(
         device=torch.cuda.get_device_name() if cuda else "cpu",
