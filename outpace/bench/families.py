@@ -78,9 +78,8 @@ class StepBudget:
     moe_layers: int
     num_experts: int
     top_k: int
-    kv_rows: tuple[
-        tuple[int, int | None], ...
-    ]  # per cached layer: (one token's row, its window or None)
+    # per cached layer: (one token's row, its sliding window or None)
+    kv_rows: tuple[tuple[int, int | None], ...]
     state: int  # one request's recurrent state
 
 
