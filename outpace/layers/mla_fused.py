@@ -15,6 +15,9 @@ attention block in five launches, where the eager chain takes about twenty.
    then the merge of the splits with each head's W_UV applied to its attended latent.
 5. o_proj (layers/linear.py: the few-row projection kernel on CUDA).
 
+Kernels 1 and 2 launch with programmatic dependent launch on Hopper (layers/pdl.py): their programs
+start while the kernel before drains, prefetch their first weight columns into L2, then wait.
+
 RoPE pairs dimensions (2i, 2i + 1) in DeepSeek's interleaved layout and (i, i + P/2) otherwise; either way
 the rotated pair lands at (i, i + P/2), the layout RotaryEmbedding gives (layers/rotary.py). Roundings
 differ from the eager chain (the projections' outputs stay in float32 up to where the eager chain would
@@ -32,6 +35,7 @@ import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
@@ -43,6 +47,7 @@ _DOWN_OUTS = (
 )
 _TILE_ELEMENTS = 8192  # a weight tile's elements (16 KB of bf16) a pipeline stage
 MAX_Q_PARTS = 2  # the attention kernel re-reads every part: a few heads' programs, not more
+_PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
 
 
 @triton.jit
@@ -79,6 +84,15 @@ def _rows_dot(
         )  # [BN, BK]
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
     return acc
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, w_rows, w_ok, stride_wn, K, PREFETCH_K: tl.constexpr):
+    """Brings the first PREFETCH_K columns of weight rows ``w_rows`` [BN] (``w_ok``) into L2: what a
+    program reads first, asked for before it waits on the previous kernel (layers/pdl.py)."""
+    lines = tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128-byte line
+    lines = tl.where(lines < K, lines, 0)[None, :]  # never past a row's end
+    prefetch_l2(w_ptr + tl.where(w_ok, w_rows, 0)[:, None] * stride_wn + lines)
 
 
 @triton.jit
@@ -122,6 +136,8 @@ def _down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH_K: tl.constexpr,
 ):
     """Programs 0 .. q_programs - 1: BN outputs of q_a each; the rest: BN outputs of kv_a each."""
     pid = tl.program_id(0)
@@ -130,6 +146,9 @@ def _down_kernel(
     if pid < q_programs:
         cols = pid * BN + tl.arange(0, BN)
         ok = cols < QR
+        if PDL:
+            _prefetch_rows(wq_ptr, cols, ok, stride_wq, K, PREFETCH_K)
+        pdl_enter(PDL)
         acc = _rows_dot(
             x_ptr, stride_xm, rows, row_ok, wq_ptr, cols, ok, stride_wq, K, BM, BN, BK, PRECISION
         )  # [BM, BN]; 0 in masked columns
@@ -143,6 +162,9 @@ def _down_kernel(
     else:
         cols = (pid - q_programs) * BN + tl.arange(0, BN)
         ok = cols < KV
+        if PDL:
+            _prefetch_rows(wkv_ptr, cols, ok, stride_wkv, K, PREFETCH_K)
+        pdl_enter(PDL)
         acc = _rows_dot(
             x_ptr, stride_xm, rows, row_ok, wkv_ptr, cols, ok, stride_wkv, K, BM, BN, BK, PRECISION
         )
@@ -239,6 +261,8 @@ def _q_absorb_kernel(
     SCALE_ROWS: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH_K: tl.constexpr,
 ):
     """Program h * (Q_PARTS + 1) + c of head h: c < Q_PARTS, part c of the query latent (q_nope's
     columns c * NOPE_CHUNK ... times their rows of W_UK); c = Q_PARTS, the head's rotated q_pe. The last
@@ -248,6 +272,7 @@ def _q_absorb_kernel(
     rows = tl.arange(0, BM)
     row_ok = rows < M
     if pid == HEADS * (Q_PARTS + 1):
+        pdl_enter(PDL)
         _write_kv_rows(
             kv_raw_ptr,
             kv_norm_ptr,
@@ -269,6 +294,19 @@ def _q_absorb_kernel(
     else:
         head = pid // (Q_PARTS + 1)
         c = pid % (Q_PARTS + 1)
+        head_row = head * (NOPE + P)
+        j = c * NOPE_CHUNK + tl.arange(0, BLOCK_NC)  # [BLOCK_NC] q_nope columns (c < Q_PARTS)
+        j_ok = (j < c * NOPE_CHUNK + NOPE_CHUNK) & (j < NOPE)
+        pairs = tl.arange(0, BLOCK_HP)  # q_pe's rotation pairs (c = Q_PARTS)
+        pair_ok = pairs < P // 2
+        col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
+        if PDL:
+            if c < Q_PARTS:
+                _prefetch_rows(wq_ptr, head_row + j, j_ok, stride_wq, K, PREFETCH_K)
+            else:
+                _prefetch_rows(wq_ptr, head_row + NOPE + col_a, pair_ok, stride_wq, K, PREFETCH_K)
+                _prefetch_rows(wq_ptr, head_row + NOPE + col_b, pair_ok, stride_wq, K, PREFETCH_K)
+        pdl_enter(PDL)
         if SCALE_ROWS:
             parts = tl.arange(0, BLOCK_SQ)
             sq = tl.load(
@@ -279,10 +317,7 @@ def _q_absorb_kernel(
             rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
         else:
             rstd = tl.full((BM, 1), 1.0, tl.float32)
-        head_row = head * (NOPE + P)
         if c < Q_PARTS:
-            j = c * NOPE_CHUNK + tl.arange(0, BLOCK_NC)  # [BLOCK_NC] q_nope columns
-            j_ok = (j < c * NOPE_CHUNK + NOPE_CHUNK) & (j < NOPE)
             q_nope = _rows_dot(
                 x_ptr,
                 stride_xm,
@@ -300,7 +335,7 @@ def _q_absorb_kernel(
             )
             q_nope = (q_nope * rstd).to(wkvb_ptr.dtype.element_ty)  # [BM, BLOCK_NC]
             w_uk_rows = wkvb_ptr + (head * (NOPE + V) + j)[:, None] * stride_wkvb
-            dst = q_parts_ptr + ((c * M + rows) * HEADS + head)[:, None] * R
+            part_dst = q_parts_ptr + ((c * M + rows) * HEADS + head)[:, None] * R
             for r0 in range(0, R, BR):
                 rr = r0 + tl.arange(0, BR)
                 r_ok = rr < R
@@ -309,14 +344,11 @@ def _q_absorb_kernel(
                 )  # [BLOCK_NC, BR]
                 part = tl.dot(q_nope, w_uk, input_precision=PRECISION)  # [BM, BR]
                 tl.store(
-                    dst + rr[None, :],
+                    part_dst + rr[None, :],
                     part.to(q_parts_ptr.dtype.element_ty),
                     mask=row_ok[:, None] & r_ok[None, :],
                 )
         else:
-            pairs = tl.arange(0, BLOCK_HP)
-            pair_ok = pairs < P // 2
-            col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
             a = _rows_dot(
                 x_ptr,
                 stride_xm,
@@ -350,10 +382,10 @@ def _q_absorb_kernel(
             a, b = _rotate(
                 a * rstd, b * rstd, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2
             )
-            dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
+            pe_dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
             ok = row_ok[:, None] & pair_ok[None, :]
-            tl.store(dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
-            tl.store(dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
+            tl.store(pe_dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
+            tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
 
 
 def q_parts(heads: int, device: torch.device) -> int:
@@ -367,6 +399,10 @@ def _block_k(block_n: int, fp32: bool) -> int:
     """K columns a tile of ``block_n`` weight rows streams a step: ``_TILE_ELEMENTS`` in all (half in
     float32: the same bytes)."""
     return max(16, min(256, _TILE_ELEMENTS // block_n) // (2 if fp32 else 1))
+
+
+def _prefetch_k(k: int) -> int:
+    return max(64, min(_PREFETCH_K, triton.next_power_of_2(k)))
 
 
 def mla_forward_fused(
@@ -395,6 +431,7 @@ def mla_forward_fused(
         q_normed = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
         q_sq = torch.empty(q_programs, m, dtype=torch.float32, device=device)
         q_in = q_normed
+    pdl = pdl_available(device)
     _down_kernel[(q_programs + triton.cdiv(kv_width, _DOWN_OUTS),)](
         x,
         w_down_q,
@@ -415,8 +452,11 @@ def mla_forward_fused(
         BN=_DOWN_OUTS,
         BK=_block_k(_DOWN_OUTS, fp32),
         PRECISION=precision,
+        PDL=pdl,
+        PREFETCH_K=_prefetch_k(x.shape[1]),
         num_warps=4,
         num_stages=4,
+        **pdl_launch_options(pdl),
     )
     parts = q_parts(s.num_heads, device)
     nope_chunk = triton.cdiv(s.qk_nope_head_dim, parts)
@@ -466,8 +506,11 @@ def mla_forward_fused(
         SCALE_ROWS=s.q_lora_rank is not None,
         INTERLEAVED=layer.rotary.interleaved,
         PRECISION=precision,
+        PDL=pdl,
+        PREFETCH_K=_prefetch_k(q_in.shape[1]),
         num_warps=4,
         num_stages=3,
+        **pdl_launch_options(pdl),
     )
     _, w_uv = layer.up_weights()  # [heads, v_head_dim, R]
     attended = mla_attention_up(
