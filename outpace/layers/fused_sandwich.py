@@ -137,11 +137,7 @@ def sandwich_layer_fused(
     Four projection kernels around attention, as a Llama layer; a tensor input adds a row kernel in
     front (``normed_rows``), a tensor output one behind (``stream_of``)."""
     kernels = projection_kernels()
-    norm = layer.input_layernorm
-    rows = stream
-    if isinstance(stream, torch.Tensor):
-        rows = kernels.normed_rows(stream, norm.weight, norm_offset(norm))
-    attn = attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
+    attn = _sandwich_attention(layer, positions, stream, v_norm)
     norms = (
         layer.post_attention_layernorm,
         layer.pre_feedforward_layernorm,
@@ -151,6 +147,31 @@ def sandwich_layer_fused(
         attn, stream, layer.self_attn.o_proj, norms, layer.mlp, scale, next_norm
     )
     return out if next_norm is not None else kernels.stream_of(out)
+
+
+def _sandwich_attention(layer: nn.Module, positions: torch.Tensor, stream, v_norm: bool):
+    """A sandwich layer's attention on the fused path: stream as ``sandwich_layer_fused`` takes it ->
+    the attention output [n, heads * head_dim] before o_proj."""
+    norm = layer.input_layernorm
+    rows = stream
+    if isinstance(stream, torch.Tensor):
+        rows = projection_kernels().normed_rows(stream, norm.weight, norm_offset(norm))
+    return attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
+
+
+def sandwich_attention_fused(
+    layer: nn.Module, positions: torch.Tensor, stream, v_norm: bool = False
+) -> torch.Tensor:
+    """The attention half of a sandwich layer whose MLP side is not fused (Gemma 4's MoE layers;
+    ``qkv_fuses``): stream as ``sandwich_layer_fused`` takes it -> stream + post_attention_layernorm(
+    attention) [n, hidden]. The q/k/v kernel, attention, o_proj and a row kernel adding the sandwich
+    norm's output (``stream_of``)."""
+    attn = _sandwich_attention(layer, positions, stream, v_norm)
+    post = layer.post_attention_layernorm
+    kernels = projection_kernels()
+    return kernels.stream_of(
+        kernels.project_sandwich(attn, layer.self_attn.o_proj.weight, stream, _post_norm(post))
+    )
 
 
 # ---- Step-3.5's pre-norm layer over the same attention ------------------------------------------

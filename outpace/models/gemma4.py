@@ -42,6 +42,8 @@ from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.fused_sandwich import (
+    qkv_fuses,
+    sandwich_attention_fused,
     sandwich_fuses,
     sandwich_layer_fused,
     stream_rows,
@@ -343,9 +345,13 @@ class Gemma4DecoderLayer(nn.Module):
         (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the shared fused kernels
         (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that no other layer
         reads, and no MoE block; without a per-layer input its output then stays split, made ready for
-        ``next_norm`` (the next layer's input norm) when given."""
-        fuses = not (self.has_moe or self.lends_kv)
-        if fuses and sandwich_fuses(self.self_attn, self.mlp, stream_rows(h)):
+        ``next_norm`` (the next layer's input norm) when given. With a MoE block, the attention half
+        alone (``sandwich_attention_fused``)."""
+        if (
+            not self.lends_kv
+            and not self.has_moe
+            and sandwich_fuses(self.self_attn, self.mlp, stream_rows(h))
+        ):
             if per_layer_input is None:
                 return sandwich_layer_fused(
                     self, positions, h, v_norm=True, scale=self.layer_scalar, next_norm=next_norm
@@ -353,10 +359,13 @@ class Gemma4DecoderLayer(nn.Module):
             return self.per_layer_branch(
                 sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
             )
-        h = stream_tensor(h)
-        h = h + self.post_attention_layernorm(
-            self.self_attn(positions, self.input_layernorm(h), shared)
-        )
+        if not self.lends_kv and qkv_fuses(self.self_attn, stream_rows(h)):
+            h = sandwich_attention_fused(self, positions, h, v_norm=True)
+        else:
+            h = stream_tensor(h)
+            h = h + self.post_attention_layernorm(
+                self.self_attn(positions, self.input_layernorm(h), shared)
+            )
         mlp = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
             routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))

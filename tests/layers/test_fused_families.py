@@ -169,6 +169,30 @@ MODELS = {
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         )
     ),
+    # a MoE block beside every MLP: the attention half fused, the rest eager
+    "gemma4-moe": lambda: transformers.Gemma4TextConfig(
+        **dict(
+            GEMMA4_TEXT,
+            head_dim=8,
+            global_head_dim=16,
+            num_hidden_layers=3,
+            hidden_size_per_layer_input=0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=24,
+        )
+    ),
+}
+# fused kernels of a forward of 3 layers and the head (normed_rows, projections, add_normed / stream_of):
+# a fused stack is a row kernel, four projections a layer and a row kernel; a MoE layer's attention half
+# a row kernel, q/k/v, o_proj and the row kernel adding the sandwich norm; the head a row kernel and one
+# projection
+KERNELS = {
+    "gemma3": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
+    "gemma4": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
+    "gemma4-moe": {"rows": 3 + 1, "projections": 2 * 3 + 1, "add": 3},
 }
 # Step-3.5: head_dim 16; layer 0 and 3 full (half of each head rotated: eager), 1 sliding MoE (its attention
 # fused), 2 sliding dense with a SwiGLU clamp that bites (fused whole); no MTP layers
@@ -249,16 +273,23 @@ def _forward(model, caches, rows, fused, monkeypatch):
     return logits, after
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8], ids=["decode", "verify3", "verify8"])
-@pytest.mark.parametrize("variant", list(MODELS))
+@pytest.mark.parametrize(
+    "variant,rows",
+    [
+        ("gemma3", 1),
+        ("gemma3", 3),
+        ("gemma3", 8),
+        ("gemma4", 1),
+        ("gemma4", 8),
+        ("gemma4-moe", 2),
+    ],
+)
 def test_fused_stack_equals_the_eager_one(variant, rows, family, monkeypatch):
     model, caches = family(variant)
     ref_logits, ref_caches = _forward(model, caches, rows, False, monkeypatch)
     calls = _count_kernels(monkeypatch)
     logits, fused_caches = _forward(model, caches, rows, True, monkeypatch)
-    layers = len(model.model.layers)
-    # a row kernel in front of the stack, four projections a layer, a row kernel behind; the head two
-    assert calls == {"rows": 1 + 1, "projections": 4 * layers + 1, "add": 1}
+    assert calls == KERNELS[variant]
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(fused_caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
