@@ -340,6 +340,8 @@ def _with_speedups(result: dict) -> dict:
 
 
 def print_e2e(result: dict) -> None:
+    if result.get("family", "llama") != "llama":  # what was widened, and how its routing was kept
+        print(f"\n{result['shape']}, {result['device']}")
     print(
         f"\n{'method':<12} {'batch':>5} {'temp':>4} {'tokens/s':>9} {'vs plain':>8} {'closed':>7} {'tau':>5} "
         f"{'match':>6}"

@@ -36,7 +36,7 @@ Pieces, small s -> big b (d = qk_nope + qk_rope, per head):
   (same router row, same correction bias, same weights). Copy c of the zoo's group g is big group
   c * G_s + g (its first experts_per_group_s slots; ``expert_layout``), every other big expert is a
   padding expert with a zero router row and correction bias -1e4 (its choice score sigmoid(0) - 1e4 is
-  below every real one, whose scores lie in (0, 1) plus a bias of magnitude < 1). Then: a real group's
+  below every real one, whose scores lie in (0, 1) plus a bias below 1 in magnitude: checked). Then: a real group's
   top-2 sum is the zoo group's (padding never among its top 2, as experts_per_group_s >= 2); the
   m * topk_group_s best groups are the m copies of the zoo's topk_group_s best (copies tie exactly); the
   top_k_b = m * top_k_s best experts in them are the m copies of each of the zoo's top_k_s; with
@@ -244,6 +244,10 @@ class _DeepseekWidening:
             if rest == "mlp.gate.weight":  # the router stays float32 (layers/moe.py Router)
                 p.put(out, name, [rows, H], inv_s, dtype=torch.float32)
             else:
+                if p.small[name].abs().max() >= 1:
+                    raise ValueError(
+                        f"{name}: a correction bias of 1 or more could tie padding experts"
+                    )
                 p.put(out, name, [rows], fill=NEVER_CHOSEN, dtype=torch.float32)
         elif (e := re.fullmatch(r"mlp\.experts\.(\d+)\.(\w+)\.weight", rest)) is not None:
             e_s, proj = int(e[1]), e[2]

@@ -1,8 +1,8 @@
 """Widening the zoo's DeepSeek, Qwen3.5 and Gemma targets and their EAGLE3 drafts into real shapes
 (issue 43 item 6): what the three families share. The per-family maps and their proofs are in
 widen_deepseek.py (MLA + MoE), widen_hybrid.py (gated DeltaNet + gated attention) and widen_gemma.py
-(sandwich norms, (1 + w) norms, scaled embedding); the Llama widening, whose index maps these reuse,
-is widen.py.
+(sandwich norms, (1 + w) norms, scaled embedding). The Llama widening is widen.py: its RoPE pair map
+(``halves_dims`` here, generalised to partial rotation) and its streaming writer are the ones used here.
 
 The scaled stream. widen.py keeps the residual stream's values and fixes each norm with eps * r and
 w * sqrt(r) (r = H_s / H_b). That fails for (1 + w) norms (Gemma's, Qwen3.5's: w_b = sqrt(r)(1 + w) - 1
@@ -201,9 +201,9 @@ class Plan:
     ) -> None:
         self.entries.append((name, shape, dtype, build))
 
-    def zeros(self, name: str, shape: tuple[int, ...], value: float = 0.0) -> None:
+    def zeros(self, name: str, shape: tuple[int, ...]) -> None:
         dtype = self.dtype
-        self.entries.append((name, shape, dtype, lambda: torch.full(shape, value, dtype=dtype)))
+        self.entries.append((name, shape, dtype, lambda: torch.zeros(shape, dtype=dtype)))
 
     def like(self, prefix_: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Suffix -> (big shape, dtype) of the entries named ``prefix_ + suffix`` so far."""
