@@ -245,3 +245,35 @@ def test_fused_step_time_at_the_qwen3_5_shape(form, batch):
         times["fused" if fused else "eager"] = begin.elapsed_time(end) / 50 * 1e3  # us per step
     print(f"\n{form}, batch {batch}: " + ", ".join(f"{k} {v:.1f} us" for k, v in times.items()))
     assert times["fused"] < times["eager"]
+
+
+def test_served_tokens_with_the_fused_step_equal_the_torch_paths(tmp_path, monkeypatch):
+    """Through the engine (short prefill chunks, verify of an EAGLE3 tree, snapshot commits), a tiny Qwen3.5's
+    greedy tokens with its few-row steps fused equal those of the torch path."""
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+    from helpers.spec_models import make_eagle3_draft
+    from outpace import LLM, SamplingParams
+    from outpace.config import SpeculativeConfig
+    from outpace.layers import deltanet_step_kernel
+
+    path = save_hybrid(make_hybrid("qwen3_5"), tmp_path / "qwen3_5")
+    eagle3 = make_eagle3_draft(path, tmp_path / "eagle3")
+    prompts = [[3, 17, 99, 100, 8, 42, 7], [5, 9]]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    spec = SpeculativeConfig("eagle3", str(eagle3), num_steps=2, topk=2, num_draft_tokens=4)
+    calls = []
+    step_kernel = deltanet_step_kernel.deltanet_step
+    monkeypatch.setattr(
+        deltanet_step_kernel,
+        "deltanet_step",
+        lambda *args: calls.append(args[8].parents is not None) or step_kernel(*args),
+    )
+    tokens = {}
+    for fused in (False, True):
+        monkeypatch.setattr(GatedDeltaNet, "fused_step", fused)
+        llm = LLM(str(path), block_size=4, max_num_batched_tokens=8, speculative=spec)
+        tokens[fused] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert tokens[True] == tokens[False]
+    assert any(calls) and not all(
+        calls
+    )  # the kernel served the trees' verifies and the prefill chunks
