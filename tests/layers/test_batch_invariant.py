@@ -9,7 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.attention_cases import poisoned_allocations
+from outpace.attention import build_paged_metadata
 from outpace.attention.context import forward_settings
+from outpace.attention.triton_kernels import paged_attention, write_kv
 from outpace.layers.batch_invariant import batch_invariant_linear
 from outpace.layers.linear import project, project_rows_alone
 from outpace.layers.skinny_gemm import ROW_TILE, skinny_linear, tiles_for
@@ -122,3 +125,140 @@ def test_cpu_projection_rows_are_bitwise_independent_of_the_batch_in_batch_invar
         )
     assert torch.equal(full, project_rows_alone(x, w, b))
     assert torch.equal(full[3], F.linear(x[3], w, b))
+
+
+# Attention: a tree node's row is plain decoding's row ------------------------------------------------
+
+
+def _attend(seqs, *, block_size, split_rows, sliding_window=None, seed=0):
+    """One write_kv + paged_attention call in batch-invariant mode. ``seqs``: per sequence (cached k,
+    v [c, kv_heads, d]; new q [n, heads, d], k, v; mask [n, n] or None; positions [n]), the cache in
+    shuffled blocks with every other row NaN. Returns the outputs of each sequence's new tokens."""
+    g = torch.Generator().manual_seed(seed)
+    kv_shape = seqs[0][0].shape[1:]
+    counts = [-(-(len(s[0]) + len(s[2])) // block_size) + 2 for s in seqs]  # spare blocks too
+    perm = (torch.randperm(sum(counts), generator=g) + 1).tolist()
+    tables = [perm[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(seqs))]
+    k_cache = torch.full((sum(counts) + 1, block_size, *kv_shape), float("nan"))
+    v_cache = k_cache.clone()
+    for (k, v, *_), table in zip(seqs, tables):
+        r = torch.arange(len(k))
+        slots = torch.tensor(table)[r // block_size] * block_size + r % block_size
+        k_cache.view(-1, *kv_shape)[slots], v_cache.view(-1, *kv_shape)[slots] = k, v
+    q, k, v, positions = (torch.cat([s[i] for s in seqs]).to(DEVICE) for i in (2, 3, 4, 6))
+    masks = [None if s[5] is None else s[5].to(DEVICE) for s in seqs]
+    meta = build_paged_metadata(
+        tables,
+        [len(s[0]) for s in seqs],
+        [len(s[2]) for s in seqs],
+        block_size,
+        DEVICE,
+        masks if any(m is not None for m in masks) else None,
+    )
+    k_cache, v_cache = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    with poisoned_allocations(), forward_settings(batch_invariant=True):
+        token_table = write_kv(k, v, k_cache, v_cache, meta)
+        out = paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta,
+            token_table,
+            q.shape[-1] ** -0.5,
+            split_rows=split_rows,
+            sliding_window=sliding_window,
+            positions=positions,
+        ).cpu()
+    return list(out.split([len(s[2]) for s in seqs]))
+
+
+def _random_tree(n, g):
+    """parents [n] (-1 for node 0, each node's parent before it) and the ancestor mask [n, n]."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+    return parents, mask
+
+
+@pytest.mark.parametrize(
+    "cached,nodes,block_size,split_rows,sliding_window",
+    [
+        (45, 12, 16, None, None),  # the window starts inside a KV tile and ends in the next
+        (58, 10, 6, 32, None),  # odd blocks, many splits: paths cross tile and split boundaries
+        (70, 9, 16, 64, 40),  # a sliding window shorter than the prefix
+    ],
+)
+def test_tree_nodes_get_plain_decodings_bits(cached, nodes, block_size, split_rows, sliding_window):
+    """Every node of a tree verify (two trees and a causal chunk in the batch) gets, bit for bit, the
+    row plain decoding computes for its token: a decode step (one new token) over the prefix and the
+    node's ancestors, in a batch of every node's decode, and the last row of a chain verify over its
+    path, in a ragged batch of every node's path; close to the float64 softmax too."""
+    g = torch.Generator().manual_seed(cached)
+    heads, kv_heads, dim = 4, 2, 16
+    prefix_k, prefix_v = torch.randn(2, cached, kv_heads, dim, generator=g)
+    q = torch.randn(nodes, heads, dim, generator=g)
+    k, v = torch.randn(2, nodes, kv_heads, dim, generator=g)
+    parents, mask = _random_tree(nodes, g)
+    path = [mask[i].nonzero().flatten() for i in range(nodes)]  # ancestors by depth, then the node
+    depth = torch.tensor([len(p) - 1 for p in path])
+    other = (  # a causal chunk sharing the calls
+        *torch.randn(2, 30, kv_heads, dim, generator=g),
+        torch.randn(5, heads, dim, generator=g),
+        *torch.randn(2, 5, kv_heads, dim, generator=g),
+        None,
+        torch.arange(30, 35),
+    )
+    kw = {"block_size": block_size, "split_rows": split_rows, "sliding_window": sliding_window}
+    second = _random_tree(6, g)[1]  # another tree, in front of the one checked
+    tree = _attend(
+        [
+            (
+                *torch.randn(2, 20, kv_heads, dim, generator=g),
+                q[:6],
+                k[:6],
+                v[:6],
+                second,
+                19 + second.sum(1),
+            ),
+            other,
+            (prefix_k, prefix_v, q, k, v, mask, cached + depth),
+        ],
+        seed=1,
+        **kw,
+    )[2]
+    decode = _attend(
+        [other]
+        + [
+            (
+                torch.cat([prefix_k, k[p[:-1]]]),
+                torch.cat([prefix_v, v[p[:-1]]]),
+                q[i : i + 1],
+                k[i : i + 1],
+                v[i : i + 1],
+                None,
+                cached + depth[i : i + 1],
+            )
+            for i, p in enumerate(path)
+        ],
+        seed=2,
+        **kw,
+    )[1:]
+    chain = _attend(
+        [
+            (prefix_k, prefix_v, q[p], k[p], v[p], None, cached + torch.arange(len(p)))
+            for p in reversed(path)
+        ],
+        seed=3,
+        **kw,
+    )[::-1]
+    for i, p in enumerate(path):
+        assert torch.equal(tree[i], decode[i][0]), f"node {i} (depth {depth[i]}) against decode"
+        assert torch.equal(tree[i], chain[i][-1]), f"node {i} (depth {depth[i]}) against its chain"
+        keys = torch.cat([prefix_k, k[p]]).double().repeat_interleave(heads // kv_heads, 1)
+        values = torch.cat([prefix_v, v[p]]).double().repeat_interleave(heads // kv_heads, 1)
+        if sliding_window is not None:
+            keys, values = keys[-sliding_window:], values[-sliding_window:]
+        scores = torch.einsum("hd,khd->hk", q[i].double(), keys) * dim**-0.5
+        ref = torch.einsum("hk,khd->hd", scores.softmax(-1), values)
+        torch.testing.assert_close(tree[i].double(), ref, atol=1e-5, rtol=0)

@@ -1,0 +1,77 @@
+"""Plain decoding's tokens/s with and without ``--batch-invariant`` on the Llama-3.1-8B shape (random bf16
+weights, CUDA graphs: outpace/bench/gpu.py's builder and decode timer), at batch 1 and 8: the mode's cost
+(issue 43 item 8: the target is within 15% of the normal path).
+
+    python benchmarks/scripts/batch_invariant_speed.py [--contexts 512 4096] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from outpace.bench.gpu import build_8b, time_decode
+
+BATCHES = (1, 8)
+
+
+def measure(contexts: list[int], steps: int) -> list[dict]:
+    """One engine per mode (built, timed, freed in turn): a row per (mode, batch, context)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for invariant in (False, True):
+            llm = build_8b(
+                Path(tmp) / "target",
+                max_context=max(contexts),
+                max_num_seqs=max(BATCHES),
+                batch_invariant=invariant,
+            )
+            for context in contexts:
+                for batch in BATCHES:
+                    r = time_decode(llm, batch, context, steps)
+                    rows.append({"batch_invariant": invariant, **r})
+                    print(
+                        f"{'batch-invariant' if invariant else 'normal':>15}  batch {batch:>2}  "
+                        f"context {context:>5}  {r['tokens_per_s']:8.1f} tokens/s  "
+                        f"{r['step_ms']:6.2f} ms/step",
+                        flush=True,
+                    )
+            llm.close()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[512])
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--out", default=None, help="write the rows here as JSON")
+    a = ap.parse_args()
+    rows = measure(a.contexts, a.steps)
+    normal = {
+        (r["batch"], r["context"]): r["tokens_per_s"] for r in rows if not r["batch_invariant"]
+    }
+    print("\nbatch-invariant against normal:")
+    for r in rows:
+        if r["batch_invariant"]:
+            base = normal[r["batch"], r["context"]]
+            r["relative_to_normal"] = r["tokens_per_s"] / base
+            print(
+                f"  batch {r['batch']:>2}  context {r['context']:>5}  {r['tokens_per_s']:8.1f} against "
+                f"{base:8.1f} tokens/s: {r['relative_to_normal'] - 1:+.1%}"
+            )
+    if a.out:
+        Path(a.out).write_text(
+            json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
