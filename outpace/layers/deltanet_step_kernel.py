@@ -339,12 +339,11 @@ def deltanet_step(
         raise ValueError(f"{length} verified tokens, the state snapshots hold {rec_snap.shape[1]}")
     for t in (conv, rec, conv_snap, rec_snap, conv_weight):
         assert t.is_contiguous()  # the pool's tensors and the conv parameter are allocated so
-    for t in (rows.qkv, rows.z, rows.b, rows.a):
-        assert t.stride(-1) == 1
+    for t in (rows.qkv, rows.z, rows.b, rows.a, token_table, recurrent.parents):
+        assert t is None or t.stride(-1) == 1  # rows may be strided, their elements not
     out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
-    heads_per_program = (
-        1 if recurrent.snapshots else group
-    )  # the row written: one program per group
+    # (the row itself written: one program per key-head group, module docstring)
+    heads_per_program = 1 if recurrent.snapshots else group
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim)
     parents = recurrent.parents if tree else token_table
     if num_seqs and length:
