@@ -27,6 +27,8 @@ whole; out_proj row-parallel, its one all-reduce the layer's only collective. Th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,6 +48,9 @@ from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import delta_rule_chunked, use_chunked
 from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
+
+if TYPE_CHECKING:
+    from outpace.layers.deltanet_step_kernel import ProjectedRows
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -221,7 +226,7 @@ class GatedDeltaNet(RecurrentStateLayer):
             a.reshape(n, -1),
         )
 
-    def _projected_rows(self, x: torch.Tensor):
+    def _projected_rows(self, x: torch.Tensor) -> ProjectedRows:
         """The projections of x [n, hidden] as the step kernel reads them, in place (module docstring)."""
         # (the kernel module imports Triton: only when used)
         from outpace.layers.deltanet_step_kernel import ProjectedRows
