@@ -132,7 +132,8 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
 
 # ---- GPU only ------------------------------------------------------------------------------------------------
 
-QWEN3_5 = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)  # Qwen3.5-35B-A3B's
+# transformers' Qwen3_5TextConfig defaults (bench/hybrid_shape.py's reference shape: hidden 4096)
+QWEN3_5 = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
 
 
 @pytest.mark.gpu
@@ -203,12 +204,12 @@ def test_fused_step_replays_inside_a_cuda_graph():
 @pytest.mark.parametrize("form", ["decode", "verify chain of 8"])
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_fused_step_time_at_the_qwen3_5_shape(form, batch):
-    """The layer's step (projections included, hidden 2048) replayed from a CUDA graph, fused and eager:
+    """The layer's step (projections included, hidden 4096) replayed from a CUDA graph, fused and eager:
     prints both (``pytest -s``); the fused one must be faster."""
-    layer = make_layer(False, dtype=torch.bfloat16, device="cuda", hidden=2048, **QWEN3_5)
+    layer = make_layer(False, dtype=torch.bfloat16, device="cuda", hidden=4096, **QWEN3_5)
     lengths, _, _, keep_every = FORMS[form]
     lengths = [lengths[0]] * batch
-    x = torch.randn(sum(lengths), 2048, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(sum(lengths), 4096, device="cuda", dtype=torch.bfloat16)
     meta = build_paged_metadata([[i] for i in range(batch)], [0] * batch, lengths, 16, "cuda")
     meta.token_table()  # (as the uniform metadata of a captured step has it)
     recurrent = RecurrentMetadata(
