@@ -100,7 +100,8 @@ def _rotary_dim(cfg: dict, head_dim: int) -> int:
     return int(head_dim * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)))
 
 
-def _eps_factor(cfg: dict, b: HybridShape) -> float:
+def eps_factor(cfg: dict, b: HybridShape) -> float:
+    """e of the module docstring: (dk_s / dk_b) (dv_s / dv_b)."""
     return cfg["linear_key_head_dim"] / b.k_dim * cfg["linear_value_head_dim"] / b.v_dim
 
 
@@ -126,7 +127,7 @@ def _cat(*axes: Axis) -> Axis:
 class _HybridWidening:
     def __init__(self, cfg: dict, small: dict, b: HybridShape, dtype: torch.dtype) -> None:
         self.cfg, self.b, self.plan = cfg, b, Plan(small, dtype)
-        self.st = Stream(cfg["hidden_size"], b.hidden, _eps_factor(cfg, b))
+        self.st = Stream(cfg["hidden_size"], b.hidden, eps_factor(cfg, b))
         c = cfg
         # gated attention
         d_s, d_b = c["head_dim"], b.head_dim
@@ -303,7 +304,7 @@ def widen_hybrid_zoo(
     zoo, out = Path(zoo_dir), Path(out_dir)
     target = widen_hybrid(zoo / "tinyqwen35", out / "tinyqwen35", shape, dtype, max_shard_bytes)
     cfg = load_small(zoo / "tinyqwen35")[0]
-    stream = Stream(cfg["hidden_size"], shape.hidden, _eps_factor(cfg, shape))
+    stream = Stream(cfg["hidden_size"], shape.hidden, eps_factor(cfg, shape))
     eagle = widen_eagle3(
         zoo / "tinyqwen35-eagle3",
         out / "tinyqwen35-eagle3",
