@@ -243,6 +243,11 @@ def run_e2e_bench(
     batches = (1, 2) if tiny else BATCHES
     counts = {1: 1, 2: 2} if tiny else {1: batch1_prompts, 8: len(prompts), 32: 32}
     specs = drafters(models, family)
+    unknown = set(methods or ()) - set(specs)
+    if unknown:
+        raise ValueError(
+            f"bench e2e --family {family}: no method {sorted(unknown)}; of {list(specs)}"
+        )
     result.update(
         device=torch.cuda.get_device_name() if cuda else "cpu",
         torch=torch.__version__,
