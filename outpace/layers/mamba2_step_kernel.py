@@ -26,7 +26,7 @@ state is written there: in decode the state row is read and rewritten in place, 
 group reads the group's B and C window rows; written in the first launch, one head's program could
 overwrite them before another has read them. After the first launch has finished no program reads the
 start state any more. Each program of either launch writes bytes no other program writes (runs of
-distinct state rows: the padding rows of a captured batch share one, whose contents are never read).
+distinct state rows: the padding rows of a captured batch share one, which no request reads).
 
 Rounding follows the eager path in the model's dtype (bf16): the convolution's sum and then its bias
 rounded, the activation rounded, y rounded before the gate, the normalised value rounded before the
