@@ -72,7 +72,7 @@ def step(layer, fused, x, form, states, snapshots):
     layer.bind_state(states, snapshots)
     layer.fused_step = fused
     meta = build_paged_metadata(
-        [[i] for i in range(len(lengths))], [0] * len(lengths), lengths, 16, device
+        [[i] for i in range(len(lengths))], [0] * len(lengths), lengths, 32, device
     )
     recurrent = RecurrentMetadata(
         torch.tensor(STATE_INDICES, device=device),
@@ -246,6 +246,32 @@ def test_fused_step_time_at_the_qwen3_5_shape(form, batch):
         times["fused" if fused else "eager"] = begin.elapsed_time(end) / 50 * 1e3  # us per step
     print(f"\n{form}, batch {batch}: " + ", ".join(f"{k} {v:.1f} us" for k, v in times.items()))
     assert times["fused"] < times["eager"]
+
+
+def test_long_runs_and_other_activations_keep_the_torch_path(monkeypatch):
+    """The kernel takes runs of at most FUSED_MAX_LEN tokens with silu; a longer prefill chunk (the chunked
+    kernels' case on a GPU) or another activation runs the torch path."""
+    from outpace.layers import deltanet_step_kernel
+
+    calls = []
+    layer = make_layer(False, **SHAPES["grouped"])
+    monkeypatch.setattr(
+        deltanet_step_kernel,
+        "deltanet_step",
+        lambda rows, *args: (
+            calls.append(args) or rows.qkv.new_zeros(len(rows.qkv), layer.value_dim)
+        ),
+    )
+    states, snapshots = pool(layer, 2)
+    long_runs = ([deltanet_step_kernel.FUSED_MAX_LEN + 1, 3, 1], [True, False, True], None, False)
+    x = torch.randn(sum(long_runs[0]), 12)
+    step(layer, True, x, long_runs, states, snapshots)
+    layer.activation = "gelu"
+    step(layer, True, x[:3], FORMS["decode"], states, snapshots)
+    assert not calls
+    layer.activation = "silu"
+    step(layer, True, x[:3], FORMS["decode"], states, snapshots)
+    assert len(calls) == 1
 
 
 def test_served_tokens_with_the_fused_step_equal_the_torch_paths(tmp_path, monkeypatch):
