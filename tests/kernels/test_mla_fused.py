@@ -2,7 +2,7 @@
 backend): in Triton's interpreter in float32 at odd shapes (kv_lora_rank 36, three heads, nope 6, rope 8,
 v 5, with and without a q_lora_rank, both RoPE layouts, one and two query-latent parts), for decode, verify
 chains of 2 to 8 tokens and tree masks over shuffled paged blocks of an odd size: the same output and the
-same latent cache; fp16 too. On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
+same latent cache; fp16 too; and the kernels compile for sm_90 (no GPU needed). On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
 V3's shapes against the eager layer in float32, and the block's kernel launches and time (``-s`` prints
 them)."""
 
@@ -170,6 +170,52 @@ def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypa
     layer.bind_cache(num_blocks, 5, torch.float32, "cpu")
     with torch.no_grad(), forward_context(meta, get_backend("triton")):
         assert not layer.fuses(x)
+
+
+# Compiled for sm_90 (Hopper) without a GPU: what Triton's interpreter does not check (one name bound to
+# two types in two branches, the PDL instructions). Kimi-K2's shape: q_lora_rank, two query-latent parts.
+_COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from outpace.attention import mla_kernels
+from outpace.layers import mla_fused
+
+def compile_for_hopper(kernel, types, constants, num_warps, num_stages):
+    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+bf16 = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkv_ptr", "wkvb_ptr", "q_norm_ptr", "kv_norm_ptr",
+        "q_normed_ptr", "cache_ptr", "q_parts_ptr", "q_pe_ptr", "up_ptr", "out_ptr")}
+fp32 = {n: "*fp32" for n in ("q_sq_ptr", "sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "part_acc_ptr",
+        "part_max_ptr", "part_sum_ptr")}
+types = {**bf16, **fp32, "eps": "fp32", "kv_eps": "fp32", "slot_ptr": "*i64", "pos_ptr": "*i64",
+         "seq_index_ptr": "*i64", "query_index_ptr": "*i64", "seq_lens_ptr": "*i64",
+         "query_lens_ptr": "*i64"}
+compile_for_hopper(mla_fused._down_kernel, types, dict(BM=16, BN=16, BK=256, PRECISION="tf32",
+                   PDL=True, PREFETCH_K=512), 4, 4)
+compile_for_hopper(mla_fused._q_absorb_kernel, types, dict(HEADS=64, NOPE=128, P=64, R=512, V=128,
+                   Q_PARTS=2, NOPE_CHUNK=64, BLOCK_NC=64, BLOCK_HP=32, BLOCK_R=512, BLOCK_SQ=128,
+                   BR=128, BM=16, BK=128, SCALE_ROWS=True, INTERLEAVED=True, PRECISION="tf32",
+                   PDL=True, PREFETCH_K=512), 4, 3)
+compile_for_hopper(mla_kernels._combine_kernel, types, dict(HEADS=64, R=512, OUT=128, BLOCK_R=512,
+                   CHUNK=64, BLOCK_T=16, BLOCK_M=32, BLOCK_N=32, HAS_MASK=True, UP=True,
+                   PRECISION="tf32"), 4, 3)
+"""
+
+
+def test_the_kernels_compile_for_hopper():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 # ---- GPU: bf16 at the DeepSeek shapes ---------------------------------------------------------------
