@@ -137,9 +137,8 @@ def _mla_kernel(
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    tile = tl.program_id(
-        0
-    )  # a sequence's row tiles in consecutive programs: they read the same KV rows
+    # a sequence's row tiles are consecutive programs: they read the same KV rows together
+    tile = tl.program_id(0)
     seq = tl.program_id(1)
     split = tl.program_id(2)
     kv_end, prefix, seq_len, query_len = _tile_kv_end(
