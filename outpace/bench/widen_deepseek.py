@@ -138,7 +138,10 @@ def expert_layout(cfg: dict, b: DeepseekShape) -> ExpertLayout:
     return ExpertLayout(copies, g_b, m * (cfg.get("topk_group") or 1), 1.0 if normalised else 1 / m)
 
 
-class _DeepseekWidening:
+class DeepseekWidening:
+    """The plan of one widening: ``tensor(name)`` plans a zoo tensor's big counterparts (``plan.entries``),
+    then ``padding_experts``, ``identity_layers`` and ``config``."""
+
     def __init__(self, cfg: dict, small: dict, b: DeepseekShape, dtype: torch.dtype) -> None:
         self.cfg, self.b, self.plan = cfg, b, Plan(small, dtype)
         self.st = Stream(cfg["hidden_size"], b.hidden)
@@ -356,7 +359,7 @@ def widen_deepseek(
     """zoo/tinyds (with its MTP layers) -> the same function in ``shape``."""
     src = Path(src_dir)
     cfg, small = load_small(src)
-    w = _DeepseekWidening(cfg, small, shape, dtype)
+    w = DeepseekWidening(cfg, small, shape, dtype)
     moe_layers = set()
     for name in small:
         w.tensor(name)

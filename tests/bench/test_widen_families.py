@@ -10,16 +10,25 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from outpace import LLM, SamplingParams
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.bench import widen_families
 from outpace.bench.e2e import run_e2e_bench
-from outpace.bench.widen_deepseek import DS_TINY, DS_TINY_DRAFT, expert_layout, widen_deepseek_zoo
+from outpace.bench.widen_deepseek import (
+    DS_TINY,
+    DS_TINY_DRAFT,
+    V2_LITE,
+    DeepseekWidening,
+    expert_layout,
+    widen_deepseek_zoo,
+)
 from outpace.bench.widen_families import Stream, gqa_heads
 from outpace.bench.widen_gemma import GEMMA_TINY, GEMMA_TINY_DRAFT, widen_gemma_zoo
 from outpace.bench.widen_hybrid import QWEN35_TINY, QWEN35_TINY_DRAFT, eps_factor, widen_hybrid_zoo
 from outpace.config import SpeculativeConfig
+from outpace.layers.moe import Router, Routing
 from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.models.loader import load_model
 
@@ -241,3 +250,51 @@ def test_bf16_gpu_widened_keeps_tokens_and_acceptance(tmp_path, family):
     (tokens, tau), (wide_tokens, wide_tau) = runs
     same = sum(a == b for x, y in zip(tokens, wide_tokens) for a, b in zip(x, y))
     assert same / sum(map(len, tokens)) > 0.8 and wide_tau == pytest.approx(tau, abs=0.3)
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "triton"])
+def test_v2_lite_routing_layout_routes_as_the_zoo(kernel):
+    """At the real shape (64 experts, 16 groups of 4, 6 of 6 groups, top 6: 3 copies of each zoo expert and
+    padding experts), torch routing and the routing kernel (layers/moe_routing_kernel.py, interpreted on the
+    CPU) choose the copies of the zoo's experts, whose weights sum to the zoo's per expert."""
+    cfg = json.loads((ZOO / "tinyds" / "config.json").read_text())
+    small = load_file(str(ZOO / "tinyds" / "model.safetensors"))
+    w = DeepseekWidening(cfg, small, V2_LITE, torch.float32)
+    prefix = "model.layers.1.mlp.gate."
+    for name in (prefix + "weight", prefix + "e_score_correction_bias"):
+        w.tensor(name)
+    big = {n: build() for n, _, _, build in w.plan.entries}
+    lay = w.layout
+
+    def router(experts, top_k, groups, top_groups, hidden, weight, bias) -> Router:
+        r = Router(
+            hidden, Routing(experts, top_k, "sigmoid", groups, top_groups, "top2_sum", True, True)
+        )
+        r.weight.data, r.e_score_correction_bias = weight.float(), bias.float()
+        return r
+
+    zoo = router(
+        8, 2, 4, 2, 64, small[prefix + "weight"], small[prefix + "e_score_correction_bias"]
+    )
+    wide = router(
+        64,
+        6,
+        lay.groups,
+        lay.top_groups,
+        2048,
+        big[prefix + "weight"],
+        big[prefix + "e_score_correction_bias"],
+    )
+    wide.kernel = kernel
+    x = torch.randn(37, 64, generator=torch.Generator().manual_seed(2))
+    xb = torch.zeros(37, 2048)
+    xb[:, :64] = x * w.st.s  # the input norm's output at scale s
+    weights, ids = zoo.reference(x)
+    wide_weights, wide_ids = wide(xb)
+    back = {b: e for e, copies in lay.copies.items() for b in copies}  # a padding expert: KeyError
+    summed = torch.zeros(37, 8)  # [tokens, zoo experts]
+    for t in range(37):
+        for weight, i in zip(wide_weights[t].tolist(), wide_ids[t].tolist()):
+            summed[t, back[i]] += weight
+    expected = torch.zeros(37, 8).scatter_(1, ids, weights)
+    torch.testing.assert_close(summed, expected, atol=1e-5, rtol=1e-5)
