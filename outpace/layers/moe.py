@@ -87,25 +87,24 @@ class Router(nn.Module):
                 "e_score_correction_bias", torch.zeros(routing.num_experts, dtype=torch.float32)
             )
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weights, ids, _ = self.route(x)
-        return weights, ids
-
-    def uses_kernel(self, x: torch.Tensor) -> bool:
-        return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
-
-    def route(self, x: torch.Tensor, num_shared: int = 0, layout: bool = False):
-        """x [n, hidden] -> (weights, ids, block layout or None): with ``layout`` the routing kernel also
-        writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots per token
-        (layers/moe_kernels.py ``BlockLayout``); the torch path leaves that to ``moe_kernels.align``."""
+    def forward(self, x: torch.Tensor, num_shared: int = 0, layout: bool = False) -> tuple:
+        """x [n, hidden] -> (weights, ids); with ``layout`` (weights, ids, block layout or None): the routing
+        kernel also writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots
+        per token (layers/moe_kernels.py ``BlockLayout``), the torch path leaves it to
+        ``moe_kernels.align`` (None). Called as a module either way, so forward hooks see every routing."""
         if not self.uses_kernel(x):
-            return (*self.reference(x), None)
+            routed = self.reference(x)
+            return (*routed, None) if layout else routed
         from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
 
         bias = getattr(self, "e_score_correction_bias", None)
-        return moe_routing_kernel.route(
+        weights, ids, blocks = moe_routing_kernel.route(
             x, self.weight.float(), bias, self.routing, num_shared, layout
         )
+        return (weights, ids, blocks) if layout else (weights, ids)
+
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
 
     def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The routing in torch (module docstring): the CPU path and the kernels' reference."""
@@ -412,7 +411,7 @@ class MoE(nn.Module):
         launch (after the logits'), the shared experts fused with the routed ones when they can be."""
         shared = shared_expert_stacks(self.shared_experts, self.experts)
         num_shared = 0 if shared is None else shared[1].shape[0]
-        weights, ids, layout = self.gate.route(x, num_shared, layout=True)
+        weights, ids, layout = self.gate(x, num_shared, layout=True)
         out = self.experts.run(x, weights, ids, shared=shared, layout=layout)
         if shared is None and self.shared_experts is not None:
             out = out + self.shared_experts(x)

@@ -137,11 +137,12 @@ def sort_pairs_into_blocks(
     blocks = (counts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_E]
     first_block = tl.cumsum(blocks, axis=0) - blocks  # [BLOCK_E] exclusive
     last_block = first_block + blocks
-    for start in range(0, max_blocks * BLOCK_M, CHUNK):  # every row: padding first
+    rows = tl.arange(0, 1024)  # every row: padding first, 1024 rows a step
+    for start in range(0, max_blocks * BLOCK_M, 1024):
         tl.store(
-            sorted_pairs_ptr + start + offs,
-            tl.full([CHUNK], 0, tl.int32) + pairs,
-            mask=start + offs < max_blocks * BLOCK_M,
+            sorted_pairs_ptr + start + rows,
+            tl.full([1024], 0, tl.int32) + pairs,
+            mask=start + rows < max_blocks * BLOCK_M,
         )
     for start in range(0, max_blocks, CHUNK):
         b = start + offs

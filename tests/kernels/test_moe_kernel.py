@@ -218,8 +218,11 @@ def test_fused_shared_experts_equal_the_separate_shared_mlp(n, routing_kernel):
     with torch.no_grad():
         expected = moe(x)  # eager off CUDA
         moe.experts.kernels, moe.gate.kernel = True, routing_kernel
+        seen = []  # the router runs as a module: hooks (bench/deepseek_shape.py CountExperts) see the ids
+        moe.gate.register_forward_hook(lambda _m, _i, out: seen.append(out[1]))
         got = moe(x)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert len(seen) == 1 and seen[0].shape == (n, 3)
 
 
 def test_shared_stacks_are_views_of_the_shared_mlp():
