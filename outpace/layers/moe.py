@@ -407,15 +407,24 @@ class MoE(nn.Module):
         return all_reduce(out, self.group)  # (the partial sums of every rank's expert rows)
 
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's routed plus shared output on the kernels: routing and the block layout in one
-        launch (after the logits'), the shared experts fused with the routed ones when they can be."""
-        shared = shared_expert_stacks(self.shared_experts, self.experts)
-        num_shared = 0 if shared is None else shared[1].shape[0]
-        weights, ids, layout = self.gate(x, num_shared, layout=True)
-        out = self.experts.run(x, weights, ids, shared=shared, layout=layout)
-        if shared is None and self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        """This rank's routed plus shared output on the kernels (``moe_on_kernels``)."""
+        return moe_on_kernels(x, self.gate, self.experts, self.shared_experts)
+
+
+def moe_on_kernels(
+    x: torch.Tensor, router: Router, experts: RoutedExperts, shared_mlp: nn.Module | None = None
+) -> torch.Tensor:
+    """x [n, hidden] -> this rank's routed plus shared output [n, hidden] on the kernels: the router with
+    the grouped kernels' block layout (one launch after the logits' on CUDA), the shared MLP fused with the
+    routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
+    MoE block is a Router, a RoutedExperts and a weight-1 shared MLP can call it."""
+    shared = shared_expert_stacks(shared_mlp, experts)
+    num_shared = 0 if shared is None else shared[1].shape[0]
+    weights, ids, layout = router(x, num_shared, layout=True)
+    out = experts.run(x, weights, ids, shared=shared, layout=layout)
+    if shared is None and shared_mlp is not None:
+        out = out + shared_mlp(x)
+    return out
 
 
 def shared_expert_stacks(
