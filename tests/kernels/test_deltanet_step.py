@@ -16,6 +16,8 @@ from outpace.attention import build_paged_metadata, forward_context  # noqa: E40
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, else the interpreter
+TOLERANCE = dict(rtol=1e-5, atol=1e-5) if DEVICE == "cpu" else dict(rtol=1e-4, atol=1e-4)
 POOL_ROWS, SNAPSHOT_ROWS = 5, 8
 STATE_INDICES = [3, 0, 2]  # each sequence's state row (rows 1 and 4 belong to no one here)
 TREE = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 0, 3, 3]]
@@ -35,7 +37,7 @@ FORMS = {
 }
 
 
-def make_layer(packed_by_key_head, seed=0, dtype=torch.float32, device="cpu", hidden=12, **shape):
+def make_layer(packed_by_key_head, seed=0, dtype=torch.float32, device=DEVICE, hidden=12, **shape):
     torch.manual_seed(seed)
     layer = GatedDeltaNet(
         hidden,
@@ -51,7 +53,7 @@ def make_layer(packed_by_key_head, seed=0, dtype=torch.float32, device="cpu", hi
     return layer.to(device, dtype)
 
 
-def pool(layer, seed, dtype=torch.float32, device="cpu"):
+def pool(layer, seed, dtype=torch.float32, device=DEVICE):
     """Random state rows and snapshot rows (so a row the kernel should write and does not shows)."""
     g = torch.Generator().manual_seed(seed)
     states, snapshots = {}, {}
@@ -119,11 +121,11 @@ CASES = [
 @pytest.mark.parametrize("form, layout, shape", CASES)
 def test_fused_step_equals_the_torch_path(form, layout, shape):
     layer = make_layer(layout == "qwen3_next", **SHAPES[shape])
-    x = torch.randn(sum(FORMS[form][0]), 12, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(sum(FORMS[form][0]), 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     states, snapshots = pool(layer, 2)
     want = step(layer, False, x, FORMS[form], states, snapshots)
     got = step(layer, True, x, FORMS[form], states, snapshots)
-    assert_same_step(got, want, FORMS[form], snapshots, rtol=1e-5, atol=1e-5)
+    assert_same_step(got, want, FORMS[form], snapshots, **TOLERANCE)
     if form == "tree":  # the parents matter: as a chain the same tokens give other outputs
         lengths, start, _, _ = FORMS[form]
         chain = step(layer, False, x, (lengths, start, None, True), states, snapshots)
@@ -197,7 +199,7 @@ def test_fused_step_replays_inside_a_cuda_graph():
             out = layer(x)
     graph.replay()
     torch.cuda.synchronize()
-    assert_same_step((out, *live), eager, form, snapshots, rtol=1e-5, atol=1e-5)
+    assert_same_step((out, *live), eager, form, snapshots, rtol=0, atol=0)  # the same kernel
 
 
 @pytest.mark.gpu
@@ -264,7 +266,7 @@ def test_long_runs_and_other_activations_keep_the_torch_path(monkeypatch):
     )
     states, snapshots = pool(layer, 2)
     long_runs = ([deltanet_step_kernel.FUSED_MAX_LEN + 1, 3, 1], [True, False, True], None, False)
-    x = torch.randn(sum(long_runs[0]), 12)
+    x = torch.randn(sum(long_runs[0]), 12, device=DEVICE)
     step(layer, True, x, long_runs, states, snapshots)
     layer.activation = "gelu"
     step(layer, True, x[:3], FORMS["decode"], states, snapshots)
@@ -298,7 +300,14 @@ def test_served_tokens_with_the_fused_step_equal_the_torch_paths(tmp_path, monke
     tokens = {}
     for fused in (False, True):
         monkeypatch.setattr(GatedDeltaNet, "fused_step", fused)
-        llm = LLM(str(path), block_size=4, max_num_batched_tokens=8, speculative=spec)
+        llm = LLM(
+            str(path),
+            device=DEVICE,
+            dtype="float32",
+            block_size=4,
+            max_num_batched_tokens=8,
+            speculative=spec,
+        )
         tokens[fused] = [o.token_ids for o in llm.generate(prompts, params)]
     assert tokens[True] == tokens[False]
     assert any(calls) and not all(
