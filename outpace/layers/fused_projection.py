@@ -216,6 +216,7 @@ def _fused_rows_kernel(
     CLAMP: tl.constexpr,
     GATE_DIM: tl.constexpr,
     HALF: tl.constexpr,
+    ROT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -233,7 +234,9 @@ def _fused_rows_kernel(
     (part p * subs + sub of sq_out). SOFTCAP (PLAIN): cap * tanh(result / cap) before any residual.
     SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
     QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
-    their weights plus qk_offset; V_NORM: of v too, without a weight.
+    their weights plus qk_offset; V_NORM: of v too, without a weight. ROT (QKV): the RoPE table's
+    width, HALF (every dimension rotates, in pairs (j, j + HALF)) or, with QK_NORM, HALF // 2 (the
+    first HALF dimensions of each head rotate, in pairs (j, j + HALF // 2); the rest pass).
     Split streams (``SplitRows``: s = base + c * delta, partial sums [4, parts, M]):
     SPLIT_IN (SCALE_ROWS): the normed input is x + c * x2 (x = base * w_norm, x2 = delta * w_norm, c
     from sq_in's first sums and in_eps), its sum of squares from the other three;
@@ -315,7 +318,7 @@ def _fused_rows_kernel(
                 )  # [BN]
         elif EPILOGUE == _QKV:
             cos, sin, slot = _rope_operands(
-                pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF
+                pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF % ROT, ok, ROT
             )
             if QK_NORM:
                 norm_a, norm_b = _head_norm_weights(
@@ -466,6 +469,9 @@ def _fused_rows_kernel(
                 q_size,
                 kv_size,
                 HALF,
+                ROT,
+                BM,
+                BN,
             )
 
 
@@ -604,15 +610,28 @@ def _add_normed_kernel(
 
 
 @triton.jit
-def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF: tl.constexpr):
-    """For rows at positions pos_ptr[rows] and pair j of each column's head: cos, sin [BM, BN] float32
-    and the rows' cache slots [BM, 1]."""
+def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, ROT: tl.constexpr):
+    """For rows at positions pos_ptr[rows] and frequency j of each column (tables [positions, ROT]):
+    cos, sin [BM, BN] float32 and the rows' cache slots [BM, 1]."""
     pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)  # [BM]
-    trig = pos[:, None].to(tl.int64) * HALF + j[None, :]  # [BM, BN]
+    trig = pos[:, None].to(tl.int64) * ROT + j[None, :]  # [BM, BN]
     cos = tl.load(cos_ptr + trig, mask=ok, other=1.0)
     sin = tl.load(sin_ptr + trig, mask=ok, other=0.0)
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
     return cos, sin, slot
+
+
+@triton.jit
+def _rotate_within(a, cos, sin, BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr):
+    """a [BM, BN]: the first HALF dimensions of whole heads; pairs (j, j + HALF // 2) of each rotated
+    (neox) by cos, sin [BM, BN] (a pair's frequency at both its columns): Step-3.5's RoPE over the first
+    half of each head."""
+    t = tl.reshape(a, (BM, BN // HALF, 2, HALF // 2))
+    first = (tl.arange(0, 2) == 0)[None, None, :, None]
+    lo = tl.sum(tl.where(first, t, 0.0), axis=2)  # [BM, heads, HALF // 2]: x1 of each pair
+    hi = tl.sum(tl.where(first, 0.0, t), axis=2)  # x2
+    partner = tl.where(first, -hi[:, :, None, :], lo[:, :, None, :])  # -x2 beside x1, x1 beside x2
+    return a * cos + tl.reshape(partner, (BM, BN)) * sin
 
 
 @triton.jit
@@ -632,12 +651,19 @@ def _qkv_epilogue(
     q_size,
     kv_size,
     HALF: tl.constexpr,
+    ROT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
 ):
     """a, b [BM, BN]: columns col_a and col_a + HALF of [q | k | v] for each row. Rotates q and k pairs
-    by cos, sin (``_rope_operands``, neox layout), then stores q into q_ptr [M, q_size] and k, v into
-    the caches' rows at the rows' slots (caches [slots, kv_size], contiguous)."""
+    by cos, sin (``_rope_operands``, neox layout; ROT < HALF: only a's, ``_rotate_within``), then
+    stores q into q_ptr [M, q_size] and k, v into the caches' rows at the rows' slots (caches
+    [slots, kv_size], contiguous)."""
     rotate = (col_a < q_size + kv_size)[None, :]
-    a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
+    if ROT == HALF:
+        a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
+    else:
+        a = tl.where(rotate, _rotate_within(a, cos, sin, BM, BN, HALF), a)
     is_q = (col_a < q_size)[None, :]
     q_col = tl.where(is_q, col_a, 0)[None, :]
     q_dst = q_ptr + rows[:, None] * stride_qm + q_col
@@ -882,6 +908,7 @@ def _launch(
         CLAMP=limit is not None,
         GATE_DIM=0 if gate is None else gate[1],
         HALF=half,
+        ROT=cos.shape[-1] if qkv is not None else half,
         BM=MAX_ROWS,
         BN=grid.block_n,
         BK=block_k,
@@ -1188,11 +1215,19 @@ def norm_project_qkv(
     ``rows`` [M, K] that is already normalised: ``eps`` unused), normalises each q and k head when
     ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given (head_dim a power of two),
     rotates q and k (neox), writes k and v to the caches at the slots, and returns q [M, q_size]
-    (q_size 0 and qkv = the k and v rows: writes k and v only). The q/k norms' scales are qk_offset +
+    (q_size 0 and qkv = the k and v rows: writes k and v only). cos, sin [max_positions, head_dim // 4]
+    with ``qk_norm``: RoPE over the first half of each head (Step-3.5's full layers). The q/k norms'
+    scales are qk_offset +
     weight (Gemma 3: 1.0); ``v_norm``: each v head is normalised too, without a weight (Gemma 4)."""
     x, norm, split_in = (
         (rows, None, None) if isinstance(rows, torch.Tensor) else _normed_input(rows, eps)
     )
+    rot = cos.shape[-1]
+    if rot != head_dim // 2 and not (rot == head_dim // 4 and qk_norm is not None):
+        raise ValueError(
+            f"RoPE tables of width {rot} for head_dim {head_dim}: whole heads ({head_dim // 2}), "
+            f"or with q/k norms their first half ({head_dim // 4})"
+        )
     kv_size = (qkv.shape[0] - q_size) // 2
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")

@@ -30,9 +30,9 @@ from outpace.layers.linear import is_sharded
 def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``attend_fused_qkv`` serves an attention module over x [num_tokens, hidden]: its q/k/v
     packed without bias (layers/decoder.py ``pack_projections``), an o_proj without bias, not sharded,
-    per-head q/k norms over a power-of-two ``head_dim``, RoPE over whole heads (not Step-3.5's partial
-    rotation of the first dimensions), few half-precision rows on the GPU and a backend that attends over
-    a cache the kernel wrote."""
+    per-head q/k norms over a power-of-two ``head_dim``, RoPE over whole heads or their first half
+    (Step-3.5's full layers), few half-precision rows on the GPU and a backend that attends over a cache
+    the kernel wrote."""
     d = attn.head_dim
     return (
         getattr(attn, "qkv", None) is not None
@@ -40,7 +40,7 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
         and attn.o_proj.bias is None
         and not is_sharded(attn.o_proj)
         and d & (d - 1) == 0
-        and attn.rotary.cos.shape[-1] * 2 == d
+        and attn.rotary.cos.shape[-1] in (d // 2, d // 4)
         and fusable_rows(x, attn.qkv.weight)
         and attn.attn.fused_write_target() is not None
     )

@@ -227,9 +227,17 @@ class Gemma4Attention(nn.Module):
             self.attn = producer_attn
             return
         self.k_proj = p.k_proj
-        if not shape.k_eq_v:
+        if shape.k_eq_v:
+            # v is k_proj's output: k_proj also answers to v_proj, unregistered (no checkpoint tensor), so
+            # the packed q/k/v holds k's rows twice and the fused kernel reads the second copy as v (raw,
+            # then the v norm) for kv_size rows more of weights (under 0.5% of a step's reads at Gemma 4
+            # 26B-A4B's shape); the eager forward uses k itself
+            object.__setattr__(self, "v_proj", self.k_proj)
+        else:
             self.v_proj = p.v_proj
-            self.qkv = None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
+        self.qkv = (
+            None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
+        )
         self.k_norm = Float32RMSNorm(d, eps)
         self.v_norm = Float32RMSNorm(d, eps, with_weight=False)
         self.attn = Attention(p.heads, p.kv_heads, d, cfg.layer_window(index), scale=1.0)

@@ -9,9 +9,9 @@ reference), in Triton's interpreter on the CPU (fp32):
   longer than the sliding window, with sliding and global layers, give the eager logits and KV caches;
 - a fused layer is four projection kernels, as a Llama layer: a stack of L fused Gemma layers launches
   4 L + 2 fused kernels (one row kernel in front, one behind), the head two;
-- Step-3.5 (zero-centred norms, a head-wise sigmoid attention gate, SwiGLU clamps): its sliding layers'
-  attention (q/k/v, the gate's logits, o_proj with the gate in its loop) and dense MLP fused, the MoE and
-  the full layers (RoPE over part of each head) eager, the same logits and caches.
+- Step-3.5 (zero-centred norms, a head-wise sigmoid attention gate, SwiGLU clamps, RoPE over the first
+  half of each head on full layers): every layer's attention (q/k/v, the gate's logits, o_proj with the
+  gate in its loop) and the dense MLPs fused, the MoE eager, the same logits and caches.
 """
 
 import pytest
@@ -169,6 +169,19 @@ MODELS = {
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         )
     ),
+    # k = v on the full layer (its v is k_proj's output), with its own KV head count
+    "gemma4-k-eq-v": lambda: transformers.Gemma4TextConfig(
+        **dict(
+            GEMMA4_TEXT,
+            head_dim=8,
+            global_head_dim=16,
+            num_hidden_layers=3,
+            hidden_size_per_layer_input=0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+        )
+    ),
     # a MoE block beside every MLP: the attention half fused, the rest eager
     "gemma4-moe": lambda: transformers.Gemma4TextConfig(
         **dict(
@@ -192,10 +205,14 @@ MODELS = {
 KERNELS = {
     "gemma3": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
     "gemma4": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
+    "gemma4-k-eq-v": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
     "gemma4-moe": {"rows": 3 + 1, "projections": 2 * 3 + 1, "add": 3},
+    # Step (STEP below): dense layers the input norm when the layer before was not fused whole, q/k/v,
+    # the gate, o_proj, gate/up, down; the MoE layer q/k/v, the gate and o_proj
+    "step3p5": {"rows": 2 + 1, "projections": 5 + 3 + 5 + 5 + 1, "add": 0},
 }
-# Step-3.5: head_dim 16; layer 0 and 3 full (half of each head rotated: eager), 1 sliding MoE (its attention
-# fused), 2 sliding dense with a SwiGLU clamp that bites (fused whole); no MTP layers
+# Step-3.5: head_dim 16; layers 0 and 3 full (RoPE over the first half of each head, llama3-scaled), 1
+# sliding MoE (its attention fused), 2 sliding dense with a SwiGLU clamp that bites; no MTP layers
 STEP = dict(
     STEP_CONFIG,
     head_dim=16,
@@ -221,7 +238,8 @@ def _hf_checkpoint(variant, path):
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory):
-    """variant -> (the loaded model, its KV caches after prefilling LENS eagerly)."""
+    """(variant, device) -> (the loaded model, its KV caches after prefilling LENS eagerly): fp32 on the
+    CPU (Triton's interpreter), bf16 on a GPU."""
     from outpace.attention import build_paged_metadata, forward_context
     from outpace.attention.triton_backend import TritonAttentionBackend
     from outpace.cache.block_pool import BlockPool
@@ -230,18 +248,19 @@ def family(tmp_path_factory):
 
     cache = {}
 
-    def get(variant):
-        if variant not in cache:
+    def get(variant, device="cpu"):
+        if (variant, device) not in cache:
+            dtype = torch.float32 if device == "cpu" else torch.bfloat16
             path = _hf_checkpoint(variant, tmp_path_factory.mktemp(variant))
-            model = load_model(path, torch.float32, "cpu", progress=False)
-            caches = bind_kv_cache(model.model, BlockPool(5, 16), torch.float32, "cpu")
-            ids = torch.arange(sum(LENS)) * 7 % 61
-            positions = torch.cat([torch.arange(n) for n in LENS])
-            meta = build_paged_metadata(TABLES, [0, 0], LENS, 16, "cpu")
+            model = load_model(path, dtype, device, progress=False)
+            caches = bind_kv_cache(model.model, BlockPool(5, 16), dtype, device)
+            ids = (torch.arange(sum(LENS)) * 7 % 61).to(device)
+            positions = torch.cat([torch.arange(n) for n in LENS]).to(device)
+            meta = build_paged_metadata(TABLES, [0, 0], LENS, 16, device)
             with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
                 model(ids, positions)
-            cache[variant] = model, caches
-        return cache[variant]
+            cache[variant, device] = model, caches
+        return cache[variant, device]
 
     return get
 
@@ -250,19 +269,22 @@ TABLES = [[3, 1], [0, 2]]
 
 
 def _forward(model, caches, rows, fused, monkeypatch):
-    """``rows`` new tokens a sequence after LENS, with the fused path forced on or off -> (logits
-    [2 * rows, vocab], the KV caches after it); the caches are restored after."""
+    """``rows`` new tokens a sequence after LENS, with the fused path off, or on (forced on the CPU, by
+    the real choice on a GPU) -> (logits [2 * rows, vocab], the KV caches after it); the caches are
+    restored after."""
     import outpace.layers.fused_decoder as fused_decoder
     import outpace.layers.fused_sandwich as fused_sandwich
     from outpace.attention import build_paged_metadata, forward_context
     from outpace.attention.triton_backend import TritonAttentionBackend
 
     saved = [[t.clone() for t in c] for c in caches]
-    for module in (fused_decoder, fused_sandwich):
-        monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
-    ids = torch.arange(2 * rows) * 5 % 61
-    positions = torch.cat([torch.arange(n, n + rows) for n in LENS])
-    meta = build_paged_metadata(TABLES, LENS, [rows, rows], 16, "cpu")
+    device = caches[0][0].device
+    if not fused or device.type == "cpu":
+        for module in (fused_decoder, fused_sandwich):
+            monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
+    ids = (torch.arange(2 * rows) * 5 % 61).to(device)
+    positions = torch.cat([torch.arange(n, n + rows) for n in LENS]).to(device)
+    meta = build_paged_metadata(TABLES, LENS, [rows, rows], 16, device)
     with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
         logits = model.compute_logits(model(ids, positions).hidden_states)
     after = [torch.stack(c).clone() for c in caches]
@@ -281,6 +303,7 @@ def _forward(model, caches, rows, fused, monkeypatch):
         ("gemma3", 8),
         ("gemma4", 1),
         ("gemma4", 8),
+        ("gemma4-k-eq-v", 5),
         ("gemma4-moe", 2),
     ],
 )
@@ -301,11 +324,95 @@ def test_fused_step3p5_equals_the_eager_one(rows, family, monkeypatch):
     ref_logits, ref_caches = _forward(model, caches, rows, False, monkeypatch)
     calls = _count_kernels(monkeypatch)
     logits, fused_caches = _forward(model, caches, rows, True, monkeypatch)
-    # layer 1: input norm, q/k/v, gate, o_proj; layer 2: the same, gate/up and down; the head two
-    assert calls == {"rows": 3, "projections": 9, "add": 0}
+    assert calls == KERNELS["step3p5"]
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(fused_caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("variant", list(KERNELS))
+def test_bf16_on_the_gpu_the_fused_forward_is_the_eager_one(variant, family, monkeypatch):
+    """bf16 on the GPU, the real kernels (PDL, pipelining) and the real choice of path: decode and an
+    8-row verify take the fused kernels counted above and give the eager logits and caches to bf16
+    rounding."""
+    model, caches = family(variant, "cuda")
+    for rows in (1, 8):
+        ref_logits, ref_caches = _forward(model, caches, rows, False, monkeypatch)
+        calls = _count_kernels(monkeypatch)
+        logits, fused_caches = _forward(model, caches, rows, True, monkeypatch)
+        assert calls == KERNELS[variant]
+        torch.testing.assert_close(logits, ref_logits, rtol=3e-2, atol=3e-2)
+        for c, r in zip(fused_caches, ref_caches):
+            torch.testing.assert_close(c, r, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "hidden,inter,heads,kv_heads,d,v_norm",
+    [(3840, 15360, 16, 8, 256, False), (2816, 2112, 16, 4, 512, True)],
+    ids=["gemma-3-12b", "gemma-4-global-512"],
+)
+@pytest.mark.parametrize("m", [1, 8])
+def test_bf16_public_shapes_split_stream_and_wide_heads(
+    hidden, inter, heads, kv_heads, d, v_norm, m
+):
+    """The public shapes' kernels compile and fit (q/k/v over heads of 256 and 512 with their norms,
+    the split stream's two-input loops) and compute the float32 formulas to bf16 rounding."""
+    dev, bf = "cuda", torch.bfloat16
+
+    def r(*shape, seed, scale=1.0):
+        return _rand(*shape, seed=seed, scale=scale).to(dev, bf)
+
+    h, attn, act = r(m, hidden, seed=1), r(m, heads * d, seed=2), r(m, inter, seed=3)
+    w_o = r(hidden, heads * d, seed=4, scale=(heads * d) ** -0.5)
+    w_d = r(hidden, inter, seed=5, scale=inter**-0.5)
+    post, pre, post_mlp = (r(hidden, seed=s, scale=0.3) for s in (6, 7, 8))
+    mid = project_sandwich(attn, w_o, h, (post, EPS, 1.0), (pre, 1.0))
+    out = project_sandwich(act, w_d, mid, (post_mlp, EPS, 1.0), (pre, 1.0))
+    f = {name: t.float() for name, t in dict(h=h, attn=attn, act=act, w_o=w_o, w_d=w_d).items()}
+    mid_ref = f["h"] + _norm(F.linear(f["attn"], f["w_o"]), post.float(), 1.0)
+    out_ref = mid_ref + _norm(F.linear(f["act"], f["w_d"]), post_mlp.float(), 1.0)
+    torch.testing.assert_close(stream_of(out).float(), out_ref, rtol=2e-2, atol=2e-2)
+
+    qkv = r((heads + 2 * kv_heads) * d, hidden, seed=9, scale=hidden**-0.5)
+    q_norm, k_norm = r(d, seed=10, scale=0.3), r(d, seed=11, scale=0.3)
+    rope = RotaryEmbedding(d, 4096, 1e4, None).to(dev)
+    positions, slots = torch.arange(m, device=dev) * 37 + 5, torch.arange(m, device=dev) * 3 + 1
+    k_cache, v_cache = (torch.zeros(4, 16, kv_heads, d, device=dev, dtype=bf) for _ in range(2))
+    q = norm_project_qkv(
+        out,
+        EPS,
+        qkv,
+        d,
+        heads * d,
+        positions,
+        rope.cos,
+        rope.sin,
+        k_cache,
+        v_cache,
+        slots,
+        qk_norm=(q_norm, k_norm, EPS),
+        qk_offset=1.0,
+        v_norm=v_norm,
+    )
+    q_ref, k_ref, v_ref = F.linear(_norm(out_ref, pre.float(), 1.0), qkv.float()).split(
+        [heads * d, kv_heads * d, kv_heads * d], dim=-1
+    )
+    q_ref = _norm(q_ref.view(m, heads, d), q_norm.float(), 1.0)
+    k_ref = _norm(k_ref.view(m, kv_heads, d), k_norm.float(), 1.0)
+    v_ref = v_ref.view(m, kv_heads, d)
+    if v_norm:
+        v_ref = rms_norm_f32(v_ref, None, EPS)
+    q_ref, k_ref = rotary_torch(positions, q_ref, k_ref, rope.cos, rope.sin)
+    torch.testing.assert_close(q.float(), q_ref.reshape(m, -1), rtol=3e-2, atol=3e-2)
+    k_got = k_cache.view(-1, kv_heads, d)[slots].float()
+    torch.testing.assert_close(k_got, k_ref, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(
+        v_cache.view(-1, kv_heads, d)[slots].float(), v_ref, rtol=3e-2, atol=3e-2
+    )
 
 
 class _Counted:
