@@ -68,6 +68,7 @@ _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiti
 paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
 qkv_stages = 4  # 120 KB
 plain_stages = 6  # o_proj, down_proj: 120 KB
+split_stages = 4  # at most, for a split stream's readers (two input tiles a stage): gate/up 192 KB
 
 
 @dataclass
@@ -810,6 +811,10 @@ def _launch(
             128 * 64 // max(half, 64),
             4,
         )  # one head (of head_dim 128, or wider with a shorter BK) a sub-tile, in the shared memory of 32 pairs
+    if tiles is None and split_in is not None:
+        # a second input tile a stage (the split stream's delta): gate/up's 5 stages of 48 KB would not
+        # fit in Hopper's 227 KB of shared memory
+        num_stages = min(num_stages, split_stages)
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
     if gate is not None:
