@@ -36,12 +36,15 @@ from outpace.layers.fused_projection import (
 from outpace.layers.norm import rms_norm_f32
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
+DEVICE = (
+    "cuda" if torch.cuda.is_available() else "cpu"
+)  # fp32 kernels: Triton's interpreter on the CPU
 EPS = 1e-6
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
 def _rand(*shape, seed, scale=1.0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE)
 
 
 def _norm(x, weight, offset):
@@ -61,7 +64,7 @@ def test_split_stream_through_a_sandwich_layer(m):
     h, attn, act = _rand(m, hidden, seed=1), _rand(m, 20, seed=2), _rand(m, inter, seed=3)
     w_o, w_d = _rand(hidden, 20, seed=4, scale=0.3), _rand(hidden, inter, seed=5, scale=0.3)
     post, pre, post_mlp, nxt = (_rand(hidden, seed=s, scale=0.3) for s in (6, 7, 8, 9))
-    scale = torch.tensor([0.7])
+    scale = torch.tensor([0.7], device=DEVICE)
 
     mid_ref = h + _norm(F.linear(attn, w_o), post, offset)
     mid = project_sandwich(attn, w_o, h, (post, EPS, offset), (pre, offset))
@@ -83,15 +86,18 @@ def test_split_stream_through_a_sandwich_layer(m):
 
     qkv = _rand((heads + 2 * kv_heads) * d, hidden, seed=12, scale=0.3)
     q_norm, k_norm = _rand(d, seed=13, scale=0.3), _rand(d, seed=14, scale=0.3)
-    rope = RotaryEmbedding(d, 64, 1e4, None)
-    positions, slots = torch.arange(m) * 3 + 1, torch.arange(m) * 2 + 1
+    rope = RotaryEmbedding(d, 64, 1e4, None).to(DEVICE)
+    positions, slots = (
+        torch.arange(m, device=DEVICE) * 3 + 1,
+        torch.arange(m, device=DEVICE) * 2 + 1,
+    )
     q, k, v = F.linear(_norm(out_ref, nxt, offset), qkv).split(
         [heads * d, kv_heads * d, kv_heads * d], dim=-1
     )
     q = _norm(q.view(m, heads, d), q_norm, offset)
     k = _norm(k.view(m, kv_heads, d), k_norm, offset)
     q, k = rotary_torch(positions, q, k, rope.cos, rope.sin)
-    k_cache, v_cache = (torch.zeros(4, 8, kv_heads, d) for _ in range(2))
+    k_cache, v_cache = (torch.zeros(4, 8, kv_heads, d, device=DEVICE) for _ in range(2))
     q_out = norm_project_qkv(
         out,
         EPS,
@@ -238,8 +244,7 @@ def _hf_checkpoint(variant, path):
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory):
-    """(variant, device) -> (the loaded model, its KV caches after prefilling LENS eagerly): fp32 on the
-    CPU (Triton's interpreter), bf16 on a GPU."""
+    """(variant, dtype) -> (the loaded model on DEVICE, its KV caches after prefilling LENS eagerly)."""
     from outpace.attention import build_paged_metadata, forward_context
     from outpace.attention.triton_backend import TritonAttentionBackend
     from outpace.cache.block_pool import BlockPool
@@ -248,9 +253,9 @@ def family(tmp_path_factory):
 
     cache = {}
 
-    def get(variant, device="cpu"):
-        if (variant, device) not in cache:
-            dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    def get(variant, dtype=torch.float32):
+        device = DEVICE
+        if (variant, dtype) not in cache:
             path = _hf_checkpoint(variant, tmp_path_factory.mktemp(variant))
             model = load_model(path, dtype, device, progress=False)
             caches = bind_kv_cache(model.model, BlockPool(5, 16), dtype, device)
@@ -259,8 +264,8 @@ def family(tmp_path_factory):
             meta = build_paged_metadata(TABLES, [0, 0], LENS, 16, device)
             with torch.inference_mode(), forward_context(meta, TritonAttentionBackend()):
                 model(ids, positions)
-            cache[variant, device] = model, caches
-        return cache[variant, device]
+            cache[variant, dtype] = model, caches
+        return cache[variant, dtype]
 
     return get
 
@@ -269,9 +274,9 @@ TABLES = [[3, 1], [0, 2]]
 
 
 def _forward(model, caches, rows, fused, monkeypatch):
-    """``rows`` new tokens a sequence after LENS, with the fused path off, or on (forced on the CPU, by
-    the real choice on a GPU) -> (logits [2 * rows, vocab], the KV caches after it); the caches are
-    restored after."""
+    """``rows`` new tokens a sequence after LENS, with the fused path off, or on (forced in fp32, the
+    real choice in half precision) -> (logits [2 * rows, vocab], the KV caches after it); the caches
+    are restored after."""
     import outpace.layers.fused_decoder as fused_decoder
     import outpace.layers.fused_sandwich as fused_sandwich
     from outpace.attention import build_paged_metadata, forward_context
@@ -279,7 +284,7 @@ def _forward(model, caches, rows, fused, monkeypatch):
 
     saved = [[t.clone() for t in c] for c in caches]
     device = caches[0][0].device
-    if not fused or device.type == "cpu":
+    if not fused or caches[0][0].dtype == torch.float32:
         for module in (fused_decoder, fused_sandwich):
             monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
     ids = (torch.arange(2 * rows) * 5 % 61).to(device)
@@ -337,7 +342,7 @@ def test_bf16_on_the_gpu_the_fused_forward_is_the_eager_one(variant, family, mon
     """bf16 on the GPU, the real kernels (PDL, pipelining) and the real choice of path: decode and an
     8-row verify take the fused kernels counted above and give the eager logits and caches to bf16
     rounding."""
-    model, caches = family(variant, "cuda")
+    model, caches = family(variant, torch.bfloat16)
     for rows in (1, 8):
         ref_logits, ref_caches = _forward(model, caches, rows, False, monkeypatch)
         calls = _count_kernels(monkeypatch)
