@@ -19,12 +19,17 @@ gate's small projection.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.fused_decoder import fusable_rows, mlp_fuses, norm_offset, projection_kernels
 from outpace.layers.linear import is_sharded
+
+if TYPE_CHECKING:  # fused_projection imports Triton, a GPU-only dependency
+    from outpace.layers.fused_projection import NormedRows, SplitRows
 
 
 def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
@@ -73,12 +78,12 @@ def attend_fused_qkv(
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions)
 
 
-def stream_tensor(stream) -> torch.Tensor:
+def stream_tensor(stream: torch.Tensor | SplitRows) -> torch.Tensor:
     """A residual stream as a tensor [n, hidden]: itself, or a fused layer's split output added up."""
     return stream if isinstance(stream, torch.Tensor) else projection_kernels().stream_of(stream)
 
 
-def stream_rows(stream) -> torch.Tensor:
+def stream_rows(stream: torch.Tensor | SplitRows) -> torch.Tensor:
     """A tensor of the stream's shape and dtype [n, hidden] (what ``sandwich_fuses`` decides on)."""
     return stream if isinstance(stream, torch.Tensor) else stream.base
 
@@ -90,13 +95,13 @@ def _post_norm(norm: nn.Module) -> tuple[torch.Tensor, float, float]:
 
 def fused_sandwich_rest(
     attn: torch.Tensor,
-    stream,
+    stream: torch.Tensor | SplitRows,
     o_proj: nn.Linear,
     norms: tuple[nn.Module, ...],
     mlp: GatedMLP,
     scale: torch.Tensor | None = None,
     next_norm: nn.Module | None = None,
-):
+) -> SplitRows:
     """The rest of a "sandwich" layer after attention (Gemma: a norm before and after attention and the
     MLP), fused: attn [n, heads * head_dim], stream: the layer's input stream ([n, hidden], or a
     ``SplitRows``); norms (post-attention, pre-MLP, post-MLP) -> stream + post(o) = mid, then
@@ -124,11 +129,11 @@ def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
 def sandwich_layer_fused(
     layer: nn.Module,
     positions: torch.Tensor,
-    stream,
+    stream: torch.Tensor | SplitRows,
     v_norm: bool = False,
     scale: torch.Tensor | None = None,
     next_norm: nn.Module | None = None,
-):
+) -> SplitRows | torch.Tensor:
     """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
     ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) on the fused path
     (``sandwich_fuses``): stream, its input [n, hidden] or the previous fused layer's output made ready
@@ -149,7 +154,9 @@ def sandwich_layer_fused(
     return out if next_norm is not None else kernels.stream_of(out)
 
 
-def _sandwich_attention(layer: nn.Module, positions: torch.Tensor, stream, v_norm: bool):
+def _sandwich_attention(
+    layer: nn.Module, positions: torch.Tensor, stream: torch.Tensor | SplitRows, v_norm: bool
+) -> torch.Tensor:
     """A sandwich layer's attention on the fused path: stream as ``sandwich_layer_fused`` takes it ->
     the attention output [n, heads * head_dim] before o_proj."""
     norm = layer.input_layernorm
@@ -160,7 +167,10 @@ def _sandwich_attention(layer: nn.Module, positions: torch.Tensor, stream, v_nor
 
 
 def sandwich_attention_fused(
-    layer: nn.Module, positions: torch.Tensor, stream, v_norm: bool = False
+    layer: nn.Module,
+    positions: torch.Tensor,
+    stream: torch.Tensor | SplitRows,
+    v_norm: bool = False,
 ) -> torch.Tensor:
     """The attention half of a sandwich layer whose MLP side is not fused (Gemma 4's MoE layers;
     ``qkv_fuses``): stream as ``sandwich_layer_fused`` takes it -> stream + post_attention_layernorm(
@@ -177,7 +187,7 @@ def sandwich_attention_fused(
 # ---- Step-3.5's pre-norm layer over the same attention ------------------------------------------
 
 
-def gate_logits(attn: nn.Module, rows, eps: float):
+def gate_logits(attn: nn.Module, rows: NormedRows, eps: float) -> tuple[torch.Tensor, int] | None:
     """Step-3.5's head-wise attention gate (``g_proj``, one row per head) on rows (``NormedRows``, the
     attention's input) -> (logits [n, heads] float32, head_dim) as ``project_add_normed`` takes it, or
     None without a gate. One small projection kernel (heads x hidden weights)."""
@@ -187,7 +197,9 @@ def gate_logits(attn: nn.Module, rows, eps: float):
     return logits, attn.head_dim
 
 
-def pre_norm_attention_fused(layer: nn.Module, positions: torch.Tensor, rows):
+def pre_norm_attention_fused(
+    layer: nn.Module, positions: torch.Tensor, rows: NormedRows
+) -> NormedRows:
     """The attention half of a pre-norm layer of another attention module (``qkv_fuses``; Step-3.5's:
     zero-centred norms, a head-wise sigmoid gate before o_proj): rows, the layer's input stream made
     ready for ``input_layernorm`` (``NormedRows``) -> stream + o_proj(gate * attention), made ready for
@@ -206,7 +218,9 @@ def pre_norm_attention_fused(layer: nn.Module, positions: torch.Tensor, rows):
     )
 
 
-def pre_norm_mlp_fused(mlp: GatedMLP, mid, eps: float, next_norm: nn.Module | None):
+def pre_norm_mlp_fused(
+    mlp: GatedMLP, mid: NormedRows, eps: float, next_norm: nn.Module | None
+) -> NormedRows | torch.Tensor:
     """The MLP half of a pre-norm layer (``mlp_fuses``; a SwiGLU clamp ``mlp.limit`` when it has one):
     mid, the stream made ready for the MLP's norm (``NormedRows``; eps its norm's) -> mid + mlp, made
     ready for ``next_norm`` when given (``NormedRows``), else [n, hidden]. Two projection kernels."""
