@@ -41,7 +41,7 @@ _MAX_SPLITS = (
 @triton.jit
 def _router_logits_kernel(
     x_ptr,  # [n, hidden] any float dtype
-    w_ptr,  # [experts, hidden] float32
+    w_ptr,  # [experts, hidden] float32 (or any float dtype, converted in registers)
     partial_ptr,  # [splits, n, experts] float32, written
     n,
     hidden,
@@ -71,7 +71,7 @@ def _router_logits_kernel(
             w_ptr + experts[:, None] * stride_w + k[None, :],
             mask=e_ok[:, None] & k_ok[None, :],
             other=0.0,
-        )  # [BLOCK_E, BLOCK_K]
+        ).to(tl.float32)  # [BLOCK_E, BLOCK_K]
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     out = partial_ptr + (split * n + tokens[:, None]).to(tl.int64) * num_experts + experts[None, :]
     tl.store(out, acc, mask=t_ok[:, None] & e_ok[None, :])
@@ -263,7 +263,8 @@ def _route_kernel(
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [n, hidden]; weight [experts, hidden] float32 -> partial logits [splits, n, experts] float32
+    """x [n, hidden]; weight [experts, hidden] (float32, DeepSeek's; another float dtype is converted in
+    registers, as Gemma 4's bf16 router projection would be) -> partial logits [splits, n, experts] float32
     (module docstring 1.), their sum over splits being x.float() @ weight.T."""
     n, hidden = x.shape
     experts = weight.shape[0]

@@ -102,6 +102,10 @@ def test_split_router_logits_sum_to_the_matvec():
     partial = router_logits(x, w)
     assert partial.shape[0] > 1 and partial.shape[1:] == (3, 40)
     torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
+    w16 = w.to(torch.bfloat16)  # a router weight in the model's dtype: converted in the kernel too
+    torch.testing.assert_close(
+        router_logits(x, w16).sum(0), x.float() @ w16.float().T, rtol=1e-5, atol=1e-4
+    )
 
 
 def test_ties_go_to_the_lowest_expert_and_group():
