@@ -45,7 +45,9 @@ from outpace.layers.recurrent import RecurrentMetadata
 FUSED_MAX_LEN = (
     16  # the longest run the step kernel takes (a verify's draft tokens); longer: prefill path
 )
-SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus: x above it is returned as is
+SOFTPLUS_THRESHOLD = tl.constexpr(
+    20.0
+)  # torch.nn.functional.softplus: x above it is returned as is
 
 
 @dataclass
@@ -260,7 +262,9 @@ def _deltanet_step_kernel(
             beta = tl.sigmoid(tl.load(b + row * b_row + b_off + kh * ba_group + hg).to(tl.float32))
             x = tl.load(a + row * a_row + a_off + kh * ba_group + hg).to(tl.float32) + bias
             softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
-            sn = s * tl.exp(neg_a * softplus)
+            # a padding token keeps the state: decay 1 and no update (exactly s; no second tile held)
+            beta = tl.where(valid, beta, 0.0)
+            sn = s * tl.where(valid, tl.exp(neg_a * softplus), 1.0)
             delta = (vt - tl.sum(sn * kt[:, None], axis=0)) * beta  # [BV]
             sn = sn + kt[:, None] * delta[None, :]
             o = tl.sum(sn * qt[:, None], axis=0)  # [BV]
@@ -279,8 +283,7 @@ def _deltanet_step_kernel(
                 tl.store(here, sn, mask=m2 & valid)
                 if TREE:
                     tl.debug_barrier()  # later nodes read this state back
-            if not TREE:
-                s = tl.where(valid, sn, s)
+            s = sn
         if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
             pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
             final_used = taps < KEEP
@@ -303,6 +306,12 @@ def _deltanet_step_kernel(
             tl.store(place + qc[None, :], fq.to(dtype), mask=keep & km[None, :] & writes_qk)
             tl.store(place + kc[None, :], fk.to(dtype), mask=keep & km[None, :] & writes_qk)
             tl.store(row_state, s, mask=m2)
+
+
+def num_warps(bk: int, bv: int) -> int:
+    """The launch's warps for a [bk, bv] state block: 8 for 128 x 128 (16 spill registers on sm_90,
+    tests/kernels/test_deltanet_step.py compiles it), fewer for smaller blocks."""
+    return max(4, min(8, bk * bv // 2048))
 
 
 def deltanet_step(
@@ -399,6 +408,6 @@ def deltanet_step(
             BT=triton.next_power_of_2(length),
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
-            num_warps=max(4, min(16, bk * bv // 1024)),  # ~16 state floats per thread and tile
+            num_warps=num_warps(bk, bv),
         )
     return out

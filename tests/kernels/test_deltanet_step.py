@@ -132,6 +132,69 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
         assert not torch.allclose(chain[0], want[0], atol=1e-3)
 
 
+# Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
+# @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
+SM90_COMPILE = """
+import os, subprocess, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from outpace.layers.deltanet_step_kernel import _deltanet_step_kernel as kernel, num_warps
+
+tree, snapshots, heads_per_program, length = (int(a) for a in sys.argv[1:])
+pointers = dict(table="*i32", query_lens="*i64", has_initial="*i1", state_indices="*i64",
+                parents="*i64", rec_state="*fp32", rec_snap="*fp32")
+constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, HEADS_PER_PROGRAM=heads_per_program, DK=128, DV=128,
+                 KEEP=3, BK=128, BV=128, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
+                 TREE=bool(tree), SNAPSHOTS=bool(snapshots))
+names = kernel.arg_names
+bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
+signature = {
+    n: "constexpr" if n in constants else pointers.get(n) or ("*bf16" if n in bf16 else
+       "fp32" if n in ("eps", "scale") else "i32")
+    for n in names
+}
+source = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()})
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps(128, 128)))
+open("k.ptx", "w").write(compiled.asm["ptx"])
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+done = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", "k.ptx", "-o", "k.cubin"],
+                      capture_output=True, text=True, check=True)
+print(done.stdout + done.stderr)
+"""
+
+
+@pytest.mark.parametrize(
+    "tree, snapshots, heads_per_program, length",
+    [(0, 1, 1, 8), (1, 1, 1, 8), (0, 0, 2, 1)],  # (a decode is the chain's loop once)
+    ids=["verify chain of 8", "tree of 8", "decode into the row"],
+)
+def test_kernel_compiles_for_sm90_without_spills(
+    tree, snapshots, heads_per_program, length, tmp_path
+):
+    """At the Qwen3.5 shape and the launcher's num_warps."""
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    if not os.path.exists(
+        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ):
+        pytest.skip("Triton without its NVIDIA backend's ptxas")
+    args = [str(a) for a in (tree, snapshots, heads_per_program, length)]
+    done = subprocess.run(
+        [sys.executable, "-c", SM90_COMPILE, *args],
+        cwd=tmp_path,
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 bytes spill stores" in done.stdout, done.stdout
+
+
 # ---- GPU only ------------------------------------------------------------------------------------------------
 
 # transformers' Qwen3_5TextConfig defaults (bench/hybrid_shape.py's reference shape: hidden 4096)
