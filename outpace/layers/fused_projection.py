@@ -611,6 +611,41 @@ def _add_normed_kernel(
 
 
 @triton.jit
+def _two_norm_tail_kernel(
+    h_ptr,
+    a_ptr,
+    b_ptr,
+    w_a_ptr,
+    w_b_ptr,
+    w_post_ptr,
+    scale_ptr,
+    out_ptr,
+    N,
+    eps,
+    offset,
+    BLOCK: tl.constexpr,
+):
+    """Row r: out[r] = (h + post(norm_a(a) + norm_b(b))) * scale[0], each norm an RMSNorm with scale
+    offset + its weight, in float32 (Gemma 4's MoE layer tail: post_feedforward_layernorm over the dense
+    MLP's and the experts' outputs, each after its own norm)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    a = tl.load(a_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    w_a = tl.load(w_a_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
+    w_b = tl.load(w_b_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
+    w_post = tl.load(w_post_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
+    a *= tl.rsqrt(tl.sum(a * a, axis=0) / N + eps) * w_a
+    b *= tl.rsqrt(tl.sum(b * b, axis=0) / N + eps) * w_b
+    s = a + b
+    s *= tl.rsqrt(tl.sum(s * s, axis=0) / N + eps) * w_post
+    h = tl.load(h_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    out = (h + s) * tl.load(scale_ptr).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, ROT: tl.constexpr):
     """For rows at positions pos_ptr[rows] and frequency j of each column (tables [positions, ROT]):
     cos, sin [BM, BN] float32 and the rows' cache slots [BM, 1]."""
@@ -1129,6 +1164,42 @@ def _normed_input(
             raise ValueError("this split stream was not made ready for a norm (next_norm)")
         return rows.normed, (rows.sums, eps), (rows.normed_delta, rows.eps)
     return rows.normed, (rows.sq_parts, eps), None
+
+
+def two_norm_tail(
+    h: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    eps: float,
+    scale: torch.Tensor,
+    offset: float = 0.0,
+) -> torch.Tensor:
+    """h, a, b [M, N] (contiguous) -> (h + RMSNorm_post(RMSNorm_a(a) + RMSNorm_b(b))) * scale [1], one
+    program a row; weights (a's, b's, post's) [N], each norm's scale offset + weight, one eps."""
+    out = torch.empty_like(h)
+    w_a, w_b, w_post = weights
+    _two_norm_tail_kernel[(h.shape[0],)](
+        h,
+        a.contiguous(),
+        b.contiguous(),
+        w_a,
+        w_b,
+        w_post,
+        scale,
+        out,
+        h.shape[1],
+        eps,
+        offset,
+        BLOCK=triton.next_power_of_2(h.shape[1]),
+    )
+    return out
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """x [M, K] @ weight.T [M, N], the plain few-row projection."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, pdl=pdl)
 
 
 def norm_project(

@@ -184,6 +184,29 @@ def sandwich_attention_fused(
     )
 
 
+def moe_sandwich_rest_fused(
+    layer: nn.Module, h: torch.Tensor, routed: torch.Tensor
+) -> torch.Tensor:
+    """The rest of a Gemma 4 MoE layer after attention (transformers Gemma4TextDecoderLayer): h [n,
+    hidden], the stream after attention; routed [n, hidden], the experts' output -> (h +
+    post_feedforward_layernorm(post_feedforward_layernorm_1(mlp(pre_feedforward_layernorm(h))) +
+    post_feedforward_layernorm_2(routed))) * layer_scalar. The dense MLP as a row kernel (its norm's
+    preparation), gate/up and down, then one row kernel for the three norms, the add and the scale."""
+    kernels, mlp, pre = projection_kernels(), layer.mlp, layer.pre_feedforward_layernorm
+    rows = kernels.normed_rows(h, pre.weight, norm_offset(pre))
+    act = kernels.norm_project_swiglu(rows, pre.eps, mlp.gate_up.weight, act=mlp.act)
+    dense = kernels.project(act, mlp.down_proj.weight)
+    post = layer.post_feedforward_layernorm
+    weights = (
+        layer.post_feedforward_layernorm_1.weight,
+        layer.post_feedforward_layernorm_2.weight,
+        post.weight,
+    )
+    return kernels.two_norm_tail(
+        h, dense, routed, weights, post.eps, layer.layer_scalar, norm_offset(post)
+    )
+
+
 # ---- Step-3.5's pre-norm layer over the same attention ------------------------------------------
 
 

@@ -41,7 +41,9 @@ from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
+from outpace.layers.fused_decoder import mlp_fuses
 from outpace.layers.fused_sandwich import (
+    moe_sandwich_rest_fused,
     qkv_fuses,
     sandwich_attention_fused,
     sandwich_fuses,
@@ -354,7 +356,8 @@ class Gemma4DecoderLayer(nn.Module):
         (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that no other layer
         reads, and no MoE block; without a per-layer input its output then stays split, made ready for
         ``next_norm`` (the next layer's input norm) when given. With a MoE block, the attention half
-        alone (``sandwich_attention_fused``)."""
+        (``sandwich_attention_fused``), and around the experts the dense MLP and the three norms after
+        it (``moe_sandwich_rest_fused``)."""
         if (
             not self.lends_kv
             and not self.has_moe
@@ -367,17 +370,22 @@ class Gemma4DecoderLayer(nn.Module):
             return self.per_layer_branch(
                 sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
             )
-        if not self.lends_kv and qkv_fuses(self.self_attn, stream_rows(h)):
+        fused = not self.lends_kv and qkv_fuses(self.self_attn, stream_rows(h))
+        if fused:
             h = sandwich_attention_fused(self, positions, h, v_norm=True)
         else:
             h = stream_tensor(h)
             h = h + self.post_attention_layernorm(
                 self.self_attn(positions, self.input_layernorm(h), shared)
             )
-        mlp = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
             routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
+            if fused and per_layer_input is None and mlp_fuses(self.mlp):
+                return moe_sandwich_rest_fused(self, h, routed)
+            mlp = self.mlp(self.pre_feedforward_layernorm(h))
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
+        else:
+            mlp = self.mlp(self.pre_feedforward_layernorm(h))
         h = h + self.post_feedforward_layernorm(mlp)
         return (
             h * self.layer_scalar

@@ -1,6 +1,6 @@
 """The few-row fused path of the Gemma 3 / Gemma 4 families (layers/fused_sandwich.py over
 layers/fused_projection.py) against the eager modules (layers/decoder.py's habits: the eager path is the
-reference), in Triton's interpreter on the CPU (fp32):
+reference), in fp32 (on the CPU in Triton's interpreter), and on a GPU in bf16 by the real choice of path:
 
 - the split stream (``SplitRows``: a sandwich norm's output not yet added to the stream) that o_proj and
   down hand on: added up, normalised into q/k/v (q/k norms, RoPE, KV write), gate/up (GELU-tanh) and a
@@ -11,7 +11,9 @@ reference), in Triton's interpreter on the CPU (fp32):
   4 L + 2 fused kernels (one row kernel in front, one behind), the head two;
 - Step-3.5 (zero-centred norms, a head-wise sigmoid attention gate, SwiGLU clamps, RoPE over the first
   half of each head on full layers): every layer's attention (q/k/v, the gate's logits, o_proj with the
-  gate in its loop) and the dense MLPs fused, the MoE eager, the same logits and caches.
+  gate in its loop) and the dense MLPs fused, the MoE eager, the same logits and caches;
+- Gemma 4 MoE layers: all but the router and the experts fused (q/k/v, o_proj, the dense MLP, one row
+  kernel for the three norms after the MLP and the experts).
 """
 
 import pytest
@@ -188,7 +190,7 @@ MODELS = {
             num_global_key_value_heads=1,
         )
     ),
-    # a MoE block beside every MLP: the attention half fused, the rest eager
+    # a MoE block beside every MLP: all but the router and the experts fused
     "gemma4-moe": lambda: transformers.Gemma4TextConfig(
         **dict(
             GEMMA4_TEXT,
@@ -204,18 +206,19 @@ MODELS = {
         )
     ),
 }
-# fused kernels of a forward of 3 layers and the head (normed_rows, projections, add_normed / stream_of):
-# a fused stack is a row kernel, four projections a layer and a row kernel; a MoE layer's attention half
-# a row kernel, q/k/v, o_proj and the row kernel adding the sandwich norm; the head a row kernel and one
-# projection
+# fused kernels of a forward of 3 layers and the head (normed_rows, projections, add_normed / stream_of,
+# two_norm_tail): a fused stack is a row kernel, four projections a layer and a row kernel; the head a
+# row kernel and one projection
 KERNELS = {
-    "gemma3": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
-    "gemma4": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
-    "gemma4-k-eq-v": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1},
-    "gemma4-moe": {"rows": 3 + 1, "projections": 2 * 3 + 1, "add": 3},
+    "gemma3": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0},
+    "gemma4": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0},
+    "gemma4-k-eq-v": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0},
+    # a MoE layer: the attention half's row kernels, q/k/v and o_proj; the dense MLP's row kernel,
+    # gate/up and down; one row kernel for the three norms after the MLP and the experts
+    "gemma4-moe": {"rows": 2 * 3 + 1, "projections": 4 * 3 + 1, "add": 3, "tail": 3},
     # Step (STEP below): dense layers the input norm when the layer before was not fused whole, q/k/v,
     # the gate, o_proj, gate/up, down; the MoE layer q/k/v, the gate and o_proj
-    "step3p5": {"rows": 2 + 1, "projections": 5 + 3 + 5 + 5 + 1, "add": 0},
+    "step3p5": {"rows": 2 + 1, "projections": 5 + 3 + 5 + 5 + 1, "add": 0, "tail": 0},
 }
 # Step-3.5: head_dim 16; layers 0 and 3 full (RoPE over the first half of each head, llama3-scaled), 1
 # sliding MoE (its attention fused), 2 sliding dense with a SwiGLU clamp that bites; no MTP layers
@@ -432,11 +435,12 @@ class _Counted:
 
 
 def _count_kernels(monkeypatch) -> dict[str, int]:
-    calls = {"rows": 0, "projections": 0, "add": 0}
+    calls = {"rows": 0, "projections": 0, "add": 0, "tail": 0}
     for attr, name in (
         ("_normed_rows_kernel", "rows"),
         ("_fused_rows_kernel", "projections"),
         ("_add_normed_kernel", "add"),
+        ("_two_norm_tail_kernel", "tail"),
     ):
         kernel = getattr(fused_projection, attr)
         monkeypatch.setattr(fused_projection, attr, _Counted(kernel, calls, name))
