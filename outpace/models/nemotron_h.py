@@ -35,7 +35,13 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
-from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
+from outpace.layers.moe import (
+    ExpertActivation,
+    RoutedExperts,
+    Router,
+    Routing,
+    moe_on_kernels,
+)
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
@@ -193,8 +199,12 @@ class NemotronHMoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
         # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
+        if self.experts.uses_kernels(x):  # routing with the block layout, the shared expert fused
+            return all_reduce(
+                moe_on_kernels(x, self.gate, self.experts, self.shared_experts), self.group
+            )
+        weights, ids = self.gate(x)
         return all_reduce(self.experts(x, weights, ids) + self.shared_experts(x), self.group)
 
 

@@ -42,7 +42,13 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import column_parallel, linear, row_parallel
-from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
+from outpace.layers.moe import (
+    ExpertActivation,
+    RoutedExperts,
+    Router,
+    Routing,
+    moe_on_kernels,
+)
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -240,10 +246,14 @@ class SparseMoeWithSharedExpert(nn.Module):
         self.shared_expert_gate = linear(hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
+        # (the sigmoid-gated shared expert has a per-token weight: it runs beside the routed experts)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if self.experts.uses_kernels(x):  # routing with the grouped kernels' block layout
+            routed = moe_on_kernels(x, self.gate, self.experts)
+        else:
+            routed = self.experts(x, *self.gate(x))
         # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
-        return all_reduce(self.experts(x, weights, ids) + shared, self.group)
+        return all_reduce(routed + shared, self.group)
 
 
 class Qwen3NextDecoderLayer(nn.Module):
