@@ -66,6 +66,16 @@ it sees and their absolute positions:
   which rows of a tile are masked for the other rows. A KV row the row does not see gets s = -inf,
   so p = 0 exactly and the running max keeps its value: alpha = exp2(0) = 1, l * 1 + 0 = l and
   acc * 1 + 0 * v = acc, so the tiles past the row's visible rows leave its state bit for bit as is.
+- Logical rows: the partition, the tiles and the causal cut are over a row's logical KV sequence,
+  the rows it sees in cache order (``_attend_invariant``). Without a custom mask those are the
+  physical rows 0 .. p. Under a tree mask a node sees the rows before the window, then its
+  ancestors and itself, which sit at scattered window rows among siblings it does not see: walked
+  in place, its visible keys would land at other columns of other tiles than in plain decoding,
+  where the same keys are rows prefix .. p (a tile's row sum and the PV product add them in
+  another order). So logical row window_start + j is the (j + 1)-th window row its mask row shows,
+  and the node runs exactly plain decoding's arithmetic for its token. The tiles wholly before the
+  window are shared by the tile's rows; a tile reaching into the window is gathered once per query
+  token of the tile (its rows, the other rows masked: no-ops for them, as above).
 - Split count: cdiv(block-table capacity, S), a static grid dimension (the decode and verify graphs
   share one table width). It does not change a row's bits either: the combine folds the row's
   partials in split order 0, 1, ... up to the split holding the last row it may see (its own row
@@ -81,16 +91,17 @@ it sees and their absolute positions:
 - One normalisation, in the combine, for every call (one split or many), and no FMA contraction in
   these two kernels (enable_fp_fusion=False): each kernel rounds exactly the operations written.
 
-Two calls that give a row the same q and the same visible KV (same contents, same absolute rows)
+Two calls that give a row the same q and the same visible KV (same contents, in the same order)
 thus run the same floating-point operations on the same operands for it, e.g. a decode row at
-position p and the same row inside a verify forward over p - 2 .. p + 3, in any ragged batch and
-with any block-table width. On the GPU this rests on what the batch-invariant linear rests on too:
+position p, the same row inside a verify forward over p - 2 .. p + 3, and a tree node whose path
+holds the same tokens, in any ragged batch and with any block-table width. On the GPU this rests on what the batch-invariant linear rests on too:
 an MMA or a row reduction gives a row the same bits wherever the row sits in its tile, and an MMA
 whose products are all zero returns its accumulator unchanged (tests/kernels/test_triton_attention.py checks
 it in bf16 on the GPU). Not so for float32 on the GPU: there a row under a tree mask came out 1 ulp
 apart between a decode and a verify call (H100, tests/kernels/test_triton_attention.py's interpreter shapes
-run on the GPU); causal rows matched. Not investigated yet: the mode's bit-exactness is established
-for bf16/fp16 on the GPU and for every dtype in the interpreter.
+run on the GPU, with the tree walked in place, before logical rows); causal rows matched. Not
+investigated yet: the mode's bit-exactness is established for bf16/fp16 on the GPU and for every
+dtype in the interpreter.
 
 What it costs against the fast path: every call goes through split partials and a second launch,
 with a buffer of 4 * cdiv(capacity, S) * num_tokens * heads * (head_dim + 2) bytes (Llama-8B shape,
@@ -99,9 +110,8 @@ though only the splits up to each row's last visible row are written and read; d
 mostly padding (BLOCK_M 64 for 1 token x GQA group), prefill tiles half the fast path's 128 rows
 (KV read twice as often); a sequence gets one program per S rows of its length, fewer than the fast
 path's split heuristic gives a small decode batch over short contexts; the tree mask's gather runs
-on every tile (predicated off before the window) over whole BLOCK_N tiles, not 16-row tail tiles,
-and its variant spills a little (compiled for sm_90 with Triton 3.9, bf16, head_dim 128, 8 warps:
-136 bytes a thread; the causal variant none); no FMA contraction.
+only on the tiles reaching into the window, but there once per query token of the tile (BLOCK_Q
+tile steps instead of one: 16 at the 8B shape); no FMA contraction.
 """
 
 from __future__ import annotations
@@ -782,6 +792,16 @@ def _invariant_step(q, m_i, l_i, acc, k_base, v_base, kv_offs, kv_ok, visible, q
 
 
 @triton.jit
+def _invariant_visible(offs_n, n_ok, q_row, q_pos, sliding_window, SLIDING: tl.constexpr):
+    """[BLOCK_M, BLOCK_N]: which logical KV rows ``offs_n`` (those ``n_ok`` real) each row sees: those
+    up to its own logical row ``q_row``, and with SLIDING those after q_pos - sliding_window."""
+    visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])
+    if SLIDING:
+        visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
+    return visible
+
+
+@triton.jit
 def _mask_row(mask_seq_ptr, query, ok, stride_mask_q, window, BLOCK_W: tl.constexpr):
     """Query ``query``'s custom-mask row (zeros when not ``ok``): (seen [BLOCK_W] int32, rank
     [BLOCK_W]: seen rows up to and including each column, count: its seen rows)."""
@@ -839,21 +859,34 @@ def _attend_invariant(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
+    shared_hi = hi  # tiles below it: logical rows are physical rows, gathered once for the tile
+    if HAS_MASK:
+        shared_hi = tl.minimum(tl.maximum(lo, window_start // BLOCK_N * BLOCK_N), hi)
+    for start in range(lo, shared_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical KV rows
         n_ok = offs_n < hi
-        visible = n_ok[None, :] & (offs_n[None, :] <= q_row[:, None])  # [BLOCK_M, BLOCK_N]
-        if SLIDING:
-            visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
-        if (not HAS_MASK) or (start + BLOCK_N <= window_start):  # logical rows: physical rows
-            kv_offs, kv_ok = _kv_offsets(
-                offs_n, n_ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE
-            )
-            m_i, l_i, acc = _invariant_step(
-                q, m_i, l_i, acc, k_base, v_base, kv_offs, kv_ok, visible, qk_scale, PRECISION
-            )
-        else:  # the tile reaches into the window: per query token, its own logical rows
-            offs_w = tl.arange(0, BLOCK_W)
+        kv_offs, kv_ok = _kv_offsets(
+            offs_n, n_ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE
+        )
+        m_i, l_i, acc = _invariant_step(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_base,
+            v_base,
+            kv_offs,
+            kv_ok,
+            _invariant_visible(offs_n, n_ok, q_row, q_pos, sliding_window, SLIDING),
+            qk_scale,
+            PRECISION,
+        )
+    if HAS_MASK:  # the tiles reaching into the window: per query token, its own logical rows
+        offs_w = tl.arange(0, BLOCK_W)
+        for start in range(shared_hi, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical KV rows
+            n_ok = offs_n < hi
+            visible = _invariant_visible(offs_n, n_ok, q_row, q_pos, sliding_window, SLIDING)
             for t in range(BLOCK_Q):
                 query = q_start + t
                 seen, rank, count = _mask_row(
@@ -942,8 +975,9 @@ def _invariant_attention_kernel(
     PRECISION: tl.constexpr,
 ):
     """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
-    over the absolute KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS), cut at the last row
-    the tile can see and, with a sliding window, started at the tile of the first row any of its
+    over the logical KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS) (``_attend_invariant``;
+    under a custom mask the tile's last row is the sequence's, past every row's logical end), cut at
+    the last row the tile can see and, with a sliding window, started at the tile of the first row any of its
     rows sees (``_split_geometry``'s kv_start: the tiles skipped would leave every row's state as
     is). Writes nothing when that range is empty for the whole tile (no row reads it)."""
     seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = (
