@@ -611,6 +611,32 @@ def _add_normed_kernel(
 
 
 @triton.jit
+def _norm_pair_kernel(
+    x_ptr,
+    w_a_ptr,
+    w_b_ptr,
+    a_ptr,
+    b_ptr,
+    N,
+    eps,
+    offset_a,
+    factor_b,
+    BLOCK: tl.constexpr,
+):
+    """Row r: a[r] = RMSNorm(x[r]) * (offset_a + w_a), b[r] = RMSNorm(x[r]) * w_b * factor_b, in
+    float32, one rounding each."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    x *= tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    w_a = tl.load(w_a_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset_a
+    w_b = tl.load(w_b_ptr + cols, mask=ok, other=0.0).to(tl.float32) * factor_b
+    tl.store(a_ptr + row * N + cols, (x * w_a).to(a_ptr.dtype.element_ty), mask=ok)
+    tl.store(b_ptr + row * N + cols, (x * w_b).to(b_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _two_norm_tail_kernel(
     h_ptr,
     a_ptr,
@@ -1164,6 +1190,32 @@ def _normed_input(
             raise ValueError("this split stream was not made ready for a norm (next_norm)")
         return rows.normed, (rows.sums, eps), (rows.normed_delta, rows.eps)
     return rows.normed, (rows.sq_parts, eps), None
+
+
+def norm_pair(
+    x: torch.Tensor,
+    a: tuple[torch.Tensor, float],
+    b: tuple[torch.Tensor, float],
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, N] (contiguous) -> (RMSNorm(x) * (offset + w_a), RMSNorm(x) * w_b * factor) [M, N] each, one
+    program a row: a = (w_a [N], offset), b = (w_b [N], factor) (Gemma 4's MoE block: the experts' input
+    norm and the router's, scaled by its ``scale`` and hidden ** -0.5)."""
+    (w_a, offset), (w_b, factor) = a, b
+    out_a, out_b = torch.empty_like(x), torch.empty_like(x)
+    _norm_pair_kernel[(x.shape[0],)](
+        x,
+        w_a,
+        w_b,
+        out_a,
+        out_b,
+        x.shape[1],
+        eps,
+        offset,
+        factor,
+        BLOCK=triton.next_power_of_2(x.shape[1]),
+    )
+    return out_a, out_b
 
 
 def two_norm_tail(

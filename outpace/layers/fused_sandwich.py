@@ -184,6 +184,16 @@ def sandwich_attention_fused(
     )
 
 
+def moe_inputs_fused(layer: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Gemma 4 MoE layer's two norms of the stream after attention h [n, hidden], in one row kernel ->
+    (pre_feedforward_layernorm_2(h): the experts' input, the router's normalised input times its scale
+    and hidden ** -0.5: ``Gemma4Router.route``'s), [n, hidden] each."""
+    norm, router = layer.pre_feedforward_layernorm_2, layer.router
+    return projection_kernels().norm_pair(
+        h, (norm.weight, norm_offset(norm)), (router.scale, h.shape[-1] ** -0.5), norm.eps
+    )
+
+
 def moe_sandwich_rest_fused(
     layer: nn.Module, h: torch.Tensor, routed: torch.Tensor
 ) -> torch.Tensor:

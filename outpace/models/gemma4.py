@@ -43,6 +43,7 @@ from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.fused_decoder import mlp_fuses
 from outpace.layers.fused_sandwich import (
+    moe_inputs_fused,
     moe_sandwich_rest_fused,
     qkv_fuses,
     sandwich_attention_fused,
@@ -277,9 +278,11 @@ class Gemma4Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = (
-            self.proj(self.norm(x) * self.scale * x.shape[-1] ** -0.5).float().softmax(dim=-1)
-        )  # [n, experts]
+        return self.route(self.norm(x) * self.scale * x.shape[-1] ** -0.5)
+
+    def route(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """normed [n, hidden]: the router's input already normalised and scaled -> ``forward``'s."""
+        scores = self.proj(normed).float().softmax(dim=-1)  # [n, experts]
         weights, ids = torch.topk(scores, self.top_k, dim=-1)  # [n, top_k]
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.per_expert_scale[ids].float(), ids
@@ -378,10 +381,11 @@ class Gemma4DecoderLayer(nn.Module):
             h = h + self.post_attention_layernorm(
                 self.self_attn(positions, self.input_layernorm(h), shared)
             )
+        if self.has_moe and fused and per_layer_input is None and mlp_fuses(self.mlp):
+            x, normed = moe_inputs_fused(self, h)  # the experts' and the router's inputs
+            return moe_sandwich_rest_fused(self, h, self.experts(x, *self.router.route(normed)))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
             routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
-            if fused and per_layer_input is None and mlp_fuses(self.mlp):
-                return moe_sandwich_rest_fused(self, h, routed)
             mlp = self.mlp(self.pre_feedforward_layernorm(h))
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
         else:

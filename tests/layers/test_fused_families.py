@@ -12,8 +12,9 @@ reference), in fp32 (on the CPU in Triton's interpreter), and on a GPU in bf16 b
 - Step-3.5 (zero-centred norms, a head-wise sigmoid attention gate, SwiGLU clamps, RoPE over the first
   half of each head on full layers): every layer's attention (q/k/v, the gate's logits, o_proj with the
   gate in its loop) and the dense MLPs fused, the MoE eager, the same logits and caches;
-- Gemma 4 MoE layers: all but the router and the experts fused (q/k/v, o_proj, the dense MLP, one row
-  kernel for the three norms after the MLP and the experts).
+- Gemma 4 MoE layers: all but the router's softmax and top-k and the experts fused (q/k/v, o_proj,
+  the experts' and the router's input norms, the dense MLP, the three norms after the MLP and the
+  experts).
 """
 
 import pytest
@@ -210,15 +211,22 @@ MODELS = {
 # two_norm_tail): a fused stack is a row kernel, four projections a layer and a row kernel; the head a
 # row kernel and one projection
 KERNELS = {
-    "gemma3": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0},
-    "gemma4": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0},
-    "gemma4-k-eq-v": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0},
+    "gemma3": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0, "pair": 0},
+    "gemma4": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0, "pair": 0},
+    "gemma4-k-eq-v": {"rows": 1 + 1, "projections": 4 * 3 + 1, "add": 1, "tail": 0, "pair": 0},
     # a MoE layer: the attention half's row kernels, q/k/v and o_proj; the dense MLP's row kernel,
-    # gate/up and down; one row kernel for the three norms after the MLP and the experts
-    "gemma4-moe": {"rows": 2 * 3 + 1, "projections": 4 * 3 + 1, "add": 3, "tail": 3},
+    # gate/up and down; one row kernel for the experts' and the router's input norms, one for the three
+    # norms after the MLP and the experts
+    "gemma4-moe": {
+        "rows": 2 * 3 + 1,
+        "projections": 4 * 3 + 1,
+        "add": 3,
+        "tail": 3,
+        "pair": 3,
+    },
     # Step (STEP below): dense layers the input norm when the layer before was not fused whole, q/k/v,
     # the gate, o_proj, gate/up, down; the MoE layer q/k/v, the gate and o_proj
-    "step3p5": {"rows": 2 + 1, "projections": 5 + 3 + 5 + 5 + 1, "add": 0, "tail": 0},
+    "step3p5": {"rows": 2 + 1, "projections": 5 + 3 + 5 + 5 + 1, "add": 0, "tail": 0, "pair": 0},
 }
 # Step-3.5: head_dim 16; layers 0 and 3 full (RoPE over the first half of each head, llama3-scaled), 1
 # sliding MoE (its attention fused), 2 sliding dense with a SwiGLU clamp that bites; no MTP layers
@@ -435,12 +443,13 @@ class _Counted:
 
 
 def _count_kernels(monkeypatch) -> dict[str, int]:
-    calls = {"rows": 0, "projections": 0, "add": 0, "tail": 0}
+    calls = {"rows": 0, "projections": 0, "add": 0, "tail": 0, "pair": 0}
     for attr, name in (
         ("_normed_rows_kernel", "rows"),
         ("_fused_rows_kernel", "projections"),
         ("_add_normed_kernel", "add"),
         ("_two_norm_tail_kernel", "tail"),
+        ("_norm_pair_kernel", "pair"),
     ):
         kernel = getattr(fused_projection, attr)
         monkeypatch.setattr(fused_projection, attr, _Counted(kernel, calls, name))
