@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
@@ -67,6 +69,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--attention-backend", default=None, help="the engine's default if not given")
     a = ap.parse_args()
+    if (
+        os.environ.get("TRITON_INTERPRET") == "1"
+    ):  # the interpreter's tl.dot row by row, as in the tests
+        sys.path.insert(0, "tests")  # (numpy's BLAS gives a row other bits at other tile rows)
+        import conftest  # noqa: F401
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"][: a.prompts]
     engine = dict(device=a.device, dtype=a.dtype, batch_invariant=True, max_num_seqs=a.batch)
     if a.attention_backend:  # e.g. triton on the CPU, in Triton's interpreter (TRITON_INTERPRET=1)
