@@ -7,6 +7,8 @@ per key head and odd head sizes. On a GPU also: bf16 at the Qwen3.5 shape, and i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -134,6 +136,7 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
 
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
+REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
 SM90_COMPILE = """
 import os, subprocess, sys
 import triton
@@ -187,7 +190,11 @@ def test_kernel_compiles_for_sm90_without_spills(
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         cwd=tmp_path,
-        env={**os.environ, "TRITON_INTERPRET": "0"},
+        env={
+            **os.environ,
+            "TRITON_INTERPRET": "0",
+            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        },
         capture_output=True,
         text=True,
     )
