@@ -92,6 +92,17 @@ def positions_of(meta) -> torch.Tensor:
     return (meta.seq_lens - meta.query_lens)[meta.token_seq_index] + meta.token_query_index
 
 
+@pytest.fixture(autouse=True)
+def fused_on(monkeypatch):
+    """The fused block is off by default (layers/mla.py ``fused``): these tests switch it on."""
+    monkeypatch.setattr(mla_module.MultiHeadLatentAttention, "fused", True)
+
+
+# The interpreter's checks run on CPU tensors: on a GPU machine (no interpreter) the compiled kernels are
+# checked by the bf16 tests below instead.
+cpu_only = pytest.mark.skipif(CUDA, reason="CPU tensors through Triton's interpreter")
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Forces the fused path for up to MAX_ROWS rows on the CPU and counts its forwards."""
@@ -112,6 +123,7 @@ CASES = [
 ]
 
 
+@cpu_only
 @pytest.mark.parametrize("layout, q_lora_rank, interleaved, parts", CASES)
 def test_fused_block_equals_the_eager_layer(
     layout, q_lora_rank, interleaved, parts, fused_calls, monkeypatch
@@ -134,6 +146,7 @@ def test_fused_block_equals_the_eager_layer(
     torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
 
 
+@cpu_only
 def test_half_precision(fused_calls):
     """The half-precision code path (the kernels' casts and stores; Triton's interpreter computes fp16
     dots, not bf16 ones) against the eager layer in float32."""
@@ -150,6 +163,7 @@ def test_half_precision(fused_calls):
     assert _relative(cache, ref_cache) < 1e-3
 
 
+@cpu_only
 def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypatch):
     """More rows than a few-row kernel takes, the torch backend, and (without the forcing) CPU tensors
     run the eager layer."""
@@ -165,6 +179,7 @@ def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypa
     run(layer, "triton", many, 4, 5, x, positions_of(many), torch.zeros(4, 5, 1, 44))
     assert fused_calls == []
     monkeypatch.undo()
+    monkeypatch.setattr(mla_module.MultiHeadLatentAttention, "fused", True)  # (undone above)
     meta, num_blocks = make_meta("decode", 5, g, "cpu")
     x = torch.randn(4, 40, generator=g)
     layer.bind_cache(num_blocks, 5, torch.float32, "cpu")
