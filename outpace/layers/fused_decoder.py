@@ -10,8 +10,7 @@ exists:
   context rows);
 - EAGLE3's layer over [embedding | hidden]: ``embed_norm_pair``, ``attention_and_mlp``;
 - the final norm and LM head: ``norm_head_logits``;
-- other attention modules with packed q/k/v (Gemma's "sandwich" layers, Step-3.5's gated attention):
-  layers/fused_sandwich.py, from the pieces here.
+- Gemma's "sandwich" layers: layers/fused_sandwich.py, from the pieces here.
 
 The fused kernels read whole weights, so sharded layers (tensor parallelism) take the eager path. The
 rounding differs from the eager chain, so batch-invariant mode never fuses (``fusable_rows``).

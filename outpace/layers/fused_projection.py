@@ -68,7 +68,6 @@ _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiti
 paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
 qkv_stages = 4  # 120 KB
 plain_stages = 6  # o_proj, down_proj: 120 KB
-split_stages = 4  # at most, for a split stream's readers (two input tiles a stage): gate/up 192 KB
 
 
 @dataclass
@@ -83,28 +82,6 @@ class NormedRows:
     stream: torch.Tensor
     normed: torch.Tensor
     sq_parts: torch.Tensor
-
-
-@dataclass
-class SplitRows:
-    """A residual stream s = base + c * delta that a sandwich norm has not yet added up (Gemma: s =
-    stream + RMSNorm(o) * w_post, o a projection's output): c = rsqrt(mean(o^2) + eps) needs all of o's
-    row, which no program of the kernel that computes o has, so that kernel (``project_sandwich``) stores
-    the two parts and the partial sums that give c and s's own sum of squares, and the kernels that read
-    s finish it: RMSNorm(s) @ W.T = rstd(s) * ((base * w) @ W.T + c * ((delta * w) @ W.T)), with
-    sum(s^2) = sum(base^2) + 2 c sum(base * delta) + c^2 sum(delta^2); a residual add reads base + c * delta.
-
-    base, delta [M, N] (delta = o * the sandwich norm's scale); normed, normed_delta [M, N]: base and
-    delta times the next norm's scale w (None when no norm reads s: ``stream_of``); sums [4, P, M]
-    float32: P partial sums of o^2, base^2, base * delta, delta^2 (as stored); eps: the sandwich norm's.
-    """
-
-    base: torch.Tensor
-    delta: torch.Tensor
-    normed: torch.Tensor | None
-    normed_delta: torch.Tensor | None
-    sums: torch.Tensor
-    eps: float
 
 
 @triton.jit
@@ -170,14 +147,6 @@ def _fused_rows_kernel(
     slot_ptr,
     q_norm_ptr,
     k_norm_ptr,
-    x2_ptr,
-    res2_ptr,
-    res_sums_ptr,
-    delta_out_ptr,
-    normed2_out_ptr,
-    post_w_ptr,
-    scale_ptr,
-    gate_ptr,
     M,
     N_OUT,
     K,
@@ -194,12 +163,6 @@ def _fused_rows_kernel(
     next_offset,
     qk_offset,
     cap,
-    in_eps,
-    res_eps,
-    num_res_parts,
-    post_offset,
-    limit,
-    num_gates,
     OUTS: tl.constexpr,
     CHUNK: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
@@ -210,19 +173,11 @@ def _fused_rows_kernel(
     V_NORM: tl.constexpr,
     ACT: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    SPLIT_IN: tl.constexpr,
-    RES_SPLIT: tl.constexpr,
-    SPLIT_OUT: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    CLAMP: tl.constexpr,
-    GATE_DIM: tl.constexpr,
     HALF: tl.constexpr,
-    ROT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     BLOCK_P: tl.constexpr,
-    BLOCK_RP: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_K: tl.constexpr,
@@ -235,20 +190,7 @@ def _fused_rows_kernel(
     (part p * subs + sub of sq_out). SOFTCAP (PLAIN): cap * tanh(result / cap) before any residual.
     SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
     QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
-    their weights plus qk_offset; V_NORM: of v too, without a weight. ROT (QKV): the RoPE table's
-    width, HALF (every dimension rotates, in pairs (j, j + HALF)) or, with QK_NORM, HALF // 2 (the
-    first HALF dimensions of each head rotate, in pairs (j, j + HALF // 2); the rest pass).
-    Split streams (``SplitRows``: s = base + c * delta, partial sums [4, parts, M]):
-    SPLIT_IN (SCALE_ROWS): the normed input is x + c * x2 (x = base * w_norm, x2 = delta * w_norm, c
-    from sq_in's first sums and in_eps), its sum of squares from the other three;
-    RES_SPLIT (PLAIN, RESIDUAL): the residual is res + c * res2 (c from res_sums and res_eps);
-    SPLIT_OUT (PLAIN, RESIDUAL): a sandwich norm after the projection, not applied here: stores
-    base = residual (* scale[0] with HAS_SCALE) into out, delta = result * (post_offset + post_w)
-    (* scale[0]) into delta_out, their sums (result^2, base^2, base * delta, delta^2) into sq_out
-    [4, programs * subs, M], and with NEXT_NORM base and delta times the next norm's scale.
-    CLAMP (SWIGLU): act(g).clamp(max=limit) * u.clamp(-limit, limit) (Step-3.5's SwiGLU limits).
-    GATE_DIM > 0 (PLAIN; BK divides it): x's columns are heads of GATE_DIM, each row's head h scaled by
-    sigmoid(gate[row, h]) (gate [M, num_gates] float32 logits; Step-3.5's head-wise attention gate)."""
+    their weights plus qk_offset; V_NORM: of v too, without a weight."""
     pid = tl.program_id(0)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
@@ -268,25 +210,13 @@ def _fused_rows_kernel(
             prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
     pdl_enter(PDL)
     if SCALE_ROWS:
-        if SPLIT_IN:
-            c_in, sq_sum = _split_stats(
-                sq_in_ptr, num_sq_parts, rows, row_ok, M, K, in_eps, BLOCK_P
-            )
-            c_in = c_in[:, None]  # [BM, 1]
-        else:
-            parts = tl.arange(0, BLOCK_P)
-            sq = tl.load(
-                sq_in_ptr + parts[:, None] * M + rows[None, :],
-                mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_P, BM]
-            sq_sum = tl.sum(sq, axis=0)
-        rstd = tl.rsqrt(sq_sum / K + eps)[:, None]  # [BM, 1]
-    if RES_SPLIT:
-        c_res, _ = _split_stats(
-            res_sums_ptr, num_res_parts, rows, row_ok, M, N_OUT, res_eps, BLOCK_RP
-        )
-        c_res = c_res[:, None]  # [BM, 1]
+        parts = tl.arange(0, BLOCK_P)
+        sq = tl.load(
+            sq_in_ptr + parts[:, None] * M + rows[None, :],
+            mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_P, BM]
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
     for sub in range(subs):
         start = pid * OUTS + sub * CHUNK
         i = start + tl.arange(0, BN)  # [BN]
@@ -301,25 +231,14 @@ def _fused_rows_kernel(
             if RESIDUAL:
                 res = tl.load(
                     res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0
-                ).to(tl.float32)  # [BM, BN]
-                if RES_SPLIT:
-                    res += c_res * tl.load(
-                        res2_ptr + rows[:, None] * N_OUT + i[None, :], mask=ok, other=0.0
-                    ).to(tl.float32)
-            if SPLIT_OUT:
-                w_post = (
-                    tl.load(post_w_ptr + i, mask=i_ok, other=0.0).to(tl.float32) + post_offset
-                )  # [BN]
-                if HAS_SCALE:
-                    w_post *= tl.load(scale_ptr).to(tl.float32)
-                    res *= tl.load(scale_ptr).to(tl.float32)
+                )  # [BM, BN]
             if NEXT_NORM:
                 w_next = (
                     tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32) + next_offset
                 )  # [BN]
         elif EPILOGUE == _QKV:
             cos, sin, slot = _rope_operands(
-                pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF % ROT, ok, ROT
+                pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF
             )
             if QK_NORM:
                 norm_a, norm_b = _head_norm_weights(
@@ -327,9 +246,6 @@ def _fused_rows_kernel(
                 )
         acc_a = tl.zeros((BM, BN), dtype=tl.float32)
         acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-        if SPLIT_IN:  # the delta part's products, times c_in after the loop
-            acc_a2 = tl.zeros((BM, BN), dtype=tl.float32)
-            acc_b2 = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             kk = k0 + ks  # [BK]
             k_ok = kk < K
@@ -342,83 +258,32 @@ def _fused_rows_kernel(
             w_a = tl.load(
                 w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
             )  # [BN, BK]
-            if GATE_DIM > 0:  # one head per K step: its gate scales the step's products
-                head_gate = tl.load(
-                    gate_ptr + rows * num_gates + k0 // GATE_DIM, mask=row_ok, other=0.0
-                )  # [BM]
-                acc_a += (
-                    tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
-                    * tl.sigmoid(head_gate)[:, None]
-                )
-            else:
-                acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
-            if SPLIT_IN:
-                x2 = tl.load(
-                    x2_ptr + rows[:, None] * stride_xm + kk[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0,
-                )  # [BM, BK]
-                acc_a2 += tl.dot(x2, tl.trans(w_a), input_precision=PRECISION)
+            acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
             if paired:
                 w_b = tl.load(
                     w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
                 )
                 acc_b += tl.dot(x, tl.trans(w_b), input_precision=PRECISION)
-                if SPLIT_IN:
-                    acc_b2 += tl.dot(x2, tl.trans(w_b), input_precision=PRECISION)
-        if SPLIT_IN:
-            acc_a += c_in * acc_a2
-            acc_b += c_in * acc_b2
         if SCALE_ROWS:
             acc_a *= rstd
             acc_b *= rstd
         if EPILOGUE == _PLAIN:
             if SOFTCAP:
                 acc_a = cap * _tanh(acc_a / cap)
-            if SPLIT_OUT:
-                base, delta = _split_epilogue(
-                    acc_a,
-                    res,
-                    w_post,
-                    rows,
-                    row_ok,
-                    i,
-                    ok,
-                    out_ptr,
-                    delta_out_ptr,
-                    sq_out_ptr + (pid * subs + sub) * M,
-                    tl.num_programs(0) * subs * M,
-                    N_OUT,
+            if RESIDUAL:
+                acc_a += res.to(tl.float32)
+            out = acc_a.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
+            if NEXT_NORM:
+                s = tl.where(ok, out.to(tl.float32), 0.0)  # the stream as stored
+                tl.store(
+                    normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
+                    (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty),
+                    mask=ok,
                 )
-                if NEXT_NORM:
-                    dst = rows[:, None] * N_OUT + i[None, :]
-                    tl.store(
-                        normed_out_ptr + dst,
-                        (base * w_next[None, :]).to(normed_out_ptr.dtype.element_ty),
-                        mask=ok,
-                    )
-                    tl.store(
-                        normed2_out_ptr + dst,
-                        (delta * w_next[None, :]).to(normed2_out_ptr.dtype.element_ty),
-                        mask=ok,
-                    )
-            else:
-                if RESIDUAL:
-                    acc_a += res
-                out = acc_a.to(out_ptr.dtype.element_ty)
-                tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
-                if NEXT_NORM:
-                    s = tl.where(ok, out.to(tl.float32), 0.0)  # the stream as stored
-                    tl.store(
-                        normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
-                        (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty),
-                        mask=ok,
-                    )
-                    tl.store(
-                        sq_out_ptr + (pid * subs + sub) * M + rows,
-                        tl.sum(s * s, axis=1),
-                        mask=row_ok,
-                    )
+                tl.store(
+                    sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok
+                )
         elif EPILOGUE == _SWIGLU:
             if (
                 ACT == _ACT_GELU_TANH
@@ -430,9 +295,6 @@ def _fused_rows_kernel(
                 )
             else:
                 gate = acc_a / (1.0 + tl.exp(-acc_a))
-            if CLAMP:  # vLLM SwigluStepAndMul
-                gate = tl.minimum(gate, limit)
-                acc_b = tl.minimum(tl.maximum(acc_b, -limit), limit)
             tl.store(
                 out_ptr + rows[:, None] * stride_om + i[None, :],
                 (gate * acc_b).to(out_ptr.dtype.element_ty),
@@ -470,9 +332,6 @@ def _fused_rows_kernel(
                 q_size,
                 kv_size,
                 HALF,
-                ROT,
-                BM,
-                BN,
             )
 
 
@@ -520,44 +379,6 @@ def _head_norm(
     else:
         normed = (col_a < q_size + kv_size)[None, :]
     return tl.where(normed, a * rstd * w_a, a), tl.where(normed, b * rstd * w_b, b)
-
-
-@triton.jit
-def _split_stats(sums_ptr, num_parts, rows, row_ok, M, N, eps, BLOCK_P: tl.constexpr):
-    """A split stream's rows (``SplitRows``, sums [4, num_parts, M]) -> c = rsqrt(mean(raw^2) + eps) and
-    the sum of squares of base + c * delta, each [BM] float32."""
-    parts = tl.arange(0, BLOCK_P)
-    at = sums_ptr + parts[:, None] * M + rows[None, :]  # [BLOCK_P, BM]
-    ok = (parts < num_parts)[:, None] & row_ok[None, :]
-    step = num_parts * M
-    c = tl.rsqrt(tl.sum(tl.load(at, mask=ok, other=0.0), axis=0) / N + eps)
-    base_sq = tl.sum(tl.load(at + step, mask=ok, other=0.0), axis=0)
-    cross = tl.sum(tl.load(at + 2 * step, mask=ok, other=0.0), axis=0)
-    delta_sq = tl.sum(tl.load(at + 3 * step, mask=ok, other=0.0), axis=0)
-    return c, base_sq + c * (2.0 * cross + c * delta_sq)
-
-
-@triton.jit
-def _split_epilogue(
-    raw, res, w_post, rows, row_ok, i, ok, base_ptr, delta_ptr, sums_ptr, sums_step, N
-):
-    """SPLIT_OUT's stores for raw [BM, BN] (a projection's result, columns i) and res [BM, BN] (the
-    residual, scaled): base = res into base_ptr, delta = raw * w_post into delta_ptr ([M, N] each), the
-    tile's sums of raw^2, base^2, base * delta and delta^2 (as stored) at sums_ptr + k * sums_step + rows.
-    Returns base and delta as stored, float32."""
-    dst = rows[:, None] * N + i[None, :]
-    base = res.to(base_ptr.dtype.element_ty)
-    delta = (raw * w_post[None, :]).to(delta_ptr.dtype.element_ty)
-    tl.store(base_ptr + dst, base, mask=ok)
-    tl.store(delta_ptr + dst, delta, mask=ok)
-    base = tl.where(ok, base.to(tl.float32), 0.0)
-    delta = tl.where(ok, delta.to(tl.float32), 0.0)
-    raw = tl.where(ok, raw, 0.0)
-    tl.store(sums_ptr + rows, tl.sum(raw * raw, axis=1), mask=row_ok)
-    tl.store(sums_ptr + sums_step + rows, tl.sum(base * base, axis=1), mask=row_ok)
-    tl.store(sums_ptr + 2 * sums_step + rows, tl.sum(base * delta, axis=1), mask=row_ok)
-    tl.store(sums_ptr + 3 * sums_step + rows, tl.sum(delta * delta, axis=1), mask=row_ok)
-    return base, delta
 
 
 @triton.jit
@@ -611,89 +432,15 @@ def _add_normed_kernel(
 
 
 @triton.jit
-def _norm_pair_kernel(
-    x_ptr,
-    w_a_ptr,
-    w_b_ptr,
-    a_ptr,
-    b_ptr,
-    N,
-    eps,
-    offset_a,
-    factor_b,
-    BLOCK: tl.constexpr,
-):
-    """Row r: a[r] = RMSNorm(x[r]) * (offset_a + w_a), b[r] = RMSNorm(x[r]) * w_b * factor_b, in
-    float32, one rounding each."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    x = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    x *= tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    w_a = tl.load(w_a_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset_a
-    w_b = tl.load(w_b_ptr + cols, mask=ok, other=0.0).to(tl.float32) * factor_b
-    tl.store(a_ptr + row * N + cols, (x * w_a).to(a_ptr.dtype.element_ty), mask=ok)
-    tl.store(b_ptr + row * N + cols, (x * w_b).to(b_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _two_norm_tail_kernel(
-    h_ptr,
-    a_ptr,
-    b_ptr,
-    w_a_ptr,
-    w_b_ptr,
-    w_post_ptr,
-    scale_ptr,
-    out_ptr,
-    N,
-    eps,
-    offset,
-    BLOCK: tl.constexpr,
-):
-    """Row r: out[r] = (h + post(norm_a(a) + norm_b(b))) * scale[0], each norm an RMSNorm with scale
-    offset + its weight, in float32 (Gemma 4's MoE layer tail: post_feedforward_layernorm over the dense
-    MLP's and the experts' outputs, each after its own norm)."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    a = tl.load(a_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    w_a = tl.load(w_a_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
-    w_b = tl.load(w_b_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
-    w_post = tl.load(w_post_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
-    a *= tl.rsqrt(tl.sum(a * a, axis=0) / N + eps) * w_a
-    b *= tl.rsqrt(tl.sum(b * b, axis=0) / N + eps) * w_b
-    s = a + b
-    s *= tl.rsqrt(tl.sum(s * s, axis=0) / N + eps) * w_post
-    h = tl.load(h_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    out = (h + s) * tl.load(scale_ptr).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, ROT: tl.constexpr):
-    """For rows at positions pos_ptr[rows] and frequency j of each column (tables [positions, ROT]):
-    cos, sin [BM, BN] float32 and the rows' cache slots [BM, 1]."""
+def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF: tl.constexpr):
+    """For rows at positions pos_ptr[rows] and pair j of each column's head: cos, sin [BM, BN] float32
+    and the rows' cache slots [BM, 1]."""
     pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)  # [BM]
-    trig = pos[:, None].to(tl.int64) * ROT + j[None, :]  # [BM, BN]
+    trig = pos[:, None].to(tl.int64) * HALF + j[None, :]  # [BM, BN]
     cos = tl.load(cos_ptr + trig, mask=ok, other=1.0)
     sin = tl.load(sin_ptr + trig, mask=ok, other=0.0)
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
     return cos, sin, slot
-
-
-@triton.jit
-def _rotate_within(a, cos, sin, BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr):
-    """a [BM, BN]: the first HALF dimensions of whole heads; pairs (j, j + HALF // 2) of each rotated
-    (neox) by cos, sin [BM, BN] (a pair's frequency at both its columns): Step-3.5's RoPE over the first
-    half of each head."""
-    t = tl.reshape(a, (BM, BN // HALF, 2, HALF // 2))
-    first = (tl.arange(0, 2) == 0)[None, None, :, None]
-    lo = tl.sum(tl.where(first, t, 0.0), axis=2)  # [BM, heads, HALF // 2]: x1 of each pair
-    hi = tl.sum(tl.where(first, 0.0, t), axis=2)  # x2
-    partner = tl.where(first, -hi[:, :, None, :], lo[:, :, None, :])  # -x2 beside x1, x1 beside x2
-    return a * cos + tl.reshape(partner, (BM, BN)) * sin
 
 
 @triton.jit
@@ -713,19 +460,12 @@ def _qkv_epilogue(
     q_size,
     kv_size,
     HALF: tl.constexpr,
-    ROT: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
 ):
     """a, b [BM, BN]: columns col_a and col_a + HALF of [q | k | v] for each row. Rotates q and k pairs
-    by cos, sin (``_rope_operands``, neox layout; ROT < HALF: only a's, ``_rotate_within``), then
-    stores q into q_ptr [M, q_size] and k, v into the caches' rows at the rows' slots (caches
-    [slots, kv_size], contiguous)."""
+    by cos, sin (``_rope_operands``, neox layout), then stores q into q_ptr [M, q_size] and k, v into
+    the caches' rows at the rows' slots (caches [slots, kv_size], contiguous)."""
     rotate = (col_a < q_size + kv_size)[None, :]
-    if ROT == HALF:
-        a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
-    else:
-        a = tl.where(rotate, _rotate_within(a, cos, sin, BM, BN, HALF), a)
+    a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
     is_q = (col_a < q_size)[None, :]
     q_col = tl.where(is_q, col_a, 0)[None, :]
     q_dst = q_ptr + rows[:, None] * stride_qm + q_col
@@ -837,24 +577,12 @@ def _launch(
     v_norm: bool = False,
     act: str = "silu",
     softcap: float | None = None,
-    split_in: tuple[torch.Tensor, float] | None = None,
-    res_split: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-    split_out: tuple | None = None,
-    limit: float | None = None,
-    gate: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
-    """Split streams (``SplitRows``): ``split_in`` (normed delta [M, K], the sandwich norm's eps) when
-    norm's sums are a split stream's [4, P, M]; ``res_split`` (delta [M, N], sums [4, P, M], eps)
-    beside ``residual`` (the base); ``split_out`` (post-norm weight [N], its offset, scale [1] or None,
-    delta out [M, N], sums out [4, programs x sub-tiles, M]): the result goes through a sandwich norm
-    before the residual add (``out`` gets the new base), and ``next_norm`` is then (weight, normed
-    base out, normed delta out).
-    norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
+    """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
     ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap.
-    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages); ``limit``: SWIGLU's clamp;
-    ``gate``: (logits [M, heads] float32, head_dim) scaling x's heads by their sigmoid."""
+    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
     if v_norm and qk_norm is None:
         raise ValueError("v_norm needs qk_norm (whole heads a sub-tile)")
     if act not in FUSED_ACTIVATIONS:
@@ -869,42 +597,21 @@ def _launch(
     )
     if tiles is None and qk_norm is not None and half > 32:
         block_k, num_stages = (
-            128 * 64 // max(half, 64),
+            128,
             4,
-        )  # one head (of head_dim 128, or wider with a shorter BK) a sub-tile, in the shared memory of 32 pairs
-    if tiles is None and split_in is not None:
-        # a second input tile a stage (the split stream's delta): gate/up's 5 stages of 48 KB would not
-        # fit in Hopper's 227 KB of shared memory
-        num_stages = min(num_stages, split_stages)
+        )  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
-    if gate is not None:
-        if gate[1] & (gate[1] - 1) or gate[0].dtype != torch.float32:
-            raise ValueError("a head-wise gate needs float32 logits and a power-of-two head_dim")
-        block_k = min(block_k, gate[1])  # one head a K step
     grid = _launch_grid(
         n_out, epilogue, weight.shape[0], x.device, half if qk_norm is not None else 1, outs
     )
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
-    normed2_out = x
-    if split_out is not None:
-        if residual is None:
-            raise ValueError("a split output needs the residual (its base)")
-        post_w, post_offset, scale, delta_out, sq_out = split_out
-        normed2_out = sq_out if next_norm is None else next_norm[2]
-        sq_rows = sq_out.shape[1]
-    else:
-        post_w, post_offset, scale, delta_out = x, 0.0, None, x
-        sq_rows = sq_out.shape[0]
-    if (split_out is not None or next_norm is not None) and sq_rows != grid.programs * grid.subs:
+    if next_norm is not None and sq_out.shape[0] != grid.programs * grid.subs:
         raise ValueError(
-            f"sq_parts out has {sq_rows} rows for {grid.programs * grid.subs} sub-tiles"
+            f"sq_parts out has {sq_out.shape[0]} rows for {grid.programs * grid.subs} sub-tiles"
         )
-    x2, in_eps = split_in if split_in is not None else (x, 0.0)
-    res2, res_sums, res_eps = res_split if res_split is not None else (x, x, 0.0)
-    num_sq_parts = sq_in.shape[1] if split_in is not None else sq_in.shape[0]
     pos, cos, sin, k_cache, v_cache, slots, q_size, kv_size = (
         qkv if qkv is not None else (x,) * 6 + (0, 0)
     )
@@ -927,14 +634,6 @@ def _launch(
         slots,
         q_norm,
         k_norm,
-        x2,
-        res2,
-        res_sums,
-        delta_out,
-        normed2_out,
-        post_w,
-        x if scale is None else scale,
-        x if gate is None else gate[0],
         m,
         n_out,
         k,
@@ -942,7 +641,7 @@ def _launch(
         weight.stride(0),
         out.stride(0),
         res.stride(0),
-        num_sq_parts,
+        sq_in.shape[0],
         eps,
         q_size,
         kv_size,
@@ -951,12 +650,6 @@ def _launch(
         next_offset,
         qk_offset,
         1.0 if softcap is None else softcap,
-        in_eps,
-        res_eps,
-        res_sums.shape[1] if res_split is not None else 1,
-        post_offset,
-        0.0 if limit is None else limit,
-        1 if gate is None else gate[0].shape[1],
         OUTS=grid.outs,
         CHUNK=grid.chunk,
         SCALE_ROWS=norm is not None,
@@ -967,19 +660,11 @@ def _launch(
         V_NORM=v_norm,
         ACT=_ACT_GELU_TANH if act in GELU_TANH else _ACT_SILU,
         SOFTCAP=softcap is not None,
-        SPLIT_IN=split_in is not None,
-        RES_SPLIT=res_split is not None,
-        SPLIT_OUT=split_out is not None,
-        HAS_SCALE=scale is not None,
-        CLAMP=limit is not None,
-        GATE_DIM=0 if gate is None else gate[1],
         HALF=half,
-        ROT=cos.shape[-1] if qkv is not None else half,
         BM=MAX_ROWS,
         BN=grid.block_n,
         BK=block_k,
-        BLOCK_P=triton.next_power_of_2(num_sq_parts) if norm is not None else 1,
-        BLOCK_RP=triton.next_power_of_2(res_sums.shape[1]) if res_split is not None else 1,
+        BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
@@ -1056,12 +741,9 @@ def project_add_normed(
     next_norm_weight: torch.Tensor,
     pdl: bool | None = None,
     next_offset: float = 0.0,
-    gate: tuple[torch.Tensor, int] | None = None,
 ) -> NormedRows:
     """``project_add`` (x @ weight.T alone when ``residual`` is None), its result made ready for the
-    RMSNorm with scale next_offset + ``next_norm_weight`` [N]. ``gate``: (logits [M, heads] float32,
-    head_dim): x [M, heads * head_dim] is attention output, each head scaled by the sigmoid of its
-    logit first (Step-3.5's head-wise gate)."""
+    RMSNorm with scale next_offset + ``next_norm_weight`` [N]."""
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -1077,7 +759,6 @@ def project_add_normed(
         next_norm=(next_norm_weight, normed, sq),
         pdl=pdl,
         next_offset=next_offset,
-        gate=gate,
     )
     return NormedRows(out, normed, sq)
 
@@ -1134,128 +815,8 @@ def add_normed(
     return out if next_norm is None else NormedRows(out, normed, sq)
 
 
-def project_sandwich(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    residual: torch.Tensor | SplitRows,
-    post_norm: tuple[torch.Tensor, float, float],
-    next_norm: tuple[torch.Tensor, float] | None = None,
-    scale: torch.Tensor | None = None,
-    pdl: bool | None = None,
-) -> SplitRows:
-    """x [M, K] -> the stream (residual + RMSNorm(x @ weight.T)) (* ``scale`` [1]) [M, N] in one kernel,
-    as a ``SplitRows``: post_norm = (weight [N], eps, offset) the sandwich norm (scale offset + weight);
-    ``residual`` [M, N] or itself a ``SplitRows``; ready for the RMSNorm ``next_norm`` = (weight [N],
-    offset) when given."""
-    m, n = x.shape[0], weight.shape[0]
-    grid = _launch_grid(n, _PLAIN.value, n, x.device)
-    base, delta = (torch.empty(m, n, dtype=x.dtype, device=x.device) for _ in range(2))
-    sums = torch.empty(4, grid.programs * grid.subs, m, dtype=torch.float32, device=x.device)
-    post_weight, post_eps, post_offset = post_norm
-    res_split = None
-    if isinstance(residual, SplitRows):
-        residual, res_split = residual.base, (residual.delta, residual.sums, residual.eps)
-    normed = normed_delta = next_args = None
-    next_offset = 0.0
-    if next_norm is not None:
-        normed, normed_delta = torch.empty_like(base), torch.empty_like(base)
-        next_args, next_offset = (next_norm[0], normed, normed_delta), next_norm[1]
-    _launch(
-        x,
-        weight,
-        base,
-        n,
-        _PLAIN.value,
-        residual=residual,
-        next_norm=next_args,
-        next_offset=next_offset,
-        res_split=res_split,
-        split_out=(post_weight, post_offset, scale, delta, sums),
-        pdl=pdl,
-    )
-    return SplitRows(base, delta, normed, normed_delta, sums, post_eps)
-
-
-def stream_of(rows: SplitRows) -> torch.Tensor:
-    """A split stream added up: base + c * delta [M, N] (one program a row)."""
-    return add_normed(NormedRows(rows.delta, rows.delta, rows.sums[0]), rows.eps, rows.base)
-
-
-def _normed_input(
-    rows: NormedRows | SplitRows, eps: float
-) -> tuple[torch.Tensor, tuple[torch.Tensor, float], tuple[torch.Tensor, float] | None]:
-    """A stream made ready for a norm -> ``_launch``'s x, norm and split_in."""
-    if isinstance(rows, SplitRows):
-        if rows.normed is None:
-            raise ValueError("this split stream was not made ready for a norm (next_norm)")
-        return rows.normed, (rows.sums, eps), (rows.normed_delta, rows.eps)
-    return rows.normed, (rows.sq_parts, eps), None
-
-
-def norm_pair(
-    x: torch.Tensor,
-    a: tuple[torch.Tensor, float],
-    b: tuple[torch.Tensor, float],
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, N] (contiguous) -> (RMSNorm(x) * (offset + w_a), RMSNorm(x) * w_b * factor) [M, N] each, one
-    program a row: a = (w_a [N], offset), b = (w_b [N], factor) (Gemma 4's MoE block: the experts' input
-    norm and the router's, scaled by its ``scale`` and hidden ** -0.5)."""
-    (w_a, offset), (w_b, factor) = a, b
-    out_a, out_b = torch.empty_like(x), torch.empty_like(x)
-    _norm_pair_kernel[(x.shape[0],)](
-        x,
-        w_a,
-        w_b,
-        out_a,
-        out_b,
-        x.shape[1],
-        eps,
-        offset,
-        factor,
-        BLOCK=triton.next_power_of_2(x.shape[1]),
-    )
-    return out_a, out_b
-
-
-def two_norm_tail(
-    h: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    eps: float,
-    scale: torch.Tensor,
-    offset: float = 0.0,
-) -> torch.Tensor:
-    """h, a, b [M, N] (contiguous) -> (h + RMSNorm_post(RMSNorm_a(a) + RMSNorm_b(b))) * scale [1], one
-    program a row; weights (a's, b's, post's) [N], each norm's scale offset + weight, one eps."""
-    out = torch.empty_like(h)
-    w_a, w_b, w_post = weights
-    _two_norm_tail_kernel[(h.shape[0],)](
-        h,
-        a.contiguous(),
-        b.contiguous(),
-        w_a,
-        w_b,
-        w_post,
-        scale,
-        out,
-        h.shape[1],
-        eps,
-        offset,
-        BLOCK=triton.next_power_of_2(h.shape[1]),
-    )
-    return out
-
-
-def project(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K] @ weight.T [M, N], the plain few-row projection."""
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, pdl=pdl)
-
-
 def norm_project(
-    rows: NormedRows | SplitRows,
+    rows: NormedRows,
     eps: float,
     weight: torch.Tensor,
     out_dtype: torch.dtype | None = None,
@@ -1266,7 +827,7 @@ def norm_project(
 ) -> torch.Tensor:
     """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default), into
     ``out`` (contiguous rows) when given; soft-capped (cap * tanh(logit / cap)) with ``softcap``."""
-    x, norm, split_in = _normed_input(rows, eps)
+    x = rows.normed
     shape, dtype = (x.shape[0], weight.shape[0]), out_dtype or x.dtype
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=x.device)
@@ -1281,8 +842,7 @@ def norm_project(
         out,
         weight.shape[0],
         _PLAIN.value,
-        norm=norm,
-        split_in=split_in,
+        norm=(rows.sq_parts, eps),
         pdl=pdl,
         tiles=tiles,
         softcap=softcap,
@@ -1290,18 +850,16 @@ def norm_project(
 
 
 def norm_project_swiglu(
-    rows: NormedRows | SplitRows,
+    rows: NormedRows,
     eps: float,
     gate_up: torch.Tensor,
     pdl: bool | None = None,
     tiles: tuple[int, int, int, int] | None = None,
     act: str = "silu",
-    limit: float | None = None,
 ) -> torch.Tensor:
     """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where
-    [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``); with
-    ``limit``: act(g).clamp(max=limit) * u.clamp(-limit, limit)."""
-    (x, norm, split_in), inter = _normed_input(rows, eps), gate_up.shape[0] // 2
+    [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``)."""
+    x, inter = rows.normed, gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     return _launch(
         x,
@@ -1310,17 +868,15 @@ def norm_project_swiglu(
         inter,
         _SWIGLU.value,
         half=inter,
-        norm=norm,
-        split_in=split_in,
+        norm=(rows.sq_parts, eps),
         pdl=pdl,
         tiles=tiles,
         act=act,
-        limit=limit,
     )
 
 
 def norm_project_qkv(
-    rows: NormedRows | SplitRows | torch.Tensor,
+    rows: NormedRows | torch.Tensor,
     eps: float,
     qkv: torch.Tensor,
     head_dim: int,
@@ -1343,19 +899,10 @@ def norm_project_qkv(
     ``rows`` [M, K] that is already normalised: ``eps`` unused), normalises each q and k head when
     ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given (head_dim a power of two),
     rotates q and k (neox), writes k and v to the caches at the slots, and returns q [M, q_size]
-    (q_size 0 and qkv = the k and v rows: writes k and v only). cos, sin [max_positions, head_dim // 4]
-    with ``qk_norm``: RoPE over the first half of each head (Step-3.5's full layers). The q/k norms'
-    scales are qk_offset +
+    (q_size 0 and qkv = the k and v rows: writes k and v only). The q/k norms' scales are qk_offset +
     weight (Gemma 3: 1.0); ``v_norm``: each v head is normalised too, without a weight (Gemma 4)."""
-    x, norm, split_in = (
-        (rows, None, None) if isinstance(rows, torch.Tensor) else _normed_input(rows, eps)
-    )
-    rot = cos.shape[-1]
-    if rot != head_dim // 2 and not (rot == head_dim // 4 and qk_norm is not None):
-        raise ValueError(
-            f"RoPE tables of width {rot} for head_dim {head_dim}: whole heads ({head_dim // 2}), "
-            f"or with q/k norms their first half ({head_dim // 4})"
-        )
+    x = rows.normed if isinstance(rows, NormedRows) else rows
+    norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // 2
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
@@ -1369,7 +916,6 @@ def norm_project_qkv(
         _QKV.value,
         half=head_dim // 2,
         norm=norm,
-        split_in=split_in,
         qkv=args,
         qk_norm=qk_norm,
         pdl=pdl,

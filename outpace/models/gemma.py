@@ -29,15 +29,10 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
-from outpace.layers.decoder import GatedMLP, HeadProjections
-from outpace.layers.embedding import LMHead, ScaledVocabEmbedding
+from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
+from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
 from outpace.layers.fused_decoder import norm_head_logits
-from outpace.layers.fused_sandwich import (
-    sandwich_fuses,
-    sandwich_layer_fused,
-    stream_rows,
-    stream_tensor,
-)
+from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -329,19 +324,11 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the
-        final norm. Few rows on the GPU: consecutive fused layers hand each other their output stream
-        split and made ready for the next input norm (layers/fused_sandwich.py)."""
-        layers, stream, captured = self.model.layers, self.embed(input_ids), {}
-        next_norms = [layer.input_layernorm for layer in layers[1:]] + [None]
-        for i, (layer, next_norm) in enumerate(zip(layers, next_norms)):
-            if i in self.aux_layer_ids:
-                captured[i] = stream_tensor(stream)
-            if sandwich_fuses(layer.self_attn, layer.mlp, stream_rows(stream)):
-                stream = sandwich_layer_fused(layer, positions, stream, next_norm=next_norm)
-            else:
-                stream = layer(positions, stream_tensor(stream))
-        return self._model_output(stream_tensor(stream), captured)
+        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
+        h, captured = run_layer_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
+        return self._model_output(h, captured)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma3ForConditionalGeneration checkpoint keeps its text model under ``language_model.``
@@ -359,3 +346,11 @@ def skip_towers(cfg: ModelConfig, prefixes: tuple[str, ...]) -> tuple[str, ...]:
         ", ".join(f"{p}.*" for p in prefixes),
     )
     return tuple(rf"^{re.escape(p)}\." for p in prefixes)
+
+
+def final_logits(logits: torch.Tensor, cap: float | None, out: torch.Tensor | None) -> torch.Tensor:
+    """Head output [n, vocab] -> float32 logits, soft-capped at ``cap`` when given, in ``out`` when given."""
+    logits = logits.float()
+    if cap is not None:
+        logits = softcap(logits, cap)
+    return logits if out is None else out.copy_(logits)

@@ -41,17 +41,7 @@ from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
-from outpace.layers.fused_decoder import mlp_fuses
-from outpace.layers.fused_sandwich import (
-    moe_inputs_fused,
-    moe_sandwich_rest_fused,
-    qkv_fuses,
-    sandwich_attention_fused,
-    sandwich_fuses,
-    sandwich_layer_fused,
-    stream_rows,
-    stream_tensor,
-)
+from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.layers.linear import linear
 from outpace.layers.moe import ExpertActivation, RoutedExperts
 from outpace.layers.norm import Float32RMSNorm
@@ -230,17 +220,9 @@ class Gemma4Attention(nn.Module):
             self.attn = producer_attn
             return
         self.k_proj = p.k_proj
-        if shape.k_eq_v:
-            # v is k_proj's output: k_proj also answers to v_proj, unregistered (no checkpoint tensor), so
-            # the packed q/k/v holds k's rows twice and the fused kernel reads the second copy as v (raw,
-            # then the v norm) for kv_size rows more of weights (under 0.5% of a step's reads at Gemma 4
-            # 26B-A4B's shape); the eager forward uses k itself
-            object.__setattr__(self, "v_proj", self.k_proj)
-        else:
+        if not shape.k_eq_v:
             self.v_proj = p.v_proj
-        self.qkv = (
-            None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
-        )
+            self.qkv = None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
         self.k_norm = Float32RMSNorm(d, eps)
         self.v_norm = Float32RMSNorm(d, eps, with_weight=False)
         self.attn = Attention(p.heads, p.kv_heads, d, cfg.layer_window(index), scale=1.0)
@@ -278,11 +260,9 @@ class Gemma4Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.route(self.norm(x) * self.scale * x.shape[-1] ** -0.5)
-
-    def route(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """normed [n, hidden]: the router's input already normalised and scaled -> ``forward``'s."""
-        scores = self.proj(normed).float().softmax(dim=-1)  # [n, experts]
+        scores = (
+            self.proj(self.norm(x) * self.scale * x.shape[-1] ** -0.5).float().softmax(dim=-1)
+        )  # [n, experts]
         weights, ids = torch.topk(scores, self.top_k, dim=-1)  # [n, top_k]
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.per_expert_scale[ids].float(), ids
@@ -351,45 +331,26 @@ class Gemma4DecoderLayer(nn.Module):
         h: torch.Tensor,
         per_layer_input: torch.Tensor | None,
         shared: SharedKV,
-        next_norm: nn.Module | None = None,
-    ):
-        """h [num_tokens, hidden] (or a fused layer's split output: layers/fused_sandwich.py);
-        per_layer_input [num_tokens, per_layer_size] or None -> the layer's output [num_tokens, hidden]
-        (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the shared fused kernels
-        (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that no other layer
-        reads, and no MoE block; without a per-layer input its output then stays split, made ready for
-        ``next_norm`` (the next layer's input norm) when given. With a MoE block, the attention half
-        (``sandwich_attention_fused``), and around the experts the dense MLP and the three norms after
-        it (``moe_sandwich_rest_fused``)."""
-        if (
-            not self.lends_kv
-            and not self.has_moe
-            and sandwich_fuses(self.self_attn, self.mlp, stream_rows(h))
-        ):
+    ) -> torch.Tensor:
+        """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
+        output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
+        shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that
+        no other layer reads, and no MoE block."""
+        if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
             if per_layer_input is None:
                 return sandwich_layer_fused(
-                    self, positions, h, v_norm=True, scale=self.layer_scalar, next_norm=next_norm
+                    self, positions, h, v_norm=True, scale=self.layer_scalar
                 )
             return self.per_layer_branch(
                 sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
             )
-        fused = not self.lends_kv and qkv_fuses(self.self_attn, stream_rows(h))
-        if fused:
-            h = sandwich_attention_fused(self, positions, h, v_norm=True)
-        else:
-            h = stream_tensor(h)
-            h = h + self.post_attention_layernorm(
-                self.self_attn(positions, self.input_layernorm(h), shared)
-            )
-        if self.has_moe and fused and per_layer_input is None and mlp_fuses(self.mlp):
-            x, normed = moe_inputs_fused(self, h)  # the experts' and the router's inputs
-            return moe_sandwich_rest_fused(self, h, self.experts(x, *self.router.route(normed)))
+        h = h + self.post_attention_layernorm(
+            self.self_attn(positions, self.input_layernorm(h), shared)
+        )
+        mlp = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
             routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
-            mlp = self.mlp(self.pre_feedforward_layernorm(h))
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
-        else:
-            mlp = self.mlp(self.pre_feedforward_layernorm(h))
         h = h + self.post_feedforward_layernorm(mlp)
         return (
             h * self.layer_scalar
@@ -469,14 +430,12 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
         h = self.embed(input_ids)  # [num_tokens, hidden]
         per_layer = self.model.per_layer_inputs(input_ids, h) if self.model.per_layer_size else None
-        captured, shared, layers = {}, {}, self.model.layers
-        next_norms = [layer.input_layernorm for layer in layers[1:]] + [None]
-        for i, (layer, next_norm) in enumerate(zip(layers, next_norms)):
+        captured, shared = {}, {}
+        for i, layer in enumerate(self.model.layers):
             if i in self.aux_layer_ids:
-                captured[i] = stream_tensor(h)
-            per_layer_input = None if per_layer is None else per_layer[:, i]
-            h = layer(positions, h, per_layer_input, shared, next_norm)
-        return self._model_output(stream_tensor(h), captured)
+                captured[i] = h
+            h = layer(positions, h, None if per_layer is None else per_layer[:, i], shared)
+        return self._model_output(h, captured)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``

@@ -62,19 +62,8 @@ from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import silu_and_mul
-from outpace.layers.decoder import GatedMLP, HeadProjections
+from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_decoder import (
-    mlp_fuses,
-    norm_head_logits,
-    norm_offset,
-    projection_kernels,
-)
-from outpace.layers.fused_sandwich import (
-    pre_norm_attention_fused,
-    pre_norm_mlp_fused,
-    qkv_fuses,
-)
 from outpace.layers.linear import column_parallel
 from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
 from outpace.layers.norm import Float32RMSNorm
@@ -82,6 +71,7 @@ from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.mtp import MTPBlock
+from outpace.models.gemma import final_logits
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.validation import ConfigError, ConfigFields, is_finite_number
 
@@ -380,11 +370,6 @@ def _check_moe(raw: dict, total: int) -> None:
 # ---- layers ------------------------------------------------------------------------------------------------
 
 
-def _stream_tensor(stream) -> torch.Tensor:
-    """The residual stream [num_tokens, hidden], also when a fused layer made it ready for a norm."""
-    return stream if isinstance(stream, torch.Tensor) else stream.stream
-
-
 def zero_centred_norm(dim: int, eps: float) -> Float32RMSNorm:
     """GemmaRMSNorm (vLLM, SGLang): normalised in float32 and scaled by 1 + weight."""
     return Float32RMSNorm(dim, eps, offset=1.0)
@@ -475,9 +460,6 @@ class Step3p5Attention(nn.Module):
         )
         self.rotary = rotary
         self.attn = Attention(p.heads, p.kv_heads, d, spec.sliding_window)
-        self.qkv = (
-            None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
-        )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
@@ -518,33 +500,10 @@ class Step3p5DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden]."""
         h = h + self.self_attn(positions, self.input_layernorm(h))
-        return self.feed_forward(h, self.post_attention_layernorm(h))
-
-    def feed_forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """h [num_tokens, hidden] the stream after attention, x its post-attention norm -> h + the MLP or
-        the MoE (routed + shared experts) of x."""
+        x = self.post_attention_layernorm(h)
         if not self.is_moe:
             return h + self.mlp(x)
         return h + all_reduce(self.moe(x) + self.share_expert(x), self.group)
-
-    def forward_stream(self, positions: torch.Tensor, stream, next_norm: nn.Module | None):
-        """``forward`` over the stream [num_tokens, hidden], or the previous fused layer's output made
-        ready for this layer's input norm (``NormedRows``). Few rows on the GPU (``qkv_fuses``: the
-        sliding layers, whose RoPE covers whole heads): the attention half as fused kernels
-        (layers/fused_sandwich.py ``pre_norm_attention_fused``), and a dense MLP's too, its output then
-        made ready for ``next_norm`` when given; the MoE runs on the eager norm of the stream."""
-        h = stream if isinstance(stream, torch.Tensor) else stream.stream
-        if not qkv_fuses(self.self_attn, h):
-            return self(positions, h)
-        rows = stream
-        if isinstance(stream, torch.Tensor):
-            norm = self.input_layernorm
-            rows = projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
-        mid = pre_norm_attention_fused(self, positions, rows)
-        post = self.post_attention_layernorm
-        if self.is_moe or not mlp_fuses(self.mlp):
-            return self.feed_forward(mid.stream, post(mid.stream))
-        return pre_norm_mlp_fused(self.mlp, mid, post.eps, next_norm)
 
 
 class Step3p5SharedHead(nn.Module):
@@ -570,7 +529,7 @@ class Step3p5MTPLayer(MTPBlock, Step3p5DecoderLayer):
         return zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
+        return final_logits(self.shared_head.head(self.shared_head.norm(hidden)), None, None)
 
 
 class Step3p5Model(nn.Module):
@@ -645,23 +604,18 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
             )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the
-        final norm. Few rows on the GPU, a fused layer hands the next its output made ready for the next
-        input norm (``Step3p5DecoderLayer.forward_stream``)."""
-        layers, stream, captured = self.model.layers, self.embed(input_ids), {}
-        next_norms = [layer.input_layernorm for layer in layers[1:]] + [None]
-        for i, (layer, next_norm) in enumerate(zip(layers, next_norms)):
-            if i in self.aux_layer_ids:
-                captured[i] = _stream_tensor(stream)
-            stream = layer.forward_stream(positions, stream, next_norm)
-        return self._model_output(_stream_tensor(stream), captured)
+        """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
+        h, captured = run_layer_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
+        return self._model_output(h, captured)
 
     def compute_logits(
         self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """[n, hidden] pre-norm -> [n, vocab] float32 logits (into ``out`` when given); one fused kernel
-        for few rows on the GPU (the zero-centred norm folded in: layers/fused_decoder.py)."""
-        return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
+        """[n, hidden] pre-norm -> [n, vocab] float32 logits (into ``out`` when given). Not the fused few-row
+        kernel: it applies a plain RMSNorm weight, this norm is zero-centred."""
+        return final_logits(self.lm_head(self.model.norm(hidden_states)), None, out)
 
     # Aux capture (index i: the input of layer i) and the embedding as the Llama family's.
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
