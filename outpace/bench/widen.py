@@ -298,10 +298,13 @@ def write_checkpoint(
     for stale in [*out_dir.glob("model*.safetensors"), out_dir / "model.safetensors.index.json"]:
         stale.unlink(missing_ok=True)
     shards: list[list[Entry]] = [[]]
+    filled = 0  # bytes of the last shard
     for e in entries:
-        if shards[-1] and sum(map(_nbytes, shards[-1])) + _nbytes(e) > max_shard_bytes:
+        if shards[-1] and filled + _nbytes(e) > max_shard_bytes:
             shards.append([])
+            filled = 0
         shards[-1].append(e)
+        filled += _nbytes(e)
     names = (
         ["model.safetensors"]
         if len(shards) == 1
