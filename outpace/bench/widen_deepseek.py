@@ -64,14 +64,13 @@ from outpace.bench.widen_families import (
     Plan,
     Stream,
     chunks,
-    dtype_config,
     heads_axis,
     identity_layer,
     interleaved_dims,
-    load_small,
     prefix,
-    widen_eagle3,
-    write_widened,
+    widen_family,
+    widen_zoo_pair,
+    widened_config,
 )
 
 NEVER_CHOSEN = -1e4  # correction bias of padding experts (module docstring)
@@ -302,9 +301,9 @@ class DeepseekWidening:
 
     def config(self, source: str) -> dict:
         c, b, lay = self.cfg, self.b, self.layout
-        return dtype_config(
+        return widened_config(
+            c,
             {
-                **c,
                 "hidden_size": b.hidden,
                 "num_hidden_layers": b.layers,
                 "intermediate_size": b.intermediate,
@@ -323,30 +322,34 @@ class DeepseekWidening:
                 "n_shared_experts": b.shared,
                 "n_group": lay.groups,
                 "topk_group": lay.top_groups,
-                "tie_word_embeddings": False,
             },
             self.plan.dtype,
             source,
-            {
-                k: c.get(k)
-                for k in (
-                    "hidden_size",
-                    "num_hidden_layers",
-                    "num_attention_heads",
-                    "q_lora_rank",
-                    "kv_lora_rank",
-                    "n_routed_experts",
-                    "num_experts_per_tok",
-                    "n_group",
-                    "topk_group",
-                    "moe_intermediate_size",
-                )
-            }
-            | {
-                "routing": f"each zoo expert served by {b.top_k // c['num_experts_per_tok']} identical copies: "
-                f"{b.top_k} of {b.experts} experts active as in the real shape, the zoo's routing function"
-            },
+            (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "q_lora_rank",
+                "kv_lora_rank",
+                "n_routed_experts",
+                "num_experts_per_tok",
+                "n_group",
+                "topk_group",
+                "moe_intermediate_size",
+            ),
+            routing=f"each zoo expert served by {b.top_k // c['num_experts_per_tok']} identical copies: "
+            f"{b.top_k} of {b.experts} experts active as in the real shape, the zoo's routing function",
         )
+
+
+def _pad_moe_layers(w: DeepseekWidening, small: dict) -> None:
+    """Padding experts in every widened MoE layer (after the zoo's tensors, before identity layers)."""
+    moe_layers = set()
+    for name in small:
+        if (m := re.fullmatch(r"model\.layers\.(\d+)\.mlp\.gate\.weight", name)) is not None:
+            moe_layers.add(w.big_index(int(m[1])))
+    for layer in sorted(moe_layers):
+        w.padding_experts(layer)
 
 
 def widen_deepseek(
@@ -357,18 +360,9 @@ def widen_deepseek(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> Path:
     """zoo/tinyds (with its MTP layers) -> the same function in ``shape``."""
-    src = Path(src_dir)
-    cfg, small = load_small(src)
-    w = DeepseekWidening(cfg, small, shape, dtype)
-    moe_layers = set()
-    for name in small:
-        w.tensor(name)
-        if (m := re.fullmatch(r"model\.layers\.(\d+)\.mlp\.gate\.weight", name)) is not None:
-            moe_layers.add(w.big_index(int(m[1])))
-    for layer in sorted(moe_layers):
-        w.padding_experts(layer)
-    w.identity_layers()
-    return write_widened(w.plan, w.config(src.name), src, Path(dst_dir), max_shard_bytes)
+    return widen_family(
+        DeepseekWidening, src_dir, dst_dir, shape, dtype, max_shard_bytes, _pad_moe_layers
+    )
 
 
 def widen_deepseek_zoo(
@@ -380,11 +374,14 @@ def widen_deepseek_zoo(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict[str, Path]:
     """tinyds and tinyds-eagle3 widened into ``out_dir/<name>``: name -> directory."""
-    zoo, out = Path(zoo_dir), Path(out_dir)
-    target = widen_deepseek(zoo / "tinyds", out / "tinyds", shape, dtype, max_shard_bytes)
-    hidden = load_small(zoo / "tinyds")[0]["hidden_size"]
-    stream = Stream(hidden, shape.hidden)
-    eagle = widen_eagle3(
-        zoo / "tinyds-eagle3", out / "tinyds-eagle3", stream, draft, dtype, None, max_shard_bytes
+    return widen_zoo_pair(
+        widen_deepseek,
+        "tinyds",
+        zoo_dir,
+        out_dir,
+        shape,
+        draft,
+        dtype,
+        max_shard_bytes,
+        lambda cfg, _: (Stream(cfg["hidden_size"], shape.hidden), None),
     )
-    return {"tinyds": target, "tinyds-eagle3": eagle}

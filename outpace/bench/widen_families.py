@@ -246,6 +246,42 @@ def write_widened(
     return dst
 
 
+def widen_family(
+    widening: Callable[[dict, dict, object, torch.dtype], object],
+    src_dir: str | Path,
+    dst_dir: str | Path,
+    shape: object,
+    dtype: torch.dtype,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+    before_identity: Callable[[object, dict[str, torch.Tensor]], None] | None = None,
+) -> Path:
+    """The load / plan / write sequence of each family's ``widen_<family>``: ``widening(cfg, small,
+    shape, dtype)`` plans every zoo tensor (``tensor``), then ``before_identity(w, small)`` (if any),
+    then the identity layers; its ``plan`` and ``config`` are written to ``dst_dir``."""
+    src = Path(src_dir)
+    cfg, small = load_small(src)
+    w = widening(cfg, small, shape, dtype)
+    for name in small:
+        w.tensor(name)
+    if before_identity is not None:
+        before_identity(w, small)
+    w.identity_layers()
+    return write_widened(w.plan, w.config(src.name), src, Path(dst_dir), max_shard_bytes)
+
+
+def widened_config(
+    cfg: dict, big: dict, dtype: torch.dtype, source: str, kept: tuple[str, ...], **extra: str
+) -> dict:
+    """A family's widened config: the zoo's ``cfg`` with the ``big`` fields, untied (module docstring),
+    in ``dtype``; ``widened_from`` holds the zoo's ``kept`` fields and ``extra``."""
+    return dtype_config(
+        {**cfg, **big, "tie_word_embeddings": False},
+        dtype,
+        source,
+        {k: cfg.get(k) for k in kept} | extra,
+    )
+
+
 def dtype_config(cfg: dict, dtype: torch.dtype, source: str, small: dict) -> dict:
     """The output dtype and provenance fields of a widened config."""
     name = str(dtype).removeprefix("torch.")
@@ -373,3 +409,27 @@ def widen_eagle3(
     if embed_scale is not None:
         new["embed_scale"] = embed_scale
     return write_widened(plan, new, src, dst, max_shard_bytes)
+
+
+def widen_zoo_pair(
+    widen_target: Callable[..., Path],
+    name: str,
+    zoo_dir: str | Path,
+    out_dir: str | Path,
+    shape: object,
+    draft: DraftShape,
+    dtype: torch.dtype,
+    max_shard_bytes: int,
+    draft_stream: Callable[[dict, dict], tuple[Stream, float | None]],
+) -> dict[str, Path]:
+    """Zoo target ``name`` widened by ``widen_target(src, dst, shape, dtype, max_shard_bytes)`` and its
+    EAGLE3 draft ``name-eagle3`` by ``widen_eagle3`` into ``out_dir/<name>``: name -> directory.
+    ``draft_stream(target config, draft config)`` gives the draft's stream and embed scale."""
+    zoo, out, eagle = Path(zoo_dir), Path(out_dir), f"{name}-eagle3"
+    target = widen_target(zoo / name, out / name, shape, dtype, max_shard_bytes)
+    cfgs = [json.loads((zoo / n / "config.json").read_text()) for n in (name, eagle)]
+    stream, embed_scale = draft_stream(*cfgs)
+    draft_dir = widen_eagle3(
+        zoo / eagle, out / eagle, stream, draft, dtype, embed_scale, max_shard_bytes
+    )
+    return {name: target, eagle: draft_dir}

@@ -51,15 +51,14 @@ from outpace.bench.widen_families import (
     DraftShape,
     Plan,
     Stream,
-    dtype_config,
     gqa_heads,
     halves_dims,
     heads_axis,
     identity_layer,
-    load_small,
     prefix,
-    widen_eagle3,
-    write_widened,
+    widen_family,
+    widen_zoo_pair,
+    widened_config,
 )
 from outpace.models.drafts.eagle3 import _embed_scale
 
@@ -165,9 +164,9 @@ class _GemmaWidening:
 
     def config(self, source: str) -> dict:
         c, b = self.cfg, self.b
-        return dtype_config(
+        return widened_config(
+            c,
             {
-                **c,
                 "hidden_size": b.hidden,
                 "num_hidden_layers": b.layers,
                 "intermediate_size": b.intermediate,
@@ -177,21 +176,17 @@ class _GemmaWidening:
                 "query_pre_attn_scalar": c.get("query_pre_attn_scalar", 256)
                 * self.k**2,  # an int stays one
                 "layer_types": self.layer_types(),
-                "tie_word_embeddings": False,
             },
             self.plan.dtype,
             source,
-            {
-                k: c.get(k)
-                for k in (
-                    "hidden_size",
-                    "num_hidden_layers",
-                    "num_attention_heads",
-                    "num_key_value_heads",
-                    "head_dim",
-                    "query_pre_attn_scalar",
-                )
-            },
+            (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "query_pre_attn_scalar",
+            ),
         )
 
 
@@ -203,13 +198,7 @@ def widen_gemma(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> Path:
     """zoo/tinygemma -> the same function in ``shape``."""
-    src = Path(src_dir)
-    cfg, small = load_small(src)
-    w = _GemmaWidening(cfg, small, shape, dtype)
-    for name in small:
-        w.tensor(name)
-    w.identity_layers()
-    return write_widened(w.plan, w.config(src.name), src, Path(dst_dir), max_shard_bytes)
+    return widen_family(_GemmaWidening, src_dir, dst_dir, shape, dtype, max_shard_bytes)
 
 
 def widen_gemma_zoo(
@@ -221,22 +210,24 @@ def widen_gemma_zoo(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict[str, Path]:
     """tinygemma and tinygemma-eagle3 widened into ``out_dir/<name>``: name -> directory."""
-    zoo, out = Path(zoo_dir), Path(out_dir)
-    target = widen_gemma(zoo / "tinygemma", out / "tinygemma", shape, dtype, max_shard_bytes)
-    hs = load_small(zoo / "tinygemma")[0]["hidden_size"]
-    draft_cfg = load_small(zoo / "tinygemma-eagle3")[0]
-    scale = (
-        math.sqrt(shape.hidden / hs)
-        * _embed_scale(draft_cfg)
-        / embed_factor(hs, shape.hidden, dtype)
-    )
-    eagle = widen_eagle3(
-        zoo / "tinygemma-eagle3",
-        out / "tinygemma-eagle3",
-        Stream(hs, shape.hidden),
+
+    def draft_stream(cfg: dict, draft_cfg: dict) -> tuple[Stream, float]:
+        hs = cfg["hidden_size"]
+        scale = (
+            math.sqrt(shape.hidden / hs)
+            * _embed_scale(draft_cfg)
+            / embed_factor(hs, shape.hidden, dtype)
+        )
+        return Stream(hs, shape.hidden), scale
+
+    return widen_zoo_pair(
+        widen_gemma,
+        "tinygemma",
+        zoo_dir,
+        out_dir,
+        shape,
         draft,
         dtype,
-        scale,
         max_shard_bytes,
+        draft_stream,
     )
-    return {"tinygemma": target, "tinygemma-eagle3": eagle}

@@ -62,14 +62,13 @@ from outpace.bench.widen_families import (
     Plan,
     Stream,
     chunks,
-    dtype_config,
     gqa_heads,
     halves_dims,
     identity_layer,
-    load_small,
     prefix,
-    widen_eagle3,
-    write_widened,
+    widen_family,
+    widen_zoo_pair,
+    widened_config,
 )
 
 
@@ -242,9 +241,9 @@ class _HybridWidening:
 
     def config(self, source: str) -> dict:
         c, b = self.cfg, self.b
-        return dtype_config(
+        return widened_config(
+            c,
             {
-                **c,
                 "hidden_size": b.hidden,
                 "num_hidden_layers": b.layers,
                 "intermediate_size": b.intermediate,
@@ -257,21 +256,17 @@ class _HybridWidening:
                 "linear_value_head_dim": b.v_dim,
                 "layer_types": self.layer_types(),
                 "rms_norm_eps": c.get("rms_norm_eps", 1e-6) * self.st.eps_factor,
-                "tie_word_embeddings": False,
             },
             self.plan.dtype,
             source,
-            {
-                k: c.get(k)
-                for k in (
-                    "hidden_size",
-                    "num_hidden_layers",
-                    "head_dim",
-                    "linear_key_head_dim",
-                    "linear_value_head_dim",
-                    "rms_norm_eps",
-                )
-            },
+            (
+                "hidden_size",
+                "num_hidden_layers",
+                "head_dim",
+                "linear_key_head_dim",
+                "linear_value_head_dim",
+                "rms_norm_eps",
+            ),
         )
 
 
@@ -283,13 +278,7 @@ def widen_hybrid(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> Path:
     """zoo/tinyqwen35 (with its MTP layers) -> the same function in ``shape``."""
-    src = Path(src_dir)
-    cfg, small = load_small(src)
-    w = _HybridWidening(cfg, small, shape, dtype)
-    for name in small:
-        w.tensor(name)
-    w.identity_layers()
-    return write_widened(w.plan, w.config(src.name), src, Path(dst_dir), max_shard_bytes)
+    return widen_family(_HybridWidening, src_dir, dst_dir, shape, dtype, max_shard_bytes)
 
 
 def widen_hybrid_zoo(
@@ -301,17 +290,14 @@ def widen_hybrid_zoo(
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict[str, Path]:
     """tinyqwen35 and tinyqwen35-eagle3 widened into ``out_dir/<name>``: name -> directory."""
-    zoo, out = Path(zoo_dir), Path(out_dir)
-    target = widen_hybrid(zoo / "tinyqwen35", out / "tinyqwen35", shape, dtype, max_shard_bytes)
-    cfg = load_small(zoo / "tinyqwen35")[0]
-    stream = Stream(cfg["hidden_size"], shape.hidden, eps_factor(cfg, shape))
-    eagle = widen_eagle3(
-        zoo / "tinyqwen35-eagle3",
-        out / "tinyqwen35-eagle3",
-        stream,
+    return widen_zoo_pair(
+        widen_hybrid,
+        "tinyqwen35",
+        zoo_dir,
+        out_dir,
+        shape,
         draft,
         dtype,
-        None,
         max_shard_bytes,
+        lambda cfg, _: (Stream(cfg["hidden_size"], shape.hidden, eps_factor(cfg, shape)), None),
     )
-    return {"tinyqwen35": target, "tinyqwen35-eagle3": eagle}
