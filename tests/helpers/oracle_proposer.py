@@ -25,9 +25,8 @@ class OracleProposer(Proposer):
     corruption = 0.3
     vocab_size = 200
     supports_trees = True
-    takes_draft_checkpoint = (
-        False  # it drafts from the references: the tests' draft path is a placeholder
-    )
+    # it drafts from the references: the tests' draft path is a placeholder
+    takes_draft_checkpoint = False
 
     def __init__(
         self, spec, target, pool, max_requests, dtype, device, attention_backend="torch"
