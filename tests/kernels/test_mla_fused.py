@@ -64,7 +64,8 @@ def make_meta(layout: str, block_size: int, g: torch.Generator, device: str):
 
 def make_layer(shape: MLAShape, interleaved: bool, device: str) -> MultiHeadLatentAttention:
     torch.manual_seed(0)
-    rotary = RotaryEmbedding(shape.qk_rope_head_dim, 512, 10000.0, interleaved=interleaved)
+    # tables past LONG_LAYOUTS' 4000 positions: the fused kernels read cos/sin at a token's position unchecked
+    rotary = RotaryEmbedding(shape.qk_rope_head_dim, 4096 + 64, 10000.0, interleaved=interleaved)
     layer = MultiHeadLatentAttention(shape, rotary).to(device)
     with torch.no_grad():
         for name, p in layer.named_parameters():
