@@ -8,11 +8,13 @@ family is named here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outpace.layers.quant.scheme import QuantScheme, parse_quantization_config, read_quant_scheme
 from outpace.registry import MODELS, model_class
 from outpace.validation import (
     INT64_MAX,
@@ -63,6 +65,8 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     # Chain-style MTP (Step-3.5-Flash): layer k consumes layer k-1's pre-norm hidden state.
     chain_mtp_hidden_states: bool = False
+    # How the checkpoint's weights are quantized (layers/quant/scheme.py); None: unquantized.
+    quantization: QuantScheme | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -174,10 +178,14 @@ class ModelConfig:
         for name, read in COMMON_FIELDS.items():
             if name not in values:
                 values[name] = read(fields, values)
+        quantization = fields.get("quantization_config")
         return cls(
             architecture=arch,
             **values,
             layer_windows=family.layer_windows(fields, values["num_hidden_layers"]),
+            quantization=None
+            if quantization is None
+            else parse_quantization_config(quantization, source),
             raw=fields.data,
         )
 
@@ -186,7 +194,12 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ConfigError(f"no config.json in model directory {str(model_dir)!r}")
-        return cls.from_dict(read_json_object(path), str(path))
+        cfg = cls.from_dict(read_json_object(path), str(path))
+        if cfg.quantization is None:  # ModelOpt's hf_quant_config.json beside config.json
+            scheme = read_quant_scheme(model_dir, None, str(path))
+            if scheme is not None:
+                cfg = dataclasses.replace(cfg, quantization=scheme)
+        return cfg
 
 
 def _architecture(fields: ConfigFields) -> str:
@@ -269,11 +282,6 @@ COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
 def _refuse_unimplemented(family: type, arch: str, fields: ConfigFields) -> None:
     """Refuse config.json entries outside the family's own fields that would change what the model
     computes and that outpace does not implement."""
-    if fields.get("quantization_config") is not None:
-        raise ConfigError(
-            f"ModelConfig.quantization_config={fields.get('quantization_config')!r} is not "
-            "supported: outpace loads unquantized checkpoints only"
-        )
     for key in ("rope_parameters", "rope_scaling"):
         rope = fields.mapping(key)
         # transformers modeling_rope_utils: rotate only int(head_dim * partial_rotary_factor) dimensions.

@@ -195,14 +195,19 @@ class PackedProjection:
 
 def pack_projections(model: nn.Module) -> None:
     """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each; also the q/k/v of
-    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's)."""
+    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's).
+    Projections stored quantized (layers/quant/linear.py) stay separate."""
     for module in model.modules():
         if (
             isinstance(module, DecoderAttention) or getattr(module, "v_proj", None) is not None
         ) and getattr(module, "qkv", False) is None:
-            module.qkv = PackedProjection([module.q_proj, module.k_proj, module.v_proj])
+            projections = [module.q_proj, module.k_proj, module.v_proj]
+            if all(isinstance(p, nn.Linear) for p in projections):  # (no QuantizedLinear)
+                module.qkv = PackedProjection(projections)
         elif isinstance(module, GatedMLP) and module.gate_up is None:
-            module.gate_up = PackedProjection([module.gate_proj, module.up_proj])
+            projections = [module.gate_proj, module.up_proj]
+            if all(isinstance(p, nn.Linear) for p in projections):
+                module.gate_up = PackedProjection(projections)
 
 
 def unpack_projections(model: nn.Module) -> None:

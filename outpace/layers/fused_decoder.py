@@ -27,6 +27,7 @@ from outpace.layers.activation import FUSED_ACTIVATIONS
 from outpace.layers.decoder import DecoderAttention, DecoderLayer, GatedMLP, residual_stream
 from outpace.layers.linear import is_sharded
 from outpace.layers.norm import RMSNorm
+from outpace.layers.quant.linear import is_quantized
 
 
 def projection_kernels() -> ModuleType:
@@ -59,6 +60,7 @@ def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
         attn.qkv is not None
         and attn.qkv.bias is None
         and not is_sharded(attn.o_proj)
+        and not is_quantized(attn.o_proj)
         and fusable_rows(x, attn.qkv.weight)
         and (not attn.cfg.qk_norm or head_dim & (head_dim - 1) == 0)
     )
@@ -133,6 +135,7 @@ def mlp_fuses(mlp: GatedMLP) -> bool:
         and mlp.down_proj.bias is None
         and mlp.act in FUSED_ACTIVATIONS
         and not is_sharded(mlp.down_proj)
+        and not is_quantized(mlp.down_proj)
     )
 
 
@@ -240,7 +243,7 @@ def norm_head_logits(
     head (a module with a ``weight`` [vocab, hidden]), soft-capped at ``softcap`` when given (Gemma's
     final_logit_softcapping); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
     tensor to write them into (returned), instead of a new one."""
-    if not is_sharded(head) and fusable_rows(hidden, head.weight):
+    if not is_sharded(head) and not is_quantized(head) and fusable_rows(hidden, head.weight):
         kernels = projection_kernels()
         return kernels.norm_project(
             kernels.normed_rows(hidden, norm.weight, norm_offset(norm)),

@@ -13,6 +13,7 @@ from torch import nn
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.fused_decoder import fusable_rows, mlp_fuses, norm_offset, projection_kernels
 from outpace.layers.linear import is_sharded
+from outpace.layers.quant.linear import is_quantized
 
 
 def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
@@ -26,6 +27,7 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
         and attn.qkv.bias is None
         and attn.o_proj.bias is None
         and not is_sharded(attn.o_proj)
+        and not is_quantized(attn.o_proj)
         and d & (d - 1) == 0
         and fusable_rows(x, attn.qkv.weight)
         and attn.attn.fused_write_target() is not None

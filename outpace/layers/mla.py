@@ -45,6 +45,7 @@ from outpace.distributed.sharding import split_evenly
 from outpace.layers.fused_decoder import fusable_rows
 from outpace.layers.linear import column_parallel, is_sharded, linear, row_parallel
 from outpace.layers.norm import RMSNorm
+from outpace.layers.quant.linear import is_quantized
 from outpace.layers.rotary import RotaryEmbedding
 
 
@@ -180,6 +181,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and ctx.backend.name == "triton"
             and not self.shape.bias
             and not is_sharded(self.o_proj)
+            and not any(is_quantized(m) for m in self.children())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()
             and fusable_rows(x, self.kv_a_proj_with_mqa.weight)
@@ -188,9 +190,11 @@ class MultiHeadLatentAttention(PagedCacheLayer):
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight split per head: W_UK [heads, nope, r] and W_UV [heads, v, r]."""
         s = self.shape
-        w = self.kv_b_proj.weight.view(
-            s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank
-        )
+        w = (  # a kv_b_proj stored quantized (layers/quant/linear.py): dequantized to the latent's dtype
+            self.kv_b_proj.dequantized().to(self.kv_a_layernorm.weight.dtype)
+            if is_quantized(self.kv_b_proj)
+            else self.kv_b_proj.weight
+        ).view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
         return w.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)
 
     def _absorbed(

@@ -48,6 +48,7 @@ from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
+from outpace.layers.quant.experts import has_quantized_experts
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,9 @@ class RoutedExperts(nn.Module):
     def uses_kernels(self, x: torch.Tensor) -> bool:
         """Whether ``run`` takes the grouped kernels for x (``kernels``; an activation they have)."""
         use = x.is_cuda and not torch.is_grad_enabled() if self.kernels is None else self.kernels
-        return use and self.activation.kernel is not None
+        # experts stored quantized run eagerly, each projection dequantizing or on its own kernel
+        # (layers/quant/experts.py)
+        return use and self.activation.kernel is not None and not has_quantized_experts(self)
 
     def run(
         self,

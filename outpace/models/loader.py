@@ -12,10 +12,15 @@ from torch import nn
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
+from outpace.layers.quant.loading import check_loaded, quantize_modules
 from outpace.model_config import ModelConfig
 from outpace.models.drafts.mtp import has_own_mtp_heads
 from outpace.registry import model_class
 from outpace.validation import ConfigError
+
+# ModelOpt's per-tensor KV-cache scales (``*.k_proj.k_scale``, ``*.v_proj.v_scale``): the FP8 KV cache's,
+# skipped by name while outpace's KV cache is not FP8 (vLLM modelopt.py ModelOptKVCacheMethod loads them)
+QUANTIZED_SKIPPED_TENSORS = (r"\.[kv]_scale$",)
 
 
 @contextlib.contextmanager
@@ -91,7 +96,14 @@ def load_model(
             model_dir
         )  # (every weight file checked readable before the build)
         model = build_model(cfg, dtype, device, has_own_mtp_heads(cfg, names))
+        if cfg.quantization is not None:
+            quantize_modules(model, cfg.quantization, model_dir)
+            model.ignored_checkpoint_tensors = (
+                *getattr(model, "ignored_checkpoint_tensors", ()),
+                *QUANTIZED_SKIPPED_TENSORS,
+            )
         load_checkpoint(model, model_dir, progress=progress)
+        check_loaded(model)
     pack_projections(model)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()
@@ -110,6 +122,8 @@ def load_part(
         model = build_model(
             cfg, dtype, "meta", has_own_mtp_heads(cfg, checkpoint_tensor_names(model_dir))
         )
+        if cfg.quantization is not None:
+            quantize_modules(model, cfg.quantization, model_dir)
     whole = model.get_submodule(part).to_empty(device=device)
     load_checkpoint(model, model_dir, progress=False, part=part)
     source = dict(buffers_from.named_buffers())

@@ -1,0 +1,138 @@
+"""Which projections of a built model the checkpoint stores quantized, and their replacement by
+``QuantizedLinear`` before the weights load (models/loader.py calls ``quantize_modules``).
+
+A module is quantized when the checkpoint has its format's scale beside its weight (``weight_scale_inv`` for
+block FP8, ``weight_scale`` beside an fp8 ``weight`` for ModelOpt, ``weight_packed`` + ``weight_scale`` for
+INT4): read per module, so DeepSeek-V3's MTP layer (layers.61: FP8 decoder weights, bf16 ``eh_proj``, norms
+and ``shared_head``), routers, ``e_score_correction_bias``, embeddings, heads and norms and Qwen's
+linear-attention ``A_log``/``conv1d``/``dt_bias``/``in_proj_a/b`` each load as the checkpoint stores them.
+The config's list of unquantized modules (``modules_to_not_convert`` / ``ignore`` / ``exclude_modules``) is
+the cross-check: a module the checkpoint quantizes that the list excludes is refused, and so is a quantized
+tensor without its scale (an fp8 ``weight`` or a ``weight_packed`` alone) or a scale beside a module that
+outpace cannot hold quantized; each error names the tensor and its file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from outpace.checkpoint import CheckpointError, checkpoint_files, open_shard
+from outpace.layers.quant.linear import FORMATS, SCALE_NAMES, QuantizedLinear, quantized_like
+from outpace.layers.quant.scheme import QuantScheme
+from outpace.validation import ConfigError
+
+# safetensors' dtype names (its header) -> torch dtypes, for the tensors this module looks at
+_STORED_DTYPES = {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I32": torch.int32,
+}
+
+
+def stored_tensors(model_dir: str | Path) -> dict[str, tuple[torch.dtype | str, Path]]:
+    """Every checkpoint tensor's (stored dtype, file), from the headers (no tensor is read)."""
+    found: dict[str, tuple[torch.dtype | str, Path]] = {}
+    for path in checkpoint_files(model_dir):
+        with open_shard(path) as f:
+            for name in f.keys():
+                if path.suffix == ".bin":
+                    found[name] = (f.get_tensor(name).dtype, path)
+                else:
+                    dtype = f.get_slice(name).get_dtype()
+                    found[name] = (_STORED_DTYPES.get(dtype, dtype), path)
+    return found
+
+
+def quantize_modules(model: nn.Module, scheme: QuantScheme, model_dir: str | Path) -> int:
+    """Replace every projection the checkpoint stores quantized by a ``QuantizedLinear`` (module docstring);
+    returns how many. Raises ConfigError or CheckpointError naming the module, tensor and file."""
+    tensors = stored_tensors(model_dir)
+    fmt = FORMATS[scheme.method](scheme)
+    to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
+    replaced: dict[int, QuantizedLinear] = {}
+    quantized_prefixes: set[str] = set()
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if not isinstance(module, nn.Linear) or not name:
+            continue
+        prefix = to_ckpt(f"{name}.weight").removesuffix(".weight")
+        scale = tensors.get(f"{prefix}.{fmt.scale_name}")
+        if scale is None or f"{prefix}.{fmt.weight_name}" not in tensors:
+            continue
+        if scheme.excludes(prefix):
+            raise ConfigError(
+                f"{scale[1]}: tensor {prefix}.{fmt.scale_name!r} quantizes module {prefix!r}, which "
+                f"{scheme.exclude_field} keeps unquantized"
+            )
+        if id(module) not in replaced:
+            replaced[id(module)] = quantized_like(module, fmt, scale[0], prefix)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, replaced[id(module)])
+        quantized_prefixes.add(prefix)
+    _refuse_unclaimed(tensors, quantized_prefixes, scheme)
+    return len(replaced)
+
+
+def _refuse_unclaimed(
+    tensors: dict[str, tuple[torch.dtype | str, Path]], quantized: set[str], scheme: QuantScheme
+) -> None:
+    """A quantized tensor whose module was not made quantized: its scale is missing, or outpace has no
+    quantized form of the module (e.g. stacked expert tensors), or it belongs to another format."""
+    fmt = FORMATS[scheme.method]
+    for name, (dtype, path) in tensors.items():
+        prefix, _, leaf = name.rpartition(".")
+        if prefix in quantized:
+            continue
+        if leaf in (fmt.weight_name, "weight_packed") and (
+            dtype == torch.float8_e4m3fn or leaf == "weight_packed"
+        ):
+            raise CheckpointError(
+                f"{path.name}: tensor {name!r} is stored quantized ({dtype}) but has no "
+                f"{prefix}.{fmt.scale_name} beside it (a {scheme.description} checkpoint, "
+                f"{scheme.source})"
+            )
+        if leaf in SCALE_NAMES.values() and leaf == fmt.scale_name:
+            raise CheckpointError(
+                f"{path.name}: tensor {name!r} is the scale of a quantized {prefix!r}, which outpace "
+                "cannot hold quantized (not a projection of the model, or stacked expert tensors)"
+            )
+
+
+def check_loaded(model: nn.Module) -> None:
+    """After loading: compressed-tensors' ``weight_shape`` of every INT4 projection is its [out, in]
+    (this rank's part under tensor parallelism: the checkpoint gives the whole)."""
+    for name, module in model.named_modules():
+        shape = getattr(module, "weight_shape", None)
+        if not isinstance(module, QuantizedLinear) or shape is None:
+            continue
+        whole = [module.out_features, module.in_features]
+        weight = module.stored_weight
+        shard = getattr(weight, "shard", None)
+        if shard is not None:
+            whole[shard.dim] = shard.full * (
+                module.format.weight_column_factor() if shard.dim else 1
+            )
+        if shape.tolist() != whole:
+            raise CheckpointError(
+                f"{name}.weight_shape is {shape.tolist()}, the model's projection is {whole}"
+            )
+
+
+def quantized_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes of the quantized projections' tensors as stored, bytes of every parameter and buffer)."""
+    quantized = sum(
+        t.numel() * t.element_size()
+        for m in model.modules()
+        if isinstance(m, QuantizedLinear)
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+    )
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return quantized, total

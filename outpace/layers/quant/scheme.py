@@ -1,0 +1,294 @@
+"""A checkpoint's quantization, read from its config: one frozen ``QuantScheme``, every field checked.
+
+Three published formats (the facts each parser checks, with where they come from):
+- block FP8, ``config.json`` ``quantization_config`` with ``quant_method: "fp8"`` (DeepSeek-V3/R1, Kimi-K2,
+  Qwen3/Qwen3-Next/Qwen3.5-FP8, Step-3.5-Flash-FP8): ``fmt: "e4m3"``, ``activation_scheme: "dynamic"``,
+  ``weight_block_size: [128, 128]``, optional ``scale_fmt: "ue8m0"`` (DeepSeek-V3.1: scales are powers of
+  two) and ``modules_to_not_convert`` (vLLM fp8.py ``Fp8Config.from_config`` reads these and, as a synonym
+  of the last, ``ignored_layers``);
+- compressed-tensors ``quant_method: "compressed-tensors"``, ``format: "pack-quantized"`` (Kimi-K2-Thinking):
+  ``config_groups`` whose ``weights`` are ``num_bits: 4, type: "int", symmetric: true, strategy: "group",
+  group_size: 32`` with no input activations (W4A16), and an ``ignore`` list whose ``re:`` entries are
+  regular expressions matched from the start of the module name, the others exact names
+  (compressed-tensors utils/match.py ``match_name``; vLLM compressed_tensors.py reads the same fields);
+- ModelOpt FP8 (Nemotron-H FP8): ``hf_quant_config.json`` ``{"quantization": {"quant_algo": "FP8",
+  "kv_cache_quant_algo": ..., "exclude_modules": [...]}}``, or the same in ``config.json`` as
+  ``quant_method: "modelopt"`` with ``quant_algo`` and ``ignore`` (vLLM modelopt.py
+  ``ModelOptQuantConfigBase.from_config`` reads both forms; ``exclude_modules`` are fnmatch wildcards).
+
+Anything else (another method, format, bit width, strategy, an option this module does not name) is refused
+by name: a ``ConfigError`` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from outpace.validation import ConfigError, ConfigFields, read_json_object
+
+FP8_BLOCK = "fp8_block"  # weight fp8 + weight_scale_inv per block
+FP8_TENSOR = "fp8_tensor"  # weight fp8 + weight_scale per tensor (ModelOpt)
+INT4_GROUP = "int4_group"  # weight_packed int32 + weight_scale per group (compressed-tensors)
+
+MODELOPT_CONFIG_FILE = "hf_quant_config.json"
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a checkpoint's quantized modules are stored. Which modules are quantized is read per module from
+    the checkpoint's tensor names (layers/quant/loading.py), cross-checked with ``excludes``."""
+
+    method: str  # FP8_BLOCK, FP8_TENSOR or INT4_GROUP
+    source: str  # the file the scheme was read from (errors name it)
+    block: tuple[int, int] | None = None  # FP8_BLOCK: (rows, columns) of a scale's block
+    group: int | None = None  # INT4_GROUP: columns per scale
+    scale_fmt: str | None = None  # FP8_BLOCK: "ue8m0" when the scales are powers of two
+    exclude: tuple[str, ...] = ()  # the config's list of unquantized modules
+    exclude_field: str = ""  # its field name, for errors
+    exclude_match: str = (
+        "name"  # "name" (dotted parts), "regex" (compressed-tensors), "wildcard" (ModelOpt)
+    )
+    kv_cache_quant_algo: str | None = None  # ModelOpt's, for the FP8 KV cache (not this module's)
+
+    @property
+    def description(self) -> str:
+        """The format in words, for the start-up log."""
+        if self.method == FP8_BLOCK:
+            scales = ", ue8m0 scales" if self.scale_fmt else ""
+            return f"block FP8 e4m3 ({self.block[0]}x{self.block[1]} blocks{scales})"
+        if self.method == FP8_TENSOR:
+            return "per-tensor FP8 e4m3 (ModelOpt)"
+        return f"INT4 weights in groups of {self.group} (compressed-tensors pack-quantized)"
+
+    def excludes(self, module: str) -> bool:
+        """Whether the config's list keeps ``module`` (its checkpoint name) unquantized."""
+        return any(_matches(module, entry, self.exclude_match) for entry in self.exclude)
+
+
+def _matches(module: str, entry: str, style: str) -> bool:
+    if style == "regex":  # compressed-tensors match_name: "re:" -> re.match, else the exact name
+        if entry.startswith("re:"):
+            return re.match(entry[3:], module) is not None
+        return entry == module
+    if style == "wildcard":  # ModelOpt exclude_modules: fnmatch patterns (vLLM is_layer_excluded)
+        return fnmatch.fnmatchcase(module, entry) or entry == module
+    # modules_to_not_convert: a module name or a dotted part of one ("lm_head", "model.layers.0.mlp.gate")
+    return f".{entry}." in f".{module}."
+
+
+def read_quant_scheme(
+    model_dir: str | Path, quantization_config: dict | None, source: str
+) -> QuantScheme | None:
+    """The scheme of a checkpoint: its ``config.json`` ``quantization_config`` (``source`` names the file),
+    else its ``hf_quant_config.json`` (ModelOpt), else None (unquantized). config.json wins when both exist,
+    as vLLM's get_quant_config reads the extra file only when the config has no quantization_config."""
+    if quantization_config is not None:
+        return parse_quantization_config(quantization_config, source)
+    extra = Path(model_dir) / MODELOPT_CONFIG_FILE
+    if extra.is_file():
+        return _modelopt_file(ConfigFields(read_json_object(extra), str(extra)))
+    return None
+
+
+def parse_quantization_config(cfg, source: str) -> QuantScheme:
+    """config.json's ``quantization_config`` -> its scheme, or ConfigError naming the field."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{source}: field 'quantization_config' must be an object, got {cfg!r}")
+    fields = ConfigFields(cfg, source, "quantization_config.")
+    method = fields.string("quant_method")
+    parsers = {
+        "fp8": _block_fp8,
+        "compressed-tensors": _compressed_tensors,
+        "modelopt": _modelopt_inline,
+    }
+    if method not in parsers:
+        raise fields.fail(
+            "quant_method", method, f"one of {', '.join(parsers)} (others are not implemented)"
+        )
+    try:
+        return parsers[method](fields)
+    except ConfigError as e:  # which format's rules the field broke
+        raise ConfigError(f"{e} (for quantization_config.quant_method={method!r})") from None
+
+
+def _refuse_unknown(fields: ConfigFields, known: set[str]) -> None:
+    for name in fields.data:
+        if name not in known:
+            raise ConfigError(
+                f"{fields.source}: field {fields.prefix + name!r} is not implemented "
+                f"(known fields: {', '.join(sorted(known))})"
+            )
+
+
+def _require_value(fields: ConfigFields, name: str, allowed: tuple, default=None) -> None:
+    """Field ``name`` absent (when ``default`` is in ``allowed``) or one of ``allowed``."""
+    value = fields.get(name, default)
+    if value not in allowed:
+        raise fields.fail(
+            name, value, " or ".join(repr(a) for a in allowed) + " (others are not implemented)"
+        )
+
+
+def _block_fp8(fields: ConfigFields) -> QuantScheme:
+    known = {"quant_method", "fmt", "activation_scheme", "weight_block_size", "scale_fmt"}
+    known |= {"modules_to_not_convert", "ignored_layers"}
+    _refuse_unknown(fields, known)
+    _require_value(fields, "fmt", ("e4m3",))
+    # "dynamic": activations quantized per token in groups of 128 at run time (DeepSeek-V3 inference/kernel.py
+    # act_quant); "static" (per-tensor input scales) is not implemented
+    _require_value(fields, "activation_scheme", ("dynamic",))
+    _require_value(fields, "scale_fmt", (None, "ue8m0"))
+    block = fields.get("weight_block_size")
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    ):
+        # per-tensor fp8 ("weight_block_size" absent: vLLM Fp8Config's other mode) is not implemented
+        raise fields.fail("weight_block_size", block, "two positive integers [rows, columns]")
+    exclude, field = _exclude_list(fields, ("modules_to_not_convert", "ignored_layers"))
+    return QuantScheme(
+        FP8_BLOCK, fields.source, block=(block[0], block[1]), scale_fmt=fields.get("scale_fmt"),
+        exclude=exclude, exclude_field=field, exclude_match="name",
+    )  # fmt: skip
+
+
+def _exclude_list(fields: ConfigFields, names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """The first of ``names`` the config gives (a list of strings), with its field name for errors."""
+    for name in names:
+        entries = fields.strings(name)
+        if entries:
+            return tuple(entries), fields.source + ": " + fields.prefix + name
+    return (), ""
+
+
+def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
+    known = {
+        "quant_method",
+        "format",
+        "config_groups",
+        "ignore",
+        "kv_cache_scheme",
+        "quantization_status",
+    }
+    known |= {"global_compression_ratio", "version", "sparsity_config", "transform_config"}
+    _refuse_unknown(fields, known)
+    _require_value(fields, "format", ("pack-quantized",))
+    _require_value(fields, "quantization_status", ("compressed",), "compressed")
+    for name in (
+        "kv_cache_scheme",
+        "sparsity_config",
+        "transform_config",
+    ):  # informational when null
+        if fields.get(name):
+            raise fields.fail(name, fields.get(name), "null (not implemented)")
+    groups = fields.mapping("config_groups")
+    if groups is None or not groups.data:
+        raise fields.fail(
+            "config_groups", fields.get("config_groups"), "an object of one or more groups"
+        )
+    group_sizes = {_int4_group(groups.mapping(name)) for name in groups.data}
+    if len(group_sizes) != 1:
+        raise fields.fail("config_groups", groups.data, "groups of one group_size")
+    exclude, field = _exclude_list(fields, ("ignore",))
+    return QuantScheme(
+        INT4_GROUP, fields.source, group=group_sizes.pop(), exclude=exclude, exclude_field=field,
+        exclude_match="regex",
+    )  # fmt: skip
+
+
+def _int4_group(group: ConfigFields) -> int:
+    """One config group: Linear targets, INT4 symmetric group weights, no activation quantization."""
+    _refuse_unknown(
+        group, {"targets", "weights", "input_activations", "output_activations", "format"}
+    )
+    _require_value(group, "format", (None, "pack-quantized"))
+    if group.strings("targets") != ["Linear"]:
+        raise group.fail("targets", group.get("targets"), '["Linear"] (others are not implemented)')
+    for name in (
+        "input_activations",
+        "output_activations",
+    ):  # W4A16: activations stay high precision
+        if group.get(name) is not None:
+            raise group.fail(
+                name, group.get(name), "null (activation quantization is not implemented)"
+            )
+    weights = group.mapping("weights")
+    if weights is None:
+        raise group.fail("weights", None, "an object")
+    known = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder"}
+    known |= {"block_structure", "observer", "observer_kwargs", "scale_dtype", "zp_dtype"}
+    _refuse_unknown(weights, known)
+    _require_value(weights, "num_bits", (4,))
+    _require_value(weights, "type", ("int",))
+    _require_value(weights, "symmetric", (True,))  # no zero point
+    _require_value(weights, "strategy", ("group",))
+    _require_value(weights, "dynamic", (False,), False)
+    for name in (
+        "actorder",
+        "block_structure",
+        "scale_dtype",
+        "zp_dtype",
+    ):  # observer*: calibration only
+        _require_value(weights, name, (None,))
+    group_size = weights.integer("group_size")
+    if group_size % 8:
+        raise weights.fail(
+            "group_size", group_size, "a multiple of 8 (eight 4-bit values per int32)"
+        )
+    return group_size
+
+
+def _modelopt_file(fields: ConfigFields) -> QuantScheme:
+    """hf_quant_config.json: {"producer": {...}, "quantization": {"quant_algo", "kv_cache_quant_algo",
+    "exclude_modules"}}."""
+    _refuse_unknown(fields, {"producer", "quantization"})
+    quantization = fields.mapping("quantization")
+    if quantization is None:
+        raise fields.fail("quantization", None, "an object")
+    return _modelopt(quantization, "exclude_modules", quantization.get("kv_cache_quant_algo"))
+
+
+def _modelopt_inline(fields: ConfigFields) -> QuantScheme:
+    """config.json's ModelOpt form: the file's ``quantization`` object nested, or flat with ``ignore`` and
+    ``kv_cache_scheme`` (vLLM ModelOptQuantConfigBase.from_config)."""
+    nested = fields.mapping("quantization")
+    if nested is not None:
+        _refuse_unknown(fields, {"quant_method", "quantization", "producer"})
+        return _modelopt(nested, "exclude_modules", nested.get("kv_cache_quant_algo"))
+    _refuse_unknown(fields, {"quant_method", "quant_algo", "ignore", "kv_cache_scheme", "producer"})
+    kv = fields.mapping("kv_cache_scheme")
+    kv_algo = None
+    if kv is not None:
+        if kv.get("type") != "float" or kv.get("num_bits") != 8:
+            raise fields.fail(
+                "kv_cache_scheme", kv.data, '{"type": "float", "num_bits": 8} or null'
+            )
+        kv_algo = "FP8"
+    return _modelopt(fields, "ignore", kv_algo, known_checked=True)
+
+
+def _modelopt(
+    fields: ConfigFields, exclude_name: str, kv_algo, known_checked: bool = False
+) -> QuantScheme:
+    if not known_checked:
+        _refuse_unknown(fields, {"quant_algo", "kv_cache_quant_algo", exclude_name, "group_size"})
+    # FP8: per-tensor weight_scale and static per-tensor input_scale (vLLM ModelOptFp8LinearMethod); the other
+    # algorithms vLLM lists (FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, ...) are not implemented
+    _require_value(fields, "quant_algo", ("FP8",))
+    if fields.get("group_size") is not None:
+        raise fields.fail(
+            "group_size", fields.get("group_size"), "absent for FP8 (not implemented)"
+        )
+    if kv_algo not in (None, "FP8"):
+        raise fields.fail(
+            "kv_cache_quant_algo", kv_algo, '"FP8" or null (others are not implemented)'
+        )
+    exclude, field = _exclude_list(fields, (exclude_name,))
+    return QuantScheme(
+        FP8_TENSOR, fields.source, exclude=exclude, exclude_field=field, exclude_match="wildcard",
+        kv_cache_quant_algo=kv_algo,
+    )  # fmt: skip

@@ -1,0 +1,146 @@
+"""Quantized copies of the tests' random checkpoints, written in the published layouts, each beside its
+dequantized twin (the same model with every quantized weight replaced by its float32 dequantization: the
+reference the quantized model must equal).
+
+Layouts (layers/quant/scheme.py cites where each fact comes from):
+- "fp8_block": ``weight`` float8_e4m3fn + ``weight_scale_inv`` [ceil(N/bn), ceil(K/bk)] (fp32 as DeepSeek's,
+  or bf16 as some Qwen ones), config.json ``quantization_config`` {"quant_method": "fp8", "fmt": "e4m3",
+  "activation_scheme": "dynamic", "weight_block_size": [bn, bk]};
+- "fp8_tensor": ModelOpt, ``weight`` float8_e4m3fn + ``weight_scale`` [] + ``input_scale`` [], and
+  ``hf_quant_config.json`` {"producer": ..., "quantization": {"quant_algo": "FP8", ...}};
+- "int4_group": compressed-tensors pack-quantized, ``weight_packed`` int32 [N, K/8] + ``weight_scale`` bf16
+  [N, K/group] + ``weight_shape`` int32 [2], config.json's ``quantization_config`` with one config group.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from outpace.layers.quant import dequantize as dq
+
+
+def block_fp8_config(block=(16, 16), **extra) -> dict:
+    return {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(block),
+        **extra,
+    }
+
+
+def int4_config(group: int = 8, ignore=()) -> dict:
+    """Kimi-K2-Thinking's quantization_config, with a small group."""
+    weights = {
+        "num_bits": 4,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "group",
+        "group_size": group,
+        "dynamic": False,
+        "actorder": None,
+        "block_structure": None,
+        "observer": "minmax",
+        "observer_kwargs": {},
+    }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "kv_cache_scheme": None,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": weights,
+                "input_activations": None,
+                "output_activations": None,
+            }
+        },
+        "ignore": list(ignore),
+    }
+
+
+def modelopt_config(exclude=()) -> dict:
+    return {
+        "producer": {"name": "modelopt", "version": "0.31.0"},
+        "quantization": {
+            "quant_algo": "FP8",
+            "kv_cache_quant_algo": None,
+            "exclude_modules": list(exclude),
+        },
+    }
+
+
+def _read_all(src: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def write_quantized(
+    src: Path,
+    out: Path,
+    method: str,
+    quantize: Callable[[str], bool],
+    config: dict,
+    scale_dtype: torch.dtype = torch.float32,
+) -> tuple[Path, Path]:
+    """Copy checkpoint ``src`` to ``out/quantized`` with every 2-D ``*.weight`` that ``quantize(name)``
+    selects stored as ``method`` lays it out, and to ``out/reference`` with those weights dequantized (float32).
+    ``config``: the quantization_config (hf_quant_config.json's object for "fp8_tensor").
+    -> (quantized dir, reference dir)."""
+    quantized_dir, reference_dir = out / "quantized", out / "reference"
+    for d in (quantized_dir, reference_dir):
+        d.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json")):
+                shutil.copy(f, d / f.name)
+    q, ref = {}, {}
+    for name, t in _read_all(src).items():
+        if not (name.endswith(".weight") and t.dim() == 2 and quantize(name)):
+            q[name] = ref[name] = t
+            continue
+        prefix = name.removesuffix(".weight")
+        if method == "fp8_block":
+            fp8, scale = dq.quantize_fp8_block(t, tuple(config["weight_block_size"]))
+            scale = scale.to(scale_dtype)
+            q[name], q[f"{prefix}.weight_scale_inv"] = fp8, scale
+            ref[name] = dq.dequantize_fp8_block(fp8, scale, tuple(config["weight_block_size"]))
+        elif method == "fp8_tensor":
+            fp8, scale = dq.quantize_fp8_tensor(t)
+            q[name], q[f"{prefix}.weight_scale"] = fp8, scale
+            q[f"{prefix}.input_scale"] = torch.tensor(0.02)
+            ref[name] = dq.dequantize_fp8_tensor(fp8, scale)
+        else:
+            group = config["config_groups"]["group_0"]["weights"]["group_size"]
+            packed, scale = dq.quantize_int4_group(t, group)
+            scale = scale.to(torch.bfloat16)
+            q[f"{prefix}.weight_packed"], q[f"{prefix}.weight_scale"] = packed, scale
+            q[f"{prefix}.weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int32)
+            ref[name] = dq.dequantize_int4_group(packed, scale, group)
+    save_file(q, str(quantized_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.float() if v.is_floating_point() else v for k, v in ref.items()},
+        str(reference_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    if method == "fp8_tensor":
+        (quantized_dir / "hf_quant_config.json").write_text(json.dumps(config, indent=2))
+    else:
+        cfg = json.loads((quantized_dir / "config.json").read_text())
+        cfg["quantization_config"] = config
+        (quantized_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    return quantized_dir, reference_dir
+
+
+def is_projection(name: str) -> bool:
+    """A decoder projection (``*_proj.weight``), not a router, head, embedding or norm, nor DeepSeek MTP's
+    ``eh_proj`` (bf16 in DeepSeek-V3's files)."""
+    return name.endswith("_proj.weight") and not name.endswith("eh_proj.weight")

@@ -1,0 +1,172 @@
+"""Quantized checkpoints in the published layouts (tests/helpers/quantized_checkpoints.py) load with their
+weights quantized in memory and compute what the same model computes with the dequantized weights: logits
+equal to float32 rounding, greedy tokens equal, and against transformers running the dequantized weights;
+speculation over a quantized target is lossless."""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from helpers.deepseek_models import paged_logits, save_v3_with_mtp
+from helpers.quantized_checkpoints import (
+    block_fp8_config,
+    int4_config,
+    is_projection,
+    write_quantized,
+)
+from outpace import LLM, SamplingParams
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.checkpoint import CheckpointError
+from outpace.config import SpeculativeConfig
+from outpace.layers.quant.linear import QuantizedLinear
+from outpace.models.loader import load_model
+from outpace.validation import ConfigError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [7, 7, 2, 11, 5]]
+
+
+@pytest.fixture(scope="module")
+def deepseek_mtp(tmp_path_factory):
+    """A DeepSeek-V3 checkpoint with one MTP layer -> its source directory."""
+    return save_v3_with_mtp(tmp_path_factory.mktemp("deepseek"))[2]
+
+
+def prefill_logits(path, n: int = 30, vocab: int = 13) -> torch.Tensor:
+    model = load_model(path, torch.float32)
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
+        return paged_logits(model, ids), model, ids
+
+
+def quantized_modules(model) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_block_fp8_equals_its_dequantized_weights(deepseek_mtp, tmp_path, scale_dtype):
+    q_dir, ref_dir = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16)), scale_dtype
+    )
+    logits, model, ids = prefill_logits(q_dir)
+    ref_logits, _, _ = prefill_logits(ref_dir)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    names = quantized_modules(model)
+    # the decoder's and the MTP layer's projections, experts included; the MTP's eh_proj and head, the
+    # routers, embeddings and the head stay as stored
+    assert any("experts.0.down_proj" in n for n in names) and any(
+        n.startswith("mtp_layers") for n in names
+    )
+    assert not any("eh_proj" in n or "gate." in n + "." and "gate_proj" not in n for n in names)
+    assert model.lm_head.weight.dtype == torch.float32
+    w = model.get_submodule(names[0]).weight
+    assert w.dtype == torch.float8_e4m3fn
+    with torch.no_grad():
+        hf = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+        expected = hf(ids[None]).logits[0]
+    assert ((logits - expected).norm() / expected.norm()).item() < 1e-4
+
+
+def test_deepseek_int4_experts_equal_their_dequantized_weights(deepseek_mtp, tmp_path):
+    """Kimi-K2-Thinking's layout: routed experts INT4, attention, shared experts, dense MLPs and head bf16."""
+    ignore = [
+        "lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
+    ]
+    q_dir, ref_dir = write_quantized(
+        deepseek_mtp, tmp_path, "int4_group", lambda n: ".experts." in n, int4_config(8, ignore)
+    )
+    logits, model, _ = prefill_logits(q_dir)
+    ref_logits, _, _ = prefill_logits(ref_dir)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    assert all(".experts." in n for n in quantized_modules(model)) and quantized_modules(model)
+    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
+    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_speculation_over_a_quantized_target_is_lossless(deepseek_mtp, tmp_path):
+    """The target's own FP8 MTP layer, and n-gram, against the quantized target alone."""
+    q_dir, _ = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    plain = [o.token_ids for o in LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)]
+    for spec in (
+        SpeculativeConfig("mtp", num_steps=2),
+        SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
+    ):
+        outs = LLM(str(q_dir), block_size=4, speculative=spec).generate(PROMPTS, GREEDY)
+        assert [o.token_ids for o in outs] == plain, spec.method
+
+
+def test_a_wrong_scale_convention_fails(deepseek_mtp, tmp_path):
+    """Dividing by weight_scale_inv instead of multiplying changes the logits: the equality above can fail."""
+    q_dir, ref_dir = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(q_dir / "model.safetensors"))
+    save_file(
+        {k: 1 / v if k.endswith("weight_scale_inv") else v for k, v in tensors.items()},
+        str(q_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    assert not torch.allclose(prefill_logits(q_dir)[0], prefill_logits(ref_dir)[0], atol=1e-3)
+
+
+def _set_quantization(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"].update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"quant_method": "gptq"}, "gptq"),
+        ({"fmt": "e5m2"}, "fmt"),
+        ({"activation_scheme": "static"}, "activation_scheme"),
+        ({"scale_fmt": "e8m0fnu"}, "scale_fmt"),
+        ({"weight_block_size": [128]}, "weight_block_size"),
+        ({"kernel": "deepgemm"}, "kernel"),
+    ],
+)
+def test_unknown_quantization_options_are_refused_by_name(deepseek_mtp, tmp_path, change, named):
+    q_dir, _ = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    _set_quantization(q_dir, **change)
+    with pytest.raises(ConfigError, match=named) as err:
+        load_model(q_dir, torch.float32)
+    assert "config.json" in str(err.value)
+
+
+def test_a_quantized_tensor_without_its_scale_is_refused(deepseek_mtp, tmp_path):
+    q_dir, _ = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(q_dir / "model.safetensors"))
+    victim = "model.layers.1.self_attn.o_proj.weight_scale_inv"
+    del tensors[victim]
+    save_file(tensors, str(q_dir / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="model.layers.1.self_attn.o_proj.weight") as err:
+        load_model(q_dir, torch.float32)
+    assert "model.safetensors" in str(err.value)
+
+
+def test_a_module_the_ignore_list_keeps_unquantized_is_refused_when_quantized(
+    deepseek_mtp, tmp_path
+):
+    config = block_fp8_config((16, 16), modules_to_not_convert=["model.layers.1.self_attn.o_proj"])
+    q_dir, _ = write_quantized(deepseek_mtp, tmp_path, "fp8_block", is_projection, config)
+    with pytest.raises(ConfigError, match="modules_to_not_convert"):
+        load_model(q_dir, torch.float32)
