@@ -328,7 +328,8 @@ def test_block_launches_and_time(name, layout, monkeypatch):
 
 
 @pytest.mark.skipif(not CUDA, reason="the engine's CUDA graphs")
-@pytest.mark.parametrize("variant", ["v2-group", "v3-yarn"])
+# (not "v2-group": its attention has biases, which the fused block declines by design: ``fuses``)
+@pytest.mark.parametrize("variant", ["v2-greedy", "v3-yarn"])
 def test_the_engine_captures_the_fused_block(variant, tmp_path, monkeypatch):
     """A small DeepSeek target (tests/helpers/deepseek_models.py) in bf16 through the engine: its decode and
     verify graphs (n-gram chains) capture the fused block and serve every request its tokens. (Not
