@@ -173,6 +173,15 @@ class EngineConfig:
     # Ranks the model is sharded over (outpace/distributed/): one process each, started by outpace or by
     # torchrun; NCCL between GPUs, gloo between CPU processes.
     tensor_parallel_size: int = 1
+    # Ranks the routed experts are placed on, whole (outpace/distributed/group.py): 1 (every expert on every
+    # rank, its rows split under TP), tensor_parallel_size (EP = TP, vLLM's --enable-expert-parallel), or any
+    # size with tensor_parallel_size 1 (attention and dense layers whole on every rank).
+    expert_parallel_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """The engine's ranks: one process each."""
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     @property
     def kv_blocks_from_memory(self) -> bool:
@@ -258,10 +267,20 @@ class EngineConfig:
             "'safetensors' or 'dummy'",
         )
         require_positive_int(o, "tensor_parallel_size", self.tensor_parallel_size)
+        require_positive_int(o, "expert_parallel_size", self.expert_parallel_size)
+        tp, ep = self.tensor_parallel_size, self.expert_parallel_size
+        require(
+            o,
+            "expert_parallel_size",
+            ep,
+            ep in (1, tp) or tp == 1,
+            f"1, tensor_parallel_size={tp} (EP = TP), or any size with tensor_parallel_size 1: "
+            f"tensor parallelism inside expert-parallel ranks is not supported",
+        )
         require(
             o,
             "device",
             self.device,
-            self.tensor_parallel_size == 1 or self.device in ("cpu", "cuda"),
-            "'cpu' or 'cuda' with tensor_parallel_size > 1 (each rank takes the GPU of its local rank)",
+            self.world_size == 1 or self.device in ("cpu", "cuda"),
+            "'cpu' or 'cuda' with several ranks (each rank takes the GPU of its local rank)",
         )

@@ -92,6 +92,21 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         help="shard the model over N ranks, one process each (started here, or by torchrun "
         "--nproc-per-node N); NCCL between GPUs, gloo between CPU processes",
     )
+    ep = p.add_mutually_exclusive_group()
+    ep.add_argument(
+        "--expert-parallel-size",
+        "--ep",
+        type=int,
+        default=1,
+        metavar="N",
+        help="place the routed experts whole on N ranks (1; the tensor-parallel size; or any N with "
+        "--tensor-parallel-size 1, attention then whole on every rank)",
+    )
+    ep.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="vLLM's flag: expert parallelism over the tensor-parallel ranks (EP = TP)",
+    )
     add_speculative_args(p)
 
 
@@ -131,6 +146,9 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
         run_ahead=not a.no_run_ahead,
         batch_invariant=a.batch_invariant,
         tensor_parallel_size=a.tensor_parallel_size,
+        expert_parallel_size=a.tensor_parallel_size
+        if a.enable_expert_parallel
+        else a.expert_parallel_size,
     )
     if speculative:
         kwargs["speculative"] = speculative_config(a)

