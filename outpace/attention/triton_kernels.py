@@ -1192,7 +1192,8 @@ def launch_config(
         elem_size >= 4
     )  # tl.dot in float32 runs on FMAs with its operands in registers: smaller tiles
     block_d = max(16, triton.next_power_of_2(head_dim))
-    max_block_m = _MAX_BLOCK_M if not fp32 else 64 if block_d <= 64 else 16
+    wide = block_d > 256  # Gemma 4's 512-wide global heads: Q, K and V tiles within Hopper's shared memory
+    max_block_m = 64 if wide else _MAX_BLOCK_M if not fp32 else 64 if block_d <= 64 else 16
     block_m = min(
         max(16, triton.next_power_of_2(max_query_len * group)),
         max(max_block_m, triton.next_power_of_2(group)),
@@ -1221,7 +1222,7 @@ def launch_config(
         num_q_tiles=num_q_tiles,
         num_splits=num_splits,
         num_warps=8 if fp32 or block_m > 64 else 4,
-        num_stages=2 if fp32 or block_m > 64 else 3,
+        num_stages=2 if fp32 or wide or block_m > 64 else 3,
     )
 
 
@@ -1258,7 +1259,7 @@ def invariant_launch_config(
         num_q_tiles=math.ceil(max_query_len / block_q),
         num_splits=max(1, math.ceil(max_kv_rows / split_rows)),
         num_warps=8,
-        num_stages=2 if fp32 else 3,
+        num_stages=2 if fp32 or block_d > 256 else 3,  # (as launch_config's wide heads)
         split_rows=split_rows,
     )
 
