@@ -13,7 +13,7 @@ mkdir -p $OUT/logs
   echo "fam0 rc=$?" >> $OUT/logs/fam0.log
 ) &
 (
-  CUDA_VISIBLE_DEVICES=1 timeout 420 python3 ../benchmarks/scripts/family_kernels.py $OUT/kernels qwen3.5 \
+  CUDA_VISIBLE_DEVICES=1 timeout 420 python3 benchmarks/scripts/family_kernels.py $OUT/kernels qwen3.5 \
       qwen3-next-80b-slice nemotron-h-8b deepseek-v2-lite step-3.5-flash-slice gemma-3-12b > $OUT/logs/kern.log 2>&1
   echo "kern rc=$?" >> $OUT/logs/kern.log
 ) &
