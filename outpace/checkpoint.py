@@ -10,7 +10,9 @@ shard, an empty or truncated safetensors file, a ``.bin`` that is no PyTorch arc
 
 Tensor parallelism: a parameter marked with a ``shard`` (distributed/sharding.py ``Shard``) is this
 rank's part of the checkpoint tensor; only that part is read (safetensors ``get_slice`` reads the
-selected bytes alone).
+selected bytes alone). Expert parallelism: a module's ``checkpoint_tensors_elsewhere()`` names (relative to
+it) the tensors other ranks hold (layers/moe.py ``RoutedExperts``: the other ranks' experts), skipped
+unread.
 
 ``.bin`` files (pickled state dicts, e.g. the original EAGLE-3 release's ``pytorch_model.bin``) are
 read with ``torch.load(weights_only=True)``: the unpickler rebuilds only tensors and plain containers
@@ -242,6 +244,11 @@ def load_checkpoint(
         to_ckpt(name): b for name, b in model.named_buffers() if name in persistent and wanted(name)
     }
     all_names = {to_ckpt(name) for name, _ in model.named_parameters(remove_duplicate=False)}
+    all_names |= {
+        to_ckpt(f"{prefix}.{name}" if prefix else name)
+        for prefix, module in model.named_modules()
+        for name in getattr(module, "checkpoint_tensors_elsewhere", list)()
+    }
     ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
     seen: set[str] = set()
     finite = FinitenessCheck()

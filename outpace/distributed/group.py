@@ -10,11 +10,21 @@ Layers learn their group when they are built: ``building_in(group)`` around a mo
 (like ``torch.device(...)`` around it), ``build_group()`` inside a constructor. Each sharded layer
 keeps the group it was built in; outside any ``building_in`` block the group is ``SINGLE`` (rank 0
 of 1), the degenerate case in which every layer is the plain unsharded one.
+
+Expert parallelism (``EngineConfig.expert_parallel_size``): the ranks of one group play up to two parts,
+which the group records (``tensor_parallel``, ``expert_parallel``):
+- tensor and expert parallel (EP = TP, vLLM's ``--enable-expert-parallel`` without data parallelism):
+  attention and dense layers split as under TP, the routed experts placed whole on the same ranks;
+- expert parallel only (TP = 1, EP = N): attention and dense layers whole on every rank (the activations
+  replicated), only the routed experts split; ``build_group()`` is then ``SINGLE`` and
+  ``build_expert_group()`` the group;
+- tensor parallel only (the default): every expert's rows split (layers/moe.py), no expert group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from typing import Iterator
@@ -29,6 +39,10 @@ class RankGroup:
     size: int
     device_group: object = None  # torch ProcessGroup for tensors (None when size is 1)
     cpu_group: object = None  # torch ProcessGroup (gloo) for host objects
+    tensor_parallel: bool = (
+        True  # attention and dense layers split over the group (module docstring)
+    )
+    expert_parallel: bool = False  # the routed experts placed whole on its ranks
 
     @property
     def is_driver(self) -> bool:
@@ -43,7 +57,7 @@ _building: RankGroup = SINGLE
 
 @contextlib.contextmanager
 def building_in(group: RankGroup) -> Iterator[RankGroup]:
-    """Layers constructed inside are sharded over ``group``."""
+    """Layers constructed inside are sharded over ``group`` (as its parts say: module docstring)."""
     global _building
     previous, _building = _building, group
     try:
@@ -53,8 +67,25 @@ def building_in(group: RankGroup) -> Iterator[RankGroup]:
 
 
 def build_group() -> RankGroup:
-    """The group of the model being built (``SINGLE`` outside ``building_in``)."""
-    return _building
+    """The tensor-parallel group of the model being built (``SINGLE`` outside ``building_in``, and where
+    the group is expert parallel only)."""
+    return _building if _building.tensor_parallel or _building.size == 1 else SINGLE
+
+
+def build_expert_group() -> RankGroup | None:
+    """The group whose ranks the routed experts being built are placed on, whole; None where every expert
+    is on every rank (its rows split over ``build_group()``)."""
+    return _building if _building.expert_parallel and _building.size > 1 else None
+
+
+def with_parts(group: RankGroup, tensor_parallel_size: int, expert_parallel_size: int) -> RankGroup:
+    """``group`` playing the parts that an engine's sizes give it (config.py ``EngineConfig`` checked
+    that each is 1 or the group's size)."""
+    return dataclasses.replace(
+        group,
+        tensor_parallel=tensor_parallel_size == group.size,
+        expert_parallel=expert_parallel_size == group.size > 1,
+    )
 
 
 def init_rank_group(
@@ -82,8 +113,9 @@ def init_rank_group(
         )
     if dist.get_world_size() != world_size:
         raise ValueError(
-            f"tensor_parallel_size={world_size} does not match the process group's world size "
-            f"{dist.get_world_size()} (torchrun --nproc-per-node must equal --tensor-parallel-size)"
+            f"{world_size} ranks were asked for (an engine's: the larger of tensor_parallel_size and "
+            f"expert_parallel_size) but the process group has {dist.get_world_size()} "
+            f"(torchrun's --nnodes x --nproc-per-node must equal it)"
         )
     # NOTE: ranks > 0 wait on the CPU group for rank 0's next step however long the engine idles (a
     # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo

@@ -1,4 +1,4 @@
-"""Starting the ranks of a tensor-parallel engine, and noticing when one dies.
+"""Starting the ranks of a tensor- or expert-parallel engine, and noticing when one dies.
 
 Two ways in, one engine:
 - outpace starts them (``LLM(..., tensor_parallel_size=N)`` or the CLI in a plain process): this
@@ -8,6 +8,13 @@ Two ways in, one engine:
   MASTER_ADDR in the environment, several machines alike): each process joins through env://, rank 0
   carries on as the driver and every other rank serves it (``follow``) and then exits.
 Either way ranks > 0 build the same engine and follow rank 0 step by step (distributed/lockstep.py).
+
+The engine's ranks are ``EngineConfig.world_size`` (the larger of its tensor- and expert-parallel
+sizes), and the group plays the parts those sizes give it (distributed/group.py ``with_parts``). Several
+machines are torchrun's business alone: ``torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d
+--rdzv-endpoint HOST:PORT -m outpace serve ...`` on each machine gives N x G ranks that meet through
+env://, rank 0 (on the first machine) serving and the others following, the same code as on one machine.
+When the ranks meet they check that they were all started alike (distributed/agreement.py).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from outpace.distributed.group import SINGLE, RankGroup, init_rank_group
+from outpace.distributed.agreement import agree_on_config
+from outpace.distributed.group import SINGLE, RankGroup, init_rank_group, with_parts
 
 COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives wait at most this long for a rank that hangs
 _started_here: set[int] = set()  # the open Ranks (by id) whose other ranks this process started
@@ -65,7 +73,7 @@ class Ranks:
                 f"rank {r} exited with {exit_reason(code)}" for r, code in sorted(dead.items())
             )
             return RankFailure(
-                f"tensor-parallel {described}; the engine stopped the other ranks: {error}"
+                f"the engine's {described}; the engine stopped the other ranks: {error}"
             )
         if isinstance(error, dist.DistError):
             return RankFailure(
@@ -115,8 +123,7 @@ def join_ranks(config) -> Ranks:
     """This process's ``Ranks`` for an engine of ``config`` (EngineConfig): one rank alone; a rank of a
     group that torchrun started (or that the caller initialised), where ranks > 0 serve rank 0 here and
     then exit the process; or rank 0 of a group whose other ranks it starts now."""
-    size = config.tensor_parallel_size
-    if size == 1:
+    if config.world_size == 1:
         return Ranks()
     gc.collect()  # an engine dropped but not closed (held in a reference cycle) closes its ranks now
     if _started_here:
@@ -141,10 +148,16 @@ def join_group(config) -> Ranks:
     sets it up, unless the caller already did), for an engine of ``config``."""
     owns = not dist.is_initialized()
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    group = init_rank_group(
-        config.tensor_parallel_size, rank, config.device, timeout_s=COLLECTIVE_TIMEOUT_S
-    )
-    return Ranks(group, owns_group=owns)
+    group = init_rank_group(config.world_size, rank, config.device, timeout_s=COLLECTIVE_TIMEOUT_S)
+    return Ranks(engine_group(config, group), owns_group=owns)
+
+
+def engine_group(config, group: RankGroup) -> RankGroup:
+    """``group`` (just joined) as the engine of ``config`` uses it: playing the parts its tensor- and
+    expert-parallel sizes give it, once every rank agrees on the configuration (``ConfigMismatch``
+    otherwise, on every rank)."""
+    agree_on_config(config, group)
+    return with_parts(group, config.tensor_parallel_size, config.expert_parallel_size)
 
 
 def follow(config, group: RankGroup) -> None:
@@ -159,7 +172,7 @@ def _start_ranks(config) -> Ranks:
     init_method = f"tcp://127.0.0.1:{port}"
     context = mp.get_context("spawn")
     processes = {}
-    for rank in range(1, config.tensor_parallel_size):
+    for rank in range(1, config.world_size):
         p = context.Process(
             target=_rank_main,
             args=(config, rank, init_method),
@@ -170,13 +183,10 @@ def _start_ranks(config) -> Ranks:
         processes[rank] = p
     ranks = Ranks(processes=processes, owns_group=True)
     try:
-        ranks.group = init_rank_group(
-            config.tensor_parallel_size,
-            0,
-            config.device,
-            init_method,
-            timeout_s=COLLECTIVE_TIMEOUT_S,
+        group = init_rank_group(
+            config.world_size, 0, config.device, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
         )
+        ranks.group = engine_group(config, group)
     except BaseException:
         ranks.close(timeout_s=0.0)
         raise
@@ -188,13 +198,9 @@ def _rank_main(config, rank: int, init_method: str) -> None:
     """A started rank's process: join the group, follow rank 0, exit 1 (naming why) if that fails."""
     try:
         group = init_rank_group(
-            config.tensor_parallel_size,
-            rank,
-            config.device,
-            init_method,
-            timeout_s=COLLECTIVE_TIMEOUT_S,
+            config.world_size, rank, config.device, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
         )
-        follow(config, group)
+        follow(config, engine_group(config, group))
     except BaseException as e:  # rank 0 died or failed: leave, saying why
         print(f"outpace rank {rank}: stopping: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)

@@ -32,6 +32,25 @@ too) moe_intermediate_size / size rows of gate/up and the matching columns of do
 replicated, so every rank picks the same experts; each rank's experts return partial sums, and the routed
 plus shared output is summed over the ranks with one all-reduce. The grouped kernels take the sharded
 stacks as they are (each expert is a narrower SwiGLU).
+
+Expert parallelism (``EngineConfig.expert_parallel_size``, distributed/group.py): the routed experts are
+placed whole on the ranks of the expert group, expert e on rank e // (experts / size) (``ExpertPlacement``;
+a count that does not split is refused), and each rank reads only its experts from the checkpoint. The
+router is replicated; every rank holds every token (the activations are replicated between layers, as under
+TP), computes its own experts' contributions for all of them (the others' slots skipped) and one all-reduce
+sums the ranks' partial outputs: the tokens are "dispatched" by the routing every rank computed alike, and
+"combined" by the reduction. Where the expert group is the tensor-parallel group (EP = TP) that is the
+all-reduce the layer already makes for its shared experts; with TP = 1 the routed experts reduce over the
+expert group themselves (``RoutedExperts.run``) and the replicated shared experts are added after.
+
+Why an all-reduce and not an all-to-all at decode sizes: an all-to-all moves each token to the ranks of its
+experts and back, about 2 x top_k x (1 - 1 / size) rows of hidden values per token where an all-reduce moves
+2 x (1 - 1 / size) rows per token (ring), and its sends depend on the routing, so it needs the counts first
+(a host synchronisation or a padded worst case) while the all-reduce has a fixed shape (capturable in a CUDA
+graph with the rest of the step). With replicated activations nothing needs dispatching at all: the routing
+is already on every rank. distributed/dispatch_bytes.py computes the bytes per decode step of both at the
+DeepSeek-V3 shape; the all-to-all pays off once the activations are partitioned (data-parallel attention) and
+the batch is large, which outpace does not do yet.
 """
 
 from __future__ import annotations
@@ -45,7 +64,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.distributed.collectives import all_reduce
-from outpace.distributed.group import build_group
+from outpace.distributed.group import (
+    SINGLE,
+    RankGroup,
+    build_expert_group,
+    build_group,
+    building_in,
+)
+from outpace.distributed.sharding import Shard, ShardingError, mark_shard
 from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
 from outpace.layers.quant.experts import has_quantized_experts
@@ -135,18 +161,24 @@ def _limit_to_top_groups(choice: torch.Tensor, r: Routing) -> torch.Tensor:
 
 
 def run_experts(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: nn.ModuleList
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: Sequence[Callable[[torch.Tensor], torch.Tensor]],
 ) -> torch.Tensor:
     """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] -> sum over j of weights[:, j] times
-    expert ids[:, j] applied to x: [n, hidden] in x's dtype, accumulated in float32.
+    expert ids[:, j] applied to x: [n, hidden] in x's dtype, accumulated in float32. Slots whose id is not
+    one of ``experts`` (-1: another rank's expert, ``ExpertPlacement.local_ids``) are skipped.
 
     The tokens are sorted by expert and each expert runs once over its rows (one host sync for the
     per-expert counts): the place a grouped-GEMM kernel takes over on the GPU."""
-    top_k = ids.shape[1]
-    order = ids.flatten().argsort(stable=True)  # [n * top_k]: (token, slot) by expert
-    counts = torch.bincount(ids.flatten(), minlength=len(experts)).tolist()
+    top_k, here = ids.shape[1], len(experts)
+    local = ids.flatten()  # [n * top_k]
+    local = local.masked_fill((local < 0) | (local >= here), here)  # others' experts: sorted last
+    order = local.argsort(stable=True)  # [n * top_k]: (token, slot) by expert
+    counts = torch.bincount(local, minlength=here + 1).tolist()
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for expert, rows in zip(experts, order.split(counts)):
+    for expert, rows in zip(experts, order.split(counts)):  # (the last split: others' slots)
         if rows.numel():
             tokens = rows // top_k  # [rows]
             y = expert(x.index_select(0, tokens)).float() * weights.flatten()[rows, None]
@@ -201,6 +233,63 @@ class ExpertActivation:
         )
 
 
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """The routed experts this rank holds: ``first`` .. ``first + count`` of ``total``, whole. ``group``: the
+    expert-parallel group they are placed over (None: every expert on every rank, as under TP);
+    ``reduces_itself``: the expert group is not the layer's tensor-parallel group (TP = 1), so the experts'
+    output is summed over it by ``RoutedExperts.run`` (module docstring)."""
+
+    total: int
+    first: int
+    count: int
+    group: RankGroup | None = None
+    reduces_itself: bool = False
+
+    @classmethod
+    def building(cls, total: int) -> ExpertPlacement:
+        """The placement of ``total`` experts in the model being built (distributed/group.py): expert e on
+        rank e // (total / size) of the expert group, or all of them here."""
+        group = build_expert_group()
+        if group is None:
+            return cls(total, 0, total)
+        if total % group.size:
+            raise ShardingError(
+                f"the model's {total} routed experts do not split over expert_parallel_size="
+                f"{group.size} ranks: it must divide the expert count (n_routed_experts, num_experts)"
+            )
+        count = total // group.size
+        return cls(total, group.rank * count, count, group, build_group().size == 1)
+
+    @property
+    def shard(self) -> Shard | None:
+        """This rank's experts of a stacked checkpoint tensor [total, ...] (None: all of them)."""
+        return None if self.group is None else Shard(0, self.first, self.count, self.total)
+
+    def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [n, top_k] of all experts -> the same as indices of this rank's experts, -1 where another
+        rank's expert was chosen (the grouped kernels skip those slots)."""
+        local = ids - self.first
+        return local.masked_fill((local < 0) | (local >= self.count), -1)
+
+
+def expert_modules(num_experts: int, make_expert: Callable[[], nn.Module]) -> list[nn.Module]:
+    """The modules of the routed experts this rank holds (for ``RoutedExperts``' ``experts`` layout, with
+    ``num_experts``), ``make_expert()`` each: every expert, its rows split over the tensor-parallel group as
+    ``make_expert`` builds it, or under expert parallelism this rank's experts only, each built whole."""
+    placement = ExpertPlacement.building(num_experts)
+    if placement.group is None:
+        return [make_expert() for _ in range(num_experts)]
+    with building_in(SINGLE):
+        return [make_expert() for _ in range(placement.count)]
+
+
+def expert_rows_group() -> RankGroup:
+    """The group each routed expert's rows split over in the model being built: its tensor-parallel group,
+    or ``SINGLE`` where the experts are placed whole (expert parallel)."""
+    return SINGLE if build_expert_group() is not None else build_group()
+
+
 class StackedWeight(nn.Module):
     """One projection of every routed expert as a single [experts, out, in] parameter (``weight``)."""
 
@@ -221,7 +310,11 @@ class RoutedExperts(nn.Module):
       shard (narrower experts);
     - ``stacked=(experts, hidden, inter), packed=True``: ``gate_up_proj`` [experts, 2 * inter, hidden] (gate
       rows first) and ``down_proj`` [experts, hidden, inter] (transformers' fused experts: Gemma 4);
-    - ``stacked=..., packed=False``: ``{gate,up,down}_proj.weight`` [experts, out, in] (Step-3.5)."""
+    - ``stacked=..., packed=False``: ``{gate,up,down}_proj.weight`` [experts, out, in] (Step-3.5).
+
+    Under expert parallelism (module docstring) it holds this rank's experts only (``placement``): the
+    modules of experts ``first ..`` (``expert_modules`` builds them whole), registered under their indices
+    among all experts, or stacks of ``count`` experts read as that slice of the checkpoint's stacks."""
 
     def __init__(
         self,
@@ -229,19 +322,29 @@ class RoutedExperts(nn.Module):
         experts: Sequence[nn.Module] = (),
         stacked: tuple[int, int, int] | None = None,
         packed: bool = True,
+        num_experts: int | None = None,
     ) -> None:
+        """``experts``: the expert modules this rank holds, of ``num_experts`` in all (default: these are
+        all); ``stacked``: (all experts, hidden, inter) of the stacked layouts."""
         super().__init__()
         experts = list(experts)
         if bool(experts) == (stacked is not None):
             raise ValueError("RoutedExperts holds either expert modules or stacked weights")
         self.activation = activation
+        total = stacked[0] if stacked is not None else num_experts or len(experts)
+        self.placement = ExpertPlacement.building(total)
+        if experts and len(experts) != self.placement.count:
+            raise ValueError(
+                f"{len(experts)} expert modules given for this rank's {self.placement.count} of "
+                f"{total} experts (expert parallel: build them with layers/moe.py expert_modules)"
+            )
         self.per_expert = experts  # (registered below under their checkpoint names)
         for e, expert in enumerate(self.per_expert):
-            self.add_module(str(e), expert)
-        self.num_experts = len(self.per_expert)
+            self.add_module(str(self.placement.first + e), expert)
+        self.num_experts = self.placement.count  # (the experts held here)
         self._stacks: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
         if stacked is not None:
-            self.num_experts, hidden, inter = stacked
+            _, hidden, inter = stacked
             if packed:
                 if not activation.gated:
                     raise ValueError("packed gate/up stacks hold gated experts")
@@ -252,6 +355,17 @@ class RoutedExperts(nn.Module):
                     self.gate_proj = StackedWeight(self.num_experts, inter, hidden)
                 self.up_proj = StackedWeight(self.num_experts, inter, hidden)
                 self.down_proj = StackedWeight(self.num_experts, hidden, inter)
+            for param in self.parameters():
+                mark_shard(param, self.placement.shard)
+
+    def checkpoint_tensors_elsewhere(self) -> list[str]:
+        """The names (relative to this module) of the checkpoint's expert tensors that other ranks hold and
+        this one never reads (checkpoint.py skips them): the other experts' modules' parameters."""
+        if self.placement.group is None or not self.per_expert:
+            return []
+        here = range(self.placement.first, self.placement.first + self.placement.count)
+        names = [name for name, _ in self.per_expert[0].named_parameters()]
+        return [f"{e}.{n}" for e in range(self.placement.total) if e not in here for n in names]
 
     def __len__(self) -> int:
         return self.num_experts
@@ -287,11 +401,23 @@ class RoutedExperts(nn.Module):
     ) -> torch.Tensor:
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
-        layout the routing kernel wrote (layers/moe_kernels.py grouped_experts)."""
+        layout the routing kernel wrote (layers/moe_kernels.py grouped_experts).
+
+        Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
+        computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
+        are summed here, so that the output is always this rank's partial sum over the layer's
+        tensor-parallel group (module docstring)."""
+        placement = self.placement
+        if placement.group is not None:
+            if layout is not None:
+                raise ValueError(
+                    "an expert-parallel rank aligns its own experts' slots: route without a layout"
+                )
+            ids = placement.local_ids(ids)  # [n, top_k]: -1 where another rank's expert was chosen
         if self.uses_kernels(x):
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
-            return moe_kernels.grouped_experts(
+            out = moe_kernels.grouped_experts(
                 x,
                 weights,
                 ids,
@@ -300,10 +426,13 @@ class RoutedExperts(nn.Module):
                 limit=self.activation.limit,
                 shared=shared,
                 layout=layout,
+                skipped_slots=placement.group is not None,
             )
-        if shared is not None:
-            raise ValueError("fused shared experts run on the grouped kernels only")
-        return run_experts(x, weights, ids, self.eager_experts())
+        else:
+            if shared is not None:
+                raise ValueError("fused shared experts run on the grouped kernels only")
+            out = run_experts(x, weights, ids, self.eager_experts())
+        return all_reduce(out, placement.group) if placement.reduces_itself else out
 
     def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         """Each expert as run_experts calls it: its module, or ``stacked_expert`` of its index."""
@@ -384,11 +513,13 @@ class MoE(nn.Module):
         super().__init__()
         self.group = build_group()
         self.gate = Router(hidden_size, routing)
-        experts = [
-            make_mlp(expert_size, False, reduce=False, what="moe_intermediate_size")
-            for _ in range(routing.num_experts)
-        ]
-        self.experts = RoutedExperts(ExpertActivation(experts[0].act), experts)
+        experts = expert_modules(
+            routing.num_experts,
+            partial(make_mlp, expert_size, False, reduce=False, what="moe_intermediate_size"),
+        )
+        self.experts = RoutedExperts(
+            ExpertActivation(experts[0].act), experts, num_experts=routing.num_experts
+        )
         self.shared_experts = (
             make_mlp(
                 expert_size * num_shared,
@@ -421,9 +552,14 @@ def moe_on_kernels(
     the grouped kernels' block layout (one launch after the logits' on CUDA), the shared MLP fused with the
     routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
     MoE block is a Router, a RoutedExperts and a weight-1 shared MLP can call it."""
-    shared = shared_expert_stacks(shared_mlp, experts)
+    placement = experts.placement
+    # (expert parallel with TP = 1: the routed output is reduced over the ranks, the replicated shared MLP not)
+    shared = None if placement.reduces_itself else shared_expert_stacks(shared_mlp, experts)
     num_shared = 0 if shared is None else shared[1].shape[0]
-    weights, ids, layout = router(x, num_shared, layout=True)
+    if placement.group is None:
+        weights, ids, layout = router(x, num_shared, layout=True)
+    else:  # (the routing kernel's layout is of all experts: this rank's is aligned by grouped_experts)
+        (weights, ids), layout = router(x), None
     out = experts.run(x, weights, ids, shared=shared, layout=layout)
     if shared is None and shared_mlp is not None:
         out = out + shared_mlp(x)

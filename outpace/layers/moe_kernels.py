@@ -129,7 +129,8 @@ def sort_pairs_into_blocks(
     CHUNK: tl.constexpr,
 ):
     """The block layout (module docstring 1.), by the one program that calls it. Pairs keep their order
-    within an expert (stable), rows past an expert's pairs hold the sentinel ``pairs``."""
+    within an expert (stable), rows past an expert's pairs hold the sentinel ``pairs``. A routed id of -1
+    (another expert-parallel rank's expert, layers/moe.py ``ExpertPlacement``) puts its pair in no block."""
     experts = tl.arange(0, BLOCK_E)
     offs = tl.arange(0, CHUNK)
     counts = tl.zeros([BLOCK_E], tl.int32)
@@ -158,7 +159,7 @@ def sort_pairs_into_blocks(
         hit = (ids[:, None] == experts[None, :]).to(tl.int32)  # [CHUNK, BLOCK_E]
         rank = tl.cumsum(hit, axis=0) - hit + seen[None, :]  # earlier pairs of the same expert
         row = tl.sum(hit * (first_block[None, :] * BLOCK_M + rank), axis=1)  # [CHUNK]
-        tl.store(sorted_pairs_ptr + row, start + offs, mask=start + offs < pairs)
+        tl.store(sorted_pairs_ptr + row, start + offs, mask=(start + offs < pairs) & (ids >= 0))
         seen += tl.sum(hit, axis=0)
 
 
@@ -430,6 +431,7 @@ def grouped_experts(
     block_n: int | None = None,
     shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
     layout: BlockLayout | None = None,
+    skipped_slots: bool = False,
 ) -> torch.Tensor:
     """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] int (each with its last dimension
     contiguous); gate (None: ungated experts) and up [experts, inter, hidden]; down [experts, hidden,
@@ -439,7 +441,8 @@ def grouped_experts(
     routing kernel wrote it (else ``_align_kernel`` writes it) -> sum over slots j of weights[:, j] times
     expert ids[:, j] applied to x, plus the shared experts' output: [n, hidden] in x's dtype, accumulated
     in float32 (the intermediate rounded to x's dtype, as the eager experts round it). No host
-    synchronisation."""
+    synchronisation. ``skipped_slots``: ids may be -1 (another expert-parallel rank's expert), a slot that
+    adds nothing (its partial row is zeroed, not computed)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -506,7 +509,9 @@ def grouped_experts(
         num_warps=warps,
         num_stages=2 if fp32 else 4,
     )
-    partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
+    partial = (torch.zeros if skipped_slots else torch.empty)(
+        pairs, hidden, dtype=torch.float32, device=x.device
+    )
     bn_down = block_n or (32 if fp32 else 64)
     _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
         act,

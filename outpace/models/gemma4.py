@@ -43,7 +43,7 @@ from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.layers.linear import linear
-from outpace.layers.moe import ExpertActivation, RoutedExperts
+from outpace.layers.moe import ExpertActivation, RoutedExperts, expert_rows_group
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -279,12 +279,12 @@ class Gemma4Experts(RoutedExperts):
     partial sums are all-reduced once."""
 
     def __init__(self, hidden_size: int, moe: Gemma4Moe, act: str) -> None:
-        group, full = build_group(), moe.intermediate_size
-        size = split_evenly(full, group.size, "moe_intermediate_size")
+        group, rows, full = build_group(), expert_rows_group(), moe.intermediate_size
+        size = split_evenly(full, rows.size, "moe_intermediate_size")
         super().__init__(ExpertActivation(act), stacked=(moe.num_experts, hidden_size, size))
         self.group = group
-        if group.size > 1:
-            first = group.rank * size
+        if rows.size > 1:
+            first = rows.rank * size
             mark_shard(self.gate_up_proj, Shard(1, first, size, 2 * full, blocks=2))
             mark_shard(self.down_proj, Shard(2, first, size, full))
 

@@ -40,6 +40,7 @@ from outpace.layers.moe import (
     RoutedExperts,
     Router,
     Routing,
+    expert_modules,
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
@@ -177,17 +178,18 @@ class NemotronHMoE(nn.Module):
         act, bias, self.group = raw["mlp_hidden_act"], raw["mlp_bias"], build_group()
         self.experts = RoutedExperts(
             ExpertActivation(act, gated=False),
-            [
-                UngatedMLP(
+            expert_modules(  # (this rank's experts, whole, under expert parallelism)
+                experts,
+                lambda: UngatedMLP(
                     hidden_size,
                     raw["moe_intermediate_size"],
                     act,
                     False,
                     reduce=False,
                     what="moe_intermediate_size",
-                )
-                for _ in range(experts)
-            ],
+                ),
+            ),
+            num_experts=experts,
         )
         self.shared_experts = UngatedMLP(
             hidden_size,

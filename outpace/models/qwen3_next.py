@@ -47,6 +47,7 @@ from outpace.layers.moe import (
     RoutedExperts,
     Router,
     Routing,
+    expert_modules,
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
@@ -225,17 +226,18 @@ class SparseMoeWithSharedExpert(nn.Module):
         super().__init__()
         self.group = build_group()
         self.gate = Router(hidden_size, hybrid.routing)
-        experts = [
-            GatedMLP(
+        num_experts = hybrid.routing.num_experts
+        experts = expert_modules(
+            num_experts,
+            lambda: GatedMLP(
                 hidden_size,
                 hybrid.moe_intermediate_size,
                 act,
                 reduce=False,
                 what="moe_intermediate_size",
-            )
-            for _ in range(hybrid.routing.num_experts)
-        ]
-        self.experts = RoutedExperts(ExpertActivation(act), experts)
+            ),
+        )  # (this rank's experts, whole, under expert parallelism)
+        self.experts = RoutedExperts(ExpertActivation(act), experts, num_experts=num_experts)
         self.shared_expert = GatedMLP(
             hidden_size,
             hybrid.shared_expert_intermediate_size,

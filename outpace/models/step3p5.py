@@ -65,7 +65,13 @@ from outpace.layers.activation import silu_and_mul
 from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import column_parallel
-from outpace.layers.moe import ExpertActivation, RoutedExperts, Router, Routing
+from outpace.layers.moe import (
+    ExpertActivation,
+    RoutedExperts,
+    Router,
+    Routing,
+    expert_rows_group,
+)
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -417,7 +423,7 @@ class Step3p5MoE(RoutedExperts):
 
     def __init__(self, cfg: Step3p5Config, limit: float | None) -> None:
         group, e, h, full = (
-            build_group(),
+            expert_rows_group(),  # (the tensor-parallel group, or one rank under expert parallelism)
             cfg.routing.num_experts,
             cfg.hidden_size,
             cfg.moe_intermediate_size,
