@@ -30,7 +30,13 @@ from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
 from outpace.engine.cuda_graphs import batch_buckets
-from outpace.engine.memory import agree_across_ranks, plan_kv_pool, refuse_too_small, resize_kv_pool
+from outpace.engine.memory import (
+    agree_across_ranks,
+    plan_kv_pool,
+    refuse_too_small,
+    resize_kv_pool,
+    weights_summary,
+)
 from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
@@ -159,6 +165,7 @@ class LLMEngine:
         self.model = load_model(
             config.model, dtype, config.device, progress=progress, load_format=config.load_format
         )
+        _report(weights_summary(self.model, self.model_config.quantization), progress)
         if config.device == "cpu":
             configure_threads(sum(p.numel() for p in self.model.parameters()))
         # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)

@@ -29,6 +29,7 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import kv_cache_bytes, rebind_kv_caches
 from outpace.distributed.group import RankGroup
 from outpace.engine.warm_up import scratch_prefill
+from outpace.layers.quant.loading import quantized_bytes
 from outpace.validation import ConfigError
 
 GiB = 1 << 30
@@ -114,6 +115,16 @@ def plan_kv_pool(
     return MemoryPlan(
         device.type, budget, in_use, workspace, graphs, block_bytes, max(min(fits, limit), 0), limit
     )
+
+
+def weights_summary(model: torch.nn.Module, quantization) -> str:
+    """The start-up line on the weights: their bytes as stored (what the budget above finds in use) and, for a
+    quantized checkpoint (``ModelConfig.quantization``), the format and the bytes of its quantized projections."""
+    quantized, total = quantized_bytes(model)
+    line = f"weights: {total / GiB:.3f} GiB as stored"
+    if quantization is None:
+        return line
+    return f"{line}; {quantization.description}: {quantized / GiB:.3f} GiB of quantized projections"
 
 
 def agree_across_ranks(num_blocks: int, group: RankGroup) -> int:

@@ -141,6 +141,7 @@ def write_quantized(
 
 
 def is_projection(name: str) -> bool:
-    """A decoder projection (``*_proj.weight``), not a router, head, embedding or norm, nor DeepSeek MTP's
-    ``eh_proj`` (bf16 in DeepSeek-V3's files)."""
-    return name.endswith("_proj.weight") and not name.endswith("eh_proj.weight")
+    """A decoder projection (``*proj*.weight``: q_a_proj, in_proj_qkvz, experts' down_proj, ...), not a
+    router, head, embedding or norm, nor DeepSeek MTP's ``eh_proj`` (bf16 in DeepSeek-V3's files)."""
+    leaf = name.removesuffix(".weight").rpartition(".")[2]
+    return name.endswith(".weight") and "proj" in leaf and leaf != "eh_proj"

@@ -170,3 +170,79 @@ def test_a_module_the_ignore_list_keeps_unquantized_is_refused_when_quantized(
     q_dir, _ = write_quantized(deepseek_mtp, tmp_path, "fp8_block", is_projection, config)
     with pytest.raises(ConfigError, match="modules_to_not_convert"):
         load_model(q_dir, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory):
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+
+    def write(variant):
+        return save_hybrid(make_hybrid(variant), tmp_path_factory.mktemp(variant))
+
+    return write
+
+
+def hybrid_logits(path, n: int = 20) -> torch.Tensor:
+    ids = torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(2)).tolist()
+    out = LLM(str(path), block_size=4).generate([ids], GREEDY.replace(logprobs=5))
+    return out[0]
+
+
+def test_qwen3_next_block_fp8_with_bf16_scales(hybrids, tmp_path):
+    """Qwen3-Next-FP8's layout: bf16 scales, the linear attention's in_proj_ba (and A_log, conv1d, dt_bias,
+    norms, routers) unquantized and listed in modules_to_not_convert."""
+    src = hybrids("qwen3_next")
+    config = block_fp8_config((16, 16), modules_to_not_convert=["lm_head", "in_proj_ba"])
+    q_dir, ref_dir = write_quantized(
+        src,
+        tmp_path,
+        "fp8_block",
+        lambda n: is_projection(n) and "in_proj_ba" not in n,
+        config,
+        torch.bfloat16,
+    )
+    model = load_model(q_dir, torch.float32)
+    names = quantized_modules(model)
+    assert any("in_proj_qkvz" in n for n in names) and not any("in_proj_ba" in n for n in names)
+    a, b = hybrid_logits(q_dir), hybrid_logits(ref_dir)
+    assert a.token_ids == b.token_ids
+    ids = torch.tensor([[5, 9, 2, 33, 1, 7]])
+    with torch.no_grad():
+        hf = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+        expected = hf(ids).logits[0, -1].argmax().item()
+    got = LLM(str(q_dir), block_size=4).generate([ids[0].tolist()], GREEDY.replace(max_tokens=1))
+    assert got[0].token_ids == [expected]
+
+
+def test_nemotron_h_modelopt_fp8(hybrids, tmp_path):
+    """ModelOpt's layout: per-tensor weight_scale and input_scale, hf_quant_config.json, KV scales skipped."""
+    from safetensors.torch import load_file, save_file
+
+    from helpers.quantized_checkpoints import modelopt_config
+
+    src = hybrids("nemotron_h")
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_tensor", is_projection, modelopt_config(["lm_head"])
+    )
+    tensors = load_file(str(q_dir / "model.safetensors"))
+    k_proj = next(n for n in tensors if n.endswith("k_proj.weight"))
+    tensors[k_proj.replace(".weight", ".k_scale")] = torch.tensor(
+        1.0
+    )  # the FP8 KV cache's: skipped
+    save_file(tensors, str(q_dir / "model.safetensors"), metadata={"format": "pt"})
+    model = load_model(q_dir, torch.float32)
+    assert len(quantized_modules(model)) > 5
+    assert hybrid_logits(q_dir).token_ids == hybrid_logits(ref_dir).token_ids
+
+
+def test_the_start_up_line_names_the_format_and_bytes(deepseek_mtp, tmp_path):
+    from outpace.engine.memory import weights_summary
+
+    q_dir, ref_dir = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    q, ref = load_model(q_dir, torch.float32), load_model(ref_dir, torch.float32)
+    line = weights_summary(q, q.config.quantization)
+    assert "block FP8 e4m3 (16x16 blocks)" in line and "GiB" in line
+    stored = sum(p.numel() * p.element_size() for p in q.parameters())
+    assert stored < 0.6 * sum(p.numel() * p.element_size() for p in ref.parameters())
