@@ -7,13 +7,20 @@ from torch import nn
 
 from outpace.attention.backend import KVCache
 from outpace.attention.context import get_forward_context
+from outpace.attention.kv_quant import is_fp8, store, unit_scale
 from outpace.attention.metadata import PagedAttentionMetadata
 
 
 class PagedCacheLayer(nn.Module):
     """A module that owns one layer's share of the paged KV pool. ``bind_kv_cache`` (cache/kv_cache.py)
     asks each for its tensors, so every layer declares its own per-token layout (per-head k and v here,
-    one latent row for MLA: layers/mla.py)."""
+    one latent row for MLA: layers/mla.py).
+
+    An FP8 cache (attention/kv_quant.py) is stored with the layer's float32 scales: ``k_scale`` (and
+    ``v_scale`` for a separate v cache), non-persistent buffers at 1.0 unless a checkpoint gives them
+    (cache/kv_scales.py): they are not weights, and a checkpoint saved from the model carries none."""
+
+    kv_scale_names: tuple[str, ...] = ("k_scale",)  # the scales the layer's cache is stored with
 
     kv_cache: tuple[torch.Tensor, ...] | None = (
         None  # bound by the engine when it allocates the pool
@@ -26,6 +33,15 @@ class PagedCacheLayer(nn.Module):
         [num_blocks, block_size, ...], a token's entry at [block, offset] of each (what the engine's tree
         commit copies rows of)."""
         raise NotImplementedError
+
+    def register_kv_scales(self) -> None:
+        for name in self.kv_scale_names:
+            self.register_buffer(name, unit_scale(), persistent=False)
+
+    @property
+    def fp8_cache(self) -> bool:
+        """Whether the bound cache stores float8 (its readers dequantize with the layer's scales)."""
+        return self.kv_cache is not None and is_fp8(self.kv_cache[0].dtype)
 
 
 class Attention(PagedCacheLayer):
@@ -45,6 +61,20 @@ class Attention(PagedCacheLayer):
         self.sliding_window = sliding_window
         self.scale = head_dim**-0.5 if scale is None else scale
         self.kv_cache: KVCache | None = None  # bound by the engine when it allocates the pool
+        self.register_kv_scales()
+
+    kv_scale_names = ("k_scale", "v_scale")
+
+    def kv_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k_scale, v_scale) [] float32 for an FP8 cache, None for a cache in the model's dtype."""
+        return (self.k_scale, self.v_scale) if self.fp8_cache else None
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """k, v [n, kv_heads, head_dim] into the cache at slot_mapping [n] flat slots (quantized for
+        an FP8 cache), without attending."""
+        k_cache, v_cache = self.kv_cache
+        store(k_cache, slot_mapping, k, self.k_scale)
+        store(v_cache, slot_mapping, v, self.v_scale)
 
     def bind_cache(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
@@ -68,17 +98,27 @@ class Attention(PagedCacheLayer):
         (needed with a sliding window) -> [num_tokens, heads * head_dim]."""
         ctx = get_forward_context()
         out = ctx.backend.forward(
-            q, k, v, self.kv_cache, ctx.metadata, self.scale, self.sliding_window, positions
+            q,
+            k,
+            v,
+            self.kv_cache,
+            ctx.metadata,
+            self.scale,
+            self.sliding_window,
+            positions,
+            self.kv_scales(),
         )
         return out.reshape(out.shape[0], -1)
 
     def fused_write_target(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(k_cache, v_cache, slot_mapping [num_tokens]) for a kernel that writes this forward's k and v
         into the cache itself, when the backend can then attend over it (``attend_written``); None
-        otherwise (no paged cache bound, or a backend that writes the cache on its own)."""
+        otherwise (no paged cache bound, a backend that writes the cache on its own, or an FP8 cache,
+        which the fused projection kernels do not quantize)."""
         ctx = get_forward_context()
         if (
             self.kv_cache is None
+            or self.fp8_cache
             or not isinstance(ctx.metadata, PagedAttentionMetadata)
             or not hasattr(ctx.backend, "attend_written")
         ):
@@ -92,6 +132,12 @@ class Attention(PagedCacheLayer):
         [num_tokens] as in ``forward`` -> [num_tokens, heads * head_dim]."""
         ctx = get_forward_context()
         out = ctx.backend.attend_written(
-            q, self.kv_cache, ctx.metadata, self.scale, self.sliding_window, positions
+            q,
+            self.kv_cache,
+            ctx.metadata,
+            self.scale,
+            self.sliding_window,
+            positions,
+            self.kv_scales(),
         )
         return out.reshape(out.shape[0], -1)

@@ -28,6 +28,9 @@ Two entry points: ``mla_paged_attention`` (the eager layer's: one query latent, 
 kernel adds as it loads them; partials always, and the merge takes each head's attended latent through
 its W_UV, so the block's value projection costs no launch of its own).
 
+An FP8 latent cache (attention/kv_quant.py) is read in place: the layer's one k scale multiplies the
+scores (folded into the softmax scale) and the attended latents.
+
 Not batch-invariant: as the fast path of attention/triton_kernels.py, a row's reduction order follows the
 batch (tile rows, split count), so the deterministic mode (EngineConfig.batch_invariant) does not extend
 to MLA targets yet.
@@ -41,8 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.kv_quant import is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
-from outpace.attention.triton_kernels import _kv_rows, _merge_partials, _softmax_step
+from outpace.attention.triton_kernels import _kv_rows, _kv_scales, _merge_partials, _softmax_step
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -108,6 +112,7 @@ def _mla_kernel(
     seq_lens_ptr,
     query_lens_ptr,  # [num_seqs] int64
     custom_mask_ptr,  # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
+    k_scale_ptr,  # [] float32: an FP8 cache's scale, of the whole row (KV_SCALED)
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
     window,
@@ -136,6 +141,7 @@ def _mla_kernel(
     PARTIALS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
+    KV_SCALED: tl.constexpr,  # an FP8 cache: rows read as stored * scale
 ):
     # a sequence's row tiles are consecutive programs: they read the same KV rows together
     tile = tl.program_id(0)
@@ -167,6 +173,9 @@ def _mla_kernel(
             mask=row_ok[:, None] & p_ok[None, :],
             other=0.0,
         )  # [BLOCK_M, BLOCK_P]
+        # An FP8 row is stored * scale, key and value alike: the scale folds into the scores and the output.
+        k_scale, _ = _kv_scales(k_scale_ptr, k_scale_ptr, KV_SCALED)
+        score_scale = qk_scale * k_scale
         bt_ptr = block_tables_ptr + seq * stride_bt_seq
         mask_rows = (
             custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q
@@ -192,7 +201,7 @@ def _mla_kernel(
             )  # [BLOCK_N, BLOCK_P]
             s = tl.dot(q_lat, tl.trans(latent), input_precision=PRECISION)
             s = (
-                tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * qk_scale
+                tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * score_scale
             )  # [BLOCK_M, BLOCK_N]
             if (
                 HAS_MASK
@@ -206,6 +215,7 @@ def _mla_kernel(
                 visible = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
             s = tl.where(visible, s, float("-inf"))
             m_i, l_i, acc = _softmax_step(s, latent, m_i, l_i, acc, PRECISION)
+        acc = acc * k_scale
         out_ok = row_ok[:, None] & r_ok[None, :]
         if PARTIALS:
             part = (split * num_tokens + token) * HEADS + head  # [BLOCK_M]
@@ -331,12 +341,16 @@ def mla_paged_attention(
     meta: PagedAttentionMetadata,
     scale: float,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q_latent [num_tokens, heads, R] (W_UK^T q_nope per head), q_rope [num_tokens, heads, P] (rotated) over
     the latent cache ``cache_rows`` [num_blocks, block_size, 1, R + P] (contiguous, the new tokens' rows
     already written) -> the attended latents [num_tokens, heads, R] in q_latent's dtype, under the
-    metadata's causal or tree mask. ``num_splits`` overrides the split-KV heuristic (tests)."""
-    return _attend(q_latent.unsqueeze(0), q_rope, cache_rows, meta, scale, None, num_splits)
+    metadata's causal or tree mask. ``num_splits`` overrides the split-KV heuristic (tests). An FP8
+    cache comes with its ``k_scale`` ([] float32, attention/kv_quant.py) and is read in place."""
+    return _attend(
+        q_latent.unsqueeze(0), q_rope, cache_rows, meta, scale, None, num_splits, k_scale
+    )
 
 
 def mla_attention_up(
@@ -347,12 +361,13 @@ def mla_attention_up(
     scale: float,
     up: torch.Tensor,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``mla_paged_attention`` for a query latent given as the sum of parts [parts, num_tokens, heads, R]
     (layers/mla_fused.py: partial products of the absorption), each head's attended latent then taken
     through its up projection ``up`` [heads, OUT, R] (W_UV, unit stride along R) -> [num_tokens, heads,
     OUT]. Two launches at any split count: the attention writes partials, the merge applies ``up``."""
-    return _attend(q_latent_parts, q_rope, cache_rows, meta, scale, up, num_splits)
+    return _attend(q_latent_parts, q_rope, cache_rows, meta, scale, up, num_splits, k_scale)
 
 
 def _attend(
@@ -363,7 +378,12 @@ def _attend(
     scale: float,
     up: torch.Tensor | None,
     num_splits: int | None,
+    k_scale: torch.Tensor | None,
 ) -> torch.Tensor:
+    if is_fp8(cache_rows.dtype) != (k_scale is not None):
+        raise ValueError(
+            f"a {cache_rows.dtype} latent cache comes with its k_scale exactly when it is FP8"
+        )
     q_parts = q_parts if q_parts.stride(-1) == 1 else q_parts.contiguous()
     q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
     num_parts, num_tokens, heads, rank = q_parts.shape
@@ -416,6 +436,7 @@ def _attend(
         meta.seq_lens,
         meta.query_lens,
         mask_arg,
+        flat_cache if k_scale is None else k_scale,  # (unused without a scale)
         scale * _LOG2E,
         num_tokens,
         window,
@@ -443,6 +464,7 @@ def _attend(
         PARTIALS=partials,
         HAS_MASK=mask is not None,
         PRECISION="ieee" if fp32 else "tf32",
+        KV_SCALED=k_scale is not None,
         num_warps=8 if block_m > 16 else 4,
         num_stages=2,
     )

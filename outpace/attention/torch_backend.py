@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from outpace.attention.backend import KVCache
+from outpace.attention.backend import KVCache, KVScales
+from outpace.attention.kv_quant import dequantize, store
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
 
 
@@ -32,10 +33,11 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None = None,
         positions: torch.Tensor | None = None,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
         if isinstance(metadata, DenseCausalMetadata):
             return _dense_causal(q, k, v, metadata, scale, sliding_window)
-        return _paged(q, k, v, kv_cache, metadata, scale, sliding_window, positions)
+        return _paged(q, k, v, kv_cache, metadata, scale, sliding_window, positions, kv_scales)
 
 
 def _dense_causal(
@@ -75,15 +77,16 @@ def _paged(
     scale: float,
     sliding_window: int | None,
     positions: torch.Tensor | None,
+    kv_scales: KVScales | None,
 ) -> torch.Tensor:
     k_cache, v_cache = kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    k_scale, v_scale = kv_scales or (None, None)
+    store(k_cache, meta.slot_mapping, k, k_scale)
+    store(v_cache, meta.slot_mapping, v, v_scale)
     return attend_paged(
         q,
-        gather_blocks(k_cache, meta).to(q.dtype),
-        gather_blocks(v_cache, meta).to(q.dtype),
+        dequantize(gather_blocks(k_cache, meta), k_scale, q.dtype),
+        dequantize(gather_blocks(v_cache, meta), v_scale, q.dtype),
         meta,
         scale,
         sliding_window,

@@ -123,12 +123,15 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.backend import KVScales
 from outpace.attention.context import batch_invariant
+from outpace.attention.kv_quant import FP8_KV_MAX, is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
+FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
 _PROGRAMS_PER_SM = 2  # target grid size for split-KV, in programs per streaming multiprocessor
 _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
@@ -146,6 +149,8 @@ def _write_kv_kernel(
     seq_index_ptr,
     query_index_ptr,  # [num_tokens] int64
     token_table_ptr,  # [num_seqs, max_query_len] int32, written here
+    k_scale_ptr,
+    v_scale_ptr,  # [] float32: an FP8 cache's scales (QUANT)
     stride_kt,
     stride_kh,
     stride_vt,
@@ -157,6 +162,7 @@ def _write_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,  # an FP8 cache: stores clamp(x / scale) (attention/kv_quant.py)
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
@@ -165,12 +171,37 @@ def _write_kv_kernel(
     ok = (offs_h[:, None] < KV_HEADS) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
     cache_offs = slot * stride_cache_slot + offs_h[:, None] * stride_cache_head + offs_d[None, :]
     k = tl.load(k_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=ok)
-    tl.store(k_cache_ptr + cache_offs, k.to(k_cache_ptr.dtype.element_ty), mask=ok)
     v = tl.load(v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=ok)
+    if QUANT:
+        k = fp8_rows(k, k_scale_ptr)
+        v = fp8_rows(v, v_scale_ptr)
+    tl.store(k_cache_ptr + cache_offs, k.to(k_cache_ptr.dtype.element_ty), mask=ok)
     tl.store(v_cache_ptr + cache_offs, v.to(v_cache_ptr.dtype.element_ty), mask=ok)
     seq = tl.load(seq_index_ptr + token)
     query_index = tl.load(query_index_ptr + token)
     tl.store(token_table_ptr + seq * stride_table_seq + query_index, token)
+
+
+@triton.jit
+def fp8_rows(x, scale_ptr):
+    """Rows x as an FP8 cache stores them, in float32: clamp(x / scale) to e4m3's range, rounded to the
+    nearest e4m3 value (ties to even), so the cast to float8 that follows is exact.
+
+    NOTE: Triton's interpreter casts float32 to float8e4nv without carrying a rounded-up mantissa into
+    the exponent (1.98 -> 1.0, where torch and the GPU give 2.0); rounding here first keeps the
+    interpreter's cast (the CPU tests) exact too, at a few ALU operations a value on the GPU."""
+    y = tl.clamp(x.to(tl.float32) / tl.load(scale_ptr).to(tl.float32), -FP8_MAX, FP8_MAX)
+    bits = y.to(tl.int32, bitcast=True)
+    magnitude = tl.abs(y)
+    # e4m3: 3 mantissa bits, normal from 2^-6, subnormals spaced 2^-9
+    exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    ulp = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(exponent - 3)
+    # magnitude / ulp < 16: adding and taking away 1.5 * 2^23 rounds it to an integer, ties to even
+    rounded = ((magnitude / ulp + 12582912.0) - 12582912.0) * ulp
+    sign = (
+        bits >> 31
+    ) << 31  # y's sign bit (a rounded -0.0 or tiny negative stays -0.0, as torch's cast)
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -423,6 +454,8 @@ def _attention_kernel(
     query_lens_ptr,  # [num_seqs] int64
     custom_mask_ptr,  # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
     positions_ptr,  # [num_tokens] int64: each token's position (SLIDING)
+    k_scale_ptr,
+    v_scale_ptr,  # [] float32: an FP8 cache's scales (KV_SCALED)
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
     window,
@@ -452,6 +485,7 @@ def _attention_kernel(
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
+    KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
@@ -488,6 +522,7 @@ def _attention_kernel(
         q_pos = q_index  # unused without SLIDING
         if SLIDING:
             q_pos = tl.load(positions_ptr + token, mask=row_ok, other=0).to(tl.int32)  # [BLOCK_M]
+        k_scale, v_scale = _kv_scales(k_scale_ptr, v_scale_ptr, KV_SCALED)
         _attention_program(
             q,
             k_cache_ptr,
@@ -498,7 +533,8 @@ def _attention_kernel(
             part_sum_ptr,
             block_tables_ptr,
             custom_mask_ptr,
-            qk_scale,
+            qk_scale * k_scale,
+            v_scale,
             num_tokens,
             window,
             stride_ot,
@@ -541,6 +577,17 @@ def _attention_kernel(
 
 
 @triton.jit
+def _kv_scales(k_scale_ptr, v_scale_ptr, KV_SCALED: tl.constexpr):
+    """An FP8 cache's (k_scale, v_scale) as float32 scalars; (1.0, 1.0) for a cache in the model's dtype."""
+    k_scale = 1.0
+    v_scale = 1.0
+    if KV_SCALED:
+        k_scale = tl.load(k_scale_ptr).to(tl.float32)
+        v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    return k_scale, v_scale
+
+
+@triton.jit
 def _attention_program(
     q,
     k_cache_ptr,
@@ -552,6 +599,7 @@ def _attention_program(
     block_tables_ptr,
     custom_mask_ptr,
     qk_scale,
+    v_scale,
     num_tokens,
     window,
     stride_ot,
@@ -592,7 +640,8 @@ def _attention_program(
     PRECISION: tl.constexpr,
 ):
     """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1 and the tile's queries
-    q [BLOCK_M, BLOCK_D] (rows: ``_query_rows``; positions q_pos, read with SLIDING only)."""
+    q [BLOCK_M, BLOCK_D] (rows: ``_query_rows``; positions q_pos, read with SLIDING only). ``qk_scale``
+    holds an FP8 cache's k scale, ``v_scale`` (1.0 otherwise) multiplies the attended values."""
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -691,6 +740,7 @@ def _attention_program(
         PRECISION,
     )
 
+    acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
     out_ok = row_ok[:, None] & d_ok[None, :]
     if not SPLIT_KV:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -948,6 +998,8 @@ def _invariant_attention_kernel(
     query_lens_ptr,  # [num_seqs] int64
     custom_mask_ptr,  # [num_seqs, max_query_len, window] uint8 (HAS_MASK)
     positions_ptr,  # [num_tokens] int64: each token's position (SLIDING)
+    k_scale_ptr,
+    v_scale_ptr,  # [] float32: an FP8 cache's scales (KV_SCALED)
     qk_scale,  # softmax scale * log2(e)
     num_tokens,
     window,
@@ -973,6 +1025,7 @@ def _invariant_attention_kernel(
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
+    KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
 ):
     """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
     over the logical KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS) (``_attend_invariant``;
@@ -1025,6 +1078,7 @@ def _invariant_attention_kernel(
             other=0,
         )  # [BLOCK_M, BLOCK_W]
         q_row = window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
+    k_scale, v_scale = _kv_scales(k_scale_ptr, v_scale_ptr, KV_SCALED)
     m_i, l_i, acc = _attend_invariant(
         q,
         kv_lo,
@@ -1035,7 +1089,7 @@ def _invariant_attention_kernel(
         stride_cache_slot,
         offs_d,
         d_ok,
-        qk_scale,
+        qk_scale * k_scale,
         q_row,
         q_index,
         q_start,
@@ -1057,6 +1111,7 @@ def _invariant_attention_kernel(
         PRECISION,
     )
 
+    acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
     written = tl.where(
         kv_lo < kv_hi, row_ok, False
     )  # a row that sees nothing here gets a neutral partial
@@ -1192,7 +1247,9 @@ def launch_config(
         elem_size >= 4
     )  # tl.dot in float32 runs on FMAs with its operands in registers: smaller tiles
     block_d = max(16, triton.next_power_of_2(head_dim))
-    wide = block_d > 256  # Gemma 4's 512-wide global heads: Q, K and V tiles within Hopper's shared memory
+    wide = (
+        block_d > 256
+    )  # Gemma 4's 512-wide global heads: Q, K and V tiles within Hopper's shared memory
     max_block_m = 64 if wide else _MAX_BLOCK_M if not fp32 else 64 if block_d <= 64 else 16
     block_m = min(
         max(16, triton.next_power_of_2(max_query_len * group)),
@@ -1268,15 +1325,28 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _scale_args(cache: torch.Tensor, kv_scales: KVScales | None) -> KVScales:
+    """The kernels' scale pointers: an FP8 cache's scales, which it must come with; for a cache in the
+    model's dtype, any tensor (unused)."""
+    if is_fp8(cache.dtype) != (kv_scales is not None):
+        raise ValueError(
+            f"a {cache.dtype} cache comes with its k/v scales exactly when it is FP8 "
+            f"(got {'scales' if kv_scales is not None else 'none'})"
+        )
+    return kv_scales if kv_scales is not None else (cache, cache)
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """Store k, v [num_tokens, kv_heads, head_dim] at ``meta.slot_mapping`` in the caches
-    ([num_blocks, block_size, kv_heads, head_dim], contiguous).
+    ([num_blocks, block_size, kv_heads, head_dim], contiguous); an FP8 cache quantized with its
+    ``kv_scales`` (attention/kv_quant.py).
 
     Returns the token table [num_seqs, max_query_len] int32: the index of each (sequence, query
     index) token in the batch; entries past a sequence's query length are left unset.
@@ -1284,6 +1354,7 @@ def write_kv(
     num_tokens, kv_heads, head_dim = k.shape
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     token_table = torch.empty(meta.num_seqs, meta.max_query_len, dtype=torch.int32, device=k.device)
+    k_scale, v_scale = _scale_args(k_cache, kv_scales)
     _write_kv_kernel[(num_tokens,)](
         k,
         v,
@@ -1293,6 +1364,8 @@ def write_kv(
         meta.token_seq_index,
         meta.token_query_index,
         token_table,
+        k_scale,
+        v_scale,
         k.stride(0),
         k.stride(1),
         v.stride(0),
@@ -1304,6 +1377,7 @@ def write_kv(
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        QUANT=kv_scales is not None,
     )
     return token_table
 
@@ -1319,9 +1393,11 @@ def paged_attention(
     split_rows: int | None = None,
     sliding_window: int | None = None,
     positions: torch.Tensor | None = None,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """q [num_tokens, heads, head_dim] over the caches ([num_blocks, block_size, kv_heads, head_dim],
-    already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype.
+    already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype. An FP8 cache
+    comes with its ``kv_scales`` and is read in place (attention/kv_quant.py).
 
     ``token_table`` comes from ``write_kv``. ``num_splits`` overrides the split-KV heuristic.
     In batch-invariant mode (``outpace.attention.context.batch_invariant``) the batch-invariant
@@ -1339,7 +1415,16 @@ def paged_attention(
                 "num_splits cannot be forced in batch-invariant mode: the KV partition is fixed"
             )
         return _invariant_paged_attention(
-            q, k_cache, v_cache, meta, token_table, scale, split_rows, sliding_window, positions
+            q,
+            k_cache,
+            v_cache,
+            meta,
+            token_table,
+            scale,
+            split_rows,
+            sliding_window,
+            positions,
+            kv_scales,
         )
     if split_rows is not None:
         raise ValueError("split_rows applies to the batch-invariant variant only")
@@ -1378,6 +1463,7 @@ def paged_attention(
         mask_arg = _last_dim_contiguous(mask).view(torch.uint8)
         window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
     sliding = sliding_window is not None
+    k_scale, v_scale = _scale_args(k_cache, kv_scales)
     grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
     _attention_kernel[grid](
         q,
@@ -1393,6 +1479,8 @@ def paged_attention(
         meta.query_lens,
         mask_arg,
         positions if sliding else meta.seq_lens,
+        k_scale,
+        v_scale,
         scale * _LOG2E,
         num_tokens,
         window,
@@ -1421,6 +1509,7 @@ def paged_attention(
         SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PDL=pdl,
+        KV_SCALED=kv_scales is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch_options(pdl),
@@ -1465,6 +1554,7 @@ def _invariant_paged_attention(
     split_rows: int | None,
     sliding_window: int | None,
     positions: torch.Tensor | None,
+    kv_scales: KVScales | None,
 ) -> torch.Tensor:
     """``paged_attention``'s batch-invariant variant: always split-KV over the fixed partition, then
     the ordered combine (see the module docstring)."""
@@ -1493,6 +1583,7 @@ def _invariant_paged_attention(
         mask_arg = _last_dim_contiguous(mask).view(torch.uint8)
         window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
     sliding = sliding_window is not None
+    k_scale, v_scale = _scale_args(k_cache, kv_scales)
     # NOTE: no FMA contraction, so every kernel rounds exactly the operations it is written with.
     _invariant_attention_kernel[(meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)](
         q,
@@ -1507,6 +1598,8 @@ def _invariant_paged_attention(
         meta.query_lens,
         mask_arg,
         positions if sliding else meta.seq_lens,
+        k_scale,
+        v_scale,
         scale * _LOG2E,
         num_tokens,
         window,
@@ -1531,6 +1624,7 @@ def _invariant_paged_attention(
         HAS_MASK=mask is not None,
         SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_SCALED=kv_scales is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         enable_fp_fusion=False,
