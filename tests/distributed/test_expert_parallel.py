@@ -1,0 +1,222 @@
+"""Expert parallelism end to end, on CPU processes (gloo), in fp32: DeepSeek-V3 and V2 (MLA, grouped routing,
+shared experts), Qwen3-Next (gated DeltaNet, a sigmoid-gated shared expert) and Step-3.5 (stacked experts with
+the SwiGLU clamp, MoE MTP layers) give exactly the one-process greedy tokens with their experts placed whole
+over 2 and 3 ranks, with attention whole on every rank (TP = 1) and split over the same ranks (EP = TP), with
+batching, chunked prefill and preemption (a small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own
+MoE MTP layers, an EAGLE3 chain and tree on Qwen3-Next) gives the target's tokens alone and accepts exactly as
+many drafts as one process.
+
+One group of 2 and one of 3 processes (tests/helpers/tp_harness.py) run every scenario (each picks its own
+tensor- and expert-parallel sizes); the one-process references run in the test process.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from helpers.deepseek_models import SPEC_PROMPTS, make_hf_deepseek, save_v3_with_mtp
+from helpers.hf_models import save_hf_model
+from helpers.hybrid_models import make_hybrid, save_hybrid
+from helpers.spec_models import make_eagle3_draft
+from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
+from helpers.step3p5_checkpoints import write_checkpoint
+from helpers.tp_harness import Scenario, run_group
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+# a small pool and token budget: several requests batched, prompts chunked, requests preempted
+PRESSURE = dict(block_size=4, num_kv_blocks=20, max_num_batched_tokens=12)
+SPEC_ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=12)
+# 6 heads and every MLP width divisible by 2 and 3; 12 experts in 4 groups (split over 2 and 3 ranks)
+DEEPSEEK = dict(
+    num_attention_heads=6, num_key_value_heads=6, intermediate_size=96, n_routed_experts=12
+)
+STEP = {
+    **STEP_CONFIG,
+    "vocab_size": 13,
+    "moe_num_experts": 6,
+    "attention_other_setting": {
+        **STEP_CONFIG["attention_other_setting"],
+        "num_attention_groups": 1,
+    },
+}
+VOCAB = 13  # the speculative targets' vocabulary: random drafts are accepted now and then
+
+
+def prompts() -> list[list[int]]:
+    return [
+        [(i * 7 + j * 5) % 12 + 1 for j in range(3 + 8 * i)] for i in range(4)
+    ]  # (ids of every vocabulary)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("ep-models")
+    spec_qwen = save_hybrid(
+        make_hybrid("qwen3_next", vocab_size=VOCAB, num_experts=6), root / "qn-spec"
+    )
+    return {
+        "v3": str(save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "v3")),
+        "v2": str(save_hf_model(make_hf_deepseek("v2-group", **DEEPSEEK), root / "v2")),
+        "qwen3_next": str(save_hybrid(make_hybrid("qwen3_next", num_experts=6), root / "qn")),
+        "step": str(write_checkpoint(_mkdir(root / "step"), STEP, seed=4)[0]),
+        "v3-mtp": str(save_v3_with_mtp(root / "v3-mtp")[2]),  # 8 experts: 2 ranks only
+        "qwen3_next-spec": str(spec_qwen),
+        "eagle3": str(make_eagle3_draft(spec_qwen, root / "eagle3")),
+    }
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def parallel(tp: int, ep: int) -> dict:
+    return dict(tensor_parallel_size=tp, expert_parallel_size=ep)
+
+
+def specs(models) -> dict[str, SpeculativeConfig]:
+    return {
+        "mtp": SpeculativeConfig("mtp", num_steps=3),
+        "eagle3-chain": SpeculativeConfig("eagle3", models["eagle3"], num_steps=3),
+        "eagle3-tree": SpeculativeConfig(
+            "eagle3", models["eagle3"], num_steps=3, topk=2, num_draft_tokens=6
+        ),
+    }
+
+
+# name -> (model, TP, EP, speculative method or None) at each group size
+PLAIN = {
+    2: [("v3", 1, 2), ("v3", 2, 2), ("v2", 1, 2), ("qwen3_next", 1, 2), ("step", 2, 2)],
+    3: [("v3", 1, 3), ("v3", 3, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
+}
+SPECULATIVE = {
+    2: [
+        ("v3-mtp", 1, 2, "mtp"),
+        ("step", 2, 2, "mtp"),
+        ("qwen3_next-spec", 1, 2, "eagle3-chain"),
+        ("qwen3_next-spec", 2, 2, "eagle3-tree"),
+    ],
+    3: [("step", 1, 3, "mtp")],
+}
+
+
+def plain_name(model: str, tp: int, ep: int) -> str:
+    return f"{model}-tp{tp}-ep{ep}"
+
+
+def spec_name(model: str, tp: int, ep: int, method: str) -> str:
+    return f"{model}-{method}-tp{tp}-ep{ep}"
+
+
+def scenarios(models, size: int) -> list[Scenario]:
+    out = [
+        Scenario(
+            plain_name(m, tp, ep), models[m], prompts(), GREEDY, dict(PRESSURE, **parallel(tp, ep))
+        )
+        for m, tp, ep in PLAIN[size]
+    ]
+    out += [
+        Scenario(
+            spec_name(m, tp, ep, method),
+            models[m],
+            SPEC_PROMPTS,
+            GREEDY,
+            dict(SPEC_ENGINE, speculative=specs(models)[method], **parallel(tp, ep)),
+        )
+        for m, tp, ep, method in SPECULATIVE[size]
+    ]
+    return out
+
+
+class HeldExperts:
+    """A probe (tests/helpers/tp_harness.py) run on every rank: the group an engine of TP = 1 and EP = world
+    joins (distributed/launch.py ``join_group``), and the experts of DeepSeek's first MoE layer its model holds
+    there."""
+
+    __name__ = "held_experts"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __call__(self, rank: int, world: int) -> list[int]:
+        import torch
+
+        from outpace.config import EngineConfig
+        from outpace.distributed.group import building_in
+        from outpace.distributed.launch import join_group
+        from outpace.model_config import ModelConfig
+        from outpace.models.loader import build_model
+
+        config = EngineConfig(self.model, tensor_parallel_size=1, expert_parallel_size=world)
+        with building_in(join_group(config).group):
+            model = build_model(ModelConfig.from_pretrained(self.model), torch.float32, "meta")
+        return sorted(
+            int(n.split(".")[0]) for n, _ in model.model.layers[1].mlp.experts.named_children()
+        )
+
+
+def run_ep(size: int, models, tmp_path_factory) -> dict:
+    return run_group(
+        size,
+        scenarios(models, size),
+        tmp_path_factory.mktemp(f"ep{size}"),
+        timeout_s=900,
+        probes=[HeldExperts(models["v3"])],
+    )
+
+
+@pytest.fixture(scope="module")
+def ep2(models, tmp_path_factory) -> dict:
+    return run_ep(2, models, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ep3(models, tmp_path_factory) -> dict:
+    return run_ep(3, models, tmp_path_factory)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_an_engines_group_places_the_experts(size, request):
+    """Rank 0 of an engine at TP = 1, EP = size holds experts 0 .. 12 / size - 1 only."""
+    assert request.getfixturevalue(f"ep{size}")["held_experts"] == list(range(12 // size))
+
+
+@functools.cache
+def one_process(path: str, spec: SpeculativeConfig | None, plain: bool) -> tuple:
+    """(greedy tokens, drafts accepted) of one process: under PRESSURE (``plain``) or SPEC_ENGINE."""
+    engine = dict(PRESSURE) if plain else dict(SPEC_ENGINE)
+    if spec is not None:
+        engine["speculative"] = spec
+    with LLM(path, **engine) as llm:
+        outs = llm.generate(prompts() if plain else SPEC_PROMPTS, GREEDY)
+    return tuple(o.token_ids for o in outs), sum(o.spec_metrics.num_accepted_drafts for o in outs)
+
+
+@pytest.mark.parametrize(
+    "size, model, tp, ep", [(s, *case) for s, cases in PLAIN.items() for case in cases]
+)
+def test_greedy_tokens_under_expert_parallelism_equal_one_process(
+    size, model, tp, ep, models, request
+):
+    got = request.getfixturevalue(f"ep{size}")[plain_name(model, tp, ep)]
+    assert tuple(got["tokens"]) == one_process(models[model], None, True)[0]
+    assert got["preemptions"] > 0, "the pool was meant to force preemption"
+    assert got["free_blocks"] == PRESSURE["num_kv_blocks"]
+
+
+@pytest.mark.parametrize(
+    "size, model, tp, ep, method",
+    [(s, *case) for s, cases in SPECULATIVE.items() for case in cases],
+)
+def test_speculation_under_expert_parallelism_is_lossless_with_one_process_acceptance(
+    size, model, tp, ep, method, models, request
+):
+    got = request.getfixturevalue(f"ep{size}")[spec_name(model, tp, ep, method)]
+    assert tuple(got["tokens"]) == one_process(models[model], None, False)[0]
+    assert got["accepted"] == one_process(models[model], specs(models)[method], False)[1] > 0
+    assert got["free_blocks"] == SPEC_ENGINE["num_kv_blocks"]
