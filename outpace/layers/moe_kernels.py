@@ -41,15 +41,26 @@ Four kernels, every grid fixed by the shapes:
    weight, times the pair's routing weight (1 for a shared slot), into one float32 row per pair.
 4. ``_combine_kernel``, grid (tokens, hidden / BLOCK_H): each token's SLOTS rows summed in slot order (routed
    slots, then shared), in x's dtype. No atomics: the same inputs give the same bits.
+
+Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
+their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
+registers into x's dtype ("none": the plain load of half-precision stacks). layers/quant/moe_quant_kernels.py
+checks the quantized stacks and passes their scales (``quant``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+
+from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
+
+if TYPE_CHECKING:
+    from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
 _SMALL_BLOCK_M = 16  # the fewest rows per block: tl.dot's minimum
 _LARGE_BLOCK_M = 64  # beyond 64 tokens (prefill): fewer re-reads of an expert's weights
@@ -267,6 +278,8 @@ def _gate_up_kernel(
     shared_gate_ptr,  # [shared, inter, hidden] (read only when GATED)
     shared_up_ptr,  # [shared, inter, hidden]
     act_ptr,  # [max_blocks * BLOCK_M, inter], written for the real rows
+    gate_scale_ptr,  # quantized stacks (FORMAT != "none"): the gate's and up's scales [routed, ., .]
+    up_scale_ptr,
     sorted_pairs_ptr,
     block_expert_ptr,  # the block layout
     pairs,
@@ -284,6 +297,12 @@ def _gate_up_kernel(
     stride_sue,
     stride_sun,
     stride_act,
+    stride_gse,
+    stride_gsn,
+    stride_gsk,
+    stride_use,
+    stride_usn,
+    stride_usk,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -292,6 +311,9 @@ def _gate_up_kernel(
     ACT: tl.constexpr,
     GATED: tl.constexpr,
     CLAMP: tl.constexpr,
+    FORMAT: tl.constexpr,  # "none" or a quantized format (module docstring)
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
 ):
     expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
@@ -314,6 +336,11 @@ def _gate_up_kernel(
         )
         gate_rows = gate_base + offs_n[:, None] * gate_rs  # [BLOCK_N, 1]
         up_rows = up_base + offs_n[:, None] * up_rs
+        e = expert.to(tl.int64)  # quantized stacks have no shared experts
+        gate_scales = scale_rows(
+            gate_scale_ptr + e * stride_gse, offs_n, stride_gsn, FORMAT, SCALE_BN
+        )
+        up_scales = scale_rows(up_scale_ptr + e * stride_use, offs_n, stride_usn, FORMAT, SCALE_BN)
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -324,11 +351,24 @@ def _gate_up_kernel(
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
-            w_ok = n_ok[:, None] & k_ok[None, :]
+            dtype = x_ptr.dtype.element_ty
             if GATED:
-                w_gate = tl.load(gate_rows + k[None, :], mask=w_ok, other=0.0)  # [BLOCK_N, BLOCK_K]
+                w_gate = weight_tile(
+                    gate_rows,
+                    gate_scales,
+                    k0,
+                    hidden,
+                    n_ok,
+                    stride_gsk,
+                    FORMAT,
+                    SCALE_BK,
+                    BLOCK_K,
+                    dtype,
+                )  # [BLOCK_N, BLOCK_K]
                 gate = tl.dot(x, tl.trans(w_gate), gate, input_precision=PRECISION)
-            w_up = tl.load(up_rows + k[None, :], mask=w_ok, other=0.0)
+            w_up = weight_tile(
+                up_rows, up_scales, k0, hidden, n_ok, stride_usk, FORMAT, SCALE_BK, BLOCK_K, dtype
+            )
             up = tl.dot(x, tl.trans(w_up), up, input_precision=PRECISION)
         act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
         tl.store(
@@ -345,6 +385,7 @@ def _down_kernel(
     shared_w_ptr,  # [shared, hidden, inter]
     weights_ptr,  # [tokens, >= TOP_K] float32 routing weights (row stride stride_weights)
     partial_ptr,  # [pairs, hidden] float32, written
+    scale_ptr,  # quantized stacks (FORMAT != "none"): the down projections' scales [routed, ., .]
     sorted_pairs_ptr,
     block_expert_ptr,
     pairs,
@@ -358,12 +399,18 @@ def _down_kernel(
     stride_swn,
     stride_weights,
     stride_partial,
+    stride_se,
+    stride_sn,
+    stride_sk,
     TOP_K: tl.constexpr,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    FORMAT: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
 ):
     expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
@@ -374,6 +421,9 @@ def _down_kernel(
             expert, w_ptr, stride_we, stride_wn, shared_w_ptr, stride_swe, stride_swn, num_routed
         )
         w_rows = w_base + offs_n[:, None] * w_rs  # [BLOCK_N, 1]
+        scales = scale_rows(
+            scale_ptr + expert.to(tl.int64) * stride_se, offs_n, stride_sn, FORMAT, SCALE_BN
+        )
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             k = k0 + offs_k
@@ -383,8 +433,17 @@ def _down_kernel(
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
-            w = tl.load(
-                w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
+            w = weight_tile(
+                w_rows,
+                scales,
+                k0,
+                inter,
+                n_ok,
+                stride_sk,
+                FORMAT,
+                SCALE_BK,
+                BLOCK_K,
+                act_ptr.dtype.element_ty,
             )  # [BLOCK_N, BLOCK_K]
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
         token, slot = pair // SLOTS, pair % SLOTS
@@ -432,6 +491,7 @@ def grouped_experts(
     shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
+    quant: ExpertScales | None = None,
 ) -> torch.Tensor:
     """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] int (each with its last dimension
     contiguous); gate (None: ungated experts) and up [experts, inter, hidden]; down [experts, hidden,
@@ -442,14 +502,19 @@ def grouped_experts(
     expert ids[:, j] applied to x, plus the shared experts' output: [n, hidden] in x's dtype, accumulated
     in float32 (the intermediate rounded to x's dtype, as the eager experts round it). No host
     synchronisation. ``skipped_slots``: ids may be -1 (another expert-parallel rank's expert), a slot that
-    adds nothing (its partial row is zeroed, not computed)."""
+    adds nothing (its partial row is zeroed, not computed). ``quant``: the stacks are quantized, these are
+    their scales (layers/quant/moe_quant_kernels.py, the one caller that passes them; no shared experts)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
         raise ValueError("the clamp limit applies to gated experts only")
     n, hidden = x.shape
     top_k = ids.shape[1]
-    num_routed, inter = down.shape[0], down.shape[2]
+    num_routed, inter = down.shape[0], down.shape[2] * (quant.pack if quant else 1)
+    if quant is not None and shared is not None:
+        raise ValueError(
+            "quantized experts fuse no shared experts: the shared MLP runs beside them"
+        )
     shared_gate, shared_up, shared_down = shared or (gate, up, down)
     num_shared = 0 if shared is None else shared_up.shape[0]
     if shared is not None and (
@@ -470,6 +535,15 @@ def grouped_experts(
     # bf16 tiles without register spills (ptxas -v for sm_90a): BLOCK_M 16: gate/up 32 x 128, down 64 x 128,
     # 4 warps; 32: the same at 8 warps; 64: 64 x 64 both, 8 warps
     block_k = 32 if fp32 else (64 if layout.block_m == _LARGE_BLOCK_M else 128)
+    fmt, (scale_bn, scale_bk) = (
+        ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
+    )
+    if quant is not None:
+        block_k = quant.block_k(block_k)
+    gate_s, up_s, down_s = (gate_w, up, down) if quant is None else quant.stacks()
+    gate_ss, up_ss, down_ss = (
+        (0, 0, 0) if quant is None else t.stride() for t in (gate_s, up_s, down_s)
+    )
     warps = 4 if fp32 or layout.block_m == _SMALL_BLOCK_M else 8
     block_m = layout.block_m
     act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
@@ -481,6 +555,8 @@ def grouped_experts(
         shared_gate_w,
         shared_up,
         act,
+        gate_s,
+        up_s,
         layout.sorted_pairs,
         layout.block_expert,
         pairs,
@@ -498,6 +574,8 @@ def grouped_experts(
         shared_up.stride(0),
         shared_up.stride(1),
         act.stride(0),
+        *gate_ss,
+        *up_ss,
         SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_up,
@@ -506,6 +584,9 @@ def grouped_experts(
         ACT=activation,
         GATED=gate is not None,
         CLAMP=limit is not None,
+        FORMAT=fmt,
+        SCALE_BN=scale_bn,
+        SCALE_BK=scale_bk,
         num_warps=warps,
         num_stages=2 if fp32 else 4,
     )
@@ -519,6 +600,7 @@ def grouped_experts(
         shared_down,
         weights,
         partial,
+        down_s,
         layout.sorted_pairs,
         layout.block_expert,
         pairs,
@@ -532,12 +614,16 @@ def grouped_experts(
         shared_down.stride(1),
         weights.stride(0),
         partial.stride(0),
+        *down_ss,
         TOP_K=top_k,
         SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_down,
         BLOCK_K=block_k,
         PRECISION=precision,
+        FORMAT=fmt,
+        SCALE_BN=scale_bn,
+        SCALE_BK=scale_bk,
         num_warps=warps,
         num_stages=2 if fp32 else 4,
     )

@@ -1,0 +1,275 @@
+"""y [M, N] = x [M, K] @ W.T for a weight W [N, K] kept quantized in memory: one Triton kernel for the three
+published formats (quant/dequantize.py defines their math), few rows and many.
+
+The weight is read once, in its stored bytes, and dequantized in registers (``weight_tile``) into x's
+dtype, then multiplied on the tensor cores with float32 accumulation:
+- "fp8_block": fp8 [N, K] times scale_inv [ceil(N/bn), ceil(K/bk)] (DeepSeek-V3's ``weight_dequant``
+  multiplies); a K step of BK columns lies in one scale column (BK divides bk), so each row of the tile
+  takes one scale;
+- "fp8_tensor": fp8 [N, K] times one scale (ModelOpt), applied to the float32 accumulator at the end;
+- "int4_group": int32 [N, K/8] words of eight nibbles, lowest first, each stored + 8 (compressed-tensors
+  pack-quantized), times scale [N, K/group].
+``weight_tile`` is also how the grouped-expert kernels (layers/moe_kernels.py) read quantized expert
+stacks, with "none" for plain half-precision weights.
+
+Few rows (decode and verify, M <= ``FEW_ROWS``): a program owns BN output columns of all M rows (one
+row tile of 16, 32 or 64) and streams its weight rows along K; where the column blocks alone cannot
+fill the GPU (a narrow N, e.g. DeepSeek's kv_a 576 or q_a 1536 columns), K is split among programs
+(``plan``), each writing a float32 partial, and the last program of a column block to finish (a
+counter in global memory) sums the partials in split order: one launch, the same bits every time.
+The tiles and the split depend on N and K only (and the row tile on M's bucket), not on the data: the
+launch is fixed for a captured CUDA graph and nothing is allocated but the output and the partials.
+Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from outpace.layers.sm_count import num_sms
+
+FORMATS = ("fp8_block", "fp8_tensor", "int4_group")
+FEW_ROWS = 64  # up to this many rows: the weight-streaming launch (module docstring)
+INT4_PACK = 8  # nibbles per int32 word
+_MAX_TILES = 1 << 16  # output tiles a split-K launch may have (the counters' length)
+
+
+@triton.jit
+def weight_tile(
+    w_rows,  # [BN, 1] pointers: each weight row's start
+    s_rows,  # [BN, 1] pointers: each row's scale row (fp8_block: its block row's; unused otherwise)
+    k0,  # the tile's first column (a multiple of BK)
+    K,  # the weight's columns (logical, unpacked)
+    n_ok,  # [BN] the rows that exist
+    stride_sk,  # the scale's column stride
+    FORMAT: tl.constexpr,  # "none", "fp8_block", "fp8_tensor" or "int4_group"
+    SCALE_BK: tl.constexpr,  # columns a scale covers: bk (fp8_block), the group (int4_group)
+    BK: tl.constexpr,
+    DTYPE: tl.constexpr,  # the compute dtype (x's)
+):
+    """The real weight values at the tile's rows and columns k0 .. k0 + BK - 1 -> [BN, BK] in DTYPE, zero
+    outside the weight ("fp8_tensor": not yet times its scale, which the caller applies)."""
+    ks = k0 + tl.arange(0, BK)
+    if FORMAT == "int4_group":
+        words = k0 // 8 + tl.arange(0, BK // 8)  # [BK / 8]
+        packed = tl.load(
+            w_rows + words[None, :], mask=n_ok[:, None] & (words < K // 8)[None, :], other=0
+        )  # [BN, BK / 8] int32
+        packed = tl.interleave(packed, packed)
+        packed = tl.interleave(packed, packed)
+        packed = tl.interleave(packed, packed)  # [BN, BK]: each word 8 times
+        q = ((packed >> ((tl.arange(0, BK) % 8) * 4)[None, :]) & 0xF) - 8  # [BN, BK] in [-8, 7]
+        groups = k0 // SCALE_BK + tl.arange(0, BK // SCALE_BK)
+        scale = tl.load(
+            s_rows + groups[None, :] * stride_sk,
+            mask=n_ok[:, None] & (groups < tl.cdiv(K, SCALE_BK))[None, :],
+            other=0.0,
+        ).to(tl.float32)  # [BN, BK / group]: zero outside, so are the values
+        scale = tl.reshape(
+            tl.broadcast_to(scale[:, :, None], (scale.shape[0], BK // SCALE_BK, SCALE_BK)),
+            (scale.shape[0], BK),
+        )
+        return (q.to(tl.float32) * scale).to(DTYPE)
+    w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
+    if FORMAT == "fp8_block":
+        scale = tl.load(s_rows + (k0 // SCALE_BK) * stride_sk, mask=n_ok[:, None], other=0.0)
+        return (w.to(tl.float32) * scale.to(tl.float32)).to(DTYPE)  # [BN, 1] scale per row
+    return w.to(DTYPE)
+
+
+@triton.jit
+def scale_rows(s_ptr, rows, stride_sn, FORMAT: tl.constexpr, SCALE_BN: tl.constexpr):
+    """[BN, 1] pointers to the scale row of each weight row (``weight_tile``'s ``s_rows``)."""
+    if FORMAT == "fp8_block":
+        return s_ptr + (rows // SCALE_BN).to(tl.int64)[:, None] * stride_sn
+    return s_ptr + rows.to(tl.int64)[:, None] * stride_sn
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quant_matmul_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K] fp8 or [N, K / 8] int32
+    s_ptr,  # the scale (module docstring)
+    out_ptr,  # [M, N] x's dtype, written
+    partial_ptr,  # [SPLITS, M, N] float32 (SPLITS > 1)
+    counter_ptr,  # [>= tiles] int32, zero between launches (SPLITS > 1)
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_sk,
+    stride_om,
+    k_per_split,  # columns of one split, a multiple of BK
+    FORMAT: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
+    split's columns of K; row tiles on the grid's fast axis, so the programs sharing a weight tile run
+    together and read it from L2."""
+    row_tile, col_block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = row_tile * BM + tl.arange(0, BM)  # [BM]
+    cols = col_block * BN + tl.arange(0, BN)  # [BN]
+    n_ok = cols < N
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # [BN, 1]
+    s_rows = scale_rows(s_ptr, cols, stride_sn, FORMAT, SCALE_BN)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_start = split * k_per_split
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BK):
+        ks = k0 + tl.arange(0, BK)
+        x = tl.load(x_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0)
+        w = weight_tile(
+            w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty
+        )  # [BN, BK]
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    if FORMAT == "fp8_tensor":
+        acc *= tl.load(s_ptr).to(tl.float32)
+    out_mask = (rows < M)[:, None] & n_ok[None, :]
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    if SPLITS == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
+        tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=out_mask)
+        tile = col_block * tl.num_programs(0) + row_tile
+        # acq_rel: this program's partial is visible before its count, the others' before the last reads
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLITS - 1:  # the last of the tile's splits: sum them in split order
+            total = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in range(SPLITS):
+                total += tl.load(
+                    partial_ptr + s * M * N + tile_offs,
+                    mask=out_mask,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch
+
+
+@dataclass(frozen=True)
+class QuantTiles:
+    """A launch of ``_quant_matmul_kernel`` (module docstring)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    splits: int
+    k_per_split: int
+    num_warps: int
+    num_stages: int
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        return (triton.cdiv(m, self.block_m), triton.cdiv(n, self.block_n), self.splits)
+
+
+def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.device) -> QuantTiles:
+    """Tiles for an [m, k] x [n, k] product in ``fmt`` whose scales cover ``scale_block_k`` columns. Few
+    rows: 32 columns a program (64 from 16384 columns), 128 columns a K step for fp8 (16-byte loads of a
+    row), 256 for INT4 (128-byte words of a row); K split until about two programs per SM stream."""
+    int4 = fmt == "int4_group"
+    if m > FEW_ROWS:
+        block_m = 128 if m >= 128 else 64
+        block_k = max(64, scale_block_k) if int4 else 64
+        return QuantTiles(block_m, 128, block_k, 1, k, num_warps=8, num_stages=3)
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = 64 if n >= 16384 else 32
+    block_k = max(256, scale_block_k) if int4 else 128
+    if fmt == "fp8_block":
+        block_k = min(block_k, scale_block_k)
+    k_steps = triton.cdiv(k, block_k)
+    col_blocks = triton.cdiv(n, block_n)
+    wanted = max(1, (2 * num_sms(device)) // col_blocks)
+    steps_per_split = triton.cdiv(k_steps, min(k_steps, wanted))
+    splits = triton.cdiv(k_steps, steps_per_split)
+    return QuantTiles(
+        block_m,
+        block_n,
+        block_k,
+        splits,
+        steps_per_split * block_k,
+        num_warps=4,
+        num_stages=4 if block_m <= 32 else 3,
+    )
+
+
+@functools.cache
+def _counters(device: torch.device) -> torch.Tensor:
+    """The split-K launches' arrival counters: zeroed once, left zero by every launch. Made on the first
+    call (before any capture: that call also compiles the kernel)."""
+    return torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+
+
+def quant_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: str,
+    scale_block: tuple[int, int],
+    tiles: QuantTiles | None = None,
+) -> torch.Tensor:
+    """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype, W the weight ``weight``
+    with ``scale`` in format ``fmt`` (module docstring), ``scale_block`` the (rows, columns) one scale
+    covers: (bn, bk) for fp8_block, (1, group) for int4_group, unused for fp8_tensor. The callers
+    (fp8_linear_kernel.py, int4_linear_kernel.py) check the shapes."""
+    if fmt not in FORMATS:
+        raise ValueError(f"quantized weights come as {', '.join(FORMATS)}, not {fmt!r}")
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    x = x if x.stride(1) == 1 else x.contiguous()
+    t = tiles or plan(m, n, k, fmt, scale_block[1], x.device)
+    grid = t.grid(m, n)
+    if t.splits > 1:
+        if grid[0] * grid[1] > _MAX_TILES:
+            raise ValueError(
+                f"a split-K launch of {grid[0] * grid[1]} tiles (at most {_MAX_TILES})"
+            )
+        partial = torch.empty(t.splits, m, n, dtype=torch.float32, device=x.device)
+        counters = _counters(x.device)
+    else:
+        partial = counters = out  # not read
+    scale_2d = scale.reshape(1, 1) if fmt == "fp8_tensor" else scale
+    _quant_matmul_kernel[grid](
+        x,
+        weight,
+        scale_2d,
+        out,
+        partial,
+        counters,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        scale_2d.stride(0),
+        scale_2d.stride(1),
+        out.stride(0),
+        t.k_per_split,
+        FORMAT=fmt,
+        SCALE_BN=scale_block[0],
+        SCALE_BK=scale_block[1],
+        BM=t.block_m,
+        BN=t.block_n,
+        BK=t.block_k,
+        SPLITS=t.splits,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    return out

@@ -1,0 +1,173 @@
+"""The FP8 linear kernels (layers/quant/fp8_linear_kernel.py) against F.linear on the dequantized weights
+(layers/quant/dequantize.py): block FP8 with N and K not multiples of the block, bf16 scales (Qwen files)
+and power-of-two ones (ue8m0), per-tensor FP8; one row, a few, a verify batch (split K on the interpreter's
+4 SMs) and a prefill-sized batch (the many-row tiles). On the CPU the kernels run in Triton's interpreter in
+float32: the only differences from the reference are float32 summation orders. On the GPU, bf16 inputs at
+the DeepSeek-V3 shapes; ``test_gpu_few_row_bandwidth`` prints the kernel's speed (``pytest -s``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from outpace.layers.quant.dequantize import (  # noqa: E402
+    dequantize_fp8_block,
+    dequantize_fp8_tensor,
+    quantize_fp8_block,
+    quantize_fp8_tensor,
+)
+from outpace.layers.quant.fp8_linear_kernel import (  # noqa: E402
+    SCALED_MM_FROM_ROWS,
+    fp8_block_linear,
+    fp8_tensor_linear,
+    quantize_activations,
+)
+from outpace.layers.quant.quant_matmul_kernel import plan  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BLOCK = (128, 128)
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def random_block_fp8(n: int, k: int, seed: int, scale_dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * 3  # rows of other ranges
+    weight, scale_inv = quantize_fp8_block(w, BLOCK)
+    return weight.to(DEVICE), scale_inv.to(scale_dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 40, 70])
+@pytest.mark.parametrize("n, k", [(40, 300), (200, 136)])
+def test_block_fp8_equals_f_linear_on_the_dequantized_weight(m, n, k):
+    weight, scale_inv = random_block_fp8(n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+    got = fp8_block_linear(x, weight, scale_inv, BLOCK)
+    assert got.shape == (m, n) and got.dtype == x.dtype
+    expected = F.linear(x, dequantize_fp8_block(weight, scale_inv, BLOCK))
+    assert relative_error(got, expected) < 1e-6  # float32 summation orders only
+
+
+def test_bf16_and_power_of_two_scales():
+    """Qwen's bf16 weight_scale_inv and ue8m0 (power-of-two) scales: the same weight math."""
+    weight, scale_inv = random_block_fp8(130, 256, seed=1)
+    for scale in (scale_inv.to(torch.bfloat16), torch.exp2(torch.ceil(torch.log2(scale_inv)))):
+        x = torch.randn(3, 256, device=DEVICE)
+        expected = F.linear(x, dequantize_fp8_block(weight, scale, BLOCK))
+        assert relative_error(fp8_block_linear(x, weight, scale, BLOCK), expected) < 1e-6
+
+
+def test_the_scale_multiplies_each_block():
+    """A scale changed in one block changes exactly that block's rows and nothing else (so a transposed
+    or divided scale fails the equalities above)."""
+    weight, scale_inv = random_block_fp8(200, 300, seed=2)
+    x = torch.randn(2, 300, device=DEVICE)
+    base = fp8_block_linear(x, weight, scale_inv, BLOCK)
+    scale_inv[1, 2] *= 2.0
+    moved = (fp8_block_linear(x, weight, scale_inv, BLOCK) - base).abs().amax(dim=0) > 1e-6
+    assert moved[128:].all() and not moved[:128].any()
+
+
+def test_split_k_on_narrow_products():
+    """The interpreter's 4 SMs: 40 columns in 2 blocks of 32 split K 3 ways; a second call (counters left
+    at zero) gives the same bits."""
+    tiles = plan(1, 40, 300, "fp8_block", 128, torch.device(DEVICE))
+    if DEVICE == "cpu":
+        assert tiles.splits == 3
+    weight, scale_inv = random_block_fp8(40, 300, seed=3)
+    x = torch.randn(1, 300, device=DEVICE)
+    first = fp8_block_linear(x, weight, scale_inv, BLOCK)
+    assert torch.equal(fp8_block_linear(x, weight, scale_inv, BLOCK), first)
+
+
+def test_leading_dimensions_and_strided_rows():
+    weight, scale_inv = random_block_fp8(64, 256, seed=4)
+    x = torch.randn(2, 3, 512, device=DEVICE)[..., :256]  # rows 512 apart
+    expected = F.linear(x, dequantize_fp8_block(weight, scale_inv, BLOCK))
+    assert relative_error(fp8_block_linear(x, weight, scale_inv, BLOCK), expected) < 1e-6
+
+
+@pytest.mark.parametrize("m", [1, 8, 70])
+def test_per_tensor_fp8_equals_f_linear(m):
+    g = torch.Generator().manual_seed(m)
+    weight, scale = quantize_fp8_tensor(torch.randn(72, 200, generator=g))
+    weight, scale = weight.to(DEVICE), scale.to(DEVICE)
+    x = torch.randn(m, 200, generator=g).to(DEVICE)
+    got = fp8_tensor_linear(x, weight, scale)
+    assert got.shape == (m, 72)
+    assert relative_error(got, F.linear(x, dequantize_fp8_tensor(weight, scale))) < 1e-6
+
+
+def test_bad_shapes_are_refused_by_name():
+    weight, scale_inv = random_block_fp8(64, 256, seed=5)
+    x = torch.randn(1, 256, device=DEVICE)
+    with pytest.raises(ValueError, match="weight_scale_inv"):
+        fp8_block_linear(x, weight, scale_inv[:, :1], BLOCK)
+    with pytest.raises(ValueError, match="columns"):
+        fp8_block_linear(x[:, :128], weight, scale_inv, BLOCK)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_block_linear(x, weight.float(), scale_inv, BLOCK)
+    with pytest.raises(ValueError, match="one element"):
+        fp8_tensor_linear(x, weight, scale_inv)
+
+
+def test_activation_quantization_is_per_token_groups_of_128():
+    x = torch.randn(5, 300, device=DEVICE)
+    x[2, 128:256] *= 100.0  # one group of one row far larger
+    q, scales = quantize_activations(x)
+    assert q.shape == (8, 300) and scales.shape == (8, 3) and scales.stride() == (1, 8)
+    assert not q[5:].float().any()  # padding rows
+    for g in range(3):
+        cols = slice(128 * g, 128 * (g + 1))
+        torch.testing.assert_close(scales[:5, g], x[:, cols].abs().amax(dim=1) / 448.0)
+        if DEVICE == "cuda":  # Triton 3.7's interpreter rounds 127.4 to 64 in e4m3 (no carry)
+            expected = (x[:, cols] / scales[:5, g : g + 1]).to(torch.float8_e4m3fn)
+            assert torch.equal(q[:5, cols].float(), expected.float())
+
+
+# ---- GPU: bf16 at the DeepSeek-V3 shapes, and the speed of the few-row kernel ----------------------------
+
+DEEPSEEK_SHAPES = {"q_a": (1536, 7168), "kv_a": (576, 7168), "o": (7168, 16384), "up": (4096, 7168)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 64, SCALED_MM_FROM_ROWS, 256])
+@pytest.mark.parametrize("name", list(DEEPSEEK_SHAPES))
+def test_gpu_bf16_at_the_deepseek_shapes(name, m):
+    """Tolerances: up to 64 rows the weights are dequantized exactly (fp8 and bf16 have the same exponent
+    range, 3 <= 7 mantissa bits) and rounded to bf16 once multiplied by the scale (2^-9 relative, random
+    across K), with float32 accumulation and bf16 output: below 1e-2 relative. From SCALED_MM_FROM_ROWS
+    rows torch's GEMM also quantizes the activations to e4m3 (3 mantissa bits: up to 2^-4 relative per
+    element, about 2.5% RMS, random across K): below 6e-2."""
+    n, k = DEEPSEEK_SHAPES[name]
+    weight, scale_inv = random_block_fp8(n, k, seed=m)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    expected = F.linear(x.float(), dequantize_fp8_block(weight, scale_inv, BLOCK))
+    tol = 6e-2 if m >= SCALED_MM_FROM_ROWS else 1e-2
+    assert relative_error(fp8_block_linear(x, weight, scale_inv, BLOCK), expected) < tol
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_linear_replays_in_a_cuda_graph():
+    weight, scale_inv = random_block_fp8(576, 7168, seed=0)  # split K
+    x = torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16)
+    fp8_block_linear(x, weight, scale_inv)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fp8_block_linear(x, weight, scale_inv)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, fp8_block_linear(x, weight, scale_inv))
+
+
+@pytest.mark.gpu
+def test_gpu_few_row_bandwidth():
+    """Prints the few-row kernel's speed over the fp8 bytes (``pytest -s``); asserts nothing about time."""
+    from outpace.bench.quant_kernels import report_linear
+
+    report_linear({"deepseek": DEEPSEEK_SHAPES}, rows=(1, 8, 64))

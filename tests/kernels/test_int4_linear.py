@@ -1,0 +1,106 @@
+"""The INT4 W4A16 kernel (layers/quant/int4_linear_kernel.py) against F.linear on the dequantized weights
+(layers/quant/dequantize.py, compressed-tensors pack-quantized: lowest nibble first, stored + 8, group 32):
+N not a multiple of any tile, one row, a few, a verify batch (split K on the interpreter's 4 SMs) and a
+prefill-sized batch. On the CPU, Triton's interpreter in float32 (summation orders are the only
+difference); on the GPU, bf16 at the Kimi-K2 expert shapes; ``test_gpu_few_row_bandwidth`` prints the
+kernel's speed (``pytest -s``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from outpace.layers.quant.dequantize import (  # noqa: E402
+    dequantize_int4_group,
+    quantize_int4_group,
+)
+from outpace.layers.quant.int4_linear_kernel import int4_group_linear  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def random_int4(n: int, k: int, seed: int, group: int = 32, scale_dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+    packed, scale = quantize_int4_group(w, group)
+    return packed.to(DEVICE), scale.to(scale_dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 40, 70])
+@pytest.mark.parametrize("n, k", [(40, 320), (72, 96)])
+def test_int4_equals_f_linear_on_the_dequantized_weight(m, n, k):
+    packed, scale = random_int4(n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+    got = int4_group_linear(x, packed, scale, 32)
+    assert got.shape == (m, n) and got.dtype == x.dtype
+    expected = F.linear(x, dequantize_int4_group(packed, scale, 32))
+    assert relative_error(got, expected) < 1e-6  # float32 summation orders only
+
+
+def test_other_groups_and_float32_scales():
+    for group in (64, 128):
+        packed, scale = random_int4(48, 256, seed=group, group=group, scale_dtype=torch.float32)
+        x = torch.randn(3, 256, device=DEVICE)
+        expected = F.linear(x, dequantize_int4_group(packed, scale, group))
+        assert relative_error(int4_group_linear(x, packed, scale, group), expected) < 1e-6
+
+
+def test_nibble_order_and_offset_matter():
+    """One nibble changed moves one column's weight by one step of its group's scale: the kernel reads
+    nibble j of a word as column 8 * word + j (lowest first), stored + 8."""
+    packed, scale = random_int4(8, 64, seed=1)
+    x = torch.zeros(1, 64, device=DEVICE)
+    x[0, 13] = 1.0  # column 13: word 1, nibble 5
+    base = int4_group_linear(x, packed, scale, 32)
+    torch.testing.assert_close(base[0], dequantize_int4_group(packed, scale, 32)[:, 13])
+    nibble = (packed[3, 1] >> 20) & 0xF
+    packed[3, 1] += (1 if nibble < 15 else -1) << 20
+    moved = int4_group_linear(x, packed, scale, 32) - base
+    assert moved[0, 3].abs().item() == pytest.approx(scale[3, 0].float().item(), rel=1e-6)
+    assert not torch.cat([moved[0, :3], moved[0, 4:]]).any()
+
+
+def test_bad_shapes_are_refused_by_name():
+    packed, scale = random_int4(8, 64, seed=2)
+    x = torch.randn(1, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="weight_scale"):
+        int4_group_linear(x, packed, scale[:, :1], 32)
+    with pytest.raises(ValueError, match="holds 64"):
+        int4_group_linear(x[:, :32], packed, scale, 32)
+    with pytest.raises(ValueError, match="int32"):
+        int4_group_linear(x, packed.to(torch.int64), scale, 32)
+    with pytest.raises(ValueError, match="power of two"):
+        int4_group_linear(x, packed, scale, 24)
+
+
+# ---- GPU: bf16 at the Kimi-K2 shapes, and the speed of the few-row kernel --------------------------------
+
+KIMI_SHAPES = {"expert_gate_up": (4096, 7168), "expert_down": (7168, 2048)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 64, 256])
+@pytest.mark.parametrize("name", list(KIMI_SHAPES))
+def test_gpu_bf16_at_the_kimi_shapes(name, m):
+    """Tolerance: the nibble times its bf16 scale is rounded to bf16 (2^-9 relative, random across K),
+    float32 accumulation, bf16 output: below 1e-2 relative."""
+    n, k = KIMI_SHAPES[name]
+    packed, scale = random_int4(n, k, seed=m)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    expected = F.linear(x.float(), dequantize_int4_group(packed, scale, 32))
+    assert relative_error(int4_group_linear(x, packed, scale, 32), expected) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_few_row_bandwidth():
+    """Prints the few-row kernel's speed over the packed bytes (``pytest -s``); asserts nothing about time."""
+    from outpace.bench.quant_kernels import report_linear
+
+    report_linear({"kimi": KIMI_SHAPES}, rows=(1, 8, 64), formats=("int4",))

@@ -1,0 +1,206 @@
+"""The grouped-expert kernels over quantized stacks (layers/quant/moe_quant_kernels.py on layers/moe_kernels.py)
+against the experts computed in torch on the dequantized stacks (layers/quant/dequantize.py): block FP8 with a
+hidden size and an expert size that are not multiples of the block (ragged scale blocks), INT4 groups of 32,
+SiLU-gated, SiLU with a clamp and relu2 ungated; one token, a few sharing experts, a verify batch and a
+prefill-sized one (the 64-row blocks). On the CPU, Triton's interpreter in float32; on the GPU, bf16 at the
+DeepSeek-V3 expert shape, captured in a CUDA graph, and ``test_gpu_grouped_bandwidth`` prints the speed over
+the distinct experts' bytes (``pytest -s``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from outpace.layers.quant.dequantize import (  # noqa: E402
+    dequantize_fp8_block,
+    dequantize_int4_group,
+    quantize_fp8_block,
+    quantize_int4_group,
+)
+from outpace.layers.quant.moe_quant_kernels import (  # noqa: E402
+    fp8_block_grouped_experts,
+    int4_group_grouped_experts,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BLOCK = (128, 128)
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def reference(x, weights, ids, gate_up, down, activation="silu", limit=None, gated=True):
+    """float32 [n, H]: sum over slots of weight times the expert's MLP on the dequantized stacks (gate_up
+    [E, 2I or I, H], down [E, H, I])."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            h = F.linear(x[t].float(), gate_up[e])
+            if gated:
+                g, u = h.chunk(2)
+                g = F.silu(g)
+                if limit is not None:
+                    g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+                h = g * u
+            else:
+                h = F.relu(h).square()
+            out[t] += w * F.linear(h, down[e])
+    return out
+
+
+def routing(n: int, experts: int, top_k: int, pool: int, seed: int):
+    """(weights [n, top_k] float32, ids [n, top_k] int32): distinct experts per token drawn from the first
+    ``pool`` experts (a small pool: tokens share experts)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(pool, generator=g)[:top_k] for _ in range(n)])
+    return torch.rand(n, top_k, generator=g).to(DEVICE), ids.to(torch.int32).to(DEVICE)
+
+
+def fp8_stacks(experts, hidden, inter, seed, gated=True, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    rows = 2 * inter if gated else inter
+    gate_up, gate_up_s = quantize_fp8_block(
+        torch.randn(experts, rows, hidden, generator=g) * 0.2, BLOCK
+    )
+    down, down_s = quantize_fp8_block(torch.randn(experts, hidden, inter, generator=g) * 0.2, BLOCK)
+    return [t.to(DEVICE) for t in (gate_up, gate_up_s.to(dtype), down, down_s.to(dtype))]
+
+
+def int4_stacks(experts, hidden, inter, seed, gated=True):
+    g = torch.Generator().manual_seed(seed)
+    rows = 2 * inter if gated else inter
+    gate_up, gate_up_s = quantize_int4_group(
+        torch.randn(experts, rows, hidden, generator=g) * 0.2, 32
+    )
+    down, down_s = quantize_int4_group(torch.randn(experts, hidden, inter, generator=g) * 0.2, 32)
+    return [
+        t.to(DEVICE)
+        for t in (gate_up, gate_up_s.to(torch.bfloat16), down, down_s.to(torch.bfloat16))
+    ]
+
+
+@pytest.mark.parametrize("n, pool", [(1, 8), (8, 5), (70, 8)])
+def test_block_fp8_experts_equal_the_dequantized_experts(n, pool):
+    """hidden 136 and inter 128 with 128 x 128 blocks: the last hidden block is partial (8 columns of the
+    gate/up scales, 8 rows of down's)."""
+    gate_up, gate_up_s, down, down_s = fp8_stacks(8, 136, 128, seed=n)
+    x = torch.randn(n, 136, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    weights, ids = routing(n, 8, 3, pool, seed=n)
+    got = fp8_block_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s)
+    assert got.shape == (n, 136) and got.dtype == x.dtype
+    expected = reference(
+        x,
+        weights,
+        ids,
+        dequantize_fp8_block(gate_up, gate_up_s, BLOCK),
+        dequantize_fp8_block(down, down_s, BLOCK),
+    )
+    assert relative_error(got, expected) < 1e-6  # float32 summation orders only
+
+
+def test_block_fp8_clamped_and_ungated_experts_with_bf16_scales():
+    x = torch.randn(5, 136, device=DEVICE)
+    weights, ids = routing(5, 6, 2, 6, seed=1)
+    gate_up, gate_up_s, down, down_s = fp8_stacks(6, 136, 128, seed=1, dtype=torch.bfloat16)
+    deq = dequantize_fp8_block(gate_up, gate_up_s, BLOCK), dequantize_fp8_block(down, down_s, BLOCK)
+    got = fp8_block_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, limit=0.3)
+    assert relative_error(got, reference(x, weights, ids, *deq, limit=0.3)) < 1e-6
+    up, up_s, down, down_s = fp8_stacks(
+        6, 136, 72, seed=2, gated=False
+    )  # inter 72: a partial block
+    deq = dequantize_fp8_block(up, up_s, BLOCK), dequantize_fp8_block(down, down_s, BLOCK)
+    got = fp8_block_grouped_experts(
+        x, weights, ids, up, up_s, down, down_s, activation="relu2", gated=False
+    )
+    assert relative_error(got, reference(x, weights, ids, *deq, gated=False)) < 1e-6
+
+
+@pytest.mark.parametrize("n, pool", [(3, 4), (70, 8)])
+def test_int4_experts_equal_the_dequantized_experts(n, pool):
+    gate_up, gate_up_s, down, down_s = int4_stacks(8, 96, 64, seed=n)
+    x = torch.randn(n, 96, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    weights, ids = routing(n, 8, 3, pool, seed=n)
+    got = int4_group_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, 32)
+    assert got.shape == (n, 96)
+    expected = reference(
+        x,
+        weights,
+        ids,
+        dequantize_int4_group(gate_up, gate_up_s, 32),
+        dequantize_int4_group(down, down_s, 32),
+    )
+    assert relative_error(got, expected) < 1e-6
+
+
+def test_bad_stacks_are_refused_by_name():
+    gate_up, gate_up_s, down, down_s = fp8_stacks(4, 136, 128, seed=3)
+    x = torch.randn(2, 136, device=DEVICE)
+    weights, ids = routing(2, 4, 2, 4, seed=3)
+    with pytest.raises(ValueError, match="gate_up_scale_inv"):
+        fp8_block_grouped_experts(x, weights, ids, gate_up, gate_up_s[:, :1], down, down_s)
+    with pytest.raises(ValueError, match="share scale blocks"):
+        fp8_block_grouped_experts(
+            x, weights, ids, gate_up[:, :200], gate_up_s, down[..., :100], down_s
+        )
+    packed, packed_s, down4, down4_s = int4_stacks(4, 64, 32, seed=3)
+    with pytest.raises(ValueError, match="down_scale"):
+        int4_group_grouped_experts(
+            x[:, :64], weights, ids, packed, packed_s, down4, down4_s[..., :0]
+        )
+
+
+# ---- GPU: bf16 at the DeepSeek-V3 expert shape, in a CUDA graph, and the speed ----------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+@pytest.mark.parametrize("n", [1, 8, 64, 200])
+def test_gpu_bf16_at_the_deepseek_expert_shape(fmt, n):
+    """32 experts of DeepSeek-V3's shape (hidden 7168, inter 2048), top 8. Tolerance: the dequantized
+    weights rounded to bf16 (2^-9 relative), the intermediate rounded to bf16 as the eager experts round
+    it, float32 accumulation: below 1e-2 relative to the float32 reference."""
+    stacks = (fp8_stacks if fmt == "fp8" else int4_stacks)(32, 7168, 2048, seed=n)
+    x = torch.randn(n, 7168, device="cuda", dtype=torch.bfloat16)
+    weights, ids = routing(n, 32, 8, 32, seed=n)
+    if fmt == "fp8":
+        got = fp8_block_grouped_experts(x, weights, ids, *stacks)
+        deq = (
+            dequantize_fp8_block(stacks[0], stacks[1], BLOCK),
+            dequantize_fp8_block(stacks[2], stacks[3], BLOCK),
+        )
+    else:
+        got = int4_group_grouped_experts(x, weights, ids, *stacks)
+        deq = (
+            dequantize_int4_group(stacks[0], stacks[1], 32),
+            dequantize_int4_group(stacks[2], stacks[3], 32),
+        )
+    assert relative_error(got, reference(x, weights, ids, *deq)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_quantized_experts_replay_in_a_cuda_graph():
+    stacks = fp8_stacks(16, 1024, 256, seed=0)
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    weights, ids = routing(8, 16, 4, 16, seed=0)
+    fp8_block_grouped_experts(x, weights, ids, *stacks)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fp8_block_grouped_experts(x, weights, ids, *stacks)
+    new_weights, new_ids = routing(8, 16, 4, 16, seed=1)
+    x.copy_(torch.randn_like(x))
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    graph.replay()
+    assert torch.equal(out, fp8_block_grouped_experts(x, weights, ids, *stacks))
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_bandwidth():
+    """Prints the grouped kernels' speed over the distinct experts' bytes (``pytest -s``); asserts no time."""
+    from outpace.bench.quant_kernels import report_moe
+
+    report_moe(tokens=(1, 8, 64))
