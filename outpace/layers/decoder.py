@@ -13,6 +13,8 @@ column-, down row-parallel): one all-reduce each, the residual stream stays whol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -247,23 +249,45 @@ class DecoderLayer(nn.Module):
 
 
 def pre_norm_residual(
-    layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    layer: nn.Module,
+    positions: torch.Tensor,
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    mixer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    feed_forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The eager pre-norm layer over the stream h + residual (h alone when residual is None), for any
-    ``layer`` with input_layernorm, self_attn(positions, x), post_attention_layernorm and mlp modules
-    (the DeepSeek layer's are MLA and MoE): (MLP output, residual) [num_tokens, hidden] each, each
-    residual add fused into the RMSNorm after it."""
+    ``layer`` with input_layernorm and post_attention_layernorm modules (RMSNorm or Float32RMSNorm: both
+    take the residual), a mixer(positions, x) (default: its self_attn; the DeepSeek layer's is MLA, a
+    hybrid's its linear attention) and a feed_forward(x) (default: its mlp): (feed-forward output,
+    residual) [num_tokens, hidden] each, each residual add fused into the RMSNorm after it."""
+    mixer, feed_forward = mixer or layer.self_attn, feed_forward or layer.mlp
     if residual is None:
         x, residual = layer.input_layernorm(h), h
     else:
         x, residual = layer.input_layernorm(h, residual)
-    x, residual = layer.post_attention_layernorm(layer.self_attn(positions, x), residual)
-    return layer.mlp(x), residual
+    x, residual = layer.post_attention_layernorm(mixer(positions, x), residual)
+    return feed_forward(x), residual
 
 
 def residual_stream(h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """The value of the residual stream split as (h, residual) by ``forward_residual``: [num_tokens, hidden]."""
     return h if residual is None else h + residual
+
+
+def run_residual_stack(
+    layers: list[nn.Module], positions: torch.Tensor, h: torch.Tensor, capture: tuple[int, ...]
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Layers called as ``layer.forward_residual(positions, h, residual) -> (h, residual)`` (the stream split
+    in two, so each residual add is fused into the norm after it) over h [num_tokens, hidden] -> (the last
+    layer's output stream, {layer index in ``capture``: that layer's input stream})."""
+    residual = None  # the stream is h + residual
+    captured = {}
+    for i, layer in enumerate(layers):
+        if i in capture:
+            captured[i] = residual_stream(h, residual)
+        h, residual = layer.forward_residual(positions, h, residual)
+    return residual_stream(h, residual), captured
 
 
 def run_layer_stack(

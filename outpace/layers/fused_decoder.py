@@ -24,7 +24,13 @@ import torch
 from torch import nn
 
 from outpace.layers.activation import FUSED_ACTIVATIONS
-from outpace.layers.decoder import DecoderAttention, DecoderLayer, GatedMLP, residual_stream
+from outpace.layers.decoder import (
+    DecoderAttention,
+    DecoderLayer,
+    GatedMLP,
+    residual_stream,
+    run_residual_stack,
+)
 from outpace.layers.linear import is_sharded
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.linear import is_quantized
@@ -224,12 +230,7 @@ def run_layers(
                 captured[i] = rows.stream
             rows = layer.forward_fused(positions, rows, next_norm)
         return rows.stream, captured
-    residual = None  # the stream is h + residual
-    for i, layer in enumerate(layers):
-        if i in capture:
-            captured[i] = residual_stream(h, residual)
-        h, residual = layer.forward_residual(positions, h, residual)
-    return residual_stream(h, residual), captured
+    return run_residual_stack(layers, positions, h, capture)
 
 
 def norm_head_logits(

@@ -38,11 +38,15 @@ def _rms_norm_kernel(
     stride_x,
     stride_res,
     eps,
+    offset,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    WEIGHT_IN_FLOAT32: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Row r: s = x[r] (+ res[r], rounded to res_out's dtype and stored there);
-    out[r] = w * (s * rsqrt(mean(s^2) + eps)).to(s.dtype), rounded to out's dtype."""
+    """Row r: s = x[r] (+ res[r], rounded to res_out's dtype and stored there); n = s * rsqrt(mean(s^2) + eps)
+    in float32; out[r] = w * n.to(s.dtype) (``RMSNorm``), or with WEIGHT_IN_FLOAT32 (offset + w) * n in
+    float32 (``Float32RMSNorm``; n itself without HAS_WEIGHT), rounded to out's dtype."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -53,39 +57,53 @@ def _rms_norm_kernel(
         tl.store(res_out_ptr + row * dim + cols, s, mask=mask)
     sf = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / dim + eps)
-    normed = (sf * rstd).to(s.dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * dim + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    if WEIGHT_IN_FLOAT32:
+        normed = sf * rstd
+        if HAS_WEIGHT:
+            normed = normed * (offset + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32))
+    else:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        normed = w * (sf * rstd).to(s.dtype).to(tl.float32)
+    tl.store(out_ptr + row * dim + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    offset: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., dim] (+ residual [..., dim]) -> (RMSNorm of the sum, the sum), as ``rms_norm_torch``.
+    """x [..., dim] (+ residual [..., dim]) -> (RMSNorm of the sum, the sum), as ``rms_norm_torch``, or with
+    ``offset`` (0.0 or Gemma's 1.0) as ``rms_norm_f32``: the weight (None: no weight) applied in float32.
 
     Without a residual the sum is ``x`` itself. Outputs are new contiguous tensors: the sum in
-    torch's dtype for ``x + residual``, the normed one in torch's dtype for ``weight * sum``.
+    torch's dtype for ``x + residual``; the normed one in torch's dtype for ``weight * sum``, or in the
+    sum's dtype with ``offset``.
     """
     dim = x.shape[-1]
     x2 = _rows(x)  # [rows, dim]
     res2 = x2 if residual is None else _rows(residual)
     stream_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     stream = x if residual is None else torch.empty(x.shape, dtype=stream_dtype, device=x.device)
-    out = torch.empty(
-        x.shape, dtype=torch.promote_types(weight.dtype, stream_dtype), device=x.device
-    )
+    in_float32 = offset is not None
+    out_dtype = stream_dtype if in_float32 else torch.promote_types(weight.dtype, stream_dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     block = triton.next_power_of_2(dim)
     _rms_norm_kernel[(x2.shape[0],)](
         x2,
         res2,
-        weight,
+        x2 if weight is None else weight,
         out,
         stream,
         dim,
         x2.stride(0),
         res2.stride(0),
         eps,
+        offset or 0.0,
         HAS_RESIDUAL=residual is not None,
+        HAS_WEIGHT=weight is not None,
+        WEIGHT_IN_FLOAT32=in_float32,
         BLOCK=block,
         num_warps=min(max(block // 256, 1), 16),
         enable_fp_fusion=False,

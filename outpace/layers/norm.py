@@ -1,5 +1,6 @@
-"""RMSNorm, computed in float32 and cast back (as Llama and Qwen do), optionally fused with the
-residual add in front of it (vLLM's ``fused_add_rms_norm``): on CUDA one Triton kernel does both."""
+"""RMSNorm, computed in float32 and cast back (as Llama and Qwen do) or with the weight applied in float32
+before the cast (Gemma, Qwen3-Next, Nemotron-H, Step-3.5), optionally fused with the residual add in front
+of it (vLLM's ``fused_add_rms_norm``): on CUDA one Triton kernel does both."""
 
 from __future__ import annotations
 
@@ -75,6 +76,23 @@ class Float32RMSNorm(nn.Module):
             "weight", nn.Parameter(torch.full((dim,), 1.0 - offset)) if with_weight else None
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., dim] -> [..., dim]."""
-        return rms_norm_f32(x, self.weight, self.eps, self.offset)
+    @overload
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x, residual=None):
+        """x [..., dim] -> [..., dim]; with residual [..., dim] -> (the norm of x + residual, x + residual),
+        as ``RMSNorm``'s. On CUDA (no autograd) one Triton kernel, residual add included."""
+        if x.is_cuda and not torch.is_grad_enabled():
+            from outpace.layers.fused_kernels import rms_norm_triton
+
+            normed, stream = rms_norm_triton(x, self.weight, self.eps, residual, self.offset)
+            return normed if residual is None else (normed, stream)
+        if residual is None:
+            return rms_norm_f32(x, self.weight, self.eps, self.offset)
+        stream = x + residual
+        return rms_norm_f32(stream, self.weight, self.eps, self.offset), stream

@@ -30,7 +30,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
+from outpace.layers.decoder import (
+    GatedMLP,
+    pre_norm_residual,
+    residual_stream,
+    run_residual_stack,
+)
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.moe import MoE, Routing
@@ -405,16 +410,10 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
-        h, residual = (
-            self.embed(input_ids),
-            None,
-        )  # [num_tokens, hidden]; the stream is h + residual
-        captured = {}
-        for i, layer in enumerate(self.model.layers):
-            if i in self.aux_layer_ids:
-                captured[i] = residual_stream(h, residual)
-            h, residual = layer.forward_residual(positions, h, residual)
-        return self._model_output(residual_stream(h, residual), captured)
+        h, captured = run_residual_stack(
+            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        )
+        return self._model_output(h, captured)
 
     # The rest of the decoder-stack plumbing is the Llama family's, unchanged (models/llama.py): aux layer
     # capture, embedding, final norm and head, MTP checkpoint names after the decoder layers.

@@ -30,7 +30,7 @@ from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.layers.activation import ACTIVATIONS
-from outpace.layers.decoder import HeadProjections, run_layer_stack
+from outpace.layers.decoder import HeadProjections, residual_stream, run_residual_stack
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.linear import column_parallel, row_parallel
@@ -264,8 +264,16 @@ class NemotronHBlock(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> h + mixer(norm(h))."""
-        x = self.norm(h)
-        return h + (self.mixer(positions, x) if self.kind == "full_attention" else self.mixer(x))
+        return residual_stream(*self.forward_residual(positions, h, None))
+
+    def forward_residual(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stream h + residual in, (mixer output, stream) out: the residual add fused into the norm."""
+        x, residual = (self.norm(h), h) if residual is None else self.norm(h, residual)
+        return (
+            self.mixer(positions, x) if self.kind == "full_attention" else self.mixer(x)
+        ), residual
 
 
 class NemotronHModel(nn.Module):
@@ -311,7 +319,7 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states."""
-        h, captured = run_layer_stack(
+        h, captured = run_residual_stack(
             self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
         )
         return self._model_output(h, captured)

@@ -37,7 +37,12 @@ from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import kv_head_shard, split_evenly
-from outpace.layers.decoder import GatedMLP, run_layer_stack
+from outpace.layers.decoder import (
+    GatedMLP,
+    pre_norm_residual,
+    residual_stream,
+    run_residual_stack,
+)
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import norm_head_logits
 from outpace.layers.gated_deltanet import GatedDeltaNet
@@ -289,9 +294,17 @@ class Qwen3NextDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> h + mixer + MLP, [num_tokens, hidden]."""
-        x = self.input_layernorm(h)
-        h = h + (self.linear_attn(x) if self.is_linear else self.self_attn(positions, x))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return residual_stream(*self.forward_residual(positions, h, None))
+
+    def forward_residual(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stream h + residual in and out, as layers/decoder.py's ``pre_norm_residual``."""
+        return pre_norm_residual(self, positions, h, residual, self.mix)
+
+    def mix(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The token mixer over x [num_tokens, hidden] (normalised): linear or full attention."""
+        return self.linear_attn(x) if self.is_linear else self.self_attn(positions, x)
 
 
 class Qwen3NextModel(nn.Module):
@@ -351,7 +364,7 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
-        h, captured = run_layer_stack(
+        h, captured = run_residual_stack(
             self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
         )
         return self._model_output(h, captured)

@@ -62,7 +62,13 @@ from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.activation import silu_and_mul
-from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
+from outpace.layers.decoder import (
+    GatedMLP,
+    HeadProjections,
+    pre_norm_residual,
+    residual_stream,
+    run_residual_stack,
+)
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import column_parallel
 from outpace.layers.moe import (
@@ -71,6 +77,7 @@ from outpace.layers.moe import (
     Router,
     Routing,
     expert_rows_group,
+    moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -417,9 +424,17 @@ class Step3p5MoE(RoutedExperts):
     ``moe.{gate,up,down}_proj.weight``); [n, hidden] -> [n, hidden]. The shared expert is the layer's.
     The checkpoint keeps the router beside the expert stacks, so this is the ``RoutedExperts`` (separate
     stacks, SiLU with the routed experts' clamp: ``clamped_swiglu``) with the router added: forward(x)
-    routes, then runs the experts (``run``). Sharded: this rank's moe_intermediate_size / size rows of every
-    expert's gate and up stacks and the matching columns of down; the output is this rank's partial sum
-    (the layer all-reduces it with the shared expert's)."""
+    routes, then runs the experts (``run``), plus the layer's shared expert when handed it.
+
+    The routing is DeepSeek-V3's without groups (``Step3p5Config.routing``: sigmoid scores, router_bias
+    added to choose only, the chosen scores renormalised and times moe_router_scaling_factor), so on CUDA
+    the block is layers/moe.py ``moe_on_kernels``: the routing kernel writing the grouped kernels' block
+    layout, the grouped experts, and the shared expert fused as more experts of weight 1 where it can be
+    (``shared_expert_stacks``: share_expert_dim a multiple of moe_intermediate_size, and its clamp from
+    swiglu_limits_shared the routed experts' from swiglu_limits), else added after them.
+
+    Sharded: this rank's moe_intermediate_size / size rows of every expert's gate and up stacks and the
+    matching columns of down; the output is this rank's partial sum (the layer all-reduces it)."""
 
     def __init__(self, cfg: Step3p5Config, limit: float | None) -> None:
         group, e, h, full = (
@@ -437,8 +452,12 @@ class Step3p5MoE(RoutedExperts):
             mark_shard(self.down_proj.weight, Shard(2, first, inter, full))
         self.gate = Router(h, cfg.routing)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.run(x, *self.gate(x))  # weights, ids [n, top_k]
+    def forward(self, x: torch.Tensor, shared_mlp: nn.Module | None = None) -> torch.Tensor:
+        """x [n, hidden] -> this rank's routed output [n, hidden], plus ``shared_mlp``'s when given."""
+        if self.uses_kernels(x):
+            return moe_on_kernels(x, self.gate, self, shared_mlp)
+        out = self.run(x, *self.gate(x))  # weights, ids [n, top_k]
+        return out if shared_mlp is None else out + shared_mlp(x)
 
 
 class Step3p5Attention(nn.Module):
@@ -505,11 +524,19 @@ class Step3p5DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> the layer's output [num_tokens, hidden]."""
-        h = h + self.self_attn(positions, self.input_layernorm(h))
-        x = self.post_attention_layernorm(h)
+        return residual_stream(*self.forward_residual(positions, h, None))
+
+    def forward_residual(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stream h + residual in and out, as layers/decoder.py's ``pre_norm_residual``."""
+        return pre_norm_residual(self, positions, h, residual, feed_forward=self.feed_forward)
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The dense MLP, or the routed and shared experts, over x [num_tokens, hidden] (normalised)."""
         if not self.is_moe:
-            return h + self.mlp(x)
-        return h + all_reduce(self.moe(x) + self.share_expert(x), self.group)
+            return self.mlp(x)
+        return all_reduce(self.moe(x, self.share_expert), self.group)
 
 
 class Step3p5SharedHead(nn.Module):
@@ -611,7 +638,7 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h, captured = run_layer_stack(
+        h, captured = run_residual_stack(
             self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
         )
         return self._model_output(h, captured)

@@ -13,7 +13,7 @@ from outpace.layers.fused_kernels import (
     rotary_triton,
     silu_and_mul_triton,
 )
-from outpace.layers.norm import RMSNorm, rms_norm_torch
+from outpace.layers.norm import Float32RMSNorm, RMSNorm, rms_norm_f32, rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 from outpace.models.loader import load_model
 
@@ -67,6 +67,29 @@ def test_rms_norm_reads_strided_rows():
     assert (
         _rel(rms_norm_triton(part, weight, 1e-6)[0], rms_norm_torch(part, weight, 1e-6)[0]) < 1e-6
     )
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0, None])  # None: no weight (Gemma 4's bare norms)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_float32_weight_norm_matches_torch(offset, with_residual, poisoned):
+    """``Float32RMSNorm``'s kernel path (the weight, or 1 + weight, applied in float32 before the cast; the
+    residual add fused) against its torch path, at an odd width and over strided heads."""
+    x = _rand(6, 3, 40, seed=11)[:, 1]  # [6, 40], rows strided
+    residual = _rand(6, 40, seed=12) if with_residual else None
+    norm = Float32RMSNorm(40, 1e-6, offset=offset or 0.0, with_weight=offset is not None).to(DEVICE)
+    if norm.weight is not None:
+        with torch.no_grad():
+            norm.weight.copy_(_rand(40, seed=13))
+    with torch.no_grad():
+        got = norm(x) if residual is None else norm(x, residual)
+    stream = x if residual is None else x + residual
+    weight = None if norm.weight is None else norm.weight.detach()
+    expected = rms_norm_f32(stream, weight, 1e-6, offset or 0.0)
+    got_norm, got_stream = (got, x) if residual is None else got
+    if DEVICE == "cpu":  # the module's CPU path is the torch one: the kernel itself here
+        got_norm, got_stream = rms_norm_triton(x, weight, 1e-6, residual, offset or 0.0)
+    assert _rel(got_norm, expected) < 1e-6
+    assert torch.equal(got_stream, stream)
 
 
 @pytest.mark.parametrize(
