@@ -79,6 +79,14 @@ class RecurrentStates:
             torch.tensor([s > 0 for s in starts], device=self.device),
         )
 
+    def decode(self, indices: torch.Tensor, lengths: torch.Tensor) -> RecurrentMetadata | None:
+        """A step of one token per row (plain decoding; device tensors, capturable): indices, lengths [b].
+        Each row's state advances in place, as a prefill chunk's does: the state after the token is the only
+        one there is to keep, so no snapshots are written and nothing is committed after it."""
+        if not self.has_state:
+            return None
+        return RecurrentMetadata(indices, lengths > 0)
+
     def verify(
         self, indices: torch.Tensor, lengths: torch.Tensor, parents: torch.Tensor | None
     ) -> RecurrentMetadata | None:

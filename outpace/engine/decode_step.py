@@ -134,8 +134,12 @@ class DecodeStep:
                 None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)
             )  # [b, n, n]
             with rows.context(rows.lengths, n, self.backend, mask) as ctx:
-                ctx.recurrent = self.states.verify(
-                    req_indices, rows.lengths, None if shape.is_chain else drafts.parents
+                ctx.recurrent = (
+                    self.states.decode(req_indices, rows.lengths)
+                    if n == 1
+                    else self.states.verify(
+                        req_indices, rows.lengths, None if shape.is_chain else drafts.parents
+                    )
                 )
                 out = self.model(
                     drafts.token_ids.reshape(-1),
@@ -173,9 +177,10 @@ class DecodeStep:
                     drafts.token_ids.gather(1, path.clamp(min=0)),
                     path >= 0,
                 )
-            self.states.commit(
-                req_indices, result.last_correct_step_indices
-            )  # (a no-op without recurrent state)
+            if (
+                n > 1
+            ):  # (a one-token step advanced the states in place; a no-op without recurrent state)
+                self.states.commit(req_indices, result.last_correct_step_indices)
             if self.proposer is not None:
                 self.proposer.update(
                     Verified(rows, out.hidden_states, out.aux_hidden_states, result)
