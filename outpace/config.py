@@ -166,6 +166,11 @@ class EngineConfig:
     # same bits and greedy chain speculation can match plain decoding exactly in bf16 too.
     # Process-wide while an engine with it set exists; slower.
     batch_invariant: bool = False
+    # The target's paged KV cache (and MLA's latent cache): "auto" in the model's dtype; "fp8" (alias
+    # "fp8_e4m3", vLLM's and SGLang's --kv-cache-dtype spellings) in float8_e4m3fn with a per-layer k and v
+    # scale, half the bytes per token, so twice the blocks (attention/kv_quant.py). Recurrent state and the
+    # drafters' caches keep their own precision.
+    kv_cache_dtype: str = "auto"
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     load_format: str = (
         "safetensors"  # "dummy": random weights of the checkpoint's shape (benchmarks)
@@ -258,6 +263,15 @@ class EngineConfig:
             self.attention_backend,
             self.attention_backend in ("auto", "torch", "triton"),
             "one of auto, torch, triton",
+        )
+        from outpace.attention.kv_quant import KV_CACHE_DTYPES
+
+        require(
+            o,
+            "kv_cache_dtype",
+            self.kv_cache_dtype,
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"one of {', '.join(KV_CACHE_DTYPES)}",
         )
         require(
             o,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from outpace.attention.kv_quant import is_fp8
 from outpace.attention.layer import PagedCacheLayer
 from outpace.cache.block_pool import BlockPool
 
@@ -18,7 +19,8 @@ def bind_kv_cache(
     of each layer's tensors. The pool remembers the binding, so ``rebind_kv_caches`` can reallocate it.
 
     Block 0, ``pool.padding_block``, belongs to no request: padded rows of a CUDA-graph replay write their
-    KV there.
+    KV there. ``dtype`` float8_e4m3fn makes an FP8 cache (attention/kv_quant.py): the layers then store
+    and read it with their scales (cache/kv_scales.py loads a checkpoint's).
     """
     pool._bound.append((model, dtype, device))
     return [
@@ -43,6 +45,12 @@ def rebind_kv_caches(pool: BlockPool) -> None:
 def pool_cache_tensors(pool: BlockPool) -> list[torch.Tensor]:
     """Every cache tensor bound to ``pool``, model by model in binding order."""
     return [t for model, _, _ in pool._bound for layer in bound_caches(model) for t in layer]
+
+
+def bound_dtypes(pool: BlockPool) -> str:
+    """The dtypes of the caches bound to ``pool``, in binding order ("float8_e4m3fn, bfloat16")."""
+    names = (str(dtype).removeprefix("torch.") for _, dtype, _ in pool._bound)
+    return ", ".join(dict.fromkeys(names))
 
 
 def kv_cache_bytes(pool: BlockPool) -> int:
@@ -92,4 +100,6 @@ class CacheRows:
         src, dst = src.reshape(-1), dst.reshape(-1)
         for cache in self.tensors:
             flat = cache.view(-1, *cache.shape[2:])
+            if is_fp8(flat.dtype):  # (torch has no float8 index_copy_ on the CPU: moved as bytes)
+                flat = flat.view(torch.uint8)
             flat.index_copy_(0, dst, flat.index_select(0, src))

@@ -25,6 +25,14 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8", "fp8_e4m3"],
+        help="the target's KV cache (and MLA latent cache): auto = the model's dtype; fp8 (= fp8_e4m3) "
+        "stores float8_e4m3fn with per-layer k/v scales from the checkpoint (1.0 when it has none), "
+        "half the bytes per token, so twice the blocks",
+    )
+    p.add_argument(
         "--num-kv-blocks",
         type=int,
         default=None,
@@ -134,6 +142,7 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     kwargs = dict(
         device=a.device,
         dtype=a.dtype,
+        kv_cache_dtype=a.kv_cache_dtype,
         num_kv_blocks=a.num_kv_blocks,
         block_size=a.block_size,
         gpu_memory_utilization=a.gpu_memory_utilization,

@@ -20,8 +20,10 @@ from typing import Sequence
 
 import torch
 
+from outpace.attention.kv_quant import is_fp8, resolve_kv_cache_dtype
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_scales import load_kv_scales
 from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
 from outpace.checkpoint import checkpoint_files
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
@@ -168,6 +170,10 @@ class LLMEngine:
         _report(weights_summary(self.model, self.model_config.quantization), progress)
         if config.device == "cpu":
             configure_threads(sum(p.numel() for p in self.model.parameters()))
+        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+        if is_fp8(kv_dtype):  # the layers' k/v scales: the checkpoint's, else 1.0 (kv_scales.py)
+            load_kv_scales(self.model, None if config.load_format == "dummy" else config.model)
+        _report(f"KV cache dtype: {str(kv_dtype).removeprefix('torch.')}", progress)
         # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)
         profile_tokens = min(config.max_num_batched_tokens, max_pos - 1)
         sizing = config.kv_blocks_from_memory
@@ -212,7 +218,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model,
             self.pool,
-            dtype,
+            kv_dtype,
             config.device,
             backend,
             config.max_num_seqs,
@@ -222,6 +228,7 @@ class LLMEngine:
             self.choosers,
             self.grammars,
             config.batch_invariant,
+            state_dtype=dtype,
         )
         decode_tokens = shapes[-1].num_nodes
         if spec.enabled and config.max_num_batched_tokens < decode_tokens:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from outpace.cache.block_pool import BlockPool
-from outpace.cache.kv_cache import kv_cache_bytes, rebind_kv_caches
+from outpace.cache.kv_cache import bound_dtypes, kv_cache_bytes, rebind_kv_caches
 from outpace.distributed.group import RankGroup
 from outpace.engine.warm_up import scratch_prefill
 from outpace.layers.quant.loading import quantized_bytes
@@ -44,9 +44,10 @@ class MemoryPlan:
     in_use: int  # taken before any KV block (CUDA: weights, state rows, buffers, other processes)
     workspace: int  # the activation peak of a prefill forward
     graphs: int  # estimated for captured decode steps (0 without them)
-    block_bytes: int  # one block's rows in every cache (target and drafter)
+    block_bytes: int  # one block's rows in every cache (target and drafter), at their element sizes
     num_blocks: int
     limit: int  # blocks max_num_seqs full-length requests fill
+    cache_dtypes: str = ""  # the caches' dtypes (an FP8 cache: 1 byte an element, twice the blocks)
 
     def summary(self, block_size: int) -> str:
         free = self.budget - self.in_use - self.workspace - self.graphs
@@ -61,6 +62,7 @@ class MemoryPlan:
             f"{capped}; budget {self.budget / GiB:.3f} GiB, in use {self.in_use / GiB:.3f} GiB, activation "
             f"workspace {self.workspace / GiB:.3f} GiB, CUDA graphs ~{self.graphs / GiB:.3f} GiB, left for KV "
             f"{max(free, 0) / GiB:.3f} GiB at {self.block_bytes / 1024:.1f} KiB per block"
+            f"{f' ({self.cache_dtypes})' if self.cache_dtypes else ''}"
         )
 
 
@@ -113,7 +115,15 @@ def plan_kv_pool(
     graphs = workspace * min(graph_tokens, profile_tokens) // profile_tokens
     fits = (budget - in_use - workspace - graphs) // block_bytes
     return MemoryPlan(
-        device.type, budget, in_use, workspace, graphs, block_bytes, max(min(fits, limit), 0), limit
+        device.type,
+        budget,
+        in_use,
+        workspace,
+        graphs,
+        block_bytes,
+        max(min(fits, limit), 0),
+        limit,
+        bound_dtypes(pool),
     )
 
 

@@ -59,8 +59,12 @@ class ModelRunner:
         choosers: dict[SamplingMode, DraftLengthChooser] | None = None,
         grammars: GrammarTable | None = None,
         batch_invariant: bool = False,
+        state_dtype: torch.dtype | None = None,
     ) -> None:
-        """``proposer``: the drafter (None: plain decoding), built for ``max_seqs`` requests; ``shapes``
+        """``kv_dtype``: the target's paged cache (float8_e4m3fn: an FP8 cache, attention/kv_quant.py);
+        ``state_dtype``: hybrid models' recurrent state where a layer declares none (None: ``kv_dtype``),
+        which stays in the model's precision under an FP8 cache.
+        ``proposer``: the drafter (None: plain decoding), built for ``max_seqs`` requests; ``shapes``
         what it may draft: one shape (fixed), or several, chosen step by step by ``choosers`` (one per
         sampling mode, speculative/adaptive.py); ``grammars``: the structured-output table; ``max_rows``:
         the KV rows a request may reach (its block-table row covers them); ``batch_invariant``: every
@@ -76,7 +80,11 @@ class ModelRunner:
         )
         # hybrid models: each request's recurrent state, with a snapshot row per verified node
         self.states = RecurrentStates(
-            model.model, max_seqs + 1, max(s.num_nodes for s in shapes), kv_dtype, device
+            model.model,
+            max_seqs + 1,
+            max(s.num_nodes for s in shapes),
+            state_dtype or kv_dtype,
+            device,
         )
         self.shapes, self.choosers = shapes, choosers or {}
         self.closed_batch = False  # no request waiting (execute's ``closed``)

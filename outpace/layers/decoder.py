@@ -100,10 +100,7 @@ class DecoderAttention(nn.Module):
     ) -> None:
         """k and v of x [n, in] at positions [n] into this layer's paged cache at slot_mapping [n] flat
         slots, without attending (context rows a drafter reads later: DFlash)."""
-        k_cache, v_cache = self.attn.kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
-        k, v = self.key_value(x, positions)
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        self.attn.store_kv(*self.key_value(x, positions), slot_mapping)
 
 
 class HeadProjections:

@@ -126,7 +126,8 @@ def write_kv(
     """``DecoderAttention.write_kv`` (k and v of x [n, in] at positions [n] into the layer's paged cache
     at slot_mapping [n], without attending); few rows on the GPU: the fused q/k/v kernel's k/v-only form."""
     k_cache, v_cache = attn.attn.kv_cache  # [num_blocks, block_size, kv_heads, head_dim]
-    if projects_fused(attn, x) and k_cache.is_contiguous() and v_cache.is_contiguous():
+    fused = projects_fused(attn, x) and not attn.attn.fp8_cache  # (the kernel does not quantize)
+    if fused and k_cache.is_contiguous() and v_cache.is_contiguous():
         project_fused(attn, x, 0.0, positions, k_cache, v_cache, slot_mapping, kv_only=True)
     else:
         attn.write_kv(x, positions, slot_mapping)

@@ -9,7 +9,9 @@ Per token (names as transformers' DeepseekV3Attention and the checkpoints give t
 - score of a key: q_nope . k_nope + q_pe . k_pe, times ``scale``; output ``o_proj`` of the heads' values.
 
 The cache keeps only [c, k_pe] per token (kv_lora_rank + qk_rope_head_dim values, one "head"), never
-the per-head keys and values. Two forms read it, equal in exact arithmetic:
+the per-head keys and values; an FP8 cache stores the row quantized with the layer's one ``k_scale``
+(attention/kv_quant.py), and every reader dequantizes it (the Triton kernel in place). Two forms read
+it, equal in exact arithmetic:
 - absorbed (decode, verify): q_nope . (W_UK c) = (W_UK^T q_nope) . c, so each head's query becomes
   [W_UK^T q_nope, q_pe] over the cached rows [c, k_pe], the values are the latents themselves, and W_UV
   is applied to each head's attended latent afterwards (one kv head for all query heads, GQA style);
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from outpace.attention.context import get_forward_context
+from outpace.attention.kv_quant import dequantize, store
 from outpace.attention.layer import PagedCacheLayer
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
 from outpace.attention.torch_backend import attend_paged, gather_blocks
@@ -106,6 +109,11 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         self.cache_rows: torch.Tensor | None = (
             None  # [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
         )
+        self.register_kv_scales()  # k_scale: an FP8 cache's rows, key and value alike (kv_quant.py)
+
+    def _latent_scale(self) -> torch.Tensor | None:
+        """The k scale an FP8 latent cache is read with; None for a cache in the model's dtype."""
+        return self.k_scale if self.fp8_cache else None
 
     def bind_cache(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
@@ -155,9 +163,10 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         ):  # training and teacher forwards: whole windows, no cache
             return self.o_proj(self._dense_causal(q_nope, q_pe, rows, meta).reshape(n, -1))
         cache = self.cache_rows
-        cache.view(-1, 1, cache.shape[-1]).index_copy_(0, meta.slot_mapping, rows.to(cache.dtype))
+        store(cache, meta.slot_mapping, rows, self.k_scale)
         if meta.max_query_len >= self.expand_min_query_len:
-            out = self._expanded(q_nope, q_pe, gather_blocks(cache, meta).to(x.dtype), meta)
+            gathered = dequantize(gather_blocks(cache, meta), self._latent_scale(), x.dtype)
+            out = self._expanded(q_nope, q_pe, gathered, meta)
         else:
             out = self._absorbed(q_nope, q_pe, meta)
         return self.o_proj(out.reshape(n, -1))  # out [n, heads, v_head_dim]
@@ -174,6 +183,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         meta = ctx.metadata
         return (
             self.fused
+            and not self.fp8_cache  # (its cache-writing kernel does not quantize)
             and isinstance(meta, PagedAttentionMetadata)
             and meta.max_query_len < self.expand_min_query_len
             and ctx.backend.name == "triton"
@@ -207,11 +217,18 @@ class MultiHeadLatentAttention(PagedCacheLayer):
                 mla_paged_attention,  # Triton: installed with that backend
             )
 
-            attended = mla_paged_attention(q_latent, q_pe, self.cache_rows, meta, self.shape.scale)
+            attended = mla_paged_attention(
+                q_latent,
+                q_pe,
+                self.cache_rows,
+                meta,
+                self.shape.scale,
+                k_scale=self._latent_scale(),
+            )
         else:
             r = self.shape.kv_lora_rank
-            gathered = gather_blocks(self.cache_rows, meta).to(
-                q_latent.dtype
+            gathered = dequantize(
+                gather_blocks(self.cache_rows, meta), self._latent_scale(), q_latent.dtype
             )  # [num_seqs, 1, max_kv_len, r + rope]
             attended = attend_paged(
                 torch.cat((q_latent, q_pe), dim=-1),

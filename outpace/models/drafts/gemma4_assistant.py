@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from outpace.attention.context import get_forward_context
+from outpace.attention.kv_quant import dequantize
 from outpace.attention.layer import Attention
 from outpace.checkpoint import checkpoint_files, load_checkpoint
 from outpace.distributed.group import build_group
@@ -107,8 +108,15 @@ class TargetCacheAttention(Attention):
         indices = get_forward_context().metadata.slot_mapping
         return tuple(c.view(-1, *c.shape[2:]).index_select(0, indices) for c in self.kv_cache)
 
+    def kv_scales(self):
+        return self._target[0].kv_scales()  # the target's cache, read with its scales
+
     def forward(self, q, k, v, positions=None):
-        """As ``Attention.forward``, with the window compared at the query's KV row (position - 1)."""
+        """As ``Attention.forward``, with the window compared at the query's KV row (position - 1). Rows of
+        an FP8 target cache are dequantized here; written back, they quantize to the same bytes."""
+        scales = self.kv_scales()
+        if scales is not None:
+            k, v = dequantize(k, scales[0], q.dtype), dequantize(v, scales[1], q.dtype)
         return super().forward(q, k, v, None if positions is None else positions - 1)
 
 

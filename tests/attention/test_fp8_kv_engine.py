@@ -1,0 +1,145 @@
+"""The FP8 KV cache end to end (EngineConfig.kv_cache_dtype "fp8", CPU, fp32 models): greedy tokens of a
+small Llama and a small DeepSeek (MLA) through the Triton kernels (interpreter) equal those of the torch
+backend on the same FP8 cache; the match rate against the full-precision cache is printed (a sane floor
+only: FP8 rounds every cached value); speculation (a tree drafter that commits KV rows, n-gram) is
+lossless against plain decoding on the same FP8 cache; hybrid state stays in the model's dtype; the pool
+takes a quarter of the bytes per block (fp32 -> fp8); checkpoint scales load under vLLM's and SGLang's
+names and a missing one warns."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from helpers.deepseek_models import make_hf_deepseek
+from helpers.hf_models import save_hf_model
+from helpers.hybrid_models import make_hybrid, save_hybrid
+from helpers.oracle_proposer import OracleProposer
+from outpace import LLM, SamplingParams
+from outpace.attention.kv_quant import FP8_KV_DTYPE
+from outpace.cache.kv_cache import kv_cache_bytes
+from outpace.cache.kv_scales import load_kv_scales
+from outpace.config import EngineConfig, SpeculativeConfig
+from outpace.models.loader import load_model
+from outpace.registry import PROPOSERS
+from outpace.validation import ConfigError
+
+PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def prompts(n: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, vocab, (4 + 7 * i,), generator=g).tolist() for i in range(n)]
+
+
+def greedy(model_dir, ps, params=GREEDY, **kwargs) -> list[list[int]]:
+    llm = LLM(str(model_dir), block_size=4, num_kv_blocks=64, **kwargs)
+    return [o.token_ids for o in llm.generate(ps, params)]
+
+
+def match_rate(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of positions where two runs agree, up to each pair's first difference (after it, the
+    contexts differ)."""
+    agreed = 0
+    for x, y in zip(a, b):
+        agreed += next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), len(x))
+    return agreed / sum(len(x) for x in a)
+
+
+@pytest.fixture(scope="module")
+def deepseek_dir(tmp_path_factory):
+    return save_hf_deepseek(tmp_path_factory.mktemp("deepseek_fp8kv"))
+
+
+def save_hf_deepseek(path):
+    return save_hf_model(make_hf_deepseek("v3-yarn"), path)
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek"])
+def test_triton_matches_torch_on_fp8_cache(family, llama_dir, deepseek_dir):
+    model_dir = llama_dir if family == "llama" else deepseek_dir
+    ps = prompts(3, 200)
+    torch_fp8 = greedy(model_dir, ps, kv_cache_dtype="fp8", attention_backend="torch")
+    triton_fp8 = greedy(model_dir, ps, kv_cache_dtype="fp8", attention_backend="triton")
+    full = greedy(model_dir, ps, attention_backend="torch")
+    rate = match_rate(torch_fp8, full)
+    print(f"\n{family}: FP8 cache vs float32 cache, greedy match rate {rate:.3f}")
+    assert triton_fp8 == torch_fp8
+    assert rate >= 0.3, "an FP8 cache that far from the full-precision one is broken, not rounded"
+
+
+def test_fp8_cache_is_float8_and_a_quarter_of_fp32(llama_dir):
+    fp8 = LLM(str(llama_dir), block_size=4, num_kv_blocks=16, kv_cache_dtype="fp8_e4m3").engine
+    full = LLM(str(llama_dir), block_size=4, num_kv_blocks=16).engine
+    assert all(t.dtype == FP8_KV_DTYPE for layer in fp8.runner.kv_caches for t in layer)
+    assert kv_cache_bytes(full.pool) == 4 * kv_cache_bytes(fp8.pool)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=6),
+        SpeculativeConfig("ngram", num_steps=3),
+    ],
+    ids=["oracle-tree", "ngram"],
+)
+def test_speculation_lossless_on_fp8_cache(llama_dir, spec, monkeypatch):
+    ps = prompts(3, 200)
+    ps[1] = ps[1] * 3  # repeats: the n-gram drafter finds matches
+    params = GREEDY.replace(max_tokens=16)
+    plain = greedy(llama_dir, ps, params, kv_cache_dtype="fp8")
+    monkeypatch.setattr(OracleProposer, "references", {tuple(p): o for p, o in zip(ps, plain)})
+    monkeypatch.setattr(OracleProposer, "corruption", 0.3)
+    llm = LLM(
+        str(llama_dir), block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8", speculative=spec
+    )
+    outs = llm.generate(ps, params)
+    assert [o.token_ids for o in outs] == plain
+    if spec.method == "oracle":  # its drafts are accepted in part: tree commits moved fp8 rows
+        assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
+
+
+def test_hybrid_state_keeps_model_dtype(tmp_path):
+    model_dir = save_hybrid(make_hybrid("qwen3_next"), tmp_path / "qwen3_next")
+    ps = prompts(2, 131)
+    llm = LLM(str(model_dir), block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8")
+    states = llm.engine.runner.states
+    assert states.has_state and all(t.dtype != FP8_KV_DTYPE for t in states._states)
+    assert all(t.dtype == FP8_KV_DTYPE for layer in llm.engine.runner.kv_caches for t in layer)
+    tokens = [o.token_ids for o in llm.generate(ps, GREEDY)]
+    assert tokens == greedy(model_dir, ps, kv_cache_dtype="fp8", attention_backend="triton")
+
+
+def test_unknown_kv_cache_dtype_refused(llama_dir):
+    with pytest.raises(ConfigError, match="kv_cache_dtype='fp8_e5m2'"):
+        EngineConfig(model=str(llama_dir), kv_cache_dtype="fp8_e5m2")
+
+
+def test_checkpoint_scales_load_by_their_published_names(llama_dir, deepseek_dir, tmp_path, caplog):
+    """ModelOpt's k_proj.k_scale / v_proj.v_scale (layer 0), compressed-tensors' self_attn.k_scale /
+    v_scale (layer 1); MLA's kv_a_proj_with_mqa.k_scale; a layer without any warns and keeps 1.0."""
+    llama = load_model(llama_dir, torch.float32)
+    scales = {
+        "model.layers.0.self_attn.k_proj.k_scale": torch.tensor([0.25]),
+        "model.layers.0.self_attn.v_proj.v_scale": torch.tensor(0.5),
+        "model.layers.1.self_attn.k_scale": torch.tensor(2.0),
+        "model.layers.1.self_attn.v_scale": torch.tensor(4.0),
+    }
+    save_file(scales, str(tmp_path / "model.safetensors"))
+    assert load_kv_scales(llama, tmp_path) == 4
+    attn = [layer.self_attn.attn for layer in llama.model.layers]
+    assert [(float(a.k_scale), float(a.v_scale)) for a in attn] == [(0.25, 0.5), (2.0, 4.0), (1, 1)]
+
+    deepseek = load_model(deepseek_dir, torch.float32)
+    save_file(
+        {"model.layers.1.self_attn.kv_a_proj_with_mqa.k_scale": torch.tensor(0.125)},
+        str(tmp_path / "model.safetensors"),
+    )
+    with caplog.at_level(logging.WARNING, logger="outpace.cache"):
+        assert load_kv_scales(deepseek, tmp_path) == 1
+    assert [float(layer.self_attn.k_scale) for layer in deepseek.model.layers] == [1.0, 0.125, 1.0]
+    assert "model.layers.0.self_attn.k_scale" in caplog.text and "1.0" in caplog.text
