@@ -11,6 +11,14 @@
 #                                                    # TP = 1 correctness, 8B/70B-shaped TP = 2 decode vs the 2-GPU
 #                                                    # floor, EAGLE3 at TP = 2, 2 data-parallel replicas, plain and
 #                                                    # with EAGLE3); parts of correctness,tp_speed,dp,dp_eagle3
+#                                                    # and issue 46's item1 (graph replays per decode step with
+#                                                    # NCCL inside at TP = 2, per-rank memory sizing, tinyqwen35
+#                                                    # and a Qwen3-Next slice at TP = 2: ~3-4 min on 2 H200s)
+#                                                    # and qwen3next80b (Qwen3-Next-80B-A3B whole, bf16, random
+#                                                    # weights built on the GPUs, TP = 2: decode vs the floor, MTP
+#                                                    # under ORACLE acceptance: ~3-4 min); for issue 46:
+#                                                    #   MULTI_TIME_LIMIT=520 timeout 560 bash benchmarks/scripts/gpu_run.sh
+#                                                    #     OUT multi item1,qwen3next80b
 #                                                    # (all by default; a part measured by an
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.

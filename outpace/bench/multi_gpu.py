@@ -20,6 +20,23 @@
   runs it by default: adaptive, up to 5 drafts a step; chains of ``eagle3_steps`` where ``eagle3_adaptive`` is
   off), where a step's cost grows with its rows (each verifies 1 + k tokens), so that one replica's batch of
   64 costs more than either replica's batch of 32 in plain decoding.
+- ``item1`` (issue 46 item 1): the collectives inside the captured iteration: the ``graphs_shape`` target
+  (8B) at TP = 1 and TP = world, batch 1, 8, 32, each engine step's replays of the captured decode steps by
+  bucket over bench/gpu.py ``time_decode``'s timed steps (engine/cuda_graphs.py ``CapturedCall.replays``):
+  one replay of the batch's bucket per step, no step run eagerly; at TP = world torch.profiler over a few
+  decode steps says which call launched each NCCL kernel (a graph launch or not); per-rank memory sizing
+  of the same engines (KV blocks from memory, engine/memory.py): each rank's weight bytes, KV blocks, memory
+  plan and device memory free after start-up (bench/rank_group.py ``engine_facts``); and hybrid targets
+  at TP = world as ``correctness`` checks the others: the zoo's Qwen3.5 (``tinyqwen35``) and a random
+  checkpoint of a Qwen3-Next layer slice at its real widths (``hybrid_random``, with its MTP layer), fp32
+  equal to TP = 1, the bf16 match rate, and their drafters (EAGLE3, MTP) lossless at TP = world in fp32.
+- ``qwen3next80b`` (issue 46 item 3): Qwen3-Next-80B-A3B whole (48 layers, bench/family_shapes.py
+  QWEN3_NEXT_80B) in bf16 at TP = world with random weights built on each GPU, rank by rank
+  (``load_format="dummy"``: as a checkpoint it is about 160 GB, more than the device machine's disk
+  holds): plain decode tokens/s at batch 1, 8, 32 against the floor of the bytes each GPU reads (bench/
+  families.py ``step_budget`` of rank 0's shard: the distinct experts the batch chose, its KV rows and
+  recurrent state) over the copy bandwidth, plus the all-reduces of one step measured alone; and with its
+  MTP layer (random: it accepts nothing) under ORACLE acceptance, as the 70B shape's EAGLE3.
 ``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
 that does not fit one GPU is listed as such) and one replica's throughput.
 
@@ -37,12 +54,14 @@ import json
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from outpace import SamplingParams
+from outpace.bench.family_shapes import QWEN3_NEXT_80B, slice_layers
 from outpace.bench.gpu import (
     LLAMA_8B,
     ZOO_DRAFTERS,
@@ -52,7 +71,7 @@ from outpace.bench.gpu import (
     weight_bytes_read,
 )
 from outpace.bench.multi_gpu_report import DP_PARTS
-from outpace.bench.rank_group import release_memory
+from outpace.bench.rank_group import engine_facts, release_memory
 from outpace.bench.widen import LLAMA_8B as WIDE_8B
 from outpace.bench.widen import Shape, widen_checkpoint, widen_draft
 from outpace.config import SpeculativeConfig
@@ -69,8 +88,23 @@ LLAMA_70B = {
     "num_attention_heads": 64,
     "num_key_value_heads": 8,
 }
-PARTS = ("correctness", "tp_speed", *DP_PARTS)
+RANK_PARTS = ("correctness", "tp_speed", "item1", "qwen3next80b")  # the parts run on the rank group
+PARTS = (*RANK_PARTS, *DP_PARTS)
 ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
+TIMED = ("tp_speed", *DP_PARTS, "qwen3next80b")  # the parts whose rows are timings (forget_timings)
+# the sections of item1 measured on the machine's GPUs (forget_timings), as opposed to its correctness rows
+ITEM1_MACHINE_ROWS = ("graphs", "nccl", "memory")
+SEED_NAME = "qwen3-next-80b"
+SEED_WEIGHTS = (
+    "random bf16 weights built on each GPU, each rank its own shard (load_format='dummy'); as a checkpoint "
+    "the model is about 160 GB, more than the device machine's 128 GiB disk holds"
+)
+
+
+def with_mtp(config: dict) -> dict:
+    """A Qwen3-Next config with its MTP layer: the released checkpoints carry one (``mtp.layers.0``; vLLM's
+    qwen3_next_mtp reads ``num_nextn_predict_layers``, 1 when absent; models/drafts/hybrid_mtp.py)."""
+    return {**config, "num_nextn_predict_layers": 1}
 
 
 @dataclass(frozen=True)
@@ -121,6 +155,29 @@ class Plan:
     dp_kv_blocks: int = 4096  # per replica: holds every stream of both levels
     dp_saturated_streams: int | None = 256  # a second level, where one replica's batch saturates it
     dp_client_processes: int = 4  # the load's client processes (server/bench.py run_load)
+    # item1 (issue 46 item 1)
+    graphs_shape: str = "8b"  # the shapes entry whose captured steps and memory plan are checked
+    graph_steps: int = 16  # decode steps whose graph replays are counted, per batch
+    profile_steps: int = (
+        4  # decode steps profiled for NCCL kernels (GPU, TP = world, the middle batch)
+    )
+    hybrid_zoo_targets: tuple[str, ...] = ("tinyqwen35",)  # those present
+    # (target, method, zoo draft or None, num_steps), as family_drafters
+    hybrid_family_drafters: tuple[tuple[str, str, str | None, int], ...] = (
+        ("tinyqwen35", "eagle3", "tinyqwen35-eagle3", 4),
+        ("tinyqwen35", "mtp", None, 2),
+    )
+    # a random checkpoint of Qwen3-Next's first 4 layers (3 DeltaNet + 1 gated attention, each with its 512
+    # experts) and its MTP layer, at the real widths (~9 GB in bf16); its MTP drafts with hybrid_mtp_steps
+    hybrid_random: dict = field(default_factory=lambda: with_mtp(slice_layers(QWEN3_NEXT_80B, 4)))
+    hybrid_dtypes: tuple[str, ...] = (
+        "float32",
+        "bfloat16",
+    )  # of the hybrid targets' TP = 1 comparisons
+    hybrid_mtp_steps: int = 2
+    # qwen3next80b (issue 46 item 3): the model whole; an engine's build, capture and rows take about this
+    seed_model: dict = field(default_factory=lambda: QWEN3_NEXT_80B)
+    seed_item_s: float = 120.0
     time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 260.0  # per data-parallel part
 
@@ -201,6 +258,33 @@ def fits_one_device(shape: dict, device: str, tp: int) -> tuple[bool, str]:
         f"{2 * params / 1e9:.0f} GB of bf16 weights, {need / 2**30:.1f} GiB per GPU at "
         f"TP = {tp}, one GPU holds {memory / 2**30:.0f} GiB"
     )
+
+
+def zoo_draft(spec: SpeculativeConfig) -> SpeculativeConfig:
+    """``spec`` with its draft (a zoo checkpoint named by its folder) in this checkout's zoo."""
+    return (
+        dataclasses.replace(spec, draft=str(zoo_dir() / Path(spec.draft).name))
+        if spec.draft
+        else spec
+    )
+
+
+def family_drafts(
+    family_drafters: tuple[tuple[str, str, str | None, int], ...],
+) -> list[tuple[str, str, str, SpeculativeConfig]]:
+    """Plan.family_drafters' entries whose target and draft the zoo holds, as (target name, target
+    directory, method, config)."""
+    zoo = zoo_dir()
+    return [
+        (
+            target,
+            str(zoo / target),
+            method,
+            zoo_draft(SpeculativeConfig(method, draft, num_steps=steps)),
+        )
+        for target, method, draft, steps in family_drafters
+        if (zoo / target).is_dir() and (draft is None or (zoo / draft).is_dir())
+    ]
 
 
 def widened_zoo(plan: Plan, workdir: Path) -> tuple[str, str]:
@@ -287,7 +371,7 @@ class Run:
         self.save()
 
     def _drop_rows_of(self, name: str) -> None:
-        for section in (self.result.get(part, {}) for part in ("correctness", "tp_speed")):
+        for section in (self.result.get(part, {}) for part in RANK_PARTS):
             for rows in section.values():
                 if isinstance(rows, list):
                     rows[:] = [r for r in rows if r.get("item") != name]
@@ -319,21 +403,42 @@ class Run:
         ]
         shape = plan.shapes[plan.random_shape]
         random_dir = self.workdir / f"random-{plan.random_shape}"
-        writing = "correctness: write the random checkpoint"
-        if not (random_dir / "config.json").is_file() and writing in self.result["done"]:
+        if self._random_written("correctness", random_dir, shape):
+            cases.append(Case(f"random-{plan.random_shape}", str(random_dir)))
+        cost = {f"random-{plan.random_shape}": plan.item_seconds(shape)}
+        plain = self._tp_equality("correctness", section, [*cases, *plan.cases], cost)
+        drafts = [
+            ("tinypy", str(zoo / "tinypy"), name, zoo_draft(ZOO_DRAFTERS[name]))
+            for name in plan.drafters
+        ]
+        self._lossless(
+            "correctness", section, drafts + family_drafts(plan.family_drafters), plain, {}
+        )
+
+    def _random_written(self, part: str, out: Path, config: dict) -> bool:
+        """Write the random checkpoint of ``config`` into ``out`` (an item of ``part``; again on a fresh
+        machine); whether it is there."""
+        writing = f"{part}: write the random checkpoint" + (
+            "" if part == "correctness" else f" {out.name}"
+        )
+        if not (out / "config.json").is_file() and writing in self.result["done"]:
             self.result["done"].remove(writing)  # continued on a fresh machine: written again
         self.item(
-            writing,
-            10 + shape["num_hidden_layers"],
-            lambda: self._random_checkpoint(random_dir, shape),
+            writing, 10 + config["num_hidden_layers"], lambda: self._random_checkpoint(out, config)
         )
-        if (random_dir / "config.json").is_file():
-            cases.append(Case(f"random-{plan.random_shape}", str(random_dir)))
-        plain: dict[str, list] = {}  # zoo target -> its TP = world fp32 tokens
-        for case in [*cases, *plan.cases]:
+        return (out / "config.json").is_file()
+
+    def _tp_equality(
+        self, part: str, section: dict, cases: list[Case], cost: dict[str, float]
+    ) -> dict[str, list]:
+        """TP = world greedy tokens of each case against TP = 1's (items of ``part``; ``cost``: seconds per
+        engine by case name, 15 by default); returns the TP = world fp32 tokens by case (the drafters'
+        reference), and sets the section's fp32 verdict."""
+        plan, world = self.plan, self.group.world
+        plain: dict[str, list] = {}
+        for case in cases:
             vocab = json.loads((Path(case.model) / "config.json").read_text())["vocab_size"]
             prompts = prompts_for(case.model, plan.prompts, vocab)
-            cost = plan.item_seconds(shape) if case.name.startswith("random") else 15.0
             for dtype in case.dtypes:
 
                 def row(case=case, dtype=dtype, prompts=prompts) -> None:
@@ -360,25 +465,35 @@ class Run:
                         },
                     )
 
-                self.item(f"correctness: {case.name} {dtype}", 2 * cost, row)
-        drafts = [("tinypy", name, ZOO_DRAFTERS[name]) for name in plan.drafters]
-        drafts += [
-            (target, method, SpeculativeConfig(method, draft, num_steps=steps))
-            for target, method, draft, steps in plan.family_drafters
-            if (zoo / target).is_dir() and (draft is None or (zoo / draft).is_dir())
-        ]
-        for target, name, spec in drafts:
+                self.item(f"{part}: {case.name} {dtype}", 2 * cost.get(case.name, 15.0), row)
+        rows = section["tp_equality"]
+        section["all_tp_equal_fp32"] = (
+            all(r["equal"] for r in rows if r["dtype"] == "float32") if rows else None
+        )
+        return plain
 
-            def lossless(target=target, name=name, spec=spec) -> None:
-                if spec.draft:
-                    spec = dataclasses.replace(spec, draft=str(zoo / Path(spec.draft).name))
-                prompts = zoo_prompts(plan.prompts)
+    def _lossless(
+        self,
+        part: str,
+        section: dict,
+        drafts: list[tuple[str, str, str, SpeculativeConfig]],
+        plain: dict[str, list],
+        cost: dict[str, float],
+    ) -> None:
+        """Each (target name, target directory, drafter name, its config) at TP = world in fp32 against plain
+        decoding at TP = world (``plain``: tokens by target name, measured here when missing); items of
+        ``part``, ``cost`` seconds per engine by target name (15 by default); sets the section's verdict."""
+        plan, world = self.plan, self.group.world
+        for target, model, name, spec in drafts:
+
+            def lossless(target=target, model=model, name=name, spec=spec) -> None:
+                vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+                prompts = prompts_for(model, plan.prompts, vocab)
                 if target not in plain:
                     plain[target] = [
-                        o.token_ids
-                        for o in self.generate(str(zoo / target), prompts, "float32", world)
+                        o.token_ids for o in self.generate(model, prompts, "float32", world)
                     ]
-                outs = self.generate(str(zoo / target), prompts, "float32", world, spec)
+                outs = self.generate(model, prompts, "float32", world, spec)
                 self.add(
                     section["lossless"],
                     {
@@ -391,11 +506,7 @@ class Run:
                     },
                 )
 
-            self.item(f"correctness: {target} {name} lossless", 15.0, lossless)
-        rows = section["tp_equality"]
-        section["all_tp_equal_fp32"] = (
-            all(r["equal"] for r in rows if r["dtype"] == "float32") if rows else None
-        )
+            self.item(f"{part}: {target} {name} lossless", cost.get(target, 15.0), lossless)
         section["all_lossless_fp32"] = (
             all(r["equal"] for r in section["lossless"]) if section["lossless"] else None
         )
@@ -450,7 +561,9 @@ class Run:
                 lambda name=name, shape=shape: self._eagle3_oracle(name, shape),
             )
 
-    def _all_reduces(self, name: str, shape: dict) -> None:
+    def _all_reduces(self, name: str, shape: dict, rows: list | None = None) -> None:
+        """The all-reduces of one decode step (two per layer of [batch, hidden] bf16: the mixer's and the
+        MLP's partial sums) measured alone, per batch, into ``rows`` (tp_speed's by default)."""
         from outpace.bench.rank_group import time_all_reduces
 
         count = 2 * shape["num_hidden_layers"]
@@ -459,7 +572,7 @@ class Run:
                 time_all_reduces, count, batch, shape["hidden_size"], self.plan.device
             )
             self.add(
-                self.result["tp_speed"]["all_reduce"],
+                self.result["tp_speed"]["all_reduce"] if rows is None else rows,
                 {
                     "shape": name,
                     "batch": batch,
@@ -583,10 +696,15 @@ class Run:
         with self.group.llm(model, **kwargs) as llm:
             self._oracle_rows(llm, name, tp)
 
-    def _oracle_rows(self, llm, name: str, tp: int) -> None:
+    def _oracle_rows(
+        self, llm, name: str, tp: int, rows: list | None = None, method: str = "eagle3"
+    ) -> None:
         """Per batch: the captured step's cost with 0..k drafts (adaptive speculation's start-up profile on a
-        GPU; on the CPU, measured by running steps), and the oracle speed-ups they give."""
+        GPU; on the CPU, measured by running steps), the oracle speed-ups they give and the tokens/s of the
+        best k at each assumed acceptance (batch x expected tokens / its step), into ``rows`` (tp_speed's
+        by default)."""
         from outpace.bench.hybrid_shape import oracle_speedups
+        from outpace.bench.oracle import expected_tokens
         from outpace.engine.cuda_graphs import bucket_for
         from outpace.engine.step_key import SamplingMode
 
@@ -599,18 +717,292 @@ class Run:
                 time_decode(llm, batch, self.plan.context, steps=len(runner.shapes) + 1)
                 costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
             for row in oracle_speedups(costs):
+                k = row["num_drafts"]
                 self.add(
-                    self.result["tp_speed"]["oracle"],
+                    self.result["tp_speed"]["oracle"] if rows is None else rows,
                     {
                         "shape": name,
                         "tp": tp,
                         "batch": batch,
-                        "method": "eagle3",
+                        "method": method,
                         **row,
+                        "tokens_per_s": batch * expected_tokens(row["acceptance"], k) / costs[k],
                         "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())},
                         "label": ORACLE_LABEL,
                     },
                 )
+
+    # ---- issue 46 item 1 ----------------------------------------------------------------------------------
+    def item1(self) -> None:
+        """The module docstring's ``item1``: captured collectives and memory sizing, then the hybrids."""
+        plan, world = self.plan, self.group.world
+        section = self.result.setdefault(
+            "item1",
+            {
+                "tp": world,
+                "tokens": plan.tokens,
+                "graphs": [],
+                "nccl": [],
+                "memory": [],
+                "tp_equality": [],
+                "lossless": [],
+            },
+        )
+        shape = plan.shapes[plan.graphs_shape]
+        for tp in sorted({1, world}):
+            self.item(
+                f"item1: graphs and memory {plan.graphs_shape} TP = {tp}",
+                plan.item_seconds(shape),
+                lambda tp=tp: self._graphs_and_memory(plan.graphs_shape, shape, tp, section),
+            )
+        zoo = zoo_dir()
+        cases = [
+            Case(name, str(zoo / name), dtypes=plan.hybrid_dtypes)
+            for name in plan.hybrid_zoo_targets
+            if (zoo / name / "config.json").is_file()
+        ]
+        random_dir = self.workdir / "random-qwen3-next"
+        drafts = family_drafts(plan.hybrid_family_drafters)
+        cost = {random_dir.name: plan.item_seconds(plan.hybrid_random)}
+        if self._random_written("item1", random_dir, plan.hybrid_random):
+            cases.append(Case(random_dir.name, str(random_dir), dtypes=plan.hybrid_dtypes))
+            mtp = SpeculativeConfig("mtp", num_steps=plan.hybrid_mtp_steps)
+            drafts.append((random_dir.name, str(random_dir), "mtp", mtp))
+        plain = self._tp_equality("item1", section, cases, cost)
+        self._lossless("item1", section, drafts, plain, cost)
+
+    def _graphs_and_memory(self, name: str, shape: dict, tp: int, section: dict) -> None:
+        """The random ``shape`` at TP = ``tp``, its KV pool sized from memory and its decode step captured for
+        ``plan.batches``: every rank's start-up figures, then per batch the graph replays of each timed
+        decode step; at TP > 1 on a GPU, which calls launched the NCCL kernels of a few decode steps."""
+        plan = self.plan
+        model, kwargs = engine_8b(
+            self.workdir / name,
+            None,
+            plan.context,
+            max(plan.batches),
+            config=shape,
+            device=plan.device,
+            tensor_parallel_size=tp,
+            num_kv_blocks=None,  # sized from each rank's memory (engine/memory.py)
+            cuda_graph_sizes=plan.batches,
+            # (the CPU sizes from its RAM only when given a share of it)
+            **({} if plan.device.startswith("cuda") else {"cpu_memory_utilization": 0.1}),
+        )
+        with self.group.llm(model, cpu_graphs=True, **kwargs) as llm:
+            ranks = [engine_facts(llm.engine)]
+            if tp > 1:
+                ranks += self.group.follower_facts()
+            self.add(section["memory"], {"shape": name, "tp": tp, "ranks": ranks})
+            for batch in plan.batches:
+                row = decode_replays(llm, batch, plan.context, plan.graph_steps)
+                self.add(section["graphs"], {"shape": name, "tp": tp, **row})
+            if tp > 1 and plan.device.startswith("cuda"):
+                batch = plan.batches[len(plan.batches) // 2]
+                row = nccl_launches(llm, batch, plan.context, plan.profile_steps)
+                self.add(section["nccl"], {"shape": name, "tp": tp, **row})
+
+    # ---- issue 46 item 3 ----------------------------------------------------------------------------------
+    def qwen3next80b(self) -> None:
+        """The module docstring's ``qwen3next80b``."""
+        plan, world = self.plan, self.group.world
+        config = plan.seed_model
+        section = self.result.setdefault(
+            "qwen3next80b",
+            {
+                "model": f"Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (bench/family_shapes.py), "
+                f"{config['num_hidden_layers']} layers",
+                "weights": SEED_WEIGHTS,
+                "tp": world,
+                "context": plan.context,
+                "all_reduce": [],
+                "engines": [],
+                "decode": [],
+                "oracle": [],
+            },
+        )
+        if world > 1:
+            self.item(
+                "qwen3next80b: all-reduces",
+                10.0,
+                lambda: self._all_reduces(SEED_NAME, config, section["all_reduce"]),
+            )
+        self.item(
+            f"qwen3next80b: plain TP = {world}",
+            plan.seed_item_s,
+            lambda: self._seed_decode(config, section),
+        )
+        self.item(
+            f"qwen3next80b: MTP ORACLE TP = {world}",
+            plan.seed_item_s,
+            lambda: self._seed_mtp(with_mtp(config), section),
+        )
+
+    def _seed_engine(self, config: dict, spec: SpeculativeConfig, section: dict, what: str):
+        """The seed model of ``config`` at TP = world with random weights built on each GPU; its build
+        seconds and every rank's start-up figures recorded as ``what``."""
+        plan, world = self.plan, self.group.world
+        model, kwargs = engine_8b(
+            self.workdir / f"{SEED_NAME}-{what}",
+            spec,
+            plan.context,
+            max(plan.batches),
+            config=config,
+            device=plan.device,
+            tensor_parallel_size=world,
+            max_num_batched_tokens=2048,  # (bench/families.py's prefill chunks for the MoE shapes)
+            cuda_graph_sizes=plan.batches,
+        )
+        t0 = time.monotonic()
+        llm = self.group.llm(model, **kwargs)
+        try:
+            ranks = [engine_facts(llm.engine)] + (self.group.follower_facts() if world > 1 else [])
+            self.add(
+                section["engines"],
+                {"engine": what, "build_s": time.monotonic() - t0, "ranks": ranks},
+            )
+        except BaseException:
+            llm.close()
+            raise
+        return llm
+
+    def _seed_decode(self, config: dict, section: dict) -> None:
+        """Plain decode at each batch against the floor of the bytes each GPU reads (bench/families.py
+        ``step_budget`` of rank 0's shard, ``step_bytes``) over the copy bandwidth, plus the all-reduces."""
+        from outpace.bench.families import distinct_experts, step_budget, step_bytes
+
+        plan, world = self.plan, self.group.world
+        bandwidth = self.result["copy_bandwidth_bytes_per_s"]
+        reduces = {r["batch"]: r["seconds"] for r in section["all_reduce"]}
+        with self._seed_engine(config, SpeculativeConfig(), section, "plain") as llm:
+            budget = step_budget(llm, config)
+            for batch in plan.batches:
+                row = time_decode(llm, batch, plan.context, plan.decode_steps)
+                floor_bytes = step_bytes(budget, batch, plan.context)
+                read_s = floor_bytes / bandwidth
+                reduce_s = reduces.get(batch, float("nan")) if world > 1 else 0.0
+                floor = batch / (read_s + reduce_s)
+                row.update(
+                    shape=SEED_NAME,
+                    tp=world,
+                    floor_bytes_per_gpu=floor_bytes,
+                    expected_distinct_experts=distinct_experts(
+                        budget.num_experts, budget.top_k, batch
+                    ),
+                    read_seconds=read_s,
+                    all_reduce_seconds=reduce_s,
+                    floor_tokens_per_s=floor,
+                    fraction_of_floor=row["tokens_per_s"] / floor,
+                )
+                self.add(section["decode"], row)
+
+    def _seed_mtp(self, config: dict, section: dict) -> None:
+        """Its MTP layer drafting up to ``oracle_steps`` tokens under ORACLE acceptance (random weights
+        accept nothing): the captured step's cost with 0..k drafts, per batch."""
+        spec = SpeculativeConfig("mtp", num_steps=self.plan.oracle_steps, adaptive=True)
+        with self._seed_engine(config, spec, section, "mtp") as llm:
+            self._oracle_rows(llm, SEED_NAME, self.group.world, section["oracle"], "mtp")
+
+
+def decode_replays(llm, batch: int, context: int, steps: int) -> dict:
+    """bench/gpu.py ``time_decode`` at ``batch`` with each engine step's replays of the captured decode
+    steps counted by bucket (engine/cuda_graphs.py ``CapturedCall.replays``). Over its ``steps`` timed
+    steps (its last engine steps), each should replay the batch's bucket once. With run-ahead a step
+    launches the next step's graph; in steady state that is one replay per step all the same."""
+    from outpace.engine.cuda_graphs import bucket_for
+
+    engine = llm.engine
+    graphs = engine.runner.decode_step.graphs
+
+    def replays() -> Counter:
+        by_bucket = Counter()
+        for key, graph in graphs.items():
+            by_bucket[key.bucket] += graph.replays
+        return by_bucket
+
+    per_step: list[Counter] = []
+    step = engine.step
+
+    def counted():
+        before = replays()
+        out = step()
+        per_step.append(replays() - before)
+        return out
+
+    engine.step = counted  # (this engine's steps only, for this call)
+    try:
+        row = time_decode(llm, batch, context, steps)
+    finally:
+        del engine.step
+    timed, bucket = per_step[-steps:], bucket_for(engine.runner.graph_buckets, batch)
+    total = sum(timed, Counter())
+    return {
+        "batch": batch,
+        "bucket": bucket,
+        "graphs_captured": len(graphs),
+        "decode_steps": steps,
+        "replays_by_bucket": {str(b): n for b, n in sorted(total.items())},
+        # each step launches one decode step (its own, or with run-ahead the next one): those not replayed
+        # from a graph ran eagerly
+        "eager_steps": max(0, steps - sum(total.values())),
+        "one_replay_per_step": all(c == Counter({bucket: 1}) for c in timed),
+        "step_ms": row["step_ms"],
+        "tokens_per_s": row["tokens_per_s"],
+    }
+
+
+def nccl_launches(llm, batch: int, context: int, steps: int) -> dict:
+    """torch.profiler (CPU and CUDA) over ``steps`` decode steps of bench/gpu.py ``time_decode`` at ``batch``
+    (after its prefill and warm-up steps): the NCCL kernels that ran, counted by the host call that launched
+    each (the runtime call with the kernel's correlation id: a graph launch, another launch, or not in the
+    trace), and the graph launches. NCCL kernels launched by a graph launch ran inside a captured step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.engine
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    decode_only = 0
+    step = engine.step
+
+    def profiled():
+        nonlocal decode_only
+        scheduler = engine.scheduler
+        if not scheduler.waiting and all(r.num_output_tokens > 0 for r in scheduler.running):
+            decode_only += 1
+            if decode_only == 4:  # the first timed step, after time_decode's three warm-up steps
+                prof.start()
+        return step()
+
+    engine.step = profiled  # (this engine's steps only, for this call)
+    try:
+        time_decode(llm, batch, context, steps)
+        torch.cuda.synchronize()
+    finally:
+        del engine.step
+        if decode_only >= 4:
+            prof.stop()
+    return {"batch": batch, "profiled_steps": steps, **nccl_by_launch(prof.events())}
+
+
+def nccl_by_launch(events) -> dict:
+    """NCCL kernels among profiler ``events`` (torch.profiler FunctionEvents) by the runtime call that
+    launched them (same correlation id), and the verdict: None when no NCCL kernel could be matched to its
+    launch, else whether every matched one came from a graph launch."""
+    cuda = torch.autograd.DeviceType.CUDA
+    launch_of = {
+        e.id: e.name
+        for e in events
+        if e.device_type != cuda and e.name.startswith(("cuda", "cu")) and "Launch" in e.name
+    }
+    nccl = [e for e in events if e.device_type == cuda and "nccl" in e.name.lower()]
+    by_launch = Counter(launch_of.get(e.id, "not in the trace") for e in nccl)
+    matched = {name: n for name, n in by_launch.items() if name != "not in the trace"}
+    return {
+        "nccl_kernels": len(nccl),
+        "nccl_kernels_by_launch": dict(by_launch),
+        "graph_launches": sum("GraphLaunch" in name for name in launch_of.values()),
+        "nccl_outside_graphs": sum(n for name, n in matched.items() if "GraphLaunch" not in name),
+        "all_nccl_in_graphs": all("GraphLaunch" in name for name in matched) if matched else None,
+    }
 
 
 def _rank0_main(
@@ -652,14 +1044,17 @@ def cpu_copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
 
 # ---- the run --------------------------------------------------------------------------------------------
 def forget_timings(result: dict, why: str) -> None:
-    """Drop the timed sections of a continued run (tp_speed, dp, the copy bandwidth) and their items: they
-    were measured on another kind of GPU, and one result mixes no machines. Correctness rows are kept."""
-    dropped = [
-        k
-        for k in ("tp_speed", *DP_PARTS, "copy_bandwidth_bytes_per_s")
-        if result.pop(k, None) is not None
-    ]
-    result["done"] = [d for d in result["done"] if not d.startswith(("tp_speed", "dp"))]
+    """Drop the timed sections of a continued run (``TIMED``, item1's graph, NCCL and memory rows, the copy
+    bandwidth) and their items: they were measured on another kind of GPU, and one result mixes no
+    machines. Correctness rows are kept."""
+    dropped = [k for k in (*TIMED, "copy_bandwidth_bytes_per_s") if result.pop(k, None) is not None]
+    if "item1" in result:
+        for rows in ITEM1_MACHINE_ROWS:
+            if result["item1"].pop(rows, None):
+                dropped.append(f"item1 {rows}")
+            result["item1"][rows] = []
+    machine_items = (*TIMED, "item1: graphs")
+    result["done"] = [d for d in result["done"] if not d.startswith(machine_items)]
     result["seconds"] = {k: v for k, v in result["seconds"].items() if k in result["done"]}
     result.setdefault("earlier_run", {})["timings_dropped"] = f"{', '.join(dropped)}: {why}"
 
@@ -723,7 +1118,7 @@ def run_multi_gpu_bench(
     if path.is_file():
         result = continued(json.loads(path.read_text()), result)
     path.write_text(json.dumps(result, indent=1) + "\n")
-    on_ranks = [p for p in names if p in ("correctness", "tp_speed")]
+    on_ranks = [p for p in names if p in RANK_PARTS]
     pending_dp = [p for p in names if p in DP_PARTS and p not in result["done"]]
     if on_ranks:
         seconds = clock.left() - plan.dp_reserve_s * len(pending_dp)

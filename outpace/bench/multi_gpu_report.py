@@ -1,4 +1,5 @@
-"""``bench multi``'s verdicts on issue 20's targets, its plot and its table, from the result dict alone."""
+"""``bench multi``'s verdicts on issue 20's and issue 46's targets, its plot and its table, from the result
+dict alone."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def targets(r: dict) -> dict:
         }
         bf16 = [x["match_rate"] for x in corr.get("tp_equality", []) if x["dtype"] == "bfloat16"]
         out["bf16_match_rate_min"] = {"value": min(bf16) if bf16 else None, "met": None}
-    if world > 1:
+    if world > 1 and tp:
         big = _row(tp.get("decode", []), shape="70b", tp=world, batch=1)
         frac = big["fraction_of_floor"] if big else None
         out["tp2_70b_batch1_of_floor >= 0.8"] = {
@@ -52,6 +53,9 @@ def targets(r: dict) -> dict:
                     "value": {o["acceptance"]: round(o["speedup"], 3) for o in oracle},
                     "met": None,
                 }
+    if world > 1:
+        out.update(_item1_targets(r.get("item1", {}), world))
+        out.update(_seed_targets(r.get("qwen3next80b", {}), world))
         for part, dp in _dp_parts(r):
             with_drafter = "" if part == "dp" else f" with {dp.get('drafter')}"
             ratio = dp.get("output_tokens_per_s_ratio")
@@ -71,6 +75,62 @@ def targets(r: dict) -> dict:
                     f"dp2_over_one{with_drafter} at {dp['saturated']['streams']} streams (saturated, output "
                     "tokens/s)"
                 ] = {"value": saturated, "met": None}
+    return out
+
+
+def _item1_targets(item1: dict, world: int) -> dict:
+    """Issue 46 item 1: one graph replay per decode step, NCCL inside the graphs, the hybrids at TP = world."""
+    out: dict = {}
+    graphs = [g for g in item1.get("graphs", []) if g["tp"] == world]
+    if graphs:
+        out[f"item1 one graph replay of its bucket per decode step, TP = {world}"] = {
+            "value": {f"batch {g['batch']}": g["replays_by_bucket"] for g in graphs},
+            "met": all(g["one_replay_per_step"] for g in graphs),
+        }
+        out[f"item1 decode steps run eagerly, TP = {world}"] = {
+            "value": sum(g["eager_steps"] for g in graphs),
+            "met": all(g["eager_steps"] == 0 for g in graphs),
+        }
+    for nccl in item1.get("nccl", []):
+        out[f"item1 NCCL kernels launched by graph launches only, TP = {nccl['tp']}"] = {
+            "value": nccl["nccl_kernels_by_launch"],
+            "met": nccl["all_nccl_in_graphs"],
+        }
+    if item1.get("tp_equality"):
+        out["item1 hybrids fp32 TP = world equal to TP = 1"] = {
+            "value": item1.get("all_tp_equal_fp32"),
+            "met": item1.get("all_tp_equal_fp32"),
+        }
+        bf16 = [x["match_rate"] for x in item1["tp_equality"] if x["dtype"] == "bfloat16"]
+        out["item1 hybrids bf16 match rate min"] = {
+            "value": min(bf16) if bf16 else None,
+            "met": None,
+        }
+    if item1.get("lossless"):
+        out["item1 hybrid drafters lossless fp32"] = {
+            "value": item1.get("all_lossless_fp32"),
+            "met": item1.get("all_lossless_fp32"),
+        }
+    return out
+
+
+def _seed_targets(seed: dict, world: int) -> dict:
+    """Issue 46 item 3: Qwen3-Next-80B-A3B at TP = world against the floor; its MTP under ORACLE acceptance."""
+    out: dict = {}
+    one = _row(seed.get("decode", []), batch=1)
+    if one:
+        frac = one["fraction_of_floor"]
+        out[f"qwen3next80b TP = {world} batch 1 of floor >= 0.75"] = {
+            "value": frac,
+            "met": frac >= 0.75,
+        }
+    for batch in (1, 32):
+        oracle = [o for o in seed.get("oracle", []) if o["batch"] == batch]
+        if oracle:
+            out[f"qwen3next80b MTP batch {batch} ORACLE speedups"] = {
+                "value": {o["acceptance"]: round(o["speedup"], 3) for o in oracle},
+                "met": None,
+            }
     return out
 
 
@@ -125,6 +185,8 @@ def print_multi_gpu(r: dict) -> None:
                 f"  ORACLE EAGLE3 {x['shape']} TP={x['tp']} batch {x['batch']} a={x['acceptance']}: "
                 f"k={x['num_drafts']} {x['speedup']:.2f}x (assumed acceptance, measured costs)"
             )
+    _print_item1(r.get("item1"))
+    _print_seed(r.get("qwen3next80b"))
     for part, dp in _dp_parts(r):
         print(f"  {part}: served with {dp.get('drafter', '--method none')}")
         for level in (dp, dp.get("saturated", {})):
@@ -147,6 +209,81 @@ def print_multi_gpu(r: dict) -> None:
         print(f"  target {name}: {t['value']} ({verdict})")
 
 
+GiB = 1 << 30
+
+
+def _print_item1(item1: dict | None) -> None:
+    if not item1:
+        return
+    print(
+        "  item1: captured decode steps (replays over the timed steps, by bucket) and memory per rank"
+    )
+    for g in item1["graphs"]:
+        print(
+            f"  {g['shape']:<6} TP={g['tp']} batch {g['batch']:>3}: {g['decode_steps']} steps, replays "
+            f"{g['replays_by_bucket']}, eager {g['eager_steps']}, one per step "
+            f"{'yes' if g['one_replay_per_step'] else 'NO'}, {g['tokens_per_s']:.1f} tokens/s"
+        )
+    for x in item1["nccl"]:
+        print(
+            f"  TP={x['tp']} batch {x['batch']}: {x['nccl_kernels']} NCCL kernels over "
+            f"{x['profiled_steps']} steps, by launch {x['nccl_kernels_by_launch']}, "
+            f"{x['graph_launches']} graph launches"
+        )
+    for m in item1["memory"]:
+        for rank in m["ranks"]:
+            free = rank.get("free_bytes")
+            print(
+                f"  {m['shape']:<6} TP={m['tp']} rank {rank['rank']}: weights "
+                f"{rank['weight_bytes'] / GiB:.2f} GiB, {rank['kv_blocks']} KV blocks of "
+                f"{rank['block_size']}, free after start-up "
+                f"{'-' if free is None else f'{free / GiB:.2f} GiB'}"
+            )
+    for x in item1["tp_equality"]:
+        print(
+            f"  TP={x['tp']} vs {x['reference']:<8} {x['model']:<18} {x['dtype']:<8} equal "
+            f"{str(x['equal']):<5} match {x['match_rate']:.4f}"
+        )
+    if item1["lossless"]:
+        print(
+            "  lossless at TP=%s fp32: " % item1["tp"]
+            + ", ".join(
+                f"{x['target']} {x['drafter']} {'yes' if x['equal'] else 'NO'} (tau {x['tau'] or 1:.2f})"
+                for x in item1["lossless"]
+            )
+        )
+
+
+def _print_seed(seed: dict | None) -> None:
+    if not seed:
+        return
+    print(f"  qwen3next80b: {seed['model']}, TP = {seed['tp']}; {seed['weights']}")
+    for e in seed["engines"]:
+        weights = ", ".join(f"{x['weight_bytes'] / GiB:.1f}" for x in e["ranks"])
+        host = ", ".join(f"{x['host_peak_rss_bytes'] / GiB:.1f}" for x in e["ranks"])
+        print(
+            f"  {e['engine']} engine built in {e['build_s']:.0f} s, weights per rank {weights} GiB, "
+            f"host peak RSS per rank {host} GiB"
+        )
+    for x in seed["all_reduce"]:
+        print(
+            f"  all-reduces of one step alone: {x['all_reduces']} of [{x['batch']}, {x['hidden']}] "
+            f"in {1e3 * x['seconds']:.3f} ms ({x['timed']})"
+        )
+    for x in seed["decode"]:
+        print(
+            f"  batch {x['batch']:>3}: {x['tokens_per_s']:>9.1f} tokens/s, step {x['step_ms']:.2f} ms, "
+            f"floor {x['floor_tokens_per_s']:.1f} ({x['floor_bytes_per_gpu'] / 1e9:.2f} GB per GPU, "
+            f"{x['expected_distinct_experts']:.1f} experts a layer), {x['fraction_of_floor']:.1%} of it"
+        )
+    for x in seed["oracle"]:
+        print(
+            f"  ORACLE MTP batch {x['batch']} a={x['acceptance']}: k={x['num_drafts']} "
+            f"{x['speedup']:.2f}x, {x['tokens_per_s']:.0f} tokens/s (assumed acceptance, measured costs "
+            f"{', '.join(f'{k}: {v:.2f}' for k, v in x['step_ms'].items())} ms)"
+        )
+
+
 def plot_multi_gpu(r: dict, path: Path) -> None:
     """Up to three panels, those of the parts measured: plain decode against the floor; EAGLE3 over plain (real
     and oracle); DP throughput."""
@@ -155,10 +292,10 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tp = r.get("tp_speed", {})
+    tp, seed = r.get("tp_speed", {}), r.get("qwen3next80b", {})
     decode = [
         (f"{x['shape']} TP{x['tp']} b{x['batch']}", x["fraction_of_floor"], "C0")
-        for x in tp.get("decode", [])
+        for x in tp.get("decode", []) + seed.get("decode", [])
     ]
     eagle3 = [
         (f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} real", x.get("speedup", 0), "C0")
@@ -167,11 +304,11 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     ]
     eagle3 += [
         (
-            f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} ORACLE a={x['acceptance']}",
+            f"{x['shape'].split()[0]} {x['method']} TP{x['tp']} b{x['batch']} ORACLE a={x['acceptance']}",
             x["speedup"],
             "C1",
         )
-        for x in tp.get("oracle", [])
+        for x in tp.get("oracle", []) + seed.get("oracle", [])
     ]
     dp = [
         (
@@ -199,7 +336,7 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
             (
                 eagle3,
                 "tokens/s over plain decoding",
-                "EAGLE3 (blue: real acceptance; orange: ORACLE)",
+                "speculation (blue: real acceptance; orange: ORACLE)",
                 (1.0, "black", None),
                 70,
                 6,

@@ -7,15 +7,20 @@ gloo control group, to build the same engine and follow it (distributed/launch.p
 ``follow``: the torchrun path); for a collective timing, to take part in it. A rank that finished a
 command writes a marker file, so rank 0 can tell a follower that came back from one stuck in a broken
 engine: the group is then given up (``healthy`` False: no more tensor-parallel work), and the parent
-stops the stuck rank when rank 0 is done.
+stops the stuck rank when rank 0 is done. A follower that built its engine also writes the engine's
+start-up figures (``engine_facts``: weight bytes, KV blocks, memory plan, device memory free), which rank
+0 reads with ``BenchGroup.follower_facts`` while the engine runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
+import json
 import os
 import pickle
+import resource
 import statistics
 import time
 import traceback
@@ -40,17 +45,35 @@ class BenchGroup:
         self.commands = 0
         self.healthy = True
 
-    def llm(self, model: str, **engine) -> LLM:
+    def llm(self, model: str, cpu_graphs: bool = False, **engine) -> LLM:
         """``LLM(model, **engine)``: with ``tensor_parallel_size`` > 1 the other ranks build their shard and
-        follow it. Raises RuntimeError when the group was given up."""
+        follow it. ``cpu_graphs``: on the CPU every rank's engine takes the captured-step path too
+        (``capture_graphs`` after the build, as a GPU engine at start-up; the replays run eagerly), so that
+        the graph bookkeeping runs in CPU tests. Raises RuntimeError when the group was given up."""
         if engine.get("tensor_parallel_size", 1) > 1:
-            self._command("follow", model, engine)
-        return LLM(model, **engine)
+            self._command("follow", model, (engine, cpu_graphs))
+        llm = LLM(model, **engine)
+        _capture_on_cpu(llm.engine, cpu_graphs)
+        return llm
 
     def run(self, fn: Callable, *args):
         """``fn(*args)`` on every rank at once (a module-level function, for collectives); rank 0's value."""
         self._command("call", fn, args)
         return fn(*args)
+
+    def follower_facts(self, timeout_s: float = 60.0) -> list[dict]:
+        """``engine_facts`` of every other rank's engine of the last ``llm`` command, rank by rank (waiting up
+        to ``timeout_s`` for a rank still finishing its build); [] with one rank."""
+        paths = [self.markers / f"facts-{r}-{self.commands}.json" for r in range(1, self.world)]
+        deadline = time.monotonic() + timeout_s
+        while not all(p.exists() for p in paths):
+            if time.monotonic() > deadline:
+                missing = [p.name for p in paths if not p.exists()]
+                raise RuntimeError(
+                    f"no start-up figures from the other ranks after {timeout_s:.0f} s: {missing}"
+                )
+            time.sleep(0.05)
+        return [json.loads(p.read_text()) for p in paths]
 
     def settled(self, timeout_s: float = 30.0) -> bool:
         """Whether every other rank finished the last command within ``timeout_s`` (after an engine closed);
@@ -114,6 +137,28 @@ def time_all_reduces(count: int, rows: int, hidden: int, device: str, repeats: i
         _sync(device)
         times.append(time.perf_counter() - t0)
     return {"seconds": statistics.median(times[2:]), "timed": "eager"}
+
+
+def engine_facts(engine) -> dict:
+    """A built engine's start-up figures on this rank: the bytes of the target's weights it holds (its shard),
+    its KV blocks, the memory plan that chose them (engine/memory.py; None when ``num_kv_blocks`` was given),
+    the process's peak resident host memory (weights built on the GPU never pass through it) and, on a
+    GPU, the device memory free now and in all (bytes)."""
+    plan = engine.memory_plan
+    facts = {
+        "rank": engine.ranks.group.rank,
+        "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
+        "kv_blocks": engine.pool.num_blocks,
+        "block_size": engine.pool.block_size,
+        "memory_plan": dataclasses.asdict(plan) if plan is not None else None,
+        "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # (KiB)
+    }
+    device = engine.runner.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        facts.update(free_bytes=free, total_bytes=total)
+    return facts
 
 
 def _sync(device: str) -> None:
@@ -208,9 +253,6 @@ def _rank_main(
 
 
 def _follow_commands(rank: int, control, markers: Path) -> None:
-    from outpace.config import EngineConfig
-    from outpace.distributed.launch import follow, join_group
-
     done = 0
     while True:
         box = [None]
@@ -220,8 +262,7 @@ def _follow_commands(rank: int, control, markers: Path) -> None:
         kind, what, arg = box[0]
         try:
             if kind == "follow":
-                config = EngineConfig(model=what, **arg)
-                follow(config, join_group(config).group)
+                _follow_engine(what, *arg, markers / f"facts-{rank}-{done + 1}.json")
             else:
                 what(*arg)
         except Exception:  # rank 0 records its own side of the failure
@@ -229,3 +270,26 @@ def _follow_commands(rank: int, control, markers: Path) -> None:
         release_memory()
         done += 1
         (markers / f"done-{rank}-{done}").touch()
+
+
+def _capture_on_cpu(engine, cpu_graphs: bool) -> None:
+    """``BenchGroup.llm``'s ``cpu_graphs``: a CPU engine captures (eagerly replayed) steps as a GPU one does."""
+    if cpu_graphs and engine.runner.device.type == "cpu" and engine.config.cuda_graphs:
+        engine.capture_graphs()
+
+
+def _follow_engine(model: str, engine_args: dict, cpu_graphs: bool, facts: Path) -> None:
+    """Build this rank's engine of rank 0's ``BenchGroup.llm(model, cpu_graphs, **engine_args)``
+    (distributed/launch.py ``follow``, with its start-up figures written to ``facts`` in between) and run
+    rank 0's steps until it closes."""
+    from outpace.config import EngineConfig
+    from outpace.distributed.launch import join_group
+    from outpace.engine.engine import LLMEngine
+
+    config = EngineConfig(model=model, **engine_args)
+    engine = LLMEngine(config, progress=False, ranks=join_group(config))
+    _capture_on_cpu(engine, cpu_graphs)
+    part = facts.with_suffix(".part")
+    part.write_text(json.dumps(engine_facts(engine)))
+    part.replace(facts)  # (whole or not at all: rank 0 polls for it)
+    engine.follow()

@@ -33,10 +33,12 @@ def bucket_for(buckets: Sequence[int], n: int) -> int | None:
 class CapturedCall:
     """``fn`` (which reads and writes only static buffers) captured as a CUDA graph on a CUDA
     device; elsewhere each replay simply calls ``fn`` again, with the same static-buffer semantics,
-    so the padding and state handling around graphs run (and are tested) on the CPU too."""
+    so the padding and state handling around graphs run (and are tested) on the CPU too. ``replays`` counts
+    the calls of ``replay`` (benchmarks check one replay per engine step with it)."""
 
     def __init__(self, fn: Callable[[], object], device: torch.device, memory_pool=None) -> None:
         self.fn, self.graph, self.outputs = fn, None, None
+        self.replays = 0
         if device.type != "cuda":
             return
         side = torch.cuda.Stream()  # warm-up: allocations, library handles, Triton compilation
@@ -59,6 +61,7 @@ class CapturedCall:
 
     def replay(self):
         """Run the call; returns its outputs (on CUDA: the captured static tensors)."""
+        self.replays += 1
         if self.graph is None:
             return self.fn()
         self.graph.replay()
