@@ -36,6 +36,12 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    partials of the splits that ran for the token's tile (it recomputes the split geometry from the
    metadata, ``_split_geometry``).
 
+FP8 cache (EngineConfig.kv_cache_dtype "fp8", attention/kv_quant.py): the write kernel stores
+clamp(x / scale) rounded to e4m3 (``fp8_rows``), and both attention variants load the float8 rows,
+convert them in registers and take the layer's scales by pointer (capturable, read once a program):
+the k scale multiplies the softmax scale, the v scale the attended values before the output or the
+partials are written, so the split geometry, the masks and the batch-invariant walk are unchanged.
+
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
 then a BLOCK_N multiple of ceil((kv_end - kv_start) / num_splits) for its own sequence's length
@@ -190,14 +196,15 @@ def fp8_rows(x, scale_ptr):
     NOTE: Triton's interpreter casts float32 to float8e4nv without carrying a rounded-up mantissa into
     the exponent (1.98 -> 1.0, where torch and the GPU give 2.0); rounding here first keeps the
     interpreter's cast (the CPU tests) exact too, at a few ALU operations a value on the GPU."""
-    y = tl.clamp(x.to(tl.float32) / tl.load(scale_ptr).to(tl.float32), -FP8_MAX, FP8_MAX)
+    # div_rn: IEEE division as torch's x / scale (Triton's "/" may be approximate on the GPU)
+    y = tl.clamp(tl.div_rn(x.to(tl.float32), tl.load(scale_ptr).to(tl.float32)), -FP8_MAX, FP8_MAX)
     bits = y.to(tl.int32, bitcast=True)
     magnitude = tl.abs(y)
     # e4m3: 3 mantissa bits, normal from 2^-6, subnormals spaced 2^-9
     exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
     ulp = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(exponent - 3)
     # magnitude / ulp < 16: adding and taking away 1.5 * 2^23 rounds it to an integer, ties to even
-    rounded = ((magnitude / ulp + 12582912.0) - 12582912.0) * ulp
+    rounded = ((tl.div_rn(magnitude, ulp) + 12582912.0) - 12582912.0) * ulp
     sign = (
         bits >> 31
     ) << 31  # y's sign bit (a rounded -0.0 or tiny negative stays -0.0, as torch's cast)
