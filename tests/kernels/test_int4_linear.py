@@ -34,7 +34,7 @@ def random_int4(n: int, k: int, seed: int, group: int = 32, scale_dtype=torch.bf
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 40, 70])
-@pytest.mark.parametrize("n, k", [(40, 320), (72, 96)])
+@pytest.mark.parametrize("n, k", [(40, 2048), (72, 96)])  # (40, 2048): K split in 2 up to 64 rows
 def test_int4_equals_f_linear_on_the_dequantized_weight(m, n, k):
     packed, scale = random_int4(n, k, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
