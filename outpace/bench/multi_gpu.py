@@ -953,9 +953,8 @@ def decode_replays(llm, batch: int, context: int, steps: int) -> dict:
 
 def nccl_launches(llm, batch: int, context: int, steps: int) -> dict:
     """torch.profiler (CPU and CUDA) over ``steps`` decode steps of bench/gpu.py ``time_decode`` at ``batch``
-    (after its prefill and warm-up steps): the NCCL kernels that ran, counted by the host call that launched
-    each (the runtime call with the kernel's correlation id: a graph launch, another launch, or not in the
-    trace), and the graph launches. NCCL kernels launched by a graph launch ran inside a captured step."""
+    (after its prefill and warm-up steps): the NCCL kernels that ran by the host call that launched each
+    (``kernels_by_launch``). NCCL kernels launched by a graph launch ran inside a captured step."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = llm.engine
@@ -980,28 +979,31 @@ def nccl_launches(llm, batch: int, context: int, steps: int) -> dict:
         del engine.step
         if decode_only >= 4:
             prof.stop()
-    return {"batch": batch, "profiled_steps": steps, **nccl_by_launch(prof.events())}
+    return {"batch": batch, "profiled_steps": steps, **kernels_by_launch(prof.events(), "nccl")}
 
 
-def nccl_by_launch(events) -> dict:
-    """NCCL kernels among profiler ``events`` (torch.profiler FunctionEvents) by the runtime call that
-    launched them (same correlation id), and the verdict: None when no NCCL kernel could be matched to its
-    launch, else whether every matched one came from a graph launch."""
+def kernels_by_launch(events, name_part: str) -> dict:
+    """The GPU kernels among profiler ``events`` (torch.profiler FunctionEvents) whose name holds
+    ``name_part`` (case-insensitive), counted by the host runtime call that launched each (the one with the
+    kernel's correlation id: a graph launch, another launch, or not in the trace), and the verdict: None
+    when no such kernel could be matched to its launch, else whether every matched one came from a graph
+    launch."""
     cuda = torch.autograd.DeviceType.CUDA
     launch_of = {
         e.id: e.name
         for e in events
         if e.device_type != cuda and e.name.startswith(("cuda", "cu")) and "Launch" in e.name
     }
-    nccl = [e for e in events if e.device_type == cuda and "nccl" in e.name.lower()]
-    by_launch = Counter(launch_of.get(e.id, "not in the trace") for e in nccl)
+    kernels = [e for e in events if e.device_type == cuda and name_part in e.name.lower()]
+    by_launch = Counter(launch_of.get(e.id, "not in the trace") for e in kernels)
     matched = {name: n for name, n in by_launch.items() if name != "not in the trace"}
     return {
-        "nccl_kernels": len(nccl),
-        "nccl_kernels_by_launch": dict(by_launch),
+        "kernels": name_part,
+        "count": len(kernels),
+        "by_launch": dict(by_launch),
         "graph_launches": sum("GraphLaunch" in name for name in launch_of.values()),
-        "nccl_outside_graphs": sum(n for name, n in matched.items() if "GraphLaunch" not in name),
-        "all_nccl_in_graphs": all("GraphLaunch" in name for name in matched) if matched else None,
+        "outside_graphs": sum(n for name, n in matched.items() if "GraphLaunch" not in name),
+        "all_in_graphs": all("GraphLaunch" in name for name in matched) if matched else None,
     }
 
 

@@ -93,8 +93,8 @@ def _item1_targets(item1: dict, world: int) -> dict:
         }
     for nccl in item1.get("nccl", []):
         out[f"item1 NCCL kernels launched by graph launches only, TP = {nccl['tp']}"] = {
-            "value": nccl["nccl_kernels_by_launch"],
-            "met": nccl["all_nccl_in_graphs"],
+            "value": nccl["by_launch"],
+            "met": nccl["all_in_graphs"],
         }
     if item1.get("tp_equality"):
         out["item1 hybrids fp32 TP = world equal to TP = 1"] = {
@@ -226,8 +226,8 @@ def _print_item1(item1: dict | None) -> None:
         )
     for x in item1["nccl"]:
         print(
-            f"  TP={x['tp']} batch {x['batch']}: {x['nccl_kernels']} NCCL kernels over "
-            f"{x['profiled_steps']} steps, by launch {x['nccl_kernels_by_launch']}, "
+            f"  TP={x['tp']} batch {x['batch']}: {x['count']} NCCL kernels over "
+            f"{x['profiled_steps']} steps, by launch {x['by_launch']}, "
             f"{x['graph_launches']} graph launches"
         )
     for m in item1["memory"]:

@@ -21,7 +21,7 @@ from outpace.bench.multi_gpu import (
     Plan,
     decode_replays,
     forget_timings,
-    nccl_by_launch,
+    kernels_by_launch,
     run_multi_gpu_bench,
     with_mtp,
 )
@@ -171,13 +171,34 @@ def test_nccl_kernels_by_their_launch():
     inside = [event(1, "cudaGraphLaunch", cpu), event(1, "ncclDevKernel_AllReduce", cuda)]
     outside = [event(2, "cudaLaunchKernelExC", cpu), event(2, "ncclDevKernel_AllReduce", cuda)]
     other = [event(3, "cudaLaunchKernel", cpu), event(3, "gemm", cuda)]
-    got = nccl_by_launch(inside + other)
-    assert got["all_nccl_in_graphs"] is True and got["nccl_outside_graphs"] == 0
-    got = nccl_by_launch(inside + outside + other)
-    assert got["all_nccl_in_graphs"] is False and got["nccl_outside_graphs"] == 1
-    assert got["nccl_kernels_by_launch"] == {"cudaGraphLaunch": 1, "cudaLaunchKernelExC": 1}
-    unmatched = nccl_by_launch([event(4, "ncclDevKernel_AllReduce", cuda)])
-    assert unmatched["all_nccl_in_graphs"] is None  # nothing to judge by
+    got = kernels_by_launch(inside + other, "nccl")
+    assert got["all_in_graphs"] is True and got["outside_graphs"] == 0 and got["count"] == 1
+    got = kernels_by_launch(inside + outside + other, "nccl")
+    assert got["all_in_graphs"] is False and got["outside_graphs"] == 1
+    assert got["by_launch"] == {"cudaGraphLaunch": 1, "cudaLaunchKernelExC": 1}
+    unmatched = kernels_by_launch([event(4, "ncclDevKernel_AllReduce", cuda)], "nccl")
+    assert unmatched["all_in_graphs"] is None  # nothing to judge by
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph and the CUDA profiler")
+def test_profiled_kernels_are_matched_to_their_graph_launch():
+    """On the GPU, the premise of ``nccl_launches``: a kernel replayed from a CUDA graph is matched to the
+    graph launch, one launched eagerly to its own launch call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from outpace.engine.cuda_graphs import CapturedCall
+
+    x = torch.zeros(1 << 20, device="cuda")
+    captured = CapturedCall(lambda: x.mul_(2.0), torch.device("cuda"))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            captured.replay()
+            x.add_(1.0)  # eager
+        torch.cuda.synchronize()
+    got = kernels_by_launch(prof.events(), "elementwise")
+    in_graphs = sum(n for name, n in got["by_launch"].items() if "GraphLaunch" in name)
+    assert in_graphs == 3 and got["outside_graphs"] == 3 and got["graph_launches"] == 3, got
+    assert captured.replays == 3  # (the capture's own warm-up call is not one)
 
 
 def test_defaults_and_another_gpu():
