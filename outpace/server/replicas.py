@@ -368,7 +368,7 @@ class RemoteEngine:
 
 
 class _visible_devices:
-    """Replica ``index`` of a GPU engine sees its own tensor_parallel_size GPUs (of those visible here) while
+    """Replica ``index`` of a GPU engine sees its own world_size GPUs (of those visible here) while
     its process starts."""
 
     def __init__(self, config: EngineConfig, index: int) -> None:
@@ -380,7 +380,7 @@ class _visible_devices:
             return
         import torch
 
-        tp = self.config.tensor_parallel_size
+        tp = self.config.world_size  # (each of its ranks' GPU: tensor- or expert-parallel)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         devices = (
             visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]

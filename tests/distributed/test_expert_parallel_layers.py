@@ -149,3 +149,20 @@ def test_unadapted_expert_lists_are_refused(deepseek):
         pytest.raises(ShardingError, match="expert_parallel_size=5"),
     ):
         build_model(ModelConfig.from_dict(raw), torch.float32)
+
+
+def test_dispatch_bytes_at_the_deepseek_v3_shape():
+    """distributed/dispatch_bytes.py's table: one row's all-reduce is 2 x 7/8 x 7168 x 2 B a layer (58 layers);
+    an all-to-all sends it to 7 x (1 - (7/8)^8) other ranks and back."""
+    from outpace.distributed.dispatch_bytes import (
+        DEEPSEEK_V3,
+        all_reduce_bytes,
+        all_to_all_bytes,
+        other_ranks_per_row,
+    )
+
+    assert all_reduce_bytes(DEEPSEEK_V3, 1, 8) == 2 * 7 / 8 * 7168 * 2 * 58
+    assert other_ranks_per_row(8, 8) == pytest.approx(4.595, abs=1e-3)
+    assert round(all_to_all_bytes(DEEPSEEK_V3, 1, 8) / 1e6, 2) == 7.64
+    assert all_to_all_bytes(DEEPSEEK_V3, 8, 8) == all_to_all_bytes(DEEPSEEK_V3, 1, 8)
+    assert round(all_reduce_bytes(DEEPSEEK_V3, 32, 8) / 1e6, 2) == 46.56
