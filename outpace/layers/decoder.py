@@ -194,7 +194,9 @@ class PackedProjection:
 
 def pack_projections(model: nn.Module) -> None:
     """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each; also the q/k/v of
-    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's).
+    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's) and the
+    in-projections of a module that lists them (``in_projections()`` beside an ``in_proj`` None: gated
+    DeltaNet's).
     Projections stored quantized (layers/quant/linear.py) stay separate."""
     for module in model.modules():
         if (
@@ -207,6 +209,10 @@ def pack_projections(model: nn.Module) -> None:
             projections = [module.gate_proj, module.up_proj]
             if all(isinstance(p, nn.Linear) for p in projections):
                 module.gate_up = PackedProjection(projections)
+        elif hasattr(module, "in_projections") and module.in_proj is None:  # linear attention's
+            projections = module.in_projections()
+            if all(isinstance(p, nn.Linear) for p in projections):
+                module.in_proj = PackedProjection(projections)
 
 
 def unpack_projections(model: nn.Module) -> None:
@@ -217,6 +223,8 @@ def unpack_projections(model: nn.Module) -> None:
             module.qkv = None
         if isinstance(module, GatedMLP):
             module.gate_up = None
+        if getattr(module, "in_proj", None) is not None and hasattr(module, "in_projections"):
+            module.in_proj = None
 
 
 class DecoderLayer(nn.Module):

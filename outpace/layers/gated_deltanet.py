@@ -50,6 +50,7 @@ from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
 
 if TYPE_CHECKING:
+    from outpace.layers.decoder import PackedProjection
     from outpace.layers.deltanet_step_kernel import ProjectedRows
 
 
@@ -139,6 +140,9 @@ class GatedDeltaNet(RecurrentStateLayer):
     (None: on CUDA); the torch code below is the CPU path and its reference."""
 
     fused_step: bool | None = None
+    # The in-projections as one matmul when served (layers/decoder.py ``pack_projections``): x [n, hidden] ->
+    # one view per projection of ``in_projections()``.
+    in_proj: PackedProjection | None = None
 
     def __init__(
         self,
@@ -198,26 +202,32 @@ class GatedDeltaNet(RecurrentStateLayer):
             "recurrent": ((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32),
         }
 
+    def in_projections(self) -> list[nn.Linear]:
+        """The checkpoint's in-projections of x, in the order ``in_proj`` packs them: Qwen3.5's qkv, z, b
+        and a, or Qwen3-Next's qkvz and ba (packed by key head)."""
+        if self.packed_by_key_head:
+            return [self.in_proj_qkvz, self.in_proj_ba]
+        return [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
+
+    def _in_projected(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [n, hidden] -> each of ``in_projections()`` of it [n, out_i]: one matmul once packed."""
+        if self.in_proj is not None:
+            return self.in_proj(x)
+        return tuple(p(x) for p in self.in_projections())
+
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [n, hidden] -> (conv input [n, channels]: all q, all k, all v; z [n, v_heads, v_dim]; b, a
         [n, v_heads])."""
         n = x.shape[0]
         if not self.packed_by_key_head:
-            return (
-                self.in_proj_qkv(x),
-                self.in_proj_z(x).view(n, self.num_v_heads, self.head_v_dim),
-                self.in_proj_b(x),
-                self.in_proj_a(x),
-            )
+            qkv, z, b, a = self._in_projected(x)
+            return qkv, z.view(n, self.num_v_heads, self.head_v_dim), b, a
         per_group = self.num_v_heads // self.num_k_heads
         kd, vd = self.head_k_dim, per_group * self.head_v_dim
-        qkvz = self.in_proj_qkvz(x).view(n, self.num_k_heads, 2 * kd + 2 * vd)
+        qkvz, ba = self._in_projected(x)
+        qkvz = qkvz.reshape(n, self.num_k_heads, 2 * kd + 2 * vd)
         q, k, v, z = qkvz.split([kd, kd, vd, vd], dim=-1)  # per key head
-        b, a = (
-            self.in_proj_ba(x)
-            .view(n, self.num_k_heads, 2 * per_group)
-            .split([per_group, per_group], dim=-1)
-        )
+        b, a = ba.reshape(n, self.num_k_heads, 2 * per_group).split([per_group, per_group], dim=-1)
         mixed = torch.cat((q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), dim=-1)
         return (
             mixed,
@@ -234,13 +244,13 @@ class GatedDeltaNet(RecurrentStateLayer):
         kd, vd = self.head_k_dim, self.head_v_dim
         per_group = self.num_v_heads // self.num_k_heads
         if not self.packed_by_key_head:  # [all q, all k, all v], z like v, b and a [n, v_heads]
-            b, a = self.in_proj_b(x), self.in_proj_a(x)
+            qkv, z, b, a = self._in_projected(x)
             return ProjectedRows(
-                self.in_proj_qkv(x), 0, self.key_dim, kd, 2 * self.key_dim, per_group * vd,
-                self.in_proj_z(x), 0, per_group * vd, b, 0, a, 0, per_group,
+                qkv, 0, self.key_dim, kd, 2 * self.key_dim, per_group * vd,
+                z, 0, per_group * vd, b, 0, a, 0, per_group,
             )  # fmt: skip
         # per key head: [q, k, v of its value heads, z of its value heads] and [b of its heads, a of them]
-        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        qkvz, ba = self._in_projected(x)
         span = 2 * kd + 2 * per_group * vd
         return ProjectedRows(
             qkvz, 0, kd, span, 2 * kd, span,

@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.layers.decoder import pack_projections  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
 
@@ -126,6 +127,11 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
     x = torch.randn(sum(FORMS[form][0]), 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     states, snapshots = pool(layer, 2)
     want = step(layer, False, x, FORMS[form], states, snapshots)
+    if (
+        shape == "grouped"
+    ):  # the served layout: the in-projections as one matmul, read through its views
+        pack_projections(layer)
+        assert layer.in_proj is not None
     got = step(layer, True, x, FORMS[form], states, snapshots)
     assert_same_step(got, want, FORMS[form], snapshots, **TOLERANCE)
     if form == "tree":  # the parents matter: as a chain the same tokens give other outputs
