@@ -158,9 +158,8 @@ class Plan:
     # item1 (issue 46 item 1)
     graphs_shape: str = "8b"  # the shapes entry whose captured steps and memory plan are checked
     graph_steps: int = 16  # decode steps whose graph replays are counted, per batch
-    profile_steps: int = (
-        4  # decode steps profiled for NCCL kernels (GPU, TP = world, the middle batch)
-    )
+    # decode steps profiled for the launches of NCCL kernels (on GPUs, TP = world, the middle batch)
+    profile_steps: int = 4
     hybrid_zoo_targets: tuple[str, ...] = ("tinyqwen35",)  # those present
     # (target, method, zoo draft or None, num_steps), as family_drafters
     hybrid_family_drafters: tuple[tuple[str, str, str | None, int], ...] = (
@@ -170,10 +169,8 @@ class Plan:
     # a random checkpoint of Qwen3-Next's first 4 layers (3 DeltaNet + 1 gated attention, each with its 512
     # experts) and its MTP layer, at the real widths (~9 GB in bf16); its MTP drafts with hybrid_mtp_steps
     hybrid_random: dict = field(default_factory=lambda: with_mtp(slice_layers(QWEN3_NEXT_80B, 4)))
-    hybrid_dtypes: tuple[str, ...] = (
-        "float32",
-        "bfloat16",
-    )  # of the hybrid targets' TP = 1 comparisons
+    # the dtypes in which the hybrid targets are compared with TP = 1
+    hybrid_dtypes: tuple[str, ...] = ("float32", "bfloat16")
     hybrid_mtp_steps: int = 2
     # qwen3next80b (issue 46 item 3): the model whole; an engine's build, capture and rows take about this
     seed_model: dict = field(default_factory=lambda: QWEN3_NEXT_80B)

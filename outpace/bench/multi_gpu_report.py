@@ -236,7 +236,7 @@ def _print_item1(item1: dict | None) -> None:
             print(
                 f"  {m['shape']:<6} TP={m['tp']} rank {rank['rank']}: weights "
                 f"{rank['weight_bytes'] / GiB:.2f} GiB, {rank['kv_blocks']} KV blocks of "
-                f"{rank['block_size']}, free after start-up "
+                f"{rank['block_size']} ({rank['blocks_fitting_this_rank']} fit this rank), free after start-up "
                 f"{'-' if free is None else f'{free / GiB:.2f} GiB'}"
             )
     for x in item1["tp_equality"]:

@@ -141,7 +141,8 @@ def time_all_reduces(count: int, rows: int, hidden: int, device: str, repeats: i
 
 def engine_facts(engine) -> dict:
     """A built engine's start-up figures on this rank: the bytes of the target's weights it holds (its shard),
-    its KV blocks, the memory plan that chose them (engine/memory.py; None when ``num_kv_blocks`` was given),
+    its KV blocks, the memory plan that chose them (engine/memory.py; None when ``num_kv_blocks`` was given)
+    with the blocks this rank's memory held before the ranks agreed on the smallest count,
     the process's peak resident host memory (weights built on the GPU never pass through it) and, on a
     GPU, the device memory free now and in all (bytes)."""
     plan = engine.memory_plan
@@ -151,6 +152,12 @@ def engine_facts(engine) -> dict:
         "kv_blocks": engine.pool.num_blocks,
         "block_size": engine.pool.block_size,
         "memory_plan": dataclasses.asdict(plan) if plan is not None else None,
+        "blocks_fitting_this_rank": None
+        if plan is None
+        else min(
+            plan.limit,
+            (plan.budget - plan.in_use - plan.workspace - plan.graphs) // plan.block_bytes,
+        ),
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # (KiB)
     }
     device = engine.runner.device
