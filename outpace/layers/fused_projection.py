@@ -31,7 +31,15 @@ passes through registers on every step.)
 RoPE and SwiGLU pair column c with column c + H (H = head_dim / 2 inside each head; H = the
 intermediate size for [gate | up]): a program computes both columns of each of its pairs, so the
 epilogue has what it needs. The roundings differ from the unfused chain (no bf16 round trip between
-the steps), so this path is never used in batch-invariant mode.
+the steps).
+
+Rows: tiles of 16 (``MAX_ROWS``), one a program on the grid's fast axis (axis 0), the programs that share
+outputs side by side so that their weight tiles come from L2. The normal path takes few rows (one tile);
+batch-invariant mode takes any number (``fused_rows_apply``), as layers/batch_invariant.py's skinny kernel
+does: every tile is its own [16, BK] x [BK, BN] ``tl.dot`` walking K in one order, the sums of squares of
+a row are reduced in the order of the programs that wrote them, and the tiles, the outputs a program and
+the warps are chosen from N, K and the epilogue alone (``_launch_grid``), never from M; so a row's bits
+depend on its own input row only, whether it is decoded alone or verified among 64.
 
 On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py): a kernel's
 programs start while the previous kernel drains, prefetch their first weight tiles into L2 (weights
@@ -182,8 +190,9 @@ def _fused_rows_kernel(
     PDL: tl.constexpr,
     PREFETCH_K: tl.constexpr,
 ):
-    """Program p owns outputs p * OUTS ... p * OUTS + OUTS - 1 of every row and computes them as ``subs``
-    sub-tiles of CHUNK (<= BN) consecutive outputs each. PLAIN: output i is column i.
+    """Program (t, p) owns outputs p * OUTS ... p * OUTS + OUTS - 1 of the rows of tile t (rows t * BM ...
+    t * BM + BM - 1) and computes them as ``subs`` sub-tiles of CHUNK (<= BN) consecutive outputs each.
+    PLAIN: output i is column i.
     SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
     SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
     NEXT_NORM (PLAIN): also writes out * (next_offset + next_norm) and each sub-tile's sums of out^2
@@ -191,10 +200,10 @@ def _fused_rows_kernel(
     SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
     QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
     their weights plus qk_offset; V_NORM: of v too, without a weight."""
-    pid = tl.program_id(0)
+    pid = tl.program_id(1)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
-    rows = tl.arange(0, BM)  # [BM]
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]: the program's row tile
     row_ok = rows < M
     ks = tl.arange(0, BK)
     if PDL:
@@ -483,17 +492,17 @@ def _qkv_epilogue(
 
 
 def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the fused kernels serve x [M, K] @ weight.T: few rows of half precision on the GPU,
-    autograd off, outside batch-invariant mode."""
+    """Whether the fused kernels serve x [M, K] @ weight.T: rows of half precision on the GPU, autograd
+    off; few rows (M <= 16: decode and small verify batches, where they beat cuBLAS), or any number in
+    batch-invariant mode (where a row's bits must not depend on M: module docstring)."""
     return (
         x.is_cuda
         and x.dim() == 2
-        and x.shape[0] <= MAX_ROWS
+        and (x.shape[0] <= MAX_ROWS or batch_invariant())
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype == x.dtype
         and weight.is_contiguous()
         and not torch.is_grad_enabled()
-        and not batch_invariant()
     )
 
 
@@ -617,7 +626,8 @@ def _launch(
     )
     q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
-    _fused_rows_kernel[(grid.programs,)](
+    row_tiles = max(1, triton.cdiv(m, MAX_ROWS))  # (module docstring: Rows)
+    _fused_rows_kernel[(row_tiles, grid.programs)](
         x,
         weight,
         out,

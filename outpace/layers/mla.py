@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from outpace.attention.context import get_forward_context
+from outpace.attention.context import batch_invariant, get_forward_context
 from outpace.attention.kv_quant import dequantize, store
 from outpace.attention.layer import PagedCacheLayer
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
@@ -176,9 +176,9 @@ class MultiHeadLatentAttention(PagedCacheLayer):
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether layers/mla_fused.py computes this forward over x [num_tokens, hidden] (when ``fused``):
-        few rows of half precision on the GPU (``fusable_rows``: not in batch-invariant mode), the absorbed
-        form under the Triton backend over a contiguous cache, and whole (unsharded) weights without
-        biases."""
+        few rows of half precision on the GPU (``fusable_rows``), not in batch-invariant mode (its kernels
+        hold one tile of 16 rows and attend on their own), the absorbed form under the Triton backend over a
+        contiguous cache, and whole (unsharded) weights without biases."""
         ctx = get_forward_context()
         meta = ctx.metadata
         return (
@@ -192,6 +192,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and not any(is_quantized(m) for m in self.children())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()
+            and not batch_invariant()
             and fusable_rows(x, self.kv_a_proj_with_mqa.weight)
         )
 
