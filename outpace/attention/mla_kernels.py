@@ -294,7 +294,12 @@ def _combine_kernel(
         mask=t_ok[:, None] & col_ok[None, :],
         other=0.0,
     )  # [BLOCK_T, BLOCK_R or CHUNK]
-    for j in range(1, num_splits):
+    # Only the splits that ran for some row of the block (the split count comes from the table's capacity,
+    # the rows from the sequence: a short sequence under a long table leaves most splits empty, and merging
+    # an empty split's neutral partials changes no bit, so stopping after the last split that ran is exact).
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N, 1)
+    splits_ran = tl.max(tl.where(t_ok, tl.cdiv(kv_end, split_len), 1), axis=0)
+    for j in range(1, splits_ran):
         lo, hi = _split_range(kv_end, j, num_splits, BLOCK_N)
         ran = t_ok & (lo < hi)  # a split that did not run left its partials unwritten: neutral ones
         pj = j * num_tokens * HEADS + part
