@@ -36,9 +36,19 @@ def prompts(n: int, vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (4 + 7 * i,), generator=g).tolist() for i in range(n)]
 
 
-def greedy(model_dir, ps, params=GREEDY, **kwargs) -> list[list[int]]:
+def greedy(model_dir, ps, params=GREEDY, scales=False, **kwargs) -> list[list[int]]:
+    """The greedy tokens of ``ps``; ``scales``: the target's cache layers get k and v scales other than
+    1.0 first, as a checkpoint's would give them."""
     llm = LLM(str(model_dir), block_size=4, num_kv_blocks=64, **kwargs)
+    if scales:
+        set_scales(llm)
     return [o.token_ids for o in llm.generate(ps, params)]
+
+
+def set_scales(llm: LLM) -> None:
+    for name, buffer in llm.engine.model.model.named_buffers():
+        if name.endswith(("k_scale", "v_scale")):
+            buffer.fill_(0.25 if name.endswith("k_scale") else 0.5)
 
 
 def match_rate(a: list[list[int]], b: list[list[int]]) -> float:
@@ -61,14 +71,22 @@ def save_hf_deepseek(path):
 
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
 def test_triton_matches_torch_on_fp8_cache(family, llama_dir, deepseek_dir):
+    """With unit scales and with others (as a checkpoint's), the Triton kernels' tokens are the torch
+    backend's on the FP8 cache."""
     model_dir = llama_dir if family == "llama" else deepseek_dir
-    ps = prompts(3, 200)
-    torch_fp8 = greedy(model_dir, ps, kv_cache_dtype="fp8", attention_backend="torch")
-    triton_fp8 = greedy(model_dir, ps, kv_cache_dtype="fp8", attention_backend="triton")
-    full = greedy(model_dir, ps, attention_backend="torch")
-    rate = match_rate(torch_fp8, full)
+    ps, params = prompts(2, 200), GREEDY.replace(max_tokens=8)
+    runs = {
+        (backend, scales): greedy(
+            model_dir, ps, params, scales, kv_cache_dtype="fp8", attention_backend=backend
+        )
+        for backend in ("torch", "triton")
+        for scales in (False, True)
+    }
+    full = greedy(model_dir, ps, params, attention_backend="torch")
+    rate = match_rate(runs["torch", False], full)
     print(f"\n{family}: FP8 cache vs float32 cache, greedy match rate {rate:.3f}")
-    assert triton_fp8 == torch_fp8
+    assert runs["triton", False] == runs["torch", False]
+    assert runs["triton", True] == runs["torch", True]
     assert rate >= 0.3, "an FP8 cache that far from the full-precision one is broken, not rounded"
 
 
@@ -101,6 +119,32 @@ def test_speculation_lossless_on_fp8_cache(llama_dir, spec, monkeypatch):
     assert [o.token_ids for o in outs] == plain
     if spec.method == "oracle":  # its drafts are accepted in part: tree commits moved fp8 rows
         assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
+
+
+def test_gemma4_assistant_lossless_over_fp8_target_cache(tmp_path):
+    """The Gemma 4 assistant reads the target's FP8 rows (dequantized with the target layer's scales) and
+    writes them back as the same bytes: the target's tokens stay plain decoding's on the FP8 cache
+    (KV-sharing layers and sliding windows included)."""
+    from speculative.test_gemma4_assistant import PROMPT, make_assistant
+
+    from helpers.gemma_sampling import make_tiny_gemma
+
+    target_dir = make_tiny_gemma("gemma4", tmp_path / "target")[1]
+    assistant_dir = save_hf_model(make_assistant(), tmp_path / "assistant")
+    ps = [PROMPT, PROMPT[4:11]]
+    spec = SpeculativeConfig("gemma4_assistant", str(assistant_dir), num_steps=3)
+    runs = []
+    for speculative in (SpeculativeConfig(), spec):
+        llm = LLM(
+            str(target_dir),
+            block_size=4,
+            num_kv_blocks=64,
+            kv_cache_dtype="fp8",
+            speculative=speculative,
+        )
+        set_scales(llm)
+        runs.append([o.token_ids for o in llm.generate(ps, GREEDY)])
+    assert runs[1] == runs[0]
 
 
 def test_hybrid_state_keeps_model_dtype(tmp_path):
