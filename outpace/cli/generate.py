@@ -46,9 +46,10 @@ def run(a: argparse.Namespace) -> None:
         seed=a.seed,
         ignore_eos=a.ignore_eos,
     )
-    llm = LLM(a.model, **engine_kwargs(a))
     prompt = a.prompt if a.prompt is not None else a.prompt_token_ids
-    out = llm.generate([prompt], params)[0]
+    # (closed here, not at interpreter exit: the other ranks of a torchrun launch are released in order)
+    with LLM(a.model, **engine_kwargs(a)) as llm:
+        out = llm.generate([prompt], params)[0]
     spec = out.spec_metrics
     if a.json:
         row = {
