@@ -173,7 +173,16 @@ class LLMEngine:
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
         if is_fp8(kv_dtype):  # the layers' k/v scales: the checkpoint's, else 1.0 (kv_scales.py)
             load_kv_scales(self.model, None if config.load_format == "dummy" else config.model)
-        _report(f"KV cache dtype: {str(kv_dtype).removeprefix('torch.')}", progress)
+        calibrated = getattr(self.model_config.quantization, "kv_cache_quant_algo", None)
+        _report(
+            f"KV cache dtype: {str(kv_dtype).removeprefix('torch.')}"
+            + (
+                f" (the checkpoint has {calibrated} KV-cache scales: --kv-cache-dtype fp8 uses them)"
+                if calibrated and not is_fp8(kv_dtype)
+                else ""
+            ),
+            progress,
+        )
         # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)
         profile_tokens = min(config.max_num_batched_tokens, max_pos - 1)
         sizing = config.kv_blocks_from_memory

@@ -8,11 +8,12 @@ names and a missing one warns."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from helpers.deepseek_models import make_hf_deepseek
 from helpers.hf_models import save_hf_model
@@ -187,3 +188,36 @@ def test_checkpoint_scales_load_by_their_published_names(llama_dir, deepseek_dir
         assert load_kv_scales(deepseek, tmp_path) == 1
     assert [float(layer.self_attn.k_scale) for layer in deepseek.model.layers] == [1.0, 0.125, 1.0]
     assert "model.layers.0.self_attn.k_scale" in caplog.text and "1.0" in caplog.text
+
+
+def test_modelopt_checkpoint_scales_reach_the_engine(llama_dir, tmp_path):
+    """A ModelOpt FP8 checkpoint (hf_quant_config.json, kv_cache_quant_algo FP8) with per-layer
+    k_proj.k_scale / v_proj.v_scale: the engine's FP8 cache takes them; with the cache in the model's
+    dtype the same checkpoint loads and the scales are unused."""
+    from helpers.quantized_checkpoints import is_projection, modelopt_config, write_quantized
+
+    config = modelopt_config()
+    config["quantization"]["kv_cache_quant_algo"] = "FP8"
+    checkpoint, _ = write_quantized(llama_dir, tmp_path, "fp8_tensor", is_projection, config)
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        tensors[f"model.layers.{i}.self_attn.k_proj.k_scale"] = torch.tensor(0.1 * (i + 1))
+        tensors[f"model.layers.{i}.self_attn.v_proj.v_scale"] = torch.tensor(0.2 * (i + 1))
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    ps = prompts(2, 200)
+    llm = LLM(str(checkpoint), block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8")
+    assert float(llm.engine.model.model.layers[0].self_attn.attn.k_scale) != 1.0
+    attn = [layer.self_attn.attn for layer in llm.engine.model.model.layers]
+    assert [round(float(a.k_scale), 6) for a in attn] == [
+        round(0.1 * (i + 1), 6) for i in range(layers)
+    ]
+    assert [round(float(a.v_scale), 6) for a in attn] == [
+        round(0.2 * (i + 1), 6) for i in range(layers)
+    ]
+    fp8 = [o.token_ids for o in llm.generate(ps, GREEDY)]
+    rate = match_rate(fp8, greedy(checkpoint, ps))
+    print(
+        f"\nModelOpt FP8 Llama with its KV scales: FP8 cache vs float32 cache, match rate {rate:.3f}"
+    )
+    assert rate >= 0.3
