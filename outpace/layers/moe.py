@@ -74,7 +74,12 @@ from outpace.distributed.group import (
 from outpace.distributed.sharding import Shard, ShardingError, mark_shard
 from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
-from outpace.layers.quant.experts import has_quantized_experts
+from outpace.layers.quant.experts import (
+    QuantizedExpertStacks,
+    grouped_kernels_take,
+    has_quantized_experts,
+    run_quantized_experts,
+)
 
 
 @dataclass(frozen=True)
@@ -343,6 +348,8 @@ class RoutedExperts(nn.Module):
             self.add_module(str(self.placement.first + e), expert)
         self.num_experts = self.placement.count  # (the experts held here)
         self._stacks: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
+        # quantized expert modules' stacks for the grouped kernels (layers/quant/experts.py, on first use)
+        self.quantized_stacks: QuantizedExpertStacks | None = None
         if stacked is not None:
             _, hidden, inter = stacked
             if packed:
@@ -387,9 +394,10 @@ class RoutedExperts(nn.Module):
     def uses_kernels(self, x: torch.Tensor) -> bool:
         """Whether ``run`` takes the grouped kernels for x (``kernels``; an activation they have)."""
         use = x.is_cuda and not torch.is_grad_enabled() if self.kernels is None else self.kernels
-        # experts stored quantized run eagerly, each projection dequantizing or on its own kernel
+        # experts stored quantized: the quantized grouped kernels where they take the format and shapes
         # (layers/quant/experts.py)
-        return use and self.activation.kernel is not None and not has_quantized_experts(self)
+        quantized_ok = not has_quantized_experts(self) or grouped_kernels_take(self)
+        return use and self.activation.kernel is not None and quantized_ok
 
     def run(
         self,
@@ -414,7 +422,15 @@ class RoutedExperts(nn.Module):
                     "an expert-parallel rank aligns its own experts' slots: route without a layout"
                 )
             ids = placement.local_ids(ids)  # [n, top_k]: -1 where another rank's expert was chosen
-        if self.uses_kernels(x):
+        if self.uses_kernels(x) and has_quantized_experts(self):
+            if shared is not None:
+                raise ValueError(
+                    "quantized experts fuse no shared experts: the shared MLP runs beside"
+                )
+            out = run_quantized_experts(
+                self, x, weights, ids, layout, skipped_slots=placement.group is not None
+            )
+        elif self.uses_kernels(x):
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
             out = moe_kernels.grouped_experts(
@@ -576,7 +592,7 @@ def shared_expert_stacks(
     row's activation its own and the down projection's column blocks summing). None when it cannot fuse:
     no MLP, biases, another activation or gating, weights of another dtype (quantized) or not contiguous,
     a width that is not a multiple of the routed experts'."""
-    if mlp is None:
+    if mlp is None or has_quantized_experts(experts):  # (the quantized kernels fuse none)
         return None
     down_r = experts.stacks()[2]  # [experts, hidden, inter]
     hidden, inter = down_r.shape[1], down_r.shape[2]

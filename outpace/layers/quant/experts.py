@@ -1,27 +1,37 @@
 """Routed experts stored quantized, and the stacked layout the GPU grouped kernels read.
 
-Per-expert checkpoints (DeepSeek-V3/R1, Kimi-K2 FP8 and Kimi-K2-Thinking INT4, Qwen3-Next-FP8:
-``mlp.experts.{e}.{gate,up,down}_proj`` each with its own scale) load as one ``QuantizedLinear`` per
-projection of each expert's MLP module (layers/quant/loading.py). layers/moe.py ``RoutedExperts`` then runs
-them eagerly (``uses_kernels`` declines them): on the CPU each projection dequantizes, on CUDA each calls the
-few-row kernels of layers/quant/fp8_linear_kernel.py / int4_linear_kernel.py.
-
-The grouped kernels over quantized experts (layers/quant/moe_quant_kernels.py) read ``quantized_stacks``:
+Per-expert checkpoints (DeepSeek-V3/R1, Kimi-K2 FP8 and Kimi-K2-Thinking INT4, Qwen3-Next-FP8, Nemotron-H
+ModelOpt FP8: ``mlp.experts.{e}.{gate,up,down}_proj`` each with its own scale) load as one ``QuantizedLinear``
+per projection of each expert's MLP module (layers/quant/loading.py). layers/moe.py ``RoutedExperts`` runs
+them eagerly on the CPU (``run_experts``: each projection dequantizes) and, on CUDA, on the grouped kernels of
+layers/quant/moe_quant_kernels.py (``run_quantized_experts``: no host synchronisation, so a quantized MoE
+step can be captured in a CUDA graph) over ``QuantizedExpertStacks``:
 - block FP8: gate_up float8_e4m3fn [E, 2 * I, H] (each expert's gate rows, then its up rows) with scale_inv
   [E, ceil(2I/bn), ceil(H/bk)], down [E, H, I] with [E, ceil(H/bn), ceil(I/bk)] (I a multiple of bn, so that
   gate and up do not share a block: true of every published layout, 128 | 2048, 1536, 512);
 - INT4 groups: gate_up int32 [E, 2 * I, H / 8] with scale [E, 2 * I, H / group], down [E, H, I / 8] with
   [E, H, I / group] (compressed-tensors packing: dequantize.py);
-- per-tensor FP8: gate_up [E, 2 * I, H], down [E, H, I] with one scale per expert and projection: gate_up
-  scale [E, 2] (gate, up), down [E].
+- per-tensor FP8 (ModelOpt): gate_up [E, 2 * I, H], down [E, H, I] with one scale per expert and projection,
+  gate_up [E, 2] (gate, up) and down [E]; the kernels read them as block FP8 of blocks (I, 128), the
+  per-tensor scale repeated over the blocks of its projection (the same products: w * s in float32).
+Ungated experts (Nemotron-H's relu2) stack their up projections alone as ``gate_up``.
+
+The stacks are made once, on first use, and every expert's tensors become views of them (as layers/moe.py
+``RoutedExperts.stacks`` does for half-precision experts): no memory is added, and a checkpoint reload in
+place reaches the kernels. They are made again when a tensor has been given other storage since.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from outpace.layers.quant.linear import QuantizedLinear
+from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, Int4Group, QuantizedLinear
+
+_KERNEL_SCALE_DTYPES = (torch.float32, torch.bfloat16)  # what moe_quant_kernels.py reads
+_TENSOR_BLOCK_K = 128  # per-tensor FP8 read as blocks of (I, 128): a K step the fp8 kernels take
 
 
 def has_quantized_experts(experts: nn.Module) -> bool:
@@ -32,23 +42,158 @@ def has_quantized_experts(experts: nn.Module) -> bool:
     )
 
 
-def quantized_stacks(
+def _projections(module: nn.Module, gated: bool) -> tuple[QuantizedLinear, ...]:
+    """(gate, up, down) of a gated expert, (up, down) of an ungated one."""
+    names = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
+    return tuple(getattr(module, name) for name in names)
+
+
+def grouped_kernels_take(experts: nn.Module) -> bool:
+    """Whether the quantized grouped kernels can run these quantized experts (the checks of
+    moe_quant_kernels.py): every projection quantized alike, the scales in float32 or bf16, and block FP8 of
+    power-of-two column blocks >= 64 with I a multiple of the row block when gated, INT4 groups of a
+    power of two that divide H and I. Else they run eagerly (``run_experts``)."""
+    gated = experts.activation.gated
+    first = _projections(experts.per_expert[0], gated)
+    if not all(isinstance(p, QuantizedLinear) for p in first):
+        return False
+    fmt = first[-1].format
+    if any(type(p.format) is not type(fmt) for p in first) or any(
+        p.scale.dtype not in _KERNEL_SCALE_DTYPES for p in first
+    ):
+        return False
+    hidden, inter = first[-1].out_features, first[-1].in_features
+    if isinstance(fmt, Fp8Block):
+        block_n, block_k = fmt.scheme.block
+        return block_k >= 64 and not block_k & (block_k - 1) and not (gated and inter % block_n)
+    if isinstance(fmt, Int4Group):
+        group = fmt.scheme.group
+        return not group & (group - 1) and not hidden % group and not inter % group
+    return isinstance(fmt, Fp8Tensor)
+
+
+class QuantizedExpertStacks:
+    """The stacks of the module docstring, with the per-expert tensors made views of them."""
+
+    def __init__(self, per_expert: list[nn.Module], gated: bool) -> None:
+        self.gated = gated
+        rows = [_projections(m, gated) for m in per_expert]
+        self.format = rows[0][-1].format
+        # Plain tensors even inside inference mode: the parameters become views of them.
+        with torch.no_grad(), torch.inference_mode(False):
+            self.gate_up = torch.stack([torch.cat([p.stored_weight for p in r[:-1]]) for r in rows])
+            self.down = torch.stack([r[-1].stored_weight for r in rows])
+            if isinstance(self.format, Fp8Tensor):  # [E, 2] (gate, up) or [E, 1], and [E]
+                scales = [torch.stack([p.scale.reshape(()) for p in r[:-1]]) for r in rows]
+                self.gate_up_scale = torch.stack(scales)
+                self.down_scale = torch.stack([r[-1].scale.reshape(()) for r in rows])
+            else:
+                self.gate_up_scale = torch.stack(
+                    [torch.cat([p.scale for p in r[:-1]]) for r in rows]
+                )
+                self.down_scale = torch.stack([r[-1].scale for r in rows])
+            for e, r in enumerate(rows):
+                self._view(r, e)
+        self._tensor_blocks: tuple | None = None  # (per-tensor FP8: tensor_scales_as_blocks)
+
+    def _view(self, projections: tuple[QuantizedLinear, ...], e: int) -> None:
+        """Expert ``e``'s tensors as views of the stacks (their rows of gate_up, its down)."""
+        *ins, down = projections
+        row = scale_row = 0
+        for i, p in enumerate(ins):
+            rows = p.stored_weight.shape[0]
+            p.stored_weight.data = self.gate_up[e, row : row + rows]
+            if isinstance(self.format, Fp8Tensor):
+                p.scale.data = self.gate_up_scale[e, i].view(p.scale.shape)
+            else:
+                scale_rows = p.scale.shape[0]
+                p.scale.data = self.gate_up_scale[e, scale_row : scale_row + scale_rows]
+                scale_row += scale_rows
+            row += rows
+        down.stored_weight.data = self.down[e]
+        down.scale.data = self.down_scale[e].view(down.scale.shape)
+
+    def current(self, per_expert: list[nn.Module]) -> bool:
+        """Whether the experts' tensors are still the views made here."""
+        first = _projections(per_expert[0], self.gated)
+        return (
+            first[0].stored_weight.data_ptr() == self.gate_up.data_ptr()
+            and first[-1].stored_weight.data_ptr() == self.down.data_ptr()
+        )
+
+    def run(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        activation: str,
+        limit: float | None,
+        layout=None,
+        skipped_slots: bool = False,
+    ) -> torch.Tensor:
+        """moe_quant_kernels.py's grouped experts over the stacks: x [n, H], weights [n, top_k] float32,
+        ids [n, top_k] -> [n, H] in x's dtype."""
+        from outpace.layers.quant import moe_quant_kernels as kernels  # Triton: CUDA installs only
+
+        common = dict(
+            activation=activation,
+            limit=limit,
+            gated=self.gated,
+            layout=layout,
+            skipped_slots=skipped_slots,
+        )
+        if isinstance(self.format, Int4Group):
+            return kernels.int4_group_grouped_experts(
+                x, weights, ids, self.gate_up, self.gate_up_scale, self.down, self.down_scale,
+                group=self.format.scheme.group, **common,
+            )  # fmt: skip
+        if isinstance(self.format, Fp8Block):
+            block, gate_up_scale, down_scale = (
+                self.format.scheme.block,
+                self.gate_up_scale,
+                self.down_scale,
+            )
+        else:
+            block, gate_up_scale, down_scale = self.tensor_scales_as_blocks()
+        return kernels.fp8_block_grouped_experts(
+            x, weights, ids, self.gate_up, gate_up_scale, self.down, down_scale, block=block, **common
+        )  # fmt: skip
+
+    def tensor_scales_as_blocks(self) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
+        """Per-tensor FP8 as block FP8 of blocks (I, 128) (module docstring): (block, gate_up scale [E,
+        2 or 1, ceil(H/128)], down scale [E, ceil(H/I), ceil(I/128)]), float32; made once (a few floats
+        per expert; copies, unlike the stacks: a scale reloaded in place does not reach them)."""
+        if self._tensor_blocks is None:
+            experts, hidden, inter = self.down.shape
+            cols_in, cols_down = (
+                math.ceil(hidden / _TENSOR_BLOCK_K),
+                math.ceil(inter / _TENSOR_BLOCK_K),
+            )
+            gate_up = self.gate_up_scale.float()[:, :, None].expand(-1, -1, cols_in)
+            down = self.down_scale.float()[:, None, None].expand(
+                -1, math.ceil(hidden / inter), cols_down
+            )
+            self._tensor_blocks = (
+                (inter, _TENSOR_BLOCK_K),
+                gate_up.contiguous(),
+                down.contiguous(),
+            )
+        return self._tensor_blocks
+
+
+def run_quantized_experts(
     experts: nn.Module,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """((gate_up weight, its scale), (down weight, its scale)) of gated per-expert quantized experts, in the
-    layout of the module docstring (new tensors: a copy of the stored bytes, to be made once and kept)."""
-    modules = experts.per_expert
-    gate_up = torch.stack(
-        [torch.cat([m.gate_proj.stored_weight, m.up_proj.stored_weight]) for m in modules]
-    )
-    down = torch.stack([m.down_proj.stored_weight for m in modules])
-    if modules[0].down_proj.scale.dim() == 0:  # per-tensor: [E, 2] and [E]
-        gate_up_scale = torch.stack(
-            [torch.stack([m.gate_proj.scale, m.up_proj.scale]) for m in modules]
-        )
-    else:
-        gate_up_scale = torch.stack(
-            [torch.cat([m.gate_proj.scale, m.up_proj.scale]) for m in modules]
-        )
-    down_scale = torch.stack([m.down_proj.scale for m in modules])
-    return (gate_up, gate_up_scale), (down, down_scale)
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    layout=None,
+    skipped_slots: bool = False,
+) -> torch.Tensor:
+    """A ``RoutedExperts`` of quantized per-expert modules on the grouped kernels (module docstring): its
+    stacks made on first use (and again after the tensors moved), then one run."""
+    stacks = experts.quantized_stacks
+    if stacks is None or not stacks.current(experts.per_expert):
+        stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated)
+        experts.quantized_stacks = stacks
+    activation = experts.activation
+    return stacks.run(x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots)
