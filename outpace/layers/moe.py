@@ -97,16 +97,41 @@ class Routing:
     scaling: float = 1.0  # routed_scaling_factor
 
 
-class Router(nn.Module):
-    """hidden [n, hidden] -> (weights [n, top_k] float32, expert ids [n, top_k] int64). Its weight and the
-    correction bias stay float32 whatever the model's dtype (transformers keeps both in float32:
-    DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict).
-
-    On CUDA without autograd the routing kernels of layers/moe_routing_kernel.py (two launches, no host
-    synchronisation; ties go to the lowest expert index); elsewhere ``reference``, the torch code."""
+class RoutingModule(nn.Module):
+    """A router: hidden [n, hidden] -> (weights [n, top_k] float32, expert ids [n, top_k] int64). On CUDA
+    without autograd the routing kernels of layers/moe_routing_kernel.py (``route_on_kernels``: two
+    launches, no host synchronisation; ties go to the lowest expert index); elsewhere ``reference``, the
+    torch code. DeepSeek's ``Router`` below; Gemma 4's norm-and-scale router (models/gemma4.py)."""
 
     # the routing kernels: None on CUDA tensors without autograd, True / False forces either (tests)
     kernel: bool | None = None
+
+    def forward(self, x: torch.Tensor, num_shared: int = 0, layout: bool = False) -> tuple:
+        """x [n, hidden] -> (weights, ids); with ``layout`` (weights, ids, block layout or None): the routing
+        kernel also writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots
+        per token (layers/moe_kernels.py ``BlockLayout``), the torch path leaves it to
+        ``moe_kernels.align`` (None). Called as a module either way, so forward hooks see every routing."""
+        if not self.uses_kernel(x):
+            routed = self.reference(x)
+            return (*routed, None) if layout else routed
+        weights, ids, blocks = self.route_on_kernels(x, num_shared, layout)
+        return (weights, ids, blocks) if layout else (weights, ids)
+
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
+
+    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
+        """(weights, ids, block layout or None) from layers/moe_routing_kernel.py ``route``."""
+        raise NotImplementedError
+
+    def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routing in torch: the CPU path and the kernels' reference."""
+        raise NotImplementedError
+
+
+class Router(RoutingModule):
+    """DeepSeek's router (module docstring). Its weight and the correction bias stay float32 whatever the
+    model's dtype (transformers keeps both in float32: DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict)."""
 
     def __init__(self, hidden_size: int, routing: Routing) -> None:
         super().__init__()
@@ -119,24 +144,13 @@ class Router(nn.Module):
                 "e_score_correction_bias", torch.zeros(routing.num_experts, dtype=torch.float32)
             )
 
-    def forward(self, x: torch.Tensor, num_shared: int = 0, layout: bool = False) -> tuple:
-        """x [n, hidden] -> (weights, ids); with ``layout`` (weights, ids, block layout or None): the routing
-        kernel also writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots
-        per token (layers/moe_kernels.py ``BlockLayout``), the torch path leaves it to
-        ``moe_kernels.align`` (None). Called as a module either way, so forward hooks see every routing."""
-        if not self.uses_kernel(x):
-            routed = self.reference(x)
-            return (*routed, None) if layout else routed
+    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
         from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
 
         bias = getattr(self, "e_score_correction_bias", None)
-        weights, ids, blocks = moe_routing_kernel.route(
+        return moe_routing_kernel.route(
             x, self.weight.float(), bias, self.routing, num_shared, layout
         )
-        return (weights, ids, blocks) if layout else (weights, ids)
-
-    def uses_kernel(self, x: torch.Tensor) -> bool:
-        return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
 
     def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The routing in torch (module docstring): the CPU path and the kernels' reference."""
@@ -562,20 +576,26 @@ class MoE(nn.Module):
 
 
 def moe_on_kernels(
-    x: torch.Tensor, router: Router, experts: RoutedExperts, shared_mlp: nn.Module | None = None
+    x: torch.Tensor,
+    router: RoutingModule,
+    experts: RoutedExperts,
+    shared_mlp: nn.Module | None = None,
+    router_input: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [n, hidden] -> this rank's routed plus shared output [n, hidden] on the kernels: the router with
     the grouped kernels' block layout (one launch after the logits' on CUDA), the shared MLP fused with the
     routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
-    MoE block is a Router, a RoutedExperts and a weight-1 shared MLP can call it."""
+    MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
+    hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm)."""
     placement = experts.placement
     # (expert parallel with TP = 1: the routed output is reduced over the ranks, the replicated shared MLP not)
     shared = None if placement.reduces_itself else shared_expert_stacks(shared_mlp, experts)
     num_shared = 0 if shared is None else shared[1].shape[0]
+    routed = x if router_input is None else router_input
     if placement.group is None:
-        weights, ids, layout = router(x, num_shared, layout=True)
+        weights, ids, layout = router(routed, num_shared, layout=True)
     else:  # (the routing kernel's layout is of all experts: this rank's is aligned by grouped_experts)
-        (weights, ids), layout = router(x), None
+        (weights, ids), layout = router(routed), None
     out = experts.run(x, weights, ids, shared=shared, layout=layout)
     if shared is None and shared_mlp is not None:
         out = out + shared_mlp(x)
@@ -590,8 +610,9 @@ def shared_expert_stacks(
     gate (None ungated) and up [shared, inter, hidden], down [shared, hidden, inter], views of its own
     parameters (packed or not, this rank's shard: its rows split into experts of the routed width, each
     row's activation its own and the down projection's column blocks summing). None when it cannot fuse:
-    no MLP, biases, another activation or gating, weights of another dtype (quantized) or not contiguous,
-    a width that is not a multiple of the routed experts'."""
+    no MLP, biases, another activation, gating or SwiGLU clamp (an MLP's ``limit``: Step-3.5's; the
+    kernels clamp every slot with the routed experts' limit), weights of another dtype (quantized) or not
+    contiguous, a width that is not a multiple of the routed experts'."""
     if mlp is None or has_quantized_experts(experts):  # (the quantized kernels fuse none)
         return None
     down_r = experts.stacks()[2]  # [experts, hidden, inter]
@@ -603,7 +624,7 @@ def shared_expert_stacks(
         any(getattr(p, "bias", None) is not None for p in projections)
         or getattr(mlp, "act", None) != experts.activation.name
         or gated != experts.activation.gated
-        or experts.activation.limit is not None
+        or getattr(mlp, "limit", None) != experts.activation.limit
         or any(w.dtype != down_r.dtype or not w.is_contiguous() for w in weights)
         or weights[-1].shape[1] % inter
     ):

@@ -16,12 +16,23 @@ synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at e
    ``sort_pairs_into_blocks``, shared-expert slots included): routing and the sort in one launch. Beyond
    (prefill) one program per block of tokens, and the sort is ``moe_kernels.align``'s own launch.
 
+Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRouter):
+- ``RouterInputNorm``: the router reads RMSNorm(x) (no weight) times a per-column scale and a constant.
+  Folded into the two launches: the matvec reads x times the column scale and also sums x^2 over its
+  split of the hidden dimension (one more column of the partial logits); the route kernel multiplies each
+  token's summed logits by constant * rsqrt(mean(x^2) + eps), the norm's one number a token, before
+  scoring. No normalised copy of x is written.
+- ``expert_scale`` [experts]: each chosen expert's weight times its entry, after the renormalisation and
+  the scaling (Gemma 4's per_expert_scale).
+
 Ties: a top-k takes the largest value first and, among equal values, the lowest index (expert or group);
 the chosen experts are written in that order (largest selection score first). torch.topk leaves the order
 of ties unspecified, so on scores without ties (random scores, as the tests use) both choose the same set.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -42,16 +53,19 @@ _MAX_SPLITS = (
 def _router_logits_kernel(
     x_ptr,  # [n, hidden] any float dtype
     w_ptr,  # [experts, hidden] float32 (or any float dtype, converted in registers)
-    partial_ptr,  # [splits, n, experts] float32, written
+    scale_ptr,  # [hidden] any float dtype: x's column scale (read with INPUT_NORM)
+    partial_ptr,  # [splits, n, row_len] float32, written
     n,
     hidden,
     num_experts,
+    row_len,  # num_experts, + 1 with INPUT_NORM: the split's sum of x^2 in the last column
     split_len,  # hidden columns per split, a multiple of BLOCK_K
     stride_x,
     stride_w,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    INPUT_NORM: tl.constexpr,
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)  # [BLOCK_E]
@@ -59,6 +73,7 @@ def _router_logits_kernel(
     t_ok, e_ok = tokens < n, experts < num_experts
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    sq = tl.zeros([BLOCK_T], tl.float32)  # the split's sum of x^2 per token (INPUT_NORM)
     for k0 in range(split * split_len, (split + 1) * split_len, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < hidden
@@ -67,14 +82,19 @@ def _router_logits_kernel(
             mask=t_ok[:, None] & k_ok[None, :],
             other=0.0,
         ).to(tl.float32)  # [BLOCK_T, BLOCK_K]
+        if INPUT_NORM:
+            sq += tl.sum(x * x, axis=1)
+            x *= tl.load(scale_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         w = tl.load(
             w_ptr + experts[:, None] * stride_w + k[None, :],
             mask=e_ok[:, None] & k_ok[None, :],
             other=0.0,
         ).to(tl.float32)  # [BLOCK_E, BLOCK_K]
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    out = partial_ptr + (split * n + tokens[:, None]).to(tl.int64) * num_experts + experts[None, :]
-    tl.store(out, acc, mask=t_ok[:, None] & e_ok[None, :])
+    row = (split * n + tokens).to(tl.int64) * row_len  # [BLOCK_T]
+    tl.store(partial_ptr + row[:, None] + experts[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
+    if INPUT_NORM:
+        tl.store(partial_ptr + row + num_experts, sq, mask=t_ok & (tl.program_id(1) == 0))
 
 
 @triton.jit
@@ -122,15 +142,21 @@ def _route_tokens(
     t0,
     partial_ptr,
     bias_ptr,
+    expert_scale_ptr,
     weights_ptr,
     ids_ptr,
     n,
     splits,
     scaling,
+    hidden,
+    norm_eps,
+    norm_constant,
     NUM_EXPERTS: tl.constexpr,
     TOP_K: tl.constexpr,
     SOFTMAX: tl.constexpr,
     BIAS: tl.constexpr,
+    INPUT_NORM: tl.constexpr,
+    EXPERT_SCALE: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     TOP_GROUPS: tl.constexpr,
     TOP2_SUM: tl.constexpr,
@@ -141,14 +167,24 @@ def _route_tokens(
     BLOCK_K: tl.constexpr,
 ):
     """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.)."""
+    # a row of the partial logits: the experts' logits, then with the norm the sum of x^2
+    ROW: tl.constexpr = NUM_EXPERTS + INPUT_NORM
     tokens = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     experts = tl.arange(0, BLOCK_E)  # [BLOCK_E]
     t_ok, e_ok = tokens < n, experts < NUM_EXPERTS
     ok = t_ok[:, None] & e_ok[None, :]
-    cell = tokens[:, None].to(tl.int64) * NUM_EXPERTS + experts[None, :]  # [BLOCK_T, BLOCK_E]
+    row = tokens.to(tl.int64) * ROW  # [BLOCK_T]
+    cell = row[:, None] + experts[None, :]  # [BLOCK_T, BLOCK_E]
     logits = tl.load(partial_ptr + cell, mask=ok, other=0.0)
+    sq = tl.zeros([BLOCK_T], tl.float32)  # the sum of x^2 per token (INPUT_NORM)
+    if INPUT_NORM:
+        sq = tl.load(partial_ptr + row + NUM_EXPERTS, mask=t_ok, other=0.0)
     for s in range(1, splits):  # in split order: the same bits every time
-        logits += tl.load(partial_ptr + s * n * NUM_EXPERTS + cell, mask=ok, other=0.0)
+        logits += tl.load(partial_ptr + s * n * ROW + cell, mask=ok, other=0.0)
+        if INPUT_NORM:
+            sq += tl.load(partial_ptr + s * n * ROW + row + NUM_EXPERTS, mask=t_ok, other=0.0)
+    if INPUT_NORM:  # RMSNorm(x) @ W.T = rsqrt(mean(x^2) + eps) * (x @ W.T): one number a token
+        logits *= (tl.rsqrt(sq / hidden + norm_eps) * norm_constant)[:, None]
     if SOFTMAX:
         logits = tl.where(e_ok[None, :], logits, float("-inf"))
         p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
@@ -183,16 +219,20 @@ def _route_tokens(
         top_i = tl.where(slots[None, :] == j, best[:, None], top_i)
     if NORMALIZE:
         top_w = top_w / (tl.sum(top_w, axis=1)[:, None] + 1e-20)
+    top_w *= scaling
     out = tokens[:, None].to(tl.int64) * TOP_K + slots[None, :]
     mask = t_ok[:, None] & (slots[None, :] < TOP_K)
-    tl.store(weights_ptr + out, top_w * scaling, mask=mask)
+    if EXPERT_SCALE:
+        top_w *= tl.load(expert_scale_ptr + top_i, mask=mask, other=0.0).to(tl.float32)
+    tl.store(weights_ptr + out, top_w, mask=mask)
     tl.store(ids_ptr + out, top_i.to(tl.int64), mask=mask)
 
 
 @triton.jit
 def _route_kernel(
-    partial_ptr,  # [splits, n, experts] float32 partial logits
+    partial_ptr,  # [splits, n, experts (+ 1 with INPUT_NORM)] float32 partial logits
     bias_ptr,  # [experts] float32 (read when BIAS)
+    expert_scale_ptr,  # [experts] any float dtype (read when EXPERT_SCALE)
     weights_ptr,  # [n, TOP_K] float32, written
     ids_ptr,  # [n, TOP_K] int64, written
     sorted_pairs_ptr,
@@ -200,11 +240,16 @@ def _route_kernel(
     n,
     splits,
     scaling,
+    hidden,
+    norm_eps,
+    norm_constant,
     max_blocks,
     NUM_EXPERTS: tl.constexpr,
     TOP_K: tl.constexpr,
     SOFTMAX: tl.constexpr,
     BIAS: tl.constexpr,
+    INPUT_NORM: tl.constexpr,
+    EXPERT_SCALE: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     TOP_GROUPS: tl.constexpr,
     TOP2_SUM: tl.constexpr,
@@ -226,15 +271,21 @@ def _route_kernel(
             t0,
             partial_ptr,
             bias_ptr,
+            expert_scale_ptr,
             weights_ptr,
             ids_ptr,
             n,
             splits,
             scaling,
+            hidden,
+            norm_eps,
+            norm_constant,
             NUM_EXPERTS,
             TOP_K,
             SOFTMAX,
             BIAS,
+            INPUT_NORM,
+            EXPERT_SCALE,
             NUM_GROUPS,
             TOP_GROUPS,
             TOP2_SUM,
@@ -262,12 +313,27 @@ def _route_kernel(
         )
 
 
-def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class RouterInputNorm:
+    """A router that projects RMSNorm(x) * column_scale * constant, the norm without a weight (Gemma 4:
+    transformers Gemma4TextRouter, ``norm(x) * scale * hidden_size ** -0.5``; module docstring)."""
+
+    column_scale: torch.Tensor  # [hidden], any float dtype
+    eps: float
+    constant: float
+
+
+def router_logits(
+    x: torch.Tensor, weight: torch.Tensor, column_scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [n, hidden]; weight [experts, hidden] (float32, DeepSeek's; another float dtype is converted in
-    registers, as Gemma 4's bf16 router projection would be) -> partial logits [splits, n, experts] float32
-    (module docstring 1.), their sum over splits being x.float() @ weight.T."""
+    registers, as Gemma 4's bf16 router projection is) -> partial logits [splits, n, experts] float32
+    (module docstring 1.), their sum over splits being x.float() @ weight.T. With ``column_scale``
+    [hidden] (``RouterInputNorm``): of x * column_scale, each split's row one longer, its last entry the
+    split's sum of x^2."""
     n, hidden = x.shape
     experts = weight.shape[0]
+    row_len = experts + (column_scale is not None)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     block_t, block_e, block_k = 16, 16, 64
@@ -275,20 +341,23 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
     splits = triton.cdiv(hidden, split_len)
-    partial = torch.empty(splits, n, experts, dtype=torch.float32, device=x.device)
+    partial = torch.empty(splits, n, row_len, dtype=torch.float32, device=x.device)
     _router_logits_kernel[(triton.cdiv(n, block_t), triton.cdiv(experts, block_e), splits)](
         x,
         weight,
+        weight if column_scale is None else column_scale,
         partial,
         n,
         hidden,
         experts,
+        row_len,
         split_len,
         x.stride(0),
         weight.stride(0),
         BLOCK_T=block_t,
         BLOCK_E=block_e,
         BLOCK_K=block_k,
+        INPUT_NORM=column_scale is not None,
         num_warps=4,
     )
     return partial
@@ -300,12 +369,17 @@ def select_experts(
     routing,
     num_shared: int = 0,
     layout: bool = False,
+    input_norm: RouterInputNorm | None = None,
+    expert_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
     """partial logits [splits, n, experts] float32 (``router_logits``, or the logits as [1, n, experts]);
     bias [experts] float32 or None; routing a layers/moe.py ``Routing`` -> (weights [n, top_k] float32,
     ids [n, top_k] int64, with ``layout`` the block layout of ids and ``num_shared`` shared slots per
-    token (layers/moe_kernels.py), else None)."""
+    token (layers/moe_kernels.py), else None). With ``input_norm``, partial holds ``router_logits`` with
+    the norm's column scale (one more entry a row); ``expert_scale`` [experts]: module docstring."""
     splits, n, experts = partial.shape
+    norm = input_norm
+    experts -= norm is not None  # (the sum of x^2 ends each row)
     r = routing
     if r.correction_bias != (bias is not None):
         raise ValueError("the correction bias comes with Routing.correction_bias")
@@ -323,6 +397,7 @@ def select_experts(
     _route_kernel[(1 if fused else triton.cdiv(n, block_t),)](
         partial,
         partial if bias is None else bias,
+        partial if expert_scale is None else expert_scale,
         weights,
         ids,
         blocks.sorted_pairs,
@@ -330,11 +405,16 @@ def select_experts(
         n,
         splits,
         float(r.scaling),
+        1 if norm is None else norm.column_scale.shape[0],  # the hidden size
+        0.0 if norm is None else float(norm.eps),
+        1.0 if norm is None else float(norm.constant),
         blocks.blocks,
         NUM_EXPERTS=experts,
         TOP_K=top_k,
         SOFTMAX=r.scoring == "softmax",
         BIAS=bias is not None,
+        INPUT_NORM=norm is not None,
+        EXPERT_SCALE=expert_scale is not None,
         NUM_GROUPS=r.num_groups,
         TOP_GROUPS=r.top_groups,
         TOP2_SUM=r.group_score == "top2_sum",
@@ -362,6 +442,18 @@ def route(
     routing,
     num_shared: int = 0,
     layout: bool = False,
+    input_norm: RouterInputNorm | None = None,
+    expert_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
-    """x [n, hidden] -> ``select_experts`` of its router logits (module docstring)."""
-    return select_experts(router_logits(x, weight), bias, routing, num_shared, layout)
+    """x [n, hidden] -> ``select_experts`` of its router logits (module docstring), of RMSNorm(x) times
+    the norm's scales with ``input_norm``, each weight times its expert's ``expert_scale`` [experts]."""
+    column_scale = None if input_norm is None else input_norm.column_scale
+    return select_experts(
+        router_logits(x, weight, column_scale),
+        bias,
+        routing,
+        num_shared,
+        layout,
+        input_norm,
+        expert_scale,
+    )

@@ -43,7 +43,14 @@ from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
 from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
 from outpace.layers.linear import linear
-from outpace.layers.moe import ExpertActivation, RoutedExperts, expert_rows_group
+from outpace.layers.moe import (
+    ExpertActivation,
+    RoutedExperts,
+    Routing,
+    RoutingModule,
+    expert_rows_group,
+    moe_on_kernels,
+)
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -246,24 +253,46 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(self.attn(q, k, v, positions))
 
 
-class Gemma4Router(nn.Module):
+class Gemma4Router(RoutingModule):
     """transformers Gemma4TextRouter: x [n, hidden] -> (weights [n, top_k] float32, expert ids [n, top_k]):
-    softmax over the experts of proj(norm(x) * scale / sqrt(hidden)), the top_k renormalised to sum to 1,
-    each times its expert's per_expert_scale."""
+    softmax over the experts of proj(norm(x) * scale / sqrt(hidden)) (norm: RMSNorm without a weight), the
+    top_k renormalised to sum to 1, each times its expert's per_expert_scale. On CUDA without autograd the
+    routing kernels (layers/moe.py ``RoutingModule``) with the norm, ``scale`` and 1 / sqrt(hidden) folded
+    into the logits (layers/moe_routing_kernel.py ``RouterInputNorm``: the norm is one number a token) and
+    per_expert_scale applied to the weights they select (``expert_scale``)."""
 
     def __init__(self, hidden_size: int, moe: Gemma4Moe, eps: float) -> None:
         super().__init__()
-        self.top_k = moe.top_k
+        self.routing = Routing(moe.num_experts, moe.top_k, "softmax", normalize=True)
         self.norm = Float32RMSNorm(hidden_size, eps, with_weight=False)
         self.proj = linear(hidden_size, moe.num_experts)
         self.scale = nn.Parameter(torch.ones(hidden_size))
         self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        """``RoutingModule.uses_kernel``, for a projection of plain float weights (a quantized one: eager)."""
+        return super().uses_kernel(x) and isinstance(self.proj, nn.Linear)
+
+    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
+        from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
+
+        norm = moe_routing_kernel.RouterInputNorm(self.scale, self.norm.eps, x.shape[-1] ** -0.5)
+        return moe_routing_kernel.route(
+            x,
+            self.proj.weight,
+            None,
+            self.routing,
+            num_shared,
+            layout,
+            input_norm=norm,
+            expert_scale=self.per_expert_scale,
+        )
+
+    def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = (
             self.proj(self.norm(x) * self.scale * x.shape[-1] ** -0.5).float().softmax(dim=-1)
         )  # [n, experts]
-        weights, ids = torch.topk(scores, self.top_k, dim=-1)  # [n, top_k]
+        weights, ids = torch.topk(scores, self.routing.top_k, dim=-1)  # [n, top_k]
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.per_expert_scale[ids].float(), ids
 
@@ -290,6 +319,14 @@ class Gemma4Experts(RoutedExperts):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return all_reduce(self.run(x, weights, ids), self.group)
+
+    def routed_by(self, router: Gemma4Router, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The MoE block: x [n, hidden] (the experts' input) through the experts ``router`` chooses from h
+        [n, hidden] (the stream) -> [n, hidden]. On the grouped kernels layers/moe.py ``moe_on_kernels``:
+        the routing kernel also writes their block layout."""
+        if self.uses_kernels(x):
+            return all_reduce(moe_on_kernels(x, router, self, router_input=h), self.group)
+        return self(x, *router(h))
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -349,7 +386,7 @@ class Gemma4DecoderLayer(nn.Module):
         )
         mlp = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
-            routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
+            routed = self.experts.routed_by(self.router, h, self.pre_feedforward_layernorm_2(h))
             mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
         h = h + self.post_feedforward_layernorm(mlp)
         return (

@@ -1,0 +1,255 @@
+"""Step-3.5-Flash's and Gemma 4's MoE blocks on the kernels (layers/moe.py ``moe_on_kernels``: the routing
+kernel of layers/moe_routing_kernel.py writing the grouped kernels' block layout, the grouped experts of
+layers/moe_kernels.py, a shared expert fused as weight-1 experts) against their eager paths, in Triton's
+interpreter on the CPU (float32): odd sizes, decode (1 token) and verify widths 2..8 of several sequences,
+and a prefill-sized batch (its layout from ``align``).
+
+- Gemma 4's router (transformers Gemma4TextRouter): softmax of proj(RMSNorm(x) * scale / sqrt(hidden)),
+  the top k renormalised, times per_expert_scale: the norm and the scales folded into the routing kernel
+  (``RouterInputNorm``, ``expert_scale``); the test fails with any of them dropped.
+- Step-3.5 (sigmoid, router_bias to choose, renormalised, times the scaling factor: DeepSeek-V3's routing
+  without groups): its shared expert fused where its clamp is the routed experts' (the kernels clamp every
+  slot with one limit) and added after them where it is not.
+The GPU (bf16, the public shapes, CUDA graphs) at the end, skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.layers.moe import RoutedExperts, shared_expert_stacks  # noqa: E402
+from outpace.layers.moe_kernels import align  # noqa: E402
+from outpace.model_config import ModelConfig  # noqa: E402
+from outpace.models.gemma4 import Gemma4Experts, Gemma4Moe, Gemma4Router  # noqa: E402
+from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# decode (1 token), verify widths 2..8 over a few sequences, a prefill-sized batch (> 64: align's layout)
+TOKENS = [1, 2, 3 * 5, 4 * 8, 70]
+
+
+@pytest.fixture(autouse=True)
+def _no_autograd():
+    with torch.no_grad():
+        yield
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randomise(module: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn.Module:
+    """Every parameter and buffer of module normal(0, std), then moved to DEVICE."""
+    g = _generator(seed)
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            t.copy_(torch.randn(t.shape, generator=g) * std)
+    return module.to(DEVICE)
+
+
+def by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, ids) with each token's slots in expert order: the chosen set, whatever the order."""
+    ids, order = ids.sort(dim=1)
+    return weights.gather(1, order), ids
+
+
+def assert_same_routing(got, expected) -> None:
+    got_w, got_i = by_expert(*got)
+    exp_w, exp_i = by_expert(*expected)
+    assert torch.equal(got_i, exp_i.to(got_i.dtype))
+    torch.testing.assert_close(got_w, exp_w, rtol=1e-5, atol=1e-6)
+
+
+# ---- Gemma 4 --------------------------------------------------------------------------------------------
+
+GEMMA = Gemma4Moe(num_experts=19, top_k=3, intermediate_size=24)
+HIDDEN = 197  # odd: the router's matvec over several splits with a ragged tail
+
+
+def gemma_router(seed: int = 0, hidden: int = HIDDEN) -> Gemma4Router:
+    router = randomise(Gemma4Router(hidden, GEMMA, eps=1e-6), seed)
+    with torch.no_grad():  # the checkpoint's magnitudes: scales about 1, logits about unit size
+        router.scale.add_(1.0)
+        router.per_expert_scale.copy_(0.5 + torch.rand(GEMMA.num_experts, generator=_generator(1)))
+        router.proj.weight.mul_(3.0)
+    return router
+
+
+@pytest.mark.parametrize("n", TOKENS)
+def test_gemma4_router_kernel_equals_its_torch_router(n):
+    """Rows of different magnitudes (the norm is one number a token), layout and no layout."""
+    router = gemma_router(seed=n)
+    g = _generator(100 + n)
+    x = (torch.randn(n, HIDDEN, generator=g) * (0.1 + 5 * torch.rand(n, 1, generator=g))).to(DEVICE)
+    expected = router(x)  # the torch path off CUDA
+    router.kernel = True
+    assert_same_routing(router(x), expected)
+    weights, ids, layout = router(x, layout=True)
+    assert_same_routing((weights, ids), expected)
+    reference = align(ids, GEMMA.num_experts)
+    assert torch.equal(layout.block_expert, reference.block_expert)
+    assert torch.equal(layout.sorted_pairs, reference.sorted_pairs)
+
+
+@pytest.mark.parametrize("dropped", ["scale", "per_expert_scale", "eps"])
+def test_each_part_of_gemma4s_router_reaches_the_kernel(dropped):
+    """The kernel's weights move with the column scale, the per-expert scale and the norm's eps (an eps as
+    large as the rows' mean square): routing without one of them would pass the test above by chance only
+    if the part did nothing."""
+    router = gemma_router(seed=7)
+    x = torch.randn(5, HIDDEN, generator=_generator(8)).to(DEVICE) * 0.05
+    router.kernel = True
+    before = router(x)
+    with torch.no_grad():
+        if dropped == "eps":
+            router.norm.eps = 1e-2
+        else:
+            getattr(router, dropped).mul_(
+                1.0 + torch.rand(getattr(router, dropped).shape).to(DEVICE)
+            )
+    after_kernel = router(x)
+    router.kernel = False
+    assert_same_routing(after_kernel, router(x))
+    assert not torch.allclose(after_kernel[0], before[0])
+
+
+@pytest.mark.parametrize("n", TOKENS)
+def test_gemma4_moe_block_on_the_kernels_equals_the_eager_block(n):
+    """``Gemma4Experts.routed_by``: the experts' input x (after their norm) routed by the stream h (a
+    hidden size of 45: the grouped kernels' cost in the interpreter grows with it)."""
+    router = gemma_router(seed=n, hidden=45)
+    experts = randomise(Gemma4Experts(45, GEMMA, "gelu_pytorch_tanh"), seed=n + 1, std=0.2)
+    g = _generator(200 + n)
+    h, x = (torch.randn(n, 45, generator=g).to(DEVICE) for _ in range(2))
+    with torch.no_grad():
+        expected = experts.routed_by(router, h, x)
+        router.kernel, experts.kernels = True, True
+        torch.testing.assert_close(experts.routed_by(router, h, x), expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- Step-3.5 -------------------------------------------------------------------------------------------
+
+
+def step_block(limit: float | None, shared_limit: float | None, shared_width: int, seed: int):
+    """Step-3.5's routed experts (7 of 20 rows, top 3, hidden 40) and a shared expert of shared_width
+    rows, from the test checkpoint's config (tests/helpers/step3p5_checkpoints.py)."""
+    from helpers.step3p5_checkpoints import CONFIG
+
+    cfg = Step3p5Config.from_model_config(ModelConfig.from_dict(CONFIG))
+    moe = randomise(Step3p5MoE(cfg, limit), seed)
+    shared = randomise(
+        Step3p5MLP(cfg.hidden_size, shared_width, shared_limit, reduce=False), seed + 1
+    )
+    return moe, shared
+
+
+STEP_CASES = {  # id -> (routed limit, shared limit, shared width, fused)
+    "plain-two-shared-experts-fused": (None, None, 40, True),
+    "same-clamp-fused": (0.3, 0.3, 20, True),
+    "shared-clamped-only-added-after": (None, 0.4, 40, False),
+    "routed-clamped-only-added-after": (0.3, None, 20, False),
+    "shared-narrower-added-after": (None, None, 28, False),
+}
+# every case at decode and a verify batch, the fused ones at every token count
+STEP_RUNS = [(c, n) for c in STEP_CASES for n in (TOKENS if STEP_CASES[c][3] else TOKENS[:3:2])]
+
+
+@pytest.mark.parametrize("case, n", STEP_RUNS)
+def test_step3p5_moe_block_on_the_kernels_equals_the_eager_block(case, n):
+    limit, shared_limit, width, fused = STEP_CASES[case]
+    moe, shared = step_block(limit, shared_limit, width, seed=n)
+    assert moe.gate.routing.scoring == "sigmoid" and moe.gate.routing.correction_bias
+    x = torch.randn(n, 40, generator=_generator(300 + n)).to(DEVICE)
+    calls = []
+    shared.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        expected = moe(x, shared)
+        assert calls == [1]
+        moe.kernels, moe.gate.kernel = True, True
+        got = moe(x, shared)
+    assert (shared_expert_stacks(shared, moe) is not None) == fused
+    assert len(calls) == (
+        1 if fused else 2
+    )  # a fused shared expert runs inside the grouped kernels
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_step3p5_routing_kernel_equals_its_torch_routing():
+    moe, _ = step_block(None, None, 40, seed=5)
+    x = torch.randn(8, 40, generator=_generator(6)).to(DEVICE)
+    expected = moe.gate(x)
+    moe.gate.kernel = True
+    assert_same_routing(moe.gate(x), expected)
+
+
+# ---- the GPU: bf16 at the public shapes --------------------------------------------------------------------
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at Gemma-4-26B-A4B's router shape: GPU only")
+@pytest.mark.parametrize("n", [1, 8, 32, 64, 200])
+def test_gpu_gemma4_26b_router(n):
+    """hidden 2816, 128 experts, top 8 (huggingface.co/google/gemma-4-26B-A4B, outpace/bench/
+    family_shapes.py), the router in bf16: the same experts as torch except at near-ties (the torch path
+    rounds the normed input and the logits to bf16), the weights of the others to bf16 rounding."""
+    moe = Gemma4Moe(128, 8, 704)
+    router = Gemma4Router(2816, moe, eps=1e-6)
+    with torch.no_grad():
+        router.proj.weight.normal_(0.0, 2816**-0.5 * 3)
+        router.scale.uniform_(0.5, 1.5)
+        router.per_expert_scale.uniform_(0.5, 1.5)
+    router = router.to(DEVICE, torch.bfloat16)
+    x = torch.randn(n, 2816, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        router.kernel = False
+        exp_w, exp_i = by_expert(*router(x))
+        router.kernel = True
+        got_w, got_i = by_expert(*router(x))
+    same = (got_i == exp_i).all(dim=1)
+    assert same.float().mean() >= 0.9
+    torch.testing.assert_close(got_w[same], exp_w[same], rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 and CUDA graphs: GPU only")
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_gpu_step3p5_flash_moe_block_replays_in_a_cuda_graph(n):
+    """Step-3.5-Flash's MoE shape (hidden 4096, 288 experts of 1280 rows, top 8, a shared expert of 1280
+    rows: fused), bf16: against a float32 eager copy, and captured once, replayed on new inputs exactly."""
+    import copy
+
+    raw = {
+        "hidden_size": 4096,
+        "moe_num_experts": 288,
+        "moe_top_k": 8,
+        "moe_intermediate_size": 1280,
+        "share_expert_dim": 1280,
+        "moe_router_scaling_factor": 3.0,
+    }
+    from helpers.step3p5_checkpoints import CONFIG
+
+    cfg = Step3p5Config.from_model_config(ModelConfig.from_dict({**CONFIG, **raw}))
+    moe = Step3p5MoE(cfg, None)
+    shared = Step3p5MLP(4096, 1280, None, reduce=False)
+    with torch.no_grad():
+        for p in [*moe.parameters(), *shared.parameters()]:
+            p.normal_(0.0, 0.02)
+        moe.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    reference = copy.deepcopy((moe, shared))
+    moe, shared = moe.to(DEVICE, torch.bfloat16), shared.to(DEVICE, torch.bfloat16)
+    moe.gate.float()  # (the router stays float32)
+    x = torch.randn(n, 4096, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert isinstance(moe, RoutedExperts) and shared_expert_stacks(shared, moe) is not None
+        got = moe(x, shared)
+        weights, ids = moe.gate(x)
+        ref_moe, ref_shared = (m.to(DEVICE) for m in reference)
+        ref_moe.kernels = False
+        expected = ref_moe.run(x.float(), weights, ids) + ref_shared(x.float())
+        assert ((got.float() - expected).norm() / expected.norm()).item() < 2e-2
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe(x, shared)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, moe(x, shared))
