@@ -4,7 +4,9 @@ the SwiGLU clamp, MoE MTP layers) give exactly the one-process greedy tokens wit
 over 2 and 3 ranks, with attention whole on every rank (TP = 1) and split over the same ranks (EP = TP), with
 batching, chunked prefill and preemption (a small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own
 MoE MTP layers, an EAGLE3 chain and tree on Qwen3-Next) gives the target's tokens alone and accepts exactly as
-many drafts as one process.
+many drafts as one process. Sampling stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens
+at EP = 2 (TP = 1) emits three-token continuations whose counts fit the target's exact joint (chi-square, the
+TP sampling test's model, prompt and parameters: tests/helpers/hybrid_sampling.py).
 
 One group of 2 and one of 3 processes (tests/helpers/tp_harness.py) run every scenario (each picks its own
 tensor- and expert-parallel sizes); the one-process references run in the test process.
@@ -16,11 +18,14 @@ import functools
 from pathlib import Path
 
 import pytest
+import torch
 
+from helpers import hybrid_sampling
 from helpers.deepseek_models import SPEC_PROMPTS, make_hf_deepseek, save_v3_with_mtp
 from helpers.hf_models import save_hf_model
 from helpers.hybrid_models import make_hybrid, save_hybrid
 from helpers.spec_models import make_eagle3_draft
+from helpers.stats import chi_square_p_value, exact_joint
 from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
 from helpers.step3p5_checkpoints import write_checkpoint
 from helpers.tp_harness import Scenario, run_group
@@ -44,6 +49,9 @@ STEP = {
         "num_attention_groups": 1,
     },
 }
+SAMPLING_ENGINE = dict(
+    block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192, seed=123
+)
 VOCAB = 13  # the speculative targets' vocabulary: random drafts are accepted now and then
 
 
@@ -56,6 +64,9 @@ def prompts() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("ep-models")
+    sampling = save_hybrid(
+        make_hybrid("qwen3_next", vocab_size=hybrid_sampling.VOCAB), root / "qn-sampling"
+    )
     spec_qwen = save_hybrid(
         make_hybrid("qwen3_next", vocab_size=VOCAB, num_experts=6), root / "qn-spec"
     )
@@ -67,6 +78,8 @@ def models(tmp_path_factory) -> dict[str, str]:
         "v3-mtp": str(save_v3_with_mtp(root / "v3-mtp")[2]),  # 8 experts: 2 ranks only
         "qwen3_next-spec": str(spec_qwen),
         "eagle3": str(make_eagle3_draft(spec_qwen, root / "eagle3")),
+        "sampling": str(sampling),
+        "sampling-eagle3": str(make_eagle3_draft(sampling, root / "sampling-eagle3")),
     }
 
 
@@ -130,6 +143,20 @@ def scenarios(models, size: int) -> list[Scenario]:
         )
         for m, tp, ep, method in SPECULATIVE[size]
     ]
+    if size == 2:
+        out.append(
+            Scenario(
+                "sampling",
+                models["sampling"],
+                [hybrid_sampling.PROMPT] * hybrid_sampling.TRIALS,
+                hybrid_sampling.SAMPLED,
+                dict(
+                    SAMPLING_ENGINE,
+                    speculative=SpeculativeConfig("eagle3", models["sampling-eagle3"], num_steps=1),
+                    **parallel(1, 2),
+                ),
+            )
+        )
     return out
 
 
@@ -220,3 +247,14 @@ def test_speculation_under_expert_parallelism_is_lossless_with_one_process_accep
     assert tuple(got["tokens"]) == one_process(models[model], None, False)[0]
     assert got["accepted"] == one_process(models[model], specs(models)[method], False)[1] > 0
     assert got["free_blocks"] == SPEC_ENGINE["num_kv_blocks"]
+
+
+def test_sampling_under_expert_parallelism_follows_the_target_distribution(ep2, models):
+    got, h = ep2["sampling"], hybrid_sampling
+    emitted = torch.tensor(got["tokens"])  # [trials, 3]
+    assert emitted.shape == (h.TRIALS, 3)
+    index = (emitted[:, 0] * h.VOCAB + emitted[:, 1]) * h.VOCAB + emitted[:, 2]
+    joint = exact_joint(models["sampling"], h.PROMPT, h.SAMPLED, h.VOCAB)
+    p = chi_square_p_value(torch.bincount(index, minlength=h.VOCAB**3), h.TRIALS * joint)
+    assert p > 1e-3, f"p = {p:.2e}"
+    assert got["accepted"] > 0.1 * h.TRIALS  # speculation really ran
