@@ -20,6 +20,9 @@ Per shape:
   GPU kernels and copies per replay (the step's sampling included).
 A layer slice (family_shapes.FamilyShape.is_slice) is reported per layer too: step time and floor bytes
 over its decoder layers (the embedding and head are counted in them).
+``--quantized fp8``: each shape's config with DeepSeek-V3's block-FP8 ``quantization_config``
+(``QUANTIZATION_CONFIGS``), so the dummy load builds its projections quantized with random fp8 values and
+scales (models/loader.py); the floor counts every parameter at its stored size (fp8 weights, their scales).
 
 This file and family_shapes.py use only APIs of outpace as of commit 83e3598, so that both run unchanged
 in a checkout of it (a measurement before and after a change, in one device command).
@@ -33,7 +36,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -286,6 +289,18 @@ def run_shape(shape: FamilyShape, workdir: Path, bandwidth: float) -> dict:
 
 
 # ---- the run --------------------------------------------------------------------------------------------
+# --quantized: the quantization_config added to each shape's config (DeepSeek-V3's config.json, as published
+# in deepseek-ai/DeepSeek-V3: block FP8 e4m3, 128 x 128 blocks, activations quantized at run time)
+QUANTIZATION_CONFIGS = {
+    "fp8": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
+}
+
+
 def run_families_bench(
     workdir: Path,
     bandwidth: float,
@@ -293,11 +308,17 @@ def run_families_bench(
     time_limit_s: float | None = None,
     done: dict | None = None,
     save=None,
+    quantized: str | None = None,
 ) -> dict:
     """The shapes ``names`` (all by default) not yet measured in ``done`` (name -> result; those with an
     error or not run are run again) in turn; a shape whose estimate (ESTIMATE_S) no longer fits in ``time_limit_s`` is listed
     as not run. A failing shape records its error and the others run. ``save(results)`` after each shape."""
     shapes = family_shapes()
+    if quantized is not None:  # (module docstring)
+        q = QUANTIZATION_CONFIGS[quantized]
+        shapes = {
+            n: replace(s, config={**s.config, "quantization_config": q}) for n, s in shapes.items()
+        }
     unknown = sorted(set(names or ()) - set(shapes))
     if unknown:
         raise ValueError(f"unknown shapes {unknown}: must be of {', '.join(shapes)}")
@@ -419,6 +440,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--redo", action="store_true", help="measure again the shapes --out holds")
     p.add_argument(
+        "--quantized",
+        choices=sorted(QUANTIZATION_CONFIGS),
+        default=None,
+        help="the shapes with quantized weights (module docstring); use another --out than the bf16 run's",
+    )
+    p.add_argument(
         "--merge",
         nargs="+",
         default=None,
@@ -453,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         names = a.shapes.split(",") if a.shapes else None
         results = run_families_bench(
-            Path(tmp), bandwidth, names, a.time_limit, report["shapes"], save
+            Path(tmp), bandwidth, names, a.time_limit, report["shapes"], save, a.quantized
         )
     report["shapes"] = results
     write_report(report, out)

@@ -12,7 +12,13 @@ from torch import nn
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
-from outpace.layers.quant.loading import check_loaded, quantize_modules
+from outpace.layers.quant.linear import QuantizedLinear
+from outpace.layers.quant.loading import (
+    check_loaded,
+    fill_dummy_quantized,
+    quantize_dummy_modules,
+    quantize_modules,
+)
 from outpace.model_config import ModelConfig
 from outpace.models.drafts.mtp import has_own_mtp_heads
 from outpace.registry import model_class
@@ -86,18 +92,23 @@ def load_model(
     ``min_positions``: rotary tables cover at least this many positions (a draft serving a target
     with a longer context, see ``covering_positions``)."""
     cfg = covering_positions(ModelConfig.from_pretrained(model_dir), min_positions)
+    quantized = cfg.quantization is not None
     if load_format == "dummy":
-        model = build_model(cfg, dtype, device)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
+        with parameters_on_meta(quantized):
+            model = build_model(cfg, dtype, device)
+        if quantized:  # (quantized layers with random values: benchmarks of quantized shapes)
+            quantize_dummy_modules(model, cfg.quantization, device)
+            materialize_parameters(model, device)
+        fill_dummy(model)
     else:
         names = checkpoint_tensor_names(
             model_dir
         )  # (every weight file checked readable before the build)
-        model = build_model(cfg, dtype, device, has_own_mtp_heads(cfg, names))
-        if cfg.quantization is not None:
-            quantize_modules(model, cfg.quantization, model_dir)
+        with parameters_on_meta(quantized):
+            model = build_model(cfg, dtype, device, has_own_mtp_heads(cfg, names))
+        if quantized:
+            quantize_modules(model, cfg.quantization, model_dir, device)
+            materialize_parameters(model, device)
             model.ignored_checkpoint_tensors = (
                 *getattr(model, "ignored_checkpoint_tensors", ()),
                 *QUANTIZED_SKIPPED_TENSORS,
@@ -107,6 +118,62 @@ def load_model(
     pack_projections(model)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()
+
+
+def fill_dummy(model: nn.Module) -> None:
+    """Small random values in every parameter (``load_format="dummy"``): normal(0, 0.02) matrices, norms
+    1 and other vectors 0; quantized layers random stored values and scales of the same size."""
+    with torch.no_grad():
+        quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        skip = {id(t) for m in quantized for t in m.parameters(recurse=False)}
+        for m in quantized:
+            fill_dummy_quantized(m)
+        for name, p in model.named_parameters():
+            if id(p) not in skip:
+                p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
+
+
+@contextlib.contextmanager
+def parameters_on_meta(enabled: bool = True):
+    """While building a quantized model: every parameter registered is moved to the meta device (buffers
+    stay where they are built, rotary tables computed), so the half-precision projections that are about to
+    be replaced by quantized ones never hold memory (a model whose bf16 weights do not fit, e.g.
+    Qwen3-Next-80B in FP8 on one 141 GB GPU); ``materialize_parameters`` allocates what remains. Each
+    parameter exists on the build device only while its module is made."""
+    if not enabled:
+        yield
+        return
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            moved = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+            moved.__dict__.update(param.__dict__)  # (shard marks, checkpoint dtypes)
+            param = moved
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def materialize_parameters(model: nn.Module, device: str | torch.device) -> None:
+    """Every parameter on the meta device given uninitialised memory on ``device`` (its attributes kept, one
+    tensor for a parameter that several modules share: a tied head)."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.device.type != "meta":
+                continue
+            if id(param) not in made:
+                real = nn.Parameter(
+                    torch.empty_like(param, device=device), requires_grad=param.requires_grad
+                )
+                real.__dict__.update(param.__dict__)
+                made[id(param)] = real
+            module._parameters[name] = made[id(param)]
 
 
 def load_part(

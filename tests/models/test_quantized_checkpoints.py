@@ -246,3 +246,49 @@ def test_the_start_up_line_names_the_format_and_bytes(deepseek_mtp, tmp_path):
     assert "block FP8 e4m3 (16x16 blocks)" in line and "GiB" in line
     stored = sum(p.numel() * p.element_size() for p in q.parameters())
     assert stored < 0.6 * sum(p.numel() * p.element_size() for p in ref.parameters())
+
+
+def test_a_dummy_load_builds_quantized_layers_with_random_values(deepseek_mtp, tmp_path):
+    """``load_format="dummy"`` on a config with a quantization_config (bench/families.py ``--quantized``):
+    the projections quantized (fp8 values and scales random, the head and routers as built), the model's
+    parameters at their stored size, and a forward finite."""
+    from outpace.bench.families import QUANTIZATION_CONFIGS
+
+    cfg = json.loads((deepseek_mtp / "config.json").read_text())
+    cfg["quantization_config"] = {**QUANTIZATION_CONFIGS["fp8"], "weight_block_size": [16, 16]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = load_model(tmp_path, torch.float32, load_format="dummy")
+    names = quantized_modules(model)
+    assert any("experts.0.down_proj" in n for n in names) and any("q_a_proj" in n for n in names)
+    assert not any("lm_head" in n for n in names)
+    layer = model.get_submodule(names[0])
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight.float().std() > 0.5
+    assert torch.all(layer.weight_scale_inv == 0.02)
+    stored = sum(p.numel() * p.element_size() for p in model.parameters())
+    plain = load_model(deepseek_mtp, torch.float32, load_format="dummy")
+    assert stored < 0.6 * sum(p.numel() * p.element_size() for p in plain.parameters())
+    out = LLM(str(tmp_path), block_size=4, load_format="dummy").generate(PROMPTS[:1], GREEDY)
+    assert len(out[0].token_ids) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize(
+    "method, config",
+    [("fp8_block", block_fp8_config((16, 16))), ("int4_group", int4_config(8, ["lm_head"]))],
+)
+def test_an_eagle3_draft_over_a_quantized_target_is_lossless(tmp_path, method, config):
+    """A float32 EAGLE3 draft (chain and tree) reading a block-FP8 or INT4 Llama target's hidden states: the
+    target alone's greedy tokens."""
+    from helpers.spec_models import make_eagle3_draft, random_llama
+
+    source = random_llama(tmp_path / "llama", vocab_size=13, seed=3)
+    q_dir, _ = write_quantized(source, tmp_path, method, is_projection, config)
+    draft = make_eagle3_draft(q_dir, tmp_path / "eagle3", aux_ids=[0, 1, 1], seed=2)
+    plain = [o.token_ids for o in LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)]
+    assert quantized_modules(load_model(q_dir, torch.float32))
+    for spec in (
+        SpeculativeConfig("eagle3", str(draft), num_steps=3),
+        SpeculativeConfig("eagle3", str(draft), num_steps=3, topk=2, num_draft_tokens=5),
+    ):
+        outs = LLM(str(q_dir), block_size=4, speculative=spec).generate(PROMPTS, GREEDY)
+        assert [o.token_ids for o in outs] == plain, spec
+        assert sum(o.spec_metrics.num_verifies for o in outs) > 0

@@ -242,11 +242,16 @@ def is_quantized(module: nn.Module | None) -> bool:
 
 
 def quantized_like(
-    linear: nn.Linear, fmt: QuantFormat, scale_dtype: torch.dtype, name: str
+    linear: nn.Linear,
+    fmt: QuantFormat,
+    scale_dtype: torch.dtype,
+    name: str,
+    device: str | torch.device | None = None,
 ) -> QuantizedLinear:
     """A ``QuantizedLinear`` in place of ``linear`` (same features, bias, tensor-parallel group and part of
-    the checkpoint tensors); ``name`` (the checkpoint's module name) names it in a sharding error."""
-    device = linear.weight.device
+    the checkpoint tensors) on ``device`` (default: linear's, which may be the meta device of a model built
+    without its parameters); ``name`` (the checkpoint's module name) names it in a sharding error."""
+    device = linear.weight.device if device is None else device
     layer = QuantizedLinear(
         fmt, linear.in_features, linear.out_features, linear.bias is not None, scale_dtype, device
     )

@@ -48,9 +48,15 @@ def stored_tensors(model_dir: str | Path) -> dict[str, tuple[torch.dtype | str, 
     return found
 
 
-def quantize_modules(model: nn.Module, scheme: QuantScheme, model_dir: str | Path) -> int:
-    """Replace every projection the checkpoint stores quantized by a ``QuantizedLinear`` (module docstring);
-    returns how many. Raises ConfigError or CheckpointError naming the module, tensor and file."""
+def quantize_modules(
+    model: nn.Module,
+    scheme: QuantScheme,
+    model_dir: str | Path,
+    device: str | torch.device | None = None,
+) -> int:
+    """Replace every projection the checkpoint stores quantized by a ``QuantizedLinear`` (module docstring)
+    on ``device`` (default: the projection's); returns how many. Raises ConfigError or CheckpointError
+    naming the module, tensor and file."""
     tensors = stored_tensors(model_dir)
     fmt = FORMATS[scheme.method](scheme)
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
@@ -69,7 +75,7 @@ def quantize_modules(model: nn.Module, scheme: QuantScheme, model_dir: str | Pat
                 f"{scheme.exclude_field} keeps unquantized"
             )
         if id(module) not in replaced:
-            replaced[id(module)] = quantized_like(module, fmt, scale[0], prefix)
+            replaced[id(module)] = quantized_like(module, fmt, scale[0], prefix, device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, replaced[id(module)])
         quantized_prefixes.add(prefix)
@@ -136,3 +142,53 @@ def quantized_bytes(model: nn.Module) -> tuple[int, int]:
             seen.add(id(t))
             total += t.numel() * t.element_size()
     return quantized, total
+
+
+# ---- load_format="dummy": quantized layers without a checkpoint (benchmarks of quantized shapes) ----
+
+# projections the published quantized checkpoints keep in high precision whatever their config lists: the
+# head, DeepSeek MTP's eh_proj and shared head (DeepSeek-V3's files: bf16)
+_NEVER_QUANTIZED = ("lm_head", "eh_proj", "shared_head")
+
+
+def quantize_dummy_modules(
+    model: nn.Module, scheme: QuantScheme, device: str | torch.device | None = None
+) -> int:
+    """For ``load_format="dummy"``: replace every projection a published checkpoint of ``scheme`` stores
+    quantized by a ``QuantizedLinear``, without a checkpoint: every ``nn.Linear`` but the head, MTP's
+    ``eh_proj`` and shared head and what the config's list keeps unquantized (and, INT4, a projection whose
+    columns are not whole groups), on ``device`` (default: the projection's); returns how many. Their tensors are filled by ``fill_dummy_quantized``."""
+    fmt = FORMATS[scheme.method](scheme)
+    to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
+    replaced: dict[int, QuantizedLinear] = {}
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if not isinstance(module, nn.Linear) or not name:
+            continue
+        prefix = to_ckpt(f"{name}.weight").removesuffix(".weight")
+        parts = prefix.split(".")
+        if any(p in parts for p in _NEVER_QUANTIZED) or scheme.excludes(prefix):
+            continue
+        if scheme.group is not None and module.in_features % scheme.group:
+            continue
+        if id(module) not in replaced:
+            replaced[id(module)] = quantized_like(module, fmt, torch.float32, prefix, device)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, replaced[id(module)])
+    return len(replaced)
+
+
+def fill_dummy_quantized(layer: QuantizedLinear, std: float = 0.02) -> None:
+    """Random stored values and scales of about ``std`` (the dummy load's normal(0, 0.02) weights), made on
+    the layer's device: fp8 values of normal(0, 1) with scales ``std``; INT4 words of random nibbles
+    (uniform in [-8, 7], standard deviation about 4.6) with scales ``std`` / 4.6."""
+    with torch.no_grad():
+        weight, scale = layer.stored_weight, layer.scale
+        if weight.dtype == torch.int32:
+            bits = torch.randint(-(2**31), 2**31 - 1, weight.shape, device=weight.device)
+            weight.copy_(bits.to(torch.int32))
+            scale.fill_(std / 4.6)
+        else:
+            weight.copy_(torch.randn(weight.shape, device=weight.device).to(weight.dtype))
+            scale.fill_(std)
+        if layer.bias is not None:
+            layer.bias.zero_()
