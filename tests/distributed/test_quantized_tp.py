@@ -1,0 +1,45 @@
+"""A block-FP8 DeepSeek-V3-style checkpoint (tests/helpers/quantized_checkpoints.py: every decoder projection
+fp8 with its weight_scale_inv, routers, norms, embedding and head as stored) loaded at tensor_parallel_size=2
+on CPU processes (gloo, tests/helpers/tp_harness.py): each rank reads its rows or columns of every quantized
+weight and the scales of the blocks they lie in (layers/quant/linear.py ``scale_shard``), and the group gives
+one process's greedy tokens under batching, chunked prefill and preemption."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.deepseek_models import make_hf_deepseek
+from helpers.hf_models import save_hf_model
+from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+from helpers.tp_harness import Scenario, run_group
+from outpace import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+# a small pool and token budget: several requests batched, prompts chunked, requests preempted
+PRESSURE = dict(block_size=4, num_kv_blocks=20, max_num_batched_tokens=16)
+# 6 heads, dense MLP 96, experts and shared expert 24: every split at TP = 2 (o_proj's 30 columns, an
+# expert's 12 rows, kv_b's 66 rows, ...) whole 6 x 6 blocks, so no rank shares a scale with the other
+DEEPSEEK = dict(num_attention_heads=6, num_key_value_heads=6, intermediate_size=96)
+BLOCK = (6, 6)
+
+
+def prompts() -> list[list[int]]:
+    return [[(i * 37 + j * 11) % 199 + 1 for j in range(3 + 7 * i)] for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def fp8_deepseek(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("fp8-deepseek")
+    source = save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "source")
+    quantized, _ = write_quantized(
+        source, root, "fp8_block", is_projection, block_fp8_config(BLOCK)
+    )
+    return str(quantized)
+
+
+def test_block_fp8_deepseek_at_two_ranks_gives_one_process_tokens(fp8_deepseek, tmp_path):
+    got = run_group(2, [Scenario("fp8", fp8_deepseek, prompts(), GREEDY, PRESSURE)], tmp_path)
+    with LLM(fp8_deepseek, **PRESSURE) as llm:
+        expected = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert got["fp8"]["tokens"] == expected
+    assert got["fp8"]["preemptions"] > 0
