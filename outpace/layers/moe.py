@@ -381,11 +381,12 @@ class RoutedExperts(nn.Module):
 
     def checkpoint_tensors_elsewhere(self) -> list[str]:
         """The names (relative to this module) of the checkpoint's expert tensors that other ranks hold and
-        this one never reads (checkpoint.py skips them): the other experts' modules' parameters."""
+        this one never reads (checkpoint.py skips them): the other experts' modules' tensors."""
         if self.placement.group is None or not self.per_expert:
             return []
         here = range(self.placement.first, self.placement.first + self.placement.count)
-        names = [name for name, _ in self.per_expert[0].named_parameters()]
+        # (parameters and stored buffers: a quantized expert's scales too)
+        names = list(self.per_expert[0].state_dict())
         return [f"{e}.{n}" for e in range(self.placement.total) if e not in here for n in names]
 
     def __len__(self) -> int:
