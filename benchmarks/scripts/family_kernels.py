@@ -9,12 +9,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
-from outpace.bench.families import build, close
+from outpace.bench.families import build, close, profile_decode_replays
 from outpace.bench.family_shapes import family_shapes
-from outpace.bench.profile import _decode_key, _kernel_table
+from outpace.bench.profile import _kernel_table
 
 REPLAYS = 5
 
@@ -23,15 +20,7 @@ def step_kernels(shape_name: str, workdir: Path) -> list[str]:
     shape = family_shapes()[shape_name]
     llm = build(workdir, shape.config, max_num_seqs=1, graph_sizes=(1,))
     try:
-        runner = llm.engine.runner
-        graph = runner.decode_step.graphs[_decode_key(llm.engine, 1)]
-        runner.decode_step.batch_indices.fill_(runner.req_table.padding_index)
-        graph.replay()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(REPLAYS):
-                graph.replay()
-            torch.cuda.synchronize()
+        prof = profile_decode_replays(llm, 1, REPLAYS)
         layers = shape.config["num_hidden_layers"]
         return [f"{shape_name}: {layers} layers, per replay of the batch-1 step"] + _kernel_table(
             prof, 40, REPLAYS

@@ -227,11 +227,12 @@ def verify_costs(llm: LLM, repeats: int = 20) -> list[dict]:
     return rows
 
 
-def kernel_count(llm: LLM, batch: int = 1, replays: int = 3) -> dict:
-    """Kernels and copies of one replay of the captured greedy decode step (rows of the padding index)."""
+def profile_decode_replays(llm: LLM, batch: int = 1, replays: int = 3):
+    """torch.profiler over ``replays`` replays of the captured greedy decode step of ``batch`` (rows of the
+    padding index), after one replay unprofiled."""
     from torch.profiler import ProfilerActivity, profile
 
-    from outpace.bench.profile import _cuda_events, _decode_key
+    from outpace.bench.profile import _decode_key
 
     runner = llm.engine.runner
     graph = runner.decode_step.graphs[_decode_key(llm.engine, batch)]
@@ -242,7 +243,14 @@ def kernel_count(llm: LLM, batch: int = 1, replays: int = 3) -> dict:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    events = _cuda_events(prof)
+    return prof
+
+
+def kernel_count(llm: LLM, batch: int = 1, replays: int = 3) -> dict:
+    """Kernels and copies of one replay of the captured greedy decode step (rows of the padding index)."""
+    from outpace.bench.profile import _cuda_events
+
+    events = _cuda_events(profile_decode_replays(llm, batch, replays))
     copies = sum(e.name.startswith(("Memcpy", "Memset")) for e in events)
     return {
         "batch": batch,
