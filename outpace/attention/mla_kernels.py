@@ -174,7 +174,7 @@ def _mla_kernel(
             other=0.0,
         )  # [BLOCK_M, BLOCK_P]
         # An FP8 row is stored * scale, key and value alike: the scale folds into the scores and the output.
-        k_scale, _ = _kv_scales(k_scale_ptr, k_scale_ptr, KV_SCALED)
+        k_scale = _kv_scales(k_scale_ptr, k_scale_ptr, KV_SCALED)[0]
         score_scale = qk_scale * k_scale
         bt_ptr = block_tables_ptr + seq * stride_bt_seq
         mask_rows = (
