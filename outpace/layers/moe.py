@@ -76,9 +76,12 @@ from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
 from outpace.layers.quant.experts import (
     QuantizedExpertStacks,
+    QuantizedStackedWeight,
     grouped_kernels_take,
     has_quantized_experts,
+    has_quantized_stacks,
     run_quantized_experts,
+    run_quantized_stacks,
 )
 
 
@@ -316,6 +319,10 @@ class StackedWeight(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
 
+    def expert(self, e: int, dtype: torch.dtype) -> torch.Tensor:
+        """Expert ``e``'s weight [out, in] (as layers/quant/experts.py ``QuantizedStackedWeight``'s)."""
+        return self.weight[e]
+
 
 class RoutedExperts(nn.Module):
     """The routed experts of a mixture: x [n, hidden], weights [n, top_k] float32, ids [n, top_k] -> the sum
@@ -411,7 +418,8 @@ class RoutedExperts(nn.Module):
         use = x.is_cuda and not torch.is_grad_enabled() if self.kernels is None else self.kernels
         # experts stored quantized: the quantized grouped kernels where they take the format and shapes
         # (layers/quant/experts.py)
-        quantized_ok = not has_quantized_experts(self) or grouped_kernels_take(self)
+        quantized = has_quantized_experts(self) or has_quantized_stacks(self)
+        quantized_ok = not quantized or grouped_kernels_take(self)
         return use and self.activation.kernel is not None and quantized_ok
 
     def run(
@@ -437,14 +445,14 @@ class RoutedExperts(nn.Module):
                     "an expert-parallel rank aligns its own experts' slots: route without a layout"
                 )
             ids = placement.local_ids(ids)  # [n, top_k]: -1 where another rank's expert was chosen
-        if self.uses_kernels(x) and has_quantized_experts(self):
+        quantized = has_quantized_experts(self) or has_quantized_stacks(self)
+        if self.uses_kernels(x) and quantized:
             if shared is not None:
                 raise ValueError(
                     "quantized experts fuse no shared experts: the shared MLP runs beside"
                 )
-            out = run_quantized_experts(
-                self, x, weights, ids, layout, skipped_slots=placement.group is not None
-            )
+            run = run_quantized_experts if has_quantized_experts(self) else run_quantized_stacks
+            out = run(self, x, weights, ids, layout, skipped_slots=placement.group is not None)
         elif self.uses_kernels(x):
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
@@ -471,11 +479,10 @@ class RoutedExperts(nn.Module):
 
     def stacked_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` of the stacked layouts over x [rows, hidden] -> [rows, hidden] (the eager path)."""
-        if isinstance(self.down_proj, StackedWeight):
-            gate = project(x, self.gate_proj.weight[e]) if self.activation.gated else None
-            return project(
-                self.activation(gate, project(x, self.up_proj.weight[e])), self.down_proj.weight[e]
-            )
+        if isinstance(self.down_proj, (StackedWeight, QuantizedStackedWeight)):
+            gate = project(x, self.gate_proj.expert(e, x.dtype)) if self.activation.gated else None
+            up = project(x, self.up_proj.expert(e, x.dtype))
+            return project(self.activation(gate, up), self.down_proj.expert(e, x.dtype))
         gate, up = project(x, self.gate_up_proj[e]).chunk(2, dim=-1)
         return project(self.activation(gate, up), self.down_proj[e])
 
@@ -614,7 +621,8 @@ def shared_expert_stacks(
     no MLP, biases, another activation, gating or SwiGLU clamp (an MLP's ``limit``: Step-3.5's; the
     kernels clamp every slot with the routed experts' limit), weights of another dtype (quantized) or not
     contiguous, a width that is not a multiple of the routed experts'."""
-    if mlp is None or has_quantized_experts(experts):  # (the quantized kernels fuse none)
+    if mlp is None or has_quantized_experts(experts) or has_quantized_stacks(experts):
+        # (the quantized kernels fuse none)
         return None
     down_r = experts.stacks()[2]  # [experts, hidden, inter]
     hidden, inter = down_r.shape[1], down_r.shape[2]

@@ -92,7 +92,8 @@ def write_quantized(
     config: dict,
     scale_dtype: torch.dtype = torch.float32,
 ) -> tuple[Path, Path]:
-    """Copy checkpoint ``src`` to ``out/quantized`` with every 2-D ``*.weight`` that ``quantize(name)``
+    """Copy checkpoint ``src`` to ``out/quantized`` with every 2-D ``*.weight`` (and in block FP8 every 3-D
+    stack of experts, a scale stack beside it) that ``quantize(name)``
     selects stored as ``method`` lays it out, and to ``out/reference`` with those weights dequantized (float32).
     ``config``: the quantization_config (hf_quant_config.json's object for "fp8_tensor").
     -> (quantized dir, reference dir)."""
@@ -104,7 +105,9 @@ def write_quantized(
                 shutil.copy(f, d / f.name)
     q, ref = {}, {}
     for name, t in _read_all(src).items():
-        if not (name.endswith(".weight") and t.dim() == 2 and quantize(name)):
+        # (3-D: stacked experts, Step-3.5-Flash-FP8's block-FP8 moe.{gate,up,down}_proj)
+        stacked = method == "fp8_block" and t.dim() == 3
+        if not (name.endswith(".weight") and (t.dim() == 2 or stacked) and quantize(name)):
             q[name] = ref[name] = t
             continue
         prefix = name.removesuffix(".weight")

@@ -149,3 +149,41 @@ def test_a_stale_stack_is_made_again_and_a_wrong_scale_fails():
     assert moe.experts.quantized_stacks is not stacks
     assert relative_error(again, before) < 1e-6
     assert relative_error(again, on_kernels(moe, False)(x)) < 1e-5
+
+
+def test_step3p5_block_fp8_stacks_on_the_kernels_equal_the_eager_path():
+    """Step-3.5-Flash-FP8's stacked experts (layers/quant/experts.py ``QuantizedStackedWeight``: gate, up and
+    down stacks read in place, gate and up apart, each with its scale stack; the SwiGLU clamp) and its
+    quantized shared expert beside them, against the eager path (each expert's stacks dequantized)."""
+    from helpers.step3p5_checkpoints import CONFIG
+    from outpace.layers.moe import StackedWeight
+    from outpace.layers.quant.experts import QuantizedStackedWeight
+    from outpace.model_config import ModelConfig
+    from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE
+
+    scheme = QuantScheme(FP8_BLOCK, "test", block=(8, 64))
+    cfg = Step3p5Config.from_model_config(ModelConfig.from_dict(CONFIG))
+    moe = Step3p5MoE(cfg, 0.3)
+    randomise_routers(moe, seed=7)
+    g = torch.Generator().manual_seed(8)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        stacked = getattr(moe, name)
+        assert isinstance(stacked, StackedWeight)
+        layer = QuantizedStackedWeight(stacked, FORMATS[FP8_BLOCK](scheme), torch.float32, name)
+        stored, scale = dq.quantize_fp8_block(
+            torch.randn(stacked.weight.shape, generator=g) * 0.3, scheme.block
+        )
+        layer.weight.copy_(stored)
+        layer.weight_scale_inv.copy_(scale)
+        setattr(moe, name, layer)
+    shared = Step3p5MLP(cfg.hidden_size, 40, 0.3, reduce=False)
+    quantize_projections(shared, scheme, seed=9)
+    moe, shared = moe.to(DEVICE), shared.to(DEVICE)
+    x = torch.randn(8, cfg.hidden_size, generator=torch.Generator().manual_seed(10)).to(DEVICE)
+    moe.kernels = moe.gate.kernel = True
+    assert moe.uses_kernels(x)
+    for n in (1, 8):
+        moe.kernels = moe.gate.kernel = True
+        got = moe(x[:n], shared)
+        moe.kernels = moe.gate.kernel = False
+        assert relative_error(got, moe(x[:n], shared)) < 1e-5, n

@@ -292,3 +292,30 @@ def test_an_eagle3_draft_over_a_quantized_target_is_lossless(tmp_path, method, c
         outs = LLM(str(q_dir), block_size=4, speculative=spec).generate(PROMPTS, GREEDY)
         assert [o.token_ids for o in outs] == plain, spec
         assert sum(o.spec_metrics.num_verifies for o in outs) > 0
+
+
+def test_step3p5_block_fp8_stacked_experts(tmp_path):
+    """Step-3.5-Flash-FP8's layout: the routed experts' stacks ``moe.{gate,up,down}_proj.weight`` fp8 [E, out,
+    in] with ``weight_scale_inv`` [E, ceil(out/bn), ceil(in/bk)], the attention, dense and shared-expert
+    projections per module; the tokens and logprobs of the dequantized twin, and the stacks stay fp8."""
+    from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
+    from outpace.layers.quant.experts import QuantizedStackedWeight
+
+    (tmp_path / "source").mkdir()
+    source, _ = write_checkpoint(tmp_path / "source", CONFIG)
+    q_dir, ref_dir = write_quantized(
+        source, tmp_path, "fp8_block", is_projection, block_fp8_config((4, 8))
+    )
+    model = load_model(q_dir, torch.float32)
+    stacks = [m for m in model.modules() if isinstance(m, QuantizedStackedWeight)]
+    assert stacks and all(m.weight.dtype == torch.float8_e4m3fn for m in stacks)
+    got, expected = hybrid_logits(q_dir), hybrid_logits(ref_dir)
+    assert got.token_ids == expected.token_ids
+    for a, b in zip(got.logprobs, expected.logprobs):
+        assert a.keys() == b.keys()
+        torch.testing.assert_close(
+            torch.tensor([v.logprob for v in a.values()]),
+            torch.tensor([v.logprob for v in b.values()]),
+            rtol=1e-4,
+            atol=1e-4,
+        )

@@ -16,6 +16,12 @@ step can be captured in a CUDA graph) over ``QuantizedExpertStacks``:
   per-tensor scale repeated over the blocks of its projection (the same products: w * s in float32).
 Ungated experts (Nemotron-H's relu2) stack their up projections alone as ``gate_up``.
 
+Checkpoints that store the experts stacked in block FP8 (Step-3.5-Flash-FP8: ``moe.{gate,up,down}_proj``
+fp8 [E, out, in] with ``weight_scale_inv`` [E, ceil(out/bn), ceil(in/bk)]) load as ``QuantizedStackedWeight``
+in place of the bf16 ``StackedWeight``: the kernels read those stacks in place (``run_quantized_stacks``).
+Other stacked formats are refused by name (layers/quant/loading.py); Qwen3.5's MoE FP8 checkpoints were not
+found in the public references checked, so no other stacked layout is implemented.
+
 The stacks are made once, on first use, and every expert's tensors become views of them (as layers/moe.py
 ``RoutedExperts.stacks`` does for half-precision experts): no memory is added, and a checkpoint reload in
 place reaches the kernels. They are made again when a tensor has been given other storage since.
@@ -51,9 +57,18 @@ def _projections(module: nn.Module, gated: bool) -> tuple[QuantizedLinear, ...]:
 def grouped_kernels_take(experts: nn.Module) -> bool:
     """Whether the quantized grouped kernels can run these quantized experts (the checks of
     moe_quant_kernels.py): every projection quantized alike, the scales in float32 or bf16, and block FP8 of
-    power-of-two column blocks >= 64 with I a multiple of the row block when gated, INT4 groups of a
-    power of two that divide H and I. Else they run eagerly (``run_experts``)."""
+    power-of-two column blocks >= 64 with I a multiple of the row block when gated (per-expert modules,
+    stacked into one gate/up tensor), INT4 groups of a power of two that divide H and I. Else they run
+    eagerly (``run_experts``)."""
     gated = experts.activation.gated
+    if has_quantized_stacks(experts):  # (gate and up read apart: no common block needed)
+        block_k = experts.down_proj.format.scheme.block[1]
+        scales = [experts.up_proj, experts.down_proj] + ([experts.gate_proj] if gated else [])
+        return (
+            block_k >= 64
+            and not block_k & (block_k - 1)
+            and all(s.weight_scale_inv.dtype in _KERNEL_SCALE_DTYPES for s in scales)
+        )
     first = _projections(experts.per_expert[0], gated)
     if not all(isinstance(p, QuantizedLinear) for p in first):
         return False
@@ -197,3 +212,85 @@ def run_quantized_experts(
         experts.quantized_stacks = stacks
     activation = experts.activation
     return stacks.run(x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots)
+
+
+class QuantizedStackedWeight(nn.Module):
+    """One projection of every routed expert stored as one block-FP8 stack (Step-3.5-Flash-FP8's
+    ``moe.{gate,up,down}_proj``): ``weight`` float8_e4m3fn [E, out, in] and ``weight_scale_inv`` [E,
+    ceil(out/bn), ceil(in/bk)] (fp32 in stepfun-ai/Step-3.5-Flash-FP8: model.layers.3.moe.gate_proj is
+    [288, 1280, 4096] with scales [288, 10, 32], down_proj [288, 4096, 1280] with [288, 32, 10], as read
+    from its safetensors by the public reports of it). In place of layers/moe.py ``StackedWeight``, with
+    its shard (the scale's the blocks of it, ``scale_shard``)."""
+
+    def __init__(
+        self,
+        stacked: nn.Module,
+        fmt: Fp8Block,
+        scale_dtype: torch.dtype,
+        name: str,
+        device: str | torch.device | None = None,
+    ) -> None:
+        """In place of ``stacked`` (a ``StackedWeight``), on ``device`` (default: its weight's)."""
+        super().__init__()
+        from outpace.distributed.sharding import mark_shard
+        from outpace.layers.quant.linear import scale_shard
+
+        self.format = fmt
+        experts, out_features, in_features = stacked.weight.shape
+        device = stacked.weight.device if device is None else device
+        self.weight = nn.Parameter(
+            torch.empty(
+                experts, out_features, in_features, dtype=torch.float8_e4m3fn, device=device
+            ),
+            requires_grad=False,
+        )
+        self.weight.checkpoint_dtypes = (torch.float8_e4m3fn,)
+        rows, cols = fmt.scale_shape(out_features, in_features)
+        self.weight_scale_inv = nn.Parameter(
+            torch.empty(experts, rows, cols, dtype=scale_dtype, device=device), requires_grad=False
+        )
+        self.weight_scale_inv.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        shard = getattr(stacked.weight, "shard", None)
+        if shard is not None:
+            mark_shard(self.weight, shard)
+            mark_shard(
+                self.weight_scale_inv, scale_shard(shard, (1, *fmt.scheme.block), name, "scale")
+            )
+
+    def expert(self, e: int, dtype: torch.dtype) -> torch.Tensor:
+        """Expert ``e``'s weight dequantized: [out, in] in ``dtype`` (the eager path)."""
+        return self.format.dequantize(self.weight[e], self.weight_scale_inv[e]).to(dtype)
+
+
+def has_quantized_stacks(experts: nn.Module) -> bool:
+    """Whether a ``RoutedExperts`` of the stacked layout stores its stacks quantized."""
+    return isinstance(getattr(experts, "down_proj", None), QuantizedStackedWeight)
+
+
+def run_quantized_stacks(
+    experts: nn.Module,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    layout=None,
+    skipped_slots: bool = False,
+) -> torch.Tensor:
+    """A ``RoutedExperts`` of ``QuantizedStackedWeight`` gate, up and down stacks on the grouped kernels
+    (layers/moe_kernels.py with their scales: the stacks are read in place, gate and up apart)."""
+    from outpace.layers.moe_kernels import grouped_experts  # Triton: CUDA installs only
+    from outpace.layers.quant.moe_quant_kernels import ExpertScales
+
+    gate = experts.gate_proj if experts.activation.gated else None
+    up, down = experts.up_proj, experts.down_proj
+    scales = ExpertScales(
+        "fp8_block",
+        down.format.scheme.block,
+        None if gate is None else gate.weight_scale_inv,
+        up.weight_scale_inv,
+        down.weight_scale_inv,
+    )
+    activation = experts.activation
+    return grouped_experts(
+        x, weights, ids, None if gate is None else gate.weight, up.weight, down.weight,
+        activation.kernel, activation.limit, layout=layout, skipped_slots=skipped_slots, quant=scales,
+    )  # fmt: skip

@@ -20,7 +20,14 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import CheckpointError, checkpoint_files, open_shard
-from outpace.layers.quant.linear import FORMATS, SCALE_NAMES, QuantizedLinear, quantized_like
+from outpace.layers.quant.experts import QuantizedStackedWeight
+from outpace.layers.quant.linear import (
+    FORMATS,
+    SCALE_NAMES,
+    Fp8Block,
+    QuantizedLinear,
+    quantized_like,
+)
 from outpace.layers.quant.scheme import QuantScheme
 from outpace.validation import ConfigError
 
@@ -62,8 +69,11 @@ def quantize_modules(
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     replaced: dict[int, QuantizedLinear] = {}
     quantized_prefixes: set[str] = set()
+    from outpace.layers.moe import StackedWeight  # (layers/moe.py imports this package)
+
     for name, module in list(model.named_modules(remove_duplicate=False)):
-        if not isinstance(module, nn.Linear) or not name:
+        stacked = isinstance(module, StackedWeight)
+        if not (isinstance(module, nn.Linear) or stacked) or not name:
             continue
         prefix = to_ckpt(f"{name}.weight").removesuffix(".weight")
         scale = tensors.get(f"{prefix}.{fmt.scale_name}")
@@ -74,8 +84,15 @@ def quantize_modules(
                 f"{scale[1]}: tensor {prefix}.{fmt.scale_name!r} quantizes module {prefix!r}, which "
                 f"{scheme.exclude_field} keeps unquantized"
             )
+        if stacked and not isinstance(fmt, Fp8Block):
+            raise CheckpointError(
+                f"{scale[1].name}: tensor {prefix}.{fmt.scale_name!r} quantizes the stacked experts "
+                f"{prefix!r} in {scheme.description}: only block-FP8 stacks are implemented "
+                "(Step-3.5-Flash-FP8's layout)"
+            )
         if id(module) not in replaced:
-            replaced[id(module)] = quantized_like(module, fmt, scale[0], prefix, device)
+            make = QuantizedStackedWeight if stacked else quantized_like
+            replaced[id(module)] = make(module, fmt, scale[0], prefix, device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, replaced[id(module)])
         quantized_prefixes.add(prefix)
@@ -104,7 +121,7 @@ def _refuse_unclaimed(
         if leaf in SCALE_NAMES.values() and leaf == fmt.scale_name:
             raise CheckpointError(
                 f"{path.name}: tensor {name!r} is the scale of a quantized {prefix!r}, which outpace "
-                "cannot hold quantized (not a projection of the model, or stacked expert tensors)"
+                "cannot hold quantized (not a projection of the model nor a stack of its experts)"
             )
 
 
@@ -133,7 +150,7 @@ def quantized_bytes(model: nn.Module) -> tuple[int, int]:
     quantized = sum(
         t.numel() * t.element_size()
         for m in model.modules()
-        if isinstance(m, QuantizedLinear)
+        if isinstance(m, (QuantizedLinear, QuantizedStackedWeight))
         for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
     )
     seen, total = set(), 0
