@@ -56,6 +56,7 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) ->
     fp8, else x in ``dtype``."""
     if not is_fp8(dtype):
         return x.to(dtype)
+    _require_scale(scale)
     return (x.float() / scale).clamp(-FP8_KV_MAX, FP8_KV_MAX).to(dtype)
 
 
@@ -65,7 +66,15 @@ def dequantize(
     """Cache rows as ``dtype`` values: stored * scale for fp8 (in float32, then ``dtype``)."""
     if not is_fp8(stored.dtype):
         return stored.to(dtype)
+    _require_scale(scale)
     return (stored.float() * scale).to(dtype)
+
+
+def _require_scale(scale: torch.Tensor | None) -> None:
+    if scale is None:
+        raise ValueError(
+            "an FP8 KV cache is written and read with its layer's scale: none was given"
+        )
 
 
 def store(
