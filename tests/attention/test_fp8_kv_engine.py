@@ -91,8 +91,10 @@ def test_triton_matches_torch_on_fp8_cache(family, llama_dir, deepseek_dir):
     assert rate >= 0.3, "an FP8 cache that far from the full-precision one is broken, not rounded"
 
 
-def test_fp8_cache_is_float8_and_a_quarter_of_fp32(llama_dir):
-    fp8 = LLM(str(llama_dir), block_size=4, num_kv_blocks=16, kv_cache_dtype="fp8_e4m3").engine
+def test_fp8_cache_is_float8_and_a_quarter_of_fp32(llama_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="outpace.engine"):
+        fp8 = LLM(str(llama_dir), block_size=4, num_kv_blocks=16, kv_cache_dtype="fp8_e4m3").engine
+    assert "KV cache dtype: float8_e4m3fn" in caplog.text
     full = LLM(str(llama_dir), block_size=4, num_kv_blocks=16).engine
     assert all(t.dtype == FP8_KV_DTYPE for layer in fp8.runner.kv_caches for t in layer)
     assert kv_cache_bytes(full.pool) == 4 * kv_cache_bytes(fp8.pool)
