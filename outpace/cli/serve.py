@@ -109,7 +109,8 @@ def run(a: argparse.Namespace) -> None:
     from outpace.server.app import run_server
 
     check_model_dir(a.model)
-    check_can_listen(a.host, a.port)
+    if os.environ.get("RANK", "0") == "0":  # (under torchrun only rank 0 serves: launch.py)
+        check_can_listen(a.host, a.port)
     config = EngineConfig(
         model=a.model,
         max_num_seqs=a.max_num_seqs,

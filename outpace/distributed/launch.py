@@ -34,6 +34,9 @@ from outpace.distributed.agreement import agree_on_config
 from outpace.distributed.group import SINGLE, RankGroup, init_rank_group, with_parts
 
 COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives wait at most this long for a rank that hangs
+LOST_RANK_WAIT_S = (
+    5.0  # after a collective failed, how long the survivors wait to hear from each other
+)
 _started_here: set[int] = set()  # the open Ranks (by id) whose other ranks this process started
 
 
@@ -75,10 +78,9 @@ class Ranks:
             return RankFailure(
                 f"the engine's {described}; the engine stopped the other ranks: {error}"
             )
-        if isinstance(error, dist.DistError):
+        if collective_failed(error):
             return RankFailure(
-                f"a collective of the tensor-parallel group failed (a rank stopped or timed out): "
-                f"{error}"
+                f"{lost_ranks(self.group)}; a collective of the engine's group failed: {error}"
             )
         return None
 
@@ -115,6 +117,47 @@ def exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
+def collective_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a collective's: the backend's (NCCL raises DistError subclasses; gloo a plain
+    RuntimeError whose message starts with its source path, e.g. ``[.../gloo/transport/tcp/pair.cc:553]
+    Connection closed by peer``)."""
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and "gloo" in str(error)
+    )
+
+
+def lost_ranks(group: RankGroup, wait_s: float = LOST_RANK_WAIT_S) -> str:
+    """After a collective failed on this rank: which ranks are lost, in words.
+
+    Every surviving rank's collective fails too (gloo at once when a peer's connection closes, NCCL
+    within the collective timeout), and each then says so under its own key in the process group's
+    store (the default group's: torchrun's agent store, or rank 0's TCP store when outpace started the
+    ranks). The ranks that have not said so within ``wait_s`` are the lost ones. A store that no longer
+    answers is rank 0's machine gone (it hosts the store)."""
+    store = dist.distributed_c10d._get_default_store()
+    key = "outpace/failure-seen/{}".format
+    try:
+        store.set(key(group.rank), "1")
+        deadline = time.monotonic() + wait_s
+        while True:
+            silent = [r for r in range(group.size) if not store.check([key(r)])]
+            if not silent or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the store's connection is gone with its host
+        return (
+            "rank 0 is lost (the process group's store, which its machine hosts, does not answer)"
+        )
+    if not silent:
+        return "every rank is still running (none is lost)"
+    named = ", ".join(map(str, silent))
+    return (
+        f"rank{'s' if len(silent) > 1 else ''} {named} of {group.size} "
+        f"{'are' if len(silent) > 1 else 'is'} lost (did not report the failure within {wait_s:g} s: "
+        f"died or hung)"
+    )
+
+
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -134,11 +177,7 @@ def join_ranks(config) -> Ranks:
     if dist.is_initialized() or launched_by_torchrun():
         ranks = join_group(config)
         if not ranks.group.is_driver:
-            try:
-                follow(config, ranks.group)
-            finally:
-                ranks.close()
-            sys.exit(0)
+            _follow_then_exit(config, ranks)
         return ranks
     return _start_ranks(config)
 
@@ -165,6 +204,22 @@ def follow(config, group: RankGroup) -> None:
     from outpace.engine.engine import LLMEngine
 
     LLMEngine(config, progress=False, ranks=Ranks(group)).follow()
+
+
+def _follow_then_exit(config, ranks: Ranks) -> None:
+    """A rank > 0 that torchrun (or the caller) started: follow rank 0, then exit the process: 0 once
+    rank 0 closed the engine, 1 naming the lost rank when a collective failed (rank 0 or another died)."""
+    try:
+        follow(config, ranks.group)
+    except Exception as e:
+        failure = ranks.failure(e)
+        if failure is None:
+            raise
+        print(f"outpace rank {ranks.group.rank}: stopping: {failure}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        ranks.close(timeout_s=1.0)
+    sys.exit(0)
 
 
 def _start_ranks(config) -> Ranks:
@@ -196,13 +251,19 @@ def _start_ranks(config) -> Ranks:
 
 def _rank_main(config, rank: int, init_method: str) -> None:
     """A started rank's process: join the group, follow rank 0, exit 1 (naming why) if that fails."""
+    group = None
     try:
         group = init_rank_group(
             config.world_size, rank, config.device, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
         )
-        follow(config, engine_group(config, group))
+        group = engine_group(config, group)
+        follow(config, group)
     except BaseException as e:  # rank 0 died or failed: leave, saying why
-        print(f"outpace rank {rank}: stopping: {type(e).__name__}: {e}", file=sys.stderr)
+        failure = Ranks(group).failure(e) if group is not None else None
+        print(
+            f"outpace rank {rank}: stopping: {failure or f'{type(e).__name__}: {e}'}",
+            file=sys.stderr,
+        )
         sys.exit(1)
     dist.destroy_process_group()
 

@@ -18,6 +18,7 @@ import gc
 import hmac
 import logging
 import signal
+import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -479,7 +480,8 @@ def run_server(
     **app_kwargs: Any,
 ) -> None:
     """Serve until SIGTERM or SIGINT: then stop accepting, finish in-flight requests, stop the
-    engine thread and return (the process exits 0)."""
+    engine thread and return (the process exits 0). An engine of several ranks that lost one shuts the
+    server down too, and raises SystemExit naming the lost rank (exit 1)."""
     import uvicorn
 
     logging.basicConfig(
@@ -506,4 +508,22 @@ def run_server(
     # make that a clean return instead of a death by SIGTERM (or a KeyboardInterrupt).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
+    engine = app.state.engine
+    threading.Thread(
+        target=_stop_on_fatal_error, args=(engine, server), name="outpace-watch", daemon=True
+    ).start()
     server.run()
+    fatal = getattr(engine, "fatal_error", None)
+    if fatal is not None:
+        raise SystemExit(f"outpace serve: the engine stopped: {fatal}")
+
+
+def _stop_on_fatal_error(engine, server, interval_s: float = 0.5) -> None:
+    """Shut the server down (as on SIGTERM) once an engine of several ranks has failed for good: with a
+    rank lost, it cannot serve again (async_engine.py ``fatal_error``)."""
+    while not server.should_exit:
+        if getattr(engine, "fatal_error", None) is not None:
+            logger.error("the engine's ranks cannot go on: shutting the server down")
+            server.should_exit = True
+            return
+        time.sleep(interval_s)

@@ -242,8 +242,22 @@ class AsyncEngine:
         """Details /health adds to its body: none for one engine (replicas.py lists its replicas)."""
         return {}
 
+    @property
+    def spans_ranks(self) -> bool:
+        """The engine is rank 0 of several (tensor or expert parallel: distributed/launch.py)."""
+        # (a data-parallel replica's RemoteEngine has none: its process handles its own ranks)
+        ranks = getattr(self.engine, "ranks", None)
+        return ranks is not None and ranks.group.size > 1
+
+    @property
+    def fatal_error(self) -> BaseException | None:
+        """What stopped an engine of several ranks for good (a rank died, a collective failed): the server
+        stops on it (server/app.py ``run_server``) instead of answering 503 with its other ranks gone."""
+        return self.error if self.spans_ranks else None
+
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the in-flight requests, then stop the engine thread (blocking)."""
+        """Finish the in-flight requests, stop the engine thread, then close the engine (blocking; an
+        engine of several ranks releases its other ranks, in order, before the process exits)."""
         self._stopping = True
         self._commands.put(("stop", None))
         if self._thread.is_alive():
@@ -251,6 +265,8 @@ class AsyncEngine:
         if self._thread.is_alive():  # in-flight work outlived the timeout: abort it
             self._commands.put(("abort_all", None))
             self._thread.join(10)
+        if not self._thread.is_alive():  # (a thread still stepping owns the engine: left as it is)
+            self.engine.close()
 
     # ---- engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -327,6 +343,8 @@ class AsyncEngine:
         try:
             outputs = self.engine.step()
         except Exception as e:
+            if self.spans_ranks:  # its ranks cannot go on apart (LLMEngine.step stopped them)
+                raise
             logger.exception("engine step failed; aborting its requests")
             error = EngineError(f"the engine failed: {e}")
             for request_id, tracked in list(self._tracked.items()):
