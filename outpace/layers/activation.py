@@ -1,5 +1,7 @@
 """Gated activations: act(gate) * up, for every parameter-free activation transformers' ``ACT2FN``
-offers (transformers/activations.py; the formulas below follow its classes)."""
+offers (transformers/activations.py; the formulas below follow its classes), and the attention output
+gate x * sigmoid(gate). SwiGLU, relu2 and the sigmoid gate are one Triton kernel each on CUDA
+(layers/fused_kernels.py), their torch references here."""
 
 from __future__ import annotations
 
@@ -22,6 +24,20 @@ def _laplace(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + torch.erf((x - 0.707107).div(0.282095 * math.sqrt(2.0))))
 
 
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 (transformers ReLUSquaredActivation), x [..., width]; on CUDA one Triton kernel."""
+    if x.is_cuda and not torch.is_grad_enabled():  # the Triton kernel has no backward
+        from outpace.layers.fused_kernels import relu2_triton
+
+        return relu2_triton(x)
+    return relu2_torch(x)
+
+
+def relu2_torch(x: torch.Tensor) -> torch.Tensor:
+    """The reference (the CPU path, and what ``relu2_triton`` computes)."""
+    return torch.square(F.relu(x))
+
+
 # hidden_act -> the function ACT2FN[hidden_act] computes. Not here: "prelu" and "xielu", which carry
 # learned parameters of their own (ModelConfig refuses them).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -39,7 +55,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ),
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
     "relu": F.relu,
-    "relu2": lambda x: torch.square(F.relu(x)),
+    "relu2": relu2,
     "relu6": F.relu6,
     "leaky_relu": F.leaky_relu,  # nn.LeakyReLU(): slope 0.01
     "hardswish": F.hardswish,
@@ -76,3 +92,21 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def silu_and_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The reference (the CPU path, and what ``silu_and_mul_triton`` computes)."""
     return F.silu(gate) * up
+
+
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """An attention output gate: x [n, heads, head_dim] times sigmoid(gate), gate [n, heads, head_dim]
+    (Qwen3-Next) or [n, heads, 1] (one value per head: Step-3.5) -> [n, heads, head_dim]; on CUDA one
+    Triton kernel that reads the gate where the projection left it (strided)."""
+    if x.is_cuda and not torch.is_grad_enabled():  # the Triton kernel has no backward
+        from outpace.layers.fused_kernels import sigmoid_gate_triton
+
+        return sigmoid_gate_triton(x, gate)
+    return sigmoid_gate_torch(x, gate)
+
+
+def sigmoid_gate_torch(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The reference (the CPU path, and what ``sigmoid_gate_triton`` computes). The sigmoid runs over a
+    contiguous copy of the gate: torch's CPU kernel rounds exp differently in its vectorised and scalar
+    loops, so a strided gate (a view of a packed projection) would change the last bits."""
+    return x * torch.sigmoid(gate.contiguous())

@@ -2,15 +2,19 @@
 
 Each replaces a chain of small torch kernels with one launch, and computes exactly what the torch
 reference next to its module does (``rms_norm_torch`` in norm.py, ``rotary_torch`` in rotary.py,
-``silu_and_mul_torch`` in activation.py): float32 math, with the same intermediate roundings to the
+``silu_and_mul_torch``, ``sigmoid_gate_torch``, ``relu2_torch`` in activation.py): float32 math, with the same intermediate roundings to the
 tensors' dtypes. Launches disable floating-point contraction (``enable_fp_fusion=False``), so a
 ``a * b - c * d`` rounds each product as torch's separate kernels do instead of fusing into an FMA.
 
 1. ``_rms_norm_kernel`` (one program per row): optionally adds the residual, writes that sum (the
    new residual stream) and RMSNorm of it.
 2. ``_rotary_kernel`` (one program per token): rotates all q and k heads of the token (neox layout),
-   reading the token's row of the cached cos/sin tables.
+   reading the token's row of the cached cos/sin tables; with partial rotary (tables narrower than the
+   heads) the other dimensions are copied through into the full-width output.
 3. ``_silu_and_mul_kernel`` (one program per row and BLOCK columns): silu(gate) * up.
+4. ``_sigmoid_gate_kernel`` (one program per token and head): x * sigmoid(gate), the gate per element
+   (Qwen3-Next's attention output gate) or one per head (Step-3.5's).
+5. ``_relu2_kernel`` (one program per row and BLOCK columns): relu(x)^2 (Nemotron-H's MLP).
 
 Grids come from tensor shapes only and nothing syncs with the host, so every launch can be
 captured in a CUDA graph. The kernels have no backward: the modules call them only on CUDA tensors
@@ -24,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-_SILU_BLOCK = 1024
+_ELEMENTWISE_BLOCK = 1024
 
 
 @triton.jit
@@ -122,20 +126,27 @@ def _rotate_heads(
     cos,
     sin,
     half,
+    head_dim,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
 ):
-    """Rotates the ``heads`` heads of one token: x [.., heads, 2 * half] (strided) -> out, contiguous.
-    cos, sin [1, BLOCK_HALF] float32."""
+    """One token's ``heads`` heads: x [.., heads, head_dim] (strided) -> out [.., heads, head_dim], contiguous,
+    the first 2 * half dimensions rotated (cos, sin [1, BLOCK_HALF] float32), the others copied through
+    (partial rotary; BLOCK_PASS 0: none)."""
     h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     j = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
     mask = (h < heads) & (j < half)
-    src = x_ptr + token * stride_t + h * stride_h + j
-    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_HALF] first halves
-    x2 = tl.load(src + half, mask=mask, other=0.0).to(tl.float32)  # second halves
-    dst = out_ptr + (token * heads + h) * (2 * half) + j
-    tl.store(dst, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + half, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    src = x_ptr + token * stride_t + h * stride_h
+    dst = out_ptr + (token * heads + h) * head_dim
+    x1 = tl.load(src + j, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_HALF] first halves
+    x2 = tl.load(src + half + j, mask=mask, other=0.0).to(tl.float32)  # second halves
+    tl.store(dst + j, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + half + j, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    if BLOCK_PASS > 0:
+        p = 2 * half + tl.arange(0, BLOCK_PASS)[None, :]  # [1, BLOCK_PASS] the unrotated dimensions
+        pass_mask = (h < heads) & (p < head_dim)
+        tl.store(dst + p, tl.load(src + p, mask=pass_mask), mask=pass_mask)
 
 
 @triton.jit
@@ -154,9 +165,11 @@ def _rotary_kernel(
     stride_kt,
     stride_kh,
     half,
+    head_dim,
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
 ):
     """Token t: q and k heads rotated by the angles of row positions[t] of the cos/sin tables."""
     token = tl.program_id(0).to(tl.int64)
@@ -165,10 +178,34 @@ def _rotary_kernel(
     cos = tl.load(cos_ptr + pos * half + j, mask=j < half, other=0.0)  # [1, BLOCK_HALF]
     sin = tl.load(sin_ptr + pos * half + j, mask=j < half, other=0.0)
     _rotate_heads(
-        q_ptr, q_out_ptr, token, q_heads, stride_qt, stride_qh, cos, sin, half, BLOCK_QH, BLOCK_HALF
+        q_ptr,
+        q_out_ptr,
+        token,
+        q_heads,
+        stride_qt,
+        stride_qh,
+        cos,
+        sin,
+        half,
+        head_dim,
+        BLOCK_QH,
+        BLOCK_HALF,
+        BLOCK_PASS,
     )
     _rotate_heads(
-        k_ptr, k_out_ptr, token, k_heads, stride_kt, stride_kh, cos, sin, half, BLOCK_KH, BLOCK_HALF
+        k_ptr,
+        k_out_ptr,
+        token,
+        k_heads,
+        stride_kt,
+        stride_kh,
+        cos,
+        sin,
+        half,
+        head_dim,
+        BLOCK_KH,
+        BLOCK_HALF,
+        BLOCK_PASS,
     )
 
 
@@ -176,12 +213,19 @@ def rotary_triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [n]; q [n, heads, head_dim], k [n, kv_heads, head_dim] (any token/head strides);
-    cos, sin [max_positions, head_dim // 2] float32 -> rotated (q, k), new contiguous tensors, as
-    ``rotary_torch``."""
+    cos, sin [max_positions, rotary_dim // 2] float32, rotary_dim <= head_dim -> (q, k) with their first
+    rotary_dim dimensions rotated and the others passed through (partial rotary), new contiguous tensors,
+    as ``rotary_torch``."""
     q, k = _unit_last_stride(q), _unit_last_stride(k)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    half = q.shape[-1] // 2
+    half, head_dim = cos.shape[-1], q.shape[-1]
+    if k.shape[-1] != head_dim or head_dim < 2 * half:
+        raise ValueError(
+            f"rotary_triton: q and k heads of one head_dim >= the table's {2 * half} rotated dimensions, "
+            f"got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    unrotated = head_dim - 2 * half
     _rotary_kernel[(positions.shape[0],)](
         positions.contiguous(),
         cos.contiguous(),
@@ -197,9 +241,11 @@ def rotary_triton(
         k.stride(0),
         k.stride(1),
         half,
+        head_dim,
         BLOCK_QH=triton.next_power_of_2(max(q.shape[1], 1)),
         BLOCK_KH=triton.next_power_of_2(max(k.shape[1], 1)),
         BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_PASS=triton.next_power_of_2(unrotated) if unrotated else 0,
         enable_fp_fusion=False,
     )
     return q_out, k_out
@@ -228,7 +274,7 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(
         rows, width, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device
     )
-    _silu_and_mul_kernel[(rows, triton.cdiv(width, _SILU_BLOCK))](
+    _silu_and_mul_kernel[(rows, triton.cdiv(width, _ELEMENTWISE_BLOCK))](
         gate2,
         up2,
         out,
@@ -236,10 +282,81 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate2.stride(0),
         up2.stride(0),
         out.stride(0),
-        BLOCK=_SILU_BLOCK,
+        BLOCK=_ELEMENTWISE_BLOCK,
         enable_fp_fusion=False,
     )
     return out.view(gate.shape)
+
+
+@triton.jit
+def _sigmoid_gate_kernel(
+    x_ptr,
+    gate_ptr,
+    out_ptr,
+    dim,
+    stride_xt,
+    stride_xh,
+    stride_gt,
+    stride_gh,
+    stride_gd,
+    BLOCK: tl.constexpr,
+):
+    """Token t, head h: out[t, h] = x[t, h] * sigmoid(gate[t, h]) over dim columns; sigmoid is rounded to
+    gate's dtype first, as torch.sigmoid's output is. stride_gd 0: one gate value for the whole head."""
+    token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    gate = tl.load(gate_ptr + token * stride_gt + head * stride_gh + cols * stride_gd, mask=mask)
+    sig = tl.div_rn(1.0, 1.0 + tl.exp(-gate.to(tl.float32))).to(gate.dtype).to(tl.float32)
+    x = tl.load(x_ptr + token * stride_xt + head * stride_xh + cols, mask=mask).to(tl.float32)
+    dst = out_ptr + (token * tl.num_programs(1) + head) * dim + cols
+    tl.store(dst, (x * sig).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sigmoid_gate_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, dim] (any token/head strides); gate [n, heads, dim] or [n, heads, 1] (one value per
+    head), any strides -> x * sigmoid(gate) [n, heads, dim], a new contiguous tensor, as
+    ``sigmoid_gate_torch``."""
+    x, gate = _unit_last_stride(x), gate.expand(x.shape)  # a per-head gate: column stride 0
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, gate.dtype), device=x.device)
+    n, heads, dim = x.shape
+    _sigmoid_gate_kernel[(n, heads)](
+        x,
+        gate,
+        out,
+        dim,
+        x.stride(0),
+        x.stride(1),
+        gate.stride(0),
+        gate.stride(1),
+        gate.stride(2),
+        BLOCK=triton.next_power_of_2(dim),
+        enable_fp_fusion=False,
+    )
+    return out
+
+
+@triton.jit
+def _relu2_kernel(x_ptr, out_ptr, width, stride_x, BLOCK: tl.constexpr):
+    """One row, BLOCK columns: out = relu(x)^2, the square rounded once (torch.square of F.relu's output;
+    NaN stays NaN, as F.relu keeps it)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < width
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    relu = tl.where(x < 0.0, 0.0, x)
+    tl.store(out_ptr + row * width + offs, (relu * relu).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def relu2_triton(x: torch.Tensor) -> torch.Tensor:
+    """x [..., width] -> relu(x)^2, a new contiguous tensor, as ``relu2_torch``."""
+    x2 = _rows(x)  # [rows, width]
+    rows, width = x2.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _relu2_kernel[(rows, triton.cdiv(width, _ELEMENTWISE_BLOCK))](
+        x2, out, width, x2.stride(0), BLOCK=_ELEMENTWISE_BLOCK, enable_fp_fusion=False
+    )
+    return out
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:

@@ -121,8 +121,12 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [num_tokens]; q [num_tokens, heads, head_dim]; k [num_tokens, kv_heads, head_dim]
-        -> rotated (q, k), new tensors. On CUDA one Triton kernel rotates both."""
+        -> rotated (q, k), new tensors. A head_dim wider than the table's rotated dimensions (partial
+        rotary: Qwen3-Next, Step-3.5) rotates its leading ones and passes the others through. On CUDA
+        one Triton kernel rotates both."""
         if self.interleaved:  # [..., head_dim]: the even dimensions, then the odd ones
+            if q.shape[-1] != 2 * self.cos.shape[-1]:
+                raise ValueError("RotaryEmbedding: interleaved pairs rotate whole heads only")
             q, k = (torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1) for x in (q, k))
         if q.is_cuda and not torch.is_grad_enabled():  # the Triton kernel has no backward
             from outpace.layers.fused_kernels import rotary_triton as rotary
@@ -135,13 +139,16 @@ def rotary_torch(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference (the CPU path, and what ``rotary_triton`` computes): positions [n];
-    q [n, heads, head_dim], k [n, kv_heads, head_dim]; cos, sin [max_positions, head_dim // 2]
-    float32 tables -> rotated (q, k) in their dtypes, float32 math."""
-    cos = cos.index_select(0, positions).unsqueeze(1)  # [n, 1, head_dim // 2]
+    q [n, heads, head_dim], k [n, kv_heads, head_dim]; cos, sin [max_positions, rotary_dim // 2]
+    float32 tables, rotary_dim <= head_dim -> (q, k) in their dtypes, the first rotary_dim dimensions
+    rotated in float32 math, the others passed through."""
+    cos = cos.index_select(0, positions).unsqueeze(1)  # [n, 1, rotary_dim // 2]
     sin = sin.index_select(0, positions).unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    r = 2 * cos.shape[-1]  # the rotated dimensions
+    x1, x2 = x[..., :r].float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return rotated if r == x.shape[-1] else torch.cat((rotated, x[..., r:]), dim=-1)

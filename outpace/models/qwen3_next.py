@@ -37,8 +37,10 @@ from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import kv_head_shard, split_evenly
+from outpace.layers.activation import sigmoid_gate
 from outpace.layers.decoder import (
     GatedMLP,
+    PackedProjection,
     pre_norm_residual,
     residual_stream,
     run_residual_stack,
@@ -193,7 +195,7 @@ class GatedAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, hybrid: Qwen3NextConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
         group, d, h, bias = build_group(), cfg.head_dim, cfg.hidden_size, hybrid.attention_bias
-        self.head_dim, self.rotary_dim = d, hybrid.rotary_dim
+        self.head_dim = d
         # heads split as layers/decoder.py's HeadProjections splits them, q_proj's rows per head doubled
         # ([query, gate] side by side: vLLM's Qwen3NextAttention shards its 2 * q_size rows by head)
         self.heads = split_evenly(cfg.num_attention_heads, group.size, "num_attention_heads")
@@ -206,21 +208,27 @@ class GatedAttention(nn.Module):
         self.o_proj = row_parallel(cfg.q_size, h, bias, "num_attention_heads * head_dim")
         self.q_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
         self.k_norm = Float32RMSNorm(d, cfg.rms_norm_eps, offset=1.0)
-        self.rotary = rotary
+        self.rotary = rotary  # its tables turn the leading rotary_dim dimensions of a head
         self.attn = Attention(self.heads, kv_heads, d)
+        # q/k/v as one matmul when served on the GPU (layers/decoder.py ``pack_projections``): this rank's
+        # rows of each, so the packed shard stays [this rank's (query, gate) heads | its kv heads' k | v]. The
+        # CPU keeps three matmuls, the reference's bits (a CPU BLAS may round a block of a wider matmul
+        # differently).
+        self.qkv: PackedProjection | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        n, d, r = x.shape[0], self.head_dim, self.rotary_dim
-        q, gate = (
-            self.q_proj(x).view(n, self.heads, 2 * d).chunk(2, dim=-1)
-        )  # [n, heads, head_dim] each
+        n, d = x.shape[0], self.head_dim
+        if self.qkv is not None and x.is_cuda:
+            q_gate, k, v = self.qkv(x)  # views of one matmul: [n, 2 * q_size], [n, kv_size] twice
+        else:
+            q_gate, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, gate = q_gate.view(n, self.heads, 2 * d).chunk(2, dim=-1)  # [n, heads, head_dim] each
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(n, -1, d))  # [n, kv_heads, head_dim]
-        v = self.v_proj(x).view(n, -1, d)
-        q_rot, k_rot = self.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous())
-        q, k = torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+        k = self.k_norm(k.view(n, -1, d))  # [n, kv_heads, head_dim]
+        v = v.view(n, -1, d)
+        q, k = self.rotary(positions, q, k)  # partial: the dimensions past rotary_dim pass through
         out = self.attn(q, k, v, positions)  # [n, heads * head_dim]
-        return self.o_proj(out * torch.sigmoid(gate.reshape(n, -1)))
+        return self.o_proj(sigmoid_gate(out.view(n, self.heads, d), gate).view(n, -1))
 
 
 class SparseMoeWithSharedExpert(nn.Module):

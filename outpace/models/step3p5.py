@@ -61,10 +61,11 @@ from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
-from outpace.layers.activation import silu_and_mul
+from outpace.layers.activation import sigmoid_gate, silu_and_mul
 from outpace.layers.decoder import (
     GatedMLP,
     HeadProjections,
+    PackedProjection,
     pre_norm_residual,
     residual_stream,
     run_residual_stack,
@@ -464,7 +465,7 @@ class Step3p5Attention(nn.Module):
     def __init__(self, cfg: Step3p5Config, spec: LayerSpec, rotary: RotaryEmbedding) -> None:
         super().__init__()
         h, d, group = cfg.hidden_size, cfg.head_dim, build_group()
-        self.head_dim, self.rotary_dim = d, spec.rotary_dim
+        self.head_dim = d
         # heads split over tensor-parallel ranks by this layer type's counts (layers/decoder.py), refused under
         # the config field they come from when they do not split
         sliding = spec.sliding_window is not None
@@ -483,20 +484,34 @@ class Step3p5Attention(nn.Module):
             if cfg.head_wise_gate
             else None
         )
-        self.rotary = rotary
+        self.rotary = rotary  # its tables turn the leading rotary_dim dimensions of a head
         self.attn = Attention(p.heads, p.kv_heads, d, spec.sliding_window)
+        # q/k/v (and g) as one matmul when served on the GPU (layers/decoder.py ``pack_projections``): this
+        # rank's rows of each, so the packed shard stays [its heads' q | its kv heads' k | v | its heads'
+        # gates]. The CPU keeps the separate matmuls, the reference's bits (MKL rounds g's few rows
+        # differently alone than inside the packed matmul).
+        self.in_proj: PackedProjection | None = None
+
+    def in_projections(self) -> list[nn.Module]:
+        """The projections of x, in the order ``in_proj`` packs them: q, k, v, and g with the head-wise gate."""
+        return [self.q_proj, self.k_proj, self.v_proj] + (
+            [self.g_proj] if self.g_proj is not None else []
+        )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
-        n, d, r = x.shape[0], self.head_dim, self.rotary_dim
-        q = self.q_norm(self.q_proj(x).view(n, -1, d))  # [num_tokens, heads, head_dim]
-        k = self.k_norm(self.k_proj(x).view(n, -1, d))  # [num_tokens, kv_heads, head_dim]
-        v = self.v_proj(x).view(n, -1, d)
-        q_rot, k_rot = self.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous())
-        q, k = torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+        n, d = x.shape[0], self.head_dim
+        if self.in_proj is not None and x.is_cuda:
+            q, k, v, *g = self.in_proj(x)  # views of one matmul
+        else:
+            q, k, v, *g = (p(x) for p in self.in_projections())
+        q = self.q_norm(q.view(n, -1, d))  # [num_tokens, heads, head_dim]
+        k = self.k_norm(k.view(n, -1, d))  # [num_tokens, kv_heads, head_dim]
+        v = v.view(n, -1, d)
+        q, k = self.rotary(positions, q, k)  # partial: the dimensions past rotary_dim pass through
         out = self.attn(q, k, v, positions)  # [num_tokens, heads * head_dim]
-        if self.g_proj is not None:  # one sigmoid gate per head
-            out = (out.view(n, -1, d) * torch.sigmoid(self.g_proj(x))[..., None]).view(n, -1)
+        if g:  # one sigmoid gate per head: g[0] [num_tokens, heads]
+            out = sigmoid_gate(out.view(n, -1, d), g[0][..., None]).view(n, -1)
         return self.o_proj(out)
 
 
