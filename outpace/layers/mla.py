@@ -111,7 +111,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         )
         self.register_kv_scales()  # k_scale: an FP8 cache's rows, key and value alike (kv_quant.py)
 
-    def _latent_scale(self) -> torch.Tensor | None:
+    def latent_scale(self) -> torch.Tensor | None:
         """The k scale an FP8 latent cache is read with; None for a cache in the model's dtype."""
         return self.k_scale if self.fp8_cache else None
 
@@ -165,7 +165,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         cache = self.cache_rows
         store(cache, meta.slot_mapping, rows, self.k_scale)
         if meta.max_query_len >= self.expand_min_query_len:
-            gathered = dequantize(gather_blocks(cache, meta), self._latent_scale(), x.dtype)
+            gathered = dequantize(gather_blocks(cache, meta), self.latent_scale(), x.dtype)
             out = self._expanded(q_nope, q_pe, gathered, meta)
         else:
             out = self._absorbed(q_nope, q_pe, meta)
@@ -183,7 +183,6 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         meta = ctx.metadata
         return (
             self.fused
-            and not self.fp8_cache  # (its cache-writing kernel does not quantize)
             and isinstance(meta, PagedAttentionMetadata)
             and meta.max_query_len < self.expand_min_query_len
             and ctx.backend.name == "triton"
@@ -224,12 +223,12 @@ class MultiHeadLatentAttention(PagedCacheLayer):
                 self.cache_rows,
                 meta,
                 self.shape.scale,
-                k_scale=self._latent_scale(),
+                k_scale=self.latent_scale(),
             )
         else:
             r = self.shape.kv_lora_rank
             gathered = dequantize(
-                gather_blocks(self.cache_rows, meta), self._latent_scale(), q_latent.dtype
+                gather_blocks(self.cache_rows, meta), self.latent_scale(), q_latent.dtype
             )  # [num_seqs, 1, max_kv_len, r + rope]
             attended = attend_paged(
                 torch.cat((q_latent, q_pe), dim=-1),

@@ -11,7 +11,8 @@ path; tests/kernels/test_mla_fused.py counts both on the GPU).
    latent W_UK^T q_nope, in ``q_parts`` partial products over slices of the nope dimension (the
    attention kernel sums them: enough programs for few heads without an atomic or another launch); the
    head's q_pe rows, rotated; and one program that finishes the kv rows (kv_a_layernorm on the latent,
-   RoPE on k_pe) and writes them into the latent cache at the tokens' slots.
+   RoPE on k_pe) and writes them into the latent cache at the tokens' slots (an FP8 cache: quantized
+   with the layer's k scale, attention/kv_quant.py).
 3-4. attention/mla_kernels.py ``mla_attention_up``: attention over the latent cache (split-KV partials),
    then the merge of the splits with each head's W_UV applied to its attended latent.
 5. o_proj (layers/linear.py: the few-row projection kernel on CUDA).
@@ -36,6 +37,7 @@ import triton.language as tl
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
+from outpace.attention.triton_kernels import fp8_rows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
@@ -180,6 +182,7 @@ def _write_kv_rows(
     kv_raw_ptr,  # [M, R + P] float32
     kv_norm_ptr,  # [R] kv_a_layernorm's weight
     cache_ptr,  # [slots, R + P]
+    k_scale_ptr,  # [] float32: an FP8 cache's scale (read only when the cache is float8)
     slot_ptr,  # [M]
     pos_ptr,
     cos_ptr,
@@ -194,7 +197,9 @@ def _write_kv_rows(
     BLOCK_HP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
 ):
-    """The cache rows [RMSNorm(latent) | rotated k_pe] of the raw kv rows, at the rows' slots."""
+    """The cache rows [RMSNorm(latent) | rotated k_pe] of the raw kv rows, at the rows' slots; a float8
+    cache (attention/kv_quant.py) gets them quantized with the layer's k scale (the cache's element
+    type is a compile-time fact: the test compiles out of other variants)."""
     offs = tl.arange(0, BLOCK_R)
     r_ok = offs < R
     ok = row_ok[:, None] & r_ok[None, :]
@@ -204,11 +209,10 @@ def _write_kv_rows(
     w = tl.load(kv_norm_ptr + offs, mask=r_ok, other=0.0).to(tl.float32)
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     dst = cache_ptr + slot[:, None] * stride_cache_slot
-    tl.store(
-        dst + offs[None, :],
-        (latent * rstd[:, None] * w[None, :]).to(cache_ptr.dtype.element_ty),
-        mask=ok,
-    )
+    latent = latent * rstd[:, None] * w[None, :]
+    if cache_ptr.dtype.element_ty.is_fp8():
+        latent = fp8_rows(latent, k_scale_ptr)
+    tl.store(dst + offs[None, :], latent.to(cache_ptr.dtype.element_ty), mask=ok)
     pairs = tl.arange(0, BLOCK_HP)
     pair_ok = pairs < P // 2
     col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
@@ -216,6 +220,9 @@ def _write_kv_rows(
     a = tl.load(raw + R + col_a[None, :], mask=pok, other=0.0)
     b = tl.load(raw + R + col_b[None, :], mask=pok, other=0.0)
     a, b = _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2)
+    if cache_ptr.dtype.element_ty.is_fp8():
+        a = fp8_rows(a, k_scale_ptr)
+        b = fp8_rows(b, k_scale_ptr)
     tl.store(dst + R + pairs[None, :], a.to(cache_ptr.dtype.element_ty), mask=pok)
     tl.store(dst + R + P // 2 + pairs[None, :], b.to(cache_ptr.dtype.element_ty), mask=pok)
 
@@ -229,6 +236,7 @@ def _q_absorb_kernel(
     kv_raw_ptr,
     kv_norm_ptr,
     cache_ptr,
+    k_scale_ptr,
     slot_ptr,  # as _write_kv_rows's
     pos_ptr,  # [M]
     cos_ptr,
@@ -277,6 +285,7 @@ def _q_absorb_kernel(
             kv_raw_ptr,
             kv_norm_ptr,
             cache_ptr,
+            k_scale_ptr,
             slot_ptr,
             pos_ptr,
             cos_ptr,
@@ -475,6 +484,7 @@ def mla_forward_fused(
         kv_raw,
         layer.kv_a_layernorm.weight,
         cache,
+        layer.k_scale,
         meta.slot_mapping,
         positions,
         layer.rotary.cos,
@@ -515,6 +525,6 @@ def mla_forward_fused(
     )
     _, w_uv = layer.up_weights()  # [heads, v_head_dim, R]
     attended = mla_attention_up(
-        q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv
+        q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv, k_scale=layer.latent_scale()
     )  # [M, heads, v_head_dim]
     return layer.o_proj(attended.view(m, -1))

@@ -202,3 +202,48 @@ def test_mla_kernel_reads_fp8_latents(tree):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
     unscaled = mla_paged_attention(q_latent, q_rope, cache, meta, 0.3, k_scale=scale * 2)
     assert not torch.allclose(unscaled, out, atol=1e-3)
+
+
+def test_fused_mla_block_on_fp8_cache(monkeypatch):
+    """The fused few-row MLA block (layers/mla_fused.py) against the eager layer under the torch backend
+    on an FP8 latent cache with a non-unit scale: the rows it writes (quantized after its own norm and
+    RoPE in float32: an element may round to the neighbouring e4m3 value) and its output."""
+    import outpace.layers.mla as mla_module
+    from outpace.attention.registry import get_backend
+    from outpace.layers import mla_fused
+    from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
+    from outpace.layers.rotary import RotaryEmbedding
+    from outpace.layers.skinny_gemm import MAX_ROWS
+
+    calls = []
+    monkeypatch.setattr(MultiHeadLatentAttention, "fused", True)
+    monkeypatch.setattr(mla_module, "fusable_rows", lambda x, w: x.shape[0] <= MAX_ROWS)
+    real = mla_fused.mla_forward_fused
+    monkeypatch.setattr(mla_fused, "mla_forward_fused", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    layer = MultiHeadLatentAttention(
+        MLAShape(40, 3, 20, 36, 6, 8, 5, scale=0.3), RotaryEmbedding(8, 256, 10000.0)
+    )
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.uniform_(0.5, 1.5) if "layernorm" in name else p.normal_(0.0, p.shape[-1] ** -0.5)
+    layer.expand_min_query_len = 10**6  # always absorbed
+    layer.k_scale.fill_(0.05)
+    g = torch.Generator().manual_seed(4)
+    masks = [torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool), None]
+    meta = build_paged_metadata([[3, 1, 7], [5, 2]], [9, 5], [3, 2], 5, "cpu", masks)
+    x = torch.randn(5, 40, generator=g)
+    positions = (meta.seq_lens - meta.query_lens)[meta.token_seq_index] + meta.token_query_index
+    start = quantize(torch.randn(8, 5, 1, 44, generator=g), torch.tensor(0.05), FP8_KV_DTYPE)
+    results = []
+    for backend in ("triton", "torch"):
+        layer.bind_cache(8, 5, FP8_KV_DTYPE, "cpu")
+        layer.cache_rows.copy_(start)
+        with torch.no_grad(), forward_context(meta, get_backend(backend)):
+            results.append((layer(positions, x), layer.cache_rows.clone()))
+    (out, cache), (ref_out, ref_cache) = results
+    assert calls == [1]
+    same = cache.view(torch.uint8) == ref_cache.view(torch.uint8)
+    assert same.float().mean() > 0.98, "the fused block's rows differ from the eager layer's"
+    torch.testing.assert_close(cache.float(), ref_cache.float(), rtol=0.13, atol=2**-9)
+    torch.testing.assert_close(out, ref_out, rtol=2e-2, atol=2e-3)

@@ -1,10 +1,11 @@
 """The FP8 KV cache's kernel variants compiled for an H100 / H200 (sm_90) without a GPU, in a process of its
 own (the interpreter replaces @triton.jit here and runs what a GPU build refuses, e.g. a loop-carried name
 that changes type): the write kernel quantizing bf16 rows into a float8 cache, the fast attention kernel
-(decode; tree mask with a sliding window), the batch-invariant kernel and the MLA kernel at DeepSeek-V3's
-width, each over float8e4nv caches with their scale pointers, at the launchers' tiles. ptxas's spill
+(decode; tree mask with a sliding window), the batch-invariant kernel, the MLA kernel at DeepSeek-V3's
+width and the fused MLA block's q/kv kernel (layers/mla_fused.py) at Kimi-K2's, each over float8e4nv caches with their scale pointers, at the launchers' tiles. ptxas's spill
 report is printed (the fast kernel's masked, windowed variant and MLA spill some registers already over a
-bf16 cache or an fp8 one without scales: measured 240 / 344 and 68 bytes)."""
+bf16 cache or an fp8 one without scales: measured 240 / 344 and 68 bytes; the fused q/kv kernel spills 48
+bytes with an FP8 cache, none with bf16: its one kv-writing program quantizes a 16 x 512 tile)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from outpace.attention import mla_kernels as mk, triton_kernels as tk
+from outpace.layers import mla_fused
 
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
@@ -76,6 +78,14 @@ build(mk._mla_kernel,
       dict(HEADS=128, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=32, BLOCK_N=32,
            Q_PARTS=1, PARTIALS=True, HAS_MASK=True, PRECISION="tf32", KV_SCALED=True),
       "mla v3", num_warps=8, num_stages=2)
+fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkvb_ptr", "kv_norm_ptr", "q_parts_ptr", "q_pe_ptr")}
+fused.update({n: "*fp32" for n in ("sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "k_scale_ptr")})
+build(mla_fused._q_absorb_kernel,
+      dict(fused, cache_ptr=fp8, slot_ptr="*i64", pos_ptr="*i64", eps="fp32", kv_eps="fp32"),
+      dict(HEADS=64, NOPE=128, P=64, R=512, V=128, Q_PARTS=2, NOPE_CHUNK=64, BLOCK_NC=64, BLOCK_HP=32,
+           BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128, SCALE_ROWS=True, INTERLEAVED=True,
+           PRECISION="tf32", PDL=True, PREFETCH_K=512),
+      "fused mla q/kv (kimi-k2)", num_warps=4, num_stages=3)
 """
 
 
@@ -97,4 +107,4 @@ def test_fp8_kernels_compile_for_sm90(tmp_path):
     )
     print(done.stdout)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(done.stdout.splitlines()) == 5, done.stdout  # one ptxas report a kernel
+    assert len(done.stdout.splitlines()) == 6, done.stdout  # one ptxas report a kernel
