@@ -1,10 +1,12 @@
 """Expert parallelism end to end, on CPU processes (gloo), in fp32: DeepSeek-V3 and V2 (MLA, grouped routing,
-shared experts), Qwen3-Next (gated DeltaNet, a sigmoid-gated shared expert) and Step-3.5 (stacked experts with
-the SwiGLU clamp, MoE MTP layers) give exactly the one-process greedy tokens with their experts placed whole
-over 2 and 3 ranks, with attention whole on every rank (TP = 1) and split over the same ranks (EP = TP), with
-batching, chunked prefill and preemption (a small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own
-MoE MTP layers, an EAGLE3 chain and tree on Qwen3-Next) gives the target's tokens alone and accepts exactly as
-many drafts as one process. Sampling stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens
+shared experts), Qwen3-Next (gated DeltaNet, a sigmoid-gated shared expert), Step-3.5 (stacked experts with
+the SwiGLU clamp, MoE MTP layers; also in Step-3.5-Flash-FP8's block-FP8 stacks), Nemotron-H (ungated relu2
+routed experts beside Mamba layers) and Gemma 4 (packed gate_up stacks, its MoE block beside every MLP) give
+exactly the one-process greedy tokens with their experts placed whole over 2 and 3 ranks, with attention whole
+on every rank (TP = 1) and split over the same ranks (EP = TP), with batching, chunked prefill and preemption (a
+small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own MoE MTP layers, a DFlash draft over
+DeepSeek-V3, an EAGLE3 chain and tree on Qwen3-Next) gives the target's tokens alone and accepts exactly as
+many drafts as one process. The quantized stacks hold and read only the rank's experts. Sampling stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens
 at EP = 2 (TP = 1) emits three-token continuations whose counts fit the target's exact joint (chi-square, the
 TP sampling test's model, prompt and parameters: tests/helpers/hybrid_sampling.py).
 
@@ -15,6 +17,7 @@ tensor- and expert-parallel sizes); the one-process references run in the test p
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,11 @@ import torch
 
 from helpers import hybrid_sampling
 from helpers.deepseek_models import SPEC_PROMPTS, make_hf_deepseek, save_v3_with_mtp
+from helpers.gemma_models import make_splittable_gemma
 from helpers.hf_models import save_hf_model
 from helpers.hybrid_models import make_hybrid, save_hybrid
-from helpers.spec_models import make_eagle3_draft
+from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+from helpers.spec_models import make_dflash_draft, make_eagle3_draft
 from helpers.stats import chi_square_p_value, exact_joint
 from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
 from helpers.step3p5_checkpoints import write_checkpoint
@@ -53,6 +58,7 @@ SAMPLING_ENGINE = dict(
     block_size=4, num_kv_blocks=4096, max_num_seqs=1024, max_num_batched_tokens=8192, seed=123
 )
 VOCAB = 13  # the speculative targets' vocabulary: random drafts are accepted now and then
+FP8_BLOCKS = block_fp8_config((4, 8))  # (blocks of 4 x 8 over the tiny shapes)
 
 
 def prompts() -> list[list[int]]:
@@ -70,17 +76,38 @@ def models(tmp_path_factory) -> dict[str, str]:
     spec_qwen = save_hybrid(
         make_hybrid("qwen3_next", vocab_size=VOCAB, num_experts=6), root / "qn-spec"
     )
+    step = write_checkpoint(_mkdir(root / "step"), STEP, seed=4)[0]
+    v3_mtp = save_v3_with_mtp(root / "v3-mtp")[2]  # 8 experts: 2 ranks only
     return {
         "v3": str(save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "v3")),
         "v2": str(save_hf_model(make_hf_deepseek("v2-group", **DEEPSEEK), root / "v2")),
         "qwen3_next": str(save_hybrid(make_hybrid("qwen3_next", num_experts=6), root / "qn")),
-        "step": str(write_checkpoint(_mkdir(root / "step"), STEP, seed=4)[0]),
-        "v3-mtp": str(save_v3_with_mtp(root / "v3-mtp")[2]),  # 8 experts: 2 ranks only
+        "step": str(step),
+        "nemotron_h": str(save_hybrid(make_hybrid("nemotron_h"), root / "nemotron_h")),
+        "gemma4": str(save_hf_model(make_splittable_gemma("gemma4"), root / "gemma4")),
+        # Step-3.5-Flash-FP8's layout: block-FP8 expert stacks [E, out, in] with their scale stacks
+        "step-fp8": str(
+            write_quantized(step, root / "step-fp8", "fp8_block", is_projection, FP8_BLOCKS)[0]
+        ),
+        "v3-mtp": str(v3_mtp),
+        # DFlash over every layer of the DeepSeek-V3 target (its vocabulary's last id the mask)
+        "v3-dflash": str(
+            make_dflash_draft(
+                v3_mtp,
+                root / "v3-dflash",
+                layer_ids=tuple(range(_layers(v3_mtp))),
+                mask_token_id=12,
+            )
+        ),
         "qwen3_next-spec": str(spec_qwen),
         "eagle3": str(make_eagle3_draft(spec_qwen, root / "eagle3")),
         "sampling": str(sampling),
         "sampling-eagle3": str(make_eagle3_draft(sampling, root / "sampling-eagle3")),
     }
+
+
+def _layers(model_dir: Path) -> int:
+    return json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
 
 
 def _mkdir(path: Path) -> Path:
@@ -99,12 +126,22 @@ def specs(models) -> dict[str, SpeculativeConfig]:
         "eagle3-tree": SpeculativeConfig(
             "eagle3", models["eagle3"], num_steps=3, topk=2, num_draft_tokens=6
         ),
+        "dflash": SpeculativeConfig("dflash", models["v3-dflash"], num_steps=3),
     }
 
 
 # name -> (model, TP, EP, speculative method or None) at each group size
 PLAIN = {
-    2: [("v3", 1, 2), ("v3", 2, 2), ("v2", 1, 2), ("qwen3_next", 1, 2), ("step", 2, 2)],
+    2: [
+        ("v3", 1, 2),
+        ("v3", 2, 2),
+        ("v2", 1, 2),
+        ("qwen3_next", 1, 2),
+        ("step", 2, 2),
+        ("nemotron_h", 1, 2),
+        ("gemma4", 2, 2),
+        ("step-fp8", 1, 2),
+    ],
     3: [("v3", 1, 3), ("v3", 3, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
 }
 SPECULATIVE = {
@@ -113,6 +150,7 @@ SPECULATIVE = {
         ("step", 2, 2, "mtp"),
         ("qwen3_next-spec", 1, 2, "eagle3-chain"),
         ("qwen3_next-spec", 2, 2, "eagle3-tree"),
+        ("v3-mtp", 1, 2, "dflash"),
     ],
     3: [("step", 1, 3, "mtp")],
 }
@@ -187,13 +225,54 @@ class HeldExperts:
         )
 
 
+class HeldQuantizedStacks:
+    """A probe run on every rank: the block-FP8 expert stacks (layers/quant/experts.py ``QuantizedStackedWeight``)
+    of Step-3.5's first MoE layer as an engine of TP = 1 and EP = world loads them there: their shapes, and
+    whether they equal this rank's slice of the checkpoint's stacks (fp8 values and scales, bit for bit)."""
+
+    __name__ = "held_quantized_stacks"
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __call__(self, rank: int, world: int) -> dict:
+        from safetensors import safe_open
+
+        from outpace.config import EngineConfig
+        from outpace.distributed.group import building_in
+        from outpace.distributed.launch import join_group
+        from outpace.layers.quant.experts import QuantizedStackedWeight
+        from outpace.models.loader import load_model
+
+        config = EngineConfig(self.model, tensor_parallel_size=1, expert_parallel_size=world)
+        with building_in(join_group(config).group):
+            model = load_model(self.model, torch.float32, progress=False)
+        name, stack = next(
+            (n, m) for n, m in model.named_modules() if isinstance(m, QuantizedStackedWeight)
+        )
+        prefix = model.checkpoint_name(f"{name}.weight").removesuffix(".weight")
+        count = stack.weight.shape[0]
+        with safe_open(str(Path(self.model) / "model.safetensors"), "pt") as f:
+            stored = f.get_tensor(f"{prefix}.weight")[rank * count : (rank + 1) * count]
+            scales = f.get_tensor(f"{prefix}.weight_scale_inv")[rank * count : (rank + 1) * count]
+        return {
+            "weight": list(stack.weight.shape),
+            "scale": list(stack.weight_scale_inv.shape),
+            "equal": torch.equal(stack.weight.view(torch.uint8), stored.view(torch.uint8))
+            and torch.equal(stack.weight_scale_inv, scales),
+        }
+
+
 def run_ep(size: int, models, tmp_path_factory) -> dict:
+    probes = [HeldExperts(models["v3"])]
+    if size == 2:
+        probes.append(HeldQuantizedStacks(models["step-fp8"]))
     return run_group(
         size,
         scenarios(models, size),
         tmp_path_factory.mktemp(f"ep{size}"),
         timeout_s=900,
-        probes=[HeldExperts(models["v3"])],
+        probes=probes,
     )
 
 
@@ -211,6 +290,14 @@ def ep3(models, tmp_path_factory) -> dict:
 def test_an_engines_group_places_the_experts(size, request):
     """Rank 0 of an engine at TP = 1, EP = size holds experts 0 .. 12 / size - 1 only."""
     assert request.getfixturevalue(f"ep{size}")["held_experts"] == list(range(12 // size))
+
+
+def test_quantized_expert_stacks_hold_and_read_only_the_ranks_experts(ep2):
+    """Step-3.5's 6 block-FP8 experts at EP = 2: rank 0 holds 3 of them, [3, out, in] fp8 with [3, out/4, in/8]
+    scales (the stacks' dim-0 shard), equal to the checkpoint's first three."""
+    held = ep2["held_quantized_stacks"]
+    assert held["weight"][0] == 3 and held["scale"][0] == 3
+    assert held["equal"]
 
 
 @functools.cache

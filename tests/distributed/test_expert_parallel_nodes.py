@@ -2,7 +2,10 @@
 meet at a shared rendezvous on 127.0.0.1 run one engine over their two ranks (CPU, gloo, fp32), through the
 CLI exactly as on two hosts (README: several machines). The first node prints the tokens; they equal one
 process's. Launched with different flags, both nodes stop at start-up with an error naming the differing field
-(distributed/agreement.py), before any model is built.
+(distributed/agreement.py), before any model is built. ``outpace serve`` alike: rank 0 serves HTTP, rank 1 follows
+its steps, a completion equals one process's greedy ids and SIGTERM to the server stops both nodes with exit 0;
+a node's rank killed (SIGKILL) makes the other exit non-zero within seconds naming the lost rank
+(distributed/launch.py ``lost_ranks``).
 """
 
 from __future__ import annotations
