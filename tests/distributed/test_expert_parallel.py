@@ -6,9 +6,11 @@ exactly the one-process greedy tokens with their experts placed whole over 2 and
 on every rank (TP = 1) and split over the same ranks (EP = TP), with batching, chunked prefill and preemption (a
 small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own MoE MTP layers, a DFlash draft over
 DeepSeek-V3, an EAGLE3 chain and tree on Qwen3-Next) gives the target's tokens alone and accepts exactly as
-many drafts as one process. The quantized stacks hold and read only the rank's experts. Sampling stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens
-at EP = 2 (TP = 1) emits three-token continuations whose counts fit the target's exact joint (chi-square, the
-TP sampling test's model, prompt and parameters: tests/helpers/hybrid_sampling.py).
+many drafts as one process. Block-FP8 experts (DeepSeek-V3's per-expert modules, Step-3.5-Flash-FP8's
+stacks) give one process's tokens under EP, the stacks holding and reading only the rank's experts. Sampling
+stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens at EP = 2 (TP = 1) emits three-token
+continuations whose counts fit the target's exact joint (chi-square, the TP sampling test's model, prompt and
+parameters: tests/helpers/hybrid_sampling.py).
 
 One group of 2 and one of 3 processes (tests/helpers/tp_harness.py) run every scenario (each picks its own
 tensor- and expert-parallel sizes); the one-process references run in the test process.
@@ -77,9 +79,16 @@ def models(tmp_path_factory) -> dict[str, str]:
         make_hybrid("qwen3_next", vocab_size=VOCAB, num_experts=6), root / "qn-spec"
     )
     step = write_checkpoint(_mkdir(root / "step"), STEP, seed=4)[0]
+    v3 = save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "v3")
     v3_mtp = save_v3_with_mtp(root / "v3-mtp")[2]  # 8 experts: 2 ranks only
     return {
-        "v3": str(save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "v3")),
+        "v3": str(v3),
+        # DeepSeek-V3's block-FP8 layout: each expert's projections fp8 with their weight_scale_inv
+        "v3-fp8": str(
+            write_quantized(
+                v3, root / "v3-fp8", "fp8_block", is_projection, block_fp8_config((6, 6))
+            )[0]
+        ),
         "v2": str(save_hf_model(make_hf_deepseek("v2-group", **DEEPSEEK), root / "v2")),
         "qwen3_next": str(save_hybrid(make_hybrid("qwen3_next", num_experts=6), root / "qn")),
         "step": str(step),
@@ -141,6 +150,7 @@ PLAIN = {
         ("nemotron_h", 1, 2),
         ("gemma4", 2, 2),
         ("step-fp8", 1, 2),
+        ("v3-fp8", 1, 2),
     ],
     3: [("v3", 1, 3), ("v3", 3, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
 }

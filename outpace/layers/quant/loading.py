@@ -14,6 +14,7 @@ outpace cannot hold quantized; each error names the tensor and its file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -96,8 +97,19 @@ def quantize_modules(
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, replaced[id(module)])
         quantized_prefixes.add(prefix)
-    _refuse_unclaimed(tensors, quantized_prefixes, scheme)
+    _refuse_unclaimed(tensors, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
     return len(replaced)
+
+
+def held_elsewhere(model: nn.Module, to_ckpt: Callable[[str], str]) -> set[str]:
+    """The checkpoint prefixes of the modules other ranks hold (expert parallelism: layers/moe.py
+    ``RoutedExperts.checkpoint_tensors_elsewhere``, the other ranks' experts): their quantized tensors are
+    theirs, skipped unread here (checkpoint.py), not unclaimed."""
+    return {
+        to_ckpt(f"{prefix}.{name}" if prefix else name).rpartition(".")[0]
+        for prefix, module in model.named_modules()
+        for name in getattr(module, "checkpoint_tensors_elsewhere", list)()
+    }
 
 
 def _refuse_unclaimed(
