@@ -134,9 +134,9 @@ def lost_ranks(group: RankGroup, wait_s: float = LOST_RANK_WAIT_S) -> str:
     store (the default group's: torchrun's agent store, or rank 0's TCP store when outpace started the
     ranks). The ranks that have not said so within ``wait_s`` are the lost ones. A store that no longer
     answers is rank 0's machine gone (it hosts the store)."""
-    store = dist.distributed_c10d._get_default_store()
     key = "outpace/failure-seen/{}".format
     try:
+        store = dist.distributed_c10d._get_default_store()  # (torch has no public accessor)
         store.set(key(group.rank), "1")
         deadline = time.monotonic() + wait_s
         while True:

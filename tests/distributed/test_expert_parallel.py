@@ -6,11 +6,11 @@ exactly the one-process greedy tokens with their experts placed whole over 2 and
 on every rank (TP = 1) and split over the same ranks (EP = TP), with batching, chunked prefill and preemption (a
 small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own MoE MTP layers, a DFlash draft over
 DeepSeek-V3, an EAGLE3 chain and tree on Qwen3-Next) gives the target's tokens alone and accepts exactly as
-many drafts as one process. Block-FP8 experts (DeepSeek-V3's per-expert modules, Step-3.5-Flash-FP8's
-stacks) give one process's tokens under EP, the stacks holding and reading only the rank's experts. Sampling
-stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens at EP = 2 (TP = 1) emits three-token
-continuations whose counts fit the target's exact joint (chi-square, the TP sampling test's model, prompt and
-parameters: tests/helpers/hybrid_sampling.py).
+many drafts as one process. Quantized experts (DeepSeek-V3's per-expert modules in block FP8 and in INT4,
+Step-3.5-Flash-FP8's block-FP8 stacks) give one process's tokens under EP, the stacks holding and reading only
+the rank's experts. Sampling stays exact under EP: an EAGLE3 chain on a Qwen3-Next target of 5 tokens at EP = 2
+(TP = 1) emits three-token continuations whose counts fit the target's exact joint (chi-square, the TP sampling
+test's model, prompt and parameters: tests/helpers/hybrid_sampling.py).
 
 One group of 2 and one of 3 processes (tests/helpers/tp_harness.py) run every scenario (each picks its own
 tensor- and expert-parallel sizes); the one-process references run in the test process.
@@ -30,7 +30,12 @@ from helpers.deepseek_models import SPEC_PROMPTS, make_hf_deepseek, save_v3_with
 from helpers.gemma_models import make_splittable_gemma
 from helpers.hf_models import save_hf_model
 from helpers.hybrid_models import make_hybrid, save_hybrid
-from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+from helpers.quantized_checkpoints import (
+    block_fp8_config,
+    int4_config,
+    is_projection,
+    write_quantized,
+)
 from helpers.spec_models import make_dflash_draft, make_eagle3_draft
 from helpers.stats import chi_square_p_value, exact_joint
 from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
@@ -81,8 +86,11 @@ def models(tmp_path_factory) -> dict[str, str]:
     step = write_checkpoint(_mkdir(root / "step"), STEP, seed=4)[0]
     v3 = save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "v3")
     v3_mtp = save_v3_with_mtp(root / "v3-mtp")[2]  # 8 experts: 2 ranks only
+    # Kimi-K2-Thinking's layout: the routed experts' projections INT4 (compressed-tensors), the rest as stored
+    int4 = write_quantized(v3, root / "v3-int4", "int4_group", is_expert_projection, int4_config(8))
     return {
         "v3": str(v3),
+        "v3-int4": str(int4[0]),
         # DeepSeek-V3's block-FP8 layout: each expert's projections fp8 with their weight_scale_inv
         "v3-fp8": str(
             write_quantized(
@@ -113,6 +121,10 @@ def models(tmp_path_factory) -> dict[str, str]:
         "sampling": str(sampling),
         "sampling-eagle3": str(make_eagle3_draft(sampling, root / "sampling-eagle3")),
     }
+
+
+def is_expert_projection(name: str) -> bool:
+    return ".experts." in name and is_projection(name)
 
 
 def _layers(model_dir: Path) -> int:
@@ -151,6 +163,7 @@ PLAIN = {
         ("gemma4", 2, 2),
         ("step-fp8", 1, 2),
         ("v3-fp8", 1, 2),
+        ("v3-int4", 1, 2),
     ],
     3: [("v3", 1, 3), ("v3", 3, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
 }
