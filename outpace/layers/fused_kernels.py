@@ -39,7 +39,9 @@ def _rms_norm_kernel(
     out_ptr,
     res_out_ptr,
     dim,
+    heads,
     stride_x,
+    stride_x_head,
     stride_res,
     eps,
     offset,
@@ -50,11 +52,14 @@ def _rms_norm_kernel(
 ):
     """Row r: s = x[r] (+ res[r], rounded to res_out's dtype and stored there); n = s * rsqrt(mean(s^2) + eps)
     in float32; out[r] = w * n.to(s.dtype) (``RMSNorm``), or with WEIGHT_IN_FLOAT32 (offset + w) * n in
-    float32 (``Float32RMSNorm``; n itself without HAS_WEIGHT), rounded to out's dtype."""
+    float32 (``Float32RMSNorm``; n itself without HAS_WEIGHT), rounded to out's dtype. Row r of x is head
+    r % heads of token r // heads (x [tokens, heads, dim] with any token and head strides: q or k heads viewed
+    in a packed projection); out, res and res_out are [rows, dim]."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
-    s = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)  # [BLOCK]
+    x_row = x_ptr + (row // heads) * stride_x + (row % heads) * stride_x_head
+    s = tl.load(x_row + cols, mask=mask, other=0.0)  # [BLOCK]
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         s = (s.to(tl.float32) + res.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
@@ -86,22 +91,25 @@ def rms_norm_triton(
     sum's dtype with ``offset``.
     """
     dim = x.shape[-1]
-    x2 = _rows(x)  # [rows, dim]
-    res2 = x2 if residual is None else _rows(residual)
+    # [tokens, heads, dim] read in place with its strides (per-head q/k norms of a packed projection's views)
+    x3 = x if x.dim() == 3 and x.stride(-1) == 1 else _rows(x).unsqueeze(1)
+    res2 = x3 if residual is None else _rows(residual)  # [rows, dim] (unread without a residual)
     stream_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     stream = x if residual is None else torch.empty(x.shape, dtype=stream_dtype, device=x.device)
     in_float32 = offset is not None
     out_dtype = stream_dtype if in_float32 else torch.promote_types(weight.dtype, stream_dtype)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     block = triton.next_power_of_2(dim)
-    _rms_norm_kernel[(x2.shape[0],)](
-        x2,
+    _rms_norm_kernel[(x3.shape[0] * x3.shape[1],)](
+        x3,
         res2,
-        x2 if weight is None else weight,
+        x3 if weight is None else weight,
         out,
         stream,
         dim,
-        x2.stride(0),
+        x3.shape[1],
+        x3.stride(0),
+        x3.stride(1),
         res2.stride(0),
         eps,
         offset or 0.0,

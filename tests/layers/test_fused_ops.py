@@ -92,6 +92,20 @@ def test_float32_weight_norm_matches_torch(offset, with_residual, poisoned):
     assert torch.equal(got_stream, stream)
 
 
+def test_norm_reads_heads_of_a_packed_projection_in_place(poisoned, monkeypatch):
+    """Per-head q/k norms over [tokens, heads, dim] views of a packed projection (token stride > heads * dim):
+    read with both strides, no copy made first."""
+    packed = _rand(5, 3 * 4 * 16 + 7, seed=21)  # [tokens, q | k | v | more]
+    heads = packed[:, 16 : 16 + 4 * 16].view(5, 4, 16)  # [5, 4, 16], strides (199, 16, 1)
+    weight = _rand(16, seed=22)
+    flattened = []  # fused_kernels._rows flattens (and so copies) a tensor that is not a view of rows
+    real_rows = fused_kernels._rows
+    monkeypatch.setattr(fused_kernels, "_rows", lambda t: flattened.append(t) or real_rows(t))
+    got, _ = rms_norm_triton(heads, weight, 1e-6, None, 1.0)
+    assert not flattened and got.shape == heads.shape
+    assert _rel(got, rms_norm_f32(heads, weight, 1e-6, 1.0)) < 1e-6
+
+
 @pytest.mark.parametrize(
     "head_dim,q_heads,kv_heads", [(12, 6, 2), (32, 3, 1), (128, 4, 4), (64, 0, 2), (32, 2, 0)]
 )
