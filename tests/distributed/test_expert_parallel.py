@@ -157,7 +157,10 @@ PLAIN = {
         ("v3", 1, 2),
         ("v3", 2, 2),
         ("v2", 1, 2),
+        ("v2", 2, 2),
         ("qwen3_next", 1, 2),
+        ("qwen3_next", 2, 2),
+        ("step", 1, 2),
         ("step", 2, 2),
         ("nemotron_h", 1, 2),
         ("gemma4", 2, 2),
@@ -165,7 +168,8 @@ PLAIN = {
         ("v3-fp8", 1, 2),
         ("v3-int4", 1, 2),
     ],
-    3: [("v3", 1, 3), ("v3", 3, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
+    # (TP 3 for DeepSeek-V3 only: the other tiny models' 4 query or 2 key heads do not split over 3 ranks)
+    3: [("v3", 1, 3), ("v3", 3, 3), ("v2", 1, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
 }
 SPECULATIVE = {
     2: [
