@@ -113,9 +113,9 @@ def init_rank_group(
         )
     if dist.get_world_size() != world_size:
         raise ValueError(
-            f"{world_size} ranks were asked for (an engine's: the larger of tensor_parallel_size and "
-            f"expert_parallel_size) but the process group has {dist.get_world_size()} "
-            f"(torchrun's --nnodes x --nproc-per-node must equal it)"
+            f"the engine's {world_size} ranks (the larger of tensor_parallel_size and "
+            f"expert_parallel_size) do not match the process group's world size "
+            f"{dist.get_world_size()} (torchrun's --nnodes x --nproc-per-node must equal it)"
         )
     # NOTE: ranks > 0 wait on the CPU group for rank 0's next step however long the engine idles (a
     # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo
