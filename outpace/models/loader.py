@@ -122,7 +122,9 @@ def load_model(
 
 def fill_dummy(model: nn.Module) -> None:
     """Small random values in every parameter (``load_format="dummy"``): normal(0, 0.02) matrices, norms
-    1 and other vectors 0; quantized layers random stored values and scales of the same size."""
+    and scales 1 (a zero scale would make a router's logits all equal: Gemma 4's ``scale`` and
+    ``per_expert_scale``, and every token would choose the same experts), other vectors 0; quantized layers
+    random stored values and scales of the same size."""
     with torch.no_grad():
         quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
         skip = {id(t) for m in quantized for t in m.parameters(recurse=False)}
@@ -130,7 +132,8 @@ def fill_dummy(model: nn.Module) -> None:
             fill_dummy_quantized(m)
         for name, p in model.named_parameters():
             if id(p) not in skip:
-                p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
+                one = "norm" in name or name.endswith("scale")
+                p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if one else 0.0)
 
 
 @contextlib.contextmanager
