@@ -5,6 +5,7 @@ in Triton's interpreter on CPU tensors (float32); the bf16 and CUDA-graph checks
 import pytest
 import torch
 
+from helpers.kernel_checks import DEVICE, rand, rel
 from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.layers import fused_kernels
 from outpace.layers.activation import silu_and_mul, silu_and_mul_torch
@@ -17,56 +18,30 @@ from outpace.layers.norm import Float32RMSNorm, RMSNorm, rms_norm_f32, rms_norm_
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 from outpace.models.loader import load_model
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """The launchers' output buffers start as NaN, so an element a kernel does not write fails the test."""
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        out = empty(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    monkeypatch.setattr(fused_kernels.torch, "empty", nan_empty)
-
-
-def _rand(*shape, seed: int, dtype=torch.float32, device=DEVICE) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
 
 @pytest.mark.parametrize("shape", [(1, 48), (7, 200), (33, 128), (3, 5, 12)])
 def test_add_rms_norm_matches_torch(shape, poisoned):
-    x, residual = _rand(*shape, seed=1), _rand(*shape, seed=2)
-    weight = _rand(shape[-1], seed=3)
+    x, residual = rand(*shape, seed=1), rand(*shape, seed=2)
+    weight = rand(shape[-1], seed=3)
     out, stream = rms_norm_triton(x, weight, 1e-5, residual)
     ref_out, ref_stream = rms_norm_torch(x, weight, 1e-5, residual)
     assert torch.equal(stream, ref_stream)  # one float32 add, the same rounding
-    assert _rel(out, ref_out) < 1e-6  # only the reduction order differs
+    assert rel(out, ref_out) < 1e-6  # only the reduction order differs
 
 
 @pytest.mark.parametrize("shape", [(1, 48), (9, 200), (4, 6, 32)])  # (4, 6, 32): per-head q/k norm
 def test_rms_norm_without_residual_matches_torch(shape, poisoned):
-    x, weight = _rand(*shape, seed=4), _rand(shape[-1], seed=5)
+    x, weight = rand(*shape, seed=4), rand(shape[-1], seed=5)
     out, stream = rms_norm_triton(x, weight, 1e-6)
     assert stream is x
-    assert _rel(out, rms_norm_torch(x, weight, 1e-6)[0]) < 1e-6
+    assert rel(out, rms_norm_torch(x, weight, 1e-6)[0]) < 1e-6
 
 
 def test_rms_norm_reads_strided_rows():
     """EAGLE3's aux norm reads column chunks of a wider tensor: rows with a stride > dim."""
-    wide, weight = _rand(5, 3 * 40, seed=6), _rand(40, seed=7)
+    wide, weight = rand(5, 3 * 40, seed=6), rand(40, seed=7)
     part = wide[:, 40:80]
-    assert (
-        _rel(rms_norm_triton(part, weight, 1e-6)[0], rms_norm_torch(part, weight, 1e-6)[0]) < 1e-6
-    )
+    assert rel(rms_norm_triton(part, weight, 1e-6)[0], rms_norm_torch(part, weight, 1e-6)[0]) < 1e-6
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0, None])  # None: no weight (Gemma 4's bare norms)
@@ -74,12 +49,12 @@ def test_rms_norm_reads_strided_rows():
 def test_float32_weight_norm_matches_torch(offset, with_residual, poisoned):
     """``Float32RMSNorm``'s kernel path (the weight, or 1 + weight, applied in float32 before the cast; the
     residual add fused) against its torch path, at an odd width and over strided heads."""
-    x = _rand(6, 3, 40, seed=11)[:, 1]  # [6, 40], rows strided
-    residual = _rand(6, 40, seed=12) if with_residual else None
+    x = rand(6, 3, 40, seed=11)[:, 1]  # [6, 40], rows strided
+    residual = rand(6, 40, seed=12) if with_residual else None
     norm = Float32RMSNorm(40, 1e-6, offset=offset or 0.0, with_weight=offset is not None).to(DEVICE)
     if norm.weight is not None:
         with torch.no_grad():
-            norm.weight.copy_(_rand(40, seed=13))
+            norm.weight.copy_(rand(40, seed=13))
     with torch.no_grad():
         got = norm(x) if residual is None else norm(x, residual)
     stream = x if residual is None else x + residual
@@ -88,22 +63,22 @@ def test_float32_weight_norm_matches_torch(offset, with_residual, poisoned):
     got_norm, got_stream = (got, x) if residual is None else got
     if DEVICE == "cpu":  # the module's CPU path is the torch one: the kernel itself here
         got_norm, got_stream = rms_norm_triton(x, weight, 1e-6, residual, offset or 0.0)
-    assert _rel(got_norm, expected) < 1e-6
+    assert rel(got_norm, expected) < 1e-6
     assert torch.equal(got_stream, stream)
 
 
 def test_norm_reads_heads_of_a_packed_projection_in_place(poisoned, monkeypatch):
     """Per-head q/k norms over [tokens, heads, dim] views of a packed projection (token stride > heads * dim):
     read with both strides, no copy made first."""
-    packed = _rand(5, 3 * 4 * 16 + 7, seed=21)  # [tokens, q | k | v | more]
+    packed = rand(5, 3 * 4 * 16 + 7, seed=21)  # [tokens, q | k | v | more]
     heads = packed[:, 16 : 16 + 4 * 16].view(5, 4, 16)  # [5, 4, 16], strides (199, 16, 1)
-    weight = _rand(16, seed=22)
+    weight = rand(16, seed=22)
     flattened = []  # fused_kernels._rows flattens (and so copies) a tensor that is not a view of rows
     real_rows = fused_kernels._rows
     monkeypatch.setattr(fused_kernels, "_rows", lambda t: flattened.append(t) or real_rows(t))
     got, _ = rms_norm_triton(heads, weight, 1e-6, None, 1.0)
     assert not flattened and got.shape == heads.shape
-    assert _rel(got, rms_norm_f32(heads, weight, 1e-6, 1.0)) < 1e-6
+    assert rel(got, rms_norm_f32(heads, weight, 1e-6, 1.0)) < 1e-6
 
 
 @pytest.mark.parametrize(
@@ -114,7 +89,7 @@ def test_rotary_matches_torch(head_dim, q_heads, kv_heads, poisoned):
     DFlash's way of rotating k (or q) alone."""
     n = 9
     rope = RotaryEmbedding(head_dim, 64, 10000.0).to(DEVICE)
-    qkv = _rand(n, (q_heads + 2 * kv_heads) * head_dim, seed=head_dim)
+    qkv = rand(n, (q_heads + 2 * kv_heads) * head_dim, seed=head_dim)
     q = qkv[:, : q_heads * head_dim].view(n, q_heads, head_dim)
     k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
     positions = torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(head_dim)).to(
@@ -128,22 +103,22 @@ def test_rotary_matches_torch(head_dim, q_heads, kv_heads, poisoned):
 
 @pytest.mark.parametrize("shape", [(1, 48), (7, 200), (3, 5, 1500)])
 def test_silu_and_mul_matches_torch(shape, poisoned):
-    gate, up = _rand(*shape, seed=8) * 4, _rand(*shape, seed=9)
-    assert _rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
+    gate, up = rand(*shape, seed=8) * 4, rand(*shape, seed=9)
+    assert rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
 
 
 def test_silu_and_mul_reads_the_halves_of_a_packed_projection(poisoned):
     packed = (
-        _rand(5, 2 * 300, seed=12) * 4
+        rand(5, 2 * 300, seed=12) * 4
     )  # [rows, gate | up], as a packed gate_up projection gives
     gate, up = packed.chunk(2, dim=-1)
     assert not gate.is_contiguous()
-    assert _rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
+    assert rel(silu_and_mul_triton(gate, up), silu_and_mul_torch(gate, up)) < 1e-6
 
 
 def test_rms_norm_module_returns_the_normed_tensor_or_the_pair():
     norm = RMSNorm(48, 1e-6)
-    x, residual = _rand(3, 48, seed=10, device="cpu"), _rand(3, 48, seed=11, device="cpu")
+    x, residual = rand(3, 48, seed=10, device="cpu"), rand(3, 48, seed=11, device="cpu")
     assert torch.equal(norm(x), rms_norm_torch(x, norm.weight, 1e-6)[0])
     out, stream = norm(x, residual)
     assert torch.equal(stream, x + residual) and torch.equal(out, norm(x + residual))
@@ -195,10 +170,10 @@ def _unfused(layer, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 )
 def test_add_rms_norm_bf16_on_cuda(x_dtype, residual_dtype, weight_dtype):
     x, residual = (
-        _rand(37, 4096, seed=12, dtype=x_dtype),
-        _rand(37, 4096, seed=13, dtype=residual_dtype),
+        rand(37, 4096, seed=12, dtype=x_dtype),
+        rand(37, 4096, seed=13, dtype=residual_dtype),
     )
-    weight = _rand(4096, seed=14, dtype=weight_dtype)
+    weight = rand(4096, seed=14, dtype=weight_dtype)
     norm = RMSNorm(4096).cuda()
     norm.weight.data = weight
     with torch.inference_mode():
@@ -214,12 +189,12 @@ def test_add_rms_norm_bf16_on_cuda(x_dtype, residual_dtype, weight_dtype):
 def test_rotary_and_silu_bf16_on_cuda():
     n, d = 21, 128
     rope = RotaryEmbedding(d, 4096, 500000.0).cuda()
-    qkv = _rand(n, (32 + 2 * 8) * d, seed=15, dtype=torch.bfloat16)
+    qkv = rand(n, (32 + 2 * 8) * d, seed=15, dtype=torch.bfloat16)
     q, k = qkv[:, : 32 * d].view(n, 32, d), qkv[:, 32 * d : 40 * d].view(n, 8, d)
     positions = torch.randint(0, 4096, (n,), device="cuda")
     gate, up = (
-        _rand(n, 14336, seed=16, dtype=torch.bfloat16),
-        _rand(n, 14336, seed=17, dtype=torch.bfloat16),
+        rand(n, 14336, seed=16, dtype=torch.bfloat16),
+        rand(n, 14336, seed=17, dtype=torch.bfloat16),
     )
     with torch.inference_mode():
         out = rope(positions, q, k)
@@ -232,10 +207,10 @@ def test_rotary_and_silu_bf16_on_cuda():
 @pytest.mark.gpu
 def test_kernels_replay_in_a_cuda_graph():
     norm, rope = RMSNorm(256).cuda(), RotaryEmbedding(64, 128, 10000.0).cuda()
-    x, residual = _rand(5, 256, seed=18), _rand(5, 256, seed=19)
+    x, residual = rand(5, 256, seed=18), rand(5, 256, seed=19)
     q, k, positions = (
-        _rand(5, 4, 64, seed=20),
-        _rand(5, 2, 64, seed=21),
+        rand(5, 4, 64, seed=20),
+        rand(5, 2, 64, seed=21),
         torch.arange(5, device="cuda"),
     )
 
@@ -249,7 +224,7 @@ def test_kernels_replay_in_a_cuda_graph():
         with torch.cuda.graph(graph):
             outputs = step()
         for t, seed in ((x, 22), (residual, 23), (q, 24), (k, 25)):
-            t.copy_(_rand(*t.shape, seed=seed))
+            t.copy_(rand(*t.shape, seed=seed))
         positions.copy_(torch.randint(0, 128, (5,), device="cuda"))
         graph.replay()
         for o, r in zip(outputs, step()):
@@ -260,7 +235,7 @@ def test_kernels_replay_in_a_cuda_graph():
 def test_autograd_keeps_the_torch_path_on_cuda():
     """The kernels have no backward: with gradients on, the modules compute in torch."""
     norm = RMSNorm(64).cuda()
-    x, residual = _rand(3, 64, seed=26).requires_grad_(), _rand(3, 64, seed=27).requires_grad_()
+    x, residual = rand(3, 64, seed=26).requires_grad_(), rand(3, 64, seed=27).requires_grad_()
     out, stream = norm(x, residual)
     (out.sum() + stream.sum() + silu_and_mul(x, x).sum()).backward()
     assert norm.weight.grad is not None and x.grad is not None and residual.grad is not None

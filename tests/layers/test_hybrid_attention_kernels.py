@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.hybrid_models import make_hybrid, save_hybrid
+from helpers.kernel_checks import DEVICE, rand, rel
 from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
 from helpers.step3p5_checkpoints import write_checkpoint
 from outpace.attention import DenseCausalMetadata, forward_context
@@ -23,34 +24,11 @@ from outpace.layers.fused_kernels import relu2_triton, rotary_triton, sigmoid_ga
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 from outpace.models.loader import load_model
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """The launchers' output buffers start as NaN, so an element a kernel does not write fails the test."""
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        out = empty(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    monkeypatch.setattr(fused_kernels.torch, "empty", nan_empty)
-
-
-def _rand(*shape, seed: int, device=DEVICE) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
 
 def _packed_qwen_heads(n: int, heads: int, kv_heads: int, d: int, seed: int):
     """q, gate [n, heads, d] and k [n, kv_heads, d]: strided views of one packed Qwen3-Next projection
     [n, heads * [query | gate] | k | v], as GatedAttention reads them."""
-    packed = _rand(n, 2 * heads * d + 2 * kv_heads * d, seed=seed)
+    packed = rand(n, 2 * heads * d + 2 * kv_heads * d, seed=seed)
     q, gate = packed[:, : 2 * heads * d].view(n, heads, 2 * d).chunk(2, dim=-1)
     k = packed[:, 2 * heads * d : (2 * heads + kv_heads) * d].view(n, kv_heads, d)
     return q, gate, k
@@ -110,21 +88,21 @@ def test_rotary_refuses_heads_narrower_than_the_table():
 def test_sigmoid_gate_per_element_matches_torch(n, heads, d, poisoned):
     """Qwen3-Next's gate: the gate half of each head of the packed q projection, read strided."""
     _, gate, _ = _packed_qwen_heads(n, heads, 1, d, seed=d)
-    x = _rand(n, heads * d, seed=d + 1).view(n, heads, d)  # the attention output
+    x = rand(n, heads * d, seed=d + 1).view(n, heads, d)  # the attention output
     out = sigmoid_gate_triton(x, 4 * gate)
     assert out.is_contiguous()
-    assert _rel(out, sigmoid_gate_torch(x, 4 * gate)) < 1e-6  # exp may differ in the last bit
+    assert rel(out, sigmoid_gate_torch(x, 4 * gate)) < 1e-6  # exp may differ in the last bit
 
 
 @pytest.mark.parametrize("n,heads,d", [(1, 4, 12), (6, 6, 40)])
 def test_sigmoid_gate_per_head_matches_torch(n, heads, d, poisoned):
     """Step-3.5's gate: one value per head, the last columns of a packed [q | k | v | g] projection."""
-    packed = _rand(n, 3 * heads * d + heads, seed=heads) * 4
+    packed = rand(n, 3 * heads * d + heads, seed=heads) * 4
     g = packed[:, 3 * heads * d :]  # [n, heads], rows strided
-    x = _rand(n, heads, d, seed=heads + 1)
+    x = rand(n, heads, d, seed=heads + 1)
     # Step3p5Attention's former formula, over g_proj's own (contiguous) output
     ref = x * torch.sigmoid(g.contiguous())[..., None]
-    assert _rel(sigmoid_gate_triton(x, g[..., None]), ref) < 1e-6
+    assert rel(sigmoid_gate_triton(x, g[..., None]), ref) < 1e-6
     assert torch.equal(sigmoid_gate_torch(x, g[..., None]), ref)
     assert torch.equal(sigmoid_gate(x.cpu(), g.cpu()[..., None]), ref.cpu())  # the CPU path
 
@@ -132,19 +110,19 @@ def test_sigmoid_gate_per_head_matches_torch(n, heads, d, poisoned):
 @pytest.mark.parametrize("shape", [(1, 48), (7, 1500), (3, 5, 20)])
 def test_relu2_matches_torch(shape, poisoned):
     """float32: relu is exact and the square one rounding, so bit for bit; NaN stays NaN."""
-    x = _rand(*shape, seed=shape[-1])
+    x = rand(*shape, seed=shape[-1])
     x.view(-1)[:3] = torch.tensor([float("nan"), -0.0, 0.0])
     torch.testing.assert_close(relu2_triton(x), relu2_torch(x), rtol=0, atol=0, equal_nan=True)
 
 
 def test_relu2_reads_strided_rows(poisoned):
-    wide = _rand(5, 3 * 70, seed=8)
+    wide = rand(5, 3 * 70, seed=8)
     part = wide[:, 70:140]
     assert torch.equal(relu2_triton(part), relu2_torch(part))
 
 
 def test_relu2_is_the_activation_and_keeps_the_eager_bits():
-    x = _rand(6, 33, seed=9, device="cpu")
+    x = rand(6, 33, seed=9, device="cpu")
     assert ACTIVATIONS["relu2"] is relu2
     assert torch.equal(relu2(x), torch.square(torch.nn.functional.relu(x)))
 
@@ -169,7 +147,7 @@ def step3p5(tmp_path_factory):
 def _gpu_path_against_eager(attn, monkeypatch, n: int = 11) -> tuple[float, dict[str, int]]:
     """attn(positions, x) eager against the same call with every tensor reporting ``is_cuda`` (the packed
     matmul, the norm, rotary and gate kernels in the interpreter) -> (relative error, kernel calls)."""
-    x, positions = _rand(n, attn.q_proj.in_features, seed=n, device="cpu"), torch.arange(n) + 5
+    x, positions = rand(n, attn.q_proj.in_features, seed=n, device="cpu"), torch.arange(n) + 5
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         eager = attn(positions, x)
     calls = {"rotary_triton": 0, "sigmoid_gate_triton": 0}
@@ -184,7 +162,7 @@ def _gpu_path_against_eager(attn, monkeypatch, n: int = 11) -> tuple[float, dict
     with monkeypatch.context() as m, torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         m.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
         kernels = attn(positions, x)
-    return _rel(kernels, eager), calls
+    return rel(kernels, eager), calls
 
 
 def test_qwen3_next_attention_gpu_path_matches_eager(qwen3_next, monkeypatch):
@@ -222,8 +200,8 @@ def test_kernels_bf16_on_cuda():
     rope = RotaryEmbedding(r, 4096, 10000000.0).cuda()
     q, gate, k = (t.bfloat16() for t in _packed_qwen_heads(n, heads, kv_heads, d, seed=1))
     positions = torch.randint(0, 4096, (n,), device="cuda")
-    x = _rand(n, heads, d, seed=2).bfloat16()
-    up = _rand(n, 12288, seed=3).bfloat16()
+    x = rand(n, heads, d, seed=2).bfloat16()
+    up = rand(n, 12288, seed=3).bfloat16()
     with torch.inference_mode():
         rotated = rope(positions, q, k)
         gated, step_gated = sigmoid_gate(x, gate), sigmoid_gate(x, gate[..., :1])
@@ -239,7 +217,7 @@ def test_kernels_bf16_on_cuda():
 def test_kernels_replay_in_a_cuda_graph():
     rope = RotaryEmbedding(16, 128, 10000.0).cuda()
     q, gate, k = _packed_qwen_heads(3, 4, 2, 64, seed=4)
-    x, positions = _rand(3, 4, 64, seed=5), torch.arange(3, device="cuda")
+    x, positions = rand(3, 4, 64, seed=5), torch.arange(3, device="cuda")
 
     def step():
         return *rope(positions, q, k), sigmoid_gate(x, gate), ACTIVATIONS["relu2"](x)
@@ -250,7 +228,7 @@ def test_kernels_replay_in_a_cuda_graph():
         with torch.cuda.graph(graph):
             outputs = step()
         for t, seed in ((q, 6), (gate, 7), (k, 8), (x, 9)):
-            t.copy_(_rand(*t.shape, seed=seed))
+            t.copy_(rand(*t.shape, seed=seed))
         positions.copy_(torch.tensor([100, 7, 50], device="cuda"))
         graph.replay()
         for o, r in zip(outputs, step()):
