@@ -71,7 +71,25 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak_rss() -> bool:
+    """Restart the process's peak RSS (VmHWM) from its current RSS (Linux: 5 written to /proc/self/clear_refs),
+    so that the peak after it is this measurement's and not an earlier engine's in the same process (a test
+    worker, a bench building engines in turn). False where the kernel does not allow it: the peak is then
+    the process's lifetime one, which can only overstate the workspace."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_rss_bytes() -> int:
+    """The peak RSS since the last ``_reset_peak_rss`` (VmHWM), or over the process's life."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -109,6 +127,7 @@ def plan_kv_pool(
         budget = int(total * utilization)
     else:
         available, base = _available_ram(), _rss_bytes()
+        _reset_peak_rss()  # (else an earlier, larger engine's peak would count as this one's workspace)
         scratch_prefill(runner, pool, [profile_tokens])
         workspace = max(_peak_rss_bytes() - base, 0)
         in_use, budget = 0, int(available * utilization)

@@ -51,6 +51,18 @@ def test_cpu_pool_sized_from_available_memory_with_the_drafter_counted(llama_dir
     ]
 
 
+def test_an_earlier_peak_of_the_process_is_not_this_engines_workspace(llama_dir):
+    """The CPU workspace is the peak RSS of the profiling prefill above the RSS before it: a larger peak reached
+    earlier in the same process (another engine, a test worker's history) is not counted (engine/memory.py
+    ``_reset_peak_rss``)."""
+    big = torch.ones(
+        384 << 20, dtype=torch.uint8
+    )  # 384 MiB touched, then freed: the process's peak
+    del big
+    plan = LLM(str(llama_dir), cpu_memory_utilization=0.5, **SMALL).engine.memory_plan
+    assert plan.workspace < 256 << 20, plan.summary(4)
+
+
 def test_too_little_memory_is_refused_with_the_numbers(llama_dir):
     with pytest.raises(
         ConfigError,
