@@ -19,6 +19,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
 from outpace.layers.moe import RoutedExperts, shared_expert_stacks  # noqa: E402
 from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.model_config import ModelConfig  # noqa: E402
@@ -47,19 +48,6 @@ def randomise(module: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn.
         for t in [*module.parameters(), *module.buffers()]:
             t.copy_(torch.randn(t.shape, generator=g) * std)
     return module.to(DEVICE)
-
-
-def by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, ids) with each token's slots in expert order: the chosen set, whatever the order."""
-    ids, order = ids.sort(dim=1)
-    return weights.gather(1, order), ids
-
-
-def assert_same_routing(got, expected) -> None:
-    got_w, got_i = by_expert(*got)
-    exp_w, exp_i = by_expert(*expected)
-    assert torch.equal(got_i, exp_i.to(got_i.dtype))
-    torch.testing.assert_close(got_w, exp_w, rtol=1e-5, atol=1e-6)
 
 
 # ---- Gemma 4 --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
 from outpace.layers.moe import Router, Routing  # noqa: E402
 from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
@@ -37,19 +38,6 @@ def make_router(routing: Routing, hidden: int, seed: int = 0) -> Router:
         if routing.correction_bias:
             router.e_score_correction_bias.copy_(torch.randn(routing.num_experts, generator=g))
     return router.to(DEVICE)
-
-
-def by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, ids) with each token's slots in expert order: the chosen set, whatever the order."""
-    ids, order = ids.sort(dim=1)
-    return weights.gather(1, order), ids
-
-
-def assert_same_routing(got, expected) -> None:
-    got_w, got_i = by_expert(*got)
-    exp_w, exp_i = by_expert(*expected)
-    assert torch.equal(got_i, exp_i.to(got_i.dtype))
-    torch.testing.assert_close(got_w, exp_w, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 5, 70])
