@@ -580,6 +580,23 @@ class Run:
                 },
             )
 
+    def _random_engine(
+        self, workdir: Path, shape: dict, tp: int, spec: SpeculativeConfig | None, **engine
+    ) -> tuple[str, dict]:
+        """bench/gpu.py ``engine_8b`` for ``shape`` at TP = ``tp`` on the plan's device, with KV blocks for the
+        plan's largest batch at its context; ``engine``: EngineConfig fields on top."""
+        plan = self.plan
+        return engine_8b(
+            workdir,
+            spec,
+            plan.context,
+            max(plan.batches),
+            config=shape,
+            device=plan.device,
+            tensor_parallel_size=tp,
+            **engine,
+        )
+
     def _decode(self, name: str, shape: dict, tp: int) -> None:
         plan = self.plan
         bandwidth = self.result["copy_bandwidth_bytes_per_s"]
@@ -588,15 +605,7 @@ class Run:
             for r in self.result["tp_speed"]["all_reduce"]
             if r["shape"] == name
         }
-        model, kwargs = engine_8b(
-            self.workdir / name,
-            None,
-            plan.context,
-            max(plan.batches),
-            config=shape,
-            device=plan.device,
-            tensor_parallel_size=tp,
-        )
+        model, kwargs = self._random_engine(self.workdir / name, shape, tp, None)
         with self.group.llm(model, **kwargs) as llm:
             weights, kv = weight_bytes_read(llm.engine.model), kv_bytes_per_token(llm)
             for batch in plan.batches:
@@ -681,15 +690,7 @@ class Run:
         plan, tp = self.plan, self.group.world
         draft = random_eagle3_draft(self.workdir / f"{name}-eagle3", shape, device=plan.device)
         spec = SpeculativeConfig("eagle3", str(draft), num_steps=plan.oracle_steps, adaptive=True)
-        model, kwargs = engine_8b(
-            self.workdir / name,
-            spec,
-            plan.context,
-            max(plan.batches),
-            config=shape,
-            device=plan.device,
-            tensor_parallel_size=tp,
-        )
+        model, kwargs = self._random_engine(self.workdir / name, shape, tp, spec)
         with self.group.llm(model, **kwargs) as llm:
             self._oracle_rows(llm, name, tp)
 
@@ -773,14 +774,11 @@ class Run:
         ``plan.batches``: every rank's start-up figures, then per batch the graph replays of each timed
         decode step; at TP > 1 on a GPU, which calls launched the NCCL kernels of a few decode steps."""
         plan = self.plan
-        model, kwargs = engine_8b(
+        model, kwargs = self._random_engine(
             self.workdir / name,
+            shape,
+            tp,
             None,
-            plan.context,
-            max(plan.batches),
-            config=shape,
-            device=plan.device,
-            tensor_parallel_size=tp,
             num_kv_blocks=None,  # sized from each rank's memory (engine/memory.py)
             cuda_graph_sizes=plan.batches,
             # (the CPU sizes from its RAM only when given a share of it)
@@ -839,14 +837,11 @@ class Run:
         """The seed model of ``config`` at TP = world with random weights built on each GPU; its build
         seconds and every rank's start-up figures recorded as ``what``."""
         plan, world = self.plan, self.group.world
-        model, kwargs = engine_8b(
+        model, kwargs = self._random_engine(
             self.workdir / f"{SEED_NAME}-{what}",
+            config,
+            world,
             spec,
-            plan.context,
-            max(plan.batches),
-            config=config,
-            device=plan.device,
-            tensor_parallel_size=world,
             max_num_batched_tokens=2048,  # (bench/families.py's prefill chunks for the MoE shapes)
             cuda_graph_sizes=plan.batches,
         )
