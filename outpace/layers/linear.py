@@ -17,6 +17,8 @@ verify forward and a decode step produce the same bits. On CUDA every projection
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,10 +72,21 @@ class Linear(nn.Linear):
     partial: bool = False  # row-parallel whose caller sums them: the bias on rank 0 only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.reduces:
-            return project(x, self.weight, None if self.partial and self.group.rank else self.bias)
-        out = all_reduce(project(x, self.weight), self.group)
-        return out if self.bias is None else out + self.bias
+        return parallel_output(self, x, lambda rows, bias: project(rows, self.weight, bias))
+
+
+def parallel_output(
+    layer: nn.Module,
+    x: torch.Tensor,
+    product: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """``layer``'s output for x [..., in] given its ``product(x, bias)``: a row-parallel layer (``reduces``)
+    sums its partial products over its group and adds the bias once after; a partial one (``partial``) adds
+    the bias on rank 0 only (module docstring). Also the quantized projections' (layers/quant/linear.py)."""
+    if not layer.reduces:
+        return product(x, None if layer.partial and layer.group.rank else layer.bias)
+    out = all_reduce(product(x, None), layer.group)
+    return out if layer.bias is None else out + layer.bias
 
 
 def linear(in_features: int, out_features: int, bias: bool = False) -> Linear:

@@ -19,10 +19,9 @@ import math
 import torch
 from torch import nn
 
-from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import SINGLE, RankGroup
 from outpace.distributed.sharding import PackedShard, Shard, ShardingError, mark_shard
-from outpace.layers.linear import project
+from outpace.layers.linear import parallel_output, project
 from outpace.layers.quant import dequantize as dq
 from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
 
@@ -60,7 +59,7 @@ class QuantFormat:
     def cuda_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     ) -> torch.Tensor:
-        """x [M, in] -> [M, out] on the GPU kernels (ImportError while they are absent)."""
+        """x [M, in] -> [M, out] on the GPU kernels."""
         raise NotImplementedError
 
 
@@ -217,22 +216,17 @@ class QuantizedLinear(nn.Module):
         return f"{type(self.format).__name__}, in_features={self.in_features}, out_features={self.out_features}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """As layers/linear.py ``Linear.forward``: a row-parallel layer sums its partial products."""
-        if not self.reduces:
-            return self._project(x, None if self.partial and self.group.rank else self.bias)
-        out = all_reduce(self._project(x, None), self.group)
-        return out if self.bias is None else out + self.bias
+        """As layers/linear.py ``Linear.forward`` (``parallel_output``), over the quantized product."""
+        return parallel_output(self, x, self._project)
 
     def _project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda:
-            try:
-                rows = x.reshape(-1, x.shape[-1])  # [M, in]
-                out = self.format.cuda_linear(rows, self.stored_weight, self.scale)
-                out = out.reshape(*x.shape[:-1], self.out_features)
-                return out if bias is None else out + bias
-            except ImportError:  # the kernels have not landed: dequantize as on the CPU
-                pass
-        return project(x, self.dequantized().to(x.dtype), bias)
+        """x [..., in] -> [..., out]: the GPU kernels read the stored weight; the CPU dequantizes it."""
+        if not x.is_cuda:
+            return project(x, self.dequantized().to(x.dtype), bias)
+        rows = x.reshape(-1, x.shape[-1])  # [M, in]
+        out = self.format.cuda_linear(rows, self.stored_weight, self.scale)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if bias is None else out + bias
 
 
 def is_quantized(module: nn.Module | None) -> bool:
