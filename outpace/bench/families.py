@@ -84,6 +84,9 @@ class StepBudget:
     # per cached layer: (one token's row, its sliding window or None)
     kv_rows: tuple[tuple[int, int | None], ...]
     state: int  # one request's recurrent state
+    # the ranks the routed experts are placed over (expert parallelism): each holds 1 / expert_ranks of them,
+    # so of the distinct experts a batch chooses it reads its share
+    expert_ranks: int = 1
 
 
 def distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
@@ -101,7 +104,11 @@ def step_bytes(budget: StepBudget, batch: int, context: int, tokens: int = 1) ->
     sequence, and each sequence's recurrent state read and written."""
     n = batch * tokens
     kv = sum(row * min(context + tokens, window or math.inf) for row, window in budget.kv_rows)
-    experts = budget.moe_layers * distinct_experts(budget.num_experts, budget.top_k, n)
+    experts = (
+        budget.moe_layers
+        * distinct_experts(budget.num_experts, budget.top_k, n)
+        / budget.expert_ranks
+    )
     return (
         budget.always
         + n * budget.embedding_row
@@ -118,7 +125,8 @@ def _bytes(tensors) -> int:
 def step_budget(llm: LLM, config: dict) -> StepBudget:
     """The budget of the engine's target: its parameters by part, the rows of its bound caches and the
     per-request rows of its recurrent states. The experts of a ``RoutedExperts`` are its parameters but
-    those of a router inside it (``gate.*``, Step-3.5's layout)."""
+    those of a router inside it (``gate.*``, Step-3.5's layout); under expert parallelism it holds this
+    rank's experts only (``num_experts`` of them)."""
     model, runner = llm.engine.model, llm.engine.runner
     params = {id(p): p for p in model.parameters()}
     moes = [m for m in model.modules() if isinstance(m, RoutedExperts)]
@@ -144,6 +152,7 @@ def step_budget(llm: LLM, config: dict) -> StepBudget:
             for m in caches
         ),
         state=_bytes(t[0] for t in runner.states.tensors()),
+        expert_ranks=num_experts // moes[0].num_experts if moes else 1,
     )
 
 
