@@ -16,9 +16,12 @@
 #                                                    # and a Qwen3-Next slice at TP = 2: ~3-4 min on 2 H200s)
 #                                                    # and qwen3next80b (Qwen3-Next-80B-A3B whole, bf16, random
 #                                                    # weights built on the GPUs, TP = 2: decode vs the floor, MTP
-#                                                    # under ORACLE acceptance: ~3-4 min); for issue 46:
+#                                                    # under ORACLE acceptance: ~3-4 min) and ep (issue 46 item 2:
+#                                                    # DeepSeek-V3 and Step-3.5-Flash layer slices at EP = TP = 2,
+#                                                    # decode vs the floor, MTP under ORACLE acceptance: ~4 min);
+#                                                    # for issue 46:
 #                                                    #   MULTI_TIME_LIMIT=520 timeout 560 bash benchmarks/scripts/gpu_run.sh
-#                                                    #     OUT multi item1,qwen3next80b
+#                                                    #     OUT multi item1,qwen3next80b,ep
 #                                                    # (all by default; a part measured by an
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.

@@ -61,6 +61,25 @@ def slice_layers(config: dict, layers: int) -> dict:
     return cut
 
 
+def with_mtp(config: dict, layers: int = 1) -> dict:
+    """``config`` with ``layers`` MTP layers after its decoder layers, as the released checkpoints carry them:
+    ``num_nextn_predict_layers`` (DeepSeek-V3's ``model.layers.{num_hidden_layers}``, Step-3.5-Flash's the
+    same, Qwen3-Next's ``mtp.layers.0``: vLLM's qwen3_next_mtp reads it, 1 when absent). Step-3.5-Flash's
+    per-layer lists run num_hidden_layers + num_nextn_predict_layers long (models/step3p5.py), so each is
+    extended by its last layer's entry, and its MTP layers are MoE layers (``moe_layers_enum``), as the
+    released ones are; which attention type the released MTP layers have is not checked (random weights:
+    the bench times their shape)."""
+    out = {**config, "num_nextn_predict_layers": layers}
+    if config.get("model_type") != "step3p5":
+        return out
+    for name in (*PER_LAYER_LISTS, "rope_theta"):
+        if isinstance(config.get(name), list):
+            out[name] = config[name] + config[name][-1:] * layers
+    extra = range(config["num_hidden_layers"], config["num_hidden_layers"] + layers)
+    out["moe_layers_enum"] = ",".join([config["moe_layers_enum"], *map(str, extra)])
+    return out
+
+
 def experts_per_token(config: dict) -> tuple[int, int]:
     """(routed experts per MoE layer, experts each token chooses); (0, 0) for a dense model."""
     experts = next((config[f] for f in EXPERT_COUNT_FIELDS if config.get(f)), 0)
@@ -469,6 +488,14 @@ def family_shapes() -> dict[str, FamilyShape]:
                 48,
                 4,
                 "2 x (3 DeltaNet + 1 gated attention) layers, each with its MoE",
+            ),
+            FamilyShape(
+                "qwen3-next-80b",
+                "Qwen/Qwen3-Next-80B-A3B-Instruct",
+                QWEN3_NEXT_80B,
+                48,
+                4,
+                "the whole model, 48 layers: quantized only (160 GB in bf16, 80 GB in FP8)",
             ),
             FamilyShape(
                 "qwen3.5",

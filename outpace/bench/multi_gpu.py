@@ -37,6 +37,14 @@
   families.py ``step_budget`` of rank 0's shard: the distinct experts the batch chose, its KV rows and
   recurrent state) over the copy bandwidth, plus the all-reduces of one step measured alone; and with its
   MTP layer (random: it accepts nothing) under ORACLE acceptance, as the 70B shape's EAGLE3.
+- ``ep`` (issue 46 item 2): expert parallelism, layer slices of DeepSeek-V3 and Step-3.5-Flash (``ep_models``,
+  bench/family_shapes.py) at EP = TP = world (vLLM's ``--enable-expert-parallel``: attention heads split
+  over the ranks, the routed experts placed whole, layers/moe.py) with random weights built on each GPU, as
+  ``qwen3next80b``: plain decode at batch 1, 8, 32 against the floor of the bytes each GPU reads (its share
+  of the distinct experts the batch chose: bench/families.py ``StepBudget.expert_ranks``) plus the
+  collectives of one step measured alone (per layer the attention's all-reduce and the MoE's, which is
+  the experts' dispatch and combine: layers/moe.py says why an all-reduce), and the model's MTP layer (one
+  MoE MTP layer, ``with_mtp``; random: it accepts nothing) under ORACLE acceptance.
 ``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
 that does not fit one GPU is listed as such) and one replica's throughput.
 
@@ -61,7 +69,7 @@ from pathlib import Path
 import torch
 
 from outpace import SamplingParams
-from outpace.bench.family_shapes import QWEN3_NEXT_80B, slice_layers
+from outpace.bench.family_shapes import QWEN3_NEXT_80B, family_shapes, slice_layers, with_mtp
 from outpace.bench.gpu import (
     LLAMA_8B,
     ZOO_DRAFTERS,
@@ -88,10 +96,15 @@ LLAMA_70B = {
     "num_attention_heads": 64,
     "num_key_value_heads": 8,
 }
-RANK_PARTS = ("correctness", "tp_speed", "item1", "qwen3next80b")  # the parts run on the rank group
+RANK_PARTS = ("correctness", "tp_speed", "item1", "qwen3next80b", "ep")  # run on the rank group
 PARTS = (*RANK_PARTS, *DP_PARTS)
 ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
-TIMED = ("tp_speed", *DP_PARTS, "qwen3next80b")  # the parts whose rows are timings (forget_timings)
+TIMED = (
+    "tp_speed",
+    *DP_PARTS,
+    "qwen3next80b",
+    "ep",
+)  # the parts whose rows are timings (forget_timings)
 # the sections of item1 measured on the machine's GPUs (forget_timings), as opposed to its correctness rows
 ITEM1_MACHINE_ROWS = ("graphs", "nccl", "memory")
 SEED_NAME = "qwen3-next-80b"
@@ -100,11 +113,13 @@ SEED_WEIGHTS = (
     "the model is about 160 GB, more than the device machine's 128 GiB disk holds"
 )
 
+EP_SHAPES = ("deepseek-v3-slice", "step-3.5-flash-slice")  # bench/family_shapes.py names
 
-def with_mtp(config: dict) -> dict:
-    """A Qwen3-Next config with its MTP layer: the released checkpoints carry one (``mtp.layers.0``; vLLM's
-    qwen3_next_mtp reads ``num_nextn_predict_layers``, 1 when absent; models/drafts/hybrid_mtp.py)."""
-    return {**config, "num_nextn_predict_layers": 1}
+
+def ep_slices() -> dict[str, dict]:
+    """``ep``'s shapes: their configs by name (bench/family_shapes.py)."""
+    shapes = family_shapes()
+    return {name: shapes[name].config for name in EP_SHAPES}
 
 
 @dataclass(frozen=True)
@@ -175,6 +190,9 @@ class Plan:
     # qwen3next80b (issue 46 item 3): the model whole; an engine's build, capture and rows take about this
     seed_model: dict = field(default_factory=lambda: QWEN3_NEXT_80B)
     seed_item_s: float = 120.0
+    # ep (issue 46 item 2): the shapes by name; an engine's build, capture and rows take about ep_item_s
+    ep_models: dict = field(default_factory=ep_slices)
+    ep_item_s: float = 75.0
     time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 260.0  # per data-parallel part
 
@@ -368,18 +386,31 @@ class Run:
         self.save()
 
     def _drop_rows_of(self, name: str) -> None:
-        for section in (self.result.get(part, {}) for part in RANK_PARTS):
+        def drop(section: dict) -> None:  # (``ep`` holds a section per shape)
             for rows in section.values():
                 if isinstance(rows, list):
                     rows[:] = [r for r in rows if r.get("item") != name]
+                elif isinstance(rows, dict):
+                    drop(rows)
+
+        for part in RANK_PARTS:
+            drop(self.result.get(part, {}))
 
     def engine(self, model: str, tp: int, **engine):
         return self.group.llm(model, device=self.plan.device, tensor_parallel_size=tp, **engine)
 
     def generate(
-        self, model: str, prompts: list, dtype: str, tp: int, spec: SpeculativeConfig | None = None
+        self,
+        model: str,
+        prompts: list,
+        dtype: str,
+        tp: int,
+        spec: SpeculativeConfig | None = None,
+        logprobs: int | None = None,
     ):
-        params = SamplingParams(temperature=0.0, max_tokens=self.plan.tokens, ignore_eos=True)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=self.plan.tokens, ignore_eos=True, logprobs=logprobs
+        )
         spec = spec or SpeculativeConfig()
         with self.engine(
             model, tp, dtype=dtype, max_num_seqs=len(prompts), speculative=spec
@@ -491,6 +522,10 @@ class Run:
                         o.token_ids for o in self.generate(model, prompts, "float32", world)
                     ]
                 outs = self.generate(model, prompts, "float32", world, spec)
+                row = compare(plain[target], outs)
+                if row["first_mismatch"]:
+                    prompt, position = row["first_mismatch"]
+                    row["plain_top2_gap"] = self._top2_gap(model, prompts[prompt], position)
                 self.add(
                     section["lossless"],
                     {
@@ -499,7 +534,7 @@ class Run:
                         "dtype": "float32",
                         "tp": world,
                         "tau": tau(outs),
-                        **compare(plain[target], outs),
+                        **row,
                     },
                 )
 
@@ -507,6 +542,19 @@ class Run:
         section["all_lossless_fp32"] = (
             all(r["equal"] for r in section["lossless"]) if section["lossless"] else None
         )
+
+    def _top2_gap(self, model: str, prompt, position: int) -> float | None:
+        """How near a tie plain decoding (TP = world, fp32) is at ``position`` of ``prompt``'s output: its two
+        most likely tokens' log-probability gap there (run alone, so a batch's sums may differ from the
+        compared run's by rounding). A gap at rounding size says the drafter's tokens differ where the
+        verify forward's sums (another batch shape) flip a tie, not where speculation changed the output."""
+        (out,) = self.generate(model, [prompt], "float32", self.group.world, logprobs=2)
+        if out.logprobs is None or position >= len(out.logprobs):
+            return None
+        top = sorted(
+            (x.logprob for x in out.logprobs[position].values() if x.rank <= 2), reverse=True
+        )
+        return top[0] - top[1] if len(top) == 2 else None
 
     def _random_checkpoint(self, out: Path, shape: dict) -> None:
         from outpace.bench.random_checkpoint import random_target
@@ -825,25 +873,67 @@ class Run:
         self.item(
             f"qwen3next80b: plain TP = {world}",
             plan.seed_item_s,
-            lambda: self._seed_decode(config, section),
+            lambda: self._seed_decode(SEED_NAME, config, section),
         )
         self.item(
             f"qwen3next80b: MTP ORACLE TP = {world}",
             plan.seed_item_s,
-            lambda: self._seed_mtp(with_mtp(config), section),
+            lambda: self._seed_mtp(SEED_NAME, with_mtp(config), section),
         )
 
-    def _seed_engine(self, config: dict, spec: SpeculativeConfig, section: dict, what: str):
-        """The seed model of ``config`` at TP = world with random weights built on each GPU; its build
-        seconds and every rank's start-up figures recorded as ``what``."""
+    # ---- issue 46 item 2 ----------------------------------------------------------------------------------
+    def ep(self) -> None:
+        """The module docstring's ``ep``: each shape's collectives, plain decode and MTP at EP = TP = world."""
+        plan, world = self.plan, self.group.world
+        part = self.result.setdefault("ep", {"ep": world, "tp": world, "shapes": {}})
+        for name, config in plan.ep_models.items():
+            section = part["shapes"].setdefault(
+                name,
+                {
+                    "model": f"{name} (bench/family_shapes.py), {config['num_hidden_layers']} layers",
+                    "weights": SEED_WEIGHTS.split(";")[0],
+                    "tp": world,
+                    "ep": world,
+                    "context": plan.context,
+                    "all_reduce": [],
+                    "engines": [],
+                    "decode": [],
+                    "oracle": [],
+                },
+            )
+            if world > 1:
+                self.item(
+                    f"ep: {name} all-reduces",
+                    10.0,
+                    lambda n=name, c=config, s=section: self._all_reduces(n, c, s["all_reduce"]),
+                )
+            runs = (
+                ("plain", self._seed_decode, config),
+                ("MTP ORACLE", self._seed_mtp, with_mtp(config)),
+            )
+            for what, run, shape in runs:
+                self.item(
+                    f"ep: {name} {what} EP = {world}",
+                    plan.ep_item_s,
+                    lambda run=run, n=name, c=shape, s=section: run(
+                        n, c, s, expert_parallel_size=world
+                    ),
+                )
+
+    def _seed_engine(
+        self, name: str, config: dict, spec: SpeculativeConfig, section: dict, what: str, **engine
+    ):
+        """The model of ``config`` at TP = world with random weights built on each GPU (``engine``: EngineConfig
+        fields on top); its build seconds and every rank's start-up figures recorded as ``what``."""
         plan, world = self.plan, self.group.world
         model, kwargs = self._random_engine(
-            self.workdir / f"{SEED_NAME}-{what}",
+            self.workdir / f"{name}-{what}",
             config,
             world,
             spec,
             max_num_batched_tokens=2048,  # (bench/families.py's prefill chunks for the MoE shapes)
             cuda_graph_sizes=plan.batches,
+            **engine,
         )
         t0 = time.monotonic()
         llm = self.group.llm(model, **kwargs)
@@ -858,7 +948,7 @@ class Run:
             raise
         return llm
 
-    def _seed_decode(self, config: dict, section: dict) -> None:
+    def _seed_decode(self, name: str, config: dict, section: dict, **engine) -> None:
         """Plain decode at each batch against the floor of the bytes each GPU reads (bench/families.py
         ``step_budget`` of rank 0's shard, ``step_bytes``) over the copy bandwidth, plus the all-reduces."""
         from outpace.bench.families import distinct_experts, step_budget, step_bytes
@@ -866,7 +956,9 @@ class Run:
         plan, world = self.plan, self.group.world
         bandwidth = self.result["copy_bandwidth_bytes_per_s"]
         reduces = {r["batch"]: r["seconds"] for r in section["all_reduce"]}
-        with self._seed_engine(config, SpeculativeConfig(), section, "plain") as llm:
+        with self._seed_engine(
+            name, config, SpeculativeConfig(), section, "plain", **engine
+        ) as llm:
             budget = step_budget(llm, config)
             for batch in plan.batches:
                 row = time_decode(llm, batch, plan.context, plan.decode_steps)
@@ -875,8 +967,9 @@ class Run:
                 reduce_s = reduces.get(batch, float("nan")) if world > 1 else 0.0
                 floor = batch / (read_s + reduce_s)
                 row.update(
-                    shape=SEED_NAME,
+                    shape=name,
                     tp=world,
+                    ep=budget.expert_ranks,
                     floor_bytes_per_gpu=floor_bytes,
                     expected_distinct_experts=distinct_experts(
                         budget.num_experts, budget.top_k, batch
@@ -888,12 +981,12 @@ class Run:
                 )
                 self.add(section["decode"], row)
 
-    def _seed_mtp(self, config: dict, section: dict) -> None:
+    def _seed_mtp(self, name: str, config: dict, section: dict, **engine) -> None:
         """Its MTP layer drafting up to ``oracle_steps`` tokens under ORACLE acceptance (random weights
         accept nothing): the captured step's cost with 0..k drafts, per batch."""
         spec = SpeculativeConfig("mtp", num_steps=self.plan.oracle_steps, adaptive=True)
-        with self._seed_engine(config, spec, section, "mtp") as llm:
-            self._oracle_rows(llm, SEED_NAME, self.group.world, section["oracle"], "mtp")
+        with self._seed_engine(name, config, spec, section, "mtp", **engine) as llm:
+            self._oracle_rows(llm, name, self.group.world, section["oracle"], "mtp")
 
 
 def decode_replays(llm, batch: int, context: int, steps: int) -> dict:

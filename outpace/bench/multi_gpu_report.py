@@ -55,7 +55,9 @@ def targets(r: dict) -> dict:
                 }
     if world > 1:
         out.update(_item1_targets(r.get("item1", {}), world))
-        out.update(_seed_targets(r.get("qwen3next80b", {}), world))
+        out.update(_seed_targets(r.get("qwen3next80b", {}), f"qwen3next80b TP = {world}"))
+        for name, shape in _ep_shapes(r):
+            out.update(_seed_targets(shape, f"ep {name} EP = TP = {world}"))
         for part, dp in _dp_parts(r):
             with_drafter = "" if part == "dp" else f" with {dp.get('drafter')}"
             ratio = dp.get("output_tokens_per_s_ratio")
@@ -114,24 +116,30 @@ def _item1_targets(item1: dict, world: int) -> dict:
     return out
 
 
-def _seed_targets(seed: dict, world: int) -> dict:
-    """Issue 46 item 3: Qwen3-Next-80B-A3B at TP = world against the floor; its MTP under ORACLE acceptance."""
+def _seed_targets(seed: dict, label: str) -> dict:
+    """Issue 46 items 2 and 3 (``label`` names the shape and its parallelism): plain decode at batch 1 against
+    the floor; its MTP under ORACLE acceptance."""
     out: dict = {}
     one = _row(seed.get("decode", []), batch=1)
     if one:
         frac = one["fraction_of_floor"]
-        out[f"qwen3next80b TP = {world} batch 1 of floor >= 0.75"] = {
+        out[f"{label} batch 1 of floor >= 0.75"] = {
             "value": frac,
             "met": frac >= 0.75,
         }
     for batch in (1, 32):
         oracle = [o for o in seed.get("oracle", []) if o["batch"] == batch]
         if oracle:
-            out[f"qwen3next80b MTP batch {batch} ORACLE speedups"] = {
+            out[f"{label} MTP batch {batch} ORACLE speedups"] = {
                 "value": {o["acceptance"]: round(o["speedup"], 3) for o in oracle},
                 "met": None,
             }
     return out
+
+
+def _ep_shapes(r: dict) -> list[tuple[str, dict]]:
+    """(name, section) of each shape the ``ep`` part measured."""
+    return list(r.get("ep", {}).get("shapes", {}).items())
 
 
 def _dp_parts(r: dict) -> list[tuple[str, dict]]:
@@ -186,7 +194,9 @@ def print_multi_gpu(r: dict) -> None:
                 f"k={x['num_drafts']} {x['speedup']:.2f}x (assumed acceptance, measured costs)"
             )
     _print_item1(r.get("item1"))
-    _print_seed(r.get("qwen3next80b"))
+    _print_seed(r.get("qwen3next80b"), "qwen3next80b")
+    for name, shape in _ep_shapes(r):
+        _print_seed(shape, f"ep {name}, EP = {shape['ep']},")
     for part, dp in _dp_parts(r):
         print(f"  {part}: served with {dp.get('drafter', '--method none')}")
         for level in (dp, dp.get("saturated", {})):
@@ -248,16 +258,21 @@ def _print_item1(item1: dict | None) -> None:
         print(
             "  lossless at TP=%s fp32: " % item1["tp"]
             + ", ".join(
-                f"{x['target']} {x['drafter']} {'yes' if x['equal'] else 'NO'} (tau {x['tau'] or 1:.2f})"
+                f"{x['target']} {x['drafter']} {'yes' if x['equal'] else 'NO'} (tau {x['tau'] or 1:.2f}"
+                + (
+                    f", plain's top-2 log-prob gap at the first difference {x['plain_top2_gap']:.2e})"
+                    if x.get("plain_top2_gap") is not None
+                    else ")"
+                )
                 for x in item1["lossless"]
             )
         )
 
 
-def _print_seed(seed: dict | None) -> None:
+def _print_seed(seed: dict | None, label: str) -> None:
     if not seed:
         return
-    print(f"  qwen3next80b: {seed['model']}, TP = {seed['tp']}; {seed['weights']}")
+    print(f"  {label}: {seed['model']}, TP = {seed['tp']}; {seed['weights']}")
     for e in seed["engines"]:
         weights = ", ".join(f"{x['weight_bytes'] / GiB:.1f}" for x in e["ranks"])
         host = ", ".join(f"{x['host_peak_rss_bytes'] / GiB:.1f}" for x in e["ranks"])
@@ -292,10 +307,15 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tp, seed = r.get("tp_speed", {}), r.get("qwen3next80b", {})
+    tp = r.get("tp_speed", {})
+    seeds = [r.get("qwen3next80b", {})] + [shape for _, shape in _ep_shapes(r)]
     decode = [
-        (f"{x['shape']} TP{x['tp']} b{x['batch']}", x["fraction_of_floor"], "C0")
-        for x in tp.get("decode", []) + seed.get("decode", [])
+        (
+            f"{x['shape']} {'EP' if x.get('ep', 1) > 1 else 'TP'}{x['tp']} b{x['batch']}",
+            x["fraction_of_floor"],
+            "C0",
+        )
+        for x in tp.get("decode", []) + [x for seed in seeds for x in seed.get("decode", [])]
     ]
     eagle3 = [
         (f"{x['shape'].split()[0]} TP{x['tp']} b{x['batch']} real", x.get("speedup", 0), "C0")
@@ -308,7 +328,7 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
             x["speedup"],
             "C1",
         )
-        for x in tp.get("oracle", []) + seed.get("oracle", [])
+        for x in tp.get("oracle", []) + [x for seed in seeds for x in seed.get("oracle", [])]
     ]
     dp = [
         (

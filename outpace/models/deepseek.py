@@ -380,6 +380,9 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in: MLA's heads
     # (layers/mla.py), every expert's rows (layers/moe.py), the dense MLPs, vocab-parallel embedding and heads.
     shards_over_ranks = True
+    # The layout of its published MTP layers: their own embedding and shared head (what a dummy load, with no
+    # tensor names to tell, builds for a config that counts MTP layers: models/loader.py)
+    mtp_own_heads = True
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

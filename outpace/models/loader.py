@@ -94,8 +94,12 @@ def load_model(
     cfg = covering_positions(ModelConfig.from_pretrained(model_dir), min_positions)
     quantized = cfg.quantization is not None
     if load_format == "dummy":
+        # (no tensor names to tell the MTP layers' layout: the family's published one)
+        own_heads = cfg.num_nextn_predict_layers > 0 and getattr(
+            model_class(cfg.architecture), "mtp_own_heads", False
+        )
         with parameters_on_meta(quantized):
-            model = build_model(cfg, dtype, device)
+            model = build_model(cfg, dtype, device, own_heads)
         if quantized:  # (quantized layers with random values: benchmarks of quantized shapes)
             quantize_dummy_modules(model, cfg.quantization, device)
             materialize_parameters(model, device)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from outpace import LLM
-from outpace.bench.family_shapes import QWEN3_NEXT_80B, shrink
+from outpace.bench.family_shapes import QWEN3_NEXT_80B, family_shapes, shrink, with_mtp
 from outpace.bench.gpu import engine_8b
 from outpace.bench.multi_gpu import (
     ORACLE_LABEL,
@@ -23,7 +23,6 @@ from outpace.bench.multi_gpu import (
     forget_timings,
     kernels_by_launch,
     run_multi_gpu_bench,
-    with_mtp,
 )
 
 TINY = dict(
@@ -42,6 +41,11 @@ TINY = dict(
     torch_dtype="bfloat16",
 )
 QWEN3_NEXT_TINY = shrink(QWEN3_NEXT_80B, 4)  # 3 DeltaNet + 1 gated attention layer, 16 experts of 4
+# ep's shapes: 1 dense + 1 MoE layer of DeepSeek-V3, 3 dense + 1 MoE layer of Step-3.5-Flash (16 experts)
+EP_TINY = {
+    "deepseek-v3-slice": shrink(family_shapes()["deepseek-v3-slice"].config, 2),
+    "step-3.5-flash-slice": shrink(family_shapes()["step-3.5-flash-slice"].config, 4),
+}
 BATCHES, STEPS = (1, 2), 3
 
 
@@ -56,6 +60,7 @@ def run(tmp_path_factory) -> dict:
         hybrid_random=with_mtp(QWEN3_NEXT_TINY),
         hybrid_dtypes=("float32",),
         seed_model=QWEN3_NEXT_TINY,
+        ep_models=EP_TINY,
         prompts=2,
         tokens=6,
         batches=BATCHES,
@@ -65,13 +70,13 @@ def run(tmp_path_factory) -> dict:
         oracle_steps=2,
         time_limit_s=900,
     )
-    run_multi_gpu_bench(root / "out", "item1,qwen3next80b", plan, root / "work")
+    run_multi_gpu_bench(root / "out", "item1,qwen3next80b,ep", plan, root / "work")
     return json.loads((root / "out" / "multi_gpu.json").read_text())
 
 
-def test_both_parts_ran(run):
+def test_every_part_ran(run):
     assert run["errors"] == {} and run["not_run"] == [], (run["errors"], run["not_run"])
-    assert run["parts"] == ["item1", "qwen3next80b"]
+    assert run["parts"] == ["item1", "qwen3next80b", "ep"]
 
 
 def test_one_graph_replay_per_decode_step(run):
@@ -151,7 +156,44 @@ def test_qwen3_next_at_tp2_with_dummy_weights(run):
     for r in oracle:
         assert r["label"] == ORACLE_LABEL and r["method"] == "mtp"
         assert {int(k) for k in r["step_ms"]} == {0, 1, 2} and r["tokens_per_s"] > 0
-    assert "qwen3next80b MTP batch 1 ORACLE speedups" in run["targets"]
+    assert "qwen3next80b TP = 2 MTP batch 1 ORACLE speedups" in run["targets"]
+
+
+@pytest.mark.parametrize("name", EP_TINY)
+def test_expert_parallel_shapes(run, name):
+    """Issue 46 item 2 on CPU ranks: EP = TP = 2, each rank floored on its half of the distinct experts, the
+    collectives of a step measured, the MoE MTP layer under ORACLE acceptance."""
+    shape = run["ep"]["shapes"][name]
+    assert shape["ep"] == shape["tp"] == 2
+    engines = {e["engine"]: e for e in shape["engines"]}
+    assert set(engines) == {"plain", "mtp"}
+    assert all([r["rank"] for r in e["ranks"]] == [0, 1] for e in engines.values())
+    # the MTP engine holds the MTP layer too (its own MoE)
+    assert engines["mtp"]["ranks"][0]["weight_bytes"] > engines["plain"]["ranks"][0]["weight_bytes"]
+    layers = EP_TINY[name]["num_hidden_layers"]
+    reduces = {r["batch"]: r for r in shape["all_reduce"]}
+    assert set(reduces) == set(BATCHES)
+    assert all(r["all_reduces"] == 2 * layers for r in reduces.values())
+    decode = {r["batch"]: r for r in shape["decode"]}
+    assert set(decode) == set(BATCHES)
+    for batch, r in decode.items():
+        assert r["ep"] == 2 and r["tokens_per_s"] > 0 and r["shape"] == name
+        assert r["all_reduce_seconds"] == reduces[batch]["seconds"]
+        assert r["floor_tokens_per_s"] == pytest.approx(
+            batch / (r["read_seconds"] + r["all_reduce_seconds"])
+        )
+    assert {r["batch"] for r in shape["oracle"]} == set(BATCHES)
+    assert all(r["label"] == ORACLE_LABEL and r["method"] == "mtp" for r in shape["oracle"])
+    assert f"ep {name} EP = TP = 2 batch 1 of floor >= 0.75" in run["targets"]
+
+
+def test_a_rank_reads_its_share_of_the_distinct_experts():
+    """StepBudget.expert_ranks: at EP = 2 a step's floor holds half the expert bytes of EP = 1's."""
+    from outpace.bench.families import StepBudget, step_bytes
+
+    one = StepBudget(10, 0, 100, 2, 16, 4, (), 0)
+    two = StepBudget(10, 0, 100, 2, 16, 4, (), 0, expert_ranks=2)
+    assert step_bytes(one, 8, 0) - 10 == pytest.approx(2 * (step_bytes(two, 8, 0) - 10))
 
 
 def test_a_step_without_its_graph_counts_as_eager(tmp_path):
