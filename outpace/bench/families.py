@@ -23,9 +23,19 @@ over its decoder layers (the embedding and head are counted in them).
 ``--quantized fp8``: each shape's config with DeepSeek-V3's block-FP8 ``quantization_config``
 (``QUANTIZATION_CONFIGS``), so the dummy load builds its projections quantized with random fp8 values and
 scales (models/loader.py); the floor counts every parameter at its stored size (fp8 weights, their scales).
+``--quantized int4``: Kimi-K2-Thinking's compressed-tensors W4A16 config (INT4 routed experts, packed words
+of random nibbles with bf16 group scales; attention, shared experts, dense MLPs and head bf16), for the
+DeepSeek-V3-architecture shapes its ignore list is written for (``QUANTIZED_SHAPES``).
+``qwen3-next-80b`` is the whole model: it runs quantized only (``NEEDS_QUANTIZATION``), and in place of the
+n-gram verify sweep its own MTP layer (a third engine) gives the captured step's cost with 0..3 drafts and
+the speed-up they give under ORACLE acceptance (assumed, not measured: random weights accept nothing),
+labelled so (``MTP_ORACLE_SHAPES``, ``mtp_oracle``).
+``--compare-with DIR``: each shape's decode rows beside those of other runs (the bf16 run's families.json,
+another quantization's), with this run's speed-up over each.
 
-This file and family_shapes.py use only APIs of outpace as of commit 83e3598, so that both run unchanged
-in a checkout of it (a measurement before and after a change, in one device command).
+This file and family_shapes.py use only APIs of outpace as of commit 83e3598 (the quantized runs and the
+MTP rows apart), so that both run unchanged in a checkout of it (a measurement before and after a change,
+in one device command).
 """
 
 from __future__ import annotations
@@ -62,6 +72,9 @@ ESTIMATE_S = {
     "deepseek-v3-slice": 150,
     "kimi-k2-slice": 150,
     "qwen3-next-80b-slice": 140,
+    # quantized only: two engines of the whole model (about 74,000 quantized projections each) and the MTP
+    # engine's 48 captured steps
+    "qwen3-next-80b": 180,
     "qwen3.5": 110,
     "nemotron-h-8b": 110,
     "gemma-3-12b": 110,
@@ -236,6 +249,67 @@ def verify_costs(llm: LLM, repeats: int = 20) -> list[dict]:
     return rows
 
 
+def mtp_oracle(llm: LLM, batches: tuple[int, ...], context: int) -> list[dict]:
+    """Per batch: the captured step's seconds with 0..k drafts of the target's MTP layer (adaptive
+    speculation's start-up profile of each captured step on a GPU; on the CPU, measured by running a step of
+    each at ``context``) and, at each assumed acceptance, the best k, its speed-up over plain decoding (the
+    step with 0 drafts: bench/hybrid_shape.py ``oracle_speedups``) and the tokens/s it gives (batch x
+    bench/oracle.py ``expected_tokens`` over its step), labelled ORACLE."""
+    from outpace.bench.gpu import time_decode
+    from outpace.bench.hybrid_shape import oracle_speedups
+    from outpace.bench.multi_gpu import ORACLE_LABEL
+    from outpace.bench.oracle import expected_tokens
+
+    runner = llm.engine.runner
+    chooser = llm.engine.choosers[SamplingMode.GREEDY]
+    rows = []
+    for batch in batches:
+        bucket = bucket_for(runner.graph_buckets, batch) or batch  # (the CPU has no graph buckets)
+        seconds = _step_costs(chooser, bucket)
+        if len(seconds) < len(runner.shapes):  # no start-up profile (CPU): each shape runs once
+            time_decode(llm, batch, context, steps=len(runner.shapes) + 1)
+            seconds = _step_costs(chooser, bucket)
+        rows.append(
+            {
+                "batch": batch,
+                "label": ORACLE_LABEL,
+                "step_ms": {k: 1e3 * c for k, c in sorted(seconds.items())},
+                "speedups": [
+                    {
+                        **row,
+                        "tokens_per_s": batch
+                        * expected_tokens(row["acceptance"], row["num_drafts"])
+                        / seconds[row["num_drafts"]],
+                    }
+                    for row in oracle_speedups(seconds)
+                ],
+            }
+        )
+    return rows
+
+
+def _step_costs(chooser, bucket: int) -> dict[int, float]:
+    """Adaptive speculation's seconds per step of ``bucket`` rows, by draft count."""
+    return {shape.num_steps: c for (b, shape), c in chooser.costs.items() if b == bucket}
+
+
+def run_mtp_oracle(config: dict, workdir: Path) -> dict:
+    """``mtp_oracle`` at every batch of an engine of ``config`` with its MTP layer (family_shapes.py
+    ``with_mtp``) drafting up to bench/hybrid_shape.py's MTP_STEPS tokens, adaptively (so that every draft
+    count is captured and profiled)."""
+    from outpace.bench.family_shapes import with_mtp
+    from outpace.bench.hybrid_shape import MTP_STEPS
+
+    t0 = time.perf_counter()
+    spec = SpeculativeConfig("mtp", num_steps=MTP_STEPS, adaptive=True)
+    llm = build(workdir, with_mtp(config), max(BATCHES), BATCHES, spec)
+    try:
+        build_s = time.perf_counter() - t0
+        return {"build_s": build_s, "rows": mtp_oracle(llm, BATCHES, CONTEXT)}
+    finally:
+        close(llm)
+
+
 def profile_decode_replays(llm: LLM, batch: int = 1, replays: int = 3):
     """torch.profiler over ``replays`` replays of the captured greedy decode step of ``batch`` (rows of the
     padding index), after one replay unprofiled."""
@@ -269,8 +343,9 @@ def kernel_count(llm: LLM, batch: int = 1, replays: int = 3) -> dict:
     }
 
 
-def run_shape(shape: FamilyShape, workdir: Path, bandwidth: float) -> dict:
-    """Every measurement of the module docstring for one shape."""
+def run_shape(shape: FamilyShape, workdir: Path, bandwidth: float, verify: bool = True) -> dict:
+    """Every measurement of the module docstring for one shape (``verify``: the n-gram verify sweep; a shape
+    of ``MTP_ORACLE_SHAPES`` has its MTP layer's oracle rows in its place)."""
     layers = shape.config["num_hidden_layers"]
     result = {
         "copy_bandwidth_bytes_per_s": bandwidth,  # (a rerun into the same --out measures it again)
@@ -292,15 +367,20 @@ def run_shape(shape: FamilyShape, workdir: Path, bandwidth: float) -> dict:
         result["kernels"] = kernel_count(llm)
     finally:
         close(llm)
-    spec = SpeculativeConfig("ngram", num_steps=MAX_VERIFY_TOKENS - 1, adaptive=True)
-    try:  # (the decode figures stand without it)
-        llm = build(workdir, shape.config, max(VERIFY_BATCHES), VERIFY_BATCHES, spec)
-        try:
-            result["verify"] = verify_costs(llm)
-        finally:
-            close(llm)
+    mtp = shape.name in MTP_ORACLE_SHAPES
+    result["verify"] = []
+    try:  # (the decode figures stand without either)
+        if mtp:
+            result["mtp_oracle"] = run_mtp_oracle(shape.config, workdir / "mtp")
+        elif verify:
+            spec = SpeculativeConfig("ngram", num_steps=MAX_VERIFY_TOKENS - 1, adaptive=True)
+            llm = build(workdir, shape.config, max(VERIFY_BATCHES), VERIFY_BATCHES, spec)
+            try:
+                result["verify"] = verify_costs(llm)
+            finally:
+                close(llm)
     except Exception as e:
-        result["verify"], result["verify_error"] = [], f"{type(e).__name__}: {e}"
+        result["mtp_error" if mtp else "verify_error"] = f"{type(e).__name__}: {e}"
     result["seconds"] = time.perf_counter() - t0
     return result
 
@@ -314,8 +394,83 @@ QUANTIZATION_CONFIGS = {
         "fmt": "e4m3",
         "activation_scheme": "dynamic",
         "weight_block_size": [128, 128],
-    }
+    },
+    # huggingface.co/moonshotai/Kimi-K2-Thinking's config.json: compressed-tensors pack-quantized W4A16, 4-bit
+    # symmetric integers in groups of 32 (layers/quant/scheme.py parses it); its ignore list keeps attention,
+    # the shared experts, the dense MLPs and the head bf16, so the routed experts alone are INT4
+    "int4": {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "kv_cache_scheme": None,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 4,
+                    "type": "int",
+                    "symmetric": True,
+                    "strategy": "group",
+                    "group_size": 32,
+                    "dynamic": False,
+                    "actorder": None,
+                    "block_structure": None,
+                    "observer": "minmax",
+                    "observer_kwargs": {},
+                },
+                "input_activations": None,
+                "output_activations": None,
+            }
+        },
+        "ignore": [
+            "lm_head",
+            "re:.*self_attn.*",
+            "re:.*shared_experts.*",
+            r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
+        ],
+    },
 }
+# The shapes each quantization applies to (None: every shape). Kimi's ignore list names DeepSeek-V3's modules
+# (self_attn, shared_experts, a dense layer's mlp.*_proj): on another family it would quantize attention.
+QUANTIZED_SHAPES = {"fp8": None, "int4": ("deepseek-v3-slice", "kimi-k2-slice")}
+# The shapes that run quantized only, and why.
+NEEDS_QUANTIZATION = {
+    "qwen3-next-80b": "its 80B parameters are 160 GB in bf16, more than one H200's 141 GB: run it with "
+    "--quantized fp8 (80 GB)"
+}
+# The shapes whose own MTP layer is measured under ORACLE acceptance, in place of the n-gram verify sweep.
+MTP_ORACLE_SHAPES = ("qwen3-next-80b",)
+
+
+def bench_shapes(quantized: str | None, names: list[str] | None = None) -> dict[str, FamilyShape]:
+    """The shapes a run measures, in order: ``names``, or every shape the run's quantization applies to
+    (``QUANTIZED_SHAPES``; unquantized, all but ``NEEDS_QUANTIZATION``), each config with the quantization's
+    ``quantization_config``. A name that is no shape, that the quantization does not apply to or that
+    cannot run unquantized is refused: ValueError naming it and why."""
+    shapes = family_shapes()
+    unknown = sorted(set(names or ()) - set(shapes))
+    if unknown:
+        raise ValueError(f"unknown shapes {unknown}: must be of {', '.join(shapes)}")
+    if quantized is None:
+        allowed = [n for n in shapes if n not in NEEDS_QUANTIZATION]
+    else:
+        allowed = list(QUANTIZED_SHAPES[quantized] or shapes)
+    for name in names or ():
+        if name in allowed:
+            continue
+        if quantized is None:
+            raise ValueError(f"shape {name!r} without --quantized: {NEEDS_QUANTIZATION[name]}")
+        raise ValueError(
+            f"shape {name!r} with --quantized {quantized}: the quantization applies to "
+            f"{', '.join(allowed)} only (QUANTIZED_SHAPES)"
+        )
+    config = QUANTIZATION_CONFIGS.get(quantized)
+    return {
+        n: shapes[n]
+        if config is None
+        else replace(shapes[n], config={**shapes[n].config, "quantization_config": config})
+        for n in names or allowed
+    }
 
 
 def run_families_bench(
@@ -326,22 +481,16 @@ def run_families_bench(
     done: dict | None = None,
     save=None,
     quantized: str | None = None,
+    verify: bool = True,
 ) -> dict:
-    """The shapes ``names`` (all by default) not yet measured in ``done`` (name -> result; those with an
-    error or not run are run again) in turn; a shape whose estimate (ESTIMATE_S) no longer fits in ``time_limit_s`` is listed
-    as not run. A failing shape records its error and the others run. ``save(results)`` after each shape."""
-    shapes = family_shapes()
-    if quantized is not None:  # (module docstring)
-        q = QUANTIZATION_CONFIGS[quantized]
-        shapes = {
-            n: replace(s, config={**s.config, "quantization_config": q}) for n, s in shapes.items()
-        }
-    unknown = sorted(set(names or ()) - set(shapes))
-    if unknown:
-        raise ValueError(f"unknown shapes {unknown}: must be of {', '.join(shapes)}")
+    """The shapes ``names`` (``bench_shapes``: all the run's quantization applies to by default) not yet
+    measured in ``done`` (name -> result; those with an error or not run are run again) in turn; a shape whose
+    estimate (ESTIMATE_S) no longer fits in ``time_limit_s`` is listed as not run. A failing shape records its
+    error and the others run. ``save(results)`` after each shape. ``verify``: the n-gram verify sweep."""
+    shapes = bench_shapes(quantized, names)
     results = dict(done or {})
     start = time.monotonic()
-    for name in tqdm(names or list(shapes), desc="family shapes"):
+    for name in tqdm(list(shapes), desc="family shapes"):
         if "decode" in results.get(name, {}):  # measured already
             continue
         left = None if time_limit_s is None else time_limit_s - (time.monotonic() - start)
@@ -351,7 +500,7 @@ def run_families_bench(
             }
             continue
         try:
-            results[name] = run_shape(shapes[name], workdir / name, bandwidth)
+            results[name] = run_shape(shapes[name], workdir / name, bandwidth, verify)
         except Exception as e:  # one broken shape must not cost the others' figures
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"{name} failed: {results[name]['error']}")
@@ -399,9 +548,54 @@ def plot_families(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def print_summary(results: dict) -> None:
+def compare_runs(results: dict, runs: dict[str, dict]) -> dict[str, list[dict]]:
+    """Per shape measured here and in other runs (``runs``: label -> that run's shapes): per batch measured in
+    both, the other run's tokens/s, fraction of its floor and step ms, and this run's speed-up over it."""
+    table: dict[str, list[dict]] = {}
+    for name, r in results.items():
+        for label, shapes in runs.items():
+            theirs = {
+                d["batch"]: d for d in shapes.get(name, {}).get("decode", []) if "skipped" not in d
+            }
+            for d in r.get("decode", []):
+                other = theirs.get(d["batch"])
+                if "skipped" in d or other is None:
+                    continue
+                table.setdefault(name, []).append(
+                    {
+                        "batch": d["batch"],
+                        "run": label,
+                        "tokens_per_s": other["tokens_per_s"],
+                        "fraction_of_floor": other["fraction_of_floor"],
+                        "step_ms": other["step_ms"],
+                        "speedup": d["tokens_per_s"] / other["tokens_per_s"],
+                    }
+                )
+    return table
+
+
+def read_runs(folders: list[str]) -> dict[str, dict]:
+    """``--compare-with``: each folder's families.json -> its shapes, labelled by its weights ("bf16", or
+    the run's ``--quantized``; the folder's name added when two runs share one). Raises ValueError naming a
+    folder without the file."""
+    runs: dict[str, dict] = {}
+    for folder in folders:
+        path = Path(folder) / "families.json"
+        if not path.is_file():
+            raise ValueError(f"--compare-with {folder}: no families.json there")
+        report = json.loads(path.read_text())
+        label = report.get("quantized") or "bf16"
+        runs[f"{label} ({Path(folder).name})" if label in runs else label] = report["shapes"]
+    return runs
+
+
+def print_summary(results: dict, compare: dict[str, list[dict]] | None = None) -> None:
+    """The table: per shape and batch this run's decode figures (and, ``compare``, those of the other runs
+    beside them with this run's speed-up), its verify costs or MTP oracle rows and kernel count."""
+    beside = "   beside: other run tokens/s (of its floor), this run's speed-up" if compare else ""
     print(
         f"{'shape':24} {'batch':>5} {'tokens/s':>9} {'step ms':>8} {'of floor':>8} {'ms/layer':>8}"
+        + beside
     )
     for name, r in results.items():
         if "decode" not in r:
@@ -411,16 +605,34 @@ def print_summary(results: dict) -> None:
             if "skipped" in d:
                 print(f"{name:24} {d['batch']:>5} skipped: {d['skipped']}")
                 continue
+            others = "".join(
+                f"   {c['run']} {c['tokens_per_s']:.1f} ({c['fraction_of_floor']:.1%}) "
+                f"x{c['speedup']:.2f}"
+                for c in (compare or {}).get(name, [])
+                if c["batch"] == d["batch"]
+            )
             print(
                 f"{name:24} {d['batch']:>5} {d['tokens_per_s']:>9.1f} {d['step_ms']:>8.2f} "
-                f"{d['fraction_of_floor']:>8.1%} {d['step_ms_per_layer']:>8.3f}"
+                f"{d['fraction_of_floor']:>8.1%} {d['step_ms_per_layer']:>8.3f}{others}"
             )
-        verify = "; ".join(
-            f"b{v['batch']}: " + " ".join(f"{x:.2f}" for x in v["relative"]) for v in r["verify"]
-        )
-        print(
-            f"{'':24} verify t=1..8 relative: {verify}; kernels/step {r['kernels']['kernels']:.0f}"
-        )
+        if r["verify"]:
+            verify = "; ".join(
+                f"b{v['batch']}: " + " ".join(f"{x:.2f}" for x in v["relative"])
+                for v in r["verify"]
+            )
+            print(f"{'':24} verify t=1..8 relative: {verify}")
+        for key in ("verify_error", "mtp_error"):
+            if key in r:
+                print(f"{'':24} {key}: {r[key]}")
+        for m in r.get("mtp_oracle", {}).get("rows", []):
+            ms = " ".join(f"{v:.2f}" for v in m["step_ms"].values())
+            best = "; ".join(
+                f"a={o['acceptance']} k={o['num_drafts']} {o['speedup']:.2f}x"
+                for o in m["speedups"]
+            )
+            print(f"{'':24} MTP b{m['batch']} step ms k=0..{len(m['step_ms']) - 1}: {ms}")
+            print(f"{'':24}   {m['label']}: {best}")
+        print(f"{'':24} kernels/step {r['kernels']['kernels']:.0f}")
 
 
 def merge_reports(reports: list[dict]) -> dict:
@@ -434,11 +646,15 @@ def merge_reports(reports: list[dict]) -> dict:
     return merged
 
 
-def write_report(report: dict, out: Path) -> None:
-    """families.json and families.png in ``out``; the table printed."""
+def write_report(report: dict, out: Path, runs: dict[str, dict] | None = None) -> None:
+    """families.json and families.png in ``out``; the table printed. ``runs`` (``read_runs``): the report's
+    ``compare`` section made from them."""
+    if runs:
+        report["compare"] = compare_runs(report["shapes"], runs)
     (out / "families.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_families(report["shapes"], out / "families.png")
-    print_summary(report["shapes"])
+    print(f"weights: {report.get('quantized') or 'bf16'}")
+    print_summary(report["shapes"], report.get("compare"))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -463,6 +679,19 @@ def main(argv: list[str] | None = None) -> dict:
         help="the shapes with quantized weights (module docstring); use another --out than the bf16 run's",
     )
     p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="no n-gram verify sweep (its engine's build and graphs are about half a shape's time)",
+    )
+    p.add_argument(
+        "--compare-with",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="the --out folders of other runs (the bf16 run, another quantization): their decode rows "
+        "beside this run's in the table and the JSON's 'compare'",
+    )
+    p.add_argument(
         "--merge",
         nargs="+",
         default=None,
@@ -471,22 +700,35 @@ def main(argv: list[str] | None = None) -> dict:
         "into --out, plot and print them",
     )
     a = p.parse_args(argv)
+    names = a.shapes.split(",") if a.shapes else None
+    try:  # (refused before anything is measured)
+        runs = read_runs(a.compare_with or [])
+        if not a.merge:
+            bench_shapes(a.quantized, names)
+    except ValueError as e:
+        p.error(str(e))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.merge:
         report = merge_reports([json.loads(Path(f).read_text()) for f in a.merge])
-        write_report(report, out)
+        write_report(report, out, runs)
         return report
-    from outpace.bench.gpu import copy_bandwidth
-
     path = out / "families.json"
     previous = json.loads(path.read_text()) if path.is_file() and not a.redo else {}
+    if previous and previous.get("quantized") != a.quantized:
+        p.error(
+            f"{path} holds a run with quantized={previous.get('quantized')}, not {a.quantized}: "
+            "use another --out (or --redo)"
+        )
+    from outpace.bench.gpu import copy_bandwidth
+
     bandwidth = copy_bandwidth()
     report = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "context": CONTEXT,
+        "quantized": a.quantized,
         "shapes": previous.get("shapes", {}),
     }
 
@@ -495,12 +737,18 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(report, indent=2) + "\n")
 
     with tempfile.TemporaryDirectory() as tmp:
-        names = a.shapes.split(",") if a.shapes else None
         results = run_families_bench(
-            Path(tmp), bandwidth, names, a.time_limit, report["shapes"], save, a.quantized
+            Path(tmp),
+            bandwidth,
+            names,
+            a.time_limit,
+            report["shapes"],
+            save,
+            a.quantized,
+            not a.no_verify,
         )
     report["shapes"] = results
-    write_report(report, out)
+    write_report(report, out, runs)
     return report
 
 

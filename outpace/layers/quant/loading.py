@@ -29,7 +29,7 @@ from outpace.layers.quant.linear import (
     QuantizedLinear,
     quantized_like,
 )
-from outpace.layers.quant.scheme import QuantScheme
+from outpace.layers.quant.scheme import INT4_GROUP, QuantScheme
 from outpace.validation import ConfigError
 
 # safetensors' dtype names (its header) -> torch dtypes, for the tensors this module looks at
@@ -178,6 +178,9 @@ def quantized_bytes(model: nn.Module) -> tuple[int, int]:
 # projections the published quantized checkpoints keep in high precision whatever their config lists: the
 # head, DeepSeek MTP's eh_proj and shared head (DeepSeek-V3's files: bf16)
 _NEVER_QUANTIZED = ("lm_head", "eh_proj", "shared_head")
+# the scales' dtype as published: DeepSeek-V3's weight_scale_inv float32, Kimi-K2-Thinking's INT4
+# weight_scale bf16 (layers/quant/linear.py Int4Group)
+_DUMMY_SCALE_DTYPES = {INT4_GROUP: torch.bfloat16}
 
 
 def quantize_dummy_modules(
@@ -200,7 +203,8 @@ def quantize_dummy_modules(
         if scheme.group is not None and module.in_features % scheme.group:
             continue
         if id(module) not in replaced:
-            replaced[id(module)] = quantized_like(module, fmt, torch.float32, prefix, device)
+            scale_dtype = _DUMMY_SCALE_DTYPES.get(scheme.method, torch.float32)
+            replaced[id(module)] = quantized_like(module, fmt, scale_dtype, prefix, device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, replaced[id(module)])
     return len(replaced)
