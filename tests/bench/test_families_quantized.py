@@ -269,3 +269,33 @@ def test_a_run_does_not_continue_another_quantizations_report(tmp_path, capsys):
     with pytest.raises(SystemExit):
         families.main(["--out", str(tmp_path / "out"), "--quantized", "int4"])
     assert "quantized=fp8, not int4" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "quantized, name",
+    [
+        ("fp8", "deepseek-v3-slice"),
+        ("int4", "deepseek-v3-slice"),
+        ("int4", "kimi-k2-slice"),
+        ("fp8", "qwen3-next-80b"),
+    ],
+)
+def test_the_bench_runs_on_shrunk_quantized_shapes(quantized, name, tmp_path):
+    """On a GPU: run_shape end to end on the shrunk quantized shape (the grouped INT4 / FP8 expert kernels
+    in the captured step; the 80B's MTP engine), decode against a floor of the stored bytes. Hidden and
+    expert widths of 128, so that the experts are whole 128 x 128 FP8 blocks (what the grouped FP8 kernels
+    take: layers/quant/experts.py ``grouped_kernels_take``), as at the real shapes."""
+    from dataclasses import replace
+
+    shape = bench_shapes(quantized, [name])[name]
+    config = {**tiny(shape), "hidden_size": 128, "moe_intermediate_size": 128}
+    tiny_shape = replace(shape, config=config, full_layers=99)
+    result = families.run_shape(tiny_shape, tmp_path, bandwidth=3e12, verify=False)
+    assert [d["batch"] for d in result["decode"]] == list(families.BATCHES)
+    assert all(0 < d["fraction_of_floor"] for d in result["decode"])
+    if name in MTP_ORACLE_SHAPES:
+        rows = result["mtp_oracle"]["rows"]
+        assert [len(r["step_ms"]) for r in rows] == [MTP_STEPS + 1] * len(families.BATCHES)
+        assert all(r["label"] == ORACLE_LABEL for r in rows)
+    assert torch.cuda.memory_allocated() < 1 << 30  # every engine freed

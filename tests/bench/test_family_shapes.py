@@ -112,14 +112,17 @@ def test_step_budget_of_tied_sliding_and_recurrent_shapes(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_the_bench_runs_on_every_shrunk_shape(name, tmp_path):
-    from outpace.bench.families import BATCHES, MAX_VERIFY_TOKENS, run_shape
+    from outpace.bench.families import BATCHES, MAX_VERIFY_TOKENS, MTP_ORACLE_SHAPES, run_shape
 
     shape = SHAPES[name]
     tiny = FamilyShape(name, shape.source, shrink(shape.config, shape.tiny_layers), 99, 1)
     result = run_shape(tiny, tmp_path, bandwidth=3e12)
     assert [d["batch"] for d in result["decode"]] == list(BATCHES)
     assert all(0 < d["fraction_of_floor"] for d in result["decode"])
-    assert [len(v["ms"]) for v in result["verify"]] == [MAX_VERIFY_TOKENS] * 2
+    if name in MTP_ORACLE_SHAPES:  # its MTP layer's oracle rows in place of the n-gram sweep
+        assert [r["batch"] for r in result["mtp_oracle"]["rows"]] == list(BATCHES)
+    else:
+        assert [len(v["ms"]) for v in result["verify"]] == [MAX_VERIFY_TOKENS] * 2
     assert result["kernels"]["kernels"] > shape.tiny_layers
     assert torch.cuda.memory_allocated() < 1 << 30  # both engines freed
 
