@@ -1,0 +1,2 @@
+import faulthandler, sys
+faulthandler.dump_traceback_later(85, exit=False, file=sys.stderr)
