@@ -97,14 +97,23 @@ class Ranks:
         self.processes.clear()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Wait up to ``timeout_s`` for the started ranks to exit (terminating them after), and destroy the
-        process group if this process created it. Idempotent."""
+        """Destroy the process group if this process created it, then wait up to ``timeout_s`` for the ranks
+        it started to exit (terminating any still running). Idempotent.
+
+        The order matters on NCCL, where destroying the group is a collective (torch flushes each
+        communicator with ncclCommFinalize before destroying it) and a started rank destroys it before
+        exiting (``_rank_main``): waiting for that rank first left both waiting until it was terminated,
+        and then this destroy waited for the dead rank forever (seen on two H200s, 2026-11-29). Where a
+        started rank is already gone, an NCCL group is aborted instead (torch's local teardown)."""
         self.closed = True
         _started_here.discard(id(self))
-        self.stop_processes(timeout_s)
         if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+            if dist.get_backend() == "nccl" and self.dead(wait_s=0.0):
+                dist.distributed_c10d._abort_process_group()
+            else:
+                dist.destroy_process_group()
         self.owns_group = False
+        self.stop_processes(timeout_s)
 
 
 def exit_reason(code: int) -> str:

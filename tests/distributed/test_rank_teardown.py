@@ -1,0 +1,54 @@
+"""How an engine's rank 0 tears its ranks down (distributed/launch.py ``Ranks.close``), without processes:
+on NCCL destroying the group is a collective that the started ranks also make before they exit, so rank 0
+destroys it before waiting for them (the other order hung on two H200s); where a started rank is already
+gone, the group is aborted instead. gloo's destroy is local, so the CPU engines cannot show the hang."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from outpace.distributed.launch import Ranks
+
+
+class FakeProcess:
+    def __init__(self, calls: list, exitcode: int | None) -> None:
+        self.calls, self.exitcode = calls, exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        self.calls.append("join")
+        self.exitcode = 0 if self.exitcode is None else self.exitcode
+
+    def terminate(self) -> None:
+        self.calls.append("terminate")
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list:
+    calls: list = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a: calls.append("destroy"))
+    monkeypatch.setattr(
+        dist.distributed_c10d, "_abort_process_group", lambda *a: calls.append("abort")
+    )
+    return calls
+
+
+def test_the_group_is_destroyed_before_the_ranks_are_awaited(calls):
+    ranks = Ranks(processes={1: FakeProcess(calls, None)}, owns_group=True)
+    ranks.close(timeout_s=0.1)
+    assert calls == ["destroy", "join"]
+    ranks.close()  # idempotent
+    assert calls == ["destroy", "join"]
+
+
+def test_a_group_with_a_dead_rank_is_aborted(calls):
+    ranks = Ranks(processes={1: FakeProcess(calls, -9)}, owns_group=True)
+    ranks.close(timeout_s=0.1)
+    assert calls == ["abort", "join"]
+
+
+def test_a_rank_that_did_not_create_the_group_leaves_it(calls):
+    Ranks(owns_group=False).close()
+    assert calls == []
