@@ -255,20 +255,12 @@ def mtp_oracle(llm: LLM, batches: tuple[int, ...], context: int) -> list[dict]:
     each at ``context``) and, at each assumed acceptance, the best k, its speed-up over plain decoding (the
     step with 0 drafts: bench/hybrid_shape.py ``oracle_speedups``) and the tokens/s it gives (batch x
     bench/oracle.py ``expected_tokens`` over its step), labelled ORACLE."""
-    from outpace.bench.gpu import time_decode
     from outpace.bench.hybrid_shape import oracle_speedups
-    from outpace.bench.multi_gpu import ORACLE_LABEL
-    from outpace.bench.oracle import expected_tokens
+    from outpace.bench.oracle import ORACLE_LABEL, captured_step_costs, expected_tokens
 
-    runner = llm.engine.runner
-    chooser = llm.engine.choosers[SamplingMode.GREEDY]
     rows = []
     for batch in batches:
-        bucket = bucket_for(runner.graph_buckets, batch) or batch  # (the CPU has no graph buckets)
-        seconds = _step_costs(chooser, bucket)
-        if len(seconds) < len(runner.shapes):  # no start-up profile (CPU): each shape runs once
-            time_decode(llm, batch, context, steps=len(runner.shapes) + 1)
-            seconds = _step_costs(chooser, bucket)
+        seconds = captured_step_costs(llm, batch, context)
         rows.append(
             {
                 "batch": batch,
@@ -286,11 +278,6 @@ def mtp_oracle(llm: LLM, batches: tuple[int, ...], context: int) -> list[dict]:
             }
         )
     return rows
-
-
-def _step_costs(chooser, bucket: int) -> dict[int, float]:
-    """Adaptive speculation's seconds per step of ``bucket`` rows, by draft count."""
-    return {shape.num_steps: c for (b, shape), c in chooser.costs.items() if b == bucket}
 
 
 def run_mtp_oracle(config: dict, workdir: Path) -> dict:

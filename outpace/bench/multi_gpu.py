@@ -79,6 +79,7 @@ from outpace.bench.gpu import (
     weight_bytes_read,
 )
 from outpace.bench.multi_gpu_report import DP_PARTS
+from outpace.bench.oracle import ORACLE_LABEL
 from outpace.bench.rank_group import engine_facts, release_memory
 from outpace.bench.widen import LLAMA_8B as WIDE_8B
 from outpace.bench.widen import Shape, widen_checkpoint, widen_draft
@@ -98,7 +99,6 @@ LLAMA_70B = {
 }
 RANK_PARTS = ("correctness", "tp_speed", "item1", "qwen3next80b", "ep")  # run on the rank group
 PARTS = (*RANK_PARTS, *DP_PARTS)
-ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 TIMED = (
     "tp_speed",
     *DP_PARTS,
@@ -750,18 +750,10 @@ class Run:
         best k at each assumed acceptance (batch x expected tokens / its step), into ``rows`` (tp_speed's
         by default)."""
         from outpace.bench.hybrid_shape import oracle_speedups
-        from outpace.bench.oracle import expected_tokens
-        from outpace.engine.cuda_graphs import bucket_for
-        from outpace.engine.step_key import SamplingMode
+        from outpace.bench.oracle import captured_step_costs, expected_tokens
 
-        runner = llm.engine.runner
-        chooser = llm.engine.choosers[SamplingMode.GREEDY]
         for batch in self.plan.batches:
-            bucket = bucket_for(runner.graph_buckets, batch) or batch
-            costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
-            if len(costs) < len(runner.shapes):  # no start-up profile (CPU): every shape runs once
-                time_decode(llm, batch, self.plan.context, steps=len(runner.shapes) + 1)
-                costs = {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
+            costs = captured_step_costs(llm, batch, self.plan.context)
             for row in oracle_speedups(costs):
                 k = row["num_drafts"]
                 self.add(

@@ -5,6 +5,7 @@ are measured. Rows built from it carry that label."""
 from __future__ import annotations
 
 ORACLE_ACCEPTANCE = (0.6, 0.8, 0.9)  # assumed per-position acceptance
+ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 
 
 def expected_tokens(acceptance: float, num_drafts: int) -> float:
@@ -20,3 +21,22 @@ def best_draft_count(
     its speed-up over plain decoding, one token per ``plain_seconds``)."""
     k = max(costs, key=lambda n: expected_tokens(acceptance, n) / costs[n])
     return k, expected_tokens(acceptance, k) / costs[k] * plain_seconds
+
+
+def captured_step_costs(llm, batch: int, context: int) -> dict[int, float]:
+    """Seconds of the captured step of ``batch``'s bucket by draft count: adaptive speculation's start-up
+    profile (engine ``choosers``) on a GPU; on the CPU, which profiles nothing, measured by running a decode
+    step of each draft count at ``context`` (bench/gpu.py ``time_decode``)."""
+    from outpace.bench.gpu import time_decode
+    from outpace.engine.cuda_graphs import bucket_for
+    from outpace.engine.step_key import SamplingMode
+
+    runner, chooser = llm.engine.runner, llm.engine.choosers[SamplingMode.GREEDY]
+    bucket = bucket_for(runner.graph_buckets, batch) or batch  # (the CPU has no graph buckets)
+
+    def costs() -> dict[int, float]:
+        return {s.num_steps: c for (b, s), c in chooser.costs.items() if b == bucket}
+
+    if len(costs()) < len(runner.shapes):
+        time_decode(llm, batch, context, steps=len(runner.shapes) + 1)
+    return costs()

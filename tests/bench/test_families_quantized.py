@@ -24,8 +24,7 @@ from outpace.bench.families import (
 )
 from outpace.bench.family_shapes import QWEN3_NEXT_80B, shrink, with_mtp
 from outpace.bench.hybrid_shape import MTP_STEPS
-from outpace.bench.multi_gpu import ORACLE_LABEL
-from outpace.bench.oracle import ORACLE_ACCEPTANCE, expected_tokens
+from outpace.bench.oracle import ORACLE_ACCEPTANCE, ORACLE_LABEL, expected_tokens
 from outpace.config import SpeculativeConfig
 from outpace.layers.quant.linear import QuantizedLinear
 
