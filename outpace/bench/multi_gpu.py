@@ -844,33 +844,14 @@ class Run:
         config = plan.seed_model
         section = self.result.setdefault(
             "qwen3next80b",
-            {
-                "model": f"Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (bench/family_shapes.py), "
+            self._seed_section(
+                f"Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (bench/family_shapes.py), "
                 f"{config['num_hidden_layers']} layers",
-                "weights": SEED_WEIGHTS,
-                "tp": world,
-                "context": plan.context,
-                "all_reduce": [],
-                "engines": [],
-                "decode": [],
-                "oracle": [],
-            },
+                SEED_WEIGHTS,
+            ),
         )
-        if world > 1:
-            self.item(
-                "qwen3next80b: all-reduces",
-                10.0,
-                lambda: self._all_reduces(SEED_NAME, config, section["all_reduce"]),
-            )
-        self.item(
-            f"qwen3next80b: plain TP = {world}",
-            plan.seed_item_s,
-            lambda: self._seed_decode(SEED_NAME, config, section),
-        )
-        self.item(
-            f"qwen3next80b: MTP ORACLE TP = {world}",
-            plan.seed_item_s,
-            lambda: self._seed_mtp(SEED_NAME, with_mtp(config), section),
+        self._seed_items(
+            "qwen3next80b", f"TP = {world}", SEED_NAME, config, section, plan.seed_item_s
         )
 
     # ---- issue 46 item 2 ----------------------------------------------------------------------------------
@@ -881,36 +862,53 @@ class Run:
         for name, config in plan.ep_models.items():
             section = part["shapes"].setdefault(
                 name,
-                {
-                    "model": f"{name} (bench/family_shapes.py), {config['num_hidden_layers']} layers",
-                    "weights": SEED_WEIGHTS.split(";")[0],
-                    "tp": world,
-                    "ep": world,
-                    "context": plan.context,
-                    "all_reduce": [],
-                    "engines": [],
-                    "decode": [],
-                    "oracle": [],
-                },
+                self._seed_section(
+                    f"{name} (bench/family_shapes.py), {config['num_hidden_layers']} layers",
+                    SEED_WEIGHTS.split(";")[0],
+                    ep=world,
+                ),
             )
-            if world > 1:
-                self.item(
-                    f"ep: {name} all-reduces",
-                    10.0,
-                    lambda n=name, c=config, s=section: self._all_reduces(n, c, s["all_reduce"]),
-                )
-            runs = (
-                ("plain", self._seed_decode, config),
-                ("MTP ORACLE", self._seed_mtp, with_mtp(config)),
+            self._seed_items(
+                f"ep: {name}", f"EP = {world}", name, config, section, plan.ep_item_s,
+                expert_parallel_size=world,
+            )  # fmt: skip
+
+    def _seed_section(self, model: str, weights: str, **parallel) -> dict:
+        """The rows of a model measured by ``_seed_items``."""
+        return {
+            "model": model,
+            "weights": weights,
+            "tp": self.group.world,
+            **parallel,
+            "context": self.plan.context,
+            "all_reduce": [],
+            "engines": [],
+            "decode": [],
+            "oracle": [],
+        }
+
+    def _seed_items(
+        self, label: str, parallel: str, name: str, config: dict, section: dict, seconds: float,
+        **engine,
+    ) -> None:  # fmt: skip
+        """``label``'s items for the model of ``config`` on the world's ranks (``engine``: EngineConfig fields
+        on top): the all-reduces of one step alone, plain decode, its MTP layer under ORACLE acceptance."""
+        if self.group.world > 1:
+            self.item(
+                f"{label}: all-reduces",
+                10.0,
+                lambda: self._all_reduces(name, config, section["all_reduce"]),
             )
-            for what, run, shape in runs:
-                self.item(
-                    f"ep: {name} {what} EP = {world}",
-                    plan.ep_item_s,
-                    lambda run=run, n=name, c=shape, s=section: run(
-                        n, c, s, expert_parallel_size=world
-                    ),
-                )
+        self.item(
+            f"{label}: plain {parallel}",
+            seconds,
+            lambda: self._seed_decode(name, config, section, **engine),
+        )
+        self.item(
+            f"{label}: MTP ORACLE {parallel}",
+            seconds,
+            lambda: self._seed_mtp(name, with_mtp(config), section, **engine),
+        )
 
     def _seed_engine(
         self, name: str, config: dict, spec: SpeculativeConfig, section: dict, what: str, **engine
