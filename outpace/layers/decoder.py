@@ -196,7 +196,7 @@ def pack_projections(model: nn.Module) -> None:
     """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each; also the q/k/v of
     any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's) and the
     in-projections of a module that lists them (``in_projections()`` beside an ``in_proj`` None: gated
-    DeltaNet's).
+    DeltaNet's); a module with a ``pack_rows()`` packs its own.
     Projections stored quantized (layers/quant/linear.py) stay separate."""
     for module in model.modules():
         if (
@@ -213,6 +213,8 @@ def pack_projections(model: nn.Module) -> None:
             projections = module.in_projections()
             if all(isinstance(p, nn.Linear) for p in projections):
                 module.in_proj = PackedProjection(projections)
+        elif hasattr(module, "pack_rows"):  # rows of its own (Qwen3-Next's router and shared gate)
+            module.pack_rows()
 
 
 def unpack_projections(model: nn.Module) -> None:

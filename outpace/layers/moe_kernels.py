@@ -15,7 +15,9 @@ float32 on the projections' float32 accumulators:
 Shared experts fused with the routed ones (SGLang's "shared experts fusion", sgl-project/sglang PR 4918,
 ``num_fused_shared_experts``; first proposed for vLLM in vllm-project/vllm PR 15502): a shared MLP of
 S * inter rows is S more experts of inter rows (the activation acts per intermediate row, the down
-projection's column blocks sum), chosen by every token with weight 1. They come as a second set of stacks
+projection's column blocks sum), chosen by every token with weight 1, or with a weight per token where the
+routing gives one (Qwen3-Next's sigmoid-gated shared expert: layers/moe_routing_kernel.py
+``shared_gate``, the weights then [tokens, SLOTS]). They come as a second set of stacks
 (``shared``: views of the shared MLP's own parameters, so nothing is copied); expert ids NUM_ROUTED ..
 NUM_ROUTED + S - 1 name them. A token's (token, slot) pairs are its top_k routed slots and then its S
 shared slots: SLOTS = top_k + S per token, pair p = token * SLOTS + slot.
@@ -38,7 +40,8 @@ Four kernels, every grid fixed by the shapes:
 2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N): a block's rows times its expert's gate and up
    rows (up only when ungated), the activation, into an intermediate row per block row.
 3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N): the intermediate rows times the expert's down
-   weight, times the pair's routing weight (1 for a shared slot), into one float32 row per pair.
+   weight, times the pair's routing weight (a shared slot's: 1, or its column of the weights), into one
+   float32 row per pair.
 4. ``_combine_kernel``, grid (tokens, hidden / BLOCK_H): each token's SLOTS rows summed in slot order (routed
    slots, then shared), in x's dtype. No atomics: the same inputs give the same bits.
 
@@ -383,7 +386,7 @@ def _down_kernel(
     act_ptr,  # [max_blocks * BLOCK_M, inter]
     w_ptr,  # [routed, hidden, inter]
     shared_w_ptr,  # [shared, hidden, inter]
-    weights_ptr,  # [tokens, >= TOP_K] float32 routing weights (row stride stride_weights)
+    weights_ptr,  # [tokens, WEIGHTED_SLOTS] float32 routing weights (row stride stride_weights)
     partial_ptr,  # [pairs, hidden] float32, written
     scale_ptr,  # quantized stacks (FORMAT != "none"): the down projections' scales [routed, ., .]
     sorted_pairs_ptr,
@@ -402,7 +405,7 @@ def _down_kernel(
     stride_se,
     stride_sn,
     stride_sk,
-    TOP_K: tl.constexpr,
+    WEIGHTED_SLOTS: tl.constexpr,  # the slots the weights give: top_k, or all (the shared ones too)
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -448,8 +451,10 @@ def _down_kernel(
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
         token, slot = pair // SLOTS, pair % SLOTS
         weight = tl.load(
-            weights_ptr + token * stride_weights + slot, mask=row_ok & (slot < TOP_K), other=1.0
-        ).to(tl.float32)  # [BLOCK_M]: 1 for a shared slot
+            weights_ptr + token * stride_weights + slot,
+            mask=row_ok & (slot < WEIGHTED_SLOTS),
+            other=1.0,
+        ).to(tl.float32)  # [BLOCK_M]: 1 for a shared slot the weights do not give
         tl.store(
             partial_ptr + pair[:, None] * stride_partial + offs_n[None, :],
             acc * weight[:, None],
@@ -493,8 +498,8 @@ def grouped_experts(
     skipped_slots: bool = False,
     quant: ExpertScales | None = None,
 ) -> torch.Tensor:
-    """x [n, hidden]; weights [n, top_k] float32; ids [n, top_k] int (each with its last dimension
-    contiguous); gate (None: ungated experts) and up [experts, inter, hidden]; down [experts, hidden,
+    """x [n, hidden]; weights [n, top_k] float32, or [n, top_k + shared] with the shared slots' weights too
+    (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated experts) and up [experts, inter, hidden]; down [experts, hidden,
     inter] (x's dtype, each with its last dimension contiguous); ``activation`` one of ``ACTIVATIONS``,
     ``limit`` the optional clamp; ``shared`` the shared experts' (gate, up, down) stacks of the same layout
     and inter, fused (module docstring); ``layout`` the block layout of ids and the shared slots when the
@@ -526,6 +531,10 @@ def grouped_experts(
     # (the gate pointers are not read when ungated)
     gate_w, shared_gate_w = (up, shared_up) if gate is None else (gate, shared_gate)
     slots = top_k + num_shared
+    if weights.shape[1] not in (top_k, slots):
+        raise ValueError(
+            f"weights of {weights.shape[1]} slots a token: the {top_k} routed ones, or all {slots}"
+        )
     pairs = n * slots
     if layout is None:
         layout = align(ids, num_routed, num_shared)
@@ -615,7 +624,7 @@ def grouped_experts(
         weights.stride(0),
         partial.stride(0),
         *down_ss,
-        TOP_K=top_k,
+        WEIGHTED_SLOTS=weights.shape[1],
         SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_down,

@@ -25,6 +25,12 @@ Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRou
 - ``expert_scale`` [experts]: each chosen expert's weight times its entry, after the renormalisation and
   the scaling (Gemma 4's per_expert_scale).
 
+One for a shared expert with a gate of its own (Qwen3-Next's and Qwen3.5's: transformers
+Qwen3NextSparseMoeBlock, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``): ``shared_gate``, the
+router weight with the gate's row appended ([experts + 1, hidden]), so that the matvec computes the gate's
+logit as one more column; the route kernel leaves it out of the scores and writes sigmoid(it) as the weight
+of each of the token's ``num_shared`` fused shared slots (layers/moe_kernels.py), after its top_k weights.
+
 Ties: a top-k takes the largest value first and, among equal values, the lowest index (expert or group);
 the chosen experts are written in that order (largest selection score first). torch.topk leaves the order
 of ties unspecified, so on scores without ties (random scores, as the tests use) both choose the same set.
@@ -157,6 +163,8 @@ def _route_tokens(
     BIAS: tl.constexpr,
     INPUT_NORM: tl.constexpr,
     EXPERT_SCALE: tl.constexpr,
+    SHARED_GATE: tl.constexpr,
+    NUM_SHARED: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     TOP_GROUPS: tl.constexpr,
     TOP2_SUM: tl.constexpr,
@@ -167,8 +175,9 @@ def _route_tokens(
     BLOCK_K: tl.constexpr,
 ):
     """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.)."""
-    # a row of the partial logits: the experts' logits, then with the norm the sum of x^2
-    ROW: tl.constexpr = NUM_EXPERTS + INPUT_NORM
+    # a row of the partial logits: the experts' logits, the shared gate's, then with the norm the sum of x^2
+    ROW: tl.constexpr = NUM_EXPERTS + SHARED_GATE + INPUT_NORM
+    W_ROW: tl.constexpr = TOP_K + SHARED_GATE * NUM_SHARED  # a row of the weights written
     tokens = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     experts = tl.arange(0, BLOCK_E)  # [BLOCK_E]
     t_ok, e_ok = tokens < n, experts < NUM_EXPERTS
@@ -177,14 +186,19 @@ def _route_tokens(
     cell = row[:, None] + experts[None, :]  # [BLOCK_T, BLOCK_E]
     logits = tl.load(partial_ptr + cell, mask=ok, other=0.0)
     sq = tl.zeros([BLOCK_T], tl.float32)  # the sum of x^2 per token (INPUT_NORM)
-    if INPUT_NORM:
-        sq = tl.load(partial_ptr + row + NUM_EXPERTS, mask=t_ok, other=0.0)
-    for s in range(1, splits):  # in split order: the same bits every time
-        logits += tl.load(partial_ptr + s * n * ROW + cell, mask=ok, other=0.0)
+    gate = tl.zeros([BLOCK_T], tl.float32)  # the shared gate's logit per token (SHARED_GATE)
+    SQ: tl.constexpr = NUM_EXPERTS + SHARED_GATE  # the column of the sum of x^2
+    for s in range(0, splits):  # in split order: the same bits every time
+        if s > 0:
+            logits += tl.load(partial_ptr + s * n * ROW + cell, mask=ok, other=0.0)
+        if SHARED_GATE:
+            gate += tl.load(partial_ptr + s * n * ROW + row + NUM_EXPERTS, mask=t_ok, other=0.0)
         if INPUT_NORM:
-            sq += tl.load(partial_ptr + s * n * ROW + row + NUM_EXPERTS, mask=t_ok, other=0.0)
+            sq += tl.load(partial_ptr + s * n * ROW + row + SQ, mask=t_ok, other=0.0)
     if INPUT_NORM:  # RMSNorm(x) @ W.T = rsqrt(mean(x^2) + eps) * (x @ W.T): one number a token
-        logits *= (tl.rsqrt(sq / hidden + norm_eps) * norm_constant)[:, None]
+        factor = tl.rsqrt(sq / hidden + norm_eps) * norm_constant  # [BLOCK_T]
+        logits *= factor[:, None]
+        gate *= factor
     if SOFTMAX:
         logits = tl.where(e_ok[None, :], logits, float("-inf"))
         p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
@@ -220,20 +234,27 @@ def _route_tokens(
     if NORMALIZE:
         top_w = top_w / (tl.sum(top_w, axis=1)[:, None] + 1e-20)
     top_w *= scaling
-    out = tokens[:, None].to(tl.int64) * TOP_K + slots[None, :]
     mask = t_ok[:, None] & (slots[None, :] < TOP_K)
     if EXPERT_SCALE:
         top_w *= tl.load(expert_scale_ptr + top_i, mask=mask, other=0.0).to(tl.float32)
-    tl.store(weights_ptr + out, top_w, mask=mask)
-    tl.store(ids_ptr + out, top_i.to(tl.int64), mask=mask)
+    w_rows = tokens.to(tl.int64) * W_ROW  # [BLOCK_T]
+    tl.store(weights_ptr + w_rows[:, None] + slots[None, :], top_w, mask=mask)
+    tl.store(
+        ids_ptr + tokens[:, None].to(tl.int64) * TOP_K + slots[None, :],
+        top_i.to(tl.int64),
+        mask=mask,
+    )
+    if SHARED_GATE:  # every shared slot of the token weighted by its gate
+        for j in tl.static_range(NUM_SHARED):
+            tl.store(weights_ptr + w_rows + TOP_K + j, tl.sigmoid(gate), mask=t_ok)
 
 
 @triton.jit
 def _route_kernel(
-    partial_ptr,  # [splits, n, experts (+ 1 with INPUT_NORM)] float32 partial logits
+    partial_ptr,  # [splits, n, experts (+ 1 with SHARED_GATE, + 1 with INPUT_NORM)] float32 partial logits
     bias_ptr,  # [experts] float32 (read when BIAS)
     expert_scale_ptr,  # [experts] any float dtype (read when EXPERT_SCALE)
-    weights_ptr,  # [n, TOP_K] float32, written
+    weights_ptr,  # [n, TOP_K (+ NUM_SHARED with SHARED_GATE)] float32, written
     ids_ptr,  # [n, TOP_K] int64, written
     sorted_pairs_ptr,
     block_expert_ptr,  # the block layout, written when LAYOUT
@@ -250,6 +271,7 @@ def _route_kernel(
     BIAS: tl.constexpr,
     INPUT_NORM: tl.constexpr,
     EXPERT_SCALE: tl.constexpr,
+    SHARED_GATE: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     TOP_GROUPS: tl.constexpr,
     TOP2_SUM: tl.constexpr,
@@ -286,6 +308,8 @@ def _route_kernel(
             BIAS,
             INPUT_NORM,
             EXPERT_SCALE,
+            SHARED_GATE,
+            NUM_SHARED,
             NUM_GROUPS,
             TOP_GROUPS,
             TOP2_SUM,
@@ -371,20 +395,29 @@ def select_experts(
     layout: bool = False,
     input_norm: RouterInputNorm | None = None,
     expert_scale: torch.Tensor | None = None,
+    shared_gate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
     """partial logits [splits, n, experts] float32 (``router_logits``, or the logits as [1, n, experts]);
     bias [experts] float32 or None; routing a layers/moe.py ``Routing`` -> (weights [n, top_k] float32,
     ids [n, top_k] int64, with ``layout`` the block layout of ids and ``num_shared`` shared slots per
     token (layers/moe_kernels.py), else None). With ``input_norm``, partial holds ``router_logits`` with
-    the norm's column scale (one more entry a row); ``expert_scale`` [experts]: module docstring."""
+    the norm's column scale (one more entry a row); ``expert_scale`` [experts]: module docstring. With
+    ``shared_gate`` each row holds the shared gate's logit after the experts' (module docstring), and the
+    weights are [n, top_k + num_shared], the shared slots' sigmoid(gate) last."""
     splits, n, experts = partial.shape
     norm = input_norm
-    experts -= norm is not None  # (the sum of x^2 ends each row)
+    experts -= (
+        norm is not None
+    ) + shared_gate  # (the gate's logit, then the sum of x^2 end each row)
+    if shared_gate and num_shared < 1:
+        raise ValueError("a shared gate weights shared slots: num_shared must be at least 1")
     r = routing
     if r.correction_bias != (bias is not None):
         raise ValueError("the correction bias comes with Routing.correction_bias")
     top_k = r.top_k
-    weights = torch.empty(n, top_k, dtype=torch.float32, device=partial.device)
+    weights = torch.empty(
+        n, top_k + shared_gate * num_shared, dtype=torch.float32, device=partial.device
+    )
     ids = torch.empty(n, top_k, dtype=torch.int64, device=partial.device)
     block_e = triton.next_power_of_2(experts)
     block_t = max(1, min(triton.next_power_of_2(n), 4096 // block_e, FUSED_LAYOUT_TOKENS))
@@ -415,6 +448,7 @@ def select_experts(
         BIAS=bias is not None,
         INPUT_NORM=norm is not None,
         EXPERT_SCALE=expert_scale is not None,
+        SHARED_GATE=shared_gate,
         NUM_GROUPS=r.num_groups,
         TOP_GROUPS=r.top_groups,
         TOP2_SUM=r.group_score == "top2_sum",
@@ -444,9 +478,11 @@ def route(
     layout: bool = False,
     input_norm: RouterInputNorm | None = None,
     expert_scale: torch.Tensor | None = None,
+    shared_gate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
     """x [n, hidden] -> ``select_experts`` of its router logits (module docstring), of RMSNorm(x) times
-    the norm's scales with ``input_norm``, each weight times its expert's ``expert_scale`` [experts]."""
+    the norm's scales with ``input_norm``, each weight times its expert's ``expert_scale`` [experts];
+    with ``shared_gate`` the weight's last row is the shared expert's gate ([experts + 1, hidden])."""
     column_scale = None if input_norm is None else input_norm.column_scale
     return select_experts(
         router_logits(x, weight, column_scale),
@@ -456,4 +492,5 @@ def route(
         layout,
         input_norm,
         expert_scale,
+        shared_gate,
     )

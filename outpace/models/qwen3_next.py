@@ -10,8 +10,10 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
 - Every RMSNorm of the stack scales by (1 + weight) in float32 (transformers Qwen3NextRMSNorm, Gemma's).
 - Qwen3-Next's MLP is a mixture of experts on every ``decoder_sparse_step``-th layer outside
   ``mlp_only_layers``: a softmax router keeps num_experts_per_tok experts (weights renormalised with
-  norm_topk_prob), plus one shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)). Qwen3.5's is
-  a dense SwiGLU MLP.
+  norm_topk_prob), plus one shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)). On the grouped
+  kernels the shared expert runs as more slots of the routed experts, weighted by its gate, which the
+  routing kernel computes as one more router row (``RouterWithSharedGate``): the block is its router's
+  two launches, gate/up, down and the combine. Qwen3.5's is a dense SwiGLU MLP.
 - Qwen3.5's multimodal rotary sections (mrope_section) turn text positions exactly as plain RoPE does
   (the three position streams are equal), so they are not read.
 
@@ -56,6 +58,7 @@ from outpace.layers.moe import (
     Routing,
     expert_modules,
     moe_on_kernels,
+    shared_expert_stacks,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -231,6 +234,31 @@ class GatedAttention(nn.Module):
         return self.o_proj(sigmoid_gate(out.view(n, self.heads, d), gate).view(n, -1))
 
 
+class RouterWithSharedGate(Router):
+    """Qwen3-Next's router, on the kernels with the shared expert's gate as one more row of its weight
+    (layers/moe_routing_kernel.py ``shared_gate``): routing for ``num_shared`` fused shared slots weights
+    them sigmoid(shared_expert_gate(x)), after the top_k weights ([n, top_k + num_shared]). ``rows``
+    [experts + 1, hidden] float32 is built after loading (``pack``); without it, without shared slots and
+    on the torch path it routes as ``Router``."""
+
+    rows: torch.Tensor | None = None
+
+    def pack(self, shared_gate: nn.Linear) -> None:
+        """``rows``: the weight, now a view of its first rows, and a float32 copy of the gate's row (a copy:
+        the gate keeps the model's dtype; nothing writes the weights after loading)."""
+        self.rows = torch.cat([self.weight.data, shared_gate.weight.data.float()])
+        self.weight.data = self.rows[:-1]
+
+    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
+        if not num_shared or self.rows is None:
+            return super().route_on_kernels(x, num_shared, layout)
+        from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
+
+        return moe_routing_kernel.route(
+            x, self.rows, None, self.routing, num_shared, layout, shared_gate=True
+        )
+
+
 class SparseMoeWithSharedExpert(nn.Module):
     """Qwen3-Next's MLP (module docstring): [n, hidden] -> [n, hidden]. Checkpoint names: ``gate.weight``,
     ``experts.{e}.{gate,up,down}_proj``, ``shared_expert.*``, ``shared_expert_gate.weight``."""
@@ -238,7 +266,7 @@ class SparseMoeWithSharedExpert(nn.Module):
     def __init__(self, hidden_size: int, hybrid: Qwen3NextConfig, act: str) -> None:
         super().__init__()
         self.group = build_group()
-        self.gate = Router(hidden_size, hybrid.routing)
+        self.gate = RouterWithSharedGate(hidden_size, hybrid.routing)
         num_experts = hybrid.routing.num_experts
         experts = expert_modules(
             num_experts,
@@ -260,15 +288,43 @@ class SparseMoeWithSharedExpert(nn.Module):
         )
         self.shared_expert_gate = linear(hidden_size, 1)
 
+    def pack_rows(self) -> None:
+        """After loading (layers/decoder.py ``pack_projections``): the router's rows and the shared gate's
+        as one matrix, where the gate is a plain projection (not one stored quantized)."""
+        if isinstance(self.shared_expert_gate, nn.Linear) and self.gate.rows is None:
+            self.gate.pack(self.shared_expert_gate)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (the sigmoid-gated shared expert has a per-token weight: it runs beside the routed experts)
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if self.experts.uses_kernels(x):  # routing with the grouped kernels' block layout
-            routed = moe_on_kernels(x, self.gate, self.experts)
+        if self.experts.uses_kernels(x):
+            out = self._on_kernels(x)
         else:
-            routed = self.experts(x, *self.gate(x))
+            out = self.experts(x, *self.gate(x)) + self._gated_shared(x)
         # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
-        return all_reduce(routed + shared, self.group)
+        return all_reduce(out, self.group)
+
+    def _gated_shared(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+    def _on_kernels(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts on the grouped kernels and the shared expert fused with them, its slots
+        weighted by its gate (``RouterWithSharedGate``), where it fuses (layers/moe.py
+        ``shared_expert_stacks``; routing on the kernels, the rows packed, the experts not reducing over an
+        expert group of their own); else beside them."""
+        placement = self.experts.placement
+        fuses = self.gate.rows is not None and self.gate.uses_kernel(x)
+        stacks = (
+            shared_expert_stacks(self.shared_expert, self.experts)
+            if fuses and not placement.reduces_itself
+            else None
+        )
+        if stacks is None:
+            return moe_on_kernels(x, self.gate, self.experts) + self._gated_shared(x)
+        num_shared = stacks[1].shape[0]
+        if placement.group is None:
+            weights, ids, layout = self.gate(x, num_shared, layout=True)
+        else:  # (an expert-parallel rank aligns its own experts' slots: no layout)
+            (weights, ids), layout = self.gate(x, num_shared), None
+        return self.experts.run(x, weights, ids, shared=stacks, layout=layout)
 
 
 class Qwen3NextDecoderLayer(nn.Module):

@@ -397,6 +397,60 @@ def test_ungated_shared_experts_fuse_too():
     assert shared_expert_stacks(UngatedMLP(24, 50, "relu2"), experts) is None  # not 20-wide experts
 
 
+def test_shared_slots_take_their_weights_where_the_routing_gives_them():
+    """Qwen3-Next's gated shared expert: weights [n, top_k + shared], each shared slot times its column."""
+    experts = routed_experts("modules", ExpertActivation("silu"))
+    shared = randomise(GatedMLP(24, 40, "silu")).to(DEVICE)  # two experts of the routed width
+    stacks = shared_expert_stacks(shared, experts)
+    x = torch.randn(5, 24, device=DEVICE)
+    weights, ids = routing_of(5, 6, 2, shared=True, seed=3)
+    gate = torch.rand(5, 1, device=DEVICE)
+    with torch.no_grad():
+        expected = run_experts(x, weights, ids, experts.eager_experts()) + gate * shared(x)
+        experts.kernels = True
+        gated = torch.cat([weights, gate.expand(5, 2)], dim=1)  # [n, top_k + shared]
+        torch.testing.assert_close(
+            experts.run(x, gated, ids, shared=stacks), expected, rtol=1e-5, atol=1e-5
+        )
+        with pytest.raises(ValueError, match="slots a token"):  # neither top_k nor every slot
+            experts.run(x, torch.cat([weights, gate], dim=1), ids, shared=stacks)
+
+
+def test_qwen3_next_block_fuses_its_gated_shared_expert(tmp_path):
+    """Qwen3-Next's MoE block on the kernels with its rows packed (models/qwen3_next.py
+    ``RouterWithSharedGate``), its shared expert two routed experts wide: the router, seen by forward
+    hooks, gives both shared slots the gate's weight, no shared MLP runs beside the experts, and the block
+    equals its torch path."""
+    import transformers
+
+    from helpers.hybrid_models import HYBRIDS
+    from outpace.model_config import ModelConfig
+    from outpace.models.loader import build_model
+    from outpace.models.qwen3_next import SparseMoeWithSharedExpert
+
+    cls_name, extra = HYBRIDS["qwen3_next"]
+    extra = {**extra, "shared_expert_intermediate_size": 2 * extra["moe_intermediate_size"]}
+    config = getattr(transformers, cls_name)(**extra, architectures=["Qwen3NextForCausalLM"])
+    config.save_pretrained(tmp_path)
+    model = randomise(build_model(ModelConfig.from_pretrained(tmp_path), torch.float32, DEVICE))
+    pack_projections(model)
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeWithSharedExpert)]
+    assert blocks and all(b.gate.rows is not None for b in blocks)
+    for block in blocks:
+        x = torch.randn(7, block.gate.weight.shape[1], device=DEVICE)
+        with torch.no_grad():
+            block.experts.kernels, block.gate.kernel = False, False
+            expected = block(x)
+            block.experts.kernels, block.gate.kernel = True, True
+            widths = []
+            hook = block.gate.register_forward_hook(lambda m, a, out: widths.append(out[0].shape))
+            beside = block.shared_expert.register_forward_hook(lambda *a: widths.append("beside"))
+            got = block(x)
+            hook.remove(), beside.remove()
+        assert widths == [(7, block.gate.routing.top_k + 2)]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 # ---- every MoE family's module ---------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
 from outpace.layers.moe import Router, Routing  # noqa: E402
 from outpace.layers.moe_kernels import align  # noqa: E402
-from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
+from outpace.layers.moe_routing_kernel import route, router_logits, select_experts  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -148,3 +148,32 @@ def test_gpu_deepseek_shapes(case, n):
     same = (got_i == exp_i).all(dim=1)
     assert same.float().mean() >= 0.95
     torch.testing.assert_close(got_w[same], exp_w[same], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "n, num_shared, layout", [(1, 1, True), (6, 2, True), (70, 1, True), (5, 1, False)]
+)
+def test_a_shared_gate_row_weights_the_shared_slots(n, num_shared, layout):
+    """The router weight with one more row (Qwen3-Next's shared_expert_gate, models/qwen3_next.py
+    ``RouterWithSharedGate``): the routing and the block layout of the weight alone, and after the top_k
+    weights each shared slot's, sigmoid(x @ gate)."""
+    routing = ROUTINGS["softmax-normalised-scaled"]
+    router = make_router(routing, hidden=33, seed=n)
+    g = torch.Generator(DEVICE).manual_seed(n)
+    gate = torch.randn(1, 33, device=DEVICE, generator=g) * 33**-0.5
+    x = torch.randn(n, 33, device=DEVICE, generator=g)
+    rows = torch.cat([router.weight, gate])  # [experts + 1, hidden]
+    weights, ids, blocks = route(x, rows, None, routing, num_shared, layout, shared_gate=True)
+    alone_weights, alone_ids, alone_blocks = route(
+        x, router.weight, None, routing, num_shared, layout
+    )
+    top_k = routing.top_k
+    assert weights.shape == (n, top_k + num_shared) and torch.equal(ids, alone_ids)
+    torch.testing.assert_close(weights[:, :top_k], alone_weights, rtol=1e-6, atol=1e-7)
+    expected = torch.sigmoid(x @ gate.T).expand(n, num_shared)  # [n, num_shared]
+    torch.testing.assert_close(weights[:, top_k:], expected, rtol=1e-5, atol=1e-6)
+    if layout:
+        assert torch.equal(blocks.sorted_pairs, alone_blocks.sorted_pairs)
+        assert torch.equal(blocks.block_expert, alone_blocks.block_expert)
+    with pytest.raises(ValueError, match="num_shared"):
+        route(x, rows, None, routing, 0, layout, shared_gate=True)
