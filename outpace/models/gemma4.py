@@ -38,6 +38,7 @@ from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
+from outpace.layers import sandwich_norms
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
@@ -381,19 +382,25 @@ class Gemma4DecoderLayer(nn.Module):
             return self.per_layer_branch(
                 sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
             )
-        h = h + self.post_attention_layernorm(
-            self.self_attn(positions, self.input_layernorm(h), shared)
+        # (the norms and adds between the blocks: one launch each side of the MLP on CUDA, layers/sandwich_norms.py)
+        h, pre, pre2 = sandwich_norms.after_attention(
+            h,
+            self.self_attn(positions, self.input_layernorm(h), shared),
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+            self.pre_feedforward_layernorm_2 if self.has_moe else None,
         )
-        mlp = self.mlp(self.pre_feedforward_layernorm(h))
+        mlp = self.mlp(pre)
+        moe = {}
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
-            routed = self.experts.routed_by(self.router, h, self.pre_feedforward_layernorm_2(h))
-            mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(routed)
-        h = h + self.post_feedforward_layernorm(mlp)
-        return (
-            h * self.layer_scalar
-            if per_layer_input is None
-            else self.per_layer_branch(h, per_layer_input)
-        )
+            moe = dict(
+                routed=self.experts.routed_by(self.router, h, pre2),
+                post1=self.post_feedforward_layernorm_1,
+                post2=self.post_feedforward_layernorm_2,
+            )
+        scale = self.layer_scalar if per_layer_input is None else None
+        h = sandwich_norms.after_mlp(h, mlp, self.post_feedforward_layernorm, scale, **moe)
+        return h if per_layer_input is None else self.per_layer_branch(h, per_layer_input)
 
     def per_layer_branch(self, h: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] after the MLP; per_layer_input [num_tokens, per_layer_size] -> the
