@@ -77,6 +77,7 @@ from outpace.layers.linear import project
 from outpace.layers.quant.experts import (
     QuantizedExpertStacks,
     QuantizedStackedWeight,
+    fused_quantized_shared,
     grouped_kernels_take,
     has_quantized_experts,
     has_quantized_stacks,
@@ -429,10 +430,12 @@ class RoutedExperts(nn.Module):
         ids: torch.Tensor,
         shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
         layout=None,
+        quantized_shared: nn.Module | None = None,
     ) -> torch.Tensor:
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
-        layout the routing kernel wrote (layers/moe_kernels.py grouped_experts).
+        layout the routing kernel wrote (layers/moe_kernels.py grouped_experts); ``quantized_shared``: a
+        shared MLP stacked after quantized experts (layers/quant/experts.py ``fused_quantized_shared``).
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
@@ -446,13 +449,20 @@ class RoutedExperts(nn.Module):
                 )
             ids = placement.local_ids(ids)  # [n, top_k]: -1 where another rank's expert was chosen
         quantized = has_quantized_experts(self) or has_quantized_stacks(self)
+        if (shared is not None and quantized) or (quantized_shared is not None and not quantized):
+            raise ValueError(
+                "shared experts fuse as stacks with half-precision experts, as a module with quantized ones"
+            )
         if self.uses_kernels(x) and quantized:
-            if shared is not None:
-                raise ValueError(
-                    "quantized experts fuse no shared experts: the shared MLP runs beside"
+            skipped = placement.group is not None
+            if has_quantized_experts(self):
+                out = run_quantized_experts(
+                    self, x, weights, ids, layout, skipped, quantized_shared
                 )
-            run = run_quantized_experts if has_quantized_experts(self) else run_quantized_stacks
-            out = run(self, x, weights, ids, layout, skipped_slots=placement.group is not None)
+            elif quantized_shared is not None:
+                raise ValueError("quantized stacked experts fuse no shared MLP")
+            else:
+                out = run_quantized_stacks(self, x, weights, ids, layout, skipped)
         elif self.uses_kernels(x):
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
@@ -595,19 +605,46 @@ def moe_on_kernels(
     routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
     MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
     hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm)."""
-    placement = experts.placement
-    # (expert parallel with TP = 1: the routed output is reduced over the ranks, the replicated shared MLP not)
-    shared = None if placement.reduces_itself else shared_expert_stacks(shared_mlp, experts)
-    num_shared = 0 if shared is None else shared[1].shape[0]
+    fused = FusedShared.of(shared_mlp, experts)
     routed = x if router_input is None else router_input
-    if placement.group is None:
-        weights, ids, layout = router(routed, num_shared, layout=True)
+    if experts.placement.group is None:
+        weights, ids, layout = router(routed, fused.count, layout=True)
     else:  # (the routing kernel's layout is of all experts: this rank's is aligned by grouped_experts)
         (weights, ids), layout = router(routed), None
-    out = experts.run(x, weights, ids, shared=shared, layout=layout)
-    if shared is None and shared_mlp is not None:
+    out = experts.run(x, weights, ids, layout=layout, **fused.run_args())
+    if fused.count == 0 and shared_mlp is not None:
         out = out + shared_mlp(x)
     return out
+
+
+@dataclass(frozen=True)
+class FusedShared:
+    """How the grouped kernels fuse a shared MLP with the routed experts (``of``): as ``stacks`` over
+    half-precision experts (``shared_expert_stacks``), as the ``quantized`` MLP stacked after quantized
+    ones (layers/quant/experts.py ``fused_quantized_shared``), or not at all (it runs beside them)."""
+
+    stacks: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
+    quantized: nn.Module | None = None
+
+    @classmethod
+    def of(cls, mlp: nn.Module | None, experts: RoutedExperts) -> FusedShared:
+        """Nothing fuses where the experts reduce over an expert group of their own (expert parallel with
+        TP = 1: the routed output is summed over the ranks, the replicated shared MLP must not be)."""
+        if mlp is None or experts.placement.reduces_itself:
+            return cls()
+        stacks = shared_expert_stacks(mlp, experts)
+        return cls(stacks, None if stacks is not None else fused_quantized_shared(mlp, experts))
+
+    @property
+    def count(self) -> int:
+        """Shared slots per token."""
+        return (
+            self.stacks[1].shape[0] if self.stacks is not None else int(self.quantized is not None)
+        )
+
+    def run_args(self) -> dict:
+        """``RoutedExperts.run``'s keyword arguments for them."""
+        return dict(shared=self.stacks, quantized_shared=self.quantized)
 
 
 def shared_expert_stacks(
@@ -622,7 +659,7 @@ def shared_expert_stacks(
     kernels clamp every slot with the routed experts' limit), weights of another dtype (quantized) or not
     contiguous, a width that is not a multiple of the routed experts'."""
     if mlp is None or has_quantized_experts(experts) or has_quantized_stacks(experts):
-        # (the quantized kernels fuse none)
+        # (over quantized experts: layers/quant/experts.py fused_quantized_shared)
         return None
     down_r = experts.stacks()[2]  # [experts, hidden, inter]
     hidden, inter = down_r.shape[1], down_r.shape[2]

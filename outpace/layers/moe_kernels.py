@@ -339,7 +339,7 @@ def _gate_up_kernel(
         )
         gate_rows = gate_base + offs_n[:, None] * gate_rs  # [BLOCK_N, 1]
         up_rows = up_base + offs_n[:, None] * up_rs
-        e = expert.to(tl.int64)  # quantized stacks have no shared experts
+        e = expert.to(tl.int64)  # (a quantized shared expert's scales follow the routed experts')
         gate_scales = scale_rows(
             gate_scale_ptr + e * stride_gse, offs_n, stride_gsn, FORMAT, SCALE_BN
         )
@@ -508,7 +508,8 @@ def grouped_experts(
     in float32 (the intermediate rounded to x's dtype, as the eager experts round it). No host
     synchronisation. ``skipped_slots``: ids may be -1 (another expert-parallel rank's expert), a slot that
     adds nothing (its partial row is zeroed, not computed). ``quant``: the stacks are quantized, these are
-    their scales (layers/quant/moe_quant_kernels.py, the one caller that passes them; no shared experts)."""
+    their scales (layers/quant/moe_quant_kernels.py, the one caller that passes them), read by expert index:
+    quantized shared experts are the stacks' last experts, their scales after the routed ones'."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -516,12 +517,17 @@ def grouped_experts(
     n, hidden = x.shape
     top_k = ids.shape[1]
     num_routed, inter = down.shape[0], down.shape[2] * (quant.pack if quant else 1)
-    if quant is not None and shared is not None:
-        raise ValueError(
-            "quantized experts fuse no shared experts: the shared MLP runs beside them"
-        )
     shared_gate, shared_up, shared_down = shared or (gate, up, down)
     num_shared = 0 if shared is None else shared_up.shape[0]
+    if (
+        quant is not None
+        and shared is not None
+        and quant.down_scale.shape[0] != num_routed + num_shared
+    ):
+        raise ValueError(
+            "quantized shared experts fuse as the stacks' last experts: the scales cover "
+            f"{quant.down_scale.shape[0]} experts, not {num_routed} routed + {num_shared} shared"
+        )
     if shared is not None and (
         shared_up.shape[1:] != up.shape[1:] or (shared_gate is None) != (gate is None)
     ):

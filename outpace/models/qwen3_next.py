@@ -53,12 +53,12 @@ from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import (
     ExpertActivation,
+    FusedShared,
     RoutedExperts,
     Router,
     Routing,
     expert_modules,
     moe_on_kernels,
-    shared_expert_stacks,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -307,24 +307,17 @@ class SparseMoeWithSharedExpert(nn.Module):
 
     def _on_kernels(self, x: torch.Tensor) -> torch.Tensor:
         """The routed experts on the grouped kernels and the shared expert fused with them, its slots
-        weighted by its gate (``RouterWithSharedGate``), where it fuses (layers/moe.py
-        ``shared_expert_stacks``; routing on the kernels, the rows packed, the experts not reducing over an
-        expert group of their own); else beside them."""
-        placement = self.experts.placement
+        weighted by its gate (``RouterWithSharedGate``), where it fuses (layers/moe.py ``FusedShared``;
+        routing on the kernels, the rows packed); else beside them."""
         fuses = self.gate.rows is not None and self.gate.uses_kernel(x)
-        stacks = (
-            shared_expert_stacks(self.shared_expert, self.experts)
-            if fuses and not placement.reduces_itself
-            else None
-        )
-        if stacks is None:
+        fused = FusedShared.of(self.shared_expert if fuses else None, self.experts)
+        if not fused.count:
             return moe_on_kernels(x, self.gate, self.experts) + self._gated_shared(x)
-        num_shared = stacks[1].shape[0]
-        if placement.group is None:
-            weights, ids, layout = self.gate(x, num_shared, layout=True)
+        if self.experts.placement.group is None:
+            weights, ids, layout = self.gate(x, fused.count, layout=True)
         else:  # (an expert-parallel rank aligns its own experts' slots: no layout)
-            (weights, ids), layout = self.gate(x, num_shared), None
-        return self.experts.run(x, weights, ids, shared=stacks, layout=layout)
+            (weights, ids), layout = self.gate(x, fused.count), None
+        return self.experts.run(x, weights, ids, layout=layout, **fused.run_args())
 
 
 class Qwen3NextDecoderLayer(nn.Module):

@@ -1,11 +1,12 @@
 """MoE layers with quantized routed experts on the kernels (layers/moe.py ``moe_on_kernels``: the routing
 kernel's block layout, the quantized grouped experts of layers/quant/moe_quant_kernels.py over the stacks of
-layers/quant/experts.py, the quantized shared experts run beside them) against their eager dequantizing path
-(``run_experts``, each projection dequantized), in Triton's interpreter on the CPU (float32): a
-DeepSeek-V3-style MoE (grouped sigmoid routing with the correction bias, a shared expert) in block FP8 (a
-ragged last column block) and in INT4 groups, and Nemotron-H's ungated relu2 experts in ModelOpt's
-per-tensor FP8 (read by the kernels as blocks of one expert's rows), at decode (one token) and verify
-widths of several sequences. The stacks must be views of the experts' own tensors (no memory added)."""
+layers/quant/experts.py, a quantized shared expert stacked with them or run beside) against their eager
+dequantizing path (``run_experts``, each projection dequantized), in Triton's interpreter on the CPU
+(float32): a DeepSeek-V3-style MoE (grouped sigmoid routing with the correction bias, a shared expert fused
+as one more stacked expert) in block FP8 (a ragged last column block) and in INT4 groups, and Nemotron-H's
+ungated relu2 experts in ModelOpt's per-tensor FP8 (read by the kernels as blocks of one expert's rows, its
+two-expert-wide shared MLP beside), at decode (one token) and verify widths of several sequences. The
+stacks must be views of the experts' own tensors (no memory added)."""
 
 from __future__ import annotations
 
@@ -128,6 +129,14 @@ def test_quantized_moe_on_the_kernels_equals_its_eager_dequantized_path(build, m
         else INTER * stacks.gate_up.stride(1) * stacks.gate_up.element_size()
     )
     assert isinstance(moe.shared_experts.down_proj, QuantizedLinear)
+    # DeepSeek's shared expert, as wide as an expert and quantized alike, is stacked after the experts and
+    # run as every token's shared slot (layers/quant/experts.py fused_quantized_shared); Nemotron-H's, two
+    # experts wide, runs beside them
+    fused = build is deepseek_moe
+    assert stacks.num_shared == int(fused)
+    if fused:
+        shared_down = moe.shared_experts.down_proj.stored_weight
+        assert shared_down.data_ptr() == stacks.down[-1].data_ptr()
 
 
 def test_a_stale_stack_is_made_again_and_a_wrong_scale_fails():

@@ -25,6 +25,11 @@ found in the public references checked, so no other stacked layout is implemente
 The stacks are made once, on first use, and every expert's tensors become views of them (as layers/moe.py
 ``RoutedExperts.stacks`` does for half-precision experts): no memory is added, and a checkpoint reload in
 place reaches the kernels. They are made again when a tensor has been given other storage since.
+
+A shared MLP quantized as the experts are and as wide as one of them (DeepSeek-V3's, Kimi-K2's, Qwen3-Next's
+one shared expert; ``fused_quantized_shared``) is stacked after them as one more expert, its tensors views
+too: the grouped kernels run it as a shared slot of every token (layers/moe_kernels.py's shared experts
+fusion), its scales read by expert index with the routed experts' (moe_quant_kernels.py ``num_shared``).
 """
 
 from __future__ import annotations
@@ -87,12 +92,41 @@ def grouped_kernels_take(experts: nn.Module) -> bool:
     return isinstance(fmt, Fp8Tensor)
 
 
-class QuantizedExpertStacks:
-    """The stacks of the module docstring, with the per-expert tensors made views of them."""
+def fused_quantized_shared(mlp: nn.Module | None, experts: nn.Module) -> nn.Module | None:
+    """``mlp`` where the quantized grouped kernels can run it as one more expert of ``experts`` (module
+    docstring): the experts per-expert modules they take (``grouped_kernels_take``), the MLP gated alike with
+    each projection quantized in the experts' format and scheme, scales of their dtype, no bias, as wide as
+    an expert, the experts' activation without a clamp; else None (it runs beside them)."""
+    if mlp is None or not has_quantized_experts(experts) or not grouped_kernels_take(experts):
+        return None
+    gated, activation = experts.activation.gated, experts.activation
+    names = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
+    if any(not isinstance(getattr(mlp, n, None), QuantizedLinear) for n in names):
+        return None
+    mine, theirs = _projections(mlp, gated), _projections(experts.per_expert[0], gated)
+    alike = all(
+        type(a.format) is type(b.format)
+        and a.format.scheme == b.format.scheme
+        and a.scale.dtype == b.scale.dtype
+        and a.stored_weight.shape == b.stored_weight.shape
+        and a.bias is None
+        for a, b in zip(mine, theirs)
+    )
+    same_act = getattr(mlp, "act", None) == activation.name and activation.limit is None
+    return mlp if alike and same_act and getattr(mlp, "limit", None) is None else None
 
-    def __init__(self, per_expert: list[nn.Module], gated: bool) -> None:
+
+class QuantizedExpertStacks:
+    """The stacks of the module docstring, with the per-expert tensors made views of them; ``shared``: a
+    shared MLP stacked after the experts (``fused_quantized_shared``)."""
+
+    def __init__(
+        self, per_expert: list[nn.Module], gated: bool, shared: nn.Module | None = None
+    ) -> None:
         self.gated = gated
-        rows = [_projections(m, gated) for m in per_expert]
+        self.shared = shared
+        self.num_shared = int(shared is not None)
+        rows = [_projections(m, gated) for m in [*per_expert, *([shared] if shared else [])]]
         self.format = rows[0][-1].format
         # Plain tensors even inside inference mode: the parameters become views of them.
         with torch.no_grad(), torch.inference_mode(False):
@@ -128,12 +162,16 @@ class QuantizedExpertStacks:
         down.stored_weight.data = self.down[e]
         down.scale.data = self.down_scale[e].view(down.scale.shape)
 
-    def current(self, per_expert: list[nn.Module]) -> bool:
-        """Whether the experts' tensors are still the views made here."""
+    def current(self, per_expert: list[nn.Module], shared: nn.Module | None = None) -> bool:
+        """Whether these are the stacks of these experts (and this shared MLP), their tensors still the
+        views made here."""
         first = _projections(per_expert[0], self.gated)
+        last = _projections(shared, self.gated)[-1] if shared is not None else None
         return (
-            first[0].stored_weight.data_ptr() == self.gate_up.data_ptr()
+            shared is self.shared
+            and first[0].stored_weight.data_ptr() == self.gate_up.data_ptr()
             and first[-1].stored_weight.data_ptr() == self.down.data_ptr()
+            and (last is None or last.stored_weight.data_ptr() == self.down[-1].data_ptr())
         )
 
     def run(
@@ -146,8 +184,9 @@ class QuantizedExpertStacks:
         layout=None,
         skipped_slots: bool = False,
     ) -> torch.Tensor:
-        """moe_quant_kernels.py's grouped experts over the stacks: x [n, H], weights [n, top_k] float32,
-        ids [n, top_k] -> [n, H] in x's dtype."""
+        """moe_quant_kernels.py's grouped experts over the stacks: x [n, H], weights [n, top_k] float32 (or
+        [n, top_k + 1] with the shared slot's), ids [n, top_k] -> [n, H] in x's dtype, the shared MLP's
+        output included when it is stacked here."""
         from outpace.layers.quant import moe_quant_kernels as kernels  # Triton: CUDA installs only
 
         common = dict(
@@ -156,6 +195,7 @@ class QuantizedExpertStacks:
             gated=self.gated,
             layout=layout,
             skipped_slots=skipped_slots,
+            num_shared=self.num_shared,
         )
         if isinstance(self.format, Int4Group):
             return kernels.int4_group_grouped_experts(
@@ -203,12 +243,14 @@ def run_quantized_experts(
     ids: torch.Tensor,
     layout=None,
     skipped_slots: bool = False,
+    shared: nn.Module | None = None,
 ) -> torch.Tensor:
-    """A ``RoutedExperts`` of quantized per-expert modules on the grouped kernels (module docstring): its
-    stacks made on first use (and again after the tensors moved), then one run."""
+    """A ``RoutedExperts`` of quantized per-expert modules on the grouped kernels (module docstring), with
+    ``shared`` (``fused_quantized_shared``) stacked after them: the stacks made on first use (and again after
+    the tensors moved, or for another shared MLP), then one run."""
     stacks = experts.quantized_stacks
-    if stacks is None or not stacks.current(experts.per_expert):
-        stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated)
+    if stacks is None or not stacks.current(experts.per_expert, shared):
+        stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated, shared)
         experts.quantized_stacks = stacks
     activation = experts.activation
     return stacks.run(x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots)

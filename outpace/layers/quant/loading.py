@@ -176,8 +176,9 @@ def quantized_bytes(model: nn.Module) -> tuple[int, int]:
 # ---- load_format="dummy": quantized layers without a checkpoint (benchmarks of quantized shapes) ----
 
 # projections the published quantized checkpoints keep in high precision whatever their config lists: the
-# head, DeepSeek MTP's eh_proj and shared head (DeepSeek-V3's files: bf16)
-_NEVER_QUANTIZED = ("lm_head", "eh_proj", "shared_head")
+# head, DeepSeek MTP's eh_proj and shared head (DeepSeek-V3's files: bf16), Qwen3-Next's shared expert gate
+# (vLLM's qwen3_next.py builds it, as the router, with quant_config=None)
+_NEVER_QUANTIZED = ("lm_head", "eh_proj", "shared_head", "shared_expert_gate")
 # the scales' dtype as published: DeepSeek-V3's weight_scale_inv float32, Kimi-K2-Thinking's INT4
 # weight_scale bf16 (layers/quant/linear.py Int4Group)
 _DUMMY_SCALE_DTYPES = {INT4_GROUP: torch.bfloat16}

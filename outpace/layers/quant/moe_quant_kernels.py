@@ -12,8 +12,10 @@ Stacks (quant/dequantize.py has the math of each format):
   [E, ceil(H/bn), ceil(I/bk)]; I a multiple of bn, so that no scale block holds gate and up rows;
 - INT4 groups (Kimi-K2-Thinking, compressed-tensors pack-quantized): gate_up int32 [E, 2I, H/8] with scale
   [E, 2I, H/group], down int32 [E, H, I/8] with [E, H, I/group].
-Ungated experts (relu2) pass their up stack [E, I, .] as ``gate_up`` with ``gated=False``. Shared experts
-are not fused here: the shared MLP runs beside, as its own quantized linear layers.
+Ungated experts (relu2) pass their up stack [E, I, .] as ``gate_up`` with ``gated=False``. With
+``num_shared`` S the stacks' last S experts are shared experts (layers/quant/experts.py stacks a shared MLP
+so), run as every token's shared slots by moe_kernels.py's shared experts fusion: their weights are views
+of the stacks' last rows and their scales are read by expert index with the routed experts'.
 """
 
 from __future__ import annotations
@@ -91,9 +93,11 @@ def fp8_block_grouped_experts(
     gated: bool = True,
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
+    num_shared: int = 0,
 ) -> torch.Tensor:
-    """moe_kernels.grouped_experts over block-FP8 stacks (module docstring): x [n, H], weights [n, top_k]
-    float32, ids [n, top_k] -> [n, H] in x's dtype."""
+    """moe_kernels.grouped_experts over block-FP8 stacks (module docstring; the last ``num_shared`` experts
+    shared): x [n, H], weights [n, top_k] (or [n, top_k + num_shared]) float32, ids [n, top_k] -> [n, H] in
+    x's dtype."""
     experts, hidden, inter = down.shape
     block_n, block_k = block
     if block_k < 64 or block_k & (block_k - 1):
@@ -124,18 +128,8 @@ def fp8_block_grouped_experts(
         gate_up, gate_up_scale_inv, inter, inter // block_n, gated
     )
     quant = ExpertScales("fp8_block", tuple(block), gate_scale, up_scale, down_scale_inv)
-    return grouped_experts(
-        x,
-        weights,
-        ids,
-        gate,
-        up,
-        down,
-        activation,
-        limit,
-        layout=layout,
-        skipped_slots=skipped_slots,
-        quant=quant,
+    return _grouped(
+        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, num_shared
     )
 
 
@@ -153,9 +147,11 @@ def int4_group_grouped_experts(
     gated: bool = True,
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
+    num_shared: int = 0,
 ) -> torch.Tensor:
-    """moe_kernels.grouped_experts over INT4 stacks (module docstring): x [n, H], weights [n, top_k]
-    float32, ids [n, top_k] -> [n, H] in x's dtype."""
+    """moe_kernels.grouped_experts over INT4 stacks (module docstring; the last ``num_shared`` experts
+    shared): x [n, H], weights [n, top_k] (or [n, top_k + num_shared]) float32, ids [n, top_k] -> [n, H] in
+    x's dtype."""
     experts, hidden = down.shape[:2]
     inter = down.shape[2] * INT4_PACK
     if group < INT4_PACK or group & (group - 1):
@@ -174,6 +170,21 @@ def int4_group_grouped_experts(
     _expect("down_scale", down_scale, (experts, hidden, inter // group), scales)
     gate, up, gate_scale, up_scale = _split_rows(gate_up, gate_up_scale, inter, inter, gated)
     quant = ExpertScales("int4_group", (1, group), gate_scale, up_scale, down_scale)
+    return _grouped(
+        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, num_shared
+    )
+
+
+def _grouped(
+    x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, num_shared
+) -> torch.Tensor:
+    """moe_kernels.grouped_experts over the stacks, their last ``num_shared`` experts the shared ones (views
+    of the stacks' last rows; the scales stay whole: the kernels read them by expert index)."""
+    shared = None
+    if num_shared:
+        routed = down.shape[0] - num_shared
+        shared = (None if gate is None else gate[routed:], up[routed:], down[routed:])
+        gate, up, down = (None if gate is None else gate[:routed]), up[:routed], down[:routed]
     return grouped_experts(
         x,
         weights,
@@ -186,4 +197,5 @@ def int4_group_grouped_experts(
         layout=layout,
         skipped_slots=skipped_slots,
         quant=quant,
+        shared=shared,
     )
