@@ -8,8 +8,8 @@ group one launch on CUDA (layers/sandwich_norm_kernels.py) where torch takes one
   layer's ``layer_scalar`` (None: not applied here).
 
 Every norm is a ``Float32RMSNorm`` (layers/norm.py: the weight applied in float32, offset + weight, then
-cast). The kernels compute in float32 with the roundings of the torch path (``*_torch`` below: the CPU
-path and the reference): each norm's output and each sum rounded to the stream's dtype, as the separate
+cast). The kernels compute in float32 with the roundings of the torch path (each function's, the CPU path
+and the reference): each norm's output and each sum rounded to the stream's dtype, as the separate
 torch kernels round them.
 """
 
@@ -33,23 +33,11 @@ def after_attention(
     pre2: Float32RMSNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """h, attn [n, dim] -> (h + post(attn), pre of it, pre2 of it or None) [n, dim] each (module
-    docstring): one launch on CUDA, ``after_attention_torch`` elsewhere."""
-    if not fuses(h):
-        return after_attention_torch(h, attn, post, pre, pre2)
-    from outpace.layers.sandwich_norm_kernels import (
-        after_attention_triton,
-    )  # Triton: CUDA installs only
+    docstring): one launch on CUDA, else the torch ops (the reference)."""
+    if fuses(h):
+        from outpace.layers.sandwich_norm_kernels import after_attention_triton  # (CUDA installs)
 
-    return after_attention_triton(h, attn, post, pre, pre2)
-
-
-def after_attention_torch(
-    h: torch.Tensor,
-    attn: torch.Tensor,
-    post: Float32RMSNorm,
-    pre: Float32RMSNorm,
-    pre2: Float32RMSNorm | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return after_attention_triton(h, attn, post, pre, pre2)
     h = h + post(attn)
     return h, pre(h), None if pre2 is None else pre2(h)
 
@@ -64,24 +52,12 @@ def after_mlp(
     post2: Float32RMSNorm | None = None,
 ) -> torch.Tensor:
     """h, mlp [n, dim] (and the MoE block's ``routed`` [n, dim] with its norms ``post1``, ``post2``) ->
-    (h + post(m)) * scale [n, dim] (module docstring; ``scale`` [1] or None): one launch on CUDA,
-    ``after_mlp_torch`` elsewhere."""
-    if not fuses(h):
-        return after_mlp_torch(h, mlp, post, scale, routed, post1, post2)
-    from outpace.layers.sandwich_norm_kernels import after_mlp_triton  # Triton: CUDA installs only
+    (h + post(m)) * scale [n, dim] (module docstring; ``scale`` [1] or None): one launch on CUDA, else the
+    torch ops (the reference)."""
+    if fuses(h):
+        from outpace.layers.sandwich_norm_kernels import after_mlp_triton  # (CUDA installs)
 
-    return after_mlp_triton(h, mlp, post, scale, routed, post1, post2)
-
-
-def after_mlp_torch(
-    h: torch.Tensor,
-    mlp: torch.Tensor,
-    post: Float32RMSNorm,
-    scale: torch.Tensor | None = None,
-    routed: torch.Tensor | None = None,
-    post1: Float32RMSNorm | None = None,
-    post2: Float32RMSNorm | None = None,
-) -> torch.Tensor:
+        return after_mlp_triton(h, mlp, post, scale, routed, post1, post2)
     if routed is not None:
         mlp = post1(mlp) + post2(routed)
     h = h + post(mlp)

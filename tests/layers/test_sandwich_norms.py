@@ -9,7 +9,7 @@ import torch
 from helpers.kernel_checks import DEVICE, rand, rel
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.sandwich_norm_kernels import after_attention_triton, after_mlp_triton
-from outpace.layers.sandwich_norms import after_attention_torch, after_mlp_torch
+from outpace.layers.sandwich_norms import after_attention, after_mlp
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 
@@ -19,6 +19,12 @@ def norm(dim: int, seed: int, dtype) -> Float32RMSNorm:
     with torch.no_grad():
         n.weight.copy_(rand(dim, seed=seed))
     return n.to(dtype)
+
+
+def torch_path(fn, *args, **kwargs):
+    """``fn``'s torch ops, also on a GPU: with autograd on it does not take the kernels (no backward)."""
+    with torch.enable_grad():
+        return fn(*args, **kwargs)
 
 
 def close(got: torch.Tensor, expected: torch.Tensor, dtype) -> bool:
@@ -34,9 +40,8 @@ def test_after_attention_matches_torch(two, dtype, poisoned):
     attn = rand(5, 2 * dim, seed=2, dtype=dtype)[:, dim:]  # strided rows
     post, pre = norm(dim, 3, dtype), norm(dim, 4, dtype)
     pre2 = norm(dim, 5, dtype) if two else None
-    with torch.no_grad():
-        got = after_attention_triton(h, attn, post, pre, pre2)
-        expected = after_attention_torch(h, attn, post, pre, pre2)
+    got = after_attention_triton(h, attn, post, pre, pre2)
+    expected = torch_path(after_attention, h, attn, post, pre, pre2)
     assert close(got[0], expected[0], dtype) and close(got[1], expected[1], dtype)
     if two:
         assert close(got[2], expected[2], dtype)
@@ -61,9 +66,8 @@ def test_after_mlp_matches_torch(moe, scaled, dtype, poisoned):
         if moe
         else {}
     )
-    with torch.no_grad():
-        got = after_mlp_triton(h, mlp, post, scale, **extra)
-        expected = after_mlp_torch(h, mlp, post, scale, **extra)
+    got = after_mlp_triton(h, mlp, post, scale, **extra)
+    expected = torch_path(after_mlp, h, mlp, post, scale, **extra)
     assert got.dtype == expected.dtype and close(got, expected, dtype)
 
 
