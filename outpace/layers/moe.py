@@ -478,7 +478,7 @@ class RoutedExperts(nn.Module):
                 skipped_slots=placement.group is not None,
             )
         else:
-            if shared is not None:
+            if shared is not None or quantized_shared is not None:
                 raise ValueError("fused shared experts run on the grouped kernels only")
             out = run_experts(x, weights, ids, self.eager_experts())
         return all_reduce(out, placement.group) if placement.reduces_itself else out
