@@ -594,6 +594,41 @@ def test_bf16_v2_lite_moe_with_fused_shared_experts(n):
     assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the Qwen3-Next-80B MoE shape: GPU only")
+@pytest.mark.parametrize("n", [1, 8, 32])
+def test_bf16_qwen3_next_block_with_its_gated_shared_expert_fused(n, tmp_path):
+    """Qwen3-Next-80B's MoE block (bench/family_shapes.py: hidden 2048, 512 experts of 512, top 10, one gated
+    shared expert of 512) on the kernels with its shared expert fused and weighted by its gate, against a
+    float32 eager copy over the routing the kernels chose."""
+    from outpace.bench.family_shapes import QWEN3_NEXT_80B, slice_layers
+    from outpace.model_config import ModelConfig
+    from outpace.models.loader import build_model
+    from outpace.models.qwen3_next import SparseMoeWithSharedExpert
+
+    (tmp_path / "config.json").write_text(json.dumps(slice_layers(QWEN3_NEXT_80B, 1)))
+    model = build_model(ModelConfig.from_pretrained(tmp_path), torch.bfloat16, DEVICE)
+    block = next(m for m in model.modules() if isinstance(m, SparseMoeWithSharedExpert))
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.02)
+    reference = copy.deepcopy(block).float()
+    reference.experts.kernels, reference.gate.kernel = False, False
+    pack_projections(block)
+    assert block.gate.rows is not None
+    x = torch.randn(n, 2048, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        widths = []
+        hook = block.gate.register_forward_hook(lambda m, a, out: widths.append(out[0].shape[1]))
+        got = block(x)
+        hook.remove()
+        weights, ids = block.gate(
+            x
+        )  # the routing the block took (deterministic), without the shared slot
+        expected = reference.experts(x.float(), weights, ids) + reference._gated_shared(x.float())
+    assert widths == [block.gate.routing.top_k + 1]  # the shared slot weighted by the gate
+    assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs: GPU only")
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_moe_block_replays_in_a_cuda_graph(n):
