@@ -47,15 +47,16 @@ def main(workdir: str, out: str) -> None:
         r.register_forward_hook(hook(i))
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))
     llm.close()
-    steps = min(len(g) for g in gaps)
-    per_step = [
-        min(float(gaps[layer][s].min()) for layer in range(len(routers))) for s in range(steps)
-    ]
+    layers = [
+        i for i, g in enumerate(gaps) if g
+    ]  # (the MTP layer's router does not run in plain decoding)
+    steps = min(len(gaps[i]) for i in layers)
+    per_step = [min(float(gaps[i][s].min()) for i in layers) for s in range(steps)]
     smallest = sorted(
-        (float(v), s, layer, row)
-        for layer in range(len(routers))
+        (float(v), s, i, row)
+        for i in layers
         for s in range(steps)
-        for row, v in enumerate(gaps[layer][s].tolist())
+        for row, v in enumerate(gaps[i][s].tolist())
     )[:10]
     result = {"per_decode_step_min_relative_gap": per_step, "smallest": smallest}
     Path(out).write_text(json.dumps(result, indent=1) + "\n")
