@@ -253,10 +253,8 @@ def mtp_oracle(llm: LLM, batches: tuple[int, ...], context: int) -> list[dict]:
     """Per batch: the captured step's seconds with 0..k drafts of the target's MTP layer (adaptive
     speculation's start-up profile of each captured step on a GPU; on the CPU, measured by running a step of
     each at ``context``) and, at each assumed acceptance, the best k, its speed-up over plain decoding (the
-    step with 0 drafts: bench/hybrid_shape.py ``oracle_speedups``) and the tokens/s it gives (batch x
-    bench/oracle.py ``expected_tokens`` over its step), labelled ORACLE."""
-    from outpace.bench.hybrid_shape import oracle_speedups
-    from outpace.bench.oracle import ORACLE_LABEL, captured_step_costs, expected_tokens
+    step with 0 drafts) and the tokens/s it gives (bench/oracle.py ``oracle_rows``), labelled ORACLE."""
+    from outpace.bench.oracle import ORACLE_LABEL, captured_step_costs, oracle_rows
 
     rows = []
     for batch in batches:
@@ -266,15 +264,7 @@ def mtp_oracle(llm: LLM, batches: tuple[int, ...], context: int) -> list[dict]:
                 "batch": batch,
                 "label": ORACLE_LABEL,
                 "step_ms": {k: 1e3 * c for k, c in sorted(seconds.items())},
-                "speedups": [
-                    {
-                        **row,
-                        "tokens_per_s": batch
-                        * expected_tokens(row["acceptance"], row["num_drafts"])
-                        / seconds[row["num_drafts"]],
-                    }
-                    for row in oracle_speedups(seconds)
-                ],
+                "speedups": oracle_rows(seconds, batch),
             }
         )
     return rows

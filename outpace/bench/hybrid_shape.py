@@ -20,7 +20,7 @@ import torch
 
 from outpace import LLM
 from outpace.bench.gpu import time_decode
-from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count
+from outpace.bench.oracle import oracle_speedups
 from outpace.config import SpeculativeConfig
 from outpace.engine.step_key import SamplingMode
 
@@ -52,16 +52,6 @@ def step_bytes(llm: LLM, batch: int, context: int) -> int:
     )
     state = sum(t[0].numel() * t.element_size() for t in llm.engine.runner.states.tensors())
     return weights + batch * (context * kv + 2 * state)
-
-
-def oracle_speedups(costs: dict[int, float]) -> list[dict]:
-    """costs[k]: seconds of a captured step with k drafts (0: plain) -> per assumed acceptance, the best k
-    and its speed-up over plain decoding (bench/oracle.py)."""
-    rows = []
-    for a in ORACLE_ACCEPTANCE:
-        k, speedup = best_draft_count(costs, costs[0], a)
-        rows.append({"acceptance": a, "num_drafts": k, "speedup": speedup})
-    return rows
 
 
 def _build(workdir: Path, speculative: SpeculativeConfig) -> LLM:

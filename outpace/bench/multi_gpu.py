@@ -749,13 +749,11 @@ class Run:
         GPU; on the CPU, measured by running steps), the oracle speed-ups they give and the tokens/s of the
         best k at each assumed acceptance (batch x expected tokens / its step), into ``rows`` (tp_speed's
         by default)."""
-        from outpace.bench.hybrid_shape import oracle_speedups
-        from outpace.bench.oracle import captured_step_costs, expected_tokens
+        from outpace.bench.oracle import captured_step_costs, oracle_rows
 
         for batch in self.plan.batches:
             costs = captured_step_costs(llm, batch, self.plan.context)
-            for row in oracle_speedups(costs):
-                k = row["num_drafts"]
+            for row in oracle_rows(costs, batch):
                 self.add(
                     self.result["tp_speed"]["oracle"] if rows is None else rows,
                     {
@@ -764,7 +762,6 @@ class Run:
                         "batch": batch,
                         "method": method,
                         **row,
-                        "tokens_per_s": batch * expected_tokens(row["acceptance"], k) / costs[k],
                         "step_ms": {k: 1e3 * c for k, c in sorted(costs.items())},
                         "label": ORACLE_LABEL,
                     },

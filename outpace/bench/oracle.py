@@ -23,6 +23,30 @@ def best_draft_count(
     return k, expected_tokens(acceptance, k) / costs[k] * plain_seconds
 
 
+def oracle_speedups(costs: dict[int, float]) -> list[dict]:
+    """costs[k]: seconds of a captured step with k drafts (0: plain) -> per assumed acceptance, the best k
+    and its speed-up over plain decoding."""
+    rows = []
+    for a in ORACLE_ACCEPTANCE:
+        k, speedup = best_draft_count(costs, costs[0], a)
+        rows.append({"acceptance": a, "num_drafts": k, "speedup": speedup})
+    return rows
+
+
+def oracle_rows(costs: dict[int, float], batch: int) -> list[dict]:
+    """``oracle_speedups`` of the steps of ``batch`` rows, each with the tokens/s its k gives (batch x
+    expected tokens over its step)."""
+    return [
+        {
+            **r,
+            "tokens_per_s": batch
+            * expected_tokens(r["acceptance"], r["num_drafts"])
+            / costs[r["num_drafts"]],
+        }
+        for r in oracle_speedups(costs)
+    ]
+
+
 def captured_step_costs(llm, batch: int, context: int) -> dict[int, float]:
     """Seconds of the captured step of ``batch``'s bucket by draft count: adaptive speculation's start-up
     profile (engine ``choosers``) on a GPU; on the CPU, which profiles nothing, measured by running a decode
