@@ -606,15 +606,28 @@ def moe_on_kernels(
     MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
     hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm)."""
     fused = FusedShared.of(shared_mlp, experts)
+    out = experts_on_kernels(x, router, experts, fused, router_input)
+    if fused.count == 0 and shared_mlp is not None:
+        out = out + shared_mlp(x)
+    return out
+
+
+def experts_on_kernels(
+    x: torch.Tensor,
+    router: RoutingModule,
+    experts: RoutedExperts,
+    fused: FusedShared,
+    router_input: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [n, hidden] -> this rank's routed output plus that of the shared experts ``fused`` with them [n,
+    hidden] on the kernels: the router with the grouped kernels' block layout of ``fused.count`` shared
+    slots a token (``moe_on_kernels``' arguments otherwise)."""
     routed = x if router_input is None else router_input
     if experts.placement.group is None:
         weights, ids, layout = router(routed, fused.count, layout=True)
     else:  # (the routing kernel's layout is of all experts: this rank's is aligned by grouped_experts)
-        (weights, ids), layout = router(routed), None
-    out = experts.run(x, weights, ids, layout=layout, **fused.run_args())
-    if fused.count == 0 and shared_mlp is not None:
-        out = out + shared_mlp(x)
-    return out
+        (weights, ids), layout = router(routed, fused.count), None
+    return experts.run(x, weights, ids, layout=layout, **fused.run_args())
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from outpace.layers.moe import (
     Router,
     Routing,
     expert_modules,
-    moe_on_kernels,
+    experts_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -311,13 +311,8 @@ class SparseMoeWithSharedExpert(nn.Module):
         routing on the kernels, the rows packed); else beside them."""
         fuses = self.gate.rows is not None and self.gate.uses_kernel(x)
         fused = FusedShared.of(self.shared_expert if fuses else None, self.experts)
-        if not fused.count:
-            return moe_on_kernels(x, self.gate, self.experts) + self._gated_shared(x)
-        if self.experts.placement.group is None:
-            weights, ids, layout = self.gate(x, fused.count, layout=True)
-        else:  # (an expert-parallel rank aligns its own experts' slots: no layout)
-            (weights, ids), layout = self.gate(x, fused.count), None
-        return self.experts.run(x, weights, ids, layout=layout, **fused.run_args())
+        out = experts_on_kernels(x, self.gate, self.experts, fused)
+        return out if fused.count else out + self._gated_shared(x)
 
 
 class Qwen3NextDecoderLayer(nn.Module):
