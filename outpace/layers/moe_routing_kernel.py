@@ -25,7 +25,7 @@ Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRou
 - ``expert_scale`` [experts]: each chosen expert's weight times its entry, after the renormalisation and
   the scaling (Gemma 4's per_expert_scale).
 
-One for a shared expert with a gate of its own (Qwen3-Next's and Qwen3.5's: transformers
+One for a shared expert with a gate of its own (Qwen3-Next's: transformers
 Qwen3NextSparseMoeBlock, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``): ``shared_gate``, the
 router weight with the gate's row appended ([experts + 1, hidden]), so that the matvec computes the gate's
 logit as one more column; the route kernel leaves it out of the scores and writes sigmoid(it) as the weight
@@ -406,9 +406,8 @@ def select_experts(
     weights are [n, top_k + num_shared], the shared slots' sigmoid(gate) last."""
     splits, n, experts = partial.shape
     norm = input_norm
-    experts -= (
-        norm is not None
-    ) + shared_gate  # (the gate's logit, then the sum of x^2 end each row)
+    # (each row ends with the shared gate's logit, then the sum of x^2)
+    experts -= shared_gate + (norm is not None)
     if shared_gate and num_shared < 1:
         raise ValueError("a shared gate weights shared slots: num_shared must be at least 1")
     r = routing
