@@ -196,3 +196,12 @@ def test_step3p5_block_fp8_stacks_on_the_kernels_equal_the_eager_path():
         got = moe(x[:n], shared)
         moe.kernels = moe.gate.kernel = False
         assert relative_error(got, moe(x[:n], shared)) < 1e-5, n
+
+
+def test_a_fused_shared_mlp_is_refused_off_the_kernels():
+    """The eager path would drop a shared MLP handed to it for fusion: it refuses it by name instead."""
+    moe = on_kernels(deepseek_moe(SCHEMES[FP8_BLOCK]), False)
+    x = torch.randn(2, HIDDEN).to(DEVICE)
+    weights, ids = moe.gate(x)
+    with pytest.raises(ValueError, match="fused shared experts run on the grouped kernels only"):
+        moe.experts.run(x, weights, ids, quantized_shared=moe.shared_experts)
