@@ -7,7 +7,7 @@
 #   bash benchmarks/scripts/gpu_run.sh OUT_DIR e2e [methods]  # outpace bench e2e (the zoo widened to 8B; methods of
 #                                                    # none eagle3 eagle3-tree mtp dflash draft ngram, all by
 #                                                    # default; rows of earlier runs into OUT_DIR are kept)
-#   bash benchmarks/scripts/gpu_run.sh OUT_DIR multi [parts] # on nvidia-h200-x2: outpace bench multi (issue 20: TP = 2 vs
+#   bash benchmarks/scripts/gpu_run.sh OUT_DIR multi [parts] # on nvidia-h200-x2 (MULTI_GPUS=4 on -x4: TP/EP = 4): outpace bench multi (issue 20: TP = 2 vs
 #                                                    # TP = 1 correctness, 8B/70B-shaped TP = 2 decode vs the 2-GPU
 #                                                    # floor, EAGLE3 at TP = 2, 2 data-parallel replicas, plain and
 #                                                    # with EAGLE3); parts of correctness,tp_speed,dp,dp_eagle3
@@ -92,7 +92,7 @@ elif [ "$stage" = multi ]; then
   # NVLink multicast off in NCCL, PyTorch and NVSHMEM, as the device notes ask
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} \
-    ${MULTI_TIME_LIMIT:+--time-limit $MULTI_TIME_LIMIT} ${MULTI_DP_RESERVE:+--dp-reserve $MULTI_DP_RESERVE} \
+    ${MULTI_GPUS:+--gpus $MULTI_GPUS} ${MULTI_TIME_LIMIT:+--time-limit $MULTI_TIME_LIMIT} ${MULTI_DP_RESERVE:+--dp-reserve $MULTI_DP_RESERVE} \
     ${MULTI_DP_STREAMS:+--dp-streams $MULTI_DP_STREAMS} 2>&1 \
     | grep --line-buffered -v "it/s\]" | tee -a "$out/multi_gpu.log" | tail -80
 elif [ "$stage" = serve ]; then

@@ -1174,6 +1174,10 @@ def run_multi_gpu_bench(
         raise ValueError(f"unknown part(s) {unknown}: choose from {', '.join(PARTS)} or 'single'")
     if single:
         plan = dataclasses.replace(plan, world=1)
+    elif plan.device == "cuda" and torch.cuda.device_count() < plan.world:
+        raise ValueError(
+            f"--gpus {plan.world}: this machine has {torch.cuda.device_count()} GPU(s)"
+        )
     clock = Clock(plan.time_limit_s)
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)

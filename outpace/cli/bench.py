@@ -88,6 +88,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "are listed as not run",
     )
     mb.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="bench multi: the ranks of the rank-group parts, one GPU each (2 by default): TP = N, "
+        "and the ep part's EP = TP = N",
+    )
+    mb.add_argument(
         "--dp-reserve",
         type=float,
         default=None,
@@ -196,8 +204,18 @@ def multi_plan(a: argparse.Namespace):
     from outpace.bench.multi_gpu import Plan
 
     fields = {
-        k: v for k, v in (("time_limit_s", a.time_limit), ("dp_reserve_s", a.dp_reserve)) if v
+        k: v
+        for k, v in (
+            ("time_limit_s", a.time_limit),
+            ("dp_reserve_s", a.dp_reserve),
+            ("world", a.gpus),
+        )
+        if v
     }
+    if a.gpus is not None and a.gpus < 2:
+        raise ValueError(
+            f"--gpus {a.gpus} is invalid: bench multi runs on 2 or more GPUs ('single' for one)"
+        )
     if a.dp_streams:
         if len(a.dp_streams) > 2 or min(a.dp_streams) < 1:
             raise ValueError(

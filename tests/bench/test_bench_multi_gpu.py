@@ -255,6 +255,9 @@ def test_cli_and_part_names(tmp_path):
     )
     with pytest.raises(ValueError, match="--dp-streams 64 0 is invalid"):
         multi_plan(parse_args(["bench", "multi", "--dp-streams", "64", "0"]))
+    assert (multi_plan(parse_args(["bench", "multi", "--gpus", "4"])).world, Plan().world) == (4, 2)
+    with pytest.raises(ValueError, match="--gpus 1 is invalid"):
+        multi_plan(parse_args(["bench", "multi", "--gpus", "1"]))
     assert parse_args(["bench", "gpu"]).parts is None  # bench gpu's own default (abef) applies
     with pytest.raises(ValueError, match="unknown part"):
         run_multi_gpu_bench(tmp_path, "correctness,speed", Plan(device="cpu"), tmp_path / "work")
