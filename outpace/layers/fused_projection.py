@@ -117,7 +117,8 @@ def _embed_norm_pair_kernel(
     N,
     stride_emb,
     stride_h,
-    eps,
+    eps_emb,
+    eps_h,
     BLOCK: tl.constexpr,
 ):
     """Row r: out[r] = [RMSNorm(emb[ids[r]]) * w_emb | RMSNorm(h[r]) * w_h], out [M, 2 * N]."""
@@ -127,12 +128,12 @@ def _embed_norm_pair_kernel(
     token = tl.load(ids_ptr + row).to(tl.int64)
     e = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
     h = tl.load(h_ptr + row * stride_h + cols, mask=ok, other=0.0).to(tl.float32)
-    e *= tl.rsqrt(tl.sum(e * e, axis=0) / N + eps) * tl.load(
+    e *= tl.rsqrt(tl.sum(e * e, axis=0) / N + eps_emb) * tl.load(
         w_emb_ptr + cols, mask=ok, other=0.0
     ).to(tl.float32)
-    h *= tl.rsqrt(tl.sum(h * h, axis=0) / N + eps) * tl.load(w_h_ptr + cols, mask=ok, other=0.0).to(
-        tl.float32
-    )
+    h *= tl.rsqrt(tl.sum(h * h, axis=0) / N + eps_h) * tl.load(
+        w_h_ptr + cols, mask=ok, other=0.0
+    ).to(tl.float32)
     tl.store(out_ptr + row * 2 * N + cols, e.to(out_ptr.dtype.element_ty), mask=ok)
     tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -722,10 +723,9 @@ def embed_norm_pair(
     hidden_norm: tuple[torch.Tensor, float],
 ) -> torch.Tensor:
     """EAGLE3's layer input in one kernel: token_ids [M], embedding [vocab, N], hidden [M, N], norms
-    (weight [N], eps) with one eps -> [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
-    (w_emb, eps), (w_h, eps_h) = embed_norm, hidden_norm
-    if eps != eps_h:
-        raise ValueError(f"embed_norm_pair takes one eps, got {eps} and {eps_h}")
+    (weight [N], eps), each with its own eps (a widened zoo rescales the hidden norm's) ->
+    [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
+    (w_emb, eps_emb), (w_h, eps_h) = embed_norm, hidden_norm
     m, n = hidden.shape
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     out = torch.empty(m, 2 * n, dtype=hidden.dtype, device=hidden.device)
@@ -739,7 +739,8 @@ def embed_norm_pair(
         n,
         embedding.stride(0),
         hidden.stride(0),
-        eps,
+        eps_emb,
+        eps_h,
         BLOCK=triton.next_power_of_2(n),
     )
     return out
