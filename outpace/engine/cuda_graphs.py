@@ -59,6 +59,14 @@ class CapturedCall:
             if collecting:
                 gc.enable()
 
+    def release(self) -> None:
+        """Free the captured graph (later replays run ``fn`` eagerly). A graph that captured NCCL
+        collectives holds their communicator's resources, so an engine's graphs are released before its
+        process group is destroyed, which otherwise waits for them forever (pytorch/pytorch#115388)."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph, self.outputs = None, None
+
     def replay(self):
         """Run the call; returns its outputs (on CUDA: the captured static tensors)."""
         self.replays += 1

@@ -16,7 +16,7 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -109,13 +109,19 @@ def _report(message: str, progress: bool) -> None:
         print(f"outpace: {message}", file=sys.stderr)
 
 
-def close_ranks(lockstep: Lockstep | None, ranks: Ranks) -> None:
-    """Tell the other ranks the engine closes (``lockstep``: rank 0's, None elsewhere), then release ours."""
+def close_ranks(
+    lockstep: Lockstep | None, ranks: Ranks, release_graphs: Callable[[], None]
+) -> None:
+    """Tell the other ranks the engine closes (``lockstep``: rank 0's, None elsewhere), free this rank's CUDA
+    graphs (``release_graphs``: their captured collectives would keep the process group from being
+    destroyed), then release our rank."""
     if ranks.closed:
         return
     try:
         if lockstep is not None:
             lockstep.stop()
+        if ranks.group.size > 1:
+            release_graphs()
     finally:
         ranks.close()
 
@@ -133,12 +139,19 @@ class LLMEngine:
             with building_in(self.ranks.group):
                 self._build(config, progress)
         except BaseException:
+            if self.ranks.group.size > 1 and hasattr(self, "runner"):
+                self.runner.release_graphs()  # (close_ranks says why)
             self.ranks.close()
             raise
-        # (a finalizer holds no reference to the engine, so collecting it closes the ranks)
+        # (the finalizer holds the runner, which holds no reference to the engine: collecting the engine
+        # closes the ranks)
         driver = self.lockstep is not None and self.ranks.group.is_driver
         self._closer = weakref.finalize(
-            self, close_ranks, self.lockstep if driver else None, self.ranks
+            self,
+            close_ranks,
+            self.lockstep if driver else None,
+            self.ranks,
+            self.runner.release_graphs,
         )
 
     def _build(self, config: EngineConfig, progress: bool) -> None:
@@ -529,13 +542,14 @@ class LLMEngine:
 
     def follow(self) -> None:
         """Ranks > 0: run rank 0's steps, each after applying the requests it added and aborted since the
-        last, until it closes the engine."""
+        last, until it closes the engine; then close this rank's side (its graphs freed)."""
         while (message := self.lockstep.receive()) is not None:
             for op, arg in requests_of(message):
                 self.submit(arg) if op == "add" else self.abort_request(arg)
             batch = self.scheduler.schedule()
             self.lockstep.check(batch, message)
             self._run(batch)
+        self.close()
 
     def close(self) -> None:
         """Rank 0 of a tensor-parallel engine: tell the other ranks to stop and wait for them (those this

@@ -117,6 +117,14 @@ class ModelRunner:
         return self.states.has_state
 
     # ---- set-up ----------------------------------------------------------------------------------
+    def release_graphs(self) -> None:
+        """Free every captured decode step and prefill forward (engine/cuda_graphs.py ``release``: done
+        before a multi-rank engine's process group is destroyed); later steps would run eagerly."""
+        for call in (*self.decode_step.graphs.values(), *self.prefill_graphs.graphs.values()):
+            call.release()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
         """Capture the decode step for every bucket, draft shape and sampling mode, and the forward of up to
         8 prefill chunks for the prefill buckets the model allows (engine/prefill_graphs.py); on CUDA,

@@ -1,14 +1,19 @@
 """How an engine's rank 0 tears its ranks down (distributed/launch.py ``Ranks.close``), without processes:
 on NCCL destroying the group is a collective that the started ranks also make before they exit, so rank 0
 destroys it before waiting for them (the other order hung on two H200s); where a started rank is already
-gone, the group is aborted instead. gloo's destroy is local, so the CPU engines cannot show the hang."""
+gone, the group is aborted instead; and every rank frees its CUDA graphs first, since a graph that captured
+NCCL collectives keeps the group from being destroyed (pytorch/pytorch#115388: the EP GPU test hung so on
+four H200s after the order above was fixed). gloo's destroy is local, so the CPU engines cannot show the
+hang."""
 
 from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
 
+from outpace.distributed.group import RankGroup
 from outpace.distributed.launch import Ranks
+from outpace.engine.engine import close_ranks
 
 
 class FakeProcess:
@@ -51,4 +56,26 @@ def test_a_group_with_a_dead_rank_is_aborted(calls):
 
 def test_a_rank_that_did_not_create_the_group_leaves_it(calls):
     Ranks(owns_group=False).close()
+    assert calls == []
+
+
+class FakeLockstep:
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+def test_an_engine_frees_its_graphs_after_telling_the_ranks_and_before_destroying_the_group(calls):
+    ranks = Ranks(RankGroup(0, 2), processes={1: FakeProcess(calls, None)}, owns_group=True)
+    close_ranks(FakeLockstep(calls), ranks, lambda: calls.append("release graphs"))
+    assert calls == ["stop", "release graphs", "destroy", "join"]
+    follower = Ranks(RankGroup(1, 2))  # a started rank: the group is destroyed by its process after
+    close_ranks(None, follower, lambda: calls.append("follower's graphs"))
+    assert calls[4:] == ["follower's graphs"]
+
+
+def test_one_rank_keeps_its_graphs_at_close(calls):
+    close_ranks(None, Ranks(), lambda: calls.append("release graphs"))
     assert calls == []
