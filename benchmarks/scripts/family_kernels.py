@@ -1,7 +1,9 @@
 """Where a family's decode step goes: for each shape of bench/family_shapes.py (random bf16 weights, one GPU), the
-captured batch-1 greedy decode step replayed under torch.profiler, its kernels by name (GPU ms and launches per
-replay, largest first). ``PYTHONPATH=. python3 benchmarks/scripts/family_kernels.py OUT SHAPE [SHAPE ...]``
-writes OUT/kernels_SHAPE.txt and prints the tables."""
+greedy decode steps of a batch (1, or the ``SHAPE@BATCH`` given) under torch.profiler, its kernels by name (GPU
+ms and launches per step, largest first). The batch's requests are real ones with distinct prompts (as bench
+families times them), so a MoE layer routes them to as many distinct experts as the timed rows do.
+``PYTHONPATH=. python3 benchmarks/scripts/family_kernels.py OUT SHAPE[@BATCH] [SHAPE[@BATCH] ...]`` writes
+OUT/kernels_SHAPE[@BATCH].txt and prints the tables."""
 
 from __future__ import annotations
 
@@ -9,22 +11,40 @@ import sys
 import tempfile
 from pathlib import Path
 
-from outpace.bench.families import build, close, profile_decode_replays
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from outpace import SamplingParams
+from outpace.bench.families import build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.profile import _kernel_table
 
-REPLAYS = 5
+STEPS, CONTEXT = 5, 512
 
 
-def step_kernels(shape_name: str, workdir: Path) -> list[str]:
+def step_kernels(shape_name: str, workdir: Path, batch: int = 1) -> list[str]:
     shape = family_shapes()[shape_name]
-    llm = build(workdir, shape.config, max_num_seqs=1, graph_sizes=(1,))
+    llm = build(workdir, shape.config, max_num_seqs=batch, graph_sizes=(batch,))
     try:
-        prof = profile_decode_replays(llm, 1, REPLAYS)
+        engine, vocab = llm.engine, shape.config["vocab_size"]
+        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        for i in range(batch):  # (bench/gpu.py time_decode's prompts)
+            engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(CONTEXT)], params)
+        while (
+            any(r.num_output_tokens == 0 for r in engine.scheduler.running)
+            or engine.scheduler.waiting
+        ):
+            engine.step()
+        for _ in range(3):
+            engine.step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(STEPS):
+                engine.step()
+            torch.cuda.synchronize()
         layers = shape.config["num_hidden_layers"]
-        return [f"{shape_name}: {layers} layers, per replay of the batch-1 step"] + _kernel_table(
-            prof, 40, REPLAYS
-        )
+        title = f"{shape_name}: {layers} layers, per decode step of batch {batch}"
+        return [title] + _kernel_table(prof, 40, STEPS)
     finally:
         close(llm)
 
@@ -32,9 +52,10 @@ def step_kernels(shape_name: str, workdir: Path) -> list[str]:
 def main(out: str, names: list[str]) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     for name in names:
+        shape, _, batch = name.partition("@")
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                lines = step_kernels(name, Path(tmp))
+                lines = step_kernels(shape, Path(tmp), int(batch or 1))
             except Exception as e:  # noqa: BLE001 (one shape's failure is reported, the others still run)
                 lines = [f"{name}: {type(e).__name__}: {e}"[:400]]
         (Path(out) / f"kernels_{name}.txt").write_text("\n".join(lines) + "\n")
