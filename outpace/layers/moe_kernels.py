@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 
 _SMALL_BLOCK_M = 16  # the fewest rows per block: tl.dot's minimum
 _LARGE_BLOCK_M = 64  # beyond 64 tokens (prefill): fewer re-reads of an expert's weights
+SORT_CHUNK = 64  # pairs per step of ``sort_pairs_into_blocks``: [64, 64] comparisons
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations (module docstring)
 
 
@@ -80,12 +81,6 @@ def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
     return (pairs + min(num_experts, pairs) * (block_m - 1)) // block_m
 
 
-def sort_chunk(num_experts: int) -> int:
-    """Pairs per step of ``sort_pairs_into_blocks``: [CHUNK, experts] one-hot tiles of about 8192 entries
-    (no register spills at 8 warps, ptxas for sm_90a)."""
-    return min(128, max(16, 8192 // max(16, triton.next_power_of_2(num_experts))))
-
-
 @dataclass(frozen=True)
 class BlockLayout:
     """The (token, slot) pairs sorted by expert into blocks (module docstring 1.)."""
@@ -95,6 +90,7 @@ class BlockLayout:
     )  # [blocks * block_m] int32: the pair of each row, ``pairs`` if padding
     block_expert: torch.Tensor  # [blocks] int32: each block's expert, -1 past the last
     block_m: int
+    cursor: torch.Tensor  # [routed + shared experts] int32: the sort's scratch (counts, next rows)
 
     @classmethod
     def empty(cls, tokens: int, slots: int, num_experts: int, device) -> BlockLayout:
@@ -105,6 +101,7 @@ class BlockLayout:
             torch.empty(blocks * block_m, dtype=torch.int32, device=device),
             torch.empty(blocks, dtype=torch.int32, device=device),
             block_m,
+            torch.empty(num_experts, dtype=torch.int32, device=device),
         )
 
     @property
@@ -133,6 +130,7 @@ def sort_pairs_into_blocks(
     stride_ids,
     sorted_pairs_ptr,  # [max_blocks * BLOCK_M] int32, written: pair per row, pairs if padding
     block_expert_ptr,  # [max_blocks] int32, written: each block's expert, -1 past the last
+    cursor_ptr,  # [routed + shared experts] int32 scratch: counts, then each expert's next row
     pairs,  # tokens * SLOTS
     max_blocks,
     NUM_ROUTED,
@@ -144,37 +142,55 @@ def sort_pairs_into_blocks(
 ):
     """The block layout (module docstring 1.), by the one program that calls it. Pairs keep their order
     within an expert (stable), rows past an expert's pairs hold the sentinel ``pairs``. A routed id of -1
-    (another expert-parallel rank's expert, layers/moe.py ``ExpertPlacement``) puts its pair in no block."""
+    (another expert-parallel rank's expert, layers/moe.py ``ExpertPlacement``) puts its pair in no block.
+
+    Its cost grows with the pairs, not with pairs x experts: the counts are integer atomic increments
+    (the same sums in any order), each expert's blocks are written from its first block, and a pair's
+    row is its expert's cursor (gathered from ``cursor_ptr``) plus the earlier pairs of that expert in its
+    chunk of CHUNK ([CHUNK, CHUNK] comparisons). One-hot [CHUNK, experts] tiles, as this sort was first
+    written, cost Qwen3-Next (512 routed experts and its shared one: 1024-wide tiles) 144 us a layer at
+    batch 32 on an H200 (benchmarks/results/gpu_2026-11-29d)."""
     experts = tl.arange(0, BLOCK_E)
     offs = tl.arange(0, CHUNK)
-    counts = tl.zeros([BLOCK_E], tl.int32)
+    e_ok = experts < NUM_ROUTED + SLOTS - TOP_K
+    tl.store(cursor_ptr + experts, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
+    tl.debug_barrier()
     for start in range(0, pairs, CHUNK):
         ids = _pair_experts(ids_ptr, stride_ids, start + offs, pairs, TOP_K, SLOTS, NUM_ROUTED)
-        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+        tl.atomic_add(cursor_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ids >= 0)
+    tl.debug_barrier()
+    counts = tl.load(cursor_ptr + experts, mask=e_ok, other=0)  # [BLOCK_E]
     blocks = (counts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_E]
     first_block = tl.cumsum(blocks, axis=0) - blocks  # [BLOCK_E] exclusive
-    last_block = first_block + blocks
-    rows = tl.arange(0, 1024)  # every row: padding first, 1024 rows a step
+    rows = tl.arange(0, 1024)  # every row: padding first, 1024 rows a step; every block: -1 first
     for start in range(0, max_blocks * BLOCK_M, 1024):
         tl.store(
             sorted_pairs_ptr + start + rows,
             tl.full([1024], 0, tl.int32) + pairs,
             mask=start + rows < max_blocks * BLOCK_M,
         )
-    for start in range(0, max_blocks, CHUNK):
-        b = start + offs
-        inside = (b[:, None] >= first_block[None, :]) & (b[:, None] < last_block[None, :])
-        expert = tl.sum(tl.where(inside, experts[None, :] + 1, 0), axis=1) - 1  # -1: past the last
-        tl.store(block_expert_ptr + b, expert, mask=b < max_blocks)
-    tl.debug_barrier()  # the padding rows are written before the pairs overwrite theirs
-    seen = tl.zeros([BLOCK_E], tl.int32)  # pairs of each expert placed so far
+    for start in range(0, max_blocks, 1024):
+        tl.store(
+            block_expert_ptr + start + rows,
+            tl.full([1024], -1, tl.int32),
+            mask=start + rows < max_blocks,
+        )
+    tl.store(cursor_ptr + experts, first_block * BLOCK_M, mask=e_ok)
+    tl.debug_barrier()  # the padding is written before the blocks and pairs overwrite theirs
+    for i in range(0, tl.cdiv(pairs // SLOTS, BLOCK_M)):  # (an expert has at most one pair a token)
+        tl.store(block_expert_ptr + first_block + i, experts, mask=e_ok & (i < blocks))
+    earlier = offs[None, :] < offs[:, None]  # [CHUNK, CHUNK]: column pair before row pair
     for start in range(0, pairs, CHUNK):
         ids = _pair_experts(ids_ptr, stride_ids, start + offs, pairs, TOP_K, SLOTS, NUM_ROUTED)
-        hit = (ids[:, None] == experts[None, :]).to(tl.int32)  # [CHUNK, BLOCK_E]
-        rank = tl.cumsum(hit, axis=0) - hit + seen[None, :]  # earlier pairs of the same expert
-        row = tl.sum(hit * (first_block[None, :] * BLOCK_M + rank), axis=1)  # [CHUNK]
-        tl.store(sorted_pairs_ptr + row, start + offs, mask=(start + offs < pairs) & (ids >= 0))
-        seen += tl.sum(hit, axis=0)
+        placed = ids >= 0
+        same = ids[:, None] == ids[None, :]  # [CHUNK, CHUNK]
+        before = tl.sum((same & earlier).to(tl.int32), axis=1)  # [CHUNK]
+        in_chunk = tl.sum(same.to(tl.int32), axis=1)  # [CHUNK] the chunk's pairs of the expert
+        base = tl.load(cursor_ptr + ids, mask=placed, other=0)  # [CHUNK]
+        tl.store(sorted_pairs_ptr + base + before, start + offs, mask=placed)
+        tl.debug_barrier()  # every cursor read before any moves on
+        tl.store(cursor_ptr + ids, base + in_chunk, mask=placed)  # (an expert's pairs agree)
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -183,6 +199,7 @@ def _align_kernel(
     stride_ids,
     sorted_pairs_ptr,
     block_expert_ptr,
+    cursor_ptr,
     pairs,
     max_blocks,
     NUM_ROUTED,
@@ -198,6 +215,7 @@ def _align_kernel(
         stride_ids,
         sorted_pairs_ptr,
         block_expert_ptr,
+        cursor_ptr,
         pairs,
         max_blocks,
         NUM_ROUTED,
@@ -219,6 +237,7 @@ def align(ids: torch.Tensor, num_routed: int, num_shared: int = 0) -> BlockLayou
         ids.stride(0),
         layout.sorted_pairs,
         layout.block_expert,
+        layout.cursor,
         tokens * slots,
         layout.blocks,
         num_routed,
@@ -226,7 +245,7 @@ def align(ids: torch.Tensor, num_routed: int, num_shared: int = 0) -> BlockLayou
         SLOTS=slots,
         BLOCK_E=max(16, triton.next_power_of_2(experts)),
         BLOCK_M=layout.block_m,
-        CHUNK=sort_chunk(experts),
+        CHUNK=SORT_CHUNK,
         num_warps=8,
     )
     return layout

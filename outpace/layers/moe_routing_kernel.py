@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.layers.moe_kernels import BlockLayout, align, sort_chunk, sort_pairs_into_blocks
+from outpace.layers.moe_kernels import SORT_CHUNK, BlockLayout, align, sort_pairs_into_blocks
 
 FUSED_LAYOUT_TOKENS = (
     64  # up to this many tokens routing writes the block layout itself (docstring 2.)
@@ -258,6 +258,7 @@ def _route_kernel(
     ids_ptr,  # [n, TOP_K] int64, written
     sorted_pairs_ptr,
     block_expert_ptr,  # the block layout, written when LAYOUT
+    cursor_ptr,  # its sort's scratch
     n,
     splits,
     scaling,
@@ -326,6 +327,7 @@ def _route_kernel(
             TOP_K,
             sorted_pairs_ptr,
             block_expert_ptr,
+            cursor_ptr,
             n * (TOP_K + NUM_SHARED),
             max_blocks,
             NUM_EXPERTS,
@@ -424,7 +426,7 @@ def select_experts(
     blocks = (
         BlockLayout.empty(n, top_k + num_shared, experts + num_shared, partial.device)
         if fused
-        else BlockLayout(ids, ids, 16)  # (not written: LAYOUT off)
+        else BlockLayout(ids, ids, 16, ids)  # (not written: LAYOUT off)
     )
     _route_kernel[(1 if fused else triton.cdiv(n, block_t),)](
         partial,
@@ -434,6 +436,7 @@ def select_experts(
         ids,
         blocks.sorted_pairs,
         blocks.block_expert,
+        blocks.cursor,
         n,
         splits,
         float(r.scaling),
@@ -460,7 +463,7 @@ def select_experts(
         NUM_SHARED=num_shared,
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
         BLOCK_M=blocks.block_m,
-        CHUNK=sort_chunk(experts + num_shared),
+        CHUNK=SORT_CHUNK,
         num_warps=8,  # no register spills at the DeepSeek shapes (ptxas for sm_90a; 4 warps spill)
     )
     if not layout:

@@ -142,11 +142,13 @@ def test_routing_sort_fills_whole_blocks_of_one_expert():
     blocks = max_blocks(pairs, 5, block_m)
     sorted_pairs = torch.full((blocks * block_m,), -7, dtype=torch.int32, device=DEVICE)
     block_expert = torch.full((blocks,), -7, dtype=torch.int32, device=DEVICE)
+    cursor = torch.full((5,), -7, dtype=torch.int32, device=DEVICE)
     _align_kernel[(1,)](
         ids,
         ids.stride(0),
         sorted_pairs,
         block_expert,
+        cursor,
         pairs,
         blocks,
         5,
@@ -155,7 +157,7 @@ def test_routing_sort_fills_whole_blocks_of_one_expert():
         BLOCK_E=16,
         BLOCK_M=block_m,
         CHUNK=4,
-    )  # chunks of 4 pairs: the running counts carry across chunks
+    )  # chunks of 4 pairs: each expert's cursor carries across chunks
     assert block_expert.tolist() == [0, 1, 2, 3] + [-1] * (blocks - 4)
     rows = sorted_pairs.view(blocks, block_m)[:4].tolist()
     real = [[p for p in row if p != pairs] for row in rows]
