@@ -159,7 +159,8 @@ def sort_pairs_into_blocks(
         ids = _pair_experts(ids_ptr, stride_ids, start + offs, pairs, TOP_K, SLOTS, NUM_ROUTED)
         tl.atomic_add(cursor_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ids >= 0)
     tl.debug_barrier()
-    counts = tl.load(cursor_ptr + experts, mask=e_ok, other=0)  # [BLOCK_E]
+    # (volatile: the atomics were made in L2, so these reads bypass L1, as the cursor reads below)
+    counts = tl.load(cursor_ptr + experts, mask=e_ok, other=0, volatile=True)  # [BLOCK_E]
     blocks = (counts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_E]
     first_block = tl.cumsum(blocks, axis=0) - blocks  # [BLOCK_E] exclusive
     rows = tl.arange(0, 1024)  # every row: padding first, 1024 rows a step; every block: -1 first
@@ -186,7 +187,7 @@ def sort_pairs_into_blocks(
         same = ids[:, None] == ids[None, :]  # [CHUNK, CHUNK]
         before = tl.sum((same & earlier).to(tl.int32), axis=1)  # [CHUNK]
         in_chunk = tl.sum(same.to(tl.int32), axis=1)  # [CHUNK] the chunk's pairs of the expert
-        base = tl.load(cursor_ptr + ids, mask=placed, other=0)  # [CHUNK]
+        base = tl.load(cursor_ptr + ids, mask=placed, other=0, volatile=True)  # [CHUNK]
         tl.store(sorted_pairs_ptr + base + before, start + offs, mask=placed)
         tl.debug_barrier()  # every cursor read before any moves on
         tl.store(cursor_ptr + ids, base + in_chunk, mask=placed)  # (an expert's pairs agree)
