@@ -5,7 +5,7 @@ synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at e
    logits, x (any dtype, converted in registers: no float32 copy of x) times the float32 router weight,
    each split of the hidden dimension into its own [tokens, experts] slice. The router weight is the only
    large read of routing (DeepSeek-V2-Lite 64 x 2048 x 4 B = 0.5 MB, V3 256 x 7168 x 4 B = 7.3 MB): split
-   over about 128 programs it streams at the device's bandwidth, where the one program of step 2 would
+   over up to 264 programs it streams at the device's bandwidth, where the one program of step 2 would
    read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch.
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
@@ -49,10 +49,11 @@ from outpace.layers.moe_kernels import SORT_CHUNK, BlockLayout, align, sort_pair
 FUSED_LAYOUT_TOKENS = (
     64  # up to this many tokens routing writes the block layout itself (docstring 2.)
 )
-_LOGIT_PROGRAMS = 128  # programs the logits matvec aims for (132 SMs on an H200)
+_LOGIT_PROGRAMS = 264  # programs the logits matvec aims for (two waves of an H200's 132 SMs)
 _MAX_SPLITS = (
-    8  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
+    16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
+_FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
 
 
 @triton.jit
@@ -362,7 +363,12 @@ def router_logits(
     row_len = experts + (column_scale is not None)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    block_t, block_e, block_k = 16, 16, 64
+    block_t, block_e = 16, 16
+    # Few tokens (decode, verify): the weight is the whole read, and a program's loop over its split is a
+    # chain of dependent loads, so the split is walked in one or two wide steps by more programs. On an
+    # H200 the 64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and
+    # 20 us for DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables).
+    block_k = _FEW_TOKENS_BLOCK_K if n <= block_t else 64
     tiles = triton.cdiv(n, block_t) * triton.cdiv(experts, block_e)
     splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k

@@ -82,13 +82,15 @@ def test_kernel_equals_torch_on_random_hidden_states(case):
     assert_same_routing(router(x), expected)
 
 
-def test_split_router_logits_sum_to_the_matvec():
-    """An odd hidden size over several splits of the hidden dimension, bf16 x converted in the kernel."""
+@pytest.mark.parametrize("tokens, hidden", [(3, 1097), (40, 197)])
+def test_split_router_logits_sum_to_the_matvec(tokens, hidden):
+    """An odd hidden size over several splits of the hidden dimension (few tokens: 256-wide steps; more:
+    64-wide), bf16 x converted in the kernel."""
     g = torch.Generator(DEVICE).manual_seed(1)
-    x = torch.randn(3, 197, device=DEVICE, generator=g).to(torch.bfloat16)
-    w = torch.randn(40, 197, device=DEVICE, generator=g)
+    x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(40, hidden, device=DEVICE, generator=g)
     partial = router_logits(x, w)
-    assert partial.shape[0] > 1 and partial.shape[1:] == (3, 40)
+    assert partial.shape[0] > 1 and partial.shape[1:] == (tokens, 40)
     torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
     w16 = w.to(torch.bfloat16)  # a router weight in the model's dtype: converted in the kernel too
     torch.testing.assert_close(
