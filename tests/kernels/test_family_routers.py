@@ -111,7 +111,8 @@ def test_gemma4_moe_block_on_the_kernels_equals_the_eager_block(n):
     experts = randomise(Gemma4Experts(45, GEMMA, "gelu_pytorch_tanh"), seed=n + 1, std=0.2)
     g = _generator(200 + n)
     h, x = (torch.randn(n, 45, generator=g).to(DEVICE) for _ in range(2))
-    with torch.no_grad():
+    with torch.no_grad():  # (the eager reference named: by default a CUDA tensor takes the kernels)
+        router.kernel, experts.kernels = False, False
         expected = experts.routed_by(router, h, x)
         router.kernel, experts.kernels = True, True
         torch.testing.assert_close(experts.routed_by(router, h, x), expected, rtol=1e-5, atol=1e-5)
@@ -152,7 +153,8 @@ def test_step3p5_moe_block_on_the_kernels_equals_the_eager_block(case, n):
     x = torch.randn(n, 40, generator=_generator(300 + n)).to(DEVICE)
     calls = []
     shared.register_forward_hook(lambda *_: calls.append(1))
-    with torch.no_grad():
+    with torch.no_grad():  # (the eager reference named: by default a CUDA tensor takes the kernels)
+        moe.kernels, moe.gate.kernel = False, False
         expected = moe(x, shared)
         assert calls == [1]
         moe.kernels, moe.gate.kernel = True, True
