@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from outpace import SamplingParams
 from outpace.bench.families import build, close
 from outpace.bench.family_shapes import family_shapes
+from outpace.bench.gpu import start_decoding
 from outpace.bench.profile import _kernel_table
 
 STEPS, CONTEXT = 5, 512
@@ -26,17 +26,8 @@ def step_kernels(shape_name: str, workdir: Path, batch: int = 1) -> list[str]:
     shape = family_shapes()[shape_name]
     llm = build(workdir, shape.config, max_num_seqs=batch, graph_sizes=(batch,))
     try:
-        engine, vocab = llm.engine, shape.config["vocab_size"]
-        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-        for i in range(batch):  # (bench/gpu.py time_decode's prompts)
-            engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(CONTEXT)], params)
-        while (
-            any(r.num_output_tokens == 0 for r in engine.scheduler.running)
-            or engine.scheduler.waiting
-        ):
-            engine.step()
-        for _ in range(3):
-            engine.step()
+        start_decoding(llm, batch, CONTEXT, max_tokens=64)
+        engine = llm.engine
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(STEPS):

@@ -133,11 +133,12 @@ def build_8b(
     return LLM(model, **kwargs)
 
 
-def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
-    """Engine steps/s and tokens/s over ``steps`` steps with every request of the batch running."""
+def start_decoding(llm: LLM, batch: int, context: int, max_tokens: int) -> list[str]:
+    """``batch`` greedy requests of ``context`` distinct prompt tokens each, prefilled and a few steps into
+    decoding (every later engine step a decode step of the whole batch); their request ids."""
     engine = llm.engine
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=64 * steps, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     ids = [
         engine.add_request([(7 * i + 13 * j + 1) % vocab for j in range(context)], params)
         for i in range(batch)
@@ -148,6 +149,13 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
         engine.step()  # prefill (chunked) until every request has its first token
     for _ in range(3):
         engine.step()  # warm-up: the first decode steps hand state to the captured iteration
+    return ids
+
+
+def time_decode(llm: LLM, batch: int, context: int, steps: int = 24) -> dict:
+    """Engine steps/s and tokens/s over ``steps`` steps with every request of the batch running."""
+    engine = llm.engine
+    ids = start_decoding(llm, batch, context, max_tokens=64 * steps)
     # Timed from one step's return to another's: a step returns once its tokens are on the host, so
     # this is the steady rate with any step run ahead (runner.py) in flight at both ends alike.
     before = sum(r.num_output_tokens for r in engine.scheduler.running)
