@@ -12,6 +12,7 @@ from torch import nn
 from outpace.checkpoint import DTYPES, checkpoint_tensor_names, load_checkpoint
 from outpace.distributed.group import SINGLE, build_group, building_in
 from outpace.layers.decoder import pack_projections
+from outpace.layers.quant.experts import QuantizedStackedWeight
 from outpace.layers.quant.linear import QuantizedLinear
 from outpace.layers.quant.loading import (
     check_loaded,
@@ -130,7 +131,9 @@ def fill_dummy(model: nn.Module) -> None:
     ``per_expert_scale``, and every token would choose the same experts), other vectors 0; quantized layers
     random stored values and scales of the same size."""
     with torch.no_grad():
-        quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        quantized = [
+            m for m in model.modules() if isinstance(m, (QuantizedLinear, QuantizedStackedWeight))
+        ]
         skip = {id(t) for m in quantized for t in m.parameters(recurse=False)}
         for m in quantized:
             fill_dummy_quantized(m)

@@ -177,8 +177,10 @@ def quantized_bytes(model: nn.Module) -> tuple[int, int]:
 
 # projections the published quantized checkpoints keep in high precision whatever their config lists: the
 # head, DeepSeek MTP's eh_proj and shared head (DeepSeek-V3's files: bf16), Qwen3-Next's shared expert gate
-# (vLLM's qwen3_next.py builds it, as the router, with quant_config=None)
-_NEVER_QUANTIZED = ("lm_head", "eh_proj", "shared_head", "shared_expert_gate")
+# (vLLM's qwen3_next.py builds it, as the router, with quant_config=None), Step-3.5's head-wise attention
+# gate g_proj (one row per head, 64 or 96: less than one 128-row block, and at TP = 2 a rank's 32 or 48 rows
+# would cut one, which vLLM's block-FP8 linear refuses, yet vLLM serves Step-3.5-Flash-FP8 at TP = 2 to 8)
+_NEVER_QUANTIZED = ("lm_head", "eh_proj", "shared_head", "shared_expert_gate", "g_proj")
 # the scales' dtype as published: DeepSeek-V3's weight_scale_inv float32, Kimi-K2-Thinking's INT4
 # weight_scale bf16 (layers/quant/linear.py Int4Group)
 _DUMMY_SCALE_DTYPES = {INT4_GROUP: torch.bfloat16}
@@ -190,32 +192,51 @@ def quantize_dummy_modules(
     """For ``load_format="dummy"``: replace every projection a published checkpoint of ``scheme`` stores
     quantized by a ``QuantizedLinear``, without a checkpoint: every ``nn.Linear`` but the head, MTP's
     ``eh_proj`` and shared head and what the config's list keeps unquantized (and, INT4, a projection whose
-    columns are not whole groups), on ``device`` (default: the projection's); returns how many. Their tensors are filled by ``fill_dummy_quantized``."""
+    columns are not whole groups), on ``device`` (default: the projection's); and, block FP8, every stack of
+    routed experts (layers/moe.py ``StackedWeight``) by a ``QuantizedStackedWeight``, as
+    Step-3.5-Flash-FP8 stores its ``moe.{gate,up,down}_proj`` (another format's stacks are refused, as
+    ``quantize_modules`` refuses them). Returns how many. Their tensors are filled by
+    ``fill_dummy_quantized``."""
+    from outpace.layers.moe import StackedWeight  # (layers/moe.py imports this package)
+
     fmt = FORMATS[scheme.method](scheme)
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
-    replaced: dict[int, QuantizedLinear] = {}
+    replaced: dict[int, nn.Module] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
-        if not isinstance(module, nn.Linear) or not name:
+        stacked = isinstance(module, StackedWeight)
+        if not (isinstance(module, nn.Linear) or stacked) or not name:
             continue
         prefix = to_ckpt(f"{name}.weight").removesuffix(".weight")
         parts = prefix.split(".")
         if any(p in parts for p in _NEVER_QUANTIZED) or scheme.excludes(prefix):
             continue
+        if stacked and not isinstance(fmt, Fp8Block):
+            raise ConfigError(
+                f"quantization_config: {scheme.description} for the stacked experts {prefix!r}: only "
+                "block-FP8 stacks are implemented (Step-3.5-Flash-FP8's layout)"
+            )
         if scheme.group is not None and module.in_features % scheme.group:
             continue
         if id(module) not in replaced:
             scale_dtype = _DUMMY_SCALE_DTYPES.get(scheme.method, torch.float32)
-            replaced[id(module)] = quantized_like(module, fmt, scale_dtype, prefix, device)
+            make = QuantizedStackedWeight if stacked else quantized_like
+            replaced[id(module)] = make(module, fmt, scale_dtype, prefix, device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, replaced[id(module)])
     return len(replaced)
 
 
-def fill_dummy_quantized(layer: QuantizedLinear, std: float = 0.02) -> None:
+def fill_dummy_quantized(
+    layer: QuantizedLinear | QuantizedStackedWeight, std: float = 0.02
+) -> None:
     """Random stored values and scales of about ``std`` (the dummy load's normal(0, 0.02) weights), made on
     the layer's device: fp8 values of normal(0, 1) with scales ``std``; INT4 words of random nibbles
     (uniform in [-8, 7], standard deviation about 4.6) with scales ``std`` / 4.6."""
     with torch.no_grad():
+        if isinstance(layer, QuantizedStackedWeight):  # (block FP8, no bias)
+            layer.weight.copy_(torch.randn(layer.weight.shape, device=layer.weight.device))
+            layer.weight_scale_inv.fill_(std)
+            return
         weight, scale = layer.stored_weight, layer.scale
         if weight.dtype == torch.int32:
             bits = torch.randint(-(2**31), 2**31 - 1, weight.shape, device=weight.device)
