@@ -18,10 +18,18 @@
 #                                                    # weights built on the GPUs, TP = 2: decode vs the floor, MTP
 #                                                    # under ORACLE acceptance: ~3-4 min) and ep (issue 46 item 2:
 #                                                    # DeepSeek-V3 and Step-3.5-Flash layer slices at EP = TP = 2,
-#                                                    # decode vs the floor, MTP under ORACLE acceptance: ~4 min);
+#                                                    # decode vs the floor, MTP under ORACLE acceptance: ~4 min)
+#                                                    # and step35flash (issue 46 item 3: Step-3.5-Flash whole, 45
+#                                                    # layers, in block FP8 as stepfun-ai/Step-3.5-Flash-FP8, ~200
+#                                                    # GB, random weights built on the GPUs, EP = TP = 2: each GPU
+#                                                    # ~92 GiB; decode vs the floor, MTP under ORACLE acceptance:
+#                                                    # ~5-7 min; 2 GPUs only: at 4 or 8 a rank's part of the shared
+#                                                    # expert cuts an FP8 block, refused at start);
 #                                                    # for issue 46:
 #                                                    #   MULTI_TIME_LIMIT=520 timeout 560 bash benchmarks/scripts/gpu_run.sh
 #                                                    #     OUT multi item1,qwen3next80b,ep
+#                                                    #   MULTI_TIME_LIMIT=540 timeout 580 bash benchmarks/scripts/gpu_run.sh
+#                                                    #     OUT multi step35flash   (repeat it if it lists not-run items)
 #                                                    # (all by default; a part measured by an
 #                                                    # earlier run into OUT_DIR is kept), or `single` on one GPU (the
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.

@@ -382,20 +382,25 @@ GEMMA4_26B_A4B = dict(
     eos_token_id=1,
     pad_token_id=0,
 )
-STEP3P5_SLICE_LAYERS = 8
+STEP3P5_LAYERS, STEP3P5_SLICE_LAYERS = 45, 8
 # huggingface.co/stepfun-ai/Step-3.5-Flash config.json (vLLM's Step3p5Config defaults and public copies of
 # the config): 45 layers, full attention (64 heads, 8 kv groups, half the head rotated, theta 5e6) on every
 # 4th layer from layer 0 and sliding attention (window 512, 96 heads, 8 groups, theta 1e4) between, per-head
-# attention gates, 3 dense layers then MoE layers of 288 experts of which 8 (sigmoid with a router bias)
-# plus a shared expert; 3 MTP layers (left out here). Written as its first 8 layers: the SwiGLU clamps of
-# the released config are non-zero only on its last layers (0 here), and the per-layer lists cover these.
-STEP3P5_FLASH_SLICE = dict(
+# attention gates, 3 dense layers then MoE layers 3..44 of 288 experts of which 8 (sigmoid with a router
+# bias) plus a shared expert; 3 MTP layers (left out here: ``with_mtp`` adds them). The per-layer lists run
+# num_hidden_layers long. The SwiGLU clamps are 0 (none) on every layer: the released config's values for
+# its last layers are not known here. The one trace found in stored public text is a third-party summary of
+# StepFun's training code (SteptronOss ``Step3p5FlashMoEConfig``: routed-expert clamps {43: 7.0, 44: 7.0},
+# shared {44: 16.0}), not the released config.json, and the stored copy of that training config
+# (stepfun-ai/SteptronOss playground/pretrain/step3p5/step3p5_flash.py) sets none; random weights measure the
+# cost, which a clamp barely changes.
+STEP3P5_FLASH = dict(
     architectures=["Step3p5ForCausalLM"],
     model_type="step3p5",
     vocab_size=128896,
     hidden_size=4096,
     intermediate_size=11264,
-    num_hidden_layers=STEP3P5_SLICE_LAYERS,
+    num_hidden_layers=STEP3P5_LAYERS,
     num_attention_heads=64,
     num_attention_groups=8,
     head_dim=128,
@@ -403,7 +408,7 @@ STEP3P5_FLASH_SLICE = dict(
     max_position_embeddings=262144,
     rms_norm_eps=1e-5,
     layer_types=[
-        "full_attention" if i % 4 == 0 else "sliding_attention" for i in range(STEP3P5_SLICE_LAYERS)
+        "full_attention" if i % 4 == 0 else "sliding_attention" for i in range(STEP3P5_LAYERS)
     ],
     sliding_window=512,
     attention_other_setting={
@@ -412,7 +417,7 @@ STEP3P5_FLASH_SLICE = dict(
         "num_attention_groups": 8,
         "head_dim": 128,
     },
-    rope_theta=[5e6 if i % 4 == 0 else 1e4 for i in range(STEP3P5_SLICE_LAYERS)],
+    rope_theta=[5e6 if i % 4 == 0 else 1e4 for i in range(STEP3P5_LAYERS)],
     rope_scaling={
         "rope_type": "llama3",
         "factor": 2.0,
@@ -421,13 +426,13 @@ STEP3P5_FLASH_SLICE = dict(
         "original_max_position_embeddings": 131072,
     },
     yarn_only_types=["full_attention"],
-    partial_rotary_factors=[0.5 if i % 4 == 0 else 1.0 for i in range(STEP3P5_SLICE_LAYERS)],
+    partial_rotary_factors=[0.5 if i % 4 == 0 else 1.0 for i in range(STEP3P5_LAYERS)],
     use_rope_layers=[],
     moe_num_experts=288,
     moe_top_k=8,
     moe_intermediate_size=1280,
     share_expert_dim=1280,
-    moe_layers_enum=",".join(str(i) for i in range(3, STEP3P5_SLICE_LAYERS)),
+    moe_layers_enum=",".join(str(i) for i in range(3, STEP3P5_LAYERS)),
     moe_router_activation="sigmoid",
     moe_router_scaling_factor=3.0,
     use_moe_router_bias=True,
@@ -438,14 +443,18 @@ STEP3P5_FLASH_SLICE = dict(
     att_impl_type="GQA",
     zero_centered=True,
     sink=False,
-    swiglu_limits=[0.0] * STEP3P5_SLICE_LAYERS,
-    swiglu_limits_shared=[0.0] * STEP3P5_SLICE_LAYERS,
+    swiglu_limits=[0.0] * STEP3P5_LAYERS,
+    swiglu_limits_shared=[0.0] * STEP3P5_LAYERS,
     num_nextn_predict_layers=0,
     tie_word_embeddings=False,
     torch_dtype="bfloat16",
     bos_token_id=0,
     eos_token_id=[1, 2, 128007],
 )
+
+
+# The first 8 layers of it: 3 dense + 5 MoE layers (2 full, 6 sliding attention).
+STEP3P5_FLASH_SLICE = slice_layers(STEP3P5_FLASH, STEP3P5_SLICE_LAYERS)
 
 
 def qwen35() -> dict:

@@ -45,6 +45,17 @@
   collectives of one step measured alone (per layer the attention's all-reduce and the MoE's, which is
   the experts' dispatch and combine: layers/moe.py says why an all-reduce), and the model's MTP layer (one
   MoE MTP layer, ``with_mtp``; random: it accepts nothing) under ORACLE acceptance.
+- ``step35flash`` (issue 46 item 3): Step-3.5-Flash whole (45 layers, bench/family_shapes.py STEP3P5_FLASH) in
+  block FP8, the ``quantization_config`` stepfun-ai/Step-3.5-Flash-FP8 and DeepSeek-V3 publish (bench/
+  families.py ``QUANTIZATION_CONFIGS["fp8"]``: e4m3, 128 x 128 blocks), about 200 GB, at EP = TP = world with
+  random weights built on each GPU (``load_format="dummy"``: every projection fp8 with its block scales, the
+  routed experts as fp8 stacks as that checkpoint stores them; the router, embedding, head, norms, the
+  per-head attention gates and the MTP layer's eh_proj and head stay high precision: layers/quant/loading.py
+  ``quantize_dummy_modules``), as ``ep`` runs its slices: the collectives of one step alone, plain decode at
+  batch 1, 8, 32 against the floor of the bytes each GPU reads (``step_budget`` counts the fp8 weights and
+  their scales as stored), and its MTP layer under ORACLE acceptance. Each engine row says what was built
+  quantized (``quantized_layout``). A world whose ranks' parts would cut an FP8 block (the shared expert's
+  1280 rows are 5 blocks at 2 ranks, 2.5 at 4) is refused before anything runs (``fp8_split_refused``).
 ``--parts single`` (one GPU): the figures the multi-GPU ones compare with: tp_speed at TP = 1 (a shape
 that does not fit one GPU is listed as such) and one replica's throughput.
 
@@ -69,7 +80,14 @@ from pathlib import Path
 import torch
 
 from outpace import SamplingParams
-from outpace.bench.family_shapes import QWEN3_NEXT_80B, family_shapes, slice_layers, with_mtp
+from outpace.bench.families import QUANTIZATION_CONFIGS
+from outpace.bench.family_shapes import (
+    QWEN3_NEXT_80B,
+    STEP3P5_FLASH,
+    family_shapes,
+    slice_layers,
+    with_mtp,
+)
 from outpace.bench.gpu import (
     LLAMA_8B,
     ZOO_DRAFTERS,
@@ -97,13 +115,21 @@ LLAMA_70B = {
     "num_attention_heads": 64,
     "num_key_value_heads": 8,
 }
-RANK_PARTS = ("correctness", "tp_speed", "item1", "qwen3next80b", "ep")  # run on the rank group
+RANK_PARTS = (
+    "correctness",
+    "tp_speed",
+    "item1",
+    "qwen3next80b",
+    "ep",
+    "step35flash",
+)  # run on the rank group
 PARTS = (*RANK_PARTS, *DP_PARTS)
 TIMED = (
     "tp_speed",
     *DP_PARTS,
     "qwen3next80b",
     "ep",
+    "step35flash",
 )  # the parts whose rows are timings (forget_timings)
 # the sections of item1 measured on the machine's GPUs (forget_timings), as opposed to its correctness rows
 ITEM1_MACHINE_ROWS = ("graphs", "nccl", "memory")
@@ -114,6 +140,60 @@ SEED_WEIGHTS = (
 )
 
 EP_SHAPES = ("deepseek-v3-slice", "step-3.5-flash-slice")  # bench/family_shapes.py names
+STEP_NAME = "step-3.5-flash-fp8"
+STEP_WEIGHTS = (
+    "random block-FP8 weights built on each GPU, each rank its own shard (load_format='dummy'); as a "
+    "checkpoint the model is about 200 GB (stepfun-ai/Step-3.5-Flash-FP8), more than the device machine's "
+    "disk holds beside its other files"
+)
+
+
+def step35flash_fp8() -> dict:
+    """``step35flash``'s model: Step-3.5-Flash whole with the block-FP8 quantization_config."""
+    return {**STEP3P5_FLASH, "quantization_config": QUANTIZATION_CONFIGS["fp8"]}
+
+
+def fp8_split_refused(config: dict, world: int) -> str | None:
+    """Why ``config``'s block-FP8 projections cannot be split over ``world`` tensor-parallel ranks, or None.
+    At EP = TP = world (models/step3p5.py, layers/decoder.py) each attention type's query heads (q rows, o
+    columns) and kv heads (k, v rows; replicated when fewer than the ranks), the shared expert's and the
+    dense MLP's intermediate rows (gate, up rows, down columns) are split, the routed experts placed whole:
+    each rank's part of every split width must be whole blocks in both directions of ``weight_block_size``
+    (a rank would otherwise need a scale its neighbour holds: layers/quant/linear.py ``scale_shard``)."""
+    block = config["quantization_config"]["weight_block_size"]
+    head_dim = config["head_dim"]
+    sliding = config.get("attention_other_setting") or {}
+    widths = {
+        "num_attention_heads x head_dim": config["num_attention_heads"] * head_dim,
+        "attention_other_setting.num_attention_heads x head_dim": sliding.get(
+            "num_attention_heads", config["num_attention_heads"]
+        )
+        * head_dim,
+        "share_expert_dim": config["share_expert_dim"],
+        "intermediate_size": config["intermediate_size"],
+    }
+    for name, kv in (
+        ("num_attention_groups", config["num_attention_groups"]),
+        (
+            "attention_other_setting.num_attention_groups",
+            sliding.get("num_attention_groups", config["num_attention_groups"]),
+        ),
+    ):
+        if kv >= world:
+            widths[f"{name} x head_dim"] = kv * head_dim
+    cut = [
+        f"{name} {width} / {world} ranks = {width / world:g}"
+        for name, width in widths.items()
+        if width % world or any((width // world) % b for b in block)
+    ]
+    if not cut:
+        return None
+    return (
+        f"step35flash at EP = TP = {world}: each rank's part of {'; '.join(cut)} is not whole "
+        f"{block[0]} x {block[1]} FP8 blocks, so a rank would need a block scale another holds (the "
+        "shared expert's 1280 rows split into whole blocks over 2 ranks, 5 each, not over 4 or 8): run "
+        "it on 2 GPUs, or leave the part out"
+    )
 
 
 def ep_slices() -> dict[str, dict]:
@@ -193,6 +273,10 @@ class Plan:
     # ep (issue 46 item 2): the shapes by name; an engine's build, capture and rows take about ep_item_s
     ep_models: dict = field(default_factory=ep_slices)
     ep_item_s: float = 75.0
+    # step35flash (issue 46 item 3): the model whole in block FP8; an engine's build (about 100 GB of random
+    # fp8 per GPU at EP = 2), its 45 layers' graphs captured and its rows take about step35flash_item_s
+    step35flash_model: dict = field(default_factory=step35flash_fp8)
+    step35flash_item_s: float = 200.0
     time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 260.0  # per data-parallel part
 
@@ -851,6 +935,26 @@ class Run:
             "qwen3next80b", f"TP = {world}", SEED_NAME, config, section, plan.seed_item_s
         )
 
+    def step35flash(self) -> None:
+        """The module docstring's ``step35flash``: the collectives, plain decode and MTP at EP = TP = world."""
+        plan, world = self.plan, self.group.world
+        config = plan.step35flash_model
+        block = config["quantization_config"]["weight_block_size"]
+        section = self.result.setdefault(
+            "step35flash",
+            self._seed_section(
+                f"stepfun-ai/Step-3.5-Flash's config.json (bench/family_shapes.py STEP3P5_FLASH), "
+                f"{config['num_hidden_layers']} layers, with stepfun-ai/Step-3.5-Flash-FP8's block-FP8 "
+                f"quantization_config ({block[0]} x {block[1]} blocks)",
+                STEP_WEIGHTS,
+                ep=world,
+            ),
+        )
+        self._seed_items(
+            "step35flash", f"EP = TP = {world}", STEP_NAME, config, section,
+            plan.step35flash_item_s, expert_parallel_size=world,
+        )  # fmt: skip
+
     # ---- issue 46 item 2 ----------------------------------------------------------------------------------
     def ep(self) -> None:
         """The module docstring's ``ep``: each shape's collectives, plain decode and MTP at EP = TP = world."""
@@ -928,7 +1032,12 @@ class Run:
             ranks = [engine_facts(llm.engine)] + (self.group.follower_facts() if world > 1 else [])
             self.add(
                 section["engines"],
-                {"engine": what, "build_s": time.monotonic() - t0, "ranks": ranks},
+                {
+                    "engine": what,
+                    "build_s": time.monotonic() - t0,
+                    "ranks": ranks,
+                    "quantized": quantized_layout(llm.engine.model),
+                },
             )
         except BaseException:
             llm.close()
@@ -974,6 +1083,33 @@ class Run:
         spec = SpeculativeConfig("mtp", num_steps=self.plan.oracle_steps, adaptive=True)
         with self._seed_engine(name, config, spec, section, "mtp", **engine) as llm:
             self._oracle_rows(llm, name, self.group.world, section["oracle"], "mtp")
+
+
+def quantized_layout(model) -> dict:
+    """What rank 0's model holds quantized: its quantized projections and expert stacks, their bytes as stored
+    against every parameter's and buffer's (layers/quant/loading.py ``quantized_bytes``), and the names of
+    the projections left in high precision (``nn.Linear`` modules, by their last name)."""
+    from torch import nn
+
+    from outpace.layers.quant.experts import QuantizedStackedWeight
+    from outpace.layers.quant.linear import QuantizedLinear
+    from outpace.layers.quant.loading import quantized_bytes
+
+    quantized, total = quantized_bytes(model)
+    modules = list(model.modules())
+    return {
+        "projections": sum(isinstance(m, QuantizedLinear) for m in modules),
+        "expert_stacks": sum(isinstance(m, QuantizedStackedWeight) for m in modules),
+        "quantized_bytes": quantized,
+        "total_bytes": total,
+        "high_precision_linears": sorted(
+            {
+                name.rsplit(".", 1)[-1]
+                for name, m in model.named_modules()
+                if isinstance(m, nn.Linear)
+            }
+        ),
+    }
 
 
 def decode_replays(llm, batch: int, context: int, steps: int) -> dict:
@@ -1172,6 +1308,9 @@ def run_multi_gpu_bench(
     unknown = [p for p in names if p not in PARTS]
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}: choose from {', '.join(PARTS)} or 'single'")
+    refused = "step35flash" in names and fp8_split_refused(plan.step35flash_model, plan.world)
+    if refused:
+        raise ValueError(refused)
     if single:
         plan = dataclasses.replace(plan, world=1)
     elif plan.device == "cuda" and torch.cuda.device_count() < plan.world:

@@ -58,6 +58,7 @@ def targets(r: dict) -> dict:
         out.update(_seed_targets(r.get("qwen3next80b", {}), f"qwen3next80b TP = {world}"))
         for name, shape in _ep_shapes(r):
             out.update(_seed_targets(shape, f"ep {name} EP = TP = {world}"))
+        out.update(_seed_targets(r.get("step35flash", {}), f"step35flash EP = TP = {world}"))
         for part, dp in _dp_parts(r):
             with_drafter = "" if part == "dp" else f" with {dp.get('drafter')}"
             ratio = dp.get("output_tokens_per_s_ratio")
@@ -197,6 +198,8 @@ def print_multi_gpu(r: dict) -> None:
     _print_seed(r.get("qwen3next80b"), "qwen3next80b")
     for name, shape in _ep_shapes(r):
         _print_seed(shape, f"ep {name}, EP = {shape['ep']},")
+    step = r.get("step35flash")
+    _print_seed(step, f"step35flash (block FP8), EP = {step and step['ep']}")
     for part, dp in _dp_parts(r):
         print(f"  {part}: served with {dp.get('drafter', '--method none')}")
         for level in (dp, dp.get("saturated", {})):
@@ -280,6 +283,13 @@ def _print_seed(seed: dict | None, label: str) -> None:
             f"  {e['engine']} engine built in {e['build_s']:.0f} s, weights per rank {weights} GiB, "
             f"host peak RSS per rank {host} GiB"
         )
+        q = e.get("quantized")
+        if q and q["quantized_bytes"]:
+            print(
+                f"    rank 0 quantized: {q['projections']} projections, {q['expert_stacks']} expert stacks, "
+                f"{q['quantized_bytes'] / GiB:.1f} of {q['total_bytes'] / GiB:.1f} GiB; high precision: "
+                f"{', '.join(q['high_precision_linears']) or 'no projection'}"
+            )
     for x in seed["all_reduce"]:
         print(
             f"  all-reduces of one step alone: {x['all_reduces']} of [{x['batch']}, {x['hidden']}] "
@@ -308,7 +318,8 @@ def plot_multi_gpu(r: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tp = r.get("tp_speed", {})
-    seeds = [r.get("qwen3next80b", {})] + [shape for _, shape in _ep_shapes(r)]
+    seeds = [r.get("qwen3next80b", {}), r.get("step35flash", {})]
+    seeds += [shape for _, shape in _ep_shapes(r)]
     decode = [
         (
             f"{x['shape']} {'EP' if x.get('ep', 1) > 1 else 'TP'}{x['tp']} b{x['batch']}",
