@@ -132,7 +132,15 @@ def test_activation_quantization_is_per_token_groups_of_128():
 
 # ---- GPU: bf16 at the DeepSeek-V3 shapes, and the speed of the few-row kernel ----------------------------
 
-DEEPSEEK_SHAPES = {"q_a": (1536, 7168), "kv_a": (576, 7168), "o": (7168, 16384), "up": (4096, 7168)}
+# (N, K): V3's projections, and V2-Lite's shared-expert down projection, whose 22 K blocks torch's GEMM takes
+# padded to 24
+DEEPSEEK_SHAPES = {
+    "q_a": (1536, 7168),
+    "kv_a": (576, 7168),
+    "o": (7168, 16384),
+    "up": (4096, 7168),
+    "v2_lite_shared_down": (2048, 2816),
+}
 
 
 @pytest.mark.gpu

@@ -61,22 +61,26 @@ def routing(n: int, experts: int, top_k: int, pool: int, seed: int):
 
 
 def fp8_stacks(experts, hidden, inter, seed, gated=True, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(DEVICE).manual_seed(seed)  # (made where they run: GPU stacks are gigabytes)
     rows = 2 * inter if gated else inter
     gate_up, gate_up_s = quantize_fp8_block(
-        torch.randn(experts, rows, hidden, generator=g) * 0.2, BLOCK
+        torch.randn(experts, rows, hidden, generator=g, device=DEVICE) * 0.2, BLOCK
     )
-    down, down_s = quantize_fp8_block(torch.randn(experts, hidden, inter, generator=g) * 0.2, BLOCK)
+    down, down_s = quantize_fp8_block(
+        torch.randn(experts, hidden, inter, generator=g, device=DEVICE) * 0.2, BLOCK
+    )
     return [t.to(DEVICE) for t in (gate_up, gate_up_s.to(dtype), down, down_s.to(dtype))]
 
 
 def int4_stacks(experts, hidden, inter, seed, gated=True):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(DEVICE).manual_seed(seed)
     rows = 2 * inter if gated else inter
     gate_up, gate_up_s = quantize_int4_group(
-        torch.randn(experts, rows, hidden, generator=g) * 0.2, 32
+        torch.randn(experts, rows, hidden, generator=g, device=DEVICE) * 0.2, 32
     )
-    down, down_s = quantize_int4_group(torch.randn(experts, hidden, inter, generator=g) * 0.2, 32)
+    down, down_s = quantize_int4_group(
+        torch.randn(experts, hidden, inter, generator=g, device=DEVICE) * 0.2, 32
+    )
     return [
         t.to(DEVICE)
         for t in (gate_up, gate_up_s.to(torch.bfloat16), down, down_s.to(torch.bfloat16))

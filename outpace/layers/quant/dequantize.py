@@ -113,7 +113,9 @@ def quantize_fp8_block(
     block_n, block_k = block
     n, k = w.shape[-2:]
     rows, cols = math.ceil(n / block_n), math.ceil(k / block_k)
-    padded = torch.zeros(*w.shape[:-2], rows * block_n, cols * block_k, dtype=torch.float32)
+    padded = torch.zeros(
+        *w.shape[:-2], rows * block_n, cols * block_k, dtype=torch.float32, device=w.device
+    )
     padded[..., :n, :k] = w.float()
     blocks = padded.unflatten(-1, (cols, block_k)).unflatten(
         -3, (rows, block_n)
@@ -146,7 +148,7 @@ def quantize_int4_group(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torc
     nibbles = (q + INT4_OFFSET).unflatten(
         -1, (k // INT4_PACK_FACTOR, INT4_PACK_FACTOR)
     )  # [..., N, K/8, 8]
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)  # [8]
+    shifts = torch.arange(0, 32, 4, device=w.device, dtype=torch.int32)  # [8]
     packed = (nibbles << shifts).sum(dim=-1, dtype=torch.int64)  # [..., N, K/8], < 2**32
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     return packed, scale

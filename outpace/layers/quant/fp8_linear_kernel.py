@@ -93,6 +93,14 @@ def _scaled_mm_applies(x: torch.Tensor, n: int, k: int, block: tuple[int, int]) 
     )
 
 
+def _padded_weight_scales(scale_inv: torch.Tensor) -> torch.Tensor:
+    """scale_inv [N/128, K/128] -> float32 [N/128, L4], L4 = K/128 rounded up to a multiple of 4 (zeros
+    after): torch's BlockWise128x128 operand takes the K blocks padded so (its scaled-mm tests pad them the
+    same way; on the H200 an unpadded [22, 16] operand was refused as not 24 x 16)."""
+    blocks = scale_inv.shape[1]
+    return F.pad(scale_inv.float(), (0, -blocks % 4))
+
+
 def _check_fp8(weight: torch.Tensor, x: torch.Tensor) -> None:
     if weight.dtype != FP8_DTYPE or weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(
@@ -134,7 +142,7 @@ def fp8_block_linear(
             weight.t(),
             q_scales,
             F.ScalingType.BlockWise1x128,
-            scale_inv.float().t(),
+            _padded_weight_scales(scale_inv).t(),
             F.ScalingType.BlockWise128x128,
             output_dtype=x.dtype,
         )[: rows.shape[0]]
