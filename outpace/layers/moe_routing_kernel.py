@@ -6,7 +6,11 @@ synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at e
    each split of the hidden dimension into its own [tokens, experts] slice. The router weight is the only
    large read of routing (DeepSeek-V2-Lite 64 x 2048 x 4 B = 0.5 MB, V3 256 x 7168 x 4 B = 7.3 MB): split
    over up to 264 programs it streams at the device's bandwidth, where the one program of step 2 would
-   read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch.
+   read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch. Up to
+   one block of tokens (decode, verify) a program sums its products across the columns (a reduction
+   tree) token by token, the weight tile read once: a float32 ``tl.dot`` takes its K steps one after the
+   other in each thread, 256 dependent steps a program (on an H200 12 us a layer for Qwen3-Next's 4.2 MB
+   router weight, 23 us for DeepSeek-V3's 7.3 MB: benchmarks/results/gpu_2026-11-29e/call1).
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
@@ -73,6 +77,7 @@ def _router_logits_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     INPUT_NORM: tl.constexpr,
+    FEW_TOKENS: tl.constexpr,  # one token block: per-token sums, no tl.dot (module docstring 1.)
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)  # [BLOCK_E]
@@ -84,20 +89,34 @@ def _router_logits_kernel(
     for k0 in range(split * split_len, (split + 1) * split_len, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < hidden
-        x = tl.load(
-            x_ptr + tokens[:, None].to(tl.int64) * stride_x + k[None, :],
-            mask=t_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_T, BLOCK_K]
-        if INPUT_NORM:
-            sq += tl.sum(x * x, axis=1)
-            x *= tl.load(scale_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         w = tl.load(
             w_ptr + experts[:, None] * stride_w + k[None, :],
             mask=e_ok[:, None] & k_ok[None, :],
             other=0.0,
         ).to(tl.float32)  # [BLOCK_E, BLOCK_K]
-        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        if INPUT_NORM:
+            col = tl.load(scale_ptr + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
+        if FEW_TOKENS:
+            slots = tl.arange(0, BLOCK_T)
+            for t in range(0, n):  # (one token block: program 0 of the first grid axis)
+                xt = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(
+                    tl.float32
+                )  # [BLOCK_K] (t * stride_x < BLOCK_T rows: no overflow)
+                if INPUT_NORM:
+                    sq = tl.where(slots == t, sq + tl.sum(xt * xt, axis=0), sq)
+                    xt *= col
+                products = tl.sum(w * xt[None, :], axis=1)  # [BLOCK_E]
+                acc = tl.where(slots[:, None] == t, acc + products[None, :], acc)
+        else:
+            x = tl.load(
+                x_ptr + tokens[:, None].to(tl.int64) * stride_x + k[None, :],
+                mask=t_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)  # [BLOCK_T, BLOCK_K]
+            if INPUT_NORM:
+                sq += tl.sum(x * x, axis=1)
+                x *= col[None, :]
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     row = (split * n + tokens).to(tl.int64) * row_len  # [BLOCK_T]
     tl.store(partial_ptr + row[:, None] + experts[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
     if INPUT_NORM:
@@ -368,7 +387,8 @@ def router_logits(
     # chain of dependent loads, so the split is walked in one or two wide steps by more programs. On an
     # H200 the 64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and
     # 20 us for DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables).
-    block_k = _FEW_TOKENS_BLOCK_K if n <= block_t else 64
+    few = n <= block_t
+    block_k = _FEW_TOKENS_BLOCK_K if few else 64
     tiles = triton.cdiv(n, block_t) * triton.cdiv(experts, block_e)
     splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
@@ -390,6 +410,7 @@ def router_logits(
         BLOCK_E=block_e,
         BLOCK_K=block_k,
         INPUT_NORM=column_scale is not None,
+        FEW_TOKENS=few,
         num_warps=4,
     )
     return partial
