@@ -58,6 +58,9 @@ _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
+# the route kernel's warps: no register spills at the DeepSeek shapes (ptxas for sm_90a; 4 warps spill);
+# benchmarks/scripts/routing_timings.py times others
+ROUTE_WARPS = 8
 
 
 @triton.jit
@@ -491,7 +494,7 @@ def select_experts(
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
         BLOCK_M=blocks.block_m,
         CHUNK=SORT_CHUNK,
-        num_warps=8,  # no register spills at the DeepSeek shapes (ptxas for sm_90a; 4 warps spill)
+        num_warps=ROUTE_WARPS,
     )
     if not layout:
         return weights, ids, None
