@@ -2,7 +2,7 @@
 the route kernel (``select_experts``, with the block layout as the decode path asks for it) at the routings
 of the seed families' public shapes (layers/moe.py ``Routing``, values from bench/family_shapes.py), 1, 8
 and 32 tokens, each timed as 50 calls captured in one CUDA graph; the route kernel also with other warp
-counts (``moe_routing_kernel.ROUTE_WARPS``). Prints microseconds per call and the matvec's GB/s over its
+counts (``moe_routing_kernel.ROUTE_WARPS`` and ``ONE_TOKEN_ROUTE_WARPS``). Prints microseconds per call and the matvec's GB/s over its
 float32 weight; writes OUT/routing_timings.json.
 ``PYTHONPATH=. python3 benchmarks/scripts/routing_timings.py OUT``"""
 
@@ -69,13 +69,13 @@ def main(out: Path) -> None:
             row = {"shape": name, "tokens": n, "matvec_us": matvec, "splits": partial.shape[0]}
             row["matvec_gb_per_s"] = weight.numel() * 4 / matvec / 1e3
             for warps in WARPS:
-                kernels.ROUTE_WARPS = warps
+                kernels.ROUTE_WARPS = kernels.ONE_TOKEN_ROUTE_WARPS = warps
                 row[f"route_us_{warps}_warps"] = graph_time(
                     lambda: kernels.select_experts(
                         partial, bias, routing, shared, layout=True, shared_gate=gate
                     )
                 )
-            kernels.ROUTE_WARPS = 8
+            kernels.ROUTE_WARPS, kernels.ONE_TOKEN_ROUTE_WARPS = 8, 1
             rows.append(row)
             routes = "  ".join(f"{w}w {row[f'route_us_{w}_warps']:6.2f}" for w in WARPS)
             print(

@@ -58,9 +58,12 @@ _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
-# the route kernel's warps: no register spills at the DeepSeek shapes (ptxas for sm_90a; 4 warps spill);
-# benchmarks/scripts/routing_timings.py times others
+# the route kernel's warps: 8 for a block of tokens (no register spills at the DeepSeek shapes: ptxas for
+# sm_90a; 4 warps spill), 1 for a single token, whose reductions then stay within one warp (H200,
+# benchmarks/scripts/routing_timings.py, gpu_2026-11-29e call 2: DeepSeek-V3 7.2 us against 11.4 at 8
+# warps, V2-Lite 5.0 against 6.0, Qwen3-Next 8.9 against 9.3; at 8 and 32 tokens 8 warps are the fastest)
 ROUTE_WARPS = 8
+ONE_TOKEN_ROUTE_WARPS = 1
 
 
 @triton.jit
@@ -494,7 +497,7 @@ def select_experts(
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
         BLOCK_M=blocks.block_m,
         CHUNK=SORT_CHUNK,
-        num_warps=ROUTE_WARPS,
+        num_warps=ONE_TOKEN_ROUTE_WARPS if n == 1 else ROUTE_WARPS,
     )
     if not layout:
         return weights, ids, None

@@ -1,0 +1,118 @@
+"""Held zero-draft steps (speculative/proposer.py, holding; engine/step_key.py ``HoldRule``): a zero-draft
+step of EAGLE3 or MTP runs no drafter forward and appends its committed row to the drafter's pending window;
+when a window could overflow the step flushes (runs the forward as any step). Output stays lossless, and the
+drafts after held steps are exactly those of the same run in which every zero-draft step flushes."""
+
+from pathlib import Path
+
+import pytest
+
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.engine.step_key import HoldRule, SamplingMode, StepKey
+from outpace.speculative.proposer import HOLD_ROWS, DraftShape
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
+TARGET = str(ZOO / "tinypy")
+SPECS = {
+    "eagle3": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, adaptive=True),
+    "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),  # 3 chained layers: K = 2 kept rows
+}
+# The forced draft lengths, step after step: runs of zero drafts longer than a window holds (so some steps
+# flush) between drafting steps of every length.
+SCHEDULE = [3] + [0] * (HOLD_ROWS + 6) + [1] + [0] * 3 + [2] + [0] * (HOLD_ROWS + 3)
+PARAMS = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+PROMPTS = [[(i * 37 + j * 11) % 300 for j in range(3 + 7 * i)] for i in range(3)]
+
+
+class Recorder:
+    """An engine whose chooser follows SCHEDULE, recording each decode step's key, the drafter forwards it
+    ran (forward hooks on the draft network) and, for drafting steps, the drafts."""
+
+    def __init__(self, llm: LLM) -> None:
+        runner, proposer = llm.engine.runner, llm.engine.runner.proposer
+        self.runner, self.turn = runner, 0
+        self.forwards, self.steps, self.drafts = 0, [], []
+        for chooser in llm.engine.choosers.values():
+            chooser.choose = self._choose
+        modules = [proposer.draft_model] if hasattr(proposer, "draft_model") else proposer.layers
+        for m in modules:
+            m.register_forward_hook(self._count)
+        run, draft = runner.decode_step.run, proposer.draft
+
+        def recorded_run(key, *args, **kwargs):
+            before = self.forwards
+            out = run(key, *args, **kwargs)
+            self.steps.append((key, self.forwards - before))
+            return out
+
+        def recorded_draft(rows, shape):
+            drafts = draft(rows, shape)
+            if shape.num_steps:
+                self.drafts.append(drafts.token_ids.tolist())
+            return drafts
+
+        runner.decode_step.run, proposer.draft = recorded_run, recorded_draft
+
+    def _choose(self, bucket, ids, remaining=None) -> DraftShape:
+        self.turn += 1
+        return DraftShape(SCHEDULE[(self.turn - 1) % len(SCHEDULE)])
+
+    def _count(self, module, args, out) -> None:
+        self.forwards += 1
+
+
+@pytest.fixture(scope="module")
+def plain() -> list[list[int]]:
+    return [o.token_ids for o in LLM(TARGET).generate(PROMPTS, PARAMS)]
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_held_steps_run_no_forward_and_change_no_draft(method, plain):
+    """Greedy output equals plain decoding; held steps run no drafter forward, flushing ones do; and every
+    draft equals the draft of the same schedule with every zero-draft step flushing."""
+    llm = LLM(TARGET, speculative=SPECS[method], enable_prefix_caching=False)
+    held = Recorder(llm)
+    outs = llm.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == plain
+    zero = [(key.hold, forwards) for key, forwards in held.steps if key.shape.num_steps == 0]
+    holds = [f for hold, f in zero if hold]
+    flushes = [f for hold, f in zero if not hold]
+    assert len(holds) > 2 * HOLD_ROWS and len(flushes) > 1, zero
+    assert set(holds) == {0} and min(flushes) > 0
+
+    llm = LLM(TARGET, speculative=SPECS[method], enable_prefix_caching=False)
+    llm.engine.runner.holds.window = 0  # every zero-draft step flushes
+    flushed = Recorder(llm)
+    outs = llm.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == plain
+    assert not any(key.hold for key, _ in flushed.steps)
+    assert len(held.drafts) > 4 and held.drafts == flushed.drafts
+
+
+class FakeProposer:
+    hold_window = 6
+
+    def pending_rows(self, shape: DraftShape) -> int:
+        return 1 + shape.num_steps
+
+
+def test_hold_rule_bounds_each_request_and_undoes_a_dropped_step():
+    rule, zero = HoldRule(FakeProposer()), DraftShape(0)
+
+    def step(ids, shape):
+        key = StepKey(1, shape, SamplingMode.GREEDY, hold=rule.holds(ids, shape))
+        return key, rule.advance(ids, key)
+
+    assert not rule.holds(["a"], DraftShape(2)) and rule.may_hold(zero)
+    step(["a"], DraftShape(3))  # 4 rows pending at most: two held steps fit a window of 6
+    assert [step(["a"], zero)[0].hold for _ in range(3)] == [True, True, False]
+    key, before = step(["a", "b"], zero)  # "b" is fresh (1 row): "a" has 1 again after the flush
+    assert key.hold and before == (1, None)
+    rule.restore(["a", "b"], before)  # the step run ahead was dropped
+    assert rule.advance(["a", "b"], key) == (1, None)
+    rule.forget("a")
+    assert rule.holds(["a"], zero)
+    assert not HoldRule(None).may_hold(zero)
+    with pytest.raises(ValueError, match="only zero-draft steps"):
+        StepKey(1, DraftShape(1), SamplingMode.GREEDY, hold=True)
