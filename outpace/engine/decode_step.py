@@ -5,7 +5,9 @@ state (the request row, engine/request_table.py, and the drafter's row buffers),
 (batch bucket, ``DraftShape``, sampling mode: ``SamplingMode``). On CUDA each such key is captured
 once as a CUDA graph and replayed; elsewhere, and for a batch no bucket holds, the same function
 runs eagerly. Plain decoding is the zero-draft case: node 0 alone, whose verify samples the next
-token.
+token. A zero-draft step whose key holds (engine/step_key.py) does not call the drafter's ``draft``:
+the drafter's ``hold`` appends the step's committed row to its pending rows instead of its ``update``
+(speculative/proposer.py), so the step costs what plain decoding costs.
 
 Let L be a request's KV length; its last token sits at position L with no KV yet. The drafts form a
 tree whose node 0 is that token and whose node i sits at position L + depth(i) in KV row L + i. The
@@ -126,7 +128,7 @@ class DecodeStep:
             )
             drafts = (
                 self.proposer.draft(rows, shape)
-                if self.proposer is not None
+                if self.proposer is not None and not key.hold
                 else chain_drafts(rows, [], [])
             )
             n = shape.num_nodes
@@ -182,9 +184,11 @@ class DecodeStep:
             ):  # (a one-token step advanced the states in place; a no-op without recurrent state)
                 self.states.commit(req_indices, result.last_correct_step_indices)
             if self.proposer is not None:
-                self.proposer.update(
-                    Verified(rows, out.hidden_states, out.aux_hidden_states, result)
-                )
+                verified = Verified(rows, out.hidden_states, out.aux_hidden_states, result)
+                if key.hold:
+                    self.proposer.hold(verified)
+                else:
+                    self.proposer.update(verified)
             s.lengths[req_indices] = rows.lengths + result.num_correct_drafts + 1
             s.last_tokens[req_indices] = result.bonus_token_ids
             s.lengths[

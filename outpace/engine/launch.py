@@ -69,6 +69,8 @@ class DecodeLaunch:
     req_indices: list[int]  # each request's row of the request table
     saved: list[torch.Tensor] | None = None  # run ahead: its rows' request state before it
     timer: StepTimer | None = None  # the step's time, for the adaptive chooser
+    # each request's bound on its drafter's pending rows before the step (engine/step_key.py HoldRule.advance)
+    held_before: tuple[int | None, ...] = ()
 
     def row_of(self, request_ids: tuple[str, ...]) -> list[int]:
         """Each of ``request_ids``' row in this launch's outputs (which may also hold requests gone since)."""

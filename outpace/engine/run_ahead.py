@@ -23,7 +23,7 @@ from outpace.engine.decode_step import DecodeStep
 from outpace.engine.launch import DecodeLaunch
 from outpace.engine.request_table import RequestTable
 from outpace.engine.scheduler import ScheduledRequest
-from outpace.engine.step_key import StepKey
+from outpace.engine.step_key import HoldRule, StepKey
 from outpace.request import Request
 from outpace.speculative.proposer import DraftShape
 
@@ -44,10 +44,13 @@ class RunAhead:
         per_step: int,
         lookahead: int,
         max_model_len: int,
+        holds: HoldRule | None = None,
     ) -> None:
         """``per_step``: the most KV rows a decode step writes per request (the largest draft shape's
-        nodes); ``lookahead``: the rows past them a drafter reads; positions stay below ``max_model_len``."""
+        nodes); ``lookahead``: the rows past them a drafter reads; positions stay below ``max_model_len``;
+        ``holds``: the host's bounds on drafters' pending rows, which a drop restores with the device state."""
         self.pool, self.req_table, self.decode_step = pool, req_table, decode_step
+        self.holds = holds
         self.per_step, self.lookahead = per_step, lookahead
         self.limit = min(max_model_len, req_table.max_rows)
         self.launch: DecodeLaunch | None = None
@@ -95,6 +98,10 @@ class RunAhead:
         indices = torch.tensor([launch.req_indices[i] for i in rows], device=device)
         for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved):
             buffer.index_copy_(0, indices, saved.index_select(0, kept))
+        if self.holds is not None and launch.held_before:
+            self.holds.restore(
+                [launch.request_ids[i] for i in rows], [launch.held_before[i] for i in rows]
+            )
 
     def may_launch(
         self,

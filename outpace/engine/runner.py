@@ -28,7 +28,7 @@ from outpace.engine.prefill_graphs import PrefillGraphs
 from outpace.engine.request_table import RequestTable
 from outpace.engine.run_ahead import RunAhead, length_after
 from outpace.engine.scheduler import ScheduledRequest, is_decoding
-from outpace.engine.step_key import LogitsFeatures, SamplingMode, StepKey
+from outpace.engine.step_key import HoldRule, LogitsFeatures, SamplingMode, StepKey
 from outpace.engine.step_results import StepResults
 from outpace.request import Request, position_logprobs
 from outpace.sampling_params import SamplingParams
@@ -87,6 +87,7 @@ class ModelRunner:
             device,
         )
         self.shapes, self.choosers = shapes, choosers or {}
+        self.holds = HoldRule(proposer)  # whether a zero-draft step holds (engine/step_key.py)
         self.closed_batch = False  # no request waiting (execute's ``closed``)
         self.decode_step = DecodeStep(
             model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
@@ -126,16 +127,18 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
-        """Capture the decode step for every bucket, draft shape and sampling mode, and the forward of up to
-        8 prefill chunks for the prefill buckets the model allows (engine/prefill_graphs.py); on CUDA,
-        elsewhere the replays run the same code eagerly. With adaptive speculation, profile each decode
-        step on the GPU."""
+        """Capture the decode step for every bucket, draft shape (zero drafts: held and flushing, where the
+        drafter holds) and sampling mode, and the forward of up to 8 prefill chunks for the prefill buckets
+        the model allows (engine/prefill_graphs.py); on CUDA, elsewhere the replays run the same code
+        eagerly. With adaptive speculation, profile each decode step on the GPU (zero drafts: the held
+        step, the usual one; the flushes among them are timed as they run)."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
         keys = [
-            StepKey(b, shape, mode)
+            StepKey(b, shape, mode, hold=hold)
             for b in sorted(buckets, reverse=True)
             for shape in self.shapes
+            for hold in ((False, True) if self.holds.may_hold(shape) else (False,))
             for mode in SamplingMode
         ]
         with forward_settings(self.batch_invariant):
@@ -144,7 +147,9 @@ class ModelRunner:
             self.prefill_graphs.capture(prefill_buckets, memory)
             if self.choosers and self.device.type == "cuda":
                 for key in keys:
-                    self.choosers[key.mode].record_cost(key.bucket, key.shape, self.profile(key))
+                    if key.hold or not self.holds.may_hold(key.shape):
+                        cost = self.profile(key)
+                        self.choosers[key.mode].record_cost(key.bucket, key.shape, cost)
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding index)."""
@@ -178,6 +183,7 @@ class ModelRunner:
             self.shapes[-1].num_nodes,
             lookahead,
             max_model_len,
+            self.holds,
         )
 
     def release(self, request_id: str) -> None:
@@ -186,6 +192,7 @@ class ModelRunner:
         if self.run_ahead is not None and self.run_ahead.ran_for([request_id]):
             self.run_ahead.launch.copy.wait()
         self.req_table.release(request_id)
+        self.holds.forget(request_id)
         self._kind_of.pop(request_id, None)
         if self.grammars is not None:
             self.grammars.release(request_id)
@@ -207,6 +214,8 @@ class ModelRunner:
             # a request the step run ahead ran for is recomputed (it was preempted): dropped later, the step's
             # restore would write the old state over what this prefill writes, should it get its row back
             self.run_ahead.drop()
+        for s in prefill:  # (absorbing its chunk resets the drafter's pending rows)
+            self.holds.forget(s.request.request_id)
         with forward_settings(self.batch_invariant):
             prefilled = self.prefill_step.run(prefill) if prefill else None
             joining = [s for s in prefill if s.decodes_next]
@@ -274,7 +283,10 @@ class ModelRunner:
             if self.choosers
             else self.shapes[0]
         )
-        key = StepKey(bucket or n, shape, mode, LogitsFeatures.of(kinds))
+        key = StepKey(
+            bucket or n, shape, mode, LogitsFeatures.of(kinds), self.holds.holds(ids, shape)
+        )
+        held_before = self.holds.advance(ids, key)
         self.req_table.sync_tables(ids)
         if key.features.penalties and not ahead:
             for r in reqs:
@@ -295,7 +307,7 @@ class ModelRunner:
         out = self.decode_step.run(key, width, masks)
         if timer is not None:
             timer.stop()
-        return DecodeLaunch(key, ids, starts, HostCopy(out), req_indices, saved, timer)
+        return DecodeLaunch(key, ids, starts, HostCopy(out), req_indices, saved, timer, held_before)
 
     def _kinds_of(self, reqs: list[Request], ids: tuple[str, ...]) -> list[SamplingParams]:
         """The params of each kind of request in the batch, once: all a step's SamplingMode and LogitsFeatures

@@ -1,12 +1,26 @@
-"""What fixes a decode step's shapes and host flags: the key of one captured graph (engine/decode_step.py)."""
+"""What fixes a decode step's shapes and host flags: the key of one captured graph (engine/decode_step.py),
+and the rule that sets its ``hold`` flag.
+
+Holding (speculative/proposer.py's docstring): a zero-draft step whose drafter can hold skips the draft
+forward and appends its committed row to each request's pending window, unless that could overflow some
+request's window: then it flushes (runs the forward, which empties the windows). Which one a step does is a
+host flag of its key (``StepKey.hold``), so both are captured graphs. ``HoldRule`` decides it from a bound
+on each decoding request's pending rows kept on the host: after a prefill or a step that ran the forward,
+what that step may leave (``Proposer.pending_rows``, whatever the verify accepted: the bound is known when
+the step is launched, before its tokens are read, as a step run ahead needs); a held step adds one. The
+bound is a function of the schedule and the draft shapes alone, which every tensor-parallel rank shares
+(distributed/lockstep.py: rank 0's shapes on every rank), so every rank takes the same flag without
+sending it.
+"""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outpace.layers.sampler import is_greedy, is_seeded
-from outpace.speculative.proposer import DraftShape
+from outpace.speculative.proposer import DraftShape, Proposer
 
 
 class SamplingMode(enum.Enum):
@@ -74,9 +88,62 @@ class LogitsFeatures:
 
 @dataclass(frozen=True)
 class StepKey:
-    """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly)."""
+    """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly).
+    ``hold``: a zero-draft step that holds (module docstring) rather than runs the draft forward."""
 
     bucket: int
     shape: DraftShape
     mode: SamplingMode
     features: LogitsFeatures = field(default_factory=LogitsFeatures)
+    hold: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hold and self.shape.num_steps:
+            raise ValueError(
+                f"a step drafting {self.shape.label} cannot hold: only zero-draft steps do"
+            )
+
+
+class HoldRule:
+    """Whether a zero-draft step holds or flushes (module docstring), from the host's bound on each decoding
+    request's pending drafter rows."""
+
+    def __init__(self, proposer: Proposer | None) -> None:
+        self.proposer = proposer
+        self.window = proposer.hold_window if proposer is not None else 0  # 0: never holds
+        self._bounds: dict[str, int] = {}  # request id -> its bound; absent: fresh from a prefill
+
+    def may_hold(self, shape: DraftShape) -> bool:
+        """Whether steps of ``shape`` hold where the windows allow (both variants are captured)."""
+        return self.window > 0 and shape.num_steps == 0
+
+    def holds(self, request_ids: Sequence[str], shape: DraftShape) -> bool:
+        """Whether a step of ``shape`` for these requests holds: every one's window has a row left."""
+        return self.may_hold(shape) and all(self._bound(r) < self.window for r in request_ids)
+
+    def advance(self, request_ids: Sequence[str], key: StepKey) -> tuple[int | None, ...]:
+        """A step of ``key`` was launched for these requests: their bounds after it. Returns the bounds
+        before it (``restore``'s argument should the step be undone)."""
+        if not self.window:
+            return ()
+        before = tuple(map(self._bounds.get, request_ids))
+        after = self.proposer.pending_rows(key.shape)
+        for r in request_ids:
+            self._bounds[r] = self._bound(r) + 1 if key.hold else after
+        return before
+
+    def restore(self, request_ids: Sequence[str], before: Sequence[int | None]) -> None:
+        """A step launched ahead was undone (engine/run_ahead.py): these requests' bounds before it."""
+        for r, bound in zip(request_ids, before):
+            if bound is None:
+                self._bounds.pop(r, None)
+            else:
+                self._bounds[r] = bound
+
+    def forget(self, request_id: str) -> None:
+        """The request was released or is prefilled again: its window starts afresh."""
+        self._bounds.pop(request_id, None)
+
+    def _bound(self, request_id: str) -> int:
+        bound = self._bounds.get(request_id)
+        return self.proposer.pending_rows(DraftShape(0)) if bound is None else bound

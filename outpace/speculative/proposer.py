@@ -10,6 +10,18 @@ runs eagerly and inside a captured CUDA graph. Prefill chunks reach the drafter 
 ``absorb`` (eager, any shapes). Drafters share the target's block tables: a request's draft KV
 lives at the same rows as its target KV, in the drafter's own tensors.
 
+Holding. A drafter that keeps the rows committed since its last forward in a pending window
+(``PendingRows``: EAGLE3, MTP) runs its forward over that window at the next ``draft``. A zero-draft
+step (plain decoding, which adaptive speculation chooses where drafts do not pay) needs no draft, so
+such a drafter may "hold" it: the step calls neither ``draft`` nor ``update`` but ``hold``, which
+appends the step's one committed row to the window, and the next forward runs over the held rows too.
+Every drafter KV row is then written exactly once, by the same forward over the same inputs as had
+every step run it (no row is skipped: the window keeps them until then), so drafts, acceptance and
+output are unchanged, and a held step costs what plain decoding costs. The window has
+``HOLD_ROWS`` rows more than a verify commits (every forward runs over all of them). The host bounds
+each request's pending rows (engine/step_key.py ``HoldRule``): a zero-draft step that could overflow
+some request's window "flushes" instead: ``draft`` and ``update`` as at any step, which empty it.
+
 A drafter never imports the engine: what it needs arrives in ``DecodeRows`` and ``Verified``.
 """
 
@@ -187,6 +199,41 @@ class PrefillRows:
     reused_token_ids: list[list[int]]
 
 
+# Rows a pending window holds past a verify's committed rows: zero-draft steps held between two forwards
+# (more flush less often; but every forward runs over the whole window, drafting steps' too).
+HOLD_ROWS = 8
+
+
+class PendingRows:
+    """Each request row's pending window (``Proposer`` docstring, holding): the committed rows the drafter
+    has not run its forward over yet, rows start .. start + count - 1 of the request, each with the state
+    the drafter reads for it and the token after it; the rest of the ``width`` columns is padding."""
+
+    def __init__(
+        self, indices: int, width: int, hidden: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.width = width
+        self.hidden = torch.zeros(indices, width, hidden, dtype=dtype, device=device)
+        self.tokens = torch.zeros(
+            indices, width, dtype=torch.int64, device=device
+        )  # token after each
+        self.start = torch.zeros(indices, dtype=torch.int64, device=device)  # first pending row
+        self.count = torch.ones(indices, dtype=torch.int64, device=device)  # pending rows, >= 1
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.hidden, self.tokens, self.start, self.count]
+
+    def append(self, req_indices: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """A held step: each row's committed row (``hidden`` [b, hidden], the token after it ``tokens`` [b])
+        after its pending ones. The host keeps every request's count within the width (``HoldRule``); the
+        clamps only keep the padding row, which every padded row of a batch appends to, in bounds."""
+        count = self.count[req_indices]  # [b]
+        column = count.clamp(max=self.width - 1)
+        self.hidden[req_indices, column] = hidden
+        self.tokens[req_indices, column] = tokens
+        self.count[req_indices] = (count + 1).clamp(max=self.width)
+
+
 class Proposer(abc.ABC):
     """A drafter. ``lookahead``: KV rows past a request's last token that drafting may write
     (the scheduler reserves them with the verify's rows)."""
@@ -201,6 +248,8 @@ class Proposer(abc.ABC):
     # checkpoint holds and a target's does not (None: any model's checkpoint may be one).
     takes_draft_checkpoint: bool = True
     draft_checkpoint_tensor: str | None = None
+    # Holding (module docstring): the rows of each request's pending window; 0: this drafter never holds
+    hold_window: int = 0
 
     @classmethod
     def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
@@ -245,11 +294,21 @@ class Proposer(abc.ABC):
     @abc.abstractmethod
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         """Draft ``shape`` for every row; static shapes (capturable). With ``shape.num_steps`` 0 it
-        still brings its state up to date and returns node 0 alone."""
+        still brings its state up to date and returns node 0 alone (a step that flushes)."""
 
     @abc.abstractmethod
     def update(self, verified: Verified) -> None:
         """Record the step's committed rows; static shapes (capturable)."""
+
+    def hold(self, verified: Verified) -> None:
+        """A held zero-draft step's update (module docstring; ``draft`` did not run): append each row's one
+        committed row to its pending window; static shapes (capturable). Only where ``hold_window``."""
+        raise NotImplementedError(f"{type(self).__name__} does not hold zero-draft steps")
+
+    def pending_rows(self, shape: DraftShape) -> int:
+        """At most how many rows a request has pending after a step of ``shape`` that ran the forward (the
+        zero-draft shape: also after a prefill). Only where ``hold_window``."""
+        raise NotImplementedError(f"{type(self).__name__} does not hold zero-draft steps")
 
     @property
     def unsettled_rows(self) -> int:

@@ -297,10 +297,10 @@ def test_eagle3_padded_pending_rows_are_never_read(prompts):
     draft = proposer.draft
 
     def poisoned(rows, shape):
-        count = proposer.pending_count[rows.req_indices]
-        padded = torch.arange(proposer.width) >= count[:, None]  # [b, width]
-        garbage = 100 * torch.randn(int(padded.sum()), proposer.pending_hidden.shape[-1])
-        proposer.pending_hidden[
+        count = proposer.pending.count[rows.req_indices]
+        padded = torch.arange(proposer.pending.width) >= count[:, None]  # [b, width]
+        garbage = 100 * torch.randn(int(padded.sum()), proposer.pending.hidden.shape[-1])
+        proposer.pending.hidden[
             rows.req_indices[:, None].expand_as(padded)[padded], padded.nonzero()[:, 1]
         ] = garbage
         return draft(rows, shape)

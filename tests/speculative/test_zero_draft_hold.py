@@ -16,7 +16,9 @@ ZOO = Path(__file__).resolve().parents[2] / "zoo"
 TARGET = str(ZOO / "tinypy")
 SPECS = {
     "eagle3": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, adaptive=True),
-    "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),  # 3 chained layers: K = 2 kept rows
+    "mtp": SpeculativeConfig(
+        "mtp", num_steps=3, adaptive=True
+    ),  # 3 chained layers: K = 2 kept rows
 }
 # The forced draft lengths, step after step: runs of zero drafts longer than a window holds (so some steps
 # flush) between drafting steps of every length.

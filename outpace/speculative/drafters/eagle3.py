@@ -5,12 +5,15 @@ hidden state for t, at rotary position t, and predicts the token at t + 2. For r
 computed, the hidden state is ``fc(aux hidden states)``; for drafted rows it is the draft's own
 previous pre-norm output.
 
-State per row: the rows the target committed since the draft last ran ("pending": at most
-``num_steps + 1`` after a verify, padded to that width), each with its fused target state and the
-token after it. Let L be a request's length (its last token sits at position L). ``draft`` first
-runs the draft-extend over the pending rows L - count .. L - 1 (padded rows past L - 1 write KV that
-nothing reads: the extend is causal, each draft step writes its own row before reading it, and the
-next extend rewrites rows from L on); the last pending row's output predicts draft 1. Chain: step
+State per row: the rows the target committed since the draft last ran ("pending",
+speculative/proposer.py ``PendingRows``: at most ``num_steps + 1`` after a verify, one more for each
+zero-draft step held since, adaptive drafting holding up to ``HOLD_ROWS`` more), each with its fused
+target state and the token after it. Let L be a request's length (its last token sits at position L).
+``draft`` first runs the draft-extend over the window, pending rows L - count .. L - 1 and padding (the
+padding rows past L - 1, up to L + width - 2, write KV that nothing reads: the extend is causal, each
+draft step writes its own row before reading it, and the next extend rewrites rows from L on); the last
+pending row's output predicts draft 1. A held zero-draft step (``hold``) runs no forward and appends its
+committed row: the next extend writes its KV as the skipped one would have. Chain: step
 j >= 2 is one row at position L + j - 2 reading draft j - 1. Tree: each step expands the ``topk``
 best frontier nodes (rows at position L + step - 2, each attending to its own ancestors), every
 expanded node proposes ``topk`` children, and finally the ``num_draft_tokens - 1`` candidates with
@@ -29,9 +32,11 @@ from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.speculative.chain import chain_drafts, choose_chain, position_gumbel
 from outpace.speculative.proposer import (
+    HOLD_ROWS,
     DecodeRows,
     Drafts,
     DraftShape,
+    PendingRows,
     PrefillRows,
     Proposer,
     Verified,
@@ -66,33 +71,29 @@ class Eagle3Proposer(Proposer):
         self.target_ids = self.draft_model.draft_to_target(
             torch.arange(self.draft_model.config.draft_vocab_size, device=self.device)
         )
-        self.width = (
-            spec.num_steps + 1
-        )  # pending rows a row holds: a verify commits at most this many
-        indices, hidden = max_requests + 1, self.draft_model.config.layer.hidden_size
-        self.pending_hidden = torch.zeros(
-            indices, self.width, hidden, dtype=dtype, device=self.device
+        self.verify_rows = spec.num_steps + 1  # a verify commits at most this many rows
+        held = HOLD_ROWS if spec.adaptive else 0  # only adaptive drafting has zero-draft steps
+        hidden = self.draft_model.config.layer.hidden_size
+        self.pending = PendingRows(
+            max_requests + 1, self.verify_rows + held, hidden, dtype, self.device
         )  # fused states
-        self.pending_tokens = torch.zeros(
-            indices, self.width, dtype=torch.int64, device=self.device
-        )  # token after each
-        self.pending_start = torch.zeros(
-            indices, dtype=torch.int64, device=self.device
-        )  # first pending row
-        self.pending_count = torch.ones(
-            indices, dtype=torch.int64, device=self.device
-        )  # pending rows, >= 1
+        self.hold_window = self.pending.width if held else 0
 
     @property
     def lookahead(self) -> int:
-        return max(self.spec.num_draft_tokens, (self.spec.num_steps - 1) * self.spec.topk) - 1
+        # the verify's and the draft steps' rows; the extend's padding rows reach L + width - 2
+        drafts = max(self.spec.num_draft_tokens, (self.spec.num_steps - 1) * self.spec.topk) - 1
+        return max(drafts, self.pending.width - 2)
 
     @property
     def unsettled_rows(self) -> int:
-        return self.width  # the pending rows, rewritten by the next draft-extend
+        return self.pending.width  # the pending rows, rewritten by the next draft-extend
 
     def state(self) -> list[torch.Tensor]:
-        return [self.pending_hidden, self.pending_tokens, self.pending_start, self.pending_count]
+        return self.pending.tensors()
+
+    def pending_rows(self, shape: DraftShape) -> int:
+        return shape.num_steps + 1  # the verify's committed rows (a prefill leaves one)
 
     # ---- committed rows ------------------------------------------------------------------------
     def absorb(self, prefill: PrefillRows) -> None:
@@ -109,32 +110,37 @@ class Eagle3Proposer(Proposer):
         if done:
             indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
             last = ends[done].to(self.device)
-            self.pending_hidden[indices, 0] = fused[last]
-            self.pending_tokens[indices, 0] = prefill.next_token_ids[last]
-            self.pending_start[indices] = torch.tensor(
+            self.pending.hidden[indices, 0] = fused[last]
+            self.pending.tokens[indices, 0] = prefill.next_token_ids[last]
+            self.pending.start[indices] = torch.tensor(
                 [prefill.starts[i] + prefill.counts[i] - 1 for i in done], device=self.device
             )
-            self.pending_count[indices] = 1
+            self.pending.count[indices] = 1
 
     def update(self, verified: Verified) -> None:
-        rows, b = verified.rows, verified.rows.size
-        committed = verified.committed_rows(self.width).reshape(-1)  # [b * width]
+        rows, b, n = verified.rows, verified.rows.size, self.verify_rows
+        committed = verified.committed_rows(n).reshape(-1)  # [b * n]
         fused = self.draft_model.fuse_aux(verified.aux_hidden_states.index_select(0, committed))
-        self.pending_hidden[rows.req_indices] = fused.view(b, self.width, -1)
-        self.pending_tokens[rows.req_indices] = verified.next_tokens(self.width)
-        self.pending_start[rows.req_indices] = rows.lengths
-        self.pending_count[rows.req_indices] = verified.result.num_correct_drafts + 1
+        self.pending.hidden[rows.req_indices, :n] = fused.view(b, n, -1)
+        self.pending.tokens[rows.req_indices, :n] = verified.next_tokens(n)
+        self.pending.start[rows.req_indices] = rows.lengths
+        self.pending.count[rows.req_indices] = verified.result.num_correct_drafts + 1
+
+    def hold(self, verified: Verified) -> None:
+        committed = verified.committed_rows(1).reshape(-1)  # [b]: node 0, the one committed row
+        fused = self.draft_model.fuse_aux(verified.aux_hidden_states.index_select(0, committed))
+        self.pending.append(verified.rows.req_indices, fused, verified.next_tokens(1)[:, 0])
 
     # ---- drafting ------------------------------------------------------------------------------
     def _extend(self, rows: DecodeRows) -> torch.Tensor:
         """Draft-extend over each row's pending rows; returns the last one's output [b, hidden]."""
-        b, w = rows.size, self.width
-        start, count = self.pending_start[rows.req_indices], self.pending_count[rows.req_indices]
+        b, w, pending = rows.size, self.pending.width, self.pending
+        start, count = pending.start[rows.req_indices], pending.count[rows.req_indices]
         with rows.context(start, w, self.backend):
             out = self.draft_model(
-                self.pending_tokens[rows.req_indices].reshape(-1),
+                pending.tokens[rows.req_indices].reshape(-1),
                 positions(start, w),
-                self.pending_hidden[rows.req_indices].reshape(b * w, -1),
+                pending.hidden[rows.req_indices].reshape(b * w, -1),
             )
         return out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]
 

@@ -10,9 +10,9 @@ final once token t + k + 1 is committed.
 
 Let L be a request's length (its last token, committed, sits at position L) and S the layers used
 (at most ``num_steps``), K = S - 1. Every ``draft`` runs each of the S layers once, in chain order,
-over the row's pending rows L - count .. L - 1: the rows committed since the last draft plus the K
-rows before them (fewer near position 0), whose KV some layer wrote from a draft token last time
-(layer k re-runs k of them; the others rewrite identical KV). Layer k's row t reads token t + k + 1:
+over the row's pending rows L - count .. L - 1: the rows committed since the last draft (forward)
+plus the K rows before them (fewer near position 0), whose KV some layer wrote from a draft token
+last time (layer k re-runs k of them; the others rewrite identical KV). Layer k's row t reads token t + k + 1:
 a committed one (each pending row keeps the token after it) or, for its last k rows, drafts 1 .. k;
 its last row predicts draft k + 1. With a single MTP layer and more steps, that layer is reused
 autoregressively (DeepSeek-V3 style): step j >= 2 is one row at position L + j - 2 reading draft
@@ -20,14 +20,18 @@ j - 1 and the previous step's output. A draft of fewer steps than S still runs a
 rows past the drafts read padding tokens and are re-run next time), so every layer's KV is final up
 to row L - K - 1 whatever the step drafted.
 
-State per row, padded to ``width`` = K + num_steps + 1 rows (at most K kept plus a verify's
-committed rows): each pending row's target state and the token after it, the first pending row and
-the count (>= 1 once decoding). The window's padding rows past L - 1 write KV that nothing reads
-(causal attention; the next draft rewrites rows from its first pending row on). ``update`` keeps the
-last min(count, K) pending rows and appends the verify's committed rows; ``absorb`` extends every
-layer over a prompt's rows but the last max(K, 1), which it leaves pending (the last row predicts
-draft 1, whether decoding follows a completed prompt or a recomputed one that stops a token short),
-taking the previous chunk's pending rows with it.
+State per row (speculative/proposer.py ``PendingRows``), padded to ``width`` = K + num_steps + 1 rows
+(at most K kept plus a verify's committed rows), adaptive drafting ``HOLD_ROWS`` more: each pending
+row's target state and the token after it, the first pending row and the count (>= 1 once decoding).
+The window's padding rows past L - 1 write KV that nothing reads (causal attention; the next draft
+rewrites rows from its first pending row on). ``update`` keeps the last min(count, K) pending rows and
+appends the verify's committed rows; a held zero-draft step (``hold``: no forward) appends its one
+committed row to all the pending rows, so the next draft runs every layer over them as the skipped
+drafts would have (each layer's row t once token t + k + 1 is committed: the KV it would have ended
+with); ``absorb`` extends every layer over a prompt's rows but the last max(K, 1), which it leaves
+pending (the last row predicts draft 1, whether decoding follows a completed prompt or a recomputed
+one that stops a token short), taking the previous chunk's pending rows with it (prefill chunks
+precede decoding: none of them finds held rows).
 """
 
 from __future__ import annotations
@@ -44,9 +48,11 @@ from outpace.config import SpeculativeConfig
 from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import (
+    HOLD_ROWS,
     DecodeRows,
     Drafts,
     DraftShape,
+    PendingRows,
     PrefillRows,
     Proposer,
     Verified,
@@ -99,32 +105,31 @@ class MTPProposer(Proposer):
         bind_kv_cache(target.mtp_layers, pool, dtype, device)
         self.kv_reads_ahead = len(self.layers)  # layer k's row t reads token t + k + 1
         self.keep = len(self.layers) - 1  # K: rows before the new ones that each draft re-runs
-        self.width = self.keep + spec.num_steps + 1
-        indices = max_requests + 1
-        self.pending_hidden = torch.zeros(
-            indices, self.width, cfg.hidden_size, dtype=dtype, device=self.device
-        )
-        self.pending_tokens = torch.zeros(
-            indices, self.width, dtype=torch.int64, device=self.device
-        )  # token after each
-        self.pending_start = torch.zeros(
-            indices, dtype=torch.int64, device=self.device
-        )  # first pending row
-        self.pending_count = torch.ones(
-            indices, dtype=torch.int64, device=self.device
-        )  # pending rows
+        held = HOLD_ROWS if spec.adaptive else 0  # only adaptive drafting has zero-draft steps
+        self.pending = PendingRows(
+            max_requests + 1,
+            self.keep + spec.num_steps + 1 + held,
+            cfg.hidden_size,
+            dtype,
+            self.device,
+        )  # target states
+        self.hold_window = self.pending.width if held else 0
 
     @property
     def lookahead(self) -> int:
         # the verify's rows reach L + num_steps; the window's padding rows start + width - 1 <= L + width - 2
-        return max(self.spec.num_steps, self.width - 2)
+        return max(self.spec.num_steps, self.pending.width - 2)
 
     @property
     def unsettled_rows(self) -> int:
-        return self.width  # the pending window, re-run by the next draft
+        return self.pending.width  # the pending window, re-run by the next draft
 
     def state(self) -> list[torch.Tensor]:
-        return [self.pending_hidden, self.pending_tokens, self.pending_start, self.pending_count]
+        return self.pending.tensors()
+
+    def pending_rows(self, shape: DraftShape) -> int:
+        # the kept rows and the verify's (a prefill leaves at most K + 1)
+        return self.keep + shape.num_steps + 1
 
     def _target_state(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.layers[0].target_state(self.target, hidden)
@@ -133,7 +138,8 @@ class MTPProposer(Proposer):
     def absorb(self, prefill: PrefillRows) -> None:
         hidden = self._target_state(prefill.hidden_states[prefill.rows])  # [total, hidden]
         offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
-        counts = self.pending_count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
+        pending = self.pending
+        counts = pending.count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
         seqs, firsts, runs = (
             [],
             [],
@@ -146,16 +152,16 @@ class MTPProposer(Proposer):
             )
             # a later chunk: the previous one's pending rows come first (rows reused from the prefix cache are final)
             held = counts[i] if start > len(prefill.reused_token_ids[i]) else 0
-            h = torch.cat([self.pending_hidden[s, :held], chunk[0]])  # [rows, hidden]
-            t = torch.cat([self.pending_tokens[s, :held], chunk[1]])  # [rows]
+            h = torch.cat([pending.hidden[s, :held], chunk[0]])  # [rows, hidden]
+            t = torch.cat([pending.tokens[s, :held], chunk[1]])  # [rows]
             keep = min(max(self.keep, 1), h.shape[0])
             seqs.append((h, t))
             firsts.append(start - held)
             runs.append(h.shape[0] - keep)
-            self.pending_hidden[s, :keep] = h[runs[-1] :]
-            self.pending_tokens[s, :keep] = t[runs[-1] :]
-            self.pending_start[s] = start - held + runs[-1]
-            self.pending_count[s] = keep
+            pending.hidden[s, :keep] = h[runs[-1] :]
+            pending.tokens[s, :keep] = t[runs[-1] :]
+            pending.start[s] = start - held + runs[-1]
+            pending.count[s] = keep
         take = [i for i, m in enumerate(runs) if m > 0]
         if not take:
             return
@@ -178,44 +184,46 @@ class MTPProposer(Proposer):
                 )
 
     def update(self, verified: Verified) -> None:
-        rows, b, w = verified.rows, verified.rows.size, self.width
+        rows, b, w, pending = verified.rows, verified.rows.size, self.pending.width, self.pending
         n = self.spec.num_steps + 1  # committed rows at most
         committed = verified.committed_rows(n).reshape(-1)  # [b * n]
         new_hidden = self._target_state(verified.hidden_states.index_select(0, committed)).view(
             b, n, -1
         )
         new_tokens = verified.next_tokens(n)  # [b, n]
-        count = self.pending_count[rows.req_indices]  # [b]
+        count = pending.count[rows.req_indices]  # [b]
         kept = torch.minimum(count.clamp(max=self.keep), rows.lengths)  # [b] (padding row: 0)
         i = torch.arange(w, device=self.device).expand(b, w)  # [b, w]
         old = ((count - kept)[:, None] + i).clamp(max=w - 1)  # kept rows: the last ones
         is_old = i < kept[:, None]
         new = (i - kept[:, None]).clamp(0, n - 1)
-        old_hidden, old_tokens = (
-            self.pending_hidden[rows.req_indices],
-            self.pending_tokens[rows.req_indices],
-        )
+        old_hidden, old_tokens = pending.hidden[rows.req_indices], pending.tokens[rows.req_indices]
         expand = (b, w, old_hidden.shape[-1])
-        self.pending_hidden[rows.req_indices] = torch.where(
+        pending.hidden[rows.req_indices] = torch.where(
             is_old[..., None],
             old_hidden.gather(1, old[..., None].expand(expand)),
             new_hidden.gather(1, new[..., None].expand(expand)),
         )
-        self.pending_tokens[rows.req_indices] = torch.where(
+        pending.tokens[rows.req_indices] = torch.where(
             is_old, old_tokens.gather(1, old), new_tokens.gather(1, new)
         )
-        self.pending_start[rows.req_indices] = rows.lengths - kept
-        self.pending_count[rows.req_indices] = kept + verified.result.num_correct_drafts + 1
+        pending.start[rows.req_indices] = rows.lengths - kept
+        pending.count[rows.req_indices] = kept + verified.result.num_correct_drafts + 1
+
+    def hold(self, verified: Verified) -> None:
+        committed = verified.committed_rows(1).reshape(-1)  # [b]: node 0, the one committed row
+        hidden = self._target_state(verified.hidden_states.index_select(0, committed))
+        self.pending.append(verified.rows.req_indices, hidden, verified.next_tokens(1)[:, 0])
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
-        b, w = rows.size, self.width
+        b, w = rows.size, self.pending.width
         start, count = (
-            self.pending_start[rows.req_indices],
-            self.pending_count[rows.req_indices],
+            self.pending.start[rows.req_indices],
+            self.pending.count[rows.req_indices],
         )  # [b]
-        target_hidden = self.pending_hidden[rows.req_indices].reshape(b * w, -1)  # [b * w, hidden]
-        pending = self.pending_tokens[rows.req_indices]  # [b, w]
+        target_hidden = self.pending.hidden[rows.req_indices].reshape(b * w, -1)  # [b * w, hidden]
+        pending = self.pending.tokens[rows.req_indices]  # [b, w]
         last = torch.arange(b, device=self.device) * w + count - 1  # [b] flat row L - 1
         pos = positions(start, w)  # [b * w]
         tokens, probs = [], []  # drafts, each [b]
