@@ -16,20 +16,18 @@ ZOO = Path(__file__).resolve().parents[2] / "zoo"
 TARGET = str(ZOO / "tinypy")
 SPECS = {
     "eagle3": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, adaptive=True),
-    "mtp": SpeculativeConfig(
-        "mtp", num_steps=3, adaptive=True
-    ),  # 3 chained layers: K = 2 kept rows
+    "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),  # 3 chained layers: K = 2
 }
 # The forced draft lengths, step after step: runs of zero drafts longer than a window holds (so some steps
 # flush) between drafting steps of every length.
 SCHEDULE = [3] + [0] * (HOLD_ROWS + 6) + [1] + [0] * 3 + [2] + [0] * (HOLD_ROWS + 3)
 PARAMS = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-PROMPTS = [[(i * 37 + j * 11) % 300 for j in range(3 + 7 * i)] for i in range(3)]
+PROMPTS = [[(i * 37 + j * 11) % 300 for j in range(3 + 7 * i)] for i in range(6)]
 
 
 class Recorder:
     """An engine whose chooser follows SCHEDULE, recording each decode step's key, the drafter forwards it
-    ran (forward hooks on the draft network) and, for drafting steps, the drafts."""
+    ran (forward hooks on the draft network) and, for drafting steps, the requests' drafts."""
 
     def __init__(self, llm: LLM) -> None:
         runner, proposer = llm.engine.runner, llm.engine.runner.proposer
@@ -50,8 +48,9 @@ class Recorder:
 
         def recorded_draft(rows, shape):
             drafts = draft(rows, shape)
-            if shape.num_steps:
-                self.drafts.append(drafts.token_ids.tolist())
+            if shape.num_steps:  # the requests' rows (the padding row has length 0)
+                real = zip(drafts.token_ids.tolist(), rows.lengths.tolist())
+                self.drafts.append([tokens for tokens, length in real if length > 0])
             return drafts
 
         runner.decode_step.run, proposer.draft = recorded_run, recorded_draft
@@ -64,6 +63,16 @@ class Recorder:
         self.forwards += 1
 
 
+def _captured(spec: SpeculativeConfig) -> LLM:
+    """An engine whose decode steps are "captured" (on the CPU: replayed eagerly), with steps run ahead,
+    batches padded to a bucket (the padding row appends too), 6 requests in 4 rows and preemptions."""
+    llm = LLM(
+        TARGET, max_num_seqs=4, speculative=spec, enable_prefix_caching=False, num_kv_blocks=20
+    )
+    llm.engine.capture_graphs()
+    return llm
+
+
 @pytest.fixture(scope="module")
 def plain() -> list[list[int]]:
     return [o.token_ids for o in LLM(TARGET).generate(PROMPTS, PARAMS)]
@@ -73,17 +82,19 @@ def plain() -> list[list[int]]:
 def test_held_steps_run_no_forward_and_change_no_draft(method, plain):
     """Greedy output equals plain decoding; held steps run no drafter forward, flushing ones do; and every
     draft equals the draft of the same schedule with every zero-draft step flushing."""
-    llm = LLM(TARGET, speculative=SPECS[method], enable_prefix_caching=False)
+    llm = _captured(SPECS[method])
+    assert any(key.hold for key in llm.engine.runner.decode_step.graphs)
     held = Recorder(llm)
     outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == plain
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
     zero = [(key.hold, forwards) for key, forwards in held.steps if key.shape.num_steps == 0]
     holds = [f for hold, f in zero if hold]
     flushes = [f for hold, f in zero if not hold]
     assert len(holds) > 2 * HOLD_ROWS and len(flushes) > 1, zero
     assert set(holds) == {0} and min(flushes) > 0
 
-    llm = LLM(TARGET, speculative=SPECS[method], enable_prefix_caching=False)
+    llm = _captured(SPECS[method])
     llm.engine.runner.holds.window = 0  # every zero-draft step flushes
     flushed = Recorder(llm)
     outs = llm.generate(PROMPTS, PARAMS)
