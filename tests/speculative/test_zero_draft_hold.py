@@ -13,14 +13,19 @@ from outpace.engine.step_key import HoldRule, SamplingMode, StepKey
 from outpace.speculative.proposer import HOLD_ROWS, DraftShape
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
-TARGET = str(ZOO / "tinypy")
-SPECS = {
-    "eagle3": SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, adaptive=True),
-    "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),  # 3 chained layers: K = 2
+EAGLE3 = SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, adaptive=True)
+MTP2 = SpeculativeConfig("mtp", num_steps=2, adaptive=True)
+# name -> (target, drafter): tinypy's 3 chained MTP layers keep K = 2 rows; tinyds' (DeepSeek-V3 style)
+# read the post-norm state; tinyqwen35 is a hybrid target (recurrent state)
+CASES = {
+    "eagle3": ("tinypy", EAGLE3),
+    "mtp": ("tinypy", SpeculativeConfig("mtp", num_steps=3, adaptive=True)),
+    "mtp-deepseek": ("tinyds", MTP2),
+    "mtp-qwen35": ("tinyqwen35", MTP2),
 }
-# The forced draft lengths, step after step: runs of zero drafts longer than a window holds (so some steps
-# flush) between drafting steps of every length.
-SCHEDULE = [3] + [0] * (HOLD_ROWS + 6) + [1] + [0] * 3 + [2] + [0] * (HOLD_ROWS + 3)
+# The forced draft lengths, step after step (at most 2: every case's shapes): runs of zero drafts longer
+# than a window holds (so some steps flush) between drafting steps of each length.
+SCHEDULE = [2] + [0] * (HOLD_ROWS + 6) + [1] + [0] * 3 + [2] + [0] * (HOLD_ROWS + 3)
 PARAMS = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
 PROMPTS = [[(i * 37 + j * 11) % 300 for j in range(3 + 7 * i)] for i in range(6)]
 
@@ -57,32 +62,35 @@ class Recorder:
 
     def _choose(self, bucket, ids, remaining=None) -> DraftShape:
         self.turn += 1
-        return DraftShape(SCHEDULE[(self.turn - 1) % len(SCHEDULE)])
+        shape = DraftShape(SCHEDULE[(self.turn - 1) % len(SCHEDULE)])
+        assert shape in self.runner.shapes
+        return shape
 
     def _count(self, module, args, out) -> None:
         self.forwards += 1
 
 
-def _captured(spec: SpeculativeConfig) -> LLM:
+def _captured(target: str, spec: SpeculativeConfig) -> LLM:
     """An engine whose decode steps are "captured" (on the CPU: replayed eagerly), with steps run ahead,
     batches padded to a bucket (the padding row appends too), 6 requests in 4 rows and preemptions."""
     llm = LLM(
-        TARGET, max_num_seqs=4, speculative=spec, enable_prefix_caching=False, num_kv_blocks=20
+        str(ZOO / target),
+        max_num_seqs=4,
+        speculative=spec,
+        enable_prefix_caching=False,
+        num_kv_blocks=20,
     )
     llm.engine.capture_graphs()
     return llm
 
 
-@pytest.fixture(scope="module")
-def plain() -> list[list[int]]:
-    return [o.token_ids for o in LLM(TARGET).generate(PROMPTS, PARAMS)]
-
-
-@pytest.mark.parametrize("method", list(SPECS))
-def test_held_steps_run_no_forward_and_change_no_draft(method, plain):
+@pytest.mark.parametrize("case", list(CASES))
+def test_held_steps_run_no_forward_and_change_no_draft(case):
     """Greedy output equals plain decoding; held steps run no drafter forward, flushing ones do; and every
     draft equals the draft of the same schedule with every zero-draft step flushing."""
-    llm = _captured(SPECS[method])
+    target, spec = CASES[case]
+    plain = [o.token_ids for o in LLM(str(ZOO / target)).generate(PROMPTS, PARAMS)]
+    llm = _captured(target, spec)
     assert any(key.hold for key in llm.engine.runner.decode_step.graphs)
     held = Recorder(llm)
     outs = llm.generate(PROMPTS, PARAMS)
@@ -94,7 +102,7 @@ def test_held_steps_run_no_forward_and_change_no_draft(method, plain):
     assert len(holds) > 2 * HOLD_ROWS and len(flushes) > 1, zero
     assert set(holds) == {0} and min(flushes) > 0
 
-    llm = _captured(SPECS[method])
+    llm = _captured(target, spec)
     llm.engine.runner.holds.window = 0  # every zero-draft step flushes
     flushed = Recorder(llm)
     outs = llm.generate(PROMPTS, PARAMS)
