@@ -1,7 +1,9 @@
 """Held zero-draft steps (speculative/proposer.py, holding; engine/step_key.py ``HoldRule``): a zero-draft
 step of EAGLE3 or MTP runs no drafter forward and appends its committed row to the drafter's pending window;
 when a window could overflow the step flushes (runs the forward as any step). Output stays lossless, and the
-drafts after held steps are exactly those of the same run in which every zero-draft step flushes."""
+drafts after held steps are exactly those of the same run in which every zero-draft step flushes.
+fp32 on the CPU, whose "captured" steps replay eagerly: the forward hooks and the recorded drafts see every
+step (a CUDA graph's replay would run neither)."""
 
 from pathlib import Path
 
@@ -75,6 +77,8 @@ def _captured(target: str, spec: SpeculativeConfig) -> LLM:
     batches padded to a bucket (the padding row appends too), 6 requests in 4 rows and preemptions."""
     llm = LLM(
         str(ZOO / target),
+        device="cpu",
+        dtype="float32",
         max_num_seqs=4,
         speculative=spec,
         enable_prefix_caching=False,
@@ -89,7 +93,8 @@ def test_held_steps_run_no_forward_and_change_no_draft(case):
     """Greedy output equals plain decoding; held steps run no drafter forward, flushing ones do; and every
     draft equals the draft of the same schedule with every zero-draft step flushing."""
     target, spec = CASES[case]
-    plain = [o.token_ids for o in LLM(str(ZOO / target)).generate(PROMPTS, PARAMS)]
+    plain = LLM(str(ZOO / target), device="cpu", dtype="float32").generate(PROMPTS, PARAMS)
+    plain = [o.token_ids for o in plain]
     llm = _captured(target, spec)
     assert any(key.hold for key in llm.engine.runner.decode_step.graphs)
     held = Recorder(llm)
