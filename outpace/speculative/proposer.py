@@ -15,9 +15,10 @@ Holding. A drafter that keeps the rows committed since its last forward in a pen
 step (plain decoding, which adaptive speculation chooses where drafts do not pay) needs no draft, so
 such a drafter may "hold" it: the step calls neither ``draft`` nor ``update`` but ``hold``, which
 appends the step's one committed row to the window, and the next forward runs over the held rows too.
-Every drafter KV row is then written exactly once, by the same forward over the same inputs as had
-every step run it (no row is skipped: the window keeps them until then), so drafts, acceptance and
-output are unchanged, and a held step costs what plain decoding costs. The window has
+The drafter's KV then ends as it would have had every step run the forward: each held row's KV is
+written by the next forward from the same inputs (its state, the committed tokens after it), and no
+row is skipped (the window keeps them until then); so drafts, acceptance and output are unchanged,
+and a held step costs what plain decoding costs. The window has
 ``HOLD_ROWS`` rows more than a verify commits (every forward runs over all of them). The host bounds
 each request's pending rows (engine/step_key.py ``HoldRule``): a zero-draft step that could overflow
 some request's window "flushes" instead: ``draft`` and ``update`` as at any step, which empty it.
@@ -199,8 +200,8 @@ class PrefillRows:
     reused_token_ids: list[list[int]]
 
 
-# Rows a pending window holds past a verify's committed rows: zero-draft steps held between two forwards
-# (more flush less often; but every forward runs over the whole window, drafting steps' too).
+# Rows a pending window holds past a verify's committed rows: zero-draft steps held between two forwards.
+# More make flushes rarer, but every forward runs over the whole window, drafting steps' too.
 HOLD_ROWS = 8
 
 
