@@ -127,9 +127,9 @@ class Eagle3Proposer(Proposer):
         self.pending.count[rows.req_indices] = verified.result.num_correct_drafts + 1
 
     def hold(self, verified: Verified) -> None:
-        committed = verified.committed_rows(1).reshape(-1)  # [b]: node 0, the one committed row
-        fused = self.draft_model.fuse_aux(verified.aux_hidden_states.index_select(0, committed))
-        self.pending.append(verified.rows.req_indices, fused, verified.next_tokens(1)[:, 0])
+        # a zero-draft step's forward is node 0 alone, its one committed row, followed by the bonus token
+        fused = self.draft_model.fuse_aux(verified.aux_hidden_states)  # [b, hidden]
+        self.pending.append(verified.rows.req_indices, fused, verified.result.bonus_token_ids)
 
     # ---- drafting ------------------------------------------------------------------------------
     def _extend(self, rows: DecodeRows) -> torch.Tensor:

@@ -211,9 +211,9 @@ class MTPProposer(Proposer):
         pending.count[rows.req_indices] = kept + verified.result.num_correct_drafts + 1
 
     def hold(self, verified: Verified) -> None:
-        committed = verified.committed_rows(1).reshape(-1)  # [b]: node 0, the one committed row
-        hidden = self._target_state(verified.hidden_states.index_select(0, committed))
-        self.pending.append(verified.rows.req_indices, hidden, verified.next_tokens(1)[:, 0])
+        # a zero-draft step's forward is node 0 alone, its one committed row, followed by the bonus token
+        hidden = self._target_state(verified.hidden_states)  # [b, hidden]
+        self.pending.append(verified.rows.req_indices, hidden, verified.result.bonus_token_ids)
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
