@@ -13,9 +13,14 @@ _all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 
 
 def all_reduce(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
-    """Sum of ``x`` over the group's ranks, in place (every rank gets the same sum)."""
+    """Sum of ``x`` over the group's ranks, in place (every rank gets the same sum): a decoding-sized
+    message over the group's symmetric memory where it has some (distributed/symmetric_all_reduce.py),
+    else NCCL's (gloo's on CPUs)."""
     if group.size > 1:
-        dist.all_reduce(x, group=group.device_group)
+        if group.symmetric is not None and group.symmetric.takes(x):
+            group.symmetric.all_reduce_(x)
+        else:
+            dist.all_reduce(x, group=group.device_group)
     return x
 
 

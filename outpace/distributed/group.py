@@ -32,6 +32,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from outpace.distributed.symmetric_all_reduce import SymmetricAllReduce
+
 
 @dataclass(frozen=True)
 class RankGroup:
@@ -43,6 +45,8 @@ class RankGroup:
         True  # attention and dense layers split over the group (module docstring)
     )
     expert_parallel: bool = False  # the routed experts placed whole on its ranks
+    # the small all-reduces' symmetric-memory path (distributed/symmetric_all_reduce.py), None: NCCL only
+    symmetric: object = None
 
     @property
     def is_driver(self) -> bool:
@@ -121,4 +125,10 @@ def init_rank_group(
     # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo
     # noticing the closed connection.
     cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    return RankGroup(dist.get_rank(), world_size, dist.group.WORLD, cpu_group)
+    symmetric = None
+    if on_gpu and world_size > 1:
+        device_index = torch.cuda.current_device()
+        symmetric = SymmetricAllReduce.for_group(
+            dist.group.WORLD, cpu_group, torch.device("cuda", device_index)
+        )
+    return RankGroup(dist.get_rank(), world_size, dist.group.WORLD, cpu_group, symmetric=symmetric)

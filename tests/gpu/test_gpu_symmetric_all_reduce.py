@@ -1,0 +1,69 @@
+"""On two GPUs: the symmetric-memory all-reduce (distributed/symmetric_all_reduce.py) set up as the engine's
+groups set it up (``init_rank_group``) gives every rank NCCL's sum, eagerly and replayed in a CUDA graph, at
+decoding's sizes in bf16 and float32; a prefill-sized message goes to NCCL."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
+    ),
+]
+
+
+def _rank(rank: int, port: int, failures) -> None:
+    import torch.distributed as dist
+
+    from outpace.distributed.collectives import all_reduce
+    from outpace.distributed.group import init_rank_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    group = init_rank_group(2, rank, "cuda")
+    try:
+        assert group.symmetric is not None, "no symmetric-memory path on one machine's two GPUs"
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows in (1, 8, 32):
+                g = torch.Generator("cuda").manual_seed(rank * 10 + rows)
+                x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
+                assert group.symmetric.takes(x)
+                expected = x.clone()
+                dist.all_reduce(expected)
+                eager = all_reduce(x.clone(), group)
+                assert torch.equal(eager, expected), (dtype, rows, "eager")
+                staged = x.clone()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    all_reduce(staged, group)
+                staged.copy_(x)
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(staged, expected), (dtype, rows, "graph")
+        big = torch.full((256, 2048), float(rank + 1), device="cuda")
+        assert not group.symmetric.takes(big)
+        assert torch.equal(all_reduce(big, group), torch.full_like(big, 3.0))
+    except AssertionError as e:
+        failures.put(f"rank {rank}: {e}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_symmetric_all_reduce_equals_nccl_on_two_gpus():
+    from outpace.distributed.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    failures = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, failures)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    assert failures.empty(), failures.get()
