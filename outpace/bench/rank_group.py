@@ -32,7 +32,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from outpace import LLM
-from outpace.distributed.group import IDLE_TIMEOUT
+from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import IDLE_TIMEOUT, RankGroup, symmetric_path
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)  # a hung collective fails within this
 
@@ -105,19 +106,37 @@ class BenchGroup:
             dist.broadcast_object_list([None], src=0, group=self.control)
 
 
+_reduce_groups: dict[str, RankGroup] = {}
+
+
+def _reduce_group(device: str) -> RankGroup:
+    """The default group as an engine's ranks hold it (distributed/group.py ``init_rank_group``): on GPUs with
+    its symmetric-memory path, so that a step's all-reduces are timed as the engine runs them. Made once per
+    process, by every rank at once."""
+    if device not in _reduce_groups:
+        symmetric = None
+        if device.startswith("cuda"):
+            symmetric = symmetric_path(dist.new_group(backend="gloo"))
+        _reduce_groups[device] = RankGroup(
+            dist.get_rank(), dist.get_world_size(), dist.group.WORLD, symmetric=symmetric
+        )
+    return _reduce_groups[device]
+
+
 def time_all_reduces(count: int, rows: int, hidden: int, device: str, repeats: int = 10) -> dict:
     """Seconds of ``count`` in-place all-reduces of a [rows, hidden] bf16 tensor over the default group, as
-    a decode step runs them (every rank calls this at once): on a GPU one CUDA graph of the ``count`` calls
+    a decode step runs them (distributed/collectives.py ``all_reduce``) (every rank calls this at once): on a GPU one CUDA graph of the ``count`` calls
     (as they sit inside the engine's captured step), the median replay; eagerly (the median loop) on the
     CPU, or where the capture fails."""
     from outpace.engine.cuda_graphs import CapturedCall
 
+    group = _reduce_group(device)
     x = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device)
-    dist.all_reduce(x)  # the communicator exists before the capture
+    all_reduce(x, group)  # the communicator exists before the capture
 
     def loop() -> None:
         for _ in range(count):
-            dist.all_reduce(x)
+            all_reduce(x, group)
 
     if device.startswith("cuda"):
         from outpace.bench.deepseek_shape import _time_replays

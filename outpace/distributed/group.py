@@ -125,10 +125,19 @@ def init_rank_group(
     # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo
     # noticing the closed connection.
     cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    symmetric = None
-    if on_gpu and world_size > 1:
-        device_index = torch.cuda.current_device()
-        symmetric = SymmetricAllReduce.for_group(
-            dist.group.WORLD, cpu_group, torch.device("cuda", device_index)
-        )
-    return RankGroup(dist.get_rank(), world_size, dist.group.WORLD, cpu_group, symmetric=symmetric)
+    return RankGroup(
+        dist.get_rank(),
+        world_size,
+        dist.group.WORLD,
+        cpu_group,
+        symmetric=symmetric_path(cpu_group) if on_gpu else None,
+    )
+
+
+def symmetric_path(cpu_group) -> SymmetricAllReduce | None:
+    """The default NCCL group's symmetric-memory all-reduce on this process's GPU (None for one rank, or
+    where it is unavailable: distributed/symmetric_all_reduce.py); every rank calls this at once."""
+    if dist.get_world_size() == 1:
+        return None
+    device = torch.device("cuda", torch.cuda.current_device())
+    return SymmetricAllReduce.for_group(dist.group.WORLD, cpu_group, device)
