@@ -109,6 +109,8 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         self.cache_rows: torch.Tensor | None = (
             None  # [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
         )
+        # a kv_b_proj stored quantized, dequantized once after loading (``pack_rows``)
+        self.kv_b_dequantized: torch.Tensor | None = None  # [heads * (nope + v), kv_lora_rank]
         self.register_kv_scales()  # k_scale: an FP8 cache's rows, key and value alike (kv_quant.py)
 
     def latent_scale(self) -> torch.Tensor | None:
@@ -195,14 +197,26 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and fusable_rows(x, self.kv_a_proj_with_mqa.weight)
         )
 
+    def pack_rows(self) -> None:
+        """After loading (layers/decoder.py ``pack_projections``): a kv_b_proj stored quantized is dequantized
+        once, to the latent's dtype, for the absorbed form's W_UK and W_UV, instead of at every decode step
+        (vLLM's MLA keeps them dequantized the same way, from ``process_weights_after_loading``)."""
+        if is_quantized(self.kv_b_proj):
+            self.kv_b_dequantized = self._dequantized_kv_b()
+
+    def _dequantized_kv_b(self) -> torch.Tensor:
+        return self.kv_b_proj.dequantized().to(self.kv_a_layernorm.weight.dtype)
+
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight split per head: W_UK [heads, nope, r] and W_UV [heads, v, r]."""
         s = self.shape
-        w = (  # a kv_b_proj stored quantized (layers/quant/linear.py): dequantized to the latent's dtype
-            self.kv_b_proj.dequantized().to(self.kv_a_layernorm.weight.dtype)
-            if is_quantized(self.kv_b_proj)
-            else self.kv_b_proj.weight
-        ).view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
+        if not is_quantized(self.kv_b_proj):
+            w = self.kv_b_proj.weight
+        elif self.kv_b_dequantized is not None:
+            w = self.kv_b_dequantized
+        else:  # (a model built without the loader's packing)
+            w = self._dequantized_kv_b()
+        w = w.view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
         return w.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)
 
     def _absorbed(

@@ -319,3 +319,24 @@ def test_step3p5_block_fp8_stacked_experts(tmp_path):
             rtol=1e-4,
             atol=1e-4,
         )
+
+
+def test_a_quantized_kv_b_proj_is_dequantized_once_at_load(deepseek_mtp, tmp_path, monkeypatch):
+    """The absorbed decode reads W_UK and W_UV dequantized after loading (``pack_rows``), not per step."""
+    from outpace.layers.mla import MultiHeadLatentAttention
+
+    q_dir, _ = write_quantized(
+        deepseek_mtp, tmp_path, "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    model = load_model(q_dir, torch.float32)
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]
+    assert layers and all(isinstance(m.kv_b_proj, QuantizedLinear) for m in layers)
+    for layer in layers:
+        torch.testing.assert_close(layer.kv_b_dequantized, layer.kv_b_proj.dequantized())
+        monkeypatch.setattr(
+            layer.kv_b_proj, "dequantized", lambda: pytest.fail("per-step dequantize")
+        )
+        w_uk, w_uv = layer.up_weights()
+        s = layer.shape
+        assert w_uk.shape == (s.num_heads, s.qk_nope_head_dim, s.kv_lora_rank)
+        assert w_uv.shape == (s.num_heads, s.v_head_dim, s.kv_lora_rank)
