@@ -154,6 +154,7 @@ def _generate(target: Path, spec: SpeculativeConfig | None = None):
     [
         ("deepseek", "mtp"),
         ("deepseek", "eagle3"),
+        ("qwen35", "mtp"),
         ("qwen35", "tree"),
         ("gemma", "eagle3"),
     ],
@@ -177,7 +178,9 @@ def test_engine_tokens_and_acceptance(widened, family, method):
 
 
 def test_e2e_tiny_end_to_end(tmp_path):
-    """``bench e2e --family qwen35 --tiny``: the widening, every method, the table and the JSON."""
+    """``bench e2e --family qwen35 --tiny``: the widening, every method, the table and the JSON. Adaptive
+    speculation picks each step's drafts from timings, so on a busy CPU a row may draft nothing: its
+    acceptance is checked where the shapes are fixed (``test_engine_tokens_and_acceptance``)."""
     result = run_e2e_bench(
         tmp_path / "out", tmp_path / "work", ["none", "mtp"], 4, family="qwen35", tiny=True
     )
@@ -187,7 +190,11 @@ def test_e2e_tiny_end_to_end(tmp_path):
     }
     greedy = [r for r in result["rows"] if r["temperature"] == 0]
     assert all(r["match_zoo_greedy"] == 1.0 and r["match_plain_greedy"] == 1.0 for r in greedy)
-    assert all(r["tau"] > 1 for r in greedy if r["method"] == "mtp")
+    for r in (r for r in result["rows"] if r["method"] == "mtp"):
+        by_drafts = r["verifies_by_num_drafts"]  # verifies with 0, 1, .. drafts
+        assert (
+            r["tau"] >= 1 and sum(by_drafts) > 0 and len(by_drafts) <= 1 + 2
+        )  # tinyqwen35: 2 steps
 
 
 def test_expert_copies_and_heads():
