@@ -229,9 +229,14 @@ def run_e2e_bench(
     batch1_prompts: int = 8,
     family: str = "llama",
     tiny: bool = False,
+    batches: list[int] | None = None,
 ) -> dict:
-    """Run the methods (default: all); rows of earlier runs in ``out_dir/e2e_bench[_<family>].json`` are
-    kept, so the methods may be split over several runs. ``family``, ``tiny``: module docstring."""
+    """Run the methods (default: all) at ``batches`` (default: 1, 8, 32; tiny: 1, 2); rows of earlier runs
+    in ``out_dir/e2e_bench[_<family>].json`` are kept, so the methods may be split over several runs.
+    ``family``, ``tiny``: module docstring. A batch b times ``b`` prompts but at 1 and 8 (module
+    docstring's prompt counts)."""
+    if batches is not None and (not batches or min(batches) < 1):
+        raise ValueError(f"bench e2e --batch-sizes {batches}: each batch must be >= 1")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "e2e_bench" if family == "llama" else f"e2e_bench_{family}"
     path = out_dir / f"{stem}.json"
@@ -240,8 +245,9 @@ def run_e2e_bench(
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
     models = widened_zoo(workdir, family, tiny, getattr(torch, dtype))
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
-    batches = (1, 2) if tiny else BATCHES
-    counts = {1: 1, 2: 2} if tiny else {1: batch1_prompts, 8: len(prompts), 32: 32}
+    batches = tuple(batches) if batches else (1, 2) if tiny else BATCHES
+    counts = {1: 1, 2: 2} if tiny else {1: batch1_prompts, 8: len(prompts)}
+    counts = {b: counts.get(b, b) for b in batches}  # prompts timed per batch
     specs = drafters(models, family)
     unknown = set(methods or ()) - set(specs)
     if unknown:

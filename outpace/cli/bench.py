@@ -31,7 +31,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "8B (GPU); multi: tensor and data parallelism on the GPUs of one machine",
     )
     add_engine_args(b)
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    b.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="bench speed (default: 1 8) and e2e (default: 1 8 32): the batches timed",
+    )
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument(
         "--out",
@@ -130,6 +136,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> None:
+    if a.batch_sizes is not None and a.what not in ("speed", "e2e"):
+        raise ValueError(f"--batch-sizes applies to bench speed and e2e, not bench {a.what}")
     if a.what == "serve" and a.sweep:
         sweep_servers(a)
         return
@@ -165,6 +173,7 @@ def run(a: argparse.Namespace) -> None:
             max_tokens=a.max_tokens,
             family=a.family,
             tiny=a.tiny,
+            batches=a.batch_sizes,
         )
         return
     check_model_dir(a.model)
@@ -191,7 +200,7 @@ def run(a: argparse.Namespace) -> None:
 
     run_decode_bench(
         a.model,
-        batch_sizes=a.batch_sizes,
+        batch_sizes=a.batch_sizes or [1, 8],
         max_tokens=a.max_tokens,
         engine_kwargs=engine_kwargs(a, speculative=False),
         speculative=speculative_config(a),

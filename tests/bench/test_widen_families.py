@@ -197,6 +197,20 @@ def test_e2e_tiny_end_to_end(tmp_path):
         )  # tinyqwen35: 2 steps
 
 
+def test_e2e_batch_sizes_are_honoured_or_refused_by_name(tmp_path):
+    """``--batch-sizes`` narrows bench e2e's batches and is refused by the benches that do not read it."""
+    from outpace.cli import main
+
+    with pytest.raises(ValueError, match="--batch-sizes"):
+        run_e2e_bench(tmp_path / "out", tmp_path / "work", ["none"], 4, tiny=True, batches=[0])
+    with pytest.raises(SystemExit, match="--batch-sizes applies to bench speed and e2e"):
+        main(["bench", "gpu", "--batch-sizes", "4"])
+    result = run_e2e_bench(
+        tmp_path / "out", tmp_path / "work", ["none"], 2, family="qwen35", tiny=True, batches=[2]
+    )
+    assert {r["batch"] for r in result["rows"]} == {2}
+
+
 def test_expert_copies_and_heads():
     """The routing layout: m copies of each zoo expert, copy c of group g in big group c * G_s + g; kv head
     copies when the big group is smaller; refusals."""
