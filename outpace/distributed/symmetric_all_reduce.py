@@ -41,9 +41,10 @@ _ALIGN = 16
 class SymmetricAllReduce:
     """One process group's staging buffer in symmetric memory and the one-shot all-reduce over it."""
 
-    def __init__(self, buffer: torch.Tensor, group_name: str) -> None:
+    def __init__(self, buffer: torch.Tensor, group_name: str, kernel) -> None:
         self.buffer = buffer  # [MAX_BYTES] uint8 in symmetric memory, rendezvoused over the group
         self.group_name = group_name
+        self.kernel = kernel  # torch.ops.symm_mem.one_shot_all_reduce_out
 
     @classmethod
     def for_group(cls, device_group, cpu_group, device: torch.device) -> SymmetricAllReduce | None:
@@ -57,9 +58,10 @@ class SymmetricAllReduce:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
+            kernel = torch.ops.symm_mem.one_shot_all_reduce_out  # (a torch without it: NCCL only)
             buffer = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
             symm_mem.rendezvous(buffer, device_group.group_name)
-            made = cls(buffer, device_group.group_name)
+            made = cls(buffer, device_group.group_name, kernel)
         except (ImportError, RuntimeError, AttributeError) as e:
             error = f"{type(e).__name__}: {e}"
         errors = [None] * dist.get_world_size(cpu_group)
@@ -89,7 +91,7 @@ class SymmetricAllReduce:
         flat = x.view(-1)
         staged = self.buffer[: flat.numel() * x.element_size()].view(x.dtype)  # [numel]
         staged.copy_(flat)
-        torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, flat)
+        self.kernel(staged, "sum", self.group_name, flat)
         return x
 
     def close(self) -> None:

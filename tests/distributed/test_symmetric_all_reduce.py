@@ -4,6 +4,7 @@ captured graph (tests/gpu/test_gpu_symmetric_all_reduce.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from outpace.distributed import collectives
@@ -12,7 +13,7 @@ from outpace.distributed.symmetric_all_reduce import MAX_BYTES, SymmetricAllRedu
 
 
 def test_decoding_sized_float_messages_take_the_symmetric_path():
-    symmetric = SymmetricAllReduce(torch.empty(MAX_BYTES, dtype=torch.uint8), "0")
+    symmetric = SymmetricAllReduce(torch.empty(MAX_BYTES, dtype=torch.uint8), "0", kernel=None)
     assert symmetric.takes(torch.zeros(1, 4096, dtype=torch.bfloat16))
     assert symmetric.takes(torch.zeros(32, 2048, dtype=torch.float32))
     assert not symmetric.takes(torch.zeros(64, 7168, dtype=torch.bfloat16))  # prefill-sized: NCCL
@@ -45,3 +46,19 @@ def test_all_reduce_sends_what_the_symmetric_path_takes_there(monkeypatch):
     assert not refused.calls and nccl == [x]
     collectives.all_reduce(x, RankGroup(0, 1, symmetric=taken))  # one rank: nothing to reduce
     assert len(taken.calls) == 1 and len(nccl) == 1
+
+
+def test_a_failed_set_up_leaves_the_group_on_nccl_saying_why(tmp_path):
+    """Every rank's set-up failed (here: symmetric memory on a CPU): None, and a warning naming the rank
+    and the error."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with pytest.warns(UserWarning, match="rank 0: RuntimeError"):
+            made = SymmetricAllReduce.for_group(
+                dist.group.WORLD, dist.group.WORLD, torch.device("cpu")
+            )
+        assert made is None
+    finally:
+        dist.destroy_process_group()
