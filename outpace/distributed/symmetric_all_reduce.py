@@ -24,6 +24,7 @@ width). Everything else goes to NCCL.
 from __future__ import annotations
 
 import socket
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -67,8 +68,6 @@ class SymmetricAllReduce:
         errors = [None] * dist.get_world_size(cpu_group)
         dist.all_gather_object(errors, error, group=cpu_group)
         if any(errors):
-            import warnings
-
             warnings.warn(
                 "symmetric-memory all-reduce unavailable, decoding's all-reduces use NCCL: "
                 + "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e),
@@ -93,7 +92,3 @@ class SymmetricAllReduce:
         staged.copy_(flat)
         self.kernel(staged, "sum", self.group_name, flat)
         return x
-
-    def close(self) -> None:
-        """Drop the buffer (before the process group is destroyed)."""
-        self.buffer = None
