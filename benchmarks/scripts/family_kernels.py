@@ -2,8 +2,9 @@
 greedy decode steps of a batch (1, or the ``SHAPE@BATCH`` given) under torch.profiler, its kernels by name (GPU
 ms and launches per step, largest first). The batch's requests are real ones with distinct prompts (as bench
 families times them), so a MoE layer routes them to as many distinct experts as the timed rows do.
-``PYTHONPATH=. python3 benchmarks/scripts/family_kernels.py OUT SHAPE[@BATCH] [SHAPE[@BATCH] ...]`` writes
-OUT/kernels_SHAPE[@BATCH].txt and prints the tables."""
+``PYTHONPATH=. python3 benchmarks/scripts/family_kernels.py OUT SHAPE[@BATCH][:QUANT] ...`` writes
+OUT/kernels_SHAPE[@BATCH][:QUANT].txt and prints the tables; ``:fp8`` or ``:int4`` builds the shape with that
+``quantization_config`` (bench/families.py ``QUANTIZATION_CONFIGS``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from outpace.bench.families import build, close
+from outpace.bench.families import QUANTIZATION_CONFIGS, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import start_decoding
 from outpace.bench.profile import _kernel_table
@@ -22,9 +23,14 @@ from outpace.bench.profile import _kernel_table
 STEPS, CONTEXT = 5, 512
 
 
-def step_kernels(shape_name: str, workdir: Path, batch: int = 1) -> list[str]:
+def step_kernels(shape_name: str, workdir: Path, batch: int = 1, quant: str = "") -> list[str]:
     shape = family_shapes()[shape_name]
-    llm = build(workdir, shape.config, max_num_seqs=batch, graph_sizes=(batch,))
+    config = (
+        {**shape.config, "quantization_config": QUANTIZATION_CONFIGS[quant]}
+        if quant
+        else shape.config
+    )
+    llm = build(workdir, config, max_num_seqs=batch, graph_sizes=(batch,))
     try:
         start_decoding(llm, batch, CONTEXT, max_tokens=64)
         engine = llm.engine
@@ -34,7 +40,7 @@ def step_kernels(shape_name: str, workdir: Path, batch: int = 1) -> list[str]:
                 engine.step()
             torch.cuda.synchronize()
         layers = shape.config["num_hidden_layers"]
-        title = f"{shape_name}: {layers} layers, per decode step of batch {batch}"
+        title = f"{shape_name}{' in ' + quant if quant else ''}: {layers} layers, per decode step of batch {batch}"
         return [title] + _kernel_table(prof, 40, STEPS)
     finally:
         close(llm)
@@ -43,10 +49,11 @@ def step_kernels(shape_name: str, workdir: Path, batch: int = 1) -> list[str]:
 def main(out: str, names: list[str]) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     for name in names:
-        shape, _, batch = name.partition("@")
+        name_batch, _, quant = name.partition(":")
+        shape, _, batch = name_batch.partition("@")
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                lines = step_kernels(shape, Path(tmp), int(batch or 1))
+                lines = step_kernels(shape, Path(tmp), int(batch or 1), quant)
             except Exception as e:  # noqa: BLE001 (one shape's failure is reported, the others still run)
                 lines = [f"{name}: {type(e).__name__}: {e}"[:400]]
         (Path(out) / f"kernels_{name}.txt").write_text("\n".join(lines) + "\n")

@@ -5,6 +5,7 @@ At M <= 16 rows a projection is bound by reading its weights, and the small kern
 RMSNorm in front, the residual add, SiLU*mul, RoPE, the KV-cache write after it) cost their launch
 and a round trip of the activations each. Here one kernel does a projection and its neighbours:
 
+- ``project_rows``         x @ W.T                         (a projection with no neighbour to fold in)
 - ``project_add``          residual + x @ W.T              (o_proj, down_proj: the residual stream)
 - ``project_add_normed``   the same, and the new stream made ready for the RMSNorm after it
 - ``norm_project_qkv``     [q | k | v] = RMSNorm(s) @ W_qkv.T; the per-head q/k RMSNorms of Qwen3-style
@@ -744,6 +745,13 @@ def embed_norm_pair(
         BLOCK=triton.next_power_of_2(n),
     )
     return out
+
+
+def project_rows(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, N]: a projection with no neighbour to fold in (layers/linear.py's few-row
+    path), its outputs spread evenly over one program an SM (``_launch_grid``)."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, pdl=pdl)
 
 
 def project_add(

@@ -32,20 +32,22 @@ from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 def project(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; a Triton kernel
-    that streams the weights once for few rows (bf16/fp16 decode and small verify batches, where it
-    beats cuBLAS's GEMV: layers/skinny_gemm.py); F.linear otherwise."""
+    """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; for few rows
+    (bf16/fp16 decode and small verify batches) the fused projections' plain kernel, which streams the
+    weights once over one program an SM (layers/fused_projection.py ``project_rows``: at the families'
+    narrow shapes, 2048 outputs of Qwen3-Next's out_proj, the skinny kernel's fixed 32-column tiles left
+    half the SMs idle); F.linear otherwise."""
     if batch_invariant():
         if not x.is_cuda:
             return project_rows_alone(x, weight, bias)
         from outpace.layers.batch_invariant import batch_invariant_linear
 
         return batch_invariant_linear(x, weight, bias)
-    if x.is_cuda:
-        from outpace.layers.skinny_gemm import skinny_applies, skinny_linear
+    if x.is_cuda and bias is None:
+        from outpace.layers.fused_projection import fused_rows_apply, project_rows
 
-        if skinny_applies(x, weight, bias):
-            return skinny_linear(x, weight)
+        if fused_rows_apply(x, weight):
+            return project_rows(x, weight)
     return F.linear(x, weight, bias)
 
 

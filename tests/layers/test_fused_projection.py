@@ -17,6 +17,7 @@ from outpace.layers.fused_projection import (
     normed_rows,
     project_add,
     project_add_normed,
+    project_rows,
 )
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
@@ -74,6 +75,12 @@ def test_project_add_adds_the_residual(m, k, n):
     x, w, res = _rand(m, k, seed=7), _rand(n, k, seed=8), _rand(m, n, seed=9)
     out = project_add(x.to(DEVICE), w.to(DEVICE), res.to(DEVICE))
     _close(out, res.double() + F.linear(x.double(), w.double()))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 300, 70), (16, 96, 2048), (3, 520, 33)])
+def test_project_rows_is_the_plain_product(m, k, n):
+    x, w = _rand(m, k, seed=11), _rand(n, k, seed=12)
+    _close(project_rows(x.to(DEVICE), w.to(DEVICE)), F.linear(x.double(), w.double()))
 
 
 def test_strided_rows_are_read_correctly():
