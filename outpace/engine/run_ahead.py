@@ -61,10 +61,14 @@ class RunAhead:
             rid in self.launch.request_ids for rid in request_ids
         )
 
-    def saved_state(self, key: StepKey, n: int) -> list[torch.Tensor]:
-        """The request state of the batch's first ``n`` rows before a step of ``key``, to restore on a drop."""
-        index = self.decode_step.batch_indices[:n]
-        return [t.index_select(0, index) for t in self.decode_step.state_buffers(key)]
+    def saved_state(self, key: StepKey, req_indices: list[int]) -> list[torch.Tensor]:
+        """The request state of these request rows (the batch's, in its order) before a step of ``key``, to
+        restore on a drop. One copy a buffer, of the rows as views: a hybrid model's recurrent states are MBs
+        a row, and torch's index_select of them took 38 us a layer at batch 8 of Nemotron-H-8B on the H200
+        (benchmarks/results/gpu_2026-11-29f, call 1), at every step run ahead."""
+        return [
+            torch.stack([t[i] for i in req_indices]) for t in self.decode_step.state_buffers(key)
+        ]
 
     def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:
         """The step run ahead if it serves this batch (each request was in it, from the length it has

@@ -297,7 +297,7 @@ class ModelRunner:
         self.decode_step.batch_indices[: key.bucket].copy_(
             pinned(padded, self.device), non_blocking=True
         )
-        saved = self.run_ahead.saved_state(key, n) if ahead else None
+        saved = self.run_ahead.saved_state(key, req_indices) if ahead else None
         width = None if bucket is not None else max(len(self.pool.table(rid)) for rid in ids)
         starts = () if ahead else tuple(map(_num_computed, reqs))
         timer = (

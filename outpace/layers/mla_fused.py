@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 # outputs a program of the down projections: 132 programs at DeepSeek-V3's 1536 + 576
 _DOWN_OUTS = 16
 _TILE_ELEMENTS = 8192  # a weight tile's elements (16 KB of bf16) a pipeline stage
-MAX_Q_PARTS = 2  # the attention kernel re-reads every part: a few heads' programs, not more
+MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' programs, not more
 _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
 
 
@@ -259,6 +259,8 @@ def _q_absorb_kernel(
     V: tl.constexpr,
     Q_PARTS: tl.constexpr,
     NOPE_CHUNK: tl.constexpr,
+    PE_PARTS: tl.constexpr,
+    PE_CHUNK: tl.constexpr,  # rotation pairs a q_pe program
     BLOCK_NC: tl.constexpr,
     BLOCK_HP: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -272,14 +274,14 @@ def _q_absorb_kernel(
     PDL: tl.constexpr,
     PREFETCH_K: tl.constexpr,
 ):
-    """Program h * (Q_PARTS + 1) + c of head h: c < Q_PARTS, part c of the query latent (q_nope's
-    columns c * NOPE_CHUNK ... times their rows of W_UK); c = Q_PARTS, the head's rotated q_pe. The last
-    program (HEADS * (Q_PARTS + 1)) writes the kv rows into the cache. SCALE_ROWS: row r of x @ W.T is
-    scaled by rsqrt(sum(sq[:, r]) / K + eps) (q_a_layernorm)."""
+    """Program h * (Q_PARTS + PE_PARTS) + c of head h: c < Q_PARTS, part c of the query latent (q_nope's
+    columns c * NOPE_CHUNK ... times their rows of W_UK); else part c - Q_PARTS of the head's rotated q_pe
+    (PE_CHUNK rotation pairs). The last program (HEADS * (Q_PARTS + PE_PARTS)) writes the kv rows into the
+    cache. SCALE_ROWS: row r of x @ W.T is scaled by rsqrt(sum(sq[:, r]) / K + eps) (q_a_layernorm)."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BM)
     row_ok = rows < M
-    if pid == HEADS * (Q_PARTS + 1):
+    if pid == HEADS * (Q_PARTS + PE_PARTS):
         pdl_enter(PDL)
         _write_kv_rows(
             kv_raw_ptr,
@@ -301,13 +303,14 @@ def _q_absorb_kernel(
             INTERLEAVED,
         )
     else:
-        head = pid // (Q_PARTS + 1)
-        c = pid % (Q_PARTS + 1)
+        head = pid // (Q_PARTS + PE_PARTS)
+        c = pid % (Q_PARTS + PE_PARTS)
         head_row = head * (NOPE + P)
         j = c * NOPE_CHUNK + tl.arange(0, BLOCK_NC)  # [BLOCK_NC] q_nope columns (c < Q_PARTS)
         j_ok = (j < c * NOPE_CHUNK + NOPE_CHUNK) & (j < NOPE)
-        pairs = tl.arange(0, BLOCK_HP)  # q_pe's rotation pairs (c = Q_PARTS)
-        pair_ok = pairs < P // 2
+        pe_start = (c - Q_PARTS) * PE_CHUNK
+        pairs = pe_start + tl.arange(0, BLOCK_HP)  # q_pe's rotation pairs (c >= Q_PARTS)
+        pair_ok = (pairs < pe_start + PE_CHUNK) & (pairs < P // 2)
         col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
         if PDL:
             if c < Q_PARTS:
@@ -397,11 +400,20 @@ def _q_absorb_kernel(
             tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
 
 
-def q_parts(heads: int, device: torch.device) -> int:
-    """How many partial products the query latent is computed in: ``MAX_Q_PARTS`` while the heads'
-    programs (a q_pe program and one a part, a head) stay within about two an SM, else 1. DeepSeek-V2-Lite
-    (16 heads) and Kimi-K2 (64): 2, three equal programs a head at nope 128 and rope 64; V3 (128): 1."""
-    return MAX_Q_PARTS if heads * (MAX_Q_PARTS + 1) <= 2 * num_sms(device) else 1
+def q_parts(heads: int, nope: int, rope: int, device: torch.device) -> tuple[int, int]:
+    """(query latent parts, q_pe parts) a head: the most parts (a power of two up to ``MAX_Q_PARTS``) whose
+    programs stay within about two an SM, q_pe split alike so that every program streams about as many
+    weight rows (nope / parts, rope / pe parts). DeepSeek-V2-Lite (16 heads, nope 128, rope 64): 4 and 2,
+    six programs of 32 rows a head (with a head's 128 + 64 rows in three programs, 49 programs of 64 rows
+    took 17 us a layer on the H200); Kimi-K2 (64 heads): 2 and 1; V3 (128): 1 and 1."""
+
+    def pe_parts(parts: int) -> int:
+        return min(rope // 2, max(1, parts * rope // nope))
+
+    parts = MAX_Q_PARTS
+    while parts > 1 and heads * (parts + pe_parts(parts)) > 2 * num_sms(device):
+        parts //= 2
+    return parts, pe_parts(parts)
 
 
 def _block_k(block_n: int, fp32: bool) -> int:
@@ -468,15 +480,16 @@ def mla_forward_fused(
         num_stages=4,
         **pdl_launch_options(pdl),
     )
-    parts = q_parts(s.num_heads, device)
+    parts, pe_parts = q_parts(s.num_heads, s.qk_nope_head_dim, s.qk_rope_head_dim, device)
     nope_chunk = triton.cdiv(s.qk_nope_head_dim, parts)
+    pe_chunk = triton.cdiv(s.qk_rope_head_dim // 2, pe_parts)
     block_nc = max(16, triton.next_power_of_2(nope_chunk))
-    block_hp = max(16, triton.next_power_of_2(s.qk_rope_head_dim // 2))
+    block_hp = max(16, triton.next_power_of_2(pe_chunk))
     block_r = max(16, triton.next_power_of_2(s.kv_lora_rank))
     q_latent = torch.empty(parts, m, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=device)
     q_pe = torch.empty(m, s.num_heads, s.qk_rope_head_dim, dtype=x.dtype, device=device)
     w_kvb, cache = layer.kv_b_proj.weight, layer.cache_rows.view(-1, kv_width)
-    _q_absorb_kernel[(s.num_heads * (parts + 1) + 1,)](
+    _q_absorb_kernel[(s.num_heads * (parts + pe_parts) + 1,)](
         q_in,
         q_sq,
         w_q,
@@ -507,6 +520,8 @@ def mla_forward_fused(
         V=s.v_head_dim,
         Q_PARTS=parts,
         NOPE_CHUNK=nope_chunk,
+        PE_PARTS=pe_parts,
+        PE_CHUNK=pe_chunk,
         BLOCK_NC=block_nc,
         BLOCK_HP=block_hp,
         BLOCK_R=block_r,

@@ -1,12 +1,12 @@
-"""A matrix product for few rows (decode and small verify batches): y [M, N] = x [M, K] @ w [N, K].T.
+"""The batch-invariant projection's matrix product (layers/batch_invariant.py): y [M, N] = x [M, K] @ w [N, K].T,
+a row's bits independent of M. (The normal path's few-row projections are layers/fused_projection.py's.)
 
 With M <= 16 the product is a pass over the weights; this kernel streams them once, each program
 owning BLOCK_N output columns of a 16-row tile and walking K in BLOCK_K steps (16-byte loads along
 the weights' rows, software-pipelined), with no split-K and so no second reduction kernel.
 
-Any M is served too (the batch-invariant projection, layers/batch_invariant.py): the rows go in tiles
-of 16 (``ROW_TILE``), ``subtiles`` of them a program (each weight tile loaded once for all of them),
-the row-tile groups on the grid's fast axis so that the programs sharing a weight tile run together
+Any M is served: the rows go in tiles of 16 (``ROW_TILE``), ``subtiles`` of them a program (each weight
+tile loaded once for all of them), the row-tile groups on the grid's fast axis so that the programs sharing a weight tile run together
 and read it from L2. Every 16-row tile is its own ``tl.dot`` of the same [16, BLOCK_K] x [BLOCK_K,
 BLOCK_N] shape, accumulated over K in the same order (acc = dot(x, w, acc), K ascending), and BLOCK_N,
 BLOCK_K and the warps depend on N alone (``tiles_for``): so a row's bits depend only on its own input
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # the normal path's few-row regime (skinny_applies), and the rows of one tile
+MAX_ROWS = 16  # the few-row regime of the normal path's fused projections, and the rows of one tile
 ROW_TILE = 16
 _WIDE = 16384  # products at least this wide (the head, gate_up) get 64 output columns a program
 _SUBTILES_FROM = (
@@ -128,20 +128,6 @@ def tiles_for(m: int, n: int, block_n: int | None = None, block_k: int = 256) ->
         row_groups=triton.cdiv(m, ROW_TILE * subtiles),
         col_blocks=triton.cdiv(n, block_n),
         num_stages=5 if subtiles == 1 else 3,
-    )
-
-
-def skinny_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``skinny_linear`` serves this product on the normal path: few rows, half precision,
-    no bias, no autograd."""
-    return (
-        bias is None
-        and x.dim() == 2
-        and x.shape[0] <= MAX_ROWS
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
-        and weight.is_contiguous()
-        and not torch.is_grad_enabled()
     )
 
 

@@ -1,6 +1,6 @@
 """The fused few-row MLA block (layers/mla_fused.py) against the eager layer (layers/mla.py under the torch
 backend): in Triton's interpreter in float32 at odd shapes (kv_lora_rank 36, three heads, nope 6, rope 8,
-v 5, with and without a q_lora_rank, both RoPE layouts, one and two query-latent parts), for decode, verify
+v 5, with and without a q_lora_rank, both RoPE layouts, one, two and four query-latent parts), for decode, verify
 chains of 2 to 8 tokens and tree masks over shuffled paged blocks of an odd size: the same output and the
 same latent cache; fp16 too; and the kernels compile for sm_90 (no GPU needed). On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
 V3's shapes against the eager layer in float32, and the block's kernel launches and time (``-s`` prints
@@ -118,10 +118,12 @@ CASES = [
     (layout, q_lora_rank, interleaved, parts)
     for i, layout in enumerate(LAYOUTS)
     for q_lora_rank, interleaved, parts in [
-        (None, i % 2 == 0, 1 + i % 2),
-        (20, i % 2 == 1, 2 - i % 2),
+        (None, i % 2 == 0, (1, 2, 4)[i % 3]),
+        (20, i % 2 == 1, (4, 1, 2)[i % 3]),
     ]
 ]
+# SMs that give three heads of nope 6 and rope 8 these query-latent parts (q_pe parts: 1, 2, 4)
+SMS_FOR_PARTS = {1: 1, 2: 6, 4: 12}
 
 
 @cpu_only
@@ -130,8 +132,8 @@ def test_fused_block_equals_the_eager_layer(
     layout, q_lora_rank, interleaved, parts, fused_calls, monkeypatch
 ):
     """Output and latent cache (the new rows where the slots say, every other row untouched)."""
-    monkeypatch.setattr(mla_fused, "num_sms", lambda device: 10**4 if parts == 2 else 1)
-    assert mla_fused.q_parts(3, torch.device("cpu")) == parts
+    monkeypatch.setattr(mla_fused, "num_sms", lambda device: SMS_FOR_PARTS[parts])
+    assert mla_fused.q_parts(3, 6, 8, torch.device("cpu")) == (parts, {1: 1, 2: 2, 4: 4}[parts])
     shape = MLAShape(40, 3, q_lora_rank, 36, 6, 8, 5, scale=0.3)
     layer = make_layer(shape, interleaved, "cpu")
     g = torch.Generator().manual_seed(len(layout) + (q_lora_rank or 0))

@@ -1,15 +1,15 @@
-"""The few-row matrix product (decode GEMV): the same function as F.linear, and used only where it
-applies. On the CPU the kernel runs in Triton's interpreter (float32)."""
+"""The batch-invariant mode's matrix product: the same function as F.linear. On the CPU the kernel runs in
+Triton's interpreter (float32)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from outpace.layers.skinny_gemm import skinny_applies, skinny_linear
+from outpace.layers.skinny_gemm import skinny_linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# What the kernel serves on the GPU (skinny_applies: half precision; its float32 tl.dot would run in
-# TF32 there), and float32 in the interpreter. Tolerance: the output's rounding to the dtype.
+# What the kernel serves on the GPU (half precision; its float32 tl.dot would run in TF32 there), and
+# float32 in the interpreter. Tolerance: the output's rounding to the dtype.
 DTYPE, TOL = (torch.bfloat16, 5e-3) if DEVICE == "cuda" else (torch.float32, 1e-5)
 
 
@@ -28,18 +28,6 @@ def test_strided_rows_are_read_correctly():
     out = skinny_linear(x.to(DEVICE), w.to(DEVICE), block_k=64).cpu()
     ref = F.linear(x.double(), w.double())
     assert ((out.double() - ref).norm() / ref.norm()).item() < TOL
-
-
-def test_applies_only_to_few_half_precision_rows_without_bias_or_grad():
-    w = torch.zeros(8, 4, dtype=torch.bfloat16)
-    with torch.inference_mode():
-        assert skinny_applies(torch.zeros(16, 4, dtype=torch.bfloat16), w, None)
-        assert not skinny_applies(torch.zeros(17, 4, dtype=torch.bfloat16), w, None)
-        assert not skinny_applies(torch.zeros(2, 4), w.float(), None)
-        assert not skinny_applies(
-            torch.zeros(2, 4, dtype=torch.bfloat16), w, torch.zeros(8, dtype=torch.bfloat16)
-        )
-    assert not skinny_applies(torch.zeros(2, 4, dtype=torch.bfloat16), w, None)  # autograd on
 
 
 @pytest.mark.gpu
