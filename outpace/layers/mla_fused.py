@@ -262,7 +262,8 @@ def _q_absorb_kernel(
     PE_PARTS: tl.constexpr,
     PE_CHUNK: tl.constexpr,  # rotation pairs a q_pe program
     BLOCK_NC: tl.constexpr,
-    BLOCK_HP: tl.constexpr,
+    BLOCK_HP: tl.constexpr,  # a q_pe program's pairs
+    BLOCK_KP: tl.constexpr,  # all of k_pe's pairs (the kv rows' program)
     BLOCK_R: tl.constexpr,
     BLOCK_SQ: tl.constexpr,
     BR: tl.constexpr,
@@ -299,7 +300,7 @@ def _q_absorb_kernel(
             R,
             P,
             BLOCK_R,
-            BLOCK_HP,
+            BLOCK_KP,
             INTERLEAVED,
         )
     else:
@@ -524,6 +525,7 @@ def mla_forward_fused(
         PE_CHUNK=pe_chunk,
         BLOCK_NC=block_nc,
         BLOCK_HP=block_hp,
+        BLOCK_KP=max(16, triton.next_power_of_2(s.qk_rope_head_dim // 2)),
         BLOCK_R=block_r,
         BLOCK_SQ=max(2, triton.next_power_of_2(q_sq.shape[0])),
         BR=min(block_r, 64 if fp32 else 128),

@@ -150,6 +150,25 @@ def test_fused_block_equals_the_eager_layer(
 
 
 @cpu_only
+def test_q_pe_in_parts_and_the_whole_k_pe_written(fused_calls, monkeypatch):
+    """Rope 64 (32 rotation pairs, more than a q_pe program's 16-wide tile): q_pe in eight parts of 4 pairs, and
+    the kv rows' program still rotates and writes all 32 pairs of k_pe."""
+    monkeypatch.setattr(mla_fused, "num_sms", lambda device: 12)
+    assert mla_fused.q_parts(2, 32, 64, torch.device("cpu")) == (4, 8)
+    layer = make_layer(MLAShape(48, 2, None, 20, 32, 64, 8, scale=0.3), True, "cpu")
+    g = torch.Generator().manual_seed(3)
+    meta, num_blocks = make_meta("chain4", 5, g, "cpu")
+    x = torch.randn(meta.slot_mapping.shape[0], 48, generator=g)
+    cache_init = torch.randn(num_blocks, 5, 1, 84, generator=g)
+    args = (meta, num_blocks, 5, x, positions_of(meta), cache_init)
+    out, cache = run(layer, "triton", *args)
+    assert len(fused_calls) == 1
+    ref_out, ref_cache = run(layer, "torch", *args)
+    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+
+
+@cpu_only
 def test_half_precision(fused_calls):
     """The half-precision code path (the kernels' casts and stores; Triton's interpreter computes fp16
     dots, not bf16 ones) against the eager layer in float32."""
