@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from outpace.attention.context import batch_invariant, get_forward_context
 from outpace.attention.kv_quant import dequantize, store
@@ -48,7 +49,7 @@ from outpace.distributed.sharding import split_evenly
 from outpace.layers.fused_decoder import fusable_rows
 from outpace.layers.linear import column_parallel, is_sharded, linear, row_parallel
 from outpace.layers.norm import RMSNorm
-from outpace.layers.quant.linear import is_quantized
+from outpace.layers.quant.linear import Fp8Block, is_quantized
 from outpace.layers.rotary import RotaryEmbedding
 
 
@@ -69,6 +70,19 @@ class MLAShape:
         """Queries per sequence from which the expanded form costs fewer multiplies (module docstring)."""
         r, nope, v = self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim
         return math.ceil(r * (nope + v) / (2 * r - nope - v)) if 2 * r > nope + v else math.inf
+
+
+def fused_weight_format(proj: nn.Module, dtype: torch.dtype) -> str | None:
+    """How layers/mla_fused.py's kernels read projection ``proj``'s weight for rows of ``dtype``: "none"
+    (a contiguous weight of that dtype), "fp8_block" (block FP8 whose scale blocks span a power of two
+    >= 16 columns, so that each K step of the kernels, a power of two, lies in one scale column: the
+    published checkpoints' 128 x 128), or None: they cannot."""
+    if not is_quantized(proj):
+        return "none" if proj.weight.dtype == dtype and proj.weight.is_contiguous() else None
+    block_k = proj.format.scheme.block[1] if isinstance(proj.format, Fp8Block) else 0
+    if block_k >= 16 and block_k & (block_k - 1) == 0 and proj.stored_weight.is_contiguous():
+        return proj.format.scheme.method
+    return None
 
 
 # transformers builds q_a_layernorm and kv_a_layernorm as DeepseekV3RMSNorm(rank): its default eps, not the config's.
@@ -180,7 +194,14 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         """Whether layers/mla_fused.py computes this forward over x [num_tokens, hidden] (when ``fused``):
         few rows of half precision on the GPU (``fusable_rows``), not in batch-invariant mode (its kernels
         hold one tile of 16 rows and attend on their own), the absorbed form under the Triton backend over a
-        contiguous cache, and whole (unsharded) weights without biases."""
+        contiguous cache, and whole (unsharded) weights without biases.
+
+        Quantized projections: the two fused kernels read q_a_proj, kv_a_proj_with_mqa and q_b_proj (or
+        q_proj) themselves, as stored in x's dtype or in block FP8 (``fused_weight_format``); any other
+        format of these (per-tensor FP8, INT4 groups) takes the eager path, whose projections have kernels
+        of their own. kv_b_proj and o_proj may be stored in any format: the fused block reads W_UK and W_UV
+        through ``up_weights`` (a quantized kv_b_proj dequantized once after loading, as the eager path
+        reads it) and calls o_proj as a module (the few-row quantized kernel for a quantized one)."""
         ctx = get_forward_context()
         meta = ctx.metadata
         return (
@@ -190,12 +211,19 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and ctx.backend.name == "triton"
             and not self.shape.bias
             and not is_sharded(self.o_proj)
-            and not any(is_quantized(m) for m in self.children())
+            and all(fused_weight_format(p, x.dtype) for p in self.fused_projections())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()
             and not batch_invariant()
-            and fusable_rows(x, self.kv_a_proj_with_mqa.weight)
+            # the norm's weight, in the model's dtype: the rows' dtype checked against it
+            and fusable_rows(x, self.kv_a_layernorm.weight)
         )
+
+    def fused_projections(self) -> tuple[nn.Module, ...]:
+        """The projections whose weights layers/mla_fused.py's kernels read as stored."""
+        if self.shape.q_lora_rank is None:
+            return (self.q_proj, self.kv_a_proj_with_mqa)
+        return (self.q_a_proj, self.q_b_proj, self.kv_a_proj_with_mqa)
 
     def pack_rows(self) -> None:
         """After loading (layers/decoder.py ``pack_projections``): a kv_b_proj stored quantized is dequantized

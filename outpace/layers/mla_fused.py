@@ -17,6 +17,14 @@ path; tests/kernels/test_mla_fused.py counts both on the GPU).
    then the merge of the splits with each head's W_UV applied to its attended latent.
 5. o_proj (layers/linear.py: the few-row projection kernel on CUDA).
 
+Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 read q_a_proj,
+kv_a_proj_with_mqa and q_b_proj (or q_proj) in their stored float8 bytes, each weight's format a
+compile-time fact, and dequantize a tile in registers to the rows' dtype, times its block's scale (the
+few-row FP8 projections' ``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most
+one scale block's columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after
+loading, as the eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the
+same five launches. Which formats the kernels take: layers/mla.py ``fuses``.
+
 Kernels 1 and 2 launch with programmatic dependent launch on Hopper (layers/pdl.py): their programs
 start while the kernel before drains, prefetch their first weight columns into L2, then wait.
 
@@ -29,7 +37,7 @@ mode. With TRITON_INTERPRET=1 the kernels run on CPU tensors in float32 (tests).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -38,12 +46,12 @@ import triton.language as tl
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
 from outpace.attention.triton_kernels import fp8_rows
+from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.quant.linear import is_quantized
+from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
-
-if TYPE_CHECKING:
-    from outpace.layers.mla import MultiHeadLatentAttention
 
 # outputs a program of the down projections: 132 programs at DeepSeek-V3's 1536 + 576
 _DOWN_OUTS = 16
@@ -62,37 +70,59 @@ def _rows_dot(
     w_rows,
     w_ok,  # [BN]: the weight rows this tile computes
     stride_wn,
+    s_ptr,  # FORMAT "fp8_block": the weight's scales [ceil(N / SCALE_BN), ceil(K / SCALE_BK)]
+    stride_sn,
+    stride_sk,
     K,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
+    FORMAT: tl.constexpr,  # "none" (x's dtype) or "fp8_block"
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,  # (fp8_block: BK divides it)
 ):
-    """x[rows] @ w[w_rows].T over K columns -> [BM, BN] float32 (masked rows and weight rows give 0)."""
+    """x[rows] @ w[w_rows].T over K columns -> [BM, BN] float32 (masked rows and weight rows give 0); a
+    block FP8 weight dequantized in registers to x's dtype (layers/quant/quant_matmul_kernel.py
+    ``weight_tile``, as the few-row FP8 projections read theirs)."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    w_row_ptrs = w_ptr + w_rows.to(tl.int64)[:, None] * stride_wn  # [BN, 1]
+    s_row_ptrs = scale_rows(s_ptr, w_rows, stride_sn, FORMAT, SCALE_BN)  # [BN, 1]
     ks = tl.arange(0, BK)
     for k0 in range(0, K, BK):
         kk = k0 + ks
-        k_ok = kk < K
         x = tl.load(
             x_ptr + rows[:, None] * stride_xm + kk[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
+            mask=row_ok[:, None] & (kk < K)[None, :],
             other=0.0,
         )  # [BM, BK]
-        w = tl.load(
-            w_ptr + w_rows[:, None] * stride_wn + kk[None, :],
-            mask=w_ok[:, None] & k_ok[None, :],
-            other=0.0,
+        w = weight_tile(
+            w_row_ptrs,
+            s_row_ptrs,
+            k0,
+            K,
+            w_ok,
+            stride_sk,
+            FORMAT,
+            SCALE_BK,
+            BK,
+            x_ptr.dtype.element_ty,
         )  # [BN, BK]
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, w_rows, w_ok, stride_wn, K, PREFETCH_K: tl.constexpr):
-    """Brings the first PREFETCH_K columns of weight rows ``w_rows`` [BN] (``w_ok``) into L2: what a
-    program reads first, asked for before it waits on the previous kernel (layers/pdl.py)."""
-    lines = tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128-byte line
+def _prefetch_rows(
+    w_ptr, w_rows, w_ok, stride_wn, K, PREFETCH_K: tl.constexpr, FORMAT: tl.constexpr
+):
+    """Brings the first PREFETCH_K // 64 lines of 128 bytes of weight rows ``w_rows`` [BN] (``w_ok``)
+    into L2 (PREFETCH_K bf16 columns, twice as many fp8 ones): what a program reads first, asked for
+    before it waits on the previous kernel (layers/pdl.py)."""
+    if FORMAT == "fp8_block":
+        lines = tl.arange(0, PREFETCH_K // 64) * 128  # one fp8 element per line
+    else:
+        lines = tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per line
     lines = tl.where(lines < K, lines, 0)[None, :]  # never past a row's end
     prefetch_l2(w_ptr + tl.where(w_ok, w_rows, 0)[:, None] * stride_wn + lines)
 
@@ -122,6 +152,8 @@ def _down_kernel(
     x_ptr,  # [M, K]: the normalised layer input
     wq_ptr,  # [QR, K] q_a_proj
     wkv_ptr,  # [KV, K] kv_a_proj_with_mqa, KV = R + P
+    wq_scale_ptr,  # Q_FORMAT "fp8_block": q_a_proj's scales (_rows_dot)
+    wkv_scale_ptr,  # KV_FORMAT "fp8_block": kv_a_proj_with_mqa's
     q_norm_ptr,  # [QR] q_a_layernorm's weight
     q_normed_ptr,  # [M, QR] out: q_a * q_norm
     q_sq_ptr,  # [q_programs, M] float32 out: each q program's sums of q_a^2
@@ -134,12 +166,20 @@ def _down_kernel(
     stride_xm,
     stride_wq,
     stride_wkv,
+    stride_wq_sn,
+    stride_wq_sk,
+    stride_wkv_sn,
+    stride_wkv_sk,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_K: tl.constexpr,
+    Q_FORMAT: tl.constexpr,  # "none" or "fp8_block", each weight its own
+    KV_FORMAT: tl.constexpr,
+    SCALE_BN: tl.constexpr,  # a scale's block (fp8_block: the checkpoint's weight_block_size)
+    SCALE_BK: tl.constexpr,
 ):
     """Programs 0 .. q_programs - 1: BN outputs of q_a each; the rest: BN outputs of kv_a each."""
     pid = tl.program_id(0)
@@ -149,10 +189,28 @@ def _down_kernel(
         cols = pid * BN + tl.arange(0, BN)
         ok = cols < QR
         if PDL:
-            _prefetch_rows(wq_ptr, cols, ok, stride_wq, K, PREFETCH_K)
+            _prefetch_rows(wq_ptr, cols, ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
         pdl_enter(PDL)
         acc = _rows_dot(
-            x_ptr, stride_xm, rows, row_ok, wq_ptr, cols, ok, stride_wq, K, BM, BN, BK, PRECISION
+            x_ptr,
+            stride_xm,
+            rows,
+            row_ok,
+            wq_ptr,
+            cols,
+            ok,
+            stride_wq,
+            wq_scale_ptr,
+            stride_wq_sn,
+            stride_wq_sk,
+            K,
+            BM,
+            BN,
+            BK,
+            PRECISION,
+            Q_FORMAT,
+            SCALE_BN,
+            SCALE_BK,
         )  # [BM, BN]; 0 in masked columns
         w = tl.load(q_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(
@@ -165,10 +223,28 @@ def _down_kernel(
         cols = (pid - q_programs) * BN + tl.arange(0, BN)
         ok = cols < KV
         if PDL:
-            _prefetch_rows(wkv_ptr, cols, ok, stride_wkv, K, PREFETCH_K)
+            _prefetch_rows(wkv_ptr, cols, ok, stride_wkv, K, PREFETCH_K, KV_FORMAT)
         pdl_enter(PDL)
         acc = _rows_dot(
-            x_ptr, stride_xm, rows, row_ok, wkv_ptr, cols, ok, stride_wkv, K, BM, BN, BK, PRECISION
+            x_ptr,
+            stride_xm,
+            rows,
+            row_ok,
+            wkv_ptr,
+            cols,
+            ok,
+            stride_wkv,
+            wkv_scale_ptr,
+            stride_wkv_sn,
+            stride_wkv_sk,
+            K,
+            BM,
+            BN,
+            BK,
+            PRECISION,
+            KV_FORMAT,
+            SCALE_BN,
+            SCALE_BK,
         )
         tl.store(
             kv_raw_ptr + rows[:, None] * KV + cols[None, :],
@@ -232,7 +308,8 @@ def _q_absorb_kernel(
     x_ptr,  # [M, K]: q_a * q_norm (SCALE_ROWS), or the normalised layer input (q_proj)
     sq_ptr,  # [num_sq_parts, M] float32: sums of q_a^2 (SCALE_ROWS)
     wq_ptr,  # [HEADS * (NOPE + P), K]: q_b_proj or q_proj
-    wkvb_ptr,  # [HEADS * (NOPE + V), R]: kv_b_proj (W_UK: the first NOPE rows of each head's)
+    wq_scale_ptr,  # Q_FORMAT "fp8_block": its scales (_rows_dot)
+    w_uk_ptr,  # [HEADS, NOPE, R] (strides stride_uk_head, stride_uk_row, 1): W_UK (mla.py up_weights)
     kv_raw_ptr,
     kv_norm_ptr,
     cache_ptr,
@@ -250,13 +327,15 @@ def _q_absorb_kernel(
     kv_eps,
     stride_xm,
     stride_wq,
-    stride_wkvb,
+    stride_wq_sn,
+    stride_wq_sk,
+    stride_uk_head,
+    stride_uk_row,
     stride_cache_slot,
     HEADS: tl.constexpr,
     NOPE: tl.constexpr,
     P: tl.constexpr,
     R: tl.constexpr,
-    V: tl.constexpr,
     Q_PARTS: tl.constexpr,
     NOPE_CHUNK: tl.constexpr,
     PE_PARTS: tl.constexpr,
@@ -274,6 +353,9 @@ def _q_absorb_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_K: tl.constexpr,
+    Q_FORMAT: tl.constexpr,  # "none" or "fp8_block"
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
 ):
     """Program h * (Q_PARTS + PE_PARTS) + c of head h: c < Q_PARTS, part c of the query latent (q_nope's
     columns c * NOPE_CHUNK ... times their rows of W_UK); else part c - Q_PARTS of the head's rotated q_pe
@@ -315,10 +397,12 @@ def _q_absorb_kernel(
         col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
         if PDL:
             if c < Q_PARTS:
-                _prefetch_rows(wq_ptr, head_row + j, j_ok, stride_wq, K, PREFETCH_K)
+                _prefetch_rows(wq_ptr, head_row + j, j_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
             else:
-                _prefetch_rows(wq_ptr, head_row + NOPE + col_a, pair_ok, stride_wq, K, PREFETCH_K)
-                _prefetch_rows(wq_ptr, head_row + NOPE + col_b, pair_ok, stride_wq, K, PREFETCH_K)
+                a_rows = head_row + NOPE + col_a
+                b_rows = head_row + NOPE + col_b
+                _prefetch_rows(wq_ptr, a_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
+                _prefetch_rows(wq_ptr, b_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
         pdl_enter(PDL)
         if SCALE_ROWS:
             parts = tl.arange(0, BLOCK_SQ)
@@ -340,14 +424,20 @@ def _q_absorb_kernel(
                 head_row + j,
                 j_ok,
                 stride_wq,
+                wq_scale_ptr,
+                stride_wq_sn,
+                stride_wq_sk,
                 K,
                 BM,
                 BLOCK_NC,
                 BK,
                 PRECISION,
+                Q_FORMAT,
+                SCALE_BN,
+                SCALE_BK,
             )
-            q_nope = (q_nope * rstd).to(wkvb_ptr.dtype.element_ty)  # [BM, BLOCK_NC]
-            w_uk_rows = wkvb_ptr + (head * (NOPE + V) + j)[:, None] * stride_wkvb
+            q_nope = (q_nope * rstd).to(w_uk_ptr.dtype.element_ty)  # [BM, BLOCK_NC]
+            w_uk_rows = w_uk_ptr + head * stride_uk_head + j[:, None] * stride_uk_row
             part_dst = q_parts_ptr + ((c * M + rows) * HEADS + head)[:, None] * R
             for r0 in range(0, R, BR):
                 rr = r0 + tl.arange(0, BR)
@@ -371,11 +461,17 @@ def _q_absorb_kernel(
                 head_row + NOPE + col_a,
                 pair_ok,
                 stride_wq,
+                wq_scale_ptr,
+                stride_wq_sn,
+                stride_wq_sk,
                 K,
                 BM,
                 BLOCK_HP,
                 BK,
                 PRECISION,
+                Q_FORMAT,
+                SCALE_BN,
+                SCALE_BK,
             )
             b = _rows_dot(
                 x_ptr,
@@ -386,11 +482,17 @@ def _q_absorb_kernel(
                 head_row + NOPE + col_b,
                 pair_ok,
                 stride_wq,
+                wq_scale_ptr,
+                stride_wq_sn,
+                stride_wq_sk,
                 K,
                 BM,
                 BLOCK_HP,
                 BK,
                 PRECISION,
+                Q_FORMAT,
+                SCALE_BN,
+                SCALE_BK,
             )
             a, b = _rotate(
                 a * rstd, b * rstd, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2
@@ -428,6 +530,43 @@ def _prefetch_k(k: int) -> int:
     return max(64, min(_PREFETCH_K, triton.next_power_of_2(k)))
 
 
+@dataclass(frozen=True)
+class _Operand:
+    """A projection's weight as ``_rows_dot`` reads it."""
+
+    weight: torch.Tensor  # [N, K]: x's dtype, or float8_e4m3fn
+    scale: torch.Tensor  # "fp8_block": [ceil(N / bn), ceil(K / bk)]; "none": the weight (not read)
+    format: str  # layers/mla.py ``fused_weight_format``: "none" or "fp8_block"
+    block: tuple[int, int] | None  # "fp8_block": (bn, bk), the rows and columns a scale covers
+
+    def scale_strides(self) -> tuple[int, int]:
+        return self.scale.stride(0), self.scale.stride(1)
+
+
+def _operand(proj: torch.nn.Module, dtype: torch.dtype) -> _Operand:
+    fmt = fused_weight_format(proj, dtype)
+    if fmt is None:
+        raise ValueError(f"the fused MLA kernels cannot read {proj} for rows of {dtype}")
+    if not is_quantized(proj):
+        return _Operand(proj.weight, proj.weight, fmt, None)
+    return _Operand(proj.stored_weight, proj.scale, fmt, proj.format.scheme.block)
+
+
+def _scale_block(*operands: _Operand) -> tuple[int, int] | None:
+    """The scale block of a kernel's quantized operands (one checkpoint's ``weight_block_size``, shared:
+    the kernel takes one), None where none is quantized."""
+    blocks = {o.block for o in operands if o.block is not None}
+    if len(blocks) > 1:
+        raise ValueError(f"the fused MLA kernels take one scale block, not {sorted(blocks)}")
+    return blocks.pop() if blocks else None
+
+
+def _block_k_within(block_k: int, block: tuple[int, int] | None) -> int:
+    """``block_k`` (a power of two), cut to the scale block's columns (a power of two, ``fuses``) so that
+    each K step lies in one scale column (``weight_tile``)."""
+    return block_k if block is None else min(block_k, block[1])
+
+
 def mla_forward_fused(
     layer: MultiHeadLatentAttention,
     positions: torch.Tensor,
@@ -442,23 +581,27 @@ def mla_forward_fused(
     x = x if x.stride(1) == 1 else x.contiguous()
     precision = "ieee" if fp32 else "tf32"
     kv_width = s.kv_lora_rank + s.qk_rope_head_dim
-    w_kv = layer.kv_a_proj_with_mqa.weight
+    w_kv = _operand(layer.kv_a_proj_with_mqa, x.dtype)
     kv_raw = torch.empty(m, kv_width, dtype=torch.float32, device=device)
     if s.q_lora_rank is None:
-        q_programs, w_down_q, q_norm, w_q = 0, w_kv, w_kv, layer.q_proj.weight
+        q_programs, w_down_q, q_norm, w_q = 0, w_kv, x, _operand(layer.q_proj, x.dtype)
         q_normed, q_sq, q_in, eps = x, kv_raw, x, 0.0  # unused by the kernels
     else:
         q_programs = triton.cdiv(s.q_lora_rank, _DOWN_OUTS)
-        w_down_q, q_norm = layer.q_a_proj.weight, layer.q_a_layernorm.weight
-        w_q, eps = layer.q_b_proj.weight, layer.q_a_layernorm.eps
+        w_down_q = _operand(layer.q_a_proj, x.dtype)
+        q_norm = layer.q_a_layernorm.weight
+        w_q, eps = _operand(layer.q_b_proj, x.dtype), layer.q_a_layernorm.eps
         q_normed = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
         q_sq = torch.empty(q_programs, m, dtype=torch.float32, device=device)
         q_in = q_normed
     pdl = pdl_available(device)
+    down_block = _scale_block(w_down_q, w_kv)
     _down_kernel[(q_programs + triton.cdiv(kv_width, _DOWN_OUTS),)](
         x,
-        w_down_q,
-        w_kv,
+        w_down_q.weight,
+        w_kv.weight,
+        w_down_q.scale,
+        w_kv.scale,
         q_norm,
         q_normed,
         q_sq,
@@ -469,14 +612,20 @@ def mla_forward_fused(
         kv_width,
         q_programs,
         x.stride(0),
-        w_down_q.stride(0),
-        w_kv.stride(0),
+        w_down_q.weight.stride(0),
+        w_kv.weight.stride(0),
+        *w_down_q.scale_strides(),
+        *w_kv.scale_strides(),
         BM=MAX_ROWS,
         BN=_DOWN_OUTS,
-        BK=_block_k(_DOWN_OUTS, fp32),
+        BK=_block_k_within(_block_k(_DOWN_OUTS, fp32), down_block),
         PRECISION=precision,
         PDL=pdl,
         PREFETCH_K=_prefetch_k(x.shape[1]),
+        Q_FORMAT=w_down_q.format,
+        KV_FORMAT=w_kv.format,
+        SCALE_BN=(down_block or (1, 1))[0],
+        SCALE_BK=(down_block or (1, 1))[1],
         num_warps=4,
         num_stages=4,
         **pdl_launch_options(pdl),
@@ -489,12 +638,16 @@ def mla_forward_fused(
     block_r = max(16, triton.next_power_of_2(s.kv_lora_rank))
     q_latent = torch.empty(parts, m, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=device)
     q_pe = torch.empty(m, s.num_heads, s.qk_rope_head_dim, dtype=x.dtype, device=device)
-    w_kvb, cache = layer.kv_b_proj.weight, layer.cache_rows.view(-1, kv_width)
+    cache = layer.cache_rows.view(-1, kv_width)
+    w_uk, w_uv = layer.up_weights()  # [heads, nope, R], [heads, v_head_dim, R]: bf16 (a quantized
+    # kv_b_proj's copy dequantized after loading, layers/mla.py ``pack_rows``)
+    q_block = _scale_block(w_q)
     _q_absorb_kernel[(s.num_heads * (parts + pe_parts) + 1,)](
         q_in,
         q_sq,
-        w_q,
-        w_kvb,
+        w_q.weight,
+        w_q.scale,
+        w_uk,
         kv_raw,
         layer.kv_a_layernorm.weight,
         cache,
@@ -511,14 +664,15 @@ def mla_forward_fused(
         eps,
         layer.kv_a_layernorm.eps,
         q_in.stride(0),
-        w_q.stride(0),
-        w_kvb.stride(0),
+        w_q.weight.stride(0),
+        *w_q.scale_strides(),
+        w_uk.stride(0),
+        w_uk.stride(1),
         cache.stride(0),
         HEADS=s.num_heads,
         NOPE=s.qk_nope_head_dim,
         P=s.qk_rope_head_dim,
         R=s.kv_lora_rank,
-        V=s.v_head_dim,
         Q_PARTS=parts,
         NOPE_CHUNK=nope_chunk,
         PE_PARTS=pe_parts,
@@ -530,17 +684,19 @@ def mla_forward_fused(
         BLOCK_SQ=max(2, triton.next_power_of_2(q_sq.shape[0])),
         BR=min(block_r, 64 if fp32 else 128),
         BM=MAX_ROWS,
-        BK=_block_k(max(block_nc, block_hp), fp32),
+        BK=_block_k_within(_block_k(max(block_nc, block_hp), fp32), q_block),
         SCALE_ROWS=s.q_lora_rank is not None,
         INTERLEAVED=layer.rotary.interleaved,
         PRECISION=precision,
         PDL=pdl,
         PREFETCH_K=_prefetch_k(q_in.shape[1]),
+        Q_FORMAT=w_q.format,
+        SCALE_BN=(q_block or (1, 1))[0],
+        SCALE_BK=(q_block or (1, 1))[1],
         num_warps=4,
         num_stages=3,
         **pdl_launch_options(pdl),
     )
-    _, w_uv = layer.up_weights()  # [heads, v_head_dim, R]
     attended = mla_attention_up(
         q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv, k_scale=layer.latent_scale()
     )  # [M, heads, v_head_dim]

@@ -2,9 +2,12 @@
 backend): in Triton's interpreter in float32 at odd shapes (kv_lora_rank 36, three heads, nope 6, rope 8,
 v 5, with and without a q_lora_rank, both RoPE layouts, one, two and four query-latent parts), for decode, verify
 chains of 2 to 8 tokens and tree masks over shuffled paged blocks of an odd size: the same output and the
-same latent cache; fp16 too; and the kernels compile for sm_90 (no GPU needed). On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
-V3's shapes against the eager layer in float32, and the block's kernel launches and time (``-s`` prints
-them)."""
+same latent cache; fp16 too; every projection in block FP8 (128 x 128 scales over weights of whole and
+partial blocks), where a scale divided instead of multiplied fails; which quantized formats fuse; and the
+kernels compile for sm_90, bf16 and FP8 weights (no GPU needed). On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
+V3's shapes against the eager layer in float32, block FP8 at DeepSeek-V2-Lite's and Kimi-K2's against the
+eager layer over the dequantized weights, and the block's kernel launches and time, bf16 and FP8 (``-s``
+prints them)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,11 @@ import outpace.layers.mla as mla_module
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.layers import mla_fused
+from outpace.layers.linear import linear
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
+from outpace.layers.quant import dequantize as dq
+from outpace.layers.quant.linear import FORMATS, is_quantized, quantized_like
+from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.skinny_gemm import MAX_ROWS
 
@@ -209,8 +216,139 @@ def test_the_eager_path_serves_what_the_fused_one_does_not(fused_calls, monkeypa
         assert not layer.fuses(x)
 
 
+# ---- block FP8 projections (DeepSeek-V3 and Kimi-K2 checkpoints: weight_block_size [128, 128]) ----------
+
+FP8 = QuantScheme(FP8_BLOCK, "test", block=(128, 128))
+# hidden 300: every down projection's K in two whole 128-column scale blocks and a partial one; q_lora_rank
+# 136: q_a's rows and q_b's columns a whole block and a partial one; three heads of nope 38 and rope 8:
+# q_b's (q_proj's) 138 rows, the last head across the edge of the two row blocks
+FP8_SHAPES = {
+    q_lora_rank: MLAShape(300, 3, q_lora_rank, 36, 38, 8, 5, scale=0.2)
+    for q_lora_rank in (None, 136)
+}
+
+
+def quantize_projections(
+    layer: MultiHeadLatentAttention,
+    seed: int,
+    scheme: QuantScheme = FP8,
+    names: tuple[str, ...] | None = None,
+    scale_dtype: torch.dtype = torch.float32,
+) -> MultiHeadLatentAttention:
+    """The projections ``names`` of ``layer`` (default: all) replaced by ``QuantizedLinear``s of ``scheme``
+    holding their weights (rows rescaled at random, so that the blocks' scales differ), kv_b_proj's
+    dequantized copy packed as after loading (layers/mla.py ``pack_rows``)."""
+    g = torch.Generator().manual_seed(seed)
+    fmt = FORMATS[scheme.method](scheme)
+    if names is None:
+        names = tuple(n for n, m in layer.named_children() if isinstance(m, torch.nn.Linear))
+    for name in names:
+        plain = getattr(layer, name)
+        w = plain.weight.detach().float().cpu()
+        w = w * (0.25 + 3 * torch.rand(w.shape[0], 1, generator=g))  # [out, in]
+        if scheme.method == FP8_BLOCK:
+            stored, scale = dq.quantize_fp8_block(w, scheme.block)
+        elif scheme.method == FP8_TENSOR:
+            stored, scale = dq.quantize_fp8_tensor(w)
+        else:
+            stored, scale = dq.quantize_int4_group(w, scheme.group)
+        quantized = quantized_like(plain, fmt, scale_dtype, name)
+        with torch.no_grad():
+            quantized.stored_weight.copy_(stored)
+            quantized.scale.copy_(scale.to(scale_dtype))
+        setattr(layer, name, quantized)
+    layer.pack_rows()
+    return layer
+
+
+def fp8_layer(q_lora_rank: int | None, device: str) -> MultiHeadLatentAttention:
+    """``FP8_SHAPES[q_lora_rank]``, every projection in block FP8 (bf16 scales without a q_lora_rank, as
+    some Qwen files store them; float32 with, as DeepSeek's)."""
+    layer = make_layer(FP8_SHAPES[q_lora_rank], q_lora_rank is None, device)
+    scale_dtype = torch.bfloat16 if q_lora_rank is None else torch.float32
+    return quantize_projections(layer, seed=q_lora_rank or 1, scale_dtype=scale_dtype)
+
+
+def fp8_case(q_lora_rank: int | None, layout: str):
+    """An FP8 layer and ``run``'s arguments after the backend: the layout over blocks of 5 rows."""
+    layer = fp8_layer(q_lora_rank, "cpu")
+    g = torch.Generator().manual_seed(len(layout))
+    meta, num_blocks = make_meta(layout, 5, g, "cpu")
+    x = torch.randn(meta.slot_mapping.shape[0], 300, generator=g)
+    cache_init = torch.randn(num_blocks, 5, 1, 44, generator=g)
+    return layer, (meta, num_blocks, 5, x, positions_of(meta), cache_init)
+
+
+@cpu_only
+@pytest.mark.parametrize("q_lora_rank", [None, 136])
+@pytest.mark.parametrize("layout, sms", [("decode", 4), ("chain5", 12), ("ragged_tree", 12)])
+def test_block_fp8_projections_equal_the_eager_layer(
+    q_lora_rank, layout, sms, fused_calls, monkeypatch
+):
+    """The kernels read q_a, kv_a and q_b (or q_proj) in block FP8, W_UK and W_UV from the dequantized
+    kv_b_proj, and o_proj runs as a module: the eager layer's output and latent cache (its projections
+    dequantized: only float32 summation orders differ). One query-latent part on the interpreter's 4
+    SMs, four on 12."""
+    monkeypatch.setattr(mla_fused, "num_sms", lambda device: sms)
+    layer, args = fp8_case(q_lora_rank, layout)
+    out, cache = run(layer, "triton", *args)
+    assert len(fused_calls) == 1
+    ref_out, ref_cache = run(layer, "torch", *args)
+    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+
+
+@cpu_only
+@pytest.mark.parametrize("q_lora_rank", [None, 136])
+def test_a_wrong_scale_convention_fails(q_lora_rank, fused_calls):
+    """The comparison above tells the conventions apart, for each projection the kernels read: scales
+    divided instead of multiplied (the reciprocal scales), or the last (partial) block's scale doubled,
+    make the fused block differ from the eager one."""
+    layer, args = fp8_case(q_lora_rank, "chain3")
+    ref_out, ref_cache = run(layer, "torch", *args)
+    for proj in layer.fused_projections():
+        right = proj.scale.clone()
+        corner = right.clone()
+        corner[-1, -1] *= 2
+        for wrong in (1 / right, corner):
+            proj.scale.copy_(wrong)
+            out, cache = run(layer, "triton", *args)
+            with pytest.raises(AssertionError):
+                torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+                torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+        proj.scale.copy_(right)
+    assert len(fused_calls) == 2 * len(layer.fused_projections())
+
+
+@cpu_only
+def test_fuses_reads_block_fp8_and_leaves_other_formats_to_the_eager_path(fused_calls):
+    """``fuses``: block FP8 q_a, q_b and kv_a (scale blocks of a power of two columns) fuse; per-tensor FP8
+    or INT4 on any of them, or block FP8 of 96 columns a block, take the eager path; kv_b_proj and o_proj
+    fuse in any format (read through ``up_weights`` and called as a module)."""
+    shape = MLAShape(64, 2, 32, 32, 8, 8, 16, scale=0.3)
+    int4 = QuantScheme(INT4_GROUP, "test", group=32)
+    cases = [
+        (FP8, None, True),
+        (QuantScheme(FP8_BLOCK, "test", block=(64, 32)), None, True),
+        (QuantScheme(FP8_BLOCK, "test", block=(128, 96)), ("kv_a_proj_with_mqa",), False),
+        (QuantScheme(FP8_TENSOR, "test"), ("q_a_proj",), False),
+        (int4, ("q_b_proj",), False),
+        (int4, ("kv_a_proj_with_mqa",), False),
+        (int4, ("kv_b_proj", "o_proj"), True),
+        (QuantScheme(FP8_TENSOR, "test"), ("kv_b_proj", "o_proj"), True),
+    ]
+    meta, num_blocks = make_meta("decode", 5, torch.Generator().manual_seed(0), "cpu")
+    x = torch.randn(4, 64)
+    for scheme, names, fuses in cases:
+        layer = quantize_projections(make_layer(shape, True, "cpu"), 0, scheme, names)
+        layer.bind_cache(num_blocks, 5, torch.float32, "cpu")
+        with torch.no_grad(), forward_context(meta, get_backend("triton")):
+            assert layer.fuses(x) == fuses, (scheme, names)
+
+
 # Compiled for sm_90 (Hopper) without a GPU: what Triton's interpreter does not check (one name bound to
-# two types in two branches, the PDL instructions). Kimi-K2's shape: q_lora_rank, two query-latent parts.
+# two types in two branches, the PDL instructions). Kimi-K2's shape: q_lora_rank, two query-latent parts;
+# the projections in bf16, in block FP8 (every one, and q_a alone beside a bf16 kv_a).
 _COMPILE_FOR_HOPPER = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -224,19 +362,27 @@ def compile_for_hopper(kernel, types, constants, num_warps, num_stages):
     options = {"num_warps": num_warps, "num_stages": num_stages}
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
-bf16 = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkv_ptr", "wkvb_ptr", "q_norm_ptr", "kv_norm_ptr",
+bf16 = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkv_ptr", "w_uk_ptr", "q_norm_ptr", "kv_norm_ptr",
         "q_normed_ptr", "cache_ptr", "q_parts_ptr", "q_pe_ptr", "up_ptr", "out_ptr")}
 fp32 = {n: "*fp32" for n in ("q_sq_ptr", "sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "part_acc_ptr",
-        "part_max_ptr", "part_sum_ptr")}
+        "part_max_ptr", "part_sum_ptr", "wq_scale_ptr", "wkv_scale_ptr")}
 types = {**bf16, **fp32, "eps": "fp32", "kv_eps": "fp32", "slot_ptr": "*i64", "pos_ptr": "*i64",
          "seq_index_ptr": "*i64", "query_index_ptr": "*i64", "seq_lens_ptr": "*i64",
          "query_lens_ptr": "*i64"}
-compile_for_hopper(mla_fused._down_kernel, types, dict(BM=16, BN=16, BK=256, PRECISION="tf32",
-                   PDL=True, PREFETCH_K=512), 4, 4)
-compile_for_hopper(mla_fused._q_absorb_kernel, types, dict(HEADS=64, NOPE=128, P=64, R=512, V=128,
-                   Q_PARTS=2, NOPE_CHUNK=64, BLOCK_NC=64, BLOCK_HP=32, BLOCK_R=512, BLOCK_SQ=128,
-                   BR=128, BM=16, BK=128, SCALE_ROWS=True, INTERLEAVED=True, PRECISION="tf32",
-                   PDL=True, PREFETCH_K=512), 4, 3)
+fp8 = {"none": "*bf16", "fp8_block": "*fp8e4nv"}
+scales = dict(SCALE_BN=128, SCALE_BK=128)
+for q_format, kv_format in [("none", "none"), ("fp8_block", "fp8_block"), ("fp8_block", "none")]:
+    down_types = {**types, "wq_ptr": fp8[q_format], "wkv_ptr": fp8[kv_format]}
+    bk = 256 if q_format == kv_format == "none" else 128  # (as mla_forward_fused picks it)
+    compile_for_hopper(mla_fused._down_kernel, down_types, dict(BM=16, BN=16, BK=bk, PRECISION="tf32",
+                       PDL=True, PREFETCH_K=512, Q_FORMAT=q_format, KV_FORMAT=kv_format, **scales), 4, 4)
+for q_format in ("none", "fp8_block"):
+    compile_for_hopper(mla_fused._q_absorb_kernel, {**types, "wq_ptr": fp8[q_format]}, dict(HEADS=64,
+                       NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32,
+                       BLOCK_NC=64, BLOCK_HP=32, BLOCK_KP=32,
+                       BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128, SCALE_ROWS=True,
+                       INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512,
+                       Q_FORMAT=q_format, **scales), 4, 3)
 compile_for_hopper(mla_kernels._combine_kernel, types, dict(HEADS=64, R=512, OUT=128, BLOCK_R=512,
                    CHUNK=64, BLOCK_T=16, BLOCK_M=32, BLOCK_N=32, HAS_MASK=True, UP=True,
                    PRECISION="tf32"), 4, 3)
@@ -303,17 +449,14 @@ def test_bf16_at_the_deepseek_shapes(name, layout, monkeypatch):
     assert _relative(cache, ref_cache) < 1e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="kernel launches and time on the GPU")
-@pytest.mark.parametrize("name", list(GPU_SHAPES))
-@pytest.mark.parametrize("layout", ["decode", *LONG_LAYOUTS])
-def test_block_launches_and_time(name, layout, monkeypatch):
+def _launches_and_time(layer, case, monkeypatch) -> dict[str, tuple[int, float]]:
     """Kernels one block launches (after the forward's first, which builds the token table), fused and
-    eager, and each one's time as a replayed CUDA graph (which computes what the forward did: the cache's
-    new rows are rewritten the same); ``pytest -s`` prints them."""
+    eager, and each one's time in us as a replayed CUDA graph (which computes what the forward did: the
+    cache's new rows are rewritten the same)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    layer, (meta, num_blocks, block_size, x, positions, cache_init) = _gpu_case(name, layout)
+    meta, num_blocks, block_size, x, positions, cache_init = case
     x = x.bfloat16()
     layer.bind_cache(num_blocks, block_size, torch.bfloat16, "cuda")
     layer.cache_rows.copy_(cache_init.bfloat16())
@@ -341,10 +484,76 @@ def test_block_launches_and_time(name, layout, monkeypatch):
         end.record()
         torch.cuda.synchronize()
         report[path] = (launches, start.elapsed_time(end) / 100 * 1000)
+    return report
+
+
+def _print_report(what: str, report: dict[str, tuple[int, float]]) -> None:
     print(
-        f"\nMLA block {name} {layout}: "
+        f"\nMLA block {what}: "
         + ", ".join(f"{p} {k} launches {us:.1f} us" for p, (k, us) in report.items())
     )
+
+
+@pytest.mark.skipif(not CUDA, reason="kernel launches and time on the GPU")
+@pytest.mark.parametrize("name", list(GPU_SHAPES))
+@pytest.mark.parametrize("layout", ["decode", *LONG_LAYOUTS])
+def test_block_launches_and_time(name, layout, monkeypatch):
+    """``_launches_and_time`` of the bf16 block; ``pytest -s`` prints them."""
+    layer, case = _gpu_case(name, layout)
+    report = _launches_and_time(layer, case, monkeypatch)
+    _print_report(f"{name} {layout}", report)
+    assert report["fused"][0] <= 5
+
+
+def dequantized_reference(layer: MultiHeadLatentAttention) -> MultiHeadLatentAttention:
+    """``layer`` in float32, each quantized projection a plain one holding its dequantized weight."""
+    reference = copy.deepcopy(layer)
+    for name, child in list(reference.named_children()):
+        if is_quantized(child):
+            with torch.device(child.scale.device):
+                plain = linear(child.in_features, child.out_features)
+            plain.weight.data = child.dequantized()
+            setattr(reference, name, plain)
+    reference.kv_b_dequantized = None
+    return reference.float()
+
+
+@pytest.mark.skipif(not CUDA, reason="block FP8 at the DeepSeek shapes: GPU only")
+@pytest.mark.parametrize("name", ["v2-lite", "kimi-k2"])
+@pytest.mark.parametrize("layout", ["decode", "chain4", "tree"])
+def test_block_fp8_at_the_deepseek_shapes(name, layout, monkeypatch):
+    """Every projection in block FP8 (128 x 128), the block in bf16 through the fused kernels, against the
+    eager layer in float32 over the dequantized weights."""
+    calls = []
+    real = mla_fused.mla_forward_fused
+    monkeypatch.setattr(mla_fused, "mla_forward_fused", lambda *a: calls.append(1) or real(*a))
+    layer, (meta, num_blocks, block_size, x, positions, cache_init) = _gpu_case(name, layout)
+    quantize_projections(layer, seed=7)
+    x = x.bfloat16()
+    out, cache = run(layer, "triton", meta, num_blocks, block_size, x, positions, cache_init)
+    assert calls == [1]
+    ref_out, ref_cache = run(
+        dequantized_reference(layer),
+        "torch",
+        meta,
+        num_blocks,
+        block_size,
+        x.float(),
+        positions,
+        cache_init,
+    )
+    assert _relative(out, ref_out) < 2e-2
+    assert _relative(cache, ref_cache) < 1e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="kernel launches and time on the GPU")
+@pytest.mark.parametrize("layout", ["decode", "long_chain4"])
+def test_block_fp8_launches_and_time(layout, monkeypatch):
+    """DeepSeek-V2-Lite's block in block FP8: five launches fused (o_proj the few-row FP8 kernel's one),
+    and the eager chain's count and time beside (``pytest -s`` prints them)."""
+    layer, case = _gpu_case("v2-lite", layout)
+    report = _launches_and_time(quantize_projections(layer, seed=7), case, monkeypatch)
+    _print_report(f"v2-lite block FP8 {layout}", report)
     assert report["fused"][0] <= 5
 
 
