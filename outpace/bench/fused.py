@@ -117,7 +117,7 @@ def run(m: int = 1) -> None:
         ):
             try:
                 best = min(
-                    best, (_us(lambda: fn((bn, bk, warps, stages))), (bn, bk, warps, stages))
+                    best, (_us(lambda: fn((bn, bk, warps, stages, None))), (bn, bk, warps, stages))
                 )
             except Exception as e:  # a config that does not compile (shared memory, registers)
                 print(f"  {type(e).__name__} for {(bn, bk, warps, stages)}")

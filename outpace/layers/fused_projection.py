@@ -563,6 +563,7 @@ def _launch_grid(
     device: torch.device,
     whole_heads: int = 1,
     outs: int | None = None,
+    max_block: int | None = None,
 ) -> _Grid:
     """The grid of a projection with ``n_out`` outputs: by default the outputs spread evenly over one
     program a streaming multiprocessor (``outs`` a program when given: benchmarks).
@@ -572,7 +573,7 @@ def _launch_grid(
     outputs, give or take one, in sub-tiles of at most 32 (64 for a wide plain projection: the LM
     head). Measured inside the captured 8B forward on the H100 (``bench/profile.py``): -0.06 ms a step
     at context 4096, within noise at 512; q/k/v itself was no faster on 128 programs than on 96."""
-    max_block = max(64 if _is_wide_plain(epilogue, weight_rows) else 32, whole_heads)
+    max_block = max(max_block or (64 if _is_wide_plain(epilogue, weight_rows) else 32), whole_heads)
     if outs is None:
         outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out))
     return _grid(n_out, outs, max_block, whole_heads)
@@ -591,7 +592,7 @@ def _launch(
     qkv: tuple | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     pdl: bool | None = None,
-    tiles: tuple[int, int, int, int] | None = None,
+    tiles: tuple[int | None, ...] | None = None,
     next_offset: float = 0.0,
     qk_offset: float = 0.0,
     v_norm: bool = False,
@@ -602,19 +603,17 @@ def _launch(
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
     ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap.
-    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages)."""
+    ``tiles`` (benchmarks): (outputs a program, BK, warps, stages, outputs a sub-tile at most), None for
+    the default of an entry."""
     if v_norm and qk_norm is None:
         raise ValueError("v_norm needs qk_norm (whole heads a sub-tile)")
     if act not in FUSED_ACTIVATIONS:
         raise ValueError(f"no fused gate activation {act!r}")
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    outs, block_k, num_warps, num_stages = tiles or (
-        None,
-        256,
-        4,
-        _stages(epilogue, weight.shape[0]),
-    )
+    outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
+    block_k, num_warps = block_k or 256, num_warps or 4
+    num_stages = num_stages or _stages(epilogue, weight.shape[0])
     if tiles is None and qk_norm is not None and half > 32:
         block_k, num_stages = (
             128,
@@ -623,7 +622,13 @@ def _launch(
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
     grid = _launch_grid(
-        n_out, epilogue, weight.shape[0], x.device, half if qk_norm is not None else 1, outs
+        n_out,
+        epilogue,
+        weight.shape[0],
+        x.device,
+        half if qk_norm is not None else 1,
+        outs,
+        max_block,
     )
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
@@ -849,7 +854,7 @@ def norm_project(
     weight: torch.Tensor,
     out_dtype: torch.dtype | None = None,
     pdl: bool | None = None,
-    tiles: tuple[int, int, int, int] | None = None,
+    tiles: tuple[int | None, ...] | None = None,
     out: torch.Tensor | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -882,7 +887,7 @@ def norm_project_swiglu(
     eps: float,
     gate_up: torch.Tensor,
     pdl: bool | None = None,
-    tiles: tuple[int, int, int, int] | None = None,
+    tiles: tuple[int | None, ...] | None = None,
     act: str = "silu",
 ) -> torch.Tensor:
     """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where
@@ -917,7 +922,7 @@ def norm_project_qkv(
     slot_mapping: torch.Tensor,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     pdl: bool | None = None,
-    tiles: tuple[int, int, int, int] | None = None,
+    tiles: tuple[int | None, ...] | None = None,
     qk_offset: float = 0.0,
     v_norm: bool = False,
 ) -> torch.Tensor:

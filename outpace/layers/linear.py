@@ -34,9 +34,9 @@ def project(
 ) -> torch.Tensor:
     """x [..., in] -> [..., out]. On CUDA: the batch-invariant kernel in that mode; for few rows
     (bf16/fp16 decode and small verify batches) the fused projections' plain kernel, which streams the
-    weights once over one program an SM (layers/fused_projection.py ``project_rows``: at the families'
-    narrow shapes, 2048 outputs of Qwen3-Next's out_proj, the skinny kernel's fixed 32-column tiles left
-    half the SMs idle); F.linear otherwise."""
+    weights once over one program an SM (layers/fused_projection.py ``project_rows``: one few-row kernel on
+    the normal path, within 10% of the batch-invariant mode's skinny kernel either way at the families'
+    shapes, benchmarks/results/gpu_2026-11-29f call 1); F.linear otherwise."""
     if batch_invariant():
         if not x.is_cuda:
             return project_rows_alone(x, weight, bias)
