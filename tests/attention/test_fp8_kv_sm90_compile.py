@@ -78,13 +78,15 @@ build(mk._mla_kernel,
       dict(HEADS=128, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=32, BLOCK_N=32,
            Q_PARTS=1, PARTIALS=True, HAS_MASK=True, PRECISION="tf32", KV_SCALED=True),
       "mla v3", num_warps=8, num_stages=2)
-fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkvb_ptr", "kv_norm_ptr", "q_parts_ptr", "q_pe_ptr")}
+fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
+                                "q_pe_ptr")}
 fused.update({n: "*fp32" for n in ("sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "k_scale_ptr")})
 build(mla_fused._q_absorb_kernel,
       dict(fused, cache_ptr=fp8, slot_ptr="*i64", pos_ptr="*i64", eps="fp32", kv_eps="fp32"),
-      dict(HEADS=64, NOPE=128, P=64, R=512, V=128, Q_PARTS=2, NOPE_CHUNK=64, BLOCK_NC=64, BLOCK_HP=32,
-           BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128, SCALE_ROWS=True, INTERLEAVED=True,
-           PRECISION="tf32", PDL=True, PREFETCH_K=512),
+      dict(HEADS=64, NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32, BLOCK_NC=64,
+           BLOCK_HP=32, BLOCK_KP=32, BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128, SCALE_ROWS=True,
+           INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT="none", SCALE_BN=1,
+           SCALE_BK=1),
       "fused mla q/kv (kimi-k2)", num_warps=4, num_stages=3)
 """
 
