@@ -77,6 +77,12 @@ _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiti
 paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
 qkv_stages = 4  # 120 KB
 plain_stages = 6  # o_proj, down_proj: 120 KB
+# A plain projection's outputs a program up to which they stream as one sub-tile (each sub-tile is a new software
+# pipeline over K: the H200's in-step times, benchmarks/scripts/plain_tiles.py, gpu_2026-11-29f call 3: Qwen3-Next's
+# in_proj_qkvz, 94 outputs a program, 15.3 us as one 128-wide sub-tile against 19.1 as three of 32; DeepSeek-V3's
+# o_proj, 55 outputs, 55.7 us against 65.3), with fewer stages than 32-wide ones (64 KB a stage at 128 x 256).
+plain_sub_tile = 128
+wide_sub_tile_stages = 4
 
 
 @dataclass
@@ -549,11 +555,19 @@ def _is_wide_plain(epilogue: int, weight_rows: int) -> bool:
     return epilogue == _PLAIN.value and weight_rows >= 16384
 
 
-def _stages(epilogue: int, weight_rows: int) -> int:
+def _stages(epilogue: int, weight_rows: int, block_n: int) -> int:
     """The weight stream's pipeline stages for this projection (the module's stage settings)."""
     if epilogue == _PLAIN.value and not _is_wide_plain(epilogue, weight_rows):
-        return plain_stages
+        return plain_stages if block_n <= 32 else wide_sub_tile_stages
     return qkv_stages if epilogue == _QKV.value else paired_stages
+
+
+def _max_block(epilogue: int, weight_rows: int) -> int:
+    """Outputs a sub-tile at most: 64 for a plain projection as wide as an LM head, ``plain_sub_tile`` for
+    another plain one, 32 for the paired epilogues (two weight tiles a step)."""
+    if _is_wide_plain(epilogue, weight_rows):
+        return 64
+    return plain_sub_tile if epilogue == _PLAIN.value else 32
 
 
 def _launch_grid(
@@ -570,10 +584,9 @@ def _launch_grid(
 
     A grid of power-of-two tiles leaves SMs idle (q/k/v: 96 programs of 32 pairs on 132 SMs) or ends
     in a partial wave (gate/up: 448 programs, 3.4 an SM). Here every program gets the same number of
-    outputs, give or take one, in sub-tiles of at most 32 (64 for a wide plain projection: the LM
-    head). Measured inside the captured 8B forward on the H100 (``bench/profile.py``): -0.06 ms a step
+    outputs, give or take one, in sub-tiles of at most ``_max_block``. Measured inside the captured 8B forward on the H100 (``bench/profile.py``): -0.06 ms a step
     at context 4096, within noise at 512; q/k/v itself was no faster on 128 programs than on 96."""
-    max_block = max(max_block or (64 if _is_wide_plain(epilogue, weight_rows) else 32), whole_heads)
+    max_block = max(max_block or _max_block(epilogue, weight_rows), whole_heads)
     if outs is None:
         outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out))
     return _grid(n_out, outs, max_block, whole_heads)
@@ -612,15 +625,6 @@ def _launch(
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
     outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
-    block_k, num_warps = block_k or 256, num_warps or 4
-    num_stages = num_stages or _stages(epilogue, weight.shape[0])
-    if tiles is None and qk_norm is not None and half > 32:
-        block_k, num_stages = (
-            128,
-            4,
-        )  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
-    if tiles is None and x.element_size() == 4:
-        block_k //= 2  # float32 (tests): the same shared memory as half precision
     grid = _launch_grid(
         n_out,
         epilogue,
@@ -630,6 +634,15 @@ def _launch(
         outs,
         max_block,
     )
+    block_k, num_warps = block_k or 256, num_warps or 4
+    num_stages = num_stages or _stages(epilogue, weight.shape[0], grid.block_n)
+    if tiles is None and qk_norm is not None and half > 32:
+        block_k, num_stages = (
+            128,
+            4,
+        )  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
+    if tiles is None and x.element_size() == 4:
+        block_k //= 2  # float32 (tests): the same shared memory as half precision
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
