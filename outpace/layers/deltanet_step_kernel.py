@@ -1,9 +1,9 @@
 """Gated DeltaNet's few-row step (decode, verify: runs of at most ``FUSED_MAX_LEN`` tokens) as one Triton
-launch per layer, between the input projections and out_proj (layers/gated_deltanet.py is the reference:
-``GatedDeltaNet.forward`` with ``fused_step`` off).
+launch per layer, two in decode, between the input projections and out_proj (layers/gated_deltanet.py is the
+reference: ``GatedDeltaNet.forward`` with ``fused_step`` off).
 
-One program per (sequence, value head) (``heads_per_program`` value heads when the state row itself is
-written, below) walks its run token by token and does all of the layer's per-token work in registers:
+One program per (sequence, value head) walks its run token by token and does all of the layer's per-token
+work in registers:
 
 - the causal convolution (layers/causal_conv.py): the window of token t is read from the projections'
   outputs and, before the run, from the conv state row (zeros without ``has_initial_state``); in a draft
@@ -20,12 +20,15 @@ the sequence's state row, the row itself only read; without, the state after the
 goes into the row. Padding positions (past a run's query length) are neither output nor kept.
 
 Conv channels (all q, all k, all v) are shared: the q and k channels of key head kh serve its
-``group = v_heads / k_heads`` value heads. Every program of a group computes them; only the group's last
-value head writes them (its v channels are each head's own), so no two programs write the same bytes. When
-the row itself is written, the group's other programs still read the old q / k window from it, so there one
-program takes the whole group (``heads_per_program = group``) and writes after its last head.
+``group = v_heads / k_heads`` value heads. Every program of a group computes them; into the snapshot rows
+only the group's last value head writes them (its v channels are each head's own), so no two programs write
+the same bytes. When the row itself is written (decode), every program of the group reads the old q / k
+window from it, so none may rewrite it: ``_conv_qk_kernel``, a second launch of one program per (sequence,
+key head), does once the first has finished. (One program taking a whole group, as this kernel first did,
+left Qwen3.5's decode at batch 1 on 16 programs: 14.5 us a layer on the H200, benchmarks/results/
+gpu_2026-11-29f call 2.)
 
-Grid (num_seqs, v_heads / heads_per_program) and loop bounds come from shapes only (no host sync):
+Grid (num_seqs, v_heads) and loop bounds come from shapes only (no host sync):
 capturable in a CUDA graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants).
 Each program holds its head's whole [k_dim, v_dim] float32 state (one wide load, as memory-bound decode
 wants) and the whole v_dim output row (the norm needs it); the run's flat rows and parents are read once
@@ -166,7 +169,6 @@ def _deltanet_step_kernel(
     K_HEADS: tl.constexpr,
     V_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
     KEEP: tl.constexpr,
@@ -181,6 +183,7 @@ def _deltanet_step_kernel(
     CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
     WIDTH: tl.constexpr = KEEP + 1
     seq = tl.program_id(0)
+    h = tl.program_id(1)
     sidx = tl.load(state_indices + seq).to(tl.int64)
     n_tokens = tl.load(query_lens + seq)
     start = tl.load(has_initial + seq) != 0
@@ -195,117 +198,150 @@ def _deltanet_step_kernel(
         run_parents = tl.load(parents + seq * parents_row + slots, mask=in_run, other=-1)  # [BT]
     conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
     conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
-    for j in range(HEADS_PER_PROGRAM):
-        h = tl.program_id(1) * HEADS_PER_PROGRAM + j
-        kh, hg = h // GROUP, h % GROUP
-        writes_qk = hg == GROUP - 1  # the group's q / k conv channels are written by its last head
-        qc = kh * DK + ks  # conv channels
-        kc = K_HEADS * DK + qc
-        vc = 2 * K_HEADS * DK + h * DV + vs
-        q_cols = q_off + kh * qk_group + ks  # columns of the projections' rows
-        k_cols = k_off + kh * qk_group + ks
-        v_cols = v_off + kh * v_group + hg * DV + vs
-        z_cols = z_off + kh * z_group + hg * DV + vs
-        wmask = used[:, None]
-        wq = tl.load(
-            conv_w + qc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0
+    kh, hg = h // GROUP, h % GROUP
+    writes_qk = hg == GROUP - 1  # the group's q / k conv channels are written by its last head
+    qc = kh * DK + ks  # conv channels
+    kc = K_HEADS * DK + qc
+    vc = 2 * K_HEADS * DK + h * DV + vs
+    q_cols = q_off + kh * qk_group + ks  # columns of the projections' rows
+    k_cols = k_off + kh * qk_group + ks
+    v_cols = v_off + kh * v_group + hg * DV + vs
+    z_cols = z_off + kh * z_group + hg * DV + vs
+    wmask = used[:, None]
+    wq = tl.load(conv_w + qc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0)
+    wk = tl.load(conv_w + kc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0)
+    wv = tl.load(conv_w + vc[None, :] * WIDTH + taps[:, None], mask=wmask & vm[None, :], other=0.0)
+    wq, wk, wv = wq.to(tl.float32), wk.to(tl.float32), wv.to(tl.float32)  # [BW, BK / BV]
+    neg_a = -tl.exp(tl.load(A_log + h).to(tl.float32))
+    bias = tl.load(dt_bias + h).to(tl.float32)
+    weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
+    row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
+    s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
+    for t in range(LENGTH):
+        valid = t < n_tokens
+        if TREE:  # walk the parents back from the node: its window, and its start state
+            # extended position: < KEEP the conv state rows (oldest first), else node e - KEEP
+            e = KEEP + t
+            pos = tl.where(taps == KEEP, e, 0)
+            for i in tl.static_range(KEEP):
+                p = _pick(run_parents, e - KEEP, slots)
+                e = tl.where(e >= KEEP, tl.where(p >= 0, p + KEEP, KEEP - 1), tl.maximum(e - 1, 0))
+                pos = tl.where(taps == KEEP - 1 - i, e, pos)
+            p = _pick(run_parents, t, slots)
+            parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV + tile
+            root = p < 0  # (the row's state read again: one tile fewer held in registers)
+            s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
+        else:
+            pos = t + taps
+        # [BW] the flat token of each window position
+        rows = _pick_each(run_rows, pos - KEEP, slots)
+        xq = _conv_window(
+            qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
         )
-        wk = tl.load(
-            conv_w + kc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0
+        xk = _conv_window(
+            qkv, qkv_row, k_cols, conv_row, kc, rows, pos, used, start, km, KEEP, CHANNELS
         )
-        wv = tl.load(
-            conv_w + vc[None, :] * WIDTH + taps[:, None], mask=wmask & vm[None, :], other=0.0
+        xv = _conv_window(
+            qkv, qkv_row, v_cols, conv_row, vc, rows, pos, used, start, vm, KEEP, CHANNELS
         )
-        wq, wk, wv = wq.to(tl.float32), wk.to(tl.float32), wv.to(tl.float32)  # [BW, BK / BV]
-        neg_a = -tl.exp(tl.load(A_log + h).to(tl.float32))
-        bias = tl.load(dt_bias + h).to(tl.float32)
-        weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
-        row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
-        s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
-        for t in range(LENGTH):
-            valid = t < n_tokens
-            if TREE:  # walk the parents back from the node: its window, and its start state
-                # extended position: < KEEP the conv state rows (oldest first), else node e - KEEP
-                e = KEEP + t
-                pos = tl.where(taps == KEEP, e, 0)
-                for i in tl.static_range(KEEP):
-                    p = _pick(run_parents, e - KEEP, slots)
-                    e = tl.where(
-                        e >= KEEP, tl.where(p >= 0, p + KEEP, KEEP - 1), tl.maximum(e - 1, 0)
-                    )
-                    pos = tl.where(taps == KEEP - 1 - i, e, pos)
-                p = _pick(run_parents, t, slots)
-                parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV + tile
-                root = p < 0  # (the row's state read again: one tile fewer held in registers)
-                s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
-            else:
-                pos = t + taps
-            # [BW] the flat token of each window position
-            rows = _pick_each(run_rows, pos - KEEP, slots)
-            xq = _conv_window(
-                qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
-            )
-            xk = _conv_window(
-                qkv, qkv_row, k_cols, conv_row, kc, rows, pos, used, start, km, KEEP, CHANNELS
-            )
-            xv = _conv_window(
-                qkv, qkv_row, v_cols, conv_row, vc, rows, pos, used, start, vm, KEEP, CHANNELS
-            )
-            qt, kt, vt = (
-                _silu(tl.sum(xq * wq, axis=0)),
-                _silu(tl.sum(xk * wk, axis=0)),
-                _silu(tl.sum(xv * wv, axis=0)),
-            )
-            qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
-            kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
-            row = _pick(run_rows, t, slots)  # this token's flat row
-            beta = tl.sigmoid(tl.load(b + row * b_row + b_off + kh * ba_group + hg).to(tl.float32))
-            x = tl.load(a + row * a_row + a_off + kh * ba_group + hg).to(tl.float32) + bias
-            softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
-            # a padding token keeps the state: decay 1 and no update (exactly s; no second tile held)
-            beta = tl.where(valid, beta, 0.0)
-            sn = s * tl.where(valid, tl.exp(neg_a * softplus), 1.0)
-            delta = (vt - tl.sum(sn * kt[:, None], axis=0)) * beta  # [BV]
-            sn = sn + kt[:, None] * delta[None, :]
-            o = tl.sum(sn * qt[:, None], axis=0)  # [BV]
-            gate = tl.load(z + row * z_row + z_cols, mask=vm, other=0.0).to(tl.float32)
-            o = weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
-            tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
-            if SNAPSHOTS:  # the state after token t: snapshot row t
-                # the window's rows 1..KEEP are the conv state
-                kept = (taps >= 1)[:, None] & used[:, None] & valid
-                snap = conv_snaps + (t * KEEP + taps[:, None] - 1) * CHANNELS
-                dtype = conv_snap.dtype.element_ty
-                tl.store(snap + vc[None, :], xv.to(dtype), mask=kept & vm[None, :])
-                tl.store(snap + qc[None, :], xq.to(dtype), mask=kept & km[None, :] & writes_qk)
-                tl.store(snap + kc[None, :], xk.to(dtype), mask=kept & km[None, :] & writes_qk)
-                here = rec_snap + ((sidx * snap_rows + t) * V_HEADS + h) * DK * DV + tile
-                tl.store(here, sn, mask=m2 & valid)
-                if TREE:
-                    tl.debug_barrier()  # later nodes read this state back
-            s = sn
-        if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
-            pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
-            final_used = taps < KEEP
-            rows = _pick_each(run_rows, pos - KEEP, slots)
-            fq = _conv_window(
-                qkv, qkv_row, q_cols, conv_row, qc, rows, pos, final_used, start, km, KEEP, CHANNELS
-            )
-            fk = _conv_window(
-                qkv, qkv_row, k_cols, conv_row, kc, rows, pos, final_used, start, km, KEEP, CHANNELS
-            )
-            fv = _conv_window(
-                qkv, qkv_row, v_cols, conv_row, vc, rows, pos, final_used, start, vm, KEEP, CHANNELS
-            )
-            # every read of the row (this head's, the group's earlier heads') before its write
-            tl.debug_barrier()
-            dtype = conv_state.dtype.element_ty
-            place = conv_row + taps[:, None] * CHANNELS
-            keep = final_used[:, None]
-            tl.store(place + vc[None, :], fv.to(dtype), mask=keep & vm[None, :])
-            tl.store(place + qc[None, :], fq.to(dtype), mask=keep & km[None, :] & writes_qk)
-            tl.store(place + kc[None, :], fk.to(dtype), mask=keep & km[None, :] & writes_qk)
-            tl.store(row_state, s, mask=m2)
+        qt, kt, vt = (
+            _silu(tl.sum(xq * wq, axis=0)),
+            _silu(tl.sum(xk * wk, axis=0)),
+            _silu(tl.sum(xv * wv, axis=0)),
+        )
+        qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
+        kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+        row = _pick(run_rows, t, slots)  # this token's flat row
+        beta = tl.sigmoid(tl.load(b + row * b_row + b_off + kh * ba_group + hg).to(tl.float32))
+        x = tl.load(a + row * a_row + a_off + kh * ba_group + hg).to(tl.float32) + bias
+        softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
+        # a padding token keeps the state: decay 1 and no update (exactly s; no second tile held)
+        beta = tl.where(valid, beta, 0.0)
+        sn = s * tl.where(valid, tl.exp(neg_a * softplus), 1.0)
+        delta = (vt - tl.sum(sn * kt[:, None], axis=0)) * beta  # [BV]
+        sn = sn + kt[:, None] * delta[None, :]
+        o = tl.sum(sn * qt[:, None], axis=0)  # [BV]
+        gate = tl.load(z + row * z_row + z_cols, mask=vm, other=0.0).to(tl.float32)
+        o = weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
+        tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
+        if SNAPSHOTS:  # the state after token t: snapshot row t
+            # the window's rows 1..KEEP are the conv state
+            kept = (taps >= 1)[:, None] & used[:, None] & valid
+            snap = conv_snaps + (t * KEEP + taps[:, None] - 1) * CHANNELS
+            dtype = conv_snap.dtype.element_ty
+            tl.store(snap + vc[None, :], xv.to(dtype), mask=kept & vm[None, :])
+            tl.store(snap + qc[None, :], xq.to(dtype), mask=kept & km[None, :] & writes_qk)
+            tl.store(snap + kc[None, :], xk.to(dtype), mask=kept & km[None, :] & writes_qk)
+            here = rec_snap + ((sidx * snap_rows + t) * V_HEADS + h) * DK * DV + tile
+            tl.store(here, sn, mask=m2 & valid)
+            if TREE:
+                tl.debug_barrier()  # later nodes read this state back
+        s = sn
+    if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
+        pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
+        final_used = taps < KEEP
+        rows = _pick_each(run_rows, pos - KEEP, slots)
+        fv = _conv_window(
+            qkv, qkv_row, v_cols, conv_row, vc, rows, pos, final_used, start, vm, KEEP, CHANNELS
+        )
+        tl.debug_barrier()  # every warp's reads of the head's v window before its write
+        place = conv_row + taps[:, None] * CHANNELS
+        keep = final_used[:, None] & vm[None, :]
+        tl.store(place + vc[None, :], fv.to(conv_state.dtype.element_ty), mask=keep)
+        tl.store(row_state, s, mask=m2)  # (q / k channels: _conv_qk_kernel)
+
+
+@triton.jit
+def _conv_qk_kernel(
+    qkv,
+    qkv_row,
+    q_off,
+    k_off,
+    qk_group,
+    table,
+    table_row,
+    query_lens,
+    has_initial,
+    state_indices,
+    conv_state,
+    K_HEADS: tl.constexpr,
+    V_HEADS: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    KEEP: tl.constexpr,
+    BK: tl.constexpr,
+    BW: tl.constexpr,
+    LENGTH: tl.constexpr,
+    BT: tl.constexpr,
+):
+    """Program (sequence, key head kh), after ``_deltanet_step_kernel`` wrote the row (module docstring):
+    the q and k conv channels of kh in the row become the window of the run's last valid token."""
+    CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
+    seq, kh = tl.program_id(0), tl.program_id(1)
+    sidx = tl.load(state_indices + seq).to(tl.int64)
+    start = tl.load(has_initial + seq) != 0
+    ks, taps, slots = tl.arange(0, BK), tl.arange(0, BW), tl.arange(0, BT)
+    km = ks < DK
+    run_rows = tl.load(table + seq * table_row + slots, mask=slots < LENGTH, other=0).to(tl.int64)
+    pos = (
+        tl.load(query_lens + seq) + taps
+    )  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
+    used = taps < KEEP
+    rows = _pick_each(run_rows, pos - KEEP, slots)
+    conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
+    qc, q_cols = kh * DK + ks, q_off + kh * qk_group + ks
+    kc, k_cols = K_HEADS * DK + qc, k_off + kh * qk_group + ks
+    fq = _conv_window(
+        qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
+    )
+    fk = _conv_window(
+        qkv, qkv_row, k_cols, conv_row, kc, rows, pos, used, start, km, KEEP, CHANNELS
+    )
+    tl.debug_barrier()  # every warp's reads of the row before its write
+    place = conv_row + taps[:, None] * CHANNELS
+    keep = used[:, None] & km[None, :]
+    tl.store(place + qc[None, :], fq.to(conv_state.dtype.element_ty), mask=keep)
+    tl.store(place + kc[None, :], fk.to(conv_state.dtype.element_ty), mask=keep)
 
 
 def num_warps(bk: int, bv: int) -> int:
@@ -351,12 +387,10 @@ def deltanet_step(
     for t in (rows.qkv, rows.z, rows.b, rows.a, token_table, recurrent.parents):
         assert t is None or t.stride(-1) == 1  # rows may be strided, their elements not
     out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
-    # (the row itself written: one program per key-head group, module docstring)
-    heads_per_program = 1 if recurrent.snapshots else group
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim)
     parents = recurrent.parents if tree else token_table
     if num_seqs and length:
-        _deltanet_step_kernel[(num_seqs, v_heads // heads_per_program)](
+        _deltanet_step_kernel[(num_seqs, v_heads)](
             rows.qkv,
             rows.qkv.stride(0),
             rows.q,
@@ -397,7 +431,6 @@ def deltanet_step(
             K_HEADS=num_k_heads,
             V_HEADS=v_heads,
             GROUP=group,
-            HEADS_PER_PROGRAM=heads_per_program,
             DK=head_k_dim,
             DV=head_v_dim,
             KEEP=keep,
@@ -409,5 +442,28 @@ def deltanet_step(
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
             num_warps=num_warps(bk, bv),
+        )
+    if num_seqs and length and not recurrent.snapshots:
+        _conv_qk_kernel[(num_seqs, num_k_heads)](
+            rows.qkv,
+            rows.qkv.stride(0),
+            rows.q,
+            rows.k,
+            rows.qk_group,
+            token_table,
+            token_table.stride(0),
+            query_lens,
+            recurrent.has_initial_state,
+            recurrent.state_indices,
+            conv,
+            K_HEADS=num_k_heads,
+            V_HEADS=v_heads,
+            DK=head_k_dim,
+            DV=head_v_dim,
+            KEEP=keep,
+            BK=bk,
+            BW=triton.next_power_of_2(keep + 1),
+            LENGTH=length,
+            BT=triton.next_power_of_2(length),
         )
     return out
