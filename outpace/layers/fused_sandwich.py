@@ -83,6 +83,24 @@ def fused_sandwich_rest(
     return kernels.add_normed(down, post_mlp.eps, mid.stream, scale=scale)
 
 
+def _attention_fused(
+    layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, v_norm: bool
+) -> torch.Tensor:
+    """``layer.self_attn`` over ``layer.input_layernorm(h)`` on the fused path, before o_proj."""
+    norm = layer.input_layernorm
+    rows = projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
+    return attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
+
+
+def attention_block_fused(
+    layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, v_norm: bool = False
+) -> torch.Tensor:
+    """The attention block of a sandwich layer whose MLP side runs unfused (Gemma 4's MoE layers) on the
+    fused path (``qkv_fuses``): h [n, hidden] -> o_proj's output [n, hidden], from the input norm, the
+    packed q/k/v with their norms, RoPE and cache write in one kernel, attention, and o_proj."""
+    return layer.self_attn.o_proj(_attention_fused(layer, positions, h, v_norm))
+
+
 def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
     """Whether ``fused_sandwich_rest`` and ``attend_fused_qkv`` serve a sandwich layer over h."""
     return mlp_fuses(mlp) and qkv_fuses(attn, h)
@@ -98,9 +116,7 @@ def sandwich_layer_fused(
     """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
     ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) over h [n, hidden] on the
     fused path (``sandwich_fuses``) -> its output [n, hidden] (times ``scale`` when given)."""
-    norm = layer.input_layernorm
-    rows = projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
-    attn = attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
+    attn = _attention_fused(layer, positions, h, v_norm)
     norms = (
         layer.post_attention_layernorm,
         layer.pre_feedforward_layernorm,

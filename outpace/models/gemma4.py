@@ -42,7 +42,12 @@ from outpace.layers import sandwich_norms
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
-from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
+from outpace.layers.fused_sandwich import (
+    attention_block_fused,
+    qkv_fuses,
+    sandwich_fuses,
+    sandwich_layer_fused,
+)
 from outpace.layers.linear import linear
 from outpace.layers.moe import (
     ExpertActivation,
@@ -373,7 +378,8 @@ class Gemma4DecoderLayer(nn.Module):
         """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
         output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
         shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that
-        no other layer reads, and no MoE block."""
+        no other layer reads, and no MoE block; with a MoE block, its attention block alone
+        (``attention_block_fused``)."""
         if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
             if per_layer_input is None:
                 return sandwich_layer_fused(
@@ -382,10 +388,15 @@ class Gemma4DecoderLayer(nn.Module):
             return self.per_layer_branch(
                 sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
             )
-        # (the norms and adds between the blocks: one launch each side of the MLP on CUDA, layers/sandwich_norms.py)
+        # (the norms and adds between the blocks: one launch each side of the MLP on CUDA, layers/sandwich_norms.py;
+        # a MoE layer's attention block on the fused path where it can be)
+        if not self.lends_kv and qkv_fuses(self.self_attn, h):
+            attended = attention_block_fused(self, positions, h, v_norm=True)
+        else:
+            attended = self.self_attn(positions, self.input_layernorm(h), shared)
         h, pre, pre2 = sandwich_norms.after_attention(
             h,
-            self.self_attn(positions, self.input_layernorm(h), shared),
+            attended,
             self.post_attention_layernorm,
             self.pre_feedforward_layernorm,
             self.pre_feedforward_layernorm_2 if self.has_moe else None,
