@@ -21,7 +21,7 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import kv_head_shard, split_evenly
-from outpace.layers.activation import act_and_mul
+from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.linear import column_parallel, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -164,6 +164,13 @@ class GatedMLP(nn.Module):
         self.gate_up: PackedProjection | None = None  # set by pack_projections for serving
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, hidden] -> [n, hidden]. Few rows on the GPU with gate and up packed: their product and the
+        gating in one kernel (layers/fused_projection.py ``project_swiglu``), then down_proj."""
+        if self.gate_up is not None and x.is_cuda and self.gate_up.bias is None:
+            from outpace.layers import fused_projection as fp  # (Triton: CUDA installs only)
+
+            if self.act in FUSED_ACTIVATIONS and fp.fused_rows_apply(x, self.gate_up.weight):
+                return self.down_proj(fp.project_swiglu(x, self.gate_up.weight, self.act))
         gate, up = (
             self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
         )

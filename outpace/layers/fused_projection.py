@@ -11,7 +11,7 @@ and a round trip of the activations each. Here one kernel does a projection and 
 - ``norm_project_qkv``     [q | k | v] = RMSNorm(s) @ W_qkv.T; the per-head q/k RMSNorms of Qwen3-style
                            layers when given; RoPE on q and k; k and v stored straight into the paged
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write)
-- ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T
+- ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T (``project_swiglu``: of x, no norm)
 - ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm; optionally
                            soft-capped, Gemma's final_logit_softcapping)
 - ``project_normed`` + ``add_normed``: a "sandwich" norm (Gemma: RMSNorm on a projection's output before
@@ -893,6 +893,16 @@ def norm_project(
         tiles=tiles,
         softcap=softcap,
     )
+
+
+def project_swiglu(
+    x: torch.Tensor, gate_up: torch.Tensor, act: str = "silu", pdl: bool | None = None
+) -> torch.Tensor:
+    """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where [g | u] = x @ gate_up.T: a
+    gated MLP's first half with no norm folded in (layers/decoder.py ``GatedMLP``'s few-row path)."""
+    inter = gate_up.shape[0] // 2
+    out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
+    return _launch(x, gate_up, out, inter, _SWIGLU.value, half=inter, pdl=pdl, act=act)
 
 
 def norm_project_swiglu(

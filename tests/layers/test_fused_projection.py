@@ -18,6 +18,7 @@ from outpace.layers.fused_projection import (
     project_add,
     project_add_normed,
     project_rows,
+    project_swiglu,
 )
 from outpace.layers.norm import rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
@@ -81,6 +82,16 @@ def test_project_add_adds_the_residual(m, k, n):
 def test_project_rows_is_the_plain_product(m, k, n):
     x, w = _rand(m, k, seed=11), _rand(n, k, seed=12)
     _close(project_rows(x.to(DEVICE), w.to(DEVICE)), F.linear(x.double(), w.double()))
+
+
+@pytest.mark.parametrize("m,k,inter,act", [(1, 300, 70, "silu"), (9, 96, 33, "gelu_pytorch_tanh")])
+def test_project_swiglu_is_the_gated_product(m, k, inter, act):
+    from outpace.layers.activation import ACTIVATIONS
+
+    x, w = _rand(m, k, seed=13), _rand(2 * inter, k, seed=14)
+    gate, up = F.linear(x.double(), w.double()).split(inter, dim=1)
+    out = project_swiglu(x.to(DEVICE), w.to(DEVICE), act)
+    _close(out, ACTIVATIONS[act](gate) * up)
 
 
 def test_strided_rows_are_read_correctly():
