@@ -389,6 +389,18 @@ def deltanet_step(
     out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim)
     parents = recurrent.parents if tree else token_table
+    # the shape both launches are compiled for
+    shape = dict(
+        K_HEADS=num_k_heads,
+        V_HEADS=v_heads,
+        DK=head_k_dim,
+        DV=head_v_dim,
+        KEEP=keep,
+        BK=bk,
+        BW=triton.next_power_of_2(keep + 1),
+        LENGTH=length,
+        BT=triton.next_power_of_2(length),
+    )
     if num_seqs and length:
         _deltanet_step_kernel[(num_seqs, v_heads)](
             rows.qkv,
@@ -428,17 +440,9 @@ def deltanet_step(
             rec_snap.shape[1],
             eps,
             head_k_dim**-0.5,
-            K_HEADS=num_k_heads,
-            V_HEADS=v_heads,
+            **shape,
             GROUP=group,
-            DK=head_k_dim,
-            DV=head_v_dim,
-            KEEP=keep,
-            BK=bk,
             BV=bv,
-            BW=triton.next_power_of_2(keep + 1),
-            LENGTH=length,
-            BT=triton.next_power_of_2(length),
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
             num_warps=num_warps(bk, bv),
@@ -456,14 +460,6 @@ def deltanet_step(
             recurrent.has_initial_state,
             recurrent.state_indices,
             conv,
-            K_HEADS=num_k_heads,
-            V_HEADS=v_heads,
-            DK=head_k_dim,
-            DV=head_v_dim,
-            KEEP=keep,
-            BK=bk,
-            BW=triton.next_power_of_2(keep + 1),
-            LENGTH=length,
-            BT=triton.next_power_of_2(length),
+            **shape,
         )
     return out
