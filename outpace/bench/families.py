@@ -176,10 +176,11 @@ def build(
     max_num_seqs: int,
     graph_sizes: tuple[int, ...],
     speculative: SpeculativeConfig | None = None,
+    **engine_kwargs,
 ) -> LLM:
     """The shape with random bf16 weights on the GPU, its decode step captured for ``graph_sizes``, KV blocks
     for ``max_num_seqs`` requests of CONTEXT tokens and the decode steps timed after it (bench/gpu.py
-    ``time_decode``: 27 steps)."""
+    ``time_decode``: 27 steps); ``engine_kwargs``: other EngineConfig settings (a benchmark's variable)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(config))
     return LLM(
@@ -193,6 +194,7 @@ def build(
         max_num_batched_tokens=2048,
         cuda_graph_sizes=graph_sizes,
         speculative=speculative or SpeculativeConfig(),
+        **engine_kwargs,
     )
 
 
