@@ -161,14 +161,21 @@ class DraftLengthChooser:
         rows = [self._rates_of(key, r, batch_wide) for r in request_ids] or [batch_wide]
         return [list(accumulate(rates, mul)) for rates in rows]
 
-    def _steps_to_finish(self, shape: DraftShape, request_ids: Sequence[str], remaining) -> float:
+    def _steps_to_finish(
+        self, shape: DraftShape, request_ids: Sequence[str], remaining, sums: dict
+    ) -> float:
         """The most steps of ``shape`` any request of the batch still needs: its remaining tokens over the
-        tokens one verify commits for it."""
+        tokens one verify commits for it. ``sums`` caches, per kind of shape, each request's running sums of
+        its reaches (the shapes of one kind share them: a closed batch's choice reads every request's once)."""
         if not shape.num_steps:
             return float(max(remaining))
-        reaches = self._reaches(acceptance_key(shape), request_ids)
+        key = acceptance_key(shape)
+        if key not in sums:
+            sums[key] = [list(accumulate(reach)) for reach in self._reaches(key, request_ids)]
+        depth = shape.num_steps - 1
         return max(
-            left / (1.0 + sum(reach[: shape.num_steps])) for left, reach in zip(remaining, reaches)
+            left / (1.0 + (row[min(depth, len(row) - 1)] if row else 0.0))
+            for left, row in zip(remaining, sums[key])
         )
 
     def choose(
@@ -187,13 +194,13 @@ class DraftLengthChooser:
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
         if unknown:  # try it once: its cost is measured as it runs
             return unknown[-1]
-        rate, cost, reach = {}, 0.0, {}
+        rate, cost, reach, sums = {}, 0.0, {}, {}
         for s in self.shapes:  # NOTE: larger shapes never cost less: a cheaper timing is noise
             cost = max(cost, self.costs[bucket, s])
             if remaining is None:
                 rate[s] = self._expected(s, request_ids, reach) / cost
             else:  # (the batch's finish rate: the inverse of its time to the last token)
-                rate[s] = 1.0 / (cost * self._steps_to_finish(s, request_ids, remaining))
+                rate[s] = 1.0 / (cost * self._steps_to_finish(s, request_ids, remaining, sums))
         best = max(rate.values())
         return next(
             s for s in self.shapes if rate[s] >= best / self.margin
