@@ -92,6 +92,16 @@ def run(layer, backend: str, meta, num_blocks: int, block_size: int, x, position
         return layer(positions, x), layer.cache_rows.clone()
 
 
+def assert_fused_equals_eager(layer, args: tuple, fused_calls: list) -> None:
+    """One forward of ``layer`` over ``args`` (``run``'s) on the fused path (``fused_calls`` counts it) gives
+    the eager layer's output and latent cache."""
+    out, cache = run(layer, "triton", *args)
+    assert len(fused_calls) == 1
+    ref_out, ref_cache = run(layer, "torch", *args)
+    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+
+
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -149,11 +159,7 @@ def test_fused_block_equals_the_eager_layer(
     x = torch.randn(n, 40, generator=g)
     cache_init = torch.randn(num_blocks, 5, 1, 44, generator=g)
     args = (meta, num_blocks, 5, x, positions_of(meta), cache_init)
-    out, cache = run(layer, "triton", *args)
-    assert len(fused_calls) == 1
-    ref_out, ref_cache = run(layer, "torch", *args)
-    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+    assert_fused_equals_eager(layer, args, fused_calls)
 
 
 @cpu_only
@@ -168,11 +174,7 @@ def test_q_pe_in_parts_and_the_whole_k_pe_written(fused_calls, monkeypatch):
     x = torch.randn(meta.slot_mapping.shape[0], 48, generator=g)
     cache_init = torch.randn(num_blocks, 5, 1, 84, generator=g)
     args = (meta, num_blocks, 5, x, positions_of(meta), cache_init)
-    out, cache = run(layer, "triton", *args)
-    assert len(fused_calls) == 1
-    ref_out, ref_cache = run(layer, "torch", *args)
-    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+    assert_fused_equals_eager(layer, args, fused_calls)
 
 
 @cpu_only
@@ -291,11 +293,7 @@ def test_block_fp8_projections_equal_the_eager_layer(
     SMs, four on 12."""
     monkeypatch.setattr(mla_fused, "num_sms", lambda device: sms)
     layer, args = fp8_case(q_lora_rank, layout)
-    out, cache = run(layer, "triton", *args)
-    assert len(fused_calls) == 1
-    ref_out, ref_cache = run(layer, "torch", *args)
-    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(cache, ref_cache, rtol=2e-5, atol=2e-5)
+    assert_fused_equals_eager(layer, args, fused_calls)
 
 
 @cpu_only
