@@ -584,8 +584,9 @@ def _launch_grid(
 
     A grid of power-of-two tiles leaves SMs idle (q/k/v: 96 programs of 32 pairs on 132 SMs) or ends
     in a partial wave (gate/up: 448 programs, 3.4 an SM). Here every program gets the same number of
-    outputs, give or take one, in sub-tiles of at most ``_max_block``. Measured inside the captured 8B forward on the H100 (``bench/profile.py``): -0.06 ms a step
-    at context 4096, within noise at 512; q/k/v itself was no faster on 128 programs than on 96."""
+    outputs, give or take one, in sub-tiles of at most ``_max_block``. Measured inside the captured 8B
+    forward on the H100 (``bench/profile.py``): -0.06 ms a step at context 4096, within noise at 512; q/k/v
+    itself was no faster on 128 programs than on 96."""
     max_block = max(max_block or _max_block(epilogue, weight_rows), whole_heads)
     if outs is None:
         outs = max(triton.cdiv(n_out, num_sms(device)), min(16, n_out))
