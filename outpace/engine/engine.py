@@ -40,6 +40,7 @@ from outpace.engine.memory import (
     weights_summary,
 )
 from outpace.engine.prefill_graphs import prefill_buckets
+from outpace.engine.run_ahead import runs_ahead
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.step_key import SamplingMode
@@ -399,7 +400,7 @@ class LLMEngine:
                 f"{self.memory_plan.graphs / (1 << 30):.3f} GiB)",
                 False,
             )
-        if self.config.run_ahead:
+        if runs_ahead(self.config.run_ahead, self.runner.has_recurrent_state):
             self.runner.enable_run_ahead(self.max_model_len)
 
     # ---- admission -------------------------------------------------------------------------

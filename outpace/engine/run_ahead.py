@@ -28,6 +28,17 @@ from outpace.request import Request
 from outpace.speculative.proposer import DraftShape
 
 
+def runs_ahead(setting: bool | None, has_recurrent_state: bool) -> bool:
+    """EngineConfig.run_ahead: None runs ahead unless the target keeps a recurrent state per request.
+
+    A hybrid's state rows are MBs a request (Nemotron-H-8B's Mamba2 states: ~100 MB), and a step run ahead
+    must save them first, to restore on a drop. On the H200 plain decoding ran faster without running ahead,
+    step ms at batch 1 / 8 / 32 (benchmarks/scripts/run_ahead_cost.py, benchmarks/results/gpu_2026-11-30
+    call 1): Nemotron-H-8B 4.86 / 6.11 / 9.27 ahead, 4.69 / 5.63 / 7.75 not; Qwen3.5 4.88 / 5.58 / 7.80
+    ahead, 4.90 / 5.49 / 7.12 not."""
+    return (not has_recurrent_state) if setting is None else setting
+
+
 def length_after(chunk: ScheduledRequest) -> int:
     """A prefilled request's KV rows once its chunk is committed."""
     return chunk.request.num_computed_tokens + chunk.num_new_tokens
