@@ -9,8 +9,10 @@ split-K, and tiles chosen from N and K alone. A row's bits thus depend only on i
 and a decode step costs what it costs on the normal path; only the products of more than 16 rows
 (verify batches, prefill) pay for the fixed tiling, against cuBLAS's.
 
-The fused decoder layers' projection kernels (layers/fused_projection.py) tile rows by the same rule, but
-do not serve this mode yet (``fused_rows_apply`` says why).
+The fused decoder layers (layers/fused_decoder.py) serve this mode too, at any row count: their
+projection kernels (layers/fused_projection.py) follow the same rule (16-row tiles on a grid axis of
+their own, tiles chosen from N and K alone), so a layer runs as the normal decode path's few launches
+rather than one launch a projection and the element-wise kernels between them.
 """
 
 from __future__ import annotations

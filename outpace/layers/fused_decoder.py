@@ -12,8 +12,12 @@ exists:
 - the final norm and LM head: ``norm_head_logits``;
 - Gemma's "sandwich" layers: layers/fused_sandwich.py, from the pieces here.
 
-The fused kernels read whole weights, so sharded layers (tensor parallelism) take the eager path.
-Batch-invariant mode takes the eager path too (layers/fused_projection.py ``fused_rows_apply`` says why).
+The fused kernels read whole weights, so sharded layers (tensor parallelism) take the eager path. In
+batch-invariant mode these paths serve any number of rows (``fusable_rows``): the kernels tile the rows
+and choose their tiles from N and K only (layers/fused_projection.py), so a row gets the same bits decoded
+alone as verified among many, and the mode costs what the normal decode path costs. Their rounding
+differs from the eager chain's, so in that mode every forward of a model takes one path or the other
+whatever its row count.
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ def projection_kernels() -> ModuleType:
 
 
 def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the fused kernels (layers/fused_projection.py) serve x [n, in] @ weight.T: few rows,
-    outside batch-invariant mode (``fused_rows_apply``)."""
+    """Whether the fused kernels (layers/fused_projection.py) serve x [n, in] @ weight.T: few rows, or
+    any number in batch-invariant mode (``fused_rows_apply``)."""
     return x.is_cuda and projection_kernels().fused_rows_apply(x, weight)
 
 

@@ -500,22 +500,18 @@ def _qkv_epilogue(
 
 
 def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the fused kernels serve x [M, K] @ weight.T: few rows (M <= 16: decode and small verify
-    batches, where they beat cuBLAS) of half precision on the GPU, autograd off, outside batch-invariant mode.
+    """Whether the fused kernels serve x [M, K] @ weight.T: rows of half precision on the GPU, autograd
+    off; few rows (M <= 16: decode and small verify batches, where they beat cuBLAS), or any number in
+    batch-invariant mode (a row's bits do not depend on M: module docstring, Rows).
 
-    NOTE: batch-invariant mode stays on the unfused path. The kernels' rows keep their bits at any M (module
-    docstring: Rows; tests/layers/test_fused_batch_invariant.py), and with the fused path serving that mode
-    plain decoding ran 11% and 8% slower than the normal path at batch 1 and 8 instead of 20% and 15%
-    (H200, benchmarks/results/batch_invariant/), but the H200's bit-identity checks failed then
-    (tests/gpu/test_batch_invariant_gpu.py: plain decoding at batch 1 against 8, seeded trees). The cause is
-    not found yet; a suspect: a forward that does not take the fused path (another layer's condition, a
-    prefill's metadata) rounds otherwise than one that does, so a request's bits would depend on how it was
-    batched."""
+    The mode's bit-identity on the GPU (tests/gpu/test_batch_invariant_gpu.py) failed once with this rule
+    (049a978, reverted in 0a89ea8); on the H200 of benchmarks/results/gpu_2026-11-30 call 2, plain greedy
+    decoding gave the same tokens at batch 1 and 8 with it, graphs and PDL on or off
+    (benchmarks/scripts/diag_batch_invariant_fused.py), and call 3 ran the whole GPU file."""
     return (
         x.is_cuda
         and x.dim() == 2
-        and x.shape[0] <= MAX_ROWS
-        and not batch_invariant()
+        and (x.shape[0] <= MAX_ROWS or batch_invariant())
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype == x.dtype
         and weight.is_contiguous()

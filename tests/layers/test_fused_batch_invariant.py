@@ -1,5 +1,5 @@
-"""The fused projections (layers/fused_projection.py) called in batch-invariant mode (which the engine does
-not route to them yet: ``fused_rows_apply``): any number of rows, in tiles of 16 on a grid axis of their own, with tiles chosen from N and K only, so a row's output bits do
+"""The fused projections (layers/fused_projection.py) in batch-invariant mode: any number of rows, in
+tiles of 16 on a grid axis of their own, with tiles chosen from N and K only, so a row's output bits do
 not depend on how many rows share the call (1, 3, 8, 17: part of a tile, one, two) nor on where the row
 sits among them. On the CPU the kernels run in Triton's interpreter (float32, its dots row by row:
 tests/conftest.py); without the row grid the 17th row of a call is never computed. The fused Llama layer
@@ -145,14 +145,13 @@ def test_qkv_rows_and_their_cache_writes_do_not_depend_on_the_row_count(qk_norm,
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the real dispatch: CUDA tensors only")
-def test_the_fused_path_serves_few_rows_outside_batch_invariant_mode_only():
-    """(fused_projection.py ``fused_rows_apply``: the mode stays on the unfused path, for now)"""
+def test_the_fused_path_serves_any_row_count_in_batch_invariant_mode_only():
     w = torch.zeros(8, 4, dtype=torch.bfloat16, device=DEVICE)
     rows = {m: torch.zeros(m, 4, dtype=torch.bfloat16, device=DEVICE) for m in (16, 17, 300)}
     with torch.inference_mode():
         assert fused_rows_apply(rows[16], w) and not fused_rows_apply(rows[17], w)
         with forward_settings(batch_invariant=True):
-            assert not any(fused_rows_apply(x, w) for x in rows.values())
+            assert all(fused_rows_apply(x, w) for x in rows.values())
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the Llama-8B widths: GPU only")
