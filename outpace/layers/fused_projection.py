@@ -145,7 +145,11 @@ def _embed_norm_pair_kernel(
     tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+# M is not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and there the
+# sums of squares [BLOCK_P, BM] load with the parts axis contiguous (stride M = 1), a layout whose reduction
+# adds the parts in another order: on the H200 a row's rstd, and so its output, differed decoded alone and
+# among others (benchmarks/results/gpu_2026-11-30 call 5, diag case_check in call 4's notes).
+@triton.jit(do_not_specialize=["M"])
 def _fused_rows_kernel(
     x_ptr,
     w_ptr,
