@@ -159,10 +159,8 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = None
     # Captured decode steps (any drafter, any sampling) launch the next step before the host has read
     # the current step's tokens (its inputs are the slot state on the device), so the host's
-    # scheduling overlaps the GPU's forward: engine/run_ahead.py. None: on, except for hybrid targets, whose
-    # recurrent state rows (MBs a request) are saved before every step run ahead, which costs more than it
-    # hides (``RUN_AHEAD_ON_HYBRIDS``); True or False: as set.
-    run_ahead: bool | None = None
+    # scheduling overlaps the GPU's forward: engine/runner.py.
+    run_ahead: bool = True
     # Deterministic mode: batch-invariant projections (layers/linear.py) and attention (the Triton
     # backend's invariant variant) on CUDA, so a verify forward and a decode step give each row the
     # same bits and greedy chain speculation can match plain decoding exactly in bf16 too.

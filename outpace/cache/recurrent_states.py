@@ -61,6 +61,11 @@ class RecurrentStates:
         return sum(t[0].numel() * t.element_size() for t in self._states + self._snapshots)
 
     @property
+    def state_bytes_per_request(self) -> int:
+        """A request's states without their snapshot rows (what a step run ahead saves)."""
+        return sum(t[0].numel() * t.element_size() for t in self._states)
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._states + self._snapshots)
 

@@ -40,7 +40,6 @@ from outpace.engine.memory import (
     weights_summary,
 )
 from outpace.engine.prefill_graphs import prefill_buckets
-from outpace.engine.run_ahead import runs_ahead
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
 from outpace.engine.step_key import SamplingMode
@@ -400,7 +399,7 @@ class LLMEngine:
                 f"{self.memory_plan.graphs / (1 << 30):.3f} GiB)",
                 False,
             )
-        if runs_ahead(self.config.run_ahead, self.runner.has_recurrent_state):
+        if self.config.run_ahead:
             self.runner.enable_run_ahead(self.max_model_len)
 
     # ---- admission -------------------------------------------------------------------------

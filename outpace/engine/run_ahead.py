@@ -27,16 +27,15 @@ from outpace.engine.step_key import HoldRule, StepKey
 from outpace.request import Request
 from outpace.speculative.proposer import DraftShape
 
-
-def runs_ahead(setting: bool | None, has_recurrent_state: bool) -> bool:
-    """EngineConfig.run_ahead: None runs ahead unless the target keeps a recurrent state per request.
-
-    A hybrid's state rows are MBs a request (Nemotron-H-8B's Mamba2 states: ~100 MB), and a step run ahead
-    must save them first, to restore on a drop. On the H200 plain decoding ran faster without running ahead,
-    step ms at batch 1 / 8 / 32 (benchmarks/scripts/run_ahead_cost.py, benchmarks/results/gpu_2026-11-30
-    call 1): Nemotron-H-8B 4.86 / 6.11 / 9.27 ahead, 4.69 / 5.63 / 7.75 not; Qwen3.5 4.88 / 5.58 / 7.80
-    ahead, 4.90 / 5.49 / 7.12 not."""
-    return (not has_recurrent_state) if setting is None else setting
+# The most request state a step run ahead saves first (to restore on a drop): a hybrid's recurrent state is MBs
+# a request, and the copy costs its bytes twice over in traffic, while the host time a step run ahead hides is a
+# fraction of a ms. On the H200, plain decoding's step ms at batch 1 / 8 / 32 with and without running ahead
+# (benchmarks/scripts/run_ahead_cost.py, bench/families.py; benchmarks/results/gpu_2026-11-30 calls 1 and 2):
+#   Nemotron-H-8B (97 MiB a request)         4.86 / 6.11 / 9.27 ahead, 4.69 / 5.63 / 7.75 not
+#   Qwen3.5 (49 MiB)                         4.88 / 5.58 / 7.80 ahead, 4.90 / 5.49 / 7.12 not
+#   Qwen3-Next, 8-layer slice (12 MiB)       0.92 / 2.02 / 4.92 ahead, 0.95 / 2.30 / 5.18 not
+# 512 MiB is the bound of those that loses least (0.09 ms at Qwen3.5's batch 8, 0.17 at Nemotron-H's batch 1).
+MAX_SAVED_BYTES = 512 << 20
 
 
 def length_after(chunk: ScheduledRequest) -> int:
@@ -56,12 +55,14 @@ class RunAhead:
         lookahead: int,
         max_model_len: int,
         holds: HoldRule | None = None,
+        state_bytes: int = 0,
     ) -> None:
         """``per_step``: the most KV rows a decode step writes per request (the largest draft shape's
         nodes); ``lookahead``: the rows past them a drafter reads; positions stay below ``max_model_len``;
-        ``holds``: the host's bounds on drafters' pending rows, which a drop restores with the device state."""
+        ``holds``: the host's bounds on drafters' pending rows, which a drop restores with the device state;
+        ``state_bytes``: the recurrent state a request holds (hybrid targets), saved before a step run ahead."""
         self.pool, self.req_table, self.decode_step = pool, req_table, decode_step
-        self.holds = holds
+        self.holds, self.state_bytes = holds, state_bytes
         self.per_step, self.lookahead = per_step, lookahead
         self.limit = min(max_model_len, req_table.max_rows)
         self.launch: DecodeLaunch | None = None
@@ -127,10 +128,12 @@ class RunAhead:
     ) -> bool:
         """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` and
         ``joining`` (whose prefill this step completes): ``captured`` (a graph holds the batch), no
-        grammar (its masks need this step's tokens), and its rows reserved for any acceptance of this one
-        (``reserve_rows``)."""
+        grammar (its masks need this step's tokens), the request state to save first within ``MAX_SAVED_BYTES``,
+        and its rows reserved for any acceptance of this one (``reserve_rows``)."""
         ahead = reqs + [s.request for s in joining]
         if not captured or any(r.params.structured_outputs is not None for r in ahead):
+            return False
+        if len(ahead) * self.state_bytes > MAX_SAVED_BYTES:
             return False
         extra = self.per_step + self.lookahead + 1
         rows = [r.num_computed_tokens + self.per_step + extra for r in reqs]

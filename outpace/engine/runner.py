@@ -184,6 +184,7 @@ class ModelRunner:
             lookahead,
             max_model_len,
             self.holds,
+            self.states.state_bytes_per_request,
         )
 
     def release(self, request_id: str) -> None:

@@ -1,15 +1,15 @@
 """When a decode step may be run ahead (engine/run_ahead.py ``reserve_rows``): not when a request of the
 batch surely ends by length with the current step, nor when every request may (a step run ahead would
 likely serve nobody); otherwise yes, with each request's table grown for the rows the step ahead needs, as
-long as the pool and the position limit allow. And whether an engine runs ahead at all (``runs_ahead``)."""
+long as the pool and the position limit allow; nor when the request state to save first exceeds
+``MAX_SAVED_BYTES``."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
-
-from outpace import LLM
+from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
+from outpace.engine import run_ahead
 from outpace.engine.run_ahead import reserve_rows
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
@@ -59,20 +59,42 @@ def test_no_step_runs_ahead_past_the_position_limit_or_the_free_blocks():
     )
 
 
-@pytest.mark.parametrize(
-    ("target", "setting", "expected"),
-    [
-        ("tinypy", None, True),
-        (
-            "tinyqwen35",
-            None,
-            False,
-        ),  # a hybrid: its state rows would be saved before each step ahead
-        ("tinyqwen35", True, True),
-        ("tinypy", False, False),
-    ],
-)
-def test_run_ahead_by_default_except_on_hybrid_targets(target, setting, expected):
-    llm = LLM(str(ZOO / target), device="cpu", dtype="float32", run_ahead=setting)
+def _steps_run_ahead(llm: LLM) -> list[int]:
+    """The batch sizes of the steps launched ahead (engine/run_ahead.py), from now on."""
+    owner, sizes = llm.engine.runner.run_ahead, []
+    may_launch = owner.may_launch
+
+    def recording(reqs, shape, joining, captured):
+        ran = may_launch(reqs, shape, joining, captured)
+        if ran:
+            sizes.append(len(reqs) + len(joining))
+        return ran
+
+    owner.may_launch = recording
+    return sizes
+
+
+def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
+    """A hybrid target's recurrent state rows are saved before a step run ahead: a batch whose rows hold more
+    than MAX_SAVED_BYTES is not run ahead, a smaller one is; the output is greedy decoding's either way."""
+    prompts = ["def add(a, b):", "class Stack:", "import os\n", "for i in range("]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    reference = [
+        o.token_ids
+        for o in LLM(str(ZOO / "tinyqwen35"), device="cpu", dtype="float32").generate(
+            prompts, params
+        )
+    ]
+    llm = LLM(str(ZOO / "tinyqwen35"), device="cpu", dtype="float32", max_num_seqs=4)
     llm.engine.capture_graphs()
-    assert (llm.engine.runner.run_ahead is not None) == expected
+    row = llm.engine.runner.states.state_bytes_per_request
+    assert row > 0
+    sizes = _steps_run_ahead(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == reference
+    assert 4 in sizes  # within the default bound
+    monkeypatch.setattr(run_ahead, "MAX_SAVED_BYTES", 2 * row)
+    sizes.clear()
+    assert [o.token_ids for o in llm.generate(prompts, params)] == reference
+    assert sizes == []  # four requests' rows: over the bound
+    assert [o.token_ids for o in llm.generate(prompts[:2], params)] == reference[:2]
+    assert sizes and set(sizes) == {2}

@@ -83,7 +83,6 @@ def _captured(target: str, spec: SpeculativeConfig) -> LLM:
         speculative=spec,
         enable_prefix_caching=False,
         num_kv_blocks=20,
-        run_ahead=True,  # (off by default on a hybrid target: engine/run_ahead.py runs_ahead)
     )
     llm.engine.capture_graphs()
     return llm
