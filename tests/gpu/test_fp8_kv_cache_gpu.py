@@ -10,7 +10,8 @@
   every cached value, so greedy paths part at near ties; the rate is a report, with a sane floor on the
   trained model only: the random Llama's greedy paths part almost at once under any rounding, 0.12 for FP8
   and 0.41 for bf16 against float32 on the CPU's torch backend, 0.057 for FP8 on the H200);
-  captured decode (CUDA graphs) equal to eager on the FP8 cache; speculation lossless on the FP8 cache:
+  captured decode (CUDA graphs) equal to eager on the FP8 cache in batch-invariant mode (Llama, tinypy);
+  speculation lossless on the FP8 cache:
   the Llama in bf16 in batch-invariant mode (EAGLE3 on the zoo pair, n-gram on the random shape), the
   DeepSeek in float32 (n-gram; MLA has no batch-invariant kernel).
 
@@ -190,8 +191,15 @@ def test_fp8_cache_greedy_match_rate_vs_bf16(family, llama_shape, deepseek_shape
     )
     if family == "tinypy":  # (the random shapes' rates are reports: module docstring)
         assert rate >= 0.3
-    eager = LLM(model, dtype="bfloat16", kv_cache_dtype="fp8", cuda_graphs=False, **KWARGS)
-    assert tokens(eager, ps) == quantized, "captured decode on the FP8 cache must equal eager"
+    if family == "deepseek":
+        return  # (MLA has no batch-invariant kernel: below)
+    # Captured decode equal to eager, in the mode that promises a row's bits whatever its batch and path: the
+    # normal mode does not (prefill graphs pad a chunk to a bucket, the attention splits follow the batch), and
+    # on the H200 tinypy's eighth prompt parted at its 33rd token there (benchmarks/results/gpu_2026-11-30).
+    invariant = dict(dtype="bfloat16", kv_cache_dtype="fp8", batch_invariant=True, **KWARGS)
+    captured = tokens(LLM(model, **invariant), ps)
+    eager = tokens(LLM(model, cuda_graphs=False, **invariant), ps)
+    assert eager == captured, "captured decode on the FP8 cache must equal eager"
 
 
 @pytest.mark.gpu
