@@ -119,6 +119,15 @@ class DraftLengthChooser:
         ] = {}  # request id -> its own counts
         self.costs: dict[tuple[int, DraftShape], float] = {}
         self._steps = 0
+        self._version = 0  # bumped whenever acceptance counts change (observe, forget)
+        # per kind of shape: (version, request ids, their reaches) of the last batch asked about: a run of steps
+        # with no drafts observes nothing, so its choices read the reaches computed for the first of them
+        self._reach_cache: dict[
+            DraftShape | str, tuple[int, tuple[str, ...], list[list[float]]]
+        ] = {}
+        self._sums_cache: dict[
+            DraftShape | str, tuple[int, tuple[str, ...], list[list[float]]]
+        ] = {}
 
     def acceptance(
         self, shape: DraftShape | None = None, request_id: str | None = None
@@ -157,25 +166,38 @@ class DraftLengthChooser:
 
     def _reaches(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[list[float]]:
         """Per request (batch-wide: one row), a_1, a_1 a_2, ... over the depths of ``key``'s shapes."""
+        ids = tuple(request_ids)
+        cached = self._reach_cache.get(key)
+        if cached is not None and cached[0] == self._version and cached[1] == ids:
+            return cached[2]
         batch_wide = self._acceptance[key].rates()
-        rows = [self._rates_of(key, r, batch_wide) for r in request_ids] or [batch_wide]
-        return [list(accumulate(rates, mul)) for rates in rows]
+        rows = [self._rates_of(key, r, batch_wide) for r in ids] or [batch_wide]
+        reaches = [list(accumulate(rates, mul)) for rates in rows]
+        self._reach_cache[key] = (self._version, ids, reaches)
+        return reaches
+
+    def _reach_sums(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[list[float]]:
+        """Per request, the running sums of its reaches (``_reaches``; the shapes of one kind share them),
+        cached as they are."""
+        ids = tuple(request_ids)
+        cached = self._sums_cache.get(key)
+        if cached is not None and cached[0] == self._version and cached[1] == ids:
+            return cached[2]
+        sums = [list(accumulate(reach)) for reach in self._reaches(key, ids)]
+        self._sums_cache[key] = (self._version, ids, sums)
+        return sums
 
     def _steps_to_finish(
-        self, shape: DraftShape, request_ids: Sequence[str], remaining, sums: dict
+        self, shape: DraftShape, request_ids: Sequence[str], remaining: Sequence[int]
     ) -> float:
         """The most steps of ``shape`` any request of the batch still needs: its remaining tokens over the
-        tokens one verify commits for it. ``sums`` caches, per kind of shape, each request's running sums of
-        its reaches (the shapes of one kind share them: a closed batch's choice reads every request's once)."""
+        tokens one verify commits for it (1 + the running sum of its reaches to the shape's depth)."""
         if not shape.num_steps:
             return float(max(remaining))
-        key = acceptance_key(shape)
-        if key not in sums:
-            sums[key] = [list(accumulate(reach)) for reach in self._reaches(key, request_ids)]
         depth = shape.num_steps - 1
         return max(
             left / (1.0 + (row[min(depth, len(row) - 1)] if row else 0.0))
-            for left, row in zip(remaining, sums[key])
+            for left, row in zip(remaining, self._reach_sums(acceptance_key(shape), request_ids))
         )
 
     def choose(
@@ -194,13 +216,13 @@ class DraftLengthChooser:
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
         if unknown:  # try it once: its cost is measured as it runs
             return unknown[-1]
-        rate, cost, reach, sums = {}, 0.0, {}, {}
+        rate, cost, reach = {}, 0.0, {}
         for s in self.shapes:  # NOTE: larger shapes never cost less: a cheaper timing is noise
             cost = max(cost, self.costs[bucket, s])
             if remaining is None:
                 rate[s] = self._expected(s, request_ids, reach) / cost
             else:  # (the batch's finish rate: the inverse of its time to the last token)
-                rate[s] = 1.0 / (cost * self._steps_to_finish(s, request_ids, remaining, sums))
+                rate[s] = 1.0 / (cost * self._steps_to_finish(s, request_ids, remaining))
         best = max(rate.values())
         return next(
             s for s in self.shapes if rate[s] >= best / self.margin
@@ -213,6 +235,7 @@ class DraftLengthChooser:
         ``request_ids``, in the same order, also count it as each request's own."""
         if not shape.num_steps:
             return
+        self._version += 1
         key = acceptance_key(shape)
         self._acceptance[key].observe(shape.num_steps, accepted_drafts, self.decay)
         for rid, accepted in zip(request_ids, accepted_drafts):
@@ -223,7 +246,8 @@ class DraftLengthChooser:
 
     def forget(self, request_id: str) -> None:
         """The request finished or was preempted: drop its own counts."""
-        self._own.pop(request_id, None)
+        if self._own.pop(request_id, None) is not None:
+            self._version += 1
 
     def record_cost(self, bucket: int, shape: DraftShape, seconds: float) -> None:
         """A step's measured time (eager steps: smoothed; start-up profiles: as given, then fixed)."""

@@ -137,6 +137,32 @@ def test_adaptive_ngram_never_loses_a_closed_batch_to_plain_decoding():
     assert not seen[0][0] and seen[-1][0]
 
 
+def test_a_choice_reads_the_acceptance_observed_since_the_last_choice():
+    """The requests' reaches are kept from one choice to the next while nothing is observed (a run of steps
+    with no drafts); an observed verify, or a finished request, is seen by the very next choice."""
+    shapes = [DraftShape(k) for k in range(3)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k in range(3):
+        chooser.record_cost(2, DraftShape(k), 1.0 + 0.5 * k)
+    ids = ["a", "b"]
+    for _ in range(100):
+        chooser.observe(DraftShape(2), [0, 0], ids)
+    assert chooser.choose(2, ids) == DraftShape(0)
+    assert chooser.choose(2, ids, remaining=[50, 50]) == DraftShape(0)
+    for _ in range(300):
+        chooser.observe(DraftShape(2), [2, 2], ids)
+    assert chooser.choose(2, ids) == DraftShape(2)
+    assert chooser.choose(2, ids, remaining=[50, 50]) == DraftShape(2)
+    for _ in range(300):
+        chooser.observe(DraftShape(2), [2, 0], ["c", "b"])  # "b" now rejects every draft
+    assert chooser.choose(2, ids, remaining=[50, 50]) == DraftShape(0)  # "b" is the slowest
+    assert chooser.expected_tokens(DraftShape(1), ["b"]) < 1.1  # its own: it rejects
+    chooser.forget("b")  # its own counts go: it follows the batch-wide rates (0.5 at depth 1)
+    assert chooser.expected_tokens(DraftShape(1), ["b"]) == pytest.approx(
+        chooser.expected_tokens(DraftShape(1)), abs=1e-9
+    )
+
+
 def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
     """A tree's accepted path reaches each depth more often than a chain's: each tree shape keeps its own
     acceptance, so a narrow tree that accepts more is chosen over a wide one at the same cost, and a chain
