@@ -487,7 +487,9 @@ def tree_rows_scenario(p0, p1, *, block_size, dtype, device, seed, split_rows, *
 INTERPRETER_SHAPES = [(16, 32, 8, 2), (6, 12, 6, 2)]
 
 
-@pytest.mark.parametrize("split_rows", [None, 32, 64], ids=["S512", "S32", "S64"])
+@pytest.mark.parametrize(
+    "split_rows", [None, 32], ids=["S512", "S32"]
+)  # (splits of 32 rows have every boundary of 64's)
 @pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
 def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, split_rows):
     """Rows p at tile and split boundaries (p - 2 .. p + 3 crossing 64, 96 and 128): decode == verify, bitwise."""
@@ -511,7 +513,9 @@ def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, spl
     reason="float32 on the GPU is not bit-invariant under tree masks: "
     "an H100 gave rows 1 ulp apart (see triton_kernels.py); bf16 is checked below",
 )
-@pytest.mark.parametrize("split_rows", [None, 32, 64], ids=["S512", "S32", "S64"])
+@pytest.mark.parametrize(
+    "split_rows", [None, 32], ids=["S512", "S32"]
+)  # (splits of 32 rows have every boundary of 64's)
 @pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
 def test_invariant_tree_rows_match(batch_invariant_mode, shape, split_rows):
     """Tree masks: the same visible rows give the same bits, whatever the window and the mask's other rows."""
