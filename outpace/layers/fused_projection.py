@@ -148,7 +148,7 @@ def _embed_norm_pair_kernel(
 # M is not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and there the
 # sums of squares [BLOCK_P, BM] load with the parts axis contiguous (stride M = 1), a layout whose reduction
 # adds the parts in another order: on the H200 a row's rstd, and so its output, differed decoded alone and
-# among others (benchmarks/results/gpu_2026-11-30 call 5, diag case_check in call 4's notes).
+# among others (benchmarks/results/gpu_2026-11-30, call 4's README).
 @triton.jit(do_not_specialize=["M"])
 def _fused_rows_kernel(
     x_ptr,
@@ -508,10 +508,9 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     off; few rows (M <= 16: decode and small verify batches, where they beat cuBLAS), or any number in
     batch-invariant mode (a row's bits do not depend on M: module docstring, Rows).
 
-    The mode's bit-identity on the GPU (tests/gpu/test_batch_invariant_gpu.py) failed once with this rule
-    (049a978, reverted in 0a89ea8); on the H200 of benchmarks/results/gpu_2026-11-30 call 2, plain greedy
-    decoding gave the same tokens at batch 1 and 8 with it, graphs and PDL on or off
-    (benchmarks/scripts/diag_batch_invariant_fused.py), and call 3 ran the whole GPU file."""
+    The mode's bit-identity on the GPU (tests/gpu/test_batch_invariant_gpu.py) failed with this rule until
+    ``_fused_rows_kernel`` stopped specializing M (its comment says why); it passes on the H200 since
+    (benchmarks/results/gpu_2026-11-30, call 5)."""
     return (
         x.is_cuda
         and x.dim() == 2

@@ -120,13 +120,11 @@ class DraftLengthChooser:
         self.costs: dict[tuple[int, DraftShape], float] = {}
         self._steps = 0
         self._version = 0  # bumped whenever acceptance counts change (observe, forget)
-        # per kind of shape: (version, request ids, their reaches) of the last batch asked about: a run of steps
-        # with no drafts observes nothing, so its choices read the reaches computed for the first of them
+        # per kind of shape: (version, request ids, their reaches, the reaches' running sums) of the last batch
+        # asked about: a run of steps with no drafts observes nothing, so its choices read what the first computed
         self._reach_cache: dict[
-            DraftShape | str, tuple[int, tuple[str, ...], list[list[float]]]
-        ] = {}
-        self._sums_cache: dict[
-            DraftShape | str, tuple[int, tuple[str, ...], list[list[float]]]
+            DraftShape | str,
+            tuple[int, tuple[str, ...], list[list[float]], list[list[float]]],
         ] = {}
 
     def acceptance(
@@ -166,26 +164,25 @@ class DraftLengthChooser:
 
     def _reaches(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[list[float]]:
         """Per request (batch-wide: one row), a_1, a_1 a_2, ... over the depths of ``key``'s shapes."""
-        ids = tuple(request_ids)
-        cached = self._reach_cache.get(key)
-        if cached is not None and cached[0] == self._version and cached[1] == ids:
-            return cached[2]
-        batch_wide = self._acceptance[key].rates()
-        rows = [self._rates_of(key, r, batch_wide) for r in ids] or [batch_wide]
-        reaches = [list(accumulate(rates, mul)) for rates in rows]
-        self._reach_cache[key] = (self._version, ids, reaches)
-        return reaches
+        return self._reach_rows(key, request_ids)[0]
 
     def _reach_sums(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[list[float]]:
-        """Per request, the running sums of its reaches (``_reaches``; the shapes of one kind share them),
-        cached as they are."""
+        """Per request, the running sums of its reaches (``_reaches``; the shapes of one kind share them)."""
+        return self._reach_rows(key, request_ids)[1]
+
+    def _reach_rows(
+        self, key: DraftShape | str, request_ids: Sequence[str]
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """(``_reaches``, ``_reach_sums``), computed again only when the batch or the counts changed."""
         ids = tuple(request_ids)
-        cached = self._sums_cache.get(key)
-        if cached is not None and cached[0] == self._version and cached[1] == ids:
-            return cached[2]
-        sums = [list(accumulate(reach)) for reach in self._reaches(key, ids)]
-        self._sums_cache[key] = (self._version, ids, sums)
-        return sums
+        cached = self._reach_cache.get(key)
+        if cached is None or cached[0] != self._version or cached[1] != ids:
+            batch_wide = self._acceptance[key].rates()
+            rows = [self._rates_of(key, r, batch_wide) for r in ids] or [batch_wide]
+            reaches = [list(accumulate(rates, mul)) for rates in rows]
+            cached = (self._version, ids, reaches, [list(accumulate(r)) for r in reaches])
+            self._reach_cache[key] = cached
+        return cached[2], cached[3]
 
     def _steps_to_finish(
         self, shape: DraftShape, request_ids: Sequence[str], remaining: Sequence[int]
