@@ -5,6 +5,10 @@ padded [num_seqs, kv_heads, max_kv_len, head_dim] view, pad the queries to
 [num_seqs, heads, max_query_len, head_dim], attend under the metadata's boolean mask (with a
 layer's sliding window: ``PagedAttentionMetadata.attn_mask``), unpad. One code path serves
 prefill, decode and (chain or tree) verify.
+
+Batch-invariant mode on the CPU (attention/context.py ``batch_invariant``): each query attends alone, over the
+keys up to its own, so a chain token's row is the one decoding it computes, whatever the batch or verify width
+(the CPU kernel's products and softmax sums follow the shape of the whole call).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from outpace.attention.backend import KVCache, KVScales
+from outpace.attention.context import batch_invariant
 from outpace.attention.kv_quant import dequantize, store
 from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetadata
 
@@ -115,6 +120,8 @@ def attend_paged(
     max_kv_len, v_dim], each sequence's KV rows (``gather_blocks``, the new tokens' rows already written)
     -> [num_tokens, heads, v_dim], under the metadata's mask (causal, tree, sliding window)."""
     n, heads = meta.num_seqs, q.shape[1]
+    if batch_invariant() and not q.is_cuda and q.shape[0] > 0:
+        return _each_query_alone(q, k, v, meta, meta.attn_mask(sliding_window, positions), scale)
     # Every sequence brings max_query_len tokens (decode, chain verify): the queries are already a padded batch.
     uniform = q.shape[0] == n * meta.max_query_len
     if uniform:
@@ -143,3 +150,31 @@ def attend_paged(
         if uniform
         else out[meta.token_seq_index, meta.token_query_index]
     )
+
+
+def _each_query_alone(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``attend_paged`` in batch-invariant mode on the CPU (module docstring): each query [1, heads, 1, dim]
+    over its sequence's keys up to its own (the prefix and the new tokens up to it), under its mask row."""
+    seq, row = meta.token_seq_index, meta.token_query_index  # [num_tokens] each
+    ends = (
+        (meta.seq_lens - meta.query_lens)[seq] + row + 1
+    )  # [num_tokens]: the keys each query sees
+    out = [
+        F.scaled_dot_product_attention(
+            q[i].view(1, q.shape[1], 1, q.shape[2]),
+            k[s : s + 1, :, :end],
+            v[s : s + 1, :, :end],
+            attn_mask=mask[s : s + 1, :, r : r + 1, :end],
+            scale=scale,
+            enable_gqa=True,
+        )
+        for i, (s, r, end) in enumerate(zip(seq.tolist(), row.tolist(), ends.tolist()))
+    ]
+    return torch.cat(out).view(q.shape[0], q.shape[1], -1)

@@ -5,11 +5,17 @@ Output at token t: sum over j of weight[c, j] * window_t[j, c] (+ bias[c]), wher
 width inputs ending at t (transformers' causal_conv1d_fn: F.conv1d with width - 1 zeros of left
 padding, which is the zero state). The state after token t is the last width - 1 rows of window_t.
 In a draft tree, token t's window continues its parent's, not token t - 1's.
+
+Batch-invariant mode (attention/context.py ``batch_invariant``): the window sum runs in window order, an
+elementwise product and sum per tap, so a token's output does not depend on how many tokens share the call
+(the einsum's matrix product picks its kernel, hence its order of summation, by the shape).
 """
 
 from __future__ import annotations
 
 import torch
+
+from outpace.attention.context import batch_invariant
 
 
 def causal_conv_run(
@@ -31,7 +37,7 @@ def causal_conv_run(
     keep = weight.shape[1] - 1
     padded = torch.cat((state.to(x.dtype), x), dim=1)  # [runs, keep + len, channels]
     windows = padded.unfold(1, keep + 1, 1)  # [runs, len, channels, width]
-    y = torch.einsum("stcw,cw->stc", windows, weight.to(x.dtype))
+    y = _weighted_windows(windows, weight.to(x.dtype), "stcw")
     if bias is not None:
         y = y + bias.to(x.dtype)
     ends = valid.sum(1)  # [runs]: each run's valid tokens
@@ -68,9 +74,22 @@ def _tree_conv(
     windows = extended.gather(1, index.reshape(runs, -1, 1).expand(-1, -1, channels)).view(
         runs, length, keep + 1, channels
     )
-    y = torch.einsum("stwc,cw->stc", windows, weight.to(x.dtype))
+    y = _weighted_windows(windows, weight.to(x.dtype), "stwc")
     if bias is not None:
         y = y + bias.to(x.dtype)
     every = windows[:, :, 1:]  # [runs, len, keep, channels]
     # (a tree is verified, never committed whole: its "last" state is only the last node's)
     return y, every[:, -1], every if keep_every else None
+
+
+def _weighted_windows(windows: torch.Tensor, weight: torch.Tensor, layout: str) -> torch.Tensor:
+    """windows [runs, len, channels, width] (``layout`` "stcw") or [runs, len, width, channels] ("stwc")
+    times weight [channels, width], summed over the window -> [runs, len, channels]; in batch-invariant
+    mode tap by tap, oldest first (module docstring)."""
+    if not batch_invariant():
+        return torch.einsum(f"{layout},cw->stc", windows, weight)
+    taps = windows.unbind(layout.index("w"))  # width x [runs, len, channels]
+    y = taps[0] * weight[:, 0]
+    for tap, w in zip(taps[1:], weight.unbind(1)[1:]):
+        y = y + tap * w
+    return y

@@ -47,7 +47,7 @@ from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import delta_rule_chunked, use_chunked
 from outpace.layers.linear import column_parallel, row_parallel
-from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
+from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, rows_alone, scan_runs
 
 if TYPE_CHECKING:
     from outpace.layers.decoder import PackedProjection
@@ -90,7 +90,8 @@ def gated_delta_rule_run(
             q, k, v.float(), g.float(), beta.float(), state.float(), valid
         )
         return out.to(out_dtype), final, None
-    v, decay, beta = v.float(), g.float().exp(), beta.float()
+    # (token by token in batch-invariant mode on the CPU: layers/recurrent.py)
+    v, decay, beta = v.float(), rows_alone(torch.exp, g.float(), lead=2), beta.float()
     if v.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
         from outpace.layers.recurrent_kernels import delta_rule_scan
 
@@ -312,18 +313,17 @@ class GatedDeltaNet(RecurrentStateLayer):
             parents,
             keep_every,
         )
-        conv = ACTIVATIONS[self.activation](conv)  # [runs, len, channels]
+        # (the elementwise steps token by token in batch-invariant mode on the CPU: layers/recurrent.py)
+        conv = rows_alone(ACTIVATIONS[self.activation], conv, lead=2)  # [runs, len, channels]
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         s, t = conv.shape[:2]
-        g = -self.A_log.float().exp() * F.softplus(
-            a.float() + self.dt_bias
-        )  # [num_tokens, v_heads]
+        g, beta = rows_alone(self._decay_and_beta, a, b)  # [num_tokens, v_heads] each
         o, final, every = gated_delta_rule_run(
             q.reshape(s, t, self.num_k_heads, self.head_k_dim),
             k.reshape(s, t, self.num_k_heads, self.head_k_dim),
             v.reshape(s, t, self.num_v_heads, self.head_v_dim),
             runs.gather(g),
-            runs.gather(b.sigmoid()),
+            runs.gather(beta),
             start["recurrent"],
             runs.valid,
             parents,
@@ -333,5 +333,11 @@ class GatedDeltaNet(RecurrentStateLayer):
             {"conv": conv_final, "recurrent": final},
             {"conv": conv_every, "recurrent": every} if keep_every else None,
         )
-        o = self.norm(runs.scatter(o), z)  # [num_tokens, v_heads, v_dim]
+        o = rows_alone(self.norm, runs.scatter(o), z)  # [num_tokens, v_heads, v_dim]
         return self.out_proj(o.reshape(x.shape[0], self.value_dim))
+
+    def _decay_and_beta(
+        self, a: torch.Tensor, b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """a, b [n, v_heads] -> (the log decay g, beta) [n, v_heads] (module docstring)."""
+        return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias), b.sigmoid()

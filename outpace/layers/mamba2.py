@@ -46,7 +46,7 @@ from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.causal_conv import causal_conv_run
 from outpace.layers.chunked_scans import ssm_chunked, use_chunked
 from outpace.layers.linear import row_parallel
-from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, scan_runs
+from outpace.layers.recurrent import RecurrentStateLayer, TokenRuns, rows_alone, scan_runs
 
 # The longest run the fused step takes (a verify's draft tokens); longer runs are prefill's.
 FUSED_MAX_LEN = 16
@@ -82,7 +82,8 @@ def ssm_run(
             x, dt, A.float(), B.float(), C.float(), D.float(), state.float(), valid
         )
         return y.to(out_dtype), final, None
-    decay = (dt * A.float()).exp()  # [runs, len, heads]
+    # [runs, len, heads] (token by token in batch-invariant mode on the CPU: layers/recurrent.py)
+    decay = rows_alone(lambda d: (d * A.float()).exp(), dt, lead=2)
     if x.is_cuda if kernel is None else kernel:  # one Triton launch (layers/recurrent_kernels.py)
         from outpace.layers.recurrent_kernels import ssm_scan
 
@@ -230,13 +231,12 @@ class Mamba2Mixer(RecurrentStateLayer):
             parents,
             keep_every,
         )
-        conv = ACTIVATIONS[self.activation](conv)  # [runs, len, channels]
+        # (the elementwise steps token by token in batch-invariant mode on the CPU: layers/recurrent.py)
+        conv = rows_alone(ACTIVATIONS[self.activation], conv, lead=2)  # [runs, len, channels]
         groups = self.num_groups * self.state_size
         xs, B, C = conv.split([self.inner, groups, groups], dim=-1)
         s, t = conv.shape[:2]
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(
-            min=self.time_step_min
-        )  # [num_tokens, heads]
+        dt = rows_alone(self._time_step, dt)  # [num_tokens, heads]
         y, final, every = ssm_run(
             xs.reshape(s, t, self.num_heads, self.head_dim),
             runs.gather(dt),
@@ -253,5 +253,9 @@ class Mamba2Mixer(RecurrentStateLayer):
             {"conv": conv_final, "ssm": final},
             {"conv": conv_every, "ssm": every} if keep_every else None,
         )
-        y = self.norm(runs.scatter(y).reshape(x.shape[0], self.inner), gate)
+        y = rows_alone(self.norm, runs.scatter(y).reshape(x.shape[0], self.inner), gate)
         return self.out_proj(y)
+
+    def _time_step(self, dt: torch.Tensor) -> torch.Tensor:
+        """dt [n, heads] as projected -> the discretisation step (module docstring)."""
+        return F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.time_step_min)

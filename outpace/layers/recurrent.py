@@ -16,18 +16,46 @@ of a prompt), and what the forward keeps:
   into the row (``RecurrentStates.commit``). With ``parents`` (a draft tree) token i continues from its
   parent's state, not from token i - 1's.
 Without recurrent metadata (references and tests) each sequence starts from zeros and nothing is kept.
+
+Batch-invariant mode on the CPU (attention/context.py ``batch_invariant``): a token's bits must not depend on
+how many tokens share the forward, nor on whether it is decoded alone or verified in a chain. The torch
+recurrences walk token by token with the same shapes at every step, and ATen's CPU reductions sum each output
+in an order set by its own length and strides, not by how many outputs there are. What followed the batch
+(besides the attention: attention/torch_backend.py) were elementwise kernels with a transcendental (exp,
+softplus, sigmoid, silu): on a contiguous tensor they run vector code up to the last whole pair of vectors and
+scalar code on the tail, the two round differently, and which elements fall in the tail follows the tensor's
+size. ``rows_alone`` computes such a step token by token; the short convolution sums its window in a fixed
+order (layers/causal_conv.py). tests/engine/test_batch_invariant_hybrids.py fails without either.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from outpace.attention.context import get_forward_context
+from outpace.attention.context import batch_invariant, get_forward_context
 from outpace.attention.metadata import DenseCausalMetadata
+
+
+def rows_alone(fn: Callable[..., Any], *args: Any, lead: int = 1) -> Any:
+    """``fn(*args)``; in batch-invariant mode on the CPU (module docstring) computed for each row alone: the
+    first ``lead`` dims of every tensor argument index the rows (the same in each), other arguments pass as
+    they are, and ``fn``'s result (a tensor, or a tuple of tensors) comes back with those dims in front."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not batch_invariant() or tensors[0].is_cuda:
+        return fn(*args)
+    rows = tensors[0].shape[:lead]
+    flat = [a.flatten(0, lead - 1) if isinstance(a, torch.Tensor) else a for a in args]
+    outs = [
+        fn(*(a[i : i + 1] if isinstance(a, torch.Tensor) else a for a in flat))
+        for i in range(rows.numel())
+    ] or [fn(*flat)]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.cat(parts).unflatten(0, rows) for parts in zip(*outs))
+    return torch.cat(outs).unflatten(0, rows)
 
 
 def scan_runs(
