@@ -6,7 +6,12 @@ token ids and log-probabilities compared exactly; the first position where the l
 
 2026-11-30, this container's CPU: tokens equal, log-probabilities not (about 1 ulp; first at prompt 0's position 2
 at batch 1 against 4, position 1 for MTP against plain); the first module whose output differs (forward hooks,
-batch 1 against 4) is the first gated DeltaNet layer's gated norm."""
+batch 1 against 4) is the first gated DeltaNet layer's gated norm.
+
+2026-11-30, after fcf0191: tokens and log-probabilities equal in both comparisons (first difference None). The
+sources were the gates' softplus / sigmoid (and exp, silu) on tensors whose size followed the batch (ATen's
+vector code and scalar tail round differently), the short convolution's einsum, and, for MTP against plain,
+the CPU attention (each query now attends alone); tests/engine/test_batch_invariant_hybrids.py keeps it."""
 
 from __future__ import annotations
 
