@@ -53,6 +53,10 @@ _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64
 _BLOCK_T = 16  # tokens a merge program takes (a dot's rows, with W_UV)
+# KV rows a split covers at least (the split-KV heuristic's; a BLOCK_N multiple): a decode step over a short
+# context runs a few splits of several KV blocks rather than one per block, each a program whose fixed cost
+# (loading the query latent's parts) outweighs one block, and all of them merged one after the other.
+min_split_rows = 32
 
 
 @triton.jit
@@ -81,9 +85,16 @@ def _tile_kv_end(
 
 
 @triton.jit
-def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr):
-    """KV rows lo .. hi - 1 of split ``split``: a BLOCK_N multiple of kv_end / num_splits each."""
-    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+def _split_len(kv_end, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
+    """KV rows a split covers: kv_end / num_splits rounded up to BLOCK_N rows, at least MIN_SPLIT (a
+    BLOCK_N multiple). Splits past kv_end do not run, so a short sequence runs fewer, longer splits."""
+    return tl.maximum(tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N, MIN_SPLIT)
+
+
+@triton.jit
+def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
+    """KV rows lo .. hi - 1 of split ``split`` (``_split_len`` rows each)."""
+    split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
     lo = split * split_len
     return lo, tl.minimum(lo + split_len, kv_end)
 
@@ -137,6 +148,7 @@ def _mla_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,  # _split_len
     Q_PARTS: tl.constexpr,
     PARTIALS: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -150,7 +162,7 @@ def _mla_kernel(
     kv_end, prefix, seq_len, query_len = _tile_kv_end(
         seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M
     )
-    kv_lo, kv_hi = _split_range(kv_end, split, num_splits, BLOCK_N)
+    kv_lo, kv_hi = _split_range(kv_end, split, num_splits, BLOCK_N, MIN_SPLIT)
     # A split past the rows its tile sees does nothing; split 0 always writes (every row gets a result).
     if (kv_lo < kv_hi) | (split == 0):
         flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -257,6 +269,7 @@ def _combine_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
     HAS_MASK: tl.constexpr,
     UP: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -297,10 +310,10 @@ def _combine_kernel(
     # Only the splits that ran for some row of the block (the split count comes from the table's capacity,
     # the rows from the sequence: a short sequence under a long table leaves most splits empty, and merging
     # an empty split's neutral partials changes no bit, so stopping after the last split that ran is exact).
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N, 1)
+    split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
     splits_ran = tl.max(tl.where(t_ok, tl.cdiv(kv_end, split_len), 1), axis=0)
     for j in range(1, splits_ran):
-        lo, hi = _split_range(kv_end, j, num_splits, BLOCK_N)
+        lo, hi = _split_range(kv_end, j, num_splits, BLOCK_N, MIN_SPLIT)
         ran = t_ok & (lo < hi)  # a split that did not run left its partials unwritten: neutral ones
         pj = j * num_tokens * HEADS + part
         m, l, acc = _merge_partials(
@@ -399,7 +412,9 @@ def _attend(
     block_n = 16 if fp32 else 32
     tiles = math.ceil(meta.max_query_len * heads / block_m)
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
+    min_split = block_n  # a caller's num_splits (tests) is taken as given
     if num_splits is None:
+        min_split = max(block_n, min_split_rows // block_n * block_n)
         programs, target = meta.num_seqs * tiles, _PROGRAMS_PER_SM * num_sms(device)
         num_splits = (
             1
@@ -465,6 +480,7 @@ def _attend(
         BLOCK_SIZE=meta.block_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        MIN_SPLIT=min_split,
         Q_PARTS=num_parts,
         PARTIALS=partials,
         HAS_MASK=mask is not None,
@@ -509,6 +525,7 @@ def _attend(
             BLOCK_T=_BLOCK_T,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            MIN_SPLIT=min_split,
             HAS_MASK=mask is not None,
             UP=up is not None,
             PRECISION="ieee" if fp32 else "tf32",

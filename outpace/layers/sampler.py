@@ -47,6 +47,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from outpace.layers.argmax import argmax_last
+
 # Temperatures below this are treated as greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
 
@@ -168,7 +170,7 @@ class SamplingTensors:
 
 def _one_hot_argmax(logits: Tensor) -> Tensor:
     """One-hot float32 rows at ``argmax`` (first index on ties).  # [n, V]"""
-    index = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
+    index = argmax_last(logits)[:, None]  # [n, 1]
     return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
         -1, index, 1.0
     )
@@ -329,7 +331,7 @@ def sample(logits: Tensor, st: SamplingTensors, keys: Keys = None) -> Tensor:
     others an inverse-CDF draw (``sample_from_probs``); without keys, every row the latter.
     """
     if st.all_greedy:
-        return logits.argmax(dim=-1)  # [n]
+        return argmax_last(logits)  # [n]
     gumbel = (
         draw_gumbel(keys, logits.shape[-1]) if st.any_seeded and keys is not None else None
     )  # [n, V]

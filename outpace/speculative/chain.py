@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from outpace.layers.argmax import argmax_last
 from outpace.layers.sampler import draw_gumbel, logits_to_probs, sample_from_probs
 from outpace.request import DRAFT, SAMPLE
 from outpace.speculative.proposer import DecodeRows, Drafts
@@ -30,7 +31,7 @@ def choose_chain(
     A seeded row's q is the point mass at its Gumbel-max sample under the draft, with the noise the target
     samples position L + j with: where the draft agrees with the target, so does the draft token."""
     if rows.sampling.all_greedy:
-        return logits.argmax(-1)
+        return argmax_last(logits)
     q = logits_to_probs(
         logits, rows.sampling, position_gumbel(rows, j, 1, logits.shape[-1])
     )  # [b, vocab]

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from outpace.layers.argmax import argmax_last
 from outpace.layers.sampler import (
     Keys,
     SamplingTensors,
@@ -139,7 +140,7 @@ def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> Verif
     ``target_logits``    # [batch, num_drafts + 1, V] (logits or probs: only argmax is used)
     """
     draft_token_ids = draft_token_ids.long()
-    target_predict = target_logits.argmax(dim=-1)  # [batch, num_drafts + 1]
+    target_predict = argmax_last(target_logits)  # [batch, num_drafts + 1]
     matches = draft_token_ids == target_predict[:, :-1]  # [batch, num_drafts]
     num_correct_drafts = matches.long().cumprod(dim=1).sum(dim=1)  # [batch]
     bonus = target_predict.gather(1, num_correct_drafts[:, None]).squeeze(1)  # [batch]
@@ -248,7 +249,7 @@ def verify_greedy_tree(
     max_depth = num_nodes - 1 if max_depth is None else max_depth
     nodes = torch.arange(num_nodes, device=device)  # [num_nodes]
 
-    target_predict = target_logits.argmax(dim=-1)  # [batch, num_nodes]
+    target_predict = argmax_last(target_logits)  # [batch, num_nodes]
     if target_predict.is_cuda:  # the same walk in one launch (speculative/tree_kernels.py)
         from outpace.speculative import tree_kernels
 

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from outpace.attention import build_paged_metadata, forward_context
+from outpace.attention import build_paged_metadata, forward_context, mla_kernels
 from outpace.attention.mla_kernels import mla_attention_up, mla_paged_attention
 from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import attend_paged, gather_blocks
@@ -106,6 +106,26 @@ def test_query_parts_and_the_up_projection_in_the_merge(layout, num_splits):
     attended = torch_reference(parts.sum(0), q_rope, cache, meta, 0.3)
     expected = torch.einsum("thr,hvr->thv", attended, up)
     got = mla_attention_up(parts, q_rope, cache, meta, 0.3, up, num_splits=num_splits)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("min_rows", [16, 48, 1000])
+def test_the_heuristic_s_shortest_split(min_rows, monkeypatch):
+    """The split-KV heuristic's minimum split length (``min_split_rows``, rounded down to BLOCK_N): the
+    attention and the merge agree on which splits ran, whether a 131-row sequence takes one split or
+    several of 48 rows."""
+    monkeypatch.setattr(mla_kernels, "min_split_rows", min_rows)
+    g = torch.Generator().manual_seed(min_rows)
+    rank, rope, heads = 36, 8, 5
+    meta, num_blocks = make_meta("decode", 5, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 5, 1, rank + rope, generator=g).to(DEVICE)
+    parts = torch.randn(2, n, heads, rank, generator=g).to(DEVICE)
+    q_rope = torch.randn(n, heads, rope, generator=g).to(DEVICE)
+    up = torch.randn(heads, 7, rank, generator=g).to(DEVICE)
+    attended = torch_reference(parts.sum(0), q_rope, cache, meta, 0.3)
+    expected = torch.einsum("thr,hvr->thv", attended, up)
+    got = mla_attention_up(parts, q_rope, cache, meta, 0.3, up)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
