@@ -55,8 +55,11 @@ _MAX_SPLITS = 64
 _BLOCK_T = 16  # tokens a merge program takes (a dot's rows, with W_UV)
 # KV rows a split covers at least (the split-KV heuristic's; a BLOCK_N multiple): a decode step over a short
 # context runs a few splits of several KV blocks rather than one per block, each a program whose fixed cost
-# (loading the query latent's parts) outweighs one block, and all of them merged one after the other.
-min_split_rows = 32
+# (loading the query latent's parts) outweighs one block, and all of them merged one after the other. On the
+# H200, DeepSeek-V2-Lite's decode step at 32 / 64 / 128 / 256: 2.821 / 2.773 / 2.857 / 3.104 ms at batch 1
+# over 512 cached tokens, 3.102 / 3.100 / 3.019 / 3.178 over 2048, 6.087 / 5.994 / 6.065 / 6.263 at batch 8
+# (benchmarks/scripts/mla_settings.py, benchmarks/results/gpu_2026-11-30b call 2).
+min_split_rows = 64
 
 
 @triton.jit
