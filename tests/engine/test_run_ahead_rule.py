@@ -98,3 +98,36 @@ def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
     assert sizes == []  # four requests' rows: over the bound
     assert [o.token_ids for o in llm.generate(prompts[:2], params)] == reference[:2]
     assert sizes and set(sizes) == {2}
+
+
+def test_a_drop_restores_each_held_row_of_every_buffer_from_the_one_saved_copy():
+    """The saved state is one flat copy of every buffer's rows (int64, float32, bfloat16, [rows, ...] of any
+    shape); a drop puts back the rows still held by their requests and leaves the others as they are."""
+    import torch
+
+    from outpace.engine.launch import DecodeLaunch
+
+    g = torch.Generator().manual_seed(0)
+    buffers = [
+        torch.arange(5, dtype=torch.int64),
+        torch.randn(5, 3, 2, generator=g),
+        torch.randn(5, 7, generator=g).to(torch.bfloat16),
+    ]
+    step = SimpleNamespace(state_buffers=lambda key: buffers)
+    table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64)
+    ahead = run_ahead.RunAhead(None, table, step, per_step=1, lookahead=0, max_model_len=64)
+    rows = [3, 0, 4]
+    saved = ahead.saved_state(None, rows)
+    before = [t.clone() for t in buffers]
+    for t in buffers:
+        t.add_(1)  # the step run ahead advances every row
+    after = [t.clone() for t in buffers]
+    ahead.launch = DecodeLaunch(
+        None, ("a", "gone", "b"), (), SimpleNamespace(wait=lambda: None), rows, saved
+    )
+    ahead.drop()
+    for t, old, new in zip(buffers, before, after):
+        assert torch.equal(t[[3, 4]], old[[3, 4]])  # held: restored
+        assert torch.equal(
+            t[[0, 1, 2]], new[[0, 1, 2]]
+        )  # "gone" (row 0) and rows outside the step: untouched
