@@ -67,7 +67,7 @@ class DecodeLaunch:
     starts: tuple[int, ...]  # each request's length L when the step started
     copy: HostCopy  # its packed outputs on their way to the host
     req_indices: list[int]  # each request's row of the request table
-    saved: torch.Tensor | None = None  # run ahead: its rows' request state before it (bytes)
+    saved: list[torch.Tensor] | None = None  # run ahead: its rows' request state before it
     timer: StepTimer | None = None  # the step's time, for the adaptive chooser
     # each request's bound on its drafter's pending rows before the step (engine/step_key.py HoldRule.advance)
     held_before: tuple[int | None, ...] = ()

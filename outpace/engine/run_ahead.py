@@ -73,15 +73,14 @@ class RunAhead:
             rid in self.launch.request_ids for rid in request_ids
         )
 
-    def saved_state(self, key: StepKey, req_indices: list[int]) -> torch.Tensor:
+    def saved_state(self, key: StepKey, req_indices: list[int]) -> list[torch.Tensor]:
         """The request state of these request rows (the batch's, in its order) before a step of ``key``, to
-        restore on a drop: every buffer's rows as bytes, buffer by buffer, in one flat tensor [bytes] uint8.
-        One copy of views (a hybrid's recurrent states are MBs a row, and torch's index_select of them took
-        38 us a layer at batch 8 of Nemotron-H-8B on the H200: benchmarks/results/gpu_2026-11-29f, call 1),
-        and one launch for up to 128 of them, where a copy a buffer took 52 launches and 90 us of a Qwen3.5
-        step at batch 1 (benchmarks/results/gpu_2026-11-30b, call 2)."""
-        buffers = self.decode_step.state_buffers(key)
-        return torch.cat([_row_bytes(t, i) for t in buffers for i in req_indices])
+        restore on a drop. One copy a buffer, of the rows as views: a hybrid model's recurrent states are MBs
+        a row, and torch's index_select of them took 38 us a layer at batch 8 of Nemotron-H-8B on the H200
+        (benchmarks/results/gpu_2026-11-29f, call 1), at every step run ahead."""
+        return [
+            torch.stack([t[i] for i in req_indices]) for t in self.decode_step.state_buffers(key)
+        ]
 
     def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:
         """The step run ahead if it serves this batch (each request was in it, from the length it has
@@ -110,14 +109,11 @@ class RunAhead:
         ]
         if not rows:
             return
-        held = {launch.req_indices[i] for i in rows}
-        buffers = self.decode_step.state_buffers(launch.key)
-        places = [
-            (i, _row_bytes(t, i)) for t in buffers for i in launch.req_indices
-        ]  # saved's order
-        olds = launch.saved.split([view.numel() for _, view in places])
-        kept = [(view, old) for (i, view), old in zip(places, olds) if i in held]
-        torch._foreach_copy_([view for view, _ in kept], [old for _, old in kept])
+        device = self.req_table.device
+        kept = torch.tensor(rows, device=device)
+        indices = torch.tensor([launch.req_indices[i] for i in rows], device=device)
+        for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved):
+            buffer.index_copy_(0, indices, saved.index_select(0, kept))
         if self.holds is not None and launch.held_before:
             self.holds.restore(
                 [launch.request_ids[i] for i in rows], [launch.held_before[i] for i in rows]
@@ -170,8 +166,3 @@ def reserve_rows(
         if m > 0:
             pool.grow(r.request_id, n)
     return True
-
-
-def _row_bytes(buffer: torch.Tensor, row: int) -> torch.Tensor:
-    """Row ``row`` of a request-state buffer (contiguous, as the engine allocates them) as a view of its bytes."""
-    return buffer[row].view(-1).view(torch.uint8)

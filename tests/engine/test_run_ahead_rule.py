@@ -100,8 +100,8 @@ def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
     assert sizes and set(sizes) == {2}
 
 
-def test_a_drop_restores_each_held_row_of_every_buffer_from_the_one_saved_copy():
-    """The saved state is one flat copy of every buffer's rows (int64, float32, bfloat16, [rows, ...] of any
+def test_a_drop_restores_each_held_row_of_every_buffer():
+    """The saved state holds every buffer's rows (int64, float32, bfloat16, [rows, ...] of any
     shape); a drop puts back the rows still held by their requests and leaves the others as they are."""
     import torch
 
@@ -114,7 +114,7 @@ def test_a_drop_restores_each_held_row_of_every_buffer_from_the_one_saved_copy()
         torch.randn(5, 7, generator=g).to(torch.bfloat16),
     ]
     step = SimpleNamespace(state_buffers=lambda key: buffers)
-    table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64)
+    table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64, device="cpu")
     ahead = run_ahead.RunAhead(None, table, step, per_step=1, lookahead=0, max_model_len=64)
     rows = [3, 0, 4]
     saved = ahead.saved_state(None, rows)
