@@ -24,8 +24,9 @@ shared slots: SLOTS = top_k + S per token, pair p = token * SLOTS + slot.
 
 Four kernels, every grid fixed by the shapes:
 
-1. the block layout (``BlockLayout``), written by ``_align_kernel`` (one program) or by the routing kernel
-   itself (layers/moe_routing_kernel.py: routing and this sort in one launch): the pairs sorted by expert
+1. the block layout (``BlockLayout``), written by ``_align_kernel`` (one program) or, up to 64 tokens, by
+   the routing kernel itself (layers/moe_routing_kernel.py: routing and the layout in one launch, placed
+   from each expert's token mask, ``place_pairs_by_token_masks``): the pairs sorted by expert
    into blocks of BLOCK_M rows, each expert's pairs padded to a whole number of blocks, so that a block
    holds one expert's pairs only. The number of blocks depends on the routing, but never exceeds
    max_blocks = (pairs + min(experts, pairs) * (BLOCK_M - 1)) // BLOCK_M (each expert in use adds at most
@@ -115,14 +116,121 @@ def _pair_experts(
     ids_ptr, stride_ids, p, pairs, TOP_K: tl.constexpr, SLOTS: tl.constexpr, NUM_ROUTED
 ):
     """p [CHUNK] pair indices -> their experts [CHUNK] int32: ids[token, slot] for a routed slot,
-    NUM_ROUTED + slot - TOP_K for a shared one, -1 past the last pair."""
+    NUM_ROUTED + slot - TOP_K for a shared one, -1 past the last pair. (volatile: ids written by other
+    programs of the routing kernel, layers/moe_routing_kernel.py, are read past L1, which is not coherent
+    across SMs.)"""
     token = p // SLOTS
     slot = p % SLOTS
     routed = tl.load(
-        ids_ptr + token * stride_ids + slot, mask=(p < pairs) & (slot < TOP_K), other=0
+        ids_ptr + token * stride_ids + slot,
+        mask=(p < pairs) & (slot < TOP_K),
+        other=0,
+        volatile=True,
     ).to(tl.int32)
     expert = tl.where(slot < TOP_K, routed, NUM_ROUTED + slot - TOP_K)
     return tl.where(p < pairs, expert, -1)
+
+
+@triton.jit
+def _write_blocks(
+    counts,  # [BLOCK_E] int32: each expert's pairs
+    experts,  # [BLOCK_E]
+    e_ok,  # [BLOCK_E]: the routed and shared experts
+    sorted_pairs_ptr,
+    block_expert_ptr,
+    cursor_ptr,
+    pairs,
+    max_blocks,
+    SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """The part of the block layout that the counts decide: every row the padding ``pairs`` and every
+    block -1, then each expert's blocks from its first (exclusive sum of the blocks before it), and in
+    ``cursor_ptr`` each expert's first row, both before a barrier (the caller's pair rows overwrite padding
+    and read the cursor after it)."""
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_E]
+    first_block = tl.cumsum(blocks, axis=0) - blocks  # [BLOCK_E] exclusive
+    rows = tl.arange(0, 1024)  # every row: padding first, 1024 rows a step; every block: -1 first
+    for start in range(0, max_blocks * BLOCK_M, 1024):
+        tl.store(
+            sorted_pairs_ptr + start + rows,
+            tl.full([1024], 0, tl.int32) + pairs,
+            mask=start + rows < max_blocks * BLOCK_M,
+        )
+    for start in range(0, max_blocks, 1024):
+        tl.store(
+            block_expert_ptr + start + rows,
+            tl.full([1024], -1, tl.int32),
+            mask=start + rows < max_blocks,
+        )
+    tl.store(cursor_ptr + experts, first_block * BLOCK_M, mask=e_ok)
+    tl.debug_barrier()  # the padding is written before the blocks and pairs overwrite theirs
+    for i in range(0, tl.cdiv(pairs // SLOTS, BLOCK_M)):  # (an expert has at most one pair a token)
+        tl.store(block_expert_ptr + first_block + i, experts, mask=e_ok & (i < blocks))
+
+
+@triton.jit
+def _popcount(x):
+    """x int64 -> its set bits (int64), in shifts and masks (the interpreter runs it too)."""
+    x = x - ((x >> 1) & 0x5555555555555555)  # (bit 63's sign copies are masked off at each step)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return (x * 0x0101010101010101) >> 56  # (wraps: the count is the top byte, at most 64)
+
+
+@triton.jit
+def place_pairs_by_token_masks(
+    ids_ptr,  # [tokens, TOP_K] int: the routed experts of each token
+    token_masks_ptr,  # [routed + shared experts] int64: bit t set where token t chose the expert; zeroed
+    sorted_pairs_ptr,  # [max_blocks * BLOCK_M] int32, written
+    block_expert_ptr,  # [max_blocks] int32, written
+    cursor_ptr,  # [routed + shared experts] int32 scratch: each expert's first row
+    tokens,  # at most 64 (a mask is one int64)
+    max_blocks,
+    NUM_ROUTED,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # a power of two >= routed + shared experts
+    BLOCK_M: tl.constexpr,
+    PAIR_BLOCK: tl.constexpr,  # a power of two >= tokens * SLOTS
+):
+    """The block layout of ``sort_pairs_into_blocks``, bit for bit, by the one program that calls it, for
+    up to 64 tokens whose routing marked each chosen expert's token mask (layers/moe_routing_kernel.py: the
+    programs that route the tokens in parallel set the bits; the last of them calls this). An expert is
+    chosen at most once a token, so the pairs of expert e before pair (t, slot) are those of the earlier
+    tokens that chose e: its row is e's first row plus popcount(mask[e] & (2^t - 1)), and e's pair count
+    popcount(mask[e]). Every pair at once: a few dependent reads in all, where the sort's chunks each wait
+    for the cursor the chunk before wrote. Leaves every mask at zero (the next launch's starting point)."""
+    experts = tl.arange(0, BLOCK_E)
+    e_ok = experts < NUM_ROUTED + SLOTS - TOP_K
+    # (volatile: set by atomics of other programs, in L2)
+    masks = tl.load(token_masks_ptr + experts, mask=e_ok, other=0, volatile=True)  # [BLOCK_E]
+    pairs = tokens * SLOTS
+    _write_blocks(
+        _popcount(masks).to(tl.int32),
+        experts,
+        e_ok,
+        sorted_pairs_ptr,
+        block_expert_ptr,
+        cursor_ptr,
+        pairs,
+        max_blocks,
+        SLOTS,
+        BLOCK_M,
+    )
+    p = tl.arange(0, PAIR_BLOCK)  # [PAIR_BLOCK] every pair
+    expert = _pair_experts(ids_ptr, TOP_K, p, pairs, TOP_K, SLOTS, NUM_ROUTED)  # [PAIR_BLOCK]
+    placed = expert >= 0
+    token = tl.minimum(p // SLOTS, 63).to(tl.int64)  # (past the last pair: a shift still in range)
+    earlier_tokens = (
+        tl.full([PAIR_BLOCK], 1, tl.int64) << token
+    ) - 1  # [PAIR_BLOCK] bits 0 .. t - 1
+    chose = tl.load(token_masks_ptr + expert, mask=placed, other=0, volatile=True)  # [PAIR_BLOCK]
+    first_row = tl.load(cursor_ptr + expert, mask=placed, other=0, volatile=True)
+    before = _popcount(chose & earlier_tokens).to(tl.int32)  # [PAIR_BLOCK]
+    tl.store(sorted_pairs_ptr + first_row + before, p, mask=placed)
+    tl.debug_barrier()  # every mask read before any is zeroed
+    tl.store(token_masks_ptr + experts, tl.zeros([BLOCK_E], tl.int64), mask=e_ok)
 
 
 @triton.jit
@@ -162,25 +270,18 @@ def sort_pairs_into_blocks(
     tl.debug_barrier()
     # (volatile: the atomics were made in L2, so these reads bypass L1, as the cursor reads below)
     counts = tl.load(cursor_ptr + experts, mask=e_ok, other=0, volatile=True)  # [BLOCK_E]
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M  # [BLOCK_E]
-    first_block = tl.cumsum(blocks, axis=0) - blocks  # [BLOCK_E] exclusive
-    rows = tl.arange(0, 1024)  # every row: padding first, 1024 rows a step; every block: -1 first
-    for start in range(0, max_blocks * BLOCK_M, 1024):
-        tl.store(
-            sorted_pairs_ptr + start + rows,
-            tl.full([1024], 0, tl.int32) + pairs,
-            mask=start + rows < max_blocks * BLOCK_M,
-        )
-    for start in range(0, max_blocks, 1024):
-        tl.store(
-            block_expert_ptr + start + rows,
-            tl.full([1024], -1, tl.int32),
-            mask=start + rows < max_blocks,
-        )
-    tl.store(cursor_ptr + experts, first_block * BLOCK_M, mask=e_ok)
-    tl.debug_barrier()  # the padding is written before the blocks and pairs overwrite theirs
-    for i in range(0, tl.cdiv(pairs // SLOTS, BLOCK_M)):  # (an expert has at most one pair a token)
-        tl.store(block_expert_ptr + first_block + i, experts, mask=e_ok & (i < blocks))
+    _write_blocks(
+        counts,
+        experts,
+        e_ok,
+        sorted_pairs_ptr,
+        block_expert_ptr,
+        cursor_ptr,
+        pairs,
+        max_blocks,
+        SLOTS,
+        BLOCK_M,
+    )
     earlier = offs[None, :] < offs[:, None]  # [CHUNK, CHUNK]: column pair before row pair
     for start in range(0, pairs, CHUNK):
         ids = _pair_experts(ids_ptr, stride_ids, start + offs, pairs, TOP_K, SLOTS, NUM_ROUTED)

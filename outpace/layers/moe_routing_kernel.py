@@ -15,10 +15,26 @@ synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at e
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
    the weights (the uncorrected scores, renormalised with ``normalize``, times ``scaling``), as layers/moe.py
-   ``Router.reference`` computes them. Up to ``FUSED_LAYOUT_TOKENS`` tokens it runs as one program that then
-   also writes the expert-sorted block layout of the grouped-expert kernels (layers/moe_kernels.py
-   ``sort_pairs_into_blocks``, shared-expert slots included): routing and the sort in one launch. Beyond
-   (prefill) one program per block of tokens, and the sort is ``moe_kernels.align``'s own launch.
+   ``Router.reference`` computes them. Up to ``FUSED_LAYOUT_TOKENS`` tokens (decode, verify) one program of
+   ``TOKEN_ROUTE_WARPS`` (1) warp a token, all in parallel, every reduction within a warp; a token's bits
+   are then those it gets routed alone, whatever the batch. Beyond (prefill) one program of 8 warps per
+   block of tokens.
+3. The block layout of the grouped-expert kernels (layers/moe_kernels.py ``BlockLayout``, shared-expert
+   slots included) in the same launch, up to ``FUSED_LAYOUT_TOKENS`` tokens: each token's program sets its
+   bit in the token mask of every expert it chose (integer atomic ORs: the same masks in any order), then
+   takes a ticket (an atomic add); the program that draws the last one has seen every other program
+   finish, zeroes the ticket and places every pair from the masks (``place_pairs_by_token_masks``: the
+   layout ``align`` writes, bit for bit), zeroing the masks. The ticket and the masks live in a buffer per
+   device and expert count (``layout_scratch``), zero between launches, which the launches on a device
+   share: they must not overlap (one stream, as the engine runs its steps). Memory order (the PTX memory
+   model; CUDA's cooperative-groups grid barrier follows the same pattern): a program's threads write their
+   ids and set their bits, meet at a barrier, and then one thread takes the ticket with acq_rel at gpu
+   scope, a release cumulative over what the barrier ordered before it; the last ticket's acquire, shared
+   with the program's other threads through a barrier, orders every other program's writes before the
+   layout's reads, which are volatile besides (L1 is not coherent across SMs). A single token takes no
+   ticket. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is ``moe_kernels.align``'s own launch.
+   Triton's interpreter (the CPU tests) runs the programs one after the other, so it checks the layout
+   and the ticket's reset, not the ordering.
 
 Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRouter):
 - ``RouterInputNorm``: the router reads RMSNorm(x) (no weight) times a per-column scale and a constant.
@@ -48,22 +64,25 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.layers.moe_kernels import SORT_CHUNK, BlockLayout, align, sort_pairs_into_blocks
+from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
 
-FUSED_LAYOUT_TOKENS = (
-    64  # up to this many tokens routing writes the block layout itself (docstring 2.)
-)
+# up to this many tokens one program routes each token and routing writes the block layout itself
+# (module docstring 2. and 3.); at most 64, the bits of a token mask
+FUSED_LAYOUT_TOKENS = 64
 _LOGIT_PROGRAMS = 264  # programs the logits matvec aims for (two waves of an H200's 132 SMs)
 _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
 # the route kernel's warps: 8 for a block of tokens (no register spills at the DeepSeek shapes: ptxas for
-# sm_90a; 4 warps spill), 1 for a single token, whose reductions then stay within one warp (H200,
-# benchmarks/scripts/routing_timings.py, gpu_2026-11-29e call 2: DeepSeek-V3 7.2 us against 11.4 at 8
-# warps, V2-Lite 5.0 against 6.0, Qwen3-Next 8.9 against 9.3; at 8 and 32 tokens 8 warps are the fastest)
+# sm_90a; 4 warps spill), 1 for a program that routes one token, whose reductions then stay within one
+# warp (H200, benchmarks/scripts/routing_timings.py, gpu_2026-11-29e call 2, a single token: DeepSeek-V3
+# 7.2 us against 11.4 at 8 warps, V2-Lite 5.0 against 6.0, Qwen3-Next 8.9 against 9.3)
 ROUTE_WARPS = 8
-ONE_TOKEN_ROUTE_WARPS = 1
+TOKEN_ROUTE_WARPS = 1
+# per device and expert count (routed + shared): the fused layout's ticket and token masks, zero between
+# launches (module docstring 3.); kept for the life of the process, as captured graphs hold their address
+_LAYOUT_SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 @triton.jit
@@ -132,9 +151,9 @@ def _router_logits_kernel(
 @triton.jit
 def _top_index(values, index, NONE: tl.constexpr):
     """values [rows, cols], index [cols] -> per row the index of its largest value, the lowest among
-    equal ones ([rows])."""
+    equal ones, and that value ([rows] each)."""
     best = tl.max(values, axis=1)
-    return tl.min(tl.where(values == best[:, None], index[None, :], NONE), axis=1)
+    return tl.min(tl.where(values == best[:, None], index[None, :], NONE), axis=1), best
 
 
 @triton.jit
@@ -158,12 +177,12 @@ def _limit_to_top_groups(
         v = tl.where(group[None, :] == g, choice, float("-inf"))  # [BLOCK_T, BLOCK_E]
         score = tl.max(v, axis=1)  # [BLOCK_T]
         if TOP2_SUM:  # the best plus the best of the rest (the best twice when it is there twice)
-            first = _top_index(v, experts, BLOCK_E)
+            first, _ = _top_index(v, experts, BLOCK_E)
             score += tl.max(tl.where(experts[None, :] == first[:, None], float("-inf"), v), axis=1)
         scores = tl.where(groups[None, :] == g, score[:, None], scores)
     keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
     for _ in tl.static_range(TOP_GROUPS):
-        best = _top_index(scores, groups, BLOCK_G)  # [BLOCK_T]
+        best, _ = _top_index(scores, groups, BLOCK_G)  # [BLOCK_T]
         scores = tl.where(groups[None, :] == best[:, None], float("-inf"), scores)
         keep = keep | (group[None, :] == best[:, None])
     return tl.where(keep, choice, float("-inf"))
@@ -178,11 +197,11 @@ def _route_tokens(
     weights_ptr,
     ids_ptr,
     n,
-    splits,
     scaling,
     hidden,
     norm_eps,
     norm_constant,
+    SPLITS: tl.constexpr,
     NUM_EXPERTS: tl.constexpr,
     TOP_K: tl.constexpr,
     SOFTMAX: tl.constexpr,
@@ -200,7 +219,8 @@ def _route_tokens(
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.)."""
+    """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.), written and
+    returned ([BLOCK_T, BLOCK_K] int32, slots past TOP_K zero)."""
     # a row of the partial logits: the experts' logits, the shared gate's, then with the norm the sum of x^2
     ROW: tl.constexpr = NUM_EXPERTS + SHARED_GATE + INPUT_NORM
     W_ROW: tl.constexpr = TOP_K + SHARED_GATE * NUM_SHARED  # a row of the weights written
@@ -214,7 +234,9 @@ def _route_tokens(
     sq = tl.zeros([BLOCK_T], tl.float32)  # the sum of x^2 per token (INPUT_NORM)
     gate = tl.zeros([BLOCK_T], tl.float32)  # the shared gate's logit per token (SHARED_GATE)
     SQ: tl.constexpr = NUM_EXPERTS + SHARED_GATE  # the column of the sum of x^2
-    for s in range(0, splits):  # in split order: the same bits every time
+    # in split order: the same bits every time; unrolled, so that every split's load is issued before the
+    # first add waits (a loop waited for each in turn: one L2 round trip a split)
+    for s in tl.static_range(SPLITS):
         if s > 0:
             logits += tl.load(partial_ptr + s * n * ROW + cell, mask=ok, other=0.0)
         if SHARED_GATE:
@@ -251,9 +273,12 @@ def _route_tokens(
     top_w = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)  # [BLOCK_T, BLOCK_K] weight per slot
     top_i = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)  # expert per slot
     for j in tl.static_range(TOP_K):
-        best = _top_index(choice, experts, BLOCK_E)  # [BLOCK_T]
+        best, top = _top_index(choice, experts, BLOCK_E)  # [BLOCK_T] each
         pick = experts[None, :] == best[:, None]  # [BLOCK_T, BLOCK_E]
-        weight = tl.sum(tl.where(pick, scores, 0.0), axis=1)
+        if BIAS:
+            weight = tl.sum(tl.where(pick, scores, 0.0), axis=1)  # (one nonzero term: exact)
+        else:  # the choice is the score itself (or -inf, never chosen): its largest is the weight
+            weight = top
         choice = tl.where(pick, float("-inf"), choice)
         top_w = tl.where(slots[None, :] == j, weight[:, None], top_w)
         top_i = tl.where(slots[None, :] == j, best[:, None], top_i)
@@ -273,6 +298,7 @@ def _route_tokens(
     if SHARED_GATE:  # every shared slot of the token weighted by its gate
         for j in tl.static_range(NUM_SHARED):
             tl.store(weights_ptr + w_rows + TOP_K + j, tl.sigmoid(gate), mask=t_ok)
+    return top_i
 
 
 @triton.jit
@@ -284,14 +310,15 @@ def _route_kernel(
     ids_ptr,  # [n, TOP_K] int64, written
     sorted_pairs_ptr,
     block_expert_ptr,  # the block layout, written when LAYOUT
-    cursor_ptr,  # its sort's scratch
+    cursor_ptr,  # its scratch
+    ticket_ptr,  # [1 + routed + shared experts] int64, zero on entry and on exit: ticket, token masks (LAYOUT)
     n,
-    splits,
     scaling,
     hidden,
     norm_eps,
     norm_constant,
     max_blocks,
+    SPLITS: tl.constexpr,
     NUM_EXPERTS: tl.constexpr,
     TOP_K: tl.constexpr,
     SOFTMAX: tl.constexpr,
@@ -307,62 +334,99 @@ def _route_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    LAYOUT: tl.constexpr,  # one program: every token, then the block layout
+    LAYOUT: tl.constexpr,  # one program a token (BLOCK_T 1), the last to finish writes the block layout
+    ALONE: tl.constexpr,  # LAYOUT with one token: one program, no ticket
     NUM_SHARED: tl.constexpr,
+    BLOCK_SHARED: tl.constexpr,  # a power of two >= NUM_SHARED
     SORT_BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    CHUNK: tl.constexpr,
+    PAIR_BLOCK: tl.constexpr,
 ):
-    first = tl.program_id(0) * BLOCK_T
-    last = n if LAYOUT else first + 1
-    for t0 in range(first, last, BLOCK_T):
-        _route_tokens(
-            t0,
-            partial_ptr,
-            bias_ptr,
-            expert_scale_ptr,
-            weights_ptr,
-            ids_ptr,
-            n,
-            splits,
-            scaling,
-            hidden,
-            norm_eps,
-            norm_constant,
-            NUM_EXPERTS,
-            TOP_K,
-            SOFTMAX,
-            BIAS,
-            INPUT_NORM,
-            EXPERT_SCALE,
-            SHARED_GATE,
-            NUM_SHARED,
-            NUM_GROUPS,
-            TOP_GROUPS,
-            TOP2_SUM,
-            NORMALIZE,
-            BLOCK_T,
-            BLOCK_E,
-            BLOCK_G,
-            BLOCK_K,
-        )
-    if LAYOUT:
-        tl.debug_barrier()  # the ids are written before the sort reads them
-        sort_pairs_into_blocks(
-            ids_ptr,
-            TOP_K,
-            sorted_pairs_ptr,
-            block_expert_ptr,
-            cursor_ptr,
-            n * (TOP_K + NUM_SHARED),
-            max_blocks,
-            NUM_EXPERTS,
-            TOP_K,
-            TOP_K + NUM_SHARED,
-            SORT_BLOCK_E,
-            BLOCK_M,
-            CHUNK,
-        )
+    t0 = tl.program_id(0) * BLOCK_T
+    top_i = _route_tokens(
+        t0,
+        partial_ptr,
+        bias_ptr,
+        expert_scale_ptr,
+        weights_ptr,
+        ids_ptr,
+        n,
+        scaling,
+        hidden,
+        norm_eps,
+        norm_constant,
+        SPLITS,
+        NUM_EXPERTS,
+        TOP_K,
+        SOFTMAX,
+        BIAS,
+        INPUT_NORM,
+        EXPERT_SCALE,
+        SHARED_GATE,
+        NUM_SHARED,
+        NUM_GROUPS,
+        TOP_GROUPS,
+        TOP2_SUM,
+        NORMALIZE,
+        BLOCK_T,
+        BLOCK_E,
+        BLOCK_G,
+        BLOCK_K,
+    )  # [1, BLOCK_K] with LAYOUT
+    if LAYOUT:  # (module docstring 3.)
+        masks_ptr = ticket_ptr + 1  # [routed + shared experts] int64 token masks
+        token_bit = tl.full([1, BLOCK_K], 1, tl.int64) << t0.to(tl.int64)
+        slots = tl.arange(0, BLOCK_K)[None, :]
+        tl.atomic_or(masks_ptr + top_i, token_bit, mask=slots < TOP_K, sem="relaxed", scope="gpu")
+        if NUM_SHARED > 0:  # every token chooses every shared expert
+            shared = tl.arange(0, BLOCK_SHARED)
+            tl.atomic_or(
+                masks_ptr + NUM_EXPERTS + shared,
+                tl.full([BLOCK_SHARED], 1, tl.int64) << t0.to(tl.int64),
+                mask=shared < NUM_SHARED,
+                sem="relaxed",
+                scope="gpu",
+            )
+        # every thread's ids and mask bits come before the ticket (thread 0 takes it for the program)
+        tl.debug_barrier()
+        last = ALONE
+        if not ALONE:
+            # acq_rel at gpu scope: releases this program's writes (cumulative over the barrier above),
+            # and the program that draws the last ticket acquires every other program's
+            last = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == n - 1
+        if last:
+            if not ALONE:  # every program has taken its ticket: zero again for the next launch
+                tl.store(ticket_ptr, 0)
+            place_pairs_by_token_masks(
+                ids_ptr,
+                masks_ptr,
+                sorted_pairs_ptr,
+                block_expert_ptr,
+                cursor_ptr,
+                n,
+                max_blocks,
+                NUM_EXPERTS,
+                TOP_K,
+                TOP_K + NUM_SHARED,
+                SORT_BLOCK_E,
+                BLOCK_M,
+                PAIR_BLOCK,
+            )
+
+
+def layout_scratch(device: torch.device, experts: int) -> torch.Tensor:
+    """[1 + experts] int64 zeros on ``device``: the fused layout's ticket and token masks (module
+    docstring 3.), allocated by the first eager call, the one buffer of every later launch, captured or
+    not, over that many experts (routed + shared)."""
+    key = (device, experts)
+    if key not in _LAYOUT_SCRATCH:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "layers/moe_routing_kernel.py: the routing kernel's layout scratch (zeros, allocated once) "
+                f"for {experts} experts on {device} is made by an eager call: route once before capturing"
+            )
+        _LAYOUT_SCRATCH[key] = torch.zeros(1 + experts, dtype=torch.int64, device=device)
+    return _LAYOUT_SCRATCH[key]
 
 
 @dataclass(frozen=True)
@@ -454,14 +518,16 @@ def select_experts(
     )
     ids = torch.empty(n, top_k, dtype=torch.int64, device=partial.device)
     block_e = triton.next_power_of_2(experts)
-    block_t = max(1, min(triton.next_power_of_2(n), 4096 // block_e, FUSED_LAYOUT_TOKENS))
-    fused = layout and n <= FUSED_LAYOUT_TOKENS
+    few = n <= FUSED_LAYOUT_TOKENS  # one program a token (module docstring 2.)
+    block_t = 1 if few else min(triton.next_power_of_2(n), max(1, 4096 // block_e), 64)
+    fused = layout and few
+    slots = top_k + num_shared
     blocks = (
-        BlockLayout.empty(n, top_k + num_shared, experts + num_shared, partial.device)
+        BlockLayout.empty(n, slots, experts + num_shared, partial.device)
         if fused
         else BlockLayout(ids, ids, 16, ids)  # (not written: LAYOUT off)
     )
-    _route_kernel[(1 if fused else triton.cdiv(n, block_t),)](
+    _route_kernel[(triton.cdiv(n, block_t),)](
         partial,
         partial if bias is None else bias,
         partial if expert_scale is None else expert_scale,
@@ -470,13 +536,14 @@ def select_experts(
         blocks.sorted_pairs,
         blocks.block_expert,
         blocks.cursor,
+        layout_scratch(partial.device, experts + num_shared) if fused else ids,
         n,
-        splits,
         float(r.scaling),
         1 if norm is None else norm.column_scale.shape[0],  # the hidden size
         0.0 if norm is None else float(norm.eps),
         1.0 if norm is None else float(norm.constant),
         blocks.blocks,
+        SPLITS=splits,
         NUM_EXPERTS=experts,
         TOP_K=top_k,
         SOFTMAX=r.scoring == "softmax",
@@ -493,11 +560,13 @@ def select_experts(
         BLOCK_G=triton.next_power_of_2(r.num_groups),
         BLOCK_K=triton.next_power_of_2(top_k),
         LAYOUT=fused,
+        ALONE=fused and n == 1,
         NUM_SHARED=num_shared,
+        BLOCK_SHARED=triton.next_power_of_2(max(1, num_shared)),
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
         BLOCK_M=blocks.block_m,
-        CHUNK=SORT_CHUNK,
-        num_warps=ONE_TOKEN_ROUTE_WARPS if n == 1 else ROUTE_WARPS,
+        PAIR_BLOCK=triton.next_power_of_2(n * slots) if fused else 1,
+        num_warps=TOKEN_ROUTE_WARPS if few else ROUTE_WARPS,
     )
     if not layout:
         return weights, ids, None

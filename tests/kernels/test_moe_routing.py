@@ -1,9 +1,11 @@
 """The routing kernels (layers/moe_routing_kernel.py) against the torch router (layers/moe.py
 ``Router.reference``) in Triton's interpreter (fp32 on the CPU; the DeepSeek shapes on the GPU): softmax and
 sigmoid scores, with and without the correction bias, without groups and with groups scored "max" (V2) or
-"top2_sum" (V3), renormalised or not, scaled; decode and verify widths (one program that also writes the
-block layout) and a prefill-sized batch (a program per block of tokens, the layout by ``align``); the tie
-rule; the split router matvec at an odd hidden size."""
+"top2_sum" (V3), renormalised or not, scaled; decode and verify widths (a program per token, the last to
+finish also writing the block layout) and a prefill-sized batch (a program per block of tokens, the layout
+by ``align``); the tie rule; the split router matvec at an odd hidden size. The interpreter runs the
+programs one after the other: it checks the layout and the ticket's reset, not the memory ordering
+(layers/moe_routing_kernel.py's docstring argues that)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,13 @@ pytest.importorskip("triton")
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
 from outpace.layers.moe import Router, Routing  # noqa: E402
 from outpace.layers.moe_kernels import align  # noqa: E402
-from outpace.layers.moe_routing_kernel import route, router_logits, select_experts  # noqa: E402
+from outpace.layers.moe_routing_kernel import (  # noqa: E402
+    FUSED_LAYOUT_TOKENS,
+    layout_scratch,
+    route,
+    router_logits,
+    select_experts,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -55,20 +63,59 @@ def test_kernel_routes_the_same_float32_scores_as_torch(case, n):
     assert all(len(set(row)) == ids.shape[1] for row in ids.tolist())  # distinct experts per token
 
 
-@pytest.mark.parametrize("n, num_shared", [(1, 0), (6, 2), (64, 1), (70, 2)])
+def assert_layout_of_align(layout, ids, num_routed: int, num_shared: int) -> None:
+    """layout is the block layout ``align`` writes for ids, bit for bit."""
+    expected = align(ids, num_routed, num_shared)
+    assert layout.block_m == expected.block_m
+    assert torch.equal(layout.block_expert, expected.block_expert)
+    assert torch.equal(layout.sorted_pairs, expected.sorted_pairs)
+
+
+@pytest.mark.parametrize("n, num_shared", [(1, 0), (2, 1), (5, 2), (64, 1), (65, 0), (70, 2)])
 def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
-    """Up to 64 tokens the routing program also sorts the pairs (shared slots included) into the grouped
-    kernels' blocks: the same layout ``align`` writes for those ids; beyond, align's own."""
+    """Up to 64 tokens (FUSED_LAYOUT_TOKENS) the last routing program to finish also places the pairs
+    (shared slots included) into the grouped kernels' blocks: the layout ``align`` writes for those ids,
+    and the ticket and token masks are zero again afterwards; from 65 tokens, align's own."""
     routing = ROUTINGS["v3-sigmoid-bias-top2-sum"]
     router = make_router(routing, hidden=33, seed=n)
     router.kernel = True
     x = torch.randn(n, 33, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
     weights, ids, layout = router(x, num_shared, layout=True)
     assert_same_routing((weights, ids), router.reference(x))
-    expected = align(ids, routing.num_experts, num_shared)
-    assert layout.block_m == expected.block_m
-    assert torch.equal(layout.block_expert, expected.block_expert)
-    assert torch.equal(layout.sorted_pairs, expected.sorted_pairs)
+    assert_layout_of_align(layout, ids, routing.num_experts, num_shared)
+    if n <= FUSED_LAYOUT_TOKENS:
+        scratch = layout_scratch(x.device, routing.num_experts + num_shared)
+        assert not scratch.any()
+
+
+def test_consecutive_launches_each_write_their_layout():
+    """The ticket and the masks are reset by each launch's last program: launches of 5, 3 and 5 tokens in a
+    row (other hidden states each time, so that no stale layout can pass) each write their own layout."""
+    routing = ROUTINGS["v2-groups-max"]
+    router = make_router(routing, hidden=29, seed=11)
+    router.kernel = True
+    g = torch.Generator(DEVICE).manual_seed(12)
+    for n in (5, 3, 5):
+        x = torch.randn(n, 29, device=DEVICE, generator=g)
+        weights, ids, layout = router(x, 1, layout=True)
+        assert_same_routing((weights, ids), router.reference(x))
+        assert_layout_of_align(layout, ids, routing.num_experts, 1)
+        assert not layout_scratch(x.device, routing.num_experts + 1).any()
+
+
+@pytest.mark.parametrize("case", ["softmax-normalised-scaled", "v3-sigmoid-bias-top2-sum"])
+def test_a_tokens_routing_is_the_same_bits_in_any_batch(case):
+    """Up to 64 tokens each token has a program of its own: its weights and ids are those it gets routed
+    alone, bit for bit (the parallel path indexes each token's logits and outputs right)."""
+    routing = ROUTINGS[case]
+    partial = torch.randn(2, 5, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(5))
+    bias = torch.randn(24, device=DEVICE) if routing.correction_bias else None
+    weights, ids, _ = select_experts(partial, bias, routing, 1, layout=True)
+    for t in range(5):
+        alone_w, alone_i, _ = select_experts(
+            partial[:, t : t + 1].contiguous(), bias, routing, 1, layout=True
+        )
+        assert torch.equal(alone_w[0], weights[t]) and torch.equal(alone_i[0], ids[t])
 
 
 @pytest.mark.parametrize("case", list(ROUTINGS))
