@@ -1,9 +1,12 @@
 """What one MoE layer's routing costs on the GPU, launch by launch: the router matvec (``router_logits``) and
 the route kernel (``select_experts``, with the block layout as the decode path asks for it) at the routings
-of the seed families' public shapes (layers/moe.py ``Routing``, values from bench/family_shapes.py), 1, 8
-and 32 tokens, each timed as 50 calls captured in one CUDA graph; the route kernel also with other warp
-counts (``moe_routing_kernel.ROUTE_WARPS`` and ``ONE_TOKEN_ROUTE_WARPS``). Prints microseconds per call and the matvec's GB/s over its
-float32 weight; writes OUT/routing_timings.json.
+of the seed families' public shapes (layers/moe.py ``Routing``, values from bench/family_shapes.py), at 1, 2,
+8, 32 and 64 tokens (decode batches and verify widths: a program per token, the last writing the layout) and
+at 65 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens, then ``align``'s launch, timed with it),
+each timed as 50 calls captured in one CUDA graph; the route kernel also with other warp counts
+(``moe_routing_kernel.TOKEN_ROUTE_WARPS`` up to 64 tokens, ``ROUTE_WARPS`` beyond). Each captured route is
+first checked against the eager call and ``align``'s layout (a wrong ticket or a race shows there). Prints
+microseconds per call and the matvec's GB/s over its weight; writes OUT/routing_timings.json.
 ``PYTHONPATH=. python3 benchmarks/scripts/routing_timings.py OUT``"""
 
 from __future__ import annotations
@@ -16,20 +19,32 @@ import torch
 
 from outpace.layers import moe_routing_kernel as kernels
 from outpace.layers.moe import Routing
+from outpace.layers.moe_kernels import align
 
 CALLS = 50
 WARPS = (1, 2, 4, 8)
-# name -> (hidden, Routing, shared slots, shared gate), as bench/family_shapes.py's configs route
+TOKENS = (1, 2, 8, 32, 64, 65)
+# name -> (hidden, Routing, shared slots, shared gate, Gemma 4's input norm and expert scale), as
+# bench/family_shapes.py's configs route
 SHAPES = {
-    "deepseek-v2-lite": (2048, Routing(64, 6, "softmax"), 0, False),
-    "deepseek-v3": (7168, Routing(256, 8, "sigmoid", 8, 4, "top2_sum", True, True, 2.5), 0, False),
-    "qwen3-next-80b": (2048, Routing(512, 10, "softmax", normalize=True), 1, True),
+    "deepseek-v2-lite": (2048, Routing(64, 6, "softmax"), 0, False, False),
+    "deepseek-v3": (
+        7168,
+        Routing(256, 8, "sigmoid", 8, 4, "top2_sum", True, True, 2.5),
+        0,
+        False,
+        False,
+    ),
+    "qwen3-next-80b": (2048, Routing(512, 10, "softmax", normalize=True), 1, True, False),
     "step-3.5-flash": (
         4096,
         Routing(288, 8, "sigmoid", correction_bias=True, normalize=True, scaling=3.0),
         1,
         False,
+        False,
     ),
+    # models/gemma4.py Gemma4Router: the norm folded in (RouterInputNorm), per_expert_scale on the weights
+    "gemma-4-26b-a4b": (2816, Routing(128, 8, "softmax", normalize=True), 0, False, True),
 }
 
 
@@ -51,10 +66,27 @@ def graph_time(fn) -> float:
     return start.elapsed_time(end) * 1e3 / (5 * CALLS)
 
 
+def check_captured(route, experts: int, shared: int) -> None:
+    """One captured call of ``route`` replayed: the eager call's ids and weights, align's layout."""
+    route()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids, layout = route()
+    graph.replay()
+    eager_weights, eager_ids, _ = route()
+    expected = align(ids, experts, shared)
+    torch.cuda.synchronize()
+    assert torch.equal(ids, eager_ids) and torch.equal(weights, eager_weights)
+    assert torch.equal(layout.sorted_pairs, expected.sorted_pairs)
+    assert torch.equal(layout.block_expert, expected.block_expert)
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, (hidden, routing, shared, gate) in SHAPES.items():
+    defaults = kernels.ROUTE_WARPS, kernels.TOKEN_ROUTE_WARPS
+    for name, (hidden, routing, shared, gate, gemma) in SHAPES.items():
         g = torch.Generator("cuda").manual_seed(0)
         weight = (
             torch.randn(routing.num_experts + gate, hidden, device="cuda", generator=g)
@@ -62,20 +94,30 @@ def main(out: Path) -> None:
         )  # [experts (+ the shared gate), hidden] float32
         bias = torch.randn(routing.num_experts, device="cuda", generator=g) * 0.01
         bias = bias if routing.correction_bias else None
-        for n in (1, 8, 32):
+        norm = scale = None
+        if gemma:  # (bf16 router weight and scales, as the model holds them)
+            weight = weight.to(torch.bfloat16)
+            column_scale = torch.rand(hidden, device="cuda", generator=g).to(torch.bfloat16) + 0.5
+            norm = kernels.RouterInputNorm(column_scale, 1e-6, hidden**-0.5)
+            scale = torch.rand(routing.num_experts, device="cuda", generator=g).to(torch.bfloat16)
+        column = None if norm is None else norm.column_scale
+        for n in TOKENS:
             x = torch.randn(n, hidden, device="cuda", generator=g).to(torch.bfloat16)
-            partial = kernels.router_logits(x, weight)
-            matvec = graph_time(lambda: kernels.router_logits(x, weight))
+            partial = kernels.router_logits(x, weight, column)
+            matvec = graph_time(lambda: kernels.router_logits(x, weight, column))
             row = {"shape": name, "tokens": n, "matvec_us": matvec, "splits": partial.shape[0]}
-            row["matvec_gb_per_s"] = weight.numel() * 4 / matvec / 1e3
-            for warps in WARPS:
-                kernels.ROUTE_WARPS = kernels.ONE_TOKEN_ROUTE_WARPS = warps
-                row[f"route_us_{warps}_warps"] = graph_time(
-                    lambda: kernels.select_experts(
-                        partial, bias, routing, shared, layout=True, shared_gate=gate
-                    )
+            row["matvec_gb_per_s"] = weight.numel() * weight.element_size() / matvec / 1e3
+
+            def route():
+                return kernels.select_experts(
+                    partial, bias, routing, shared, True, norm, scale, shared_gate=gate
                 )
-            kernels.ROUTE_WARPS, kernels.ONE_TOKEN_ROUTE_WARPS = 8, 1
+
+            for warps in WARPS:
+                kernels.ROUTE_WARPS = kernels.TOKEN_ROUTE_WARPS = warps
+                check_captured(route, routing.num_experts, shared)
+                row[f"route_us_{warps}_warps"] = graph_time(route)
+            kernels.ROUTE_WARPS, kernels.TOKEN_ROUTE_WARPS = defaults
             rows.append(row)
             routes = "  ".join(f"{w}w {row[f'route_us_{w}_warps']:6.2f}" for w in WARPS)
             print(

@@ -199,6 +199,44 @@ def test_gpu_deepseek_shapes(case, n):
     torch.testing.assert_close(got_w[same], exp_w[same], rtol=1e-4, atol=1e-5)
 
 
+GPU_LAYOUT_ROUTINGS = {  # id -> (Routing, shared slots, shared gate): the fused layout at real widths
+    "v2-lite": (Routing(64, 6, "softmax"), 0, False),
+    "v3": (Routing(256, 8, "sigmoid", 8, 4, "top2_sum", True, True, 2.5), 1, False),
+    "qwen3-next": (Routing(512, 10, "softmax", normalize=True), 1, True),
+}
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="programs running at once on the SMs: GPU only")
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 32, 64])
+@pytest.mark.parametrize("case", list(GPU_LAYOUT_ROUTINGS))
+def test_gpu_parallel_routing_lays_out_in_a_cuda_graph(case, n):
+    """The programs of a launch finish in any order on the GPU (the interpreter runs them in turn): captured
+    once and replayed on 30 new inputs, every replay's layout is align's of its ids and its ids and weights
+    are the eager call's, bit for bit; the ticket and masks are zero after each."""
+    routing, shared, gate = GPU_LAYOUT_ROUTINGS[case]
+    g = torch.Generator(DEVICE).manual_seed(n)
+    partial = torch.randn(4, n, routing.num_experts + gate, device=DEVICE, generator=g)
+    bias = torch.randn(routing.num_experts, device=DEVICE, generator=g) * 0.1
+    bias = bias if routing.correction_bias else None
+
+    def call():
+        return select_experts(partial, bias, routing, shared, layout=True, shared_gate=gate)
+
+    call()  # (the scratch is allocated eagerly)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids, layout = call()
+    scratch = layout_scratch(partial.device, routing.num_experts + shared)
+    for _ in range(30):
+        partial.copy_(torch.randn(partial.shape, device=DEVICE, generator=g))
+        graph.replay()
+        eager_w, eager_i, _ = call()
+        assert torch.equal(ids, eager_i) and torch.equal(weights, eager_w)
+        assert_layout_of_align(layout, ids, routing.num_experts, shared)
+        assert not scratch.any()
+
+
 @pytest.mark.parametrize(
     "n, num_shared, layout", [(1, 1, True), (6, 2, True), (70, 1, True), (5, 1, False)]
 )
