@@ -111,6 +111,45 @@ def test_a_closed_batch_is_timed_by_its_slowest_request():
     assert chooser.choose(2, ["repeats"], remaining=[50]) == chooser.choose(2, ["repeats"])
 
 
+def test_requests_whose_rates_differ_by_chance_share_the_batch_s_rate():
+    """32 requests that all accept a draft with probability 0.78 (a seeded draw), 2 verifies each: their own
+    rates scatter by chance (one accepted nothing), and the slowest-looking one alone would hold the closed
+    batch at plain decoding (E < 2.09 for 2 drafts at twice the cost); their spread is the binomial noise, so
+    they share their pooled rate and the batch keeps drafting. A real split (half accept everything, half
+    nothing) still leaves each request its own rates: the closed batch decodes plainly."""
+    import random
+
+    shapes = [DraftShape(k) for k in range(3)]
+    ids = [f"r{i}" for i in range(32)]
+    rng = random.Random(0)
+
+    def chooser_after(accepts) -> DraftLengthChooser:
+        chooser = DraftLengthChooser(shapes, probe_every=1000)
+        for k, cost in enumerate(
+            (6.28, 10.73, 12.75)
+        ):  # the H200's step ms at batch 32 (Qwen3.5, MTP)
+            chooser.record_cost(32, DraftShape(k), cost)
+        for k in range(300):
+            chooser.observe(
+                DraftShape(2), [accepts(1 + k % 31)]
+            )  # the batch-wide rates, learned first
+        for _ in range(2):
+            chooser.observe(DraftShape(2), [accepts(i) for i in range(32)], ids)
+        return chooser
+
+    def chance(
+        i: int,
+    ) -> int:  # request 0 rejects both times (a 1-in-20 chance that 32 requests make likely)
+        return 0 if i == 0 or rng.random() > 0.78 else 1 if rng.random() > 0.78 else 2
+
+    shared = chooser_after(chance)
+    lowest = min(shared.expected_tokens(DraftShape(2), [r]) for r in ids)
+    assert lowest < 2.09  # alone, the unluckiest request would stop the drafts
+    assert shared.choose(32, ids, remaining=[100] * 32) == DraftShape(2)
+    split = chooser_after(lambda i: 2 * (i % 2))
+    assert split.choose(32, ids, remaining=[100] * 32) == DraftShape(0)
+
+
 def test_adaptive_ngram_never_loses_a_closed_batch_to_plain_decoding():
     """The engine tells the chooser when nothing is waiting: a closed batch whose requests n-gram drafts help
     unevenly decodes plainly once the slowest of them gains nothing (the steps it drafts cost more and end no
