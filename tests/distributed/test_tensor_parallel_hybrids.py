@@ -13,6 +13,7 @@ process.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -93,18 +94,24 @@ def tp2(checkpoints, tmp_path_factory) -> dict:
     return run_group(2, scenarios, tmp_path_factory.mktemp("tp2"), timeout_s=900)
 
 
-def one_rank(path: str, prompts, **engine) -> tuple[list[list[int]], int]:
-    """TP = 1: the greedy tokens and the drafts accepted."""
+@functools.cache
+def one_rank(path: str, spec: SpeculativeConfig | None, plain: bool) -> tuple[list[list[int]], int]:
+    """TP = 1: the greedy tokens and the drafts accepted, under PRESSURE over plain_prompts() (``plain``) or
+    under SPEC_ENGINE over PROMPTS; once per (target, drafter): a target's speculative scenarios share its
+    plain reference."""
+    engine = dict(PRESSURE) if plain else dict(SPEC_ENGINE)
+    if spec is not None:
+        engine["speculative"] = spec
     with LLM(path, **engine) as llm:
-        outs = llm.generate(prompts, GREEDY)
+        outs = llm.generate(plain_prompts() if plain else PROMPTS, GREEDY)
     return [o.token_ids for o in outs], sum(o.spec_metrics.num_accepted_drafts for o in outs)
 
 
 @pytest.mark.parametrize("name", list(PLAIN))
 def test_greedy_at_two_ranks_matches_one(name, tp2, checkpoints):
-    path, engine, prompts = checkpoints[name]
+    path = checkpoints[name][0]
     got = tp2[name]
-    assert got["tokens"] == one_rank(path, prompts, **engine)[0]
+    assert got["tokens"] == one_rank(path, None, True)[0]
     assert got["preemptions"] > 0, "the pool was meant to force preemption"
     assert got["free_blocks"] == PRESSURE["num_kv_blocks"]
 
@@ -119,11 +126,10 @@ def test_greedy_at_two_ranks_matches_one(name, tp2, checkpoints):
     ],
 )
 def test_speculation_at_two_ranks_is_lossless_with_one_ranks_acceptance(name, tp2, checkpoints):
-    path, engine, prompts = checkpoints[name]
+    path, engine, _ = checkpoints[name]
     got = tp2[name]
-    plain = {k: v for k, v in engine.items() if k != "speculative"}
-    assert got["tokens"] == one_rank(path, prompts, **plain)[0]
-    assert got["accepted"] == one_rank(path, prompts, **engine)[1] > 0
+    assert got["tokens"] == one_rank(path, None, False)[0]
+    assert got["accepted"] == one_rank(path, engine["speculative"], False)[1] > 0
     assert got["free_blocks"] == engine["num_kv_blocks"]
     if name.endswith(
         "-draft"
