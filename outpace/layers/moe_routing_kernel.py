@@ -30,9 +30,9 @@ synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at e
    model; CUDA's cooperative-groups grid barrier follows the same pattern): a program's threads write their
    ids and set their bits, meet at a barrier, and then one thread takes the ticket with acq_rel at gpu
    scope, a release cumulative over what the barrier ordered before it; the last ticket's acquire, shared
-   with the program's other threads through a barrier, orders every other program's writes before the
-   layout's reads, which are volatile besides (L1 is not coherent across SMs). A single token takes no
-   ticket. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is ``moe_kernels.align``'s own launch.
+   with the program's other threads through a barrier, orders every program's writes, its own included,
+   before the layout's reads, which are volatile besides (L1 is not coherent across SMs). A single token
+   takes the ticket too: without it, its own mask bits were once read before they were set. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is ``moe_kernels.align``'s own launch.
    Triton's interpreter (the CPU tests) runs the programs one after the other, so it checks the layout
    and the ticket's reset, not the ordering.
 
@@ -335,7 +335,6 @@ def _route_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
     LAYOUT: tl.constexpr,  # one program a token (BLOCK_T 1), the last to finish writes the block layout
-    ALONE: tl.constexpr,  # LAYOUT with one token: one program, no ticket
     NUM_SHARED: tl.constexpr,
     BLOCK_SHARED: tl.constexpr,  # a power of two >= NUM_SHARED
     SORT_BLOCK_E: tl.constexpr,
@@ -389,14 +388,13 @@ def _route_kernel(
             )
         # every thread's ids and mask bits come before the ticket (thread 0 takes it for the program)
         tl.debug_barrier()
-        last = ALONE
-        if not ALONE:
-            # acq_rel at gpu scope: releases this program's writes (cumulative over the barrier above),
-            # and the program that draws the last ticket acquires every other program's
-            last = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == n - 1
-        if last:
-            if not ALONE:  # every program has taken its ticket: zero again for the next launch
-                tl.store(ticket_ptr, 0)
+        # acq_rel at gpu scope: releases this program's writes (cumulative over the barrier above), and the
+        # program that draws the last ticket acquires every program's, its own included: a single token takes
+        # the ticket too (without it, one H200 replay in 30 read one of its own mask bits before the atomic
+        # OR that set it: V3 and Step-3.5 at 1 token, benchmarks/results/gpu_2026-11-30b call 4)
+        if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == n - 1:
+            # every program has taken its ticket: zero again for the next launch
+            tl.store(ticket_ptr, 0)
             place_pairs_by_token_masks(
                 ids_ptr,
                 masks_ptr,
@@ -560,7 +558,6 @@ def select_experts(
         BLOCK_G=triton.next_power_of_2(r.num_groups),
         BLOCK_K=triton.next_power_of_2(top_k),
         LAYOUT=fused,
-        ALONE=fused and n == 1,
         NUM_SHARED=num_shared,
         BLOCK_SHARED=triton.next_power_of_2(max(1, num_shared)),
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
