@@ -18,8 +18,9 @@ SPECS = {"plain": SpeculativeConfig(), "mtp": SpeculativeConfig("mtp", num_steps
 
 
 @cache
-def run(method: str, batch: int) -> tuple[list, list]:
-    """Token ids and per-position top-2 log-probabilities of 4 prompts, at most ``batch`` at a time."""
+def run(method: str, batch: int, graphs: bool = True) -> tuple[list, list]:
+    """Token ids and per-position top-2 log-probabilities of 4 prompts, at most ``batch`` at a time, the decode
+    steps captured (``graphs``) or eager."""
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
     llm = LLM(
         str(ZOO / "tinyqwen35"),
@@ -28,6 +29,7 @@ def run(method: str, batch: int) -> tuple[list, list]:
         dtype="bfloat16",
         batch_invariant=True,
         max_num_seqs=batch,
+        cuda_graphs=graphs,
         num_kv_blocks=256,  # the engines share the GPU
     )
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
@@ -44,9 +46,10 @@ def test_plain_decoding_is_the_same_at_batch_1_and_4():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_mtp_gives_plain_decodings_bits(batch):
-    tokens, logprobs = run("mtp", batch)
-    plain_tokens, plain_logprobs = run("plain", batch)
+def test_mtp_gives_plain_decodings_bits(batch, graphs):
+    tokens, logprobs = run("mtp", batch, graphs)
+    plain_tokens, plain_logprobs = run("plain", batch, graphs)
     assert tokens == plain_tokens
     assert logprobs == plain_logprobs
