@@ -64,13 +64,18 @@ def target_heldout_stream(
 
 
 def corpus_stream(
-    target_dir: Path, prompt_split: str, eval_prompts: str | None, max_corpus_bytes: int
+    target_dir: Path,
+    prompt_split: str,
+    eval_prompts: str | None,
+    max_corpus_bytes: int,
+    roots: tuple[str, ...] | None = None,
 ) -> tuple[TokenStream, dict | None]:
     """The corpus files of ``prompt_split`` tokenized, and for "heldout" what ``target_heldout_stream`` used
     (None for "train"). The evaluation prompts are those the run ends with (evaluate.py: the recipe's
-    ``eval_prompts``, else the zoo's beside the target)."""
+    ``eval_prompts``, else the zoo's beside the target). ``roots``: the corpus's directories (corpus.py
+    ``build_corpus``; None: this interpreter's stdlib and site-packages)."""
     if prompt_split == "train":
-        return target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes), None
+        return target_train_stream(target_dir, max_corpus_bytes=max_corpus_bytes, roots=roots), None
     eval_file = heldout_prompts_file(target_dir, eval_prompts)
     if eval_file is None:
         raise ValueError(
@@ -78,7 +83,9 @@ def corpus_stream(
             f"from, and none are known: give eval_prompts (--eval-prompts), or put eval_prompts.json "
             f"beside {target_dir}"
         )
-    return target_heldout_stream(target_dir, eval_file, max_corpus_bytes=max_corpus_bytes)
+    return target_heldout_stream(
+        target_dir, eval_file, max_corpus_bytes=max_corpus_bytes, roots=roots
+    )
 
 
 def target_continuations(
@@ -128,6 +135,9 @@ class DistillRecipe:
     heldout_reserve_minutes: float = 1.0  # of total_minutes, kept for saving and the held-out run
     seed: int = 0
     max_corpus_bytes: int = 30_000_000
+    # the corpus's directories; None: this interpreter's stdlib and site-packages (corpus.py ``default_roots``,
+    # every file of which is read to split the corpus: seconds a run). Tests give a small one
+    corpus_roots: tuple[str, ...] | None = None
     data_temperature: float = 0.8  # the target samples its continuations at this temperature
     corpus_fraction: float = 0.5  # share of each batch that is raw corpus windows
     prompt_split: str = "train"  # corpus files of the prompts and windows (PROMPT_SPLITS)
@@ -255,13 +265,14 @@ class DistillData:
         ranks: TrainRanks = ONE_RANK,
         prompt_split: str = "train",
         eval_prompts: str | None = None,
+        corpus_roots: tuple[str, ...] | None = None,
     ) -> None:
         self.seq_len = prompt_len + new_tokens
         self.corpus_fraction = corpus_fraction
         self.stream, self.heldout_corpus = None, None
         if corpus_fraction > 0 or not prompt_files:
             self.stream, self.heldout_corpus = corpus_stream(
-                target_dir, prompt_split, eval_prompts, max_corpus_bytes
+                target_dir, prompt_split, eval_prompts, max_corpus_bytes, corpus_roots
             )
         if cache is not None and Path(cache).is_file():
             saved = torch.load(cache)
@@ -324,6 +335,7 @@ class DistillData:
                 ranks,
                 recipe.prompt_split,
                 recipe.eval_prompts,
+                recipe.corpus_roots,
             )
         )
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -46,14 +47,16 @@ def targets(peaked_target, toy_eval_prompts, trained_toy_target, mtp_toy_target)
     bf16's rounding: the saved drafts differed on every run on an AMD EPYC (AVX2), busy or not. At 3e-3 they
     differ by 6e-8 and the loss still falls by 0.75."""
     target_dir = trained_toy_target(6)[0]
+    # the corpus of one stdlib package: the whole stdlib and site-packages (the default) are read on every run
+    run = dict(resume_every=10, corpus_roots=(str(Path(sysconfig.get_paths()["stdlib"]) / "json"),))
     return {
         "eagle3": (
             target_dir,
-            Eagle3Recipe.toy(eval_prompts=toy_eval_prompts, eval_num_steps=3, resume_every=10),
+            Eagle3Recipe.toy(eval_prompts=toy_eval_prompts, eval_num_steps=3, **run),
         ),
-        "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
-        "mtp": (mtp_toy_target, MTPRecipe.toy(eval_prompts=toy_eval_prompts, resume_every=10)),
-        "standalone": (target_dir, StandaloneRecipe.toy(resume_every=10, lr=3e-3)),
+        "dflash": (peaked_target, DFlashRecipe.toy(eval_prompts=toy_eval_prompts, **run)),
+        "mtp": (mtp_toy_target, MTPRecipe.toy(eval_prompts=toy_eval_prompts, **run)),
+        "standalone": (target_dir, StandaloneRecipe.toy(lr=3e-3, **run)),
     }
 
 
