@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers.decoder import pack_projections  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
@@ -67,9 +68,9 @@ def pool(layer, seed, dtype=torch.float32, device=DEVICE):
     return states, snapshots
 
 
-def step(layer, fused, x, form, states, snapshots):
-    """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool -> (out, states,
-    snapshots)."""
+def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
+    """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool, sequence i at state row
+    ``state_indices[i]`` -> (out, states, snapshots)."""
     lengths, start, parents, keep_every = form
     device = x.device
     states = {k: v.clone() for k, v in states.items()}
@@ -80,7 +81,7 @@ def step(layer, fused, x, form, states, snapshots):
         [[i] for i in range(len(lengths))], [0] * len(lengths), lengths, 32, device
     )
     recurrent = RecurrentMetadata(
-        torch.tensor(STATE_INDICES, device=device),
+        torch.tensor(state_indices, device=device),
         torch.tensor(start, device=device),
         None if parents is None else torch.tensor(parents, device=device),
         keep_every,
@@ -391,3 +392,30 @@ def test_served_tokens_with_the_fused_step_equal_the_torch_paths(tmp_path, monke
     assert any(calls) and not all(
         calls
     )  # the kernel served the trees' verifies and the prefill chunks
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "torch"])
+def test_a_verified_chain_has_the_bits_of_its_tokens_decoded_one_by_one(fused):
+    """Batch-invariant mode's premise for the recurrent layers: a chain of 3 tokens verified in one forward
+    (state after each into the snapshots) gives each token's output and state bit for bit as 3 decode steps,
+    each committed into the row before the next (in the interpreter: the kernel's arithmetic, not the
+    GPU's compiled reduction orders)."""
+    layer = make_layer(False, **SHAPES["grouped"])
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    states, snapshots = pool(layer, 2)
+    rows = STATE_INDICES[:1]
+    chain = ([3], [True], None, True)
+    with forward_settings(True):
+        out, _, verified = step(layer, fused, x, chain, states, snapshots, rows)
+        decoded = []
+        for t in range(3):
+            o, _, snapshots = step(
+                layer, fused, x[t : t + 1], ([1], [True], None, True), states, snapshots, rows
+            )
+            decoded.append(o)
+            states = {k: v.clone() for k, v in states.items()}
+            for k in states:  # the commit: snapshot 0 becomes the row
+                states[k][rows[0]] = snapshots[k][rows[0], 0]
+    assert torch.equal(out, torch.cat(decoded))
+    for k in states:
+        assert torch.equal(verified[k][rows[0], 2], states[k][rows[0]])
