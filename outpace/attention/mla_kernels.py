@@ -31,9 +31,36 @@ its W_UV, so the block's value projection costs no launch of its own).
 An FP8 latent cache (attention/kv_quant.py) is read in place: the layer's one k scale multiplies the
 scores (folded into the softmax scale) and the attended latents.
 
-Not batch-invariant: as the fast path of attention/triton_kernels.py, a row's reduction order follows the
-batch (tile rows, split count), so the deterministic mode (EngineConfig.batch_invariant) does not extend
-to MLA targets yet.
+Batch-invariant mode (EngineConfig.batch_invariant, read through
+``outpace.attention.context.batch_invariant``). Above, a row's reduction order follows the batch: BLOCK_M
+follows max_query_len (in half precision), the split count the grid and each split's length the
+sequence's (its tile's) length. In the mode ``_attend`` launches the same two kernels with parameters
+that follow the model's shape and dtype only, as attention/triton_kernels.py's invariant variant does
+(its docstring gives the arguments at length):
+
+- Fixed tiles: BLOCK_M 16 in float32 and ``_INVARIANT_BLOCK_M`` in half precision whatever the query
+  length, BLOCK_N, warps, stages and PRECISION by dtype, and no FMA contraction (enable_fp_fusion=False):
+  every call runs the same arithmetic, and a row's dots do not depend on the other rows of its tile.
+- Fixed partition: MIN_SPLIT = S = ``invariant_split_rows`` (a BLOCK_N multiple) and num_splits =
+  cdiv(block-table capacity, S), so ``_split_len`` is S for every kv_end the table can hold: split j
+  covers the absolute rows [j * S, (j + 1) * S), walked in BLOCK_N tiles at absolute multiples of
+  BLOCK_N in the kernel's one masked pass. A tile's walk stops at its last row's kv_end; the KV rows a
+  row does not see (past its own, or past kv_end) get s = -inf, p = 0 exactly and the running max
+  stays, so the tiles and columns past the row's visible rows leave its state bit for bit, and a
+  split where it sees nothing writes the neutral partial (max -1e30, sum 0, acc 0).
+- Always partials, merged by ``_combine_kernel`` in split order from split 0 (one normalisation, the
+  merge's, whatever the split count): a neutral partial, written or not run, is the merge's identity
+  (``_merge_partials``), so the splits a row's batch adds past its visible rows change none of its bits.
+  With W_UV (``mla_attention_up``) the merge's dot is per row as well.
+
+So a decode row equals the same token inside a verify chain and in any ragged batch with any table
+width (tests/kernels/test_mla_kernel.py; on the GPU this rests on what the other variant rests on: an
+MMA row's bits do not depend on the other rows, and an all-zero product leaves its accumulator as is).
+Not covered: a tree mask, whose window this kernel walks in place (a node's visible keys at other
+columns than in plain decoding) rather than over the node's logical rows as the other variant does;
+the mode refuses it by name. The fused block (layers/mla_fused.py) is not taken in the mode.
+What it costs: a second launch and float32 partials at every call, and a decode step over a short
+context runs one program per S rows rather than the heuristic's spread.
 """
 
 from __future__ import annotations
@@ -44,6 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.context import batch_invariant
 from outpace.attention.kv_quant import is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.triton_kernels import _kv_rows, _kv_scales, _merge_partials, _softmax_step
@@ -60,6 +88,10 @@ _BLOCK_T = 16  # tokens a merge program takes (a dot's rows, with W_UV)
 # over 512 cached tokens, 3.102 / 3.100 / 3.019 / 3.178 over 2048, 6.087 / 5.994 / 6.065 / 6.263 at batch 8
 # (benchmarks/scripts/mla_settings.py, benchmarks/results/gpu_2026-11-30b call 2).
 min_split_rows = 64
+# Batch-invariant mode: KV rows per split (split j covers the absolute rows [j * S, (j + 1) * S); a multiple
+# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS), and tile rows in half precision.
+invariant_split_rows = 512
+_INVARIANT_BLOCK_M = 32
 
 
 @triton.jit
@@ -368,7 +400,9 @@ def mla_paged_attention(
     the latent cache ``cache_rows`` [num_blocks, block_size, 1, R + P] (contiguous, the new tokens' rows
     already written) -> the attended latents [num_tokens, heads, R] in q_latent's dtype, under the
     metadata's causal or tree mask. ``num_splits`` overrides the split-KV heuristic (tests). An FP8
-    cache comes with its ``k_scale`` ([] float32, attention/kv_quant.py) and is read in place."""
+    cache comes with its ``k_scale`` ([] float32, attention/kv_quant.py) and is read in place. In
+    batch-invariant mode the fixed tiles and partition of the module docstring run instead, and a
+    forced ``num_splits`` or a tree mask is refused."""
     return _attend(
         q_latent.unsqueeze(0), q_rope, cache_rows, meta, scale, None, num_splits, k_scale
     )
@@ -411,11 +445,19 @@ def _attend(
     rope = q_rope.shape[2]
     device = q_parts.device
     fp32 = max(q_parts.element_size(), cache_rows.element_size()) >= 4
-    block_m = 16 if fp32 or meta.max_query_len * heads <= 16 else 32
     block_n = 16 if fp32 else 32
-    tiles = math.ceil(meta.max_query_len * heads / block_m)
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
-    min_split = block_n  # a caller's num_splits (tests) is taken as given
+    mask = meta.custom_mask
+    invariant = batch_invariant()
+    if invariant:  # fixed tiles and an absolute partition: see the module docstring
+        _check_invariant_call(num_splits, mask, block_n)
+        block_m = 16 if fp32 else _INVARIANT_BLOCK_M
+        min_split = invariant_split_rows  # _split_len is then S for every kv_end <= max_kv_rows
+        num_splits = math.ceil(max_kv_rows / min_split)
+    else:
+        block_m = 16 if fp32 or meta.max_query_len * heads <= 16 else 32
+        min_split = block_n  # a caller's num_splits (tests) is taken as given
+    tiles = math.ceil(meta.max_query_len * heads / block_m)
     if num_splits is None:
         min_split = max(block_n, min_split_rows // block_n * block_n)
         programs, target = meta.num_seqs * tiles, _PROGRAMS_PER_SM * num_sms(device)
@@ -428,7 +470,9 @@ def _attend(
         )
     out_width = rank if up is None else up.shape[1]
     out = torch.empty(num_tokens, heads, out_width, dtype=q_parts.dtype, device=device)
-    partials = num_splits > 1 or up is not None
+    partials = (
+        num_splits > 1 or up is not None or invariant
+    )  # (the mode: one normalisation, the merge's)
     if partials:
         part_acc = torch.empty(
             num_splits, num_tokens, heads, rank, dtype=torch.float32, device=device
@@ -437,7 +481,6 @@ def _attend(
         part_sum = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device)
     else:  # unused by the kernel
         part_acc = part_max = part_sum = out
-    mask = meta.custom_mask
     if mask is None:
         mask_arg, window, mask_strides = meta.seq_lens, 0, (0, 0)  # unused by the kernel
     else:
@@ -446,6 +489,8 @@ def _attend(
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
     block_r = max(16, triton.next_power_of_2(rank))
+    # The mode: each kernel rounds exactly the operations written, whichever variant compiles.
+    fusion = {"enable_fp_fusion": False} if invariant else {}
     _mla_kernel[(tiles, meta.num_seqs, num_splits)](
         q_parts,
         q_rope,
@@ -491,6 +536,7 @@ def _attend(
         KV_SCALED=k_scale is not None,
         num_warps=8 if block_m > 16 else 4,
         num_stages=2,
+        **fusion,
     )
     if partials:
         if up is None:
@@ -532,5 +578,27 @@ def _attend(
             HAS_MASK=mask is not None,
             UP=up is not None,
             PRECISION="ieee" if fp32 else "tf32",
+            **fusion,
         )
     return out
+
+
+def _check_invariant_call(num_splits: int | None, mask: torch.Tensor | None, block_n: int) -> None:
+    """Refuses what the batch-invariant mode does not cover: a forced split count (the partition is
+    fixed), a tree mask (its window is walked in place, not over a node's logical rows as
+    attention/triton_kernels.py's variant does), a split length off the KV tiles."""
+    if num_splits is not None:
+        raise ValueError(
+            "num_splits cannot be forced in batch-invariant mode: the MLA kernel's KV partition is fixed"
+        )
+    if mask is not None:
+        raise ValueError(
+            "batch_invariant (EngineConfig.batch_invariant) with a tree-shaped draft on an MLA target is "
+            "not supported: attention/mla_kernels.py walks the tree window in place, so a node's bits "
+            "would follow its siblings; use a chain draft or turn batch_invariant off"
+        )
+    if invariant_split_rows % block_n:
+        raise ValueError(
+            f"mla_kernels.invariant_split_rows={invariant_split_rows} must be a multiple of the "
+            f"{block_n}-row KV tile"
+        )

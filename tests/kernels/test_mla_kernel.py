@@ -231,3 +231,173 @@ def test_deepseek_greedy_tokens_under_the_triton_backend(tmp_path):
         for backend in ("torch", "triton")
     }
     assert outs["triton"] == outs["torch"]
+
+
+# Batch-invariant mode ------------------------------------------------------------------------------------------------
+
+# Final lengths of the sequences the invariance tests cut their calls from (one shared cache).
+INVARIANT_LENGTHS = [100, 75, 300]
+
+
+class LatentSequences:
+    """Sequences over one shared latent cache with a query per (sequence, position), so that a token has
+    the same query and the same visible rows in every call that holds it."""
+
+    def __init__(self, lengths, block_size, heads, rank, rope, dtype, g):
+        needed = [-(-n // block_size) for n in lengths]
+        blocks = torch.randperm(sum(needed) + 3, generator=g)[: sum(needed)].tolist()
+        starts = torch.tensor([0] + needed).cumsum(0).tolist()
+        self.tables = [blocks[a:b] for a, b in zip(starts, starts[1:])]  # each its full length
+        self.block_size = block_size
+        self.cache = torch.randn(sum(needed) + 3, block_size, 1, rank + rope, generator=g)
+        self.cache = self.cache.to(DEVICE, dtype)  # [num_blocks, block_size, 1, rank + rope]
+        self.q_latent = [
+            torch.randn(n, heads, rank, generator=g).to(DEVICE, dtype) for n in lengths
+        ]
+        self.q_rope = [torch.randn(n, heads, rope, generator=g).to(DEVICE, dtype) for n in lengths]
+
+    def attend(self, calls, scale):
+        """calls: [(sequence, cached rows, new tokens)] in one batch -> (the kernel's output, the torch
+        reference), one row per new token in the calls' order."""
+        meta = build_paged_metadata(
+            [self.tables[s] for s, _, _ in calls],
+            [c for _, c, _ in calls],
+            [q for _, _, q in calls],
+            self.block_size,
+            DEVICE,
+        )
+        q_latent = torch.cat([self.q_latent[s][c : c + q] for s, c, q in calls])
+        q_rope = torch.cat([self.q_rope[s][c : c + q] for s, c, q in calls])
+        got = mla_paged_attention(q_latent, q_rope, self.cache, meta, scale)
+        expected = torch_reference(
+            q_latent.float(), q_rope.float(), self.cache.float(), meta, scale
+        )
+        return got, expected
+
+
+def invariance_pairs(seqs, scale):
+    """(alone, in company) output pairs that batch invariance makes bit-identical: (a) sequence 0's tokens
+    at rows 90 .. 93 decoded alone and inside a verify chain of 4; (b) its decode at row 93 and that chain
+    as the only sequence and among other sequences of other lengths (a wider block table), and all of
+    them against the torch reference."""
+    pairs, references = [], []
+
+    def call(calls):
+        got, expected = seqs.attend(calls, scale)
+        references.append((got, expected))
+        return got
+
+    chain = call([(0, 90, 4)])
+    for i in range(4):
+        pairs.append((call([(0, 90 + i, 1)]), chain[i : i + 1]))
+    batch = call(
+        [(1, 60, 5), (0, 93, 1), (2, 290, 1), (0, 90, 4)]
+    )  # (sequence 0 twice: reads only)
+    pairs.append((call([(0, 93, 1)]), batch[5:6]))
+    pairs.append((chain, batch[7:11]))
+    return pairs, references
+
+
+@pytest.mark.parametrize("split_rows", [32, 64])
+def test_batch_invariant_rows_equal_alone_in_a_chain_and_in_a_batch(split_rows, monkeypatch):
+    """Under the mode a row's bits do not depend on the batch: a token decoded alone equals the same
+    token inside a verify chain, and a sequence alone equals it among longer and shorter ones, over
+    contexts of several splits (split_rows small for the interpreter); both equal the torch path."""
+    from outpace.attention.context import forward_settings
+
+    monkeypatch.setattr(mla_kernels, "invariant_split_rows", split_rows)
+    g = torch.Generator().manual_seed(split_rows)
+    seqs = LatentSequences(INVARIANT_LENGTHS, 5, 3, 36, 8, torch.float32, g)
+    with forward_settings(True):
+        pairs, references = invariance_pairs(seqs, 0.3)
+    for alone, in_company in pairs:
+        assert torch.equal(alone, in_company)
+    for got, expected in references:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fast_path_is_not_batch_invariant_at_those_shapes(monkeypatch):
+    """What the mode fixes: the split-KV heuristic cuts a row's KV where its batch says (alone, 8 splits
+    of 16 rows at this minimum; in the batch of 4 sequences 2 splits, of half the row's context each),
+    so the pairs above differ in some bits (while equal to the torch path within tolerance). At the
+    default 64-row minimum these contexts happen to get 64-row splits in every call on the CPU's 4
+    "SMs"; on the GPU (132 SMs) they part from 2112-row contexts in a batch of 8."""
+    monkeypatch.setattr(mla_kernels, "min_split_rows", 16)
+    g = torch.Generator().manual_seed(32)
+    seqs = LatentSequences(INVARIANT_LENGTHS, 5, 3, 36, 8, torch.float32, g)
+    pairs, references = invariance_pairs(seqs, 0.3)
+    assert not all(torch.equal(alone, in_company) for alone, in_company in pairs)
+    for got, expected in references:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_invariant_mode_refuses_what_it_does_not_cover(monkeypatch):
+    """A forced split count, a tree mask (walked in place, not over logical rows) and a split length off
+    the KV tiles are refused by name under the mode."""
+    from outpace.attention.context import forward_settings
+
+    g = torch.Generator().manual_seed(3)
+    meta, num_blocks = make_meta("tree", 5, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 5, 1, 44, generator=g).to(DEVICE)
+    q_latent, q_rope = torch.randn(n, 3, 36).to(DEVICE), torch.randn(n, 3, 8).to(DEVICE)
+    with forward_settings(True):
+        with pytest.raises(ValueError, match="tree-shaped draft on an MLA target"):
+            mla_paged_attention(q_latent, q_rope, cache, meta, 0.3)
+        meta.custom_mask = None
+        with pytest.raises(ValueError, match="num_splits cannot be forced"):
+            mla_paged_attention(q_latent, q_rope, cache, meta, 0.3, num_splits=2)
+        monkeypatch.setattr(mla_kernels, "invariant_split_rows", 40)
+        with pytest.raises(ValueError, match="invariant_split_rows=40"):
+            mla_paged_attention(q_latent, q_rope, cache, meta, 0.3)
+
+
+def test_batch_invariant_query_parts_and_up_projection(monkeypatch):
+    """mla_attention_up under the mode: a decode row alone equals it inside a verify chain and a batch."""
+    from outpace.attention.context import forward_settings
+
+    monkeypatch.setattr(mla_kernels, "invariant_split_rows", 32)
+    g = torch.Generator().manual_seed(8)
+    seqs = LatentSequences(INVARIANT_LENGTHS, 5, 3, 36, 8, torch.float32, g)
+    up = torch.randn(3, 7, 36, generator=g).to(DEVICE)  # [heads, 7, rank]
+
+    def attend_up(calls):
+        meta = build_paged_metadata(
+            [seqs.tables[s] for s, _, _ in calls],
+            [c for _, c, _ in calls],
+            [q for _, _, q in calls],
+            5,
+            DEVICE,
+        )
+        q_latent = torch.cat([seqs.q_latent[s][c : c + q] for s, c, q in calls])
+        q_rope = torch.cat([seqs.q_rope[s][c : c + q] for s, c, q in calls])
+        parts = torch.stack((q_latent * 0.5, q_latent * 0.5))  # [2, n, heads, rank]
+        return mla_attention_up(parts, q_rope, seqs.cache, meta, 0.3, up)
+
+    with forward_settings(True):
+        alone = attend_up([(0, 92, 1)])
+        chain = attend_up([(0, 90, 4)])
+        batch = attend_up([(1, 60, 5), (0, 90, 4), (2, 290, 1)])
+    assert torch.equal(alone, chain[2:3])
+    assert torch.equal(chain, batch[5:9])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+def test_bf16_batch_invariant_at_the_v2_lite_shape():
+    """The invariance test in bf16 at DeepSeek-V2-Lite's shape (16 heads, 512 + 64) with the mode's own
+    512-row splits over contexts of up to 3 splits: rows alone, in a chain and in a batch bit-identical,
+    and close to the float32 torch path."""
+    from outpace.attention.context import forward_settings
+
+    g = torch.Generator().manual_seed(4)
+    lengths = [1100, 700, 1400]
+    seqs = LatentSequences(lengths, 16, 16, 512, 64, torch.bfloat16, g)
+    with forward_settings(True):
+        alone = [seqs.attend([(0, 1090 + i, 1)], 192**-0.5) for i in range(4)]
+        chain, expected = seqs.attend([(0, 1090, 4)], 192**-0.5)
+        batch, _ = seqs.attend([(1, 600, 5), (0, 1090, 4), (2, 1390, 1)], 192**-0.5)
+    for i, (row, _) in enumerate(alone):
+        assert torch.equal(row, chain[i : i + 1])
+    assert torch.equal(chain, batch[5:9])
+    got = chain.float()
+    assert ((got - expected).norm() / expected.norm()).item() < 2e-2
