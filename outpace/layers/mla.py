@@ -27,6 +27,12 @@ else with the torch backend's paged helpers (block gather, masks for causal and 
 form always with the latter. Few half-precision rows on the GPU under the Triton backend (decode, verify)
 take the fused path of layers/mla_fused.py instead (``fuses``): the whole block in five launches, the
 eager modules staying the CPU path and the reference.
+
+Batch-invariant mode (EngineConfig.batch_invariant): never the fused block; the absorbed form's kernel runs
+with fixed tiles and an absolute split partition (attention/mla_kernels.py; a tree-shaped draft refused
+there), and its per-head products W_UK^T q_nope and W_UV a go head by head through ``project``
+(``heads_apart``), so a decode row gets the bits it gets inside a verify chain or any batch. The expanded
+form (a forward whose query run reaches ``expand_min_query_len``) is not covered.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from outpace.attention.torch_backend import attend_paged, gather_blocks
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import split_evenly
 from outpace.layers.fused_decoder import fusable_rows
-from outpace.layers.linear import column_parallel, is_sharded, linear, row_parallel
+from outpace.layers.linear import column_parallel, is_sharded, linear, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.linear import Fp8Block, is_quantized
 from outpace.layers.rotary import RotaryEmbedding
@@ -253,12 +259,17 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         """q_nope [n, heads, nope], q_pe [n, heads, rope], the new tokens' rows already cached -> [n, heads,
         v_head_dim], attending in latent space: the Triton kernel under the Triton backend, else torch."""
         w_uk, w_uv = self.up_weights()
-        q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # [n, heads, r]
+        invariant = batch_invariant()
+        if invariant:
+            q_latent = heads_apart(q_nope, w_uk.transpose(1, 2))  # [n, heads, r]
+        else:
+            q_latent = torch.einsum("thd,hdr->thr", q_nope, w_uk)  # [n, heads, r]
         if get_forward_context().backend.name == "triton":
             from outpace.attention.mla_kernels import (
                 mla_paged_attention,  # Triton: installed with that backend
             )
 
+            # (batch-invariant in that mode: attention/mla_kernels.py, tree drafts refused there)
             attended = mla_paged_attention(
                 q_latent,
                 q_pe,
@@ -279,6 +290,8 @@ class MultiHeadLatentAttention(PagedCacheLayer):
                 meta,
                 self.shape.scale,
             )  # [n, heads, r]
+        if invariant:
+            return heads_apart(attended, w_uv)
         return torch.einsum("thr,hvr->thv", attended, w_uv)
 
     def _expanded(
@@ -320,3 +333,10 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             q, k, v, is_causal=True, scale=self.shape.scale
         )  # [b, heads, t, v]
         return out.transpose(1, 2).reshape(b * t, h, -1)
+
+
+def heads_apart(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, in] through each head's own weights [heads, out, in] -> [n, heads, out], head by head
+    through layers/linear.py's ``project``: the batch-invariant mode's form of the per-head products of the
+    absorbed attention (a batched product, as einsum's, picks its kernel by n on cuBLAS and CPU BLAS)."""
+    return torch.stack([project(x[:, h], weights[h]) for h in range(x.shape[1])], dim=1)

@@ -401,3 +401,55 @@ def test_bf16_batch_invariant_at_the_v2_lite_shape():
     assert torch.equal(chain, batch[5:9])
     got = chain.float()
     assert ((got - expected).norm() / expected.norm()).item() < 2e-2
+
+
+def test_the_layer_is_batch_invariant_under_the_triton_backend(monkeypatch):
+    """MultiHeadLatentAttention's absorbed form under the Triton backend in the mode (the kernel, and the
+    per-head products W_UK^T q and W_UV a head by head through ``project``): a token decoded alone gives
+    the bits it gets inside a verify chain and inside a batch with another sequence."""
+    from outpace.attention.context import forward_settings
+
+    monkeypatch.setattr(mla_kernels, "invariant_split_rows", 32)
+    shape = MLAShape(
+        hidden_size=24,
+        num_heads=3,
+        q_lora_rank=None,
+        kv_lora_rank=36,
+        qk_nope_head_dim=6,
+        qk_rope_head_dim=8,
+        v_head_dim=5,
+        scale=0.25,
+    )
+    torch.manual_seed(0)
+    layer = MultiHeadLatentAttention(shape, RotaryEmbedding(8, 512, 10000.0)).to(DEVICE)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.3)
+    layer.expand_min_query_len = 10**6  # always absorbed
+    g = torch.Generator().manual_seed(12)
+    lengths = [70, 40]
+    tables = [list(range(0, 14)), list(range(20, 28))]  # 5-row blocks
+    x = [torch.randn(n, 24, generator=g).to(DEVICE) for n in lengths]  # [length, hidden] each
+    layer.bind_cache(28, 5, torch.float32, DEVICE)
+
+    def forward(calls):
+        meta = build_paged_metadata(
+            [tables[s] for s, _, _ in calls],
+            [c for _, c, _ in calls],
+            [q for _, _, q in calls],
+            5,
+            DEVICE,
+        )
+        rows = torch.cat([x[s][c : c + q] for s, c, q in calls])
+        positions = torch.cat([torch.arange(c, c + q) for _, c, q in calls]).to(DEVICE)
+        with torch.no_grad(), forward_context(meta, get_backend("triton")):
+            return layer(positions, rows)
+
+    with forward_settings(True):
+        forward([(0, 0, 70), (1, 0, 40)])  # the caches' rows (rewritten with the same bits below)
+        chain = forward([(0, 60, 4)])
+        alone = [forward([(0, 60 + i, 1)]) for i in range(4)]
+        batch = forward([(1, 30, 3), (0, 60, 4)])
+    for i in range(4):
+        assert torch.equal(alone[i], chain[i : i + 1])
+    assert torch.equal(chain, batch[3:7])
