@@ -119,3 +119,22 @@ def test_bad_prompts_leave_other_requests_unharmed(llama_dir):
         done += engine.step()
     assert [o.request_id for o in done] == [rid] and done[0].token_ids == expected
     assert engine.pool.num_free == 32
+
+
+def test_batch_invariant_tree_drafts_on_an_mla_target_are_refused_by_name():
+    """The MLA kernels' batch-invariant variant takes chains only: a tree-shaped draft on an MLA target in that
+    mode is refused when the engine is built, naming the flags, not at its first verify."""
+    from pathlib import Path
+
+    from outpace.config import SpeculativeConfig
+
+    pytest.importorskip(
+        "triton"
+    )  # (the Triton backend's kernels run in the interpreter on the CPU)
+    zoo = Path(__file__).resolve().parents[2] / "zoo"
+    spec = SpeculativeConfig(
+        "eagle3", str(zoo / "tinyds-eagle3"), num_steps=3, topk=2, num_draft_tokens=6
+    )
+    kwargs = dict(device="cpu", dtype="float32", attention_backend="triton", batch_invariant=True)
+    with pytest.raises(ConfigError, match="batch_invariant=True .* tree-shaped draft .*topk=2"):
+        LLM(str(zoo / "tinyds"), speculative=spec, **kwargs)
