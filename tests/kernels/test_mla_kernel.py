@@ -153,13 +153,8 @@ def test_strided_queries_and_tokens_in_any_order():
     torch.testing.assert_close(got, expected[order], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["decode", "tree", "ragged"])
-def test_the_layer_chooses_the_kernel_under_the_triton_backend(layout, monkeypatch):
-    """MultiHeadLatentAttention's absorbed form: the same output and cache under either backend, and the
-    kernel runs under the Triton one (and only there)."""
-    import outpace.attention.mla_kernels as kernels
-
-    g = torch.Generator().manual_seed(11)
+def absorbed_layer() -> MultiHeadLatentAttention:
+    """A small MLA layer (3 heads, latent 36, rope 8) with random weights, always in its absorbed form."""
     shape = MLAShape(
         hidden_size=24,
         num_heads=3,
@@ -176,6 +171,17 @@ def test_the_layer_chooses_the_kernel_under_the_triton_backend(layout, monkeypat
         for p in layer.parameters():
             p.normal_(0.0, 0.3)
     layer.expand_min_query_len = 10**6  # always absorbed
+    return layer
+
+
+@pytest.mark.parametrize("layout", ["decode", "tree", "ragged"])
+def test_the_layer_chooses_the_kernel_under_the_triton_backend(layout, monkeypatch):
+    """MultiHeadLatentAttention's absorbed form: the same output and cache under either backend, and the
+    kernel runs under the Triton one (and only there)."""
+    import outpace.attention.mla_kernels as kernels
+
+    g = torch.Generator().manual_seed(11)
+    layer = absorbed_layer()
     meta, num_blocks = make_meta(layout, 16, g)
     n = meta.slot_mapping.shape[0]
     x = torch.randn(n, 24, generator=g).to(DEVICE)
@@ -412,22 +418,7 @@ def test_the_layer_is_batch_invariant_under_the_triton_backend(monkeypatch):
     from outpace.attention.context import forward_settings
 
     monkeypatch.setattr(mla_kernels, "invariant_split_rows", 32)
-    shape = MLAShape(
-        hidden_size=24,
-        num_heads=3,
-        q_lora_rank=None,
-        kv_lora_rank=36,
-        qk_nope_head_dim=6,
-        qk_rope_head_dim=8,
-        v_head_dim=5,
-        scale=0.25,
-    )
-    torch.manual_seed(0)
-    layer = MultiHeadLatentAttention(shape, RotaryEmbedding(8, 512, 10000.0)).to(DEVICE)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0.0, 0.3)
-    layer.expand_min_query_len = 10**6  # always absorbed
+    layer = absorbed_layer()
     g = torch.Generator().manual_seed(12)
     lengths = [70, 40]
     tables = [list(range(0, 14)), list(range(20, 28))]  # 5-row blocks
