@@ -78,7 +78,7 @@ paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
 qkv_stages = 4  # 120 KB
 plain_stages = 6  # o_proj, down_proj: 120 KB
 # A plain projection's outputs a program up to which they stream as one sub-tile (each sub-tile is a new software
-# pipeline over K: the H200's in-step times, benchmarks/scripts/plain_tiles.py, gpu_2026-11-29f call 3: Qwen3-Next's
+# pipeline over K: the H200's in-step times, benchmarks/scripts/projection_tiles.py, gpu_2026-11-29f call 3: Qwen3-Next's
 # in_proj_qkvz, 94 outputs a program, 15.3 us as one 128-wide sub-tile against 19.1 as three of 32; DeepSeek-V3's
 # o_proj, 55 outputs, 55.7 us against 65.3), with fewer stages than 32-wide ones (64 KB a stage at 128 x 256).
 plain_sub_tile = 128

@@ -56,6 +56,9 @@ from outpace.layers.sm_count import num_sms
 # outputs a program of the down projections: 132 programs at DeepSeek-V3's 1536 + 576
 _DOWN_OUTS = 16
 _TILE_ELEMENTS = 8192  # a weight tile's elements (16 KB of bf16) a pipeline stage
+_MAX_BLOCK_K = 256  # K columns a step at most
+_DOWN_STAGES = 4  # software pipeline stages of the down projections' weight stream
+_Q_ABSORB_STAGES = 3  # of q_b_proj's (or q_proj's)
 MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' programs, not more
 _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
 
@@ -522,7 +525,7 @@ def q_parts(heads: int, nope: int, rope: int, device: torch.device) -> tuple[int
 def _block_k(block_n: int, fp32: bool) -> int:
     """K columns a tile of ``block_n`` weight rows streams a step: ``_TILE_ELEMENTS`` in all (half in
     float32: the same bytes)."""
-    return max(16, min(256, _TILE_ELEMENTS // block_n) // (2 if fp32 else 1))
+    return max(16, min(_MAX_BLOCK_K, _TILE_ELEMENTS // block_n) // (2 if fp32 else 1))
 
 
 def _prefetch_k(k: int) -> int:
@@ -627,7 +630,7 @@ def mla_forward_fused(
         SCALE_BN=(down_block or (1, 1))[0],
         SCALE_BK=(down_block or (1, 1))[1],
         num_warps=4,
-        num_stages=4,
+        num_stages=_DOWN_STAGES,
         **pdl_launch_options(pdl),
     )
     parts, pe_parts = q_parts(s.num_heads, s.qk_nope_head_dim, s.qk_rope_head_dim, device)
@@ -694,7 +697,7 @@ def mla_forward_fused(
         SCALE_BN=(q_block or (1, 1))[0],
         SCALE_BK=(q_block or (1, 1))[1],
         num_warps=4,
-        num_stages=3,
+        num_stages=_Q_ABSORB_STAGES,
         **pdl_launch_options(pdl),
     )
     attended = mla_attention_up(
