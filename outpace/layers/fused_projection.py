@@ -83,6 +83,13 @@ plain_stages = 6  # o_proj, down_proj: 120 KB
 # o_proj, 55 outputs, 55.7 us against 65.3), with fewer stages than 32-wide ones (64 KB a stage at 128 x 256).
 plain_sub_tile = 128
 wide_sub_tile_stages = 4
+# A plain projection whose sub-tiles are 16 outputs wide (at most 16 outputs an SM: Qwen3-Next's out_proj,
+# DeepSeek-V2-Lite's o_proj and dense down_proj) keeps too few weight bytes in flight at BK 256 (8 KB a stage):
+# BK 512 over 5 stages (80 KB) took 11.4 -> 8.7, 7.0 -> 5.8 and 26.6 -> 18.4 us at batch 1 on the H200
+# (benchmarks/scripts/projection_tiles.py, gpu_2026-11-30c call 1; the same at batch 8); wider sub-tiles were
+# fastest at the defaults.
+narrow_block_k = 512
+narrow_stages = 5
 
 
 @dataclass
@@ -634,8 +641,11 @@ def _launch(
         outs,
         max_block,
     )
-    block_k, num_warps = block_k or 256, num_warps or 4
-    num_stages = num_stages or _stages(epilogue, weight.shape[0], grid.block_n)
+    narrow = epilogue == _PLAIN.value and grid.block_n == 16
+    block_k, num_warps = block_k or (narrow_block_k if narrow else 256), num_warps or 4
+    num_stages = num_stages or (
+        narrow_stages if narrow else _stages(epilogue, weight.shape[0], grid.block_n)
+    )
     if tiles is None and qk_norm is not None and half > 32:
         block_k, num_stages = (
             128,
