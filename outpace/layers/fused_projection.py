@@ -10,7 +10,9 @@ and a round trip of the activations each. Here one kernel does a projection and 
 - ``project_add_normed``   the same, and the new stream made ready for the RMSNorm after it
 - ``norm_project_qkv``     [q | k | v] = RMSNorm(s) @ W_qkv.T; the per-head q/k RMSNorms of Qwen3-style
                            layers when given; RoPE on q and k; k and v stored straight into the paged
-                           KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write)
+                           KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write).
+                           With per-head norms on heads too wide for one program an SM (head_dim 256 or
+                           512: Gemma, Qwen3-Next), a plain projection then ``_qkv_heads_kernel`` per head
 - ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T (``project_swiglu``: of x, no norm)
 - ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm; optionally
                            soft-capped, Gemma's final_logit_softcapping)
@@ -510,6 +512,65 @@ def _qkv_epilogue(
     tl.store(v_dst + HALF, b.to(v_cache_ptr.dtype.element_ty), mask=ok & is_v)
 
 
+@triton.jit
+def _qkv_heads_kernel(
+    raw_ptr,  # [M, q_size + 2 * kv_size] float32: x @ W_qkv.T, unnormalised
+    q_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    M,
+    stride_rm,
+    stride_qm,
+    q_size,
+    kv_size,
+    qk_eps,
+    qk_offset,
+    HALF: tl.constexpr,
+    BM: tl.constexpr,
+    V_NORM: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (t, h): head h of [q | k | v] (columns h * 2 * HALF ...) for the rows of tile t, from the raw
+    projection: the per-head norms, RoPE and stores of ``_fused_rows_kernel``'s QKV epilogue."""
+    pdl_enter(PDL)
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]
+    row_ok = rows < M
+    j = tl.arange(0, HALF)  # [HALF]: the head's pairs
+    col_a = tl.program_id(1) * 2 * HALF + j
+    ok = row_ok[:, None] & (j < HALF)[None, :]  # [BM, HALF]
+    src = raw_ptr + rows[:, None] * stride_rm + col_a[None, :]
+    a = tl.load(src, mask=ok, other=0.0)  # [BM, HALF]
+    b = tl.load(src + HALF, mask=ok, other=0.0)
+    cos, sin, slot = _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF)
+    norm_a, norm_b = _head_norm_weights(
+        col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, qk_offset, HALF
+    )
+    a, b = _head_norm(a, b, col_a, norm_a, norm_b, q_size, kv_size, qk_eps, BM, HALF, HALF, V_NORM)
+    _qkv_epilogue(
+        a,
+        b,
+        rows,
+        col_a,
+        ok,
+        q_ptr,
+        stride_qm,
+        cos,
+        sin,
+        slot,
+        k_cache_ptr,
+        v_cache_ptr,
+        q_size,
+        kv_size,
+        HALF,
+    )
+
+
 def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernels serve x [M, K] @ weight.T: rows of half precision on the GPU, autograd
     off; few rows (M <= 16: decode and small verify batches, where they beat cuBLAS), or any number in
@@ -559,6 +620,15 @@ def _grid(n_out: int, outs: int, max_block: int, whole: int = 1) -> _Grid:
 def _is_wide_plain(epilogue: int, weight_rows: int) -> bool:
     """A plain projection as wide as an LM head: tiles of 64 outputs, with the paired pipeline depth."""
     return epilogue == _PLAIN.value and weight_rows >= 16384
+
+
+def _splits_heads(weight_rows: int, head_dim: int, device: torch.device) -> bool:
+    """Whether a QKV projection with per-head norms runs as a plain projection and then ``_qkv_heads_kernel``:
+    where whole heads a sub-tile leave fewer than one program per two SMs. Gemma-3-12B's q/k/v (head_dim
+    256) made 32 programs of a head each: 32.4 us a layer at batch 1 on the H200 for 63 MB
+    (benchmarks/results/gpu_2026-11-30c, call 1's step timeline); Gemma 4's head_dim 512 layers make 16."""
+    whole = _launch_grid(weight_rows // 2, _QKV.value, weight_rows, device, head_dim // 2)
+    return whole.programs < num_sms(device) // 2
 
 
 def _stages(epilogue: int, weight_rows: int, block_n: int) -> int:
@@ -958,6 +1028,7 @@ def norm_project_qkv(
     tiles: tuple[int | None, ...] | None = None,
     qk_offset: float = 0.0,
     v_norm: bool = False,
+    split_heads: bool | None = None,
 ) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
     cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
@@ -966,7 +1037,9 @@ def norm_project_qkv(
     ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given (head_dim a power of two),
     rotates q and k (neox), writes k and v to the caches at the slots, and returns q [M, q_size]
     (q_size 0 and qkv = the k and v rows: writes k and v only). The q/k norms' scales are qk_offset +
-    weight (Gemma 3: 1.0); ``v_norm``: each v head is normalised too, without a weight (Gemma 4)."""
+    weight (Gemma 3: 1.0); ``v_norm``: each v head is normalised too, without a weight (Gemma 4).
+    ``split_heads`` (tests; by default ``_splits_heads``): the projection and the per-head work in two
+    kernels."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // 2
@@ -974,6 +1047,36 @@ def norm_project_qkv(
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
+    if split_heads is None:
+        split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
+    if split_heads:
+        if qk_norm is None:
+            raise ValueError("split_heads is the path of per-head norms (qk_norm)")
+        raw = torch.empty(x.shape[0], qkv.shape[0], dtype=torch.float32, device=x.device)
+        _launch(x, qkv, raw, qkv.shape[0], _PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
+        use_pdl = pdl_available(x.device) if pdl is None else pdl
+        half = head_dim // 2
+        _qkv_heads_kernel[(triton.cdiv(x.shape[0], MAX_ROWS), qkv.shape[0] // head_dim)](
+            raw,
+            q,
+            *args[:6],
+            qk_norm[0],
+            qk_norm[1],
+            x.shape[0],
+            raw.stride(0),
+            q.stride(0),
+            q_size,
+            kv_size,
+            qk_norm[2],
+            qk_offset,
+            HALF=half,
+            BM=MAX_ROWS,
+            V_NORM=v_norm,
+            PDL=use_pdl,
+            num_warps=4 if half <= 128 else 8,
+            **pdl_launch_options(use_pdl),
+        )
+        return q
     return _launch(
         x,
         qkv,

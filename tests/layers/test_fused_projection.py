@@ -9,6 +9,7 @@ from outpace.layers.fused_projection import (
     _PLAIN,
     _QKV,
     _launch_grid,
+    _splits_heads,
     embed_norm_pair,
     fused_rows_apply,
     norm_project,
@@ -115,11 +116,17 @@ def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
     )
 
 
-@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qk_norm"])
+@pytest.mark.parametrize(
+    "qk_norm,split_heads",
+    [(False, None), (True, False), (True, True)],
+    ids=["llama", "qk_norm", "qk_norm_split_heads"],
+)
 @pytest.mark.parametrize(
     "m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64), (3, 4, 2, 128)]
 )
-def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_dim, qk_norm):
+def test_norm_project_qkv_rotates_and_writes_the_cache(
+    m, heads, kv_heads, head_dim, qk_norm, split_heads
+):
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
     x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
     w = _rand(q_size + 2 * kv_size, k_in, seed=18)
@@ -161,6 +168,7 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
         *dev,
         slots.to(DEVICE),
         qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
+        split_heads=split_heads,
     )
     _close(out, q_ref.reshape(m, q_size))
     _close(
@@ -183,6 +191,7 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(m, heads, kv_heads, head_
         *kv_only,
         slots.to(DEVICE),
         qk_norm=(kn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
+        split_heads=split_heads,
     )
     _close(kv_only[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(kv_only[1].view(-1, kv_size)[slots], v)
@@ -258,6 +267,24 @@ def test_grid_gives_every_output_to_one_program_evenly(
     )  # one program an SM, unless outputs are few
     if n_out >= 16 * processors:  # no program has more than its share, to the sub-tile
         assert grid.outs <= -(-n_out // processors) + whole - 1
+
+
+@pytest.mark.parametrize(
+    "weight_rows,head_dim,splits",
+    [
+        (8192, 256, True),  # Gemma-3-12B: 32 programs of a head
+        (8192, 512, True),  # a Gemma 4 global layer's width at head_dim 512: 16
+        (6144, 128, True),  # Qwen3-8B: 48
+        (10240, 128, False),  # Qwen3-32B: 80 of 132
+    ],
+)
+def test_qkv_heads_split_where_whole_heads_leave_the_sms_idle(
+    weight_rows, head_dim, splits, monkeypatch
+):
+    from outpace.layers import fused_projection
+
+    monkeypatch.setattr(fused_projection, "num_sms", lambda device: 132)
+    assert _splits_heads(weight_rows, head_dim, torch.device("cpu")) == splits
 
 
 def test_applies_only_to_few_half_precision_rows_on_the_gpu_without_grad():

@@ -64,8 +64,9 @@ def test_gelu_tanh_gate():
     assert not torch.allclose(silu, out, atol=1e-3)
 
 
+@pytest.mark.parametrize("split_heads", [False, True], ids=["fused", "split_heads"])
 @pytest.mark.parametrize("offset,v_norm", [(1.0, False), (0.0, True)], ids=["gemma3", "gemma4"])
-def test_qkv_with_norm_variants_and_v_norm(offset, v_norm):
+def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, split_heads):
     """q/k head norms with scale offset + w, v heads normalised without a weight (Gemma 4), partial RoPE."""
     m, heads, kv_heads, d, hidden = 3, 4, 2, 16, 32
     x, qkv = (
@@ -101,6 +102,7 @@ def test_qkv_with_norm_variants_and_v_norm(offset, v_norm):
         qk_norm=(q_norm.weight, k_norm.weight, EPS),
         qk_offset=offset,
         v_norm=v_norm,
+        split_heads=split_heads,
     )
     torch.testing.assert_close(out, q.reshape(m, -1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_cache.view(-1, kv_heads, d)[slots], k, rtol=1e-5, atol=1e-5)
