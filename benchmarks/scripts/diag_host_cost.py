@@ -1,10 +1,23 @@
-"""The engine's host time per row and step: a one-layer, hidden-32 random Llama on the CPU, where the forward costs
-next to nothing, decoding N greedy requests of 64 tokens (after a 32-token prompt) through ``LLMEngine.step``.
+"""The engine's host time per step and row: a tiny random target on the CPU (a one-layer, hidden-32 Llama, or the
+tests' tiny Qwen3-Next or Nemotron-H hybrid), where the forward costs little, decoding N greedy requests of 64
+tokens (after a 32-token prompt) through ``LLMEngine.step``.
 
     PYTHONPATH=. python benchmarks/scripts/diag_host_cost.py --rows 256 [--stream] [--profile]
+    PYTHONPATH=. python benchmarks/scripts/diag_host_cost.py --model qwen3_next --rows 1 8 --graphs --ops
 
 ``--stream``: the engine returns every request's text so far each step (``stream_outputs``, as the server runs
 it), which adds the incremental detokenization; ``--profile``: the outpace functions by cumulative time.
+``--graphs``: the step as it runs on the GPU: ``capture_graphs`` (on the CPU each "replay" runs the iteration
+eagerly), so steps take the bucketed path with padding and, unless ``--no-run-ahead``, the next step launched
+ahead (Nemotron-H-8B's state keeps it off on the GPU). Each step's time is split into the target's forward and
+logits, the rest of the decode iteration (``DecodeStep.step``: metadata, sampling, verify, state writes; one
+graph replay on the GPU) and the host's part outside it (scheduling, launch building, bookkeeping, results),
+which on the GPU is idle GPU time unless a step launched ahead covers it; medians over the steps of
+``--repeats`` runs. ``--ops``: the torch (aten) ops a step dispatches outside the iteration, by name: on the GPU
+each one on a device tensor is a kernel or copy launched eagerly (4-6 us of host time), host-tensor ops aside.
+``--device cuda``: the same on the GPU, where a captured step's replay is not split (``--graphs`` is implied:
+the engine captures) and the host part holds the wait for the step's tokens, unless a step run ahead covers it.
+
 2026-11-27, this container's CPU, 256 rows streamed, two interleaved runs each: 19.8 and 20.0 us with the
 detokenizer of 73496ed (two ``tokenizer.decode`` calls a step), 18.0 and 16.2 with ``DecodeStream``.
 2026-11-28, same CPU, interleaved runs, ad6e2ac -> cfb8f78 (per-row work hoisted, results by column, fewer
@@ -18,14 +31,21 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository root
+sys.path.insert(
+    1, str(ROOT / "tests")
+)  # the tests' tiny hybrid checkpoints (helpers/hybrid_models.py)
 
 from outpace.bench.random_checkpoint import random_target  # noqa: E402
 from outpace.config import EngineConfig  # noqa: E402
@@ -46,12 +66,68 @@ TINY = dict(
     tie_word_embeddings=True,
     eos_token_id=0,
 )
+PROMPT_TOKENS = 32
 
 
-def decode_all(engine: LLMEngine, rows: int, tokens: int) -> tuple[int, float]:
-    """Submit ``rows`` requests and step until all finish: (steps, seconds)."""
+def write_target(model: str, out_dir: str) -> int:
+    """A random checkpoint of ``model`` in ``out_dir``; returns its vocabulary size."""
+    if model == "llama":
+        random_target(out_dir, TINY, dtype=torch.float32)
+        return TINY["vocab_size"]
+    from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
+
+    save_hybrid(make_hybrid(model), Path(out_dir))
+    return HYBRIDS[model][1]["vocab_size"]
+
+
+class StepClock:
+    """Per engine step: seconds in the target's forward and logits, and in the whole decode iteration
+    (``DecodeStep.step``, which holds the forward), by wrapping those methods of the engine's instances."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.forward = self.iteration = 0.0
+        self.inside = 0  # > 0 while the iteration runs
+        model, decode_step = engine.model, engine.runner.decode_step
+        model.forward = self._timed(model.forward, "forward")
+        model.compute_logits = self._timed(model.compute_logits, "forward")
+        decode_step.step = self._timed(decode_step.step, "iteration", inside=True)
+
+    def _timed(self, fn, field: str, inside: bool = False):
+        def call(*args, **kwargs):
+            self.inside += inside
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+                self.inside -= inside
+
+        return call
+
+    def reset(self) -> tuple[float, float]:
+        """(forward, iteration) seconds since the last reset."""
+        times = self.forward, self.iteration
+        self.forward = self.iteration = 0.0
+        return times
+
+
+class OpCounter(TorchDispatchMode):
+    """The aten ops dispatched outside the decode iteration (``clock.inside`` zero), by name."""
+
+    def __init__(self, clock: StepClock) -> None:
+        super().__init__()
+        self.clock, self.outside, self.total = clock, Counter(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.total += 1
+        if not self.clock.inside:
+            self.outside[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def submit(engine: LLMEngine, rows: int, tokens: int, vocab: int) -> None:
     for i in range(rows):
-        prompt = [1 + (i + j) % 500 for j in range(32)]
+        prompt = [1 + (i + j) % (vocab - 2) for j in range(PROMPT_TOKENS)]
         engine.submit(
             engine.new_request(
                 prompt,
@@ -59,44 +135,112 @@ def decode_all(engine: LLMEngine, rows: int, tokens: int) -> tuple[int, float]:
                 f"r{time.perf_counter()}-{i}",
             )
         )
-    steps, start = 0, time.perf_counter()
+
+
+def decode_all(
+    engine: LLMEngine, rows: int, tokens: int, vocab: int, clock: StepClock | None = None
+) -> list[tuple[float, float, float]]:
+    """Submit ``rows`` requests and step until all finish: each decode step's (seconds, forward and logits,
+    iteration), the first steps (prefill) left out."""
+    submit(engine, rows, tokens, vocab)
+    steps = []
     while engine.has_unfinished_requests:
+        if clock is not None:
+            clock.reset()
+        start = time.perf_counter()
         engine.step()
-        steps += 1
-    return steps, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        steps.append((seconds, *(clock.reset() if clock is not None else (0.0, 0.0))))
+    return steps[2:]  # (the prefill, and a step run ahead's first launch)
+
+
+def build(
+    model_dir: str, rows: int, graphs: bool, run_ahead: bool, stream: bool, device: str = "cpu"
+) -> LLMEngine:
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            device=device,
+            dtype="float32",
+            max_num_seqs=rows,
+            num_kv_blocks=rows * 12 + 64,
+            max_num_batched_tokens=max(rows * 40, 256),
+            run_ahead=run_ahead,
+        ),
+        progress=False,
+    )
+    engine.stream_outputs = stream
+    if graphs and device == "cpu":  # (on CUDA the engine captures them itself)
+        engine.capture_graphs()
+    return engine
+
+
+def measure(engine: LLMEngine, rows: int, vocab: int, repeats: int) -> dict[str, float]:
+    """Median us per step: the whole step, the forward and logits, the rest of the iteration, the host."""
+    clock = StepClock(engine)
+    decode_all(engine, rows, 4, vocab)  # warm-up
+    steps = [s for _ in range(repeats) for s in decode_all(engine, rows, 64, vocab, clock)]
+    median = lambda values: 1e6 * statistics.median(values)  # noqa: E731
+    return {
+        "step": median([s for s, _, _ in steps]),
+        "forward": median([f for _, f, _ in steps]),
+        "iteration rest": median([i - f for _, f, i in steps]),
+        "host": median([s - i for s, _, i in steps]),
+    }
+
+
+def count_ops(engine: LLMEngine, rows: int, vocab: int) -> tuple[Counter, float, int]:
+    """The aten ops per decode step outside the iteration, by name (averaged over the steps of one run),
+    their total per step, and all ops per step."""
+    clock = StepClock(engine)
+    submit(engine, rows, 64, vocab)
+    engine.step()
+    engine.step()  # (as decode_all: the prefill and the first launch left out)
+    steps = 0
+    with OpCounter(clock) as counter:
+        while engine.has_unfinished_requests:
+            engine.step()
+            steps += 1
+    per_step = Counter({op: n / steps for op, n in counter.outside.items()})
+    return per_step, sum(per_step.values()), round(counter.total / steps)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--model", choices=("llama", "qwen3_next", "nemotron_h"), default="llama")
+    p.add_argument("--rows", type=int, nargs="+", default=[256])
+    p.add_argument("--repeats", type=int, default=3, help="runs of 64 tokens per measurement")
+    p.add_argument("--graphs", action="store_true", help="capture_graphs: the GPU's path")
+    p.add_argument("--no-run-ahead", dest="run_ahead", action="store_false")
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--device", default="cpu", help="cuda: the GPU's host time (module docstring)")
+    p.add_argument("--ops", action="store_true", help="count the ops outside the iteration")
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        random_target(tmp, TINY, dtype=torch.float32)
-        engine = LLMEngine(
-            EngineConfig(
-                model=tmp,
-                device="cpu",
-                max_num_seqs=a.rows,
-                num_kv_blocks=a.rows * 8 + 64,
-                max_num_batched_tokens=a.rows * 40,
-            ),
-            progress=False,
-        )
-        engine.stream_outputs = a.stream
-        decode_all(engine, a.rows, 4)  # warm-up
-        steps, seconds = decode_all(engine, a.rows, 64)
-        print(
-            f"rows {a.rows}, stream {a.stream}: {1e3 * seconds / steps:.2f} ms a step, "
-            f"{1e6 * seconds / steps / a.rows:.1f} us per row and step"
-        )
-        if a.profile:
-            profile = cProfile.Profile()
-            profile.enable()
-            decode_all(engine, a.rows, 64)
-            profile.disable()
-            pstats.Stats(profile).sort_stats("cumtime").print_stats("outpace", 30)
+        vocab = write_target(a.model, tmp)
+        for rows in a.rows:
+            engine = build(tmp, rows, a.graphs, a.run_ahead, a.stream, a.device)
+            us = measure(engine, rows, vocab, a.repeats)
+            print(
+                f"{a.model} rows {rows} graphs {a.graphs} run-ahead {a.run_ahead} stream {a.stream}: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in us.items())
+                + f" us a step; {us['step'] / rows:.1f} us per row and step"
+            )
+            if a.ops:
+                ops, outside, total = count_ops(engine, rows, vocab)
+                listed = ", ".join(f"{op} {n:.2f}" for op, n in ops.most_common())
+                print(
+                    f"  ops per step: {total} in all, {outside:.1f} outside the iteration: {listed}"
+                )
+            if a.profile:
+                profile = cProfile.Profile()
+                profile.enable()
+                decode_all(engine, rows, 64, vocab)
+                profile.disable()
+                stats = pstats.Stats(profile)
+                stats.sort_stats("cumtime").print_stats("outpace", 40)
+                stats.sort_stats("tottime").print_stats(30)
 
 
 if __name__ == "__main__":
