@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from outpace.engine.step_key import StepKey
+
+if TYPE_CHECKING:
+    from outpace.engine.run_ahead import SavedRows
 
 
 class HostCopy:
@@ -67,7 +71,7 @@ class DecodeLaunch:
     starts: tuple[int, ...]  # each request's length L when the step started
     copy: HostCopy  # its packed outputs on their way to the host
     req_indices: list[int]  # each request's row of the request table
-    saved: list[torch.Tensor] | None = None  # run ahead: its rows' request state before it
+    saved: SavedRows | None = None  # run ahead: its rows' request state before it
     timer: StepTimer | None = None  # the step's time, for the adaptive chooser
     # each request's bound on its drafter's pending rows before the step (engine/step_key.py HoldRule.advance)
     held_before: tuple[int | None, ...] = ()

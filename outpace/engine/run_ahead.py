@@ -15,6 +15,7 @@ computed twice (benchmarks/scripts/diag_closed_loop.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -36,6 +37,24 @@ from outpace.speculative.proposer import DraftShape
 #   Qwen3-Next, 8-layer slice (12 MiB)       0.92 / 2.02 / 4.92 ahead, 0.95 / 2.30 / 5.18 not
 # 512 MiB is the bound of those that loses least (0.09 ms at Qwen3.5's batch 8, 0.17 at Nemotron-H's batch 1).
 MAX_SAVED_BYTES = 512 << 20
+
+
+class SavedRows(NamedTuple):
+    """Request state saved before a step run ahead: ``tensors[b][j]`` is buffer b's row ``rows[j]``."""
+
+    rows: list[int]  # ascending
+    tensors: list[torch.Tensor]  # one per state buffer: [len(rows), ...]
+
+
+def row_runs(rows: list[int]) -> list[tuple[int, int]]:
+    """Ascending ``rows`` as runs of consecutive rows: (first, end) each."""
+    runs, first = [], rows[0]
+    for before, row in zip(rows, rows[1:]):
+        if row != before + 1:
+            runs.append((first, before + 1))
+            first = row
+    runs.append((first, rows[-1] + 1))
+    return runs
 
 
 def length_after(chunk: ScheduledRequest) -> int:
@@ -73,14 +92,25 @@ class RunAhead:
             rid in self.launch.request_ids for rid in request_ids
         )
 
-    def saved_state(self, key: StepKey, req_indices: list[int]) -> list[torch.Tensor]:
-        """The request state of these request rows (the batch's, in its order) before a step of ``key``, to
-        restore on a drop. One copy a buffer, of the rows as views: a hybrid model's recurrent states are MBs
-        a row, and torch's index_select of them took 38 us a layer at batch 8 of Nemotron-H-8B on the H200
-        (benchmarks/results/gpu_2026-11-29f, call 1), at every step run ahead."""
-        return [
-            torch.stack([t[i] for i in req_indices]) for t in self.decode_step.state_buffers(key)
-        ]
+    def saved_state(self, key: StepKey, req_indices: list[int]) -> SavedRows:
+        """The request state of these request rows before a step of ``key``, to restore on a drop: the rows in
+        ascending order, one copy a buffer of each run of consecutive rows as a view (one copy in all for a
+        batch holding a block of rows in any order). A hybrid model's recurrent states are MBs a row, and torch's
+        index_select of them took 38 us a layer at batch 8 of Nemotron-H-8B on the H200
+        (benchmarks/results/gpu_2026-11-29f, call 1), at every step run ahead; a view a row and buffer costs host
+        time (a stack of them took 63 views and 8 stacks a step at batch 8 of the tiny Qwen3-Next:
+        benchmarks/scripts/diag_host_cost.py --ops)."""
+        rows = sorted(req_indices)
+        runs = row_runs(rows)
+        if len(runs) == 1:
+            first, end = runs[0]
+            tensors = [t[first:end].clone() for t in self.decode_step.state_buffers(key)]
+        else:
+            tensors = [
+                torch.cat([t[first:end] for first, end in runs])
+                for t in self.decode_step.state_buffers(key)
+            ]
+        return SavedRows(rows, tensors)
 
     def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:
         """The step run ahead if it serves this batch (each request was in it, from the length it has
@@ -109,10 +139,11 @@ class RunAhead:
         ]
         if not rows:
             return
-        device = self.req_table.device
-        kept = torch.tensor(rows, device=device)
-        indices = torch.tensor([launch.req_indices[i] for i in rows], device=device)
-        for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved):
+        device, held = self.req_table.device, {launch.req_indices[i] for i in rows}
+        saved_rows = launch.saved.rows
+        kept = torch.tensor([j for j, row in enumerate(saved_rows) if row in held], device=device)
+        indices = torch.tensor([row for row in saved_rows if row in held], device=device)
+        for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved.tensors):
             buffer.index_copy_(0, indices, saved.index_select(0, kept))
         if self.holds is not None and launch.held_before:
             self.holds.restore(
