@@ -35,7 +35,7 @@ from torch import nn
 
 from outpace.cache.kv_cache import CacheRows
 from outpace.cache.recurrent_states import RecurrentStates
-from outpace.engine.cuda_graphs import CapturedCall
+from outpace.engine.cuda_graphs import CapturedCall, pinned
 from outpace.engine.request_table import RequestTable
 from outpace.engine.step_key import StepKey
 from outpace.layers.logits_processing import (
@@ -84,10 +84,13 @@ class DecodeStep:
         self.req_table, self.proposer = req_table, proposer
         self.kv_rows = CacheRows(kv_caches)
         # The step's input: each row's row (padding rows: the padding row). Static, so captured
-        # graphs read it; the host writes it before each launch.
+        # graphs read it; the host writes it before each launch (``set_rows``).
         self.batch_indices = torch.full(
             (max_seqs,), req_table.padding_index, dtype=torch.int64, device=req_table.device
         )
+        # what set_rows wrote last, and batch_indices' version counter after it (None: write again)
+        self._rows_written: list[int] = []
+        self._version_written: int | None = None
         self.graphs: dict[
             StepKey, CapturedCall
         ] = {}  # the captured steps (CUDA; eager replays elsewhere)
@@ -95,6 +98,22 @@ class DecodeStep:
     def capture(self, key: StepKey, memory_pool=None) -> None:
         """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
         self.graphs[key] = CapturedCall(lambda: self.step(key), self.req_table.device, memory_pool)
+
+    def set_rows(self, req_indices: list[int], bucket: int) -> None:
+        """Write a step's rows into ``batch_indices[:bucket]`` (``req_indices`` then the padding row), unless it
+        holds them already: consecutive steps of one batch copy nothing (on the GPU a pinned host tensor and a
+        copy fewer a step). Any other write to ``batch_indices`` bumps its version counter, which makes the next
+        call write again."""
+        padded = req_indices + [self.req_table.padding_index] * (bucket - len(req_indices))
+        indices, version = self.batch_indices, _version(self.batch_indices)
+        if (
+            version is not None
+            and version == self._version_written
+            and padded == self._rows_written
+        ):
+            return
+        indices[:bucket].copy_(pinned(padded, indices.device), non_blocking=True)
+        self._rows_written, self._version_written = padded, _version(indices)
 
     def run(
         self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None
@@ -259,6 +278,12 @@ class DecodeStep:
         src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)  # unaccepted: stay
         dst_rows = rows.lengths[:, None] + order
         self.kv_rows.move(rows.cache_slots(src_rows), rows.cache_slots(dst_rows))
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place write to it or a view of it); None for an inference
+    tensor, which keeps none."""
+    return None if t.is_inference() else t._version
 
 
 def _node_gumbel(

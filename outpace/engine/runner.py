@@ -20,7 +20,7 @@ from outpace.attention.registry import get_backend
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import CacheRows, bind_kv_cache, bound_caches
 from outpace.cache.recurrent_states import RecurrentStates
-from outpace.engine.cuda_graphs import bucket_for, pinned
+from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.decode_step import DecodeStep
 from outpace.engine.launch import DecodeLaunch, HostCopy, StepTimer
 from outpace.engine.prefill import PrefillStep
@@ -294,10 +294,7 @@ class ModelRunner:
                 if r.params.penalized:
                     self.req_table.load_history(r, r.num_computed_tokens)
         req_indices = list(map(self.req_table.index_of, ids))
-        padded = req_indices + [self.req_table.padding_index] * (key.bucket - n)
-        self.decode_step.batch_indices[: key.bucket].copy_(
-            pinned(padded, self.device), non_blocking=True
-        )
+        self.decode_step.set_rows(req_indices, key.bucket)
         saved = self.run_ahead.saved_state(key, req_indices) if ahead else None
         width = None if bucket is not None else max(len(self.pool.table(rid)) for rid in ids)
         starts = () if ahead else tuple(map(_num_computed, reqs))

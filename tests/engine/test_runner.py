@@ -153,3 +153,20 @@ def test_dropping_the_step_run_ahead_restores_the_state_the_host_holds():
     assert [r.output_token_ids for r in requests] == [
         [(r.prompt_token_ids[-1] + 1 + k) % VOCAB for k in range(10)] for r in requests
     ]
+
+
+def test_the_batch_rows_are_written_again_only_when_they_or_the_buffer_changed():
+    """``DecodeStep.set_rows`` skips the copy when ``batch_indices`` holds the rows already, and writes
+    again after the rows change or something else wrote the buffer (its version counter moved)."""
+    runner, _, _ = _build(max_seqs=4)
+    step, pad = runner.decode_step, runner.req_table.padding_index
+    step.set_rows([2, 0], 4)
+    assert step.batch_indices.tolist() == [2, 0, pad, pad]
+    version = step.batch_indices._version
+    step.set_rows([2, 0], 4)
+    assert step.batch_indices._version == version  # nothing copied
+    step.batch_indices.fill_(pad)  # e.g. ModelRunner.profile
+    step.set_rows([2, 0], 4)
+    assert step.batch_indices.tolist() == [2, 0, pad, pad]
+    step.set_rows([1], 2)
+    assert step.batch_indices[:2].tolist() == [1, pad]
