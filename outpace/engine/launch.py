@@ -16,15 +16,20 @@ if TYPE_CHECKING:
 
 class HostCopy:
     """values [n] (device) on their way to a host tensor; ``tolist`` waits only for them, not for
-    work queued after them."""
+    work queued after them. ``spare``: the host tensors and events of steps whose outputs were read, by shape and
+    dtype: the copy takes one when it can (on the GPU no page-locked tensor and no event allocated a step), and
+    returns its own once read."""
 
-    def __init__(self, values: torch.Tensor) -> None:
-        on_gpu = values.is_cuda
-        self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=on_gpu)
+    def __init__(self, values: torch.Tensor, spare: SpareCopies | None = None) -> None:
+        self.spare = spare
+        kept = spare.get((values.shape, values.dtype)) if spare is not None else None
+        if kept:
+            self.host, self.done = kept.pop()
+        else:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=values.is_cuda)
+            self.done = torch.cuda.Event() if values.is_cuda else None
         self.host.copy_(values, non_blocking=True)
-        self.done = None
-        if on_gpu:  # on the CPU the copy above was synchronous
-            self.done = torch.cuda.Event()
+        if self.done is not None:  # on the CPU the copy above was synchronous
             self.done.record()
 
     def wait(self) -> None:
@@ -32,8 +37,19 @@ class HostCopy:
             self.done.synchronize()
 
     def tolist(self) -> list:
+        """The values; read once (the host tensor is then another step's to take)."""
         self.wait()
-        return self.host.tolist()
+        values, host = self.host.tolist(), self.host
+        if self.spare is not None:
+            self.spare.setdefault((host.shape, host.dtype), []).append((host, self.done))
+            self.host = self.done = None
+        return values
+
+
+# Host tensors and events of read outputs, by (shape, dtype): ``HostCopy``'s ``spare``.
+SpareCopies = dict[
+    tuple[torch.Size, torch.dtype], list[tuple[torch.Tensor, "torch.cuda.Event | None"]]
+]
 
 
 class StepTimer:

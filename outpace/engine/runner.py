@@ -22,7 +22,7 @@ from outpace.cache.kv_cache import CacheRows, bind_kv_cache, bound_caches
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.decode_step import DecodeStep
-from outpace.engine.launch import DecodeLaunch, HostCopy, StepTimer
+from outpace.engine.launch import DecodeLaunch, HostCopy, SpareCopies, StepTimer
 from outpace.engine.prefill import PrefillStep
 from outpace.engine.prefill_graphs import PrefillGraphs
 from outpace.engine.request_table import RequestTable
@@ -107,6 +107,7 @@ class ModelRunner:
         )
         self.graph_buckets: tuple[int, ...] = ()
         self.run_ahead: RunAhead | None = None
+        self._spare_copies: SpareCopies = {}  # host tensors of decode steps' read outputs (launch.py)
         # Each decoding request's kind: the params of the first request seen whose own params gave the same
         # SamplingMode and LogitsFeatures (a step's mode and features depend only on the set of its kinds)
         self._kind_of: dict[str, SamplingParams] = {}
@@ -305,7 +306,8 @@ class ModelRunner:
         out = self.decode_step.run(key, width, masks)
         if timer is not None:
             timer.stop()
-        return DecodeLaunch(key, ids, starts, HostCopy(out), req_indices, saved, timer, held_before)
+        copy = HostCopy(out, self._spare_copies)
+        return DecodeLaunch(key, ids, starts, copy, req_indices, saved, timer, held_before)
 
     def _kinds_of(self, reqs: list[Request], ids: tuple[str, ...]) -> list[SamplingParams]:
         """The params of each kind of request in the batch, once: all a step's SamplingMode and LogitsFeatures

@@ -170,3 +170,19 @@ def test_the_batch_rows_are_written_again_only_when_they_or_the_buffer_changed()
     assert step.batch_indices.tolist() == [2, 0, pad, pad]
     step.set_rows([1], 2)
     assert step.batch_indices[:2].tolist() == [1, pad]
+
+
+def test_a_steps_host_copy_is_reused_only_once_read():
+    """``HostCopy`` takes the host tensor of an output already read, never one still waiting to be read."""
+    from outpace.engine.launch import HostCopy
+
+    spare = {}
+    first = HostCopy(torch.tensor([1, 2, 3]), spare)
+    second = HostCopy(torch.tensor([4, 5, 6]), spare)  # (the first is not read yet)
+    assert second.host is not first.host
+    buffer = first.host
+    assert first.tolist() == [1, 2, 3]
+    third = HostCopy(torch.tensor([7, 8, 9]), spare)
+    assert third.host is buffer
+    assert second.tolist() == [4, 5, 6] and third.tolist() == [7, 8, 9]
+    assert HostCopy(torch.tensor([1, 2]), spare).tolist() == [1, 2]  # another shape: its own tensor
