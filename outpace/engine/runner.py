@@ -112,6 +112,8 @@ class ModelRunner:
         # SamplingMode and LogitsFeatures (a step's mode and features depend only on the set of its kinds)
         self._kind_of: dict[str, SamplingParams] = {}
         self._kinds: dict[tuple[SamplingMode, LogitsFeatures], SamplingParams] = {}
+        # a set of kinds (their params' ids) -> the mode and features of a step of requests of those kinds
+        self._step_kinds: dict[frozenset[int], tuple[SamplingMode, LogitsFeatures]] = {}
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -276,18 +278,13 @@ class ModelRunner:
         """Write the batch into the decode step's input and run it (captured when a bucket holds it).
         ``ahead``: the step after the one just launched, whose request state it starts from is saved."""
         ids, n = tuple(map(_request_id, reqs)), len(reqs)
-        kinds = self._kinds_of(reqs, ids)
+        mode, features = self._step_kind(reqs, ids)
         bucket = bucket_for(self.graph_buckets, n)
-        mode = SamplingMode.of(kinds)
-        remaining = [_remaining(r) for r in reqs] if self.closed_batch else None
-        shape = (
-            self.choosers[mode].choose(bucket or n, ids, remaining)
-            if self.choosers
-            else self.shapes[0]
-        )
-        key = StepKey(
-            bucket or n, shape, mode, LogitsFeatures.of(kinds), self.holds.holds(ids, shape)
-        )
+        shape = self.shapes[0]
+        if self.choosers:
+            remaining = [_remaining(r) for r in reqs] if self.closed_batch else None
+            shape = self.choosers[mode].choose(bucket or n, ids, remaining)
+        key = StepKey(bucket or n, shape, mode, features, self.holds.holds(ids, shape))
         held_before = self.holds.advance(ids, key)
         self.req_table.sync_tables(ids)
         if key.features.penalties and not ahead:
@@ -309,9 +306,11 @@ class ModelRunner:
         copy = HostCopy(out, self._spare_copies)
         return DecodeLaunch(key, ids, starts, copy, req_indices, saved, timer, held_before)
 
-    def _kinds_of(self, reqs: list[Request], ids: tuple[str, ...]) -> list[SamplingParams]:
-        """The params of each kind of request in the batch, once: all a step's SamplingMode and LogitsFeatures
-        read (each request's kind found at its first decode step)."""
+    def _step_kind(
+        self, reqs: list[Request], ids: tuple[str, ...]
+    ) -> tuple[SamplingMode, LogitsFeatures]:
+        """The step's SamplingMode and LogitsFeatures, which depend only on the set of its requests' kinds (each
+        request's kind found at its first decode step; each set's mode and features once)."""
         kinds = list(map(self._kind_of.get, ids))
         if None in kinds:
             for r in reqs:
@@ -319,7 +318,12 @@ class ModelRunner:
                     kind = (SamplingMode.of([r.params]), LogitsFeatures.of([r.params]))
                     self._kind_of[r.request_id] = self._kinds.setdefault(kind, r.params)
             kinds = list(map(self._kind_of.__getitem__, ids))
-        return list({id(k): k for k in kinds}.values())  # (distinct, by identity)
+        distinct = frozenset(map(id, kinds))  # (the kinds' params live in _kinds for good)
+        step = self._step_kinds.get(distinct)
+        if step is None:
+            params = list({id(k): k for k in kinds}.values())
+            step = self._step_kinds[distinct] = (SamplingMode.of(params), LogitsFeatures.of(params))
+        return step
 
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
         """The host's part of a grammar step: each row's bitmask at every draft node ([b, n, words] on the

@@ -105,9 +105,11 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledRequest]:
         """The next step's batch. While suspects remain (``isolate``), the first of them runs alone."""
-        suspect = next(
-            (r for r in [*self.running, *self.waiting] if r.request_id in self.suspects), None
-        )
+        suspect = None
+        if self.suspects:  # (after a failed step only)
+            suspect = next(
+                (r for r in [*self.running, *self.waiting] if r.request_id in self.suspects), None
+            )
         if suspect is None:
             return self._schedule(list(self.running), self.max_num_seqs)
         if suspect in self.running:
