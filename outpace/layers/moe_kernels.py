@@ -73,6 +73,22 @@ SORT_CHUNK = 64  # pairs per step of ``sort_pairs_into_blocks``: [64, 64] compar
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations (module docstring)
 
 
+# (BLOCK_N, BLOCK_K, warps, stages) of the gate/up and the down kernel over blocks of a few tokens (BLOCK_M 16:
+# decode and verify), bf16 tiles without register spills (ptxas -v for sm_90a)
+few_token_gate_up = (32, 128, 4, 4)
+few_token_down = (64, 128, 4, 4)
+
+
+def _tiles(block_m: int, fp32: bool) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """The gate/up and the down kernel's (BLOCK_N, BLOCK_K, warps, stages): the few-token tiles; over blocks of
+    64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter, tests) 32 x 32."""
+    if fp32:
+        return (32, 32, 4, 2), (32, 32, 4, 2)
+    if block_m == _SMALL_BLOCK_M:
+        return few_token_gate_up, few_token_down
+    return (64, 64, 8, 4), (64, 64, 8, 4)
+
+
 def block_rows(tokens: int) -> int:
     """BLOCK_M for a call over ``tokens`` tokens (module docstring 1.)."""
     return _SMALL_BLOCK_M if tokens <= _LARGE_BLOCK_M else _LARGE_BLOCK_M
@@ -677,22 +693,20 @@ def grouped_experts(
     x = x if x.stride(-1) == 1 else x.contiguous()
     fp32 = x.dtype == torch.float32
     precision = "ieee" if fp32 else "tf32"
-    # bf16 tiles without register spills (ptxas -v for sm_90a): BLOCK_M 16: gate/up 32 x 128, down 64 x 128,
-    # 4 warps; 32: the same at 8 warps; 64: 64 x 64 both, 8 warps
-    block_k = 32 if fp32 else (64 if layout.block_m == _LARGE_BLOCK_M else 128)
+    up_tiles, down_tiles = _tiles(layout.block_m, fp32)
     fmt, (scale_bn, scale_bk) = (
         ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
     )
+    up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
-        block_k = quant.block_k(block_k)
+        up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
     gate_s, up_s, down_s = (gate_w, up, down) if quant is None else quant.stacks()
     gate_ss, up_ss, down_ss = (
         (0, 0, 0) if quant is None else t.stride() for t in (gate_s, up_s, down_s)
     )
-    warps = 4 if fp32 or layout.block_m == _SMALL_BLOCK_M else 8
     block_m = layout.block_m
     act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
-    bn_up = block_n or (32 if fp32 or block_m < _LARGE_BLOCK_M else 64)
+    bn_up = block_n or up_tiles[0]
     _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
         x,
         gate_w,
@@ -724,7 +738,7 @@ def grouped_experts(
         SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_up,
-        BLOCK_K=block_k,
+        BLOCK_K=up_k,
         PRECISION=precision,
         ACT=activation,
         GATED=gate is not None,
@@ -732,13 +746,13 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
-        num_warps=warps,
-        num_stages=2 if fp32 else 4,
+        num_warps=up_tiles[2],
+        num_stages=up_tiles[3],
     )
     partial = (torch.zeros if skipped_slots else torch.empty)(
         pairs, hidden, dtype=torch.float32, device=x.device
     )
-    bn_down = block_n or (32 if fp32 else 64)
+    bn_down = block_n or down_tiles[0]
     _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
         act,
         down,
@@ -764,13 +778,13 @@ def grouped_experts(
         SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_down,
-        BLOCK_K=block_k,
+        BLOCK_K=down_k,
         PRECISION=precision,
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
-        num_warps=warps,
-        num_stages=2 if fp32 else 4,
+        num_warps=down_tiles[2],
+        num_stages=down_tiles[3],
     )
     out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     block_h = _combine_block(n, hidden, x.device)
