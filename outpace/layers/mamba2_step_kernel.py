@@ -458,10 +458,14 @@ def _norm_kernel(
         )
 
 
+max_head_block = 32  # a head's state rows a ``_scan_kernel`` program at most
+scan_warps = 4  # its warps
+
+
 def _head_block(head_dim: int, programs_per_block: int, device: torch.device) -> int:
-    """Rows of a head's state per program: up to 32, fewer while the grid would not cover every SM
-    twice (decode of one to a few sequences)."""
-    block = min(32, triton.next_power_of_2(head_dim))
+    """Rows of a head's state per program: up to ``max_head_block``, fewer while the grid would not cover
+    every SM twice (decode of one to a few sequences)."""
+    block = min(max_head_block, triton.next_power_of_2(head_dim))
     while block > 8 and programs_per_block * triton.cdiv(head_dim, block) < 2 * num_sms(device):
         block //= 2
     return block
@@ -533,6 +537,7 @@ def mamba2_step(
         HAS_BIAS=conv_bias is not None,
         TREE=tree,
         SNAPSHOTS=snapshots,
+        num_warps=scan_warps,
     )
     _norm_kernel[(runs, length, groups)](
         *common,

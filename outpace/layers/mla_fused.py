@@ -57,7 +57,7 @@ from outpace.layers.sm_count import num_sms
 _DOWN_OUTS = 16
 # A weight tile's elements a pipeline stage (32 KB of bf16) and its K columns at most: against 8192 and 256,
 # DeepSeek-V2-Lite's decode step took 2.741 -> 2.657 ms at batch 1, 5.876 -> 5.826 at batch 8 on the H200
-# (benchmarks/scripts/mla_settings.py, gpu_2026-11-30c call 1; 32768 and 1024 were slower)
+# (benchmarks/scripts/decode_settings.py, gpu_2026-11-30c call 1; 32768 and 1024 were slower)
 _TILE_ELEMENTS = 16384
 _MAX_BLOCK_K = 512
 _DOWN_STAGES = 4  # software pipeline stages of the down projections' weight stream

@@ -1,0 +1,115 @@
+"""Launch settings (module attributes of the kernels' files) measured on a family's decode step (bench/family_shapes.py,
+random bf16 weights, one GPU): for each setting of a sweep, the decode graphs captured again and the engine's step
+time (bench/gpu.py ``time_decode``) at the sweep's (batch, cached tokens) points; each setting twice, in two passes,
+the lower kept. A setting that fails to compile or run (shared memory, registers) is reported and skipped.
+
+    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP   (SWEEP: mla, mamba2)"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from outpace.attention import mla_kernels
+from outpace.bench.families import build, close
+from outpace.bench.family_shapes import family_shapes
+from outpace.bench.gpu import time_decode
+from outpace.bench.profile import _recapture_decode
+from outpace.layers import mamba2_step_kernel, mla_fused
+
+# knob -> (module, attribute)
+KNOBS = {
+    "min_split_rows": (mla_kernels, "min_split_rows"),
+    "tile_elements": (mla_fused, "_TILE_ELEMENTS"),
+    "max_block_k": (mla_fused, "_MAX_BLOCK_K"),
+    "down_stages": (mla_fused, "_DOWN_STAGES"),
+    "q_absorb_stages": (mla_fused, "_Q_ABSORB_STAGES"),
+    "max_head_block": (mamba2_step_kernel, "max_head_block"),
+    "scan_warps": (mamba2_step_kernel, "scan_warps"),
+}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    shape: str
+    points: tuple[tuple[int, int], ...]  # (batch, cached tokens)
+    settings: tuple[dict, ...]  # the shipped values first ({})
+
+
+SWEEPS = {
+    # the fused MLA kernels' weight bytes in flight (stages x tile elements x 2) and KV split length
+    "mla": Sweep(
+        "deepseek-v2-lite",
+        ((1, 512), (1, 2048), (8, 512)),
+        (
+            {},
+            {"tile_elements": 8192, "max_block_k": 256},
+            {"tile_elements": 16384, "max_block_k": 512, "q_absorb_stages": 4, "down_stages": 3},
+            {"q_absorb_stages": 4, "down_stages": 5},
+        ),
+    ),
+    # Mamba2's state scan: a head's state rows a program and its warps
+    "mamba2": Sweep(
+        "nemotron-h-8b",
+        ((1, 512), (8, 512), (32, 512)),
+        (
+            {},
+            {"max_head_block": 64},
+            {"scan_warps": 8},
+            {"max_head_block": 64, "scan_warps": 8},
+            {"max_head_block": 16},
+            {"scan_warps": 2},
+        ),
+    ),
+}
+
+
+def apply(setting: dict, shipped: dict) -> None:
+    for knob, (module, attr) in KNOBS.items():
+        setattr(module, attr, setting.get(knob, shipped[knob]))
+
+
+def main(out: str, sweep_name: str) -> None:
+    sweep = SWEEPS[sweep_name]
+    shipped = {knob: getattr(module, attr) for knob, (module, attr) in KNOBS.items()}
+    times: dict[tuple[int, int, int], list[float]] = {}
+    batches = tuple(sorted({b for b, _ in sweep.points}))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = family_shapes()[sweep.shape].config
+        llm = build(Path(tmp), config, max_num_seqs=max(batches), graph_sizes=batches)
+        try:
+            for _ in range(2):
+                for i, setting in enumerate(sweep.settings):
+                    apply(setting, shipped)
+                    try:
+                        _recapture_decode(llm.engine)
+                        for batch, context in sweep.points:
+                            ms = time_decode(llm, batch, context, steps=24)["step_ms"]
+                            times.setdefault((i, batch, context), []).append(ms)
+                    except Exception as e:  # noqa: BLE001 (a setting beyond the shared memory)
+                        print(f"setting {setting}: {type(e).__name__}: {e}"[:300], flush=True)
+        finally:
+            apply({}, shipped)
+            close(llm)
+    table = [
+        {"setting": sweep.settings[i], "batch": b, "context": c, "step_ms": min(ms)}
+        for (i, b, c), ms in times.items()
+    ]
+    report = {"shape": sweep.shape, "shipped": shipped, "rows": table}
+    Path(out).write_text(json.dumps(report, indent=1))
+    print(
+        f"{sweep.shape}: " + " ".join(f"b{b}@{c}" for b, c in sweep.points) + " (step ms)  setting"
+    )
+    for i, setting in enumerate(sweep.settings):
+        cells = " ".join(
+            f"{min(times[(i, b, c)]):7.3f}" if (i, b, c) in times else "      -"
+            for b, c in sweep.points
+        )
+        print(f"{cells}  {setting or 'shipped'}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
