@@ -89,6 +89,10 @@ def main(out: str, sweep_name: str) -> None:
                         for batch, context in sweep.points:
                             ms = time_decode(llm, batch, context, steps=24)["step_ms"]
                             times.setdefault((i, batch, context), []).append(ms)
+                            print(
+                                f"  {setting or 'shipped'} b{batch}@{context}: {ms:.3f} ms",
+                                flush=True,
+                            )
                     except Exception as e:  # noqa: BLE001 (a setting beyond the shared memory)
                         print(f"setting {setting}: {type(e).__name__}: {e}"[:300], flush=True)
         finally:
