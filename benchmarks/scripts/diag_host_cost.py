@@ -24,6 +24,12 @@ detokenizer of 73496ed (two ``tokenizer.decode`` calls a step), 18.0 and 16.2 wi
 objects per row and step): 256 rows median of 8, 14.8 -> 10.3 us; 1024 rows median of 5, 17.0 -> 10.5 us;
 256 rows streamed, three runs each, 16.6-18.2 -> 12.3-13.3 us. About 6.5 us of the 256-row figure is the decode
 iteration's tensor work on the CPU (forward, logits, verify), which the host code does not change.
+2026-11-30, 3dc71f3 -> 1f5e8ac (run-ahead saves by runs of rows, batch rows written only when changed, host copies
+reused, step kinds cached), ``--graphs``, medians of interleaved runs, host us a step (ops outside the iteration):
+this CPU, 5 runs (3 for Nemotron-H): Llama 1 row 73 -> 55 (9.2 -> 5.3), 8 rows 106 -> 76 (23.5 -> 5.8); Qwen3-Next
+1 row 107 -> 88 (21.0 -> 17.1), 8 rows 184 -> 134 (76.6 -> 17.6); Nemotron-H without run-ahead 1 row 82 -> 61,
+8 rows 100 -> 77 (5.9 -> 1.9). The H200 (``--device cuda``, whole step: host and any wait for the GPU), 3 runs:
+Llama 283 -> 112 and 198 -> 127; Qwen3-Next 219 -> 204 and 324 -> 224; Nemotron-H 176 -> 143 and 207 -> 181.
 """
 
 from __future__ import annotations
