@@ -48,10 +48,11 @@ that follow the model's shape and dtype only, as attention/triton_kernels.py's i
   row does not see (past its own, or past kv_end) get s = -inf, p = 0 exactly and the running max
   stays, so the tiles and columns past the row's visible rows leave its state bit for bit, and a
   split where it sees nothing writes the neutral partial (max -1e30, sum 0, acc 0).
-- Always partials, merged by ``_combine_kernel`` in split order from split 0 (one normalisation, the
-  merge's, whatever the split count): a neutral partial, written or not run, is the merge's identity
-  (``_merge_partials``), so the splits a row's batch adds past its visible rows change none of its bits.
-  With W_UV (``mla_attention_up``) the merge's dot is per row as well.
+- Always partials, merged by ``_combine_kernel`` (one normalisation, the merge's, whatever the split
+  count) in groups of a fixed number of splits from split 0, each group in one reduction, the groups in
+  split order: a neutral partial, written or not run, weighs 0 in its group and a neutral group is the
+  merge's identity (``_merge_partials``), so the splits a row's batch adds past its visible rows change
+  none of its bits. With W_UV (``mla_attention_up``) the merge's dot is per (row, split) as well.
 
 So a decode row equals the same token inside a verify chain and in any ragged batch with any table
 width (tests/kernels/test_mla_kernel.py; on the GPU this rests on what the other variant rests on: an
@@ -80,7 +81,17 @@ from outpace.layers.sm_count import num_sms
 _LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64
-_BLOCK_T = 16  # tokens a merge program takes (a dot's rows, with W_UV)
+# The merge (``_combine_kernel``): a program's tile is _COMBINE_ROWS (token, split) partials of the whole latent,
+# BLOCK_T tokens by BLOCK_S = _COMBINE_ROWS / BLOCK_T splits (with W_UV, a dot's rows: 16 at least, and the
+# float32 tile [16, 512] is 64 registers a thread at 4 warps).
+_COMBINE_ROWS = tl.constexpr(16)
+# BLOCK_T in batch-invariant mode: fixed, so that a row's merge order follows no batch
+_INVARIANT_COMBINE_TOKENS = 4
+# Merge programs aimed at per SM (the output columns a program takes follow from it), and the least tokens a
+# program takes (a power of two <= 16: W_UV read by fewer programs at more tokens, the splits then walked in
+# more groups of fewer).
+combine_programs_per_sm = 2
+combine_block_tokens = 1
 # KV rows a split covers at least (the split-KV heuristic's; a BLOCK_N multiple): a decode step over a short
 # context runs a few splits of several KV blocks rather than one per block, each a program whose fixed cost
 # (loading the query latent's parts) outweighs one block, and all of them merged one after the other. On the
@@ -301,7 +312,7 @@ def _combine_kernel(
     OUT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     CHUNK: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # tokens a program takes: a power of two <= _COMBINE_ROWS (_combine_launch)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
@@ -309,14 +320,34 @@ def _combine_kernel(
     UP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (head, output chunk, block of BLOCK_T tokens): merges, in split order, the partials of the
-    splits that ran for each row's tile (the split geometry recomputed from the metadata) and normalises.
-    Without UP the chunk is CHUNK columns of the attended latent; with UP it is CHUNK rows of the head's
-    up projection (W_UV: out = attended @ up[head].T), applied to the merged latent [BLOCK_T, R]."""
+    """Program (head, output chunk, block of BLOCK_T tokens): merges the partials of the splits that ran for
+    each row's tile (the split geometry recomputed from the metadata) and normalises. Without UP the chunk is
+    CHUNK columns of the attended latent; with UP it is CHUNK rows of the head's up projection (W_UV: out =
+    attended @ up[head].T), applied to each split's partial before the merge: W_UV is linear, so merging the
+    projected partials is projecting the merged one, up to rounding (a split that did not run projects to 0).
+
+    The splits come BLOCK_S at a time (a group), all of a group's loads issued together (W_UV's before the
+    metadata's) and merged in one max / exp2 / sum reduction, the groups then merged in split order
+    (``_merge_partials``). A group of splits that did not run for a row is neutral for it (max -1e30, sum 0,
+    values 0: the merge's identity, bit for bit), so the groups a row's block walks past its own splits
+    change none of its bits, and in batch-invariant mode (BLOCK_T, so BLOCK_S and the groups, fixed) a row's
+    merge follows the fixed partition only. At batch 1 a group holds 16 splits: over 1024 cached rows (the
+    heuristic's 64-row splits) the merge is one round of loads, not a chain of one per split."""
+    BLOCK_S: tl.constexpr = _COMBINE_ROWS // BLOCK_T
     head = tl.program_id(0)
     chunk = tl.program_id(1)
     tokens = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     t_ok = tokens < num_tokens
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)  # [CHUNK]: W_UV rows (UP), else latent columns
+    cols_ok = cols < OUT
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < R
+    if UP:  # first: its latency overlaps the metadata's, on which the partials' loads wait
+        w = tl.load(
+            up_ptr + head * stride_up_head + cols[None, :] * stride_up_row + offs_r[:, None],
+            mask=r_ok[:, None] & cols_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_R, CHUNK]: up[head, cols].T
     seq = tl.load(seq_index_ptr + tokens, mask=t_ok, other=0)
     q_index = tl.load(query_index_ptr + tokens, mask=t_ok, other=0).to(tl.int32)
     kv_end, _, _, _ = _tile_kv_end(
@@ -329,62 +360,75 @@ def _combine_kernel(
         HAS_MASK,
         BLOCK_M,
     )  # [BLOCK_T]
-    if UP:
-        cols = tl.arange(0, BLOCK_R)  # the whole latent
-    else:
-        cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    col_ok = cols < R
-    part = tokens * HEADS + head  # [BLOCK_T]
-    m = tl.load(part_max_ptr + part, mask=t_ok, other=-1.0e30)[:, None]  # [BLOCK_T, 1]
-    l = tl.load(part_sum_ptr + part, mask=t_ok, other=0.0)[:, None]
-    acc = tl.load(
-        part_acc_ptr + part[:, None] * R + cols[None, :],
-        mask=t_ok[:, None] & col_ok[None, :],
-        other=0.0,
-    )  # [BLOCK_T, BLOCK_R or CHUNK]
-    # Only the splits that ran for some row of the block (the split count comes from the table's capacity,
-    # the rows from the sequence: a short sequence under a long table leaves most splits empty, and merging
-    # an empty split's neutral partials changes no bit, so stopping after the last split that ran is exact).
+    # Splits that ran for each row's tile: split 0 always (it writes every row), then those starting below
+    # kv_end (the ones past it left their partials unwritten).
     split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
-    splits_ran = tl.max(tl.where(t_ok, tl.cdiv(kv_end, split_len), 1), axis=0)
-    for j in range(1, splits_ran):
-        lo, hi = _split_range(kv_end, j, num_splits, BLOCK_N, MIN_SPLIT)
-        ran = t_ok & (lo < hi)  # a split that did not run left its partials unwritten: neutral ones
-        pj = j * num_tokens * HEADS + part
-        m, l, acc = _merge_partials(
-            m,
-            l,
-            acc,
-            tl.load(part_max_ptr + pj, mask=ran, other=-1.0e30)[:, None],
-            tl.load(part_sum_ptr + pj, mask=ran, other=0.0)[:, None],
-            tl.load(
-                part_acc_ptr + pj[:, None] * R + cols[None, :],
-                mask=ran[:, None] & col_ok[None, :],
+    splits_ran = tl.where(t_ok, tl.maximum(tl.cdiv(kv_end, split_len), 1), 0)  # [BLOCK_T]
+    m_run = tl.full([BLOCK_T, 1], -1.0e30, tl.float32)
+    l_run = tl.zeros([BLOCK_T, 1], tl.float32)
+    out_run = tl.zeros([BLOCK_T, CHUNK], tl.float32)
+    for first in range(0, tl.max(splits_ran, axis=0), BLOCK_S):
+        splits = first + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        ran = (splits[None, :] < splits_ran[:, None])[:, :, None]  # [BLOCK_T, BLOCK_S, 1]
+        part = ((splits[None, :] * num_tokens + tokens[:, None]) * HEADS + head)[:, :, None]
+        m = tl.load(part_max_ptr + part, mask=ran, other=-1.0e30)  # [BLOCK_T, BLOCK_S, 1]
+        l = tl.load(part_sum_ptr + part, mask=ran, other=0.0)
+        if UP:  # each (token, split) partial through W_UV: one dot of BLOCK_T * BLOCK_S rows
+            flat_part = tl.reshape(part, [BLOCK_T * BLOCK_S])
+            flat_ran = tl.reshape(ran, [BLOCK_T * BLOCK_S])
+            acc = tl.load(
+                part_acc_ptr + flat_part[:, None] * R + offs_r[None, :],
+                mask=flat_ran[:, None] & r_ok[None, :],
                 other=0.0,
-            ),
+            )  # [BLOCK_T * BLOCK_S, BLOCK_R]
+            values = tl.dot(acc.to(w.dtype), w, input_precision=PRECISION)
+            values = tl.reshape(values, [BLOCK_T, BLOCK_S, CHUNK])
+        else:
+            values = tl.load(
+                part_acc_ptr + part * R + cols[None, None, :],
+                mask=ran & cols_ok[None, None, :],
+                other=0.0,
+            )  # [BLOCK_T, BLOCK_S, CHUNK]
+        # a split that did not run weighs exp2(-1e30 - max) = 0
+        m_group = tl.max(m, axis=1)  # [BLOCK_T, 1]
+        weight = tl.exp2(m - m_group[:, None, :])  # [BLOCK_T, BLOCK_S, 1]
+        m_run, l_run, out_run = _merge_partials(
+            m_run,
+            l_run,
+            out_run,
+            m_group,
+            tl.sum(l * weight, axis=1),
+            tl.sum(values * weight, axis=1),
         )
-    attended = acc / tl.where(l > 0, l, 1.0)
-    out_base = out_ptr + tokens[:, None] * stride_ot + head * stride_oh
-    if UP:
-        rows = chunk * CHUNK + tl.arange(0, CHUNK)
-        rows_ok = rows < OUT
-        w = tl.load(
-            up_ptr + head * stride_up_head + rows[None, :] * stride_up_row + cols[:, None],
-            mask=col_ok[:, None] & rows_ok[None, :],
-            other=0.0,
-        )  # [BLOCK_R, CHUNK]: up[head, rows].T
-        out = tl.dot(attended.to(w.dtype), w, input_precision=PRECISION)  # [BLOCK_T, CHUNK]
-        tl.store(
-            out_base + rows[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=t_ok[:, None] & rows_ok[None, :],
-        )
+    out = out_run / tl.where(l_run > 0, l_run, 1.0)  # [BLOCK_T, CHUNK]
+    tl.store(
+        out_ptr + tokens[:, None] * stride_ot + head * stride_oh + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=t_ok[:, None] & cols_ok[None, :],
+    )
+
+
+def _combine_launch(
+    num_tokens: int, heads: int, width: int, num_splits: int, invariant: bool, device: torch.device
+) -> tuple[int, int]:
+    """(BLOCK_T, CHUNK) of ``_combine_kernel`` for an output ``width`` wide (R, or W_UV's rows). BLOCK_T: as many
+    tokens as leave room in the tile for every split of the launch (one group) or 1 past 16 splits, at
+    least ``combine_block_tokens``, at most the batch's; in batch-invariant mode fixed. CHUNK: about
+    ``combine_programs_per_sm`` programs an SM, at least 16 (a dot's columns), at most 64; in the mode from
+    the shapes only."""
+    rows = _COMBINE_ROWS.value
+    if invariant:
+        block_t = _INVARIANT_COMBINE_TOKENS
+        token_blocks = 1
     else:
-        tl.store(
-            out_base + cols[None, :],
-            attended.to(out_ptr.dtype.element_ty),
-            mask=t_ok[:, None] & col_ok[None, :],
-        )
+        block_t = max(rows // min(triton.next_power_of_2(num_splits), rows), combine_block_tokens)
+        block_t = min(block_t, triton.next_power_of_2(num_tokens), rows)
+        token_blocks = math.ceil(num_tokens / block_t)
+    chunks = math.ceil(combine_programs_per_sm * num_sms(device) / (heads * token_blocks))
+    # (at most 64: on sm_90 at R 512 with W_UV, 71 registers a thread and 48 KiB of shared memory at 16,
+    # 127 and 96 KiB at 64, ptxas's counts)
+    chunk = min(max(16, triton.next_power_of_2(math.ceil(width / chunks))), 64)
+    return block_t, chunk
 
 
 def mla_paged_attention(
@@ -539,48 +583,73 @@ def _attend(
         **fusion,
     )
     if partials:
-        if up is None:
-            chunk = min(block_r, 128)
-        else:  # about one program an SM over the heads' up projections, a W_UV tile of at most R x 64
-            chunk = min(
-                max(16, triton.next_power_of_2(out_width)),
-                max(
-                    32,
-                    min(64, triton.next_power_of_2(math.ceil(out_width * heads / num_sms(device)))),
-                ),
-            )
-        _combine_kernel[(heads, math.ceil(out_width / chunk), math.ceil(num_tokens / _BLOCK_T))](
-            part_acc,
-            part_max,
-            part_sum,
-            out if up is None else up,
+        _combine(
+            (part_acc, part_max, part_sum),
+            up,
             out,
-            meta.token_seq_index,
-            meta.token_query_index,
-            meta.seq_lens,
-            meta.query_lens,
-            num_tokens,
+            meta,
             num_splits,
-            window,
-            0 if up is None else up.stride(0),
-            0 if up is None else up.stride(1),
-            out.stride(0),
-            out.stride(1),
-            HEADS=heads,
-            R=rank,
-            OUT=out_width,
-            BLOCK_R=block_r,
-            CHUNK=chunk,
-            BLOCK_T=_BLOCK_T,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            MIN_SPLIT=min_split,
-            HAS_MASK=mask is not None,
-            UP=up is not None,
-            PRECISION="ieee" if fp32 else "tf32",
-            **fusion,
+            block_m,
+            block_n,
+            min_split,
+            invariant,
         )
     return out
+
+
+def _combine(
+    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    up: torch.Tensor | None,
+    out: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    num_splits: int,
+    block_m: int,
+    block_n: int,
+    min_split: int,
+    invariant: bool,
+) -> None:
+    """Merges the partials (acc [num_splits, num_tokens, heads, R], max and sum [num_splits, num_tokens, heads],
+    float32) that ``_mla_kernel`` wrote under that geometry (tile rows, KV tile, least split rows) into ``out``
+    [num_tokens, heads, OUT], through ``up`` [heads, OUT, R] when given."""
+    part_acc, part_max, part_sum = partials
+    num_tokens, heads, out_width = out.shape
+    rank = part_acc.shape[-1]
+    mask = meta.custom_mask
+    block_t, chunk = _combine_launch(
+        num_tokens, heads, out_width, num_splits, invariant, out.device
+    )
+    _combine_kernel[(heads, math.ceil(out_width / chunk), math.ceil(num_tokens / block_t))](
+        part_acc,
+        part_max,
+        part_sum,
+        out if up is None else up,
+        out,
+        meta.token_seq_index,
+        meta.token_query_index,
+        meta.seq_lens,
+        meta.query_lens,
+        num_tokens,
+        num_splits,
+        0 if mask is None else mask.shape[2],  # the tree window
+        0 if up is None else up.stride(0),
+        0 if up is None else up.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEADS=heads,
+        R=rank,
+        OUT=out_width,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        CHUNK=chunk,
+        BLOCK_T=block_t,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        MIN_SPLIT=min_split,
+        HAS_MASK=mask is not None,
+        UP=up is not None,
+        PRECISION="ieee" if up is not None and up.element_size() >= 4 else "tf32",  # W_UV's dot
+        num_stages=2,  # (a group's partials loaded while the one before merges)
+        **({"enable_fp_fusion": False} if invariant else {}),  # (as _attend's)
+    )
 
 
 def _check_invariant_call(num_splits: int | None, mask: torch.Tensor | None, block_n: int) -> None:

@@ -45,7 +45,13 @@ def tree_mask(q: int, window: int, g: torch.Generator) -> torch.Tensor:
 
 
 def make_meta(layout: str, block_size: int, g: torch.Generator):
-    cached, new, windows = LAYOUTS[layout]
+    return make_meta_from(LAYOUTS[layout], block_size, g)
+
+
+def make_meta_from(layout, block_size: int, g: torch.Generator):
+    """(metadata, number of cache blocks) of a layout (cached rows, new tokens, windows), the blocks
+    shuffled with gaps."""
+    cached, new, windows = layout
     lengths = [c + q for c, q in zip(cached, new)]
     needed = [-(-n // block_size) for n in lengths]
     blocks = torch.randperm(sum(needed) + 3, generator=g)[: sum(needed)].tolist()  # shuffled, gaps
@@ -151,6 +157,140 @@ def test_strided_queries_and_tokens_in_any_order():
         wide[order][..., :32], wide[order][..., 32:40], cache, meta, 0.2, num_splits=2
     )
     torch.testing.assert_close(got, expected[order], rtol=1e-5, atol=1e-5)
+
+
+# The merge (``_combine_kernel``) alone ----------------------------------------------------------------------------
+
+# (cached rows, new tokens, tree window or None) per sequence, as LAYOUTS: verify widths 2 .. 8, and short
+# sequences beside a long one (a wide block table: most splits do not run for them)
+MERGE_LAYOUTS = {
+    **LAYOUTS,
+    "widths": ([3, 40, 17, 90, 6, 25, 61], [2, 3, 4, 5, 6, 7, 8], None),
+    "long_table": ([300, 4, 9], [1, 1, 2], None),
+}
+
+
+def splits_ran(meta, heads, num_splits, block_m, block_n, min_split) -> torch.Tensor:
+    """[num_tokens, heads]: the splits _mla_kernel runs for each (token, head) row's tile, from the module
+    docstring's geometry: the tile's last row's KV end (a tree mask: the sequence's), split j covering
+    [j * L, (j + 1) * L) with L = max(roundup(ceil(kv_end / num_splits), block_n), min_split), split 0 always."""
+    seq, q = meta.token_seq_index.cpu(), meta.token_query_index.cpu()
+    seq_len, query_len = meta.seq_lens.cpu()[seq], meta.query_lens.cpu()[seq]
+    tile = (q[:, None] * heads + torch.arange(heads)) // block_m  # [num_tokens, heads]
+    last_query = torch.minimum((tile * block_m + block_m - 1) // heads, query_len[:, None] - 1)
+    if meta.custom_mask is None:
+        kv_end = (seq_len - query_len)[:, None] + last_query + 1
+    else:
+        kv_end = seq_len[:, None].expand(-1, heads)
+    split_len = (-(-kv_end // num_splits) + block_n - 1) // block_n * block_n
+    split_len = split_len.clamp(min=min_split)
+    return (-(-kv_end // split_len)).clamp(min=1)
+
+
+def eager_merge(part_acc, part_max, part_sum, ran, up):
+    """The merge in torch: sum_j 2^(m_j - M) acc_j / sum_j 2^(m_j - M) l_j over the splits that ran (M their
+    largest max), through up [heads, OUT, R] when given."""
+    splits = torch.arange(part_max.shape[0])[:, None, None]  # [num_splits, 1, 1]
+    ran = splits < ran  # [num_splits, num_tokens, heads]
+    m = torch.where(ran, part_max, float("-inf"))
+    weight = torch.exp2(m - m.amax(0))  # [num_splits, num_tokens, heads]
+    attended = (weight[..., None] * torch.where(ran[..., None], part_acc, 0.0)).sum(0)
+    attended = attended / (weight * torch.where(ran, part_sum, 0.0)).sum(0)[..., None]
+    return attended if up is None else torch.einsum("thr,hvr->thv", attended, up)
+
+
+MERGE_CASES = [  # (layout, num_splits, W_UV, batch-invariant launch)
+    (layout, splits, up, invariant)
+    for layout in ("widths", "long_table", "tree")
+    for splits, up, invariant in [
+        (1, True, False),
+        (5, False, False),
+        (16, True, True),
+        (40, True, False),
+    ]
+]
+MERGE_CASES += [
+    ("long_table", 40, False, True),
+    ("ragged", 17, True, False),
+    ("widths", 70, False, False),
+]
+
+
+@pytest.mark.parametrize("layout, num_splits, with_up, invariant", MERGE_CASES)
+@pytest.mark.parametrize("block_m, min_split", [(16, 16), (32, 48)])
+def test_the_merge_equals_an_eager_merge(
+    layout, num_splits, with_up, invariant, block_m, min_split
+):
+    """_combine_kernel alone on random partials: the splits that ran merged (one group of up to 16 splits a
+    program at one token, several groups past 16 splits, as the 301-row sequence's 19 splits of 16 rows, or
+    under the mode's fixed 4 tokens a program), the ones that did not run never read (NaN there), neutral
+    partials where a split saw nothing."""
+    g = torch.Generator().manual_seed(num_splits * block_m + len(layout))
+    heads, rank, block_n = 5, 36, 16
+    meta, _ = make_meta_from(MERGE_LAYOUTS[layout], 5, g)
+    num_tokens = meta.slot_mapping.shape[0]
+    ran = splits_ran(meta, heads, num_splits, block_m, block_n, min_split)  # [num_tokens, heads]
+    shape = (num_splits, num_tokens, heads)
+    part_max = torch.randn(*shape, generator=g) * 4
+    part_sum = torch.rand(*shape, generator=g) * 30 + 1
+    part_acc = torch.randn(*shape, rank, generator=g) * part_sum[..., None]
+    split = torch.arange(num_splits)[:, None, None]
+    neutral = (torch.rand(*shape, generator=g) < 0.2) & (split > 0)  # saw none of its rows
+    for tensor, neutral_value in ((part_max, -1.0e30), (part_sum, 0.0), (part_acc, 0.0)):
+        tensor[neutral] = neutral_value
+        tensor[split >= ran] = float("nan")  # not run: never written
+    up = (
+        torch.randn(heads, 10, rank, generator=g)[:, 3:] if with_up else None
+    )  # [heads, 7, rank] strided
+    expected = eager_merge(part_acc, part_max, part_sum, ran, up)
+    out = torch.empty(num_tokens, heads, rank if up is None else 7, device=DEVICE)
+    partials = tuple(t.to(DEVICE) for t in (part_acc, part_max, part_sum))
+    up = None if up is None else up.to(DEVICE)
+    mla_kernels._combine(
+        partials, up, out, meta, num_splits, block_m, block_n, min_split, invariant
+    )
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["widths", "long_table"])
+@pytest.mark.parametrize("num_splits", [None, 40])
+def test_verify_widths_and_short_sequences_in_a_long_table(layout, num_splits):
+    """The attention and its merge end to end, with and without W_UV: verify widths 2 .. 8, and short
+    sequences beside a 300-row one (of 40 forced splits, 19 of 16 rows run for it, two groups of up to 16;
+    one for the others)."""
+    g = torch.Generator().manual_seed(len(layout))
+    rank, rope, heads = 36, 8, 3
+    meta, num_blocks = make_meta_from(MERGE_LAYOUTS[layout], 5, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 5, 1, rank + rope, generator=g).to(DEVICE)
+    q_latent = torch.randn(n, heads, rank, generator=g).to(DEVICE)
+    q_rope = torch.randn(n, heads, rope, generator=g).to(DEVICE)
+    up = torch.randn(heads, 7, rank, generator=g).to(DEVICE)
+    expected = torch_reference(q_latent, q_rope, cache, meta, 0.3)
+    got = mla_paged_attention(q_latent, q_rope, cache, meta, 0.3, num_splits=num_splits)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    got = mla_attention_up(q_latent[None], q_rope, cache, meta, 0.3, up, num_splits=num_splits)
+    torch.testing.assert_close(
+        got, torch.einsum("thr,hvr->thv", expected, up), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_the_merge_launch(monkeypatch):
+    """_combine_launch at DeepSeek-V2-Lite's shape (16 heads, W_UV's 128 rows) on an H200's 132 SMs: batch 1
+    takes one token a program, its splits in groups of 16, in 128 programs (16 W_UV rows each); batch 8 one token a program too (64 rows each: 256 programs); 64 tokens over 5 splits two tokens
+    a program (8 splits each). In batch-invariant mode the launch follows neither the batch nor the split
+    count."""
+    monkeypatch.setattr(mla_kernels, "num_sms", lambda device: 132)
+    device = torch.device("cpu")
+    assert mla_kernels._combine_launch(1, 16, 128, 64, False, device) == (1, 16)
+    assert mla_kernels._combine_launch(8, 16, 128, 33, False, device) == (1, 64)
+    assert mla_kernels._combine_launch(64, 16, 128, 5, False, device) == (2, 64)
+    invariant = {
+        mla_kernels._combine_launch(tokens, 16, 128, splits, True, device)
+        for tokens in (1, 8, 40)
+        for splits in (1, 3, 9)
+    }
+    assert invariant == {(mla_kernels._INVARIANT_COMBINE_TOKENS, 16)}
 
 
 def absorbed_layer() -> MultiHeadLatentAttention:
