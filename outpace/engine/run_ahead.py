@@ -46,6 +46,30 @@ class SavedRows(NamedTuple):
     tensors: list[torch.Tensor]  # one per state buffer: [len(rows), ...]
 
 
+class _SavePlan(NamedTuple):
+    """Where a step run ahead saves the request state of its rows: ``saved`` (SavedRows.tensors), and the copies
+    into it, each list of the same dtype (``torch._foreach_copy_`` over one dtype is one launch or few)."""
+
+    rows: list[int]  # ascending
+    buffers: list[torch.Tensor]  # the state buffers it copies from
+    saved: list[torch.Tensor]
+    copies: list[tuple[list[torch.Tensor], list[torch.Tensor]]]  # (targets, sources) of one dtype
+
+
+def save_plan(buffers: list[torch.Tensor], rows: list[int]) -> _SavePlan:
+    """The copies of ``rows`` (ascending) of each buffer into new tensors, a run of consecutive rows at a time."""
+    saved = [b.new_empty((len(rows), *b.shape[1:])) for b in buffers]
+    copies: dict[torch.dtype, tuple[list, list]] = {}
+    at = 0
+    for first, end in row_runs(rows):
+        for buffer, into in zip(buffers, saved):
+            targets, sources = copies.setdefault(buffer.dtype, ([], []))
+            targets.append(into[at : at + end - first])
+            sources.append(buffer[first:end])
+        at += end - first
+    return _SavePlan(rows, buffers, saved, list(copies.values()))
+
+
 def row_runs(rows: list[int]) -> list[tuple[int, int]]:
     """Ascending ``rows`` as runs of consecutive rows: (first, end) each."""
     runs, first = [], rows[0]
@@ -85,6 +109,9 @@ class RunAhead:
         self.per_step, self.lookahead = per_step, lookahead
         self.limit = min(max_model_len, req_table.max_rows)
         self.launch: DecodeLaunch | None = None
+        self._plans: dict[
+            StepKey, _SavePlan
+        ] = {}  # a key's last plan: the batch's rows, its tensors
 
     def ran_for(self, request_ids) -> bool:
         """Whether the step run ahead (if any) ran for one of these requests."""
@@ -94,23 +121,26 @@ class RunAhead:
 
     def saved_state(self, key: StepKey, req_indices: list[int]) -> SavedRows:
         """The request state of these request rows before a step of ``key``, to restore on a drop: the rows in
-        ascending order, one copy a buffer of each run of consecutive rows as a view (one copy in all for a
-        batch holding a block of rows in any order). A hybrid model's recurrent states are MBs a row, and torch's
-        index_select of them took 38 us a layer at batch 8 of Nemotron-H-8B on the H200
-        (benchmarks/results/gpu_2026-11-29f, call 1), at every step run ahead; a view a row and buffer costs host
-        time (a stack of them took 63 views and 8 stacks a step at batch 8 of the tiny Qwen3-Next:
-        benchmarks/scripts/diag_host_cost.py --ops)."""
-        rows = sorted(req_indices)
-        runs = row_runs(rows)
-        if len(runs) == 1:
-            first, end = runs[0]
-            tensors = [t[first:end].clone() for t in self.decode_step.state_buffers(key)]
-        else:
-            tensors = [
-                torch.cat([t[first:end] for first, end in runs])
-                for t in self.decode_step.state_buffers(key)
-            ]
-        return SavedRows(rows, tensors)
+        ascending order, copied a run of consecutive rows at a time into tensors kept for the next step of the
+        same key and rows (one step runs ahead at a time, and a step's saved state is dead once the next is
+        launched ahead: ``take`` or ``drop`` ended it), by one ``torch._foreach_copy_`` per dtype. A hybrid
+        model's recurrent states are MBs a row (torch's index_select of them took 38 us a layer at batch 8 of
+        Nemotron-H-8B on the H200, benchmarks/results/gpu_2026-11-29f call 1), and a clone a buffer costs host
+        time: 14 clones took about 300 us of a 853 us step of the Qwen3-Next slice at batch 1 on the H200 under
+        torch.profiler, the GPU idle behind them (benchmarks/results/gpu_2026-11-30c, call 3's host_profile.py)."""
+        rows, buffers = sorted(req_indices), self.decode_step.state_buffers(key)
+        plan = self._plans.get(key)
+        if (
+            plan is None
+            or plan.rows != rows
+            or len(plan.buffers) != len(buffers)
+            or any(a is not b for a, b in zip(plan.buffers, buffers))
+        ):
+            self._plans.clear()  # one plan's tensors at a time
+            plan = self._plans[key] = save_plan(buffers, rows)
+        for targets, sources in plan.copies:
+            torch._foreach_copy_(targets, sources)
+        return SavedRows(rows, plan.saved)
 
     def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:
         """The step run ahead if it serves this batch (each request was in it, from the length it has

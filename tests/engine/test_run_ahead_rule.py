@@ -106,7 +106,8 @@ def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
 def test_a_drop_restores_each_held_row_of_every_buffer(rows):
     """The saved state holds every buffer's rows (int64, float32, bfloat16, [rows, ...] of any
     shape), whether they form one run of consecutive rows (in any order) or several; a drop puts back the
-    rows still held by their requests and leaves the others as they are."""
+    rows still held by their requests and leaves the others as they are. A second step run ahead for the
+    same rows (whose save reuses the first's tensors) saves the rows as they are then."""
     import torch
 
     from outpace.engine.launch import DecodeLaunch
@@ -120,16 +121,19 @@ def test_a_drop_restores_each_held_row_of_every_buffer(rows):
     step = SimpleNamespace(state_buffers=lambda key: buffers)
     table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64, device="cpu")
     ahead = run_ahead.RunAhead(None, table, step, per_step=1, lookahead=0, max_model_len=64)
-    saved = ahead.saved_state(None, rows)
-    before = [t.clone() for t in buffers]
-    for t in buffers:
-        t.add_(1)  # the step run ahead advances every row
-    after = [t.clone() for t in buffers]
     ids = ("a", "gone", "b")[: len(rows)] if len(rows) > 1 else ("a",)
-    ahead.launch = DecodeLaunch(None, ids, (), SimpleNamespace(wait=lambda: None), rows, saved)
-    ahead.drop()
     restored = [r for r, rid in zip(rows, ids) if rid != "gone"]
     untouched = [r for r in range(5) if r not in restored]  # "gone"'s row and rows outside the step
-    for t, old, new in zip(buffers, before, after):
-        assert torch.equal(t[restored], old[restored])
-        assert torch.equal(t[untouched], new[untouched])
+    for _ in range(2):
+        saved = ahead.saved_state(None, rows)
+        before = [t.clone() for t in buffers]
+        for t in buffers:
+            t.add_(1)  # the step run ahead advances every row
+        after = [t.clone() for t in buffers]
+        ahead.launch = DecodeLaunch(None, ids, (), SimpleNamespace(wait=lambda: None), rows, saved)
+        ahead.drop()
+        for t, old, new in zip(buffers, before, after):
+            assert torch.equal(t[restored], old[restored])
+            assert torch.equal(t[untouched], new[untouched])
+        for t in buffers:
+            t.mul_(2)  # the steps between two run ahead
