@@ -10,7 +10,11 @@ exists:
   context rows);
 - EAGLE3's layer over [embedding | hidden]: ``embed_norm_pair``, ``attention_and_mlp``;
 - the final norm and LM head: ``norm_head_logits``;
-- Gemma's "sandwich" layers: layers/fused_sandwich.py, from the pieces here.
+- Gemma's "sandwich" layers: layers/fused_sandwich.py, from the pieces here;
+- the hybrid stacks' blocks (models/qwen3_next.py, models/nemotron_h.py): ``run_fused_layers`` over blocks
+  whose input projection reads the stream through the norm-folding kernels (``project_normalised``) and
+  whose last projection adds the residual (``project_add_ready``); a block that must materialise its
+  normalised input (a sparse MoE's router and experts read it) hands on ``NormalisedRows``.
 
 The fused kernels read whole weights, so sharded layers (tensor parallelism) take the eager path. In
 batch-invariant mode these paths serve any number of rows (``fusable_rows``): the kernels tile the rows
@@ -22,6 +26,7 @@ whatever its row count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -57,6 +62,56 @@ def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def norm_offset(norm: nn.Module) -> float:
     """What an RMSNorm module adds to its weight (layers/norm.py: Gemma 3's are 1 + w)."""
     return getattr(norm, "offset", 0.0)
+
+
+@dataclass
+class NormalisedRows:
+    """A residual stream whose next RMSNorm ran as a launch of its own: after a block that had to
+    materialise its normalised input (a sparse MoE's router and experts read it), the block's output is
+    added to the stream and normalised for the next block in one launch (``add_normalised``). The next
+    block reads ``x`` where it would fold the norm into its input projection (``project_normalised``).
+    """
+
+    stream: torch.Tensor  # [n, hidden]
+    x: torch.Tensor  # [n, hidden]: the next norm of the stream
+
+
+def block_fuses(x: torch.Tensor, input_proj, output_proj: nn.Module) -> bool:
+    """Whether a block over x [n, hidden] runs fused: its input projection (a projection or a packed one,
+    ``weight`` [out, hidden]) reads the stream through the norm-folding kernels (``project_normalised``)
+    and its output projection adds the residual (``project_add_ready``): both stored unquantized without
+    bias, the output projection whole (a row-parallel shard sums over the ranks before the residual), and
+    few rows on the GPU."""
+    return (
+        all(
+            p is not None and not is_quantized(p) and p.bias is None
+            for p in (input_proj, output_proj)
+        )
+        and not is_sharded(output_proj)
+        and fusable_rows(x, input_proj.weight)
+    )
+
+
+def project_normalised(rows, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """A block's input projection, RMSNorm(rows.stream) @ weight.T [n, out]: the norm (of eps ``eps``)
+    folded into the projection for ``NormedRows``; for ``NormalisedRows`` a plain few-row projection of
+    the input already normalised."""
+    kernels = projection_kernels()
+    if isinstance(rows, NormalisedRows):
+        return kernels.project_rows(rows.x, weight)
+    return kernels.norm_project(rows, eps, weight)
+
+
+def normalised_input(rows, norm: nn.Module) -> torch.Tensor:
+    """A block's input materialised, norm(rows.stream) [n, hidden], for a block that reads it whole (a
+    sparse MoE): ``NormalisedRows.x``, or one launch of the norm module."""
+    return rows.x if isinstance(rows, NormalisedRows) else norm(rows.stream)
+
+
+def add_normalised(x: torch.Tensor, stream: torch.Tensor, next_norm: nn.Module) -> NormalisedRows:
+    """stream + x [n, hidden], and ``next_norm`` of it, in one launch (the norm module's residual add)."""
+    normed, added = next_norm(x, stream)
+    return NormalisedRows(added, normed)
 
 
 # ---- Llama-family attention and layers --------------------------------------------------------------
@@ -158,6 +213,28 @@ def layer_fuses(attn: DecoderAttention, mlp: GatedMLP, x: torch.Tensor) -> bool:
     return mlp_fuses(mlp) and attn.o_proj.bias is None and attention_fuses(attn, x)
 
 
+def project_add_ready(
+    x: torch.Tensor, proj: nn.Module, stream: torch.Tensor, next_norm: nn.Module | None
+):
+    """The projection that ends a block, fused (``block_fuses``): x [n, in], stream [n, hidden] -> stream +
+    x @ proj.weight.T, made ready for ``next_norm`` (any ``norm_offset``) when given (``NormedRows``), else a
+    tensor [n, hidden]. One projection kernel."""
+    kernels = projection_kernels()
+    if next_norm is None:
+        return kernels.project_add(x, proj.weight, stream)
+    return kernels.project_add_normed(
+        x, proj.weight, stream, next_norm.weight, next_offset=norm_offset(next_norm)
+    )
+
+
+def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):
+    """A gated MLP block (``mlp_fuses``) over rows (``NormedRows``: the stream made ready for the MLP's
+    input norm, of eps ``eps``) -> the block's output stream, made ready for ``next_norm`` when given. Two
+    projection kernels: gate/up with the norm and the gating folded in, down with the residual add."""
+    act = projection_kernels().norm_project_swiglu(rows, eps, mlp.gate_up.weight, act=mlp.act)
+    return project_add_ready(act, mlp.down_proj, rows.stream, next_norm)
+
+
 def fused_attention_output_and_mlp(
     attn: torch.Tensor,
     stream: torch.Tensor,
@@ -169,12 +246,8 @@ def fused_attention_output_and_mlp(
     """The rest of a decoder layer after attention, fused: attn [n, heads * head_dim], stream [n, hidden]
     (the residual stream) -> the layer's output stream, made ready for ``next_norm`` when given
     (``NormedRows``), else a tensor [n, hidden]. Three projection kernels."""
-    kernels = projection_kernels()
-    mid = kernels.project_add_normed(attn, o_proj.weight, stream, post_norm.weight)
-    act = kernels.norm_project_swiglu(mid, post_norm.eps, mlp.gate_up.weight, act=mlp.act)
-    if next_norm is None:
-        return kernels.project_add(act, mlp.down_proj.weight, mid.stream)
-    return kernels.project_add_normed(act, mlp.down_proj.weight, mid.stream, next_norm.weight)
+    mid = project_add_ready(attn, o_proj, stream, post_norm)
+    return mlp_fused(mlp, mid, post_norm.eps, next_norm)
 
 
 class FusedDecoderLayer(DecoderLayer):
@@ -222,21 +295,35 @@ def run_layers(
     """A stack of decoder layers over h [num_tokens, hidden] -> (the last layer's output stream
     [num_tokens, hidden], before ``final_norm``; {layer index in ``capture``: that layer's input stream}).
 
-    Few rows on the GPU take the fused path (``FusedDecoderLayer.forward_fused``): each layer hands the
-    next its output stream already made ready for the next input norm (``final_norm`` after the last).
-    Otherwise each residual add is fused into the RMSNorm after it (``forward_residual``)."""
-    captured = {}
+    Few rows on the GPU take the fused path (``run_fused_layers``). Otherwise each residual add is fused
+    into the RMSNorm after it (``forward_residual``)."""
     if layers[0].fuses(h):
-        norms = [layer.input_layernorm for layer in layers[1:]] + [
-            final_norm
-        ]  # the norm after each layer
-        rows = projection_kernels().normed_rows(h, layers[0].input_layernorm.weight)
-        for i, (layer, next_norm) in enumerate(zip(layers, norms)):
-            if i in capture:
-                captured[i] = rows.stream
-            rows = layer.forward_fused(positions, rows, next_norm)
-        return rows.stream, captured
+        norms = [layer.input_layernorm for layer in layers]
+        return run_fused_layers(layers, norms, final_norm, positions, h, capture)
     return run_residual_stack(layers, positions, h, capture)
+
+
+def run_fused_layers(
+    layers: list[nn.Module],
+    input_norms: list[nn.Module],
+    final_norm: nn.Module,
+    positions: torch.Tensor,
+    h: torch.Tensor,
+    capture: tuple[int, ...],
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """``run_layers``'s fused path for layers with ``forward_fused(positions, rows, next_norm)`` whose first
+    norm is ``input_norms[i]`` (any ``norm_offset``): each layer hands the next its output stream already
+    made ready for the next input norm (``final_norm`` after the last), as ``NormedRows`` or, after a block
+    that materialised its input, ``NormalisedRows``. h [num_tokens, hidden] -> as ``run_layers``."""
+    captured = {}
+    norms = list(input_norms[1:]) + [final_norm]  # the norm after each layer
+    first = input_norms[0]
+    rows = projection_kernels().normed_rows(h, first.weight, norm_offset(first))
+    for i, (layer, next_norm) in enumerate(zip(layers, norms)):
+        if i in capture:
+            captured[i] = rows.stream
+        rows = layer.forward_fused(positions, rows, next_norm)
+    return rows.stream, captured
 
 
 def norm_head_logits(

@@ -9,6 +9,14 @@ blocks, each ``x + mixer(RMSNorm(x))`` with one mixer per block as the config's 
   ``moe_shared_expert_intermediate_size``.
 RMSNorms apply their weight in float32 (transformers NemotronHRMSNorm).
 
+Few rows on the GPU (decode, verify) run the stack in the fused residual style of the Llama layers
+(layers/fused_decoder.py ``run_fused_layers``): each block's input projection (Mamba2's in_proj, the
+attention's packed q/k/v, the MLP's up_proj) reads the stream through the norm-folding kernel and its last
+projection (out_proj, o_proj, down_proj) adds the residual and makes the stream ready for the next block's
+norm, so no RMSNorm runs as a launch of its own. A MoE block reads its input whole: it is normalised in one
+launch and its output added and normalised for the next block in another (``NormalisedRows``), as the
+eager path does.
+
 Checkpoint names live under ``backbone.`` (``embeddings``, ``layers.{i}.{norm,mixer}``, ``norm_f``); the
 model interface is the Llama family's (models/llama.py).
 
@@ -26,13 +34,28 @@ import re
 import torch
 from torch import nn
 
+from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
+from outpace.layers import fused_decoder
 from outpace.layers.activation import ACTIVATIONS
-from outpace.layers.decoder import HeadProjections, residual_stream, run_residual_stack
+from outpace.layers.decoder import (
+    HeadProjections,
+    PackedProjection,
+    residual_stream,
+    run_residual_stack,
+)
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_decoder import norm_head_logits
+from outpace.layers.fused_decoder import (
+    add_normalised,
+    block_fuses,
+    norm_head_logits,
+    normalised_input,
+    project_add_ready,
+    project_normalised,
+    run_fused_layers,
+)
 from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
 from outpace.layers.moe import (
@@ -227,11 +250,39 @@ class PlainAttention(nn.Module):
         )  # heads split over tensor-parallel ranks
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = p.q_proj, p.k_proj, p.v_proj, p.o_proj
         self.attn = Attention(p.heads, p.kv_heads, cfg.head_dim)
+        # q/k/v packed by layers/decoder.py ``pack_projections`` for the fused path (module docstring)
+        self.qkv: PackedProjection | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        n, d = x.shape[0], self.head_dim
-        q, k, v = (p(x).view(n, -1, d) for p in (self.q_proj, self.k_proj, self.v_proj))
-        return self.o_proj(self.attn(q, k, v, positions))
+        return self.o_proj(self.attend(positions, self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+
+    def attend_fused(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
+        """The fused path's attention (``NemotronHBlock.fuses``): rows, the stream made ready for the
+        block's norm of eps ``eps``, -> the attention output [n, heads * head_dim] before o_proj, q/k/v
+        as one norm-folding kernel."""
+        q, k, v = project_normalised(rows, eps, self.qkv.weight).split(self.qkv.sizes, dim=-1)
+        return self.attend(positions, q, k, v)
+
+    def attend(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q [n, q_size], k, v [n, kv_size] -> the attention output [n, heads * head_dim]."""
+        n, d = q.shape[0], self.head_dim
+        return self.attn(q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d), positions)
+
+
+def mamba_step_fused(mixer: Mamba2Mixer, rows, eps: float) -> torch.Tensor:
+    """The fused path's Mamba2 step (``NemotronHBlock.fuses``): rows, the stream made ready for the block's
+    norm of eps ``eps``, -> y [n, inner] before out_proj: ``Mamba2Mixer.forward``'s fused step with in_proj
+    as the norm-folding kernel."""
+    from outpace.layers.mamba2_step_kernel import mamba2_step  # (Triton: only when used)
+
+    # [n, inner + conv_channels + heads]: in_proj's output
+    zxbcdt = project_normalised(rows, eps, mixer.in_proj.weight)
+    ctx = get_forward_context()
+    return mamba2_step(
+        mixer, zxbcdt, ctx.metadata.token_table(), ctx.metadata.query_lens, ctx.recurrent
+    )
 
 
 class NemotronHBlock(nn.Module):
@@ -274,6 +325,34 @@ class NemotronHBlock(nn.Module):
         return (
             self.mixer(positions, x) if self.kind == "full_attention" else self.mixer(x)
         ), residual
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves the stream h [num_tokens, hidden] (``block_fuses``; Mamba2: the
+        step kernel taking this forward; a MoE reads its input materialised, ``forward_fused``: few rows on
+        the GPU for the stream's kernels)."""
+        mixer = self.mixer
+        if self.kind == "linear_attention":
+            return block_fuses(h, mixer.in_proj, mixer.out_proj) and mixer.takes_fused_step(h)
+        if self.kind == "full_attention":
+            return block_fuses(h, mixer.qkv, mixer.o_proj)
+        if self.kind == "moe":
+            return fused_decoder.fusable_rows(h, self.norm.weight)
+        return block_fuses(h, mixer.up_proj, mixer.down_proj)
+
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
+        """rows: the block's input stream made ready for its norm (``NormedRows`` or ``NormalisedRows``) ->
+        its output stream made ready for ``next_norm`` (module docstring)."""
+        mixer, eps = self.mixer, self.norm.eps
+        if self.kind == "moe":
+            return add_normalised(mixer(normalised_input(rows, self.norm)), rows.stream, next_norm)
+        if self.kind == "linear_attention":
+            out, out_proj = mamba_step_fused(mixer, rows, eps), mixer.out_proj
+        elif self.kind == "full_attention":
+            out, out_proj = mixer.attend_fused(positions, rows, eps), mixer.o_proj
+        else:
+            up = project_normalised(rows, eps, mixer.up_proj.weight)
+            out, out_proj = ACTIVATIONS[mixer.act](up), mixer.down_proj
+        return project_add_ready(out, out_proj, rows.stream, next_norm)
 
 
 class NemotronHModel(nn.Module):
@@ -318,10 +397,16 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
         self.aux_layer_ids: tuple[int, ...] = ()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states."""
-        h, captured = run_residual_stack(
-            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
-        )
+        """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states. Few
+        rows on the GPU: the fused path (module docstring) where every block takes it."""
+        blocks, h = self.model.layers, self.embed(input_ids)
+        if all(block.fuses(h) for block in blocks):
+            norms = [block.norm for block in blocks]
+            h, captured = run_fused_layers(
+                blocks, norms, self.model.norm, positions, h, self.aux_layer_ids
+            )
+        else:
+            h, captured = run_residual_stack(blocks, positions, h, self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def compute_logits(

@@ -17,6 +17,14 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
 - Qwen3.5's multimodal rotary sections (mrope_section) turn text positions exactly as plain RoPE does
   (the three position streams are equal), so they are not read.
 
+Few rows on the GPU (decode, verify) run the stack in the fused residual style of the Llama layers
+(layers/fused_decoder.py ``run_fused_layers``): the mixer's input projection (gated DeltaNet's packed
+in-projections, the attention's q/k/v) reads the stream through the norm-folding kernel, out_proj / o_proj
+adds the residual and makes the stream ready for the post-attention norm, the dense MLP's gate/up folds
+that norm and down_proj makes the stream ready for the next layer's norm, so no RMSNorm runs as a launch
+of its own. A MoE MLP reads its input whole: it is normalised in one launch and its output added and
+normalised for the next layer in another (``NormalisedRows``), as the eager path does.
+
 The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers (when the
 config declares them: models/drafts/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
 (speculative/drafters/mtp.py); each is a full-attention layer of this stack.
@@ -31,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
@@ -48,7 +58,16 @@ from outpace.layers.decoder import (
     run_residual_stack,
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_decoder import norm_head_logits
+from outpace.layers.fused_decoder import (
+    add_normalised,
+    block_fuses,
+    mlp_fused,
+    mlp_fuses,
+    norm_head_logits,
+    project_add_ready,
+    project_normalised,
+    run_fused_layers,
+)
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import (
@@ -220,18 +239,88 @@ class GatedAttention(nn.Module):
         self.qkv: PackedProjection | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        n, d = x.shape[0], self.head_dim
         if self.qkv is not None and x.is_cuda:
             q_gate, k, v = self.qkv(x)  # views of one matmul: [n, 2 * q_size], [n, kv_size] twice
         else:
             q_gate, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o_proj(self.attend(positions, q_gate, k, v))
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``attend_fused`` and a fused o_proj serve the stream h [n, hidden] (``block_fuses``)."""
+        return block_fuses(h, self.qkv, self.o_proj)
+
+    def attend_fused(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
+        """The fused path's attention (``fuses``): rows, the stream made ready for the input norm of eps
+        ``eps``, -> the gated attention output [n, heads * head_dim] before o_proj. The packed q/k/v read
+        the stream through the norm-folding kernel; the rest is ``attend``."""
+        q_gate, k, v = project_normalised(rows, eps, self.qkv.weight).split(self.qkv.sizes, dim=-1)
+        return self.attend(positions, q_gate, k, v)
+
+    def attend(
+        self, positions: torch.Tensor, q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q_gate [n, 2 * q_size] (per head [query, gate]), k, v [n, kv_size] -> the attention output
+        gated by sigmoid(gate), [n, heads * head_dim] (before o_proj)."""
+        n, d = q_gate.shape[0], self.head_dim
         q, gate = q_gate.view(n, self.heads, 2 * d).chunk(2, dim=-1)  # [n, heads, head_dim] each
         q = self.q_norm(q)
         k = self.k_norm(k.view(n, -1, d))  # [n, kv_heads, head_dim]
         v = v.view(n, -1, d)
         q, k = self.rotary(positions, q, k)  # partial: the dimensions past rotary_dim pass through
         out = self.attn(q, k, v, positions)  # [n, heads * head_dim]
-        return self.o_proj(sigmoid_gate(out.view(n, self.heads, d), gate).view(n, -1))
+        return sigmoid_gate(out.view(n, self.heads, d), gate).view(n, -1)
+
+
+class _FoldedInput(NamedTuple):
+    """What ``FusedInputGatedDeltaNet._in_projected`` projects on the fused path: the stream made ready
+    for the layer's input norm (``NormedRows`` or ``NormalisedRows``) and that norm's eps."""
+
+    rows: object
+    eps: float
+
+
+class FusedInputGatedDeltaNet(GatedDeltaNet):
+    """Gated DeltaNet whose few-row step (layers/deltanet_step_kernel.py) can also read its packed
+    in-projections from the norm-folding kernel (``step_fused``), for the stack's fused path (module
+    docstring); its eager path is ``GatedDeltaNet``'s."""
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``step_fused`` and a fused out_proj serve the stream h [n, hidden]: the in-projections
+        packed (``block_fuses``) and the step kernel taking this forward."""
+        return block_fuses(h, self.in_proj, self.out_proj) and self._takes_fused_step(h)
+
+    def step_fused(self, rows, eps: float) -> torch.Tensor:
+        """rows: the stream made ready for the layer's input norm of eps ``eps`` -> the step kernel's output
+        [n, value_dim], before out_proj: ``GatedDeltaNet.forward``'s fused step with the in-projections as
+        one norm-folding kernel (``_in_projected``)."""
+        from outpace.layers.deltanet_step_kernel import deltanet_step  # (Triton: only when used)
+
+        context = get_forward_context()
+        return deltanet_step(
+            self._projected_rows(_FoldedInput(rows, eps)),
+            self.conv1d.weight,
+            self.A_log,
+            self.dt_bias,
+            self.norm.weight,
+            self.norm.eps,
+            context.metadata.token_table(),
+            context.metadata.query_lens,
+            context.recurrent,
+            self.states,
+            self.snapshots,
+            self.num_k_heads,
+            self.head_k_dim,
+            self.head_v_dim,
+        )
+
+    def _in_projected(self, x: torch.Tensor | _FoldedInput) -> tuple[torch.Tensor, ...]:
+        """``GatedDeltaNet._in_projected``; of a ``_FoldedInput`` (``step_fused``), the packed in-projections
+        of the normalised stream as one kernel, one view per projection [n, out_i]."""
+        if isinstance(x, _FoldedInput):
+            return project_normalised(x.rows, x.eps, self.in_proj.weight).split(
+                self.in_proj.sizes, dim=-1
+            )
+        return super()._in_projected(x)
 
 
 class RouterWithSharedGate(Router):
@@ -326,7 +415,7 @@ class Qwen3NextDecoderLayer(nn.Module):
         )
         self.is_linear = hybrid.layer_types[index] == "linear_attention"
         if self.is_linear:
-            self.linear_attn = GatedDeltaNet(
+            self.linear_attn = FusedInputGatedDeltaNet(
                 cfg.hidden_size,
                 hybrid.num_k_heads,
                 hybrid.num_v_heads,
@@ -357,6 +446,28 @@ class Qwen3NextDecoderLayer(nn.Module):
     def mix(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The token mixer over x [num_tokens, hidden] (normalised): linear or full attention."""
         return self.linear_attn(x) if self.is_linear else self.self_attn(positions, x)
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves the stream h [num_tokens, hidden]: the mixer's fused path, and a
+        dense MLP that ``mlp_fuses`` (a MoE reads its input materialised: ``forward_fused``)."""
+        mixer = self.linear_attn if self.is_linear else self.self_attn
+        return mixer.fuses(h) and (not isinstance(self.mlp, GatedMLP) or mlp_fuses(self.mlp))
+
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
+        """rows: the layer's input stream made ready for its input norm (``NormedRows`` or ``NormalisedRows``)
+        -> its output stream made ready for ``next_norm`` (module docstring): out_proj / o_proj adds the
+        residual; a dense MLP folds the post-attention norm into gate/up and down_proj adds the residual; a
+        MoE reads the post-attention norm materialised, its output added and normalised in one launch."""
+        eps, post = self.input_layernorm.eps, self.post_attention_layernorm
+        if self.is_linear:
+            out, out_proj = self.linear_attn.step_fused(rows, eps), self.linear_attn.out_proj
+        else:
+            out, out_proj = self.self_attn.attend_fused(positions, rows, eps), self.self_attn.o_proj
+        if isinstance(self.mlp, GatedMLP):
+            mid = project_add_ready(out, out_proj, rows.stream, post)  # NormedRows
+            return mlp_fused(self.mlp, mid, post.eps, next_norm)
+        mid = project_add_ready(out, out_proj, rows.stream, None)  # [num_tokens, hidden]
+        return add_normalised(self.mlp(post(mid)), mid, next_norm)
 
 
 class Qwen3NextModel(nn.Module):
@@ -415,10 +526,16 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
             self.mtp_layers = self.mtp.steps()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
-        h, captured = run_residual_stack(
-            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
-        )
+        """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states. Few
+        rows on the GPU: the fused path (module docstring) where every layer takes it."""
+        layers, h = self.model.layers, self.embed(input_ids)
+        if all(layer.fuses(h) for layer in layers):
+            norms = [layer.input_layernorm for layer in layers]
+            h, captured = run_fused_layers(
+                layers, norms, self.model.norm, positions, h, self.aux_layer_ids
+            )
+        else:
+            h, captured = run_residual_stack(layers, positions, h, self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def compute_logits(

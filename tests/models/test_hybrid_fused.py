@@ -1,0 +1,167 @@
+"""The hybrid stacks' fused residual path (models/qwen3_next.py, models/nemotron_h.py over layers/fused_decoder.py
+``run_fused_layers``; forced on here, its kernels in Triton's interpreter on the CPU) computes what their eager
+path computes: a decode or verify step after an eager prefill gives the same logits, KV and recurrent state
+(rows and snapshots) in float32, on tiny random Qwen3-Next (linear and full attention, a dense and a MoE MLP),
+Qwen3.5 and Nemotron-H (Mamba2, MoE, attention and MLP blocks) models; and no block norm runs on its own
+there, where the eager path runs one before every mixer and every MLP."""
+
+import pytest
+import torch
+
+from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
+
+pytest.importorskip("triton")
+
+from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.cache.block_pool import BlockPool  # noqa: E402
+from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
+from outpace.layers import fused_decoder  # noqa: E402
+from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
+from outpace.layers.linear import linear  # noqa: E402
+from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
+from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer  # noqa: E402
+from outpace.models.loader import load_model  # noqa: E402
+
+if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)
+    pytest.skip("forces the fused path onto CPU tensors", allow_module_level=True)
+
+BLOCK_SIZE, POOL_ROWS, SNAPSHOT_ROWS = 4, 5, 4
+TABLES = [[1, 2, 3], [4, 5], [6, 7]]  # (block 0 is the padding block)
+PROMPT_LENS = [7, 2, 5]
+STATE_ROWS = [2, 0, 3]
+# form -> (tokens per sequence, snapshots): the engine's decode and verify keep every state in the snapshot
+# rows; a recurrent draft's decode writes the row itself
+FORMS = {"decode": (1, True), "verify of 3": (3, True), "decode into the row": (1, False)}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            cache[variant] = save_hybrid(make_hybrid(variant), tmp_path_factory.mktemp(variant))
+        return cache[variant]
+
+    return get
+
+
+def _bind_states(model) -> list[dict[str, torch.Tensor]]:
+    """Zeroed state and snapshot rows bound to every recurrent layer -> the tensors, in module order."""
+    pools = []
+    for module in model.modules():
+        if isinstance(module, RecurrentStateLayer):
+            states, snapshots = {}, {}
+            for name, (shape, dtype) in module.state_shapes().items():
+                states[name] = torch.zeros(POOL_ROWS, *shape, dtype=dtype or torch.float32)
+                snapshots[name] = torch.zeros(
+                    POOL_ROWS, SNAPSHOT_ROWS, *shape, dtype=dtype or torch.float32
+                )
+            module.bind_state(states, snapshots)
+            pools += [states, snapshots]
+    return pools
+
+
+def _forward(model, ids, positions, meta, recurrent):
+    with torch.inference_mode(), forward_context(meta, recurrent=recurrent):
+        return model.compute_logits(model(ids, positions).hidden_states)
+
+
+def _served_step(path, monkeypatch, fused: bool, form: str, norms_run: list | None = None):
+    """An eager prefill of three prompts into the KV cache and the state rows, then one step of ``form``
+    (FORMS) with the fused path forced on or off (the recurrent layers' step kernels on in both) -> (the
+    step's logits, the KV caches, the state pools). ``norms_run``: gets each block norm's call during the
+    step."""
+    model = load_model(path, torch.float32, "cpu", progress=False)
+    caches = bind_kv_cache(model.model, BlockPool(7, BLOCK_SIZE), torch.float32, "cpu")
+    pools = _bind_states(model)
+    ids = torch.tensor([(i * 7 + 3) % 131 for i in range(sum(PROMPT_LENS))])
+    positions = torch.cat([torch.arange(n) for n in PROMPT_LENS])
+    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: False)
+    prefill = RecurrentMetadata(torch.tensor(STATE_ROWS), torch.zeros(3, dtype=torch.bool))
+    _forward(
+        model,
+        ids,
+        positions,
+        build_paged_metadata(TABLES, [0] * 3, PROMPT_LENS, BLOCK_SIZE, "cpu"),
+        prefill,
+    )
+
+    width, snapshots = FORMS[form]
+    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: fused)
+    monkeypatch.setattr(GatedDeltaNet, "fused_step", True)
+    monkeypatch.setattr(Mamba2Mixer, "fused", True)
+    for norm in _block_norms(model) if norms_run is not None else ():
+        norm.register_forward_hook(lambda *_: norms_run.append(1))
+    step = RecurrentMetadata(
+        torch.tensor(STATE_ROWS), torch.ones(3, dtype=torch.bool), snapshots=snapshots
+    )
+    meta = build_paged_metadata(TABLES, PROMPT_LENS, [width] * 3, BLOCK_SIZE, "cpu")
+    ids = torch.tensor([(5 * i + 11) % 131 for i in range(3 * width)])
+    positions = torch.cat([torch.arange(n, n + width) for n in PROMPT_LENS])
+    logits = _forward(model, ids, positions, meta, step)
+    monkeypatch.undo()
+    return logits, [torch.stack(c) for c in caches], pools
+
+
+def _block_norms(model) -> list:
+    """The norms before each block's mixer and MLP (not the final norm, not attention's q/k norms)."""
+    layers = model.model.layers
+    if hasattr(layers[0], "input_layernorm"):
+        return [
+            n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
+        ]
+    return [block.norm for block in layers]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("variant", list(HYBRIDS))
+def test_fused_hybrid_step_computes_what_the_eager_one_does(
+    variant, form, checkpoints, monkeypatch
+):
+    path = checkpoints(variant)
+    ref_logits, ref_caches, ref_pools = _served_step(path, monkeypatch, False, form)
+    logits, caches, pools = _served_step(path, monkeypatch, True, form)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+    assert any(p.abs().sum() > 0 for pool in ref_pools for p in pool.values())
+    for pool, ref_pool in zip(pools, ref_pools):
+        for name in pool:
+            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
+
+
+# variant -> the block norms the fused step runs: a MoE reads its input materialised (one norm) and its
+# output is added and normalised by the next block's norm (another; after the last layer the final norm,
+# not counted): Qwen3-Next's layers 0, 1 and 3, Nemotron-H's block 1
+MATERIALISED = {"qwen3_next": 5, "qwen3_5": 0, "nemotron_h": 2}
+
+
+@pytest.mark.parametrize("variant", list(HYBRIDS))
+def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monkeypatch):
+    """The eager step runs every block norm once; the fused one folds them into the projections, all but a
+    MoE's (``MATERIALISED``)."""
+    path = checkpoints(variant)
+    eager, fused = [], []
+    _served_step(path, monkeypatch, False, "decode", eager)
+    _served_step(path, monkeypatch, True, "decode", fused)
+    layers = (
+        len(HYBRIDS[variant][1].get("layers_block_type", ()))
+        or HYBRIDS[variant][1]["num_hidden_layers"]
+    )
+    assert len(eager) == (layers if variant == "nemotron_h" else 2 * layers)
+    assert len(fused) == MATERIALISED[variant]
+
+
+def test_a_block_with_a_shard_or_a_bias_at_its_end_stays_eager(monkeypatch):
+    """Tensor parallelism's row-parallel output projection sums over the ranks before the residual, and a
+    bias is not folded: ``block_fuses`` declines both."""
+    from outpace.distributed.group import RankGroup
+
+    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: True)
+    x, up, down = torch.zeros(2, 8), linear(8, 16), linear(16, 8)
+    assert fused_decoder.block_fuses(x, up, down)
+    assert not fused_decoder.block_fuses(x, up, linear(16, 8, bias=True))
+    assert not fused_decoder.block_fuses(x, linear(8, 16, bias=True), down)
+    down.group = RankGroup(rank=0, size=2)
+    assert not fused_decoder.block_fuses(x, up, down)
