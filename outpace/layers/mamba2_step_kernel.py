@@ -458,8 +458,12 @@ def _norm_kernel(
         )
 
 
-max_head_block = 32  # a head's state rows a ``_scan_kernel`` program at most
-scan_warps = 4  # its warps
+# A head's state rows a ``_scan_kernel`` program at most, and its warps. Nemotron-H-8B's decode step on the H200
+# (benchmarks/scripts/decode_settings.py mamba2, gpu_2026-11-30c call 3, two passes): 64 rows against 32, b32
+# 7.862 / 7.969 -> 7.786 / 7.631 ms, b8 5.829 / 5.724 -> 5.765 / 5.680, b1 unchanged; 8 or 2 warps, 16 rows: no
+# gain in both passes.
+max_head_block = 64
+scan_warps = 4
 
 
 def _head_block(head_dim: int, programs_per_block: int, device: torch.device) -> int:
