@@ -99,3 +99,45 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
     assert {c[0] for c in calls} == {activation}
     assert {c[1] for c in calls} == limits
     assert {c[2] for c in calls} == {family == "nemotron_h"}  # ungated: no gate stack
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h"])
+def test_the_hybrids_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
+    """The hybrids' few-row blocks in the fused residual style (models/qwen3_next.py, models/nemotron_h.py over
+    layers/fused_decoder.py ``run_fused_layers``: norms folded into the projections), here let take float32 rows
+    (the path serves half precision), captured on the GPU: the CPU's greedy tokens."""
+    import torch
+
+    from outpace.layers import fused_projection
+    from outpace.models import nemotron_h, qwen3_next
+
+    serves = fused_projection.fused_rows_apply
+    monkeypatch.setattr(
+        fused_projection,
+        "fused_rows_apply",
+        lambda x, w: (
+            serves(x, w)
+            or (
+                x.is_cuda
+                and x.dim() == 2
+                and x.shape[0] <= 16
+                and x.dtype == w.dtype == torch.float32
+                and w.is_contiguous()
+                and not torch.is_grad_enabled()
+            )
+        ),
+    )
+    fused = []
+    for module in (qwen3_next, nemotron_h):
+        run = module.run_fused_layers
+        monkeypatch.setattr(
+            module, "run_fused_layers", lambda *a, _run=run, **kw: fused.append(1) or _run(*a, **kw)
+        )
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+
+    model = make_hybrid(family)
+    path, vocab = str(save_hybrid(model, tmp_path)), model.config.vocab_size
+    got = tokens(LLM(path, **KWARGS), vocab)
+    assert fused  # the decode steps took the fused path
+    assert got == tokens(LLM(path, device="cpu", block_size=16), vocab)
