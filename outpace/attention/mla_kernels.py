@@ -97,7 +97,7 @@ combine_block_tokens = 1
 # (loading the query latent's parts) outweighs one block, and all of them merged one after the other. On the
 # H200, DeepSeek-V2-Lite's decode step at 32 / 64 / 128 / 256: 2.821 / 2.773 / 2.857 / 3.104 ms at batch 1
 # over 512 cached tokens, 3.102 / 3.100 / 3.019 / 3.178 over 2048, 6.087 / 5.994 / 6.065 / 6.263 at batch 8
-# (benchmarks/scripts/mla_settings.py, benchmarks/results/gpu_2026-11-30b call 2).
+# (benchmarks/scripts/decode_settings.py mla, benchmarks/results/gpu_2026-11-30b call 2).
 min_split_rows = 64
 # Batch-invariant mode: KV rows per split (split j covers the absolute rows [j * S, (j + 1) * S); a multiple
 # of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS), and tile rows in half precision.
