@@ -1,6 +1,6 @@
 """Triton kernels for attention over the paged KV cache, and their launchers.
 
-Two or three kernels per call, all with grids fixed by tensor shapes and the metadata's python ints, and
+Three kernels per call, all with grids fixed by tensor shapes and the metadata's python ints, and
 no host synchronisation, so a call can be captured in a CUDA graph:
 
 1. ``_write_kv_kernel`` (one program per new token): stores the token's k/v rows into its cache
@@ -31,20 +31,10 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    With one split the program normalises and writes the output; otherwise it writes its
    unnormalised partial (running max, sum and accumulator) for every token and head it owns. A
    split whose range is empty (past the rows its tile sees: most of them for short sequences in a
-   grid sized for long ones) skips its work, except split 0, which always writes.
-3. The merge of the splits' partials (only when num_splits > 1), which needs every split of a query
-   tile done. Where a tile's partials are small (decode: ``_MERGE_IN_LAUNCH_BYTES``), inside the
-   attention launch: every program of a (sequence, kv head, query tile) group, an empty split's
-   too, takes a ticket after writing its partials, an atomic add on the group's int32 counter
-   (``merge_tickets``: a buffer per device and size, zero between launches), and the one that draws
-   the last (num_splits - 1) zeroes the counter for the next launch or graph replay and merges the
-   partials of the splits that ran for its tile's rows (``_merge_splits``), the pattern of
-   layers/moe_routing_kernel.py's fused block layout (a barrier, then the ticket with acq_rel at gpu
-   scope; the merge's loads bypass L1). Triton's interpreter (the CPU tests) runs the programs one
-   after the other, the last of a group in grid order drawing the last ticket: it checks the merge
-   and the counter's reset, not the memory ordering. Otherwise ``_combine_kernel`` (one program per
-   token and q head) merges them in a launch of its own. Both recompute which splits ran from the
-   metadata (``_split_geometry``).
+   grid sized for long ones) returns at once, except split 0, which always writes.
+3. ``_combine_kernel`` (one program per token and q head, only when num_splits > 1): merges the
+   partials of the splits that ran for the token's tile (it recomputes the split geometry from the
+   metadata, ``_split_geometry``).
 
 FP8 cache (EngineConfig.kv_cache_dtype "fp8", attention/kv_quant.py): the write kernel stores
 clamp(x / scale) rounded to e4m3 (``fp8_rows``), and both attention variants load the float8 rows,
@@ -57,10 +47,8 @@ static shapes so that the grid fills the GPU (about two programs per SM); each p
 then a BLOCK_N multiple of ceil((kv_end - kv_start) / num_splits) for its own sequence's length
 (and window), so short sequences in a wide block table still spread over every split.
 
-Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128),
-three flags (split or not, custom mask or not, sliding window or not) and, for the in-launch merge,
-the tile's real rows rounded up to a power of two (min(BLOCK_Q, max_query_len) * GROUP: a chunk of
-every power-of-two length meets each one): integer arguments that
+Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128) and
+three flags (split or not, custom mask or not, sliding window or not): integer arguments that
 change from call to call are marked ``do_not_specialize``, so Triton does not compile a variant
 per value class.
 
@@ -155,18 +143,6 @@ _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64  # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
 _INVARIANT_SPLIT_ROWS = 512  # batch-invariant variant: KV rows per split
-# Split KV is merged inside the attention launch (module docstring, 3.) when a query tile's partials are
-# at most this many bytes: its last program reads them alone, at one SM's share of L2 bandwidth, where
-# _combine_kernel spreads them over (token, head) programs at the cost of a launch (~3 us at batch 1 on an
-# H200). 144 KiB holds a batch-1 decode tile of up to 8 q heads x head_dim 128 (or 4 x 256) over the 33
-# splits that 8 kv heads get on 132 SMs (135 KB); a verify tile of 4 tokens or more at the Llama-8B shape
-# (270 KB) keeps the combine kernel. (An estimate: to be measured on the GPU.)
-_MERGE_IN_LAUNCH_BYTES = 144 * 1024
-_MERGE_TILE = 8192  # float32 partial values a merge step loads (64 registers a thread at 4 warps)
-_MERGE_SPLITS = 16  # partials a merge step loads, at most
-# per (device, size): the in-launch merge's tickets, one per (sequence, kv head, query tile) of a launch,
-# zero between launches; kept for the life of the process, as captured graphs hold their address
-_MERGE_TICKETS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 @triton.jit(do_not_specialize=["stride_table_seq"])
@@ -479,7 +455,6 @@ def _attention_kernel(
     part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
     part_max_ptr,
     part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
-    tickets_ptr,  # [>= num_seqs * KV_HEADS * num_q_tiles] int32, zero on entry and on exit (MERGE)
     token_table_ptr,  # [num_seqs, max_query_len] int32
     block_tables_ptr,  # [num_seqs, max_blocks] int64
     seq_lens_ptr,
@@ -518,9 +493,6 @@ def _attention_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
-    MERGE: tl.constexpr,  # SPLIT_KV: the last program of a (seq, kv head, query tile) merges its splits
-    MERGE_ROWS: tl.constexpr,  # (MERGE) a power of two >= the real rows a query tile has in this call
-    MERGE_SPLITS: tl.constexpr,  # (MERGE) splits the merge loads at a time
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
@@ -550,8 +522,8 @@ def _attention_kernel(
         BLOCK_D,
     )
     pdl_enter(PDL)
-    # A split past the rows its tile sees computes nothing (it still takes its ticket, below): the merge
-    # reads only the splits that have rows (split 0 always runs, so every row gets a result).
+    # A split past the rows its tile sees does nothing: the combine reads only the splits that have
+    # rows (split 0 always runs, so every row gets a result).
     if (kv_lo < kv_hi) | (tl.program_id(2) == 0):
         q = _load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
         q_pos = q_index  # unused without SLIDING
@@ -609,128 +581,6 @@ def _attention_kernel(
             SLIDING,
             PRECISION,
         )
-    if MERGE:  # (module docstring, 3.)
-        # The pattern of layers/moe_routing_kernel.py's fused layout: every thread's partial stores come
-        # before the ticket (thread 0 takes it for the program), which acq_rel at gpu scope releases,
-        # cumulatively over the barrier; the last ticket's acquire orders every split's stores, its own
-        # included, before the merge's loads (which bypass L1 besides: L1 is not coherent across SMs).
-        # Every program of the group takes a ticket, an empty split's too, so the last draws num_splits - 1.
-        tl.debug_barrier()
-        group = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(tickets_ptr + group, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            tl.store(tickets_ptr + group, 0)  # zero again for the next launch (or graph replay)
-            _merge_splits(
-                part_acc_ptr,
-                part_max_ptr,
-                part_sum_ptr,
-                out_ptr,
-                token_table_ptr,
-                seq_lens_ptr,
-                query_lens_ptr,
-                num_tokens,
-                window,
-                sliding_window,
-                num_splits,
-                stride_ot,
-                stride_oh,
-                stride_table_seq,
-                KV_HEADS,
-                GROUP,
-                HEAD_DIM,
-                BLOCK_Q,
-                BLOCK_N,
-                BLOCK_D,
-                HAS_MASK,
-                SLIDING,
-                MERGE_ROWS,
-                MERGE_SPLITS,
-            )
-
-
-@triton.jit
-def _merge_splits(
-    part_acc_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    out_ptr,
-    token_table_ptr,
-    seq_lens_ptr,
-    query_lens_ptr,
-    num_tokens,
-    window,
-    sliding_window,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    stride_table_seq,
-    KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SLIDING: tl.constexpr,
-    MERGE_ROWS: tl.constexpr,
-    MERGE_SPLITS: tl.constexpr,
-):
-    """``_combine_kernel``'s merge for the rows of this program's query tile (the first MERGE_ROWS rows
-    of ``_query_rows``: the others are padding in this call), MERGE_SPLITS partials at a time, folded
-    with the online-softmax update, then normalised and written."""
-    seq, kv_head, q_start, _, _, _, _, head, row_ok, token, offs_d, d_ok = _query_rows(
-        token_table_ptr,
-        seq_lens_ptr,
-        query_lens_ptr,
-        stride_table_seq,
-        KV_HEADS,
-        GROUP,
-        HEAD_DIM,
-        BLOCK_Q,
-        MERGE_ROWS,
-        BLOCK_D,
-    )
-    kv_start, kv_end, _, _, split_len = _split_geometry(
-        seq_lens_ptr,
-        query_lens_ptr,
-        seq,
-        q_start,
-        window,
-        sliding_window,
-        num_splits,
-        HAS_MASK,
-        SLIDING,
-        BLOCK_Q,
-        BLOCK_N,
-    )
-    # the splits that ran: 0, and those whose range starts below kv_end (at most num_splits)
-    ran = tl.maximum(tl.cdiv(kv_end - kv_start, tl.maximum(split_len, 1)), 1)
-    m_i = tl.full([MERGE_ROWS], -1.0e30, tl.float32)
-    l_i = tl.zeros([MERGE_ROWS], tl.float32)
-    acc = tl.zeros([MERGE_ROWS, BLOCK_D], tl.float32)
-    for first in range(0, ran, MERGE_SPLITS):
-        offs_s = first + tl.arange(0, MERGE_SPLITS)
-        ok = (offs_s < ran)[:, None] & row_ok[None, :]  # [MERGE_SPLITS, MERGE_ROWS]
-        part = (offs_s[:, None] * num_tokens + token[None, :]) * (KV_HEADS * GROUP) + head[None, :]
-        m_s = tl.load(part_max_ptr + part, mask=ok, other=-1.0e30, cache_modifier=".cg")
-        l_s = tl.load(part_sum_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(
-            part_acc_ptr + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-            mask=ok[:, :, None] & d_ok[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )  # [MERGE_SPLITS, MERGE_ROWS, BLOCK_D]
-        m_new = tl.maximum(m_i, tl.max(m_s, axis=0))  # finite: every max is >= -1e30
-        alpha = tl.exp2(m_i - m_new)
-        weight = tl.exp2(m_s - m_new[None, :])  # [MERGE_SPLITS, MERGE_ROWS]
-        l_i = l_i * alpha + tl.sum(l_s * weight, axis=0)
-        acc = acc * alpha[:, None] + tl.sum(acc_s * weight[:, :, None], axis=0)
-        m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
-    )
 
 
 @triton.jit
@@ -1377,10 +1227,6 @@ class LaunchConfig:
     split_rows: int | None = (
         None  # batch-invariant variant: KV rows per split, fixed (split j: [j * S, (j + 1) * S))
     )
-    # split KV merged inside the attention launch (module docstring, 3.): a power of two >= the real
-    # rows of a query tile, and the partials a merge step loads; 0: merged by ``_combine_kernel``
-    merge_rows: int = 0
-    merge_splits: int = 0
 
 
 def launch_config(
@@ -1431,9 +1277,6 @@ def launch_config(
                 1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS)
             )
         )
-    merge_rows = triton.next_power_of_2(min(block_q, max_query_len) * group)
-    merge_bytes = num_splits * merge_rows * head_dim * 4  # a tile's float32 partials (acc)
-    merge = num_splits > 1 and merge_bytes <= _MERGE_IN_LAUNCH_BYTES
     return LaunchConfig(
         block_q=block_q,
         block_m=block_m,
@@ -1444,10 +1287,6 @@ def launch_config(
         num_splits=num_splits,
         num_warps=8 if fp32 or block_m > 64 else 4,
         num_stages=2 if fp32 or wide or block_m > 64 else 3,
-        merge_rows=merge_rows if merge else 0,
-        merge_splits=max(1, min(_MERGE_SPLITS, _MERGE_TILE // (merge_rows * block_d)))
-        if merge
-        else 0,
     )
 
 
@@ -1487,23 +1326,6 @@ def invariant_launch_config(
         num_stages=2 if fp32 or block_d > 256 else 3,  # (as launch_config's wide heads)
         split_rows=split_rows,
     )
-
-
-def merge_tickets(device: torch.device, groups: int) -> torch.Tensor:
-    """int32 zeros on ``device``, at least ``groups`` of them (a power of two >= 256: the split-KV
-    heuristic's grids, under two programs per SM, share one buffer): the in-launch merge's tickets
-    (module docstring, 3.), allocated by the first eager call of that size, the one buffer of every
-    later launch of that size, captured or not. Launches that use it must not overlap (one stream)."""
-    size = max(256, triton.next_power_of_2(groups))
-    key = (device, size)
-    if key not in _MERGE_TICKETS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "attention/triton_kernels.py: the split-KV merge's tickets (zeros, allocated once) for "
-                f"{groups} tiles on {device} are made by an eager call: run the attention once before capturing"
-            )
-        _MERGE_TICKETS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _MERGE_TICKETS[key]
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -1650,10 +1472,6 @@ def paged_attention(
     sliding = sliding_window is not None
     k_scale, v_scale = _scale_args(k_cache, kv_scales)
     grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
-    merge = cfg.merge_rows > 0
-    tickets = (
-        merge_tickets(q.device, grid[0] * grid[1]) if merge else meta.seq_lens
-    )  # (else unused)
     _attention_kernel[grid](
         q,
         k_cache,
@@ -1662,7 +1480,6 @@ def paged_attention(
         part_acc,
         part_max,
         part_sum,
-        tickets,
         token_table,
         meta.block_tables,
         meta.seq_lens,
@@ -1700,14 +1517,11 @@ def paged_attention(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PDL=pdl,
         KV_SCALED=kv_scales is not None,
-        MERGE=merge,
-        MERGE_ROWS=max(cfg.merge_rows, 1),
-        MERGE_SPLITS=max(cfg.merge_splits, 1),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch_options(pdl),
     )
-    if cfg.num_splits > 1 and not merge:
+    if cfg.num_splits > 1:
         _combine_kernel[(num_tokens, heads)](
             part_acc,
             part_max,

@@ -2,10 +2,7 @@
 verify, tree masks over a window of speculative rows, ragged batches mixing prefill chunks with
 decode, rows crossing block boundaries, shuffled block tables, power-of-two and odd block sizes,
 head dims 12 and 32, GQA ratios 1, 3 and 4, forced split-KV counts (with empty splits), tokens in
-any batch order, and the KV written into the cache. Split KV merged inside the attention launch by each
-tile's last program (GQA groups 1..8, verify widths 2..8, tree masks, a sliding window, sequences far
-shorter than the splits reach, two launches in a row: the tickets are zero again after each), and by the
-separate combine kernel past the merge's budget. Every buffer the backend allocates is poisoned
+any batch order, and the KV written into the cache. Every buffer the backend allocates is poisoned
 (NaN, or a huge index) so a lane it forgets to write shows up.
 
 Without CUDA the kernels run in Triton's interpreter (float32, small shapes; see conftest.py).
@@ -32,7 +29,6 @@ from outpace.attention import (
     DenseCausalMetadata,
     build_paged_metadata,
     forward_context,
-    triton_kernels,
     uniform_paged_metadata,
 )
 from outpace.attention.context import forward_settings
@@ -246,170 +242,6 @@ def test_launch_config_fills_the_gpu():
         32,
         2,
     )
-
-
-# Split KV merged inside the attention launch ---------------------------------------------------------------------------
-
-
-class CountedLaunches:
-    """A kernel whose launches (``kernel[grid](...)``) are counted."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
-@pytest.fixture
-def combine_launches(monkeypatch):
-    """The separate combine kernel, its launches counted."""
-    counted = CountedLaunches(triton_kernels._combine_kernel)
-    monkeypatch.setattr(triton_kernels, "_combine_kernel", counted)
-    return counted
-
-
-def assert_tickets_zero():
-    """Every launch leaves the merge's tickets zero (the next launch, or graph replay, counts from 0)."""
-    assert triton_kernels._MERGE_TICKETS, "no launch merged in the kernel"
-    for tickets in triton_kernels._MERGE_TICKETS.values():
-        assert not tickets.any()
-
-
-# (GQA group, query tokens of the widest sequence, forced splits, tree mask): every group 1..8, decode and
-# verify widths 2..8, a width past one query tile (group 5: 12 tokens a tile), split counts 2 .. 16
-MERGE_CASES = [
-    (group, width, [2, 3, 7, 16][(group + width) % 4], tree)
-    for group, width, tree in [
-        (1, 1, False),
-        (1, 8, True),
-        (2, 1, False),
-        (2, 2, False),
-        (3, 1, False),
-        (3, 3, True),
-        (4, 1, False),
-        (4, 4, False),
-        (5, 1, False),
-        (5, 20, False),
-        (6, 6, True),
-        (7, 1, False),
-        (7, 7, False),
-        (8, 1, False),
-        (8, 5, True),
-    ]
-]
-
-
-@pytest.mark.parametrize(
-    "group,width,num_splits,tree",
-    MERGE_CASES,
-    ids=lambda v: str(v) if not isinstance(v, bool) else ("tree" if v else "causal"),
-)
-def test_split_merge_in_launch(combine_launches, group, width, num_splits, tree):
-    """Split KV merged by each tile's last program, no combine launch: ragged lengths in one table (a
-    2-row sequence in a 252-row table: most of its splits empty and counted all the same), head_dim 12."""
-    new = [width, max(1, width - 3), 1]
-    windows = [width + 3, max(1, width - 3) + 2, None] if tree else None
-    case = make_case(
-        [250, 2, 37],
-        new,
-        windows,
-        block_size=6,
-        head_dim=12,
-        heads=2 * group,
-        kv_heads=2,
-        seed=group * 10 + width,
-    )
-    assert_matches_torch(case, num_splits=num_splits)
-    assert combine_launches.launches == 0
-    assert_tickets_zero()
-
-
-@pytest.mark.parametrize("merge_splits", [1, 2, 4])
-@pytest.mark.parametrize("num_splits", [7, 16])
-def test_split_merge_in_several_steps(monkeypatch, combine_launches, num_splits, merge_splits):
-    """The merge folds the splits that ran (5 of 7, 10 of 16 for the 293-row sequence) a few at a time,
-    the last step in part past them."""
-    monkeypatch.setattr(triton_kernels, "_MERGE_SPLITS", merge_splits)
-    case = make_case([290, 2, 37], [3, 1, 2], [5, 2, None], block_size=6, heads=6, seed=num_splits)
-    assert_matches_torch(case, num_splits=num_splits)
-    assert combine_launches.launches == 0
-
-
-def test_split_merge_twice_in_a_row(combine_launches):
-    """Two launches of one grid in a row (as graph replays): each draws its tickets from zero, so the
-    second merges too (without the reset its outputs would stay unwritten: NaN)."""
-    for seed in (1, 2):
-        case = make_case([130, 9], [1, 1], block_size=16, seed=seed)
-        assert_matches_torch(case, num_splits=5)
-    assert_tickets_zero()
-    assert combine_launches.launches == 0
-
-
-@pytest.mark.parametrize("num_splits", [2, 5, 9])
-def test_split_merge_sliding_window(combine_launches, num_splits):
-    """Sliding window (the splits cover the tile's window, from its first BLOCK_N tile on): decode and
-    verify rows over the torch backend."""
-    case = make_case(
-        [300, 7, 90], [1, 4, 6], block_size=6, head_dim=12, heads=6, kv_heads=2, seed=4
-    )
-    m, window = case.meta, 40
-    positions = (m.seq_lens - m.query_lens)[m.token_seq_index] + m.token_query_index
-    caches = (case.k_cache.clone(), case.v_cache.clone())
-    expected = TorchAttentionBackend().forward(
-        case.q, case.k, case.v, caches, m, case.scale, window, positions
-    )
-    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
-    with poisoned_allocations():
-        token_table = write_kv(case.k, case.v, k_cache, v_cache, m)
-        out = paged_attention(
-            case.q,
-            k_cache,
-            v_cache,
-            m,
-            token_table,
-            case.scale,
-            num_splits=num_splits,
-            sliding_window=window,
-            positions=positions,
-        )
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
-    assert combine_launches.launches == 0
-    assert_tickets_zero()
-
-
-@pytest.mark.parametrize("layout", ["decode", "tree"])
-def test_split_combine_kernel_past_the_merge_budget(monkeypatch, combine_launches, layout):
-    """Tiles whose partials exceed the in-launch merge's budget keep the separate combine launch."""
-    monkeypatch.setattr(triton_kernels, "_MERGE_IN_LAUNCH_BYTES", 0)
-    cached, new, windows = LAYOUTS[layout]
-    assert_matches_torch(make_case(cached, new, windows, seed=3), num_splits=5)
-    assert combine_launches.launches == 1
-
-
-def test_launch_config_merges_decode_in_launch():
-    """Batch-1 decode at real shapes merges in the launch (one launch a layer); a wide verify tile's
-    partials go through the combine kernel; no split, no merge."""
-    gemma3_12b = {"kv_heads": 8, "group": 2, "head_dim": 256, "elem_size": 2, "num_sms": 132}
-    llama_8b = {"kv_heads": 8, "group": 4, "head_dim": 128, "elem_size": 2, "num_sms": 132}
-    qwen3_32b = llama_8b | {"group": 8}
-    for shape, merge_splits in ((gemma3_12b, 16), (llama_8b, 16), (qwen3_32b, 8)):
-        decode = launch_config(num_seqs=1, max_query_len=1, max_kv_rows=8192, **shape)
-        assert decode.num_splits == 33
-        assert (decode.merge_rows, decode.merge_splits) == (shape["group"], merge_splits)
-    verify = launch_config(num_seqs=1, max_query_len=6, max_kv_rows=8192, **llama_8b)
-    assert verify.num_splits > 1 and verify.merge_rows == 0
-    big = launch_config(num_seqs=64, max_query_len=1, max_kv_rows=8192, **llama_8b)
-    assert big.num_splits == 1 and big.merge_rows == 0
-
-
-def test_merge_tickets_shared_by_size():
-    """One zeroed buffer per device and power-of-two size (at least 256), reused by later launches."""
-    a = triton_kernels.merge_tickets(torch.device(DEVICE), 8)
-    assert a.dtype == torch.int32 and a.numel() == 256 and not a.any()
-    assert triton_kernels.merge_tickets(torch.device(DEVICE), 200) is a
-    assert triton_kernels.merge_tickets(torch.device(DEVICE), 300).numel() == 512
 
 
 # Batch-invariant variant ----------------------------------------------------------------------------------------------
