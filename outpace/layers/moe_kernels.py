@@ -61,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.context import batch_invariant
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
 
@@ -90,7 +91,11 @@ def _tiles(block_m: int, fp32: bool) -> tuple[tuple[int, int, int, int], tuple[i
 
 
 def block_rows(tokens: int) -> int:
-    """BLOCK_M for a call over ``tokens`` tokens (module docstring 1.)."""
+    """BLOCK_M for a call over ``tokens`` tokens (module docstring 1.). In batch-invariant mode the small blocks
+    whatever the count: the block's size picks the tiles (``_tiles``), and so the order in which a row's sums
+    over K run, so a token gets the same bits in a decode step and among a prefill's or a wide verify's."""
+    if batch_invariant():
+        return _SMALL_BLOCK_M
     return _SMALL_BLOCK_M if tokens <= _LARGE_BLOCK_M else _LARGE_BLOCK_M
 
 

@@ -64,6 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.context import batch_invariant
 from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
 
 # up to this many tokens one program routes each token and routing writes the block layout itself
@@ -455,9 +456,12 @@ def router_logits(
     # chain of dependent loads, so the split is walked in one or two wide steps by more programs. On an
     # H200 the 64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and
     # 20 us for DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables).
-    few = n <= block_t
+    # Batch-invariant mode: always the dot path, its splits as for one token block, so a token's partial sums
+    # and their split boundaries do not depend on the token count (the few-token path sums otherwise).
+    invariant = batch_invariant()
+    few = n <= block_t and not invariant
     block_k = _FEW_TOKENS_BLOCK_K if few else 64
-    tiles = triton.cdiv(n, block_t) * triton.cdiv(experts, block_e)
+    tiles = (1 if invariant else triton.cdiv(n, block_t)) * triton.cdiv(experts, block_e)
     splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
     splits = triton.cdiv(hidden, split_len)
@@ -517,7 +521,10 @@ def select_experts(
     ids = torch.empty(n, top_k, dtype=torch.int64, device=partial.device)
     block_e = triton.next_power_of_2(experts)
     few = n <= FUSED_LAYOUT_TOKENS  # one program a token (module docstring 2.)
-    block_t = 1 if few else min(triton.next_power_of_2(n), max(1, 4096 // block_e), 64)
+    # In batch-invariant mode one program a token at every count: a token's reductions over the experts then
+    # run as they do in a decode step, whatever the batch (the layout still fused only for few tokens).
+    one_each = few or batch_invariant()
+    block_t = 1 if one_each else min(triton.next_power_of_2(n), max(1, 4096 // block_e), 64)
     fused = layout and few
     slots = top_k + num_shared
     blocks = (
@@ -563,7 +570,7 @@ def select_experts(
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
         BLOCK_M=blocks.block_m,
         PAIR_BLOCK=triton.next_power_of_2(n * slots) if fused else 1,
-        num_warps=TOKEN_ROUTE_WARPS if few else ROUTE_WARPS,
+        num_warps=TOKEN_ROUTE_WARPS if one_each else ROUTE_WARPS,
     )
     if not layout:
         return weights, ids, None

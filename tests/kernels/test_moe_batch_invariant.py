@@ -1,0 +1,95 @@
+"""The MoE kernels in batch-invariant mode (EngineConfig.batch_invariant): a token's router logits (layers/
+moe_routing_kernel.py ``router_logits``, their splits summed in order) and its grouped experts' output (layers/
+moe_kernels.py ``grouped_experts``) get the same bits alone and among many tokens, past the few-token paths'
+bounds (16 tokens for the logits, 64 for the experts' blocks), and wherever the token sits in the batch. In
+Triton's interpreter (float32, its dots row by row: tests/conftest.py) and on the GPU (bf16)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from outpace.attention.context import forward_settings  # noqa: E402
+from outpace.layers.moe import Routing  # noqa: E402
+from outpace.layers.moe_kernels import _tiles, block_rows, grouped_experts  # noqa: E402
+from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+TOKEN_COUNTS = (
+    1,
+    5,
+    17,
+    70,
+)  # one, a few, past the logits' one token block, past the experts' small blocks
+
+
+def _rand(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(DEVICE, DTYPE)
+
+
+def _alone_and_among(fn) -> None:
+    """fn(order) -> the rows of tokens ``order`` [n] computed in one call, [n, ...]: token 0's row alone, and
+    first and last among the first ``count`` tokens for each count of TOKEN_COUNTS."""
+    with forward_settings(batch_invariant=True):
+        alone = fn(torch.tensor([0], device=DEVICE))
+        for count in TOKEN_COUNTS[1:]:
+            first = fn(torch.arange(count, device=DEVICE))
+            last = fn(torch.tensor([*range(1, count), 0], device=DEVICE))
+            assert torch.equal(first[:1], alone), count
+            assert torch.equal(last[-1:], alone), count
+
+
+def test_router_logits_of_a_token_do_not_depend_on_the_batch():
+    hidden, experts = 200, 40
+    x, w = _rand(max(TOKEN_COUNTS), hidden, seed=1), _rand(experts, hidden, seed=2).float()
+    _alone_and_among(lambda order: router_logits(x[order], w).sum(0))  # the splits summed in order
+
+
+def test_grouped_experts_of_a_token_do_not_depend_on_the_batch():
+    hidden, inter, experts, top_k, n = 96, 48, 6, 2, max(TOKEN_COUNTS)
+    x = _rand(n, hidden, seed=3)
+    gate = _rand(experts, inter, hidden, seed=4, scale=0.1)
+    up = _rand(experts, inter, hidden, seed=5, scale=0.1)
+    down = _rand(experts, hidden, inter, seed=6, scale=0.1)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(n)]).to(DEVICE)
+    weights = torch.rand(n, top_k, generator=g).to(DEVICE)
+    _alone_and_among(
+        lambda order: grouped_experts(x[order], weights[order], ids[order].int(), gate, up, down)
+    )
+
+
+@pytest.mark.parametrize(
+    "routing",
+    [Routing(40, 6, "softmax"), Routing(32, 4, "sigmoid", 4, 2, "top2_sum", True, True, 2.5)],
+    ids=["softmax", "grouped_sigmoid_bias"],
+)
+def test_a_tokens_routing_does_not_depend_on_the_batch(routing):
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(2, max(TOKEN_COUNTS), routing.num_experts, generator=g).to(
+        DEVICE
+    )  # 2 splits
+    bias = (
+        torch.randn(routing.num_experts, generator=g).to(DEVICE)
+        if routing.correction_bias
+        else None
+    )
+
+    def routed(order: torch.Tensor) -> torch.Tensor:
+        weights, ids, _ = select_experts(logits[:, order], bias, routing)
+        return torch.cat([weights, ids.float()], dim=1)
+
+    _alone_and_among(routed)
+
+
+def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():
+    """What the bf16 kernels' K order follows (the interpreter's float32 tiles are one set for every count)."""
+    with forward_settings(batch_invariant=True):
+        assert {_tiles(block_rows(n), fp32=False) for n in (1, 64, 65, 4096)} == {
+            _tiles(block_rows(1), fp32=False)
+        }
+    assert block_rows(65) != block_rows(1)  # (outside the mode, prefill takes larger blocks)
