@@ -277,29 +277,34 @@ class GatedDeltaNet(RecurrentStateLayer):
             and (recurrent.parents is None or recurrent.snapshots)
         )
 
+    def step_kernel(self, x) -> torch.Tensor:
+        """The few-row step kernel (layers/deltanet_step_kernel.py) on x's in-projections (whatever
+        ``_in_projected`` projects: the normalised rows [num_tokens, hidden] here) -> [num_tokens, value_dim],
+        before out_proj."""
+        from outpace.layers.deltanet_step_kernel import deltanet_step
+
+        context = get_forward_context()
+        return deltanet_step(
+            self._projected_rows(x),
+            self.conv1d.weight,
+            self.A_log,
+            self.dt_bias,
+            self.norm.weight,
+            self.norm.eps,
+            context.metadata.token_table(),
+            context.metadata.query_lens,
+            context.recurrent,
+            self.states,
+            self.snapshots,
+            self.num_k_heads,
+            self.head_k_dim,
+            self.head_v_dim,
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
         if self._takes_fused_step(x):
-            from outpace.layers.deltanet_step_kernel import deltanet_step
-
-            context = get_forward_context()
-            o = deltanet_step(
-                self._projected_rows(x),
-                self.conv1d.weight,
-                self.A_log,
-                self.dt_bias,
-                self.norm.weight,
-                self.norm.eps,
-                context.metadata.token_table(),
-                context.metadata.query_lens,
-                context.recurrent,
-                self.states,
-                self.snapshots,
-                self.num_k_heads,
-                self.head_k_dim,
-                self.head_v_dim,
-            )  # [num_tokens, value_dim]
-            return self.out_proj(o)
+            return self.out_proj(self.step_kernel(x))
         runs = TokenRuns.of_context(x.device)
         mixed, z, b, a = self._project(x)
         start = self.initial_states(runs, x)

@@ -208,16 +208,20 @@ class Mamba2Mixer(RecurrentStateLayer):
             and self.inner == self.num_groups * self.norm.group_size
         )
 
+    def step_kernel(self, zxbcdt: torch.Tensor) -> torch.Tensor:
+        """The few-row step (two launches: layers/mamba2_step_kernel.py) from in_proj's output zxbcdt
+        [num_tokens, inner + conv_channels + heads] -> y [num_tokens, inner], before out_proj."""
+        from outpace.layers.mamba2_step_kernel import mamba2_step
+
+        ctx = get_forward_context()
+        meta = ctx.metadata
+        return mamba2_step(self, zxbcdt, meta.token_table(), meta.query_lens, ctx.recurrent)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""
         zxbcdt = self.in_proj(x)  # [num_tokens, inner + conv_channels + heads]
-        if self.takes_fused_step(x):  # two launches (layers/mamba2_step_kernel.py)
-            from outpace.layers.mamba2_step_kernel import mamba2_step
-
-            ctx = get_forward_context()
-            meta = ctx.metadata
-            y = mamba2_step(self, zxbcdt, meta.token_table(), meta.query_lens, ctx.recurrent)
-            return self.out_proj(y)
+        if self.takes_fused_step(x):
+            return self.out_proj(self.step_kernel(zxbcdt))
         runs = TokenRuns.of_context(x.device)
         gate, xbc, dt = zxbcdt.split([self.inner, self.conv_channels, self.num_heads], dim=-1)
         start = self.initial_states(runs, x)

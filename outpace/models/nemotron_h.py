@@ -34,7 +34,6 @@ import re
 import torch
 from torch import nn
 
-from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
@@ -273,16 +272,9 @@ class PlainAttention(nn.Module):
 
 def mamba_step_fused(mixer: Mamba2Mixer, rows, eps: float) -> torch.Tensor:
     """The fused path's Mamba2 step (``NemotronHBlock.fuses``): rows, the stream made ready for the block's
-    norm of eps ``eps``, -> y [n, inner] before out_proj: ``Mamba2Mixer.forward``'s fused step with in_proj
-    as the norm-folding kernel."""
-    from outpace.layers.mamba2_step_kernel import mamba2_step  # (Triton: only when used)
-
-    # [n, inner + conv_channels + heads]: in_proj's output
-    zxbcdt = project_normalised(rows, eps, mixer.in_proj.weight)
-    ctx = get_forward_context()
-    return mamba2_step(
-        mixer, zxbcdt, ctx.metadata.token_table(), ctx.metadata.query_lens, ctx.recurrent
-    )
+    norm of eps ``eps``, -> y [n, inner] before out_proj: ``Mamba2Mixer.step_kernel`` with in_proj as the
+    norm-folding kernel."""
+    return mixer.step_kernel(project_normalised(rows, eps, mixer.in_proj.weight))
 
 
 class NemotronHBlock(nn.Module):

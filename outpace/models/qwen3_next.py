@@ -44,7 +44,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from outpace.attention.context import get_forward_context
 from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
@@ -291,27 +290,9 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
 
     def step_fused(self, rows, eps: float) -> torch.Tensor:
         """rows: the stream made ready for the layer's input norm of eps ``eps`` -> the step kernel's output
-        [n, value_dim], before out_proj: ``GatedDeltaNet.forward``'s fused step with the in-projections as
-        one norm-folding kernel (``_in_projected``)."""
-        from outpace.layers.deltanet_step_kernel import deltanet_step  # (Triton: only when used)
-
-        context = get_forward_context()
-        return deltanet_step(
-            self._projected_rows(_FoldedInput(rows, eps)),
-            self.conv1d.weight,
-            self.A_log,
-            self.dt_bias,
-            self.norm.weight,
-            self.norm.eps,
-            context.metadata.token_table(),
-            context.metadata.query_lens,
-            context.recurrent,
-            self.states,
-            self.snapshots,
-            self.num_k_heads,
-            self.head_k_dim,
-            self.head_v_dim,
-        )
+        [n, value_dim], before out_proj: ``GatedDeltaNet.step_kernel`` with the in-projections as one
+        norm-folding kernel (``_in_projected``)."""
+        return self.step_kernel(_FoldedInput(rows, eps))
 
     def _in_projected(self, x: torch.Tensor | _FoldedInput) -> tuple[torch.Tensor, ...]:
         """``GatedDeltaNet._in_projected``; of a ``_FoldedInput`` (``step_fused``), the packed in-projections
