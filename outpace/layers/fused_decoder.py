@@ -326,6 +326,21 @@ def run_fused_layers(
     return rows.stream, captured
 
 
+def run_stack(
+    layers: list[nn.Module],
+    input_norms: list[nn.Module],
+    final_norm: nn.Module,
+    positions: torch.Tensor,
+    h: torch.Tensor,
+    capture: tuple[int, ...],
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """A stack whose layers differ (the hybrids' blocks): ``run_fused_layers`` where every layer takes the
+    fused path on h (its ``fuses``), else ``run_residual_stack``; -> as ``run_layers``."""
+    if all(layer.fuses(h) for layer in layers):
+        return run_fused_layers(layers, input_norms, final_norm, positions, h, capture)
+    return run_residual_stack(layers, positions, h, capture)
+
+
 def norm_head_logits(
     norm: RMSNorm,
     head: nn.Module,

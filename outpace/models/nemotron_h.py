@@ -43,7 +43,6 @@ from outpace.layers.decoder import (
     HeadProjections,
     PackedProjection,
     residual_stream,
-    run_residual_stack,
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
@@ -53,7 +52,7 @@ from outpace.layers.fused_decoder import (
     normalised_input,
     project_add_ready,
     project_normalised,
-    run_fused_layers,
+    run_stack,
 )
 from outpace.layers.linear import column_parallel, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
@@ -392,13 +391,8 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
         """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states. Few
         rows on the GPU: the fused path (module docstring) where every block takes it."""
         blocks, h = self.model.layers, self.embed(input_ids)
-        if all(block.fuses(h) for block in blocks):
-            norms = [block.norm for block in blocks]
-            h, captured = run_fused_layers(
-                blocks, norms, self.model.norm, positions, h, self.aux_layer_ids
-            )
-        else:
-            h, captured = run_residual_stack(blocks, positions, h, self.aux_layer_ids)
+        norms = [block.norm for block in blocks]
+        h, captured = run_stack(blocks, norms, self.model.norm, positions, h, self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def compute_logits(

@@ -54,7 +54,6 @@ from outpace.layers.decoder import (
     PackedProjection,
     pre_norm_residual,
     residual_stream,
-    run_residual_stack,
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
@@ -65,7 +64,7 @@ from outpace.layers.fused_decoder import (
     norm_head_logits,
     project_add_ready,
     project_normalised,
-    run_fused_layers,
+    run_stack,
 )
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import column_parallel, linear, row_parallel
@@ -510,13 +509,8 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
         """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states. Few
         rows on the GPU: the fused path (module docstring) where every layer takes it."""
         layers, h = self.model.layers, self.embed(input_ids)
-        if all(layer.fuses(h) for layer in layers):
-            norms = [layer.input_layernorm for layer in layers]
-            h, captured = run_fused_layers(
-                layers, norms, self.model.norm, positions, h, self.aux_layer_ids
-            )
-        else:
-            h, captured = run_residual_stack(layers, positions, h, self.aux_layer_ids)
+        norms = [layer.input_layernorm for layer in layers]
+        h, captured = run_stack(layers, norms, self.model.norm, positions, h, self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def compute_logits(
