@@ -230,6 +230,29 @@ class TrajectoryDistillRecipe(DistillRecipe):
     corpus_fraction: float = 0.0
     generation_batch: int = 1024
 
+    @classmethod
+    def toy(cls, **overrides):
+        """A CPU-sized recipe for tests: trains in seconds. A recipe's own sizes come in ``overrides`` (its
+        ``toy`` passes them on)."""
+        return cls(
+            **{
+                **dict(
+                    num_continuations=8,
+                    prompt_len=8,
+                    new_tokens=24,
+                    batch_size=4,
+                    steps=30,
+                    lr=1e-2,
+                    warmup_steps=2,
+                    max_minutes=None,
+                    max_corpus_bytes=300_000,
+                    generation_batch=8,
+                    eval_max_tokens=12,
+                ),
+                **overrides,
+            }
+        )
+
 
 class DistillData:
     """Training batches for a draft: the target's own continuations of prompts, and a share

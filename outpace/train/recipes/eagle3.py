@@ -108,26 +108,7 @@ class Eagle3Recipe(TrajectoryDistillRecipe):
     @classmethod
     def toy(cls, **overrides) -> Eagle3Recipe:
         """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(
-            **{
-                **dict(
-                    draft_vocab_size=128,
-                    ttt_steps=4,
-                    num_continuations=8,
-                    prompt_len=8,
-                    new_tokens=24,
-                    batch_size=4,
-                    steps=30,
-                    lr=1e-2,
-                    warmup_steps=2,
-                    max_minutes=None,
-                    max_corpus_bytes=300_000,
-                    generation_batch=8,
-                    eval_max_tokens=12,
-                ),
-                **overrides,
-            }
-        )
+        return super().toy(**{**dict(draft_vocab_size=128, ttt_steps=4), **overrides})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,28 +74,6 @@ class MTPRecipe(TrajectoryDistillRecipe):
         check("num_layers", self.num_layers is None or self.num_layers >= 1, "None or >= 1")
         check("depth_decay", self.depth_decay > 0, "> 0")
 
-    @classmethod
-    def toy(cls, **overrides) -> MTPRecipe:
-        """A CPU-sized recipe for tests: trains in seconds."""
-        return cls(
-            **{
-                **dict(
-                    num_continuations=8,
-                    prompt_len=8,
-                    new_tokens=24,
-                    batch_size=4,
-                    steps=30,
-                    lr=1e-2,
-                    warmup_steps=2,
-                    max_minutes=None,
-                    max_corpus_bytes=300_000,
-                    generation_batch=8,
-                    eval_max_tokens=12,
-                ),
-                **overrides,
-            }
-        )
-
 
 def mtp_chain(
     target, layers, target_hidden: torch.Tensor, tokens: torch.Tensor, chained: bool
