@@ -1056,7 +1056,7 @@ def norm_project_qkv(
         _launch(x, qkv, raw, qkv.shape[0], _PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
         use_pdl = pdl_available(x.device) if pdl is None else pdl
         half = head_dim // 2
-        _qkv_heads_kernel[(triton.cdiv(x.shape[0], MAX_ROWS), qkv.shape[0] // head_dim)](
+        _qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv.shape[0] // head_dim)](
             raw,
             q,
             *args[:6],
