@@ -48,20 +48,30 @@ that follow the model's shape and dtype only, as attention/triton_kernels.py's i
   row does not see (past its own, or past kv_end) get s = -inf, p = 0 exactly and the running max
   stays, so the tiles and columns past the row's visible rows leave its state bit for bit, and a
   split where it sees nothing writes the neutral partial (max -1e30, sum 0, acc 0).
+- Logical rows under a tree mask (LOGICAL_ROWS): the partition, the tiles and the causal cut are over a
+  row's logical KV sequence, the rows it sees in cache order: the rows before the window, then the window
+  rows its mask row shows (a node's ancestors by depth, then itself), logical row window_start + j being
+  the (j + 1)-th of them. That is what a chain verifying the node's path, or decoding its token once its
+  ancestors are committed, holds at rows 0 .. its position, in the same tiles and splits: walked in place
+  its visible keys would sit at other columns of other tiles (attention/triton_kernels.py's invariant
+  variant gives the argument at length and walks its tree the same way). The tiles wholly before the
+  window are shared by the tile's rows; a tile reaching into the window is gathered once per query token
+  of the row tile (its rows; the other rows masked, no-ops for them as above). A row tile's splits run up
+  to the sequence's end; those past a node's logical end are neutral for it.
 - Always partials, merged by ``_combine_kernel`` (one normalisation, the merge's, whatever the split
   count) in groups of a fixed number of splits from split 0, each group in one reduction, the groups in
   split order: a neutral partial, written or not run, weighs 0 in its group and a neutral group is the
   merge's identity (``_merge_partials``), so the splits a row's batch adds past its visible rows change
   none of its bits. With W_UV (``mla_attention_up``) the merge's dot is per (row, split) as well.
 
-So a decode row equals the same token inside a verify chain and in any ragged batch with any table
-width (tests/kernels/test_mla_kernel.py; on the GPU this rests on what the other variant rests on: an
-MMA row's bits do not depend on the other rows, and an all-zero product leaves its accumulator as is).
-Not covered: a tree mask, whose window this kernel walks in place (a node's visible keys at other
-columns than in plain decoding) rather than over the node's logical rows as the other variant does;
-the mode refuses it by name. The fused block (layers/mla_fused.py) is not taken in the mode.
-What it costs: a second launch and float32 partials at every call, and a decode step over a short
-context runs one program per S rows rather than the heuristic's spread.
+So a decode row equals the same token inside a verify chain, a tree node the same token in its path's
+chain and decoded alone, in any ragged batch with any table width (tests/kernels/test_mla_kernel.py; on
+the GPU this rests on what the other variant rests on: an MMA row's bits do not depend on the other
+rows, and an all-zero product leaves its accumulator as is). The fused block (layers/mla_fused.py) is
+not taken in the mode. What it costs: a second launch and float32 partials at every call, a decode step
+over a short context runs one program per S rows rather than the heuristic's spread, and under a tree
+mask the tiles reaching into the window run once per query token of the row tile (one where a token's
+heads fill the tile, as V3's 128 heads do).
 """
 
 from __future__ import annotations
@@ -75,7 +85,13 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.attention.kv_quant import is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
-from outpace.attention.triton_kernels import _kv_rows, _kv_scales, _merge_partials, _softmax_step
+from outpace.attention.triton_kernels import (
+    _kv_offsets,
+    _kv_scales,
+    _mask_row,
+    _merge_partials,
+    _softmax_step,
+)
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -145,6 +161,48 @@ def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl
     return lo, tl.minimum(lo + split_len, kv_end)
 
 
+@triton.jit
+def _latent_step(
+    q_lat,  # [BLOCK_M, BLOCK_R]
+    q_pe,  # [BLOCK_M, BLOCK_P]
+    m_i,
+    l_i,
+    acc,
+    cache_ptr,
+    rows,  # [BLOCK_N] cache rows of the sequence (those rows_ok real)
+    rows_ok,
+    bt_ptr,
+    stride_cache_slot,
+    offs_r,
+    r_ok,
+    offs_p,
+    p_ok,
+    visible,  # [BLOCK_M, BLOCK_N]
+    score_scale,
+    R: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One BLOCK_N tile of the online softmax over latent cache rows: scores q_lat . c + q_pe . k_pe (two
+    dots), -inf where not ``visible``, the latents c as values. The same operations for every tile and
+    call; only the rows read and ``visible`` differ."""
+    lat_offs, lat_ok = _kv_offsets(
+        rows, rows_ok, bt_ptr, stride_cache_slot, offs_r, r_ok, BLOCK_SIZE
+    )
+    pe_offs, pe_ok = _kv_offsets(
+        rows, rows_ok, bt_ptr, stride_cache_slot, R + offs_p, p_ok, BLOCK_SIZE
+    )
+    # [BLOCK_N, BLOCK_R] and [BLOCK_N, BLOCK_P]
+    latent = tl.load(cache_ptr + lat_offs, mask=lat_ok, other=0.0).to(q_lat.dtype)
+    k_pe = tl.load(cache_ptr + pe_offs, mask=pe_ok, other=0.0).to(q_pe.dtype)
+    s = tl.dot(q_lat, tl.trans(latent), input_precision=PRECISION)
+    s = (
+        tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * score_scale
+    )  # [BLOCK_M, BLOCK_N]
+    s = tl.where(visible, s, float("-inf"))
+    return _softmax_step(s, latent, m_i, l_i, acc, PRECISION)
+
+
 @triton.jit(
     do_not_specialize=[
         "num_tokens",
@@ -198,6 +256,8 @@ def _mla_kernel(
     Q_PARTS: tl.constexpr,
     PARTIALS: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    LOGICAL_ROWS: tl.constexpr,  # HAS_MASK in batch-invariant mode: the window over each row's logical rows
+    BLOCK_W: tl.constexpr,  # the mask's window padded to a power of two (LOGICAL_ROWS)
     PRECISION: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: rows read as stored * scale
 ):
@@ -235,44 +295,101 @@ def _mla_kernel(
         k_scale = _kv_scales(k_scale_ptr, k_scale_ptr, KV_SCALED)[0]
         score_scale = qk_scale * k_scale
         bt_ptr = block_tables_ptr + seq * stride_bt_seq
-        mask_rows = (
-            custom_mask_ptr + seq * stride_mask_seq + q_index * stride_mask_q
-        )  # [BLOCK_M] (HAS_MASK)
+        mask_seq = custom_mask_ptr + seq * stride_mask_seq  # (HAS_MASK)
         window_start = seq_len - window
-        own_row = prefix + q_index  # [BLOCK_M] (causal)
+        # [BLOCK_M] each row's last visible (logical) KV row; causal: its own
+        own_row = prefix + q_index
+        if LOGICAL_ROWS:  # the rows before the window, then the window rows its mask row shows
+            offs_w = tl.arange(0, BLOCK_W)
+            seen = tl.load(
+                mask_seq + q_index[:, None] * stride_mask_q + offs_w[None, :],
+                mask=row_ok[:, None] & (offs_w < window)[None, :],
+                other=0,
+            )  # [BLOCK_M, BLOCK_W]
+            own_row = window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
         # The running max starts finite: rows with nothing visible yet keep exp2(-inf - max) = 0.
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-        for start in range(kv_lo, kv_hi, BLOCK_N):
-            offs_n, n_ok, lat_offs, lat_ok = _kv_rows(
-                start, kv_hi, bt_ptr, stride_cache_slot, offs_r, r_ok, BLOCK_SIZE, BLOCK_N
-            )
-            _, _, pe_offs, pe_ok = _kv_rows(
-                start, kv_hi, bt_ptr, stride_cache_slot, R + offs_p, p_ok, BLOCK_SIZE, BLOCK_N
-            )
-            latent = tl.load(cache_ptr + lat_offs, mask=lat_ok, other=0.0).to(
-                q_lat.dtype
-            )  # [BLOCK_N, BLOCK_R]
-            k_pe = tl.load(cache_ptr + pe_offs, mask=pe_ok, other=0.0).to(
-                q_pe.dtype
-            )  # [BLOCK_N, BLOCK_P]
-            s = tl.dot(q_lat, tl.trans(latent), input_precision=PRECISION)
-            s = (
-                tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * score_scale
-            )  # [BLOCK_M, BLOCK_N]
-            if (
-                HAS_MASK
-            ):  # rows before the window: seen by every row (other=1); the window: as the mask says
+        shared_hi = kv_hi  # tiles below it: a row's logical rows are the physical rows, read once for the tile
+        if LOGICAL_ROWS:
+            shared_hi = tl.minimum(tl.maximum(kv_lo, window_start // BLOCK_N * BLOCK_N), kv_hi)
+        for start in range(kv_lo, shared_hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV rows
+            n_ok = offs_n < kv_hi
+            if HAS_MASK and not LOGICAL_ROWS:
+                # in place: rows before the window seen by every row (other=1), the window as the mask says
                 in_window = row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :]
                 allowed = tl.load(
-                    mask_rows[:, None] + (offs_n - window_start)[None, :], mask=in_window, other=1
+                    mask_seq + q_index[:, None] * stride_mask_q + (offs_n - window_start)[None, :],
+                    mask=in_window,
+                    other=1,
                 )
                 visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
             else:
                 visible = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            m_i, l_i, acc = _softmax_step(s, latent, m_i, l_i, acc, PRECISION)
+            m_i, l_i, acc = _latent_step(
+                q_lat,
+                q_pe,
+                m_i,
+                l_i,
+                acc,
+                cache_ptr,
+                offs_n,
+                n_ok,
+                bt_ptr,
+                stride_cache_slot,
+                offs_r,
+                r_ok,
+                offs_p,
+                p_ok,
+                visible,
+                score_scale,
+                R,
+                BLOCK_SIZE,
+                PRECISION,
+            )
+        if LOGICAL_ROWS:  # the tiles reaching into the window: per query token, its logical rows
+            # query tokens a row tile can span
+            BLOCK_Q: tl.constexpr = (BLOCK_M + HEADS - 2) // HEADS + 1
+            first_query = tile * BLOCK_M // HEADS
+            last_query = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // HEADS, query_len - 1)
+            for start in range(shared_hi, kv_hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical KV rows
+                n_ok = offs_n < kv_hi
+                visible = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
+                for t in range(BLOCK_Q):
+                    query = first_query + t
+                    seen, rank, count = _mask_row(
+                        mask_seq, query, query <= last_query, stride_mask_q, window, BLOCK_W
+                    )
+                    if (query <= last_query) & (start < window_start + count):
+                        # logical row window_start + j: the window column whose rank is j + 1
+                        match = (seen[None, :] != 0) & (
+                            rank[None, :] == (offs_n - window_start + 1)[:, None]
+                        )  # [BLOCK_N, BLOCK_W]
+                        column = tl.sum(tl.where(match, offs_w[None, :], 0), axis=1)  # [BLOCK_N]
+                        m_i, l_i, acc = _latent_step(
+                            q_lat,
+                            q_pe,
+                            m_i,
+                            l_i,
+                            acc,
+                            cache_ptr,
+                            tl.where(offs_n < window_start, offs_n, window_start + column),
+                            n_ok & (offs_n < window_start + count),
+                            bt_ptr,
+                            stride_cache_slot,
+                            offs_r,
+                            r_ok,
+                            offs_p,
+                            p_ok,
+                            visible & (q_index == query)[:, None],
+                            score_scale,
+                            R,
+                            BLOCK_SIZE,
+                            PRECISION,
+                        )
         acc = acc * k_scale
         out_ok = row_ok[:, None] & r_ok[None, :]
         if PARTIALS:
@@ -445,8 +562,8 @@ def mla_paged_attention(
     already written) -> the attended latents [num_tokens, heads, R] in q_latent's dtype, under the
     metadata's causal or tree mask. ``num_splits`` overrides the split-KV heuristic (tests). An FP8
     cache comes with its ``k_scale`` ([] float32, attention/kv_quant.py) and is read in place. In
-    batch-invariant mode the fixed tiles and partition of the module docstring run instead, and a
-    forced ``num_splits`` or a tree mask is refused."""
+    batch-invariant mode the fixed tiles and partition of the module docstring run instead (a tree mask
+    over each node's logical rows), and a forced ``num_splits`` is refused."""
     return _attend(
         q_latent.unsqueeze(0), q_rope, cache_rows, meta, scale, None, num_splits, k_scale
     )
@@ -494,7 +611,7 @@ def _attend(
     mask = meta.custom_mask
     invariant = batch_invariant()
     if invariant:  # fixed tiles and an absolute partition: see the module docstring
-        _check_invariant_call(num_splits, mask, block_n)
+        _check_invariant_call(num_splits, block_n)
         block_m = 16 if fp32 else _INVARIANT_BLOCK_M
         min_split = invariant_split_rows  # _split_len is then S for every kv_end <= max_kv_rows
         num_splits = math.ceil(max_kv_rows / min_split)
@@ -530,6 +647,7 @@ def _attend(
     else:
         mask_arg = (mask if mask.stride(-1) == 1 else mask.contiguous()).view(torch.uint8)
         window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
+    logical_rows = invariant and mask is not None  # a tree walked over each node's logical rows
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
     block_r = max(16, triton.next_power_of_2(rank))
@@ -576,6 +694,8 @@ def _attend(
         Q_PARTS=num_parts,
         PARTIALS=partials,
         HAS_MASK=mask is not None,
+        LOGICAL_ROWS=logical_rows,
+        BLOCK_W=max(16, triton.next_power_of_2(window)) if logical_rows else 16,
         PRECISION="ieee" if fp32 else "tf32",
         KV_SCALED=k_scale is not None,
         num_warps=8 if block_m > 16 else 4,
@@ -652,19 +772,12 @@ def _combine(
     )
 
 
-def _check_invariant_call(num_splits: int | None, mask: torch.Tensor | None, block_n: int) -> None:
+def _check_invariant_call(num_splits: int | None, block_n: int) -> None:
     """Refuses what the batch-invariant mode does not cover: a forced split count (the partition is
-    fixed), a tree mask (its window is walked in place, not over a node's logical rows as
-    attention/triton_kernels.py's variant does), a split length off the KV tiles."""
+    fixed), a split length off the KV tiles."""
     if num_splits is not None:
         raise ValueError(
             "num_splits cannot be forced in batch-invariant mode: the MLA kernel's KV partition is fixed"
-        )
-    if mask is not None:
-        raise ValueError(
-            "batch_invariant (EngineConfig.batch_invariant) with a tree-shaped draft on an MLA target is "
-            "not supported: attention/mla_kernels.py walks the tree window in place, so a node's bits "
-            "would follow its siblings; use a chain draft or turn batch_invariant off"
         )
     if invariant_split_rows % block_n:
         raise ValueError(

@@ -226,15 +226,6 @@ class LLMEngine:
                     f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
                     f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported"
                 )
-        if config.batch_invariant and backend == "triton" and any(not s.is_chain for s in shapes):
-            from outpace.layers.mla import MultiHeadLatentAttention
-
-            if any(isinstance(m, MultiHeadLatentAttention) for m in self.model.modules()):
-                raise ConfigError(
-                    "EngineConfig.batch_invariant=True is invalid with a tree-shaped draft (SpeculativeConfig "
-                    f"topk={spec.topk}) on a multi-head latent attention target ({config.model}): the MLA "
-                    "kernels' batch-invariant variant takes chains only (attention/mla_kernels.py)"
-                )
         # NOTE: with speculation the lookahead + 1 rows after a request's last token are kept for its drafts,
         # also past the end of the context (rotary tables cover POSITIONS_PAST_CONTEXT more positions).
         reserved = lookahead + 1 if spec.enabled else 0

@@ -3,8 +3,9 @@ rows, attend_paged under the metadata's mask) in Triton's interpreter (fp32 on t
 DeepSeek-V2-Lite shape on the GPU): decode, chain verify, tree masks over a window of speculative rows,
 ragged batches mixing prefill chunks with decode, shuffled block tables with odd block sizes, kv_lora_rank 36
 (not a power of two), head counts that do not divide the kernel's tile, forced split counts (with empty
-splits), the query latent in parts with W_UV applied in the merge (the fused block's form); and the
-attention layer choosing the kernel under the Triton backend."""
+splits), the query latent in parts with W_UV applied in the merge (the fused block's form); the attention
+layer choosing the kernel under the Triton backend; and batch-invariant mode: rows alone, in a chain and in
+a batch bit-identical, a draft tree's nodes bit-identical to their chains and their decodes."""
 
 from __future__ import annotations
 
@@ -480,19 +481,15 @@ def test_the_fast_path_is_not_batch_invariant_at_those_shapes(monkeypatch):
 
 
 def test_batch_invariant_mode_refuses_what_it_does_not_cover(monkeypatch):
-    """A forced split count, a tree mask (walked in place, not over logical rows) and a split length off
-    the KV tiles are refused by name under the mode."""
+    """A forced split count and a split length off the KV tiles are refused by name under the mode."""
     from outpace.attention.context import forward_settings
 
     g = torch.Generator().manual_seed(3)
-    meta, num_blocks = make_meta("tree", 5, g)
+    meta, num_blocks = make_meta("verify", 5, g)
     n = meta.slot_mapping.shape[0]
     cache = torch.randn(num_blocks, 5, 1, 44, generator=g).to(DEVICE)
     q_latent, q_rope = torch.randn(n, 3, 36).to(DEVICE), torch.randn(n, 3, 8).to(DEVICE)
     with forward_settings(True):
-        with pytest.raises(ValueError, match="tree-shaped draft on an MLA target"):
-            mla_paged_attention(q_latent, q_rope, cache, meta, 0.3)
-        meta.custom_mask = None
         with pytest.raises(ValueError, match="num_splits cannot be forced"):
             mla_paged_attention(q_latent, q_rope, cache, meta, 0.3, num_splits=2)
         monkeypatch.setattr(mla_kernels, "invariant_split_rows", 40)
@@ -586,3 +583,193 @@ def test_the_layer_is_batch_invariant_under_the_triton_backend(monkeypatch):
     for i in range(4):
         assert torch.equal(alone[i], chain[i : i + 1])
     assert torch.equal(chain, batch[3:7])
+
+
+# Batch-invariant mode under a tree mask -------------------------------------------------------------------------------
+
+# Draft trees as parent lists in the engine's order (parents first, node 0 the root: the last accepted token):
+# depth 2 .. 4 (nodes on the longest path), verify widths 3 .. 8.
+TREES = {
+    "depth2": [-1, 0, 0],
+    "depth3": [-1, 0, 0, 1, 2, 1],
+    "depth4_odd": [-1, 0, 0, 1, 3, 2, 2],
+    "depth4_wide": [-1, 0, 1, 2, 0, 1, 4, 0],
+}
+
+
+def tree_paths(parents: list[int]) -> list[list[int]]:
+    """Each node's path from the root: its ancestors by depth, then itself."""
+    paths = []
+    for node, parent in enumerate(parents):
+        paths.append((paths[parent] if parent >= 0 else []) + [node])
+    return paths
+
+
+class DraftTree:
+    """A committed prefix and a draft tree over one latent cache, with a query per node: the tree verified as
+    one sequence (the nodes at rows prefix .. prefix + width - 1 in the engine's order), and for each node
+    the sequence that verifying its path as a chain, or decoding it after its ancestors are committed,
+    holds (the prefix, then the path's rows). A companion sequence of ``companion`` rows widens the block
+    table."""
+
+    def __init__(
+        self, parents, prefix, companion, block_size, heads, rank, rope, g, dtype=torch.float32
+    ):
+        self.paths = tree_paths(parents)
+        self.prefix, self.block_size = prefix, block_size
+        rows = lambda n: torch.randn(n, rank + rope, generator=g)  # noqa: E731
+        prefix_rows, node_rows = rows(prefix), rows(len(parents))
+        sequences = [torch.cat((prefix_rows, node_rows)), rows(companion)]
+        sequences += [torch.cat((prefix_rows, node_rows[path])) for path in self.paths]
+        needed = [-(-len(s) // block_size) for s in sequences]
+        blocks = torch.randperm(sum(needed) + 3, generator=g)[: sum(needed)].tolist()
+        starts = torch.tensor([0] + needed).cumsum(0).tolist()
+        self.tables = [blocks[a:b] for a, b in zip(starts, starts[1:])]
+        cache = torch.randn(sum(needed) + 3, block_size, rank + rope, generator=g)
+        for table, seq in zip(self.tables, sequences):
+            padded = torch.cat((seq, torch.zeros(-len(seq) % block_size, rank + rope)))
+            cache[table] = padded.view(len(table), block_size, rank + rope)
+        self.cache = cache[:, :, None].to(DEVICE, dtype)  # [num_blocks, block_size, 1, rank + rope]
+        self.node_q = torch.randn(len(parents), heads, rank + rope, generator=g).to(DEVICE, dtype)
+        self.companion_q = torch.randn(companion, heads, rank + rope, generator=g).to(DEVICE, dtype)
+        self.mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+        for node, path in enumerate(self.paths):
+            self.mask[node, path] = True
+        self.rank = rank
+
+    def tree_call(self):
+        """The tree verified beside the companion's decode step and the last node's chain (causal rows in a
+        masked batch): rows [companion, nodes..., the chain's nodes...]."""
+        companion, last = self.companion_q.shape[0], len(self.paths) - 1
+        calls, chain_q = self.chain_call(last)
+        return (
+            [(1, companion - 1, 1, None), (0, self.prefix, len(self.paths), self.mask.to(DEVICE))]
+            + calls,
+            torch.cat((self.companion_q[-1:], self.node_q, chain_q)),
+        )
+
+    def chain_call(self, node):
+        """The node's path verified as a chain (its last row the node)."""
+        path = self.paths[node]
+        return [(2 + node, self.prefix, len(path), None)], self.node_q[path]
+
+    def alone_call(self, node):
+        """The node decoded alone after its ancestors were committed."""
+        path = self.paths[node]
+        return [(2 + node, self.prefix + len(path) - 1, 1, None)], self.node_q[node : node + 1]
+
+    def attend(self, call, scale, up=None):
+        """(sequence, cached rows, new tokens, mask or None) per sequence, the queries [num_tokens, heads,
+        rank + rope] -> (the kernel's attended latents, or with ``up`` their projections; the torch
+        reference of the attended latents, in float32)."""
+        calls, q = call
+        masks = [m for _, _, _, m in calls]
+        meta = build_paged_metadata(
+            [self.tables[s] for s, _, _, _ in calls],
+            [c for _, c, _, _ in calls],
+            [n for _, _, n, _ in calls],
+            self.block_size,
+            DEVICE,
+            masks if any(m is not None for m in masks) else None,
+        )
+        q_latent, q_rope = q[..., : self.rank], q[..., self.rank :]
+        expected = torch_reference(
+            q_latent.float(), q_rope.float(), self.cache.float(), meta, scale
+        )
+        if up is None:
+            return mla_paged_attention(q_latent, q_rope, self.cache, meta, scale), expected
+        parts = torch.stack((q_latent * 0.5, q_latent * 0.5))  # [2, n, heads, rank]
+        return mla_attention_up(parts, q_rope, self.cache, meta, scale, up), expected
+
+
+TREE_CASES = [  # (tree, committed prefix, heads, W_UV)
+    ("depth2", 30, 16, False),
+    ("depth3", 250, 16, True),
+    ("depth4_odd", 61, 3, False),
+    ("depth4_wide", 7, 3, True),
+    ("depth4_wide", 250, 16, False),
+    ("depth3", 14, 5, False),
+    ("depth4_odd", 250, 5, True),
+]
+
+
+@pytest.mark.parametrize("tree, prefix, heads, with_up", TREE_CASES)
+def test_batch_invariant_tree_nodes_equal_their_chain_and_their_decode(
+    tree, prefix, heads, with_up, monkeypatch
+):
+    """Under the mode a tree node's row runs over its logical rows (the prefix, then its ancestors, then
+    itself), so it gets the bits of the same token verified in its path's chain and decoded alone after its
+    ancestors are committed: at odd trees of depth 2 .. 4 and widths 3 .. 8, over short and long prefixes
+    in a 300-row table (32-row splits: up to 10), at 16 heads (one node a tile) and at 3 or 5 (a tile
+    spanning nodes of several branches), with and without W_UV in the merge; close to the torch path."""
+    from outpace.attention.context import forward_settings
+
+    monkeypatch.setattr(mla_kernels, "invariant_split_rows", 32)
+    g = torch.Generator().manual_seed(prefix * heads + len(TREES[tree]))
+    rank, rope = 36, 8
+    draft = DraftTree(TREES[tree], prefix, 300, 5, heads, rank, rope, g)
+    up = torch.randn(heads, 7, rank, generator=g).to(DEVICE) if with_up else None
+
+    def project(attended):
+        return attended if up is None else torch.einsum("thr,hvr->thv", attended, up)
+
+    with forward_settings(True):
+        tree_out, expected = draft.attend(draft.tree_call(), 0.3, up)
+        torch.testing.assert_close(tree_out, project(expected), rtol=1e-5, atol=1e-5)
+        width = len(draft.paths)
+        nodes = tree_out[
+            1 : 1 + width
+        ]  # (row 0: the companion's decode step; then the last node's chain)
+        for node in range(width):
+            chain, _ = draft.attend(draft.chain_call(node), 0.3, up)
+            alone, _ = draft.attend(draft.alone_call(node), 0.3, up)
+            assert torch.equal(nodes[node], chain[-1]), f"node {node} against its chain"
+            assert torch.equal(nodes[node], alone[0]), f"node {node} against its decode"
+        assert torch.equal(
+            tree_out[1 + width :], chain
+        )  # the last node's chain, in the masked batch
+
+
+@pytest.mark.parametrize("layout", ["tree", "ragged_tree"])
+@pytest.mark.parametrize("heads", [3, 6])
+def test_batch_invariant_tree_masks_equal_the_torch_path(layout, heads, monkeypatch):
+    """The mode's logical-row walk under the layouts' tree masks: windows wider than the new tokens (cached
+    speculative rows), a sequence shorter than the window (its first mask columns before row 0) and causal
+    sequences in a masked batch, equal to the torch path."""
+    from outpace.attention.context import forward_settings
+
+    monkeypatch.setattr(mla_kernels, "invariant_split_rows", 32)
+    g = torch.Generator().manual_seed(heads)
+    rank, rope = 36, 8
+    meta, num_blocks = make_meta(layout, 5, g)
+    n = meta.slot_mapping.shape[0]
+    cache = torch.randn(num_blocks, 5, 1, rank + rope, generator=g).to(DEVICE)
+    q_latent = torch.randn(n, heads, rank, generator=g).to(DEVICE)
+    q_rope = torch.randn(n, heads, rope, generator=g).to(DEVICE)
+    expected = torch_reference(q_latent, q_rope, cache, meta, 0.3)
+    with forward_settings(True):
+        got = mla_paged_attention(q_latent, q_rope, cache, meta, 0.3)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.parametrize("with_up", [False, True])
+def test_bf16_batch_invariant_tree_nodes_at_the_v2_lite_shape(with_up):
+    """The tree invariance test in bf16 at DeepSeek-V2-Lite's shape (16 heads, 512 + 64, W_UV's 128 rows) with
+    the mode's own 512-row splits: a width-8 tree after 1020 committed rows (its window across a split
+    boundary) in a 1500-row table; each node bit-identical to its chain and its decode, close to float32."""
+    from outpace.attention.context import forward_settings
+
+    g = torch.Generator().manual_seed(6)
+    draft = DraftTree(TREES["depth4_wide"], 1020, 1500, 16, 16, 512, 64, g, torch.bfloat16)
+    up = torch.randn(16, 128, 512, generator=g).to(DEVICE, torch.bfloat16) if with_up else None
+    with forward_settings(True):
+        tree_out, expected = draft.attend(draft.tree_call(), 192**-0.5, up)
+        for node in range(len(draft.paths)):
+            chain, _ = draft.attend(draft.chain_call(node), 192**-0.5, up)
+            alone, _ = draft.attend(draft.alone_call(node), 192**-0.5, up)
+            assert torch.equal(tree_out[1 + node], chain[-1])
+            assert torch.equal(tree_out[1 + node], alone[0])
+    if up is None:
+        got = tree_out.float()
+        assert ((got - expected).norm() / expected.norm()).item() < 2e-2
