@@ -29,8 +29,8 @@ take the fused path of layers/mla_fused.py instead (``fuses``): the whole block 
 eager modules staying the CPU path and the reference.
 
 Batch-invariant mode (EngineConfig.batch_invariant): never the fused block; the absorbed form's kernel runs
-with fixed tiles and an absolute split partition (attention/mla_kernels.py; a tree-shaped draft refused
-there), and its per-head products W_UK^T q_nope and W_UV a go head by head through ``project``
+with fixed tiles and an absolute split partition (attention/mla_kernels.py; a tree node walked over its
+logical rows), and its per-head products W_UK^T q_nope and W_UV a go head by head through ``project``
 (``heads_apart``), so a decode row gets the bits it gets inside a verify chain or any batch. The expanded
 form (a forward whose query run reaches ``expand_min_query_len``) is not covered.
 """
