@@ -76,7 +76,8 @@ build(mk._mla_kernel,
            part_max_ptr="*fp32", part_sum_ptr="*fp32", token_table_ptr="*i32", block_tables_ptr="*i64",
            seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8", k_scale_ptr="*fp32"),
       dict(HEADS=128, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=32, BLOCK_N=32,
-           Q_PARTS=1, PARTIALS=True, HAS_MASK=True, PRECISION="tf32", KV_SCALED=True),
+           Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=False, BLOCK_W=16, PRECISION="tf32",
+           KV_SCALED=True),
       "mla v3", num_warps=8, num_stages=2)
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}
