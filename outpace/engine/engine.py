@@ -114,7 +114,7 @@ def close_ranks(
 ) -> None:
     """Tell the other ranks the engine closes (``lockstep``: rank 0's, None elsewhere), free this rank's CUDA
     graphs (``release_graphs``: their captured collectives would keep the process group from being
-    destroyed), then release our rank."""
+    destroyed), wait for every rank to get there (``Ranks.leave_together``), then release our rank."""
     if ranks.closed:
         return
     try:
@@ -122,6 +122,7 @@ def close_ranks(
             lockstep.stop()
         if ranks.group.size > 1:
             release_graphs()
+            ranks.leave_together()
     finally:
         ranks.close()
 

@@ -4,7 +4,9 @@ destroys it before waiting for them (the other order hung on two H200s); where a
 gone, the group is aborted instead; and every rank frees its CUDA graphs first, since a graph that captured
 NCCL collectives keeps the group from being destroyed (pytorch/pytorch#115388: the EP GPU test hung so on
 four H200s after the order above was fixed). gloo's destroy is local, so the CPU engines cannot show the
-hang."""
+hang. Before destroying the group, an orderly close waits for every rank at a host-group barrier
+(``Ranks.leave_together``): a gloo rank 0 that destroyed it while another rank still read from it aborted at
+exit; a barrier that fails (a rank gone) does not stop the close."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def calls(monkeypatch) -> list:
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
     monkeypatch.setattr(dist, "destroy_process_group", lambda *a: calls.append("destroy"))
+    monkeypatch.setattr(dist, "monitored_barrier", lambda *a, **k: calls.append("leave together"))
     monkeypatch.setattr(
         dist.distributed_c10d, "_abort_process_group", lambda *a: calls.append("abort")
     )
@@ -70,10 +73,21 @@ class FakeLockstep:
 def test_an_engine_frees_its_graphs_after_telling_the_ranks_and_before_destroying_the_group(calls):
     ranks = Ranks(RankGroup(0, 2), processes={1: FakeProcess(calls, None)}, owns_group=True)
     close_ranks(FakeLockstep(calls), ranks, lambda: calls.append("release graphs"))
-    assert calls == ["stop", "release graphs", "destroy", "join"]
+    assert calls == ["stop", "release graphs", "leave together", "destroy", "join"]
     follower = Ranks(RankGroup(1, 2))  # a started rank: the group is destroyed by its process after
     close_ranks(None, follower, lambda: calls.append("follower's graphs"))
-    assert calls[4:] == ["follower's graphs"]
+    assert calls[5:] == ["follower's graphs", "leave together"]
+
+
+def test_a_barrier_that_fails_does_not_stop_the_close(calls, monkeypatch, capsys):
+    def gone(*args, **kwargs):
+        raise RuntimeError("rank 1 failed to pass monitoredBarrier")
+
+    monkeypatch.setattr(dist, "monitored_barrier", gone)
+    ranks = Ranks(RankGroup(0, 2), processes={1: FakeProcess(calls, None)}, owns_group=True)
+    close_ranks(FakeLockstep(calls), ranks, lambda: calls.append("release graphs"))
+    assert calls == ["stop", "release graphs", "destroy", "join"]
+    assert "closing without the others: rank 1 failed" in capsys.readouterr().err
 
 
 def test_one_rank_keeps_its_graphs_at_close(calls):
