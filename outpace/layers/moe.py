@@ -60,7 +60,6 @@ from functools import partial
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from outpace.distributed.collectives import all_reduce
@@ -84,6 +83,7 @@ from outpace.layers.quant.experts import (
     run_quantized_experts,
     run_quantized_stacks,
 )
+from outpace.layers.recurrent import rows_alone
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,16 @@ class Router(RoutingModule):
 
     def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The routing in torch (module docstring): the CPU path and the kernels' reference."""
+        logits = project(
+            x.float(), self.weight.float()
+        )  # [n, experts] (a row's bits its own in the mode)
+        # (in batch-invariant mode on the CPU each token alone: an element-wise op's vector loop and scalar
+        # tail round differently, and where a token's scores fall between them follows the token count)
+        return rows_alone(self._select, logits)
+
+    def _select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [n, experts] float32 -> (weights, ids) [n, top_k] (module docstring)."""
         r = self.routing
-        logits = F.linear(x.float(), self.weight.float())  # [n, experts]
         scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
         choice = scores + self.e_score_correction_bias if r.correction_bias else scores
         if r.num_groups > 1:

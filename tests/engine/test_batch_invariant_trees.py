@@ -1,40 +1,53 @@
-"""Batch-invariant mode with tree-shaped drafts on an MLA target (attention/mla_kernels.py's invariant variant
-walks each tree node over its logical rows), end to end on the zoo's tinyds."""
+"""Batch-invariant mode on an MLA + MoE target (the zoo's tinyds, DeepSeek-V3's architecture) on the CPU: greedy
+speculation gives plain decoding's tokens and log-probabilities bit for bit, with an n-gram chain (the torch
+backend) and with tree drafts (the Triton backend, its MLA kernels in the interpreter: the invariant variant
+walks each tree node over its logical rows, attention/mla_kernels.py). Before the router's logits went through
+the mode's projection (layers/moe.py ``Router.reference``), a verify row's logits differed from decoding's in
+the last bits."""
+
+from pathlib import Path
 
 import pytest
 
 from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+
+TINYDS = str(Path(__file__).resolve().parents[2] / "zoo" / "tinyds")
+PROMPTS = [[1, 5, 2, 7, 3, 9, 1, 5, 2, 7, 3, 9, 1, 5, 2], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]]
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+KWARGS = dict(device="cpu", dtype="float32", batch_invariant=True, block_size=4)
 
 
-def test_batch_invariant_tree_drafts_on_an_mla_target_give_plain_decodings_tokens(monkeypatch):
-    """Batch-invariant mode with a tree-shaped draft on an MLA target builds (it was refused while the MLA
-    kernels' invariant variant walked a tree's window in place) and, under the Triton backend (the MLA
-    kernels in the interpreter on the CPU), gives plain decoding's tokens: the oracle's random trees
-    (corrupted, so nodes of several depths and branches are accepted) verified on tinyds against tinyds
-    decoding in the mode. (Not its log-probabilities bit for bit: on the CPU tinyds's verify rows differ from
-    decoding's in the last bits with a chain draft too, and under the torch backend as well, so outside the
-    MLA kernels; tests/kernels/test_mla_kernel.py checks the kernels' tree rows bit for bit.)"""
-    from pathlib import Path
+def tokens_and_logprobs(outputs) -> list[tuple[list[int], list[float]]]:
+    return [
+        (o.token_ids, [entry[t].logprob for entry, t in zip(o.logprobs, o.token_ids)])
+        for o in outputs
+    ]
 
+
+def test_an_ngram_chain_gives_plain_decodings_bits():
+    plain = tokens_and_logprobs(LLM(TINYDS, **KWARGS).generate(PROMPTS, PARAMS))
+    spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
+    chain = LLM(TINYDS, speculative=spec, **KWARGS).generate(PROMPTS, PARAMS)
+    assert tokens_and_logprobs(chain) == plain
+    assert sum(o.spec_metrics.num_accepted_drafts for o in chain) > 0
+
+
+def test_tree_drafts_give_plain_decodings_bits(monkeypatch):
+    """The oracle's random trees (corrupted, so nodes of several depths and branches are accepted) verified
+    under the Triton backend (it was refused while the MLA kernels' invariant variant walked a tree's window
+    in place)."""
     from helpers.oracle_proposer import OracleProposer
-    from outpace.config import SpeculativeConfig
     from outpace.registry import PROPOSERS
 
     pytest.importorskip("triton")
     monkeypatch.setitem(PROPOSERS, "oracle", "helpers.oracle_proposer:OracleProposer")
-    tinyds = str(Path(__file__).resolve().parents[2] / "zoo" / "tinyds")
-    kwargs = dict(
-        device="cpu",
-        dtype="float32",
-        attention_backend="triton",
-        batch_invariant=True,
-        block_size=4,
-    )
-    prompts = [[1, 5, 2, 7, 3, 9, 11], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]]
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    plain = [o.token_ids for o in LLM(tinyds, **kwargs).generate(prompts, params)]
-    monkeypatch.setattr(OracleProposer, "references", {tuple(p): t for p, t in zip(prompts, plain)})
+    kwargs = dict(KWARGS, attention_backend="triton")
+    plain_outputs = LLM(TINYDS, **kwargs).generate(PROMPTS, PARAMS)
+    plain = tokens_and_logprobs(plain_outputs)
+    references = {tuple(p): o.token_ids for p, o in zip(PROMPTS, plain_outputs)}
+    monkeypatch.setattr(OracleProposer, "references", references)
     spec = SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=6)
-    tree = LLM(tinyds, speculative=spec, **kwargs).generate(prompts, params)
-    assert [o.token_ids for o in tree] == plain
+    tree = LLM(TINYDS, speculative=spec, **kwargs).generate(PROMPTS, PARAMS)
+    assert tokens_and_logprobs(tree) == plain
     assert sum(o.spec_metrics.num_accepted_drafts for o in tree) > 0
