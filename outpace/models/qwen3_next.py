@@ -78,6 +78,7 @@ from outpace.layers.moe import (
     experts_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.recurrent import rows_alone
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
@@ -372,7 +373,8 @@ class SparseMoeWithSharedExpert(nn.Module):
         return all_reduce(out, self.group)
 
     def _gated_shared(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        # (the gates [n, 1] a token at a time in batch-invariant mode on the CPU: layers/recurrent.py rows_alone)
+        return rows_alone(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
 
     def _on_kernels(self, x: torch.Tensor) -> torch.Tensor:
         """The routed experts on the grouped kernels and the shared expert fused with them, its slots
