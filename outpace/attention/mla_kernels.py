@@ -301,12 +301,12 @@ def _mla_kernel(
         own_row = prefix + q_index
         if LOGICAL_ROWS:  # the rows before the window, then the window rows its mask row shows
             offs_w = tl.arange(0, BLOCK_W)
-            seen = tl.load(
+            row_mask = tl.load(
                 mask_seq + q_index[:, None] * stride_mask_q + offs_w[None, :],
                 mask=row_ok[:, None] & (offs_w < window)[None, :],
                 other=0,
             )  # [BLOCK_M, BLOCK_W]
-            own_row = window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
+            own_row = window_start + tl.sum((row_mask != 0).to(tl.int32), axis=1) - 1
         # The running max starts finite: rows with nothing visible yet keep exp2(-inf - max) = 0.
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)

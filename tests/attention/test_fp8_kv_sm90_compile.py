@@ -2,9 +2,10 @@
 own (the interpreter replaces @triton.jit here and runs what a GPU build refuses, e.g. a loop-carried name
 that changes type): the write kernel quantizing bf16 rows into a float8 cache, the fast attention kernel
 (decode; tree mask with a sliding window), the batch-invariant kernel, the MLA kernel at DeepSeek-V3's
-width and the fused MLA block's q/kv kernel (layers/mla_fused.py) at Kimi-K2's, each over float8e4nv caches with their scale pointers, at the launchers' tiles. ptxas's spill
+width and its batch-invariant tree walk over logical rows (a loop-carried name changing type there failed every
+bf16 tree on the H200 once) and the fused MLA block's q/kv kernel (layers/mla_fused.py) at Kimi-K2's, each over float8e4nv caches with their scale pointers, at the launchers' tiles. ptxas's spill
 report is printed (the fast kernel's masked, windowed variant and MLA spill some registers already over a
-bf16 cache or an fp8 one without scales: measured 240 / 344 and 68 bytes; the fused q/kv kernel spills 48
+bf16 cache or an fp8 one without scales: measured 240 / 344 and 68 bytes; the invariant tree walk 840 bytes; the fused q/kv kernel spills 48
 bytes with an FP8 cache, none with bf16: its one kv-writing program quantizes a 16 x 512 tile)."""
 
 from __future__ import annotations
@@ -79,6 +80,14 @@ build(mk._mla_kernel,
            Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=False, BLOCK_W=16, PRECISION="tf32",
            KV_SCALED=True),
       "mla v3", num_warps=8, num_stages=2)
+build(mk._mla_kernel,
+      dict(q_latent_ptr="*bf16", q_rope_ptr="*bf16", cache_ptr=fp8, out_ptr="*bf16", part_acc_ptr="*fp32",
+           part_max_ptr="*fp32", part_sum_ptr="*fp32", token_table_ptr="*i32", block_tables_ptr="*i64",
+           seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8", k_scale_ptr="*fp32"),
+      dict(HEADS=16, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=16, BLOCK_N=32,
+           Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=True, BLOCK_W=16, PRECISION="tf32",
+           KV_SCALED=True),
+      "mla v2-lite invariant tree", num_warps=4, num_stages=2, enable_fp_fusion=False)
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}
 fused.update({n: "*fp32" for n in ("sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "k_scale_ptr")})
@@ -110,4 +119,4 @@ def test_fp8_kernels_compile_for_sm90(tmp_path):
     )
     print(done.stdout)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(done.stdout.splitlines()) == 6, done.stdout  # one ptxas report a kernel
+    assert len(done.stdout.splitlines()) == 7, done.stdout  # one ptxas report a kernel
