@@ -1,0 +1,112 @@
+"""What a verify step costs beyond a decode step, kernel by kernel: for a shape of bench/family_shapes.py (random
+bf16 weights, one GPU) at a batch, the captured greedy step verifying t = 1, 2, 3 tokens per sequence (t - 1
+n-gram drafts, adaptive so that every draft count is captured; bench/families.py ``verify_costs`` times the
+same replays), each replayed under torch.profiler. Prints the kernels by name, their launches and GPU us a
+replay at each t, the names whose time grows most from t = 1 to t = 2 first; writes every kernel of one replay
+at each t in launch order (start after the replay's first kernel, duration, gap since the previous ended, us).
+
+    PYTHONPATH=. python3 benchmarks/scripts/verify_timeline.py OUT SHAPE[@BATCH] ...
+
+writes OUT/verify_SHAPE@BATCH_tT.txt. Replays run on the padding row (attention reads no context), so the
+difference between the t columns is the cost of verifying more tokens, not of a longer context."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from outpace.bench.families import MAX_VERIFY_TOKENS, build, close
+from outpace.bench.family_shapes import family_shapes
+from outpace.bench.profile import _cuda_events
+from outpace.config import SpeculativeConfig
+from outpace.engine.cuda_graphs import bucket_for
+from outpace.engine.step_key import SamplingMode, StepKey
+from outpace.speculative.proposer import DraftShape
+
+TOKENS = (1, 2, 3)
+REPLAYS = 3
+
+
+def replay_events(llm, batch: int, tokens: int) -> list:
+    """The kernels of one replay (the second of REPLAYS) of the step verifying ``tokens`` a sequence."""
+    runner = llm.engine.runner
+    key = StepKey(
+        bucket_for(runner.graph_buckets, batch), DraftShape(tokens - 1), SamplingMode.GREEDY
+    )
+    runner.profile(key, 1)  # warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.profile(key, REPLAYS - 1)  # (one more replay than its repeats)
+        torch.cuda.synchronize()
+    events = _cuda_events(prof)
+    per = len(events) // REPLAYS
+    return events[per : 2 * per]
+
+
+def timeline(events: list) -> list[str]:
+    t0, prev_end, lines = events[0].time_range.start, events[0].time_range.start, []
+    for e in events:
+        start, end = e.time_range.start, e.time_range.end
+        lines.append(f"{start - t0:9.1f} {end - start:7.1f} {start - prev_end:6.1f}  {e.name[:90]}")
+        prev_end = max(prev_end, end)
+    lines.append(f"replay span {prev_end - t0:.1f} us")
+    return lines
+
+
+def by_name(events: list) -> dict[str, tuple[int, float]]:
+    table: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        table[e.name][0] += 1
+        table[e.name][1] += e.time_range.end - e.time_range.start
+    return {name: (n, us) for name, (n, us) in table.items()}
+
+
+def compare(shape: str, batch: int, out: Path, workdir: Path) -> list[str]:
+    spec = SpeculativeConfig("ngram", num_steps=MAX_VERIFY_TOKENS - 1, adaptive=True)
+    llm = build(workdir, family_shapes()[shape].config, batch, (batch,), spec)
+    try:
+        tables, spans = [], []
+        for t in TOKENS:
+            events = replay_events(llm, batch, t)
+            lines = timeline(events)
+            (out / f"verify_{shape}@{batch}_t{t}.txt").write_text("\n".join(lines) + "\n")
+            tables.append(by_name(events))
+            spans.append(lines[-1].split()[-2])
+    finally:
+        close(llm)
+    names = sorted(
+        set().union(*tables),
+        key=lambda n: -(tables[1].get(n, (0, 0.0))[1] - tables[0].get(n, (0, 0.0))[1]),
+    )
+    head = "  ".join(f"t={t}: n     us" for t in TOKENS)
+    lines = [f"{shape} batch {batch}: replay span (us) " + " / ".join(spans), f"{head}  kernel"]
+    for name in names:
+        cells = "  ".join(
+            f"{tab.get(name, (0, 0.0))[0]:7d} {tab.get(name, (0, 0.0))[1]:7.1f}" for tab in tables
+        )
+        lines.append(f"{cells}  {name[:80]}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("shapes", nargs="+", help="SHAPE[@BATCH]")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.shapes:
+        shape, _, batch = name.partition("@")
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = compare(shape, int(batch or 1), out, Path(tmp))
+        (out / f"verify_{shape}@{batch or 1}.txt").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines[:40]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
