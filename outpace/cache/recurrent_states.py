@@ -50,6 +50,15 @@ class RecurrentStates:
                 self._states.append(states[name])
                 self._snapshots.append(snapshots[name])
             layer.bind_state(states, snapshots)
+        self._commit_kernel = (
+            None  # one launch for every tensor (CUDA): cache/state_commit_kernel.py
+        )
+        if self._states and self.device.type == "cuda":
+            from outpace.cache.state_commit_kernel import (
+                StateCommit,
+            )  # Triton: only where a GPU runs
+
+            self._commit_kernel = StateCommit(self._states, self._snapshots)
 
     @property
     def has_state(self) -> bool:
@@ -108,5 +117,8 @@ class RecurrentStates:
     def commit(self, indices: torch.Tensor, rows: torch.Tensor) -> None:
         """After a verify: row indices[i]'s state becomes its snapshot row rows[i] (``last_correct_step_indices``),
         device operations only (capturable). indices, rows [b] int64."""
+        if self._commit_kernel is not None:
+            self._commit_kernel(indices, rows)
+            return
         for state, snapshots in zip(self._states, self._snapshots):
             state.index_copy_(0, indices, snapshots[indices, rows])
