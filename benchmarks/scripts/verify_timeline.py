@@ -7,7 +7,8 @@ at each t in launch order (start after the replay's first kernel, duration, gap 
 
     PYTHONPATH=. python3 benchmarks/scripts/verify_timeline.py OUT SHAPE[@BATCH] ...
 
-writes OUT/verify_SHAPE@BATCH_tT.txt. Replays run on the padding row (attention reads no context), so the
+writes OUT/verify_SHAPE@BATCH_tT.txt. The kernel time (the sum of the replay's kernel durations) is the figure to
+compare: a replay's span can hold a host gap. Replays run on the padding row (attention reads no context), so the
 difference between the t columns is the cost of verifying more tokens, not of a longer context."""
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ def compare(shape: str, batch: int, out: Path, workdir: Path) -> list[str]:
         key=lambda n: -(tables[1].get(n, (0, 0.0))[1] - tables[0].get(n, (0, 0.0))[1]),
     )
     head = "  ".join(f"t={t}: n     us" for t in TOKENS)
-    lines = [f"{shape} batch {batch}: replay span (us) " + " / ".join(spans), f"{head}  kernel"]
+    busy = " / ".join(f"{sum(us for _, us in tab.values()):.1f}" for tab in tables)
+    lines = [
+        f"{shape} batch {batch}: kernel time (us) {busy}; replay span " + " / ".join(spans),
+        f"{head}  kernel",
+    ]
     for name in names:
         cells = "  ".join(
             f"{tab.get(name, (0, 0.0))[0]:7d} {tab.get(name, (0, 0.0))[1]:7.1f}" for tab in tables
