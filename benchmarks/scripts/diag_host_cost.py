@@ -18,6 +18,17 @@ each one on a device tensor is a kernel or copy launched eagerly (4-6 us of host
 ``--device cuda``: the same on the GPU, where a captured step's replay is not split (``--graphs`` is implied:
 the engine captures) and the host part holds the wait for the step's tokens, unless a step run ahead covers it.
 
+``--method``: the same through the speculative engine, with a drafter as bench e2e configures it (adaptive, up to
+its shapes) on a zoo target (``--model tinyqwen35``: the Qwen3.5 hybrid with its MTP layers and EAGLE3 head;
+``tinypy``: also DFlash, the standalone draft, n-gram); ``--draft 0`` forces every step to draft nothing (N: a
+chain of N), ``auto`` leaves it to the adaptive chooser. The line ends with the decode steps by kind: drafting,
+held (zero drafts, the drafter's forward held back: speculative/proposer.py), no draft (plain decoding's step,
+or a zero-draft step that runs the drafter's forward: a flush). ``--temperature``: sampled requests, seeded as
+bench e2e seeds them. Compare with plain decoding (``--method none``) on the same target, e.g.
+
+    PYTHONPATH=. python benchmarks/scripts/diag_host_cost.py --model tinyqwen35 --method mtp --draft 0 \
+        --rows 1 8 32 --graphs --no-run-ahead --ops
+
 2026-11-27, this container's CPU, 256 rows streamed, two interleaved runs each: 19.8 and 20.0 us with the
 detokenizer of 73496ed (two ``tokenizer.decode`` calls a step), 18.0 and 16.2 with ``DecodeStream``.
 2026-11-28, same CPU, interleaved runs, ad6e2ac -> cfb8f78 (per-row work hoisted, results by column, fewer
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import statistics
 import sys
@@ -54,9 +66,11 @@ sys.path.insert(
 )  # the tests' tiny hybrid checkpoints (helpers/hybrid_models.py)
 
 from outpace.bench.random_checkpoint import random_target  # noqa: E402
-from outpace.config import EngineConfig  # noqa: E402
+from outpace.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from outpace.engine.engine import LLMEngine  # noqa: E402
 from outpace.sampling_params import SamplingParams  # noqa: E402
+from outpace.speculative.proposer import DraftShape  # noqa: E402
+from outpace.zoo import zoo_dir  # noqa: E402
 
 TINY = dict(
     architectures=["LlamaForCausalLM"],
@@ -73,17 +87,53 @@ TINY = dict(
     eos_token_id=0,
 )
 PROMPT_TOKENS = 32
+RANDOM_MODELS = (
+    "llama",
+    "qwen3_next",
+    "nemotron_h",
+)  # written at random; the zoo's targets as they are
+ZOO_TARGETS = ("tinyqwen35", "tinypy")
+# --method -> the drafter as bench e2e configures it (adaptive, up to these shapes); "<target>" stands for the
+# zoo target's own draft directory of that method (zoo/<target>-eagle3 ...)
+METHODS = {
+    "none": lambda target: SpeculativeConfig(),
+    "mtp": lambda target: SpeculativeConfig(
+        "mtp", num_steps=2 if target == "tinyqwen35" else 3, adaptive=True
+    ),
+    "eagle3": lambda target: SpeculativeConfig(
+        "eagle3", str(zoo_dir() / f"{target}-eagle3"), num_steps=4, adaptive=True
+    ),
+    "eagle3-tree": lambda target: SpeculativeConfig(
+        "eagle3",
+        str(zoo_dir() / f"{target}-eagle3"),
+        num_steps=4,
+        topk=4,
+        num_draft_tokens=16,
+        adaptive=True,
+    ),
+    "dflash": lambda target: SpeculativeConfig(
+        "dflash", str(zoo_dir() / f"{target}-dflash"), num_steps=7, adaptive=True
+    ),
+    "draft": lambda target: SpeculativeConfig(
+        "draft", str(zoo_dir() / f"{target}-draft"), num_steps=4, adaptive=True
+    ),
+    "ngram": lambda target: SpeculativeConfig("ngram", num_steps=4, adaptive=True),
+}
 
 
-def write_target(model: str, out_dir: str) -> int:
-    """A random checkpoint of ``model`` in ``out_dir``; returns its vocabulary size."""
+def write_target(model: str, out_dir: str) -> tuple[str, int]:
+    """The target's directory (a random checkpoint of ``model`` written into ``out_dir``, or the zoo's) and its
+    vocabulary size."""
+    if model in ZOO_TARGETS:
+        path = zoo_dir() / model
+        return str(path), json.loads((path / "config.json").read_text())["vocab_size"]
     if model == "llama":
         random_target(out_dir, TINY, dtype=torch.float32)
-        return TINY["vocab_size"]
+        return out_dir, TINY["vocab_size"]
     from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 
     save_hybrid(make_hybrid(model), Path(out_dir))
-    return HYBRIDS[model][1]["vocab_size"]
+    return out_dir, HYBRIDS[model][1]["vocab_size"]
 
 
 class StepClock:
@@ -131,24 +181,30 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def submit(engine: LLMEngine, rows: int, tokens: int, vocab: int) -> None:
+def submit(engine: LLMEngine, rows: int, tokens: int, vocab: int, temperature: float = 0.0) -> None:
+    """``rows`` requests of ``tokens`` tokens each; sampled ones seeded, as bench e2e runs them."""
     for i in range(rows):
         prompt = [1 + (i + j) % (vocab - 2) for j in range(PROMPT_TOKENS)]
-        engine.submit(
-            engine.new_request(
-                prompt,
-                SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
-                f"r{time.perf_counter()}-{i}",
-            )
+        params = SamplingParams(
+            temperature=temperature,
+            max_tokens=tokens,
+            ignore_eos=True,
+            seed=0 if temperature else None,
         )
+        engine.submit(engine.new_request(prompt, params, f"r{time.perf_counter()}-{i}"))
 
 
 def decode_all(
-    engine: LLMEngine, rows: int, tokens: int, vocab: int, clock: StepClock | None = None
+    engine: LLMEngine,
+    rows: int,
+    tokens: int,
+    vocab: int,
+    clock: StepClock | None = None,
+    temperature: float = 0.0,
 ) -> list[tuple[float, float, float]]:
     """Submit ``rows`` requests and step until all finish: each decode step's (seconds, forward and logits,
     iteration), the first steps (prefill) left out."""
-    submit(engine, rows, tokens, vocab)
+    submit(engine, rows, tokens, vocab, temperature)
     steps = []
     while engine.has_unfinished_requests:
         if clock is not None:
@@ -161,7 +217,13 @@ def decode_all(
 
 
 def build(
-    model_dir: str, rows: int, graphs: bool, run_ahead: bool, stream: bool, device: str = "cpu"
+    model_dir: str,
+    rows: int,
+    graphs: bool,
+    run_ahead: bool,
+    stream: bool,
+    device: str = "cpu",
+    spec: SpeculativeConfig | None = None,
 ) -> LLMEngine:
     engine = LLMEngine(
         EngineConfig(
@@ -172,6 +234,7 @@ def build(
             num_kv_blocks=rows * 12 + 64,
             max_num_batched_tokens=max(rows * 40, 256),
             run_ahead=run_ahead,
+            speculative=spec or SpeculativeConfig(),
         ),
         progress=False,
     )
@@ -181,11 +244,41 @@ def build(
     return engine
 
 
-def measure(engine: LLMEngine, rows: int, vocab: int, repeats: int) -> dict[str, float]:
+def force_draft_length(engine: LLMEngine, steps: int) -> None:
+    """Every step drafts a chain of ``steps`` (0: none) in place of the adaptive chooser's choice."""
+    shape = DraftShape(steps)
+    if shape not in engine.runner.shapes:
+        raise SystemExit(f"--draft {steps}: the drafter's shapes are {engine.runner.shapes}")
+    for chooser in engine.choosers.values():
+        chooser.choose = lambda bucket, request_ids=(), remaining=None: shape
+
+
+class StepKinds:
+    """How many decode steps of each kind ran: drafting, zero drafts held, zero drafts flushing (or, without
+    holding, zero drafts), by wrapping ``DecodeStep.run``."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.counts = Counter()
+        decode_step = engine.runner.decode_step
+        run = decode_step.run
+
+        def counted(key, *args, **kwargs):
+            kind = "held" if key.hold else "drafting" if key.shape.num_steps else "no draft"
+            self.counts[kind] += 1
+            return run(key, *args, **kwargs)
+
+        decode_step.run = counted
+
+
+def measure(
+    engine: LLMEngine, rows: int, vocab: int, repeats: int, temperature: float = 0.0
+) -> dict[str, float]:
     """Median us per step: the whole step, the forward and logits, the rest of the iteration, the host."""
     clock = StepClock(engine)
-    decode_all(engine, rows, 4, vocab)  # warm-up
-    steps = [s for _ in range(repeats) for s in decode_all(engine, rows, 64, vocab, clock)]
+    decode_all(engine, rows, 4, vocab, temperature=temperature)  # warm-up
+    steps = [
+        s for _ in range(repeats) for s in decode_all(engine, rows, 64, vocab, clock, temperature)
+    ]
     median = lambda values: 1e6 * statistics.median(values)  # noqa: E731
     return {
         "step": median([s for s, _, _ in steps]),
@@ -195,11 +288,13 @@ def measure(engine: LLMEngine, rows: int, vocab: int, repeats: int) -> dict[str,
     }
 
 
-def count_ops(engine: LLMEngine, rows: int, vocab: int) -> tuple[Counter, float, int]:
+def count_ops(
+    engine: LLMEngine, rows: int, vocab: int, temperature: float = 0.0
+) -> tuple[Counter, float, int]:
     """The aten ops per decode step outside the iteration, by name (averaged over the steps of one run),
     their total per step, and all ops per step."""
     clock = StepClock(engine)
-    submit(engine, rows, 64, vocab)
+    submit(engine, rows, 64, vocab, temperature)
     engine.step()
     engine.step()  # (as decode_all: the prefill and the first launch left out)
     steps = 0
@@ -213,7 +308,16 @@ def count_ops(engine: LLMEngine, rows: int, vocab: int) -> tuple[Counter, float,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("llama", "qwen3_next", "nemotron_h"), default="llama")
+    p.add_argument("--model", choices=RANDOM_MODELS + ZOO_TARGETS, default="llama")
+    p.add_argument(
+        "--method", choices=tuple(METHODS), default="none", help="the drafter (zoo targets)"
+    )
+    p.add_argument(
+        "--draft",
+        default="auto",
+        help="auto: the adaptive chooser picks each step's draft length; N: every step drafts N (0: none)",
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded, as bench e2e")
     p.add_argument("--rows", type=int, nargs="+", default=[256])
     p.add_argument("--repeats", type=int, default=3, help="runs of 64 tokens per measurement")
     p.add_argument("--graphs", action="store_true", help="capture_graphs: the GPU's path")
@@ -223,18 +327,28 @@ def main() -> None:
     p.add_argument("--ops", action="store_true", help="count the ops outside the iteration")
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
+    if a.method != "none" and a.model not in ZOO_TARGETS:
+        p.error(
+            f"--method {a.method} drafts for the zoo targets: --model {' or '.join(ZOO_TARGETS)}"
+        )
     with tempfile.TemporaryDirectory() as tmp:
-        vocab = write_target(a.model, tmp)
+        target, vocab = write_target(a.model, tmp)
+        spec = METHODS[a.method](a.model)
         for rows in a.rows:
-            engine = build(tmp, rows, a.graphs, a.run_ahead, a.stream, a.device)
-            us = measure(engine, rows, vocab, a.repeats)
+            engine = build(target, rows, a.graphs, a.run_ahead, a.stream, a.device, spec)
+            if a.draft != "auto":
+                force_draft_length(engine, int(a.draft))
+            kinds = StepKinds(engine)
+            us = measure(engine, rows, vocab, a.repeats, a.temperature)
             print(
-                f"{a.model} rows {rows} graphs {a.graphs} run-ahead {a.run_ahead} stream {a.stream}: "
+                f"{a.model} {a.method} draft {a.draft} temperature {a.temperature} rows {rows} graphs {a.graphs} "
+                f"run-ahead {a.run_ahead} stream {a.stream}: "
                 + ", ".join(f"{k} {v:.0f}" for k, v in us.items())
-                + f" us a step; {us['step'] / rows:.1f} us per row and step"
+                + f" us a step; {us['step'] / rows:.1f} us per row and step; decode steps "
+                + ", ".join(f"{k} {n}" for k, n in sorted(kinds.counts.items()))
             )
             if a.ops:
-                ops, outside, total = count_ops(engine, rows, vocab)
+                ops, outside, total = count_ops(engine, rows, vocab, a.temperature)
                 listed = ", ".join(f"{op} {n:.2f}" for op, n in ops.most_common())
                 print(
                     f"  ops per step: {total} in all, {outside:.1f} outside the iteration: {listed}"
@@ -242,7 +356,7 @@ def main() -> None:
             if a.profile:
                 profile = cProfile.Profile()
                 profile.enable()
-                decode_all(engine, rows, 64, vocab)
+                decode_all(engine, rows, 64, vocab, temperature=a.temperature)
                 profile.disable()
                 stats = pstats.Stats(profile)
                 stats.sort_stats("cumtime").print_stats("outpace", 40)
