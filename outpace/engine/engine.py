@@ -51,7 +51,8 @@ from outpace.models.loader import load_model, resolve_dtype
 from outpace.registry import proposer_class
 from outpace.request import Request, RequestOutput
 from outpace.sampling_params import SamplingParams
-from outpace.speculative.adaptive import DraftLengthChooser
+from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
+from outpace.speculative.metrics import SpecMetrics
 from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.structured import GrammarCompiler, GrammarTable
 from outpace.threads import configure_threads
@@ -100,6 +101,17 @@ def _token_ids(prompt: Sequence) -> list[int]:
                 f"prompt token id {i} is {t!r} ({type(t).__name__}): token ids must be integers"
             )
     return [int(t) for t in prompt]
+
+
+def _undrafted_metrics(batch: list, results: StepResults) -> list[SpecMetrics]:
+    """The speculative metrics of the batch's requests whose decode step verified no draft (adaptive speculation
+    drafting nothing): ``SpecMetrics.record_undrafted`` counts them at once, so that such a step runs no Python
+    per request beyond what plain decoding's runs (tests/speculative/test_zero_draft_host.py)."""
+    return [
+        s.request.spec_metrics
+        for s, accepted, drafts in zip(batch, results.num_accepted_drafts, results.num_drafts)
+        if accepted is not None and not drafts
+    ]
 
 
 def _report(message: str, progress: bool) -> None:
@@ -319,7 +331,10 @@ class LLMEngine:
         and step costs differ between them); with several ranks, rank 0's choice is every rank's."""
         if len(shapes) == 1:
             return {}
-        choosers = {mode: DraftLengthChooser(list(shapes)) for mode in SamplingMode}
+        choosers = {
+            mode: DraftLengthChooser(list(shapes), probe_budget=PROBE_BUDGET)
+            for mode in SamplingMode
+        }
         if self.lockstep is not None:
             choosers = {mode: DriverChoice(c, self.ranks.group) for mode, c in choosers.items()}
         return choosers
@@ -574,6 +589,7 @@ class LLMEngine:
             return self._isolate(batch, error)
         outputs = []
         now = time.perf_counter()
+        SpecMetrics.record_undrafted(_undrafted_metrics(batch, results))
         at = 0  # the request's first new token
         for i, s in enumerate(batch):
             n = results.num_new_tokens[i]
@@ -594,7 +610,9 @@ class LLMEngine:
         n, accepted = results.num_new_tokens[i], results.num_accepted_drafts[i]
         req.num_computed_tokens += results.num_committed[i]
         self.scheduler.cleared(req)
-        if accepted is not None:
+        if (
+            accepted is not None and results.num_drafts[i]
+        ):  # (a verify of no draft: _run recorded it)
             budget = min(
                 req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens
             )

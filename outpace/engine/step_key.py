@@ -16,8 +16,10 @@ sending it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add
 
 from outpace.layers.sampler import is_greedy, is_seeded
 from outpace.speculative.proposer import DraftShape, Proposer
@@ -112,6 +114,8 @@ class HoldRule:
         self.proposer = proposer
         self.window = proposer.hold_window if proposer is not None else 0  # 0: never holds
         self._bounds: dict[str, int] = {}  # request id -> its bound; absent: fresh from a prefill
+        # a request's bound fresh from a prefill
+        self._fresh = proposer.pending_rows(DraftShape(0)) if self.window else 0
 
     def may_hold(self, shape: DraftShape) -> bool:
         """Whether steps of ``shape`` hold where the windows allow (both variants are captured)."""
@@ -119,7 +123,7 @@ class HoldRule:
 
     def holds(self, request_ids: Sequence[str], shape: DraftShape) -> bool:
         """Whether a step of ``shape`` for these requests holds: every one's window has a row left."""
-        return self.may_hold(shape) and all(self._bound(r) < self.window for r in request_ids)
+        return self.may_hold(shape) and max(self._bounds_of(request_ids), default=0) < self.window
 
     def advance(self, request_ids: Sequence[str], key: StepKey) -> tuple[int | None, ...]:
         """A step of ``key`` was launched for these requests: their bounds after it. Returns the bounds
@@ -127,9 +131,10 @@ class HoldRule:
         if not self.window:
             return ()
         before = tuple(map(self._bounds.get, request_ids))
-        after = self.proposer.pending_rows(key.shape)
-        for r in request_ids:
-            self._bounds[r] = self._bound(r) + 1 if key.hold else after
+        if key.hold:
+            self._bounds.update(zip(request_ids, map(add, self._bounds_of(request_ids), repeat(1))))
+        else:
+            self._bounds.update(dict.fromkeys(request_ids, self.proposer.pending_rows(key.shape)))
         return before
 
     def restore(self, request_ids: Sequence[str], before: Sequence[int | None]) -> None:
@@ -144,6 +149,6 @@ class HoldRule:
         """The request was released or is prefilled again: its window starts afresh."""
         self._bounds.pop(request_id, None)
 
-    def _bound(self, request_id: str) -> int:
-        bound = self._bounds.get(request_id)
-        return self.proposer.pending_rows(DraftShape(0)) if bound is None else bound
+    def _bounds_of(self, request_ids: Sequence[str]) -> Iterator[int]:
+        """Each request's bound (a batch's in C, no call per request: held steps run at every batch size)."""
+        return map(self._bounds.get, request_ids, repeat(self._fresh))

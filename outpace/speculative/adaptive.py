@@ -30,7 +30,12 @@ under the throughput rule alone).
 
 Every ``probe_every``-th step drafts a probe shape instead, in turn the longest chain and each tree, so that
 acceptance past the chosen shape stays measured (otherwise a drafter judged useless once would never be
-tried again). A shape whose cost for the batch size is not known yet is tried once (the longest first).
+tried again). With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further apart where they cost
+more: a probe's extra time over the cheapest shape's, in steps of that shape, is at most that fraction of the
+steps since the last probe. At batch 32 a probe costs 1.5 to 2.5 zero-draft steps (the H200's profiled chain
+costs, Qwen3.5 with EAGLE3 and MTP): one in 64 steps spent 2.3% of the time of a batch that drafted nothing
+else (bench e2e, 32 probes in 1992 steps; benchmarks/results/gpu_2026-11-30d, call 1).
+A shape whose cost for the batch size is not known yet is tried once (the longest first).
 Against noise in the timings (a busy CPU), a shape is never taken as cheaper than one with fewer nodes
 (or, at as many nodes, fewer branches), and a larger shape must promise a ``margin`` more tokens per
 second than a smaller one.
@@ -41,12 +46,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import accumulate
-from operator import mul
+from operator import mul, truediv
 
 from outpace.speculative.proposer import DraftShape
 
 CHAINS = "chain"  # the acceptance key every chain length shares
 REQUEST_PRIOR = 4.0  # a request's own rates start as the batch-wide ones, worth this many verifies
+PROBE_BUDGET = (
+    0.01  # the engine's choosers: probes' extra time at most 1% of the steps' (module docstring)
+)
 
 
 def acceptance_key(shape: DraftShape) -> DraftShape | str:
@@ -89,6 +97,29 @@ class _DepthAcceptance:
                 self.accepted[j] += j < a
 
 
+class _ReachRows:
+    """One batch's reaches for the shapes of one kind (``DraftLengthChooser._reach_rows``), from each request's
+    rates per depth (batch-wide: one row)."""
+
+    def __init__(self, rates: list[list[float]]) -> None:
+        # per request, a_1, a_1 a_2, ... over the depths, and their running sums
+        self.reaches = [list(accumulate(r, mul)) for r in rates]
+        self.sums = [list(accumulate(r)) for r in self.reaches]
+        # per depth j, the mean over the requests of a_1 ... a_j
+        self.mean = [sum(reach / len(self.reaches) for reach in d) for d in zip(*self.reaches)]
+        self._per_verify: dict[int, list[float]] = {}
+
+    def tokens_per_verify(self, num_steps: int) -> list[float]:
+        """Per request, the tokens a verify of a chain of ``num_steps`` commits: 1 + its reaches' sum to that depth."""
+        tokens = self._per_verify.get(num_steps)
+        if tokens is None:
+            depth = num_steps - 1
+            tokens = self._per_verify[num_steps] = [
+                1.0 + (row[min(depth, len(row) - 1)] if row else 0.0) for row in self.sums
+            ]
+        return tokens
+
+
 class DraftLengthChooser:
     def __init__(
         self,
@@ -98,10 +129,15 @@ class DraftLengthChooser:
         probe_every: int = 64,
         cost_smoothing: float = 0.3,
         margin: float = 1.03,
+        probe_budget: float | None = None,
     ) -> None:
         """``shapes``: the draft shapes to choose from; acceptance per depth starts at ``prior`` and forgets
         with ``decay`` per verify of its shapes; a larger shape must promise ``margin`` times the tokens per
-        second of a smaller one."""
+        second of a smaller one; a probe comes every ``probe_every`` steps, or further apart within
+        ``probe_budget`` (module docstring; None: no bound)."""
+        self.probe_budget = probe_budget
+        self._since_probe = 0  # steps chosen since the last probe
+        self._probes_taken = 0
         self.shapes = sorted(shapes, key=lambda s: (s.num_nodes, s.topk))
         self.decay, self.probe_every, self.smoothing, self.margin = (
             decay,
@@ -128,14 +164,10 @@ class DraftLengthChooser:
             str, dict[DraftShape | str, _DepthAcceptance]
         ] = {}  # request id -> its own counts
         self.costs: dict[tuple[int, DraftShape], float] = {}
-        self._steps = 0
         self._version = 0  # bumped whenever acceptance counts change (observe, forget)
-        # per kind of shape: (version, request ids, their reaches, the reaches' running sums) of the last batch
-        # asked about: a run of steps with no drafts observes nothing, so its choices read what the first computed
-        self._reach_cache: dict[
-            DraftShape | str,
-            tuple[int, tuple[str, ...], list[list[float]], list[list[float]]],
-        ] = {}
+        # per kind of shape: (version, request ids, _ReachRows) of the last batch asked about: a run of steps with
+        # no drafts observes nothing, so its choices read what the first computed, with no work per request
+        self._reach_cache: dict[DraftShape | str, tuple[int, tuple[str, ...], _ReachRows]] = {}
 
     def acceptance(
         self, shape: DraftShape | None = None, request_id: str | None = None
@@ -195,28 +227,16 @@ class DraftLengthChooser:
 
     def _mean_reach(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[float]:
         """Per depth j of ``key``'s shapes, the mean over the requests of a_1 ... a_j (batch-wide: one row)."""
-        rows = self._reaches(key, request_ids)
-        return [sum(reach / len(rows) for reach in depth) for depth in zip(*rows)]
+        return self._reach_rows(key, request_ids).mean
 
-    def _reaches(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[list[float]]:
-        """Per request (batch-wide: one row), a_1, a_1 a_2, ... over the depths of ``key``'s shapes."""
-        return self._reach_rows(key, request_ids)[0]
-
-    def _reach_sums(self, key: DraftShape | str, request_ids: Sequence[str]) -> list[list[float]]:
-        """Per request, the running sums of its reaches (``_reaches``; the shapes of one kind share them)."""
-        return self._reach_rows(key, request_ids)[1]
-
-    def _reach_rows(
-        self, key: DraftShape | str, request_ids: Sequence[str]
-    ) -> tuple[list[list[float]], list[list[float]]]:
-        """(``_reaches``, ``_reach_sums``), computed again only when the batch or the counts changed."""
+    def _reach_rows(self, key: DraftShape | str, request_ids: Sequence[str]) -> _ReachRows:
+        """The batch's reaches for ``key``'s shapes, computed again only when the batch or the counts changed."""
         ids = tuple(request_ids)
         cached = self._reach_cache.get(key)
         if cached is None or cached[0] != self._version or cached[1] != ids:
-            reaches = [list(accumulate(rates, mul)) for rates in self._batch_rates(key, ids)]
-            cached = (self._version, ids, reaches, [list(accumulate(r)) for r in reaches])
+            cached = (self._version, ids, _ReachRows(self._batch_rates(key, ids)))
             self._reach_cache[key] = cached
-        return cached[2], cached[3]
+        return cached[2]
 
     def _steps_to_finish(
         self, shape: DraftShape, request_ids: Sequence[str], remaining: Sequence[int]
@@ -225,11 +245,8 @@ class DraftLengthChooser:
         tokens one verify commits for it (1 + the running sum of its reaches to the shape's depth)."""
         if not shape.num_steps:
             return float(max(remaining))
-        depth = shape.num_steps - 1
-        return max(
-            left / (1.0 + (row[min(depth, len(row) - 1)] if row else 0.0))
-            for left, row in zip(remaining, self._reach_sums(acceptance_key(shape), request_ids))
-        )
+        rows = self._reach_rows(acceptance_key(shape), request_ids)
+        return max(map(truediv, remaining, rows.tokens_per_verify(shape.num_steps)))
 
     def choose(
         self,
@@ -241,9 +258,12 @@ class DraftLengthChooser:
         (in the same order): each request's remaining token budget when no request is waiting, so that the
         step minimises the time until the batch's last token; None (requests waiting): the step maximises
         throughput (module docstring)."""
-        self._steps += 1
-        if self._steps % self.probe_every == 0 and self.probes:
-            return self.probes[(self._steps // self.probe_every - 1) % len(self.probes)]
+        self._since_probe += 1
+        if self.probes:
+            probe = self.probes[self._probes_taken % len(self.probes)]
+            if self._since_probe >= self._probe_interval(bucket, probe):
+                self._since_probe, self._probes_taken = 0, self._probes_taken + 1
+                return probe
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
         if unknown:  # try it once: its cost is measured as it runs
             return unknown[-1]
@@ -258,6 +278,14 @@ class DraftLengthChooser:
         return next(
             s for s in self.shapes if rate[s] >= best / self.margin
         )  # the smallest near the best
+
+    def _probe_interval(self, bucket: int, probe: DraftShape) -> float:
+        """Steps from one probe to the next: ``probe_every``, or more where the probe's extra time over the
+        cheapest shape's exceeds ``probe_budget`` of the steps in between (module docstring)."""
+        cheapest, cost = self.costs.get((bucket, self.shapes[0])), self.costs.get((bucket, probe))
+        if self.probe_budget is None or cheapest is None or cost is None:
+            return self.probe_every
+        return max(self.probe_every, (cost / cheapest - 1.0) / self.probe_budget)
 
     def observe(
         self, shape: DraftShape, accepted_drafts: list[int], request_ids: Sequence[str] = ()

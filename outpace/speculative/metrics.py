@@ -65,6 +65,21 @@ class SpecMetrics:
             self.accepted_per_position[i] += 1
         self.histogram[num_accepted] += 1
 
+    @staticmethod
+    def record_undrafted(metrics: Iterable[SpecMetrics]) -> None:
+        """``record(0, 0, 0)`` for each of ``metrics`` (a verify of no draft: node 0 alone, whatever the budget),
+        in one call: a step that drafted nothing runs no call per request."""
+        for m in metrics:
+            m.num_verifies += 1
+            if m.verifies_by_num_drafts:
+                m.verifies_by_num_drafts[0] += 1
+            else:
+                m.verifies_by_num_drafts.append(1)
+            if m.histogram:
+                m.histogram[0] += 1
+            else:
+                m.histogram.append(1)
+
     def merge(self, other: SpecMetrics) -> SpecMetrics:
         """The field-wise sum (lists element-wise, the shorter one padded with zeros)."""
         return SpecMetrics(
