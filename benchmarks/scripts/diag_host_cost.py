@@ -41,6 +41,20 @@ this CPU, 5 runs (3 for Nemotron-H): Llama 1 row 73 -> 55 (9.2 -> 5.3), 8 rows 1
 1 row 107 -> 88 (21.0 -> 17.1), 8 rows 184 -> 134 (76.6 -> 17.6); Nemotron-H without run-ahead 1 row 82 -> 61,
 8 rows 100 -> 77 (5.9 -> 1.9). The H200 (``--device cuda``, whole step: host and any wait for the GPU), 3 runs:
 Llama 283 -> 112 and 198 -> 127; Qwen3-Next 219 -> 204 and 324 -> 224; Nemotron-H 176 -> 143 and 207 -> 181.
+2026-11-30, zero-draft steps (issue: every drafter >= plain decoding; bench e2e's Qwen3.5 at batch 32 drafted
+nothing in most steps yet ran 5-7% below plain decoding), 7fbd5e7 -> aa833fb, this CPU, ``--model tinyqwen35
+--draft 0 --graphs --no-run-ahead`` (a hybrid never runs ahead at batch 32 on the H200), medians of 2 interleaved
+runs, host us a step at 1 / 8 / 32 rows: plain 46 / 79 / 207 -> 46 / 80 / 220; MTP 58 / 109 / 302 -> 62 / 111 /
+293; EAGLE3 57 / 104 / 310 -> 60 / 109 / 278 (runs of one configuration differ by 30 us at 32 rows). Ops outside
+the iteration equal plain decoding's before and after (MTP and EAGLE3 1.5 / 2.0 / 3.9, plain 1.4 / 1.9 / 3.8: a
+held step is one graph replay, as plain decoding's). What aa833fb removed: 12-14 Python calls per request and step
+beyond plain decoding's (SpecMetrics.record and its budget, HoldRule's bound per request twice, the chooser's
+remaining budgets and steps-to-finish per request), now none (tests/speculative/test_zero_draft_host.py counts
+them); and probes, which at batch 32 cost 1.5-2.5 zero-draft steps each on the H200 (2.3% of EAGLE3's time at
+temperature 0.8 on one in 64 steps), now within 1% of the steps' time. Still above plain decoding here: about 60
+us a step at 32 rows outside the iteration, not found in per-function timings (about 40 Python calls a step,
+whatever the batch: the chooser, the step timer, the key's hashes), and on the GPU, not measurable here: a held
+step's graph (EAGLE3's fc over the aux states, the append) and a flush every window (EAGLE3 13 rows, MTP 12).
 """
 
 from __future__ import annotations
