@@ -1,8 +1,9 @@
 """Plain decoding's tokens/s with and without ``--batch-invariant`` on the Llama-3.1-8B shape (random bf16
-weights, CUDA graphs: outpace/bench/gpu.py's builder and decode timer), at batch 1 and 8: the mode's cost
-(issue 43 item 8: the target is within 15% of the normal path).
+weights, CUDA graphs: outpace/bench/gpu.py's builder and decode timer), or on the seed families' public shapes
+(``--shapes``: bench/family_shapes.py, built as bench/families.py builds them), at batch 1 and 8: the mode's
+cost (issue 43 item 8: the target is within 15% of the normal path).
 
-    python benchmarks/scripts/batch_invariant_speed.py [--contexts 512 4096] [--out FILE.json]
+    python benchmarks/scripts/batch_invariant_speed.py [--contexts 512 4096] [--shapes qwen3.5,...] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -20,23 +21,36 @@ from outpace.bench.gpu import build_8b, time_decode
 BATCHES = (1, 8)
 
 
-def measure(contexts: list[int], steps: int) -> list[dict]:
+def build(shape: str | None, workdir: Path, max_context: int, invariant: bool):
+    """The Llama-3.1-8B shape (``shape`` None), or a family shape of bench/family_shapes.py."""
+    if shape is None:
+        return build_8b(
+            workdir, max_context=max_context, max_num_seqs=max(BATCHES), batch_invariant=invariant
+        )
+    from outpace.bench import families
+    from outpace.bench.family_shapes import family_shapes
+
+    if max_context > families.CONTEXT:
+        raise ValueError(f"family shapes are built for contexts up to {families.CONTEXT}")
+    config = family_shapes()[shape].config
+    return families.build(workdir, config, max(BATCHES), BATCHES, batch_invariant=invariant)
+
+
+def measure(contexts: list[int], steps: int, shape: str | None = None) -> list[dict]:
     """One engine per mode (built, timed, freed in turn): a row per (mode, batch, context)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for invariant in (False, True):
-            llm = build_8b(
-                Path(tmp) / "target",
-                max_context=max(contexts),
-                max_num_seqs=max(BATCHES),
-                batch_invariant=invariant,
-            )
+            llm = build(shape, Path(tmp) / "target", max(contexts), invariant)
             for context in contexts:
                 for batch in BATCHES:
                     r = time_decode(llm, batch, context, steps)
-                    rows.append({"batch_invariant": invariant, **r})
+                    rows.append(
+                        {"shape": shape or "llama-3.1-8b", "batch_invariant": invariant, **r}
+                    )
                     print(
-                        f"{'batch-invariant' if invariant else 'normal':>15}  batch {batch:>2}  "
+                        f"{shape or 'llama-3.1-8b'}  {'batch-invariant' if invariant else 'normal':>15}  "
+                        f"batch {batch:>2}  "
                         f"context {context:>5}  {r['tokens_per_s']:8.1f} tokens/s  "
                         f"{r['step_ms']:6.2f} ms/step",
                         flush=True,
@@ -53,18 +67,29 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[512])
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--out", default=None, help="write the rows here as JSON")
+    ap.add_argument(
+        "--shapes", default=None, help="comma-separated family shapes (else Llama-3.1-8B)"
+    )
     a = ap.parse_args()
-    rows = measure(a.contexts, a.steps)
+    rows = []
+    for shape in a.shapes.split(",") if a.shapes else [None]:
+        try:
+            rows += measure(a.contexts, a.steps, shape)
+        except Exception as e:  # one shape's failure must not cost the others' figures
+            print(f"{shape}: {type(e).__name__}: {e}", flush=True)
     normal = {
-        (r["batch"], r["context"]): r["tokens_per_s"] for r in rows if not r["batch_invariant"]
+        (r["shape"], r["batch"], r["context"]): r["tokens_per_s"]
+        for r in rows
+        if not r["batch_invariant"]
     }
     print("\nbatch-invariant against normal:")
     for r in rows:
         if r["batch_invariant"]:
-            base = normal[r["batch"], r["context"]]
+            base = normal[r["shape"], r["batch"], r["context"]]
             r["relative_to_normal"] = r["tokens_per_s"] / base
             print(
-                f"  batch {r['batch']:>2}  context {r['context']:>5}  {r['tokens_per_s']:8.1f} against "
+                f"  {r['shape']:<22} batch {r['batch']:>2}  context {r['context']:>5}  "
+                f"{r['tokens_per_s']:8.1f} against "
                 f"{base:8.1f} tokens/s: {r['relative_to_normal'] - 1:+.1%}"
             )
     if a.out:
