@@ -6,6 +6,10 @@ replay at each t, the names whose time grows most from t = 1 to t = 2 first; wri
 at each t in launch order (start after the replay's first kernel, duration, gap since the previous ended, us).
 
     PYTHONPATH=. python3 benchmarks/scripts/verify_timeline.py OUT SHAPE[@BATCH] ...
+    PYTHONPATH=. python3 benchmarks/scripts/verify_timeline.py OUT e2e:FAMILY:METHOD[@BATCH] --workdir DIR
+
+The second form times a drafter's own step instead (t - 1 drafts of METHOD, e.g. mtp or eagle3, drafting for
+the next step too) on ``bench e2e --family FAMILY``'s widened zoo target, written under DIR (or reused).
 
 writes OUT/verify_SHAPE@BATCH_tT.txt. The kernel time (the sum of the replay's kernel durations) is the figure to
 compare: a replay's span can hold a host gap. Replays run on the padding row (attention reads no context), so the
@@ -67,15 +71,37 @@ def by_name(events: list) -> dict[str, tuple[int, float]]:
     return {name: (n, us) for name, (n, us) in table.items()}
 
 
-def compare(shape: str, batch: int, out: Path, workdir: Path) -> list[str]:
-    spec = SpeculativeConfig("ngram", num_steps=MAX_VERIFY_TOKENS - 1, adaptive=True)
-    llm = build(workdir, family_shapes()[shape].config, batch, (batch,), spec)
+def engine(shape: str, batch: int, workdir: Path, models_dir: Path):
+    """A family shape with n-gram drafts, or ``e2e:FAMILY:METHOD``'s widened zoo target and drafter."""
+    if not shape.startswith("e2e:"):
+        spec = SpeculativeConfig("ngram", num_steps=MAX_VERIFY_TOKENS - 1, adaptive=True)
+        return build(workdir, family_shapes()[shape].config, batch, (batch,), spec)
+    from outpace import LLM
+    from outpace.bench.e2e import FAMILIES, drafters, widened_zoo
+
+    _, family, method = shape.split(":")
+    models = widened_zoo(models_dir, family)
+    return LLM(
+        str(models[FAMILIES[family].models[0]]),
+        device="cuda",
+        dtype="bfloat16",
+        max_num_seqs=batch,
+        num_kv_blocks=1024,
+        cuda_graph_sizes=(batch,),
+        speculative=drafters(models, family)[method],
+    )
+
+
+def compare(shape: str, batch: int, out: Path, workdir: Path, models_dir: Path) -> list[str]:
+    llm = engine(shape, batch, workdir, models_dir)
     try:
         tables, spans = [], []
         for t in TOKENS:
             events = replay_events(llm, batch, t)
             lines = timeline(events)
-            (out / f"verify_{shape}@{batch}_t{t}.txt").write_text("\n".join(lines) + "\n")
+            (out / f"verify_{shape.replace(':', '_')}@{batch}_t{t}.txt").write_text(
+                "\n".join(lines) + "\n"
+            )
             tables.append(by_name(events))
             spans.append(lines[-1].split()[-2])
     finally:
@@ -101,15 +127,18 @@ def compare(shape: str, batch: int, out: Path, workdir: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("shapes", nargs="+", help="SHAPE[@BATCH]")
+    parser.add_argument("shapes", nargs="+", help="SHAPE[@BATCH] or e2e:FAMILY:METHOD[@BATCH]")
+    parser.add_argument("--workdir", default=".e2e_models", help="the e2e form's widened models")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.shapes:
         shape, _, batch = name.partition("@")
         with tempfile.TemporaryDirectory() as tmp:
-            lines = compare(shape, int(batch or 1), out, Path(tmp))
-        (out / f"verify_{shape}@{batch or 1}.txt").write_text("\n".join(lines) + "\n")
+            lines = compare(shape, int(batch or 1), out, Path(tmp), Path(args.workdir))
+        (out / f"verify_{shape.replace(':', '_')}@{batch or 1}.txt").write_text(
+            "\n".join(lines) + "\n"
+        )
         print("\n".join(lines[:40]), flush=True)
 
 
