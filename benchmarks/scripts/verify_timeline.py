@@ -38,17 +38,27 @@ REPLAYS = 3
 
 
 def replay_events(llm, batch: int, tokens: int) -> list:
-    """The kernels of one replay (the second of REPLAYS) of the step verifying ``tokens`` a sequence."""
+    """The kernels of one replay (the second of REPLAYS) of the step verifying ``tokens`` a sequence, on the
+    padding rows, the state buffers restored after (as ``ModelRunner.profile`` replays a step; its copies of
+    those buffers stay outside the profiled region, so the region holds the replays alone)."""
     runner = llm.engine.runner
     key = StepKey(
         bucket_for(runner.graph_buckets, batch), DraftShape(tokens - 1), SamplingMode.GREEDY
     )
-    runner.profile(key, 1)  # warm
+    step = runner.decode_step
+    step.batch_indices.fill_(runner.req_table.padding_index)
+    saved = [t.clone() for t in step.state_buffers(key)]
+    step.run(key)  # warm
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        runner.profile(key, REPLAYS - 1)  # (one more replay than its repeats)
+        for _ in range(REPLAYS):
+            step.run(key)
         torch.cuda.synchronize()
+    for buffer, old in zip(step.state_buffers(key), saved):
+        buffer.copy_(old)
     events = _cuda_events(prof)
+    if len(events) % REPLAYS:
+        raise RuntimeError(f"{len(events)} kernels over {REPLAYS} replays of one graph")
     per = len(events) // REPLAYS
     return events[per : 2 * per]
 
