@@ -63,6 +63,10 @@ def _skinny_kernel(
     stride_xm,
     stride_wn,
     stride_om,
+    stride_xh,  # per head (grid axis 2; 0 for one product)
+    stride_wh,
+    stride_oh,
+    stride_wk,  # along K within a weight row (1 but for a transposed per-head weight)
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -70,7 +74,12 @@ def _skinny_kernel(
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (row-tile group, column block): rows [g * SUBTILES * BM, ...) x columns [c * BN, ...)."""
+    """Program (row-tile group, column block, head): rows [g * SUBTILES * BM, ...) x columns [c * BN, ...) of
+    the head's product (the head moves the three pointers; the arithmetic is the same for every head)."""
+    head = tl.program_id(2).to(tl.int64)
+    x_ptr += head * stride_xh
+    w_ptr += head * stride_wh
+    out_ptr += head * stride_oh
     rows0 = tl.program_id(0) * (SUBTILES * BM) + tl.arange(0, BM)  # [BM]
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     acc0 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -80,7 +89,7 @@ def _skinny_kernel(
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
         w = tl.load(
-            w_ptr + cols[:, None] * stride_wn + ks[None, :],
+            w_ptr + cols[:, None] * stride_wn + ks[None, :] * stride_wk,
             mask=(cols[:, None] < N) & (ks[None, :] < K),
             other=0.0,
         )  # [BN, BK]
@@ -150,7 +159,7 @@ def skinny_linear(
         return out
     t = tiles_for(m, n, block_n, block_k)
     x = x if x.stride(1) == 1 else x.contiguous()
-    _skinny_kernel[(t.row_groups, t.col_blocks)](
+    _skinny_kernel[(t.row_groups, t.col_blocks, 1)](
         x,
         weight,
         bias if bias is not None else weight,
@@ -161,6 +170,10 @@ def skinny_linear(
         x.stride(0),
         weight.stride(0),
         out.stride(0),
+        0,
+        0,
+        0,
+        1,
         BM=t.block_m,
         BN=t.block_n,
         BK=t.block_k,
@@ -169,5 +182,43 @@ def skinny_linear(
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=num_warps or t.num_warps,
         num_stages=num_stages or t.num_stages,
+    )
+    return out
+
+
+def skinny_linear_heads(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """x [M, H, K] through each head's own weight [H, N, K] (any strides) -> [M, H, N] in x's dtype: per head
+    the product ``skinny_linear`` computes, with its tiles and bits, all heads in one launch (the absorbed MLA's
+    per-head products in batch-invariant mode, layers/mla.py ``heads_apart``)."""
+    m, h, k = x.shape
+    n = weights.shape[1]
+    out = torch.empty(m, h, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    t = tiles_for(m, n)
+    x = x if x.stride(2) == 1 else x.contiguous()
+    _skinny_kernel[(t.row_groups, t.col_blocks, h)](
+        x,
+        weights,
+        weights,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weights.stride(1),
+        out.stride(0),
+        x.stride(1),
+        weights.stride(0),
+        out.stride(1),
+        weights.stride(2),
+        BM=t.block_m,
+        BN=t.block_n,
+        BK=t.block_k,
+        SUBTILES=t.subtiles,
+        HAS_BIAS=False,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )
     return out
