@@ -36,20 +36,39 @@ def build(shape: str | None, workdir: Path, max_context: int, invariant: bool):
     return families.build(workdir, config, max(BATCHES), BATCHES, batch_invariant=invariant)
 
 
-def measure(contexts: list[int], steps: int, shape: str | None = None) -> list[dict]:
-    """One engine per mode (built, timed, freed in turn): a row per (mode, batch, context)."""
+def set_split_rows(rows: int) -> None:
+    """The mode's KV rows per split, for attention and MLA alike (module settings read at each launch)."""
+    from outpace.attention import mla_kernels, triton_kernels
+
+    triton_kernels._INVARIANT_SPLIT_ROWS = mla_kernels.invariant_split_rows = rows
+
+
+def measure(
+    contexts: list[int], steps: int, shape: str | None = None, split_rows: list[int] | None = None
+) -> list[dict]:
+    """One engine per mode (built, timed, freed in turn), the mode's once per ``split_rows`` (None: as
+    shipped): a row per (mode, split rows, batch, context)."""
     rows = []
+    modes = [(False, None)] + [(True, r) for r in split_rows or [None]]
     with tempfile.TemporaryDirectory() as tmp:
-        for invariant in (False, True):
+        for invariant, split in modes:
+            if split is not None:
+                set_split_rows(split)
             llm = build(shape, Path(tmp) / "target", max(contexts), invariant)
             for context in contexts:
                 for batch in BATCHES:
                     r = time_decode(llm, batch, context, steps)
+                    label = "normal" if not invariant else f"batch-invariant {split or ''}"
                     rows.append(
-                        {"shape": shape or "llama-3.1-8b", "batch_invariant": invariant, **r}
+                        {
+                            "shape": shape or "llama-3.1-8b",
+                            "batch_invariant": invariant,
+                            "split_rows": split,
+                            **r,
+                        }
                     )
                     print(
-                        f"{shape or 'llama-3.1-8b'}  {'batch-invariant' if invariant else 'normal':>15}  "
+                        f"{shape or 'llama-3.1-8b'}  {label:>20}  "
                         f"batch {batch:>2}  "
                         f"context {context:>5}  {r['tokens_per_s']:8.1f} tokens/s  "
                         f"{r['step_ms']:6.2f} ms/step",
@@ -70,11 +89,18 @@ def main() -> None:
     ap.add_argument(
         "--shapes", default=None, help="comma-separated family shapes (else Llama-3.1-8B)"
     )
+    ap.add_argument(
+        "--split-rows",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the mode's KV rows per split to time (attention and MLA; default: as shipped)",
+    )
     a = ap.parse_args()
     rows = []
     for shape in a.shapes.split(",") if a.shapes else [None]:
         try:
-            rows += measure(a.contexts, a.steps, shape)
+            rows += measure(a.contexts, a.steps, shape, a.split_rows)
         except Exception as e:  # one shape's failure must not cost the others' figures
             print(f"{shape}: {type(e).__name__}: {e}", flush=True)
     normal = {
@@ -88,7 +114,8 @@ def main() -> None:
             base = normal[r["shape"], r["batch"], r["context"]]
             r["relative_to_normal"] = r["tokens_per_s"] / base
             print(
-                f"  {r['shape']:<22} batch {r['batch']:>2}  context {r['context']:>5}  "
+                f"  {r['shape']:<22} {r['split_rows'] or '':>5} batch {r['batch']:>2}  "
+                f"context {r['context']:>5}  "
                 f"{r['tokens_per_s']:8.1f} against "
                 f"{base:8.1f} tokens/s: {r['relative_to_normal'] - 1:+.1%}"
             )
