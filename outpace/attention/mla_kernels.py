@@ -116,8 +116,11 @@ combine_block_tokens = 1
 # (benchmarks/scripts/decode_settings.py mla, benchmarks/results/gpu_2026-11-30b call 2).
 min_split_rows = 64
 # Batch-invariant mode: KV rows per split (split j covers the absolute rows [j * S, (j + 1) * S); a multiple
-# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS), and tile rows in half precision.
-invariant_split_rows = 512
+# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS), and tile rows in half precision. 128
+# against 512: DeepSeek-V2-Lite's decode in the mode at 300.7 / 1257.1 tokens/s against 222.6 / 1072.5 at batch 1 /
+# 8 over 512 cached tokens (normal path: 399.1 / 1397.0; benchmarks/scripts/batch_invariant_speed.py
+# --split-rows, gpu_2026-11-30d call 5): a short context's one split was one program a sequence's heads.
+invariant_split_rows = 128
 _INVARIANT_BLOCK_M = 32
 
 

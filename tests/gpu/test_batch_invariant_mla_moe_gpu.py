@@ -1,6 +1,6 @@
 """Batch-invariant mode on an MLA + MoE target (the zoo's tinyds, DeepSeek-V3's architecture) on the GPU (skipped
-without CUDA), bf16, CUDA graphs: greedy speculation gives plain decoding's tokens and log-probabilities bit for
-bit with an n-gram chain and with tree drafts, as tests/engine/test_batch_invariant_trees.py checks on the CPU;
+without CUDA), bf16: greedy speculation gives plain decoding's tokens and log-probabilities bit for
+bit with an n-gram chain (CUDA graphs) and with tree drafts (eager steps), as tests/engine/test_batch_invariant_trees.py checks on the CPU;
 here through the GPU's kernels: the mode's MoE kernels, the MLA kernel's invariant variant (trees walked over
 each node's logical rows) and the absorbed per-head products in one launch (layers/skinny_gemm.py
 ``skinny_linear_heads``)."""
@@ -36,15 +36,18 @@ def test_an_ngram_chain_gives_plain_decodings_bits():
 
 @pytest.mark.gpu
 def test_tree_drafts_give_plain_decodings_bits(monkeypatch):
+    """Eager steps: the oracle's trees (tests/helpers/oracle_proposer.py, corrupted by a random draw) are
+    drawn where a captured graph cannot draw them."""
     from helpers.oracle_proposer import OracleProposer
     from outpace.registry import PROPOSERS
 
     monkeypatch.setitem(PROPOSERS, "oracle", "helpers.oracle_proposer:OracleProposer")
-    plain_outputs = LLM(TINYDS, **KWARGS).generate(PROMPTS, PARAMS)
+    kwargs = dict(KWARGS, enforce_eager=True)
+    plain_outputs = LLM(TINYDS, **kwargs).generate(PROMPTS, PARAMS)
     plain = tokens_and_logprobs(plain_outputs)
     references = {tuple(p): o.token_ids for p, o in zip(PROMPTS, plain_outputs)}
     monkeypatch.setattr(OracleProposer, "references", references)
     spec = SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=6)
-    tree = LLM(TINYDS, speculative=spec, **KWARGS).generate(PROMPTS, PARAMS)
+    tree = LLM(TINYDS, speculative=spec, **kwargs).generate(PROMPTS, PARAMS)
     assert tokens_and_logprobs(tree) == plain
     assert sum(o.spec_metrics.num_accepted_drafts for o in tree) > 0
