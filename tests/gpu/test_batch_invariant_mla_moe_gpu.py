@@ -42,7 +42,7 @@ def test_tree_drafts_give_plain_decodings_bits(monkeypatch):
     from outpace.registry import PROPOSERS
 
     monkeypatch.setitem(PROPOSERS, "oracle", "helpers.oracle_proposer:OracleProposer")
-    kwargs = dict(KWARGS, enforce_eager=True)
+    kwargs = dict(KWARGS, cuda_graphs=False)
     plain_outputs = LLM(TINYDS, **kwargs).generate(PROMPTS, PARAMS)
     plain = tokens_and_logprobs(plain_outputs)
     references = {tuple(p): o.token_ids for p, o in zip(PROMPTS, plain_outputs)}
