@@ -152,55 +152,36 @@ def skinny_linear(
     """x [M, K] @ weight [N, K].T (+ bias [N], added in float32) -> [M, N] in x's dtype, float32
     accumulation (float32 inputs: full-precision products, not tf32). Any M; fastest for M <= 16.
     ``weight`` must be contiguous."""
-    m, k = x.shape
-    n = weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    t = tiles_for(m, n, block_n, block_k)
-    x = x if x.stride(1) == 1 else x.contiguous()
-    _skinny_kernel[(t.row_groups, t.col_blocks, 1)](
-        x,
-        weight,
-        bias if bias is not None else weight,
-        out,
-        m,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        0,
-        0,
-        0,
-        1,
-        BM=t.block_m,
-        BN=t.block_n,
-        BK=t.block_k,
-        SUBTILES=t.subtiles,
-        HAS_BIAS=bias is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=num_warps or t.num_warps,
-        num_stages=num_stages or t.num_stages,
-    )
-    return out
+    t = tiles_for(x.shape[0], weight.shape[0], block_n, block_k)
+    return _launch(x[:, None], weight[None], bias, t, num_warps, num_stages)[:, 0]
 
 
 def skinny_linear_heads(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """x [M, H, K] through each head's own weight [H, N, K] (any strides) -> [M, H, N] in x's dtype: per head
     the product ``skinny_linear`` computes, with its tiles and bits, all heads in one launch (the absorbed MLA's
     per-head products in batch-invariant mode, layers/mla.py ``heads_apart``)."""
+    return _launch(x, weights, None, tiles_for(x.shape[0], weights.shape[1]), None, None)
+
+
+def _launch(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    bias: torch.Tensor | None,
+    t: SkinnyTiles,
+    num_warps: int | None,
+    num_stages: int | None,
+) -> torch.Tensor:
+    """x [M, H, K], weights [H, N, K] -> [M, H, N]: ``_skinny_kernel`` over the heads (grid axis 2)."""
     m, h, k = x.shape
     n = weights.shape[1]
     out = torch.empty(m, h, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    t = tiles_for(m, n)
     x = x if x.stride(2) == 1 else x.contiguous()
     _skinny_kernel[(t.row_groups, t.col_blocks, h)](
         x,
         weights,
-        weights,
+        bias if bias is not None else weights,
         out,
         m,
         n,
@@ -216,9 +197,9 @@ def skinny_linear_heads(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         BN=t.block_n,
         BK=t.block_k,
         SUBTILES=t.subtiles,
-        HAS_BIAS=False,
+        HAS_BIAS=bias is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        num_warps=num_warps or t.num_warps,
+        num_stages=num_stages or t.num_stages,
     )
     return out

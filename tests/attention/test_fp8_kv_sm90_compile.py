@@ -72,22 +72,19 @@ build(tk._invariant_attention_kernel, attention,
       dict(shape, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
            BLOCK_W=16, SPLIT_ROWS=cfg.split_rows, HAS_MASK=True, SLIDING=False),
       "invariant tree", num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
-build(mk._mla_kernel,
-      dict(q_latent_ptr="*bf16", q_rope_ptr="*bf16", cache_ptr=fp8, out_ptr="*bf16", part_acc_ptr="*fp32",
+mla = dict(q_latent_ptr="*bf16", q_rope_ptr="*bf16", cache_ptr=fp8, out_ptr="*bf16", part_acc_ptr="*fp32",
            part_max_ptr="*fp32", part_sum_ptr="*fp32", token_table_ptr="*i32", block_tables_ptr="*i64",
-           seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8", k_scale_ptr="*fp32"),
-      dict(HEADS=128, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=32, BLOCK_N=32,
-           Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=False, BLOCK_W=16, PRECISION="tf32",
-           KV_SCALED=True),
-      "mla v3", num_warps=8, num_stages=2)
-build(mk._mla_kernel,
-      dict(q_latent_ptr="*bf16", q_rope_ptr="*bf16", cache_ptr=fp8, out_ptr="*bf16", part_acc_ptr="*fp32",
-           part_max_ptr="*fp32", part_sum_ptr="*fp32", token_table_ptr="*i32", block_tables_ptr="*i64",
-           seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8", k_scale_ptr="*fp32"),
-      dict(HEADS=16, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=16, BLOCK_N=32,
-           Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=True, BLOCK_W=16, PRECISION="tf32",
-           KV_SCALED=True),
-      "mla v2-lite invariant tree", num_warps=4, num_stages=2, enable_fp_fusion=False)
+           seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8", k_scale_ptr="*fp32")
+# (name, heads, BLOCK_M, the batch-invariant tree walk over logical rows, warps, options)
+for name, heads, block_m, logical, warps, options in (
+    ("mla v3", 128, 32, False, 8, {}),
+    ("mla v2-lite invariant tree", 16, 16, True, 4, dict(enable_fp_fusion=False)),
+):
+    build(mk._mla_kernel, mla,
+          dict(HEADS=heads, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=block_m, BLOCK_N=32,
+               Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=logical, BLOCK_W=16,
+               PRECISION="tf32", KV_SCALED=True),
+          name, num_warps=warps, num_stages=2, **options)
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}
 fused.update({n: "*fp32" for n in ("sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "k_scale_ptr")})

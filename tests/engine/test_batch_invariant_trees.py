@@ -1,9 +1,11 @@
-"""Batch-invariant mode on an MLA + MoE target (the zoo's tinyds, DeepSeek-V3's architecture) on the CPU: greedy
-speculation gives plain decoding's tokens and log-probabilities bit for bit, with an n-gram chain (the torch
-backend) and with tree drafts (the Triton backend, its MLA kernels in the interpreter: the invariant variant
-walks each tree node over its logical rows, attention/mla_kernels.py). Before the router's logits went through
-the mode's projection (layers/moe.py ``Router.reference``), a verify row's logits differed from decoding's in
-the last bits."""
+"""Batch-invariant mode on an MLA + MoE target (the zoo's tinyds, DeepSeek-V3's architecture): greedy speculation
+gives plain decoding's tokens and log-probabilities bit for bit, with an n-gram chain and with tree drafts (the
+Triton backend: the MLA kernel's invariant variant walks each tree node over its logical rows,
+attention/mla_kernels.py). On the CPU in float32 (the chain on the torch backend, the trees' kernels in Triton's
+interpreter); on a GPU in bf16 too (skipped without CUDA), through the mode's MoE kernels and the absorbed
+per-head products in one launch (layers/skinny_gemm.py ``skinny_linear_heads``). Before the router's logits went
+through the mode's projection (layers/moe.py ``Router.reference``), a verify row's logits differed from
+decoding's in the last bits on the CPU."""
 
 from pathlib import Path
 
@@ -15,7 +17,11 @@ from outpace.config import SpeculativeConfig
 TINYDS = str(Path(__file__).resolve().parents[2] / "zoo" / "tinyds")
 PROMPTS = [[1, 5, 2, 7, 3, 9, 1, 5, 2, 7, 3, 9, 1, 5, 2], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]]
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
-KWARGS = dict(device="cpu", dtype="float32", batch_invariant=True, block_size=4)
+SETTINGS = {
+    "cpu": dict(device="cpu", dtype="float32", batch_invariant=True, block_size=4),
+    "cuda": dict(device="cuda", dtype="bfloat16", batch_invariant=True, num_kv_blocks=128),
+}
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def tokens_and_logprobs(outputs) -> list[tuple[list[int], list[float]]]:
@@ -25,24 +31,27 @@ def tokens_and_logprobs(outputs) -> list[tuple[list[int], list[float]]]:
     ]
 
 
-def test_an_ngram_chain_gives_plain_decodings_bits():
-    plain = tokens_and_logprobs(LLM(TINYDS, **KWARGS).generate(PROMPTS, PARAMS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_ngram_chain_gives_plain_decodings_bits(device):
+    kwargs = SETTINGS[device]
+    plain = tokens_and_logprobs(LLM(TINYDS, **kwargs).generate(PROMPTS, PARAMS))
     spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
-    chain = LLM(TINYDS, speculative=spec, **KWARGS).generate(PROMPTS, PARAMS)
+    chain = LLM(TINYDS, speculative=spec, **kwargs).generate(PROMPTS, PARAMS)
     assert tokens_and_logprobs(chain) == plain
     assert sum(o.spec_metrics.num_accepted_drafts for o in chain) > 0
 
 
-def test_tree_drafts_give_plain_decodings_bits(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_drafts_give_plain_decodings_bits(device, monkeypatch):
     """The oracle's random trees (corrupted, so nodes of several depths and branches are accepted) verified
     under the Triton backend (it was refused while the MLA kernels' invariant variant walked a tree's window
-    in place)."""
+    in place); eager steps, as the oracle draws its trees from a generator a captured graph cannot draw from."""
     from helpers.oracle_proposer import OracleProposer
     from outpace.registry import PROPOSERS
 
     pytest.importorskip("triton")
     monkeypatch.setitem(PROPOSERS, "oracle", "helpers.oracle_proposer:OracleProposer")
-    kwargs = dict(KWARGS, attention_backend="triton")
+    kwargs = dict(SETTINGS[device], attention_backend="triton", cuda_graphs=False)
     plain_outputs = LLM(TINYDS, **kwargs).generate(PROMPTS, PARAMS)
     plain = tokens_and_logprobs(plain_outputs)
     references = {tuple(p): o.token_ids for p, o in zip(PROMPTS, plain_outputs)}
