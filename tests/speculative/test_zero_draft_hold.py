@@ -1,5 +1,5 @@
 """Held zero-draft steps (speculative/proposer.py, holding; engine/step_key.py ``HoldRule``): a zero-draft
-step of EAGLE3, MTP or a standalone draft model runs no drafter forward and appends its committed row to the drafter's pending window;
+step of EAGLE3 or MTP runs no drafter forward and appends its committed row to the drafter's pending window;
 when a window could overflow the step flushes (runs the forward as any step). Output stays lossless, and the
 drafts after held steps are exactly those of the same run in which every zero-draft step flushes.
 fp32 on the CPU, whose "captured" steps replay eagerly: the forward hooks and the recorded drafts see every
@@ -17,37 +17,28 @@ from outpace.speculative.proposer import HOLD_ROWS, DraftShape
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 EAGLE3 = SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, adaptive=True)
 MTP2 = SpeculativeConfig("mtp", num_steps=2, adaptive=True)
-DRAFT = SpeculativeConfig("draft", str(ZOO / "tinypy-draft"), num_steps=3, adaptive=True)
 # name -> (target, drafter): tinypy's 3 chained MTP layers keep K = 2 rows; tinyds' (DeepSeek-V3 style)
-# read the post-norm state; tinyqwen35 is a hybrid target (recurrent state), and as its own standalone
-# draft a hybrid draft (its own state rows, rolled back to the last committed token at each flush)
+# read the post-norm state; tinyqwen35 is a hybrid target (recurrent state)
 CASES = {
     "eagle3": ("tinypy", EAGLE3),
     "mtp": ("tinypy", SpeculativeConfig("mtp", num_steps=3, adaptive=True)),
     "mtp-deepseek": ("tinyds", MTP2),
     "mtp-qwen35": ("tinyqwen35", MTP2),
-    "draft": ("tinypy", DRAFT),
-    "draft-qwen35": (
-        "tinyqwen35",
-        SpeculativeConfig("draft", str(ZOO / "tinyqwen35"), num_steps=2, adaptive=True),
-    ),
 }
 # The forced draft lengths, step after step (at most 2: every case's shapes): runs of zero drafts longer
 # than a window holds (so some steps flush) between drafting steps of each length.
 SCHEDULE = [2] + [0] * (HOLD_ROWS + 6) + [1] + [0] * 3 + [2] + [0] * (HOLD_ROWS + 3)
 PARAMS = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-# seeded sampling: each request's tokens depend on its prompt, parameters and seed alone (not on the drafter)
-SEEDED = [PARAMS.replace(temperature=0.8, seed=7 * i + 1) for i in range(6)]
 PROMPTS = [[(i * 37 + j * 11) % 300 for j in range(3 + 7 * i)] for i in range(6)]
 
 
 class Recorder:
-    """An engine whose chooser follows ``schedule`` (cycled), recording each decode step's key, the drafter forwards it
+    """An engine whose chooser follows SCHEDULE, recording each decode step's key, the drafter forwards it
     ran (forward hooks on the draft network) and, for drafting steps, the requests' drafts."""
 
-    def __init__(self, llm: LLM, schedule: list[int] = SCHEDULE) -> None:
+    def __init__(self, llm: LLM) -> None:
         runner, proposer = llm.engine.runner, llm.engine.runner.proposer
-        self.runner, self.schedule, self.turn = runner, schedule, 0
+        self.runner, self.turn = runner, 0
         self.forwards, self.steps, self.drafts = 0, [], []
         for chooser in llm.engine.choosers.values():
             chooser.choose = self._choose
@@ -73,7 +64,7 @@ class Recorder:
 
     def _choose(self, bucket, ids, remaining=None) -> DraftShape:
         self.turn += 1
-        shape = DraftShape(self.schedule[(self.turn - 1) % len(self.schedule)])
+        shape = DraftShape(SCHEDULE[(self.turn - 1) % len(SCHEDULE)])
         assert shape in self.runner.shapes
         return shape
 
@@ -101,23 +92,13 @@ def _captured(target: str, spec: SpeculativeConfig) -> LLM:
 def test_held_steps_run_no_forward_and_change_no_draft(case):
     """Greedy output equals plain decoding; held steps run no drafter forward, flushing ones do; and every
     draft equals the draft of the same schedule with every zero-draft step flushing."""
-    _check_holding(*CASES[case], PARAMS)
-
-
-@pytest.mark.parametrize("case", ["draft", "draft-qwen35"])
-def test_seeded_held_steps_change_no_draft(case):
-    """The same with seeded sampling: the output is plain decoding's, the drafts (sampled from the draft's
-    seeded streams) those of the run that flushes at every zero-draft step."""
-    _check_holding(*CASES[case], SEEDED)
-
-
-def _check_holding(target: str, spec: SpeculativeConfig, params) -> None:
-    plain = LLM(str(ZOO / target), device="cpu", dtype="float32").generate(PROMPTS, params)
+    target, spec = CASES[case]
+    plain = LLM(str(ZOO / target), device="cpu", dtype="float32").generate(PROMPTS, PARAMS)
     plain = [o.token_ids for o in plain]
     llm = _captured(target, spec)
     assert any(key.hold for key in llm.engine.runner.decode_step.graphs)
     held = Recorder(llm)
-    outs = llm.generate(PROMPTS, params)
+    outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == plain
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     zero = [(key.hold, forwards) for key, forwards in held.steps if key.shape.num_steps == 0]
@@ -129,29 +110,10 @@ def _check_holding(target: str, spec: SpeculativeConfig, params) -> None:
     llm = _captured(target, spec)
     llm.engine.runner.holds.window = 0  # every zero-draft step flushes
     flushed = Recorder(llm)
-    outs = llm.generate(PROMPTS, params)
+    outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == plain
     assert not any(key.hold for key, _ in flushed.steps)
     assert len(held.drafts) > 4 and held.drafts == flushed.drafts
-
-
-def test_a_zero_draft_step_of_the_draft_model_runs_no_draft_forward():
-    """Zero drafts at every step: the draft model runs over its window only at the step that flushes it, after
-    ``hold_window - 1`` held steps (one request, fresh from its prefill with one pending row); the output is
-    plain decoding's."""
-    params = PARAMS.replace(max_tokens=40)
-    plain = LLM(str(ZOO / "tinypy"), device="cpu", dtype="float32").generate(PROMPTS[2], params)
-    llm = LLM(str(ZOO / "tinypy"), device="cpu", dtype="float32", speculative=DRAFT)
-    recorder = Recorder(llm, schedule=[0])
-    out = llm.generate(PROMPTS[2], params)[0]
-    assert out.token_ids == plain[0].token_ids
-    forwards = [f for _, f in recorder.steps]
-    assert len(forwards) == params.max_tokens - 1  # (the prefill samples the first token)
-    window = DRAFT.num_steps + 1 + HOLD_ROWS  # a verify's committed rows and the held ones
-    assert forwards == ([0] * (window - 1) + [1]) * (len(forwards) // window) + [0] * (
-        len(forwards) % window
-    )
-    assert llm.engine.runner.proposer.hold_window == window
 
 
 class FakeProposer:

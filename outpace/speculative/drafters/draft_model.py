@@ -9,14 +9,6 @@ every token before its first pending row. ``absorb`` carries it across prefill c
 pending rows as a verify does (a snapshot after each), keeps the snapshot of the last committed token, lets
 the further draft steps advance the row, then puts that snapshot back: the same rollback as the target's,
 at the last committed row instead of the last correct draft.
-
-Holding (speculative/proposer.py's docstring): the pending rows are a ``PendingRows`` window whose rows carry
-tokens alone (its hidden width is 0: the draft reads no target state), ``HOLD_ROWS`` wider under adaptive
-drafting. A held zero-draft step (``hold``) runs no draft forward: it appends the step's new last token (the
-bonus, at row L + 1) to the window and leaves the KV and the state rows as they are (the state row is still the
-one after every token before the first pending row, which the flush's forward starts from); the next ``draft``
-runs over every held row at once, writing each one's KV and state snapshot from the same tokens at the same
-positions as the skipped forwards would have, so its drafts are theirs.
 """
 
 from __future__ import annotations
@@ -34,11 +26,9 @@ from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import (
-    HOLD_ROWS,
     DecodeRows,
     Drafts,
     DraftShape,
-    PendingRows,
     PrefillRows,
     Proposer,
     Verified,
@@ -96,9 +86,8 @@ class DraftModelProposer(Proposer):
     predicts the token at t + 1, so its KV row t is final once token t is committed.
 
     State per row: the committed tokens whose draft rows are not final yet ("pending": the last token
-    after a prefill; after a verify that accepted a drafts, the a + 1 tokens at L + 1 .. L + a + 1; one
-    more for each zero-draft step held since), padded to ``num_steps + 1`` (adaptive drafting: ``HOLD_ROWS``
-    more). ``draft`` extends over them (padded rows lie past L and are rewritten
+    after a prefill; after a verify that accepted a drafts, the a + 1 tokens at L + 1 .. L + a + 1),
+    padded to ``num_steps + 1``. ``draft`` extends over them (padded rows lie past L and are rewritten
     by the draft steps before anything reads them), then step j >= 2 is one row at L + j - 1 reading
     draft j - 1."""
 
@@ -128,26 +117,28 @@ class DraftModelProposer(Proposer):
             min_positions=target.config.max_position_embeddings,
         )
         bind_kv_cache(self.draft_model.model, pool, dtype, device)
-        held = HOLD_ROWS if spec.adaptive else 0  # only adaptive drafting has zero-draft steps
-        # each pending row's token (module docstring: no hidden state)
-        self.pending = PendingRows(
-            max_requests + 1, spec.num_steps + 1 + held, 0, dtype, self.device
-        )
-        self.hold_window = self.pending.width if held else 0
+        self.width = spec.num_steps + 1
         # a recurrent draft's state per request row, a snapshot row per pending row (none: no-ops)
         self.states = RecurrentStates(
-            self.draft_model.model, max_requests + 1, self.pending.width, dtype, device
+            self.draft_model.model, max_requests + 1, self.width, dtype, device
         )
+        self.pending_tokens = torch.zeros(
+            max_requests + 1, self.width, dtype=torch.int64, device=self.device
+        )
+        self.pending_start = torch.zeros(
+            max_requests + 1, dtype=torch.int64, device=self.device
+        )  # first pending row
+        self.pending_count = torch.ones(max_requests + 1, dtype=torch.int64, device=self.device)
 
     @property
     def lookahead(self) -> int:
-        # the window's rows start + width - 1 <= L + width - 1 (the verify's reach L + num_steps <= that)
-        return self.pending.width - 1
+        return self.spec.num_steps
 
     @property
     def unsettled_rows(self) -> int:
-        # pending rows before L (after a verify, all but the first were written by draft steps)
-        return self.pending.width - 1
+        return (
+            self.spec.num_steps
+        )  # pending rows (after a verify, all but the first were written by draft steps)
 
     def prefix_caching_refusal(self) -> str | None:
         if self.states.has_state:
@@ -158,10 +149,7 @@ class DraftModelProposer(Proposer):
         return None
 
     def state(self) -> list[torch.Tensor]:
-        return self.pending.tensors() + self.states.tensors()
-
-    def pending_rows(self, shape: DraftShape) -> int:
-        return shape.num_steps + 1  # the verify's committed rows (a prefill leaves one)
+        return [self.pending_tokens, self.pending_start, self.pending_count] + self.states.tensors()
 
     def _forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """token_ids [num_rows]: committed or drafted ids. A padding id of the target's embedding (one no
@@ -202,33 +190,27 @@ class DraftModelProposer(Proposer):
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:  # the sampled token, at L = the prompt's length, is pending
             indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
-            self.pending.tokens[indices, 0] = prefill.next_token_ids[ends[done].to(self.device)]
-            self.pending.start[indices] = torch.tensor(
+            self.pending_tokens[indices, 0] = prefill.next_token_ids[ends[done].to(self.device)]
+            self.pending_start[indices] = torch.tensor(
                 [prefill.starts[i] + prefill.counts[i] for i in done], device=self.device
             )
-            self.pending.count[indices] = 1
+            self.pending_count[indices] = 1
 
     def update(self, verified: Verified) -> None:
-        rows, pending = verified.rows, self.pending
-        pending.tokens[rows.req_indices] = verified.next_tokens(pending.width)
-        pending.start[rows.req_indices] = rows.lengths + 1
-        pending.count[rows.req_indices] = verified.result.num_correct_drafts + 1
-
-    def hold(self, verified: Verified) -> None:
-        # the step committed its last token at L; the bonus token, at L + 1, is the new last one
-        req_indices = verified.rows.req_indices
-        no_state = self.pending.hidden[req_indices, 0]  # [b, 0]
-        self.pending.append(req_indices, no_state, verified.result.bonus_token_ids)
+        rows = verified.rows
+        self.pending_tokens[rows.req_indices] = verified.next_tokens(self.width)
+        self.pending_start[rows.req_indices] = rows.lengths + 1
+        self.pending_count[rows.req_indices] = verified.result.num_correct_drafts + 1
 
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
-        b, w = rows.size, self.pending.width
-        start, count = self.pending.start[rows.req_indices], self.pending.count[rows.req_indices]
+        b, w = rows.size, self.width
+        start, count = self.pending_start[rows.req_indices], self.pending_count[rows.req_indices]
         with rows.context(start, w, self.backend) as ctx:
             ctx.recurrent = self.states.verify(
                 rows.req_indices, start, None
             )  # a snapshot after each pending row
             out = self._forward(
-                self.pending.tokens[rows.req_indices].reshape(-1), positions(start, w)
+                self.pending_tokens[rows.req_indices].reshape(-1), positions(start, w)
             )
         hidden = out.view(b, w, -1)[
             torch.arange(b, device=out.device), count - 1
