@@ -1034,13 +1034,17 @@ def _invariant_attention_kernel(
     PRECISION: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
 ):
-    """Program (seq * KV_HEADS + kv_head, query tile, split): the partial of every row of the tile
-    over the logical KV rows [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS) (``_attend_invariant``;
-    under a custom mask the tile's last row is the sequence's, past every row's logical end), cut at
-    the last row the tile can see and, with a sliding window, started at the tile of the first row any of its
-    rows sees (``_split_geometry``'s kv_start: the tiles skipped would leave every row's state as
-    is). Writes nothing when that range is empty for the whole tile (no row reads it)."""
-    seq, kv_head, q_start, split, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = (
+    """Program (seq * KV_HEADS + kv_head, query tile, p) of P along the grid's last axis: for each split
+    p, p + P, ... that the tile reaches, the partial of every row of the tile over the logical KV rows
+    [split * SPLIT_ROWS, (split + 1) * SPLIT_ROWS) (``_attend_invariant``; under a custom mask the tile's last
+    row is the sequence's, past every row's logical end), cut at the last row the tile can see and, with a
+    sliding window, started at the tile of the first row any of its rows sees (``_split_geometry``'s kv_start:
+    the tiles skipped would leave every row's state as is). Writes nothing when that range is empty for the
+    whole tile (no row reads it). Each split's partial is computed alone, from a fresh state, whichever program
+    takes it: P changes no bits (``invariant_programs`` picks it), and no program is spent on the splits past
+    the tile's rows (a block table's capacity holds hundreds of 512-row splits).
+    """
+    seq, kv_head, q_start, first, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = (
         _query_rows(
             token_table_ptr,
             seq_lens_ptr,
@@ -1072,8 +1076,6 @@ def _invariant_attention_kernel(
         BLOCK_Q,
         BLOCK_N,
     )
-    kv_lo = tl.maximum(split * SPLIT_ROWS, kv_start)
-    kv_hi = tl.minimum(split * SPLIT_ROWS + SPLIT_ROWS, kv_end)
     window_start = seq_len - window  # HAS_MASK
     mask_seq_ptr = custom_mask_ptr + seq * stride_mask_seq
     q_row = prefix + q_index  # [BLOCK_M] each row's logical position: causal, its KV row
@@ -1086,50 +1088,53 @@ def _invariant_attention_kernel(
         )  # [BLOCK_M, BLOCK_W]
         q_row = window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
     k_scale, v_scale = _kv_scales(k_scale_ptr, v_scale_ptr, KV_SCALED)
-    m_i, l_i, acc = _attend_invariant(
-        q,
-        kv_lo,
-        kv_hi,
-        block_tables_ptr + seq * stride_bt_seq,
-        k_cache_ptr + kv_head * stride_cache_head,
-        v_cache_ptr + kv_head * stride_cache_head,
-        stride_cache_slot,
-        offs_d,
-        d_ok,
-        qk_scale * k_scale,
-        q_row,
-        q_index,
-        q_start,
-        query_len,
-        mask_seq_ptr,
-        stride_mask_q,
-        window,
-        window_start,
-        q_pos,
-        sliding_window,
-        BLOCK_SIZE,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_D,
-        BLOCK_Q,
-        BLOCK_W,
-        HAS_MASK,
-        SLIDING,
-        PRECISION,
-    )
+    for split in range(first, tl.cdiv(kv_end, SPLIT_ROWS), tl.num_programs(2)):
+        kv_lo = tl.maximum(split * SPLIT_ROWS, kv_start)
+        kv_hi = tl.minimum(split * SPLIT_ROWS + SPLIT_ROWS, kv_end)
+        m_i, l_i, acc = _attend_invariant(
+            q,
+            kv_lo,
+            kv_hi,
+            block_tables_ptr + seq * stride_bt_seq,
+            k_cache_ptr + kv_head * stride_cache_head,
+            v_cache_ptr + kv_head * stride_cache_head,
+            stride_cache_slot,
+            offs_d,
+            d_ok,
+            qk_scale * k_scale,
+            q_row,
+            q_index,
+            q_start,
+            query_len,
+            mask_seq_ptr,
+            stride_mask_q,
+            window,
+            window_start,
+            q_pos,
+            sliding_window,
+            BLOCK_SIZE,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_D,
+            BLOCK_Q,
+            BLOCK_W,
+            HAS_MASK,
+            SLIDING,
+            PRECISION,
+        )
 
-    acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
-    written = tl.where(
-        kv_lo < kv_hi, row_ok, False
-    )  # a row that sees nothing here gets a neutral partial
-    part = (split * num_tokens + token.to(tl.int64)) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
-    tl.store(part_max_ptr + part, m_i, mask=written)
-    tl.store(part_sum_ptr + part, l_i, mask=written)
-    tl.store(
-        part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-        acc,
-        mask=written[:, None] & d_ok[None, :],
-    )
+        acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
+        written = tl.where(
+            kv_lo < kv_hi, row_ok, False
+        )  # a row that sees nothing here gets a neutral partial
+        part = (split * num_tokens + token.to(tl.int64)) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
+        tl.store(part_max_ptr + part, m_i, mask=written)
+        tl.store(part_sum_ptr + part, l_i, mask=written)
+        tl.store(
+            part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+            acc,
+            mask=written[:, None] & d_ok[None, :],
+        )
 
 
 @triton.jit
@@ -1288,6 +1293,13 @@ def launch_config(
         num_warps=8 if fp32 or block_m > 64 else 4,
         num_stages=2 if fp32 or wide or block_m > 64 else 3,
     )
+
+
+def invariant_programs(num_splits: int, tiles: int, device: torch.device) -> int:
+    """Programs a query tile of the batch-invariant variant spreads its splits over (the grid's last axis):
+    about ``_PROGRAMS_PER_SM`` programs an SM over ``tiles`` tiles, at most one a split. Which program takes a
+    split changes none of its bits (``_invariant_attention_kernel``), so this may follow the batch."""
+    return max(1, min(num_splits, math.ceil(_PROGRAMS_PER_SM * num_sms(device) / max(tiles, 1))))
 
 
 def invariant_launch_config(
@@ -1592,7 +1604,9 @@ def _invariant_paged_attention(
     sliding = sliding_window is not None
     k_scale, v_scale = _scale_args(k_cache, kv_scales)
     # NOTE: no FMA contraction, so every kernel rounds exactly the operations it is written with.
-    _invariant_attention_kernel[(meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)](
+    tiles = meta.num_seqs * kv_heads * cfg.num_q_tiles
+    programs = invariant_programs(cfg.num_splits, tiles, q.device)
+    _invariant_attention_kernel[(meta.num_seqs * kv_heads, cfg.num_q_tiles, programs)](
         q,
         k_cache,
         v_cache,

@@ -274,6 +274,39 @@ def test_invariant_matches_torch_backend(batch_invariant_mode, layout, shape, sp
     assert_matches_torch(case, split_rows=split_rows)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_invariant_splits_give_their_bits_whichever_program_takes_them(
+    batch_invariant_mode, layout, monkeypatch
+):
+    """The variant's splits (S = 32: several a sequence, some past its rows) walked by one program a tile in
+    turn, by three, or by one program each (``invariant_programs``): the same bits, the torch backend's
+    function, and every partial the merge reads written (allocations are poisoned)."""
+    from outpace.attention import triton_kernels
+
+    block_size, head_dim, heads, kv_heads = SHAPES[0]
+    cached, new, windows = LAYOUTS[layout]
+    case = make_case(
+        cached,
+        new,
+        windows,
+        block_size=block_size,
+        head_dim=head_dim,
+        heads=heads,
+        kv_heads=kv_heads,
+        seed=7 + list(LAYOUTS).index(layout),
+    )
+    outs = []
+    for programs in (1, 3, 1000):
+        monkeypatch.setattr(
+            triton_kernels,
+            "invariant_programs",
+            lambda splits, tiles, device, p=programs: min(splits, p),
+        )
+        outs.append(run_triton(case, split_rows=32)[0])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    torch.testing.assert_close(outs[0], run_torch(case)[0], atol=1e-5, rtol=1e-4)
+
+
 def test_invariant_launch_config_is_fixed():
     """Tiles, warps and the split size do not depend on the batch; the split count only on the table's capacity."""
     shape = {"kv_heads": 8, "group": 4, "head_dim": 128, "elem_size": 2}
