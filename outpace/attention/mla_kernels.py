@@ -91,6 +91,7 @@ from outpace.attention.triton_kernels import (
     _mask_row,
     _merge_partials,
     _softmax_step,
+    invariant_programs,
 )
 from outpace.layers.sm_count import num_sms
 
@@ -154,14 +155,6 @@ def _split_len(kv_end, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexp
     """KV rows a split covers: kv_end / num_splits rounded up to BLOCK_N rows, at least MIN_SPLIT (a
     BLOCK_N multiple). Splits past kv_end do not run, so a short sequence runs fewer, longer splits."""
     return tl.maximum(tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N, MIN_SPLIT)
-
-
-@triton.jit
-def _split_range(kv_end, split, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
-    """KV rows lo .. hi - 1 of split ``split`` (``_split_len`` rows each)."""
-    split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
-    lo = split * split_len
-    return lo, tl.minimum(lo + split_len, kv_end)
 
 
 @triton.jit
@@ -267,13 +260,18 @@ def _mla_kernel(
     # a sequence's row tiles are consecutive programs: they read the same KV rows together
     tile = tl.program_id(0)
     seq = tl.program_id(1)
-    split = tl.program_id(2)
     kv_end, prefix, seq_len, query_len = _tile_kv_end(
         seq_lens_ptr, query_lens_ptr, seq, tile, HEADS, window, HAS_MASK, BLOCK_M
     )
-    kv_lo, kv_hi = _split_range(kv_end, split, num_splits, BLOCK_N, MIN_SPLIT)
-    # A split past the rows its tile sees does nothing; split 0 always writes (every row gets a result).
-    if (kv_lo < kv_hi) | (split == 0):
+    # The splits holding rows the tile sees, and split 0 always (every row gets a result), walked by this
+    # program from program_id(2) in steps of the grid's last axis: each split's partial is computed alone,
+    # whichever program takes it, and no program is spent on splits past the tile's rows.
+    split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
+    for split in range(
+        tl.program_id(2), tl.maximum(tl.cdiv(kv_end, split_len), 1), tl.num_programs(2)
+    ):
+        kv_lo = split * split_len
+        kv_hi = tl.minimum(kv_lo + split_len, kv_end)
         flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         q_index = flat // HEADS  # [BLOCK_M]
         head = flat % HEADS
@@ -656,7 +654,11 @@ def _attend(
     block_r = max(16, triton.next_power_of_2(rank))
     # The mode: each kernel rounds exactly the operations written, whichever variant compiles.
     fusion = {"enable_fp_fusion": False} if invariant else {}
-    _mla_kernel[(tiles, meta.num_seqs, num_splits)](
+    # (the mode's splits cover the block table's capacity: a few programs a tile walk the ones it reaches)
+    programs = (
+        invariant_programs(num_splits, tiles * meta.num_seqs, device) if invariant else num_splits
+    )
+    _mla_kernel[(tiles, meta.num_seqs, programs)](
         q_parts,
         q_rope,
         flat_cache,

@@ -463,6 +463,28 @@ def test_batch_invariant_rows_equal_alone_in_a_chain_and_in_a_batch(split_rows, 
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_batch_invariant_splits_give_their_bits_whichever_program_takes_them(monkeypatch):
+    """Under the mode a row tile's splits (32 rows: several a sequence, most of the table's past its rows)
+    walked by one program in turn, by three, or by one program each (``invariant_programs``): the same
+    bits, in a ragged batch of decode and verify rows."""
+    from outpace.attention.context import forward_settings
+
+    monkeypatch.setattr(mla_kernels, "invariant_split_rows", 32)
+    g = torch.Generator().manual_seed(11)
+    seqs = LatentSequences(INVARIANT_LENGTHS, 5, 3, 36, 8, torch.float32, g)
+    outs = []
+    for programs in (1, 3, 1000):
+        monkeypatch.setattr(
+            mla_kernels,
+            "invariant_programs",
+            lambda splits, tiles, device, p=programs: min(splits, p),
+        )
+        with forward_settings(True):
+            pairs, _ = invariance_pairs(seqs, 0.3)
+        outs.append(torch.cat([a for pair in pairs for a in pair]))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_the_fast_path_is_not_batch_invariant_at_those_shapes(monkeypatch):
     """What the mode fixes: the split-KV heuristic cuts a row's KV where its batch says (alone, 8 splits
     of 16 rows at this minimum; in the batch of 4 sequences 2 splits, of half the row's context each),
