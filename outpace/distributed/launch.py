@@ -235,7 +235,14 @@ def follow(config, group: RankGroup) -> None:
 
 def _follow_then_exit(config, ranks: Ranks) -> None:
     """A rank > 0 that torchrun (or the caller) started: follow rank 0, then exit the process: 0 once
-    rank 0 closed the engine, 1 naming the lost rank when a collective failed (rank 0 or another died)."""
+    rank 0 closed the engine, 1 naming the lost rank when a collective failed (rank 0 or another died).
+
+    It leaves as a multiprocessing child leaves (the ranks outpace starts itself, ``_rank_main``): streams
+    flushed, then ``os._exit``, without the interpreter's teardown. After an orderly close that teardown
+    once aborted a torchrun-started follower on gloo ("terminate called without an active exception",
+    SIGABRT, exit -6, in tests/distributed/test_expert_parallel_nodes.py's server test under CI's load),
+    which left rank 0's torchrun waiting on the failed node."""
+    code = 0
     try:
         follow(config, ranks.group)
     except Exception as e:
@@ -243,10 +250,12 @@ def _follow_then_exit(config, ranks: Ranks) -> None:
         if failure is None:
             raise
         print(f"outpace rank {ranks.group.rank}: stopping: {failure}", file=sys.stderr)
-        sys.exit(1)
+        code = 1
     finally:
         ranks.close(timeout_s=1.0)
-    sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _start_ranks(config) -> Ranks:
