@@ -267,11 +267,8 @@ def _mla_kernel(
     # program from program_id(2) in steps of the grid's last axis: each split's partial is computed alone,
     # whichever program takes it, and no program is spent on splits past the tile's rows.
     split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
-    for split in range(
-        tl.program_id(2), tl.maximum(tl.cdiv(kv_end, split_len), 1), tl.num_programs(2)
-    ):
-        kv_lo = split * split_len
-        kv_hi = tl.minimum(kv_lo + split_len, kv_end)
+    live_splits = tl.maximum(tl.cdiv(kv_end, split_len), 1)
+    if tl.program_id(2) < live_splits:  # (the tile's queries, loaded once for the splits it walks)
         flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         q_index = flat // HEADS  # [BLOCK_M]
         head = flat % HEADS
@@ -308,103 +305,119 @@ def _mla_kernel(
                 other=0,
             )  # [BLOCK_M, BLOCK_W]
             own_row = window_start + tl.sum((row_mask != 0).to(tl.int32), axis=1) - 1
-        # The running max starts finite: rows with nothing visible yet keep exp2(-inf - max) = 0.
-        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-        shared_hi = kv_hi  # tiles below it: a row's logical rows are the physical rows, read once for the tile
-        if LOGICAL_ROWS:
-            shared_hi = tl.minimum(tl.maximum(kv_lo, window_start // BLOCK_N * BLOCK_N), kv_hi)
-        for start in range(kv_lo, shared_hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV rows
-            n_ok = offs_n < kv_hi
-            if HAS_MASK and not LOGICAL_ROWS:
-                # in place: rows before the window seen by every row (other=1), the window as the mask says
-                in_window = row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :]
-                allowed = tl.load(
-                    mask_seq + q_index[:, None] * stride_mask_q + (offs_n - window_start)[None, :],
-                    mask=in_window,
-                    other=1,
-                )
-                visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
-            else:
-                visible = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
-            m_i, l_i, acc = _latent_step(
-                q_lat,
-                q_pe,
-                m_i,
-                l_i,
-                acc,
-                cache_ptr,
-                offs_n,
-                n_ok,
-                bt_ptr,
-                stride_cache_slot,
-                offs_r,
-                r_ok,
-                offs_p,
-                p_ok,
-                visible,
-                score_scale,
-                R,
-                BLOCK_SIZE,
-                PRECISION,
-            )
-        if LOGICAL_ROWS:  # the tiles reaching into the window: per query token, its logical rows
-            # query tokens a row tile can span
-            BLOCK_Q: tl.constexpr = (BLOCK_M + HEADS - 2) // HEADS + 1
-            first_query = tile * BLOCK_M // HEADS
-            last_query = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // HEADS, query_len - 1)
-            for start in range(shared_hi, kv_hi, BLOCK_N):
-                offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical KV rows
+        for split in range(tl.program_id(2), live_splits, tl.num_programs(2)):
+            kv_lo = split * split_len
+            kv_hi = tl.minimum(kv_lo + split_len, kv_end)
+            # The running max starts finite: rows with nothing visible yet keep exp2(-inf - max) = 0.
+            m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+            shared_hi = kv_hi  # tiles below it: a row's logical rows are the physical rows, read once for the tile
+            if LOGICAL_ROWS:
+                shared_hi = tl.minimum(tl.maximum(kv_lo, window_start // BLOCK_N * BLOCK_N), kv_hi)
+            for start in range(kv_lo, shared_hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV rows
                 n_ok = offs_n < kv_hi
-                visible = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
-                for t in range(BLOCK_Q):
-                    query = first_query + t
-                    seen, rank, count = _mask_row(
-                        mask_seq, query, query <= last_query, stride_mask_q, window, BLOCK_W
+                if HAS_MASK and not LOGICAL_ROWS:
+                    # in place: rows before the window seen by every row (other=1), the window as the mask says
+                    in_window = row_ok[:, None] & (n_ok & (offs_n >= window_start))[None, :]
+                    allowed = tl.load(
+                        mask_seq
+                        + q_index[:, None] * stride_mask_q
+                        + (offs_n - window_start)[None, :],
+                        mask=in_window,
+                        other=1,
                     )
-                    if (query <= last_query) & (start < window_start + count):
-                        # logical row window_start + j: the window column whose rank is j + 1
-                        match = (seen[None, :] != 0) & (
-                            rank[None, :] == (offs_n - window_start + 1)[:, None]
-                        )  # [BLOCK_N, BLOCK_W]
-                        column = tl.sum(tl.where(match, offs_w[None, :], 0), axis=1)  # [BLOCK_N]
-                        m_i, l_i, acc = _latent_step(
-                            q_lat,
-                            q_pe,
-                            m_i,
-                            l_i,
-                            acc,
-                            cache_ptr,
-                            tl.where(offs_n < window_start, offs_n, window_start + column),
-                            n_ok & (offs_n < window_start + count),
-                            bt_ptr,
-                            stride_cache_slot,
-                            offs_r,
-                            r_ok,
-                            offs_p,
-                            p_ok,
-                            visible & (q_index == query)[:, None],
-                            score_scale,
-                            R,
-                            BLOCK_SIZE,
-                            PRECISION,
+                    visible = row_ok[:, None] & n_ok[None, :] & (allowed != 0)
+                else:
+                    visible = (
+                        row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
+                    )
+                m_i, l_i, acc = _latent_step(
+                    q_lat,
+                    q_pe,
+                    m_i,
+                    l_i,
+                    acc,
+                    cache_ptr,
+                    offs_n,
+                    n_ok,
+                    bt_ptr,
+                    stride_cache_slot,
+                    offs_r,
+                    r_ok,
+                    offs_p,
+                    p_ok,
+                    visible,
+                    score_scale,
+                    R,
+                    BLOCK_SIZE,
+                    PRECISION,
+                )
+            if (
+                LOGICAL_ROWS
+            ):  # the tiles reaching into the window: per query token, its logical rows
+                # query tokens a row tile can span
+                BLOCK_Q: tl.constexpr = (BLOCK_M + HEADS - 2) // HEADS + 1
+                first_query = tile * BLOCK_M // HEADS
+                last_query = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // HEADS, query_len - 1)
+                for start in range(shared_hi, kv_hi, BLOCK_N):
+                    offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical KV rows
+                    n_ok = offs_n < kv_hi
+                    visible = (
+                        row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= own_row[:, None])
+                    )
+                    for t in range(BLOCK_Q):
+                        query = first_query + t
+                        seen, rank, count = _mask_row(
+                            mask_seq, query, query <= last_query, stride_mask_q, window, BLOCK_W
                         )
-        acc = acc * k_scale
-        out_ok = row_ok[:, None] & r_ok[None, :]
-        if PARTIALS:
-            part = (split * num_tokens + token) * HEADS + head  # [BLOCK_M]
-            tl.store(part_max_ptr + part, m_i, mask=row_ok)
-            tl.store(part_sum_ptr + part, l_i, mask=row_ok)
-            tl.store(part_acc_ptr + part[:, None] * R + offs_r[None, :], acc, mask=out_ok)
-        else:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(
-                out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_r[None, :],
-                out.to(out_ptr.dtype.element_ty),
-                mask=out_ok,
-            )
+                        if (query <= last_query) & (start < window_start + count):
+                            # logical row window_start + j: the window column whose rank is j + 1
+                            match = (seen[None, :] != 0) & (
+                                rank[None, :] == (offs_n - window_start + 1)[:, None]
+                            )  # [BLOCK_N, BLOCK_W]
+                            column = tl.sum(
+                                tl.where(match, offs_w[None, :], 0), axis=1
+                            )  # [BLOCK_N]
+                            m_i, l_i, acc = _latent_step(
+                                q_lat,
+                                q_pe,
+                                m_i,
+                                l_i,
+                                acc,
+                                cache_ptr,
+                                tl.where(offs_n < window_start, offs_n, window_start + column),
+                                n_ok & (offs_n < window_start + count),
+                                bt_ptr,
+                                stride_cache_slot,
+                                offs_r,
+                                r_ok,
+                                offs_p,
+                                p_ok,
+                                visible & (q_index == query)[:, None],
+                                score_scale,
+                                R,
+                                BLOCK_SIZE,
+                                PRECISION,
+                            )
+            acc = acc * k_scale
+            out_ok = row_ok[:, None] & r_ok[None, :]
+            if PARTIALS:
+                partial = (split * num_tokens + token) * HEADS + head  # [BLOCK_M]
+                tl.store(part_max_ptr + partial, m_i, mask=row_ok)
+                tl.store(part_sum_ptr + partial, l_i, mask=row_ok)
+                tl.store(part_acc_ptr + partial[:, None] * R + offs_r[None, :], acc, mask=out_ok)
+            else:
+                out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+                tl.store(
+                    out_ptr
+                    + token[:, None] * stride_ot
+                    + head[:, None] * stride_oh
+                    + offs_r[None, :],
+                    out.to(out_ptr.dtype.element_ty),
+                    mask=out_ok,
+                )
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_splits", "window"])
