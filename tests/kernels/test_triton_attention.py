@@ -84,6 +84,19 @@ def run_triton(case: Case, num_splits=None, split_rows=None):
     return out, k_cache, v_cache
 
 
+def layout_case(layout: str, shape: tuple, seed: int) -> Case:
+    """A case of ``LAYOUTS[layout]`` at ``shape`` (block_size, head_dim, heads, kv_heads)."""
+    block_size, head_dim, heads, kv_heads = shape
+    return make_case(
+        *LAYOUTS[layout],
+        block_size=block_size,
+        head_dim=head_dim,
+        heads=heads,
+        kv_heads=kv_heads,
+        seed=seed,
+    )
+
+
 def assert_matches_torch(case: Case, num_splits=None, atol=1e-5, rtol=1e-4, split_rows=None):
     expected, k_ref, v_ref = run_torch(case)
     out, k_cache, v_cache = run_triton(case, num_splits, split_rows)
@@ -96,19 +109,9 @@ def assert_matches_torch(case: Case, num_splits=None, atol=1e-5, rtol=1e-4, spli
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_matches_torch_backend(layout, shape):
-    block_size, head_dim, heads, kv_heads = shape
-    cached, new, windows = LAYOUTS[layout]
-    case = make_case(
-        cached,
-        new,
-        windows,
-        block_size=block_size,
-        head_dim=head_dim,
-        heads=heads,
-        kv_heads=kv_heads,
-        seed=10 * list(LAYOUTS).index(layout) + SHAPES.index(shape),
+    assert_matches_torch(
+        layout_case(layout, shape, 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape))
     )
-    assert_matches_torch(case)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 16])
@@ -259,19 +262,8 @@ def batch_invariant_mode():
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_invariant_matches_torch_backend(batch_invariant_mode, layout, shape, split_rows):
     """Same function as the torch backend, with one split (S = 512) or many, some empty (S = 32)."""
-    block_size, head_dim, heads, kv_heads = shape
-    cached, new, windows = LAYOUTS[layout]
-    case = make_case(
-        cached,
-        new,
-        windows,
-        block_size=block_size,
-        head_dim=head_dim,
-        heads=heads,
-        kv_heads=kv_heads,
-        seed=100 + 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape),
-    )
-    assert_matches_torch(case, split_rows=split_rows)
+    seed = 100 + 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape)
+    assert_matches_torch(layout_case(layout, shape, seed), split_rows=split_rows)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -283,18 +275,7 @@ def test_invariant_splits_give_their_bits_whichever_program_takes_them(
     function, and every partial the merge reads written (allocations are poisoned)."""
     from outpace.attention import triton_kernels
 
-    block_size, head_dim, heads, kv_heads = SHAPES[0]
-    cached, new, windows = LAYOUTS[layout]
-    case = make_case(
-        cached,
-        new,
-        windows,
-        block_size=block_size,
-        head_dim=head_dim,
-        heads=heads,
-        kv_heads=kv_heads,
-        seed=7 + list(LAYOUTS).index(layout),
-    )
+    case = layout_case(layout, SHAPES[0], 7 + list(LAYOUTS).index(layout))
     outs = []
     for programs in (1, 3, 1000):
         monkeypatch.setattr(
