@@ -88,6 +88,7 @@ from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.triton_kernels import (
     _kv_offsets,
     _kv_scales,
+    _last_logical_rows,
     _mask_row,
     _merge_partials,
     _softmax_step,
@@ -298,13 +299,9 @@ def _mla_kernel(
         # [BLOCK_M] each row's last visible (logical) KV row; causal: its own
         own_row = prefix + q_index
         if LOGICAL_ROWS:  # the rows before the window, then the window rows its mask row shows
-            offs_w = tl.arange(0, BLOCK_W)
-            row_mask = tl.load(
-                mask_seq + q_index[:, None] * stride_mask_q + offs_w[None, :],
-                mask=row_ok[:, None] & (offs_w < window)[None, :],
-                other=0,
-            )  # [BLOCK_M, BLOCK_W]
-            own_row = window_start + tl.sum((row_mask != 0).to(tl.int32), axis=1) - 1
+            own_row = _last_logical_rows(
+                mask_seq, q_index, row_ok, stride_mask_q, window, window_start, BLOCK_W
+            )
         for split in range(tl.program_id(2), live_splits, tl.num_programs(2)):
             kv_lo = split * split_len
             kv_hi = tl.minimum(kv_lo + split_len, kv_end)
@@ -359,6 +356,7 @@ def _mla_kernel(
             ):  # the tiles reaching into the window: per query token, its logical rows
                 # query tokens a row tile can span
                 BLOCK_Q: tl.constexpr = (BLOCK_M + HEADS - 2) // HEADS + 1
+                offs_w = tl.arange(0, BLOCK_W)  # the mask's window columns
                 first_query = tile * BLOCK_M // HEADS
                 last_query = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // HEADS, query_len - 1)
                 for start in range(shared_hi, kv_hi, BLOCK_N):

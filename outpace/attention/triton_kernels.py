@@ -871,6 +871,21 @@ def _mask_row(mask_seq_ptr, query, ok, stride_mask_q, window, BLOCK_W: tl.conste
 
 
 @triton.jit
+def _last_logical_rows(
+    mask_seq_ptr, q_index, row_ok, stride_mask_q, window, window_start, BLOCK_W: tl.constexpr
+):
+    """[BLOCK_M] each query row's last visible logical KV row under a custom mask: the rows before the window,
+    then as many as its mask row shows (its own logical position)."""
+    offs_w = tl.arange(0, BLOCK_W)
+    seen = tl.load(
+        mask_seq_ptr + q_index[:, None] * stride_mask_q + offs_w[None, :],
+        mask=row_ok[:, None] & (offs_w < window)[None, :],
+        other=0,
+    )  # [BLOCK_M, BLOCK_W]
+    return window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
+
+
+@triton.jit
 def _attend_invariant(
     q,  # [BLOCK_M, BLOCK_D] queries
     lo,
@@ -1080,13 +1095,9 @@ def _invariant_attention_kernel(
     mask_seq_ptr = custom_mask_ptr + seq * stride_mask_seq
     q_row = prefix + q_index  # [BLOCK_M] each row's logical position: causal, its KV row
     if HAS_MASK:  # the rows before the window, and the window rows its mask row shows
-        offs_w = tl.arange(0, BLOCK_W)
-        seen = tl.load(
-            mask_seq_ptr + q_index[:, None] * stride_mask_q + offs_w[None, :],
-            mask=row_ok[:, None] & (offs_w < window)[None, :],
-            other=0,
-        )  # [BLOCK_M, BLOCK_W]
-        q_row = window_start + tl.sum((seen != 0).to(tl.int32), axis=1) - 1
+        q_row = _last_logical_rows(
+            mask_seq_ptr, q_index, row_ok, stride_mask_q, window, window_start, BLOCK_W
+        )
     k_scale, v_scale = _kv_scales(k_scale_ptr, v_scale_ptr, KV_SCALED)
     for split in range(first, tl.cdiv(kv_end, SPLIT_ROWS), tl.num_programs(2)):
         kv_lo = tl.maximum(split * SPLIT_ROWS, kv_start)
