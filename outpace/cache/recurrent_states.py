@@ -50,13 +50,10 @@ class RecurrentStates:
                 self._states.append(states[name])
                 self._snapshots.append(snapshots[name])
             layer.bind_state(states, snapshots)
-        self._commit_kernel = (
-            None  # one launch for every tensor (CUDA): cache/state_commit_kernel.py
-        )
+        # on CUDA, ``commit`` in one launch for every tensor (cache/state_commit_kernel.py)
+        self._commit_kernel = None
         if self._states and self.device.type == "cuda":
-            from outpace.cache.state_commit_kernel import (
-                StateCommit,
-            )  # Triton: only where a GPU runs
+            from outpace.cache.state_commit_kernel import StateCommit  # Triton: only with a GPU
 
             self._commit_kernel = StateCommit(self._states, self._snapshots)
 
