@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from outpace.bench.families import build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import start_decoding
-from outpace.bench.profile import _cuda_events
+from outpace.bench.profile import _cuda_events, kernel_timeline
 
 CONTEXT = 512
 
@@ -41,17 +41,8 @@ def step_lines(shape_name: str, workdir: Path, batch: int) -> list[str]:
         events = _cuda_events(prof)
         per_step = len(events) // 3
         step = events[per_step : 2 * per_step]  # the second step's kernels (steps launch alike)
-        t0 = step[0].time_range.start
-        lines = [f"{shape_name} batch {batch}: {len(step)} kernels and copies, start/dur/gap in us"]
-        prev_end = t0
-        for e in step:
-            start, end = e.time_range.start, e.time_range.end
-            lines.append(
-                f"{start - t0:9.1f} {end - start:7.1f} {start - prev_end:6.1f}  {e.name[:90]}"
-            )
-            prev_end = max(prev_end, end)
-        lines.append(f"step span {prev_end - t0:.1f} us")
-        return lines
+        head = f"{shape_name} batch {batch}: {len(step)} kernels and copies, start/dur/gap in us"
+        return [head, *kernel_timeline(step)]
     finally:
         close(llm)
 

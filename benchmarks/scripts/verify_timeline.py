@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from outpace.bench.families import MAX_VERIFY_TOKENS, build, close
 from outpace.bench.family_shapes import family_shapes
-from outpace.bench.profile import _cuda_events
+from outpace.bench.profile import _cuda_events, kernel_timeline
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.step_key import SamplingMode, StepKey
@@ -61,16 +61,6 @@ def replay_events(llm, batch: int, tokens: int) -> list:
         raise RuntimeError(f"{len(events)} kernels over {REPLAYS} replays of one graph")
     per = len(events) // REPLAYS
     return events[per : 2 * per]
-
-
-def timeline(events: list) -> list[str]:
-    t0, prev_end, lines = events[0].time_range.start, events[0].time_range.start, []
-    for e in events:
-        start, end = e.time_range.start, e.time_range.end
-        lines.append(f"{start - t0:9.1f} {end - start:7.1f} {start - prev_end:6.1f}  {e.name[:90]}")
-        prev_end = max(prev_end, end)
-    lines.append(f"replay span {prev_end - t0:.1f} us")
-    return lines
 
 
 def by_name(events: list) -> dict[str, tuple[int, float]]:
@@ -108,7 +98,7 @@ def compare(shape: str, batch: int, out: Path, workdir: Path, models_dir: Path) 
         tables, spans = [], []
         for t in TOKENS:
             events = replay_events(llm, batch, t)
-            lines = timeline(events)
+            lines = kernel_timeline(events)
             (out / f"verify_{shape.replace(':', '_')}@{batch}_t{t}.txt").write_text(
                 "\n".join(lines) + "\n"
             )

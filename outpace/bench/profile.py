@@ -49,6 +49,19 @@ def _cuda_events(prof) -> list:
     )
 
 
+def kernel_timeline(events: list) -> list[str]:
+    """One line a kernel or copy of ``events`` (in launch order): its start after the first one's, its duration
+    and the gap since the previous one ended (us), and its name; then the span of them all."""
+    t0 = prev_end = events[0].time_range.start
+    lines = []
+    for e in events:
+        start, end = e.time_range.start, e.time_range.end
+        lines.append(f"{start - t0:9.1f} {end - start:7.1f} {start - prev_end:6.1f}  {e.name[:90]}")
+        prev_end = max(prev_end, end)
+    lines.append(f"span {prev_end - t0:.1f} us")
+    return lines
+
+
 def _kernel_table(prof, top: int, per: float = 1.0) -> list[str]:
     """Kernel time and launches by name (divided by ``per``), largest first."""
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
