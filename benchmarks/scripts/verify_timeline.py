@@ -39,23 +39,19 @@ REPLAYS = 3
 
 def replay_events(llm, batch: int, tokens: int) -> list:
     """The kernels of one replay (the second of REPLAYS) of the step verifying ``tokens`` a sequence, on the
-    padding rows, the state buffers restored after (as ``ModelRunner.profile`` replays a step; its copies of
-    those buffers stay outside the profiled region, so the region holds the replays alone)."""
+    padding rows (``ModelRunner.padding_replays``: the copies that save and restore the state buffers stay
+    outside the profiled region, so the region holds the replays alone)."""
     runner = llm.engine.runner
     key = StepKey(
         bucket_for(runner.graph_buckets, batch), DraftShape(tokens - 1), SamplingMode.GREEDY
     )
-    step = runner.decode_step
-    step.batch_indices.fill_(runner.req_table.padding_index)
-    saved = [t.clone() for t in step.state_buffers(key)]
-    step.run(key)  # warm
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPLAYS):
-            step.run(key)
+    with runner.padding_replays(key) as replay:
+        replay()  # warm
         torch.cuda.synchronize()
-    for buffer, old in zip(step.state_buffers(key), saved):
-        buffer.copy_(old)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(REPLAYS):
+                replay()
+            torch.cuda.synchronize()
     events = _cuda_events(prof)
     if len(events) % REPLAYS:
         raise RuntimeError(f"{len(events)} kernels over {REPLAYS} replays of one graph")

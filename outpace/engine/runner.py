@@ -9,6 +9,8 @@ table) and reads the runner only through its public methods and properties.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import repeat
 from operator import attrgetter, sub
 
@@ -164,19 +166,29 @@ class ModelRunner:
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding index)."""
+        times = []
+        with self.padding_replays(key) as replay:
+            for _ in range(repeats + 1):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+        return sorted(times[1:])[repeats // 2]
+
+    @contextmanager
+    def padding_replays(self, key: StepKey) -> Iterator[Callable[[], torch.Tensor]]:
+        """Yields a function that runs the key's step on the padding rows; every per-request buffer the step
+        advances (``state_buffers``) is restored afterwards (a profile's replays, benchmarks' timelines)."""
         self.decode_step.batch_indices.fill_(self.req_table.padding_index)
         saved = [t.clone() for t in self.decode_step.state_buffers(key)]
-        times = []
-        for _ in range(repeats + 1):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.decode_step.run(key)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        for buffer, old in zip(self.decode_step.state_buffers(key), saved):
-            buffer.copy_(old)
-        return sorted(times[1:])[repeats // 2]
+        try:
+            yield lambda: self.decode_step.run(key)
+        finally:
+            for buffer, old in zip(self.decode_step.state_buffers(key), saved):
+                buffer.copy_(old)
 
     def rebind_kv(self) -> None:
         """The pool was resized and its caches reallocated (kv_cache.rebind_kv_caches; start-up, before any
