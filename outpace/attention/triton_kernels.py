@@ -65,7 +65,7 @@ it sees and their absolute positions:
 - Fixed tiles: BLOCK_M (64 rows in fp16/bf16, whatever the query length), BLOCK_N, warps and stages
   depend on the model's shape and dtype only, so every call runs the same compiled arithmetic, and
   a row's QK^T and PV results do not depend on the other rows of its tile.
-- Fixed partition: split j covers the absolute KV rows [j * S, (j + 1) * S), S = 512 (a multiple of
+- Fixed partition: split j covers the absolute KV rows [j * S, (j + 1) * S), S = 128 (a multiple of
   BLOCK_N), walked in BLOCK_N tiles at absolute multiples of BLOCK_N, in one masked pass: the same
   code for every tile, which updates the row's softmax state tile after tile in increasing order.
   Calls differ only in where a split's walk stops (the last row its query tile may see), and in
@@ -142,7 +142,11 @@ _PROGRAMS_PER_SM = 2  # target grid size for split-KV, in programs per streaming
 _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64  # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
-_INVARIANT_SPLIT_ROWS = 512  # batch-invariant variant: KV rows per split
+# Batch-invariant variant: KV rows per split. Gemma-3-12B's decode in the mode against the normal path at
+# 512 / 256 / 128: -17.7 / -10.9 / -5.7% at batch 1, -12.0 / -7.1 / -8.7% at batch 8 over 512 cached tokens
+# (benchmarks/scripts/batch_invariant_speed.py --split-rows, gpu_2026-11-30e call 1): a short context's few
+# splits were few programs.
+_INVARIANT_SPLIT_ROWS = 128
 
 
 @triton.jit(do_not_specialize=["stride_table_seq"])
@@ -1057,7 +1061,7 @@ def _invariant_attention_kernel(
     the tiles skipped would leave every row's state as is). Writes nothing when that range is empty for the
     whole tile (no row reads it). Each split's partial is computed alone, from a fresh state, whichever program
     takes it: P changes no bits (``invariant_programs`` picks it), and no program is spent on the splits past
-    the tile's rows (a block table's capacity holds hundreds of 512-row splits).
+    the tile's rows (a block table's capacity holds hundreds of 128-row splits).
     """
     seq, kv_head, q_start, first, seq_len, query_len, q_index, head, row_ok, token, offs_d, d_ok = (
         _query_rows(

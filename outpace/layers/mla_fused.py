@@ -2,28 +2,33 @@
 attention block in five launches, where the eager chain takes about 17 (16 to 18 counted along its code
 path; tests/kernels/test_mla_fused.py counts both on the GPU).
 
-1. ``_down_kernel``: both down projections of the (already normalised) input x in one grid, q_a_proj's
-   outputs and kv_a_proj_with_mqa's side by side (both stream their weights against the same rows). The
-   q part leaves q_a * w (w: q_a_layernorm's weight) and each program's sums of q_a^2, so that the next
-   kernel applies the norm as rstd * ((q_a * w) @ W.T) (layers/fused_projection.py's NormedRows idea);
-   the kv part leaves its raw float32 rows [latent | k_pe]. Without a q_lora_rank only the kv part runs.
-2. ``_q_absorb_kernel``: per head, the q_nope rows of q_b_proj (or q_proj) times the head's W_UK: the query
-   latent W_UK^T q_nope, in ``q_parts`` partial products over slices of the nope dimension (the
-   attention kernel sums them: enough programs for few heads without an atomic or another launch); the
-   head's q_pe rows, rotated; and one program that finishes the kv rows (kv_a_layernorm on the latent,
-   RoPE on k_pe) and writes them into the latent cache at the tokens' slots (an FP8 cache: quantized
-   with the layer's k scale, attention/kv_quant.py).
+1. ``_down_kernel``: the projections of the (already normalised) input x in one grid, the query's outputs
+   and kv_a_proj_with_mqa's side by side (both stream their weights against the same rows). With a
+   q_lora_rank the query's part is q_a_proj: it leaves q_a * w (w: q_a_layernorm's weight) and each
+   program's sums of q_a^2, so that the next kernel applies the norm as rstd * ((q_a * w) @ W.T)
+   (layers/fused_projection.py's NormedRows idea). Without one it is q_proj, the whole query: its float32
+   rows. The kv part leaves its raw float32 rows [latent | k_pe].
+2. The query latent W_UK^T q_nope, the rotated q_pe, and one program that finishes the kv rows
+   (kv_a_layernorm on the latent, RoPE on k_pe) and writes them into the latent cache at the tokens'
+   slots (an FP8 cache: quantized with the layer's k scale, attention/kv_quant.py):
+   - with a q_lora_rank, ``_q_absorb_kernel``: per head, the q_nope rows of q_b_proj times the head's W_UK,
+     in ``q_parts`` partial products over slices of the nope dimension (the attention kernel sums them:
+     enough programs for few heads without an atomic or another launch), and the head's q_pe rows;
+   - without, ``_absorb_kernel``: q_proj's rows are already there, so a program takes one head's whole
+     q_nope and a slice of W_UK's R columns (``r_parts``): the query latent whole, W_UK read once. With
+     q_proj in kernel 2 (DeepSeek-V2-Lite: 16 heads, 12.6 MB of q_proj), its 96 programs took 10.6 us a
+     layer on the H200 (benchmarks/results/gpu_2026-11-30e call 1), a third of the bytes' bandwidth.
 3-4. attention/mla_kernels.py ``mla_attention_up``: attention over the latent cache (split-KV partials),
    then the merge of the splits with each head's W_UV applied to its attended latent.
 5. o_proj (layers/linear.py: the few-row projection kernel on CUDA).
 
-Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 read q_a_proj,
-kv_a_proj_with_mqa and q_b_proj (or q_proj) in their stored float8 bytes, each weight's format a
-compile-time fact, and dequantize a tile in registers to the rows' dtype, times its block's scale (the
-few-row FP8 projections' ``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most
-one scale block's columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after
-loading, as the eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the
-same five launches. Which formats the kernels take: layers/mla.py ``fuses``.
+Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 read q_a_proj (or q_proj),
+kv_a_proj_with_mqa and q_b_proj in their stored float8 bytes, each weight's format a compile-time fact, and
+dequantize a tile in registers to the rows' dtype, times its block's scale (the few-row FP8 projections'
+``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most one scale block's
+columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after loading, as the
+eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the same five
+launches. Which formats the kernels take: layers/mla.py ``fuses``.
 
 Kernels 1 and 2 launch with programmatic dependent launch on Hopper (layers/pdl.py): their programs
 start while the kernel before drains, prefetch their first weight columns into L2, then wait.
@@ -63,6 +68,8 @@ _MAX_BLOCK_K = 512
 _DOWN_STAGES = 4  # software pipeline stages of the down projections' weight stream
 _Q_ABSORB_STAGES = 3  # of q_b_proj's (or q_proj's)
 MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' programs, not more
+# W_UK's R columns an ``_absorb_kernel`` program takes at least (a power of two >= 16; tests lower it)
+min_r_chunk = 64
 _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
 
 
@@ -156,13 +163,13 @@ def _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, HALF:
 @triton.jit
 def _down_kernel(
     x_ptr,  # [M, K]: the normalised layer input
-    wq_ptr,  # [QR, K] q_a_proj
+    wq_ptr,  # [QR, K] q_a_proj (Q_NORMED) or q_proj (QR = heads * (nope + rope))
     wkv_ptr,  # [KV, K] kv_a_proj_with_mqa, KV = R + P
-    wq_scale_ptr,  # Q_FORMAT "fp8_block": q_a_proj's scales (_rows_dot)
+    wq_scale_ptr,  # Q_FORMAT "fp8_block": wq's scales (_rows_dot)
     wkv_scale_ptr,  # KV_FORMAT "fp8_block": kv_a_proj_with_mqa's
-    q_norm_ptr,  # [QR] q_a_layernorm's weight
-    q_normed_ptr,  # [M, QR] out: q_a * q_norm
-    q_sq_ptr,  # [q_programs, M] float32 out: each q program's sums of q_a^2
+    q_norm_ptr,  # [QR] q_a_layernorm's weight (Q_NORMED)
+    q_out_ptr,  # [M, QR] out: q_a * q_norm (Q_NORMED), else q_proj's float32 rows
+    q_sq_ptr,  # [q_programs, M] float32 out (Q_NORMED): each q program's sums of q_a^2
     kv_raw_ptr,  # [M, KV] float32 out
     M,
     K,
@@ -186,8 +193,10 @@ def _down_kernel(
     KV_FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,  # a scale's block (fp8_block: the checkpoint's weight_block_size)
     SCALE_BK: tl.constexpr,
+    Q_NORMED: tl.constexpr,  # wq is q_a_proj, followed by q_a_layernorm
 ):
-    """Programs 0 .. q_programs - 1: BN outputs of q_a each; the rest: BN outputs of kv_a each."""
+    """Programs 0 .. q_programs - 1: BN outputs of the query's projection each; the rest: BN outputs of
+    kv_a each."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BM)
     row_ok = rows < M
@@ -218,13 +227,14 @@ def _down_kernel(
             SCALE_BN,
             SCALE_BK,
         )  # [BM, BN]; 0 in masked columns
-        w = tl.load(q_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        tl.store(
-            q_normed_ptr + rows[:, None] * QR + cols[None, :],
-            (acc * w[None, :]).to(q_normed_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & ok[None, :],
-        )
-        tl.store(q_sq_ptr + pid * M + rows, tl.sum(acc * acc, axis=1), mask=row_ok)
+        dst = q_out_ptr + rows[:, None] * QR + cols[None, :]
+        if Q_NORMED:
+            w = tl.load(q_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            out = (acc * w[None, :]).to(q_out_ptr.dtype.element_ty)
+            tl.store(dst, out, mask=row_ok[:, None] & ok[None, :])
+            tl.store(q_sq_ptr + pid * M + rows, tl.sum(acc * acc, axis=1), mask=row_ok)
+        else:
+            tl.store(dst, acc, mask=row_ok[:, None] & ok[None, :])
     else:
         cols = (pid - q_programs) * BN + tl.arange(0, BN)
         ok = cols < KV
@@ -311,9 +321,9 @@ def _write_kv_rows(
 
 @triton.jit
 def _q_absorb_kernel(
-    x_ptr,  # [M, K]: q_a * q_norm (SCALE_ROWS), or the normalised layer input (q_proj)
-    sq_ptr,  # [num_sq_parts, M] float32: sums of q_a^2 (SCALE_ROWS)
-    wq_ptr,  # [HEADS * (NOPE + P), K]: q_b_proj or q_proj
+    x_ptr,  # [M, K]: q_a * q_norm
+    sq_ptr,  # [num_sq_parts, M] float32: sums of q_a^2
+    wq_ptr,  # [HEADS * (NOPE + P), K]: q_b_proj
     wq_scale_ptr,  # Q_FORMAT "fp8_block": its scales (_rows_dot)
     w_uk_ptr,  # [HEADS, NOPE, R] (strides stride_uk_head, stride_uk_row, 1): W_UK (mla.py up_weights)
     kv_raw_ptr,
@@ -354,7 +364,6 @@ def _q_absorb_kernel(
     BR: tl.constexpr,
     BM: tl.constexpr,
     BK: tl.constexpr,
-    SCALE_ROWS: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
@@ -366,7 +375,7 @@ def _q_absorb_kernel(
     """Program h * (Q_PARTS + PE_PARTS) + c of head h: c < Q_PARTS, part c of the query latent (q_nope's
     columns c * NOPE_CHUNK ... times their rows of W_UK); else part c - Q_PARTS of the head's rotated q_pe
     (PE_CHUNK rotation pairs). The last program (HEADS * (Q_PARTS + PE_PARTS)) writes the kv rows into the
-    cache. SCALE_ROWS: row r of x @ W.T is scaled by rsqrt(sum(sq[:, r]) / K + eps) (q_a_layernorm)."""
+    cache. Row r of x @ W.T is scaled by rsqrt(sum(sq[:, r]) / K + eps) (q_a_layernorm)."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BM)
     row_ok = rows < M
@@ -410,16 +419,13 @@ def _q_absorb_kernel(
                 _prefetch_rows(wq_ptr, a_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
                 _prefetch_rows(wq_ptr, b_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
         pdl_enter(PDL)
-        if SCALE_ROWS:
-            parts = tl.arange(0, BLOCK_SQ)
-            sq = tl.load(
-                sq_ptr + parts[:, None] * M + rows[None, :],
-                mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_SQ, BM]
-            rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
-        else:
-            rstd = tl.full((BM, 1), 1.0, tl.float32)
+        parts = tl.arange(0, BLOCK_SQ)
+        sq = tl.load(
+            sq_ptr + parts[:, None] * M + rows[None, :],
+            mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_SQ, BM]
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
         if c < Q_PARTS:
             q_nope = _rows_dot(
                 x_ptr,
@@ -509,12 +515,114 @@ def _q_absorb_kernel(
             tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _absorb_kernel(
+    q_ptr,  # [M, HEADS * (NOPE + P)] float32: q_proj's rows (_down_kernel)
+    w_uk_ptr,  # [HEADS, NOPE, R] (strides stride_uk_head, stride_uk_row, 1): W_UK (mla.py up_weights)
+    kv_raw_ptr,
+    kv_norm_ptr,
+    cache_ptr,
+    k_scale_ptr,
+    slot_ptr,  # as _write_kv_rows's
+    pos_ptr,  # [M]
+    cos_ptr,
+    sin_ptr,  # [max_positions, P // 2] float32
+    q_latent_ptr,  # [M, HEADS, R] out: the query latents
+    q_pe_ptr,  # [M, HEADS, P] out: rotated
+    M,
+    kv_eps,
+    stride_uk_head,
+    stride_uk_row,
+    stride_cache_slot,
+    HEADS: tl.constexpr,
+    NOPE: tl.constexpr,
+    P: tl.constexpr,
+    R: tl.constexpr,
+    R_PARTS: tl.constexpr,
+    R_CHUNK: tl.constexpr,  # R columns a program (a multiple of BR)
+    PREFETCH_LINES: tl.constexpr,  # max(1, R_CHUNK // 64): 128-byte lines of a W_UK row's chunk
+    BLOCK_NOPE: tl.constexpr,
+    BLOCK_HP: tl.constexpr,  # all of q_pe's (and k_pe's) rotation pairs
+    BLOCK_R: tl.constexpr,
+    BR: tl.constexpr,
+    BM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program h * R_PARTS + c: head h's query latent in R columns c * R_CHUNK ... (its whole q_nope times
+    those columns of W_UK), and for c = 0 the head's rotated q_pe. The last program (HEADS * R_PARTS)
+    writes the kv rows into the cache."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BM)
+    row_ok = rows < M
+    if pid == HEADS * R_PARTS:
+        pdl_enter(PDL)
+        _write_kv_rows(
+            kv_raw_ptr,
+            kv_norm_ptr,
+            cache_ptr,
+            k_scale_ptr,
+            slot_ptr,
+            pos_ptr,
+            cos_ptr,
+            sin_ptr,
+            rows,
+            row_ok,
+            kv_eps,
+            stride_cache_slot,
+            R,
+            P,
+            BLOCK_R,
+            BLOCK_HP,
+            INTERLEAVED,
+        )
+    else:
+        head = pid // R_PARTS
+        c = pid % R_PARTS
+        j = tl.arange(0, BLOCK_NOPE)
+        j_ok = j < NOPE
+        w_uk_rows = w_uk_ptr + head * stride_uk_head + j[:, None] * stride_uk_row  # [BLOCK_NOPE, 1]
+        if PDL:  # the W_UK columns this program reads, a 128-byte line per 64 of a row's
+            lines = c * R_CHUNK + tl.arange(0, PREFETCH_LINES) * 64
+            prefetch_l2(
+                w_uk_rows + tl.where(j_ok[:, None] & (lines < R)[None, :], lines[None, :], 0)
+            )
+        pdl_enter(PDL)
+        q_row = q_ptr + rows[:, None] * (HEADS * (NOPE + P)) + head * (NOPE + P)  # [BM, 1]
+        q_nope = tl.load(q_row + j[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
+        q_nope = q_nope.to(w_uk_ptr.dtype.element_ty)  # [BM, BLOCK_NOPE]
+        dst = q_latent_ptr + (rows * HEADS + head)[:, None] * R
+        for r0 in range(c * R_CHUNK, c * R_CHUNK + R_CHUNK, BR):
+            rr = r0 + tl.arange(0, BR)
+            r_ok = rr < R
+            w_uk = tl.load(
+                w_uk_rows + rr[None, :], mask=j_ok[:, None] & r_ok[None, :], other=0.0
+            )  # [BLOCK_NOPE, BR]
+            latent = tl.dot(q_nope, w_uk, input_precision=PRECISION)  # [BM, BR]
+            tl.store(
+                dst + rr[None, :],
+                latent.to(q_latent_ptr.dtype.element_ty),
+                mask=row_ok[:, None] & r_ok[None, :],
+            )
+        if c == 0:
+            pairs = tl.arange(0, BLOCK_HP)
+            pair_ok = pairs < P // 2
+            col_a, col_b = _rope_pairs(pairs, P // 2, INTERLEAVED)
+            ok = row_ok[:, None] & pair_ok[None, :]
+            a = tl.load(q_row + NOPE + col_a[None, :], mask=ok, other=0.0)  # [BM, BLOCK_HP]
+            b = tl.load(q_row + NOPE + col_b[None, :], mask=ok, other=0.0)
+            a, b = _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2)
+            pe_dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
+            tl.store(pe_dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
+            tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
+
+
 def q_parts(heads: int, nope: int, rope: int, device: torch.device) -> tuple[int, int]:
-    """(query latent parts, q_pe parts) a head: the most parts (a power of two up to ``MAX_Q_PARTS``) whose
-    programs stay within about two an SM, q_pe split alike so that every program streams about as many
-    weight rows (nope / parts, rope / pe parts). DeepSeek-V2-Lite (16 heads, nope 128, rope 64): 4 and 2,
-    six programs of 32 rows a head (with a head's 128 + 64 rows in three programs, 49 programs of 64 rows
-    took 17 us a layer on the H200); Kimi-K2 (64 heads): 2 and 1; V3 (128): 1 and 1."""
+    """``_q_absorb_kernel``'s (query latent parts, q_pe parts) a head: the most parts (a power of two up to
+    ``MAX_Q_PARTS``) whose programs stay within about two an SM, q_pe split alike so that every program
+    streams about as many weight rows (nope / parts, rope / pe parts). Kimi-K2 (64 heads): 2 and 1; V3
+    (128): 1 and 1."""
 
     def pe_parts(parts: int) -> int:
         return min(rope // 2, max(1, parts * rope // nope))
@@ -523,6 +631,15 @@ def q_parts(heads: int, nope: int, rope: int, device: torch.device) -> tuple[int
     while parts > 1 and heads * (parts + pe_parts(parts)) > 2 * num_sms(device):
         parts //= 2
     return parts, pe_parts(parts)
+
+
+def r_chunk(heads: int, rank: int, device: torch.device) -> int:
+    """``_absorb_kernel``'s R columns a program (a power of two): as few as keep the programs within about
+    two an SM, ``min_r_chunk`` at least. DeepSeek-V2-Lite (16 heads, R 512): 64, eight programs a head."""
+    chunk = max(min_r_chunk, triton.next_power_of_2(rank))
+    while chunk > min_r_chunk and heads * triton.cdiv(rank, chunk // 2) <= 2 * num_sms(device):
+        chunk //= 2
+    return chunk
 
 
 def _block_k(block_n: int, fp32: bool) -> int:
@@ -589,17 +706,17 @@ def mla_forward_fused(
     kv_width = s.kv_lora_rank + s.qk_rope_head_dim
     w_kv = _operand(layer.kv_a_proj_with_mqa, x.dtype)
     kv_raw = torch.empty(m, kv_width, dtype=torch.float32, device=device)
-    if s.q_lora_rank is None:
-        q_programs, w_down_q, q_norm, w_q = 0, w_kv, x, _operand(layer.q_proj, x.dtype)
-        q_normed, q_sq, q_in, eps = x, kv_raw, x, 0.0  # unused by the kernels
+    if s.q_lora_rank is None:  # q_proj's whole rows
+        w_down_q, q_norm = _operand(layer.q_proj, x.dtype), x  # (the norm weight: unused)
+        q_width = s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim)
+        q_out = torch.empty(m, q_width, dtype=torch.float32, device=device)
+        q_programs = triton.cdiv(q_width, _DOWN_OUTS)
+        q_sq = kv_raw  # (unused)
     else:
+        w_down_q, q_norm = _operand(layer.q_a_proj, x.dtype), layer.q_a_layernorm.weight
+        q_out = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
         q_programs = triton.cdiv(s.q_lora_rank, _DOWN_OUTS)
-        w_down_q = _operand(layer.q_a_proj, x.dtype)
-        q_norm = layer.q_a_layernorm.weight
-        w_q, eps = _operand(layer.q_b_proj, x.dtype), layer.q_a_layernorm.eps
-        q_normed = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
         q_sq = torch.empty(q_programs, m, dtype=torch.float32, device=device)
-        q_in = q_normed
     pdl = pdl_available(device)
     down_block = _scale_block(w_down_q, w_kv)
     _down_kernel[(q_programs + triton.cdiv(kv_width, _DOWN_OUTS),)](
@@ -609,12 +726,12 @@ def mla_forward_fused(
         w_down_q.scale,
         w_kv.scale,
         q_norm,
-        q_normed,
+        q_out,
         q_sq,
         kv_raw,
         m,
         x.shape[1],
-        s.q_lora_rank or 0,
+        q_out.shape[1],
         kv_width,
         q_programs,
         x.stride(0),
@@ -632,21 +749,84 @@ def mla_forward_fused(
         KV_FORMAT=w_kv.format,
         SCALE_BN=(down_block or (1, 1))[0],
         SCALE_BK=(down_block or (1, 1))[1],
+        Q_NORMED=s.q_lora_rank is not None,
         num_warps=4,
         num_stages=_DOWN_STAGES,
         **pdl_launch_options(pdl),
     )
+    cache = layer.cache_rows.view(-1, kv_width)
+    w_uk, w_uv = layer.up_weights()  # [heads, nope, R], [heads, v_head_dim, R]: bf16 (a quantized
+    # kv_b_proj's copy dequantized after loading, layers/mla.py ``pack_rows``)
+    kv_args = (kv_raw, layer.kv_a_layernorm.weight, cache, layer.k_scale, meta.slot_mapping)
+    rope_args = (positions, layer.rotary.cos, layer.rotary.sin)
+    q_pe = torch.empty(m, s.num_heads, s.qk_rope_head_dim, dtype=x.dtype, device=device)
+    block_r = max(16, triton.next_power_of_2(s.kv_lora_rank))
+    block_pairs = max(16, triton.next_power_of_2(s.qk_rope_head_dim // 2))
+    if s.q_lora_rank is None:
+        chunk = r_chunk(s.num_heads, s.kv_lora_rank, device)
+        r_parts = triton.cdiv(s.kv_lora_rank, chunk)
+        q_latent = torch.empty(1, m, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=device)
+        _absorb_kernel[(s.num_heads * r_parts + 1,)](
+            q_out,
+            w_uk,
+            *kv_args,
+            *rope_args,
+            q_latent,
+            q_pe,
+            m,
+            layer.kv_a_layernorm.eps,
+            w_uk.stride(0),
+            w_uk.stride(1),
+            cache.stride(0),
+            HEADS=s.num_heads,
+            NOPE=s.qk_nope_head_dim,
+            P=s.qk_rope_head_dim,
+            R=s.kv_lora_rank,
+            R_PARTS=r_parts,
+            R_CHUNK=chunk,
+            PREFETCH_LINES=max(1, chunk // 64),
+            BLOCK_NOPE=max(16, triton.next_power_of_2(s.qk_nope_head_dim)),
+            BLOCK_HP=block_pairs,
+            BLOCK_R=block_r,
+            BR=min(chunk, 32 if fp32 else 64),
+            BM=MAX_ROWS,
+            INTERLEAVED=layer.rotary.interleaved,
+            PRECISION=precision,
+            PDL=pdl,
+            num_warps=4,
+            **pdl_launch_options(pdl),
+        )
+    else:
+        q_latent = _q_absorb(layer, q_out, q_sq, q_pe, kv_args, rope_args, cache, w_uk, pdl)
+    attended = mla_attention_up(
+        q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv, k_scale=layer.latent_scale()
+    )  # [M, heads, v_head_dim]
+    return layer.o_proj(attended.view(m, -1))
+
+
+def _q_absorb(
+    layer: MultiHeadLatentAttention,
+    q_in: torch.Tensor,
+    q_sq: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_args: tuple,
+    rope_args: tuple,
+    cache: torch.Tensor,
+    w_uk: torch.Tensor,
+    pdl: bool,
+) -> torch.Tensor:
+    """``_q_absorb_kernel``'s launch (a q_lora_rank): q_in [M, q_lora_rank] (q_a * its norm's weight) and
+    q_sq [q programs, M] (_down_kernel's) -> the query latent's parts [parts, M, heads, R]; fills q_pe
+    [M, heads, P] and the cache rows."""
+    s, m, device, fp32 = layer.shape, q_in.shape[0], q_in.device, q_in.dtype == torch.float32
     parts, pe_parts = q_parts(s.num_heads, s.qk_nope_head_dim, s.qk_rope_head_dim, device)
     nope_chunk = triton.cdiv(s.qk_nope_head_dim, parts)
     pe_chunk = triton.cdiv(s.qk_rope_head_dim // 2, pe_parts)
     block_nc = max(16, triton.next_power_of_2(nope_chunk))
     block_hp = max(16, triton.next_power_of_2(pe_chunk))
     block_r = max(16, triton.next_power_of_2(s.kv_lora_rank))
-    q_latent = torch.empty(parts, m, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=device)
-    q_pe = torch.empty(m, s.num_heads, s.qk_rope_head_dim, dtype=x.dtype, device=device)
-    cache = layer.cache_rows.view(-1, kv_width)
-    w_uk, w_uv = layer.up_weights()  # [heads, nope, R], [heads, v_head_dim, R]: bf16 (a quantized
-    # kv_b_proj's copy dequantized after loading, layers/mla.py ``pack_rows``)
+    q_latent = torch.empty(parts, m, s.num_heads, s.kv_lora_rank, dtype=q_in.dtype, device=device)
+    w_q = _operand(layer.q_b_proj, q_in.dtype)
     q_block = _scale_block(w_q)
     _q_absorb_kernel[(s.num_heads * (parts + pe_parts) + 1,)](
         q_in,
@@ -654,20 +834,14 @@ def mla_forward_fused(
         w_q.weight,
         w_q.scale,
         w_uk,
-        kv_raw,
-        layer.kv_a_layernorm.weight,
-        cache,
-        layer.k_scale,
-        meta.slot_mapping,
-        positions,
-        layer.rotary.cos,
-        layer.rotary.sin,
+        *kv_args,
+        *rope_args,
         q_latent,
         q_pe,
         m,
         q_in.shape[1],
         q_sq.shape[0],
-        eps,
+        layer.q_a_layernorm.eps,
         layer.kv_a_layernorm.eps,
         q_in.stride(0),
         w_q.weight.stride(0),
@@ -691,9 +865,8 @@ def mla_forward_fused(
         BR=min(block_r, 64 if fp32 else 128),
         BM=MAX_ROWS,
         BK=_block_k_within(_block_k(max(block_nc, block_hp), fp32), q_block),
-        SCALE_ROWS=s.q_lora_rank is not None,
         INTERLEAVED=layer.rotary.interleaved,
-        PRECISION=precision,
+        PRECISION="ieee" if fp32 else "tf32",
         PDL=pdl,
         PREFETCH_K=_prefetch_k(q_in.shape[1]),
         Q_FORMAT=w_q.format,
@@ -703,7 +876,4 @@ def mla_forward_fused(
         num_stages=_Q_ABSORB_STAGES,
         **pdl_launch_options(pdl),
     )
-    attended = mla_attention_up(
-        q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv, k_scale=layer.latent_scale()
-    )  # [M, heads, v_head_dim]
-    return layer.o_proj(attended.view(m, -1))
+    return q_latent

@@ -3,8 +3,9 @@ own (the interpreter replaces @triton.jit here and runs what a GPU build refuses
 that changes type): the write kernel quantizing bf16 rows into a float8 cache, the fast attention kernel
 (decode; tree mask with a sliding window), the batch-invariant kernel, the MLA kernel at DeepSeek-V3's
 width and its batch-invariant tree walk over logical rows (a loop-carried name changing type there failed every
-bf16 tree on the H200 once) and the fused MLA block's q/kv kernel (layers/mla_fused.py) at Kimi-K2's, each over float8e4nv caches with their scale pointers, at the launchers' tiles. ptxas's spill
-report is printed (the fast kernel's masked, windowed variant and MLA spill some registers already over a
+bf16 tree on the H200 once) and the fused MLA block's q/kv kernels (layers/mla_fused.py) at Kimi-K2's and
+DeepSeek-V2-Lite's shapes, each over float8e4nv caches with their scale pointers, at the launchers' tiles.
+ptxas's spill report is printed (the fast kernel's masked, windowed variant and MLA spill some registers already over a
 bf16 cache or an fp8 one without scales: measured 240 / 344 and 68 bytes; the invariant tree walk 840 bytes; the fused q/kv kernel spills 48
 bytes with an FP8 cache, none with bf16: its one kv-writing program quantizes a 16 x 512 tile)."""
 
@@ -91,10 +92,16 @@ fused.update({n: "*fp32" for n in ("sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr",
 build(mla_fused._q_absorb_kernel,
       dict(fused, cache_ptr=fp8, slot_ptr="*i64", pos_ptr="*i64", eps="fp32", kv_eps="fp32"),
       dict(HEADS=64, NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32, BLOCK_NC=64,
-           BLOCK_HP=32, BLOCK_KP=32, BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128, SCALE_ROWS=True,
+           BLOCK_HP=32, BLOCK_KP=32, BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128,
            INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT="none", SCALE_BN=1,
            SCALE_BK=1),
       "fused mla q/kv (kimi-k2)", num_warps=4, num_stages=3)
+build(mla_fused._absorb_kernel,
+      dict(fused, q_ptr="*fp32", q_latent_ptr="*bf16", cache_ptr=fp8, slot_ptr="*i64", pos_ptr="*i64",
+           kv_eps="fp32"),
+      dict(HEADS=16, NOPE=128, P=64, R=512, R_PARTS=8, R_CHUNK=64, PREFETCH_LINES=1, BLOCK_NOPE=128,
+           BLOCK_HP=32, BLOCK_R=512, BR=64, BM=16, INTERLEAVED=True, PRECISION="tf32", PDL=True),
+      "fused mla latent query/kv (v2-lite)", num_warps=4, num_stages=1)
 """
 
 
@@ -116,4 +123,4 @@ def test_fp8_kernels_compile_for_sm90(tmp_path):
     )
     print(done.stdout)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(done.stdout.splitlines()) == 7, done.stdout  # one ptxas report a kernel
+    assert len(done.stdout.splitlines()) == 8, done.stdout  # one ptxas report a kernel

@@ -139,8 +139,12 @@ CASES = [
         (20, i % 2 == 1, (4, 1, 2)[i % 3]),
     ]
 ]
-# SMs that give three heads of nope 6 and rope 8 these query-latent parts (q_pe parts: 1, 2, 4)
+# SMs that give three heads of nope 6 and rope 8 these query-latent parts (q_pe parts: 1, 2, 4), with a
+# q_lora_rank; without one, the W_UK columns a program of ``_absorb_kernel`` takes (R 36: 1, 2, 3 programs a
+# head) when it may take as few as 16
 SMS_FOR_PARTS = {1: 1, 2: 6, 4: 12}
+R_CHUNKS = {1: 64, 2: 32, 4: 16}
+SMS_FOR_R_CHUNK = {64: 1, 32: 3, 16: 6}
 
 
 @cpu_only
@@ -149,8 +153,15 @@ def test_fused_block_equals_the_eager_layer(
     layout, q_lora_rank, interleaved, parts, fused_calls, monkeypatch
 ):
     """Output and latent cache (the new rows where the slots say, every other row untouched)."""
-    monkeypatch.setattr(mla_fused, "num_sms", lambda device: SMS_FOR_PARTS[parts])
-    assert mla_fused.q_parts(3, 6, 8, torch.device("cpu")) == (parts, {1: 1, 2: 2, 4: 4}[parts])
+    cpu = torch.device("cpu")
+    if q_lora_rank is None:
+        chunk = R_CHUNKS[parts]
+        monkeypatch.setattr(mla_fused, "min_r_chunk", 16)
+        monkeypatch.setattr(mla_fused, "num_sms", lambda device: SMS_FOR_R_CHUNK[chunk])
+        assert mla_fused.r_chunk(3, 36, cpu) == chunk
+    else:
+        monkeypatch.setattr(mla_fused, "num_sms", lambda device: SMS_FOR_PARTS[parts])
+        assert mla_fused.q_parts(3, 6, 8, cpu) == (parts, {1: 1, 2: 2, 4: 4}[parts])
     shape = MLAShape(40, 3, q_lora_rank, 36, 6, 8, 5, scale=0.3)
     layer = make_layer(shape, interleaved, "cpu")
     g = torch.Generator().manual_seed(len(layout) + (q_lora_rank or 0))
@@ -163,12 +174,14 @@ def test_fused_block_equals_the_eager_layer(
 
 
 @cpu_only
-def test_q_pe_in_parts_and_the_whole_k_pe_written(fused_calls, monkeypatch):
-    """Rope 64 (32 rotation pairs, more than a q_pe program's 16-wide tile): q_pe in eight parts of 4 pairs, and
-    the kv rows' program still rotates and writes all 32 pairs of k_pe."""
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+def test_q_pe_in_parts_and_the_whole_k_pe_written(q_lora_rank, fused_calls, monkeypatch):
+    """Rope 64 (32 rotation pairs, more than a q_pe program's 16-wide tile): with a q_lora_rank q_pe in eight
+    parts of 4 pairs, without one whole in a head's first program; the kv rows' program still rotates and
+    writes all 32 pairs of k_pe."""
     monkeypatch.setattr(mla_fused, "num_sms", lambda device: 12)
     assert mla_fused.q_parts(2, 32, 64, torch.device("cpu")) == (4, 8)
-    layer = make_layer(MLAShape(48, 2, None, 20, 32, 64, 8, scale=0.3), True, "cpu")
+    layer = make_layer(MLAShape(48, 2, q_lora_rank, 20, 32, 64, 8, scale=0.3), True, "cpu")
     g = torch.Generator().manual_seed(3)
     meta, num_blocks = make_meta("chain4", 5, g, "cpu")
     x = torch.randn(meta.slot_mapping.shape[0], 48, generator=g)
@@ -361,7 +374,7 @@ def compile_for_hopper(kernel, types, constants, num_warps, num_stages):
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 bf16 = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkv_ptr", "w_uk_ptr", "q_norm_ptr", "kv_norm_ptr",
-        "q_normed_ptr", "cache_ptr", "q_parts_ptr", "q_pe_ptr", "up_ptr", "out_ptr")}
+        "cache_ptr", "q_parts_ptr", "q_pe_ptr", "up_ptr", "out_ptr")}
 fp32 = {n: "*fp32" for n in ("q_sq_ptr", "sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "part_acc_ptr",
         "part_max_ptr", "part_sum_ptr", "wq_scale_ptr", "wkv_scale_ptr")}
 types = {**bf16, **fp32, "eps": "fp32", "kv_eps": "fp32", "slot_ptr": "*i64", "pos_ptr": "*i64",
@@ -372,15 +385,22 @@ scales = dict(SCALE_BN=128, SCALE_BK=128)
 for q_format, kv_format in [("none", "none"), ("fp8_block", "fp8_block"), ("fp8_block", "none")]:
     down_types = {**types, "wq_ptr": fp8[q_format], "wkv_ptr": fp8[kv_format]}
     bk = 256 if q_format == kv_format == "none" else 128  # (as mla_forward_fused picks it)
-    compile_for_hopper(mla_fused._down_kernel, down_types, dict(BM=16, BN=16, BK=bk, PRECISION="tf32",
-                       PDL=True, PREFETCH_K=512, Q_FORMAT=q_format, KV_FORMAT=kv_format, **scales), 4, 4)
+    for q_normed in (True, False):  # (Kimi-K2's q_a_proj; DeepSeek-V2-Lite's q_proj)
+        q_out = {"q_out_ptr": "*bf16" if q_normed else "*fp32"}
+        compile_for_hopper(mla_fused._down_kernel, {**down_types, **q_out}, dict(BM=16, BN=16, BK=bk,
+                           PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT=q_format,
+                           KV_FORMAT=kv_format, Q_NORMED=q_normed, **scales), 4, 4)
 for q_format in ("none", "fp8_block"):
     compile_for_hopper(mla_fused._q_absorb_kernel, {**types, "wq_ptr": fp8[q_format]}, dict(HEADS=64,
                        NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32,
                        BLOCK_NC=64, BLOCK_HP=32, BLOCK_KP=32,
-                       BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128, SCALE_ROWS=True,
+                       BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128,
                        INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512,
                        Q_FORMAT=q_format, **scales), 4, 3)
+compile_for_hopper(mla_fused._absorb_kernel, {**types, "q_ptr": "*fp32", "q_latent_ptr": "*bf16"},
+                   dict(HEADS=16, NOPE=128, P=64, R=512, R_PARTS=8, R_CHUNK=64, PREFETCH_LINES=1,
+                        BLOCK_NOPE=128, BLOCK_HP=32, BLOCK_R=512, BR=64, BM=16, INTERLEAVED=True,
+                        PRECISION="tf32", PDL=True), 4, 1)
 compile_for_hopper(mla_kernels._combine_kernel, types, dict(HEADS=64, R=512, OUT=128, BLOCK_R=512,
                    CHUNK=64, BLOCK_T=16, BLOCK_M=32, BLOCK_N=32, HAS_MASK=True, UP=True,
                    PRECISION="tf32"), 4, 3)
