@@ -307,7 +307,7 @@ def test_invariant_launch_config_is_fixed():
         )
         for c in configs
     }
-    assert fixed == {(64, 16, 64, 128, 512, 8, 3, 9)}
+    assert fixed == {(64, 16, 64, 128, 128, 8, 3, 33)}
     assert [c.num_q_tiles for c in configs] == [1, 1, 128]
     assert invariant_launch_config(max_query_len=1, max_kv_rows=100, **shape).num_splits == 1
     assert (
