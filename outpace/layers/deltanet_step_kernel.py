@@ -2,8 +2,8 @@
 launch per layer, two in decode, between the input projections and out_proj (layers/gated_deltanet.py is the
 reference: ``GatedDeltaNet.forward`` with ``fused_step`` off).
 
-One program per (sequence, value head) walks its run token by token and does all of the layer's per-token
-work in registers:
+One program per (sequence, value head, split) walks its run token by token and does all of the layer's
+per-token work in registers, over its split's value columns (below):
 
 - the causal convolution (layers/causal_conv.py): the window of token t is read from the projections'
   outputs and, before the run, from the conv state row (zeros without ``has_initial_state``); in a draft
@@ -14,6 +14,23 @@ work in registers:
   parent's state, read back from the snapshot row this program wrote (a barrier between);
 - the gated RMSNorm (weight, then silu(z)), written as the out_proj input [num_tokens, v_heads * v_dim].
 
+The split: the delta rule is independent per value column (S [k_dim, v_dim] decays, kv_mem = k @ S, delta =
+(v - kv_mem) * beta, S += outer(k, delta), o = q @ S), so a program may own a slice of the head's columns: its
+slice of S, of v and its conv channels, of o, with the same arithmetic per column. A grid of (num_seqs,
+v_heads) alone leaves most of the GPU idle at small batches (Qwen3.5 at batch 1: 32 programs on an H200's 132
+SMs, each walking its tokens serially; measured before the split, a captured MTP verify: 7.1 us a layer at 1
+token a sequence, 14.1 at 3), so ``value_splits`` splits each head over a power of two of programs, at least
+``MIN_SPLIT_COLUMNS`` columns each, until the grid has about ``PROGRAMS_PER_SM`` programs an SM; 1 from batch
+8 at 32 heads (and always in batch-invariant mode: the split sets the compiled reductions' layout, so it must
+not follow the batch). SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no
+atomic). The norm is the one step across columns: each program writes its o slices (float32, ``o_part``),
+meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add, acq_rel at gpu
+scope: its writes released, and the last to arrive acquires every split's); the last normalises the whole row
+of each of the run's tokens from ``o_part`` (read past L1, which other SMs' writes do not reach) and zeroes
+the counter for the next launch. One program computes each row's norm over the full row, so the result does
+not depend on the order in which the programs finish. The counters (``arrival_counters``) are zeroed once per
+device and grid, left zero by every launch: the launch allocates nothing but ``o_part`` and stays capturable.
+
 What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify; the engine's decode
 is a verify of one token) the conv and recurrent state after every valid token t go into snapshot row t of
 the sequence's state row, the row itself only read; without, the state after the run's last valid token
@@ -21,18 +38,19 @@ goes into the row. Padding positions (past a run's query length) are neither out
 
 Conv channels (all q, all k, all v) are shared: the q and k channels of key head kh serve its
 ``group = v_heads / k_heads`` value heads. Every program of a group computes them; into the snapshot rows
-only the group's last value head writes them (its v channels are each head's own), so no two programs write
-the same bytes. When the row itself is written (decode), every program of the group reads the old q / k
-window from it, so none may rewrite it: ``_conv_qk_kernel``, a second launch of one program per (sequence,
-key head), does once the first has finished. (One program taking a whole group, as this kernel first did,
-left Qwen3.5's decode at batch 1 on 16 programs: 14.5 us a layer on the H200, benchmarks/results/
-gpu_2026-11-29f call 2.)
+only the first split of the group's last value head writes them (its v channels are each program's own), so
+no two programs write the same bytes. When the row itself is written (decode), every program of the group
+reads the old q / k window from it, so none may rewrite it: ``_conv_qk_kernel``, a second launch of one
+program per (sequence, key head), does once the first has finished. (One program taking a whole group, as
+this kernel first did, left Qwen3.5's decode at batch 1 on 16 programs: 14.5 us a layer on the H200,
+benchmarks/results/gpu_2026-11-29f call 2.)
 
-Grid (num_seqs, v_heads) and loop bounds come from shapes only (no host sync):
-capturable in a CUDA graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants).
-Each program holds its head's whole [k_dim, v_dim] float32 state (one wide load, as memory-bound decode
-wants) and the whole v_dim output row (the norm needs it); the run's flat rows and parents are read once
-into registers, so a token waits on no index load before its inputs'.
+Grid (num_seqs, v_heads, splits) and loop bounds come from shapes only (no host sync): capturable in a CUDA
+graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants). Each program holds its
+split's [k_dim, v_dim / splits] float32 state (one wide load, as memory-bound decode wants); in a tree it
+reads back only its own columns of the parent's snapshot, so the barrier before stays within the program. The
+run's flat rows and parents are read once into registers, so a token waits on no index load before its
+inputs'.
 """
 
 from __future__ import annotations
@@ -43,7 +61,9 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.context import batch_invariant
 from outpace.layers.recurrent import RecurrentMetadata
+from outpace.layers.sm_count import num_sms
 
 FUSED_MAX_LEN = (
     16  # the longest run the step kernel takes (a verify's draft tokens); longer: prefill path
@@ -51,6 +71,11 @@ FUSED_MAX_LEN = (
 SOFTPLUS_THRESHOLD = tl.constexpr(
     20.0
 )  # torch.nn.functional.softplus: x above it is returned as is
+MIN_SPLIT_COLUMNS = 16  # the fewest value columns a program of a split head takes
+PROGRAMS_PER_SM = 2  # a head is split until the grid has about this many programs per SM
+# per device and number of (sequence, value head) pairs: the split launches' arrival counters, zero between
+# launches; kept for the life of the process, as captured graphs hold their address
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 @dataclass
@@ -128,6 +153,48 @@ def _pick_each(values, index, slots):
 
 
 @triton.jit
+def _gated_norm(o, weight, gate, eps, DV: tl.constexpr):
+    """The gated RMSNorm of one head's output row o [n] (zeros past DV): weight, then silu(gate)."""
+    return weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
+
+
+@triton.jit
+def _norm_head_rows(
+    o_part,
+    z,
+    z_row,
+    z_head,
+    norm_w,
+    out,
+    run_rows,
+    slots,
+    n_tokens,
+    h,
+    eps,
+    V_HEADS: tl.constexpr,
+    DV: tl.constexpr,
+    ROW: tl.constexpr,
+    LENGTH: tl.constexpr,
+):
+    """Value head h's gated norm over its run, by the head's last program to finish: each valid token's
+    whole output row from ``o_part`` [num_tokens, V_HEADS, DV] float32 (every split's columns, read past
+    L1, which other SMs' writes do not reach), its gate from z (its head's columns from ``z_head``), into
+    ``out``."""
+    cols = tl.arange(0, ROW)
+    cm = cols < DV
+    weight = tl.load(norm_w + cols, mask=cm, other=0.0).to(tl.float32)
+    for t in range(LENGTH):
+        row = _pick(run_rows, t, slots)
+        keep = cm & (t < n_tokens)
+        o = tl.load(
+            o_part + (row * V_HEADS + h) * DV + cols, mask=keep, other=0.0, cache_modifier=".cg"
+        )
+        gate = tl.load(z + row * z_row + z_head + cols, mask=keep, other=0.0).to(tl.float32)
+        o = _gated_norm(o, weight, gate, eps, DV)
+        tl.store(out + row * V_HEADS * DV + h * DV + cols, o, mask=keep)
+
+
+@triton.jit
 def _deltanet_step_kernel(
     qkv,
     qkv_row,
@@ -163,6 +230,8 @@ def _deltanet_step_kernel(
     conv_snap,
     rec_snap,
     out,
+    o_part,
+    counters,
     snap_rows,
     eps,
     scale,
@@ -179,15 +248,16 @@ def _deltanet_step_kernel(
     BT: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
     CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
     WIDTH: tl.constexpr = KEEP + 1
-    seq = tl.program_id(0)
-    h = tl.program_id(1)
+    seq, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     sidx = tl.load(state_indices + seq).to(tl.int64)
     n_tokens = tl.load(query_lens + seq)
     start = tl.load(has_initial + seq) != 0
-    ks, vs, taps = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BW)  # taps: oldest first
+    ks, taps = tl.arange(0, BK), tl.arange(0, BW)  # taps: oldest first
+    vs = split * BV + tl.arange(0, BV)  # the split's value columns
     km, vm, used = ks < DK, vs < DV, taps < WIDTH
     m2 = km[:, None] & vm[None, :]
     tile = ks[:, None] * DV + vs[None, :]  # [BK, BV] within [DK, DV]
@@ -199,7 +269,8 @@ def _deltanet_step_kernel(
     conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
     conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
     kh, hg = h // GROUP, h % GROUP
-    writes_qk = hg == GROUP - 1  # the group's q / k conv channels are written by its last head
+    # the group's q / k conv channels are written by its last head's first split
+    writes_qk = (hg == GROUP - 1) & (split == 0)
     qc = kh * DK + ks  # conv channels
     kc = K_HEADS * DK + qc
     vc = 2 * K_HEADS * DK + h * DV + vs
@@ -214,7 +285,8 @@ def _deltanet_step_kernel(
     wq, wk, wv = wq.to(tl.float32), wk.to(tl.float32), wv.to(tl.float32)  # [BW, BK / BV]
     neg_a = -tl.exp(tl.load(A_log + h).to(tl.float32))
     bias = tl.load(dt_bias + h).to(tl.float32)
-    weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
+    if SPLITS == 1:
+        weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
     row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
     s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
     for t in range(LENGTH):
@@ -261,9 +333,12 @@ def _deltanet_step_kernel(
         delta = (vt - tl.sum(sn * kt[:, None], axis=0)) * beta  # [BV]
         sn = sn + kt[:, None] * delta[None, :]
         o = tl.sum(sn * qt[:, None], axis=0)  # [BV]
-        gate = tl.load(z + row * z_row + z_cols, mask=vm, other=0.0).to(tl.float32)
-        o = weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
-        tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
+        if SPLITS == 1:
+            gate = tl.load(z + row * z_row + z_cols, mask=vm, other=0.0).to(tl.float32)
+            o = _gated_norm(o, weight, gate, eps, DV)
+            tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
+        else:  # the head's last program to finish normalises the whole row (below)
+            tl.store(o_part + (row * V_HEADS + h) * DV + vs, o, mask=vm & valid)
         if SNAPSHOTS:  # the state after token t: snapshot row t
             # the window's rows 1..KEEP are the conv state
             kept = (taps >= 1)[:, None] & used[:, None] & valid
@@ -289,6 +364,17 @@ def _deltanet_step_kernel(
         keep = final_used[:, None] & vm[None, :]
         tl.store(place + vc[None, :], fv.to(conv_state.dtype.element_ty), mask=keep)
         tl.store(row_state, s, mask=m2)  # (q / k channels: _conv_qk_kernel)
+    if SPLITS > 1:
+        # every thread's o columns before the count (one thread takes it for the program); acq_rel at gpu
+        # scope: releases this program's columns, and the last to arrive acquires every split's
+        tl.debug_barrier()
+        counter = counters + seq * V_HEADS + h
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            _norm_head_rows(
+                o_part, z, z_row, z_off + kh * z_group + hg * DV, norm_w, out, run_rows, slots,
+                n_tokens, h, eps, V_HEADS, DV, BV * SPLITS, LENGTH,
+            )  # fmt: skip
+            tl.atomic_xchg(counter, 0)  # zero again for the next launch
 
 
 @triton.jit
@@ -350,6 +436,35 @@ def num_warps(bk: int, bv: int) -> int:
     return max(4, min(8, bk * bv // 2048))
 
 
+def value_splits(num_seqs: int, v_heads: int, v_dim: int, sms: int) -> int:
+    """Programs per (sequence, value head) (module docstring): the most, a power of two, that leaves each at
+    least ``MIN_SPLIT_COLUMNS`` value columns and the grid within ``PROGRAMS_PER_SM`` programs an SM; 1
+    once the heads alone fill the GPU."""
+    splits = 1
+    while (
+        2 * splits * MIN_SPLIT_COLUMNS <= v_dim
+        and num_seqs * v_heads * 2 * splits <= PROGRAMS_PER_SM * sms
+    ):
+        splits *= 2
+    return splits
+
+
+def arrival_counters(device: torch.device, pairs: int) -> torch.Tensor:
+    """[pairs] int32 zeros on ``device``: a split launch's arrival counter per (sequence, value head), left
+    zero by every launch; made by the first, eager call of that many pairs (the warm-up before a capture),
+    the one buffer of every later launch of that many, captured or not. The launches on a device share it:
+    they must not overlap (one stream, as the engine runs its steps)."""
+    key = (device, pairs)
+    if key not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "layers/deltanet_step_kernel.py: the step's arrival counters (zeros, allocated once) for "
+                f"{pairs} heads on {device} are made by an eager call: step once before capturing"
+            )
+        _COUNTERS[key] = torch.zeros(pairs, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
 def deltanet_step(
     rows: ProjectedRows,
     conv_weight: torch.Tensor,
@@ -387,7 +502,17 @@ def deltanet_step(
     for t in (rows.qkv, rows.z, rows.b, rows.a, token_table, recurrent.parents):
         assert t is None or t.stride(-1) == 1  # rows may be strided, their elements not
     out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
-    bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim)
+    # batch-invariant mode: never split (the split sets the reductions' layout, and it follows the batch)
+    splits = (
+        1 if batch_invariant() else value_splits(num_seqs, v_heads, head_v_dim, num_sms(out.device))
+    )
+    if splits > 1:  # [num_tokens, v_heads, v_dim] the outputs before the norm
+        o_part = out.new_empty(rows.qkv.shape[0], v_heads, head_v_dim, dtype=torch.float32)
+        counters = arrival_counters(out.device, num_seqs * v_heads)
+    else:
+        o_part = counters = out  # not read
+    # bv: the value columns of one program
+    bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim) // splits
     parents = recurrent.parents if tree else token_table
     # the shape both launches are compiled for
     shape = dict(
@@ -402,7 +527,7 @@ def deltanet_step(
         BT=triton.next_power_of_2(length),
     )
     if num_seqs and length:
-        _deltanet_step_kernel[(num_seqs, v_heads)](
+        _deltanet_step_kernel[(num_seqs, v_heads, splits)](
             rows.qkv,
             rows.qkv.stride(0),
             rows.q,
@@ -437,6 +562,8 @@ def deltanet_step(
             conv_snap,
             rec_snap,
             out,
+            o_part,
+            counters,
             rec_snap.shape[1],
             eps,
             head_k_dim**-0.5,
@@ -445,6 +572,7 @@ def deltanet_step(
             BV=bv,
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
+            SPLITS=splits,
             num_warps=num_warps(bk, bv),
         )
     if num_seqs and length and not recurrent.snapshots:

@@ -3,7 +3,8 @@ here, compiled on a GPU) against the layer's torch path (``GatedDeltaNet.forward
 off): the layer output, the state rows and the snapshot rows after decode (into the snapshots, as the
 engine's step, and into the row, as a recurrent draft's), verify chains, draft trees, runs padded to the
 longest and sequences starting from zeros, in both checkpoint layouts and with one or two value heads
-per key head and odd head sizes. On a GPU also: bf16 at the Qwen3.5 shape, and inside a CUDA graph."""
+per key head and odd head sizes; each value head whole in one program, and split over 2 or 4 (the few-sequence
+grids). On a GPU also: bf16 at the Qwen3.5 shape, and inside a CUDA graph."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ pytest.importorskip("triton")
 
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
 from outpace.attention.context import forward_settings  # noqa: E402
+from outpace.layers import deltanet_step_kernel  # noqa: E402
 from outpace.layers.decoder import pack_projections  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
@@ -28,6 +30,8 @@ TREE = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 0, 3, 3]]
 SHAPES = {
     "grouped": dict(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=6),
     "odd, one per key head": dict(num_k_heads=3, num_v_heads=3, head_k_dim=5, head_v_dim=7),
+    # value heads to split: 32 columns a program over 2, 16 over 4
+    "wide values": dict(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=64),
 }
 # form -> (query lengths, has_initial_state, parents, snapshots)
 FORMS = {
@@ -142,6 +146,64 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
         assert not torch.allclose(chain[0], want[0], atol=1e-3)
 
 
+# (form, checkpoint layout, shape, programs per value head): every form split, over 2 and 4; the odd shape's
+# 7 columns over 2 programs of 4 (the second has 3)
+SPLIT_CASES = [
+    ("decode", "qwen3_5", "wide values", 4),
+    ("decode into the row", "qwen3_next", "wide values", 2),
+    ("verify chain of 2", "qwen3_5", "wide values", 2),
+    ("verify chain of 8", "qwen3_next", "wide values", 4),
+    ("tree", "qwen3_5", "wide values", 4),
+    ("tree", "qwen3_next", "wide values", 2),
+    ("padded runs into the row", "qwen3_5", "wide values", 4),
+    ("padded verify", "qwen3_next", "odd, one per key head", 2),
+]
+
+
+@pytest.mark.parametrize("form, layout, shape, splits", SPLIT_CASES)
+def test_split_value_heads_equal_the_torch_path(form, layout, shape, splits, monkeypatch):
+    """Each value head's columns over ``splits`` programs, the head's last to finish normalising its rows:
+    the same step, and every arrival counter zero again after it (the next launch's start)."""
+    layer = make_layer(layout == "qwen3_next", **SHAPES[shape])
+    x = torch.randn(sum(FORMS[form][0]), 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    states, snapshots = pool(layer, 2)
+    want = step(layer, False, x, FORMS[form], states, snapshots)
+    monkeypatch.setattr(deltanet_step_kernel, "value_splits", lambda *shape: splits)
+    monkeypatch.setattr(deltanet_step_kernel, "_COUNTERS", {})
+    got = step(layer, True, x, FORMS[form], states, snapshots)
+    assert_same_step(got, want, FORMS[form], snapshots, **TOLERANCE)
+    (counters,) = deltanet_step_kernel._COUNTERS.values()  # (the split launch ran)
+    assert counters.numel() == len(STATE_INDICES) * layer.num_v_heads
+    assert not counters.any()
+
+
+def test_value_splits_fill_the_gpu_only_at_small_batches():
+    """Qwen3.5's 32 value heads of 128 columns on an H200's 132 SMs: up to about 2 programs an SM, at least
+    16 columns a program; none once the heads alone fill the GPU."""
+    splits = [deltanet_step_kernel.value_splits(b, 32, 128, 132) for b in (1, 2, 4, 8, 32)]
+    assert splits == [8, 4, 2, 1, 1]
+    assert (
+        deltanet_step_kernel.value_splits(1, 32, 31, 132) == 1
+    )  # two programs would take 15 and 16
+
+
+def test_batch_invariant_mode_never_splits(monkeypatch):
+    """The split sets the compiled reductions' layout and follows the batch: the mode keeps one program a
+    head whatever the batch."""
+    chosen = []
+    monkeypatch.setattr(
+        deltanet_step_kernel, "value_splits", lambda *shape: chosen.append(shape) or 2
+    )
+    layer = make_layer(False, **SHAPES["wide values"])
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    states, snapshots = pool(layer, 2)
+    with forward_settings(True):
+        step(layer, True, x, FORMS["decode"], states, snapshots)
+    assert not chosen
+    step(layer, True, x, FORMS["decode"], states, snapshots)
+    assert chosen == [(3, 4, 64, deltanet_step_kernel.num_sms(x.device))]
+
+
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
 REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
@@ -152,12 +214,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from outpace.layers.deltanet_step_kernel import _conv_qk_kernel, _deltanet_step_kernel, num_warps
 
-tree, snapshots, length = (int(a) for a in sys.argv[1:])
+tree, snapshots, length, splits = (int(a) for a in sys.argv[1:])
 pointers = dict(table="*i32", query_lens="*i64", has_initial="*i1", state_indices="*i64",
-                parents="*i64", rec_state="*fp32", rec_snap="*fp32")
+                parents="*i64", rec_state="*fp32", rec_snap="*fp32", o_part="*fp32", counters="*i32")
 constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
-                 KEEP=3, BK=128, BV=128, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
-                 TREE=bool(tree), SNAPSHOTS=bool(snapshots))
+                 KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
+                 TREE=bool(tree), SNAPSHOTS=bool(snapshots), SPLITS=splits)
 bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 # the decode's second launch (the q / k conv channels of the row) after the step kernel
@@ -170,7 +232,8 @@ for kernel in [_deltanet_step_kernel] + ([] if snapshots else [_conv_qk_kernel])
         for n in names
     }
     source = ASTSource(kernel, signature, {(names.index(n),): v for n, v in own.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps(128, 128)))
+    options = dict(num_warps=num_warps(128, 128 // splits))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     open("k.ptx", "w").write(compiled.asm["ptx"])
     done = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", "k.ptx", "-o", "k.cubin"],
                           capture_output=True, text=True, check=True)
@@ -179,12 +242,30 @@ for kernel in [_deltanet_step_kernel] + ([] if snapshots else [_conv_qk_kernel])
 
 
 @pytest.mark.parametrize(
-    "tree, snapshots, length",
-    [(0, 1, 8), (1, 1, 8), (0, 0, 1)],  # (a decode is the chain's loop once)
-    ids=["verify chain of 8", "tree of 8", "decode into the row"],
+    "tree, snapshots, length, splits",
+    [
+        (0, 1, 8, 1),
+        (1, 1, 8, 1),
+        (0, 0, 1, 1),
+        (0, 1, 1, 8),
+        (0, 1, 8, 4),
+        (1, 1, 8, 8),
+        (0, 0, 1, 8),
+    ],
+    # (a decode is the chain's loop once)
+    ids=[
+        "verify chain of 8",
+        "tree of 8",
+        "decode into the row",
+        "decode, heads over 8",
+        "verify chain of 8, heads over 4",
+        "tree of 8, heads over 8",
+        "decode into the row, heads over 8",
+    ],
 )
-def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, tmp_path):
-    """At the Qwen3.5 shape and the launcher's num_warps."""
+def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, splits, tmp_path):
+    """At the Qwen3.5 shape and the launcher's num_warps, each value head whole in one program and split
+    (batch 1 to 4 on an H200: value_splits)."""
     import os
     import subprocess
     import sys
@@ -195,7 +276,7 @@ def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, tmp_pa
         os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     ):
         pytest.skip("Triton without its NVIDIA backend's ptxas")
-    args = [str(a) for a in (tree, snapshots, length)]
+    args = [str(a) for a in (tree, snapshots, length, splits)]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         cwd=tmp_path,
@@ -251,8 +332,11 @@ def test_fused_step_in_bf16_at_the_qwen3_5_shape(form, packed_by_key_head):
 
 
 @pytest.mark.gpu
-def test_fused_step_replays_inside_a_cuda_graph():
-    layer = make_layer(False, device="cuda", **SHAPES["grouped"])
+@pytest.mark.parametrize("shape, splits", [("grouped", 1), ("wide values", 4)])
+def test_fused_step_replays_inside_a_cuda_graph(shape, splits, monkeypatch):
+    """Replayed twice: a split launch's arrival counters are zero again for the second."""
+    monkeypatch.setattr(deltanet_step_kernel, "value_splits", lambda *shape: splits)
+    layer = make_layer(False, device="cuda", **SHAPES[shape])
     form = FORMS["tree"]
     x = torch.randn(sum(form[0]), 12, device="cuda")
     states, snapshots = pool(layer, 2, device="cuda")
@@ -276,9 +360,10 @@ def test_fused_step_replays_inside_a_cuda_graph():
         torch.cuda.synchronize()
         with torch.cuda.graph(graph):
             out = layer(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_same_step((out, *live), eager, form, snapshots, rtol=0, atol=0)  # the same kernel
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_step((out, *live), eager, form, snapshots, rtol=0, atol=0)  # the same kernel
 
 
 @pytest.mark.gpu
@@ -332,8 +417,6 @@ def test_fused_step_time_at_the_qwen3_5_shape(form, batch):
 def test_long_runs_and_other_activations_keep_the_torch_path(monkeypatch):
     """The kernel takes runs of at most FUSED_MAX_LEN tokens with silu; a longer prefill chunk (the chunked
     kernels' case on a GPU) or another activation runs the torch path."""
-    from outpace.layers import deltanet_step_kernel
-
     calls = []
     layer = make_layer(False, **SHAPES["grouped"])
     monkeypatch.setattr(
@@ -362,7 +445,6 @@ def test_served_tokens_with_the_fused_step_equal_the_torch_paths(tmp_path, monke
     from helpers.spec_models import make_eagle3_draft
     from outpace import LLM, SamplingParams
     from outpace.config import SpeculativeConfig
-    from outpace.layers import deltanet_step_kernel
 
     path = save_hybrid(make_hybrid("qwen3_5"), tmp_path / "qwen3_5")
     eagle3 = make_eagle3_draft(path, tmp_path / "eagle3")
