@@ -3,7 +3,7 @@ random bf16 weights, one GPU): for each setting of a sweep, the decode graphs ca
 time (bench/gpu.py ``time_decode``) at the sweep's (batch, cached tokens) points; each setting twice, in two passes,
 the lower kept. A setting that fails to compile or run (shared memory, registers) is reported and skipped.
 
-    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP   (SWEEP: mla, mamba2)"""
+    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP   (SWEEP: mla, mla_down, mamba2)"""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ KNOBS = {
     "max_block_k": (mla_fused, "_MAX_BLOCK_K"),
     "down_stages": (mla_fused, "_DOWN_STAGES"),
     "q_absorb_stages": (mla_fused, "_Q_ABSORB_STAGES"),
+    "down_outs": (mla_fused, "_DOWN_OUTS"),
+    "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
 }
@@ -49,6 +51,22 @@ SWEEPS = {
             {"tile_elements": 8192, "max_block_k": 256},
             {"tile_elements": 16384, "max_block_k": 512, "q_absorb_stages": 4, "down_stages": 3},
             {"q_absorb_stages": 4, "down_stages": 5},
+        ),
+    ),
+    # without a q_lora_rank (q_proj streamed by the down kernel beside kv_a): outputs a program, K steps, and
+    # W_UK's columns an _absorb_kernel program
+    "mla_down": Sweep(
+        "deepseek-v2-lite",
+        ((1, 512), (8, 512)),
+        (
+            {},
+            {"down_outs": 32},
+            {"down_stages": 6},
+            {"tile_elements": 8192, "max_block_k": 256},
+            {"down_outs": 32, "tile_elements": 8192, "max_block_k": 256},
+            {"down_outs": 32, "down_stages": 6},
+            {"min_r_chunk": 128},
+            {"min_r_chunk": 32},
         ),
     ),
     # Mamba2's state scan: a head's state rows a program and its warps
