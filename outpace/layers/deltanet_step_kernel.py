@@ -20,8 +20,8 @@ slice of S, of v and its conv channels, of o, with the same arithmetic per colum
 v_heads) alone leaves most of the GPU idle at small batches (Qwen3.5 at batch 1: 32 programs on an H200's 132
 SMs, each walking its tokens serially; measured before the split, a captured MTP verify: 7.1 us a layer at 1
 token a sequence, 14.1 at 3), so ``value_splits`` splits each head over a power of two of programs, at least
-``MIN_SPLIT_COLUMNS`` columns each, until the grid has about ``PROGRAMS_PER_SM`` programs an SM; 1 from batch
-8 at 32 heads (and always in batch-invariant mode: the split sets the compiled reductions' layout, so it must
+``MIN_SPLIT_COLUMNS`` columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's
+32 heads in 4 at batch 1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions' layout, so it must
 not follow the batch). SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no
 atomic). The norm is the one step across columns: each program writes its o slices (float32, ``o_part``),
 meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add, acq_rel at gpu
@@ -71,8 +71,13 @@ FUSED_MAX_LEN = (
 SOFTPLUS_THRESHOLD = tl.constexpr(
     20.0
 )  # torch.nn.functional.softplus: x above it is returned as is
-MIN_SPLIT_COLUMNS = 16  # the fewest value columns a program of a split head takes
-PROGRAMS_PER_SM = 2  # a head is split until the grid has about this many programs per SM
+# The fewest value columns a program of a split head takes, and the programs an SM the splits may fill. One
+# layer's forward at Qwen3.5's shape (benchmarks/scripts/deltanet_step_settings.py, gpu_2026-11-30e call 3),
+# at 1 / 2 / 3 / 4 tokens a sequence: batch 1, unsplit 42.3 / 47.2 / 51.0 / 55.0 us, 4 splits 42.4 / 46.3 /
+# 48.6 / 51.5, 8 splits (16 columns) 43.5 / 47.5 / 51.4 / 54.8; batch 2, 2 splits 44.0 / 48.5 / 52.4 / 56.4
+# against 4 splits 44.4 / 49.4 / 53.3 / 57.8; batch 4, unsplit 45.9 .. 62.4 against 2 splits 47.6 .. 64.9.
+MIN_SPLIT_COLUMNS = 32
+PROGRAMS_PER_SM = 1
 # per device and number of (sequence, value head) pairs: the split launches' arrival counters, zero between
 # launches; kept for the life of the process, as captured graphs hold their address
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}

@@ -178,13 +178,13 @@ def test_split_value_heads_equal_the_torch_path(form, layout, shape, splits, mon
 
 
 def test_value_splits_fill_the_gpu_only_at_small_batches():
-    """Qwen3.5's 32 value heads of 128 columns on an H200's 132 SMs: up to about 2 programs an SM, at least
-    16 columns a program; none once the heads alone fill the GPU."""
+    """Qwen3.5's 32 value heads of 128 columns on an H200's 132 SMs: up to one program an SM, at least
+    32 columns a program; none once the heads alone fill half the GPU."""
     splits = [deltanet_step_kernel.value_splits(b, 32, 128, 132) for b in (1, 2, 4, 8, 32)]
-    assert splits == [8, 4, 2, 1, 1]
+    assert splits == [4, 2, 1, 1, 1]
     assert (
-        deltanet_step_kernel.value_splits(1, 32, 31, 132) == 1
-    )  # two programs would take 15 and 16
+        deltanet_step_kernel.value_splits(1, 32, 63, 132) == 1
+    )  # two programs would take 31 and 32
 
 
 def test_batch_invariant_mode_never_splits(monkeypatch):
@@ -481,7 +481,10 @@ def test_a_verified_chain_has_the_bits_of_its_tokens_decoded_one_by_one(fused):
     """Batch-invariant mode's premise for the recurrent layers: a chain of 3 tokens verified in one forward
     (state after each into the snapshots) gives each token's output and state bit for bit as 3 decode steps,
     each committed into the row before the next (in the interpreter: the kernel's arithmetic, not the
-    GPU's compiled reduction orders)."""
+    GPU's compiled reduction orders). The torch path holds it on the CPU only: on the GPU its chunked scan
+    and cuBLAS products follow the run's length (the engine's mode takes the kernel there)."""
+    if DEVICE == "cuda" and not fused:
+        pytest.skip("the torch path's GPU reductions follow the run's length")
     layer = make_layer(False, **SHAPES["grouped"])
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     states, snapshots = pool(layer, 2)
