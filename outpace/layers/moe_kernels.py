@@ -1,4 +1,7 @@
 """Routed experts as grouped GEMMs in Triton, without a host synchronisation (capturable in a CUDA graph).
+Its three launches (gate/up, down, the combine of a token's slots) use programmatic dependent launch on
+Hopper (layers/pdl.py): each waits for its predecessor before its first read or write, and lets the next one
+start launching meanwhile.
 
 ``grouped_experts`` computes what layers/moe.py ``run_experts`` computes for experts whose weights are
 stacked: gate and up [experts, inter, hidden] (any expert and row strides, the hidden dimension contiguous:
@@ -62,6 +65,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
 
@@ -460,7 +464,9 @@ def _gate_up_kernel(
     FORMAT: tl.constexpr,  # "none" or a quantized format (module docstring)
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
         token = pair // SLOTS
@@ -557,7 +563,9 @@ def _down_kernel(
     FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] hidden columns
@@ -614,8 +622,10 @@ def _combine_kernel(
     stride_out,
     SLOTS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic)."""
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = offs < hidden
@@ -710,6 +720,7 @@ def grouped_experts(
         (0, 0, 0) if quant is None else t.stride() for t in (gate_s, up_s, down_s)
     )
     block_m = layout.block_m
+    pdl = pdl_available(x.device)
     act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
     bn_up = block_n or up_tiles[0]
     _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
@@ -751,8 +762,10 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
+        PDL=pdl,
         num_warps=up_tiles[2],
         num_stages=up_tiles[3],
+        **pdl_launch_options(pdl),
     )
     partial = (torch.zeros if skipped_slots else torch.empty)(
         pairs, hidden, dtype=torch.float32, device=x.device
@@ -788,12 +801,22 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
+        PDL=pdl,
         num_warps=down_tiles[2],
         num_stages=down_tiles[3],
+        **pdl_launch_options(pdl),
     )
     out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     block_h = _combine_block(n, hidden, x.device)
     _combine_kernel[(n, triton.cdiv(hidden, block_h))](
-        partial, out, hidden, partial.stride(0), out.stride(0), SLOTS=slots, BLOCK_H=block_h
+        partial,
+        out,
+        hidden,
+        partial.stride(0),
+        out.stride(0),
+        SLOTS=slots,
+        BLOCK_H=block_h,
+        PDL=pdl,
+        **pdl_launch_options(pdl),
     )
     return out

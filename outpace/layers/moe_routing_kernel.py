@@ -1,5 +1,7 @@
 """A mixture's routing in Triton (layers/moe.py ``Router`` on CUDA): two launches per layer, no host
-synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at every verify width).
+synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at every verify width). Both use
+programmatic dependent launch on Hopper (layers/pdl.py): the logits' programs bring their router weight rows
+into L2 while the kernel before them drains, then wait for it; the route kernel waits before anything.
 
 1. ``_router_logits_kernel``, grid (token blocks, expert blocks, hidden splits): float32 partial router
    logits, x (any dtype, converted in registers: no float32 copy of x) times the float32 router weight,
@@ -66,6 +68,7 @@ import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 
 # up to this many tokens one program routes each token and routing writes the block layout itself
 # (module docstring 2. and 3.); at most 64, the bits of a token mask
@@ -104,11 +107,21 @@ def _router_logits_kernel(
     BLOCK_K: tl.constexpr,
     INPUT_NORM: tl.constexpr,
     FEW_TOKENS: tl.constexpr,  # one token block: per-token sums, no tl.dot (module docstring 1.)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)  # [BLOCK_E]
     split = tl.program_id(2)
     t_ok, e_ok = tokens < n, experts < num_experts
+    if (
+        PDL
+    ):  # the weight rows of the split's first two steps into L2 (no earlier kernel writes them)
+        lines = (
+            split * split_len + tl.arange(0, 2 * BLOCK_K // 32) * 32
+        )  # a 128-byte line of fp32 each
+        ok = e_ok[:, None] & (lines < hidden)[None, :]
+        prefetch_l2(w_ptr + tl.where(ok, experts[:, None] * stride_w + lines[None, :], 0))
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     sq = tl.zeros([BLOCK_T], tl.float32)  # the split's sum of x^2 per token (INPUT_NORM)
@@ -341,7 +354,9 @@ def _route_kernel(
     SORT_BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr,
     PAIR_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     t0 = tl.program_id(0) * BLOCK_T
     top_i = _route_tokens(
         t0,
@@ -466,6 +481,7 @@ def router_logits(
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
     splits = triton.cdiv(hidden, split_len)
     partial = torch.empty(splits, n, row_len, dtype=torch.float32, device=x.device)
+    pdl = pdl_available(x.device)
     _router_logits_kernel[(triton.cdiv(n, block_t), triton.cdiv(experts, block_e), splits)](
         x,
         weight,
@@ -483,7 +499,9 @@ def router_logits(
         BLOCK_K=block_k,
         INPUT_NORM=column_scale is not None,
         FEW_TOKENS=few,
+        PDL=pdl,
         num_warps=4,
+        **pdl_launch_options(pdl),
     )
     return partial
 
@@ -532,6 +550,7 @@ def select_experts(
         if fused
         else BlockLayout(ids, ids, 16, ids)  # (not written: LAYOUT off)
     )
+    pdl = pdl_available(partial.device)
     _route_kernel[(triton.cdiv(n, block_t),)](
         partial,
         partial if bias is None else bias,
@@ -570,7 +589,9 @@ def select_experts(
         SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
         BLOCK_M=blocks.block_m,
         PAIR_BLOCK=triton.next_power_of_2(n * slots) if fused else 1,
+        PDL=pdl,
         num_warps=TOKEN_ROUTE_WARPS if one_each else ROUTE_WARPS,
+        **pdl_launch_options(pdl),
     )
     if not layout:
         return weights, ids, None

@@ -1,0 +1,79 @@
+"""The mixture's kernels (layers/moe_routing_kernel.py's logits and route, layers/moe_kernels.py's gate/up, down
+and combine) compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter
+replaces @triton.jit here), with programmatic dependent launch on: what Triton's interpreter does not check
+(the griddepcontrol instructions, the L2 prefetch before the wait) at DeepSeek-V2-Lite's routing (64 experts,
+top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
+SM90_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from outpace.layers import moe_kernels as mk, moe_routing_kernel as rk
+
+def build(kernel, types, constants, num_warps=4, num_stages=2):
+    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    print(kernel.__name__, "griddepcontrol.wait" in compiled.asm["ptx"])
+
+def pointers(names, dtype):
+    return {n: dtype for n in names}
+
+experts = {
+    **pointers(["x_ptr", "gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "act_ptr", "w_ptr",
+                "shared_w_ptr", "out_ptr"], "*bf16"),
+    **pointers(["gate_scale_ptr", "up_scale_ptr", "scale_ptr", "weights_ptr", "partial_ptr"], "*fp32"),
+    **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
+    "limit": "fp32",
+}
+tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FORMAT="none", SCALE_BN=1,
+             SCALE_BK=1, PDL=True)
+build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
+build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
+build(mk._combine_kernel, experts, dict(SLOTS=8, BLOCK_H=1024, PDL=True))
+build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
+      "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
+      PDL=True))
+route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr"], "*fp32"),
+         **pointers(["sorted_pairs_ptr", "block_expert_ptr", "cursor_ptr"], "*i32"),
+         **pointers(["ids_ptr", "ticket_ptr"], "*i64"),
+         **pointers(["scaling", "norm_eps", "norm_constant"], "fp32")}
+build(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=True, BIAS=False,
+      INPUT_NORM=False, EXPERT_SCALE=False, SHARED_GATE=False, NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False,
+      NORMALIZE=False, BLOCK_T=1, BLOCK_E=64, BLOCK_G=1, BLOCK_K=8, LAYOUT=True, NUM_SHARED=2,
+      BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, PDL=True), 1, 2)
+"""
+
+
+def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
+    if not os.path.exists(
+        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ):
+        pytest.skip("Triton without its NVIDIA backend's ptxas")
+    done = subprocess.run(
+        [sys.executable, "-c", SM90_COMPILE],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "TRITON_INTERPRET": "0",
+            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        },
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel", "_router_logits_kernel"]
+    assert done.stdout.split() == [w for n in [*names, "_route_kernel"] for w in (n, "True")]
