@@ -59,9 +59,11 @@ from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
 # Outputs a program of the down projections: _DOWN_OUTS (132 programs at DeepSeek-V3's 1536 + 576), twice as
-# many where that would leave a second, partial wave of programs (``_down_outs``). DeepSeek-V2-Lite's q_proj
-# and kv_a (3072 + 576 outputs): 2.442 -> 2.380 ms a decode step at batch 1, 5.672 -> 5.600 at batch 8 with 32
-# (benchmarks/scripts/decode_settings.py mla_down, gpu_2026-11-30e call 3).
+# many for half-precision weights where that would leave a second, partial wave of programs (``_down_outs``).
+# DeepSeek-V2-Lite's q_proj and kv_a (3072 + 576 outputs): 2.442 -> 2.380 ms a decode step at batch 1, 5.672
+# -> 5.600 at batch 8 with 32 (benchmarks/scripts/decode_settings.py mla_down, gpu_2026-11-30e call 3); in
+# block FP8 (half the bytes a program, 128-column K steps) 32 took batch 1 from 372.6 to 340.6 tokens/s
+# (bench families --quantized fp8, calls 2 and 4, with the MoE kernels' PDL between).
 _DOWN_OUTS = 16
 # A weight tile's elements a pipeline stage (32 KB of bf16) and its K columns at most: against 8192 and 256,
 # DeepSeek-V2-Lite's decode step took 2.741 -> 2.657 ms at batch 1, 5.876 -> 5.826 at batch 8 on the H200
@@ -645,9 +647,11 @@ def r_chunk(heads: int, rank: int, device: torch.device) -> int:
     return chunk
 
 
-def _down_outs(outputs: int, device: torch.device) -> int:
-    """Outputs a program of ``_down_kernel`` over ``outputs`` in all (module setting ``_DOWN_OUTS``)."""
-    return 2 * _DOWN_OUTS if triton.cdiv(outputs, _DOWN_OUTS) > num_sms(device) else _DOWN_OUTS
+def _down_outs(outputs: int, quantized: bool, device: torch.device) -> int:
+    """Outputs a program of ``_down_kernel`` over ``outputs`` in all (module setting ``_DOWN_OUTS``);
+    ``quantized``: a weight in block FP8."""
+    wide = not quantized and triton.cdiv(outputs, _DOWN_OUTS) > num_sms(device)
+    return 2 * _DOWN_OUTS if wide else _DOWN_OUTS
 
 
 def _block_k(block_n: int, fp32: bool) -> int:
@@ -718,17 +722,18 @@ def mla_forward_fused(
         w_down_q, q_norm = _operand(layer.q_proj, x.dtype), x  # (the norm weight: unused)
         q_width = s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim)
         q_out = torch.empty(m, q_width, dtype=torch.float32, device=device)
-        outs = _down_outs(q_width + kv_width, device)
-        q_programs = triton.cdiv(q_width, outs)
-        q_sq = kv_raw  # (unused)
     else:
         w_down_q, q_norm = _operand(layer.q_a_proj, x.dtype), layer.q_a_layernorm.weight
         q_out = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
-        outs = _down_outs(s.q_lora_rank + kv_width, device)
-        q_programs = triton.cdiv(s.q_lora_rank, outs)
-        q_sq = torch.empty(q_programs, m, dtype=torch.float32, device=device)
     pdl = pdl_available(device)
     down_block = _scale_block(w_down_q, w_kv)
+    outs = _down_outs(q_out.shape[1] + kv_width, down_block is not None, device)
+    q_programs = triton.cdiv(q_out.shape[1], outs)
+    q_sq = (
+        kv_raw  # (unused)
+        if s.q_lora_rank is None
+        else torch.empty(q_programs, m, dtype=torch.float32, device=device)
+    )
     _down_kernel[(q_programs + triton.cdiv(kv_width, outs),)](
         x,
         w_down_q.weight,
