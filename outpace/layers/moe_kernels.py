@@ -1,7 +1,7 @@
 """Routed experts as grouped GEMMs in Triton, without a host synchronisation (capturable in a CUDA graph).
-Its three launches (gate/up, down, the combine of a token's slots) use programmatic dependent launch on
-Hopper (layers/pdl.py): each waits for its predecessor before its first read or write, and lets the next one
-start launching meanwhile.
+Over half-precision stacks its three launches (gate/up, down, the combine of a token's slots) use
+programmatic dependent launch on Hopper (layers/pdl.py): each waits for its predecessor before its first read
+or write, and lets the next one start launching meanwhile.
 
 ``grouped_experts`` computes what layers/moe.py ``run_experts`` computes for experts whose weights are
 stacked: gate and up [experts, inter, hidden] (any expert and row strides, the hidden dimension contiguous:
@@ -720,7 +720,10 @@ def grouped_experts(
         (0, 0, 0) if quant is None else t.stride() for t in (gate_s, up_s, down_s)
     )
     block_m = layout.block_m
-    pdl = pdl_available(x.device)
+    # Quantized stacks launch without: with it, block FP8 DeepSeek-V2-Lite's decode at batch 1 went from 372.6
+    # to 340.6 and 333.4 tokens/s, where bf16's went from 408.1 to 428.6 (with the fused MLA's wider down
+    # programs besides); bench families, gpu_2026-11-30e calls 2, 4 and 5. Why FP8 lost is not known.
+    pdl = quant is None and pdl_available(x.device)
     act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
     bn_up = block_n or up_tiles[0]
     _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
