@@ -1,9 +1,9 @@
 """Gated DeltaNet's step kernel (layers/deltanet_step_kernel.py) at Qwen3.5's linear-attention shape (16 key
 heads, 32 value heads, dims 128; hidden 2048), bf16 on one GPU: one layer's forward (projections included, the
 same in every setting) replayed from a CUDA graph, for each value-column split count and warp count forced,
-at batch 1, 2, 4 and runs of 1 (decode), 2, 3 and 4 tokens a sequence (verify). A setting's difference
-from another is the step kernel's. What the shipped heuristics (``value_splits``, ``num_warps``) pick is
-marked with a star.
+at batch 1, 2, 4 and runs of 1 (decode), 2, 3 and 4 tokens a sequence (verify), and the layer's torch path
+(``fused_step`` off) beside them. A setting's difference from another is the step kernel's. What the shipped
+heuristics (``value_splits``, ``num_warps``) pick is marked with a star.
 
     PYTHONPATH=. python3 benchmarks/scripts/deltanet_step_settings.py [OUT.json]"""
 
@@ -41,9 +41,7 @@ def make_layer() -> GatedDeltaNet:
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(torch.randn_like(p) * (p.shape[1] ** -0.5 if p.dim() == 2 else 0.5))
-    layer = layer.to("cuda", torch.bfloat16)
-    layer.fused_step = True
-    return layer
+    return layer.to("cuda", torch.bfloat16)
 
 
 def time_us(layer: GatedDeltaNet, batch: int, length: int) -> float:
@@ -93,6 +91,12 @@ def main(out: str | None = None) -> None:
     shipped_splits, shipped_warps = dk.value_splits, dk.num_warps
     sms = num_sms(torch.device("cuda"))
     rows = []
+    layer.fused_step = False
+    for batch in BATCHES:
+        times = [time_us(layer, batch, n) for n in LENGTHS]
+        rows.append(dict(batch=batch, splits=None, warps=None, us=times, shipped=False))
+        print(f"b{batch} torch path          " + " ".join(f"{t:7.1f}" for t in times), flush=True)
+    layer.fused_step = True
     try:
         for batch, splits, warps in itertools.product(BATCHES, SPLITS, WARPS):
             dk.value_splits = lambda *a, s=splits: s
