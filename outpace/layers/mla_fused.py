@@ -325,6 +325,43 @@ def _write_kv_rows(
 
 
 @triton.jit
+def _latent_columns(
+    q_nope,
+    w_uk_rows,
+    j_ok,
+    dst,
+    row_ok,
+    r_start,
+    R,
+    R_LEN: tl.constexpr,
+    BR: tl.constexpr,
+    PRECISION,
+):
+    """q_nope [BM, NC] (W_UK's dtype) times W_UK's rows ``w_uk_rows`` [NC, 1] (``j_ok`` [NC]) in columns
+    r_start .. r_start + R_LEN (< R), BR at a time, stored at ``dst`` [BM, 1] + column."""
+    for r0 in range(r_start, r_start + R_LEN, BR):
+        rr = r0 + tl.arange(0, BR)
+        r_ok = rr < R
+        w_uk = tl.load(
+            w_uk_rows + rr[None, :], mask=j_ok[:, None] & r_ok[None, :], other=0.0
+        )  # [NC, BR]
+        latent = tl.dot(q_nope, w_uk, input_precision=PRECISION)  # [BM, BR]
+        tl.store(
+            dst + rr[None, :],
+            latent.to(dst.dtype.element_ty),
+            mask=row_ok[:, None] & r_ok[None, :],
+        )
+
+
+@triton.jit
+def _store_q_pe(a, b, q_pe_ptr, rows, head, pairs, ok, HEADS: tl.constexpr, P: tl.constexpr):
+    """A head's rotated q_pe pairs (a, b) [BM, BLOCK_HP] at (i, i + P/2) of its rows of q_pe [M, HEADS, P]."""
+    pe_dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
+    tl.store(pe_dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
+    tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _q_absorb_kernel(
     x_ptr,  # [M, K]: q_a * q_norm
     sq_ptr,  # [num_sq_parts, M] float32: sums of q_a^2
@@ -456,18 +493,7 @@ def _q_absorb_kernel(
             q_nope = (q_nope * rstd).to(w_uk_ptr.dtype.element_ty)  # [BM, BLOCK_NC]
             w_uk_rows = w_uk_ptr + head * stride_uk_head + j[:, None] * stride_uk_row
             part_dst = q_parts_ptr + ((c * M + rows) * HEADS + head)[:, None] * R
-            for r0 in range(0, R, BR):
-                rr = r0 + tl.arange(0, BR)
-                r_ok = rr < R
-                w_uk = tl.load(
-                    w_uk_rows + rr[None, :], mask=j_ok[:, None] & r_ok[None, :], other=0.0
-                )  # [BLOCK_NC, BR]
-                part = tl.dot(q_nope, w_uk, input_precision=PRECISION)  # [BM, BR]
-                tl.store(
-                    part_dst + rr[None, :],
-                    part.to(q_parts_ptr.dtype.element_ty),
-                    mask=row_ok[:, None] & r_ok[None, :],
-                )
+            _latent_columns(q_nope, w_uk_rows, j_ok, part_dst, row_ok, 0, R, R, BR, PRECISION)
         else:
             a = _rows_dot(
                 x_ptr,
@@ -514,10 +540,9 @@ def _q_absorb_kernel(
             a, b = _rotate(
                 a * rstd, b * rstd, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2
             )
-            pe_dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
-            ok = row_ok[:, None] & pair_ok[None, :]
-            tl.store(pe_dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
-            tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
+            _store_q_pe(
+                a, b, q_pe_ptr, rows, head, pairs, row_ok[:, None] & pair_ok[None, :], HEADS, P
+            )
 
 
 @triton.jit
@@ -598,18 +623,9 @@ def _absorb_kernel(
         q_nope = tl.load(q_row + j[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
         q_nope = q_nope.to(w_uk_ptr.dtype.element_ty)  # [BM, BLOCK_NOPE]
         dst = q_latent_ptr + (rows * HEADS + head)[:, None] * R
-        for r0 in range(c * R_CHUNK, c * R_CHUNK + R_CHUNK, BR):
-            rr = r0 + tl.arange(0, BR)
-            r_ok = rr < R
-            w_uk = tl.load(
-                w_uk_rows + rr[None, :], mask=j_ok[:, None] & r_ok[None, :], other=0.0
-            )  # [BLOCK_NOPE, BR]
-            latent = tl.dot(q_nope, w_uk, input_precision=PRECISION)  # [BM, BR]
-            tl.store(
-                dst + rr[None, :],
-                latent.to(q_latent_ptr.dtype.element_ty),
-                mask=row_ok[:, None] & r_ok[None, :],
-            )
+        _latent_columns(
+            q_nope, w_uk_rows, j_ok, dst, row_ok, c * R_CHUNK, R, R_CHUNK, BR, PRECISION
+        )
         if c == 0:
             pairs = tl.arange(0, BLOCK_HP)
             pair_ok = pairs < P // 2
@@ -618,9 +634,7 @@ def _absorb_kernel(
             a = tl.load(q_row + NOPE + col_a[None, :], mask=ok, other=0.0)  # [BM, BLOCK_HP]
             b = tl.load(q_row + NOPE + col_b[None, :], mask=ok, other=0.0)
             a, b = _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, P // 2)
-            pe_dst = q_pe_ptr + (rows * HEADS + head)[:, None] * P + pairs[None, :]
-            tl.store(pe_dst, a.to(q_pe_ptr.dtype.element_ty), mask=ok)
-            tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
+            _store_q_pe(a, b, q_pe_ptr, rows, head, pairs, ok, HEADS, P)
 
 
 def q_parts(heads: int, nope: int, rope: int, device: torch.device) -> tuple[int, int]:
