@@ -28,11 +28,13 @@ form always with the latter. Few half-precision rows on the GPU under the Triton
 take the fused path of layers/mla_fused.py instead (``fuses``): the whole block in five launches, the
 eager modules staying the CPU path and the reference.
 
-Batch-invariant mode (EngineConfig.batch_invariant): never the fused block; the absorbed form's kernel runs
-with fixed tiles and an absolute split partition (attention/mla_kernels.py; a tree node walked over its
-logical rows), and its per-head products W_UK^T q_nope and W_UV a go head by head through ``project``
-(``heads_apart``), so a decode row gets the bits it gets inside a verify chain or any batch. The expanded
-form (a forward whose query run reaches ``expand_min_query_len``) is not covered.
+Batch-invariant mode (EngineConfig.batch_invariant): on the GPU the fused block serves every absorbed
+forward, whatever its rows (layers/mla_fused.py's docstring says why its rows keep their bits). Elsewhere (the
+CPU, the torch backend) the absorbed form's kernel runs with fixed tiles and an absolute split partition
+(attention/mla_kernels.py; a tree node walked over its logical rows), and its per-head products W_UK^T q_nope
+and W_UV a go head by head through ``project`` (``heads_apart``), so a decode row gets the bits it gets
+inside a verify chain or any batch. The expanded form (a forward whose query run reaches
+``expand_min_query_len``) is not covered.
 """
 
 from __future__ import annotations
@@ -198,8 +200,8 @@ class MultiHeadLatentAttention(PagedCacheLayer):
 
     def fuses(self, x: torch.Tensor) -> bool:
         """Whether layers/mla_fused.py computes this forward over x [num_tokens, hidden] (when ``fused``):
-        few rows of half precision on the GPU (``fusable_rows``), not in batch-invariant mode (its kernels
-        hold one tile of 16 rows and attend on their own), the absorbed form under the Triton backend over a
+        few rows of half precision on the GPU (``fusable_rows``: any number in batch-invariant mode, whose
+        invariance layers/mla_fused.py's docstring argues), the absorbed form under the Triton backend over a
         contiguous cache, and whole (unsharded) weights without biases.
 
         Quantized projections: the two fused kernels read q_a_proj, kv_a_proj_with_mqa and q_b_proj (or
@@ -220,7 +222,6 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and all(fused_weight_format(p, x.dtype) for p in self.fused_projections())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()
-            and not batch_invariant()
             # the norm's weight, in the model's dtype: the rows' dtype checked against it
             and fusable_rows(x, self.kv_a_layernorm.weight)
         )

@@ -36,8 +36,17 @@ start while the kernel before drains, prefetch their first weight columns into L
 RoPE pairs dimensions (2i, 2i + 1) in DeepSeek's interleaved layout and (i, i + P/2) otherwise; either way
 the rotated pair lands at (i, i + P/2), the layout RotaryEmbedding gives (layers/rotary.py). Roundings
 differ from the eager chain (the projections' outputs stay in float32 up to where the eager chain would
-have rounded a result it then multiplies), so, like the other fused paths, it never serves batch-invariant
-mode. With TRITON_INTERPRET=1 the kernels run on CPU tensors in float32 (tests).
+have rounded a result it then multiplies). With TRITON_INTERPRET=1 the kernels run on CPU tensors in float32
+(tests).
+
+Batch-invariant mode (EngineConfig.batch_invariant): the block serves every absorbed forward, any number of
+rows. Kernels 1 and 2 take the rows in tiles of MAX_ROWS, a grid axis (one tile outside the mode), and every
+compile-time fact of theirs follows the model's shape and the device, never the batch: tiles, parts, the
+programs' outputs; M is not specialised (``do_not_specialize``), so one compiled kernel serves every row
+count. A row's products then depend on its own row only (an MMA row's bits do not depend on the other rows of
+its tile, as the other invariant kernels rest on), its q_a norm sums the same programs' partial sums, and the
+attention and merge take their invariant variant (attention/mla_kernels.py), o_proj the mode's projection: a
+decode row gets the bits it gets inside a verify chain or any batch.
 """
 
 from __future__ import annotations
@@ -165,7 +174,7 @@ def _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, HALF:
     return a * cos - b * sin, b * cos + a * sin
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _down_kernel(
     x_ptr,  # [M, K]: the normalised layer input
     wq_ptr,  # [QR, K] q_a_proj (Q_NORMED) or q_proj (QR = heads * (nope + rope))
@@ -201,9 +210,9 @@ def _down_kernel(
     Q_NORMED: tl.constexpr,  # wq is q_a_proj, followed by q_a_layernorm
 ):
     """Programs 0 .. q_programs - 1: BN outputs of the query's projection each; the rest: BN outputs of
-    kv_a each."""
+    kv_a each; grid axis 1: the row tile."""
     pid = tl.program_id(0)
-    rows = tl.arange(0, BM)
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)  # the grid's row tile
     row_ok = rows < M
     if pid < q_programs:
         cols = pid * BN + tl.arange(0, BN)
@@ -361,7 +370,7 @@ def _store_q_pe(a, b, q_pe_ptr, rows, head, pairs, ok, HEADS: tl.constexpr, P: t
     tl.store(pe_dst + P // 2, b.to(q_pe_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _q_absorb_kernel(
     x_ptr,  # [M, K]: q_a * q_norm
     sq_ptr,  # [num_sq_parts, M] float32: sums of q_a^2
@@ -419,7 +428,7 @@ def _q_absorb_kernel(
     (PE_CHUNK rotation pairs). The last program (HEADS * (Q_PARTS + PE_PARTS)) writes the kv rows into the
     cache. Row r of x @ W.T is scaled by rsqrt(sum(sq[:, r]) / K + eps) (q_a_layernorm)."""
     pid = tl.program_id(0)
-    rows = tl.arange(0, BM)
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)  # the grid's row tile
     row_ok = rows < M
     if pid == HEADS * (Q_PARTS + PE_PARTS):
         pdl_enter(PDL)
@@ -545,7 +554,7 @@ def _q_absorb_kernel(
             )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _absorb_kernel(
     q_ptr,  # [M, HEADS * (NOPE + P)] float32: q_proj's rows (_down_kernel)
     w_uk_ptr,  # [HEADS, NOPE, R] (strides stride_uk_head, stride_uk_row, 1): W_UK (mla.py up_weights)
@@ -584,7 +593,7 @@ def _absorb_kernel(
     those columns of W_UK), and for c = 0 the head's rotated q_pe. The last program (HEADS * R_PARTS)
     writes the kv rows into the cache."""
     pid = tl.program_id(0)
-    rows = tl.arange(0, BM)
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)  # the grid's row tile
     row_ok = rows < M
     if pid == HEADS * R_PARTS:
         pdl_enter(PDL)
@@ -723,8 +732,8 @@ def mla_forward_fused(
     meta: PagedAttentionMetadata,
 ) -> torch.Tensor:
     """``layer``'s absorbed forward (layers/mla.py ``fuses`` decides when): positions [M]; x [M, hidden]
-    (M <= 16, normalised) -> [M, hidden]; writes the tokens' rows into ``layer.cache_rows`` at
-    meta.slot_mapping."""
+    (M <= MAX_ROWS, any number in batch-invariant mode, normalised) -> [M, hidden]; writes the tokens' rows
+    into ``layer.cache_rows`` at meta.slot_mapping."""
     s = layer.shape
     m, device, fp32 = x.shape[0], x.device, x.dtype == torch.float32
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -748,7 +757,8 @@ def mla_forward_fused(
         if s.q_lora_rank is None
         else torch.empty(q_programs, m, dtype=torch.float32, device=device)
     )
-    _down_kernel[(q_programs + triton.cdiv(kv_width, outs),)](
+    row_tiles = triton.cdiv(m, MAX_ROWS)  # one, but in batch-invariant mode
+    _down_kernel[(q_programs + triton.cdiv(kv_width, outs), row_tiles)](
         x,
         w_down_q.weight,
         w_kv.weight,
@@ -795,7 +805,7 @@ def mla_forward_fused(
         chunk = r_chunk(s.num_heads, s.kv_lora_rank, device)
         r_parts = triton.cdiv(s.kv_lora_rank, chunk)
         q_latent = torch.empty(1, m, s.num_heads, s.kv_lora_rank, dtype=x.dtype, device=device)
-        _absorb_kernel[(s.num_heads * r_parts + 1,)](
+        _absorb_kernel[(s.num_heads * r_parts + 1, row_tiles)](
             q_out,
             w_uk,
             *kv_args,
@@ -857,7 +867,7 @@ def _q_absorb(
     q_latent = torch.empty(parts, m, s.num_heads, s.kv_lora_rank, dtype=q_in.dtype, device=device)
     w_q = _operand(layer.q_b_proj, q_in.dtype)
     q_block = _scale_block(w_q)
-    _q_absorb_kernel[(s.num_heads * (parts + pe_parts) + 1,)](
+    _q_absorb_kernel[(s.num_heads * (parts + pe_parts) + 1, triton.cdiv(m, MAX_ROWS))](
         q_in,
         q_sq,
         w_q.weight,
