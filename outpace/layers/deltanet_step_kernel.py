@@ -28,7 +28,7 @@ meets its threads at a barrier and counts itself in its head's arrival counter (
 scope: its writes released, and the last to arrive acquires every split's); the last normalises the whole row
 of each of the run's tokens from ``o_part`` (read past L1, which other SMs' writes do not reach) and zeroes
 the counter for the next launch. One program computes each row's norm over the full row, so the result does
-not depend on the order in which the programs finish. The counters (``arrival_counters``) are zeroed once per
+not depend on the order in which the programs finish. The counters (layers/zeroed_scratch.py) are zeroed once per
 device and grid, left zero by every launch: the launch allocates nothing but ``o_part`` and stays capturable.
 
 What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify; the engine's decode
@@ -64,6 +64,7 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
+from outpace.layers.zeroed_scratch import zeroed_scratch
 
 FUSED_MAX_LEN = (
     16  # the longest run the step kernel takes (a verify's draft tokens); longer: prefill path
@@ -78,9 +79,6 @@ SOFTPLUS_THRESHOLD = tl.constexpr(
 # against 4 splits 44.4 / 49.4 / 53.3 / 57.8; batch 4, unsplit 45.9 .. 62.4 against 2 splits 47.6 .. 64.9.
 MIN_SPLIT_COLUMNS = 32
 PROGRAMS_PER_SM = 1
-# per device and number of (sequence, value head) pairs: the split launches' arrival counters, zero between
-# launches; kept for the life of the process, as captured graphs hold their address
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 @dataclass
@@ -454,22 +452,6 @@ def value_splits(num_seqs: int, v_heads: int, v_dim: int, sms: int) -> int:
     return splits
 
 
-def arrival_counters(device: torch.device, pairs: int) -> torch.Tensor:
-    """[pairs] int32 zeros on ``device``: a split launch's arrival counter per (sequence, value head), left
-    zero by every launch; made by the first, eager call of that many pairs (the warm-up before a capture),
-    the one buffer of every later launch of that many, captured or not. The launches on a device share it:
-    they must not overlap (one stream, as the engine runs its steps)."""
-    key = (device, pairs)
-    if key not in _COUNTERS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "layers/deltanet_step_kernel.py: the step's arrival counters (zeros, allocated once) for "
-                f"{pairs} heads on {device} are made by an eager call: step once before capturing"
-            )
-        _COUNTERS[key] = torch.zeros(pairs, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
 def deltanet_step(
     rows: ProjectedRows,
     conv_weight: torch.Tensor,
@@ -513,7 +495,12 @@ def deltanet_step(
     )
     if splits > 1:  # [num_tokens, v_heads, v_dim] the outputs before the norm
         o_part = out.new_empty(rows.qkv.shape[0], v_heads, head_v_dim, dtype=torch.float32)
-        counters = arrival_counters(out.device, num_seqs * v_heads)
+        counters = zeroed_scratch(  # [num_seqs * v_heads] one a (sequence, value head)
+            "layers/deltanet_step_kernel.py: the split step's arrival counters",
+            out.device,
+            num_seqs * v_heads,
+            torch.int32,
+        )
     else:
         o_part = counters = out  # not read
     # bv: the value columns of one program

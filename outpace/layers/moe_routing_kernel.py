@@ -28,7 +28,7 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    finish, zeroes the ticket and places every pair from the masks (``place_pairs_by_token_masks``: the
    layout ``align`` writes, bit for bit), zeroing the masks. The ticket and the masks live in a buffer per
    device and expert count (``layout_scratch``), zero between launches, which the launches on a device
-   share: they must not overlap (one stream, as the engine runs its steps). Memory order (the PTX memory
+   share (layers/zeroed_scratch.py: they must not overlap). Memory order (the PTX memory
    model; CUDA's cooperative-groups grid barrier follows the same pattern): a program's threads write their
    ids and set their bits, meet at a barrier, and then one thread takes the ticket with acq_rel at gpu
    scope, a release cumulative over what the barrier ordered before it; the last ticket's acquire, shared
@@ -69,6 +69,7 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.zeroed_scratch import zeroed_scratch
 
 # up to this many tokens one program routes each token and routing writes the block layout itself
 # (module docstring 2. and 3.); at most 64, the bits of a token mask
@@ -84,9 +85,6 @@ _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one 
 # 7.2 us against 11.4 at 8 warps, V2-Lite 5.0 against 6.0, Qwen3-Next 8.9 against 9.3)
 ROUTE_WARPS = 8
 TOKEN_ROUTE_WARPS = 1
-# per device and expert count (routed + shared): the fused layout's ticket and token masks, zero between
-# launches (module docstring 3.); kept for the life of the process, as captured graphs hold their address
-_LAYOUT_SCRATCH: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 @triton.jit
@@ -429,18 +427,15 @@ def _route_kernel(
 
 
 def layout_scratch(device: torch.device, experts: int) -> torch.Tensor:
-    """[1 + experts] int64 zeros on ``device``: the fused layout's ticket and token masks (module
-    docstring 3.), allocated by the first eager call, the one buffer of every later launch, captured or
-    not, over that many experts (routed + shared)."""
-    key = (device, experts)
-    if key not in _LAYOUT_SCRATCH:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "layers/moe_routing_kernel.py: the routing kernel's layout scratch (zeros, allocated once) "
-                f"for {experts} experts on {device} is made by an eager call: route once before capturing"
-            )
-        _LAYOUT_SCRATCH[key] = torch.zeros(1 + experts, dtype=torch.int64, device=device)
-    return _LAYOUT_SCRATCH[key]
+    """[1 + experts] int64 zeros on ``device``: the fused layout's ticket and token masks over that many
+    experts (routed + shared), left zero by every launch (module docstring 3.): layers/zeroed_scratch.py's
+    buffer, made by the first eager call."""
+    return zeroed_scratch(
+        "layers/moe_routing_kernel.py: the routing kernel's layout ticket and token masks",
+        device,
+        1 + experts,
+        torch.int64,
+    )
 
 
 @dataclass(frozen=True)

@@ -11,42 +11,22 @@ bytes with an FP8 cache, none with bf16: its one kv-writing program quantizes a 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
-REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
+from helpers.hopper_compile import run_compile_script  # noqa: E402
+
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
-import os, subprocess
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from outpace.attention import mla_kernels as mk, triton_kernels as tk
 from outpace.layers import mla_fused
 
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
-
-def build(kernel, pointers, constants, name, num_warps=4, **options):
-    names = kernel.arg_names
-    signature = {
-        n: "constexpr" if n in constants else pointers.get(n) or ("fp32" if n == "qk_scale" else "i32")
-        for n in names
-    }
-    source = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()})
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options)
-    )
+def build(kernel, pointers, constants, name, **options):
+    compiled = compile_for_hopper(kernel, {"qk_scale": "fp32", **pointers}, constants, **options)
     assert "cvt" in compiled.asm["ptx"] and "e4m3" in compiled.asm["ptx"], name  # fp8 conversions
-    open("k.ptx", "w").write(compiled.asm["ptx"])
-    done = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", "k.ptx", "-o", "k.cubin"],
-                          capture_output=True, text=True, check=True)
-    spills = [line.strip() for line in (done.stdout + done.stderr).splitlines() if "spill" in line]
+    spills = [line.strip() for line in ptxas_report(compiled).splitlines() if "spill" in line]
     print(name, spills[0])
 
 
@@ -106,21 +86,7 @@ build(mla_fused._absorb_kernel,
 
 
 def test_fp8_kernels_compile_for_sm90(tmp_path):
-    if not os.path.exists(
-        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    ):
-        pytest.skip("Triton without its NVIDIA backend's ptxas")
-    done = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE],
-        cwd=tmp_path,
-        env={
-            **os.environ,
-            "TRITON_INTERPRET": "0",
-            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        },
-        capture_output=True,
-        text=True,
-    )
+    done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     print(done.stdout)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(done.stdout.splitlines()) == 8, done.stdout  # one ptxas report a kernel

@@ -8,16 +8,15 @@ grids). On a GPU also: bf16 at the Qwen3.5 shape, and inside a CUDA graph."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from helpers.hopper_compile import run_compile_script  # noqa: E402
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
 from outpace.attention.context import forward_settings  # noqa: E402
-from outpace.layers import deltanet_step_kernel  # noqa: E402
+from outpace.layers import deltanet_step_kernel, zeroed_scratch  # noqa: E402
 from outpace.layers.decoder import pack_projections  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
@@ -169,10 +168,10 @@ def test_split_value_heads_equal_the_torch_path(form, layout, shape, splits, mon
     states, snapshots = pool(layer, 2)
     want = step(layer, False, x, FORMS[form], states, snapshots)
     monkeypatch.setattr(deltanet_step_kernel, "value_splits", lambda *shape: splits)
-    monkeypatch.setattr(deltanet_step_kernel, "_COUNTERS", {})
+    monkeypatch.setattr(zeroed_scratch, "_BUFFERS", {})
     got = step(layer, True, x, FORMS[form], states, snapshots)
     assert_same_step(got, want, FORMS[form], snapshots, **TOLERANCE)
-    (counters,) = deltanet_step_kernel._COUNTERS.values()  # (the split launch ran)
+    (counters,) = zeroed_scratch._BUFFERS.values()  # (the split launch ran)
     assert counters.numel() == len(STATE_INDICES) * layer.num_v_heads
     assert not counters.any()
 
@@ -206,38 +205,23 @@ def test_batch_invariant_mode_never_splits(monkeypatch):
 
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
-REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
-import os, subprocess, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from outpace.layers.deltanet_step_kernel import _conv_qk_kernel, _deltanet_step_kernel, num_warps
 
 tree, snapshots, length, splits = (int(a) for a in sys.argv[1:])
-pointers = dict(table="*i32", query_lens="*i64", has_initial="*i1", state_indices="*i64",
-                parents="*i64", rec_state="*fp32", rec_snap="*fp32", o_part="*fp32", counters="*i32")
+bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
+types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32", query_lens="*i64",
+             has_initial="*i1", state_indices="*i64", parents="*i64", rec_state="*fp32", rec_snap="*fp32",
+             o_part="*fp32", counters="*i32")
 constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
                  KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
                  TREE=bool(tree), SNAPSHOTS=bool(snapshots), SPLITS=splits)
-bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 # the decode's second launch (the q / k conv channels of the row) after the step kernel
 for kernel in [_deltanet_step_kernel] + ([] if snapshots else [_conv_qk_kernel]):
-    names = kernel.arg_names
-    own = {n: v for n, v in constants.items() if n in names}
-    signature = {
-        n: "constexpr" if n in own else pointers.get(n) or ("*bf16" if n in bf16 else
-           "fp32" if n in ("eps", "scale") else "i32")
-        for n in names
-    }
-    source = ASTSource(kernel, signature, {(names.index(n),): v for n, v in own.items()})
-    options = dict(num_warps=num_warps(128, 128 // splits))
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    open("k.ptx", "w").write(compiled.asm["ptx"])
-    done = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", "k.ptx", "-o", "k.cubin"],
-                          capture_output=True, text=True, check=True)
-    print(done.stdout + done.stderr)
+    own = {n: v for n, v in constants.items() if n in kernel.arg_names}
+    compiled = compile_for_hopper(kernel, types, own, num_warps=num_warps(128, 128 // splits))
+    print(ptxas_report(compiled))
 """
 
 
@@ -266,28 +250,8 @@ for kernel in [_deltanet_step_kernel] + ([] if snapshots else [_conv_qk_kernel])
 def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, splits, tmp_path):
     """At the Qwen3.5 shape and the launcher's num_warps, each value head whole in one program and split
     (batch 1 to 4 on an H200: value_splits)."""
-    import os
-    import subprocess
-    import sys
-
-    import triton
-
-    if not os.path.exists(
-        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    ):
-        pytest.skip("Triton without its NVIDIA backend's ptxas")
     args = [str(a) for a in (tree, snapshots, length, splits)]
-    done = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, *args],
-        cwd=tmp_path,
-        env={
-            **os.environ,
-            "TRITON_INTERPRET": "0",
-            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        },
-        capture_output=True,
-        text=True,
-    )
+    done = run_compile_script(SM90_COMPILE, *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("0 bytes spill stores") == (1 if snapshots else 2), done.stdout
 

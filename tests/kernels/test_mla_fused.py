@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("triton")
 
 import outpace.layers.mla as mla_module
+from helpers.hopper_compile import run_compile_script
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.layers import mla_fused
@@ -360,18 +361,10 @@ def test_fuses_reads_block_fp8_and_leaves_other_formats_to_the_eager_path(fused_
 # Compiled for sm_90 (Hopper) without a GPU: what Triton's interpreter does not check (one name bound to
 # two types in two branches, the PDL instructions). Kimi-K2's shape: q_lora_rank, two query-latent parts;
 # the projections in bf16, in block FP8 (every one, and q_a alone beside a bf16 kv_a).
-_COMPILE_FOR_HOPPER = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
+SM90_COMPILE = """
 from outpace.attention import mla_kernels
 from outpace.layers import mla_fused
-
-def compile_for_hopper(kernel, types, constants, num_warps, num_stages):
-    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in kernel.arg_names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 bf16 = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkv_ptr", "w_uk_ptr", "q_norm_ptr", "kv_norm_ptr",
         "cache_ptr", "q_parts_ptr", "q_pe_ptr", "up_ptr", "out_ptr")}
@@ -407,15 +400,8 @@ compile_for_hopper(mla_kernels._combine_kernel, types, dict(HEADS=64, R=512, OUT
 """
 
 
-def test_the_kernels_compile_for_hopper():
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True
-    )
+def test_the_kernels_compile_for_hopper(tmp_path):
+    done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -6,27 +6,18 @@ top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
-REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
+from helpers.hopper_compile import run_compile_script  # noqa: E402
+
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from outpace.layers import moe_kernels as mk, moe_routing_kernel as rk
 
 def build(kernel, types, constants, num_warps=4, num_stages=2):
-    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in kernel.arg_names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    compiled = compile_for_hopper(kernel, types, constants, num_warps, num_stages)
     print(kernel.__name__, "griddepcontrol.wait" in compiled.asm["ptx"])
 
 def pointers(names, dtype):
@@ -59,21 +50,7 @@ build(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=T
 
 
 def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
-    if not os.path.exists(
-        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    ):
-        pytest.skip("Triton without its NVIDIA backend's ptxas")
-    done = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE],
-        cwd=tmp_path,
-        env={
-            **os.environ,
-            "TRITON_INTERPRET": "0",
-            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        },
-        capture_output=True,
-        text=True,
-    )
+    done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel", "_router_logits_kernel"]
     assert done.stdout.split() == [w for n in [*names, "_route_kernel"] for w in (n, "True")]

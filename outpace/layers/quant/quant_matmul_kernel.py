@@ -16,7 +16,8 @@ Few rows (decode and verify, M <= ``FEW_ROWS``): a program owns BN output column
 row tile of 16, 32 or 64) and streams its weight rows along K; where the column blocks alone cannot
 fill the GPU (a narrow N, e.g. DeepSeek's kv_a 576 or q_a 1536 columns), K is split among programs
 (``plan``), each writing a float32 partial, and the last program of a column block to finish (a
-counter in global memory) sums the partials in split order: one launch, the same bits every time.
+counter in global memory, layers/zeroed_scratch.py: zero between launches, made by the first eager call,
+which also compiles the kernel) sums the partials in split order: one launch, the same bits every time.
 The tiles and the split depend on N and K only (and the row tile on M's bucket), not on the data: the
 launch is fixed for a captured CUDA graph and nothing is allocated but the output and the partials.
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
@@ -24,7 +25,6 @@ Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from outpace.layers.sm_count import num_sms
+from outpace.layers.zeroed_scratch import zeroed_scratch
 
 FORMATS = ("fp8_block", "fp8_tensor", "int4_group")
 FEW_ROWS = 64  # up to this many rows: the weight-streaming launch (module docstring)
@@ -211,13 +212,6 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
     )
 
 
-@functools.cache
-def _counters(device: torch.device) -> torch.Tensor:
-    """The split-K launches' arrival counters: zeroed once, left zero by every launch. Made on the first
-    call (before any capture: that call also compiles the kernel)."""
-    return torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-
-
 def quant_matmul(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -246,7 +240,12 @@ def quant_matmul(
                 f"a split-K launch of {grid[0] * grid[1]} tiles (at most {_MAX_TILES})"
             )
         partial = torch.empty(t.splits, m, n, dtype=torch.float32, device=x.device)
-        counters = _counters(x.device)
+        counters = zeroed_scratch(  # [_MAX_TILES] one an output tile, the launch's first ones
+            "layers/quant/quant_matmul_kernel.py: the split-K arrival counters",
+            x.device,
+            _MAX_TILES,
+            torch.int32,
+        )
     else:
         partial = counters = out  # not read
     scale_2d = scale.reshape(1, 1) if fmt == "fp8_tensor" else scale
