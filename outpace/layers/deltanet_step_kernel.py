@@ -14,22 +14,23 @@ per-token work in registers, over its split's value columns (below):
   parent's state, read back from the snapshot row this program wrote (a barrier between);
 - the gated RMSNorm (weight, then silu(z)), written as the out_proj input [num_tokens, v_heads * v_dim].
 
-The split: the delta rule is independent per value column (S [k_dim, v_dim] decays, kv_mem = k @ S, delta =
-(v - kv_mem) * beta, S += outer(k, delta), o = q @ S), so a program may own a slice of the head's columns: its
-slice of S, of v and its conv channels, of o, with the same arithmetic per column. A grid of (num_seqs,
-v_heads) alone leaves most of the GPU idle at small batches (Qwen3.5 at batch 1: 32 programs on an H200's 132
-SMs, each walking its tokens serially; measured before the split, a captured MTP verify: 7.1 us a layer at 1
-token a sequence, 14.1 at 3), so ``value_splits`` splits each head over a power of two of programs, at least
-``MIN_SPLIT_COLUMNS`` columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's
-32 heads in 4 at batch 1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions' layout, so it must
-not follow the batch). SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no
-atomic). The norm is the one step across columns: each program writes its o slices (float32, ``o_part``),
-meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add, acq_rel at gpu
-scope: its writes released, and the last to arrive acquires every split's); the last normalises the whole row
-of each of the run's tokens from ``o_part`` (read past L1, which other SMs' writes do not reach) and zeroes
-the counter for the next launch. One program computes each row's norm over the full row, so the result does
-not depend on the order in which the programs finish. The counters (layers/zeroed_scratch.py) are zeroed once per
-device and grid, left zero by every launch: the launch allocates nothing but ``o_part`` and stays capturable.
+The split: the delta rule is independent per value column (S [k_dim, v_dim] decays, kv_mem = k @ S, delta = (v -
+kv_mem) * beta, S += outer(k, delta), o = q @ S), so a program may own a slice of the head's columns: its slice
+of S, of v and its conv channels, of o, with the same arithmetic per column. A grid of (num_seqs, v_heads) alone
+leaves most of the GPU idle at small batches (Qwen3.5 at batch 1: 32 programs on an H200's 132 SMs, each walking
+its tokens serially; measured before the split, a captured MTP verify: 7.1 us a layer at 1 token a sequence,
+14.1 at 3), so ``value_splits`` splits each head over a power of two of programs, at least ``MIN_SPLIT_COLUMNS``
+columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's 32 heads in 4 at batch
+1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions'
+layout, so it must not follow the batch). SPLITS == 1 is the kernel without the split (a constexpr branch: no
+scratch, no atomic). The norm is the one step across columns: each program writes its o slices (float32,
+``o_part``), meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add,
+acq_rel at gpu scope: its writes released, and the last to arrive acquires every split's); the last normalises
+the whole row of each of the run's tokens from ``o_part`` (read past L1, which other SMs' writes do not reach)
+and zeroes the counter for the next launch. One program computes each row's norm over the full row, so the
+result does not depend on the order in which the programs finish. The counters (layers/zeroed_scratch.py) are
+zeroed once per device and grid, left zero by every launch: the launch allocates nothing but ``o_part`` and
+stays capturable.
 
 What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify; the engine's decode
 is a verify of one token) the conv and recurrent state after every valid token t go into snapshot row t of
