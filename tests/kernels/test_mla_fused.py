@@ -174,6 +174,21 @@ def test_fused_block_equals_the_eager_layer(
     assert_fused_equals_eager(layer, args, fused_calls)
 
 
+def test_launch_shapes_at_the_deepseek_shapes_on_an_h200(monkeypatch):
+    """What the launchers pick on 132 SMs (the measurements behind them: layers/mla_fused.py): the down
+    kernel's outputs a program, 32 for DeepSeek-V2-Lite's q_proj + kv_a in bf16 (16 would leave a partial
+    second wave), 16 in block FP8 and for V3's / Kimi-K2's q_a + kv_a (one wave); V2-Lite's W_UK in
+    64-column slices (eight programs a head); Kimi-K2's and V3's query latent in 2 and 1 parts."""
+    monkeypatch.setattr(mla_fused, "num_sms", lambda device: 132)
+    device = torch.device("cpu")  # (an H200's 132 SMs through num_sms)
+    assert mla_fused._down_outs(16 * 192 + 576, False, device) == 32
+    assert mla_fused._down_outs(16 * 192 + 576, True, device) == 16
+    assert mla_fused._down_outs(1536 + 576, False, device) == 16
+    assert mla_fused.r_chunk(16, 512, device) == 64
+    assert mla_fused.q_parts(64, 128, 64, device)[0] == 2
+    assert mla_fused.q_parts(128, 128, 64, device)[0] == 1
+
+
 @cpu_only
 @pytest.mark.parametrize("q_lora_rank", [None, 24])
 def test_q_pe_in_parts_and_the_whole_k_pe_written(q_lora_rank, fused_calls, monkeypatch):
