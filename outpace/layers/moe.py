@@ -75,13 +75,15 @@ from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
 from outpace.layers.quant.experts import (
     QuantizedExpertStacks,
+    QuantizedShared,
     QuantizedStackedWeight,
-    fused_quantized_shared,
     grouped_kernels_take,
     has_quantized_experts,
     has_quantized_stacks,
+    quantized_shared_stacks,
     run_quantized_experts,
     run_quantized_stacks,
+    slot_views,
 )
 from outpace.layers.recurrent import rows_alone
 
@@ -438,12 +440,13 @@ class RoutedExperts(nn.Module):
         ids: torch.Tensor,
         shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
         layout=None,
-        quantized_shared: nn.Module | None = None,
+        quantized_shared: QuantizedShared | None = None,
     ) -> torch.Tensor:
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
         layout the routing kernel wrote (layers/moe_kernels.py grouped_experts); ``quantized_shared``: a
-        shared MLP stacked after quantized experts (layers/quant/experts.py ``fused_quantized_shared``).
+        quantized shared MLP's slots fused with quantized experts (layers/quant/experts.py
+        ``quantized_shared_stacks``).
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
@@ -459,7 +462,8 @@ class RoutedExperts(nn.Module):
         quantized = has_quantized_experts(self) or has_quantized_stacks(self)
         if (shared is not None and quantized) or (quantized_shared is not None and not quantized):
             raise ValueError(
-                "shared experts fuse as stacks with half-precision experts, as a module with quantized ones"
+                "shared experts fuse as stacks with half-precision experts, as QuantizedShared with "
+                "quantized ones"
             )
         if self.uses_kernels(x) and quantized:
             skipped = placement.group is not None
@@ -641,11 +645,12 @@ def experts_on_kernels(
 @dataclass(frozen=True)
 class FusedShared:
     """How the grouped kernels fuse a shared MLP with the routed experts (``of``): as ``stacks`` over
-    half-precision experts (``shared_expert_stacks``), as the ``quantized`` MLP stacked after quantized
-    ones (layers/quant/experts.py ``fused_quantized_shared``), or not at all (it runs beside them)."""
+    half-precision experts (``shared_expert_stacks``), as ``quantized`` views of its weights and scales over
+    quantized ones (layers/quant/experts.py ``quantized_shared_stacks``), or not at all (it runs beside
+    them)."""
 
     stacks: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
-    quantized: nn.Module | None = None
+    quantized: QuantizedShared | None = None
 
     @classmethod
     def of(cls, mlp: nn.Module | None, experts: RoutedExperts) -> FusedShared:
@@ -654,14 +659,14 @@ class FusedShared:
         if mlp is None or experts.placement.reduces_itself:
             return cls()
         stacks = shared_expert_stacks(mlp, experts)
-        return cls(stacks, None if stacks is not None else fused_quantized_shared(mlp, experts))
+        return cls(stacks, None if stacks is not None else quantized_shared_stacks(mlp, experts))
 
     @property
     def count(self) -> int:
         """Shared slots per token."""
-        return (
-            self.stacks[1].shape[0] if self.stacks is not None else int(self.quantized is not None)
-        )
+        if self.stacks is not None:
+            return self.stacks[1].shape[0]
+        return 0 if self.quantized is None else self.quantized.count
 
     def run_args(self) -> dict:
         """``RoutedExperts.run``'s keyword arguments for them."""
@@ -680,10 +685,10 @@ def shared_expert_stacks(
     kernels clamp every slot with the routed experts' limit), weights of another dtype (quantized) or not
     contiguous, a width that is not a multiple of the routed experts'."""
     if mlp is None or has_quantized_experts(experts) or has_quantized_stacks(experts):
-        # (over quantized experts: layers/quant/experts.py fused_quantized_shared)
+        # (over quantized experts: layers/quant/experts.py quantized_shared_stacks)
         return None
     down_r = experts.stacks()[2]  # [experts, hidden, inter]
-    hidden, inter = down_r.shape[1], down_r.shape[2]
+    inter = down_r.shape[2]
     gated = getattr(mlp, "gate_proj", None) is not None
     projections = ((mlp.gate_proj,) if gated else ()) + (mlp.up_proj, mlp.down_proj)
     weights = [p.weight for p in projections]
@@ -696,10 +701,5 @@ def shared_expert_stacks(
         or weights[-1].shape[1] % inter
     ):
         return None
-    shared = weights[-1].shape[1] // inter
-    gate = weights[0].view(shared, inter, hidden) if gated else None
-    return (
-        gate,
-        weights[-2].view(shared, inter, hidden),
-        weights[-1].view(hidden, shared, inter).transpose(0, 1),
-    )
+    ins, down = slot_views(weights[:-1], weights[-1], weights[-1].shape[1] // inter)
+    return (ins[0] if gated else None, ins[-1], down)

@@ -52,7 +52,12 @@ Four kernels, every grid fixed by the shapes:
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
 registers into x's dtype ("none": the plain load of half-precision stacks). layers/quant/moe_quant_kernels.py
-checks the quantized stacks and passes their scales (``quant``).
+checks the quantized stacks and passes their scales (``quant``). A quantized shared MLP fuses as a
+half-precision one does: its stored weights and its scales are strided views of its own tensors (a
+block-FP8 down scale [hidden / bn, S * inter / bk] seen as [S, hidden / bn, inter / bk] of strides
+(inter / bk, S * inter / bk, 1)), and each slot's scale rows are chosen as its weight rows
+are (``_expert_rows``), their column stride the routed scales' (a choice per slot of it too spilled
+registers in the fp8 gate/up kernel's few-token tile, ptxas -v for sm_90a).
 """
 
 from __future__ import annotations
@@ -393,8 +398,8 @@ def _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M: tl.constexpr
 def _expert_rows(
     expert, routed_ptr, stride_re, stride_rn, shared_ptr, stride_se, stride_sn, NUM_ROUTED
 ):
-    """(the expert's weight base pointer, its row stride): routed experts in the routed stack, expert
-    NUM_ROUTED + s at shared expert s."""
+    """(the expert's base pointer, its row stride) in its weights or its scales: routed experts in the
+    routed stack, expert NUM_ROUTED + s at shared expert s."""
     e = expert.to(tl.int64)
     shared = e >= NUM_ROUTED
     base = tl.where(shared, shared_ptr + (e - NUM_ROUTED) * stride_se, routed_ptr + e * stride_re)
@@ -430,6 +435,8 @@ def _gate_up_kernel(
     act_ptr,  # [max_blocks * BLOCK_M, inter], written for the real rows
     gate_scale_ptr,  # quantized stacks (FORMAT != "none"): the gate's and up's scales [routed, ., .]
     up_scale_ptr,
+    shared_gate_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
+    shared_up_scale_ptr,
     sorted_pairs_ptr,
     block_expert_ptr,  # the block layout
     pairs,
@@ -453,6 +460,10 @@ def _gate_up_kernel(
     stride_use,
     stride_usn,
     stride_usk,
+    stride_sgse,
+    stride_sgsn,
+    stride_suse,
+    stride_susn,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -488,11 +499,28 @@ def _gate_up_kernel(
         )
         gate_rows = gate_base + offs_n[:, None] * gate_rs  # [BLOCK_N, 1]
         up_rows = up_base + offs_n[:, None] * up_rs
-        e = expert.to(tl.int64)  # (a quantized shared expert's scales follow the routed experts')
-        gate_scales = scale_rows(
-            gate_scale_ptr + e * stride_gse, offs_n, stride_gsn, FORMAT, SCALE_BN
+        gate_s_base, gate_s_rs = _expert_rows(
+            expert,
+            gate_scale_ptr,
+            stride_gse,
+            stride_gsn,
+            shared_gate_scale_ptr,
+            stride_sgse,
+            stride_sgsn,
+            num_routed,
         )
-        up_scales = scale_rows(up_scale_ptr + e * stride_use, offs_n, stride_usn, FORMAT, SCALE_BN)
+        up_s_base, up_s_rs = _expert_rows(
+            expert,
+            up_scale_ptr,
+            stride_use,
+            stride_usn,
+            shared_up_scale_ptr,
+            stride_suse,
+            stride_susn,
+            num_routed,
+        )
+        gate_scales = scale_rows(gate_s_base, offs_n, gate_s_rs, FORMAT, SCALE_BN)
+        up_scales = scale_rows(up_s_base, offs_n, up_s_rs, FORMAT, SCALE_BN)
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -538,6 +566,7 @@ def _down_kernel(
     weights_ptr,  # [tokens, WEIGHTED_SLOTS] float32 routing weights (row stride stride_weights)
     partial_ptr,  # [pairs, hidden] float32, written
     scale_ptr,  # quantized stacks (FORMAT != "none"): the down projections' scales [routed, ., .]
+    shared_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
     sorted_pairs_ptr,
     block_expert_ptr,
     pairs,
@@ -554,6 +583,8 @@ def _down_kernel(
     stride_se,
     stride_sn,
     stride_sk,
+    stride_sse,
+    stride_ssn,
     WEIGHTED_SLOTS: tl.constexpr,  # the slots the weights give: top_k, or all (the shared ones too)
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -575,9 +606,17 @@ def _down_kernel(
             expert, w_ptr, stride_we, stride_wn, shared_w_ptr, stride_swe, stride_swn, num_routed
         )
         w_rows = w_base + offs_n[:, None] * w_rs  # [BLOCK_N, 1]
-        scales = scale_rows(
-            scale_ptr + expert.to(tl.int64) * stride_se, offs_n, stride_sn, FORMAT, SCALE_BN
+        s_base, s_rs = _expert_rows(
+            expert,
+            scale_ptr,
+            stride_se,
+            stride_sn,
+            shared_scale_ptr,
+            stride_sse,
+            stride_ssn,
+            num_routed,
         )
+        scales = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             k = k0 + offs_k
@@ -660,17 +699,20 @@ def grouped_experts(
     quant: ExpertScales | None = None,
 ) -> torch.Tensor:
     """x [n, hidden]; weights [n, top_k] float32, or [n, top_k + shared] with the shared slots' weights too
-    (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated experts) and up [experts, inter, hidden]; down [experts, hidden,
-    inter] (x's dtype, each with its last dimension contiguous); ``activation`` one of ``ACTIVATIONS``,
-    ``limit`` the optional clamp; ``shared`` the shared experts' (gate, up, down) stacks of the same layout
-    and inter, fused (module docstring); ``layout`` the block layout of ids and the shared slots when the
-    routing kernel wrote it (else ``_align_kernel`` writes it) -> sum over slots j of weights[:, j] times
-    expert ids[:, j] applied to x, plus the shared experts' output: [n, hidden] in x's dtype, accumulated
-    in float32 (the intermediate rounded to x's dtype, as the eager experts round it). No host
-    synchronisation. ``skipped_slots``: ids may be -1 (another expert-parallel rank's expert), a slot that
-    adds nothing (its partial row is zeroed, not computed). ``quant``: the stacks are quantized, these are
-    their scales (layers/quant/moe_quant_kernels.py, the one caller that passes them), read by expert index:
-    quantized shared experts are the stacks' last experts, their scales after the routed ones'."""
+    (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated
+    experts) and up [experts, inter, hidden]; down [experts, hidden, inter] (x's dtype, each with its last
+    dimension contiguous); ``activation`` one of ``ACTIVATIONS``, ``limit`` the optional clamp; ``shared``
+    the shared experts' (gate, up, down) stacks of the same layout, dtype and inter, fused (module
+    docstring); ``layout`` the block layout of ids and the shared slots when the routing kernel wrote it
+    (else ``_align_kernel`` writes it) -> sum over slots j of weights[:, j] times expert ids[:, j] applied
+    to x, plus the shared experts' output: [n, hidden] in x's dtype, accumulated in float32 (the
+    intermediate rounded to x's dtype, as the eager experts round it). No host synchronisation.
+    ``skipped_slots``: ids may be -1 (another expert-parallel rank's expert), a slot that adds nothing (its
+    partial row is zeroed, not computed). ``quant``: the stacks are quantized, these are their scales
+    (layers/quant/moe_quant_kernels.py, the one caller that passes them), any strides: the routed
+    experts' by expert index, quantized shared experts' (``quant.shared``, views of their MLP's own scales
+    as ``shared`` is of its weights, of the routed scales' column stride) by shared index, each slot's
+    chosen as its weight rows are."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -680,19 +722,17 @@ def grouped_experts(
     num_routed, inter = down.shape[0], down.shape[2] * (quant.pack if quant else 1)
     shared_gate, shared_up, shared_down = shared or (gate, up, down)
     num_shared = 0 if shared is None else shared_up.shape[0]
-    if (
-        quant is not None
-        and shared is not None
-        and quant.down_scale.shape[0] != num_routed + num_shared
+    if quant is not None and (shared is None) != (quant.shared is None):
+        raise ValueError("quantized shared experts come with their scales (ExpertScales.shared)")
+    if shared is not None and (
+        shared_up.shape[1:] != up.shape[1:]
+        or shared_down.shape[1:] != down.shape[1:]
+        or shared_up.dtype != up.dtype
+        or (shared_gate is None) != (gate is None)
     ):
         raise ValueError(
-            "quantized shared experts fuse as the stacks' last experts: the scales cover "
-            f"{quant.down_scale.shape[0]} experts, not {num_routed} routed + {num_shared} shared"
+            "shared experts fuse with routed ones of their own shape, dtype and gating"
         )
-    if shared is not None and (
-        shared_up.shape[1:] != up.shape[1:] or (shared_gate is None) != (gate is None)
-    ):
-        raise ValueError("shared experts fuse with routed ones of their own shape and gating")
     for w in (gate, up, down, shared_gate, shared_up, shared_down, ids, weights):
         assert w is None or w.stride(-1) == 1
     # (the gate pointers are not read when ungated)
@@ -715,9 +755,18 @@ def grouped_experts(
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
+    # the scales' pointers (the weights', not read, over half-precision stacks) and strides, routed and shared
+    # (the shared ones' column stride the routed ones': moe_quant_kernels.py checks it)
     gate_s, up_s, down_s = (gate_w, up, down) if quant is None else quant.stacks()
+    shared_gate_s, shared_up_s, shared_down_s = (
+        (shared_gate_w, shared_up, shared_down) if quant is None else quant.shared_stacks()
+    )
     gate_ss, up_ss, down_ss = (
         (0, 0, 0) if quant is None else t.stride() for t in (gate_s, up_s, down_s)
+    )
+    shared_gate_ss, shared_up_ss, shared_down_ss = (
+        (0, 0) if quant is None else t.stride()[:2]
+        for t in (shared_gate_s, shared_up_s, shared_down_s)
     )
     block_m = layout.block_m
     # Quantized stacks launch without: with it, block FP8 DeepSeek-V2-Lite's decode at batch 1 went from 372.6
@@ -735,6 +784,8 @@ def grouped_experts(
         act,
         gate_s,
         up_s,
+        shared_gate_s,
+        shared_up_s,
         layout.sorted_pairs,
         layout.block_expert,
         pairs,
@@ -754,6 +805,8 @@ def grouped_experts(
         act.stride(0),
         *gate_ss,
         *up_ss,
+        *shared_gate_ss,
+        *shared_up_ss,
         SLOTS=slots,
         BLOCK_M=block_m,
         BLOCK_N=bn_up,
@@ -781,6 +834,7 @@ def grouped_experts(
         weights,
         partial,
         down_s,
+        shared_down_s,
         layout.sorted_pairs,
         layout.block_expert,
         pairs,
@@ -795,6 +849,7 @@ def grouped_experts(
         weights.stride(0),
         partial.stride(0),
         *down_ss,
+        *shared_down_ss,
         WEIGHTED_SLOTS=weights.shape[1],
         SLOTS=slots,
         BLOCK_M=block_m,

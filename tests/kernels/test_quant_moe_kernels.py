@@ -20,6 +20,7 @@ from outpace.layers.quant.dequantize import (  # noqa: E402
     quantize_fp8_block,
     quantize_int4_group,
 )
+from outpace.layers.quant.experts import QuantizedShared, slot_views  # noqa: E402
 from outpace.layers.quant.moe_quant_kernels import (  # noqa: E402
     fp8_block_grouped_experts,
     int4_group_grouped_experts,
@@ -138,6 +139,110 @@ def test_int4_experts_equal_the_dequantized_experts(n, pool):
         dequantize_int4_group(down, down_s, 32),
     )
     assert relative_error(got, expected) < 1e-6
+
+
+def shared_mlp(hidden, width, seed, fmt, scale_dtype):
+    """A shared MLP ``width`` rows wide, stored as a checkpoint stores it: (gate, up, down) quantized weights
+    [width, H], [width, H], [H, width] (INT4: packed along the columns) and their scales, as (weights,
+    scales, dequantized weights)."""
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    shapes = [(width, hidden), (width, hidden), (hidden, width)]
+    weights, scales, dequantized = [], [], []
+    for shape in shapes:
+        w = torch.randn(*shape, generator=g, device=DEVICE) * 0.2
+        if fmt == "fp8":
+            stored, scale = quantize_fp8_block(w, BLOCK)
+            deq = dequantize_fp8_block(stored, scale.to(scale_dtype), BLOCK)
+        else:
+            stored, scale = quantize_int4_group(w, 32)
+            deq = dequantize_int4_group(stored, scale.to(scale_dtype), 32)
+        weights.append(stored)
+        scales.append(scale.to(scale_dtype))
+        dequantized.append(deq)
+    return weights, scales, dequantized
+
+
+def as_slots(weights, scales, slots) -> QuantizedShared:
+    """The shared MLP as ``slots`` experts' stacks: strided views of its own tensors (layers/quant/experts.py
+    ``slot_views``)."""
+    (gate, up), down = slot_views(weights[:2], weights[2], slots)
+    (gate_s, up_s), down_s = slot_views(scales[:2], scales[2], slots)
+    return QuantizedShared((gate, up, down), (gate_s, up_s, down_s))
+
+
+def shared_reference(x, dequantized):
+    """float32 [n, H]: the whole shared MLP on its dequantized weights, silu(x g^T) * (x u^T) d^T."""
+    gate, up, down = dequantized
+    return F.linear(F.silu(F.linear(x.float(), gate)) * F.linear(x.float(), up), down)
+
+
+def same_storage(view: torch.Tensor, stored: torch.Tensor) -> bool:
+    return view.untyped_storage().data_ptr() == stored.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(
+    "fmt, slots, scale_dtype, n",
+    [
+        ("fp8", 2, torch.float32, 1),
+        ("fp8", 2, torch.bfloat16, 7),
+        ("fp8", 3, torch.float32, 5),
+        ("fp8", 1, torch.float32, 3),  # one expert wide (DeepSeek-V3's, Kimi-K2's, Qwen3-Next's)
+        ("fp8", 2, torch.float32, 67),  # the 64-row blocks
+        ("int4", 2, torch.bfloat16, 5),
+        ("int4", 3, torch.float32, 1),
+    ],
+)
+def test_a_shared_mlp_of_several_experts_runs_as_shared_slots(fmt, slots, scale_dtype, n):
+    """A quantized shared MLP ``slots`` experts wide (DeepSeek-V2-Lite's two: one MLP of 2 x 1408 rows) in the
+    grouped kernels as every token's shared slots, from strided views of its own weights and scales (down's
+    slot stride inter, not hidden * inter): equal to the routed experts plus the whole shared MLP
+    dequantized. Block FP8 with 128 x 128 blocks at inter 128 (a multiple of both sides), hidden 136 (a
+    partial last block); INT4 groups of 32 at hidden 96, inter 64."""
+    hidden, inter = (136, 128) if fmt == "fp8" else (96, 64)
+    if fmt == "fp8":
+        stacks = fp8_stacks(6, hidden, inter, seed=n, dtype=scale_dtype)
+        dequantize = lambda w, s: dequantize_fp8_block(w, s, BLOCK)  # noqa: E731
+        run = fp8_block_grouped_experts
+    else:
+        stacks = int4_stacks(6, hidden, inter, seed=n)
+        stacks[1], stacks[3] = stacks[1].to(scale_dtype), stacks[3].to(scale_dtype)
+        dequantize = lambda w, s: dequantize_int4_group(w, s, 32)  # noqa: E731
+        run = int4_group_grouped_experts
+    weights_mlp, scales_mlp, dequantized = shared_mlp(hidden, slots * inter, n, fmt, scale_dtype)
+    shared = as_slots(weights_mlp, scales_mlp, slots)
+    for view, stored in zip((*shared.weights, *shared.scales), (*weights_mlp, *scales_mlp)):
+        assert same_storage(view, stored)  # views of the MLP's own tensors: nothing copied
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    weights, ids = routing(n, 6, 2, 6, seed=n)
+    got = run(x, weights, ids, *stacks, shared=shared)
+    expected = reference(
+        x, weights, ids, dequantize(stacks[0], stacks[1]), dequantize(stacks[2], stacks[3])
+    ) + shared_reference(x, dequantized)
+    assert got.shape == (n, hidden)
+    assert relative_error(got, expected) < 1e-6
+
+
+def test_shared_slots_of_another_shape_scale_dtype_or_column_stride_are_refused():
+    gate_up, gate_up_s, down, down_s = fp8_stacks(4, 136, 128, seed=4)
+    x = torch.randn(2, 136, device=DEVICE)
+    weights, ids = routing(2, 4, 2, 4, seed=4)
+    mlp, scales, _ = shared_mlp(136, 256, 4, "fp8", torch.bfloat16)
+    with pytest.raises(ValueError, match="the shared gate scale"):  # bf16 beside the experts' fp32
+        fp8_block_grouped_experts(
+            x, weights, ids, gate_up, gate_up_s, down, down_s, shared=as_slots(mlp, scales, 2)
+        )
+    mlp, scales, _ = shared_mlp(136, 256, 4, "fp8", torch.float32)
+    with pytest.raises(
+        ValueError, match=r"shared gate scale: expected \[S, 1, 2\]"
+    ):  # 2 experts as 1
+        fp8_block_grouped_experts(
+            x, weights, ids, gate_up, gate_up_s, down, down_s, shared=as_slots(mlp, scales, 1)
+        )
+    column_major = [s.t().contiguous().t() for s in scales]  # (the kernels read one column stride)
+    with pytest.raises(ValueError, match="shared gate scale: column stride"):
+        fp8_block_grouped_experts(
+            x, weights, ids, gate_up, gate_up_s, down, down_s, shared=as_slots(mlp, column_major, 2)
+        )
 
 
 def test_bad_stacks_are_refused_by_name():

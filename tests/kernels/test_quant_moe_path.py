@@ -1,12 +1,13 @@
 """MoE layers with quantized routed experts on the kernels (layers/moe.py ``moe_on_kernels``: the routing
 kernel's block layout, the quantized grouped experts of layers/quant/moe_quant_kernels.py over the stacks of
-layers/quant/experts.py, a quantized shared expert stacked with them or run beside) against their eager
+layers/quant/experts.py, a quantized shared MLP fused as shared slots or run beside) against their eager
 dequantizing path (``run_experts``, each projection dequantized), in Triton's interpreter on the CPU
-(float32): a DeepSeek-V3-style MoE (grouped sigmoid routing with the correction bias, a shared expert fused
-as one more stacked expert) in block FP8 (a ragged last column block) and in INT4 groups, and Nemotron-H's
-ungated relu2 experts in ModelOpt's per-tensor FP8 (read by the kernels as blocks of one expert's rows, its
-two-expert-wide shared MLP beside), at decode (one token) and verify widths of several sequences. The
-stacks must be views of the experts' own tensors (no memory added)."""
+(float32): a DeepSeek-style MoE (grouped sigmoid routing with the correction bias) whose shared MLP is one,
+two (DeepSeek-V2-Lite's) or three experts wide, in block FP8 (a ragged last column block; fp32 and bf16
+scales) and in INT4 groups, and Nemotron-H's ungated relu2 experts in ModelOpt's per-tensor FP8 (read by the
+kernels as blocks of one expert's rows) with its two-expert-wide shared MLP, at decode (one token) and verify
+widths of several sequences. The stacks must be views of the experts' own tensors, and the fused shared
+slots views of the shared MLP's own weights and scales (no memory added, nothing moved)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.layers.decoder import GatedMLP  # noqa: E402
-from outpace.layers.moe import MoE, Routing  # noqa: E402
+from outpace.layers.moe import FusedShared, MoE, Routing  # noqa: E402
 from outpace.layers.quant import dequantize as dq  # noqa: E402
 from outpace.layers.quant.linear import FORMATS, QuantizedLinear, quantized_like  # noqa: E402
 from outpace.layers.quant.scheme import (  # noqa: E402
@@ -43,9 +44,11 @@ def _no_autograd():
         yield
 
 
-def quantize_projections(module: torch.nn.Module, scheme: QuantScheme, seed: int) -> None:
+def quantize_projections(
+    module: torch.nn.Module, scheme: QuantScheme, seed: int, fp8_scales=torch.float32
+) -> None:
     """Every ``*_proj`` Linear of module replaced by a ``QuantizedLinear`` of scheme holding random weights
-    quantized in its format (float32 scales, bf16 for INT4 as Kimi's files)."""
+    quantized in its format (FP8 scales in ``fp8_scales``, bf16 for INT4 as Kimi's files)."""
     g = torch.Generator().manual_seed(seed)
     fmt = FORMATS[scheme.method](scheme)
     for name, linear in list(module.named_modules()):
@@ -54,6 +57,7 @@ def quantize_projections(module: torch.nn.Module, scheme: QuantScheme, seed: int
         w = torch.randn(linear.out_features, linear.in_features, generator=g) * 0.3
         if scheme.method == FP8_BLOCK:
             stored, scale = dq.quantize_fp8_block(w, scheme.block)
+            scale = scale.to(fp8_scales)
         elif scheme.method == FP8_TENSOR:
             stored, scale = dq.quantize_fp8_tensor(w)
         else:
@@ -73,23 +77,28 @@ def randomise_routers(module: torch.nn.Module, seed: int) -> None:
             t.copy_(torch.randn(t.shape, generator=g) * 0.5)
 
 
-def deepseek_moe(scheme: QuantScheme) -> MoE:
+def deepseek_moe(scheme: QuantScheme, num_shared: int = 1, fp8_scales=torch.float32) -> MoE:
+    """``num_shared`` shared experts: one shared MLP of num_shared * INTER rows (DeepSeek-V2-Lite: two)."""
     routing = Routing(8, 3, "sigmoid", 4, 2, "top2_sum", True, True, 2.5)
     moe = MoE(
-        HIDDEN, routing, INTER, 1, lambda size, bias, **kw: GatedMLP(HIDDEN, size, "silu", bias)
+        HIDDEN,
+        routing,
+        INTER,
+        num_shared,
+        lambda size, bias, **kw: GatedMLP(HIDDEN, size, "silu", bias),
     )
     randomise_routers(moe, seed=1)
-    quantize_projections(moe, scheme, seed=2)
+    quantize_projections(moe, scheme, seed=2, fp8_scales=fp8_scales)
     return moe.to(DEVICE)
 
 
-def nemotron_moe(scheme: QuantScheme) -> NemotronHMoE:
+def nemotron_moe(scheme: QuantScheme, hidden: int = HIDDEN) -> NemotronHMoE:
     raw = dict(
         n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
         routed_scaling_factor=1.5, mlp_hidden_act="relu2", mlp_bias=False, moe_intermediate_size=INTER,
         moe_shared_expert_intermediate_size=2 * INTER,
     )  # fmt: skip
-    moe = NemotronHMoE(HIDDEN, raw)
+    moe = NemotronHMoE(hidden, raw)
     randomise_routers(moe, seed=3)
     quantize_projections(moe, scheme, seed=4)
     return moe.to(DEVICE)
@@ -105,15 +114,28 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
 
 
+def shared_tensors(moe: torch.nn.Module) -> list[torch.Tensor]:
+    """The shared MLP's stored weights and scales."""
+    return [t for p in moe.shared_experts.children() for t in (p.stored_weight, p.scale)]
+
+
 @pytest.mark.parametrize(
-    "build, method",
-    [(deepseek_moe, FP8_BLOCK), (deepseek_moe, INT4_GROUP), (nemotron_moe, FP8_TENSOR)],
+    "build, method, slots",
+    [
+        (deepseek_moe, FP8_BLOCK, 1),
+        (deepseek_moe, INT4_GROUP, 1),
+        (nemotron_moe, FP8_TENSOR, 2),
+    ],
 )
-def test_quantized_moe_on_the_kernels_equals_its_eager_dequantized_path(build, method):
+def test_quantized_moe_on_the_kernels_equals_its_eager_dequantized_path(build, method, slots):
+    """DeepSeek's shared expert, one expert wide, and Nemotron-H's, two wide (per-tensor scales: one a
+    projection, repeated over the slots), quantized as the experts are, run as every token's shared slots."""
     moe = build(SCHEMES[method])
     experts = moe.experts
     x = torch.randn(max(TOKENS), HIDDEN, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     assert on_kernels(moe, True).experts.uses_kernels(x)
+    assert FusedShared.of(moe.shared_experts, experts).count == slots
+    shared_before = [t.data_ptr() for t in shared_tensors(moe)]
     for n in TOKENS:
         got = on_kernels(moe, True)(x[:n])
         expected = on_kernels(moe, False)(x[:n])
@@ -128,15 +150,69 @@ def test_quantized_moe_on_the_kernels_equals_its_eager_dequantized_path(build, m
         if method == FP8_TENSOR
         else INTER * stacks.gate_up.stride(1) * stacks.gate_up.element_size()
     )
+    # the shared MLP's tensors stay its own: not stacked with the experts, not copied
     assert isinstance(moe.shared_experts.down_proj, QuantizedLinear)
-    # DeepSeek's shared expert, as wide as an expert and quantized alike, is stacked after the experts and
-    # run as every token's shared slot (layers/quant/experts.py fused_quantized_shared); Nemotron-H's, two
-    # experts wide, runs beside them
-    fused = build is deepseek_moe
-    assert stacks.num_shared == int(fused)
-    if fused:
-        shared_down = moe.shared_experts.down_proj.stored_weight
-        assert shared_down.data_ptr() == stacks.down[-1].data_ptr()
+    assert [t.data_ptr() for t in shared_tensors(moe)] == shared_before
+    assert stacks.down.shape[0] == len(experts)
+
+
+@pytest.mark.parametrize(
+    "method, slots, fp8_scales",
+    [
+        (FP8_BLOCK, 2, torch.float32),
+        (FP8_BLOCK, 2, torch.bfloat16),
+        (FP8_BLOCK, 3, torch.float32),
+        (INT4_GROUP, 2, torch.float32),
+        (INT4_GROUP, 3, torch.float32),
+    ],
+)
+def test_a_shared_mlp_several_experts_wide_fuses_as_shared_slots(method, slots, fp8_scales):
+    """DeepSeek-V2-Lite's shape of shared MLP (two experts: one MLP of 2 x inter rows; and three) in block
+    FP8 of 32 x 64 blocks (inter 64 a multiple of both sides) and INT4 groups of 32: fused as shared slots
+    of strided views of its own weights and scales, equal to the eager path at odd token counts; a scale
+    changed in place reaches the kernels (views, not copies)."""
+    moe = on_kernels(deepseek_moe(SCHEMES[method], slots, fp8_scales), True)
+    fused = FusedShared.of(moe.shared_experts, moe.experts)
+    assert fused.count == slots
+    mlp = moe.shared_experts
+    projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    own = [p.stored_weight for p in projections] + [p.scale for p in projections]
+    for view, tensor in zip((*fused.quantized.weights, *fused.quantized.scales), own):
+        assert view.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+    x = torch.randn(7, HIDDEN, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    for n in (1, 5, 7):
+        got = on_kernels(moe, True)(x[:n])
+        assert relative_error(got, on_kernels(moe, False)(x[:n])) < 1e-5, n
+    before = on_kernels(moe, True)(x)
+    moe.shared_experts.down_proj.scale.mul_(2.0)  # in place: through the views
+    doubled = moe(x)
+    assert relative_error(doubled, before) > 0.05
+    assert relative_error(doubled, on_kernels(moe, False)(x)) < 1e-5
+
+
+def test_per_tensor_shared_slots_over_several_column_blocks():
+    """Nemotron-H's two-expert-wide shared MLP in per-tensor FP8 at a hidden size of two 128-column blocks
+    (200: ragged), where the per-tensor scales read as blocks repeat along the columns (stride 0, the
+    routed experts' and the shared slots' alike): fused, equal to the eager path."""
+    moe = on_kernels(nemotron_moe(SCHEMES[FP8_TENSOR], hidden=200), True)
+    assert FusedShared.of(moe.shared_experts, moe.experts).count == 2
+    x = torch.randn(5, 200, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    for n in (1, 5):
+        got = on_kernels(moe, True)(x[:n])
+        assert relative_error(got, on_kernels(moe, False)(x[:n])) < 1e-5, n
+
+
+def test_a_shared_mlp_whose_scale_blocks_straddle_two_experts_runs_beside():
+    """Block FP8 of 32 x 128 blocks at inter 64: a two-expert-wide shared MLP's down scale columns cover
+    both slots (128 columns), so it does not fuse; it runs beside the experts, still equal to the eager
+    path. One expert wide it fuses (nothing to split)."""
+    scheme = QuantScheme(FP8_BLOCK, "test", block=(32, 128))
+    moe = on_kernels(deepseek_moe(scheme, 2), True)
+    assert FusedShared.of(moe.shared_experts, moe.experts).count == 0
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    assert relative_error(moe(x), on_kernels(moe, False)(x)) < 1e-5
+    one = on_kernels(deepseek_moe(scheme, 1), True)
+    assert FusedShared.of(one.shared_experts, one.experts).count == 1
 
 
 def test_a_stale_stack_is_made_again_and_a_wrong_scale_fails():

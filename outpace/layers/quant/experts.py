@@ -13,7 +13,8 @@ step can be captured in a CUDA graph) over ``QuantizedExpertStacks``:
   [E, H, I / group] (compressed-tensors packing: dequantize.py);
 - per-tensor FP8 (ModelOpt): gate_up [E, 2 * I, H], down [E, H, I] with one scale per expert and projection,
   gate_up [E, 2] (gate, up) and down [E]; the kernels read them as block FP8 of blocks (I, 128), the
-  per-tensor scale repeated over the blocks of its projection (the same products: w * s in float32).
+  per-tensor scale repeated over the blocks of its projection by a stride-0 view (the same products: w * s
+  in float32; nothing copied).
 Ungated experts (Nemotron-H's relu2) stack their up projections alone as ``gate_up``.
 
 Checkpoints that store the experts stacked in block FP8 (Step-3.5-Flash-FP8: ``moe.{gate,up,down}_proj``
@@ -26,19 +27,27 @@ The stacks are made once, on first use, and every expert's tensors become views 
 ``RoutedExperts.stacks`` does for half-precision experts): no memory is added, and a checkpoint reload in
 place reaches the kernels. They are made again when a tensor has been given other storage since.
 
-A shared MLP quantized as the experts are and as wide as one of them (DeepSeek-V3's, Kimi-K2's, Qwen3-Next's
-one shared expert; ``fused_quantized_shared``) is stacked after them as one more expert, its tensors views
-too: the grouped kernels run it as a shared slot of every token (layers/moe_kernels.py's shared experts
-fusion), its scales read by expert index with the routed experts' (moe_quant_kernels.py ``num_shared``).
+A shared MLP quantized as the experts are and S experts wide (DeepSeek-V3's, Kimi-K2's, Qwen3-Next's one
+shared expert; DeepSeek-V2-Lite's two, one MLP of 2 x 1408 rows; ``quantized_shared_stacks``) runs in the
+grouped kernels as every token's S shared slots (layers/moe_kernels.py's shared experts fusion), as a
+half-precision one does (layers/moe.py ``shared_expert_stacks``): its stored weights and its scales are
+passed as strided views of its own tensors (``slot_views``), nothing copied or stacked. Each projection
+splits at the routed experts' width: gate and up [S * I, .] -> [S, I, .], down [H, S * I] -> [S, H, I] of
+strides (I, S * I, 1), and their scales alike, which asks that no scale block straddle two slots: block FP8
+I a multiple of both block sides (V2-Lite: 1408 = 11 x 128) unless S is 1, INT4 I a multiple of the group
+(and of the 8 nibbles a word packs). Per-tensor FP8 follows the same route, its one scale a projection
+repeated over the S slots (a stride-0 view) and read as blocks as the routed experts' are.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
+from outpace.layers.quant.dequantize import INT4_PACK_FACTOR
 from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, Int4Group, QuantizedLinear
 
 _KERNEL_SCALE_DTYPES = (torch.float32, torch.bfloat16)  # what moe_quant_kernels.py reads
@@ -92,11 +101,50 @@ def grouped_kernels_take(experts: nn.Module) -> bool:
     return isinstance(fmt, Fp8Tensor)
 
 
-def fused_quantized_shared(mlp: nn.Module | None, experts: nn.Module) -> nn.Module | None:
-    """``mlp`` where the quantized grouped kernels can run it as one more expert of ``experts`` (module
-    docstring): the experts per-expert modules they take (``grouped_kernels_take``), the MLP gated alike with
-    each projection quantized in the experts' format and scheme, scales of their dtype, no bias, as wide as
-    an expert, the experts' activation without a clamp; else None (it runs beside them)."""
+def slot_views(
+    ins: list[torch.Tensor], down: torch.Tensor, slots: int
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A shared MLP's tensors (weights or scales, contiguous) of ``slots`` experts' width as that many
+    experts, views of their own storage: each input projection's [slots * rows, cols] -> [slots, rows, cols],
+    down's [rows, slots * cols] -> [slots, rows, cols] of strides (cols, slots * cols, 1)."""
+    rows, width = down.shape
+    split_ins = [t.view(slots, t.shape[0] // slots, t.shape[1]) for t in ins]
+    return split_ins, down.view(rows, slots, width // slots).transpose(0, 1)
+
+
+@dataclass(frozen=True)
+class QuantizedShared:
+    """A quantized shared MLP as ``count`` more experts of the routed experts' width (module docstring):
+    views of its own stored weights and scales, each slot of one routed expert's shapes."""
+
+    # gate (None: ungated) and up [S, I, H] (INT4: [S, I, H / 8]), down [S, H, I] ([S, H, I / 8])
+    weights: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]
+    # their scales as the routed stacks hold one expert's: block FP8 [S, ceil(I/bn), ceil(H/bk)] and [S,
+    # ceil(H/bn), I/bk], INT4 [S, I, H/group] and [S, H, I/group], per-tensor [S] (one scale repeated)
+    scales: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]
+
+    @property
+    def count(self) -> int:
+        """Shared slots per token."""
+        return self.weights[1].shape[0]
+
+
+def _splits_into_slots(fmt, inter: int, slots: int) -> bool:
+    """Whether a projection ``slots`` experts of ``inter`` wide splits into slots without a scale block or a
+    packed word across two of them (module docstring)."""
+    if slots == 1 or isinstance(fmt, Fp8Tensor):
+        return True
+    if isinstance(fmt, Fp8Block):
+        return not any(inter % side for side in fmt.scheme.block)
+    return not inter % fmt.scheme.group and not inter % INT4_PACK_FACTOR
+
+
+def quantized_shared_stacks(mlp: nn.Module | None, experts: nn.Module) -> QuantizedShared | None:
+    """``mlp`` as shared slots of the quantized grouped kernels over ``experts`` (module docstring): the
+    experts per-expert modules they take (``grouped_kernels_take``), the MLP gated alike with each projection
+    quantized in the experts' format and scheme, scales of their dtype, no bias, stored contiguous, a width a
+    whole number of experts' that splits into slots (``_splits_into_slots``), the experts' activation
+    without a clamp; else None (it runs beside them)."""
     if mlp is None or not has_quantized_experts(experts) or not grouped_kernels_take(experts):
         return None
     gated, activation = experts.activation.gated, experts.activation
@@ -104,29 +152,48 @@ def fused_quantized_shared(mlp: nn.Module | None, experts: nn.Module) -> nn.Modu
     if any(not isinstance(getattr(mlp, n, None), QuantizedLinear) for n in names):
         return None
     mine, theirs = _projections(mlp, gated), _projections(experts.per_expert[0], gated)
+    hidden, inter = theirs[-1].out_features, theirs[-1].in_features
+    width = mine[-1].in_features
+    slots = width // inter
     alike = all(
         type(a.format) is type(b.format)
         and a.format.scheme == b.format.scheme
         and a.scale.dtype == b.scale.dtype
-        and a.stored_weight.shape == b.stored_weight.shape
         and a.bias is None
+        and a.stored_weight.is_contiguous()
+        and a.scale.is_contiguous()
         for a, b in zip(mine, theirs)
     )
+    shapes = (
+        slots
+        and width == slots * inter
+        and mine[-1].out_features == hidden
+        and all(p.out_features == width and p.in_features == hidden for p in mine[:-1])
+    )
     same_act = getattr(mlp, "act", None) == activation.name and activation.limit is None
-    return mlp if alike and same_act and getattr(mlp, "limit", None) is None else None
+    fmt = theirs[-1].format
+    if not (alike and shapes and same_act and getattr(mlp, "limit", None) is None) or (
+        not _splits_into_slots(fmt, inter, slots)
+    ):
+        return None
+    *ins, down = mine
+    weights_in, weight_down = slot_views([p.stored_weight for p in ins], down.stored_weight, slots)
+    if isinstance(fmt, Fp8Tensor):  # (one scale a projection, each slot's the same)
+        scales_in = [p.scale.reshape(1).expand(slots) for p in ins]
+        scale_down = down.scale.reshape(1).expand(slots)
+    else:
+        scales_in, scale_down = slot_views([p.scale for p in ins], down.scale, slots)
+    weights = (weights_in[0] if gated else None, weights_in[-1], weight_down)
+    scales = (scales_in[0] if gated else None, scales_in[-1], scale_down)
+    return QuantizedShared(weights, scales)
 
 
 class QuantizedExpertStacks:
-    """The stacks of the module docstring, with the per-expert tensors made views of them; ``shared``: a
-    shared MLP stacked after the experts (``fused_quantized_shared``)."""
+    """The stacks of the module docstring, with the per-expert tensors made views of them."""
 
-    def __init__(
-        self, per_expert: list[nn.Module], gated: bool, shared: nn.Module | None = None
-    ) -> None:
+    def __init__(self, per_expert: list[nn.Module], gated: bool) -> None:
         self.gated = gated
-        self.shared = shared
-        self.num_shared = int(shared is not None)
-        rows = [_projections(m, gated) for m in [*per_expert, *([shared] if shared else [])]]
+        rows = [_projections(m, gated) for m in per_expert]
         self.format = rows[0][-1].format
         # Plain tensors even inside inference mode: the parameters become views of them.
         with torch.no_grad(), torch.inference_mode(False):
@@ -143,7 +210,6 @@ class QuantizedExpertStacks:
                 self.down_scale = torch.stack([r[-1].scale for r in rows])
             for e, r in enumerate(rows):
                 self._view(r, e)
-        self._tensor_blocks: tuple | None = None  # (per-tensor FP8: tensor_scales_as_blocks)
 
     def _view(self, projections: tuple[QuantizedLinear, ...], e: int) -> None:
         """Expert ``e``'s tensors as views of the stacks (their rows of gate_up, its down)."""
@@ -162,16 +228,12 @@ class QuantizedExpertStacks:
         down.stored_weight.data = self.down[e]
         down.scale.data = self.down_scale[e].view(down.scale.shape)
 
-    def current(self, per_expert: list[nn.Module], shared: nn.Module | None = None) -> bool:
-        """Whether these are the stacks of these experts (and this shared MLP), their tensors still the
-        views made here."""
+    def current(self, per_expert: list[nn.Module]) -> bool:
+        """Whether these are the stacks of these experts, their tensors still the views made here."""
         first = _projections(per_expert[0], self.gated)
-        last = _projections(shared, self.gated)[-1] if shared is not None else None
         return (
-            shared is self.shared
-            and first[0].stored_weight.data_ptr() == self.gate_up.data_ptr()
+            first[0].stored_weight.data_ptr() == self.gate_up.data_ptr()
             and first[-1].stored_weight.data_ptr() == self.down.data_ptr()
-            and (last is None or last.stored_weight.data_ptr() == self.down[-1].data_ptr())
         )
 
     def run(
@@ -183,10 +245,11 @@ class QuantizedExpertStacks:
         limit: float | None,
         layout=None,
         skipped_slots: bool = False,
+        shared: QuantizedShared | None = None,
     ) -> torch.Tensor:
         """moe_quant_kernels.py's grouped experts over the stacks: x [n, H], weights [n, top_k] float32 (or
-        [n, top_k + 1] with the shared slot's), ids [n, top_k] -> [n, H] in x's dtype, the shared MLP's
-        output included when it is stacked here."""
+        [n, top_k + S] with the shared slots'), ids [n, top_k] -> [n, H] in x's dtype, the output of
+        ``shared``'s slots included (``quantized_shared_stacks``)."""
         from outpace.layers.quant import moe_quant_kernels as kernels  # Triton: CUDA installs only
 
         common = dict(
@@ -195,7 +258,7 @@ class QuantizedExpertStacks:
             gated=self.gated,
             layout=layout,
             skipped_slots=skipped_slots,
-            num_shared=self.num_shared,
+            shared=shared,
         )
         if isinstance(self.format, Int4Group):
             return kernels.int4_group_grouped_experts(
@@ -208,32 +271,38 @@ class QuantizedExpertStacks:
                 self.gate_up_scale,
                 self.down_scale,
             )
-        else:
-            block, gate_up_scale, down_scale = self.tensor_scales_as_blocks()
+        else:  # per-tensor FP8 read as blocks (module docstring), the shared slots' too
+            block = (self.down.shape[2], _TENSOR_BLOCK_K)
+            gate_up_scale = self.tensor_input_blocks(self.gate_up_scale)
+            down_scale = self.tensor_down_blocks(self.down_scale)
+            if shared is not None:
+                gate, up, down = shared.scales
+                as_blocks = (
+                    None if gate is None else self.tensor_input_blocks(gate),
+                    self.tensor_input_blocks(up),
+                    self.tensor_down_blocks(down),
+                )
+                common["shared"] = replace(shared, scales=as_blocks)
         return kernels.fp8_block_grouped_experts(
             x, weights, ids, self.gate_up, gate_up_scale, self.down, down_scale, block=block, **common
         )  # fmt: skip
 
-    def tensor_scales_as_blocks(self) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
-        """Per-tensor FP8 as block FP8 of blocks (I, 128) (module docstring): (block, gate_up scale [E,
-        2 or 1, ceil(H/128)], down scale [E, ceil(H/I), ceil(I/128)]), float32; made once (a few floats
-        per expert; copies, unlike the stacks: a scale reloaded in place does not reach them)."""
-        if self._tensor_blocks is None:
-            experts, hidden, inter = self.down.shape
-            cols_in, cols_down = (
-                math.ceil(hidden / _TENSOR_BLOCK_K),
-                math.ceil(inter / _TENSOR_BLOCK_K),
-            )
-            gate_up = self.gate_up_scale.float()[:, :, None].expand(-1, -1, cols_in)
-            down = self.down_scale.float()[:, None, None].expand(
-                -1, math.ceil(hidden / inter), cols_down
-            )
-            self._tensor_blocks = (
-                (inter, _TENSOR_BLOCK_K),
-                gate_up.contiguous(),
-                down.contiguous(),
-            )
-        return self._tensor_blocks
+    # Per-tensor FP8 scales read as block FP8 of blocks (I, 128) (module docstring): stride-0 views, each
+    # scale repeated over its projection's blocks (nothing copied: a scale reloaded in place reaches them).
+
+    def tensor_input_blocks(self, scale: torch.Tensor) -> torch.Tensor:
+        """Gate and up scales [E, P] (P projections) or [E] (one) -> [E, P or 1, ceil(H/128)]."""
+        hidden = self.down.shape[1]
+        return scale.reshape(scale.shape[0], -1, 1).expand(
+            -1, -1, math.ceil(hidden / _TENSOR_BLOCK_K)
+        )
+
+    def tensor_down_blocks(self, scale: torch.Tensor) -> torch.Tensor:
+        """Down scales [E] -> [E, ceil(H/I), ceil(I/128)]."""
+        _, hidden, inter = self.down.shape
+        return scale.reshape(-1, 1, 1).expand(
+            -1, math.ceil(hidden / inter), math.ceil(inter / _TENSOR_BLOCK_K)
+        )
 
 
 def run_quantized_experts(
@@ -243,17 +312,19 @@ def run_quantized_experts(
     ids: torch.Tensor,
     layout=None,
     skipped_slots: bool = False,
-    shared: nn.Module | None = None,
+    shared: QuantizedShared | None = None,
 ) -> torch.Tensor:
     """A ``RoutedExperts`` of quantized per-expert modules on the grouped kernels (module docstring), with
-    ``shared`` (``fused_quantized_shared``) stacked after them: the stacks made on first use (and again after
-    the tensors moved, or for another shared MLP), then one run."""
+    ``shared``'s slots (``quantized_shared_stacks``): the stacks made on first use (and again after the
+    tensors moved), then one run."""
     stacks = experts.quantized_stacks
-    if stacks is None or not stacks.current(experts.per_expert, shared):
-        stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated, shared)
+    if stacks is None or not stacks.current(experts.per_expert):
+        stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated)
         experts.quantized_stacks = stacks
     activation = experts.activation
-    return stacks.run(x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots)
+    return stacks.run(
+        x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots, shared
+    )
 
 
 class QuantizedStackedWeight(nn.Module):

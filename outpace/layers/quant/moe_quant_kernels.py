@@ -12,21 +12,32 @@ Stacks (quant/dequantize.py has the math of each format):
   [E, ceil(H/bn), ceil(I/bk)]; I a multiple of bn, so that no scale block holds gate and up rows;
 - INT4 groups (Kimi-K2-Thinking, compressed-tensors pack-quantized): gate_up int32 [E, 2I, H/8] with scale
   [E, 2I, H/group], down int32 [E, H, I/8] with [E, H, I/group].
-Ungated experts (relu2) pass their up stack [E, I, .] as ``gate_up`` with ``gated=False``. With
-``num_shared`` S the stacks' last S experts are shared experts (layers/quant/experts.py stacks a shared MLP
-so), run as every token's shared slots by moe_kernels.py's shared experts fusion: their weights are views
-of the stacks' last rows and their scales are read by expert index with the routed experts'.
+Ungated experts (relu2) pass their up stack [E, I, .] as ``gate_up`` with ``gated=False``. The scales may have
+any strides (per-tensor FP8 read as blocks repeats each expert's scale by stride-0 views:
+layers/quant/experts.py ``QuantizedExpertStacks.tensor_input_blocks``).
+
+A shared MLP quantized as the experts are and S experts wide (``shared``: layers/quant/experts.py
+``quantized_shared_stacks``) runs as every token's S shared slots of moe_kernels.py's shared experts fusion,
+from views of its own tensors: its weights as the half-precision path's (gate and up [S, I, .], down
+[S, H, I(/8)] of strides (I(/8), S * I(/8), 1)) and its scales alike (block FP8 gate and up [S, I/bn, .],
+down [S, ceil(H/bn), I/bk] of strides (I/bk, S * I/bk, 1); INT4 down [S, H, I/group]), each of one routed
+expert's shape and of the routed scales' column stride; the kernels pick a slot's scale rows from the routed
+stacks or these as they pick its weight rows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from outpace.layers.moe_kernels import BlockLayout, grouped_experts
 from outpace.layers.quant.quant_matmul_kernel import INT4_PACK
+
+if TYPE_CHECKING:
+    from outpace.layers.quant.experts import QuantizedShared
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -40,6 +51,8 @@ class ExpertScales:
     gate_scale: torch.Tensor | None  # [E, ., .] (None: ungated)
     up_scale: torch.Tensor
     down_scale: torch.Tensor
+    # the shared experts' (gate or None, up, down) scales [S, ., .], views of their MLP's own (None: none)
+    shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def pack(self) -> int:
@@ -58,14 +71,29 @@ class ExpertScales:
         gate = self.up_scale if self.gate_scale is None else self.gate_scale
         return gate, self.up_scale, self.down_scale
 
+    def shared_stacks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The shared experts' (gate, up, down) scales likewise (the routed ones' without shared experts:
+        not read)."""
+        if self.shared is None:
+            return self.stacks()
+        gate, up, down = self.shared
+        return up if gate is None else gate, up, down
 
-def _expect(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]):
+
+def _expect(
+    name: str,
+    t: torch.Tensor,
+    shape: tuple[int, ...],
+    dtypes: tuple[torch.dtype, ...],
+    contiguous_rows: bool = True,
+):
+    """t of ``shape`` in one of ``dtypes``; a weight's rows contiguous (a scale's may have any strides)."""
     if tuple(t.shape) != shape or t.dtype not in dtypes:
         raise ValueError(
             f"{name}: expected shape {list(shape)} in {', '.join(map(str, dtypes))}, got "
             f"{list(t.shape)} {t.dtype}"
         )
-    if t.stride(-1) != 1:
+    if contiguous_rows and t.stride(-1) != 1:
         raise ValueError(f"{name}: the last dimension must be contiguous")
 
 
@@ -93,11 +121,10 @@ def fp8_block_grouped_experts(
     gated: bool = True,
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
-    num_shared: int = 0,
+    shared: QuantizedShared | None = None,
 ) -> torch.Tensor:
-    """moe_kernels.grouped_experts over block-FP8 stacks (module docstring; the last ``num_shared`` experts
-    shared): x [n, H], weights [n, top_k] (or [n, top_k + num_shared]) float32, ids [n, top_k] -> [n, H] in
-    x's dtype."""
+    """moe_kernels.grouped_experts over block-FP8 stacks (module docstring), with ``shared``'s slots: x
+    [n, H], weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype."""
     experts, hidden, inter = down.shape
     block_n, block_k = block
     if block_k < 64 or block_k & (block_k - 1):
@@ -117,19 +144,21 @@ def fp8_block_grouped_experts(
         gate_up_scale_inv,
         (experts, math.ceil(rows / block_n), math.ceil(hidden / block_k)),
         scales,
+        contiguous_rows=False,
     )
     _expect(
         "down_scale_inv",
         down_scale_inv,
         (experts, math.ceil(hidden / block_n), math.ceil(inter / block_k)),
         scales,
+        contiguous_rows=False,
     )
     gate, up, gate_scale, up_scale = _split_rows(
         gate_up, gate_up_scale_inv, inter, inter // block_n, gated
     )
     quant = ExpertScales("fp8_block", tuple(block), gate_scale, up_scale, down_scale_inv)
     return _grouped(
-        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, num_shared
+        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared
     )
 
 
@@ -147,11 +176,10 @@ def int4_group_grouped_experts(
     gated: bool = True,
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
-    num_shared: int = 0,
+    shared: QuantizedShared | None = None,
 ) -> torch.Tensor:
-    """moe_kernels.grouped_experts over INT4 stacks (module docstring; the last ``num_shared`` experts
-    shared): x [n, H], weights [n, top_k] (or [n, top_k + num_shared]) float32, ids [n, top_k] -> [n, H] in
-    x's dtype."""
+    """moe_kernels.grouped_experts over INT4 stacks (module docstring), with ``shared``'s slots: x [n, H],
+    weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype."""
     experts, hidden = down.shape[:2]
     inter = down.shape[2] * INT4_PACK
     if group < INT4_PACK or group & (group - 1):
@@ -166,25 +194,40 @@ def int4_group_grouped_experts(
     scales = (torch.float32, torch.bfloat16)
     _expect("down", down, (experts, hidden, inter // INT4_PACK), (torch.int32,))
     _expect("gate_up", gate_up, (experts, rows, hidden // INT4_PACK), (torch.int32,))
-    _expect("gate_up_scale", gate_up_scale, (experts, rows, hidden // group), scales)
-    _expect("down_scale", down_scale, (experts, hidden, inter // group), scales)
+    _expect("gate_up_scale", gate_up_scale, (experts, rows, hidden // group), scales, False)
+    _expect("down_scale", down_scale, (experts, hidden, inter // group), scales, False)
     gate, up, gate_scale, up_scale = _split_rows(gate_up, gate_up_scale, inter, inter, gated)
     quant = ExpertScales("int4_group", (1, group), gate_scale, up_scale, down_scale)
     return _grouped(
-        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, num_shared
+        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared
     )
 
 
 def _grouped(
-    x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, num_shared
+    x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared
 ) -> torch.Tensor:
-    """moe_kernels.grouped_experts over the stacks, their last ``num_shared`` experts the shared ones (views
-    of the stacks' last rows; the scales stay whole: the kernels read them by expert index)."""
-    shared = None
-    if num_shared:
-        routed = down.shape[0] - num_shared
-        shared = (None if gate is None else gate[routed:], up[routed:], down[routed:])
-        gate, up, down = (None if gate is None else gate[:routed]), up[:routed], down[:routed]
+    """moe_kernels.grouped_experts over the routed stacks, with the shared MLP's slots (views of its own
+    weights and scales) when ``shared`` is given: its scales of one routed expert's shape and dtype each (the
+    kernels take a slot's scales from either by the same pointer type) and, where a scale row has more than
+    one column, of the routed scales' column stride (the kernels read both with it)."""
+    if shared is not None:
+        routed = (quant.gate_scale, quant.up_scale, quant.down_scale)
+        for name, mine, theirs in zip(("gate", "up", "down"), shared.scales, routed):
+            if (mine is None) != (theirs is None):
+                raise ValueError("shared experts fuse with routed ones of their own gating")
+            if mine is None:
+                continue
+            if mine.shape[1:] != theirs.shape[1:] or mine.dtype != theirs.dtype:
+                raise ValueError(
+                    f"the shared {name} scale: expected [S, {', '.join(map(str, theirs.shape[1:]))}] "
+                    f"in {theirs.dtype}, got {list(mine.shape)} in {mine.dtype}"
+                )
+            if mine.shape[-1] > 1 and mine.stride(-1) != theirs.stride(-1):
+                raise ValueError(
+                    f"the shared {name} scale: column stride {mine.stride(-1)}, the routed scales' "
+                    f"is {theirs.stride(-1)}"
+                )
+        quant = replace(quant, shared=shared.scales)
     return grouped_experts(
         x,
         weights,
@@ -197,5 +240,5 @@ def _grouped(
         layout=layout,
         skipped_slots=skipped_slots,
         quant=quant,
-        shared=shared,
+        shared=None if shared is None else shared.weights,
     )
