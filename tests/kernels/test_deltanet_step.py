@@ -330,54 +330,6 @@ def test_fused_step_replays_inside_a_cuda_graph(shape, splits, monkeypatch):
         assert_same_step((out, *live), eager, form, snapshots, rtol=0, atol=0)  # the same kernel
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("form", ["decode", "verify chain of 8"])
-@pytest.mark.parametrize("batch", [1, 8, 32])
-def test_fused_step_time_at_the_qwen3_5_shape(form, batch):
-    """The layer's step (projections included, hidden 4096) replayed from a CUDA graph, fused and eager:
-    prints both (``pytest -s``); the fused one must be faster."""
-    layer = make_layer(False, dtype=torch.bfloat16, device="cuda", hidden=4096, **QWEN3_5)
-    lengths, _, _, keep_every = FORMS[form]
-    lengths = [lengths[0]] * batch
-    x = torch.randn(sum(lengths), 4096, device="cuda", dtype=torch.bfloat16)
-    meta = build_paged_metadata([[i] for i in range(batch)], [0] * batch, lengths, 16, "cuda")
-    meta.token_table()  # (as the uniform metadata of a captured step has it)
-    recurrent = RecurrentMetadata(
-        torch.arange(batch, device="cuda"),
-        torch.ones(batch, dtype=torch.bool, device="cuda"),
-        None,
-        keep_every,
-    )
-    states, snapshots = {}, {}
-    for name, (shape, declared) in layer.state_shapes().items():
-        kind = dict(dtype=declared or torch.bfloat16, device="cuda")
-        states[name] = torch.randn(batch, *shape, **kind) * 0.1
-        snapshots[name] = torch.zeros(batch, SNAPSHOT_ROWS, *shape, **kind)
-    layer.bind_state(states, snapshots)
-    times = {}
-    for fused in (False, True):
-        layer.fused_step = fused
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), forward_context(meta, recurrent=recurrent):
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                layer(x)  # compiled outside the capture
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                layer(x)
-        for _ in range(3):
-            graph.replay()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(50):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times["fused" if fused else "eager"] = begin.elapsed_time(end) / 50 * 1e3  # us per step
-    # (a timing, printed for the benchmark notes: speed is never asserted in a test)
-    print(f"\n{form}, batch {batch}: " + ", ".join(f"{k} {v:.1f} us" for k, v in times.items()))
-
-
 def test_long_runs_and_other_activations_keep_the_torch_path(monkeypatch):
     """The kernel takes runs of at most FUSED_MAX_LEN tokens with silu; a longer prefill chunk (the chunked
     kernels' case on a GPU) or another activation runs the torch path."""

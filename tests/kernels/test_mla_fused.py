@@ -20,6 +20,7 @@ pytest.importorskip("triton")
 
 import outpace.layers.mla as mla_module
 from helpers.hopper_compile import run_compile_script
+from helpers.mla_layers import make_layer
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.layers import mla_fused
@@ -28,7 +29,6 @@ from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.quant import dequantize as dq
 from outpace.layers.quant.linear import FORMATS, is_quantized, quantized_like
 from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
-from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.skinny_gemm import MAX_ROWS
 
 CUDA = torch.cuda.is_available()
@@ -68,21 +68,6 @@ def make_meta(layout: str, block_size: int, g: torch.Generator, device: str):
     if windows is not None:
         masks = [None if w is None else tree_mask(q, w, g).to(device) for q, w in zip(new, windows)]
     return build_paged_metadata(tables, cached, new, block_size, device, masks), sum(needed) + 3
-
-
-def make_layer(shape: MLAShape, interleaved: bool, device: str) -> MultiHeadLatentAttention:
-    torch.manual_seed(0)
-    # tables past LONG_LAYOUTS' 4000 positions: the fused kernels read cos/sin at a token's position unchecked
-    rotary = RotaryEmbedding(shape.qk_rope_head_dim, 4096 + 64, 10000.0, interleaved=interleaved)
-    layer = MultiHeadLatentAttention(shape, rotary).to(device)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if "layernorm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)
-    layer.expand_min_query_len = 10**6  # always absorbed
-    return layer
 
 
 def run(layer, backend: str, meta, num_blocks: int, block_size: int, x, positions, cache_init):

@@ -14,11 +14,11 @@ import torch
 pytest.importorskip("triton")
 
 import outpace.layers.mla as mla_module
+from helpers.mla_layers import make_layer
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.layers import mla_fused
-from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
-from outpace.layers.rotary import RotaryEmbedding
+from outpace.layers.mla import MLAShape
 from outpace.layers.skinny_gemm import MAX_ROWS
 
 pytestmark = pytest.mark.skipif(
@@ -28,20 +28,6 @@ pytestmark = pytest.mark.skipif(
 BLOCK_SIZE = 5
 CACHED = [70, 131, 3, 150, 12, 96]  # a chain of CHAIN tokens after each: 24 rows, two row tiles
 CHAIN = 4
-
-
-def make_layer(q_lora_rank: int | None) -> MultiHeadLatentAttention:
-    torch.manual_seed(0)
-    shape = MLAShape(40, 3, q_lora_rank, 36, 6, 8, 5, scale=0.3)
-    layer = MultiHeadLatentAttention(shape, RotaryEmbedding(8, 512, 10000.0, interleaved=True))
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if "layernorm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)
-    layer.expand_min_query_len = 10**6  # always absorbed
-    return layer
 
 
 @pytest.fixture
@@ -73,7 +59,7 @@ def forward(
 
 @pytest.mark.parametrize("q_lora_rank", [None, 20])
 def test_chains_give_each_token_its_decoded_bits(q_lora_rank, fused_calls):
-    layer = make_layer(q_lora_rank)
+    layer = make_layer(MLAShape(40, 3, q_lora_rank, 36, 6, 8, 5, scale=0.3), True, "cpu")
     g = torch.Generator().manual_seed(1)
     n = len(CACHED)
     needed = [-(-(c + CHAIN) // BLOCK_SIZE) for c in CACHED]
