@@ -111,12 +111,10 @@ def _router_logits_kernel(
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)  # [BLOCK_E]
     split = tl.program_id(2)
     t_ok, e_ok = tokens < n, experts < num_experts
-    if (
-        PDL
-    ):  # the weight rows of the split's first two steps into L2 (no earlier kernel writes them)
-        lines = (
-            split * split_len + tl.arange(0, 2 * BLOCK_K // 32) * 32
-        )  # a 128-byte line of fp32 each
+    # with PDL: the weight rows of the split's first two steps into L2 (no earlier kernel writes them), a
+    # 128-byte line (32 float32 columns) at a time
+    if PDL:
+        lines = split * split_len + tl.arange(0, 2 * BLOCK_K // 32) * 32
         ok = e_ok[:, None] & (lines < hidden)[None, :]
         prefetch_l2(w_ptr + tl.where(ok, experts[:, None] * stride_w + lines[None, :], 0))
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
