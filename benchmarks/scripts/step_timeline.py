@@ -6,9 +6,10 @@ time (with programmatic dependent launch a kernel is timed from its early start,
 previous kernel's time).
 
     PYTHONPATH=. python3 benchmarks/scripts/step_timeline.py OUT SHAPE[@BATCH] ... [--batch-invariant]
+        [--quantized fp8|int4]
 
-writes OUT/timeline_SHAPE@BATCH.txt (timeline_SHAPE@BATCH_invariant.txt in batch-invariant mode) (every kernel of the second profiled step) and prints its first
-``--lines`` lines."""
+writes OUT/timeline_SHAPE@BATCH.txt (every kernel of the second profiled step; ``_invariant`` and ``_fp8`` /
+``_int4`` added to the name for those modes) and prints its first ``--lines`` lines."""
 
 from __future__ import annotations
 
@@ -16,38 +17,23 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
-from outpace.bench.families import build, close
-from outpace.bench.family_shapes import family_shapes
-from outpace.bench.gpu import start_decoding
-from outpace.bench.profile import _cuda_events, kernel_timeline
+from outpace.bench.families import bench_shapes, build, close
+from outpace.bench.profile import decode_step_timeline
 
 CONTEXT = 512
 
 
-def step_lines(shape_name: str, workdir: Path, batch: int, invariant: bool) -> list[str]:
-    shape = family_shapes()[shape_name]
+def step_lines(
+    shape_name: str, workdir: Path, batch: int, invariant: bool, quantized: str | None
+) -> list[str]:
+    shape = bench_shapes(quantized, [shape_name])[shape_name]
     llm = build(
         workdir, shape.config, max_num_seqs=batch, graph_sizes=(batch,), batch_invariant=invariant
     )
     try:
-        start_decoding(llm, batch, CONTEXT, max_tokens=64)
-        engine = llm.engine
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                engine.step()
-            torch.cuda.synchronize()
-        events = _cuda_events(prof)
-        per_step = len(events) // 3
-        step = events[per_step : 2 * per_step]  # the second step's kernels (steps launch alike)
         mode = " (batch-invariant)" if invariant else ""
-        head = (
-            f"{shape_name} batch {batch}{mode}: {len(step)} kernels and copies, start/dur/gap in us"
-        )
-        return [head, *kernel_timeline(step)]
+        mode += f" ({quantized})" if quantized else ""
+        return [f"{shape_name}{mode}", *decode_step_timeline(llm, batch, CONTEXT)]
     finally:
         close(llm)
 
@@ -58,13 +44,18 @@ def main() -> None:
     parser.add_argument("shapes", nargs="+", help="SHAPE[@BATCH]")
     parser.add_argument("--lines", type=int, default=60)
     parser.add_argument("--batch-invariant", action="store_true")
+    parser.add_argument("--quantized", choices=("fp8", "int4"), help="as bench/families.py's")
     args = parser.parse_args()
-    suffix = "_invariant" if args.batch_invariant else ""
+    suffix = ("_invariant" if args.batch_invariant else "") + (
+        f"_{args.quantized}" if args.quantized else ""
+    )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for name in args.shapes:
         shape, _, batch = name.partition("@")
         with tempfile.TemporaryDirectory() as tmp:
-            lines = step_lines(shape, Path(tmp), int(batch or 1), args.batch_invariant)
+            lines = step_lines(
+                shape, Path(tmp), int(batch or 1), args.batch_invariant, args.quantized
+            )
         (Path(args.out) / f"timeline_{shape}@{batch or 1}{suffix}.txt").write_text(
             "\n".join(lines) + "\n"
         )

@@ -277,6 +277,9 @@ class Plan:
     # fp8 per GPU at EP = 2), its 45 layers' graphs captured and its rows take about step35flash_item_s
     step35flash_model: dict = field(default_factory=step35flash_fp8)
     step35flash_item_s: float = 200.0
+    # qwen3next80b, ep, step35flash on GPUs: rank 0's kernels of one decode step at these batches, in the order
+    # they ran (bench/profile.py ``decode_step_timeline``), each to OUT/timeline_<shape>@<batch>.txt
+    timeline_batches: tuple[int, ...] = (1,)
     time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 260.0  # per data-parallel part
 
@@ -1076,6 +1079,23 @@ class Run:
                     fraction_of_floor=row["tokens_per_s"] / floor,
                 )
                 self.add(section["decode"], row)
+            if plan.device.startswith("cuda"):
+                for batch in plan.timeline_batches:
+                    self._timeline(llm, name, batch, section)
+
+    def _timeline(self, llm, name: str, batch: int, section: dict) -> None:
+        """Rank 0's kernels of one decode step of ``llm`` at ``batch`` into OUT/timeline_<name>@<batch>.txt,
+        their count and span into the section's ``timelines``."""
+        from outpace.bench.profile import decode_step_timeline
+
+        lines = [name, *decode_step_timeline(llm, batch, self.plan.context)]
+        path = self.path.parent / f"timeline_{name}@{batch}.txt"
+        path.write_text("\n".join(lines) + "\n")
+        kernels, span = len(lines) - 3, float(lines[-1].split()[1])
+        self.add(
+            section.setdefault("timelines", []),
+            {"batch": batch, "kernels": kernels, "span_us": span, "file": path.name},
+        )
 
     def _seed_mtp(self, name: str, config: dict, section: dict, **engine) -> None:
         """Its MTP layer drafting up to ``oracle_steps`` tokens under ORACLE acceptance (random weights

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from outpace import LLM, SamplingParams
 from outpace.attention import forward_context, uniform_paged_metadata
-from outpace.bench.gpu import ZOO_DRAFTERS, build_8b
+from outpace.bench.gpu import ZOO_DRAFTERS, build_8b, start_decoding
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
 from outpace.engine.step_key import SamplingMode, StepKey
@@ -60,6 +60,28 @@ def kernel_timeline(events: list) -> list[str]:
         prev_end = max(prev_end, end)
     lines.append(f"span {prev_end - t0:.1f} us")
     return lines
+
+
+def decode_step_timeline(llm: LLM, batch: int, context: int) -> list[str]:
+    """The kernels of one captured greedy decode step of ``llm`` at ``batch`` requests of ``context`` tokens, in
+    the order the GPU ran them (``kernel_timeline``): three steps profiled, the second kept (steps launch
+    alike). Under tensor or expert parallelism this is the calling rank's GPU."""
+    ids = start_decoding(llm, batch, context, max_tokens=64)
+    engine = llm.engine
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            engine.step()
+        torch.cuda.synchronize()
+    for rid in ids:
+        engine.abort_request(rid)
+    events = _cuda_events(prof)
+    per_step = len(events) // 3
+    step = events[per_step : 2 * per_step]
+    return [
+        f"batch {batch}: {len(step)} kernels and copies, start/dur/gap in us",
+        *kernel_timeline(step),
+    ]
 
 
 def _kernel_table(prof, top: int, per: float = 1.0) -> list[str]:
