@@ -92,6 +92,42 @@ wide_sub_tile_stages = 4
 # fastest at the defaults.
 narrow_block_k = 512
 narrow_stages = 5
+# fp8 weights (``Fp8Weight``): stages in up to this much shared memory, at most this many (``_fp8_stages``;
+# benchmarks/scripts/fp8_projection_settings.py sweeps them)
+fp8_stage_bytes = 160 * 1024
+fp8_max_stages = 8
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    """A projection's weight stored in fp8 for the fused kernels: ``weight`` float8_e4m3fn [N, K] (contiguous
+    rows) and ``scale`` float32 / bf16, one value per ``block`` = (rows, columns) of the weight: block FP8's
+    ``weight_scale_inv`` [ceil(N / bn), ceil(K / bk)] (DeepSeek-V3's weight_dequant multiplies by it), or a
+    per-tensor scale (ModelOpt) as a [1, 1] view with block (N, K). The kernels take it where they take a
+    half-precision weight."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor  # [ceil(N / block[0]), ceil(K / block[1])]
+    block: tuple[int, int]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @classmethod
+    def per_tensor(cls, weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
+        """A weight with one scale (ModelOpt's ``weight_scale``, [] or [1]): one block as large as it, in
+        powers of two."""
+        n, k = weight.shape
+        block = (triton.next_power_of_2(n), triton.next_power_of_2(k))
+        return cls(weight, scale.reshape(1, 1), block)
+
+    def rows(self, start: int) -> Fp8Weight:
+        """Rows start .. N of the weight (the k/v rows of a packed q/k/v): start must begin a block."""
+        if start % self.block[0]:
+            raise ValueError(f"rows from {start} cut a scale block of {self.block[0]} rows")
+        first = start // self.block[0]
+        return Fp8Weight(self.weight[start:], self.scale[first:], self.block)
 
 
 @dataclass
@@ -176,11 +212,14 @@ def _fused_rows_kernel(
     slot_ptr,
     q_norm_ptr,
     k_norm_ptr,
+    scale_ptr,
     M,
     N_OUT,
     K,
     stride_xm,
     stride_wn,
+    stride_sn,
+    stride_sk,
     stride_om,
     stride_rm,
     num_sq_parts,
@@ -210,6 +249,9 @@ def _fused_rows_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_K: tl.constexpr,
+    FP8: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
 ):
     """Program (t, p) owns outputs p * OUTS ... p * OUTS + OUTS - 1 of the rows of tile t (rows t * BM ...
     t * BM + BM - 1) and computes them as ``subs`` sub-tiles of CHUNK (<= BN) consecutive outputs each.
@@ -220,7 +262,10 @@ def _fused_rows_kernel(
     (part p * subs + sub of sq_out). SOFTCAP (PLAIN): cap * tanh(result / cap) before any residual.
     SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
     QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
-    their weights plus qk_offset; V_NORM: of v too, without a weight."""
+    their weights plus qk_offset; V_NORM: of v too, without a weight.
+    FP8: the weight is float8 e4m3 with one float scale per SCALE_BN x SCALE_BK block (``Fp8Weight``; BK
+    divides SCALE_BK, so a K step lies in one block column): each step's product, exact fp8 values in x's
+    dtype, is scaled per output column before it is accumulated."""
     pid = tl.program_id(1)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
@@ -288,12 +333,18 @@ def _fused_rows_kernel(
             w_a = tl.load(
                 w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
             )  # [BN, BK]
-            acc_a += tl.dot(x, tl.trans(w_a), input_precision=PRECISION)
+            acc_a += _weighed_product(
+                x, w_a, scale_ptr, col_a, k0, i_ok, stride_sn, stride_sk, FP8, SCALE_BN, SCALE_BK,
+                PRECISION,
+            )  # fmt: skip
             if paired:
                 w_b = tl.load(
                     w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
                 )
-                acc_b += tl.dot(x, tl.trans(w_b), input_precision=PRECISION)
+                acc_b += _weighed_product(
+                    x, w_b, scale_ptr, col_a + HALF, k0, i_ok, stride_sn, stride_sk, FP8,
+                    SCALE_BN, SCALE_BK, PRECISION,
+                )  # fmt: skip
         if SCALE_ROWS:
             acc_a *= rstd
             acc_b *= rstd
@@ -363,6 +414,34 @@ def _fused_rows_kernel(
                 kv_size,
                 HALF,
             )
+
+
+@triton.jit
+def _weighed_product(
+    x,  # [BM, BK] in the compute dtype
+    w,  # [BN, BK]: the weight tile as stored
+    scale_ptr,
+    cols,  # [BN] the tile's weight rows
+    k0,
+    cols_ok,  # [BN]
+    stride_sn,
+    stride_sk,
+    FP8: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """x @ w.T [BM, BN] in float32: for FP8 weights the product of their exact values in x's dtype, times
+    each column's block scale (the block row of its weight row, the block column of k0)."""
+    if FP8:
+        scale = tl.load(
+            scale_ptr + (cols // SCALE_BN) * stride_sn + (k0 // SCALE_BK) * stride_sk,
+            mask=cols_ok,
+            other=0.0,
+        ).to(tl.float32)  # [BN]
+        product = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
+        return product * scale[None, :]
+    return tl.dot(x, tl.trans(w), input_precision=PRECISION)
 
 
 @triton.jit
@@ -579,15 +658,30 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     The mode's bit-identity on the GPU (tests/gpu/test_batch_invariant_gpu.py) failed with this rule until
     ``_fused_rows_kernel`` stopped specializing M (its comment says why); it passes on the H200 since
     (benchmarks/results/gpu_2026-11-30, call 5)."""
+    if isinstance(weight, Fp8Weight):
+        fits = weight.weight.stride(1) == 1 and _fp8_block_k(weight.block[1]) is not None
+    else:
+        fits = weight.dtype == x.dtype and weight.is_contiguous()
     return (
         x.is_cuda
         and x.dim() == 2
         and (x.shape[0] <= MAX_ROWS or batch_invariant())
         and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
-        and weight.is_contiguous()
+        and fits
         and not torch.is_grad_enabled()
     )
+
+
+def _fp8_block_k(scale_columns: int) -> int | None:
+    """The K step of an fp8 weight whose scales cover ``scale_columns`` columns: 128 (128 bytes of each
+    weight row, as bf16's 64 columns), or the scale block where it is narrower; None where no power of two
+    of at least 16 divides it."""
+    step = 128
+    while step >= 16:
+        if scale_columns % step == 0:
+            return step
+        step //= 2
+    return None
 
 
 @dataclass(frozen=True)
@@ -636,6 +730,15 @@ def _stages(epilogue: int, weight_rows: int, block_n: int) -> int:
     if epilogue == _PLAIN.value and not _is_wide_plain(epilogue, weight_rows):
         return plain_stages if block_n <= 32 else wide_sub_tile_stages
     return qkv_stages if epilogue == _QKV.value else paired_stages
+
+
+def _fp8_stages(block_n: int, block_k: int, paired: bool) -> int:
+    """The weight stream's stages for an fp8 weight: a K step holds a quarter of the weight bytes of a
+    half-precision one (BK 128 of one byte against 256 of two), so as many stages as fit
+    ``fp8_stage_bytes`` of shared memory (the x tile [16, BK] and one or two weight tiles [BN, BK] a
+    stage), at most ``fp8_max_stages``."""
+    stage = MAX_ROWS * block_k * 2 + (2 if paired else 1) * block_n * block_k
+    return max(2, min(fp8_max_stages, fp8_stage_bytes // stage))
 
 
 def _max_block(epilogue: int, weight_rows: int) -> int:
@@ -701,6 +804,8 @@ def _launch(
         raise ValueError(f"no fused gate activation {act!r}")
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
+    fp8 = weight if isinstance(weight, Fp8Weight) else None
+    weight = fp8.weight if fp8 else weight
     outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
     grid = _launch_grid(
         n_out,
@@ -723,6 +828,16 @@ def _launch(
         )  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
+    if fp8 is not None:
+        fp8_step = _fp8_block_k(fp8.block[1])
+        if fp8_step is None or (tiles is not None and block_k and fp8_step % block_k):
+            raise ValueError(
+                f"no K step of an fp8 weight in scale blocks of {fp8.block[1]} columns"
+            )
+        if tiles is None or not tiles[1]:
+            block_k = min(block_k, fp8_step)
+        if tiles is None or not tiles[3]:
+            num_stages = _fp8_stages(grid.block_n, block_k, epilogue != _PLAIN.value)
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
@@ -753,11 +868,14 @@ def _launch(
         slots,
         q_norm,
         k_norm,
+        fp8.scale if fp8 else x,
         m,
         n_out,
         k,
         x.stride(0),
         weight.stride(0),
+        fp8.scale.stride(0) if fp8 else 0,
+        fp8.scale.stride(1) if fp8 else 0,
         out.stride(0),
         res.stride(0),
         sq_in.shape[0],
@@ -787,6 +905,9 @@ def _launch(
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=use_pdl,
         PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
+        FP8=fp8 is not None,
+        SCALE_BN=fp8.block[0] if fp8 else 1,
+        SCALE_BK=fp8.block[1] if fp8 else 1,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch_options(use_pdl),

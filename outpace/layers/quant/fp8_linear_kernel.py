@@ -3,13 +3,16 @@ math of both formats).
 
 - Block FP8 (DeepSeek-V3/R1, Kimi-K2, Qwen3-FP8, Step-3.5-Flash-FP8): ``weight`` float8_e4m3fn [N, K] and
   ``weight_scale_inv`` [ceil(N/128), ceil(K/128)] (fp32, bf16 in some Qwen files; ue8m0 checkpoints only
-  round these to powers of two). Up to ``SCALED_MM_FROM_ROWS`` rows the weight-streaming Triton kernel
+  round these to powers of two). The rows the fused few-row projections take (layers/fused_projection.py
+  ``fused_rows_apply``: up to 16 half-precision rows, any number in batch-invariant mode) go through their
+  plain kernel over an ``Fp8Weight``; up to ``SCALED_MM_FROM_ROWS`` rows the weight-streaming Triton kernel
   (quant_matmul_kernel.py) serves every row count; from there on, where torch's block-scaled GEMM takes the
   shape (N and K multiples of 128), activations are quantized per token in groups of 128 (DeepSeek-V3
   inference/kernel.py ``act_quant``: scale = amax / 448, x / scale in fp8) and torch multiplies on the FP8
   tensor cores; other shapes stay on the Triton kernel.
-- Per-tensor FP8 (NVIDIA ModelOpt): ``weight`` fp8 [N, K] and one ``weight_scale``; the Triton kernel at
-  every row count (the activation's ``input_scale`` only matters to a GEMM that quantizes activations).
+- Per-tensor FP8 (NVIDIA ModelOpt): ``weight`` fp8 [N, K] and one ``weight_scale``; the fused projections'
+  rows as block FP8's, the Triton kernel at every other row count (the activation's ``input_scale`` only
+  matters to a GEMM that quantizes activations).
 
 torch's block-scaled layouts (pytorch aten/src/ATen/native/cuda/ScaledBlas.cpp,
 ``_scaled_block1x128_block128x128`` and ``_check_deepseek_scale_stride``): A [M, K] fp8 row-major with
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from outpace.layers.fused_projection import Fp8Weight, fused_rows_apply, project_rows
 from outpace.layers.quant.quant_matmul_kernel import quant_matmul
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -135,7 +139,10 @@ def fp8_block_linear(
             f"the fp8 kernels take blocks of a power of two >= 64 columns, not {block_k}"
         )
     rows = x.reshape(-1, k)
-    if _scaled_mm_applies(rows, n, k, block):
+    fused = Fp8Weight(weight, scale_inv, tuple(block))
+    if fused_rows_apply(rows, fused):
+        out = project_rows(rows, fused)
+    elif _scaled_mm_applies(rows, n, k, block):
         q, q_scales = quantize_activations(rows)
         out = F.scaled_mm(
             q,
@@ -159,5 +166,9 @@ def fp8_tensor_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
             f"a per-tensor weight_scale has one element, got shape {tuple(scale.shape)}"
         )
     rows = x.reshape(-1, weight.shape[1])
-    out = quant_matmul(rows, weight, scale, "fp8_tensor", (1, 1))
+    fused = Fp8Weight.per_tensor(weight, scale)
+    if fused_rows_apply(rows, fused):
+        out = project_rows(rows, fused)
+    else:
+        out = quant_matmul(rows, weight, scale, "fp8_tensor", (1, 1))
     return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,154 @@
+"""The fused few-row projections over fp8 weights (layers/fused_projection.py ``Fp8Weight``) compute what they
+compute over the dequantized weight (layers/quant/dequantize.py): block FP8 with N and K not multiples of the
+block, bf16 scales, the per-tensor format, and every epilogue (plain, residual + next norm, SwiGLU, q/k/v with
+RoPE and the cache write). On the CPU the kernels run in Triton's interpreter in float32, where the only
+difference is the order of float32 sums; a scale applied to the wrong block or divided fails them."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from outpace.layers.fused_projection import (  # noqa: E402
+    Fp8Weight,
+    _fp8_block_k,
+    norm_project_qkv,
+    norm_project_swiglu,
+    normed_rows,
+    project_add_normed,
+    project_rows,
+)
+from outpace.layers.norm import rms_norm_torch  # noqa: E402
+from outpace.layers.quant.dequantize import (  # noqa: E402
+    dequantize_fp8_block,
+    dequantize_fp8_tensor,
+    quantize_fp8_block,
+    quantize_fp8_tensor,
+)
+from outpace.layers.rotary import RotaryEmbedding, rotary_torch  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-5
+TOL = 1e-5 if DEVICE == "cpu" else 2e-2  # bf16 on the GPU
+
+
+def _rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _close(out, ref, tol=TOL):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < tol, err
+
+
+def _dtype():
+    return torch.float32 if DEVICE == "cpu" else torch.bfloat16
+
+
+def block_fp8(n: int, k: int, seed: int, block=(128, 128), scale_dtype=torch.float32):
+    """(Fp8Weight on DEVICE, its dequantized float64 weight): rows of different ranges, so that every
+    block has its own scale."""
+    w = _rand(n, k, seed=seed) * (
+        torch.rand(n, 1, generator=torch.Generator().manual_seed(seed)) * 3
+    )
+    weight, scale = quantize_fp8_block(w, block)
+    scale = scale.to(scale_dtype)
+    dense = dequantize_fp8_block(weight, scale, block).double()
+    return Fp8Weight(weight.to(DEVICE), scale.to(DEVICE), block), dense
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 200, 300), (5, 130, 256), (16, 64, 1100)])
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
+def test_project_rows_over_block_fp8_is_the_dequantized_product(m, n, k, scale_dtype):
+    w, dense = block_fp8(n, k, seed=m + n, scale_dtype=scale_dtype)
+    x = _rand(m, k, seed=m)
+    _close(project_rows(x.to(DEVICE, _dtype()), w), F.linear(x.double(), dense))
+
+
+def test_project_rows_over_narrow_scale_blocks():
+    """64-column scale blocks: the K step shrinks to one block column."""
+    w, dense = block_fp8(96, 200, seed=3, block=(32, 64))
+    x = _rand(3, 200, seed=4)
+    _close(project_rows(x.to(DEVICE, _dtype()), w), F.linear(x.double(), dense))
+
+
+def test_project_rows_over_per_tensor_fp8():
+    raw = _rand(70, 300, seed=5)
+    weight, scale = quantize_fp8_tensor(raw)
+    dense = dequantize_fp8_tensor(weight, scale).double()
+    x = _rand(2, 300, seed=6)
+    w = Fp8Weight.per_tensor(weight.to(DEVICE), scale.to(DEVICE))
+    _close(project_rows(x.to(DEVICE, _dtype()), w), F.linear(x.double(), dense))
+
+
+def test_project_add_normed_over_fp8_readies_the_stream():
+    w, dense = block_fp8(160, 200, seed=7)
+    x, res, nw = _rand(4, 200, seed=8), _rand(4, 160, seed=9), _rand(160, seed=10)
+    rows = project_add_normed(x.to(DEVICE, _dtype()), w, res.to(DEVICE, _dtype()), nw.to(DEVICE))
+    stream = res.double() + F.linear(x.double(), dense)
+    _close(rows.stream, stream)
+    _close(rows.normed, stream * nw.double())
+
+
+def test_norm_project_swiglu_over_fp8_is_norm_gate_up_then_silu_mul():
+    inter, k = 200, 300  # the up rows start inside a scale block's rows (200 = 128 + 72)
+    w, dense = block_fp8(2 * inter, k, seed=11)
+    x, nw = _rand(3, k, seed=12), _rand(k, seed=13)
+    gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], dense).chunk(2, dim=-1)
+    rows = normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE))
+    _close(norm_project_swiglu(rows, EPS, w), F.silu(gate) * up)
+
+
+def test_norm_project_qkv_over_fp8_rotates_and_writes_the_cache():
+    m, heads, kv_heads, head_dim, k_in = 3, 4, 2, 64, 200
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    w, dense = block_fp8(q_size + 2 * kv_size, k_in, seed=14)
+    x, nw = _rand(m, k_in, seed=15), _rand(k_in, seed=16)
+    rotary = RotaryEmbedding(head_dim, 512, 10000.0, None)
+    positions = torch.tensor([5, 100, 511])
+    slots = torch.tensor([7, 0, 12])
+    k_cache = torch.zeros(4, 4, kv_heads, head_dim, dtype=_dtype())
+    v_cache = torch.zeros_like(k_cache)
+    qkv = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], dense)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q_ref, k_ref = rotary_torch(
+        positions,
+        q.reshape(m, heads, head_dim),
+        k.reshape(m, kv_heads, head_dim),
+        rotary.cos.double(),
+        rotary.sin.double(),
+    )
+    caches = [c.to(DEVICE) for c in (k_cache, v_cache)]
+    out = norm_project_qkv(
+        normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE)),
+        EPS,
+        w,
+        head_dim,
+        q_size,
+        positions.to(DEVICE),
+        rotary.cos.to(DEVICE),
+        rotary.sin.to(DEVICE),
+        *caches,
+        slots.to(DEVICE),
+    )
+    _close(out, q_ref.reshape(m, q_size))
+    _close(caches[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
+    _close(caches[1].view(-1, kv_size)[slots], v)
+
+
+def test_rows_of_an_fp8_weight_keep_their_scales():
+    w, dense = block_fp8(384, 256, seed=17)
+    part = w.rows(128)
+    x = _rand(2, 256, seed=18)
+    _close(project_rows(x.to(DEVICE, _dtype()), part), F.linear(x.double(), dense[128:]))
+    with pytest.raises(ValueError, match="cut a scale block of 128 rows"):
+        w.rows(64)
+
+
+def test_the_k_step_lies_in_one_scale_column():
+    assert _fp8_block_k(128) == 128
+    assert _fp8_block_k(256) == 128
+    assert _fp8_block_k(64) == 64
+    assert _fp8_block_k(8) is None
