@@ -18,6 +18,7 @@ from triton.testing import do_bench
 
 from outpace.layers import fused_projection as fp
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.quant_matmul_kernel import quant_matmul
 
 CALLS = 8
@@ -93,7 +94,7 @@ def main(out: str | None = None) -> None:
         raw = torch.randn(weight_rows, k, device=device) * 0.02
         q, scale = quantize_fp8_block(raw, BLOCK)
         dense = dequantize_fp8_block(q, scale, BLOCK)
-        weights = [fp.Fp8Weight(q.clone(), scale.clone(), BLOCK) for _ in range(CALLS)]
+        weights = [Fp8Weight(q.clone(), scale.clone(), BLOCK) for _ in range(CALLS)]
         bf16 = [dense.to(torch.bfloat16) for _ in range(CALLS)]
         gb = weight_rows * k / 1e9  # the fp8 bytes
         for m in (1, 8):

@@ -24,6 +24,8 @@ from outpace.distributed.sharding import kv_head_shard, split_evenly
 from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.linear import column_parallel, project, row_parallel
 from outpace.layers.norm import RMSNorm
+from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.linear import QuantizedLinear
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 
@@ -181,14 +183,26 @@ class PackedProjection:
     """Several projections of one input as one matmul (q/k/v; gate/up): their weights are copied into
     one packed tensor and each projection's parameter becomes a view of its rows, so no memory is
     added and checkpoints, training and every other caller still see the separate projections.
-    Not an nn.Module: the parameters stay registered where the checkpoint names them."""
+    Not an nn.Module: the parameters stay registered where the checkpoint names them.
 
-    def __init__(self, projections: list[nn.Linear]) -> None:
+    Projections stored in fp8 (``packable``) pack their fp8 weights and their scales alike: ``weight`` is
+    then an ``Fp8Weight`` (layers/quant/fp8_weight.py), which the fused few-row kernels read as they read
+    a half-precision one."""
+
+    def __init__(self, projections: list[nn.Module]) -> None:
         self.sizes = [p.out_features for p in projections]
+        self.bias = None
+        if isinstance(projections[0], QuantizedLinear):
+            self.weight = Fp8Weight.packed([p.fp8_weight() for p in projections])
+            start = 0
+            for p, size in zip(projections, self.sizes):
+                part = self.weight.rows(start, start + size)
+                p.stored_weight.data, p.scale.data = part.weight, part.scale
+                start += size
+            return
         self.weight = torch.cat([p.weight.data for p in projections])  # [sum(out), in]
         for p, view in zip(projections, self.weight.split(self.sizes)):
             p.weight.data = view
-        self.bias = None
         if projections[0].bias is not None:
             self.bias = torch.cat([p.bias.data for p in projections])
             for p, view in zip(projections, self.bias.split(self.sizes)):
@@ -196,7 +210,25 @@ class PackedProjection:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [n, in] -> one [n, out_i] view per projection."""
+        if isinstance(self.weight, Fp8Weight):
+            return self.weight.project(x).split(self.sizes, dim=-1)
         return project(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def packable(projections: list[nn.Module]) -> bool:
+    """Whether ``PackedProjection`` packs these: half-precision projections, or block-FP8 ones without bias
+    of one block and scale dtype whose parts (but the last) hold whole blocks of rows. Other quantized
+    projections stay separate."""
+    if all(isinstance(p, nn.Linear) for p in projections):
+        return True
+    if not all(isinstance(p, QuantizedLinear) and p.bias is None for p in projections):
+        return False
+    weights = [p.fp8_weight() for p in projections]
+    if any(w is None for w in weights):
+        return False
+    if any(w.block != weights[0].block or w.scale.dtype != weights[0].scale.dtype for w in weights):
+        return False
+    return all(w.shape[0] % w.block[0] == 0 for w in weights[:-1])
 
 
 def pack_projections(model: nn.Module) -> None:
@@ -204,21 +236,22 @@ def pack_projections(model: nn.Module) -> None:
     any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's) and the
     in-projections of a module that lists them (``in_projections()`` beside an ``in_proj`` None: gated
     DeltaNet's); a module with a ``pack_rows()`` packs its own.
-    Projections stored quantized (layers/quant/linear.py) stay separate."""
+    Projections stored quantized (layers/quant/linear.py) pack where they are block FP8 (``packable``),
+    else stay separate."""
     for module in model.modules():
         if (
             isinstance(module, DecoderAttention) or getattr(module, "v_proj", None) is not None
         ) and getattr(module, "qkv", False) is None:
             projections = [module.q_proj, module.k_proj, module.v_proj]
-            if all(isinstance(p, nn.Linear) for p in projections):  # (no QuantizedLinear)
+            if packable(projections):
                 module.qkv = PackedProjection(projections)
         elif isinstance(module, GatedMLP) and module.gate_up is None:
             projections = [module.gate_proj, module.up_proj]
-            if all(isinstance(p, nn.Linear) for p in projections):
+            if packable(projections):
                 module.gate_up = PackedProjection(projections)
         elif hasattr(module, "in_projections") and module.in_proj is None:  # linear attention's
             projections = module.in_projections()
-            if all(isinstance(p, nn.Linear) for p in projections):
+            if packable(projections):
                 module.in_proj = PackedProjection(projections)
         elif hasattr(module, "pack_rows"):  # rows of its own (Qwen3-Next's router and shared gate)
             module.pack_rows()

@@ -42,7 +42,8 @@ from outpace.layers.decoder import (
 )
 from outpace.layers.linear import is_sharded
 from outpace.layers.norm import RMSNorm
-from outpace.layers.quant.linear import is_quantized
+from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.linear import QuantizedLinear
 
 
 def projection_kernels() -> ModuleType:
@@ -57,6 +58,15 @@ def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernels (layers/fused_projection.py) serve x [n, in] @ weight.T: few rows, or
     any number in batch-invariant mode (``fused_rows_apply``)."""
     return x.is_cuda and projection_kernels().fused_rows_apply(x, weight)
+
+
+def fused_weight(proj) -> torch.Tensor | Fp8Weight | None:
+    """The weight the fused kernels read for a projection: a projection's or a packed one's
+    (layers/decoder.py ``PackedProjection``: a tensor or an ``Fp8Weight``), a projection stored in fp8 as
+    an ``Fp8Weight``; None where they cannot read it (INT4)."""
+    if isinstance(proj, QuantizedLinear):
+        return proj.fp8_weight()
+    return proj.weight
 
 
 def norm_offset(norm: nn.Module) -> float:
@@ -84,11 +94,11 @@ def block_fuses(x: torch.Tensor, input_proj, output_proj: nn.Module) -> bool:
     few rows on the GPU."""
     return (
         all(
-            p is not None and not is_quantized(p) and p.bias is None
+            p is not None and fused_weight(p) is not None and p.bias is None
             for p in (input_proj, output_proj)
         )
         and not is_sharded(output_proj)
-        and fusable_rows(x, input_proj.weight)
+        and fusable_rows(x, fused_weight(input_proj))
     )
 
 
@@ -126,7 +136,7 @@ def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
         attn.qkv is not None
         and attn.qkv.bias is None
         and not is_sharded(attn.o_proj)
-        and not is_quantized(attn.o_proj)
+        and fused_weight(attn.o_proj) is not None
         and fusable_rows(x, attn.qkv.weight)
         and (not attn.cfg.qk_norm or head_dim & (head_dim - 1) == 0)
     )
@@ -154,7 +164,11 @@ def project_fused(
     cfg = attn.cfg
     q_norm = (attn.k_norm if kv_only else attn.q_norm) if cfg.qk_norm else None
     qk_norm = (q_norm.weight, attn.k_norm.weight, attn.k_norm.eps) if cfg.qk_norm else None
-    weight = attn.qkv.weight[attn.q_size :] if kv_only else attn.qkv.weight
+    weight = attn.qkv.weight
+    if kv_only:
+        weight = (
+            weight.rows(attn.q_size) if isinstance(weight, Fp8Weight) else weight[attn.q_size :]
+        )
     return projection_kernels().norm_project_qkv(
         rows,
         eps,
@@ -202,7 +216,7 @@ def mlp_fuses(mlp: GatedMLP) -> bool:
         and mlp.down_proj.bias is None
         and mlp.act in FUSED_ACTIVATIONS
         and not is_sharded(mlp.down_proj)
-        and not is_quantized(mlp.down_proj)
+        and fused_weight(mlp.down_proj) is not None
     )
 
 
@@ -221,9 +235,9 @@ def project_add_ready(
     tensor [n, hidden]. One projection kernel."""
     kernels = projection_kernels()
     if next_norm is None:
-        return kernels.project_add(x, proj.weight, stream)
+        return kernels.project_add(x, fused_weight(proj), stream)
     return kernels.project_add_normed(
-        x, proj.weight, stream, next_norm.weight, next_offset=norm_offset(next_norm)
+        x, fused_weight(proj), stream, next_norm.weight, next_offset=norm_offset(next_norm)
     )
 
 
@@ -352,12 +366,13 @@ def norm_head_logits(
     head (a module with a ``weight`` [vocab, hidden]), soft-capped at ``softcap`` when given (Gemma's
     final_logit_softcapping); one fused kernel for few rows on the GPU. ``out``: a float32 [n, vocab]
     tensor to write them into (returned), instead of a new one."""
-    if not is_sharded(head) and not is_quantized(head) and fusable_rows(hidden, head.weight):
+    weight = fused_weight(head)
+    if not is_sharded(head) and weight is not None and fusable_rows(hidden, weight):
         kernels = projection_kernels()
         return kernels.norm_project(
             kernels.normed_rows(hidden, norm.weight, norm_offset(norm)),
             norm.eps,
-            head.weight,
+            weight,
             out_dtype=torch.float32,
             out=out,
             softcap=softcap,

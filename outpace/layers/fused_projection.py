@@ -62,6 +62,7 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
@@ -96,38 +97,6 @@ narrow_stages = 5
 # benchmarks/scripts/fp8_projection_settings.py sweeps them)
 fp8_stage_bytes = 160 * 1024
 fp8_max_stages = 8
-
-
-@dataclass(frozen=True)
-class Fp8Weight:
-    """A projection's weight stored in fp8 for the fused kernels: ``weight`` float8_e4m3fn [N, K] (contiguous
-    rows) and ``scale`` float32 / bf16, one value per ``block`` = (rows, columns) of the weight: block FP8's
-    ``weight_scale_inv`` [ceil(N / bn), ceil(K / bk)] (DeepSeek-V3's weight_dequant multiplies by it), or a
-    per-tensor scale (ModelOpt) as a [1, 1] view with block (N, K). The kernels take it where they take a
-    half-precision weight."""
-
-    weight: torch.Tensor
-    scale: torch.Tensor  # [ceil(N / block[0]), ceil(K / block[1])]
-    block: tuple[int, int]
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.weight.shape
-
-    @classmethod
-    def per_tensor(cls, weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
-        """A weight with one scale (ModelOpt's ``weight_scale``, [] or [1]): one block as large as it, in
-        powers of two."""
-        n, k = weight.shape
-        block = (triton.next_power_of_2(n), triton.next_power_of_2(k))
-        return cls(weight, scale.reshape(1, 1), block)
-
-    def rows(self, start: int) -> Fp8Weight:
-        """Rows start .. N of the weight (the k/v rows of a packed q/k/v): start must begin a block."""
-        if start % self.block[0]:
-            raise ValueError(f"rows from {start} cut a scale block of {self.block[0]} rows")
-        first = start // self.block[0]
-        return Fp8Weight(self.weight[start:], self.scale[first:], self.block)
 
 
 @dataclass

@@ -11,9 +11,14 @@ import torch
 from torch import nn
 
 from outpace.layers.decoder import GatedMLP
-from outpace.layers.fused_decoder import fusable_rows, mlp_fuses, norm_offset, projection_kernels
+from outpace.layers.fused_decoder import (
+    fusable_rows,
+    fused_weight,
+    mlp_fuses,
+    norm_offset,
+    projection_kernels,
+)
 from outpace.layers.linear import is_sharded
-from outpace.layers.quant.linear import is_quantized
 
 
 def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
@@ -27,7 +32,7 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
         and attn.qkv.bias is None
         and attn.o_proj.bias is None
         and not is_sharded(attn.o_proj)
-        and not is_quantized(attn.o_proj)
+        and fused_weight(attn.o_proj) is not None
         and d & (d - 1) == 0
         and fusable_rows(x, attn.qkv.weight)
         and attn.attn.fused_write_target() is not None
@@ -76,10 +81,12 @@ def fused_sandwich_rest(
     them, two row kernels that add the normed output to the stream, and the gate/up kernel."""
     kernels = projection_kernels()
     post_attn, pre_mlp, post_mlp = norms
-    o = kernels.project_normed(attn, o_proj.weight, post_attn.weight, norm_offset(post_attn))
+    o = kernels.project_normed(attn, fused_weight(o_proj), post_attn.weight, norm_offset(post_attn))
     mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
     act = kernels.norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
-    down = kernels.project_normed(act, mlp.down_proj.weight, post_mlp.weight, norm_offset(post_mlp))
+    down = kernels.project_normed(
+        act, fused_weight(mlp.down_proj), post_mlp.weight, norm_offset(post_mlp)
+    )
     return kernels.add_normed(down, post_mlp.eps, mid.stream, scale=scale)
 
 

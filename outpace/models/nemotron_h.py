@@ -48,6 +48,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     add_normalised,
     block_fuses,
+    fused_weight,
     norm_head_logits,
     normalised_input,
     project_add_ready,
@@ -273,7 +274,7 @@ def mamba_step_fused(mixer: Mamba2Mixer, rows, eps: float) -> torch.Tensor:
     """The fused path's Mamba2 step (``NemotronHBlock.fuses``): rows, the stream made ready for the block's
     norm of eps ``eps``, -> y [n, inner] before out_proj: ``Mamba2Mixer.step_kernel`` with in_proj as the
     norm-folding kernel."""
-    return mixer.step_kernel(project_normalised(rows, eps, mixer.in_proj.weight))
+    return mixer.step_kernel(project_normalised(rows, eps, fused_weight(mixer.in_proj)))
 
 
 class NemotronHBlock(nn.Module):
@@ -341,7 +342,7 @@ class NemotronHBlock(nn.Module):
         elif self.kind == "full_attention":
             out, out_proj = mixer.attend_fused(positions, rows, eps), mixer.o_proj
         else:
-            up = project_normalised(rows, eps, mixer.up_proj.weight)
+            up = project_normalised(rows, eps, fused_weight(mixer.up_proj))
             out, out_proj = ACTIVATIONS[mixer.act](up), mixer.down_proj
         return project_add_ready(out, out_proj, rows.stream, next_norm)
 

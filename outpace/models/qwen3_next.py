@@ -59,6 +59,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     add_normalised,
     block_fuses,
+    fused_weight,
     mlp_fused,
     mlp_fuses,
     norm_head_logits,
@@ -298,7 +299,7 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
         """``GatedDeltaNet._in_projected``; of a ``_FoldedInput`` (``step_fused``), the packed in-projections
         of the normalised stream as one kernel, one view per projection [n, out_i]."""
         if isinstance(x, _FoldedInput):
-            return project_normalised(x.rows, x.eps, self.in_proj.weight).split(
+            return project_normalised(x.rows, x.eps, fused_weight(self.in_proj)).split(
                 self.in_proj.sizes, dim=-1
             )
         return super()._in_projected(x)

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.fused_decode import decode_forward
 from outpace.layers.fused_projection import (
     _PLAIN,
     _QKV,
@@ -315,36 +316,13 @@ def test_bf16_at_the_8b_shapes_matches_the_unfused_chain(pdl):
 
 
 def _decode(tmp_path, monkeypatch, dtype, fusable):
-    """Prefill three sequences of a random two-layer Llama, then one decode forward with ``fusable``
-    deciding the fused path -> (logits [3, vocab], the KV caches)."""
-    import outpace.layers.fused_decoder as fused_decoder
+    """``decode_forward`` of a random two-layer Llama."""
     from helpers.spec_models import random_llama
-    from outpace.attention import build_paged_metadata, forward_context
-    from outpace.attention.triton_backend import TritonAttentionBackend
-    from outpace.cache.block_pool import BlockPool
-    from outpace.cache.kv_cache import bind_kv_cache
-    from outpace.models.loader import load_model
 
     path = tmp_path / "t"
     if not path.exists():
         random_llama(path, vocab_size=50, seed=0, std=0.2)
-    model = load_model(path, dtype, DEVICE, progress=False)
-    backend, tables, prompt_lens = TritonAttentionBackend(), [[3, 1], [0], [5, 2, 4]], [20, 9, 33]
-    caches = bind_kv_cache(model, BlockPool(6, 16), dtype, DEVICE)
-    prefill = build_paged_metadata(tables, [0, 0, 0], prompt_lens, 16, DEVICE)
-    ids = (torch.arange(sum(prompt_lens)) % 50).to(DEVICE)
-    positions = torch.cat([torch.arange(n) for n in prompt_lens]).to(DEVICE)
-    with torch.inference_mode(), forward_context(prefill, backend):
-        model(ids, positions)
-    monkeypatch.setattr(fused_decoder, "fusable_rows", fusable)
-    decode = build_paged_metadata(tables, prompt_lens, [1, 1, 1], 16, DEVICE)
-    with torch.inference_mode(), forward_context(decode, backend):
-        out = model(
-            torch.tensor([7, 8, 9], device=DEVICE), torch.tensor(prompt_lens, device=DEVICE)
-        )
-        logits = model.compute_logits(out.hidden_states)
-    monkeypatch.undo()
-    return logits.float(), [torch.stack(c).float() for c in caches]
+    return decode_forward(path, monkeypatch, dtype, fusable)
 
 
 def test_fused_decoder_layers_compute_what_the_unfused_ones_do(tmp_path, monkeypatch):

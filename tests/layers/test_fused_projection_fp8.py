@@ -11,7 +11,6 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from outpace.layers.fused_projection import (  # noqa: E402
-    Fp8Weight,
     _fp8_block_k,
     norm_project_qkv,
     norm_project_swiglu,
@@ -26,6 +25,7 @@ from outpace.layers.quant.dequantize import (  # noqa: E402
     quantize_fp8_block,
     quantize_fp8_tensor,
 )
+from outpace.layers.quant.fp8_weight import Fp8Weight  # noqa: E402
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -145,6 +145,15 @@ def test_rows_of_an_fp8_weight_keep_their_scales():
     _close(project_rows(x.to(DEVICE, _dtype()), part), F.linear(x.double(), dense[128:]))
     with pytest.raises(ValueError, match="cut a scale block of 128 rows"):
         w.rows(64)
+    _close(project_rows(x.to(DEVICE, _dtype()), w.rows(0, 256)), F.linear(x.double(), dense[:256]))
+
+
+def test_packed_fp8_weights_are_their_parts_one_after_another():
+    (a, dense_a), (b, dense_b) = block_fp8(256, 200, seed=19), block_fp8(72, 200, seed=20)
+    packed = Fp8Weight.packed([a, b])
+    assert torch.equal(packed.dequantized().double().cpu(), torch.cat([dense_a, dense_b]))
+    with pytest.raises(ValueError, match="not whole blocks of 128"):
+        Fp8Weight.packed([b, a])
 
 
 def test_the_k_step_lies_in_one_scale_column():
@@ -152,3 +161,28 @@ def test_the_k_step_lies_in_one_scale_column():
     assert _fp8_block_k(256) == 128
     assert _fp8_block_k(64) == 64
     assert _fp8_block_k(8) is None
+
+
+def test_fused_decoder_layers_over_block_fp8_compute_the_dequantized_model(tmp_path, monkeypatch):
+    """A random Llama in block FP8 (q/k/v and gate/up packed as fp8 with their scales): its fused decode
+    forward (forced on; the interpreter on the CPU) gives the dequantized twin's unfused logits and KV."""
+    from helpers.fused_decode import decode_forward
+    from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+    from helpers.spec_models import random_llama
+
+    src = random_llama(tmp_path / "src", vocab_size=50, seed=0, std=0.2)
+    quantized, reference = write_quantized(
+        src, tmp_path / "q", "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    ref_logits, ref_caches = decode_forward(
+        reference, monkeypatch, torch.float32, lambda x, w: False
+    )
+    weights = []
+    logits, caches = decode_forward(
+        quantized, monkeypatch, torch.float32, lambda x, w: weights.append(w) or True
+    )
+    # the packed q/k/v (32 + 16 + 16 rows) in fp8
+    assert any(isinstance(w, Fp8Weight) and w.shape[0] == 64 for w in weights), weights
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)

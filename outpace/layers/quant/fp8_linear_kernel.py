@@ -32,7 +32,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from outpace.layers.fused_projection import Fp8Weight, fused_rows_apply, project_rows
+from outpace.layers.fused_projection import fused_rows_apply, project_rows
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.quant_matmul_kernel import quant_matmul
 
 FP8_DTYPE = torch.float8_e4m3fn

@@ -23,6 +23,7 @@ from outpace.distributed.group import SINGLE, RankGroup
 from outpace.distributed.sharding import PackedShard, Shard, ShardingError, mark_shard
 from outpace.layers.linear import parallel_output, project
 from outpace.layers.quant import dequantize as dq
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
 
 
@@ -211,6 +212,14 @@ class QuantizedLinear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """The weight as float32 [out_features, in_features]."""
         return self.format.dequantize(self.stored_weight, self.scale)
+
+    def fp8_weight(self) -> Fp8Weight | None:
+        """The stored fp8 weight and its scales as the fused few-row projections read them; None for INT4."""
+        if isinstance(self.format, Fp8Block):
+            return Fp8Weight(self.stored_weight, self.scale, tuple(self.format.scheme.block))
+        if isinstance(self.format, Fp8Tensor):
+            return Fp8Weight.per_tensor(self.stored_weight, self.scale)
+        return None
 
     def extra_repr(self) -> str:
         return f"{type(self.format).__name__}, in_features={self.in_features}, out_features={self.out_features}"
