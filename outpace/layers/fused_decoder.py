@@ -16,7 +16,11 @@ exists:
   whose last projection adds the residual (``project_add_ready``); a block that must materialise its
   normalised input (a sparse MoE's router and experts read it) hands on ``NormalisedRows``.
 
-The fused kernels read whole weights, so sharded layers (tensor parallelism) take the eager path. In
+Tensor parallelism: the fused kernels read a rank's shard as they read a whole weight (q/k/v, gate/up and the
+in-projections are column-parallel: the rank's heads and rows). A row-parallel output projection (o_proj,
+down_proj, out_proj) cannot add the residual before its partial sums are reduced, so there the block ends in
+three launches: the plain projection, the all-reduce, and the residual add that makes the stream ready for
+the next norm (``project_add_ready``). In
 batch-invariant mode these paths serve any number of rows (``fusable_rows``): the kernels tile the rows
 and choose their tiles from N and K only (layers/fused_projection.py), so a row gets the same bits decoded
 alone as verified among many, and the mode costs what the normal decode path costs. Their rounding
@@ -32,6 +36,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from outpace.distributed.collectives import all_reduce
 from outpace.layers.activation import FUSED_ACTIVATIONS
 from outpace.layers.decoder import (
     DecoderAttention,
@@ -86,18 +91,24 @@ class NormalisedRows:
     x: torch.Tensor  # [n, hidden]: the next norm of the stream
 
 
+def ends_block(proj: nn.Module) -> bool:
+    """Whether ``project_add_ready`` serves a block's output projection: one whole, or a row-parallel shard
+    that reduces its own partial sums (not one whose caller sums several: a mixture's shared expert)."""
+    return not is_sharded(proj) or getattr(proj, "reduces", False)
+
+
 def block_fuses(x: torch.Tensor, input_proj, output_proj: nn.Module) -> bool:
     """Whether a block over x [n, hidden] runs fused: its input projection (a projection or a packed one,
     ``weight`` [out, hidden]) reads the stream through the norm-folding kernels (``project_normalised``)
-    and its output projection adds the residual (``project_add_ready``): both stored unquantized without
-    bias, the output projection whole (a row-parallel shard sums over the ranks before the residual), and
-    few rows on the GPU."""
+    and its output projection adds the residual (``project_add_ready``): both without bias and of weights
+    the kernels read (``fused_weight``), the output projection one that ``ends_block``, and few rows on the
+    GPU."""
     return (
         all(
             p is not None and fused_weight(p) is not None and p.bias is None
             for p in (input_proj, output_proj)
         )
-        and not is_sharded(output_proj)
+        and ends_block(output_proj)
         and fusable_rows(x, fused_weight(input_proj))
     )
 
@@ -135,7 +146,7 @@ def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
     return (
         attn.qkv is not None
         and attn.qkv.bias is None
-        and not is_sharded(attn.o_proj)
+        and ends_block(attn.o_proj)
         and fused_weight(attn.o_proj) is not None
         and fusable_rows(x, attn.qkv.weight)
         and (not attn.cfg.qk_norm or head_dim & (head_dim - 1) == 0)
@@ -215,7 +226,7 @@ def mlp_fuses(mlp: GatedMLP) -> bool:
         and mlp.gate_up.bias is None
         and mlp.down_proj.bias is None
         and mlp.act in FUSED_ACTIVATIONS
-        and not is_sharded(mlp.down_proj)
+        and ends_block(mlp.down_proj)
         and fused_weight(mlp.down_proj) is not None
     )
 
@@ -232,8 +243,14 @@ def project_add_ready(
 ):
     """The projection that ends a block, fused (``block_fuses``): x [n, in], stream [n, hidden] -> stream +
     x @ proj.weight.T, made ready for ``next_norm`` (any ``norm_offset``) when given (``NormedRows``), else a
-    tensor [n, hidden]. One projection kernel."""
+    tensor [n, hidden]. One projection kernel; for a row-parallel shard (``ends_block``) its partial sums,
+    their all-reduce, and one row kernel that adds them to the stream and readies it."""
     kernels = projection_kernels()
+    if is_sharded(proj):
+        out = all_reduce(kernels.project_rows(x, fused_weight(proj)), proj.group)
+        if next_norm is None:
+            return stream + out
+        return kernels.normed_rows(out, next_norm.weight, norm_offset(next_norm), residual=stream)
     if next_norm is None:
         return kernels.project_add(x, fused_weight(proj), stream)
     return kernels.project_add_normed(

@@ -115,13 +115,31 @@ class NormedRows:
 
 @triton.jit
 def _normed_rows_kernel(
-    x_ptr, w_ptr, normed_ptr, sq_ptr, M, N, stride_xm, offset, BLOCK: tl.constexpr
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    stream_ptr,
+    normed_ptr,
+    sq_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_rm,
+    offset,
+    RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Row r: normed[r] = x[r] * (offset + w); sq[0, r] = sum(x[r]^2)."""
+    """Row r: s = x[r] (+ res[r] with RESIDUAL, stored as stream[r] in the stream's dtype); normed[r] =
+    s * (offset + w); sq[0, r] = sum(s^2)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        x += tl.load(res_ptr + row * stride_rm + cols, mask=ok, other=0.0).to(tl.float32)
+        x = x.to(stream_ptr.dtype.element_ty)
+        tl.store(stream_ptr + row * N + cols, x, mask=ok)
+        x = x.to(tl.float32)  # (the stream as stored)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
     tl.store(normed_ptr + row * N + cols, (x * w).to(normed_ptr.dtype.element_ty), mask=ok)
     tl.store(sq_ptr + row, tl.sum(x * x, axis=0))
@@ -884,24 +902,37 @@ def _launch(
     return out
 
 
-def normed_rows(x: torch.Tensor, norm_weight: torch.Tensor, offset: float = 0.0) -> NormedRows:
+def normed_rows(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    offset: float = 0.0,
+    residual: torch.Tensor | None = None,
+) -> NormedRows:
     """A stream x [M, N] that no fused kernel wrote (the embeddings), made ready for RMSNorm(x) @ W.T
-    (the norm's scale offset + norm_weight)."""
+    (the norm's scale offset + norm_weight); with ``residual`` [M, N] the stream is x + residual (a new
+    tensor: a sharded projection's all-reduced output added to the stream)."""
     x = x if x.stride(1) == 1 else x.contiguous()
     normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    stream = x if residual is None else torch.empty_like(normed)
+    res = x if residual is None else residual
+    res = res if res.stride(1) == 1 else res.contiguous()
     sq = torch.empty(1, x.shape[0], dtype=torch.float32, device=x.device)
     _normed_rows_kernel[(x.shape[0],)](
         x,
+        res,
         norm_weight,
+        stream,
         normed,
         sq,
         x.shape[0],
         x.shape[1],
         x.stride(0),
+        res.stride(0),
         offset,
+        RESIDUAL=residual is not None,
         BLOCK=triton.next_power_of_2(x.shape[1]),
     )
-    return NormedRows(x, normed, sq)
+    return NormedRows(stream, normed, sq)
 
 
 def embed_norm_pair(

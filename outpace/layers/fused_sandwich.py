@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from outpace.distributed.collectives import all_reduce
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.fused_decoder import (
+    ends_block,
     fusable_rows,
     fused_weight,
     mlp_fuses,
@@ -31,7 +33,7 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
         getattr(attn, "qkv", None) is not None
         and attn.qkv.bias is None
         and attn.o_proj.bias is None
-        and not is_sharded(attn.o_proj)
+        and ends_block(attn.o_proj)
         and fused_weight(attn.o_proj) is not None
         and d & (d - 1) == 0
         and fusable_rows(x, attn.qkv.weight)
@@ -81,13 +83,21 @@ def fused_sandwich_rest(
     them, two row kernels that add the normed output to the stream, and the gate/up kernel."""
     kernels = projection_kernels()
     post_attn, pre_mlp, post_mlp = norms
-    o = kernels.project_normed(attn, fused_weight(o_proj), post_attn.weight, norm_offset(post_attn))
+    o = _project_normed(attn, o_proj, post_attn)
     mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
     act = kernels.norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
-    down = kernels.project_normed(
-        act, fused_weight(mlp.down_proj), post_mlp.weight, norm_offset(post_mlp)
-    )
+    down = _project_normed(act, mlp.down_proj, post_mlp)
     return kernels.add_normed(down, post_mlp.eps, mid.stream, scale=scale)
+
+
+def _project_normed(x: torch.Tensor, proj: nn.Module, norm: nn.Module):
+    """x @ proj's weight.T made ready for the sandwich norm ``norm`` (``NormedRows``): one kernel, or for a
+    row-parallel shard (``ends_block``) the plain projection, the all-reduce and one row kernel."""
+    kernels = projection_kernels()
+    if is_sharded(proj):
+        out = all_reduce(kernels.project_rows(x, fused_weight(proj)), proj.group)
+        return kernels.normed_rows(out, norm.weight, norm_offset(norm))
+    return kernels.project_normed(x, fused_weight(proj), norm.weight, norm_offset(norm))
 
 
 def _attention_fused(

@@ -1,0 +1,68 @@
+"""The fused few-row path under tensor parallelism (layers/fused_decoder.py: a row-parallel output projection
+ends its block with the plain projection, the all-reduce and the residual add that readies the next norm), on
+CPU processes (gloo) with the kernels in Triton's interpreter, forced on for every forward: a random Llama in
+fp32 and its block-FP8 twin at TP = 2 give the TP = 1 eager path's greedy tokens."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized  # noqa: E402
+from helpers.spec_models import random_llama  # noqa: E402
+from helpers.tp_harness import Scenario, run_group  # noqa: E402
+from outpace import LLM, SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8]]
+TRITON = {"attention_backend": "triton"}  # (the backend whose cache the fused q/k/v kernel writes)
+LOG = "OUTPACE_TEST_SHARDED_BLOCK_LOG"  # where each rank notes the sharded block ends it ran fused
+
+
+def force_fused_path(rank: int, world: int) -> bool:
+    """A probe (every rank, before the scenarios): every forward takes the fused path, and each rank notes
+    in the file named by ``LOG`` the sharded output projections that ended a block there."""
+    import outpace.layers.fused_decoder as fused_decoder
+    from outpace.layers.linear import is_sharded
+
+    end_block = fused_decoder.project_add_ready
+
+    def noted(x, proj, stream, next_norm):
+        if is_sharded(proj):
+            with open(os.environ[LOG], "a") as f:
+                f.write(f"{rank}\n")
+        return end_block(x, proj, stream, next_norm)
+
+    fused_decoder.fusable_rows = lambda x, weight: True
+    fused_decoder.project_add_ready = noted
+    return True
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("fused_tp")
+    src = random_llama(root / "src", vocab_size=50, seed=3, std=0.3)
+    # 8-row blocks: a rank's 16 q rows and 8 k/v rows are whole blocks at TP = 2
+    quantized, _ = write_quantized(
+        src, root / "fp8", "fp8_block", is_projection, block_fp8_config((8, 16))
+    )
+    return {"fp32": str(src), "fp8": str(quantized)}
+
+
+def test_fused_blocks_at_two_ranks_give_one_ranks_tokens(checkpoints, tmp_path, monkeypatch):
+    log = tmp_path / "sharded_blocks.log"
+    monkeypatch.setenv(LOG, str(log))  # (the spawned ranks inherit it)
+    scenarios = [
+        Scenario(name, path, PROMPTS, GREEDY, dict(TRITON)) for name, path in checkpoints.items()
+    ]
+    got = run_group(2, scenarios, tmp_path, probes=[force_fused_path])
+    for name, path in checkpoints.items():
+        with LLM(path, **TRITON) as llm:
+            expected = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        assert got[name]["tokens"] == expected, name
+    ranks = set(Path(log).read_text().split())
+    assert ranks == {"0", "1"}, "the sharded blocks did not run fused on both ranks"
