@@ -35,7 +35,8 @@
 #                                                    # TP = 1 and one-replica figures); JSON, PNG and log in OUT_DIR.
 #                                                    # MULTI_TIME_LIMIT / MULTI_DP_RESERVE (seconds) set the run's
 #                                                    # budget, MULTI_DP_STREAMS="64" the dp levels (bench multi
-#                                                    # --dp-streams); a run into an OUT_DIR holding an earlier run's JSON
+#                                                    # --dp-streams), MULTI_NO_ORACLE=1 leaves out the seed
+#                                                    # models' ORACLE MTP items; a run into an OUT_DIR holding an earlier run's JSON
 #                                                    # continues it (finished items are kept), so a bench longer than
 #                                                    # one device command is the same command repeated
 #   bash benchmarks/scripts/gpu_run.sh OUT_DIR train [minutes] [methods] # issue 22: the zoo's drafts retrained side by side
@@ -101,7 +102,7 @@ elif [ "$stage" = multi ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   python3 -m outpace bench multi --out "$out" --workdir .e2e_models ${3:+--parts "$3"} \
     ${MULTI_GPUS:+--gpus $MULTI_GPUS} ${MULTI_TIME_LIMIT:+--time-limit $MULTI_TIME_LIMIT} ${MULTI_DP_RESERVE:+--dp-reserve $MULTI_DP_RESERVE} \
-    ${MULTI_DP_STREAMS:+--dp-streams $MULTI_DP_STREAMS} 2>&1 \
+    ${MULTI_DP_STREAMS:+--dp-streams $MULTI_DP_STREAMS} ${MULTI_NO_ORACLE:+--no-oracle} 2>&1 \
     | grep --line-buffered -v "it/s\]" | tee -a "$out/multi_gpu.log" | tail -80
 elif [ "$stage" = serve ]; then
   shift 2

@@ -280,6 +280,9 @@ class Plan:
     # qwen3next80b, ep, step35flash on GPUs: rank 0's kernels of one decode step at these batches, in the order
     # they ran (bench/profile.py ``decode_step_timeline``), each to OUT/timeline_<shape>@<batch>.txt
     timeline_batches: tuple[int, ...] = (1,)
+    seed_oracle: bool = (
+        True  # qwen3next80b, ep, step35flash: their MTP items under ORACLE acceptance
+    )
     time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 260.0  # per data-parallel part
 
@@ -996,7 +999,8 @@ class Run:
         **engine,
     ) -> None:  # fmt: skip
         """``label``'s items for the model of ``config`` on the world's ranks (``engine``: EngineConfig fields
-        on top): the all-reduces of one step alone, plain decode, its MTP layer under ORACLE acceptance."""
+        on top): the all-reduces of one step alone, plain decode, its MTP layer under ORACLE acceptance
+        (``seed_oracle``)."""
         if self.group.world > 1:
             self.item(
                 f"{label}: all-reduces",
@@ -1008,11 +1012,12 @@ class Run:
             seconds,
             lambda: self._seed_decode(name, config, section, **engine),
         )
-        self.item(
-            f"{label}: MTP ORACLE {parallel}",
-            seconds,
-            lambda: self._seed_mtp(name, with_mtp(config), section, **engine),
-        )
+        if self.plan.seed_oracle:
+            self.item(
+                f"{label}: MTP ORACLE {parallel}",
+                seconds,
+                lambda: self._seed_mtp(name, with_mtp(config), section, **engine),
+            )
 
     def _seed_engine(
         self, name: str, config: dict, spec: SpeculativeConfig, section: dict, what: str, **engine

@@ -94,6 +94,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "are listed as not run",
     )
     mb.add_argument(
+        "--no-oracle",
+        action="store_true",
+        help="bench multi: leave out the seed models' MTP items under ORACLE acceptance (qwen3next80b, ep, "
+        "step35flash: plain decode only)",
+    )
+    mb.add_argument(
         "--gpus",
         type=int,
         default=None,
@@ -221,6 +227,8 @@ def multi_plan(a: argparse.Namespace):
         )
         if v
     }
+    if a.no_oracle:
+        fields["seed_oracle"] = False
     if a.gpus is not None and a.gpus < 2:
         raise ValueError(
             f"--gpus {a.gpus} is invalid: bench multi runs on 2 or more GPUs ('single' for one)"
