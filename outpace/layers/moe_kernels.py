@@ -51,7 +51,9 @@ Four kernels, every grid fixed by the shapes:
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
-registers into x's dtype ("none": the plain load of half-precision stacks). layers/quant/moe_quant_kernels.py
+registers into x's dtype ("none": the plain load of half-precision stacks), except block FP8's: a K step's
+product of the exact fp8 values, scaled per output column (``_add_product``), with tiles of its own
+(``few_token_fp8_gate_up`` / ``few_token_fp8_down``). layers/quant/moe_quant_kernels.py
 checks the quantized stacks and passes their scales (``quant``). A quantized shared MLP fuses as a
 half-precision one does: its stored weights and its scales are strided views of its own tensors (a
 block-FP8 down scale [hidden / bn, S * inter / bk] seen as [S, hidden / bn, inter / bk] of strides
@@ -87,14 +89,24 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 # decode and verify), bf16 tiles without register spills (ptxas -v for sm_90a)
 few_token_gate_up = (32, 128, 4, 4)
 few_token_down = (64, 128, 4, 4)
+# and over block-FP8 stacks: a K step of 128 fp8 columns holds half the bytes of bf16's, so twice the stages keep
+# as many weight bytes in flight; no spills either, Triton 3.6 and 3.7 (tests/kernels/test_moe_sm90_compile.py).
+# Not yet timed: benchmarks/scripts/moe_fp8_settings.py times them and other candidates on the GPU.
+few_token_fp8_gate_up = (32, 128, 4, 8)
+few_token_fp8_down = (64, 128, 4, 8)
+
+Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 
 
-def _tiles(block_m: int, fp32: bool) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """The gate/up and the down kernel's (BLOCK_N, BLOCK_K, warps, stages): the few-token tiles; over blocks of
-    64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter, tests) 32 x 32."""
+def _tiles(block_m: int, fp32: bool, fmt: str = "none") -> tuple[Tiles, Tiles]:
+    """The gate/up and the down kernel's tiles for weights in ``fmt``: the few-token tiles (block FP8's
+    own); over blocks of 64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter, tests) 32 x
+    32."""
     if fp32:
         return (32, 32, 4, 2), (32, 32, 4, 2)
     if block_m == _SMALL_BLOCK_M:
+        if fmt == "fp8_block":
+            return few_token_fp8_gate_up, few_token_fp8_down
         return few_token_gate_up, few_token_down
     return (64, 64, 8, 4), (64, 64, 8, 4)
 
@@ -425,6 +437,48 @@ def _activation(gate, up, limit, ACT: tl.constexpr, GATED: tl.constexpr, CLAMP: 
     return h
 
 
+@triton.jit
+def _add_product(
+    acc,  # [BLOCK_M, BLOCK_N] float32
+    x,  # [BLOCK_M, BLOCK_K] the rows' columns k0 .. k0 + BLOCK_K - 1, in the compute dtype
+    w_rows,  # [BLOCK_N, 1] pointers: each weight row's start
+    s_base,  # the expert's scales (``_expert_rows``)
+    s_rs,  # and their row stride
+    offs_n,  # [BLOCK_N] the weight rows
+    k0,
+    K,  # the weight's columns (logical, unpacked)
+    n_ok,  # [BLOCK_N] the weight rows that exist
+    stride_sk,  # the scales' column stride
+    FORMAT: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N].
+    Block FP8: the product of the tile's exact fp8 values in x's dtype (e4m3 values are bf16 and float32
+    values), times each output column's scale (the step lies in one scale column: BLOCK_K divides
+    SCALE_BK), as fused_projection.py's fp8 weights: the weight goes from shared memory to the dot converted
+    only, and the scales multiply BLOCK_M x BLOCK_N products, not BLOCK_N x BLOCK_K weights (``weight_tile``
+    multiplies each weight in float32 and rounds it to x's dtype: with it the fp8 stacks read at 35-50% of
+    the bandwidth on an H200, gpu_2026-11-30f). Other formats: ``weight_tile``'s tile, dequantized in
+    registers."""
+    if FORMAT == "fp8_block":
+        scale = tl.load(
+            s_base + (offs_n // SCALE_BN).to(tl.int64) * s_rs + (k0 // SCALE_BK) * stride_sk,
+            mask=n_ok,
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_N]
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION) * scale[None, :]
+    else:
+        s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
+        w = weight_tile(w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    return acc
+
+
 @triton.jit(do_not_specialize=["pairs"])
 def _gate_up_kernel(
     x_ptr,  # [tokens, hidden]
@@ -519,37 +573,50 @@ def _gate_up_kernel(
             stride_susn,
             num_routed,
         )
-        gate_scales = scale_rows(gate_s_base, offs_n, gate_s_rs, FORMAT, SCALE_BN)
-        up_scales = scale_rows(up_s_base, offs_n, up_s_rs, FORMAT, SCALE_BN)
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
             k = k0 + offs_k
-            k_ok = k < hidden
             x = tl.load(
                 x_ptr + token[:, None] * stride_xt + k[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
+                mask=row_ok[:, None] & (k < hidden)[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
-            dtype = x_ptr.dtype.element_ty
             if GATED:
-                w_gate = weight_tile(
+                gate = _add_product(
+                    gate,
+                    x,
                     gate_rows,
-                    gate_scales,
+                    gate_s_base,
+                    gate_s_rs,
+                    offs_n,
                     k0,
                     hidden,
                     n_ok,
                     stride_gsk,
                     FORMAT,
+                    SCALE_BN,
                     SCALE_BK,
                     BLOCK_K,
-                    dtype,
-                )  # [BLOCK_N, BLOCK_K]
-                gate = tl.dot(x, tl.trans(w_gate), gate, input_precision=PRECISION)
-            w_up = weight_tile(
-                up_rows, up_scales, k0, hidden, n_ok, stride_usk, FORMAT, SCALE_BK, BLOCK_K, dtype
+                    PRECISION,
+                )
+            up = _add_product(
+                up,
+                x,
+                up_rows,
+                up_s_base,
+                up_s_rs,
+                offs_n,
+                k0,
+                hidden,
+                n_ok,
+                stride_usk,
+                FORMAT,
+                SCALE_BN,
+                SCALE_BK,
+                BLOCK_K,
+                PRECISION,
             )
-            up = tl.dot(x, tl.trans(w_up), up, input_precision=PRECISION)
         act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
         tl.store(
             act_ptr + rows[:, None] * stride_act + offs_n[None, :],
@@ -616,29 +683,31 @@ def _down_kernel(
             stride_ssn,
             num_routed,
         )
-        scales = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             k = k0 + offs_k
-            k_ok = k < inter
             a = tl.load(
                 act_ptr + rows[:, None] * stride_act + k[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
+                mask=row_ok[:, None] & (k < inter)[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
-            w = weight_tile(
+            acc = _add_product(
+                acc,
+                a,
                 w_rows,
-                scales,
+                s_base,
+                s_rs,
+                offs_n,
                 k0,
                 inter,
                 n_ok,
                 stride_sk,
                 FORMAT,
+                SCALE_BN,
                 SCALE_BK,
                 BLOCK_K,
-                act_ptr.dtype.element_ty,
-            )  # [BLOCK_N, BLOCK_K]
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+                PRECISION,
+            )
         token, slot = pair // SLOTS, pair % SLOTS
         weight = tl.load(
             weights_ptr + token * stride_weights + slot,
@@ -692,7 +761,7 @@ def grouped_experts(
     down: torch.Tensor,
     activation: str = "silu",
     limit: float | None = None,
-    block_n: int | None = None,
+    tiles: tuple[Tiles, Tiles] | None = None,
     shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
@@ -712,7 +781,8 @@ def grouped_experts(
     (layers/quant/moe_quant_kernels.py, the one caller that passes them), any strides: the routed
     experts' by expert index, quantized shared experts' (``quant.shared``, views of their MLP's own scales
     as ``shared`` is of its weights, of the routed scales' column stride) by shared index, each slot's
-    chosen as its weight rows are."""
+    chosen as its weight rows are. ``tiles``: the (gate/up, down) kernels' tiles in place of ``_tiles``'
+    (benchmarks and tests)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -748,10 +818,10 @@ def grouped_experts(
     x = x if x.stride(-1) == 1 else x.contiguous()
     fp32 = x.dtype == torch.float32
     precision = "ieee" if fp32 else "tf32"
-    up_tiles, down_tiles = _tiles(layout.block_m, fp32)
     fmt, (scale_bn, scale_bk) = (
         ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
     )
+    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, fmt)
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
@@ -774,7 +844,7 @@ def grouped_experts(
     # programs besides); bench families, gpu_2026-11-30e calls 2, 4 and 5. Why FP8 lost is not known.
     pdl = quant is None and pdl_available(x.device)
     act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
-    bn_up = block_n or up_tiles[0]
+    bn_up = up_tiles[0]
     _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
         x,
         gate_w,
@@ -826,7 +896,7 @@ def grouped_experts(
     partial = (torch.zeros if skipped_slots else torch.empty)(
         pairs, hidden, dtype=torch.float32, device=x.device
     )
-    bn_down = block_n or down_tiles[0]
+    bn_down = down_tiles[0]
     _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
         act,
         down,

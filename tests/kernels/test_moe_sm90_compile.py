@@ -2,11 +2,18 @@
 and combine) compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter
 replaces @triton.jit here), with programmatic dependent launch on: what Triton's interpreter does not check
 (the griddepcontrol instructions, the L2 prefetch before the wait) at DeepSeek-V2-Lite's routing (64 experts,
-top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait. The grouped gate/up and
-down kernels also over block-FP8 stacks (FORMAT "fp8_block", launched without the dependent launch, with the
-shared slots' own scale pointers: layers/quant/moe_quant_kernels.py) at the few-token tiles, which must
-compile without spilling registers (ptxas -v: a per-slot choice of the scales' column stride spilled the
-gate/up kernel's)."""
+top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait.
+
+The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one token compile them
+(the few-token fp8 tiles, without the dependent launch): the launch code runs on CPU tensors of the real
+shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
+specializes its arguments (an int of 1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at
+Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped) and DeepSeek-V2-Lite's
+(packed gate/up, the shared MLP's two slots from views of its own weights and scales). Each must compile
+without spilling registers (ptxas -v) and stream its weights through cp.async (the software pipeline whose
+stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
+single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
+runtime never compiles that at these shapes."""
 
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from helpers.hopper_compile import run_compile_script  # noqa: E402
 
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
+import torch
+from outpace.layers.quant.experts import QuantizedShared, slot_views
+from outpace.layers.quant.moe_quant_kernels import ExpertScales, fp8_block_grouped_experts
 from outpace.layers import moe_kernels as mk, moe_routing_kernel as rk
 
 def build(kernel, types, constants, num_warps=4, num_stages=2):
@@ -40,17 +50,91 @@ tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FOR
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 build(mk._combine_kernel, experts, dict(SLOTS=8, BLOCK_H=1024, PDL=True))
-fp8_stacks = {**experts, **pointers(["gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "w_ptr",
-                                     "shared_w_ptr"], "*fp8e4nv")}
-fp8 = dict(SLOTS=8, BLOCK_M=16, PRECISION="tf32", FORMAT="fp8_block", SCALE_BN=128, SCALE_BK=128, PDL=False)
-for kernel, few_tiles, constants in (
-    (mk._gate_up_kernel, mk.few_token_gate_up, dict(ACT="silu", GATED=True, CLAMP=False)),
-    (mk._down_kernel, mk.few_token_down, dict(WEIGHTED_SLOTS=8)),
-):
-    block_n, block_k, warps, stages = few_tiles
-    constants = dict(fp8, **constants, BLOCK_N=block_n, BLOCK_K=block_k)
-    report = ptxas_report(compile_for_hopper(kernel, fp8_stacks, constants, warps, stages))
-    print(kernel.__name__ + ":fp8_block", "0 bytes spill stores" in report)
+
+TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+                torch.float8_e4m3fn: "*fp8e4nv"}
+
+class Recorder:
+    '''Stands for a kernel: records each launch's arguments, launches nothing.'''
+    def __init__(self):
+        self.launches = []
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+def launched(run):
+    '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
+    names = ("_gate_up_kernel", "_down_kernel", "_combine_kernel")
+    kernels = {n: getattr(mk, n) for n in names}
+    recorders = {n: Recorder() for n in names}
+    for n in names:
+        setattr(mk, n, recorders[n])
+    try:
+        run()
+    finally:
+        for n in names:
+            setattr(mk, n, kernels[n])
+    return {n: r.launches[-1] for n, r in recorders.items()}
+
+def compile_as_launched(kernel, args, kwargs):
+    '''The kernel compiled for sm_90 as Triton's launcher specializes these arguments: an int of 1 a constant,
+    ints that are multiples of 16 and tensors at 16-byte addresses marked so (unless not specialized).'''
+    constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
+    signature, attrs = {}, {}
+    for i, (param, arg) in enumerate(zip(kernel.params, args)):
+        name, specialize = kernel.arg_names[i], not param.do_not_specialize
+        if isinstance(arg, torch.Tensor):
+            signature[name], aligned = TRITON_TYPES[arg.dtype], arg.data_ptr() % 16 == 0
+        elif isinstance(arg, float):
+            signature[name], aligned = "fp32", False
+        elif arg == 1 and specialize:
+            constants[name] = 1
+            continue
+        else:
+            signature[name], aligned = "i32", arg % 16 == 0
+        if aligned and specialize:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    signature.update({n: "constexpr" for n in constants})
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    options = dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"])
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+def fp8(*shape):
+    return torch.empty(*shape, dtype=torch.float8_e4m3fn)
+
+def scales(*shape):
+    return torch.empty(*shape, dtype=torch.float32)
+
+def step_flash(tokens=1, experts=2, hidden=4096, inter=1280):
+    '''Step-3.5-Flash's stacked block-FP8 experts (gate, up and down stacks of their own) at expert
+    parallelism 2: layers/quant/experts.py run_quantized_stacks' launch.'''
+    quant = ExpertScales("fp8_block", (128, 128), scales(experts, 10, 32), scales(experts, 10, 32),
+                         scales(experts, 32, 10))
+    x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    ids = torch.full((tokens, 8), -1, dtype=torch.int32)
+    mk.grouped_experts(x, torch.empty(tokens, 8), ids, fp8(experts, inter, hidden), fp8(experts, inter, hidden),
+                       fp8(experts, hidden, inter), layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"),
+                       skipped_slots=True, quant=quant)
+
+def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
+    '''DeepSeek-V2-Lite's per-expert block-FP8 experts stacked (gate and up packed) and its shared MLP of two
+    experts' width as two shared slots: layers/quant/experts.py QuantizedExpertStacks.run's launch.'''
+    (gate, up), down = slot_views([fp8(2 * inter, hidden)] * 2, fp8(hidden, 2 * inter), 2)
+    (gate_s, up_s), down_s = slot_views([scales(22, 16)] * 2, scales(16, 22), 2)
+    shared = QuantizedShared((gate, up, down), (gate_s, up_s, down_s))
+    x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(tokens, 6, dtype=torch.int32)
+    fp8_block_grouped_experts(x, torch.empty(tokens, 6), ids, fp8(experts, 2 * inter, hidden),
+                              scales(experts, 22, 16), fp8(experts, hidden, inter), scales(experts, 16, 11),
+                              layout=mk.BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
+
+for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)):
+    launches = launched(run)
+    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+        args, kwargs = launches[kernel.__name__]
+        compiled = compile_as_launched(kernel, args, kwargs)
+        report = ptxas_report(compiled)
+        ok = "0 bytes spill stores" in report and "cp.async" in compiled.asm["ptx"]
+        print(f"{kernel.__name__}:fp8_block:{name}", ok)
 build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
       "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
       PDL=True))
@@ -69,5 +153,10 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel"]
-    names += ["_gate_up_kernel:fp8_block", "_down_kernel:fp8_block", "_router_logits_kernel"]
+    names += [
+        f"{kernel}:fp8_block:{family}"
+        for family in ("step-3.5-flash", "deepseek-v2-lite")
+        for kernel in ("_gate_up_kernel", "_down_kernel")
+    ]
+    names.append("_router_logits_kernel")
     assert done.stdout.split() == [w for n in [*names, "_route_kernel"] for w in (n, "True")]

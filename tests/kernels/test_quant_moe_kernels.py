@@ -2,11 +2,16 @@
 against the experts computed in torch on the dequantized stacks (layers/quant/dequantize.py): block FP8 with a
 hidden size and an expert size that are not multiples of the block (ragged scale blocks), INT4 groups of 32,
 SiLU-gated, SiLU with a clamp and relu2 ungated; one token, a few sharing experts, a verify batch and a
-prefill-sized one (the 64-row blocks). On the CPU, Triton's interpreter in float32; on the GPU, bf16 at the
-DeepSeek-V3 expert shape, captured in a CUDA graph, and ``test_gpu_grouped_bandwidth`` prints the speed over
-the distinct experts' bytes (``pytest -s``)."""
+prefill-sized one (the 64-row blocks); the launches benchmarks/scripts/moe_fp8_settings.py times, at each of its
+tiles. On the CPU, Triton's interpreter in float32; on the GPU, bf16 at the DeepSeek-V3 expert shape, captured
+in a CUDA graph, and ``test_gpu_grouped_bandwidth`` prints the speed over the distinct experts' bytes
+(``pytest -s``)."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +45,8 @@ def reference(x, weights, ids, gate_up, down, activation="silu", limit=None, gat
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for t in range(x.shape[0]):
         for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            if e < 0:  # another expert-parallel rank's expert
+                continue
             h = F.linear(x[t].float(), gate_up[e])
             if gated:
                 g, u = h.chunk(2)
@@ -260,6 +267,77 @@ def test_bad_stacks_are_refused_by_name():
         int4_group_grouped_experts(
             x[:, :64], weights, ids, packed, packed_s, down4, down4_s[..., :0]
         )
+
+
+def settings_script():
+    """benchmarks/scripts/moe_fp8_settings.py as a module (in sys.modules: its dataclass needs it)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "moe_fp8_settings.py"
+    spec = importlib.util.spec_from_file_location("moe_fp8_settings", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fp8_settings_script_parses_its_arguments():
+    script = settings_script()
+    args = script.parse_args(["out", "--shapes", "deepseek-v2-lite", "--tokens", "1", "8"])
+    assert (args.out, args.shapes, args.tokens) == (Path("out"), ["deepseek-v2-lite"], [1, 8])
+    assert script.parse_args(["out"]).shapes == list(script.SHAPES)
+    with pytest.raises(SystemExit):
+        script.parse_args(["out", "--shapes", "llama"])
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_the_fp8_settings_scripts_launches_at_each_setting(stacked):
+    """The launches benchmarks/scripts/moe_fp8_settings.py times, at each of its settings' tiles (forced:
+    K steps of 64 and 128 in scale blocks of 128, 16 to 128 rows a program), at a small shape of each: gate,
+    up and down stacks of their own with half of each token's slots another rank's (-1), and packed gate/up
+    stacks with a shared MLP of two experts' width as shared slots; equal to the experts on the dequantized
+    stacks. Hidden 136: a partial last scale block."""
+    script = settings_script()
+    if stacked:
+        shape = script.Shape(8, 4, 0, 136, 128, ranks=2, stacked=True)
+    else:
+        shape = script.Shape(6, 2, 2, 136, 128)
+    gen = torch.Generator(DEVICE).manual_seed(5)
+    layer = script.make_layer(shape, gen, DEVICE)
+    routing = script.make_routing(shape, 3, torch.Generator().manual_seed(5), DEVICE)
+    weights, ids, _ = routing
+    assert ((ids >= 0).sum(1) == shape.local_slots).all()
+    experts, up_bytes, down_bytes = script.distinct_bytes(shape, ids)
+    assert experts == len(set(ids[ids >= 0].tolist())) + shape.shared
+    assert (up_bytes, down_bytes) == (experts * (2 * 136 * 128 + 16), experts * (136 * 128 + 8))
+    x = torch.randn(3, 136, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    if stacked:
+        quant = layer["scales"]
+        gate_up = torch.cat(
+            [
+                dequantize_fp8_block(layer["gate"], quant.gate_scale, BLOCK),
+                dequantize_fp8_block(layer["up"], quant.up_scale, BLOCK),
+            ],
+            dim=1,
+        )
+        down = dequantize_fp8_block(layer["down"], quant.down_scale, BLOCK)
+        shared = 0
+    else:
+        gate_up = dequantize_fp8_block(layer["gate_up"], layer["gate_up_scale"], BLOCK)
+        down = dequantize_fp8_block(layer["down"], layer["down_scale"], BLOCK)
+        (gate, up, shared_down), (gate_s, up_s, down_s) = (
+            layer["shared"].weights,
+            layer["shared"].scales,
+        )
+        shared_gate_up = torch.cat(  # [2, 2 * 128, 136]: the two slots as experts of weight 1
+            [dequantize_fp8_block(gate, gate_s, BLOCK), dequantize_fp8_block(up, up_s, BLOCK)],
+            dim=1,
+        )
+        shared_down = dequantize_fp8_block(shared_down, down_s, BLOCK)
+        slots = torch.arange(2, device=DEVICE).expand(3, 2)
+        shared = reference(x, torch.ones(3, 2), slots, shared_gate_up, shared_down)
+    expected = reference(x, weights, ids, gate_up, down) + shared
+    for tiles in {(g[:2] + (4, 2), d[:2] + (4, 2)) for g, d in script.SETTINGS}:
+        got = script.run(shape, layer, x, routing, tiles)
+        assert relative_error(got, expected) < 1e-6, tiles
 
 
 # ---- GPU: bf16 at the DeepSeek-V3 expert shape, in a CUDA graph, and the speed ----------------------------

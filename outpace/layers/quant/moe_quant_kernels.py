@@ -2,9 +2,11 @@
 
 The block layout (tokens' (token, slot) pairs sorted by expert into blocks, from the routing kernel or
 ``align``), the gate/up kernel with the activation, the down kernel with the routing weights and the
-deterministic combine are moe_kernels.py's; only their weight loads change, to ``weight_tile`` of
-quant_matmul_kernel.py (a constexpr format), so each chosen expert's quantized bytes are read once a block
-and dequantized in registers. This file checks the stacks and hands their scales over (``ExpertScales``).
+deterministic combine are moe_kernels.py's; only their weight loads change (a constexpr format), so each
+chosen expert's quantized bytes are read once a block: INT4 tiles dequantized in registers by ``weight_tile``
+of quant_matmul_kernel.py, block FP8 tiles converted exactly to x's dtype and each K step's product scaled
+per output column (moe_kernels.py ``_add_product``). This file checks the stacks and hands their scales over
+(``ExpertScales``).
 
 Stacks (quant/dequantize.py has the math of each format):
 - block FP8 (DeepSeek-V3, Kimi-K2, Qwen3-Next-FP8): gate_up fp8 [E, 2I, H] with scale_inv [E, ceil(2I/bn),
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from outpace.layers.moe_kernels import BlockLayout, grouped_experts
+from outpace.layers.moe_kernels import BlockLayout, Tiles, grouped_experts
 from outpace.layers.quant.quant_matmul_kernel import INT4_PACK
 
 if TYPE_CHECKING:
@@ -122,9 +124,11 @@ def fp8_block_grouped_experts(
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
     shared: QuantizedShared | None = None,
+    tiles: tuple[Tiles, Tiles] | None = None,
 ) -> torch.Tensor:
     """moe_kernels.grouped_experts over block-FP8 stacks (module docstring), with ``shared``'s slots: x
-    [n, H], weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype."""
+    [n, H], weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype.
+    ``tiles``: the kernels' tiles forced (grouped_experts)."""
     experts, hidden, inter = down.shape
     block_n, block_k = block
     if block_k < 64 or block_k & (block_k - 1):
@@ -158,7 +162,19 @@ def fp8_block_grouped_experts(
     )
     quant = ExpertScales("fp8_block", tuple(block), gate_scale, up_scale, down_scale_inv)
     return _grouped(
-        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared
+        x,
+        weights,
+        ids,
+        gate,
+        up,
+        down,
+        activation,
+        limit,
+        layout,
+        skipped_slots,
+        quant,
+        shared,
+        tiles,
     )
 
 
@@ -204,7 +220,19 @@ def int4_group_grouped_experts(
 
 
 def _grouped(
-    x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared
+    x,
+    weights,
+    ids,
+    gate,
+    up,
+    down,
+    activation,
+    limit,
+    layout,
+    skipped_slots,
+    quant,
+    shared,
+    tiles=None,
 ) -> torch.Tensor:
     """moe_kernels.grouped_experts over the routed stacks, with the shared MLP's slots (views of its own
     weights and scales) when ``shared`` is given: its scales of one routed expert's shape and dtype each (the
@@ -237,6 +265,7 @@ def _grouped(
         down,
         activation,
         limit,
+        tiles,
         layout=layout,
         skipped_slots=skipped_slots,
         quant=quant,
