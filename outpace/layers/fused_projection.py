@@ -63,6 +63,7 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.quant_matmul_kernel import fp8_block_product
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
@@ -418,17 +419,15 @@ def _weighed_product(
     SCALE_BK: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """x @ w.T [BM, BN] in float32: for FP8 weights the product of their exact values in x's dtype, times
-    each column's block scale (the block row of its weight row, the block column of k0)."""
-    if FP8:
-        scale = tl.load(
-            scale_ptr + (cols // SCALE_BN) * stride_sn + (k0 // SCALE_BK) * stride_sk,
-            mask=cols_ok,
-            other=0.0,
-        ).to(tl.float32)  # [BN]
-        product = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
-        return product * scale[None, :]
-    return tl.dot(x, tl.trans(w), input_precision=PRECISION)
+    """x @ w.T [BM, BN] in float32; for FP8 weights ``fp8_block_product`` (each column's block scale: the
+    block row of its weight row, the block column of k0)."""
+    if FP8:  # (both branches spelled out: Triton compiles what follows an early return)
+        product = fp8_block_product(
+            x, w, scale_ptr, cols, k0, cols_ok, stride_sn, stride_sk, SCALE_BN, SCALE_BK, PRECISION
+        )
+    else:
+        product = tl.dot(x, tl.trans(w), input_precision=PRECISION)
+    return product
 
 
 @triton.jit

@@ -73,7 +73,7 @@ import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
-from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
+from outpace.layers.quant.quant_matmul_kernel import fp8_block_product, scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
 
 if TYPE_CHECKING:
@@ -456,22 +456,14 @@ def _add_product(
     PRECISION: tl.constexpr,
 ):
     """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N].
-    Block FP8: the product of the tile's exact fp8 values in x's dtype (e4m3 values are bf16 and float32
-    values), times each output column's scale (the step lies in one scale column: BLOCK_K divides
-    SCALE_BK), as fused_projection.py's fp8 weights: the weight goes from shared memory to the dot converted
-    only, and the scales multiply BLOCK_M x BLOCK_N products, not BLOCK_N x BLOCK_K weights (``weight_tile``
-    multiplies each weight in float32 and rounds it to x's dtype: with it the fp8 stacks read at 35-50% of
-    the bandwidth on an H200, gpu_2026-11-30f). Other formats: ``weight_tile``'s tile, dequantized in
-    registers."""
+    Block FP8: ``fp8_block_product`` (the step lies in one scale column: BLOCK_K divides SCALE_BK). Other
+    formats: ``weight_tile``'s tile, dequantized in registers."""
     if FORMAT == "fp8_block":
-        scale = tl.load(
-            s_base + (offs_n // SCALE_BN).to(tl.int64) * s_rs + (k0 // SCALE_BK) * stride_sk,
-            mask=n_ok,
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_N]
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION) * scale[None, :]
+        acc += fp8_block_product(
+            x, w, s_base, offs_n, k0, n_ok, s_rs, stride_sk, SCALE_BN, SCALE_BK, PRECISION
+        )
     else:
         s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
         w = weight_tile(w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype)

@@ -14,11 +14,13 @@ import pytest
 
 REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpace from here)
 
-# What every script starts with: os, subprocess, sys and triton imported, ``compile_for_hopper`` (Triton's
-# default warps and stages unless given) and ``ptxas_report`` (ptxas -v's report on the PTX for sm_90a:
-# registers, spills; its files go into the working directory).
+# What every script starts with: os, subprocess, sys, torch and triton imported, ``compile_for_hopper`` (Triton's
+# default warps and stages unless given), ``ptxas_report`` (ptxas -v's report on the PTX for sm_90a:
+# registers, spills; its files go into the working directory), and ``launches_of`` + ``compile_as_launched``:
+# a launch recorded from the real launch code, compiled as Triton's launcher specializes it.
 COMPILE_FOR_HOPPER = '''
 import os, subprocess, sys
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -39,6 +41,57 @@ def ptxas_report(compiled):
     done = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", "k.ptx", "-o", "k.cubin"],
                           capture_output=True, text=True, check=True)
     return done.stdout + done.stderr
+
+
+TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
+                torch.float8_e4m3fn: "*fp8e4nv"}
+
+
+class Recorder:
+    """Stands for a kernel: records each launch's arguments, launches nothing."""
+    def __init__(self):
+        self.launches = []
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+
+def launches_of(module, names, run):
+    """{kernel name: [(args, keywords), ...]} of the kernels ``names`` of ``module`` that ``run()`` launches
+    (launch code running on CPU tensors of the real shapes, the kernels replaced by recorders)."""
+    kernels = {n: getattr(module, n) for n in names}
+    recorders = {n: Recorder() for n in names}
+    for n in names:
+        setattr(module, n, recorders[n])
+    try:
+        run()
+    finally:
+        for n in names:
+            setattr(module, n, kernels[n])
+    return {n: r.launches for n, r in recorders.items()}
+
+
+def compile_as_launched(kernel, args, kwargs):
+    """The kernel compiled for sm_90 as Triton's launcher specializes these arguments: an int of 1 a constant,
+    ints that are multiples of 16 and tensors at 16-byte addresses marked so (unless not specialized)."""
+    constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
+    signature, attrs = {}, {}
+    for i, (param, arg) in enumerate(zip(kernel.params, args)):
+        name, specialize = kernel.arg_names[i], not param.do_not_specialize
+        if isinstance(arg, torch.Tensor):
+            signature[name], aligned = TRITON_TYPES[arg.dtype], arg.data_ptr() % 16 == 0
+        elif isinstance(arg, float):
+            signature[name], aligned = "fp32", False
+        elif arg == 1 and specialize:
+            constants[name] = 1
+            continue
+        else:
+            signature[name], aligned = "i32", arg % 16 == 0
+        if aligned and specialize:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    signature.update({n: "constexpr" for n in constants})
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    options = dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"])
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 '''
 
 

@@ -23,7 +23,8 @@ pytest.importorskip("triton")
 
 from helpers.hopper_compile import run_compile_script  # noqa: E402
 
-# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report, launches_of,
+# compile_as_launched)
 SM90_COMPILE = """
 import torch
 from outpace.layers.quant.experts import QuantizedShared, slot_views
@@ -51,52 +52,10 @@ build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=Fal
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 build(mk._combine_kernel, experts, dict(SLOTS=8, BLOCK_H=1024, PDL=True))
 
-TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
-                torch.float8_e4m3fn: "*fp8e4nv"}
-
-class Recorder:
-    '''Stands for a kernel: records each launch's arguments, launches nothing.'''
-    def __init__(self):
-        self.launches = []
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((args, kwargs))
-
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
-    names = ("_gate_up_kernel", "_down_kernel", "_combine_kernel")
-    kernels = {n: getattr(mk, n) for n in names}
-    recorders = {n: Recorder() for n in names}
-    for n in names:
-        setattr(mk, n, recorders[n])
-    try:
-        run()
-    finally:
-        for n in names:
-            setattr(mk, n, kernels[n])
-    return {n: r.launches[-1] for n, r in recorders.items()}
-
-def compile_as_launched(kernel, args, kwargs):
-    '''The kernel compiled for sm_90 as Triton's launcher specializes these arguments: an int of 1 a constant,
-    ints that are multiples of 16 and tensors at 16-byte addresses marked so (unless not specialized).'''
-    constants = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
-    signature, attrs = {}, {}
-    for i, (param, arg) in enumerate(zip(kernel.params, args)):
-        name, specialize = kernel.arg_names[i], not param.do_not_specialize
-        if isinstance(arg, torch.Tensor):
-            signature[name], aligned = TRITON_TYPES[arg.dtype], arg.data_ptr() % 16 == 0
-        elif isinstance(arg, float):
-            signature[name], aligned = "fp32", False
-        elif arg == 1 and specialize:
-            constants[name] = 1
-            continue
-        else:
-            signature[name], aligned = "i32", arg % 16 == 0
-        if aligned and specialize:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    signature.update({n: "constexpr" for n in constants})
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
-    options = dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"])
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    launches = launches_of(mk, ("_gate_up_kernel", "_down_kernel", "_combine_kernel"), run)
+    return {n: calls[-1] for n, calls in launches.items()}
 
 def fp8(*shape):
     return torch.empty(*shape, dtype=torch.float8_e4m3fn)

@@ -1,0 +1,55 @@
+"""The fused few-row projection kernel (layers/fused_projection.py ``_fused_rows_kernel``) compiled for an
+H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces @triton.jit here), as its
+launches compile it: the launch code runs on CPU tensors of Step-3.5-Flash's shapes at tensor parallelism 2 (one
+token, 132 SMs) with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher
+specializes it. Over fp8 weights (``Fp8Weight``) in the plain (o_proj with the residual and the next norm), SwiGLU
+(the shared expert's gate/up) and q/k/v epilogues, and over bf16 weights: each must compile (the interpreter ran
+an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
+registers (ptxas -v: no spills) and stream its weights through cp.async."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from helpers.hopper_compile import run_compile_script  # noqa: E402
+
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report, launches_of,
+# compile_as_launched)
+SM90_COMPILE = """
+from outpace.layers import fused_projection as fp
+from outpace.layers.quant.fp8_weight import Fp8Weight
+
+fp.num_sms = lambda device: 132  # an H200's grids
+
+def fp8(n, k):
+    return Fp8Weight(torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(-(-n // 128), -(-k // 128)),
+                     (128, 128))
+
+x, stream = torch.empty(1, 6144, dtype=torch.bfloat16), torch.empty(1, 4096, dtype=torch.bfloat16)
+rows = fp.NormedRows(stream, stream.clone(), torch.empty(1, 1))
+norm = torch.empty(4096, dtype=torch.bfloat16)
+caches = [torch.empty(64, 16, 4, 128, dtype=torch.bfloat16) for _ in range(2)]
+qkv_args = (torch.zeros(1, dtype=torch.int64), torch.empty(4096, 64), torch.empty(4096, 64), *caches,
+            torch.zeros(1, dtype=torch.int64))
+cases = {
+    "plain:fp8": lambda: fp.project_add_normed(x, fp8(4096, 6144), stream, norm, pdl=True),
+    "swiglu:fp8": lambda: fp.norm_project_swiglu(rows, 1e-5, fp8(1280, 4096), pdl=True),
+    "qkv:fp8": lambda: fp.norm_project_qkv(rows, 1e-5, fp8(7168, 4096), 128, 6144, *qkv_args, pdl=True),
+    "plain:bf16": lambda: fp.project_add_normed(x, torch.empty(4096, 6144, dtype=torch.bfloat16), stream,
+                                                norm, pdl=True),
+}
+for name, run in cases.items():
+    (args, kwargs), = launches_of(fp, ["_fused_rows_kernel"], run)["_fused_rows_kernel"]
+    compiled = compile_as_launched(fp._fused_rows_kernel, args, kwargs)
+    ok = "0 bytes spill stores" in ptxas_report(compiled) and "cp.async" in compiled.asm["ptx"]
+    print(name, ok)
+"""
+
+
+def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
+    done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = ["plain:fp8", "swiglu:fp8", "qkv:fp8", "plain:bf16"]
+    assert done.stdout.split() == [w for n in names for w in (n, "True")]
