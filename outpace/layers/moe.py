@@ -37,11 +37,14 @@ Expert parallelism (``EngineConfig.expert_parallel_size``, distributed/group.py)
 placed whole on the ranks of the expert group, expert e on rank e // (experts / size) (``ExpertPlacement``;
 a count that does not split is refused), and each rank reads only its experts from the checkpoint. The
 router is replicated; every rank holds every token (the activations are replicated between layers, as under
-TP), computes its own experts' contributions for all of them (the others' slots skipped) and one all-reduce
-sums the ranks' partial outputs: the tokens are "dispatched" by the routing every rank computed alike, and
-"combined" by the reduction. Where the expert group is the tensor-parallel group (EP = TP) that is the
-all-reduce the layer already makes for its shared experts; with TP = 1 the routed experts reduce over the
-expert group themselves (``RoutedExperts.run``) and the replicated shared experts are added after.
+TP), computes its own experts' contributions for all of them (the others' slots skipped: on the kernels the
+routing kernel writes the block layout of this rank's experts alone, layers/moe_routing_kernel.py 4., so a
+rank launches what one GPU does, and the zeroing of the skipped slots' rows, layers/moe_kernels.py
+``skipped_slots``) and one all-reduce sums the ranks' partial outputs: the tokens are "dispatched" by the
+routing every rank computed alike, and "combined" by the reduction. Where the expert group is the
+tensor-parallel group (EP = TP) that is the all-reduce the layer already makes for its shared experts; with
+TP = 1 the routed experts reduce over the expert group themselves (``RoutedExperts.run``) and the replicated
+shared experts are added after.
 
 Why an all-reduce and not an all-to-all at decode sizes: an all-to-all moves each token to the ranks of its
 experts and back, about 2 x top_k x (1 - 1 / size) rows of hidden values per token where an all-reduce moves
@@ -112,11 +115,16 @@ class RoutingModule(nn.Module):
     # the routing kernels: None on CUDA tensors without autograd, True / False forces either (tests)
     kernel: bool | None = None
 
-    def forward(self, x: torch.Tensor, num_shared: int = 0, layout: bool = False) -> tuple:
+    def forward(
+        self, x: torch.Tensor, num_shared: int = 0, layout: bool | ExpertPlacement = False
+    ) -> tuple:
         """x [n, hidden] -> (weights, ids); with ``layout`` (weights, ids, block layout or None): the routing
         kernel also writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots
-        per token (layers/moe_kernels.py ``BlockLayout``), the torch path leaves it to
-        ``moe_kernels.align`` (None). Called as a module either way, so forward hooks see every routing."""
+        per token (layers/moe_kernels.py ``BlockLayout``), of every expert (True) or of an
+        ``ExpertPlacement``'s (its experts' slots, its experts as indices 0 .. count - 1: an expert-parallel
+        rank's, layers/moe_routing_kernel.py docstring 4.); the torch path leaves it to
+        ``moe_kernels.align`` (None). The ids name every expert either way. Called as a module either way,
+        so forward hooks see every routing."""
         if not self.uses_kernel(x):
             routed = self.reference(x)
             return (*routed, None) if layout else routed
@@ -126,8 +134,11 @@ class RoutingModule(nn.Module):
     def uses_kernel(self, x: torch.Tensor) -> bool:
         return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
 
-    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
-        """(weights, ids, block layout or None) from layers/moe_routing_kernel.py ``route``."""
+    def route_on_kernels(
+        self, x: torch.Tensor, num_shared: int, layout: bool | ExpertPlacement
+    ) -> tuple:
+        """(weights, ids, block layout or None) from layers/moe_routing_kernel.py ``route`` (``forward``'s
+        arguments)."""
         raise NotImplementedError
 
     def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +161,9 @@ class Router(RoutingModule):
                 "e_score_correction_bias", torch.zeros(routing.num_experts, dtype=torch.float32)
             )
 
-    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
+    def route_on_kernels(
+        self, x: torch.Tensor, num_shared: int, layout: bool | ExpertPlacement
+    ) -> tuple:
         from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
 
         bias = getattr(self, "e_score_correction_bias", None)
@@ -444,20 +457,17 @@ class RoutedExperts(nn.Module):
     ) -> torch.Tensor:
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
-        layout the routing kernel wrote (layers/moe_kernels.py grouped_experts); ``quantized_shared``: a
-        quantized shared MLP's slots fused with quantized experts (layers/quant/experts.py
-        ``quantized_shared_stacks``).
+        layout of this rank's experts (``placement``) the routing kernel wrote (layers/moe_kernels.py
+        grouped_experts; the kernels then read it, not ids); ``quantized_shared``: a quantized shared
+        MLP's slots fused with quantized experts (layers/quant/experts.py ``quantized_shared_stacks``).
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
         are summed here, so that the output is always this rank's partial sum over the layer's
         tensor-parallel group (module docstring)."""
         placement = self.placement
-        if placement.group is not None:
-            if layout is not None:
-                raise ValueError(
-                    "an expert-parallel rank aligns its own experts' slots: route without a layout"
-                )
+        skipped = placement.group is not None
+        if skipped and layout is None:
             ids = placement.local_ids(ids)  # [n, top_k]: -1 where another rank's expert was chosen
         quantized = has_quantized_experts(self) or has_quantized_stacks(self)
         if (shared is not None and quantized) or (quantized_shared is not None and not quantized):
@@ -466,7 +476,6 @@ class RoutedExperts(nn.Module):
                 "quantized ones"
             )
         if self.uses_kernels(x) and quantized:
-            skipped = placement.group is not None
             if has_quantized_experts(self):
                 out = run_quantized_experts(
                     self, x, weights, ids, layout, skipped, quantized_shared
@@ -487,11 +496,13 @@ class RoutedExperts(nn.Module):
                 limit=self.activation.limit,
                 shared=shared,
                 layout=layout,
-                skipped_slots=placement.group is not None,
+                skipped_slots=skipped,
             )
         else:
-            if shared is not None or quantized_shared is not None:
-                raise ValueError("fused shared experts run on the grouped kernels only")
+            if shared is not None or quantized_shared is not None or layout is not None:
+                raise ValueError(
+                    "fused shared experts run on the grouped kernels only (a block layout too)"
+                )
             out = run_experts(x, weights, ids, self.eager_experts())
         return all_reduce(out, placement.group) if placement.reduces_itself else out
 
@@ -632,13 +643,11 @@ def experts_on_kernels(
     router_input: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [n, hidden] -> this rank's routed output plus that of the shared experts ``fused`` with them [n,
-    hidden] on the kernels: the router with the grouped kernels' block layout of ``fused.count`` shared
-    slots a token (``moe_on_kernels``' arguments otherwise)."""
+    hidden] on the kernels: the router with the grouped kernels' block layout of this rank's experts
+    (every expert but under expert parallelism) and ``fused.count`` shared slots a token
+    (``moe_on_kernels``' arguments otherwise)."""
     routed = x if router_input is None else router_input
-    if experts.placement.group is None:
-        weights, ids, layout = router(routed, fused.count, layout=True)
-    else:  # (the routing kernel's layout is of all experts: this rank's is aligned by grouped_experts)
-        (weights, ids), layout = router(routed, fused.count), None
+    weights, ids, layout = router(routed, fused.count, layout=experts.placement)
     return experts.run(x, weights, ids, layout=layout, **fused.run_args())
 
 

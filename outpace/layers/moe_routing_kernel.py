@@ -37,6 +37,15 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    takes the ticket too: without it, its own mask bits were once read before they were set. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is ``moe_kernels.align``'s own launch.
    Triton's interpreter (the CPU tests) runs the programs one after the other, so it checks the layout
    and the ticket's reset, not the ordering.
+4. Expert parallel (layers/moe.py ``ExpertPlacement``: this rank holds experts first .. first + count - 1
+   of them all): routing as above over every expert, the ids written as chosen, and the layout of this
+   rank's experts only, in the same launch. Each token's program also writes its experts as local
+   indices (e - first, -1 for another rank's: ``ExpertPlacement.local_ids``) after the ids, sets the mask
+   bits of its local experts only (the shared slots' masks follow the count local ones) and the layout is
+   placed from the local ids: the other ranks' slots in no block, the grouped kernels' experts 0 .. count
+   - 1 this rank's stacks and count .. the shared slots. Beyond ``FUSED_LAYOUT_TOKENS`` ``align`` of the
+   local ids. So a rank's routing is the same two launches as one GPU's, no torch op between them and the
+   grouped kernels.
 
 Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRouter):
 - ``RouterInputNorm``: the router reads RMSNorm(x) (no weight) times a per-column scale and a constant.
@@ -61,6 +70,7 @@ of ties unspecified, so on scores without ties (random scores, as the tests use)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -70,6 +80,9 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.zeroed_scratch import zeroed_scratch
+
+if TYPE_CHECKING:
+    from outpace.layers.moe import ExpertPlacement
 
 # up to this many tokens one program routes each token and routing writes the block layout itself
 # (module docstring 2. and 3.); at most 64, the bits of a token mask
@@ -312,22 +325,50 @@ def _route_tokens(
 
 
 @triton.jit
+def _local_ids(
+    top_i,  # [BLOCK_T, BLOCK_K] int32: tokens t0 .. t0 + BLOCK_T - 1's experts, slots past TOP_K zero
+    t0,
+    local_ids_ptr,  # [n, TOP_K] int64, written
+    n,
+    first_expert,
+    local_experts,
+    TOP_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The experts as indices of first_expert .. first_expert + local_experts - 1, -1 for any other (as
+    layers/moe.py ``ExpertPlacement.local_ids``), written and returned ([BLOCK_T, BLOCK_K] int32)."""
+    tokens = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    slots = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    local = top_i - first_expert
+    local = tl.where((local >= 0) & (local < local_experts), local, -1)
+    tl.store(
+        local_ids_ptr + tokens[:, None].to(tl.int64) * TOP_K + slots[None, :],
+        local.to(tl.int64),
+        mask=(tokens < n)[:, None] & (slots < TOP_K)[None, :],
+    )
+    return local
+
+
+@triton.jit
 def _route_kernel(
     partial_ptr,  # [splits, n, experts (+ 1 with SHARED_GATE, + 1 with INPUT_NORM)] float32 partial logits
     bias_ptr,  # [experts] float32 (read when BIAS)
     expert_scale_ptr,  # [experts] any float dtype (read when EXPERT_SCALE)
     weights_ptr,  # [n, TOP_K (+ NUM_SHARED with SHARED_GATE)] float32, written
-    ids_ptr,  # [n, TOP_K] int64, written
+    ids_ptr,  # [n, TOP_K] int64, written; with EXPERT_RANGE [2, n, TOP_K], the local ids after (docstring 4.)
     sorted_pairs_ptr,
     block_expert_ptr,  # the block layout, written when LAYOUT
     cursor_ptr,  # its scratch
-    ticket_ptr,  # [1 + routed + shared experts] int64, zero on entry and on exit: ticket, token masks (LAYOUT)
+    ticket_ptr,  # [1 + local + shared experts] int64, zero on entry and on exit: ticket, token masks (LAYOUT)
     n,
     scaling,
     hidden,
     norm_eps,
     norm_constant,
     max_blocks,
+    first_expert,  # the layout's experts: first_expert .. + local_experts - 1 (all without EXPERT_RANGE)
+    local_experts,
     SPLITS: tl.constexpr,
     NUM_EXPERTS: tl.constexpr,
     TOP_K: tl.constexpr,
@@ -345,6 +386,7 @@ def _route_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
     LAYOUT: tl.constexpr,  # one program a token (BLOCK_T 1), the last to finish writes the block layout
+    EXPERT_RANGE: tl.constexpr,  # the layout of an expert-parallel rank's experts (module docstring 4.)
     NUM_SHARED: tl.constexpr,
     BLOCK_SHARED: tl.constexpr,  # a power of two >= NUM_SHARED
     SORT_BLOCK_E: tl.constexpr,
@@ -383,16 +425,23 @@ def _route_kernel(
         BLOCK_E,
         BLOCK_G,
         BLOCK_K,
-    )  # [1, BLOCK_K] with LAYOUT
+    )  # [BLOCK_T, BLOCK_K] ([1, BLOCK_K] with LAYOUT)
+    layout_ids_ptr = ids_ptr  # the ids the layout is of: [n, TOP_K]
+    if EXPERT_RANGE:  # (module docstring 4.)
+        layout_ids_ptr = ids_ptr + n * TOP_K
+        top_i = _local_ids(
+            top_i, t0, layout_ids_ptr, n, first_expert, local_experts, TOP_K, BLOCK_T, BLOCK_K
+        )
     if LAYOUT:  # (module docstring 3.)
-        masks_ptr = ticket_ptr + 1  # [routed + shared experts] int64 token masks
+        masks_ptr = ticket_ptr + 1  # [local + shared experts] int64 token masks
         token_bit = tl.full([1, BLOCK_K], 1, tl.int64) << t0.to(tl.int64)
         slots = tl.arange(0, BLOCK_K)[None, :]
-        tl.atomic_or(masks_ptr + top_i, token_bit, mask=slots < TOP_K, sem="relaxed", scope="gpu")
+        chosen = (slots < TOP_K) & (top_i >= 0)  # (-1: another rank's expert, in no block)
+        tl.atomic_or(masks_ptr + top_i, token_bit, mask=chosen, sem="relaxed", scope="gpu")
         if NUM_SHARED > 0:  # every token chooses every shared expert
             shared = tl.arange(0, BLOCK_SHARED)
             tl.atomic_or(
-                masks_ptr + NUM_EXPERTS + shared,
+                masks_ptr + local_experts + shared,
                 tl.full([BLOCK_SHARED], 1, tl.int64) << t0.to(tl.int64),
                 mask=shared < NUM_SHARED,
                 sem="relaxed",
@@ -408,14 +457,14 @@ def _route_kernel(
             # every program has taken its ticket: zero again for the next launch
             tl.store(ticket_ptr, 0)
             place_pairs_by_token_masks(
-                ids_ptr,
+                layout_ids_ptr,
                 masks_ptr,
                 sorted_pairs_ptr,
                 block_expert_ptr,
                 cursor_ptr,
                 n,
                 max_blocks,
-                NUM_EXPERTS,
+                local_experts,
                 TOP_K,
                 TOP_K + NUM_SHARED,
                 SORT_BLOCK_E,
@@ -504,7 +553,7 @@ def select_experts(
     bias: torch.Tensor | None,
     routing,
     num_shared: int = 0,
-    layout: bool = False,
+    layout: bool | ExpertPlacement = False,
     input_norm: RouterInputNorm | None = None,
     expert_scale: torch.Tensor | None = None,
     shared_gate: bool = False,
@@ -512,10 +561,12 @@ def select_experts(
     """partial logits [splits, n, experts] float32 (``router_logits``, or the logits as [1, n, experts]);
     bias [experts] float32 or None; routing a layers/moe.py ``Routing`` -> (weights [n, top_k] float32,
     ids [n, top_k] int64, with ``layout`` the block layout of ids and ``num_shared`` shared slots per
-    token (layers/moe_kernels.py), else None). With ``input_norm``, partial holds ``router_logits`` with
-    the norm's column scale (one more entry a row); ``expert_scale`` [experts]: module docstring. With
-    ``shared_gate`` each row holds the shared gate's logit after the experts' (module docstring), and the
-    weights are [n, top_k + num_shared], the shared slots' sigmoid(gate) last."""
+    token (layers/moe_kernels.py), else None). ``layout`` an ``ExpertPlacement`` (layers/moe.py): the
+    layout of its experts only (module docstring 4.; of every expert where it holds them all). With
+    ``input_norm``, partial holds ``router_logits`` with the norm's column scale (one more entry a row);
+    ``expert_scale`` [experts]: module docstring. With ``shared_gate`` each row holds the shared gate's
+    logit after the experts' (module docstring), and the weights are [n, top_k + num_shared], the shared
+    slots' sigmoid(gate) last."""
     splits, n, experts = partial.shape
     norm = input_norm
     # (each row ends with the shared gate's logit, then the sum of x^2)
@@ -526,10 +577,14 @@ def select_experts(
     if r.correction_bias != (bias is not None):
         raise ValueError("the correction bias comes with Routing.correction_bias")
     top_k = r.top_k
+    first, local = _expert_range(layout, experts)
+    ranged = local != experts
     weights = torch.empty(
         n, top_k + shared_gate * num_shared, dtype=torch.float32, device=partial.device
     )
-    ids = torch.empty(n, top_k, dtype=torch.int64, device=partial.device)
+    # [n, top_k] int64, with a range [2, n, top_k]: the ids, then the local ids the layout is of
+    all_ids = torch.empty(1 + ranged, n, top_k, dtype=torch.int64, device=partial.device)
+    ids, layout_ids = all_ids[0], all_ids[-1]
     block_e = triton.next_power_of_2(experts)
     few = n <= FUSED_LAYOUT_TOKENS  # one program a token (module docstring 2.)
     # In batch-invariant mode one program a token at every count: a token's reductions over the experts then
@@ -539,7 +594,7 @@ def select_experts(
     fused = layout and few
     slots = top_k + num_shared
     blocks = (
-        BlockLayout.empty(n, slots, experts + num_shared, partial.device)
+        BlockLayout.empty(n, slots, local + num_shared, partial.device)
         if fused
         else BlockLayout(ids, ids, 16, ids)  # (not written: LAYOUT off)
     )
@@ -549,17 +604,19 @@ def select_experts(
         partial if bias is None else bias,
         partial if expert_scale is None else expert_scale,
         weights,
-        ids,
+        all_ids,
         blocks.sorted_pairs,
         blocks.block_expert,
         blocks.cursor,
-        layout_scratch(partial.device, experts + num_shared) if fused else ids,
+        layout_scratch(partial.device, local + num_shared) if fused else ids,
         n,
         float(r.scaling),
         1 if norm is None else norm.column_scale.shape[0],  # the hidden size
         0.0 if norm is None else float(norm.eps),
         1.0 if norm is None else float(norm.constant),
         blocks.blocks,
+        first,
+        local,
         SPLITS=splits,
         NUM_EXPERTS=experts,
         TOP_K=top_k,
@@ -577,9 +634,10 @@ def select_experts(
         BLOCK_G=triton.next_power_of_2(r.num_groups),
         BLOCK_K=triton.next_power_of_2(top_k),
         LAYOUT=fused,
+        EXPERT_RANGE=ranged,
         NUM_SHARED=num_shared,
         BLOCK_SHARED=triton.next_power_of_2(max(1, num_shared)),
-        SORT_BLOCK_E=max(16, triton.next_power_of_2(experts + num_shared)),
+        SORT_BLOCK_E=max(16, triton.next_power_of_2(local + num_shared)),
         BLOCK_M=blocks.block_m,
         PAIR_BLOCK=triton.next_power_of_2(n * slots) if fused else 1,
         PDL=pdl,
@@ -588,7 +646,17 @@ def select_experts(
     )
     if not layout:
         return weights, ids, None
-    return weights, ids, blocks if fused else align(ids, experts, num_shared)
+    return weights, ids, blocks if fused else align(layout_ids, local, num_shared)
+
+
+def _expert_range(layout: bool | ExpertPlacement, experts: int) -> tuple[int, int]:
+    """(first, count) of the experts whose layout ``select_experts`` writes: every one of ``experts`` but
+    for a placement's."""
+    if isinstance(layout, bool):
+        return 0, experts
+    if layout.total != experts:
+        raise ValueError(f"a placement of {layout.total} experts for routing over {experts}")
+    return layout.first, layout.count
 
 
 def route(
@@ -597,7 +665,7 @@ def route(
     bias: torch.Tensor | None,
     routing,
     num_shared: int = 0,
-    layout: bool = False,
+    layout: bool | ExpertPlacement = False,
     input_norm: RouterInputNorm | None = None,
     expert_scale: torch.Tensor | None = None,
     shared_gate: bool = False,

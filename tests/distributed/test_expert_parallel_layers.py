@@ -1,8 +1,9 @@
 """Expert parallelism's pieces in one process (no collectives run): the placement of experts over ranks and
 its refusal of a count that does not split, each rank's checkpoint reads (its experts only, the others'
 tensors skipped unread), and the routed experts' partial outputs, on the eager path and on the grouped kernels
-(Triton's interpreter on the CPU), summing over the ranks to the one-rank output. The engine-level checks
-(greedy tokens of whole families) are tests/distributed/test_expert_parallel.py's."""
+(Triton's interpreter on the CPU), summing over the ranks to the one-rank output; a rank's MoE block on the
+kernels routes straight into its own experts' block layout (layers/moe_routing_kernel.py docstring 4.). The
+engine-level checks (greedy tokens of whole families) are tests/distributed/test_expert_parallel.py's."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from outpace import checkpoint
 from outpace.checkpoint import load_checkpoint
 from outpace.distributed.group import RankGroup, build_expert_group, build_group, building_in
 from outpace.distributed.sharding import ShardingError
-from outpace.layers.moe import ExpertPlacement
+from outpace.layers.moe import ExpertPlacement, FusedShared
 from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
 
@@ -133,6 +134,69 @@ def test_partial_outputs_sum_to_the_one_rank_output(deepseek, size, kernels):
         moe = build(deepseek, ep_group(rank, size, True)).model.layers[1].mlp.to(DEVICE)
         moe.experts.kernels = kernels
         parts.append(moe.experts(x, weights, ids))
+    torch.testing.assert_close(sum(parts), expected, rtol=1e-5, atol=1e-5)
+
+
+def refuse_eager_routing(monkeypatch, tokens: int) -> None:
+    """Make the torch routing steps a rank's kernel path must not take raise: ``ExpertPlacement.local_ids``,
+    ``align`` inside the grouped kernels and, up to 64 tokens (the routing kernel lays out), the routing's
+    own ``align``."""
+    from outpace.layers import moe_kernels, moe_routing_kernel
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("an expert-parallel rank's routing took an eager step")
+
+    monkeypatch.setattr(ExpertPlacement, "local_ids", refused)
+    monkeypatch.setattr(moe_kernels, "align", refused)
+    if tokens <= moe_routing_kernel.FUSED_LAYOUT_TOKENS:
+        monkeypatch.setattr(moe_routing_kernel, "align", refused)
+
+
+@pytest.mark.parametrize("tokens", [7, 70])
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_ranks_moe_block_on_the_kernels_routes_into_its_own_layout(
+    deepseek, size, tokens, monkeypatch
+):
+    """DeepSeek-V3's block at EP = TP on the kernels (router kernel included): each rank's routing kernel
+    writes the layout of its own experts (no torch step between it and the grouped kernels; beyond 64 tokens
+    ``align`` of the kernel's local ids), and the ranks' partial outputs, the shared experts' rows beside,
+    sum to the one-rank block's."""
+    x = torch.randn(
+        tokens, 48, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(tokens)
+    )
+    groups = [RankGroup(0, 1)] + [ep_group(rank, size, True) for rank in range(size)]
+    blocks = [build(deepseek, g).model.layers[1].mlp.to(DEVICE) for g in groups]
+    for block in blocks:
+        block.gate.kernel = block.experts.kernels = True
+    expected = blocks[0].grouped(x)
+    refuse_eager_routing(monkeypatch, tokens)
+    parts = [block.grouped(x) for block in blocks[1:]]
+    torch.testing.assert_close(sum(parts), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_ranks_fused_shared_slot_is_in_its_layout(tmp_path, monkeypatch):
+    """Step-3.5 at EP = TP = 2 with a shared expert two routed experts wide (and their clamp): each rank's half
+    of it is one fused shared slot, local expert 2 of its layout beside its 2 routed experts; the ranks'
+    outputs sum to the one-rank layer's (2 shared slots over 4 experts)."""
+    cfg = {
+        **STEP_CONFIG,
+        "moe_num_experts": 4,
+        "share_expert_dim": 2 * STEP_CONFIG["moe_intermediate_size"],
+        "swiglu_limits_shared": STEP_CONFIG["swiglu_limits"],
+    }
+    path, _ = write_checkpoint(tmp_path, cfg)
+    index = min(moe_layers(cfg))
+    groups = (RankGroup(0, 1), ep_group(0, 2, True), ep_group(1, 2, True))
+    layers = [build(str(path), g).model.layers[index].to(DEVICE) for g in groups]
+    for layer in layers:
+        layer.moe.gate.kernel = layer.moe.kernels = True
+    assert [FusedShared.of(m.share_expert, m.moe).count for m in layers] == [2, 1, 1]
+    x = torch.randn(
+        5, cfg["hidden_size"], device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(5)
+    )
+    expected = layers[0].moe(x, layers[0].share_expert)
+    refuse_eager_routing(monkeypatch, len(x))
+    parts = [layer.moe(x, layer.share_expert) for layer in layers[1:]]
     torch.testing.assert_close(sum(parts), expected, rtol=1e-5, atol=1e-5)
 
 

@@ -3,9 +3,10 @@
 sigmoid scores, with and without the correction bias, without groups and with groups scored "max" (V2) or
 "top2_sum" (V3), renormalised or not, scaled; decode and verify widths (a program per token, the last to
 finish also writing the block layout) and a prefill-sized batch (a program per block of tokens, the layout
-by ``align``); the tie rule; the split router matvec at an odd hidden size. The interpreter runs the
-programs one after the other: it checks the layout and the ticket's reset, not the memory ordering
-(layers/moe_routing_kernel.py's docstring argues that)."""
+by ``align``); an expert-parallel rank's layout (its experts only, as local indices: the eager
+``ExpertPlacement.local_ids`` then ``align`` it replaces); the tie rule; the split router matvec at an odd
+hidden size. The interpreter runs the programs one after the other: it checks the layout and the ticket's
+reset, not the memory ordering (layers/moe_routing_kernel.py's docstring argues that)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
-from outpace.layers.moe import Router, Routing  # noqa: E402
+from outpace.layers.moe import ExpertPlacement, Router, Routing  # noqa: E402
 from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.layers.moe_routing_kernel import (  # noqa: E402
     FUSED_LAYOUT_TOKENS,
@@ -86,6 +87,69 @@ def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
     if n <= FUSED_LAYOUT_TOKENS:
         scratch = layout_scratch(x.device, routing.num_experts + num_shared)
         assert not scratch.any()
+
+
+# of 24 experts: (first, count) of an expert-parallel rank at the start, in the middle, at the end; an odd one
+RANGES = {"start": (0, 8), "middle": (8, 8), "end": (16, 8), "odd": (5, 7)}
+
+
+def placed_experts(layout, pairs: int) -> torch.Tensor:
+    """layout -> [pairs] the expert whose block holds each pair, -1 for a pair in none."""
+    rows = layout.sorted_pairs.view(-1, layout.block_m)  # [blocks, block_m]
+    experts = layout.block_expert[:, None].expand_as(rows)
+    real = rows < pairs  # (padding rows hold ``pairs``)
+    placed = torch.full((pairs,), -1, dtype=torch.int32, device=rows.device)
+    placed[rows[real].long()] = experts[real]
+    return placed
+
+
+def assert_layout_of_range(layout, ids, placement: ExpertPlacement, num_shared: int) -> None:
+    """layout is the eager expert-parallel path's (the placement's local ids, then ``align``), bit for bit,
+    and holds each pair in the block of its local expert, another rank's in none."""
+    local = placement.local_ids(ids)  # [n, top_k]
+    assert_layout_of_align(layout, local, placement.count, num_shared)
+    shared = placement.count + torch.arange(num_shared, device=ids.device)  # [num_shared]
+    slots = torch.cat([local, shared.expand(ids.shape[0], -1)], dim=1)  # [n, top_k + num_shared]
+    assert torch.equal(placed_experts(layout, slots.numel()), slots.flatten().int())
+
+
+@pytest.mark.parametrize("n, num_shared", [(1, 0), (3, 1), (17, 2), (64, 1), (70, 2)])
+@pytest.mark.parametrize("where", list(RANGES))
+@pytest.mark.parametrize(
+    "case", ["v2-groups-max", "v3-sigmoid-bias-top2-sum", "sigmoid-bias-no-groups"]
+)
+def test_routing_writes_an_expert_ranges_layout(case, where, n, num_shared):
+    """Routed for an ``ExpertPlacement`` (an expert-parallel rank's experts): the weights and ids of every
+    expert, as routing without one gives them bit for bit, and the layout of the range's experts only, as
+    local indices (module docstring 4.), by the last program up to 64 tokens, by ``align`` of the local ids
+    beyond; the ticket and masks zero again."""
+    routing = ROUTINGS[case]
+    router = make_router(routing, hidden=33, seed=n)
+    router.kernel = True
+    x = torch.randn(n, 33, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    placement = ExpertPlacement(routing.num_experts, *RANGES[where])
+    weights, ids, layout = router(x, num_shared, layout=placement)
+    assert_same_routing((weights, ids), router.reference(x))
+    all_weights, all_ids, _ = router(x, num_shared, layout=True)
+    assert torch.equal(weights, all_weights) and torch.equal(ids, all_ids)
+    assert_layout_of_range(layout, ids, placement, num_shared)
+    assert not layout_scratch(x.device, placement.count + num_shared).any()
+
+
+@pytest.mark.parametrize("n", [1, 6, 70])
+@pytest.mark.parametrize("num_shared", [0, 1])
+def test_an_expert_range_no_token_chose(n, num_shared):
+    """A rank none of whose experts was chosen: a layout of the shared slots only, or of no block at all."""
+    routing = ROUTINGS["softmax-normalised-scaled"]
+    partial = torch.randn(2, n, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    partial[:, :, 8:16] = -20.0  # (experts 8 .. 15 never among a token's best 3)
+    placement = ExpertPlacement(24, 8, 8)
+    _, ids, layout = select_experts(partial, None, routing, num_shared, layout=placement)
+    assert not ((ids >= 8) & (ids < 16)).any()
+    assert_layout_of_range(layout, ids, placement, num_shared)
+    used = layout.block_expert[layout.block_expert >= 0]  # (the shared expert is local expert 8)
+    shared_blocks = (n + layout.block_m - 1) // layout.block_m
+    assert used.eq(8).all() and used.numel() == (shared_blocks if num_shared else 0)
 
 
 def test_consecutive_launches_each_write_their_layout():
@@ -169,6 +233,14 @@ def test_refusals():
             None,
             Routing(8, 2, "sigmoid", correction_bias=True),
         )
+    with pytest.raises(ValueError, match="a placement of 12 experts for routing over 8"):
+        select_experts(
+            torch.zeros(1, 1, 8, device=DEVICE),
+            None,
+            Routing(8, 2, "softmax"),
+            0,
+            ExpertPlacement(12, 0, 6),
+        )
 
 
 # ---- the GPU: the DeepSeek shapes --------------------------------------------------------------------------
@@ -207,33 +279,37 @@ GPU_LAYOUT_ROUTINGS = {  # id -> (Routing, shared slots, shared gate): the fused
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="programs running at once on the SMs: GPU only")
+@pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 32, 64])
 @pytest.mark.parametrize("case", list(GPU_LAYOUT_ROUTINGS))
-def test_gpu_parallel_routing_lays_out_in_a_cuda_graph(case, n):
+def test_gpu_parallel_routing_lays_out_in_a_cuda_graph(case, n, ranks):
     """The programs of a launch finish in any order on the GPU (the interpreter runs them in turn): captured
-    once and replayed on 30 new inputs, every replay's layout is align's of its ids and its ids and weights
-    are the eager call's, bit for bit; the ticket and masks are zero after each."""
+    once and replayed on 30 new inputs, every replay's layout is align's of its ids (with two expert-parallel
+    ranks, of the last rank's local ids) and its ids and weights are the eager call's, bit for bit; the
+    ticket and masks are zero after each."""
     routing, shared, gate = GPU_LAYOUT_ROUTINGS[case]
+    count = routing.num_experts // ranks
+    placement = ExpertPlacement(routing.num_experts, routing.num_experts - count, count)
     g = torch.Generator(DEVICE).manual_seed(n)
     partial = torch.randn(4, n, routing.num_experts + gate, device=DEVICE, generator=g)
     bias = torch.randn(routing.num_experts, device=DEVICE, generator=g) * 0.1
     bias = bias if routing.correction_bias else None
 
     def call():
-        return select_experts(partial, bias, routing, shared, layout=True, shared_gate=gate)
+        return select_experts(partial, bias, routing, shared, layout=placement, shared_gate=gate)
 
     call()  # (the scratch is allocated eagerly)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         weights, ids, layout = call()
-    scratch = layout_scratch(partial.device, routing.num_experts + shared)
+    scratch = layout_scratch(partial.device, count + shared)
     for _ in range(30):
         partial.copy_(torch.randn(partial.shape, device=DEVICE, generator=g))
         graph.replay()
         eager_w, eager_i, _ = call()
         assert torch.equal(ids, eager_i) and torch.equal(weights, eager_w)
-        assert_layout_of_align(layout, ids, routing.num_experts, shared)
+        assert_layout_of_range(layout, ids, placement, shared)
         assert not scratch.any()
 
 
