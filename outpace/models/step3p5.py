@@ -493,10 +493,14 @@ class Step3p5Attention(nn.Module):
         self.in_proj: PackedProjection | None = None
 
     def in_projections(self) -> list[nn.Module]:
-        """The projections of x, in the order ``in_proj`` packs them: q, k, v, and g with the head-wise gate."""
-        return [self.q_proj, self.k_proj, self.v_proj] + (
-            [self.g_proj] if self.g_proj is not None else []
-        )
+        """The projections of x, in the order ``in_proj`` packs them: q, k, v, and g with the head-wise gate
+        where it is stored as they are (Step-3.5-Flash-FP8 keeps g_proj in bf16 beside fp8 q/k/v: then g
+        stays a projection of its own)."""
+        qkv = [self.q_proj, self.k_proj, self.v_proj]
+        return qkv + ([self.g_proj] if self._packs_gate() else [])
+
+    def _packs_gate(self) -> bool:
+        return self.g_proj is not None and type(self.g_proj) is type(self.q_proj)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
@@ -505,6 +509,8 @@ class Step3p5Attention(nn.Module):
             q, k, v, *g = self.in_proj(x)  # views of one matmul
         else:
             q, k, v, *g = (p(x) for p in self.in_projections())
+        if self.g_proj is not None and not g:  # (a gate stored unlike q/k/v)
+            g = [self.g_proj(x)]
         q = self.q_norm(q.view(n, -1, d))  # [num_tokens, heads, head_dim]
         k = self.k_norm(k.view(n, -1, d))  # [num_tokens, kv_heads, head_dim]
         v = v.view(n, -1, d)
