@@ -1,5 +1,5 @@
 """The grouped experts' gate/up and down kernels (layers/moe_kernels.py) over block-FP8 expert stacks at a few
-tokens, on one GPU, for candidate tiles (``few_token_fp8_gate_up`` / ``few_token_fp8_down``: BLOCK_N, BLOCK_K,
+tokens, on one GPU, for candidate tiles (``few_token_gate_up`` / ``few_token_down``: BLOCK_N, BLOCK_K,
 warps, stages): each kernel's microseconds a call and TB/s of the distinct experts' bytes (fp8 weights and
 their scales) at 1, 2, 4 and 8 tokens, at
 - Step-3.5-Flash's stacks (288 experts, hidden 4096, intermediate 1280, top 8; gate, up and down stacks of
@@ -44,8 +44,8 @@ TOKENS = (1, 2, 4, 8)
 KERNELS = ("_gate_up_kernel", "_down_kernel")
 # (gate/up tiles, down tiles), each (BLOCK_N, BLOCK_K, warps, stages); the shipped pair first
 SETTINGS = [
-    (mk.few_token_fp8_gate_up, mk.few_token_fp8_down),
-    ((32, 128, 4, 4), (64, 128, 4, 4)),  # the bf16 tiles
+    (mk.few_token_gate_up, mk.few_token_down),
+    ((32, 128, 4, 8), (64, 128, 4, 8)),  # twice the stages (bf16's bytes in flight)
     ((32, 128, 4, 6), (64, 128, 4, 6)),
     ((16, 128, 4, 8), (32, 128, 4, 8)),
     ((16, 128, 4, 12), (16, 128, 4, 12)),

@@ -645,7 +645,16 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     ``_fused_rows_kernel`` stopped specializing M (its comment says why); it passes on the H200 since
     (benchmarks/results/gpu_2026-11-30, call 5)."""
     if isinstance(weight, Fp8Weight):
-        fits = weight.weight.stride(1) == 1 and _fp8_block_k(weight.block[1]) is not None
+        # fp8 weights in batch-invariant mode only (a row's bits independent of M): on the normal path the
+        # split-K quantized kernel (layers/quant/quant_matmul_kernel.py) reads them faster. One program an SM
+        # streaming K steps of 128 one-byte columns keeps too few bytes in flight: at Step-3.5-Flash's q_proj
+        # at TP = 2 (6144 x 4096, one token) 28.3 us against 15.0, its shared gate/up 34 us against 5 + 5
+        # (benchmarks/scripts/fp8_projection_settings.py, gpu_2026-11-30f call 3).
+        fits = (
+            batch_invariant()
+            and weight.weight.stride(1) == 1
+            and _fp8_block_k(weight.block[1]) is not None
+        )
     else:
         fits = weight.dtype == x.dtype and weight.is_contiguous()
     return (

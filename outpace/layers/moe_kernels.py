@@ -52,8 +52,7 @@ Four kernels, every grid fixed by the shapes:
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
 registers into x's dtype ("none": the plain load of half-precision stacks), except block FP8's: a K step's
-product of the exact fp8 values, scaled per output column (``_add_product``), with tiles of its own
-(``few_token_fp8_gate_up`` / ``few_token_fp8_down``). layers/quant/moe_quant_kernels.py
+product of the exact fp8 values, scaled per output column (``_add_product``). layers/quant/moe_quant_kernels.py
 checks the quantized stacks and passes their scales (``quant``). A quantized shared MLP fuses as a
 half-precision one does: its stored weights and its scales are strided views of its own tensors (a
 block-FP8 down scale [hidden / bn, S * inter / bk] seen as [S, hidden / bn, inter / bk] of strides
@@ -86,27 +85,21 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 
 
 # (BLOCK_N, BLOCK_K, warps, stages) of the gate/up and the down kernel over blocks of a few tokens (BLOCK_M 16:
-# decode and verify), bf16 tiles without register spills (ptxas -v for sm_90a)
+# decode and verify), without register spills (ptxas -v for sm_90a). Over block-FP8 stacks too: of 9 settings
+# (benchmarks/scripts/moe_fp8_settings.py, gpu_2026-11-30f call 3) these were the fastest at 1-8 tokens at
+# Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages, to keep bf16's bytes in flight, were 10-30% slower).
 few_token_gate_up = (32, 128, 4, 4)
 few_token_down = (64, 128, 4, 4)
-# and over block-FP8 stacks: a K step of 128 fp8 columns holds half the bytes of bf16's, so twice the stages keep
-# as many weight bytes in flight; no spills either, Triton 3.6 and 3.7 (tests/kernels/test_moe_sm90_compile.py).
-# Not yet timed: benchmarks/scripts/moe_fp8_settings.py times them and other candidates on the GPU.
-few_token_fp8_gate_up = (32, 128, 4, 8)
-few_token_fp8_down = (64, 128, 4, 8)
 
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 
 
-def _tiles(block_m: int, fp32: bool, fmt: str = "none") -> tuple[Tiles, Tiles]:
-    """The gate/up and the down kernel's tiles for weights in ``fmt``: the few-token tiles (block FP8's
-    own); over blocks of 64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter, tests) 32 x
-    32."""
+def _tiles(block_m: int, fp32: bool) -> tuple[Tiles, Tiles]:
+    """The gate/up and the down kernel's tiles: the few-token tiles; over blocks of 64 tokens (prefill) 64 x
+    64 at 8 warps; float32 (Triton's interpreter, tests) 32 x 32."""
     if fp32:
         return (32, 32, 4, 2), (32, 32, 4, 2)
     if block_m == _SMALL_BLOCK_M:
-        if fmt == "fp8_block":
-            return few_token_fp8_gate_up, few_token_fp8_down
         return few_token_gate_up, few_token_down
     return (64, 64, 8, 4), (64, 64, 8, 4)
 
@@ -813,7 +806,7 @@ def grouped_experts(
     fmt, (scale_bn, scale_bk) = (
         ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
     )
-    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, fmt)
+    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32)
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)

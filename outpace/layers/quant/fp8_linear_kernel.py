@@ -3,15 +3,15 @@ math of both formats).
 
 - Block FP8 (DeepSeek-V3/R1, Kimi-K2, Qwen3-FP8, Step-3.5-Flash-FP8): ``weight`` float8_e4m3fn [N, K] and
   ``weight_scale_inv`` [ceil(N/128), ceil(K/128)] (fp32, bf16 in some Qwen files; ue8m0 checkpoints only
-  round these to powers of two). The rows the fused few-row projections take (layers/fused_projection.py
-  ``fused_rows_apply``: up to 16 half-precision rows, any number in batch-invariant mode) go through their
-  plain kernel over an ``Fp8Weight``; up to ``SCALED_MM_FROM_ROWS`` rows the weight-streaming Triton kernel
+  round these to powers of two). In batch-invariant mode the fused few-row projections' plain kernel serves
+  every row count over an ``Fp8Weight`` (layers/fused_projection.py ``fused_rows_apply``: a row's bits do
+  not depend on M; elsewhere it is the slower of the two at few rows); up to ``SCALED_MM_FROM_ROWS`` rows the weight-streaming Triton kernel
   (quant_matmul_kernel.py) serves every row count; from there on, where torch's block-scaled GEMM takes the
   shape (N and K multiples of 128), activations are quantized per token in groups of 128 (DeepSeek-V3
   inference/kernel.py ``act_quant``: scale = amax / 448, x / scale in fp8) and torch multiplies on the FP8
   tensor cores; other shapes stay on the Triton kernel.
-- Per-tensor FP8 (NVIDIA ModelOpt): ``weight`` fp8 [N, K] and one ``weight_scale``; the fused projections'
-  rows as block FP8's, the Triton kernel at every other row count (the activation's ``input_scale`` only
+- Per-tensor FP8 (NVIDIA ModelOpt): ``weight`` fp8 [N, K] and one ``weight_scale``; the fused projections in
+  batch-invariant mode as block FP8's, the Triton kernel otherwise (the activation's ``input_scale`` only
   matters to a GEMM that quantizes activations).
 
 torch's block-scaled layouts (pytorch aten/src/ATen/native/cuda/ScaledBlas.cpp,
