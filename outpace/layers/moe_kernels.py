@@ -51,8 +51,8 @@ Four kernels, every grid fixed by the shapes:
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
-registers into x's dtype ("none": the plain load of half-precision stacks), except block FP8's: a K step's
-product of the exact fp8 values, scaled per output column (``_add_product``). layers/quant/moe_quant_kernels.py
+registers into x's dtype ("none": the plain load of half-precision stacks; ``_add_product``).
+layers/quant/moe_quant_kernels.py
 checks the quantized stacks and passes their scales (``quant``). A quantized shared MLP fuses as a
 half-precision one does: its stored weights and its scales are strided views of its own tensors (a
 block-FP8 down scale [hidden / bn, S * inter / bk] seen as [S, hidden / bn, inter / bk] of strides
@@ -72,7 +72,7 @@ import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
-from outpace.layers.quant.quant_matmul_kernel import fp8_block_product, scale_rows, weight_tile
+from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 
 # (BLOCK_N, BLOCK_K, warps, stages) of the gate/up and the down kernel over blocks of a few tokens (BLOCK_M 16:
 # decode and verify), without register spills (ptxas -v for sm_90a). Over block-FP8 stacks too: of 9 settings
-# (benchmarks/scripts/moe_fp8_settings.py, gpu_2026-11-30f call 3) these were the fastest at 1-8 tokens at
-# Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages, to keep bf16's bytes in flight, were 10-30% slower).
+# (benchmarks/scripts/moe_fp8_settings.py, gpu_2026-11-30f call 3, with each step's product scaled) these were
+# the fastest at 1-8 tokens at Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages 10-30% slower).
 few_token_gate_up = (32, 128, 4, 4)
 few_token_down = (64, 128, 4, 4)
 
@@ -448,20 +448,14 @@ def _add_product(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N].
-    Block FP8: ``fp8_block_product`` (the step lies in one scale column: BLOCK_K divides SCALE_BK). Other
-    formats: ``weight_tile``'s tile, dequantized in registers."""
-    if FORMAT == "fp8_block":
-        ks = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
-        acc += fp8_block_product(
-            x, w, s_base, offs_n, k0, n_ok, s_rs, stride_sk, SCALE_BN, SCALE_BK, PRECISION
-        )
-    else:
-        s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
-        w = weight_tile(w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
-    return acc
+    """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N]: the
+    tile dequantized in registers (``weight_tile``). For block FP8 this read the experts faster than scaling
+    each step's product of the raw fp8 values (``fp8_block_product``) on the H200: Step-3.5-Flash-FP8 at
+    EP = 2, one token, 28.1 us a layer's gate/up against 35.3 (gpu_2026-11-30f calls 1 and 5, step timelines;
+    DeepSeek-V2-Lite FP8 450.0 against 423.1 tok/s at batch 1)."""
+    s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
+    w = weight_tile(w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype)
+    return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
 
 
 @triton.jit(do_not_specialize=["pairs"])

@@ -103,10 +103,9 @@ def fp8_block_product(
     PRECISION: tl.constexpr,
 ):
     """x @ w.T [BM, BN] float32 for a K step of fp8 weights: the product of their exact values in x's dtype
-    (e4m3 values are bf16 and float32 values), times each output column's block scale. The weight goes from
-    shared memory to the dot converted only, and the scales multiply BM x BN products, not BN x BK weights
-    (``weight_tile`` multiplies each weight in float32 and rounds it to x's dtype: with it the grouped fp8
-    experts read at 35-50% of the bandwidth on an H200, gpu_2026-11-30f)."""
+    (e4m3 values are bf16 and float32 values), times each output column's block scale (the fused few-row
+    projections' fp8 weights: layers/fused_projection.py). Tried in the grouped experts in place of
+    ``weight_tile``, it read them slower on the H200 (layers/moe_kernels.py ``_add_product``)."""
     scale = tl.load(
         s_ptr + (rows // SCALE_BN).to(tl.int64) * stride_sn + (k0 // SCALE_BK) * stride_sk,
         mask=rows_ok,
