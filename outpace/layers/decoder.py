@@ -25,7 +25,7 @@ from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.linear import column_parallel, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.linear import QuantizedLinear
+from outpace.layers.quant.linear import Fp8Block, QuantizedLinear
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 
@@ -218,14 +218,15 @@ class PackedProjection:
 def packable(projections: list[nn.Module]) -> bool:
     """Whether ``PackedProjection`` packs these: half-precision projections, or block-FP8 ones without bias
     of one block and scale dtype whose parts (but the last) hold whole blocks of rows. Other quantized
-    projections stay separate."""
+    projections (per-tensor FP8: a scale each; INT4) stay separate."""
     if all(isinstance(p, nn.Linear) for p in projections):
         return True
-    if not all(isinstance(p, QuantizedLinear) and p.bias is None for p in projections):
+    if not all(
+        isinstance(p, QuantizedLinear) and isinstance(p.format, Fp8Block) and p.bias is None
+        for p in projections
+    ):
         return False
     weights = [p.fp8_weight() for p in projections]
-    if any(w is None for w in weights):
-        return False
     if any(w.block != weights[0].block or w.scale.dtype != weights[0].scale.dtype for w in weights):
         return False
     return all(w.shape[0] % w.block[0] == 0 for w in weights[:-1])

@@ -186,3 +186,38 @@ def test_fused_decoder_layers_over_block_fp8_compute_the_dequantized_model(tmp_p
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+def test_packable_takes_block_fp8_parts_of_whole_blocks_only():
+    """q/k/v or gate/up pack in fp8 where every part but the last is whole blocks of rows and they share a
+    block; per-tensor FP8 (a scale each) and projections of mixed storage stay separate."""
+    from torch import nn
+
+    from outpace.layers.decoder import PackedProjection, packable
+    from outpace.layers.quant.linear import FORMATS, QuantizedLinear
+    from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, QuantScheme
+
+    def fp8(out, block=(16, 16), method=FP8_BLOCK):
+        scheme = QuantScheme(method, "test", block=block if method == FP8_BLOCK else None)
+        layer = QuantizedLinear(FORMATS[method](scheme), 32, out, False, torch.float32)
+        weight, scale = quantize_fp8_block(_rand(out, 32, seed=out), (16, 16))
+        layer.stored_weight.data = weight
+        if method == FP8_BLOCK:
+            layer.scale.data = scale
+        return layer
+
+    assert packable([fp8(32), fp8(16), fp8(16)])
+    assert packable([fp8(32), fp8(8)])  # (the last part may end inside a block)
+    assert not packable([fp8(8), fp8(32)])
+    assert not packable([fp8(32), fp8(32, block=(32, 16))])
+    assert not packable([fp8(32, method=FP8_TENSOR), fp8(32, method=FP8_TENSOR)])
+    assert not packable([fp8(32), nn.Linear(32, 32, bias=False)])
+    q, k = fp8(32), fp8(16)
+    before = [p.dequantized() for p in (q, k)]
+    packed = PackedProjection([q, k])
+    assert isinstance(packed.weight, Fp8Weight)
+    for p, dense in zip((q, k), before):  # each projection now a view of its rows, values unchanged
+        assert torch.equal(p.dequantized(), dense)
+    x = _rand(3, 32, seed=7)
+    for got, p in zip(packed(x), (q, k)):
+        _close(got, F.linear(x.double(), p.dequantized().double()))
