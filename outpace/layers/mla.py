@@ -54,8 +54,8 @@ from outpace.attention.metadata import DenseCausalMetadata, PagedAttentionMetada
 from outpace.attention.torch_backend import attend_paged, gather_blocks
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import split_evenly
-from outpace.layers.fused_decoder import fusable_rows
-from outpace.layers.linear import column_parallel, is_sharded, linear, project, row_parallel
+from outpace.layers.fused_decoder import ends_block, fusable_rows
+from outpace.layers.linear import column_parallel, linear, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.linear import Fp8Block, is_quantized
 from outpace.layers.rotary import RotaryEmbedding
@@ -202,7 +202,10 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         """Whether layers/mla_fused.py computes this forward over x [num_tokens, hidden] (when ``fused``):
         few rows of half precision on the GPU (``fusable_rows``: any number in batch-invariant mode, whose
         invariance layers/mla_fused.py's docstring argues), the absorbed form under the Triton backend over a
-        contiguous cache, and whole (unsharded) weights without biases.
+        contiguous cache, and weights without biases. Under tensor parallelism the kernels read this rank's
+        heads (``shape``: q_b_proj's rows and kv_b_proj's of its heads, the replicated down-projections whole),
+        and o_proj, a row-parallel module that reduces itself (``ends_block``), sums the ranks' partial
+        outputs.
 
         Quantized projections: the two fused kernels read q_a_proj, kv_a_proj_with_mqa and q_b_proj (or
         q_proj) themselves, as stored in x's dtype or in block FP8 (``fused_weight_format``); any other
@@ -218,7 +221,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and meta.max_query_len < self.expand_min_query_len
             and ctx.backend.name == "triton"
             and not self.shape.bias
-            and not is_sharded(self.o_proj)
+            and ends_block(self.o_proj)
             and all(fused_weight_format(p, x.dtype) for p in self.fused_projections())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()

@@ -1,7 +1,8 @@
 """The fused few-row path under tensor parallelism (layers/fused_decoder.py: a row-parallel output projection
-ends its block with the plain projection, the all-reduce and the residual add that readies the next norm), on
-CPU processes (gloo) with the kernels in Triton's interpreter, forced on for every forward: a random Llama in
-fp32 and its block-FP8 twin at TP = 2 give the TP = 1 eager path's greedy tokens."""
+ends its block with the plain projection, the all-reduce and the residual add that readies the next norm;
+layers/mla_fused.py over a rank's heads, its o_proj reducing itself), on CPU processes (gloo) with the kernels
+in Triton's interpreter, forced on for every forward: a random Llama in fp32, its block-FP8 twin and the zoo's
+DeepSeek-V3-architecture target (MLA) at TP = 2 give the TP = 1 eager path's greedy tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from helpers.spec_models import random_llama  # noqa: E402
 from helpers.tp_harness import Scenario, run_group  # noqa: E402
 from outpace import LLM, SamplingParams  # noqa: E402
 
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8]]
 TRITON = {"attention_backend": "triton"}  # (the backend whose cache the fused q/k/v kernel writes)
@@ -27,18 +29,29 @@ def force_fused_path(rank: int, world: int) -> bool:
     """A probe (every rank, before the scenarios): every forward takes the fused path, and each rank notes
     in the file named by ``LOG`` the sharded output projections that ended a block there."""
     import outpace.layers.fused_decoder as fused_decoder
+    import outpace.layers.mla as mla
+    import outpace.layers.mla_fused as mla_fused
     from outpace.layers.linear import is_sharded
 
-    end_block = fused_decoder.project_add_ready
+    def note(what: str) -> None:
+        with open(os.environ[LOG], "a") as f:
+            f.write(f"{what}:{rank}\n")
 
-    def noted(x, proj, stream, next_norm):
+    end_block, mla_block = fused_decoder.project_add_ready, mla_fused.mla_forward_fused
+
+    def noted_end(x, proj, stream, next_norm):
         if is_sharded(proj):
-            with open(os.environ[LOG], "a") as f:
-                f.write(f"{rank}\n")
+            note("block")
         return end_block(x, proj, stream, next_norm)
 
-    fused_decoder.fusable_rows = lambda x, weight: True
-    fused_decoder.project_add_ready = noted
+    def noted_mla(attn, *args):
+        if is_sharded(attn.o_proj):
+            note("mla")
+        return mla_block(attn, *args)
+
+    fused_decoder.fusable_rows = mla.fusable_rows = lambda x, weight: True
+    fused_decoder.project_add_ready = noted_end
+    mla_fused.mla_forward_fused = noted_mla
     return True
 
 
@@ -50,7 +63,7 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     quantized, _ = write_quantized(
         src, root / "fp8", "fp8_block", is_projection, block_fp8_config((8, 16))
     )
-    return {"fp32": str(src), "fp8": str(quantized)}
+    return {"fp32": str(src), "fp8": str(quantized), "mla": str(ZOO / "tinyds")}
 
 
 def test_fused_blocks_at_two_ranks_give_one_ranks_tokens(checkpoints, tmp_path, monkeypatch):
@@ -64,5 +77,5 @@ def test_fused_blocks_at_two_ranks_give_one_ranks_tokens(checkpoints, tmp_path, 
         with LLM(path, **TRITON) as llm:
             expected = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         assert got[name]["tokens"] == expected, name
-    ranks = set(Path(log).read_text().split())
-    assert ranks == {"0", "1"}, "the sharded blocks did not run fused on both ranks"
+    noted = set(Path(log).read_text().split())
+    assert noted == {"block:0", "block:1", "mla:0", "mla:1"}, noted
