@@ -275,7 +275,7 @@ class Plan:
     ep_item_s: float = 75.0
     # step35flash (issue 46 item 3): the model whole in block FP8; an engine's build (about 100 GB of random
     # fp8 per GPU at EP = 2), its 45 layers' graphs captured and its rows take about step35flash_item_s (the
-    # plain item took 52 to 61 s on two H200s, gpu_2026-11-29e and 2026-11-30f, the MTP one about 90)
+    # plain item took 52 to 61 s on two H200s, gpu_2026-11-29e and 2026-11-30f, the MTP one 65)
     step35flash_model: dict = field(default_factory=step35flash_fp8)
     step35flash_item_s: float = 120.0
     # qwen3next80b, ep, step35flash on GPUs: rank 0's kernels of one decode step at these batches, in the order
