@@ -14,6 +14,9 @@ import json
 import sys
 
 import torch
+from projection_tiles import (
+    launch,  # (the bf16 sweep beside this file: its launch takes an Fp8Weight too)
+)
 from triton.testing import do_bench
 
 from outpace.layers import fused_projection as fp
@@ -45,11 +48,6 @@ TILES = [None] + [
     (None, 64, 4, 12, None),
     (None, 128, 8, 6, None),
 ]
-
-
-def launch(x, w, out, epilogue: int, n_out: int, tiles) -> None:
-    half = n_out if epilogue == fp._SWIGLU.value else 1
-    fp._launch(x, w, out, n_out, epilogue, half=half, pdl=True, tiles=tiles)
 
 
 def reference(x: torch.Tensor, dense: torch.Tensor, epilogue: int, n_out: int) -> torch.Tensor:
