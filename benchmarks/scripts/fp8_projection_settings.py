@@ -14,9 +14,7 @@ import json
 import sys
 
 import torch
-from projection_tiles import (
-    launch,  # (the bf16 sweep beside this file: its launch takes an Fp8Weight too)
-)
+from projection_tiles import launch  # the bf16 sweep beside this file's (Fp8Weight too)
 from triton.testing import do_bench
 
 from outpace.layers import fused_projection as fp
