@@ -42,19 +42,27 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
 
 
 def attend_fused_qkv(
-    attn: nn.Module, positions: torch.Tensor, rows, eps: float, v_norm: bool = False
+    attn: nn.Module,
+    positions: torch.Tensor,
+    rows,
+    eps: float,
+    v_norm: bool = False,
+    qkv: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """``attend_fused`` for another attention module with q_proj/k_proj/v_proj packed as ``qkv``,
     ``q_norm``/``k_norm`` per head (any ``norm_offset``), ``rotary``, ``attn`` and ``head_dim``
-    (Gemma's): rows (``NormedRows``) -> the attention output [num_tokens, heads * head_dim] before
-    o_proj. ``v_norm``: v heads normalised without a weight (Gemma 4)."""
+    (Gemma's): rows (``NormedRows``, or a tensor already normalised) -> the attention output [num_tokens,
+    heads * head_dim] before o_proj. ``v_norm``: v heads normalised without a weight (Gemma 4); ``qkv``:
+    (the packed [q | k | v] weight, q's rows) where they are not ``attn.qkv`` (Step-3.5's rows of its
+    packed in-projections)."""
+    weight, q_size = qkv or (attn.qkv.weight, attn.qkv.sizes[0])
     k_cache, v_cache, slots = attn.attn.fused_write_target()
     q = projection_kernels().norm_project_qkv(
         rows,
         eps,
-        attn.qkv.weight,
+        weight,
         attn.head_dim,
-        attn.qkv.sizes[0],
+        q_size,
         positions,
         attn.rotary.cos,
         attn.rotary.sin,

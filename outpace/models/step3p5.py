@@ -61,6 +61,7 @@ from outpace.attention.layer import Attention
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import build_group
 from outpace.distributed.sharding import Shard, mark_shard, split_evenly
+from outpace.layers import fused_decoder
 from outpace.layers.activation import sigmoid_gate, silu_and_mul
 from outpace.layers.decoder import (
     GatedMLP,
@@ -71,6 +72,7 @@ from outpace.layers.decoder import (
     run_residual_stack,
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
+from outpace.layers.fused_sandwich import attend_fused_qkv
 from outpace.layers.linear import column_parallel
 from outpace.layers.moe import (
     ExpertActivation,
@@ -502,8 +504,47 @@ class Step3p5Attention(nn.Module):
     def _packs_gate(self) -> bool:
         return self.g_proj is not None and type(self.g_proj) is type(self.q_proj)
 
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves x [num_tokens, hidden] (normalised): q/k/v packed in half
+        precision without bias (``in_proj``'s leading rows), RoPE over whole heads of a power-of-two
+        head_dim (the sliding layers; the full-attention layers turn half of each head), few rows on the GPU
+        (layers/fused_decoder.py ``fusable_rows``) and a backend that attends over a cache the kernel
+        wrote."""
+        d = self.head_dim
+        return (
+            self.in_proj is not None
+            and self.in_proj.bias is None
+            and 2 * self.rotary.cos.shape[-1] == d
+            and not self.rotary.interleaved
+            and d & (d - 1) == 0
+            and fused_decoder.fusable_rows(x, self.in_proj.weight)
+            and self.attn.fused_write_target() is not None
+        )
+
+    def forward_fused(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` in two projection kernels around attention: q/k/v with their zero-centred head norms,
+        RoPE and the cache write in one (layers/fused_sandwich.py ``attend_fused_qkv``), the head-wise
+        gate's rows in another; then the gate and o_proj."""
+        n, d = x.shape[0], self.head_dim
+        qkv_rows = sum(self.in_proj.sizes[:3])
+        weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous
+        qkv = weight[:qkv_rows] if self._packs_gate() else weight
+        out = attend_fused_qkv(
+            self, positions, x, 0.0, qkv=(qkv, self.in_proj.sizes[0])
+        )  # [num_tokens, heads * head_dim]
+        if self.g_proj is not None:
+            g = (
+                fused_decoder.projection_kernels().project_rows(x, weight[qkv_rows:])
+                if self._packs_gate()
+                else self.g_proj(x)
+            )  # [num_tokens, heads]
+            out = sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
+        return self.o_proj(out)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
+        if self.fuses(x):
+            return self.forward_fused(positions, x)
         n, d = x.shape[0], self.head_dim
         if self.in_proj is not None and x.is_cuda:
             q, k, v, *g = self.in_proj(x)  # views of one matmul
