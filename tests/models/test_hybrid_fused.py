@@ -153,9 +153,10 @@ def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monk
     assert len(fused) == MATERIALISED[variant]
 
 
-def test_a_block_with_a_shard_or_a_bias_at_its_end_stays_eager(monkeypatch):
-    """Tensor parallelism's row-parallel output projection sums over the ranks before the residual, and a
-    bias is not folded: ``block_fuses`` declines both."""
+def test_a_block_ends_fused_on_a_shard_that_reduces_itself_not_on_a_bias(monkeypatch):
+    """A bias is not folded, and a row-parallel output projection whose caller sums its partial products
+    (a mixture's shared expert) cannot end a block: ``block_fuses`` declines both; a row-parallel one that
+    reduces itself ends it (projection, all-reduce, residual add: tests/distributed/test_tensor_parallel_fused.py)."""
     from outpace.distributed.group import RankGroup
 
     monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: True)
@@ -165,3 +166,5 @@ def test_a_block_with_a_shard_or_a_bias_at_its_end_stays_eager(monkeypatch):
     assert not fused_decoder.block_fuses(x, linear(8, 16, bias=True), down)
     down.group = RankGroup(rank=0, size=2)
     assert not fused_decoder.block_fuses(x, up, down)
+    down.reduces = True
+    assert fused_decoder.block_fuses(x, up, down)
