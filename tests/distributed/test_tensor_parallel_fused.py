@@ -1,8 +1,9 @@
 """The fused few-row path under tensor parallelism (layers/fused_decoder.py: a row-parallel output projection
 ends its block with the plain projection, the all-reduce and the residual add that readies the next norm;
 layers/mla_fused.py over a rank's heads, its o_proj reducing itself), on CPU processes (gloo) with the kernels
-in Triton's interpreter, forced on for every forward: a random Llama in fp32, its block-FP8 twin and the zoo's
-DeepSeek-V3-architecture target (MLA) at TP = 2 give the TP = 1 eager path's greedy tokens."""
+in Triton's interpreter, forced on for every forward: a random Llama in fp32, its block-FP8 twin, the zoo's
+DeepSeek-V3-architecture target (MLA) and a random Qwen3-Next (gated DeltaNet, attention, dense and MoE MLPs)
+at TP = 2 give the TP = 1 eager path's greedy tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+from helpers.hybrid_models import make_hybrid, save_hybrid  # noqa: E402
 from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized  # noqa: E402
 from helpers.spec_models import random_llama  # noqa: E402
 from helpers.tp_harness import Scenario, run_group  # noqa: E402
@@ -31,7 +33,9 @@ def force_fused_path(rank: int, world: int) -> bool:
     import outpace.layers.fused_decoder as fused_decoder
     import outpace.layers.mla as mla
     import outpace.layers.mla_fused as mla_fused
+    from outpace.layers.gated_deltanet import GatedDeltaNet
     from outpace.layers.linear import is_sharded
+    from outpace.models.qwen3_next import Qwen3NextDecoderLayer
 
     def note(what: str) -> None:
         with open(os.environ[LOG], "a") as f:
@@ -49,9 +53,19 @@ def force_fused_path(rank: int, world: int) -> bool:
             note("mla")
         return mla_block(attn, *args)
 
+    hybrid_layer = Qwen3NextDecoderLayer.forward_fused
+
+    def noted_hybrid(layer, positions, rows, next_norm):
+        mixer = layer.linear_attn if layer.is_linear else layer.self_attn
+        if is_sharded(mixer.out_proj if layer.is_linear else mixer.o_proj):
+            note("hybrid")
+        return hybrid_layer(layer, positions, rows, next_norm)
+
     fused_decoder.fusable_rows = mla.fusable_rows = lambda x, weight: True
+    GatedDeltaNet.fused_step = True  # (the recurrent step kernels, as on the GPU)
     fused_decoder.project_add_ready = noted_end
     mla_fused.mla_forward_fused = noted_mla
+    Qwen3NextDecoderLayer.forward_fused = noted_hybrid
     return True
 
 
@@ -63,7 +77,13 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     quantized, _ = write_quantized(
         src, root / "fp8", "fp8_block", is_projection, block_fp8_config((8, 16))
     )
-    return {"fp32": str(src), "fp8": str(quantized), "mla": str(ZOO / "tinyds")}
+    hybrid = save_hybrid(make_hybrid("qwen3_next"), root / "qwen3_next")
+    return {
+        "fp32": str(src),
+        "fp8": str(quantized),
+        "mla": str(ZOO / "tinyds"),
+        "hybrid": str(hybrid),
+    }
 
 
 def test_fused_blocks_at_two_ranks_give_one_ranks_tokens(checkpoints, tmp_path, monkeypatch):
@@ -78,4 +98,6 @@ def test_fused_blocks_at_two_ranks_give_one_ranks_tokens(checkpoints, tmp_path, 
             expected = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         assert got[name]["tokens"] == expected, name
     noted = set(Path(log).read_text().split())
-    assert noted == {"block:0", "block:1", "mla:0", "mla:1"}, noted
+    assert noted == {f"{what}:{rank}" for what in ("block", "mla", "hybrid") for rank in (0, 1)}, (
+        noted
+    )
