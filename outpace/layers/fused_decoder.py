@@ -258,6 +258,20 @@ def project_add_ready(
     )
 
 
+def project_add_normalised(
+    x: torch.Tensor, proj: nn.Module, stream: torch.Tensor, norm: nn.Module
+) -> NormalisedRows:
+    """The projection that ends a block whose next block reads its input materialised (a sparse MoE): x [n,
+    in], stream [n, hidden] -> the new stream and ``norm`` of it (``NormalisedRows``). The fused residual
+    add and the norm module; for a row-parallel shard (``ends_block``) its partial sums, their all-reduce and
+    the norm module's residual add (one launch for the add and the norm)."""
+    if is_sharded(proj):
+        out = all_reduce(projection_kernels().project_rows(x, fused_weight(proj)), proj.group)
+        return add_normalised(out, stream, norm)
+    added = projection_kernels().project_add(x, fused_weight(proj), stream)
+    return NormalisedRows(added, norm(added))
+
+
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):
     """A gated MLP block (``mlp_fuses``) over rows (``NormedRows``: the stream made ready for the MLP's
     input norm, of eps ``eps``) -> the block's output stream, made ready for ``next_norm`` when given. Two

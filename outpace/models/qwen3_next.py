@@ -63,6 +63,7 @@ from outpace.layers.fused_decoder import (
     mlp_fused,
     mlp_fuses,
     norm_head_logits,
+    project_add_normalised,
     project_add_ready,
     project_normalised,
     run_stack,
@@ -449,8 +450,8 @@ class Qwen3NextDecoderLayer(nn.Module):
         if isinstance(self.mlp, GatedMLP):
             mid = project_add_ready(out, out_proj, rows.stream, post)  # NormedRows
             return mlp_fused(self.mlp, mid, post.eps, next_norm)
-        mid = project_add_ready(out, out_proj, rows.stream, None)  # [num_tokens, hidden]
-        return add_normalised(self.mlp(post(mid)), mid, next_norm)
+        mid = project_add_normalised(out, out_proj, rows.stream, post)
+        return add_normalised(self.mlp(mid.x), mid.stream, next_norm)
 
 
 class Qwen3NextModel(nn.Module):
