@@ -258,6 +258,8 @@ def test_cli_and_part_names(tmp_path):
     assert (multi_plan(parse_args(["bench", "multi", "--gpus", "4"])).world, Plan().world) == (4, 2)
     with pytest.raises(ValueError, match="--gpus 1 is invalid"):
         multi_plan(parse_args(["bench", "multi", "--gpus", "1"]))
+    assert multi_plan(parse_args(["bench", "multi"])).seed_oracle
+    assert not multi_plan(parse_args(["bench", "multi", "--no-oracle"])).seed_oracle
     assert parse_args(["bench", "gpu"]).parts is None  # bench gpu's own default (abef) applies
     with pytest.raises(ValueError, match="unknown part"):
         run_multi_gpu_bench(tmp_path, "correctness,speed", Plan(device="cpu"), tmp_path / "work")
@@ -342,4 +344,24 @@ def test_a_run_on_another_gpu_drops_the_earlier_timings():
     assert (
         result["seconds"] == {"correctness: a": 2.0}
         and "H200" in result["earlier_run"]["timings_dropped"]
+    )
+
+
+@pytest.mark.parametrize("oracle", [True, False])
+def test_the_seed_models_oracle_items_follow_the_plan(oracle):
+    """``seed_oracle`` (--no-oracle): a seed model's items are its all-reduces and plain decode, and its MTP
+    item under ORACLE acceptance only where the plan asks for it."""
+    from types import SimpleNamespace
+
+    from outpace.bench.multi_gpu import Run
+
+    items = []
+    run = SimpleNamespace(
+        plan=Plan(device="cpu", seed_oracle=oracle),
+        group=SimpleNamespace(world=2),
+        item=lambda name, seconds, fn: items.append(name),
+    )
+    Run._seed_items(run, "ep: x", "EP = 2", "x", {}, {}, 10.0)
+    assert items == ["ep: x: all-reduces", "ep: x: plain EP = 2"] + (
+        ["ep: x: MTP ORACLE EP = 2"] if oracle else []
     )
