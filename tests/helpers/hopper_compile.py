@@ -90,7 +90,8 @@ def compile_as_launched(kernel, args, kwargs):
             attrs[(i,)] = [["tt.divisibility", 16]]
     signature.update({n: "constexpr" for n in constants})
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
-    options = dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"])
+    # (Triton's defaults where the launch gives none)
+    options = dict(num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 '''
 

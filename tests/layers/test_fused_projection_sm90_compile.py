@@ -3,7 +3,8 @@ H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter repl
 launches compile it: the launch code runs on CPU tensors of Step-3.5-Flash's shapes at tensor parallelism 2 (one
 token, 132 SMs) with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher
 specializes it. Over fp8 weights (``Fp8Weight``) in the plain (o_proj with the residual and the next norm), SwiGLU
-(the shared expert's gate/up) and q/k/v epilogues, and over bf16 weights: each must compile (the interpreter ran
+(the shared expert's gate/up) and q/k/v epilogues, and over bf16 weights (plain; q/k/v with Step-3.5's
+zero-centred head norms): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
 registers (ptxas -v: no spills) and stream its weights through cp.async."""
 
@@ -39,11 +40,19 @@ cases = {
     "qkv:fp8": lambda: fp.norm_project_qkv(rows, 1e-5, fp8(7168, 4096), 128, 6144, *qkv_args, pdl=True),
     "plain:bf16": lambda: fp.project_add_normed(x, torch.empty(4096, 6144, dtype=torch.bfloat16), stream,
                                                 norm, pdl=True),
+    # Step-3.5's sliding layers at TP = 2 (48 heads, 4 kv heads): zero-centred q/k head norms
+    "qkv_norms:bf16": lambda: fp.norm_project_qkv(x[:, :4096], 0.0, torch.empty(7168, 4096, dtype=torch.bfloat16),
+                                                  128, 6144, *qkv_args, pdl=True,
+                                                  qk_norm=(norm[:128], norm[:128], 1e-5), qk_offset=1.0),
 }
+kernels = ["_fused_rows_kernel", "_qkv_heads_kernel"]  # (per-head norms on few programs: both, in turn)
 for name, run in cases.items():
-    (args, kwargs), = launches_of(fp, ["_fused_rows_kernel"], run)["_fused_rows_kernel"]
-    compiled = compile_as_launched(fp._fused_rows_kernel, args, kwargs)
-    ok = "0 bytes spill stores" in ptxas_report(compiled) and "cp.async" in compiled.asm["ptx"]
+    ok = True
+    for kernel, launches in launches_of(fp, kernels, run).items():
+        for args, kwargs in launches:
+            compiled = compile_as_launched(getattr(fp, kernel), args, kwargs)
+            ok &= "0 bytes spill stores" in ptxas_report(compiled)
+            ok &= kernel != "_fused_rows_kernel" or "cp.async" in compiled.asm["ptx"]
     print(name, ok)
 """
 
@@ -51,5 +60,5 @@ for name, run in cases.items():
 def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["plain:fp8", "swiglu:fp8", "qkv:fp8", "plain:bf16"]
+    names = ["plain:fp8", "swiglu:fp8", "qkv:fp8", "plain:bf16", "qkv_norms:bf16"]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
