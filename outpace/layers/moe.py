@@ -39,7 +39,7 @@ a count that does not split is refused), and each rank reads only its experts fr
 router is replicated; every rank holds every token (the activations are replicated between layers, as under
 TP), computes its own experts' contributions for all of them (the others' slots skipped: on the kernels the
 routing kernel writes the block layout of this rank's experts alone, layers/moe_routing_kernel.py 4., so a
-rank launches what one GPU does, and the zeroing of the skipped slots' rows, layers/moe_kernels.py
+rank launches what one GPU does; the combine kernel skips the other ranks' slots, layers/moe_kernels.py
 ``skipped_slots``) and one all-reduce sums the ranks' partial outputs: the tokens are "dispatched" by the
 routing every rank computed alike, and "combined" by the reduction. Where the expert group is the
 tensor-parallel group (EP = TP) that is the all-reduce the layer already makes for its shared experts; with
@@ -467,8 +467,8 @@ class RoutedExperts(nn.Module):
         tensor-parallel group (module docstring)."""
         placement = self.placement
         skipped = placement.group is not None
-        if skipped and layout is None:
-            ids = placement.local_ids(ids)  # [n, top_k]: -1 where another rank's expert was chosen
+        if skipped:  # [n, top_k]: this rank's experts' indices, -1 where another rank's was chosen
+            ids = placement.local_ids(ids) if layout is None else layout.ids
         quantized = has_quantized_experts(self) or has_quantized_stacks(self)
         if (shared is not None and quantized) or (quantized_shared is not None and not quantized):
             raise ValueError(

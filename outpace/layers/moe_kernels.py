@@ -63,7 +63,7 @@ registers in the fp8 gate/up kernel's few-token tile, ptxas -v for sm_90a).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -128,6 +128,9 @@ class BlockLayout:
     block_expert: torch.Tensor  # [blocks] int32: each block's expert, -1 past the last
     block_m: int
     cursor: torch.Tensor  # [routed + shared experts] int32: the sort's scratch (counts, next rows)
+    # [tokens, top_k]: the routed ids the layout was made of, where they are not the ids the router returns
+    # (an expert-parallel rank's own experts' indices, -1 for another rank's: layers/moe_routing_kernel.py)
+    ids: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, tokens: int, slots: int, num_experts: int, device) -> BlockLayout:
@@ -386,7 +389,7 @@ def align(ids: torch.Tensor, num_routed: int, num_shared: int = 0) -> BlockLayou
         CHUNK=SORT_CHUNK,
         num_warps=8,
     )
-    return layout
+    return replace(layout, ids=ids)
 
 
 @triton.jit
@@ -704,22 +707,30 @@ def _down_kernel(
 def _combine_kernel(
     partial_ptr,  # [tokens * SLOTS, hidden] float32
     out_ptr,  # [tokens, hidden], written
+    ids_ptr,  # [tokens, TOP_K] (SKIPS): -1 where a routed slot was another rank's expert
     hidden,
     stride_partial,
     stride_out,
+    stride_ids,
     SLOTS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SKIPS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
-    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic)."""
+    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic). SKIPS: a
+    routed slot whose id is -1 adds zeros (its row was never written: ``grouped_experts``' skipped_slots)."""
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = offs < hidden
     rows = partial_ptr + token * SLOTS * stride_partial + offs
-    acc = tl.load(rows, mask=ok, other=0.0)
-    for slot in tl.static_range(1, SLOTS):
-        acc += tl.load(rows + slot * stride_partial, mask=ok, other=0.0)
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for slot in tl.static_range(SLOTS):
+        placed = ok
+        if SKIPS and slot < TOP_K:
+            placed = ok & (tl.load(ids_ptr + token * stride_ids + slot) >= 0)
+        acc += tl.load(rows + slot * stride_partial, mask=placed, other=0.0)
     tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -756,7 +767,8 @@ def grouped_experts(
     to x, plus the shared experts' output: [n, hidden] in x's dtype, accumulated in float32 (the
     intermediate rounded to x's dtype, as the eager experts round it). No host synchronisation.
     ``skipped_slots``: ids may be -1 (another expert-parallel rank's expert), a slot that adds nothing (its
-    partial row is zeroed, not computed). ``quant``: the stacks are quantized, these are their scales
+    partial row is neither computed nor read; with ``layout``, ids are the ids it was made of: its ``ids``
+    where it has them). ``quant``: the stacks are quantized, these are their scales
     (layers/quant/moe_quant_kernels.py, the one caller that passes them), any strides: the routed
     experts' by expert index, quantized shared experts' (``quant.shared``, views of their MLP's own scales
     as ``shared`` is of its weights, of the routed scales' column stride) by shared index, each slot's
@@ -872,9 +884,8 @@ def grouped_experts(
         num_stages=up_tiles[3],
         **pdl_launch_options(pdl),
     )
-    partial = (torch.zeros if skipped_slots else torch.empty)(
-        pairs, hidden, dtype=torch.float32, device=x.device
-    )
+    # (the skipped slots' rows stay unwritten: the combine kernel adds zeros for them)
+    partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     bn_down = down_tiles[0]
     _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
         act,
@@ -918,10 +929,14 @@ def grouped_experts(
     _combine_kernel[(n, triton.cdiv(hidden, block_h))](
         partial,
         out,
+        ids,
         hidden,
         partial.stride(0),
         out.stride(0),
+        ids.stride(0),
         SLOTS=slots,
+        TOP_K=top_k,
+        SKIPS=skipped_slots,
         BLOCK_H=block_h,
         PDL=pdl,
         **pdl_launch_options(pdl),

@@ -69,7 +69,7 @@ of ties unspecified, so on scores without ties (random scores, as the tests use)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -646,7 +646,11 @@ def select_experts(
     )
     if not layout:
         return weights, ids, None
-    return weights, ids, blocks if fused else align(layout_ids, local, num_shared)
+    return (
+        weights,
+        ids,
+        replace(blocks, ids=layout_ids) if fused else align(layout_ids, local, num_shared),
+    )
 
 
 def _expert_range(layout: bool | ExpertPlacement, experts: int) -> tuple[int, int]:

@@ -50,7 +50,8 @@ tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FOR
              SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
-build(mk._combine_kernel, experts, dict(SLOTS=8, BLOCK_H=1024, PDL=True))
+build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=8, TOP_K=6, SKIPS=True, BLOCK_H=1024,
+      PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
 
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
