@@ -238,6 +238,11 @@ def layer_fuses(attn: DecoderAttention, mlp: GatedMLP, x: torch.Tensor) -> bool:
     return mlp_fuses(mlp) and attn.o_proj.bias is None and attention_fuses(attn, x)
 
 
+def reduced_product(x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+    """x [n, in] @ a row-parallel shard's weight.T, summed over its group (``ends_block``): [n, out]."""
+    return all_reduce(projection_kernels().project_rows(x, fused_weight(proj)), proj.group)
+
+
 def project_add_ready(
     x: torch.Tensor, proj: nn.Module, stream: torch.Tensor, next_norm: nn.Module | None
 ):
@@ -247,7 +252,7 @@ def project_add_ready(
     their all-reduce, and one row kernel that adds them to the stream and readies it."""
     kernels = projection_kernels()
     if is_sharded(proj):
-        out = all_reduce(kernels.project_rows(x, fused_weight(proj)), proj.group)
+        out = reduced_product(x, proj)
         if next_norm is None:
             return stream + out
         return kernels.normed_rows(out, next_norm.weight, norm_offset(next_norm), residual=stream)
@@ -266,8 +271,7 @@ def project_add_normalised(
     add and the norm module; for a row-parallel shard (``ends_block``) its partial sums, their all-reduce and
     the norm module's residual add (one launch for the add and the norm)."""
     if is_sharded(proj):
-        out = all_reduce(projection_kernels().project_rows(x, fused_weight(proj)), proj.group)
-        return add_normalised(out, stream, norm)
+        return add_normalised(reduced_product(x, proj), stream, norm)
     added = projection_kernels().project_add(x, fused_weight(proj), stream)
     return NormalisedRows(added, norm(added))
 

@@ -63,7 +63,6 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.quant_matmul_kernel import fp8_block_product
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
@@ -419,12 +418,16 @@ def _weighed_product(
     SCALE_BK: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """x @ w.T [BM, BN] in float32; for FP8 weights ``fp8_block_product`` (each column's block scale: the
-    block row of its weight row, the block column of k0)."""
+    """x @ w.T [BM, BN] in float32. FP8 weights: the product of their exact values in x's dtype (e4m3 values
+    are bf16 and float32 values), times each column's block scale (the block row of its weight row, the
+    block column of k0: the step lies in one)."""
     if FP8:  # (both branches spelled out: Triton compiles what follows an early return)
-        product = fp8_block_product(
-            x, w, scale_ptr, cols, k0, cols_ok, stride_sn, stride_sk, SCALE_BN, SCALE_BK, PRECISION
-        )
+        scale = tl.load(
+            scale_ptr + (cols // SCALE_BN).to(tl.int64) * stride_sn + (k0 // SCALE_BK) * stride_sk,
+            mask=cols_ok,
+            other=0.0,
+        ).to(tl.float32)  # [BN]
+        product = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION) * scale[None, :]
     else:
         product = tl.dot(x, tl.trans(w), input_precision=PRECISION)
     return product

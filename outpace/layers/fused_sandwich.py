@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from outpace.distributed.collectives import all_reduce
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.fused_decoder import (
     ends_block,
@@ -19,6 +18,7 @@ from outpace.layers.fused_decoder import (
     mlp_fuses,
     norm_offset,
     projection_kernels,
+    reduced_product,
 )
 from outpace.layers.linear import is_sharded
 
@@ -103,8 +103,7 @@ def _project_normed(x: torch.Tensor, proj: nn.Module, norm: nn.Module):
     row-parallel shard (``ends_block``) the plain projection, the all-reduce and one row kernel."""
     kernels = projection_kernels()
     if is_sharded(proj):
-        out = all_reduce(kernels.project_rows(x, fused_weight(proj)), proj.group)
-        return kernels.normed_rows(out, norm.weight, norm_offset(norm))
+        return kernels.normed_rows(reduced_product(x, proj), norm.weight, norm_offset(norm))
     return kernels.project_normed(x, fused_weight(proj), norm.weight, norm_offset(norm))
 
 

@@ -453,7 +453,8 @@ def _add_product(
 ):
     """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N]: the
     tile dequantized in registers (``weight_tile``). For block FP8 this read the experts faster than scaling
-    each step's product of the raw fp8 values (``fp8_block_product``) on the H200: Step-3.5-Flash-FP8 at
+    each step's product of the raw fp8 values (as layers/fused_projection.py's ``_weighed_product`` does) on
+    the H200: Step-3.5-Flash-FP8 at
     EP = 2, one token, 28.1 us a layer's gate/up against 35.3 (gpu_2026-11-30f calls 1 and 5, step timelines;
     DeepSeek-V2-Lite FP8 450.0 against 423.1 tok/s at batch 1)."""
     s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)

@@ -89,32 +89,6 @@ def weight_tile(
 
 
 @triton.jit
-def fp8_block_product(
-    x,  # [BM, BK] in the compute dtype
-    w,  # [BN, BK] fp8: weight rows ``rows`` at columns k0 .. k0 + BK - 1
-    s_ptr,  # the weight's scales [ceil(N / SCALE_BN), ceil(K / SCALE_BK)]
-    rows,  # [BN] the weight rows
-    k0,
-    rows_ok,  # [BN]
-    stride_sn,
-    stride_sk,
-    SCALE_BN: tl.constexpr,
-    SCALE_BK: tl.constexpr,  # a multiple of BK: the step lies in one scale column
-    PRECISION: tl.constexpr,
-):
-    """x @ w.T [BM, BN] float32 for a K step of fp8 weights: the product of their exact values in x's dtype
-    (e4m3 values are bf16 and float32 values), times each output column's block scale (the fused few-row
-    projections' fp8 weights: layers/fused_projection.py). Tried in the grouped experts in place of
-    ``weight_tile``, it read them slower on the H200 (layers/moe_kernels.py ``_add_product``)."""
-    scale = tl.load(
-        s_ptr + (rows // SCALE_BN).to(tl.int64) * stride_sn + (k0 // SCALE_BK) * stride_sk,
-        mask=rows_ok,
-        other=0.0,
-    ).to(tl.float32)  # [BN]
-    return tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION) * scale[None, :]
-
-
-@triton.jit
 def scale_rows(s_ptr, rows, stride_sn, FORMAT: tl.constexpr, SCALE_BN: tl.constexpr):
     """[BN, 1] pointers to the scale row of each weight row (``weight_tile``'s ``s_rows``)."""
     if FORMAT == "fp8_block":
