@@ -281,9 +281,8 @@ class Plan:
     # qwen3next80b, ep, step35flash on GPUs: rank 0's kernels of one decode step at these batches, in the order
     # they ran (bench/profile.py ``decode_step_timeline``), each to OUT/timeline_<shape>@<batch>.txt
     timeline_batches: tuple[int, ...] = (1,)
-    seed_oracle: bool = (
-        True  # qwen3next80b, ep, step35flash: their MTP items under ORACLE acceptance
-    )
+    # qwen3next80b, ep, step35flash: their MTP items under ORACLE acceptance (bench multi --no-oracle: off)
+    seed_oracle: bool = True
     time_limit_s: float = 540.0  # the whole run; items that no longer fit are skipped
     dp_reserve_s: float = 260.0  # per data-parallel part
 

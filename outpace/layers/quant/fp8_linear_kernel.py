@@ -5,8 +5,9 @@ math of both formats).
   ``weight_scale_inv`` [ceil(N/128), ceil(K/128)] (fp32, bf16 in some Qwen files; ue8m0 checkpoints only
   round these to powers of two). In batch-invariant mode the fused few-row projections' plain kernel serves
   every row count over an ``Fp8Weight`` (layers/fused_projection.py ``fused_rows_apply``: a row's bits do
-  not depend on M; elsewhere it is the slower of the two at few rows); up to ``SCALED_MM_FROM_ROWS`` rows the weight-streaming Triton kernel
-  (quant_matmul_kernel.py) serves every row count; from there on, where torch's block-scaled GEMM takes the
+  not depend on M; elsewhere it is the slower of the two at few rows). Otherwise, up to
+  ``SCALED_MM_FROM_ROWS`` rows the weight-streaming Triton kernel (quant_matmul_kernel.py) serves every row
+  count; from there on, where torch's block-scaled GEMM takes the
   shape (N and K multiples of 128), activations are quantized per token in groups of 128 (DeepSeek-V3
   inference/kernel.py ``act_quant``: scale = amax / 448, x / scale in fp8) and torch multiplies on the FP8
   tensor cores; other shapes stay on the Triton kernel.
