@@ -14,6 +14,7 @@ import sys
 from outpace import __version__
 from outpace.cli import bench, generate, serve, train
 from outpace.cli.engine_args import resolve_model
+from outpace.distributed.process_exit import launched_by_torchrun, run_then_leave
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command line's command. A process that torchrun started (the driver: its other ranks leave
+    from launch.py) leaves through distributed/process_exit.py ``run_then_leave`` once the command is done
+    and its engine closed, without the interpreter's teardown, which aborted a torchrun-started driver on
+    gloo at exit."""
     args = parse_args(argv)
+    if launched_by_torchrun():
+        run_then_leave(lambda: run(args))
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as e:  # ConfigError and CheckpointError are ValueErrors

@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 
 from outpace.distributed.agreement import agree_on_config
 from outpace.distributed.group import SINGLE, RankGroup, init_rank_group, with_parts
+from outpace.distributed.process_exit import launched_by_torchrun, leave_process
 
 COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives wait at most this long for a rank that hangs
 LOST_RANK_WAIT_S = (
@@ -185,10 +186,6 @@ def lost_ranks(group: RankGroup, wait_s: float = LOST_RANK_WAIT_S) -> str:
     )
 
 
-def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def join_ranks(config) -> Ranks:
     """This process's ``Ranks`` for an engine of ``config`` (EngineConfig): one rank alone; a rank of a
     group that torchrun started (or that the caller initialised), where ranks > 0 serve rank 0 here and
@@ -237,11 +234,8 @@ def _follow_then_exit(config, ranks: Ranks) -> None:
     """A rank > 0 that torchrun (or the caller) started: follow rank 0, then exit the process: 0 once
     rank 0 closed the engine, 1 naming the lost rank when a collective failed (rank 0 or another died).
 
-    It leaves as a multiprocessing child leaves (the ranks outpace starts itself, ``_rank_main``): streams
-    flushed, then ``os._exit``, without the interpreter's teardown. After an orderly close that teardown
-    once aborted a torchrun-started follower on gloo ("terminate called without an active exception",
-    SIGABRT, exit -6, in tests/distributed/test_expert_parallel_nodes.py's server test under CI's load),
-    which left rank 0's torchrun waiting on the failed node."""
+    It leaves through distributed/process_exit.py ``leave_process``, without the interpreter's teardown (which
+    aborted such a follower on gloo at exit), as the CLI's torchrun-started driver leaves."""
     code = 0
     try:
         follow(config, ranks.group)
@@ -253,9 +247,7 @@ def _follow_then_exit(config, ranks: Ranks) -> None:
         code = 1
     finally:
         ranks.close(timeout_s=1.0)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_process(code)
 
 
 def _start_ranks(config) -> Ranks:
