@@ -25,7 +25,11 @@ from outpace.layers.quant.fp8_linear_kernel import (  # noqa: E402
     fp8_tensor_linear,
     quantize_activations,
 )
-from outpace.layers.quant.quant_matmul_kernel import plan  # noqa: E402
+from outpace.layers.quant.quant_matmul_kernel import (  # noqa: E402
+    QuantTiles,
+    plan,
+    quant_matmul,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK = (128, 128)
@@ -83,6 +87,81 @@ def test_split_k_on_narrow_products():
     x = torch.randn(1, 1100, device=DEVICE)
     first = fp8_block_linear(x, weight, scale_inv, BLOCK)
     assert torch.equal(fp8_block_linear(x, weight, scale_inv, BLOCK), first)
+
+
+# ---- quant_matmul's launch options (QuantTiles): the transposed product, K steps over several scales ------
+
+
+def blocky_fp8(n: int, k: int, seed: int, block=BLOCK):
+    """``random_block_fp8`` with each block column of its own magnitude (x16 and x1/16 in turn), so a scale
+    applied to another block's columns is far off."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    w *= (16.0 ** (torch.arange(k) // block[1] % 3 - 1))[None, :]
+    weight, scale_inv = quantize_fp8_block(w, block)
+    return weight.to(DEVICE), scale_inv.to(DEVICE)
+
+
+def launch_options(m: int, k: int, block_k: int, swap_ab: bool, split: bool) -> QuantTiles:
+    """64 columns a program (wgmma's M with swap_ab), m's row tile; split: one K step a split."""
+    k_per_split = block_k if split else k
+    splits = -(-k // k_per_split)
+    return QuantTiles(16 if m <= 16 else 32, 64, block_k, splits, k_per_split, 4, 3, swap_ab)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("block_k", [128, 256, 512])
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_launch_options_equal_the_product_on_the_dequantized_weight(swap_ab, block_k, split):
+    """N = 200 and K = 1100 multiples of neither BN nor BK (nor the 128-column scale blocks); 1 to 20 rows
+    (row tiles of 16 and 32)."""
+    weight, scale_inv = blocky_fp8(200, 1100, seed=block_k)
+    dense = dequantize_fp8_block(weight, scale_inv, BLOCK)
+    g = torch.Generator().manual_seed(7)
+    for m in range(1, 21):
+        x = torch.randn(m, 1100, generator=g).to(DEVICE)
+        tiles = launch_options(m, 1100, block_k, swap_ab, split)
+        assert tiles.splits > 1 if split else tiles.splits == 1
+        got = quant_matmul(x, weight, scale_inv, "fp8_block", BLOCK, tiles)
+        assert relative_error(got, F.linear(x, dense)) < 1e-6, m
+
+
+@pytest.mark.parametrize("block_k", [256, 512])
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_a_wide_k_step_scales_each_block_column_by_its_own_scale(swap_ab, block_k):
+    """x only in columns 128 .. 255: the product is those columns' fp8 values times scale column 1 (not 0
+    or 2, which share the step); doubling scale column 1 doubles it, doubling 0 or 2 changes nothing."""
+    weight, scale_inv = blocky_fp8(200, 600, seed=8)
+    x = torch.zeros(3, 600, device=DEVICE)
+    x[:, 128:256] = torch.randn(3, 128, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    tiles = launch_options(3, 600, block_k, swap_ab, split=False)
+    second = weight[:, 128:256].float() * scale_inv[:, 1].repeat_interleave(128)[:200, None]
+    expected = x[:, 128:256] @ second.T  # [3, 200]
+    for column, factor in ((None, 1.0), (0, 1.0), (1, 2.0), (2, 1.0)):
+        scales = scale_inv.clone()
+        if column is not None:
+            scales[:, column] *= 2.0
+        got = quant_matmul(x, weight, scales, "fp8_block", BLOCK, tiles)
+        assert relative_error(got, factor * expected) < 1e-6, column
+
+
+def test_plan_steps_over_scales_narrower_than_its_k_step():
+    """Scales of 64 columns: plan's 128-column fp8 step spans two (it no longer narrows the step)."""
+    weight, scale_inv = blocky_fp8(72, 300, seed=10, block=(128, 64))
+    assert plan(2, 72, 300, "fp8_block", 64, torch.device(DEVICE)).block_k == 128
+    x = torch.randn(2, 300, device=DEVICE)
+    expected = F.linear(x, dequantize_fp8_block(weight, scale_inv, (128, 64)))
+    got = quant_matmul(x, weight, scale_inv, "fp8_block", (128, 64))
+    assert relative_error(got, expected) < 1e-6
+
+
+def test_a_k_step_that_does_not_tile_the_scales_is_refused():
+    weight, scale_inv = blocky_fp8(64, 256, seed=11)
+    x = torch.randn(1, 256, device=DEVICE)
+    with pytest.raises(ValueError, match="K step of 192"):
+        quant_matmul(
+            x, weight, scale_inv, "fp8_block", BLOCK, launch_options(1, 256, 192, False, False)
+        )
 
 
 def test_leading_dimensions_and_strided_rows():

@@ -4,8 +4,9 @@ published formats (quant/dequantize.py defines their math), few rows and many.
 The weight is read once, in its stored bytes, and dequantized in registers (``weight_tile``) into x's
 dtype, then multiplied on the tensor cores with float32 accumulation:
 - "fp8_block": fp8 [N, K] times scale_inv [ceil(N/bn), ceil(K/bk)] (DeepSeek-V3's ``weight_dequant``
-  multiplies); a K step of BK columns lies in one scale column (BK divides bk), so each row of the tile
-  takes one scale;
+  multiplies); a K step of BK columns either lies in one scale column (BK divides bk: each row of the
+  tile takes one scale) or spans several (BK a multiple of bk: each row's scales broadcast over their
+  columns, ``block_scales``);
 - "fp8_tensor": fp8 [N, K] times one scale (ModelOpt), applied to the float32 accumulator at the end;
 - "int4_group": int32 [N, K/8] words of eight nibbles, lowest first, each stored + 8 (compressed-tensors
   pack-quantized), times scale [N, K/group].
@@ -15,11 +16,13 @@ stacks, with "none" for plain half-precision weights.
 Few rows (decode and verify, M <= ``FEW_ROWS``): a program owns BN output columns of all M rows (one
 row tile of 16, 32 or 64) and streams its weight rows along K; where the column blocks alone cannot
 fill the GPU (a narrow N, e.g. DeepSeek's kv_a 576 or q_a 1536 columns), K is split among programs
-(``plan``), each writing a float32 partial, and the last program of a column block to finish (a
+(``few_row_tiles``), each writing a float32 partial, and the last program of a column block to finish (a
 counter in global memory, layers/zeroed_scratch.py: zero between launches, made by the first eager call,
 which also compiles the kernel) sums the partials in split order: one launch, the same bits every time.
 The tiles and the split depend on N and K only (and the row tile on M's bucket), not on the data: the
 launch is fixed for a captured CUDA graph and nothing is allocated but the output and the partials.
+A launch option (``QuantTiles.swap_ab``) computes each tile transposed, the weight as the tensor cores'
+A operand; which options serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 """
 
@@ -46,6 +49,30 @@ _MIN_SPLIT_STEPS = 4
 
 
 @triton.jit
+def block_scales(
+    s_rows,  # [BN, 1] pointers: each row's scale row
+    k0,  # the tile's first column (a multiple of BK)
+    K,  # the weight's columns
+    n_ok,  # [BN] the rows that exist
+    stride_sk,  # the scale's column stride
+    SCALE_BK: tl.constexpr,  # columns a scale covers
+    BK: tl.constexpr,  # a multiple of SCALE_BK
+):
+    """[BN, BK] float32: the scale of each of the tile's columns, its row's scale column for those
+    SCALE_BK columns broadcast over them; zero outside the weight."""
+    blocks = k0 // SCALE_BK + tl.arange(0, BK // SCALE_BK)  # [BK / SCALE_BK]
+    scale = tl.load(
+        s_rows + blocks[None, :] * stride_sk,
+        mask=n_ok[:, None] & (blocks < tl.cdiv(K, SCALE_BK))[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BN, BK / SCALE_BK]
+    return tl.reshape(
+        tl.broadcast_to(scale[:, :, None], (scale.shape[0], BK // SCALE_BK, SCALE_BK)),
+        (scale.shape[0], BK),
+    )
+
+
+@triton.jit
 def weight_tile(
     w_rows,  # [BN, 1] pointers: each weight row's start
     s_rows,  # [BN, 1] pointers: each row's scale row (fp8_block: its block row's; unused otherwise)
@@ -55,7 +82,7 @@ def weight_tile(
     stride_sk,  # the scale's column stride
     FORMAT: tl.constexpr,  # "none", "fp8_block", "fp8_tensor" or "int4_group"
     SCALE_BK: tl.constexpr,  # columns a scale covers: bk (fp8_block), the group (int4_group)
-    BK: tl.constexpr,
+    BK: tl.constexpr,  # int4_group: a multiple of SCALE_BK; fp8_block: a divisor or a multiple of it
     DTYPE: tl.constexpr,  # the compute dtype (x's)
 ):
     """The real weight values at the tile's rows and columns k0 .. k0 + BK - 1 -> [BN, BK] in DTYPE, zero
@@ -70,21 +97,15 @@ def weight_tile(
         packed = tl.interleave(packed, packed)
         packed = tl.interleave(packed, packed)  # [BN, BK]: each word 8 times
         q = ((packed >> ((tl.arange(0, BK) % 8) * 4)[None, :]) & 0xF) - 8  # [BN, BK] in [-8, 7]
-        groups = k0 // SCALE_BK + tl.arange(0, BK // SCALE_BK)
-        scale = tl.load(
-            s_rows + groups[None, :] * stride_sk,
-            mask=n_ok[:, None] & (groups < tl.cdiv(K, SCALE_BK))[None, :],
-            other=0.0,
-        ).to(tl.float32)  # [BN, BK / group]: zero outside, so are the values
-        scale = tl.reshape(
-            tl.broadcast_to(scale[:, :, None], (scale.shape[0], BK // SCALE_BK, SCALE_BK)),
-            (scale.shape[0], BK),
-        )
+        scale = block_scales(s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK)
         return (q.to(tl.float32) * scale).to(DTYPE)
     w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
     if FORMAT == "fp8_block":
-        scale = tl.load(s_rows + (k0 // SCALE_BK) * stride_sk, mask=n_ok[:, None], other=0.0)
-        return (w.to(tl.float32) * scale.to(tl.float32)).to(DTYPE)  # [BN, 1] scale per row
+        if BK > SCALE_BK:  # several scale columns a step
+            scale = block_scales(s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK)  # [BN, BK]
+        else:  # the step lies in one scale column: one scale a row
+            scale = tl.load(s_rows + (k0 // SCALE_BK) * stride_sk, mask=n_ok[:, None], other=0.0)
+        return (w.to(tl.float32) * scale.to(tl.float32)).to(DTYPE)
     return w.to(DTYPE)
 
 
@@ -102,8 +123,8 @@ def _quant_matmul_kernel(
     w_ptr,  # [N, K] fp8 or [N, K / 8] int32
     s_ptr,  # the scale (module docstring)
     out_ptr,  # [M, N] x's dtype, written
-    partial_ptr,  # [SPLITS, M, N] float32 (SPLITS > 1)
-    counter_ptr,  # [>= tiles] int32, zero between launches (SPLITS > 1)
+    partial_ptr,  # [splits, M, N] float32 (SPLIT_K)
+    counter_ptr,  # [>= tiles] int32, zero between launches (SPLIT_K)
     M,
     N,
     K,
@@ -112,6 +133,7 @@ def _quant_matmul_kernel(
     stride_sn,
     stride_sk,
     stride_om,
+    splits,  # programs a column block's K is split among
     k_per_split,  # columns of one split, a multiple of BK
     FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,
@@ -119,12 +141,14 @@ def _quant_matmul_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # splits > 1
+    SWAP_AB: tl.constexpr,  # the transposed product (``QuantTiles.swap_ab``)
     PRECISION: tl.constexpr,
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
     split's columns of K; row tiles on the grid's fast axis, so the programs sharing a weight tile run
-    together and read it from L2."""
+    together and read it from L2. The tile is [BM, BN], or [BN, BM] with SWAP_AB; ``r_idx`` and ``c_idx``
+    are its row and column numbers broadcast to its shape, so one epilogue stores either."""
     row_tile, col_block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = row_tile * BM + tl.arange(0, BM)  # [BM]
     cols = col_block * BN + tl.arange(0, BN)  # [BN]
@@ -132,7 +156,12 @@ def _quant_matmul_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # [BN, 1]
     s_rows = scale_rows(s_ptr, cols, stride_sn, FORMAT, SCALE_BN)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        r_idx, c_idx = rows[None, :], cols[:, None]  # [1, BM], [BN, 1]
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        r_idx, c_idx = rows[:, None], cols[None, :]  # [BM, 1], [1, BN]
     k_start = split * k_per_split
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BK):
         ks = k0 + tl.arange(0, BK)
@@ -140,22 +169,25 @@ def _quant_matmul_kernel(
         w = weight_tile(
             w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty
         )  # [BN, BK]
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        if SWAP_AB:  # the dequantized tile as the A operand (``QuantTiles``)
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)  # [BN, BM]
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
     if FORMAT == "fp8_tensor":
         acc *= tl.load(s_ptr).to(tl.float32)
-    out_mask = (rows < M)[:, None] & n_ok[None, :]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    if SPLITS == 1:
+    out_mask = (r_idx < M) & (c_idx < N)
+    out_ptrs = out_ptr + r_idx.to(tl.int64) * stride_om + c_idx
+    if not SPLIT_K:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
+        tile_offs = r_idx.to(tl.int64) * N + c_idx  # the tile's offsets in one [M, N] slice
         tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=out_mask)
         tile = col_block * tl.num_programs(0) + row_tile
         # acq_rel: this program's partial is visible before its count, the others' before the last reads
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLITS - 1:  # the last of the tile's splits: sum them in split order
-            total = tl.zeros((BM, BN), dtype=tl.float32)
-            for s in range(SPLITS):
+        if arrived == splits - 1:  # the last of the tile's splits: sum them in split order
+            total = tl.zeros(acc.shape, dtype=tl.float32)
+            for s in range(splits):
                 total += tl.load(
                     partial_ptr + s * M * N + tile_offs,
                     mask=out_mask,
@@ -168,7 +200,12 @@ def _quant_matmul_kernel(
 
 @dataclass(frozen=True)
 class QuantTiles:
-    """A launch of ``_quant_matmul_kernel`` (module docstring)."""
+    """A launch of ``_quant_matmul_kernel`` (module docstring). ``swap_ab``: each program computes its
+    output tile transposed, [block_n, block_m] = W tile @ x tile.T, so the dequantized weight is the
+    product's A operand and block_n its M: with 64 or more, Hopper's asynchronous wgmma, which takes A
+    from registers (block_m its N). Unswapped, a tile of 16 or 32 rows is under wgmma's M of 64 and
+    multiplies with mma.sync, its operands in registers too (tests/layers/test_quant_matmul_sm90_compile.py
+    reads both in the PTX)."""
 
     block_m: int
     block_n: int
@@ -177,6 +214,7 @@ class QuantTiles:
     k_per_split: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (triton.cdiv(m, self.block_m), triton.cdiv(n, self.block_n), self.splits)
@@ -185,30 +223,55 @@ class QuantTiles:
 def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.device) -> QuantTiles:
     """Tiles for an [m, k] x [n, k] product in ``fmt`` whose scales cover ``scale_block_k`` columns. Few
     rows: 32 columns a program (64 from 16384 columns), 128 columns a K step for fp8 (16-byte loads of a
-    row), 256 for INT4 (128-byte words of a row); K split as ``_PROGRAMS_PER_SM`` says."""
+    row), 256 for INT4 (128-byte words of a row); K split as ``few_row_tiles`` says."""
     int4 = fmt == "int4_group"
     if m > FEW_ROWS:
         block_m = 128 if m >= 128 else 64
         block_k = max(64, scale_block_k) if int4 else 64
         return QuantTiles(block_m, 128, block_k, 1, k, num_warps=8, num_stages=3)
+    return few_row_tiles(
+        m,
+        n,
+        k,
+        device,
+        block_n=64 if n >= 16384 else 32,
+        block_k=max(256, scale_block_k) if int4 else 128,
+        num_warps=4,
+        num_stages=4 if m <= 32 else 3,
+    )
+
+
+def few_row_tiles(
+    m: int,
+    n: int,
+    k: int,
+    device: torch.device,
+    *,
+    block_n: int,
+    block_k: int,
+    num_warps: int,
+    num_stages: int,
+    swap_ab: bool = False,
+    programs_per_sm: int = _PROGRAMS_PER_SM,
+) -> QuantTiles:
+    """A few-row launch (m <= ``FEW_ROWS``) of these tiles: a row tile of 16, 32 or 64 rows (m's bucket),
+    K split until about ``programs_per_sm`` programs an SM stream, each walking at least
+    ``_MIN_SPLIT_STEPS`` steps of K. ``plan``'s choice, and the settings a sweep tries
+    (benchmarks/scripts/quant_matmul_settings.py)."""
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n = 64 if n >= 16384 else 32
-    block_k = max(256, scale_block_k) if int4 else 128
-    if fmt == "fp8_block":
-        block_k = min(block_k, scale_block_k)
     k_steps = triton.cdiv(k, block_k)
     col_blocks = triton.cdiv(n, block_n)
-    wanted = max(1, (_PROGRAMS_PER_SM * num_sms(device)) // col_blocks)
+    wanted = max(1, (programs_per_sm * num_sms(device)) // col_blocks)
     steps_per_split = triton.cdiv(k_steps, max(1, min(k_steps // _MIN_SPLIT_STEPS, wanted)))
-    splits = triton.cdiv(k_steps, steps_per_split)
     return QuantTiles(
         block_m,
         block_n,
         block_k,
-        splits,
+        triton.cdiv(k_steps, steps_per_split),
         steps_per_split * block_k,
-        num_warps=4,
-        num_stages=4 if block_m <= 32 else 3,
+        num_warps,
+        num_stages,
+        swap_ab,
     )
 
 
@@ -233,6 +296,15 @@ def quant_matmul(
         return out
     x = x if x.stride(1) == 1 else x.contiguous()
     t = tiles or plan(m, n, k, fmt, scale_block[1], x.device)
+    if (
+        fmt != "fp8_tensor"
+        and t.block_k % scale_block[1]
+        and (fmt == "int4_group" or scale_block[1] % t.block_k)
+    ):
+        raise ValueError(
+            f"a K step of {t.block_k} columns over scales of {scale_block[1]} (weight_tile: a multiple"
+            " of the scale's columns, or for fp8_block a divisor)"
+        )
     grid = t.grid(m, n)
     if t.splits > 1:
         if grid[0] * grid[1] > _MAX_TILES:
@@ -264,6 +336,7 @@ def quant_matmul(
         scale_2d.stride(0),
         scale_2d.stride(1),
         out.stride(0),
+        t.splits,
         t.k_per_split,
         FORMAT=fmt,
         SCALE_BN=scale_block[0],
@@ -271,7 +344,8 @@ def quant_matmul(
         BM=t.block_m,
         BN=t.block_n,
         BK=t.block_k,
-        SPLITS=t.splits,
+        SPLIT_K=t.splits > 1,
+        SWAP_AB=t.swap_ab,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=t.num_warps,
         num_stages=t.num_stages,
