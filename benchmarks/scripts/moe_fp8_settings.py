@@ -1,29 +1,23 @@
-"""The grouped experts' kernels (layers/moe_kernels.py) at a few tokens on one GPU, in one of two studies:
+"""The grouped experts' gate/up and down kernels (layers/moe_kernels.py) over block-FP8 expert stacks at a few
+tokens, on one GPU, for candidate tiles (``few_token_gate_up`` / ``few_token_down``: BLOCK_N, BLOCK_K,
+warps, stages): each kernel's microseconds a call and TB/s of the distinct experts' bytes (fp8 weights and
+their scales) at 1, 2, 4 and 8 tokens, at
+- Step-3.5-Flash's stacks (288 experts, hidden 4096, intermediate 1280, top 8; gate, up and down stacks of
+  their own: layers/quant/experts.py ``run_quantized_stacks``' launch), and the same at expert parallelism 2
+  (rank 0's 144 experts, 4 of each token's 8 slots another rank's: ids -1, skipped);
+- DeepSeek-V2-Lite's (64 experts, hidden 2048, intermediate 1408, top 6, gate and up packed) with its shared
+  MLP of two experts' width as 2 shared slots (``QuantizedExpertStacks.run``' launch).
+A setting pairs a gate/up candidate with a down candidate: the kernels read different weights, so one call
+times both. A call is one of LAYERS calls on distinct layers' random stacks (random routing each, distinct
+experts a token, the block layout written before capture) captured in one CUDA graph, so its weights come
+from memory, not L2 (a call reads 60-130 MB at one token); a kernel's time is its CUDA time in torch.profiler
+over REPLAYS replays, per call. Every setting's output is checked against the shipped setting's first. The
+floor is the kernel's bytes over 4.8 TB/s; the shipped setting is starred. No swiglu clamp (Step-3.5's
+limits change no load).
 
-- ``splits`` (the default): the planned split-K (``plan_splits``: module docstring, Split-K) against no split,
-  forced as splits (1, 1), and any ``--splits`` pairs, over block-FP8 and bf16 stacks at 1, 2, 4, 8 and 16
-  tokens: each kernel's microseconds a call, the call's (the three kernels of a graph replay over CUDA events),
-  and the share of the floor, the distinct chosen experts' bytes over 4.8 TB/s, that the call reaches;
-- ``tiles``: candidate tiles of the gate/up and down kernels (``few_token_gate_up`` / ``few_token_down``:
-  BLOCK_N, BLOCK_K, warps, stages) over block-FP8 stacks at 1, 2, 4 and 8 tokens, each kernel's time and TB/s.
+    PYTHONPATH=. python3 benchmarks/scripts/moe_fp8_settings.py OUT_DIR [--shapes NAME ...] [--tokens N ...]
 
-The shapes: Step-3.5-Flash's stacks (288 experts, hidden 4096, intermediate 1280, top 8; gate, up and down
-stacks of their own: layers/quant/experts.py ``run_quantized_stacks``' launch), the same at expert
-parallelism 2 (rank 0's 144 experts, 4 of each token's 8 slots another rank's: ids -1, skipped), the same with
-its shared expert fused as a shared slot (the splits study's), and DeepSeek-V2-Lite's (64 experts, hidden 2048,
-intermediate 1408, top 6, gate and up packed) with its shared MLP of two experts' width as 2 shared slots
-(``QuantizedExpertStacks.run``' launch). Each launch is ``grouped_experts``' with the stacks and scales those
-launches pass. A call is one of LAYERS calls on distinct layers' random stacks (random routing each, distinct
-experts a token, the block layout written before capture) captured in one CUDA graph, so its weights come from
-memory, not L2 (a call reads 60-130 MB at one token); a kernel's time is its CUDA time in torch.profiler over
-REPLAYS replays, per call. Every setting's output is checked against the first setting's. The floor counts the
-weights (fp8 bytes and float32 scales, or bf16) of the distinct experts; no swiglu clamp (Step-3.5's limits
-change no load).
-
-    PYTHONPATH=. python benchmarks/scripts/moe_fp8_settings.py --out DIR [--study splits|tiles]
-        [--shapes NAME ...] [--tokens N ...] [--dtypes fp8 bf16] [--splits U,D ...]
-
-writes DIR/moe_fp8_settings.json (the tiles study) or DIR/moe_splits.json (the splits study)."""
+writes OUT_DIR/moe_fp8_settings.json."""
 
 from __future__ import annotations
 
@@ -38,16 +32,16 @@ import torch
 import triton
 
 from outpace.layers import moe_kernels as mk
-from outpace.layers.quant.experts import slot_views
-from outpace.layers.quant.moe_quant_kernels import ExpertScales
+from outpace.layers.quant.experts import QuantizedShared, slot_views
+from outpace.layers.quant.moe_quant_kernels import ExpertScales, fp8_block_grouped_experts
 
 BLOCK = (128, 128)  # the checkpoints' scale blocks
 BANDWIDTH = 4.8e12  # the H200's HBM3e, bytes/s
-DEVICE = "cuda"
+DEVICE, DTYPE = "cuda", torch.bfloat16
 LAYERS = 4
 REPLAYS = 20
-TOKENS = {"splits": (1, 2, 4, 8, 16), "tiles": (1, 2, 4, 8)}
-KERNELS = ("_gate_up_kernel", "_down_kernel", "_combine_kernel")
+TOKENS = (1, 2, 4, 8)
+KERNELS = ("_gate_up_kernel", "_down_kernel")
 # (gate/up tiles, down tiles), each (BLOCK_N, BLOCK_K, warps, stages); the shipped pair first
 SETTINGS = [
     (mk.few_token_gate_up, mk.few_token_down),
@@ -60,7 +54,6 @@ SETTINGS = [
     ((32, 64, 4, 8), (64, 64, 4, 8)),
     ((32, 128, 2, 8), (64, 128, 8, 8)),
 ]
-UNSPLIT = (1, 1)
 
 
 @dataclass(frozen=True)
@@ -87,12 +80,7 @@ class Shape:
 SHAPES = {
     "step-3.5-flash": Shape(288, 8, 0, 4096, 1280, stacked=True),
     "step-3.5-flash-ep2": Shape(288, 8, 0, 4096, 1280, ranks=2, stacked=True),
-    "step-3.5-flash-shared": Shape(288, 8, 1, 4096, 1280, stacked=True),
     "deepseek-v2-lite": Shape(64, 6, 2, 2048, 1408),
-}
-STUDY_SHAPES = {
-    "splits": ["deepseek-v2-lite", "step-3.5-flash-shared"],
-    "tiles": ["step-3.5-flash", "step-3.5-flash-ep2", "deepseek-v2-lite"],
 }
 
 
@@ -111,45 +99,33 @@ def _scales(
     return torch.rand(shape, generator=gen, device=device) * 1e-2 + 1e-3
 
 
-def make_layer(shape: Shape, gen: torch.Generator, device, fp8: bool = True) -> dict:
-    """One layer's random experts of rank 0 as the shape's launch takes them: ``grouped_experts``' gate, up,
-    down, shared (views of a shared MLP's own tensors) and quant (block FP8; None: bf16)."""
+def make_layer(shape: Shape, gen: torch.Generator, device) -> dict:
+    """One layer's random block-FP8 experts of rank 0 as the shape's launch takes them."""
     e, h, i = shape.local_experts, shape.hidden, shape.inter
-
-    def weight(*size: int) -> torch.Tensor:
-        if fp8:
-            return random_fp8(size, gen, device)
-        return torch.randn(size, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
-
-    def scales(rows: int, cols: int, experts: int | None = e) -> torch.Tensor | None:
-        return _scales(rows, cols, experts, gen, device) if fp8 else None
-
     if shape.stacked:
-        gate, up, down = weight(e, i, h), weight(e, i, h), weight(e, h, i)
-        gate_s, up_s, down_s = scales(i, h), scales(i, h), scales(h, i)
-    else:  # one [2i, h] gate/up weight an expert, its scale rows the gate's then up's
-        gate_up, gate_up_s = weight(e, 2 * i, h), scales(2 * i, h)
-        gate, up = gate_up[:, :i], gate_up[:, i:]
-        if fp8:
-            gate_s, up_s = gate_up_s[:, : i // BLOCK[0]], gate_up_s[:, i // BLOCK[0] :]
-        else:
-            gate_s = up_s = None
-        down, down_s = weight(e, h, i), scales(h, i)
-    layer = dict(gate=gate, up=up, down=down, shared=None, quant=None)
-    shared_scales = None
+        gate_s, up_s = _scales(i, h, e, gen, device), _scales(i, h, e, gen, device)
+        return dict(
+            gate=random_fp8((e, i, h), gen, device),
+            up=random_fp8((e, i, h), gen, device),
+            down=random_fp8((e, h, i), gen, device),
+            scales=ExpertScales("fp8_block", BLOCK, gate_s, up_s, _scales(h, i, e, gen, device)),
+        )
+    layer = dict(
+        gate_up=random_fp8((e, 2 * i, h), gen, device),
+        gate_up_scale=_scales(2 * i, h, e, gen, device),
+        down=random_fp8((e, h, i), gen, device),
+        down_scale=_scales(h, i, e, gen, device),
+        shared=None,
+    )
     if shape.shared:  # the shared MLP's own tensors, seen as its slots (layers/quant/experts.py)
         width = shape.shared * i
-        ins, out = slot_views([weight(width, h), weight(width, h)], weight(h, width), shape.shared)
-        layer["shared"] = (*ins, out)
-        if fp8:
-            ins, out = slot_views(
-                [scales(width, h, None), scales(width, h, None)],
-                scales(h, width, None),
-                shape.shared,
-            )
-            shared_scales = (*ins, out)
-    if fp8:
-        layer["quant"] = ExpertScales("fp8_block", BLOCK, gate_s, up_s, down_s, shared_scales)
+        mlp_in = [random_fp8((width, h), gen, device) for _ in range(2)]
+        mlp_in_s = [_scales(width, h, None, gen, device) for _ in range(2)]
+        (gate, up), down = slot_views(mlp_in, random_fp8((h, width), gen, device), shape.shared)
+        (gate_s, up_s), down_s = slot_views(
+            mlp_in_s, _scales(h, width, None, gen, device), shape.shared
+        )
+        layer["shared"] = QuantizedShared((gate, up, down), (gate_s, up_s, down_s))
     return layer
 
 
@@ -166,45 +142,26 @@ def make_routing(shape: Shape, tokens: int, gen: torch.Generator, device):
     return weights, ids, mk.align(ids, shape.local_experts, shape.shared)
 
 
-def run(
-    shape: Shape,
-    layer: dict,
-    x: torch.Tensor,
-    routing,
-    tiles=None,
-    splits: tuple[int, int] | None = None,
-) -> torch.Tensor:
-    """The layer's experts over x [tokens, hidden] at ``tiles`` ((gate/up, down); None: the shipped) and
-    ``splits`` (None: the planned)."""
+def run(shape: Shape, layer: dict, x: torch.Tensor, routing, tiles) -> torch.Tensor:
+    """The layer's experts over x [tokens, hidden] at ``tiles`` ((gate/up, down); None: the shipped)."""
     weights, ids, layout = routing
-    return mk.grouped_experts(
-        x, weights, ids, layer["gate"], layer["up"], layer["down"], tiles=tiles, shared=layer["shared"],
-        layout=layout, skipped_slots=shape.ranks > 1, quant=layer["quant"], splits=splits,
+    skipped = shape.ranks > 1
+    if shape.stacked:
+        return mk.grouped_experts(
+            x, weights, ids, layer["gate"], layer["up"], layer["down"], tiles=tiles, layout=layout,
+            skipped_slots=skipped, quant=layer["scales"],
+        )  # fmt: skip
+    return fp8_block_grouped_experts(
+        x, weights, ids, layer["gate_up"], layer["gate_up_scale"], layer["down"], layer["down_scale"],
+        layout=layout, skipped_slots=skipped, shared=layer["shared"], tiles=tiles,
     )  # fmt: skip
 
 
-def planned_splits(shape: Shape, layer: dict, routing) -> tuple[int, int]:
-    """The (gate/up, down) split counts ``plan_splits`` gives the shipped tiles' launch."""
-    layout = routing[2]
-    up_tiles, down_tiles = mk._tiles(layout.block_m, fp32=False)
-    quant = layer["quant"]
-    up_k, down_k = (up_tiles[1], down_tiles[1]) if quant is None else (
-        quant.block_k(up_tiles[1]), quant.block_k(down_tiles[1])
-    )  # fmt: skip
-    up, down = mk.plan_splits(
-        layout, shape.top_k + shape.shared, shape.local_experts + shape.shared, shape.hidden,
-        shape.inter, (up_tiles[0], up_k), (down_tiles[0], down_k), layout.block_expert.device,
-    )  # fmt: skip
-    return up.count, down.count
-
-
-def distinct_bytes(shape: Shape, ids: torch.Tensor, fp8: bool = True) -> tuple[int, int, int]:
+def distinct_bytes(shape: Shape, ids: torch.Tensor) -> tuple[int, int, int]:
     """(experts read, gate/up bytes, down bytes) of a call: its distinct routed experts and the shared slots,
-    fp8 weights and float32 scales, or bf16 weights."""
+    fp8 weights and float32 scales."""
     experts = int(ids[ids >= 0].unique().numel()) + shape.shared
     h, i = shape.hidden, shape.inter
-    if not fp8:
-        return experts, experts * 2 * 2 * h * i, experts * 2 * h * i
     blocks = math.ceil(h / BLOCK[0]) * math.ceil(i / BLOCK[1])
     return experts, experts * (2 * h * i + 2 * 4 * blocks), experts * (h * i + 4 * blocks)
 
@@ -237,114 +194,49 @@ def kernel_times(graphs: list[torch.cuda.CUDAGraph]) -> list[dict[str, float]]:
     return times
 
 
-def call_us(graph: torch.cuda.CUDAGraph) -> float:
-    """A call's wall time in the graph (us): REPLAYS replays over CUDA events, per call."""
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (REPLAYS * LAYERS)
-
-
-def measure(shape: Shape, layers: list[dict], x, routings, settings: list[dict]) -> list[dict]:
-    """Each setting ({"tiles": ..., "splits": ...}: grouped_experts' arguments) checked against the first
-    and captured over the layers: the settings that ran, each with its error, kernel times and call time."""
-    reference = run(shape, layers[0], x, routings[0], **settings[0]).float()
+def sweep_point(shape: Shape, layers: list[dict], tokens: int, seed: int) -> dict:
+    """Every setting at ``tokens`` tokens over ``layers`` (module docstring): a row of the JSON."""
+    gen = torch.Generator().manual_seed(seed)
+    routings = [make_routing(shape, tokens, gen, DEVICE) for _ in layers]
+    x = (torch.randn(tokens, shape.hidden, generator=gen) * 0.1).to(DEVICE, DTYPE)
+    counts = [distinct_bytes(shape, r[1]) for r in routings]
+    experts, up_bytes, down_bytes = (sum(c[j] for c in counts) / len(counts) for j in range(3))
+    reference = run(shape, layers[0], x, routings[0], SETTINGS[0]).float()
     measured, graphs = [], []
-    for setting in settings:
+    for tiles in SETTINGS:
         try:
-            err = ((run(shape, layers[0], x, routings[0], **setting).float() - reference).norm()
+            err = ((run(shape, layers[0], x, routings[0], tiles).float() - reference).norm()
                    / reference.norm()).item()  # fmt: skip
             if not err < 1e-2:
-                print(f"  {setting}: wrong (relative error {err:.3g})", flush=True)
+                print(f"  {tiles}: wrong (relative error {err:.3g})", flush=True)
                 continue
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for layer, routing in zip(layers, routings):
-                    run(shape, layer, x, routing, **setting)
+                    run(shape, layer, x, routing, tiles)
         except Exception as e:  # noqa: BLE001 (a tile beyond the shared memory or the registers)
-            print(f"  {setting}: {type(e).__name__}: {e}"[:200], flush=True)
+            print(f"  {tiles}: {type(e).__name__}: {e}"[:200], flush=True)
             continue
-        measured.append(dict(setting, error=err))
+        measured.append((tiles, err))
         graphs.append(graph)
-    for row, us, graph in zip(measured, kernel_times(graphs), graphs):
-        row.update(
-            gate_up_us=us["_gate_up_kernel"], down_us=us["_down_kernel"],
-            combine_us=us["_combine_kernel"], call_us=call_us(graph),
-        )  # fmt: skip
-    return measured
-
-
-def point_routing(shape: Shape, layers: list[dict], tokens: int, seed: int, fp8: bool):
-    """Routings a layer, x [tokens, hidden] bf16, and the mean (experts, gate/up bytes, down bytes) a call."""
-    gen = torch.Generator().manual_seed(seed)
-    routings = [make_routing(shape, tokens, gen, DEVICE) for _ in layers]
-    x = (torch.randn(tokens, shape.hidden, generator=gen) * 0.1).to(DEVICE, torch.bfloat16)
-    counts = [distinct_bytes(shape, r[1], fp8) for r in routings]
-    return routings, x, [sum(c[j] for c in counts) / len(counts) for j in range(3)]
-
-
-def splits_point(
-    shape: Shape, layers: list[dict], tokens: int, fp8: bool, extra: list[tuple[int, int]]
-) -> dict:
-    """The planned splits, no split and the ``extra`` forced splits at ``tokens`` tokens: a row of the JSON."""
-    routings, x, (experts, up_bytes, down_bytes) = point_routing(shape, layers, tokens, tokens, fp8)
-    planned = planned_splits(shape, layers[0], routings[0])
-    forced = list(dict.fromkeys([UNSPLIT, *extra]))
-    rows = measure(
-        shape, layers, x, routings, [dict(splits=None)] + [dict(splits=s) for s in forced]
-    )
-    floor_us = (up_bytes + down_bytes) / BANDWIDTH * 1e6
-    for row in rows:
-        row["planned"] = row["splits"] is None
-        row["splits"] = row["splits"] or planned
-        row["floor_share"] = floor_us / row["call_us"]
-    return dict(
-        tokens=tokens, dtype="fp8" if fp8 else "bf16", experts_read=experts, gate_up_bytes=up_bytes,
-        down_bytes=down_bytes, floor_us=floor_us, planned=planned, settings=rows,
-    )  # fmt: skip
-
-
-def tiles_point(shape: Shape, layers: list[dict], tokens: int) -> dict:
-    """Every tile setting at ``tokens`` tokens over block-FP8 ``layers`` (planned splits): a row of the JSON."""
-    routings, x, (experts, up_bytes, down_bytes) = point_routing(
-        shape, layers, tokens, tokens, True
-    )
-    rows = measure(shape, layers, x, routings, [dict(tiles=t) for t in SETTINGS])
-    for row in rows:
-        tiles = row.pop("tiles")
-        row.update(
-            gate_up=tiles[0], down=tiles[1], shipped=tiles == SETTINGS[0],
-            gate_up_tb_s=up_bytes / row["gate_up_us"] / 1e6, down_tb_s=down_bytes / row["down_us"] / 1e6,
+    settings = []
+    for (tiles, err), us in zip(measured, kernel_times(graphs)):
+        up_us, down_us = us["_gate_up_kernel"], us["_down_kernel"]
+        settings.append(
+            dict(
+                gate_up=tiles[0], down=tiles[1], shipped=tiles == SETTINGS[0], error=err,
+                gate_up_us=up_us, down_us=down_us,
+                gate_up_tb_s=up_bytes / up_us / 1e6, down_tb_s=down_bytes / down_us / 1e6,
+            )
         )  # fmt: skip
     return dict(
         tokens=tokens, experts_read=experts, gate_up_bytes=up_bytes, down_bytes=down_bytes,
         gate_up_floor_us=up_bytes / BANDWIDTH * 1e6, down_floor_us=down_bytes / BANDWIDTH * 1e6,
-        settings=rows,
+        settings=settings,
     )  # fmt: skip
 
 
-def print_splits_table(rows: list[dict]) -> None:
-    """One line a (shape, dtype, tokens, splits): the kernels' and the call's us, the floor's share."""
-    print(
-        f"{'shape':22} {'dtype':5} {'tok':>3} {'splits':>7} {'gate/up':>8} {'down':>7} {'combine':>7} "
-        f"{'call us':>8} {'floor':>6} {'share':>6}"
-    )
-    for row in rows:
-        for s in row["settings"]:
-            mark = "*" if s["planned"] else " "
-            print(
-                f"{row['shape']:22} {row['dtype']:5} {row['tokens']:3d} {mark}{s['splits'][0]:>2},{s['splits'][1]:<3}"
-                f" {s['gate_up_us']:8.1f} {s['down_us']:7.1f} {s['combine_us']:7.1f} {s['call_us']:8.1f} "
-                f"{row['floor_us']:6.1f} {s['floor_share']:6.1%}",
-                flush=True,
-            )
-
-
-def print_tiles_point(name: str, point: dict) -> None:
+def print_point(name: str, point: dict) -> None:
     print(
         f"{name} tokens {point['tokens']}: {point['experts_read']:.1f} experts a call, floor gate/up "
         f"{point['gate_up_floor_us']:.1f} us, down {point['down_floor_us']:.1f} us",
@@ -379,33 +271,14 @@ def print_best(rows: list[dict], tokens: list[int]) -> None:
             )
 
 
-def _pair(text: str) -> tuple[int, int]:
-    up, down = (int(v) for v in text.split(","))
-    return up, down
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description="the grouped experts' split-K or tiles timed at a few tokens (module docstring)"
+        description="the block-FP8 grouped experts' tiles timed at a few tokens (module docstring)"
     )
-    ap.add_argument("--out", type=Path, required=True, help="directory for the JSON")
-    ap.add_argument("--study", choices=sorted(STUDY_SHAPES), default="splits")
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="default: the study's")
-    ap.add_argument("--tokens", nargs="+", type=int, help="default: the study's")
-    ap.add_argument(
-        "--dtypes", nargs="+", choices=("fp8", "bf16"), default=["fp8", "bf16"],
-        help="the splits study's stacks (the tiles study: fp8)",
-    )  # fmt: skip
-    ap.add_argument(
-        "--splits", nargs="*", type=_pair, default=[], metavar="U,D",
-        help="more (gate/up, down) split counts the splits study forces",
-    )  # fmt: skip
-    args = ap.parse_args(argv)
-    args.shapes = args.shapes or STUDY_SHAPES[args.study]
-    args.tokens = args.tokens or list(TOKENS[args.study])
-    if args.study == "tiles":
-        args.dtypes = ["fp8"]
-    return args
+    ap.add_argument("out", type=Path, help="directory for moe_fp8_settings.json")
+    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -416,28 +289,20 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         for name in args.shapes:
             shape = SHAPES[name]
-            for dtype in args.dtypes:
-                gen = torch.Generator(DEVICE).manual_seed(0)
-                layers = [make_layer(shape, gen, DEVICE, fp8=dtype == "fp8") for _ in range(LAYERS)]
-                for tokens in args.tokens:
-                    if args.study == "splits":
-                        point = splits_point(shape, layers, tokens, dtype == "fp8", args.splits)
-                    else:
-                        point = tiles_point(shape, layers, tokens)
-                        print_tiles_point(name, point)
-                    rows.append(dict(shape=name, **point))
-                del layers
-                torch.cuda.empty_cache()
+            gen = torch.Generator(DEVICE).manual_seed(0)
+            layers = [make_layer(shape, gen, DEVICE) for _ in range(LAYERS)]
+            for tokens in args.tokens:
+                point = sweep_point(shape, layers, tokens, seed=tokens)
+                print_point(name, point)
+                rows.append(dict(shape=name, **point))
+            del layers
+            torch.cuda.empty_cache()
     result = dict(
-        study=args.study, device=torch.cuda.get_device_name(), triton=triton.__version__,
+        device=torch.cuda.get_device_name(), triton=triton.__version__,
         layers=LAYERS, replays=REPLAYS, bandwidth=BANDWIDTH, rows=rows,
     )  # fmt: skip
-    name = "moe_splits.json" if args.study == "splits" else "moe_fp8_settings.json"
-    (args.out / name).write_text(json.dumps(result, indent=1))
-    if args.study == "splits":
-        print_splits_table(rows)
-    else:
-        print_best(rows, args.tokens)
+    (args.out / "moe_fp8_settings.json").write_text(json.dumps(result, indent=1))
+    print_best(rows, args.tokens)
     print(f"{time.perf_counter() - began:.0f} s", flush=True)
 
 

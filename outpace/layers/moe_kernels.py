@@ -41,37 +41,13 @@ Four kernels, every grid fixed by the shapes:
    Blocks as tall as the token count (one block per expert always) were measured slower on an H200:
    DeepSeek-V2-Lite's batch-32 decode at 51.8% of the floor against 71.4% with 16-row blocks
    (benchmarks/results/families/), the taller tiles wasting their rows on a few pairs each.
-2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N, gate/up splits): a block's rows times its expert's
-   gate and up rows (up only when ungated) over its split of hidden, the activation, into an intermediate row
-   per block row.
-3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N, down splits): the intermediate rows times the
-   expert's down weight over its split of inter, times the pair's routing weight (a shared slot's: 1, or its
-   column of the weights), into one float32 row per (split, pair).
+2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N): a block's rows times its expert's gate and up
+   rows (up only when ungated), the activation, into an intermediate row per block row.
+3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N): the intermediate rows times the expert's down
+   weight, times the pair's routing weight (a shared slot's: 1, or its column of the weights), into one
+   float32 row per pair.
 4. ``_combine_kernel``, grid (tokens, hidden / BLOCK_H): each token's SLOTS rows summed in slot order (routed
-   slots, then shared), a slot's splits first, in split order; in x's dtype. No atomics: the same inputs give
-   the same bits.
-
-Split-K (``SplitK``, ``plan_splits``). At one token the blocks are the token's SLOTS experts, so without
-splits the grids hold a few hundred programs (DeepSeek-V2-Lite's down: 8 blocks x 32 column blocks over an
-H200's 132 SMs), each walking a dozen K steps: too few bytes in flight for the copy bandwidth (18.7 us a
-layer's gate/up, 10.9 us its down in block FP8, against floors of 9.6 and 4.8). Over 16-row blocks K (hidden
-for gate/up, inter for down) is cut into splits of whole BLOCK_K steps until a launch holds about
-``_PROGRAMS_PER_SM`` programs an SM, each split at least ``_MIN_SPLIT_STEPS`` steps (quant_matmul_kernel.py's
-rule for dense few-row layers); prefill's 64-row blocks keep one split. A program a split, on the grid's
-third axis: down's programs write float32 rows [splits, pairs, hidden] that the combine kernel adds; the
-activation being nonlinear, gate/up's write float32 gate and up partials [splits, rows, inter], and the last
-program of a (block, column block) tile to arrive (layers/split_k.py: a counter a tile in zeroed scratch)
-adds them and finishes the tile. A row's sum is always 0 + split 0 + split 1 + ... in that order: the same
-bits whichever program arrives last. Blocks past the routing's last (expert -1) exit before any write or
-count, and the skipped slots' rows are never written nor read.
-
-NOTE (batch invariance): a row's bits depend on the split count (where its sums over K restart). Outside
-batch-invariant mode the count follows the launch's tiles, so the token count; in the mode
-(attention/context.py ``batch_invariant``) it is the count a one-token launch plans, a function of hidden,
-inter, BLOCK_N, BLOCK_K, the slots, the experts and the SM count only, never of the batch. Where the batch
-is large enough that the plan outside the mode would not split, one program walks the splits in turn, adding
-each into its running sum in split order (``SplitK.programs`` false): the same arithmetic without partials
-or counters, whatever the batch.
+   slots, then shared), in x's dtype. No atomics: the same inputs give the same bits.
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
@@ -98,8 +74,6 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
-from outpace.layers.split_k import last_to_arrive, sum_splits
-from outpace.layers.zeroed_scratch import zeroed_scratch
 
 if TYPE_CHECKING:
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
@@ -108,11 +82,6 @@ _SMALL_BLOCK_M = 16  # the fewest rows per block: tl.dot's minimum
 _LARGE_BLOCK_M = 64  # beyond 64 tokens (prefill): fewer re-reads of an expert's weights
 SORT_CHUNK = 64  # pairs per step of ``sort_pairs_into_blocks``: [64, 64] comparisons
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations (module docstring)
-# Split-K over 16-row blocks (module docstring): K is split until a launch holds about _PROGRAMS_PER_SM programs
-# an SM, each split walking at least _MIN_SPLIT_STEPS steps of BLOCK_K (quant_matmul_kernel.py's values)
-_PROGRAMS_PER_SM = 8
-_MIN_SPLIT_STEPS = 4
-_MAX_SPLIT_TILES = 1 << 16  # the gate/up arrival counters: tiles of a launch with a program a split
 
 
 # (BLOCK_N, BLOCK_K, warps, stages) of the gate/up and the down kernel over blocks of a few tokens (BLOCK_M 16:
@@ -178,88 +147,6 @@ class BlockLayout:
     @property
     def blocks(self) -> int:
         return self.block_expert.shape[0]
-
-
-@dataclass(frozen=True)
-class SplitK:
-    """How a kernel cuts its K (module docstring, Split-K)."""
-
-    count: int  # K's splits: where a row's sums over K restart (its bits)
-    k_per_split: int  # K's columns a split walks, whole BLOCK_K steps
-    programs: bool  # a program a split (the grid's third axis, float32 partials), else one walks them in turn
-
-    @property
-    def grid(self) -> int:
-        """The launch's third grid axis."""
-        return self.count if self.programs else 1
-
-
-def _wanted_splits(tiles: int, k_steps: int, device: torch.device) -> int:
-    """K's splits that bring a launch of ``tiles`` output tiles nearest _PROGRAMS_PER_SM programs an SM, each
-    split at least _MIN_SPLIT_STEPS of the ``k_steps`` steps."""
-    wanted = round(_PROGRAMS_PER_SM * num_sms(device) / max(1, tiles))
-    return max(1, min(k_steps // _MIN_SPLIT_STEPS, wanted))
-
-
-def _split_k(
-    tiles: int,
-    one_token_tiles: int,
-    k: int,
-    block_k: int,
-    block_m: int,
-    device: torch.device,
-    forced: int | None,
-) -> SplitK:
-    """A kernel's split of its K of ``k`` columns over ``tiles`` output tiles, ``one_token_tiles`` at one
-    token (module docstring, Split-K and its NOTE); ``forced``: this count, a program a split."""
-    k_steps = triton.cdiv(k, block_k)
-    if forced is not None:
-        if forced < 1:
-            raise ValueError(f"K splits into at least one part, not {forced}")
-        wanted, parallel = forced, True
-    else:
-        here = _wanted_splits(tiles, k_steps, device) if block_m == _SMALL_BLOCK_M else 1
-        # (in the mode the blocks are the small ones whatever the count: block_rows)
-        wanted = _wanted_splits(one_token_tiles, k_steps, device) if batch_invariant() else here
-        # (in the mode this says whether the splits run a program each, not where they fall)
-        parallel = here > 1
-    steps = triton.cdiv(k_steps, wanted)  # (the last split may be shorter)
-    count = triton.cdiv(k_steps, steps)
-    return SplitK(count, steps * block_k, programs=parallel and count > 1)
-
-
-def plan_splits(
-    layout: BlockLayout,
-    slots: int,
-    experts: int,
-    hidden: int,
-    inter: int,
-    up_tile: tuple[int, int],
-    down_tile: tuple[int, int],
-    device: torch.device,
-    forced: tuple[int, int] | None = None,
-) -> tuple[SplitK, SplitK]:
-    """(gate/up's, down's) splits of a launch over ``layout`` (``slots`` a token, ``experts`` routed + shared)
-    whose kernels' (BLOCK_N, BLOCK_K) are ``up_tile`` and ``down_tile`` (module docstring, Split-K);
-    ``forced``: these counts, a program a split (benchmarks and tests)."""
-    one_token = max_blocks(slots, experts, _SMALL_BLOCK_M)  # the blocks of a one-token launch
-    plans = []
-    for (block_n, block_k), n, k, force in zip(
-        (up_tile, down_tile), (inter, hidden), (hidden, inter), forced or (None, None)
-    ):
-        col_blocks = triton.cdiv(n, block_n)
-        plans.append(
-            _split_k(
-                layout.blocks * col_blocks,
-                one_token * col_blocks,
-                k,
-                block_k,
-                layout.block_m,
-                device,
-                force,
-            )
-        )
-    return plans[0], plans[1]
 
 
 @triton.jit
@@ -583,9 +470,6 @@ def _gate_up_kernel(
     shared_gate_ptr,  # [shared, inter, hidden] (read only when GATED)
     shared_up_ptr,  # [shared, inter, hidden]
     act_ptr,  # [max_blocks * BLOCK_M, inter], written for the real rows
-    gate_partial_ptr,  # [splits, max_blocks * BLOCK_M, inter] float32 (SPLIT_PROGRAMS and GATED)
-    up_partial_ptr,  # [splits, max_blocks * BLOCK_M, inter] float32 (SPLIT_PROGRAMS)
-    counter_ptr,  # [>= max_blocks * inter / BLOCK_N] int32, zero between launches (SPLIT_PROGRAMS)
     gate_scale_ptr,  # quantized stacks (FORMAT != "none"): the gate's and up's scales [routed, ., .]
     up_scale_ptr,
     shared_gate_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
@@ -597,8 +481,6 @@ def _gate_up_kernel(
     inter,
     hidden,
     limit,
-    splits,  # hidden's splits (``SplitK``)
-    k_per_split,  # hidden's columns a split walks, a multiple of BLOCK_K
     stride_xt,
     stride_ge,
     stride_gn,
@@ -609,8 +491,6 @@ def _gate_up_kernel(
     stride_sue,
     stride_sun,
     stride_act,
-    stride_partial_split,
-    stride_partial,
     stride_gse,
     stride_gsn,
     stride_gsk,
@@ -632,7 +512,6 @@ def _gate_up_kernel(
     FORMAT: tl.constexpr,  # "none" or a quantized format (module docstring)
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
-    SPLIT_PROGRAMS: tl.constexpr,  # a program a split (grid axis 2), else each walks every split in turn
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
@@ -677,85 +556,56 @@ def _gate_up_kernel(
             stride_susn,
             num_routed,
         )
-        split = tl.program_id(2)  # (0 unless SPLIT_PROGRAMS)
-        if SPLIT_PROGRAMS:
-            walks = 1
-        else:
-            walks = splits
-        # [BLOCK_M, BLOCK_N] float32 sums: 0 + split 0 + split 1 + ... (module docstring)
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for s in range(split, split + walks):
-            split_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            split_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            k_start = s * k_per_split
-            for k0 in range(k_start, tl.minimum(k_start + k_per_split, hidden), BLOCK_K):
-                k = k0 + offs_k
-                x = tl.load(
-                    x_ptr + token[:, None] * stride_xt + k[None, :],
-                    mask=row_ok[:, None] & (k < hidden)[None, :],
-                    other=0.0,
-                )  # [BLOCK_M, BLOCK_K]
-                if GATED:
-                    split_gate = _add_product(
-                        split_gate,
-                        x,
-                        gate_rows,
-                        gate_s_base,
-                        gate_s_rs,
-                        offs_n,
-                        k0,
-                        hidden,
-                        n_ok,
-                        stride_gsk,
-                        FORMAT,
-                        SCALE_BN,
-                        SCALE_BK,
-                        BLOCK_K,
-                        PRECISION,
-                    )
-                split_up = _add_product(
-                    split_up,
+        for k0 in range(0, hidden, BLOCK_K):
+            k = k0 + offs_k
+            x = tl.load(
+                x_ptr + token[:, None] * stride_xt + k[None, :],
+                mask=row_ok[:, None] & (k < hidden)[None, :],
+                other=0.0,
+            )  # [BLOCK_M, BLOCK_K]
+            if GATED:
+                gate = _add_product(
+                    gate,
                     x,
-                    up_rows,
-                    up_s_base,
-                    up_s_rs,
+                    gate_rows,
+                    gate_s_base,
+                    gate_s_rs,
                     offs_n,
                     k0,
                     hidden,
                     n_ok,
-                    stride_usk,
+                    stride_gsk,
                     FORMAT,
                     SCALE_BN,
                     SCALE_BK,
                     BLOCK_K,
                     PRECISION,
                 )
-            gate += split_gate
-            up += split_up
-        tile_mask = row_ok[:, None] & n_ok[None, :]  # [BLOCK_M, BLOCK_N]
-        finish = True
-        if SPLIT_PROGRAMS:  # the split's partials; the tile's last program to arrive adds them all
-            partials = rows[:, None] * stride_partial + offs_n[None, :]  # [BLOCK_M, BLOCK_N]
-            here = split * stride_partial_split + partials
-            if GATED:
-                tl.store(gate_partial_ptr + here, gate, mask=tile_mask)
-            tl.store(up_partial_ptr + here, up, mask=tile_mask)
-            tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-            finish = last_to_arrive(counter_ptr + tile, splits)
-            if finish:
-                if GATED:
-                    gate = sum_splits(
-                        gate_partial_ptr + partials, stride_partial_split, tile_mask, splits
-                    )
-                up = sum_splits(up_partial_ptr + partials, stride_partial_split, tile_mask, splits)
-        if finish:
-            act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
-            tl.store(
-                act_ptr + rows[:, None] * stride_act + offs_n[None, :],
-                act.to(act_ptr.dtype.element_ty),
-                mask=tile_mask,
+            up = _add_product(
+                up,
+                x,
+                up_rows,
+                up_s_base,
+                up_s_rs,
+                offs_n,
+                k0,
+                hidden,
+                n_ok,
+                stride_usk,
+                FORMAT,
+                SCALE_BN,
+                SCALE_BK,
+                BLOCK_K,
+                PRECISION,
             )
+        act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
+        tl.store(
+            act_ptr + rows[:, None] * stride_act + offs_n[None, :],
+            act.to(act_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & n_ok[None, :],
+        )
 
 
 @triton.jit(do_not_specialize=["pairs"])
@@ -764,7 +614,7 @@ def _down_kernel(
     w_ptr,  # [routed, hidden, inter]
     shared_w_ptr,  # [shared, hidden, inter]
     weights_ptr,  # [tokens, WEIGHTED_SLOTS] float32 routing weights (row stride stride_weights)
-    partial_ptr,  # [splits if SPLIT_PROGRAMS else 1, pairs, hidden] float32, written
+    partial_ptr,  # [pairs, hidden] float32, written
     scale_ptr,  # quantized stacks (FORMAT != "none"): the down projections' scales [routed, ., .]
     shared_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
     sorted_pairs_ptr,
@@ -773,15 +623,12 @@ def _down_kernel(
     num_routed,
     inter,
     hidden,
-    splits,  # inter's splits (``SplitK``)
-    k_per_split,  # inter's columns a split walks, a multiple of BLOCK_K
     stride_act,
     stride_we,
     stride_wn,
     stride_swe,
     stride_swn,
     stride_weights,
-    stride_partial_split,
     stride_partial,
     stride_se,
     stride_sn,
@@ -797,7 +644,6 @@ def _down_kernel(
     FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
-    SPLIT_PROGRAMS: tl.constexpr,  # a program a split (grid axis 2), else each walks every split in turn
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
@@ -820,63 +666,50 @@ def _down_kernel(
             stride_ssn,
             num_routed,
         )
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            k = k0 + offs_k
+            a = tl.load(
+                act_ptr + rows[:, None] * stride_act + k[None, :],
+                mask=row_ok[:, None] & (k < inter)[None, :],
+                other=0.0,
+            )  # [BLOCK_M, BLOCK_K]
+            acc = _add_product(
+                acc,
+                a,
+                w_rows,
+                s_base,
+                s_rs,
+                offs_n,
+                k0,
+                inter,
+                n_ok,
+                stride_sk,
+                FORMAT,
+                SCALE_BN,
+                SCALE_BK,
+                BLOCK_K,
+                PRECISION,
+            )
         token, slot = pair // SLOTS, pair % SLOTS
         weight = tl.load(
             weights_ptr + token * stride_weights + slot,
             mask=row_ok & (slot < WEIGHTED_SLOTS),
             other=1.0,
         ).to(tl.float32)  # [BLOCK_M]: 1 for a shared slot the weights do not give
-        split = tl.program_id(2)  # (0 unless SPLIT_PROGRAMS)
-        if SPLIT_PROGRAMS:
-            walks = 1
-        else:
-            walks = splits
-        # [BLOCK_M, BLOCK_N] float32: 0 + split 0 + split 1 + ... of the weighted products (module docstring)
-        total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for s in range(split, split + walks):
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            k_start = s * k_per_split
-            for k0 in range(k_start, tl.minimum(k_start + k_per_split, inter), BLOCK_K):
-                k = k0 + offs_k
-                a = tl.load(
-                    act_ptr + rows[:, None] * stride_act + k[None, :],
-                    mask=row_ok[:, None] & (k < inter)[None, :],
-                    other=0.0,
-                )  # [BLOCK_M, BLOCK_K]
-                acc = _add_product(
-                    acc,
-                    a,
-                    w_rows,
-                    s_base,
-                    s_rs,
-                    offs_n,
-                    k0,
-                    inter,
-                    n_ok,
-                    stride_sk,
-                    FORMAT,
-                    SCALE_BN,
-                    SCALE_BK,
-                    BLOCK_K,
-                    PRECISION,
-                )
-            total += acc * weight[:, None]
-        split_rows = partial_ptr + split * stride_partial_split  # (split 0 unless SPLIT_PROGRAMS)
         tl.store(
-            split_rows + pair[:, None] * stride_partial + offs_n[None, :],
-            total,
+            partial_ptr + pair[:, None] * stride_partial + offs_n[None, :],
+            acc * weight[:, None],
             mask=row_ok[:, None] & n_ok[None, :],
         )
 
 
 @triton.jit
 def _combine_kernel(
-    partial_ptr,  # [splits, tokens * SLOTS, hidden] float32
+    partial_ptr,  # [tokens * SLOTS, hidden] float32
     out_ptr,  # [tokens, hidden], written
     ids_ptr,  # [tokens, TOP_K] (SKIPS): -1 where a routed slot was another rank's expert
     hidden,
-    splits,
-    stride_partial_split,
     stride_partial,
     stride_out,
     stride_ids,
@@ -886,9 +719,8 @@ def _combine_kernel(
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
-    """A token's SLOTS rows summed in slot order: routed slots, then shared ones, each slot's splits added in
-    split order first (deterministic). SKIPS: a routed slot whose id is -1 adds zeros (its rows were never
-    written: ``grouped_experts``' skipped_slots)."""
+    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic). SKIPS: a
+    routed slot whose id is -1 adds zeros (its row was never written: ``grouped_experts``' skipped_slots)."""
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -899,7 +731,7 @@ def _combine_kernel(
         placed = ok
         if SKIPS and slot < TOP_K:
             placed = ok & (tl.load(ids_ptr + token * stride_ids + slot) >= 0)
-        acc += sum_splits(rows + slot * stride_partial, stride_partial_split, placed, splits)
+        acc += tl.load(rows + slot * stride_partial, mask=placed, other=0.0)
     tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -925,7 +757,6 @@ def grouped_experts(
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
     quant: ExpertScales | None = None,
-    splits: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """x [n, hidden]; weights [n, top_k] float32, or [n, top_k + shared] with the shared slots' weights too
     (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated
@@ -943,8 +774,7 @@ def grouped_experts(
     experts' by expert index, quantized shared experts' (``quant.shared``, views of their MLP's own scales
     as ``shared`` is of its weights, of the routed scales' column stride) by shared index, each slot's
     chosen as its weight rows are. ``tiles``: the (gate/up, down) kernels' tiles in place of ``_tiles``'
-    (benchmarks and tests). ``splits``: the (gate/up, down) kernels' K split into these counts, a program a
-    split, in place of ``plan_splits``' (module docstring, Split-K; benchmarks and tests)."""
+    (benchmarks and tests)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -1005,45 +835,15 @@ def grouped_experts(
     # to 340.6 and 333.4 tokens/s, where bf16's went from 408.1 to 428.6 (with the fused MLA's wider down
     # programs besides); bench families, gpu_2026-11-30e calls 2, 4 and 5. Why FP8 lost is not known.
     pdl = quant is None and pdl_available(x.device)
-    act_rows = layout.blocks * block_m
-    act = torch.empty(act_rows, inter, dtype=x.dtype, device=x.device)
-    bn_up, bn_down = up_tiles[0], down_tiles[0]
-    up_split, down_split = plan_splits(
-        layout, slots, num_routed + num_shared, hidden, inter, (bn_up, up_k), (bn_down, down_k),
-        x.device, splits,
-    )  # fmt: skip
-    up_grid = (layout.blocks, triton.cdiv(inter, bn_up), up_split.grid)
-    # [_MAX_SPLIT_TILES] one a (block, column block) tile, the launch's first ones (asked for on every call, so
-    # that the first, eager, call makes it whatever its split)
-    counters = zeroed_scratch(
-        "layers/moe_kernels.py: the gate/up split-K arrival counters",
-        x.device,
-        _MAX_SPLIT_TILES,
-        torch.int32,
-    )
-    if up_split.programs:
-        if up_grid[0] * up_grid[1] > _MAX_SPLIT_TILES:
-            raise ValueError(
-                f"a gate/up launch of {up_grid[0] * up_grid[1]} tiles split among programs (the arrival "
-                f"counters hold {_MAX_SPLIT_TILES}): fewer tokens or fewer forced splits"
-            )
-        projections = 1 + (gate is not None)
-        partials = torch.empty(  # [up, or up and gate, splits, rows, inter]
-            projections, up_split.count, act_rows, inter, dtype=torch.float32, device=x.device
-        )
-        up_partial, gate_partial = partials[0], partials[-1]  # [splits, rows, inter] each
-    else:
-        up_partial = gate_partial = weights  # not read
-    _gate_up_kernel[up_grid](
+    act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    bn_up = up_tiles[0]
+    _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
         x,
         gate_w,
         up,
         shared_gate_w,
         shared_up,
         act,
-        gate_partial,
-        up_partial,
-        counters,
         gate_s,
         up_s,
         shared_gate_s,
@@ -1055,8 +855,6 @@ def grouped_experts(
         inter,
         hidden,
         float(limit or 0.0),
-        up_split.count,
-        up_split.k_per_split,
         x.stride(0),
         gate_w.stride(0),
         gate_w.stride(1),
@@ -1067,8 +865,6 @@ def grouped_experts(
         shared_up.stride(0),
         shared_up.stride(1),
         act.stride(0),
-        up_partial.stride(0),
-        up_partial.stride(1),
         *gate_ss,
         *up_ss,
         *shared_gate_ss,
@@ -1084,15 +880,15 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
-        SPLIT_PROGRAMS=up_split.programs,
         PDL=pdl,
         num_warps=up_tiles[2],
         num_stages=up_tiles[3],
         **pdl_launch_options(pdl),
     )
-    # [down splits, pairs, hidden] (the skipped slots' rows stay unwritten: the combine kernel adds zeros)
-    partial = torch.empty(down_split.grid, pairs, hidden, dtype=torch.float32, device=x.device)
-    _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down), down_split.grid)](
+    # (the skipped slots' rows stay unwritten: the combine kernel adds zeros for them)
+    partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
+    bn_down = down_tiles[0]
+    _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
         act,
         down,
         shared_down,
@@ -1106,8 +902,6 @@ def grouped_experts(
         num_routed,
         inter,
         hidden,
-        down_split.count,
-        down_split.k_per_split,
         act.stride(0),
         down.stride(0),
         down.stride(1),
@@ -1115,7 +909,6 @@ def grouped_experts(
         shared_down.stride(1),
         weights.stride(0),
         partial.stride(0),
-        partial.stride(1),
         *down_ss,
         *shared_down_ss,
         WEIGHTED_SLOTS=weights.shape[1],
@@ -1127,7 +920,6 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
-        SPLIT_PROGRAMS=down_split.programs,
         PDL=pdl,
         num_warps=down_tiles[2],
         num_stages=down_tiles[3],
@@ -1140,9 +932,7 @@ def grouped_experts(
         out,
         ids,
         hidden,
-        down_split.grid,
         partial.stride(0),
-        partial.stride(1),
         out.stride(0),
         ids.stride(0),
         SLOTS=slots,

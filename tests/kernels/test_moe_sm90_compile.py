@@ -4,17 +4,14 @@ replaces @triton.jit here), with programmatic dependent launch on: what Triton's
 (the griddepcontrol instructions, the L2 prefetch before the wait) at DeepSeek-V2-Lite's routing (64 experts,
 top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait.
 
-The half-precision gate/up and down kernels compile with a program a split (split-K: the few-token
-launches), the combine kernel summing the splits. The grouped gate/up and down kernels also over block-FP8
-stacks, as their launches compile them on an H200 (132 SMs; the few-token fp8 tiles, without the dependent
-launch): at one token, a program a split, and at 64 tokens in batch-invariant mode, each program walking the
-one-token plan's splits in turn. The launch code runs on CPU tensors of the real shapes with recorders in place
-of the kernels, and each recorded launch is compiled as Triton's launcher specializes its arguments (an int of
-1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at Step-3.5-Flash's stacks (gate, up
-and down apart, expert parallel: rank 0's 144 experts, slots skipped) and DeepSeek-V2-Lite's (packed gate/up,
-the shared MLP's two slots from views of its own weights and scales); the split counts are the plan's for
-those shapes. Each must compile without spilling registers (ptxas -v) and stream its weights through cp.async
-(the software pipeline whose stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
+The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one token compile them
+(the few-token fp8 tiles, without the dependent launch): the launch code runs on CPU tensors of the real
+shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
+specializes its arguments (an int of 1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at
+Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped) and DeepSeek-V2-Lite's
+(packed gate/up, the shared MLP's two slots from views of its own weights and scales). Each must compile
+without spilling registers (ptxas -v) and stream its weights through cp.async (the software pipeline whose
+stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
 single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
 runtime never compiles that at these shapes."""
 
@@ -45,13 +42,12 @@ experts = {
     **pointers(["x_ptr", "gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "act_ptr", "w_ptr",
                 "shared_w_ptr", "out_ptr"], "*bf16"),
     **pointers(["gate_scale_ptr", "up_scale_ptr", "scale_ptr", "shared_gate_scale_ptr",
-                "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr", "gate_partial_ptr",
-                "up_partial_ptr"], "*fp32"),
-    **pointers(["sorted_pairs_ptr", "block_expert_ptr", "counter_ptr"], "*i32"),
+                "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr"], "*fp32"),
+    **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
     "limit": "fp32",
 }
 tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FORMAT="none", SCALE_BN=1,
-             SCALE_BK=1, SPLIT_PROGRAMS=True, PDL=True)  # (a program a split: the few-token launches)
+             SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=8, TOP_K=6, SKIPS=True, BLOCK_H=1024,
@@ -68,7 +64,7 @@ def fp8(*shape):
 def scales(*shape):
     return torch.empty(*shape, dtype=torch.float32)
 
-def step_flash(tokens=1, experts=144, hidden=4096, inter=1280):
+def step_flash(tokens=1, experts=2, hidden=4096, inter=1280):
     '''Step-3.5-Flash's stacked block-FP8 experts (gate, up and down stacks of their own) at expert
     parallelism 2: layers/quant/experts.py run_quantized_stacks' launch.'''
     quant = ExpertScales("fp8_block", (128, 128), scales(experts, 10, 32), scales(experts, 10, 32),
@@ -91,26 +87,14 @@ def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
                               scales(experts, 22, 16), fp8(experts, hidden, inter), scales(experts, 16, 11),
                               layout=mk.BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
 
-def walked(run):
-    '''run at 64 tokens in batch-invariant mode: the one-token split counts, each program walking its splits in
-    turn (SplitK.programs false)'''
-    from outpace.attention.context import forward_settings
-    with forward_settings(batch_invariant=True):
-        run(tokens=64)
-
-mk.num_sms = lambda device: 132  # the H200's: the launches plan their splits as there
 for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)):
-    for mode, how in (("split", run), ("walked", lambda: walked(run))):
-        launches = launched(how)
-        for kernel in (mk._gate_up_kernel, mk._down_kernel):
-            args, kwargs = launches[kernel.__name__]
-            assert kwargs["SPLIT_PROGRAMS"] == (mode == "split"), (name, mode, kernel.__name__)
-            count = args[kernel.arg_names.index("splits")]
-            assert count > 1, (name, mode, kernel.__name__)
-            compiled = compile_as_launched(kernel, args, kwargs)
-            report = ptxas_report(compiled)
-            ok = "0 bytes spill stores" in report and "cp.async" in compiled.asm["ptx"]
-            print(f"{kernel.__name__}:fp8_block:{name}:{mode}:{count}", ok)
+    launches = launched(run)
+    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+        args, kwargs = launches[kernel.__name__]
+        compiled = compile_as_launched(kernel, args, kwargs)
+        report = ptxas_report(compiled)
+        ok = "0 bytes spill stores" in report and "cp.async" in compiled.asm["ptx"]
+        print(f"{kernel.__name__}:fp8_block:{name}", ok)
 build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
       "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
       PDL=True))
@@ -129,13 +113,10 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel"]
-    # the plan on 132 SMs at one token: gate/up 3 splits (Step-3.5: 8 blocks x 40 column blocks, 32 K steps;
-    # V2-Lite: 8 x 44, 16 steps), down 2 (8 x 64, 10 steps; 8 x 32, 11 steps: at least 4 steps a split)
     names += [
-        f"{kernel}:fp8_block:{family}:{mode}:{count}"
+        f"{kernel}:fp8_block:{family}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
-        for mode in ("split", "walked")
-        for kernel, count in (("_gate_up_kernel", 3), ("_down_kernel", 2))
+        for kernel in ("_gate_up_kernel", "_down_kernel")
     ]
     names.append("_router_logits_kernel")
     assert done.stdout.split() == [w for n in [*names, "_route_kernel"] for w in (n, "True")]
