@@ -155,6 +155,19 @@ def test_plan_steps_over_scales_narrower_than_its_k_step():
     assert relative_error(got, expected) < 1e-6
 
 
+def test_plan_gives_large_fp8_weights_wide_k_steps_up_to_16_rows():
+    """From 4096 x 4096 fp8 values, up to 16 rows: 64 columns a program over two 128-column scale blocks a
+    step (the H200 sweep's choice); smaller weights, more rows and INT4 keep the default tiles. (The product
+    over such tiles: test_launch_options_equal_the_product_on_the_dequantized_weight.)"""
+    device = torch.device(DEVICE)
+    wide = plan(16, 4096, 4096, "fp8_block", 128, device)
+    assert (wide.block_n, wide.block_k, wide.num_stages) == (64, 256, 3)
+    assert plan(1, 6144, 4096, "fp8_tensor", 128, device).block_k == 256
+    for m, n, fmt in ((17, 4096, "fp8_block"), (1, 2048, "fp8_block"), (1, 4096, "int4_group")):
+        tiles = plan(m, n, 4096, fmt, 128 if fmt == "fp8_block" else 32, device)
+        assert (tiles.block_n, tiles.block_k) != (64, 256), (m, n, fmt)
+
+
 def test_a_k_step_that_does_not_tile_the_scales_is_refused():
     weight, scale_inv = blocky_fp8(64, 256, seed=11)
     x = torch.randn(1, 256, device=DEVICE)

@@ -223,12 +223,16 @@ class QuantTiles:
 def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.device) -> QuantTiles:
     """Tiles for an [m, k] x [n, k] product in ``fmt`` whose scales cover ``scale_block_k`` columns. Few
     rows: 32 columns a program (64 from 16384 columns), 128 columns a K step for fp8 (16-byte loads of a
-    row), 256 for INT4 (128-byte words of a row); K split as ``few_row_tiles`` says."""
+    row), 256 for INT4 (128-byte words of a row); K split as ``few_row_tiles`` says. Up to 16 rows of an
+    fp8 weight of ``_WIDE_FP8_WEIGHT`` values or more: 64 columns a program, 256 a K step, 3 stages, 4
+    programs an SM (``_wide_fp8_tiles``)."""
     int4 = fmt == "int4_group"
     if m > FEW_ROWS:
         block_m = 128 if m >= 128 else 64
         block_k = max(64, scale_block_k) if int4 else 64
         return QuantTiles(block_m, 128, block_k, 1, k, num_warps=8, num_stages=3)
+    if not int4 and m <= 16 and n * k >= _WIDE_FP8_WEIGHT:
+        return _wide_fp8_tiles(m, n, k, device)
     return few_row_tiles(
         m,
         n,
@@ -238,6 +242,23 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
         block_k=max(256, scale_block_k) if int4 else 128,
         num_warps=4,
         num_stages=4 if m <= 32 else 3,
+    )
+
+
+# From this many weight values (16.8M: a 4096 x 4096 projection) an fp8 product of up to 16 rows takes
+# ``_wide_fp8_tiles``. benchmarks/scripts/quant_matmul_settings.py on an H200 (gpu_2026-11-30g call 2), block
+# FP8, us at one row (8 and 16 alike), the default tiles against these: Step-3.5 q_proj 6144 x 4096 15.9 / 13.1,
+# o_proj 4096 x 6144 15.4 / 13.3, Qwen3-Next in_proj_qkvz 12288 x 2048 14.5 / 13.0, Llama-8B down_proj
+# 4096 x 14336 26.7 / 22.6, gate_up 28672 x 4096 42.0 / 38.6; below it the default tiles were the fastest
+# (DeepSeek-V2-Lite o 2048 x 2048 6.7 / 7.8, kv_a 576 x 2048 5.5 / 7.3). The transposed product (swap_ab)
+# was slower at every shape.
+_WIDE_FP8_WEIGHT = 1 << 24
+
+
+def _wide_fp8_tiles(m: int, n: int, k: int, device: torch.device) -> QuantTiles:
+    """The few-row tiles of a large fp8 weight (``_WIDE_FP8_WEIGHT``): two 128-column scale blocks a K step."""
+    return few_row_tiles(
+        m, n, k, device, block_n=64, block_k=256, num_warps=4, num_stages=3, programs_per_sm=4
     )
 
 
