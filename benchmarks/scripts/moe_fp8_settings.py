@@ -45,14 +45,12 @@ KERNELS = ("_gate_up_kernel", "_down_kernel")
 # (gate/up tiles, down tiles), each (BLOCK_N, BLOCK_K, warps, stages); the shipped pair first
 SETTINGS = [
     (mk.few_token_gate_up, mk.few_token_down),
-    ((32, 128, 4, 8), (64, 128, 4, 8)),  # twice the stages (bf16's bytes in flight)
+    ((32, 256, 4, 3), (64, 256, 4, 3)),  # two scale columns a K step (weight_tile)
+    ((32, 256, 4, 4), (64, 256, 4, 4)),
+    ((64, 256, 4, 3), (64, 256, 4, 3)),
+    ((32, 512, 4, 3), (32, 512, 4, 3)),
     ((32, 128, 4, 6), (64, 128, 4, 6)),
-    ((16, 128, 4, 8), (32, 128, 4, 8)),
-    ((16, 128, 4, 12), (16, 128, 4, 12)),
     ((64, 128, 4, 4), (128, 128, 4, 4)),
-    ((64, 128, 4, 6), (128, 128, 4, 6)),
-    ((32, 64, 4, 8), (64, 64, 4, 8)),
-    ((32, 128, 2, 8), (64, 128, 8, 8)),
 ]
 
 

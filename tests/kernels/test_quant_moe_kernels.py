@@ -114,6 +114,18 @@ def test_block_fp8_experts_equal_the_dequantized_experts(n, pool):
     assert relative_error(got, expected) < 1e-6  # float32 summation orders only
 
 
+def test_block_fp8_experts_over_k_steps_of_two_scale_columns():
+    """K steps of 256 columns (two 128-column scale blocks, ``weight_tile`` broadcasting each block's scale
+    over its columns): hidden 392 (a partial third block) and inter 256, the dequantized experts' sums."""
+    gate_up, gate_up_s, down, down_s = fp8_stacks(6, 392, 256, seed=3)
+    x = torch.randn(5, 392, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    weights, ids = routing(5, 6, 2, 6, seed=3)
+    wide = ((32, 256, 4, 3), (32, 256, 4, 3))
+    got = fp8_block_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, tiles=wide)
+    deq = dequantize_fp8_block(gate_up, gate_up_s, BLOCK), dequantize_fp8_block(down, down_s, BLOCK)
+    assert relative_error(got, reference(x, weights, ids, *deq)) < 1e-6
+
+
 def test_block_fp8_clamped_and_ungated_experts_with_bf16_scales():
     x = torch.randn(5, 136, device=DEVICE)
     weights, ids = routing(5, 6, 2, 6, seed=1)

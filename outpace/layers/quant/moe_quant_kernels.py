@@ -3,10 +3,9 @@
 The block layout (tokens' (token, slot) pairs sorted by expert into blocks, from the routing kernel or
 ``align``), the gate/up kernel with the activation, the down kernel with the routing weights and the
 deterministic combine are moe_kernels.py's; only their weight loads change (a constexpr format), so each
-chosen expert's quantized bytes are read once a block: INT4 tiles dequantized in registers by ``weight_tile``
-of quant_matmul_kernel.py, block FP8 tiles converted exactly to x's dtype and each K step's product scaled
-per output column (moe_kernels.py ``_add_product``). This file checks the stacks and hands their scales over
-(``ExpertScales``).
+chosen expert's quantized bytes are read once a block, each tile dequantized in registers by ``weight_tile``
+of quant_matmul_kernel.py (moe_kernels.py ``_add_product``). This file checks the stacks and hands their
+scales over (``ExpertScales``).
 
 Stacks (quant/dequantize.py has the math of each format):
 - block FP8 (DeepSeek-V3, Kimi-K2, Qwen3-Next-FP8): gate_up fp8 [E, 2I, H] with scale_inv [E, ceil(2I/bn),
@@ -62,10 +61,11 @@ class ExpertScales:
         return INT4_PACK if self.fmt == "int4_group" else 1
 
     def block_k(self, wanted: int) -> int:
-        """A K step of the kernels near ``wanted`` that the scales allow: within one fp8 scale column, or
-        whole INT4 groups."""
+        """A K step of the kernels near ``wanted`` that the scales allow: whole fp8 scale columns or a part
+        of one (``weight_tile``), whole INT4 groups."""
         if self.fmt == "fp8_block":
-            return min(wanted, self.scale_block[1])
+            bk = self.scale_block[1]
+            return wanted if wanted % bk == 0 else min(wanted, bk)
         return max(wanted, self.scale_block[1])
 
     def stacks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
