@@ -33,6 +33,12 @@ from outpace.layers.quant.quant_matmul_kernel import (  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK = (128, 128)
+# The launch-option tests' x and tolerance. On the GPU the serving path's bf16 rows (a float32 x tile of 512
+# columns does not fit shared memory beside the weight's: Triton's OutOfResources), the weight values rounded
+# to bf16 once scaled, float32 accumulation and bf16 output: below 1e-2 relative (as
+# test_gpu_bf16_at_the_deepseek_shapes). On the CPU the interpreter in float32: summation orders only.
+X_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+TOLERANCE = 1e-2 if DEVICE == "cuda" else 1e-6
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -89,7 +95,7 @@ def test_split_k_on_narrow_products():
     assert torch.equal(fp8_block_linear(x, weight, scale_inv, BLOCK), first)
 
 
-# ---- quant_matmul's launch options (QuantTiles): the transposed product, K steps over several scales ------
+# ---- quant_matmul's launch options (QuantTiles): K steps over several scales, split K --------------------
 
 
 def blocky_fp8(n: int, k: int, seed: int, block=BLOCK):
@@ -102,47 +108,47 @@ def blocky_fp8(n: int, k: int, seed: int, block=BLOCK):
     return weight.to(DEVICE), scale_inv.to(DEVICE)
 
 
-def launch_options(m: int, k: int, block_k: int, swap_ab: bool, split: bool) -> QuantTiles:
-    """64 columns a program (wgmma's M with swap_ab), m's row tile; split: one K step a split."""
+def launch_options(m: int, k: int, block_k: int, split: bool) -> QuantTiles:
+    """64 columns a program, m's row tile, 4 warps, 3 stages; split: one K step a split."""
     k_per_split = block_k if split else k
     splits = -(-k // k_per_split)
-    return QuantTiles(16 if m <= 16 else 32, 64, block_k, splits, k_per_split, 4, 3, swap_ab)
+    return QuantTiles(16 if m <= 16 else 32, 64, block_k, splits, k_per_split, 4, 3)
 
 
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("block_k", [128, 256, 512])
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_launch_options_equal_the_product_on_the_dequantized_weight(swap_ab, block_k, split):
+def test_launch_options_equal_the_product_on_the_dequantized_weight(block_k, split):
     """N = 200 and K = 1100 multiples of neither BN nor BK (nor the 128-column scale blocks); 1 to 20 rows
-    (row tiles of 16 and 32)."""
+    (row tiles of 16 and 32); x in X_DTYPE."""
     weight, scale_inv = blocky_fp8(200, 1100, seed=block_k)
     dense = dequantize_fp8_block(weight, scale_inv, BLOCK)
     g = torch.Generator().manual_seed(7)
     for m in range(1, 21):
-        x = torch.randn(m, 1100, generator=g).to(DEVICE)
-        tiles = launch_options(m, 1100, block_k, swap_ab, split)
+        x = torch.randn(m, 1100, generator=g).to(DEVICE, X_DTYPE)
+        tiles = launch_options(m, 1100, block_k, split)
         assert tiles.splits > 1 if split else tiles.splits == 1
         got = quant_matmul(x, weight, scale_inv, "fp8_block", BLOCK, tiles)
-        assert relative_error(got, F.linear(x, dense)) < 1e-6, m
+        assert relative_error(got, F.linear(x.float(), dense)) < TOLERANCE, m
 
 
 @pytest.mark.parametrize("block_k", [256, 512])
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_a_wide_k_step_scales_each_block_column_by_its_own_scale(swap_ab, block_k):
+def test_a_wide_k_step_scales_each_block_column_by_its_own_scale(block_k):
     """x only in columns 128 .. 255: the product is those columns' fp8 values times scale column 1 (not 0
-    or 2, which share the step); doubling scale column 1 doubles it, doubling 0 or 2 changes nothing."""
+    or 2, which share the step); doubling scale column 1 doubles it, doubling 0 or 2 changes nothing. A
+    misapplied scale is off by half the product or more (the block columns' magnitudes differ 16-fold),
+    far above TOLERANCE."""
     weight, scale_inv = blocky_fp8(200, 600, seed=8)
-    x = torch.zeros(3, 600, device=DEVICE)
+    x = torch.zeros(3, 600, device=DEVICE, dtype=X_DTYPE)
     x[:, 128:256] = torch.randn(3, 128, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    tiles = launch_options(3, 600, block_k, swap_ab, split=False)
+    tiles = launch_options(3, 600, block_k, split=False)
     second = weight[:, 128:256].float() * scale_inv[:, 1].repeat_interleave(128)[:200, None]
-    expected = x[:, 128:256] @ second.T  # [3, 200]
+    expected = x[:, 128:256].float() @ second.T  # [3, 200]
     for column, factor in ((None, 1.0), (0, 1.0), (1, 2.0), (2, 1.0)):
         scales = scale_inv.clone()
         if column is not None:
             scales[:, column] *= 2.0
         got = quant_matmul(x, weight, scales, "fp8_block", BLOCK, tiles)
-        assert relative_error(got, factor * expected) < 1e-6, column
+        assert relative_error(got, factor * expected) < TOLERANCE, column
 
 
 def test_plan_steps_over_scales_narrower_than_its_k_step():
@@ -173,7 +179,7 @@ def test_a_k_step_that_does_not_tile_the_scales_is_refused():
     x = torch.randn(1, 256, device=DEVICE)
     with pytest.raises(ValueError, match="K step of 192"):
         quant_matmul(
-            x, weight, scale_inv, "fp8_block", BLOCK, launch_options(1, 256, 192, False, False)
+            x, weight, scale_inv, "fp8_block", BLOCK, launch_options(1, 256, 192, split=False)
         )
 
 

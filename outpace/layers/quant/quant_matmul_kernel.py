@@ -21,8 +21,7 @@ counter in global memory, layers/zeroed_scratch.py: zero between launches, made 
 which also compiles the kernel) sums the partials in split order: one launch, the same bits every time.
 The tiles and the split depend on N and K only (and the row tile on M's bucket), not on the data: the
 launch is fixed for a captured CUDA graph and nothing is allocated but the output and the partials.
-A launch option (``QuantTiles.swap_ab``) computes each tile transposed, the weight as the tensor cores'
-A operand; which options serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
+Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 """
 
@@ -142,13 +141,11 @@ def _quant_matmul_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     SPLIT_K: tl.constexpr,  # splits > 1
-    SWAP_AB: tl.constexpr,  # the transposed product (``QuantTiles.swap_ab``)
     PRECISION: tl.constexpr,
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
     split's columns of K; row tiles on the grid's fast axis, so the programs sharing a weight tile run
-    together and read it from L2. The tile is [BM, BN], or [BN, BM] with SWAP_AB; ``r_idx`` and ``c_idx``
-    are its row and column numbers broadcast to its shape, so one epilogue stores either."""
+    together and read it from L2."""
     row_tile, col_block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = row_tile * BM + tl.arange(0, BM)  # [BM]
     cols = col_block * BN + tl.arange(0, BN)  # [BN]
@@ -156,12 +153,7 @@ def _quant_matmul_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # [BN, 1]
     s_rows = scale_rows(s_ptr, cols, stride_sn, FORMAT, SCALE_BN)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
-    if SWAP_AB:
-        acc = tl.zeros((BN, BM), dtype=tl.float32)
-        r_idx, c_idx = rows[None, :], cols[:, None]  # [1, BM], [BN, 1]
-    else:
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        r_idx, c_idx = rows[:, None], cols[None, :]  # [BM, 1], [1, BN]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = split * k_per_split
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BK):
         ks = k0 + tl.arange(0, BK)
@@ -169,24 +161,21 @@ def _quant_matmul_kernel(
         w = weight_tile(
             w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty
         )  # [BN, BK]
-        if SWAP_AB:  # the dequantized tile as the A operand (``QuantTiles``)
-            acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)  # [BN, BM]
-        else:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
     if FORMAT == "fp8_tensor":
         acc *= tl.load(s_ptr).to(tl.float32)
-    out_mask = (r_idx < M) & (c_idx < N)
-    out_ptrs = out_ptr + r_idx.to(tl.int64) * stride_om + c_idx
+    out_mask = (rows < M)[:, None] & n_ok[None, :]
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     if not SPLIT_K:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        tile_offs = r_idx.to(tl.int64) * N + c_idx  # the tile's offsets in one [M, N] slice
+        tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
         tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=out_mask)
         tile = col_block * tl.num_programs(0) + row_tile
         # acq_rel: this program's partial is visible before its count, the others' before the last reads
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
         if arrived == splits - 1:  # the last of the tile's splits: sum them in split order
-            total = tl.zeros(acc.shape, dtype=tl.float32)
+            total = tl.zeros((BM, BN), dtype=tl.float32)
             for s in range(splits):
                 total += tl.load(
                     partial_ptr + s * M * N + tile_offs,
@@ -200,12 +189,9 @@ def _quant_matmul_kernel(
 
 @dataclass(frozen=True)
 class QuantTiles:
-    """A launch of ``_quant_matmul_kernel`` (module docstring). ``swap_ab``: each program computes its
-    output tile transposed, [block_n, block_m] = W tile @ x tile.T, so the dequantized weight is the
-    product's A operand and block_n its M: with 64 or more, Hopper's asynchronous wgmma, which takes A
-    from registers (block_m its N). Unswapped, a tile of 16 or 32 rows is under wgmma's M of 64 and
-    multiplies with mma.sync, its operands in registers too (tests/layers/test_quant_matmul_sm90_compile.py
-    reads both in the PTX)."""
+    """A launch of ``_quant_matmul_kernel`` (module docstring). A few-row tile of 16 or 32 rows is under
+    wgmma's M of 64: it multiplies with mma.sync, the dequantized weight in registers
+    (tests/layers/test_quant_matmul_sm90_compile.py reads it in the PTX)."""
 
     block_m: int
     block_n: int
@@ -214,7 +200,6 @@ class QuantTiles:
     k_per_split: int
     num_warps: int
     num_stages: int
-    swap_ab: bool = False
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (triton.cdiv(m, self.block_m), triton.cdiv(n, self.block_n), self.splits)
@@ -250,8 +235,8 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
 # FP8, us at one row (8 and 16 alike), the default tiles against these: Step-3.5 q_proj 6144 x 4096 15.9 / 13.1,
 # o_proj 4096 x 6144 15.4 / 13.3, Qwen3-Next in_proj_qkvz 12288 x 2048 14.5 / 13.0, Llama-8B down_proj
 # 4096 x 14336 26.7 / 22.6, gate_up 28672 x 4096 42.0 / 38.6; below it the default tiles were the fastest
-# (DeepSeek-V2-Lite o 2048 x 2048 6.7 / 7.8, kv_a 576 x 2048 5.5 / 7.3). The transposed product (swap_ab)
-# was slower at every shape.
+# (DeepSeek-V2-Lite o 2048 x 2048 6.7 / 7.8, kv_a 576 x 2048 5.5 / 7.3). The transposed product (the
+# weight as wgmma's register A operand, removed since) was slower at every shape (q_proj 19.3-27.0).
 _WIDE_FP8_WEIGHT = 1 << 24
 
 
@@ -272,7 +257,6 @@ def few_row_tiles(
     block_k: int,
     num_warps: int,
     num_stages: int,
-    swap_ab: bool = False,
     programs_per_sm: int = _PROGRAMS_PER_SM,
 ) -> QuantTiles:
     """A few-row launch (m <= ``FEW_ROWS``) of these tiles: a row tile of 16, 32 or 64 rows (m's bucket),
@@ -292,7 +276,6 @@ def few_row_tiles(
         steps_per_split * block_k,
         num_warps,
         num_stages,
-        swap_ab,
     )
 
 
@@ -366,7 +349,6 @@ def quant_matmul(
         BN=t.block_n,
         BK=t.block_k,
         SPLIT_K=t.splits > 1,
-        SWAP_AB=t.swap_ab,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=t.num_warps,
         num_stages=t.num_stages,
