@@ -172,8 +172,11 @@ def _quant_matmul_kernel(
         tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
         tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=out_mask)
         tile = col_block * tl.num_programs(0) + row_tile
-        # acq_rel: this program's partial is visible before its count, the others' before the last reads
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        # every thread's partial before the count (one thread takes it for the program: the barrier makes
+        # the release cumulative over the other threads' stores, as in deltanet_step_kernel.py's splits);
+        # acq_rel at gpu scope: the last to arrive acquires every split's partial
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == splits - 1:  # the last of the tile's splits: sum them in split order
             total = tl.zeros((BM, BN), dtype=tl.float32)
             for s in range(splits):
