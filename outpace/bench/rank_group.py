@@ -34,6 +34,7 @@ import torch.multiprocessing as mp
 from outpace import LLM
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import IDLE_TIMEOUT, RankGroup, symmetric_path
+from outpace.distributed.process_exit import leave_process
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)  # a hung collective fails within this
 
@@ -270,9 +271,8 @@ def _rank_main(
         finally:
             group.finish()
         if not group.healthy:
-            os._exit(
-                0
-            )  # a rank is stuck in a broken engine: no teardown with it (the parent stops it)
+            # a rank is stuck in a broken engine: no teardown with it (the parent stops it)
+            leave_process(0)
     else:
         _follow_commands(rank, control, Path(markers))
     dist.destroy_process_group()

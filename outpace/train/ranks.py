@@ -50,6 +50,7 @@ from outpace.distributed.launch import (
     join_group,
     launched_by_torchrun,
 )
+from outpace.distributed.process_exit import leave_process
 
 _ENGINES_DONE = "outpace: no more engines"
 
@@ -331,8 +332,9 @@ def _run_rank(fn: Callable[..., dict], args: tuple, device: str, group: RankGrou
 def _spawned_rank(fn, args, device: str, nproc: int, rank: int, init_method: str) -> None:
     """A rank that ``train_on_ranks`` started: run, and exit 1 naming the error if the run fails.
 
-    NOTE: a rank whose run is complete leaves with ``os._exit(0)``, skipping the interpreter's teardown: its
-    process group is destroyed and rank 0 writes every file, so nothing is left to finalise, and once (CI,
+    NOTE: a rank whose run is complete leaves with ``leave_process(0)`` (distributed/process_exit.py: streams
+    flushed, then ``os._exit``), skipping the interpreter's teardown: its process group is destroyed and rank
+    0 writes every file, so nothing is left to finalise, and once (CI,
     2026-11-27) that teardown aborted a finished rank ("terminate called without an active exception": a C++
     thread still joinable when destroyed), which failed a run that had completed. Skipping it would leave
     tqdm's default lock, a multiprocessing semaphore, unreleased (the resource tracker then warns of a leak), so
@@ -352,6 +354,4 @@ def _spawned_rank(fn, args, device: str, nproc: int, rank: int, init_method: str
     except BaseException:
         print(f"outpace training rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         sys.exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_process(0)
