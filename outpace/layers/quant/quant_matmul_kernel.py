@@ -239,7 +239,7 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
 # o_proj 4096 x 6144 15.4 / 13.3, Qwen3-Next in_proj_qkvz 12288 x 2048 14.5 / 13.0, Llama-8B down_proj
 # 4096 x 14336 26.7 / 22.6, gate_up 28672 x 4096 42.0 / 38.6; below it the default tiles were the fastest
 # (DeepSeek-V2-Lite o 2048 x 2048 6.7 / 7.8, kv_a 576 x 2048 5.5 / 7.3). The transposed product (the
-# weight as wgmma's register A operand, removed since) was slower at every shape (q_proj 19.3-27.0).
+# weight as wgmma's register A operand, removed since) was slower at every shape (q_proj 16.7-27.0).
 _WIDE_FP8_WEIGHT = 1 << 24
 
 
