@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers.quant.dequantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_fp8_tensor,
@@ -199,6 +200,24 @@ def test_per_tensor_fp8_equals_f_linear(m):
     got = fp8_tensor_linear(x, weight, scale)
     assert got.shape == (m, 72)
     assert relative_error(got, F.linear(x, dequantize_fp8_tensor(weight, scale))) < 1e-6
+
+
+def test_batch_invariant_rows_keep_their_bits_in_any_batch():
+    """Batch-invariant mode: a row's product has the same bits alone and among 300 rows (every M takes one
+    row's tiles and K split, a split launch 256 rows at most); outside the mode 300 rows take the prefill
+    tiles, whose sums over K run in another order."""
+    g = torch.Generator().manual_seed(12)
+    weight, scale = quantize_fp8_tensor(torch.randn(72, 1100, generator=g))
+    weight, scale = weight.to(DEVICE), scale.to(DEVICE)
+    x = torch.randn(300, 1100, generator=g).to(DEVICE, X_DTYPE)
+    with forward_settings(True):
+        assert plan(300, 72, 1100, "fp8_tensor", 1, torch.device(DEVICE)).splits > 1
+        batch = quant_matmul(x, weight, scale, "fp8_tensor", (1, 1))
+        for row in (0, 255, 256, 299):  # (either side of the 256-row launches)
+            alone = quant_matmul(x[row : row + 1], weight, scale, "fp8_tensor", (1, 1))
+            assert torch.equal(alone[0], batch[row]), row
+    expected = F.linear(x.float(), dequantize_fp8_tensor(weight, scale))
+    assert relative_error(batch, expected) < TOLERANCE
 
 
 def test_bad_shapes_are_refused_by_name():

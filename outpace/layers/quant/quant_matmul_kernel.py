@@ -23,6 +23,11 @@ The tiles and the split depend on N and K only (and the row tile on M's bucket),
 launch is fixed for a captured CUDA graph and nothing is allocated but the output and the partials.
 Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
+
+Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
+the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
+takes at most ``_INVARIANT_ROWS`` rows (more rows: one launch each such chunk), which bounds its float32
+partials and its arrival counters.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.context import batch_invariant
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
@@ -45,6 +51,7 @@ _MAX_TILES = 1 << 16  # output tiles a split-K launch may have (the counters' le
 # walking at least _MIN_SPLIT_STEPS steps of K (the float32 partials stay small beside the weight)
 _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_STEPS = 4
+_INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode: module docstring)
 
 
 @triton.jit
@@ -215,6 +222,8 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
     fp8 weight of ``_WIDE_FP8_WEIGHT`` values or more: 64 columns a program, 256 a K step, 3 stages, 4
     programs an SM (``_wide_fp8_tiles``)."""
     int4 = fmt == "int4_group"
+    if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
+        m = 1
     if m > FEW_ROWS:
         block_m = 128 if m >= 128 else 64
         block_k = max(64, scale_block_k) if int4 else 64
@@ -312,6 +321,36 @@ def quant_matmul(
             f"a K step of {t.block_k} columns over scales of {scale_block[1]} (weight_tile: a multiple"
             " of the scale's columns, or for fp8_block a divisor)"
         )
+    if (
+        t.splits > 1 and m > _INVARIANT_ROWS
+    ):  # (planned so in batch-invariant mode only: module docstring)
+        for r in range(0, m, _INVARIANT_ROWS):
+            _launch(
+                x[r : r + _INVARIANT_ROWS],
+                weight,
+                scale,
+                fmt,
+                scale_block,
+                t,
+                out[r : r + _INVARIANT_ROWS],
+            )
+    else:
+        _launch(x, weight, scale, fmt, scale_block, t, out)
+    return out
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: str,
+    scale_block: tuple[int, int],
+    t: QuantTiles,
+    out: torch.Tensor,
+) -> None:
+    """One launch of ``_quant_matmul_kernel`` over x [M, K] into out [M, N] (rows of any stride)."""
+    m, k = x.shape
+    n = weight.shape[0]
     grid = t.grid(m, n)
     if t.splits > 1:
         if grid[0] * grid[1] > _MAX_TILES:
@@ -356,4 +395,3 @@ def quant_matmul(
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
-    return out
