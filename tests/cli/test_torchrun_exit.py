@@ -108,7 +108,6 @@ def test_the_exit_code_and_report_are_the_interpreters(
     assert events == [("exit", code)]
     err = capsys.readouterr().err
     assert err.endswith(stderr)
-    if stderr.startswith(
-        ("RuntimeError", "KeyboardInterrupt")
-    ):  # after the interpreter's traceback
+    # a traceback, then the exception's line
+    if stderr.startswith(("RuntimeError", "KeyboardInterrupt")):
         assert err.startswith("Traceback (most recent call last):")
