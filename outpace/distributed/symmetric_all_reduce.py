@@ -9,10 +9,13 @@ H200s with NVLink multicast off, 90 captured all-reduces of [1, 4096] bf16 took 
 (benchmarks/scripts/all_reduce_timings.py, benchmarks/results/gpu_2026-11-29e call 3). vLLM and SGLang keep
 such a path beside NCCL for the same reason (their custom and symmetric-memory all-reduces).
 
-Each rank copies its tensor into its slice of the shared buffer (``stage``), the kernel waits for every
-rank's copy, sums the ranks' slices in rank order (so every rank gets the same bits, whatever the message's
+Each rank's kernel copies its tensor into its own slice of the shared buffer, waits for every rank's
+copy, sums the ranks' slices in rank order (so every rank gets the same bits, whatever the message's
 size: batch-invariant where NCCL's algorithm changes with the size) and waits again before any rank may
-overwrite its buffer. It runs inside captured CUDA graphs like any kernel.
+overwrite its buffer: torch's ``symm_mem.one_shot_all_reduce_copy_out``, one launch (a copy into the buffer
+and then ``one_shot_all_reduce_out`` took two: on two H200s the copy's launch cost 1.0 us and a 0.4 us gap
+before each of Qwen3-Next-80B's 97 all-reduces a step, benchmarks/results/gpu_2026-11-30h call 1's
+timeline). It runs inside captured CUDA graphs like any kernel.
 
 It is set up once per process group, when the group starts, by every rank together (the rendezvous that
 maps the peers' buffers is a collective, so it cannot happen lazily inside a graph capture); it is used only
@@ -45,7 +48,7 @@ class SymmetricAllReduce:
     def __init__(self, buffer: torch.Tensor, group_name: str, kernel) -> None:
         self.buffer = buffer  # [MAX_BYTES] uint8 in symmetric memory, rendezvoused over the group
         self.group_name = group_name
-        self.kernel = kernel  # torch.ops.symm_mem.one_shot_all_reduce_out
+        self.kernel = kernel  # torch.ops.symm_mem.one_shot_all_reduce_copy_out
 
     @classmethod
     def for_group(cls, device_group, cpu_group, device: torch.device) -> SymmetricAllReduce | None:
@@ -59,7 +62,8 @@ class SymmetricAllReduce:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
-            kernel = torch.ops.symm_mem.one_shot_all_reduce_out  # (a torch without it: NCCL only)
+            # (a torch without it: NCCL only)
+            kernel = torch.ops.symm_mem.one_shot_all_reduce_copy_out
             buffer = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
             symm_mem.rendezvous(buffer, device_group.group_name)
             made = cls(buffer, device_group.group_name, kernel)
@@ -86,9 +90,9 @@ class SymmetricAllReduce:
         )
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``."""
+        """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``. (The kernel reads
+        all of x into the buffer before any rank writes a sum: x may be the output.)"""
         flat = x.view(-1)
         staged = self.buffer[: flat.numel() * x.element_size()].view(x.dtype)  # [numel]
-        staged.copy_(flat)
-        self.kernel(staged, "sum", self.group_name, flat)
+        self.kernel(staged, flat, "sum", self.group_name, flat)
         return x
