@@ -7,7 +7,7 @@ each timed as 50 calls captured in one CUDA graph; the route kernel also with ot
 (``moe_routing_kernel.TOKEN_ROUTE_WARPS`` up to 64 tokens, ``ROUTE_WARPS`` beyond). Each captured route is
 first checked against the eager call and ``align``'s layout (a wrong ticket or a race shows there). Prints
 microseconds per call and the matvec's GB/s over its weight; writes OUT/routing_timings.json.
-``PYTHONPATH=. python3 benchmarks/scripts/routing_timings.py OUT``"""
+``PYTHONPATH=. python3 benchmarks/scripts/routing_timings.py OUT [SHAPE ...]`` (by default every shape)."""
 
 from __future__ import annotations
 
@@ -82,11 +82,15 @@ def check_captured(route, experts: int, shared: int) -> None:
     assert torch.equal(layout.block_expert, expected.block_expert)
 
 
-def main(out: Path) -> None:
+def main(out: Path, names: list[str]) -> None:
+    unknown = set(names) - set(SHAPES)
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {sorted(unknown)}: choose from {', '.join(SHAPES)}")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     defaults = kernels.ROUTE_WARPS, kernels.TOKEN_ROUTE_WARPS
-    for name, (hidden, routing, shared, gate, gemma) in SHAPES.items():
+    for name in names or SHAPES:
+        hidden, routing, shared, gate, gemma = SHAPES[name]
         g = torch.Generator("cuda").manual_seed(0)
         weight = (
             torch.randn(routing.num_experts + gate, hidden, device="cuda", generator=g)
@@ -129,4 +133,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
