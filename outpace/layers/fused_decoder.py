@@ -65,6 +65,15 @@ def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.is_cuda and projection_kernels().fused_rows_apply(x, weight)
 
 
+def fusable_qkv(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
+    """Whether ``norm_project_qkv`` (layers/fused_projection.py) serves x [n, in] @ weight.T with its
+    per-head work: where the fused kernels read the weight (``fusable_rows``), or for a block-FP8 weight
+    on few rows (``quantized_qkv_apply``: the quantized product, then the per-head kernel)."""
+    return fusable_rows(x, weight) or (
+        x.is_cuda and projection_kernels().quantized_qkv_apply(x, weight)
+    )
+
+
 def fused_weight(proj) -> torch.Tensor | Fp8Weight | None:
     """The weight the fused kernels read for a projection: a projection's or a packed one's
     (layers/decoder.py ``PackedProjection``: a tensor or an ``Fp8Weight``), a projection stored in fp8 as

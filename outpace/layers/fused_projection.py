@@ -581,18 +581,59 @@ def _qkv_epilogue(
 
 
 @triton.jit
+def _normed_rotated(
+    head_ptr,  # [BM, 1] pointers: the rows' first column of the head in the raw projection
+    x,  # [BM, HALF] float32: the head's columns h, raw
+    h,  # [HALF]
+    scale,  # [BM, 1] float32: the rows' factor (the input norm's, the head norm's)
+    is_q,  # (scalar) a q head, else a k head
+    q_norm_ptr,
+    k_norm_ptr,
+    offset,
+    pos,  # [BM] the rows' positions
+    cos_ptr,
+    sin_ptr,
+    ok,  # [BM, HALF]
+    ROT_HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
+    """Columns h of a q or k head times scale (and offset + the head norm's weight with QK_NORM), rotated:
+    a column h < 2 * ROT_HALF with its neox partner h +- ROT_HALF (read again from the raw projection,
+    scaled alike) by the table's entry h mod ROT_HALF; the columns past 2 * ROT_HALF pass."""
+    rotated = h < 2 * ROT_HALF  # [HALF]
+    lower = h < ROT_HALF
+    partner = tl.where(lower, h + ROT_HALF, tl.where(rotated, h - ROT_HALF, h))  # [HALF]
+    p = tl.load(head_ptr + partner[None, :], mask=ok & rotated[None, :], other=0.0).to(tl.float32)
+    x, p = x * scale, p * scale
+    if QK_NORM:
+        w = tl.where(is_q, tl.load(q_norm_ptr + h), tl.load(k_norm_ptr + h)).to(tl.float32)
+        w_p = tl.where(is_q, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
+        x, p = x * (w + offset)[None, :], p * (w_p.to(tl.float32) + offset)[None, :]
+    entry = tl.where(lower, h, tl.where(rotated, h - ROT_HALF, 0))  # [HALF]
+    trig = pos[:, None].to(tl.int64) * ROT_HALF + entry[None, :]  # [BM, HALF]
+    turn = ok & rotated[None, :]
+    cos = tl.load(cos_ptr + trig, mask=turn, other=1.0)
+    sin = tl.load(sin_ptr + trig, mask=turn, other=0.0)
+    return x * cos + tl.where(lower, -1.0, 1.0)[None, :] * p * sin
+
+
+@triton.jit
 def _qkv_heads_kernel(
-    raw_ptr,  # [M, q_size + 2 * kv_size] float32: x @ W_qkv.T, unnormalised
+    raw_ptr,  # [M, q_size + 2 * kv_size] any float dtype: the projection, without the per-head work
     q_ptr,
     pos_ptr,
-    cos_ptr,
+    cos_ptr,  # [max_positions, ROT_HALF] float32
     sin_ptr,
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
     q_norm_ptr,
     k_norm_ptr,
+    sq_ptr,  # [num_sq_parts, M] float32 (ROW_NORM): the input norm's partial sums of squares
     M,
+    K,  # the input norm's width (ROW_NORM)
+    num_sq_parts,
+    row_eps,
     stride_rm,
     stride_qm,
     q_size,
@@ -600,42 +641,81 @@ def _qkv_heads_kernel(
     qk_eps,
     qk_offset,
     HALF: tl.constexpr,
+    ROT_HALF: tl.constexpr,  # pairs RoPE turns a head (HALF: all of it; fewer: partial rotary)
     BM: tl.constexpr,
+    ROW_NORM: tl.constexpr,  # raw is (s * w_norm) @ W.T: each row times rsqrt(mean(s^2) + row_eps)
+    QK_NORM: tl.constexpr,
     V_NORM: tl.constexpr,
+    BLOCK_P: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (t, h): head h of [q | k | v] (columns h * 2 * HALF ...) for the rows of tile t, from the raw
-    projection: the per-head norms, RoPE and stores of ``_fused_rows_kernel``'s QKV epilogue."""
+    """Program (t, h): head h of [q | k | v] for the rows of tile t, from the raw projection: with ROW_NORM
+    each row first scaled by its input norm's factor (``NormedRows``: the projection read s * w_norm); q and
+    k heads normalised by their per-head norm with QK_NORM (offset + weight) and rotated over their first
+    2 * ROT_HALF dimensions (``_normed_rotated``), v heads normalised without a weight with V_NORM, else
+    passed; q stored, k and v written into the caches' rows at the rows' slots (caches [slots, kv_size],
+    contiguous)."""
     pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]
     row_ok = rows < M
-    j = tl.arange(0, HALF)  # [HALF]: the head's pairs
-    col_a = tl.program_id(1) * 2 * HALF + j
+    first = tl.program_id(1) * 2 * HALF  # the head's first column of [q | k | v]
+    is_q = first < q_size
+    j = tl.arange(0, HALF)  # [HALF]
     ok = row_ok[:, None] & (j < HALF)[None, :]  # [BM, HALF]
-    src = raw_ptr + rows[:, None] * stride_rm + col_a[None, :]
-    a = tl.load(src, mask=ok, other=0.0)  # [BM, HALF]
-    b = tl.load(src + HALF, mask=ok, other=0.0)
-    cos, sin, slot = _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF)
-    norm_a, norm_b = _head_norm_weights(
-        col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, qk_offset, HALF
+    head_ptr = raw_ptr + rows[:, None] * stride_rm + first  # [BM, 1]
+    a = tl.load(head_ptr + j[None, :], mask=ok, other=0.0).to(tl.float32)  # columns j
+    b = tl.load(head_ptr + HALF + j[None, :], mask=ok, other=0.0).to(tl.float32)  # j + HALF
+    scale = tl.full([BM, 1], 1.0, tl.float32)  # [BM, 1] each row's factor
+    if ROW_NORM:
+        parts = tl.arange(0, BLOCK_P)
+        sq = tl.load(
+            sq_ptr + parts[None, :] * M + rows[:, None],
+            mask=row_ok[:, None] & (parts < num_sq_parts)[None, :],
+            other=0.0,
+        )  # [BM, BLOCK_P]
+        scale = tl.rsqrt(tl.sum(sq, axis=1) / K + row_eps)[:, None]
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
+    head_scale = (
+        scale  # the head's RMSNorm, of the rows as scaled: q and k with QK_NORM, v with V_NORM
     )
-    a, b = _head_norm(a, b, col_a, norm_a, norm_b, q_size, kv_size, qk_eps, BM, HALF, HALF, V_NORM)
-    _qkv_epilogue(
-        a,
-        b,
-        rows,
-        col_a,
-        ok,
-        q_ptr,
-        stride_qm,
-        cos,
-        sin,
-        slot,
-        k_cache_ptr,
-        v_cache_ptr,
-        q_size,
-        kv_size,
-        HALF,
+    if QK_NORM or V_NORM:
+        head_sq = tl.sum(a * a + b * b, axis=1)[:, None] * scale * scale  # [BM, 1]
+        head_scale = scale * tl.rsqrt(head_sq / (2 * HALF) + qk_eps)
+    if first >= q_size + kv_size:  # a v head
+        if V_NORM:
+            scale = head_scale
+        v_dst = v_cache_ptr + slot * kv_size + (first - q_size - kv_size) + j[None, :]
+        tl.store(v_dst, (a * scale).to(v_cache_ptr.dtype.element_ty), mask=ok)
+        tl.store(v_dst + HALF, (b * scale).to(v_cache_ptr.dtype.element_ty), mask=ok)
+    else:
+        if QK_NORM:
+            scale = head_scale
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)  # [BM]
+        args = (scale, is_q, q_norm_ptr, k_norm_ptr, qk_offset, pos, cos_ptr, sin_ptr, ok)
+        a = _normed_rotated(head_ptr, a, j, *args, ROT_HALF, QK_NORM)
+        b = _normed_rotated(head_ptr, b, j + HALF, *args, ROT_HALF, QK_NORM)
+        if is_q:
+            q_dst = q_ptr + rows[:, None] * stride_qm + first + j[None, :]
+            tl.store(q_dst, a.to(q_ptr.dtype.element_ty), mask=ok)
+            tl.store(q_dst + HALF, b.to(q_ptr.dtype.element_ty), mask=ok)
+        else:
+            k_dst = k_cache_ptr + slot * kv_size + (first - q_size) + j[None, :]
+            tl.store(k_dst, a.to(k_cache_ptr.dtype.element_ty), mask=ok)
+            tl.store(k_dst + HALF, b.to(k_cache_ptr.dtype.element_ty), mask=ok)
+
+
+def quantized_qkv_apply(x: torch.Tensor, weight) -> bool:
+    """Whether ``norm_project_qkv`` serves x [M, K] @ weight.T for an fp8 weight that the fused kernels do
+    not read (``fused_rows_apply``: outside batch-invariant mode): few rows of half precision on the GPU,
+    autograd off, taken by the quantized product and the per-head kernel."""
+    return (
+        isinstance(weight, Fp8Weight)
+        and not batch_invariant()
+        and x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] <= MAX_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and not torch.is_grad_enabled()
     )
 
 
@@ -1162,16 +1242,19 @@ def norm_project_qkv(
     v_norm: bool = False,
     split_heads: bool | None = None,
 ) -> torch.Tensor:
-    """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows); positions, slot_mapping [M];
-    cos, sin [max_positions, head_dim // 2] float32; caches [num_blocks, block_size, kv_heads, head_dim]
-    (contiguous). Computes [q | k | v] = RMSNorm(rows.stream) @ qkv.T (rows @ qkv.T for a tensor
-    ``rows`` [M, K] that is already normalised: ``eps`` unused), normalises each q and k head when
-    ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given (head_dim a power of two),
-    rotates q and k (neox), writes k and v to the caches at the slots, and returns q [M, q_size]
-    (q_size 0 and qkv = the k and v rows: writes k and v only). The q/k norms' scales are qk_offset +
-    weight (Gemma 3: 1.0); ``v_norm``: each v head is normalised too, without a weight (Gemma 4).
-    ``split_heads`` (tests; by default ``_splits_heads``): the projection and the per-head work in two
-    kernels."""
+    """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor or an ``Fp8Weight``); positions,
+    slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
+    [num_blocks, block_size, kv_heads, head_dim] (contiguous). Computes [q | k | v] = RMSNorm(rows.stream)
+    @ qkv.T (rows @ qkv.T for a tensor ``rows`` [M, K] that is already normalised: ``eps`` unused),
+    normalises each q and k head when ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given
+    (head_dim a power of two), rotates the first rotary_dim dimensions of q and k (neox), writes k and v to
+    the caches at the slots, and returns q [M, q_size] (q_size 0 and qkv = the k and v rows: writes k and v
+    only). The q/k norms' scales are qk_offset + weight (Gemma 3: 1.0); ``v_norm``: each v head is
+    normalised too, without a weight (Gemma 4).
+    Two kernels, the projection and then ``_qkv_heads_kernel`` per head, where ``split_heads`` asks for it
+    (tests; by default ``_splits_heads``), for partial rotary, and for an fp8 weight outside batch-invariant
+    mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the fused kernels'
+    fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // 2
@@ -1179,48 +1262,62 @@ def norm_project_qkv(
         raise ValueError("norm_project_qkv writes into contiguous KV caches only")
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
+    partial = 2 * cos.shape[-1] != head_dim
+    quantized = isinstance(qkv, Fp8Weight) and not batch_invariant()
     if split_heads is None:
         split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
-    if split_heads:
-        if qk_norm is None:
-            raise ValueError("split_heads is the path of per-head norms (qk_norm)")
+    if not (split_heads or partial or quantized):
+        return _launch(
+            x,
+            qkv,
+            q,
+            qkv.shape[0] // 2,
+            _QKV.value,
+            half=head_dim // 2,
+            norm=norm,
+            qkv=args,
+            qk_norm=qk_norm,
+            pdl=pdl,
+            tiles=tiles,
+            qk_offset=qk_offset,
+            v_norm=v_norm,
+        )
+    if quantized:  # the quantized product (layers/quant/quant_matmul_kernel.py), then the heads
+        raw = qkv.project(x)  # [M, q_size + 2 * kv_size] in x's dtype
+    else:
         raw = torch.empty(x.shape[0], qkv.shape[0], dtype=torch.float32, device=x.device)
         _launch(x, qkv, raw, qkv.shape[0], _PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
-        use_pdl = pdl_available(x.device) if pdl is None else pdl
-        half = head_dim // 2
-        _qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv.shape[0] // head_dim)](
-            raw,
-            q,
-            *args[:6],
-            qk_norm[0],
-            qk_norm[1],
-            x.shape[0],
-            raw.stride(0),
-            q.stride(0),
-            q_size,
-            kv_size,
-            qk_norm[2],
-            qk_offset,
-            HALF=half,
-            BM=MAX_ROWS,
-            V_NORM=v_norm,
-            PDL=use_pdl,
-            num_warps=4 if half <= 128 else 8,
-            **pdl_launch_options(use_pdl),
-        )
-        return q
-    return _launch(
-        x,
-        qkv,
+    row_norm = quantized and norm is not None  # (the plain kernel applied the input norm itself)
+    sq_parts = norm[0] if row_norm else raw
+    q_norm, k_norm, qk_eps = qk_norm or (raw, raw, 0.0)
+    use_pdl = pdl_available(x.device) if pdl is None else pdl
+    half = head_dim // 2
+    _qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv.shape[0] // head_dim)](
+        raw,
         q,
-        qkv.shape[0] // 2,
-        _QKV.value,
-        half=head_dim // 2,
-        norm=norm,
-        qkv=args,
-        qk_norm=qk_norm,
-        pdl=pdl,
-        tiles=tiles,
-        qk_offset=qk_offset,
-        v_norm=v_norm,
+        *args[:6],
+        q_norm,
+        k_norm,
+        sq_parts,
+        x.shape[0],
+        x.shape[1],
+        sq_parts.shape[0],
+        eps,
+        raw.stride(0),
+        q.stride(0),
+        q_size,
+        kv_size,
+        qk_eps,
+        qk_offset,
+        HALF=half,
+        ROT_HALF=cos.shape[-1],
+        BM=MAX_ROWS,
+        ROW_NORM=row_norm,
+        QK_NORM=qk_norm is not None,
+        V_NORM=v_norm,
+        BLOCK_P=triton.next_power_of_2(sq_parts.shape[0]) if row_norm else 1,
+        PDL=use_pdl,
+        num_warps=4 if half <= 128 else 8,
+        **pdl_launch_options(use_pdl),
     )
+    return q

@@ -83,6 +83,7 @@ from outpace.layers.moe import (
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
@@ -505,19 +506,18 @@ class Step3p5Attention(nn.Module):
         return self.g_proj is not None and type(self.g_proj) is type(self.q_proj)
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves x [num_tokens, hidden] (normalised): q/k/v packed in half
-        precision without bias (``in_proj``'s leading rows), RoPE over whole heads of a power-of-two
-        head_dim (the sliding layers; the full-attention layers turn half of each head), few rows on the GPU
-        (layers/fused_decoder.py ``fusable_rows``) and a backend that attends over a cache the kernel
-        wrote."""
+        """Whether ``forward_fused`` serves x [num_tokens, hidden] (normalised): q/k/v packed without bias
+        (``in_proj``'s leading rows; half precision or block FP8), neox RoPE over a power-of-two head_dim
+        (whole heads in the sliding layers, half of each in the full-attention ones: the per-head kernel
+        turns either), few rows on the GPU (layers/fused_decoder.py ``fusable_qkv``) and a backend that
+        attends over a cache the kernel wrote."""
         d = self.head_dim
         return (
             self.in_proj is not None
             and self.in_proj.bias is None
-            and 2 * self.rotary.cos.shape[-1] == d
             and not self.rotary.interleaved
             and d & (d - 1) == 0
-            and fused_decoder.fusable_rows(x, self.in_proj.weight)
+            and fused_decoder.fusable_qkv(x, self.in_proj.weight)
             and self.attn.fused_write_target() is not None
         )
 
@@ -527,17 +527,19 @@ class Step3p5Attention(nn.Module):
         gate's rows in another; then the gate and o_proj."""
         n, d = x.shape[0], self.head_dim
         qkv_rows = sum(self.in_proj.sizes[:3])
-        weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous
-        qkv = weight[:qkv_rows] if self._packs_gate() else weight
+        weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight of them)
+        fp8 = isinstance(weight, Fp8Weight)
+        qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
         out = attend_fused_qkv(
             self, positions, x, 0.0, qkv=(qkv, self.in_proj.sizes[0])
         )  # [num_tokens, heads * head_dim]
         if self.g_proj is not None:
-            g = (
-                fused_decoder.projection_kernels().project_rows(x, weight[qkv_rows:])
-                if self._packs_gate()
-                else self.g_proj(x)
-            )  # [num_tokens, heads]
+            if not self._packs_gate():
+                g = self.g_proj(x)  # [num_tokens, heads]
+            elif fp8:
+                g = weight.rows(qkv_rows).project(x)
+            else:
+                g = fused_decoder.projection_kernels().project_rows(x, weight[qkv_rows:])
             out = sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
         return self.o_proj(out)
 

@@ -118,22 +118,25 @@ def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
 
 
 @pytest.mark.parametrize(
-    "qk_norm,split_heads",
-    [(False, None), (True, False), (True, True)],
-    ids=["llama", "qk_norm", "qk_norm_split_heads"],
+    "qk_norm,split_heads,rotated_part",
+    [(False, None, 1), (True, False, 1), (True, True, 1), (True, None, 2), (True, None, 4)],
+    ids=["llama", "qk_norm", "qk_norm_split_heads", "half_rotated", "quarter_rotated"],
 )
 @pytest.mark.parametrize(
     "m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64), (3, 4, 2, 128)]
 )
 def test_norm_project_qkv_rotates_and_writes_the_cache(
-    m, heads, kv_heads, head_dim, qk_norm, split_heads
+    m, heads, kv_heads, head_dim, qk_norm, split_heads, rotated_part
 ):
+    """Partial rotary (rotated_part 2, 4: Step-3.5's full-attention layers turn half of each head,
+    Qwen3-Next's a quarter) takes the per-head kernel: the first head_dim / rotated_part dimensions
+    turned in neox pairs, the rest passed."""
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
     x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
     w = _rand(q_size + 2 * kv_size, k_in, seed=18)
     qn, kn = _rand(head_dim, seed=21), _rand(head_dim, seed=22)
     rotary = RotaryEmbedding(
-        head_dim,
+        head_dim // rotated_part,
         4096,
         10000.0,
         {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 256},

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers.fused_projection import (  # noqa: E402
     _fp8_block_k,
     norm_project_qkv,
@@ -101,38 +102,46 @@ def test_norm_project_swiglu_over_fp8_is_norm_gate_up_then_silu_mul():
     _close(norm_project_swiglu(rows, EPS, w), F.silu(gate) * up)
 
 
-def test_norm_project_qkv_over_fp8_rotates_and_writes_the_cache():
+@pytest.mark.parametrize(
+    "invariant,qk_norm,rotated_part",
+    [(True, False, 1), (False, False, 1), (False, True, 1), (False, True, 2)],
+    ids=["fused_kernel", "quantized_product", "quantized_qk_norm", "quantized_half_rotated"],
+)
+def test_norm_project_qkv_over_fp8_rotates_and_writes_the_cache(invariant, qk_norm, rotated_part):
+    """In batch-invariant mode the fused kernel's q/k/v epilogue over the fp8 stream; otherwise the quantized
+    product and the per-head kernel, which applies the input norm's factor itself (and the per-head norms,
+    partial rotary)."""
     m, heads, kv_heads, head_dim, k_in = 3, 4, 2, 64, 200
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     w, dense = block_fp8(q_size + 2 * kv_size, k_in, seed=14)
     x, nw = _rand(m, k_in, seed=15), _rand(k_in, seed=16)
-    rotary = RotaryEmbedding(head_dim, 512, 10000.0, None)
+    qn, kn = _rand(head_dim, seed=18), _rand(head_dim, seed=19)
+    rotary = RotaryEmbedding(head_dim // rotated_part, 512, 10000.0, None)
     positions = torch.tensor([5, 100, 511])
     slots = torch.tensor([7, 0, 12])
     k_cache = torch.zeros(4, 4, kv_heads, head_dim, dtype=_dtype())
     v_cache = torch.zeros_like(k_cache)
     qkv = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], dense)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    q_ref, k_ref = rotary_torch(
-        positions,
-        q.reshape(m, heads, head_dim),
-        k.reshape(m, kv_heads, head_dim),
-        rotary.cos.double(),
-        rotary.sin.double(),
-    )
+    q, k = q.reshape(m, heads, head_dim), k.reshape(m, kv_heads, head_dim)
+    if qk_norm:
+        q, k = rms_norm_torch(q, qn.double(), EPS)[0], rms_norm_torch(k, kn.double(), EPS)[0]
+    q_ref, k_ref = rotary_torch(positions, q, k, rotary.cos.double(), rotary.sin.double())
     caches = [c.to(DEVICE) for c in (k_cache, v_cache)]
-    out = norm_project_qkv(
-        normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE)),
-        EPS,
-        w,
-        head_dim,
-        q_size,
-        positions.to(DEVICE),
-        rotary.cos.to(DEVICE),
-        rotary.sin.to(DEVICE),
-        *caches,
-        slots.to(DEVICE),
-    )
+    with forward_settings(batch_invariant=invariant):
+        out = norm_project_qkv(
+            normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE)),
+            EPS,
+            w,
+            head_dim,
+            q_size,
+            positions.to(DEVICE),
+            rotary.cos.to(DEVICE),
+            rotary.sin.to(DEVICE),
+            *caches,
+            slots.to(DEVICE),
+            qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
+        )
     _close(out, q_ref.reshape(m, q_size))
     _close(caches[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(caches[1].view(-1, kv_size)[slots], v)

@@ -3,7 +3,8 @@ H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter repl
 launches compile it: the launch code runs on CPU tensors of Step-3.5-Flash's shapes at tensor parallelism 2 (one
 token, 132 SMs) with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher
 specializes it. Over fp8 weights (``Fp8Weight``) in the plain (o_proj with the residual and the next norm), SwiGLU
-(the shared expert's gate/up) and q/k/v epilogues, and over bf16 weights (plain; q/k/v with Step-3.5's
+(the shared expert's gate/up) and q/k/v epilogues (in batch-invariant mode; otherwise the quantized product and
+the per-head kernel, whole or half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
 zero-centred head norms): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
 registers (ptxas -v: no spills) and stream its weights through cp.async."""
@@ -22,7 +23,13 @@ SM90_COMPILE = """
 from outpace.layers import fused_projection as fp
 from outpace.layers.quant.fp8_weight import Fp8Weight
 
+from outpace.attention.context import forward_settings
+
 fp.num_sms = lambda device: 132  # an H200's grids
+
+def invariant(fn, *args, **kwargs):
+    with forward_settings(batch_invariant=True):
+        return fn(*args, **kwargs)
 
 def fp8(n, k):
     return Fp8Weight(torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(-(-n // 128), -(-k // 128)),
@@ -37,7 +44,15 @@ qkv_args = (torch.zeros(1, dtype=torch.int64), torch.empty(4096, 64), torch.empt
 cases = {
     "plain:fp8": lambda: fp.project_add_normed(x, fp8(4096, 6144), stream, norm, pdl=True),
     "swiglu:fp8": lambda: fp.norm_project_swiglu(rows, 1e-5, fp8(1280, 4096), pdl=True),
+    # the fused kernel's fp8 q/k/v epilogue (batch-invariant mode), the quantized product's per-head kernel
+    "qkv:fp8_invariant": lambda: invariant(fp.norm_project_qkv, rows, 1e-5, fp8(7168, 4096), 128, 6144,
+                                           *qkv_args, pdl=True),
     "qkv:fp8": lambda: fp.norm_project_qkv(rows, 1e-5, fp8(7168, 4096), 128, 6144, *qkv_args, pdl=True),
+    # Step-3.5-Flash-FP8's full-attention layers at TP = 2 (32 heads, 4 kv heads): half of each head turned
+    "qkv_partial:fp8": lambda: fp.norm_project_qkv(x[:, :4096], 0.0, fp8(4096 + 1024, 4096), 128, 4096,
+                                                   qkv_args[0], torch.empty(4096, 32), torch.empty(4096, 32),
+                                                   *qkv_args[3:], pdl=True,
+                                                   qk_norm=(norm[:128], norm[:128], 1e-5), qk_offset=1.0),
     "plain:bf16": lambda: fp.project_add_normed(x, torch.empty(4096, 6144, dtype=torch.bfloat16), stream,
                                                 norm, pdl=True),
     # Step-3.5's sliding layers at TP = 2 (48 heads, 4 kv heads): zero-centred q/k head norms
@@ -60,5 +75,13 @@ for name, run in cases.items():
 def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["plain:fp8", "swiglu:fp8", "qkv:fp8", "plain:bf16", "qkv_norms:bf16"]
+    names = [
+        "plain:fp8",
+        "swiglu:fp8",
+        "qkv:fp8_invariant",
+        "qkv:fp8",
+        "qkv_partial:fp8",
+        "plain:bf16",
+        "qkv_norms:bf16",
+    ]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]

@@ -1,8 +1,10 @@
 """Step-3.5's attention on the fused few-row path (models/step3p5.py ``Step3p5Attention.forward_fused``: q/k/v
 with their zero-centred head norms, RoPE and the cache write in one kernel, the head-wise gate's rows in
 another), forced on with the kernels in Triton's interpreter on the CPU: a random Step-3.5 checkpoint of a
-power-of-two head_dim gives the eager path's logits and KV cache after one decode forward; its sliding layers
-(RoPE over whole heads) take the fused path, its full-attention ones (half of each head turned) do not."""
+power-of-two head_dim gives the eager path's logits and KV cache after one decode forward, every layer fused
+(the sliding ones turn whole heads, the full-attention ones half of each: the per-head kernel's partial
+rotary); in bf16-style weights and in Step-3.5-Flash-FP8's layout (block-FP8 q/k/v through the quantized
+product, g_proj kept in its dtype)."""
 
 import pytest
 import torch
@@ -10,29 +12,50 @@ import torch
 pytest.importorskip("triton")
 
 from helpers.fused_decode import decode_forward  # noqa: E402
-from helpers.step3p5_checkpoints import CONFIG, TYPES, write_checkpoint  # noqa: E402
+from helpers.quantized_checkpoints import (  # noqa: E402
+    block_fp8_config,
+    is_projection,
+    write_quantized,
+)
+from helpers.step3p5_checkpoints import CONFIG, write_checkpoint  # noqa: E402
+from outpace.layers.quant.fp8_weight import Fp8Weight  # noqa: E402
 from outpace.models.step3p5 import Step3p5Attention  # noqa: E402
 
 
-def test_step3p5_sliding_layers_fused_compute_the_eager_forward(tmp_path, monkeypatch):
+@pytest.mark.parametrize("weights", ["float32", "block_fp8"])
+def test_step3p5_layers_fused_compute_the_eager_forward(tmp_path, monkeypatch, weights):
     cfg = {
         **CONFIG,
         "head_dim": 16,
         "attention_other_setting": {**CONFIG["attention_other_setting"], "head_dim": 16},
     }
-    path, _ = write_checkpoint(tmp_path, cfg)
+    (tmp_path / "source").mkdir()
+    path, _ = write_checkpoint(tmp_path / "source", cfg)
+    if weights == "block_fp8":  # Step-3.5-Flash-FP8: the head-wise gate g_proj stays unquantized
+        path, _ = write_quantized(
+            path,
+            tmp_path,
+            "fp8_block",
+            lambda name: is_projection(name) and ".g_proj." not in name,
+            block_fp8_config((16, 8)),
+        )
     ref_logits, ref_caches = decode_forward(path, monkeypatch, torch.float32, lambda x, w: False)
-    fused = []
+    fused, packed = [], []
     real = Step3p5Attention.forward_fused
 
     def counted(self, positions, x):
         fused.append(self.attn.sliding_window)
+        packed.append(type(self.in_proj.weight))
         return real(self, positions, x)
 
     monkeypatch.setattr(Step3p5Attention, "forward_fused", counted)
     logits, caches = decode_forward(path, monkeypatch, torch.float32, lambda x, w: True)
-    sliding = TYPES[: cfg["num_hidden_layers"]].count("sliding_attention")
-    assert fused == [cfg["sliding_window"]] * sliding  # every sliding layer fused, no full one
+    windows = [
+        cfg["sliding_window"] if t == "sliding_attention" else None
+        for t in cfg["layer_types"][: cfg["num_hidden_layers"]]
+    ]
+    assert fused == windows  # every layer fused, full attention too
+    assert set(packed) == {Fp8Weight if weights == "block_fp8" else torch.Tensor}
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
