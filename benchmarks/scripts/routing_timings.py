@@ -4,7 +4,7 @@ of the seed families' public shapes (layers/moe.py ``Routing``, values from benc
 8, 32 and 64 tokens (decode batches and verify widths: a program per token, the last writing the layout) and
 at 65 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens, then ``align``'s launch, timed with it),
 each timed as 50 calls captured in one CUDA graph; the route kernel also with other warp counts
-(``moe_routing_kernel.TOKEN_ROUTE_WARPS`` up to 64 tokens, ``ROUTE_WARPS`` beyond). Each captured route is
+(``moe_routing_kernel.token_route_warps`` up to 64 tokens, ``ROUTE_WARPS`` beyond). Each captured route is
 first checked against the eager call and ``align``'s layout (a wrong ticket or a race shows there). Prints
 microseconds per call and the matvec's GB/s over its weight; writes OUT/routing_timings.json.
 ``PYTHONPATH=. python3 benchmarks/scripts/routing_timings.py OUT [SHAPE ...]`` (by default every shape)."""
@@ -88,7 +88,7 @@ def main(out: Path, names: list[str]) -> None:
         raise SystemExit(f"unknown shape(s) {sorted(unknown)}: choose from {', '.join(SHAPES)}")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    defaults = kernels.ROUTE_WARPS, kernels.TOKEN_ROUTE_WARPS
+    defaults = kernels.ROUTE_WARPS, kernels.token_route_warps
     for name in names or SHAPES:
         hidden, routing, shared, gate, gemma = SHAPES[name]
         g = torch.Generator("cuda").manual_seed(0)
@@ -118,10 +118,11 @@ def main(out: Path, names: list[str]) -> None:
                 )
 
             for warps in WARPS:
-                kernels.ROUTE_WARPS = kernels.TOKEN_ROUTE_WARPS = warps
+                kernels.ROUTE_WARPS = warps
+                kernels.token_route_warps = lambda block_e, w=warps: w
                 check_captured(route, routing.num_experts, shared)
                 row[f"route_us_{warps}_warps"] = graph_time(route)
-            kernels.ROUTE_WARPS, kernels.TOKEN_ROUTE_WARPS = defaults
+            kernels.ROUTE_WARPS, kernels.token_route_warps = defaults
             rows.append(row)
             routes = "  ".join(f"{w}w {row[f'route_us_{w}_warps']:6.2f}" for w in WARPS)
             print(

@@ -18,7 +18,7 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
    the weights (the uncorrected scores, renormalised with ``normalize``, times ``scaling``), as layers/moe.py
    ``Router.reference`` computes them. Up to ``FUSED_LAYOUT_TOKENS`` tokens (decode, verify) one program of
-   ``TOKEN_ROUTE_WARPS`` (1) warp a token, all in parallel, every reduction within a warp; a token's bits
+   ``token_route_warps`` warps a token (1 up to 256 experts), all in parallel; a token's bits
    are then those it gets routed alone, whatever the batch. Beyond (prefill) one program of 8 warps per
    block of tokens.
 3. The block layout of the grouped-expert kernels (layers/moe_kernels.py ``BlockLayout``, shared-expert
@@ -92,12 +92,20 @@ _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
-# the route kernel's warps: 8 for a block of tokens (no register spills at the DeepSeek shapes: ptxas for
-# sm_90a; 4 warps spill), 1 for a program that routes one token, whose reductions then stay within one
-# warp (H200, benchmarks/scripts/routing_timings.py, gpu_2026-11-29e call 2, a single token: DeepSeek-V3
-# 7.2 us against 11.4 at 8 warps, V2-Lite 5.0 against 6.0, Qwen3-Next 8.9 against 9.3)
+# the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
+# sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
-TOKEN_ROUTE_WARPS = 1
+
+
+def token_route_warps(block_e: int) -> int:
+    """The route kernel's warps for a program that routes one token over ``block_e`` (a power of two)
+    experts. Up to 256 one warp, every reduction within it: on an H200 (benchmarks/scripts/routing_timings.py,
+    gpu_2026-11-30h call 1) one token of DeepSeek-V3's 256 experts took 6.07 us against 9.01 at 4 warps,
+    V2-Lite's 64 3.37 against 4.20. Wider, 4 warps: the one warp's 512-wide rows and the 1024-wide layout
+    spill (ptxas for sm_90a: 255 registers and 528 B of spills at Qwen3-Next's 512 + 1 experts); one token
+    of Qwen3-Next took 10.37 us at 1 warp, 6.65 at 4 (7.85 at 2, 6.67 at 8), of Step-3.5's 288 7.28
+    against 6.20, and 4 warps were the fastest or within 0.2 us of it up to 64 tokens (call 3)."""
+    return 1 if block_e <= 256 else 4
 
 
 @triton.jit
@@ -641,7 +649,7 @@ def select_experts(
         BLOCK_M=blocks.block_m,
         PAIR_BLOCK=triton.next_power_of_2(n * slots) if fused else 1,
         PDL=pdl,
-        num_warps=TOKEN_ROUTE_WARPS if one_each else ROUTE_WARPS,
+        num_warps=token_route_warps(block_e) if one_each else ROUTE_WARPS,
         **pdl_launch_options(pdl),
     )
     if not layout:

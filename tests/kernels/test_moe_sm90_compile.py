@@ -106,6 +106,13 @@ build(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=T
       INPUT_NORM=False, EXPERT_SCALE=False, SHARED_GATE=False, NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False,
       NORMALIZE=False, BLOCK_T=1, BLOCK_E=64, BLOCK_G=1, BLOCK_K=8, LAYOUT=True, NUM_SHARED=2,
       BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, PDL=True), 1, 2)
+# Qwen3-Next's one-token route (512 experts, its shared gate and slot) at its warps: no register spills
+compiled = compile_for_hopper(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=512, TOP_K=10,
+    SOFTMAX=True, BIAS=False, INPUT_NORM=False, EXPERT_SCALE=False, SHARED_GATE=True, NUM_GROUPS=1,
+    TOP_GROUPS=1, TOP2_SUM=False, NORMALIZE=True, BLOCK_T=1, BLOCK_E=512, BLOCK_G=1, BLOCK_K=16, LAYOUT=True,
+    NUM_SHARED=1, BLOCK_SHARED=1, SORT_BLOCK_E=1024, BLOCK_M=16, PAIR_BLOCK=16, PDL=True),
+    rk.token_route_warps(512), 1)
+print("_route_kernel:qwen3-next", "0 bytes spill stores" in ptxas_report(compiled))
 """
 
 
@@ -119,4 +126,5 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
         for kernel in ("_gate_up_kernel", "_down_kernel")
     ]
     names.append("_router_logits_kernel")
-    assert done.stdout.split() == [w for n in [*names, "_route_kernel"] for w in (n, "True")]
+    names += ["_route_kernel", "_route_kernel:qwen3-next"]
+    assert done.stdout.split() == [w for n in names for w in (n, "True")]

