@@ -675,9 +675,8 @@ def _qkv_heads_kernel(
         )  # [BM, BLOCK_P]
         scale = tl.rsqrt(tl.sum(sq, axis=1) / K + row_eps)[:, None]
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
-    head_scale = (
-        scale  # the head's RMSNorm, of the rows as scaled: q and k with QK_NORM, v with V_NORM
-    )
+    # the head's RMSNorm, of the rows as scaled: q and k heads with QK_NORM, v heads with V_NORM
+    head_scale = scale
     if QK_NORM or V_NORM:
         head_sq = tl.sum(a * a + b * b, axis=1)[:, None] * scale * scale  # [BM, 1]
         head_scale = scale * tl.rsqrt(head_sq / (2 * HALF) + qk_eps)
@@ -704,16 +703,26 @@ def _qkv_heads_kernel(
             tl.store(k_dst + HALF, b.to(k_cache_ptr.dtype.element_ty), mask=ok)
 
 
+def _quantized_product(weight) -> bool:
+    """Whether the fused kernels leave this weight to the quantized product: an fp8 weight outside
+    batch-invariant mode (``fused_rows_apply`` says why)."""
+    return isinstance(weight, Fp8Weight) and not batch_invariant()
+
+
 def quantized_qkv_apply(x: torch.Tensor, weight) -> bool:
     """Whether ``norm_project_qkv`` serves x [M, K] @ weight.T for an fp8 weight that the fused kernels do
-    not read (``fused_rows_apply``: outside batch-invariant mode): few rows of half precision on the GPU,
-    autograd off, taken by the quantized product and the per-head kernel."""
+    not read (``_quantized_product``): the rows the fused kernels take (``_served_rows``), taken by the
+    quantized product and the per-head kernel."""
+    return _quantized_product(weight) and _served_rows(x)
+
+
+def _served_rows(x: torch.Tensor) -> bool:
+    """Rows the few-row kernels take: half precision on the GPU, autograd off; few of them (M <= 16: decode
+    and small verify batches), or any number in batch-invariant mode (module docstring, Rows)."""
     return (
-        isinstance(weight, Fp8Weight)
-        and not batch_invariant()
-        and x.is_cuda
+        x.is_cuda
         and x.dim() == 2
-        and x.shape[0] <= MAX_ROWS
+        and (x.shape[0] <= MAX_ROWS or batch_invariant())
         and x.dtype in (torch.bfloat16, torch.float16)
         and not torch.is_grad_enabled()
     )
@@ -740,14 +749,7 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
         )
     else:
         fits = weight.dtype == x.dtype and weight.is_contiguous()
-    return (
-        x.is_cuda
-        and x.dim() == 2
-        and (x.shape[0] <= MAX_ROWS or batch_invariant())
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and fits
-        and not torch.is_grad_enabled()
-    )
+    return fits and _served_rows(x)
 
 
 def _fp8_block_k(scale_columns: int) -> int | None:
@@ -1263,7 +1265,7 @@ def norm_project_qkv(
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
     partial = 2 * cos.shape[-1] != head_dim
-    quantized = isinstance(qkv, Fp8Weight) and not batch_invariant()
+    quantized = _quantized_product(qkv)
     if split_heads is None:
         split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
     if not (split_heads or partial or quantized):
