@@ -1,6 +1,7 @@
-"""The decode step's all-reduces on the GPUs of one machine, three ways: NCCL (``dist.all_reduce``, what
-distributed/collectives.py runs), and torch's symmetric-memory one-shot and two-shot all-reduces
-(``torch.ops.symm_mem``: each rank reads its peers' buffers over NVLink, no multicast), each as 90 calls of
+"""The decode step's all-reduces on the GPUs of one machine, four ways: NCCL (``dist.all_reduce``), torch's
+symmetric-memory one-shot and two-shot all-reduces (``torch.ops.symm_mem``: each rank reads its peers'
+buffers over NVLink, no multicast), and the push all-reduce distributed/collectives.py runs
+(distributed/push_all_reduce_kernel.py: each rank writes into its peers' buffers, no barrier), each as 90 calls of
 [rows, 4096] bf16 captured in one CUDA graph (Step-3.5-Flash's 45 layers, two a layer), rows 1, 8, 32.
 Also checks that every way gives every rank the same sum as NCCL's. Prints microseconds per call; writes
 OUT/all_reduce_timings.json.
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from outpace.distributed.symmetric_all_reduce import SymmetricAllReduce
 
 CALLS, HIDDEN, ROWS = 90, 4096, (1, 8, 32)
 
@@ -49,6 +52,9 @@ def rank_main(rank: int, world: int, out: str) -> None:
         "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
     )
     group = dist.group.WORLD.group_name
+    push_path = SymmetricAllReduce.for_group(
+        dist.group.WORLD, dist.new_group(backend="gloo"), torch.device("cuda", rank)
+    )
     buffer = symm_mem.empty(max(ROWS) * HIDDEN, dtype=torch.bfloat16, device="cuda")
     symm_mem.rendezvous(buffer, group)
     rows_out = []
@@ -69,6 +75,14 @@ def rank_main(rank: int, world: int, out: str) -> None:
             torch.ops.symm_mem.two_shot_all_reduce_(staged, "sum", group)
 
         work = x.clone()
+        push_out = x.clone()
+
+        def push():
+            push_path.all_reduce_(push_out)
+
+        push()
+        torch.cuda.synchronize()
+        same_push = torch.equal(push_out, nccl_out)
 
         def nccl():
             dist.all_reduce(work)
@@ -84,6 +98,8 @@ def rank_main(rank: int, world: int, out: str) -> None:
             "nccl_us": graph_us(nccl),
             "one_shot_us": graph_us(one_shot),
             "two_shot_us": graph_us(two_shot),
+            "push_us": graph_us(push),
+            "push_equals_nccl": same_push,
             "one_shot_equals_nccl": same_one,
             "two_shot_equals_nccl": same_two,
         }
@@ -92,7 +108,7 @@ def rank_main(rank: int, world: int, out: str) -> None:
             print(
                 f"[{rows:2d}, {HIDDEN}] bf16 x {CALLS}: NCCL {row['nccl_us']:6.2f} us  one-shot "
                 f"{row['one_shot_us']:6.2f} us (equal: {same_one})  two-shot {row['two_shot_us']:6.2f} us "
-                f"(equal: {same_two})",
+                f"(equal: {same_two})  push {row['push_us']:6.2f} us (equal: {same_push})",
                 flush=True,
             )
     if rank == 0:

@@ -1,27 +1,21 @@
-"""The small all-reduces of decoding over symmetric memory: one kernel in which each rank reads its peers'
-buffers over NVLink (torch's ``symm_mem.one_shot_all_reduce``), in place of NCCL's for messages up to
-``MAX_BYTES``.
+"""The small all-reduces of decoding over symmetric memory: one kernel in which each rank writes its tensor
+into its peers' buffers over NVLink and sums what its own buffer receives (distributed/push_all_reduce_kernel.py),
+in place of NCCL's for messages up to ``MAX_BYTES``.
 
 A decode or verify step all-reduces [tokens, hidden] activations a few times a layer (layers/linear.py,
 layers/moe.py). Those are a few kilobytes to a few hundred, where NCCL's latency is the whole cost: on two
 H200s with NVLink multicast off, 90 captured all-reduces of [1, 4096] bf16 took 21.1 us each by NCCL and
-7.1 us by the one-shot kernel, [32, 4096] 19.0 against 9.4 us, with sums equal to NCCL's
-(benchmarks/scripts/all_reduce_timings.py, benchmarks/results/gpu_2026-11-29e call 3). vLLM and SGLang keep
-such a path beside NCCL for the same reason (their custom and symmetric-memory all-reduces).
-
-Each rank's kernel copies its tensor into its own slice of the shared buffer, waits for every rank's
-copy, sums the ranks' slices in rank order (so every rank gets the same bits, whatever the message's
-size: batch-invariant where NCCL's algorithm changes with the size) and waits again before any rank may
-overwrite its buffer: torch's ``symm_mem.one_shot_all_reduce_copy_out``, one launch (a copy into the buffer
-and then ``one_shot_all_reduce_out`` took two: on two H200s the copy's launch cost 1.0 us and a 0.4 us gap
-before each of Qwen3-Next-80B's 97 all-reduces a step, benchmarks/results/gpu_2026-11-30h call 1's
-timeline). It runs inside captured CUDA graphs like any kernel.
+7.1 us by torch's barrier-based one-shot kernel (``symm_mem.one_shot_all_reduce``), [32, 4096] 19.0 against
+9.4 us (benchmarks/scripts/all_reduce_timings.py, benchmarks/results/gpu_2026-11-29e call 3); the push kernel
+needs no barrier at all (its docstring says why it is safe) and sums the ranks in rank order, so every rank
+gets the same bits whatever the message's size (batch-invariant where NCCL's algorithm changes with the
+size). vLLM and SGLang keep such a path beside NCCL for the same reason (their custom and symmetric-memory
+all-reduces). It runs inside captured CUDA graphs like any kernel.
 
 It is set up once per process group, when the group starts, by every rank together (the rendezvous that
 maps the peers' buffers is a collective, so it cannot happen lazily inside a graph capture); it is used only
 where every rank of the group is on one machine (peer memory needs NVLink or PCIe peers) and every rank's set-up
-succeeded, and only for float32 and bfloat16 tensors whose bytes are a multiple of 16 (the kernel's vector
-width). Everything else goes to NCCL.
+succeeded, and only for contiguous float32 and bfloat16 tensors. Everything else goes to NCCL.
 """
 
 from __future__ import annotations
@@ -32,23 +26,28 @@ import warnings
 import torch
 import torch.distributed as dist
 
-# Largest message the one-shot kernel takes: decode and verify activations (32 rows of a 7168-wide hidden
-# in bf16 are 458 KB); prefill chunks are larger and go to NCCL, which moves bulk faster.
+from outpace.distributed.push_all_reduce_kernel import BITS, push_all_reduce_
+
+# Largest message the push kernel takes: decode and verify activations (32 rows of a 7168-wide hidden in bf16
+# are 458 KB); prefill chunks are larger and go to NCCL, which moves bulk faster.
 MAX_BYTES = 1 << 19
-_DTYPES = (
-    torch.bfloat16,
-    torch.float32,
-)  # what torch's symmetric-memory reduction kernels dispatch on
-_ALIGN = 16
 
 
 class SymmetricAllReduce:
-    """One process group's staging buffer in symmetric memory and the one-shot all-reduce over it."""
+    """One process group's buffers in symmetric memory and the push all-reduce over them."""
 
-    def __init__(self, buffer: torch.Tensor, group_name: str, kernel) -> None:
-        self.buffer = buffer  # [MAX_BYTES] uint8 in symmetric memory, rendezvoused over the group
-        self.group_name = group_name
-        self.kernel = kernel  # torch.ops.symm_mem.one_shot_all_reduce_copy_out
+    def __init__(
+        self, rank: int, buffers: dict[torch.dtype, tuple[torch.Tensor, ...]], device
+    ) -> None:
+        """``buffers``: per message dtype, every rank's buffer [2, world, MAX_BYTES / element size] in its
+        bits' dtype (views of peer memory but for this rank's own), emptied on every rank before any
+        rank's first call."""
+        self.rank = rank
+        self.buffers = buffers
+        self.epoch = torch.zeros(
+            1, dtype=torch.int32, device=device
+        )  # calls made (kernel docstring)
+        self.arrivals = torch.zeros(1, dtype=torch.int32, device=device)
 
     @classmethod
     def for_group(cls, device_group, cpu_group, device: torch.device) -> SymmetricAllReduce | None:
@@ -62,11 +61,20 @@ class SymmetricAllReduce:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
-            # (a torch without it: NCCL only)
-            kernel = torch.ops.symm_mem.one_shot_all_reduce_copy_out
-            buffer = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
-            symm_mem.rendezvous(buffer, device_group.group_name)
-            made = cls(buffer, device_group.group_name, kernel)
+            world, rank = dist.get_world_size(device_group), dist.get_rank(device_group)
+            buffers = {}
+            for dtype, (bits, empty) in BITS.items():
+                size = MAX_BYTES // bits.itemsize
+                own = symm_mem.empty(2 * world * size, dtype=bits, device=device)
+                own.fill_(empty)
+                handle = symm_mem.rendezvous(own, device_group.group_name)
+                buffers[dtype] = tuple(
+                    handle.get_buffer(r, (2, world, size), bits) for r in range(world)
+                )
+            torch.cuda.synchronize(
+                device
+            )  # every buffer empty before the agreement below lets a peer write
+            made = cls(rank, buffers, device)
         except (ImportError, RuntimeError, AttributeError) as e:
             error = f"{type(e).__name__}: {e}"
         errors = [None] * dist.get_world_size(cpu_group)
@@ -81,18 +89,8 @@ class SymmetricAllReduce:
         return made
 
     def takes(self, x: torch.Tensor) -> bool:
-        nbytes = x.numel() * x.element_size()
-        return (
-            x.dtype in _DTYPES
-            and x.is_contiguous()
-            and nbytes <= MAX_BYTES
-            and nbytes % _ALIGN == 0
-        )
+        return x.dtype in BITS and x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``. (The kernel reads
-        all of x into the buffer before any rank writes a sum: x may be the output.)"""
-        flat = x.view(-1)
-        staged = self.buffer[: flat.numel() * x.element_size()].view(x.dtype)  # [numel]
-        self.kernel(staged, flat, "sum", self.group_name, flat)
-        return x
+        """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``."""
+        return push_all_reduce_(x, self.buffers[x.dtype], self.epoch, self.arrivals, self.rank)

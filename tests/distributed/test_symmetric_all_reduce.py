@@ -13,12 +13,13 @@ from outpace.distributed.symmetric_all_reduce import MAX_BYTES, SymmetricAllRedu
 
 
 def test_decoding_sized_float_messages_take_the_symmetric_path():
-    symmetric = SymmetricAllReduce(torch.empty(MAX_BYTES, dtype=torch.uint8), "0", kernel=None)
+    symmetric = SymmetricAllReduce(0, {}, "cpu")
     assert symmetric.takes(torch.zeros(1, 4096, dtype=torch.bfloat16))
     assert symmetric.takes(torch.zeros(32, 2048, dtype=torch.float32))
     assert not symmetric.takes(torch.zeros(64, 7168, dtype=torch.bfloat16))  # prefill-sized: NCCL
     assert not symmetric.takes(torch.zeros(1, 4096, dtype=torch.float16))  # no fp16 kernel
-    assert not symmetric.takes(torch.zeros(1, 3, dtype=torch.float32))  # 12 bytes: not 16-aligned
+    assert symmetric.takes(torch.zeros(1, 3, dtype=torch.float32))  # any size up to MAX_BYTES
+    assert not symmetric.takes(torch.zeros(MAX_BYTES // 4 + 1, dtype=torch.float32))
     assert not symmetric.takes(torch.zeros(8, 64, dtype=torch.float32).t())  # not contiguous
 
 

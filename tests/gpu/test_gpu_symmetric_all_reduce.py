@@ -1,6 +1,7 @@
 """On two GPUs: the symmetric-memory all-reduce (distributed/symmetric_all_reduce.py) set up as the engine's
 groups set it up (``init_rank_group``) gives every rank NCCL's sum, eagerly and replayed in a CUDA graph, at
-decoding's sizes in bf16 and float32; a prefill-sized message goes to NCCL."""
+decoding's sizes in bf16 and float32, and over many replays of a graph of several calls with eager calls
+between; a prefill-sized message goes to NCCL."""
 
 from __future__ import annotations
 
@@ -45,6 +46,31 @@ def _rank(rank: int, port: int, failures) -> None:
                 graph.replay()
                 torch.cuda.synchronize()
                 assert torch.equal(staged, expected), (dtype, rows, "graph")
+        # an odd number of calls a graph, replayed again and again: consecutive calls alternate buffers
+        # across replays too (the epoch counts on the device), and no rank overtakes another's reads
+        g = torch.Generator("cuda").manual_seed(100 + rank)
+        xs = [
+            torch.randn(r, 4096, device="cuda", generator=g).to(torch.bfloat16)
+            for r in (1, 32, 8, 1, 3, 32, 1)
+        ]
+        sums = []
+        for x in xs:
+            sums.append(x.clone())
+            dist.all_reduce(sums[-1])
+        works = [x.clone() for x in xs]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for w in works:
+                all_reduce(w, group)
+        for replay in range(20):
+            for w, x in zip(works, xs):
+                w.copy_(x)
+            graph.replay()
+            eager = all_reduce(xs[replay % len(xs)].clone(), group)  # an eager call between replays
+            torch.cuda.synchronize()
+            for i, (w, s) in enumerate(zip(works, sums)):
+                assert torch.equal(w, s), ("replay", replay, i)
+            assert torch.equal(eager, sums[replay % len(xs)]), ("eager between replays", replay)
         big = torch.full((256, 2048), float(rank + 1), device="cuda")
         assert not group.symmetric.takes(big)
         assert torch.equal(all_reduce(big, group), torch.full_like(big, 3.0))
@@ -65,5 +91,9 @@ def test_symmetric_all_reduce_equals_nccl_on_two_gpus():
         p.start()
     for p in procs:
         p.join(timeout=180)
+    for p in procs:
+        if p.is_alive():  # (a rank waiting forever for a peer's data)
+            p.kill()
+    for p in procs:
         assert p.exitcode == 0, f"rank exited with {p.exitcode}"
     assert failures.empty(), failures.get()

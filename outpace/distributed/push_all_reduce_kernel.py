@@ -1,0 +1,103 @@
+"""The push all-reduce: each rank writes its tensor into every peer's symmetric buffer over NVLink and sums
+what its own buffer receives, with no barrier: a slot's value is its own arrival flag.
+
+A buffer slot holds the bits of a message, and a value that no message can hold marks it empty: the
+sign-flipped zero (bf16 0x8000, float32 0x80000000). A rank sends its tensor with every -0.0 made +0.0 (a
+sum that changes no value), so a received element that is not -0.0 has arrived; the reader spins on its
+own buffer's slots with volatile loads until none is empty, sums the ranks in rank order in float32 (every
+rank gets the same bits, whatever the message's size), and empties the slots again for a later call. The
+idea is Leslie Lamport's (a value written once carries its own validity), as NVIDIA's TensorRT-LLM uses it
+in its "lamport" one-shot all-reduce; a barrier-based one-shot kernel (torch's
+``symm_mem.one_shot_all_reduce``) pays two round trips over NVLink a call, this one a single one-way write.
+
+Why two buffers (``phase``): a rank that has every peer's data for call k moves on to call k + 1 and writes
+into its peers' buffers at once, while a slower peer may still be waiting for call k's other slots. So
+consecutive calls use different buffers: call k uses buffer epoch % 2, where epoch counts the calls (a
+device counter every rank keeps in step, as every rank makes the same calls; the last program of a call
+advances it). Call k + 2 may reuse call k's buffer: a rank writes into it only after finishing call k + 1,
+which needed every peer's data for call k + 1, which each peer sent only after its kernel for call k had
+ended (kernels of one stream run in order; this kernel is never launched early, so a peer's emptying of
+call k's slots is done before its writes for call k + 1 start).
+
+Every program must be resident at once (a program waits for its counterpart on every peer): the grid is at
+at most 256 programs of 1024 elements (a 512 KB bf16 message), two an SM. Tested on the CPU under Triton's interpreter with one
+process playing every rank (tests/distributed/test_push_all_reduce.py) and on two GPUs
+(tests/gpu/test_gpu_symmetric_all_reduce.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # elements a program sends and sums
+# per message dtype: the integer dtype its bits travel in, and the empty slot's bits (-0.0)
+BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float32: (torch.int32, -(1 << 31))}
+
+
+@triton.jit
+def _push_all_reduce_kernel(
+    x_ptr,  # [n] this rank's tensor (bf16 or float32)
+    out_ptr,  # [n] the sum, written (may be x)
+    buffers,  # tuple of WORLD tensors: rank r's symmetric buffer [2, WORLD, slot] in x's bits (int16 or int32)
+    epoch_ptr,  # [1] int32: the calls made so far (module docstring)
+    arrivals_ptr,  # [1] int32: this call's finished programs, 0 between calls
+    n,
+    slot,  # elements a slot holds (the buffer's last dimension)
+    EMPTY: tl.constexpr,  # the empty slot's bits: -0.0
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    phase = tl.load(epoch_ptr) % 2
+    offs = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    ok = offs < n
+    bits = tl.load(x_ptr + offs, mask=ok, other=0.0).to(buffers[0].dtype.element_ty, bitcast=True)
+    bits = tl.where(bits == EMPTY, 0, bits)  # -0.0 sent as +0.0
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:  # into the peer's buffer, at this rank's slot
+            tl.store(buffers[peer] + (phase * WORLD + RANK) * slot + offs, bits, mask=ok)
+    total = tl.zeros([BLOCK], tl.float32)
+    for source in tl.static_range(WORLD):  # in rank order
+        if source == RANK:
+            got = bits
+        else:  # wait for the source's bits, then empty its slot
+            slot_ptr = buffers[RANK] + (phase * WORLD + source) * slot + offs  # [BLOCK]
+            got = tl.load(slot_ptr, mask=ok, other=0, volatile=True)
+            while tl.max(tl.where(got == EMPTY, 1, 0)) > 0:
+                got = tl.load(slot_ptr, mask=ok, other=0, volatile=True)
+            tl.store(slot_ptr, tl.full([BLOCK], EMPTY, got.dtype), mask=ok)
+        total += got.to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+    if tl.atomic_add(arrivals_ptr, 1) == tl.num_programs(0) - 1:  # the call's last program
+        tl.store(arrivals_ptr, 0)
+        tl.store(epoch_ptr, tl.load(epoch_ptr) + 1)
+
+
+def push_all_reduce_(
+    x: torch.Tensor,
+    buffers: tuple[torch.Tensor, ...],
+    epoch: torch.Tensor,
+    arrivals: torch.Tensor,
+    rank: int,
+) -> torch.Tensor:
+    """``x`` (contiguous, a ``BITS`` dtype, at most a slot's elements) replaced by its sum over the ranks whose
+    buffers [2, world, slot] (``BITS[x.dtype][0]``, emptied) ``buffers`` holds, this one ``rank``; ``epoch``
+    and ``arrivals`` [1] int32, this rank's counters (zeros before the first call). Returns ``x``."""
+    flat = x.view(-1)  # [n]
+    _push_all_reduce_kernel[(triton.cdiv(flat.numel(), BLOCK),)](
+        flat,
+        flat,
+        buffers,
+        epoch,
+        arrivals,
+        flat.numel(),
+        buffers[0].shape[-1],
+        EMPTY=BITS[x.dtype][1],
+        RANK=rank,
+        WORLD=len(buffers),
+        BLOCK=BLOCK,
+    )
+    return x
