@@ -34,17 +34,26 @@ import triton.language as tl
 BLOCK = 1024  # elements a program sends and sums
 # per message dtype: the integer dtype its bits travel in, and the empty slot's bits (-0.0)
 BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float32: (torch.int32, -(1 << 31))}
+_TRITON_BITS = {torch.int16: tl.int16, torch.int32: tl.int32}
+
+
+@triton.jit
+def _buffer(buffers_ptr, rank, BITS_TY: tl.constexpr):
+    """Rank ``rank``'s buffer, from its address (a peer's memory mapped into this process: Triton's launcher
+    refuses such tensors as arguments, as it cannot query their device)."""
+    return tl.load(buffers_ptr + rank).to(tl.pointer_type(BITS_TY))
 
 
 @triton.jit
 def _push_all_reduce_kernel(
     x_ptr,  # [n] this rank's tensor (bf16 or float32)
     out_ptr,  # [n] the sum, written (may be x)
-    buffers,  # tuple of WORLD tensors: rank r's symmetric buffer [2, WORLD, slot] in x's bits (int16 or int32)
+    buffers_ptr,  # [WORLD] int64: rank r's symmetric buffer [2, WORLD, slot] of BITS_TY, by address
     epoch_ptr,  # [1] int32: the calls made so far (module docstring)
     arrivals_ptr,  # [1] int32: this call's finished programs, 0 between calls
     n,
     slot,  # elements a slot holds (the buffer's last dimension)
+    BITS_TY: tl.constexpr,  # the integer type of x's bits
     EMPTY: tl.constexpr,  # the empty slot's bits: -0.0
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
@@ -54,17 +63,23 @@ def _push_all_reduce_kernel(
     phase = tl.load(epoch_ptr) % 2
     offs = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     ok = offs < n
-    bits = tl.load(x_ptr + offs, mask=ok, other=0.0).to(buffers[0].dtype.element_ty, bitcast=True)
+    bits = tl.load(x_ptr + offs, mask=ok, other=0.0).to(BITS_TY, bitcast=True)
     bits = tl.where(bits == EMPTY, 0, bits)  # -0.0 sent as +0.0
     for peer in tl.static_range(WORLD):
         if peer != RANK:  # into the peer's buffer, at this rank's slot
-            tl.store(buffers[peer] + (phase * WORLD + RANK) * slot + offs, bits, mask=ok)
+            tl.store(
+                _buffer(buffers_ptr, peer, BITS_TY) + (phase * WORLD + RANK) * slot + offs,
+                bits,
+                mask=ok,
+            )
     total = tl.zeros([BLOCK], tl.float32)
     for source in tl.static_range(WORLD):  # in rank order
         if source == RANK:
             got = bits
         else:  # wait for the source's bits, then empty its slot
-            slot_ptr = buffers[RANK] + (phase * WORLD + source) * slot + offs  # [BLOCK]
+            slot_ptr = (
+                _buffer(buffers_ptr, RANK, BITS_TY) + (phase * WORLD + source) * slot + offs
+            )  # [BLOCK]
             got = tl.load(slot_ptr, mask=ok, other=0, volatile=True)
             while tl.max(tl.where(got == EMPTY, 1, 0)) > 0:
                 got = tl.load(slot_ptr, mask=ok, other=0, volatile=True)
@@ -78,15 +93,18 @@ def _push_all_reduce_kernel(
 
 def push_all_reduce_(
     x: torch.Tensor,
-    buffers: tuple[torch.Tensor, ...],
+    buffers: torch.Tensor,
+    slot: int,
     epoch: torch.Tensor,
     arrivals: torch.Tensor,
     rank: int,
 ) -> torch.Tensor:
-    """``x`` (contiguous, a ``BITS`` dtype, at most a slot's elements) replaced by its sum over the ranks whose
-    buffers [2, world, slot] (``BITS[x.dtype][0]``, emptied) ``buffers`` holds, this one ``rank``; ``epoch``
-    and ``arrivals`` [1] int32, this rank's counters (zeros before the first call). Returns ``x``."""
+    """``x`` (contiguous, a ``BITS`` dtype, at most ``slot`` elements) replaced by its sum over the ranks whose
+    buffers [2, world, slot] (of ``BITS[x.dtype][0]``, emptied) ``buffers`` [world] int64 addresses, this one
+    ``rank``; ``epoch`` and ``arrivals`` [1] int32, this rank's counters (zeros before the first call).
+    Returns ``x``."""
     flat = x.view(-1)  # [n]
+    bits, empty = BITS[x.dtype]
     _push_all_reduce_kernel[(triton.cdiv(flat.numel(), BLOCK),)](
         flat,
         flat,
@@ -94,10 +112,11 @@ def push_all_reduce_(
         epoch,
         arrivals,
         flat.numel(),
-        buffers[0].shape[-1],
-        EMPTY=BITS[x.dtype][1],
+        slot,
+        BITS_TY=_TRITON_BITS[bits],
+        EMPTY=empty,
         RANK=rank,
-        WORLD=len(buffers),
+        WORLD=buffers.shape[0],
         BLOCK=BLOCK,
     )
     return x

@@ -37,17 +37,17 @@ class SymmetricAllReduce:
     """One process group's buffers in symmetric memory and the push all-reduce over them."""
 
     def __init__(
-        self, rank: int, buffers: dict[torch.dtype, tuple[torch.Tensor, ...]], device
+        self, rank: int, buffers: dict[torch.dtype, torch.Tensor], device, owned: tuple = ()
     ) -> None:
-        """``buffers``: per message dtype, every rank's buffer [2, world, MAX_BYTES / element size] in its
-        bits' dtype (views of peer memory but for this rank's own), emptied on every rank before any
-        rank's first call."""
+        """``buffers``: per message dtype, the addresses [world] int64 of every rank's buffer [2, world, slot]
+        in its bits' dtype (``BITS``; slot: MAX_BYTES of them), emptied on every rank before any rank's
+        first call; ``owned``: what keeps that memory and its mappings alive (buffers, rendezvous handles)."""
         self.rank = rank
         self.buffers = buffers
-        self.epoch = torch.zeros(
-            1, dtype=torch.int32, device=device
-        )  # calls made (kernel docstring)
+        # the calls made (push_all_reduce_kernel.py's docstring), and a call's finished programs
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
         self.arrivals = torch.zeros(1, dtype=torch.int32, device=device)
+        self.owned = owned
 
     @classmethod
     def for_group(cls, device_group, cpu_group, device: torch.device) -> SymmetricAllReduce | None:
@@ -62,19 +62,21 @@ class SymmetricAllReduce:
             import torch.distributed._symmetric_memory as symm_mem
 
             world, rank = dist.get_world_size(device_group), dist.get_rank(device_group)
-            buffers = {}
+            buffers, owned = {}, []
             for dtype, (bits, empty) in BITS.items():
-                size = MAX_BYTES // bits.itemsize
-                own = symm_mem.empty(2 * world * size, dtype=bits, device=device)
+                own = symm_mem.empty(
+                    2 * world * MAX_BYTES // bits.itemsize, dtype=bits, device=device
+                )
                 own.fill_(empty)
                 handle = symm_mem.rendezvous(own, device_group.group_name)
-                buffers[dtype] = tuple(
-                    handle.get_buffer(r, (2, world, size), bits) for r in range(world)
-                )
-            torch.cuda.synchronize(
-                device
-            )  # every buffer empty before the agreement below lets a peer write
-            made = cls(rank, buffers, device)
+                owned.append((own, handle))
+                # (the tensor's offset in its allocation)
+                at = own.data_ptr() - handle.buffer_ptrs[rank]
+                addresses = [base + at for base in handle.buffer_ptrs]
+                buffers[dtype] = torch.tensor(addresses, dtype=torch.int64, device=device)
+            # every buffer empty before the agreement below lets a peer write
+            torch.cuda.synchronize(device)
+            made = cls(rank, buffers, device, owned)
         except (ImportError, RuntimeError, AttributeError) as e:
             error = f"{type(e).__name__}: {e}"
         errors = [None] * dist.get_world_size(cpu_group)
@@ -93,4 +95,7 @@ class SymmetricAllReduce:
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``."""
-        return push_all_reduce_(x, self.buffers[x.dtype], self.epoch, self.arrivals, self.rank)
+        slot = MAX_BYTES // x.element_size()  # (elements of a rank's slot in each buffer)
+        return push_all_reduce_(
+            x, self.buffers[x.dtype], slot, self.epoch, self.arrivals, self.rank
+        )

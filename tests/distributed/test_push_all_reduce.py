@@ -27,6 +27,8 @@ class _Ranks:
         self.buffers = tuple(
             torch.full((2, world, slot), self.empty, dtype=bits) for _ in range(world)
         )
+        self.slot = slot
+        self.addresses = torch.tensor([b.data_ptr() for b in self.buffers], dtype=torch.int64)
         self.epochs = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
         self.arrivals = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
 
@@ -49,7 +51,9 @@ class _Ranks:
                 assert (self.buffers[r][phase, earlier, :n] != self.empty).all(), (
                     "-0.0 pushed as is"
                 )
-            push_all_reduce_(outs[r], self.buffers, self.epochs[r], self.arrivals[r], r)
+            push_all_reduce_(
+                outs[r], self.addresses, self.slot, self.epochs[r], self.arrivals[r], r
+            )
             for earlier in range(
                 r
             ):  # its push into a buffer that rank already summed: as delivered
@@ -104,7 +108,9 @@ def test_consecutive_calls_use_the_other_buffer():
     ranks.buffers[0][0, 1, :8] = x.view(torch.int32)  # rank 1's push for call 0
     for call in range(2):
         out = x.clone()
-        push_all_reduce_(out, ranks.buffers, ranks.epochs[0], ranks.arrivals[0], 0)  # rank 0 alone
+        push_all_reduce_(
+            out, ranks.addresses, BLOCK, ranks.epochs[0], ranks.arrivals[0], 0
+        )  # rank 0 alone
         phase = call % 2
         assert torch.equal(ranks.buffers[1][phase, 0, :8], x.view(torch.int32))
         assert (ranks.buffers[1][1 - phase, 0] == ranks.empty).all()
@@ -115,8 +121,9 @@ def test_consecutive_calls_use_the_other_buffer():
 SM90_COMPILE = """
 from outpace.distributed.push_all_reduce_kernel import _push_all_reduce_kernel as kernel
 for world, bits, x, empty in ((2, "*i16", "*bf16", -(1 << 15)), (8, "*i32", "*fp32", -(1 << 31))):
-    types = dict(x_ptr=x, out_ptr=x, buffers=(bits,) * world, epoch_ptr="*i32", arrivals_ptr="*i32")
-    constants = dict(EMPTY=empty, RANK=1, WORLD=world, BLOCK=1024)
+    types = dict(x_ptr=x, out_ptr=x, buffers_ptr="*i64", epoch_ptr="*i32", arrivals_ptr="*i32")
+    constants = dict(BITS_TY=getattr(triton.language, bits[1:].replace("i", "int")), EMPTY=empty, RANK=1,
+                     WORLD=world, BLOCK=1024)
     ptx = compile_for_hopper(kernel, types, constants, num_warps=4, num_stages=1).asm["ptx"]
     print(world, ptx.count("ld.volatile.global"), "atom.global" in ptx)
 """
