@@ -34,7 +34,7 @@ import triton.language as tl
 BLOCK = 1024  # elements a program sends and sums
 # per message dtype: the integer dtype its bits travel in, and the empty slot's bits (-0.0)
 BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float32: (torch.int32, -(1 << 31))}
-_TRITON_BITS = {torch.int16: tl.int16, torch.int32: tl.int32}
+TRITON_BITS = {torch.int16: tl.int16, torch.int32: tl.int32}
 
 
 @triton.jit
@@ -45,13 +45,12 @@ def _buffer(buffers_ptr, rank, BITS_TY: tl.constexpr):
 
 
 @triton.jit
-def _push_all_reduce_kernel(
-    x_ptr,  # [n] this rank's tensor (bf16 or float32)
-    out_ptr,  # [n] the sum, written (may be x)
+def pushed_sum(
+    x_ptr,  # this rank's tensor (bf16 or float32)
+    offs,  # [BLOCK] the elements this program sends and sums (of a flat message of at most a slot)
+    ok,  # [BLOCK] those that exist
     buffers_ptr,  # [WORLD] int64: rank r's symmetric buffer [2, WORLD, slot] of BITS_TY, by address
     epoch_ptr,  # [1] int32: the calls made so far (module docstring)
-    arrivals_ptr,  # [1] int32: this call's finished programs, 0 between calls
-    n,
     slot,  # elements a slot holds (the buffer's last dimension)
     BITS_TY: tl.constexpr,  # the integer type of x's bits
     EMPTY: tl.constexpr,  # the empty slot's bits: -0.0
@@ -59,10 +58,10 @@ def _push_all_reduce_kernel(
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    """The sum over the ranks of x's elements ``offs``, in rank order in float32 [BLOCK]: this rank's sent into
+    every peer's buffer, the peers' waited for in this rank's own and its slots emptied again. The call must
+    end with ``end_call`` (every program of it)."""
     phase = tl.load(epoch_ptr) % 2
-    offs = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
-    ok = offs < n
     bits = tl.load(x_ptr + offs, mask=ok, other=0.0).to(BITS_TY, bitcast=True)
     bits = tl.where(bits == EMPTY, 0, bits)  # -0.0 sent as +0.0
     for peer in tl.static_range(WORLD):
@@ -85,10 +84,39 @@ def _push_all_reduce_kernel(
                 got = tl.load(slot_ptr, mask=ok, other=0, volatile=True)
             tl.store(slot_ptr, tl.full([BLOCK], EMPTY, got.dtype), mask=ok)
         total += got.to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
-    if tl.atomic_add(arrivals_ptr, 1) == tl.num_programs(0) - 1:  # the call's last program
+    return total
+
+
+@triton.jit
+def end_call(epoch_ptr, arrivals_ptr):
+    """A program of the call is done; the last one readies the counters for the next call."""
+    if tl.atomic_add(arrivals_ptr, 1) == tl.num_programs(0) - 1:
         tl.store(arrivals_ptr, 0)
         tl.store(epoch_ptr, tl.load(epoch_ptr) + 1)
+
+
+@triton.jit
+def _push_all_reduce_kernel(
+    x_ptr,  # [n] this rank's tensor (bf16 or float32)
+    out_ptr,  # [n] the sum, written (may be x)
+    buffers_ptr,  # [WORLD] int64 (``pushed_sum``)
+    epoch_ptr,  # [1] int32: the calls made so far (module docstring)
+    arrivals_ptr,  # [1] int32: this call's finished programs, 0 between calls
+    n,
+    slot,
+    BITS_TY: tl.constexpr,
+    EMPTY: tl.constexpr,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    ok = offs < n
+    total = pushed_sum(
+        x_ptr, offs, ok, buffers_ptr, epoch_ptr, slot, BITS_TY, EMPTY, RANK, WORLD, BLOCK
+    )
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+    end_call(epoch_ptr, arrivals_ptr)
 
 
 def push_all_reduce_(
@@ -113,7 +141,7 @@ def push_all_reduce_(
         arrivals,
         flat.numel(),
         slot,
-        BITS_TY=_TRITON_BITS[bits],
+        BITS_TY=TRITON_BITS[bits],
         EMPTY=empty,
         RANK=rank,
         WORLD=buffers.shape[0],

@@ -37,7 +37,9 @@ import torch
 from torch import nn
 
 from outpace.distributed.collectives import all_reduce
+from outpace.distributed.group import RankGroup
 from outpace.layers.activation import FUSED_ACTIVATIONS
+from outpace.layers.all_reduce_norm import all_reduce_add_rms_norm
 from outpace.layers.decoder import (
     DecoderAttention,
     DecoderLayer,
@@ -142,6 +144,18 @@ def add_normalised(x: torch.Tensor, stream: torch.Tensor, next_norm: nn.Module) 
     """stream + x [n, hidden], and ``next_norm`` of it, in one launch (the norm module's residual add)."""
     normed, added = next_norm(x, stream)
     return NormalisedRows(added, normed)
+
+
+def reduce_add_normalised(
+    partial: torch.Tensor, stream: torch.Tensor, next_norm: nn.Module, group: RankGroup
+) -> NormalisedRows:
+    """``add_normalised`` of partial [n, hidden] summed over ``group`` (a row-parallel block's output): the
+    all-reduce, the add and the norm in one launch where layers/all_reduce_norm.py serves them, else the
+    all-reduce and ``add_normalised``."""
+    fused = all_reduce_add_rms_norm(partial, stream, next_norm, group)
+    if fused is not None:
+        return NormalisedRows(fused[1], fused[0])
+    return add_normalised(all_reduce(partial, group), stream, next_norm)
 
 
 # ---- Llama-family attention and layers --------------------------------------------------------------
@@ -280,7 +294,8 @@ def project_add_normalised(
     add and the norm module; for a row-parallel shard (``ends_block``) its partial sums, their all-reduce and
     the norm module's residual add (one launch for the add and the norm)."""
     if is_sharded(proj):
-        return add_normalised(reduced_product(x, proj), stream, norm)
+        partial = projection_kernels().project_rows(x, fused_weight(proj))
+        return reduce_add_normalised(partial, stream, norm, proj.group)
     added = projection_kernels().project_add(x, fused_weight(proj), stream)
     return NormalisedRows(added, norm(added))
 

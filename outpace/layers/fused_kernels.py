@@ -32,6 +32,31 @@ _ELEMENTWISE_BLOCK = 1024
 
 
 @triton.jit
+def rms_normed(
+    s,  # [BLOCK] a row of the stream, in its dtype (columns past dim zero)
+    w_ptr,
+    cols,  # [BLOCK]
+    mask,  # [BLOCK] cols < dim
+    dim,
+    eps,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    WEIGHT_IN_FLOAT32: tl.constexpr,
+):
+    """The row's RMSNorm in float32 [BLOCK], ``_rms_norm_kernel``'s (its docstring)."""
+    sf = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / dim + eps)
+    if WEIGHT_IN_FLOAT32:
+        normed = sf * rstd
+        if HAS_WEIGHT:
+            normed = normed * (offset + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32))
+    else:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        normed = w * (sf * rstd).to(s.dtype).to(tl.float32)
+    return normed
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,
@@ -64,15 +89,7 @@ def _rms_norm_kernel(
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         s = (s.to(tl.float32) + res.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * dim + cols, s, mask=mask)
-    sf = s.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / dim + eps)
-    if WEIGHT_IN_FLOAT32:
-        normed = sf * rstd
-        if HAS_WEIGHT:
-            normed = normed * (offset + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32))
-    else:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        normed = w * (sf * rstd).to(s.dtype).to(tl.float32)
+    normed = rms_normed(s, w_ptr, cols, mask, dim, eps, offset, HAS_WEIGHT, WEIGHT_IN_FLOAT32)
     tl.store(out_ptr + row * dim + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -57,7 +57,6 @@ from outpace.layers.decoder import (
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
-    add_normalised,
     block_fuses,
     fused_weight,
     mlp_fused,
@@ -66,6 +65,7 @@ from outpace.layers.fused_decoder import (
     project_add_normalised,
     project_add_ready,
     project_normalised,
+    reduce_add_normalised,
     run_stack,
 )
 from outpace.layers.gated_deltanet import GatedDeltaNet
@@ -367,12 +367,14 @@ class SparseMoeWithSharedExpert(nn.Module):
             self.gate.pack(self.shared_expert_gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(self.partial(x), self.group)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's part of ``forward``'s output: every expert's rows split over the ranks (layers/moe.py
+        MoE), so the block's output is the sum of the ranks' parts."""
         if self.experts.uses_kernels(x):
-            out = self._on_kernels(x)
-        else:
-            out = self.experts(x, *self.gate(x)) + self._gated_shared(x)
-        # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
-        return all_reduce(out, self.group)
+            return self._on_kernels(x)
+        return self.experts(x, *self.gate(x)) + self._gated_shared(x)
 
     def _gated_shared(self, x: torch.Tensor) -> torch.Tensor:
         # (the gates [n, 1] a token at a time in batch-invariant mode on the CPU: layers/recurrent.py rows_alone)
@@ -451,7 +453,7 @@ class Qwen3NextDecoderLayer(nn.Module):
             mid = project_add_ready(out, out_proj, rows.stream, post)  # NormedRows
             return mlp_fused(self.mlp, mid, post.eps, next_norm)
         mid = project_add_normalised(out, out_proj, rows.stream, post)
-        return add_normalised(self.mlp(mid.x), mid.stream, next_norm)
+        return reduce_add_normalised(self.mlp.partial(mid.x), mid.stream, next_norm, self.mlp.group)
 
 
 class Qwen3NextModel(nn.Module):

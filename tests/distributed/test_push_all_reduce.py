@@ -1,7 +1,5 @@
-"""distributed/push_all_reduce_kernel.py under Triton's interpreter, one process playing every rank: the ranks'
-kernels run one after another, so before rank r runs, the test delivers into r's buffer what the ranks that
-have not run yet would have pushed (their bits, -0.0 sent as +0.0); the ranks that ran pushed for real. On two
-GPUs: tests/gpu/test_gpu_symmetric_all_reduce.py."""
+"""distributed/push_all_reduce_kernel.py under Triton's interpreter, one process playing every rank
+(tests/helpers/push_ranks.py). On two GPUs: tests/gpu/test_gpu_symmetric_all_reduce.py."""
 
 from __future__ import annotations
 
@@ -11,64 +9,29 @@ import pytest
 import torch
 
 from helpers.hopper_compile import run_compile_script
-from outpace.distributed.push_all_reduce_kernel import BITS, BLOCK, push_all_reduce_
+from helpers.push_ranks import PushRanks
+from outpace.distributed.push_all_reduce_kernel import BLOCK, push_all_reduce_
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter plays every rank on the CPU"
 )
 
 
-class _Ranks:
-    """``world`` ranks' buffers and counters in one process."""
+def _all_reduce(ranks: PushRanks, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    outs = [x.clone() for x in xs]
 
-    def __init__(self, world: int, dtype: torch.dtype, slot: int) -> None:
-        bits, self.empty = BITS[dtype]
-        self.world, self.dtype = world, dtype
-        self.buffers = tuple(
-            torch.full((2, world, slot), self.empty, dtype=bits) for _ in range(world)
+    def run(r: int) -> torch.Tensor:
+        return push_all_reduce_(
+            outs[r], ranks.addresses, ranks.slot, ranks.epochs[r], ranks.arrivals[r], r
         )
-        self.slot = slot
-        self.addresses = torch.tensor([b.data_ptr() for b in self.buffers], dtype=torch.int64)
-        self.epochs = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
-        self.arrivals = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
 
-    def sent(self, x: torch.Tensor) -> torch.Tensor:
-        """The bits a rank sends for ``x``: its own, with -0.0 as +0.0."""
-        bits = x.view(self.buffers[0].dtype).clone()
-        return bits.masked_fill(bits == self.empty, 0)
-
-    def call(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every rank's all-reduce of its ``xs[r]``, rank 0 first; each rank's buffer is left empty."""
-        n = xs[0].numel()
-        outs = [x.clone() for x in xs]
-        for r in range(self.world):
-            phase = int(self.epochs[r]) % 2
-            for later in range(r + 1, self.world):  # what the ranks yet to run would have pushed
-                self.buffers[r][phase, later, :n] = self.sent(xs[later])
-            for earlier in range(
-                r
-            ):  # (a -0.0 pushed as is would read as empty: the rank would wait forever)
-                assert (self.buffers[r][phase, earlier, :n] != self.empty).all(), (
-                    "-0.0 pushed as is"
-                )
-            push_all_reduce_(
-                outs[r], self.addresses, self.slot, self.epochs[r], self.arrivals[r], r
-            )
-            for earlier in range(
-                r
-            ):  # its push into a buffer that rank already summed: as delivered
-                pushed = self.buffers[earlier][phase, r, :n]
-                assert torch.equal(pushed, self.sent(xs[r])), "a rank pushes its bits, -0.0 as +0.0"
-                pushed.fill_(self.empty)
-            assert (self.buffers[r] == self.empty).all(), f"rank {r} left its buffer's slots filled"
-            assert int(self.arrivals[r]) == 0
-        return outs
+    return ranks.call(xs, run)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("n", [1, 2048, 2 * BLOCK + 37])
 def test_every_rank_gets_the_rank_order_float32_sum_bit_for_bit(world, n):
-    ranks = _Ranks(world, torch.float32, slot=4 * BLOCK)
+    ranks = PushRanks(world, torch.float32, slot=4 * BLOCK)
     g = torch.Generator().manual_seed(world * 100 + n)
     for call in range(3):  # the buffers' two phases, then the first again
         xs = [torch.randn(n, generator=g) * 10 ** (r - 1) for r in range(world)]
@@ -76,7 +39,7 @@ def test_every_rank_gets_the_rank_order_float32_sum_bit_for_bit(world, n):
         if n > 1:
             for x in xs:
                 x[n - 1] = -0.0
-        outs = ranks.call(xs)
+        outs = _all_reduce(ranks, xs)
         expected = xs[0].clone()
         for x in xs[1:]:
             expected = expected + x  # rank order, float32
@@ -89,13 +52,13 @@ def test_every_rank_gets_the_rank_order_float32_sum_bit_for_bit(world, n):
 def test_bf16_messages_travel_in_their_bits():
     """bf16 sums of exactly representable values (the interpreter's float32 -> bf16 conversion truncates
     where the GPU rounds, so the values are chosen to need neither)."""
-    ranks = _Ranks(2, torch.bfloat16, slot=2 * BLOCK)
+    ranks = PushRanks(2, torch.bfloat16, slot=2 * BLOCK)
     g = torch.Generator().manual_seed(7)
     n = BLOCK + 5
     for _ in range(2):
         xs = [(torch.randint(-64, 64, (n,), generator=g) / 4).to(torch.bfloat16) for _ in range(2)]
         xs[1][3] = -0.0
-        outs = ranks.call(xs)
+        outs = _all_reduce(ranks, xs)
         expected = (xs[0].float() + xs[1].float()).to(torch.bfloat16)
         assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected)
 
@@ -103,7 +66,7 @@ def test_bf16_messages_travel_in_their_bits():
 def test_consecutive_calls_use_the_other_buffer():
     """Call k writes the peers' slots of buffer k % 2: a rank ahead by one call never overwrites a slot its
     slower peer has yet to read (kernel docstring)."""
-    ranks = _Ranks(2, torch.float32, slot=BLOCK)
+    ranks = PushRanks(2, torch.float32, slot=BLOCK)
     x = torch.arange(1.0, 9.0)
     ranks.buffers[0][0, 1, :8] = x.view(torch.int32)  # rank 1's push for call 0
     for call in range(2):

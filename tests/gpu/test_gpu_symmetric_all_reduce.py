@@ -1,7 +1,8 @@
 """On two GPUs: the symmetric-memory all-reduce (distributed/symmetric_all_reduce.py) set up as the engine's
 groups set it up (``init_rank_group``) gives every rank NCCL's sum, eagerly and replayed in a CUDA graph, at
 decoding's sizes in bf16 and float32, and over many replays of a graph of several calls with eager calls
-between; a prefill-sized message goes to NCCL."""
+between; the all-reduce fused with the residual add and the next RMSNorm (layers/all_reduce_norm.py) against
+the two launches; a prefill-sized message goes to NCCL."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def _rank(rank: int, port: int, failures) -> None:
 
     from outpace.distributed.collectives import all_reduce
     from outpace.distributed.group import init_rank_group
+    from outpace.layers.all_reduce_norm import all_reduce_add_rms_norm
+    from outpace.layers.norm import Float32RMSNorm, RMSNorm
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     group = init_rank_group(2, rank, "cuda")
@@ -71,6 +74,35 @@ def _rank(rank: int, port: int, failures) -> None:
             for i, (w, s) in enumerate(zip(works, sums)):
                 assert torch.equal(w, s), ("replay", replay, i)
             assert torch.equal(eager, sums[replay % len(xs)]), ("eager between replays", replay)
+        # the all-reduce fused with the residual add and the next RMSNorm: the bits of the two launches
+        with torch.no_grad():  # (the norm modules take their Triton kernels without autograd)
+            for norm in (RMSNorm(2048).cuda(), Float32RMSNorm(2048, 1e-6, 1.0).cuda()):
+                for rows in (1, 8, 32):
+                    x = torch.randn(rows, 2048, device="cuda", generator=g).to(torch.bfloat16)
+                    stream = torch.randn(rows, 2048, device="cuda").to(torch.bfloat16)
+                    expected = norm(all_reduce(x.clone(), group), stream)
+                    fused = all_reduce_add_rms_norm(x, stream, norm, group)
+                    assert fused is not None, (
+                        "the fused kernel did not take a decode-sized bf16 call"
+                    )
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        replayed = all_reduce_add_rms_norm(x, stream, norm, group)
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    for got, what in ((fused, "eager"), (replayed, "graph")):
+                        assert torch.equal(got[0], expected[0]), (
+                            type(norm).__name__,
+                            rows,
+                            what,
+                            "norm",
+                        )
+                        assert torch.equal(got[1], expected[1]), (
+                            type(norm).__name__,
+                            rows,
+                            what,
+                            "stream",
+                        )
         big = torch.full((256, 2048), float(rank + 1), device="cuda")
         assert not group.symmetric.takes(big)
         assert torch.equal(all_reduce(big, group), torch.full_like(big, 3.0))
