@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.distributed.symmetric_all_reduce import BITS
+
 BLOCK = 1024  # elements a program sends and sums
-# per message dtype: the integer dtype its bits travel in, and the empty slot's bits (-0.0)
-BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float32: (torch.int32, -(1 << 31))}
 TRITON_BITS = {torch.int16: tl.int16, torch.int32: tl.int32}
 
 

@@ -26,11 +26,12 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from outpace.distributed.push_all_reduce_kernel import BITS, push_all_reduce_
-
 # Largest message the push kernel takes: decode and verify activations (32 rows of a 7168-wide hidden in bf16
 # are 458 KB); prefill chunks are larger and go to NCCL, which moves bulk faster.
 MAX_BYTES = 1 << 19
+# per message dtype: the integer dtype its bits travel in, and the empty slot's bits (-0.0; the kernel's
+# docstring, distributed/push_all_reduce_kernel.py)
+BITS = {torch.bfloat16: (torch.int16, -(1 << 15)), torch.float32: (torch.int32, -(1 << 31))}
 
 
 class SymmetricAllReduce:
@@ -95,6 +96,10 @@ class SymmetricAllReduce:
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``."""
+        from outpace.distributed.push_all_reduce_kernel import (
+            push_all_reduce_,  # (Triton: GPUs only)
+        )
+
         slot = MAX_BYTES // x.element_size()  # (elements of a rank's slot in each buffer)
         return push_all_reduce_(
             x, self.buffers[x.dtype], slot, self.epoch, self.arrivals, self.rank

@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 
 from outpace.distributed.group import RankGroup
-from outpace.distributed.push_all_reduce_kernel import BITS, TRITON_BITS, end_call, pushed_sum
-from outpace.distributed.symmetric_all_reduce import MAX_BYTES
-from outpace.layers.fused_kernels import rms_normed
+from outpace.distributed.push_all_reduce_kernel import TRITON_BITS, end_call, pushed_sum
+from outpace.distributed.symmetric_all_reduce import BITS, MAX_BYTES
+from outpace.layers.fused_kernels import rms_normed, row_warps
 from outpace.layers.norm import Float32RMSNorm, RMSNorm
 
 _MAX_BLOCK = 16384  # the widest row a program takes whole
@@ -114,7 +114,7 @@ def all_reduce_add_rms_norm(
         HAS_WEIGHT=weight is not None,
         WEIGHT_IN_FLOAT32=in_float32,
         BLOCK=block,
-        num_warps=min(max(block // 256, 1), 16),
+        num_warps=row_warps(block),
         enable_fp_fusion=False,
     )
     return out, added

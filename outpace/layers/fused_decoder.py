@@ -39,7 +39,6 @@ from torch import nn
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import RankGroup
 from outpace.layers.activation import FUSED_ACTIVATIONS
-from outpace.layers.all_reduce_norm import all_reduce_add_rms_norm
 from outpace.layers.decoder import (
     DecoderAttention,
     DecoderLayer,
@@ -152,9 +151,12 @@ def reduce_add_normalised(
     """``add_normalised`` of partial [n, hidden] summed over ``group`` (a row-parallel block's output): the
     all-reduce, the add and the norm in one launch where layers/all_reduce_norm.py serves them, else the
     all-reduce and ``add_normalised``."""
-    fused = all_reduce_add_rms_norm(partial, stream, next_norm, group)
-    if fused is not None:
-        return NormalisedRows(fused[1], fused[0])
+    if group.size > 1 and group.symmetric is not None:  # (GPUs: the kernel's module imports Triton)
+        from outpace.layers.all_reduce_norm import all_reduce_add_rms_norm
+
+        fused = all_reduce_add_rms_norm(partial, stream, next_norm, group)
+        if fused is not None:
+            return NormalisedRows(fused[1], fused[0])
     return add_normalised(all_reduce(partial, group), stream, next_norm)
 
 

@@ -134,10 +134,15 @@ def rms_norm_triton(
         HAS_WEIGHT=weight is not None,
         WEIGHT_IN_FLOAT32=in_float32,
         BLOCK=block,
-        num_warps=min(max(block // 256, 1), 16),
+        num_warps=row_warps(block),
         enable_fp_fusion=False,
     )
     return out, stream
+
+
+def row_warps(block: int) -> int:
+    """Warps of a program that normalises one row of ``block`` columns: 256 columns a warp, 1 to 16."""
+    return min(max(block // 256, 1), 16)
 
 
 @triton.jit

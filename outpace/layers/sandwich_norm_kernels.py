@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.layers.fused_kernels import row_warps
 from outpace.layers.norm import Float32RMSNorm
 
 
@@ -125,7 +126,7 @@ def after_attention_triton(
         h, attn, post.weight, pre.weight, (pre2 or pre).weight,
         h_out, pre_out, h_out if pre2_out is None else pre2_out,
         dim, h.stride(0), attn.stride(0), post.eps, pre.eps, (pre2 or pre).eps, offset,
-        TWO=pre2 is not None, BLOCK=block, num_warps=min(max(block // 256, 1), 16),
+        TWO=pre2 is not None, BLOCK=block, num_warps=row_warps(block),
         enable_fp_fusion=False,
     )  # fmt: skip
     return h_out, pre_out, pre2_out
@@ -154,6 +155,6 @@ def after_mlp_triton(
         h, mlp, routed, w1, w2, post.weight, h if scale is None else scale, out,
         dim, h.stride(0), mlp.stride(0), routed.stride(0), eps1, eps2, post.eps, offset,
         MOE=moe, SCALE=scale is not None, BLOCK=block,
-        num_warps=min(max(block // 256, 1), 16), enable_fp_fusion=False,
+        num_warps=row_warps(block), enable_fp_fusion=False,
     )  # fmt: skip
     return out

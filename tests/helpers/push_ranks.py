@@ -10,8 +10,7 @@ from collections.abc import Callable
 import torch
 
 from outpace.distributed.group import RankGroup
-from outpace.distributed.push_all_reduce_kernel import BITS
-from outpace.distributed.symmetric_all_reduce import MAX_BYTES, SymmetricAllReduce
+from outpace.distributed.symmetric_all_reduce import BITS, MAX_BYTES, SymmetricAllReduce
 
 
 class PushRanks:
