@@ -74,3 +74,28 @@ def test_what_it_leaves_to_the_two_launches():
     assert (
         all_reduce_add_rms_norm(wide, wide, RMSNorm(32768), group) is None
     )  # a row wider than a program
+
+
+def test_reduce_add_normalised_takes_the_kernel_where_it_serves():
+    """layers/fused_decoder.py ``reduce_add_normalised``: the fused kernel over a group with a symmetric path
+    (each rank's rows as the kernel leaves them), else the all-reduce and the norm module (one rank: no
+    all-reduce)."""
+    from outpace.layers.fused_decoder import reduce_add_normalised
+
+    norm = _norms(64)["RMSNorm"]
+    ranks = PushRanks(2, torch.float32, MAX_BYTES // 4)
+    g = torch.Generator().manual_seed(3)
+    partials = [torch.randn(3, 64, generator=g) for _ in range(2)]
+    stream = torch.randn(3, 64, generator=g)
+    with torch.no_grad():
+        rows = ranks.call(
+            partials, lambda r: reduce_add_normalised(partials[r], stream, norm, ranks.group(r))
+        )
+        expected_normed, expected_stream = rms_norm_triton(
+            partials[0] + partials[1], norm.weight, norm.eps, stream
+        )
+        for got in rows:
+            assert torch.equal(got.stream, expected_stream) and torch.equal(got.x, expected_normed)
+        alone = reduce_add_normalised(partials[0], stream, norm, RankGroup(0, 1))
+        normed, added = norm(partials[0], stream)
+        assert torch.equal(alone.stream, added) and torch.equal(alone.x, normed)
