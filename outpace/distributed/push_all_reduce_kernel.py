@@ -20,9 +20,9 @@ ended (kernels of one stream run in order; this kernel is never launched early, 
 call k's slots is done before its writes for call k + 1 start).
 
 Every program must be resident at once (a program waits for its counterpart on every peer): the grid is at
-at most 256 programs of 1024 elements (a 512 KB bf16 message), two an SM. Tested on the CPU under Triton's interpreter with one
-process playing every rank (tests/distributed/test_push_all_reduce.py) and on two GPUs
-(tests/gpu/test_gpu_symmetric_all_reduce.py).
+most 256 small programs (a 512 KB bf16 message in 1024-element blocks; layers/all_reduce_norm.py's, one a
+token row, fewer), two an SM. Tested on the CPU under Triton's interpreter with one process playing every rank
+(tests/distributed/test_push_all_reduce.py) and on two GPUs (tests/gpu/test_gpu_symmetric_all_reduce.py).
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ in place of NCCL's for messages up to ``MAX_BYTES``.
 
 A decode or verify step all-reduces [tokens, hidden] activations a few times a layer (layers/linear.py,
 layers/moe.py). Those are a few kilobytes to a few hundred, where NCCL's latency is the whole cost: on two
-H200s with NVLink multicast off, 90 captured all-reduces of [1, 4096] bf16 took 21.1 us each by NCCL and
-7.1 us by torch's barrier-based one-shot kernel (``symm_mem.one_shot_all_reduce``), [32, 4096] 19.0 against
-9.4 us (benchmarks/scripts/all_reduce_timings.py, benchmarks/results/gpu_2026-11-29e call 3); the push kernel
-needs no barrier at all (its docstring says why it is safe) and sums the ranks in rank order, so every rank
-gets the same bits whatever the message's size (batch-invariant where NCCL's algorithm changes with the
-size). vLLM and SGLang keep such a path beside NCCL for the same reason (their custom and symmetric-memory
-all-reduces). It runs inside captured CUDA graphs like any kernel.
+H200s with NVLink multicast off, 90 captured all-reduces of [1, 4096] bf16 took 3.52 us each by the push
+kernel, 7.07 by torch's barrier-based one-shot kernel (``symm_mem.one_shot_all_reduce``) and 17.52 by NCCL;
+[32, 4096] 4.52 / 9.28 / 20.12 us, the sums equal to NCCL's (benchmarks/scripts/all_reduce_timings.py,
+benchmarks/results/gpu_2026-12-01 call 1). The kernel sums the ranks in rank order, so every rank gets the same
+bits whatever the message's size (batch-invariant where NCCL's algorithm changes with the size). vLLM and
+SGLang keep such a path beside NCCL for the same reason (their custom and symmetric-memory all-reduces). It
+runs inside captured CUDA graphs like any kernel; layers/all_reduce_norm.py fuses it with the residual add
+and the next RMSNorm.
 
 It is set up once per process group, when the group starts, by every rank together (the rendezvous that
 maps the peers' buffers is a collective, so it cannot happen lazily inside a graph capture); it is used only
