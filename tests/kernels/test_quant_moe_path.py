@@ -281,3 +281,27 @@ def test_a_fused_shared_mlp_is_refused_off_the_kernels():
     weights, ids = moe.gate(x)
     with pytest.raises(ValueError, match="fused shared experts run on the grouped kernels only"):
         moe.experts.run(x, weights, ids, quantized_shared=moe.shared_experts)
+
+
+def test_packed_expert_gate_up_becomes_a_view_of_the_stacks():
+    """Experts whose gate/up were packed after loading (layers/decoder.py ``pack_projections``: the gate and
+    up weights views of one packed tensor) keep no copy once stacked: the packed projection reads the stack's
+    rows too, the packed tensor's old storage is freed, and the eager path through it still gives the
+    kernels' output."""
+    from outpace.layers.decoder import pack_projections
+
+    moe = deepseek_moe(SCHEMES[FP8_BLOCK])
+    pack_projections(moe)
+    first = moe.experts[0]
+    assert first.gate_up is not None  # (packed: what the test is about)
+    old = first.gate_up.weight.weight.untyped_storage()._weak_ref()
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    got = on_kernels(moe, True)(x)
+    stacks = moe.experts.quantized_stacks
+    for e, expert in enumerate(moe.experts):
+        assert expert.gate_up.weight.weight.data_ptr() == stacks.gate_up[e].data_ptr()
+        assert expert.gate_up.weight.scale.data_ptr() == stacks.gate_up_scale[e].data_ptr()
+    assert torch.UntypedStorage._expired(old), (
+        "the packed gate/up kept its storage beside the stacks"
+    )
+    assert relative_error(on_kernels(moe, False)(x), got) < 1e-5

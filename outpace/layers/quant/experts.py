@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from outpace.layers.quant.dequantize import INT4_PACK_FACTOR
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, Int4Group, QuantizedLinear
 
 _KERNEL_SCALE_DTYPES = (torch.float32, torch.bfloat16)  # what moe_quant_kernels.py reads
@@ -208,8 +209,9 @@ class QuantizedExpertStacks:
                     [torch.cat([p.scale for p in r[:-1]]) for r in rows]
                 )
                 self.down_scale = torch.stack([r[-1].scale for r in rows])
-            for e, r in enumerate(rows):
+            for e, (module, r) in enumerate(zip(per_expert, rows)):
                 self._view(r, e)
+                self._view_packed(module, e)
 
     def _view(self, projections: tuple[QuantizedLinear, ...], e: int) -> None:
         """Expert ``e``'s tensors as views of the stacks (their rows of gate_up, its down)."""
@@ -227,6 +229,16 @@ class QuantizedExpertStacks:
             row += rows
         down.stored_weight.data = self.down[e]
         down.scale.data = self.down_scale[e].view(down.scale.shape)
+
+    def _view_packed(self, module: nn.Module, e: int) -> None:
+        """Expert ``e``'s packed gate/up (layers/decoder.py ``PackedProjection`` over block FP8, whose rows are
+        gate's then up's, as the stack's), where it has one, made a view of the stacks too: it held the storage
+        the gate and up weights viewed, which stayed beside the stacks. That doubled the experts' gate/up bytes:
+        the whole Qwen3-Next-80B in block FP8 with its MTP layer no longer fit one H200 (137 GiB at the first
+        captured step, benchmarks/results/gpu_2026-12-01 calls 3 and 4)."""
+        packed = getattr(module, "gate_up", None)
+        if packed is not None and isinstance(packed.weight, Fp8Weight):
+            packed.weight = Fp8Weight(self.gate_up[e], self.gate_up_scale[e], packed.weight.block)
 
     def current(self, per_expert: list[nn.Module]) -> bool:
         """Whether these are the stacks of these experts, their tensors still the views made here."""
