@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.distributed.symmetric_all_reduce import BITS
+from outpace.distributed.symmetric_all_reduce import BITS, MAX_BYTES
 
 BLOCK = 1024  # elements a program sends and sums
 TRITON_BITS = {torch.int16: tl.int16, torch.int32: tl.int32}
@@ -119,32 +119,25 @@ def _push_all_reduce_kernel(
     end_call(epoch_ptr, arrivals_ptr)
 
 
-def push_all_reduce_(
-    x: torch.Tensor,
-    buffers: torch.Tensor,
-    slot: int,
-    epoch: torch.Tensor,
-    arrivals: torch.Tensor,
-    rank: int,
-) -> torch.Tensor:
-    """``x`` (contiguous, a ``BITS`` dtype, at most ``slot`` elements) replaced by its sum over the ranks whose
-    buffers [2, world, slot] (of ``BITS[x.dtype][0]``, emptied) ``buffers`` [world] int64 addresses, this one
-    ``rank``; ``epoch`` and ``arrivals`` [1] int32, this rank's counters (zeros before the first call).
-    Returns ``x``."""
+def push_arguments(symmetric, dtype: torch.dtype) -> tuple[tuple, dict]:
+    """What a kernel built on ``pushed_sum`` takes of ``symmetric`` (distributed/symmetric_all_reduce.py
+    ``SymmetricAllReduce``) for a message of ``dtype``: (buffers' addresses, epoch, arrivals, slot) and the
+    constants (BITS_TY, EMPTY, RANK, WORLD)."""
+    bits, empty = BITS[dtype]
+    buffers = symmetric.buffers[dtype]
+    slot = MAX_BYTES // dtype.itemsize  # (elements of a rank's slot in each buffer)
+    constants = dict(
+        BITS_TY=TRITON_BITS[bits], EMPTY=empty, RANK=symmetric.rank, WORLD=buffers.shape[0]
+    )
+    return (buffers, symmetric.epoch, symmetric.arrivals, slot), constants
+
+
+def push_all_reduce_(x: torch.Tensor, symmetric) -> torch.Tensor:
+    """``x`` (``symmetric.takes(x)``) replaced by its sum over the ranks of ``symmetric`` (its buffers
+    emptied, its counters as the last call left them). Returns ``x``."""
     flat = x.view(-1)  # [n]
-    bits, empty = BITS[x.dtype]
+    (buffers, epoch, arrivals, slot), constants = push_arguments(symmetric, x.dtype)
     _push_all_reduce_kernel[(triton.cdiv(flat.numel(), BLOCK),)](
-        flat,
-        flat,
-        buffers,
-        epoch,
-        arrivals,
-        flat.numel(),
-        slot,
-        BITS_TY=TRITON_BITS[bits],
-        EMPTY=empty,
-        RANK=rank,
-        WORLD=buffers.shape[0],
-        BLOCK=BLOCK,
+        flat, flat, buffers, epoch, arrivals, flat.numel(), slot, **constants, BLOCK=BLOCK
     )
     return x

@@ -42,7 +42,7 @@ class SymmetricAllReduce:
         self, rank: int, buffers: dict[torch.dtype, torch.Tensor], device, owned: tuple = ()
     ) -> None:
         """``buffers``: per message dtype, the addresses [world] int64 of every rank's buffer [2, world, slot]
-        in its bits' dtype (``BITS``; slot: MAX_BYTES of them), emptied on every rank before any rank's
+        in its bits' dtype (``BITS``; a slot: MAX_BYTES), emptied on every rank before any rank's
         first call; ``owned``: what keeps that memory and its mappings alive (buffers, rendezvous handles)."""
         self.rank = rank
         self.buffers = buffers
@@ -97,11 +97,6 @@ class SymmetricAllReduce:
 
     def all_reduce_(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (``takes(x)``) replaced by its sum over the group's ranks; returns ``x``."""
-        from outpace.distributed.push_all_reduce_kernel import (
-            push_all_reduce_,  # (Triton: GPUs only)
-        )
+        from outpace.distributed.push_all_reduce_kernel import push_all_reduce_  # (Triton: GPUs)
 
-        slot = MAX_BYTES // x.element_size()  # (elements of a rank's slot in each buffer)
-        return push_all_reduce_(
-            x, self.buffers[x.dtype], slot, self.epoch, self.arrivals, self.rank
-        )
+        return push_all_reduce_(x, self)

@@ -21,8 +21,7 @@ import triton
 import triton.language as tl
 
 from outpace.distributed.group import RankGroup
-from outpace.distributed.push_all_reduce_kernel import TRITON_BITS, end_call, pushed_sum
-from outpace.distributed.symmetric_all_reduce import BITS, MAX_BYTES
+from outpace.distributed.push_all_reduce_kernel import end_call, push_arguments, pushed_sum
 from outpace.layers.fused_kernels import rms_normed, row_warps
 from outpace.layers.norm import Float32RMSNorm, RMSNorm
 
@@ -92,7 +91,7 @@ def all_reduce_add_rms_norm(
     out_dtype = partial.dtype if in_float32 else torch.promote_types(weight.dtype, partial.dtype)
     out = torch.empty(rows, dim, dtype=out_dtype, device=partial.device)
     added = torch.empty_like(stream)
-    bits, empty = BITS[partial.dtype]
+    (buffers, epoch, arrivals, slot), constants = push_arguments(symmetric, partial.dtype)
     block = triton.next_power_of_2(dim)
     _all_reduce_add_norm_kernel[(rows,)](
         partial,
@@ -100,17 +99,14 @@ def all_reduce_add_rms_norm(
         partial if weight is None else weight,
         out,
         added,
-        symmetric.buffers[partial.dtype],
-        symmetric.epoch,
-        symmetric.arrivals,
+        buffers,
+        epoch,
+        arrivals,
         dim,
-        MAX_BYTES // partial.element_size(),
+        slot,
         norm.eps,
         norm.offset if in_float32 else 0.0,
-        BITS_TY=TRITON_BITS[bits],
-        EMPTY=empty,
-        RANK=symmetric.rank,
-        WORLD=symmetric.buffers[partial.dtype].shape[0],
+        **constants,
         HAS_WEIGHT=weight is not None,
         WEIGHT_IN_FLOAT32=in_float32,
         BLOCK=block,

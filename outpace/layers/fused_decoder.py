@@ -293,8 +293,8 @@ def project_add_normalised(
 ) -> NormalisedRows:
     """The projection that ends a block whose next block reads its input materialised (a sparse MoE): x [n,
     in], stream [n, hidden] -> the new stream and ``norm`` of it (``NormalisedRows``). The fused residual
-    add and the norm module; for a row-parallel shard (``ends_block``) its partial sums, their all-reduce and
-    the norm module's residual add (one launch for the add and the norm)."""
+    add and the norm module; for a row-parallel shard (``ends_block``) its partial sums, then
+    ``reduce_add_normalised`` (their all-reduce, the add and the norm)."""
     if is_sharded(proj):
         partial = projection_kernels().project_rows(x, fused_weight(proj))
         return reduce_add_normalised(partial, stream, norm, proj.group)

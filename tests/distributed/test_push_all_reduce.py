@@ -21,9 +21,7 @@ def _all_reduce(ranks: PushRanks, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     outs = [x.clone() for x in xs]
 
     def run(r: int) -> torch.Tensor:
-        return push_all_reduce_(
-            outs[r], ranks.addresses, ranks.slot, ranks.epochs[r], ranks.arrivals[r], r
-        )
+        return push_all_reduce_(outs[r], ranks.group(r).symmetric)
 
     return ranks.call(xs, run)
 
@@ -31,7 +29,7 @@ def _all_reduce(ranks: PushRanks, xs: list[torch.Tensor]) -> list[torch.Tensor]:
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("n", [1, 2048, 2 * BLOCK + 37])
 def test_every_rank_gets_the_rank_order_float32_sum_bit_for_bit(world, n):
-    ranks = PushRanks(world, torch.float32, slot=4 * BLOCK)
+    ranks = PushRanks(world, torch.float32)
     g = torch.Generator().manual_seed(world * 100 + n)
     for call in range(3):  # the buffers' two phases, then the first again
         xs = [torch.randn(n, generator=g) * 10 ** (r - 1) for r in range(world)]
@@ -52,7 +50,7 @@ def test_every_rank_gets_the_rank_order_float32_sum_bit_for_bit(world, n):
 def test_bf16_messages_travel_in_their_bits():
     """bf16 sums of exactly representable values (the interpreter's float32 -> bf16 conversion truncates
     where the GPU rounds, so the values are chosen to need neither)."""
-    ranks = PushRanks(2, torch.bfloat16, slot=2 * BLOCK)
+    ranks = PushRanks(2, torch.bfloat16)
     g = torch.Generator().manual_seed(7)
     n = BLOCK + 5
     for _ in range(2):
@@ -66,14 +64,12 @@ def test_bf16_messages_travel_in_their_bits():
 def test_consecutive_calls_use_the_other_buffer():
     """Call k writes the peers' slots of buffer k % 2: a rank ahead by one call never overwrites a slot its
     slower peer has yet to read (kernel docstring)."""
-    ranks = PushRanks(2, torch.float32, slot=BLOCK)
+    ranks = PushRanks(2, torch.float32)
     x = torch.arange(1.0, 9.0)
     ranks.buffers[0][0, 1, :8] = x.view(torch.int32)  # rank 1's push for call 0
     for call in range(2):
         out = x.clone()
-        push_all_reduce_(
-            out, ranks.addresses, BLOCK, ranks.epochs[0], ranks.arrivals[0], 0
-        )  # rank 0 alone
+        push_all_reduce_(out, ranks.group(0).symmetric)  # rank 0 alone
         phase = call % 2
         assert torch.equal(ranks.buffers[1][phase, 0, :8], x.view(torch.int32))
         assert (ranks.buffers[1][1 - phase, 0] == ranks.empty).all()

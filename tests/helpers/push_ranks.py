@@ -14,11 +14,12 @@ from outpace.distributed.symmetric_all_reduce import BITS, MAX_BYTES, SymmetricA
 
 
 class PushRanks:
-    """``world`` ranks' buffers and counters in one process (slots of ``slot`` elements)."""
+    """``world`` ranks' buffers and counters in one process (slots of MAX_BYTES, as the GPUs' are)."""
 
-    def __init__(self, world: int, dtype: torch.dtype, slot: int) -> None:
+    def __init__(self, world: int, dtype: torch.dtype) -> None:
         bits, self.empty = BITS[dtype]
-        self.world, self.dtype, self.slot = world, dtype, slot
+        self.world, self.dtype = world, dtype
+        slot = MAX_BYTES // dtype.itemsize
         self.buffers = tuple(
             torch.full((2, world, slot), self.empty, dtype=bits) for _ in range(world)
         )
@@ -27,8 +28,7 @@ class PushRanks:
         self.arrivals = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
 
     def group(self, rank: int) -> RankGroup:
-        """Rank ``rank``'s group, its symmetric path over these buffers (slots of MAX_BYTES)."""
-        assert self.slot * self.buffers[0].element_size() == MAX_BYTES
+        """Rank ``rank``'s group, its symmetric path over these buffers."""
         symmetric = SymmetricAllReduce(rank, {self.dtype: self.addresses}, "cpu")
         symmetric.epoch, symmetric.arrivals = self.epochs[rank], self.arrivals[rank]
         return RankGroup(rank, self.world, symmetric=symmetric)

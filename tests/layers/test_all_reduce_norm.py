@@ -38,7 +38,7 @@ def _norms(dim: int) -> dict[str, torch.nn.Module]:
 @pytest.mark.parametrize("world,rows,dim", [(2, 1, 96), (3, 5, 200)])
 def test_fused_rows_equal_the_all_reduce_then_the_norm(norm_kind, world, rows, dim):
     norm = _norms(dim)[norm_kind]
-    ranks = PushRanks(world, torch.float32, MAX_BYTES // 4)
+    ranks = PushRanks(world, torch.float32)
     g = torch.Generator().manual_seed(rows * 10 + world)
     stream = torch.randn(rows, dim, generator=g)
     for _ in range(3):  # both buffers, then the first again
@@ -60,7 +60,7 @@ def test_fused_rows_equal_the_all_reduce_then_the_norm(norm_kind, world, rows, d
 
 
 def test_what_it_leaves_to_the_two_launches():
-    ranks = PushRanks(2, torch.float32, MAX_BYTES // 4)
+    ranks = PushRanks(2, torch.float32)
     group, x = ranks.group(0), torch.zeros(2, 64)
     norm = RMSNorm(64)
     assert all_reduce_add_rms_norm(x, x, norm, RankGroup(0, 1)) is None  # one rank
@@ -83,7 +83,7 @@ def test_reduce_add_normalised_takes_the_kernel_where_it_serves():
     from outpace.layers.fused_decoder import reduce_add_normalised
 
     norm = _norms(64)["RMSNorm"]
-    ranks = PushRanks(2, torch.float32, MAX_BYTES // 4)
+    ranks = PushRanks(2, torch.float32)
     g = torch.Generator().manual_seed(3)
     partials = [torch.randn(3, 64, generator=g) for _ in range(2)]
     stream = torch.randn(3, 64, generator=g)
