@@ -38,8 +38,8 @@ sequence's (its tile's) length. In the mode ``_attend`` launches the same two ke
 that follow the model's shape and dtype only, as attention/triton_kernels.py's invariant variant does
 (its docstring gives the arguments at length):
 
-- Fixed tiles: BLOCK_M 16 in float32 and ``_INVARIANT_BLOCK_M`` in half precision whatever the query
-  length, BLOCK_N, warps, stages and PRECISION by dtype, and no FMA contraction (enable_fp_fusion=False):
+- Fixed tiles: BLOCK_M 16 in float32 and ``invariant_block_m(heads)`` in half precision whatever the
+  query length (the model's heads decide it, never the batch), BLOCK_N, warps, stages and PRECISION by dtype, and no FMA contraction (enable_fp_fusion=False):
   every call runs the same arithmetic, and a row's dots do not depend on the other rows of its tile.
 - Fixed partition: MIN_SPLIT = S = ``invariant_split_rows`` (a BLOCK_N multiple) and num_splits =
   cdiv(block-table capacity, S), so ``_split_len`` is S for every kv_end the table can hold: split j
@@ -118,12 +118,20 @@ combine_block_tokens = 1
 # (benchmarks/scripts/decode_settings.py mla, benchmarks/results/gpu_2026-11-30b call 2).
 min_split_rows = 64
 # Batch-invariant mode: KV rows per split (split j covers the absolute rows [j * S, (j + 1) * S); a multiple
-# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS), and tile rows in half precision. 128
+# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS). 128
 # against 512: DeepSeek-V2-Lite's decode in the mode at 300.7 / 1257.1 tokens/s against 222.6 / 1072.5 at batch 1 /
 # 8 over 512 cached tokens (normal path: 399.1 / 1397.0; benchmarks/scripts/batch_invariant_speed.py
 # --split-rows, gpu_2026-11-30d call 5): a short context's one split was one program a sequence's heads.
 invariant_split_rows = 128
-_INVARIANT_BLOCK_M = 32
+
+
+def invariant_block_m(heads: int) -> int:
+    """The batch-invariant mode's tile rows in half precision: a fact of the model's shape (its heads on this
+    rank), so every call of the model runs the same tiles. One token's heads where they fit 16 rows (DeepSeek-V2-
+    Lite's 16: a decode row's tile holds no padding rows and runs 4 warps, as the normal path's does), else 32.
+    With 32 rows at 8 warps for every model (and 128-row splits) V2-Lite's attention kernel took 18.7 us a layer
+    in the mode at batch 1 against 9.3 on the normal path (gpu_2026-12-01b call 2)."""
+    return 16 if heads <= 16 else 32
 
 
 @triton.jit
@@ -624,7 +632,7 @@ def _attend(
     invariant = batch_invariant()
     if invariant:  # fixed tiles and an absolute partition: see the module docstring
         _check_invariant_call(num_splits, block_n)
-        block_m = 16 if fp32 else _INVARIANT_BLOCK_M
+        block_m = 16 if fp32 else invariant_block_m(heads)
         min_split = invariant_split_rows  # _split_len is then S for every kv_end <= max_kv_rows
         num_splits = math.ceil(max_kv_rows / min_split)
     else:
