@@ -454,12 +454,15 @@ class RoutedExperts(nn.Module):
         shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
         layout=None,
         quantized_shared: QuantizedShared | None = None,
-    ) -> torch.Tensor:
+        shared_input: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
         layout of this rank's experts (``placement``) the routing kernel wrote (layers/moe_kernels.py
         grouped_experts; the kernels then read it, not ids); ``quantized_shared``: a quantized shared
-        MLP's slots fused with quantized experts (layers/quant/experts.py ``quantized_shared_stacks``).
+        MLP's slots fused with quantized experts (layers/quant/experts.py ``quantized_shared_stacks``);
+        ``shared_input``: the rows ``shared``'s slots read, whose output then comes apart: (the routed
+        output, theirs) (``experts_and_dense_on_kernels``).
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
@@ -474,6 +477,13 @@ class RoutedExperts(nn.Module):
             raise ValueError(
                 "shared experts fuse as stacks with half-precision experts, as QuantizedShared with "
                 "quantized ones"
+            )
+        if shared_input is not None and (
+            shared is None or not self.uses_kernels(x) or placement.reduces_itself
+        ):
+            raise ValueError(
+                "shared slots with an input of their own run as half-precision stacks on the grouped "
+                "kernels, where the experts do not reduce over their own group"
             )
         if self.uses_kernels(x) and quantized:
             if has_quantized_experts(self):
@@ -497,6 +507,7 @@ class RoutedExperts(nn.Module):
                 shared=shared,
                 layout=layout,
                 skipped_slots=skipped,
+                shared_input=shared_input,
             )
         else:
             if shared is not None or quantized_shared is not None or layout is not None:
@@ -633,6 +644,27 @@ def moe_on_kernels(
     if fused.count == 0 and shared_mlp is not None:
         out = out + shared_mlp(x)
     return out
+
+
+def experts_and_dense_on_kernels(
+    x: torch.Tensor,
+    router: RoutingModule,
+    experts: RoutedExperts,
+    dense_mlp: nn.Module,
+    dense_input: torch.Tensor,
+    router_input: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """x [n, hidden] (the experts' input) through the experts ``router`` chooses from ``router_input`` (else
+    x), and a dense MLP beside them over its own input ``dense_input`` [n, hidden], fused as shared slots
+    whose input and output stay apart (layers/moe_kernels.py: Gemma 4's MLP) -> (this rank's routed output,
+    the MLP's), each [n, hidden]; None where the MLP cannot fuse (``shared_expert_stacks``: its width,
+    activation or dtype; quantized experts): the caller runs it."""
+    stacks = FusedShared.of(dense_mlp, experts).stacks
+    if stacks is None:
+        return None
+    routed = x if router_input is None else router_input
+    weights, ids, layout = router(routed, stacks[1].shape[0], layout=experts.placement)
+    return experts.run(x, weights, ids, shared=stacks, layout=layout, shared_input=dense_input)
 
 
 def experts_on_kernels(

@@ -25,6 +25,12 @@ routing gives one (Qwen3-Next's sigmoid-gated shared expert: layers/moe_routing_
 NUM_ROUTED + S - 1 name them. A token's (token, slot) pairs are its top_k routed slots and then its S
 shared slots: SLOTS = top_k + S per token, pair p = token * SLOTS + slot.
 
+A dense MLP beside the experts (Gemma 4: its MLP reads the stream under one norm, the experts under another,
+and each output has a norm of its own before they are added; transformers Gemma4TextDecoderLayer) fuses the
+same way with its input and output apart (``shared_input``): the shared slots' blocks read that input's rows,
+and the combine writes their sum beside the routed one. Its bytes then stream in the experts' two launches
+rather than in two of their own.
+
 Four kernels, every grid fixed by the shapes:
 
 1. the block layout (``BlockLayout``), written by ``_align_kernel`` (one program) or, up to 64 tokens, by
@@ -465,6 +471,7 @@ def _add_product(
 @triton.jit(do_not_specialize=["pairs"])
 def _gate_up_kernel(
     x_ptr,  # [tokens, hidden]
+    shared_x_ptr,  # [tokens, hidden], x's row stride: the rows the shared slots read (x_ptr's, or their own)
     gate_ptr,  # [routed, inter, hidden] (read only when GATED)
     up_ptr,  # [routed, inter, hidden]
     shared_gate_ptr,  # [shared, inter, hidden] (read only when GATED)
@@ -518,6 +525,7 @@ def _gate_up_kernel(
     expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
         token = pair // SLOTS
+        x_rows = tl.where(expert >= num_routed, shared_x_ptr, x_ptr)  # (a block is one expert's)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] intermediate rows
         n_ok = offs_n < inter
         offs_k = tl.arange(0, BLOCK_K)
@@ -561,7 +569,7 @@ def _gate_up_kernel(
         for k0 in range(0, hidden, BLOCK_K):
             k = k0 + offs_k
             x = tl.load(
-                x_ptr + token[:, None] * stride_xt + k[None, :],
+                x_rows + token[:, None] * stride_xt + k[None, :],
                 mask=row_ok[:, None] & (k < hidden)[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
@@ -708,6 +716,7 @@ def _down_kernel(
 def _combine_kernel(
     partial_ptr,  # [tokens * SLOTS, hidden] float32
     out_ptr,  # [tokens, hidden], written
+    shared_out_ptr,  # [tokens, hidden] (APART), written: the shared slots' sum, out's row stride
     ids_ptr,  # [tokens, TOP_K] (SKIPS): -1 where a routed slot was another rank's expert
     hidden,
     stride_partial,
@@ -716,23 +725,36 @@ def _combine_kernel(
     SLOTS: tl.constexpr,
     TOP_K: tl.constexpr,
     SKIPS: tl.constexpr,
+    APART: tl.constexpr,  # the shared slots summed into shared_out_ptr, not with the routed ones
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
-    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic). SKIPS: a
-    routed slot whose id is -1 adds zeros (its row was never written: ``grouped_experts``' skipped_slots)."""
+    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic); APART: the
+    routed slots' sum and the shared slots' sum, each written. SKIPS: a routed slot whose id is -1 adds zeros
+    (its row was never written: ``grouped_experts``' skipped_slots)."""
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = offs < hidden
     rows = partial_ptr + token * SLOTS * stride_partial + offs
     acc = tl.zeros([BLOCK_H], tl.float32)
+    shared_acc = tl.zeros([BLOCK_H], tl.float32)
     for slot in tl.static_range(SLOTS):
         placed = ok
         if SKIPS and slot < TOP_K:
             placed = ok & (tl.load(ids_ptr + token * stride_ids + slot) >= 0)
-        acc += tl.load(rows + slot * stride_partial, mask=placed, other=0.0)
+        row = tl.load(rows + slot * stride_partial, mask=placed, other=0.0)
+        if APART and slot >= TOP_K:
+            shared_acc += row
+        else:
+            acc += row
     tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    if APART:
+        tl.store(
+            shared_out_ptr + token * stride_out + offs,
+            shared_acc.to(shared_out_ptr.dtype.element_ty),
+            mask=ok,
+        )
 
 
 def _combine_block(tokens: int, hidden: int, device: torch.device) -> int:
@@ -757,7 +779,8 @@ def grouped_experts(
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
     quant: ExpertScales | None = None,
-) -> torch.Tensor:
+    shared_input: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [n, hidden]; weights [n, top_k] float32, or [n, top_k + shared] with the shared slots' weights too
     (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated
     experts) and up [experts, inter, hidden]; down [experts, hidden, inter] (x's dtype, each with its last
@@ -774,7 +797,9 @@ def grouped_experts(
     experts' by expert index, quantized shared experts' (``quant.shared``, views of their MLP's own scales
     as ``shared`` is of its weights, of the routed scales' column stride) by shared index, each slot's
     chosen as its weight rows are. ``tiles``: the (gate/up, down) kernels' tiles in place of ``_tiles``'
-    (benchmarks and tests)."""
+    (benchmarks and tests). ``shared_input`` [n, hidden]: the shared slots read its rows, not x's, and their
+    output comes apart: (the routed output, the shared experts' output), each [n, hidden] (module docstring,
+    a dense MLP beside the experts)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -808,6 +833,14 @@ def grouped_experts(
     if layout is None:
         layout = align(ids, num_routed, num_shared)
     x = x if x.stride(-1) == 1 else x.contiguous()
+    if shared_input is not None:
+        if num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype:
+            raise ValueError(
+                f"shared_input {tuple(shared_input.shape)} {shared_input.dtype}: the rows of the shared "
+                f"slots, as x's {tuple(x.shape)} {x.dtype}, with shared experts to read them"
+            )
+        if shared_input.stride() != x.stride():  # (the kernel takes one row stride for both)
+            x, shared_input = x.contiguous(), shared_input.contiguous()
     fp32 = x.dtype == torch.float32
     precision = "ieee" if fp32 else "tf32"
     fmt, (scale_bn, scale_bk) = (
@@ -839,6 +872,7 @@ def grouped_experts(
     bn_up = up_tiles[0]
     _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
         x,
+        x if shared_input is None else shared_input,
         gate_w,
         up,
         shared_gate_w,
@@ -926,10 +960,12 @@ def grouped_experts(
         **pdl_launch_options(pdl),
     )
     out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    shared_out = out if shared_input is None else torch.empty_like(out)
     block_h = _combine_block(n, hidden, x.device)
     _combine_kernel[(n, triton.cdiv(hidden, block_h))](
         partial,
         out,
+        shared_out,
         ids,
         hidden,
         partial.stride(0),
@@ -938,8 +974,9 @@ def grouped_experts(
         SLOTS=slots,
         TOP_K=top_k,
         SKIPS=skipped_slots,
+        APART=shared_input is not None,
         BLOCK_H=block_h,
         PDL=pdl,
         **pdl_launch_options(pdl),
     )
-    return out
+    return out if shared_input is None else (out, shared_out)

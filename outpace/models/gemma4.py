@@ -55,6 +55,7 @@ from outpace.layers.moe import (
     Routing,
     RoutingModule,
     expert_rows_group,
+    experts_and_dense_on_kernels,
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
@@ -334,6 +335,25 @@ class Gemma4Experts(RoutedExperts):
             return all_reduce(moe_on_kernels(x, router, self, router_input=h), self.group)
         return self(x, *router(h))
 
+    def routed_beside(
+        self,
+        router: Gemma4Router,
+        h: torch.Tensor,
+        x: torch.Tensor,
+        mlp: nn.Module,
+        mlp_x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``routed_by``, with the layer's dense MLP over mlp_x [n, hidden] (its input under its own norm)
+        fused into the grouped kernels where it can be (layers/moe.py ``experts_and_dense_on_kernels``: its
+        2112 rows are 3 more experts of 704 at the 26B-A4B's shape) -> (the MoE block's output, the MLP's;
+        None where it did not fuse: the caller runs it). Under tensor parallelism both are this rank's
+        partial sums, each all-reduced as the MLP's down_proj and ``routed_by`` reduce them."""
+        if self.uses_kernels(x):
+            both = experts_and_dense_on_kernels(x, router, self, mlp, mlp_x, router_input=h)
+            if both is not None:
+                return all_reduce(both[0], self.group), all_reduce(both[1], self.group)
+        return self.routed_by(router, h, x), None
+
 
 class Gemma4DecoderLayer(nn.Module):
     def __init__(
@@ -401,14 +421,16 @@ class Gemma4DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm,
             self.pre_feedforward_layernorm_2 if self.has_moe else None,
         )
-        mlp = self.mlp(pre)
-        moe = {}
+        mlp, moe = None, {}
         if self.has_moe:  # the MoE block reads the stream the dense MLP reads, before its norm
+            routed, mlp = self.experts.routed_beside(self.router, h, pre2, self.mlp, pre)
             moe = dict(
-                routed=self.experts.routed_by(self.router, h, pre2),
+                routed=routed,
                 post1=self.post_feedforward_layernorm_1,
                 post2=self.post_feedforward_layernorm_2,
             )
+        if mlp is None:
+            mlp = self.mlp(pre)
         scale = self.layer_scalar if per_layer_input is None else None
         h = sandwich_norms.after_mlp(h, mlp, self.post_feedforward_layernorm, scale, **moe)
         return h if per_layer_input is None else self.per_layer_branch(h, per_layer_input)

@@ -120,6 +120,46 @@ def test_gemma4_moe_block_on_the_kernels_equals_the_eager_block(n):
         torch.testing.assert_close(experts.routed_by(router, h, x), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", TOKENS)
+def test_gemma4_dense_mlp_fused_with_the_experts_keeps_both_outputs_apart(n):
+    """``Gemma4Experts.routed_beside``: the layer's dense MLP (3 experts' width, its own input) as shared
+    slots of the grouped kernels gives the MoE block's output and the MLP's, each as the eager path computes
+    it apart. It fails if the shared slots read the experts' input, or their sum joins the routed one."""
+    from outpace.layers.decoder import GatedMLP
+
+    router = gemma_router(seed=n, hidden=45)
+    experts = randomise(Gemma4Experts(45, GEMMA, "gelu_pytorch_tanh"), seed=n + 1, std=0.2)
+    mlp = randomise(GatedMLP(45, 3 * GEMMA.intermediate_size, "gelu_pytorch_tanh"), n + 2, std=0.2)
+    g = _generator(300 + n)
+    h, x, mlp_x = (torch.randn(n, 45, generator=g).to(DEVICE) for _ in range(3))
+    with torch.no_grad():
+        router.kernel, experts.kernels = False, False
+        expected = experts.routed_by(router, h, x), mlp(mlp_x)
+        # eager: the caller runs the MLP
+        assert experts.routed_beside(router, h, x, mlp, mlp_x)[1] is None
+        router.kernel, experts.kernels = True, True
+        routed, dense = experts.routed_beside(router, h, x, mlp, mlp_x)
+    assert dense is not None, "the MLP of 3 experts' width fuses"
+    torch.testing.assert_close(routed, expected[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dense, expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_gemma4_dense_mlp_of_another_width_runs_beside_the_experts():
+    """An MLP whose rows are no whole number of experts' does not fuse: ``routed_beside`` leaves it to the
+    caller (None) and its MoE output is the kernels' alone."""
+    from outpace.layers.decoder import GatedMLP
+
+    router = gemma_router(seed=3, hidden=45)
+    experts = randomise(Gemma4Experts(45, GEMMA, "gelu_pytorch_tanh"), seed=4, std=0.2)
+    mlp = randomise(GatedMLP(45, 50, "gelu_pytorch_tanh"), 5, std=0.2)
+    h, x = (torch.randn(3, 45, generator=_generator(9)).to(DEVICE) for _ in range(2))
+    with torch.no_grad():
+        router.kernel, experts.kernels = True, True
+        routed, dense = experts.routed_beside(router, h, x, mlp, x)
+        assert dense is None
+        torch.testing.assert_close(routed, experts.routed_by(router, h, x))
+
+
 # ---- Step-3.5 -------------------------------------------------------------------------------------------
 
 

@@ -381,6 +381,19 @@ def test_refusals():
             activation="gelu",
         )
     assert ExpertActivation("gelu").kernel is None  # erf GELU: no kernel, the eager experts
+    with pytest.raises(
+        ValueError, match="shared_input"
+    ):  # an input for shared slots, and none to read it
+        grouped_experts(
+            torch.zeros(1, 4),
+            torch.ones(1, 1),
+            torch.zeros(1, 1, dtype=torch.long),
+            None,
+            torch.zeros(2, 3, 4),
+            torch.zeros(2, 4, 3),
+            activation="relu2",
+            shared_input=torch.zeros(1, 4),
+        )
 
 
 def test_ungated_shared_experts_fuse_too():

@@ -39,8 +39,8 @@ def pointers(names, dtype):
     return {n: dtype for n in names}
 
 experts = {
-    **pointers(["x_ptr", "gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "act_ptr", "w_ptr",
-                "shared_w_ptr", "out_ptr"], "*bf16"),
+    **pointers(["x_ptr", "shared_x_ptr", "gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "act_ptr",
+                "w_ptr", "shared_w_ptr", "out_ptr", "shared_out_ptr"], "*bf16"),
     **pointers(["gate_scale_ptr", "up_scale_ptr", "scale_ptr", "shared_gate_scale_ptr",
                 "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr"], "*fp32"),
     **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
@@ -50,8 +50,10 @@ tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FOR
              SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
-build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=8, TOP_K=6, SKIPS=True, BLOCK_H=1024,
-      PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
+build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False,
+      BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
+build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True,
+      BLOCK_H=1024, PDL=True))  # (Gemma 4's dense MLP apart: 3 shared slots)
 
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
@@ -119,7 +121,7 @@ print("_route_kernel:qwen3-next", "0 bytes spill stores" in ptxas_report(compile
 def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel"]
+    names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel", "_combine_kernel"]
     names += [
         f"{kernel}:fp8_block:{family}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
