@@ -118,11 +118,12 @@ combine_block_tokens = 1
 # (benchmarks/scripts/decode_settings.py mla, benchmarks/results/gpu_2026-11-30b call 2).
 min_split_rows = 64
 # Batch-invariant mode: KV rows per split (split j covers the absolute rows [j * S, (j + 1) * S); a multiple
-# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS). 128
-# against 512: DeepSeek-V2-Lite's decode in the mode at 300.7 / 1257.1 tokens/s against 222.6 / 1072.5 at batch 1 /
-# 8 over 512 cached tokens (normal path: 399.1 / 1397.0; benchmarks/scripts/batch_invariant_speed.py
-# --split-rows, gpu_2026-11-30d call 5): a short context's one split was one program a sequence's heads.
-invariant_split_rows = 128
+# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS). DeepSeek-V2-Lite's decode over 512 cached
+# tokens in the mode at S = 128 / 64 / 32 (16-row tiles, ``invariant_block_m``): 378.5 / 393.7 / 391.3 tokens/s at
+# batch 1, 1420.0 / 1432.8 / 1399.1 at batch 8, against 427.7 / 1436.7 on the normal path
+# (benchmarks/scripts/batch_invariant_speed.py --split-rows, gpu_2026-12-01b call 3); 512 had been slower still
+# (gpu_2026-11-30d call 5: a short context's one split was one program a sequence's heads).
+invariant_split_rows = 64
 
 
 def invariant_block_m(heads: int) -> int:
