@@ -94,8 +94,8 @@ class _Watch:
         for chooser in engine.choosers.values():
             choose = chooser.choose
 
-            def watched_choose(bucket, request_ids=(), _choose=choose, _chooser=chooser):
-                shape = _choose(bucket, request_ids)
+            def watched_choose(bucket, *args, _choose=choose, _chooser=chooser, **kwargs):
+                shape = _choose(bucket, *args, **kwargs)  # (a closed batch's ``remaining`` too)
                 self.chosen.append((_chooser, bucket, shape))
                 return shape
 
@@ -198,6 +198,9 @@ def main() -> None:
     p.add_argument(
         "--num-steps", type=int, default=None, help="a fixed chain (default: adaptive up to 5)"
     )
+    p.add_argument(
+        "--adaptive", action="store_true", help="with --num-steps: adaptive up to it (bench e2e's)"
+    )
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--requests", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -215,7 +218,9 @@ def main() -> None:
         "--out", default=None, help="a JSON file for every step's record and the summary"
     )
     a = p.parse_args()
-    spec = SpeculativeConfig(a.method, a.draft, num_steps=a.num_steps)
+    spec = SpeculativeConfig(
+        a.method, a.draft, num_steps=a.num_steps, adaptive=True if a.adaptive else None
+    )
     engine = LLMEngine(
         EngineConfig(
             model=a.model,
