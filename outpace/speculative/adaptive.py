@@ -30,7 +30,9 @@ commits a whole number of tokens, drawn anew each step, and the batch waits for 
 for the average one. So a request's steps are those after which its tokens reach its budget at the quantile
 that the expected maximum of b standard normal draws sets below their mean (the tokens of n verifies: mean n
 E, variance n V, V the variance of the depth a verify reaches), at least the steps that accepting every
-draft would take and at most one a token. Without that, at temperature 0.8 on the H200 (widened zoo, a closed
+draft would take and at most one a token. That quantile is for requests of one rate (pooled, or all new),
+like draws of which the batch waits for the unluckiest; where their rates differ, the request of the lowest
+sets the batch's end, at its mean. Without the quantile, at temperature 0.8 on the H200 (widened zoo, a closed
 batch of 32 requests of 128 tokens), n-gram drafted 4 of the batch's last 10 steps, with 19 to 30 requests
 left, at up to 1.5x a plain step's cost, and ended on the same step as plain decoding, its decode steps 2.4%
 longer (benchmarks/results/gpu_2026-12-01b, call 4).
@@ -119,6 +121,9 @@ class _ReachRows:
         self.squares = [
             list(accumulate(map(mul, r, range(1, 2 * len(r), 2)))) for r in self.reaches
         ]
+        self.alike = all(
+            r == rates[0] for r in rates
+        )  # one rate for every request (pooled, or all new)
         # per depth j, the mean over the requests of a_1 ... a_j
         self.mean = [sum(reach / len(self.reaches) for reach in d) for d in zip(*self.reaches)]
         self._per_verify: dict[int, list[float]] = {}
@@ -275,7 +280,7 @@ class DraftLengthChooser:
         rows = self._reach_rows(acceptance_key(shape), request_ids)
         means = rows.tokens_per_verify(shape.num_steps)
         variances = rows.variance_per_verify(shape.num_steps)
-        z = expected_max_of_normals(len(remaining))
+        z = expected_max_of_normals(len(remaining)) if rows.alike else 0.0
         return max(quantile_steps(remaining, means, variances, z, shape.num_steps + 1))
 
     def choose(
