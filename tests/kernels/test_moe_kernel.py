@@ -368,32 +368,19 @@ def test_the_kernels_serve_cuda_tensors_without_autograd_only(monkeypatch):
 
 
 def test_refusals():
+    def one_token_of_two_experts(**kwargs):  # x [1, 4], top 1 of 2 ungated experts of 3 rows
+        args = (torch.zeros(1, 4), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.long), None)
+        return grouped_experts(*args, torch.zeros(2, 3, 4), torch.zeros(2, 4, 3), **kwargs)
+
     with pytest.raises(ValueError, match="clamp"):
         ExpertActivation("relu2", gated=False, limit=1.0)
     with pytest.raises(ValueError, match="grouped experts compute"):
-        grouped_experts(
-            torch.zeros(1, 4),
-            torch.ones(1, 1),
-            torch.zeros(1, 1, dtype=torch.long),
-            None,
-            torch.zeros(2, 3, 4),
-            torch.zeros(2, 4, 3),
-            activation="gelu",
-        )
+        one_token_of_two_experts(activation="gelu")
     assert ExpertActivation("gelu").kernel is None  # erf GELU: no kernel, the eager experts
     with pytest.raises(
         ValueError, match="shared_input"
-    ):  # an input for shared slots, and none to read it
-        grouped_experts(
-            torch.zeros(1, 4),
-            torch.ones(1, 1),
-            torch.zeros(1, 1, dtype=torch.long),
-            None,
-            torch.zeros(2, 3, 4),
-            torch.zeros(2, 4, 3),
-            activation="relu2",
-            shared_input=torch.zeros(1, 4),
-        )
+    ):  # rows for shared slots, and none to read them
+        one_token_of_two_experts(activation="relu2", shared_input=torch.zeros(1, 4))
 
 
 def test_ungated_shared_experts_fuse_too():
