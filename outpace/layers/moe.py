@@ -659,12 +659,10 @@ def experts_and_dense_on_kernels(
     whose input and output stay apart (layers/moe_kernels.py: Gemma 4's MLP) -> (this rank's routed output,
     the MLP's), each [n, hidden]; None where the MLP cannot fuse (``shared_expert_stacks``: its width,
     activation or dtype; quantized experts): the caller runs it."""
-    stacks = FusedShared.of(dense_mlp, experts).stacks
-    if stacks is None:
+    fused = FusedShared.of(dense_mlp, experts)
+    if fused.stacks is None:
         return None
-    routed = x if router_input is None else router_input
-    weights, ids, layout = router(routed, stacks[1].shape[0], layout=experts.placement)
-    return experts.run(x, weights, ids, shared=stacks, layout=layout, shared_input=dense_input)
+    return experts_on_kernels(x, router, experts, fused, router_input, shared_input=dense_input)
 
 
 def experts_on_kernels(
@@ -673,14 +671,18 @@ def experts_on_kernels(
     experts: RoutedExperts,
     fused: FusedShared,
     router_input: torch.Tensor | None = None,
-) -> torch.Tensor:
+    shared_input: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x [n, hidden] -> this rank's routed output plus that of the shared experts ``fused`` with them [n,
     hidden] on the kernels: the router with the grouped kernels' block layout of this rank's experts
     (every expert but under expert parallelism) and ``fused.count`` shared slots a token
-    (``moe_on_kernels``' arguments otherwise)."""
+    (``moe_on_kernels``' arguments otherwise); with ``shared_input`` the shared slots read it and their
+    output comes apart (``RoutedExperts.run``)."""
     routed = x if router_input is None else router_input
     weights, ids, layout = router(routed, fused.count, layout=experts.placement)
-    return experts.run(x, weights, ids, layout=layout, **fused.run_args())
+    return experts.run(
+        x, weights, ids, layout=layout, shared_input=shared_input, **fused.run_args()
+    )
 
 
 @dataclass(frozen=True)
