@@ -18,26 +18,26 @@ from pathlib import Path
 
 import torch
 
-from outpace import LLM, SamplingParams
-from outpace.bench.e2e import FAMILIES, _run, drafters, widened_zoo
+from outpace import LLM
+from outpace.bench.e2e import (
+    _run,
+    bench_device,
+    drafters,
+    row_params,
+    target_llm,
+    widened_zoo,
+)
 from outpace.zoo import zoo_dir
 
 
 def engines(methods: list[str], workdir: Path, tiny: bool, max_batch: int) -> dict[str, LLM]:
     """Plain decoding's engine and each method's, on the widened zoo as bench e2e builds them."""
-    cuda = torch.cuda.is_available()
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    models = widened_zoo(workdir, "llama", tiny, dtype)
+    device, dtype = bench_device()
+    models = widened_zoo(workdir, "llama", tiny, getattr(torch, dtype))
     specs = drafters(models)
-    target = str(models[FAMILIES["llama"].models[0]])
     return {
-        name: LLM(
-            target,
-            speculative=specs[name],
-            device=device,
-            dtype=str(dtype).removeprefix("torch."),
-            max_num_seqs=max_batch,
-            num_kv_blocks=256 if tiny else 1024,
+        name: target_llm(
+            models, "llama", specs[name], tiny, device=device, dtype=dtype, max_num_seqs=max_batch
         )
         for name in ["none", *methods]
     }
@@ -54,12 +54,7 @@ def measure(
     medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method."""
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     rows = {}
-    params = {
-        t: SamplingParams(
-            temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None
-        )
-        for t in temperatures
-    }
+    params = {t: row_params(t, max_tokens) for t in temperatures}
     for name, llm in llms.items():
         for b in batches:
             _run(

@@ -221,6 +221,33 @@ def _match(outs, reference) -> float:
     return same / total
 
 
+def bench_device() -> tuple[str, str]:
+    """(device, dtype) the rows run in: bf16 on the GPU, float32 on a CPU."""
+    return ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
+
+
+def target_llm(
+    models: dict[str, Path], family: str, spec: SpeculativeConfig, tiny: bool, **engine
+) -> LLM:
+    """The family's widened target with ``spec``'s drafter, as a row times it."""
+    return LLM(
+        str(models[FAMILIES[family].models[0]]),
+        num_kv_blocks=256 if tiny else 1024,
+        speculative=spec,
+        **engine,
+    )
+
+
+def row_params(temperature: float, max_tokens: int) -> SamplingParams:
+    """A row's sampling: ``max_tokens`` each, sampled rows seeded."""
+    return SamplingParams(
+        temperature=temperature,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        seed=0 if temperature else None,
+    )
+
+
 def run_e2e_bench(
     out_dir: Path,
     workdir: Path,
@@ -241,8 +268,7 @@ def run_e2e_bench(
     stem = "e2e_bench" if family == "llama" else f"e2e_bench_{family}"
     path = out_dir / f"{stem}.json"
     result = json.loads(path.read_text()) if path.is_file() else {"rows": []}
-    cuda = torch.cuda.is_available()
-    device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+    device, dtype = bench_device()
     models = widened_zoo(workdir, family, tiny, getattr(torch, dtype))
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     batches = tuple(batches) if batches else (1, 2) if tiny else BATCHES
@@ -255,7 +281,7 @@ def run_e2e_bench(
             f"bench e2e --family {family}: no method {sorted(unknown)}; of {list(specs)}"
         )
     result.update(
-        device=torch.cuda.get_device_name() if cuda else "cpu",
+        device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch=torch.__version__,
         family=family,
         shape=FAMILIES[family].shape + (" (tiny test widening)" if tiny else ""),
@@ -274,20 +300,13 @@ def run_e2e_bench(
         "plain_greedy", {}
     )  # batch -> the widened target's own greedy tokens
     for name in tqdm(methods or list(specs), desc="e2e methods"):
-        llm = LLM(
-            str(models[FAMILIES[family].models[0]]),
-            num_kv_blocks=256 if tiny else 1024,
-            speculative=specs[name],
-            **engine,
-        )
+        llm = target_llm(models, family, specs[name], tiny, **engine)
         for b in batches:
             _run(
                 llm, prompts, b, greedy.replace(max_tokens=4), counts[b]
             )  # warm-up: every prefill shape of the row
             for t in TEMPERATURES:
-                params = SamplingParams(
-                    temperature=t, max_tokens=max_tokens, ignore_eos=True, seed=0 if t else None
-                )
+                params = row_params(t, max_tokens)
                 _run(
                     llm, prompts, b, params, b
                 )  # warm-up: decode steps of this batch and temperature
