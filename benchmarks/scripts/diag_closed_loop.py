@@ -110,10 +110,11 @@ def closed_loop(
     max_tokens: int,
     temperature: float,
     spread: float = 0.0,
+    seed: int | None = None,
 ) -> tuple[list[StepRecord], float, int]:
     """Run ``requests`` requests, ``streams`` at a time: (step records, wall seconds, output tokens). Each asks
     for ``max_tokens``, or with ``spread`` a length drawn uniformly from max_tokens x [1 - spread, 1 + spread]
-    (seeded)."""
+    (seeded); ``seed``: every request's sampling seed (bench e2e's rows: 0 when sampled)."""
     watch = _Watch(engine)
     lengths = random.Random(0)
     sent = 0
@@ -121,7 +122,9 @@ def closed_loop(
     def send() -> None:
         nonlocal sent
         n = round(max_tokens * lengths.uniform(1 - spread, 1 + spread)) if spread else max_tokens
-        params = SamplingParams(temperature=temperature, max_tokens=max(n, 1), ignore_eos=True)
+        params = SamplingParams(
+            temperature=temperature, max_tokens=max(n, 1), ignore_eos=True, seed=seed
+        )
         engine.submit(
             engine.new_request(
                 prompts[sent % len(prompts)], params, f"loop-{time.perf_counter()}-{sent}"
@@ -212,6 +215,7 @@ def main() -> None:
         "(0: all equal, as bench multi's dp parts ask, so that a wave of requests ends in one step)",
     )
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="every request's sampling seed")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument(
@@ -234,10 +238,10 @@ def main() -> None:
     engine.stream_outputs = True
     prompts = load_prompts(zoo_dir() / "eval_prompts.json")
     closed_loop(
-        engine, prompts, a.streams, a.streams, 8, a.temperature
+        engine, prompts, a.streams, a.streams, 8, a.temperature, seed=a.seed
     )  # warm-up: this load's batch sizes
     records, wall, tokens = closed_loop(
-        engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature, a.spread
+        engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature, a.spread, a.seed
     )
     rows = summary(records)
     print(
