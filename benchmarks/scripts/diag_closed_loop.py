@@ -41,6 +41,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+from torch.profiler import ProfilerActivity
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from outpace.config import EngineConfig, SpeculativeConfig  # noqa: E402
@@ -111,10 +114,12 @@ def closed_loop(
     temperature: float,
     spread: float = 0.0,
     seed: int | None = None,
+    profiled: int = 0,
 ) -> tuple[list[StepRecord], float, int]:
     """Run ``requests`` requests, ``streams`` at a time: (step records, wall seconds, output tokens). Each asks
     for ``max_tokens``, or with ``spread`` a length drawn uniformly from max_tokens x [1 - spread, 1 + spread]
-    (seeded); ``seed``: every request's sampling seed (bench e2e's rows: 0 when sampled)."""
+    (seeded); ``seed``: every request's sampling seed (bench e2e's rows: 0 when sampled); the first ``profiled``
+    steps run under torch.profiler, whose table of host and device time by operator is printed."""
     watch = _Watch(engine)
     lengths = random.Random(0)
     sent = 0
@@ -138,7 +143,15 @@ def closed_loop(
     while engine.has_unfinished_requests:
         watch.chosen.clear()
         t0 = time.perf_counter()
-        outputs = engine.step()
+        if len(records) < profiled:
+            with torch.profiler.profile(
+                activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]
+            ) as prof:
+                outputs = engine.step()
+            print(f"step {len(records)} under torch.profiler:")
+            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+        else:
+            outputs = engine.step()
         wall = time.perf_counter() - t0
         tokens = 0
         for out in outputs:
@@ -216,6 +229,9 @@ def main() -> None:
     )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="every request's sampling seed")
+    p.add_argument(
+        "--profile-steps", type=int, default=0, help="the first steps measured under torch.profiler"
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument(
@@ -241,7 +257,15 @@ def main() -> None:
         engine, prompts, a.streams, a.streams, 8, a.temperature, seed=a.seed
     )  # warm-up: this load's batch sizes
     records, wall, tokens = closed_loop(
-        engine, prompts, a.streams, a.requests, a.max_tokens, a.temperature, a.spread, a.seed
+        engine,
+        prompts,
+        a.streams,
+        a.requests,
+        a.max_tokens,
+        a.temperature,
+        a.spread,
+        a.seed,
+        a.profile_steps,
     )
     rows = summary(records)
     print(

@@ -135,13 +135,13 @@ class DecodeStep:
         s, shape, b = self.req_table, key.shape, key.bucket
         with torch.inference_mode():
             req_indices = self.batch_indices[:b]  # [b]
-            tables = s.tables.index_select(0, req_indices)  # [b, max_blocks]
+            tables, lengths, last_tokens, seeds = s.rows(req_indices)  # tables: [b, max_blocks]
             rows = DecodeRows(
                 req_indices,
-                s.lengths[req_indices],
-                s.last_tokens[req_indices],
+                lengths,
+                last_tokens,
                 tables if width is None else tables[:, :width].contiguous(),
-                s.seeds[req_indices],
+                seeds,
                 s.sampling(req_indices, key.mode.greedy, key.mode.filtered, key.mode.seeded),
                 s.pool.block_size,
             )
@@ -208,7 +208,8 @@ class DecodeStep:
                     self.proposer.hold(verified)
                 else:
                     self.proposer.update(verified)
-            s.lengths[req_indices] = rows.lengths + result.num_correct_drafts + 1
+            committed = 1 if n == 1 else result.num_correct_drafts + 1  # [b] (plain decoding: 1)
+            s.lengths[req_indices] = rows.lengths + committed
             s.last_tokens[req_indices] = result.bonus_token_ids
             s.lengths[
                 s.padding_index :

@@ -91,6 +91,22 @@ class RequestTable:
         """Rows no request holds (the padding row not counted)."""
         return len(self._free)
 
+    def rows(
+        self, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tables [b, max_blocks], lengths [b], last_tokens [b], seeds [b]) of the rows ``indices`` [b] on the
+        device: one gather (on CUDA one launch, engine/request_rows_kernel.py)."""
+        if indices.is_cuda:
+            from outpace.engine.request_rows_kernel import gather_rows
+
+            return gather_rows(indices, self.lengths, self.last_tokens, self.seeds, self.tables)
+        return (
+            self.tables.index_select(0, indices),
+            self.lengths[indices],
+            self.last_tokens[indices],
+            self.seeds[indices],
+        )
+
     def index_of(self, request_id: str) -> int:
         return self._index_of[request_id]
 

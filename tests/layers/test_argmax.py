@@ -1,22 +1,41 @@
-"""layers/argmax.py: the argmax by pieces is torch's argmax to the index, ties and NaN included."""
+"""layers/argmax.py: the two-launch argmax is torch's argmax to the index, ties and NaN included (in Triton's
+interpreter on a CPU)."""
 
 import pytest
 import torch
 
-from outpace.layers.argmax import argmax_in_pieces, argmax_last
+from outpace.layers.argmax import PIECE, argmax_last, argmax_rows
+
+# argmax_rows itself: in the interpreter on a CPU, on the GPU where there is one
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pieces_give_the_first_index_of_the_maximum(dtype):
+    width = 3 * PIECE + 77  # a last piece cut short
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(-3, 4, (3, 5, 1024), generator=g).to(dtype)  # many ties, across pieces too
-    x[0, 0] = 2.0
-    x[0, 0, 700] = x[0, 0, 70] = 9.0  # the maximum in two pieces: the earlier wins
-    x[1, 2, 513] = float("nan")  # a NaN is the maximum
-    x[1, 3, 5] = x[1, 3, 900] = float("nan")
-    x[2, 4] = float("-inf")
-    for chunks in (2, 16, 64):
-        assert torch.equal(argmax_in_pieces(x, chunks), x.argmax(-1)), chunks
+    x = (
+        torch.randint(-3, 4, (8, width), generator=g).to(dtype).to(DEVICE)
+    )  # many ties, across pieces too
+    x[0] = 2.0
+    x[0, 2 * PIECE + 5] = x[0, 70] = 9.0  # the maximum in two pieces: the earlier wins
+    x[1, PIECE + 513] = float("nan")  # a NaN is the maximum
+    x[2, 5] = x[2, 3 * PIECE + 10] = float("nan")  # the first NaN wins
+    x[3] = float("-inf")  # every column -inf: index 0
+    x[4, :PIECE] = float("-inf")  # a whole piece -inf
+    x[5, width - 1] = 100.0  # the last column of the short piece
+    x[6, PIECE - 1] = x[6, PIECE] = 50.0  # a tie across a piece boundary
+    assert torch.equal(argmax_rows(x), x.argmax(-1))
+
+
+def test_strided_rows_and_leading_dims():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 2 * PIECE + 1, generator=g).to(DEVICE)
+    assert torch.equal(argmax_rows(x.view(-1, x.shape[-1])), x.argmax(-1).view(-1))
+    wide = torch.randn(4, 3 * PIECE, generator=g).to(DEVICE)[
+        :, : 2 * PIECE + 9
+    ]  # row stride past the width
+    assert torch.equal(argmax_rows(wide), wide.argmax(-1))
 
 
 def test_cpu_and_narrow_rows_take_torch_s_argmax():
@@ -27,7 +46,8 @@ def test_cpu_and_narrow_rows_take_torch_s_argmax():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_vocabulary_widths():
     g = torch.Generator(device="cuda").manual_seed(1)
-    for width in (102400, 151936, 128256, 262144, 32000):
-        x = torch.randn(7, width, device="cuda", generator=g).to(torch.bfloat16)
-        x[3, width // 3] = x[3, width - 1] = 50.0
+    for width in (102400, 151936, 128256, 262144, 32000, 8192):
+        x = torch.randn(7, 3, width, device="cuda", generator=g).to(torch.bfloat16)
+        x[3, 1, width // 3] = x[3, 1, width - 1] = 50.0
+        x[5, 2, width // 2] = float("nan")
         assert torch.equal(argmax_last(x), x.argmax(-1)), width
