@@ -21,20 +21,33 @@ measured n-gram at temperature 0.8 losing there to plain decoding while gaining 
 What is best depends on what the batch is waiting for. With requests waiting (a server under load), the
 step maximises throughput: the batch's mean E over c(b, s). With none waiting (a closed batch: ``LLM.generate``
 on a list, or a server whose every request is running), the batch ends with its slowest request, so the step
-minimises the time until the last request's end: c(b, s) times the most steps any request still needs, its
-remaining token budget over its own E. A request that drafts rarely help (a prompt with no repetition for
-n-gram, a sampled request that disagrees with its drafts) gains one token per step whatever the shape, so
-once it is the slowest, no drafts is the cheapest shape for everyone: the closed batch then runs no slower
-than plain decoding (bench e2e measured adaptive n-gram at 0.89x of plain decoding in a closed batch of 8
-under the throughput rule alone).
+minimises the time until the last request's end: c(b, s) times the most steps any request still needs. A
+request that drafts rarely help (a prompt with no repetition for n-gram, a sampled request that disagrees with
+its drafts) gains one token per step whatever the shape, so once it is the slowest, no drafts is the cheapest
+shape for everyone (bench e2e measured adaptive n-gram at 0.89x of plain decoding in a closed batch of 8 under
+the throughput rule alone). The steps a request needs are not its remaining budget over its E: a verify
+commits a whole number of tokens, drawn anew each step, and the batch waits for the unluckiest request, not
+for the average one. So a request's steps are those after which its tokens reach its budget at the quantile
+that the expected maximum of b standard normal draws sets below their mean (the tokens of n verifies: mean n
+E, variance n V, V the variance of the depth a verify reaches), at least the steps that accepting every
+draft would take and at most one a token. That quantile is for requests of one rate (pooled, or all new),
+like draws of which the batch waits for the unluckiest; where their rates differ, the request of the lowest
+sets the batch's end, at its mean. Without the quantile, at temperature 0.8 on the H200 (widened zoo, a closed
+batch of 32 requests of 128 tokens), n-gram drafted 4 of the batch's last 10 steps, with 19 to 30 requests
+left, at up to 1.5x a plain step's cost, and ended on the same step as plain decoding, its decode steps 2.4%
+longer (benchmarks/results/gpu_2026-12-01b, call 4). Medians of five interleaved closed batches each
+(benchmarks/results/gpu_2026-12-01c, call 1; closed_batch_rounds.py), against plain decoding, without the
+quantile -> with it: n-gram at temperature 0.8 0.982x -> 0.991x (batch 8), 0.977x -> 0.987x (batch 32);
+greedy 1.317x -> 1.318x, 1.131x -> 1.105x; the standalone draft 1.07x to 1.18x either way.
 
 Every ``probe_every``-th step drafts a probe shape instead, in turn the longest chain and each tree, so that
 acceptance past the chosen shape stays measured (otherwise a drafter judged useless once would never be
-tried again). With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further apart where they cost
-more: a probe's extra time over the cheapest shape's, in steps of that shape, is at most that fraction of the
-steps since the last probe. At batch 32 a probe costs 1.5 to 2.5 zero-draft steps (the H200's profiled chain
-costs, Qwen3.5 with EAGLE3 and MTP): one in 64 steps spent 2.3% of the time of a batch that drafted nothing
-else (bench e2e, 32 probes in 1992 steps; benchmarks/results/gpu_2026-11-30d, call 1).
+tried again); not in a closed batch whose remaining steps are fewer than the probes' spacing, which no later
+choice of the batch would use. With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further
+apart where they cost more: a probe's extra time over the cheapest shape's, in steps of that shape, is at most
+that fraction of the steps since the last probe. At batch 32 a probe costs 1.5 to 2.5 zero-draft steps (the
+H200's profiled chain costs, Qwen3.5 with EAGLE3 and MTP): one in 64 steps spent 2.3% of the time of a batch
+that drafted nothing else (bench e2e, 32 probes in 1992 steps; benchmarks/results/gpu_2026-11-30d, call 1).
 A shape whose cost for the batch size is not known yet is tried once (the longest first).
 Against noise in the timings (a busy CPU), a shape is never taken as cheaper than one with fewer nodes
 (or, at as many nodes, fewer branches), and a larger shape must promise a ``margin`` more tokens per
@@ -45,8 +58,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cache
 from itertools import accumulate
-from operator import mul, truediv
+from operator import mul
+from statistics import NormalDist
 
 from outpace.speculative.proposer import DraftShape
 
@@ -105,9 +120,17 @@ class _ReachRows:
         # per request, a_1, a_1 a_2, ... over the depths, and their running sums
         self.reaches = [list(accumulate(r, mul)) for r in rates]
         self.sums = [list(accumulate(r)) for r in self.reaches]
+        # and the running sums of (2j - 1) a_1 ... a_j: E[A^2] of the drafts A a verify accepts to depth j
+        self.squares = [
+            list(accumulate(map(mul, r, range(1, 2 * len(r), 2)))) for r in self.reaches
+        ]
+        self.alike = all(
+            r == rates[0] for r in rates
+        )  # one rate for every request (pooled, or all new)
         # per depth j, the mean over the requests of a_1 ... a_j
         self.mean = [sum(reach / len(self.reaches) for reach in d) for d in zip(*self.reaches)]
         self._per_verify: dict[int, list[float]] = {}
+        self._variances: dict[int, list[float]] = {}
 
     def tokens_per_verify(self, num_steps: int) -> list[float]:
         """Per request, the tokens a verify of a chain of ``num_steps`` commits: 1 + its reaches' sum to that depth."""
@@ -118,6 +141,18 @@ class _ReachRows:
                 1.0 + (row[min(depth, len(row) - 1)] if row else 0.0) for row in self.sums
             ]
         return tokens
+
+    def variance_per_verify(self, num_steps: int) -> list[float]:
+        """Per request, the variance of the drafts A a verify of ``num_steps`` accepts: P(A >= j) is the reach
+        a_1 ... a_j, so E[A] is the reaches' sum and E[A^2] the sum of (2j - 1) times each, to that depth."""
+        variances = self._variances.get(num_steps)
+        if variances is None:
+            depth = num_steps - 1
+            variances = self._variances[num_steps] = [
+                sq[min(depth, len(sq) - 1)] - s[min(depth, len(s) - 1)] ** 2 if s else 0.0
+                for s, sq in zip(self.sums, self.squares)
+            ]
+        return variances
 
 
 class DraftLengthChooser:
@@ -241,12 +276,15 @@ class DraftLengthChooser:
     def _steps_to_finish(
         self, shape: DraftShape, request_ids: Sequence[str], remaining: Sequence[int]
     ) -> float:
-        """The most steps of ``shape`` any request of the batch still needs: its remaining tokens over the
-        tokens one verify commits for it (1 + the running sum of its reaches to the shape's depth)."""
+        """The steps of ``shape`` the batch still needs: the most any request needs at the quantile of its
+        tokens that the batch's unluckiest request meets (module docstring; ``quantile_steps``)."""
         if not shape.num_steps:
             return float(max(remaining))
         rows = self._reach_rows(acceptance_key(shape), request_ids)
-        return max(map(truediv, remaining, rows.tokens_per_verify(shape.num_steps)))
+        means = rows.tokens_per_verify(shape.num_steps)
+        variances = rows.variance_per_verify(shape.num_steps)
+        z = expected_max_of_normals(len(remaining)) if rows.alike else 0.0
+        return max(quantile_steps(remaining, means, variances, z, shape.num_steps + 1))
 
     def choose(
         self,
@@ -261,7 +299,8 @@ class DraftLengthChooser:
         self._since_probe += 1
         if self.probes:
             probe = self.probes[self._probes_taken % len(self.probes)]
-            if self._since_probe >= self._probe_interval(bucket, probe):
+            interval = self._probe_interval(bucket, probe)
+            if self._since_probe >= interval and (remaining is None or max(remaining) > interval):
                 self._since_probe, self._probes_taken = 0, self._probes_taken + 1
                 return probe
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
@@ -315,3 +354,34 @@ class DraftLengthChooser:
         self.costs[key] = (
             seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
         )
+
+
+@cache
+def expected_max_of_normals(count: int) -> float:
+    """About the expected largest of ``count`` independent standard normal draws (Blom's plotting position:
+    0 for one, 1.39 for 8, 1.99 for 32)."""
+    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25))
+
+
+def quantile_steps(
+    tokens: Sequence[int],
+    means: Sequence[float],
+    variances: Sequence[float],
+    z: float,
+    width: int,
+) -> list[float]:
+    """Per request, the verifies after which it commits its ``tokens`` at ``z`` standard deviations below the
+    mean of their sum, each verify committing ``means`` tokens with ``variances``: n with n mean - z sqrt(n
+    variance) = tokens; at least the verifies that commit ``width`` tokens each (all drafts accepted), at most
+    one a token. (One comprehension, no call a request: it runs at every step of a closed batch.)"""
+    zz = z * z
+    return [
+        min(
+            float(t),
+            max(
+                float(math.ceil(t / width)),
+                ((z * math.sqrt(v) + math.sqrt(zz * v + 4.0 * m * t)) / (2.0 * m)) ** 2,
+            ),
+        )
+        for t, m, v in zip(tokens, means, variances)
+    ]

@@ -10,7 +10,7 @@ from helpers.oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.registry import PROPOSERS
-from outpace.speculative.adaptive import DraftLengthChooser
+from outpace.speculative.adaptive import DraftLengthChooser, expected_max_of_normals, quantile_steps
 from outpace.speculative.proposer import DraftShape, draft_shapes
 
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
@@ -109,6 +109,88 @@ def test_a_closed_batch_is_timed_by_its_slowest_request():
     assert chooser.choose(2, ids, remaining=[100, 10]) == DraftShape(3)
     # a closed batch of one is timed by itself: the same choice as throughput's
     assert chooser.choose(2, ["repeats"], remaining=[50]) == chooser.choose(2, ["repeats"])
+
+
+def _chooser_at_batch_32(first_depth_rate: float) -> tuple[DraftLengthChooser, list[str]]:
+    """Chains to 4 at the H200's n-gram step costs at batch 32 (ms, benchmarks/results/gpu_2026-12-01b call 4),
+    after 32 requests verified 40 chains of 4 each, every one accepting all 4 drafts with probability
+    ``first_depth_rate`` (a seeded draw) and none otherwise: rates that differ by chance only, so shared."""
+    import random
+
+    chooser = DraftLengthChooser([DraftShape(k) for k in range(5)], probe_every=1000)
+    for k, cost in enumerate((5.05, 5.50, 5.57, 5.83, 6.22)):
+        chooser.record_cost(32, DraftShape(k), cost)
+    ids, rng = [f"r{i}" for i in range(32)], random.Random(0)
+    for _ in range(40):
+        chooser.observe(DraftShape(4), [4 * (rng.random() < first_depth_rate) for _ in ids], ids)
+    return chooser, ids
+
+
+def test_a_closed_batch_s_last_steps_decode_plainly_where_drafts_rarely_land():
+    """A closed batch of 32 whose drafts land 1 time in 5: with 3 tokens left each, a verify's expected 1.2
+    tokens would make 2.5 steps of 3, but every request must accept a draft for the batch to end a step
+    sooner, so the batch takes its 3 steps whatever it drafts, and plain steps are the cheapest (with the
+    expected tokens alone it drafted there: gpu_2026-12-01b call 4). Over a long budget the same rates
+    still draft, and a batch whose drafts mostly land drafts to its end but for the last token."""
+    chooser, ids = _chooser_at_batch_32(0.2)
+    assert chooser.choose(32, ids, remaining=[3] * 32) == DraftShape(0)
+    assert chooser.choose(32, ids, remaining=[300] * 32).num_steps > 0
+    sure, ids = _chooser_at_batch_32(0.9)
+    assert sure.choose(32, ids, remaining=[3] * 32).num_steps > 0
+    assert sure.choose(32, ids, remaining=[1] * 32) == DraftShape(0)  # one verify either way
+
+
+def test_requests_of_differing_rates_wait_for_the_lowest_one_s_mean():
+    """Where the requests' rates differ beyond chance (half accept every draft, half one in two), the batch's
+    steps are the slowest request's budget over its mean tokens a verify: the quantile is for requests of one
+    rate (with it, the mixed batch of call 5 in gpu_2026-12-01b stopped drafting greedy n-gram: 1.03x steady
+    where 1.91x had been measured)."""
+    import random
+
+    chooser = DraftLengthChooser([DraftShape(k) for k in range(5)], probe_every=1000)
+    ids, rng = [f"r{i}" for i in range(32)], random.Random(1)
+    for _ in range(40):
+        chooser.observe(
+            DraftShape(4), [4 if i % 2 or rng.random() < 0.5 else 0 for i in range(32)], ids
+        )
+    shape = DraftShape(4)
+    lowest = min(chooser.expected_tokens(shape, [r]) for r in ids)
+    assert lowest < 3.0  # the half that accepts one in two
+    steps = chooser._steps_to_finish(shape, ids, [100] * 32)
+    assert steps == pytest.approx(100 / lowest)
+
+
+def test_quantile_steps():
+    """The verifies a request needs: the mean's for one request (z = 0), more for the unluckiest of many,
+    never fewer than accepting every draft takes nor more than one a token."""
+    z32 = expected_max_of_normals(32)
+    assert expected_max_of_normals(1) == 0.0
+    assert 1.3 < expected_max_of_normals(8) < 1.5 and 1.9 < z32 < 2.1
+    assert quantile_steps([3, 300], [1.2] * 2, [0.16] * 2, 0.0, 2) == pytest.approx([2.5, 250.0])
+    tail, unlucky = quantile_steps([3, 300], [1.2] * 2, [0.16] * 2, z32, 2)
+    assert (
+        tail == 3.0 and 255.0 < unlucky < 270.0
+    )  # at most one a token; fewer saved than the mean's
+    assert quantile_steps([2], [3.9], [0.1], 0.0, 4) == [1.0]  # at least one verify
+
+
+def test_a_closed_batch_near_its_end_takes_no_probe():
+    """A probe informs the choices after it: a closed batch with fewer steps left than the probes' spacing
+    takes none, one with more steps left takes it when due, as does a batch with requests waiting."""
+
+    def due() -> DraftLengthChooser:
+        chooser = DraftLengthChooser([DraftShape(k) for k in range(3)], probe_every=4)
+        for k in range(3):
+            chooser.record_cost(2, DraftShape(k), 1.0 + 0.5 * k)
+        for _ in range(100):
+            chooser.observe(DraftShape(2), [0, 0], ["a", "b"])
+        for _ in range(3):
+            assert chooser.choose(2, ["a", "b"]) == DraftShape(0)
+        return chooser
+
+    assert due().choose(2, ["a", "b"], remaining=[3, 3]) == DraftShape(0)
+    assert due().choose(2, ["a", "b"], remaining=[50, 50]) == DraftShape(2)
+    assert due().choose(2, ["a", "b"]) == DraftShape(2)
 
 
 def test_requests_whose_rates_differ_by_chance_share_the_batch_s_rate():
