@@ -56,6 +56,9 @@ class RequestTable:
         self.top_p = torch.ones(n, dtype=torch.float32, device=self.device)
         self.min_p = torch.zeros(n, dtype=torch.float32, device=self.device)
         self.seeded = torch.zeros(n, dtype=torch.bool, device=self.device)
+        self._true = torch.ones(
+            1, dtype=torch.bool, device=self.device
+        )  # an all-greedy step's ``greedy``
         self.repetition_penalty = torch.ones(n, dtype=torch.float32, device=self.device)
         self.frequency_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
         self.presence_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -248,7 +251,7 @@ class RequestTable:
         """The rows' sampling parameters (``indices`` [n] on the device); host flags: ``greedy``, every row is
         (argmax only); ``filtered``, some row applies top-k, top-p or min-p; ``seeded``, some row is seeded
         (padding rows are greedy)."""
-        if greedy:  # nothing reads the parameters: the padding row's (greedy) rows, no gathers
+        if greedy:  # nothing reads the parameters: the padding row's (greedy) rows, no launches
             pad = self.padding_index
             n = indices.shape[0]
             return SamplingTensors(
@@ -256,7 +259,10 @@ class RequestTable:
                 self.top_k[pad:].expand(n),
                 self.top_p[pad:].expand(n),
                 self.min_p[pad:].expand(n),
+                greedy=self._true.expand(n),
+                seeded=self.seeded[pad:].expand(n),  # (the padding row's: False)
                 all_greedy=True,
+                any_seeded=False,
                 need_top_k=False,
                 need_top_p=False,
                 need_min_p=False,

@@ -41,6 +41,8 @@ def choose_chain(
 
 def chain_drafts(rows: DecodeRows, tokens: list[torch.Tensor], probs: list[torch.Tensor]) -> Drafts:
     """The chain [last token, tokens[0], ...] of every row (each token [b]), with the q of sampled drafts."""
-    token_ids = torch.stack([rows.last_tokens] + tokens, dim=1)  # [b, num_drafts + 1]
+    token_ids = (
+        torch.stack([rows.last_tokens] + tokens, dim=1) if tokens else rows.last_tokens[:, None]
+    )  # [b, num_drafts + 1]
     parents, depths = chain_tree(rows.size, token_ids.shape[1], token_ids.device)
     return Drafts(token_ids, parents, depths, torch.stack(probs, dim=1) if probs else None)
