@@ -13,29 +13,12 @@ from pathlib import Path
 
 import torch
 
+from outpace.bench.graph_timing import graph_call_us
 from outpace.layers.argmax import argmax_last
 
 WIDTHS = (102400, 151936, 128256, 262144)  # DeepSeek-V2, Qwen, Llama-3, Gemma
 ROWS = (1, 8, 32, 40)
 CALLS = 100
-
-
-def graph_us(fn, x: torch.Tensor) -> float:
-    """Microseconds a call of ``fn(x)``, replayed from a graph of CALLS calls."""
-    fn(x)  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn(x)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * CALLS)
 
 
 def main() -> None:
@@ -51,8 +34,8 @@ def main() -> None:
             row = {
                 "width": width,
                 "rows": r,
-                "torch_us": graph_us(lambda t: t.argmax(-1), x),
-                "ours_us": graph_us(argmax_last, x),
+                "torch_us": graph_call_us(lambda: x.argmax(-1), CALLS),
+                "ours_us": graph_call_us(lambda: argmax_last(x), CALLS),
             }
             rows.append(row)
             print(f"{width:>7} {r:>4} {row['torch_us']:>9.2f} {row['ours_us']:>8.2f}")

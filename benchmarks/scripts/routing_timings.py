@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from outpace.bench.graph_timing import graph_call_us
 from outpace.layers import moe_routing_kernel as kernels
 from outpace.layers.moe import Routing
 from outpace.layers.moe_kernels import align
@@ -46,24 +47,6 @@ SHAPES = {
     # models/gemma4.py Gemma4Router: the norm folded in (RouterInputNorm), per_expert_scale on the weights
     "gemma-4-26b-a4b": (2816, Routing(128, 8, "softmax", normalize=True), 0, False, True),
 }
-
-
-def graph_time(fn) -> float:
-    """Microseconds per call of ``fn``, CALLS of them captured in one graph and replayed."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * CALLS)
 
 
 def check_captured(route, experts: int, shared: int) -> None:
@@ -108,7 +91,7 @@ def main(out: Path, names: list[str]) -> None:
         for n in TOKENS:
             x = torch.randn(n, hidden, device="cuda", generator=g).to(torch.bfloat16)
             partial = kernels.router_logits(x, weight, column)
-            matvec = graph_time(lambda: kernels.router_logits(x, weight, column))
+            matvec = graph_call_us(lambda: kernels.router_logits(x, weight, column), CALLS)
             row = {"shape": name, "tokens": n, "matvec_us": matvec, "splits": partial.shape[0]}
             row["matvec_gb_per_s"] = weight.numel() * weight.element_size() / matvec / 1e3
 
@@ -121,7 +104,7 @@ def main(out: Path, names: list[str]) -> None:
                 kernels.ROUTE_WARPS = warps
                 kernels.token_route_warps = lambda block_e, w=warps: w
                 check_captured(route, routing.num_experts, shared)
-                row[f"route_us_{warps}_warps"] = graph_time(route)
+                row[f"route_us_{warps}_warps"] = graph_call_us(route, CALLS)
             kernels.ROUTE_WARPS, kernels.token_route_warps = defaults
             rows.append(row)
             routes = "  ".join(f"{w}w {row[f'route_us_{w}_warps']:6.2f}" for w in WARPS)
