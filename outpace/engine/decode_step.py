@@ -208,18 +208,20 @@ class DecodeStep:
                     self.proposer.hold(verified)
                 else:
                     self.proposer.update(verified)
-            committed = 1 if n == 1 else result.num_correct_drafts + 1  # [b] (plain decoding: 1)
-            s.lengths[req_indices] = rows.lengths + committed
-            s.last_tokens[req_indices] = result.bonus_token_ids
-            s.lengths[
-                s.padding_index :
-            ].zero_()  # (the last row; a slice: no host scalar copied in a capture)
-            packed = [result.output_token_ids.reshape(-1), result.num_correct_drafts]
+            packed = [
+                s.commit(
+                    req_indices,
+                    rows.lengths,
+                    result.output_token_ids,
+                    result.num_correct_drafts,
+                    result.bonus_token_ids,
+                )
+            ]  # [b * (depth + 1) + b]
             if not shape.is_chain:
                 packed.append(drafts.depths.reshape(-1))
             if key.features.logprobs is not None:
                 packed.append(_committed_logprobs(raw, result, key.features.logprobs).pack())
-            return torch.cat(packed)
+            return torch.cat(packed) if len(packed) > 1 else packed[0]
 
     def _processed(
         self,

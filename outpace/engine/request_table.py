@@ -110,6 +110,37 @@ class RequestTable:
             self.seeds[indices],
         )
 
+    def commit(
+        self,
+        indices: torch.Tensor,
+        lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        num_correct: torch.Tensor,
+        bonus: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode step's end for the rows ``indices`` [b] (the padding row for padded ones), whose lengths were
+        ``lengths`` [b]: each request's length grows by its ``num_correct`` [b] accepted drafts and the bonus, its
+        last token becomes ``bonus`` [b], the padding row's length stays 0 (its last token is left unspecified).
+        Returns the step's packed outputs [b * width + b]: ``tokens`` [b, width] (the output tokens) row by row,
+        then ``num_correct``. On CUDA one launch (engine/commit_kernel.py)."""
+        if indices.is_cuda:
+            from outpace.engine.commit_kernel import commit_rows
+
+            return commit_rows(
+                indices,
+                lengths,
+                tokens,
+                num_correct,
+                bonus,
+                self.lengths,
+                self.last_tokens,
+                self.padding_index,
+            )
+        self.lengths[indices] = lengths + num_correct + 1
+        self.last_tokens[indices] = bonus
+        self.lengths[self.padding_index :].zero_()  # (a slice: no host scalar copied in a capture)
+        return torch.cat([tokens.reshape(-1), num_correct])
+
     def index_of(self, request_id: str) -> int:
         return self._index_of[request_id]
 
