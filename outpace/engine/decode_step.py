@@ -162,10 +162,10 @@ class DecodeStep:
                         req_indices, rows.lengths, None if shape.is_chain else drafts.parents
                     )
                 )
-                out = self.model(
-                    drafts.token_ids.reshape(-1),
-                    (rows.lengths[:, None] + drafts.depths).reshape(-1),
-                )
+                positions = (
+                    rows.lengths if n == 1 else (rows.lengths[:, None] + drafts.depths).reshape(-1)
+                )  # [b * n] (node 0 sits at L: plain decoding's positions are the lengths, no launch)
+                out = self.model(drafts.token_ids.reshape(-1), positions)
             raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)  # [b, n, vocab]
             logits = self._processed(key, raw, drafts, mask, token_masks)  # [b, n, vocab]
             keys = None if key.mode.greedy else rows.keys(0, VERIFY)  # greedy draws nothing
