@@ -80,6 +80,19 @@ class NgramProposer(Proposer):
 
     def update(self, verified: Verified) -> None:
         rows, width = verified.rows, self.spec.num_steps + 1
+        if self.history.is_cuda:  # one launch (drafters/ngram_kernel.py)
+            from outpace.speculative.drafters.ngram_kernel import write_history
+
+            result = verified.result
+            write_history(
+                self.history,
+                rows.req_indices,
+                rows.lengths,
+                result.output_token_ids,
+                result.bonus_token_ids,
+                width,
+            )
+            return
         pos = (
             rows.lengths[:, None] + 1 + torch.arange(width, device=self.device)
         )  # [b, width]: L + 1 ..
