@@ -19,8 +19,9 @@ exists:
 Tensor parallelism: the fused kernels read a rank's shard as they read a whole weight (q/k/v, gate/up and the
 in-projections are column-parallel: the rank's heads and rows). A row-parallel output projection (o_proj,
 down_proj, out_proj) cannot add the residual before its partial sums are reduced, so there the block ends in
-three launches: the plain projection, the all-reduce, and the residual add that makes the stream ready for
-the next norm (``project_add_ready``). In
+two launches: the plain projection, then the all-reduce, the residual add and the next norm
+(``reduce_add_normalised``: one launch where layers/all_reduce_norm.py serves them), which hands the next block
+its input normalised (``NormalisedRows``). In
 batch-invariant mode these paths serve any number of rows (``fusable_rows``): the kernels tile the rows
 and choose their tiles from N and K only (layers/fused_projection.py), so a row gets the same bits decoded
 alone as verified among many, and the mode costs what the normal decode path costs. Their rounding
@@ -133,6 +134,12 @@ def project_normalised(rows, eps: float, weight: torch.Tensor) -> torch.Tensor:
     return kernels.norm_project(rows, eps, weight)
 
 
+def kernel_rows(rows):
+    """What a norm-folding projection kernel (layers/fused_projection.py) reads for a block's input ``rows``:
+    ``NormedRows`` as they are (the norm folded in), the input already normalised of ``NormalisedRows``."""
+    return rows.x if isinstance(rows, NormalisedRows) else rows
+
+
 def normalised_input(rows, norm: nn.Module) -> torch.Tensor:
     """A block's input materialised, norm(rows.stream) [n, hidden], for a block that reads it whole (a
     sparse MoE): ``NormalisedRows.x``, or one launch of the norm module."""
@@ -222,11 +229,11 @@ def project_fused(
 
 
 def attend_fused(attn: DecoderAttention, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
-    """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden]),
-    or an input already normalised ([num_tokens, input_size]) -> attention output [num_tokens,
-    heads * head_dim] (before o_proj). One kernel normalises, projects, applies the q/k norms,
+    """rows: the residual stream made ready for the input norm (``NormedRows``, [num_tokens, hidden]; or
+    ``NormalisedRows``), or an input already normalised ([num_tokens, input_size]) -> attention output
+    [num_tokens, heads * head_dim] (before o_proj). One kernel normalises, projects, applies the q/k norms,
     rotates and writes k and v into the cache; the backend then attends over the cache."""
-    q = project_fused(attn, rows, eps, positions, *attn.attn.fused_write_target())
+    q = project_fused(attn, kernel_rows(rows), eps, positions, *attn.attn.fused_write_target())
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.cfg.head_dim), positions)
 
 
@@ -273,14 +280,15 @@ def project_add_ready(
 ):
     """The projection that ends a block, fused (``block_fuses``): x [n, in], stream [n, hidden] -> stream +
     x @ proj.weight.T, made ready for ``next_norm`` (any ``norm_offset``) when given (``NormedRows``), else a
-    tensor [n, hidden]. One projection kernel; for a row-parallel shard (``ends_block``) its partial sums,
-    their all-reduce, and one row kernel that adds them to the stream and readies it."""
+    tensor [n, hidden]. One projection kernel; for a row-parallel shard (``ends_block``) its partial sums, then
+    ``reduce_add_normalised`` (``NormalisedRows``: the all-reduce, the residual add and the next norm in one
+    launch where layers/all_reduce_norm.py serves them)."""
     kernels = projection_kernels()
     if is_sharded(proj):
-        out = reduced_product(x, proj)
         if next_norm is None:
-            return stream + out
-        return kernels.normed_rows(out, next_norm.weight, norm_offset(next_norm), residual=stream)
+            return stream + reduced_product(x, proj)
+        partial = kernels.project_rows(x, fused_weight(proj))
+        return reduce_add_normalised(partial, stream, next_norm, proj.group)
     if next_norm is None:
         return kernels.project_add(x, fused_weight(proj), stream)
     return kernels.project_add_normed(
@@ -294,19 +302,20 @@ def project_add_normalised(
     """The projection that ends a block whose next block reads its input materialised (a sparse MoE): x [n,
     in], stream [n, hidden] -> the new stream and ``norm`` of it (``NormalisedRows``). The fused residual
     add and the norm module; for a row-parallel shard (``ends_block``) its partial sums, then
-    ``reduce_add_normalised`` (their all-reduce, the add and the norm)."""
+    ``reduce_add_normalised`` (their all-reduce, the add and the norm), as ``project_add_ready``."""
     if is_sharded(proj):
-        partial = projection_kernels().project_rows(x, fused_weight(proj))
-        return reduce_add_normalised(partial, stream, norm, proj.group)
+        return project_add_ready(x, proj, stream, norm)
     added = projection_kernels().project_add(x, fused_weight(proj), stream)
     return NormalisedRows(added, norm(added))
 
 
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):
     """A gated MLP block (``mlp_fuses``) over rows (``NormedRows``: the stream made ready for the MLP's
-    input norm, of eps ``eps``) -> the block's output stream, made ready for ``next_norm`` when given. Two
+    input norm, of eps ``eps``; or ``NormalisedRows``) -> the block's output stream, made ready for ``next_norm`` when given. Two
     projection kernels: gate/up with the norm and the gating folded in, down with the residual add."""
-    act = projection_kernels().norm_project_swiglu(rows, eps, mlp.gate_up.weight, act=mlp.act)
+    act = projection_kernels().norm_project_swiglu(
+        kernel_rows(rows), eps, mlp.gate_up.weight, act=mlp.act
+    )
     return project_add_ready(act, mlp.down_proj, rows.stream, next_norm)
 
 
@@ -345,8 +354,8 @@ class FusedDecoderLayer(DecoderLayer):
         return layer_fuses(self.self_attn, self.mlp, h)
 
     def forward_fused(self, positions: torch.Tensor, rows, next_norm: RMSNorm | None):
-        """rows: the layer's input stream made ready for its input norm (``NormedRows``) -> its output
-        stream, made ready for ``next_norm`` (the next layer's input norm) when given, else a tensor
+        """rows: the layer's input stream made ready for its input norm (``NormedRows``, or after a
+        row-parallel block ``NormalisedRows``) -> its output stream, made ready for ``next_norm`` (the next layer's input norm) when given, else a tensor
         [num_tokens, hidden]. Four projection kernels (norms, RoPE, the KV write, the residual adds and
         SiLU*mul folded in) around the attention kernel."""
         attn = attend_fused(self.self_attn, positions, rows, self.input_layernorm.eps)

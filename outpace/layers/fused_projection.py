@@ -1200,7 +1200,7 @@ def project_swiglu(
 
 
 def norm_project_swiglu(
-    rows: NormedRows,
+    rows: NormedRows | torch.Tensor,
     eps: float,
     gate_up: torch.Tensor,
     pdl: bool | None = None,
@@ -1208,8 +1208,11 @@ def norm_project_swiglu(
     act: str = "silu",
 ) -> torch.Tensor:
     """gate_up [2 * I, K] (gate rows, then up rows) -> act(g) * u [M, I], where
-    [g | u] = RMSNorm(rows.stream) @ gate_up.T; ``act`` SiLU or GELU-tanh (``GELU_TANH``)."""
-    x, inter = rows.normed, gate_up.shape[0] // 2
+    [g | u] = RMSNorm(rows.stream) @ gate_up.T (rows @ gate_up.T for a tensor ``rows`` [M, K] that is already
+    normalised: ``eps`` unused); ``act`` SiLU or GELU-tanh (``GELU_TANH``)."""
+    x = rows.normed if isinstance(rows, NormedRows) else rows
+    norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
+    inter = gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     return _launch(
         x,
@@ -1218,7 +1221,7 @@ def norm_project_swiglu(
         inter,
         _SWIGLU.value,
         half=inter,
-        norm=(rows.sq_parts, eps),
+        norm=norm,
         pdl=pdl,
         tiles=tiles,
         act=act,

@@ -450,7 +450,7 @@ class Qwen3NextDecoderLayer(nn.Module):
         else:
             out, out_proj = self.self_attn.attend_fused(positions, rows, eps), self.self_attn.o_proj
         if isinstance(self.mlp, GatedMLP):
-            mid = project_add_ready(out, out_proj, rows.stream, post)  # NormedRows
+            mid = project_add_ready(out, out_proj, rows.stream, post)  # (sharded: NormalisedRows)
             return mlp_fused(self.mlp, mid, post.eps, next_norm)
         mid = project_add_normalised(out, out_proj, rows.stream, post)
         return reduce_add_normalised(self.mlp.partial(mid.x), mid.stream, next_norm, self.mlp.group)

@@ -117,6 +117,13 @@ def test_norm_project_swiglu_is_norm_gate_up_then_silu_mul(m, k, inter):
     )
 
 
+def test_norm_project_swiglu_of_an_input_already_normalised():
+    """A tensor is read as the normalised input (``NormalisedRows.x`` after a row-parallel block): no norm."""
+    x, w = _rand(3, 96, seed=16), _rand(2 * 40, 96, seed=17)
+    gate, up = F.linear(x.double(), w.double()).chunk(2, dim=-1)
+    _close(norm_project_swiglu(x.to(DEVICE), EPS, w.to(DEVICE)), F.silu(gate) * up)
+
+
 @pytest.mark.parametrize(
     "qk_norm,split_heads,rotated_part",
     [(False, None, 1), (True, False, 1), (True, True, 1), (True, None, 2), (True, None, 4)],
