@@ -56,9 +56,8 @@ class RequestTable:
         self.top_p = torch.ones(n, dtype=torch.float32, device=self.device)
         self.min_p = torch.zeros(n, dtype=torch.float32, device=self.device)
         self.seeded = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self._true = torch.ones(
-            1, dtype=torch.bool, device=self.device
-        )  # an all-greedy step's ``greedy``
+        # an all-greedy step's ``greedy`` rows, expanded (``sampling``)
+        self._true = torch.ones(1, dtype=torch.bool, device=self.device)
         self.repetition_penalty = torch.ones(n, dtype=torch.float32, device=self.device)
         self.frequency_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)
         self.presence_penalty = torch.zeros(n, dtype=torch.float32, device=self.device)

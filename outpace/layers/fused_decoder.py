@@ -311,8 +311,9 @@ def project_add_normalised(
 
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):
     """A gated MLP block (``mlp_fuses``) over rows (``NormedRows``: the stream made ready for the MLP's
-    input norm, of eps ``eps``; or ``NormalisedRows``) -> the block's output stream, made ready for ``next_norm`` when given. Two
-    projection kernels: gate/up with the norm and the gating folded in, down with the residual add."""
+    input norm, of eps ``eps``; or ``NormalisedRows``) -> the block's output stream, made ready for
+    ``next_norm`` when given. Two projection kernels: gate/up with the norm and the gating folded in, down
+    with the residual add."""
     act = projection_kernels().norm_project_swiglu(
         kernel_rows(rows), eps, mlp.gate_up.weight, act=mlp.act
     )
@@ -355,8 +356,8 @@ class FusedDecoderLayer(DecoderLayer):
 
     def forward_fused(self, positions: torch.Tensor, rows, next_norm: RMSNorm | None):
         """rows: the layer's input stream made ready for its input norm (``NormedRows``, or after a
-        row-parallel block ``NormalisedRows``) -> its output stream, made ready for ``next_norm`` (the next layer's input norm) when given, else a tensor
-        [num_tokens, hidden]. Four projection kernels (norms, RoPE, the KV write, the residual adds and
+        row-parallel block ``NormalisedRows``) -> its output stream, made ready for ``next_norm`` (the next
+        layer's input norm) when given, else a tensor [num_tokens, hidden]. Four projection kernels (norms, RoPE, the KV write, the residual adds and
         SiLU*mul folded in) around the attention kernel."""
         attn = attend_fused(self.self_attn, positions, rows, self.input_layernorm.eps)
         return fused_attention_output_and_mlp(

@@ -141,9 +141,7 @@ def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> Verif
     """
     draft_token_ids = draft_token_ids.long()
     target_predict = argmax_last(target_logits)  # [batch, num_drafts + 1]
-    if (
-        draft_token_ids.shape[1] == 0
-    ):  # plain decoding: the argmax is the bonus (no gather launched)
+    if draft_token_ids.shape[1] == 0:  # plain decoding: the argmax is the bonus, no gather launched
         bonus = target_predict[:, 0]  # [batch]
         return _chain_result(draft_token_ids, torch.zeros_like(bonus), bonus)
     matches = draft_token_ids == target_predict[:, :-1]  # [batch, num_drafts]
