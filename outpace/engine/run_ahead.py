@@ -205,22 +205,21 @@ class RunAhead:
 def reserve_rows(
     pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int, committed: int
 ) -> bool:
-    """Whether a step may run ahead for these requests: not every one of them may end by length with the
-    current step (which commits at most ``committed`` tokens a request; a step run ahead of one that all may
-    finish in would likely serve nobody, and the next step waits for it: at batch 1 with speculation, one
-    step per request), and each request's table can hold ``rows`` [i] KV rows (at most ``limit``, the
-    positions graphs and the model allow); if so the tables are grown to that now. A request that surely
-    ends with the current step does not stop the others' step: its row in the step run ahead is wasted, and
-    the step serves the rest. Stopping there cost the closed batches that speculation staggers: a step not
-    run ahead costs its host time on the GPU's clock (n-gram's closed batch of 32 at temperature 0.8 on the
-    H200: 7.1 to 7.6 ms for such steps among its last 7, against 5.3; benchmarks/results/gpu_2026-12-01c,
-    call 1)."""
+    """Whether a step may run ahead for these requests: none of them surely ends by length with the
+    current step, and not every one of them may (the current step commits at most ``committed`` tokens a
+    request; a step run ahead of one that all may finish in would likely serve nobody, and the next step
+    waits for it: at batch 1 with speculation, one step per request), and each request's table can hold
+    ``rows`` [i] KV rows (at most ``limit``, the positions graphs and the model allow); if so the tables
+    are grown to that now. Running ahead past a request that surely ends gained nothing where speculation
+    staggers a closed batch's ends (n-gram, temperature 0.8, batch 8: 0.989x of plain decoding against
+    0.990x; benchmarks/results/gpu_2026-12-01d, call 2): releasing the ended request's row waits for the step
+    run ahead (``ModelRunner.release``), which costs the host time that running ahead would hide."""
     if not reqs:
         return False
     left = [
         r.params.max_tokens - r.num_output_tokens for r in reqs
     ]  # the tokens each request may still produce
-    if max(rows) > limit or max(left) <= committed:
+    if min(left) <= 1 or max(rows) > limit or max(left) <= committed:
         return False
     missing = [
         pool.blocks_needed(n) - len(pool.table(r.request_id)) for r, n in zip(reqs, rows)

@@ -1,6 +1,6 @@
-"""When a decode step may be run ahead (engine/run_ahead.py ``reserve_rows``): not when every request of the
-batch may end by length with the current step (a step run ahead would likely serve nobody), even where one
-surely ends; otherwise yes, with each request's table grown for the rows the step ahead needs, as
+"""When a decode step may be run ahead (engine/run_ahead.py ``reserve_rows``): not when a request of the
+batch surely ends by length with the current step, nor when every request may (a step run ahead would
+likely serve nobody); otherwise yes, with each request's table grown for the rows the step ahead needs, as
 long as the pool and the position limit allow; nor when the request state to save first exceeds
 ``MAX_SAVED_BYTES``."""
 
@@ -41,9 +41,9 @@ def test_no_step_runs_ahead_when_every_request_may_end():
     assert pool.num_free == 16 and not pool.table("a")
 
 
-def test_a_request_that_surely_ends_does_not_stop_the_others_step():
+def test_no_step_runs_ahead_when_a_request_surely_ends():
     pool = BlockPool(num_blocks=16, block_size=4)
-    assert reserve_rows(
+    assert not reserve_rows(
         pool, [request("a", 11, 12), request("b", 1, 100)], [20, 20], limit=64, committed=5
     )
 
