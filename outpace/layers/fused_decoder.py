@@ -124,14 +124,14 @@ def block_fuses(x: torch.Tensor, input_proj, output_proj: nn.Module) -> bool:
     )
 
 
-def project_normalised(rows, eps: float, weight: torch.Tensor) -> torch.Tensor:
-    """A block's input projection, RMSNorm(rows.stream) @ weight.T [n, out]: the norm (of eps ``eps``)
-    folded into the projection for ``NormedRows``; for ``NormalisedRows`` a plain few-row projection of
-    the input already normalised."""
+def project_normalised(rows, eps: float, weight: torch.Tensor, relu2: bool = False) -> torch.Tensor:
+    """A block's input projection, RMSNorm(rows.stream) @ weight.T [n, out] (relu(.)^2 of it with ``relu2``):
+    the norm (of eps ``eps``) folded into the projection for ``NormedRows``; for ``NormalisedRows`` a plain
+    few-row projection of the input already normalised."""
     kernels = projection_kernels()
     if isinstance(rows, NormalisedRows):
-        return kernels.project_rows(rows.x, weight)
-    return kernels.norm_project(rows, eps, weight)
+        return kernels.project_rows(rows.x, weight, relu2=relu2)
+    return kernels.norm_project(rows, eps, weight, relu2=relu2)
 
 
 def kernel_rows(rows):

@@ -228,6 +228,7 @@ def _fused_rows_kernel(
     V_NORM: tl.constexpr,
     ACT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    RELU2: tl.constexpr,
     HALF: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -247,6 +248,8 @@ def _fused_rows_kernel(
     SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
     NEXT_NORM (PLAIN): also writes out * (next_offset + next_norm) and each sub-tile's sums of out^2
     (part p * subs + sub of sq_out). SOFTCAP (PLAIN): cap * tanh(result / cap) before any residual.
+    RELU2 (PLAIN): relu(result)^2 of the result rounded to out's dtype, as the projection and then the
+    activation round it (Nemotron-H's up_proj).
     SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
     QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
     their weights plus qk_offset; V_NORM: of v too, without a weight.
@@ -338,6 +341,9 @@ def _fused_rows_kernel(
         if EPILOGUE == _PLAIN:
             if SOFTCAP:
                 acc_a = cap * _tanh(acc_a / cap)
+            if RELU2:
+                acc_a = tl.maximum(acc_a.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)
+                acc_a = acc_a * acc_a
             if RESIDUAL:
                 acc_a += res.to(tl.float32)
             out = acc_a.to(out_ptr.dtype.element_ty)
@@ -871,11 +877,13 @@ def _launch(
     v_norm: bool = False,
     act: str = "silu",
     softcap: float | None = None,
+    relu2: bool = False,
 ) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
-    ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap.
+    ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap; ``relu2``:
+    PLAIN's outputs relu(.)^2.
     ``tiles`` (benchmarks): (outputs a program, BK, warps, stages, outputs a sub-tile at most), None for
     the default of an entry."""
     if v_norm and qk_norm is None:
@@ -977,6 +985,7 @@ def _launch(
         V_NORM=v_norm,
         ACT=_ACT_GELU_TANH if act in GELU_TANH else _ACT_SILU,
         SOFTCAP=softcap is not None,
+        RELU2=relu2,
         HALF=half,
         BM=MAX_ROWS,
         BN=grid.block_n,
@@ -1059,11 +1068,14 @@ def embed_norm_pair(
     return out
 
 
-def project_rows(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K] @ weight.T -> [M, N]: a projection with no neighbour to fold in (layers/linear.py's few-row
-    path), its outputs spread evenly over one program an SM (``_launch_grid``)."""
+def project_rows(
+    x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, relu2: bool = False
+) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, N] (relu(.)^2 of it with ``relu2``): a projection with no neighbour to
+    fold in (layers/linear.py's few-row path), its outputs spread evenly over one program an SM
+    (``_launch_grid``)."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, pdl=pdl)
+    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, pdl=pdl, relu2=relu2)
 
 
 def project_add(
@@ -1164,9 +1176,11 @@ def norm_project(
     tiles: tuple[int | None, ...] | None = None,
     out: torch.Tensor | None = None,
     softcap: float | None = None,
+    relu2: bool = False,
 ) -> torch.Tensor:
     """RMSNorm(rows.stream) @ weight.T [M, N] in ``out_dtype`` (the stream's dtype by default), into
-    ``out`` (contiguous rows) when given; soft-capped (cap * tanh(logit / cap)) with ``softcap``."""
+    ``out`` (contiguous rows) when given; soft-capped (cap * tanh(logit / cap)) with ``softcap``; relu(.)^2
+    with ``relu2`` (an ungated MLP's first half)."""
     x = rows.normed
     shape, dtype = (x.shape[0], weight.shape[0]), out_dtype or x.dtype
     if out is None:
@@ -1186,6 +1200,7 @@ def norm_project(
         pdl=pdl,
         tiles=tiles,
         softcap=softcap,
+        relu2=relu2,
     )
 
 

@@ -83,19 +83,23 @@ def fused_sandwich_rest(
     norms: tuple[nn.Module, ...],
     mlp: GatedMLP,
     scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+    next_norm: nn.Module | None = None,
+):
     """The rest of a "sandwich" layer after attention (Gemma: a norm before and after attention and the
     MLP), fused: attn [n, heads * head_dim], stream [n, hidden]; norms (post-attention, pre-MLP,
     post-MLP) -> stream + post(o) = mid, then mid + post_mlp(mlp(pre_mlp(mid))), times ``scale`` [1] when
-    given (Gemma 4's layer_scalar): [n, hidden]. Two projection kernels that also prepare the norm after
-    them, two row kernels that add the normed output to the stream, and the gate/up kernel."""
+    given (Gemma 4's layer_scalar): [n, hidden], or made ready for ``next_norm`` when given (``NormedRows``:
+    the next layer's input norm, prepared by the last add's kernel). Two projection kernels that also
+    prepare the norm after them, two row kernels that add the normed output to the stream, and the gate/up
+    kernel."""
     kernels = projection_kernels()
     post_attn, pre_mlp, post_mlp = norms
     o = _project_normed(attn, o_proj, post_attn)
     mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
     act = kernels.norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
     down = _project_normed(act, mlp.down_proj, post_mlp)
-    return kernels.add_normed(down, post_mlp.eps, mid.stream, scale=scale)
+    ready = None if next_norm is None else (next_norm.weight, norm_offset(next_norm))
+    return kernels.add_normed(down, post_mlp.eps, mid.stream, ready, scale=scale)
 
 
 def _project_normed(x: torch.Tensor, proj: nn.Module, norm: nn.Module):
@@ -107,13 +111,17 @@ def _project_normed(x: torch.Tensor, proj: nn.Module, norm: nn.Module):
     return kernels.project_normed(x, fused_weight(proj), norm.weight, norm_offset(norm))
 
 
-def _attention_fused(
-    layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, v_norm: bool
-) -> torch.Tensor:
-    """``layer.self_attn`` over ``layer.input_layernorm(h)`` on the fused path, before o_proj."""
+def input_rows(layer: nn.Module, h: torch.Tensor):
+    """h [n, hidden], a stream no fused kernel wrote, made ready for ``layer.input_layernorm``
+    (``NormedRows``): one launch."""
     norm = layer.input_layernorm
-    rows = projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
-    return attend_fused_qkv(layer.self_attn, positions, rows, norm.eps, v_norm)
+    return projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
+
+
+def _attention_fused(layer: nn.Module, positions: torch.Tensor, rows, v_norm: bool) -> torch.Tensor:
+    """``layer.self_attn`` over ``layer.input_layernorm`` of rows (``NormedRows``) on the fused path, before
+    o_proj."""
+    return attend_fused_qkv(layer.self_attn, positions, rows, layer.input_layernorm.eps, v_norm)
 
 
 def attention_block_fused(
@@ -122,7 +130,7 @@ def attention_block_fused(
     """The attention block of a sandwich layer whose MLP side runs unfused (Gemma 4's MoE layers) on the
     fused path (``qkv_fuses``): h [n, hidden] -> o_proj's output [n, hidden], from the input norm, the
     packed q/k/v with their norms, RoPE and cache write in one kernel, attention, and o_proj."""
-    return layer.self_attn.o_proj(_attention_fused(layer, positions, h, v_norm))
+    return layer.self_attn.o_proj(_attention_fused(layer, positions, input_rows(layer, h), v_norm))
 
 
 def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
@@ -140,10 +148,26 @@ def sandwich_layer_fused(
     """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
     ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) over h [n, hidden] on the
     fused path (``sandwich_fuses``) -> its output [n, hidden] (times ``scale`` when given)."""
-    attn = _attention_fused(layer, positions, h, v_norm)
+    return sandwich_rows_fused(layer, positions, input_rows(layer, h), v_norm, scale)
+
+
+def sandwich_rows_fused(
+    layer: nn.Module,
+    positions: torch.Tensor,
+    rows,
+    v_norm: bool = False,
+    scale: torch.Tensor | None = None,
+    next_norm: nn.Module | None = None,
+):
+    """``sandwich_layer_fused`` over the layer's input stream made ready for its input norm (``NormedRows``)
+    -> its output stream [n, hidden], or made ready for ``next_norm`` when given (``NormedRows``): a stack of
+    these layers (layers/fused_decoder.py ``run_fused_layers``) spends no launch on a layer's input norm."""
+    attn = _attention_fused(layer, positions, rows, v_norm)
     norms = (
         layer.post_attention_layernorm,
         layer.pre_feedforward_layernorm,
         layer.post_feedforward_layernorm,
     )
-    return fused_sandwich_rest(attn, h, layer.self_attn.o_proj, norms, layer.mlp, scale)
+    return fused_sandwich_rest(
+        attn, rows.stream, layer.self_attn.o_proj, norms, layer.mlp, scale, next_norm
+    )

@@ -31,8 +31,8 @@ from torch import nn
 from outpace.attention.layer import Attention
 from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
-from outpace.layers.fused_decoder import norm_head_logits
-from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_layer_fused
+from outpace.layers.fused_decoder import norm_head_logits, run_fused_layers
+from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_rows_fused
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -218,11 +218,18 @@ class Gemma3DecoderLayer(nn.Module):
         self.self_attn = Gemma3Attention(cfg, gemma, rotary, sliding_window)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether the fused path serves the stream h [num_tokens, hidden] (``sandwich_fuses``)."""
+        return sandwich_fuses(self.self_attn, self.mlp, h)
+
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
+        """rows: the layer's input stream made ready for its input norm (``NormedRows``) -> its output stream
+        made ready for ``next_norm`` (layers/fused_sandwich.py ``sandwich_rows_fused``)."""
+        return sandwich_rows_fused(self, positions, rows, next_norm=next_norm)
+
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] -> h + post_norm(attention(pre_norm(h))), then the same around the MLP.
-        Few rows on the GPU: the shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``)."""
-        if sandwich_fuses(self.self_attn, self.mlp, h):
-            return sandwich_layer_fused(self, positions, h)
+        A stack of few rows on the GPU takes ``forward_fused`` (``Gemma3ForCausalLM.forward``)."""
         h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h)))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
@@ -325,9 +332,16 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h, captured = run_layer_stack(
-            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
-        )
+        h, layers = self.embed(input_ids), self.model.layers
+        if all(
+            layer.fuses(h) for layer in layers
+        ):  # each layer hands the next its input norm's rows
+            norms = [layer.input_layernorm for layer in layers]
+            h, captured = run_fused_layers(
+                layers, norms, self.model.norm, positions, h, self.aux_layer_ids
+            )
+        else:
+            h, captured = run_layer_stack(layers, positions, h, self.aux_layer_ids)
         return self._model_output(h, captured)
 
     def checkpoint_name(self, param_name: str) -> str:

@@ -86,6 +86,19 @@ def test_project_rows_is_the_plain_product(m, k, n):
     _close(project_rows(x.to(DEVICE), w.to(DEVICE)), F.linear(x.double(), w.double()))
 
 
+@pytest.mark.parametrize("m,k,n", [(1, 300, 70), (7, 40, 200)])
+def test_relu2_epilogue_is_the_activation_after_the_projection(m, k, n):
+    """Nemotron-H's up_proj and relu2 in one kernel: relu(.)^2 of the product, normed or plain; the
+    activation's zeros and squares (a kernel without the epilogue, or relu alone, fails this)."""
+    x, nw, w = _rand(m, k, seed=41) * 3, _rand(k, seed=42), _rand(n, k, seed=43)
+    normed = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], w.double())
+    rows = normed_rows(x.to(DEVICE), nw.to(DEVICE))
+    _close(norm_project(rows, EPS, w.to(DEVICE), relu2=True), F.relu(normed).square())
+    plain = F.linear(x.double(), w.double())
+    _close(project_rows(x.to(DEVICE), w.to(DEVICE), relu2=True), F.relu(plain).square())
+    assert (plain < 0).any()  # (the zeros are exercised)
+
+
 @pytest.mark.parametrize("m,k,inter,act", [(1, 300, 70, "silu"), (9, 96, 33, "gelu_pytorch_tanh")])
 def test_project_swiglu_is_the_gated_product(m, k, inter, act):
     from outpace.layers.activation import ACTIVATIONS

@@ -211,7 +211,7 @@ def _decode(path, monkeypatch, fusable):
     for fused_module in (fused_decoder, fused_sandwich):  # the head's path and the layers'
         monkeypatch.setattr(fused_module, "fusable_rows", fusable)
     for module, name in [
-        ("outpace.models.gemma", "sandwich_layer_fused"),
+        ("outpace.models.gemma", "sandwich_rows_fused"),
         ("outpace.models.gemma4", "sandwich_layer_fused"),
         ("outpace.models.gemma4", "attention_block_fused"),  # (a MoE layer's attention block)
     ]:
