@@ -2,7 +2,7 @@
 the fused projection kernels (layers/fused_projection.py: norms with a (1 + w) scale, per-head q/k norms,
 v norm, GELU-tanh gating, the sandwich norms folded into the projections) around the attention kernel,
 for any attention with q/k/v packed (layers/decoder.py ``pack_projections``). Chosen as
-layers/fused_decoder.py chooses the Llama layer's path: ``sandwich_fuses``, then ``sandwich_layer_fused``.
+layers/fused_decoder.py chooses the Llama layer's path: ``sandwich_fuses``, then ``sandwich_rows_fused``.
 """
 
 from __future__ import annotations
@@ -125,30 +125,18 @@ def _attention_fused(layer: nn.Module, positions: torch.Tensor, rows, v_norm: bo
 
 
 def attention_block_fused(
-    layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, v_norm: bool = False
+    layer: nn.Module, positions: torch.Tensor, rows, v_norm: bool = False
 ) -> torch.Tensor:
     """The attention block of a sandwich layer whose MLP side runs unfused (Gemma 4's MoE layers) on the
-    fused path (``qkv_fuses``): h [n, hidden] -> o_proj's output [n, hidden], from the input norm, the
-    packed q/k/v with their norms, RoPE and cache write in one kernel, attention, and o_proj."""
-    return layer.self_attn.o_proj(_attention_fused(layer, positions, input_rows(layer, h), v_norm))
+    fused path (``qkv_fuses``): rows (the input stream made ready for the input norm, ``NormedRows``) ->
+    o_proj's output [n, hidden], from the packed q/k/v with the input norm and their own norms, RoPE and
+    cache write in one kernel, attention, and o_proj."""
+    return layer.self_attn.o_proj(_attention_fused(layer, positions, rows, v_norm))
 
 
 def sandwich_fuses(attn: nn.Module, mlp: GatedMLP, h: torch.Tensor) -> bool:
     """Whether ``fused_sandwich_rest`` and ``attend_fused_qkv`` serve a sandwich layer over h."""
     return mlp_fuses(mlp) and qkv_fuses(attn, h)
-
-
-def sandwich_layer_fused(
-    layer: nn.Module,
-    positions: torch.Tensor,
-    h: torch.Tensor,
-    v_norm: bool = False,
-    scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
-    ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) over h [n, hidden] on the
-    fused path (``sandwich_fuses``) -> its output [n, hidden] (times ``scale`` when given)."""
-    return sandwich_rows_fused(layer, positions, input_rows(layer, h), v_norm, scale)
 
 
 def sandwich_rows_fused(
@@ -159,9 +147,12 @@ def sandwich_rows_fused(
     scale: torch.Tensor | None = None,
     next_norm: nn.Module | None = None,
 ):
-    """``sandwich_layer_fused`` over the layer's input stream made ready for its input norm (``NormedRows``)
-    -> its output stream [n, hidden], or made ready for ``next_norm`` when given (``NormedRows``): a stack of
-    these layers (layers/fused_decoder.py ``run_fused_layers``) spends no launch on a layer's input norm."""
+    """A sandwich layer (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``,
+    ``pre_feedforward_layernorm``, ``mlp``, ``post_feedforward_layernorm``) on the fused path
+    (``sandwich_fuses``) over its input stream made ready for its input norm (``NormedRows``: ``input_rows``,
+    or the layer before's last kernel) -> its output stream [n, hidden] (times ``scale`` when given), made
+    ready for ``next_norm`` when given (``NormedRows``): a stack of these layers spends no launch on a
+    layer's input norm."""
     attn = _attention_fused(layer, positions, rows, v_norm)
     norms = (
         layer.post_attention_layernorm,

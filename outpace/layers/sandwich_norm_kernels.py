@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from outpace.layers.fused_kernels import row_warps
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.norm import Float32RMSNorm
 
 
@@ -65,7 +66,10 @@ def _after_mlp_kernel(
     w2_ptr,
     w_post_ptr,
     scale_ptr,  # [1] (read with SCALE)
+    w_next_ptr,  # [dim] (read with NEXT): the next norm's weight
     out_ptr,  # [n, dim], written
+    normed_ptr,  # [n, dim], written with NEXT: out * (next_offset + w_next)
+    sq_ptr,  # [1, n] float32, written with NEXT: sum(out^2)
     dim,
     stride_h,
     stride_mlp,
@@ -74,10 +78,14 @@ def _after_mlp_kernel(
     eps2,
     eps_post,
     offset,
+    next_offset,
     MOE: tl.constexpr,
     SCALE: tl.constexpr,
+    NEXT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """NEXT: the output also made ready for the next layer's input norm (layers/fused_projection.py
+    ``NormedRows``, as its ``_normed_rows_kernel`` writes them)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -94,6 +102,11 @@ def _after_mlp_kernel(
     if SCALE:
         s = (s.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
     tl.store(out_ptr + row * dim + cols, s, mask=mask)
+    if NEXT:
+        sf = s.to(tl.float32)  # (the stream as stored)
+        w = tl.load(w_next_ptr + cols, mask=mask, other=0.0).to(tl.float32) + next_offset
+        tl.store(normed_ptr + row * dim + cols, (sf * w).to(dtype), mask=mask)
+        tl.store(sq_ptr + row, tl.sum(sf * sf, axis=0))
 
 
 def _same_offset(*norms: Float32RMSNorm) -> float:
@@ -140,7 +153,8 @@ def after_mlp_triton(
     routed: torch.Tensor | None = None,
     post1: Float32RMSNorm | None = None,
     post2: Float32RMSNorm | None = None,
-) -> torch.Tensor:
+    next_norm: Float32RMSNorm | None = None,
+) -> torch.Tensor | NormedRows:
     """layers/sandwich_norms.py ``after_mlp`` in one launch."""
     moe = routed is not None
     offset = _same_offset(post, post1, post2) if moe else _same_offset(post)
@@ -148,13 +162,19 @@ def after_mlp_triton(
     routed = _rows(routed) if moe else mlp
     n, dim = h.shape
     out = torch.empty_like(h)
+    normed, sq = out, out
+    if next_norm is not None:
+        normed, sq = torch.empty_like(h), torch.empty(1, n, dtype=torch.float32, device=h.device)
     block = triton.next_power_of_2(dim)
     w1, w2 = (post1.weight, post2.weight) if moe else (post.weight, post.weight)
     eps1, eps2 = (post1.eps, post2.eps) if moe else (0.0, 0.0)
+    w_next, next_offset = (
+        (post.weight, 0.0) if next_norm is None else (next_norm.weight, next_norm.offset)
+    )
     _after_mlp_kernel[(n,)](
-        h, mlp, routed, w1, w2, post.weight, h if scale is None else scale, out,
-        dim, h.stride(0), mlp.stride(0), routed.stride(0), eps1, eps2, post.eps, offset,
-        MOE=moe, SCALE=scale is not None, BLOCK=block,
+        h, mlp, routed, w1, w2, post.weight, h if scale is None else scale, w_next, out, normed, sq,
+        dim, h.stride(0), mlp.stride(0), routed.stride(0), eps1, eps2, post.eps, offset, next_offset,
+        MOE=moe, SCALE=scale is not None, NEXT=next_norm is not None, BLOCK=block,
         num_warps=row_warps(block), enable_fp_fusion=False,
     )  # fmt: skip
-    return out
+    return out if next_norm is None else NormedRows(out, normed, sq)

@@ -50,15 +50,23 @@ def after_mlp(
     routed: torch.Tensor | None = None,
     post1: Float32RMSNorm | None = None,
     post2: Float32RMSNorm | None = None,
-) -> torch.Tensor:
+    next_norm: Float32RMSNorm | None = None,
+):
     """h, mlp [n, dim] (and the MoE block's ``routed`` [n, dim] with its norms ``post1``, ``post2``) ->
-    (h + post(m)) * scale [n, dim] (module docstring; ``scale`` [1] or None): one launch on CUDA, else the
-    torch ops (the reference)."""
+    (h + post(m)) * scale [n, dim] (module docstring; ``scale`` [1] or None), made ready for ``next_norm``
+    when given (the next layer's input norm, read by its fused projection: layers/fused_projection.py
+    ``NormedRows``): one launch on CUDA, else the torch ops (the reference; with ``next_norm`` the rows
+    kernel of the fused projections, which the CPU runs in Triton's interpreter)."""
     if fuses(h):
         from outpace.layers.sandwich_norm_kernels import after_mlp_triton  # (CUDA installs)
 
-        return after_mlp_triton(h, mlp, post, scale, routed, post1, post2)
+        return after_mlp_triton(h, mlp, post, scale, routed, post1, post2, next_norm)
     if routed is not None:
         mlp = post1(mlp) + post2(routed)
     h = h + post(mlp)
-    return h if scale is None else h * scale
+    h = h if scale is None else h * scale
+    if next_norm is None:
+        return h
+    from outpace.layers.fused_projection import normed_rows  # (imports Triton)
+
+    return normed_rows(h, next_norm.weight, next_norm.offset)

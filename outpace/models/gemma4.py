@@ -42,11 +42,13 @@ from outpace.layers import sandwich_norms
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.fused_sandwich import (
     attention_block_fused,
+    input_rows,
     qkv_fuses,
     sandwich_fuses,
-    sandwich_layer_fused,
+    sandwich_rows_fused,
 )
 from outpace.layers.linear import linear
 from outpace.layers.moe import (
@@ -388,30 +390,43 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = linear(gemma.per_layer_size, hidden)
             self.post_per_layer_input_norm = norm()
 
+    def takes_rows(self, h: torch.Tensor) -> bool:
+        """Whether the layer reads its input norm inside its fused q/k/v projection, so that the layer before
+        may hand it its input as ``NormedRows`` (``forward``'s ``next_norm``) instead of a launch of the norm."""
+        return not self.lends_kv and qkv_fuses(self.self_attn, h)
+
     def forward(
         self,
         positions: torch.Tensor,
-        h: torch.Tensor,
+        h,
         per_layer_input: torch.Tensor | None,
         shared: SharedKV,
-    ) -> torch.Tensor:
-        """h [num_tokens, hidden]; per_layer_input [num_tokens, per_layer_size] or None -> the layer's
-        output [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward). Few rows on the GPU: the
-        shared fused kernels (layers/fused_sandwich.py ``sandwich_layer_fused``) for a layer with its own KV that
-        no other layer reads, and no MoE block; with a MoE block, its attention block alone
+        next_norm: Float32RMSNorm | None = None,
+    ):
+        """h [num_tokens, hidden], or ``NormedRows`` of it readied for this layer's input norm by the layer
+        before (``takes_rows``); per_layer_input [num_tokens, per_layer_size] or None -> the layer's output
+        [num_tokens, hidden] (transformers Gemma4TextDecoderLayer.forward), readied for ``next_norm`` when
+        given (``NormedRows``) by the layer's last kernel where it has no per-layer input. Few rows on the
+        GPU: the shared fused kernels (layers/fused_sandwich.py ``sandwich_rows_fused``) for a layer with its
+        own KV that no other layer reads, and no MoE block; with a MoE block, its attention block alone
         (``attention_block_fused``)."""
+        rows = h if isinstance(h, NormedRows) else None
+        h = h if rows is None else rows.stream
         if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
+            rows = rows or input_rows(self, h)
             if per_layer_input is None:
-                return sandwich_layer_fused(
-                    self, positions, h, v_norm=True, scale=self.layer_scalar
+                return sandwich_rows_fused(
+                    self, positions, rows, True, self.layer_scalar, next_norm
                 )
             return self.per_layer_branch(
-                sandwich_layer_fused(self, positions, h, v_norm=True), per_layer_input
+                sandwich_rows_fused(self, positions, rows, v_norm=True), per_layer_input
             )
         # (the norms and adds between the blocks: one launch each side of the MLP on CUDA, layers/sandwich_norms.py;
         # a MoE layer's attention block on the fused path where it can be)
-        if not self.lends_kv and qkv_fuses(self.self_attn, h):
-            attended = attention_block_fused(self, positions, h, v_norm=True)
+        if self.takes_rows(h):
+            attended = attention_block_fused(
+                self, positions, rows or input_rows(self, h), v_norm=True
+            )
         else:
             attended = self.self_attn(positions, self.input_layernorm(h), shared)
         h, pre, pre2 = sandwich_norms.after_attention(
@@ -431,9 +446,11 @@ class Gemma4DecoderLayer(nn.Module):
             )
         if mlp is None:
             mlp = self.mlp(pre)
-        scale = self.layer_scalar if per_layer_input is None else None
-        h = sandwich_norms.after_mlp(h, mlp, self.post_feedforward_layernorm, scale, **moe)
-        return h if per_layer_input is None else self.per_layer_branch(h, per_layer_input)
+        if per_layer_input is not None:
+            h = sandwich_norms.after_mlp(h, mlp, self.post_feedforward_layernorm, **moe)
+            return self.per_layer_branch(h, per_layer_input)
+        post, scale = self.post_feedforward_layernorm, self.layer_scalar
+        return sandwich_norms.after_mlp(h, mlp, post, scale, next_norm=next_norm, **moe)
 
     def per_layer_branch(self, h: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
         """h [num_tokens, hidden] after the MLP; per_layer_input [num_tokens, per_layer_size] -> the
@@ -507,12 +524,18 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
         h = self.embed(input_ids)  # [num_tokens, hidden]
         per_layer = self.model.per_layer_inputs(input_ids, h) if self.model.per_layer_size else None
-        captured, shared = {}, {}
-        for i, layer in enumerate(self.model.layers):
+        captured, shared, layers = {}, {}, self.model.layers
+        for i, layer in enumerate(layers):  # (h: a tensor, or NormedRows the layer before readied)
+            stream = h.stream if isinstance(h, NormedRows) else h
             if i in self.aux_layer_ids:
-                captured[i] = h
-            h = layer(positions, h, None if per_layer is None else per_layer[:, i], shared)
-        return self._model_output(h, captured)
+                captured[i] = stream
+            after = layers[i + 1] if i + 1 < len(layers) else None
+            ready = after is not None and after.takes_rows(stream)
+            per_layer_input = None if per_layer is None else per_layer[:, i]
+            h = layer(
+                positions, h, per_layer_input, shared, after.input_layernorm if ready else None
+            )
+        return self._model_output(h.stream if isinstance(h, NormedRows) else h, captured)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``

@@ -212,7 +212,7 @@ def _decode(path, monkeypatch, fusable):
         monkeypatch.setattr(fused_module, "fusable_rows", fusable)
     for module, name in [
         ("outpace.models.gemma", "sandwich_rows_fused"),
-        ("outpace.models.gemma4", "sandwich_layer_fused"),
+        ("outpace.models.gemma4", "sandwich_rows_fused"),
         ("outpace.models.gemma4", "attention_block_fused"),  # (a MoE layer's attention block)
     ]:
         real = getattr(fused_sandwich, name)

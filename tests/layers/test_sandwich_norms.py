@@ -71,6 +71,34 @@ def test_after_mlp_matches_torch(moe, scaled, dtype, poisoned):
     assert got.dtype == expected.dtype and close(got, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("next_offset", [0.0, 1.0])
+def test_after_mlp_readies_the_stream_for_the_next_layers_norm(next_offset, dtype, poisoned):
+    """With ``next_norm`` the kernel also writes the next layer's NormedRows (stream * (offset + w), sum of
+    the stream's squares), as the fused projections' rows kernel makes them of the torch path's stream."""
+    dim = 72
+    h, mlp = rand(3, dim, seed=13, dtype=dtype), rand(3, dim, seed=14, dtype=dtype)
+    post, scale = norm(dim, 15, dtype), rand(1, seed=16, dtype=dtype) + 2.0
+    extra = dict(
+        routed=rand(3, dim, seed=17, dtype=dtype),
+        post1=norm(dim, 18, dtype),
+        post2=norm(dim, 19, dtype),
+    )
+    following = Float32RMSNorm(dim, 1e-6, offset=next_offset).to(DEVICE)
+    with torch.no_grad():
+        following.weight.copy_(rand(dim, seed=20))
+    following = following.to(dtype)
+    got = after_mlp_triton(h, mlp, post, scale, next_norm=following, **extra)
+    expected = torch_path(after_mlp, h, mlp, post, scale, next_norm=following, **extra)
+    assert close(got.stream, expected.stream, dtype) and close(got.normed, expected.normed, dtype)
+    assert got.sq_parts.shape == expected.sq_parts.shape == (1, 3)
+    assert close(got.sq_parts, expected.sq_parts, dtype)
+    plain = after_mlp_triton(
+        h, mlp, post, scale, **extra
+    )  # the stream is the one without next_norm
+    assert torch.equal(got.stream, plain)
+
+
 def test_norms_of_other_offsets_are_refused():
     dim = 16
     h = rand(2, dim, seed=1)
