@@ -69,7 +69,6 @@ from outpace.layers.decoder import (
     PackedProjection,
     pre_norm_residual,
     residual_stream,
-    run_residual_stack,
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_sandwich import attend_fused_qkv
@@ -521,27 +520,45 @@ class Step3p5Attention(nn.Module):
             and self.attn.fused_write_target() is not None
         )
 
-    def forward_fused(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``forward`` in two projection kernels around attention: q/k/v with their zero-centred head norms,
-        RoPE and the cache write in one (layers/fused_sandwich.py ``attend_fused_qkv``), the head-wise
-        gate's rows in another; then the gate and o_proj."""
-        n, d = x.shape[0], self.head_dim
+    def reads_rows(self) -> bool:
+        """Whether ``attend_rows`` takes the stream made ready for the input norm (``NormedRows`` or
+        ``NormalisedRows``), every projection of x folding the norm in: q/k/v and the gate packed in half
+        precision (block FP8 q/k/v and a gate stored apart read x normalised)."""
+        return not isinstance(self.in_proj.weight, Fp8Weight) and (
+            self.g_proj is None or self._packs_gate()
+        )
+
+    def attend_rows(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
+        """The attention output before o_proj [num_tokens, heads * head_dim] over rows: x normalised
+        [num_tokens, hidden], or (``reads_rows``) the stream made ready for the input norm of eps ``eps``.
+        Two projection kernels around attention: q/k/v with their zero-centred head norms, RoPE and the
+        cache write in one (layers/fused_sandwich.py ``attend_fused_qkv``), the head-wise gate's rows in
+        another; then the gate."""
         qkv_rows = sum(self.in_proj.sizes[:3])
         weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight of them)
         fp8 = isinstance(weight, Fp8Weight)
         qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
         out = attend_fused_qkv(
-            self, positions, x, 0.0, qkv=(qkv, self.in_proj.sizes[0])
+            self, positions, fused_decoder.kernel_rows(rows), eps, qkv=(qkv, self.in_proj.sizes[0])
         )  # [num_tokens, heads * head_dim]
-        if self.g_proj is not None:
-            if not self._packs_gate():
-                g = self.g_proj(x)  # [num_tokens, heads]
-            elif fp8:
-                g = weight.rows(qkv_rows).project(x)
-            else:
-                g = fused_decoder.projection_kernels().project_rows(x, weight[qkv_rows:])
-            out = sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
-        return self.o_proj(out)
+        if self.g_proj is None:
+            return out
+        if not isinstance(
+            rows, torch.Tensor
+        ):  # (``reads_rows``: the gate's rows of the packed weight)
+            g = fused_decoder.project_normalised(rows, eps, weight[qkv_rows:])
+        elif not self._packs_gate():
+            g = self.g_proj(rows)  # [num_tokens, heads]
+        elif fp8:
+            g = weight.rows(qkv_rows).project(rows)
+        else:
+            g = fused_decoder.projection_kernels().project_rows(rows, weight[qkv_rows:])
+        n, d = out.shape[0], self.head_dim
+        return sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
+
+    def forward_fused(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` over x [num_tokens, hidden] (normalised) on the fused path: ``attend_rows``, o_proj."""
+        return self.o_proj(self.attend_rows(positions, x, 0.0))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
@@ -601,6 +618,40 @@ class Step3p5DecoderLayer(nn.Module):
         if not self.is_moe:
             return self.mlp(x)
         return all_reduce(self.moe(x, self.share_expert), self.group)
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves the stream h [num_tokens, hidden]: the attention's fused path
+        reading the stream through the norm (``reads_rows``), its o_proj adding the residual
+        (layers/fused_decoder.py ``block_fuses``), and a dense MLP that ``mlp_fuses`` (a MoE reads its input
+        materialised)."""
+        attn = self.self_attn
+        return (
+            attn.fuses(h)
+            and attn.reads_rows()
+            and fused_decoder.block_fuses(h, attn.in_proj, attn.o_proj)
+            and (self.is_moe or fused_decoder.mlp_fuses(self.mlp))
+        )
+
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
+        """rows: the layer's input stream made ready for its input norm (``NormedRows`` or ``NormalisedRows``)
+        -> its output stream made ready for ``next_norm``, as Qwen3-Next's layers (models/qwen3_next.py): o_proj
+        adds the residual; a dense MLP folds the post-attention norm into gate/up (its SwiGLU clamp, where it
+        has one, a launch between) and down_proj adds the residual; the experts read the post-attention norm materialised, and their output (with the shared
+        expert's: this rank's partial sum) is all-reduced, added and normalised for the next layer in one
+        launch where layers/all_reduce_norm.py serves it."""
+        attn, post = self.self_attn, self.post_attention_layernorm
+        out = attn.attend_rows(positions, rows, self.input_layernorm.eps)
+        if not self.is_moe:
+            mlp = self.mlp
+            mid = fused_decoder.project_add_ready(out, attn.o_proj, rows.stream, post)
+            if mlp.limit is None:
+                return fused_decoder.mlp_fused(mlp, mid, post.eps, next_norm)
+            gate_up = fused_decoder.project_normalised(mid, post.eps, mlp.gate_up.weight)
+            act = clamped_swiglu(*gate_up.chunk(2, dim=-1), mlp.limit)  # [num_tokens, inter]
+            return fused_decoder.project_add_ready(act, mlp.down_proj, mid.stream, next_norm)
+        mid = fused_decoder.project_add_normalised(out, attn.o_proj, rows.stream, post)
+        partial = self.moe(mid.x, self.share_expert)
+        return fused_decoder.reduce_add_normalised(partial, mid.stream, next_norm, self.group)
 
 
 class Step3p5SharedHead(nn.Module):
@@ -702,8 +753,10 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
-        h, captured = run_residual_stack(
-            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        layers = self.model.layers
+        norms = [layer.input_layernorm for layer in layers]
+        h, captured = fused_decoder.run_stack(
+            layers, norms, self.model.norm, positions, self.embed(input_ids), self.aux_layer_ids
         )
         return self._model_output(h, captured)
 

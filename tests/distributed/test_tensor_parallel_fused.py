@@ -2,8 +2,9 @@
 ends its block with the plain projection, the all-reduce and the residual add that readies the next norm;
 layers/mla_fused.py over a rank's heads, its o_proj reducing itself), on CPU processes (gloo) with the kernels
 in Triton's interpreter, forced on for every forward: a random Llama in fp32, its block-FP8 twin, the zoo's
-DeepSeek-V3-architecture target (MLA) and a random Qwen3-Next (gated DeltaNet, attention, dense and MoE MLPs)
-at TP = 2 give the TP = 1 eager path's greedy tokens."""
+DeepSeek-V3-architecture target (MLA), a random Qwen3-Next (gated DeltaNet, attention, dense and MoE MLPs) and a
+random Step-3.5 (head-wise gates, clamped and plain dense MLPs, experts with a shared one: the MoE's partial sums
+all-reduced, added and normalised for the next layer) at TP = 2 give the TP = 1 eager path's greedy tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ pytest.importorskip("triton")
 from helpers.hybrid_models import make_hybrid, save_hybrid  # noqa: E402
 from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized  # noqa: E402
 from helpers.spec_models import random_llama  # noqa: E402
+from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG  # noqa: E402
+from helpers.step3p5_checkpoints import write_checkpoint as write_step  # noqa: E402
 from helpers.tp_harness import Scenario, run_group  # noqa: E402
 from outpace import LLM, SamplingParams  # noqa: E402
 
@@ -36,6 +39,7 @@ def force_fused_path(rank: int, world: int) -> bool:
     from outpace.layers.gated_deltanet import GatedDeltaNet
     from outpace.layers.linear import is_sharded
     from outpace.models.qwen3_next import Qwen3NextDecoderLayer
+    from outpace.models.step3p5 import Step3p5DecoderLayer
 
     def note(what: str) -> None:
         with open(os.environ[LOG], "a") as f:
@@ -61,11 +65,19 @@ def force_fused_path(rank: int, world: int) -> bool:
             note("hybrid")
         return hybrid_layer(layer, positions, rows, next_norm)
 
+    step_layer = Step3p5DecoderLayer.forward_fused
+
+    def noted_step(layer, positions, rows, next_norm):
+        if is_sharded(layer.self_attn.o_proj):
+            note("step")
+        return step_layer(layer, positions, rows, next_norm)
+
     fused_decoder.fusable_rows = mla.fusable_rows = lambda x, weight: True
     GatedDeltaNet.fused_step = True  # (the recurrent step kernels, as on the GPU)
     fused_decoder.project_add_ready = noted_end
     mla_fused.mla_forward_fused = noted_mla
     Qwen3NextDecoderLayer.forward_fused = noted_hybrid
+    Step3p5DecoderLayer.forward_fused = noted_step
     return True
 
 
@@ -78,11 +90,19 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
         src, root / "fp8", "fp8_block", is_projection, block_fp8_config((8, 16))
     )
     hybrid = save_hybrid(make_hybrid("qwen3_next"), root / "qwen3_next")
+    (root / "step").mkdir()
+    step_config = {  # (a power-of-two head_dim: the fused q/k/v kernel's)
+        **STEP_CONFIG,
+        "head_dim": 16,
+        "attention_other_setting": {**STEP_CONFIG["attention_other_setting"], "head_dim": 16},
+    }
+    step, _ = write_step(root / "step", step_config, seed=4)
     return {
         "fp32": str(src),
         "fp8": str(quantized),
         "mla": str(ZOO / "tinyds"),
         "hybrid": str(hybrid),
+        "step": str(step),
     }
 
 
@@ -98,6 +118,5 @@ def test_fused_blocks_at_two_ranks_give_one_ranks_tokens(checkpoints, tmp_path, 
             expected = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         assert got[name]["tokens"] == expected, name
     noted = set(Path(log).read_text().split())
-    assert noted == {f"{what}:{rank}" for what in ("block", "mla", "hybrid") for rank in (0, 1)}, (
-        noted
-    )
+    kinds = ("block", "mla", "hybrid", "step")
+    assert noted == {f"{what}:{rank}" for what in kinds for rank in (0, 1)}, noted

@@ -102,11 +102,11 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h"])
-def test_the_hybrids_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
-    """The hybrids' few-row blocks in the fused residual style (models/qwen3_next.py, models/nemotron_h.py over
-    layers/fused_decoder.py ``run_fused_layers``: norms folded into the projections), here let take float32 rows
-    (the path serves half precision), captured on the GPU: the CPU's greedy tokens."""
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "step3p5"])
+def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
+    """The few-row layers in the fused residual style (models/qwen3_next.py, models/nemotron_h.py,
+    models/step3p5.py over layers/fused_decoder.py ``run_fused_layers``: norms folded into the projections), here
+    let take float32 rows (the path serves half precision), captured on the GPU: the CPU's greedy tokens."""
     import torch
 
     from outpace.layers import fused_decoder, fused_projection
@@ -131,10 +131,17 @@ def test_the_hybrids_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_p
     monkeypatch.setattr(
         fused_decoder, "run_fused_layers", lambda *a, **kw: fused.append(1) or run(*a, **kw)
     )
-    from helpers.hybrid_models import make_hybrid, save_hybrid
+    if family == "step3p5":  # (a power-of-two head_dim: the fused q/k/v kernel's)
+        from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
 
-    model = make_hybrid(family)
-    path, vocab = str(save_hybrid(model, tmp_path)), model.config.vocab_size
+        other = {**CONFIG["attention_other_setting"], "head_dim": 16}
+        config = {**CONFIG, "head_dim": 16, "attention_other_setting": other}
+        path, vocab = str(write_checkpoint(tmp_path, config)[0]), config["vocab_size"]
+    else:
+        from helpers.hybrid_models import make_hybrid, save_hybrid
+
+        model = make_hybrid(family)
+        path, vocab = str(save_hybrid(model, tmp_path)), model.config.vocab_size
     got = tokens(LLM(path, **KWARGS), vocab)
     assert fused  # the decode steps took the fused path
     assert got == tokens(LLM(path, device="cpu", block_size=16), vocab)

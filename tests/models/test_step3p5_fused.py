@@ -1,4 +1,4 @@
-"""Step-3.5's attention on the fused few-row path (models/step3p5.py ``Step3p5Attention.forward_fused``: q/k/v
+"""Step-3.5's attention on the fused few-row path (models/step3p5.py ``Step3p5Attention.attend_rows``: q/k/v
 with their zero-centred head norms, RoPE and the cache write in one kernel, the head-wise gate's rows in
 another), forced on with the kernels in Triton's interpreter on the CPU: a random Step-3.5 checkpoint of a
 power-of-two head_dim gives the eager path's logits and KV cache after one decode forward, every layer fused
@@ -53,15 +53,16 @@ def test_step3p5_layers_fused_compute_the_eager_forward(tmp_path, monkeypatch, w
             block_fp8_config((16, 8)),
         )
     ref_logits, ref_caches = decode_forward(path, monkeypatch, torch.float32, lambda x, w: False)
-    fused, packed = [], []
-    real = Step3p5Attention.forward_fused
+    fused, packed, normalised = [], [], []
+    real = Step3p5Attention.attend_rows
 
-    def counted(self, positions, x):
+    def counted(self, positions, rows, eps):
         fused.append(self.attn.sliding_window)
         packed.append(type(self.in_proj.weight))
-        return real(self, positions, x)
+        normalised.append(isinstance(rows, torch.Tensor))
+        return real(self, positions, rows, eps)
 
-    monkeypatch.setattr(Step3p5Attention, "forward_fused", counted)
+    monkeypatch.setattr(Step3p5Attention, "attend_rows", counted)
     logits, caches = decode_forward(path, monkeypatch, torch.float32, lambda x, w: True)
     windows = [
         cfg["sliding_window"] if t == "sliding_attention" else None
@@ -69,6 +70,9 @@ def test_step3p5_layers_fused_compute_the_eager_forward(tmp_path, monkeypatch, w
     ]
     assert fused == windows  # every layer fused, full attention too
     assert set(packed) == {Fp8Weight if weights == "block_fp8" else torch.Tensor}
+    # half-precision layers run as one fused stack, each reading the stream through its input norm
+    # (Step3p5DecoderLayer.forward_fused); block FP8 q/k/v read x normalised
+    assert set(normalised) == {weights == "block_fp8"}
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Device call 4 of gpu_2026-12-01d (nvidia-h200), from .snap/ (a git archive of HEAD): after Gemma 4's layers hand
-# the next layer its input norm's rows (after_mlp's kernel readies them), on top of call 3's code.
-#   The Gemma / sandwich-norm / hybrid fused test files on CUDA (call 3's run of them was cut by its timeout);
-#   bench families Gemma 4 26B-A4B and Nemotron-H-8B (call 3 had no time left for it); the Llama-3.1-8B shape's
-#   decode at context 512, batch 1 and 8, against the floor (bench gpu's part b rows); step timelines of the
-#   Qwen3-Next slice at batch 8 and the Step-3.5 slice at batch 1 (for the next session).
+# Device call 4 of gpu_2026-12-01d (nvidia-h200), from .snap/ (a git archive of HEAD): the session's last call,
+# after Gemma 4's layers hand the next layer its input norm's rows and Step-3.5's layers run as one fused
+# residual stack (on top of call 3's code).
+#   GPU tests: the MoE families' captured decode against eager and the CPU (Step-3.5, Nemotron-H, Gemma 4, the
+#   fused residual stack forced onto fp32 rows: Step-3.5 new), Gemma's fused layers and graphs, the sandwich
+#   norms' kernels, Step-3.5's fused layers; bench families Nemotron-H-8B, Gemma 4 26B-A4B, the Step-3.5 slice;
+#   then, if time is left, the Llama-3.1-8B shape's decode at context 512, batch 1 and 8, against the floor
+#   (bench gpu's part b rows).
 set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs
 T="-v -p no:cacheprovider --tb=short -rf"
-timeout 170 python3 -m pytest $T tests/layers/test_gemma_fused.py tests/layers/test_sandwich_norms.py \
-  tests/models/test_hybrid_fused.py > $OUT/logs/t_fused.log 2>&1
+timeout 200 python3 -m pytest $T tests/gpu/test_gpu_moe_families.py > $OUT/logs/t_moe.log 2>&1
+echo "rc=$?" >> $OUT/logs/t_moe.log
+timeout 80 python3 -m pytest $T tests/layers/test_gemma_fused.py -k "cuda_graphs or gemma4" \
+  tests/layers/test_sandwich_norms.py tests/models/test_step3p5_fused.py > $OUT/logs/t_fused.log 2>&1
 echo "rc=$?" >> $OUT/logs/t_fused.log
-timeout 190 python3 -m outpace.bench.families --out $OUT/fam --no-verify --time-limit 185 \
-  --shapes nemotron-h-8b,gemma-4-26b-a4b > $OUT/logs/fam.log 2>&1
+timeout $(( 500 - SECONDS )) python3 -m outpace.bench.families --out $OUT/fam --no-verify \
+  --time-limit $(( 490 - SECONDS )) --shapes nemotron-h-8b,step-3.5-flash-slice,gemma-4-26b-a4b > $OUT/logs/fam.log 2>&1
 echo "rc=$?" >> $OUT/logs/fam.log
-timeout $(( 510 - SECONDS )) python3 -c "
+timeout $(( 555 - SECONDS )) python3 -c "
 # bench gpu's part b (outpace/bench/gpu.py llama_8b_parts) at context 512, batches 1 and 8 only
 import tempfile
 from pathlib import Path
@@ -33,12 +37,8 @@ with tempfile.TemporaryDirectory() as tmp:
               f'{floor_ms / ms:.1%} of the floor ({bandwidth / 1e12:.2f} TB/s copy)', flush=True)
 " > $OUT/logs/llama.log 2>&1
 echo "rc=$?" >> $OUT/logs/llama.log
-timeout $(( 560 - SECONDS )) python3 benchmarks/scripts/step_timeline.py $OUT/tl qwen3-next-80b-slice@8 \
-  step-3.5-flash-slice@1 > $OUT/logs/tl.log 2>&1
-echo "rc=$?" >> $OUT/logs/tl.log
-cp $OUT/tl/* $OUT/logs/ 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs
+echo "== t_moe"; grep -E "FAILED|ERROR| failed| passed|rc=" $OUT/logs/t_moe.log | tail -n 8
 echo "== t_fused"; grep -E "FAILED|ERROR| failed| passed|rc=" $OUT/logs/t_fused.log | tail -n 8
-echo "== fam"; grep -v "%|" $OUT/logs/fam.log | grep -E "^[a-z0-9.-]+ +[0-9]|kernels|left|rc=" | tail -n 10
+echo "== fam"; grep -v "%|" $OUT/logs/fam.log | grep -E "^[a-z0-9.-]+ +[0-9]|kernels|left|rc=" | tail -n 14
 echo "== llama"; grep -E "llama|rc=|Error" $OUT/logs/llama.log | tail -n 4
-echo "== tl"; tail -n 2 $OUT/logs/tl.log
