@@ -333,9 +333,8 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
         h, layers = self.embed(input_ids), self.model.layers
-        if all(
-            layer.fuses(h) for layer in layers
-        ):  # each layer hands the next its input norm's rows
+        # few rows on the GPU: each layer readies the next one's input norm
+        if all(layer.fuses(h) for layer in layers):
             norms = [layer.input_layernorm for layer in layers]
             h, captured = run_fused_layers(
                 layers, norms, self.model.norm, positions, h, self.aux_layer_ids

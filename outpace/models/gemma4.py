@@ -415,8 +415,9 @@ class Gemma4DecoderLayer(nn.Module):
         if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
             rows = rows or input_rows(self, h)
             if per_layer_input is None:
+                scale = self.layer_scalar
                 return sandwich_rows_fused(
-                    self, positions, rows, True, self.layer_scalar, next_norm
+                    self, positions, rows, v_norm=True, scale=scale, next_norm=next_norm
                 )
             return self.per_layer_branch(
                 sandwich_rows_fused(self, positions, rows, v_norm=True), per_layer_input

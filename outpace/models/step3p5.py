@@ -543,9 +543,7 @@ class Step3p5Attention(nn.Module):
         )  # [num_tokens, heads * head_dim]
         if self.g_proj is None:
             return out
-        if not isinstance(
-            rows, torch.Tensor
-        ):  # (``reads_rows``: the gate's rows of the packed weight)
+        if not isinstance(rows, torch.Tensor):  # (``reads_rows``): the packed weight's gate rows
             g = fused_decoder.project_normalised(rows, eps, weight[qkv_rows:])
         elif not self._packs_gate():
             g = self.g_proj(rows)  # [num_tokens, heads]
@@ -634,11 +632,12 @@ class Step3p5DecoderLayer(nn.Module):
 
     def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
         """rows: the layer's input stream made ready for its input norm (``NormedRows`` or ``NormalisedRows``)
-        -> its output stream made ready for ``next_norm``, as Qwen3-Next's layers (models/qwen3_next.py): o_proj
-        adds the residual; a dense MLP folds the post-attention norm into gate/up (its SwiGLU clamp, where it
-        has one, a launch between) and down_proj adds the residual; the experts read the post-attention norm materialised, and their output (with the shared
-        expert's: this rank's partial sum) is all-reduced, added and normalised for the next layer in one
-        launch where layers/all_reduce_norm.py serves it."""
+        -> its output stream made ready for ``next_norm``, as Qwen3-Next's layers (models/qwen3_next.py):
+        o_proj adds the residual; a dense MLP folds the post-attention norm into gate/up (its SwiGLU clamp,
+        where it has one, a launch between) and down_proj adds the residual; the experts read the
+        post-attention norm materialised, and their output (with the shared expert's: this rank's partial
+        sum) is all-reduced, added and normalised for the next layer in one launch where
+        layers/all_reduce_norm.py serves it."""
         attn, post = self.self_attn, self.post_attention_layernorm
         out = attn.attend_rows(positions, rows, self.input_layernorm.eps)
         if not self.is_moe:
