@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 4 of gpu_2026-12-01d (nvidia-h200), from .snap/ (a git archive of HEAD): the session's last call,
+# Device call 4 of gpu_2026-12-01d (nvidia-h200), from .snap/ (a git archive of 23bd8b7): the session's last call,
 # after Gemma 4's layers hand the next layer its input norm's rows and Step-3.5's layers run as one fused
 # residual stack (on top of call 3's code).
 #   GPU tests: the MoE families' captured decode against eager and the CPU (Step-3.5, Nemotron-H, Gemma 4, the
