@@ -505,7 +505,7 @@ class Step3p5Attention(nn.Module):
         return self.g_proj is not None and type(self.g_proj) is type(self.q_proj)
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """Whether ``forward_fused`` serves x [num_tokens, hidden] (normalised): q/k/v packed without bias
+        """Whether ``attend_rows`` serves x [num_tokens, hidden] (normalised): q/k/v packed without bias
         (``in_proj``'s leading rows; half precision or block FP8), neox RoPE over a power-of-two head_dim
         (whole heads in the sliding layers, half of each in the full-attention ones: the per-head kernel
         turns either), few rows on the GPU (layers/fused_decoder.py ``fusable_qkv``) and a backend that
@@ -554,14 +554,10 @@ class Step3p5Attention(nn.Module):
         n, d = out.shape[0], self.head_dim
         return sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
 
-    def forward_fused(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``forward`` over x [num_tokens, hidden] (normalised) on the fused path: ``attend_rows``, o_proj."""
-        return self.o_proj(self.attend_rows(positions, x, 0.0))
-
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
         if self.fuses(x):
-            return self.forward_fused(positions, x)
+            return self.o_proj(self.attend_rows(positions, x, 0.0))
         n, d = x.shape[0], self.head_dim
         if self.in_proj is not None and x.is_cuda:
             q, k, v, *g = self.in_proj(x)  # views of one matmul
