@@ -341,12 +341,10 @@ class NemotronHBlock(nn.Module):
             out, out_proj = mamba_step_fused(mixer, rows, eps), mixer.out_proj
         elif self.kind == "full_attention":
             out, out_proj = mixer.attend_fused(positions, rows, eps), mixer.o_proj
-        elif mixer.act == "relu2":  # (the released models': folded into up_proj's kernel)
-            out = project_normalised(rows, eps, fused_weight(mixer.up_proj), relu2=True)
-            out_proj = mixer.down_proj
-        else:
-            up = project_normalised(rows, eps, fused_weight(mixer.up_proj))
-            out, out_proj = ACTIVATIONS[mixer.act](up), mixer.down_proj
+        else:  # relu2 (the released models') runs in up_proj's kernel
+            relu2 = mixer.act == "relu2"
+            up = project_normalised(rows, eps, fused_weight(mixer.up_proj), relu2=relu2)
+            out, out_proj = up if relu2 else ACTIVATIONS[mixer.act](up), mixer.down_proj
         return project_add_ready(out, out_proj, rows.stream, next_norm)
 
 
