@@ -96,8 +96,9 @@ def silu_and_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """An attention output gate: x [n, heads, head_dim] times sigmoid(gate), gate [n, heads, head_dim]
-    (Qwen3-Next) or [n, heads, 1] (one value per head: Step-3.5) -> [n, heads, head_dim]; on CUDA one
-    Triton kernel that reads the gate where the projection left it (strided)."""
+    (Qwen3-Next) or [n, heads, 1] (one value per head: Step-3.5), of x's dtype or float32 (a fused
+    projection's products) -> [n, heads, head_dim] in x's dtype; on CUDA one Triton kernel that reads the
+    gate where the projection left it (strided)."""
     if x.is_cuda and not torch.is_grad_enabled():  # the Triton kernel has no backward
         from outpace.layers.fused_kernels import sigmoid_gate_triton
 
@@ -109,4 +110,4 @@ def sigmoid_gate_torch(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """The reference (the CPU path, and what ``sigmoid_gate_triton`` computes). The sigmoid runs over a
     contiguous copy of the gate: torch's CPU kernel rounds exp differently in its vectorised and scalar
     loops, so a strided gate (a view of a packed projection) would change the last bits."""
-    return x * torch.sigmoid(gate.contiguous())
+    return (x * torch.sigmoid(gate.contiguous())).to(x.dtype)

@@ -345,10 +345,10 @@ def _sigmoid_gate_kernel(
 
 def sigmoid_gate_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """x [n, heads, dim] (any token/head strides); gate [n, heads, dim] or [n, heads, 1] (one value per
-    head), any strides -> x * sigmoid(gate) [n, heads, dim], a new contiguous tensor, as
-    ``sigmoid_gate_torch``."""
+    head), any strides and float dtype -> x * sigmoid(gate) [n, heads, dim] in x's dtype, a new contiguous
+    tensor, as ``sigmoid_gate_torch``."""
     x, gate = _unit_last_stride(x), gate.expand(x.shape)  # a per-head gate: column stride 0
-    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, gate.dtype), device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n, heads, dim = x.shape
     _sigmoid_gate_kernel[(n, heads)](
         x,

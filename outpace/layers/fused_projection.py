@@ -13,6 +13,8 @@ and a round trip of the activations each. Here one kernel does a projection and 
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write).
                            With per-head norms on heads too wide for one program an SM (head_dim 256 or
                            512: Gemma, Qwen3-Next), a plain projection then ``_qkv_heads_kernel`` per head
+- ``norm_project_qkv_gate`` the same over [q | k | v | gate] (Step-3.5's head-wise gate): the gate's
+                           rows ride in the plain projection's launch, their products returned beside q
 - ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T (``project_swiglu``: of x, no norm)
 - ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm; optionally
                            soft-capped, Gemma's final_logit_softcapping)
@@ -1278,59 +1280,140 @@ def norm_project_qkv(
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // 2
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("norm_project_qkv writes into contiguous KV caches only")
-    q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
-    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, q_size, kv_size)
-    partial = 2 * cos.shape[-1] != head_dim
-    quantized = _quantized_product(qkv)
+    heads = _QkvHeads(
+        head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping
+    )
     if split_heads is None:
         split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
-    if not (split_heads or partial or quantized):
-        return _launch(
-            x,
-            qkv,
-            q,
-            qkv.shape[0] // 2,
-            _QKV.value,
-            half=head_dim // 2,
-            norm=norm,
-            qkv=args,
-            qk_norm=qk_norm,
-            pdl=pdl,
-            tiles=tiles,
-            qk_offset=qk_offset,
-            v_norm=v_norm,
+    if split_heads or heads.partial or _quantized_product(qkv):
+        return _project_then_heads(x, norm, qkv, heads, qk_norm, qk_offset, v_norm, pdl, tiles)[0]
+    q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
+    return _launch(
+        x,
+        qkv,
+        q,
+        qkv.shape[0] // 2,
+        _QKV.value,
+        half=head_dim // 2,
+        norm=norm,
+        qkv=heads.kernel_args(),
+        qk_norm=qk_norm,
+        pdl=pdl,
+        tiles=tiles,
+        qk_offset=qk_offset,
+        v_norm=v_norm,
+    )
+
+
+def norm_project_qkv_gate(
+    rows: NormedRows | torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    head_dim: int,
+    q_size: int,
+    gate_size: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    qk_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm_project_qkv`` over a half-precision weight [q | k | v | gate] whose last ``gate_size`` rows
+    are an attention output gate's (Step-3.5's head-wise gate): the gate's rows ride in the plain
+    projection's launch (always the two-kernel path), so the gate costs no launch of its own. Returns q
+    [M, q_size] and the gate's products [M, gate_size] (float32, a view)."""
+    if isinstance(weight, Fp8Weight):
+        raise ValueError(
+            "norm_project_qkv_gate reads a half-precision weight (an fp8 one: norm_project_qkv)"
         )
+    x = rows.normed if isinstance(rows, NormedRows) else rows
+    norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
+    kv_size = (weight.shape[0] - gate_size - q_size) // 2
+    heads = _QkvHeads(
+        head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping
+    )
+    q, raw = _project_then_heads(x, norm, weight, heads, qk_norm, qk_offset, False, None, None)
+    return q, raw[:, q_size + 2 * kv_size :]
+
+
+@dataclass(frozen=True)
+class _QkvHeads:
+    """Where ``norm_project_qkv``'s per-head work puts q, k and v: [q | k | v] widths, RoPE's tables, the
+    caches and the tokens' slots."""
+
+    head_dim: int
+    q_size: int
+    kv_size: int
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if not (self.k_cache.is_contiguous() and self.v_cache.is_contiguous()):
+            raise ValueError("norm_project_qkv writes into contiguous KV caches only")
+
+    @property
+    def partial(self) -> bool:
+        """Whether RoPE turns only part of each head."""
+        return 2 * self.cos.shape[-1] != self.head_dim
+
+    def kernel_args(self) -> tuple:
+        """The kernels' arguments from positions to the widths."""
+        tables = (self.positions, self.cos, self.sin, self.k_cache, self.v_cache, self.slot_mapping)
+        return (*tables, self.q_size, self.kv_size)
+
+
+def _project_then_heads(
+    x: torch.Tensor,
+    norm: tuple[torch.Tensor, float] | None,
+    weight: torch.Tensor,
+    heads: _QkvHeads,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    qk_offset: float,
+    v_norm: bool,
+    pdl: bool | None,
+    tiles: tuple[int | None, ...] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm_project_qkv``'s two-kernel path: the projection of every row of ``weight`` ([q | k | v], and
+    any rows after them) into ``raw`` [M, weight rows], then ``_qkv_heads_kernel`` over q, k and v's heads.
+    Returns (q, raw)."""
+    q = torch.empty(x.shape[0], heads.q_size, dtype=x.dtype, device=x.device)
+    quantized = _quantized_product(weight)
     if quantized:  # the quantized product (layers/quant/quant_matmul_kernel.py), then the heads
-        raw = qkv.project(x)  # [M, q_size + 2 * kv_size] in x's dtype
+        raw = weight.project(x)  # [M, weight rows] in x's dtype
     else:
-        raw = torch.empty(x.shape[0], qkv.shape[0], dtype=torch.float32, device=x.device)
-        _launch(x, qkv, raw, qkv.shape[0], _PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
+        raw = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
+        _launch(x, weight, raw, weight.shape[0], _PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
     row_norm = quantized and norm is not None  # (the plain kernel applied the input norm itself)
     sq_parts = norm[0] if row_norm else raw
     q_norm, k_norm, qk_eps = qk_norm or (raw, raw, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
-    half = head_dim // 2
-    _qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv.shape[0] // head_dim)](
+    half, qkv_rows = heads.head_dim // 2, heads.q_size + 2 * heads.kv_size
+    _qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv_rows // heads.head_dim)](
         raw,
         q,
-        *args[:6],
+        *heads.kernel_args()[:6],
         q_norm,
         k_norm,
         sq_parts,
         x.shape[0],
         x.shape[1],
         sq_parts.shape[0],
-        eps,
+        norm[1] if row_norm else 0.0,
         raw.stride(0),
         q.stride(0),
-        q_size,
-        kv_size,
+        heads.q_size,
+        heads.kv_size,
         qk_eps,
         qk_offset,
         HALF=half,
-        ROT_HALF=cos.shape[-1],
+        ROT_HALF=heads.cos.shape[-1],
         BM=MAX_ROWS,
         ROW_NORM=row_norm,
         QK_NORM=qk_norm is not None,
@@ -1340,4 +1423,4 @@ def norm_project_qkv(
         num_warps=4 if half <= 128 else 8,
         **pdl_launch_options(use_pdl),
     )
-    return q
+    return q, raw

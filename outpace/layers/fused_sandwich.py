@@ -56,24 +56,37 @@ def attend_fused_qkv(
     (the packed [q | k | v] weight, q's rows) where they are not ``attn.qkv`` (Step-3.5's rows of its
     packed in-projections)."""
     weight, q_size = qkv or (attn.qkv.weight, attn.qkv.sizes[0])
-    k_cache, v_cache, slots = attn.attn.fused_write_target()
     q = projection_kernels().norm_project_qkv(
-        rows,
-        eps,
-        weight,
-        attn.head_dim,
-        q_size,
-        positions,
-        attn.rotary.cos,
-        attn.rotary.sin,
-        k_cache,
-        v_cache,
-        slots,
-        qk_norm=(attn.q_norm.weight, attn.k_norm.weight, attn.k_norm.eps),
-        qk_offset=norm_offset(attn.q_norm),
-        v_norm=v_norm,
+        rows, eps, weight, attn.head_dim, q_size, **_heads_args(attn, positions), v_norm=v_norm
     )
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions)
+
+
+def attend_fused_qkv_gate(
+    attn: nn.Module, positions: torch.Tensor, rows, eps: float, weight: torch.Tensor, sizes
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attend_fused_qkv`` over a packed half-precision weight [q | k | v | gate] (``sizes``: the four
+    widths; Step-3.5's head-wise gate): -> (the attention output [num_tokens, heads * head_dim] before the
+    gate, the gate's float32 products [num_tokens, gate width]), the gate projected in q/k/v's launch."""
+    q, gate = projection_kernels().norm_project_qkv_gate(
+        rows, eps, weight, attn.head_dim, sizes[0], sizes[3], **_heads_args(attn, positions)
+    )
+    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions), gate
+
+
+def _heads_args(attn: nn.Module, positions: torch.Tensor) -> dict:
+    """``norm_project_qkv``'s keyword arguments for ``attn``'s heads: RoPE, the cache write, the q/k norms."""
+    k_cache, v_cache, slots = attn.attn.fused_write_target()
+    return dict(
+        positions=positions,
+        cos=attn.rotary.cos,
+        sin=attn.rotary.sin,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slots,
+        qk_norm=(attn.q_norm.weight, attn.k_norm.weight, attn.k_norm.eps),
+        qk_offset=norm_offset(attn.q_norm),
+    )
 
 
 def fused_sandwich_rest(

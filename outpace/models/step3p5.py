@@ -78,7 +78,7 @@ from outpace.layers.decoder import (
     residual_stream,
 )
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_sandwich import attend_fused_qkv
+from outpace.layers.fused_sandwich import attend_fused_qkv, attend_fused_qkv_gate
 from outpace.layers.linear import column_parallel
 from outpace.layers.moe import (
     ExpertActivation,
@@ -538,26 +538,23 @@ class Step3p5Attention(nn.Module):
     def attend_rows(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
         """The attention output before o_proj [num_tokens, heads * head_dim] over rows: x normalised
         [num_tokens, hidden], or (``reads_rows``) the stream made ready for the input norm of eps ``eps``.
-        Two projection kernels around attention: q/k/v with their zero-centred head norms, RoPE and the
-        cache write in one (layers/fused_sandwich.py ``attend_fused_qkv``), the head-wise gate's rows in
-        another; then the gate."""
-        qkv_rows = sum(self.in_proj.sizes[:3])
+        One projection kernel for q/k/v and the head-wise gate packed in half precision, then the per-head
+        kernel (zero-centred head norms, RoPE, the cache write: layers/fused_sandwich.py
+        ``attend_fused_qkv_gate``); a gate stored apart (or block FP8) is projected in a launch of its own.
+        Then attention and the gate."""
+        sizes = self.in_proj.sizes
         weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight of them)
         fp8 = isinstance(weight, Fp8Weight)
-        qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
-        out = attend_fused_qkv(
-            self, positions, fused_decoder.kernel_rows(rows), eps, qkv=(qkv, self.in_proj.sizes[0])
-        )  # [num_tokens, heads * head_dim]
-        if self.g_proj is None:
-            return out
-        if not isinstance(rows, torch.Tensor):  # (``reads_rows``): the packed weight's gate rows
-            g = fused_decoder.project_normalised(rows, eps, weight[qkv_rows:])
-        elif not self._packs_gate():
-            g = self.g_proj(rows)  # [num_tokens, heads]
-        elif fp8:
-            g = weight.rows(qkv_rows).project(rows)
+        kernel_rows = fused_decoder.kernel_rows(rows)
+        if self.g_proj is not None and self._packs_gate() and not fp8:
+            out, g = attend_fused_qkv_gate(self, positions, kernel_rows, eps, weight, sizes)
         else:
-            g = fused_decoder.projection_kernels().project_rows(rows, weight[qkv_rows:])
+            qkv_rows = sum(sizes[:3])
+            qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
+            out = attend_fused_qkv(self, positions, kernel_rows, eps, qkv=(qkv, sizes[0]))
+            if self.g_proj is None:
+                return out  # [num_tokens, heads * head_dim]
+            g = weight.rows(qkv_rows).project(rows) if self._packs_gate() else self.g_proj(rows)
         n, d = out.shape[0], self.head_dim
         return sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
 

@@ -15,6 +15,7 @@ from outpace.layers.fused_projection import (
     fused_rows_apply,
     norm_project,
     norm_project_qkv,
+    norm_project_qkv_gate,
     norm_project_swiglu,
     normed_rows,
     project_add,
@@ -219,6 +220,52 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(
     )
     _close(kv_only[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(kv_only[1].view(-1, kv_size)[slots], v)
+
+
+@pytest.mark.parametrize("normed", [True, False], ids=["normed_rows", "normalised_tensor"])
+@pytest.mark.parametrize(
+    "m,heads,kv_heads,head_dim,rotated_part", [(1, 6, 2, 32, 1), (7, 4, 2, 16, 2), (13, 3, 1, 64, 1)]
+)
+def test_norm_project_qkv_gate_is_qkv_and_the_gate_rows(
+    m, heads, kv_heads, head_dim, rotated_part, normed
+):
+    """A weight [q | k | v | gate] (Step-3.5's head-wise gate: one row a head) in one projection launch:
+    q, the cache writes and the gate's products are those of ``norm_project_qkv`` over [q | k | v] and a
+    plain product of the gate's rows."""
+    k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
+    x, nw = _rand(m, k_in, seed=30), _rand(k_in, seed=31)
+    w = _rand(q_size + 2 * kv_size + heads, k_in, seed=32)
+    qn, kn = _rand(head_dim, seed=33), _rand(head_dim, seed=34)
+    rotary = RotaryEmbedding(head_dim // rotated_part, 512, 10000.0)
+    positions = torch.randint(0, 512, (m,), generator=torch.Generator().manual_seed(35))
+    slots = torch.randperm(6 * 4, generator=torch.Generator().manual_seed(36))[:m].to(DEVICE)
+    x_normed = rms_norm_torch(x.double(), nw.double(), EPS)[0]
+    rows = normed_rows(x.to(DEVICE), nw.to(DEVICE)) if normed else x_normed.float().to(DEVICE)
+    tables = (positions.to(DEVICE), rotary.cos.to(DEVICE), rotary.sin.to(DEVICE))
+    qk_norm = (qn.to(DEVICE), kn.to(DEVICE), EPS)
+    caches, ref_caches = (
+        [torch.zeros(6, 4, kv_heads, head_dim, device=DEVICE) for _ in range(2)] for _ in range(2)
+    )
+    q, gate = norm_project_qkv_gate(
+        rows, EPS, w.to(DEVICE), head_dim, q_size, heads, *tables, *caches, slots, qk_norm=qk_norm
+    )
+    q_ref = norm_project_qkv(
+        rows,
+        EPS,
+        w[:-heads].to(DEVICE),
+        head_dim,
+        q_size,
+        *tables,
+        *ref_caches,
+        slots,
+        qk_norm=qk_norm,
+        split_heads=True,
+    )
+    _close(q, q_ref)
+    for cache, ref in zip(caches, ref_caches):
+        _close(cache, ref)
+    assert gate.shape == (m, heads) and gate.dtype == torch.float32
+    _close(gate, F.linear(x_normed, w[-heads:].double()))
 
 
 def test_norm_project_writes_into_a_given_tensor():

@@ -1,6 +1,6 @@
 """Step-3.5's attention on the fused few-row path (models/step3p5.py ``Step3p5Attention.attend_rows``: q/k/v
-with their zero-centred head norms, RoPE and the cache write in one kernel, the head-wise gate's rows in
-another), forced on with the kernels in Triton's interpreter on the CPU: a random Step-3.5 checkpoint of a
+and the head-wise gate's rows in one projection launch, then the per-head kernel: zero-centred head norms,
+RoPE, the cache write), forced on with the kernels in Triton's interpreter on the CPU: a random Step-3.5 checkpoint of a
 power-of-two head_dim gives the eager path's logits and KV cache after one decode forward, every layer fused
 (the sliding ones turn whole heads, the full-attention ones half of each: the per-head kernel's partial
 rotary); in bf16-style weights and in Step-3.5-Flash-FP8's layout (block-FP8 q/k/v through the quantized
