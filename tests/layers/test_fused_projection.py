@@ -224,7 +224,8 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(
 
 @pytest.mark.parametrize("normed", [True, False], ids=["normed_rows", "normalised_tensor"])
 @pytest.mark.parametrize(
-    "m,heads,kv_heads,head_dim,rotated_part", [(1, 6, 2, 32, 1), (7, 4, 2, 16, 2), (13, 3, 1, 64, 1)]
+    "m,heads,kv_heads,head_dim,rotated_part",
+    [(1, 6, 2, 32, 1), (7, 4, 2, 16, 2), (13, 3, 1, 64, 1)],
 )
 def test_norm_project_qkv_gate_is_qkv_and_the_gate_rows(
     m, heads, kv_heads, head_dim, rotated_part, normed
