@@ -188,6 +188,25 @@ def _top_index(values, index, NONE: tl.constexpr):
 
 
 @triton.jit
+def _ranked_keys(values, index, BLOCK: tl.constexpr):
+    """values [rows, BLOCK] float32 (no NaN), index [BLOCK] (0 .. BLOCK - 1) -> int64 keys ordered as
+    (value, then the lower index first): the value's bits made monotone in the high word (negatives'
+    magnitude bits flipped; -0.0 taken as 0.0), BLOCK - 1 - index in the low word. So one max reduction
+    picks a row's largest value and, among equal ones, its lowest index, where a max and then a min over
+    the indices of the maximum took two reductions, each a round trip through shared memory across warps."""
+    bits = (values + 0.0).to(tl.int32, bitcast=True)  # (+ 0.0: -0.0 becomes 0.0)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (BLOCK - 1 - index).to(tl.int64)[None, :]
+
+
+@triton.jit
+def _key_value(key):
+    """The float32 value a key of ``_ranked_keys`` ranks."""
+    ordered = (key >> 32).to(tl.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _limit_to_top_groups(
     choice,  # [BLOCK_T, BLOCK_E] selection scores, -inf past the last expert
     experts,  # [BLOCK_E]
@@ -303,14 +322,18 @@ def _route_tokens(
     slots = tl.arange(0, BLOCK_K)
     top_w = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)  # [BLOCK_T, BLOCK_K] weight per slot
     top_i = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)  # expert per slot
+    key = _ranked_keys(choice, experts, BLOCK_E)  # [BLOCK_T, BLOCK_E] int64
     for j in tl.static_range(TOP_K):
-        best, top = _top_index(choice, experts, BLOCK_E)  # [BLOCK_T] each
+        best_key = tl.max(
+            key, axis=1
+        )  # [BLOCK_T]: the largest choice, the lowest expert among equal ones
+        best = (BLOCK_E - 1) - (best_key & 0xFFFFFFFF).to(tl.int32)  # [BLOCK_T]
         pick = experts[None, :] == best[:, None]  # [BLOCK_T, BLOCK_E]
         if BIAS:
             weight = tl.sum(tl.where(pick, scores, 0.0), axis=1)  # (one nonzero term: exact)
         else:  # the choice is the score itself (or -inf, never chosen): its largest is the weight
-            weight = top
-        choice = tl.where(pick, float("-inf"), choice)
+            weight = _key_value(best_key)
+        key = tl.where(pick, -(2**63), key)
         top_w = tl.where(slots[None, :] == j, weight[:, None], top_w)
         top_i = tl.where(slots[None, :] == j, best[:, None], top_i)
     if NORMALIZE:
