@@ -48,6 +48,7 @@ from outpace.layers.decoder import (
     run_residual_stack,
 )
 from outpace.layers.linear import is_sharded
+from outpace.layers.moe import ReadyStream
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.linear import QuantizedLinear
@@ -307,6 +308,12 @@ def project_add_normalised(
         return project_add_ready(x, proj, stream, norm)
     added = projection_kernels().project_add(x, fused_weight(proj), stream)
     return NormalisedRows(added, norm(added))
+
+
+def ready_stream(mid: NormalisedRows, next_norm: nn.Module) -> ReadyStream:
+    """Where a sparse MoE block that read ``mid.x`` puts its output on the fused stack: added to
+    ``mid.stream`` and made ready for ``next_norm`` (layers/moe.py ``ReadyStream``: in the experts' combine)."""
+    return ReadyStream(mid.stream, next_norm.weight, norm_offset(next_norm))
 
 
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -89,6 +89,9 @@ from outpace.layers.quant.experts import (
     slot_views,
 )
 from outpace.layers.recurrent import rows_alone
+
+if TYPE_CHECKING:
+    from outpace.layers.fused_projection import NormedRows
 
 
 @dataclass(frozen=True)
@@ -455,14 +458,16 @@ class RoutedExperts(nn.Module):
         layout=None,
         quantized_shared: QuantizedShared | None = None,
         shared_input: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        ready: ReadyStream | None = None,
+    ):
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
         layout of this rank's experts (``placement``) the routing kernel wrote (layers/moe_kernels.py
         grouped_experts; the kernels then read it, not ids); ``quantized_shared``: a quantized shared
         MLP's slots fused with quantized experts (layers/quant/experts.py ``quantized_shared_stacks``);
         ``shared_input``: the rows ``shared``'s slots read, whose output then comes apart: (the routed
-        output, theirs) (``experts_and_dense_on_kernels``).
+        output, theirs) (``experts_and_dense_on_kernels``); ``ready``: the output added to a residual stream
+        and made ready for the next norm (``ReadyStream``), in the grouped kernels' combine where it can be.
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
@@ -508,14 +513,18 @@ class RoutedExperts(nn.Module):
                 layout=layout,
                 skipped_slots=skipped,
                 shared_input=shared_input,
+                ready=None if ready is None or placement.reduces_itself else tuple(ready),
             )
+            if ready is not None and not placement.reduces_itself:
+                return out  # (NormedRows)
         else:
             if shared is not None or quantized_shared is not None or layout is not None:
                 raise ValueError(
                     "fused shared experts run on the grouped kernels only (a block layout too)"
                 )
             out = run_experts(x, weights, ids, self.eager_experts())
-        return all_reduce(out, placement.group) if placement.reduces_itself else out
+        out = all_reduce(out, placement.group) if placement.reduces_itself else out
+        return out if ready is None else ready.add(out)
 
     def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         """Each expert as run_experts calls it: its module, or ``stacked_expert`` of its index."""
@@ -570,6 +579,23 @@ class RoutedExperts(nn.Module):
                     expert.gate_up.weight = gate_up[e]
         self._stacks = (gate_up[:, :inter] if gated else None, gate_up[:, -inter:], down)
         return self._stacks
+
+
+class ReadyStream(NamedTuple):
+    """Where a MoE block's output goes on the fused residual stack (layers/fused_decoder.py
+    ``run_fused_layers``): added to ``stream`` [n, hidden] and made ready for the RMSNorm after the block,
+    of scale offset + weight (``NormedRows``), in the grouped kernels' combine (layers/moe_kernels.py)."""
+
+    stream: torch.Tensor
+    weight: torch.Tensor
+    offset: float
+
+    def add(self, out: torch.Tensor) -> NormedRows:
+        """out [n, hidden] added to the stream and made ready, in a launch of its own (where the block's
+        output did not come from the combine)."""
+        from outpace.layers.fused_projection import normed_rows  # (Triton: on the fused paths only)
+
+        return normed_rows(out, self.weight, self.offset, residual=self.stream)
 
 
 class MoE(nn.Module):
@@ -633,17 +659,19 @@ def moe_on_kernels(
     experts: RoutedExperts,
     shared_mlp: nn.Module | None = None,
     router_input: torch.Tensor | None = None,
-) -> torch.Tensor:
+    ready: ReadyStream | None = None,
+):
     """x [n, hidden] -> this rank's routed plus shared output [n, hidden] on the kernels: the router with
     the grouped kernels' block layout (one launch after the logits' on CUDA), the shared MLP fused with the
     routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
     MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
-    hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm)."""
+    hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm);
+    ``ready``: the output added to a stream and made ready for the next norm (``NormedRows``)."""
     fused = FusedShared.of(shared_mlp, experts)
-    out = experts_on_kernels(x, router, experts, fused, router_input)
     if fused.count == 0 and shared_mlp is not None:
-        out = out + shared_mlp(x)
-    return out
+        out = experts_on_kernels(x, router, experts, fused, router_input) + shared_mlp(x)
+        return out if ready is None else ready.add(out)
+    return experts_on_kernels(x, router, experts, fused, router_input, ready=ready)
 
 
 def experts_and_dense_on_kernels(
@@ -672,16 +700,17 @@ def experts_on_kernels(
     fused: FusedShared,
     router_input: torch.Tensor | None = None,
     shared_input: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ready: ReadyStream | None = None,
+):
     """x [n, hidden] -> this rank's routed output plus that of the shared experts ``fused`` with them [n,
     hidden] on the kernels: the router with the grouped kernels' block layout of this rank's experts
     (every expert but under expert parallelism) and ``fused.count`` shared slots a token
     (``moe_on_kernels``' arguments otherwise); with ``shared_input`` the shared slots read it and their
-    output comes apart (``RoutedExperts.run``)."""
+    output comes apart, with ``ready`` it is added to a stream (``RoutedExperts.run``)."""
     routed = x if router_input is None else router_input
     weights, ids, layout = router(routed, fused.count, layout=experts.placement)
     return experts.run(
-        x, weights, ids, layout=layout, shared_input=shared_input, **fused.run_args()
+        x, weights, ids, layout=layout, shared_input=shared_input, ready=ready, **fused.run_args()
     )
 
 

@@ -53,7 +53,10 @@ Four kernels, every grid fixed by the shapes:
    weight, times the pair's routing weight (a shared slot's: 1, or its column of the weights), into one
    float32 row per pair.
 4. ``_combine_kernel``, grid (tokens, hidden / BLOCK_H): each token's SLOTS rows summed in slot order (routed
-   slots, then shared), in x's dtype. No atomics: the same inputs give the same bits.
+   slots, then shared), in x's dtype. No atomics: the same inputs give the same bits. On the fused residual
+   stack (``ready``) it also adds the sum to the residual stream and makes the new stream ready for the next
+   layer's input norm (``NormedRows``: the stream times the norm's scale and each program's sum of squares),
+   so that norm costs no launch of its own.
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
@@ -77,6 +80,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
@@ -715,10 +719,16 @@ def _down_kernel(
 @triton.jit
 def _combine_kernel(
     partial_ptr,  # [tokens * SLOTS, hidden] float32
-    out_ptr,  # [tokens, hidden], written
+    out_ptr,  # [tokens, hidden], written: the sum, or (READY) the new stream
     shared_out_ptr,  # [tokens, hidden] (APART), written: the shared slots' sum, out's row stride
     ids_ptr,  # [tokens, TOP_K] (SKIPS): -1 where a routed slot was another rank's expert
+    stream_ptr,  # [tokens, hidden] (READY): the residual stream the sum is added to, out's row stride
+    norm_w_ptr,  # [hidden] (READY): the next RMSNorm's weight
+    normed_ptr,  # [tokens, hidden] (READY), written: new stream * (norm_offset + weight), out's row stride
+    sq_ptr,  # [programs along hidden, tokens] float32 (READY), written: each program's sum of squares
+    tokens,
     hidden,
+    norm_offset,
     stride_partial,
     stride_out,
     stride_ids,
@@ -726,12 +736,15 @@ def _combine_kernel(
     TOP_K: tl.constexpr,
     SKIPS: tl.constexpr,
     APART: tl.constexpr,  # the shared slots summed into shared_out_ptr, not with the routed ones
+    READY: tl.constexpr,  # the sum added to the stream, made ready for the next norm (``NormedRows``)
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic); APART: the
     routed slots' sum and the shared slots' sum, each written. SKIPS: a routed slot whose id is -1 adds zeros
-    (its row was never written: ``grouped_experts``' skipped_slots)."""
+    (its row was never written: ``grouped_experts``' skipped_slots). READY: the sum, rounded to the stream's
+    dtype as the block's output is, added to the stream (the norm kernel's residual add: float32, rounded),
+    and the new stream made ready for the next norm (layers/fused_projection.py ``NormedRows``)."""
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -748,10 +761,19 @@ def _combine_kernel(
             shared_acc += row
         else:
             acc += row
-    tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    out = acc.to(out_ptr.dtype.element_ty)
+    at = token * stride_out + offs
+    if READY:
+        s = tl.load(stream_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + s).to(out_ptr.dtype.element_ty)
+        s = out.to(tl.float32)  # (the stream as stored)
+        w = tl.load(norm_w_ptr + offs, mask=ok, other=0.0).to(tl.float32) + norm_offset
+        tl.store(normed_ptr + at, (s * w).to(normed_ptr.dtype.element_ty), mask=ok)
+        tl.store(sq_ptr + tl.program_id(1) * tokens + token, tl.sum(s * s, axis=0))
+    tl.store(out_ptr + at, out, mask=ok)
     if APART:
         tl.store(
-            shared_out_ptr + token * stride_out + offs,
+            shared_out_ptr + at,
             shared_acc.to(shared_out_ptr.dtype.element_ty),
             mask=ok,
         )
@@ -780,7 +802,8 @@ def grouped_experts(
     skipped_slots: bool = False,
     quant: ExpertScales | None = None,
     shared_input: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | NormedRows:
     """x [n, hidden]; weights [n, top_k] float32, or [n, top_k + shared] with the shared slots' weights too
     (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated
     experts) and up [experts, inter, hidden]; down [experts, hidden, inter] (x's dtype, each with its last
@@ -799,7 +822,9 @@ def grouped_experts(
     chosen as its weight rows are. ``tiles``: the (gate/up, down) kernels' tiles in place of ``_tiles``'
     (benchmarks and tests). ``shared_input`` [n, hidden]: the shared slots read its rows, not x's, and their
     output comes apart: (the routed output, the shared experts' output), each [n, hidden] (module docstring,
-    a dense MLP beside the experts)."""
+    a dense MLP beside the experts). ``ready`` = (stream [n, hidden], weight [hidden], offset): the output
+    added to the stream in the combine's launch and made ready for the RMSNorm of scale offset + weight
+    after the block (``NormedRows``: the next layer's input projection folds that norm in)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -833,6 +858,10 @@ def grouped_experts(
     if layout is None:
         layout = align(ids, num_routed, num_shared)
     x = x if x.stride(-1) == 1 else x.contiguous()
+    if ready is not None and shared_input is not None:
+        raise ValueError(
+            "the experts' output comes apart from the shared slots' (shared_input): no stream"
+        )
     if shared_input is not None:
         if num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype:
             raise ValueError(
@@ -962,12 +991,31 @@ def grouped_experts(
     out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     shared_out = out if shared_input is None else torch.empty_like(out)
     block_h = _combine_block(n, hidden, x.device)
-    _combine_kernel[(n, triton.cdiv(hidden, block_h))](
+    programs = triton.cdiv(hidden, block_h)
+    if ready is not None:
+        stream, norm_weight, norm_offset = ready
+        if stream.shape != out.shape or stream.dtype != out.dtype:
+            raise ValueError(
+                f"the stream {tuple(stream.shape)} {stream.dtype} the experts' output is added to: "
+                f"{tuple(out.shape)} {out.dtype}, as their output"
+            )
+        stream = stream.contiguous()
+        normed = torch.empty_like(out)
+        sq = torch.empty(programs, n, dtype=torch.float32, device=x.device)
+    else:
+        stream, norm_weight, norm_offset, normed, sq = out, out, 0.0, out, out  # (unread)
+    _combine_kernel[(n, programs)](
         partial,
         out,
         shared_out,
         ids,
+        stream,
+        norm_weight,
+        normed,
+        sq,
+        n,
         hidden,
+        norm_offset,
         partial.stride(0),
         out.stride(0),
         ids.stride(0),
@@ -975,8 +1023,11 @@ def grouped_experts(
         TOP_K=top_k,
         SKIPS=skipped_slots,
         APART=shared_input is not None,
+        READY=ready is not None,
         BLOCK_H=block_h,
         PDL=pdl,
         **pdl_launch_options(pdl),
     )
+    if ready is not None:
+        return NormedRows(out, normed, sq)
     return out if shared_input is None else (out, shared_out)

@@ -22,8 +22,9 @@ Few rows on the GPU (decode, verify) run the stack in the fused residual style o
 in-projections, the attention's q/k/v) reads the stream through the norm-folding kernel, out_proj / o_proj
 adds the residual and makes the stream ready for the post-attention norm, the dense MLP's gate/up folds
 that norm and down_proj makes the stream ready for the next layer's norm, so no RMSNorm runs as a launch
-of its own. A MoE MLP reads its input whole: it is normalised in one launch and its output added and
-normalised for the next layer in another (``NormalisedRows``), as the eager path does.
+of its own. A MoE MLP reads its input whole: it is normalised in one launch (``NormalisedRows``), and the
+experts' combine adds their output to the stream and makes it ready for the next layer's norm
+(layers/moe.py ``ReadyStream``; under tensor parallelism the all-reduce, the add and the norm in one launch).
 
 The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers (when the
 config declares them: models/drafts/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
@@ -65,6 +66,7 @@ from outpace.layers.fused_decoder import (
     project_add_normalised,
     project_add_ready,
     project_normalised,
+    ready_stream,
     reduce_add_normalised,
     run_stack,
 )
@@ -73,6 +75,7 @@ from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import (
     ExpertActivation,
     FusedShared,
+    ReadyStream,
     RoutedExperts,
     Router,
     Routing,
@@ -369,25 +372,29 @@ class SparseMoeWithSharedExpert(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(self.partial(x), self.group)
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, ready: ReadyStream | None = None):
         """This rank's part of ``forward``'s output: every expert's rows split over the ranks (layers/moe.py
-        MoE), so the block's output is the sum of the ranks' parts."""
+        MoE), so the block's output is the sum of the ranks' parts; with ``ready`` added to a stream and
+        made ready for the next norm (``NormedRows``)."""
         if self.experts.uses_kernels(x):
-            return self._on_kernels(x)
-        return self.experts(x, *self.gate(x)) + self._gated_shared(x)
+            return self._on_kernels(x, ready)
+        out = self.experts(x, *self.gate(x)) + self._gated_shared(x)
+        return out if ready is None else ready.add(out)
 
     def _gated_shared(self, x: torch.Tensor) -> torch.Tensor:
         # (the gates [n, 1] a token at a time in batch-invariant mode on the CPU: layers/recurrent.py rows_alone)
         return rows_alone(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
 
-    def _on_kernels(self, x: torch.Tensor) -> torch.Tensor:
+    def _on_kernels(self, x: torch.Tensor, ready: ReadyStream | None):
         """The routed experts on the grouped kernels and the shared expert fused with them, its slots
         weighted by its gate (``RouterWithSharedGate``), where it fuses (layers/moe.py ``FusedShared``;
         routing on the kernels, the rows packed); else beside them."""
         fuses = self.gate.rows is not None and self.gate.uses_kernel(x)
         fused = FusedShared.of(self.shared_expert if fuses else None, self.experts)
-        out = experts_on_kernels(x, self.gate, self.experts, fused)
-        return out if fused.count else out + self._gated_shared(x)
+        if fused.count:
+            return experts_on_kernels(x, self.gate, self.experts, fused, ready=ready)
+        out = experts_on_kernels(x, self.gate, self.experts, fused) + self._gated_shared(x)
+        return out if ready is None else ready.add(out)
 
 
 class Qwen3NextDecoderLayer(nn.Module):
@@ -453,6 +460,10 @@ class Qwen3NextDecoderLayer(nn.Module):
             mid = project_add_ready(out, out_proj, rows.stream, post)  # (sharded: NormalisedRows)
             return mlp_fused(self.mlp, mid, post.eps, next_norm)
         mid = project_add_normalised(out, out_proj, rows.stream, post)
+        if (
+            self.mlp.group.size == 1
+        ):  # the experts' combine adds the stream and readies the next norm
+            return self.mlp.partial(mid.x, ready_stream(mid, next_norm))
         return reduce_add_normalised(self.mlp.partial(mid.x), mid.stream, next_norm, self.mlp.group)
 
 

@@ -82,6 +82,7 @@ from outpace.layers.fused_sandwich import attend_fused_qkv, attend_fused_qkv_gat
 from outpace.layers.linear import column_parallel
 from outpace.layers.moe import (
     ExpertActivation,
+    ReadyStream,
     RoutedExperts,
     Router,
     Routing,
@@ -462,12 +463,16 @@ class Step3p5MoE(RoutedExperts):
             mark_shard(self.down_proj.weight, Shard(2, first, inter, full))
         self.gate = Router(h, cfg.routing)
 
-    def forward(self, x: torch.Tensor, shared_mlp: nn.Module | None = None) -> torch.Tensor:
-        """x [n, hidden] -> this rank's routed output [n, hidden], plus ``shared_mlp``'s when given."""
+    def forward(
+        self, x: torch.Tensor, shared_mlp: nn.Module | None = None, ready: ReadyStream | None = None
+    ):
+        """x [n, hidden] -> this rank's routed output [n, hidden], plus ``shared_mlp``'s when given; with
+        ``ready`` added to a stream and made ready for the next norm (``NormedRows``)."""
         if self.uses_kernels(x):
-            return moe_on_kernels(x, self.gate, self, shared_mlp)
+            return moe_on_kernels(x, self.gate, self, shared_mlp, ready=ready)
         out = self.run(x, *self.gate(x))  # weights, ids [n, top_k]
-        return out if shared_mlp is None else out + shared_mlp(x)
+        out = out if shared_mlp is None else out + shared_mlp(x)
+        return out if ready is None else ready.add(out)
 
 
 class Step3p5Attention(nn.Module):
@@ -635,8 +640,9 @@ class Step3p5DecoderLayer(nn.Module):
         -> its output stream made ready for ``next_norm``, as Qwen3-Next's layers (models/qwen3_next.py):
         o_proj adds the residual; a dense MLP folds the post-attention norm into gate/up (its SwiGLU clamp,
         where it has one, a launch between) and down_proj adds the residual; the experts read the
-        post-attention norm materialised, and their output (with the shared expert's: this rank's partial
-        sum) is all-reduced, added and normalised for the next layer in one launch where
+        post-attention norm materialised, and their output (with the shared expert's) is added to the stream
+        and made ready for the next norm in their combine's launch on one GPU; under tensor parallelism
+        (this rank's partial sum) all-reduced, added and normalised for the next layer in one launch where
         layers/all_reduce_norm.py serves it."""
         attn, post = self.self_attn, self.post_attention_layernorm
         out = attn.attend_rows(positions, rows, self.input_layernorm.eps)
@@ -649,6 +655,8 @@ class Step3p5DecoderLayer(nn.Module):
             act = clamped_swiglu(*gate_up.chunk(2, dim=-1), mlp.limit)  # [num_tokens, inter]
             return fused_decoder.project_add_ready(act, mlp.down_proj, mid.stream, next_norm)
         mid = fused_decoder.project_add_normalised(out, attn.o_proj, rows.stream, post)
+        if self.group.size == 1:  # the experts' combine adds the stream and readies the next norm
+            return self.moe(mid.x, self.share_expert, fused_decoder.ready_stream(mid, next_norm))
         partial = self.moe(mid.x, self.share_expert)
         return fused_decoder.reduce_add_normalised(partial, mid.stream, next_norm, self.group)
 

@@ -122,6 +122,37 @@ def test_grouped_experts_equal_the_eager_experts(n, experts, top_k, shared):
     )
 
 
+@pytest.mark.parametrize("n, hidden, offset", [(1, 40, 0.0), (6, 300, 1.0)])
+def test_combine_adds_the_stream_and_readies_the_next_norm(n, hidden, offset):
+    """``ready``: the combine adds the experts' output (rounded to its dtype first) to the stream and
+    leaves it made ready for the next norm, as ``normed_rows`` of the output with the stream as residual:
+    the same stream bits, its product with the norm's scale, and sums of squares that add up to the row's
+    (one part per combine program: several where the hidden size spans several)."""
+    from outpace.layers.fused_projection import normed_rows
+
+    moe = make_moe(hidden=hidden, inter=12, experts=8, top_k=3, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, hidden, generator=g).to(DEVICE, torch.bfloat16)
+    stream = torch.randn(n, hidden, generator=g).to(DEVICE, torch.bfloat16)
+    norm_weight = torch.randn(hidden, generator=g).to(DEVICE, torch.bfloat16)
+    weights, ids = routing_of(n, 8, 3, shared=False, seed=n)
+    experts = moe.experts
+    out = kernel_out(experts, x, weights, ids)
+    expected = normed_rows(out, norm_weight, offset, residual=stream)
+    got = grouped_experts(
+        x,
+        weights,
+        ids,
+        *experts.stacks(),
+        activation=experts.activation.kernel,
+        ready=(stream, norm_weight, offset),
+    )
+    assert torch.equal(got.stream, expected.stream)
+    assert torch.equal(got.normed, expected.normed)
+    assert got.sq_parts.shape[1] == n and (got.sq_parts.shape[0] > 1) == (hidden > 128)
+    torch.testing.assert_close(got.sq_parts.sum(0), expected.sq_parts.sum(0), rtol=1e-5, atol=1e-5)
+
+
 def test_prefill_sized_batch_takes_the_large_blocks():
     """More pairs than 16 per expert: 64-row blocks, experts with several blocks, ragged last blocks."""
     moe = make_moe(hidden=24, inter=20, experts=4, top_k=2)

@@ -50,10 +50,14 @@ tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FOR
              SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
-build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False,
+combine = {**experts, "ids_ptr": "*i64", **pointers(["stream_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
+           "sq_ptr": "*fp32", "norm_offset": "fp32"}
+build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False, READY=False,
       BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
-build(mk._combine_kernel, {**experts, "ids_ptr": "*i64"}, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True,
+build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True, READY=False,
       BLOCK_H=1024, PDL=True))  # (Gemma 4's dense MLP apart: 3 shared slots)
+build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=10, SKIPS=False, APART=False, READY=True,
+      BLOCK_H=128, PDL=True))  # (Qwen3-Next's on the fused stack: the stream readied for the next norm)
 
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
@@ -121,7 +125,7 @@ print("_route_kernel:qwen3-next", "0 bytes spill stores" in ptxas_report(compile
 def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel", "_down_kernel", "_combine_kernel", "_combine_kernel"]
+    names = ["_gate_up_kernel", "_down_kernel"] + ["_combine_kernel"] * 3
     names += [
         f"{kernel}:fp8_block:{family}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
