@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Callable
 
 import torch
 from torch import nn
@@ -48,7 +49,7 @@ from outpace.layers.decoder import (
     run_residual_stack,
 )
 from outpace.layers.linear import is_sharded
-from outpace.layers.moe import ReadyStream
+from outpace.layers.moe import ReadyStream, RowNorm
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.linear import QuantizedLinear
@@ -310,10 +311,32 @@ def project_add_normalised(
     return NormalisedRows(added, norm(added))
 
 
-def ready_stream(mid: NormalisedRows, next_norm: nn.Module) -> ReadyStream:
-    """Where a sparse MoE block that read ``mid.x`` puts its output on the fused stack: added to
-    ``mid.stream`` and made ready for ``next_norm`` (layers/moe.py ``ReadyStream``: in the experts' combine)."""
-    return ReadyStream(mid.stream, next_norm.weight, norm_offset(next_norm))
+def moe_block_fused(
+    out: torch.Tensor,
+    proj: nn.Module,
+    stream: torch.Tensor,
+    norm: nn.Module,
+    next_norm: nn.Module,
+    moe: Callable,
+    takes_rows: bool,
+    group: RankGroup,
+):
+    """The end of a layer whose MLP is a sparse MoE, on the fused stack: ``proj`` (out_proj / o_proj) over
+    out [n, in] adds the residual ``stream``, then ``moe(x, ready, row_norm)`` (this rank's part of the
+    block) over the post-attention ``norm`` of the new stream -> the layer's output made ready for
+    ``next_norm``. On one GPU the experts' combine adds their output to the stream and readies the next norm
+    (layers/moe.py ``ReadyStream``), and where the block ``takes_rows`` it reads the stream made ready for
+    its norm (``RowNorm``: the norm folded into routing and gate/up), else the norm runs as a launch; under
+    tensor parallelism the parts are all-reduced, added and normalised in one launch."""
+    if group.size > 1:
+        mid = project_add_normalised(out, proj, stream, norm)
+        return reduce_add_normalised(moe(mid.x, None, None), mid.stream, next_norm, group)
+    ready = ReadyStream(None, next_norm.weight, norm_offset(next_norm))
+    if takes_rows:
+        mid = project_add_ready(out, proj, stream, norm)  # (NormedRows)
+        return moe(mid.normed, ready._replace(stream=mid.stream), RowNorm.of(mid, norm.eps))
+    mid = project_add_normalised(out, proj, stream, norm)
+    return moe(mid.x, ready._replace(stream=mid.stream), None)
 
 
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):

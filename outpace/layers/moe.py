@@ -119,7 +119,11 @@ class RoutingModule(nn.Module):
     kernel: bool | None = None
 
     def forward(
-        self, x: torch.Tensor, num_shared: int = 0, layout: bool | ExpertPlacement = False
+        self,
+        x: torch.Tensor,
+        num_shared: int = 0,
+        layout: bool | ExpertPlacement = False,
+        row_norm: RowNorm | None = None,
     ) -> tuple:
         """x [n, hidden] -> (weights, ids); with ``layout`` (weights, ids, block layout or None): the routing
         kernel also writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots
@@ -127,18 +131,25 @@ class RoutingModule(nn.Module):
         ``ExpertPlacement``'s (its experts' slots, its experts as indices 0 .. count - 1: an expert-parallel
         rank's, layers/moe_routing_kernel.py docstring 4.); the torch path leaves it to
         ``moe_kernels.align`` (None). The ids name every expert either way. Called as a module either way,
-        so forward hooks see every routing."""
+        so forward hooks see every routing. ``row_norm``: x is a stream times its norm's weight, the norm
+        applied by the routing kernel (``RowNorm``; the kernels only)."""
         if not self.uses_kernel(x):
+            if row_norm is not None:
+                raise ValueError("a RowNorm input is routed by the kernels only")
             routed = self.reference(x)
             return (*routed, None) if layout else routed
-        weights, ids, blocks = self.route_on_kernels(x, num_shared, layout)
+        weights, ids, blocks = self.route_on_kernels(x, num_shared, layout, row_norm)
         return (weights, ids, blocks) if layout else (weights, ids)
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
         return x.is_cuda and not torch.is_grad_enabled() if self.kernel is None else self.kernel
 
     def route_on_kernels(
-        self, x: torch.Tensor, num_shared: int, layout: bool | ExpertPlacement
+        self,
+        x: torch.Tensor,
+        num_shared: int,
+        layout: bool | ExpertPlacement,
+        row_norm: RowNorm | None = None,
     ) -> tuple:
         """(weights, ids, block layout or None) from layers/moe_routing_kernel.py ``route`` (``forward``'s
         arguments)."""
@@ -165,13 +176,17 @@ class Router(RoutingModule):
             )
 
     def route_on_kernels(
-        self, x: torch.Tensor, num_shared: int, layout: bool | ExpertPlacement
+        self,
+        x: torch.Tensor,
+        num_shared: int,
+        layout: bool | ExpertPlacement,
+        row_norm: RowNorm | None = None,
     ) -> tuple:
         from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
 
         bias = getattr(self, "e_score_correction_bias", None)
         return moe_routing_kernel.route(
-            x, self.weight.float(), bias, self.routing, num_shared, layout
+            x, self.weight.float(), bias, self.routing, num_shared, layout, row_norm=row_norm
         )
 
     def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -459,6 +474,7 @@ class RoutedExperts(nn.Module):
         quantized_shared: QuantizedShared | None = None,
         shared_input: torch.Tensor | None = None,
         ready: ReadyStream | None = None,
+        row_scale: torch.Tensor | None = None,
     ):
         """The experts' output (class docstring); ``forward`` unless a subclass adds the router. On the
         kernels, ``shared``: shared experts' stacks fused with the routed ones, ``layout``: the block
@@ -467,7 +483,9 @@ class RoutedExperts(nn.Module):
         MLP's slots fused with quantized experts (layers/quant/experts.py ``quantized_shared_stacks``);
         ``shared_input``: the rows ``shared``'s slots read, whose output then comes apart: (the routed
         output, theirs) (``experts_and_dense_on_kernels``); ``ready``: the output added to a residual stream
-        and made ready for the next norm (``ReadyStream``), in the grouped kernels' combine where it can be.
+        and made ready for the next norm (``ReadyStream``), in the grouped kernels' combine where it can be;
+        ``row_scale`` [n] float32: x is a stream times its norm's weight, each token's norm factor applied by
+        the half-precision grouped kernels (``RowNorm.scale``, ``takes_row_scale``).
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
@@ -489,6 +507,11 @@ class RoutedExperts(nn.Module):
             raise ValueError(
                 "shared slots with an input of their own run as half-precision stacks on the grouped "
                 "kernels, where the experts do not reduce over their own group"
+            )
+        if row_scale is not None and not self.takes_row_scale(x):
+            raise ValueError(
+                "a row scale is applied by the half-precision grouped kernels of experts that do not "
+                "reduce over their own group"
             )
         if self.uses_kernels(x) and quantized:
             if has_quantized_experts(self):
@@ -514,6 +537,7 @@ class RoutedExperts(nn.Module):
                 skipped_slots=skipped,
                 shared_input=shared_input,
                 ready=None if ready is None or placement.reduces_itself else tuple(ready),
+                row_scale=row_scale,
             )
             if ready is not None and not placement.reduces_itself:
                 return out  # (NormedRows)
@@ -525,6 +549,12 @@ class RoutedExperts(nn.Module):
             out = run_experts(x, weights, ids, self.eager_experts())
         out = all_reduce(out, placement.group) if placement.reduces_itself else out
         return out if ready is None else ready.add(out)
+
+    def takes_row_scale(self, x: torch.Tensor) -> bool:
+        """Whether ``run`` takes a ``row_scale`` for x: the grouped kernels over half-precision experts that
+        do not reduce over an expert group of their own."""
+        quantized = has_quantized_experts(self) or has_quantized_stacks(self)
+        return self.uses_kernels(x) and not quantized and not self.placement.reduces_itself
 
     def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         """Each expert as run_experts calls it: its module, or ``stacked_expert`` of its index."""
@@ -579,6 +609,27 @@ class RoutedExperts(nn.Module):
                     expert.gate_up.weight = gate_up[e]
         self._stacks = (gate_up[:, :inter] if gated else None, gate_up[:, -inter:], down)
         return self._stacks
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """A MoE block's input on a fused residual stack: x is the stream times its RMSNorm's weight
+    (``NormedRows.normed``, layers/fused_projection.py), each row's norm factor rsqrt(mean(stream^2) + eps)
+    still to apply. The routing kernel computes it from the stream's partial sums of squares, scales the
+    row's logits by it and writes it into ``scale``; the grouped gate/up kernel scales the row's products
+    (layers/moe_routing_kernel.py, layers/moe_kernels.py): the norm costs no launch of its own."""
+
+    sq_parts: torch.Tensor  # [P, n] float32: each row's sum of squares in P parts
+    eps: float
+    hidden: int  # the width the mean is over
+    scale: torch.Tensor  # [n] float32, written by the routing kernel
+
+    @classmethod
+    def of(cls, rows: NormedRows, eps: float) -> RowNorm:
+        """The row norm of ``rows`` (``NormedRows``) for the RMSNorm of eps ``eps`` they were made ready for."""
+        sq = rows.sq_parts
+        scale = torch.empty(sq.shape[1], dtype=torch.float32, device=sq.device)
+        return cls(sq, eps, rows.normed.shape[1], scale)
 
 
 class ReadyStream(NamedTuple):
@@ -660,18 +711,37 @@ def moe_on_kernels(
     shared_mlp: nn.Module | None = None,
     router_input: torch.Tensor | None = None,
     ready: ReadyStream | None = None,
+    row_norm: RowNorm | None = None,
 ):
     """x [n, hidden] -> this rank's routed plus shared output [n, hidden] on the kernels: the router with
     the grouped kernels' block layout (one launch after the logits' on CUDA), the shared MLP fused with the
     routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
     MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
     hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm);
-    ``ready``: the output added to a stream and made ready for the next norm (``NormedRows``)."""
+    ``ready``: the output added to a stream and made ready for the next norm (``NormedRows``); ``row_norm``:
+    x is a stream times its norm's weight (``takes_normed_rows``)."""
     fused = FusedShared.of(shared_mlp, experts)
     if fused.count == 0 and shared_mlp is not None:
+        if row_norm is not None:
+            raise ValueError("a shared MLP that does not fuse with the experts reads x normalised")
         out = experts_on_kernels(x, router, experts, fused, router_input) + shared_mlp(x)
         return out if ready is None else ready.add(out)
-    return experts_on_kernels(x, router, experts, fused, router_input, ready=ready)
+    return experts_on_kernels(
+        x, router, experts, fused, router_input, ready=ready, row_norm=row_norm
+    )
+
+
+def takes_normed_rows(
+    router: RoutingModule, experts: RoutedExperts, shared_mlp: nn.Module | None, x: torch.Tensor
+) -> bool:
+    """Whether ``moe_on_kernels`` takes its input as a stream made ready for its norm (``RowNorm``) for x
+    [n, hidden]: routing on the kernels, half-precision grouped kernels that take the norm's row scale
+    (``RoutedExperts.takes_row_scale``) and any shared MLP fused with them."""
+    return (
+        router.uses_kernel(x)
+        and experts.takes_row_scale(x)
+        and (shared_mlp is None or FusedShared.of(shared_mlp, experts).count > 0)
+    )
 
 
 def experts_and_dense_on_kernels(
@@ -701,16 +771,25 @@ def experts_on_kernels(
     router_input: torch.Tensor | None = None,
     shared_input: torch.Tensor | None = None,
     ready: ReadyStream | None = None,
+    row_norm: RowNorm | None = None,
 ):
     """x [n, hidden] -> this rank's routed output plus that of the shared experts ``fused`` with them [n,
     hidden] on the kernels: the router with the grouped kernels' block layout of this rank's experts
     (every expert but under expert parallelism) and ``fused.count`` shared slots a token
     (``moe_on_kernels``' arguments otherwise); with ``shared_input`` the shared slots read it and their
-    output comes apart, with ``ready`` it is added to a stream (``RoutedExperts.run``)."""
+    output comes apart, with ``ready`` it is added to a stream (``RoutedExperts.run``); with ``row_norm`` x
+    is a stream times its norm's weight, the norm applied by the routing and gate/up kernels."""
     routed = x if router_input is None else router_input
-    weights, ids, layout = router(routed, fused.count, layout=experts.placement)
+    weights, ids, layout = router(routed, fused.count, layout=experts.placement, row_norm=row_norm)
     return experts.run(
-        x, weights, ids, layout=layout, shared_input=shared_input, ready=ready, **fused.run_args()
+        x,
+        weights,
+        ids,
+        layout=layout,
+        shared_input=shared_input,
+        ready=ready,
+        row_scale=None if row_norm is None else row_norm.scale,
+        **fused.run_args(),
     )
 
 

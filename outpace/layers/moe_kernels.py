@@ -48,7 +48,9 @@ Four kernels, every grid fixed by the shapes:
    DeepSeek-V2-Lite's batch-32 decode at 51.8% of the floor against 71.4% with 16-row blocks
    (benchmarks/results/families/), the taller tiles wasting their rows on a few pairs each.
 2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N): a block's rows times its expert's gate and up
-   rows (up only when ungated), the activation, into an intermediate row per block row.
+   rows (up only when ungated), the activation, into an intermediate row per block row. On a fused residual
+   stack (``row_scale``) the rows are the stream times its norm's weight, and the products are scaled by
+   each token's norm factor (the routing kernel's) before the activation.
 3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N): the intermediate rows times the expert's down
    weight, times the pair's routing weight (a shared slot's: 1, or its column of the weights), into one
    float32 row per pair.
@@ -481,6 +483,7 @@ def _gate_up_kernel(
     shared_gate_ptr,  # [shared, inter, hidden] (read only when GATED)
     shared_up_ptr,  # [shared, inter, hidden]
     act_ptr,  # [max_blocks * BLOCK_M, inter], written for the real rows
+    row_scale_ptr,  # [tokens] float32 (ROW_SCALE): each token's products times it (layers/moe.py RowNorm)
     gate_scale_ptr,  # quantized stacks (FORMAT != "none"): the gate's and up's scales [routed, ., .]
     up_scale_ptr,
     shared_gate_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
@@ -523,6 +526,7 @@ def _gate_up_kernel(
     FORMAT: tl.constexpr,  # "none" or a quantized format (module docstring)
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
@@ -612,6 +616,12 @@ def _gate_up_kernel(
                 BLOCK_K,
                 PRECISION,
             )
+        if (
+            ROW_SCALE
+        ):  # (the rows' input norm, applied to the products: RMSNorm(s) @ W.T = r * (s * w) @ W.T)
+            r = tl.load(row_scale_ptr + token, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
+            gate *= r
+            up *= r
         act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
         tl.store(
             act_ptr + rows[:, None] * stride_act + offs_n[None, :],
@@ -803,6 +813,7 @@ def grouped_experts(
     quant: ExpertScales | None = None,
     shared_input: torch.Tensor | None = None,
     ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | NormedRows:
     """x [n, hidden]; weights [n, top_k] float32, or [n, top_k + shared] with the shared slots' weights too
     (module docstring); ids [n, top_k] int (each with its last dimension contiguous); gate (None: ungated
@@ -824,7 +835,9 @@ def grouped_experts(
     output comes apart: (the routed output, the shared experts' output), each [n, hidden] (module docstring,
     a dense MLP beside the experts). ``ready`` = (stream [n, hidden], weight [hidden], offset): the output
     added to the stream in the combine's launch and made ready for the RMSNorm of scale offset + weight
-    after the block (``NormedRows``: the next layer's input projection folds that norm in)."""
+    after the block (``NormedRows``: the next layer's input projection folds that norm in). ``row_scale``
+    [n] float32: x is a stream times its norm's weight and each token's gate/up products are scaled by its
+    entry, the norm's factor (layers/moe.py ``RowNorm``)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
@@ -855,21 +868,24 @@ def grouped_experts(
             f"weights of {weights.shape[1]} slots a token: the {top_k} routed ones, or all {slots}"
         )
     pairs = n * slots
-    if layout is None:
-        layout = align(ids, num_routed, num_shared)
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    if row_scale is not None and (shared_input is not None or row_scale.shape != (n,)):
+        raise ValueError(f"a row scale of [{n}] tokens, for x and the shared slots alike")
     if ready is not None and shared_input is not None:
         raise ValueError(
             "the experts' output comes apart from the shared slots' (shared_input): no stream"
         )
-    if shared_input is not None:
-        if num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype:
-            raise ValueError(
-                f"shared_input {tuple(shared_input.shape)} {shared_input.dtype}: the rows of the shared "
-                f"slots, as x's {tuple(x.shape)} {x.dtype}, with shared experts to read them"
-            )
-        if shared_input.stride() != x.stride():  # (the kernel takes one row stride for both)
-            x, shared_input = x.contiguous(), shared_input.contiguous()
+    if shared_input is not None and (
+        num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype
+    ):
+        raise ValueError(
+            f"shared_input {tuple(shared_input.shape)} {shared_input.dtype}: the rows of the shared "
+            f"slots, as x's {tuple(x.shape)} {x.dtype}, with shared experts to read them"
+        )
+    if layout is None:  # (after every refusal: a launch)
+        layout = align(ids, num_routed, num_shared)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if shared_input is not None and shared_input.stride() != x.stride():
+        x, shared_input = x.contiguous(), shared_input.contiguous()  # (the kernel: one row stride)
     fp32 = x.dtype == torch.float32
     precision = "ieee" if fp32 else "tf32"
     fmt, (scale_bn, scale_bk) = (
@@ -907,6 +923,7 @@ def grouped_experts(
         shared_gate_w,
         shared_up,
         act,
+        act if row_scale is None else row_scale,
         gate_s,
         up_s,
         shared_gate_s,
@@ -943,6 +960,7 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
+        ROW_SCALE=row_scale is not None,
         PDL=pdl,
         num_warps=up_tiles[2],
         num_stages=up_tiles[3],

@@ -56,6 +56,11 @@ Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRou
 - ``expert_scale`` [experts]: each chosen expert's weight times its entry, after the renormalisation and
   the scaling (Gemma 4's per_expert_scale).
 
+One for a block on a fused residual stack (layers/moe.py ``RowNorm``): x is the stream times its norm's
+weight (``NormedRows.normed``, layers/fused_projection.py) and the norm's sums of squares come in parts; the
+route kernel multiplies each token's summed logits (the shared gate's too) by rsqrt(mean(s^2) + eps) and
+writes that factor, which the grouped gate/up kernel applies to its products: the norm costs no launch.
+
 One for a shared expert with a gate of its own (Qwen3-Next's: transformers
 Qwen3NextSparseMoeBlock, ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``): ``shared_gate``, the
 router weight with the gate's row appended ([experts + 1, hidden]), so that the matvec computes the gate's
@@ -82,7 +87,7 @@ from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, pre
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
 if TYPE_CHECKING:
-    from outpace.layers.moe import ExpertPlacement
+    from outpace.layers.moe import ExpertPlacement, RowNorm
 
 # up to this many tokens one program routes each token and routing writes the block layout itself
 # (module docstring 2. and 3.); at most 64, the bits of a token mask
@@ -246,17 +251,22 @@ def _route_tokens(
     expert_scale_ptr,
     weights_ptr,
     ids_ptr,
+    sq_ptr,
+    row_scale_ptr,
     n,
     scaling,
     hidden,
     norm_eps,
     norm_constant,
+    num_sq_parts,
     SPLITS: tl.constexpr,
     NUM_EXPERTS: tl.constexpr,
     TOP_K: tl.constexpr,
     SOFTMAX: tl.constexpr,
     BIAS: tl.constexpr,
     INPUT_NORM: tl.constexpr,
+    ROW_NORM: tl.constexpr,
+    BLOCK_P: tl.constexpr,
     EXPERT_SCALE: tl.constexpr,
     SHARED_GATE: tl.constexpr,
     NUM_SHARED: tl.constexpr,
@@ -297,6 +307,21 @@ def _route_tokens(
         factor = tl.rsqrt(sq / hidden + norm_eps) * norm_constant  # [BLOCK_T]
         logits *= factor[:, None]
         gate *= factor
+    if (
+        ROW_NORM
+    ):  # the rows are s * w (NormedRows): RMSNorm(s) @ W.T = rsqrt(mean(s^2) + eps) * (s * w) @ W.T
+        parts = tl.arange(0, BLOCK_P)
+        sq = tl.load(
+            sq_ptr + parts[None, :] * n + tokens[:, None],
+            mask=t_ok[:, None] & (parts < num_sq_parts)[None, :],
+            other=0.0,
+        )  # [BLOCK_T, BLOCK_P]
+        factor = tl.rsqrt(tl.sum(sq, axis=1) / hidden + norm_eps)  # [BLOCK_T]
+        logits *= factor[:, None]
+        gate *= factor
+        tl.store(
+            row_scale_ptr + tokens, factor, mask=t_ok
+        )  # (the grouped gate/up kernel's row scale)
     if SOFTMAX:
         logits = tl.where(e_ok[None, :], logits, float("-inf"))
         p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
@@ -392,11 +417,14 @@ def _route_kernel(
     block_expert_ptr,  # the block layout, written when LAYOUT
     cursor_ptr,  # its scratch
     ticket_ptr,  # [1 + local + shared experts] int64, zero on entry and on exit: ticket, token masks (LAYOUT)
+    sq_ptr,  # [num_sq_parts, n] float32 (ROW_NORM): the rows' partial sums of squares (NormedRows.sq_parts)
+    row_scale_ptr,  # [n] float32 (ROW_NORM), written: each row's norm factor
     n,
     scaling,
     hidden,
     norm_eps,
     norm_constant,
+    num_sq_parts,
     max_blocks,
     first_expert,  # the layout's experts: first_expert .. + local_experts - 1 (all without EXPERT_RANGE)
     local_experts,
@@ -406,6 +434,8 @@ def _route_kernel(
     SOFTMAX: tl.constexpr,
     BIAS: tl.constexpr,
     INPUT_NORM: tl.constexpr,
+    ROW_NORM: tl.constexpr,  # x was NormedRows.normed: logits times each row's norm factor (docstring 2.)
+    BLOCK_P: tl.constexpr,  # a power of two >= num_sq_parts (ROW_NORM)
     EXPERT_SCALE: tl.constexpr,
     SHARED_GATE: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
@@ -434,17 +464,22 @@ def _route_kernel(
         expert_scale_ptr,
         weights_ptr,
         ids_ptr,
+        sq_ptr,
+        row_scale_ptr,
         n,
         scaling,
         hidden,
         norm_eps,
         norm_constant,
+        num_sq_parts,
         SPLITS,
         NUM_EXPERTS,
         TOP_K,
         SOFTMAX,
         BIAS,
         INPUT_NORM,
+        ROW_NORM,
+        BLOCK_P,
         EXPERT_SCALE,
         SHARED_GATE,
         NUM_SHARED,
@@ -588,6 +623,7 @@ def select_experts(
     input_norm: RouterInputNorm | None = None,
     expert_scale: torch.Tensor | None = None,
     shared_gate: bool = False,
+    row_norm: RowNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
     """partial logits [splits, n, experts] float32 (``router_logits``, or the logits as [1, n, experts]);
     bias [experts] float32 or None; routing a layers/moe.py ``Routing`` -> (weights [n, top_k] float32,
@@ -597,9 +633,15 @@ def select_experts(
     ``input_norm``, partial holds ``router_logits`` with the norm's column scale (one more entry a row);
     ``expert_scale`` [experts]: module docstring. With ``shared_gate`` each row holds the shared gate's
     logit after the experts' (module docstring), and the weights are [n, top_k + num_shared], the shared
-    slots' sigmoid(gate) last."""
+    slots' sigmoid(gate) last. With ``row_norm`` (layers/moe.py ``RowNorm``) the logits are of a stream
+    times its norm's weight: each row's are scaled by its norm factor, which is written into
+    ``row_norm.scale`` (module docstring 2.)."""
     splits, n, experts = partial.shape
     norm = input_norm
+    if norm is not None and row_norm is not None:
+        raise ValueError(
+            "a router reads x through its own input norm or a stream's NormedRows, not both"
+        )
     # (each row ends with the shared gate's logit, then the sum of x^2)
     experts -= shared_gate + (norm is not None)
     if shared_gate and num_shared < 1:
@@ -640,11 +682,14 @@ def select_experts(
         blocks.block_expert,
         blocks.cursor,
         layout_scratch(partial.device, local + num_shared) if fused else ids,
+        partial if row_norm is None else row_norm.sq_parts,
+        partial if row_norm is None else row_norm.scale,
         n,
         float(r.scaling),
-        1 if norm is None else norm.column_scale.shape[0],  # the hidden size
-        0.0 if norm is None else float(norm.eps),
+        _norm_width(norm, row_norm),  # the hidden size
+        float(norm.eps) if norm is not None else float(row_norm.eps) if row_norm else 0.0,
         1.0 if norm is None else float(norm.constant),
+        1 if row_norm is None else row_norm.sq_parts.shape[0],
         blocks.blocks,
         first,
         local,
@@ -654,6 +699,8 @@ def select_experts(
         SOFTMAX=r.scoring == "softmax",
         BIAS=bias is not None,
         INPUT_NORM=norm is not None,
+        ROW_NORM=row_norm is not None,
+        BLOCK_P=1 if row_norm is None else triton.next_power_of_2(row_norm.sq_parts.shape[0]),
         EXPERT_SCALE=expert_scale is not None,
         SHARED_GATE=shared_gate,
         NUM_GROUPS=r.num_groups,
@@ -684,6 +731,13 @@ def select_experts(
     )
 
 
+def _norm_width(input_norm: RouterInputNorm | None, row_norm: RowNorm | None) -> int:
+    """The hidden size a norm folded into the routing averages over (1 without one: unread)."""
+    if input_norm is not None:
+        return input_norm.column_scale.shape[0]
+    return 1 if row_norm is None else row_norm.hidden
+
+
 def _expert_range(layout: bool | ExpertPlacement, experts: int) -> tuple[int, int]:
     """(first, count) of the experts whose layout ``select_experts`` writes: every one of ``experts`` but
     for a placement's."""
@@ -704,10 +758,12 @@ def route(
     input_norm: RouterInputNorm | None = None,
     expert_scale: torch.Tensor | None = None,
     shared_gate: bool = False,
+    row_norm: RowNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
     """x [n, hidden] -> ``select_experts`` of its router logits (module docstring), of RMSNorm(x) times
     the norm's scales with ``input_norm``, each weight times its expert's ``expert_scale`` [experts];
-    with ``shared_gate`` the weight's last row is the shared expert's gate ([experts + 1, hidden])."""
+    with ``shared_gate`` the weight's last row is the shared expert's gate ([experts + 1, hidden]); with
+    ``row_norm`` x is a stream times its norm's weight (``NormedRows.normed``), the norm applied here."""
     column_scale = None if input_norm is None else input_norm.column_scale
     return select_experts(
         router_logits(x, weight, column_scale),
@@ -718,4 +774,5 @@ def route(
         input_norm,
         expert_scale,
         shared_gate,
+        row_norm,
     )

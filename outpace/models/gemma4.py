@@ -282,7 +282,9 @@ class Gemma4Router(RoutingModule):
         """``RoutingModule.uses_kernel``, for a projection of plain float weights (a quantized one: eager)."""
         return super().uses_kernel(x) and isinstance(self.proj, nn.Linear)
 
-    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
+    def route_on_kernels(
+        self, x: torch.Tensor, num_shared: int, layout: bool, row_norm=None
+    ) -> tuple:
         from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
 
         norm = moe_routing_kernel.RouterInputNorm(self.scale, self.norm.eps, x.shape[-1] ** -0.5)
@@ -295,6 +297,7 @@ class Gemma4Router(RoutingModule):
             layout,
             input_norm=norm,
             expert_scale=self.per_expert_scale,
+            row_norm=row_norm,  # (refused beside its own input norm)
         )
 
     def reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,9 +22,11 @@ Few rows on the GPU (decode, verify) run the stack in the fused residual style o
 in-projections, the attention's q/k/v) reads the stream through the norm-folding kernel, out_proj / o_proj
 adds the residual and makes the stream ready for the post-attention norm, the dense MLP's gate/up folds
 that norm and down_proj makes the stream ready for the next layer's norm, so no RMSNorm runs as a launch
-of its own. A MoE MLP reads its input whole: it is normalised in one launch (``NormalisedRows``), and the
-experts' combine adds their output to the stream and makes it ready for the next layer's norm
-(layers/moe.py ``ReadyStream``; under tensor parallelism the all-reduce, the add and the norm in one launch).
+of its own. A MoE MLP on one GPU reads the stream made ready for its norm too: the routing kernel scales
+each token's logits by the norm's factor and the grouped gate/up kernel its products (layers/moe.py
+``RowNorm``), and the experts' combine adds their output to the stream and makes it ready for the next
+layer's norm (``ReadyStream``); under tensor parallelism it reads its input normalised in one launch, and
+the all-reduce, the add and the next norm run in another (layers/fused_decoder.py ``moe_block_fused``).
 
 The model interface is the Llama family's (models/llama.py). The checkpoints' ``mtp.*`` layers (when the
 config declares them: models/drafts/hybrid_mtp.py) are ``mtp_layers``, which ``--method mtp`` drafts with
@@ -62,12 +64,10 @@ from outpace.layers.fused_decoder import (
     fused_weight,
     mlp_fused,
     mlp_fuses,
+    moe_block_fused,
     norm_head_logits,
-    project_add_normalised,
     project_add_ready,
     project_normalised,
-    ready_stream,
-    reduce_add_normalised,
     run_stack,
 )
 from outpace.layers.gated_deltanet import GatedDeltaNet
@@ -79,8 +79,10 @@ from outpace.layers.moe import (
     RoutedExperts,
     Router,
     Routing,
+    RowNorm,
     expert_modules,
     experts_on_kernels,
+    takes_normed_rows,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.recurrent import rows_alone
@@ -324,13 +326,22 @@ class RouterWithSharedGate(Router):
         self.rows = torch.cat([self.weight.data, shared_gate.weight.data.float()])
         self.weight.data = self.rows[:-1]
 
-    def route_on_kernels(self, x: torch.Tensor, num_shared: int, layout: bool) -> tuple:
+    def route_on_kernels(
+        self, x: torch.Tensor, num_shared: int, layout: bool, row_norm: RowNorm | None = None
+    ) -> tuple:
         if not num_shared or self.rows is None:
-            return super().route_on_kernels(x, num_shared, layout)
+            return super().route_on_kernels(x, num_shared, layout, row_norm)
         from outpace.layers import moe_routing_kernel  # Triton: CUDA installs only
 
         return moe_routing_kernel.route(
-            x, self.rows, None, self.routing, num_shared, layout, shared_gate=True
+            x,
+            self.rows,
+            None,
+            self.routing,
+            num_shared,
+            layout,
+            shared_gate=True,
+            row_norm=row_norm,
         )
 
 
@@ -372,27 +383,42 @@ class SparseMoeWithSharedExpert(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(self.partial(x), self.group)
 
-    def partial(self, x: torch.Tensor, ready: ReadyStream | None = None):
+    def partial(
+        self, x: torch.Tensor, ready: ReadyStream | None = None, row_norm: RowNorm | None = None
+    ):
         """This rank's part of ``forward``'s output: every expert's rows split over the ranks (layers/moe.py
         MoE), so the block's output is the sum of the ranks' parts; with ``ready`` added to a stream and
-        made ready for the next norm (``NormedRows``)."""
+        made ready for the next norm (``NormedRows``); with ``row_norm`` x is a stream times the norm's
+        weight (``takes_normed_rows``)."""
         if self.experts.uses_kernels(x):
-            return self._on_kernels(x, ready)
+            return self._on_kernels(x, ready, row_norm)
         out = self.experts(x, *self.gate(x)) + self._gated_shared(x)
         return out if ready is None else ready.add(out)
+
+    def takes_normed_rows(self, x: torch.Tensor) -> bool:
+        """Whether ``partial`` takes x [n, hidden] as a stream made ready for its norm (``RowNorm``): the
+        routing kernel weighting the fused shared slots by the shared gate, and layers/moe.py
+        ``takes_normed_rows``."""
+        return self.gate.rows is not None and takes_normed_rows(
+            self.gate, self.experts, self.shared_expert, x
+        )
 
     def _gated_shared(self, x: torch.Tensor) -> torch.Tensor:
         # (the gates [n, 1] a token at a time in batch-invariant mode on the CPU: layers/recurrent.py rows_alone)
         return rows_alone(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
 
-    def _on_kernels(self, x: torch.Tensor, ready: ReadyStream | None):
+    def _on_kernels(self, x: torch.Tensor, ready: ReadyStream | None, row_norm: RowNorm | None):
         """The routed experts on the grouped kernels and the shared expert fused with them, its slots
         weighted by its gate (``RouterWithSharedGate``), where it fuses (layers/moe.py ``FusedShared``;
         routing on the kernels, the rows packed); else beside them."""
         fuses = self.gate.rows is not None and self.gate.uses_kernel(x)
         fused = FusedShared.of(self.shared_expert if fuses else None, self.experts)
         if fused.count:
-            return experts_on_kernels(x, self.gate, self.experts, fused, ready=ready)
+            return experts_on_kernels(
+                x, self.gate, self.experts, fused, ready=ready, row_norm=row_norm
+            )
+        if row_norm is not None:
+            raise ValueError("a shared expert beside the experts reads x normalised")
         out = experts_on_kernels(x, self.gate, self.experts, fused) + self._gated_shared(x)
         return out if ready is None else ready.add(out)
 
@@ -450,7 +476,7 @@ class Qwen3NextDecoderLayer(nn.Module):
         """rows: the layer's input stream made ready for its input norm (``NormedRows`` or ``NormalisedRows``)
         -> its output stream made ready for ``next_norm`` (module docstring): out_proj / o_proj adds the
         residual; a dense MLP folds the post-attention norm into gate/up and down_proj adds the residual; a
-        MoE reads the post-attention norm materialised, its output added and normalised in one launch."""
+        MoE block as layers/fused_decoder.py ``moe_block_fused`` runs it."""
         eps, post = self.input_layernorm.eps, self.post_attention_layernorm
         if self.is_linear:
             out, out_proj = self.linear_attn.step_fused(rows, eps), self.linear_attn.out_proj
@@ -459,12 +485,17 @@ class Qwen3NextDecoderLayer(nn.Module):
         if isinstance(self.mlp, GatedMLP):
             mid = project_add_ready(out, out_proj, rows.stream, post)  # (sharded: NormalisedRows)
             return mlp_fused(self.mlp, mid, post.eps, next_norm)
-        mid = project_add_normalised(out, out_proj, rows.stream, post)
-        if (
-            self.mlp.group.size == 1
-        ):  # the experts' combine adds the stream and readies the next norm
-            return self.mlp.partial(mid.x, ready_stream(mid, next_norm))
-        return reduce_add_normalised(self.mlp.partial(mid.x), mid.stream, next_norm, self.mlp.group)
+        takes_rows = self.mlp.takes_normed_rows(rows.stream)
+        return moe_block_fused(
+            out,
+            out_proj,
+            rows.stream,
+            post,
+            next_norm,
+            self.mlp.partial,
+            takes_rows,
+            self.mlp.group,
+        )
 
 
 class Qwen3NextModel(nn.Module):

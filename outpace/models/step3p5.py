@@ -86,8 +86,10 @@ from outpace.layers.moe import (
     RoutedExperts,
     Router,
     Routing,
+    RowNorm,
     expert_rows_group,
     moe_on_kernels,
+    takes_normed_rows,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
@@ -464,12 +466,17 @@ class Step3p5MoE(RoutedExperts):
         self.gate = Router(h, cfg.routing)
 
     def forward(
-        self, x: torch.Tensor, shared_mlp: nn.Module | None = None, ready: ReadyStream | None = None
+        self,
+        x: torch.Tensor,
+        shared_mlp: nn.Module | None = None,
+        ready: ReadyStream | None = None,
+        row_norm: RowNorm | None = None,
     ):
         """x [n, hidden] -> this rank's routed output [n, hidden], plus ``shared_mlp``'s when given; with
-        ``ready`` added to a stream and made ready for the next norm (``NormedRows``)."""
+        ``ready`` added to a stream and made ready for the next norm (``NormedRows``); with ``row_norm`` x
+        is a stream times the norm's weight (layers/moe.py ``takes_normed_rows``)."""
         if self.uses_kernels(x):
-            return moe_on_kernels(x, self.gate, self, shared_mlp, ready=ready)
+            return moe_on_kernels(x, self.gate, self, shared_mlp, ready=ready, row_norm=row_norm)
         out = self.run(x, *self.gate(x))  # weights, ids [n, top_k]
         out = out if shared_mlp is None else out + shared_mlp(x)
         return out if ready is None else ready.add(out)
@@ -625,8 +632,8 @@ class Step3p5DecoderLayer(nn.Module):
     def fuses(self, h: torch.Tensor) -> bool:
         """Whether ``forward_fused`` serves the stream h [num_tokens, hidden]: the attention's fused path
         reading the stream through the norm (``reads_rows``), its o_proj adding the residual
-        (layers/fused_decoder.py ``block_fuses``), and a dense MLP that ``mlp_fuses`` (a MoE reads its input
-        materialised)."""
+        (layers/fused_decoder.py ``block_fuses``), and a dense MLP that ``mlp_fuses`` (any MoE block:
+        ``moe_block_fused``)."""
         attn = self.self_attn
         return (
             attn.fuses(h)
@@ -639,11 +646,9 @@ class Step3p5DecoderLayer(nn.Module):
         """rows: the layer's input stream made ready for its input norm (``NormedRows`` or ``NormalisedRows``)
         -> its output stream made ready for ``next_norm``, as Qwen3-Next's layers (models/qwen3_next.py):
         o_proj adds the residual; a dense MLP folds the post-attention norm into gate/up (its SwiGLU clamp,
-        where it has one, a launch between) and down_proj adds the residual; the experts read the
-        post-attention norm materialised, and their output (with the shared expert's) is added to the stream
-        and made ready for the next norm in their combine's launch on one GPU; under tensor parallelism
-        (this rank's partial sum) all-reduced, added and normalised for the next layer in one launch where
-        layers/all_reduce_norm.py serves it."""
+        where it has one, a launch between) and down_proj adds the residual; the experts and the shared
+        expert as layers/fused_decoder.py ``moe_block_fused`` runs a MoE block (on one GPU the post-attention
+        norm folded into routing and gate/up, the next norm readied by their combine)."""
         attn, post = self.self_attn, self.post_attention_layernorm
         out = attn.attend_rows(positions, rows, self.input_layernorm.eps)
         if not self.is_moe:
@@ -654,11 +659,17 @@ class Step3p5DecoderLayer(nn.Module):
             gate_up = fused_decoder.project_normalised(mid, post.eps, mlp.gate_up.weight)
             act = clamped_swiglu(*gate_up.chunk(2, dim=-1), mlp.limit)  # [num_tokens, inter]
             return fused_decoder.project_add_ready(act, mlp.down_proj, mid.stream, next_norm)
-        mid = fused_decoder.project_add_normalised(out, attn.o_proj, rows.stream, post)
-        if self.group.size == 1:  # the experts' combine adds the stream and readies the next norm
-            return self.moe(mid.x, self.share_expert, fused_decoder.ready_stream(mid, next_norm))
-        partial = self.moe(mid.x, self.share_expert)
-        return fused_decoder.reduce_add_normalised(partial, mid.stream, next_norm, self.group)
+        moe, shared = self.moe, self.share_expert
+        return fused_decoder.moe_block_fused(
+            out,
+            attn.o_proj,
+            rows.stream,
+            post,
+            next_norm,
+            lambda x, ready, row_norm: moe(x, shared, ready, row_norm),
+            takes_normed_rows(moe.gate, moe, shared, rows.stream),
+            self.group,
+        )
 
 
 class Step3p5SharedHead(nn.Module):

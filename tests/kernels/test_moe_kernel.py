@@ -153,6 +153,26 @@ def test_combine_adds_the_stream_and_readies_the_next_norm(n, hidden, offset):
     torch.testing.assert_close(got.sq_parts.sum(0), expected.sq_parts.sum(0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 7])
+def test_a_row_scale_is_the_input_norm_of_a_stream(n):
+    """``row_scale``: x is a stream times its norm's weight, each token's gate/up products scaled by its
+    norm factor before the activation: the experts of the normalised stream (shared slots too)."""
+    from outpace.layers.norm import rms_norm_torch
+
+    moe = make_moe(hidden=40, inter=12, experts=8, top_k=3, shared=2)
+    g = torch.Generator().manual_seed(n)
+    stream, w = torch.randn(n, 40, generator=g), torch.rand(40, generator=g) + 0.5
+    rstd = torch.rsqrt(stream.pow(2).mean(dim=1) + 1e-6)
+    weights, ids = routing_of(n, 8, 3, shared=False, seed=n)
+    weights = torch.cat([weights, torch.ones(n, 2, device=DEVICE)], dim=1)  # (the shared slots': 1)
+    stacks = shared_expert_stacks(moe.shared_experts, moe.experts)
+    kernel_args = (weights, ids, *moe.experts.stacks())
+    kw = dict(activation="silu", shared=stacks)
+    expected = grouped_experts(rms_norm_torch(stream, w, 1e-6)[0].to(DEVICE), *kernel_args, **kw)
+    got = grouped_experts((stream * w).to(DEVICE), *kernel_args, row_scale=rstd.to(DEVICE), **kw)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_prefill_sized_batch_takes_the_large_blocks():
     """More pairs than 16 per expert: 64-row blocks, experts with several blocks, ragged last blocks."""
     moe = make_moe(hidden=24, inter=20, experts=4, top_k=2)

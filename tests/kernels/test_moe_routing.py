@@ -193,6 +193,30 @@ def test_kernel_equals_torch_on_random_hidden_states(case):
     assert_same_routing(router(x), expected)
 
 
+@pytest.mark.parametrize("n", [1, 6])
+@pytest.mark.parametrize("case", ["softmax-normalised-scaled", "v3-sigmoid-bias-top2-sum"])
+def test_a_stream_made_ready_for_its_norm_routes_as_the_norm(case, n):
+    """``RowNorm``: x is a stream times its norm's weight (``NormedRows``, sums of squares in parts over an
+    odd hidden size) and the kernel scales each token's logits by the norm's factor: the routing of the
+    normalised stream, and the factor written for the gate/up kernel."""
+    from outpace.layers.fused_projection import NormedRows, normed_rows
+    from outpace.layers.moe import RowNorm
+    from outpace.layers.norm import rms_norm_torch
+
+    g = torch.Generator().manual_seed(n)
+    hidden, eps = 197, 1e-6
+    stream, w = torch.randn(n, hidden, generator=g), torch.rand(hidden, generator=g) + 0.5
+    router = make_router(ROUTINGS[case], hidden=hidden, seed=n)
+    expected = router(rms_norm_torch(stream, w, eps)[0].to(DEVICE))  # the torch path off CUDA
+    rows = normed_rows(stream.to(DEVICE), w.to(DEVICE))
+    parts = torch.stack([c.pow(2).sum(dim=1) for c in stream.chunk(3, dim=1)])  # [3, n]
+    row_norm = RowNorm.of(NormedRows(rows.stream, rows.normed, parts.to(DEVICE)), eps)
+    router.kernel = True
+    assert_same_routing(router(rows.normed, row_norm=row_norm), expected)
+    rstd = torch.rsqrt(stream.pow(2).mean(dim=1) + eps)
+    torch.testing.assert_close(row_norm.scale.cpu(), rstd, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("tokens, hidden", [(3, 1097), (40, 197)])
 def test_split_router_logits_sum_to_the_matvec(tokens, hidden):
     """An odd hidden size over several splits of the hidden dimension (few tokens: 256-wide steps; more:

@@ -42,13 +42,15 @@ experts = {
     **pointers(["x_ptr", "shared_x_ptr", "gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "act_ptr",
                 "w_ptr", "shared_w_ptr", "out_ptr", "shared_out_ptr"], "*bf16"),
     **pointers(["gate_scale_ptr", "up_scale_ptr", "scale_ptr", "shared_gate_scale_ptr",
-                "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr"], "*fp32"),
+                "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr", "row_scale_ptr"],
+               "*fp32"),
     **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
     "limit": "fp32",
 }
 tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FORMAT="none", SCALE_BN=1,
              SCALE_BK=1, PDL=True)
-build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False), 4, 3)
+build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
+build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 combine = {**experts, "ids_ptr": "*i64", **pointers(["stream_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
            "sq_ptr": "*fp32", "norm_offset": "fp32"}
@@ -104,17 +106,19 @@ for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_
 build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
       "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
       PDL=True))
-route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr"], "*fp32"),
+route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr", "sq_ptr", "row_scale_ptr"],
+                    "*fp32"),
          **pointers(["sorted_pairs_ptr", "block_expert_ptr", "cursor_ptr"], "*i32"),
          **pointers(["ids_ptr", "ticket_ptr"], "*i64"),
          **pointers(["scaling", "norm_eps", "norm_constant"], "fp32")}
 build(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=True, BIAS=False,
-      INPUT_NORM=False, EXPERT_SCALE=False, SHARED_GATE=False, NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False,
+      INPUT_NORM=False, ROW_NORM=False, BLOCK_P=1, EXPERT_SCALE=False, SHARED_GATE=False, NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False,
       NORMALIZE=False, BLOCK_T=1, BLOCK_E=64, BLOCK_G=1, BLOCK_K=8, LAYOUT=True, NUM_SHARED=2,
       BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, PDL=True), 1, 2)
-# Qwen3-Next's one-token route (512 experts, its shared gate and slot) at its warps: no register spills
+# Qwen3-Next's one-token route on the fused stack (512 experts, its shared gate and slot, the post-attention
+# norm's factor from the stream's 16 parts) at its warps: no register spills
 compiled = compile_for_hopper(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=512, TOP_K=10,
-    SOFTMAX=True, BIAS=False, INPUT_NORM=False, EXPERT_SCALE=False, SHARED_GATE=True, NUM_GROUPS=1,
+    SOFTMAX=True, BIAS=False, INPUT_NORM=False, ROW_NORM=True, BLOCK_P=16, EXPERT_SCALE=False, SHARED_GATE=True, NUM_GROUPS=1,
     TOP_GROUPS=1, TOP2_SUM=False, NORMALIZE=True, BLOCK_T=1, BLOCK_E=512, BLOCK_G=1, BLOCK_K=16, LAYOUT=True,
     NUM_SHARED=1, BLOCK_SHARED=1, SORT_BLOCK_E=1024, BLOCK_M=16, PAIR_BLOCK=16, PDL=True),
     rk.token_route_warps(512), 1)
@@ -125,7 +129,7 @@ print("_route_kernel:qwen3-next", "0 bytes spill stores" in ptxas_report(compile
 def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel", "_down_kernel"] + ["_combine_kernel"] * 3
+    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 3
     names += [
         f"{kernel}:fp8_block:{family}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")

@@ -19,6 +19,7 @@ from outpace.layers import fused_decoder  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.linear import linear  # noqa: E402
 from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
+from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
 
@@ -67,11 +68,18 @@ def _forward(model, ids, positions, meta, recurrent):
         return model.compute_logits(model(ids, positions).hidden_states)
 
 
-def _served_step(path, monkeypatch, fused: bool, form: str, norms_run: list | None = None):
+def _served_step(
+    path,
+    monkeypatch,
+    fused: bool,
+    form: str,
+    norms_run: list | None = None,
+    moe_kernels: bool = False,
+):
     """An eager prefill of three prompts into the KV cache and the state rows, then one step of ``form``
     (FORMS) with the fused path forced on or off (the recurrent layers' step kernels on in both) -> (the
     step's logits, the KV caches, the state pools). ``norms_run``: gets each block norm's call during the
-    step."""
+    step; ``moe_kernels``: the step's MoE blocks route and run their experts on the kernels."""
     model = load_model(path, torch.float32, "cpu", progress=False)
     caches = bind_kv_cache(model.model, BlockPool(7, BLOCK_SIZE), torch.float32, "cpu")
     pools = _bind_states(model)
@@ -91,6 +99,9 @@ def _served_step(path, monkeypatch, fused: bool, form: str, norms_run: list | No
     monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: fused)
     monkeypatch.setattr(GatedDeltaNet, "fused_step", True)
     monkeypatch.setattr(Mamba2Mixer, "fused", True)
+    if moe_kernels:
+        monkeypatch.setattr(RoutingModule, "kernel", True)
+        monkeypatch.setattr(RoutedExperts, "kernels", True)
     for norm in _block_norms(model) if norms_run is not None else ():
         norm.register_forward_hook(lambda *_: norms_run.append(1))
     step = RecurrentMetadata(
@@ -153,6 +164,29 @@ def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monk
     )
     assert len(eager) == (layers if variant == "nemotron_h" else 2 * layers)
     assert len(fused) == MATERIALISED[variant]
+
+
+def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, monkeypatch):
+    """Qwen3-Next's MoE blocks on the routing and grouped kernels, fused: the post-attention norm folded into
+    the routing kernel's logits and the gate/up kernel's products (layers/moe.py ``RowNorm``), the next
+    block's norm readied by the combine (``ReadyStream``): the eager step's logits, KV and states, and not
+    one block norm run as a module. (A shared expert twice the routed ones' width: fused with them as two
+    shared slots, which the norm folding needs.)"""
+    path = save_hybrid(
+        make_hybrid("qwen3_next", shared_expert_intermediate_size=24), tmp_path / "qwen3_next"
+    )
+    ref_logits, ref_caches, ref_pools = _served_step(path, monkeypatch, False, "decode")
+    fused_norms = []
+    logits, caches, pools = _served_step(
+        path, monkeypatch, True, "decode", fused_norms, moe_kernels=True
+    )
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+    for pool, ref_pool in zip(pools, ref_pools):
+        for name in pool:
+            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
+    assert fused_norms == []
 
 
 def test_a_block_ends_fused_on_a_shard_that_reduces_itself_not_on_a_bias(monkeypatch):
