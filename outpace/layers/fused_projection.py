@@ -13,8 +13,9 @@ and a round trip of the activations each. Here one kernel does a projection and 
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write).
                            With per-head norms on heads too wide for one program an SM (head_dim 256 or
                            512: Gemma, Qwen3-Next), a plain projection then ``_qkv_heads_kernel`` per head
-- ``norm_project_qkv_gate`` the same over [q | k | v | gate] (Step-3.5's head-wise gate): the gate's
-                           rows ride in the plain projection's launch, their products returned beside q
+- ``norm_project_qkv_gate`` the same over [q | k | v | gate] (Step-3.5's head-wise gate) or with each q
+                           head's gate head beside it (Qwen3-Next): the gate's rows ride in the plain
+                           projection's launch, their products returned beside q
 - ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T (``project_swiglu``: of x, no norm)
 - ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm; optionally
                            soft-capped, Gemma's final_logit_softcapping)
@@ -655,6 +656,7 @@ def _qkv_heads_kernel(
     QK_NORM: tl.constexpr,
     V_NORM: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    Q_GATED: tl.constexpr,  # raw's q part is [q head | its gate head] per head (Qwen3-Next's q_proj)
     PDL: tl.constexpr,
 ):
     """Program (t, h): head h of [q | k | v] for the rows of tile t, from the raw projection: with ROW_NORM
@@ -670,7 +672,10 @@ def _qkv_heads_kernel(
     is_q = first < q_size
     j = tl.arange(0, HALF)  # [HALF]
     ok = row_ok[:, None] & (j < HALF)[None, :]  # [BM, HALF]
-    head_ptr = raw_ptr + rows[:, None] * stride_rm + first  # [BM, 1]
+    src = first  # its first column in raw
+    if Q_GATED:  # (each q head followed by its gate head: the q part twice as wide)
+        src = tl.where(is_q, 2 * first, first + q_size)
+    head_ptr = raw_ptr + rows[:, None] * stride_rm + src  # [BM, 1]
     a = tl.load(head_ptr + j[None, :], mask=ok, other=0.0).to(tl.float32)  # columns j
     b = tl.load(head_ptr + HALF + j[None, :], mask=ok, other=0.0).to(tl.float32)  # j + HALF
     scale = tl.full([BM, 1], 1.0, tl.float32)  # [BM, 1] each row's factor
@@ -1320,22 +1325,31 @@ def norm_project_qkv_gate(
     slot_mapping: torch.Tensor,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     qk_offset: float = 0.0,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``norm_project_qkv`` over a half-precision weight [q | k | v | gate] whose last ``gate_size`` rows
-    are an attention output gate's (Step-3.5's head-wise gate): the gate's rows ride in the plain
-    projection's launch (always the two-kernel path), so the gate costs no launch of its own. Returns q
-    [M, q_size] and the gate's products [M, gate_size] (float32, a view)."""
+    are an attention output gate's (Step-3.5's head-wise gate), or with ``interleaved`` [q head 0 | gate
+    head 0 | q head 1 | ... | k | v] (Qwen3-Next's q_proj: a gate as wide as q, ``gate_size`` = q_size): the
+    gate's rows ride in the plain projection's launch (always the two-kernel path), so the gate costs no
+    launch of its own. Returns q [M, q_size] and the gate's products (float32, a view): [M, gate_size], or
+    interleaved [M, heads, head_dim]."""
     if isinstance(weight, Fp8Weight):
         raise ValueError(
             "norm_project_qkv_gate reads a half-precision weight (an fp8 one: norm_project_qkv)"
         )
+    if interleaved and gate_size != q_size:
+        raise ValueError(f"an interleaved gate is as wide as q ({q_size}), not {gate_size}")
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (weight.shape[0] - gate_size - q_size) // 2
     heads = _QkvHeads(
         head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping
     )
-    q, raw = _project_then_heads(x, norm, weight, heads, qk_norm, qk_offset, False, None, None)
+    q, raw = _project_then_heads(
+        x, norm, weight, heads, qk_norm, qk_offset, False, None, None, q_gated=interleaved
+    )
+    if interleaved:
+        return q, raw[:, : 2 * q_size].unflatten(1, (-1, 2, head_dim))[:, :, 1]
     return q, raw[:, q_size + 2 * kv_size :]
 
 
@@ -1379,10 +1393,11 @@ def _project_then_heads(
     v_norm: bool,
     pdl: bool | None,
     tiles: tuple[int | None, ...] | None,
+    q_gated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``norm_project_qkv``'s two-kernel path: the projection of every row of ``weight`` ([q | k | v], and
-    any rows after them) into ``raw`` [M, weight rows], then ``_qkv_heads_kernel`` over q, k and v's heads.
-    Returns (q, raw)."""
+    any rows after them; with ``q_gated`` each q head's rows followed by its gate head's) into ``raw`` [M,
+    weight rows], then ``_qkv_heads_kernel`` over q, k and v's heads. Returns (q, raw)."""
     q = torch.empty(x.shape[0], heads.q_size, dtype=x.dtype, device=x.device)
     quantized = _quantized_product(weight)
     if quantized:  # the quantized product (layers/quant/quant_matmul_kernel.py), then the heads
@@ -1419,6 +1434,7 @@ def _project_then_heads(
         QK_NORM=qk_norm is not None,
         V_NORM=v_norm,
         BLOCK_P=triton.next_power_of_2(sq_parts.shape[0]) if row_norm else 1,
+        Q_GATED=q_gated,
         PDL=use_pdl,
         num_warps=4 if half <= 128 else 8,
         **pdl_launch_options(use_pdl),

@@ -63,13 +63,28 @@ def attend_fused_qkv(
 
 
 def attend_fused_qkv_gate(
-    attn: nn.Module, positions: torch.Tensor, rows, eps: float, weight: torch.Tensor, sizes
+    attn: nn.Module,
+    positions: torch.Tensor,
+    rows,
+    eps: float,
+    weight: torch.Tensor,
+    q_size: int,
+    gate_size: int,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``attend_fused_qkv`` over a packed half-precision weight [q | k | v | gate] (``sizes``: the four
-    widths; Step-3.5's head-wise gate): -> (the attention output [num_tokens, heads * head_dim] before the
-    gate, the gate's float32 products [num_tokens, gate width]), the gate projected in q/k/v's launch."""
+    """``attend_fused_qkv`` over a packed half-precision weight of q, k, v and an output gate
+    (layers/fused_projection.py ``norm_project_qkv_gate``: [q | k | v | gate], Step-3.5's head-wise gate;
+    ``interleaved``, each q head's gate beside it, Qwen3-Next's) -> (the attention output [num_tokens, heads
+    * head_dim] before the gate, the gate's float32 products), the gate projected in q/k/v's launch."""
     q, gate = projection_kernels().norm_project_qkv_gate(
-        rows, eps, weight, attn.head_dim, sizes[0], sizes[3], **_heads_args(attn, positions)
+        rows,
+        eps,
+        weight,
+        attn.head_dim,
+        q_size,
+        gate_size,
+        **_heads_args(attn, positions),
+        interleaved=interleaved,
     )
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions), gate
 

@@ -62,6 +62,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     block_fuses,
     fused_weight,
+    kernel_rows,
     mlp_fused,
     mlp_fuses,
     moe_block_fused,
@@ -70,6 +71,7 @@ from outpace.layers.fused_decoder import (
     project_normalised,
     run_stack,
 )
+from outpace.layers.fused_sandwich import attend_fused_qkv_gate
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.moe import (
@@ -85,6 +87,7 @@ from outpace.layers.moe import (
     takes_normed_rows,
 )
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.recurrent import rows_alone
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -257,10 +260,21 @@ class GatedAttention(nn.Module):
 
     def attend_fused(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
         """The fused path's attention (``fuses``): rows, the stream made ready for the input norm of eps
-        ``eps``, -> the gated attention output [n, heads * head_dim] before o_proj. The packed q/k/v read
-        the stream through the norm-folding kernel; the rest is ``attend``."""
-        q_gate, k, v = project_normalised(rows, eps, self.qkv.weight).split(self.qkv.sizes, dim=-1)
-        return self.attend(positions, q_gate, k, v)
+        ``eps``, -> the gated attention output [n, heads * head_dim] before o_proj. The packed q/k/v (each
+        query head beside its gate head) read the stream through the norm-folding kernel; where the
+        attention reads the cache the kernels write, one more launch does the heads (the (1 + w) head norms,
+        the partial RoPE, the cache write: layers/fused_sandwich.py ``attend_fused_qkv_gate``), else
+        ``attend`` does."""
+        weight, d = self.qkv.weight, self.head_dim
+        if isinstance(weight, Fp8Weight) or d & (d - 1) or self.attn.fused_write_target() is None:
+            q_gate, k, v = project_normalised(rows, eps, weight).split(self.qkv.sizes, dim=-1)
+            return self.attend(positions, q_gate, k, v)
+        q_size = self.qkv.sizes[0] // 2
+        out, gate = attend_fused_qkv_gate(
+            self, positions, kernel_rows(rows), eps, weight, q_size, q_size, interleaved=True
+        )
+        n = out.shape[0]
+        return sigmoid_gate(out.view(n, self.heads, d), gate).view(n, -1)
 
     def attend(
         self, positions: torch.Tensor, q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -559,7 +559,9 @@ class Step3p5Attention(nn.Module):
         fp8 = isinstance(weight, Fp8Weight)
         kernel_rows = fused_decoder.kernel_rows(rows)
         if self.g_proj is not None and self._packs_gate() and not fp8:
-            out, g = attend_fused_qkv_gate(self, positions, kernel_rows, eps, weight, sizes)
+            out, g = attend_fused_qkv_gate(
+                self, positions, kernel_rows, eps, weight, sizes[0], sizes[3]
+            )
         else:
             qkv_rows = sum(sizes[:3])
             qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]

@@ -222,20 +222,31 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(
     _close(kv_only[1].view(-1, kv_size)[slots], v)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["gate_after_v", "gate_beside_q"])
 @pytest.mark.parametrize("normed", [True, False], ids=["normed_rows", "normalised_tensor"])
 @pytest.mark.parametrize(
     "m,heads,kv_heads,head_dim,rotated_part",
-    [(1, 6, 2, 32, 1), (7, 4, 2, 16, 2), (13, 3, 1, 64, 1)],
+    [(1, 6, 2, 32, 1), (7, 4, 2, 16, 2), (13, 3, 1, 64, 4)],
 )
 def test_norm_project_qkv_gate_is_qkv_and_the_gate_rows(
-    m, heads, kv_heads, head_dim, rotated_part, normed
+    m, heads, kv_heads, head_dim, rotated_part, normed, interleaved
 ):
-    """A weight [q | k | v | gate] (Step-3.5's head-wise gate: one row a head) in one projection launch:
-    q, the cache writes and the gate's products are those of ``norm_project_qkv`` over [q | k | v] and a
-    plain product of the gate's rows."""
+    """An attention output gate's rows in q/k/v's projection launch: after v (Step-3.5's head-wise gate,
+    one row a head), or beside each q head (Qwen3-Next's q_proj: [q head | gate head] per head, as wide as
+    q): q, the cache writes and the gate's products are those of ``norm_project_qkv`` over [q | k | v] and
+    a plain product of the gate's rows."""
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
+    gate_size = q_size if interleaved else heads
     x, nw = _rand(m, k_in, seed=30), _rand(k_in, seed=31)
-    w = _rand(q_size + 2 * kv_size + heads, k_in, seed=32)
+    qkv_w, gate_w = _rand(q_size + 2 * kv_size, k_in, seed=32), _rand(gate_size, k_in, seed=37)
+    if interleaved:  # [q head 0 | gate head 0 | q head 1 | ... | k | v]
+        q_heads, gate_heads = (
+            qkv_w[:q_size].view(heads, 1, head_dim, k_in),
+            gate_w.view(heads, 1, -1, k_in),
+        )
+        w = torch.cat([torch.cat([q_heads, gate_heads], 1).view(-1, k_in), qkv_w[q_size:]])
+    else:
+        w = torch.cat([qkv_w, gate_w])
     qn, kn = _rand(head_dim, seed=33), _rand(head_dim, seed=34)
     rotary = RotaryEmbedding(head_dim // rotated_part, 512, 10000.0)
     positions = torch.randint(0, 512, (m,), generator=torch.Generator().manual_seed(35))
@@ -248,12 +259,22 @@ def test_norm_project_qkv_gate_is_qkv_and_the_gate_rows(
         [torch.zeros(6, 4, kv_heads, head_dim, device=DEVICE) for _ in range(2)] for _ in range(2)
     )
     q, gate = norm_project_qkv_gate(
-        rows, EPS, w.to(DEVICE), head_dim, q_size, heads, *tables, *caches, slots, qk_norm=qk_norm
+        rows,
+        EPS,
+        w.to(DEVICE),
+        head_dim,
+        q_size,
+        gate_size,
+        *tables,
+        *caches,
+        slots,
+        qk_norm=qk_norm,
+        interleaved=interleaved,
     )
     q_ref = norm_project_qkv(
         rows,
         EPS,
-        w[:-heads].to(DEVICE),
+        qkv_w.to(DEVICE),
         head_dim,
         q_size,
         *tables,
@@ -265,8 +286,9 @@ def test_norm_project_qkv_gate_is_qkv_and_the_gate_rows(
     _close(q, q_ref)
     for cache, ref in zip(caches, ref_caches):
         _close(cache, ref)
-    assert gate.shape == (m, heads) and gate.dtype == torch.float32
-    _close(gate, F.linear(x_normed, w[-heads:].double()))
+    gate_ref = F.linear(x_normed, gate_w.double())
+    assert gate.dtype == torch.float32
+    _close(gate, gate_ref.view(m, heads, head_dim) if interleaved else gate_ref)
 
 
 def test_norm_project_writes_into_a_given_tensor():

@@ -13,6 +13,7 @@ from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 pytest.importorskip("triton")
 
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from outpace.cache.block_pool import BlockPool  # noqa: E402
 from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
 from outpace.layers import fused_decoder  # noqa: E402
@@ -63,8 +64,8 @@ def _bind_states(model) -> list[dict[str, torch.Tensor]]:
     return pools
 
 
-def _forward(model, ids, positions, meta, recurrent):
-    with torch.inference_mode(), forward_context(meta, recurrent=recurrent):
+def _forward(model, ids, positions, meta, recurrent, backend=None):
+    with torch.inference_mode(), forward_context(meta, backend, recurrent=recurrent):
         return model.compute_logits(model(ids, positions).hidden_states)
 
 
@@ -75,11 +76,14 @@ def _served_step(
     form: str,
     norms_run: list | None = None,
     moe_kernels: bool = False,
+    triton_attention: bool = False,
 ):
     """An eager prefill of three prompts into the KV cache and the state rows, then one step of ``form``
     (FORMS) with the fused path forced on or off (the recurrent layers' step kernels on in both) -> (the
     step's logits, the KV caches, the state pools). ``norms_run``: gets each block norm's call during the
-    step; ``moe_kernels``: the step's MoE blocks route and run their experts on the kernels."""
+    step; ``moe_kernels``: the step's MoE blocks route and run their experts on the kernels;
+    ``triton_attention``: the step attends on the Triton backend (the one that attends over a cache the
+    fused kernels wrote)."""
     model = load_model(path, torch.float32, "cpu", progress=False)
     caches = bind_kv_cache(model.model, BlockPool(7, BLOCK_SIZE), torch.float32, "cpu")
     pools = _bind_states(model)
@@ -110,7 +114,8 @@ def _served_step(
     meta = build_paged_metadata(TABLES, PROMPT_LENS, [width] * 3, BLOCK_SIZE, "cpu")
     ids = torch.tensor([(5 * i + 11) % 131 for i in range(3 * width)])
     positions = torch.cat([torch.arange(n, n + width) for n in PROMPT_LENS])
-    logits = _forward(model, ids, positions, meta, step)
+    backend = TritonAttentionBackend() if triton_attention else None
+    logits = _forward(model, ids, positions, meta, step, backend)
     monkeypatch.undo()
     return logits, [torch.stack(c) for c in caches], pools
 
@@ -187,6 +192,34 @@ def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, 
         for name in pool:
             torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
     assert fused_norms == []
+
+
+@pytest.mark.parametrize("form", ["decode", "verify of 3"])
+def test_gated_attention_takes_its_heads_from_one_kernel(form, tmp_path, monkeypatch):
+    """Qwen3-Next's gated attention over a power-of-two head_dim, fused: q/k/v and the gate heads beside
+    the query heads in one projection launch, the (1 + w) head norms, the partial RoPE and the cache write in
+    the per-head kernel (layers/fused_projection.py ``norm_project_qkv_gate``, interleaved): the eager
+    step's logits, KV and states."""
+    from outpace.layers import fused_projection
+
+    path = save_hybrid(make_hybrid("qwen3_next", head_dim=16), tmp_path / "qwen3_next")
+    ref_logits, ref_caches, ref_pools = _served_step(
+        path, monkeypatch, False, form, triton_attention=True
+    )
+    calls, real = [], fused_projection.norm_project_qkv_gate
+    monkeypatch.setattr(
+        fused_projection,
+        "norm_project_qkv_gate",
+        lambda *a, **k: calls.append(k["interleaved"]) or real(*a, **k),
+    )
+    logits, caches, pools = _served_step(path, monkeypatch, True, form, triton_attention=True)
+    assert calls == [True]  # (the model's one full-attention layer)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+    for pool, ref_pool in zip(pools, ref_pools):
+        for name in pool:
+            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
 
 
 def test_a_block_ends_fused_on_a_shard_that_reduces_itself_not_on_a_bias(monkeypatch):
