@@ -1,5 +1,5 @@
 """Gated DeltaNet's few-row step (decode, verify: runs of at most ``FUSED_MAX_LEN`` tokens) as one Triton
-launch per layer, two in decode, between the input projections and out_proj (layers/gated_deltanet.py is the
+launch per layer between the input projections and out_proj (layers/gated_deltanet.py is the
 reference: ``GatedDeltaNet.forward`` with ``fused_step`` off).
 
 One program per (sequence, value head, split) walks its run token by token and does all of the layer's
@@ -41,10 +41,13 @@ Conv channels (all q, all k, all v) are shared: the q and k channels of key head
 ``group = v_heads / k_heads`` value heads. Every program of a group computes them; into the snapshot rows
 only the first split of the group's last value head writes them (its v channels are each program's own), so
 no two programs write the same bytes. When the row itself is written (decode), every program of the group
-reads the old q / k window from it, so none may rewrite it: ``_conv_qk_kernel``, a second launch of one
-program per (sequence, key head), does once the first has finished. (One program taking a whole group, as
-this kernel first did, left Qwen3.5's decode at batch 1 on 16 programs: 14.5 us a layer on the H200,
-benchmarks/results/gpu_2026-11-29f call 2.)
+reads the old q / k window from it, so only the group's last program to finish may rewrite it: each program
+counts itself in its (sequence, key head)'s arrival counter after its reads (acq_rel at gpu scope, as the
+split's norm counter below), and the last to arrive reads the old window once more, writes the run's last
+window and zeroes the counter (a second launch per (sequence, key head) did it before: 1.8 us a layer of
+the Qwen3-Next slice's decode at batch 1 on the H200, benchmarks/results/gpu_2026-12-01e call 2). (One
+program taking a whole group, as this kernel first did, left Qwen3.5's decode at batch 1 on 16 programs:
+14.5 us a layer on the H200, benchmarks/results/gpu_2026-11-29f call 2.)
 
 Grid (num_seqs, v_heads, splits) and loop bounds come from shapes only (no host sync): capturable in a CUDA
 graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants). Each program holds its
@@ -236,6 +239,7 @@ def _deltanet_step_kernel(
     out,
     o_part,
     counters,
+    qk_counters,
     snap_rows,
     eps,
     scale,
@@ -363,11 +367,28 @@ def _deltanet_step_kernel(
         fv = _conv_window(
             qkv, qkv_row, v_cols, conv_row, vc, rows, pos, final_used, start, vm, KEEP, CHANNELS
         )
-        tl.debug_barrier()  # every warp's reads of the head's v window before its write
+        # every thread's reads of the row's window before a write: the head's v channels (its own), and
+        # the group's count below (one thread takes it for the program)
+        tl.debug_barrier()
         place = conv_row + taps[:, None] * CHANNELS
         keep = final_used[:, None] & vm[None, :]
         tl.store(place + vc[None, :], fv.to(conv_state.dtype.element_ty), mask=keep)
-        tl.store(row_state, s, mask=m2)  # (q / k channels: _conv_qk_kernel)
+        tl.store(row_state, s, mask=m2)
+        # the group's q / k channels, by its last program to have read them (acq_rel at gpu scope, as the
+        # split's count below): every program of the group read the old window before it arrived
+        qk_counter = qk_counters + seq * K_HEADS + kh
+        if tl.atomic_add(qk_counter, 1, sem="acq_rel", scope="gpu") == GROUP * SPLITS - 1:
+            fq = _conv_window(
+                qkv, qkv_row, q_cols, conv_row, qc, rows, pos, final_used, start, km, KEEP, CHANNELS
+            )
+            fk = _conv_window(
+                qkv, qkv_row, k_cols, conv_row, kc, rows, pos, final_used, start, km, KEEP, CHANNELS
+            )
+            tl.debug_barrier()  # every warp's reads of the q / k window before its write
+            qk_keep = final_used[:, None] & km[None, :]
+            tl.store(place + qc[None, :], fq.to(conv_state.dtype.element_ty), mask=qk_keep)
+            tl.store(place + kc[None, :], fk.to(conv_state.dtype.element_ty), mask=qk_keep)
+            tl.atomic_xchg(qk_counter, 0)  # zero again for the next launch
     if SPLITS > 1:
         # every thread's o columns before the count (one thread takes it for the program); acq_rel at gpu
         # scope: releases this program's columns, and the last to arrive acquires every split's
@@ -379,59 +400,6 @@ def _deltanet_step_kernel(
                 n_tokens, h, eps, V_HEADS, DV, BV * SPLITS, LENGTH,
             )  # fmt: skip
             tl.atomic_xchg(counter, 0)  # zero again for the next launch
-
-
-@triton.jit
-def _conv_qk_kernel(
-    qkv,
-    qkv_row,
-    q_off,
-    k_off,
-    qk_group,
-    table,
-    table_row,
-    query_lens,
-    has_initial,
-    state_indices,
-    conv_state,
-    K_HEADS: tl.constexpr,
-    V_HEADS: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    KEEP: tl.constexpr,
-    BK: tl.constexpr,
-    BW: tl.constexpr,
-    LENGTH: tl.constexpr,
-    BT: tl.constexpr,
-):
-    """Program (sequence, key head kh), after ``_deltanet_step_kernel`` wrote the row (module docstring):
-    the q and k conv channels of kh in the row become the window of the run's last valid token."""
-    CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
-    seq, kh = tl.program_id(0), tl.program_id(1)
-    sidx = tl.load(state_indices + seq).to(tl.int64)
-    start = tl.load(has_initial + seq) != 0
-    ks, taps, slots = tl.arange(0, BK), tl.arange(0, BW), tl.arange(0, BT)
-    km = ks < DK
-    run_rows = tl.load(table + seq * table_row + slots, mask=slots < LENGTH, other=0).to(tl.int64)
-    pos = (
-        tl.load(query_lens + seq) + taps
-    )  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
-    used = taps < KEEP
-    rows = _pick_each(run_rows, pos - KEEP, slots)
-    conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
-    qc, q_cols = kh * DK + ks, q_off + kh * qk_group + ks
-    kc, k_cols = K_HEADS * DK + qc, k_off + kh * qk_group + ks
-    fq = _conv_window(
-        qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
-    )
-    fk = _conv_window(
-        qkv, qkv_row, k_cols, conv_row, kc, rows, pos, used, start, km, KEEP, CHANNELS
-    )
-    tl.debug_barrier()  # every warp's reads of the row before its write
-    place = conv_row + taps[:, None] * CHANNELS
-    keep = used[:, None] & km[None, :]
-    tl.store(place + qc[None, :], fq.to(conv_state.dtype.element_ty), mask=keep)
-    tl.store(place + kc[None, :], fk.to(conv_state.dtype.element_ty), mask=keep)
 
 
 def num_warps(bk: int, bv: int) -> int:
@@ -504,10 +472,17 @@ def deltanet_step(
         )
     else:
         o_part = counters = out  # not read
+    qk_counters = out  # (read without snapshots: the row's q / k conv channels, module docstring)
+    if not recurrent.snapshots:
+        qk_counters = zeroed_scratch(  # [num_seqs * k_heads] one a (sequence, key head)
+            "layers/deltanet_step_kernel.py: the row write's key-head arrival counters",
+            out.device,
+            num_seqs * num_k_heads,
+            torch.int32,
+        )
     # bv: the value columns of one program
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim) // splits
     parents = recurrent.parents if tree else token_table
-    # the shape both launches are compiled for
     shape = dict(
         K_HEADS=num_k_heads,
         V_HEADS=v_heads,
@@ -557,6 +532,7 @@ def deltanet_step(
             out,
             o_part,
             counters,
+            qk_counters,
             rec_snap.shape[1],
             eps,
             head_k_dim**-0.5,
@@ -567,20 +543,5 @@ def deltanet_step(
             SNAPSHOTS=recurrent.snapshots,
             SPLITS=splits,
             num_warps=num_warps(bk, bv),
-        )
-    if num_seqs and length and not recurrent.snapshots:
-        _conv_qk_kernel[(num_seqs, num_k_heads)](
-            rows.qkv,
-            rows.qkv.stride(0),
-            rows.q,
-            rows.k,
-            rows.qk_group,
-            token_table,
-            token_table.stride(0),
-            query_lens,
-            recurrent.has_initial_state,
-            recurrent.state_indices,
-            conv,
-            **shape,
         )
     return out
