@@ -15,7 +15,7 @@ computed twice (benchmarks/scripts/diag_closed_loop.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -27,6 +27,9 @@ from outpace.engine.scheduler import ScheduledRequest
 from outpace.engine.step_key import HoldRule, StepKey
 from outpace.request import Request
 from outpace.speculative.proposer import DraftShape
+
+if TYPE_CHECKING:
+    from outpace.engine.copy_pieces_kernel import CopyPieces
 
 # The most request state a step run ahead saves first (to restore on a drop): a hybrid's recurrent state is MBs
 # a request, and the copy costs its bytes twice over in traffic, while the host time a step run ahead hides is a
@@ -48,26 +51,52 @@ class SavedRows(NamedTuple):
 
 class _SavePlan(NamedTuple):
     """Where a step run ahead saves the request state of its rows: ``saved`` (SavedRows.tensors), and the copies
-    into it, each list of the same dtype (``torch._foreach_copy_`` over one dtype is one launch or few)."""
+    into it: on CUDA those of whole 32-bit words in one launch (engine/copy_pieces_kernel.py), the others in
+    lists of one dtype each (``torch._foreach_copy_`` over one dtype is one launch or few)."""
 
     rows: list[int]  # ascending
     buffers: list[torch.Tensor]  # the state buffers it copies from
     saved: list[torch.Tensor]
     copies: list[tuple[list[torch.Tensor], list[torch.Tensor]]]  # (targets, sources) of one dtype
+    one_launch: CopyPieces | None  # the copies of whole words, where they take one launch
+
+    def run(self) -> None:
+        """Every copy of the plan."""
+        if self.one_launch is not None:
+            self.one_launch()
+        for targets, sources in self.copies:
+            torch._foreach_copy_(targets, sources)
 
 
 def save_plan(buffers: list[torch.Tensor], rows: list[int]) -> _SavePlan:
-    """The copies of ``rows`` (ascending) of each buffer into new tensors, a run of consecutive rows at a time."""
+    """The copies of ``rows`` (ascending) of each buffer into new tensors, a run of consecutive rows at a time:
+    on CUDA those of whole 32-bit words in one launch, the others by dtype."""
     saved = [b.new_empty((len(rows), *b.shape[1:])) for b in buffers]
-    copies: dict[torch.dtype, tuple[list, list]] = {}
+    pairs = []  # (target, source)
     at = 0
     for first, end in row_runs(rows):
         for buffer, into in zip(buffers, saved):
-            targets, sources = copies.setdefault(buffer.dtype, ([], []))
-            targets.append(into[at : at + end - first])
-            sources.append(buffer[first:end])
+            pairs.append((into[at : at + end - first], buffer[first:end]))
         at += end - first
-    return _SavePlan(rows, buffers, saved, list(copies.values()))
+    one_launch = None
+    if pairs and copies_in_one_launch(buffers):
+        from outpace.engine.copy_pieces_kernel import CopyPieces  # Triton: a GPU dependency
+
+        words = [p for p in pairs if CopyPieces.takes(*p)]
+        one_launch = CopyPieces.of(*zip(*words)) if words else None
+        pairs = [p for p in pairs if not CopyPieces.takes(*p)]
+    copies: dict[torch.dtype, tuple[list, list]] = {}
+    for target, source in pairs:
+        targets, sources = copies.setdefault(source.dtype, ([], []))
+        targets.append(target)
+        sources.append(source)
+    return _SavePlan(rows, buffers, saved, list(copies.values()), one_launch)
+
+
+def copies_in_one_launch(buffers: list[torch.Tensor]) -> bool:
+    """Whether a save plan copies its whole words in one launch (engine/copy_pieces_kernel.py): on CUDA (tests
+    force it into Triton's interpreter)."""
+    return buffers[0].is_cuda
 
 
 def row_runs(rows: list[int]) -> list[tuple[int, int]]:
@@ -123,7 +152,7 @@ class RunAhead:
         """The request state of these request rows before a step of ``key``, to restore on a drop: the rows in
         ascending order, copied a run of consecutive rows at a time into tensors kept for the next step of the
         same key and rows (one step runs ahead at a time, and a step's saved state is dead once the next is
-        launched ahead: ``take`` or ``drop`` ended it), by one ``torch._foreach_copy_`` per dtype. A hybrid
+        launched ahead: ``take`` or ``drop`` ended it), in one launch on CUDA (``_SavePlan.run``). A hybrid
         model's recurrent states are MBs a row (torch's index_select of them took 38 us a layer at batch 8 of
         Nemotron-H-8B on the H200, benchmarks/results/gpu_2026-11-29f call 1), and a clone a buffer costs host
         time: 14 clones took about 300 us of a 853 us step of the Qwen3-Next slice at batch 1 on the H200 under
@@ -138,8 +167,7 @@ class RunAhead:
         ):
             self._plans.clear()  # one plan's tensors at a time
             plan = self._plans[key] = save_plan(buffers, rows)
-        for targets, sources in plan.copies:
-            torch._foreach_copy_(targets, sources)
+        plan.run()
         return SavedRows(rows, plan.saved)
 
     def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:

@@ -102,13 +102,20 @@ def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
     assert sizes and set(sizes) == {2}
 
 
+@pytest.mark.parametrize("one_launch", [False, True], ids=["torch_copies", "one_launch"])
 @pytest.mark.parametrize("rows", [[3, 0, 4], [4, 2, 3], [0]])
-def test_a_drop_restores_each_held_row_of_every_buffer(rows):
+def test_a_drop_restores_each_held_row_of_every_buffer(rows, one_launch, monkeypatch):
     """The saved state holds every buffer's rows (int64, float32, bfloat16, [rows, ...] of any
     shape), whether they form one run of consecutive rows (in any order) or several; a drop puts back the
     rows still held by their requests and leaves the others as they are. A second step run ahead for the
-    same rows (whose save reuses the first's tensors) saves the rows as they are then."""
+    same rows (whose save reuses the first's tensors) saves the rows as they are then. ``one_launch``: the
+    whole 32-bit words copied in one launch (engine/copy_pieces_kernel.py, forced into Triton's interpreter;
+    the bfloat16 rows of 14 bytes by torch beside it), as on CUDA."""
     import torch
+
+    if one_launch:
+        pytest.importorskip("triton")
+        monkeypatch.setattr(run_ahead, "copies_in_one_launch", lambda buffers: True)
 
     from outpace.engine.launch import DecodeLaunch
 
