@@ -109,12 +109,14 @@ def test_a_drop_restores_each_held_row_of_every_buffer(rows, one_launch, monkeyp
     shape), whether they form one run of consecutive rows (in any order) or several; a drop puts back the
     rows still held by their requests and leaves the others as they are. A second step run ahead for the
     same rows (whose save reuses the first's tensors) saves the rows as they are then. ``one_launch``: the
-    whole 32-bit words copied in one launch (engine/copy_pieces_kernel.py, forced into Triton's interpreter;
-    the bfloat16 rows of 14 bytes by torch beside it), as on CUDA."""
+    whole 32-bit words copied in one launch (engine/copy_pieces_kernel.py: on CUDA tensors where there is a
+    GPU, else forced into Triton's interpreter; the bfloat16 rows of 14 bytes by torch beside it)."""
     import torch
 
+    device = "cpu"
     if one_launch:
         pytest.importorskip("triton")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         monkeypatch.setattr(run_ahead, "copies_in_one_launch", lambda buffers: True)
 
     from outpace.engine.launch import DecodeLaunch
@@ -125,8 +127,9 @@ def test_a_drop_restores_each_held_row_of_every_buffer(rows, one_launch, monkeyp
         torch.randn(5, 3, 2, generator=g),
         torch.randn(5, 7, generator=g).to(torch.bfloat16),
     ]
+    buffers = [t.to(device) for t in buffers]
     step = SimpleNamespace(state_buffers=lambda key: buffers)
-    table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64, device="cpu")
+    table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64, device=device)
     ahead = run_ahead.RunAhead(None, table, step, per_step=1, lookahead=0, max_model_len=64)
     ids = ("a", "gone", "b")[: len(rows)] if len(rows) > 1 else ("a",)
     restored = [r for r, rid in zip(rows, ids) if rid != "gone"]
