@@ -42,7 +42,6 @@ from outpace.layers import sandwich_norms
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.decoder import GatedMLP, HeadProjections
 from outpace.layers.embedding import ScaledVocabEmbedding
-from outpace.layers.fused_projection import NormedRows
 from outpace.layers.fused_sandwich import (
     attention_block_fused,
     input_rows,
@@ -413,7 +412,7 @@ class Gemma4DecoderLayer(nn.Module):
         GPU: the shared fused kernels (layers/fused_sandwich.py ``sandwich_rows_fused``) for a layer with its
         own KV that no other layer reads, and no MoE block; with a MoE block, its attention block alone
         (``attention_block_fused``)."""
-        rows = h if isinstance(h, NormedRows) else None
+        rows = None if isinstance(h, torch.Tensor) else h  # (NormedRows)
         h = h if rows is None else rows.stream
         if not (self.has_moe or self.lends_kv) and sandwich_fuses(self.self_attn, self.mlp, h):
             rows = rows or input_rows(self, h)
@@ -530,7 +529,7 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
         per_layer = self.model.per_layer_inputs(input_ids, h) if self.model.per_layer_size else None
         captured, shared, layers = {}, {}, self.model.layers
         for i, layer in enumerate(layers):  # (h: a tensor, or NormedRows the layer before readied)
-            stream = h.stream if isinstance(h, NormedRows) else h
+            stream = h if isinstance(h, torch.Tensor) else h.stream
             if i in self.aux_layer_ids:
                 captured[i] = stream
             after = layers[i + 1] if i + 1 < len(layers) else None
@@ -539,7 +538,7 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
             h = layer(
                 positions, h, per_layer_input, shared, after.input_layernorm if ready else None
             )
-        return self._model_output(h.stream if isinstance(h, NormedRows) else h, captured)
+        return self._model_output(h if isinstance(h, torch.Tensor) else h.stream, captured)
 
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
