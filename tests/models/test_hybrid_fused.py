@@ -120,6 +120,17 @@ def _served_step(
     return logits, [torch.stack(c) for c in caches], pools
 
 
+def _assert_same_step(got, want) -> None:
+    """Two ``_served_step`` results: the same logits, KV caches and state pools, to float32 rounding."""
+    (logits, caches, pools), (ref_logits, ref_caches, ref_pools) = got, want
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+    for pool, ref_pool in zip(pools, ref_pools):
+        for name in pool:
+            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
+
+
 def _block_norms(model) -> list:
     """The norms before each block's mixer and MLP (not the final norm, not attention's q/k norms)."""
     layers = model.model.layers
@@ -136,15 +147,10 @@ def test_fused_hybrid_step_computes_what_the_eager_one_does(
     variant, form, checkpoints, monkeypatch
 ):
     path = checkpoints(variant)
-    ref_logits, ref_caches, ref_pools = _served_step(path, monkeypatch, False, form)
-    logits, caches, pools = _served_step(path, monkeypatch, True, form)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-    for c, r in zip(caches, ref_caches):
-        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
-    assert any(p.abs().sum() > 0 for pool in ref_pools for p in pool.values())
-    for pool, ref_pool in zip(pools, ref_pools):
-        for name in pool:
-            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
+    want = _served_step(path, monkeypatch, False, form)
+    got = _served_step(path, monkeypatch, True, form)
+    assert any(p.abs().sum() > 0 for pool in want[2] for p in pool.values())
+    _assert_same_step(got, want)
 
 
 # variant -> the block norms the fused step runs: a MoE reads its input materialised (one norm); Qwen3-Next's
@@ -180,17 +186,10 @@ def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, 
     path = save_hybrid(
         make_hybrid("qwen3_next", shared_expert_intermediate_size=24), tmp_path / "qwen3_next"
     )
-    ref_logits, ref_caches, ref_pools = _served_step(path, monkeypatch, False, "decode")
+    want = _served_step(path, monkeypatch, False, "decode")
     fused_norms = []
-    logits, caches, pools = _served_step(
-        path, monkeypatch, True, "decode", fused_norms, moe_kernels=True
-    )
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-    for c, r in zip(caches, ref_caches):
-        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
-    for pool, ref_pool in zip(pools, ref_pools):
-        for name in pool:
-            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
+    got = _served_step(path, monkeypatch, True, "decode", fused_norms, moe_kernels=True)
+    _assert_same_step(got, want)
     assert fused_norms == []
 
 
@@ -203,23 +202,16 @@ def test_gated_attention_takes_its_heads_from_one_kernel(form, tmp_path, monkeyp
     from outpace.layers import fused_projection
 
     path = save_hybrid(make_hybrid("qwen3_next", head_dim=16), tmp_path / "qwen3_next")
-    ref_logits, ref_caches, ref_pools = _served_step(
-        path, monkeypatch, False, form, triton_attention=True
-    )
+    want = _served_step(path, monkeypatch, False, form, triton_attention=True)
     calls, real = [], fused_projection.norm_project_qkv_gate
     monkeypatch.setattr(
         fused_projection,
         "norm_project_qkv_gate",
         lambda *a, **k: calls.append(k["interleaved"]) or real(*a, **k),
     )
-    logits, caches, pools = _served_step(path, monkeypatch, True, form, triton_attention=True)
+    got = _served_step(path, monkeypatch, True, form, triton_attention=True)
     assert calls == [True]  # (the model's one full-attention layer)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-    for c, r in zip(caches, ref_caches):
-        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
-    for pool, ref_pool in zip(pools, ref_pools):
-        for name in pool:
-            torch.testing.assert_close(pool[name], ref_pool[name], rtol=1e-5, atol=1e-5)
+    _assert_same_step(got, want)
 
 
 def test_a_block_ends_fused_on_a_shard_that_reduces_itself_not_on_a_bias(monkeypatch):
