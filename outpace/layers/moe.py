@@ -25,6 +25,11 @@ their reference), and DeepSeek's ``MoE`` runs as five launches: the router logit
 grouped kernels' block layout, gate/up, down, and the combine of each token's slots, its shared experts
 fused with the routed ones (``shared_expert_stacks``: SGLang's shared experts fusion).
 
+On a fused residual stack (layers/fused_decoder.py ``moe_block_fused``: Qwen3-Next, Step-3.5, one GPU) a block
+costs no norm launch of its own: it reads the stream times its norm's weight, the norm's factor applied by
+the routing kernel to the logits and by the gate/up kernel to the products (``RowNorm``), and the combine
+adds its output to the stream and readies the next layer's norm (``ReadyStream``).
+
 Tensor parallelism (outpace/distributed/), as the default (not expert-parallel) MoE of vLLM and SGLang
 shards it (vLLM FusedMoE's intermediate_size_per_partition; SGLang deepseek_v2.py DeepseekV2MoE, whose
 shared experts skip their own reduction): every rank holds every expert, and of each expert (shared ones
