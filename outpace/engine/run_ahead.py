@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 #   Qwen3-Next, 8-layer slice (12 MiB)       0.92 / 2.02 / 4.92 ahead, 0.95 / 2.30 / 5.18 not
 # 512 MiB is the bound of those that loses least (0.09 ms at Qwen3.5's batch 8, 0.17 at Nemotron-H's batch 1).
 MAX_SAVED_BYTES = 512 << 20
+# The least a save plan copies in one launch (``copies_in_one_launch``): a hybrid's recurrent states (MBs a row;
+# the Qwen3-Next slice's 201 MB at batch 8 in 51.5 us where torch's four launches took 78, gpu_2026-12-01e), not a
+# dense model's lengths and last tokens: their few bytes keep torch's copies, as every dense model's steps were
+# measured with (the one launch's host cost against theirs is not measured).
+ONE_LAUNCH_BYTES = 1 << 20
 
 
 class SavedRows(NamedTuple):
@@ -79,7 +84,8 @@ def save_plan(buffers: list[torch.Tensor], rows: list[int]) -> _SavePlan:
             pairs.append((into[at : at + end - first], buffer[first:end]))
         at += end - first
     one_launch = None
-    if pairs and copies_in_one_launch(buffers):
+    nbytes = sum(source.numel() * source.element_size() for _, source in pairs)
+    if pairs and copies_in_one_launch(buffers, nbytes):
         from outpace.engine.copy_pieces_kernel import CopyPieces  # Triton: a GPU dependency
 
         words = [p for p in pairs if CopyPieces.takes(*p)]
@@ -93,10 +99,10 @@ def save_plan(buffers: list[torch.Tensor], rows: list[int]) -> _SavePlan:
     return _SavePlan(rows, buffers, saved, list(copies.values()), one_launch)
 
 
-def copies_in_one_launch(buffers: list[torch.Tensor]) -> bool:
-    """Whether a save plan copies its whole words in one launch (engine/copy_pieces_kernel.py): on CUDA (tests
-    force it into Triton's interpreter)."""
-    return buffers[0].is_cuda
+def copies_in_one_launch(buffers: list[torch.Tensor], nbytes: int) -> bool:
+    """Whether a save plan of ``nbytes`` copies its whole words in one launch (engine/copy_pieces_kernel.py): on
+    CUDA, from ``ONE_LAUNCH_BYTES`` (tests force it into Triton's interpreter)."""
+    return buffers[0].is_cuda and nbytes >= ONE_LAUNCH_BYTES
 
 
 def row_runs(rows: list[int]) -> list[tuple[int, int]]:

@@ -117,7 +117,7 @@ def test_a_drop_restores_each_held_row_of_every_buffer(rows, one_launch, monkeyp
     if one_launch:
         pytest.importorskip("triton")
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        monkeypatch.setattr(run_ahead, "copies_in_one_launch", lambda buffers: True)
+        monkeypatch.setattr(run_ahead, "copies_in_one_launch", lambda buffers, nbytes: True)
 
     from outpace.engine.launch import DecodeLaunch
 
