@@ -616,9 +616,8 @@ def _gate_up_kernel(
                 BLOCK_K,
                 PRECISION,
             )
-        if (
-            ROW_SCALE
-        ):  # (the rows' input norm, applied to the products: RMSNorm(s) @ W.T = r * (s * w) @ W.T)
+        # the rows' input norm, applied to the products: RMSNorm(s) @ W.T = r * (s * w) @ W.T
+        if ROW_SCALE:
             r = tl.load(row_scale_ptr + token, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
             gate *= r
             up *= r
@@ -874,6 +873,11 @@ def grouped_experts(
         raise ValueError(
             "the experts' output comes apart from the shared slots' (shared_input): no stream"
         )
+    if ready is not None and (ready[0].shape != x.shape or ready[0].dtype != x.dtype):
+        raise ValueError(
+            f"the stream {tuple(ready[0].shape)} {ready[0].dtype} the experts' output is added to: "
+            f"{tuple(x.shape)} {x.dtype}, as their output"
+        )
     if shared_input is not None and (
         num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype
     ):
@@ -1012,11 +1016,6 @@ def grouped_experts(
     programs = triton.cdiv(hidden, block_h)
     if ready is not None:
         stream, norm_weight, norm_offset = ready
-        if stream.shape != out.shape or stream.dtype != out.dtype:
-            raise ValueError(
-                f"the stream {tuple(stream.shape)} {stream.dtype} the experts' output is added to: "
-                f"{tuple(out.shape)} {out.dtype}, as their output"
-            )
         stream = stream.contiguous()
         normed = torch.empty_like(out)
         sq = torch.empty(programs, n, dtype=torch.float32, device=x.device)

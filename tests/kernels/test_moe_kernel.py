@@ -432,6 +432,10 @@ def test_refusals():
         ValueError, match="shared_input"
     ):  # rows for shared slots, and none to read them
         one_token_of_two_experts(activation="relu2", shared_input=torch.zeros(1, 4))
+    with pytest.raises(
+        ValueError, match="the stream"
+    ):  # a stream of other rows than the experts' output
+        one_token_of_two_experts(activation="relu2", ready=(torch.zeros(2, 4), torch.ones(4), 0.0))
 
 
 def test_ungated_shared_experts_fuse_too():
