@@ -88,9 +88,11 @@ def save_plan(buffers: list[torch.Tensor], rows: list[int]) -> _SavePlan:
     if pairs and copies_in_one_launch(buffers, nbytes):
         from outpace.engine.copy_pieces_kernel import CopyPieces  # Triton: a GPU dependency
 
-        words = [p for p in pairs if CopyPieces.takes(*p)]
+        words, others = [], []
+        for pair in pairs:
+            (words if CopyPieces.takes(*pair) else others).append(pair)
         one_launch = CopyPieces.of(*zip(*words)) if words else None
-        pairs = [p for p in pairs if not CopyPieces.takes(*p)]
+        pairs = others
     copies: dict[torch.dtype, tuple[list, list]] = {}
     for target, source in pairs:
         targets, sources = copies.setdefault(source.dtype, ([], []))

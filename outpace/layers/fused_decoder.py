@@ -331,12 +331,13 @@ def moe_block_fused(
     if group.size > 1:
         mid = project_add_normalised(out, proj, stream, norm)
         return reduce_add_normalised(moe(mid.x, None, None), mid.stream, next_norm, group)
-    ready = ReadyStream(None, next_norm.weight, norm_offset(next_norm))
     if takes_rows:
         mid = project_add_ready(out, proj, stream, norm)  # (NormedRows)
-        return moe(mid.normed, ready._replace(stream=mid.stream), RowNorm.of(mid, norm.eps))
-    mid = project_add_normalised(out, proj, stream, norm)
-    return moe(mid.x, ready._replace(stream=mid.stream), None)
+        x, row_norm = mid.normed, RowNorm.of(mid, norm.eps)
+    else:
+        mid = project_add_normalised(out, proj, stream, norm)
+        x, row_norm = mid.x, None
+    return moe(x, ReadyStream(mid.stream, next_norm.weight, norm_offset(next_norm)), row_norm)
 
 
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):

@@ -43,9 +43,10 @@ hidden_states_before_norm); no position-0 masking. The layers chain: layer k rea
 Few rows on the GPU (decode, verify) run the stack in the fused residual style of Qwen3-Next's layers
 (layers/fused_decoder.py ``run_stack``; ``Step3p5DecoderLayer.forward_fused``): q/k/v and the head-wise gate read
 the stream through the input norm, o_proj and down_proj add the residual and ready the next norm, and a MoE
-block's output (this rank's partial sum) is all-reduced, added and normalised for the next layer in one launch
-where the symmetric all-reduce serves. Block FP8 q/k/v keep the eager residual stack, with attention on its
-fused kernels.
+block runs as layers/fused_decoder.py ``moe_block_fused``: on one GPU its routing and gate/up fold the
+post-attention norm in and its combine readies the next norm; under tensor parallelism its output (this rank's
+partial sum) is all-reduced, added and normalised for the next layer in one launch where the symmetric
+all-reduce serves. Block FP8 q/k/v keep the eager residual stack, with attention on its fused kernels.
 
 Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard it: each layer's heads split by its own
 type's counts (layers/decoder.py ``HeadProjections``: q/k/v column-parallel by head, kv heads replicated
