@@ -3,10 +3,12 @@ GPU; ``--tiny``: its small test widening, float32 on a CPU), each one closed bat
 ``--max-tokens``, timed ``--rounds`` times, the methods' engines built once and their rounds interleaved, and
 the median of each row's closed-batch seconds and steady rate reported. One closed batch moves by several
 percent with one-off costs (a slow first prefill, a dropped step run ahead): single runs could not tell two
-closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7).
+closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
+also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen) and
+prints, per batch and temperature, where a method's steps spent more time than plain decoding's.
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--methods ngram draft] [--batches 8 32]
-        [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json]
+        [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +30,7 @@ from outpace.bench.e2e import (
     target_llm,
     widened_zoo,
 )
+from outpace.engine.scheduler import is_decoding
 from outpace.zoo import zoo_dir
 
 
@@ -43,15 +47,73 @@ def engines(methods: list[str], workdir: Path, tiny: bool, max_batch: int) -> di
     }
 
 
+class StepLog:
+    """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None]."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.on, self.steps, self._shape = False, [], None
+        engine = llm.engine
+        real_step = engine.step
+
+        def step():
+            if not self.on:
+                return real_step()
+            self._shape = None
+            rows = sum(map(is_decoding, engine.scheduler.running))
+            t = time.perf_counter()
+            outputs = real_step()
+            self.steps.append([round(1e3 * (time.perf_counter() - t), 3), rows, self._shape])
+            return outputs
+
+        engine.step = step
+        for chooser in engine.choosers.values():
+            choose = chooser.choose
+
+            def watched(*args, _choose=choose, **kwargs):
+                shape = _choose(*args, **kwargs)
+                if self._shape is None:  # (the step's own; a step run ahead chooses after it)
+                    self._shape = f"{shape.num_steps}x{shape.topk}" if shape.num_steps else "plain"
+                return shape
+
+            chooser.choose = watched
+
+
+def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
+    """Per method, batch and temperature against plain decoding's last round: steps, total ms, and the
+    phases (first step, decode steps with every request, the tail) in ms."""
+
+    def phases(steps: list) -> tuple[float, float, float, int]:
+        full = max(rows for _, rows, _ in steps)
+        body = [ms for ms, rows, _ in steps[1:] if rows == full]
+        return steps[0][0], sum(body), sum(ms for ms, _, _ in steps[1 + len(body) :]), len(body)
+
+    lines = []
+    for (name, b, t), steps in logs.items():
+        if name == "none":
+            continue
+        plain = logs["none", b, t]
+        drafted = sum(1 for _, _, s in steps if s not in (None, "plain"))
+        (f0, body0, tail0, n0), (f1, body1, tail1, n1) = phases(plain), phases(steps)
+        lines.append(
+            f"{name:<6} b{b:<3} t{t}: steps {len(plain)} -> {len(steps)} ({drafted} drafted); ms total "
+            f"{sum(s[0] for s in plain):.1f} -> {sum(s[0] for s in steps):.1f}; first {f0:.2f} -> {f1:.2f}; "
+            f"full-batch steps {n0}: {body0:.1f} -> {n1}: {body1:.1f}; tail {tail0:.2f} -> {tail1:.2f}"
+        )
+    return lines
+
+
 def measure(
     llms: dict[str, LLM],
     batches: list[int],
     temperatures: list[float],
     rounds: int,
     max_tokens: int,
+    logs: dict[tuple, list] | None = None,
 ) -> list[dict]:
     """Per (method, batch, temperature): every round's closed-batch seconds and steady tokens/s, and their
-    medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method."""
+    medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method.
+    ``logs``: filled with each row's engine steps of its last round (``StepLog``)."""
+    watches = {name: StepLog(llm) for name, llm in llms.items()} if logs is not None else {}
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     rows = {}
     params = {t: row_params(t, max_tokens) for t in temperatures}
@@ -69,9 +131,14 @@ def measure(
                     "seconds": [],
                     "steady": [],
                 }
-    for _ in range(rounds):
+    for k in range(rounds):
         for (name, b, t), row in rows.items():
+            watch = watches.get(name)
+            if watch is not None:
+                watch.on, watch.steps = k == rounds - 1, []
             outs, seconds, steady = _run(llms[name], prompts, b, params[t], b)
+            if watch is not None and watch.on:
+                logs[name, b, t], watch.on = watch.steps, False
             row["seconds"].append(seconds)
             row["steady"].append(steady)
             row["tokens"] = sum(len(o.token_ids) for o in outs)
@@ -95,9 +162,11 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--workdir", default=".e2e")
     p.add_argument("--out", default=None)
+    p.add_argument("--steps", default=None, help="write each row's last-round steps here (JSON)")
     a = p.parse_args()
     llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches))
-    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens)
+    logs = {} if a.steps else None
+    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs)
     print(
         f"{'method':<8} {'batch':>5} {'temp':>4} {'closed':>7} {'steady':>7}  closed seconds by round"
     )
@@ -109,6 +178,12 @@ def main() -> None:
         )
     if a.out:
         Path(a.out).write_text(json.dumps({"rounds": a.rounds, "rows": rows}, indent=1) + "\n")
+    if logs is not None:
+        print("\n".join(step_differences(logs, a.methods)))
+        named = [
+            {"method": n, "batch": b, "temperature": t, "steps": s} for (n, b, t), s in logs.items()
+        ]
+        Path(a.steps).write_text(json.dumps(named, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":
