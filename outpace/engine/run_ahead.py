@@ -223,10 +223,11 @@ class RunAhead:
         joining: list[ScheduledRequest],
         captured: bool,
     ) -> bool:
-        """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` and
-        ``joining`` (whose prefill this step completes): ``captured`` (a graph holds the batch), no
-        grammar (its masks need this step's tokens), the request state to save first within ``MAX_SAVED_BYTES``,
-        and its rows reserved for any acceptance of this one (``reserve_rows``)."""
+        """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` (the batch's
+        requests that go on past it: ``goes_on``) and ``joining`` (whose prefill this step completes):
+        ``captured`` (a graph holds the batch), no grammar (its masks need this step's tokens), the request
+        state to save first within ``MAX_SAVED_BYTES``, and its rows reserved for any acceptance of this one
+        (``reserve_rows``)."""
         ahead = reqs + [s.request for s in joining]
         if not captured or any(r.params.structured_outputs is not None for r in ahead):
             return False
@@ -238,24 +239,33 @@ class RunAhead:
         return reserve_rows(self.pool, ahead, rows, self.limit, committed=shape.num_steps + 1)
 
 
+def goes_on(request: Request) -> bool:
+    """Whether a request of the step now running may go on past it: it does not surely end by length with it
+    (the step commits at least one token a request). One that surely ends stays out of the step run ahead
+    (``ModelRunner._decode``): its row there would be wasted, and its release would wait for that step
+    (``ModelRunner.release``: the step reads its block table), costing the host time that running ahead hides.
+    Where speculation staggers a closed batch's ends, stopping the others' step run ahead for it cost each of
+    the last steps that time (n-gram at temperature 0.8, a closed batch of 8 on the H200: its last three steps
+    4.9 to 5.4 ms against plain decoding's 4.2, benchmarks/results/gpu_2026-12-01f call 1); running ahead
+    for it too gained nothing (0.989x of plain decoding against 0.990x, gpu_2026-12-01d call 2)."""
+    return request.params.max_tokens - request.num_output_tokens > 1
+
+
 def reserve_rows(
     pool: BlockPool, reqs: Sequence[Request], rows: Sequence[int], limit: int, committed: int
 ) -> bool:
-    """Whether a step may run ahead for these requests: none of them surely ends by length with the
-    current step, and not every one of them may (the current step commits at most ``committed`` tokens a
-    request; a step run ahead of one that all may finish in would likely serve nobody, and the next step
-    waits for it: at batch 1 with speculation, one step per request), and each request's table can hold
-    ``rows`` [i] KV rows (at most ``limit``, the positions graphs and the model allow); if so the tables
-    are grown to that now. Running ahead past a request that surely ends gained nothing where speculation
-    staggers a closed batch's ends (n-gram, temperature 0.8, batch 8: 0.989x of plain decoding against
-    0.990x; benchmarks/results/gpu_2026-12-01d, call 2): releasing the ended request's row waits for the step
-    run ahead (``ModelRunner.release``), which costs the host time that running ahead would hide."""
+    """Whether a step may run ahead for these requests (none of which surely ends with the current step:
+    ``goes_on``): not every one of them may end by length with the current step (which commits at most
+    ``committed`` tokens a request; a step run ahead of one that all may finish in would likely serve
+    nobody, and the next step waits for it: at batch 1 with speculation, one step per request), and each
+    request's table can hold ``rows`` [i] KV rows (at most ``limit``, the positions graphs and the model
+    allow); if so the tables are grown to that now."""
     if not reqs:
         return False
     left = [
         r.params.max_tokens - r.num_output_tokens for r in reqs
     ]  # the tokens each request may still produce
-    if min(left) <= 1 or max(rows) > limit or max(left) <= committed:
+    if max(rows) > limit or max(left) <= committed:
         return False
     missing = [
         pool.blocks_needed(n) - len(pool.table(r.request_id)) for r, n in zip(reqs, rows)

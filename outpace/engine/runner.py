@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from itertools import repeat
+from itertools import compress, repeat
 from operator import attrgetter, sub
 
 import torch
@@ -29,7 +29,7 @@ from outpace.engine.launch import DecodeLaunch, HostCopy, SpareCopies, StepTimer
 from outpace.engine.prefill import PrefillStep
 from outpace.engine.prefill_graphs import PrefillGraphs
 from outpace.engine.request_table import RequestTable
-from outpace.engine.run_ahead import RunAhead, length_after
+from outpace.engine.run_ahead import RunAhead, goes_on, length_after
 from outpace.engine.scheduler import ScheduledRequest, is_decoding
 from outpace.engine.step_key import HoldRule, LogitsFeatures, SamplingMode, StepKey
 from outpace.engine.step_results import StepResults
@@ -254,10 +254,13 @@ class ModelRunner:
         ids, starts = tuple(map(_request_id, reqs)), tuple(map(_num_computed, reqs))
         ahead = self.run_ahead
         launch = (ahead.take(ids, starts) if ahead is not None else None) or self._launch(reqs)
+        # a request that surely ends with this step stays out of the step run ahead (``goes_on``)
+        going_on = list(map(goes_on, reqs))
         if ahead is not None:
-            batch = reqs + [s.request for s in joining]
+            staying = list(compress(reqs, going_on))
+            batch = staying + [s.request for s in joining]
             captured = bucket_for(self.graph_buckets, len(batch)) is not None
-            if ahead.may_launch(reqs, launch.key.shape, joining, captured):
+            if ahead.may_launch(staying, launch.key.shape, joining, captured):
                 ahead.launch = self._launch(batch, ahead=True)
         tokens, accepted, depths, entries = self.decode_step.unpack(
             launch.copy.tolist(), launch.key, len(launch.request_ids)
@@ -271,9 +274,9 @@ class ModelRunner:
         if (
             ahead is not None and ahead.launch is not None
         ):  # each request's length once this step is committed
-            ahead.launch.starts = tuple(a + c for a, c in zip(starts, counts)) + tuple(
-                map(length_after, joining)
-            )
+            ahead.launch.starts = tuple(
+                compress((a + c for a, c in zip(starts, counts)), going_on)
+            ) + tuple(map(length_after, joining))
         logprobs = None
         if entries is not None:
             logprobs = [

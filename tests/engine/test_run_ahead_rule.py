@@ -1,7 +1,7 @@
-"""When a decode step may be run ahead (engine/run_ahead.py ``reserve_rows``): not when a request of the
-batch surely ends by length with the current step, nor when every request may (a step run ahead would
-likely serve nobody); otherwise yes, with each request's table grown for the rows the step ahead needs, as
-long as the pool and the position limit allow; nor when the request state to save first exceeds
+"""When a decode step may be run ahead (engine/run_ahead.py ``reserve_rows``): a request that surely ends by
+length with the current step stays out of it (``goes_on``); not when every request may end (a step run ahead
+would likely serve nobody); otherwise yes, with each request's table grown for the rows the step ahead needs,
+as long as the pool and the position limit allow; nor when the request state to save first exceeds
 ``MAX_SAVED_BYTES``."""
 
 from pathlib import Path
@@ -12,7 +12,7 @@ import pytest
 from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
 from outpace.engine import run_ahead
-from outpace.engine.run_ahead import reserve_rows
+from outpace.engine.run_ahead import goes_on, reserve_rows
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 
@@ -41,11 +41,14 @@ def test_no_step_runs_ahead_when_every_request_may_end():
     assert pool.num_free == 16 and not pool.table("a")
 
 
-def test_no_step_runs_ahead_when_a_request_surely_ends():
-    pool = BlockPool(num_blocks=16, block_size=4)
-    assert not reserve_rows(
-        pool, [request("a", 11, 12), request("b", 1, 100)], [20, 20], limit=64, committed=5
-    )
+def test_a_request_that_surely_ends_stays_out_of_the_step_run_ahead():
+    assert [
+        goes_on(r) for r in (request("a", 11, 12), request("b", 10, 12), request("c", 12, 12))
+    ] == [
+        False,
+        True,
+        False,
+    ]
 
 
 def test_no_step_runs_ahead_past_the_position_limit_or_the_free_blocks():
