@@ -3,7 +3,10 @@ attention block in five launches, where the eager chain takes about 17 (16 to 18
 path; tests/kernels/test_mla_fused.py counts both on the GPU).
 
 1. ``_down_kernel``: the projections of the (already normalised) input x in one grid, the query's outputs
-   and kv_a_proj_with_mqa's side by side (both stream their weights against the same rows). With a
+   and kv_a_proj_with_mqa's side by side (both stream their weights against the same rows). On a fused
+   residual stack (models/deepseek.py ``forward_fused``) x is the stream times the input norm's weight
+   (layers/fused_projection.py ``NormedRows``) and each row's products are scaled by the norm's factor from
+   the stream's partial sums of squares, as that file's projections fold a norm in: no launch for the norm. With a
    q_lora_rank the query's part is q_a_proj: it leaves q_a * w (w: q_a_layernorm's weight) and each
    program's sums of q_a^2, so that the next kernel applies the norm as rstd * ((q_a * w) @ W.T)
    (layers/fused_projection.py's NormedRows idea). Without one it is q_proj, the whole query: its float32
@@ -20,7 +23,9 @@ path; tests/kernels/test_mla_fused.py counts both on the GPU).
      layer on the H200 (benchmarks/results/gpu_2026-11-30e call 1), a third of the bytes' bandwidth.
 3-4. attention/mla_kernels.py ``mla_attention_up``: attention over the latent cache (split-KV partials),
    then the merge of the splits with each head's W_UV applied to its attended latent.
-5. o_proj (layers/linear.py: the few-row projection kernel on CUDA).
+5. o_proj (layers/linear.py: the few-row projection kernel on CUDA); on a fused residual stack, the
+   projection that adds the residual and readies the post-attention norm (layers/fused_decoder.py
+   ``project_add_ready``), over ``mla_attend_fused``'s output.
 
 Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 read q_a_proj (or q_proj),
 kv_a_proj_with_mqa and q_b_proj in their stored float8 bytes, each weight's format a compile-time fact, and
@@ -60,6 +65,7 @@ import triton.language as tl
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
 from outpace.attention.triton_kernels import fp8_rows
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.linear import is_quantized
@@ -155,6 +161,20 @@ def _prefetch_rows(
 
 
 @triton.jit
+def _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P: tl.constexpr):
+    """[BM, 1] float32: each row's RMSNorm factor rsqrt(sum(sq[:, row]) / K + eps) from partial sums of
+    squares sq [num_sq_parts, M] (layers/fused_projection.py ``NormedRows.sq_parts``, summed as its
+    projection kernels sum them)."""
+    parts = tl.arange(0, BLOCK_P)
+    sq = tl.load(
+        sq_ptr + parts[:, None] * M + rows[None, :],
+        mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BM]
+    return tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]
+
+
+@triton.jit
 def _rope_pairs(pairs, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
     """The two source columns of rotation pair ``pairs`` in a raw rope part (module docstring)."""
     if INTERLEAVED:
@@ -176,7 +196,8 @@ def _rotate(a, b, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, pairs, pair_ok, HALF:
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _down_kernel(
-    x_ptr,  # [M, K]: the normalised layer input
+    x_ptr,  # [M, K]: the normalised layer input, or (ROW_NORM) the stream times the input norm's weight
+    sq_ptr,  # [num_sq_parts, M] float32 (ROW_NORM): the stream's partial sums of squares
     wq_ptr,  # [QR, K] q_a_proj (Q_NORMED) or q_proj (QR = heads * (nope + rope))
     wkv_ptr,  # [KV, K] kv_a_proj_with_mqa, KV = R + P
     wq_scale_ptr,  # Q_FORMAT "fp8_block": wq's scales (_rows_dot)
@@ -190,6 +211,8 @@ def _down_kernel(
     QR,
     KV,
     q_programs,
+    num_sq_parts,
+    eps,  # the input norm's (ROW_NORM)
     stride_xm,
     stride_wq,
     stride_wkv,
@@ -208,9 +231,13 @@ def _down_kernel(
     SCALE_BN: tl.constexpr,  # a scale's block (fp8_block: the checkpoint's weight_block_size)
     SCALE_BK: tl.constexpr,
     Q_NORMED: tl.constexpr,  # wq is q_a_proj, followed by q_a_layernorm
+    ROW_NORM: tl.constexpr,  # x is a stream times its input norm's weight (``NormedRows``)
+    BLOCK_P: tl.constexpr,  # (ROW_NORM) num_sq_parts, rounded up to a power of two
 ):
     """Programs 0 .. q_programs - 1: BN outputs of the query's projection each; the rest: BN outputs of
-    kv_a each; grid axis 1: the row tile."""
+    kv_a each; grid axis 1: the row tile. ROW_NORM: the input norm folded in, as layers/fused_projection.py's
+    projections fold it: each row's products (float32, after the FP8 scales) times its ``_row_rstd`` over K,
+    so that q_a's norm (Q_NORMED) sums the squares of the normalised input's q_a."""
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)  # the grid's row tile
     row_ok = rows < M
@@ -241,6 +268,8 @@ def _down_kernel(
             SCALE_BN,
             SCALE_BK,
         )  # [BM, BN]; 0 in masked columns
+        if ROW_NORM:
+            acc *= _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)
         dst = q_out_ptr + rows[:, None] * QR + cols[None, :]
         if Q_NORMED:
             w = tl.load(q_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
@@ -276,6 +305,8 @@ def _down_kernel(
             SCALE_BN,
             SCALE_BK,
         )
+        if ROW_NORM:
+            acc *= _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)
         tl.store(
             kv_raw_ptr + rows[:, None] * KV + cols[None, :],
             acc,
@@ -470,13 +501,7 @@ def _q_absorb_kernel(
                 _prefetch_rows(wq_ptr, a_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
                 _prefetch_rows(wq_ptr, b_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
         pdl_enter(PDL)
-        parts = tl.arange(0, BLOCK_SQ)
-        sq = tl.load(
-            sq_ptr + parts[:, None] * M + rows[None, :],
-            mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
-            other=0.0,
-        )  # [BLOCK_SQ, BM]
-        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
+        rstd = _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_SQ)  # [BM, 1]
         if c < Q_PARTS:
             q_nope = _rows_dot(
                 x_ptr,
@@ -733,8 +758,24 @@ def mla_forward_fused(
 ) -> torch.Tensor:
     """``layer``'s absorbed forward (layers/mla.py ``fuses`` decides when): positions [M]; x [M, hidden]
     (M <= MAX_ROWS, any number in batch-invariant mode, normalised) -> [M, hidden]; writes the tokens' rows
-    into ``layer.cache_rows`` at meta.slot_mapping."""
+    into ``layer.cache_rows`` at meta.slot_mapping. ``mla_attend_fused``, then o_proj."""
+    return layer.o_proj(mla_attend_fused(layer, positions, x, 0.0, meta))
+
+
+def mla_attend_fused(
+    layer: MultiHeadLatentAttention,
+    positions: torch.Tensor,
+    rows: torch.Tensor | NormedRows,
+    eps: float,
+    meta: PagedAttentionMetadata,
+) -> torch.Tensor:
+    """The fused block up to o_proj: positions [M]; rows: the input x [M, hidden] normalised, or the residual
+    stream made ready for the layer's input norm of eps ``eps`` (``NormedRows``: the norm folded into the
+    down projections, ``_down_kernel``'s ROW_NORM) -> the heads' attended values [M, heads * v_head_dim]
+    (o_proj's input); writes the tokens' rows into ``layer.cache_rows`` at meta.slot_mapping."""
     s = layer.shape
+    row_norm = isinstance(rows, NormedRows)
+    x = rows.normed if row_norm else rows  # [M, hidden]
     m, device, fp32 = x.shape[0], x.device, x.dtype == torch.float32
     x = x if x.stride(1) == 1 else x.contiguous()
     precision = "ieee" if fp32 else "tf32"
@@ -757,9 +798,11 @@ def mla_forward_fused(
         if s.q_lora_rank is None
         else torch.empty(q_programs, m, dtype=torch.float32, device=device)
     )
+    sq_parts = rows.sq_parts if row_norm else kv_raw  # [P, M] (without the norm: unused)
     row_tiles = triton.cdiv(m, MAX_ROWS)  # one, but in batch-invariant mode
     _down_kernel[(q_programs + triton.cdiv(kv_width, outs), row_tiles)](
         x,
+        sq_parts,
         w_down_q.weight,
         w_kv.weight,
         w_down_q.scale,
@@ -773,6 +816,8 @@ def mla_forward_fused(
         q_out.shape[1],
         kv_width,
         q_programs,
+        sq_parts.shape[0],
+        eps,
         x.stride(0),
         w_down_q.weight.stride(0),
         w_kv.weight.stride(0),
@@ -789,6 +834,8 @@ def mla_forward_fused(
         SCALE_BN=(down_block or (1, 1))[0],
         SCALE_BK=(down_block or (1, 1))[1],
         Q_NORMED=s.q_lora_rank is not None,
+        ROW_NORM=row_norm,
+        BLOCK_P=triton.next_power_of_2(sq_parts.shape[0]) if row_norm else 1,
         num_warps=4,
         num_stages=_DOWN_STAGES,
         **pdl_launch_options(pdl),
@@ -840,7 +887,7 @@ def mla_forward_fused(
     attended = mla_attention_up(
         q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv, k_scale=layer.latent_scale()
     )  # [M, heads, v_head_dim]
-    return layer.o_proj(attended.view(m, -1))
+    return attended.view(m, -1)
 
 
 def _q_absorb(

@@ -696,17 +696,31 @@ class MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.experts.uses_kernels(x):
-            out = self.grouped(x)
-        else:
-            out = self.experts(x, *self.gate(x))
-            if self.shared_experts is not None:
-                out = out + self.shared_experts(x)
-        return all_reduce(out, self.group)  # (the partial sums of every rank's expert rows)
+        # (the partial sums of every rank's expert rows)
+        return all_reduce(self.partial(x), self.group)
 
-    def grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's routed plus shared output on the kernels (``moe_on_kernels``)."""
-        return moe_on_kernels(x, self.gate, self.experts, self.shared_experts)
+    def partial(
+        self, x: torch.Tensor, ready: ReadyStream | None = None, row_norm: RowNorm | None = None
+    ):
+        """This rank's part of ``forward``'s output [n, hidden] (every expert's rows split over the ranks);
+        with ``ready`` added to a stream and made ready for the next norm (``NormedRows``); with ``row_norm``
+        x is a stream times the norm's weight (``takes_normed_rows``): layers/fused_decoder.py
+        ``moe_block_fused``'s block."""
+        if self.experts.uses_kernels(x):
+            return self.grouped(x, ready, row_norm)
+        out = self.experts(x, *self.gate(x))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out if ready is None else ready.add(out)
+
+    def grouped(
+        self, x: torch.Tensor, ready: ReadyStream | None = None, row_norm: RowNorm | None = None
+    ):
+        """This rank's routed plus shared output on the kernels (``moe_on_kernels``, whose ``ready`` and
+        ``row_norm`` these are)."""
+        return moe_on_kernels(
+            x, self.gate, self.experts, self.shared_experts, ready=ready, row_norm=row_norm
+        )
 
 
 def moe_on_kernels(

@@ -18,6 +18,16 @@ prefix), so DeepSeek-V3's layer 61 is MoE. They are built only when the checkpoi
 transformers' save_pretrained writes num_nextn_predict_layers (DeepseekV3Config.num_mtp_layers, default 1)
 without any MTP tensors.
 
+Few rows on the GPU (decode, verify) run the stack on the fused residual path of Qwen3-Next's and Step-3.5's
+layers (layers/fused_decoder.py ``run_stack``; ``DeepseekDecoderLayer.forward_fused``): MLA's down projections
+read the stream through the input norm (layers/mla_fused.py), o_proj adds the residual and readies the
+post-attention norm, a dense MLP folds that norm into gate/up and down_proj adds the residual, and a MoE block
+runs as ``moe_block_fused``: on one GPU its routing and gate/up fold the norm in and its combine readies the next
+norm, so a layer launches no norm of its own. Under tensor parallelism o_proj's and the block's partial sums are
+all-reduced, added and normalised for the next block in one launch (``project_add_ready``,
+``reduce_add_normalised``). Where a piece cannot (prefill, the CPU, biases, weight formats the fused kernels do not
+serve: ``DeepseekDecoderLayer.fuses``) the eager residual stack runs. The MTP layers stay eager.
+
 The model interface is the Llama family's (models/llama.py): flat tokens, metadata in the forward
 context, ``forward`` -> pre-norm ``ModelOutput``, ``compute_logits``, aux hidden state capture.
 """
@@ -30,15 +40,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from outpace.layers.decoder import (
-    GatedMLP,
-    pre_norm_residual,
-    residual_stream,
-    run_residual_stack,
-)
+from outpace.layers import fused_decoder
+from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
-from outpace.layers.moe import MoE, Routing
+from outpace.layers.moe import MoE, Routing, takes_normed_rows
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
 from outpace.model_config import ModelConfig
@@ -330,7 +336,8 @@ class DeepseekDecoderLayer(nn.Module):
         def mlp(size: int, bias: bool, **shard) -> GatedMLP:
             return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias, **shard)
 
-        if cfg.is_moe_layer(index):
+        self.is_moe = cfg.is_moe_layer(index)
+        if self.is_moe:
             self.mlp = MoE(
                 cfg.hidden_size,
                 cfg.routing,
@@ -352,6 +359,47 @@ class DeepseekDecoderLayer(nn.Module):
         """As DecoderLayer.forward_residual (layers/decoder.py): the input and the output stream split as
         (h, residual), each residual add fused into the RMSNorm after it."""
         return pre_norm_residual(self, positions, h, residual)
+
+    def fuses(self, h: torch.Tensor) -> bool:
+        """Whether ``forward_fused`` serves the stream h [num_tokens, hidden]: MLA's fused block (layers/mla.py
+        ``fuses``: no biases, an o_proj that ends a block), an o_proj whose weight the fused kernels serve on
+        these rows (layers/fused_decoder.py ``fused_weight``, ``fusable_rows``: a block-FP8 one only in
+        batch-invariant mode, elsewhere its own quantized kernel is the faster), and a dense MLP that
+        ``mlp_fuses`` (a MoE block: ``moe_block_fused``)."""
+        attn = self.self_attn
+        o_weight = fused_decoder.fused_weight(attn.o_proj)
+        return (
+            attn.fuses(h)
+            and o_weight is not None
+            and fused_decoder.fusable_rows(h, o_weight)
+            and (self.is_moe or fused_decoder.mlp_fuses(self.mlp))
+        )
+
+    def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
+        """rows: the layer's input stream made ready for its input norm (``NormedRows``, or after a row-parallel
+        block ``NormalisedRows``) -> its output stream made ready for ``next_norm``, as Qwen3-Next's and
+        Step-3.5's layers: MLA's down projections fold the input norm in (layers/mla.py ``attend_rows``), o_proj
+        adds the residual and readies the post-attention norm; a dense MLP folds that norm into gate/up and
+        down_proj adds the residual; a MoE block as layers/fused_decoder.py ``moe_block_fused`` runs it (on one
+        GPU the norm folded into routing and gate/up, the next norm readied by the experts' combine)."""
+        attn, post = self.self_attn, self.post_attention_layernorm
+        out = attn.attend_rows(
+            positions, fused_decoder.kernel_rows(rows), self.input_layernorm.eps
+        )  # [num_tokens, heads * v_head_dim]
+        if not self.is_moe:
+            mid = fused_decoder.project_add_ready(out, attn.o_proj, rows.stream, post)
+            return fused_decoder.mlp_fused(self.mlp, mid, post.eps, next_norm)
+        moe = self.mlp
+        return fused_decoder.moe_block_fused(
+            out,
+            attn.o_proj,
+            rows.stream,
+            post,
+            next_norm,
+            moe.partial,
+            takes_normed_rows(moe.gate, moe.experts, moe.shared_experts, rows.stream),
+            moe.group,
+        )
 
 
 class DeepseekMTPLayer(OwnHeadsMTPBlock, DeepseekDecoderLayer):
@@ -412,9 +460,14 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
             )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states."""
-        h, captured = run_residual_stack(
-            self.model.layers, positions, self.embed(input_ids), self.aux_layer_ids
+        """input_ids, positions [num_tokens] -> the last layer's output, pre-norm, and the aux states. Few rows
+        on the GPU: the fused residual stack (layers/fused_decoder.py ``run_stack``) where every layer takes
+        it (``DeepseekDecoderLayer.fuses``), else the eager one, each residual add fused into the norm after
+        it."""
+        layers = self.model.layers
+        norms = [layer.input_layernorm for layer in layers]
+        h, captured = fused_decoder.run_stack(
+            layers, norms, self.model.norm, positions, self.embed(input_ids), self.aux_layer_ids
         )
         return self._model_output(h, captured)
 

@@ -45,7 +45,7 @@ def force_fused_path(rank: int, world: int) -> bool:
         with open(os.environ[LOG], "a") as f:
             f.write(f"{what}:{rank}\n")
 
-    end_block, mla_block = fused_decoder.project_add_ready, mla_fused.mla_forward_fused
+    end_block, mla_block = fused_decoder.project_add_ready, mla_fused.mla_attend_fused
 
     def noted_end(x, proj, stream, next_norm):
         if is_sharded(proj):
@@ -75,7 +75,7 @@ def force_fused_path(rank: int, world: int) -> bool:
     fused_decoder.fusable_rows = mla.fusable_rows = lambda x, weight: True
     GatedDeltaNet.fused_step = True  # (the recurrent step kernels, as on the GPU)
     fused_decoder.project_add_ready = noted_end
-    mla_fused.mla_forward_fused = noted_mla
+    mla_fused.mla_attend_fused = noted_mla  # (up to o_proj: MLA's forward and the fused stack's)
     Qwen3NextDecoderLayer.forward_fused = noted_hybrid
     Step3p5DecoderLayer.forward_fused = noted_step
     return True

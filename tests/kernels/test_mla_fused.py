@@ -3,8 +3,9 @@ backend): in Triton's interpreter in float32 at odd shapes (kv_lora_rank 36, thr
 v 5, with and without a q_lora_rank, both RoPE layouts, one, two and four query-latent parts), for decode, verify
 chains of 2 to 8 tokens and tree masks over shuffled paged blocks of an odd size: the same output and the
 same latent cache; fp16 too; every projection in block FP8 (128 x 128 scales over weights of whole and
-partial blocks), where a scale divided instead of multiplied fails; which quantized formats fuse; and the
-kernels compile for sm_90, bf16 and FP8 weights (no GPU needed). On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
+partial blocks), where a scale divided instead of multiplied fails; which quantized formats fuse; the input
+norm folded into the down projections (a fused residual stack's stream, ``NormedRows``) against the RMSNorm
+then the eager layer, in float32 and block FP8; and the kernels compile for sm_90, bf16 and FP8 weights (no GPU needed). On the GPU (skipped without CUDA): bf16 at DeepSeek-V2-Lite's, Kimi-K2's and
 V3's shapes against the eager layer in float32, block FP8 at DeepSeek-V2-Lite's and Kimi-K2's against the
 eager layer over the dequantized weights, and the block's kernel launches and time, bf16 and FP8 (``-s``
 prints them)."""
@@ -24,8 +25,10 @@ from helpers.mla_layers import make_layer
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.layers import mla_fused
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.linear import linear
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
+from outpace.layers.norm import RMSNorm
 from outpace.layers.quant import dequantize as dq
 from outpace.layers.quant.linear import FORMATS, is_quantized, quantized_like
 from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
@@ -358,6 +361,67 @@ def test_fuses_reads_block_fp8_and_leaves_other_formats_to_the_eager_path(fused_
             assert layer.fuses(x) == fuses, (scheme, names)
 
 
+# ---- the input norm folded into the down projections (a fused residual stack: models/deepseek.py) ------
+
+
+def normed_rows_of(stream: torch.Tensor, weight: torch.Tensor, parts: int) -> NormedRows:
+    """What a kernel that wrote the stream [n, hidden] hands on for the norm of weight ``weight`` after it
+    (layers/fused_projection.py ``NormedRows``): stream * weight, and the stream's sums of squares in
+    ``parts`` column slices [parts, n], as several programs of that kernel leave them."""
+    sq = torch.stack([(part.float() ** 2).sum(1) for part in stream.tensor_split(parts, dim=1)])
+    return NormedRows(stream, stream * weight, sq)
+
+
+def assert_normed_rows_give_the_eager_layer(layer, args: tuple) -> None:
+    """``attend_rows`` over ``args``' x taken as a residual stream made ready for an input norm (three partial
+    sums of squares a row), then o_proj, gives the eager layer's output and latent cache over RMSNorm(stream)
+    (layers/norm.py: the stream normalised, then the weight)."""
+    meta, num_blocks, block_size, stream, positions, cache_init = args
+    hidden = stream.shape[1]
+    norm = RMSNorm(hidden, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(0.5 + torch.rand(hidden, generator=torch.Generator().manual_seed(5)))
+        x = norm(stream)
+    ref_out, ref_cache = run(layer, "torch", meta, num_blocks, block_size, x, positions, cache_init)
+    layer.bind_cache(num_blocks, block_size, stream.dtype, stream.device)
+    layer.cache_rows.copy_(cache_init)
+    with torch.no_grad(), forward_context(meta, get_backend("triton")):
+        assert layer.fuses(stream)
+        rows = normed_rows_of(stream, norm.weight, 3)
+        out = layer.o_proj(layer.attend_rows(positions, rows, norm.eps))
+    torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(layer.cache_rows, ref_cache, rtol=2e-5, atol=2e-5)
+
+
+@cpu_only
+@pytest.mark.parametrize("q_lora_rank", [None, 20])
+@pytest.mark.parametrize("layout", ["decode", "chain5", "ragged_tree"])
+def test_the_input_norm_folds_into_the_down_projections(q_lora_rank, layout, fused_calls):
+    """``assert_normed_rows_give_the_eager_layer`` at the odd shapes, decode and verify widths: the down
+    kernel scales each row's q (q_a or q_proj) and kv products by the input norm's factor. A stream far from
+    unit scale, and a q_a norm eps of 0.5: q_a's sums of squares must be those of the normalised input's
+    q_a (RMSNorm is scale-invariant but for its eps)."""
+    layer = make_layer(MLAShape(40, 3, q_lora_rank, 36, 6, 8, 5, scale=0.3), True, "cpu")
+    if q_lora_rank is not None:
+        layer.q_a_layernorm.eps = 0.5
+    g = torch.Generator().manual_seed(len(layout))
+    meta, num_blocks = make_meta(layout, 5, g, "cpu")
+    stream = 7 * torch.randn(meta.slot_mapping.shape[0], 40, generator=g)
+    cache_init = torch.randn(num_blocks, 5, 1, 44, generator=g)
+    args = (meta, num_blocks, 5, stream, positions_of(meta), cache_init)
+    assert_normed_rows_give_the_eager_layer(layer, args)
+
+
+@cpu_only
+@pytest.mark.parametrize("q_lora_rank", [None, 136])
+def test_the_input_norm_folds_into_block_fp8_down_projections(q_lora_rank, fused_calls):
+    """The same over block FP8 projections (``fp8_case``): the norm's factor after each block's scale."""
+    layer, args = fp8_case(q_lora_rank, "chain5")
+    if q_lora_rank is not None:
+        layer.q_a_layernorm.eps = 0.5
+    assert_normed_rows_give_the_eager_layer(layer, args)
+
+
 # Compiled for sm_90 (Hopper) without a GPU: what Triton's interpreter does not check (one name bound to
 # two types in two branches, the PDL instructions). Kimi-K2's shape: q_lora_rank, two query-latent parts;
 # the projections in bf16, in block FP8 (every one, and q_a alone beside a bf16 kv_a).
@@ -380,9 +444,11 @@ for q_format, kv_format in [("none", "none"), ("fp8_block", "fp8_block"), ("fp8_
     bk = 256 if q_format == kv_format == "none" else 128  # (as mla_forward_fused picks it)
     for q_normed in (True, False):  # (Kimi-K2's q_a_proj; DeepSeek-V2-Lite's q_proj)
         q_out = {"q_out_ptr": "*bf16" if q_normed else "*fp32"}
-        compile_for_hopper(mla_fused._down_kernel, {**down_types, **q_out}, dict(BM=16, BN=16, BK=bk,
-                           PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT=q_format,
-                           KV_FORMAT=kv_format, Q_NORMED=q_normed, **scales), 4, 4)
+        for row_norm in (False, True):  # (x normalised; a fused stack's stream times the norm's weight)
+            compile_for_hopper(mla_fused._down_kernel, {**down_types, **q_out}, dict(BM=16, BN=16,
+                               BK=bk, PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT=q_format,
+                               KV_FORMAT=kv_format, Q_NORMED=q_normed, ROW_NORM=row_norm, BLOCK_P=2,
+                               **scales), 4, 4)
 for q_format in ("none", "fp8_block"):
     compile_for_hopper(mla_fused._q_absorb_kernel, {**types, "wq_ptr": fp8[q_format]}, dict(HEADS=64,
                        NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32,
