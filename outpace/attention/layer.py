@@ -126,10 +126,15 @@ class Attention(PagedCacheLayer):
         return (*self.kv_cache, ctx.metadata.slot_mapping)
 
     def attend_written(
-        self, q: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        out_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [num_tokens, heads, head_dim], the new tokens' k and v already in the cache; positions
-        [num_tokens] as in ``forward`` -> [num_tokens, heads * head_dim]."""
+        [num_tokens] as in ``forward`` -> [num_tokens, heads * head_dim]. ``out_gate``: an output gate's
+        logits [num_tokens, heads] or [num_tokens, heads, head_dim], applied as ``sigmoid_gate`` would apply
+        it (layers/activation.py) inside the attention's launches (attention/triton_kernels.py)."""
         ctx = get_forward_context()
         out = ctx.backend.attend_written(
             q,
@@ -139,5 +144,6 @@ class Attention(PagedCacheLayer):
             self.sliding_window,
             positions,
             self.kv_scales(),
+            out_gate,
         )
         return out.reshape(out.shape[0], -1)

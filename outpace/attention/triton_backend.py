@@ -62,8 +62,10 @@ class TritonAttentionBackend:
         sliding_window: int | None = None,
         positions: torch.Tensor | None = None,
         kv_scales: KVScales | None = None,
+        out_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``forward`` for a batch whose k and v are already in the cache (a fused projection wrote them)."""
+        """``forward`` for a batch whose k and v are already in the cache (a fused projection wrote them);
+        ``out_gate`` (``paged_attention``'s): the output times sigmoid(out_gate), in the same launches."""
         k_cache, v_cache = kv_cache
         return paged_attention(
             q,
@@ -75,4 +77,5 @@ class TritonAttentionBackend:
             sliding_window=sliding_window,
             positions=positions,
             kv_scales=kv_scales,
+            out_gate=out_gate,
         )

@@ -42,15 +42,23 @@ convert them in registers and take the layer's scales by pointer (capturable, re
 the k scale multiplies the softmax scale, the v scale the attended values before the output or the
 partials are written, so the split geometry, the masks and the batch-invariant walk are unchanged.
 
+Output gate (``paged_attention``'s ``out_gate``: Step-3.5's one logit per head, Qwen3-Next's and Qwen3.5's one
+per element, read in place from a packed projection's view): the kernel that stores the output (the attention
+kernel with one split, the combine with several, the batch-invariant combine in that mode) stores it rounded
+to its dtype times sigmoid(gate) (``_output_values``, with ``_sigmoid_gate_kernel``'s arithmetic
+``sigmoid_gated``, layers/fused_kernels.py), so a gated layer gets the bits of attention followed by
+``sigmoid_gate`` for one launch fewer. A constexpr GATE (0 none, 1 per head, 2 per element) leaves ungated
+launches compiled as before; split attention kernels get GATE 0 (their combine gates).
+
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
 then a BLOCK_N multiple of ceil((kv_end - kv_start) / num_splits) for its own sequence's length
 (and window), so short sequences in a wide block table still spread over every split.
 
-Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128) and
-three flags (split or not, custom mask or not, sliding window or not): integer arguments that
-change from call to call are marked ``do_not_specialize``, so Triton does not compile a variant
-per value class.
+Compiled variants depend only on the model's shape, the block size, the tile rows (16 to 128),
+three flags (split or not, custom mask or not, sliding window or not) and the output gate's kind:
+integer arguments that change from call to call are marked ``do_not_specialize``, so Triton does not
+compile a variant per value class.
 
 Batch-invariant variant (deterministic mode: EngineConfig.batch_invariant, read through
 ``outpace.attention.context.batch_invariant``). The kernels above reduce a row's KV in an order
@@ -133,6 +141,7 @@ from outpace.attention.backend import KVScales
 from outpace.attention.context import batch_invariant
 from outpace.attention.kv_quant import FP8_KV_MAX, is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.layers.fused_kernels import sigmoid_gated
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
@@ -456,6 +465,7 @@ def _attention_kernel(
     k_cache_ptr,
     v_cache_ptr,  # [num_blocks * block_size (flat slots), kv_heads, head_dim]
     out_ptr,  # [num_tokens, heads, head_dim]; written unless SPLIT_KV
+    gate_ptr,  # [num_tokens, heads(, head_dim)]: the output gate's logits (GATE, unless SPLIT_KV)
     part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
     part_max_ptr,
     part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
@@ -475,6 +485,9 @@ def _attention_kernel(
     stride_qh,
     stride_ot,
     stride_oh,
+    stride_gt,
+    stride_gh,
+    stride_gd,
     stride_cache_slot,
     stride_cache_head,
     stride_table_seq,
@@ -497,6 +510,7 @@ def _attention_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
+    GATE: tl.constexpr,  # an output gate: 0 none, 1 one logit a head, 2 one an element (``_output_values``)
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
@@ -539,6 +553,7 @@ def _attention_kernel(
             k_cache_ptr,
             v_cache_ptr,
             out_ptr,
+            gate_ptr,
             part_acc_ptr,
             part_max_ptr,
             part_sum_ptr,
@@ -550,6 +565,9 @@ def _attention_kernel(
             window,
             stride_ot,
             stride_oh,
+            stride_gt,
+            stride_gh,
+            stride_gd,
             stride_cache_slot,
             stride_cache_head,
             stride_bt_seq,
@@ -584,6 +602,7 @@ def _attention_kernel(
             HAS_MASK,
             SLIDING,
             PRECISION,
+            GATE,
         )
 
 
@@ -599,11 +618,42 @@ def _kv_scales(k_scale_ptr, v_scale_ptr, KV_SCALED: tl.constexpr):
 
 
 @triton.jit
+def _output_values(
+    out,  # the normalised attention output, float32: [BLOCK_M, BLOCK_D], or [BLOCK_D] for one row
+    out_dtype: tl.constexpr,
+    gate_ptr,
+    token,
+    head,  # the output rows' (token, q head): [BLOCK_M, 1] or scalars
+    row_ok,  # [BLOCK_M, 1] or a scalar: the rows that are real
+    offs_d,
+    d_ok,  # [1, BLOCK_D] or [BLOCK_D]: the columns, those below HEAD_DIM
+    stride_gt,
+    stride_gh,
+    stride_gd,
+    GATE: tl.constexpr,
+):
+    """What the output stores: out rounded to out_dtype; with an output gate (GATE 1: one logit a head
+    at gate[token, head], 2: one an element at gate[token, head, d]) that rounded output times the
+    sigmoid of its logits (``sigmoid_gated``), rounded again: the bits of this attention's output
+    followed by ``sigmoid_gate``."""
+    values = out.to(out_dtype)
+    if GATE:
+        logits_ptr = gate_ptr + token * stride_gt + head * stride_gh
+        if GATE == 1:
+            logits = tl.load(logits_ptr, mask=row_ok)  # [BLOCK_M, 1] or a scalar
+        else:
+            logits = tl.load(logits_ptr + offs_d * stride_gd, mask=row_ok & d_ok)
+        values = sigmoid_gated(values, logits).to(out_dtype)
+    return values
+
+
+@triton.jit
 def _attention_program(
     q,
     k_cache_ptr,
     v_cache_ptr,
     out_ptr,
+    gate_ptr,
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
@@ -615,6 +665,9 @@ def _attention_program(
     window,
     stride_ot,
     stride_oh,
+    stride_gt,
+    stride_gh,
+    stride_gd,
     stride_cache_slot,
     stride_cache_head,
     stride_bt_seq,
@@ -649,10 +702,12 @@ def _attention_program(
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
+    GATE: tl.constexpr,
 ):
     """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1 and the tile's queries
     q [BLOCK_M, BLOCK_D] (rows: ``_query_rows``; positions q_pos, read with SLIDING only). ``qk_scale``
-    holds an FP8 cache's k scale, ``v_scale`` (1.0 otherwise) multiplies the attended values."""
+    holds an FP8 cache's k scale, ``v_scale`` (1.0 otherwise) multiplies the attended values. Without
+    SPLIT_KV the output is stored gated by GATE (``_output_values``)."""
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -754,10 +809,23 @@ def _attention_program(
     acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
     out_ok = row_ok[:, None] & d_ok[None, :]
     if not SPLIT_KV:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = _output_values(
+            acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
+            out_ptr.dtype.element_ty,
+            gate_ptr,
+            token[:, None],
+            head[:, None],
+            row_ok[:, None],
+            offs_d[None, :],
+            d_ok[None, :],
+            stride_gt,
+            stride_gh,
+            stride_gd,
+            GATE,
+        )
         tl.store(
             out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
+            out,
             mask=out_ok,
         )
     else:
@@ -773,6 +841,7 @@ def _combine_kernel(
     part_max_ptr,
     part_sum_ptr,  # [num_splits, num_tokens, heads] float32
     out_ptr,  # [num_tokens, heads, head_dim]
+    gate_ptr,  # [num_tokens, heads(, head_dim)]: the output gate's logits (GATE)
     seq_index_ptr,
     query_index_ptr,  # [num_tokens] int64
     seq_lens_ptr,
@@ -783,6 +852,9 @@ def _combine_kernel(
     sliding_window,
     stride_ot,
     stride_oh,
+    stride_gt,
+    stride_gh,
+    stride_gd,
     HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -792,8 +864,10 @@ def _combine_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
+    GATE: tl.constexpr,  # an output gate (``_output_values``)
 ):
-    """Program (token, head): merges the partials of the splits that saw rows for the token's tile.
+    """Program (token, head): merges the partials of the splits that saw rows for the token's tile, and
+    stores the output (gated by GATE).
     Which splits ran follows from the metadata alone (complete before the forward's first kernel):
     worked out before waiting on the attention kernel."""
     token = tl.program_id(0)
@@ -831,11 +905,21 @@ def _combine_kernel(
     weight = tl.exp2(m - tl.max(m, axis=0))  # finite: every max is >= -1e30
     total = tl.sum(l * weight, axis=0)
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d_ok,
+    out = _output_values(
+        out,
+        out_ptr.dtype.element_ty,
+        gate_ptr,
+        token,
+        head,
+        True,
+        offs_d,
+        d_ok,
+        stride_gt,
+        stride_gh,
+        stride_gd,
+        GATE,
     )
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out, mask=d_ok)
 
 
 # Batch-invariant variant (the deterministic mode) ---------------------------------------------------------------------
@@ -1169,6 +1253,7 @@ def _invariant_combine_kernel(
     part_max_ptr,
     part_sum_ptr,  # [num_splits, num_tokens, heads] float32
     out_ptr,  # [num_tokens, heads, head_dim]
+    gate_ptr,  # [num_tokens, heads(, head_dim)]: the output gate's logits (GATE)
     seq_index_ptr,
     query_index_ptr,  # [num_tokens] int64
     seq_lens_ptr,
@@ -1178,12 +1263,16 @@ def _invariant_combine_kernel(
     sliding_window,
     stride_ot,
     stride_oh,
+    stride_gt,
+    stride_gh,
+    stride_gd,
     HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_ROWS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
+    GATE: tl.constexpr,  # an output gate (``_output_values``)
 ):
     """Program (token, head): folds the row's partials in split order, from split 0 (with a sliding
     window: the split holding the first row its tile's walk may start at, see below) up to the split
@@ -1192,7 +1281,8 @@ def _invariant_combine_kernel(
     The first split: under the causal mask the one holding row p - sliding_window + 1 for the row's
     position p, whose tile's walk started at or before it; under a custom mask the one the tile's walk
     started in (every query of the mask's rows shares that bound). Splits before the row's first
-    visible row are neutral, so where the fold starts does not change the row's bits."""
+    visible row are neutral, so where the fold starts does not change the row's bits. The output is stored
+    gated by GATE."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq = tl.load(seq_index_ptr + token)
@@ -1223,12 +1313,21 @@ def _invariant_combine_kernel(
             tl.load(part_sum_ptr + pj),
             tl.load(part_acc_ptr + pj * HEAD_DIM + offs_d, mask=d_ok, other=0.0),
         )
-    out = acc / tl.where(l > 0, l, 1.0)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d_ok,
+    out = _output_values(
+        acc / tl.where(l > 0, l, 1.0),
+        out_ptr.dtype.element_ty,
+        gate_ptr,
+        token,
+        head,
+        True,
+        offs_d,
+        d_ok,
+        stride_gt,
+        stride_gh,
+        stride_gd,
+        GATE,
     )
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out, mask=d_ok)
 
 
 @dataclass(frozen=True)
@@ -1370,6 +1469,26 @@ def _scale_args(cache: torch.Tensor, kv_scales: KVScales | None) -> KVScales:
     return kv_scales if kv_scales is not None else (cache, cache)
 
 
+def _gate_args(
+    out_gate: torch.Tensor | None, out: torch.Tensor
+) -> tuple[torch.Tensor, tuple[int, int, int], int]:
+    """The kernels' output-gate arguments for ``out_gate`` (``paged_attention``) over out [num_tokens, heads,
+    head_dim]: (the logits, their token, head and column strides, GATE: 1 one logit a head, 2 one an
+    element); without a gate, out, zeros and 0 (unused)."""
+    if out_gate is None:
+        return out, (0, 0, 0), 0
+    if out_gate.dtype not in (torch.float32, out.dtype):
+        raise ValueError(f"an output gate is float32 or {out.dtype}, not {out_gate.dtype}")
+    if out_gate.shape == out.shape[:2]:
+        return out_gate, (*out_gate.stride(), 0), 1
+    if out_gate.shape == out.shape:
+        return out_gate, out_gate.stride(), 2
+    raise ValueError(
+        f"an output gate is [num_tokens, heads] or [num_tokens, heads, head_dim] = {list(out.shape)}, "
+        f"not {list(out_gate.shape)}"
+    )
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -1428,10 +1547,16 @@ def paged_attention(
     sliding_window: int | None = None,
     positions: torch.Tensor | None = None,
     kv_scales: KVScales | None = None,
+    out_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [num_tokens, heads, head_dim] over the caches ([num_blocks, block_size, kv_heads, head_dim],
     already holding the new tokens' KV) -> [num_tokens, heads, head_dim] in q's dtype. An FP8 cache
     comes with its ``kv_scales`` and is read in place (attention/kv_quant.py).
+    ``out_gate``: an attention output gate's logits, [num_tokens, heads] (one a head: Step-3.5) or
+    [num_tokens, heads, head_dim] (one an element: Qwen3-Next), any strides (a view of a packed projection),
+    float32 or q's dtype: the kernel that stores the output (the attention kernel, or the combine after
+    split-KV) stores it times sigmoid(gate), bit for bit the output followed by ``sigmoid_gate``
+    (layers/activation.py), without a launch of its own.
 
     ``token_table`` comes from ``write_kv``. ``num_splits`` overrides the split-KV heuristic.
     In batch-invariant mode (``outpace.attention.context.batch_invariant``) the batch-invariant
@@ -1459,6 +1584,7 @@ def paged_attention(
             sliding_window,
             positions,
             kv_scales,
+            out_gate,
         )
     if split_rows is not None:
         raise ValueError("split_rows applies to the batch-invariant variant only")
@@ -1478,6 +1604,7 @@ def paged_attention(
         num_splits,
     )
     out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
+    gate, gate_strides, gate_kind = _gate_args(out_gate, out)
     if cfg.num_splits > 1:
         part_acc = torch.empty(
             cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device
@@ -1504,6 +1631,7 @@ def paged_attention(
         k_cache,
         v_cache,
         out,
+        gate,
         part_acc,
         part_max,
         part_sum,
@@ -1523,6 +1651,7 @@ def paged_attention(
         q.stride(1),
         out.stride(0),
         out.stride(1),
+        *gate_strides,
         k_cache.stride(1),
         k_cache.stride(2),
         token_table.stride(0),
@@ -1544,6 +1673,7 @@ def paged_attention(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PDL=pdl,
         KV_SCALED=kv_scales is not None,
+        GATE=0 if cfg.num_splits > 1 else gate_kind,  # split: the combine stores the output
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch_options(pdl),
@@ -1554,6 +1684,7 @@ def paged_attention(
             part_max,
             part_sum,
             out,
+            gate,
             meta.token_seq_index,
             meta.token_query_index,
             meta.seq_lens,
@@ -1564,6 +1695,7 @@ def paged_attention(
             sliding_window or 0,
             out.stride(0),
             out.stride(1),
+            *gate_strides,
             HEADS=heads,
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(cfg.num_splits),
@@ -1573,6 +1705,7 @@ def paged_attention(
             BLOCK_Q=cfg.block_q,
             BLOCK_N=cfg.block_n,
             PDL=pdl,
+            GATE=gate_kind,
             **pdl_launch_options(pdl),
         )
     return out
@@ -1589,9 +1722,10 @@ def _invariant_paged_attention(
     sliding_window: int | None,
     positions: torch.Tensor | None,
     kv_scales: KVScales | None,
+    out_gate: torch.Tensor | None,
 ) -> torch.Tensor:
     """``paged_attention``'s batch-invariant variant: always split-KV over the fixed partition, then
-    the ordered combine (see the module docstring)."""
+    the ordered combine (see the module docstring), which applies ``out_gate``."""
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     q = _last_dim_contiguous(q)
@@ -1605,6 +1739,7 @@ def _invariant_paged_attention(
         split_rows,
     )
     out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
+    gate, gate_strides, gate_kind = _gate_args(out_gate, out)
     part_acc = torch.empty(
         cfg.num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=q.device
     )
@@ -1670,6 +1805,7 @@ def _invariant_paged_attention(
         part_max,
         part_sum,
         out,
+        gate,
         meta.token_seq_index,
         meta.token_query_index,
         meta.seq_lens,
@@ -1679,12 +1815,14 @@ def _invariant_paged_attention(
         sliding_window or 0,
         out.stride(0),
         out.stride(1),
+        *gate_strides,
         HEADS=heads,
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         SPLIT_ROWS=cfg.split_rows,
         HAS_MASK=mask is not None,
         SLIDING=sliding,
+        GATE=gate_kind,
         enable_fp_fusion=False,
     )
     return out

@@ -13,7 +13,8 @@ tensors' dtypes. Launches disable floating-point contraction (``enable_fp_fusion
    heads) the other dimensions are copied through into the full-width output.
 3. ``_silu_and_mul_kernel`` (one program per row and BLOCK columns): silu(gate) * up.
 4. ``_sigmoid_gate_kernel`` (one program per token and head): x * sigmoid(gate), the gate per element
-   (Qwen3-Next's attention output gate) or one per head (Step-3.5's).
+   (Qwen3-Next's attention output gate) or one per head (Step-3.5's); its arithmetic, ``sigmoid_gated``, is
+   also the paged-attention kernels' gated store (attention/triton_kernels.py).
 5. ``_relu2_kernel`` (one program per row and BLOCK columns): relu(x)^2 (Nemotron-H's MLP).
 
 Grids come from tensor shapes only and nothing syncs with the host, so every launch can be
@@ -319,6 +320,17 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def sigmoid_gated(x, gate):
+    """x * sigmoid(gate) in float32, rounded as ``sigmoid_gate_torch`` rounds it: x as given (in its dtype),
+    sigmoid in float32 with IEEE division, rounded to gate's dtype as torch.sigmoid's output is, the product in
+    float32 (the caller rounds it to the output's dtype). gate broadcasts against x (one logit a head).
+    NOTE: no product here meets an add, so FMA contraction cannot change these bits: any kernel calling this
+    (the paged-attention kernels' gated store, attention/triton_kernels.py) gives this kernel's bits."""
+    sig = tl.div_rn(1.0, 1.0 + tl.exp(-gate.to(tl.float32))).to(gate.dtype).to(tl.float32)
+    return x.to(tl.float32) * sig
+
+
+@triton.jit
 def _sigmoid_gate_kernel(
     x_ptr,
     gate_ptr,
@@ -331,16 +343,15 @@ def _sigmoid_gate_kernel(
     stride_gd,
     BLOCK: tl.constexpr,
 ):
-    """Token t, head h: out[t, h] = x[t, h] * sigmoid(gate[t, h]) over dim columns; sigmoid is rounded to
-    gate's dtype first, as torch.sigmoid's output is. stride_gd 0: one gate value for the whole head."""
+    """Token t, head h: out[t, h] = x[t, h] * sigmoid(gate[t, h]) over dim columns (``sigmoid_gated``).
+    stride_gd 0: one gate value for the whole head."""
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     gate = tl.load(gate_ptr + token * stride_gt + head * stride_gh + cols * stride_gd, mask=mask)
-    sig = tl.div_rn(1.0, 1.0 + tl.exp(-gate.to(tl.float32))).to(gate.dtype).to(tl.float32)
-    x = tl.load(x_ptr + token * stride_xt + head * stride_xh + cols, mask=mask).to(tl.float32)
+    x = tl.load(x_ptr + token * stride_xt + head * stride_xh + cols, mask=mask)
     dst = out_ptr + (token * tl.num_programs(1) + head) * dim + cols
-    tl.store(dst, (x * sig).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst, sigmoid_gated(x, gate).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def sigmoid_gate_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -48,18 +48,20 @@ def attend_fused_qkv(
     eps: float,
     v_norm: bool = False,
     qkv: tuple[torch.Tensor, int] | None = None,
+    out_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``attend_fused`` for another attention module with q_proj/k_proj/v_proj packed as ``qkv``,
     ``q_norm``/``k_norm`` per head (any ``norm_offset``), ``rotary``, ``attn`` and ``head_dim``
     (Gemma's): rows (``NormedRows``, or a tensor already normalised) -> the attention output [num_tokens,
     heads * head_dim] before o_proj. ``v_norm``: v heads normalised without a weight (Gemma 4); ``qkv``:
     (the packed [q | k | v] weight, q's rows) where they are not ``attn.qkv`` (Step-3.5's rows of its
-    packed in-projections)."""
+    packed in-projections); ``out_gate``: an output gate's logits projected apart ([num_tokens, heads]:
+    Step-3.5's head-wise gate), applied in the attention's launch (``attend_written``)."""
     weight, q_size = qkv or (attn.qkv.weight, attn.qkv.sizes[0])
     q = projection_kernels().norm_project_qkv(
         rows, eps, weight, attn.head_dim, q_size, **_heads_args(attn, positions), v_norm=v_norm
     )
-    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions)
+    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions, out_gate)
 
 
 def attend_fused_qkv_gate(
@@ -71,11 +73,13 @@ def attend_fused_qkv_gate(
     q_size: int,
     gate_size: int,
     interleaved: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """``attend_fused_qkv`` over a packed half-precision weight of q, k, v and an output gate
     (layers/fused_projection.py ``norm_project_qkv_gate``: [q | k | v | gate], Step-3.5's head-wise gate;
-    ``interleaved``, each q head's gate beside it, Qwen3-Next's) -> (the attention output [num_tokens, heads
-    * head_dim] before the gate, the gate's float32 products), the gate projected in q/k/v's launch."""
+    ``interleaved``, each q head's gate beside it, Qwen3-Next's) -> the gated attention output [num_tokens,
+    heads * head_dim] before o_proj, attention times sigmoid(gate) as ``sigmoid_gate`` gives it: the gate is
+    projected in q/k/v's launch (float32 products) and applied in the attention's (``attend_written``'s
+    ``out_gate``), so it costs no launch of its own."""
     q, gate = projection_kernels().norm_project_qkv_gate(
         rows,
         eps,
@@ -86,7 +90,7 @@ def attend_fused_qkv_gate(
         **_heads_args(attn, positions),
         interleaved=interleaved,
     )
-    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions), gate
+    return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions, gate)
 
 
 def _heads_args(attn: nn.Module, positions: torch.Tensor) -> dict:

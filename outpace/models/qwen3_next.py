@@ -263,18 +263,16 @@ class GatedAttention(nn.Module):
         ``eps``, -> the gated attention output [n, heads * head_dim] before o_proj. The packed q/k/v (each
         query head beside its gate head) read the stream through the norm-folding kernel; where the
         attention reads the cache the kernels write, one more launch does the heads (the (1 + w) head norms,
-        the partial RoPE, the cache write: layers/fused_sandwich.py ``attend_fused_qkv_gate``), else
-        ``attend`` does."""
+        the partial RoPE, the cache write) and the attention applies the gate as it stores its output
+        (layers/fused_sandwich.py ``attend_fused_qkv_gate``), else ``attend`` does."""
         weight, d = self.qkv.weight, self.head_dim
         if isinstance(weight, Fp8Weight) or d & (d - 1) or self.attn.fused_write_target() is None:
             q_gate, k, v = project_normalised(rows, eps, weight).split(self.qkv.sizes, dim=-1)
             return self.attend(positions, q_gate, k, v)
         q_size = self.qkv.sizes[0] // 2
-        out, gate = attend_fused_qkv_gate(
+        return attend_fused_qkv_gate(
             self, positions, kernel_rows(rows), eps, weight, q_size, q_size, interleaved=True
         )
-        n = out.shape[0]
-        return sigmoid_gate(out.view(n, self.heads, d), gate).view(n, -1)
 
     def attend(
         self, positions: torch.Tensor, q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor

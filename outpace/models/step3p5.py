@@ -552,26 +552,26 @@ class Step3p5Attention(nn.Module):
         """The attention output before o_proj [num_tokens, heads * head_dim] over rows: x normalised
         [num_tokens, hidden], or (``reads_rows``) the stream made ready for the input norm of eps ``eps``.
         One projection kernel for q/k/v and the head-wise gate packed in half precision, then the per-head
-        kernel (zero-centred head norms, RoPE, the cache write: layers/fused_sandwich.py
-        ``attend_fused_qkv_gate``); a gate stored apart (or block FP8) is projected in a launch of its own.
-        Then attention and the gate."""
+        kernel (zero-centred head norms, RoPE, the cache write), then attention storing its output gated
+        (layers/fused_sandwich.py ``attend_fused_qkv_gate``). A gate stored apart (or block FP8) is
+        projected in a launch of its own, then applied by the attention's launch as well
+        (``attend_fused_qkv``'s ``out_gate``)."""
         sizes = self.in_proj.sizes
         weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight of them)
         fp8 = isinstance(weight, Fp8Weight)
         kernel_rows = fused_decoder.kernel_rows(rows)
         if self.g_proj is not None and self._packs_gate() and not fp8:
-            out, g = attend_fused_qkv_gate(
+            return attend_fused_qkv_gate(
                 self, positions, kernel_rows, eps, weight, sizes[0], sizes[3]
-            )
-        else:
-            qkv_rows = sum(sizes[:3])
-            qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
-            out = attend_fused_qkv(self, positions, kernel_rows, eps, qkv=(qkv, sizes[0]))
-            if self.g_proj is None:
-                return out  # [num_tokens, heads * head_dim]
-            g = weight.rows(qkv_rows).project(rows) if self._packs_gate() else self.g_proj(rows)
-        n, d = out.shape[0], self.head_dim
-        return sigmoid_gate(out.view(n, -1, d), g[..., None]).view(n, -1)
+            )  # [num_tokens, heads * head_dim]
+        qkv_rows = sum(sizes[:3])
+        qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
+        gate = None  # [num_tokens, heads]: one logit per head
+        if self.g_proj is not None:
+            gate = weight.rows(qkv_rows).project(rows) if self._packs_gate() else self.g_proj(rows)
+        return attend_fused_qkv(
+            self, positions, kernel_rows, eps, qkv=(qkv, sizes[0]), out_gate=gate
+        )  # [num_tokens, heads * head_dim]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions [num_tokens]; x [num_tokens, hidden] -> [num_tokens, hidden]."""
