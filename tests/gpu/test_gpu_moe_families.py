@@ -102,11 +102,15 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h", "step3p5"])
+@pytest.mark.parametrize(
+    "family", ["qwen3_next", "qwen3_5", "nemotron_h", "step3p5", "v2-greedy", "v3-yarn"]
+)
 def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
     """The few-row layers in the fused residual style (models/qwen3_next.py, models/nemotron_h.py,
-    models/step3p5.py over layers/fused_decoder.py ``run_fused_layers``: norms folded into the projections), here
-    let take float32 rows (the path serves half precision), captured on the GPU: the CPU's greedy tokens."""
+    models/step3p5.py, models/deepseek.py over layers/fused_decoder.py ``run_fused_layers``: norms folded into the
+    projections), here let take float32 rows (the path serves half precision), captured on the GPU: the CPU's
+    greedy tokens. DeepSeek's variants (tests/helpers/deepseek_models.py): V2's MLA without q_lora_rank and
+    softmax routing, V3's with one and group-limited sigmoid routing."""
     import torch
 
     from outpace.layers import fused_decoder, fused_projection
@@ -137,6 +141,13 @@ def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, mon
         other = {**CONFIG["attention_other_setting"], "head_dim": 16}
         config = {**CONFIG, "head_dim": 16, "attention_other_setting": other}
         path, vocab = str(write_checkpoint(tmp_path, config)[0]), config["vocab_size"]
+    elif family.startswith("v"):
+        from helpers.deepseek_models import make_hf_deepseek
+        from helpers.hf_models import save_hf_model
+
+        overrides = {"q_lora_rank": None} if family == "v2-greedy" else {}
+        model = make_hf_deepseek(family, **overrides)
+        path, vocab = str(save_hf_model(model, tmp_path)), model.config.vocab_size
     else:
         from helpers.hybrid_models import make_hybrid, save_hybrid
 
