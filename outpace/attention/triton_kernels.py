@@ -46,9 +46,12 @@ Output gate (``paged_attention``'s ``out_gate``: Step-3.5's one logit per head, 
 per element, read in place from a packed projection's view): the kernel that stores the output (the attention
 kernel with one split, the combine with several, the batch-invariant combine in that mode) stores it rounded
 to its dtype times sigmoid(gate) (``_output_values``, with ``_sigmoid_gate_kernel``'s arithmetic
-``sigmoid_gated``, layers/fused_kernels.py), so a gated layer gets the bits of attention followed by
-``sigmoid_gate`` for one launch fewer. A constexpr GATE (0 none, 1 per head, 2 per element) leaves ungated
-launches compiled as before; split attention kernels get GATE 0 (their combine gates).
+``sigmoid_gated``, layers/fused_kernels.py): what attention followed by ``sigmoid_gate`` computes, for one
+launch fewer. In Triton's interpreter and in decode on the H200 the bits are the same; in bf16 verify tiles on
+the H200 1 to 3 elements of 131072 differed by one ulp (tests/kernels/test_gated_attention.py; the gated
+kernel is another compilation of the attention, where the last bit was not traced further). A constexpr GATE
+(0 none, 1 per head, 2 per element) leaves ungated launches compiled as before; split attention kernels get
+GATE 0 (their combine gates).
 
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
@@ -634,8 +637,8 @@ def _output_values(
 ):
     """What the output stores: out rounded to out_dtype; with an output gate (GATE 1: one logit a head
     at gate[token, head], 2: one an element at gate[token, head, d]) that rounded output times the
-    sigmoid of its logits (``sigmoid_gated``), rounded again: the bits of this attention's output
-    followed by ``sigmoid_gate``."""
+    sigmoid of its logits (``sigmoid_gated``), rounded again: this attention's output followed by
+    ``sigmoid_gate`` (module docstring)."""
     values = out.to(out_dtype)
     if GATE:
         logits_ptr = gate_ptr + token * stride_gt + head * stride_gh
@@ -1555,8 +1558,8 @@ def paged_attention(
     ``out_gate``: an attention output gate's logits, [num_tokens, heads] (one a head: Step-3.5) or
     [num_tokens, heads, head_dim] (one an element: Qwen3-Next), any strides (a view of a packed projection),
     float32 or q's dtype: the kernel that stores the output (the attention kernel, or the combine after
-    split-KV) stores it times sigmoid(gate), bit for bit the output followed by ``sigmoid_gate``
-    (layers/activation.py), without a launch of its own.
+    split-KV) stores it times sigmoid(gate) as ``sigmoid_gate`` (layers/activation.py) computes it, without
+    a launch of its own (the module docstring says where the bits were compared).
 
     ``token_table`` comes from ``write_kv``. ``num_splits`` overrides the split-KV heuristic.
     In batch-invariant mode (``outpace.attention.context.batch_invariant``) the batch-invariant

@@ -324,8 +324,9 @@ def sigmoid_gated(x, gate):
     """x * sigmoid(gate) in float32, rounded as ``sigmoid_gate_torch`` rounds it: x as given (in its dtype),
     sigmoid in float32 with IEEE division, rounded to gate's dtype as torch.sigmoid's output is, the product in
     float32 (the caller rounds it to the output's dtype). gate broadcasts against x (one logit a head).
-    NOTE: no product here meets an add, so FMA contraction cannot change these bits: any kernel calling this
-    (the paged-attention kernels' gated store, attention/triton_kernels.py) gives this kernel's bits."""
+    No product here meets an add, so FMA contraction cannot change these bits in a kernel compiled with it
+    (the paged-attention kernels' gated store, attention/triton_kernels.py, whose docstring says where that
+    store's bits were compared with this kernel's)."""
     sig = tl.div_rn(1.0, 1.0 + tl.exp(-gate.to(tl.float32))).to(gate.dtype).to(tl.float32)
     return x.to(tl.float32) * sig
 
