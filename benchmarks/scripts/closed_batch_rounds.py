@@ -4,7 +4,7 @@ GPU; ``--tiny``: its small test widening, float32 on a CPU), each one closed bat
 the median of each row's closed-batch seconds and steady rate reported. One closed batch moves by several
 percent with one-off costs (a slow first prefill, a dropped step run ahead): single runs could not tell two
 closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
-also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen) and
+(``--profile-first``: each row's first step also under torch.profiler, its table printed) also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen) and
 prints, per batch and temperature, where a method's steps spent more time than plain decoding's.
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--methods ngram draft] [--batches 8 32]
@@ -14,6 +14,7 @@ prints, per batch and temperature, where a method's steps spent more time than p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -48,10 +49,12 @@ def engines(methods: list[str], workdir: Path, tiny: bool, max_batch: int) -> di
 
 
 class StepLog:
-    """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None]."""
+    """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None];
+    ``profile_first``: the first step of each run logged also under torch.profiler (``tables``)."""
 
-    def __init__(self, llm: LLM) -> None:
+    def __init__(self, llm: LLM, profile_first: bool = False) -> None:
         self.on, self.steps, self._shape = False, [], None
+        self.profile_first, self.tables = profile_first, []
         engine = llm.engine
         real_step = engine.step
 
@@ -60,9 +63,16 @@ class StepLog:
                 return real_step()
             self._shape = None
             rows = sum(map(is_decoding, engine.scheduler.running))
-            t = time.perf_counter()
-            outputs = real_step()
-            self.steps.append([round(1e3 * (time.perf_counter() - t), 3), rows, self._shape])
+            profiled = self.profile_first and not self.steps
+            with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
+                t = time.perf_counter()
+                outputs = real_step()
+                wall = time.perf_counter() - t
+            self.steps.append([round(1e3 * wall, 3), rows, self._shape])
+            if profiled:
+                self.tables.append(
+                    prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+                )
             return outputs
 
         engine.step = step
@@ -109,11 +119,17 @@ def measure(
     rounds: int,
     max_tokens: int,
     logs: dict[tuple, list] | None = None,
+    profile_first: bool = False,
 ) -> list[dict]:
     """Per (method, batch, temperature): every round's closed-batch seconds and steady tokens/s, and their
     medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method.
-    ``logs``: filled with each row's engine steps of its last round (``StepLog``)."""
-    watches = {name: StepLog(llm) for name, llm in llms.items()} if logs is not None else {}
+    ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_first``: their
+    first steps under torch.profiler too, whose tables are printed."""
+    watches = (
+        {name: StepLog(llm, profile_first) for name, llm in llms.items()}
+        if logs is not None
+        else {}
+    )
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     rows = {}
     params = {t: row_params(t, max_tokens) for t in temperatures}
@@ -139,6 +155,11 @@ def measure(
             outs, seconds, steady = _run(llms[name], prompts, b, params[t], b)
             if watch is not None and watch.on:
                 logs[name, b, t], watch.on = watch.steps, False
+                for table in watch.tables:
+                    print(
+                        f"{name}, batch {b}, temperature {t}: the first step under torch.profiler\n{table}"
+                    )
+                watch.tables.clear()
             row["seconds"].append(seconds)
             row["steady"].append(steady)
             row["tokens"] = sum(len(o.token_ids) for o in outs)
@@ -163,10 +184,15 @@ def main() -> None:
     p.add_argument("--workdir", default=".e2e")
     p.add_argument("--out", default=None)
     p.add_argument("--steps", default=None, help="write each row's last-round steps here (JSON)")
+    p.add_argument(
+        "--profile-first",
+        action="store_true",
+        help="with --steps: their first steps under torch.profiler",
+    )
     a = p.parse_args()
     llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches))
     logs = {} if a.steps else None
-    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs)
+    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_first)
     print(
         f"{'method':<8} {'batch':>5} {'temp':>4} {'closed':>7} {'steady':>7}  closed seconds by round"
     )
