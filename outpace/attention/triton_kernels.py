@@ -651,6 +651,40 @@ def _output_values(
 
 
 @triton.jit
+def _store_output_row(
+    out,  # [BLOCK_D] float32: one (token, head)'s normalised output
+    out_ptr,
+    token,
+    head,
+    stride_ot,
+    stride_oh,
+    offs_d,
+    d_ok,
+    gate_ptr,
+    stride_gt,
+    stride_gh,
+    stride_gd,
+    GATE: tl.constexpr,
+):
+    """A combine's store of one output row, gated by GATE (``_output_values``)."""
+    values = _output_values(
+        out,
+        out_ptr.dtype.element_ty,
+        gate_ptr,
+        token,
+        head,
+        True,
+        offs_d,
+        d_ok,
+        stride_gt,
+        stride_gh,
+        stride_gd,
+        GATE,
+    )
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, values, mask=d_ok)
+
+
+@triton.jit
 def _attention_program(
     q,
     k_cache_ptr,
@@ -908,21 +942,21 @@ def _combine_kernel(
     weight = tl.exp2(m - tl.max(m, axis=0))  # finite: every max is >= -1e30
     total = tl.sum(l * weight, axis=0)
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    out = _output_values(
+    _store_output_row(
         out,
-        out_ptr.dtype.element_ty,
-        gate_ptr,
+        out_ptr,
         token,
         head,
-        True,
+        stride_ot,
+        stride_oh,
         offs_d,
         d_ok,
+        gate_ptr,
         stride_gt,
         stride_gh,
         stride_gd,
         GATE,
     )
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out, mask=d_ok)
 
 
 # Batch-invariant variant (the deterministic mode) ---------------------------------------------------------------------
@@ -1316,21 +1350,22 @@ def _invariant_combine_kernel(
             tl.load(part_sum_ptr + pj),
             tl.load(part_acc_ptr + pj * HEAD_DIM + offs_d, mask=d_ok, other=0.0),
         )
-    out = _output_values(
-        acc / tl.where(l > 0, l, 1.0),
-        out_ptr.dtype.element_ty,
-        gate_ptr,
+    out = acc / tl.where(l > 0, l, 1.0)
+    _store_output_row(
+        out,
+        out_ptr,
         token,
         head,
-        True,
+        stride_ot,
+        stride_oh,
         offs_d,
         d_ok,
+        gate_ptr,
         stride_gt,
         stride_gh,
         stride_gd,
         GATE,
     )
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out, mask=d_ok)
 
 
 @dataclass(frozen=True)

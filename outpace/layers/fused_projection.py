@@ -117,6 +117,20 @@ class NormedRows:
 
 
 @triton.jit
+def row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P: tl.constexpr):
+    """[BM, 1] float32: each row's RMSNorm factor rsqrt(sum(sq[:, row]) / K + eps) from the partial sums of
+    squares sq [num_sq_parts, M] of a ``NormedRows`` (its ``sq_parts``), for the kernels that fold the norm
+    into a projection of the rows ``rows`` [BM] (``row_ok``: the real ones)."""
+    parts = tl.arange(0, BLOCK_P)
+    sq = tl.load(
+        sq_ptr + parts[:, None] * M + rows[None, :],
+        mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BM]
+    return tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]
+
+
+@triton.jit
 def _normed_rows_kernel(
     x_ptr,
     res_ptr,
@@ -278,13 +292,7 @@ def _fused_rows_kernel(
             prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
     pdl_enter(PDL)
     if SCALE_ROWS:
-        parts = tl.arange(0, BLOCK_P)
-        sq = tl.load(
-            sq_in_ptr + parts[:, None] * M + rows[None, :],
-            mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
-            other=0.0,
-        )  # [BLOCK_P, BM]
-        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]  # [BM, 1]
+        rstd = row_rstd(sq_in_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)  # [BM, 1]
     for sub in range(subs):
         start = pid * OUTS + sub * CHUNK
         i = start + tl.arange(0, BN)  # [BN]

@@ -65,7 +65,7 @@ import triton.language as tl
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
 from outpace.attention.triton_kernels import fp8_rows
-from outpace.layers.fused_projection import NormedRows
+from outpace.layers.fused_projection import NormedRows, row_rstd
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.linear import is_quantized
@@ -161,20 +161,6 @@ def _prefetch_rows(
 
 
 @triton.jit
-def _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P: tl.constexpr):
-    """[BM, 1] float32: each row's RMSNorm factor rsqrt(sum(sq[:, row]) / K + eps) from partial sums of
-    squares sq [num_sq_parts, M] (layers/fused_projection.py ``NormedRows.sq_parts``, summed as its
-    projection kernels sum them)."""
-    parts = tl.arange(0, BLOCK_P)
-    sq = tl.load(
-        sq_ptr + parts[:, None] * M + rows[None, :],
-        mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
-        other=0.0,
-    )  # [BLOCK_P, BM]
-    return tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]
-
-
-@triton.jit
 def _rope_pairs(pairs, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
     """The two source columns of rotation pair ``pairs`` in a raw rope part (module docstring)."""
     if INTERLEAVED:
@@ -236,7 +222,7 @@ def _down_kernel(
 ):
     """Programs 0 .. q_programs - 1: BN outputs of the query's projection each; the rest: BN outputs of
     kv_a each; grid axis 1: the row tile. ROW_NORM: the input norm folded in, as layers/fused_projection.py's
-    projections fold it: each row's products (float32, after the FP8 scales) times its ``_row_rstd`` over K,
+    projections fold it: each row's products (float32, after the FP8 scales) times its ``row_rstd`` over K,
     so that q_a's norm (Q_NORMED) sums the squares of the normalised input's q_a."""
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)  # the grid's row tile
@@ -269,7 +255,7 @@ def _down_kernel(
             SCALE_BK,
         )  # [BM, BN]; 0 in masked columns
         if ROW_NORM:
-            acc *= _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)
+            acc *= row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)
         dst = q_out_ptr + rows[:, None] * QR + cols[None, :]
         if Q_NORMED:
             w = tl.load(q_norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
@@ -306,7 +292,7 @@ def _down_kernel(
             SCALE_BK,
         )
         if ROW_NORM:
-            acc *= _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)
+            acc *= row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)
         tl.store(
             kv_raw_ptr + rows[:, None] * KV + cols[None, :],
             acc,
@@ -501,7 +487,7 @@ def _q_absorb_kernel(
                 _prefetch_rows(wq_ptr, a_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
                 _prefetch_rows(wq_ptr, b_rows, pair_ok, stride_wq, K, PREFETCH_K, Q_FORMAT)
         pdl_enter(PDL)
-        rstd = _row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_SQ)  # [BM, 1]
+        rstd = row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_SQ)  # [BM, 1]
         if c < Q_PARTS:
             q_nope = _rows_dot(
                 x_ptr,
