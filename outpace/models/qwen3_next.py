@@ -19,7 +19,8 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
 
 Few rows on the GPU (decode, verify) run the stack in the fused residual style of the Llama layers
 (layers/fused_decoder.py ``run_fused_layers``): the mixer's input projection (gated DeltaNet's packed
-in-projections, the attention's q/k/v) reads the stream through the norm-folding kernel, out_proj / o_proj
+in-projections, the attention's q/k/v and gate) reads the stream through the norm-folding kernel, the attention
+kernels apply the output gate as they store (attention/triton_kernels.py ``out_gate``), out_proj / o_proj
 adds the residual and makes the stream ready for the post-attention norm, the dense MLP's gate/up folds
 that norm and down_proj makes the stream ready for the next layer's norm, so no RMSNorm runs as a launch
 of its own. A MoE MLP on one GPU reads the stream made ready for its norm too: the routing kernel scales

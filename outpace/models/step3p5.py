@@ -42,7 +42,8 @@ hidden_states_before_norm); no position-0 masking. The layers chain: layer k rea
 
 Few rows on the GPU (decode, verify) run the stack in the fused residual style of Qwen3-Next's layers
 (layers/fused_decoder.py ``run_stack``; ``Step3p5DecoderLayer.forward_fused``): q/k/v and the head-wise gate read
-the stream through the input norm, o_proj and down_proj add the residual and ready the next norm, and a MoE
+the stream through the input norm, the attention kernels apply the gate as they store their output
+(attention/triton_kernels.py ``out_gate``), o_proj and down_proj add the residual and ready the next norm, and a MoE
 block runs as layers/fused_decoder.py ``moe_block_fused``: on one GPU its routing and gate/up fold the
 post-attention norm in and its combine readies the next norm; under tensor parallelism its output (this rank's
 partial sum) is all-reduced, added and normalised for the next layer in one launch where the symmetric
