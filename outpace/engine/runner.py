@@ -254,9 +254,9 @@ class ModelRunner:
         ids, starts = tuple(map(_request_id, reqs)), tuple(map(_num_computed, reqs))
         ahead = self.run_ahead
         launch = (ahead.take(ids, starts) if ahead is not None else None) or self._launch(reqs)
-        # a request that surely ends with this step stays out of the step run ahead (``goes_on``)
-        going_on = list(map(goes_on, reqs))
         if ahead is not None:
+            # a request that surely ends with this step stays out of the step run ahead (``goes_on``)
+            going_on = list(map(goes_on, reqs))
             staying = list(compress(reqs, going_on))
             batch = staying + [s.request for s in joining]
             captured = bucket_for(self.graph_buckets, len(batch)) is not None
