@@ -13,7 +13,10 @@ bf16 before the tensor cores: the shipped path against three others, at the FP8 
 - ``w8a8``: no conversion of the weight: each K step's 128 columns of x quantized to e4m3 by their absmax / 448
   (DeepSeek-V3's ``act_quant``, 1 x 128 groups; other numerics than the shipped path's), the fp8 weight tile and
   the fp8 x multiplied as wgmma's A and B operands (the weight's BN rows as wgmma's M), the product times the
-  weight's and x's scales into a float32 [BN, BM] accumulator.
+  weight's and x's scales into a float32 [BN, BM] accumulator;
+- ``shipped``: ``quant_matmul``'s launch itself (its plan's tiles, the settings below ignored): since gpu_2026-12-01g call
+  1, launched with programmatic dependent launch and its weight's first lines prefetched into L2 (the graph's
+  calls launched so, as in a decode step), where the variants above launch plainly.
 
 Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds),
 the median of the replays (fp8_projection_settings.py ``graph_us``); each variant's output is first checked
@@ -32,6 +35,7 @@ import triton
 import triton.language as tl
 from fp8_projection_settings import CALLS, graph_us
 
+from outpace.layers.quant import quant_matmul_kernel as qm
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block
 from outpace.layers.quant.quant_matmul_kernel import few_row_tiles, scale_rows, weight_tile
 from outpace.layers.zeroed_scratch import zeroed_scratch
@@ -47,7 +51,7 @@ SHAPES = {
     "deepseek-v2-lite kv_a": (576, 2048),
     "qwen3-next out_proj": (2048, 4096),
 }
-MODES = ("f32", "cvt_acc", "bits_acc", "bits_elem", "w8a8")
+MODES = ("f32", "cvt_acc", "bits_acc", "bits_elem", "w8a8", "shipped")
 # (columns a program, K step, warps, stages, programs an SM)
 SETTINGS = [
     (32, 128, 4, 4, 8),
@@ -179,28 +183,63 @@ def _variant_kernel(
             total = tl.zeros((BM, BN), dtype=tl.float32)
             for s in range(splits):
                 total += tl.load(
-                    partial_ptr + s * M * N + tile_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
+                    partial_ptr + s * M * N + tile_offs,
+                    mask=out_mask,
+                    other=0.0,
+                    cache_modifier=".cg",
                 )
             tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(counter_ptr + tile, 0)
 
 
 def launch(x, weight, scale, out, mode: str, setting) -> None:
+    if mode == "shipped":
+        tiles = qm.plan(x.shape[0], weight.shape[0], x.shape[1], "fp8_block", BLOCK[1], x.device)
+        qm._launch(x, weight, scale, "fp8_block", BLOCK, tiles, out)  # (quant_matmul's, into out)
+        return
     m, k = x.shape
     n = weight.shape[0]
     bn, bk, warps, stages, per_sm = setting
     t = few_row_tiles(
-        m, n, k, x.device, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+        m,
+        n,
+        k,
+        x.device,
+        block_n=bn,
+        block_k=bk,
+        num_warps=warps,
+        num_stages=stages,
         programs_per_sm=per_sm,
     )
     partial = torch.empty(t.splits, m, n, dtype=torch.float32, device=x.device)
     counters = zeroed_scratch("fp8_dequant_variants counters", x.device, 1 << 16, torch.int32)
     w = weight if mode in ("f32", "cvt_acc", "w8a8") else weight.view(torch.uint8)
     _variant_kernel[t.grid(m, n)](
-        x, w, scale, out, partial, counters, m, n, k, x.stride(0), weight.stride(0),
-        scale.stride(0), scale.stride(1), out.stride(0), t.splits, t.k_per_split,
-        MODE=mode, SCALE_BN=BLOCK[0], SCALE_BK=BLOCK[1], BM=t.block_m, BN=t.block_n,
-        BK=t.block_k, SPLIT_K=t.splits > 1, num_warps=t.num_warps, num_stages=t.num_stages,
+        x,
+        w,
+        scale,
+        out,
+        partial,
+        counters,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        scale.stride(1),
+        out.stride(0),
+        t.splits,
+        t.k_per_split,
+        MODE=mode,
+        SCALE_BN=BLOCK[0],
+        SCALE_BK=BLOCK[1],
+        BM=t.block_m,
+        BN=t.block_n,
+        BK=t.block_k,
+        SPLIT_K=t.splits > 1,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )
 
 
@@ -226,6 +265,7 @@ def variant_us(x, weights, dense, mode, setting) -> tuple[float | None, float | 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -239,15 +279,22 @@ def main() -> None:
         floor = (n * k + weights[0][1].numel() * 4) / HBM_BYTES_PER_S * 1e6
         for m in ROWS:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            for mode in MODES:
-                timed = [(variant_us(x, weights, dense, mode, s), s) for s in SETTINGS]
+            for mode in args.modes:
+                settings = SETTINGS[:1] if mode == "shipped" else SETTINGS
+                timed = [(variant_us(x, weights, dense, mode, s), s) for s in settings]
                 ok = [(us, err, s) for (us, err), s in timed if us is not None]
                 bad = [(err, s) for (us, err), s in timed if us is None and err is not None]
                 for err, s in bad:
-                    print(f"    {name} m={m} {mode} {s}: WRONG (relative error {err:.3g})", flush=True)
+                    print(
+                        f"    {name} m={m} {mode} {s}: WRONG (relative error {err:.3g})", flush=True
+                    )
                 best = min(ok, key=lambda t: t[0]) if ok else None
                 row = {
-                    "shape": name, "n": n, "k": k, "rows": m, "mode": mode,
+                    "shape": name,
+                    "n": n,
+                    "k": k,
+                    "rows": m,
+                    "mode": mode,
                     "floor_us": round(floor, 2),
                     "by_setting": {str(s): round(us, 2) for us, _, s in ok},
                     "best_us": round(best[0], 2) if best else None,
@@ -260,12 +307,14 @@ def main() -> None:
                     f"(floor {floor:.1f}) shipped-tiles {row['by_setting'].get(str(SETTINGS[0]))}",
                     flush=True,
                 )
-    print("\nshape | rows | " + " | ".join(MODES) + " | floor")
+    print("\nshape | rows | " + " | ".join(args.modes) + " | floor")
     for name in SHAPES:
         for m in ROWS:
             best = {r["mode"]: r["best_us"] for r in rows if r["shape"] == name and r["rows"] == m}
             floor = next(r["floor_us"] for r in rows if r["shape"] == name)
-            print(f"{name} | {m} | " + " | ".join(str(best[md]) for md in MODES) + f" | {floor}")
+            print(
+                f"{name} | {m} | " + " | ".join(str(best[md]) for md in args.modes) + f" | {floor}"
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, separators=(",", ":"))

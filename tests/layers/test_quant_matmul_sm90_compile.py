@@ -6,8 +6,9 @@ it. Three launches: the plan's at Step-3.5-Flash's q_proj at tensor parallelism 
 tiles, 64 columns a program over 256-column K steps, 3 stages, K split), a 512-column K step over the
 128-column scales (the settings sweep's widest, benchmarks/scripts/quant_matmul_settings.py) and an unsplit
 launch (Llama-8B's gate_up 28672 x 4096 at one program an SM). Each must compile, keep its registers (ptxas -v:
-no spills), stream the weight through cp.async and multiply with mma.sync: a tile of 16 rows is under wgmma's
-M of 64, the weight read from shared memory into registers and dequantized there."""
+no spills), stream the weight through cp.async and multiply with mma.sync (a tile of 16 rows is under wgmma's
+M of 64, the weight read from shared memory into registers and dequantized there), and, launched with
+programmatic dependent launch, prefetch its first weight lines into L2 before it waits."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ SM90_COMPILE = """
 from outpace.layers.quant import quant_matmul_kernel as qm
 
 qm.num_sms = lambda device: 132  # an H200's grids
+qm.pdl_available = lambda device: True  # as on an H200: programmatic dependent launch, weights prefetched
 
 def launch(n, k, **options):
     '''One token's quant_matmul over a block-FP8 [n, k] weight: plan's tiles, or few_row_tiles' with options.'''
@@ -51,6 +53,7 @@ for name, (run, expected) in cases.items():
         "spills": "0 bytes spill stores" in ptxas_report(compiled),
         "cp.async": "cp.async" in ptx,
         "mma.sync": "mma.sync" in ptx and "wgmma" not in ptx,
+        "pdl": "griddepcontrol.wait" in ptx and "prefetch.global.L2" in ptx,
     }
     print(name, all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
 """

@@ -24,6 +24,14 @@ launch is fixed for a captured CUDA graph and nothing is allocated but the outpu
 Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 
+On Hopper the kernel launches with programmatic dependent launch (layers/pdl.py): a program starts while the
+kernel before it drains, asks for the first ``_PREFETCH_BYTES`` of each of its weight rows' share of K to be
+brought into L2 (the weight is no earlier kernel's output), then waits for its input. Without it a few-row
+launch paid the kernel gap and a DRAM round trip before its first weight byte: about 5 us whatever the weight's
+size (benchmarks/scripts/fp8_dequant_variants.py on an H200, gpu_2026-12-01g call 1: DeepSeek-V2-Lite's kv_a,
+576 x 2048 in fp8, 5.4 us against a floor of 0.25; the conversion of the weight in registers was not what cost:
+the variants that convert by bit moves, scale the accumulator or multiply fp8 x fp8 were no faster).
+
 Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
 the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
 takes at most ``_INVARIANT_ROWS`` rows (more rows: one launch each such chunk), which bounds its float32
@@ -39,6 +47,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
@@ -52,6 +61,10 @@ _MAX_TILES = 1 << 16  # output tiles a split-K launch may have (the counters' le
 _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_STEPS = 4
 _INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode: module docstring)
+# bytes of each weight row a program asks into L2 before waiting on its input (module docstring): the first
+# 1024 of its split's share, 8 lines of 128 bytes (1024 fp8 columns, 2048 INT4 ones)
+_PREFETCH_BYTES = 1024
+_LINE = 128
 
 
 @triton.jit
@@ -149,6 +162,9 @@ def _quant_matmul_kernel(
     BK: tl.constexpr,
     SPLIT_K: tl.constexpr,  # splits > 1
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (module docstring)
+    PREFETCH_LINES: tl.constexpr,  # lines of each weight row prefetched (a power of two)
+    LINE: tl.constexpr,  # bytes a line
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
     split's columns of K; row tiles on the grid's fast axis, so the programs sharing a weight tile run
@@ -162,6 +178,18 @@ def _quant_matmul_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = split * k_per_split
+    if PDL:  # the weight is no earlier kernel's output: ask for the split's first lines, then wait
+        if FORMAT == "int4_group":  # int32 words of 8 nibbles: half a byte a column
+            first, row_bytes, stride_bytes = k_start // 2, K // 2, stride_wn * 4
+        else:
+            first, row_bytes, stride_bytes = k_start, K, stride_wn
+        lines = (
+            first + tl.arange(0, PREFETCH_LINES) * LINE
+        )  # [PREFETCH_LINES] byte offsets in a row
+        lines = tl.where(lines < row_bytes, lines, first)  # never past a row's end
+        starts = tl.where(n_ok, cols, 0).to(tl.int64) * stride_bytes  # [BN]: each row's first byte
+        prefetch_l2(w_ptr.to(tl.pointer_type(tl.int8)) + starts[:, None] + lines[None, :])
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BK):
         ks = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0)
@@ -367,6 +395,8 @@ def _launch(
     else:
         partial = counters = out  # not read
     scale_2d = scale.reshape(1, 1) if fmt == "fp8_tensor" else scale
+    pdl = pdl_available(x.device)
+    row_bytes = t.k_per_split // (2 if fmt == "int4_group" else 1)
     _quant_matmul_kernel[grid](
         x,
         weight,
@@ -392,6 +422,10 @@ def _launch(
         BK=t.block_k,
         SPLIT_K=t.splits > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PDL=pdl,
+        PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(min(row_bytes, _PREFETCH_BYTES), _LINE)),
+        LINE=_LINE,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
+        **pdl_launch_options(pdl),
     )
