@@ -457,6 +457,15 @@ def run_stack(
     return run_residual_stack(layers, positions, h, capture)
 
 
+def run_layer(
+    layer: nn.Module, positions: torch.Tensor, h: torch.Tensor, next_norm: nn.Module
+) -> torch.Tensor:
+    """One decoder layer over h [num_tokens, hidden] -> its output stream [num_tokens, hidden] (before any
+    norm): ``run_stack`` of that layer alone, its output made ready for ``next_norm``, the norm that reads it
+    next (an MTP draft layer's head norm). Its eager path is the layer's own forward."""
+    return run_stack([layer], [layer.input_layernorm], next_norm, positions, h, ())[0]
+
+
 def norm_head_logits(
     norm: RMSNorm,
     head: nn.Module,

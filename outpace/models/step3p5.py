@@ -698,8 +698,11 @@ class Step3p5MTPLayer(MTPBlock, Step3p5DecoderLayer):
     def input_norm(self, cfg: Step3p5Config) -> nn.Module:
         return zero_centred_norm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def head_norm(self) -> nn.Module:
+        return self.shared_head.norm
+
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return final_logits(self.shared_head.head(self.shared_head.norm(hidden)), None, None)
+        return fused_decoder.norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
 
 
 class Step3p5Model(nn.Module):

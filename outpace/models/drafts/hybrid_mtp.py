@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from outpace.layers.fused_decoder import run_layer
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 
@@ -77,12 +78,14 @@ class QwenMTPStep(nn.Module):
     def forward(
         self, positions: torch.Tensor, token_embeds: torch.Tensor, hidden_states: torch.Tensor
     ) -> torch.Tensor:
-        """token_embeds [n, hidden] of token t + 1, hidden_states [n, hidden] for t -> [n, hidden] normed."""
+        """token_embeds [n, hidden] of token t + 1, hidden_states [n, hidden] for t -> [n, hidden] normed. The
+        decoder layer runs as a fused stack of one where it takes that path (layers/fused_decoder.py
+        ``run_layer``: its output made ready for ``norm``)."""
         x = torch.cat(
             (self.pre_fc_norm_embedding(token_embeds), self.pre_fc_norm_hidden(hidden_states)),
             dim=-1,
         )
-        return self.norm(self.layer(positions, self.fc(x)))
+        return self.norm(run_layer(self.layer, positions, self.fc(x), self.norm))
 
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The target's last pre-norm hidden states [n, hidden] -> after its final norm."""

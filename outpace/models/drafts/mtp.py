@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits
+from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, run_layer
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -78,6 +78,13 @@ class MTPBlock(nn.Module):
         """The kind of norm ``enorm`` and ``hnorm`` are (Step-3.5-Flash's are zero-centred: models/step3p5.py)."""
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def head_norm(self) -> nn.Module | None:
+        """The norm that reads this layer's output first, where the layer has a head of its own (DeepSeek-V3's,
+        Step-3.5-Flash's): ``forward`` runs the decoder layer as a fused stack of one (layers/fused_decoder.py
+        ``run_layer``), its output made ready for that norm. None: the decoder layer's forward chooses its
+        kernels itself (outpace's Llama-family layers: ``FusedDecoderLayer``)."""
+        return None
+
     def forward(
         self,
         positions: torch.Tensor,
@@ -86,7 +93,10 @@ class MTPBlock(nn.Module):
     ) -> torch.Tensor:
         """token_embeds [n, hidden] of token t+1; hidden_states [n, hidden] at t -> [n, hidden] pre-norm."""
         h = self.eh_proj(torch.cat((self.enorm(token_embeds), self.hnorm(hidden_states)), dim=-1))
-        return super().forward(positions, h)
+        norm = self.head_norm()
+        if norm is None:
+            return super().forward(positions, h)
+        return run_layer(self, positions, h, norm)
 
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The target's last pre-norm hidden states [n, hidden] -> what this layer reads."""
@@ -121,6 +131,9 @@ class OwnHeadsMTPBlock(MTPBlock):
         super().__init__(cfg, *layer_args)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.shared_head = SharedHead(cfg)
+
+    def head_norm(self) -> nn.Module:
+        return self.shared_head.norm
 
     def forward(
         self,
