@@ -16,7 +16,8 @@ bf16 before the tensor cores: the shipped path against three others, at the FP8 
   weight's and x's scales into a float32 [BN, BM] accumulator;
 - ``shipped``: ``quant_matmul``'s launch itself (its plan's tiles, the settings below ignored): since gpu_2026-12-01g call
   1, launched with programmatic dependent launch and its weight's first lines prefetched into L2 (the graph's
-  calls launched so, as in a decode step), where the variants above launch plainly.
+  calls launched so, as in a decode step), where the variants above launch plainly; ``--prefetch-bytes``
+  times it once for each amount prefetched of a row (0: none).
 
 Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds),
 the median of the replays (fp8_projection_settings.py ``graph_us``); each variant's output is first checked
@@ -193,7 +194,10 @@ def _variant_kernel(
 
 
 def launch(x, weight, scale, out, mode: str, setting) -> None:
-    if mode == "shipped":
+    if mode.startswith(
+        "shipped"
+    ):  # shipped@BYTES: quant_matmul's launch prefetching BYTES of each row
+        qm._PREFETCH_BYTES = int(mode.partition("@")[2] or qm._PREFETCH_BYTES)
         tiles = qm.plan(x.shape[0], weight.shape[0], x.shape[1], "fp8_block", BLOCK[1], x.device)
         qm._launch(x, weight, scale, "fp8_block", BLOCK, tiles, out)  # (quant_matmul's, into out)
         return
@@ -266,7 +270,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument(
+        "--prefetch-bytes", nargs="+", type=int, help="shipped: once a value of _PREFETCH_BYTES"
+    )
     args = parser.parse_args()
+    if args.prefetch_bytes and "shipped" in args.modes:
+        args.modes.remove("shipped")
+        args.modes += [f"shipped@{b}" for b in args.prefetch_bytes]
     device = torch.device("cuda")
     torch.manual_seed(0)
     rows = []
@@ -280,7 +290,7 @@ def main() -> None:
         for m in ROWS:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             for mode in args.modes:
-                settings = SETTINGS[:1] if mode == "shipped" else SETTINGS
+                settings = SETTINGS[:1] if mode.startswith("shipped") else SETTINGS
                 timed = [(variant_us(x, weights, dense, mode, s), s) for s in settings]
                 ok = [(us, err, s) for (us, err), s in timed if us is not None]
                 bad = [(err, s) for (us, err), s in timed if us is None and err is not None]

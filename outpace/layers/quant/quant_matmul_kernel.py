@@ -163,7 +163,7 @@ def _quant_matmul_kernel(
     SPLIT_K: tl.constexpr,  # splits > 1
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (module docstring)
-    PREFETCH_LINES: tl.constexpr,  # lines of each weight row prefetched (a power of two)
+    PREFETCH_LINES: tl.constexpr,  # lines of each weight row prefetched (a power of two, or 0), with PDL
     LINE: tl.constexpr,  # bytes a line
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
@@ -178,7 +178,9 @@ def _quant_matmul_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = split * k_per_split
-    if PDL:  # the weight is no earlier kernel's output: ask for the split's first lines, then wait
+    if (
+        PREFETCH_LINES > 0
+    ):  # the weight is no earlier kernel's output: ask for its first lines, then wait
         if FORMAT == "int4_group":  # int32 words of 8 nibbles: half a byte a column
             first, row_bytes, stride_bytes = k_start // 2, K // 2, stride_wn * 4
         else:
@@ -367,6 +369,13 @@ def quant_matmul(
     return out
 
 
+def prefetch_lines(row_bytes: int) -> int:
+    """Lines of ``_LINE`` bytes a program prefetches of each weight row whose split spans ``row_bytes`` (module
+    docstring): ``_PREFETCH_BYTES`` of them at most, rounded up to a power of two; 0 for none."""
+    wanted = min(row_bytes, _PREFETCH_BYTES)
+    return triton.next_power_of_2(triton.cdiv(wanted, _LINE)) if wanted > 0 else 0
+
+
 def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -423,7 +432,7 @@ def _launch(
         SPLIT_K=t.splits > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl,
-        PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(min(row_bytes, _PREFETCH_BYTES), _LINE)),
+        PREFETCH_LINES=prefetch_lines(row_bytes) if pdl else 0,
         LINE=_LINE,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
