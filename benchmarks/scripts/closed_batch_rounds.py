@@ -7,7 +7,7 @@ closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, c
 (``--profile-first``: each row's first step also under torch.profiler, its table printed) also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen) and
 prints, per batch and temperature, where a method's steps spent more time than plain decoding's.
 
-    PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--methods ngram draft] [--batches 8 32]
+    PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
 """
 
@@ -35,14 +35,16 @@ from outpace.engine.scheduler import is_decoding
 from outpace.zoo import zoo_dir
 
 
-def engines(methods: list[str], workdir: Path, tiny: bool, max_batch: int) -> dict[str, LLM]:
-    """Plain decoding's engine and each method's, on the widened zoo as bench e2e builds them."""
+def engines(
+    methods: list[str], workdir: Path, tiny: bool, max_batch: int, family: str = "llama"
+) -> dict[str, LLM]:
+    """Plain decoding's engine and each method's, on the family's widened zoo as bench e2e builds them."""
     device, dtype = bench_device()
-    models = widened_zoo(workdir, "llama", tiny, getattr(torch, dtype))
-    specs = drafters(models)
+    models = widened_zoo(workdir, family, tiny, getattr(torch, dtype))
+    specs = drafters(models, family)
     return {
         name: target_llm(
-            models, "llama", specs[name], tiny, device=device, dtype=dtype, max_num_seqs=max_batch
+            models, family, specs[name], tiny, device=device, dtype=dtype, max_num_seqs=max_batch
         )
         for name in ["none", *methods]
     }
@@ -175,6 +177,7 @@ def measure(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", default="llama", help="bench e2e's --family")
     p.add_argument("--methods", nargs="+", default=["ngram"])
     p.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
@@ -190,7 +193,7 @@ def main() -> None:
         help="with --steps: their first steps under torch.profiler",
     )
     a = p.parse_args()
-    llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches))
+    llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches), a.family)
     logs = {} if a.steps else None
     rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_first)
     print(

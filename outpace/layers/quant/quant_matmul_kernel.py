@@ -61,9 +61,12 @@ _MAX_TILES = 1 << 16  # output tiles a split-K launch may have (the counters' le
 _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_STEPS = 4
 _INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode: module docstring)
-# bytes of each weight row a program asks into L2 before waiting on its input (module docstring): the first
-# 1024 of its split's share, 8 lines of 128 bytes (1024 fp8 columns, 2048 INT4 ones)
-_PREFETCH_BYTES = 1024
+# bytes of each weight row a program asks into L2 before waiting on its input (module docstring): the first 256
+# of its split's share, 2 lines of 128 bytes (256 fp8 columns, 512 INT4 ones). benchmarks/scripts/
+# fp8_dequant_variants.py --prefetch-bytes on an H200 (gpu_2026-12-01g call 3), us at one row, 0 / 256 / 512 /
+# 1024 bytes: Qwen3-Next in_proj_qkvz 14.25 / 13.67 / 13.81 / 14.55, DeepSeek-V2-Lite q 8.60 / 8.25 / 8.49 /
+# 8.53, o 6.76 / 6.21 / 6.34 / 6.36, kv_a 4.97 / 4.73 / 4.78 / 4.73, Llama-8B down_proj 21.8 / 21.4 / 21.4 / 23.1
+_PREFETCH_BYTES = 256
 _LINE = 128
 
 
