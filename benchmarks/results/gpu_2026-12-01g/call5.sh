@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs
 for s in .snapB .snap; do
   ( cd $s; export PYTHONPATH=.
-    timeout $(( 370 - SECONDS )) python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods mtp \
+    timeout $(( 330 - SECONDS )) python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods mtp \
       --out $OUT/e2e${s#.snap} --workdir /tmp/e2e_ds > $OUT/logs/e2e${s#.snap}.log 2>&1
     echo "$s rc=$?"; grep -A4 "^method" $OUT/logs/e2e${s#.snap}.log )
 done
