@@ -26,16 +26,13 @@ Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and
 
 On Hopper the kernel launches with programmatic dependent launch (layers/pdl.py): a program starts while the
 kernel before it drains, asks for the first ``_PREFETCH_BYTES`` of each of its weight rows' share of K to be
-brought into L2 (the weight is no earlier kernel's output), then waits for its input. Without it a few-row
-launch paid the kernel gap and a DRAM round trip before its first weight byte: about 5 us whatever the weight's
-size (benchmarks/scripts/fp8_dequant_variants.py on an H200, gpu_2026-12-01g call 1: DeepSeek-V2-Lite's kv_a,
-576 x 2048 in fp8, 5.4 us against a floor of 0.25; the conversion of the weight in registers was not what cost:
-the variants that convert by bit moves, scale the accumulator or multiply fp8 x fp8 were no faster).
-
-Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
-the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
-takes at most ``_INVARIANT_ROWS`` rows (more rows: one launch each such chunk), which bounds its float32
-partials and its arrival counters.
+brought into L2 (the weight is no earlier kernel's output), then waits for its input. A small few-row launch is all latency:
+DeepSeek-V2-Lite's kv_a (576 x 2048 in fp8) 5.5 us launched plainly against a
+floor of 0.25 (benchmarks/scripts/fp8_dequant_variants.py on an H200, gpu_2026-12-01g call 1, one call's share of
+a graph of 8). Converting the weight by bit moves, scaling the accumulator instead of each weight value, or
+multiplying fp8 x fp8 (w8a8) was no faster there. With the dependent launch and 256 bytes prefetched (call 3),
+kv_a took 4.7 us, o (2048 x 2048) 6.2 against 6.7 and Llama-8B's down_proj 21.4 against 22.3, while Qwen3-Next's
+in_proj_qkvz and Step-3.5's q_proj (25M values) took 13.7 against 13.0 and V2-Lite's q 8.3 against 7.6.
 """
 
 from __future__ import annotations
@@ -61,11 +58,9 @@ _MAX_TILES = 1 << 16  # output tiles a split-K launch may have (the counters' le
 _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_STEPS = 4
 _INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode: module docstring)
-# bytes of each weight row a program asks into L2 before waiting on its input (module docstring): the first 256
-# of its split's share, 2 lines of 128 bytes (256 fp8 columns, 512 INT4 ones). benchmarks/scripts/
-# fp8_dequant_variants.py --prefetch-bytes on an H200 (gpu_2026-12-01g call 3), us at one row, 0 / 256 / 512 /
-# 1024 bytes: Qwen3-Next in_proj_qkvz 14.25 / 13.67 / 13.81 / 14.55, DeepSeek-V2-Lite q 8.60 / 8.25 / 8.49 /
-# 8.53, o 6.76 / 6.21 / 6.34 / 6.36, kv_a 4.97 / 4.73 / 4.78 / 4.73, Llama-8B down_proj 21.8 / 21.4 / 21.4 / 23.1
+# bytes of each weight row a program asks into L2 before waiting on its input (module docstring): 2 lines of 128
+# bytes (256 fp8 columns, 512 INT4 ones), the fastest of 0 / 256 / 512 / 1024 at every shape timed but Llama-8B's
+# down_proj (gpu_2026-12-01g call 3: benchmarks/scripts/fp8_dequant_variants.py --prefetch-bytes)
 _PREFETCH_BYTES = 256
 _LINE = 128
 
