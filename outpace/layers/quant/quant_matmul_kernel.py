@@ -59,8 +59,8 @@ _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_STEPS = 4
 _INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode: module docstring)
 # bytes of each weight row a program asks into L2 before waiting on its input (module docstring): 2 lines of 128
-# bytes (256 fp8 columns, 512 INT4 ones), the fastest of 0 / 256 / 512 / 1024 at every shape timed but Llama-8B's
-# down_proj (gpu_2026-12-01g call 3: benchmarks/scripts/fp8_dequant_variants.py --prefetch-bytes)
+# bytes (256 fp8 columns, 512 INT4 ones): of 0 / 256 / 512 / 1024, the fastest or within 0.1 us of it at every
+# shape and row count timed (gpu_2026-12-01g call 3: benchmarks/scripts/fp8_dequant_variants.py --prefetch-bytes)
 _PREFETCH_BYTES = 256
 _LINE = 128
 
