@@ -19,6 +19,10 @@ bf16 before the tensor cores: the shipped path against three others, at the FP8 
   calls launched so, as in a decode step), where the variants above launch plainly; ``--prefetch-bytes``
   times it once for each amount prefetched of a row (0: none).
 
+``_variant_kernel`` is the shipped kernel's few-row loop and split-K epilogue (layers/quant/quant_matmul_kernel.py
+``_quant_matmul_kernel``) with MODE's conversion in place of ``weight_tile``: a copy kept here so that the
+measurement can be run again (gpu_2026-12-01g's README has its figures).
+
 Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds),
 the median of the replays (fp8_projection_settings.py ``graph_us``); each variant's output is first checked
 against torch's product on the dequantized weight. The floor is the fp8 bytes and the float32 scales over 4.8
