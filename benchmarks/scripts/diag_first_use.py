@@ -4,7 +4,13 @@ collections, timed, and the engine steps they fall in.
 ``python3 benchmarks/scripts/diag_first_use.py readme``: the README's main command in this process (EAGLE3 on the
 zoo), then the same generation again; ``python3 benchmarks/scripts/diag_first_use.py e2e``: bench e2e's first
 rows (the zoo target generates and is dropped, then plain decoding on the zoo widened to 8B, its warm-up
-rounds and its timed batch-1 greedy run), with every step over 30 ms listed with what happened in it."""
+rounds and its timed batch-1 greedy run), with every step over 30 ms listed with what happened in it;
+``python3 benchmarks/scripts/diag_first_use.py family FAMILY METHOD [--widened]``: a bench e2e row of one drafter
+on a family's zoo target (bench/e2e.py ``FAMILIES``, ``drafters``), at batch 1, its warm-ups and timed runs as
+bench e2e runs them (every prompt's prefill greedy, then per temperature one prompt to the end and the timed
+prompts), on the zoo model itself (the same kernels as the widened one, in seconds) or ``--widened``.
+gpu_2026-12-01g call 5: DeepSeek's MTP row lost seconds in its timed closed batch at temperature 0.8 only, about
+0.4 s a prompt, where the warm-up had run one prompt at 0.8."""
 
 import gc
 import json
@@ -106,6 +112,63 @@ def e2e() -> None:
                 print(f"  step of {1e3 * (e - s):.0f} ms: {', '.join(inside) or 'nothing logged'}")
 
 
+def _phase(llm, prompts, label: str, params, count: int) -> None:
+    """bench e2e's ``_run`` of ``count`` prompts at batch 1, then its events and its steps over 30 ms."""
+    from outpace.bench.e2e import _run
+
+    steps, real_step = [], llm.engine.step
+
+    def step():
+        s = time.perf_counter()
+        out = real_step()
+        steps.append((s, time.perf_counter()))
+        return out
+
+    llm.engine.step = step
+    t = time.perf_counter()
+    _, seconds, steady = _run(llm, prompts, 1, params, count)
+    llm.engine.step = real_step
+    _summary(t, f"{label}: {seconds:.2f} s, steady {steady:.0f} tokens/s")
+    for s, e in steps:
+        if e - s > 0.03:
+            inside = [f"{w} {1e3 * d:.0f} ms" for end, w, d in events if s <= end <= e]
+            print(f"  step of {1e3 * (e - s):.0f} ms: {', '.join(inside) or 'nothing logged'}")
+
+
+def family(name: str, method: str, widened: bool) -> None:
+    from outpace.bench.e2e import (
+        FAMILIES,
+        TEMPERATURES,
+        bench_device,
+        drafters,
+        row_params,
+        target_llm,
+        widened_zoo,
+    )
+    from outpace.zoo import zoo_dir
+
+    fam = FAMILIES[name]
+    if widened:
+        models = widened_zoo(Path(".e2e_models"), name, False, torch.bfloat16)
+    else:
+        models = {m: zoo_dir() / m for m in fam.models}
+    prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
+    t = time.perf_counter()
+    spec = drafters(models, name)[method]
+    device, dtype = bench_device()  # (float32 on a CPU: a smoke run, no Triton there)
+    llm = target_llm(models, name, spec, False, device=device, dtype=dtype, max_num_seqs=32)
+    _summary(t, f"{name} {method} engine start")
+    count, greedy = 8, row_params(0.0, 64)
+    _phase(llm, prompts, "warm-up prefills (greedy, 4 tokens)", greedy.replace(max_tokens=4), count)
+    for temperature in TEMPERATURES:
+        params = row_params(temperature, 64)
+        _phase(llm, prompts, f"warm-up decode, temperature {temperature}", params, 1)
+        _phase(llm, prompts, f"timed, temperature {temperature}", params, count)
+
+
 if __name__ == "__main__":
     _hook_compiles()
-    {"readme": readme, "e2e": e2e}[sys.argv[1]]()
+    if sys.argv[1] == "family":
+        family(sys.argv[2], sys.argv[3], "--widened" in sys.argv[4:])
+    else:
+        {"readme": readme, "e2e": e2e}[sys.argv[1]]()
