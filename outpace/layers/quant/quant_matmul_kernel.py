@@ -24,15 +24,21 @@ launch is fixed for a captured CUDA graph and nothing is allocated but the outpu
 Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 
+Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
+the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
+takes at most ``_INVARIANT_ROWS`` rows (more rows: one launch each such chunk), which bounds its float32
+partials and its arrival counters.
+
 On Hopper the kernel launches with programmatic dependent launch (layers/pdl.py): a program starts while the
 kernel before it drains, asks for the first ``_PREFETCH_BYTES`` of each of its weight rows' share of K to be
-brought into L2 (the weight is no earlier kernel's output), then waits for its input. A small few-row launch is all latency:
-DeepSeek-V2-Lite's kv_a (576 x 2048 in fp8) 5.5 us launched plainly against a
-floor of 0.25 (benchmarks/scripts/fp8_dequant_variants.py on an H200, gpu_2026-12-01g call 1, one call's share of
-a graph of 8). Converting the weight by bit moves, scaling the accumulator instead of each weight value, or
+brought into L2 (the weight is no earlier kernel's output), then waits for its input. A small few-row launch
+is all latency: DeepSeek-V2-Lite's kv_a (576 x 2048 in fp8) took 5.5 us launched plainly against a floor of
+0.25 (benchmarks/scripts/fp8_dequant_variants.py on an H200, gpu_2026-12-01g call 1, one call's share of a
+graph of 8). Converting the weight by bit moves, scaling the accumulator instead of each weight value, or
 multiplying fp8 x fp8 (w8a8) was no faster there. With the dependent launch and 256 bytes prefetched (call 3),
-kv_a took 4.7 us, o (2048 x 2048) 6.2 against 6.7 and Llama-8B's down_proj 21.4 against 22.3, while Qwen3-Next's
-in_proj_qkvz and Step-3.5's q_proj (25M values) took 13.7 against 13.0 and V2-Lite's q 8.3 against 7.6.
+kv_a took 4.7 us, o (2048 x 2048) 6.2 against 6.7 and Llama-8B's down_proj 21.4 against 22.3, while
+Qwen3-Next's in_proj_qkvz and Step-3.5's q_proj (25M values) took 13.7 against 13.0 and V2-Lite's q 8.3
+against 7.6.
 """
 
 from __future__ import annotations
@@ -176,9 +182,8 @@ def _quant_matmul_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = split * k_per_split
-    if (
-        PREFETCH_LINES > 0
-    ):  # the weight is no earlier kernel's output: ask for its first lines, then wait
+    # the weight is no earlier kernel's output: ask for the split's first lines, then wait
+    if PREFETCH_LINES > 0:
         if FORMAT == "int4_group":  # int32 words of 8 nibbles: half a byte a column
             first, row_bytes, stride_bytes = k_start // 2, K // 2, stride_wn * 4
         else:
