@@ -156,7 +156,8 @@ def family(name: str, method: str, widened: bool) -> None:
     t = time.perf_counter()
     spec = drafters(models, name)[method]
     device, dtype = bench_device()  # (float32 on a CPU: a smoke run, no Triton there)
-    llm = target_llm(models, name, spec, False, device=device, dtype=dtype, max_num_seqs=32)
+    # (max_num_seqs 1: as bench e2e --batch-sizes 1 builds the row's engine)
+    llm = target_llm(models, name, spec, False, device=device, dtype=dtype, max_num_seqs=1)
     _summary(t, f"{name} {method} engine start")
     count, greedy = 8, row_params(0.0, 64)
     _phase(llm, prompts, "warm-up prefills (greedy, 4 tokens)", greedy.replace(max_tokens=4), count)
