@@ -93,23 +93,7 @@ def e2e() -> None:
         ("warm-up decode", greedy, 1),
         ("timed", greedy, 8),
     ):
-        steps, real_step = [], llm.engine.step
-
-        def step():
-            s = time.perf_counter()
-            out = real_step()
-            steps.append((s, time.perf_counter()))
-            return out
-
-        llm.engine.step = step
-        t = time.perf_counter()
-        _, seconds, steady = _run(llm, prompts, 1, params, count)
-        llm.engine.step = real_step
-        _summary(t, f"{label}: {seconds:.2f} s, steady {steady:.0f} tokens/s")
-        for s, e in steps:
-            if e - s > 0.03:
-                inside = [f"{w} {1e3 * d:.0f} ms" for end, w, d in events if s <= end <= e]
-                print(f"  step of {1e3 * (e - s):.0f} ms: {', '.join(inside) or 'nothing logged'}")
+        _phase(llm, prompts, label, params, count)
 
 
 def _phase(llm, prompts, label: str, params, count: int) -> None:
