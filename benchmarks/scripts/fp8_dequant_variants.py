@@ -19,9 +19,9 @@ bf16 before the tensor cores: the shipped path against three others, at the FP8 
   calls launched so, as in a decode step), where the variants above launch plainly; ``--prefetch-bytes``
   times it once for each amount prefetched of a row (0: none).
 
-``_variant_kernel`` is the shipped kernel's few-row loop and split-K epilogue (layers/quant/quant_matmul_kernel.py
-``_quant_matmul_kernel``) with MODE's conversion in place of ``weight_tile``: a copy kept here so that the
-measurement can be run again (gpu_2026-12-01g's README has its figures).
+``_variant_kernel`` is the shipped kernel's few-row loop (layers/quant/quant_matmul_kernel.py ``_quant_matmul_kernel``)
+with MODE's conversion in place of ``weight_tile``, its tile stored by the shipped ``store_tile``: a copy of the loop
+kept here so that the measurement can be run again (gpu_2026-12-01g's README has its figures).
 
 Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds),
 the median of the replays (fp8_projection_settings.py ``graph_us``); each variant's output is first checked
@@ -42,7 +42,12 @@ from fp8_projection_settings import CALLS, graph_us
 
 from outpace.layers.quant import quant_matmul_kernel as qm
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block
-from outpace.layers.quant.quant_matmul_kernel import few_row_tiles, scale_rows, weight_tile
+from outpace.layers.quant.quant_matmul_kernel import (
+    few_row_tiles,
+    scale_rows,
+    store_tile,
+    weight_tile,
+)
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
 BLOCK = (128, 128)
@@ -174,27 +179,9 @@ def _variant_kernel(
                 acc = tl.dot(x, tl.trans(w), acc)
     if MODE == "w8a8":
         acc = tl.trans(acc_t)
-    out_mask = (rows < M)[:, None] & n_ok[None, :]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    if not SPLIT_K:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=out_mask)
-        tile = col_block * tl.num_programs(0) + row_tile
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == splits - 1:
-            total = tl.zeros((BM, BN), dtype=tl.float32)
-            for s in range(splits):
-                total += tl.load(
-                    partial_ptr + s * M * N + tile_offs,
-                    mask=out_mask,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0)
+    store_tile(
+        acc, out_ptr, partial_ptr, counter_ptr, rows, cols, n_ok, M, N, stride_om, splits, SPLIT_K
+    )
 
 
 def launch(x, weight, scale, out, mode: str, setting) -> None:

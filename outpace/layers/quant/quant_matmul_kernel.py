@@ -204,21 +204,43 @@ def _quant_matmul_kernel(
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
     if FORMAT == "fp8_tensor":
         acc *= tl.load(s_ptr).to(tl.float32)
+    store_tile(
+        acc, out_ptr, partial_ptr, counter_ptr, rows, cols, n_ok, M, N, stride_om, splits, SPLIT_K
+    )
+
+
+@triton.jit
+def store_tile(
+    acc,  # [BM, BN] float32: this program's product over its split of K
+    out_ptr,
+    partial_ptr,
+    counter_ptr,
+    rows,  # [BM]
+    cols,  # [BN]
+    n_ok,  # [BN] the columns that exist
+    M,
+    N,
+    stride_om,
+    splits,
+    SPLIT_K: tl.constexpr,
+):
+    """A program's output tile (``_quant_matmul_kernel``, module docstring): stored, or with K split its float32
+    partial, and the last of the tile's splits to arrive sums them in split order and stores the tile."""
     out_mask = (rows < M)[:, None] & n_ok[None, :]
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     if not SPLIT_K:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
-        tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=out_mask)
-        tile = col_block * tl.num_programs(0) + row_tile
+        tl.store(partial_ptr + tl.program_id(2) * M * N + tile_offs, acc, mask=out_mask)
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         # every thread's partial before the count (one thread takes it for the program: the barrier makes
         # the release cumulative over the other threads' stores, as in deltanet_step_kernel.py's splits);
         # acq_rel at gpu scope: the last to arrive acquires every split's partial
         tl.debug_barrier()
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == splits - 1:  # the last of the tile's splits: sum them in split order
-            total = tl.zeros((BM, BN), dtype=tl.float32)
+            total = tl.zeros(acc.shape, dtype=tl.float32)
             for s in range(splits):
                 total += tl.load(
                     partial_ptr + s * M * N + tile_offs,
