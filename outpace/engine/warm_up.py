@@ -11,10 +11,17 @@ group), and its KV split, with the combine kernel's width, from the grid's size 
 capacity (attention/triton_kernels.launch_config). On an H100 each new variant costs the request that
 meets it one to two seconds of compiling (benchmarks/scripts/diag_first_use.py: the README's command spent 25
 of its 53 s compiling and reported 27 tokens/s; a short uncached suffix after a long cached prefix met
-new variants on every length class). The warm-up runs chunks of every power-of-two length up to
-``LONGEST_WARM_QUERY`` (every tile height, whatever the group) after cached prefixes of every power of
-two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width), alone (few
-programs: split KV; sampled) and as full batches without a prefix (many programs: unsplit; greedy).
+new variants on every length class). The warm-up runs chunks of every length class up to
+``LONGEST_WARM_QUERY`` (``warm_query_lengths``: every tile height, whatever the group) after cached prefixes
+of every power of two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width),
+alone (few programs: split KV; sampled) and as full batches without a prefix (many programs: unsplit;
+greedy).
+
+A length class is what Triton compiles a kernel for: the tile a launch derives from the token count (the next
+power of two, capped), and the count itself as an integer argument, which Triton specialises as 1, a
+multiple of 16, or neither. Powers of two alone meet each tile from 16 rows up only with a multiple of 16:
+on the H200, DeepSeek's zoo MTP engine compiled MoE routing variants (2.5 to 4.5 s each) inside timed
+requests of 38 to 113 tokens, whose prefix-cache suffixes fell between powers (gpu_2026-12-01h call 1).
 Drafters absorb each chunk as they would a prompt's; the prefixes are taken as prefix-cache hits (their
 rows' contents do not matter: the outputs are dropped). On an engine with prefill graphs the lone chunks
 replay those graphs like any lone chunk, so they compile no eager variant: a lone chunk that runs eagerly
@@ -81,8 +88,9 @@ def warm_up_prefills(
         return rows < max_len and pool.blocks_needed(rows) <= pool.num_free
 
     steps = []  # (lengths, params, prefix) of each scratch prefill
-    length = 1
-    while length <= LONGEST_WARM_QUERY and fits(length):
+    for length in warm_query_lengths(LONGEST_WARM_QUERY):
+        if not fits(length):
+            break
         prefixes = [0] + [
             p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX) if fits(p + length)
         ]
@@ -92,11 +100,19 @@ def warm_up_prefills(
         )
         if batch > 1:
             steps.append(([length] * batch, None, 0))
-        length *= 2
     for lengths, params, prefix in tqdm(
         steps, desc="warming up prefill kernels", disable=len(steps) < 8
     ):
         scratch_prefill(runner, pool, lengths, params, prefix)
+
+
+def warm_query_lengths(longest: int) -> list[int]:
+    """One chunk length of each length class (module docstring) up to ``longest``, ascending: every power of
+    two p, and below each p >= 16 the length p - 1, which shares p's tile but is no multiple of 16."""
+    lengths = []
+    for p in _powers_of_two(1, longest):
+        lengths += [p - 1, p] if p >= 16 else [p]
+    return lengths
 
 
 def _powers_of_two(lo: int, hi: int) -> list[int]:

@@ -9,7 +9,9 @@ import pytest
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.engine.warm_up import LONGEST_WARM_QUERY, warm_up_prefills
+import triton
+
+from outpace.engine.warm_up import LONGEST_WARM_QUERY, warm_query_lengths, warm_up_prefills
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 ENGINE = dict(
@@ -41,11 +43,11 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     engine.runner.execute = recording
     warm_up_prefills(engine.runner, engine.pool, 4, 256, engine.max_model_len)
     engine.runner.execute = execute
-    # every power-of-two chunk up to the longest tile: alone after no prefix and after prefixes of 64 to
-    # 1024 rows (the pool's 1536 rows hold no 2048-row one), then as a batch within max_num_seqs and the
-    # batched-token budget
+    # a chunk of every length class up to the longest tile (1, 2, 4, 8, 15, 16, 31, 32, ...): alone after no
+    # prefix and after prefixes of 64 to 1024 rows (the pool's 1536 rows hold no 2048-row one), then as a batch
+    # within max_num_seqs and the batched-token budget
     expected = []
-    for n in (1 << i for i in range(LONGEST_WARM_QUERY.bit_length())):
+    for n in warm_query_lengths(LONGEST_WARM_QUERY):
         expected += [[(p, n)] for p in (0, 64, 128, 256, 512, 1024)] + [[(0, n)] * min(4, 256 // n)]
     assert steps == expected
     assert engine.pool.num_free == free_blocks and not engine.pool.held_by
@@ -77,7 +79,7 @@ def test_warm_up_stops_at_what_the_pool_and_context_hold():
     )
     warm_up_prefills(llm.engine.runner, llm.engine.pool, 4, 256, max_len=70)
     # 6 blocks of 16 rows: a 64-row prefix before chunks of up to 5 tokens (within the context's 70 rows) and
-    # up to six 16-token chunks at once; lengths end at 64 (128 > 70)
+    # up to six 16-token chunks at once; lengths end at 64 (127 > 70)
     assert steps == [
         [(0, 1)],
         [(64, 1)],
@@ -90,10 +92,30 @@ def test_warm_up_stops_at_what_the_pool_and_context_hold():
         [(0, 4)] * 4,
         [(0, 8)],
         [(0, 8)] * 4,
+        [(0, 15)],
+        [(0, 15)] * 4,
         [(0, 16)],
         [(0, 16)] * 4,
+        [(0, 31)],
+        [(0, 31)] * 3,
         [(0, 32)],
         [(0, 32)] * 3,
+        [(0, 63)],
         [(0, 64)],
     ]
     assert llm.engine.pool.num_free == 6
+
+
+def _triton_class(tokens: int) -> tuple[int, bool, bool]:
+    """What a launch over ``tokens`` rows compiles for: a tile from the next power of two, and the count as an
+    integer argument, which Triton specialises as 1, a multiple of 16, or neither."""
+    return triton.next_power_of_2(tokens), tokens == 1, tokens % 16 == 0
+
+
+def test_warm_up_lengths_meet_every_length_class():
+    # gpu_2026-12-01h call 1: prompts of 38 to 113 tokens and their prefix-cache suffixes compiled MoE routing
+    # variants inside timed requests, the powers of two having met each tile from 16 rows up only as a multiple
+    # of 16
+    warmed = {_triton_class(n) for n in warm_query_lengths(LONGEST_WARM_QUERY)}
+    missed = [n for n in range(1, LONGEST_WARM_QUERY + 1) if _triton_class(n) not in warmed]
+    assert not missed, f"chunk lengths whose Triton variants the warm-up does not compile: {missed}"
