@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import triton
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-import triton
-
 from outpace.engine.warm_up import LONGEST_WARM_QUERY, warm_query_lengths, warm_up_prefills
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
