@@ -24,13 +24,33 @@ import triton.runtime.jit as triton_jit
 events: list[tuple[float, str, float]] = []  # (end time, what, seconds)
 
 
+variants: dict[
+    str, list[dict[str, object]]
+] = {}  # kernel name -> the specialisations compiled so far
+
+
+def _new_in(self, constexprs: dict, attrs: dict) -> str:
+    """What sets this compile of the kernel apart: the arguments whose constexpr value or specialisation
+    (Triton's attributes: divisibility by 16, ...) differ from the closest variant compiled before."""
+    spec = {self.arg_names[k[0]]: v for k, v in constexprs.items()}
+    spec |= {self.arg_names[k[0]]: str(v) for k, v in attrs.items()}
+    before = variants.setdefault(self.fn.__name__, [])
+    before.append(spec)
+    if len(before) == 1:
+        return "first"
+    keys = lambda old: {a for a in spec.keys() | old.keys() if spec.get(a) != old.get(a)}  # noqa: E731
+    closest = min(before[:-1], key=lambda old: len(keys(old)))
+    return "; ".join(f"{a}: {closest.get(a)} -> {spec.get(a)}" for a in sorted(keys(closest)))
+
+
 def _hook_compiles() -> None:
     real = triton_jit.JITFunction._do_compile
 
-    def timed(self, *args, **kwargs):
+    def timed(self, key, signature, device, constexprs, options, attrs, *rest):
         t = time.perf_counter()
-        out = real(self, *args, **kwargs)
-        events.append((time.perf_counter(), f"compile {self.fn.__name__}", time.perf_counter() - t))
+        out = real(self, key, signature, device, constexprs, options, attrs, *rest)
+        what = f"compile {self.fn.__name__} [{_new_in(self, constexprs, attrs)}]"
+        events.append((time.perf_counter(), what, time.perf_counter() - t))
         return out
 
     triton_jit.JITFunction._do_compile = timed
@@ -100,7 +120,15 @@ def _phase(llm, prompts, label: str, params, count: int) -> None:
     """bench e2e's ``_run`` of ``count`` prompts at batch 1, then its events and its steps over 30 ms."""
     from outpace.bench.e2e import _run
 
-    steps, real_step = [], llm.engine.step
+    steps, real_step, real_execute = [], llm.engine.step, llm.engine.runner.execute
+
+    def execute(batch, *args, **kwargs):
+        chunks = [
+            (s.request.num_computed_tokens, s.num_new_tokens) for s in batch if s.num_new_tokens > 1
+        ]
+        if chunks:  # a prefill's chunks: (rows before it, its tokens)
+            events.append((time.perf_counter(), f"prefill {chunks}", 0.0))
+        return real_execute(batch, *args, **kwargs)
 
     def step():
         s = time.perf_counter()
@@ -108,10 +136,10 @@ def _phase(llm, prompts, label: str, params, count: int) -> None:
         steps.append((s, time.perf_counter()))
         return out
 
-    llm.engine.step = step
+    llm.engine.step, llm.engine.runner.execute = step, execute
     t = time.perf_counter()
     _, seconds, steady = _run(llm, prompts, 1, params, count)
-    llm.engine.step = real_step
+    llm.engine.step, llm.engine.runner.execute = real_step, real_execute
     _summary(t, f"{label}: {seconds:.2f} s, steady {steady:.0f} tokens/s")
     for s, e in steps:
         if e - s > 0.03:
