@@ -553,15 +553,17 @@ def _combine_launch(
     tokens as leave room in the tile for every split of the launch (one group) or 1 past 16 splits, at
     least ``combine_block_tokens``, at most the batch's; in batch-invariant mode fixed. CHUNK: about
     ``combine_programs_per_sm`` programs an SM, at least 16 (a dot's columns), at most 64; in the mode from
-    the shapes only."""
+    the shapes only. Both follow the token count's power of two, not the count: a compile-time value per token
+    bucket, which the engine's warm-up meets (engine/warm_up.py)."""
     rows = _COMBINE_ROWS.value
     if invariant:
         block_t = _INVARIANT_COMBINE_TOKENS
         token_blocks = 1
     else:
+        bucket = triton.next_power_of_2(num_tokens)
         block_t = max(rows // min(triton.next_power_of_2(num_splits), rows), combine_block_tokens)
-        block_t = min(block_t, triton.next_power_of_2(num_tokens), rows)
-        token_blocks = math.ceil(num_tokens / block_t)
+        block_t = min(block_t, bucket, rows)
+        token_blocks = bucket // block_t
     chunks = math.ceil(combine_programs_per_sm * num_sms(device) / (heads * token_blocks))
     # (at most 64: on sm_90 at R 512 with W_UV, 71 registers a thread and 48 KiB of shared memory at 16,
     # 127 and 96 KiB at 64, ptxas's counts)

@@ -17,11 +17,15 @@ of every power of two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` r
 alone (few programs: split KV; sampled) and as full batches without a prefix (many programs: unsplit;
 greedy).
 
-A length class is what Triton compiles a kernel for: the tile a launch derives from the token count (the next
-power of two, capped), and the count itself as an integer argument, which Triton specialises as 1, a
-multiple of 16, or neither. Powers of two alone meet each tile from 16 rows up only with a multiple of 16:
-on the H200, DeepSeek's zoo MTP engine compiled MoE routing variants (2.5 to 4.5 s each) inside timed
-requests of 38 to 113 tokens, whose prefix-cache suffixes fell between powers (gpu_2026-12-01h call 1).
+A length class is what Triton compiles a kernel for: the tiles a launch derives from its token count, a function
+of the count's power of two (capped), and the count itself where an integer argument is specialised (1, a
+multiple of 16, or neither; the kernels mark their token counts ``do_not_specialize``, which not every
+argument derived from them is). A drafter meets each chunk in fewer rows than the target (an MTP layer's
+run is its chunk less the rows it keeps for the next one: speculative/drafters/mtp.py), so the lengths are
+every one up to 8 (each small power of two for an offset of up to 3 rows) and, from 16 on, both a power of two
+and one less. Powers of two alone let DeepSeek's MTP engine on the H200 compile MoE routing, MLA merge and
+projection variants (0.5 to 4.5 s each) inside timed requests, whose prefix-cache suffixes fell between
+powers (benchmarks/results/gpu_2026-12-01h, calls 1 and 3).
 Drafters absorb each chunk as they would a prompt's; the prefixes are taken as prefix-cache hits (their
 rows' contents do not matter: the outputs are dropped). On an engine with prefill graphs the lone chunks
 replay those graphs like any lone chunk, so they compile no eager variant: a lone chunk that runs eagerly
@@ -107,12 +111,10 @@ def warm_up_prefills(
 
 
 def warm_query_lengths(longest: int) -> list[int]:
-    """One chunk length of each length class (module docstring) up to ``longest``, ascending: every power of
-    two p, and below each p >= 16 the length p - 1, which shares p's tile but is no multiple of 16."""
-    lengths = []
-    for p in _powers_of_two(1, longest):
-        lengths += [p - 1, p] if p >= 16 else [p]
-    return lengths
+    """Chunk lengths that meet every length class (module docstring) up to ``longest``, ascending: 1 to 8, then
+    each power of two p >= 16 and p - 1, which shares p's tiles but is no multiple of 16."""
+    small = list(range(1, min(8, longest) + 1))
+    return small + [n for p in _powers_of_two(16, longest) for n in (p - 1, p)]
 
 
 def _powers_of_two(lo: int, hi: int) -> list[int]:

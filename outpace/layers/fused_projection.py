@@ -197,8 +197,10 @@ def _embed_norm_pair_kernel(
 # M is not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and there the
 # sums of squares [BLOCK_P, BM] load with the parts axis contiguous (stride M = 1), a layout whose reduction
 # adds the parts in another order: on the H200 a row's rstd, and so its output, differed decoded alone and
-# among others (benchmarks/results/gpu_2026-11-30, call 4's README).
-@triton.jit(do_not_specialize=["M"])
+# among others (benchmarks/results/gpu_2026-11-30, call 4's README). Nor num_sq_parts, which follows the
+# kernel that readied the rows (one for normed_rows, a projection's programs otherwise): its variants were met
+# first inside requests (engine/warm_up.py).
+@triton.jit(do_not_specialize=["M", "num_sq_parts"])
 def _fused_rows_kernel(
     x_ptr,
     w_ptr,

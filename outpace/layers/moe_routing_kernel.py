@@ -406,7 +406,9 @@ def _local_ids(
     return local
 
 
-@triton.jit
+# The token count and the layout's block bound change from call to call (engine/warm_up.py: Triton would compile a
+# kernel of its own for each of their values that is 1 or a multiple of 16, met first inside a request).
+@triton.jit(do_not_specialize=["n", "max_blocks"])
 def _route_kernel(
     partial_ptr,  # [splits, n, experts (+ 1 with SHARED_GATE, + 1 with INPUT_NORM)] float32 partial logits
     bias_ptr,  # [experts] float32 (read when BIAS)
@@ -717,7 +719,8 @@ def select_experts(
         BLOCK_SHARED=triton.next_power_of_2(max(1, num_shared)),
         SORT_BLOCK_E=max(16, triton.next_power_of_2(local + num_shared)),
         BLOCK_M=blocks.block_m,
-        PAIR_BLOCK=triton.next_power_of_2(n * slots) if fused else 1,
+        # (of the count's power of two: a compile-time value per token bucket, engine/warm_up.py)
+        PAIR_BLOCK=triton.next_power_of_2(triton.next_power_of_2(n) * slots) if fused else 1,
         PDL=pdl,
         num_warps=token_route_warps(block_e) if one_each else ROUTE_WARPS,
         **pdl_launch_options(pdl),

@@ -42,7 +42,7 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     engine.runner.execute = recording
     warm_up_prefills(engine.runner, engine.pool, 4, 256, engine.max_model_len)
     engine.runner.execute = execute
-    # a chunk of every length class up to the longest tile (1, 2, 4, 8, 15, 16, 31, 32, ...): alone after no
+    # a chunk of every length class up to the longest tile (1 to 8, 15, 16, 31, 32, ...): alone after no
     # prefix and after prefixes of 64 to 1024 rows (the pool's 1536 rows hold no 2048-row one), then as a batch
     # within max_num_seqs and the batched-token budget
     expected = []
@@ -86,9 +86,19 @@ def test_warm_up_stops_at_what_the_pool_and_context_hold():
         [(0, 2)],
         [(64, 2)],
         [(0, 2)] * 4,
+        [(0, 3)],
+        [(64, 3)],
+        [(0, 3)] * 4,
         [(0, 4)],
         [(64, 4)],
         [(0, 4)] * 4,
+        [(0, 5)],
+        [(64, 5)],
+        [(0, 5)] * 4,
+        [(0, 6)],
+        [(0, 6)] * 4,
+        [(0, 7)],
+        [(0, 7)] * 4,
         [(0, 8)],
         [(0, 8)] * 4,
         [(0, 15)],
@@ -106,15 +116,27 @@ def test_warm_up_stops_at_what_the_pool_and_context_hold():
 
 
 def _triton_class(tokens: int) -> tuple[int, bool, bool]:
-    """What a launch over ``tokens`` rows compiles for: a tile from the next power of two, and the count as an
+    """What a launch over ``tokens`` rows compiles for: tiles from the next power of two, and the count as an
     integer argument, which Triton specialises as 1, a multiple of 16, or neither."""
     return triton.next_power_of_2(tokens), tokens == 1, tokens % 16 == 0
 
 
 def test_warm_up_lengths_meet_every_length_class():
-    # gpu_2026-12-01h call 1: prompts of 38 to 113 tokens and their prefix-cache suffixes compiled MoE routing
-    # variants inside timed requests, the powers of two having met each tile from 16 rows up only as a multiple
-    # of 16
-    warmed = {_triton_class(n) for n in warm_query_lengths(LONGEST_WARM_QUERY)}
+    # gpu_2026-12-01h calls 1 and 3: prompts of 38 to 113 tokens and their prefix-cache suffixes compiled MoE
+    # routing, MLA merge and projection variants inside timed requests, the powers of two having met each tile
+    # from 16 rows up only as a multiple of 16, and a drafter's rows (the chunk less up to 3 kept rows) only
+    # some of the small powers of two
+    lengths = warm_query_lengths(LONGEST_WARM_QUERY)
+    warmed = {_triton_class(n) for n in lengths}
     missed = [n for n in range(1, LONGEST_WARM_QUERY + 1) if _triton_class(n) not in warmed]
     assert not missed, f"chunk lengths whose Triton variants the warm-up does not compile: {missed}"
+    for kept in (1, 2, 3):
+        buckets = {triton.next_power_of_2(n - kept) for n in lengths if n > kept}
+        missed = [
+            n
+            for n in range(1, LONGEST_WARM_QUERY - kept + 1)
+            if triton.next_power_of_2(n) not in buckets
+        ]
+        assert not missed, (
+            f"a drafter keeping {kept} rows meets no warm-up chunk of {missed} rows' tiles"
+        )
