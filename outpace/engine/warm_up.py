@@ -13,9 +13,9 @@ meets it one to two seconds of compiling (benchmarks/scripts/diag_first_use.py: 
 of its 53 s compiling and reported 27 tokens/s; a short uncached suffix after a long cached prefix met
 new variants on every length class). The warm-up runs chunks of every length class up to
 ``LONGEST_WARM_QUERY`` (``warm_query_lengths``: every tile height, whatever the group) after cached prefixes
-of every power of two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width),
-alone (few programs: split KV; sampled) and as full batches without a prefix (many programs: unsplit;
-greedy).
+of every power of two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width; whole
+blocks, as a prefix-cache hit is), alone (few programs: split KV; sampled) and as full batches without a
+prefix (many programs: unsplit; greedy).
 
 A length class is what Triton compiles a kernel for: the tiles a launch derives from its token count, a function
 of the count's power of two (capped), and the count itself where an integer argument is specialised (1, a
@@ -46,7 +46,9 @@ from outpace.sampling_params import SamplingParams
 LONGEST_WARM_QUERY = (
     128  # tile rows are at most 128: with one query head per KV head, 128 tokens fill them
 )
-SHORTEST_WARM_PREFIX = 64  # one split's KV tile
+# A prefix-cache hit's rows, whole blocks: from one block, where a chunk's attention runs in few splits (two:
+# the MLA merge's widest token tiles, compiled inside a timed request after a 16-row hit, gpu_2026-12-01h call 4)
+SHORTEST_WARM_PREFIX = 16
 LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables select no new variant
 
 
@@ -96,7 +98,9 @@ def warm_up_prefills(
         if not fits(length):
             break
         prefixes = [0] + [
-            p for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX) if fits(p + length)
+            p
+            for p in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_WARM_PREFIX)
+            if p % pool.block_size == 0 and fits(p + length)
         ]
         steps += [([length], sampled, prefix) for prefix in prefixes]
         batch = min(

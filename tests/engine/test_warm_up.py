@@ -43,11 +43,12 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     warm_up_prefills(engine.runner, engine.pool, 4, 256, engine.max_model_len)
     engine.runner.execute = execute
     # a chunk of every length class up to the longest tile (1 to 8, 15, 16, 31, 32, ...): alone after no
-    # prefix and after prefixes of 64 to 1024 rows (the pool's 1536 rows hold no 2048-row one), then as a batch
+    # prefix and after prefixes of 16 to 1024 rows (the pool's 1536 rows hold no 2048-row one), then as a batch
     # within max_num_seqs and the batched-token budget
     expected = []
     for n in warm_query_lengths(LONGEST_WARM_QUERY):
-        expected += [[(p, n)] for p in (0, 64, 128, 256, 512, 1024)] + [[(0, n)] * min(4, 256 // n)]
+        expected += [[(p, n)] for p in (0, 16, 32, 64, 128, 256, 512, 1024)]
+        expected.append([(0, n)] * min(4, 256 // n))
     assert steps == expected
     assert engine.pool.num_free == free_blocks and not engine.pool.held_by
     assert engine.runner.req_table.num_free == free_rows and not engine.runner.req_table.held_by
@@ -77,41 +78,19 @@ def test_warm_up_stops_at_what_the_pool_and_context_hold():
         steps.append([(s.num_reused_tokens, s.num_new_tokens) for s in batch]) or execute(batch)
     )
     warm_up_prefills(llm.engine.runner, llm.engine.pool, 4, 256, max_len=70)
-    # 6 blocks of 16 rows: a 64-row prefix before chunks of up to 5 tokens (within the context's 70 rows) and
-    # up to six 16-token chunks at once; lengths end at 64 (127 > 70)
-    assert steps == [
-        [(0, 1)],
-        [(64, 1)],
-        [(0, 1)] * 4,
-        [(0, 2)],
-        [(64, 2)],
-        [(0, 2)] * 4,
-        [(0, 3)],
-        [(64, 3)],
-        [(0, 3)] * 4,
-        [(0, 4)],
-        [(64, 4)],
-        [(0, 4)] * 4,
-        [(0, 5)],
-        [(64, 5)],
-        [(0, 5)] * 4,
-        [(0, 6)],
-        [(0, 6)] * 4,
-        [(0, 7)],
-        [(0, 7)] * 4,
-        [(0, 8)],
-        [(0, 8)] * 4,
-        [(0, 15)],
-        [(0, 15)] * 4,
-        [(0, 16)],
-        [(0, 16)] * 4,
-        [(0, 31)],
-        [(0, 31)] * 3,
-        [(0, 32)],
-        [(0, 32)] * 3,
-        [(0, 63)],
-        [(0, 64)],
+    # 6 blocks of 16 rows in a context of 70: prefixes of 16, 32 and 64 rows where the chunk fits after them,
+    # batches of up to four chunks within the 6 blocks; lengths end at 64 (127 > 70)
+    chunks = [  # (length, its prefixes, its batch)
+        *[(n, (0, 16, 32, 64), 4) for n in (1, 2, 3, 4, 5)],
+        *[(n, (0, 16, 32), 4) for n in (6, 7, 8, 15, 16)],
+        *[(n, (0, 16, 32), 3) for n in (31, 32)],
+        (63, (0,), 1),
+        (64, (0,), 1),
     ]
+    expected = []
+    for n, prefixes, batch in chunks:
+        expected += [[(p, n)] for p in prefixes] + ([[(0, n)] * batch] if batch > 1 else [])
+    assert steps == expected
     assert llm.engine.pool.num_free == 6
 
 
