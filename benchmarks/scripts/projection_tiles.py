@@ -6,7 +6,9 @@ the default outputs (two an SM). Each time is one call's share of a CUDA graph o
 to a step. Every tile's output is checked against torch's product first. Batch 1 sweeps every tile; batch 8 runs
 the default and batch 1's best three.
 
-    PYTHONPATH=. python3 benchmarks/scripts/projection_tiles.py [OUT.json]"""
+    PYTHONPATH=. python3 benchmarks/scripts/projection_tiles.py [OUT.json] [SHAPE ...]
+
+(SHAPE: a key of ``SHAPES``; all of them by default.)"""
 
 from __future__ import annotations
 
@@ -50,6 +52,14 @@ TILES = [None] + [
     ("half", 256, 4, 6, None),
     ("half", 512, 4, 4, None),
     ("half", 1024, 4, 3, None),
+    # Qwen3-Next's in_proj_qkvz, 94 outputs a program: as two sub-tiles of 47 in 64-wide tiles, or one 128-wide
+    # sub-tile in shorter K steps over more stages, or more warps (gpu_2026-12-01h call 5)
+    (None, 256, 4, 4, 64),
+    (None, 256, 4, 6, 64),
+    (None, 128, 4, 6, None),
+    (None, 128, 8, 6, None),
+    (None, 256, 8, 3, None),
+    ("half", 256, 4, 4, None),
 ]
 
 
@@ -104,10 +114,11 @@ def measure(x, weights, epilogue: int, n_out: int, tiles) -> float | None:
         return None
 
 
-def main(out: str | None = None) -> None:
+def main(out: str | None = None, *names: str) -> None:
     device = torch.device("cuda")
     rows = []
-    for name, (epilogue, n_out, k) in SHAPES.items():
+    for name in names or SHAPES:
+        epilogue, n_out, k = SHAPES[name]
         weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
         weights = [
             torch.randn(weight_rows, k, device=device, dtype=torch.bfloat16) * 0.02
@@ -138,7 +149,9 @@ def main(out: str | None = None) -> None:
     if out:
         with open(out, "w") as f:
             json.dump(
-                {"device": torch.cuda.get_device_name(), "tiles": TILES, "rows": rows}, f, indent=1
+                {"device": torch.cuda.get_device_name(), "tiles": TILES, "rows": rows},
+                f,
+                separators=(",", ":"),
             )
 
 
