@@ -5,32 +5,34 @@ its shape.
 Triton compiles a kernel once per set of constexpr arguments. The decode steps and the lone prefill
 chunks that a prefill bucket holds are captured at start-up (engine/prefill_graphs.py), so theirs are
 compiled then; other prefill steps (several chunks, longer ones, the context's end, models with recurrent
-layers, engines without graphs) run eagerly, and the paged attention kernel
-picks its tile height from the chunk's longest query (16 to 128 rows of query tokens times the GQA
-group), and its KV split, with the combine kernel's width, from the grid's size and the block table's
-capacity (attention/triton_kernels.launch_config). On an H100 each new variant costs the request that
-meets it one to two seconds of compiling (benchmarks/scripts/diag_first_use.py: the README's command spent 25
-of its 53 s compiling and reported 27 tokens/s; a short uncached suffix after a long cached prefix met
-new variants on every length class). The warm-up runs chunks of every length class up to
-``LONGEST_WARM_QUERY`` (``warm_query_lengths``: every tile height, whatever the group) after cached prefixes
-of every power of two from ``SHORTEST_WARM_PREFIX`` to ``LONGEST_WARM_PREFIX`` rows (every split width; whole
-blocks, as a prefix-cache hit is), alone (few programs: split KV; sampled) and as full batches without a
-prefix (many programs: unsplit; greedy).
+layers, engines without graphs) run eagerly, and their launches derive compile-time values from the chunk:
+the paged attention kernel its tile height from the longest query (16 to 128 rows of query tokens times the
+GQA group) and its KV split, with the merge's width, from the grid's size and the block table's capacity
+(attention/triton_kernels.launch_config); MoE routing its tiles and logit splits from the token count. On an
+H100 each new variant costs the request that meets it one to two seconds of compiling
+(benchmarks/scripts/diag_first_use.py: the README's command spent 25 of its 53 s compiling and reported 27
+tokens/s; a short uncached suffix after a long cached prefix met new variants on every length class).
 
-A length class is what Triton compiles a kernel for: the tiles a launch derives from its token count, a function
-of the count's power of two (capped), and the count itself where an integer argument is specialised (1, a
+A length class is what Triton compiles a kernel for: the values a launch derives from its token count, a
+function of the count's power of two, and the count itself where an integer argument is specialised (1, a
 multiple of 16, or neither; the kernels mark their token counts ``do_not_specialize``, which not every
 argument derived from them is). A drafter meets each chunk in fewer rows than the target (an MTP layer's
-run is its chunk less the rows it keeps for the next one: speculative/drafters/mtp.py), so the lengths are
-every one up to 8 (each small power of two for an offset of up to 3 rows) and, from 16 on, both a power of two
-and one less. Powers of two alone let DeepSeek's MTP engine on the H200 compile MoE routing, MLA merge and
-projection variants (0.5 to 4.5 s each) inside timed requests, whose prefix-cache suffixes fell between
-powers (benchmarks/results/gpu_2026-12-01h, calls 1 and 3).
+run is its chunk less the rows it keeps for the next one: speculative/drafters/mtp.py). So the warm-up runs
+(``warm_query_lengths``) every length up to 8 (each small power of two for an offset of up to 3 rows) and,
+from 16 to ``LONGEST_WARM_QUERY`` (every tile height, whatever the group), each power of two and one less;
+each alone after no prefix and after cached prefixes of every power of two from ``SHORTEST_WARM_PREFIX`` to
+``LONGEST_WARM_PREFIX`` rows (every split width; whole blocks, as a prefix-cache hit is), sampled (few
+programs: split KV), and as a full batch without a prefix (many programs: unsplit; greedy). Longer chunks, up
+to ``LONGEST_WARM_CHUNK`` and the step's budget, run the same pair of lengths alone after no prefix and after
+one block: past the tiles only grids change. Powers of two alone let DeepSeek's MTP engine on the H200
+compile MoE routing, MLA merge and projection variants (0.5 to 4.5 s each) inside timed requests, whose
+prefix-cache suffixes fell between powers (benchmarks/results/gpu_2026-12-01h, calls 1 and 3).
+
 Drafters absorb each chunk as they would a prompt's; the prefixes are taken as prefix-cache hits (their
 rows' contents do not matter: the outputs are dropped). On an engine with prefill graphs the lone chunks
 replay those graphs like any lone chunk, so they compile no eager variant: a lone chunk that runs eagerly
-there (at the context's end) still compiles its variant when first met. With Triton's disk cache, later processes load
-the variants instead of compiling them.
+there (at the context's end) still compiles its variant when first met. With Triton's disk cache, later
+processes load the variants instead of compiling them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ LONGEST_WARM_QUERY = (
 # the MLA merge's widest token tiles, compiled inside a timed request after a 16-row hit, gpu_2026-12-01h call 4)
 SHORTEST_WARM_PREFIX = 16
 LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables select no new variant
+# Chunks past LONGEST_WARM_QUERY, up to the step's token budget, alone after no prefix and the shortest: tiles stop
+# growing there, but the programs a launch spreads over still follow the chunk's power of two (MoE routing's
+# logit splits reach one at 4096 tokens for the fewest experts, the attention's KV splits when its query tiles
+# fill the GPU), and with them compile-time values (the routing kernel's SPLITS, the attention merge's width).
+LONGEST_WARM_CHUNK = 4096
 
 
 def scratch_prefill(
@@ -108,6 +115,11 @@ def warm_up_prefills(
         )
         if batch > 1:
             steps.append(([length] * batch, None, 0))
+    for length in long_chunk_lengths(min(LONGEST_WARM_CHUNK, max_batched_tokens)):
+        if not fits(length):
+            break
+        prefixes = [0] + [pool.block_size] * fits(pool.block_size + length)
+        steps += [([length], sampled, prefix) for prefix in prefixes]
     for lengths, params, prefix in tqdm(
         steps, desc="warming up prefill kernels", disable=len(steps) < 8
     ):
@@ -119,6 +131,12 @@ def warm_query_lengths(longest: int) -> list[int]:
     each power of two p >= 16 and p - 1, which shares p's tiles but is no multiple of 16."""
     small = list(range(1, min(8, longest) + 1))
     return small + [n for p in _powers_of_two(16, longest) for n in (p - 1, p)]
+
+
+def long_chunk_lengths(longest: int) -> list[int]:
+    """The chunk lengths past ``LONGEST_WARM_QUERY`` up to ``longest`` (module docstring), ascending: each power of
+    two p and p - 1."""
+    return [n for p in _powers_of_two(2 * LONGEST_WARM_QUERY, longest) for n in (p - 1, p)]
 
 
 def _powers_of_two(lo: int, hi: int) -> list[int]:

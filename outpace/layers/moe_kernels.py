@@ -346,7 +346,7 @@ def sort_pairs_into_blocks(
         tl.debug_barrier()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pairs", "max_blocks"])  # (counts of the call: engine/warm_up.py)
 def _align_kernel(
     ids_ptr,
     stride_ids,
@@ -725,7 +725,7 @@ def _down_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens"])  # (the call's count: engine/warm_up.py)
 def _combine_kernel(
     partial_ptr,  # [tokens * SLOTS, hidden] float32
     out_ptr,  # [tokens, hidden], written: the sum, or (READY) the new stream
@@ -791,8 +791,9 @@ def _combine_kernel(
 def _combine_block(tokens: int, hidden: int, device: torch.device) -> int:
     """Columns a program of ``_combine_kernel`` sums: about two programs an SM, 128 at least, 1024 at most (at
     one token of DeepSeek-V2-Lite, 2048 columns in 16 programs, where 1024-column blocks left 2 programs
-    loading every slot's row one after another)."""
-    per_program = triton.cdiv(tokens * hidden, 2 * num_sms(device))
+    loading every slot's row one after another). Counted over the tokens' power of two: a compile-time value
+    per token bucket, which the engine's warm-up meets (engine/warm_up.py)."""
+    per_program = triton.cdiv(triton.next_power_of_2(tokens) * hidden, 2 * num_sms(device))
     return max(128, min(1024, triton.next_power_of_2(per_program)))
 
 

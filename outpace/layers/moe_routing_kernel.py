@@ -75,7 +75,7 @@ of ties unspecified, so on scores without ties (random scores, as the tests use)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import triton
@@ -113,7 +113,7 @@ def token_route_warps(block_e: int) -> int:
     return 1 if block_e <= 256 else 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # (the call's token count: engine/warm_up.py)
 def _router_logits_kernel(
     x_ptr,  # [n, hidden] any float dtype
     w_ptr,  # [experts, hidden] float32 (or any float dtype, converted in registers)
@@ -563,6 +563,38 @@ class RouterInputNorm:
     constant: float
 
 
+_LOGIT_TOKENS, _LOGIT_EXPERTS = 16, 16  # the logits kernel's tile: tokens by experts
+
+
+class LogitSplits(NamedTuple):
+    few: bool  # one token block: the per-token sums (FEW_TOKENS)
+    block_k: int
+    splits: int
+    split_len: int  # hidden columns a split, a multiple of block_k
+
+
+def logit_splits(n: int, hidden: int, experts: int) -> LogitSplits:
+    """How ``router_logits`` over ``n`` tokens splits the hidden size: so that, with the tiles of tokens and
+    experts, about ``_LOGIT_PROGRAMS`` programs run.
+
+    Few tokens (decode, verify): the weight is the whole read, and a program's loop over its split is a chain
+    of dependent loads, so the split is walked in one or two wide steps by more programs. On an H200 the
+    64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and 20 us for
+    DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables). Batch-invariant mode:
+    always the dot path, its splits as for one token block, so a token's partial sums and their split
+    boundaries do not depend on the token count (the few-token path sums otherwise). The token tiles are
+    counted over the count's power of two: the splits are the routing kernel's SPLITS, compiled per value,
+    which the engine's warm-up meets (engine/warm_up.py; gpu_2026-12-01h)."""
+    invariant = batch_invariant()
+    few = n <= _LOGIT_TOKENS and not invariant
+    block_k = _FEW_TOKENS_BLOCK_K if few else 64
+    token_tiles = 1 if invariant else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
+    tiles = token_tiles * triton.cdiv(experts, _LOGIT_EXPERTS)
+    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
+    split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
+    return LogitSplits(few, block_k, triton.cdiv(hidden, split_len), split_len)
+
+
 def router_logits(
     x: torch.Tensor, weight: torch.Tensor, column_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -576,20 +608,8 @@ def router_logits(
     row_len = experts + (column_scale is not None)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    block_t, block_e = 16, 16
-    # Few tokens (decode, verify): the weight is the whole read, and a program's loop over its split is a
-    # chain of dependent loads, so the split is walked in one or two wide steps by more programs. On an
-    # H200 the 64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and
-    # 20 us for DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables).
-    # Batch-invariant mode: always the dot path, its splits as for one token block, so a token's partial sums
-    # and their split boundaries do not depend on the token count (the few-token path sums otherwise).
-    invariant = batch_invariant()
-    few = n <= block_t and not invariant
-    block_k = _FEW_TOKENS_BLOCK_K if few else 64
-    tiles = (1 if invariant else triton.cdiv(n, block_t)) * triton.cdiv(experts, block_e)
-    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
-    split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
-    splits = triton.cdiv(hidden, split_len)
+    block_t, block_e = _LOGIT_TOKENS, _LOGIT_EXPERTS
+    few, block_k, splits, split_len = logit_splits(n, hidden, experts)
     partial = torch.empty(splits, n, row_len, dtype=torch.float32, device=x.device)
     pdl = pdl_available(x.device)
     _router_logits_kernel[(triton.cdiv(n, block_t), triton.cdiv(experts, block_e), splits)](

@@ -10,7 +10,14 @@ import triton
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
-from outpace.engine.warm_up import LONGEST_WARM_QUERY, warm_query_lengths, warm_up_prefills
+from outpace.engine.warm_up import (
+    LONGEST_WARM_CHUNK,
+    LONGEST_WARM_QUERY,
+    long_chunk_lengths,
+    warm_query_lengths,
+    warm_up_prefills,
+)
+from outpace.layers.moe_routing_kernel import logit_splits
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 ENGINE = dict(
@@ -49,6 +56,8 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     for n in warm_query_lengths(LONGEST_WARM_QUERY):
         expected += [[(p, n)] for p in (0, 16, 32, 64, 128, 256, 512, 1024)]
         expected.append([(0, n)] * min(4, 256 // n))
+    # longer chunks, up to the budget of 256 tokens, alone after no prefix and after one block
+    expected += [[(p, n)] for n in (255, 256) for p in (0, 16)]
     assert steps == expected
     assert engine.pool.num_free == free_blocks and not engine.pool.held_by
     assert engine.runner.req_table.num_free == free_rows and not engine.runner.req_table.held_by
@@ -119,3 +128,25 @@ def test_warm_up_lengths_meet_every_length_class():
         assert not missed, (
             f"a drafter keeping {kept} rows meets no warm-up chunk of {missed} rows' tiles"
         )
+
+
+@pytest.mark.parametrize(
+    "hidden,experts",
+    [
+        (64, 8),
+        (2048, 64),
+        (2048, 512),
+        (7168, 256),
+        (4096, 288),
+    ],  # zoo, V2-Lite, Qwen3-Next, V3, Step-3.5
+)
+def test_warm_up_lengths_meet_every_routing_split(hidden, experts):
+    # MoE routing's logit splits are the routing kernel's SPLITS (one compile each); they follow the token count
+    # up to where one split remains: every count's must be one a warm-up chunk meets
+    lengths = warm_query_lengths(LONGEST_WARM_QUERY) + long_chunk_lengths(LONGEST_WARM_CHUNK)
+    warmed = {logit_splits(n, hidden, experts) for n in lengths}
+    counts = [*range(1, LONGEST_WARM_CHUNK + 1), 8192, 65536]
+    missed = [n for n in counts if logit_splits(n, hidden, experts) not in warmed]
+    assert not missed, (
+        f"token counts whose routing splits the warm-up does not compile: {missed[:20]}"
+    )
