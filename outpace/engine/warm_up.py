@@ -52,7 +52,7 @@ LONGEST_WARM_QUERY = (
 # the MLA merge's widest token tiles, compiled inside a timed request after a 16-row hit, gpu_2026-12-01h call 4)
 SHORTEST_WARM_PREFIX = 16
 LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables select no new variant
-# Chunks past LONGEST_WARM_QUERY, up to the step's token budget, alone after no prefix and the shortest: tiles stop
+# Chunks past LONGEST_WARM_QUERY, up to the step's token budget, alone after no prefix and after one block: tiles stop
 # growing there, but the programs a launch spreads over still follow the chunk's power of two (MoE routing's
 # logit splits reach one at 4096 tokens for the fewest experts, the attention's KV splits when its query tiles
 # fill the GPU), and with them compile-time values (the routing kernel's SPLITS, the attention merge's width).
