@@ -1,25 +1,39 @@
-"""Speculation speed-ups under ORACLE acceptance: an assumed per-position acceptance (the shaped targets
-of the GPU benches have random weights, so nothing they draft is accepted) combined with step costs that
-are measured. Rows built from it carry that label."""
+"""Speculation speed-ups from step costs that are measured and an acceptance that is not measured with them:
+an assumed per-position acceptance (ORACLE: the shaped targets of the GPU benches have random weights, so
+nothing they draft is accepted), or per-depth rates measured elsewhere (``rows_at_rates``: the widened zoo's
+drafter, bench e2e). Rows built from either carry a label that says which."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 ORACLE_ACCEPTANCE = (0.6, 0.8, 0.9)  # assumed per-position acceptance
 ORACLE_LABEL = "ORACLE acceptance (assumed, not measured); step costs measured"
 
 
-def expected_tokens(acceptance: float, num_drafts: int) -> float:
-    """Tokens a step commits when each draft is accepted with probability ``acceptance`` given the ones
-    before it: 1 + a + ... + a^k (the bonus token included)."""
-    return sum(acceptance**i for i in range(num_drafts + 1))
+def expected_tokens(acceptance: float | Sequence[float], num_drafts: int) -> float:
+    """Tokens a step commits with ``num_drafts`` drafts, the bonus token included: 1 + a_1 + a_1 a_2 + ... +
+    a_1 ... a_k, a_j the chance that draft j is accepted given the ones before it (``acceptance``: one
+    per-position rate, or the rates by depth, at least ``num_drafts`` of them)."""
+    rates = [acceptance] * num_drafts if isinstance(acceptance, (int, float)) else acceptance
+    if len(rates) < num_drafts:
+        raise ValueError(f"{len(rates)} acceptance rates for {num_drafts} drafts")
+    tokens, reach = 1.0, 1.0
+    for a in rates[:num_drafts]:
+        reach *= a
+        tokens += reach
+    return tokens
 
 
 def best_draft_count(
-    costs: dict[int, float], plain_seconds: float, acceptance: float
+    costs: dict[int, float], plain_seconds: float, acceptance: float | Sequence[float]
 ) -> tuple[int, float]:
     """costs[k]: seconds of a step with k drafts (any set of k) -> (the k with the most tokens per second,
-    its speed-up over plain decoding, one token per ``plain_seconds``)."""
-    k = max(costs, key=lambda n: expected_tokens(acceptance, n) / costs[n])
+    its speed-up over plain decoding, one token per ``plain_seconds``). With rates by depth only the draft
+    counts they cover are weighed."""
+    depth = None if isinstance(acceptance, (int, float)) else len(acceptance)
+    counts = [n for n in costs if depth is None or n <= depth]
+    k = max(counts, key=lambda n: expected_tokens(acceptance, n) / costs[n])
     return k, expected_tokens(acceptance, k) / costs[k] * plain_seconds
 
 
@@ -45,6 +59,19 @@ def oracle_rows(costs: dict[int, float], batch: int) -> list[dict]:
         }
         for r in oracle_speedups(costs)
     ]
+
+
+def rows_at_rates(costs: dict[int, float], batch: int, rates: Sequence[float]) -> dict:
+    """costs[k]: seconds of a captured step of ``batch`` rows with k drafts (0: plain); ``rates``: acceptance
+    by depth measured elsewhere -> the best k within those depths, its speed-up over plain decoding and the
+    tokens/s it gives."""
+    k, speedup = best_draft_count(costs, costs[0], rates)
+    return {
+        "rates": list(rates),
+        "num_drafts": k,
+        "speedup": speedup,
+        "tokens_per_s": batch * expected_tokens(rates, k) / costs[k],
+    }
 
 
 def captured_step_costs(llm, batch: int, context: int) -> dict[int, float]:
