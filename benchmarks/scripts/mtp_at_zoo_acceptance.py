@@ -11,8 +11,9 @@ the draft count its verifies mostly used.
 
     PYTHONPATH=. python3 benchmarks/scripts/mtp_at_zoo_acceptance.py MTP_ORACLE_JSON E2E_JSON [OUT.json]
 
-(MTP_ORACLE_JSON: ``run_mtp_oracle``'s result, e.g. benchmarks/results/gpu_2026-12-01b/call1/mtp_oracle.json;
-E2E_JSON: e.g. benchmarks/results/gpu_2026-12-01g/call3/e2e_bench_qwen35.json.)"""
+(MTP_ORACLE_JSON: ``run_mtp_oracle``'s result, e.g. benchmarks/results/gpu_2026-12-01b/call1/mtp_oracle.json, or
+a families.json whose shape has one, as ``python -m outpace.bench.families --quantized fp8 --shapes qwen3-next-80b``
+writes it; E2E_JSON: e.g. benchmarks/results/gpu_2026-12-01g/call3/e2e_bench_qwen35.json.)"""
 
 from __future__ import annotations
 
@@ -45,11 +46,24 @@ def zoo_acceptance(e2e: dict) -> dict[float, dict]:
     return found
 
 
+def mtp_step_rows(report: dict) -> list[dict]:
+    """The ``mtp_oracle`` rows of ``run_mtp_oracle``'s result, or of the one shape of a families.json that has
+    them."""
+    if "rows" in report:
+        return report["rows"]
+    found = [s["mtp_oracle"]["rows"] for s in report["shapes"].values() if "mtp_oracle" in s]
+    if len(found) != 1:
+        raise ValueError(
+            f"{len(found)} shapes with MTP step costs in the report: name one file of one"
+        )
+    return found[0]
+
+
 def main(oracle_path: str, e2e_path: str, out: str | None = None) -> None:
-    oracle, e2e = (json.loads(Path(p).read_text()) for p in (oracle_path, e2e_path))
+    report, e2e = (json.loads(Path(p).read_text()) for p in (oracle_path, e2e_path))
     rows = []
     for temperature, zoo in zoo_acceptance(e2e).items():
-        for step in oracle["rows"]:
+        for step in mtp_step_rows(report):
             costs = {int(k): ms / 1e3 for k, ms in step["step_ms"].items()}
             batch, k = step["batch"], zoo["drafts"]
             rows.append(
