@@ -16,7 +16,12 @@ def test_expected_tokens_multiplies_the_rates_along_the_chain():
 
 
 def test_rates_by_depth_weigh_only_the_draft_counts_they_cover():
-    costs = {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.25}  # a third draft nearly free: any acceptance would take it
+    costs = {
+        0: 1.0,
+        1: 1.1,
+        2: 1.2,
+        3: 1.25,
+    }  # a third draft nearly free: any acceptance would take it
     k, speedup = best_draft_count(costs, costs[0], [0.8, 0.8])
     assert k == 2 and speedup == pytest.approx((1 + 0.8 + 0.64) / 1.2)
     assert best_draft_count(costs, costs[0], 0.8)[0] == 3
