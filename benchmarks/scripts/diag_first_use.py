@@ -24,9 +24,8 @@ import triton.runtime.jit as triton_jit
 events: list[tuple[float, str, float]] = []  # (end time, what, seconds)
 
 
-variants: dict[
-    str, list[dict[str, object]]
-] = {}  # kernel name -> the specialisations compiled so far
+# kernel name -> the specialisations compiled so far
+variants: dict[str, list[dict[str, object]]] = {}
 
 
 def _new_in(self, constexprs: dict, attrs: dict) -> str:

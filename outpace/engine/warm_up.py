@@ -118,7 +118,7 @@ def warm_up_prefills(
     for length in long_chunk_lengths(min(LONGEST_WARM_CHUNK, max_batched_tokens)):
         if not fits(length):
             break
-        prefixes = [0] + [pool.block_size] * fits(pool.block_size + length)
+        prefixes = [0, pool.block_size] if fits(pool.block_size + length) else [0]
         steps += [([length], sampled, prefix) for prefix in prefixes]
     for lengths, params, prefix in tqdm(
         steps, desc="warming up prefill kernels", disable=len(steps) < 8
@@ -129,14 +129,18 @@ def warm_up_prefills(
 def warm_query_lengths(longest: int) -> list[int]:
     """Chunk lengths that meet every length class (module docstring) up to ``longest``, ascending: 1 to 8, then
     each power of two p >= 16 and p - 1, which shares p's tiles but is no multiple of 16."""
-    small = list(range(1, min(8, longest) + 1))
-    return small + [n for p in _powers_of_two(16, longest) for n in (p - 1, p)]
+    return list(range(1, min(8, longest) + 1)) + _powers_and_one_less(16, longest)
 
 
 def long_chunk_lengths(longest: int) -> list[int]:
     """The chunk lengths past ``LONGEST_WARM_QUERY`` up to ``longest`` (module docstring), ascending: each power of
     two p and p - 1."""
-    return [n for p in _powers_of_two(2 * LONGEST_WARM_QUERY, longest) for n in (p - 1, p)]
+    return _powers_and_one_less(2 * LONGEST_WARM_QUERY, longest)
+
+
+def _powers_and_one_less(lo: int, hi: int) -> list[int]:
+    """p - 1 and p for each power of two p from ``lo`` to ``hi``: one length of each Triton class per tile."""
+    return [n for p in _powers_of_two(lo, hi) for n in (p - 1, p)]
 
 
 def _powers_of_two(lo: int, hi: int) -> list[int]:
