@@ -69,6 +69,15 @@ def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.is_cuda and projection_kernels().fused_rows_apply(x, weight)
 
 
+def fusable_output(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
+    """Whether ``project_add_ready`` and ``mlp_fused`` serve x [n, in] @ weight.T: where the fused kernels read
+    the weight (``fusable_rows``), or for an fp8 weight on few rows its quantized product, the residual add and
+    the next norm's readying in the product's store (layers/fused_projection.py ``quantized_rows_apply``)."""
+    return fusable_rows(x, weight) or (
+        x.is_cuda and projection_kernels().quantized_rows_apply(x, weight)
+    )
+
+
 def fusable_qkv(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
     """Whether ``norm_project_qkv`` (layers/fused_projection.py) serves x [n, in] @ weight.T with its
     per-head work: where the fused kernels read the weight (``fusable_rows``), or for a block-FP8 weight
@@ -114,15 +123,15 @@ def block_fuses(x: torch.Tensor, input_proj, output_proj: nn.Module) -> bool:
     """Whether a block over x [n, hidden] runs fused: its input projection (a projection or a packed one,
     ``weight`` [out, hidden]) reads the stream through the norm-folding kernels (``project_normalised``)
     and its output projection adds the residual (``project_add_ready``): both without bias and of weights
-    the kernels read (``fused_weight``), the output projection one that ``ends_block``, and few rows on the
-    GPU."""
+    the kernels read (``fused_weight``; fp8 ones through their quantized product, ``fusable_output``), the
+    output projection one that ``ends_block``, and few rows on the GPU."""
     return (
         all(
             p is not None and fused_weight(p) is not None and p.bias is None
             for p in (input_proj, output_proj)
         )
         and ends_block(output_proj)
-        and fusable_rows(x, fused_weight(input_proj))
+        and fusable_output(x, fused_weight(input_proj))
     )
 
 

@@ -33,6 +33,20 @@ _ELEMENTWISE_BLOCK = 1024
 
 
 @triton.jit
+def row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P: tl.constexpr):
+    """[BM, 1] float32: each row's RMSNorm factor rsqrt(sum(sq[:, row]) / K + eps) from the partial sums of
+    squares sq [num_sq_parts, M] of a ``NormedRows`` (its ``sq_parts``), for the kernels that fold the norm
+    into a projection of the rows ``rows`` [BM] (``row_ok``: the real ones)."""
+    parts = tl.arange(0, BLOCK_P)
+    sq = tl.load(
+        sq_ptr + parts[:, None] * M + rows[None, :],
+        mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BM]
+    return tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]
+
+
+@triton.jit
 def rms_normed(
     s,  # [BLOCK] a row of the stream, in its dtype (columns past dim zero)
     w_ptr,

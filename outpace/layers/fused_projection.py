@@ -47,6 +47,12 @@ a row are reduced in the order of the programs that wrote them, and the tiles, t
 the warps are chosen from N, K and the epilogue alone (``_launch_grid``), never from M; so a row's bits
 depend on its own input row only, whether it is decoded alone or verified among 64.
 
+Weights stored in fp8 (``Fp8Weight``): outside batch-invariant mode the plain and SwiGLU entries hand them to the
+split-K quantized product (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than these
+kernels' stream and finishes its tiles with the same epilogue (the input norm's factor, relu^2, the residual,
+the next norm readied; SwiGLU's gating a launch after it): ``quantized_rows_apply``. On DeepSeek-V2-Lite in
+block FP8 that puts the whole stack on the fused residual path, whose layers ran eagerly before.
+
 On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py): a kernel's
 programs start while the previous kernel drains, prefetch their first weight tiles into L2 (weights
 never depend on the previous kernel), and only then wait for the previous kernel's results.
@@ -63,9 +69,11 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH
+from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH, act_and_mul
+from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.quant_matmul_kernel import RowEpilogue, column_blocks, quant_matmul
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
@@ -114,20 +122,6 @@ class NormedRows:
     stream: torch.Tensor
     normed: torch.Tensor
     sq_parts: torch.Tensor
-
-
-@triton.jit
-def row_rstd(sq_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P: tl.constexpr):
-    """[BM, 1] float32: each row's RMSNorm factor rsqrt(sum(sq[:, row]) / K + eps) from the partial sums of
-    squares sq [num_sq_parts, M] of a ``NormedRows`` (its ``sq_parts``), for the kernels that fold the norm
-    into a projection of the rows ``rows`` [BM] (``row_ok``: the real ones)."""
-    parts = tl.arange(0, BLOCK_P)
-    sq = tl.load(
-        sq_ptr + parts[:, None] * M + rows[None, :],
-        mask=(parts < num_sq_parts)[:, None] & row_ok[None, :],
-        other=0.0,
-    )  # [BLOCK_P, BM]
-    return tl.rsqrt(tl.sum(sq, axis=0) / K + eps)[:, None]
 
 
 @triton.jit
@@ -732,6 +726,68 @@ def _quantized_product(weight) -> bool:
     return isinstance(weight, Fp8Weight) and not batch_invariant()
 
 
+def quantized_rows_apply(x: torch.Tensor, weight) -> bool:
+    """Whether the entry points of a plain or SwiGLU epilogue (``project_rows``, ``project_add``,
+    ``project_add_normed``, ``norm_project``, ``project_swiglu``, ``norm_project_swiglu``) serve x [M, K] @
+    weight.T for an fp8 weight the fused kernels leave to the quantized product (``_quantized_product``): the
+    rows the fused kernels take, a weight of unit column stride whose scales cover a power of two columns (a K
+    step of the product then spans whole scale blocks or lies in one). The product finishes its tiles with the
+    entry's epilogue (``_quantized_launch``)."""
+    return (
+        _quantized_product(weight)
+        and _served_rows(x)
+        and weight.weight.stride(1) == 1
+        and weight.block[1] & (weight.block[1] - 1) == 0
+    )
+
+
+def _quantized_launch(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    out: torch.Tensor,
+    epilogue: int,
+    half: int,
+    norm: tuple[torch.Tensor, float] | None,
+    residual: torch.Tensor | None,
+    next_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    next_offset: float,
+    act: str,
+    relu2: bool,
+) -> torch.Tensor:
+    """``_launch`` for an fp8 weight on the normal path (``quantized_rows_apply``): the split-K quantized product
+    (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than the fused kernels' stream,
+    with the input norm's factor, relu^2, the residual add and the next norm's readying done in its store
+    (``RowEpilogue``); SwiGLU's [gate | up] products gated by a launch of their own after it."""
+
+    def product(into: torch.Tensor, **finish) -> torch.Tensor:
+        return quant_matmul(
+            x,
+            weight.weight,
+            weight.scale,
+            "fp8_block",
+            weight.block,
+            epilogue=RowEpilogue(row_norm=norm, **finish),
+            out=into,
+        )
+
+    if epilogue == _SWIGLU.value:
+        raw = product(torch.empty(x.shape[0], 2 * half, dtype=x.dtype, device=x.device))
+        return act_and_mul(act, raw[:, :half], raw[:, half:])
+    ready = None if next_norm is None else (next_norm[0], next_offset, next_norm[1], next_norm[2])
+    return product(out, relu2=relu2, residual=residual, next_norm=ready)
+
+
+def _next_norm_parts(x: torch.Tensor, weight) -> int:
+    """The partial sums of squares a projection of x [M, K] with weight [N, K] writes where it readies the next
+    norm: a program's sub-tiles each (``_launch_grid``), or the quantized product's column blocks."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if _quantized_product(weight):
+        return column_blocks(m, n, k, "fp8_block", weight.block[1], x.device)
+    grid = _launch_grid(n, _PLAIN.value, n, x.device)
+    return grid.programs * grid.subs
+
+
 def quantized_qkv_apply(x: torch.Tensor, weight) -> bool:
     """Whether ``norm_project_qkv`` serves x [M, K] @ weight.T for an fp8 weight that the fused kernels do
     not read (``_quantized_product``): the rows the fused kernels take (``_served_rows``), taken by the
@@ -909,6 +965,15 @@ def _launch(
         raise ValueError(f"no fused gate activation {act!r}")
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
+    if _quantized_product(weight):
+        if epilogue == _QKV.value or softcap is not None or tiles is not None:
+            raise ValueError(
+                "an fp8 weight's quantized product finishes plain and SwiGLU projections only (no q/k/v"
+                " heads, soft-cap or benchmark tiles: norm_project_qkv takes an fp8 weight itself)"
+            )
+        return _quantized_launch(
+            x, weight, out, epilogue, half, norm, residual, next_norm, next_offset, act, relu2
+        )
     fp8 = weight if isinstance(weight, Fp8Weight) else None
     weight = fp8.weight if fp8 else weight
     outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
@@ -1116,8 +1181,7 @@ def project_add_normed(
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     normed = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = _launch_grid(n, _PLAIN.value, n, x.device)
-    sq = torch.empty(grid.programs * grid.subs, m, dtype=torch.float32, device=x.device)
+    sq = torch.empty(_next_norm_parts(x, weight), m, dtype=torch.float32, device=x.device)
     _launch(
         x,
         weight,

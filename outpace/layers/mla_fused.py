@@ -65,7 +65,8 @@ import triton.language as tl
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
 from outpace.attention.triton_kernels import fp8_rows
-from outpace.layers.fused_projection import NormedRows, row_rstd
+from outpace.layers.fused_kernels import row_rstd
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.linear import is_quantized

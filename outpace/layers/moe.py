@@ -490,7 +490,7 @@ class RoutedExperts(nn.Module):
         output, theirs) (``experts_and_dense_on_kernels``); ``ready``: the output added to a residual stream
         and made ready for the next norm (``ReadyStream``), in the grouped kernels' combine where it can be;
         ``row_scale`` [n] float32: x is a stream times its norm's weight, each token's norm factor applied by
-        the half-precision grouped kernels (``RowNorm.scale``, ``takes_row_scale``).
+        the grouped kernels (``RowNorm.scale``, ``takes_row_scale``).
 
         Expert parallel (``placement``): ids name every expert; the slots of this rank's experts are
         computed, the others skipped, and where the experts reduce themselves (TP = 1) the ranks' outputs
@@ -515,18 +515,33 @@ class RoutedExperts(nn.Module):
             )
         if row_scale is not None and not self.takes_row_scale(x):
             raise ValueError(
-                "a row scale is applied by the half-precision grouped kernels of experts that do not "
+                "a row scale is applied by the grouped kernels of experts that do not "
                 "reduce over their own group"
             )
+        # the grouped kernels' combine adds the output to the stream and readies the next norm, unless the
+        # experts reduce over their own group first
+        kernel_ready = None if ready is None or placement.reduces_itself else tuple(ready)
         if self.uses_kernels(x) and quantized:
             if has_quantized_experts(self):
                 out = run_quantized_experts(
-                    self, x, weights, ids, layout, skipped, quantized_shared
+                    self,
+                    x,
+                    weights,
+                    ids,
+                    layout,
+                    skipped,
+                    quantized_shared,
+                    kernel_ready,
+                    row_scale,
                 )
             elif quantized_shared is not None:
                 raise ValueError("quantized stacked experts fuse no shared MLP")
             else:
-                out = run_quantized_stacks(self, x, weights, ids, layout, skipped)
+                out = run_quantized_stacks(
+                    self, x, weights, ids, layout, skipped, kernel_ready, row_scale
+                )
+            if kernel_ready is not None:
+                return out  # (NormedRows)
         elif self.uses_kernels(x):
             from outpace.layers import moe_kernels  # Triton: CUDA installs only
 
@@ -541,10 +556,10 @@ class RoutedExperts(nn.Module):
                 layout=layout,
                 skipped_slots=skipped,
                 shared_input=shared_input,
-                ready=None if ready is None or placement.reduces_itself else tuple(ready),
+                ready=kernel_ready,
                 row_scale=row_scale,
             )
-            if ready is not None and not placement.reduces_itself:
+            if kernel_ready is not None:
                 return out  # (NormedRows)
         else:
             if shared is not None or quantized_shared is not None or layout is not None:
@@ -556,10 +571,10 @@ class RoutedExperts(nn.Module):
         return out if ready is None else ready.add(out)
 
     def takes_row_scale(self, x: torch.Tensor) -> bool:
-        """Whether ``run`` takes a ``row_scale`` for x: the grouped kernels over half-precision experts that
-        do not reduce over an expert group of their own."""
-        quantized = has_quantized_experts(self) or has_quantized_stacks(self)
-        return self.uses_kernels(x) and not quantized and not self.placement.reduces_itself
+        """Whether ``run`` takes a ``row_scale`` for x: the grouped kernels (over half-precision or quantized
+        stacks alike: the scale multiplies the float32 products) of experts that do not reduce over an expert
+        group of their own."""
+        return self.uses_kernels(x) and not self.placement.reduces_itself
 
     def eager_experts(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         """Each expert as run_experts calls it: its module, or ``stacked_expert`` of its index."""
@@ -754,7 +769,7 @@ def takes_normed_rows(
     router: RoutingModule, experts: RoutedExperts, shared_mlp: nn.Module | None, x: torch.Tensor
 ) -> bool:
     """Whether ``moe_on_kernels`` takes its input as a stream made ready for its norm (``RowNorm``) for x
-    [n, hidden]: routing on the kernels, half-precision grouped kernels that take the norm's row scale
+    [n, hidden]: routing on the kernels, grouped kernels that take the norm's row scale
     (``RoutedExperts.takes_row_scale``) and any shared MLP fused with them."""
     return (
         router.uses_kernel(x)

@@ -363,15 +363,15 @@ class DeepseekDecoderLayer(nn.Module):
     def fuses(self, h: torch.Tensor) -> bool:
         """Whether ``forward_fused`` serves the stream h [num_tokens, hidden]: MLA's fused block (layers/mla.py
         ``fuses``: no biases, an o_proj that ends a block), an o_proj whose weight the fused kernels serve on
-        these rows (layers/fused_decoder.py ``fused_weight``, ``fusable_rows``: a block-FP8 one only in
-        batch-invariant mode, elsewhere its own quantized kernel is the faster), and a dense MLP that
+        these rows (layers/fused_decoder.py ``fused_weight``, ``fusable_output``: a block-FP8 one through its
+        quantized product, the residual add and the next norm in the product's store), and a dense MLP that
         ``mlp_fuses`` (a MoE block: ``moe_block_fused``)."""
         attn = self.self_attn
         o_weight = fused_decoder.fused_weight(attn.o_proj)
         return (
             attn.fuses(h)
             and o_weight is not None
-            and fused_decoder.fusable_rows(h, o_weight)
+            and fused_decoder.fusable_output(h, o_weight)
             and (self.is_moe or fused_decoder.mlp_fuses(self.mlp))
         )
 

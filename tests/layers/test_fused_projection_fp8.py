@@ -1,8 +1,10 @@
 """The fused few-row projections over fp8 weights (layers/fused_projection.py ``Fp8Weight``) compute what they
 compute over the dequantized weight (layers/quant/dequantize.py): block FP8 with N and K not multiples of the
 block, bf16 scales, the per-tensor format, and every epilogue (plain, residual + next norm, SwiGLU, q/k/v with
-RoPE and the cache write). On the CPU the kernels run in Triton's interpreter in float32, where the only
-difference is the order of float32 sums; a scale applied to the wrong block or divided fails them."""
+RoPE and the cache write), on both paths: the fused kernels' fp8 stream (batch-invariant mode) and the
+quantized product finishing its tiles with the epilogue (``_quantized_launch``, the normal path). On the CPU the
+kernels run in Triton's interpreter in float32, where the only difference is the order of float32 sums; a scale
+applied to the wrong block or divided fails them."""
 
 import pytest
 import torch
@@ -13,9 +15,11 @@ pytest.importorskip("triton")
 from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers.fused_projection import (  # noqa: E402
     _fp8_block_k,
+    norm_project,
     norm_project_qkv,
     norm_project_swiglu,
     normed_rows,
+    project_add,
     project_add_normed,
     project_rows,
 )
@@ -60,46 +64,87 @@ def block_fp8(n: int, k: int, seed: int, block=(128, 128), scale_dtype=torch.flo
     return Fp8Weight(weight.to(DEVICE), scale.to(DEVICE), block), dense
 
 
+# the fused kernels' fp8 stream (batch-invariant mode) or the quantized product with the epilogue in its store
+PATHS = pytest.mark.parametrize("invariant", [True, False], ids=["fused_kernel", "quantized"])
+
+
+@PATHS
 @pytest.mark.parametrize("m,n,k", [(1, 200, 300), (5, 130, 256), (16, 64, 1100)])
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
-def test_project_rows_over_block_fp8_is_the_dequantized_product(m, n, k, scale_dtype):
+def test_project_rows_over_block_fp8_is_the_dequantized_product(m, n, k, scale_dtype, invariant):
     w, dense = block_fp8(n, k, seed=m + n, scale_dtype=scale_dtype)
     x = _rand(m, k, seed=m)
-    _close(project_rows(x.to(DEVICE, _dtype()), w), F.linear(x.double(), dense))
+    with forward_settings(batch_invariant=invariant):
+        out = project_rows(x.to(DEVICE, _dtype()), w)
+    _close(out, F.linear(x.double(), dense))
 
 
-def test_project_rows_over_narrow_scale_blocks():
-    """64-column scale blocks: the K step shrinks to one block column."""
+@PATHS
+def test_project_rows_over_narrow_scale_blocks(invariant):
+    """64-column scale blocks: the K step shrinks to one block column (the fused kernels) or spans two (the
+    quantized product)."""
     w, dense = block_fp8(96, 200, seed=3, block=(32, 64))
     x = _rand(3, 200, seed=4)
-    _close(project_rows(x.to(DEVICE, _dtype()), w), F.linear(x.double(), dense))
+    with forward_settings(batch_invariant=invariant):
+        out = project_rows(x.to(DEVICE, _dtype()), w)
+    _close(out, F.linear(x.double(), dense))
 
 
-def test_project_rows_over_per_tensor_fp8():
+@PATHS
+def test_project_rows_over_per_tensor_fp8(invariant):
     raw = _rand(70, 300, seed=5)
     weight, scale = quantize_fp8_tensor(raw)
     dense = dequantize_fp8_tensor(weight, scale).double()
     x = _rand(2, 300, seed=6)
     w = Fp8Weight.per_tensor(weight.to(DEVICE), scale.to(DEVICE))
-    _close(project_rows(x.to(DEVICE, _dtype()), w), F.linear(x.double(), dense))
+    with forward_settings(batch_invariant=invariant):
+        out = project_rows(x.to(DEVICE, _dtype()), w)
+    _close(out, F.linear(x.double(), dense))
 
 
-def test_project_add_normed_over_fp8_readies_the_stream():
-    w, dense = block_fp8(160, 200, seed=7)
-    x, res, nw = _rand(4, 200, seed=8), _rand(4, 160, seed=9), _rand(160, seed=10)
-    rows = project_add_normed(x.to(DEVICE, _dtype()), w, res.to(DEVICE, _dtype()), nw.to(DEVICE))
+@PATHS
+@pytest.mark.parametrize("m,k", [(4, 200), (16, 1100)])  # (1100: K split on the quantized path)
+def test_project_add_normed_over_fp8_readies_the_stream(m, k, invariant):
+    """The new stream, the stream times the next norm's scale (offset + weight), and partial sums of squares
+    that sum to the stream's: what the next projection folds the norm in from."""
+    w, dense = block_fp8(160, k, seed=7)
+    x, res, nw = _rand(m, k, seed=8), _rand(m, 160, seed=9), _rand(160, seed=10)
+    with forward_settings(batch_invariant=invariant):
+        rows = project_add_normed(
+            x.to(DEVICE, _dtype()), w, res.to(DEVICE, _dtype()), nw.to(DEVICE), next_offset=1.0
+        )
     stream = res.double() + F.linear(x.double(), dense)
     _close(rows.stream, stream)
-    _close(rows.normed, stream * nw.double())
+    _close(rows.normed, stream * (1.0 + nw.double()))
+    _close(rows.sq_parts.sum(0), (stream * stream).sum(1))
 
 
-def test_norm_project_swiglu_over_fp8_is_norm_gate_up_then_silu_mul():
+@PATHS
+def test_project_add_and_norm_project_over_fp8(invariant):
+    """The residual add alone; a projection behind a norm (its factor from the rows' sums of squares), plain
+    and relu(.)^2 (an ungated MLP's first half)."""
+    w, dense = block_fp8(150, 260, seed=20)
+    x, res, nw = _rand(3, 260, seed=21), _rand(3, 150, seed=22), _rand(260, seed=23)
+    normed = rms_norm_torch(x.double(), nw.double(), EPS)[0]
+    with forward_settings(batch_invariant=invariant):
+        added = project_add(x.to(DEVICE, _dtype()), w, res.to(DEVICE, _dtype()))
+        rows = normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE))
+        plain = norm_project(rows, EPS, w)
+        squared = norm_project(rows, EPS, w, relu2=True)
+    _close(added, res.double() + F.linear(x.double(), dense))
+    _close(plain, F.linear(normed, dense))
+    _close(squared, F.relu(F.linear(normed, dense)) ** 2)
+
+
+@PATHS
+def test_norm_project_swiglu_over_fp8_is_norm_gate_up_then_silu_mul(invariant):
     inter, k = 200, 300  # the up rows start inside a scale block's rows (200 = 128 + 72)
     w, dense = block_fp8(2 * inter, k, seed=11)
     x, nw = _rand(3, k, seed=12), _rand(k, seed=13)
     gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], dense).chunk(2, dim=-1)
-    rows = normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE))
-    _close(norm_project_swiglu(rows, EPS, w), F.silu(gate) * up)
+    with forward_settings(batch_invariant=invariant):
+        out = norm_project_swiglu(normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE)), EPS, w)
+    _close(out, F.silu(gate) * up)
 
 
 @pytest.mark.parametrize(

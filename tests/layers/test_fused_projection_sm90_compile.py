@@ -3,8 +3,9 @@ H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter repl
 launches compile it: the launch code runs on CPU tensors of Step-3.5-Flash's shapes at tensor parallelism 2 (one
 token, 132 SMs) with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher
 specializes it. Over fp8 weights (``Fp8Weight``) in the plain (o_proj with the residual and the next norm), SwiGLU
-(the shared expert's gate/up) and q/k/v epilogues (in batch-invariant mode; otherwise the quantized product and
-the per-head kernel, whole or half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
+(the shared expert's gate/up) and q/k/v epilogues (in batch-invariant mode; otherwise the quantized product,
+whose compile tests/layers/test_quant_matmul_sm90_compile.py checks, and for q/k/v the per-head kernel, whole or
+half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
 zero-centred head norms): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
 registers (ptxas -v: no spills) and stream its weights through cp.async."""
@@ -42,8 +43,10 @@ caches = [torch.empty(64, 16, 4, 128, dtype=torch.bfloat16) for _ in range(2)]
 qkv_args = (torch.zeros(1, dtype=torch.int64), torch.empty(4096, 64), torch.empty(4096, 64), *caches,
             torch.zeros(1, dtype=torch.int64))
 cases = {
-    "plain:fp8": lambda: fp.project_add_normed(x, fp8(4096, 6144), stream, norm, pdl=True),
-    "swiglu:fp8": lambda: fp.norm_project_swiglu(rows, 1e-5, fp8(1280, 4096), pdl=True),
+    # fp8 plain and SwiGLU epilogues: the fused kernel's in batch-invariant mode (the normal path's quantized
+    # product: tests/layers/test_quant_matmul_sm90_compile.py)
+    "plain:fp8_invariant": lambda: invariant(fp.project_add_normed, x, fp8(4096, 6144), stream, norm, pdl=True),
+    "swiglu:fp8_invariant": lambda: invariant(fp.norm_project_swiglu, rows, 1e-5, fp8(1280, 4096), pdl=True),
     # the fused kernel's fp8 q/k/v epilogue (batch-invariant mode), the quantized product's per-head kernel
     "qkv:fp8_invariant": lambda: invariant(fp.norm_project_qkv, rows, 1e-5, fp8(7168, 4096), 128, 6144,
                                            *qkv_args, pdl=True),
@@ -76,8 +79,8 @@ def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = [
-        "plain:fp8",
-        "swiglu:fp8",
+        "plain:fp8_invariant",
+        "swiglu:fp8_invariant",
         "qkv:fp8_invariant",
         "qkv:fp8",
         "qkv_partial:fp8",

@@ -2,10 +2,11 @@
 H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces @triton.jit here), as its
 launches compile it: ``quant_matmul`` runs on CPU tensors of one token (bf16) over a block-FP8 weight (132 SMs)
 with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher specializes
-it. Three launches: the plan's at Step-3.5-Flash's q_proj at tensor parallelism 2 (6144 x 4096: the wide
+it. Five launches: the plan's at Step-3.5-Flash's q_proj at tensor parallelism 2 (6144 x 4096: the wide
 tiles, 64 columns a program over 256-column K steps, 3 stages, K split), a 512-column K step over the
 128-column scales (the settings sweep's widest, benchmarks/scripts/quant_matmul_settings.py) and an unsplit
-launch (Llama-8B's gate_up 28672 x 4096 at one program an SM). Each must compile, keep its registers (ptxas -v:
+launch (Llama-8B's gate_up 28672 x 4096 at one program an SM), and two of the fused residual stack's epilogues
+(``RowEpilogue``: the residual add and the next norm readied; the input norm's factor). Each must compile, keep its registers (ptxas -v:
 no spills), stream the weight through cp.async and multiply with mma.sync (a tile of 16 rows is under wgmma's
 M of 64, the weight read from shared memory into registers and dequantized there), and, launched with
 programmatic dependent launch, prefetch its first weight lines into L2 before it waits."""
@@ -25,13 +26,26 @@ from outpace.layers.quant import quant_matmul_kernel as qm
 qm.num_sms = lambda device: 132  # an H200's grids
 qm.pdl_available = lambda device: True  # as on an H200: programmatic dependent launch, weights prefetched
 
-def launch(n, k, **options):
-    '''One token's quant_matmul over a block-FP8 [n, k] weight: plan's tiles, or few_row_tiles' with options.'''
+def launch(n, k, epilogue=None, **options):
+    '''One token's quant_matmul over a block-FP8 [n, k] weight: plan's tiles, or few_row_tiles' with options;
+    its tiles finished by ``epilogue`` (n, k -> RowEpilogue) when given.'''
     weight = torch.empty(n, k, dtype=torch.float8_e4m3fn)
     scale = torch.empty(-(-n // 128), -(-k // 128))
     x = torch.empty(1, k, dtype=torch.bfloat16)
     tiles = qm.few_row_tiles(1, n, k, torch.device("cpu"), **options) if options else None
-    return lambda: qm.quant_matmul(x, weight, scale, "fp8_block", (128, 128), tiles)
+    finish = epilogue(n, k) if epilogue else None
+    return lambda: qm.quant_matmul(x, weight, scale, "fp8_block", (128, 128), tiles, finish)
+
+def ready(n, k):
+    '''o_proj's: the residual added, the next norm readied.'''
+    parts = qm.column_blocks(1, n, k, "fp8_block", 128, torch.device("cpu"))
+    rows = torch.empty(1, n, dtype=torch.bfloat16)
+    next_norm = (torch.empty(n, dtype=torch.bfloat16), 0.0, rows.clone(), torch.empty(parts, 1))
+    return qm.RowEpilogue(residual=rows, next_norm=next_norm)
+
+def row_norm(n, k):
+    '''A projection behind a norm: each row's factor from 64 partial sums of squares.'''
+    return qm.RowEpilogue(row_norm=(torch.empty(64, 1), 1e-6))
 
 cases = {  # name: (launch, (BN, BK, stages, split K))
     "plan": (launch(6144, 4096), (64, 256, 3, True)),
@@ -43,6 +57,10 @@ cases = {  # name: (launch, (BN, BK, stages, split K))
         launch(28672, 4096, block_n=64, block_k=256, num_warps=4, num_stages=3, programs_per_sm=1),
         (64, 256, 3, False),
     ),
+    # DeepSeek-V2-Lite's o_proj (2048 x 2048, K split) readying the post-attention norm; a dense gate/up
+    # (2 x 10944 x 2048: the wide tiles, unsplit) behind the input norm
+    "ready": (launch(2048, 2048, ready), (32, 128, 4, True)),
+    "row_norm": (launch(21888, 2048, row_norm), (64, 256, 3, False)),
 }
 for name, (run, expected) in cases.items():
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
@@ -62,4 +80,5 @@ for name, (run, expected) in cases.items():
 def test_quant_matmul_launches_compile_for_sm90(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == [w for n in ("plan", "bk512", "unsplit") for w in (n, "True")]
+    names = ("plan", "bk512", "unsplit", "ready", "row_norm")
+    assert done.stdout.split() == [w for n in names for w in (n, "True")]

@@ -18,7 +18,12 @@ import outpace.layers.mla as mla_module  # noqa: E402
 from helpers.deepseek_models import SMALL, make_hf_deepseek  # noqa: E402
 from helpers.fused_decode import decode_forward  # noqa: E402
 from helpers.hf_models import save_hf_model  # noqa: E402
-from outpace.layers import fused_decoder  # noqa: E402
+from helpers.quantized_checkpoints import (  # noqa: E402
+    block_fp8_config,
+    is_projection,
+    write_quantized,
+)
+from outpace.layers import fused_decoder, fused_projection  # noqa: E402
 from outpace.layers.mla import MultiHeadLatentAttention  # noqa: E402
 from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
 from outpace.layers.norm import RMSNorm  # noqa: E402
@@ -27,11 +32,15 @@ from outpace.models.deepseek import DeepseekDecoderLayer  # noqa: E402
 if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)
     pytest.skip("forces the fused path onto CPU tensors", allow_module_level=True)
 
-# variant -> (tests/helpers/deepseek_models.py variant, overrides): the dense first layer, then MoE layers with
-# a shared expert (n_shared_experts 1: one shared slot of the routed experts' width)
+# variant -> (tests/helpers/deepseek_models.py variant, overrides, block FP8): the dense first layer, then MoE
+# layers with a shared expert (n_shared_experts 1: one shared slot of the routed experts' width); in block FP8
+# every projection as DeepSeek-V3's checkpoint stores it, the routed and shared experts, the dense MLP and o_proj
+# included (their fp8 products finish the residual add and the next norm), in 8 x 64 scale blocks: the grouped
+# kernels' (K steps of whole blocks of >= 64 columns, each expert's 24 rows whole blocks)
 VARIANTS = {
-    "v2": ("v2-greedy", dict(q_lora_rank=None)),
-    "v3": ("v3-yarn", {}),
+    "v2": ("v2-greedy", dict(q_lora_rank=None), False),
+    "v3": ("v3-yarn", {}, False),
+    "v3-fp8": ("v3-yarn", {}, True),
 }
 
 
@@ -41,9 +50,13 @@ def checkpoints(tmp_path_factory):
 
     def get(variant):
         if variant not in cache:
-            name, overrides = VARIANTS[variant]
+            name, overrides, fp8 = VARIANTS[variant]
             path = tmp_path_factory.mktemp(variant)
-            cache[variant] = save_hf_model(make_hf_deepseek(name, **overrides), path)
+            cache[variant] = save_hf_model(make_hf_deepseek(name, **overrides), path / "bf16")
+            if fp8:
+                cache[variant] = write_quantized(
+                    cache[variant], path, "fp8_block", is_projection, block_fp8_config((8, 64))
+                )[0]
         return cache[variant]
 
     return get
@@ -102,10 +115,23 @@ def test_deepseek_layers_fused_compute_the_eager_forward(
         return real(self, positions, rows, next_norm)
 
     monkeypatch.setattr(DeepseekDecoderLayer, "forward_fused", counted)
+    finished = []  # the fp8 products' epilogues: (input norm folded in, next norm readied)
+    real_product = fused_projection.quant_matmul
+
+    def product(*args, epilogue=None, **kwargs):
+        finished.append((epilogue.row_norm is not None, epilogue.next_norm is not None))
+        return real_product(*args, epilogue=epilogue, **kwargs)
+
+    monkeypatch.setattr(fused_projection, "quant_matmul", product)
     norms_run = []
     logits, caches = _decode(path, monkeypatch, True, moe_kernels, norms_run)
     # every layer fused: the dense one, then the MoE ones
     assert fused_layers == [False, True, True]
+    if VARIANTS[variant][2]:
+        # fp8: the dense o_proj readies the post-attention norm, which gate/up folds in, and down_proj the next
+        # layer's input norm; a MoE layer's o_proj readies its norm where the block takes the stream so
+        assert finished[:3] == [(False, True), (True, False), (False, True)], finished
+        assert finished[3:] == [(False, moe_kernels)] * 2, finished
     # Folded into the projections: every input norm, the dense layer's post-attention norm, the final norm
     # (the LM head's kernel); a MoE block's too where it routes on the kernels, else it reads its input
     # materialised (one norm launch each)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
+from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
 
 pytest.importorskip("triton")
 
@@ -16,7 +17,7 @@ from outpace.attention import build_paged_metadata, forward_context  # noqa: E40
 from outpace.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from outpace.cache.block_pool import BlockPool  # noqa: E402
 from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
-from outpace.layers import fused_decoder  # noqa: E402
+from outpace.layers import fused_decoder, fused_projection  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.linear import linear  # noqa: E402
 from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
@@ -175,6 +176,42 @@ def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monk
     )
     assert len(eager) == (layers if variant == "nemotron_h" else 2 * layers)
     assert len(fused) == MATERIALISED[variant]
+
+
+# variant -> quantization config: every projection in block FP8 with bf16 scales, as bench/families.py
+# --quantized fp8 lays Qwen3-Next out (in_proj_ba too, so the in-projections pack; 8-row blocks: q/k/v pack in
+# whole blocks). (Per-tensor FP8, Nemotron-H's ModelOpt layout, packs no q/k/v: its stack stays eager.)
+QUANTIZED = {"qwen3_next": block_fp8_config((8, 16))}
+
+
+@pytest.mark.parametrize("variant", list(QUANTIZED))
+def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
+    variant, checkpoints, tmp_path, monkeypatch
+):
+    """The hybrids in fp8 on the fused stack: each block's fp8 input projection folds the input norm into its
+    quantized product and its output projection adds the residual and readies the next norm in the product's
+    store (layers/fused_projection.py ``_quantized_launch``); a verify step gives the eager step's logits, KV
+    and states."""
+    path, _ = write_quantized(
+        checkpoints(variant),
+        tmp_path,
+        "fp8_block",
+        is_projection,
+        QUANTIZED[variant],
+        torch.bfloat16,
+    )
+    want = _served_step(path, monkeypatch, False, "verify of 3")
+    finished = []  # the fp8 products' epilogues: (input norm folded in, next norm readied)
+    real = fused_projection.quant_matmul
+
+    def product(*args, epilogue=None, **kwargs):
+        finished.append((epilogue.row_norm is not None, epilogue.next_norm is not None))
+        return real(*args, epilogue=epilogue, **kwargs)
+
+    monkeypatch.setattr(fused_projection, "quant_matmul", product)
+    got = _served_step(path, monkeypatch, True, "verify of 3")
+    _assert_same_step(got, want)
+    assert (True, False) in finished and (False, True) in finished, finished
 
 
 def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, monkeypatch):

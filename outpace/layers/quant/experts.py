@@ -258,10 +258,13 @@ class QuantizedExpertStacks:
         layout=None,
         skipped_slots: bool = False,
         shared: QuantizedShared | None = None,
-    ) -> torch.Tensor:
+        ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+        row_scale: torch.Tensor | None = None,
+    ):
         """moe_quant_kernels.py's grouped experts over the stacks: x [n, H], weights [n, top_k] float32 (or
         [n, top_k + S] with the shared slots'), ids [n, top_k] -> [n, H] in x's dtype, the output of
-        ``shared``'s slots included (``quantized_shared_stacks``)."""
+        ``shared``'s slots included (``quantized_shared_stacks``); ``ready`` and ``row_scale``: the fused
+        residual stack's (layers/moe_kernels.py grouped_experts: then ``NormedRows``)."""
         from outpace.layers.quant import moe_quant_kernels as kernels  # Triton: CUDA installs only
 
         common = dict(
@@ -271,6 +274,8 @@ class QuantizedExpertStacks:
             layout=layout,
             skipped_slots=skipped_slots,
             shared=shared,
+            ready=ready,
+            row_scale=row_scale,
         )
         if isinstance(self.format, Int4Group):
             return kernels.int4_group_grouped_experts(
@@ -325,18 +330,21 @@ def run_quantized_experts(
     layout=None,
     skipped_slots: bool = False,
     shared: QuantizedShared | None = None,
-) -> torch.Tensor:
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    row_scale: torch.Tensor | None = None,
+):
     """A ``RoutedExperts`` of quantized per-expert modules on the grouped kernels (module docstring), with
     ``shared``'s slots (``quantized_shared_stacks``): the stacks made on first use (and again after the
-    tensors moved), then one run."""
+    tensors moved), then one run (``ready``, ``row_scale``: ``QuantizedExpertStacks.run``'s)."""
     stacks = experts.quantized_stacks
     if stacks is None or not stacks.current(experts.per_expert):
         stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated)
         experts.quantized_stacks = stacks
     activation = experts.activation
     return stacks.run(
-        x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots, shared
-    )
+        x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots, shared,
+        ready, row_scale,
+    )  # fmt: skip
 
 
 class QuantizedStackedWeight(nn.Module):
@@ -399,9 +407,12 @@ def run_quantized_stacks(
     ids: torch.Tensor,
     layout=None,
     skipped_slots: bool = False,
-) -> torch.Tensor:
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    row_scale: torch.Tensor | None = None,
+):
     """A ``RoutedExperts`` of ``QuantizedStackedWeight`` gate, up and down stacks on the grouped kernels
-    (layers/moe_kernels.py with their scales: the stacks are read in place, gate and up apart)."""
+    (layers/moe_kernels.py with their scales: the stacks are read in place, gate and up apart; ``ready``,
+    ``row_scale``: the fused residual stack's, grouped_experts')."""
     from outpace.layers.moe_kernels import grouped_experts  # Triton: CUDA installs only
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
@@ -418,4 +429,5 @@ def run_quantized_stacks(
     return grouped_experts(
         x, weights, ids, None if gate is None else gate.weight, up.weight, down.weight,
         activation.kernel, activation.limit, layout=layout, skipped_slots=skipped_slots, quant=scales,
+        ready=ready, row_scale=row_scale,
     )  # fmt: skip

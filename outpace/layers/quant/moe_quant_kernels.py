@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from outpace.layers.fused_projection import NormedRows
 from outpace.layers.moe_kernels import BlockLayout, Tiles, grouped_experts
 from outpace.layers.quant.quant_matmul_kernel import INT4_PACK
 
@@ -125,10 +126,13 @@ def fp8_block_grouped_experts(
     skipped_slots: bool = False,
     shared: QuantizedShared | None = None,
     tiles: tuple[Tiles, Tiles] | None = None,
-) -> torch.Tensor:
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> torch.Tensor | NormedRows:
     """moe_kernels.grouped_experts over block-FP8 stacks (module docstring), with ``shared``'s slots: x
     [n, H], weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype.
-    ``tiles``: the kernels' tiles forced (grouped_experts)."""
+    ``tiles``: the kernels' tiles forced; ``ready``, ``row_scale``: the fused residual stack's (grouped_experts,
+    which then returns ``NormedRows``)."""
     experts, hidden, inter = down.shape
     block_n, block_k = block
     if block_k < 64 or block_k & (block_k - 1):
@@ -175,6 +179,8 @@ def fp8_block_grouped_experts(
         quant,
         shared,
         tiles,
+        ready,
+        row_scale,
     )
 
 
@@ -193,9 +199,12 @@ def int4_group_grouped_experts(
     layout: BlockLayout | None = None,
     skipped_slots: bool = False,
     shared: QuantizedShared | None = None,
-) -> torch.Tensor:
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> torch.Tensor | NormedRows:
     """moe_kernels.grouped_experts over INT4 stacks (module docstring), with ``shared``'s slots: x [n, H],
-    weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype."""
+    weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype; ``ready``,
+    ``row_scale`` as ``fp8_block_grouped_experts``'."""
     experts, hidden = down.shape[:2]
     inter = down.shape[2] * INT4_PACK
     if group < INT4_PACK or group & (group - 1):
@@ -215,8 +224,9 @@ def int4_group_grouped_experts(
     gate, up, gate_scale, up_scale = _split_rows(gate_up, gate_up_scale, inter, inter, gated)
     quant = ExpertScales("int4_group", (1, group), gate_scale, up_scale, down_scale)
     return _grouped(
-        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared
-    )
+        x, weights, ids, gate, up, down, activation, limit, layout, skipped_slots, quant, shared,
+        ready=ready, row_scale=row_scale,
+    )  # fmt: skip
 
 
 def _grouped(
@@ -233,7 +243,9 @@ def _grouped(
     quant,
     shared,
     tiles=None,
-) -> torch.Tensor:
+    ready=None,
+    row_scale=None,
+) -> torch.Tensor | NormedRows:
     """moe_kernels.grouped_experts over the routed stacks, with the shared MLP's slots (views of its own
     weights and scales) when ``shared`` is given: its scales of one routed expert's shape and dtype each (the
     kernels take a slot's scales from either by the same pointer type) and, where a scale row has more than
@@ -270,4 +282,6 @@ def _grouped(
         skipped_slots=skipped_slots,
         quant=quant,
         shared=None if shared is None else shared.weights,
+        ready=ready,
+        row_scale=row_scale,
     )

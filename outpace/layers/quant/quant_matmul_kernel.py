@@ -24,6 +24,12 @@ launch is fixed for a captured CUDA graph and nothing is allocated but the outpu
 Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 
+A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
+layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
+input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times the
+norm's scale and one partial sum of squares a column block). The program that stores a tile does it (with K
+split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads nothing twice.
+
 Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
 the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
 takes at most ``_INVARIANT_ROWS`` rows (more rows: one launch each such chunk), which bounds its float32
@@ -50,6 +56,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
+from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
@@ -140,7 +147,7 @@ def scale_rows(s_ptr, rows, stride_sn, FORMAT: tl.constexpr, SCALE_BN: tl.conste
     return s_ptr + rows.to(tl.int64)[:, None] * stride_sn
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "num_sq_parts"])
 def _quant_matmul_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] fp8 or [N, K / 8] int32
@@ -148,6 +155,11 @@ def _quant_matmul_kernel(
     out_ptr,  # [M, N] x's dtype, written
     partial_ptr,  # [splits, M, N] float32 (SPLIT_K)
     counter_ptr,  # [>= tiles] int32, zero between launches (SPLIT_K)
+    sq_in_ptr,  # [num_sq_parts, M] float32 (ROW_NORM): the input rows' partial sums of squares
+    res_ptr,  # [M, N] (RESIDUAL)
+    next_norm_ptr,  # [N] (NEXT_NORM): the next RMSNorm's weight
+    normed_ptr,  # [M, N] contiguous, written (NEXT_NORM)
+    sq_out_ptr,  # [column blocks, M] float32, written (NEXT_NORM)
     M,
     N,
     K,
@@ -156,8 +168,12 @@ def _quant_matmul_kernel(
     stride_sn,
     stride_sk,
     stride_om,
+    stride_rm,
     splits,  # programs a column block's K is split among
     k_per_split,  # columns of one split, a multiple of BK
+    num_sq_parts,
+    eps,
+    next_offset,
     FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
@@ -169,10 +185,15 @@ def _quant_matmul_kernel(
     PDL: tl.constexpr,  # launched with programmatic dependent launch (module docstring)
     PREFETCH_LINES: tl.constexpr,  # lines of each weight row prefetched (a power of two, or 0), with PDL
     LINE: tl.constexpr,  # bytes a line
+    ROW_NORM: tl.constexpr,  # x is s * w_norm: each row's result times its RMSNorm factor (``row_rstd``)
+    RELU2: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    NEXT_NORM: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # num_sq_parts padded to a power of two (ROW_NORM)
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
     split's columns of K; row tiles on the grid's fast axis, so the programs sharing a weight tile run
-    together and read it from L2."""
+    together and read it from L2. The tile's epilogue (``RowEpilogue``) runs on its whole product."""
     row_tile, col_block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = row_tile * BM + tl.arange(0, BM)  # [BM]
     cols = col_block * BN + tl.arange(0, BN)  # [BN]
@@ -204,52 +225,88 @@ def _quant_matmul_kernel(
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
     if FORMAT == "fp8_tensor":
         acc *= tl.load(s_ptr).to(tl.float32)
-    store_tile(
-        acc, out_ptr, partial_ptr, counter_ptr, rows, cols, n_ok, M, N, stride_om, splits, SPLIT_K
-    )
+    out_mask = (rows < M)[:, None] & n_ok[None, :]
+    if SPLIT_K:  # the last of the tile's splits to arrive goes on with their sum
+        total, last = sum_splits(acc, partial_ptr, counter_ptr, rows, cols, out_mask, M, N, splits)
+    else:
+        total, last = acc, True
+    if last:
+        if ROW_NORM:
+            total *= row_rstd(sq_in_ptr, rows, rows < M, M, num_sq_parts, K, eps, BLOCK_P)
+        if RELU2:  # of the product rounded to out's dtype, as the projection and then the activation round it
+            total = tl.maximum(total.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)
+            total = total * total
+        if RESIDUAL:
+            res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :]
+            total += tl.load(res_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+        out = total.to(out_ptr.dtype.element_ty)
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(out_ptrs, out, mask=out_mask)
+        if (
+            NEXT_NORM
+        ):  # the stream as stored, made ready for the next norm (layers/fused_projection.py)
+            s = tl.where(out_mask, out.to(tl.float32), 0.0)
+            w_next = (
+                tl.load(next_norm_ptr + cols, mask=n_ok, other=0.0).to(tl.float32) + next_offset
+            )
+            tl.store(
+                normed_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :],
+                (s * w_next[None, :]).to(normed_ptr.dtype.element_ty),
+                mask=out_mask,
+            )
+            tl.store(sq_out_ptr + col_block * M + rows, tl.sum(s * s, axis=1), mask=rows < M)
 
 
 @triton.jit
-def store_tile(
+def sum_splits(
     acc,  # [BM, BN] float32: this program's product over its split of K
-    out_ptr,
     partial_ptr,
     counter_ptr,
     rows,  # [BM]
     cols,  # [BN]
-    n_ok,  # [BN] the columns that exist
+    out_mask,  # [BM, BN] the tile's real elements
     M,
     N,
-    stride_om,
     splits,
-    SPLIT_K: tl.constexpr,
 ):
-    """A program's output tile (``_quant_matmul_kernel``, module docstring): stored, or with K split its float32
-    partial, and the last of the tile's splits to arrive sums them in split order and stores the tile."""
-    out_mask = (rows < M)[:, None] & n_ok[None, :]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    if not SPLIT_K:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
-        tl.store(partial_ptr + tl.program_id(2) * M * N + tile_offs, acc, mask=out_mask)
-        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        # every thread's partial before the count (one thread takes it for the program: the barrier makes
-        # the release cumulative over the other threads' stores, as in deltanet_step_kernel.py's splits);
-        # acq_rel at gpu scope: the last to arrive acquires every split's partial
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == splits - 1:  # the last of the tile's splits: sum them in split order
-            total = tl.zeros(acc.shape, dtype=tl.float32)
-            for s in range(splits):
-                total += tl.load(
-                    partial_ptr + s * M * N + tile_offs,
-                    mask=out_mask,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch
+    """With K split (``_quant_matmul_kernel``, module docstring): the program's float32 partial stored, and for
+    the last of the tile's splits to arrive (``last``) their sum in split order -> (sum, last)."""
+    tile_offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # [BM, BN] in one [M, N] slice
+    tl.store(partial_ptr + tl.program_id(2) * M * N + tile_offs, acc, mask=out_mask)
+    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    # every thread's partial before the count (one thread takes it for the program: the barrier makes
+    # the release cumulative over the other threads' stores, as in deltanet_step_kernel.py's splits);
+    # acq_rel at gpu scope: the last to arrive acquires every split's partial
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == splits - 1
+    total = tl.zeros(acc.shape, dtype=tl.float32)
+    if last:  # the last of the tile's splits: sum them in split order
+        for s in range(splits):
+            total += tl.load(
+                partial_ptr + s * M * N + tile_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
+            )
+        tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch
+    return total, last
+
+
+@dataclass(frozen=True)
+class RowEpilogue:
+    """What ``_quant_matmul_kernel`` does to an output tile's whole product before it stores it: the pieces of
+    the fused residual stack (layers/fused_projection.py ``NormedRows``) for a weight read quantized.
+
+    row_norm: (sq_parts [P, M] float32, eps): x is a residual stream times its RMSNorm's weight, and each row's
+      product is scaled by the norm's factor from those partial sums of the stream's squares;
+    relu2: relu(.)^2 of the product rounded to the output's dtype (Nemotron-H's up_proj);
+    residual: [M, N] (unit column stride) added;
+    next_norm: (weight [N], offset, normed [M, N], sq_parts [column blocks, M] float32), both outputs
+      contiguous and written: the result made ready for the RMSNorm of scale offset + weight that reads it
+      next, one part of its sums of squares a column block (``column_blocks``)."""
+
+    row_norm: tuple[torch.Tensor, float] | None = None
+    relu2: bool = False
+    residual: torch.Tensor | None = None
+    next_norm: tuple[torch.Tensor, float, torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -353,16 +410,24 @@ def quant_matmul(
     fmt: str,
     scale_block: tuple[int, int],
     tiles: QuantTiles | None = None,
+    epilogue: RowEpilogue | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype, W the weight ``weight``
-    with ``scale`` in format ``fmt`` (module docstring), ``scale_block`` the (rows, columns) one scale
-    covers: (bn, bk) for fp8_block, (1, group) for int4_group, unused for fp8_tensor. The callers
-    (fp8_linear_kernel.py, int4_linear_kernel.py) check the shapes."""
+    """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype (into ``out`` [M, N], rows of any
+    stride, when given), W the weight ``weight`` with ``scale`` in format ``fmt`` (module docstring),
+    ``scale_block`` the (rows, columns) one scale covers: (bn, bk) for fp8_block, (1, group) for int4_group,
+    unused for fp8_tensor; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
+    The callers (fp8_linear_kernel.py, int4_linear_kernel.py, layers/fused_projection.py) check the shapes."""
     if fmt not in FORMATS:
         raise ValueError(f"quantized weights come as {', '.join(FORMATS)}, not {fmt!r}")
     m, k = x.shape
     n = weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if epilogue is not None and m > FEW_ROWS:
+        raise ValueError(
+            f"an epilogue finishes a few-row product (at most {FEW_ROWS} rows), not {m}"
+        )
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -388,10 +453,19 @@ def quant_matmul(
                 scale_block,
                 t,
                 out[r : r + _INVARIANT_ROWS],
+                RowEpilogue(),  # (no epilogue past FEW_ROWS)
             )
     else:
-        _launch(x, weight, scale, fmt, scale_block, t, out)
+        _launch(x, weight, scale, fmt, scale_block, t, out, epilogue or RowEpilogue())
     return out
+
+
+def column_blocks(
+    m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.device
+) -> int:
+    """The output column blocks of ``quant_matmul``'s launch over [m, k] x [n, k] (``plan``'s tiles): the parts of
+    the sums of squares a ``RowEpilogue.next_norm`` writes."""
+    return triton.cdiv(n, plan(m, n, k, fmt, scale_block_k, device).block_n)
 
 
 def prefetch_lines(row_bytes: int) -> int:
@@ -409,11 +483,22 @@ def _launch(
     scale_block: tuple[int, int],
     t: QuantTiles,
     out: torch.Tensor,
+    epilogue: RowEpilogue,
 ) -> None:
     """One launch of ``_quant_matmul_kernel`` over x [M, K] into out [M, N] (rows of any stride)."""
     m, k = x.shape
     n = weight.shape[0]
     grid = t.grid(m, n)
+    sq_in, eps = epilogue.row_norm or (out, 0.0)
+    res = out if epilogue.residual is None else epilogue.residual
+    w_next, next_offset, normed, sq_out = epilogue.next_norm or (out, 0.0, out, out)
+    if epilogue.next_norm is not None and (
+        sq_out.shape[0] != grid[1] or normed.stride() != (n, 1) or res.stride(1) != 1
+    ):
+        raise ValueError(
+            f"a next norm's outputs: contiguous normed rows and sums of squares for {grid[1]} column blocks"
+            f" (got {sq_out.shape[0]})"
+        )
     if t.splits > 1:
         if grid[0] * grid[1] > _MAX_TILES:
             raise ValueError(
@@ -438,6 +523,11 @@ def _launch(
         out,
         partial,
         counters,
+        sq_in,
+        res,
+        w_next,
+        normed,
+        sq_out,
         m,
         n,
         k,
@@ -446,8 +536,12 @@ def _launch(
         scale_2d.stride(0),
         scale_2d.stride(1),
         out.stride(0),
+        res.stride(0),
         t.splits,
         t.k_per_split,
+        sq_in.shape[0],
+        eps,
+        next_offset,
         FORMAT=fmt,
         SCALE_BN=scale_block[0],
         SCALE_BK=scale_block[1],
@@ -459,6 +553,11 @@ def _launch(
         PDL=pdl,
         PREFETCH_LINES=prefetch_lines(row_bytes) if pdl else 0,
         LINE=_LINE,
+        ROW_NORM=epilogue.row_norm is not None,
+        RELU2=epilogue.relu2,
+        RESIDUAL=epilogue.residual is not None,
+        NEXT_NORM=epilogue.next_norm is not None,
+        BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if epilogue.row_norm is not None else 1,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
         **pdl_launch_options(pdl),
