@@ -304,9 +304,17 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
     docstring); its eager path is ``GatedDeltaNet``'s."""
 
     def fuses(self, h: torch.Tensor) -> bool:
-        """Whether ``step_fused`` and a fused out_proj serve the stream h [n, hidden]: the in-projections
-        packed (``block_fuses``) and the step kernel taking this forward."""
-        return block_fuses(h, self.in_proj, self.out_proj) and self._takes_fused_step(h)
+        """Whether ``step_fused`` and a fused out_proj serve the stream h [n, hidden]: each input projection
+        (``_input_projections``) and out_proj fused (``block_fuses``), and the step kernel taking this forward."""
+        return all(
+            block_fuses(h, p, self.out_proj) for p in self._input_projections()
+        ) and self._takes_fused_step(h)
+
+    def _input_projections(self) -> list:
+        """The projections the fused path reads the stream through: the packed in-projections, else each of
+        them (a checkpoint storing them in two formats does not pack: Qwen3-Next-FP8 keeps in_proj_ba in bf16
+        beside its fp8 in_proj_qkvz), one norm-folding launch each."""
+        return [self.in_proj] if self.in_proj is not None else self.in_projections()
 
     def step_fused(self, rows, eps: float) -> torch.Tensor:
         """rows: the stream made ready for the layer's input norm of eps ``eps`` -> the step kernel's output
@@ -315,13 +323,18 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
         return self.step_kernel(_FoldedInput(rows, eps))
 
     def _in_projected(self, x: torch.Tensor | _FoldedInput) -> tuple[torch.Tensor, ...]:
-        """``GatedDeltaNet._in_projected``; of a ``_FoldedInput`` (``step_fused``), the packed in-projections
-        of the normalised stream as one kernel, one view per projection [n, out_i]."""
-        if isinstance(x, _FoldedInput):
-            return project_normalised(x.rows, x.eps, fused_weight(self.in_proj)).split(
-                self.in_proj.sizes, dim=-1
+        """``GatedDeltaNet._in_projected``; of a ``_FoldedInput`` (``step_fused``), the in-projections of the
+        normalised stream by the norm-folding kernels, one [n, out_i] per projection: views of one launch's
+        output where they are packed, else a launch each (``_input_projections``)."""
+        if not isinstance(x, _FoldedInput):
+            return super()._in_projected(x)
+        if self.in_proj is None:
+            return tuple(
+                project_normalised(x.rows, x.eps, fused_weight(p)) for p in self.in_projections()
             )
-        return super()._in_projected(x)
+        return project_normalised(x.rows, x.eps, fused_weight(self.in_proj)).split(
+            self.in_proj.sizes, dim=-1
+        )
 
 
 class RouterWithSharedGate(Router):

@@ -24,6 +24,7 @@ from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
 from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
+from outpace.models.qwen3_next import Qwen3NextDecoderLayer  # noqa: E402
 
 if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)
     pytest.skip("forces the fused path onto CPU tensors", allow_module_level=True)
@@ -178,27 +179,32 @@ def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monk
     assert len(fused) == MATERIALISED[variant]
 
 
-# variant -> quantization config: every projection in block FP8 with bf16 scales, as bench/families.py
-# --quantized fp8 lays Qwen3-Next out (in_proj_ba too, so the in-projections pack; 8-row blocks: q/k/v pack in
-# whole blocks). (Per-tensor FP8, Nemotron-H's ModelOpt layout, packs no q/k/v: its stack stays eager.)
-QUANTIZED = {"qwen3_next": block_fp8_config((8, 16))}
+# case -> (variant, the projections quantized, quantization config), block FP8 with bf16 scales (8-row blocks:
+# q/k/v pack in whole blocks): Qwen3-Next-FP8's published layout (in_proj_ba and the norms, A_log, conv1d,
+# dt_bias kept in bf16: the in-projections do not pack, and fuse one launch each), and every projection in fp8
+# (as bench/families.py --quantized fp8 lays the model out: the in-projections pack). (Per-tensor FP8, Nemotron-H's
+# ModelOpt layout, packs no q/k/v: its stack stays eager.)
+QUANTIZED = {
+    "qwen3_next_fp8": (
+        "qwen3_next",
+        lambda name: is_projection(name) and "in_proj_ba" not in name,
+        block_fp8_config((8, 16), modules_to_not_convert=["lm_head", "in_proj_ba"]),
+    ),
+    "qwen3_next_all_fp8": ("qwen3_next", is_projection, block_fp8_config((8, 16))),
+}
 
 
-@pytest.mark.parametrize("variant", list(QUANTIZED))
+@pytest.mark.parametrize("case", list(QUANTIZED))
 def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
-    variant, checkpoints, tmp_path, monkeypatch
+    case, checkpoints, tmp_path, monkeypatch
 ):
     """The hybrids in fp8 on the fused stack: each block's fp8 input projection folds the input norm into its
     quantized product and its output projection adds the residual and readies the next norm in the product's
     store (layers/fused_projection.py ``_quantized_launch``); a verify step gives the eager step's logits, KV
     and states."""
+    variant, quantize, config = QUANTIZED[case]
     path, _ = write_quantized(
-        checkpoints(variant),
-        tmp_path,
-        "fp8_block",
-        is_projection,
-        QUANTIZED[variant],
-        torch.bfloat16,
+        checkpoints(variant), tmp_path, "fp8_block", quantize, config, torch.bfloat16
     )
     want = _served_step(path, monkeypatch, False, "verify of 3")
     finished = []  # the fp8 products' epilogues: (input norm folded in, next norm readied)
@@ -209,8 +215,17 @@ def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
         return real(*args, epilogue=epilogue, **kwargs)
 
     monkeypatch.setattr(fused_projection, "quant_matmul", product)
+    fused_layers = []
+    real_forward = Qwen3NextDecoderLayer.forward_fused
+
+    def counted(self, positions, rows, next_norm):
+        fused_layers.append(self.is_linear)
+        return real_forward(self, positions, rows, next_norm)
+
+    monkeypatch.setattr(Qwen3NextDecoderLayer, "forward_fused", counted)
     got = _served_step(path, monkeypatch, True, "verify of 3")
     _assert_same_step(got, want)
+    assert fused_layers == [True, False, True, True]  # every layer on the fused stack
     assert (True, False) in finished and (False, True) in finished, finished
 
 
