@@ -543,10 +543,15 @@ class Step3p5Attention(nn.Module):
 
     def reads_rows(self) -> bool:
         """Whether ``attend_rows`` takes the stream made ready for the input norm (``NormedRows`` or
-        ``NormalisedRows``), every projection of x folding the norm in: q/k/v and the gate packed in half
-        precision (block FP8 q/k/v and a gate stored apart read x normalised)."""
-        return not isinstance(self.in_proj.weight, Fp8Weight) and (
-            self.g_proj is None or self._packs_gate()
+        ``NormalisedRows``), every projection of x folding the norm in: q/k/v (half precision, or block FP8
+        through the quantized product and the per-head kernel), and the gate packed with them or stored apart
+        without a bias in a format the fused kernels read (Step-3.5-Flash-FP8's bf16 g_proj: a norm-folding
+        launch of its own)."""
+        gate = self.g_proj
+        return (
+            gate is None
+            or self._packs_gate()
+            or (gate.bias is None and fused_decoder.fused_weight(gate) is not None)
         )
 
     def attend_rows(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
@@ -568,8 +573,15 @@ class Step3p5Attention(nn.Module):
         qkv_rows = sum(sizes[:3])
         qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
         gate = None  # [num_tokens, heads]: one logit per head
-        if self.g_proj is not None:
+        if self.g_proj is not None and isinstance(rows, torch.Tensor):  # x normalised
             gate = weight.rows(qkv_rows).project(rows) if self._packs_gate() else self.g_proj(rows)
+        elif self.g_proj is not None:  # (reads_rows) the norm folded into the gate's launch
+            g_weight = (
+                weight.rows(qkv_rows)
+                if self._packs_gate()
+                else fused_decoder.fused_weight(self.g_proj)
+            )
+            gate = fused_decoder.project_normalised(rows, eps, g_weight)
         return attend_fused_qkv(
             self, positions, kernel_rows, eps, qkv=(qkv, sizes[0]), out_gate=gate
         )  # [num_tokens, heads * head_dim]
