@@ -40,7 +40,7 @@ from torch import nn
 
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import RankGroup
-from outpace.layers.activation import FUSED_ACTIVATIONS
+from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.decoder import (
     DecoderAttention,
     DecoderLayer,
@@ -263,14 +263,38 @@ def write_kv(
 
 def mlp_fuses(mlp: GatedMLP) -> bool:
     """Whether the fused kernels (``fused_attention_output_and_mlp``: SiLU or GELU-tanh, no biases)
-    compute this MLP."""
+    compute this MLP, its gate and up packed or apart (``mlp_inputs``)."""
     return (
-        mlp.gate_up is not None
-        and mlp.gate_up.bias is None
+        all(p.bias is None and fused_weight(p) is not None for p in mlp_inputs(mlp))
         and mlp.down_proj.bias is None
         and mlp.act in FUSED_ACTIVATIONS
         and ends_block(mlp.down_proj)
         and fused_weight(mlp.down_proj) is not None
+    )
+
+
+def mlp_inputs(mlp: GatedMLP) -> list:
+    """A gated MLP's input projections as the fused path runs them: gate/up packed, else gate and up apart
+    (fp8 ones whose scale blocks do not let them pack: DeepSeek-V2-Lite's dense MLP, 10944 rows each in
+    128-row blocks)."""
+    return [mlp.gate_up] if mlp.gate_up is not None else [mlp.gate_proj, mlp.up_proj]
+
+
+def gate_up_normalised(mlp: GatedMLP, rows, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate and up products [n, inter] each of the MLP's input norm (of eps ``eps``) of ``rows``
+    (``project_normalised``): one launch over gate/up packed, else one each (``mlp_inputs``)."""
+    products = [project_normalised(rows, eps, fused_weight(p)) for p in mlp_inputs(mlp)]
+    return tuple(products[0].chunk(2, dim=-1)) if len(products) == 1 else tuple(products)
+
+
+def swiglu_normalised(mlp: GatedMLP, rows, eps: float) -> torch.Tensor:
+    """act(gate) * up [n, inter] of the MLP's input norm of ``rows``: gate/up packed in one kernel with the
+    gating in its epilogue (``norm_project_swiglu``), else ``gate_up_normalised`` and a launch for the
+    gating."""
+    if mlp.gate_up is None:
+        return act_and_mul(mlp.act, *gate_up_normalised(mlp, rows, eps))
+    return projection_kernels().norm_project_swiglu(
+        kernel_rows(rows), eps, mlp.gate_up.weight, act=mlp.act
     )
 
 
@@ -352,12 +376,11 @@ def moe_block_fused(
 def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):
     """A gated MLP block (``mlp_fuses``) over rows (``NormedRows``: the stream made ready for the MLP's
     input norm, of eps ``eps``; or ``NormalisedRows``) -> the block's output stream, made ready for
-    ``next_norm`` when given. Two projection kernels: gate/up with the norm and the gating folded in, down
-    with the residual add."""
-    act = projection_kernels().norm_project_swiglu(
-        kernel_rows(rows), eps, mlp.gate_up.weight, act=mlp.act
+    ``next_norm`` when given. Two projection kernels: gate/up with the norm and the gating folded in
+    (``swiglu_normalised``), down with the residual add."""
+    return project_add_ready(
+        swiglu_normalised(mlp, rows, eps), mlp.down_proj, rows.stream, next_norm
     )
-    return project_add_ready(act, mlp.down_proj, rows.stream, next_norm)
 
 
 def fused_attention_output_and_mlp(

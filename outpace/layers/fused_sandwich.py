@@ -19,6 +19,7 @@ from outpace.layers.fused_decoder import (
     norm_offset,
     projection_kernels,
     reduced_product,
+    swiglu_normalised,
 )
 from outpace.layers.linear import is_sharded
 
@@ -128,7 +129,7 @@ def fused_sandwich_rest(
     post_attn, pre_mlp, post_mlp = norms
     o = _project_normed(attn, o_proj, post_attn)
     mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
-    act = kernels.norm_project_swiglu(mid, pre_mlp.eps, mlp.gate_up.weight, act=mlp.act)
+    act = swiglu_normalised(mlp, mid, pre_mlp.eps)
     down = _project_normed(act, mlp.down_proj, post_mlp)
     ready = None if next_norm is None else (next_norm.weight, norm_offset(next_norm))
     return kernels.add_normed(down, post_mlp.eps, mid.stream, ready, scale=scale)

@@ -672,8 +672,8 @@ class Step3p5DecoderLayer(nn.Module):
             mid = fused_decoder.project_add_ready(out, attn.o_proj, rows.stream, post)
             if mlp.limit is None:
                 return fused_decoder.mlp_fused(mlp, mid, post.eps, next_norm)
-            gate_up = fused_decoder.project_normalised(mid, post.eps, mlp.gate_up.weight)
-            act = clamped_swiglu(*gate_up.chunk(2, dim=-1), mlp.limit)  # [num_tokens, inter]
+            gate, up = fused_decoder.gate_up_normalised(mlp, mid, post.eps)
+            act = clamped_swiglu(gate, up, mlp.limit)  # [num_tokens, inter]
             return fused_decoder.project_add_ready(act, mlp.down_proj, mid.stream, next_norm)
         moe, shared = self.moe, self.share_expert
         return fused_decoder.moe_block_fused(

@@ -36,11 +36,13 @@ if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensor
 # layers with a shared expert (n_shared_experts 1: one shared slot of the routed experts' width); in block FP8
 # every projection as DeepSeek-V3's checkpoint stores it, the routed and shared experts, the dense MLP and o_proj
 # included (their fp8 products finish the residual add and the next norm), in 8 x 64 scale blocks: the grouped
-# kernels' (K steps of whole blocks of >= 64 columns, each expert's 24 rows whole blocks)
+# kernels' (K steps of whole blocks of >= 64 columns, each expert's 24 rows whole blocks), the dense MLP's 84
+# rows not (its gate and up do not pack and fold the norm in a launch each, as DeepSeek-V2-Lite's 10944 rows in
+# 128-row blocks)
 VARIANTS = {
     "v2": ("v2-greedy", dict(q_lora_rank=None), False),
     "v3": ("v3-yarn", {}, False),
-    "v3-fp8": ("v3-yarn", {}, True),
+    "v3-fp8": ("v3-yarn", dict(intermediate_size=84), True),
 }
 
 
@@ -128,10 +130,12 @@ def test_deepseek_layers_fused_compute_the_eager_forward(
     # every layer fused: the dense one, then the MoE ones
     assert fused_layers == [False, True, True]
     if VARIANTS[variant][2]:
-        # fp8: the dense o_proj readies the post-attention norm, which gate/up folds in, and down_proj the next
-        # layer's input norm; a MoE layer's o_proj readies its norm where the block takes the stream so
-        assert finished[:3] == [(False, True), (True, False), (False, True)], finished
-        assert finished[3:] == [(False, moe_kernels)] * 2, finished
+        # fp8: the dense o_proj readies the post-attention norm, which gate and up fold in, and down_proj the
+        # next layer's input norm; a MoE layer's o_proj readies its norm where the block takes the stream so
+        assert finished[:4] == [(False, True), (True, False), (True, False), (False, True)], (
+            finished
+        )
+        assert finished[4:] == [(False, moe_kernels)] * 2, finished
     # Folded into the projections: every input norm, the dense layer's post-attention norm, the final norm
     # (the LM head's kernel); a MoE block's too where it routes on the kernels, else it reads its input
     # materialised (one norm launch each)
