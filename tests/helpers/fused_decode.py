@@ -38,3 +38,20 @@ def decode_forward(path: Path, monkeypatch, dtype: torch.dtype, fusable):
         logits = model.compute_logits(out.hidden_states)
     monkeypatch.undo()
     return logits.float(), [torch.stack(c).float() for c in caches]
+
+
+def record_fp8_epilogues(monkeypatch) -> list[tuple[bool, bool]]:
+    """A spy on the fused stack's fp8 products (layers/fused_projection.py ``_quantized_launch``) until the
+    monkeypatch is undone: the list it returns gets, for each product, (the input norm folded in, the next norm
+    readied) from its ``RowEpilogue``."""
+    from outpace.layers import fused_projection
+
+    finished = []
+    real = fused_projection.quant_matmul
+
+    def product(*args, epilogue=None, **kwargs):
+        finished.append((epilogue.row_norm is not None, epilogue.next_norm is not None))
+        return real(*args, epilogue=epilogue, **kwargs)
+
+    monkeypatch.setattr(fused_projection, "quant_matmul", product)
+    return finished

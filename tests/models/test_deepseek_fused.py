@@ -16,14 +16,14 @@ pytest.importorskip("triton")
 import outpace.cache.kv_cache as kv_cache  # noqa: E402
 import outpace.layers.mla as mla_module  # noqa: E402
 from helpers.deepseek_models import SMALL, make_hf_deepseek  # noqa: E402
-from helpers.fused_decode import decode_forward  # noqa: E402
+from helpers.fused_decode import decode_forward, record_fp8_epilogues  # noqa: E402
 from helpers.hf_models import save_hf_model  # noqa: E402
 from helpers.quantized_checkpoints import (  # noqa: E402
     block_fp8_config,
     is_projection,
     write_quantized,
 )
-from outpace.layers import fused_decoder, fused_projection  # noqa: E402
+from outpace.layers import fused_decoder  # noqa: E402
 from outpace.layers.mla import MultiHeadLatentAttention  # noqa: E402
 from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
 from outpace.layers.norm import RMSNorm  # noqa: E402
@@ -117,14 +117,7 @@ def test_deepseek_layers_fused_compute_the_eager_forward(
         return real(self, positions, rows, next_norm)
 
     monkeypatch.setattr(DeepseekDecoderLayer, "forward_fused", counted)
-    finished = []  # the fp8 products' epilogues: (input norm folded in, next norm readied)
-    real_product = fused_projection.quant_matmul
-
-    def product(*args, epilogue=None, **kwargs):
-        finished.append((epilogue.row_norm is not None, epilogue.next_norm is not None))
-        return real_product(*args, epilogue=epilogue, **kwargs)
-
-    monkeypatch.setattr(fused_projection, "quant_matmul", product)
+    finished = record_fp8_epilogues(monkeypatch)  # (input norm folded in, next norm readied)
     norms_run = []
     logits, caches = _decode(path, monkeypatch, True, moe_kernels, norms_run)
     # every layer fused: the dense one, then the MoE ones

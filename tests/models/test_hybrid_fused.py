@@ -8,6 +8,7 @@ there, where the eager path runs one before every mixer and every MLP."""
 import pytest
 import torch
 
+from helpers.fused_decode import record_fp8_epilogues
 from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
 from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
 
@@ -17,7 +18,7 @@ from outpace.attention import build_paged_metadata, forward_context  # noqa: E40
 from outpace.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from outpace.cache.block_pool import BlockPool  # noqa: E402
 from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
-from outpace.layers import fused_decoder, fused_projection  # noqa: E402
+from outpace.layers import fused_decoder  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.linear import linear  # noqa: E402
 from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
@@ -207,14 +208,7 @@ def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
         checkpoints(variant), tmp_path, "fp8_block", quantize, config, torch.bfloat16
     )
     want = _served_step(path, monkeypatch, False, "verify of 3")
-    finished = []  # the fp8 products' epilogues: (input norm folded in, next norm readied)
-    real = fused_projection.quant_matmul
-
-    def product(*args, epilogue=None, **kwargs):
-        finished.append((epilogue.row_norm is not None, epilogue.next_norm is not None))
-        return real(*args, epilogue=epilogue, **kwargs)
-
-    monkeypatch.setattr(fused_projection, "quant_matmul", product)
+    finished = record_fp8_epilogues(monkeypatch)  # (input norm folded in, next norm readied)
     fused_layers = []
     real_forward = Qwen3NextDecoderLayer.forward_fused
 
