@@ -25,7 +25,7 @@ from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.linear import column_parallel, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.linear import Fp8Block, QuantizedLinear
+from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, QuantizedLinear
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 
@@ -193,11 +193,17 @@ class PackedProjection:
         self.sizes = [p.out_features for p in projections]
         self.bias = None
         if isinstance(projections[0], QuantizedLinear):
-            self.weight = Fp8Weight.packed([p.fp8_weight() for p in projections])
+            parts = [p.fp8_weight() for p in projections]
+            per_tensor = isinstance(projections[0].format, Fp8Tensor)
+            self.weight = (Fp8Weight.packed_per_tensor if per_tensor else Fp8Weight.packed)(parts)
             start = 0
             for p, size in zip(projections, self.sizes):
                 part = self.weight.rows(start, start + size)
-                p.stored_weight.data, p.scale.data = part.weight, part.scale
+                p.stored_weight.data = part.weight
+                if (
+                    not per_tensor
+                ):  # (a per-tensor part keeps its one scale, copied into its blocks)
+                    p.scale.data = part.scale
                 start += size
             return
         self.weight = torch.cat([p.weight.data for p in projections])  # [sum(out), in]
@@ -216,11 +222,17 @@ class PackedProjection:
 
 
 def packable(projections: list[nn.Module]) -> bool:
-    """Whether ``PackedProjection`` packs these: half-precision projections, or block-FP8 ones without bias
-    of one block and scale dtype whose parts (but the last) hold whole blocks of rows. Other quantized
-    projections (per-tensor FP8: a scale each; INT4) stay separate."""
+    """Whether ``PackedProjection`` packs these: half-precision projections, block-FP8 ones without bias of one
+    block and scale dtype whose parts (but the last) hold whole blocks of rows, or per-tensor FP8 ones without
+    bias of one scale dtype (``Fp8Weight.packed_per_tensor``: blocks of their rows' common divisor). INT4
+    projections stay separate."""
     if all(isinstance(p, nn.Linear) for p in projections):
         return True
+    if all(
+        isinstance(p, QuantizedLinear) and isinstance(p.format, Fp8Tensor) and p.bias is None
+        for p in projections
+    ):
+        return len({p.scale.dtype for p in projections}) == 1
     if not all(
         isinstance(p, QuantizedLinear) and isinstance(p.format, Fp8Block) and p.bias is None
         for p in projections

@@ -250,27 +250,26 @@ def test_fused_decoder_layers_over_block_fp8_compute_the_dequantized_model(tmp_p
 
 def test_packable_takes_block_fp8_parts_of_whole_blocks_only():
     """q/k/v or gate/up pack in fp8 where every part but the last is whole blocks of rows and they share a
-    block; per-tensor FP8 (a scale each) and projections of mixed storage stay separate."""
+    block (per-tensor FP8: ``test_per_tensor_fp8_parts_pack_at_their_own_scales``); projections of mixed
+    storage stay separate."""
     from torch import nn
 
     from outpace.layers.decoder import PackedProjection, packable
     from outpace.layers.quant.linear import FORMATS, QuantizedLinear
-    from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, QuantScheme
+    from outpace.layers.quant.scheme import FP8_BLOCK, QuantScheme
 
-    def fp8(out, block=(16, 16), method=FP8_BLOCK):
-        scheme = QuantScheme(method, "test", block=block if method == FP8_BLOCK else None)
-        layer = QuantizedLinear(FORMATS[method](scheme), 32, out, False, torch.float32)
-        weight, scale = quantize_fp8_block(_rand(out, 32, seed=out), (16, 16))
-        layer.stored_weight.data = weight
-        if method == FP8_BLOCK:
-            layer.scale.data = scale
+    def fp8(out, block=(16, 16)):
+        scheme = QuantScheme(FP8_BLOCK, "test", block=block)
+        layer = QuantizedLinear(FORMATS[FP8_BLOCK](scheme), 32, out, False, torch.float32)
+        layer.stored_weight.data, layer.scale.data = quantize_fp8_block(
+            _rand(out, 32, seed=out), (16, 16)
+        )
         return layer
 
     assert packable([fp8(32), fp8(16), fp8(16)])
     assert packable([fp8(32), fp8(8)])  # (the last part may end inside a block)
     assert not packable([fp8(8), fp8(32)])
     assert not packable([fp8(32), fp8(32, block=(32, 16))])
-    assert not packable([fp8(32, method=FP8_TENSOR), fp8(32, method=FP8_TENSOR)])
     assert not packable([fp8(32), nn.Linear(32, 32, bias=False)])
     q, k = fp8(32), fp8(16)
     before = [p.dequantized() for p in (q, k)]
@@ -281,3 +280,45 @@ def test_packable_takes_block_fp8_parts_of_whole_blocks_only():
     x = _rand(3, 32, seed=7)
     for got, p in zip(packed(x), (q, k)):
         _close(got, F.linear(x.double(), p.dequantized().double()))
+
+
+@PATHS
+def test_per_tensor_fp8_parts_pack_at_their_own_scales(invariant):
+    """ModelOpt's q/k/v (a scale each) pack as block FP8 of their rows' common divisor, each block at its
+    part's scale (``Fp8Weight.packed_per_tensor``): each part's values unchanged, the packed product (both
+    paths) each part's own; not beside a block-FP8 part."""
+    from outpace.layers.decoder import PackedProjection, packable
+    from outpace.layers.quant.linear import FORMATS, QuantizedLinear
+    from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, QuantScheme
+
+    def per_tensor(out, magnitude):
+        layer = QuantizedLinear(
+            FORMATS[FP8_TENSOR](QuantScheme(FP8_TENSOR, "test")), 40, out, False, torch.float32
+        )
+        layer.stored_weight.data, layer.scale.data = quantize_fp8_tensor(
+            _rand(out, 40, seed=out) * magnitude
+        )
+        return layer
+
+    parts = [per_tensor(48, 1.0), per_tensor(16, 30.0), per_tensor(24, 0.01)]  # rows' divisor: 8
+    block = QuantizedLinear(
+        FORMATS[FP8_BLOCK](QuantScheme(FP8_BLOCK, "test", block=(8, 16))),
+        40,
+        8,
+        False,
+        torch.float32,
+    )
+    assert not packable([parts[0], block])
+    assert packable(parts)
+    before = [p.dequantized() for p in parts]
+    packed = PackedProjection(parts)
+    assert packed.weight.block == (8, 64) and packed.weight.scale.shape == (11, 1)
+    for p, dense in zip(parts, before):
+        assert torch.equal(p.dequantized(), dense)
+    x = _rand(3, 40, seed=9)
+    weight = Fp8Weight(
+        *(t.to(DEVICE) for t in (packed.weight.weight, packed.weight.scale)), (8, 64)
+    )
+    with forward_settings(batch_invariant=invariant):
+        out = project_rows(x.to(DEVICE, _dtype()), weight)
+    _close(out, F.linear(x.double(), torch.cat(before).double()))

@@ -10,7 +10,12 @@ import torch
 
 from helpers.fused_decode import record_fp8_epilogues
 from helpers.hybrid_models import HYBRIDS, make_hybrid, save_hybrid
-from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+from helpers.quantized_checkpoints import (
+    block_fp8_config,
+    is_projection,
+    modelopt_config,
+    write_quantized,
+)
 
 pytest.importorskip("triton")
 
@@ -25,7 +30,6 @@ from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
 from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
-from outpace.models.qwen3_next import Qwen3NextDecoderLayer  # noqa: E402
 
 if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)
     pytest.skip("forces the fused path onto CPU tensors", allow_module_level=True)
@@ -180,18 +184,33 @@ def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monk
     assert len(fused) == MATERIALISED[variant]
 
 
-# case -> (variant, the projections quantized, quantization config), block FP8 with bf16 scales (8-row blocks:
-# q/k/v pack in whole blocks): Qwen3-Next-FP8's published layout (in_proj_ba and the norms, A_log, conv1d,
-# dt_bias kept in bf16: the in-projections do not pack, and fuse one launch each), and every projection in fp8
-# (as bench/families.py --quantized fp8 lays the model out: the in-projections pack). (Per-tensor FP8, Nemotron-H's
-# ModelOpt layout, packs no q/k/v: its stack stays eager.)
+# case -> (variant, format, the projections quantized, quantization config, scale dtype): Qwen3-Next-FP8's
+# published layout (block FP8, bf16 scales; in_proj_ba and the norms, A_log, conv1d, dt_bias kept in bf16: the
+# in-projections do not pack, and fold the norm one launch each), Qwen3-Next with every projection in fp8 (as
+# bench/families.py --quantized fp8 lays it out: they pack), in 8-row blocks (q/k/v pack in whole blocks), and
+# Nemotron-H in ModelOpt's per-tensor FP8 (q/k/v pack as blocks of their rows' divisor, a scale each)
 QUANTIZED = {
     "qwen3_next_fp8": (
         "qwen3_next",
+        "fp8_block",
         lambda name: is_projection(name) and "in_proj_ba" not in name,
         block_fp8_config((8, 16), modules_to_not_convert=["lm_head", "in_proj_ba"]),
+        torch.bfloat16,
     ),
-    "qwen3_next_all_fp8": ("qwen3_next", is_projection, block_fp8_config((8, 16))),
+    "qwen3_next_all_fp8": (
+        "qwen3_next",
+        "fp8_block",
+        is_projection,
+        block_fp8_config((8, 16)),
+        torch.bfloat16,
+    ),
+    "nemotron_h_modelopt": (
+        "nemotron_h",
+        "fp8_tensor",
+        is_projection,
+        modelopt_config(["lm_head"]),
+        torch.float32,
+    ),
 }
 
 
@@ -202,24 +221,15 @@ def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
     """The hybrids in fp8 on the fused stack: each block's fp8 input projection folds the input norm into its
     quantized product and its output projection adds the residual and readies the next norm in the product's
     store (layers/fused_projection.py ``_quantized_launch``); a verify step gives the eager step's logits, KV
-    and states."""
-    variant, quantize, config = QUANTIZED[case]
-    path, _ = write_quantized(
-        checkpoints(variant), tmp_path, "fp8_block", quantize, config, torch.bfloat16
-    )
+    and states, every layer on the stack (no block norm of its own but a MoE's: ``MATERIALISED``)."""
+    variant, method, quantize, config, scale_dtype = QUANTIZED[case]
+    path, _ = write_quantized(checkpoints(variant), tmp_path, method, quantize, config, scale_dtype)
     want = _served_step(path, monkeypatch, False, "verify of 3")
     finished = record_fp8_epilogues(monkeypatch)  # (input norm folded in, next norm readied)
-    fused_layers = []
-    real_forward = Qwen3NextDecoderLayer.forward_fused
-
-    def counted(self, positions, rows, next_norm):
-        fused_layers.append(self.is_linear)
-        return real_forward(self, positions, rows, next_norm)
-
-    monkeypatch.setattr(Qwen3NextDecoderLayer, "forward_fused", counted)
-    got = _served_step(path, monkeypatch, True, "verify of 3")
+    norms_run = []
+    got = _served_step(path, monkeypatch, True, "verify of 3", norms_run)
     _assert_same_step(got, want)
-    assert fused_layers == [True, False, True, True]  # every layer on the fused stack
+    assert len(norms_run) == MATERIALISED[variant]
     assert (True, False) in finished and (False, True) in finished, finished
 
 

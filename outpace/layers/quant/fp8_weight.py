@@ -5,6 +5,7 @@ weight. No Triton here: the CPU builds and dequantizes it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,17 @@ class Fp8Weight:
                 )
         weight = torch.cat([p.weight for p in parts])
         return cls(weight, torch.cat([p.scale for p in parts]), block)
+
+    @classmethod
+    def packed_per_tensor(cls, parts: list[Fp8Weight]) -> Fp8Weight:
+        """Per-tensor parts (``per_tensor``: one scale each, ModelOpt's) one after another as block FP8: blocks
+        of their row counts' greatest common divisor by a power of two >= K columns, each block's scale its
+        part's (copied into the packed scale [rows / divisor, 1]), so the block kernels read every part at its
+        own scale."""
+        rows = math.gcd(*(p.shape[0] for p in parts))
+        scale = torch.cat([p.scale.reshape(1, 1).expand(p.shape[0] // rows, 1) for p in parts])
+        weight = torch.cat([p.weight for p in parts])
+        return cls(weight, scale, (rows, _power_of_two_from(weight.shape[1])))
 
     @property
     def shape(self) -> torch.Size:
