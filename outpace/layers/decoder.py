@@ -200,9 +200,8 @@ class PackedProjection:
             for p, size in zip(projections, self.sizes):
                 part = self.weight.rows(start, start + size)
                 p.stored_weight.data = part.weight
-                if (
-                    not per_tensor
-                ):  # (a per-tensor part keeps its one scale, copied into its blocks)
+                # (a per-tensor part keeps its one scale: its blocks hold copies of it)
+                if not per_tensor:
                     p.scale.data = part.scale
                 start += size
             return

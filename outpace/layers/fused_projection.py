@@ -50,8 +50,9 @@ depend on its own input row only, whether it is decoded alone or verified among 
 Weights stored in fp8 (``Fp8Weight``): outside batch-invariant mode the plain and SwiGLU entries hand them to the
 split-K quantized product (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than these
 kernels' stream and finishes its tiles with the same epilogue (the input norm's factor, relu^2, the residual,
-the next norm readied; SwiGLU's gating a launch after it): ``quantized_rows_apply``. On DeepSeek-V2-Lite in
-block FP8 that puts the whole stack on the fused residual path, whose layers ran eagerly before.
+the next norm readied; SwiGLU's gating a launch after it): ``quantized_rows_apply``. That puts fp8 models on
+the fused residual stack (DeepSeek-V2-Lite's block-FP8 layers ran eagerly before, each block norm a launch of
+its own: benchmarks/results/gpu_2026-12-01i).
 
 On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py): a kernel's
 programs start while the previous kernel drains, prefetch their first weight tiles into L2 (weights

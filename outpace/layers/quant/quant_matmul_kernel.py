@@ -242,9 +242,8 @@ def _quant_matmul_kernel(
         out = total.to(out_ptr.dtype.element_ty)
         out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
         tl.store(out_ptrs, out, mask=out_mask)
-        if (
-            NEXT_NORM
-        ):  # the stream as stored, made ready for the next norm (layers/fused_projection.py)
+        # the stream as stored, made ready for the next norm (layers/fused_projection.py NormedRows)
+        if NEXT_NORM:
             s = tl.where(out_mask, out.to(tl.float32), 0.0)
             w_next = (
                 tl.load(next_norm_ptr + cols, mask=n_ok, other=0.0).to(tl.float32) + next_offset
