@@ -546,6 +546,22 @@ def _combine_kernel(
     )
 
 
+def tile_rows(max_query_len: int, heads: int, fp32: bool) -> int:
+    """BLOCK_M of ``_mla_kernel`` (and its merge) outside batch-invariant mode: 16 (token, head) rows where one
+    query token's heads fill them (or in float32), else 32."""
+    return 16 if fp32 or max_query_len * heads <= 16 else 32
+
+
+def kv_splits(programs: int, max_kv_rows: int, block_n: int, device: torch.device) -> int:
+    """The split-KV heuristic's split count for ``programs`` row tiles over block tables of ``max_kv_rows``
+    rows (module docstring): about ``_PROGRAMS_PER_SM`` programs an SM, at most one split a KV tile and
+    ``_MAX_SPLITS``; one where the row tiles alone fill the GPU."""
+    target = _PROGRAMS_PER_SM * num_sms(device)
+    if programs >= target:
+        return 1
+    return max(1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS))
+
+
 def _combine_launch(
     num_tokens: int, heads: int, width: int, num_splits: int, invariant: bool, device: torch.device
 ) -> tuple[int, int]:
@@ -639,19 +655,12 @@ def _attend(
         min_split = invariant_split_rows  # _split_len is then S for every kv_end <= max_kv_rows
         num_splits = math.ceil(max_kv_rows / min_split)
     else:
-        block_m = 16 if fp32 or meta.max_query_len * heads <= 16 else 32
+        block_m = tile_rows(meta.max_query_len, heads, fp32)
         min_split = block_n  # a caller's num_splits (tests) is taken as given
     tiles = math.ceil(meta.max_query_len * heads / block_m)
     if num_splits is None:
         min_split = max(block_n, min_split_rows // block_n * block_n)
-        programs, target = meta.num_seqs * tiles, _PROGRAMS_PER_SM * num_sms(device)
-        num_splits = (
-            1
-            if programs >= target
-            else max(
-                1, min(math.ceil(target / programs), math.ceil(max_kv_rows / block_n), _MAX_SPLITS)
-            )
-        )
+        num_splits = kv_splits(meta.num_seqs * tiles, max_kv_rows, block_n, device)
     out_width = rank if up is None else up.shape[1]
     out = torch.empty(num_tokens, heads, out_width, dtype=q_parts.dtype, device=device)
     partials = (

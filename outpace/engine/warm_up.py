@@ -26,7 +26,11 @@ programs: split KV), and as a full batch without a prefix (many programs: unspli
 to ``LONGEST_WARM_CHUNK`` and the step's budget, run the same pair of lengths alone after no prefix and after
 one block: past the tiles only grids change. Powers of two alone let DeepSeek's MTP engine on the H200
 compile MoE routing, MLA merge and projection variants (0.5 to 4.5 s each) inside timed requests, whose
-prefix-cache suffixes fell between powers (benchmarks/results/gpu_2026-12-01h, calls 1 and 3).
+prefix-cache suffixes fell between powers (benchmarks/results/gpu_2026-12-01h, calls 1 and 3). Last, batches
+of one-token chunks (each power of two up to ``max_seqs``) after each power-of-two prefix up to
+``LONGEST_ONE_TOKEN_PREFIX``: a step whose every request is a prefix-cache hit but its last token has tiles of one
+token's heads and KV splits that follow its prefix, an MLA merge variant that no lone chunk and no prefix-free
+batch meets (``tests/engine/test_warm_up.py`` counts them from the launch rules; not yet observed on a GPU).
 
 Drafters absorb each chunk as they would a prompt's; the prefixes are taken as prefix-cache hits (their
 rows' contents do not matter: the outputs are dropped). On an engine with prefill graphs the lone chunks
@@ -57,6 +61,11 @@ LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables sel
 # logit splits reach one at 4096 tokens for the fewest experts, the attention's KV splits when its query tiles
 # fill the GPU), and with them compile-time values (the routing kernel's SPLITS, the attention merge's width).
 LONGEST_WARM_CHUNK = 4096
+# Batches of one-token chunks (every request a prefix-cache hit but its last token) after prefixes up to this: the
+# attention's KV splits then follow the prefix (a split a KV tile, at most about two programs an SM over the
+# batch), and with them the MLA merge's token tiles, up to 16 splits (512 rows); one token a row tile, its own
+# tile height.
+LONGEST_ONE_TOKEN_PREFIX = 512
 
 
 def scratch_prefill(
@@ -93,12 +102,24 @@ def scratch_prefill(
 def warm_up_prefills(
     runner, pool: BlockPool, max_seqs: int, max_batched_tokens: int, max_len: int
 ) -> None:
-    """Run the module docstring's warm-up chunks: those whose rows fit ``max_len`` and the pool's free
-    blocks, in batches within ``max_seqs`` and ``max_batched_tokens``."""
+    """Run the module docstring's warm-up chunks (``warm_up_steps``)."""
+    steps = warm_up_steps(pool, max_seqs, max_batched_tokens, max_len)
+    for lengths, params, prefix in tqdm(
+        steps, desc="warming up prefill kernels", disable=len(steps) < 8
+    ):
+        scratch_prefill(runner, pool, lengths, params, prefix)
+
+
+def warm_up_steps(
+    pool: BlockPool, max_seqs: int, max_batched_tokens: int, max_len: int
+) -> list[tuple[list[int], SamplingParams | None, int]]:
+    """The module docstring's warm-up chunks whose rows fit ``max_len`` and the pool's free blocks, in batches
+    within ``max_seqs`` and ``max_batched_tokens``: (chunk lengths, sampling parameters or None for greedy, the
+    rows before each chunk) of each scratch prefill, in order."""
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=1, seed=0)
 
-    def fits(rows: int) -> bool:
-        return rows < max_len and pool.blocks_needed(rows) <= pool.num_free
+    def fits(rows: int, seqs: int = 1) -> bool:
+        return rows < max_len and seqs * pool.blocks_needed(rows) <= pool.num_free
 
     steps = []  # (lengths, params, prefix) of each scratch prefill
     for length in warm_query_lengths(LONGEST_WARM_QUERY):
@@ -120,10 +141,13 @@ def warm_up_prefills(
             break
         prefixes = [0, pool.block_size] if fits(pool.block_size + length) else [0]
         steps += [([length], sampled, prefix) for prefix in prefixes]
-    for lengths, params, prefix in tqdm(
-        steps, desc="warming up prefill kernels", disable=len(steps) < 8
-    ):
-        scratch_prefill(runner, pool, lengths, params, prefix)
+    for batch in _powers_of_two(2, min(max_seqs, max_batched_tokens)):
+        steps += [
+            ([1] * batch, None, prefix)
+            for prefix in _powers_of_two(SHORTEST_WARM_PREFIX, LONGEST_ONE_TOKEN_PREFIX)
+            if prefix % pool.block_size == 0 and fits(prefix + 1, batch)
+        ]
+    return steps
 
 
 def warm_query_lengths(longest: int) -> list[int]:

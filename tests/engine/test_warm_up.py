@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import triton
 
 from outpace import LLM, SamplingParams
+from outpace.attention import mla_kernels
+from outpace.cache.block_pool import BlockPool
 from outpace.config import SpeculativeConfig
 from outpace.engine.warm_up import (
     LONGEST_WARM_CHUNK,
@@ -16,6 +19,7 @@ from outpace.engine.warm_up import (
     long_chunk_lengths,
     warm_query_lengths,
     warm_up_prefills,
+    warm_up_steps,
 )
 from outpace.layers.moe_routing_kernel import logit_splits
 
@@ -58,6 +62,10 @@ def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
         expected.append([(0, n)] * min(4, 256 // n))
     # longer chunks, up to the budget of 256 tokens, alone after no prefix and after one block
     expected += [[(p, n)] for n in (255, 256) for p in (0, 16)]
+    # batches of one-token chunks after prefixes of 16 to 512 rows (four of 513 rows would need 132 of the 96
+    # blocks)
+    expected += [[(p, 1)] * 2 for p in (16, 32, 64, 128, 256, 512)]
+    expected += [[(p, 1)] * 4 for p in (16, 32, 64, 128, 256)]
     assert steps == expected
     assert engine.pool.num_free == free_blocks and not engine.pool.held_by
     assert engine.runner.req_table.num_free == free_rows and not engine.runner.req_table.held_by
@@ -99,6 +107,8 @@ def test_warm_up_stops_at_what_the_pool_and_context_hold():
     expected = []
     for n, prefixes, batch in chunks:
         expected += [[(p, n)] for p in prefixes] + ([[(0, n)] * batch] if batch > 1 else [])
+    # one-token chunks after a prefix: two of 17 or 33 rows (2 or 3 blocks each) fit the 6 blocks, no four
+    expected += [[(16, 1)] * 2, [(32, 1)] * 2]
     assert steps == expected
     assert llm.engine.pool.num_free == 6
 
@@ -149,4 +159,40 @@ def test_warm_up_lengths_meet_every_routing_split(hidden, experts):
     missed = [n for n in counts if logit_splits(n, hidden, experts) not in warmed]
     assert not missed, (
         f"token counts whose routing splits the warm-up does not compile: {missed[:20]}"
+    )
+
+
+def _mla_merge_variant(seqs: int, query_len: int, table_rows: int) -> tuple[int, int, int]:
+    """The MLA merge's compile-time tiles (BLOCK_M, BLOCK_T, CHUNK: attention/mla_kernels.py) for a prefill step
+    of ``seqs`` chunks of ``query_len`` tokens over block tables of ``table_rows`` rows, at DeepSeek-V2-Lite's
+    shape (16 heads, W_UV's 128 rows, bf16) on an H200 (132 SMs)."""
+    device = torch.device("cpu")
+    block_m = mla_kernels.tile_rows(query_len, 16, False)
+    tiles = -(-query_len * 16 // block_m)
+    splits = mla_kernels.kv_splits(seqs * tiles, table_rows, 32, device)
+    return (block_m, *mla_kernels._combine_launch(seqs * query_len, 16, 128, splits, False, device))
+
+
+def test_warm_up_meets_every_mla_merge_of_one_token_chunks(monkeypatch):
+    # A step of several one-token chunks, each a prefix-cache hit but its last token, has one token's heads a
+    # tile and KV splits that follow its prefix: merge tiles that the lone chunks and the prefix-free batches
+    # of the warm-up do not compile (BLOCK_T 1 with a CHUNK of 32 or 64 for four or more such chunks)
+    monkeypatch.setattr(mla_kernels, "num_sms", lambda device: 132)
+    pool, max_seqs = BlockPool(8192, 16), 32
+    warmed = {
+        _mla_merge_variant(
+            len(lengths), max(lengths), pool.blocks_needed(prefix + max(lengths)) * 16
+        )
+        for lengths, _, prefix in warm_up_steps(pool, max_seqs, 4096, 8192)
+    }
+    missed = sorted(
+        {
+            (seqs, prefix)
+            for seqs in range(1, max_seqs + 1)
+            for prefix in range(0, 4097, 16)
+            if _mla_merge_variant(seqs, 1, pool.blocks_needed(prefix + 1) * 16) not in warmed
+        }
+    )
+    assert not missed, (
+        f"(chunks, prefix rows) of one-token steps that compile in a request: {missed[:10]}"
     )
