@@ -29,16 +29,19 @@ ENGINE = dict(
 )
 
 
-def _engine(target: str, draft: str) -> LLM:
-    return LLM(
-        str(ZOO / target),
-        speculative=SpeculativeConfig("eagle3", str(ZOO / draft), num_steps=3),
-        **ENGINE,
+def _engine(target: str, draft: str | None) -> LLM:
+    """The target with its EAGLE3 draft, or (``draft`` None) its own MTP layers."""
+    spec = (
+        SpeculativeConfig("mtp", num_steps=2)
+        if draft is None
+        else SpeculativeConfig("eagle3", str(ZOO / draft), num_steps=3)
     )
+    return LLM(str(ZOO / target), speculative=spec, **ENGINE)
 
 
 @pytest.mark.parametrize(
-    "target,draft", [("tinypy", "tinypy-eagle3"), ("tinyqwen35", "tinyqwen35-eagle3")]
+    "target,draft",
+    [("tinypy", "tinypy-eagle3"), ("tinyqwen35", "tinyqwen35-eagle3"), ("tinyds", None)],
 )
 def test_warm_up_leaves_the_engine_as_it_found_it(target, draft):
     warmed, fresh = _engine(target, draft), _engine(target, draft)
