@@ -491,9 +491,11 @@ def _launch(
     sq_in, eps = epilogue.row_norm or (out, 0.0)
     res = out if epilogue.residual is None else epilogue.residual
     w_next, next_offset, normed, sq_out = epilogue.next_norm or (out, 0.0, out, out)
-    if epilogue.next_norm is not None and (
-        sq_out.shape[0] != grid[1] or normed.stride() != (n, 1) or res.stride(1) != 1
-    ):
+    if epilogue.residual is not None and res.stride(1) != 1:
+        raise ValueError(
+            f"the residual an epilogue adds has unit column stride, not {res.stride(1)}"
+        )
+    if epilogue.next_norm is not None and (sq_out.shape[0] != grid[1] or normed.stride() != (n, 1)):
         raise ValueError(
             f"a next norm's outputs: contiguous normed rows and sums of squares for {grid[1]} column blocks"
             f" (got {sq_out.shape[0]})"
