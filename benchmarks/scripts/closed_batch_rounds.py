@@ -51,11 +51,12 @@ def engines(
 
 
 class StepLog:
-    """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None];
+    """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None, the
+    chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None];
     ``profile_first``: the first step of each run logged also under torch.profiler (``tables``)."""
 
     def __init__(self, llm: LLM, profile_first: bool = False) -> None:
-        self.on, self.steps, self._shape = False, [], None
+        self.on, self.steps, self._shape, self._believed = False, [], None, None
         self.profile_first, self.tables = profile_first, []
         engine = llm.engine
         real_step = engine.step
@@ -63,14 +64,14 @@ class StepLog:
         def step():
             if not self.on:
                 return real_step()
-            self._shape = None
+            self._shape = self._believed = None
             rows = sum(map(is_decoding, engine.scheduler.running))
             profiled = self.profile_first and not self.steps
             with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
                 t = time.perf_counter()
                 outputs = real_step()
                 wall = time.perf_counter() - t
-            self.steps.append([round(1e3 * wall, 3), rows, self._shape])
+            self.steps.append([round(1e3 * wall, 3), rows, self._shape, self._believed])
             if profiled:
                 self.tables.append(
                     prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
@@ -81,10 +82,12 @@ class StepLog:
         for chooser in engine.choosers.values():
             choose = chooser.choose
 
-            def watched(*args, _choose=choose, **kwargs):
-                shape = _choose(*args, **kwargs)
+            def watched(bucket, *args, _choose=choose, _chooser=chooser, **kwargs):
+                shape = _choose(bucket, *args, **kwargs)
                 if self._shape is None:  # (the step's own; a step run ahead chooses after it)
                     self._shape = f"{shape.num_steps}x{shape.topk}" if shape.num_steps else "plain"
+                    cost = _chooser.costs.get((bucket, shape))
+                    self._believed = None if cost is None else round(1e3 * cost, 3)
                 return shape
 
             chooser.choose = watched
@@ -95,16 +98,16 @@ def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
     phases (first step, decode steps with every request, the tail) in ms."""
 
     def phases(steps: list) -> tuple[float, float, float, int]:
-        full = max(rows for _, rows, _ in steps)
-        body = [ms for ms, rows, _ in steps[1:] if rows == full]
-        return steps[0][0], sum(body), sum(ms for ms, _, _ in steps[1 + len(body) :]), len(body)
+        full = max(step[1] for step in steps)
+        body = [step[0] for step in steps[1:] if step[1] == full]
+        return steps[0][0], sum(body), sum(step[0] for step in steps[1 + len(body) :]), len(body)
 
     lines = []
     for (name, b, t), steps in logs.items():
         if name == "none":
             continue
         plain = logs["none", b, t]
-        drafted = sum(1 for _, _, s in steps if s not in (None, "plain"))
+        drafted = sum(1 for step in steps if step[2] not in (None, "plain"))
         (f0, body0, tail0, n0), (f1, body1, tail1, n1) = phases(plain), phases(steps)
         lines.append(
             f"{name:<6} b{b:<3} t{t}: steps {len(plain)} -> {len(steps)} ({drafted} drafted); ms total "

@@ -40,10 +40,15 @@ longer (benchmarks/results/gpu_2026-12-01b, call 4). Medians of five interleaved
 quantile -> with it: n-gram at temperature 0.8 0.982x -> 0.991x (batch 8), 0.977x -> 0.987x (batch 32);
 greedy 1.317x -> 1.318x, 1.131x -> 1.105x; the standalone draft 1.07x to 1.18x either way.
 
-Every ``probe_every``-th step drafts a probe shape instead, in turn the longest chain and each tree, so that
+Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the deepest
+the steps since the last chain probe chose (none where they chose the longest) and each tree, so that
 acceptance past the chosen shape stays measured (otherwise a drafter judged useless once would never be
 tried again); not in a closed batch whose remaining steps are fewer than the probes' spacing, which no later
-choice of the batch would use. With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further
+choice of the batch would use. One draft deeper is what the next choice can use: a draft at depth j + 1 is
+reached only through depth j, so where depth j does not pay, nothing deeper does, and a chain that comes to pay
+is deepened a depth a probe. A probe of the longest chain instead cost a closed batch of n-gram requests at
+temperature 0.8 (their drafts rarely land) a step of four drafts, 1.6 ms over a plain step's 4.2 at batch 8 on
+the H200, where one draft costs 0.4 (benchmarks/results/gpu_2026-12-01f, call 2). With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further
 apart where they cost more: a probe's extra time over the cheapest shape's, in steps of that shape, is at most
 that fraction of the steps since the last probe. At batch 32 a probe costs 1.5 to 2.5 zero-draft steps (the
 H200's profiled chain costs, Qwen3.5 with EAGLE3 and MTP): one in 64 steps spent 2.3% of the time of a batch
@@ -189,11 +194,11 @@ class DraftLengthChooser:
         self._acceptance = {
             key: _DepthAcceptance(depth, prior) for key, depth in self._depths.items()
         }
-        longest_chain = max(
-            (s for s in self.shapes if s.is_chain), key=lambda s: s.num_steps, default=None
-        )
-        self.probes = [
-            s for s in self.shapes if s.num_steps and (not s.is_chain or s == longest_chain)
+        self._chains = [s for s in self.shapes if s.is_chain]  # by depth, plain decoding first
+        self._deepest_chosen = 0  # the deepest chain chosen since the last chain probe
+        # in turn: the chain probe (None: ``_chain_probe`` picks it when due), then each tree
+        self.probes: list[DraftShape | None] = [None] * (len(self._chains) > 1) + [
+            s for s in self.shapes if not s.is_chain
         ]
         self._own: dict[
             str, dict[DraftShape | str, _DepthAcceptance]
@@ -297,15 +302,39 @@ class DraftLengthChooser:
         step minimises the time until the batch's last token; None (requests waiting): the step maximises
         throughput (module docstring)."""
         self._since_probe += 1
-        if self.probes:
-            probe = self.probes[self._probes_taken % len(self.probes)]
+        due = self._next_probe()
+        if due is not None:
+            turn, probe = due
             interval = self._probe_interval(bucket, probe)
             if self._since_probe >= interval and (remaining is None or max(remaining) > interval):
-                self._since_probe, self._probes_taken = 0, self._probes_taken + 1
+                self._since_probe, self._probes_taken = 0, turn + 1
+                if probe.is_chain:
+                    self._deepest_chosen = 0
                 return probe
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
         if unknown:  # try it once: its cost is measured as it runs
             return unknown[-1]
+        chosen = self._best(bucket, request_ids, remaining)
+        if chosen.is_chain:
+            self._deepest_chosen = max(self._deepest_chosen, chosen.num_steps)
+        return chosen
+
+    def _next_probe(self) -> tuple[int, DraftShape] | None:
+        """The probe whose turn it is, and that turn: a tree, or the chain one draft deeper than the deepest chosen
+        since the last chain probe (module docstring), whose turn passes to the next tree where the longest chain
+        was chosen; None: nothing to probe."""
+        for turn in range(self._probes_taken, self._probes_taken + len(self.probes)):
+            probe = self.probes[turn % len(self.probes)]
+            if probe is None:
+                probe = next((s for s in self._chains if s.num_steps > self._deepest_chosen), None)
+            if probe is not None:
+                return turn, probe
+        return None
+
+    def _best(
+        self, bucket: int, request_ids: Sequence[str], remaining: Sequence[int] | None
+    ) -> DraftShape:
+        """The shape of the best rate for the batch (``choose``), every cost known."""
         rate, cost, reach = {}, 0.0, {}
         for s in self.shapes:  # NOTE: larger shapes never cost less: a cheaper timing is noise
             cost = max(cost, self.costs[bucket, s])

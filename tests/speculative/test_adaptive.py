@@ -189,8 +189,8 @@ def test_a_closed_batch_near_its_end_takes_no_probe():
         return chooser
 
     assert due().choose(2, ["a", "b"], remaining=[3, 3]) == DraftShape(0)
-    assert due().choose(2, ["a", "b"], remaining=[50, 50]) == DraftShape(2)
-    assert due().choose(2, ["a", "b"]) == DraftShape(2)
+    assert due().choose(2, ["a", "b"], remaining=[50, 50]) == DraftShape(1)
+    assert due().choose(2, ["a", "b"]) == DraftShape(1)
 
 
 def test_requests_whose_rates_differ_by_chance_share_the_batch_s_rate():
@@ -317,13 +317,30 @@ def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
     assert chooser.choose(32) == DraftShape(1)  # 2 tokens for 1.1 beats 5 for 3.0
 
 
-def test_probes_take_the_longest_chain_and_each_tree_in_turn():
+def test_probes_take_a_chain_one_draft_deeper_and_each_tree_in_turn():
+    """The chain probe is one draft past the deepest chain chosen since the last chain probe (a depth is reached
+    only through the one before it), then each tree in turn; where the longest chain is chosen, every depth is
+    measured already and only the trees are probed."""
     narrow, wide = DraftShape(5, 2, 16), DraftShape(5, 4, 16)
     chooser = DraftLengthChooser([DraftShape(k) for k in range(6)] + [wide, narrow], probe_every=2)
-    for s in chooser.shapes:
-        chooser.record_cost(1, s, 1.0)
+    for k, s in enumerate(chooser.shapes):
+        chooser.record_cost(1, s, 1.0 + k)  # steep: plain decoding is chosen
     probes = [chooser.choose(1) for _ in range(12)][1::2]
-    assert probes == [DraftShape(5), narrow, wide] * 2
+    assert probes == [DraftShape(1), narrow, wide] * 2
+    for _ in range(50):  # draft 1 always lands, draft 2 never: one draft is chosen
+        chooser.observe(DraftShape(2), [1])
+    chooser.record_cost(1, DraftShape(1), 1.1)
+    assert chooser.choose(1) == DraftShape(1)
+    assert [chooser.choose(1) for _ in range(6)][::2] == [DraftShape(2), narrow, wide]
+    cheap = DraftLengthChooser([DraftShape(k) for k in range(6)] + [wide, narrow], probe_every=2)
+    for s in cheap.shapes:  # every shape at one cost: the longest chain is chosen
+        cheap.record_cost(1, s, 1.0)
+    for _ in range(100):
+        cheap.observe(DraftShape(5), [5])
+        cheap.observe(narrow, [0])
+        cheap.observe(wide, [0])
+    assert cheap.choose(1) == DraftShape(5)
+    assert [cheap.choose(1) for _ in range(8)][::2] == [narrow, wide] * 2
 
 
 def test_every_unknown_cost_is_tried_once_and_probes_refresh_acceptance():
@@ -335,7 +352,9 @@ def test_every_unknown_cost_is_tried_once_and_probes_refresh_acceptance():
         tried.append(shape)
         chooser.record_cost(8, shape, 1.0 + shape.num_steps)
     assert sorted(s.num_steps for s in tried) == [0, 1, 2]
-    assert chooser.choose(8) == shapes[-1]  # the 4th step is a probe
+    assert (
+        chooser.choose(8) == shapes[1]
+    )  # the 4th step is a probe: one draft past plain decoding's
 
 
 @pytest.mark.parametrize("spec", [EAGLE3, EAGLE3_TREE], ids=["chain", "tree"])

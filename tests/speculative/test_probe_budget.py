@@ -16,15 +16,17 @@ STEPS = 3000
 
 @pytest.mark.parametrize("longest", [2.5, 1.3])
 def test_the_engines_probes_spend_at_most_the_budget(longest):
-    """The engine's chooser, a probe of the longest chain costing ``longest`` zero-draft steps, drafts never
-    accepted: the probes' extra time stays within the budget (at 2.5: a probe in 150 steps, not in 64), and
-    cheap probes come every 64 steps."""
+    """The engine's chooser, drafts never accepted and a probe (one draft past plain decoding's) costing
+    ``longest`` zero-draft steps: the probes' extra time stays within the budget (at 2.5: a probe in 150 steps,
+    not in 64), and cheap probes come every 64 steps."""
     spec = SpeculativeConfig("ngram", num_steps=4, adaptive=True)
     engine = LLMEngine(
         EngineConfig(model=ZOO, device="cpu", dtype="float32", speculative=spec), progress=False
     )
     chooser = engine.choosers[SamplingMode.GREEDY]
-    costs = {s: 1.0 + (longest - 1.0) * s.num_steps / 4 for s in engine.runner.shapes}
+    costs = {
+        s: longest + 0.05 * (s.num_steps - 1) if s.num_steps else 1.0 for s in engine.runner.shapes
+    }
     for shape, cost in costs.items():
         chooser.record_cost(32, shape, cost)
     spent = probes = 0.0
