@@ -796,13 +796,17 @@ def quantized_qkv_apply(x: torch.Tensor, weight) -> bool:
     return _quantized_product(weight) and _served_rows(x)
 
 
+# Rows the few-row kernels take at most outside batch-invariant mode (more: cuBLAS and the unfused chain).
+FEW_ROWS = MAX_ROWS
+
+
 def _served_rows(x: torch.Tensor) -> bool:
-    """Rows the few-row kernels take: half precision on the GPU, autograd off; few of them (M <= 16: decode
-    and small verify batches), or any number in batch-invariant mode (module docstring, Rows)."""
+    """Rows the few-row kernels take: half precision on the GPU, autograd off; few of them (M <= ``FEW_ROWS``:
+    decode and small verify batches), or any number in batch-invariant mode (module docstring, Rows)."""
     return (
         x.is_cuda
         and x.dim() == 2
-        and (x.shape[0] <= MAX_ROWS or batch_invariant())
+        and (x.shape[0] <= FEW_ROWS or batch_invariant())
         and x.dtype in (torch.bfloat16, torch.float16)
         and not torch.is_grad_enabled()
     )
