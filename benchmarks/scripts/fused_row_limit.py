@@ -2,8 +2,8 @@
 as ``bench.profile`` times it) at batches of 8 to 64 rows, with the fused kernels (layers/fused_projection.py)
 taking at most ``FEW_ROWS`` rows outside batch-invariant mode (more: cuBLAS and the unfused chain), for each
 limit given; 24 rows are what a verify of three tokens a sequence at batch 8 computes. Then one eager forward
-over real context at each batch, each limit's logits against the first limit's (the largest difference, the
-greedy tokens that differ).
+over the same cache blocks at each batch, each limit's logits against the first limit's (the largest difference,
+the greedy tokens that differ). Past 16 rows a program holds all M rows (up to 64: ``_row_tile``).
 
     PYTHONPATH=. python3 benchmarks/scripts/fused_row_limit.py [--limits 16 32 64] [--batches 8 16 24 32 48 64]
 """
@@ -22,8 +22,9 @@ from outpace.bench.profile import _decode_key, _recapture_decode
 from outpace.layers import fused_projection
 
 
-def logits_at(engine, batch: int, context: int) -> torch.Tensor:
-    """One eager forward of ``batch`` rows after ``context`` cached tokens each -> logits [batch, vocab]."""
+def logits_by_limit(engine, batch: int, context: int, limits: list[int]) -> list[torch.Tensor]:
+    """One eager forward of ``batch`` rows after ``context`` cached tokens each (the same cache blocks) at each
+    limit -> logits [batch, vocab] each."""
     runner, pool = engine.runner, engine.pool
     ids = [f"limit-{batch}-{i}" for i in range(batch)]
     for rid in ids:
@@ -32,9 +33,14 @@ def logits_at(engine, batch: int, context: int) -> torch.Tensor:
         tables = torch.tensor([pool.table(r) for r in ids], device="cuda")
         starts = torch.full((batch,), context, device="cuda")
         tokens = torch.arange(batch, device="cuda") * 37 + 11
-        meta = uniform_paged_metadata(tables, starts, 1, pool.block_size)
-        with torch.inference_mode(), forward_context(meta, runner.backend):
-            return engine.model.compute_logits(engine.model(tokens, starts).hidden_states).float()
+        logits = []
+        for limit in limits:
+            fused_projection.FEW_ROWS = limit
+            meta = uniform_paged_metadata(tables, starts, 1, pool.block_size)
+            with torch.inference_mode(), forward_context(meta, runner.backend):
+                hidden = engine.model(tokens, starts).hidden_states
+                logits.append(engine.model.compute_logits(hidden).float())
+        return logits
     finally:
         for rid in ids:
             pool.free(rid)
@@ -55,30 +61,31 @@ def main() -> None:
             cuda_graph_sizes=tuple(sorted(a.batches)),
         )
         engine = llm.engine
-        ms, logits = {}, {}
+        ms = {}
         for limit in a.limits:
             fused_projection.FEW_ROWS = limit
             _recapture_decode(engine)
             for b in a.batches:
                 key = _decode_key(engine, b)
                 ms[limit, b] = min(1e3 * engine.runner.profile(key) for _ in range(3))
-                logits[limit, b] = logits_at(engine, b, a.context)
+        logits = {b: logits_by_limit(engine, b, a.context, a.limits) for b in a.batches}
         fused_projection.FEW_ROWS = shipped
     print("captured decode step, ms (rows of the padding slot):")
     print(f"{'rows':>6} " + " ".join(f"{'<= ' + str(limit):>10}" for limit in a.limits))
     for b in a.batches:
         print(f"{b:>6} " + " ".join(f"{ms[limit, b]:>10.4f}" for limit in a.limits))
-    first = a.limits[0]
     print(
-        f"eager forward at context {a.context}, against FEW_ROWS = {first}: max |logit diff|, greedy tokens differing"
+        f"eager forward at context {a.context}, against FEW_ROWS = {a.limits[0]}: max |logit diff|, greedy "
+        "tokens differing"
     )
-    for limit in a.limits[1:]:
+    for i, limit in enumerate(a.limits[1:], 1):
         for b in a.batches:
-            ref, got = logits[first, b], logits[limit, b]
+            ref, got = logits[b][0], logits[b][i]
             diff = (got - ref).abs().max().item()
             flips = int((got.argmax(-1) != ref.argmax(-1)).sum())
             print(
-                f"  <= {limit:<3} batch {b:>3}: {diff:.4f}, {flips} of {b} (logits up to {ref.abs().max().item():.2f})"
+                f"  <= {limit:<3} batch {b:>3}: {diff:.4f}, {flips} of {b} (logits up to "
+                f"{ref.abs().max().item():.2f})"
             )
 
 

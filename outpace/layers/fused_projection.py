@@ -905,6 +905,25 @@ def _fp8_stages(block_n: int, block_k: int, paired: bool) -> int:
     return max(2, min(fp8_max_stages, fp8_stage_bytes // stage))
 
 
+def _row_tile(m: int) -> int:
+    """Rows a program of ``_fused_rows_kernel`` holds: 16 (``MAX_ROWS``) in batch-invariant mode whatever M (module
+    docstring, Rows), else all M rows (up to 64) in one tile, so that each weight tile is read by one program."""
+    if batch_invariant() or m <= MAX_ROWS:
+        return MAX_ROWS
+    return min(64, triton.next_power_of_2(m))
+
+
+def _stages_for_rows(stages: int, block_m: int, block_n: int, block_k: int, paired: bool) -> int:
+    """The pipeline stages of a launch whose row tile is ``block_m`` rows, in the shared memory that ``stages``
+    fill with 16-row tiles (the x tile [BM, BK] and one or two weight tiles [BN, BK] a stage, half precision)."""
+    weights = (2 if paired else 1) * block_n * block_k
+
+    def stage(rows: int) -> int:
+        return 2 * (rows * block_k + weights)
+
+    return max(2, 1 + (stages - 1) * stage(MAX_ROWS) // stage(block_m))
+
+
 def _max_block(epilogue: int, weight_rows: int) -> int:
     """Outputs a sub-tile at most: 64 for a plain projection as wide as an LM head, ``plain_sub_tile`` for
     another plain one, 32 for the paired epilogues (two weight tiles a step)."""
@@ -1025,7 +1044,11 @@ def _launch(
     )
     q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
-    row_tiles = max(1, triton.cdiv(m, MAX_ROWS))  # (module docstring: Rows)
+    block_m = _row_tile(m)
+    if block_m > MAX_ROWS and (tiles is None or not tiles[3]):
+        paired = epilogue != _PLAIN.value  # (as the kernel: two weight tiles a step)
+        num_stages = _stages_for_rows(num_stages, block_m, grid.block_n, block_k, paired)
+    row_tiles = max(1, triton.cdiv(m, block_m))  # (module docstring: Rows)
     _fused_rows_kernel[(row_tiles, grid.programs)](
         x,
         weight,
@@ -1074,7 +1097,7 @@ def _launch(
         SOFTCAP=softcap is not None,
         RELU2=relu2,
         HALF=half,
-        BM=MAX_ROWS,
+        BM=block_m,
         BN=grid.block_n,
         BK=block_k,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
