@@ -40,15 +40,18 @@ longer (benchmarks/results/gpu_2026-12-01b, call 4). Medians of five interleaved
 quantile -> with it: n-gram at temperature 0.8 0.982x -> 0.991x (batch 8), 0.977x -> 0.987x (batch 32);
 greedy 1.317x -> 1.318x, 1.131x -> 1.105x; the standalone draft 1.07x to 1.18x either way.
 
-Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the deepest
-the steps since the last chain probe chose (none where they chose the longest) and each tree, so that
-acceptance past the chosen shape stays measured (otherwise a drafter judged useless once would never be
-tried again); not in a closed batch whose remaining steps are fewer than the probes' spacing, which no later
-choice of the batch would use. One draft deeper is what the next choice can use: a draft at depth j + 1 is
-reached only through depth j, so where depth j does not pay, nothing deeper does, and a chain that comes to pay
-is deepened a depth a probe. A probe of the longest chain instead cost a closed batch of n-gram requests at
-temperature 0.8 (their drafts rarely land) a step of four drafts, 1.6 ms over a plain step's 4.2 at batch 8 on
-the H200, where one draft costs 0.4 (benchmarks/results/gpu_2026-12-01f, call 2). With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further
+Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the chain last
+chosen (none where that was the longest) and each tree, so that acceptance past the chosen shape stays measured
+(otherwise a drafter judged useless once would never be tried again); not in a closed batch whose remaining steps
+are fewer than the probes' spacing, which no later choice of the batch would use. One draft deeper is what the
+next choice can use: a draft at depth j + 1 is reached only through depth j, so where depth j does not pay,
+nothing deeper does, and a chain that comes to pay is deepened a depth a probe. A probe of the longest chain
+cost a closed batch of n-gram requests at temperature 0.8 (their drafts rarely land) a step of four drafts, 1.6 ms
+over a plain step's 4.2 at batch 8 on the H200 (benchmarks/results/gpu_2026-12-01f, call 2); one past the deepest
+chain chosen since the last probe, a step of two drafts, 1.7 ms, where the batch had chosen one draft for four
+steps at its start and plain decoding for the other 120 (gpu_2026-12-01j, call 1: 24 rows cross the few-row
+kernels' 16).
+With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further
 apart where they cost more: a probe's extra time over the cheapest shape's, in steps of that shape, is at most
 that fraction of the steps since the last probe. At batch 32 a probe costs 1.5 to 2.5 zero-draft steps (the
 H200's profiled chain costs, Qwen3.5 with EAGLE3 and MTP): one in 64 steps spent 2.3% of the time of a batch
@@ -195,7 +198,7 @@ class DraftLengthChooser:
             key: _DepthAcceptance(depth, prior) for key, depth in self._depths.items()
         }
         self._chains = [s for s in self.shapes if s.is_chain]  # by depth, plain decoding first
-        self._deepest_chosen = 0  # the deepest chain chosen since the last chain probe
+        self._last_chain = 0  # the depth of the chain last chosen (not probed)
         # in turn: the chain probe (None: ``_chain_probe`` picks it when due), then each tree
         self.probes: list[DraftShape | None] = [None] * (len(self._chains) > 1) + [
             s for s in self.shapes if not s.is_chain
@@ -308,25 +311,23 @@ class DraftLengthChooser:
             interval = self._probe_interval(bucket, probe)
             if self._since_probe >= interval and (remaining is None or max(remaining) > interval):
                 self._since_probe, self._probes_taken = 0, turn + 1
-                if probe.is_chain:
-                    self._deepest_chosen = 0
                 return probe
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]
         if unknown:  # try it once: its cost is measured as it runs
             return unknown[-1]
         chosen = self._best(bucket, request_ids, remaining)
         if chosen.is_chain:
-            self._deepest_chosen = max(self._deepest_chosen, chosen.num_steps)
+            self._last_chain = chosen.num_steps
         return chosen
 
     def _next_probe(self) -> tuple[int, DraftShape] | None:
-        """The probe whose turn it is, and that turn: a tree, or the chain one draft deeper than the deepest chosen
-        since the last chain probe (module docstring), whose turn passes to the next tree where the longest chain
-        was chosen; None: nothing to probe."""
+        """The probe whose turn it is, and that turn: a tree, or the chain one draft deeper than the chain last
+        chosen (module docstring), whose turn passes to the next tree where that was the longest; None: nothing to
+        probe."""
         for turn in range(self._probes_taken, self._probes_taken + len(self.probes)):
             probe = self.probes[turn % len(self.probes)]
             if probe is None:
-                probe = next((s for s in self._chains if s.num_steps > self._deepest_chosen), None)
+                probe = next((s for s in self._chains if s.num_steps > self._last_chain), None)
             if probe is not None:
                 return turn, probe
         return None

@@ -318,9 +318,9 @@ def test_trees_keep_their_own_acceptance_and_the_cheapest_rate_wins():
 
 
 def test_probes_take_a_chain_one_draft_deeper_and_each_tree_in_turn():
-    """The chain probe is one draft past the deepest chain chosen since the last chain probe (a depth is reached
-    only through the one before it), then each tree in turn; where the longest chain is chosen, every depth is
-    measured already and only the trees are probed."""
+    """The chain probe is one draft past the chain last chosen (a depth is reached only through the one before
+    it), then each tree in turn; where the longest chain is chosen, every depth is measured already and only the
+    trees are probed."""
     narrow, wide = DraftShape(5, 2, 16), DraftShape(5, 4, 16)
     chooser = DraftLengthChooser([DraftShape(k) for k in range(6)] + [wide, narrow], probe_every=2)
     for k, s in enumerate(chooser.shapes):
@@ -332,6 +332,14 @@ def test_probes_take_a_chain_one_draft_deeper_and_each_tree_in_turn():
     chooser.record_cost(1, DraftShape(1), 1.1)
     assert chooser.choose(1) == DraftShape(1)
     assert [chooser.choose(1) for _ in range(6)][::2] == [DraftShape(2), narrow, wide]
+    for _ in range(
+        200
+    ):  # now draft 1 never lands: plain decoding again, and the next chain probe one draft
+        chooser.observe(DraftShape(1), [0])
+    assert [chooser.choose(1) for _ in range(8)] == [
+        *(DraftShape(2), DraftShape(0), narrow, DraftShape(0), wide, DraftShape(0)),
+        *(DraftShape(1), DraftShape(0)),
+    ]
     cheap = DraftLengthChooser([DraftShape(k) for k in range(6)] + [wide, narrow], probe_every=2)
     for s in cheap.shapes:  # every shape at one cost: the longest chain is chosen
         cheap.record_cost(1, s, 1.0)
