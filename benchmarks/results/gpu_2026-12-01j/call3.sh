@@ -6,7 +6,7 @@
 set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs
-timeout 500 python3 benchmarks/scripts/fused_row_limit.py --limits 16 32 64 --batches 8 16 24 32 40 48 64 \
+timeout 240 python3 benchmarks/scripts/fused_row_limit.py --limits 16 32 64 --batches 8 16 24 32 40 48 64 \
   > $OUT/logs/limit.log 2>&1
 echo "rc=$?" >> $OUT/logs/limit.log
 timeout $(( 560 - SECONDS )) python3 benchmarks/scripts/closed_batch_rounds.py --methods ngram --batches 8 32 \
