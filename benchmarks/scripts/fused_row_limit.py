@@ -3,7 +3,8 @@ as ``bench.profile`` times it) at batches of 8 to 64 rows, with the fused kernel
 taking at most ``FEW_ROWS`` rows outside batch-invariant mode (more: cuBLAS and the unfused chain), for each
 limit given; 24 rows are what a verify of three tokens a sequence at batch 8 computes. Then one eager forward
 over the same cache blocks at each batch, each limit's logits against the first limit's (the largest difference,
-the greedy tokens that differ). Past 16 rows a program holds all M rows (up to 64: ``_row_tile``).
+the greedy tokens that differ). Past 16 rows each 16-row tile is a program of its own (the batch-invariant
+layout); gpu_2026-12-01j call 3 timed a program holding every row, code since removed.
 
     PYTHONPATH=. python3 benchmarks/scripts/fused_row_limit.py [--limits 16 32 64] [--batches 8 16 24 32 48 64]
 """

@@ -796,7 +796,11 @@ def quantized_qkv_apply(x: torch.Tensor, weight) -> bool:
     return _quantized_product(weight) and _served_rows(x)
 
 
-# Rows the few-row kernels take at most outside batch-invariant mode (more: cuBLAS and the unfused chain).
+# Rows the few-row kernels take at most outside batch-invariant mode (more: cuBLAS and the unfused chain). Past one
+# tile they lose: the 8B shape's captured decode step at 24 / 32 / 64 rows took 4.78 / 4.90 / 5.05 ms on cuBLAS and
+# 6.18 / 6.21 / 11.46 with a program a 16-row tile; in another run 5.03 / 5.00 / 5.15 on cuBLAS and 6.68 / 6.74 /
+# 5.85 with a program holding every row (a tile of 32 or 64 rows, its stages in the same shared memory), on the
+# H200 (benchmarks/scripts/fused_row_limit.py, benchmarks/results/gpu_2026-12-01j calls 2 and 3).
 FEW_ROWS = MAX_ROWS
 
 
@@ -903,25 +907,6 @@ def _fp8_stages(block_n: int, block_k: int, paired: bool) -> int:
     stage), at most ``fp8_max_stages``."""
     stage = MAX_ROWS * block_k * 2 + (2 if paired else 1) * block_n * block_k
     return max(2, min(fp8_max_stages, fp8_stage_bytes // stage))
-
-
-def _row_tile(m: int) -> int:
-    """Rows a program of ``_fused_rows_kernel`` holds: 16 (``MAX_ROWS``) in batch-invariant mode whatever M (module
-    docstring, Rows), else all M rows (up to 64) in one tile, so that each weight tile is read by one program."""
-    if batch_invariant() or m <= MAX_ROWS:
-        return MAX_ROWS
-    return min(64, triton.next_power_of_2(m))
-
-
-def _stages_for_rows(stages: int, block_m: int, block_n: int, block_k: int, paired: bool) -> int:
-    """The pipeline stages of a launch whose row tile is ``block_m`` rows, in the shared memory that ``stages``
-    fill with 16-row tiles (the x tile [BM, BK] and one or two weight tiles [BN, BK] a stage, half precision)."""
-    weights = (2 if paired else 1) * block_n * block_k
-
-    def stage(rows: int) -> int:
-        return 2 * (rows * block_k + weights)
-
-    return max(2, 1 + (stages - 1) * stage(MAX_ROWS) // stage(block_m))
 
 
 def _max_block(epilogue: int, weight_rows: int) -> int:
@@ -1044,11 +1029,7 @@ def _launch(
     )
     q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
-    block_m = _row_tile(m)
-    if block_m > MAX_ROWS and (tiles is None or not tiles[3]):
-        paired = epilogue != _PLAIN.value  # (as the kernel: two weight tiles a step)
-        num_stages = _stages_for_rows(num_stages, block_m, grid.block_n, block_k, paired)
-    row_tiles = max(1, triton.cdiv(m, block_m))  # (module docstring: Rows)
+    row_tiles = max(1, triton.cdiv(m, MAX_ROWS))  # (module docstring: Rows)
     _fused_rows_kernel[(row_tiles, grid.programs)](
         x,
         weight,
@@ -1097,7 +1078,7 @@ def _launch(
         SOFTCAP=softcap is not None,
         RELU2=relu2,
         HALF=half,
-        BM=block_m,
+        BM=MAX_ROWS,
         BN=grid.block_n,
         BK=block_k,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
