@@ -42,8 +42,15 @@ greedy 1.317x -> 1.318x, 1.131x -> 1.105x; the standalone draft 1.07x to 1.18x e
 
 Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the chain last
 chosen (none where that was the longest) and each tree, so that acceptance past the chosen shape stays measured
-(otherwise a drafter judged useless once would never be tried again); not in a closed batch whose remaining steps
-are fewer than the probes' spacing, which no later choice of the batch would use. One draft deeper is what the
+(otherwise a drafter judged useless once would never be tried again). In a closed batch whose remaining steps
+are fewer than the probes' spacing (no later choice of the batch would use it), a probe waits, but for one
+spacing at most: the chooser outlives the batch, and closed batches of requests no longer than the spacing (bench
+e2e's 64 tokens at batch 1) would otherwise never be probed, so that a drafter whose first verifies were unlucky
+stayed at plain decoding for every request after. bench e2e's widened DeepSeek MTP row at temperature 0.8 fell
+from 1.27x to 1.06x between two runs of the same chooser, 134 of its 360 verifies plain and its depth-2 rate
+0.28 against 0.70 (benchmarks/results/gpu_2026-12-01j, call 4); simulated (benchmarks/scripts/chooser_lock_in.py,
+acceptance 0.7 at both depths, that row's step costs), 6 runs in 30 decoded mostly plainly, 1 with this bound
+and the lone-request test of ``_batch_rates``. One draft deeper is what the
 next choice can use: a draft at depth j + 1 is reached only through depth j, so where depth j does not pay,
 nothing deeper does, and a chain that comes to pay is deepened a depth a probe. A probe of the longest chain
 cost a closed batch of n-gram requests at temperature 0.8 (their drafts rarely land) a step of four drafts, 1.6 ms
@@ -238,7 +245,9 @@ class DraftLengthChooser:
         (``_rates_of``). Without pooling, the slowest-looking of 32 requests, unlucky in two verifies, held a
         closed batch at plain decoding, where plain steps teach nothing that would let it go (bench e2e,
         Qwen3.5 MTP at batch 32 and acceptance 0.78: 1774 request verifies without drafts and 107 with two,
-        which paid 1.18x; benchmarks/results/gpu_2026-11-30b, call 1)."""
+        which paid 1.18x; benchmarks/results/gpu_2026-11-30b, call 1). A lone request is tested the same way
+        against the batch-wide rate (within two standard errors of its own rate): one unlucky in its first two
+        verifies then keeps the batch-wide rates rather than plain decoding for the rest of its tokens."""
         batch_wide = self._acceptance[key].rates()
         owns = [self._own.get(r, {}).get(key) for r in request_ids]
         counted = [o for o in owns if o is not None and o.tried[0] > 0]
@@ -252,6 +261,10 @@ class DraftLengthChooser:
             if spread <= noise * (1.0 + 2.0 * math.sqrt(2.0 / (len(rates) - 1))):
                 shared = _DepthAcceptance.pooled(counted).blended(batch_wide, REQUEST_PRIOR)
                 return [shared] * len(request_ids)
+        if len(counted) == 1 == len(request_ids) and 0.0 < p < 1.0:
+            own = counted[0]
+            if (own.accepted[0] / own.tried[0] - p) ** 2 <= 4.0 * p * (1.0 - p) / own.tried[0]:
+                return [batch_wide]
         return [self._rates_of(key, r, batch_wide) for r in request_ids] or [batch_wide]
 
     def expected_tokens(self, shape: DraftShape, request_ids: Sequence[str] = ()) -> float:
@@ -309,7 +322,8 @@ class DraftLengthChooser:
         if due is not None:
             turn, probe = due
             interval = self._probe_interval(bucket, probe)
-            if self._since_probe >= interval and (remaining is None or max(remaining) > interval):
+            waited = remaining is not None and max(remaining) <= interval  # (module docstring)
+            if self._since_probe >= (2 * interval if waited else interval):
                 self._since_probe, self._probes_taken = 0, turn + 1
                 return probe
         unknown = [s for s in self.shapes if (bucket, s) not in self.costs]

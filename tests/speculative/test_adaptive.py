@@ -174,9 +174,11 @@ def test_quantile_steps():
     assert quantile_steps([2], [3.9], [0.1], 0.0, 4) == [1.0]  # at least one verify
 
 
-def test_a_closed_batch_near_its_end_takes_no_probe():
+def test_a_closed_batch_near_its_end_defers_its_probe_for_one_spacing():
     """A probe informs the choices after it: a closed batch with fewer steps left than the probes' spacing
-    takes none, one with more steps left takes it when due, as does a batch with requests waiting."""
+    defers it, for one spacing at most (the chooser outlives the batch: closed batches no longer than the
+    spacing would never be probed); one with more steps left takes it when due, as does a batch with requests
+    waiting."""
 
     def due() -> DraftLengthChooser:
         chooser = DraftLengthChooser([DraftShape(k) for k in range(3)], probe_every=4)
@@ -189,6 +191,9 @@ def test_a_closed_batch_near_its_end_takes_no_probe():
         return chooser
 
     assert due().choose(2, ["a", "b"], remaining=[3, 3]) == DraftShape(0)
+    deferred = due()
+    shapes = [deferred.choose(2, ["a", "b"], remaining=[3, 3]) for _ in range(5)]
+    assert shapes == [DraftShape(0)] * 4 + [DraftShape(1)]  # the 8th step since the last probe
     assert due().choose(2, ["a", "b"], remaining=[50, 50]) == DraftShape(1)
     assert due().choose(2, ["a", "b"]) == DraftShape(1)
 
@@ -230,6 +235,30 @@ def test_requests_whose_rates_differ_by_chance_share_the_batch_s_rate():
     assert shared.choose(32, ids, remaining=[100] * 32) == DraftShape(2)
     split = chooser_after(lambda i: 2 * (i % 2))
     assert split.choose(32, ids, remaining=[100] * 32) == DraftShape(0)
+
+
+def test_a_lone_request_unlucky_in_its_first_verifies_keeps_the_batch_wide_rate():
+    """Batch 1, closed: a request whose first drafts landed 2 times in 6, where the requests before it landed 7 in
+    10, is within the binomial noise of that rate and keeps drafting (its own counts blended in would leave 0.46
+    and plain decoding for the rest of its tokens, which teach nothing); one whose first drafts landed 2 times in
+    16 is not, and decodes plainly."""
+    shapes = [DraftShape(k) for k in range(3)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k, cost in enumerate(
+        (2.69, 3.87, 4.33)
+    ):  # the widened DeepSeek's step ms (gpu_2026-12-01j)
+        chooser.record_cost(1, DraftShape(k), cost)
+    for i in range(
+        300
+    ):  # earlier requests: first drafts land 7 times in 10, second ones 2 of those 7
+        chooser.observe(DraftShape(2), [(i % 10 < 7) + (i % 10 < 2)], [f"before-{i // 30}"])
+    for landed in (1, 1, 0, 0, 0, 0):
+        chooser.observe(DraftShape(1), [landed], ["unlucky"])
+    assert chooser.acceptance(DraftShape(1), "unlucky")[0] == pytest.approx(0.46, abs=0.01)
+    assert chooser.choose(1, ["unlucky"], remaining=[56]) == DraftShape(1)
+    for _ in range(10):
+        chooser.observe(DraftShape(1), [0], ["unlucky"])
+    assert chooser.choose(1, ["unlucky"], remaining=[46]) == DraftShape(0)
 
 
 def test_adaptive_ngram_never_loses_a_closed_batch_to_plain_decoding():
