@@ -42,22 +42,23 @@ greedy 1.317x -> 1.318x, 1.131x -> 1.105x; the standalone draft 1.07x to 1.18x e
 
 Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the chain last
 chosen (none where that was the longest) and each tree, so that acceptance past the chosen shape stays measured
-(otherwise a drafter judged useless once would never be tried again). In a closed batch whose remaining steps
-are fewer than the probes' spacing (no later choice of the batch would use it), a probe waits, but for one
-spacing at most: the chooser outlives the batch, and closed batches of requests no longer than the spacing (bench
-e2e's 64 tokens at batch 1) would otherwise never be probed, so that a drafter whose first verifies were unlucky
-stayed at plain decoding for every request after. bench e2e's widened DeepSeek MTP row at temperature 0.8 fell
-from 1.27x to 1.06x between two runs of the same chooser, 134 of its 360 verifies plain and its depth-2 rate
-0.28 against 0.70 (benchmarks/results/gpu_2026-12-01j, call 4); simulated (benchmarks/scripts/chooser_lock_in.py,
-acceptance 0.7 at both depths, that row's step costs), 6 runs in 30 decoded mostly plainly, 1 with this bound
-and the lone-request test of ``_batch_rates``. One draft deeper is what the
-next choice can use: a draft at depth j + 1 is reached only through depth j, so where depth j does not pay,
-nothing deeper does, and a chain that comes to pay is deepened a depth a probe. A probe of the longest chain
-cost a closed batch of n-gram requests at temperature 0.8 (their drafts rarely land) a step of four drafts, 1.6 ms
-over a plain step's 4.2 at batch 8 on the H200 (benchmarks/results/gpu_2026-12-01f, call 2); one past the deepest
-chain chosen since the last probe, a step of two drafts, 1.7 ms, where the batch had chosen one draft for four
-steps at its start and plain decoding for the other 120 (gpu_2026-12-01j, call 1: 24 rows cross the few-row
-kernels' 16).
+(otherwise a drafter judged useless once would never be tried again). One draft deeper is what the next choice
+can use: a draft at depth j + 1 is reached only through depth j, so where depth j does not pay, nothing deeper
+does, and a chain that comes to pay is deepened a depth a probe. A probe of the longest chain cost a closed batch
+of n-gram requests at temperature 0.8 (their drafts rarely land) a step of four drafts, 1.6 ms over a plain
+step's 4.2 at batch 8 on the H200 (benchmarks/results/gpu_2026-12-01f, call 2); one past the deepest chain chosen
+since the last probe, a step of two drafts, 1.7 ms, where the batch had chosen one draft for four steps at its
+start and plain decoding for the other 120 (gpu_2026-12-01j, call 1: 24 rows cross the few-row kernels' 16).
+
+In a closed batch whose remaining steps are fewer than the probes' spacing (no later choice of the batch would use
+the probe), a probe waits, but for one spacing at most: the chooser outlives the batch, and closed batches of
+requests no longer than the spacing (bench e2e's 64 tokens at batch 1) would otherwise never be probed, so that a
+drafter whose first verifies were unlucky stayed at plain decoding for every request after. bench e2e's widened
+DeepSeek MTP row at temperature 0.8 fell from 1.27x to 1.06x between two runs (neither probed), 134 of its 360
+verifies plain and its depth-2 rate 0.28 against 0.70 (gpu_2026-12-01j, call 4); simulated
+(benchmarks/scripts/chooser_lock_in.py: acceptance 0.7 at both depths, that row's step costs), 6 runs in 30
+decoded mostly plainly, 1 with this bound and the lone-request test of ``_batch_rates``.
+
 With a ``probe_budget`` (the engine's: ``PROBE_BUDGET``), probes are further
 apart where they cost more: a probe's extra time over the cheapest shape's, in steps of that shape, is at most
 that fraction of the steps since the last probe. At batch 32 a probe costs 1.5 to 2.5 zero-draft steps (the
@@ -206,7 +207,7 @@ class DraftLengthChooser:
         }
         self._chains = [s for s in self.shapes if s.is_chain]  # by depth, plain decoding first
         self._last_chain = 0  # the depth of the chain last chosen (not probed)
-        # in turn: the chain probe (None: ``_chain_probe`` picks it when due), then each tree
+        # in turn: the chain probe (None: ``_next_probe`` picks the chain when its turn comes), then each tree
         self.probes: list[DraftShape | None] = [None] * (len(self._chains) > 1) + [
             s for s in self.shapes if not s.is_chain
         ]
@@ -246,8 +247,9 @@ class DraftLengthChooser:
         closed batch at plain decoding, where plain steps teach nothing that would let it go (bench e2e,
         Qwen3.5 MTP at batch 32 and acceptance 0.78: 1774 request verifies without drafts and 107 with two,
         which paid 1.18x; benchmarks/results/gpu_2026-11-30b, call 1). A lone request is tested the same way
-        against the batch-wide rate (within two standard errors of its own rate): one unlucky in its first two
-        verifies then keeps the batch-wide rates rather than plain decoding for the rest of its tokens."""
+        against the batch-wide rate (within two standard errors of its own rate): one unlucky in its first
+        verifies (2 first drafts landing in 6 where the batch's land 7 in 10) keeps the batch-wide rates rather
+        than its blend, which would decode plainly for the rest of its tokens."""
         batch_wide = self._acceptance[key].rates()
         owns = [self._own.get(r, {}).get(key) for r in request_ids]
         counted = [o for o in owns if o is not None and o.tried[0] > 0]
