@@ -5,8 +5,9 @@ count (bench e2e's chooser at temperature 0.8, benchmarks/results/gpu_2026-12-01
 for 0 / 1 / 2 drafts). Prints, per acceptance pair, the modelled tokens/s of the chooser and of each fixed draft
 count (the first request of a run is the chooser's warm-up and not counted), and the runs in which the chooser
 decoded plainly with more than a quarter of a request's tokens left for at least half of the requests.
+``--optimism Z``: the chooser's ``OPTIMISM`` (standard errors above the batch-wide rates) set to Z for the run.
 
-    PYTHONPATH=. python benchmarks/scripts/chooser_lock_in.py [--runs 30] [--requests 8] [--tokens 64]
+    PYTHONPATH=. python benchmarks/scripts/chooser_lock_in.py [--runs 60] [--requests 8] [--tokens 64] [--optimism Z]
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from __future__ import annotations
 import argparse
 import random
 
+from outpace.speculative import adaptive
 from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
 from outpace.speculative.proposer import DraftShape
 
 COSTS_MS = (2.69, 3.87, 4.33)
-ACCEPTANCE = ((0.7, 0.7), (0.66, 0.5), (0.75, 0.3))
+ACCEPTANCE = ((0.735, 0.709), (0.7, 0.7), (0.66, 0.5), (0.75, 0.3), (0.5, 0.4), (0.3, 0.3))
 
 
 def run(rates, seed: int, requests: int, tokens: int, fixed: int | None = None):
@@ -54,10 +56,13 @@ def run(rates, seed: int, requests: int, tokens: int, fixed: int | None = None):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--runs", type=int, default=60)
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--optimism", type=float, default=None)
     a = p.parse_args()
+    if a.optimism is not None:
+        adaptive.OPTIMISM = a.optimism
     print(f"plain decoding {1e3 / COSTS_MS[0]:.1f} tokens/s (modelled)")
     for rates in ACCEPTANCE:
         chosen = [run(rates, s, a.requests, a.tokens) for s in range(a.runs)]

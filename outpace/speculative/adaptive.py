@@ -18,6 +18,16 @@ they share their pooled rate (``_batch_rates``). A batch's E is the mean of its 
 where few requests are left: the end of a closed batch is its slowest requests, which drafts help least (bench e2e
 measured n-gram at temperature 0.8 losing there to plain decoding while gaining 1.2x in steady state).
 
+A choice reads the batch-wide rates ``OPTIMISM`` binomial standard errors above the counts (an upper confidence
+bound, the bandit's answer to exploration): a drafter judged on a few verifies is judged by what they cannot
+rule out, and no drafts never becomes a choice that nothing would revisit. Plain steps observe nothing, so an
+estimate that a few unlucky first verifies pulled under the break-even held a run at plain decoding: bench e2e's
+widened DeepSeek MTP row at temperature 0.8 drafted in 1% of its verifies (tau 1.01, 0.98x plain decoding, where
+other runs of it drafted in most and made 1.27x; benchmarks/results/gpu_2026-12-01j, call 5). Simulated
+(benchmarks/scripts/chooser_lock_in.py, 60 runs of 8 requests of 64 tokens each at that row's step costs), runs
+mostly plain at first-draft rates 0.66 / 0.5 fell from 6 / 48 to 0 / 6; where drafts never pay (0.3) the bound
+cost 0.2% of the plain rate. With many verifies the bound is within a few hundredths of the rate.
+
 What is best depends on what the batch is waiting for. With requests waiting (a server under load), the
 step maximises throughput: the batch's mean E over c(b, s). With none waiting (a closed batch: ``LLM.generate``
 on a list, or a server whose every request is running), the batch ends with its slowest request, so the step
@@ -83,6 +93,7 @@ from outpace.speculative.proposer import DraftShape
 
 CHAINS = "chain"  # the acceptance key every chain length shares
 REQUEST_PRIOR = 4.0  # a request's own rates start as the batch-wide ones, worth this many verifies
+OPTIMISM = 1.0  # the batch-wide rates a choice reads: this many standard errors above the counts' (``_batch_rates``)
 PROBE_BUDGET = (
     0.01  # the engine's choosers: probes' extra time at most 1% of the steps' (module docstring)
 )
@@ -110,6 +121,12 @@ class _DepthAcceptance:
 
     def rates(self) -> list[float]:
         return [a / t for a, t in zip(self.accepted, self.tried)]
+
+    def optimistic(self, z: float) -> list[float]:
+        """The rates ``z`` binomial standard errors above themselves (at most 1): ``DraftLengthChooser._batch_rates``."""
+        return [
+            min(1.0, p + z * math.sqrt(p * (1.0 - p) / t)) for p, t in zip(self.rates(), self.tried)
+        ]
 
     def blended(self, prior: list[float], weight: float) -> list[float]:
         """The rates with ``prior`` [depth] counted as ``weight`` more verifies."""
@@ -250,10 +267,11 @@ class DraftLengthChooser:
         against the batch-wide rate (within two standard errors of its own rate): one unlucky in its first
         verifies (2 first drafts landing in 6 where the batch's land 7 in 10) keeps the batch-wide rates rather
         than its blend, which would decode plainly for the rest of its tokens."""
-        batch_wide = self._acceptance[key].rates()
+        stats = self._acceptance[key]
+        p = stats.rates()[0]
+        batch_wide = stats.optimistic(OPTIMISM)
         owns = [self._own.get(r, {}).get(key) for r in request_ids]
         counted = [o for o in owns if o is not None and o.tried[0] > 0]
-        p = batch_wide[0]
         if len(counted) >= 2 and 0.0 < p < 1.0:
             rates = [o.accepted[0] / o.tried[0] for o in counted]
             mean = sum(rates) / len(rates)

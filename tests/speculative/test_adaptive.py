@@ -261,6 +261,27 @@ def test_a_lone_request_unlucky_in_its_first_verifies_keeps_the_batch_wide_rate(
     assert chooser.choose(1, ["unlucky"], remaining=[46]) == DraftShape(0)
 
 
+def test_a_drafter_judged_on_a_few_unlucky_verifies_is_tried_again():
+    """Batch 1, closed, the widened DeepSeek's step costs: a first request whose first drafts landed once in six
+    verifies leaves a batch-wide first-draft rate of 0.34 on ten verifies' counts (the prior's four included).
+    Taken at that, the next request would decode plainly, and plain steps teach nothing (bench e2e's MTP row at
+    temperature 0.8 did so for its whole run, 0.98x plain decoding); a choice reads the rates one standard error
+    up, 0.48 here, so it drafts, and learns. Where many verifies show the drafts rarely land, that bound is near
+    the rate and the chooser decodes plainly."""
+    shapes = [DraftShape(k) for k in range(3)]
+    chooser = DraftLengthChooser(shapes, probe_every=1000)
+    for k, cost in enumerate((2.69, 3.87, 4.33)):  # ms (gpu_2026-12-01j)
+        chooser.record_cost(1, DraftShape(k), cost)
+    for landed in (0, 0, 1, 0, 0, 0):
+        chooser.observe(DraftShape(2), [landed], ["first"])
+    chooser.forget("first")
+    assert chooser.acceptance()[0] == pytest.approx(0.34, abs=0.01)
+    assert chooser.choose(1, ["next"], remaining=[64]) == DraftShape(2)
+    for i in range(100):  # first drafts land 3 times in 10, second ones never
+        chooser.observe(DraftShape(2), [int(i % 10 < 3)], [f"later-{i // 25}"])
+    assert chooser.choose(1, ["last"], remaining=[64]) == DraftShape(0)
+
+
 def test_adaptive_ngram_never_loses_a_closed_batch_to_plain_decoding():
     """The engine tells the chooser when nothing is waiting: a closed batch whose requests n-gram drafts help
     unevenly decodes plainly once the slowest of them gains nothing (the steps it drafts cost more and end no
