@@ -8,7 +8,7 @@ set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs
 for fam in deepseek qwen35; do
-  timeout 200 python3 -m outpace bench e2e --family $fam --batch-sizes 1 --methods none mtp \
+  timeout $([ $fam = deepseek ] && echo 230 || echo 180) python3 -m outpace bench e2e --family $fam --batch-sizes 1 --methods none mtp \
     --out /tmp/out_$fam --workdir /tmp/e2e_$fam > $OUT/logs/e2e_$fam.log 2>&1
   echo "rc=$?" >> $OUT/logs/e2e_$fam.log
   cp /tmp/out_$fam/*.json $OUT/logs/ 2>/dev/null
