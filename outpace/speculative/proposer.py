@@ -224,6 +224,53 @@ class PendingRows:
     def tensors(self) -> list[torch.Tensor]:
         return [self.hidden, self.tokens, self.start, self.count]
 
+    def take_verified(self, verified: Verified, state: torch.Tensor, keep: int, rows: int) -> None:
+        """After a verify: each request's window keeps its last min(count, ``keep``, L) pending rows (L its length
+        before the verify) and takes the verify's committed rows after them, ``rows`` of them (the committed
+        nodes, padded with the last), each with its node's row of ``state`` [b * nodes, hidden] (every verify
+        row's drafter state) and the token after it; start becomes L - kept and count kept + a + 1. On the GPU one
+        Triton launch (speculative/pending_window_kernel.py); elsewhere the torch form below, its reference."""
+        r, b, w = verified.rows, verified.rows.size, self.width
+        if self.hidden.is_cuda:
+            from outpace.speculative.pending_window_kernel import take_verified
+
+            res = verified.result
+            take_verified(
+                *self.tensors(),
+                r.req_indices,
+                r.lengths,
+                res.num_correct_drafts,
+                res.bonus_token_ids,
+                res.accepted_path,
+                res.output_token_ids,
+                state,
+                keep,
+                rows,
+            )
+            return
+        new_hidden = state.index_select(0, verified.committed_rows(rows).reshape(-1)).view(
+            b, rows, -1
+        )
+        new_tokens = verified.next_tokens(rows)  # [b, rows]
+        count = self.count[r.req_indices]  # [b]
+        kept = torch.minimum(count.clamp(max=keep), r.lengths)  # [b] (padding row: 0)
+        i = torch.arange(w, device=count.device).expand(b, w)  # [b, w]
+        old = ((count - kept)[:, None] + i).clamp(max=w - 1)  # kept rows: the last ones
+        is_old = i < kept[:, None]
+        new = (i - kept[:, None]).clamp(0, rows - 1)
+        old_hidden, old_tokens = self.hidden[r.req_indices], self.tokens[r.req_indices]
+        expand = (b, w, old_hidden.shape[-1])
+        self.hidden[r.req_indices] = torch.where(
+            is_old[..., None],
+            old_hidden.gather(1, old[..., None].expand(expand)),
+            new_hidden.gather(1, new[..., None].expand(expand)),
+        )
+        self.tokens[r.req_indices] = torch.where(
+            is_old, old_tokens.gather(1, old), new_tokens.gather(1, new)
+        )
+        self.start[r.req_indices] = r.lengths - kept
+        self.count[r.req_indices] = kept + verified.result.num_correct_drafts + 1
+
     def append(self, req_indices: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """A held step: each row's committed row (``hidden`` [b, hidden], the token after it ``tokens`` [b])
         after its pending ones. The host keeps every request's count within the width (``HoldRule``); the

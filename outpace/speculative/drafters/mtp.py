@@ -184,31 +184,9 @@ class MTPProposer(Proposer):
                 )
 
     def update(self, verified: Verified) -> None:
-        rows, b, w, pending = verified.rows, verified.rows.size, self.pending.width, self.pending
-        n = self.spec.num_steps + 1  # committed rows at most
-        committed = verified.committed_rows(n).reshape(-1)  # [b * n]
-        new_hidden = self._target_state(verified.hidden_states.index_select(0, committed)).view(
-            b, n, -1
-        )
-        new_tokens = verified.next_tokens(n)  # [b, n]
-        count = pending.count[rows.req_indices]  # [b]
-        kept = torch.minimum(count.clamp(max=self.keep), rows.lengths)  # [b] (padding row: 0)
-        i = torch.arange(w, device=self.device).expand(b, w)  # [b, w]
-        old = ((count - kept)[:, None] + i).clamp(max=w - 1)  # kept rows: the last ones
-        is_old = i < kept[:, None]
-        new = (i - kept[:, None]).clamp(0, n - 1)
-        old_hidden, old_tokens = pending.hidden[rows.req_indices], pending.tokens[rows.req_indices]
-        expand = (b, w, old_hidden.shape[-1])
-        pending.hidden[rows.req_indices] = torch.where(
-            is_old[..., None],
-            old_hidden.gather(1, old[..., None].expand(expand)),
-            new_hidden.gather(1, new[..., None].expand(expand)),
-        )
-        pending.tokens[rows.req_indices] = torch.where(
-            is_old, old_tokens.gather(1, old), new_tokens.gather(1, new)
-        )
-        pending.start[rows.req_indices] = rows.lengths - kept
-        pending.count[rows.req_indices] = kept + verified.result.num_correct_drafts + 1
+        # every verify row's state (a chain's rows are at most the rows a window takes), then the window
+        state = self._target_state(verified.hidden_states)  # [b * nodes, hidden]
+        self.pending.take_verified(verified, state, self.keep, self.spec.num_steps + 1)
 
     def hold(self, verified: Verified) -> None:
         # a zero-draft step's forward is node 0 alone, its one committed row, followed by the bonus token

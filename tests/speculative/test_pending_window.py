@@ -1,0 +1,105 @@
+"""speculative/proposer.py ``PendingRows.take_verified``: the one-launch kernel (speculative/pending_window_kernel.py,
+in Triton's interpreter on a CPU, on the GPU where there is one) writes what the torch form writes, bit for bit:
+windows with held rows, rows near position 0, verifies of every depth, a padding row."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from outpace.speculative.proposer import PendingRows, Verified
+from outpace.speculative.verify import VerifyResult
+
+pytest.importorskip("triton")
+
+from outpace.speculative.pending_window_kernel import take_verified  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _windows(indices: int, width: int, hidden: int, g: torch.Generator) -> PendingRows:
+    pending = PendingRows(indices, width, hidden, torch.bfloat16, torch.device("cpu"))
+    pending.hidden.copy_(torch.randn(pending.hidden.shape, generator=g))
+    pending.tokens.copy_(torch.randint(0, 1000, pending.tokens.shape, generator=g))
+    pending.start.copy_(torch.randint(0, 50, (indices,), generator=g))
+    pending.count.copy_(torch.randint(1, width + 1, (indices,), generator=g))  # held rows too
+    return pending
+
+
+def _verified(
+    req_indices, lengths, accepted, depth: int, hidden: int, g
+) -> tuple[Verified, torch.Tensor]:
+    """A chain verify of ``depth`` drafts: row s accepted ``accepted[s]``; its states [b * (depth + 1), hidden]."""
+    b, width = len(req_indices), depth + 1
+    a = torch.tensor(accepted)
+    steps = torch.arange(width).expand(b, width)
+    path = torch.where(steps <= a[:, None], steps, -1)
+    tokens = torch.randint(0, 1000, (b, width), generator=g)
+    out = torch.where(steps <= a[:, None], tokens, -1)
+    result = VerifyResult(
+        output_token_ids=out,
+        num_correct_drafts=a,
+        bonus_token_ids=out.gather(1, a[:, None])[:, 0],
+        last_correct_step_indices=a,
+        accepted_path=path,
+    )
+    rows = SimpleNamespace(
+        req_indices=torch.tensor(req_indices), lengths=torch.tensor(lengths), size=b
+    )
+    state = torch.randn(b * width, hidden, generator=g).to(torch.bfloat16)
+    return Verified(rows, state, None, result), state
+
+
+def _on(device: str, pending: PendingRows) -> list[torch.Tensor]:
+    return [t.clone().to(device) for t in pending.tensors()]
+
+
+@pytest.mark.parametrize(
+    "keep, depth, rows, width, hidden",
+    [
+        (1, 2, 3, 12, 96),
+        (0, 3, 4, 12, 300),
+        (2, 1, 3, 13, 257),
+        (1, 0, 3, 12, 64),
+        (3, 4, 5, 17, 40),
+    ],
+)
+def test_the_kernel_writes_what_the_torch_form_writes(keep, depth, rows, width, hidden):
+    g = torch.Generator().manual_seed(keep * 100 + depth * 10 + width)
+    pending = _windows(7, width, hidden, g)
+    req_indices = [4, 0, 2, 6, 5]  # index 6: the padding row, length 0
+    lengths = [
+        9,
+        1,
+        0 if keep else 3,
+        0,
+        40,
+    ]  # a row at position 1 keeps at most one; a fresh one none
+    accepted = [min(depth, k) for k in (depth, 0, 1, 0, depth)]
+    verified, state = _verified(req_indices, lengths, accepted, depth, hidden, g)
+    expected = PendingRows(7, width, hidden, torch.bfloat16, torch.device("cpu"))
+    for mine, theirs in zip(expected.tensors(), pending.tensors()):
+        mine.copy_(theirs)
+    expected.take_verified(verified, state, keep, rows)  # the torch form (CPU tensors)
+
+    got = _on(DEVICE, pending)
+    r, res = verified.rows, verified.result
+    take_verified(
+        *got,
+        *(t.to(DEVICE) for t in (r.req_indices, r.lengths, res.num_correct_drafts)),
+        res.bonus_token_ids.to(DEVICE),
+        res.accepted_path.to(DEVICE),
+        res.output_token_ids.to(DEVICE),
+        state.to(DEVICE),
+        keep,
+        rows,
+    )
+    for name, want, have in zip(("hidden", "tokens", "start", "count"), expected.tensors(), got):
+        assert torch.equal(want, have.cpu()), name
+    # the rows it kept: the last of the old window's, in order
+    old_count = pending.count[4].item()
+    kept = min(old_count, keep, 9)
+    assert torch.equal(expected.hidden[4, :kept], pending.hidden[4, old_count - kept : old_count])
+    assert (
+        expected.count[4].item() == kept + accepted[0] + 1 and expected.start[4].item() == 9 - kept
+    )
