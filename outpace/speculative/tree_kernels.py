@@ -1,8 +1,10 @@
-"""Draft-tree bookkeeping as single Triton launches, for the GPU: the ancestor mask and the greedy walk
-down a verified tree. speculative/tree.py and speculative/verify.py keep the torch code, which the CPU
+"""Draft-tree bookkeeping as single Triton launches, for the GPU: the ancestor mask, the greedy walk
+down a verified tree, and a greedy chain's whole verify result (a chain is the tree whose node i hangs from
+node i - 1: its eager form is some eighteen small torch kernels after the argmax, about 33 us of an MTP step of the
+widened Qwen3.5 on the H200, benchmarks/results/gpu_2026-12-02 call 3). speculative/tree.py and speculative/verify.py keep the torch code, which the CPU
 runs and tests compare against (tests/kernels/test_tree_kernels.py); on the GPU each of their depth loops cost
 some 8 tiny launches per level, about 0.15 ms of an 8B-shaped batch-1 tree step on the H100
-(benchmarks/scripts/diag_spec_step.py). One program serves one request's tree."""
+(benchmarks/scripts/diag_spec_step.py). One program serves one request's tree or chain."""
 
 from __future__ import annotations
 
@@ -106,3 +108,63 @@ def greedy_walk(
         BD=triton.next_power_of_2(max_depth + 1),
     )
     return path, correct, bonus
+
+
+@triton.jit
+def _greedy_chain_kernel(
+    drafts,  # [batch, D] the draft tokens (any integer dtype)
+    draft_stride,
+    predict,  # [batch, D + 1] int64 the target's argmax at each position
+    predict_stride,
+    output_out,  # [batch, D + 1] int64: the accepted drafts, the bonus, then -1
+    path_out,  # [batch, D + 1] int64: positions 0 .. a, then -1
+    correct_out,  # [batch] int64 a
+    bonus_out,  # [batch] int64
+    num_drafts,
+    BL: tl.constexpr,
+):
+    r = tl.program_id(0)
+    cols = tl.arange(0, BL)
+    is_draft = cols < num_drafts
+    tok = tl.load(drafts + r * draft_stride + cols, mask=is_draft, other=-1).to(tl.int64)
+    pred = tl.load(predict + r * predict_stride + cols, mask=cols <= num_drafts, other=-1)
+    # the first position whose draft is not the argmax (past the drafts: all matched)
+    correct = tl.min(tl.where(is_draft & (tok == pred), BL, cols), axis=0).to(tl.int64)
+    bonus = _pick(pred, cols, correct)
+    output = tl.where(cols < correct, tok, tl.where(cols == correct, bonus, -1))
+    width = cols <= num_drafts
+    tl.store(output_out + r * (num_drafts + 1) + cols, output, mask=width)
+    tl.store(
+        path_out + r * (num_drafts + 1) + cols, tl.where(cols <= correct, cols, -1), mask=width
+    )
+    tl.store(correct_out + r, correct)
+    tl.store(bonus_out + r, bonus)
+
+
+def greedy_chain(
+    draft_token_ids: torch.Tensor, target_predict: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """speculative/verify.verify_greedy_chain after its argmax.  draft_token_ids [batch, D], target_predict
+    [batch, D + 1] int64 -> (output_token_ids [batch, D + 1], num_correct_drafts [batch], bonus_token_ids
+    [batch], accepted_path [batch, D + 1]) as verify.VerifyResult holds them."""
+    batch, num_drafts = draft_token_ids.shape
+    dev = draft_token_ids.device
+    drafts = draft_token_ids if draft_token_ids.stride(1) == 1 else draft_token_ids.contiguous()
+    predict = target_predict if target_predict.stride(1) == 1 else target_predict.contiguous()
+    output = torch.empty(batch, num_drafts + 1, dtype=torch.int64, device=dev)
+    path = torch.empty(batch, num_drafts + 1, dtype=torch.int64, device=dev)
+    correct = torch.empty(batch, dtype=torch.int64, device=dev)
+    bonus = torch.empty(batch, dtype=torch.int64, device=dev)
+    _greedy_chain_kernel[(batch,)](
+        drafts,
+        drafts.stride(0),
+        predict,
+        predict.stride(0),
+        output,
+        path,
+        correct,
+        bonus,
+        num_drafts,
+        BL=triton.next_power_of_2(num_drafts + 1),
+    )
+    return output, correct, bonus, path

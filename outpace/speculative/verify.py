@@ -139,11 +139,16 @@ def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> Verif
     ``draft_token_ids``  # [batch, num_drafts]
     ``target_logits``    # [batch, num_drafts + 1, V] (logits or probs: only argmax is used)
     """
-    draft_token_ids = draft_token_ids.long()
     target_predict = argmax_last(target_logits)  # [batch, num_drafts + 1]
     if draft_token_ids.shape[1] == 0:  # plain decoding: the argmax is the bonus, no gather launched
         bonus = target_predict[:, 0]  # [batch]
         return _chain_result(draft_token_ids, torch.zeros_like(bonus), bonus)
+    if target_predict.is_cuda:  # the whole result in one launch (speculative/tree_kernels.py)
+        from outpace.speculative import tree_kernels
+
+        output, correct, bonus, path = tree_kernels.greedy_chain(draft_token_ids, target_predict)
+        return VerifyResult(output, correct, bonus, correct, path)
+    draft_token_ids = draft_token_ids.long()
     matches = draft_token_ids == target_predict[:, :-1]  # [batch, num_drafts]
     num_correct_drafts = matches.long().cumprod(dim=1).sum(dim=1)  # [batch]
     bonus = target_predict.gather(1, num_correct_drafts[:, None]).squeeze(1)  # [batch]

@@ -1,7 +1,7 @@
 """The GPU's tree bookkeeping (speculative/tree_kernels.py: compiled on a GPU, else in Triton's
 interpreter) equals the torch code the CPU runs: the ancestor mask, and greedy tree verification's walk
 (path, accepted drafts, bonus), on random topologically ordered trees where the target agrees with some
-branches."""
+branches; and greedy chain verification's whole result."""
 
 from __future__ import annotations
 
@@ -59,3 +59,27 @@ def test_greedy_walk_kernel(n, seed):
     assert torch.equal(correct, want.num_correct_drafts)
     assert torch.equal(bonus, want.bonus_token_ids)
     assert (correct > 0).any() and (correct < max_depth).any()
+
+
+@pytest.mark.parametrize("num_drafts", [1, 2, 3, 5, 8])
+def test_greedy_chain_kernel(num_drafts):
+    """Every row's first rejection at each position (and none), drafts in int32 as well as int64."""
+    g = torch.Generator().manual_seed(num_drafts)
+    batch, vocab = num_drafts + 2, 7
+    predict = torch.randint(0, vocab, (batch, num_drafts + 1), generator=g)
+    drafts = predict[:, :-1].clone()
+    for r in range(num_drafts + 1):  # row r rejects its draft r first (row num_drafts: none)
+        if r < num_drafts:
+            drafts[r, r] = (predict[r, r] + 1) % vocab
+    drafts[-1] = torch.randint(0, vocab, (num_drafts,), generator=g)  # a random row
+    logits = torch.nn.functional.one_hot(predict, vocab).float()  # argmax = predict
+    want = verify.verify_greedy_chain(drafts, logits)  # the torch code
+    for dtype in (torch.int64, torch.int32):
+        output, correct, bonus, path = tree_kernels.greedy_chain(
+            drafts.to(dtype).to(DEVICE), predict.to(DEVICE)
+        )
+        assert torch.equal(correct.cpu(), want.num_correct_drafts)
+        assert torch.equal(correct.cpu()[: num_drafts + 1], torch.arange(num_drafts + 1))
+        assert torch.equal(bonus.cpu(), want.bonus_token_ids)
+        assert torch.equal(output.cpu(), want.output_token_ids)
+        assert torch.equal(path.cpu(), want.accepted_path)
