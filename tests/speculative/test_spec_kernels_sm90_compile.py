@@ -1,0 +1,39 @@
+"""The speculative step's bookkeeping kernels compiled for an H100 / H200 (sm_90) without a GPU, in a process of
+its own (tests/helpers/hopper_compile.py), as their launch code launches them: greedy chain verification's
+result (speculative/tree_kernels.py ``greedy_chain``) and MTP's window update (speculative/pending_window_kernel.py
+``take_verified``, at the widened Qwen3.5's window: 12 rows of 4096). Triton's interpreter, which runs their other
+tests on a CPU, checks neither that they compile nor that they keep their registers (ptxas -v)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from helpers.hopper_compile import run_compile_script  # noqa: E402
+
+SM90_COMPILE = """
+import torch
+from outpace.speculative import pending_window_kernel as pw, tree_kernels as tk
+
+def check(module, name, run):
+    for args, kwargs in launches_of(module, (name,), run)[name]:
+        report = ptxas_report(compile_as_launched(getattr(module, name), args, kwargs))
+        print(name, "0 bytes spill stores" in report)
+
+i64 = dict(dtype=torch.int64)
+for drafts in (1, 3):
+    check(tk, "_greedy_chain_kernel", lambda: tk.greedy_chain(
+        torch.zeros(8, drafts, **i64), torch.zeros(8, drafts + 1, **i64)))
+check(pw, "_take_verified_kernel", lambda: pw.take_verified(
+    torch.zeros(9, 12, 4096, dtype=torch.bfloat16), torch.zeros(9, 12, **i64), torch.zeros(9, **i64),
+    torch.ones(9, **i64), torch.arange(8), torch.zeros(8, **i64), torch.zeros(8, **i64), torch.zeros(8, **i64),
+    torch.zeros(8, 3, **i64), torch.zeros(8, 3, **i64), torch.zeros(24, 4096, dtype=torch.bfloat16), 1, 3))
+"""
+
+
+def test_spec_bookkeeping_kernels_compile_for_sm90(tmp_path):
+    done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = ["_greedy_chain_kernel"] * 2 + ["_take_verified_kernel"]
+    assert done.stdout.split() == [w for n in names for w in (n, "True")]
