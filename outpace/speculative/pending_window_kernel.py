@@ -1,6 +1,14 @@
-"""speculative/proposer.py ``PendingRows.take_verified`` in one Triton launch (its docstring has the rule): one
-program a batch row moves the row's kept pending rows to the front of its window and writes the verify's
-committed rows after them, state and next token, then its start and count. The eager form is a chain of some
+"""The pending windows' bookkeeping (speculative/proposer.py ``PendingRows``) in single Triton launches, one
+program a batch row, each the eager torch form's result to the bit:
+
+- ``take_verified`` (its docstring has the rule): the row's kept pending rows moved to the front of its window,
+  the verify's committed rows written after them, state and next token, then its start and count.
+- ``window``: a draft's inputs, the batch's windows gathered (states, tokens, start, count) with each row's
+  positions and the flat index of its last pending row (the torch form: eleven launches or so).
+- ``layer_tokens``: the tokens MTP layer k reads over a window, token t + k + 1 of [pending, drafts] (the torch
+  form: nine launches a layer).
+
+The update's form is a chain of some
 twenty small torch kernels (gathers, wheres, index copies): on the H200 an MTP step of the widened Qwen3.5 spent
 about 70 us of its 4.66 ms in the update's (benchmarks/results/gpu_2026-12-02, call 2). A module of its own: Triton
 is a GPU dependency, absent from CPU-only installs.
@@ -135,3 +143,122 @@ def take_verified(
         BLOCK_W=triton.next_power_of_2(width),
         BLOCK_H=min(BLOCK_STATE, triton.next_power_of_2(size)),
     )
+
+
+@triton.jit
+def _window_kernel(
+    hidden_ptr,  # [indices, W, H]
+    tokens_ptr,  # [indices, W] int64
+    start_ptr,  # [indices] int64
+    count_ptr,  # [indices] int64
+    req_ptr,  # [b] int64
+    hidden_out,  # [b * W, H]
+    tokens_out,  # [b, W] int64
+    start_out,  # [b] int64
+    count_out,  # [b] int64
+    positions_out,  # [b * W] int64: start + 0 .. W - 1
+    last_out,  # [b] int64: i * W + count - 1
+    H,
+    W: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    i = tl.program_id(0)
+    r = tl.load(req_ptr + i).to(tl.int64)
+    start = tl.load(start_ptr + r)
+    count = tl.load(count_ptr + r)
+    w = tl.arange(0, BLOCK_W)
+    in_window = w < W
+    row = i.to(tl.int64) * W
+    tl.store(tokens_out + row + w, tl.load(tokens_ptr + r * W + w, mask=in_window), mask=in_window)
+    tl.store(positions_out + row + w, start + w, mask=in_window)
+    tl.store(start_out + i, start)
+    tl.store(count_out + i, count)
+    tl.store(last_out + i, row + count - 1)
+    cols = tl.arange(0, BLOCK_H)
+    for h0 in range(0, H, BLOCK_H):
+        c = h0 + cols
+        inside = in_window[:, None] & (c < H)[None, :]
+        values = tl.load(hidden_ptr + (r * W + w)[:, None] * H + c[None, :], mask=inside)
+        tl.store(hidden_out + (row + w)[:, None] * H + c[None, :], values, mask=inside)
+
+
+def window(
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    start: torch.Tensor,
+    count: torch.Tensor,
+    req_indices: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """``PendingRows.window`` on its tensors: (states [b * W, H], tokens [b, W], start [b], count [b],
+    positions [b * W], last [b]), in one launch."""
+    b, (_, width, size) = req_indices.shape[0], hidden.shape
+    assert hidden.is_contiguous() and tokens.is_contiguous()
+    dev = hidden.device
+    out = (
+        torch.empty(b * width, size, dtype=hidden.dtype, device=dev),
+        torch.empty(b, width, dtype=torch.int64, device=dev),
+        torch.empty(b, dtype=torch.int64, device=dev),
+        torch.empty(b, dtype=torch.int64, device=dev),
+        torch.empty(b * width, dtype=torch.int64, device=dev),
+        torch.empty(b, dtype=torch.int64, device=dev),
+    )
+    _window_kernel[(b,)](
+        hidden,
+        tokens,
+        start,
+        count,
+        req_indices,
+        *out,
+        size,
+        W=width,
+        BLOCK_W=triton.next_power_of_2(width),
+        BLOCK_H=min(BLOCK_STATE, triton.next_power_of_2(size)),
+    )
+    return out
+
+
+@triton.jit
+def _layer_tokens_kernel(
+    tokens_ptr,  # [b, W] int64 the window's tokens
+    count_ptr,  # [b] int64
+    drafts_ptr,  # [b, D] int64 the drafts so far
+    out_ptr,  # [b * W] int64
+    k,
+    D,
+    W: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    i = tl.program_id(0)
+    count = tl.load(count_ptr + i)
+    w = tl.arange(0, BLOCK_W)
+    in_window = w < W
+    read = w + k  # token t + k + 1 of [pending, drafts]
+    pending = tl.load(tokens_ptr + i * W + tl.minimum(read, W - 1), mask=in_window)
+    # (no drafts yet, D = 0: every row reads a pending token, as the torch form does)
+    drafted = tl.minimum(tl.maximum(read - count, 0), D - 1)
+    draft = tl.load(drafts_ptr + i * D + drafted, mask=in_window & (D > 0), other=0)
+    tl.store(
+        out_ptr + i * W + w, tl.where((read < count) | (D == 0), pending, draft), mask=in_window
+    )
+
+
+def layer_tokens(
+    tokens: torch.Tensor, count: torch.Tensor, drafts: torch.Tensor, k: int
+) -> torch.Tensor:
+    """``PendingRows.layer_tokens``: tokens [b, W] and count [b] of ``window``, drafts [b, D] int64 -> [b * W]
+    int64, in one launch."""
+    b, width = tokens.shape
+    drafts = drafts.contiguous()
+    out = torch.empty(b * width, dtype=torch.int64, device=tokens.device)
+    _layer_tokens_kernel[(b,)](
+        tokens,
+        count,
+        drafts,
+        out,
+        k,
+        drafts.shape[1],
+        W=width,
+        BLOCK_W=triton.next_power_of_2(width),
+    )
+    return out

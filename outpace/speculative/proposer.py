@@ -31,6 +31,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -205,6 +206,17 @@ class PrefillRows:
 HOLD_ROWS = 8
 
 
+class Window(NamedTuple):
+    """A batch's pending windows as a draft reads them (``PendingRows.window``)."""
+
+    hidden: torch.Tensor  # [b * width, hidden] each row's state
+    tokens: torch.Tensor  # [b, width] int64 the token after each row
+    start: torch.Tensor  # [b] int64 the first pending row's position
+    count: torch.Tensor  # [b] int64 pending rows
+    positions: torch.Tensor  # [b * width] int64 start + 0 .. width - 1
+    last: torch.Tensor  # [b] int64 the flat row of each window's last pending row
+
+
 class PendingRows:
     """Each request row's pending window (``Proposer`` docstring, holding): the committed rows the drafter
     has not run its forward over yet, rows start .. start + count - 1 of the request, each with the state
@@ -223,6 +235,45 @@ class PendingRows:
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.hidden, self.tokens, self.start, self.count]
+
+    def window(self, req_indices: torch.Tensor) -> Window:
+        """The batch's windows (``req_indices`` [b]) as a draft reads them. On the GPU one Triton launch
+        (speculative/pending_window_kernel.py)."""
+        if self.hidden.is_cuda:
+            from outpace.speculative import pending_window_kernel
+
+            return Window(*pending_window_kernel.window(*self.tensors(), req_indices))
+        b, w = req_indices.shape[0], self.width
+        start, count = self.start[req_indices], self.count[req_indices]  # [b]
+        return Window(
+            self.hidden[req_indices].reshape(b * w, -1),
+            self.tokens[req_indices],
+            start,
+            count,
+            positions(start, w),
+            torch.arange(b, device=count.device) * w + count - 1,
+        )
+
+    @staticmethod
+    def layer_tokens(window: Window, drafts: list[torch.Tensor], k: int) -> torch.Tensor:
+        """The tokens [b * W] an MTP layer k reads over ``window`` (speculative/drafters/mtp.py: row t reads token
+        t + k + 1 of [pending tokens, drafts]; rows past the drafts read the last one, and with no drafts every row
+        reads a pending token, the last past the window); ``drafts``: the drafts so far, each [b]. On the GPU one
+        Triton launch after the drafts' stack."""
+        b, w = window.tokens.shape
+        if k == 0:  # (row t reads token t + 1: the pending tokens themselves)
+            return window.tokens.reshape(-1)
+        stacked = torch.stack(drafts, 1) if drafts else window.tokens.new_empty(b, 0)  # [b, D]
+        if stacked.is_cuda:
+            from outpace.speculative import pending_window_kernel
+
+            return pending_window_kernel.layer_tokens(window.tokens, window.count, stacked, k)
+        read = torch.arange(k, k + w, device=stacked.device).expand(b, w)
+        ids = window.tokens.gather(1, read.clamp(max=w - 1))  # [b, w]
+        if not drafts:
+            return ids.reshape(-1)
+        drafted = stacked.gather(1, (read - window.count[:, None]).clamp(0, len(drafts) - 1))
+        return torch.where(read < window.count[:, None], ids, drafted).reshape(-1)
 
     def take_verified(self, verified: Verified, state: torch.Tensor, keep: int, rows: int) -> None:
         """After a verify: each request's window keeps its last min(count, ``keep``, L) pending rows (L its length

@@ -103,3 +103,31 @@ def test_the_kernel_writes_what_the_torch_form_writes(keep, depth, rows, width, 
     assert (
         expected.count[4].item() == kept + accepted[0] + 1 and expected.start[4].item() == 9 - kept
     )
+
+
+@pytest.mark.parametrize(
+    "width, hidden, drafts", [(12, 96, 2), (13, 300, 1), (4, 64, 3), (12, 64, 0)]
+)
+def test_a_draft_s_window_and_layer_tokens_are_the_torch_form_s(width, hidden, drafts):
+    """The gathered windows (states, tokens, start, count, positions, last rows) and each MTP layer's tokens
+    (after 0 .. ``drafts`` drafts; none: a zero-draft step that runs its layers) from the kernels equal the torch
+    form's, for windows with held rows and one pending row."""
+    from outpace.speculative import pending_window_kernel as kernels
+
+    g = torch.Generator().manual_seed(width + hidden + drafts)
+    pending = _windows(7, width, hidden, g)
+    pending.count[3] = 1
+    req_indices = torch.tensor([4, 0, 3, 6])
+    want = pending.window(req_indices)  # the torch form (CPU tensors)
+    got = kernels.window(*_on(DEVICE, pending), req_indices.to(DEVICE))
+    for name, a, b in zip(want._fields, want, got):
+        assert torch.equal(a, b.cpu()), name
+    made = [torch.randint(0, 1000, (4,), generator=g) for _ in range(drafts)]
+    for k in range(1, 4):
+        for d in range(drafts + 1):
+            expected = PendingRows.layer_tokens(want, made[:d], k)
+            stacked = torch.stack(made[:d], 1) if d else torch.empty(4, 0, dtype=torch.int64)
+            tokens = kernels.layer_tokens(
+                want.tokens.to(DEVICE), want.count.to(DEVICE), stacked.to(DEVICE), k
+            )
+            assert torch.equal(expected, tokens.cpu()), (k, d)

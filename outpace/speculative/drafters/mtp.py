@@ -56,7 +56,6 @@ from outpace.speculative.proposer import (
     PrefillRows,
     Proposer,
     Verified,
-    positions,
 )
 from outpace.validation import ConfigError
 
@@ -195,40 +194,26 @@ class MTPProposer(Proposer):
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
-        b, w = rows.size, self.pending.width
-        start, count = (
-            self.pending.start[rows.req_indices],
-            self.pending.count[rows.req_indices],
-        )  # [b]
-        target_hidden = self.pending.hidden[rows.req_indices].reshape(b * w, -1)  # [b * w, hidden]
-        pending = self.pending.tokens[rows.req_indices]  # [b, w]
-        last = torch.arange(b, device=self.device) * w + count - 1  # [b] flat row L - 1
-        pos = positions(start, w)  # [b * w]
+        window = self.pending.window(rows.req_indices)
         tokens, probs = [], []  # drafts, each [b]
-        h = target_hidden
-        for k, layer in enumerate(self.layers):
-            read = torch.arange(k, k + w, device=self.device).expand(
-                b, w
-            )  # token t + k + 1 of [pending, drafts]
-            ids = pending.gather(1, read.clamp(max=w - 1))  # [b, w]
-            if (
-                tokens
-            ):  # rows past the drafts (a draft of fewer steps, padding rows) read a padding token
-                drafted = torch.stack(tokens, 1).gather(
-                    1, (read - count[:, None]).clamp(0, len(tokens) - 1)
-                )
-                ids = torch.where(read < count[:, None], ids, drafted)
-            with rows.context(start, w, self.backend):
+        h = window.hidden  # [b * w, hidden]
+        with rows.context(window.start, self.pending.width, self.backend):
+            for k, layer in enumerate(
+                self.layers
+            ):  # (the token each row reads: PendingRows.layer_tokens)
+                ids = self.pending.layer_tokens(window, tokens, k)  # [b * w]
                 h = layer(
-                    pos,
-                    layer.embed(self.target, ids.reshape(-1)),
-                    h if self.chained else target_hidden,
+                    window.positions,
+                    layer.embed(self.target, ids),
+                    h if self.chained else window.hidden,
                 )
-            if k < shape.num_steps:
-                tokens.append(
-                    choose_chain(layer.compute_logits(self.target, h[last]), rows, k + 1, probs)
-                )
-        layer, h = self.layers[0], h[last]
+                if k < shape.num_steps:
+                    tokens.append(
+                        choose_chain(
+                            layer.compute_logits(self.target, h[window.last]), rows, k + 1, probs
+                        )
+                    )
+        layer, h = self.layers[0], h[window.last]
         for j in range(len(self.layers) + 1, shape.num_steps + 1):  # a single layer, reused
             row = rows.lengths + j - 2
             with rows.context(row, 1, self.backend):
