@@ -497,8 +497,10 @@ class RoutedExperts(nn.Module):
         are summed here, so that the output is always this rank's partial sum over the layer's
         tensor-parallel group (module docstring)."""
         placement = self.placement
-        skipped = placement.group is not None
-        if skipped:  # [n, top_k]: this rank's experts' indices, -1 where another rank's was chosen
+        # [n, top_k]: this rank's experts' indices, -1 where another rank's was chosen or the row routes
+        # nowhere (layers/routed_rows.py: the routing kernel's layout says so)
+        skipped = placement.group is not None or (layout is not None and layout.skips)
+        if skipped:
             ids = placement.local_ids(ids) if layout is None else layout.ids
         quantized = has_quantized_experts(self) or has_quantized_stacks(self)
         if (shared is not None and quantized) or (quantized_shared is not None and not quantized):

@@ -143,6 +143,9 @@ class BlockLayout:
     # [tokens, top_k]: the routed ids the layout was made of, where they are not the ids the router returns
     # (an expert-parallel rank's own experts' indices, -1 for another rank's: layers/moe_routing_kernel.py)
     ids: torch.Tensor | None = None
+    # ids holds -1 for slots in no block (another rank's expert, a row that routes nowhere:
+    # layers/routed_rows.py), which the grouped kernels skip (``grouped_experts``' skipped_slots)
+    skips: bool = False
 
     @classmethod
     def empty(cls, tokens: int, slots: int, num_experts: int, device) -> BlockLayout:

@@ -46,6 +46,8 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    - 1 this rank's stacks and count .. the shared slots. Beyond ``FUSED_LAYOUT_TOKENS`` ``align`` of the
    local ids. So a rank's routing is the same two launches as one GPU's, no torch op between them and the
    grouped kernels.
+5. Rows that route nowhere (layers/routed_rows.py): as 4., the layout of the local ids, each of a masked row's
+   -1 (its ids and weights still written as chosen), so that its routed slots are in no block and skipped.
 
 Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRouter):
 - ``RouterInputNorm``: the router reads RMSNorm(x) (no weight) times a per-column scale and a constant.
@@ -84,6 +86,7 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.routed_rows import routed_mask
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
 if TYPE_CHECKING:
@@ -388,16 +391,22 @@ def _local_ids(
     n,
     first_expert,
     local_experts,
+    live_ptr,  # [n] bool (LIVE): the rows that route (module docstring 5.)
     TOP_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    LIVE: tl.constexpr,
 ):
     """The experts as indices of first_expert .. first_expert + local_experts - 1, -1 for any other (as
-    layers/moe.py ``ExpertPlacement.local_ids``), written and returned ([BLOCK_T, BLOCK_K] int32)."""
+    layers/moe.py ``ExpertPlacement.local_ids``) and for every slot of a row that routes nowhere, written and
+    returned ([BLOCK_T, BLOCK_K] int32)."""
     tokens = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     slots = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     local = top_i - first_expert
     local = tl.where((local >= 0) & (local < local_experts), local, -1)
+    if LIVE:
+        live = tl.load(live_ptr + tokens, mask=tokens < n, other=0) != 0  # [BLOCK_T]
+        local = tl.where(live[:, None], local, -1)
     tl.store(
         local_ids_ptr + tokens[:, None].to(tl.int64) * TOP_K + slots[None, :],
         local.to(tl.int64),
@@ -421,6 +430,7 @@ def _route_kernel(
     ticket_ptr,  # [1 + local + shared experts] int64, zero on entry and on exit: ticket, token masks (LAYOUT)
     sq_ptr,  # [num_sq_parts, n] float32 (ROW_NORM): the rows' partial sums of squares (NormedRows.sq_parts)
     row_scale_ptr,  # [n] float32 (ROW_NORM), written: each row's norm factor
+    live_ptr,  # [n] bool (LIVE): the rows that route (docstring 5.)
     n,
     scaling,
     hidden,
@@ -450,6 +460,7 @@ def _route_kernel(
     BLOCK_K: tl.constexpr,
     LAYOUT: tl.constexpr,  # one program a token (BLOCK_T 1), the last to finish writes the block layout
     EXPERT_RANGE: tl.constexpr,  # the layout of an expert-parallel rank's experts (module docstring 4.)
+    LIVE: tl.constexpr,  # the layout of the rows live_ptr names alone (with EXPERT_RANGE; docstring 5.)
     NUM_SHARED: tl.constexpr,
     BLOCK_SHARED: tl.constexpr,  # a power of two >= NUM_SHARED
     SORT_BLOCK_E: tl.constexpr,
@@ -495,10 +506,20 @@ def _route_kernel(
         BLOCK_K,
     )  # [BLOCK_T, BLOCK_K] ([1, BLOCK_K] with LAYOUT)
     layout_ids_ptr = ids_ptr  # the ids the layout is of: [n, TOP_K]
-    if EXPERT_RANGE:  # (module docstring 4.)
+    if EXPERT_RANGE:  # (module docstring 4. and 5.)
         layout_ids_ptr = ids_ptr + n * TOP_K
         top_i = _local_ids(
-            top_i, t0, layout_ids_ptr, n, first_expert, local_experts, TOP_K, BLOCK_T, BLOCK_K
+            top_i,
+            t0,
+            layout_ids_ptr,
+            n,
+            first_expert,
+            local_experts,
+            live_ptr,
+            TOP_K,
+            BLOCK_T,
+            BLOCK_K,
+            LIVE,
         )
     if LAYOUT:  # (module docstring 3.)
         masks_ptr = ticket_ptr + 1  # [local + shared experts] int64 token masks
@@ -673,7 +694,8 @@ def select_experts(
         raise ValueError("the correction bias comes with Routing.correction_bias")
     top_k = r.top_k
     first, local = _expert_range(layout, experts)
-    ranged = local != experts
+    live = routed_mask(n) if layout else None  # (module docstring 5.)
+    ranged = local != experts or live is not None
     weights = torch.empty(
         n, top_k + shared_gate * num_shared, dtype=torch.float32, device=partial.device
     )
@@ -706,6 +728,7 @@ def select_experts(
         layout_scratch(partial.device, local + num_shared) if fused else ids,
         partial if row_norm is None else row_norm.sq_parts,
         partial if row_norm is None else row_norm.scale,
+        partial if live is None else live,
         n,
         float(r.scaling),
         _norm_width(norm, row_norm),  # the hidden size
@@ -735,6 +758,7 @@ def select_experts(
         BLOCK_K=triton.next_power_of_2(top_k),
         LAYOUT=fused,
         EXPERT_RANGE=ranged,
+        LIVE=live is not None,
         NUM_SHARED=num_shared,
         BLOCK_SHARED=triton.next_power_of_2(max(1, num_shared)),
         SORT_BLOCK_E=max(16, triton.next_power_of_2(local + num_shared)),
@@ -750,7 +774,9 @@ def select_experts(
     return (
         weights,
         ids,
-        replace(blocks, ids=layout_ids) if fused else align(layout_ids, local, num_shared),
+        replace(
+            blocks if fused else align(layout_ids, local, num_shared), ids=layout_ids, skips=ranged
+        ),
     )
 
 

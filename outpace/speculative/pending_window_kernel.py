@@ -4,7 +4,7 @@ program a batch row, each the eager torch form's result to the bit:
 - ``take_verified`` (its docstring has the rule): the row's kept pending rows moved to the front of its window,
   the verify's committed rows written after them, state and next token, then its start and count.
 - ``window``: a draft's inputs, the batch's windows gathered (states, tokens, start, count) with each row's
-  positions and the flat index of its last pending row (the torch form: eleven launches or so).
+  positions, which rows are pending, and the flat index of its last pending row (the torch form: eleven launches or so).
 - ``layer_tokens``: the tokens MTP layer k reads over a window, token t + k + 1 of [pending, drafts] (the torch
   form: nine launches a layer).
 
@@ -158,6 +158,7 @@ def _window_kernel(
     count_out,  # [b] int64
     positions_out,  # [b * W] int64: start + 0 .. W - 1
     last_out,  # [b] int64: i * W + count - 1
+    live_out,  # [b * W] bool: column < count
     H,
     W: tl.constexpr,
     BLOCK_W: tl.constexpr,
@@ -172,6 +173,7 @@ def _window_kernel(
     row = i.to(tl.int64) * W
     tl.store(tokens_out + row + w, tl.load(tokens_ptr + r * W + w, mask=in_window), mask=in_window)
     tl.store(positions_out + row + w, start + w, mask=in_window)
+    tl.store(live_out + row + w, w < count, mask=in_window)
     tl.store(start_out + i, start)
     tl.store(count_out + i, count)
     tl.store(last_out + i, row + count - 1)
@@ -191,7 +193,7 @@ def window(
     req_indices: torch.Tensor,
 ) -> tuple[torch.Tensor, ...]:
     """``PendingRows.window`` on its tensors: (states [b * W, H], tokens [b, W], start [b], count [b],
-    positions [b * W], last [b]), in one launch."""
+    positions [b * W], last [b], live [b * W]), in one launch."""
     b, (_, width, size) = req_indices.shape[0], hidden.shape
     assert hidden.is_contiguous() and tokens.is_contiguous()
     dev = hidden.device
@@ -202,6 +204,7 @@ def window(
         torch.empty(b, dtype=torch.int64, device=dev),
         torch.empty(b * width, dtype=torch.int64, device=dev),
         torch.empty(b, dtype=torch.int64, device=dev),
+        torch.empty(b * width, dtype=torch.bool, device=dev),
     )
     _window_kernel[(b,)](
         hidden,

@@ -215,6 +215,9 @@ class Window(NamedTuple):
     count: torch.Tensor  # [b] int64 pending rows
     positions: torch.Tensor  # [b * width] int64 start + 0 .. width - 1
     last: torch.Tensor  # [b] int64 the flat row of each window's last pending row
+    live: (
+        torch.Tensor
+    )  # [b * width] bool: the pending rows (the rest is padding, whose output nothing reads)
 
 
 class PendingRows:
@@ -252,6 +255,7 @@ class PendingRows:
             count,
             positions(start, w),
             torch.arange(b, device=count.device) * w + count - 1,
+            (torch.arange(w, device=count.device) < count[:, None]).reshape(-1),
         )
 
     @staticmethod

@@ -43,7 +43,7 @@ def ptxas_report(compiled):
     return done.stdout + done.stderr
 
 
-TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
+TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1",
                 torch.float8_e4m3fn: "*fp8e4nv"}
 
 

@@ -284,6 +284,42 @@ def test_fused_shared_experts_equal_the_separate_shared_mlp(n, routing_kernel):
     assert len(seen) == 1 and seen[0].shape == (n, 3)
 
 
+@pytest.mark.parametrize("n", [5, 12, 70])
+def test_rows_that_route_nowhere_read_no_expert(n):
+    """Within ``routed_rows`` (layers/routed_rows.py: an MTP draft window's padding rows), the masked rows'
+    routed slots land in no block: the layout's ids are -1 there (the router's ids and weights as chosen), no
+    block holds them, their output is the shared experts' alone, and every other row's is what it is without
+    the mask. A mask of another row count leaves the routing alone."""
+    from outpace.layers.moe_routing_kernel import route
+    from outpace.layers.routed_rows import routed_rows
+
+    moe = make_moe(hidden=24, inter=12, experts=8, top_k=3, shared=2)
+    pack_projections(moe)
+    x = torch.randn(n, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    live = torch.arange(n, device=DEVICE) % 4 < 2  # rows 0, 1 of every 4
+    with torch.no_grad():
+        moe.experts.kernels, moe.gate.kernel = True, True
+        full = moe(x)
+        with routed_rows(live):
+            masked = moe(x)
+            weights, ids, layout = route(
+                x, moe.gate.weight.float(), None, moe.gate.routing, 2, True
+            )
+        with routed_rows(live[:-1]):
+            other = moe(x)
+        shared = moe.shared_experts(x[~live])
+    assert torch.equal(masked[live], full[live]) and torch.equal(other, full)
+    torch.testing.assert_close(masked[~live], shared, rtol=1e-5, atol=1e-5)
+    assert (
+        layout.skips and layout.ids[~live].eq(-1).all() and torch.equal(layout.ids[live], ids[live])
+    )
+    all_weights, all_ids, _ = route(x, moe.gate.weight.float(), None, moe.gate.routing, 2, True)
+    assert torch.equal(ids, all_ids) and torch.equal(weights, all_weights)
+    pairs = layout.sorted_pairs[layout.sorted_pairs < n * 5].long()  # placed (token, slot) pairs
+    routed = pairs[pairs % 5 < 3] // 5  # the tokens of routed slots placed in a block
+    assert live[routed].all() and routed.unique().numel() == int(live.sum())
+
+
 def test_shared_stacks_are_views_of_the_shared_mlp():
     moe = make_moe(hidden=16, inter=8, experts=4, top_k=2, shared=3)
     mlp = moe.shared_experts

@@ -45,6 +45,7 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
+from outpace.layers.routed_rows import routed_rows
 from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.chain import chain_drafts, choose_chain
 from outpace.speculative.proposer import (
@@ -197,7 +198,8 @@ class MTPProposer(Proposer):
         window = self.pending.window(rows.req_indices)
         tokens, probs = [], []  # drafts, each [b]
         h = window.hidden  # [b * w, hidden]
-        with rows.context(window.start, self.pending.width, self.backend):
+        # (the window's padding rows route to no expert in a mixture's MTP layer: layers/routed_rows.py)
+        with rows.context(window.start, self.pending.width, self.backend), routed_rows(window.live):
             for k, layer in enumerate(
                 self.layers
             ):  # (the token each row reads: PendingRows.layer_tokens)
