@@ -2,13 +2,15 @@
 # Device call 4 of gpu_2026-12-02 (nvidia-h200), from .snap/ (a git archive of the commit holding this script),
 # NOT RUN this session (no device time left): the kernels written after call 3, none yet run on a GPU (greedy chain
 # verification's result in one launch, tree_kernels.greedy_chain; MTP's draft inputs, PendingRows.window and
-# layer_tokens): their tests and the drafters' lossless GPU tests first, then the rows they are for (Qwen3.5 and
+# layer_tokens; a draft window's padding rows routed nowhere, layers/routed_rows.py): their tests, the MoE kernels'
+# and the drafters' lossless GPU tests first, then the rows they are for (Qwen3.5 and
 # DeepSeek MTP at batch 1, the Llama zoo's EAGLE3 chain and n-gram at batch 1) and the Qwen3.5 MTP step's kernels.
 set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs/tl
-timeout 200 python3 -m pytest -q tests/speculative/test_pending_window.py tests/kernels/test_tree_kernels.py \
-  tests/gpu/test_gpu.py tests/gpu/test_batch_invariant_hybrids_gpu.py > $OUT/logs/pytest.log 2>&1
+timeout 240 python3 -m pytest -q tests/speculative/test_pending_window.py tests/kernels/test_tree_kernels.py \
+  tests/kernels/test_moe_kernel.py tests/gpu/test_gpu.py tests/gpu/test_batch_invariant_hybrids_gpu.py \
+  tests/gpu/test_gpu_deepseek.py > $OUT/logs/pytest.log 2>&1
 echo "rc=$?" >> $OUT/logs/pytest.log
 for fam in qwen35 deepseek; do
   timeout $([ $fam = deepseek ] && echo 230 || echo 170) python3 -m outpace bench e2e --family $fam --batch-sizes 1 \
