@@ -215,9 +215,7 @@ class Window(NamedTuple):
     count: torch.Tensor  # [b] int64 pending rows
     positions: torch.Tensor  # [b * width] int64 start + 0 .. width - 1
     last: torch.Tensor  # [b] int64 the flat row of each window's last pending row
-    live: (
-        torch.Tensor
-    )  # [b * width] bool: the pending rows (the rest is padding, whose output nothing reads)
+    live: torch.Tensor  # [b * width] bool: pending rows (the rest: padding nothing reads)
 
 
 class PendingRows:

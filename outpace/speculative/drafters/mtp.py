@@ -200,10 +200,8 @@ class MTPProposer(Proposer):
         h = window.hidden  # [b * w, hidden]
         # (the window's padding rows route to no expert in a mixture's MTP layer: layers/routed_rows.py)
         with rows.context(window.start, self.pending.width, self.backend), routed_rows(window.live):
-            for k, layer in enumerate(
-                self.layers
-            ):  # (the token each row reads: PendingRows.layer_tokens)
-                ids = self.pending.layer_tokens(window, tokens, k)  # [b * w]
+            for k, layer in enumerate(self.layers):
+                ids = self.pending.layer_tokens(window, tokens, k)  # [b * w] (docstring: t + k + 1)
                 h = layer(
                     window.positions,
                     layer.embed(self.target, ids),
