@@ -49,6 +49,19 @@ the Qwen3-Next slice's decode at batch 1 on the H200, benchmarks/results/gpu_202
 program taking a whole group, as this kernel first did, left Qwen3.5's decode at batch 1 on 16 programs:
 14.5 us a layer on the H200, benchmarks/results/gpu_2026-11-29f call 2.)
 
+Latency, not bytes, sets this kernel's time at small batches (a layer's 2 MB of Qwen3.5 state in 7 us at batch
+1, 11.2 us for a verify of 3 tokens: benchmarks/results/gpu_2026-12-02 call 4), so it hides what it waits on:
+
+- Look-ahead: a token's loads (its conv windows, beta's logit and the decay's input: layers/gated_deltanet.py's
+  projections) do not depend on the state, so each token issues the next one's before its own arithmetic and
+  the loop waits on memory once, not once a token.
+- PDL (layers/pdl.py): launched as a dependent of the input projections, a program loads the layer's parameters
+  (conv weights, A_log, dt_bias, the norm's weight: never written while serving) and asks for its state tile's
+  lines in L2 before ``pdl_enter``, while the projections finish; and out_proj, launched as its dependent, may
+  prefetch its weights while this kernel runs. The prefetch's state row comes from a read of ``state_indices``
+  before the wait that may be stale: it is only a hint (L2 is coherent), and the read bypasses L1 (``.cg``), so
+  the read after the wait sees the value its predecessors wrote.
+
 Grid (num_seqs, v_heads, splits) and loop bounds come from shapes only (no host sync): capturable in a CUDA
 graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants). Each program holds its
 split's [k_dim, v_dim / splits] float32 state (one wide load, as memory-bound decode wants); in a tree it
@@ -66,6 +79,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
@@ -83,6 +97,7 @@ SOFTPLUS_THRESHOLD = tl.constexpr(
 # against 4 splits 44.4 / 49.4 / 53.3 / 57.8; batch 4, unsplit 45.9 .. 62.4 against 2 splits 47.6 .. 64.9.
 MIN_SPLIT_COLUMNS = 32
 PROGRAMS_PER_SM = 1
+LINE_WORDS = tl.constexpr(32)  # float32 state words in a 128-byte line (the L2 prefetch's unit)
 
 
 @dataclass
@@ -139,6 +154,50 @@ def _conv_window(
         other=0.0,
     )
     return node.to(tl.float32) + state.to(tl.float32)
+
+
+@triton.jit
+def _window_positions(t, run_parents, slots, taps, KEEP: tl.constexpr, TREE: tl.constexpr):
+    """[BW] the extended positions of token t's conv window, oldest first (< KEEP: rows of the conv state,
+    else run position e - KEEP): in a chain t .. t + KEEP; in a tree the node's ancestors, walked back
+    through ``run_parents`` [BT] (-1 at the root), reaching into the state rows above the root."""
+    if TREE:
+        e = KEEP + t
+        pos = tl.where(taps == KEEP, e, 0)
+        for i in tl.static_range(KEEP):
+            p = _pick(run_parents, e - KEEP, slots)
+            e = tl.where(e >= KEEP, tl.where(p >= 0, p + KEEP, KEEP - 1), tl.maximum(e - 1, 0))
+            pos = tl.where(taps == KEEP - 1 - i, e, pos)
+    else:
+        pos = t + taps
+    return pos
+
+
+@triton.jit
+def _token_inputs(
+    t, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row, b_cols,
+    a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP: tl.constexpr, CHANNELS: tl.constexpr,
+    LENGTH: tl.constexpr,
+):  # fmt: skip
+    """Token t's loads, none of which depends on the state: its q, k and v conv windows [BW, BK / BV]
+    float32 (at ``pos``), and beta's logit and the decay's input (float32 scalars). Nothing is read for
+    t >= LENGTH (the loop's look-ahead past the run's end)."""
+    here = t < LENGTH
+    rows = _pick_each(run_rows, pos - KEEP, slots)  # [BW] the flat token of each window position
+    taps_used = used & here
+    xq = _conv_window(
+        qkv, qkv_row, q_cols, conv_row, qc, rows, pos, taps_used, start, km, KEEP, CHANNELS
+    )
+    xk = _conv_window(
+        qkv, qkv_row, k_cols, conv_row, kc, rows, pos, taps_used, start, km, KEEP, CHANNELS
+    )
+    xv = _conv_window(
+        qkv, qkv_row, v_cols, conv_row, vc, rows, pos, taps_used, start, vm, KEEP, CHANNELS
+    )
+    row = _pick(run_rows, t, slots)
+    b_t = tl.load(b + row * b_row + b_cols, mask=here, other=0.0).to(tl.float32)
+    a_t = tl.load(a + row * a_row + a_cols, mask=here, other=0.0).to(tl.float32)
+    return xq, xk, xv, b_t, a_t
 
 
 @triton.jit
@@ -257,13 +316,12 @@ def _deltanet_step_kernel(
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
     SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
 ):
     CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
     WIDTH: tl.constexpr = KEEP + 1
     seq, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    sidx = tl.load(state_indices + seq).to(tl.int64)
-    n_tokens = tl.load(query_lens + seq)
-    start = tl.load(has_initial + seq) != 0
     ks, taps = tl.arange(0, BK), tl.arange(0, BW)  # taps: oldest first
     vs = split * BV + tl.arange(0, BV)  # the split's value columns
     km, vm, used = ks < DK, vs < DV, taps < WIDTH
@@ -271,11 +329,6 @@ def _deltanet_step_kernel(
     tile = ks[:, None] * DV + vs[None, :]  # [BK, BV] within [DK, DV]
     slots = tl.arange(0, BT)  # the run's positions
     in_run = slots < LENGTH
-    run_rows = tl.load(table + seq * table_row + slots, mask=in_run, other=0).to(tl.int64)  # [BT]
-    if TREE:
-        run_parents = tl.load(parents + seq * parents_row + slots, mask=in_run, other=-1)  # [BT]
-    conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
-    conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
     kh, hg = h // GROUP, h % GROUP
     # the group's q / k conv channels are written by its last head's first split
     writes_qk = (hg == GROUP - 1) & (split == 0)
@@ -286,6 +339,7 @@ def _deltanet_step_kernel(
     k_cols = k_off + kh * qk_group + ks
     v_cols = v_off + kh * v_group + hg * DV + vs
     z_cols = z_off + kh * z_group + hg * DV + vs
+    ba_col = kh * ba_group + hg  # beta's and the decay's column (offsets below)
     wmask = used[:, None]
     wq = tl.load(conv_w + qc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0)
     wk = tl.load(conv_w + kc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0)
@@ -295,35 +349,43 @@ def _deltanet_step_kernel(
     bias = tl.load(dt_bias + h).to(tl.float32)
     if SPLITS == 1:
         weight = tl.load(norm_w + vs, mask=vm, other=0.0).to(tl.float32)
+    if PDL:  # the state's lines into L2 while the projections finish (module docstring: PDL)
+        hint = tl.load(state_indices + seq, cache_modifier=".cg").to(tl.int64)
+        lines = ks[:, None] * DV + split * BV + tl.arange(0, PREFETCH_LINES)[None, :] * LINE_WORDS
+        lines = tl.where(km[:, None], lines, 0)
+        prefetch_l2(rec_state + (hint * V_HEADS + h) * DK * DV + lines)
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
+    sidx = tl.load(state_indices + seq).to(tl.int64)
+    n_tokens = tl.load(query_lens + seq)
+    start = tl.load(has_initial + seq) != 0
+    run_rows = tl.load(table + seq * table_row + slots, mask=in_run, other=0).to(tl.int64)  # [BT]
+    if TREE:
+        run_parents = tl.load(parents + seq * parents_row + slots, mask=in_run, other=-1)  # [BT]
+    else:
+        run_parents = run_rows  # (not read)
+    conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
+    conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
     row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
     s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
+    # token 0's inputs; each token loads the next one's before its own arithmetic (module docstring)
+    pos = _window_positions(0, run_parents, slots, taps, KEEP, TREE)
+    b_cols, a_cols = b_off + ba_col, a_off + ba_col
+    xq, xk, xv, b_t, a_t = _token_inputs(
+        0, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row,
+        b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,
+    )  # fmt: skip
     for t in range(LENGTH):
         valid = t < n_tokens
-        if TREE:  # walk the parents back from the node: its window, and its start state
-            # extended position: < KEEP the conv state rows (oldest first), else node e - KEEP
-            e = KEEP + t
-            pos = tl.where(taps == KEEP, e, 0)
-            for i in tl.static_range(KEEP):
-                p = _pick(run_parents, e - KEEP, slots)
-                e = tl.where(e >= KEEP, tl.where(p >= 0, p + KEEP, KEEP - 1), tl.maximum(e - 1, 0))
-                pos = tl.where(taps == KEEP - 1 - i, e, pos)
+        next_pos = _window_positions(t + 1, run_parents, slots, taps, KEEP, TREE)
+        next_xq, next_xk, next_xv, next_b, next_a = _token_inputs(
+            t + 1, next_pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a,
+            a_row, b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,
+        )  # fmt: skip
+        if TREE:  # the node's start state: its parent's snapshot, or the row's state at the root
             p = _pick(run_parents, t, slots)
             parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV + tile
             root = p < 0  # (the row's state read again: one tile fewer held in registers)
             s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
-        else:
-            pos = t + taps
-        # [BW] the flat token of each window position
-        rows = _pick_each(run_rows, pos - KEEP, slots)
-        xq = _conv_window(
-            qkv, qkv_row, q_cols, conv_row, qc, rows, pos, used, start, km, KEEP, CHANNELS
-        )
-        xk = _conv_window(
-            qkv, qkv_row, k_cols, conv_row, kc, rows, pos, used, start, km, KEEP, CHANNELS
-        )
-        xv = _conv_window(
-            qkv, qkv_row, v_cols, conv_row, vc, rows, pos, used, start, vm, KEEP, CHANNELS
-        )
         qt, kt, vt = (
             _silu(tl.sum(xq * wq, axis=0)),
             _silu(tl.sum(xk * wk, axis=0)),
@@ -332,8 +394,8 @@ def _deltanet_step_kernel(
         qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
         kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
         row = _pick(run_rows, t, slots)  # this token's flat row
-        beta = tl.sigmoid(tl.load(b + row * b_row + b_off + kh * ba_group + hg).to(tl.float32))
-        x = tl.load(a + row * a_row + a_off + kh * ba_group + hg).to(tl.float32) + bias
+        beta = tl.sigmoid(b_t)
+        x = a_t + bias
         softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
         # a padding token keeps the state: decay 1 and no update (exactly s; no second tile held)
         beta = tl.where(valid, beta, 0.0)
@@ -360,6 +422,7 @@ def _deltanet_step_kernel(
             if TREE:
                 tl.debug_barrier()  # later nodes read this state back
         s = sn
+        xq, xk, xv, b_t, a_t = next_xq, next_xk, next_xv, next_b, next_a
     if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
         pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
         final_used = taps < KEEP
@@ -494,6 +557,7 @@ def deltanet_step(
         LENGTH=length,
         BT=triton.next_power_of_2(length),
     )
+    pdl = pdl_available(out.device)
     if num_seqs and length:
         _deltanet_step_kernel[(num_seqs, v_heads, splits)](
             rows.qkv,
@@ -542,6 +606,9 @@ def deltanet_step(
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
             SPLITS=splits,
+            PDL=pdl,
+            PREFETCH_LINES=max(1, bv // LINE_WORDS.value),
             num_warps=num_warps(bk, bv),
+            **pdl_launch_options(pdl),
         )
     return out

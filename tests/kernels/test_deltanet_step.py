@@ -221,7 +221,8 @@ types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32",
              o_part="*fp32", counters="*i32", qk_counters="*i32")
 constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
                  KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
-                 TREE=bool(tree), SNAPSHOTS=bool(snapshots), SPLITS=splits)
+                 TREE=bool(tree), SNAPSHOTS=bool(snapshots), SPLITS=splits, PDL=True,
+                 PREFETCH_LINES=max(1, 128 // splits // 32))
 compiled = compile_for_hopper(_deltanet_step_kernel, types, constants, num_warps=num_warps(128, 128 // splits))
 print(ptxas_report(compiled))
 """
