@@ -544,9 +544,9 @@ def embed_norm_pair(
         return projection_kernels().embed_norm_pair(
             token_ids,
             embedding.weight,
-            (embed_norm.weight, embed_norm.eps),
+            (embed_norm.weight, embed_norm.eps, norm_offset(embed_norm)),
             hidden,
-            (hidden_norm.weight, hidden_norm.eps),
+            (hidden_norm.weight, hidden_norm.eps, norm_offset(hidden_norm)),
         )
     return torch.cat((embed_norm(embedding(token_ids)), hidden_norm(hidden)), dim=-1)
 

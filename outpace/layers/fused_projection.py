@@ -170,21 +170,22 @@ def _embed_norm_pair_kernel(
     stride_h,
     eps_emb,
     eps_h,
+    offset_emb,
+    offset_h,
     BLOCK: tl.constexpr,
 ):
-    """Row r: out[r] = [RMSNorm(emb[ids[r]]) * w_emb | RMSNorm(h[r]) * w_h], out [M, 2 * N]."""
+    """Row r: out[r] = [RMSNorm(emb[ids[r]]) * (offset_emb + w_emb) | RMSNorm(h[r]) * (offset_h + w_h)], out
+    [M, 2 * N], the weights applied in float32 (``Float32RMSNorm``'s arithmetic; an offset 1 for Qwen's 1 + w)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     token = tl.load(ids_ptr + row).to(tl.int64)
     e = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
     h = tl.load(h_ptr + row * stride_h + cols, mask=ok, other=0.0).to(tl.float32)
-    e *= tl.rsqrt(tl.sum(e * e, axis=0) / N + eps_emb) * tl.load(
-        w_emb_ptr + cols, mask=ok, other=0.0
-    ).to(tl.float32)
-    h *= tl.rsqrt(tl.sum(h * h, axis=0) / N + eps_h) * tl.load(
-        w_h_ptr + cols, mask=ok, other=0.0
-    ).to(tl.float32)
+    e = e * tl.rsqrt(tl.sum(e * e, axis=0) / N + eps_emb)
+    e *= offset_emb + tl.load(w_emb_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, axis=0) / N + eps_h)
+    h *= offset_h + tl.load(w_h_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * 2 * N + cols, e.to(out_ptr.dtype.element_ty), mask=ok)
     tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -1131,14 +1132,14 @@ def normed_rows(
 def embed_norm_pair(
     token_ids: torch.Tensor,
     embedding: torch.Tensor,
-    embed_norm: tuple[torch.Tensor, float],
+    embed_norm: tuple[torch.Tensor, float, float],
     hidden: torch.Tensor,
-    hidden_norm: tuple[torch.Tensor, float],
+    hidden_norm: tuple[torch.Tensor, float, float],
 ) -> torch.Tensor:
-    """EAGLE3's layer input in one kernel: token_ids [M], embedding [vocab, N], hidden [M, N], norms
-    (weight [N], eps), each with its own eps (a widened zoo rescales the hidden norm's) ->
-    [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
-    (w_emb, eps_emb), (w_h, eps_h) = embed_norm, hidden_norm
+    """EAGLE3's and MTP layers' input in one kernel: token_ids [M], embedding [vocab, N], hidden [M, N],
+    norms (weight [N], eps, offset: the scale is offset + weight), each with its own eps (a widened zoo
+    rescales the hidden norm's) -> [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
+    (w_emb, eps_emb, offset_emb), (w_h, eps_h, offset_h) = embed_norm, hidden_norm
     m, n = hidden.shape
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     out = torch.empty(m, 2 * n, dtype=hidden.dtype, device=hidden.device)
@@ -1154,6 +1155,8 @@ def embed_norm_pair(
         hidden.stride(0),
         eps_emb,
         eps_h,
+        offset_emb,
+        offset_h,
         BLOCK=triton.next_power_of_2(n),
     )
     return out

@@ -23,7 +23,7 @@ from outpace.layers.fused_projection import (
     project_rows,
     project_swiglu,
 )
-from outpace.layers.norm import rms_norm_torch
+from outpace.layers.norm import rms_norm_f32, rms_norm_torch
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -320,9 +320,31 @@ def test_embed_norm_pair_is_both_norms_concatenated():
     out = embed_norm_pair(
         ids.to(DEVICE),
         emb.to(DEVICE),
-        (we.to(DEVICE), EPS),
+        (we.to(DEVICE), EPS, 0.0),
         hidden.to(DEVICE),
-        (wh.to(DEVICE), eps_h),
+        (wh.to(DEVICE), eps_h, 0.0),
+    )
+    _close(out, expected)
+
+
+def test_embed_norm_pair_takes_each_norms_offset():
+    """MTP layers' input (Qwen's norms scale by 1 + w, models/drafts/mtp.py ``mtp_input``): each half scaled by
+    its own offset + weight (offsets apart, so a swap or a dropped offset fails)."""
+    emb, hidden = _rand(50, 40, seed=27), _rand(3, 40, seed=28)
+    we, wh, ids = _rand(40, seed=29), _rand(40, seed=30), torch.tensor([3, 49, 0])
+    expected = torch.cat(
+        [
+            rms_norm_f32(emb[ids].double(), we.double(), EPS, 1.0),
+            rms_norm_f32(hidden.double(), wh.double(), EPS, 0.25),
+        ],
+        dim=-1,
+    )
+    out = embed_norm_pair(
+        ids.to(DEVICE),
+        emb.to(DEVICE),
+        (we.to(DEVICE), EPS, 1.0),
+        hidden.to(DEVICE),
+        (wh.to(DEVICE), EPS, 0.25),
     )
     _close(out, expected)
 

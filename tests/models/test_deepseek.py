@@ -210,11 +210,7 @@ def test_mtp_layer_matches_the_reference(mtp_target, checkpoints):
             hidden = model(ids, torch.arange(30)).hidden_states  # pre-norm
         meta = build_paged_metadata([[1, 2]], [0], [29], 16, "cpu")
         with forward_context(meta):
-            out = layer(
-                torch.arange(29),
-                layer.embed(model, ids[1:]),
-                layer.target_state(model, hidden[:-1]),
-            )
+            out = layer(torch.arange(29), ids[1:], layer.target_state(model, hidden[:-1]), model)
             logits = layer.compute_logits(model, out)
     assert rel_error(logits, expected) < 1e-4
     # a checkpoint without MTP tensors (transformers' save_pretrained) has no MTP layers

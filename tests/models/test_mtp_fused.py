@@ -2,7 +2,8 @@
 a head of its own (models/drafts/mtp.py ``head_norm``: DeepSeek-V3's layout here) and Qwen3-Next's
 (models/drafts/hybrid_mtp.py). With the fused path forced on and its kernels in Triton's interpreter on the CPU,
 one decode forward of the MTP layer over three rows takes the layer's ``forward_fused``, its output readied for the
-norm that reads it next, and gives the eager path's output and cache rows."""
+norm that reads it next, and its input (the embedding's gather and the two norms) in one launch, and gives the
+eager path's output and cache rows."""
 
 import pytest
 import torch
@@ -16,8 +17,9 @@ from outpace.attention import build_paged_metadata, forward_context  # noqa: E40
 from outpace.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from outpace.cache.block_pool import BlockPool  # noqa: E402
 from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
-from outpace.layers import fused_decoder  # noqa: E402
+from outpace.layers import fused_decoder, fused_projection  # noqa: E402
 from outpace.models.deepseek import DeepseekDecoderLayer  # noqa: E402
+from outpace.models.drafts import mtp as mtp_module  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
 from outpace.models.qwen3_next import Qwen3NextDecoderLayer  # noqa: E402
 
@@ -27,28 +29,34 @@ if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensor
 TABLES, PROMPT_LENS = [[3, 1], [0], [5, 2, 4]], [20, 9, 33]
 
 
-def _prefill(mtp, hidden_size: int) -> None:
-    """The prompt rows of the MTP layer's own cache, eager, from random embeddings and states."""
+def _prefill(mtp, model, hidden_size: int) -> None:
+    """The prompt rows of the MTP layer's own cache, eager, from random tokens and states."""
     generator = torch.Generator().manual_seed(0)
     rows = sum(PROMPT_LENS)
     prefill = build_paged_metadata(TABLES, [0, 0, 0], PROMPT_LENS, 16, "cpu")
     positions = torch.cat([torch.arange(n) for n in PROMPT_LENS])
-    embeds, hidden = (torch.randn(rows, hidden_size, generator=generator) for _ in range(2))
+    ids = torch.randint(model.config.vocab_size, (rows,), generator=generator)
+    hidden = torch.randn(rows, hidden_size, generator=generator)
     with torch.inference_mode(), forward_context(prefill, TritonAttentionBackend()):
-        mtp(positions, embeds, hidden)
+        mtp(positions, ids, hidden, model)
 
 
-def _mtp_decode(mtp, hidden_size: int, fused: bool, monkeypatch) -> torch.Tensor:
-    """One forward of the MTP layer over one row a sequence, the fused path forced on or off -> [3, hidden]."""
-    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: fused)
-    monkeypatch.setattr(mla_module, "fusable_rows", lambda x, w: fused)
+def _mtp_decode(mtp, model, hidden_size: int, fused: bool, monkeypatch) -> torch.Tensor:
+    """One forward of the MTP layer over one row a sequence, the fused path forced on or off (its input too:
+    models/drafts/mtp.py ``mtp_input``, counted in ``pairs``) -> [3, hidden]."""
+    for module in (fused_decoder, mla_module, mtp_module):
+        monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
     monkeypatch.setattr(mla_module.MultiHeadLatentAttention, "fused", fused)
+    pairs, real = [], fused_projection.embed_norm_pair
+    monkeypatch.setattr(fused_projection, "embed_norm_pair", lambda *a: pairs.append(1) or real(*a))
     generator = torch.Generator().manual_seed(1)
-    embeds, hidden = (torch.randn(3, hidden_size, generator=generator) for _ in range(2))
+    ids = torch.randint(model.config.vocab_size, (3,), generator=generator)
+    hidden = torch.randn(3, hidden_size, generator=generator)
     decode = build_paged_metadata(TABLES, PROMPT_LENS, [1, 1, 1], 16, "cpu")
     with torch.inference_mode(), forward_context(decode, TritonAttentionBackend()):
-        out = mtp(torch.tensor(PROMPT_LENS), embeds, hidden)
+        out = mtp(torch.tensor(PROMPT_LENS), ids, hidden, model)
     monkeypatch.undo()
+    assert pairs == ([1] if fused else [])  # the input's gather and norms in one launch, fused
     return out
 
 
@@ -68,12 +76,12 @@ def test_mtp_layer_with_its_own_head_runs_as_a_fused_stack(tmp_path, monkeypatch
     model = load_model(path, torch.float32, "cpu", progress=False)
     mtp, hidden_size = model.mtp_layers[0], SMALL["hidden_size"]
     bind_kv_cache(model, BlockPool(6, 16), torch.float32, "cpu")
-    _prefill(mtp, hidden_size)
-    ref = _mtp_decode(mtp, hidden_size, False, monkeypatch)
+    _prefill(mtp, model, hidden_size)
+    ref = _mtp_decode(mtp, model, hidden_size, False, monkeypatch)
     ref_cache = mtp.self_attn.cache_rows.clone()
     calls = []
     _counting(monkeypatch, DeepseekDecoderLayer, calls, mtp.shared_head.norm)
-    out = _mtp_decode(mtp, hidden_size, True, monkeypatch)
+    out = _mtp_decode(mtp, model, hidden_size, True, monkeypatch)
     assert calls == [True]  # the MTP layer's block, its output readied for its own head's norm
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(mtp.self_attn.cache_rows, ref_cache, rtol=1e-5, atol=1e-5)
@@ -85,12 +93,12 @@ def test_qwen3_next_mtp_layer_runs_as_a_fused_stack(tmp_path, monkeypatch):
     step = model.mtp_layers[0]
     hidden_size = step.fc.weight.shape[0]
     (cache,) = bind_kv_cache(model.mtp_layers, BlockPool(6, 16), torch.float32, "cpu")
-    _prefill(step, hidden_size)
-    ref = _mtp_decode(step, hidden_size, False, monkeypatch)
+    _prefill(step, model, hidden_size)
+    ref = _mtp_decode(step, model, hidden_size, False, monkeypatch)
     ref_cache = [c.clone() for c in cache]
     calls = []
     _counting(monkeypatch, Qwen3NextDecoderLayer, calls, step.norm)
-    out = _mtp_decode(step, hidden_size, True, monkeypatch)
+    out = _mtp_decode(step, model, hidden_size, True, monkeypatch)
     assert calls == [True]  # the MTP layer, its output readied for the MTP's final norm
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for c, r in zip(cache, ref_cache):

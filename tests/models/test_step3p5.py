@@ -382,9 +382,7 @@ def test_mtp_layers_match_the_reference_chained(target):
         for k, layer in enumerate(model.mtp_layers):
             m = n - 1 - k
             prev = paged(
-                lambda: layer(
-                    torch.arange(m), layer.embed(model, IDS[k + 1 : k + 1 + m]), prev[:m]
-                ),
+                lambda: layer(torch.arange(m), IDS[k + 1 : k + 1 + m], prev[:m], model),
                 m,
             )
             assert rel_error(layer.compute_logits(model, prev), expected[k]) < 1e-5, k

@@ -430,7 +430,7 @@ def test_deepseek_mtp_layer_uses_its_own_embedding_and_shared_head(deepseek_mtp_
     with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
         h = model(ids[:n], torch.arange(n)).hidden_states
         logits = layer.compute_logits(
-            model, layer(torch.arange(n), layer.embed(model, ids[1:]), layer.target_state(model, h))
+            model, layer(torch.arange(n), ids[1:], layer.target_state(model, h), model)
         )
     torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
     prompts = [[(i * 37 + j * 11) % 300 for j in range(5 + 7 * i)] for i in range(3)]

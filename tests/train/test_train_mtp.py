@@ -42,7 +42,7 @@ def test_chain_reads_the_serving_rows(toy_target):
                 ids = torch.cat(
                     [tokens[:, k + 1 :], torch.zeros(b, k + 1, dtype=torch.long)], 1
                 ).reshape(-1)
-                h = layer(positions, target.embed(ids), h)
+                h = layer(positions, ids, h, target)
                 ref = target.compute_logits(h).view(b, t, -1)[:, : t - 1 - k]
                 assert torch.allclose(logits[k].view(b, t, -1)[:, : t - 1 - k], ref, atol=1e-5), k
                 if k == 1:  # reading token t+k instead of t+k+1 is another function
@@ -50,7 +50,7 @@ def test_chain_reads_the_serving_rows(toy_target):
                         [tokens[:, k:], torch.zeros(b, k, dtype=torch.long)], 1
                     ).reshape(-1)
                     with torch.no_grad():
-                        wrong = target.compute_logits(layer(positions, target.embed(shifted), h))
+                        wrong = target.compute_logits(layer(positions, shifted, h, target))
                     assert (wrong.view(b, t, -1)[:, : t - 1 - k] - ref).abs().max() > 1e-3
 
 

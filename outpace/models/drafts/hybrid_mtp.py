@@ -24,9 +24,9 @@ vLLM's qwen3_next_mtp.py (Qwen3NextMultiTokenPredictor, Qwen3NextMTP; vLLM serve
 Layer count: ``mtp_num_hidden_layers`` (Qwen3.5 and Qwen3-Next config.json), else
 ``num_nextn_predict_layers`` (the field vLLM's speculative config reads for ``qwen3_next_mtp``).
 
-Each ``QwenMTPStep`` is one MTP layer as speculative/drafters/mtp.py drives it (``forward(positions, token_embeds,
-hidden)``, ``target_state``, ``embed``, ``compute_logits``; models/drafts/mtp.py ``MTPBlock`` has the same
-interface); the layout chains (each step reads the previous step's returned state).
+Each ``QwenMTPStep`` is one MTP layer as speculative/drafters/mtp.py drives it (``forward(positions, token_ids,
+hidden, target)``, ``target_state``, ``embedding``, ``embed``, ``compute_logits``; models/drafts/mtp.py ``MTPBlock``
+has the same interface); the layout chains (each step reads the previous step's returned state).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from torch import nn
 from outpace.layers.fused_decoder import run_layer
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
+from outpace.models.drafts.mtp import mtp_input
 
 
 def mtp_layer_count(raw: dict) -> int:
@@ -76,20 +77,32 @@ class QwenMTPStep(nn.Module):
         )
 
     def forward(
-        self, positions: torch.Tensor, token_embeds: torch.Tensor, hidden_states: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        token_ids: torch.Tensor,
+        hidden_states: torch.Tensor,
+        target: nn.Module,
     ) -> torch.Tensor:
-        """token_embeds [n, hidden] of token t + 1, hidden_states [n, hidden] for t -> [n, hidden] normed. The
-        decoder layer runs as a fused stack of one where it takes that path (layers/fused_decoder.py
-        ``run_layer``: its output made ready for ``norm``)."""
-        x = torch.cat(
-            (self.pre_fc_norm_embedding(token_embeds), self.pre_fc_norm_hidden(hidden_states)),
-            dim=-1,
-        )
+        """token_ids [n] (token t + 1, embedded by ``embed``), hidden_states [n, hidden] for t -> [n, hidden]
+        normed. The decoder layer runs as a fused stack of one where it takes that path
+        (layers/fused_decoder.py ``run_layer``: its output made ready for ``norm``)."""
+        x = mtp_input(
+            self,
+            target,
+            token_ids,
+            hidden_states,
+            self.pre_fc_norm_embedding,
+            self.pre_fc_norm_hidden,
+        )  # [n, 2 * hidden]
         return self.norm(run_layer(self.layer, positions, self.fc(x), self.norm))
 
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The target's last pre-norm hidden states [n, hidden] -> after its final norm."""
         return target.model.norm(hidden)
+
+    def embedding(self, target: nn.Module) -> nn.Module:
+        """The table ``embed`` reads (the target's)."""
+        return target.model.embed_tokens
 
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
         return target.embed(token_ids)

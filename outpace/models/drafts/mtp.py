@@ -38,7 +38,14 @@ import torch
 from torch import nn
 
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, run_layer
+from outpace.layers.fused_decoder import (
+    FusedDecoderLayer,
+    fusable_rows,
+    norm_head_logits,
+    norm_offset,
+    projection_kernels,
+    run_layer,
+)
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -53,6 +60,41 @@ def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
         cfg.num_nextn_predict_layers > 0
         and f"model.layers.{cfg.num_hidden_layers}.shared_head.head.weight" in tensor_names
     )
+
+
+def mtp_input(
+    layer: nn.Module,
+    target: nn.Module,
+    token_ids: torch.Tensor,
+    hidden: torch.Tensor,
+    embed_norm: nn.Module,
+    hidden_norm: nn.Module,
+) -> torch.Tensor:
+    """What an MTP layer's first projection reads (``eh_proj``; Qwen's ``fc``): [embed_norm(embed(token_ids)) |
+    hidden_norm(hidden)] [n, 2 * hidden] for token_ids [n] and hidden [n, hidden], the embedding ``layer.embed``'s
+    (the target's, or the layer's own), cast to the hidden state's dtype (a layer trained in float32 over a bf16
+    target). Where the fused kernels serve the rows and the embedding is one unsharded table, one launch
+    (layers/fused_projection.py ``embed_norm_pair``, each norm's weight applied in float32 with its offset, as
+    ``Float32RMSNorm`` does; an ``RMSNorm`` rounds before its weight, so there its draft may differ in the last
+    bit): a draft pass on the H200 spent four launches on the gather, the two norms and their concatenation
+    (benchmarks/results/gpu_2026-12-02 call 4, about 10 us a pass at the widened Qwen3.5's shape)."""
+    table = layer.embedding(target)
+    if (
+        type(table) is VocabEmbedding
+        and table.group.size == 1
+        and embed_norm.weight is not None
+        and hidden_norm.weight is not None
+        and fusable_rows(hidden, table.weight)
+    ):
+        return projection_kernels().embed_norm_pair(
+            token_ids,
+            table.weight,
+            (embed_norm.weight, embed_norm.eps, norm_offset(embed_norm)),
+            hidden,
+            (hidden_norm.weight, hidden_norm.eps, norm_offset(hidden_norm)),
+        )
+    embeds = layer.embed(target, token_ids).to(hidden.dtype)
+    return torch.cat((embed_norm(embeds), hidden_norm(hidden)), dim=-1)
 
 
 def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool) -> nn.ModuleList:
@@ -88,19 +130,35 @@ class MTPBlock(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        token_embeds: torch.Tensor,  # type: ignore[override]
+        token_ids: torch.Tensor,  # type: ignore[override]
         hidden_states: torch.Tensor,
+        target: nn.Module,
     ) -> torch.Tensor:
-        """token_embeds [n, hidden] of token t+1; hidden_states [n, hidden] at t -> [n, hidden] pre-norm."""
-        h = self.eh_proj(torch.cat((self.enorm(token_embeds), self.hnorm(hidden_states)), dim=-1))
+        """token_ids [n] (token t+1, embedded by ``embed``); hidden_states [n, hidden] at t -> [n, hidden]
+        pre-norm."""
+        h = self.eh_proj(self.fc_input(positions, token_ids, hidden_states, target))
         norm = self.head_norm()
         if norm is None:
             return super().forward(positions, h)
         return run_layer(self, positions, h, norm)
 
+    def fc_input(
+        self,
+        positions: torch.Tensor,
+        token_ids: torch.Tensor,
+        hidden_states: torch.Tensor,
+        target: nn.Module,
+    ) -> torch.Tensor:
+        """[enorm(embedding) | hnorm(hidden)] [n, 2 * hidden], what ``eh_proj`` reads (``mtp_input``)."""
+        return mtp_input(self, target, token_ids, hidden_states, self.enorm, self.hnorm)
+
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The target's last pre-norm hidden states [n, hidden] -> what this layer reads."""
         return hidden
+
+    def embedding(self, target: nn.Module) -> nn.Module:
+        """The table ``embed`` reads (the target's)."""
+        return target.model.embed_tokens
 
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids [n] -> [n, hidden]."""
@@ -135,19 +193,23 @@ class OwnHeadsMTPBlock(MTPBlock):
     def head_norm(self) -> nn.Module:
         return self.shared_head.norm
 
-    def forward(
+    def fc_input(
         self,
         positions: torch.Tensor,
-        token_embeds: torch.Tensor,  # type: ignore[override]
+        token_ids: torch.Tensor,
         hidden_states: torch.Tensor,
+        target: nn.Module,
     ) -> torch.Tensor:
-        token_embeds = torch.where(
-            (positions == 0)[:, None], 0.0, token_embeds
-        )  # vLLM: position 0 masked
-        return super().forward(positions, token_embeds, hidden_states)
+        x = super().fc_input(positions, token_ids, hidden_states, target)  # a new tensor
+        # vLLM masks the embedding at position 0: enorm of a zero row is zero, so its half is zeroed after
+        x[:, : hidden_states.shape[-1]].masked_fill_((positions == 0)[:, None], 0.0)
+        return x
 
     def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return target.model.norm(hidden)  # post-norm, as vLLM's DeepseekV2Model returns it
+
+    def embedding(self, target: nn.Module) -> nn.Module:
+        return self.embed_tokens
 
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(token_ids)

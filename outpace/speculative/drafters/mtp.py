@@ -179,9 +179,7 @@ class MTPProposer(Proposer):
         with forward_context(meta, self.backend):
             for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
                 tokens = torch.cat([seqs[i][1][k : k + runs[i]] for i in take])  # [m]
-                h = layer(
-                    pos, layer.embed(self.target, tokens), h if self.chained else target_hidden
-                )
+                h = layer(pos, tokens, h if self.chained else target_hidden, self.target)
 
     def update(self, verified: Verified) -> None:
         # every verify row's state (a chain's rows are at most the rows a window takes), then the window
@@ -202,11 +200,7 @@ class MTPProposer(Proposer):
         with rows.context(window.start, self.pending.width, self.backend), routed_rows(window.live):
             for k, layer in enumerate(self.layers):
                 ids = self.pending.layer_tokens(window, tokens, k)  # [b * w] (docstring: t + k + 1)
-                h = layer(
-                    window.positions,
-                    layer.embed(self.target, ids),
-                    h if self.chained else window.hidden,
-                )
+                h = layer(window.positions, ids, h if self.chained else window.hidden, self.target)
                 if k < shape.num_steps:
                     tokens.append(
                         choose_chain(
@@ -217,6 +211,6 @@ class MTPProposer(Proposer):
         for j in range(len(self.layers) + 1, shape.num_steps + 1):  # a single layer, reused
             row = rows.lengths + j - 2
             with rows.context(row, 1, self.backend):
-                h = layer(row, layer.embed(self.target, tokens[-1]), h)
+                h = layer(row, tokens[-1], h, self.target)
             tokens.append(choose_chain(layer.compute_logits(self.target, h), rows, j, probs))
         return chain_drafts(rows, tokens, probs)

@@ -95,7 +95,7 @@ def mtp_chain(
             state = layer.target_state(target, target_hidden) if h is None or not chained else h
             # NOTE: the layer's own precision (fp32 masters when only the MTP layers train on a bf16 target)
             dtype = next(layer.parameters()).dtype
-            h = layer(positions, layer.embed(target, ids).to(dtype), state.to(dtype))
+            h = layer(positions, ids, state.to(dtype), target)  # (the embedding cast to it)
             logits.append(layer.compute_logits(target, h))
     return logits
 
