@@ -8,7 +8,8 @@ whose compile tests/layers/test_quant_matmul_sm90_compile.py checks, and for q/k
 half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
 zero-centred head norms): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
-registers (ptxas -v: no spills) and stream its weights through cp.async."""
+registers (ptxas -v: no spills) and stream its weights through cp.async. And the embedding-and-norms pair
+(``_embed_norm_pair_kernel``: EAGLE3's and MTP layers' input) at the widened Qwen3.5's shape."""
 
 from __future__ import annotations
 
@@ -62,8 +63,14 @@ cases = {
     "qkv_norms:bf16": lambda: fp.norm_project_qkv(x[:, :4096], 0.0, torch.empty(7168, 4096, dtype=torch.bfloat16),
                                                   128, 6144, *qkv_args, pdl=True,
                                                   qk_norm=(norm[:128], norm[:128], 1e-5), qk_offset=1.0),
+    # an MTP draft pass's input at the widened Qwen3.5's shape: the embedding's gather and both norms (1 + w)
+    "embed_norm_pair:bf16": lambda: fp.embed_norm_pair(torch.zeros(12, dtype=torch.int64),
+                                                       torch.empty(4096, 4096, dtype=torch.bfloat16),
+                                                       (stream[0], 1e-6, 1.0), stream.expand(12, -1),
+                                                       (stream[0], 1e-6, 1.0)),
 }
-kernels = ["_fused_rows_kernel", "_qkv_heads_kernel"]  # (per-head norms on few programs: both, in turn)
+# (per-head norms on few programs: the first two, in turn)
+kernels = ["_fused_rows_kernel", "_qkv_heads_kernel", "_embed_norm_pair_kernel"]
 for name, run in cases.items():
     ok = True
     for kernel, launches in launches_of(fp, kernels, run).items():
@@ -86,5 +93,6 @@ def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
         "qkv_partial:fp8",
         "plain:bf16",
         "qkv_norms:bf16",
+        "embed_norm_pair:bf16",
     ]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
