@@ -59,9 +59,10 @@ Latency, not bytes, sets this kernel's time at small batches (a layer's 2 MB of 
   (conv weights, A_log, dt_bias, the norm's weight: never written while serving) and asks for its state tile's
   lines in L2 before ``pdl_enter``, while the projections finish; and out_proj, launched as its dependent, may
   prefetch its weights while this kernel runs. The prefetch's state row comes from a read of ``state_indices``
-  before the wait that may be stale (an earlier step's row: still an address in the pool): the prefetch is only a
-  hint (L2 is coherent), and that read bypasses L1 (``.cg``), so the read after the wait sees the value its
-  predecessors wrote.
+  before the wait. The index tensors are written by host copies and torch kernels, which launch no dependents
+  early, so every kernel after them starts after they end: the read sees a written row (a pool address). The
+  prefetch is only a hint all the same (L2 is coherent), and that read bypasses L1 (``.cg``), so the read after
+  the wait never meets a line it cached.
 
 Grid (num_seqs, v_heads, splits) and loop bounds come from shapes only (no host sync): capturable in a CUDA
 graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants). Each program holds its
