@@ -44,8 +44,9 @@ def _prefill(mtp, model, hidden_size: int) -> None:
 def _mtp_decode(mtp, model, hidden_size: int, fused: bool, monkeypatch) -> torch.Tensor:
     """One forward of the MTP layer over one row a sequence, the fused path forced on or off (its input too:
     models/drafts/mtp.py ``mtp_input``, counted in ``pairs``) -> [3, hidden]."""
-    for module in (fused_decoder, mla_module, mtp_module):
+    for module in (fused_decoder, mla_module):
         monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
+    monkeypatch.setattr(mtp_module, "input_pair_fuses", lambda x, table: fused)
     monkeypatch.setattr(mla_module.MultiHeadLatentAttention, "fused", fused)
     pairs, real = [], fused_projection.embed_norm_pair
     monkeypatch.setattr(fused_projection, "embed_norm_pair", lambda *a: pairs.append(1) or real(*a))

@@ -40,7 +40,6 @@ from torch import nn
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
-    fusable_rows,
     norm_head_logits,
     norm_offset,
     projection_kernels,
@@ -62,6 +61,21 @@ def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
     )
 
 
+def input_pair_fuses(hidden: torch.Tensor, table: nn.Module) -> bool:
+    """Whether ``mtp_input`` takes its one launch: hidden [n, hidden] in half precision on the GPU, autograd off,
+    and the embedding one unsharded table of that dtype. Any number of rows (a program a row, whose arithmetic
+    does not depend on the others: batch-invariant as it is)."""
+    return (
+        hidden.is_cuda
+        and hidden.dtype in (torch.bfloat16, torch.float16)
+        and not torch.is_grad_enabled()
+        and type(table) is VocabEmbedding
+        and table.group.size == 1
+        and table.weight.dtype == hidden.dtype
+        and table.weight.is_contiguous()
+    )
+
+
 def mtp_input(
     layer: nn.Module,
     target: nn.Module,
@@ -73,18 +87,16 @@ def mtp_input(
     """What an MTP layer's first projection reads (``eh_proj``; Qwen's ``fc``): [embed_norm(embed(token_ids)) |
     hidden_norm(hidden)] [n, 2 * hidden] for token_ids [n] and hidden [n, hidden], the embedding ``layer.embed``'s
     (the target's, or the layer's own), cast to the hidden state's dtype (a layer trained in float32 over a bf16
-    target). Where the fused kernels serve the rows and the embedding is one unsharded table, one launch
-    (layers/fused_projection.py ``embed_norm_pair``, each norm's weight applied in float32 with its offset, as
-    ``Float32RMSNorm`` does; an ``RMSNorm`` rounds before its weight, so there its draft may differ in the last
-    bit): a draft pass on the H200 spent four launches on the gather, the two norms and their concatenation
-    (benchmarks/results/gpu_2026-12-02 call 4, about 10 us a pass at the widened Qwen3.5's shape)."""
+    target). Where ``input_pair_fuses``, one launch (layers/fused_projection.py ``embed_norm_pair``, each norm's
+    weight applied in float32 with its offset, as ``Float32RMSNorm`` does; an ``RMSNorm`` rounds before its
+    weight, so there a draft may differ in the last bit): a draft pass on the H200 spent four launches on the
+    gather, the two norms and their concatenation (benchmarks/results/gpu_2026-12-02 call 4, about 10 us a pass
+    at the widened Qwen3.5's shape)."""
     table = layer.embedding(target)
     if (
-        type(table) is VocabEmbedding
-        and table.group.size == 1
-        and embed_norm.weight is not None
+        embed_norm.weight is not None
         and hidden_norm.weight is not None
-        and fusable_rows(hidden, table.weight)
+        and input_pair_fuses(hidden, table)
     ):
         return projection_kernels().embed_norm_pair(
             token_ids,
