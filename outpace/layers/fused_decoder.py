@@ -535,12 +535,14 @@ def embed_norm_pair(
     embed_norm: RMSNorm,
     hidden: torch.Tensor,
     hidden_norm: RMSNorm,
-    reader: tuple[DecoderAttention, GatedMLP],
+    fused: bool,
+    lookup: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """[embed_norm(embedding(token_ids)) | hidden_norm(hidden)], [n, 2 * hidden] (EAGLE3's layer input):
-    token_ids [n], hidden [n, hidden]. In one kernel when the layer that reads it (``reader``: its
-    attention and MLP) runs fused on these rows."""
-    if layer_fuses(*reader, hidden):
+    """[embed_norm(embedding(token_ids)) | hidden_norm(hidden)], [n, 2 * hidden] (EAGLE3's and MTP layers'
+    input): token_ids [n], hidden [n, hidden]. ``fused``: in one kernel (the caller's rule; each norm's weight
+    applied in float32 with its offset); else the modules in turn, the rows looked up by ``lookup`` (default
+    ``embedding``)."""
+    if fused:
         return projection_kernels().embed_norm_pair(
             token_ids,
             embedding.weight,
@@ -548,7 +550,8 @@ def embed_norm_pair(
             hidden,
             (hidden_norm.weight, hidden_norm.eps, norm_offset(hidden_norm)),
         )
-    return torch.cat((embed_norm(embedding(token_ids)), hidden_norm(hidden)), dim=-1)
+    rows = (lookup or embedding)(token_ids)
+    return torch.cat((embed_norm(rows), hidden_norm(hidden)), dim=-1)
 
 
 def attention_and_mlp(

@@ -303,48 +303,31 @@ def test_norm_project_writes_into_a_given_tensor():
         norm_project(rows, EPS, w.to(DEVICE), out_dtype=torch.float32, out=buffer[:2])
 
 
-def test_embed_norm_pair_is_both_norms_concatenated():
-    """EAGLE3's layer input: [RMSNorm(embedding[ids]) | RMSNorm(hidden)] in one kernel, each norm with its
-    own eps (a widened Gemma zoo's hidden norm has a rescaled one: large here, so a swap or a shared eps
-    fails)."""
+@pytest.mark.parametrize(
+    "eps_h, offsets",
+    [(0.5, (0.0, 0.0)), (EPS, (1.0, 0.25))],
+    ids=["eps apart", "offsets apart"],
+)
+def test_embed_norm_pair_is_both_norms_concatenated(eps_h, offsets):
+    """EAGLE3's and MTP layers' input: [RMSNorm(embedding[ids]) | RMSNorm(hidden)] in one kernel, each norm
+    with its own eps (a widened Gemma zoo's hidden norm has a rescaled one: large here) and its own offset
+    (Qwen's MTP norms scale by 1 + w, models/drafts/mtp.py ``mtp_input``), so a swap, a shared eps or a
+    dropped offset fails."""
     emb, hidden = _rand(50, 40, seed=23), _rand(3, 40, seed=24)
     we, wh, ids = _rand(40, seed=25), _rand(40, seed=26), torch.tensor([7, 0, 49])
-    eps_h = 0.5
     expected = torch.cat(
         [
-            rms_norm_torch(emb[ids].double(), we.double(), EPS)[0],
-            rms_norm_torch(hidden.double(), wh.double(), eps_h)[0],
+            rms_norm_f32(emb[ids].double(), we.double(), EPS, offsets[0]),
+            rms_norm_f32(hidden.double(), wh.double(), eps_h, offsets[1]),
         ],
         dim=-1,
     )
     out = embed_norm_pair(
         ids.to(DEVICE),
         emb.to(DEVICE),
-        (we.to(DEVICE), EPS, 0.0),
+        (we.to(DEVICE), EPS, offsets[0]),
         hidden.to(DEVICE),
-        (wh.to(DEVICE), eps_h, 0.0),
-    )
-    _close(out, expected)
-
-
-def test_embed_norm_pair_takes_each_norms_offset():
-    """MTP layers' input (Qwen's norms scale by 1 + w, models/drafts/mtp.py ``mtp_input``): each half scaled by
-    its own offset + weight (offsets apart, so a swap or a dropped offset fails)."""
-    emb, hidden = _rand(50, 40, seed=27), _rand(3, 40, seed=28)
-    we, wh, ids = _rand(40, seed=29), _rand(40, seed=30), torch.tensor([3, 49, 0])
-    expected = torch.cat(
-        [
-            rms_norm_f32(emb[ids].double(), we.double(), EPS, 1.0),
-            rms_norm_f32(hidden.double(), wh.double(), EPS, 0.25),
-        ],
-        dim=-1,
-    )
-    out = embed_norm_pair(
-        ids.to(DEVICE),
-        emb.to(DEVICE),
-        (we.to(DEVICE), EPS, 1.0),
-        hidden.to(DEVICE),
-        (wh.to(DEVICE), EPS, 0.25),
+        (wh.to(DEVICE), eps_h, offsets[1]),
     )
     _close(out, expected)
 

@@ -45,7 +45,12 @@ from torch import nn
 from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
 from outpace.layers.decoder import DecoderAttention, GatedMLP
 from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
-from outpace.layers.fused_decoder import attention_and_mlp, embed_norm_pair, norm_head_logits
+from outpace.layers.fused_decoder import (
+    attention_and_mlp,
+    embed_norm_pair,
+    layer_fuses,
+    norm_head_logits,
+)
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.model_config import ModelConfig
@@ -197,7 +202,9 @@ class Eagle3Layer(nn.Module):
             self.input_layernorm,
             hidden,
             self.hidden_norm,
-            (self.self_attn, self.mlp),
+            layer_fuses(
+                self.self_attn, self.mlp, hidden
+            ),  # in one launch where the layer runs fused
         )  # [n, 2 * hidden]
         return attention_and_mlp(
             self.self_attn,

@@ -40,9 +40,8 @@ from torch import nn
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
+    embed_norm_pair,
     norm_head_logits,
-    norm_offset,
-    projection_kernels,
     run_layer,
 )
 from outpace.layers.linear import linear
@@ -87,26 +86,26 @@ def mtp_input(
     """What an MTP layer's first projection reads (``eh_proj``; Qwen's ``fc``): [embed_norm(embed(token_ids)) |
     hidden_norm(hidden)] [n, 2 * hidden] for token_ids [n] and hidden [n, hidden], the embedding ``layer.embed``'s
     (the target's, or the layer's own), cast to the hidden state's dtype (a layer trained in float32 over a bf16
-    target). Where ``input_pair_fuses``, one launch (layers/fused_projection.py ``embed_norm_pair``, each norm's
+    target). Where ``input_pair_fuses``, one launch (layers/fused_decoder.py ``embed_norm_pair``, each norm's
     weight applied in float32 with its offset, as ``Float32RMSNorm`` does; an ``RMSNorm`` rounds before its
     weight, so there a draft may differ in the last bit): a draft pass on the H200 spent four launches on the
     gather, the two norms and their concatenation (benchmarks/results/gpu_2026-12-02 call 4, about 10 us a pass
     at the widened Qwen3.5's shape)."""
     table = layer.embedding(target)
-    if (
+    fused = (
         embed_norm.weight is not None
         and hidden_norm.weight is not None
         and input_pair_fuses(hidden, table)
-    ):
-        return projection_kernels().embed_norm_pair(
-            token_ids,
-            table.weight,
-            (embed_norm.weight, embed_norm.eps, norm_offset(embed_norm)),
-            hidden,
-            (hidden_norm.weight, hidden_norm.eps, norm_offset(hidden_norm)),
-        )
-    embeds = layer.embed(target, token_ids).to(hidden.dtype)
-    return torch.cat((embed_norm(embeds), hidden_norm(hidden)), dim=-1)
+    )
+    return embed_norm_pair(
+        token_ids,
+        table,
+        embed_norm,
+        hidden,
+        hidden_norm,
+        fused,
+        lambda ids: layer.embed(target, ids).to(hidden.dtype),
+    )
 
 
 def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool) -> nn.ModuleList:
