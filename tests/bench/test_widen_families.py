@@ -111,7 +111,7 @@ def test_mtp_layers_logits(widened, family):
             layer = model.mtp_layers[k]
             with torch.no_grad(), forward_context(DenseCausalMetadata(1, n)):
                 hidden = layer.target_state(model, states[i][:n]) if k == 0 else states[i][:n]
-                states[i] = layer(torch.arange(n), layer.embed(model, ids[k + 1 :]), hidden)
+                states[i] = layer(torch.arange(n), ids[k + 1 :], hidden, model)
                 logits[i].append(layer.compute_logits(model, states[i]))
     for small_logits, big_logits in zip(*logits):
         torch.testing.assert_close(big_logits, small_logits, atol=1e-4, rtol=1e-4)

@@ -174,9 +174,7 @@ def test_mtp_steps_match_the_reference(variant, mtp_targets):
         )
         for k, layer in enumerate(model.mtp_layers):
             m = n - k
-            ours = paged(
-                lambda: layer(torch.arange(m), layer.embed(model, ids[k + 1 :]), prev[:m]), m
-            )
+            ours = paged(lambda: layer(torch.arange(m), ids[k + 1 :], prev[:m], model), m)
             expected = ref.step(k, ids[k + 1 :], ref_prev[:m])
             logits = layer.compute_logits(model, ours)
             assert rel_error(logits, ref.logits(expected)) < 1e-4, k
