@@ -341,7 +341,8 @@ def _deltanet_step_kernel(
     k_cols = k_off + kh * qk_group + ks
     v_cols = v_off + kh * v_group + hg * DV + vs
     z_cols = z_off + kh * z_group + hg * DV + vs
-    ba_col = kh * ba_group + hg  # beta's and the decay's column (offsets below)
+    b_cols = b_off + kh * ba_group + hg  # beta's logit's column, and the decay input's
+    a_cols = a_off + kh * ba_group + hg
     wmask = used[:, None]
     wq = tl.load(conv_w + qc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0)
     wk = tl.load(conv_w + kc[None, :] * WIDTH + taps[:, None], mask=wmask & km[None, :], other=0.0)
@@ -371,7 +372,6 @@ def _deltanet_step_kernel(
     s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
     # token 0's inputs; each token loads the next one's before its own arithmetic (module docstring)
     pos = _window_positions(0, run_parents, slots, taps, KEEP, TREE)
-    b_cols, a_cols = b_off + ba_col, a_off + ba_col
     xq, xk, xv, b_t, a_t = _token_inputs(
         0, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row,
         b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,

@@ -46,7 +46,7 @@ def _mtp_decode(mtp, model, hidden_size: int, fused: bool, monkeypatch) -> torch
     models/drafts/mtp.py ``mtp_input``, counted in ``pairs``) -> [3, hidden]."""
     for module in (fused_decoder, mla_module):
         monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
-    monkeypatch.setattr(mtp_module, "input_pair_fuses", lambda x, table: fused)
+    monkeypatch.setattr(mtp_module, "input_pair_fuses", lambda x, table, *norms: fused)
     monkeypatch.setattr(mla_module.MultiHeadLatentAttention, "fused", fused)
     pairs, real = [], fused_projection.embed_norm_pair
     monkeypatch.setattr(fused_projection, "embed_norm_pair", lambda *a: pairs.append(1) or real(*a))

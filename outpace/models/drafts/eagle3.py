@@ -202,9 +202,7 @@ class Eagle3Layer(nn.Module):
             self.input_layernorm,
             hidden,
             self.hidden_norm,
-            layer_fuses(
-                self.self_attn, self.mlp, hidden
-            ),  # in one launch where the layer runs fused
+            layer_fuses(self.self_attn, self.mlp, hidden),  # one launch where the layer runs fused
         )  # [n, 2 * hidden]
         return attention_and_mlp(
             self.self_attn,

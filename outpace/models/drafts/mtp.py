@@ -60,12 +60,13 @@ def has_own_mtp_heads(cfg: ModelConfig, tensor_names: set[str]) -> bool:
     )
 
 
-def input_pair_fuses(hidden: torch.Tensor, table: nn.Module) -> bool:
+def input_pair_fuses(hidden: torch.Tensor, table: nn.Module, *norms: nn.Module) -> bool:
     """Whether ``mtp_input`` takes its one launch: hidden [n, hidden] in half precision on the GPU, autograd off,
-    and the embedding one unsharded table of that dtype. Any number of rows (a program a row, whose arithmetic
-    does not depend on the others: batch-invariant as it is)."""
+    the embedding one unsharded table of that dtype, and both norms with a weight. Any number of rows (a program
+    a row, whose arithmetic does not depend on the others: batch-invariant as it is)."""
     return (
-        hidden.is_cuda
+        all(norm.weight is not None for norm in norms)
+        and hidden.is_cuda
         and hidden.dtype in (torch.bfloat16, torch.float16)
         and not torch.is_grad_enabled()
         and type(table) is VocabEmbedding
@@ -92,18 +93,13 @@ def mtp_input(
     gather, the two norms and their concatenation (benchmarks/results/gpu_2026-12-02 call 4, about 10 us a pass
     at the widened Qwen3.5's shape)."""
     table = layer.embedding(target)
-    fused = (
-        embed_norm.weight is not None
-        and hidden_norm.weight is not None
-        and input_pair_fuses(hidden, table)
-    )
     return embed_norm_pair(
         token_ids,
         table,
         embed_norm,
         hidden,
         hidden_norm,
-        fused,
+        input_pair_fuses(hidden, table, embed_norm, hidden_norm),
         lambda ids: layer.embed(target, ids).to(hidden.dtype),
     )
 
