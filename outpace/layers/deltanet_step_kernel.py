@@ -50,7 +50,14 @@ program taking a whole group, as this kernel first did, left Qwen3.5's decode at
 14.5 us a layer on the H200, benchmarks/results/gpu_2026-11-29f call 2.)
 
 Latency, not bytes, sets this kernel's time at small batches (a layer's 2 MB of Qwen3.5 state in 7 us at batch
-1, 11.2 us for a verify of 3 tokens: benchmarks/results/gpu_2026-12-02 call 4), so it hides what it waits on:
+1, 11.2 us for a verify of 3 tokens: benchmarks/results/gpu_2026-12-02 call 4), so it hides what it waits on
+and waits as little as it can:
+
+- Few reductions across warps: each one meets the program's warps at barriers (through shared memory), and a
+  token's arithmetic is a chain of them. A token's two squared norms and q . k are one reduction, k @ S and
+  q @ S (S the decayed state) another, o taken as q @ S + (q . k) delta (the same value as q @ S after the
+  update); a split head's norm reduces all the run's rows at once. Compiled for sm_90 at Qwen3.5's batch-1
+  verify (4 splits), the token loop holds 13 barriers where it held 19 (the PTX's ``bar.sync``).
 
 - Look-ahead: a token's loads (its conv windows, beta's logit and the decay's input: layers/gated_deltanet.py's
   projections) do not depend on the state, so each token issues the next one's before its own arithmetic and
@@ -182,8 +189,8 @@ def _token_inputs(
     LENGTH: tl.constexpr,
 ):  # fmt: skip
     """Token t's loads, none of which depends on the state: its q, k and v conv windows [BW, BK / BV]
-    float32 (at ``pos``), and beta's logit and the decay's input (float32 scalars). Nothing is read for
-    t >= LENGTH (the loop's look-ahead past the run's end)."""
+    float32 (at ``pos``), beta's logit and the decay's input (float32 scalars), and its flat row. Nothing
+    is read for t >= LENGTH (the loop's look-ahead past the run's end)."""
     here = t < LENGTH
     rows = _pick_each(run_rows, pos - KEEP, slots)  # [BW] the flat token of each window position
     taps_used = used & here
@@ -199,7 +206,7 @@ def _token_inputs(
     row = _pick(run_rows, t, slots)
     b_t = tl.load(b + row * b_row + b_cols, mask=here, other=0.0).to(tl.float32)
     a_t = tl.load(a + row * a_row + a_cols, mask=here, other=0.0).to(tl.float32)
-    return xq, xk, xv, b_t, a_t
+    return xq, xk, xv, b_t, a_t, row
 
 
 @triton.jit
@@ -244,22 +251,25 @@ def _norm_head_rows(
     ROW: tl.constexpr,
     LENGTH: tl.constexpr,
 ):
-    """Value head h's gated norm over its run, by the head's last program to finish: each valid token's
+    """Value head h's gated norm over its run, by the head's last program to finish: every valid token's
     whole output row from ``o_part`` [num_tokens, V_HEADS, DV] float32 (every split's columns, read past
     L1, which other SMs' writes do not reach), its gate from z (its head's columns from ``z_head``), into
-    ``out``."""
+    ``out``. All the run's rows at once [BT, ROW]: one round trip to L2 and one reduction, not one a token."""
     cols = tl.arange(0, ROW)
     cm = cols < DV
     weight = tl.load(norm_w + cols, mask=cm, other=0.0).to(tl.float32)
-    for t in range(LENGTH):
-        row = _pick(run_rows, t, slots)
-        keep = cm & (t < n_tokens)
-        o = tl.load(
-            o_part + (row * V_HEADS + h) * DV + cols, mask=keep, other=0.0, cache_modifier=".cg"
-        )
-        gate = tl.load(z + row * z_row + z_head + cols, mask=keep, other=0.0).to(tl.float32)
-        o = _gated_norm(o, weight, gate, eps, DV)
-        tl.store(out + row * V_HEADS * DV + h * DV + cols, o, mask=keep)
+    rows = run_rows[:, None]  # [BT, 1] each token's flat row
+    keep = ((slots < n_tokens) & (slots < LENGTH))[:, None] & cm[None, :]
+    o = tl.load(
+        o_part + (rows * V_HEADS + h) * DV + cols[None, :],
+        mask=keep,
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    gate = tl.load(z + rows * z_row + z_head + cols[None, :], mask=keep, other=0.0).to(tl.float32)
+    rms = tl.rsqrt(tl.sum(o * o, axis=1) / DV + eps)  # [BT]
+    o = weight[None, :] * o * rms[:, None] * _silu(gate)
+    tl.store(out + rows * V_HEADS * DV + h * DV + cols[None, :], o, mask=keep)
 
 
 @triton.jit
@@ -372,14 +382,14 @@ def _deltanet_step_kernel(
     s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
     # token 0's inputs; each token loads the next one's before its own arithmetic (module docstring)
     pos = _window_positions(0, run_parents, slots, taps, KEEP, TREE)
-    xq, xk, xv, b_t, a_t = _token_inputs(
+    xq, xk, xv, b_t, a_t, row = _token_inputs(
         0, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row,
         b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,
     )  # fmt: skip
     for t in range(LENGTH):
         valid = t < n_tokens
         next_pos = _window_positions(t + 1, run_parents, slots, taps, KEEP, TREE)
-        next_xq, next_xk, next_xv, next_b, next_a = _token_inputs(
+        next_xq, next_xk, next_xv, next_b, next_a, next_row = _token_inputs(
             t + 1, next_pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a,
             a_row, b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,
         )  # fmt: skip
@@ -393,18 +403,23 @@ def _deltanet_step_kernel(
             _silu(tl.sum(xk * wk, axis=0)),
             _silu(tl.sum(xv * wv, axis=0)),
         )
-        qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
-        kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
-        row = _pick(run_rows, t, slots)  # this token's flat row
+        # the squared norms and q . k in one reduction (each reduction across warps costs barriers)
+        squares = tl.join(tl.join(qt * qt, kt * kt), tl.join(qt * kt, tl.zeros_like(qt)))
+        norms, dots = tl.split(tl.sum(squares, axis=0))
+        qq, kk = tl.split(norms)
+        rq, rk = tl.rsqrt(qq + 1e-6) * scale, tl.rsqrt(kk + 1e-6)
+        qt, kt, qk = qt * rq, kt * rk, tl.split(dots)[0] * rq * rk
         beta = tl.sigmoid(b_t)
         x = a_t + bias
         softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
         # a padding token keeps the state: decay 1 and no update (exactly s; no second tile held)
         beta = tl.where(valid, beta, 0.0)
         sn = s * tl.where(valid, tl.exp(neg_a * softplus), 1.0)
-        delta = (vt - tl.sum(sn * kt[:, None], axis=0)) * beta  # [BV]
+        # k @ sn and q @ sn in one reduction; q @ (sn + outer(k, delta)) = q @ sn + (q . k) delta
+        kv, qs = tl.split(tl.sum(tl.join(sn * kt[:, None], sn * qt[:, None]), axis=0))  # [BV]
+        delta = (vt - kv) * beta  # [BV]
         sn = sn + kt[:, None] * delta[None, :]
-        o = tl.sum(sn * qt[:, None], axis=0)  # [BV]
+        o = qs + qk * delta  # [BV]
         if SPLITS == 1:
             gate = tl.load(z + row * z_row + z_cols, mask=vm, other=0.0).to(tl.float32)
             o = _gated_norm(o, weight, gate, eps, DV)
@@ -424,7 +439,7 @@ def _deltanet_step_kernel(
             if TREE:
                 tl.debug_barrier()  # later nodes read this state back
         s = sn
-        xq, xk, xv, b_t, a_t = next_xq, next_xk, next_xv, next_b, next_a
+        xq, xk, xv, b_t, a_t, row = next_xq, next_xk, next_xv, next_b, next_a, next_row
     if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
         pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
         final_used = taps < KEEP
