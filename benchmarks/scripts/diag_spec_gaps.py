@@ -8,7 +8,8 @@ gaps by the kernels before and after them (a gap after a step's last kernel is t
 
 Bench e2e's steady rate against the adaptive chooser's step cost (the replay's own events) left about 65 us a
 step unexplained for Qwen3.5's MTP and under 20 us for plain decoding (benchmarks/results/gpu_2026-12-02
-call 8); this finds where."""
+call 8); this finds where. (Call 9 ran a first version, whose GPU busy and idle figures counted the steps'
+annotations as GPU work: only its step times, waits and run-ahead counts stand.)"""
 
 from __future__ import annotations
 
@@ -26,30 +27,38 @@ from outpace.bench.e2e import bench_device, drafters, row_params, target_llm, wi
 from outpace.engine import launch as launch_module
 from outpace.zoo import zoo_dir
 
+STEP = "engine_step"  # each engine step's annotation
+
 
 def _short(name: str) -> str:
     return name.replace("void at::native::", "").replace("(anonymous namespace)::", "")[:48]
 
 
 def gpu_gaps(prof, first: float, last: float) -> tuple[float, float, dict]:
-    """(busy us, idle us, {(kernel before, kernel after): [total idle us, count]}) over [first, last]."""
+    """(busy us, idle us, {(kernel before, kernel after): [total idle us, count]}) over [first, last]: the
+    GPU's kernels and copies (not the steps' annotations, which torch.profiler also puts on the GPU's
+    timeline), clipped to the window, so busy + idle is its length."""
     kernels = sorted(
-        (e.time_range.start, e.time_range.end, _short(e.name))
+        (max(e.time_range.start, first), min(e.time_range.end, last), _short(e.name))
         for e in prof.events()
-        if e.device_type.name == "CUDA" and first <= e.time_range.start <= last
+        if e.device_type.name == "CUDA"
+        and e.name != STEP
+        and e.time_range.end > first
+        and e.time_range.start < last
     )
     busy = idle = 0.0
     gaps: dict = defaultdict(lambda: [0.0, 0])
-    end, before = None, None
+    end, before = first, "(window start)"
     for start, stop, name in kernels:
-        if end is not None and start > end:
+        if start > end:
             idle += start - end
             gap = gaps[(before, name)]
             gap[0] += start - end
             gap[1] += 1
-        if end is None or stop > end:
-            busy += stop - max(start, end if end is not None else start)
+        if stop > end:
+            busy += stop - max(start, end)
             end, before = stop, name
+    idle += last - end
     return busy, idle, gaps
 
 
@@ -70,7 +79,7 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
 
     def step():
         t = time.perf_counter()
-        with record_function("engine_step"):
+        with record_function(STEP):
             out = real_step()
         walls.append(time.perf_counter() - t)
         return out
@@ -107,7 +116,7 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
     spans = sorted(
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
-        if e.name == "engine_step" and e.device_type.name == "CPU"
+        if e.name == STEP and e.device_type.name == "CPU"
     )
     window = spans[2:-2]
     busy, idle, gaps = gpu_gaps(prof, window[0][0], window[-1][1])
@@ -121,6 +130,8 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
         "tokens": tokens,
         "served_by_run_ahead": f"{served[0]} of {served[1]}",
         "median_step_ms": 1e3 * statistics.median(steps),
+        "mean_step_ms": 1e3 * statistics.fmean(steps),
+        "slowest_steps_ms": [round(1e3 * w, 3) for w in sorted(steps)[-5:]],
         "wait_ms_a_step": 1e3 * waits[0] / len(walls),
         "gpu_busy_us_a_step": busy / window_steps,
         "gpu_idle_us_a_step": idle / window_steps,
