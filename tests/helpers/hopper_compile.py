@@ -16,7 +16,7 @@ REPO = str(Path(__file__).resolve().parents[2])  # (the subprocess imports outpa
 
 # What every script starts with: os, subprocess, sys, torch and triton imported, ``compile_for_hopper`` (Triton's
 # default warps and stages unless given), ``ptxas_report`` (ptxas -v's report on the PTX for sm_90a:
-# registers, spills; its files go into the working directory), and ``launches_of`` + ``compile_as_launched``:
+# registers, spills; its files go into the working directory), ``loop_barriers`` (a loop's bar.sync), and ``launches_of`` + ``compile_as_launched``:
 # a launch recorded from the real launch code, compiled as Triton's launcher specializes it.
 COMPILE_FOR_HOPPER = '''
 import os, subprocess, sys
@@ -41,6 +41,23 @@ def ptxas_report(compiled):
     done = subprocess.run([PTXAS, "--gpu-name", "sm_90a", "-v", "k.ptx", "-o", "k.cubin"],
                           capture_output=True, text=True, check=True)
     return done.stdout + done.stderr
+
+
+def loop_barriers(compiled):
+    """The ``bar.sync`` instructions in the PTX's first loop (its header block and the blocks LLVM marks
+    "in Loop" of that header): what each trip of a kernel's loop meets its warps at; None without a loop."""
+    lines = compiled.asm["ptx"].splitlines()
+    headers = [l.split("Header=")[1].split()[0] for l in lines if "in Loop: Header=" in l]
+    if not headers:
+        return None
+    header = headers[0]
+    count, inside = 0, False
+    for i, line in enumerate(lines):
+        if line.startswith("$L__BB"):
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            inside = line.startswith(f"$L__{header}:") or f"in Loop: Header={header}" in following
+        count += inside and "bar.sync" in line
+    return count
 
 
 TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1",

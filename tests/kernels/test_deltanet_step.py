@@ -225,6 +225,7 @@ constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
                  PREFETCH_LINES=max(1, 128 // splits // 32))
 compiled = compile_for_hopper(_deltanet_step_kernel, types, constants, num_warps=num_warps(128, 128 // splits))
 print(ptxas_report(compiled))
+print("token loop barriers", loop_barriers(compiled))
 """
 
 
@@ -257,6 +258,18 @@ def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, splits
     done = run_compile_script(SM90_COMPILE, *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("0 bytes spill stores") == 1, done.stdout
+
+
+def test_a_verified_token_meets_its_warps_at_few_barriers(tmp_path):
+    """Qwen3.5's batch-1 verify of 3 tokens (4 programs a value head): the token loop's reductions are joined
+    (module docstring), 13 barriers a token where separate reductions took 19; a reduction split apart again
+    adds 3 or more."""
+    done = run_compile_script(SM90_COMPILE, "0", "1", "3", "4", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    barriers = done.stdout.split("token loop barriers")[1].split()[0]
+    assert barriers != "None" and int(barriers) <= 13, (
+        done.stdout
+    )  # (a loop of 3 tokens, not unrolled)
 
 
 # ---- GPU only ------------------------------------------------------------------------------------------------
