@@ -110,9 +110,8 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
                 torch.cuda.synchronize()
     finally:
         engine.step, launch_module.HostCopy.tolist = real_step, real_tolist
-    steps = walls[
-        2:-2
-    ]  # decode steps: not the prefill and the first, not the last two (and a drop)
+    # decode steps: not the prefill and the first, not the last two (and a drop)
+    steps = walls[2:-2]
     spans = sorted(
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
