@@ -56,8 +56,9 @@ and waits as little as it can:
 - Few reductions across warps: each one meets the program's warps at barriers (through shared memory), and a
   token's arithmetic is a chain of them. A token's two squared norms and q . k are one reduction, k @ S and
   q @ S (S the decayed state) another, o taken as q @ S + (q . k) delta (the same value as q @ S after the
-  update); a split head's norm reduces all the run's rows at once. Compiled for sm_90 at Qwen3.5's batch-1
-  verify (4 splits), the token loop holds 13 barriers where it held 19 (the PTX's ``bar.sync``).
+  update); a split head's norm reduces all the run's rows at once. Compiled by Triton 3.7.1 for sm_90 at
+  Qwen3.5's batch-1 verify (4 splits), the token loop holds 13 barriers where it held 19 (the PTX's
+  ``bar.sync``; tests/kernels/test_deltanet_step.py counts them).
 
 - Look-ahead: a token's loads (its conv windows, beta's logit and the decay's input: layers/gated_deltanet.py's
   projections) do not depend on the state, so each token issues the next one's before its own arithmetic and
