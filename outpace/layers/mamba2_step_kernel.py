@@ -28,6 +28,12 @@ overwrite them before another has read them. After the first launch has finished
 start state any more. Each program of either launch writes bytes no other program writes (runs of
 distinct state rows: the padding rows of a captured batch share one, which no request reads).
 
+Both launches use programmatic dependent launch on Hopper (layers/pdl.py), as gated DeltaNet's step kernel does
+(layers/deltanet_step_kernel.py): each loads the layer's parameters (the convolution's taps, A_log, dt_bias, D;
+the norm's weight), never written while serving, before its wait, and lets the next kernel (the norm, then
+out_proj, which prefetches its weights) start launching; nothing another kernel writes, index tensors
+included, is read before the wait.
+
 Rounding follows the eager path in the model's dtype (bf16): the convolution's sum and then its bias
 rounded, the activation rounded, y rounded before the gate, the normalised value rounded before the
 weight. Grids and loops come from shapes only (no host sync): the step runs inside captured CUDA graphs.
@@ -42,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
 
@@ -236,6 +243,7 @@ def _scan_kernel(
     HAS_BIAS: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     r, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     INNER: tl.constexpr = HEADS * P
@@ -255,7 +263,9 @@ def _scan_kernel(
     a = -tl.exp(tl.load(A_log + h).to(tl.float32))
     step_bias = tl.load(dt_bias + h).to(tl.float32)
     skip = tl.load(D + h).to(tl.float32)
-
+    pdl_enter(
+        PDL
+    )  # (the parameters above are never written while serving; everything below may be)
     slot = tl.load(state_indices + r)  # the run's state row
     has_init = tl.load(has_initial + r) != 0
     n_valid = tl.load(query_lens + r)
@@ -371,6 +381,7 @@ def _norm_kernel(
     WB: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     r, t, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     INNER: tl.constexpr = HEADS * P
@@ -380,6 +391,8 @@ def _norm_kernel(
     cs, ns, ks = tl.arange(0, BG), tl.arange(0, BN), tl.arange(0, WB)
     cm, nm = cs < SIZE, ns < N
     x_cols = g * SIZE + cs
+    weight = tl.load(norm_weight + x_cols, mask=cm).to(tl.float32)  # (a parameter: before the wait)
+    pdl_enter(PDL)
     n_valid = tl.load(query_lens + r)
     if t < n_valid:  # y * silu(z), normalised over the group (GroupedGatedRMSNorm)
         token = tl.load(table + r * length + t).to(tl.int64)
@@ -388,7 +401,6 @@ def _norm_kernel(
         gated = yv * (z * tl.sigmoid(z))
         rstd = 1.0 / tl.sqrt(tl.sum(gated * gated, axis=0) / SIZE + eps)
         normed = (gated * rstd).to(dtype).to(tl.float32)
-        weight = tl.load(norm_weight + x_cols, mask=cm).to(tl.float32)
         tl.store(y + token * INNER + x_cols, (weight * normed).to(dtype), mask=cm)
 
     slot = tl.load(state_indices + r)
@@ -464,6 +476,10 @@ def _norm_kernel(
 # gain in both passes.
 max_head_block = 64
 scan_warps = 4
+# The norm kernel's warps: a program takes a whole norm group's channels (1024 at Nemotron-H-8B); with 4 warps
+# ptxas spilled registers in decode (its convolution window copied into the state row), with 8 none
+# (tests/kernels/test_mamba2_step_sm90_compile.py). Not yet timed on a GPU.
+norm_warps = 8
 
 
 def _head_block(head_dim: int, programs_per_block: int, device: torch.device) -> int:
@@ -514,6 +530,7 @@ def mamba2_step(
     parents = recurrent.parents if tree else token_table
     common = (zxbcdt, zxbcdt.stride(0), token_table, query_lens, recurrent.state_indices)
     block = _head_block(p, runs * heads, zxbcdt.device)
+    pdl = pdl_available(zxbcdt.device)
     _scan_kernel[(runs, heads, triton.cdiv(p, block))](
         *common,
         recurrent.has_initial_state,
@@ -541,7 +558,9 @@ def mamba2_step(
         HAS_BIAS=conv_bias is not None,
         TREE=tree,
         SNAPSHOTS=snapshots,
+        PDL=pdl,
         num_warps=scan_warps,
+        **pdl_launch_options(pdl),
     )
     _norm_kernel[(runs, length, groups)](
         *common,
@@ -564,5 +583,8 @@ def mamba2_step(
         WB=triton.next_power_of_2(keep + 1),
         TREE=tree,
         SNAPSHOTS=snapshots,
+        PDL=pdl,
+        num_warps=norm_warps,
+        **pdl_launch_options(pdl),
     )
     return y

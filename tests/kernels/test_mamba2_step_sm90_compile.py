@@ -1,0 +1,49 @@
+"""Mamba2's step kernels (layers/mamba2_step_kernel.py: the scan and the gated norm) compiled for an H100 / H200
+(sm_90) without a GPU, in a process of its own (the interpreter replaces @triton.jit here), with programmatic
+dependent launch on: what Triton's interpreter does not check. At Nemotron-H-8B's shape (128 heads of 64, 8
+groups, state 128, convolution of 4; the launcher's head blocks and warps), decode into the state row, a verify
+chain and a tree: each kernel's PTX holds the wait (griddepcontrol.wait) and ptxas spills no register (the norm
+kernel spilled in decode at 4 warps: its launcher takes 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from helpers.hopper_compile import run_compile_script  # noqa: E402
+
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
+SM90_COMPILE = """
+import triton
+from outpace.layers import mamba2_step_kernel as m
+
+tree, snapshots = (bool(int(a)) for a in sys.argv[1:3])
+pointers = dict(zxbcdt="*bf16", table="*i32", query_lens="*i64", state_indices="*i64", has_initial="*i1",
+                parents="*i64", conv_state="*bf16", conv_snapshots="*bf16", ssm_state="*fp32",
+                ssm_snapshots="*fp32", conv_weight="*bf16", conv_bias="*bf16", dt_bias="*bf16", A_log="*bf16",
+                D="*bf16", norm_weight="*bf16", y="*bf16", time_step_min="fp32", eps="fp32")
+heads, p, groups, n, keep = 128, 64, 8, 128, 3
+shape = dict(HEADS=heads, GROUPS=groups, P=p, N=n, KEEP=keep, BN=n, WB=triton.next_power_of_2(keep + 1),
+             TREE=tree, SNAPSHOTS=snapshots, PDL=True)
+block = int(sys.argv[3])  # a head's state rows a program (the launcher's _head_block)
+scan = compile_for_hopper(m._scan_kernel, pointers, dict(shape, BP=block, HAS_BIAS=True),
+                          num_warps=m.scan_warps)
+norm = compile_for_hopper(m._norm_kernel, pointers, dict(shape, BG=triton.next_power_of_2(heads // groups * p)),
+                          num_warps=m.norm_warps)
+for name, compiled in (("scan", scan), ("norm", norm)):
+    spills = "0 bytes spill stores" in ptxas_report(compiled)
+    print(name, "griddepcontrol.wait" in compiled.asm["ptx"], spills)
+"""
+
+
+@pytest.mark.parametrize(
+    "tree, snapshots, block",
+    [(0, 0, 16), (0, 0, 64), (0, 1, 16), (1, 1, 64)],
+    ids=["decode into the row", "decode, 64-row blocks", "verify chain", "tree, 64-row blocks"],
+)
+def test_step_kernels_wait_for_their_inputs_without_spills(tree, snapshots, block, tmp_path):
+    """Head blocks of 16 rows (batch 1 on 132 SMs: ``_head_block``) and 64 (from batch 4)."""
+    done = run_compile_script(SM90_COMPILE, str(tree), str(snapshots), str(block), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["scan", "True", "True", "norm", "True", "True"], done.stdout
