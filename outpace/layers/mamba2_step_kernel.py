@@ -206,6 +206,10 @@ def _copy_window(
         INNER,
         CHANNELS,
     )
+    # In decode ``dest`` is the state row the window was read from: every thread's reads before any write.
+    # (A window's taps may lie in other warps than the row it is written to: at 8 warps the layout of a
+    # [4, 128] window split them, and decode's B and C rows came out wrong on the H200, gpu_2026-12-02 call 12.)
+    tl.debug_barrier()
     kept = (ks >= 1) & (ks <= KEEP)
     out = dest + (ks[:, None] - 1) * CHANNELS + cols[None, :]
     tl.store(out, window, mask=kept[:, None] & cmask[None, :])
@@ -476,10 +480,11 @@ def _norm_kernel(
 # gain in both passes.
 max_head_block = 64
 scan_warps = 4
-# The norm kernel's warps: a program takes a whole norm group's channels (1024 at Nemotron-H-8B); with 4 warps
-# ptxas spilled registers in decode (its convolution window copied into the state row), with 8 none
-# (tests/kernels/test_mamba2_step_sm90_compile.py). Not yet timed on a GPU.
-norm_warps = 8
+# The norm kernel's warps: a program takes a whole norm group's channels (1024 at Nemotron-H-8B). At 4 ptxas
+# spills registers in decode (its convolution window copied into the state row), at 8 it does not
+# (tests/kernels/test_mamba2_step_sm90_compile.py), but 8 are not timed, nor tested on a GPU since that copy's
+# barrier (``_copy_window``): 4, as every GPU run before measured it.
+norm_warps = 4
 
 
 def _head_block(head_dim: int, programs_per_block: int, device: torch.device) -> int:

