@@ -267,9 +267,8 @@ def _scan_kernel(
     a = -tl.exp(tl.load(A_log + h).to(tl.float32))
     step_bias = tl.load(dt_bias + h).to(tl.float32)
     skip = tl.load(D + h).to(tl.float32)
-    pdl_enter(
-        PDL
-    )  # (the parameters above are never written while serving; everything below may be)
+    # (the parameters above are never written while serving; everything below may be)
+    pdl_enter(PDL)
     slot = tl.load(state_indices + r)  # the run's state row
     has_init = tl.load(has_initial + r) != 0
     n_valid = tl.load(query_lens + r)
