@@ -230,8 +230,9 @@ def _pick_each(values, index, slots):
 
 @triton.jit
 def _gated_norm(o, weight, gate, eps, DV: tl.constexpr):
-    """The gated RMSNorm of one head's output row o [n] (zeros past DV): weight, then silu(gate)."""
-    return weight * o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps) * _silu(gate)
+    """The gated RMSNorm of one head's output rows o [..., n] over the last axis (zeros past DV): weight [n],
+    then silu(gate)."""
+    return weight * o * tl.rsqrt(tl.sum(o * o, axis=-1, keep_dims=True) / DV + eps) * _silu(gate)
 
 
 @triton.jit
@@ -268,8 +269,7 @@ def _norm_head_rows(
         cache_modifier=".cg",
     )
     gate = tl.load(z + rows * z_row + z_head + cols[None, :], mask=keep, other=0.0).to(tl.float32)
-    rms = tl.rsqrt(tl.sum(o * o, axis=1) / DV + eps)  # [BT]
-    o = weight[None, :] * o * rms[:, None] * _silu(gate)
+    o = _gated_norm(o, weight, gate, eps, DV)
     tl.store(out + rows * V_HEADS * DV + h * DV + cols[None, :], o, mask=keep)
 
 
