@@ -77,6 +77,7 @@ from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.quant_matmul_kernel import RowEpilogue, column_blocks, quant_matmul
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
+from outpace.layers.zeroed_scratch import zeroed_scratch
 
 # epilogues (EPILOGUE)
 _PLAIN = tl.constexpr(0)
@@ -190,13 +191,58 @@ def _embed_norm_pair_kernel(
     tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _argmax_across_programs(
+    best_val,  # [BM] float32 this program's best result of each row
+    best_idx,  # [BM] int32 its column
+    best_val_ptr,
+    best_idx_ptr,
+    arrivals_ptr,
+    map_ptr,
+    out_ptr,
+    rows,  # [BM] int64
+    row_ok,
+    N_OUT,
+    pid,
+    BM: tl.constexpr,
+    BLOCK_PROGS: tl.constexpr,
+    MAP: tl.constexpr,
+):
+    """ARGMAX's last step (``_fused_rows_kernel``): this program's best into the row tile's slots, then, by the
+    tile's last program to arrive, the best of every program's into out (the lowest column among equals: the
+    programs own ascending columns). The count is an atomic add, acq_rel at gpu scope: it releases this
+    program's slots, and the last to arrive acquires every program's (read past L1, which other SMs' writes do
+    not reach); that program zeroes the count again for the next launch (layers/zeroed_scratch.py)."""
+    tile, programs = tl.program_id(0), tl.num_programs(1)
+    here = (tile * programs + pid) * BM + tl.arange(0, BM)
+    tl.store(best_val_ptr + here, best_val)
+    tl.store(best_idx_ptr + here, best_idx)
+    tl.debug_barrier()  # every thread's slots before the count (one thread takes it for the program)
+    arrivals = arrivals_ptr + tile
+    if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
+        progs = tl.arange(0, BLOCK_PROGS)
+        slots = (tile * programs + progs[:, None]) * BM + tl.arange(0, BM)[None, :]
+        some = (progs < programs)[:, None]
+        vals = tl.load(best_val_ptr + slots, mask=some, other=float("-inf"), cache_modifier=".cg")
+        cols = tl.load(best_idx_ptr + slots, mask=some, other=N_OUT, cache_modifier=".cg")
+        top = tl.max(vals, axis=0)  # [BM]
+        first = tl.min(tl.where(vals == top[None, :], cols, N_OUT), axis=0)
+        first = tl.where(
+            first < N_OUT, first, 0
+        )  # a row with no finite result: column 0, as argmax's
+        if MAP:
+            first = tl.load(map_ptr + first, mask=row_ok, other=0)
+        tl.store(out_ptr + rows, first.to(tl.int64), mask=row_ok)
+        tl.atomic_xchg(arrivals, 0)
+
+
 # M is not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and there the
 # sums of squares [BLOCK_P, BM] load with the parts axis contiguous (stride M = 1), a layout whose reduction
 # adds the parts in another order: on the H200 a row's rstd, and so its output, differed decoded alone and
 # among others (benchmarks/results/gpu_2026-11-30, call 4's README). Nor num_sq_parts, which follows the
 # kernel that readied the rows (one for normed_rows, a projection's programs otherwise): its variants were met
 # first inside requests (engine/warm_up.py).
-@triton.jit(do_not_specialize=["M", "num_sq_parts"])
+@triton.jit(do_not_specialize=["M", "sq_m", "num_sq_parts"])
 def _fused_rows_kernel(
     x_ptr,
     w_ptr,
@@ -215,7 +261,13 @@ def _fused_rows_kernel(
     q_norm_ptr,
     k_norm_ptr,
     scale_ptr,
+    row_index_ptr,
+    best_val_ptr,
+    best_idx_ptr,
+    arrivals_ptr,
+    map_ptr,
     M,
+    sq_m,
     N_OUT,
     K,
     stride_xm,
@@ -255,6 +307,10 @@ def _fused_rows_kernel(
     FP8: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
+    GATHER: tl.constexpr,
+    ARGMAX: tl.constexpr,
+    MAP: tl.constexpr,
+    BLOCK_PROGS: tl.constexpr,
 ):
     """Program (t, p) owns outputs p * OUTS ... p * OUTS + OUTS - 1 of the rows of tile t (rows t * BM ...
     t * BM + BM - 1) and computes them as ``subs`` sub-tiles of CHUNK (<= BN) consecutive outputs each.
@@ -270,12 +326,20 @@ def _fused_rows_kernel(
     their weights plus qk_offset; V_NORM: of v too, without a weight.
     FP8: the weight is float8 e4m3 with one float scale per SCALE_BN x SCALE_BK block (``Fp8Weight``; BK
     divides SCALE_BK, so a K step lies in one block column): each step's product, exact fp8 values in x's
-    dtype, is scaled per output column before it is accumulated."""
+    dtype, is scaled per output column before it is accumulated.
+    GATHER: row r reads x's row row_index[r] (and that row's sums of squares: sq_in [P, sq_m]).
+    ARGMAX (PLAIN, ``head_argmax``): nothing is stored per output; out [M] int64 receives each row's first
+    column of the largest result (through ``map``, a lookup table, with MAP). Each program keeps its best over
+    its sub-tiles and writes it to best_val / best_idx [row tiles, programs, BM]; the row tile's last program
+    to arrive (arrivals [row tiles], left zero) takes the best of those, the lowest column among equals."""
     pid = tl.program_id(1)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]: the program's row tile
     row_ok = rows < M
+    src = rows  # [BM] the rows of x they read
+    if GATHER:
+        src = tl.load(row_index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     ks = tl.arange(0, BK)
     if PDL:
         i = pid * OUTS + tl.arange(0, BN)  # the first sub-tile's outputs
@@ -290,7 +354,9 @@ def _fused_rows_kernel(
             prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
     pdl_enter(PDL)
     if SCALE_ROWS:
-        rstd = row_rstd(sq_in_ptr, rows, row_ok, M, num_sq_parts, K, eps, BLOCK_P)  # [BM, 1]
+        rstd = row_rstd(sq_in_ptr, src, row_ok, sq_m, num_sq_parts, K, eps, BLOCK_P)  # [BM, 1]
+    best_val = tl.full([BM], float("-inf"), tl.float32)  # ARGMAX: the program's best so far
+    best_idx = tl.zeros([BM], tl.int32)
     for sub in range(subs):
         start = pid * OUTS + sub * CHUNK
         i = start + tl.arange(0, BN)  # [BN]
@@ -324,7 +390,7 @@ def _fused_rows_kernel(
             kk = k0 + ks  # [BK]
             k_ok = kk < K
             x = tl.load(
-                x_ptr + rows[:, None] * stride_xm + kk[None, :],
+                x_ptr + src[:, None] * stride_xm + kk[None, :],
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
             )  # [BM, BK]
@@ -355,8 +421,16 @@ def _fused_rows_kernel(
                 acc_a = acc_a * acc_a
             if RESIDUAL:
                 acc_a += res.to(tl.float32)
-            out = acc_a.to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
+            if ARGMAX:  # (a NaN is never the best: drafts only, module docstring)
+                vals = tl.where(ok, acc_a, float("-inf"))
+                top = tl.max(vals, axis=1)  # [BM]
+                first = tl.min(tl.where(vals == top[:, None], i[None, :], N_OUT), axis=1)
+                better = top > best_val  # strictly: an earlier sub-tile keeps a tie
+                best_idx = tl.where(better, first, best_idx)
+                best_val = tl.where(better, top, best_val)
+            else:
+                out = acc_a.to(out_ptr.dtype.element_ty)
+                tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
             if NEXT_NORM:
                 s = tl.where(ok, out.to(tl.float32), 0.0)  # the stream as stored
                 tl.store(
@@ -416,6 +490,11 @@ def _fused_rows_kernel(
                 kv_size,
                 HALF,
             )
+    if ARGMAX:
+        _argmax_across_programs(
+            best_val, best_idx, best_val_ptr, best_idx_ptr, arrivals_ptr, map_ptr, out_ptr, rows,
+            row_ok, N_OUT, pid, BM, BLOCK_PROGS, MAP,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -961,25 +1040,29 @@ def _launch(
     act: str = "silu",
     softcap: float | None = None,
     relu2: bool = False,
+    argmax: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
     ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap; ``relu2``:
-    PLAIN's outputs relu(.)^2.
+    PLAIN's outputs relu(.)^2; ``argmax``: (row_index [M] or None, map or None), PLAIN's ARGMAX into out [M]
+    int64 (row r reads x's row row_index[r]).
     ``tiles`` (benchmarks): (outputs a program, BK, warps, stages, outputs a sub-tile at most), None for
     the default of an entry."""
     if v_norm and qk_norm is None:
         raise ValueError("v_norm needs qk_norm (whole heads a sub-tile)")
     if act not in FUSED_ACTIVATIONS:
         raise ValueError(f"no fused gate activation {act!r}")
-    m, k = x.shape
+    k = x.shape[1]
     x = x if x.stride(1) == 1 else x.contiguous()
+    row_index, token_map = argmax if argmax is not None else (None, None)
+    m = x.shape[0] if row_index is None else row_index.numel()
     if _quantized_product(weight):
-        if epilogue == _QKV.value or softcap is not None or tiles is not None:
+        if epilogue == _QKV.value or softcap is not None or tiles is not None or argmax:
             raise ValueError(
                 "an fp8 weight's quantized product finishes plain and SwiGLU projections only (no q/k/v"
-                " heads, soft-cap or benchmark tiles: norm_project_qkv takes an fp8 weight itself)"
+                " heads, soft-cap, argmax or benchmark tiles: norm_project_qkv takes an fp8 weight itself)"
             )
         return _quantized_launch(
             x, weight, out, epilogue, half, norm, residual, next_norm, next_offset, act, relu2
@@ -1031,6 +1114,18 @@ def _launch(
     q_norm, k_norm, qk_eps = qk_norm if qk_norm is not None else (x, x, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     row_tiles = max(1, triton.cdiv(m, MAX_ROWS))  # (module docstring: Rows)
+    best_val = best_idx = arrivals = x  # (ARGMAX's: not read otherwise)
+    if argmax is not None:
+        best_val = torch.empty(
+            row_tiles * grid.programs * MAX_ROWS, dtype=torch.float32, device=x.device
+        )
+        best_idx = torch.empty(best_val.shape, dtype=torch.int32, device=x.device)
+        arrivals = zeroed_scratch(  # [row tiles] one a row tile
+            "layers/fused_projection.py: the head argmax's arrival counters",
+            x.device,
+            row_tiles,
+            torch.int32,
+        )
     _fused_rows_kernel[(row_tiles, grid.programs)](
         x,
         weight,
@@ -1049,7 +1144,13 @@ def _launch(
         q_norm,
         k_norm,
         fp8.scale if fp8 else x,
+        x if row_index is None else row_index,
+        best_val,
+        best_idx,
+        arrivals,
+        x if token_map is None else token_map,
         m,
+        sq_in.shape[1] if norm is not None else m,
         n_out,
         k,
         x.stride(0),
@@ -1089,6 +1190,10 @@ def _launch(
         FP8=fp8 is not None,
         SCALE_BN=fp8.block[0] if fp8 else 1,
         SCALE_BK=fp8.block[1] if fp8 else 1,
+        GATHER=row_index is not None,
+        ARGMAX=argmax is not None,
+        MAP=token_map is not None,
+        BLOCK_PROGS=triton.next_power_of_2(grid.programs) if argmax is not None else 1,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch_options(use_pdl),
@@ -1294,6 +1399,42 @@ def norm_project(
         tiles=tiles,
         softcap=softcap,
         relu2=relu2,
+    )
+
+
+def head_argmax(
+    x: torch.Tensor | NormedRows,
+    weight: torch.Tensor,
+    eps: float = 0.0,
+    rows: torch.Tensor | None = None,
+    softcap: float | None = None,
+    token_map: torch.Tensor | None = None,
+    pdl: bool | None = None,
+) -> torch.Tensor:
+    """A greedy draft's tokens straight from its head, [R] int64: for each row, the first column of the
+    largest of x @ weight.T (RMSNorm(x.stream) @ weight.T for ``NormedRows``, eps its norm's; soft-capped
+    with ``softcap``), of x's rows ``rows`` [R] (all when None), looked up in ``token_map`` [columns] when
+    given (an EAGLE3 draft's vocabulary -> the target's). No logits are written: the projection's programs
+    keep their best columns and the last to finish picks among them (``_argmax_across_programs``), so a
+    head, its float copy and an argmax's two launches are one. Its products are the projection's; the
+    argmax of the logits ``norm_project`` writes, except that a NaN is never chosen (drafts only: a draft
+    token only has to be some token)."""
+    normed = isinstance(x, NormedRows)
+    stream = x.normed if normed else x
+    m = stream.shape[0] if rows is None else rows.numel()
+    out = torch.empty(m, dtype=torch.int64, device=stream.device)
+    if m == 0:
+        return out
+    return _launch(
+        stream,
+        weight,
+        out,
+        weight.shape[0],
+        _PLAIN.value,
+        norm=(x.sq_parts, eps) if normed else None,
+        pdl=pdl,
+        softcap=softcap,
+        argmax=(rows, token_map),
     )
 
 

@@ -479,4 +479,5 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
     embed = LlamaForCausalLM.embed
     _model_output = LlamaForCausalLM._model_output
     compute_logits = LlamaForCausalLM.compute_logits
+    greedy_tokens = LlamaForCausalLM.greedy_tokens
     checkpoint_name = LlamaForCausalLM.checkpoint_name

@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 from outpace.layers.embedding import LMHead, VocabEmbedding
-from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, run_layers
+from outpace.layers.fused_decoder import (
+    FusedDecoderLayer,
+    head_argmax_tokens,
+    norm_head_logits,
+    run_layers,
+)
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -123,6 +128,14 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
     ) -> torch.Tensor:
         """[n, hidden] pre-norm hidden states -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
+
+    def greedy_tokens(
+        self, hidden_states: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` [R] (all when
+        None), in one launch for few rows on the GPU (layers/fused_decoder.py ``head_argmax_tokens``): what
+        an MTP layer drafting with this head chooses greedily."""
+        return head_argmax_tokens(self.lm_head, hidden_states, self.model.norm, rows)
 
     # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.
     def checkpoint_name(self, param_name: str) -> str:

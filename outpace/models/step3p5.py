@@ -716,6 +716,13 @@ class Step3p5MTPLayer(MTPBlock, Step3p5DecoderLayer):
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return fused_decoder.norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
 
+    def greedy_tokens(
+        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return fused_decoder.head_argmax_tokens(
+            self.shared_head.head, hidden, self.shared_head.norm, rows
+        )
+
 
 class Step3p5Model(nn.Module):
     def __init__(self, cfg: Step3p5Config) -> None:

@@ -4,6 +4,8 @@ noise of the position: layers/sampler.py), and packing the drafts into a chain `
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from outpace.layers.argmax import argmax_last
@@ -37,6 +39,21 @@ def choose_chain(
     )  # [b, vocab]
     probs.append(q)
     return sample_from_probs(q, rows.keys(j, DRAFT))
+
+
+def draft_token(
+    rows: DecodeRows,
+    j: int,
+    probs: list[torch.Tensor],
+    greedy: Callable[[], torch.Tensor],
+    logits: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """Draft j [b] from a draft head: ``greedy()`` (the argmax token ids, which a head gives in one launch
+    without writing its logits: layers/fused_decoder.py ``head_argmax_tokens``) when every row is greedy,
+    else ``choose_chain`` of ``logits()`` [b, vocab]."""
+    if rows.sampling.all_greedy:
+        return greedy()
+    return choose_chain(logits(), rows, j, probs)
 
 
 def chain_drafts(rows: DecodeRows, tokens: list[torch.Tensor], probs: list[torch.Tensor]) -> Drafts:

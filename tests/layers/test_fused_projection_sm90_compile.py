@@ -9,7 +9,8 @@ half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
 zero-centred head norms): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
 registers (ptxas -v: no spills) and stream its weights through cp.async. And the embedding-and-norms pair
-(``_embed_norm_pair_kernel``: EAGLE3's and MTP layers' input) at the widened Qwen3.5's shape."""
+(``_embed_norm_pair_kernel``: EAGLE3's and MTP layers' input) at the widened Qwen3.5's shape, and the greedy draft
+heads with the argmax folded in (``head_argmax``)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,12 @@ cases = {
                                                        torch.empty(4096, 4096, dtype=torch.bfloat16),
                                                        (stream[0], 1e-6, 1.0), stream.expand(12, -1),
                                                        (stream[0], 1e-6, 1.0)),
+    # greedy draft heads, the argmax folded in: the widened Qwen3.5's MTP head (4096 columns) on a window's last
+    # row; an EAGLE3 draft's (32000 columns) behind its norm, through its token map
+    "argmax:bf16": lambda: fp.head_argmax(stream.expand(12, -1), torch.empty(4096, 4096, dtype=torch.bfloat16),
+                                          rows=torch.zeros(1, dtype=torch.int64), pdl=True),
+    "argmax_normed_map:bf16": lambda: fp.head_argmax(rows, torch.empty(32000, 4096, dtype=torch.bfloat16), 1e-5,
+                                                     token_map=torch.zeros(32000, dtype=torch.int64), pdl=True),
 }
 # (per-head norms on few programs: the first two, in turn)
 kernels = ["_fused_rows_kernel", "_qkv_heads_kernel", "_embed_norm_pair_kernel"]
@@ -94,5 +101,7 @@ def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
         "plain:bf16",
         "qkv_norms:bf16",
         "embed_norm_pair:bf16",
+        "argmax:bf16",
+        "argmax_normed_map:bf16",
     ]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]

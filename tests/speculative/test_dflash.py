@@ -165,22 +165,24 @@ def _rows_requests(llm, rows):
 
 
 def _record_blocks(llm, monkeypatch):
-    """Record (tokens, L, logits) of every request at every block forward."""
+    """Record (tokens, L, logits) of every request at every block forward (greedy or sampled, every draft
+    reads the block's rows 1 .. k: ``block_rows``)."""
     records = []
     proposer = llm.engine.proposer
-    original = proposer.block_logits
+    original = proposer.block_rows
 
     def recording(rows, k):
-        logits = original(rows, k)
+        hidden = original(rows, k)  # [b * k, hidden]
+        logits = proposer.draft_model.compute_logits(hidden).view(rows.size, k, -1)
         requests = _rows_requests(llm, rows)
         records.extend(
             (list(r.token_ids), L, logits[i].clone())
             for i, (r, L) in enumerate(zip(requests, rows.lengths.tolist()))
             if r is not None
         )
-        return logits
+        return hidden
 
-    monkeypatch.setattr(proposer, "block_logits", recording)
+    monkeypatch.setattr(proposer, "block_rows", recording)
     return records
 
 

@@ -38,7 +38,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
-from outpace.layers.fused_decoder import FusedDecoderLayer, norm_head_logits, write_kv
+from outpace.layers.fused_decoder import (
+    FusedDecoderLayer,
+    head_argmax_tokens,
+    norm_head_logits,
+    write_kv,
+)
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.model_config import ModelConfig
@@ -141,6 +146,11 @@ class DFlashDraft(nn.Module):
         """[n, hidden] pre-norm block rows -> [n, vocab] float32 logits (the target's head)."""
         head = self._borrowed[1]
         return norm_head_logits(self.norm, head, hidden)
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm block rows -> [n] int64 the argmax of ``compute_logits``, without the logits
+        where one launch gives it (layers/fused_decoder.py)."""
+        return head_argmax_tokens(self._borrowed[1], hidden, self.norm)
 
     # ---- serving (paged KV, inside a forward_context) ----------------------------------------
     def write_context(

@@ -48,6 +48,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
 from outpace.layers.fused_decoder import (
     attention_and_mlp,
     embed_norm_pair,
+    head_argmax_tokens,
     layer_fuses,
     norm_head_logits,
 )
@@ -329,6 +330,11 @@ class Eagle3Draft(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, draft_vocab] float32 logits."""
         return norm_head_logits(self.norm, self.head, hidden)
+
+    def greedy_tokens(self, hidden: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [n] int64: the target id (``target_ids`` [draft_vocab]) of each row's
+        argmax of ``compute_logits``, without the logits where one launch gives it (layers/fused_decoder.py)."""
+        return head_argmax_tokens(self.head, hidden, self.norm, token_map=target_ids)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

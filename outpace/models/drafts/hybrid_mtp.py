@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from outpace.layers.fused_decoder import run_layer
+from outpace.layers.fused_decoder import head_argmax_tokens, run_layer
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.models.drafts.mtp import mtp_input
@@ -110,3 +110,10 @@ class QwenMTPStep(nn.Module):
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] (already normed) -> [n, vocab] float32."""
         return target.lm_head(hidden).float()
+
+    def greedy_tokens(
+        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] (already normed) -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` (all
+        when None), without the logits where one launch gives it (layers/fused_decoder.py)."""
+        return head_argmax_tokens(target.lm_head, hidden, rows=rows)

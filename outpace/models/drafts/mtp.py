@@ -41,6 +41,7 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
     embed_norm_pair,
+    head_argmax_tokens,
     norm_head_logits,
     run_layer,
 )
@@ -175,6 +176,13 @@ class MTPBlock(nn.Module):
         """[n, hidden] pre-norm output -> [n, vocab] float32 logits."""
         return target.compute_logits(hidden)
 
+    def greedy_tokens(
+        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] pre-norm output -> [R] int64: the argmax of ``compute_logits`` of rows ``rows`` [R]
+        (all when None), without the logits where one launch gives it (a greedy draft)."""
+        return target.greedy_tokens(hidden, rows)
+
 
 class SharedHead(nn.Module):
     """DeepSeek-V3's per-MTP-layer output head: ``norm`` then ``head`` (vLLM deepseek_mtp.py SharedHead)."""
@@ -223,6 +231,11 @@ class OwnHeadsMTPBlock(MTPBlock):
 
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
+
+    def greedy_tokens(
+        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return head_argmax_tokens(self.shared_head.head, hidden, self.shared_head.norm, rows)
 
 
 class MTPLayer(MTPBlock, FusedDecoderLayer):

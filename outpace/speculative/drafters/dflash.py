@@ -110,13 +110,26 @@ class DFlashProposer(Proposer):
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         k = shape.num_steps
-        logits = self.block_logits(rows, k) if k else None  # [b, k, vocab]
         probs: list[torch.Tensor] = []
-        tokens = [choose_chain(logits[:, j - 1], rows, j, probs) for j in range(1, k + 1)]
+        if (
+            k and rows.sampling.all_greedy
+        ):  # the head's argmax in one launch (layers/fused_decoder.py)
+            tokens = list(
+                self.draft_model.greedy_tokens(self.block_rows(rows, k))
+                .view(rows.size, k)
+                .unbind(1)
+            )
+        else:
+            logits = self.block_logits(rows, k) if k else None  # [b, k, vocab]
+            tokens = [choose_chain(logits[:, j - 1], rows, j, probs) for j in range(1, k + 1)]
         return chain_drafts(rows, tokens, probs)
 
     def block_logits(self, rows: DecodeRows, k: int) -> torch.Tensor:
         """One draft forward over every row's block -> the logits of block rows 1 .. k, [b, k, vocab]."""
+        return self.draft_model.compute_logits(self.block_rows(rows, k)).view(rows.size, k, -1)
+
+    def block_rows(self, rows: DecodeRows, k: int) -> torch.Tensor:
+        """One draft forward over every row's block -> its rows 1 .. k, pre-norm, [b * k, hidden]."""
         b, n = rows.size, self.block_size
         ids = torch.cat(
             [rows.last_tokens[:, None], rows.last_tokens.new_full((b, n - 1), self.mask_token_id)],
@@ -127,6 +140,4 @@ class DFlashProposer(Proposer):
             hidden = self.draft_model(
                 ids.reshape(-1), positions(rows.lengths, n)
             )  # [b * n, hidden]
-        return self.draft_model.compute_logits(
-            hidden.view(b, n, -1)[:, 1 : k + 1].reshape(b * k, -1)
-        ).view(b, k, -1)
+        return hidden.view(b, n, -1)[:, 1 : k + 1].reshape(b * k, -1)

@@ -30,7 +30,7 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
-from outpace.speculative.chain import chain_drafts, choose_chain, position_gumbel
+from outpace.speculative.chain import chain_drafts, draft_token, position_gumbel
 from outpace.speculative.proposer import (
     HOLD_ROWS,
     DecodeRows,
@@ -160,8 +160,12 @@ class Eagle3Proposer(Proposer):
         tokens, probs = [], []
         for j in range(1, num_steps + 1):
             tokens.append(
-                choose_chain(
-                    self._to_target_logits(self.draft_model.compute_logits(hidden)), rows, j, probs
+                draft_token(
+                    rows,
+                    j,
+                    probs,
+                    lambda: self.draft_model.greedy_tokens(hidden, self.target_ids),
+                    lambda: self._to_target_logits(self.draft_model.compute_logits(hidden)),
                 )
             )
             if j < num_steps:  # the row reading draft j sits at position L + j - 1

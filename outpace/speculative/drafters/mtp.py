@@ -47,7 +47,7 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.layers.routed_rows import routed_rows
 from outpace.models.drafts.hybrid_mtp import mtp_layer_count
-from outpace.speculative.chain import chain_drafts, choose_chain
+from outpace.speculative.chain import chain_drafts, draft_token
 from outpace.speculative.proposer import (
     HOLD_ROWS,
     DecodeRows,
@@ -203,8 +203,12 @@ class MTPProposer(Proposer):
                 h = layer(window.positions, ids, h if self.chained else window.hidden, self.target)
                 if k < shape.num_steps:
                     tokens.append(
-                        choose_chain(
-                            layer.compute_logits(self.target, h[window.last]), rows, k + 1, probs
+                        draft_token(
+                            rows,
+                            k + 1,
+                            probs,
+                            lambda: layer.greedy_tokens(self.target, h, window.last),
+                            lambda: layer.compute_logits(self.target, h[window.last]),
                         )
                     )
         layer, h = self.layers[0], h[window.last]
@@ -212,5 +216,13 @@ class MTPProposer(Proposer):
             row = rows.lengths + j - 2
             with rows.context(row, 1, self.backend):
                 h = layer(row, tokens[-1], h, self.target)
-            tokens.append(choose_chain(layer.compute_logits(self.target, h), rows, j, probs))
+            tokens.append(
+                draft_token(
+                    rows,
+                    j,
+                    probs,
+                    lambda: layer.greedy_tokens(self.target, h),
+                    lambda: layer.compute_logits(self.target, h),
+                )
+            )
         return chain_drafts(rows, tokens, probs)
