@@ -265,7 +265,10 @@ class PendingRows:
         b, w = window.tokens.shape
         if k == 0:  # (row t reads token t + 1: the pending tokens themselves)
             return window.tokens.reshape(-1)
-        stacked = torch.stack(drafts, 1) if drafts else window.tokens.new_empty(b, 0)  # [b, D]
+        if len(drafts) == 1:
+            stacked = drafts[0][:, None]  # [b, 1] a view: no stack's copy launched
+        else:
+            stacked = torch.stack(drafts, 1) if drafts else window.tokens.new_empty(b, 0)  # [b, D]
         if stacked.is_cuda:
             from outpace.speculative import pending_window_kernel
 

@@ -211,7 +211,8 @@ class MTPProposer(Proposer):
                             lambda: layer.compute_logits(self.target, h[window.last]),
                         )
                     )
-        layer, h = self.layers[0], h[window.last]
+        if shape.num_steps > len(self.layers):  # (the window's last rows gathered only for these)
+            layer, h = self.layers[0], h[window.last]
         for j in range(len(self.layers) + 1, shape.num_steps + 1):  # a single layer, reused
             row = rows.lengths + j - 2
             with rows.context(row, 1, self.backend):
