@@ -1,6 +1,6 @@
 """One Triton launch that commits a verify's recurrent states in every state tensor of a model
 (cache/recurrent_states.py ``RecurrentStates.commit``): row indices[r] of each state tensor receives its snapshot
-row rows[r]. A gather and an index_copy per tensor took 4 launches a layer: 378 us of the widened Qwen3.5's
+row rows[r], unless that is the row the verify left in the state row itself (``held_row``). A gather and an index_copy per tensor took 4 launches a layer: 378 us of the widened Qwen3.5's
 batch-1 verify step and 500 us of Nemotron-H-8B's on the H200, against about 20 us of bytes
 (benchmarks/scripts/verify_timeline.py, gpu_2026-11-30d call 2).
 
@@ -26,13 +26,14 @@ def _commit_kernel(
     indices,  # [b] int64: the requests' state rows
     rows,  # [b] int64: the snapshot row each commits
     max_verify_rows,
+    held_row,  # a snapshot row the state rows already hold (not copied), or -1
     BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
     r = tl.program_id(1)
     start = tl.program_id(2) * BLOCK
     words = tl.load(row_words + t)
-    if start < words:
+    if start < words and tl.load(rows + r) != held_row:
         state = tl.load(state_bases + t).to(tl.pointer_type(tl.int32))
         snapshots = tl.load(snapshot_bases + t).to(tl.pointer_type(tl.int32))
         slot = tl.load(indices + r)
@@ -60,8 +61,9 @@ class StateCommit:
         self.row_words = torch.tensor(words, device=device)
         self.chunks = triton.cdiv(max(words), _BLOCK)
 
-    def __call__(self, indices: torch.Tensor, rows: torch.Tensor) -> None:
-        """indices, rows [b] int64 (device tensors: capturable)."""
+    def __call__(self, indices: torch.Tensor, rows: torch.Tensor, held_row: int = -1) -> None:
+        """indices, rows [b] int64 (device tensors: capturable); a request whose row is ``held_row`` is not
+        copied (its state row already holds that state)."""
         grid = (self.row_words.numel(), indices.numel(), self.chunks)
         _commit_kernel[grid](
             self.state_bases,
@@ -70,5 +72,6 @@ class StateCommit:
             indices,
             rows,
             self.max_verify_rows,
+            held_row,
             BLOCK=_BLOCK,
         )

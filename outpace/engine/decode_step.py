@@ -155,11 +155,14 @@ class DecodeStep:
                 None if shape.is_chain else ancestor_mask(drafts.parents, shape.num_steps)
             )  # [b, n, n]
             with rows.context(rows.lengths, n, self.backend, mask) as ctx:
-                ctx.recurrent = (
+                recurrent = ctx.recurrent = (
                     self.states.decode(req_indices, rows.lengths)
                     if n == 1
                     else self.states.verify(
-                        req_indices, rows.lengths, None if shape.is_chain else drafts.parents
+                        req_indices,
+                        rows.lengths,
+                        None if shape.is_chain else drafts.parents,
+                        n if shape.is_chain else None,
                     )
                 )
                 positions = (
@@ -201,7 +204,7 @@ class DecodeStep:
             if (
                 n > 1
             ):  # (a one-token step advanced the states in place; a no-op without recurrent state)
-                self.states.commit(req_indices, result.last_correct_step_indices)
+                self.states.commit(req_indices, result.last_correct_step_indices, recurrent)
             if self.proposer is not None:
                 verified = Verified(rows, out.hidden_states, out.aux_hidden_states, result)
                 if key.hold:

@@ -32,10 +32,12 @@ result does not depend on the order in which the programs finish. The counters (
 zeroed once per device and grid, left zero by every launch: the launch allocates nothing but ``o_part`` and
 stays capturable.
 
-What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify; the engine's decode
-is a verify of one token) the conv and recurrent state after every valid token t go into snapshot row t of
-the sequence's state row, the row itself only read; without, the state after the run's last valid token
-goes into the row. Padding positions (past a run's query length) are neither output nor kept.
+What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify) the conv and recurrent
+state after every valid token t go into snapshot row t of the sequence's state row, the row itself only read;
+without (decode, prefill), the state after the run's last valid token goes into the row. A chain's verify with
+``last_row`` (LAST_IN_ROW) does both, but the run's last position (last_row = LENGTH - 1) keeps no snapshot:
+its state goes into the row as decode's does. Padding positions (past a run's query length) are neither output
+nor kept.
 
 Conv channels (all q, all k, all v) are shared: the q and k channels of key head kh serve its
 ``group = v_heads / k_heads`` value heads. Every program of a group computes them; into the snapshot rows
@@ -328,6 +330,7 @@ def _deltanet_step_kernel(
     BT: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
+    LAST_IN_ROW: tl.constexpr,
     SPLITS: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
@@ -427,21 +430,26 @@ def _deltanet_step_kernel(
             tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
         else:  # the head's last program to finish normalises the whole row (below)
             tl.store(o_part + (row * V_HEADS + h) * DV + vs, o, mask=vm & valid)
-        if SNAPSHOTS:  # the state after token t: snapshot row t
+        if (
+            SNAPSHOTS
+        ):  # the state after token t: snapshot row t (the last one's: the row, with LAST_IN_ROW)
+            snapped = valid
+            if LAST_IN_ROW:
+                snapped = valid & (t < LENGTH - 1)
             # the window's rows 1..KEEP are the conv state
-            kept = (taps >= 1)[:, None] & used[:, None] & valid
+            kept = (taps >= 1)[:, None] & used[:, None] & snapped
             snap = conv_snaps + (t * KEEP + taps[:, None] - 1) * CHANNELS
             dtype = conv_snap.dtype.element_ty
             tl.store(snap + vc[None, :], xv.to(dtype), mask=kept & vm[None, :])
             tl.store(snap + qc[None, :], xq.to(dtype), mask=kept & km[None, :] & writes_qk)
             tl.store(snap + kc[None, :], xk.to(dtype), mask=kept & km[None, :] & writes_qk)
             here = rec_snap + ((sidx * snap_rows + t) * V_HEADS + h) * DK * DV + tile
-            tl.store(here, sn, mask=m2 & valid)
+            tl.store(here, sn, mask=m2 & snapped)
             if TREE:
                 tl.debug_barrier()  # later nodes read this state back
         s = sn
         xq, xk, xv, b_t, a_t, row = next_xq, next_xk, next_xv, next_b, next_a, next_row
-    if not SNAPSHOTS:  # the row: the state after the last valid token (a chain)
+    if not SNAPSHOTS or LAST_IN_ROW:  # the row: the state after the last valid token (a chain)
         pos = n_tokens + taps  # the last valid token's window rows 1..KEEP, at taps 0..KEEP - 1
         final_used = taps < KEEP
         rows = _pick_each(run_rows, pos - KEEP, slots)
@@ -553,8 +561,14 @@ def deltanet_step(
         )
     else:
         o_part = counters = out  # not read
-    qk_counters = out  # (read without snapshots: the row's q / k conv channels, module docstring)
-    if not recurrent.snapshots:
+    in_row = not recurrent.snapshots or recurrent.last_row is not None
+    if recurrent.last_row is not None and (tree or recurrent.last_row != length - 1):
+        raise ValueError(
+            f"a verify's state in the row after its last token (last_row {recurrent.last_row}) needs a chain "
+            f"of {recurrent.last_row + 1} tokens a sequence, got {length}{' (a tree)' if tree else ''}"
+        )
+    qk_counters = out  # (read when the row is written: its q / k conv channels, module docstring)
+    if in_row:
         qk_counters = zeroed_scratch(  # [num_seqs * k_heads] one a (sequence, key head)
             "layers/deltanet_step_kernel.py: the row write's key-head arrival counters",
             out.device,
@@ -623,6 +637,7 @@ def deltanet_step(
             BV=bv,
             TREE=tree,
             SNAPSHOTS=recurrent.snapshots,
+            LAST_IN_ROW=recurrent.snapshots and recurrent.last_row is not None,
             SPLITS=splits,
             PDL=pdl,
             PREFETCH_LINES=max(1, bv // LINE_WORDS.value),

@@ -141,6 +141,9 @@ class Mamba2Mixer(RecurrentStateLayer):
     ``fused`` says so (None: on CUDA); prefill, references and the CPU take the eager path below."""
 
     fused: bool | None = None
+    # A verify's chain end stays out of the row (layers/recurrent.py): in the step kernel's second launch the
+    # token programs that read the old convolution window would race the one that rewrote it.
+    chain_end_in_row = False
 
     def __init__(
         self,

@@ -14,7 +14,10 @@ of a prompt), and what the forward keeps:
 - verify: the state after *every* token goes into the row's snapshot rows (row i: after token i),
   the row itself untouched; the engine then copies the snapshot at ``last_correct_step_indices``
   into the row (``RecurrentStates.commit``). With ``parents`` (a draft tree) token i continues from its
-  parent's state, not from token i - 1's.
+  parent's state, not from token i - 1's. A chain's verify may instead leave the state after its last
+  token in the row, as a prefill does (``last_row``: that token's index, whose snapshot row then need not
+  be written), where every recurrent layer of the model can (``chain_end_in_row``): the commit of a row
+  that accepted every draft then copies nothing.
 Without recurrent metadata (references and tests) each sequence starts from zeros and nothing is kept.
 
 Batch-invariant mode on the CPU (attention/context.py ``batch_invariant``): a token's bits must not depend on
@@ -99,6 +102,9 @@ class RecurrentMetadata:
     # None: a chain (token i - 1)
     parents: torch.Tensor | None = None
     snapshots: bool = False  # verify: keep the state after every token in the snapshot rows
+    # a chain's verify of last_row + 1 tokens a sequence that also leaves the state after its last valid token in
+    # the row (module docstring); None: the row untouched
+    last_row: int | None = None
 
 
 @dataclass
@@ -144,6 +150,8 @@ class RecurrentStateLayer(nn.Module):
 
     states: dict[str, torch.Tensor] | None = None  # name -> [table_rows, ...]
     snapshots: dict[str, torch.Tensor] | None = None  # name -> [table_rows, max_verify_rows, ...]
+    # whether every path of the layer honours RecurrentMetadata.last_row (module docstring)
+    chain_end_in_row: bool = True
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         """name -> (per-request shape, dtype; None: the model's dtype)."""
@@ -191,5 +199,5 @@ class RecurrentStateLayer(nn.Module):
             if recurrent.snapshots:
                 rows = every[name].shape[1]
                 self.snapshots[name][recurrent.state_indices, :rows] = every[name].to(state.dtype)
-            else:
+            if not recurrent.snapshots or recurrent.last_row is not None:
                 state.index_copy_(0, recurrent.state_indices, final[name].to(state.dtype))

@@ -32,7 +32,8 @@ SHAPES = {
     # value heads to split: 32 columns a program over 2, 16 over 4
     "wide values": dict(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=64),
 }
-# form -> (query lengths, has_initial_state, parents, snapshots)
+# form -> (query lengths, has_initial_state, parents, snapshots[, last_row: a chain's verify that leaves the state
+# after its last token in the row, RecurrentMetadata.last_row])
 FORMS = {
     "decode": ([1, 1, 1], [True, True, True], None, True),
     "decode into the row": ([1, 1, 1], [True, False, True], None, False),
@@ -41,6 +42,8 @@ FORMS = {
     "tree": ([6, 6, 6], [True, False, True], TREE, True),
     "padded runs into the row": ([5, 1, 3], [False, True, True], None, False),
     "padded verify": ([4, 2, 3], [True, True, True], None, True),
+    "verify chain of 3, its end in the row": ([3, 3, 3], [True, False, True], None, True, 2),
+    "padded verify, its end in the row": ([4, 2, 4], [True, True, True], None, True, 3),
 }
 
 
@@ -74,7 +77,7 @@ def pool(layer, seed, dtype=torch.float32, device=DEVICE):
 def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
     """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool, sequence i at state row
     ``state_indices[i]`` -> (out, states, snapshots)."""
-    lengths, start, parents, keep_every = form
+    lengths, start, parents, keep_every, *end = form
     device = x.device
     states = {k: v.clone() for k, v in states.items()}
     snapshots = {k: v.clone() for k, v in snapshots.items()}
@@ -88,6 +91,7 @@ def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
         torch.tensor(start, device=device),
         None if parents is None else torch.tensor(parents, device=device),
         keep_every,
+        end[0] if end else None,
     )
     with torch.no_grad(), forward_context(meta, recurrent=recurrent):
         out = layer(x)
@@ -96,8 +100,9 @@ def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
 
 def assert_same_step(got, want, form, snapshots_before, **tolerance):
     """Outputs and state rows equal; snapshot rows equal at every valid position and untouched elsewhere
-    (the torch path also fills a padded position's row, which no commit reads)."""
-    lengths, _, _, keep_every = form
+    (the torch path also fills a padded position's row, which no commit reads), and with ``last_row`` untouched
+    there (its state is the row's)."""
+    lengths, _, _, keep_every, *end = form
     (out, states, snapshots), (out_ref, states_ref, snapshots_ref) = got, want
     torch.testing.assert_close(out, out_ref, **tolerance)
     for name in states:
@@ -105,9 +110,10 @@ def assert_same_step(got, want, form, snapshots_before, **tolerance):
         rest = snapshots[name].clone()
         if keep_every:
             for row, n in zip(STATE_INDICES, lengths):
-                got_rows, want_rows = snapshots[name][row, :n], snapshots_ref[name][row, :n]
+                kept = [t for t in range(n) if not end or t != end[0]]
+                got_rows, want_rows = snapshots[name][row, kept], snapshots_ref[name][row, kept]
                 torch.testing.assert_close(got_rows, want_rows, **tolerance)
-                rest[row, :n] = snapshots_before[name][row, :n]
+                rest[row, kept] = snapshots_before[name][row, kept]
         assert torch.equal(rest, snapshots_before[name])
 
 
@@ -123,6 +129,8 @@ CASES = [
     ("tree", "qwen3_next", "grouped"),
     ("padded runs into the row", "qwen3_next", "grouped"),
     ("padded verify", "qwen3_5", "odd, one per key head"),
+    ("verify chain of 3, its end in the row", "qwen3_5", "grouped"),
+    ("padded verify, its end in the row", "qwen3_next", "odd, one per key head"),
 ]
 
 
@@ -156,6 +164,7 @@ SPLIT_CASES = [
     ("tree", "qwen3_next", "wide values", 2),
     ("padded runs into the row", "qwen3_5", "wide values", 4),
     ("padded verify", "qwen3_next", "odd, one per key head", 2),
+    ("verify chain of 3, its end in the row", "qwen3_next", "wide values", 4),
 ]
 
 
@@ -177,7 +186,7 @@ def test_split_value_heads_equal_the_torch_path(form, layout, shape, splits, mon
     split = counters.pop("layers/deltanet_step_kernel.py: the split step's arrival counters")
     assert split.numel() == len(STATE_INDICES) * layer.num_v_heads  # (the split launch ran)
     # a row write's key-head counters (the q / k conv channels' last reader) besides
-    assert len(counters) == (0 if FORMS[form][3] else 1)
+    assert len(counters) == (0 if FORMS[form][3] and len(FORMS[form]) == 4 else 1)
     assert not any(c.any() for c in [split, *counters.values()])
 
 
@@ -214,14 +223,14 @@ def test_batch_invariant_mode_never_splits(monkeypatch):
 SM90_COMPILE = """
 from outpace.layers.deltanet_step_kernel import _deltanet_step_kernel, num_warps
 
-tree, snapshots, length, splits = (int(a) for a in sys.argv[1:])
+tree, snapshots, length, splits, in_row = (int(a) for a in sys.argv[1:])
 bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
 types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32", query_lens="*i64",
              has_initial="*i1", state_indices="*i64", parents="*i64", rec_state="*fp32", rec_snap="*fp32",
              o_part="*fp32", counters="*i32", qk_counters="*i32")
 constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
                  KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
-                 TREE=bool(tree), SNAPSHOTS=bool(snapshots), SPLITS=splits, PDL=True,
+                 TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits, PDL=True,
                  PREFETCH_LINES=max(1, 128 // splits // 32))
 compiled = compile_for_hopper(_deltanet_step_kernel, types, constants, num_warps=num_warps(128, 128 // splits))
 print(ptxas_report(compiled))
@@ -230,15 +239,17 @@ print("token loop barriers", loop_barriers(compiled))
 
 
 @pytest.mark.parametrize(
-    "tree, snapshots, length, splits",
+    "tree, snapshots, length, splits, in_row",
     [
-        (0, 1, 8, 1),
-        (1, 1, 8, 1),
-        (0, 0, 1, 1),
-        (0, 1, 1, 8),
-        (0, 1, 8, 4),
-        (1, 1, 8, 8),
-        (0, 0, 1, 8),
+        (0, 1, 8, 1, 0),
+        (1, 1, 8, 1, 0),
+        (0, 0, 1, 1, 0),
+        (0, 1, 1, 8, 0),
+        (0, 1, 8, 4, 0),
+        (1, 1, 8, 8, 0),
+        (0, 0, 1, 8, 0),
+        (0, 1, 3, 4, 1),
+        (0, 1, 8, 1, 1),
     ],
     # (a decode is the chain's loop once)
     ids=[
@@ -249,22 +260,24 @@ print("token loop barriers", loop_barriers(compiled))
         "verify chain of 8, heads over 4",
         "tree of 8, heads over 8",
         "decode into the row, heads over 8",
+        "verify chain of 3, its end in the row, heads over 4",
+        "verify chain of 8, its end in the row",
     ],
 )
-def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, splits, tmp_path):
+def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, splits, in_row, tmp_path):
     """At the Qwen3.5 shape and the launcher's num_warps, each value head whole in one program and split
     (batch 1 to 4 on an H200: value_splits)."""
-    args = [str(a) for a in (tree, snapshots, length, splits)]
+    args = [str(a) for a in (tree, snapshots, length, splits, in_row)]
     done = run_compile_script(SM90_COMPILE, *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("0 bytes spill stores") == 1, done.stdout
 
 
 def test_a_verified_token_meets_its_warps_at_few_barriers(tmp_path):
-    """Qwen3.5's batch-1 verify of 3 tokens (4 programs a value head): the token loop's reductions are joined
-    (module docstring), 13 barriers a token where separate reductions took 19; a reduction split apart again
-    adds 3 or more."""
-    done = run_compile_script(SM90_COMPILE, "0", "1", "3", "4", cwd=tmp_path)
+    """Qwen3.5's batch-1 verify of 3 tokens (4 programs a value head, the chain's end in the row, as the engine
+    verifies MTP's drafts): the token loop's reductions are joined (module docstring), 13 barriers a token where
+    separate reductions took 19; a reduction split apart again adds 3 or more."""
+    done = run_compile_script(SM90_COMPILE, "0", "1", "3", "4", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     barriers = done.stdout.split("token loop barriers")[1].split()[0]
     assert barriers != "None" and int(barriers) <= 13, (

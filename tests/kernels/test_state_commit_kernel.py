@@ -50,3 +50,26 @@ def test_rows_of_bytes_not_in_words_are_refused():
     snapshots = [torch.zeros(SLOTS, VERIFY_ROWS, 3, dtype=torch.bfloat16, device=DEVICE)]
     with pytest.raises(ValueError, match="6 bytes"):
         StateCommit(states, snapshots)
+
+
+def test_requests_at_the_held_row_are_not_copied():
+    """A chain's verify left the state after its last node in the rows (cache/recurrent_states.py): requests that
+    commit that node keep their rows as they are, the others take their snapshot rows; the torch form, the same."""
+    from outpace.cache.recurrent_states import RecurrentStates
+    from outpace.layers.recurrent import RecurrentMetadata
+
+    states, snapshots = tensors(torch.Generator().manual_seed(1))
+    indices = torch.tensor([4, 0, 2], device=DEVICE)
+    rows = torch.tensor([3, 0, 3], device=DEVICE)
+    expected = [s.clone() for s in states]
+    for state, snaps in zip(expected, snapshots):
+        state[0] = snaps[0, 0]  # request 0 commits row 0; requests 4 and 2 hold row 3
+    torch_form = [s.clone() for s in states]
+    StateCommit(states, snapshots)(indices, rows, 3)
+    for got, want in zip(states, expected):
+        assert torch.equal(got, want)
+    pool = RecurrentStates.__new__(RecurrentStates)  # the torch form over the same tensors
+    pool._states, pool._snapshots, pool._commit_kernel = torch_form, snapshots, None
+    pool.commit(indices, rows, RecurrentMetadata(indices, indices >= 0, snapshots=True, last_row=3))
+    for got, want in zip(torch_form, expected):
+        assert torch.equal(got, want)

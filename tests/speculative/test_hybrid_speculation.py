@@ -119,8 +119,8 @@ def test_keeping_the_next_row_changes_the_output(variant, oracle, monkeypatch):
     monkeypatch.setattr(
         RecurrentStates,
         "commit",
-        lambda self, indices, rows: commit(
-            self, indices, (rows + 1).clamp(max=self.max_verify_rows - 1)
+        lambda self, indices, rows, verified=None: commit(
+            self, indices, (rows + 1).clamp(max=self.max_verify_rows - 1), verified
         ),
     )
     path, ps, expected = oracle[variant]
@@ -136,7 +136,9 @@ def test_tree_nodes_continuing_the_previous_row_change_the_output(variant, oracl
     monkeypatch.setattr(
         RecurrentStates,
         "verify",
-        lambda self, indices, lengths, parents: verify(self, indices, lengths, None),
+        lambda self, indices, lengths, parents, chain_nodes=None: verify(
+            self, indices, lengths, None, chain_nodes
+        ),
     )
     path, ps, expected = oracle[variant]
     outs = LLM(str(path), block_size=4, speculative=SPECS["tree"]).generate(ps, GREEDY)
