@@ -1,5 +1,5 @@
-"""The pending windows' bookkeeping (speculative/proposer.py ``PendingRows``) in single Triton launches, one
-program a batch row, each the eager torch form's result to the bit:
+"""The pending windows' bookkeeping (speculative/proposer.py ``PendingRows``) in single Triton launches, each the
+eager torch form's result to the bit:
 
 - ``take_verified`` (its docstring has the rule): the row's kept pending rows moved to the front of its window,
   the verify's committed rows written after them, state and next token, then its start and count.
@@ -13,9 +13,14 @@ twenty small torch kernels (gathers, wheres, index copies): on the H200 an MTP s
 about 70 us of its 4.66 ms in the update's (benchmarks/results/gpu_2026-12-02, call 2). A module of its own: Triton
 is a GPU dependency, absent from CPU-only installs.
 
-The window is rewritten in place: a program loads, chunk of state columns by chunk, the kept rows it reads (which
-may be rows the same chunk writes), meets a barrier, then stores the whole window's chunk. Rows of a batch that
-share the padding index race on that index's window, which no request reads."""
+``take_verified`` and ``window`` take a program for each (batch row, chunk of ``BLOCK_STATE`` state columns): one
+program a batch row walked a window's chunks in turn, 6.9 and 5.2 us at the widened Qwen3.5's batch 1 on the H200
+(12 rows of 4096 columns; gpu_2026-12-02 call 15's step timeline) where the bytes take a fraction of that. The
+window is rewritten in place: a program loads the kept rows its chunk reads (which may be rows the same chunk
+writes), meets a barrier, then stores the chunk; no other program touches those columns. The row's start, count
+and tokens, which every program of the row reads first, are written by its last program to arrive (an arrival
+counter, acq_rel at gpu scope, left zero: layers/zeroed_scratch.py). Rows of a batch that share the padding index
+race on that index's window, which no request reads."""
 
 from __future__ import annotations
 
@@ -23,7 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_STATE = 256  # state columns a chunk
+from outpace.layers.zeroed_scratch import zeroed_scratch
+
+BLOCK_STATE = 256  # state columns a chunk (a program's)
 
 
 @triton.jit
@@ -41,6 +48,7 @@ def _take_verified_kernel(
     out_ptr,  # [b, depth + 1] int64 the token after each committed node, then -1
     out_stride,
     state_ptr,  # [b * nodes, H] every verify row's state
+    arrivals_ptr,  # [b] int32 zeros, left zero
     nodes,
     depth1,  # depth + 1: the path's and the tokens' width
     H,
@@ -72,31 +80,30 @@ def _take_verified_kernel(
     after = tl.where(after >= 0, after, tl.load(bonus_ptr + i))
     window = r.to(tl.int64) * W
     old_token = tl.load(tokens_ptr + window + old_col, mask=in_window & is_old, other=0)
-    cols = tl.arange(0, BLOCK_H)
-    for h0 in range(0, H, BLOCK_H):
-        c = h0 + cols
-        in_h = (c < H)[None, :]
-        old = tl.load(
-            hidden_ptr + (window + old_col)[:, None] * H + c[None, :],
-            mask=(in_window & is_old)[:, None] & in_h,
-            other=0.0,
-        )
-        new = tl.load(
-            state_ptr + src[:, None] * H + c[None, :],
-            mask=(in_window & ~is_old)[:, None] & in_h,
-            other=0.0,
-        )
-        values = tl.where(is_old[:, None], old, new.to(old.dtype))
-        tl.debug_barrier()  # every kept row of this chunk read before any is written
-        tl.store(
-            hidden_ptr + (window + w)[:, None] * H + c[None, :],
-            values,
-            mask=in_window[:, None] & in_h,
-        )
-    tl.debug_barrier()
-    tl.store(tokens_ptr + window + w, tl.where(is_old, old_token, after), mask=in_window)
-    tl.store(start_ptr + r, length - kept)
-    tl.store(count_ptr + r, kept + accepted + 1)
+    c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's state columns
+    in_h = (c < H)[None, :]
+    old = tl.load(
+        hidden_ptr + (window + old_col)[:, None] * H + c[None, :],
+        mask=(in_window & is_old)[:, None] & in_h,
+        other=0.0,
+    )
+    new = tl.load(
+        state_ptr + src[:, None] * H + c[None, :],
+        mask=(in_window & ~is_old)[:, None] & in_h,
+        other=0.0,
+    )
+    values = tl.where(is_old[:, None], old, new.to(old.dtype))
+    tl.debug_barrier()  # every kept row of this chunk read before any is written
+    tl.store(
+        hidden_ptr + (window + w)[:, None] * H + c[None, :], values, mask=in_window[:, None] & in_h
+    )
+    tl.debug_barrier()  # every thread's reads of the row's count and tokens before the count
+    arrivals = arrivals_ptr + i
+    if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        tl.store(tokens_ptr + window + w, tl.where(is_old, old_token, after), mask=in_window)
+        tl.store(start_ptr + r, length - kept)
+        tl.store(count_ptr + r, kept + accepted + 1)
+        tl.atomic_xchg(arrivals, 0)  # zero again for the next launch
 
 
 def take_verified(
@@ -120,7 +127,14 @@ def take_verified(
     b, (_, width, size) = req_indices.shape[0], hidden.shape
     assert hidden.is_contiguous() and state.is_contiguous() and state.shape[1] == size
     path, after = (t if t.stride(1) == 1 else t.contiguous() for t in (path, after))
-    _take_verified_kernel[(b,)](
+    block = min(BLOCK_STATE, triton.next_power_of_2(size))
+    arrivals = zeroed_scratch(  # [b] one a batch row
+        "speculative/pending_window_kernel.py: take_verified's arrival counters",
+        hidden.device,
+        b,
+        torch.int32,
+    )
+    _take_verified_kernel[(b, triton.cdiv(size, block))](
         hidden,
         tokens,
         start,
@@ -134,6 +148,7 @@ def take_verified(
         after,
         after.stride(0),
         state,
+        arrivals,
         state.shape[0] // b,
         path.shape[1],
         size,
@@ -141,7 +156,7 @@ def take_verified(
         KEEP=keep,
         ROWS=rows,
         BLOCK_W=triton.next_power_of_2(width),
-        BLOCK_H=min(BLOCK_STATE, triton.next_power_of_2(size)),
+        BLOCK_H=block,
     )
 
 
@@ -166,23 +181,25 @@ def _window_kernel(
 ):
     i = tl.program_id(0)
     r = tl.load(req_ptr + i).to(tl.int64)
-    start = tl.load(start_ptr + r)
-    count = tl.load(count_ptr + r)
     w = tl.arange(0, BLOCK_W)
     in_window = w < W
     row = i.to(tl.int64) * W
-    tl.store(tokens_out + row + w, tl.load(tokens_ptr + r * W + w, mask=in_window), mask=in_window)
-    tl.store(positions_out + row + w, start + w, mask=in_window)
-    tl.store(live_out + row + w, w < count, mask=in_window)
-    tl.store(start_out + i, start)
-    tl.store(count_out + i, count)
-    tl.store(last_out + i, row + count - 1)
-    cols = tl.arange(0, BLOCK_H)
-    for h0 in range(0, H, BLOCK_H):
-        c = h0 + cols
-        inside = in_window[:, None] & (c < H)[None, :]
-        values = tl.load(hidden_ptr + (r * W + w)[:, None] * H + c[None, :], mask=inside)
-        tl.store(hidden_out + (row + w)[:, None] * H + c[None, :], values, mask=inside)
+    if (
+        tl.program_id(1) == 0
+    ):  # the row's bookkeeping, by its first chunk's program (written to new tensors)
+        start = tl.load(start_ptr + r)
+        count = tl.load(count_ptr + r)
+        tokens = tl.load(tokens_ptr + r * W + w, mask=in_window)
+        tl.store(tokens_out + row + w, tokens, mask=in_window)
+        tl.store(positions_out + row + w, start + w, mask=in_window)
+        tl.store(live_out + row + w, w < count, mask=in_window)
+        tl.store(start_out + i, start)
+        tl.store(count_out + i, count)
+        tl.store(last_out + i, row + count - 1)
+    c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's state columns
+    inside = in_window[:, None] & (c < H)[None, :]
+    values = tl.load(hidden_ptr + (r * W + w)[:, None] * H + c[None, :], mask=inside)
+    tl.store(hidden_out + (row + w)[:, None] * H + c[None, :], values, mask=inside)
 
 
 def window(
@@ -206,7 +223,8 @@ def window(
         torch.empty(b, dtype=torch.int64, device=dev),
         torch.empty(b * width, dtype=torch.bool, device=dev),
     )
-    _window_kernel[(b,)](
+    block = min(BLOCK_STATE, triton.next_power_of_2(size))
+    _window_kernel[(b, triton.cdiv(size, block))](
         hidden,
         tokens,
         start,
@@ -216,7 +234,7 @@ def window(
         size,
         W=width,
         BLOCK_W=triton.next_power_of_2(width),
-        BLOCK_H=min(BLOCK_STATE, triton.next_power_of_2(size)),
+        BLOCK_H=block,
     )
     return out
 

@@ -12,6 +12,7 @@ from outpace.speculative.verify import VerifyResult
 
 pytest.importorskip("triton")
 
+from outpace.layers.zeroed_scratch import _BUFFERS  # noqa: E402
 from outpace.speculative.pending_window_kernel import take_verified  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,6 +97,8 @@ def test_the_kernel_writes_what_the_torch_form_writes(keep, depth, rows, width, 
     )
     for name, want, have in zip(("hidden", "tokens", "start", "count"), expected.tensors(), got):
         assert torch.equal(want, have.cpu()), name
+    counters = [b for (owner, *_), b in _BUFFERS.items() if "take_verified" in owner]
+    assert counters and not any(b.any() for b in counters)  # left zero for the next launch
     # the rows it kept: the last of the old window's, in order
     old_count = pending.count[4].item()
     kept = min(old_count, keep, 9)
