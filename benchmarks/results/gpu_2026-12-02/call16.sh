@@ -8,8 +8,8 @@ set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs/tl
 timeout 170 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/kernels/test_state_commit_kernel.py \
-  tests/speculative/test_pending_window.py tests/kernels/test_deltanet_step.py \
-  tests/gpu/test_batch_invariant_hybrids_gpu.py > $OUT/logs/pytest.log 2>&1
+  tests/speculative/test_pending_window.py tests/gpu/test_batch_invariant_hybrids_gpu.py \
+  tests/kernels/test_deltanet_step.py -k "not sm90 and not barriers" > $OUT/logs/pytest.log 2>&1
 echo "rc=$?" >> $OUT/logs/pytest.log
 timeout 200 python3 -m outpace bench e2e --family qwen35 --batch-sizes 1 --methods none mtp eagle3 \
   --out /tmp/out_q --workdir /tmp/e2e_q > $OUT/logs/e2e_qwen35.log 2>&1
