@@ -43,6 +43,9 @@ class PagedAttentionMetadata:
     # (the new tokens and, for tree drafting, earlier speculative rows) each new token may see;
     # rows before the window are always visible. None means plain causal.
     custom_mask: torch.Tensor | None = None
+    # [num_tokens] int64: each new token's KV row, its position for a chain of new tokens (uniform metadata
+    # computes it with the rest); None where the builder does not
+    token_positions: torch.Tensor | None = None
     _attn_mask: torch.Tensor | None = None
     _window_masks: dict = field(
         default_factory=dict

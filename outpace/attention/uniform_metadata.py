@@ -28,10 +28,11 @@ def uniform_paged_metadata(
     block_tables [num_seqs, max_blocks] int64 and starts [num_seqs] int64 live on the device.
     custom_mask: [num_seqs, query_len, window] as in ``PagedAttentionMetadata``, or None (causal).
     The token table (``PagedAttentionMetadata.token_table``) comes with it: token s * query_len + i
-    is sequence s's i-th.
+    is sequence s's i-th; and each token's position, its KV row (``token_positions``: the forward's
+    positions, which two more launches computed apart).
     """
     build = _fields_kernel if block_tables.is_cuda else _fields_torch
-    slots, seq_lens, query_lens, seq_index, query_index, token_table = build(
+    slots, seq_lens, query_lens, seq_index, query_index, token_table, token_positions = build(
         block_tables, starts, query_len, block_size
     )
     return PagedAttentionMetadata(
@@ -44,6 +45,7 @@ def uniform_paged_metadata(
         max_query_len=query_len,
         block_size=block_size,
         custom_mask=custom_mask,
+        token_positions=token_positions,
         _token_table=token_table,
     )
 
@@ -51,15 +53,16 @@ def uniform_paged_metadata(
 def _fields_kernel(
     block_tables: torch.Tensor, starts: torch.Tensor, query_len: int, block_size: int
 ):
-    """(slot_mapping, seq_lens, query_lens, token_seq_index, token_query_index, token_table), one launch."""
+    """(slot_mapping, seq_lens, query_lens, token_seq_index, token_query_index, token_table,
+    token_positions), one launch."""
     import triton  # (here: Triton is a GPU dependency, absent from CPU-only installs)
 
     from outpace.attention.uniform_metadata_kernel import uniform_metadata_kernel
 
     num_seqs, dev = block_tables.shape[0], block_tables.device
     n = num_seqs * query_len
-    slots, seq_index, query_index = (
-        torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)
+    slots, seq_index, query_index, token_positions = (
+        torch.empty(n, dtype=torch.int64, device=dev) for _ in range(4)
     )
     seq_lens, query_lens = (torch.empty(num_seqs, dtype=torch.int64, device=dev) for _ in range(2))
     token_table = torch.empty(num_seqs, query_len, dtype=torch.int32, device=dev)
@@ -72,13 +75,14 @@ def _fields_kernel(
         seq_index,
         query_index,
         token_table,
+        token_positions,
         query_len,
         block_tables.stride(0),
         starts.stride(0),
         BLOCK_SIZE=block_size,
         BLOCK_Q=triton.next_power_of_2(query_len),
     )
-    return slots, seq_lens, query_lens, seq_index, query_index, token_table
+    return slots, seq_lens, query_lens, seq_index, query_index, token_table, token_positions
 
 
 def _fields_torch(
@@ -98,4 +102,5 @@ def _fields_torch(
         torch.arange(num_seqs, device=dev).repeat_interleave(query_len),
         q_index.repeat(num_seqs),
         torch.arange(num_seqs * query_len, dtype=torch.int32, device=dev).view(num_seqs, query_len),
+        rows.reshape(-1),
     )

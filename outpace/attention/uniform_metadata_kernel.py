@@ -15,6 +15,7 @@ def uniform_metadata_kernel(
     seq_index_ptr,
     query_index_ptr,
     token_table_ptr,
+    positions_ptr,
     query_len,
     stride_table,
     stride_starts,
@@ -33,5 +34,6 @@ def uniform_metadata_kernel(
     tl.store(seq_index_ptr + token, seq + tl.zeros_like(i).to(tl.int64), mask=ok)
     tl.store(query_index_ptr + token, i.to(tl.int64), mask=ok)
     tl.store(token_table_ptr + token, token.to(tl.int32), mask=ok)  # [num_seqs, query_len]
+    tl.store(positions_ptr + token, rows.to(tl.int64), mask=ok)
     tl.store(seq_lens_ptr + seq, start + query_len)
     tl.store(query_lens_ptr + seq, query_len + tl.zeros_like(start))

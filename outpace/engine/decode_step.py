@@ -165,9 +165,12 @@ class DecodeStep:
                         n if shape.is_chain else None,
                     )
                 )
-                positions = (
-                    rows.lengths if n == 1 else (rows.lengths[:, None] + drafts.depths).reshape(-1)
-                )  # [b * n] (node 0 sits at L: plain decoding's positions are the lengths, no launch)
+                if n == 1:  # node 0 sits at L: plain decoding's positions are the lengths, no launch
+                    positions = rows.lengths
+                elif shape.is_chain:  # node i at L + i: the KV rows, which the metadata's launch wrote
+                    positions = ctx.metadata.token_positions
+                else:
+                    positions = (rows.lengths[:, None] + drafts.depths).reshape(-1)  # [b * n]
                 out = self.model(drafts.token_ids.reshape(-1), positions)
             raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)  # [b, n, vocab]
             logits = self._processed(key, raw, drafts, mask, token_masks)  # [b, n, vocab]

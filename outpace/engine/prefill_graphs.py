@@ -32,7 +32,6 @@ from outpace.attention.uniform_metadata import uniform_paged_metadata
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request_table import RequestTable
 from outpace.layers.mla import MultiHeadLatentAttention
-from outpace.speculative.proposer import positions
 
 SMALLEST_PREFILL_BUCKET = 16  # the attention kernel's smallest tile: fewer rows cost the same
 LARGEST_PREFILL_BUCKET = (
@@ -152,4 +151,4 @@ class PrefillGraphs:
         starts = self.starts[:chunks]
         meta = uniform_paged_metadata(tables, starts, size, self.req_table.pool.block_size)
         with torch.inference_mode(), forward_context(meta, self.backend):
-            return self.model(self.token_ids[: chunks * size], positions(starts, size))
+            return self.model(self.token_ids[: chunks * size], meta.token_positions)

@@ -6,11 +6,26 @@ import torch
 
 from outpace.layers.sampler import SamplingTensors, gumbel_scores, logits_to_probs
 
+# (num_nodes, device) -> [num_nodes + 1] int64 -1, 0, .., num_nodes - 1: what every chain of that size shares
+_CHAIN_NODES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
 
 def chain_tree(batch: int, num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(parents, depths), each [batch, num_nodes], of a chain: node i's parent is i - 1."""
-    depths = torch.arange(num_nodes, device=device).expand(batch, -1)
-    return depths - 1, depths
+    """(parents, depths), each [batch, num_nodes], of a chain: node i's parent is i - 1. Read-only views of one
+    tensor per size and device, made by the first call and kept (a captured step reads it, and building them
+    took two launches a step); that first call must be eager, as layers/zeroed_scratch.py's: a tensor made
+    inside a CUDA graph capture holds nothing until the graph replays."""
+    device = torch.device(device)
+    key = (num_nodes, device)
+    if key not in _CHAIN_NODES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"speculative/tree.py: a chain of {num_nodes} nodes on {device} is made by an eager call "
+                "first: draft once before capturing"
+            )
+        _CHAIN_NODES[key] = torch.arange(-1, num_nodes, device=device)
+    nodes = _CHAIN_NODES[key]
+    return nodes[:-1].expand(batch, -1), nodes[1:].expand(batch, -1)
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:

@@ -159,7 +159,8 @@ def test_uniform_metadata():
 @pytest.mark.parametrize("query_len", [1, 6])
 def test_uniform_metadata_fields(query_len):
     """The one-kernel fields of the uniform metadata (what CUDA runs) and the torch ones (what other
-    devices run) equal the host-built metadata's, token table included, across block boundaries."""
+    devices run) equal the host-built metadata's, token table included, across block boundaries; and each token's
+    position."""
     from outpace.attention.uniform_metadata import _fields_kernel, _fields_torch
 
     tables = [[7, 2, 9, 4], [3, 5, 0, 0], [1, 8, 6, 0]]
@@ -172,6 +173,7 @@ def test_uniform_metadata_fields(query_len):
         ref.token_seq_index,
         ref.token_query_index,
         ref.token_table(),
+        torch.cat([torch.arange(s, s + query_len) for s in starts]),  # each token's KV row
     )
     for build in (_fields_kernel, _fields_torch):
         strided_starts = torch.tensor([[s, -1] for s in starts]).to(DEVICE)[
@@ -179,9 +181,18 @@ def test_uniform_metadata_fields(query_len):
         ]  # a column: stride 2
         got = build(torch.tensor(tables).to(DEVICE), strided_starts, query_len, block_size)
         for name, a, b in zip(
-            ["slots", "seq_lens", "query_lens", "seq_index", "query_index", "token_table"],
+            [
+                "slots",
+                "seq_lens",
+                "query_lens",
+                "seq_index",
+                "query_index",
+                "token_table",
+                "positions",
+            ],
             got,
             expected,
+            strict=True,
         ):
             assert a.dtype == b.dtype, name
             assert torch.equal(a.cpu(), b), (build.__name__, name)

@@ -37,7 +37,6 @@ from outpace.speculative.proposer import (
     PrefillRows,
     Proposer,
     Verified,
-    positions,
 )
 from outpace.speculative.rows import prefill_extension
 from outpace.validation import ConfigError
@@ -136,8 +135,8 @@ class DFlashProposer(Proposer):
             1,
         )
         full = torch.ones(b, n, n, dtype=torch.bool, device=ids.device)  # non-causal over the block
-        with rows.context(rows.lengths, n, self.backend, full):
+        with rows.context(rows.lengths, n, self.backend, full) as ctx:
             hidden = self.draft_model(
-                ids.reshape(-1), positions(rows.lengths, n)
+                ids.reshape(-1), ctx.metadata.token_positions
             )  # [b * n, hidden]
         return hidden.view(b, n, -1)[:, 1 : k + 1].reshape(b * k, -1)

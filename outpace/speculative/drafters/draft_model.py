@@ -32,7 +32,6 @@ from outpace.speculative.proposer import (
     PrefillRows,
     Proposer,
     Verified,
-    positions,
 )
 from outpace.speculative.rows import prefill_extension
 from outpace.validation import ConfigError, read_json_object
@@ -210,7 +209,7 @@ class DraftModelProposer(Proposer):
                 rows.req_indices, start, None
             )  # a snapshot after each pending row
             out = self._forward(
-                self.pending_tokens[rows.req_indices].reshape(-1), positions(start, w)
+                self.pending_tokens[rows.req_indices].reshape(-1), ctx.metadata.token_positions
             )
         hidden = out.view(b, w, -1)[
             torch.arange(b, device=out.device), count - 1

@@ -40,7 +40,6 @@ from outpace.speculative.proposer import (
     PrefillRows,
     Proposer,
     Verified,
-    positions,
 )
 from outpace.speculative.rows import prefill_extension
 from outpace.speculative.tree import select_tree, tree_log_probs
@@ -136,10 +135,10 @@ class Eagle3Proposer(Proposer):
         """Draft-extend over each row's pending rows; returns the last one's output [b, hidden]."""
         b, w, pending = rows.size, self.pending.width, self.pending
         start, count = pending.start[rows.req_indices], pending.count[rows.req_indices]
-        with rows.context(start, w, self.backend):
+        with rows.context(start, w, self.backend) as ctx:
             out = self.draft_model(
                 pending.tokens[rows.req_indices].reshape(-1),
-                positions(start, w),
+                ctx.metadata.token_positions,
                 pending.hidden[rows.req_indices].reshape(b * w, -1),
             )
         return out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]
