@@ -226,10 +226,8 @@ def _argmax_across_programs(
         vals = tl.load(best_val_ptr + slots, mask=some, other=float("-inf"), cache_modifier=".cg")
         cols = tl.load(best_idx_ptr + slots, mask=some, other=N_OUT, cache_modifier=".cg")
         top = tl.max(vals, axis=0)  # [BM]
+        # (a row with no finite result: column 0, as argmax's, every program's column before a better one)
         first = tl.min(tl.where(vals == top[None, :], cols, N_OUT), axis=0)
-        first = tl.where(
-            first < N_OUT, first, 0
-        )  # a row with no finite result: column 0, as argmax's
         if MAP:
             first = tl.load(map_ptr + first, mask=row_ok, other=0)
         tl.store(out_ptr + rows, first.to(tl.int64), mask=row_ok)
@@ -421,7 +419,7 @@ def _fused_rows_kernel(
                 acc_a = acc_a * acc_a
             if RESIDUAL:
                 acc_a += res.to(tl.float32)
-            if ARGMAX:  # (a NaN is never the best: drafts only, module docstring)
+            if ARGMAX:  # (a NaN is never the best: drafts only, ``head_argmax``'s docstring)
                 vals = tl.where(ok, acc_a, float("-inf"))
                 top = tl.max(vals, axis=1)  # [BM]
                 first = tl.min(tl.where(vals == top[:, None], i[None, :], N_OUT), axis=1)
