@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Device call 17 of gpu_2026-12-02 (nvidia-h200), from .snap/ (a git archive of the commit holding this script),
 # NOT RUN this session (its device time was spent): 85692a8 (chain steps' positions from the uniform metadata's
-# launch, a chain's parents and depths kept as views of one tensor) on the GPU: the GPU test files of every
-# drafter (the zoo drafters lossless in fp32 with graphs first), the uniform metadata's kernel test, then the
+# launch, a chain's parents and depths kept as views of one tensor) on the GPU: the uniform metadata's kernel
+# test, then tests/gpu/test_gpu.py (every zoo drafter lossless in fp32 with graphs, captured steps), then the
 # widened Qwen3.5's MTP and EAGLE3 rows at batch 1 (call 16: 1.979x, 3.05x) and the MTP step's kernels (call 16:
 # 220 kernels and copies, spans 4154.6 / 4287.1 / 4377.0 us).
 set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs/tl
 timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
-  "tests/gpu/test_gpu.py::test_zoo_drafters_lossless_fp32_on_gpu" tests/kernels/test_triton_attention.py \
-  tests/gpu/test_gpu.py > $OUT/logs/pytest.log 2>&1
+  "tests/kernels/test_triton_attention.py::test_uniform_metadata_fields" tests/gpu/test_gpu.py \
+  > $OUT/logs/pytest.log 2>&1
 echo "rc=$?" >> $OUT/logs/pytest.log
 timeout 200 python3 -m outpace bench e2e --family qwen35 --batch-sizes 1 --methods none mtp eagle3 \
   --out /tmp/out_q --workdir /tmp/e2e_q > $OUT/logs/e2e_qwen35.log 2>&1
