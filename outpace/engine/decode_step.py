@@ -165,12 +165,14 @@ class DecodeStep:
                         n if shape.is_chain else None,
                     )
                 )
-                if n == 1:  # node 0 sits at L: plain decoding's positions are the lengths, no launch
+                # [b * n]: node 0 sits at L (plain decoding's positions are the lengths, no launch); a
+                # chain's node i at L + i, its KV row, which the metadata's launch wrote; a tree's by depth
+                if n == 1:
                     positions = rows.lengths
-                elif shape.is_chain:  # node i at L + i: the KV rows, which the metadata's launch wrote
+                elif shape.is_chain:
                     positions = ctx.metadata.token_positions
                 else:
-                    positions = (rows.lengths[:, None] + drafts.depths).reshape(-1)  # [b * n]
+                    positions = (rows.lengths[:, None] + drafts.depths).reshape(-1)
                 out = self.model(drafts.token_ids.reshape(-1), positions)
             raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)  # [b, n, vocab]
             logits = self._processed(key, raw, drafts, mask, token_masks)  # [b, n, vocab]
