@@ -430,9 +430,8 @@ def _deltanet_step_kernel(
             tl.store(out + row * V_HEADS * DV + h * DV + vs, o, mask=vm & valid)
         else:  # the head's last program to finish normalises the whole row (below)
             tl.store(o_part + (row * V_HEADS + h) * DV + vs, o, mask=vm & valid)
-        if (
-            SNAPSHOTS
-        ):  # the state after token t: snapshot row t (the last one's: the row, with LAST_IN_ROW)
+        # the state after token t: snapshot row t (with LAST_IN_ROW the last token's goes into the row)
+        if SNAPSHOTS:
             snapped = valid
             if LAST_IN_ROW:
                 snapped = valid & (t < LENGTH - 1)

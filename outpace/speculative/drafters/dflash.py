@@ -110,9 +110,8 @@ class DFlashProposer(Proposer):
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         k = shape.num_steps
         probs: list[torch.Tensor] = []
-        if (
-            k and rows.sampling.all_greedy
-        ):  # the head's argmax in one launch (layers/fused_decoder.py)
+        # greedy rows: the head's argmax in one launch (layers/fused_decoder.py), no logits written
+        if k and rows.sampling.all_greedy:
             tokens = list(
                 self.draft_model.greedy_tokens(self.block_rows(rows, k))
                 .view(rows.size, k)
