@@ -12,7 +12,7 @@ so the state is again the one after every committed token (the SGLang seed revie
 state, not the next one's; for a tree the accepted node's, computed from its parent's). A chain's verify
 leaves the state after its last node in the row itself where every recurrent layer can
 (layers/recurrent.py ``RecurrentMetadata.last_row``), so a row that accepted every draft commits without a
-copy: on the widened Qwen3.5 the commit of a batch-1 verify reads and writes 2 x 48 MiB (25 us on the H200),
+copy: on the widened Qwen3.5 the commit of a batch-1 verify copies 49 MiB (25 us on the H200),
 and MTP accepts both its drafts about half the time.
 
 Memory: ``bytes_per_request`` (states and their snapshot rows) times the indices, fixed at start-up like the
