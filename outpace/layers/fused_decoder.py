@@ -532,32 +532,23 @@ def head_argmax_tokens(
     hidden: torch.Tensor,
     norm: RMSNorm | None = None,
     rows: torch.Tensor | None = None,
-    softcap: float | None = None,
     token_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A greedy draft's tokens [R] int64: the first argmax of the logits of hidden's rows ``rows`` [R] (all
-    when None) under ``head`` (a module with a ``weight`` [columns, hidden]), after ``norm`` when given,
-    soft-capped at ``softcap`` when given, looked up in ``token_map`` [columns] when given (an EAGLE3 draft's
-    vocabulary -> the target's). Few rows on the GPU: one launch, the head's with the argmax folded in
-    (layers/fused_projection.py ``head_argmax``: a NaN logit is never chosen there); else the logits, then
-    their argmax."""
+    when None) under ``head`` (a module with a ``weight`` [columns, hidden]), after ``norm`` when given, looked
+    up in ``token_map`` [columns] when given (an EAGLE3 draft's vocabulary -> the target's). Few rows on the
+    GPU: one launch, the head's with the argmax folded in (layers/fused_projection.py ``head_argmax``: a NaN
+    logit is never chosen there); else the logits, then their argmax."""
     weight = fused_weight(head)
     count = hidden.shape[0] if rows is None else rows.numel()
     if not is_sharded(head) and weight is not None and fusable_rows(hidden[:count], weight):
         kernels = projection_kernels()
         if norm is None:
-            return kernels.head_argmax(
-                hidden, weight, rows=rows, softcap=softcap, token_map=token_map
-            )
+            return kernels.head_argmax(hidden, weight, rows=rows, token_map=token_map)
         ready = kernels.normed_rows(hidden, norm.weight, norm_offset(norm))
-        return kernels.head_argmax(ready, weight, norm.eps, rows, softcap, token_map)
+        return kernels.head_argmax(ready, weight, norm.eps, rows, token_map)
     picked = hidden if rows is None else hidden[rows]
-    if norm is not None:
-        logits = norm_head_logits(norm, head, picked, softcap=softcap)
-    else:
-        logits = head(picked).float()
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap  # (layers/embedding.py softcap)
+    logits = head(picked).float() if norm is None else norm_head_logits(norm, head, picked)
     tokens = argmax_last(logits)
     return tokens if token_map is None else token_map[tokens]
 

@@ -1405,18 +1405,17 @@ def head_argmax(
     weight: torch.Tensor,
     eps: float = 0.0,
     rows: torch.Tensor | None = None,
-    softcap: float | None = None,
     token_map: torch.Tensor | None = None,
     pdl: bool | None = None,
 ) -> torch.Tensor:
     """A greedy draft's tokens straight from its head, [R] int64: for each row, the first column of the
-    largest of x @ weight.T (RMSNorm(x.stream) @ weight.T for ``NormedRows``, eps its norm's; soft-capped
-    with ``softcap``), of x's rows ``rows`` [R] (all when None), looked up in ``token_map`` [columns] when
-    given (an EAGLE3 draft's vocabulary -> the target's). No logits are written: the projection's programs
-    keep their best columns and the last to finish picks among them (``_argmax_across_programs``), so a
-    head, its float copy and an argmax's two launches are one. Its products are the projection's; the
-    argmax of the logits ``norm_project`` writes, except that a NaN is never chosen (drafts only: a draft
-    token only has to be some token)."""
+    largest of x @ weight.T (RMSNorm(x.stream) @ weight.T for ``NormedRows``, eps its norm's), of x's rows
+    ``rows`` [R] (all when None), looked up in ``token_map`` [columns] when given (an EAGLE3 draft's
+    vocabulary -> the target's). No logits are written: the projection's programs keep their best columns
+    and the last to finish picks among them (``_argmax_across_programs``), so a head, its float copy and an
+    argmax's two launches are one. Its products are the projection's: the argmax of the logits
+    ``norm_project`` writes, except that a NaN is never chosen (drafts only: a draft token only has to be
+    some token)."""
     normed = isinstance(x, NormedRows)
     stream = x.normed if normed else x
     m = stream.shape[0] if rows is None else rows.numel()
@@ -1431,7 +1430,6 @@ def head_argmax(
         _PLAIN.value,
         norm=(x.sq_parts, eps) if normed else None,
         pdl=pdl,
-        softcap=softcap,
         argmax=(rows, token_map),
     )
 

@@ -1,6 +1,6 @@
 """layers/fused_projection.py ``head_argmax``: a greedy draft's tokens from its head in one launch are the argmax
 of the logits ``norm_project`` writes (the first column of the maximum, across sub-tiles and programs), of the
-rows asked for, through a token map, soft-capped; the arrival counters are left zero (in Triton's interpreter on
+rows asked for, through a token map; the arrival counters are left zero (in Triton's interpreter on
 a CPU, on the GPU where there is one)."""
 
 import pytest
@@ -37,15 +37,15 @@ def test_tokens_are_the_argmax_of_the_projection(m, k, n):
     assert torch.equal(head_argmax(x, w), logits.argmax(-1))
 
 
-def test_normed_rows_gathered_soft_capped_and_mapped():
-    """RMSNorm(x[rows]) @ W.T soft-capped, its argmax looked up in a map: the draft path of EAGLE3 / MTP heads."""
+def test_normed_rows_gathered_and_mapped():
+    """RMSNorm(x[rows]) @ W.T, its argmax looked up in a map: the draft path of EAGLE3 / MTP heads."""
     x, nw, w = _rand(9, 48, seed=3) * 3, _rand(48, seed=4), _rand(500, 48, seed=5)
     rows = torch.tensor([8, 0, 3, 3], device=DEVICE)
     token_map = torch.randperm(500, generator=torch.Generator().manual_seed(6)).to(DEVICE) + 7
     ready = normed_rows(x, nw)
-    logits = norm_project(ready, EPS, w, out_dtype=torch.float32, softcap=2.0)
+    logits = norm_project(ready, EPS, w, out_dtype=torch.float32)
     want = token_map[logits[rows].argmax(-1)]
-    got = head_argmax(ready, w, EPS, rows=rows, softcap=2.0, token_map=token_map)
+    got = head_argmax(ready, w, EPS, rows=rows, token_map=token_map)
     assert got.dtype == torch.int64
     assert torch.equal(got, want)
     assert torch.equal(head_argmax(x, w, rows=rows), F.linear(x, w)[rows].float().argmax(-1))
