@@ -3,7 +3,7 @@ random bf16 weights, one GPU): for each setting of a sweep, the decode graphs ca
 time (bench/gpu.py ``time_decode``) at the sweep's (batch, cached tokens) points; each setting twice, in two passes,
 the lower kept. A setting that fails to compile or run (shared memory, registers) is reported and skipped.
 
-    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP   (SWEEP: mla, mla_down, mamba2)"""
+    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP   (SWEEP: a key of ``SWEEPS``)"""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 from outpace.attention import mla_kernels
 from outpace.bench.families import build, close
 from outpace.bench.family_shapes import family_shapes
-from outpace.bench.gpu import time_decode
+from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
-from outpace.layers import mamba2_step_kernel, mla_fused
+from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused
 
 # knob -> (module, attribute)
 KNOBS = {
@@ -31,6 +31,9 @@ KNOBS = {
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
+    "swiglu_sub_tile": (fused_projection, "swiglu_sub_tile"),
+    "swiglu_block_k": (fused_projection, "swiglu_block_k"),
+    "swiglu_stages": (fused_projection, "swiglu_stages"),
 }
 
 
@@ -83,6 +86,26 @@ SWEEPS = {
         ),
     ),
 }
+# the few-row SwiGLU's (gate/up) sub-tiles and K step (benchmarks/scripts/projection_rows.py, gpu_2026-12-02 call 17:
+# Llama-8B's gate/up alone 3.2% faster in sub-tiles of 64 at BK 128, Qwen3.5's 2.1% in one of 128)
+SWIGLU_SETTINGS = (
+    {},
+    {"swiglu_sub_tile": 64, "swiglu_block_k": 128},
+    {"swiglu_sub_tile": 64, "swiglu_block_k": 128, "swiglu_stages": 6},
+    {"swiglu_sub_tile": 128, "swiglu_block_k": 128, "swiglu_stages": 4},
+    {"swiglu_sub_tile": 64, "swiglu_block_k": 256, "swiglu_stages": 3},
+)
+for _name, _shape in (
+    ("swiglu_llama", "llama-3.1-8b"),
+    ("swiglu_qwen35", "qwen3.5"),
+    ("swiglu_gemma3", "gemma-3-12b"),
+):
+    SWEEPS[_name] = Sweep(_shape, ((1, 512), (8, 512)), SWIGLU_SETTINGS)
+
+
+def _config(shape: str) -> dict:
+    """A sweep's model config: bench/family_shapes.py's, or bench/gpu.py's Llama-3.1-8B shape."""
+    return dict(LLAMA_8B) if shape == "llama-3.1-8b" else family_shapes()[shape].config
 
 
 def apply(setting: dict, shipped: dict) -> None:
@@ -96,7 +119,7 @@ def main(out: str, sweep_name: str) -> None:
     times: dict[tuple[int, int, int], list[float]] = {}
     batches = tuple(sorted({b for b, _ in sweep.points}))
     with tempfile.TemporaryDirectory() as tmp:
-        config = family_shapes()[sweep.shape].config
+        config = _config(sweep.shape)
         llm = build(Path(tmp), config, max_num_seqs=max(batches), graph_sizes=batches)
         try:
             for _ in range(2):

@@ -37,7 +37,8 @@ from outpace.speculative.proposer import DraftShape
 SETTINGS = {
     "pipeline stages of o_proj and down_proj": (fused_projection, "plain_stages", (5, 6, 7)),
     "pipeline stages of q/k/v": (fused_projection, "qkv_stages", (4, 5)),
-    "pipeline stages of gate/up and the LM head": (fused_projection, "paired_stages", (5, 6)),
+    "pipeline stages of gate/up": (fused_projection, "swiglu_stages", (4, 5, 6)),
+    "pipeline stages of the LM head": (fused_projection, "paired_stages", (5, 6)),
 }
 
 

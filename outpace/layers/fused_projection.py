@@ -90,7 +90,7 @@ _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiti
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
 # that follow it to start beside it.
-paired_stages = 5  # gate/up and the LM head: 160 KB of shared memory
+paired_stages = 5  # the LM head: 160 KB of shared memory
 qkv_stages = 4  # 120 KB
 plain_stages = 6  # o_proj, down_proj: 120 KB
 # A plain projection's outputs a program up to which they stream as one sub-tile (each sub-tile is a new software
@@ -106,6 +106,11 @@ wide_sub_tile_stages = 4
 # fastest at the defaults.
 narrow_block_k = 512
 narrow_stages = 5
+# SwiGLU (gate/up: two weight tiles a K step): outputs a sub-tile at most, the K step and the stages. Each
+# sub-tile reads the x tile again and starts a new pipeline over K.
+swiglu_sub_tile = 32
+swiglu_block_k = 256
+swiglu_stages = 5  # 160 KB
 # fp8 weights (``Fp8Weight``): stages in up to this much shared memory, at most this many (``_fp8_stages``;
 # benchmarks/scripts/fp8_projection_settings.py sweeps them)
 fp8_stage_bytes = 160 * 1024
@@ -975,6 +980,8 @@ def _stages(epilogue: int, weight_rows: int, block_n: int) -> int:
     """The weight stream's pipeline stages for this projection (the module's stage settings)."""
     if epilogue == _PLAIN.value and not _is_wide_plain(epilogue, weight_rows):
         return plain_stages if block_n <= 32 else wide_sub_tile_stages
+    if epilogue == _SWIGLU.value:
+        return swiglu_stages
     return qkv_stages if epilogue == _QKV.value else paired_stages
 
 
@@ -989,9 +996,11 @@ def _fp8_stages(block_n: int, block_k: int, paired: bool) -> int:
 
 def _max_block(epilogue: int, weight_rows: int) -> int:
     """Outputs a sub-tile at most: 64 for a plain projection as wide as an LM head, ``plain_sub_tile`` for
-    another plain one, 32 for the paired epilogues (two weight tiles a step)."""
+    another plain one, ``swiglu_sub_tile`` for SwiGLU's pairs, 32 for q/k/v's."""
     if _is_wide_plain(epilogue, weight_rows):
         return 64
+    if epilogue == _SWIGLU.value:
+        return swiglu_sub_tile
     return plain_sub_tile if epilogue == _PLAIN.value else 32
 
 
@@ -1078,7 +1087,8 @@ def _launch(
         max_block,
     )
     narrow = epilogue == _PLAIN.value and grid.block_n == 16
-    block_k, num_warps = block_k or (narrow_block_k if narrow else 256), num_warps or 4
+    default_k = swiglu_block_k if epilogue == _SWIGLU.value else 256
+    block_k, num_warps = block_k or (narrow_block_k if narrow else default_k), num_warps or 4
     num_stages = num_stages or (
         narrow_stages if narrow else _stages(epilogue, weight.shape[0], grid.block_n)
     )
