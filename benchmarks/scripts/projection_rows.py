@@ -4,7 +4,7 @@ window's 12), at the default tiles and at wider sub-tiles (the x tile is read ag
 shorter K steps. Times as in projection_tiles.py (one call's share of a CUDA graph of 8 calls on 8 distinct
 weights, under programmatic dependent launch), each output checked against torch's product first.
 
-    PYTHONPATH=. python3 benchmarks/scripts/projection_rows.py [OUT.json]
+    PYTHONPATH=. python3 benchmarks/scripts/projection_rows.py [OUT.json [SHAPE ...]]
 
 Prints, per shape, the default's us at each row count and, per tile, its us against the default's."""
 
@@ -19,7 +19,7 @@ from projection_tiles import CALLS, measure
 from outpace.layers import fused_projection as fp
 
 # name: (epilogue, outputs, K); shapes of bench/widen_hybrid.py QWEN35 (hidden 4096, DeltaNet 16 key / 32 value
-# heads of 128, attention 16 / 4 heads of 256 with a gate, MLP 12288) and the Llama-3.1-8B shape
+# heads of 128, attention 16 / 4 heads of 256 with a gate, MLP 12288), the Llama-3.1-8B shape, Gemma-3-12B's head
 SHAPES = {
     "qwen3.5 in_proj": (fp._PLAIN.value, 12352, 4096),
     "qwen3.5 out_proj": (fp._PLAIN.value, 4096, 4096),
@@ -27,6 +27,8 @@ SHAPES = {
     "qwen3.5 down": (fp._PLAIN.value, 4096, 12288),
     "llama-8b gate_up": (fp._SWIGLU.value, 14336, 4096),
     "llama-8b down_proj": (fp._PLAIN.value, 4096, 14336),
+    "llama-8b lm_head": (fp._PLAIN.value, 128256, 4096),
+    "gemma-3 lm_head": (fp._PLAIN.value, 262144, 3840),
 }
 ROWS = (1, 2, 3, 4, 8, 12, 16)
 # (outputs a program, BK, warps, stages, outputs a sub-tile at most); None: the default
@@ -40,10 +42,11 @@ TILES = [
 ]
 
 
-def main(out: str | None = None) -> None:
+def main(out: str | None = None, *names: str) -> None:
     device = torch.device("cuda")
     rows = []
-    for name, (epilogue, n_out, k) in SHAPES.items():
+    for name in names or SHAPES:
+        epilogue, n_out, k = SHAPES[name]
         weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
         weights = [
             torch.randn(weight_rows, k, device=device, dtype=torch.bfloat16) * 0.02
