@@ -48,7 +48,13 @@ from outpace.request import VERIFY
 from outpace.speculative.chain import chain_drafts, position_gumbel
 from outpace.speculative.proposer import DecodeRows, Drafts, DraftShape, Proposer, Verified
 from outpace.speculative.tree import ancestor_mask
-from outpace.speculative.verify import verify_chain, verify_tree
+from outpace.speculative.verify import (
+    VerifyResult,
+    accept_greedy_chain,
+    accept_greedy_tree,
+    verify_chain,
+    verify_tree,
+)
 
 
 class StepRows(NamedTuple):
@@ -174,27 +180,8 @@ class DecodeStep:
                 else:
                     positions = (rows.lengths[:, None] + drafts.depths).reshape(-1)
                 out = self.model(drafts.token_ids.reshape(-1), positions)
-            raw = self.model.compute_logits(out.hidden_states).view(b, n, -1)  # [b, n, vocab]
-            logits = self._processed(key, raw, drafts, mask, token_masks)  # [b, n, vocab]
-            keys = None if key.mode.greedy else rows.keys(0, VERIFY)  # greedy draws nothing
-            gumbel = _node_gumbel(
-                rows, drafts.depths, shape, logits.shape[-1]
-            )  # [b, n, vocab] or None
-            if shape.is_chain:
-                result = verify_chain(
-                    drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys, gumbel
-                )
-            else:
-                result = verify_tree(
-                    drafts.parents,
-                    drafts.token_ids,
-                    None,
-                    logits,
-                    rows.sampling,
-                    keys,
-                    gumbel,
-                    max_depth=shape.num_steps,
-                )
+            raw, result = self._verify(key, rows, drafts, out.hidden_states, mask, token_masks)
+            if not shape.is_chain:
                 self._commit_tree_kv(rows, result.accepted_path)
             if (
                 key.features.penalties
@@ -230,6 +217,46 @@ class DecodeStep:
             if key.features.logprobs is not None:
                 packed.append(_committed_logprobs(raw, result, key.features.logprobs).pack())
             return torch.cat(packed) if len(packed) > 1 else packed[0]
+
+    def _verify(
+        self,
+        key: StepKey,
+        rows: DecodeRows,
+        drafts: Drafts,
+        hidden: torch.Tensor,
+        tree_mask: torch.Tensor | None,
+        token_masks: TokenMasks | None,
+    ) -> tuple[torch.Tensor | None, VerifyResult]:
+        """The target's verdict on the drafts from its last hidden states ``hidden`` [b * n, hidden]: (its raw
+        logits [b, n, vocab], or None where a greedy step without logits features takes the argmax from the
+        head without them (the model's ``greedy_tokens``: one launch for few rows on the GPU), the result)."""
+        shape, b, n = key.shape, key.bucket, key.shape.num_nodes
+        greedy_tokens = getattr(self.model, "greedy_tokens", None)
+        if key.mode.greedy and not key.features.any and greedy_tokens is not None:
+            predict = greedy_tokens(hidden).view(b, n)  # [b, n] the target's argmax at every node
+            if shape.is_chain:
+                return None, accept_greedy_chain(drafts.token_ids[:, 1:], predict)
+            return None, accept_greedy_tree(
+                drafts.parents, drafts.token_ids, predict, shape.num_steps
+            )
+        raw = self.model.compute_logits(hidden).view(b, n, -1)  # [b, n, vocab]
+        logits = self._processed(key, raw, drafts, tree_mask, token_masks)  # [b, n, vocab]
+        keys = None if key.mode.greedy else rows.keys(0, VERIFY)  # greedy draws nothing
+        gumbel = _node_gumbel(rows, drafts.depths, shape, logits.shape[-1])  # [b, n, vocab] or None
+        if shape.is_chain:
+            return raw, verify_chain(
+                drafts.token_ids[:, 1:], drafts.draft_probs, logits, rows.sampling, keys, gumbel
+            )
+        return raw, verify_tree(
+            drafts.parents,
+            drafts.token_ids,
+            None,
+            logits,
+            rows.sampling,
+            keys,
+            gumbel,
+            max_depth=shape.num_steps,
+        )
 
     def _processed(
         self,

@@ -29,9 +29,10 @@ import torch
 from torch import nn
 
 from outpace.attention.layer import Attention
+from outpace.layers.argmax import argmax_last
 from outpace.layers.decoder import GatedMLP, HeadProjections, run_layer_stack
 from outpace.layers.embedding import LMHead, ScaledVocabEmbedding, softcap
-from outpace.layers.fused_decoder import norm_head_logits, run_fused_layers
+from outpace.layers.fused_decoder import head_argmax_tokens, norm_head_logits, run_fused_layers
 from outpace.layers.fused_sandwich import sandwich_fuses, sandwich_rows_fused
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
@@ -309,6 +310,17 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
         return norm_head_logits(
             self.model.norm, self.lm_head, hidden_states, out, self.gemma.final_logit_softcapping
         )
+
+    def greedy_tokens(
+        self, hidden_states: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] pre-norm -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` [R] (all when None):
+        from the head in one launch for few rows on the GPU (layers/fused_decoder.py ``head_argmax_tokens``), but
+        from the logits where they are soft-capped (the cap's tanh may round apart values to one)."""
+        if self.gemma.final_logit_softcapping is None:
+            return head_argmax_tokens(self.lm_head, hidden_states, self.model.norm, rows)
+        picked = hidden_states if rows is None else hidden_states[rows]
+        return argmax_last(self.compute_logits(picked))
 
 
 class Gemma3ForCausalLM(GemmaForCausalLMBase):

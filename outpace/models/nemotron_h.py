@@ -410,7 +410,8 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
         name = re.sub(r"^model\.norm\.", "backbone.norm_f.", name)
         return re.sub(r"^model\.", "backbone.", name)
 
-    # aux layer capture and the embedding as the Llama family's (models/llama.py)
+    # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)
+    greedy_tokens = LlamaForCausalLM.greedy_tokens
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     embed = LlamaForCausalLM.embed
     _model_output = LlamaForCausalLM._model_output

@@ -593,7 +593,8 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 
-    # aux layer capture and the embedding as the Llama family's (models/llama.py)
+    # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)
+    greedy_tokens = LlamaForCausalLM.greedy_tokens
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     embed = LlamaForCausalLM.embed
     _model_output = LlamaForCausalLM._model_output

@@ -139,7 +139,12 @@ def verify_greedy_chain(draft_token_ids: Tensor, target_logits: Tensor) -> Verif
     ``draft_token_ids``  # [batch, num_drafts]
     ``target_logits``    # [batch, num_drafts + 1, V] (logits or probs: only argmax is used)
     """
-    target_predict = argmax_last(target_logits)  # [batch, num_drafts + 1]
+    return accept_greedy_chain(draft_token_ids, argmax_last(target_logits))
+
+
+def accept_greedy_chain(draft_token_ids: Tensor, target_predict: Tensor) -> VerifyResult:
+    """:func:`verify_greedy_chain` from the target's argmax ``target_predict`` [batch, num_drafts + 1] int64 (a
+    model's ``greedy_tokens``: the argmax without the logits)."""
     if draft_token_ids.shape[1] == 0:  # plain decoding: the argmax is the bonus, no gather launched
         bonus = target_predict[:, 0]  # [batch]
         return _chain_result(draft_token_ids, torch.zeros_like(bonus), bonus)
@@ -251,13 +256,18 @@ def verify_greedy_tree(
     ``max_depth``: an upper bound on the tree depth (default ``num_nodes - 1``); it fixes the loop count and the width
     ``max_depth + 1`` of the outputs.
     """
+    return accept_greedy_tree(parent, draft_token_ids, argmax_last(target_logits), max_depth)
+
+
+def accept_greedy_tree(
+    parent: Tensor, draft_token_ids: Tensor, target_predict: Tensor, max_depth: int | None = None
+) -> VerifyResult:
+    """:func:`verify_greedy_tree` from the target's argmax ``target_predict`` [batch, num_nodes] int64."""
     parent, draft_token_ids = parent.long(), draft_token_ids.long()
     batch, num_nodes = parent.shape
     device = parent.device
     max_depth = num_nodes - 1 if max_depth is None else max_depth
     nodes = torch.arange(num_nodes, device=device)  # [num_nodes]
-
-    target_predict = argmax_last(target_logits)  # [batch, num_nodes]
     if target_predict.is_cuda:  # the same walk in one launch (speculative/tree_kernels.py)
         from outpace.speculative import tree_kernels
 

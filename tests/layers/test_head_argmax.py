@@ -3,6 +3,8 @@ of the logits ``norm_project`` writes (the first column of the maximum, across s
 rows asked for, through a token map; the arrival counters are left zero (in Triton's interpreter on
 a CPU, on the GPU where there is one)."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,3 +103,38 @@ def test_the_draft_heads_fused_path_chooses_what_their_logits_do(monkeypatch, no
         fused = fused_decoder.head_argmax_tokens(head, hidden, norm, rows, token_map=token_map)
     assert torch.equal(fused, unfused)
     assert torch.equal(unfused % 3, torch.ones_like(unfused))  # through the map
+
+
+@pytest.fixture(scope="module")
+def nemotron_dir(tmp_path_factory):
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+
+    return save_hybrid(make_hybrid("nemotron_h"), tmp_path_factory.mktemp("nemotron_h"))
+
+
+@pytest.mark.parametrize(
+    "target", ["tinypy", "tinyqwen35", "tinygemma", "tinygemma-capped", "nemotron"]
+)
+def test_the_targets_greedy_heads_choose_what_their_logits_do(monkeypatch, target, request):
+    """A target's ``greedy_tokens`` (a greedy step's verdict without logits, engine/decode_step.py ``_verify``)
+    against the argmax of its ``compute_logits``, both through the kernels (``fusable_rows`` forced on the CPU):
+    Llama's, Qwen3.5's, Nemotron-H's heads and Gemma's tied one, soft-capped (from the logits) or not."""
+    from outpace.layers import fused_decoder
+    from outpace.models.loader import load_model
+    from outpace.zoo import zoo_dir
+
+    path = (
+        request.getfixturevalue("nemotron_dir")
+        if target == "nemotron"
+        else zoo_dir() / target.removesuffix("-capped")
+    )
+    model = load_model(path, DTYPE, DEVICE, progress=False)
+    if target.endswith("-capped"):
+        model.gemma = dataclasses.replace(model.gemma, final_logit_softcapping=0.5)
+    hidden = _rand(6, model.config.hidden_size, seed=15) * 4
+    rows = torch.tensor([5, 0, 2], device=DEVICE)
+    monkeypatch.setattr(fused_decoder, "fusable_rows", lambda x, w: True)
+    with torch.no_grad():
+        want = model.compute_logits(hidden).argmax(-1)
+        assert torch.equal(model.greedy_tokens(hidden), want)
+        assert torch.equal(model.greedy_tokens(hidden, rows), want[rows])

@@ -285,11 +285,10 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
         path, tmp_path / "dflash", layer_ids=tuple(range(layers)), mask_token_id=VOCAB - 1
     )
     expected = plain_outputs(path, PROMPTS)
-    checked, real = [], decode_step.verify_chain
+    checked, real = [], decode_step.accept_greedy_chain
 
-    def checking(drafts, draft_probs, logits, sampling, keys, gumbel):
-        result = real(drafts, draft_probs, logits, sampling, keys, gumbel)
-        predict = logits.argmax(-1)  # [b, k + 1]
+    def checking(drafts, predict):  # predict [b, k + 1]: the target's argmax (its greedy_tokens)
+        result = real(drafts, predict)
         correct_len = (drafts == predict[:, :-1]).int().cumprod(1).sum(1)
         assert torch.equal(result.num_correct_drafts, correct_len)
         assert torch.equal(result.last_correct_step_indices, correct_len)
@@ -297,7 +296,7 @@ def test_dflash_is_lossless_with_its_correct_len_rule(variant, targets, tmp_path
         checked.append(drafts.shape[1])
         return result
 
-    monkeypatch.setattr(decode_step, "verify_chain", checking)
+    monkeypatch.setattr(decode_step, "accept_greedy_chain", checking)
     llm = LLM(
         str(path),
         block_size=4,
