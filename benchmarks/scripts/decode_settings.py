@@ -91,9 +91,7 @@ SWEEPS = {
 SWIGLU_SETTINGS = (
     {},
     {"swiglu_sub_tile": 64, "swiglu_block_k": 128},
-    {"swiglu_sub_tile": 64, "swiglu_block_k": 128, "swiglu_stages": 6},
     {"swiglu_sub_tile": 128, "swiglu_block_k": 128, "swiglu_stages": 4},
-    {"swiglu_sub_tile": 64, "swiglu_block_k": 256, "swiglu_stages": 3},
 )
 for _name, _shape in (
     ("swiglu_llama", "llama-3.1-8b"),
