@@ -9,7 +9,7 @@
 set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs
-timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/layers/test_head_argmax.py \
+timeout 130 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/layers/test_head_argmax.py \
   tests/gpu/test_gpu.py tests/gpu/test_batch_invariant_gpu.py > $OUT/logs/pytest.log 2>&1
 echo "rc=$?" >> $OUT/logs/pytest.log
 timeout 150 python3 -m outpace bench e2e --family qwen35 --batch-sizes 1 --methods none mtp \
@@ -17,7 +17,7 @@ timeout 150 python3 -m outpace bench e2e --family qwen35 --batch-sizes 1 --metho
 echo "rc=$?" >> $OUT/logs/e2e_qwen35.log
 cp /tmp/out_q/*.json $OUT/logs/ 2>/dev/null
 rm -rf /tmp/e2e_q
-left=$((440 - SECONDS))
+left=$((380 - SECONDS))
 [ $left -gt 60 ] && timeout $left python3 benchmarks/scripts/decode_settings.py $OUT/logs/swiglu_llama.json \
   swiglu_llama > $OUT/logs/swiglu_llama.log 2>&1
 echo "rc=$?" >> $OUT/logs/swiglu_llama.log
