@@ -14,7 +14,7 @@ import json
 import sys
 
 import torch
-from projection_tiles import CALLS, measure
+from projection_tiles import measure, random_weights
 
 from outpace.layers import fused_projection as fp
 
@@ -47,12 +47,7 @@ def main(out: str | None = None, *names: str) -> None:
     rows = []
     for name in names or SHAPES:
         epilogue, n_out, k = SHAPES[name]
-        weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
-        weights = [
-            torch.randn(weight_rows, k, device=device, dtype=torch.bfloat16) * 0.02
-            for _ in range(CALLS)
-        ]
-        gb = weight_rows * k * 2 / 1e9
+        weights, gb = random_weights(epilogue, n_out, k, device)
         for m in ROWS:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             times = [measure(x, weights, epilogue, n_out, tiles) for tiles in TILES]

@@ -114,17 +114,24 @@ def measure(x, weights, epilogue: int, n_out: int, tiles) -> float | None:
         return None
 
 
+def random_weights(
+    epilogue: int, n_out: int, k: int, device: torch.device
+) -> tuple[list[torch.Tensor], float]:
+    """CALLS distinct bf16 weights of a projection with ``n_out`` outputs over ``k`` inputs, and the GB of one."""
+    weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
+    weights = [
+        torch.randn(weight_rows, k, device=device, dtype=torch.bfloat16) * 0.02
+        for _ in range(CALLS)
+    ]
+    return weights, weight_rows * k * 2 / 1e9
+
+
 def main(out: str | None = None, *names: str) -> None:
     device = torch.device("cuda")
     rows = []
     for name in names or SHAPES:
         epilogue, n_out, k = SHAPES[name]
-        weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
-        weights = [
-            torch.randn(weight_rows, k, device=device, dtype=torch.bfloat16) * 0.02
-            for _ in range(CALLS)
-        ]
-        gb = weight_rows * k * 2 / 1e9
+        weights, gb = random_weights(epilogue, n_out, k, device)
         for m in (1, 8):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             if m == 1:
