@@ -86,12 +86,12 @@ SWEEPS = {
         ),
     ),
 }
-# the few-row SwiGLU's (gate/up) sub-tiles and K step (benchmarks/scripts/projection_rows.py, gpu_2026-12-02 call 17:
-# Llama-8B's gate/up alone 3.2% faster in sub-tiles of 64 at BK 128, Qwen3.5's 2.1% in one of 128)
+# the few-row SwiGLU's (gate/up) sub-tiles, K step and stages (shipped: one sub-tile of 128 at BK 128 over 4 stages,
+# gpu_2026-12-02 call 19; the others: call 19's alternatives)
 SWIGLU_SETTINGS = (
     {},
-    {"swiglu_sub_tile": 64, "swiglu_block_k": 128},
-    {"swiglu_sub_tile": 128, "swiglu_block_k": 128, "swiglu_stages": 4},
+    {"swiglu_sub_tile": 32, "swiglu_block_k": 256, "swiglu_stages": 5},
+    {"swiglu_sub_tile": 64, "swiglu_block_k": 128, "swiglu_stages": 5},
 )
 for _name, _shape in (
     ("swiglu_llama", "llama-3.1-8b"),

@@ -107,10 +107,13 @@ wide_sub_tile_stages = 4
 narrow_block_k = 512
 narrow_stages = 5
 # SwiGLU (gate/up: two weight tiles a K step): outputs a sub-tile at most, the K step and the stages. Each
-# sub-tile reads the x tile again and starts a new pipeline over K.
-swiglu_sub_tile = 32
-swiglu_block_k = 256
-swiglu_stages = 5  # 160 KB
+# sub-tile reads the x tile again and starts a new pipeline over K. One sub-tile of 128 at BK 128 over 4 stages
+# took the captured decode step of the Llama-3.1-8B shape 4.065 -> 4.006 ms at b1@512 and 4.314 -> 4.215 at
+# b8@512, Qwen3.5's 4.324 -> 4.292 and 4.972 -> 4.893, against sub-tiles of 32 at BK 256 over 5 stages
+# (benchmarks/scripts/decode_settings.py swiglu_llama / swiglu_qwen35, gpu_2026-12-02 call 19).
+swiglu_sub_tile = 128
+swiglu_block_k = 128
+swiglu_stages = 4  # 64 KB of weights a stage
 # fp8 weights (``Fp8Weight``): stages in up to this much shared memory, at most this many (``_fp8_stages``;
 # benchmarks/scripts/fp8_projection_settings.py sweeps them)
 fp8_stage_bytes = 160 * 1024
