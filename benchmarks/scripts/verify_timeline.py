@@ -42,8 +42,14 @@ def replay_events(llm, batch: int, tokens: int) -> list:
     padding rows (``ModelRunner.padding_replays``: the copies that save and restore the state buffers stay
     outside the profiled region, so the region holds the replays alone)."""
     runner = llm.engine.runner
+    shape = DraftShape(
+        tokens - 1
+    )  # drafting over narrow windows where the drafter holds (the usual step)
     key = StepKey(
-        bucket_for(runner.graph_buckets, batch), DraftShape(tokens - 1), SamplingMode.GREEDY
+        bucket_for(runner.graph_buckets, batch),
+        shape,
+        SamplingMode.GREEDY,
+        narrow=runner.holds.narrow_variants(shape)[-1],
     )
     with runner.padding_replays(key) as replay:
         replay()  # warm

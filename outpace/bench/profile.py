@@ -220,11 +220,14 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
         torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
     runner = engine.runner
+    shape = runner.shapes[
+        -1
+    ]  # the longest draft shape, over narrow windows where the drafter holds
+    bucket = bucket_for(runner.graph_buckets, batch)
+    narrow = runner.holds.narrow_variants(shape)[-1]
     replay = _replay_ms(
-        runner.decode_step.graphs[
-            StepKey(bucket_for(runner.graph_buckets, batch), runner.shapes[-1], SamplingMode.GREEDY)
-        ]
-    )  # the longest draft shape
+        runner.decode_step.graphs[StepKey(bucket, shape, SamplingMode.GREEDY, narrow=narrow)]
+    )
     produced, steps = sum(len(o.token_ids) for o in outs), len(step_ms)
     steady = sorted(step_ms[3:])
     row = {

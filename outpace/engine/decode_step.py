@@ -150,6 +150,7 @@ class DecodeStep:
                 seeds,
                 s.sampling(req_indices, key.mode.greedy, key.mode.filtered, key.mode.seeded),
                 s.pool.block_size,
+                key.narrow,
             )
             drafts = (
                 self.proposer.draft(rows, shape)

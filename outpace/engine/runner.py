@@ -148,10 +148,10 @@ class ModelRunner:
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graph_buckets = buckets
         keys = [
-            StepKey(b, shape, mode, hold=hold)
+            StepKey(b, shape, mode, hold=hold, narrow=narrow)
             for b in sorted(buckets, reverse=True)
             for shape in self.shapes
-            for hold in ((False, True) if self.holds.may_hold(shape) else (False,))
+            for hold, narrow in self._window_variants(shape)
             for mode in SamplingMode
         ]
         with forward_settings(self.batch_invariant):
@@ -159,10 +159,23 @@ class ModelRunner:
                 self.decode_step.capture(key, memory)
             self.prefill_graphs.capture(prefill_buckets, memory)
             if self.choosers and self.device.type == "cuda":
-                for key in keys:
-                    if key.hold or not self.holds.may_hold(key.shape):
+                for (
+                    key
+                ) in keys:  # the usual step of each shape: held, or drafting over narrow windows
+                    if (key.hold or not self.holds.may_hold(key.shape)) and key.narrow == (
+                        self.holds.narrow_variants(key.shape)[-1]
+                    ):
                         cost = self.profile(key)
                         self.choosers[key.mode].record_cost(key.bucket, key.shape, cost)
+
+    def _window_variants(self, shape: DraftShape) -> list[tuple[bool, bool]]:
+        """The (hold, narrow) flags of the captured steps of ``shape`` (engine/step_key.py)."""
+        holds = (False, True) if self.holds.may_hold(shape) else (False,)
+        return [
+            (hold, narrow)
+            for hold in holds
+            for narrow in ((False,) if hold else self.holds.narrow_variants(shape))
+        ]
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
         """Seconds one replay of the key's graph takes on the GPU (rows of the padding index)."""
@@ -307,7 +320,9 @@ class ModelRunner:
         if self.choosers:
             remaining = _remaining(reqs) if self.closed_batch else None
             shape = self.choosers[mode].choose(bucket or n, ids, remaining)
-        key = StepKey(bucket or n, shape, mode, features, self.holds.holds(ids, shape))
+        hold = self.holds.holds(ids, shape)
+        narrow = not hold and self.holds.narrow(ids, shape)
+        key = StepKey(bucket or n, shape, mode, features, hold, narrow)
         held_before = self.holds.advance(ids, key)
         self.req_table.sync_tables(ids)
         if key.features.penalties and not ahead:

@@ -91,18 +91,25 @@ class LogitsFeatures:
 @dataclass(frozen=True)
 class StepKey:
     """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly).
-    ``hold``: a zero-draft step that holds (module docstring) rather than runs the draft forward."""
+    ``hold``: a zero-draft step that holds (module docstring) rather than runs the draft forward.
+    ``narrow``: a drafting step whose drafter holds and none of whose requests holds rows from held steps: the
+    draft forward runs over the narrow windows (speculative/proposer.py ``PendingRows.narrow``)."""
 
     bucket: int
     shape: DraftShape
     mode: SamplingMode
     features: LogitsFeatures = field(default_factory=LogitsFeatures)
     hold: bool = False
+    narrow: bool = False
 
     def __post_init__(self) -> None:
         if self.hold and self.shape.num_steps:
             raise ValueError(
                 f"a step drafting {self.shape.label} cannot hold: only zero-draft steps do"
+            )
+        if self.narrow and not self.shape.num_steps:
+            raise ValueError(
+                "a zero-draft step runs over whole windows: only drafting steps narrow"
             )
 
 
@@ -113,6 +120,7 @@ class HoldRule:
     def __init__(self, proposer: Proposer | None) -> None:
         self.proposer = proposer
         self.window = proposer.hold_window if proposer is not None else 0  # 0: never holds
+        self.narrow_rows = proposer.narrow_window if proposer is not None else 0
         self._bounds: dict[str, int] = {}  # request id -> its bound; absent: fresh from a prefill
         # a request's bound fresh from a prefill
         self._fresh = proposer.pending_rows(DraftShape(0)) if self.window else 0
@@ -124,6 +132,20 @@ class HoldRule:
     def holds(self, request_ids: Sequence[str], shape: DraftShape) -> bool:
         """Whether a step of ``shape`` for these requests holds: every one's window has a row left."""
         return self.may_hold(shape) and max(self._bounds_of(request_ids), default=0) < self.window
+
+    def narrow_variants(self, shape: DraftShape) -> tuple[bool, ...]:
+        """The ``StepKey.narrow`` flags of the steps of ``shape`` that run the draft forward (both are
+        captured), the narrow one last: drafting steps narrow where the drafter holds. A zero-draft step that
+        runs the forward flushes, so some window holds more than the narrow rows."""
+        return (False, True) if self.window and self.narrow_rows and shape.num_steps else (False,)
+
+    def narrow(self, request_ids: Sequence[str], shape: DraftShape) -> bool:
+        """Whether a drafting step of ``shape`` for these requests runs over the narrow windows: no request
+        may hold more pending rows than they have."""
+        return (
+            self.narrow_variants(shape)[-1]
+            and max(self._bounds_of(request_ids), default=0) <= self.narrow_rows
+        )
 
     def advance(self, request_ids: Sequence[str], key: StepKey) -> tuple[int | None, ...]:
         """A step of ``key`` was launched for these requests: their bounds after it. Returns the bounds

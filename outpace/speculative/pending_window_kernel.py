@@ -167,28 +167,29 @@ def _window_kernel(
     start_ptr,  # [indices] int64
     count_ptr,  # [indices] int64
     req_ptr,  # [b] int64
-    hidden_out,  # [b * W, H]
-    tokens_out,  # [b, W] int64
+    hidden_out,  # [b * C, H]
+    tokens_out,  # [b, C] int64
     start_out,  # [b] int64
     count_out,  # [b] int64
-    positions_out,  # [b * W] int64: start + 0 .. W - 1
-    last_out,  # [b] int64: i * W + count - 1
-    live_out,  # [b * W] bool: column < count
+    positions_out,  # [b * C] int64: start + 0 .. C - 1
+    last_out,  # [b] int64: i * C + count - 1
+    live_out,  # [b * C] bool: column < count
     H,
-    W: tl.constexpr,
+    W: tl.constexpr,  # the windows' width
+    C: tl.constexpr,  # the leading columns read (<= W)
     BLOCK_W: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     i = tl.program_id(0)
     r = tl.load(req_ptr + i).to(tl.int64)
     w = tl.arange(0, BLOCK_W)
-    in_window = w < W
-    row = i.to(tl.int64) * W
+    in_window = w < C
+    row = i.to(tl.int64) * C
     if (
         tl.program_id(1) == 0
     ):  # the row's bookkeeping, by its first chunk's program (written to new tensors)
         start = tl.load(start_ptr + r)
-        count = tl.load(count_ptr + r)
+        count = tl.minimum(tl.load(count_ptr + r), C)  # (the padding row's may be more)
         tokens = tl.load(tokens_ptr + r * W + w, mask=in_window)
         tl.store(tokens_out + row + w, tokens, mask=in_window)
         tl.store(positions_out + row + w, start + w, mask=in_window)
@@ -208,20 +209,21 @@ def window(
     start: torch.Tensor,
     count: torch.Tensor,
     req_indices: torch.Tensor,
+    columns: int,
 ) -> tuple[torch.Tensor, ...]:
-    """``PendingRows.window`` on its tensors: (states [b * W, H], tokens [b, W], start [b], count [b],
-    positions [b * W], last [b], live [b * W]), in one launch."""
-    b, (_, width, size) = req_indices.shape[0], hidden.shape
-    assert hidden.is_contiguous() and tokens.is_contiguous()
+    """``PendingRows.window`` on its tensors over the windows' first ``columns`` columns (C): (states [b * C,
+    H], tokens [b, C], start [b], count [b], positions [b * C], last [b], live [b * C]), in one launch."""
+    b, (_, window_width, size) = req_indices.shape[0], hidden.shape
+    assert hidden.is_contiguous() and tokens.is_contiguous() and columns <= window_width
     dev = hidden.device
     out = (
-        torch.empty(b * width, size, dtype=hidden.dtype, device=dev),
-        torch.empty(b, width, dtype=torch.int64, device=dev),
+        torch.empty(b * columns, size, dtype=hidden.dtype, device=dev),
+        torch.empty(b, columns, dtype=torch.int64, device=dev),
         torch.empty(b, dtype=torch.int64, device=dev),
         torch.empty(b, dtype=torch.int64, device=dev),
-        torch.empty(b * width, dtype=torch.int64, device=dev),
+        torch.empty(b * columns, dtype=torch.int64, device=dev),
         torch.empty(b, dtype=torch.int64, device=dev),
-        torch.empty(b * width, dtype=torch.bool, device=dev),
+        torch.empty(b * columns, dtype=torch.bool, device=dev),
     )
     block = min(BLOCK_STATE, triton.next_power_of_2(size))
     _window_kernel[(b, triton.cdiv(size, block))](
@@ -232,8 +234,9 @@ def window(
         req_indices,
         *out,
         size,
-        W=width,
-        BLOCK_W=triton.next_power_of_2(width),
+        W=window_width,
+        C=columns,
+        BLOCK_W=triton.next_power_of_2(columns),
         BLOCK_H=block,
     )
     return out

@@ -19,9 +19,12 @@ The drafter's KV then ends as it would have had every step run the forward: each
 written by the next forward from the same inputs (its state, the committed tokens after it), and no
 row is skipped (the window keeps them until then); so drafts, acceptance and output are unchanged,
 and a held step costs what plain decoding costs. The window has
-``HOLD_ROWS`` rows more than a verify commits (every forward runs over all of them). The host bounds
-each request's pending rows (engine/step_key.py ``HoldRule``): a zero-draft step that could overflow
-some request's window "flushes" instead: ``draft`` and ``update`` as at any step, which empty it.
+``HOLD_ROWS`` rows more than a verify commits. The host bounds each request's pending rows
+(engine/step_key.py ``HoldRule``): a zero-draft step that could overflow some request's window "flushes"
+instead: ``draft`` and ``update`` as at any step, which empty it. A forward runs over the whole window
+only where some request of the batch holds rows from held steps; otherwise over the narrow window, the
+rows a verify leaves (``PendingRows.narrow``: both are captured steps), so that drafting, which
+adaptive speculation chooses where it pays, costs nothing for the rows it may hold.
 
 A drafter never imports the engine: what it needs arrives in ``DecodeRows`` and ``Verified``.
 """
@@ -108,6 +111,9 @@ class DecodeRows:
     seeds: torch.Tensor  # [b] int64 random streams
     sampling: SamplingTensors  # [b] rows
     block_size: int
+    # no request of the batch holds pending rows from held steps: a drafter that holds runs its forward over
+    # the narrow window (``PendingRows.narrow``) rather than the whole (engine/step_key.py ``StepKey.narrow``)
+    narrow_window: bool = False
 
     @property
     def size(self) -> int:
@@ -202,7 +208,8 @@ class PrefillRows:
 
 
 # Rows a pending window holds past a verify's committed rows: zero-draft steps held between two forwards.
-# More make flushes rarer, but every forward runs over the whole window, drafting steps' too.
+# More make flushes rarer, but the forward after held steps runs over all of them (a flush's, or a drafting
+# step's before any request's window is narrow again).
 HOLD_ROWS = 8
 
 
@@ -224,9 +231,18 @@ class PendingRows:
     the drafter reads for it and the token after it; the rest of the ``width`` columns is padding."""
 
     def __init__(
-        self, indices: int, width: int, hidden: int, dtype: torch.dtype, device: torch.device
+        self,
+        indices: int,
+        width: int,
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        narrow: int | None = None,
     ) -> None:
         self.width = width
+        # the leading columns that hold every pending row while no held step's row is pending (the kept rows
+        # and a verify's committed ones): what a draft reads where the step says so (``window``)
+        self.narrow = width if narrow is None else narrow
         self.hidden = torch.zeros(indices, width, hidden, dtype=dtype, device=device)
         self.tokens = torch.zeros(
             indices, width, dtype=torch.int64, device=device
@@ -237,18 +253,25 @@ class PendingRows:
     def tensors(self) -> list[torch.Tensor]:
         return [self.hidden, self.tokens, self.start, self.count]
 
-    def window(self, req_indices: torch.Tensor) -> Window:
-        """The batch's windows (``req_indices`` [b]) as a draft reads them. On the GPU one Triton launch
+    def columns(self, narrow: bool) -> int:
+        """The window's columns a draft reads: the narrow ones, or all."""
+        return self.narrow if narrow else self.width
+
+    def window(self, req_indices: torch.Tensor, narrow: bool = False) -> Window:
+        """The batch's windows (``req_indices`` [b]) as a draft reads them, over ``columns(narrow)`` columns
+        (narrow: the caller knows no row is pending past them). On the GPU one Triton launch
         (speculative/pending_window_kernel.py)."""
+        w = self.columns(narrow)
         if self.hidden.is_cuda:
             from outpace.speculative import pending_window_kernel
 
-            return Window(*pending_window_kernel.window(*self.tensors(), req_indices))
-        b, w = req_indices.shape[0], self.width
-        start, count = self.start[req_indices], self.count[req_indices]  # [b]
+            return Window(*pending_window_kernel.window(*self.tensors(), req_indices, w))
+        b = req_indices.shape[0]
+        # (the clamp: the padding row, which every padded row of a batch appends to, may count more)
+        start, count = self.start[req_indices], self.count[req_indices].clamp(max=w)  # [b]
         return Window(
-            self.hidden[req_indices].reshape(b * w, -1),
-            self.tokens[req_indices],
+            self.hidden[req_indices, :w].reshape(b * w, -1),
+            self.tokens[req_indices, :w],
             start,
             count,
             positions(start, w),
@@ -352,8 +375,10 @@ class Proposer(abc.ABC):
     # checkpoint holds and a target's does not (None: any model's checkpoint may be one).
     takes_draft_checkpoint: bool = True
     draft_checkpoint_tensor: str | None = None
-    # Holding (module docstring): the rows of each request's pending window; 0: this drafter never holds
+    # Holding (module docstring): the rows of each request's pending window, and those a forward runs over
+    # where no request holds rows from held steps; 0: this drafter never holds
     hold_window: int = 0
+    narrow_window: int = 0
 
     @classmethod
     def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:

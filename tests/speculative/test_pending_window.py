@@ -109,22 +109,44 @@ def test_the_kernel_writes_what_the_torch_form_writes(keep, depth, rows, width, 
 
 
 @pytest.mark.parametrize(
-    "width, hidden, drafts", [(12, 96, 2), (13, 300, 1), (4, 64, 3), (12, 64, 0)]
+    "width, narrow, hidden, drafts",
+    [
+        (12, None, 96, 2),
+        (13, None, 300, 1),
+        (4, None, 64, 3),
+        (12, None, 64, 0),
+        (12, 4, 96, 2),
+        (12, 3, 64, 0),
+    ],
 )
-def test_a_draft_s_window_and_layer_tokens_are_the_torch_form_s(width, hidden, drafts):
+def test_a_draft_s_window_and_layer_tokens_are_the_torch_form_s(width, narrow, hidden, drafts):
     """The gathered windows (states, tokens, start, count, positions, last rows) and each MTP layer's tokens
     (after 0 .. ``drafts`` drafts; none: a zero-draft step that runs its layers) from the kernels equal the torch
-    form's, for windows with held rows and one pending row."""
+    form's, for windows with held rows and one pending row; and a narrow window (no row pending past its columns)
+    holds the pending rows of the whole window."""
     from outpace.speculative import pending_window_kernel as kernels
 
     g = torch.Generator().manual_seed(width + hidden + drafts)
     pending = _windows(7, width, hidden, g)
     pending.count[3] = 1
+    if narrow is not None:  # no request's row pending past it; the padding row's count may be more
+        pending.narrow = narrow
+        pending.count.clamp_(max=narrow)
+        pending.count[6] = width
     req_indices = torch.tensor([4, 0, 3, 6])
-    want = pending.window(req_indices)  # the torch form (CPU tensors)
-    got = kernels.window(*_on(DEVICE, pending), req_indices.to(DEVICE))
+    want = pending.window(req_indices, narrow is not None)  # the torch form (CPU tensors)
+    columns = pending.columns(narrow is not None)
+    got = kernels.window(*_on(DEVICE, pending), req_indices.to(DEVICE), columns)
     for name, a, b in zip(want._fields, want, got):
         assert torch.equal(a, b.cpu()), name
+    assert bool((want.last < 4 * columns).all())
+    whole = pending.window(req_indices[:3])  # the requests' rows (the last: the padding row)
+    live, narrow_live = whole.live, want.live[: 3 * columns]
+    assert torch.equal(narrow_live, live.view(3, width)[:, :columns].reshape(-1))
+    assert torch.equal(want.count[:3], whole.count)
+    assert torch.equal(want.hidden[: 3 * columns][narrow_live], whole.hidden[live])
+    assert torch.equal(want.positions[: 3 * columns][narrow_live], whole.positions[live])
+    assert torch.equal(whole.last // width * columns + whole.last % width, want.last[:3])
     made = [torch.randint(0, 1000, (4,), generator=g) for _ in range(drafts)]
     for k in range(1, 4):
         for d in range(drafts + 1):

@@ -29,9 +29,10 @@ check(pw, "_take_verified_kernel", lambda: pw.take_verified(
     torch.zeros(9, 12, 4096, dtype=torch.bfloat16), torch.zeros(9, 12, **i64), torch.zeros(9, **i64),
     torch.ones(9, **i64), torch.arange(8), torch.zeros(8, **i64), torch.zeros(8, **i64), torch.zeros(8, **i64),
     torch.zeros(8, 3, **i64), torch.zeros(8, 3, **i64), torch.zeros(24, 4096, dtype=torch.bfloat16), 1, 3))
-check(pw, "_window_kernel", lambda: pw.window(
-    torch.zeros(9, 12, 4096, dtype=torch.bfloat16), torch.zeros(9, 12, **i64), torch.zeros(9, **i64),
-    torch.ones(9, **i64), torch.arange(8)))
+for columns in (12, 4):  # the whole windows and the narrow ones
+    check(pw, "_window_kernel", lambda: pw.window(
+        torch.zeros(9, 12, 4096, dtype=torch.bfloat16), torch.zeros(9, 12, **i64), torch.zeros(9, **i64),
+        torch.ones(9, **i64), torch.arange(8), columns))
 for drafts in (0, 2):
     check(pw, "_layer_tokens_kernel", lambda: pw.layer_tokens(
         torch.zeros(8, 12, **i64), torch.ones(8, **i64), torch.zeros(8, drafts, **i64), 1))
@@ -41,6 +42,6 @@ for drafts in (0, 2):
 def test_spec_bookkeeping_kernels_compile_for_sm90(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_greedy_chain_kernel"] * 2 + ["_take_verified_kernel", "_window_kernel"]
+    names = ["_greedy_chain_kernel"] * 2 + ["_take_verified_kernel"] + ["_window_kernel"] * 2
     names += ["_layer_tokens_kernel"] * 2
     assert done.stdout.split() == [w for n in names for w in (n, "True")]

@@ -74,9 +74,10 @@ class Eagle3Proposer(Proposer):
         held = HOLD_ROWS if spec.adaptive else 0  # only adaptive drafting has zero-draft steps
         hidden = self.draft_model.config.layer.hidden_size
         self.pending = PendingRows(
-            max_requests + 1, self.verify_rows + held, hidden, dtype, self.device
+            max_requests + 1, self.verify_rows + held, hidden, dtype, self.device, self.verify_rows
         )  # fused states
         self.hold_window = self.pending.width if held else 0
+        self.narrow_window = self.verify_rows if held else 0
 
     @property
     def lookahead(self) -> int:
@@ -133,13 +134,18 @@ class Eagle3Proposer(Proposer):
     # ---- drafting ------------------------------------------------------------------------------
     def _extend(self, rows: DecodeRows) -> torch.Tensor:
         """Draft-extend over each row's pending rows; returns the last one's output [b, hidden]."""
-        b, w, pending = rows.size, self.pending.width, self.pending
+        b, pending = rows.size, self.pending
+        w = pending.columns(rows.narrow_window)
         start, count = pending.start[rows.req_indices], pending.count[rows.req_indices]
+        if (
+            rows.narrow_window
+        ):  # the padding row, which every padded row of a batch appends to, may count more
+            count = count.clamp(max=w)
         with rows.context(start, w, self.backend) as ctx:
             out = self.draft_model(
-                pending.tokens[rows.req_indices].reshape(-1),
+                pending.tokens[rows.req_indices, :w].reshape(-1),
                 ctx.metadata.token_positions,
-                pending.hidden[rows.req_indices].reshape(b * w, -1),
+                pending.hidden[rows.req_indices, :w].reshape(b * w, -1),
             )
         return out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]
 

@@ -106,14 +106,12 @@ class MTPProposer(Proposer):
         self.kv_reads_ahead = len(self.layers)  # layer k's row t reads token t + k + 1
         self.keep = len(self.layers) - 1  # K: rows before the new ones that each draft re-runs
         held = HOLD_ROWS if spec.adaptive else 0  # only adaptive drafting has zero-draft steps
+        verify_rows = self.keep + spec.num_steps + 1  # the most a verify leaves pending
         self.pending = PendingRows(
-            max_requests + 1,
-            self.keep + spec.num_steps + 1 + held,
-            cfg.hidden_size,
-            dtype,
-            self.device,
+            max_requests + 1, verify_rows + held, cfg.hidden_size, dtype, self.device, verify_rows
         )  # target states
         self.hold_window = self.pending.width if held else 0
+        self.narrow_window = verify_rows if held else 0
 
     @property
     def lookahead(self) -> int:
@@ -193,11 +191,12 @@ class MTPProposer(Proposer):
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
-        window = self.pending.window(rows.req_indices)
+        window = self.pending.window(rows.req_indices, rows.narrow_window)
         tokens, probs = [], []  # drafts, each [b]
         h = window.hidden  # [b * w, hidden]
+        w = window.tokens.shape[1]
         # (the window's padding rows route to no expert in a mixture's MTP layer: layers/routed_rows.py)
-        with rows.context(window.start, self.pending.width, self.backend), routed_rows(window.live):
+        with rows.context(window.start, w, self.backend), routed_rows(window.live):
             for k, layer in enumerate(self.layers):
                 ids = self.pending.layer_tokens(window, tokens, k)  # [b * w] (docstring: t + k + 1)
                 h = layer(window.positions, ids, h if self.chained else window.hidden, self.target)
