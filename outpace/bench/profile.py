@@ -220,9 +220,8 @@ def profile_zoo(method: str = "eagle3", batch: int = 1, tokens: int = 128, top: 
         torch.cuda.synchronize()
     busy, launches = _gpu_busy(prof)
     runner = engine.runner
-    shape = runner.shapes[
-        -1
-    ]  # the longest draft shape, over narrow windows where the drafter holds
+    # the longest draft shape, over narrow windows where the drafter holds
+    shape = runner.shapes[-1]
     bucket = bucket_for(runner.graph_buckets, batch)
     narrow = runner.holds.narrow_variants(shape)[-1]
     replay = _replay_ms(

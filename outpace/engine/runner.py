@@ -159,9 +159,8 @@ class ModelRunner:
                 self.decode_step.capture(key, memory)
             self.prefill_graphs.capture(prefill_buckets, memory)
             if self.choosers and self.device.type == "cuda":
-                for (
-                    key
-                ) in keys:  # the usual step of each shape: held, or drafting over narrow windows
+                # the usual step of each shape: held, or drafting over narrow windows
+                for key in keys:
                     if (key.hold or not self.holds.may_hold(key.shape)) and key.narrow == (
                         self.holds.narrow_variants(key.shape)[-1]
                     ):

@@ -137,9 +137,8 @@ class Eagle3Proposer(Proposer):
         b, pending = rows.size, self.pending
         w = pending.columns(rows.narrow_window)
         start, count = pending.start[rows.req_indices], pending.count[rows.req_indices]
-        if (
-            rows.narrow_window
-        ):  # the padding row, which every padded row of a batch appends to, may count more
+        # (the padding row, which every padded row of a batch appends to, may count more than narrow windows)
+        if rows.narrow_window:
             count = count.clamp(max=w)
         with rows.context(start, w, self.backend) as ctx:
             out = self.draft_model(
