@@ -17,7 +17,7 @@ from outpace.config import SpeculativeConfig
 
 TINYDS = str(Path(__file__).resolve().parents[2] / "zoo" / "tinyds")
 PROMPTS = [[1, 5, 2, 7, 3, 9, 1, 5, 2, 7, 3, 9, 1, 5, 2], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2]]
-PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
 SETTINGS = {
     "cpu": dict(device="cpu", dtype="float32", batch_invariant=True, block_size=4),
     "cuda": dict(device="cuda", dtype="bfloat16", batch_invariant=True, num_kv_blocks=128),
