@@ -180,13 +180,18 @@ class RunAhead:
 
     def take(self, request_ids: tuple[str, ...], starts: tuple[int, ...]) -> DecodeLaunch | None:
         """The step run ahead if it serves this batch (each request was in it, from the length it has
-        now: requests that have left since do not matter); any other is dropped."""
+        now: requests that have left since do not matter); any other is dropped. A request it ran for that is
+        still here but left out of this batch (the scheduler's token budget held it back) gets the state the
+        step started from back: the step advanced its lengths, recurrent state and drafter rows past tokens the
+        host never received (an EAGLE3 tree at a 16-token budget lost a token so: tests/engine/test_cuda_graphs.py)."""
         launch = self.launch
         if launch is None:
             return None
         ran = dict(zip(launch.request_ids, launch.starts))
         if request_ids and tuple(map(ran.get, request_ids)) == starts:
             self.launch = None
+            served = set(request_ids)
+            self._restore(launch, [rid not in served for rid in launch.request_ids])
             return launch
         self.drop()
         return None
@@ -195,16 +200,21 @@ class RunAhead:
         """Undo the step run ahead: wait for it, then restore the request state it started from, for the
         rows still held by the requests it ran for."""
         launch, self.launch = self.launch, None
-        if launch is None:
-            return
-        launch.copy.wait()
+        if launch is not None:
+            launch.copy.wait()
+            self._restore(launch, [True] * len(launch.request_ids))
+
+    def _restore(self, launch: DecodeLaunch, undo: list[bool]) -> None:
+        """The request state ``launch`` started from back in the rows of its requests marked in ``undo`` that
+        still hold them (with the host's bounds on their drafters' pending rows), once it has run."""
         rows = [
             i
             for i, (rid, index) in enumerate(zip(launch.request_ids, launch.req_indices))
-            if self.req_table.holds(rid, index)
+            if undo[i] and self.req_table.holds(rid, index)
         ]
         if not rows:
             return
+        launch.copy.wait()
         device, held = self.req_table.device, {launch.req_indices[i] for i in rows}
         saved_rows = launch.saved.rows
         kept = torch.tensor([j for j, row in enumerate(saved_rows) if row in held], device=device)

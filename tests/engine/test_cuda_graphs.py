@@ -328,3 +328,46 @@ def test_captured_iteration_survives_preemption(prompts, reference, spec):
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert llm.engine.pool.num_free == 14
     assert not llm.engine.runner.req_table.held_by
+
+
+def _count_partial_takes(llm: LLM) -> dict:
+    """Counts steps run ahead that served a batch leaving out a request they ran for which is still held."""
+    owner, runner, taken = llm.engine.runner.run_ahead, llm.engine.runner, {"partial": 0}
+    take = owner.take
+
+    def counting(ids, starts):
+        launch = take(ids, starts)
+        if launch is not None:
+            left = set(launch.request_ids) - set(ids)
+            taken["partial"] += bool(left & runner.req_table.held_by)
+        return launch
+
+    owner.take = counting
+    return taken
+
+
+@pytest.mark.parametrize("target", ["tinypy", "qwen3_next"])
+def test_a_request_the_token_budget_leaves_out_gets_its_state_back(target, tmp_path):
+    """An EAGLE3 tree verifies 7 rows a request, so a 16-token budget decodes two of three requests a step
+    while the step run ahead ran for all three: the one left out had its length, last token, recurrent state
+    and drafter rows advanced past tokens the host never received. They go back, so every request gets
+    plain decoding's tokens. Before, the third request lost a token here, dense or hybrid (and on the H200 a
+    Qwen3-Next's and a Nemotron-H's did: benchmarks/results/gpu_2026-12-03, call 2)."""
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+    from helpers.spec_models import make_eagle3_draft
+
+    if target == "tinypy":
+        path, draft = ZOO, "zoo/tinypy-eagle3"
+    else:
+        path = str(save_hybrid(make_hybrid(target), tmp_path / target))
+        draft = str(make_eagle3_draft(path, tmp_path / "eagle3"))
+    prompts = [[3, 17, 99, 100, 8, 42, 7], [5, 9], [(i * 7) % 131 for i in range(40)]]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    expected = [o.token_ids for o in LLM(path, block_size=16).generate(prompts, params)]
+    tree = SpeculativeConfig("eagle3", draft, num_steps=3, topk=2, num_draft_tokens=6)
+    llm = LLM(path, speculative=tree, block_size=16, max_num_batched_tokens=16)
+    llm.engine.capture_graphs()
+    taken = _count_partial_takes(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert taken["partial"] > 0  # (the case arose)
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
