@@ -9,6 +9,7 @@ lands where no request reads.
 
 from __future__ import annotations
 
+import functools
 import gc
 from typing import Callable, Sequence
 
@@ -30,6 +31,15 @@ def bucket_for(buckets: Sequence[int], n: int) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
 
+@functools.cache
+def warm_up_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream of a device that every capture's warm-up runs on. cuBLAS keeps a workspace for each
+    stream it has run on (32 MiB on Hopper) until the process ends, and ``torch.cuda.Stream()`` hands out up to
+    32 pooled streams: with a new stream a capture, 896 MiB stayed allocated after a bench's engines had closed
+    (benchmarks/results/gpu_2026-12-03, call 2)."""
+    return torch.cuda.Stream(device)
+
+
 class CapturedCall:
     """``fn`` (which reads and writes only static buffers) captured as a CUDA graph on a CUDA
     device; elsewhere each replay simply calls ``fn`` again, with the same static-buffer semantics,
@@ -41,7 +51,7 @@ class CapturedCall:
         self.replays = 0
         if device.type != "cuda":
             return
-        side = torch.cuda.Stream()  # warm-up: allocations, library handles, Triton compilation
+        side = warm_up_stream(device)  # warm-up: allocations, library handles, Triton compilation
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn()

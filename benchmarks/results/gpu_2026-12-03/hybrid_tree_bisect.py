@@ -62,7 +62,14 @@ for name in names:
     if setup is not None:
         setup()
     kwargs = dict(device="cuda", dtype="float32", block_size=16, max_num_batched_tokens=16)
-    with LLM(str(path), speculative=SpeculativeConfig("eagle3", str(eagle3), **spec), **{**kwargs, **engine}) as llm:
+    with LLM(
+        str(path),
+        speculative=SpeculativeConfig("eagle3", str(eagle3), **spec),
+        **{**kwargs, **engine},
+    ) as llm:
         got = [o.token_ids for o in llm.generate(prompts, params)]
-    verdict = ["ok" if g == c else f"BAD@{next(i for i, (a, b) in enumerate(zip(g, c)) if a != b)}" for g, c in zip(got, cpu)]
+    verdict = [
+        "ok" if g == c else f"BAD@{next(i for i, (a, b) in enumerate(zip(g, c)) if a != b)}"
+        for g, c in zip(got, cpu)
+    ]
     print(f"RESULT {variant} {name}: {' '.join(verdict)}", flush=True)

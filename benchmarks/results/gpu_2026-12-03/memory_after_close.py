@@ -44,11 +44,19 @@ before = torch.cuda.memory_allocated()
 run_shape(tiny, Path(tempfile.mkdtemp()), bandwidth=3e12)
 gc.collect()
 torch.cuda.synchronize()
-print(f"MEM {name}: before {before / 2**20:.1f} MiB, after {torch.cuda.memory_allocated() / 2**20:.1f} MiB")
+after = torch.cuda.memory_allocated()
+torch._C._cuda_clearCublasWorkspaces()
+cleared = torch.cuda.memory_allocated()
+print(
+    f"MEM {name}: before {before / 2**20:.1f} MiB, after {after / 2**20:.1f} MiB, "
+    f"after clearing cuBLAS's workspaces {cleared / 2**20:.1f} MiB"
+)
 tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
 graphs = [o for o in gc.get_objects() if isinstance(o, torch.cuda.CUDAGraph)]
 total = sum(t.untyped_storage().nbytes() for t in tensors)
-print(f"MEM live CUDA tensors {len(tensors)} ({total / 2**20:.1f} MiB of storage), CUDA graphs {len(graphs)}")
+print(
+    f"MEM live CUDA tensors {len(tensors)} ({total / 2**20:.1f} MiB of storage), CUDA graphs {len(graphs)}"
+)
 for t in sorted(tensors, key=lambda t: -t.untyped_storage().nbytes())[:4]:
     print(f"MEM tensor {tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes() / 2**20:.1f} MiB")
     for level in chain(t):
