@@ -91,6 +91,19 @@ def _auto_device_is_the_cpu():
         yield
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker gets its share of the cores for torch's and numpy's thread pools: set in the
+    controller before it starts the workers, which inherit it (as do the ranks the distributed tests spawn). With
+    pools as wide as the machine, two workers on two busy cores spent their time in each other's spin-waits:
+    tests/engine/test_prefix_cache.py with -n 2 beside other work took 80-115 s with one thread a worker and was
+    unfinished after 600 s with two (twice each)."""
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1 and not hasattr(config, "workerinput"):
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(pool, share)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
