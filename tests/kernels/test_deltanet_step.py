@@ -31,6 +31,8 @@ SHAPES = {
     "odd, one per key head": dict(num_k_heads=3, num_v_heads=3, head_k_dim=5, head_v_dim=7),
     # value heads to split: 32 columns a program over 2, 16 over 4
     "wide values": dict(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=64),
+    # the same, one key head's group of two
+    "wide values, one group": dict(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=64),
 }
 # form -> (query lengths, has_initial_state, parents, snapshots[, last_row: a chain's verify that leaves the state
 # after its last token in the row, RecurrentMetadata.last_row])
@@ -153,18 +155,19 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
         assert not torch.allclose(chain[0], want[0], atol=1e-3)
 
 
-# (form, checkpoint layout, shape, programs per value head): every form split, over 2 and 4; the odd shape's
-# 7 columns over 2 programs of 4 (the second has 3)
+# (form, checkpoint layout, shape, programs per value head): every form split, over 2 and 4, in both layouts;
+# the odd shape's 7 columns over 2 programs of 4 (the second has 3); two key heads' groups (each group's q / k
+# conv channels written by its last head) into the row and into the snapshots, the other forms one group (half
+# the programs: the interpreter runs them one after the other)
 SPLIT_CASES = [
-    ("decode", "qwen3_5", "wide values", 4),
+    ("decode", "qwen3_5", "wide values, one group", 4),
     ("decode into the row", "qwen3_next", "wide values", 2),
     ("verify chain of 2", "qwen3_5", "wide values", 2),
-    ("verify chain of 8", "qwen3_next", "wide values", 4),
-    ("tree", "qwen3_5", "wide values", 4),
-    ("tree", "qwen3_next", "wide values", 2),
-    ("padded runs into the row", "qwen3_5", "wide values", 4),
+    ("verify chain of 8", "qwen3_next", "wide values, one group", 2),
+    ("tree", "qwen3_next", "wide values, one group", 2),
+    ("padded runs into the row", "qwen3_5", "wide values, one group", 2),
     ("padded verify", "qwen3_next", "odd, one per key head", 2),
-    ("verify chain of 3, its end in the row", "qwen3_next", "wide values", 4),
+    ("verify chain of 3, its end in the row", "qwen3_next", "wide values, one group", 4),
 ]
 
 
@@ -207,79 +210,81 @@ def test_batch_invariant_mode_never_splits(monkeypatch):
     monkeypatch.setattr(
         deltanet_step_kernel, "value_splits", lambda *shape: chosen.append(shape) or 2
     )
-    layer = make_layer(False, **SHAPES["wide values"])
+    layer = make_layer(False, **SHAPES["wide values, one group"])
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     states, snapshots = pool(layer, 2)
     with forward_settings(True):
         step(layer, True, x, FORMS["decode"], states, snapshots)
     assert not chosen
     step(layer, True, x, FORMS["decode"], states, snapshots)
-    assert chosen == [(3, 4, 64, deltanet_step_kernel.num_sms(x.device))]
+    assert chosen == [(3, 2, 64, deltanet_step_kernel.num_sms(x.device))]
 
 
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
-# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
+# (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report) Each argument one
+# compile, "tree,snapshots,length,splits,in_row", its output after a line "### <argument>".
 SM90_COMPILE = """
 from outpace.layers.deltanet_step_kernel import _deltanet_step_kernel, num_warps
 
-tree, snapshots, length, splits, in_row = (int(a) for a in sys.argv[1:])
 bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
 types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32", query_lens="*i64",
              has_initial="*i1", state_indices="*i64", parents="*i64", rec_state="*fp32", rec_snap="*fp32",
              o_part="*fp32", counters="*i32", qk_counters="*i32")
-constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
-                 KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
-                 TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits, PDL=True,
-                 PREFETCH_LINES=max(1, 128 // splits // 32))
-compiled = compile_for_hopper(_deltanet_step_kernel, types, constants, num_warps=num_warps(128, 128 // splits))
-print(ptxas_report(compiled))
-print("token loop barriers", loop_barriers(compiled))
+for config in sys.argv[1:]:
+    tree, snapshots, length, splits, in_row = (int(a) for a in config.split(","))
+    constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
+                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
+                     TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits,
+                     PDL=True, PREFETCH_LINES=max(1, 128 // splits // 32))
+    compiled = compile_for_hopper(_deltanet_step_kernel, types, constants,
+                                  num_warps=num_warps(128, 128 // splits))
+    print("###", config)
+    print(ptxas_report(compiled))
+    print("token loop barriers", loop_barriers(compiled))
 """
 
+# id -> (tree, snapshots, length, splits, in_row) (a decode is the chain's loop once)
+SM90_CONFIGS = {
+    "verify chain of 8": (0, 1, 8, 1, 0),
+    "tree of 8": (1, 1, 8, 1, 0),
+    "decode into the row": (0, 0, 1, 1, 0),
+    "decode, heads over 8": (0, 1, 1, 8, 0),
+    "verify chain of 8, heads over 4": (0, 1, 8, 4, 0),
+    "tree of 8, heads over 8": (1, 1, 8, 8, 0),
+    "decode into the row, heads over 8": (0, 0, 1, 8, 0),
+    "verify chain of 3, its end in the row, heads over 4": (0, 1, 3, 4, 1),
+    "verify chain of 8, its end in the row": (0, 1, 8, 1, 1),
+}
 
-@pytest.mark.parametrize(
-    "tree, snapshots, length, splits, in_row",
-    [
-        (0, 1, 8, 1, 0),
-        (1, 1, 8, 1, 0),
-        (0, 0, 1, 1, 0),
-        (0, 1, 1, 8, 0),
-        (0, 1, 8, 4, 0),
-        (1, 1, 8, 8, 0),
-        (0, 0, 1, 8, 0),
-        (0, 1, 3, 4, 1),
-        (0, 1, 8, 1, 1),
-    ],
-    # (a decode is the chain's loop once)
-    ids=[
-        "verify chain of 8",
-        "tree of 8",
-        "decode into the row",
-        "decode, heads over 8",
-        "verify chain of 8, heads over 4",
-        "tree of 8, heads over 8",
-        "decode into the row, heads over 8",
-        "verify chain of 3, its end in the row, heads over 4",
-        "verify chain of 8, its end in the row",
-    ],
-)
-def test_kernel_compiles_for_sm90_without_spills(tree, snapshots, length, splits, in_row, tmp_path):
+
+@pytest.fixture(scope="module")
+def sm90_compiled(tmp_path_factory):
+    """Every SM90_CONFIGS compiled in one process (its start and imports took most of a compile's time) ->
+    (the process, {id: its compile's output})."""
+    configs = {name: ",".join(map(str, config)) for name, config in SM90_CONFIGS.items()}
+    done = run_compile_script(SM90_COMPILE, *configs.values(), cwd=tmp_path_factory.mktemp("sm90"))
+    outputs = dict(part.split("\n", 1) for part in done.stdout.split("### ")[1:])
+    return done, {name: outputs.get(config, "") for name, config in configs.items()}
+
+
+@pytest.mark.parametrize("config", list(SM90_CONFIGS))
+def test_kernel_compiles_for_sm90_without_spills(config, sm90_compiled):
     """At the Qwen3.5 shape and the launcher's num_warps, each value head whole in one program and split
     (batch 1 to 4 on an H200: value_splits)."""
-    args = [str(a) for a in (tree, snapshots, length, splits, in_row)]
-    done = run_compile_script(SM90_COMPILE, *args, cwd=tmp_path)
+    done, outputs = sm90_compiled
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("0 bytes spill stores") == 1, done.stdout
+    assert outputs[config].count("0 bytes spill stores") == 1, done.stdout
 
 
-def test_a_verified_token_meets_its_warps_at_few_barriers(tmp_path):
+def test_a_verified_token_meets_its_warps_at_few_barriers(sm90_compiled):
     """Qwen3.5's batch-1 verify of 3 tokens (4 programs a value head, the chain's end in the row, as the engine
     verifies MTP's drafts): the token loop's reductions are joined (module docstring), 13 barriers a token where
     separate reductions took 19; a reduction split apart again adds 3 or more."""
-    done = run_compile_script(SM90_COMPILE, "0", "1", "3", "4", "1", cwd=tmp_path)
+    done, outputs = sm90_compiled
     assert done.returncode == 0, done.stderr[-3000:]
-    barriers = done.stdout.split("token loop barriers")[1].split()[0]
+    output = outputs["verify chain of 3, its end in the row, heads over 4"]
+    barriers = output.split("token loop barriers")[1].split()[0]
     assert barriers != "None" and int(barriers) <= 13, (
         done.stdout
     )  # (a loop of 3 tokens, not unrolled)
@@ -394,7 +399,9 @@ def test_served_tokens_with_the_fused_step_equal_the_torch_paths(tmp_path, monke
     path = save_hybrid(make_hybrid("qwen3_5"), tmp_path / "qwen3_5")
     eagle3 = make_eagle3_draft(path, tmp_path / "eagle3")
     prompts = [[3, 17, 99, 100, 8, 42, 7], [5, 9]]
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    # 3 tokens: the prefill's, then a verify's each (the random draft's tokens are rejected), the second
+    # verify from the state the first committed
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     spec = SpeculativeConfig("eagle3", str(eagle3), num_steps=2, topk=2, num_draft_tokens=4)
     calls = []
     step_kernel = deltanet_step_kernel.deltanet_step

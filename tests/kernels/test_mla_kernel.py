@@ -75,12 +75,22 @@ def torch_reference(q_latent, q_rope, cache, meta, scale):
     )
 
 
+# (layout, block size, heads, forced split count): each layout at two of the shapes (16, 4), (3, 3) and
+# (5, 6), one of them an odd block size; 4 heads divide the kernel's 16-row tile, 3 and 6 do not
 CASES = [
-    (layout, block_size, heads, None)
-    for layout in LAYOUTS
-    for block_size, heads in [(16, 4), (3, 3), (5, 6)]
+    ("decode", 16, 4, None),
+    ("decode", 5, 6, None),
+    ("verify", 3, 3, None),
+    ("verify", 5, 6, None),
+    ("tree", 3, 3, None),
+    ("tree", 5, 6, None),
+    ("ragged", 16, 4, None),
+    ("ragged", 3, 3, None),
+    ("ragged_tree", 16, 4, None),
+    ("ragged_tree", 5, 6, None),  # (the heuristic's one split: as a forced 1)
 ]
-CASES += [(layout, 5, 6, splits) for layout in ("verify", "ragged_tree") for splits in (1, 3, 7)]
+# forced: one split (no partials), a few, and more than the short sequences' KV tiles (empty splits)
+CASES += [("verify", 5, 6, 1), ("verify", 5, 6, 7), ("ragged_tree", 5, 6, 3)]
 
 
 @pytest.mark.parametrize("layout, block_size, heads, num_splits", CASES)
@@ -97,8 +107,11 @@ def test_kernel_equals_the_torch_path(layout, block_size, heads, num_splits):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["decode", "verify", "tree"])
-@pytest.mark.parametrize("num_splits", [None, 1, 3, 7])
+# (None: the heuristic's 2 splits for decode and verify; 1 for the tree, which its forced 1 stands for)
+@pytest.mark.parametrize(
+    "layout, num_splits",
+    [("decode", None), ("decode", 7), ("verify", None), ("verify", 3), ("tree", 1), ("tree", 7)],
+)
 def test_query_parts_and_the_up_projection_in_the_merge(layout, num_splits):
     """mla_attention_up: the query latent as the sum of two parts, each head's attended latent through its
     own up projection [heads, 7, R] (a strided view, as W_UV is of kv_b_proj's weight) in the merge."""
@@ -200,25 +213,35 @@ def eager_merge(part_acc, part_max, part_sum, ran, up):
     return attended if up is None else torch.einsum("thr,hvr->thv", attended, up)
 
 
-MERGE_CASES = [  # (layout, num_splits, W_UV, batch-invariant launch)
-    (layout, splits, up, invariant)
-    for layout in ("widths", "long_table", "tree")
-    for splits, up, invariant in [
-        (1, True, False),
-        (5, False, False),
-        (16, True, True),
-        (40, True, False),
-    ]
+# The split geometries (block_m, min_split): 16-row tiles and splits, or 32-row tiles and splits of 48 rows at
+# least (the 301-row sequence's splits then 7 at most: one group)
+GEOMETRIES = [(16, 16), (32, 48)]
+# (num_splits, W_UV, batch-invariant launch): BLOCK_T 16 tokens (at most the batch's), 2, the mode's 4, and 1
+# (past 8 splits)
+MERGE_CONFIGS = [(1, True, False), (5, False, False), (16, True, True), (40, True, False)]
+# (layout, num_splits, W_UV, batch-invariant launch, block_m, min_split): the widths and the tree under both
+# geometries, each config under both (one token a program, 40 splits: the tree's and the long table's)
+MERGE_CASES = [
+    ("widths", 1, True, False, 16, 16),
+    ("widths", 5, False, False, 32, 48),
+    ("widths", 16, True, True, 16, 16),
+    ("tree", 1, True, False, 32, 48),
+    ("tree", 5, False, False, 16, 16),
+    ("tree", 16, True, True, 32, 48),
+    ("tree", 40, True, False, 16, 16),
+]
+MERGE_CASES += [  # the long table's 4 tokens: every config under both geometries
+    ("long_table", *config, *geometry) for config in MERGE_CONFIGS for geometry in GEOMETRIES
 ]
 MERGE_CASES += [
-    ("long_table", 40, False, True),
-    ("ragged", 17, True, False),
-    ("widths", 70, False, False),
+    ("long_table", 40, False, True, 16, 16),  # the mode's groups of 4 splits: 19 splits, 5 groups
+    ("long_table", 40, False, True, 32, 48),
+    ("long_table", 70, False, False, 16, 16),  # two groups of up to 16 splits, without W_UV
+    ("ragged", 3, True, False, 16, 16),  # a prefill chunk's rows: 1 to 3 splits, mixed in blocks
 ]
 
 
-@pytest.mark.parametrize("layout, num_splits, with_up, invariant", MERGE_CASES)
-@pytest.mark.parametrize("block_m, min_split", [(16, 16), (32, 48)])
+@pytest.mark.parametrize("layout, num_splits, with_up, invariant, block_m, min_split", MERGE_CASES)
 def test_the_merge_equals_an_eager_merge(
     layout, num_splits, with_up, invariant, block_m, min_split
 ):
@@ -253,8 +276,11 @@ def test_the_merge_equals_an_eager_merge(
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["widths", "long_table"])
-@pytest.mark.parametrize("num_splits", [None, 40])
+# (the widths at 4 forced splits, of 16 or 32 rows: 1 to 3 run for a sequence's tiles, some empty)
+@pytest.mark.parametrize(
+    "layout, num_splits",
+    [("widths", None), ("widths", 4), ("long_table", None), ("long_table", 40)],
+)
 def test_verify_widths_and_short_sequences_in_a_long_table(layout, num_splits):
     """The attention and its merge end to end, with and without W_UV: verify widths 2 .. 8, and short
     sequences beside a 300-row one (of 40 forced splits, 19 of 16 rows run for it, two groups of up to 16;
@@ -584,7 +610,7 @@ def test_the_layer_is_batch_invariant_under_the_triton_backend(monkeypatch):
     x = [torch.randn(n, 24, generator=g).to(DEVICE) for n in lengths]  # [length, hidden] each
     layer.bind_cache(28, 5, torch.float32, DEVICE)
 
-    def forward(calls):
+    def forward(calls, backend="triton"):
         meta = build_paged_metadata(
             [tables[s] for s, _, _ in calls],
             [c for _, c, _ in calls],
@@ -594,11 +620,13 @@ def test_the_layer_is_batch_invariant_under_the_triton_backend(monkeypatch):
         )
         rows = torch.cat([x[s][c : c + q] for s, c, q in calls])
         positions = torch.cat([torch.arange(c, c + q) for _, c, q in calls]).to(DEVICE)
-        with torch.no_grad(), forward_context(meta, get_backend("triton")):
+        with torch.no_grad(), forward_context(meta, get_backend(backend)):
             return layer(positions, rows)
 
     with forward_settings(True):
-        forward([(0, 0, 70), (1, 0, 40)])  # the caches' rows (rewritten with the same bits below)
+        # the caches' rows (rewritten with the same bits below), which the layer writes before attending:
+        # the same under either backend, so the torch one's (the kernel over a 110-token prefill is slow here)
+        forward([(0, 0, 70), (1, 0, 40)], "torch")
         chain = forward([(0, 60, 4)])
         alone = [forward([(0, 60 + i, 1)]) for i in range(4)]
         batch = forward([(1, 30, 3), (0, 60, 4)])
@@ -704,14 +732,16 @@ class DraftTree:
         return mla_attention_up(parts, q_rope, self.cache, meta, scale, up), expected
 
 
-TREE_CASES = [  # (tree, committed prefix, heads, W_UV)
-    ("depth2", 30, 16, False),
-    ("depth3", 250, 16, True),
-    ("depth4_odd", 61, 3, False),
+# (tree, committed prefix, heads, W_UV): every tree; each pair of short or long prefix, 16 heads or 3 / 5, with
+# or without W_UV. Prefix 30: the window across the 32-row split boundary, the depth-3 nodes' logical rows
+# too; 125: the window from a block boundary across 128 (a split and a merge group of 4 splits), the depth-4
+# node's logical rows too, that last split neutral for the other nodes; 250: 8 splits up to the window's end
+# (2 merge groups, 3 beside the companion's 10 splits).
+TREE_CASES = [
+    ("depth3", 30, 16, False),
+    ("depth2", 250, 16, True),
     ("depth4_wide", 7, 3, True),
-    ("depth4_wide", 250, 16, False),
-    ("depth3", 14, 5, False),
-    ("depth4_odd", 250, 5, True),
+    ("depth4_odd", 125, 5, False),
 ]
 
 
@@ -752,8 +782,7 @@ def test_batch_invariant_tree_nodes_equal_their_chain_and_their_decode(
         )  # the last node's chain, in the masked batch
 
 
-@pytest.mark.parametrize("layout", ["tree", "ragged_tree"])
-@pytest.mark.parametrize("heads", [3, 6])
+@pytest.mark.parametrize("layout, heads", [("tree", 6), ("ragged_tree", 3)])
 def test_batch_invariant_tree_masks_equal_the_torch_path(layout, heads, monkeypatch):
     """The mode's logical-row walk under the layouts' tree masks: windows wider than the new tokens (cached
     speculative rows), a sequence shorter than the window (its first mask columns before row 0) and causal

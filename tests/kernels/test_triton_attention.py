@@ -56,6 +56,13 @@ LAYOUTS = {
 SHAPES = [(16, 32, 8, 2), (3, 12, 4, 4), (6, 12, 6, 2)]
 
 
+def case_id(value):
+    """A test id's part: a shape as bs-d-h-kv, a batch-invariant split size as S (None: 512)."""
+    if isinstance(value, tuple):
+        return "bs{}-d{}-h{}-kv{}".format(*value)
+    return {None: "S512", 32: "S32"}.get(value, str(value))
+
+
 def run_torch(case: Case, dtype=None):
     """The torch backend on fresh copies of the caches (optionally in another dtype): (out, k_cache, v_cache)."""
     dtype = dtype or case.q.dtype
@@ -114,12 +121,19 @@ def test_matches_torch_backend(layout, shape):
     )
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 5, 16])
-@pytest.mark.parametrize("layout", ["decode", "tree", "ragged"])
+# Every count for decode and the tree; the ragged batch (70 tokens: its merge is the cost) without a split
+# and at 5 (3 of them for its longest sequence, empty ones for the others and the prefill's first tiles).
+@pytest.mark.parametrize(
+    "layout, num_splits",
+    [(layout, n) for layout in ("decode", "tree") for n in (1, 2, 5, 16)]
+    + [("ragged", 1), ("ragged", 5)],
+)
 def test_split_kv_counts(layout, num_splits):
     """Forced split counts, including more splits than a sequence has KV tiles (empty splits)."""
     cached, new, windows = LAYOUTS[layout]
-    assert_matches_torch(make_case(cached, new, windows, seed=num_splits), num_splits=num_splits)
+    # (GQA 4 as make_case's default, so its tiles and split geometry, with one kv head: half the programs)
+    case = make_case(cached, new, windows, heads=4, kv_heads=1, seed=num_splits)
+    assert_matches_torch(case, num_splits=num_splits)
 
 
 def test_token_order_is_free():
@@ -268,16 +282,33 @@ def batch_invariant_mode():
         yield
 
 
-@pytest.mark.parametrize("split_rows", [None, 32], ids=["S512", "S32"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# (layout, shape, split_rows): each layout with one split (S = 512) and with many (S = 32) at two shapes, each
+# shape with both (the GQA-1 shape's 64-token tiles under a tree mask at S = 32); test_matches_torch_backend
+# takes every layout at every shape
+INVARIANT_CASES = [
+    ("decode", SHAPES[0], 32),
+    ("decode", SHAPES[1], None),
+    ("verify", SHAPES[2], 32),
+    ("verify", SHAPES[0], None),
+    ("tree", SHAPES[1], 32),
+    ("tree", SHAPES[2], None),
+    ("ragged", SHAPES[0], 32),
+    ("ragged", SHAPES[1], None),
+    ("ragged_tree", SHAPES[2], 32),
+    ("ragged_tree", SHAPES[0], None),
+]
+
+
+@pytest.mark.parametrize("layout, shape, split_rows", INVARIANT_CASES, ids=case_id)
 def test_invariant_matches_torch_backend(batch_invariant_mode, layout, shape, split_rows):
     """Same function as the torch backend, with one split (S = 512) or many, some empty (S = 32)."""
     seed = 100 + 10 * list(LAYOUTS).index(layout) + SHAPES.index(shape)
     assert_matches_torch(layout_case(layout, shape, seed), split_rows=split_rows)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# decode: its 131-row sequence's 5 splits walked by 1, 3 or 5 programs; the ragged tree: tree masks, a prefill
+# chunk's two query tiles and causal rows, 2 splits (the other layouts' tables hold 2 or 3 splits)
+@pytest.mark.parametrize("layout", ["decode", "ragged_tree"])
 def test_invariant_splits_give_their_bits_whichever_program_takes_them(
     batch_invariant_mode, layout, monkeypatch
 ):
@@ -512,10 +543,13 @@ def tree_rows_scenario(p0, p1, *, block_size, dtype, device, seed, split_rows, *
 INTERPRETER_SHAPES = [(16, 32, 8, 2), (6, 12, 6, 2)]
 
 
+# (splits of 32 rows have every boundary of 64's) Each shape with one split size, the other with the other
+# one in test_invariant_tree_rows_match.
 @pytest.mark.parametrize(
-    "split_rows", [None, 32], ids=["S512", "S32"]
-)  # (splits of 32 rows have every boundary of 64's)
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
+    "shape, split_rows",
+    [(INTERPRETER_SHAPES[0], 32), (INTERPRETER_SHAPES[1], None)],
+    ids=case_id,
+)
 def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, split_rows):
     """Rows p at tile and split boundaries (p - 2 .. p + 3 crossing 64, 96 and 128): decode == verify, bitwise."""
     block_size, head_dim, heads, kv_heads = shape
@@ -538,10 +572,13 @@ def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, spl
     reason="float32 on the GPU is not bit-invariant under tree masks: "
     "an H100 gave rows 1 ulp apart (see triton_kernels.py); bf16 is checked below",
 )
+# (splits of 32 rows have every boundary of 64's) Each shape with one split size, the other with the other
+# one in test_invariant_decode_and_verify_rows_match.
 @pytest.mark.parametrize(
-    "split_rows", [None, 32], ids=["S512", "S32"]
-)  # (splits of 32 rows have every boundary of 64's)
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=lambda s: "bs{}-d{}-h{}-kv{}".format(*s))
+    "shape, split_rows",
+    [(INTERPRETER_SHAPES[1], 32), (INTERPRETER_SHAPES[0], None)],
+    ids=case_id,
+)
 def test_invariant_tree_rows_match(batch_invariant_mode, shape, split_rows):
     """Tree masks: the same visible rows give the same bits, whatever the window and the mask's other rows."""
     block_size, head_dim, heads, kv_heads = shape

@@ -90,6 +90,13 @@ def _decode(path, monkeypatch, fused: bool, moe_kernels: bool, norms_run: list |
     if moe_kernels:
         monkeypatch.setattr(RoutingModule, "kernel", True)
         monkeypatch.setattr(RoutedExperts, "kernels", True)
+        # on the decode's 3 rows: the prefill's 62 on the kernels took most of the test's time in the
+        # interpreter, and both paths prefill alike (eager), so what is compared is the decode
+        for cls, name in ((RoutingModule, "uses_kernel"), (RoutedExperts, "uses_kernels")):
+            real_uses = getattr(cls, name)
+            monkeypatch.setattr(
+                cls, name, lambda self, x, real=real_uses: len(x) == 3 and real(self, x)
+            )
     if norms_run is not None:
         real = RMSNorm.forward
 

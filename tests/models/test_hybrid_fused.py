@@ -148,18 +148,6 @@ def _block_norms(model) -> list:
     return [block.norm for block in layers]
 
 
-@pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("variant", list(HYBRIDS))
-def test_fused_hybrid_step_computes_what_the_eager_one_does(
-    variant, form, checkpoints, monkeypatch
-):
-    path = checkpoints(variant)
-    want = _served_step(path, monkeypatch, False, form)
-    got = _served_step(path, monkeypatch, True, form)
-    assert any(p.abs().sum() > 0 for pool in want[2] for p in pool.values())
-    _assert_same_step(got, want)
-
-
 # variant -> the block norms the fused step runs: a MoE reads its input materialised (one norm); Qwen3-Next's
 # experts' combine adds their output to the stream and readies the next block's norm (layers/moe.py
 # ReadyStream: no norm module), Nemotron-H's output is added and normalised by the next block's norm
@@ -167,15 +155,30 @@ def test_fused_hybrid_step_computes_what_the_eager_one_does(
 # block 1
 MATERIALISED = {"qwen3_next": 3, "qwen3_5": 0, "nemotron_h": 2}
 
+# (variant, form): every variant and form, not every combination (the recurrent layers' step kernels take
+# most of the time in the interpreter); with the tests below each recurrent mixer in every form: Qwen's
+# DeltaNet decoding into the snapshots in the MoE and gated attention tests, Nemotron-H's Mamba2 verifying
+# in fp8
+CASES = [
+    ("qwen3_next", "verify of 3"),
+    ("qwen3_5", "decode into the row"),
+    ("nemotron_h", "decode"),
+    ("nemotron_h", "decode into the row"),
+]
 
-@pytest.mark.parametrize("variant", list(HYBRIDS))
-def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monkeypatch):
-    """The eager step runs every block norm once; the fused one folds them into the projections, all but a
-    MoE's (``MATERIALISED``)."""
+
+@pytest.mark.parametrize("variant, form", CASES)
+def test_fused_hybrid_step_computes_what_the_eager_one_does(
+    variant, form, checkpoints, monkeypatch
+):
+    """The fused step gives the eager step's logits, KV and states; the eager step runs every block norm once,
+    the fused one folds them into the projections, all but a MoE's (``MATERIALISED``)."""
     path = checkpoints(variant)
     eager, fused = [], []
-    _served_step(path, monkeypatch, False, "decode", eager)
-    _served_step(path, monkeypatch, True, "decode", fused)
+    want = _served_step(path, monkeypatch, False, form, eager)
+    got = _served_step(path, monkeypatch, True, form, fused)
+    assert any(p.abs().sum() > 0 for pool in want[2] for p in pool.values())
+    _assert_same_step(got, want)
     layers = (
         len(HYBRIDS[variant][1].get("layers_block_type", ()))
         or HYBRIDS[variant][1]["num_hidden_layers"]
@@ -184,11 +187,13 @@ def test_the_fused_step_runs_no_block_norm_of_its_own(variant, checkpoints, monk
     assert len(fused) == MATERIALISED[variant]
 
 
-# case -> (variant, format, the projections quantized, quantization config, scale dtype): Qwen3-Next-FP8's
+# case -> (variant, format, the projections quantized, quantization config, scale dtype, form): Qwen3-Next-FP8's
 # published layout (block FP8, bf16 scales; in_proj_ba and the norms, A_log, conv1d, dt_bias kept in bf16: the
 # in-projections do not pack, and fold the norm one launch each), Qwen3-Next with every projection in fp8 (as
 # bench/families.py --quantized fp8 lays it out: they pack), in 8-row blocks (q/k/v pack in whole blocks), and
-# Nemotron-H in ModelOpt's per-tensor FP8 (q/k/v pack as blocks of their rows' divisor, a scale each)
+# Nemotron-H in ModelOpt's per-tensor FP8 (q/k/v pack as blocks of their rows' divisor, a scale each); a verify
+# step (Mamba2's in fp8), Qwen3-Next's a decode (neither quantization nor packing follows the rows, Qwen3-Next's
+# verify is the float32 test's above, and its DeltaNet layers' verify takes seconds in the interpreter)
 QUANTIZED = {
     "qwen3_next_fp8": (
         "qwen3_next",
@@ -196,6 +201,7 @@ QUANTIZED = {
         lambda name: is_projection(name) and "in_proj_ba" not in name,
         block_fp8_config((8, 16), modules_to_not_convert=["lm_head", "in_proj_ba"]),
         torch.bfloat16,
+        "decode",
     ),
     "qwen3_next_all_fp8": (
         "qwen3_next",
@@ -203,6 +209,7 @@ QUANTIZED = {
         is_projection,
         block_fp8_config((8, 16)),
         torch.bfloat16,
+        "decode",
     ),
     "nemotron_h_modelopt": (
         "nemotron_h",
@@ -210,6 +217,7 @@ QUANTIZED = {
         is_projection,
         modelopt_config(["lm_head"]),
         torch.float32,
+        "verify of 3",
     ),
 }
 
@@ -220,17 +228,26 @@ def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
 ):
     """The hybrids in fp8 on the fused stack: each block's fp8 input projection folds the input norm into its
     quantized product and its output projection adds the residual and readies the next norm in the product's
-    store (layers/fused_projection.py ``_quantized_launch``); a verify step gives the eager step's logits, KV
-    and states, every layer on the stack (no block norm of its own but a MoE's: ``MATERIALISED``)."""
-    variant, method, quantize, config, scale_dtype = QUANTIZED[case]
+    store (layers/fused_projection.py ``_quantized_launch``); a step gives the eager step's logits, KV and
+    states, every layer on the stack (no block norm of its own but a MoE's: ``MATERIALISED``)."""
+    variant, method, quantize, config, scale_dtype, form = QUANTIZED[case]
     path, _ = write_quantized(checkpoints(variant), tmp_path, method, quantize, config, scale_dtype)
-    want = _served_step(path, monkeypatch, False, "verify of 3")
+    want = _served_step(path, monkeypatch, False, form)
     finished = record_fp8_epilogues(monkeypatch)  # (input norm folded in, next norm readied)
     norms_run = []
-    got = _served_step(path, monkeypatch, True, "verify of 3", norms_run)
+    got = _served_step(path, monkeypatch, True, form, norms_run)
     _assert_same_step(got, want)
     assert len(norms_run) == MATERIALISED[variant]
     assert (True, False) in finished and (False, True) in finished, finished
+
+
+# Qwen3-Next cut to two layers, a linear-attention then the full-attention one, each with a MoE block (the
+# first's combine readies the next block's norm, the last's the final norm): the tests of one kind of block
+# below leave the other layers out (each linear-attention layer runs its step kernel in the interpreter, most
+# of a step's time)
+TWO_LAYERS = dict(
+    num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], mlp_only_layers=[]
+)
 
 
 def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, monkeypatch):
@@ -239,9 +256,8 @@ def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, 
     block's norm readied by the combine (``ReadyStream``): the eager step's logits, KV and states, and not
     one block norm run as a module. (A shared expert twice the routed ones' width: fused with them as two
     shared slots, which the norm folding needs.)"""
-    path = save_hybrid(
-        make_hybrid("qwen3_next", shared_expert_intermediate_size=24), tmp_path / "qwen3_next"
-    )
+    model = make_hybrid("qwen3_next", shared_expert_intermediate_size=24, **TWO_LAYERS)
+    path = save_hybrid(model, tmp_path / "qwen3_next")
     want = _served_step(path, monkeypatch, False, "decode")
     fused_norms = []
     got = _served_step(path, monkeypatch, True, "decode", fused_norms, moe_kernels=True)
@@ -257,7 +273,9 @@ def test_gated_attention_takes_its_heads_from_one_kernel(form, tmp_path, monkeyp
     step's logits, KV and states."""
     from outpace.layers import fused_projection
 
-    path = save_hybrid(make_hybrid("qwen3_next", head_dim=16), tmp_path / "qwen3_next")
+    path = save_hybrid(
+        make_hybrid("qwen3_next", head_dim=16, **TWO_LAYERS), tmp_path / "qwen3_next"
+    )
     want = _served_step(path, monkeypatch, False, form, triton_attention=True)
     calls, real = [], fused_projection.norm_project_qkv_gate
     monkeypatch.setattr(
