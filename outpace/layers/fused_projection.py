@@ -86,7 +86,12 @@ _QKV = tl.constexpr(2)
 # gate activations (ACT)
 _ACT_SILU = tl.constexpr(0)
 _ACT_GELU_TANH = tl.constexpr(1)
-_PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
+# Under PDL each program prefetches the first columns of its first sub-tile's weight rows into L2 before it waits
+# on its inputs: at least _PREFETCH_K columns (~2 us of reads over the grid), and more, up to the whole rows, while
+# the grid's prefetch stays within ``prefetch_bytes``. A projection that follows a short, latency-bound kernel
+# (o_proj after attention's merge) then reads much of its weight from L2 (``prefetch_columns``).
+_PREFETCH_K = 512
+prefetch_bytes = 8 << 20
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
 # that follow it to start beside it.
@@ -1007,6 +1012,18 @@ def _max_block(epilogue: int, weight_rows: int) -> int:
     return plain_sub_tile if epilogue == _PLAIN.value else 32
 
 
+def prefetch_columns(grid: _Grid, k: int, element_bytes: int, paired: bool) -> int:
+    """PREFETCH_K of a launch over ``grid`` (module settings ``_PREFETCH_K`` and ``prefetch_bytes``): a power of
+    two of at least 64 and at most K's, the first sub-tile's rows (two weight rows an output when ``paired``)
+    prefetched that far within the byte budget, and never fewer than ``_PREFETCH_K``."""
+    rows = grid.programs * min(grid.chunk, grid.outs) * (2 if paired else 1)
+    within = prefetch_bytes // max(1, rows * element_bytes)
+    columns = max(
+        _PREFETCH_K, 1 << max(0, within.bit_length() - 1)
+    )  # (a power of two at most ``within``)
+    return max(64, min(columns, triton.next_power_of_2(k)))
+
+
 def _launch_grid(
     n_out: int,
     epilogue: int,
@@ -1197,7 +1214,7 @@ def _launch(
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=use_pdl,
-        PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
+        PREFETCH_K=prefetch_columns(grid, k, weight.element_size(), epilogue != _PLAIN.value),
         FP8=fp8 is not None,
         SCALE_BN=fp8.block[0] if fp8 else 1,
         SCALE_BK=fp8.block[1] if fp8 else 1,
