@@ -18,7 +18,7 @@ from outpace.bench.families import build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
-from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused, moe_kernels
+from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused, moe_kernels, pdl
 
 # knob -> (module, attribute)
 KNOBS = {
@@ -34,7 +34,7 @@ KNOBS = {
     "swiglu_sub_tile": (fused_projection, "swiglu_sub_tile"),
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
-    "prefetch_bytes": (fused_projection, "prefetch_bytes"),
+    "prefetch_bytes": (pdl, "prefetch_bytes"),
     "prefetch_shared": (moe_kernels, "prefetch_shared"),
 }
 
