@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Device call 1 of gpu_2026-12-03b (nvidia-h200), from .snap/ (a git archive of the commit holding this script):
 # L2 prefetch under PDL of weights that do not wait on the kernel before. The MLA attention and merge under PDL
-# (the merge's W_UV loaded before its wait), the few-row projections' prefetch budget (fused_projection.py
-# prefetch_bytes), the shared experts' gate/up rows prefetched while the router runs (moe_kernels.py
+# (the merge's W_UV loaded before its wait), the few-row projections' and the fused MLA down kernel's prefetch
+# budget (layers/pdl.py prefetch_bytes), the shared experts' gate/up rows prefetched while the router runs (moe_kernels.py
 # prefetch_shared). First the GPU tests of those kernels, then decode_settings.py's prefetch sweeps: the captured
-# decode step with each setting (the ``prefetch_bytes: 0, prefetch_shared: False`` rows: the old prefetch).
+# decode step with each setting (the ``prefetch_bytes: 0, prefetch_shared: False`` rows: the old prefetch). Gemma's
+# sandwich norm kernels under PDL too (not a setting).
 set -u
 cd .snap; export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p $OUT/logs
-timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 --dist loadscope -m gpu --tb=short -rfE \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 --dist loadscope -m gpu --tb=short -rfE \
   tests/kernels/test_mla_fused.py tests/kernels/test_mla_kernel.py tests/kernels/test_moe_kernel.py \
-  tests/gpu/test_gpu_deepseek.py tests/layers/test_fused_projection.py > $OUT/logs/pytest.log 2>&1
+  tests/gpu/test_gpu_deepseek.py tests/layers/test_fused_projection.py tests/layers/test_sandwich_norms.py \
+  > $OUT/logs/pytest.log 2>&1
 echo "rc=$?" >> $OUT/logs/pytest.log
 for sweep in prefetch_v2_lite prefetch_llama prefetch_qwen3_next prefetch_gemma4; do
-  left=$((580 - SECONDS)); [ $left -gt 130 ] && left=130
+  left=$((580 - SECONDS)); [ $left -gt 112 ] && left=112
   [ $left -gt 40 ] && timeout $left python3 benchmarks/scripts/decode_settings.py $OUT/logs/$sweep.json $sweep \
     > $OUT/logs/$sweep.log 2>&1
   echo "rc=$?" >> $OUT/logs/$sweep.log
