@@ -18,7 +18,7 @@ from outpace.bench.families import build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
-from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused, moe_kernels, pdl
+from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused
 
 # knob -> (module, attribute)
 KNOBS = {
@@ -34,8 +34,6 @@ KNOBS = {
     "swiglu_sub_tile": (fused_projection, "swiglu_sub_tile"),
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
-    "prefetch_bytes": (pdl, "prefetch_bytes"),
-    "prefetch_shared": (moe_kernels, "prefetch_shared"),
 }
 
 
@@ -101,38 +99,6 @@ for _name, _shape in (
     ("swiglu_gemma3", "gemma-3-12b"),
 ):
     SWEEPS[_name] = Sweep(_shape, ((1, 512), (8, 512)), SWIGLU_SETTINGS)
-
-
-# What the few-row projections prefetch into L2 under PDL (a byte budget over the grid) and the shared experts'
-# gate/up rows prefetched while the router runs (``False``, 0: the prefetch of gpu_2026-12-02 and before)
-_MIB = 1 << 20
-_PREFETCH_OFF = {"prefetch_bytes": 0, "prefetch_shared": False}
-SWEEPS["prefetch_v2_lite"] = Sweep(
-    "deepseek-v2-lite",
-    ((1, 512), (8, 512)),
-    (
-        {},
-        _PREFETCH_OFF,
-        {"prefetch_bytes": 0},
-        {"prefetch_shared": False},
-        {"prefetch_bytes": 16 * _MIB},
-        {"prefetch_bytes": 32 * _MIB},
-    ),
-)
-SWEEPS["prefetch_llama"] = Sweep(
-    "llama-3.1-8b",
-    ((1, 512), (8, 512)),
-    tuple({"prefetch_bytes": b * _MIB} for b in (0, 8, 16, 32, 64)),
-)
-for _name, _shape in (
-    ("prefetch_qwen3_next", "qwen3-next-80b-slice"),
-    ("prefetch_gemma4", "gemma-4-26b-a4b"),
-):
-    SWEEPS[_name] = Sweep(
-        _shape,
-        ((1, 512), (8, 512)),
-        ({}, _PREFETCH_OFF, {"prefetch_bytes": 0}, {"prefetch_shared": False}),
-    )
 
 
 def _config(shape: str) -> dict:

@@ -55,8 +55,7 @@ the fused residual stack (DeepSeek-V2-Lite's block-FP8 layers ran eagerly before
 its own: benchmarks/results/gpu_2026-12-01i).
 
 On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py): a kernel's
-programs start while the previous kernel drains, prefetch their first weight tiles into L2 (as many as layers/pdl.py
-``prefetch_columns`` allows: all of a narrow projection such as o_proj, which follows a short kernel; weights
+programs start while the previous kernel drains, prefetch their first weight tiles into L2 (weights
 never depend on the previous kernel), and only then wait for the previous kernel's results.
 With TRITON_INTERPRET=1 the kernels also run on CPU tensors (float32), which is how the tests check
 them without a GPU.
@@ -73,13 +72,7 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH, act_and_mul
 from outpace.layers.fused_kernels import row_rstd
-from outpace.layers.pdl import (
-    pdl_available,
-    pdl_enter,
-    pdl_launch_options,
-    prefetch_columns,
-    prefetch_l2,
-)
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.quant_matmul_kernel import RowEpilogue, column_blocks, quant_matmul
 from outpace.layers.skinny_gemm import MAX_ROWS
@@ -93,6 +86,7 @@ _QKV = tl.constexpr(2)
 # gate activations (ACT)
 _ACT_SILU = tl.constexpr(0)
 _ACT_GELU_TANH = tl.constexpr(1)
+_PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
 # that follow it to start beside it.
@@ -1203,10 +1197,7 @@ def _launch(
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if norm is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=use_pdl,
-        # (each program's first sub-tile's rows, two an output when paired: layers/pdl.py)
-        PREFETCH_K=prefetch_columns(
-            grid.programs * grid.chunk * (1 if epilogue == _PLAIN.value else 2), k
-        ),
+        PREFETCH_K=max(64, min(_PREFETCH_K, triton.next_power_of_2(k))),
         FP8=fp8 is not None,
         SCALE_BN=fp8.block[0] if fp8 else 1,
         SCALE_BK=fp8.block[1] if fp8 else 1,

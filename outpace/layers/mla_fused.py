@@ -36,8 +36,7 @@ eager path reads it), and o_proj, called as a module, runs its own few-row FP8 k
 launches. Which formats the kernels take: layers/mla.py ``fuses``.
 
 Kernels 1 and 2 launch with programmatic dependent launch on Hopper (layers/pdl.py): their programs
-start while the kernel before drains, prefetch their first weight columns into L2 (layers/pdl.py
-``prefetch_columns``), then wait.
+start while the kernel before drains, prefetch their first weight columns into L2, then wait.
 
 RoPE pairs dimensions (2i, 2i + 1) in DeepSeek's interleaved layout and (i, i + P/2) otherwise; either way
 the rotated pair lands at (i, i + P/2), the layout RotaryEmbedding gives (layers/rotary.py). Roundings
@@ -69,13 +68,7 @@ from outpace.attention.triton_kernels import fp8_rows
 from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.fused_projection import NormedRows
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
-from outpace.layers.pdl import (
-    pdl_available,
-    pdl_enter,
-    pdl_launch_options,
-    prefetch_columns,
-    prefetch_l2,
-)
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.linear import is_quantized
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.skinny_gemm import MAX_ROWS
@@ -98,6 +91,7 @@ _Q_ABSORB_STAGES = 3  # of q_b_proj's (or q_proj's)
 MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' programs, not more
 # W_UK's R columns an ``_absorb_kernel`` program takes at least (a power of two >= 16; tests lower it)
 min_r_chunk = 64
+_PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
 
 
 @triton.jit
@@ -701,6 +695,11 @@ def _block_k(block_n: int, fp32: bool) -> int:
     return max(16, min(_MAX_BLOCK_K, _TILE_ELEMENTS // block_n) // (2 if fp32 else 1))
 
 
+def _prefetch_k(k: int) -> int:
+    """``_PREFETCH_K``, or less for a narrow input (K columns)."""
+    return max(64, min(_PREFETCH_K, triton.next_power_of_2(k)))
+
+
 @dataclass(frozen=True)
 class _Operand:
     """A projection's weight as ``_rows_dot`` reads it."""
@@ -816,7 +815,7 @@ def mla_attend_fused(
         BK=_block_k_within(_block_k(outs, fp32), down_block),
         PRECISION=precision,
         PDL=pdl,
-        PREFETCH_K=prefetch_columns(q_out.shape[1] + kv_width, x.shape[1]),  # (every weight row)
+        PREFETCH_K=_prefetch_k(x.shape[1]),
         Q_FORMAT=w_down_q.format,
         KV_FORMAT=w_kv.format,
         SCALE_BN=(down_block or (1, 1))[0],
@@ -942,7 +941,7 @@ def _q_absorb(
         INTERLEAVED=layer.rotary.interleaved,
         PRECISION="ieee" if fp32 else "tf32",
         PDL=pdl,
-        PREFETCH_K=prefetch_columns(w_q.weight.shape[0], q_in.shape[1]),  # (every weight row)
+        PREFETCH_K=_prefetch_k(q_in.shape[1]),
         Q_FORMAT=w_q.format,
         SCALE_BN=(q_block or (1, 1))[0],
         SCALE_BK=(q_block or (1, 1))[1],

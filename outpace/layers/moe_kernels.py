@@ -48,10 +48,7 @@ Four kernels, every grid fixed by the shapes:
    DeepSeek-V2-Lite's batch-32 decode at 51.8% of the floor against 71.4% with 16-row blocks
    (benchmarks/results/families/), the taller tiles wasting their rows on a few pairs each.
 2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N): a block's rows times its expert's gate and up
-   rows (up only when ungated), the activation, into an intermediate row per block row. Under PDL its
-   first S block rows of programs prefetch the S shared experts' gate and up rows into L2 before they wait
-   (``prefetch_shared``): which block holds a shared slot follows the routing, but the weights do not, so
-   they stream while the router's kernels run. On a fused residual
+   rows (up only when ungated), the activation, into an intermediate row per block row. On a fused residual
    stack (``row_scale``) the rows are the stream times its norm's weight, and the products are scaled by
    each token's norm factor (the routing kernel's) before the activation.
 3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N): the intermediate rows times the expert's down
@@ -86,7 +83,7 @@ import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.fused_projection import NormedRows
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
 
@@ -104,10 +101,6 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 # (benchmarks/scripts/moe_fp8_settings.py, gpu_2026-11-30f call 3, with each step's product scaled) these were
 # the fastest at 1-8 tokens at Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages 10-30% slower).
 few_token_gate_up = (32, 128, 4, 4)
-# Under PDL the gate/up kernel's programs of blocks 0 .. S - 1 bring the shared experts' gate and up rows of their
-# column tile into L2 before they wait: those weights do not depend on the routing, so they stream while the
-# router's kernels run (``_gate_up_kernel``). False: no prefetch (benchmarks' A/B).
-prefetch_shared = True
 few_token_down = (64, 128, 4, 4)
 
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
@@ -538,22 +531,7 @@ def _gate_up_kernel(
     SCALE_BK: tl.constexpr,
     ROW_SCALE: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
-    SHARED_PREFETCH: tl.constexpr,  # shared experts whose rows blocks 0 .. SHARED_PREFETCH - 1 prefetch (PDL)
-    PREFETCH_LINES: tl.constexpr,  # 128-byte lines of a weight row, a power of two at least
-    LINE_ELEMS: tl.constexpr,  # a weight's elements in a line
 ):
-    if (
-        SHARED_PREFETCH > 0
-    ):  # (``prefetch_shared``) the rows this tile reads if it holds the shared slot
-        shared = tl.program_id(0)
-        if shared < SHARED_PREFETCH:
-            offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-            lines = tl.arange(0, PREFETCH_LINES) * LINE_ELEMS
-            lines = tl.where(lines < hidden, lines, 0)[None, :]  # [1, PREFETCH_LINES]
-            offs_n = tl.where(offs_n < inter, offs_n, 0)[:, None]
-            if GATED:
-                prefetch_l2(shared_gate_ptr + shared * stride_sge + offs_n * stride_sgn + lines)
-            prefetch_l2(shared_up_ptr + shared * stride_sue + offs_n * stride_sun + lines)
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
     if expert >= 0:
@@ -992,9 +970,6 @@ def grouped_experts(
         SCALE_BK=scale_bk,
         ROW_SCALE=row_scale is not None,
         PDL=pdl,
-        SHARED_PREFETCH=num_shared if pdl and prefetch_shared else 0,
-        PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(hidden * up.element_size(), 128)),
-        LINE_ELEMS=128 // up.element_size(),
         num_warps=up_tiles[2],
         num_stages=up_tiles[3],
         **pdl_launch_options(pdl),

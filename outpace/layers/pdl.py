@@ -17,25 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-# Under PDL a few-row projection's programs prefetch the first columns of their weight rows into L2 before they
-# wait on their inputs: at least MIN_PREFETCH_COLUMNS (~2 us of reads over a grid), and more, up to whole rows,
-# while the grid's prefetch stays within ``prefetch_bytes``. A projection that follows a short, latency-bound
-# kernel (o_proj after attention's merge) then reads much of its weight from L2 (``prefetch_columns``).
-MIN_PREFETCH_COLUMNS = 512
-prefetch_bytes = 8 << 20
-
-
-def prefetch_columns(rows: int, k: int) -> int:
-    """PREFETCH_K of a grid that prefetches ``rows`` weight rows of K ``k`` columns: a power of two, at least
-    MIN_PREFETCH_COLUMNS (64 for a narrower K), at most K's power of two, and beyond the least only as far as
-    ``prefetch_bytes`` covers the rows. The kernels ask for one 128-byte line every 64 columns (a bf16 row's
-    lines; half of a float32 row's, each fp8 line's first half), so a column counts 2 bytes."""
-    within = prefetch_bytes // max(1, rows * 2)
-    columns = max(
-        MIN_PREFETCH_COLUMNS, 1 << max(0, within.bit_length() - 1)
-    )  # (a power of two <= within)
-    return max(64, min(columns, triton.next_power_of_2(k)))
-
 
 @functools.cache
 def pdl_available(device: torch.device) -> bool:
