@@ -28,10 +28,6 @@ Two entry points: ``mla_paged_attention`` (the eager layer's: one query latent, 
 kernel adds as it loads them; partials always, and the merge takes each head's attended latent through
 its W_UV, so the block's value projection costs no launch of its own).
 
-Both kernels launch with programmatic dependent launch on Hopper (layers/pdl.py): the attention starts while
-the absorption drains, and the merge's programs load their slice of W_UV while the attention runs, so that
-o_proj, which follows the merge, can start prefetching its weights while the merge runs.
-
 An FP8 latent cache (attention/kv_quant.py) is read in place: the layer's one k scale multiplies the
 scores (folded into the softmax scale) and the attended latents.
 
@@ -98,7 +94,6 @@ from outpace.attention.triton_kernels import (
     _softmax_step,
     invariant_programs,
 )
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -271,9 +266,7 @@ def _mla_kernel(
     BLOCK_W: tl.constexpr,  # the mask's window padded to a power of two (LOGICAL_ROWS)
     PRECISION: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: rows read as stored * scale
-    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
-    pdl_enter(PDL)  # every input is an earlier kernel's output
     # a sequence's row tiles are consecutive programs: they read the same KV rows together
     tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -464,7 +457,6 @@ def _combine_kernel(
     HAS_MASK: tl.constexpr,
     UP: tl.constexpr,
     PRECISION: tl.constexpr,
-    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     """Program (head, output chunk, block of BLOCK_T tokens): merges the partials of the splits that ran for
     each row's tile (the split geometry recomputed from the metadata) and normalises. Without UP the chunk is
@@ -488,13 +480,12 @@ def _combine_kernel(
     cols_ok = cols < OUT
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
-    if UP:  # first, before the wait (a weight: no kernel writes it), so it loads while the attention runs
+    if UP:  # first: its latency overlaps the metadata's, on which the partials' loads wait
         w = tl.load(
             up_ptr + head * stride_up_head + cols[None, :] * stride_up_row + offs_r[:, None],
             mask=r_ok[:, None] & cols_ok[None, :],
             other=0.0,
         )  # [BLOCK_R, CHUNK]: up[head, cols].T
-    pdl_enter(PDL)  # before the first read of the metadata and the partials
     seq = tl.load(seq_index_ptr + tokens, mask=t_ok, other=0)
     q_index = tl.load(query_index_ptr + tokens, mask=t_ok, other=0).to(tl.int32)
     kv_end, _, _, _ = _tile_kv_end(
@@ -743,11 +734,9 @@ def _attend(
         BLOCK_W=max(16, triton.next_power_of_2(window)) if logical_rows else 16,
         PRECISION="ieee" if fp32 else "tf32",
         KV_SCALED=k_scale is not None,
-        PDL=pdl_available(device),
         num_warps=8 if block_m > 16 else 4,
         num_stages=2,
         **fusion,
-        **pdl_launch_options(pdl_available(device)),
     )
     if partials:
         _combine(
@@ -814,10 +803,8 @@ def _combine(
         HAS_MASK=mask is not None,
         UP=up is not None,
         PRECISION="ieee" if up is not None and up.element_size() >= 4 else "tf32",  # W_UV's dot
-        PDL=pdl_available(out.device),
         num_stages=2,  # (a group's partials loaded while the one before merges)
         **({"enable_fp_fusion": False} if invariant else {}),  # (as _attend's)
-        **pdl_launch_options(pdl_available(out.device)),
     )
 
 

@@ -1,8 +1,6 @@
 """The Triton kernels of layers/sandwich_norms.py (its docstring says what they compute) and their launchers:
 one program per row, float32 math with the torch path's roundings, no floating-point contraction; grids
-from shapes only (capturable in a CUDA graph). On Hopper they launch with programmatic dependent launch
-(layers/pdl.py): each starts while the kernel before drains and lets the next one (a projection or the router,
-which prefetch their weights) start meanwhile. With TRITON_INTERPRET=1 they also run on CPU tensors."""
+from shapes only (capturable in a CUDA graph). With TRITON_INTERPRET=1 they also run on CPU tensors."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import triton.language as tl
 from outpace.layers.fused_kernels import row_warps
 from outpace.layers.fused_projection import NormedRows
 from outpace.layers.norm import Float32RMSNorm
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 
 
 @triton.jit
@@ -42,9 +39,7 @@ def _after_attention_kernel(
     offset,
     TWO: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)  # (every row read is an earlier kernel's output)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -88,11 +83,9 @@ def _after_mlp_kernel(
     SCALE: tl.constexpr,
     NEXT: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """NEXT: the output also made ready for the next layer's input norm (layers/fused_projection.py
     ``NormedRows``, as its ``_normed_rows_kernel`` writes them)."""
-    pdl_enter(PDL)  # (every row read is an earlier kernel's output)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -146,8 +139,8 @@ def after_attention_triton(
         h, attn, post.weight, pre.weight, (pre2 or pre).weight,
         h_out, pre_out, h_out if pre2_out is None else pre2_out,
         dim, h.stride(0), attn.stride(0), post.eps, pre.eps, (pre2 or pre).eps, offset,
-        TWO=pre2 is not None, BLOCK=block, PDL=pdl_available(h.device), num_warps=row_warps(block),
-        enable_fp_fusion=False, **pdl_launch_options(pdl_available(h.device)),
+        TWO=pre2 is not None, BLOCK=block, num_warps=row_warps(block),
+        enable_fp_fusion=False,
     )  # fmt: skip
     return h_out, pre_out, pre2_out
 
@@ -182,7 +175,6 @@ def after_mlp_triton(
         h, mlp, routed, w1, w2, post.weight, h if scale is None else scale, w_next, out, normed, sq,
         dim, h.stride(0), mlp.stride(0), routed.stride(0), eps1, eps2, post.eps, offset, next_offset,
         MOE=moe, SCALE=scale is not None, NEXT=next_norm is not None, BLOCK=block,
-        PDL=pdl_available(h.device), num_warps=row_warps(block), enable_fp_fusion=False,
-        **pdl_launch_options(pdl_available(h.device)),
+        num_warps=row_warps(block), enable_fp_fusion=False,
     )  # fmt: skip
     return out if next_norm is None else NormedRows(out, normed, sq)

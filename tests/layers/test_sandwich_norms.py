@@ -6,7 +6,6 @@ scalar, over strided rows. In Triton's interpreter on CPU tensors (float32) with
 import pytest
 import torch
 
-from helpers.hopper_compile import run_compile_script
 from helpers.kernel_checks import DEVICE, rand, rel
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.sandwich_norm_kernels import after_attention_triton, after_mlp_triton
@@ -106,27 +105,3 @@ def test_norms_of_other_offsets_are_refused():
     gemma3 = Float32RMSNorm(dim, 1e-6, offset=1.0).to(DEVICE)
     with pytest.raises(ValueError, match="one offset"):
         after_mlp_triton(h, h, gemma3, routed=h, post1=norm(dim, 2, torch.float32), post2=gemma3)
-
-
-# Compiled for sm_90 without a GPU (the interpreter does not run the PDL instructions): both kernels wait on the
-# kernel before (run after helpers/hopper_compile.py's preamble)
-SM90_COMPILE = """
-from outpace.layers import sandwich_norm_kernels as sk
-
-bf16 = {n: "*bf16" for n in ("h_ptr", "attn_ptr", "mlp_ptr", "routed_ptr", "w1_ptr", "w2_ptr", "w_post_ptr",
-        "w_pre_ptr", "w_pre2_ptr", "w_next_ptr", "h_out_ptr", "pre_ptr", "pre2_ptr", "out_ptr", "normed_ptr")}
-types = {**bf16, "scale_ptr": "*fp32", "sq_ptr": "*fp32", **{n: "fp32" for n in ("eps_post", "eps_pre",
-         "eps_pre2", "eps1", "eps2", "offset", "next_offset")}}
-for kernel, constants in (
-    (sk._after_attention_kernel, dict(TWO=True, BLOCK=4096, PDL=True)),
-    (sk._after_mlp_kernel, dict(MOE=True, SCALE=True, NEXT=True, BLOCK=4096, PDL=True)),
-):
-    compiled = compile_for_hopper(kernel, types, constants, 8, 1, enable_fp_fusion=False)
-    print(kernel.__name__, "griddepcontrol.wait" in compiled.asm["ptx"])
-"""
-
-
-def test_the_kernels_compile_for_hopper_with_pdl(tmp_path):
-    done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["_after_attention_kernel", "True", "_after_mlp_kernel", "True"]
