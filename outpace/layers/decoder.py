@@ -245,16 +245,18 @@ def packable(projections: list[nn.Module]) -> bool:
 
 def pack_projections(model: nn.Module) -> None:
     """Serve every Llama attention's q/k/v and every MLP's gate/up as one matmul each; also the q/k/v of
-    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's) and the
+    any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's; beside
+    q/k_proj alone, q and k: Gemma 4's layers whose v is k's projection) and the
     in-projections of a module that lists them (``in_projections()`` beside an ``in_proj`` None: gated
     DeltaNet's); a module with a ``pack_rows()`` packs its own.
     Projections stored quantized (layers/quant/linear.py) pack where they are block FP8 (``packable``),
     else stay separate."""
     for module in model.modules():
         if (
-            isinstance(module, DecoderAttention) or getattr(module, "v_proj", None) is not None
+            isinstance(module, DecoderAttention) or getattr(module, "k_proj", None) is not None
         ) and getattr(module, "qkv", False) is None:
-            projections = [module.q_proj, module.k_proj, module.v_proj]
+            projections = [module.q_proj, module.k_proj]
+            projections += [module.v_proj] if getattr(module, "v_proj", None) is not None else []
             if packable(projections):
                 module.qkv = PackedProjection(projections)
         elif isinstance(module, GatedMLP) and module.gate_up is None:

@@ -719,7 +719,7 @@ def _normed_rotated(
 
 @triton.jit
 def _qkv_heads_kernel(
-    raw_ptr,  # [M, q_size + 2 * kv_size] any float dtype: the projection, without the per-head work
+    raw_ptr,  # [M, q_size + 2 * kv_size] ([M, q_size + kv_size] with V_FROM_K) any float dtype: the projection, without the per-head work
     q_ptr,
     pos_ptr,
     cos_ptr,  # [max_positions, ROT_HALF] float32
@@ -748,6 +748,7 @@ def _qkv_heads_kernel(
     V_NORM: tl.constexpr,
     BLOCK_P: tl.constexpr,
     Q_GATED: tl.constexpr,  # raw's q part is [q head | its gate head] per head (Qwen3-Next's q_proj)
+    V_FROM_K: tl.constexpr,  # raw holds no v rows: v head i is k head i's projection (Gemma 4's k = v)
     PDL: tl.constexpr,
 ):
     """Program (t, h): head h of [q | k | v] for the rows of tile t, from the raw projection: with ROW_NORM
@@ -755,7 +756,7 @@ def _qkv_heads_kernel(
     k heads normalised by their per-head norm with QK_NORM (offset + weight) and rotated over their first
     2 * ROT_HALF dimensions (``_normed_rotated``), v heads normalised without a weight with V_NORM, else
     passed; q stored, k and v written into the caches' rows at the rows' slots (caches [slots, kv_size],
-    contiguous)."""
+    contiguous). With V_FROM_K a v head reads its k head's columns: k's projection before k's norm and RoPE."""
     pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]
     row_ok = rows < M
@@ -766,6 +767,8 @@ def _qkv_heads_kernel(
     src = first  # its first column in raw
     if Q_GATED:  # (each q head followed by its gate head: the q part twice as wide)
         src = tl.where(is_q, 2 * first, first + q_size)
+    if V_FROM_K:
+        src = tl.where(first >= q_size + kv_size, first - kv_size, first)
     head_ptr = raw_ptr + rows[:, None] * stride_rm + src  # [BM, 1]
     a = tl.load(head_ptr + j[None, :], mask=ok, other=0.0).to(tl.float32)  # columns j
     b = tl.load(head_ptr + HALF + j[None, :], mask=ok, other=0.0).to(tl.float32)  # j + HALF
@@ -1504,6 +1507,7 @@ def norm_project_qkv(
     qk_offset: float = 0.0,
     v_norm: bool = False,
     split_heads: bool | None = None,
+    v_from_k: bool = False,
 ) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor or an ``Fp8Weight``); positions,
     slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
@@ -1513,20 +1517,21 @@ def norm_project_qkv(
     (head_dim a power of two), rotates the first rotary_dim dimensions of q and k (neox), writes k and v to
     the caches at the slots, and returns q [M, q_size] (q_size 0 and qkv = the k and v rows: writes k and v
     only). The q/k norms' scales are qk_offset + weight (Gemma 3: 1.0); ``v_norm``: each v head is
-    normalised too, without a weight (Gemma 4).
+    normalised too, without a weight (Gemma 4). ``v_from_k``: qkv is [q_size + kv_size, K], q and k rows
+    only, and v is k's projection before k's norm and RoPE (Gemma 4's attention_k_eq_v layers).
     Two kernels, the projection and then ``_qkv_heads_kernel`` per head, where ``split_heads`` asks for it
-    (tests; by default ``_splits_heads``), for partial rotary, and for an fp8 weight outside batch-invariant
+    (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside batch-invariant
     mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the fused kernels'
     fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
-    kv_size = (qkv.shape[0] - q_size) // 2
+    kv_size = (qkv.shape[0] - q_size) // (1 if v_from_k else 2)
     heads = _QkvHeads(
-        head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping
+        head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping, v_from_k
     )
     if split_heads is None:
         split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
-    if split_heads or heads.partial or _quantized_product(qkv):
+    if split_heads or v_from_k or heads.partial or _quantized_product(qkv):
         return _project_then_heads(x, norm, qkv, heads, qk_norm, qk_offset, v_norm, pdl, tiles)[0]
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     return _launch(
@@ -1603,6 +1608,7 @@ class _QkvHeads:
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor
+    v_from_k: bool = False  # no v rows: v is k's projection (``norm_project_qkv``)
 
     def __post_init__(self) -> None:
         if not (self.k_cache.is_contiguous() and self.v_cache.is_contiguous()):
@@ -1671,6 +1677,7 @@ def _project_then_heads(
         V_NORM=v_norm,
         BLOCK_P=triton.next_power_of_2(sq_parts.shape[0]) if row_norm else 1,
         Q_GATED=q_gated,
+        V_FROM_K=heads.v_from_k,
         PDL=use_pdl,
         num_warps=4 if half <= 128 else 8,
         **pdl_launch_options(use_pdl),

@@ -57,10 +57,20 @@ def attend_fused_qkv(
     heads * head_dim] before o_proj. ``v_norm``: v heads normalised without a weight (Gemma 4); ``qkv``:
     (the packed [q | k | v] weight, q's rows) where they are not ``attn.qkv`` (Step-3.5's rows of its
     packed in-projections); ``out_gate``: an output gate's logits projected apart ([num_tokens, heads]:
-    Step-3.5's head-wise gate), applied in the attention's launch (``attend_written``)."""
+    Step-3.5's head-wise gate), applied in the attention's launch (``attend_written``). An ``attn.qkv`` of
+    q and k alone (``pack_projections`` for a module without v_proj: Gemma 4's k = v layers) takes v from
+    k's projection."""
     weight, q_size = qkv or (attn.qkv.weight, attn.qkv.sizes[0])
+    v_from_k = qkv is None and len(attn.qkv.sizes) == 2
     q = projection_kernels().norm_project_qkv(
-        rows, eps, weight, attn.head_dim, q_size, **_heads_args(attn, positions), v_norm=v_norm
+        rows,
+        eps,
+        weight,
+        attn.head_dim,
+        q_size,
+        **_heads_args(attn, positions),
+        v_norm=v_norm,
+        v_from_k=v_from_k,
     )
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions, out_gate)
 

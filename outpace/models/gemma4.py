@@ -237,7 +237,8 @@ class Gemma4Attention(nn.Module):
         self.k_proj = p.k_proj
         if not shape.k_eq_v:
             self.v_proj = p.v_proj
-            self.qkv = None  # q/k/v packed by layers/decoder.py pack_projections, for the fused few-row path
+        # q/k/v (with k = v: q/k) packed by layers/decoder.py pack_projections, for the fused few-row path
+        self.qkv = None
         self.k_norm = Float32RMSNorm(d, eps)
         self.v_norm = Float32RMSNorm(d, eps, with_weight=False)
         self.attn = Attention(p.heads, p.kv_heads, d, cfg.layer_window(index), scale=1.0)

@@ -6,7 +6,7 @@ specializes it. Over fp8 weights (``Fp8Weight``) in the plain (o_proj with the r
 (the shared expert's gate/up) and q/k/v epilogues (in batch-invariant mode; otherwise the quantized product,
 whose compile tests/layers/test_quant_matmul_sm90_compile.py checks, and for q/k/v the per-head kernel, whole or
 half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
-zero-centred head norms): each must compile (the interpreter ran
+zero-centred head norms; Gemma 4's full layers, v from k's projection): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
 registers (ptxas -v: no spills) and stream its weights through cp.async. And the embedding-and-norms pair
 (``_embed_norm_pair_kernel``: EAGLE3's and MTP layers' input) at the widened Qwen3.5's shape, and the greedy draft
@@ -64,6 +64,13 @@ cases = {
     "qkv_norms:bf16": lambda: fp.norm_project_qkv(x[:, :4096], 0.0, torch.empty(7168, 4096, dtype=torch.bfloat16),
                                                   128, 6144, *qkv_args, pdl=True,
                                                   qk_norm=(norm[:128], norm[:128], 1e-5), qk_offset=1.0),
+    # Gemma-4-26B-A4B's full layers (16 heads, 2 kv heads of 512, k = v): q and k packed, v from k's projection
+    "qkv_k_eq_v:bf16": lambda: fp.norm_project_qkv(x[:, :2816], 0.0, torch.empty(9216, 2816, dtype=torch.bfloat16),
+                                                   512, 8192, qkv_args[0], torch.empty(4096, 256),
+                                                   torch.empty(4096, 256),
+                                                   *[torch.empty(64, 16, 2, 512, dtype=torch.bfloat16)] * 2,
+                                                   qkv_args[5], pdl=True, qk_norm=(norm[:512], norm[:512], 1e-6),
+                                                   v_norm=True, v_from_k=True),
     # an MTP draft pass's input at the widened Qwen3.5's shape: the embedding's gather and both norms (1 + w)
     "embed_norm_pair:bf16": lambda: fp.embed_norm_pair(torch.zeros(12, dtype=torch.int64),
                                                        torch.empty(4096, 4096, dtype=torch.bfloat16),
@@ -100,6 +107,7 @@ def test_fused_projection_compiles_for_sm90_over_fp8_and_bf16_weights(tmp_path):
         "qkv_partial:fp8",
         "plain:bf16",
         "qkv_norms:bf16",
+        "qkv_k_eq_v:bf16",
         "embed_norm_pair:bf16",
         "argmax:bf16",
         "argmax_normed_map:bf16",

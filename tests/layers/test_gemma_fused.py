@@ -65,14 +65,23 @@ def test_gelu_tanh_gate():
 
 
 @pytest.mark.parametrize("split_heads", [False, True], ids=["fused", "split_heads"])
-@pytest.mark.parametrize("offset,v_norm", [(1.0, False), (0.0, True)], ids=["gemma3", "gemma4"])
-def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, split_heads):
-    """q/k head norms with scale offset + w, v heads normalised without a weight (Gemma 4), partial RoPE."""
+@pytest.mark.parametrize(
+    "offset,v_norm,v_from_k",
+    [(1.0, False, False), (0.0, True, False), (0.0, True, True)],
+    ids=["gemma3", "gemma4", "gemma4-k-eq-v"],
+)
+def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, v_from_k, split_heads):
+    """q/k head norms with scale offset + w, v heads normalised without a weight (Gemma 4), partial RoPE;
+    with ``v_from_k`` a weight of q and k rows only, v being k's projection before k's norm and RoPE."""
     m, heads, kv_heads, d, hidden = 3, 4, 2, 16, 32
     x, qkv = (
         _rand(m, hidden, seed=1, scale=2),
         _rand((heads + 2 * kv_heads) * d, hidden, seed=2, scale=0.3),
     )
+    if (
+        v_from_k
+    ):  # (the v rows a copy of the k rows for the reference, left out of the kernel's weight)
+        qkv[(heads + kv_heads) * d :] = qkv[heads * d : (heads + kv_heads) * d]
     norm, q_norm, k_norm = _norm(hidden, offset, 3), _norm(d, offset, 4), _norm(d, offset, 5)
     rope = RotaryEmbedding(
         d, 64, 1e4, {"rope_type": "proportional", "partial_rotary_factor": 0.25}
@@ -90,7 +99,7 @@ def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, split_heads):
     out = norm_project_qkv(
         normed_rows(x, norm.weight, offset),
         EPS,
-        qkv,
+        qkv[: (heads + kv_heads) * d] if v_from_k else qkv,
         d,
         heads * d,
         positions,
@@ -103,6 +112,7 @@ def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, split_heads):
         qk_offset=offset,
         v_norm=v_norm,
         split_heads=split_heads,
+        v_from_k=v_from_k,
     )
     torch.testing.assert_close(out, q.reshape(m, -1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_cache.view(-1, kv_heads, d)[slots], k, rtol=1e-5, atol=1e-5)
@@ -146,8 +156,8 @@ LAYERS = {
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         )
     ),
-    # a MoE block in every layer: the attention blocks alone run fused, those of the sliding layers (the full
-    # one, last as transformers requires, has k = v: no packed q/k/v)
+    # a MoE block in every layer: the attention blocks alone run fused (the full one, last as transformers
+    # requires, has k = v: q and k packed, v from k's projection)
     "gemma4-moe": lambda: transformers.Gemma4TextConfig(
         **dict(
             GEMMA4_TEXT,
@@ -233,8 +243,7 @@ def _decode(path, monkeypatch, fusable):
 def test_fused_gemma_layers_compute_what_the_eager_ones_do(variant, gemma, monkeypatch):
     ref_logits, ref_caches, none = _decode(gemma(variant), monkeypatch, lambda x, w: False)
     logits, caches, fused = _decode(gemma(variant), monkeypatch, lambda x, w: True)
-    expected = 2 if variant == "gemma4-moe" else 3
-    assert (none, fused) == (0, expected), "every layer that can should run fused"
+    assert (none, fused) == (0, 3), "every layer should run fused"
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
