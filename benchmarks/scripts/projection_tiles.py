@@ -36,6 +36,11 @@ SHAPES = {
     "llama-8b gate_up": (fp._SWIGLU.value, 14336, 4096),
     "gemma-4 dense gate_up": (fp._SWIGLU.value, 2112, 2816),
     "qwen3.5 gate_up": (fp._SWIGLU.value, 17408, 5120),
+    # the raw q/k/v products of Gemma 4's two-kernel q/k/v path: sliding layers, full (k = v) layers
+    "gemma-4 sliding qkv": (fp._PLAIN.value, 8192, 2816),
+    "gemma-4 full qk": (fp._PLAIN.value, 9216, 2816),
+    # the widened zoo Qwen3.5's MTP layers: fc over [embedding | hidden] (bench e2e --family qwen35)
+    "qwen3.5-zoo mtp fc": (fp._PLAIN.value, 4096, 8192),
 }
 # (outputs a program: None the default, "half" half of it; BK; warps; stages; outputs a sub-tile at most)
 TILES = [None] + [
