@@ -1,0 +1,153 @@
+"""Where MTP's log-probabilities leave plain decoding's in batch-invariant mode on a hybrid target on the GPU
+(tests/gpu/test_batch_invariant_hybrids_gpu.py's strict xfail): the zoo's tinyqwen35 in bf16, eager, batch 1,
+the test's 4 prompts and 48 greedy tokens with 2 log-probabilities. For each prompt, plain decoding and MTP
+(2 steps) each record
+
+- every decoder part's output row at each position (forward hooks on the target's mixers, MLPs and input
+  norms where they run as modules, and on the target's last hidden rows; MTP: the last forward that computed
+  the position, the one whose token was kept), and
+- the logits rows and tokens each log-probability came from (``token_logprobs``'s calls; MTP's verify rows
+  past a request's bonus token, token 0 at node 0, are skipped by matching the emitted tokens in order),
+
+then prints the first output position whose token or log-probability differs and, at the position that
+produced it, whether the logits row and the last decoder rows differ (and by how much).
+
+    PYTHONPATH=. python3 benchmarks/scripts/diag_hybrid_mtp_logprob_bits.py"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+import outpace.engine.decode_step as decode_step
+import outpace.engine.prefill as prefill
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
+PARTS = ("linear_attn", "self_attn", "mlp", "input_layernorm")
+
+
+def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
+    """Per prompt: its token ids, logprobs (the chosen token's), layer rows by (position, part), and the
+    logits row behind each output position."""
+    cuda = torch.cuda.is_available()  # (the CPU: a check of this script)
+    llm = LLM(
+        str(ZOO / "tinyqwen35"),
+        speculative=spec,
+        device="cuda" if cuda else "cpu",
+        dtype="bfloat16" if cuda else "float32",
+        batch_invariant=True,
+        max_num_seqs=1,
+        cuda_graphs=False,
+        num_kv_blocks=128,
+    )
+    target = llm.engine.model
+    rows: dict = {}
+    calls: list = []
+    current: dict = {}
+    target.register_forward_pre_hook(lambda m, args: current.update(positions=args[1].tolist()))
+
+    def keep(name: str):
+        def hook(module, args, out) -> None:
+            out = getattr(out, "hidden_states", out)  # (the target's output: the last hidden rows)
+            out = out[0] if isinstance(out, tuple) else out
+            for j, position in enumerate(current["positions"]):
+                rows[(position, name)] = out[j].detach().float().clone()
+
+        return hook
+
+    target.register_forward_hook(
+        keep("99.final")
+    )  # (hooks on fused parts may not fire: this one does)
+    for i, layer in enumerate(target.model.layers):
+        for part in PARTS:
+            if hasattr(layer, part):
+                getattr(layer, part).register_forward_hook(keep(f"{i}.{part}"))
+    originals = {module: module.token_logprobs for module in (decode_step, prefill)}
+    for module, real in originals.items():
+
+        def wrapped(logits, tokens, k, real=real):
+            calls.append((logits.detach().float().clone(), tokens.detach().clone()))
+            return real(logits, tokens, k)
+
+        module.token_logprobs = wrapped
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
+    runs = []
+    try:
+        for prompt in prompts:
+            rows.clear()
+            calls.clear()
+            out = llm.generate([prompt], params)[0]
+            tokens = list(out.token_ids)
+            chosen = [pos[t].logprob for t, pos in zip(tokens, out.logprobs)]
+            logits, at = [], 0  # the logits row behind each output position, in order
+            for block, ids in calls:
+                for row, token in zip(block, ids.tolist()):
+                    if at < len(tokens) and token == tokens[at]:
+                        logits.append(row)
+                        at += 1
+            runs.append(
+                dict(tokens=tokens, logprobs=chosen, rows=dict(rows), logits=logits, prompt=prompt)
+            )
+    finally:
+        for module, real in originals.items():
+            module.token_logprobs = real
+    return runs
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    if torch.equal(a, b):
+        return "equal"
+    return f"max |diff| {(a - b).abs().max().item():.3g} in {(a != b).sum().item()} of {a.numel()}"
+
+
+def main() -> None:
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
+    plain = record(SpeculativeConfig(), prompts)
+    mtp = record(SpeculativeConfig("mtp", num_steps=2), prompts)
+    for i, (p, m) in enumerate(zip(plain, mtp)):
+        first = next(
+            (
+                j
+                for j in range(len(p["tokens"]))
+                if p["tokens"][j] != m["tokens"][j] or p["logprobs"][j] != m["logprobs"][j]
+            ),
+            None,
+        )
+        print(
+            f"prompt {i}: tokens equal {p['tokens'] == m['tokens']}; first differing output {first}; "
+            f"logits rows kept {len(p['logits'])} / {len(m['logits'])} of {len(p['tokens'])}"
+        )
+        if first is None:
+            continue
+        print(f"  logprob {p['logprobs'][first]!r} against {m['logprobs'][first]!r}")
+        print(
+            f"  logits row at {first}: "
+            + (
+                diff(p["logits"][first], m["logits"][first])
+                if first < min(len(p["logits"]), len(m["logits"]))
+                else "not kept"
+            )
+        )
+        # the position whose row produced output ``first``: the last prompt token's, plus first
+        position = max(pos for pos, _ in p["rows"]) - len(p["tokens"]) + 1 + first
+        names = sorted({n for _, n in p["rows"]}, key=lambda n: (int(n.split(".")[0]), n))
+        differing = [
+            (q, n)
+            for q in range(position + 1)
+            for n in names
+            if (q, n) in p["rows"]
+            and (q, n) in m["rows"]
+            and not torch.equal(p["rows"][(q, n)], m["rows"][(q, n)])
+        ]
+        compared = sum(1 for key in p["rows"] if key[0] <= position and key in m["rows"])
+        print(f"  decoder rows up to position {position}: {len(differing)} of {compared} differ")
+        for q, n in differing[:6]:
+            print(f"    position {q} {n}: {diff(p['rows'][(q, n)], m['rows'][(q, n)])}")
+
+
+if __name__ == "__main__":
+    main()
