@@ -3,14 +3,15 @@
 the test's 4 prompts and 48 greedy tokens with 2 log-probabilities. For each prompt, plain decoding and MTP
 (2 steps) each record
 
-- every decoder part's output row at each position (forward hooks on the target's mixers, MLPs and input
-  norms where they run as modules, and on the target's last hidden rows; MTP: the last forward that computed
-  the position, the one whose token was kept), and
+- every decoder layer's input stream row and the last layer's output at each position (the target's
+  auxiliary hidden-state capture, which the fused few-row path serves too: forward hooks on the layers' parts
+  do not fire there, so gpu_2026-11-30b call 4's hooks compared prefill rows only; MTP: the last forward that
+  computed the position, the one whose token was kept), and
 - the logits rows and tokens each log-probability came from (``token_logprobs``'s calls; MTP's verify rows
   past a request's bonus token, token 0 at node 0, are skipped by matching the emitted tokens in order),
 
 then prints the first output position whose token or log-probability differs and, at the position that
-produced it, whether the logits row and the last decoder rows differ (and by how much).
+produced it, whether the logits row and the layer streams differ (and by how much).
 
     PYTHONPATH=. python3 benchmarks/scripts/diag_hybrid_mtp_logprob_bits.py"""
 
@@ -27,7 +28,6 @@ from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
-PARTS = ("linear_attn", "self_attn", "mlp", "input_layernorm")
 
 
 def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
@@ -50,22 +50,20 @@ def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
     current: dict = {}
     target.register_forward_pre_hook(lambda m, args: current.update(positions=args[1].tolist()))
 
-    def keep(name: str):
-        def hook(module, args, out) -> None:
-            out = getattr(out, "hidden_states", out)  # (the target's output: the last hidden rows)
-            out = out[0] if isinstance(out, tuple) else out
-            for j, position in enumerate(current["positions"]):
-                rows[(position, name)] = out[j].detach().float().clone()
+    layers = len(target.model.layers)
+    target.set_aux_hidden_state_layers(
+        tuple(range(layers + 1))
+    )  # every layer's input, the last output
 
-        return hook
+    def keep(module, args, out) -> None:
+        streams = out.aux_hidden_states.view(out.hidden_states.shape[0], layers + 1, -1)
+        for j, position in enumerate(current["positions"]):
+            for layer in range(layers + 1):
+                name = f"{layer}.{'output' if layer == layers else 'input'}"
+                rows[(position, name)] = streams[j, layer].detach().float().clone()
+            rows[(position, f"{layers + 1}.final")] = out.hidden_states[j].detach().float().clone()
 
-    target.register_forward_hook(
-        keep("99.final")
-    )  # (hooks on fused parts may not fire: this one does)
-    for i, layer in enumerate(target.model.layers):
-        for part in PARTS:
-            if hasattr(layer, part):
-                getattr(layer, part).register_forward_hook(keep(f"{i}.{part}"))
+    target.register_forward_hook(keep)
     originals = {module: module.token_logprobs for module in (decode_step, prefill)}
     for module, real in originals.items():
 
@@ -144,7 +142,7 @@ def main() -> None:
             and not torch.equal(p["rows"][(q, n)], m["rows"][(q, n)])
         ]
         compared = sum(1 for key in p["rows"] if key[0] <= position and key in m["rows"])
-        print(f"  decoder rows up to position {position}: {len(differing)} of {compared} differ")
+        print(f"  layer streams up to position {position}: {len(differing)} of {compared} differ")
         for q, n in differing[:6]:
             print(f"    position {q} {n}: {diff(p['rows'][(q, n)], m['rows'][(q, n)])}")
 
