@@ -22,7 +22,10 @@ its tokens serially; measured before the split, a captured MTP verify: 7.1 us a 
 14.1 at 3), so ``value_splits`` splits each head over a power of two of programs, at least ``MIN_SPLIT_COLUMNS``
 columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's 32 heads in 4 at batch
 1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions'
-layout, so it must not follow the batch). SPLITS == 1 is the kernel without the split (a constexpr branch: no
+layout, so it must not follow the batch). Each run length (and snapshots or not) is its own compilation, so in
+that mode the launch also turns floating-point contraction off: with it, the compiler fused multiplies and adds
+differently in the decode and the verify variants, and on the H200 a token verified in an MTP chain got other
+last bits than decoded alone (benchmarks/results/gpu_2026-12-03c calls 2-4). SPLITS == 1 is the kernel without the split (a constexpr branch: no
 scratch, no atomic). The norm is the one step across columns: each program writes its o slices (float32,
 ``o_part``), meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add,
 acq_rel at gpu scope: its writes released, and the last to arrive acquires every split's); the last normalises
@@ -642,5 +645,7 @@ def deltanet_step(
             PREFETCH_LINES=max(1, bv // LINE_WORDS.value),
             num_warps=num_warps(bk, bv),
             **pdl_launch_options(pdl),
+            # batch-invariant mode: no contraction, so the variants of each run length round alike
+            **({"enable_fp_fusion": False} if batch_invariant() else {}),
         )
     return out

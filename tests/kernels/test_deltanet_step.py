@@ -220,6 +220,34 @@ def test_batch_invariant_mode_never_splits(monkeypatch):
     assert chosen == [(3, 2, 64, deltanet_step_kernel.num_sms(x.device))]
 
 
+@pytest.mark.parametrize("form", ["decode", "verify chain of 3, its end in the row"])
+def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
+    """Each run length is its own compilation: in the mode the launch turns floating-point contraction off, so
+    that a token decoded alone and the same token in a verified chain round alike (on the H200, with it on, MTP's
+    log-probabilities left plain decoding's in their last bits: benchmarks/results/gpu_2026-12-03c)."""
+    options = []
+    real = deltanet_step_kernel._deltanet_step_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                options.append(kwargs.get("enable_fp_fusion", True))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(deltanet_step_kernel, "_deltanet_step_kernel", Recording())
+    layer = make_layer(False, **SHAPES["grouped"])
+    x = torch.randn(3 * FORMS[form][0][0], 12, generator=torch.Generator().manual_seed(1)).to(
+        DEVICE
+    )
+    states, snapshots = pool(layer, 2)
+    with forward_settings(True):
+        step(layer, True, x, FORMS[form], states, snapshots)
+    step(layer, True, x, FORMS[form], states, snapshots)
+    assert options == [False, True]
+
+
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report) Each argument one
