@@ -23,9 +23,10 @@ its tokens serially; measured before the split, a captured MTP verify: 7.1 us a 
 columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's 32 heads in 4 at batch
 1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions'
 layout, so it must not follow the batch). Each run length (and snapshots or not) is its own compilation, so in
-that mode the launch also turns floating-point contraction off: with it, the compiler fused multiplies and adds
-differently in the decode and the verify variants, and on the H200 a token verified in an MTP chain got other
-last bits than decoded alone (benchmarks/results/gpu_2026-12-03c calls 2-4). SPLITS == 1 is the kernel without the split (a constexpr branch: no
+that mode the launch also turns floating-point contraction off, so that the compiler cannot fuse multiplies and
+adds differently in the decode and the verify variants: on the H200 it removed one of the two positions where a
+token verified in an MTP chain got other last bits than decoded alone (benchmarks/results/gpu_2026-12-03c calls
+2-4; the other remains: tests/gpu/test_batch_invariant_hybrids_gpu.py's xfail). SPLITS == 1 is the kernel without the split (a constexpr branch: no
 scratch, no atomic). The norm is the one step across columns: each program writes its o slices (float32,
 ``o_part``), meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add,
 acq_rel at gpu scope: its writes released, and the last to arrive acquires every split's); the last normalises

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 def _invariant_rounding() -> dict:
     """Launch options in batch-invariant mode: no floating-point contraction, so that the decode and the
-    verify compilations (SNAPSHOTS) round a token alike (layers/deltanet_step_kernel.py says what it cost)."""
+    verify compilations (SNAPSHOTS) round a token alike (as layers/deltanet_step_kernel.py's launch does)."""
     return {"enable_fp_fusion": False} if batch_invariant() else {}
 
 

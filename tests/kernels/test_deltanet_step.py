@@ -223,8 +223,8 @@ def test_batch_invariant_mode_never_splits(monkeypatch):
 @pytest.mark.parametrize("form", ["decode", "verify chain of 3, its end in the row"])
 def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
     """Each run length is its own compilation: in the mode the launch turns floating-point contraction off, so
-    that a token decoded alone and the same token in a verified chain round alike (on the H200, with it on, MTP's
-    log-probabilities left plain decoding's in their last bits: benchmarks/results/gpu_2026-12-03c)."""
+    that a token decoded alone and the same token in a verified chain round alike (on the H200 this removed one of
+    the two positions where MTP's log-probabilities left plain decoding's: benchmarks/results/gpu_2026-12-03c)."""
     options = []
     real = deltanet_step_kernel._deltanet_step_kernel
 
