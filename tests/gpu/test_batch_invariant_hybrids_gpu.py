@@ -53,7 +53,8 @@ def test_plain_decoding_is_the_same_at_batch_1_and_4():
     "benchmarks/scripts/diag_hybrid_mtp_logprob_bits.py (gpu_2026-12-03c calls 2-4): the first difference is a "
     "gated DeltaNet layer's output (layer 2 of the zoo's tinyqwen35) at one position, its input streams equal at "
     "every position before; turning floating-point contraction off in the step kernel's decode and verify "
-    "compilations removed one of the two such positions (prompt 2's), not prompt 1's at position 40; in the "
+    "compilations removed one of the two such positions (prompt 2's), not prompt 1's at position 40, which stays "
+    "with every Triton kernel compiled without contraction (call 5); in the "
     "interpreter the fused DeltaNet step verifying 3 tokens equals 3 decode steps bit for bit",
 )
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
