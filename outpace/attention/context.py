@@ -49,6 +49,12 @@ def batch_invariant() -> bool:
     return _current is not None and _current.batch_invariant
 
 
+def invariant_launch_options() -> dict:
+    """A Triton launch's options in batch-invariant mode: no floating-point contraction, so that a kernel compiled
+    in several variants (a run length, a row count) rounds each operation as written in every one of them."""
+    return {"enable_fp_fusion": False} if batch_invariant() else {}
+
+
 @contextlib.contextmanager
 def forward_context(
     metadata,

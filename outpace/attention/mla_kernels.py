@@ -82,7 +82,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention.context import batch_invariant
+from outpace.attention.context import batch_invariant, invariant_launch_options
 from outpace.attention.kv_quant import is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.triton_kernels import (
@@ -683,8 +683,6 @@ def _attend(
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
     block_r = max(16, triton.next_power_of_2(rank))
-    # The mode: each kernel rounds exactly the operations written, whichever variant compiles.
-    fusion = {"enable_fp_fusion": False} if invariant else {}
     # (the mode's splits cover the block table's capacity: a few programs a tile walk the ones it reaches)
     programs = (
         invariant_programs(num_splits, tiles * meta.num_seqs, device) if invariant else num_splits
@@ -736,7 +734,7 @@ def _attend(
         KV_SCALED=k_scale is not None,
         num_warps=8 if block_m > 16 else 4,
         num_stages=2,
-        **fusion,
+        **invariant_launch_options(),  # (the mode: the operations as written, in any variant)
     )
     if partials:
         _combine(
@@ -804,7 +802,7 @@ def _combine(
         UP=up is not None,
         PRECISION="ieee" if up is not None and up.element_size() >= 4 else "tf32",  # W_UV's dot
         num_stages=2,  # (a group's partials loaded while the one before merges)
-        **({"enable_fp_fusion": False} if invariant else {}),  # (as _attend's)
+        **invariant_launch_options(),  # (as _attend's)
     )
 
 

@@ -23,11 +23,13 @@ its tokens serially; measured before the split, a captured MTP verify: 7.1 us a 
 columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's 32 heads in 4 at batch
 1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions'
 layout, so it must not follow the batch). Each run length (and snapshots or not) is its own compilation, so in
-that mode the launch also turns floating-point contraction off, so that the compiler cannot fuse multiplies and
-adds differently in the decode and the verify variants: on the H200 it removed one of the two positions where a
+that mode the launch also turns floating-point contraction off: the compiler may not fuse multiplies and adds
+differently in the decode and the verify variants. On the H200 that removed one of the two positions where a
 token verified in an MTP chain got other last bits than decoded alone (benchmarks/results/gpu_2026-12-03c calls
-2-4; the other remains: tests/gpu/test_batch_invariant_hybrids_gpu.py's xfail). SPLITS == 1 is the kernel without the split (a constexpr branch: no
-scratch, no atomic). The norm is the one step across columns: each program writes its o slices (float32,
+2-5; the other remains: tests/gpu/test_batch_invariant_hybrids_gpu.py's xfail).
+
+SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no atomic). The norm is the one
+step across columns: each program writes its o slices (float32,
 ``o_part``), meets its threads at a barrier and counts itself in its head's arrival counter (an atomic add,
 acq_rel at gpu scope: its writes released, and the last to arrive acquires every split's); the last normalises
 the whole row of each of the run's tokens from ``o_part`` (read past L1, which other SMs' writes do not reach)
@@ -94,7 +96,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention.context import batch_invariant
+from outpace.attention.context import batch_invariant, invariant_launch_options
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
@@ -646,7 +648,6 @@ def deltanet_step(
             PREFETCH_LINES=max(1, bv // LINE_WORDS.value),
             num_warps=num_warps(bk, bv),
             **pdl_launch_options(pdl),
-            # batch-invariant mode: no contraction, so the variants of each run length round alike
-            **({"enable_fp_fusion": False} if batch_invariant() else {}),
+            **invariant_launch_options(),  # (each run length its own compilation: module docstring)
         )
     return out

@@ -719,7 +719,7 @@ def _normed_rotated(
 
 @triton.jit
 def _qkv_heads_kernel(
-    raw_ptr,  # [M, q_size + 2 * kv_size] ([M, q_size + kv_size] with V_FROM_K) any float dtype: the projection, without the per-head work
+    raw_ptr,  # [M, q_size + 2 * kv_size] (V_FROM_K: + kv_size) any float dtype: the projection, no per-head work
     q_ptr,
     pos_ptr,
     cos_ptr,  # [max_positions, ROT_HALF] float32
@@ -1520,9 +1520,9 @@ def norm_project_qkv(
     normalised too, without a weight (Gemma 4). ``v_from_k``: qkv is [q_size + kv_size, K], q and k rows
     only, and v is k's projection before k's norm and RoPE (Gemma 4's attention_k_eq_v layers).
     Two kernels, the projection and then ``_qkv_heads_kernel`` per head, where ``split_heads`` asks for it
-    (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside batch-invariant
-    mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the fused kernels'
-    fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
+    (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside
+    batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
+    fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // (1 if v_from_k else 2)

@@ -48,19 +48,13 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention.context import batch_invariant
+from outpace.attention.context import invariant_launch_options
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
 
 if TYPE_CHECKING:
     from outpace.layers.mamba2 import Mamba2Mixer
-
-
-def _invariant_rounding() -> dict:
-    """Launch options in batch-invariant mode: no floating-point contraction, so that the decode and the
-    verify compilations (SNAPSHOTS) round a token alike (as layers/deltanet_step_kernel.py's launch does)."""
-    return {"enable_fp_fusion": False} if batch_invariant() else {}
 
 
 @triton.jit
@@ -572,7 +566,7 @@ def mamba2_step(
         PDL=pdl,
         num_warps=scan_warps,
         **pdl_launch_options(pdl),
-        **_invariant_rounding(),
+        **invariant_launch_options(),  # (decode and verify: two compilations)
     )
     _norm_kernel[(runs, length, groups)](
         *common,
@@ -598,6 +592,6 @@ def mamba2_step(
         PDL=pdl,
         num_warps=norm_warps,
         **pdl_launch_options(pdl),
-        **_invariant_rounding(),
+        **invariant_launch_options(),  # (decode and verify: two compilations)
     )
     return y
