@@ -61,7 +61,6 @@ def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
             for layer in range(layers + 1):
                 name = f"{layer}.{'output' if layer == layers else 'input'}"
                 rows[(position, name)] = streams[j, layer].detach().float().clone()
-            rows[(position, f"{layers + 1}.final")] = out.hidden_states[j].detach().float().clone()
 
     target.register_forward_hook(keep)
     originals = {module: module.token_logprobs for module in (decode_step, prefill)}
