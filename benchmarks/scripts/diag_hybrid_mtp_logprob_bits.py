@@ -10,8 +10,13 @@ the test's 4 prompts and 48 greedy tokens with 2 log-probabilities. For each pro
 - the logits rows and tokens each log-probability came from (``token_logprobs``'s calls; MTP's verify rows
   past a request's bonus token, token 0 at node 0, are skipped by matching the emitted tokens in order),
 
+- every gated DeltaNet step launch (layers/deltanet_step_kernel.py ``deltanet_step``, wrapped): its
+  projections' rows, its output rows, and the sequence's state rows before and after (the snapshots too),
+
 then prints the first output position whose token or log-probability differs and, at the position that
-produced it, whether the logits row and the layer streams differ (and by how much).
+produced it, whether the logits row and the layer streams differ (and by how much), and for the first layer
+whose output differs there, whether its step's inputs (projections, the state the token starts from) or its
+output differ: the projections, the step kernel or out_proj.
 
     PYTHONPATH=. python3 benchmarks/scripts/diag_hybrid_mtp_logprob_bits.py"""
 
@@ -24,6 +29,7 @@ import torch
 
 import outpace.engine.decode_step as decode_step
 import outpace.engine.prefill as prefill
+import outpace.layers.deltanet_step_kernel as step_kernel
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 
@@ -47,6 +53,7 @@ def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
     target = llm.engine.model
     rows: dict = {}
     calls: list = []
+    steps: list = []  # the DeltaNet step launches, in order
     current: dict = {}
     target.register_forward_pre_hook(lambda m, args: current.update(positions=args[1].tolist()))
 
@@ -63,6 +70,35 @@ def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
                 rows[(position, name)] = streams[j, layer].detach().float().clone()
 
     target.register_forward_hook(keep)
+    conv_layer = {
+        m.conv1d.weight.data_ptr(): i
+        for i, layer in enumerate(target.model.layers)
+        for m in layer.modules()
+        if hasattr(m, "step_kernel")
+    }
+    real_step = step_kernel.deltanet_step
+
+    def step_recorded(rows_in, conv_weight, *args):
+        recurrent, states, snapshots = args[7], args[8], args[9]
+        row = int(recurrent.state_indices[0])
+        before = {k: v[row].detach().clone() for k, v in states.items()}
+        out = real_step(rows_in, conv_weight, *args)
+        steps.append(
+            dict(
+                layer=conv_layer[conv_weight.data_ptr()],
+                positions=list(current["positions"]),
+                inputs={n: getattr(rows_in, n).detach().clone() for n in ("qkv", "z", "b", "a")},
+                out=out.detach().clone(),
+                before=before,
+                after={k: v[row].detach().clone() for k, v in states.items()},
+                kept={k: v[row].detach().clone() for k, v in snapshots.items()}
+                if recurrent.snapshots
+                else None,
+            )
+        )
+        return out
+
+    step_kernel.deltanet_step = step_recorded
     originals = {module: module.token_logprobs for module in (decode_step, prefill)}
     for module, real in originals.items():
 
@@ -89,9 +125,12 @@ def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
             runs.append(
                 dict(tokens=tokens, logprobs=chosen, rows=dict(rows), logits=logits, prompt=prompt)
             )
+            runs[-1]["steps"] = list(steps)
+            steps.clear()
     finally:
         for module, real in originals.items():
             module.token_logprobs = real
+        step_kernel.deltanet_step = real_step
     return runs
 
 
@@ -99,6 +138,45 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> str:
     if torch.equal(a, b):
         return "equal"
     return f"max |diff| {(a - b).abs().max().item():.3g} in {(a != b).sum().item()} of {a.numel()}"
+
+
+def step_at(steps: list[dict], layer: int, position: int) -> tuple[dict, int] | None:
+    """The last step launch of ``layer`` that computed ``position`` (the kept one), and the position's run
+    index in it."""
+    for record in reversed(steps):
+        if record["layer"] == layer and position in record["positions"]:
+            return record, record["positions"].index(position)
+    return None
+
+
+def start_state(record: dict, j: int) -> dict:
+    """The state token j of the launch started from: the row before the launch, or token j - 1's snapshot."""
+    if j == 0:
+        return record["before"]
+    return {k: v[j - 1] for k, v in record["kept"].items()}
+
+
+def compare_step(plain: list[dict], mtp: list[dict], layer: int, position: int) -> None:
+    """The step launches of ``layer`` at ``position`` in the two runs: inputs, start state, output."""
+    found = step_at(plain, layer, position), step_at(mtp, layer, position)
+    if None in found:
+        print(
+            f"  layer {layer} at {position}: no step launch recorded (not a DeltaNet layer, or prefill)"
+        )
+        return
+    (p, i), (m, j) = found
+    print(
+        f"  layer {layer}'s step at {position}: plain run index {i} of {len(p['positions'])}, MTP {j} of {len(m['positions'])}"
+    )
+    for name in p["inputs"]:
+        print(f"    projections {name}: {diff(p['inputs'][name][i], m['inputs'][name][j])}")
+    if j > 0 and m["kept"] is None:
+        print("    MTP's start state: not kept (no snapshots)")
+    else:
+        a, b = start_state(p, i), start_state(m, j)
+        for k in a:
+            print(f"    start state {k}: {diff(a[k], b[k])}")
+    print(f"    step output row: {diff(p['out'][i], m['out'][j])}")
 
 
 def main() -> None:
@@ -144,6 +222,9 @@ def main() -> None:
         print(f"  layer streams up to position {position}: {len(differing)} of {compared} differ")
         for q, n in differing[:6]:
             print(f"    position {q} {n}: {diff(p['rows'][(q, n)], m['rows'][(q, n)])}")
+        if differing:  # the first layer whose output differs there: its input is the stream before
+            q, n = differing[0]
+            compare_step(p["steps"], m["steps"], int(n.split(".")[0]) - 1, q)
 
 
 if __name__ == "__main__":

@@ -484,3 +484,43 @@ def test_a_verified_chain_has_the_bits_of_its_tokens_decoded_one_by_one(fused):
     assert torch.equal(out, torch.cat(decoded))
     for k in states:
         assert torch.equal(verified[k][rows[0], 2], states[k][rows[0]])
+
+
+# the zoo's tinyqwen35 linear-attention shape (zoo/tinyqwen35/config.json: hidden 128, 2 key heads and 4
+# value heads of 32)
+TINYQWEN35 = dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32)
+
+
+@pytest.mark.parametrize("seed", range(16 if DEVICE == "cuda" else 1))
+def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed):
+    """The launches batch-invariant serving makes, compared bit for bit at the zoo's tinyqwen35 shape (bf16 on
+    a GPU): plain decoding's steps into the row (no snapshots), one token at a time, against MTP's verify of
+    the same 3 tokens (a chain with snapshots, its last token's state in the row). The float32 state after
+    each token shows any difference in the arithmetic, where the bf16 output rounds most of it away
+    (tests/gpu/test_batch_invariant_hybrids_gpu.py's strict xfail: one bf16 step in ~10^4 differed)."""
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    layer = make_layer(False, seed=seed, dtype=dtype, hidden=128, **TINYQWEN35)
+    with torch.no_grad():
+        layer.A_log.uniform_(-2, 0)  # moderate decays over the run
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(3, 128, generator=g).to(DEVICE, dtype)
+    states, snapshots = pool(layer, seed, dtype)
+    states["recurrent"] *= 0.1
+    rows = STATE_INDICES[:1]
+    with forward_settings(True):
+        out, verified, kept = step(
+            layer, True, x, ([3], [True], None, True, 2), states, snapshots, rows
+        )
+        decoded, after = [], []
+        for t in range(3):
+            o, states, _ = step(
+                layer, True, x[t : t + 1], ([1], [True], None, False), states, snapshots, rows
+            )
+            decoded.append(o)
+            after.append({k: v[rows[0]] for k, v in states.items()})
+    for t in range(2):  # the snapshots of the chain's first two tokens
+        for k in after[t]:
+            assert torch.equal(kept[k][rows[0], t], after[t][k]), (t, k)
+    for k in verified:
+        assert torch.equal(verified[k][rows[0]], after[2][k]), k
+    assert torch.equal(out, torch.cat(decoded))
