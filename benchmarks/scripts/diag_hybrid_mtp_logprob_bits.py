@@ -79,7 +79,7 @@ def record(spec: SpeculativeConfig, prompts: list[str]) -> list[dict]:
     real_step = step_kernel.deltanet_step
 
     def step_recorded(rows_in, conv_weight, *args):
-        recurrent, states, snapshots = args[7], args[8], args[9]
+        recurrent, states, snapshots = args[6], args[7], args[8]  # (deltanet_step's order)
         row = int(recurrent.state_indices[0])
         before = {k: v[row].detach().clone() for k, v in states.items()}
         out = real_step(rows_in, conv_weight, *args)

@@ -8,6 +8,8 @@ grids). On a GPU also: bf16 at the Qwen3.5 shape, and inside a CUDA graph."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -491,11 +493,43 @@ def test_a_verified_chain_has_the_bits_of_its_tokens_decoded_one_by_one(fused):
 TINYQWEN35 = dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32)
 
 
+def kernel_step(layer, rows, form, states, snapshots, state_indices):
+    """``step`` from given projections ``rows`` (ProjectedRows): the step kernel alone, on copies of the pool."""
+    lengths, start, parents, keep_every, *end = form
+    device = rows.qkv.device
+    states = {k: v.clone() for k, v in states.items()}
+    snapshots = {k: v.clone() for k, v in snapshots.items()}
+    meta = build_paged_metadata([[0]], [0], lengths, 32, device)
+    recurrent = RecurrentMetadata(
+        torch.tensor(state_indices, device=device),
+        torch.tensor(start, device=device),
+        None,
+        keep_every,
+        end[0] if end else None,
+    )
+    with torch.no_grad(), forward_context(meta, recurrent=recurrent):
+        out = deltanet_step_kernel.deltanet_step(
+            rows, layer.conv1d.weight, layer.A_log, layer.dt_bias, layer.norm.weight,
+            layer.norm.eps, meta.token_table(), meta.query_lens, recurrent, states, snapshots,
+            layer.num_k_heads, layer.head_k_dim, layer.head_v_dim,
+        )  # fmt: skip
+    return out, states, snapshots
+
+
+def token_rows(rows, t):
+    """Token t's projections alone (views of ``rows``' tensors)."""
+    return dataclasses.replace(
+        rows, qkv=rows.qkv[t : t + 1], z=rows.z[t : t + 1], b=rows.b[t : t + 1], a=rows.a[t : t + 1]
+    )
+
+
 @pytest.mark.parametrize("seed", range(16 if DEVICE == "cuda" else 1))
-def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed):
+@pytest.mark.parametrize("projections", ["layer", "kernel alone"])
+def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed, projections):
     """The launches batch-invariant serving makes, compared bit for bit at the zoo's tinyqwen35 shape (bf16 on
     a GPU): plain decoding's steps into the row (no snapshots), one token at a time, against MTP's verify of
-    the same 3 tokens (a chain with snapshots, its last token's state in the row). The float32 state after
+    the same 3 tokens (a chain with snapshots, its last token's state in the row); through the layer (its
+    in-projections of 3 rows and of 1), and the kernel alone on the same projections. The float32 state after
     each token shows any difference in the arithmetic, where the bf16 output rounds most of it away
     (tests/gpu/test_batch_invariant_hybrids_gpu.py's strict xfail: one bf16 step in ~10^4 differed)."""
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -507,15 +541,21 @@ def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed):
     states, snapshots = pool(layer, seed, dtype)
     states["recurrent"] *= 0.1
     rows = STATE_INDICES[:1]
+    chain, decode = ([3], [True], None, True, 2), ([1], [True], None, False)
     with forward_settings(True):
-        out, verified, kept = step(
-            layer, True, x, ([3], [True], None, True, 2), states, snapshots, rows
-        )
+        if projections == "layer":
+            out, verified, kept = step(layer, True, x, chain, states, snapshots, rows)
+        else:
+            with torch.no_grad():
+                projected = layer._projected_rows(x)
+            out, verified, kept = kernel_step(layer, projected, chain, states, snapshots, rows)
         decoded, after = [], []
         for t in range(3):
-            o, states, _ = step(
-                layer, True, x[t : t + 1], ([1], [True], None, False), states, snapshots, rows
-            )
+            if projections == "layer":
+                o, states, _ = step(layer, True, x[t : t + 1], decode, states, snapshots, rows)
+            else:
+                one = token_rows(projected, t)
+                o, states, _ = kernel_step(layer, one, decode, states, snapshots, rows)
             decoded.append(o)
             after.append({k: v[rows[0]] for k, v in states.items()})
     for t in range(2):  # the snapshots of the chain's first two tokens
