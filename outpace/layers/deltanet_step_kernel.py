@@ -22,11 +22,12 @@ its tokens serially; measured before the split, a captured MTP verify: 7.1 us a 
 14.1 at 3), so ``value_splits`` splits each head over a power of two of programs, at least ``MIN_SPLIT_COLUMNS``
 columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qwen3.5's 32 heads in 4 at batch
 1, 2 at batch 2, 1 from batch 4 (and always in batch-invariant mode: the split sets the compiled reductions'
-layout, so it must not follow the batch). Each run length (and snapshots or not) is its own compilation, so in
-that mode the launch also turns floating-point contraction off: the compiler may not fuse multiplies and adds
-differently in the decode and the verify variants. On the H200 that removed one of the two positions where a
-token verified in an MTP chain got other last bits than decoded alone (benchmarks/results/gpu_2026-12-03c calls
-2-5; the other remains: tests/gpu/test_batch_invariant_hybrids_gpu.py's xfail).
+layout, so it must not follow the batch). Each run length is otherwise its own compilation (``LENGTH``, a
+constant: the decode's loop is known to run once). Compiled for a run of 1 and of 3, the same token's float32
+state came out with other last bits on the H200 (tinyqwen35's shape in bf16: 348 of 4096 values, every seed;
+benchmarks/results/gpu_2026-12-03d call 2), enough to turn a bf16 output now and then, so in batch-invariant mode
+every run takes one compilation: ``LENGTH`` is ``FUSED_MAX_LEN``, a bound, and the run's length a runtime
+argument (``run_len``, never specialised). That mode's launch also turns floating-point contraction off.
 
 SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no atomic). The norm is the one
 step across columns: each program writes its o slices (float32, ``o_part``), meets its threads at a barrier and
@@ -81,11 +82,11 @@ and waits as little as it can:
   the wait never meets a line it cached.
 
 Grid (num_seqs, v_heads, splits) and loop bounds come from shapes only (no host sync): capturable in a CUDA
-graph (the run length is a compile-time constant: at most ``FUSED_MAX_LEN`` variants). Each program holds its
-split's [k_dim, v_dim / splits] float32 state (one wide load, as memory-bound decode wants); in a tree it
-reads back only its own columns of the parent's snapshot, so the barrier before stays within the program. The
-run's flat rows and parents are read once into registers, so a token waits on no index load before its
-inputs'.
+graph (the run length a compile-time constant, or in batch-invariant mode an argument fixed at capture). Each
+program holds its split's [k_dim, v_dim / splits] float32 state (one wide load, as memory-bound decode wants);
+in a tree it reads back only its own columns of the parent's snapshot, so the barrier before stays within the
+program. The run's flat rows and parents are read once into registers, so a token waits on no index load
+before its inputs'.
 """
 
 from __future__ import annotations
@@ -195,12 +196,12 @@ def _window_positions(t, run_parents, slots, taps, KEEP: tl.constexpr, TREE: tl.
 def _token_inputs(
     t, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row, b_cols,
     a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP: tl.constexpr, CHANNELS: tl.constexpr,
-    LENGTH: tl.constexpr,
+    length,
 ):  # fmt: skip
     """Token t's loads, none of which depends on the state: its q, k and v conv windows [BW, BK / BV]
     float32 (at ``pos``), beta's logit and the decay's input (float32 scalars), and its flat row. Nothing
-    is read for t >= LENGTH (the loop's look-ahead past the run's end)."""
-    here = t < LENGTH
+    is read for t >= length (the loop's look-ahead past the run's end)."""
+    here = t < length
     rows = _pick_each(run_rows, pos - KEEP, slots)  # [BW] the flat token of each window position
     taps_used = used & here
     xq = _conv_window(
@@ -259,7 +260,7 @@ def _norm_head_rows(
     V_HEADS: tl.constexpr,
     DV: tl.constexpr,
     ROW: tl.constexpr,
-    LENGTH: tl.constexpr,
+    length,
 ):
     """Value head h's gated norm over its run, by the head's last program to finish: every valid token's
     whole output row from ``o_part`` [num_tokens, V_HEADS, DV] float32 (every split's columns, read past
@@ -269,7 +270,7 @@ def _norm_head_rows(
     cm = cols < DV
     weight = tl.load(norm_w + cols, mask=cm, other=0.0).to(tl.float32)
     rows = run_rows[:, None]  # [BT, 1] each token's flat row
-    keep = ((slots < n_tokens) & (slots < LENGTH))[:, None] & cm[None, :]
+    keep = ((slots < n_tokens) & (slots < length))[:, None] & cm[None, :]
     o = tl.load(
         o_part + (rows * V_HEADS + h) * DV + cols[None, :],
         mask=keep,
@@ -281,7 +282,7 @@ def _norm_head_rows(
     tl.store(out + rows * V_HEADS * DV + h * DV + cols[None, :], o, mask=keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["run_len"])
 def _deltanet_step_kernel(
     qkv,
     qkv_row,
@@ -323,6 +324,7 @@ def _deltanet_step_kernel(
     snap_rows,
     eps,
     scale,
+    run_len,
     K_HEADS: tl.constexpr,
     V_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -333,6 +335,7 @@ def _deltanet_step_kernel(
     BV: tl.constexpr,
     BW: tl.constexpr,
     LENGTH: tl.constexpr,
+    FIXED_LENGTH: tl.constexpr,
     BT: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
@@ -349,8 +352,12 @@ def _deltanet_step_kernel(
     km, vm, used = ks < DK, vs < DV, taps < WIDTH
     m2 = km[:, None] & vm[None, :]
     tile = ks[:, None] * DV + vs[None, :]  # [BK, BV] within [DK, DV]
+    if FIXED_LENGTH:  # the run's length, compiled in
+        length = LENGTH
+    else:  # batch-invariant mode: at most LENGTH, one compilation for every run length (module docstring)
+        length = run_len
     slots = tl.arange(0, BT)  # the run's positions
-    in_run = slots < LENGTH
+    in_run = slots < length
     kh, hg = h // GROUP, h % GROUP
     # the group's q / k conv channels are written by its last head's first split
     writes_qk = (hg == GROUP - 1) & (split == 0)
@@ -394,14 +401,14 @@ def _deltanet_step_kernel(
     pos = _window_positions(0, run_parents, slots, taps, KEEP, TREE)
     xq, xk, xv, b_t, a_t, row = _token_inputs(
         0, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row,
-        b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,
+        b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, length,
     )  # fmt: skip
-    for t in range(LENGTH):
+    for t in range(length):
         valid = t < n_tokens
         next_pos = _window_positions(t + 1, run_parents, slots, taps, KEEP, TREE)
         next_xq, next_xk, next_xv, next_b, next_a, next_row = _token_inputs(
             t + 1, next_pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a,
-            a_row, b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, LENGTH,
+            a_row, b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, length,
         )  # fmt: skip
         if TREE:  # the node's start state: its parent's snapshot, or the row's state at the root
             p = _pick(run_parents, t, slots)
@@ -440,7 +447,7 @@ def _deltanet_step_kernel(
         if SNAPSHOTS:
             snapped = valid
             if LAST_IN_ROW:
-                snapped = valid & (t < LENGTH - 1)
+                snapped = valid & (t < length - 1)
             # the window's rows 1..KEEP are the conv state
             kept = (taps >= 1)[:, None] & used[:, None] & snapped
             snap = conv_snaps + (t * KEEP + taps[:, None] - 1) * CHANNELS
@@ -491,7 +498,7 @@ def _deltanet_step_kernel(
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
             _norm_head_rows(
                 o_part, z, z_row, z_off + kh * z_group + hg * DV, norm_w, out, run_rows, slots,
-                n_tokens, h, eps, V_HEADS, DV, BV * SPLITS, LENGTH,
+                n_tokens, h, eps, V_HEADS, DV, BV * SPLITS, length,
             )  # fmt: skip
             tl.atomic_xchg(counter, 0)  # zero again for the next launch
 
@@ -583,6 +590,8 @@ def deltanet_step(
     # bv: the value columns of one program
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim) // splits
     parents = recurrent.parents if tree else token_table
+    # batch-invariant mode: one compilation whatever the run's length (module docstring)
+    bound = FUSED_MAX_LEN if batch_invariant() else length
     shape = dict(
         K_HEADS=num_k_heads,
         V_HEADS=v_heads,
@@ -591,8 +600,9 @@ def deltanet_step(
         KEEP=keep,
         BK=bk,
         BW=triton.next_power_of_2(keep + 1),
-        LENGTH=length,
-        BT=triton.next_power_of_2(length),
+        LENGTH=bound,
+        FIXED_LENGTH=not batch_invariant(),
+        BT=triton.next_power_of_2(bound),
     )
     pdl = pdl_available(out.device)
     if num_seqs and length:
@@ -637,6 +647,7 @@ def deltanet_step(
             rec_snap.shape[1],
             eps,
             head_k_dim**-0.5,
+            length,
             **shape,
             GROUP=group,
             BV=bv,

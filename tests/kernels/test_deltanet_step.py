@@ -250,6 +250,37 @@ def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
     assert options == [False, True]
 
 
+def test_batch_invariant_mode_compiles_one_kernel_for_every_run_length(monkeypatch):
+    """A decode and a verify of 3 tokens launch the same compilation in the mode (the run's length an argument:
+    compiled for each length, one token's float32 state took other last bits on the H200), and their own
+    compilations outside it."""
+    constants = []
+    real = deltanet_step_kernel._deltanet_step_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                constants.append({k: kwargs[k] for k in ("LENGTH", "FIXED_LENGTH", "BT")})
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(deltanet_step_kernel, "_deltanet_step_kernel", Recording())
+    layer = make_layer(False, **SHAPES["grouped"])
+    x = torch.randn(9, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    states, snapshots = pool(layer, 2)
+    forms = FORMS["decode into the row"], FORMS["verify chain of 3, its end in the row"]
+    for invariant in (True, False):
+        with forward_settings(invariant):
+            for form in forms:
+                step(layer, True, x[: sum(form[0])], form, states, snapshots)
+    assert constants[0] == constants[1] == dict(LENGTH=16, FIXED_LENGTH=False, BT=16)
+    assert constants[2:] == [
+        dict(LENGTH=1, FIXED_LENGTH=True, BT=1),
+        dict(LENGTH=3, FIXED_LENGTH=True, BT=4),
+    ]
+
+
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report) Each argument one
@@ -264,7 +295,8 @@ types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32",
 for config in sys.argv[1:]:
     tree, snapshots, length, splits, in_row = (int(a) for a in config.split(","))
     constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
-                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, BT=triton.next_power_of_2(length),
+                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, FIXED_LENGTH=True,
+                     BT=triton.next_power_of_2(length),
                      TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits,
                      PDL=True, PREFETCH_LINES=max(1, 128 // splits // 32))
     compiled = compile_for_hopper(_deltanet_step_kernel, types, constants,
@@ -525,19 +557,22 @@ def token_rows(rows, t):
 
 @pytest.mark.parametrize("seed", range(16 if DEVICE == "cuda" else 1))
 @pytest.mark.parametrize("projections", ["layer", "kernel alone"])
-def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed, projections):
+@pytest.mark.parametrize("shape", ["tinyqwen35", "qwen3.5"] if DEVICE == "cuda" else ["tinyqwen35"])
+def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed, projections, shape):
     """The launches batch-invariant serving makes, compared bit for bit at the zoo's tinyqwen35 shape (bf16 on
     a GPU): plain decoding's steps into the row (no snapshots), one token at a time, against MTP's verify of
-    the same 3 tokens (a chain with snapshots, its last token's state in the row); through the layer (its
+    the same 3 tokens (a chain with snapshots, its last token's state in the row), at the zoo's shape and (on a GPU)
+    Qwen3.5's; through the layer (its
     in-projections of 3 rows and of 1), and the kernel alone on the same projections. The float32 state after
     each token shows any difference in the arithmetic, where the bf16 output rounds most of it away
     (tests/gpu/test_batch_invariant_hybrids_gpu.py's strict xfail: one bf16 step in ~10^4 differed)."""
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    layer = make_layer(False, seed=seed, dtype=dtype, hidden=128, **TINYQWEN35)
+    hidden, heads = (128, TINYQWEN35) if shape == "tinyqwen35" else (256, QWEN3_5)
+    layer = make_layer(False, seed=seed, dtype=dtype, hidden=hidden, **heads)
     with torch.no_grad():
         layer.A_log.uniform_(-2, 0)  # moderate decays over the run
     g = torch.Generator().manual_seed(100 + seed)
-    x = torch.randn(3, 128, generator=g).to(DEVICE, dtype)
+    x = torch.randn(3, hidden, generator=g).to(DEVICE, dtype)
     states, snapshots = pool(layer, seed, dtype)
     states["recurrent"] *= 0.1
     rows = STATE_INDICES[:1]
