@@ -1,5 +1,5 @@
 """Where MTP's log-probabilities leave plain decoding's in batch-invariant mode on a hybrid target on the GPU
-(tests/gpu/test_batch_invariant_hybrids_gpu.py's strict xfail): the zoo's tinyqwen35 in bf16, eager, batch 1,
+(tests/gpu/test_batch_invariant_hybrids_gpu.py's MTP case, a strict xfail until gpu_2026-12-03d): the zoo's tinyqwen35 in bf16, eager, batch 1,
 the test's 4 prompts and 48 greedy tokens with 2 log-probabilities. For each prompt, plain decoding and MTP
 (2 steps) each record
 
