@@ -24,7 +24,9 @@ from helpers.tp_harness import Scenario, run_group  # noqa: E402
 from outpace import LLM, SamplingParams  # noqa: E402
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
-GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+# two tokens: the prefill's and one decode step's, each forward on the fused path (every step after the first
+# takes the same path again, at a cost of some seconds a step in the interpreter)
+GREEDY = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8]]
 TRITON = {"attention_backend": "triton"}  # (the backend whose cache the fused q/k/v kernel writes)
 LOG = "OUTPACE_TEST_SHARDED_BLOCK_LOG"  # where each rank notes the sharded block ends it ran fused
