@@ -100,6 +100,10 @@ _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
+# the tl.dot path's K step (more tokens, and every count in batch-invariant mode: on the Qwen3-Next slice's
+# batch-1 step 12.1 us a layer there against 3.0 for the few-token path, benchmarks/results/gpu_2026-12-03d call 4;
+# benchmarks/scripts/invariant_router_logits.py times other steps)
+_DOT_BLOCK_K = 64
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
@@ -608,7 +612,7 @@ def logit_splits(n: int, hidden: int, experts: int) -> LogitSplits:
     which the engine's warm-up meets (engine/warm_up.py; gpu_2026-12-01h)."""
     invariant = batch_invariant()
     few = n <= _LOGIT_TOKENS and not invariant
-    block_k = _FEW_TOKENS_BLOCK_K if few else 64
+    block_k = _FEW_TOKENS_BLOCK_K if few else _DOT_BLOCK_K
     token_tiles = 1 if invariant else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
     tiles = token_tiles * triton.cdiv(experts, _LOGIT_EXPERTS)
     splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
