@@ -286,7 +286,7 @@ def test_batch_invariant_mode_compiles_one_kernel_for_every_run_length(monkeypat
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report) Each argument one
 # compile, "tree,snapshots,length,splits,in_row", its output after a line "### <argument>".
 SM90_COMPILE = """
-from outpace.layers.deltanet_step_kernel import _deltanet_step_kernel, num_warps
+from outpace.layers.deltanet_step_kernel import FUSED_MAX_LEN, _deltanet_step_kernel, num_warps
 
 bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
 types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32", query_lens="*i64",
@@ -294,19 +294,22 @@ types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32",
              o_part="*fp32", counters="*i32", qk_counters="*i32")
 for config in sys.argv[1:]:
     tree, snapshots, length, splits, in_row = (int(a) for a in config.split(","))
+    bound = length or FUSED_MAX_LEN  # length 0: batch-invariant mode's compilation for every run length
     constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
-                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=length, FIXED_LENGTH=True,
-                     BT=triton.next_power_of_2(length),
+                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=bound, FIXED_LENGTH=length > 0,
+                     BT=triton.next_power_of_2(bound),
                      TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits,
                      PDL=True, PREFETCH_LINES=max(1, 128 // splits // 32))
+    options = {} if length else dict(enable_fp_fusion=False)
     compiled = compile_for_hopper(_deltanet_step_kernel, types, constants,
-                                  num_warps=num_warps(128, 128 // splits))
+                                  num_warps=num_warps(128, 128 // splits), **options)
     print("###", config)
     print(ptxas_report(compiled))
     print("token loop barriers", loop_barriers(compiled))
 """
 
-# id -> (tree, snapshots, length, splits, in_row) (a decode is the chain's loop once)
+# id -> (tree, snapshots, length, splits, in_row) (a decode is the chain's loop once; length 0: batch-invariant
+# mode's one compilation, the length an argument)
 SM90_CONFIGS = {
     "verify chain of 8": (0, 1, 8, 1, 0),
     "tree of 8": (1, 1, 8, 1, 0),
@@ -317,6 +320,8 @@ SM90_CONFIGS = {
     "decode into the row, heads over 8": (0, 0, 1, 8, 0),
     "verify chain of 3, its end in the row, heads over 4": (0, 1, 3, 4, 1),
     "verify chain of 8, its end in the row": (0, 1, 8, 1, 1),
+    "batch-invariant, into the row": (0, 0, 0, 1, 0),
+    "batch-invariant, a chain's end in the row": (0, 1, 0, 1, 1),
 }
 
 
