@@ -38,6 +38,13 @@ Rounding follows the eager path in the model's dtype (bf16): the convolution's s
 rounded, the activation rounded, y rounded before the gate, the normalised value rounded before the
 weight. Grids and loops come from shapes only (no host sync): the step runs inside captured CUDA graphs.
 Padding positions (t >= the run's query length) leave the state untouched and write no output.
+
+Batch-invariant mode (attention/context.py ``batch_invariant``): a token must get the same bits in a decode step
+alone or in a batch, and in a verified chain. Gated DeltaNet's step kernel did not while each run length was its
+own compilation (benchmarks/results/gpu_2026-12-03d), so in the mode both launches here take one compilation
+whatever the batch and the run: the state block of a program is the one a single run takes (``_head_block``
+follows the batch otherwise), the run length and the snapshot rows are arguments Triton does not specialise
+(``_scan_any_length``, ``_norm_any_length``: the same kernels, launched so), and contraction is off.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention.context import invariant_launch_options
+from outpace.attention.context import batch_invariant, invariant_launch_options
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
@@ -487,6 +494,13 @@ scan_warps = 4
 norm_warps = 4
 
 
+# batch-invariant mode's launches (module docstring): the same kernels, the run length and the snapshot rows never
+# specialised (Triton would compile a decode's length 1, or a multiple of 16, apart)
+_ANY_LENGTH = ["length", "snapshot_rows"]
+_scan_any_length = triton.jit(do_not_specialize=_ANY_LENGTH)(_scan_kernel.fn)
+_norm_any_length = triton.jit(do_not_specialize=_ANY_LENGTH)(_norm_kernel.fn)
+
+
 def _head_block(head_dim: int, programs_per_block: int, device: torch.device) -> int:
     """Rows of a head's state per program: up to ``max_head_block``, fewer while the grid would not cover
     every SM twice (decode of one to a few sequences)."""
@@ -534,9 +548,11 @@ def mamba2_step(
     rows = ssm_snap.shape[1] if snapshots else 0
     parents = recurrent.parents if tree else token_table
     common = (zxbcdt, zxbcdt.stride(0), token_table, query_lens, recurrent.state_indices)
-    block = _head_block(p, runs * heads, zxbcdt.device)
+    invariant = batch_invariant()  # (module docstring: batch-invariant mode)
+    block = _head_block(p, heads if invariant else runs * heads, zxbcdt.device)
     pdl = pdl_available(zxbcdt.device)
-    _scan_kernel[(runs, heads, triton.cdiv(p, block))](
+    scan, norm = (_scan_any_length, _norm_any_length) if invariant else (_scan_kernel, _norm_kernel)
+    scan[(runs, heads, triton.cdiv(p, block))](
         *common,
         recurrent.has_initial_state,
         parents,
@@ -566,9 +582,9 @@ def mamba2_step(
         PDL=pdl,
         num_warps=scan_warps,
         **pdl_launch_options(pdl),
-        **invariant_launch_options(),  # (decode and verify: two compilations)
+        **invariant_launch_options(),
     )
-    _norm_kernel[(runs, length, groups)](
+    norm[(runs, length, groups)](
         *common,
         recurrent.has_initial_state,
         parents,
@@ -592,6 +608,6 @@ def mamba2_step(
         PDL=pdl,
         num_warps=norm_warps,
         **pdl_launch_options(pdl),
-        **invariant_launch_options(),  # (decode and verify: two compilations)
+        **invariant_launch_options(),
     )
     return y

@@ -13,6 +13,8 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
+from outpace.attention.context import forward_settings  # noqa: E402
+from outpace.layers import mamba2_step_kernel  # noqa: E402
 from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata  # noqa: E402
 
@@ -266,3 +268,88 @@ def test_fused_step_is_faster_than_the_eager_path(batch, width):
     print(
         f"\nNemotron-H-8B mamba step, {batch} x {width} tokens: eager {eager:.1f} µs, fused {fused:.1f} µs"
     )  # (a timing, printed for the benchmark notes: speed is never asserted in a test)
+
+
+def decode_one_by_one(mixer, x, indices):
+    """``len(x) // len(indices)`` decode steps of runs ``indices`` (step t: rows t * runs ..), each step's state
+    committed into the rows before the next -> (outputs [steps, runs, inner], each step's state rows by name)."""
+    runs, start = len(indices), {k: v.clone() for k, v in mixer.states.items()}
+    outs, after = [], []
+    for t in range(len(x) // runs):
+        rows = x[t * runs : (t + 1) * runs]
+        out, states, _ = run_step(
+            mixer, True, rows, [1] * runs, recurrent_metadata(indices, [True] * runs)
+        )
+        for k in mixer.states:
+            mixer.states[k].copy_(states[k])
+        outs.append(out)
+        after.append({k: v[indices[0]].clone() for k, v in states.items()})
+    for k in mixer.states:  # (the pool as it was)
+        mixer.states[k].copy_(start[k])
+    return torch.stack(outs), after
+
+
+@pytest.mark.parametrize("shape", ["odd", "nemotron-h-8b"] if DEVICE == "cuda" else ["odd"])
+def test_batch_invariant_mode_gives_a_token_its_bits_in_every_launch(shape):
+    """Batch-invariant mode's premise for Mamba2 on the compiled kernels: one run's 3 tokens decoded one at a
+    time into its row, alone and beside three other runs, and verified as one chain (snapshots), give the same
+    outputs and the same float32 state after each token, bit for bit (the gated DeltaNet step's twin test found
+    its run-length compilations apart: tests/kernels/test_deltanet_step.py)."""
+    mixer = nemotron_h_8b_mixer() if shape == "nemotron-h-8b" else make_mixer(*SHAPES[shape])
+    hidden = mixer.in_proj.weight.shape[1]
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(12, hidden, generator=g).to(DEVICE, mixer.in_proj.weight.dtype)
+    ours, others = x[:3], x[3:].view(3, 3, hidden)  # the run's tokens; three other runs' three each
+    with forward_settings(True):
+        alone, alone_states = decode_one_by_one(mixer, ours, [3])
+        beside = torch.cat([ours[:, None], others], dim=1).reshape(
+            12, hidden
+        )  # step t: ours, then the others'
+        batched, batched_states = decode_one_by_one(mixer, beside, [3, 0, 4, 1])
+        chain, _, kept = run_step(
+            mixer, True, ours, [3], recurrent_metadata([3], [True], snapshots=True)
+        )
+    assert torch.equal(batched[:, 0], alone[:, 0])
+    assert torch.equal(chain, alone[:, 0])
+    for t in range(3):
+        for k in alone_states[t]:
+            assert torch.equal(batched_states[t][k], alone_states[t][k]), (t, k)
+            assert torch.equal(kept[k][3, t], alone_states[t][k]), (t, k)
+
+
+def test_batch_invariant_mode_launches_one_compilation_for_every_batch_and_run(monkeypatch):
+    """In the mode a decode of 1 and of 3 runs and a verified chain launch the kernels whose run length and
+    snapshot rows Triton does not specialise, over a state block sized for one run; outside it the batch
+    sizes the block (more programs for few runs) and the plain kernels launch."""
+    launched, blocks = [], []
+    for name in ("_scan_kernel", "_norm_kernel", "_scan_any_length", "_norm_any_length"):
+        real = getattr(mamba2_step_kernel, name)
+
+        class Recording:
+            def __getitem__(self, grid, name=name, real=real):
+                launched.append(name)
+                return real[grid]
+
+        monkeypatch.setattr(mamba2_step_kernel, name, Recording())
+    real_block = mamba2_step_kernel._head_block
+    monkeypatch.setattr(
+        mamba2_step_kernel,
+        "_head_block",
+        lambda p, programs, device: blocks.append(programs) or real_block(p, programs, device),
+    )
+    mixer = make_mixer(*SHAPES["odd"])
+    x = torch.randn(3, 24, device=DEVICE)
+    forms = [
+        ([1], recurrent_metadata([3], [True])),
+        ([1, 1, 1], recurrent_metadata([3, 0, 4], [True] * 3)),
+        ([3], recurrent_metadata([3], [True], snapshots=True)),
+    ]
+    with forward_settings(True):
+        for lengths, recurrent in forms:
+            run_step(mixer, True, x[: sum(lengths)], lengths, recurrent)
+    assert launched == ["_scan_any_length", "_norm_any_length"] * 3
+    assert blocks == [6] * 3  # the heads of one run, whatever the batch
+    launched.clear()
+    blocks.clear()
+    run_step(mixer, True, x, *forms[1])
+    assert launched == ["_scan_kernel", "_norm_kernel"] and blocks == [18]
