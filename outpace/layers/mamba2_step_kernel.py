@@ -149,21 +149,9 @@ def _conv_silu(
     (weight [WB, BC] float32), rounded to the model's dtype after each step as the eager path is (its
     convolution runs in that dtype)."""
     window = _load_window(
-        rows,
-        ks,
-        cols,
-        cmask,
-        r,
-        length,
-        table,
-        zxbcdt,
-        row_stride,
-        conv_start,
-        has_init,
-        KEEP,
-        INNER,
-        CHANNELS,
-    )
+        rows, ks, cols, cmask, r, length, table, zxbcdt, row_stride, conv_start, has_init, KEEP,
+        INNER, CHANNELS,
+    )  # fmt: skip
     dtype = zxbcdt.dtype.element_ty
     out = tl.sum(window.to(tl.float32) * weight, axis=0).to(dtype).to(tl.float32)
     if HAS_BIAS:
@@ -199,21 +187,9 @@ def _copy_window(
     """Window rows 1..KEEP (the convolution state after the window's node) of channels ``cols`` into the
     state rows at ``dest`` ([KEEP, CHANNELS])."""
     window = _load_window(
-        rows,
-        ks,
-        cols,
-        cmask,
-        r,
-        length,
-        table,
-        zxbcdt,
-        row_stride,
-        conv_start,
-        has_init,
-        KEEP,
-        INNER,
-        CHANNELS,
-    )
+        rows, ks, cols, cmask, r, length, table, zxbcdt, row_stride, conv_start, has_init, KEEP,
+        INNER, CHANNELS,
+    )  # fmt: skip
     # In decode ``dest`` is the state row the window was read from: every thread's reads before any write.
     # (A window's taps may lie in other warps than the row it is written to: at 8 warps the layout of a
     # [4, 128] window split them, and decode's B and C rows came out wrong on the H200, gpu_2026-12-02 call 12.)
@@ -293,63 +269,18 @@ def _scan_kernel(
                 tl.where(from_start, start, snap), mask=m2 & (has_init | ~from_start), other=0.0
             )
         rows = _window_rows(r, t, parents, length, ks, KEEP, TREE)
-        xt = _conv_silu(
-            rows,
-            ks,
-            x_cols,
-            pm,
-            wx,
-            conv_bias,
-            r,
-            length,
-            table,
-            zxbcdt,
-            row_stride,
-            conv_start,
-            has_init,
-            KEEP,
-            INNER,
-            CHANNELS,
-            HAS_BIAS,
-        )  # [BP]
-        bt = _conv_silu(
-            rows,
-            ks,
-            b_cols,
-            nm,
-            wb,
-            conv_bias,
-            r,
-            length,
-            table,
-            zxbcdt,
-            row_stride,
-            conv_start,
-            has_init,
-            KEEP,
-            INNER,
-            CHANNELS,
-            HAS_BIAS,
-        )  # [BN]
-        ct = _conv_silu(
-            rows,
-            ks,
-            c_cols,
-            nm,
-            wc,
-            conv_bias,
-            r,
-            length,
-            table,
-            zxbcdt,
-            row_stride,
-            conv_start,
-            has_init,
-            KEEP,
-            INNER,
-            CHANNELS,
-            HAS_BIAS,
-        )  # [BN]
+        xt = _conv_silu(  # [BP]
+            rows, ks, x_cols, pm, wx, conv_bias, r, length, table, zxbcdt, row_stride, conv_start,
+            has_init, KEEP, INNER, CHANNELS, HAS_BIAS,
+        )  # fmt: skip
+        bt = _conv_silu(  # [BN]
+            rows, ks, b_cols, nm, wb, conv_bias, r, length, table, zxbcdt, row_stride, conv_start,
+            has_init, KEEP, INNER, CHANNELS, HAS_BIAS,
+        )  # fmt: skip
+        ct = _conv_silu(  # [BN]
+            rows, ks, c_cols, nm, wc, conv_bias, r, length, table, zxbcdt, row_stride, conv_start,
+            has_init, KEEP, INNER, CHANNELS, HAS_BIAS,
+        )  # fmt: skip
         token = tl.load(table + r * length + t).to(tl.int64)
         raw_dt = tl.load(zxbcdt + token * row_stride + INNER + CHANNELS + h).to(tl.float32)
         step = tl.maximum(_softplus(raw_dt + step_bias), time_step_min)
@@ -429,56 +360,17 @@ def _norm_kernel(
         conv_start = conv_state + slot * KEEP * CHANNELS
         b_cols, c_cols = INNER + g * N + ns, INNER + (GROUPS + g) * N + ns
         _copy_window(
-            rows,
-            ks,
-            x_cols,
-            cm,
-            dest,
-            r,
-            length,
-            table,
-            zxbcdt,
-            row_stride,
-            conv_start,
-            has_init,
-            KEEP,
-            INNER,
-            CHANNELS,
-        )
+            rows, ks, x_cols, cm, dest, r, length, table, zxbcdt, row_stride, conv_start, has_init,
+            KEEP, INNER, CHANNELS,
+        )  # fmt: skip
         _copy_window(
-            rows,
-            ks,
-            b_cols,
-            nm,
-            dest,
-            r,
-            length,
-            table,
-            zxbcdt,
-            row_stride,
-            conv_start,
-            has_init,
-            KEEP,
-            INNER,
-            CHANNELS,
-        )
+            rows, ks, b_cols, nm, dest, r, length, table, zxbcdt, row_stride, conv_start, has_init,
+            KEEP, INNER, CHANNELS,
+        )  # fmt: skip
         _copy_window(
-            rows,
-            ks,
-            c_cols,
-            nm,
-            dest,
-            r,
-            length,
-            table,
-            zxbcdt,
-            row_stride,
-            conv_start,
-            has_init,
-            KEEP,
-            INNER,
-            CHANNELS,
-        )
+            rows, ks, c_cols, nm, dest, r, length, table, zxbcdt, row_stride, conv_start, has_init,
+            KEEP, INNER, CHANNELS,
+        )  # fmt: skip
 
 
 # A head's state rows a ``_scan_kernel`` program at most, and its warps. Nemotron-H-8B's decode step on the H200
