@@ -1,8 +1,8 @@
 """Batch-invariant mode on a hybrid target on the GPU (skipped without CUDA): the zoo's tinyqwen35 in bf16
 (gated DeltaNet's fused step kernel for decode and verify, layers/deltanet_step_kernel.py; the per-token scan
 or flash-linear-attention's chunks for prefill), greedy: plain decoding gives the same token ids and
-log-probabilities at batch 1 and 4, and MTP gives plain decoding's, bit for bit (the CPU's twin:
-tests/engine/test_batch_invariant_hybrids.py)."""
+log-probabilities at batch 1 and 4, and MTP, an EAGLE3 chain and n-gram drafts give plain decoding's, bit for
+bit (the CPU's twin: tests/engine/test_batch_invariant_hybrids.py)."""
 
 import json
 from functools import cache
@@ -14,7 +14,12 @@ from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
-SPECS = {"plain": SpeculativeConfig(), "mtp": SpeculativeConfig("mtp", num_steps=2)}
+SPECS = {
+    "plain": SpeculativeConfig(),
+    "mtp": SpeculativeConfig("mtp", num_steps=2),
+    "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinyqwen35-eagle3"), num_steps=4),
+    "ngram": SpeculativeConfig("ngram", num_steps=4),
+}
 
 
 @cache
@@ -52,7 +57,19 @@ def test_mtp_gives_plain_decodings_bits(batch, graphs):
     """Failed in the last bits on the H200 until the DeltaNet step kernel took one compilation for every run
     length in the mode (layers/deltanet_step_kernel.py; found by benchmarks/scripts/diag_hybrid_mtp_logprob_bits.py
     and tests/kernels/test_deltanet_step.py's bit tests: benchmarks/results/gpu_2026-12-03d)."""
-    tokens, logprobs = run("mtp", batch, graphs)
+    assert_drafter_gives_plain_decodings_bits("mtp", batch, graphs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["eagle3-chain", "ngram"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_other_drafters_give_plain_decodings_bits(method, batch):
+    """Their verify chains through the same step kernels (captured)."""
+    assert_drafter_gives_plain_decodings_bits(method, batch, True)
+
+
+def assert_drafter_gives_plain_decodings_bits(method: str, batch: int, graphs: bool) -> None:
+    tokens, logprobs = run(method, batch, graphs)
     plain_tokens, plain_logprobs = run("plain", batch, graphs)
     assert tokens == plain_tokens
     assert logprobs == plain_logprobs
