@@ -6,9 +6,10 @@ padded [num_seqs, kv_heads, max_kv_len, head_dim] view, pad the queries to
 layer's sliding window: ``PagedAttentionMetadata.attn_mask``), unpad. One code path serves
 prefill, decode and (chain or tree) verify.
 
-Batch-invariant mode on the CPU (attention/context.py ``batch_invariant``): each query attends alone, over the
-keys up to its own, so a chain token's row is the one decoding it computes, whatever the batch or verify width
-(the CPU kernel's products and softmax sums follow the shape of the whole call).
+Batch-invariant mode on the CPU (attention/context.py ``batch_invariant``): each query attends alone, over only
+the keys its mask row lets it see, gathered in order, so a chain token's or a tree node's row is the one decoding
+it computes, whatever the batch or verify width (the CPU kernel's products and softmax sums follow the shape of
+the whole call, and a node's masked siblings among its keys would change how they are blocked).
 """
 
 from __future__ import annotations
@@ -161,20 +162,22 @@ def _each_query_alone(
     scale: float,
 ) -> torch.Tensor:
     """``attend_paged`` in batch-invariant mode on the CPU (module docstring): each query [1, heads, 1, dim]
-    over its sequence's keys up to its own (the prefix and the new tokens up to it), under its mask row."""
+    over the keys its mask row allows (a chain's prefix and new tokens up to it; a tree node's prefix and
+    ancestors; a sliding window's last rows), gathered in their order, with no mask: a decoded token sees the
+    same keys in the same order."""
     seq, row = meta.token_seq_index, meta.token_query_index  # [num_tokens] each
-    ends = (
-        (meta.seq_lens - meta.query_lens)[seq] + row + 1
-    )  # [num_tokens]: the keys each query sees
-    out = [
-        F.scaled_dot_product_attention(
-            q[i].view(1, q.shape[1], 1, q.shape[2]),
-            k[s : s + 1, :, :end],
-            v[s : s + 1, :, :end],
-            attn_mask=mask[s : s + 1, :, r : r + 1, :end],
-            scale=scale,
-            enable_gqa=True,
+    out = []
+    for i, (s, r) in enumerate(zip(seq.tolist(), row.tolist())):
+        keys = (
+            mask[s, 0, r].nonzero().squeeze(1)
+        )  # [visible] the key rows this query sees, in order
+        out.append(
+            F.scaled_dot_product_attention(
+                q[i].view(1, q.shape[1], 1, q.shape[2]),
+                k[s : s + 1, :, keys],
+                v[s : s + 1, :, keys],
+                scale=scale,
+                enable_gqa=True,
+            )
         )
-        for i, (s, r, end) in enumerate(zip(seq.tolist(), row.tolist(), ends.tolist()))
-    ]
     return torch.cat(out).view(q.shape[0], q.shape[1], -1)
