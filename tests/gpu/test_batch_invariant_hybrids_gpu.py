@@ -1,8 +1,8 @@
 """Batch-invariant mode on a hybrid target on the GPU (skipped without CUDA): the zoo's tinyqwen35 in bf16
 (gated DeltaNet's fused step kernel for decode and verify, layers/deltanet_step_kernel.py; the per-token scan
 or flash-linear-attention's chunks for prefill), greedy: plain decoding gives the same token ids and
-log-probabilities at batch 1 and 4, and MTP, an EAGLE3 chain and n-gram drafts give plain decoding's, bit for
-bit (the CPU's twin: tests/engine/test_batch_invariant_hybrids.py)."""
+log-probabilities at batch 1 and 4, and MTP, an EAGLE3 chain and tree and n-gram drafts give plain decoding's,
+bit for bit (the CPU's twin: tests/engine/test_batch_invariant_hybrids.py)."""
 
 import json
 from functools import cache
@@ -18,6 +18,9 @@ SPECS = {
     "plain": SpeculativeConfig(),
     "mtp": SpeculativeConfig("mtp", num_steps=2),
     "eagle3-chain": SpeculativeConfig("eagle3", str(ZOO / "tinyqwen35-eagle3"), num_steps=4),
+    "eagle3-tree": SpeculativeConfig(
+        "eagle3", str(ZOO / "tinyqwen35-eagle3"), num_steps=4, topk=2, num_draft_tokens=8
+    ),
     "ngram": SpeculativeConfig("ngram", num_steps=4),
 }
 
@@ -61,10 +64,11 @@ def test_mtp_gives_plain_decodings_bits(batch, graphs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["eagle3-chain", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3-chain", "eagle3-tree", "ngram"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_other_drafters_give_plain_decodings_bits(method, batch):
-    """Their verify chains through the same step kernels (captured)."""
+    """Their verifies through the same step kernels (captured); a tree's nodes start from their parents'
+    states (the step kernel's tree compilation)."""
     assert_drafter_gives_plain_decodings_bits(method, batch, True)
 
 
