@@ -540,7 +540,7 @@ def kernel_step(layer, rows, form, states, snapshots, state_indices):
     recurrent = RecurrentMetadata(
         torch.tensor(state_indices, device=device),
         torch.tensor(start, device=device),
-        None,
+        None if parents is None else torch.tensor(parents, device=device),
         keep_every,
         end[0] if end else None,
     )
@@ -605,3 +605,34 @@ def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed, projections, shape):
     for k in verified:
         assert torch.equal(verified[k][rows[0]], after[2][k]), k
     assert torch.equal(out, torch.cat(decoded))
+
+
+@pytest.mark.parametrize("seed", range(8 if DEVICE == "cuda" else 1))
+@pytest.mark.parametrize("shape", ["tinyqwen35", "qwen3.5"] if DEVICE == "cuda" else ["tinyqwen35"])
+def test_a_tree_node_has_the_bits_of_its_path_decoded(seed, shape):
+    """Batch-invariant mode, the kernel alone (bf16 on a GPU): a draft tree's node 3 (parents -1, 0, 0, 1: its
+    path 0, 1, 3) gets, with its ancestors, the outputs and float32 states that decoding the path's tokens one at
+    a time into the row gives (the tree's own compilation against decode's)."""
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    hidden, heads = (128, TINYQWEN35) if shape == "tinyqwen35" else (256, QWEN3_5)
+    layer = make_layer(False, seed=seed, dtype=dtype, hidden=hidden, **heads)
+    with torch.no_grad():
+        layer.A_log.uniform_(-2, 0)
+    x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(100 + seed)).to(
+        DEVICE, dtype
+    )
+    states, snapshots = pool(layer, seed, dtype)
+    states["recurrent"] *= 0.1
+    rows, path = STATE_INDICES[:1], [0, 1, 3]
+    with forward_settings(True), torch.no_grad():
+        projected = layer._projected_rows(x)
+        tree = ([4], [True], [[-1, 0, 0, 1]], True)
+        out, _, kept = kernel_step(layer, projected, tree, states, snapshots, rows)
+        for t in path:
+            one = token_rows(projected, t)
+            o, states, _ = kernel_step(
+                layer, one, ([1], [True], None, False), states, snapshots, rows
+            )
+            assert torch.equal(out[t], o[0]), t
+            for k in states:
+                assert torch.equal(kept[k][rows[0], t], states[k][rows[0]]), (t, k)
