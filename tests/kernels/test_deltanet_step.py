@@ -78,15 +78,10 @@ def pool(layer, seed, dtype=torch.float32, device=DEVICE):
     return states, snapshots
 
 
-def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
-    """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool, sequence i at state row
-    ``state_indices[i]`` -> (out, states, snapshots)."""
+def form_metadata(form, state_indices, device):
+    """(attention metadata, RecurrentMetadata) of ``form``'s runs (FORMS), sequence i at state row
+    ``state_indices[i]``."""
     lengths, start, parents, keep_every, *end = form
-    device = x.device
-    states = {k: v.clone() for k, v in states.items()}
-    snapshots = {k: v.clone() for k, v in snapshots.items()}
-    layer.bind_state(states, snapshots)
-    layer.fused_step = fused
     meta = build_paged_metadata(
         [[i] for i in range(len(lengths))], [0] * len(lengths), lengths, 32, device
     )
@@ -97,6 +92,17 @@ def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
         keep_every,
         end[0] if end else None,
     )
+    return meta, recurrent
+
+
+def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
+    """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool, sequence i at state row
+    ``state_indices[i]`` -> (out, states, snapshots)."""
+    states = {k: v.clone() for k, v in states.items()}
+    snapshots = {k: v.clone() for k, v in snapshots.items()}
+    layer.bind_state(states, snapshots)
+    layer.fused_step = fused
+    meta, recurrent = form_metadata(form, state_indices, x.device)
     with torch.no_grad(), forward_context(meta, recurrent=recurrent):
         out = layer(x)
     return out, states, snapshots
@@ -532,18 +538,9 @@ TINYQWEN35 = dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32)
 
 def kernel_step(layer, rows, form, states, snapshots, state_indices):
     """``step`` from given projections ``rows`` (ProjectedRows): the step kernel alone, on copies of the pool."""
-    lengths, start, parents, keep_every, *end = form
-    device = rows.qkv.device
     states = {k: v.clone() for k, v in states.items()}
     snapshots = {k: v.clone() for k, v in snapshots.items()}
-    meta = build_paged_metadata([[0]], [0], lengths, 32, device)
-    recurrent = RecurrentMetadata(
-        torch.tensor(state_indices, device=device),
-        torch.tensor(start, device=device),
-        None if parents is None else torch.tensor(parents, device=device),
-        keep_every,
-        end[0] if end else None,
-    )
+    meta, recurrent = form_metadata(form, state_indices, rows.qkv.device)
     with torch.no_grad(), forward_context(meta, recurrent=recurrent):
         out = deltanet_step_kernel.deltanet_step(
             rows, layer.conv1d.weight, layer.A_log, layer.dt_bias, layer.norm.weight,
