@@ -1,6 +1,7 @@
 """Batch-invariant mode on the CPU's torch backend: EAGLE3 draft trees verified on a grouped-query attention target
-(the zoo's tinypy) and on a hybrid one (tinyqwen35: gated DeltaNet and gated attention) give plain decoding's
-tokens and log-probabilities bit for bit, in float32. A tree node attends over its prefix and its ancestors only,
+(the zoo's tinypy), a hybrid one (tinyqwen35: gated DeltaNet and gated attention), one with sliding-window layers
+(tinygemma) and an MLA + MoE one (tinyds) give plain decoding's tokens and log-probabilities bit for bit, in
+float32. A tree node attends over its prefix and its ancestors only,
 gathered (attention/torch_backend.py ``_each_query_alone``): attended over every earlier node under a mask, its
 rows differed from decoding's in the last bits (the masked siblings changed how the CPU kernel blocks its sums)."""
 
@@ -23,7 +24,7 @@ def tokens_and_logprobs(outputs) -> list:
     ]
 
 
-@pytest.mark.parametrize("target", ["tinypy", "tinyqwen35"])
+@pytest.mark.parametrize("target", ["tinypy", "tinyqwen35", "tinygemma", "tinyds"])
 def test_eagle3_trees_give_plain_decodings_bits(target):
     prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:2]
     kwargs = dict(device="cpu", dtype="float32", batch_invariant=True, max_num_seqs=2)
