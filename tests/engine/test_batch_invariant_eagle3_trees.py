@@ -1,9 +1,9 @@
 """Batch-invariant mode on the CPU's torch backend: EAGLE3 draft trees verified on a grouped-query attention target
 (the zoo's tinypy), a hybrid one (tinyqwen35: gated DeltaNet and gated attention), one with sliding-window layers
 (tinygemma) and an MLA + MoE one (tinyds) give plain decoding's tokens and log-probabilities bit for bit, in
-float32, greedy and seeded. A tree node attends over its prefix and its ancestors only,
-gathered (attention/torch_backend.py ``_each_query_alone``): attended over every earlier node under a mask, its
-rows differed from decoding's in the last bits (the masked siblings changed how the CPU kernel blocks its sums)."""
+float32, greedy and seeded. A tree node attends over its prefix and its ancestors only, gathered
+(attention/torch_backend.py ``_each_query_alone``): attended over every earlier node under a mask, its rows
+differed from decoding's in the last bits (the masked siblings changed how the CPU kernel blocks its sums)."""
 
 import json
 from pathlib import Path
