@@ -10,5 +10,6 @@ for mode in --batch-invariant ""; do
   OUTPACE_PDL=0 timeout 150 python3 benchmarks/scripts/step_timeline.py $OUT qwen3-next-80b-slice@1 $mode \
     --lines 0 > /dev/null 2>&1
 done
-gzip -9 $OUT/timeline_*.txt
+# (names with '@' do not come back from the device: the rerun of this call renamed them first)
+for f in $OUT/timeline_*.txt; do mv "$f" "${f//@/_b}"; done; gzip -9 $OUT/timeline_*.txt
 ls -la $OUT
