@@ -557,6 +557,22 @@ def token_rows(rows, t):
     )
 
 
+def bits_case(seed, shape, tokens):
+    """The bit tests' layer at ``shape`` ("tinyqwen35" or "qwen3.5"; bf16 on a GPU, float32 in the interpreter)
+    with moderate decays, ``tokens`` random input rows and a pool whose recurrent rows are of trained scale ->
+    (layer, x, states, snapshots)."""
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    hidden, heads = (128, TINYQWEN35) if shape == "tinyqwen35" else (256, QWEN3_5)
+    layer = make_layer(False, seed=seed, dtype=dtype, hidden=hidden, **heads)
+    with torch.no_grad():
+        layer.A_log.uniform_(-2, 0)  # moderate decays over the run
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(tokens, hidden, generator=g).to(DEVICE, dtype)
+    states, snapshots = pool(layer, seed, dtype)
+    states["recurrent"] *= 0.1
+    return layer, x, states, snapshots
+
+
 @pytest.mark.parametrize("seed", range(16 if DEVICE == "cuda" else 1))
 @pytest.mark.parametrize("projections", ["layer", "kernel alone"])
 @pytest.mark.parametrize("shape", ["tinyqwen35", "qwen3.5"] if DEVICE == "cuda" else ["tinyqwen35"])
@@ -569,15 +585,7 @@ def test_an_mtp_verify_has_the_bits_of_plain_decoding(seed, projections, shape):
     most of it away: with a compilation for each run length, every seed failed on the H200 (token 0's state),
     where tests/gpu/test_batch_invariant_hybrids_gpu.py saw one bf16 output in ~10^4 differ
     (benchmarks/results/gpu_2026-12-03d calls 1-3)."""
-    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    hidden, heads = (128, TINYQWEN35) if shape == "tinyqwen35" else (256, QWEN3_5)
-    layer = make_layer(False, seed=seed, dtype=dtype, hidden=hidden, **heads)
-    with torch.no_grad():
-        layer.A_log.uniform_(-2, 0)  # moderate decays over the run
-    g = torch.Generator().manual_seed(100 + seed)
-    x = torch.randn(3, hidden, generator=g).to(DEVICE, dtype)
-    states, snapshots = pool(layer, seed, dtype)
-    states["recurrent"] *= 0.1
+    layer, x, states, snapshots = bits_case(seed, shape, 3)
     rows = STATE_INDICES[:1]
     chain, decode = ([3], [True], None, True, 2), ([1], [True], None, False)
     with forward_settings(True):
@@ -610,16 +618,7 @@ def test_a_tree_node_has_the_bits_of_its_path_decoded(seed, shape):
     """Batch-invariant mode, the kernel alone (bf16 on a GPU): a draft tree's node 3 (parents -1, 0, 0, 1: its
     path 0, 1, 3) gets, with its ancestors, the outputs and float32 states that decoding the path's tokens one at
     a time into the row gives (the tree's own compilation against decode's)."""
-    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    hidden, heads = (128, TINYQWEN35) if shape == "tinyqwen35" else (256, QWEN3_5)
-    layer = make_layer(False, seed=seed, dtype=dtype, hidden=hidden, **heads)
-    with torch.no_grad():
-        layer.A_log.uniform_(-2, 0)
-    x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(100 + seed)).to(
-        DEVICE, dtype
-    )
-    states, snapshots = pool(layer, seed, dtype)
-    states["recurrent"] *= 0.1
+    layer, x, states, snapshots = bits_case(seed, shape, 4)
     rows, path = STATE_INDICES[:1], [0, 1, 3]
     with forward_settings(True), torch.no_grad():
         projected = layer._projected_rows(x)
