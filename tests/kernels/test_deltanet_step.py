@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from helpers.hopper_compile import run_compile_script  # noqa: E402
+from helpers.kernel_checks import record_launches  # noqa: E402
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
 from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers import deltanet_step_kernel, zeroed_scratch  # noqa: E402
@@ -233,18 +234,7 @@ def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
     """Each run length is its own compilation: in the mode the launch turns floating-point contraction off, so
     that a token decoded alone and the same token in a verified chain round alike (on the H200 this removed one of
     the two positions where MTP's log-probabilities left plain decoding's: benchmarks/results/gpu_2026-12-03c)."""
-    options = []
-    real = deltanet_step_kernel._deltanet_step_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                options.append(kwargs.get("enable_fp_fusion", True))
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(deltanet_step_kernel, "_deltanet_step_kernel", Recording())
+    launches = record_launches(monkeypatch, deltanet_step_kernel, "_deltanet_step_kernel")
     layer = make_layer(False, **SHAPES["grouped"])
     x = torch.randn(3 * FORMS[form][0][0], 12, generator=torch.Generator().manual_seed(1)).to(
         DEVICE
@@ -253,25 +243,14 @@ def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
     with forward_settings(True):
         step(layer, True, x, FORMS[form], states, snapshots)
     step(layer, True, x, FORMS[form], states, snapshots)
-    assert options == [False, True]
+    assert [kwargs.get("enable_fp_fusion", True) for _, kwargs in launches] == [False, True]
 
 
 def test_batch_invariant_mode_compiles_one_kernel_for_every_run_length(monkeypatch):
     """A decode and a verify of 3 tokens launch the same compilation in the mode (the run's length an argument:
     compiled for each length, one token's float32 state took other last bits on the H200), and their own
     compilations outside it."""
-    constants = []
-    real = deltanet_step_kernel._deltanet_step_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                constants.append({k: kwargs[k] for k in ("LENGTH", "FIXED_LENGTH", "BT")})
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(deltanet_step_kernel, "_deltanet_step_kernel", Recording())
+    launches = record_launches(monkeypatch, deltanet_step_kernel, "_deltanet_step_kernel")
     layer = make_layer(False, **SHAPES["grouped"])
     x = torch.randn(9, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     states, snapshots = pool(layer, 2)
@@ -280,6 +259,7 @@ def test_batch_invariant_mode_compiles_one_kernel_for_every_run_length(monkeypat
         with forward_settings(invariant):
             for form in forms:
                 step(layer, True, x[: sum(form[0])], form, states, snapshots)
+    constants = [{k: kwargs[k] for k in ("LENGTH", "FIXED_LENGTH", "BT")} for _, kwargs in launches]
     assert constants[0] == constants[1] == dict(LENGTH=16, FIXED_LENGTH=False, BT=16)
     assert constants[2:] == [
         dict(LENGTH=1, FIXED_LENGTH=True, BT=1),

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers.kernel_checks import record_launches  # noqa: E402
 from outpace.attention import build_paged_metadata, forward_context  # noqa: E402
 from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers import mamba2_step_kernel  # noqa: E402
@@ -302,9 +303,8 @@ def test_batch_invariant_mode_gives_a_token_its_bits_in_every_launch(shape):
     ours, others = x[:3], x[3:].view(3, 3, hidden)  # the run's tokens; three other runs' three each
     with forward_settings(True):
         alone, alone_states = decode_one_by_one(mixer, ours, [3])
-        beside = torch.cat([ours[:, None], others], dim=1).reshape(
-            12, hidden
-        )  # step t: ours, then the others'
+        # step t: ours, then the others'
+        beside = torch.cat([ours[:, None], others], dim=1).reshape(12, hidden)
         batched, batched_states = decode_one_by_one(mixer, beside, [3, 0, 4, 1])
         chain, _, kept = run_step(
             mixer, True, ours, [3], recurrent_metadata([3], [True], snapshots=True)
@@ -321,16 +321,9 @@ def test_batch_invariant_mode_launches_one_compilation_for_every_batch_and_run(m
     """In the mode a decode of 1 and of 3 runs and a verified chain launch the kernels whose run length and
     snapshot rows Triton does not specialise, over a state block sized for one run; outside it the batch
     sizes the block (more programs for few runs) and the plain kernels launch."""
-    launched, blocks = [], []
+    launches, blocks = [], []
     for name in ("_scan_kernel", "_norm_kernel", "_scan_any_length", "_norm_any_length"):
-        real = getattr(mamba2_step_kernel, name)
-
-        class Recording:
-            def __getitem__(self, grid, name=name, real=real):
-                launched.append(name)
-                return real[grid]
-
-        monkeypatch.setattr(mamba2_step_kernel, name, Recording())
+        record_launches(monkeypatch, mamba2_step_kernel, name, launches)
     real_block = mamba2_step_kernel._head_block
     monkeypatch.setattr(
         mamba2_step_kernel,
@@ -347,9 +340,9 @@ def test_batch_invariant_mode_launches_one_compilation_for_every_batch_and_run(m
     with forward_settings(True):
         for lengths, recurrent in forms:
             run_step(mixer, True, x[: sum(lengths)], lengths, recurrent)
-    assert launched == ["_scan_any_length", "_norm_any_length"] * 3
+    assert [name for name, _ in launches] == ["_scan_any_length", "_norm_any_length"] * 3
     assert blocks == [6] * 3  # the heads of one run, whatever the batch
-    launched.clear()
+    launches.clear()
     blocks.clear()
     run_step(mixer, True, x, *forms[1])
-    assert launched == ["_scan_kernel", "_norm_kernel"] and blocks == [18]
+    assert [name for name, _ in launches] == ["_scan_kernel", "_norm_kernel"] and blocks == [18]
