@@ -168,9 +168,8 @@ def _each_query_alone(
     seq, row = meta.token_seq_index, meta.token_query_index  # [num_tokens] each
     out = []
     for i, (s, r) in enumerate(zip(seq.tolist(), row.tolist())):
-        keys = (
-            mask[s, 0, r].nonzero().squeeze(1)
-        )  # [visible] the key rows this query sees, in order
+        # [visible] the key rows this query sees, in order
+        keys = mask[s, 0, r].nonzero().squeeze(1)
         out.append(
             F.scaled_dot_product_attention(
                 q[i].view(1, q.shape[1], 1, q.shape[2]),
