@@ -29,15 +29,14 @@ benchmarks/results/gpu_2026-12-03d call 2), enough to turn a bf16 output now and
 every run takes one compilation: ``LENGTH`` is ``FUSED_MAX_LEN``, a bound, and the run's length a runtime
 argument (``run_len``, never specialised). That mode's launch also turns floating-point contraction off.
 
-SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no atomic). The norm is the one
-step across columns: each program writes its o slices (float32, ``o_part``), meets its threads at a barrier and
-counts itself in its head's arrival counter (an atomic add, acq_rel at gpu scope: its writes released, and the
-last to arrive acquires every split's); the last normalises
-the whole row of each of the run's tokens from ``o_part`` (read past L1, which other SMs' writes do not reach)
-and zeroes the counter for the next launch. One program computes each row's norm over the full row, so the
-result does not depend on the order in which the programs finish. The counters (layers/zeroed_scratch.py) are
-zeroed once per device and grid, left zero by every launch: the launch allocates nothing but ``o_part`` and
-stays capturable.
+SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no atomic). The norm is the one step
+across columns: each program writes its o slices (float32, ``o_part``), meets its threads at a barrier and counts
+itself in its head's arrival counter (an atomic add, acq_rel at gpu scope: its writes released, and the last to
+arrive acquires every split's); the last normalises the whole row of each of the run's tokens from ``o_part``
+(read past L1, which other SMs' writes do not reach) and zeroes the counter for the next launch. One program
+computes each row's norm over the full row, so the result does not depend on the order in which the programs
+finish. The counters (layers/zeroed_scratch.py) are zeroed once per device and grid, left zero by every launch:
+the launch allocates nothing but ``o_part`` and stays capturable.
 
 What it keeps (layers/recurrent.py ``RecurrentMetadata``): with ``snapshots`` (verify) the conv and recurrent
 state after every valid token t go into snapshot row t of the sequence's state row, the row itself only read;
