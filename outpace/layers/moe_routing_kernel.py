@@ -9,8 +9,8 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    large read of routing (DeepSeek-V2-Lite 64 x 2048 x 4 B = 0.5 MB, V3 256 x 7168 x 4 B = 7.3 MB): split
    over up to 264 programs it streams at the device's bandwidth, where the one program of step 2 would
    read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch. Up to
-   one block of tokens (decode, verify) a program sums its products across the columns (a reduction
-   tree) token by token, the weight tile read once: a float32 ``tl.dot`` takes its K steps one after the
+   one block of tokens (decode, verify; in batch-invariant mode at every count, block by block) a program
+   sums its products across the columns (a reduction tree) token by token, the weight tile read once: a float32 ``tl.dot`` takes its K steps one after the
    other in each thread, 256 dependent steps a program (on an H200 12 us a layer for Qwen3-Next's 4.2 MB
    router weight, 23 us for DeepSeek-V3's 7.3 MB: benchmarks/results/gpu_2026-11-29e/call1).
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
@@ -100,9 +100,10 @@ _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
-# the tl.dot path's K step (more tokens, and every count in batch-invariant mode: on the Qwen3-Next slice's
-# batch-1 step 12.1 us a layer there against 3.0 for the few-token path, benchmarks/results/gpu_2026-12-03d call 4;
-# benchmarks/scripts/invariant_router_logits.py times other steps)
+# the tl.dot path's K step (more tokens). Batch-invariant mode once took this path at every count: 12.1 us a
+# layer on the Qwen3-Next slice's batch-1 step against 3.0 for the per-token sums (gpu_2026-12-03d call 4), and
+# 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (benchmarks/scripts/invariant_router_logits.py,
+# gpu_2026-12-03e call 1); it now sums token by token at every count
 _DOT_BLOCK_K = 64
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
@@ -137,7 +138,7 @@ def _router_logits_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     INPUT_NORM: tl.constexpr,
-    FEW_TOKENS: tl.constexpr,  # one token block: per-token sums, no tl.dot (module docstring 1.)
+    FEW_TOKENS: tl.constexpr,  # per-token sums over the block's tokens, no tl.dot (module docstring 1.)
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
@@ -165,16 +166,16 @@ def _router_logits_kernel(
         if INPUT_NORM:
             col = tl.load(scale_ptr + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
         if FEW_TOKENS:
-            slots = tl.arange(0, BLOCK_T)
-            for t in range(0, n):  # (one token block: program 0 of the first grid axis)
-                xt = tl.load(x_ptr + t * stride_x + k, mask=k_ok, other=0.0).to(
-                    tl.float32
-                )  # [BLOCK_K] (t * stride_x < BLOCK_T rows: no overflow)
+            first = tl.program_id(0) * BLOCK_T
+            x_row = x_ptr + first.to(tl.int64) * stride_x  # the block's first token
+            for t in range(first, tl.minimum(first + BLOCK_T, n)):  # the block's tokens one by one
+                xt = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
+                x_row += stride_x
                 if INPUT_NORM:
-                    sq = tl.where(slots == t, sq + tl.sum(xt * xt, axis=0), sq)
+                    sq = tl.where(tokens == t, sq + tl.sum(xt * xt, axis=0), sq)
                     xt *= col
                 products = tl.sum(w * xt[None, :], axis=1)  # [BLOCK_E]
-                acc = tl.where(slots[:, None] == t, acc + products[None, :], acc)
+                acc = tl.where(tokens[:, None] == t, acc + products[None, :], acc)
         else:
             x = tl.load(
                 x_ptr + tokens[:, None].to(tl.int64) * stride_x + k[None, :],
@@ -606,12 +607,12 @@ def logit_splits(n: int, hidden: int, experts: int) -> LogitSplits:
     of dependent loads, so the split is walked in one or two wide steps by more programs. On an H200 the
     64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and 20 us for
     DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables). Batch-invariant mode:
-    always the dot path, its splits as for one token block, so a token's partial sums and their split
-    boundaries do not depend on the token count (the few-token path sums otherwise). The token tiles are
-    counted over the count's power of two: the splits are the routing kernel's SPLITS, compiled per value,
-    which the engine's warm-up meets (engine/warm_up.py; gpu_2026-12-01h)."""
+    always the per-token sums, over every token block, their splits as for one block, so a token's partial
+    sums and their split boundaries do not depend on the token count (the dot path sums in another order).
+    The token tiles are counted over the count's power of two: the splits are the routing kernel's SPLITS,
+    compiled per value, which the engine's warm-up meets (engine/warm_up.py; gpu_2026-12-01h)."""
     invariant = batch_invariant()
-    few = n <= _LOGIT_TOKENS and not invariant
+    few = n <= _LOGIT_TOKENS or invariant
     block_k = _FEW_TOKENS_BLOCK_K if few else _DOT_BLOCK_K
     token_tiles = 1 if invariant else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
     tiles = token_tiles * triton.cdiv(experts, _LOGIT_EXPERTS)

@@ -49,6 +49,24 @@ def test_router_logits_of_a_token_do_not_depend_on_the_batch():
     _alone_and_among(lambda order: router_logits(x[order], w).sum(0))  # the splits summed in order
 
 
+@pytest.mark.parametrize("tokens", [17, 40])
+def test_the_modes_router_logits_over_several_token_blocks_are_the_matvec(tokens):
+    """The mode sums token by token at every count: each of several 16-token blocks' tokens gets its own
+    row of x @ W.T, and with a column scale (Gemma 4's router input norm) its x^2 in the row's last entry."""
+    hidden, experts = 300, 24
+    x, w = _rand(tokens, hidden, seed=3), _rand(experts, hidden, seed=4).float()
+    scale = _rand(hidden, seed=5)
+    with forward_settings(batch_invariant=True):
+        plain = router_logits(x, w).sum(0)
+        normed = router_logits(x, w, column_scale=scale).sum(0)
+    xf = x.float()
+    torch.testing.assert_close(plain, xf @ w.T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        normed[:, :experts], (xf * scale.float()) @ w.T, rtol=1e-5, atol=1e-4
+    )
+    torch.testing.assert_close(normed[:, experts], xf.pow(2).sum(1), rtol=1e-5, atol=1e-4)
+
+
 def test_grouped_experts_of_a_token_do_not_depend_on_the_batch():
     hidden, inter, experts, top_k, n = 96, 48, 6, 2, max(TOKEN_COUNTS)
     x = _rand(n, hidden, seed=3)
