@@ -25,9 +25,12 @@ columns each, while the grid stays within ``PROGRAMS_PER_SM`` programs an SM: Qw
 layout, so it must not follow the batch). Each run length is otherwise its own compilation (``LENGTH``, a
 constant: the decode's loop is known to run once). Compiled for a run of 1 and of 3, the same token's float32
 state came out with other last bits on the H200 (tinyqwen35's shape in bf16: 348 of 4096 values, every seed;
-benchmarks/results/gpu_2026-12-03d call 2), enough to turn a bf16 output now and then, so in batch-invariant mode
-every run takes one compilation: ``LENGTH`` is ``FUSED_MAX_LEN``, a bound, and the run's length a runtime
-argument (``run_len``, never specialised). That mode's launch also turns floating-point contraction off.
+benchmarks/results/gpu_2026-12-03d call 2), enough to turn a bf16 output now and then; compiled for a draft
+tree, a tree node's state and output had other last bits than its path decoded (gpu_2026-12-03e call 1). So in
+batch-invariant mode every run takes one compilation (``_deltanet_step_any_form``, SPECIALIZED False):
+``LENGTH`` is ``FUSED_MAX_LEN``, a bound, and the run's length and form (chain or tree) are runtime arguments
+(``run_len``, ``run_tree``) that Triton does not specialise, nor the tables' row strides. That mode's launch also
+turns floating-point contraction off.
 
 SPLITS == 1 is the kernel without the split (a constexpr branch: no scratch, no atomic). The norm is the one step
 across columns: each program writes its o slices (float32, ``o_part``), meets its threads at a barrier and counts
@@ -175,11 +178,12 @@ def _conv_window(
 
 
 @triton.jit
-def _window_positions(t, run_parents, slots, taps, KEEP: tl.constexpr, TREE: tl.constexpr):
+def _window_positions(t, run_parents, slots, taps, KEEP: tl.constexpr, tree):
     """[BW] the extended positions of token t's conv window, oldest first (< KEEP: rows of the conv state,
     else run position e - KEEP): in a chain t .. t + KEEP; in a tree the node's ancestors, walked back
-    through ``run_parents`` [BT] (-1 at the root), reaching into the state rows above the root."""
-    if TREE:
+    through ``run_parents`` [BT] (-1 at the root), reaching into the state rows above the root. ``tree`` a
+    constexpr (a specialised launch) or a runtime flag (batch-invariant mode: both branches compiled)."""
+    if tree:
         e = KEEP + t
         pos = tl.where(taps == KEEP, e, 0)
         for i in tl.static_range(KEEP):
@@ -281,7 +285,7 @@ def _norm_head_rows(
     tl.store(out + rows * V_HEADS * DV + h * DV + cols[None, :], o, mask=keep)
 
 
-@triton.jit(do_not_specialize=["run_len"])
+@triton.jit
 def _deltanet_step_kernel(
     qkv,
     qkv_row,
@@ -324,6 +328,7 @@ def _deltanet_step_kernel(
     eps,
     scale,
     run_len,
+    run_tree,
     K_HEADS: tl.constexpr,
     V_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -334,7 +339,7 @@ def _deltanet_step_kernel(
     BV: tl.constexpr,
     BW: tl.constexpr,
     LENGTH: tl.constexpr,
-    FIXED_LENGTH: tl.constexpr,
+    SPECIALIZED: tl.constexpr,  # the run's length and form compiled in (module docstring)
     BT: tl.constexpr,
     TREE: tl.constexpr,
     SNAPSHOTS: tl.constexpr,
@@ -351,10 +356,12 @@ def _deltanet_step_kernel(
     km, vm, used = ks < DK, vs < DV, taps < WIDTH
     m2 = km[:, None] & vm[None, :]
     tile = ks[:, None] * DV + vs[None, :]  # [BK, BV] within [DK, DV]
-    if FIXED_LENGTH:  # the run's length, compiled in
+    if SPECIALIZED:  # the run's length and form, compiled in
         length = LENGTH
-    else:  # batch-invariant mode: at most LENGTH, one compilation for every run length (module docstring)
+        tree: tl.constexpr = TREE
+    else:  # batch-invariant mode: at most LENGTH, one compilation for every run (module docstring)
         length = run_len
+        tree = run_tree != 0
     slots = tl.arange(0, BT)  # the run's positions
     in_run = slots < length
     kh, hg = h // GROUP, h % GROUP
@@ -388,32 +395,36 @@ def _deltanet_step_kernel(
     n_tokens = tl.load(query_lens + seq)
     start = tl.load(has_initial + seq) != 0
     run_rows = tl.load(table + seq * table_row + slots, mask=in_run, other=0).to(tl.int64)  # [BT]
-    if TREE:
-        run_parents = tl.load(parents + seq * parents_row + slots, mask=in_run, other=-1)  # [BT]
+    if tree:  # [BT] int32 each position's parent (-1: the root)
+        run_parents = tl.load(parents + seq * parents_row + slots, mask=in_run, other=-1).to(
+            tl.int32
+        )
     else:
-        run_parents = run_rows  # (not read)
+        run_parents = tl.full([BT], -1, tl.int32)  # (not read)
     conv_row = conv_state + sidx * KEEP * CHANNELS  # [KEEP, CHANNELS]
     conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
     row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
     s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
     # token 0's inputs; each token loads the next one's before its own arithmetic (module docstring)
-    pos = _window_positions(0, run_parents, slots, taps, KEEP, TREE)
+    pos = _window_positions(0, run_parents, slots, taps, KEEP, tree)
     xq, xk, xv, b_t, a_t, row = _token_inputs(
         0, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row,
         b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, length,
     )  # fmt: skip
     for t in range(length):
         valid = t < n_tokens
-        next_pos = _window_positions(t + 1, run_parents, slots, taps, KEEP, TREE)
+        next_pos = _window_positions(t + 1, run_parents, slots, taps, KEEP, tree)
         next_xq, next_xk, next_xv, next_b, next_a, next_row = _token_inputs(
             t + 1, next_pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a,
             a_row, b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, length,
         )  # fmt: skip
-        if TREE:  # the node's start state: its parent's snapshot, or the row's state at the root
+        if tree:  # the node's start state: its parent's snapshot, or the row's state at the root
             p = _pick(run_parents, t, slots)
-            parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV + tile
             root = p < 0  # (the row's state read again: one tile fewer held in registers)
-            s = tl.load(tl.where(root, row_state, parent), mask=m2 & (start | ~root), other=0.0)
+            # one scalar base, then the tile's offsets (a select of two pointer tiles held both)
+            parent = rec_snap + ((sidx * snap_rows + p) * V_HEADS + h) * DK * DV
+            base = tl.where(root, rec_state + (sidx * V_HEADS + h) * DK * DV, parent)
+            s = tl.load(base + tile, mask=m2 & (start | ~root), other=0.0)
         qt, kt, vt = (
             _silu(tl.sum(xq * wq, axis=0)),
             _silu(tl.sum(xk * wk, axis=0)),
@@ -456,7 +467,7 @@ def _deltanet_step_kernel(
             tl.store(snap + kc[None, :], xk.to(dtype), mask=kept & km[None, :] & writes_qk)
             here = rec_snap + ((sidx * snap_rows + t) * V_HEADS + h) * DK * DV + tile
             tl.store(here, sn, mask=m2 & snapped)
-            if TREE:
+            if tree:
                 tl.debug_barrier()  # later nodes read this state back
         s = sn
         xq, xk, xv, b_t, a_t, row = next_xq, next_xk, next_xv, next_b, next_a, next_row
@@ -500,6 +511,13 @@ def _deltanet_step_kernel(
                 n_tokens, h, eps, V_HEADS, DV, BV * SPLITS, length,
             )  # fmt: skip
             tl.atomic_xchg(counter, 0)  # zero again for the next launch
+
+
+# batch-invariant mode's one compilation for every run (module docstring): the run's length and form and the
+# tables' row strides not specialised (Triton compiles an integer argument of 1 apart)
+_deltanet_step_any_form = triton.jit(
+    do_not_specialize=["run_len", "run_tree", "table_row", "parents_row"]
+)(_deltanet_step_kernel.fn)
 
 
 def num_warps(bk: int, bv: int) -> int:
@@ -588,9 +606,16 @@ def deltanet_step(
         )
     # bv: the value columns of one program
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim) // splits
-    parents = recurrent.parents if tree else token_table
-    # batch-invariant mode: one compilation whatever the run's length (module docstring)
-    bound = FUSED_MAX_LEN if batch_invariant() else length
+    invariant = batch_invariant()
+    # the parents of a tree's nodes; a chain's are not read (in batch-invariant mode an int64 tensor all the
+    # same, the tree's pointer type: one compilation for both forms, module docstring)
+    if tree:
+        parents = recurrent.parents
+        if invariant and parents.dtype != torch.int64:
+            raise ValueError(f"a draft tree's parents are int64, got {parents.dtype}")
+    else:
+        parents = recurrent.state_indices if invariant else token_table
+    bound = FUSED_MAX_LEN if invariant else length
     shape = dict(
         K_HEADS=num_k_heads,
         V_HEADS=v_heads,
@@ -600,12 +625,13 @@ def deltanet_step(
         BK=bk,
         BW=triton.next_power_of_2(keep + 1),
         LENGTH=bound,
-        FIXED_LENGTH=not batch_invariant(),
+        SPECIALIZED=not invariant,
         BT=triton.next_power_of_2(bound),
     )
     pdl = pdl_available(out.device)
+    kernel = _deltanet_step_any_form if invariant else _deltanet_step_kernel
     if num_seqs and length:
-        _deltanet_step_kernel[(num_seqs, v_heads, splits)](
+        kernel[(num_seqs, v_heads, splits)](
             rows.qkv,
             rows.qkv.stride(0),
             rows.q,
@@ -647,6 +673,7 @@ def deltanet_step(
             eps,
             head_k_dim**-0.5,
             length,
+            int(tree),
             **shape,
             GROUP=group,
             BV=bv,
@@ -658,6 +685,6 @@ def deltanet_step(
             PREFETCH_LINES=max(1, bv // LINE_WORDS.value),
             num_warps=num_warps(bk, bv),
             **pdl_launch_options(pdl),
-            **invariant_launch_options(),  # (each run length its own compilation: module docstring)
+            **invariant_launch_options(),
         )
     return out

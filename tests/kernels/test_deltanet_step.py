@@ -231,10 +231,12 @@ def test_batch_invariant_mode_never_splits(monkeypatch):
 
 @pytest.mark.parametrize("form", ["decode", "verify chain of 3, its end in the row"])
 def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
-    """Each run length is its own compilation: in the mode the launch turns floating-point contraction off, so
-    that a token decoded alone and the same token in a verified chain round alike (on the H200 this removed one of
-    the two positions where MTP's log-probabilities left plain decoding's: benchmarks/results/gpu_2026-12-03c)."""
-    launches = record_launches(monkeypatch, deltanet_step_kernel, "_deltanet_step_kernel")
+    """In the mode the launch turns floating-point contraction off, so that a token decoded alone and the same
+    token in a verified chain round alike (on the H200 this removed one of the two positions where MTP's
+    log-probabilities left plain decoding's: benchmarks/results/gpu_2026-12-03c)."""
+    launches = []
+    for name in ("_deltanet_step_any_form", "_deltanet_step_kernel"):
+        record_launches(monkeypatch, deltanet_step_kernel, name, launches)
     layer = make_layer(False, **SHAPES["grouped"])
     x = torch.randn(3 * FORMS[form][0][0], 12, generator=torch.Generator().manual_seed(1)).to(
         DEVICE
@@ -246,24 +248,31 @@ def test_batch_invariant_mode_turns_contraction_off(form, monkeypatch):
     assert [kwargs.get("enable_fp_fusion", True) for _, kwargs in launches] == [False, True]
 
 
-def test_batch_invariant_mode_compiles_one_kernel_for_every_run_length(monkeypatch):
-    """A decode and a verify of 3 tokens launch the same compilation in the mode (the run's length an argument:
-    compiled for each length, one token's float32 state took other last bits on the H200), and their own
-    compilations outside it."""
-    launches = record_launches(monkeypatch, deltanet_step_kernel, "_deltanet_step_kernel")
+def test_batch_invariant_mode_compiles_one_kernel_for_every_run(monkeypatch):
+    """A decode, a verify of 3 tokens and a draft tree launch the kernel whose run length and form are arguments
+    in the mode (compiled for each length, one token's float32 state took other last bits on the H200; compiled
+    for a tree, a node's), and each its own compilation outside it."""
+    launches = []
+    for name in ("_deltanet_step_kernel", "_deltanet_step_any_form"):
+        record_launches(monkeypatch, deltanet_step_kernel, name, launches)
     layer = make_layer(False, **SHAPES["grouped"])
-    x = torch.randn(9, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    x = torch.randn(18, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     states, snapshots = pool(layer, 2)
-    forms = FORMS["decode into the row"], FORMS["verify chain of 3, its end in the row"]
+    forms = [
+        FORMS[f] for f in ("decode into the row", "verify chain of 3, its end in the row", "tree")
+    ]
     for invariant in (True, False):
         with forward_settings(invariant):
             for form in forms:
                 step(layer, True, x[: sum(form[0])], form, states, snapshots)
-    constants = [{k: kwargs[k] for k in ("LENGTH", "FIXED_LENGTH", "BT")} for _, kwargs in launches]
-    assert constants[0] == constants[1] == dict(LENGTH=16, FIXED_LENGTH=False, BT=16)
-    assert constants[2:] == [
-        dict(LENGTH=1, FIXED_LENGTH=True, BT=1),
-        dict(LENGTH=3, FIXED_LENGTH=True, BT=4),
+    constants = [
+        (name, *(kwargs[k] for k in ("LENGTH", "SPECIALIZED", "BT"))) for name, kwargs in launches
+    ]
+    assert constants[:3] == [("_deltanet_step_any_form", 16, False, 16)] * 3
+    assert constants[3:] == [
+        ("_deltanet_step_kernel", 1, True, 1),
+        ("_deltanet_step_kernel", 3, True, 4),
+        ("_deltanet_step_kernel", 6, True, 8),
     ]
 
 
@@ -282,7 +291,7 @@ for config in sys.argv[1:]:
     tree, snapshots, length, splits, in_row = (int(a) for a in config.split(","))
     bound = length or FUSED_MAX_LEN  # length 0: batch-invariant mode's compilation for every run length
     constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
-                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=bound, FIXED_LENGTH=length > 0,
+                     KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=bound, SPECIALIZED=length > 0,
                      BT=triton.next_power_of_2(bound),
                      TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits,
                      PDL=True, PREFETCH_LINES=max(1, 128 // splits // 32))
@@ -308,6 +317,7 @@ SM90_CONFIGS = {
     "verify chain of 8, its end in the row": (0, 1, 8, 1, 1),
     "batch-invariant, into the row": (0, 0, 0, 1, 0),
     "batch-invariant, a chain's end in the row": (0, 1, 0, 1, 1),
+    "batch-invariant, snapshots only (a tree's)": (0, 1, 0, 1, 0),
 }
 
 
