@@ -43,8 +43,10 @@ Batch-invariant mode (attention/context.py ``batch_invariant``): a token must ge
 alone or in a batch, and in a verified chain. Gated DeltaNet's step kernel did not while each run length was its
 own compilation (benchmarks/results/gpu_2026-12-03d), so in the mode both launches here take one compilation
 whatever the batch and the run: the state block of a program is the one a single run takes (``_head_block``
-follows the batch otherwise), the run length and the snapshot rows are arguments Triton does not specialise
-(``_scan_any_length``, ``_norm_any_length``: the same kernels, launched so), and contraction is off.
+follows the batch otherwise), the run length, the snapshot rows and the run's form (chain or tree: FORM_ARG,
+``run_tree``) are arguments Triton does not specialise (``_scan_any_length``, ``_norm_any_length``: the same
+kernels, launched so), and contraction is off. (The gated DeltaNet step, compiled for a tree, gave a tree node
+other last bits than its path decoded on the H200: gpu_2026-12-03e call 1.)
 """
 
 from __future__ import annotations
@@ -71,17 +73,18 @@ def _softplus(x):
 
 
 @triton.jit
-def _window_rows(r, node, parents, length, ks, KEEP: tl.constexpr, TREE: tl.constexpr):
+def _window_rows(r, node, parents, length, ks, KEEP: tl.constexpr, tree):
     """[WB] the convolution window of ``node`` (-1 in decode with no valid token) as positions of the
     run's extended inputs [start state rows 0..KEEP-1, nodes KEEP..], oldest first (k = 0..KEEP, the
     node itself last). A chain's window is the KEEP + 1 positions ending at the node; in a tree each
     position's predecessor is its parent node (the last state row for a root; the row before for a
-    state row), as layers/causal_conv.py ``_tree_conv`` gathers it."""
-    if TREE:
+    state row), as layers/causal_conv.py ``_tree_conv`` gathers it. ``tree`` a constexpr, or in
+    batch-invariant mode a runtime flag (both branches compiled)."""
+    if tree:
         e = node + KEEP
         rows = tl.where(ks == KEEP, e, 0)
         for k in tl.static_range(KEEP):
-            parent = tl.load(parents + r * length + tl.maximum(e - KEEP, 0))
+            parent = tl.load(parents + r * length + tl.maximum(e - KEEP, 0)).to(tl.int32)
             e = tl.where(e >= KEEP, parent + KEEP, e - 1)
             rows = tl.where(ks == KEEP - 1 - k, e, rows)
     else:
@@ -220,6 +223,7 @@ def _scan_kernel(
     y,
     length,
     time_step_min,
+    run_tree,
     HEADS: tl.constexpr,
     GROUPS: tl.constexpr,
     P: tl.constexpr,
@@ -230,9 +234,14 @@ def _scan_kernel(
     WB: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     TREE: tl.constexpr,
+    FORM_ARG: tl.constexpr,  # batch-invariant mode: the run's form is ``run_tree`` (module docstring)
     SNAPSHOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    if FORM_ARG:
+        tree = run_tree != 0
+    else:
+        tree: tl.constexpr = TREE
     r, h, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     INNER: tl.constexpr = HEADS * P
     CHANNELS: tl.constexpr = INNER + 2 * GROUPS * N
@@ -257,18 +266,19 @@ def _scan_kernel(
     has_init = tl.load(has_initial + r) != 0
     n_valid = tl.load(query_lens + r)
     conv_start = conv_state + slot * KEEP * CHANNELS
-    start = ssm_state + (slot * HEADS + h) * P * N + tile
+    start_row = ssm_state + (slot * HEADS + h) * P * N
+    start = start_row + tile
     s = tl.load(start, mask=m2 & has_init, other=0.0)
     for t in range(length):
         valid = t < n_valid
-        if TREE:
+        if tree:  # the node's start state: its parent's snapshot, or the row's at the root
             parent = tl.load(parents + r * length + t)
-            snap = ssm_snapshots + ((slot * snapshot_rows + parent) * HEADS + h) * P * N + tile
+            snap = ssm_snapshots + ((slot * snapshot_rows + parent) * HEADS + h) * P * N
             from_start = parent < 0
-            s = tl.load(
-                tl.where(from_start, start, snap), mask=m2 & (has_init | ~from_start), other=0.0
-            )
-        rows = _window_rows(r, t, parents, length, ks, KEEP, TREE)
+            # one scalar base, then the tile's offsets (a select of two pointer tiles holds both)
+            base = tl.where(from_start, start_row, snap)
+            s = tl.load(base + tile, mask=m2 & (has_init | ~from_start), other=0.0)
+        rows = _window_rows(r, t, parents, length, ks, KEEP, tree)
         xt = _conv_silu(  # [BP]
             rows, ks, x_cols, pm, wx, conv_bias, r, length, table, zxbcdt, row_stride, conv_start,
             has_init, KEEP, INNER, CHANNELS, HAS_BIAS,
@@ -291,7 +301,7 @@ def _scan_kernel(
         if SNAPSHOTS:
             snap_t = ssm_snapshots + ((slot * snapshot_rows + t) * HEADS + h) * P * N + tile
             tl.store(snap_t, s, mask=m2)
-        if TREE:
+        if tree:
             tl.debug_barrier()  # later nodes read this state back
     if not SNAPSHOTS:
         tl.store(start, s, mask=m2)
@@ -313,6 +323,7 @@ def _norm_kernel(
     y,
     length,
     eps,
+    run_tree,
     HEADS: tl.constexpr,
     GROUPS: tl.constexpr,
     P: tl.constexpr,
@@ -322,9 +333,14 @@ def _norm_kernel(
     BN: tl.constexpr,
     WB: tl.constexpr,
     TREE: tl.constexpr,
+    FORM_ARG: tl.constexpr,  # as the scan kernel's
     SNAPSHOTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    if FORM_ARG:
+        tree = run_tree != 0
+    else:
+        tree: tl.constexpr = TREE
     r, t, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     INNER: tl.constexpr = HEADS * P
     CHANNELS: tl.constexpr = INNER + 2 * GROUPS * N
@@ -355,7 +371,7 @@ def _norm_kernel(
         dest = conv_state + slot * KEEP * CHANNELS
         writer = t == tl.maximum(node, 0)
     if writer:
-        rows = _window_rows(r, node, parents, length, ks, KEEP, TREE)
+        rows = _window_rows(r, node, parents, length, ks, KEEP, tree)
         has_init = tl.load(has_initial + r) != 0
         conv_start = conv_state + slot * KEEP * CHANNELS
         b_cols, c_cols = INNER + g * N + ns, INNER + (GROUPS + g) * N + ns
@@ -386,9 +402,9 @@ scan_warps = 4
 norm_warps = 4
 
 
-# batch-invariant mode's launches (module docstring): the same kernels, the run length and the snapshot rows never
-# specialised (Triton would compile a decode's length 1, or a multiple of 16, apart)
-_ANY_LENGTH = ["length", "snapshot_rows"]
+# batch-invariant mode's launches (module docstring): the same kernels, the run length, the snapshot rows and the
+# run's form never specialised (Triton would compile a decode's length 1, or a multiple of 16, apart)
+_ANY_LENGTH = ["length", "snapshot_rows", "run_tree"]
 _scan_any_length = triton.jit(do_not_specialize=_ANY_LENGTH)(_scan_kernel.fn)
 _norm_any_length = triton.jit(do_not_specialize=_ANY_LENGTH)(_norm_kernel.fn)
 
@@ -438,9 +454,16 @@ def mamba2_step(
         return y
     conv_bias = mixer.conv1d.bias
     rows = ssm_snap.shape[1] if snapshots else 0
-    parents = recurrent.parents if tree else token_table
-    common = (zxbcdt, zxbcdt.stride(0), token_table, query_lens, recurrent.state_indices)
     invariant = batch_invariant()  # (module docstring: batch-invariant mode)
+    # a chain's parents are not read; in batch-invariant mode an int64 tensor all the same, the tree's
+    # pointer type (one compilation for both forms)
+    if tree:
+        parents = recurrent.parents
+        if invariant and parents.dtype != torch.int64:
+            raise ValueError(f"a draft tree's parents are int64, got {parents.dtype}")
+    else:
+        parents = recurrent.state_indices if invariant else token_table
+    common = (zxbcdt, zxbcdt.stride(0), token_table, query_lens, recurrent.state_indices)
     block = _head_block(p, heads if invariant else runs * heads, zxbcdt.device)
     pdl = pdl_available(zxbcdt.device)
     scan, norm = (_scan_any_length, _norm_any_length) if invariant else (_scan_kernel, _norm_kernel)
@@ -460,6 +483,7 @@ def mamba2_step(
         y,
         length,
         mixer.time_step_min,
+        int(tree),
         HEADS=heads,
         GROUPS=groups,
         P=p,
@@ -470,6 +494,7 @@ def mamba2_step(
         WB=triton.next_power_of_2(keep + 1),
         HAS_BIAS=conv_bias is not None,
         TREE=tree,
+        FORM_ARG=invariant,
         SNAPSHOTS=snapshots,
         PDL=pdl,
         num_warps=scan_warps,
@@ -487,6 +512,7 @@ def mamba2_step(
         y,
         length,
         mixer.norm.eps,
+        int(tree),
         HEADS=heads,
         GROUPS=groups,
         P=p,
@@ -496,6 +522,7 @@ def mamba2_step(
         BN=triton.next_power_of_2(n),
         WB=triton.next_power_of_2(keep + 1),
         TREE=tree,
+        FORM_ARG=invariant,
         SNAPSHOTS=snapshots,
         PDL=pdl,
         num_warps=norm_warps,

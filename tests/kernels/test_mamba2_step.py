@@ -317,9 +317,29 @@ def test_batch_invariant_mode_gives_a_token_its_bits_in_every_launch(shape):
             assert torch.equal(kept[k][3, t], alone_states[t][k]), (t, k)
 
 
+@pytest.mark.parametrize("shape", ["odd", "nemotron-h-8b"] if DEVICE == "cuda" else ["odd"])
+def test_batch_invariant_mode_gives_a_tree_node_its_paths_bits(shape):
+    """A draft tree's node 3 (parents -1, 0, 0, 1: its path 0, 1, 3) gets, with its ancestors, the outputs and
+    float32 states that decoding the path's tokens one at a time into the row gives (compiled for a tree, the
+    gated DeltaNet step's nodes took other last bits on the H200: gpu_2026-12-03e call 1)."""
+    mixer = nemotron_h_8b_mixer() if shape == "nemotron-h-8b" else make_mixer(*SHAPES[shape])
+    hidden = mixer.in_proj.weight.shape[1]
+    x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(3))
+    x = x.to(DEVICE, mixer.in_proj.weight.dtype)
+    path = [0, 1, 3]
+    with forward_settings(True):
+        decoded, decoded_states = decode_one_by_one(mixer, x[path], [3])
+        meta = recurrent_metadata([3], [True], parents=[[-1, 0, 0, 1]], snapshots=True)
+        tree, _, kept = run_step(mixer, True, x, [4], meta)
+    for i, node in enumerate(path):
+        assert torch.equal(tree[node], decoded[i, 0]), node
+        for k in decoded_states[i]:
+            assert torch.equal(kept[k][3, node], decoded_states[i][k]), (node, k)
+
+
 def test_batch_invariant_mode_launches_one_compilation_for_every_batch_and_run(monkeypatch):
-    """In the mode a decode of 1 and of 3 runs and a verified chain launch the kernels whose run length and
-    snapshot rows Triton does not specialise, over a state block sized for one run; outside it the batch
+    """In the mode a decode of 1 and of 3 runs, a verified chain and a tree launch the kernels whose run length,
+    snapshot rows and form Triton does not specialise, over a state block sized for one run; outside it the batch
     sizes the block (more programs for few runs) and the plain kernels launch."""
     launches, blocks = [], []
     for name in ("_scan_kernel", "_norm_kernel", "_scan_any_length", "_norm_any_length"):
@@ -336,12 +356,15 @@ def test_batch_invariant_mode_launches_one_compilation_for_every_batch_and_run(m
         ([1], recurrent_metadata([3], [True])),
         ([1, 1, 1], recurrent_metadata([3, 0, 4], [True] * 3)),
         ([3], recurrent_metadata([3], [True], snapshots=True)),
+        ([3], recurrent_metadata([3], [True], parents=[[-1, 0, 0]], snapshots=True)),
     ]
     with forward_settings(True):
         for lengths, recurrent in forms:
             run_step(mixer, True, x[: sum(lengths)], lengths, recurrent)
-    assert [name for name, _ in launches] == ["_scan_any_length", "_norm_any_length"] * 3
-    assert blocks == [6] * 3  # the heads of one run, whatever the batch
+    assert [name for name, _ in launches] == ["_scan_any_length", "_norm_any_length"] * 4
+    # the run's form an argument: no TREE compiled in
+    assert {kwargs["FORM_ARG"] for _, kwargs in launches} == {True}
+    assert blocks == [6] * 4  # the heads of one run, whatever the batch
     launches.clear()
     blocks.clear()
     run_step(mixer, True, x, *forms[1])

@@ -19,19 +19,20 @@ SM90_COMPILE = """
 import triton
 from outpace.layers import mamba2_step_kernel as m
 
-tree, snapshots = (bool(int(a)) for a in sys.argv[1:3])
+tree, snapshots, form_arg = (bool(int(a)) for a in sys.argv[1:4])
 pointers = dict(zxbcdt="*bf16", table="*i32", query_lens="*i64", state_indices="*i64", has_initial="*i1",
                 parents="*i64", conv_state="*bf16", conv_snapshots="*bf16", ssm_state="*fp32",
                 ssm_snapshots="*fp32", conv_weight="*bf16", conv_bias="*bf16", dt_bias="*bf16", A_log="*bf16",
                 D="*bf16", norm_weight="*bf16", y="*bf16", time_step_min="fp32", eps="fp32")
 heads, p, groups, n, keep = 128, 64, 8, 128, 3
 shape = dict(HEADS=heads, GROUPS=groups, P=p, N=n, KEEP=keep, BN=n, WB=triton.next_power_of_2(keep + 1),
-             TREE=tree, SNAPSHOTS=snapshots, PDL=True)
-block = int(sys.argv[3])  # a head's state rows a program (the launcher's _head_block)
+             TREE=tree, FORM_ARG=form_arg, SNAPSHOTS=snapshots, PDL=True)
+block = int(sys.argv[4])  # a head's state rows a program (the launcher's _head_block)
+options = dict(enable_fp_fusion=False) if form_arg else {}  # (batch-invariant mode's launch)
 scan = compile_for_hopper(m._scan_kernel, pointers, dict(shape, BP=block, HAS_BIAS=True),
-                          num_warps=m.scan_warps)
+                          num_warps=m.scan_warps, **options)
 norm = compile_for_hopper(m._norm_kernel, pointers, dict(shape, BG=triton.next_power_of_2(heads // groups * p)),
-                          num_warps=m.norm_warps)
+                          num_warps=m.norm_warps, **options)
 for name, compiled in (("scan", scan), ("norm", norm)):
     spills = "0 bytes spill stores" in ptxas_report(compiled)
     print(name, "griddepcontrol.wait" in compiled.asm["ptx"], spills)
@@ -39,13 +40,25 @@ for name, compiled in (("scan", scan), ("norm", norm)):
 
 
 @pytest.mark.parametrize(
-    "tree, snapshots, block",
-    [(0, 0, 16), (0, 0, 64), (0, 1, 16), (1, 1, 64)],
-    ids=["decode into the row", "decode, 64-row blocks", "verify chain", "tree, 64-row blocks"],
+    "tree, snapshots, form_arg, block",
+    [(0, 0, 0, 16), (0, 0, 0, 64), (0, 1, 0, 16), (1, 1, 0, 64), (0, 0, 1, 64), (0, 1, 1, 64)],
+    ids=[
+        "decode into the row",
+        "decode, 64-row blocks",
+        "verify chain",
+        "tree, 64-row blocks",
+        "batch-invariant, into the row",
+        "batch-invariant, snapshots (a chain's or a tree's)",
+    ],
 )
-def test_step_kernels_wait_for_their_inputs_without_spills(tree, snapshots, block, tmp_path):
-    """Head blocks of 16 rows (batch 1 on 132 SMs: ``_head_block``) and 64 (from batch 4)."""
-    done = run_compile_script(SM90_COMPILE, str(tree), str(snapshots), str(block), cwd=tmp_path)
+def test_step_kernels_wait_for_their_inputs_without_spills(
+    tree, snapshots, form_arg, block, tmp_path
+):
+    """Head blocks of 16 rows (batch 1 on 132 SMs: ``_head_block``) and 64 (from batch 4); in batch-invariant
+    mode the run's form an argument (FORM_ARG: both forms compiled in)."""
+    args = (tree, snapshots, form_arg, block)
+    done = run_compile_script(SM90_COMPILE, *map(str, args), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    norm_clean = "True" if snapshots else "False"  # no spill but in decode (module docstring)
+    # no spill but in decode's own compilation (module docstring; the mode's, both forms in, does not spill)
+    norm_clean = "True" if snapshots or form_arg else "False"
     assert done.stdout.split() == ["scan", "True", "True", "norm", "True", norm_clean], done.stdout
