@@ -4,6 +4,7 @@ plain decoding and adaptive EAGLE3, with equal and with spread output lengths, f
   python benchmarks/scripts/plot_closed_loop.py [benchmarks/results/closed_loop_h200]
 """
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -14,24 +15,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
+def result(run: Path, method: str, spread: str) -> Path:
+    """A run's JSON for one method and load (gzipped in the repository to keep the tree small)."""
+    return run / f"closed_loop_{method}_spread{spread}.json.gz"
+
+
 def main(folder: Path) -> None:
     loads = (("0", "equal lengths"), ("0.5", "lengths spread 0.5"))
     runs = sorted(
         p
         for p in folder.iterdir()  # (runs of every load and method)
         if p.is_dir()
-        and all(
-            (p / f"closed_loop_{m}_spread{s}.json").is_file()
-            for s, _ in loads
-            for m in ("none", "eagle3")
-        )
+        and all(result(p, m, s).is_file() for s, _ in loads for m in ("none", "eagle3"))
     )
     fig, axes = plt.subplots(1, len(loads), figsize=(10, 4), sharey=True)
     width = 0.8 / len(runs)
     for ax, (spread, title) in zip(axes, loads):
         for i, run in enumerate(runs):
             rates = [
-                json.loads((run / f"closed_loop_{m}_spread{spread}.json").read_text())[
+                json.loads(gzip.decompress(result(run, m, spread).read_bytes()))[
                     "output_tokens_per_s"
                 ]
                 for m in ("none", "eagle3")
