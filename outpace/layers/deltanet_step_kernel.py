@@ -607,14 +607,7 @@ def deltanet_step(
     # bv: the value columns of one program
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim) // splits
     invariant = batch_invariant()
-    # the parents of a tree's nodes; a chain's are not read (in batch-invariant mode an int64 tensor all the
-    # same, the tree's pointer type: one compilation for both forms, module docstring)
-    if tree:
-        parents = recurrent.parents
-        if invariant and parents.dtype != torch.int64:
-            raise ValueError(f"a draft tree's parents are int64, got {parents.dtype}")
-    else:
-        parents = recurrent.state_indices if invariant else token_table
+    parents = recurrent.kernel_parents(token_table)
     bound = FUSED_MAX_LEN if invariant else length
     shape = dict(
         K_HEADS=num_k_heads,

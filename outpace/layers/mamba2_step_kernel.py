@@ -455,14 +455,7 @@ def mamba2_step(
     conv_bias = mixer.conv1d.bias
     rows = ssm_snap.shape[1] if snapshots else 0
     invariant = batch_invariant()  # (module docstring: batch-invariant mode)
-    # a chain's parents are not read; in batch-invariant mode an int64 tensor all the same, the tree's
-    # pointer type (one compilation for both forms)
-    if tree:
-        parents = recurrent.parents
-        if invariant and parents.dtype != torch.int64:
-            raise ValueError(f"a draft tree's parents are int64, got {parents.dtype}")
-    else:
-        parents = recurrent.state_indices if invariant else token_table
+    parents = recurrent.kernel_parents(token_table)
     common = (zxbcdt, zxbcdt.stride(0), token_table, query_lens, recurrent.state_indices)
     block = _head_block(p, heads if invariant else runs * heads, zxbcdt.device)
     pdl = pdl_available(zxbcdt.device)

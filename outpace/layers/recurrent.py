@@ -106,6 +106,17 @@ class RecurrentMetadata:
     # the row (module docstring); None: the row untouched
     last_row: int | None = None
 
+    def kernel_parents(self, token_table: torch.Tensor) -> torch.Tensor:
+        """The parents a fused step kernel takes (layers/deltanet_step_kernel.py, mamba2_step_kernel.py): a
+        tree's. A chain's are not read, so any tensor serves: ``token_table``, or in batch-invariant mode an
+        int64 one all the same, the tree's pointer type, for the mode launches one compilation for both forms."""
+        invariant = batch_invariant()
+        if self.parents is None:
+            return self.state_indices if invariant else token_table
+        if invariant and self.parents.dtype != torch.int64:
+            raise ValueError(f"a draft tree's parents are int64, got {self.parents.dtype}")
+        return self.parents
+
 
 @dataclass
 class TokenRuns:
