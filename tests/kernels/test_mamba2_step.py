@@ -369,3 +369,20 @@ def test_batch_invariant_mode_launches_one_compilation_for_every_batch_and_run(m
     blocks.clear()
     run_step(mixer, True, x, *forms[1])
     assert [name for name, _ in launches] == ["_scan_kernel", "_norm_kernel"] and blocks == [18]
+
+
+def test_the_modes_kernels_take_int64_tree_parents_and_refuse_others():
+    """The step kernels' parents operand (``RecurrentMetadata.kernel_parents``): in batch-invariant mode a
+    chain passes an int64 tensor as a tree does (one compilation for both forms), and a tree whose parents are
+    of another dtype is refused by name rather than compiled apart; outside the mode a chain passes its token
+    table."""
+    table = torch.zeros(1, 3, dtype=torch.int32, device=DEVICE)
+    chain = recurrent_metadata([3], [True])
+    with forward_settings(True):
+        assert chain.kernel_parents(table).dtype == torch.int64
+        tree = recurrent_metadata([3], [True], parents=[[-1, 0, 0]], snapshots=True)
+        assert tree.kernel_parents(table) is tree.parents
+        tree.parents = tree.parents.to(torch.int32)
+        with pytest.raises(ValueError, match="parents are int64"):
+            tree.kernel_parents(table)
+    assert chain.kernel_parents(table) is table
