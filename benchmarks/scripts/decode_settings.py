@@ -1,5 +1,5 @@
 """Launch settings (module attributes of the kernels' files) measured on a family's decode step (bench/family_shapes.py,
-random bf16 weights, one GPU): for each setting of a sweep, the decode graphs captured again and the engine's step
+random bf16 weights, or a sweep's quantization as bench/families.py's ``--quantized``, one GPU): for each setting of a sweep, the decode graphs captured again and the engine's step
 time (bench/gpu.py ``time_decode``) at the sweep's (batch, cached tokens) points; each setting twice, in two passes,
 the lower kept. A setting that fails to compile or run (shared memory, registers) is reported and skipped.
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from outpace.attention import mla_kernels
-from outpace.bench.families import build, close
+from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
@@ -28,6 +28,7 @@ KNOBS = {
     "down_stages": (mla_fused, "_DOWN_STAGES"),
     "q_absorb_stages": (mla_fused, "_Q_ABSORB_STAGES"),
     "down_outs": (mla_fused, "_DOWN_OUTS"),
+    "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
@@ -42,6 +43,7 @@ class Sweep:
     shape: str
     points: tuple[tuple[int, int], ...]  # (batch, cached tokens)
     settings: tuple[dict, ...]  # the shipped values first ({})
+    quantized: str | None = None  # bench/families.py's --quantized
 
 
 SWEEPS = {
@@ -72,6 +74,20 @@ SWEEPS = {
             {"min_r_chunk": 32},
         ),
     ),
+    # block FP8 (DeepSeek-V3's quantization_config): the down projections' and q_proj's K steps over one scale
+    # column (shipped) or several, with the outputs a program
+    "mla_down_fp8": Sweep(
+        "deepseek-v2-lite",
+        ((1, 512), (8, 512)),
+        (
+            {},
+            {"fp8_scale_columns": 2},
+            {"fp8_scale_columns": 4},
+            {"fp8_scale_columns": 4, "down_outs": 32},
+            {"fp8_scale_columns": 2, "down_stages": 6},
+        ),
+        quantized="fp8",
+    ),
     # Mamba2's state scan: a head's state rows a program and its warps
     "mamba2": Sweep(
         "nemotron-h-8b",
@@ -101,9 +117,14 @@ for _name, _shape in (
     SWEEPS[_name] = Sweep(_shape, ((1, 512), (8, 512)), SWIGLU_SETTINGS)
 
 
-def _config(shape: str) -> dict:
-    """A sweep's model config: bench/family_shapes.py's, or bench/gpu.py's Llama-3.1-8B shape."""
-    return dict(LLAMA_8B) if shape == "llama-3.1-8b" else family_shapes()[shape].config
+def _config(sweep: Sweep) -> dict:
+    """A sweep's model config: bench/family_shapes.py's (quantized as bench/families.py's --quantized), or
+    bench/gpu.py's Llama-3.1-8B shape."""
+    if sweep.shape == "llama-3.1-8b":
+        return dict(LLAMA_8B)
+    if sweep.quantized:
+        return bench_shapes(sweep.quantized, [sweep.shape])[sweep.shape].config
+    return family_shapes()[sweep.shape].config
 
 
 def apply(setting: dict, shipped: dict) -> None:
@@ -117,7 +138,7 @@ def main(out: str, sweep_name: str) -> None:
     times: dict[tuple[int, int, int], list[float]] = {}
     batches = tuple(sorted({b for b, _ in sweep.points}))
     with tempfile.TemporaryDirectory() as tmp:
-        config = _config(sweep.shape)
+        config = _config(sweep)
         llm = build(Path(tmp), config, max_num_seqs=max(batches), graph_sizes=batches)
         try:
             for _ in range(2):

@@ -30,8 +30,8 @@ path; tests/kernels/test_mla_fused.py counts both on the GPU).
 Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 read q_a_proj (or q_proj),
 kv_a_proj_with_mqa and q_b_proj in their stored float8 bytes, each weight's format a compile-time fact, and
 dequantize a tile in registers to the rows' dtype, times its block's scale (the few-row FP8 projections'
-``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most one scale block's
-columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after loading, as the
+``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most ``fp8_scale_columns``
+scale blocks' columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after loading, as the
 eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the same five
 launches. Which formats the kernels take: layers/mla.py ``fuses``.
 
@@ -92,6 +92,11 @@ MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' progra
 # W_UK's R columns an ``_absorb_kernel`` program takes at least (a power of two >= 16; tests lower it)
 min_r_chunk = 64
 _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
+# Scale blocks a K step of a block-FP8 weight spans at most (``weight_tile`` reads one scale a row, or a scale a
+# row and scale column). One, as the kernels were measured in block FP8 (gpu_2026-12-01i call 2: V2-Lite's
+# down projections 9.2 us a layer against 6.9 in bf16, in 16 steps of 128 columns where bf16 takes 4 of 512);
+# benchmarks/scripts/decode_settings.py mla_down_fp8 sweeps more.
+fp8_scale_columns = 1
 
 
 @triton.jit
@@ -114,7 +119,7 @@ def _rows_dot(
     PRECISION: tl.constexpr,
     FORMAT: tl.constexpr,  # "none" (x's dtype) or "fp8_block"
     SCALE_BN: tl.constexpr,
-    SCALE_BK: tl.constexpr,  # (fp8_block: BK divides it)
+    SCALE_BK: tl.constexpr,  # (fp8_block: BK divides it or is a multiple of it)
 ):
     """x[rows] @ w[w_rows].T over K columns -> [BM, BN] float32 (masked rows and weight rows give 0); a
     block FP8 weight dequantized in registers to x's dtype (layers/quant/quant_matmul_kernel.py
@@ -732,9 +737,9 @@ def _scale_block(*operands: _Operand) -> tuple[int, int] | None:
 
 
 def _block_k_within(block_k: int, block: tuple[int, int] | None) -> int:
-    """``block_k`` (a power of two), cut to the scale block's columns (a power of two, ``fuses``) so that
-    each K step lies in one scale column (``weight_tile``)."""
-    return block_k if block is None else min(block_k, block[1])
+    """``block_k`` (a power of two), cut to ``fp8_scale_columns`` scale blocks' columns (a power of two,
+    ``fuses``) so that each K step covers whole scale columns or lies in one (``weight_tile``)."""
+    return block_k if block is None else min(block_k, block[1] * fp8_scale_columns)
 
 
 def mla_forward_fused(

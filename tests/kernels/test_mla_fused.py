@@ -300,25 +300,32 @@ def fp8_case(q_lora_rank: int | None, layout: str):
 
 @cpu_only
 @pytest.mark.parametrize("q_lora_rank", [None, 136])
-@pytest.mark.parametrize("layout, sms", [("decode", 4), ("chain5", 12), ("ragged_tree", 12)])
+@pytest.mark.parametrize(
+    "layout, sms, columns",
+    [("decode", 4, 1), ("chain5", 12, 1), ("ragged_tree", 12, 1), ("chain5", 12, 2)],
+)
 def test_block_fp8_projections_equal_the_eager_layer(
-    q_lora_rank, layout, sms, fused_calls, monkeypatch
+    q_lora_rank, layout, sms, columns, fused_calls, monkeypatch
 ):
     """The kernels read q_a, kv_a and q_b (or q_proj) in block FP8, W_UK and W_UV from the dequantized
     kv_b_proj, and o_proj runs as a module: the eager layer's output and latent cache (its projections
     dequantized: only float32 summation orders differ). One query-latent part on the interpreter's 4
-    SMs, four on 12."""
+    SMs, four on 12; K steps of one scale column, and of two (``fp8_scale_columns``: the scales of a
+    step's two 128-column blocks, the last one partial over the 300 columns)."""
     monkeypatch.setattr(mla_fused, "num_sms", lambda device: sms)
+    monkeypatch.setattr(mla_fused, "fp8_scale_columns", columns)
     layer, args = fp8_case(q_lora_rank, layout)
     assert_fused_equals_eager(layer, args, fused_calls)
 
 
 @cpu_only
 @pytest.mark.parametrize("q_lora_rank", [None, 136])
-def test_a_wrong_scale_convention_fails(q_lora_rank, fused_calls):
+@pytest.mark.parametrize("columns", [1, 2])
+def test_a_wrong_scale_convention_fails(q_lora_rank, columns, fused_calls, monkeypatch):
     """The comparison above tells the conventions apart, for each projection the kernels read: scales
     divided instead of multiplied (the reciprocal scales), or the last (partial) block's scale doubled,
-    make the fused block differ from the eager one."""
+    make the fused block differ from the eager one, in K steps of one scale column or two."""
+    monkeypatch.setattr(mla_fused, "fp8_scale_columns", columns)
     layer, args = fp8_case(q_lora_rank, "chain3")
     ref_out, ref_cache = run(layer, "torch", *args)
     for proj in layer.fused_projections():
