@@ -10,9 +10,10 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    over up to 264 programs it streams at the device's bandwidth, where the one program of step 2 would
    read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch. Up to
    one block of tokens (decode, verify; in batch-invariant mode at every count, block by block) a program
-   sums its products across the columns (a reduction tree) token by token, the weight tile read once: a float32 ``tl.dot`` takes its K steps one after the
-   other in each thread, 256 dependent steps a program (on an H200 12 us a layer for Qwen3-Next's 4.2 MB
-   router weight, 23 us for DeepSeek-V3's 7.3 MB: benchmarks/results/gpu_2026-11-29e/call1).
+   sums its products across the columns (a reduction tree) token by token, the weight tile read once: a
+   float32 ``tl.dot`` takes its K steps one after the other in each thread, 256 dependent steps a program
+   (on an H200 12 us a layer for Qwen3-Next's 4.2 MB router weight, 23 us for DeepSeek-V3's 7.3 MB:
+   benchmarks/results/gpu_2026-11-29e/call1).
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
