@@ -576,10 +576,9 @@ def deltanet_step(
     for t in (rows.qkv, rows.z, rows.b, rows.a, token_table, recurrent.parents):
         assert t is None or t.stride(-1) == 1  # rows may be strided, their elements not
     out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
+    invariant = batch_invariant()
     # batch-invariant mode: never split (the split sets the reductions' layout, and it follows the batch)
-    splits = (
-        1 if batch_invariant() else value_splits(num_seqs, v_heads, head_v_dim, num_sms(out.device))
-    )
+    splits = 1 if invariant else value_splits(num_seqs, v_heads, head_v_dim, num_sms(out.device))
     if splits > 1:  # [num_tokens, v_heads, v_dim] the outputs before the norm
         o_part = out.new_empty(rows.qkv.shape[0], v_heads, head_v_dim, dtype=torch.float32)
         counters = zeroed_scratch(  # [num_seqs * v_heads] one a (sequence, value head)
@@ -606,7 +605,6 @@ def deltanet_step(
         )
     # bv: the value columns of one program
     bk, bv = triton.next_power_of_2(head_k_dim), triton.next_power_of_2(head_v_dim) // splits
-    invariant = batch_invariant()
     parents = recurrent.kernel_parents(token_table)
     bound = FUSED_MAX_LEN if invariant else length
     shape = dict(

@@ -31,9 +31,9 @@ Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 rea
 kv_a_proj_with_mqa and q_b_proj in their stored float8 bytes, each weight's format a compile-time fact, and
 dequantize a tile in registers to the rows' dtype, times its block's scale (the few-row FP8 projections'
 ``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most ``fp8_scale_columns``
-scale blocks' columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after loading, as the
-eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the same five
-launches. Which formats the kernels take: layers/mla.py ``fuses``.
+scale blocks' columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after
+loading, as the eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the
+same five launches. Which formats the kernels take: layers/mla.py ``fuses``.
 
 Kernels 1 and 2 launch with programmatic dependent launch on Hopper (layers/pdl.py): their programs
 start while the kernel before drains, prefetch their first weight columns into L2, then wait.
@@ -92,7 +92,7 @@ MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' progra
 # W_UK's R columns an ``_absorb_kernel`` program takes at least (a power of two >= 16; tests lower it)
 min_r_chunk = 64
 _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
-# Scale blocks a K step of a block-FP8 weight spans at most (``weight_tile`` reads one scale a row, or a scale a
+# Scale blocks a K step of a block-FP8 weight spans at most (``weight_tile`` reads one scale a row, or one a
 # row and scale column). One, as the kernels were measured in block FP8 (gpu_2026-12-01i call 2: V2-Lite's
 # down projections 9.2 us a layer against 6.9 in bf16, in 16 steps of 128 columns where bf16 takes 4 of 512);
 # benchmarks/scripts/decode_settings.py mla_down_fp8 sweeps more.
