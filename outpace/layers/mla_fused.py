@@ -97,6 +97,10 @@ _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting 
 # down projections 9.2 us a layer against 6.9 in bf16, in 16 steps of 128 columns where bf16 takes 4 of 512);
 # benchmarks/scripts/decode_settings.py mla_down_fp8 sweeps more.
 fp8_scale_columns = 1
+# Whether the down projections over block-FP8 weights take twice _DOWN_OUTS where one wave would not hold the
+# programs, as half-precision ones do (``_down_outs``). Not, as measured over K steps of one scale column (the
+# comment on _DOWN_OUTS); decode_settings.py mla_down_fp8 sweeps it with wider K steps.
+fp8_widens = False
 
 
 @triton.jit
@@ -689,8 +693,9 @@ def r_chunk(heads: int, rank: int, device: torch.device) -> int:
 
 def _down_outs(outputs: int, quantized: bool, device: torch.device) -> int:
     """Outputs a program of ``_down_kernel`` over ``outputs`` in all (module setting ``_DOWN_OUTS``);
-    ``quantized``: a weight in block FP8."""
-    wide = not quantized and triton.cdiv(outputs, _DOWN_OUTS) > num_sms(device)
+    ``quantized``: a weight in block FP8 (widened too where ``fp8_widens``)."""
+    widens = fp8_widens or not quantized
+    wide = widens and triton.cdiv(outputs, _DOWN_OUTS) > num_sms(device)
     return 2 * _DOWN_OUTS if wide else _DOWN_OUTS
 
 

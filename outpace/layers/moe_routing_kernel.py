@@ -103,7 +103,7 @@ _MAX_SPLITS = (
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
 # the tl.dot path's K step (more tokens). Batch-invariant mode once took this path at every count: 12.1 us a
 # layer on the Qwen3-Next slice's batch-1 step against 3.0 for the per-token sums (gpu_2026-12-03d call 4), and
-# 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (benchmarks/scripts/invariant_router_logits.py,
+# 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (benchmarks/scripts/invariant_router_logits.py, now router_logit_paths.py,
 # gpu_2026-12-03e call 1); it now sums token by token at every count
 _DOT_BLOCK_K = 64
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
@@ -591,6 +591,9 @@ class RouterInputNorm:
 
 
 _LOGIT_TOKENS, _LOGIT_EXPERTS = 16, 16  # the logits kernel's tile: tokens by experts
+# Tokens up to which the logits take the per-token sums outside batch-invariant mode (the mode takes them at
+# every count), each token block's splits as for one block (``logit_splits``).
+per_token_max = 16
 
 
 class LogitSplits(NamedTuple):
@@ -612,10 +615,9 @@ def logit_splits(n: int, hidden: int, experts: int) -> LogitSplits:
     sums and their split boundaries do not depend on the token count (the dot path sums in another order).
     The token tiles are counted over the count's power of two: the splits are the routing kernel's SPLITS,
     compiled per value, which the engine's warm-up meets (engine/warm_up.py; gpu_2026-12-01h)."""
-    invariant = batch_invariant()
-    few = n <= _LOGIT_TOKENS or invariant
+    few = n <= per_token_max or batch_invariant()
     block_k = _FEW_TOKENS_BLOCK_K if few else _DOT_BLOCK_K
-    token_tiles = 1 if invariant else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
+    token_tiles = 1 if few else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
     tiles = token_tiles * triton.cdiv(experts, _LOGIT_EXPERTS)
     splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k

@@ -244,6 +244,25 @@ def test_split_router_logits_sum_to_the_matvec(tokens, hidden):
     )
 
 
+@pytest.mark.parametrize("tokens", [17, 40])
+def test_router_logits_take_the_per_token_sums_up_to_per_token_max(tokens, monkeypatch):
+    """Outside batch-invariant mode the per-token sums serve up to ``per_token_max`` tokens (at 32 here), over
+    several 16-token blocks with the splits of one block; the tl.dot path beyond: both the matvec."""
+    from outpace.layers import moe_routing_kernel
+
+    monkeypatch.setattr(moe_routing_kernel, "per_token_max", 32)
+    hidden, experts = 1097, 40
+    split = moe_routing_kernel.logit_splits(tokens, hidden, experts)
+    assert split.few == (tokens <= 32)
+    assert (split == moe_routing_kernel.logit_splits(1, hidden, experts)) == split.few
+    g = torch.Generator(DEVICE).manual_seed(tokens)
+    x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(experts, hidden, device=DEVICE, generator=g)
+    partial = router_logits(x, w)
+    assert partial.shape == (split.splits, tokens, experts)
+    torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
+
+
 def test_ties_go_to_the_lowest_expert_and_group():
     """Equal scores: the lowest indices (the documented tie rule), for experts and for groups."""
     logits = torch.zeros(1, 2, 16, device=DEVICE)

@@ -1,11 +1,12 @@
-"""The router logits in batch-invariant mode (``router_logits``' per-token sums at every count): for each shape of
-routing_timings.py and 1, 2, 8, 32, 65 tokens, the captured call's microseconds in the mode and on the normal
-path (the per-token sums up to 16 tokens, the tl.dot path beyond), and whether every token's logits (the splits
-summed in order) have in the mode the bits they have among 65 tokens. Prints a table and writes
-OUT/invariant_router_logits.json. (gpu_2026-12-03e call 1 ran its first version, which timed the mode's former
-tl.dot path at K steps of 64, 128 and 256.)
+"""The router logits' two paths (layers/moe_routing_kernel.py ``router_logits``): for each shape of
+routing_timings.py and token counts from 1 to 4096, the captured call's microseconds with the per-token sums
+(each 16-token block's splits as for one block) and with the ``tl.dot`` path, whichever ``per_token_max``
+would choose; the same call in batch-invariant mode; and whether every token's logits (the splits summed in
+order) have in the mode the bits they have among all the counts' tokens. Prints a table and writes
+OUT/router_logit_paths.json: the count up to which the per-token sums win is ``per_token_max``'s measure.
+(gpu_2026-12-03e ran this file's first form, invariant_router_logits.py: the mode against the normal path.)
 
-    PYTHONPATH=. python3 benchmarks/scripts/invariant_router_logits.py OUT [SHAPE ...]"""
+    cd benchmarks/scripts && PYTHONPATH=../..:. python3 router_logit_paths.py OUT [SHAPE ...]"""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from outpace.attention.context import forward_settings
 from outpace.bench.graph_timing import graph_call_us
 from outpace.layers import moe_routing_kernel as kernels
 
-TOKENS = (1, 2, 8, 32, 65)
+TOKENS = (1, 2, 8, 16, 17, 32, 64, 65, 128, 256, 1024, 4096)
+PATHS = {"sums_us": 1 << 30, "dot_us": 0}  # column -> per_token_max that forces the path
 
 
 def logits(partial: torch.Tensor) -> torch.Tensor:
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("shapes", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    shipped = kernels.per_token_max
     rows = []
     for name in args.shapes:
         hidden, routing, _, gate, gemma = SHAPES[name]
@@ -48,9 +51,14 @@ def main() -> None:
             every = logits(kernels.router_logits(x, weight))
         for n in TOKENS:
             row = {"shape": name, "tokens": n}
-            row["normal_us"] = graph_call_us(
-                lambda n=n: kernels.router_logits(x[:n], weight), CALLS
-            )
+            try:
+                for column, limit in PATHS.items():
+                    kernels.per_token_max = limit
+                    row[column] = graph_call_us(
+                        lambda n=n: kernels.router_logits(x[:n], weight), CALLS
+                    )
+            finally:
+                kernels.per_token_max = shipped
             with forward_settings(True):
                 row["invariant_us"] = graph_call_us(
                     lambda n=n: kernels.router_logits(x[:n], weight), CALLS
@@ -60,11 +68,11 @@ def main() -> None:
                 )
             rows.append(row)
             print(
-                f"{name:16s} {n:3d} tokens  normal {row['normal_us']:6.2f} us  "
-                f"invariant {row['invariant_us']:6.2f} us{'' if row['bits_kept'] else ' (bits differ)'}",
+                f"{name:16s} {n:4d} tokens  sums {row['sums_us']:8.2f} us  dot {row['dot_us']:8.2f} us  "
+                f"invariant {row['invariant_us']:8.2f} us{'' if row['bits_kept'] else ' (bits differ)'}",
                 flush=True,
             )
-    (args.out / "invariant_router_logits.json").write_text(json.dumps(rows, indent=1))
+    (args.out / "router_logit_paths.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
