@@ -29,7 +29,6 @@ KNOBS = {
     "q_absorb_stages": (mla_fused, "_Q_ABSORB_STAGES"),
     "down_outs": (mla_fused, "_DOWN_OUTS"),
     "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
-    "fp8_widens": (mla_fused, "fp8_widens"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
@@ -75,27 +74,18 @@ SWEEPS = {
             {"min_r_chunk": 32},
         ),
     ),
-    # block FP8 (DeepSeek-V3's quantization_config): the down projections' and q_proj's K steps over one scale
-    # column (shipped) or several, with the outputs a program (gpu_2026-12-03f call 1: 4 columns at 32 outputs
-    # took V2-Lite's batch-1 step 2.050 -> 1.986 ms, 4 at 16 2.060)
+    # block FP8 (DeepSeek-V3's quantization_config): the down projections' and q_proj's K steps over one, two or
+    # four (shipped) scale columns (gpu_2026-12-03f call 2: layers/mla_fused.py fp8_scale_columns)
     "mla_down_fp8": Sweep(
         "deepseek-v2-lite",
         ((1, 512), (8, 512)),
-        (
-            {},
-            {"fp8_widens": True},
-            {"fp8_scale_columns": 2, "fp8_widens": True},
-            {"fp8_scale_columns": 4, "fp8_widens": True},
-            {"fp8_scale_columns": 4, "down_stages": 3, "fp8_widens": True},
-        ),
+        ({}, {"fp8_scale_columns": 1}, {"fp8_scale_columns": 2}),
         quantized="fp8",
     ),
-    # the same at DeepSeek-V3's shape (q_a_proj and kv_a: 2112 outputs, one wave of 16 a program; q_b_proj in the
-    # second kernel)
     "mla_down_fp8_v3": Sweep(
         "deepseek-v3-slice",
         ((1, 512), (8, 512)),
-        ({}, {"fp8_scale_columns": 2}, {"fp8_scale_columns": 4}),
+        ({}, {"fp8_scale_columns": 1}, {"fp8_scale_columns": 2}),
         quantized="fp8",
     ),
     # Mamba2's state scan: a head's state rows a program and its warps

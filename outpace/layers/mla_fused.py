@@ -75,11 +75,11 @@ from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 
 # Outputs a program of the down projections: _DOWN_OUTS (132 programs at DeepSeek-V3's 1536 + 576), twice as
-# many for half-precision weights where that would leave a second, partial wave of programs (``_down_outs``).
-# DeepSeek-V2-Lite's q_proj and kv_a (3072 + 576 outputs): 2.442 -> 2.380 ms a decode step at batch 1, 5.672
-# -> 5.600 at batch 8 with 32 (benchmarks/scripts/decode_settings.py mla_down, gpu_2026-11-30e call 3); in
-# block FP8 (half the bytes a program, 128-column K steps) 32 took batch 1 from 372.6 to 340.6 tokens/s
-# (bench families --quantized fp8, calls 2 and 4, with the MoE kernels' PDL between).
+# many where that would leave a second, partial wave of programs (``_down_outs``). DeepSeek-V2-Lite's q_proj and
+# kv_a (3072 + 576 outputs): 2.442 -> 2.380 ms a decode step at batch 1, 5.672 -> 5.600 at batch 8 with 32
+# (benchmarks/scripts/decode_settings.py mla_down, gpu_2026-11-30e call 3). In block FP8 too, since its K steps
+# span several scale columns (``fp8_scale_columns``); over one column 32 had been slower (372.6 -> 340.6
+# tokens/s at batch 1, bench families --quantized fp8, gpu_2026-11-30e calls 2 and 4).
 _DOWN_OUTS = 16
 # A weight tile's elements a pipeline stage (32 KB of bf16) and its K columns at most: against 8192 and 256,
 # DeepSeek-V2-Lite's decode step took 2.741 -> 2.657 ms at batch 1, 5.876 -> 5.826 at batch 8 on the H200
@@ -93,14 +93,14 @@ MAX_Q_PARTS = 4  # every attention program reads every part: a few heads' progra
 min_r_chunk = 64
 _PREFETCH_K = 512  # weight columns a program prefetches into L2 before waiting on its inputs (PDL)
 # Scale blocks a K step of a block-FP8 weight spans at most (``weight_tile`` reads one scale a row, or one a
-# row and scale column). One, as the kernels were measured in block FP8 (gpu_2026-12-01i call 2: V2-Lite's
-# down projections 9.2 us a layer against 6.9 in bf16, in 16 steps of 128 columns where bf16 takes 4 of 512);
-# benchmarks/scripts/decode_settings.py mla_down_fp8 sweeps more.
-fp8_scale_columns = 1
-# Whether the down projections over block-FP8 weights take twice _DOWN_OUTS where one wave would not hold the
-# programs, as half-precision ones do (``_down_outs``). Not, as measured over K steps of one scale column (the
-# comment on _DOWN_OUTS); decode_settings.py mla_down_fp8 sweeps it with wider K steps.
-fp8_widens = False
+# row and scale column). Over one (16 steps of 128 columns where bf16 takes 4 of 512) V2-Lite's down
+# projections took 9.2 us a layer against 6.9 in bf16 (gpu_2026-12-01i call 2). The decode step in block FP8 at
+# batch 1 / 8, ms (benchmarks/scripts/decode_settings.py mla_down_fp8 and mla_down_fp8_v3, gpu_2026-12-03f call
+# 2; V2-Lite's columns with 32 outputs a program):
+#   columns              1                2                4
+#   DeepSeek-V2-Lite     1.986 / 4.153    1.986 / 4.142    1.980 / 4.137   (16 outputs, 1 column: 2.048 / 4.211)
+#   DeepSeek-V3 slice    1.445 / 3.514    1.433 / 3.444    1.439 / 3.405
+fp8_scale_columns = 4
 
 
 @triton.jit
@@ -691,11 +691,9 @@ def r_chunk(heads: int, rank: int, device: torch.device) -> int:
     return chunk
 
 
-def _down_outs(outputs: int, quantized: bool, device: torch.device) -> int:
-    """Outputs a program of ``_down_kernel`` over ``outputs`` in all (module setting ``_DOWN_OUTS``);
-    ``quantized``: a weight in block FP8 (widened too where ``fp8_widens``)."""
-    widens = fp8_widens or not quantized
-    wide = widens and triton.cdiv(outputs, _DOWN_OUTS) > num_sms(device)
+def _down_outs(outputs: int, device: torch.device) -> int:
+    """Outputs a program of ``_down_kernel`` over ``outputs`` in all (module setting ``_DOWN_OUTS``)."""
+    wide = triton.cdiv(outputs, _DOWN_OUTS) > num_sms(device)
     return 2 * _DOWN_OUTS if wide else _DOWN_OUTS
 
 
@@ -788,7 +786,7 @@ def mla_attend_fused(
         q_out = torch.empty(m, s.q_lora_rank, dtype=x.dtype, device=device)
     pdl = pdl_available(device)
     down_block = _scale_block(w_down_q, w_kv)
-    outs = _down_outs(q_out.shape[1] + kv_width, down_block is not None, device)
+    outs = _down_outs(q_out.shape[1] + kv_width, device)
     q_programs = triton.cdiv(q_out.shape[1], outs)
     q_sq = (
         kv_raw  # (unused)

@@ -164,14 +164,13 @@ def test_fused_block_equals_the_eager_layer(
 
 def test_launch_shapes_at_the_deepseek_shapes_on_an_h200(monkeypatch):
     """What the launchers pick on 132 SMs (the measurements behind them: layers/mla_fused.py): the down
-    kernel's outputs a program, 32 for DeepSeek-V2-Lite's q_proj + kv_a in bf16 (16 would leave a partial
-    second wave), 16 in block FP8 and for V3's / Kimi-K2's q_a + kv_a (one wave); V2-Lite's W_UK in
+    kernel's outputs a program, 32 for DeepSeek-V2-Lite's q_proj + kv_a in bf16 and block FP8 (16 would leave
+    a partial second wave), 16 for V3's / Kimi-K2's q_a + kv_a (one wave); V2-Lite's W_UK in
     64-column slices (eight programs a head); Kimi-K2's and V3's query latent in 2 and 1 parts."""
     monkeypatch.setattr(mla_fused, "num_sms", lambda device: 132)
     device = torch.device("cpu")  # (an H200's 132 SMs through num_sms)
-    assert mla_fused._down_outs(16 * 192 + 576, False, device) == 32
-    assert mla_fused._down_outs(16 * 192 + 576, True, device) == 16
-    assert mla_fused._down_outs(1536 + 576, False, device) == 16
+    assert mla_fused._down_outs(16 * 192 + 576, device) == 32
+    assert mla_fused._down_outs(1536 + 576, device) == 16
     assert mla_fused.r_chunk(16, 512, device) == 64
     assert mla_fused.q_parts(64, 128, 64, device)[0] == 2
     assert mla_fused.q_parts(128, 128, 64, device)[0] == 1
@@ -450,11 +449,13 @@ fp8 = {"none": "*bf16", "fp8_block": "*fp8e4nv"}
 scales = dict(SCALE_BN=128, SCALE_BK=128)
 for q_format, kv_format in [("none", "none"), ("fp8_block", "fp8_block"), ("fp8_block", "none")]:
     down_types = {**types, "wq_ptr": fp8[q_format], "wkv_ptr": fp8[kv_format]}
-    bk = 256 if q_format == kv_format == "none" else 128  # (as mla_forward_fused picks it)
-    for q_normed in (True, False):  # (Kimi-K2's q_a_proj; DeepSeek-V2-Lite's q_proj)
+    # (K steps as mla_forward_fused picks them: block FP8's over fp8_scale_columns = 4 scale columns)
+    bk = 256 if q_format == kv_format == "none" else 512
+    for q_normed in (True, False):  # (Kimi-K2's q_a_proj, 16 outputs a program; DeepSeek-V2-Lite's q_proj, 32)
         q_out = {"q_out_ptr": "*bf16" if q_normed else "*fp32"}
         for row_norm in (False, True):  # (x normalised; a fused stack's stream times the norm's weight)
-            compile_for_hopper(mla_fused._down_kernel, {**down_types, **q_out}, dict(BM=16, BN=16,
+            compile_for_hopper(mla_fused._down_kernel, {**down_types, **q_out}, dict(BM=16,
+                               BN=16 if q_normed else 32,
                                BK=bk, PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT=q_format,
                                KV_FORMAT=kv_format, Q_NORMED=q_normed, ROW_NORM=row_norm, BLOCK_P=2,
                                **scales), 4, 4)
@@ -462,7 +463,7 @@ for q_format in ("none", "fp8_block"):
     compile_for_hopper(mla_fused._q_absorb_kernel, {**types, "wq_ptr": fp8[q_format]}, dict(HEADS=64,
                        NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32,
                        BLOCK_NC=64, BLOCK_HP=32, BLOCK_KP=32,
-                       BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128,
+                       BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128 if q_format == "none" else 256,
                        INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512,
                        Q_FORMAT=q_format, **scales), 4, 3)
 compile_for_hopper(mla_fused._absorb_kernel, {**types, "q_ptr": "*fp32", "q_latent_ptr": "*bf16"},
