@@ -650,9 +650,9 @@ def test_the_engine_captures_the_fused_block(variant, tmp_path, monkeypatch):
     from outpace import LLM, SamplingParams
     from outpace.config import SpeculativeConfig
 
-    calls = []
-    real = mla_fused.mla_forward_fused
-    monkeypatch.setattr(mla_fused, "mla_forward_fused", lambda *a: calls.append(1) or real(*a))
+    calls = []  # (the fused residual stack's layers call mla_attend_fused: models/deepseek.py forward_fused)
+    real = mla_fused.mla_attend_fused
+    monkeypatch.setattr(mla_fused, "mla_attend_fused", lambda *a: calls.append(1) or real(*a))
     path = str(save_hf_model(make_hf_deepseek(variant), tmp_path))
     prompts = [[1, 5, 2, 7, 3], list(range(13)) * 2, [200, 3]]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
