@@ -4,12 +4,12 @@
 # bb2ecf2 (which has both, chosen by moe_routing_kernel.per_token_max), its decode_settings.py given that knob and two
 # sweeps here, the decode graphs captured again per setting; (3) bench families bf16 on the two MoE shapes call 3's
 # limit left out, on 5575165.
-# .snapA: git archive of bb2ecf2 (outpace, benchmarks/scripts), the zoo linked.
+# .snap_a: git archive of bb2ecf2 (outpace, benchmarks/scripts), the zoo linked.
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 python3 - <<'PY'
-p = ".snapA/benchmarks/scripts/decode_settings.py"
+p = ".snap_a/benchmarks/scripts/decode_settings.py"
 s = open(p).read()
 s = s.replace('from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused',
               'from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused, moe_routing_kernel')
@@ -23,7 +23,7 @@ PY
   "tests/kernels/test_mla_fused.py::test_the_engine_captures_the_fused_block") > $OUT/pytest.log 2>&1
 echo "rc=$?" >> $OUT/pytest.log
 for s in step qwen3next; do
-  (cd .snapA && PYTHONPATH=. timeout 130 python3 benchmarks/scripts/decode_settings.py $OUT/router_$s.json router_$s) \
+  (cd .snap_a && PYTHONPATH=. timeout 130 python3 benchmarks/scripts/decode_settings.py $OUT/router_$s.json router_$s) \
     > $OUT/router_$s.log 2>&1
 done
 (cd .snap && PYTHONPATH=. timeout $(( 560 - SECONDS )) python3 -m outpace.bench.families --out $OUT/fam --no-verify \
