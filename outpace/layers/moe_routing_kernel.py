@@ -16,7 +16,9 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    precision) it replaced was slower at every count from 17 to 4096 tokens on every seed router but
    DeepSeek-V2-Lite's at 17 to 32 (8.1 against 10.2-10.5 us), e.g. DeepSeek-V3's 127.9 against 32.6 us at
    32 tokens and 4461.5 against 2666.7 at 4096, Qwen3-Next's 82.2 against 29.5 at 65
-   (benchmarks/scripts/router_logit_paths.py at commit bb2ecf2, gpu_2026-12-03f call 2).
+   (benchmarks/scripts/router_logit_paths.py at commit bb2ecf2, gpu_2026-12-03f call 2). Inside a batch-32
+   decode step the difference was small: the Qwen3-Next slice 4.245 -> 4.210 ms, the Step-3.5 slice 7.657 ->
+   7.667 (call 4).
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
