@@ -8,7 +8,7 @@ compiled then; other prefill steps (several chunks, longer ones, the context's e
 layers, engines without graphs) run eagerly, and their launches derive compile-time values from the chunk:
 the paged attention kernel its tile height from the longest query (16 to 128 rows of query tokens times the
 GQA group) and its KV split, with the merge's width, from the grid's size and the block table's capacity
-(attention/triton_kernels.launch_config); MoE routing its tiles from the token count. On an
+(attention/triton_kernels.launch_config); MoE routing its tiles and logit splits from the token count. On an
 H100 each new variant costs the request that meets it one to two seconds of compiling
 (benchmarks/scripts/diag_first_use.py: the README's command spent 25 of its 53 s compiling and reported 27
 tokens/s; a short uncached suffix after a long cached prefix met new variants on every length class).
@@ -57,8 +57,9 @@ LONGEST_WARM_QUERY = (
 SHORTEST_WARM_PREFIX = 16
 LONGEST_WARM_PREFIX = 4096  # 64 splits (the most) of 64 rows: longer tables select no new variant
 # Chunks past LONGEST_WARM_QUERY, up to the step's token budget, alone after no prefix and after one block: tiles stop
-# growing there, but the programs a launch spreads over still follow the chunk's power of two (the attention's KV
-# splits when its query tiles fill the GPU), and with them compile-time values (the attention merge's width).
+# growing there, but the programs a launch spreads over still follow the chunk's power of two (MoE routing's
+# logit splits reach one at 4096 tokens for the fewest experts, the attention's KV splits when its query tiles
+# fill the GPU), and with them compile-time values (the routing kernel's SPLITS, the attention merge's width).
 LONGEST_WARM_CHUNK = 4096
 # Batches of one-token chunks (every request a prefix-cache hit but its last token) after prefixes up to this: the
 # attention's KV splits then follow the prefix (a split a KV tile, at most about two programs an SM over the

@@ -8,17 +8,12 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    each split of the hidden dimension into its own [tokens, experts] slice. The router weight is the only
    large read of routing (DeepSeek-V2-Lite 64 x 2048 x 4 B = 0.5 MB, V3 256 x 7168 x 4 B = 7.3 MB): split
    over up to 264 programs it streams at the device's bandwidth, where the one program of step 2 would
-   read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch. A
-   program takes a block of 16 tokens and sums its products across the columns (a reduction tree) token by
-   token, the weight tile read once for the block. At every token count: the splits follow the router's
-   shape only, never the count, so a token's sums are the same in any batch (batch-invariant mode needs no
-   path of its own) and one routing kernel's SPLITS serves every count. A float32 ``tl.dot`` path (IEEE
-   precision) it replaced was slower at every count from 17 to 4096 tokens on every seed router but
-   DeepSeek-V2-Lite's at 17 to 32 (8.1 against 10.2-10.5 us), e.g. DeepSeek-V3's 127.9 against 32.6 us at
-   32 tokens and 4461.5 against 2666.7 at 4096, Qwen3-Next's 82.2 against 29.5 at 65
-   (benchmarks/scripts/router_logit_paths.py at commit bb2ecf2, gpu_2026-12-03f call 2). Inside a batch-32
-   decode step the difference was small: the Qwen3-Next slice 4.245 -> 4.210 ms, the Step-3.5 slice 7.657 ->
-   7.667 (call 4).
+   read it at one SM's (microseconds to tens of microseconds). So the matvec keeps its own launch. Up to
+   one block of tokens (decode, verify; in batch-invariant mode at every count, block by block) a program
+   sums its products across the columns (a reduction tree) token by token, the weight tile read once: a
+   float32 ``tl.dot`` takes its K steps one after the other in each thread, 256 dependent steps a program
+   (on an H200 12 us a layer for Qwen3-Next's 4.2 MB router weight, 23 us for DeepSeek-V3's 7.3 MB:
+   benchmarks/results/gpu_2026-11-29e/call1).
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
@@ -105,7 +100,12 @@ _LOGIT_PROGRAMS = 264  # programs the logits matvec aims for (two waves of an H2
 _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
-_LOGIT_BLOCK_K = 256  # the logits' K step: each program's split in one or two wide steps
+_FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
+# the tl.dot path's K step (more tokens). Batch-invariant mode once took this path at every count: 12.1 us a
+# layer on the Qwen3-Next slice's batch-1 step against 3.0 for the per-token sums (gpu_2026-12-03d call 4), and
+# 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (benchmarks/scripts/invariant_router_logits.py, now router_logit_paths.py,
+# gpu_2026-12-03e call 1); it now sums token by token at every count
+_DOT_BLOCK_K = 64
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
@@ -139,6 +139,7 @@ def _router_logits_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     INPUT_NORM: tl.constexpr,
+    FEW_TOKENS: tl.constexpr,  # per-token sums over the block's tokens, no tl.dot (module docstring 1.)
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
@@ -165,16 +166,27 @@ def _router_logits_kernel(
         ).to(tl.float32)  # [BLOCK_E, BLOCK_K]
         if INPUT_NORM:
             col = tl.load(scale_ptr + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
-        first = tl.program_id(0) * BLOCK_T
-        x_row = x_ptr + first.to(tl.int64) * stride_x  # the block's first token
-        for t in range(first, tl.minimum(first + BLOCK_T, n)):  # the block's tokens one by one
-            xt = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
-            x_row += stride_x
+        if FEW_TOKENS:
+            first = tl.program_id(0) * BLOCK_T
+            x_row = x_ptr + first.to(tl.int64) * stride_x  # the block's first token
+            for t in range(first, tl.minimum(first + BLOCK_T, n)):  # the block's tokens one by one
+                xt = tl.load(x_row + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
+                x_row += stride_x
+                if INPUT_NORM:
+                    sq = tl.where(tokens == t, sq + tl.sum(xt * xt, axis=0), sq)
+                    xt *= col
+                products = tl.sum(w * xt[None, :], axis=1)  # [BLOCK_E]
+                acc = tl.where(tokens[:, None] == t, acc + products[None, :], acc)
+        else:
+            x = tl.load(
+                x_ptr + tokens[:, None].to(tl.int64) * stride_x + k[None, :],
+                mask=t_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)  # [BLOCK_T, BLOCK_K]
             if INPUT_NORM:
-                sq = tl.where(tokens == t, sq + tl.sum(xt * xt, axis=0), sq)
-                xt *= col
-            products = tl.sum(w * xt[None, :], axis=1)  # [BLOCK_E]
-            acc = tl.where(tokens[:, None] == t, acc + products[None, :], acc)
+                sq += tl.sum(x * x, axis=1)
+                x *= col[None, :]
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     row = (split * n + tokens).to(tl.int64) * row_len  # [BLOCK_T]
     tl.store(partial_ptr + row[:, None] + experts[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
     if INPUT_NORM:
@@ -579,21 +591,42 @@ class RouterInputNorm:
 
 
 _LOGIT_TOKENS, _LOGIT_EXPERTS = 16, 16  # the logits kernel's tile: tokens by experts
+# Tokens up to which the logits take the per-token sums outside batch-invariant mode (the mode takes them at
+# every count), each token block's splits as for one block (``logit_splits``). Alone, one captured call, the sums
+# were faster than the tl.dot path from 17 to 4096 tokens on every seed router but DeepSeek-V2-Lite's at 17-32
+# (e.g. V3's 32.6 against 127.9 us at 32 tokens; benchmarks/scripts/router_logit_paths.py, gpu_2026-12-03f call 2),
+# but inside a batch-32 decode step, decode graphs captured again per setting, at 16 / at every count: the
+# Qwen3-Next slice 4.245 / 4.210 ms, the Step-3.5 slice 7.657 / 7.667, DeepSeek-V2-Lite 9.185 / 9.379 and in
+# block FP8 7.146 / 7.330 (calls 4 and 5). So 16 stays.
+per_token_max = 16
 
 
 class LogitSplits(NamedTuple):
+    few: bool  # one token block: the per-token sums (FEW_TOKENS)
+    block_k: int
     splits: int
-    split_len: int  # hidden columns a split, a multiple of _LOGIT_BLOCK_K
+    split_len: int  # hidden columns a split, a multiple of block_k
 
 
-def logit_splits(hidden: int, experts: int) -> LogitSplits:
-    """How ``router_logits`` splits the hidden size: so that one 16-token block's programs (its expert tiles
-    by the splits) number about ``_LOGIT_PROGRAMS``. A fact of the router's shape, not of the token count
-    (module docstring 1.)."""
-    tiles = triton.cdiv(experts, _LOGIT_EXPERTS)
-    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, _LOGIT_BLOCK_K), _LOGIT_PROGRAMS // tiles))
-    split_len = triton.cdiv(triton.cdiv(hidden, splits), _LOGIT_BLOCK_K) * _LOGIT_BLOCK_K
-    return LogitSplits(triton.cdiv(hidden, split_len), split_len)
+def logit_splits(n: int, hidden: int, experts: int) -> LogitSplits:
+    """How ``router_logits`` over ``n`` tokens splits the hidden size: so that, with the tiles of tokens and
+    experts, about ``_LOGIT_PROGRAMS`` programs run.
+
+    Few tokens (decode, verify): the weight is the whole read, and a program's loop over its split is a chain
+    of dependent loads, so the split is walked in one or two wide steps by more programs. On an H200 the
+    64-wide steps took 15 us a layer for Qwen3-Next's 4.2 MB router weight (a 1 us read) and 20 us for
+    DeepSeek-V3's 7.3 MB (benchmarks/results/gpu_2026-11-29d, call 3's kernel tables). Batch-invariant mode:
+    always the per-token sums, over every token block, their splits as for one block, so a token's partial
+    sums and their split boundaries do not depend on the token count (the dot path sums in another order).
+    The token tiles are counted over the count's power of two: the splits are the routing kernel's SPLITS,
+    compiled per value, which the engine's warm-up meets (engine/warm_up.py; gpu_2026-12-01h)."""
+    few = n <= per_token_max or batch_invariant()
+    block_k = _FEW_TOKENS_BLOCK_K if few else _DOT_BLOCK_K
+    token_tiles = 1 if few else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
+    tiles = token_tiles * triton.cdiv(experts, _LOGIT_EXPERTS)
+    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
+    split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
+    return LogitSplits(few, block_k, triton.cdiv(hidden, split_len), split_len)
 
 
 def router_logits(
@@ -610,7 +643,7 @@ def router_logits(
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     block_t, block_e = _LOGIT_TOKENS, _LOGIT_EXPERTS
-    splits, split_len = logit_splits(hidden, experts)
+    few, block_k, splits, split_len = logit_splits(n, hidden, experts)
     partial = torch.empty(splits, n, row_len, dtype=torch.float32, device=x.device)
     pdl = pdl_available(x.device)
     _router_logits_kernel[(triton.cdiv(n, block_t), triton.cdiv(experts, block_e), splits)](
@@ -627,8 +660,9 @@ def router_logits(
         weight.stride(0),
         BLOCK_T=block_t,
         BLOCK_E=block_e,
-        BLOCK_K=_LOGIT_BLOCK_K,
+        BLOCK_K=block_k,
         INPUT_NORM=column_scale is not None,
+        FEW_TOKENS=few,
         PDL=pdl,
         num_warps=4,
         **pdl_launch_options(pdl),

@@ -14,11 +14,14 @@ from outpace.attention import mla_kernels
 from outpace.cache.block_pool import BlockPool
 from outpace.config import SpeculativeConfig
 from outpace.engine.warm_up import (
+    LONGEST_WARM_CHUNK,
     LONGEST_WARM_QUERY,
+    long_chunk_lengths,
     warm_query_lengths,
     warm_up_prefills,
     warm_up_steps,
 )
+from outpace.layers.moe_routing_kernel import logit_splits
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 ENGINE = dict(
@@ -138,6 +141,28 @@ def test_warm_up_lengths_meet_every_length_class():
         assert not missed, (
             f"a drafter keeping {kept} rows meets no warm-up chunk of {missed} rows' tiles"
         )
+
+
+@pytest.mark.parametrize(
+    "hidden,experts",
+    [
+        (64, 8),
+        (2048, 64),
+        (2048, 512),
+        (7168, 256),
+        (4096, 288),
+    ],  # zoo, V2-Lite, Qwen3-Next, V3, Step-3.5
+)
+def test_warm_up_lengths_meet_every_routing_split(hidden, experts):
+    # MoE routing's logit splits are the routing kernel's SPLITS (one compile each); they follow the token count
+    # up to where one split remains: every count's must be one a warm-up chunk meets
+    lengths = warm_query_lengths(LONGEST_WARM_QUERY) + long_chunk_lengths(LONGEST_WARM_CHUNK)
+    warmed = {logit_splits(n, hidden, experts) for n in lengths}
+    counts = [*range(1, LONGEST_WARM_CHUNK + 1), 8192, 65536]
+    missed = [n for n in counts if logit_splits(n, hidden, experts) not in warmed]
+    assert not missed, (
+        f"token counts whose routing splits the warm-up does not compile: {missed[:20]}"
+    )
 
 
 def _mla_merge_variant(seqs: int, query_len: int, table_rows: int) -> tuple[int, int, int]:

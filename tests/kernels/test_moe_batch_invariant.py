@@ -1,7 +1,7 @@
 """The MoE kernels in batch-invariant mode (EngineConfig.batch_invariant): a token's router logits (layers/
 moe_routing_kernel.py ``router_logits``, their splits summed in order) and its grouped experts' output (layers/
-moe_kernels.py ``grouped_experts``) get the same bits alone and among many tokens, past one block
-of tokens (16 for the logits, 64 for the experts' small blocks), and wherever the token sits in the batch. In
+moe_kernels.py ``grouped_experts``) get the same bits alone and among many tokens, past the few-token paths'
+bounds (16 tokens for the logits, 64 for the experts' blocks), and wherever the token sits in the batch. In
 Triton's interpreter (float32, its dots row by row: tests/conftest.py) and on the GPU (bf16)."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_router_logits_of_a_token_do_not_depend_on_the_batch():
 
 @pytest.mark.parametrize("tokens", [17, 40])
 def test_the_modes_router_logits_over_several_token_blocks_are_the_matvec(tokens):
-    """The logits sum token by token at every count: each of several 16-token blocks' tokens gets its own
+    """The mode sums token by token at every count: each of several 16-token blocks' tokens gets its own
     row of x @ W.T, and with a column scale (Gemma 4's router input norm) its x^2 in the row's last entry."""
     hidden, experts = 300, 24
     x, w = _rand(tokens, hidden, seed=3), _rand(experts, hidden, seed=4).float()

@@ -21,7 +21,6 @@ from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.layers.moe_routing_kernel import (  # noqa: E402
     FUSED_LAYOUT_TOKENS,
     layout_scratch,
-    logit_splits,
     route,
     router_logits,
     select_experts,
@@ -229,21 +228,39 @@ def test_a_stream_made_ready_for_its_norm_routes_as_the_norm(case, n):
     torch.testing.assert_close(row_norm.scale.cpu(), rstd, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens, hidden", [(3, 1097), (40, 601)])
+@pytest.mark.parametrize("tokens, hidden", [(3, 1097), (40, 197)])
 def test_split_router_logits_sum_to_the_matvec(tokens, hidden):
-    """An odd hidden size over several splits of the hidden dimension, one token block and several (the
-    same splits: the router's shape sets them), bf16 x converted in the kernel."""
+    """An odd hidden size over several splits of the hidden dimension (few tokens: 256-wide steps; more:
+    64-wide), bf16 x converted in the kernel."""
     g = torch.Generator(DEVICE).manual_seed(1)
     x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
     w = torch.randn(40, hidden, device=DEVICE, generator=g)
     partial = router_logits(x, w)
-    assert partial.shape == (logit_splits(hidden, 40).splits, tokens, 40)
-    assert partial.shape[0] > 1
+    assert partial.shape[0] > 1 and partial.shape[1:] == (tokens, 40)
     torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
     w16 = w.to(torch.bfloat16)  # a router weight in the model's dtype: converted in the kernel too
     torch.testing.assert_close(
         router_logits(x, w16).sum(0), x.float() @ w16.float().T, rtol=1e-5, atol=1e-4
     )
+
+
+@pytest.mark.parametrize("tokens", [17, 40])
+def test_router_logits_take_the_per_token_sums_up_to_per_token_max(tokens, monkeypatch):
+    """Outside batch-invariant mode the per-token sums serve up to ``per_token_max`` tokens (at 32 here), over
+    several 16-token blocks with the splits of one block; the tl.dot path beyond: both the matvec."""
+    from outpace.layers import moe_routing_kernel
+
+    monkeypatch.setattr(moe_routing_kernel, "per_token_max", 32)
+    hidden, experts = 1097, 40
+    split = moe_routing_kernel.logit_splits(tokens, hidden, experts)
+    assert split.few == (tokens <= 32)
+    assert (split == moe_routing_kernel.logit_splits(1, hidden, experts)) == split.few
+    g = torch.Generator(DEVICE).manual_seed(tokens)
+    x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(experts, hidden, device=DEVICE, generator=g)
+    partial = router_logits(x, w)
+    assert partial.shape == (split.splits, tokens, experts)
+    torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
 
 
 def test_ties_go_to_the_lowest_expert_and_group():

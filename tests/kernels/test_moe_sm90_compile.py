@@ -104,7 +104,7 @@ for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_
         ok = "0 bytes spill stores" in report and "cp.async" in compiled.asm["ptx"]
         print(f"{kernel.__name__}:fp8_block:{name}", ok)
 build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
-      "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False,
+      "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
       PDL=True))
 route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr", "sq_ptr", "row_scale_ptr"],
                     "*fp32"),
