@@ -103,8 +103,8 @@ _MAX_SPLITS = (
 _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one or two wide steps
 # the tl.dot path's K step (more tokens). Batch-invariant mode once took this path at every count: 12.1 us a
 # layer on the Qwen3-Next slice's batch-1 step against 3.0 for the per-token sums (gpu_2026-12-03d call 4), and
-# 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (benchmarks/scripts/invariant_router_logits.py, now router_logit_paths.py,
-# gpu_2026-12-03e call 1); it now sums token by token at every count
+# 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (gpu_2026-12-03e call 1: router_logit_paths.py's first
+# form, benchmarks/scripts/invariant_router_logits.py); it now sums token by token at every count
 _DOT_BLOCK_K = 64
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
