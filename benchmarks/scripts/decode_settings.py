@@ -18,7 +18,7 @@ from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
-from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused
+from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused, moe_kernels
 
 # knob -> (module, attribute)
 KNOBS = {
@@ -29,6 +29,7 @@ KNOBS = {
     "q_absorb_stages": (mla_fused, "_Q_ABSORB_STAGES"),
     "down_outs": (mla_fused, "_DOWN_OUTS"),
     "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
+    "quantized_pdl": (moe_kernels, "quantized_pdl"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
@@ -86,6 +87,13 @@ SWEEPS = {
         "deepseek-v3-slice",
         ((1, 512), (8, 512)),
         ({}, {"fp8_scale_columns": 1}, {"fp8_scale_columns": 2}),
+        quantized="fp8",
+    ),
+    # the grouped experts over block-FP8 stacks with programmatic dependent launch (moe_kernels.quantized_pdl)
+    "moe_fp8_pdl": Sweep(
+        "deepseek-v2-lite",
+        ((1, 512), (8, 512), (32, 512)),
+        ({}, {"quantized_pdl": True}),
         quantized="fp8",
     ),
     # Mamba2's state scan: a head's state rows a program and its warps

@@ -77,9 +77,9 @@ from outpace.layers.sm_count import num_sms
 # Outputs a program of the down projections: _DOWN_OUTS (132 programs at DeepSeek-V3's 1536 + 576), twice as
 # many where that would leave a second, partial wave of programs (``_down_outs``). DeepSeek-V2-Lite's q_proj and
 # kv_a (3072 + 576 outputs): 2.442 -> 2.380 ms a decode step at batch 1, 5.672 -> 5.600 at batch 8 with 32
-# (benchmarks/scripts/decode_settings.py mla_down, gpu_2026-11-30e call 3). In block FP8 too, since its K steps
-# span several scale columns (``fp8_scale_columns``); over one column 32 had been slower (372.6 -> 340.6
-# tokens/s at batch 1, bench families --quantized fp8, gpu_2026-11-30e calls 2 and 4).
+# (benchmarks/scripts/decode_settings.py mla_down, gpu_2026-11-30e call 3). In block FP8 too: V2-Lite's step
+# 2.048 -> 1.986 ms at batch 1 over one scale column a K step (gpu_2026-12-03f call 2; the table at
+# ``fp8_scale_columns``), where a run that also gave the FP8 experts PDL had lost (gpu_2026-11-30e calls 2, 4).
 _DOWN_OUTS = 16
 # A weight tile's elements a pipeline stage (32 KB of bf16) and its K columns at most: against 8192 and 256,
 # DeepSeek-V2-Lite's decode step took 2.741 -> 2.657 ms at batch 1, 5.876 -> 5.826 at batch 8 on the H200

@@ -102,6 +102,12 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 # the fastest at 1-8 tokens at Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages 10-30% slower).
 few_token_gate_up = (32, 128, 4, 4)
 few_token_down = (64, 128, 4, 4)
+# Whether quantized stacks launch with programmatic dependent launch too. Not: with it, block FP8 DeepSeek-V2-Lite's
+# decode at batch 1 went from 372.6 to 340.6 and 333.4 tokens/s, where bf16's went from 408.1 to 428.6 (bench
+# families, gpu_2026-11-30e calls 2, 4 and 5). Those runs also widened the fused MLA's FP8 down programs, which
+# alone were a gain (gpu_2026-12-03f call 2), so which change lost is not known; decode_settings.py moe_fp8_pdl
+# measures this one alone.
+quantized_pdl = False
 
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 
@@ -917,10 +923,7 @@ def grouped_experts(
         for t in (shared_gate_s, shared_up_s, shared_down_s)
     )
     block_m = layout.block_m
-    # Quantized stacks launch without: with it, block FP8 DeepSeek-V2-Lite's decode at batch 1 went from 372.6
-    # to 340.6 and 333.4 tokens/s, where bf16's went from 408.1 to 428.6 (with the fused MLA's wider down
-    # programs besides); bench families, gpu_2026-11-30e calls 2, 4 and 5. Why FP8 lost is not known.
-    pdl = quant is None and pdl_available(x.device)
+    pdl = (quant is None or quantized_pdl) and pdl_available(x.device)
     act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
     bn_up = up_tiles[0]
     _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](

@@ -5,8 +5,8 @@ replaces @triton.jit here), with programmatic dependent launch on: what Triton's
 top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait.
 
 The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one token compile them
-(the few-token fp8 tiles, without the dependent launch): the launch code runs on CPU tensors of the real
-shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
+(the few-token fp8 tiles, without the dependent launch and with it: ``quantized_pdl``): the launch code runs
+on CPU tensors of the real shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
 specializes its arguments (an int of 1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at
 Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped) and DeepSeek-V2-Lite's
 (packed gate/up, the shared MLP's two slots from views of its own weights and scales). Each must compile
@@ -99,10 +99,11 @@ for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_
     launches = launched(run)
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
         args, kwargs = launches[kernel.__name__]
-        compiled = compile_as_launched(kernel, args, kwargs)
-        report = ptxas_report(compiled)
-        ok = "0 bytes spill stores" in report and "cp.async" in compiled.asm["ptx"]
-        print(f"{kernel.__name__}:fp8_block:{name}", ok)
+        for pdl in (False, True):  # (moe_kernels.quantized_pdl: the launch with the dependent launch too)
+            compiled = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl})
+            report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
+            ok = "0 bytes spill stores" in report and "cp.async" in ptx
+            print(f"{kernel.__name__}:fp8_block:{name}:pdl={pdl}", ok and pdl == ("griddepcontrol.wait" in ptx))
 build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
       "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
       PDL=True))
@@ -135,9 +136,10 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 3
     names += [
-        f"{kernel}:fp8_block:{family}"
+        f"{kernel}:fp8_block:{family}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
         for kernel in ("_gate_up_kernel", "_down_kernel")
+        for pdl in (False, True)
     ]
     names.append("_router_logits_kernel")
     names += ["_route_kernel"] * 2 + ["_route_kernel:qwen3-next"]
