@@ -227,7 +227,7 @@ def test_nccl_kernels_by_their_launch():
     assert unmatched["all_in_graphs"] is None  # nothing to judge by
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph and the CUDA profiler")
+@pytest.mark.gpu  # a CUDA graph and the CUDA profiler
 def test_profiled_kernels_are_matched_to_their_graph_launch():
     """On the GPU, the premise of ``nccl_launches``: a kernel replayed from a CUDA graph is matched to the
     graph launch, one launched eagerly to its own launch call."""

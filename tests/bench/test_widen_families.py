@@ -246,7 +246,7 @@ def test_wrong_rope_map_is_caught(tmp_path, monkeypatch):
     assert (logits_b - logits).abs().max() > 1e-2 * logits.abs().max()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on the GPU")
+@pytest.mark.gpu  # bf16 on the GPU
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_bf16_gpu_widened_keeps_tokens_and_acceptance(tmp_path, family):
     """On the GPU in bf16 (what bench e2e runs), at the tiny widening: the widened weights are the zoo's

@@ -106,7 +106,6 @@ def test_the_cpu_default_is_a_fixed_pool(llama_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_pool_sized_from_gpu_memory_utilization(llama_dir):
     llm = LLM(
         str(llama_dir),

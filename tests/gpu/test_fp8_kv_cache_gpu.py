@@ -38,8 +38,6 @@ from outpace.attention.torch_backend import TorchAttentionBackend, attend_paged,
 from outpace.attention.triton_kernels import paged_attention, write_kv
 from outpace.config import SpeculativeConfig
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 EIGHT_B = dict(head_dim=128, heads=32, kv_heads=8)
 GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)

@@ -219,7 +219,7 @@ def test_step3p5_routing_kernel_equals_its_torch_routing():
 # ---- the GPU: bf16 at the public shapes --------------------------------------------------------------------
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at Gemma-4-26B-A4B's router shape: GPU only")
+@pytest.mark.gpu  # bf16 at Gemma-4-26B-A4B's router shape: GPU only
 @pytest.mark.parametrize("n", [1, 8, 32, 64, 200])
 def test_gpu_gemma4_26b_router(n):
     """hidden 2816, 128 experts, top 8 (huggingface.co/google/gemma-4-26B-A4B, outpace/bench/
@@ -243,7 +243,7 @@ def test_gpu_gemma4_26b_router(n):
     torch.testing.assert_close(got_w[same], exp_w[same], rtol=2e-2, atol=1e-3)
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 and CUDA graphs: GPU only")
+@pytest.mark.gpu  # bf16 and CUDA graphs: GPU only
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_gpu_step3p5_flash_moe_block_replays_in_a_cuda_graph(n):
     """Step-3.5-Flash's MoE shape (hidden 4096, 288 experts of 1280 rows, top 8, a shared expert of 1280

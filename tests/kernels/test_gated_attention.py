@@ -237,7 +237,7 @@ def test_step3p5_fused_layers_gate_inside_the_attention_launch(tmp_path, monkeyp
     assert gates == [((3, h), torch.float32) for h in heads] and separate == []
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 attention needs the GPU")
+@pytest.mark.gpu  # bf16 attention needs the GPU
 @pytest.mark.parametrize(
     "invariant, num_splits",
     [(False, 1), (False, 8), (True, None)],

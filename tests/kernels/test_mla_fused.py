@@ -502,7 +502,7 @@ def _gpu_case(name: str, layout: str):
     return layer, (meta, num_blocks, 16, x, positions_of(meta), cache_init)
 
 
-@pytest.mark.skipif(not CUDA, reason="bf16 at the DeepSeek shapes: GPU only")
+@pytest.mark.gpu  # bf16 at the DeepSeek shapes: GPU only
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 @pytest.mark.parametrize("layout", ["decode", "chain4", "chain8", "tree"])
 def test_bf16_at_the_deepseek_shapes(name, layout, monkeypatch):
@@ -574,7 +574,7 @@ def _print_report(what: str, report: dict[str, tuple[int, float]]) -> None:
     )
 
 
-@pytest.mark.skipif(not CUDA, reason="kernel launches and time on the GPU")
+@pytest.mark.gpu  # kernel launches and time on the GPU
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 @pytest.mark.parametrize("layout", ["decode", *LONG_LAYOUTS])
 def test_block_launches_and_time(name, layout, monkeypatch):
@@ -598,7 +598,7 @@ def dequantized_reference(layer: MultiHeadLatentAttention) -> MultiHeadLatentAtt
     return reference.float()
 
 
-@pytest.mark.skipif(not CUDA, reason="block FP8 at the DeepSeek shapes: GPU only")
+@pytest.mark.gpu  # block FP8 at the DeepSeek shapes: GPU only
 @pytest.mark.parametrize("name", ["v2-lite", "kimi-k2"])
 @pytest.mark.parametrize("layout", ["decode", "chain4", "tree"])
 def test_block_fp8_at_the_deepseek_shapes(name, layout, monkeypatch):
@@ -626,7 +626,7 @@ def test_block_fp8_at_the_deepseek_shapes(name, layout, monkeypatch):
     assert _relative(cache, ref_cache) < 1e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="kernel launches and time on the GPU")
+@pytest.mark.gpu  # kernel launches and time on the GPU
 @pytest.mark.parametrize("layout", ["decode", "long_chain4"])
 def test_block_fp8_launches_and_time(layout, monkeypatch):
     """DeepSeek-V2-Lite's block in block FP8: five launches fused (o_proj the few-row FP8 kernel's one),
@@ -637,7 +637,7 @@ def test_block_fp8_launches_and_time(layout, monkeypatch):
     assert report["fused"][0] <= 5
 
 
-@pytest.mark.skipif(not CUDA, reason="the engine's CUDA graphs")
+@pytest.mark.gpu  # the engine's CUDA graphs
 # (not "v2-group": its attention has biases, which the fused block declines by design: ``fuses``)
 @pytest.mark.parametrize("variant", ["v2-greedy", "v3-yarn"])
 def test_the_engine_captures_the_fused_block(variant, tmp_path, monkeypatch):

@@ -368,7 +368,7 @@ def test_the_layer_chooses_the_kernel_under_the_triton_backend(layout, monkeypat
     assert torch.equal(outs["triton"][1], outs["torch"][1])
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.gpu  # bf16 at the DeepSeek-V2-Lite shape: GPU only
 @pytest.mark.parametrize("layout", ["decode", "verify", "tree"])
 def test_bf16_at_the_v2_lite_shape(layout):
     g = torch.Generator().manual_seed(2)
@@ -575,7 +575,7 @@ def test_batch_invariant_query_parts_and_up_projection(monkeypatch):
     assert torch.equal(chain, batch[5:9])
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.gpu  # bf16 at the DeepSeek-V2-Lite shape: GPU only
 def test_bf16_batch_invariant_at_the_v2_lite_shape():
     """The invariance test in bf16 at DeepSeek-V2-Lite's shape (16 heads, 512 + 64) with the mode's own
     512-row splits over contexts of up to 3 splits: rows alone, in a chain and in a batch bit-identical,
@@ -803,7 +803,7 @@ def test_batch_invariant_tree_masks_equal_the_torch_path(layout, heads, monkeypa
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.gpu  # bf16 at the DeepSeek-V2-Lite shape: GPU only
 @pytest.mark.parametrize("with_up", [False, True])
 def test_bf16_batch_invariant_tree_nodes_at_the_v2_lite_shape(with_up):
     """The tree invariance test in bf16 at DeepSeek-V2-Lite's shape (16 heads, 512 + 64, W_UV's 128 rows) with

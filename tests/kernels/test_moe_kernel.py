@@ -653,7 +653,7 @@ def test_each_family_moe_equals_its_previous_output_and_the_kernels(family, kern
         }  # clamped layers run through the clamp
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite expert shape: GPU only")
+@pytest.mark.gpu  # bf16 at the DeepSeek-V2-Lite expert shape: GPU only
 @pytest.mark.parametrize("n", [1, 4, 8, 32])
 def test_bf16_at_the_v2_lite_shape(n):
     moe = make_moe(hidden=2048, inter=1408, experts=64, top_k=6, dtype=torch.bfloat16)
@@ -670,7 +670,7 @@ def test_bf16_at_the_v2_lite_shape(n):
     assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the DeepSeek-V2-Lite shape: GPU only")
+@pytest.mark.gpu  # bf16 at the DeepSeek-V2-Lite shape: GPU only
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 32, 64])
 def test_bf16_v2_lite_moe_with_fused_shared_experts(n):
     """The whole MoE block on the kernels (routing kernel, fused shared experts) against a float32 eager
@@ -690,7 +690,7 @@ def test_bf16_v2_lite_moe_with_fused_shared_experts(n):
     assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the Qwen3-Next-80B MoE shape: GPU only")
+@pytest.mark.gpu  # bf16 at the Qwen3-Next-80B MoE shape: GPU only
 @pytest.mark.parametrize("n", [1, 8, 32])
 def test_bf16_qwen3_next_block_with_its_gated_shared_expert_fused(n, tmp_path):
     """Qwen3-Next-80B's MoE block (bench/family_shapes.py: hidden 2048, 512 experts of 512, top 10, one gated
@@ -725,7 +725,7 @@ def test_bf16_qwen3_next_block_with_its_gated_shared_expert_fused(n, tmp_path):
     assert ((got.float() - expected).norm() / expected.norm()).item() < 1e-2
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs: GPU only")
+@pytest.mark.gpu  # CUDA graphs: GPU only
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_moe_block_replays_in_a_cuda_graph(n):
     """Routing, layout, grouped and combine kernels captured once replay new inputs exactly."""

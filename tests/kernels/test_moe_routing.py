@@ -306,7 +306,7 @@ GPU_ROUTINGS = {
 }
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="the DeepSeek router shapes in bf16: GPU only")
+@pytest.mark.gpu  # the DeepSeek router shapes in bf16: GPU only
 @pytest.mark.parametrize("n", [1, 4, 8, 32, 64, 200])
 @pytest.mark.parametrize("case", list(GPU_ROUTINGS))
 def test_gpu_deepseek_shapes(case, n):
@@ -332,7 +332,7 @@ GPU_LAYOUT_ROUTINGS = {  # id -> (Routing, shared slots, shared gate): the fused
 }
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="programs running at once on the SMs: GPU only")
+@pytest.mark.gpu  # programs running at once on the SMs: GPU only
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 32, 64])
 @pytest.mark.parametrize("case", list(GPU_LAYOUT_ROUTINGS))

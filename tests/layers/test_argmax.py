@@ -47,7 +47,7 @@ def test_cpu_and_narrow_rows_take_torch_s_argmax():
     assert torch.equal(argmax_last(x), x.argmax(-1))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu  # needs a GPU
 def test_gpu_vocabulary_widths():
     g = torch.Generator(device="cuda").manual_seed(1)
     for width in (102400, 151936, 128256, 262144, 32000, 8192):

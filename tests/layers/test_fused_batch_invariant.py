@@ -144,7 +144,7 @@ def test_qkv_rows_and_their_cache_writes_do_not_depend_on_the_row_count(qk_norm,
         assert_rows_keep_their_bits(qkv_case(qk_norm, v_norm, k=72, dtype=torch.float32))
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="the real dispatch: CUDA tensors only")
+@pytest.mark.gpu  # the real dispatch: CUDA tensors only
 def test_the_fused_path_serves_any_row_count_in_batch_invariant_mode_only():
     w = torch.zeros(8, 4, dtype=torch.bfloat16, device=DEVICE)
     rows = {m: torch.zeros(m, 4, dtype=torch.bfloat16, device=DEVICE) for m in (16, 17, 300)}
@@ -154,7 +154,7 @@ def test_the_fused_path_serves_any_row_count_in_batch_invariant_mode_only():
             assert all(fused_rows_apply(x, w) for x in rows.values())
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 at the Llama-8B widths: GPU only")
+@pytest.mark.gpu  # bf16 at the Llama-8B widths: GPU only
 @pytest.mark.parametrize("width", ["o_proj", "head"])
 def test_gpu_bf16_rows_do_not_depend_on_the_row_count(width):
     """On the GPU the instruction a tile runs is the hardware's: 1..17 rows at the 8B widths (o_proj /

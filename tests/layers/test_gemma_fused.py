@@ -250,7 +250,6 @@ def test_fused_gemma_layers_compute_what_the_eager_ones_do(variant, gemma, monke
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("variant", list(LAYERS))
 def test_cuda_graphs_and_triton_give_the_eager_tokens(variant, gemma):
     """fp32 on the GPU: CUDA graphs and the Triton backend (windows of 7 under 40-token sequences) give

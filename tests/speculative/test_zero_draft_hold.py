@@ -8,7 +8,6 @@ step (a CUDA graph's replay would run neither)."""
 from pathlib import Path
 
 import pytest
-import torch
 
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
@@ -121,7 +120,6 @@ def test_held_steps_run_no_forward_and_change_no_draft(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("case", list(CASES))
 def test_held_and_narrow_steps_replay_captured_graphs_losslessly_on_gpu(case):
     """The same schedule as CUDA graph replays in fp32 (the drafter's forwards and drafts are then out of
