@@ -18,7 +18,13 @@ from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
-from outpace.layers import fused_projection, mamba2_step_kernel, mla_fused, moe_kernels
+from outpace.layers import (
+    fused_projection,
+    mamba2_step_kernel,
+    mla_fused,
+    moe_kernels,
+    moe_routing_kernel,
+)
 
 # knob -> (module, attribute)
 KNOBS = {
@@ -30,6 +36,7 @@ KNOBS = {
     "down_outs": (mla_fused, "_DOWN_OUTS"),
     "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
     "quantized_pdl": (moe_kernels, "quantized_pdl"),
+    "dot_precision": (moe_routing_kernel, "dot_precision"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
@@ -95,6 +102,11 @@ SWEEPS = {
         ((1, 512), (8, 512), (32, 512)),
         ({}, {"quantized_pdl": True}),
         quantized="fp8",
+    ),
+    # the router logits' tl.dot path (past 16 tokens) in IEEE float32 (shipped) or tf32x3 (moe_routing_kernel)
+    "router_dot_v2": Sweep("deepseek-v2-lite", ((32, 512),), ({}, {"dot_precision": "tf32x3"})),
+    "router_dot_qwen3next": Sweep(
+        "qwen3-next-80b-slice", ((32, 512),), ({}, {"dot_precision": "tf32x3"})
     ),
     # Mamba2's state scan: a head's state rows a program and its warps
     "mamba2": Sweep(

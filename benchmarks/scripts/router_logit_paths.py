@@ -1,8 +1,9 @@
 """The router logits' two paths (layers/moe_routing_kernel.py ``router_logits``): for each shape of
 routing_timings.py and token counts from 1 to 4096, the captured call's microseconds with the per-token sums
-(each 16-token block's splits as for one block) and with the ``tl.dot`` path, whichever ``per_token_max``
-would choose; the same call in batch-invariant mode; and whether every token's logits (the splits summed in
-order) have in the mode the bits they have among all the counts' tokens. Prints a table and writes
+(each 16-token block's splits as for one block) and with the ``tl.dot`` path in IEEE float32 and in tf32x3
+(``dot_precision``, with its largest difference from the IEEE path), whichever ``per_token_max`` would
+choose; the same call in batch-invariant mode; and whether every token's logits (the splits summed in order)
+have in the mode the bits they have among all the counts' tokens. Prints a table and writes
 OUT/router_logit_paths.json: the count up to which the per-token sums win is ``per_token_max``'s measure.
 (gpu_2026-12-03e ran this file's first form, invariant_router_logits.py: the mode against the normal path.)
 
@@ -22,7 +23,8 @@ from outpace.bench.graph_timing import graph_call_us
 from outpace.layers import moe_routing_kernel as kernels
 
 TOKENS = (1, 2, 8, 16, 17, 32, 64, 65, 128, 256, 1024, 4096)
-PATHS = {"sums_us": 1 << 30, "dot_us": 0}  # column -> per_token_max that forces the path
+# column -> (per_token_max that forces the path, the tl.dot path's precision)
+PATHS = {"sums_us": (1 << 30, "ieee"), "dot_us": (0, "ieee"), "dot_tf32x3_us": (0, "tf32x3")}
 
 
 def logits(partial: torch.Tensor) -> torch.Tensor:
@@ -39,7 +41,7 @@ def main() -> None:
     parser.add_argument("shapes", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    shipped = kernels.per_token_max
+    shipped = kernels.per_token_max, kernels.dot_precision
     rows = []
     for name in args.shapes:
         hidden, routing, _, gate, gemma = SHAPES[name]
@@ -52,13 +54,19 @@ def main() -> None:
         for n in TOKENS:
             row = {"shape": name, "tokens": n}
             try:
-                for column, limit in PATHS.items():
-                    kernels.per_token_max = limit
+                for column, (limit, precision) in PATHS.items():
+                    kernels.per_token_max, kernels.dot_precision = limit, precision
                     row[column] = graph_call_us(
                         lambda n=n: kernels.router_logits(x[:n], weight), CALLS
                     )
+                    if column == "dot_tf32x3_us":  # its accuracy against the IEEE dot's
+                        kernels.dot_precision = "ieee"
+                        ieee = logits(kernels.router_logits(x[:n], weight))
+                        kernels.dot_precision = precision
+                        tf32x3 = logits(kernels.router_logits(x[:n], weight))
+                        row["tf32x3_max_abs_diff"] = (tf32x3 - ieee).abs().max().item()
             finally:
-                kernels.per_token_max = shipped
+                kernels.per_token_max, kernels.dot_precision = shipped
             with forward_settings(True):
                 row["invariant_us"] = graph_call_us(
                     lambda n=n: kernels.router_logits(x[:n], weight), CALLS
@@ -69,6 +77,7 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{name:16s} {n:4d} tokens  sums {row['sums_us']:8.2f} us  dot {row['dot_us']:8.2f} us  "
+                f"tf32x3 {row['dot_tf32x3_us']:8.2f} us (max |diff| {row['tf32x3_max_abs_diff']:.1e})  "
                 f"invariant {row['invariant_us']:8.2f} us{'' if row['bits_kept'] else ' (bits differ)'}",
                 flush=True,
             )

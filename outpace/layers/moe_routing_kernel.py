@@ -106,6 +106,10 @@ _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one 
 # 11.2 / 11.4 / 17.3 us at K steps of 64 / 128 / 256 (gpu_2026-12-03e call 1: router_logit_paths.py's first
 # form, benchmarks/scripts/invariant_router_logits.py); it now sums token by token at every count
 _DOT_BLOCK_K = 64
+# the tl.dot path's precision: "ieee" (float32 products on the CUDA cores, one K step after another in each thread),
+# or "tf32x3" (three tf32 tensor-core products a step, about float32's accuracy; bf16 x is exact in tf32). Not
+# measured yet: benchmarks/scripts/router_logit_paths.py times both, decode_settings.py router_dot_v2 in the step.
+dot_precision = "ieee"
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
@@ -140,6 +144,7 @@ def _router_logits_kernel(
     BLOCK_K: tl.constexpr,
     INPUT_NORM: tl.constexpr,
     FEW_TOKENS: tl.constexpr,  # per-token sums over the block's tokens, no tl.dot (module docstring 1.)
+    DOT_PRECISION: tl.constexpr,  # the tl.dot path's (``dot_precision``)
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
@@ -186,7 +191,7 @@ def _router_logits_kernel(
             if INPUT_NORM:
                 sq += tl.sum(x * x, axis=1)
                 x *= col[None, :]
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
     row = (split * n + tokens).to(tl.int64) * row_len  # [BLOCK_T]
     tl.store(partial_ptr + row[:, None] + experts[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
     if INPUT_NORM:
@@ -663,6 +668,7 @@ def router_logits(
         BLOCK_K=block_k,
         INPUT_NORM=column_scale is not None,
         FEW_TOKENS=few,
+        DOT_PRECISION=dot_precision,
         PDL=pdl,
         num_warps=4,
         **pdl_launch_options(pdl),

@@ -244,6 +244,22 @@ def test_split_router_logits_sum_to_the_matvec(tokens, hidden):
     )
 
 
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_the_dot_path_at_each_precision_is_the_matvec(precision, monkeypatch):
+    """The tl.dot path (past ``per_token_max`` tokens) at each ``dot_precision``: float32's accuracy (on the GPU
+    tf32x3's three tensor-core products; Triton's interpreter multiplies in float32 either way)."""
+    from outpace.layers import moe_routing_kernel
+
+    monkeypatch.setattr(moe_routing_kernel, "dot_precision", precision)
+    tokens, hidden, experts = 40, 1097, 40
+    assert not moe_routing_kernel.logit_splits(tokens, hidden, experts).few
+    g = torch.Generator(DEVICE).manual_seed(2)
+    x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(experts, hidden, device=DEVICE, generator=g)
+    expected = (x.double() @ w.double().T).float()
+    torch.testing.assert_close(router_logits(x, w).sum(0), expected, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("tokens", [17, 40])
 def test_router_logits_take_the_per_token_sums_up_to_per_token_max(tokens, monkeypatch):
     """Outside batch-invariant mode the per-token sums serve up to ``per_token_max`` tokens (at 32 here), over

@@ -104,9 +104,10 @@ for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_
             report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
             ok = "0 bytes spill stores" in report and "cp.async" in ptx
             print(f"{kernel.__name__}:fp8_block:{name}:pdl={pdl}", ok and pdl == ("griddepcontrol.wait" in ptx))
-build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
-      "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=256, INPUT_NORM=False, FEW_TOKENS=True,
-      PDL=True))
+for few, block_k, precision in ((True, 256, "ieee"), (False, 64, "ieee"), (False, 64, "tf32x3")):
+    build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
+          "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=block_k, INPUT_NORM=False,
+          FEW_TOKENS=few, DOT_PRECISION=precision, PDL=True))
 route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr", "sq_ptr", "row_scale_ptr"],
                     "*fp32"),
          **pointers(["sorted_pairs_ptr", "block_expert_ptr", "cursor_ptr"], "*i32"),
@@ -141,6 +142,8 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
         for kernel in ("_gate_up_kernel", "_down_kernel")
         for pdl in (False, True)
     ]
-    names.append("_router_logits_kernel")
+    names += [
+        "_router_logits_kernel"
+    ] * 3  # per-token sums; the tl.dot path in IEEE float32, in tf32x3
     names += ["_route_kernel"] * 2 + ["_route_kernel:qwen3-next"]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
