@@ -270,7 +270,9 @@ def test_router_logits_take_the_per_token_sums_up_to_per_token_max(tokens, monke
     hidden, experts = 1097, 40
     split = moe_routing_kernel.logit_splits(tokens, hidden, experts)
     assert split.few == (tokens <= 32)
-    assert (split == moe_routing_kernel.logit_splits(1, hidden, experts)) == split.few
+    # splits as for one block: at a router whose expert tiles bound them, two token blocks' tiles would halve them
+    wide = moe_routing_kernel.logit_splits(tokens, 4096, 144)
+    assert (wide == moe_routing_kernel.logit_splits(1, 4096, 144)) == split.few
     g = torch.Generator(DEVICE).manual_seed(tokens)
     x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
     w = torch.randn(experts, hidden, device=DEVICE, generator=g)
