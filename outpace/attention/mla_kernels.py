@@ -124,6 +124,12 @@ min_split_rows = 64
 # (benchmarks/scripts/batch_invariant_speed.py --split-rows, gpu_2026-12-01b call 3); 512 had been slower still
 # (gpu_2026-11-30d call 5: a short context's one split was one program a sequence's heads).
 invariant_split_rows = 64
+# The attention kernel's launch outside batch-invariant mode, half precision: KV rows a tile (BLOCK_N), software
+# pipeline stages, and warps for a 16-row tile (8 for 32 rows). Not measured alone on the GPU yet:
+# benchmarks/scripts/mla_decode_parts.py sweeps them.
+half_block_n = 32
+attention_stages = 2
+attention_warps = 4
 
 
 def invariant_block_m(heads: int) -> int:
@@ -645,10 +651,10 @@ def _attend(
     rope = q_rope.shape[2]
     device = q_parts.device
     fp32 = max(q_parts.element_size(), cache_rows.element_size()) >= 4
-    block_n = 16 if fp32 else 32
+    invariant = batch_invariant()
+    block_n = 16 if fp32 else (32 if invariant else half_block_n)
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
     mask = meta.custom_mask
-    invariant = batch_invariant()
     if invariant:  # fixed tiles and an absolute partition: see the module docstring
         _check_invariant_call(num_splits, block_n)
         block_m = 16 if fp32 else invariant_block_m(heads)
@@ -732,8 +738,8 @@ def _attend(
         BLOCK_W=max(16, triton.next_power_of_2(window)) if logical_rows else 16,
         PRECISION="ieee" if fp32 else "tf32",
         KV_SCALED=k_scale is not None,
-        num_warps=8 if block_m > 16 else 4,
-        num_stages=2,
+        num_warps=8 if block_m > 16 else (4 if invariant else attention_warps),
+        num_stages=2 if invariant else attention_stages,
         **invariant_launch_options(),  # (the mode: the operations as written, in any variant)
     )
     if partials:
