@@ -29,6 +29,8 @@ from outpace.layers import (
 # knob -> (module, attribute)
 KNOBS = {
     "min_split_rows": (mla_kernels, "min_split_rows"),
+    "half_block_n": (mla_kernels, "half_block_n"),
+    "attention_warps": (mla_kernels, "attention_warps"),
     "tile_elements": (mla_fused, "_TILE_ELEMENTS"),
     "max_block_k": (mla_fused, "_MAX_BLOCK_K"),
     "down_stages": (mla_fused, "_DOWN_STAGES"),
@@ -102,6 +104,12 @@ SWEEPS = {
         ((1, 512), (8, 512), (32, 512)),
         ({}, {"quantized_pdl": True}),
         quantized="fp8",
+    ),
+    # the MLA attention kernel's KV tile and warps (mla_kernels.half_block_n, attention_warps; shipped 64 and 8)
+    "mla_tile": Sweep(
+        "deepseek-v2-lite",
+        ((1, 512), (8, 512), (32, 512)),
+        ({}, {"half_block_n": 32, "attention_warps": 4}),
     ),
     # the router logits' tl.dot path (past 16 tokens) in IEEE float32 (shipped) or tf32x3 (moe_routing_kernel)
     "router_dot_v2": Sweep("deepseek-v2-lite", ((32, 512),), ({}, {"dot_precision": "tf32x3"})),

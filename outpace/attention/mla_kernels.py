@@ -125,11 +125,18 @@ min_split_rows = 64
 # (gpu_2026-11-30d call 5: a short context's one split was one program a sequence's heads).
 invariant_split_rows = 64
 # The attention kernel's launch outside batch-invariant mode, half precision: KV rows a tile (BLOCK_N), software
-# pipeline stages, and warps for a 16-row tile (8 for 32 rows). Not measured alone on the GPU yet:
-# benchmarks/scripts/mla_decode_parts.py sweeps them.
-half_block_n = 32
+# pipeline stages, and warps for a 16-row tile (8 for 32 rows). The kernel alone over 512 cached rows, us a call
+# (benchmarks/scripts/mla_decode_parts.py, gpu_2026-12-03g call 2; 27 layers in one graph):
+#   BLOCK_N, stages, warps   V2-Lite b1   b8      V3 b1   b8
+#   32, 2, 4 (as before)     8.89         9.58    12.48   31.11
+#   32, 3, 4                 9.37         10.28   12.79   31.78
+#   64, 1, 4                 9.00         9.57    10.40   28.06
+#   64, 2, 4                 9.45         11.11   10.22   28.15
+#   32, 2, 8                 9.06         10.11
+#   64, 2, 8                 7.62         8.70    (V3's 32-row tiles run 8 warps)
+half_block_n = 64
 attention_stages = 2
-attention_warps = 4
+attention_warps = 8
 
 
 def invariant_block_m(heads: int) -> int:

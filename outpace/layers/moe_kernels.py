@@ -293,6 +293,53 @@ def place_pairs_by_token_masks(
 
 
 @triton.jit
+def place_one_token(
+    routed,  # [1, BLOCK_K] int: the token's routed experts by slot (those past TOP_K unread), -1 in no block
+    sorted_pairs_ptr,  # [max_blocks * BLOCK_M] int32, written
+    block_expert_ptr,  # [max_blocks] int32, written
+    max_blocks,
+    NUM_ROUTED,  # the layout's routed experts: shared slot j is expert NUM_ROUTED + j
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # a power of two >= TOP_K
+    BLOCK_S: tl.constexpr,  # a power of two >= SLOTS
+    BLOCK_M: tl.constexpr,
+):
+    """The block layout of ``sort_pairs_into_blocks`` for a single token, bit for bit, from its experts in
+    registers (layers/moe_routing_kernel.py's decode of one token). A token chooses an expert at most once, so
+    each chosen expert is one block holding one pair: block j is the expert with j chosen ones below it, its
+    first row that slot's pair (the slot: token 0), every other row the padding ``SLOTS`` and every block past
+    the chosen ones -1. One pass of stores, no atomic and no read of another thread's writes."""
+    ROWS: tl.constexpr = 128  # rows (and blocks) a store step
+    slot = tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    k = tl.arange(0, BLOCK_K)
+    chosen = tl.sum(tl.where(k[None, :] == slot[:, None], routed, 0), axis=1)  # [BLOCK_S]
+    expert = tl.where(slot < TOP_K, chosen, NUM_ROUTED + slot - TOP_K).to(tl.int32)
+    placed = (slot < SLOTS) & (expert >= 0)
+    below = placed[None, :] & (expert[None, :] < expert[:, None])  # [BLOCK_S, BLOCK_S]
+    block = tl.where(placed, tl.sum(below.to(tl.int32), axis=1), -1)  # [BLOCK_S] each slot's block
+    steps = tl.arange(0, ROWS)
+    for start in range(0, max_blocks * BLOCK_M, ROWS):
+        rows = start + steps  # [ROWS]
+        hit = ((rows % BLOCK_M) == 0)[:, None] & (block[None, :] == (rows // BLOCK_M)[:, None])
+        pair = tl.where(
+            tl.max(hit.to(tl.int32), axis=1) > 0,
+            tl.sum(tl.where(hit, slot[None, :], 0), axis=1),
+            SLOTS,
+        )
+        tl.store(sorted_pairs_ptr + rows, pair, mask=rows < max_blocks * BLOCK_M)
+    for start in range(0, max_blocks, ROWS):
+        blocks = start + steps  # [ROWS]
+        hit = block[None, :] == blocks[:, None]  # [ROWS, BLOCK_S]
+        owner = tl.where(
+            tl.max(hit.to(tl.int32), axis=1) > 0,
+            tl.sum(tl.where(hit, expert[None, :], 0), axis=1),
+            -1,
+        )
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < max_blocks)
+
+
+@triton.jit
 def sort_pairs_into_blocks(
     ids_ptr,  # [tokens, >= TOP_K] int: the routed experts of each token (row stride stride_ids)
     stride_ids,

@@ -35,7 +35,10 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    scope, a release cumulative over what the barrier ordered before it; the last ticket's acquire, shared
    with the program's other threads through a barrier, orders every program's writes, its own included,
    before the layout's reads, which are volatile besides (L1 is not coherent across SMs). A single token
-   takes the ticket too: without it, its own mask bits were once read before they were set. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is ``moe_kernels.align``'s own launch.
+   (decode at batch 1) needs none of it: its program writes the layout from the experts in its registers
+   (``place_one_token``: each chosen expert one block), no mask, ticket or read back, where the masks and
+   the ticket are a chain of round trips through L2. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is
+   ``moe_kernels.align``'s own launch.
    Triton's interpreter (the CPU tests) runs the programs one after the other, so it checks the layout
    and the ticket's reset, not the ordering.
 4. Expert parallel (layers/moe.py ``ExpertPlacement``: this rank holds experts first .. first + count - 1
@@ -85,7 +88,12 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.moe_kernels import BlockLayout, align, place_pairs_by_token_masks
+from outpace.layers.moe_kernels import (
+    BlockLayout,
+    align,
+    place_one_token,
+    place_pairs_by_token_masks,
+)
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.routed_rows import routed_mask
 from outpace.layers.zeroed_scratch import zeroed_scratch
@@ -470,6 +478,7 @@ def _route_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
     LAYOUT: tl.constexpr,  # one program a token (BLOCK_T 1), the last to finish writes the block layout
+    ONE_TOKEN: tl.constexpr,  # LAYOUT of a single token: its program writes the layout from its registers
     EXPERT_RANGE: tl.constexpr,  # the layout of an expert-parallel rank's experts (module docstring 4.)
     LIVE: tl.constexpr,  # the layout of the rows live_ptr names alone (with EXPERT_RANGE; docstring 5.)
     NUM_SHARED: tl.constexpr,
@@ -532,7 +541,20 @@ def _route_kernel(
             BLOCK_K,
             LIVE,
         )
-    if LAYOUT:  # (module docstring 3.)
+    if LAYOUT and ONE_TOKEN:  # (module docstring 3.)
+        place_one_token(
+            top_i,
+            sorted_pairs_ptr,
+            block_expert_ptr,
+            max_blocks,
+            local_experts,
+            TOP_K,
+            TOP_K + NUM_SHARED,
+            BLOCK_K,
+            PAIR_BLOCK,
+            BLOCK_M,
+        )
+    elif LAYOUT:
         masks_ptr = ticket_ptr + 1  # [local + shared experts] int64 token masks
         token_bit = tl.full([1, BLOCK_K], 1, tl.int64) << t0.to(tl.int64)
         slots = tl.arange(0, BLOCK_K)[None, :]
@@ -550,9 +572,9 @@ def _route_kernel(
         # every thread's ids and mask bits come before the ticket (thread 0 takes it for the program)
         tl.debug_barrier()
         # acq_rel at gpu scope: releases this program's writes (cumulative over the barrier above), and the
-        # program that draws the last ticket acquires every program's, its own included: a single token takes
-        # the ticket too (without it, one H200 replay in 30 read one of its own mask bits before the atomic
-        # OR that set it: V3 and Step-3.5 at 1 token, benchmarks/results/gpu_2026-11-30b call 4)
+        # program that draws the last ticket acquires every program's, its own included (without a ticket, one
+        # H200 replay in 30 read one of its own mask bits before the atomic OR that set it: V3 and Step-3.5 at
+        # 1 token, benchmarks/results/gpu_2026-11-30b call 4; one token now takes ``place_one_token``)
         if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == n - 1:
             # every program has taken its ticket: zero again for the next launch
             tl.store(ticket_ptr, 0)
@@ -776,6 +798,7 @@ def select_experts(
         BLOCK_G=triton.next_power_of_2(r.num_groups),
         BLOCK_K=triton.next_power_of_2(top_k),
         LAYOUT=fused,
+        ONE_TOKEN=fused and n == 1,
         EXPERT_RANGE=ranged,
         LIVE=live is not None,
         NUM_SHARED=num_shared,

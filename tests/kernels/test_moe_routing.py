@@ -72,11 +72,14 @@ def assert_layout_of_align(layout, ids, num_routed: int, num_shared: int) -> Non
     assert torch.equal(layout.sorted_pairs, expected.sorted_pairs)
 
 
-@pytest.mark.parametrize("n, num_shared", [(1, 0), (2, 1), (5, 2), (64, 1), (65, 0), (70, 2)])
+@pytest.mark.parametrize(
+    "n, num_shared", [(1, 0), (1, 2), (2, 1), (5, 2), (64, 1), (65, 0), (70, 2)]
+)
 def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
     """Up to 64 tokens (FUSED_LAYOUT_TOKENS) the last routing program to finish also places the pairs
-    (shared slots included) into the grouped kernels' blocks: the layout ``align`` writes for those ids,
-    and the ticket and token masks are zero again afterwards; from 65 tokens, align's own."""
+    (shared slots included) into the grouped kernels' blocks (one token's program from its registers): the
+    layout ``align`` writes for those ids, and the ticket and token masks are zero again afterwards; from 65
+    tokens, align's own."""
     routing = ROUTINGS["v3-sigmoid-bias-top2-sum"]
     router = make_router(routing, hidden=33, seed=n)
     router.kernel = True
@@ -118,6 +121,7 @@ def assert_layout_of_range(layout, ids, placement: ExpertPlacement, num_shared: 
 # and once by ``align`` (70), each routing both ways, the odd range at 64 (the last program's largest layout)
 RANGE_CASES = [
     ("v2-groups-max", "start", 1, 0),
+    ("v3-sigmoid-bias-top2-sum", "odd", 1, 2),
     ("sigmoid-bias-no-groups", "middle", 3, 1),
     ("v3-sigmoid-bias-top2-sum", "end", 17, 2),
     ("sigmoid-bias-no-groups", "odd", 64, 1),
