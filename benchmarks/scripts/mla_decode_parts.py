@@ -104,8 +104,9 @@ def launch(heads: int, meta: PagedAttentionMetadata) -> dict:
     stages, least split rows, splits launched and those a sequence runs (``_split_len``), the merge's tiles."""
     device = meta.block_tables.device
     block_m = mla.tile_rows(meta.max_query_len, heads, fp32=False)
-    block_n = mla.half_block_n
     tiles = math.ceil(meta.max_query_len * heads / block_m)
+    wide = meta.num_seqs * tiles <= mla.wide_tile_programs
+    block_n = mla.half_block_n if wide else 32
     capacity = meta.block_tables.shape[1] * meta.block_size
     splits = mla.kv_splits(meta.num_seqs * tiles, capacity, block_n, device)
     min_split = max(block_n, mla.min_split_rows // block_n * block_n)
@@ -115,7 +116,7 @@ def launch(heads: int, meta: PagedAttentionMetadata) -> dict:
     return {
         "block_m": block_m,
         "block_n": block_n,
-        "warps": 8 if block_m > 16 else mla.attention_warps,
+        "warps": 8 if block_m > 16 else (mla.attention_warps if wide else 4),
         "stages": mla.attention_stages,
         "min_split": min_split,
         "splits": splits,

@@ -134,9 +134,13 @@ invariant_split_rows = 64
 #   64, 2, 4                 9.45         11.11   10.22   28.15
 #   32, 2, 8                 9.06         10.11
 #   64, 2, 8                 7.62         8.70    (V3's 32-row tiles run 8 warps)
+# In V2-Lite's decode step (decode_settings.py mla_tile, call 3), 64 / 8 against 32 / 4: 2.172 / 2.205 ms at batch 1,
+# 5.320 / 5.377 at 8, but 9.462 / 9.283 at 32; so the wide tile only up to ``wide_tile_programs`` row tiles
+# (sequences x tiles a sequence), 32 / 4 past them.
 half_block_n = 64
 attention_stages = 2
 attention_warps = 8
+wide_tile_programs = 8
 
 
 def invariant_block_m(heads: int) -> int:
@@ -659,7 +663,13 @@ def _attend(
     device = q_parts.device
     fp32 = max(q_parts.element_size(), cache_rows.element_size()) >= 4
     invariant = batch_invariant()
-    block_n = 16 if fp32 else (32 if invariant else half_block_n)
+    row_tiles = meta.num_seqs * math.ceil(
+        meta.max_query_len * heads / tile_rows(meta.max_query_len, heads, fp32)
+    )
+    wide = (
+        not invariant and row_tiles <= wide_tile_programs
+    )  # (the normal path's tiles, half precision)
+    block_n = 16 if fp32 else (half_block_n if wide else 32)
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
     mask = meta.custom_mask
     if invariant:  # fixed tiles and an absolute partition: see the module docstring
@@ -745,7 +755,7 @@ def _attend(
         BLOCK_W=max(16, triton.next_power_of_2(window)) if logical_rows else 16,
         PRECISION="ieee" if fp32 else "tf32",
         KV_SCALED=k_scale is not None,
-        num_warps=8 if block_m > 16 else (4 if invariant else attention_warps),
+        num_warps=8 if block_m > 16 else (attention_warps if wide else 4),
         num_stages=2 if invariant else attention_stages,
         **invariant_launch_options(),  # (the mode: the operations as written, in any variant)
     )
