@@ -663,24 +663,22 @@ def _attend(
     device = q_parts.device
     fp32 = max(q_parts.element_size(), cache_rows.element_size()) >= 4
     invariant = batch_invariant()
-    row_tiles = meta.num_seqs * math.ceil(
-        meta.max_query_len * heads / tile_rows(meta.max_query_len, heads, fp32)
-    )
-    wide = (
-        not invariant and row_tiles <= wide_tile_programs
-    )  # (the normal path's tiles, half precision)
+    if invariant:  # fixed tiles and an absolute partition: see the module docstring
+        block_m = 16 if fp32 else invariant_block_m(heads)
+    else:
+        block_m = tile_rows(meta.max_query_len, heads, fp32)
+    tiles = math.ceil(meta.max_query_len * heads / block_m)
+    # the normal path's wide KV tile (half precision) where few row tiles run (``wide_tile_programs``)
+    wide = not invariant and meta.num_seqs * tiles <= wide_tile_programs
     block_n = 16 if fp32 else (half_block_n if wide else 32)
     max_kv_rows = meta.block_tables.shape[1] * meta.block_size
     mask = meta.custom_mask
-    if invariant:  # fixed tiles and an absolute partition: see the module docstring
+    if invariant:
         _check_invariant_call(num_splits, block_n)
-        block_m = 16 if fp32 else invariant_block_m(heads)
         min_split = invariant_split_rows  # _split_len is then S for every kv_end <= max_kv_rows
         num_splits = math.ceil(max_kv_rows / min_split)
     else:
-        block_m = tile_rows(meta.max_query_len, heads, fp32)
         min_split = block_n  # a caller's num_splits (tests) is taken as given
-    tiles = math.ceil(meta.max_query_len * heads / block_m)
     if num_splits is None:
         min_split = max(block_n, min_split_rows // block_n * block_n)
         num_splits = kv_splits(meta.num_seqs * tiles, max_kv_rows, block_n, device)
