@@ -293,6 +293,13 @@ def place_pairs_by_token_masks(
 
 
 @triton.jit
+def _picked(hit, values, other):
+    """hit [rows, n] (at most one True a row), values [n] -> [rows]: each row's hit value, ``other`` where none."""
+    found = tl.max(hit.to(tl.int32), axis=1) > 0
+    return tl.where(found, tl.sum(tl.where(hit, values[None, :], 0), axis=1), other)
+
+
+@triton.jit
 def place_one_token(
     routed,  # [1, BLOCK_K] int: the token's routed experts by slot (those past TOP_K unread), -1 in no block
     sorted_pairs_ptr,  # [max_blocks * BLOCK_M] int32, written
@@ -322,20 +329,12 @@ def place_one_token(
     for start in range(0, max_blocks * BLOCK_M, ROWS):
         rows = start + steps  # [ROWS]
         hit = ((rows % BLOCK_M) == 0)[:, None] & (block[None, :] == (rows // BLOCK_M)[:, None])
-        pair = tl.where(
-            tl.max(hit.to(tl.int32), axis=1) > 0,
-            tl.sum(tl.where(hit, slot[None, :], 0), axis=1),
-            SLOTS,
-        )
+        pair = _picked(hit, slot, SLOTS)
         tl.store(sorted_pairs_ptr + rows, pair, mask=rows < max_blocks * BLOCK_M)
     for start in range(0, max_blocks, ROWS):
         blocks = start + steps  # [ROWS]
         hit = block[None, :] == blocks[:, None]  # [ROWS, BLOCK_S]
-        owner = tl.where(
-            tl.max(hit.to(tl.int32), axis=1) > 0,
-            tl.sum(tl.where(hit, expert[None, :], 0), axis=1),
-            -1,
-        )
+        owner = _picked(hit, expert, -1)
         tl.store(block_expert_ptr + blocks, owner, mask=blocks < max_blocks)
 
 
