@@ -25,6 +25,7 @@ from outpace.layers import (
     moe_kernels,
     moe_routing_kernel,
 )
+from outpace.layers.quant import quant_matmul_kernel
 
 # knob -> (module, attribute)
 KNOBS = {
@@ -45,6 +46,8 @@ KNOBS = {
     "swiglu_sub_tile": (fused_projection, "swiglu_sub_tile"),
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
+    "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
+    "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
 }
 
 
@@ -116,6 +119,23 @@ SWEEPS = {
     "router_dot_qwen3next": Sweep(
         "qwen3-next-80b-slice", ((32, 512),), ({}, {"dot_precision": "tf32x3"})
     ),
+    # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
+    "one_row_v2": Sweep("deepseek-v2-lite", ((1, 512),), ({}, {"one_token_cuda_cores": False})),
+    "one_row_gemma4": Sweep("gemma-4-26b-a4b", ((1, 512),), ({}, {"one_token_cuda_cores": False})),
+    **{
+        f"one_row_{name}_fp8": Sweep(
+            shape,
+            ((1, 512),),
+            (
+                {},
+                {"one_token_cuda_cores": False},
+                {"one_row_cuda_cores": False},
+                {"one_token_cuda_cores": False, "one_row_cuda_cores": False},
+            ),
+            quantized="fp8",
+        )
+        for name, shape in (("v2", "deepseek-v2-lite"), ("qwen3next", "qwen3-next-80b-slice"))
+    },
     # Mamba2's state scan: a head's state rows a program and its warps
     "mamba2": Sweep(
         "nemotron-h-8b",

@@ -60,6 +60,12 @@ Four kernels, every grid fixed by the shapes:
    layer's input norm (``NormedRows``: the stream times the norm's scale and each program's sum of squares),
    so that norm costs no launch of its own.
 
+ONE-ROW: with one token (decode at batch 1) each block holds one pair, at its first row, and the gate/up and
+down kernels read that row alone (ROWS 1, ``one_token_rows``): each weight value converted to float32 and
+multiplied by it on the CUDA cores (layers/quant/quant_matmul_kernel.py ``row_times_tile``), as the quantized
+few-row product does with one row, where the 16-row tiles convert each value into x's dtype and stage it
+through shared memory for tl.dot's 15 rows of zeros.
+
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
 registers into x's dtype ("none": the plain load of half-precision stacks; ``_add_product``).
@@ -84,7 +90,13 @@ import triton.language as tl
 from outpace.attention.context import batch_invariant
 from outpace.layers.fused_projection import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
-from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
+from outpace.layers.quant.quant_matmul_kernel import (
+    row_group,
+    row_sums,
+    row_times_tile,
+    scale_rows,
+    weight_tile,
+)
 from outpace.layers.sm_count import num_sms
 
 if TYPE_CHECKING:
@@ -108,18 +120,35 @@ few_token_down = (64, 128, 4, 4)
 # alone were a gain (gpu_2026-12-03f call 2), so which change lost is not known; decode_settings.py moe_fp8_pdl
 # measures this one alone.
 quantized_pdl = False
+# One token (decode at batch 1; module docstring, ONE-ROW): each block's one row on the CUDA cores over half-precision
+# and block-FP8 stacks, outside batch-invariant mode, with these (BLOCK_N, BLOCK_K, warps, stages); off (False): the
+# 16-row tiles. benchmarks/scripts/one_row_products.py sweeps them.
+one_token_cuda_cores = True
+one_token_gate_up = (16, 512, 4, 1)
+one_token_down = (16, 512, 4, 1)
 
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 
 
-def _tiles(block_m: int, fp32: bool) -> tuple[Tiles, Tiles]:
-    """The gate/up and the down kernel's tiles: the few-token tiles; over blocks of 64 tokens (prefill) 64 x
-    64 at 8 warps; float32 (Triton's interpreter, tests) 32 x 32."""
+def _tiles(block_m: int, fp32: bool, one_row: bool) -> tuple[Tiles, Tiles]:
+    """The gate/up and the down kernel's tiles: the one-token tiles (``one_row``: module docstring, ONE-ROW); the
+    few-token tiles; over blocks of 64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter,
+    tests) 32 x 32."""
+    if one_row:
+        return one_token_gate_up, one_token_down
     if fp32:
         return (32, 32, 4, 2), (32, 32, 4, 2)
     if block_m == _SMALL_BLOCK_M:
         return few_token_gate_up, few_token_down
     return (64, 64, 8, 4), (64, 64, 8, 4)
+
+
+def one_token_rows(tokens: int, fmt: str) -> bool:
+    """Whether a call over ``tokens`` tokens and stacks in ``fmt`` reads one row a block on the CUDA cores
+    (module docstring, ONE-ROW): one token (each block holds one pair, at its first row), half-precision or
+    block-FP8 stacks, outside batch-invariant mode (where a token's sums run in the 16-row tiles' order at
+    every count: ``block_rows``)."""
+    return one_token_cuda_cores and tokens == 1 and fmt != "int4_group" and not batch_invariant()
 
 
 def block_rows(tokens: int) -> int:
@@ -460,11 +489,14 @@ def align(ids: torch.Tensor, num_routed: int, num_shared: int = 0) -> BlockLayou
 
 
 @triton.jit
-def _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M: tl.constexpr):
-    """The program's block: its expert (-1: no block), its rows, their pairs, which rows are real."""
+def _block_rows(
+    sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M: tl.constexpr, ROWS: tl.constexpr
+):
+    """The program's block: its expert (-1: no block), its first ROWS rows (BLOCK_M, or 1 when each block
+    holds one pair: ``one_token_rows``), their pairs, which rows are real."""
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of the block
+    rows = block * BLOCK_M + tl.arange(0, ROWS)  # [ROWS] rows of the block
     pair = tl.load(sorted_pairs_ptr + rows)
     return expert, rows, pair, pair < pairs
 
@@ -572,6 +604,8 @@ def _gate_up_kernel(
     stride_susn,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,  # rows read of a block: BLOCK_M, or 1 (``one_token_rows``: on the CUDA cores)
+    GROUP: tl.constexpr,  # ROWS 1: columns summed as one (quant_matmul_kernel.py ``row_times_tile``)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -585,7 +619,9 @@ def _gate_up_kernel(
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
-    expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
+    expert, rows, pair, row_ok = _block_rows(
+        sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M, ROWS
+    )
     if expert >= 0:
         token = pair // SLOTS
         x_rows = tl.where(expert >= num_routed, shared_x_ptr, x_ptr)  # (a block is one expert's)
@@ -627,56 +663,94 @@ def _gate_up_kernel(
             stride_susn,
             num_routed,
         )
-        gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if ROWS == 1:  # the groups apart (``row_times_tile``)
+            gate = tl.zeros([BLOCK_N, BLOCK_K // GROUP], tl.float32)
+            up = tl.zeros([BLOCK_N, BLOCK_K // GROUP], tl.float32)
+        else:
+            gate = tl.zeros([ROWS, BLOCK_N], tl.float32)
+            up = tl.zeros([ROWS, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
-            k = k0 + offs_k
-            x = tl.load(
-                x_rows + token[:, None] * stride_xt + k[None, :],
-                mask=row_ok[:, None] & (k < hidden)[None, :],
-                other=0.0,
-            )  # [BLOCK_M, BLOCK_K]
-            if GATED:
-                gate = _add_product(
-                    gate,
+            if ROWS == 1:  # the block's one pair, its row real (module docstring: ONE-ROW)
+                x_row = x_rows + token[:, None] * stride_xt  # [1, 1]
+                if GATED:
+                    gate = row_times_tile(
+                        gate,
+                        x_row,
+                        gate_rows,
+                        scale_rows(gate_s_base, offs_n, gate_s_rs, FORMAT, SCALE_BN),
+                        k0,
+                        hidden,
+                        n_ok,
+                        stride_gsk,
+                        FORMAT,
+                        SCALE_BK,
+                        BLOCK_K // GROUP,
+                        GROUP,
+                    )
+                up = row_times_tile(
+                    up,
+                    x_row,
+                    up_rows,
+                    scale_rows(up_s_base, offs_n, up_s_rs, FORMAT, SCALE_BN),
+                    k0,
+                    hidden,
+                    n_ok,
+                    stride_usk,
+                    FORMAT,
+                    SCALE_BK,
+                    BLOCK_K // GROUP,
+                    GROUP,
+                )
+            else:
+                k = k0 + offs_k
+                x = tl.load(
+                    x_rows + token[:, None] * stride_xt + k[None, :],
+                    mask=row_ok[:, None] & (k < hidden)[None, :],
+                    other=0.0,
+                )  # [BLOCK_M, BLOCK_K]
+                if GATED:
+                    gate = _add_product(
+                        gate,
+                        x,
+                        gate_rows,
+                        gate_s_base,
+                        gate_s_rs,
+                        offs_n,
+                        k0,
+                        hidden,
+                        n_ok,
+                        stride_gsk,
+                        FORMAT,
+                        SCALE_BN,
+                        SCALE_BK,
+                        BLOCK_K,
+                        PRECISION,
+                    )
+                up = _add_product(
+                    up,
                     x,
-                    gate_rows,
-                    gate_s_base,
-                    gate_s_rs,
+                    up_rows,
+                    up_s_base,
+                    up_s_rs,
                     offs_n,
                     k0,
                     hidden,
                     n_ok,
-                    stride_gsk,
+                    stride_usk,
                     FORMAT,
                     SCALE_BN,
                     SCALE_BK,
                     BLOCK_K,
                     PRECISION,
                 )
-            up = _add_product(
-                up,
-                x,
-                up_rows,
-                up_s_base,
-                up_s_rs,
-                offs_n,
-                k0,
-                hidden,
-                n_ok,
-                stride_usk,
-                FORMAT,
-                SCALE_BN,
-                SCALE_BK,
-                BLOCK_K,
-                PRECISION,
-            )
+        if ROWS == 1:
+            gate, up = row_sums(gate), row_sums(up)  # [1, BLOCK_N]
         # the rows' input norm, applied to the products: RMSNorm(s) @ W.T = r * (s * w) @ W.T
         if ROW_SCALE:
-            r = tl.load(row_scale_ptr + token, mask=row_ok, other=0.0)[:, None]  # [BLOCK_M, 1]
+            r = tl.load(row_scale_ptr + token, mask=row_ok, other=0.0)[:, None]  # [ROWS, 1]
             gate *= r
             up *= r
-        act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [BLOCK_M, BLOCK_N] float32
+        act = _activation(gate, up, limit, ACT, GATED, CLAMP)  # [ROWS, BLOCK_N] float32
         tl.store(
             act_ptr + rows[:, None] * stride_act + offs_n[None, :],
             act.to(act_ptr.dtype.element_ty),
@@ -714,6 +788,8 @@ def _down_kernel(
     WEIGHTED_SLOTS: tl.constexpr,  # the slots the weights give: top_k, or all (the shared ones too)
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,  # as ``_gate_up_kernel``'s
+    GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -723,7 +799,9 @@ def _down_kernel(
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
-    expert, rows, pair, row_ok = _block_rows(sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M)
+    expert, rows, pair, row_ok = _block_rows(
+        sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M, ROWS
+    )
     if expert >= 0:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] hidden columns
         n_ok = offs_n < hidden
@@ -742,37 +820,58 @@ def _down_kernel(
             stride_ssn,
             num_routed,
         )
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if ROWS == 1:  # the groups apart (``row_times_tile``)
+            acc = tl.zeros([BLOCK_N, BLOCK_K // GROUP], tl.float32)
+        else:
+            acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
-            k = k0 + offs_k
-            a = tl.load(
-                act_ptr + rows[:, None] * stride_act + k[None, :],
-                mask=row_ok[:, None] & (k < inter)[None, :],
-                other=0.0,
-            )  # [BLOCK_M, BLOCK_K]
-            acc = _add_product(
-                acc,
-                a,
-                w_rows,
-                s_base,
-                s_rs,
-                offs_n,
-                k0,
-                inter,
-                n_ok,
-                stride_sk,
-                FORMAT,
-                SCALE_BN,
-                SCALE_BK,
-                BLOCK_K,
-                PRECISION,
-            )
+            if ROWS == 1:  # (module docstring: ONE-ROW)
+                acc = row_times_tile(
+                    acc,
+                    act_ptr + rows[:, None] * stride_act,
+                    w_rows,
+                    scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN),
+                    k0,
+                    inter,
+                    n_ok,
+                    stride_sk,
+                    FORMAT,
+                    SCALE_BK,
+                    BLOCK_K // GROUP,
+                    GROUP,
+                )
+            else:
+                k = k0 + offs_k
+                a = tl.load(
+                    act_ptr + rows[:, None] * stride_act + k[None, :],
+                    mask=row_ok[:, None] & (k < inter)[None, :],
+                    other=0.0,
+                )  # [BLOCK_M, BLOCK_K]
+                acc = _add_product(
+                    acc,
+                    a,
+                    w_rows,
+                    s_base,
+                    s_rs,
+                    offs_n,
+                    k0,
+                    inter,
+                    n_ok,
+                    stride_sk,
+                    FORMAT,
+                    SCALE_BN,
+                    SCALE_BK,
+                    BLOCK_K,
+                    PRECISION,
+                )
+        if ROWS == 1:
+            acc = row_sums(acc)  # [1, BLOCK_N]
         token, slot = pair // SLOTS, pair % SLOTS
         weight = tl.load(
             weights_ptr + token * stride_weights + slot,
             mask=row_ok & (slot < WEIGHTED_SLOTS),
             other=1.0,
-        ).to(tl.float32)  # [BLOCK_M]: 1 for a shared slot the weights do not give
+        ).to(tl.float32)  # [ROWS]: 1 for a shared slot the weights do not give
         tl.store(
             partial_ptr + pair[:, None] * stride_partial + offs_n[None, :],
             acc * weight[:, None],
@@ -951,7 +1050,8 @@ def grouped_experts(
     fmt, (scale_bn, scale_bk) = (
         ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
     )
-    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32)
+    one_row = one_token_rows(n, fmt)
+    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, one_row)
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
@@ -1008,6 +1108,8 @@ def grouped_experts(
         *shared_up_ss,
         SLOTS=slots,
         BLOCK_M=block_m,
+        ROWS=1 if one_row else block_m,
+        GROUP=row_group(up_k, fmt, scale_bk),
         BLOCK_N=bn_up,
         BLOCK_K=up_k,
         PRECISION=precision,
@@ -1052,6 +1154,8 @@ def grouped_experts(
         WEIGHTED_SLOTS=weights.shape[1],
         SLOTS=slots,
         BLOCK_M=block_m,
+        ROWS=1 if one_row else block_m,
+        GROUP=row_group(down_k, fmt, scale_bk),
         BLOCK_N=bn_down,
         BLOCK_K=down_k,
         PRECISION=precision,

@@ -7,6 +7,8 @@ the DeepSeek-V3 shapes; ``test_gpu_few_row_bandwidth`` prints the kernel's speed
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from outpace.attention.context import forward_settings  # noqa: E402
+from outpace.layers.quant import quant_matmul_kernel  # noqa: E402
 from outpace.layers.quant.dequantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_fp8_tensor,
@@ -28,6 +31,7 @@ from outpace.layers.quant.fp8_linear_kernel import (  # noqa: E402
 )
 from outpace.layers.quant.quant_matmul_kernel import (  # noqa: E402
     QuantTiles,
+    RowEpilogue,
     plan,
     quant_matmul,
 )
@@ -87,11 +91,11 @@ def test_the_scale_multiplies_each_block():
 def test_split_k_on_narrow_products():
     """The interpreter's 4 SMs: 40 columns in 2 blocks of 32 split K's 9 steps 2 ways (at least 4 steps
     each); a second call (counters left at zero) gives the same bits."""
-    tiles = plan(1, 40, 1100, "fp8_block", 128, torch.device(DEVICE))
+    tiles = plan(2, 40, 1100, "fp8_block", 128, torch.device(DEVICE))
     if DEVICE == "cpu":
         assert tiles.splits == 2
     weight, scale_inv = random_block_fp8(40, 1100, seed=3)
-    x = torch.randn(1, 1100, device=DEVICE)
+    x = torch.randn(2, 1100, device=DEVICE)
     first = fp8_block_linear(x, weight, scale_inv, BLOCK)
     assert torch.equal(fp8_block_linear(x, weight, scale_inv, BLOCK), first)
 
@@ -169,10 +173,74 @@ def test_plan_gives_large_fp8_weights_wide_k_steps_up_to_16_rows():
     device = torch.device(DEVICE)
     wide = plan(16, 4096, 4096, "fp8_block", 128, device)
     assert (wide.block_n, wide.block_k, wide.num_stages) == (64, 256, 3)
-    assert plan(1, 6144, 4096, "fp8_tensor", 128, device).block_k == 256
-    for m, n, fmt in ((17, 4096, "fp8_block"), (1, 2048, "fp8_block"), (1, 4096, "int4_group")):
+    assert plan(2, 6144, 4096, "fp8_tensor", 128, device).block_k == 256
+    for m, n, fmt in ((17, 4096, "fp8_block"), (2, 2048, "fp8_block"), (2, 4096, "int4_group")):
         tiles = plan(m, n, 4096, fmt, 128 if fmt == "fp8_block" else 32, device)
         assert (tiles.block_n, tiles.block_k) != (64, 256), (m, n, fmt)
+
+
+# ---- one row on the CUDA cores (quant_matmul_kernel.py ONE-ROW: row_times_tile) ---------------------------
+
+
+def one_row_options(k: int, block_k: int, split: bool) -> QuantTiles:
+    """A one-row tile, 16 columns a program, 4 warps; split: one K step a split."""
+    k_per_split = block_k if split else k
+    return QuantTiles(1, 16, block_k, -(-k // k_per_split), k_per_split, 4, 1)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("block_k", [128, 256, 512])
+@pytest.mark.parametrize("scale_k", [64, 128])
+def test_one_row_scales_each_group_by_its_own_block_column(scale_k, block_k, split):
+    """N = 200 and K = 1100 multiples of neither the program's columns nor the K step nor the scale blocks,
+    whose columns differ 16-fold in magnitude (``blocky_fp8``): a scale applied to another block column's
+    values is off by far more than TOLERANCE; a doubled scale column doubles its columns' share only."""
+    weight, scale_inv = blocky_fp8(200, 1100, seed=block_k + scale_k, block=(128, scale_k))
+    x = torch.randn(1, 1100, generator=torch.Generator().manual_seed(5)).to(DEVICE, X_DTYPE)
+    tiles = one_row_options(1100, block_k, split)
+    for column in (None, 3):
+        scales = scale_inv.clone()
+        if column is not None:
+            scales[:, column] *= 2.0
+        dense = dequantize_fp8_block(weight, scales, (128, scale_k))
+        got = quant_matmul(x, weight, scales, "fp8_block", (128, scale_k), tiles)
+        assert relative_error(got, F.linear(x.float(), dense)) < TOLERANCE, column
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_one_row_per_tensor_fp8_and_its_epilogue(split):
+    """Per-tensor fp8 (its scale on the product) through a one-row tile, with the residual added: as F.linear
+    on the dequantized weight plus the residual."""
+    g = torch.Generator().manual_seed(13)
+    weight, scale = quantize_fp8_tensor(torch.randn(72, 1100, generator=g))
+    weight, scale = weight.to(DEVICE), scale.to(DEVICE)
+    x = torch.randn(1, 1100, generator=g).to(DEVICE, X_DTYPE)
+    residual = torch.randn(1, 72, generator=g).to(DEVICE, X_DTYPE)
+    got = quant_matmul(
+        x,
+        weight,
+        scale,
+        "fp8_tensor",
+        (1, 1),
+        one_row_options(1100, 256, split),
+        RowEpilogue(residual=residual),
+    )
+    expected = F.linear(x.float(), dequantize_fp8_tensor(weight, scale)) + residual.float()
+    assert relative_error(got, expected) < TOLERANCE
+
+
+def test_plan_takes_one_row_on_the_cuda_cores_for_fp8_only_outside_batch_invariant_mode():
+    """One row of an fp8 weight: the one-row tile (``one_row_tiles``); two rows, INT4, batch-invariant mode (a
+    row's bits as among many rows) and ``one_row_cuda_cores`` off: the 16-row tile."""
+    device = torch.device(DEVICE)
+    assert plan(1, 2048, 2048, "fp8_block", 128, device).block_m == 1
+    assert plan(1, 2048, 2048, "fp8_tensor", 1, device).block_m == 1
+    assert plan(2, 2048, 2048, "fp8_block", 128, device).block_m == 16
+    assert plan(1, 2048, 2048, "int4_group", 32, device).block_m == 16
+    with forward_settings(True):
+        assert plan(1, 2048, 2048, "fp8_block", 128, device).block_m == 16
+    with patch.object(quant_matmul_kernel, "one_row_cuda_cores", False):
+        assert plan(1, 2048, 2048, "fp8_block", 128, device).block_m == 16
 
 
 def test_a_k_step_that_does_not_tile_the_scales_is_refused():

@@ -13,7 +13,12 @@ pytest.importorskip("triton")
 
 from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers.moe import Routing  # noqa: E402
-from outpace.layers.moe_kernels import _tiles, block_rows, grouped_experts  # noqa: E402
+from outpace.layers.moe_kernels import (  # noqa: E402
+    _tiles,
+    block_rows,
+    grouped_experts,
+    one_token_rows,
+)
 from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -106,8 +111,11 @@ def test_a_tokens_routing_does_not_depend_on_the_batch(routing):
 
 def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():
     """What the bf16 kernels' K order follows (the interpreter's float32 tiles are one set for every count)."""
+
+    def tiles(n: int):
+        return _tiles(block_rows(n), fp32=False, one_row=one_token_rows(n, "none"))
+
     with forward_settings(batch_invariant=True):
-        assert {_tiles(block_rows(n), fp32=False) for n in (1, 64, 65, 4096)} == {
-            _tiles(block_rows(1), fp32=False)
-        }
-    assert block_rows(65) != block_rows(1)  # (outside the mode, prefill takes larger blocks)
+        assert {tiles(n) for n in (1, 64, 65, 4096)} == {tiles(2)}
+    # (outside the mode, one token reads its rows on the CUDA cores and prefill takes larger blocks)
+    assert len({tiles(1), tiles(2), tiles(65)}) == 3

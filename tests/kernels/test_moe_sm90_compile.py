@@ -4,14 +4,15 @@ replaces @triton.jit here), with programmatic dependent launch on: what Triton's
 (the griddepcontrol instructions, the L2 prefetch before the wait) at DeepSeek-V2-Lite's routing (64 experts,
 top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait.
 
-The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one token compile them
-(the few-token fp8 tiles, without the dependent launch and with it: ``quantized_pdl``): the launch code runs
+The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one and two tokens compile
+them (the one-token tiles, one row a block on the CUDA cores: 16-byte loads, no tensor cores; the few-token fp8
+tiles; without the dependent launch and with it: ``quantized_pdl``): the launch code runs
 on CPU tensors of the real shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
 specializes its arguments (an int of 1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at
 Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped) and DeepSeek-V2-Lite's
 (packed gate/up, the shared MLP's two slots from views of its own weights and scales). Each must compile
-without spilling registers (ptxas -v) and stream its weights through cp.async (the software pipeline whose
-stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
+without spilling registers (ptxas -v), and the few-token tiles stream their weights through cp.async (the
+software pipeline whose stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
 single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
 runtime never compiles that at these shapes."""
 
@@ -26,6 +27,7 @@ from helpers.hopper_compile import run_compile_script  # noqa: E402
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report, launches_of,
 # compile_as_launched)
 SM90_COMPILE = """
+import itertools
 import torch
 from outpace.layers.quant.experts import QuantizedShared, slot_views
 from outpace.layers.quant.moe_quant_kernels import ExpertScales, fp8_block_grouped_experts
@@ -47,8 +49,8 @@ experts = {
     **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
     "limit": "fp32",
 }
-tiles = dict(SLOTS=8, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FORMAT="none", SCALE_BN=1,
-             SCALE_BK=1, PDL=True)
+tiles = dict(SLOTS=8, BLOCK_M=16, ROWS=16, GROUP=128, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FORMAT="none",
+             SCALE_BN=1, SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
@@ -95,15 +97,21 @@ def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
                               scales(experts, 22, 16), fp8(experts, hidden, inter), scales(experts, 16, 11),
                               layout=mk.BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
 
-for name, run in (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)):
-    launches = launched(run)
+for (name, run), tokens in itertools.product(
+    (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)), (1, 2)
+):
+    launches = launched(lambda: run(tokens))
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
         args, kwargs = launches[kernel.__name__]
         for pdl in (False, True):  # (moe_kernels.quantized_pdl: the launch with the dependent launch too)
             compiled = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl})
             report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
-            ok = "0 bytes spill stores" in report and "cp.async" in ptx
-            print(f"{kernel.__name__}:fp8_block:{name}:pdl={pdl}", ok and pdl == ("griddepcontrol.wait" in ptx))
+            if tokens == 1:  # one row a block (ONE-ROW): 16-byte loads into registers, no tensor cores
+                streams = kwargs["ROWS"] == 1 and "ld.global.v4" in ptx and "mma" not in ptx
+            else:
+                streams = kwargs["ROWS"] == 16 and "cp.async" in ptx
+            ok = "0 bytes spill stores" in report and streams and pdl == ("griddepcontrol.wait" in ptx)
+            print(f"{kernel.__name__}:fp8_block:{name}:{tokens}:pdl={pdl}", ok)
 for few, block_k, precision in ((True, 256, "ieee"), (False, 64, "ieee"), (False, 64, "tf32x3")):
     build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
           "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=block_k, INPUT_NORM=False,
@@ -139,8 +147,9 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 3
     names += [
-        f"{kernel}:fp8_block:{family}:pdl={pdl}"
+        f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
+        for tokens in (1, 2)
         for kernel in ("_gate_up_kernel", "_down_kernel")
         for pdl in (False, True)
     ]

@@ -1,15 +1,17 @@
 """The few-row quantized matmul (layers/quant/quant_matmul_kernel.py ``_quant_matmul_kernel``) compiled for an
 H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces @triton.jit here), as its
-launches compile it: ``quant_matmul`` runs on CPU tensors of one token (bf16) over a block-FP8 weight (132 SMs)
+launches compile it: ``quant_matmul`` runs on CPU tensors of two tokens or one (bf16) over a block-FP8 weight (132 SMs)
 with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher specializes
-it. Five launches: the plan's at Step-3.5-Flash's q_proj at tensor parallelism 2 (6144 x 4096: the wide
+it. Six launches: the plan's at Step-3.5-Flash's q_proj at tensor parallelism 2 (6144 x 4096: the wide
 tiles, 64 columns a program over 256-column K steps, 3 stages, K split), a 512-column K step over the
 128-column scales (the settings sweep's widest, benchmarks/scripts/quant_matmul_settings.py) and an unsplit
 launch (Llama-8B's gate_up 28672 x 4096 at one program an SM), and two of the fused residual stack's epilogues
-(``RowEpilogue``: the residual add and the next norm readied; the input norm's factor). Each must compile, keep its registers (ptxas -v:
-no spills), stream the weight through cp.async and multiply with mma.sync (a tile of 16 rows is under wgmma's
-M of 64, the weight read from shared memory into registers and dequantized there), and, launched with
-programmatic dependent launch, prefetch its first weight lines into L2 before it waits."""
+(``RowEpilogue``: the residual add and the next norm readied; the input norm's factor), each over two tokens;
+and one token's launch (ONE-ROW: the plan's one-row tile) with the first epilogue. Each must compile, keep its
+registers (ptxas -v: no spills) and, launched with programmatic dependent launch, prefetch its first weight
+lines into L2 before it waits; the 16-row tiles stream the weight through cp.async and multiply with mma.sync
+(under wgmma's M of 64, the weight read from shared memory into registers and dequantized there), the one-row
+tile loads it 16 bytes at a time into registers and uses no tensor cores."""
 
 from __future__ import annotations
 
@@ -26,26 +28,26 @@ from outpace.layers.quant import quant_matmul_kernel as qm
 qm.num_sms = lambda device: 132  # an H200's grids
 qm.pdl_available = lambda device: True  # as on an H200: programmatic dependent launch, weights prefetched
 
-def launch(n, k, epilogue=None, **options):
-    '''One token's quant_matmul over a block-FP8 [n, k] weight: plan's tiles, or few_row_tiles' with options;
-    its tiles finished by ``epilogue`` (n, k -> RowEpilogue) when given.'''
+def launch(n, k, epilogue=None, rows=2, **options):
+    '''quant_matmul of ``rows`` tokens over a block-FP8 [n, k] weight: plan's tiles, or few_row_tiles' with
+    options; its tiles finished by ``epilogue`` (n, k, rows -> RowEpilogue) when given.'''
     weight = torch.empty(n, k, dtype=torch.float8_e4m3fn)
     scale = torch.empty(-(-n // 128), -(-k // 128))
-    x = torch.empty(1, k, dtype=torch.bfloat16)
-    tiles = qm.few_row_tiles(1, n, k, torch.device("cpu"), **options) if options else None
-    finish = epilogue(n, k) if epilogue else None
+    x = torch.empty(rows, k, dtype=torch.bfloat16)
+    tiles = qm.few_row_tiles(rows, n, k, torch.device("cpu"), **options) if options else None
+    finish = epilogue(n, k, rows) if epilogue else None
     return lambda: qm.quant_matmul(x, weight, scale, "fp8_block", (128, 128), tiles, finish)
 
-def ready(n, k):
-    '''o_proj's: the residual added, the next norm readied.'''
-    parts = qm.column_blocks(1, n, k, "fp8_block", 128, torch.device("cpu"))
-    rows = torch.empty(1, n, dtype=torch.bfloat16)
-    next_norm = (torch.empty(n, dtype=torch.bfloat16), 0.0, rows.clone(), torch.empty(parts, 1))
+def ready(n, k, m):
+    '''o_proj's over m rows: the residual added, the next norm readied.'''
+    parts = qm.column_blocks(m, n, k, "fp8_block", 128, torch.device("cpu"))
+    rows = torch.empty(m, n, dtype=torch.bfloat16)
+    next_norm = (torch.empty(n, dtype=torch.bfloat16), 0.0, rows.clone(), torch.empty(parts, m))
     return qm.RowEpilogue(residual=rows, next_norm=next_norm)
 
-def row_norm(n, k):
-    '''A projection behind a norm: each row's factor from 64 partial sums of squares.'''
-    return qm.RowEpilogue(row_norm=(torch.empty(64, 1), 1e-6))
+def row_norm(n, k, m):
+    '''A projection behind a norm: each of the m rows' factor from 64 partial sums of squares.'''
+    return qm.RowEpilogue(row_norm=(torch.empty(64, m), 1e-6))
 
 cases = {  # name: (launch, (BN, BK, stages, split K))
     "plan": (launch(6144, 4096), (64, 256, 3, True)),
@@ -61,18 +63,27 @@ cases = {  # name: (launch, (BN, BK, stages, split K))
     # (2 x 10944 x 2048: the wide tiles, unsplit) behind the input norm
     "ready": (launch(2048, 2048, ready), (32, 128, 4, True)),
     "row_norm": (launch(21888, 2048, row_norm), (64, 256, 3, False)),
+    # one row on the CUDA cores (ONE-ROW): DeepSeek-V2-Lite's o_proj readying the norm, plan's one-row tiles
+    "one_row": (launch(2048, 2048, ready, rows=1), None),
 }
 for name, (run, expected) in cases.items():
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
     compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
     ptx = compiled.asm["ptx"]
+    if expected is None:  # (plan's)
+        t = qm.plan(1, 2048, 2048, "fp8_block", 128, torch.device("cpu"))
+        expected = (t.block_n, t.block_k, t.num_stages, t.splits > 1)
+    tiles = (kwargs["BN"], kwargs["BK"], kwargs["num_stages"], kwargs["SPLIT_K"])
     checks = {
-        "tiles": (kwargs["BN"], kwargs["BK"], kwargs["num_stages"], kwargs["SPLIT_K"]) == expected,
+        "tiles": tiles == expected and (kwargs["BM"] == 1) == (name == "one_row"),
         "spills": "0 bytes spill stores" in ptxas_report(compiled),
-        "cp.async": "cp.async" in ptx,
-        "mma.sync": "mma.sync" in ptx and "wgmma" not in ptx,
         "pdl": "griddepcontrol.wait" in ptx and "prefetch.global.L2" in ptx,
     }
+    if name == "one_row":  # 16-byte loads of the weight into registers, no tensor cores
+        checks["ld.v4"] = "ld.global.v4" in ptx and "mma" not in ptx
+    else:
+        checks["cp.async"] = "cp.async" in ptx
+        checks["mma.sync"] = "mma.sync" in ptx and "wgmma" not in ptx
     print(name, all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
 """
 
@@ -80,5 +91,5 @@ for name, (run, expected) in cases.items():
 def test_quant_matmul_launches_compile_for_sm90(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ("plan", "bk512", "unsplit", "ready", "row_norm")
+    names = ("plan", "bk512", "unsplit", "ready", "row_norm", "one_row")
     assert done.stdout.split() == [w for n in names for w in (n, "True")]

@@ -24,6 +24,13 @@ launch is fixed for a captured CUDA graph and nothing is allocated but the outpu
 Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 
+ONE-ROW: a single row (decode at batch 1) of an fp8 weight takes a row tile of one (``one_row_tiles``,
+``row_times_tile``): each weight value converted to float32 and multiplied by x on the CUDA cores, with no
+tl.dot. The 16-row tile, tl.dot's fewest rows, converts each value into x's dtype (with its scale), stages it
+through shared memory and feeds mma.sync with 15 rows of zeros: about 200 instructions a thread a K step of
+a 32 x 128 fp8 tile (sm_90 PTX, gpu_2026-12-03f), so it read an fp8 weight no faster than a bf16 one of
+twice its bytes (DeepSeek-V2-Lite's o 2048 x 2048: 6.7 us against a floor of 0.87; gpu_2026-12-01g call 1).
+
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
 layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
 input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times the
@@ -76,6 +83,15 @@ _INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode
 # shape and row count timed (gpu_2026-12-01g call 3: benchmarks/scripts/fp8_dequant_variants.py --prefetch-bytes)
 _PREFETCH_BYTES = 256
 _LINE = 128
+# One row (decode at batch 1) on the CUDA cores (module docstring: ONE-ROW) for fp8 weights outside batch-invariant
+# mode: (BN, BK, warps, stages, programs an SM and K steps a split at least: the K split); off (False), one row takes
+# the 16-row tiles.
+# benchmarks/scripts/one_row_products.py sweeps them.
+one_row_cuda_cores = True
+one_row_tiles = (16, 256, 4, 1, 8, 2)
+_ONE_ROW_GROUP = (
+    128  # columns a one-row step sums as one, unscaled formats (block FP8: a scale column)
+)
 
 
 @triton.jit
@@ -140,6 +156,56 @@ def weight_tile(
 
 
 @triton.jit
+def row_times_tile(
+    acc,  # [BN, GROUPS] float32: the sums so far of each row's groups (summed over groups at the end)
+    x_row,  # [1, 1] pointer: the row's column 0
+    w_rows,  # [BN, 1] pointers: each weight row's start
+    s_rows,  # [BN, 1] pointers: each row's scale row (fp8_block; unused otherwise)
+    k0,  # the step's first column (a multiple of GROUPS * GROUP)
+    K,  # the weight's columns
+    n_ok,  # [BN] the rows that exist
+    stride_sk,  # the scale's column stride
+    FORMAT: tl.constexpr,  # "none", "fp8_block" or "fp8_tensor" (not yet times its scale)
+    SCALE_BK: tl.constexpr,  # columns a scale covers (fp8_block): a multiple of GROUP
+    GROUPS: tl.constexpr,
+    GROUP: tl.constexpr,  # columns a group
+):
+    """acc + one row of x times the weight's rows at columns k0 .. k0 + GROUPS * GROUP - 1, group by group, on
+    the CUDA cores: each weight value converted to float32 once and multiplied by its x value, each group's sum
+    (within one scale column) scaled once. The accumulator keeps the groups apart, in the layout their sums come
+    in, so that a step converts no layout; ``row_sums`` adds them up after the last step. A one-row product has no use for the tensor cores: a tile of 16 rows (tl.dot's
+    fewest) converts every weight value into x's dtype and stages it through shared memory for 15 rows of zeros
+    (module docstring: ONE-ROW)."""
+    ks = (
+        k0 + tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    )  # [GROUPS, GROUP]
+    in_k = ks < K
+    x = tl.load(x_row + ks, mask=in_k, other=0.0).to(tl.float32)  # [GROUPS, GROUP]
+    w = tl.load(
+        w_rows[:, :, None] + ks[None, :, :],
+        mask=n_ok[:, None, None] & in_k[None, :, :],
+        other=0.0,
+    )  # [BN, GROUPS, GROUP]
+    part = tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)  # [BN, GROUPS]
+    if FORMAT == "fp8_block":
+        columns = (
+            k0 + tl.arange(0, GROUPS) * GROUP
+        ) // SCALE_BK  # [GROUPS] each group's scale column
+        part *= tl.load(
+            s_rows + columns[None, :] * stride_sk,
+            mask=n_ok[:, None] & (columns < tl.cdiv(K, SCALE_BK))[None, :],
+            other=0.0,
+        ).to(tl.float32)
+    return acc + part
+
+
+@triton.jit
+def row_sums(acc):
+    """[BN, GROUPS] -> [1, BN]: ``row_times_tile``'s accumulator summed over its groups."""
+    return tl.sum(acc, axis=1)[None, :]
+
+
+@triton.jit
 def scale_rows(s_ptr, rows, stride_sn, FORMAT: tl.constexpr, SCALE_BN: tl.constexpr):
     """[BN, 1] pointers to the scale row of each weight row (``weight_tile``'s ``s_rows``)."""
     if FORMAT == "fp8_block":
@@ -180,6 +246,7 @@ def _quant_matmul_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    GROUP: tl.constexpr,  # BM 1: columns ``row_times_tile`` scales and sums as one
     SPLIT_K: tl.constexpr,  # splits > 1
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (module docstring)
@@ -201,7 +268,10 @@ def _quant_matmul_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # [BN, 1]
     s_rows = scale_rows(s_ptr, cols, stride_sn, FORMAT, SCALE_BN)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if BM == 1:  # the groups apart (``row_times_tile``)
+        acc = tl.zeros((BN, BK // GROUP), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = split * k_per_split
     # the weight is no earlier kernel's output: ask for the split's first lines, then wait
     if PREFETCH_LINES > 0:
@@ -217,12 +287,32 @@ def _quant_matmul_kernel(
         prefetch_l2(w_ptr.to(tl.pointer_type(tl.int8)) + starts[:, None] + lines[None, :])
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BK):
-        ks = k0 + tl.arange(0, BK)
-        x = tl.load(x_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0)
-        w = weight_tile(
-            w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty
-        )  # [BN, BK]
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
+        if BM == 1:  # (module docstring: ONE-ROW)
+            acc = row_times_tile(
+                acc,
+                x_rows,
+                w_rows,
+                s_rows,
+                k0,
+                K,
+                n_ok,
+                stride_sk,
+                FORMAT,
+                SCALE_BK,
+                BK // GROUP,
+                GROUP,
+            )
+        else:
+            ks = k0 + tl.arange(0, BK)
+            x = tl.load(
+                x_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0
+            )
+            w = weight_tile(
+                w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty
+            )  # [BN, BK]
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
+    if BM == 1:
+        acc = row_sums(acc)  # [1, BN]
     if FORMAT == "fp8_tensor":
         acc *= tl.load(s_ptr).to(tl.float32)
     out_mask = (rows < M)[:, None] & n_ok[None, :]
@@ -335,6 +425,12 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
     int4 = fmt == "int4_group"
     if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
         m = 1
+    elif m == 1 and one_row_cuda_cores and not int4:
+        bn, bk, warps, stages, per_sm, min_steps = one_row_tiles
+        return few_row_tiles(
+            1, n, k, device, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+            programs_per_sm=per_sm, min_split_steps=min_steps, one_row=True,
+        )  # fmt: skip
     if m > FEW_ROWS:
         block_m = 128 if m >= 128 else 64
         block_k = max(64, scale_block_k) if int4 else 64
@@ -381,16 +477,19 @@ def few_row_tiles(
     num_warps: int,
     num_stages: int,
     programs_per_sm: int = _PROGRAMS_PER_SM,
+    min_split_steps: int = _MIN_SPLIT_STEPS,
+    one_row: bool = False,
 ) -> QuantTiles:
-    """A few-row launch (m <= ``FEW_ROWS``) of these tiles: a row tile of 16, 32 or 64 rows (m's bucket),
+    """A few-row launch (m <= ``FEW_ROWS``) of these tiles: a row tile of 16, 32 or 64 rows (m's bucket), or
+    with ``one_row`` (m 1) a tile of one row on the CUDA cores (module docstring: ONE-ROW),
     K split until about ``programs_per_sm`` programs an SM stream, each walking at least
-    ``_MIN_SPLIT_STEPS`` steps of K. ``plan``'s choice, and the settings a sweep tries
+    ``min_split_steps`` steps of K. ``plan``'s choice, and the settings a sweep tries
     (benchmarks/scripts/quant_matmul_settings.py)."""
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_m = 1 if one_row else (16 if m <= 16 else (32 if m <= 32 else 64))
     k_steps = triton.cdiv(k, block_k)
     col_blocks = triton.cdiv(n, block_n)
     wanted = max(1, (programs_per_sm * num_sms(device)) // col_blocks)
-    steps_per_split = triton.cdiv(k_steps, max(1, min(k_steps // _MIN_SPLIT_STEPS, wanted)))
+    steps_per_split = triton.cdiv(k_steps, max(1, min(k_steps // min_split_steps, wanted)))
     return QuantTiles(
         block_m,
         block_n,
@@ -465,6 +564,12 @@ def column_blocks(
     """The output column blocks of ``quant_matmul``'s launch over [m, k] x [n, k] (``plan``'s tiles): the parts of
     the sums of squares a ``RowEpilogue.next_norm`` writes."""
     return triton.cdiv(n, plan(m, n, k, fmt, scale_block_k, device).block_n)
+
+
+def row_group(block_k: int, fmt: str, scale_block_k: int) -> int:
+    """Columns a one-row K step of ``block_k`` sums as one (``row_times_tile``): a block-FP8 scale column's,
+    else ``_ONE_ROW_GROUP``."""
+    return min(block_k, scale_block_k if fmt == "fp8_block" else _ONE_ROW_GROUP)
 
 
 def prefetch_lines(row_bytes: int) -> int:
@@ -549,6 +654,7 @@ def _launch(
         BM=t.block_m,
         BN=t.block_n,
         BK=t.block_k,
+        GROUP=row_group(t.block_k, fmt, scale_block[1]),
         SPLIT_K=t.splits > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl,
