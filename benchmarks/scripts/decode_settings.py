@@ -120,12 +120,17 @@ SWEEPS = {
         "qwen3-next-80b-slice", ((32, 512),), ({}, {"dot_precision": "tf32x3"})
     ),
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
-    "one_row_v2": Sweep("deepseek-v2-lite", ((1, 512),), ({}, {"one_token_cuda_cores": False})),
-    "one_row_gemma4": Sweep("gemma-4-26b-a4b", ((1, 512),), ({}, {"one_token_cuda_cores": False})),
+    # (batch 8 runs the same code both ways; it sizes the KV cache for the timed steps)
+    "one_row_v2": Sweep(
+        "deepseek-v2-lite", ((1, 512), (8, 512)), ({}, {"one_token_cuda_cores": False})
+    ),
+    "one_row_gemma4": Sweep(
+        "gemma-4-26b-a4b", ((1, 512), (8, 512)), ({}, {"one_token_cuda_cores": False})
+    ),
     **{
         f"one_row_{name}_fp8": Sweep(
             shape,
-            ((1, 512),),
+            ((1, 512), (8, 512)),
             (
                 {},
                 {"one_token_cuda_cores": False},

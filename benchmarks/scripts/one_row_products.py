@@ -4,15 +4,15 @@ grouped experts at one token (layers/moe_kernels.py ONE-ROW, ``one_token_gate_up
 bf16 and block-FP8 stacks.
 
 1. Dense: at each projection shape, the 16-row tiles (``one_row_cuda_cores`` off: ``plan``'s), the bf16 weight's
-   few-row product (layers/fused_projection.py ``project_rows``) for scale, and one-row settings: columns a
-   program x K step at 4 warps, one stage, 8 programs an SM, K split into steps of 1 at least; then the best of
-   those with other warps, stages, programs an SM and least steps a split. Each time is one call's share of a
-   CUDA graph of 8 calls on 8 distinct weights (fp8_projection_settings.py ``graph_us``), every output checked
-   against F.linear on the dequantized weight first.
+   few-row product (layers/fused_projection.py ``project_rows``) for scale, and the one-row settings
+   ``DENSE_SETTINGS`` (the fastest of gpu_2026-12-04 call 1's sweep at some shape). Each time is one call's share
+   of a CUDA graph of 8 calls on 8 distinct weights (fp8_projection_settings.py ``graph_us``), every output
+   checked against F.linear on the dequantized weight first.
 2. Experts: one token's grouped experts at the MoE families' expert shapes (routed experts only, chosen among
-   ``STACKED`` of them: the kernels read the chosen ones alone), the 16-row
-   tiles against one-row tiles of the gate/up kernel (the down kernel at its default) and of the down kernel,
-   each call's share of a graph of 4 layers' distinct stacks; floor: the chosen experts' bytes over 4.8 TB/s.
+   ``STACKED`` of them: the kernels read the chosen ones alone; block FP8 where the intermediate size is whole
+   scale blocks), the 16-row tiles against the one-row (gate/up, down) tiles ``EXPERT_SETTINGS``, each call's
+   share of a graph of 4 layers' distinct stacks, and each kernel's share of it (torch.profiler); floor: the
+   chosen experts' bytes over 4.8 TB/s.
 
     PYTHONPATH=. python3 benchmarks/scripts/one_row_products.py [OUT.json]"""
 
@@ -59,30 +59,44 @@ LAYERS = 4
 STACKED = (
     32  # experts a stack holds (DeepSeek-V3's 256 of 7168 x 2048 would take 90 GB in 4 layers)
 )
-FIRST = [(bn, bk, 4, 1, 8, 1) for bn, bk in itertools.product((8, 16, 32), (128, 256, 512))]
-EXPERT_TILES = [
-    (16, 512, 4, 1),
-    (16, 256, 4, 1),
-    (32, 256, 4, 1),
-    (8, 512, 4, 1),
-    (16, 512, 8, 1),
-    (32, 512, 8, 1),
-    (16, 256, 4, 2),
-    (32, 128, 4, 3),
+# (BN, BK, warps, stages, programs an SM, least K steps a split): quant_matmul_kernel.py one_row_tiles
+DENSE_SETTINGS = [
+    (16, 256, 4, 2, 8, 1),
+    (32, 256, 4, 2, 8, 1),
+    (8, 256, 4, 1, 8, 1),
+    (16, 512, 2, 1, 8, 1),
+    (8, 512, 4, 2, 8, 1),
+    (32, 512, 8, 1, 8, 1),
+    (32, 256, 4, 1, 8, 4),
 ]
+# (gate/up, down) one-row tiles (BLOCK_N, BLOCK_K, warps, stages): moe_kernels.py one_token_gate_up / _down
+EXPERT_SETTINGS = [
+    ((16, 512, 4, 1), (16, 512, 4, 1)),
+    ((16, 512, 4, 1), (16, 256, 4, 1)),
+    ((16, 256, 4, 2), (16, 256, 4, 2)),
+    ((32, 512, 8, 1), (16, 256, 4, 1)),
+    ((8, 512, 4, 1), (8, 512, 4, 1)),
+]
+PROFILED_REPLAYS = 20
 
 
 def us(t: float | None) -> str:
     return "     -" if t is None else f"{t:6.2f}"
 
 
-def variations(best: tuple) -> list[tuple]:
-    bn, bk, warps, stages, per_sm, steps = best
-    out = [(bn, bk, w, stages, per_sm, steps) for w in (2, 8)]
-    out += [(bn, bk, warps, s, per_sm, steps) for s in (2, 3)]
-    out += [(bn, bk, warps, stages, p, steps) for p in (4, 16)]
-    out += [(bn, bk, warps, stages, per_sm, s) for s in (2, 4)]
-    return out
+def kernel_us(replay, calls: int) -> dict[str, float]:
+    """{kernel: us a call} over ``PROFILED_REPLAYS`` replays of a graph of ``calls`` calls (torch.profiler)."""
+    replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_REPLAYS):
+            replay()
+        torch.cuda.synchronize()
+    return {
+        e.key: e.device_time_total / (PROFILED_REPLAYS * calls)
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    }
 
 
 def one_row_us(x, weights, dense, setting) -> float | None:
@@ -116,11 +130,7 @@ def dense_rows(device) -> list[dict]:
         floor = (n * k + scale.numel() * 4) / HBM_BYTES_PER_S * 1e6
         times = {"16-row tiles": one_row_us(x, weights, dense, None)}
         times["bf16 project_rows"] = graph_us(lambda: [project_rows(x, w) for w in bf16])
-        for setting in FIRST:
-            times[str(setting)] = one_row_us(x, weights, dense, setting)
-        ok = {s: t for s, t in times.items() if t and s.startswith("(")}
-        best = next(s for s in FIRST if str(s) == min(ok, key=ok.get))
-        for setting in variations(best):
+        for setting in DENSE_SETTINGS:
             times[str(setting)] = one_row_us(x, weights, dense, setting)
         qm.one_row_cuda_cores, qm.one_row_tiles = shipped
         times["shipped"] = one_row_us(x, weights, dense, shipped[1])
@@ -160,6 +170,8 @@ def expert_rows(device) -> list[dict]:
     for (name, (experts, top_k, hidden, inter, act)), fp8 in itertools.product(
         EXPERTS.items(), (False, True)
     ):
+        if fp8 and inter % BLOCK[0]:
+            continue  # (packed gate/up rows of partial scale blocks: no such checkpoint)
         experts = min(experts, STACKED)
         layers = [expert_stacks(experts, hidden, inter, fp8, device) for _ in range(LAYERS)]
         gen = torch.Generator().manual_seed(0)
@@ -184,10 +196,9 @@ def expert_rows(device) -> list[dict]:
 
         mk.one_token_cuda_cores = False
         reference = call(0).float()
-        times = {}
+        times, kernels = {}, {}
         settings = [("16-row tiles", None, None)]
-        settings += [(f"gate_up {t}", t, shipped[2]) for t in EXPERT_TILES]
-        settings += [(f"down {t}", shipped[1], t) for t in EXPERT_TILES]
+        settings += [(str(tiles), *tiles) for tiles in EXPERT_SETTINGS]
         for key, up_tiles, down_tiles in settings:
             mk.one_token_cuda_cores = up_tiles is not None
             if up_tiles is not None:
@@ -203,24 +214,33 @@ def expert_rows(device) -> list[dict]:
                     for i in range(LAYERS):
                         call(i)
                 times[key] = do_bench(graph.replay, return_mode="median") * 1e3 / LAYERS
+                kernels[key] = kernel_us(graph.replay, LAYERS)
             except Exception as e:  # noqa: BLE001 (a tile beyond the registers or shared memory)
                 print(f"  {name} {key}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         mk.one_token_cuda_cores, mk.one_token_gate_up, mk.one_token_down = shipped
         best = min((k for k in times if k != "16-row tiles"), key=times.get, default=None)
-        shipped_key = f"gate_up {shipped[1]}"
+        shipped_key = str((shipped[1], shipped[2]))
+        for key in ("16-row tiles", best):
+            if key in kernels:
+                parts = " ".join(f"{k[:24]} {v:5.2f}" for k, v in kernels[key].items())
+                print(f"    {key}: {parts}", flush=True)
         print(
             f"{name:>18} {'fp8 ' if fp8 else 'bf16'} floor {floor:6.2f} | 16-row "
             f"{us(times.get('16-row tiles'))} | shipped {us(times.get(shipped_key))} | best {best} "
             f"{us(times.get(best))}",
             flush=True,
         )
-        rows.append({"shape": name, "fp8": fp8, "floor_us": floor, "us": times})
+        rows.append(
+            {"shape": name, "fp8": fp8, "floor_us": floor, "us": times, "kernel_us": kernels}
+        )
     return rows
 
 
 def main(out: str | None = None) -> None:
     device = torch.device("cuda")
     report = {"device": torch.cuda.get_device_name(), "dense": dense_rows(device)}
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1))
     report["experts"] = expert_rows(device)
     if out:
         Path(out).write_text(json.dumps(report, indent=1))

@@ -88,7 +88,7 @@ _LINE = 128
 # the 16-row tiles.
 # benchmarks/scripts/one_row_products.py sweeps them.
 one_row_cuda_cores = True
-one_row_tiles = (16, 256, 4, 1, 8, 2)
+one_row_tiles = (16, 256, 4, 2, 8, 1)
 _ONE_ROW_GROUP = (
     128  # columns a one-row step sums as one, unscaled formats (block FP8: a scale column)
 )
