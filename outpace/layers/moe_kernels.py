@@ -60,11 +60,17 @@ Four kernels, every grid fixed by the shapes:
    layer's input norm (``NormedRows``: the stream times the norm's scale and each program's sum of squares),
    so that norm costs no launch of its own.
 
-ONE-ROW: with one token (decode at batch 1) each block holds one pair, at its first row, and the gate/up and
-down kernels read that row alone (ROWS 1, ``one_token_rows``): each weight value converted to float32 and
-multiplied by it on the CUDA cores (layers/quant/quant_matmul_kernel.py ``row_times_tile``), as the quantized
-few-row product does with one row, where the 16-row tiles convert each value into x's dtype and stage it
-through shared memory for tl.dot's 15 rows of zeros.
+ONE-ROW: with one token (decode at batch 1) each block holds one pair, at its first row, and a kernel over
+block-FP8 stacks of at most ``ONE_ROW_MAX_K`` columns reads that row alone (ROWS 1, ``one_token_rows``): each
+weight value converted to float32 and multiplied by it on the CUDA cores (layers/quant/quant_matmul_kernel.py
+``row_times_tile``), as the quantized few-row product does with one row, where the 16-row tiles convert each
+value into x's dtype and stage it through shared memory for tl.dot's 15 rows of zeros. On an H200
+(benchmarks/scripts/one_row_products.py and decode_settings.py, gpu_2026-12-04 call 2), one token's block-FP8
+experts took 26.7 us against 28.9 at DeepSeek-V2-Lite's shapes and 21.9 against 25.1 at Qwen3-Next's, and the
+decode step at batch 1 1.830 ms against 1.936 (V2-Lite) and 0.670 against 0.700 (the Qwen3-Next slice, the dense
+one-row product too); but over DeepSeek-V3's 7168 columns the gate/up kernel took 73.2 us against 70.1 (the
+16-row tiles' cp.async pipeline pays over many K steps), and over bf16 stacks the step lost (V2-Lite 2.225 ms
+against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles.
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
@@ -91,6 +97,7 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.fused_projection import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import (
+    ONE_ROW_MAX_K,
     row_group,
     row_sums,
     row_times_tile,
@@ -120,9 +127,9 @@ few_token_down = (64, 128, 4, 4)
 # alone were a gain (gpu_2026-12-03f call 2), so which change lost is not known; decode_settings.py moe_fp8_pdl
 # measures this one alone.
 quantized_pdl = False
-# One token (decode at batch 1; module docstring, ONE-ROW): each block's one row on the CUDA cores over half-precision
-# and block-FP8 stacks, outside batch-invariant mode, with these (BLOCK_N, BLOCK_K, warps, stages); off (False): the
-# 16-row tiles. benchmarks/scripts/one_row_products.py sweeps them.
+# One token (decode at batch 1; module docstring, ONE-ROW): each block's one row on the CUDA cores over block-FP8
+# stacks, outside batch-invariant mode, with these (BLOCK_N, BLOCK_K, warps, stages); off (False): the 16-row tiles.
+# benchmarks/scripts/one_row_products.py sweeps them (V2-Lite's fastest of 5 in gpu_2026-12-04 call 2).
 one_token_cuda_cores = True
 one_token_gate_up = (16, 512, 4, 1)
 one_token_down = (16, 512, 4, 1)
@@ -130,12 +137,10 @@ one_token_down = (16, 512, 4, 1)
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 
 
-def _tiles(block_m: int, fp32: bool, one_row: bool) -> tuple[Tiles, Tiles]:
-    """The gate/up and the down kernel's tiles: the one-token tiles (``one_row``: module docstring, ONE-ROW); the
-    few-token tiles; over blocks of 64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter,
-    tests) 32 x 32."""
-    if one_row:
-        return one_token_gate_up, one_token_down
+def _tiles(block_m: int, fp32: bool) -> tuple[Tiles, Tiles]:
+    """The gate/up and the down kernel's tiles: the few-token tiles; over blocks of 64 tokens (prefill) 64 x 64
+    at 8 warps; float32 (Triton's interpreter, tests) 32 x 32. (A kernel that reads one row a block takes
+    ``one_token_gate_up`` / ``one_token_down``.)"""
     if fp32:
         return (32, 32, 4, 2), (32, 32, 4, 2)
     if block_m == _SMALL_BLOCK_M:
@@ -143,12 +148,18 @@ def _tiles(block_m: int, fp32: bool, one_row: bool) -> tuple[Tiles, Tiles]:
     return (64, 64, 8, 4), (64, 64, 8, 4)
 
 
-def one_token_rows(tokens: int, fmt: str) -> bool:
-    """Whether a call over ``tokens`` tokens and stacks in ``fmt`` reads one row a block on the CUDA cores
-    (module docstring, ONE-ROW): one token (each block holds one pair, at its first row), half-precision or
-    block-FP8 stacks, outside batch-invariant mode (where a token's sums run in the 16-row tiles' order at
-    every count: ``block_rows``)."""
-    return one_token_cuda_cores and tokens == 1 and fmt != "int4_group" and not batch_invariant()
+def one_token_rows(tokens: int, fmt: str, k: int) -> bool:
+    """Whether a kernel over ``tokens`` tokens and stacks in ``fmt`` of ``k`` columns reads one row a block on
+    the CUDA cores (module docstring, ONE-ROW): one token (each block holds one pair, at its first row),
+    block-FP8 stacks of at most ``ONE_ROW_MAX_K`` columns, outside batch-invariant mode (where a token's sums run
+    in the 16-row tiles' order at every count: ``block_rows``)."""
+    return (
+        one_token_cuda_cores
+        and tokens == 1
+        and fmt == "fp8_block"
+        and k <= ONE_ROW_MAX_K
+        and not batch_invariant()
+    )
 
 
 def block_rows(tokens: int) -> int:
@@ -1050,8 +1061,11 @@ def grouped_experts(
     fmt, (scale_bn, scale_bk) = (
         ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
     )
-    one_row = one_token_rows(n, fmt)
-    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, one_row)
+    up_one_row, down_one_row = one_token_rows(n, fmt, hidden), one_token_rows(n, fmt, inter)
+    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32)
+    if tiles is None:
+        up_tiles = one_token_gate_up if up_one_row else up_tiles
+        down_tiles = one_token_down if down_one_row else down_tiles
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
@@ -1108,7 +1122,7 @@ def grouped_experts(
         *shared_up_ss,
         SLOTS=slots,
         BLOCK_M=block_m,
-        ROWS=1 if one_row else block_m,
+        ROWS=1 if up_one_row else block_m,
         GROUP=row_group(up_k, fmt, scale_bk),
         BLOCK_N=bn_up,
         BLOCK_K=up_k,
@@ -1154,7 +1168,7 @@ def grouped_experts(
         WEIGHTED_SLOTS=weights.shape[1],
         SLOTS=slots,
         BLOCK_M=block_m,
-        ROWS=1 if one_row else block_m,
+        ROWS=1 if down_one_row else block_m,
         GROUP=row_group(down_k, fmt, scale_bk),
         BLOCK_N=bn_down,
         BLOCK_K=down_k,

@@ -24,9 +24,12 @@ launch is fixed for a captured CUDA graph and nothing is allocated but the outpu
 Which tiles serve best is measured (benchmarks/scripts/quant_matmul_settings.py).
 Many rows (prefill): the same kernel with 64 x 128 or 128 x 128 output tiles and no split.
 
-ONE-ROW: a single row (decode at batch 1) of an fp8 weight takes a row tile of one (``one_row_tiles``,
-``row_times_tile``): each weight value converted to float32 and multiplied by x on the CUDA cores, with no
-tl.dot. The 16-row tile, tl.dot's fewest rows, converts each value into x's dtype (with its scale), stages it
+ONE-ROW: a single row (decode at batch 1) of an fp8 weight of at most ``ONE_ROW_MAX_K`` columns takes a row
+tile of one (``one_row_tiles``, ``row_times_tile``): each weight value converted to float32 and multiplied by x
+on the CUDA cores, with no tl.dot and no software pipeline (whose stages pay over many K steps: Llama-8B's
+down_proj, 14336 columns, took 25.7 us this way against 21.3 in the 16-row tiles, where Qwen3-Next's in_proj_qkvz
+took 12.5 against 13.7 and DeepSeek-V2-Lite's q 6.2 against 8.4; benchmarks/scripts/one_row_products.py on an
+H200, gpu_2026-12-04 call 2). The 16-row tile, tl.dot's fewest rows, converts each value into x's dtype (with its scale), stages it
 through shared memory and feeds mma.sync with 15 rows of zeros: about 200 instructions a thread a K step of
 a 32 x 128 fp8 tile (sm_90 PTX, gpu_2026-12-03f), so it read an fp8 weight no faster than a bf16 one of
 twice its bytes (DeepSeek-V2-Lite's o 2048 x 2048: 6.7 us against a floor of 0.87; gpu_2026-12-01g call 1).
@@ -83,12 +86,12 @@ _INVARIANT_ROWS = 256  # rows a split launch takes at most (batch-invariant mode
 # shape and row count timed (gpu_2026-12-01g call 3: benchmarks/scripts/fp8_dequant_variants.py --prefetch-bytes)
 _PREFETCH_BYTES = 256
 _LINE = 128
-# One row (decode at batch 1) on the CUDA cores (module docstring: ONE-ROW) for fp8 weights outside batch-invariant
-# mode: (BN, BK, warps, stages, programs an SM and K steps a split at least: the K split); off (False), one row takes
-# the 16-row tiles.
-# benchmarks/scripts/one_row_products.py sweeps them.
+# One row (decode at batch 1) on the CUDA cores (module docstring: ONE-ROW) for fp8 weights of at most ONE_ROW_MAX_K
+# columns outside batch-invariant mode: (BN, BK, warps, stages, programs an SM and K steps a split at least: the K
+# split); off (False), one row takes the 16-row tiles. benchmarks/scripts/one_row_products.py sweeps them.
 one_row_cuda_cores = True
-one_row_tiles = (16, 256, 4, 2, 8, 1)
+one_row_tiles = (16, 512, 2, 1, 8, 1)
+ONE_ROW_MAX_K = 4096
 _ONE_ROW_GROUP = (
     128  # columns a one-row step sums as one, unscaled formats (block FP8: a scale column)
 )
@@ -425,7 +428,7 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
     int4 = fmt == "int4_group"
     if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
         m = 1
-    elif m == 1 and one_row_cuda_cores and not int4:
+    elif m == 1 and one_row_cuda_cores and not int4 and k <= ONE_ROW_MAX_K:
         bn, bk, warps, stages, per_sm, min_steps = one_row_tiles
         return few_row_tiles(
             1, n, k, device, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
