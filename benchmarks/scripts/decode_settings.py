@@ -141,6 +141,15 @@ SWEEPS = {
         )
         for name, shape in (("v2", "deepseek-v2-lite"), ("qwen3next", "qwen3-next-80b-slice"))
     },
+    **{
+        f"one_row_{name}_fp8": Sweep(
+            shape,
+            ((1, 512), (8, 512)),
+            ({}, {"one_token_cuda_cores": False, "one_row_cuda_cores": False}),
+            quantized="fp8",
+        )
+        for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
+    },
     # Mamba2's state scan: a head's state rows a program and its warps
     "mamba2": Sweep(
         "nemotron-h-8b",
