@@ -66,11 +66,11 @@ weight value converted to float32 and multiplied by it on the CUDA cores (layers
 ``row_times_tile``), as the quantized few-row product does with one row, where the 16-row tiles convert each
 value into x's dtype and stage it through shared memory for tl.dot's 15 rows of zeros. On an H200
 (benchmarks/scripts/one_row_products.py and decode_settings.py, gpu_2026-12-04 call 2), one token's block-FP8
-experts took 26.7 us against 28.9 at DeepSeek-V2-Lite's shapes and 21.9 against 25.1 at Qwen3-Next's, and the
+experts took 26.7 us against 28.9 at DeepSeek-V2-Lite's shapes and 22.3 against 25.1 at Qwen3-Next's, and the
 decode step at batch 1 1.830 ms against 1.936 (V2-Lite) and 0.670 against 0.700 (the Qwen3-Next slice, the dense
-one-row product too); but over DeepSeek-V3's 7168 columns the gate/up kernel took 73.2 us against 70.1 (the
-16-row tiles' cp.async pipeline pays over many K steps), and over bf16 stacks the step lost (V2-Lite 2.225 ms
-against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles.
+one-row product too); but over DeepSeek-V3's 7168 columns the gate/up kernel took 75.3 us (73.2 at the best of 5
+tiles) against 70.1 (the 16-row tiles' cp.async pipeline pays over many K steps), and over bf16 stacks the step
+lost (V2-Lite 2.225 ms against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles.
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
