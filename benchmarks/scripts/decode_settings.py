@@ -32,6 +32,7 @@ KNOBS = {
     "min_split_rows": (mla_kernels, "min_split_rows"),
     "half_block_n": (mla_kernels, "half_block_n"),
     "attention_warps": (mla_kernels, "attention_warps"),
+    "combine_block_tokens": (mla_kernels, "combine_block_tokens"),
     "tile_elements": (mla_fused, "_TILE_ELEMENTS"),
     "max_block_k": (mla_fused, "_MAX_BLOCK_K"),
     "down_stages": (mla_fused, "_DOWN_STAGES"),
@@ -113,6 +114,12 @@ SWEEPS = {
         "deepseek-v2-lite",
         ((1, 512), (8, 512), (32, 512)),
         ({}, {"half_block_n": 32, "attention_warps": 4}),
+    ),
+    # the MLA merge's tokens a program (mla_kernels.combine_block_tokens: W_UV read once a program)
+    "mla_combine_v3": Sweep(
+        "deepseek-v3-slice",
+        ((8, 512), (32, 512)),
+        ({}, {"combine_block_tokens": 4}, {"combine_block_tokens": 16}),
     ),
     # the router logits' tl.dot path (past 16 tokens) in IEEE float32 (shipped) or tf32x3 (moe_routing_kernel)
     "router_dot_v2": Sweep("deepseek-v2-lite", ((32, 512),), ({}, {"dot_precision": "tf32x3"})),

@@ -11,7 +11,7 @@ the next one's start. A setting whose launch (tiles, stages, warps, splits, merg
 is skipped (V3's 32-row tiles run 8 warps whatever ``attention_warps``: its warps sweep adds nothing). Prints a
 line a (shape, batch, setting); writes every row to OUT/mla_decode_parts.json.
 
-    PYTHONPATH=. python3 benchmarks/scripts/mla_decode_parts.py OUT [--sweep split tile warps combine]"""
+    PYTHONPATH=. python3 benchmarks/scripts/mla_decode_parts.py OUT [--sweep split tile ...] [--batches 1 8 ...]"""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ SWEEPS = {
     "combine": [
         {"combine_programs_per_sm": p, "combine_block_tokens": t} for p in (1, 2, 4) for t in (1, 2)
     ],
+    # the merge's tokens a program (W_UV read once a program: once a head at the batch's power of two)
+    "combine_tokens": [{"combine_block_tokens": t} for t in (2, 4, 8, 16)],
 }
 
 
@@ -198,6 +200,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--sweep", nargs="+", choices=list(SWEEPS), default=list(SWEEPS))
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -205,7 +208,7 @@ def main() -> None:
     settings = [setting for name in args.sweep for setting in SWEEPS[name]]
     rows = []
     for shape in SHAPES:
-        for batch in BATCHES:
+        for batch in args.batches:
             rows += sweep_shape(shape, batch, settings, device)
             report = {"device": torch.cuda.get_device_name(), "layers": LAYERS, "rows": rows}
             (args.out / "mla_decode_parts.json").write_text(json.dumps(report, indent=1))
