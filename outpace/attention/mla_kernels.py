@@ -110,6 +110,16 @@ _INVARIANT_COMBINE_TOKENS = 4
 # more groups of fewer).
 combine_programs_per_sm = 2
 combine_block_tokens = 1
+# ... and at least about this many (token, head) rows' tokens a program: W_UV ([heads, 128, 512] in bf16, 16 MiB
+# at DeepSeek-V3's 128 heads) is read once a program, so once for every 128 / heads tokens. The merge alone
+# (benchmarks/scripts/mla_decode_parts.py --sweep combine_tokens, gpu_2026-12-04 call 5; 27 layers in one graph,
+# 512 cached rows), us a call at 1 / 2 / 4 / 8 / 16 tokens a program: V3 at batch 8 47.5 / 37.8 / 27.1 / 22.0 / -,
+# at batch 32 - / - / 52.6 / 42.6 / 35.2; V2-Lite (16 heads) at batch 8 7.5 / 8.5 / 10.1 / 11.8 / -, at batch 32
+# 24.0 / 18.8 / 12.7 / 16.5 / 26.1 (where the splits' groups and the partials each output chunk reloads outweigh
+# W_UV). This rule takes the fastest at each of the four (the old rule's 1, 1, 1 and 4 before). The DeepSeek-V3
+# slice's decode step (decode_settings.py mla_combine_v3): 4.894 ms at batch 8 as before, 4.808 at 8 tokens a
+# program; at batch 32 11.568 and 11.557 at 16.
+combine_token_heads = 128
 # KV rows a split covers at least (the split-KV heuristic's; a BLOCK_N multiple): a decode step over a short
 # context runs a few splits of several KV blocks rather than one per block, each a program whose fixed cost
 # (loading the query latent's parts) outweighs one block, and all of them merged one after the other. On the
@@ -584,7 +594,8 @@ def _combine_launch(
 ) -> tuple[int, int]:
     """(BLOCK_T, CHUNK) of ``_combine_kernel`` for an output ``width`` wide (R, or W_UV's rows). BLOCK_T: as many
     tokens as leave room in the tile for every split of the launch (one group) or 1 past 16 splits, at
-    least ``combine_block_tokens``, at most the batch's; in batch-invariant mode fixed. CHUNK: about
+    least ``combine_block_tokens`` and ``combine_token_heads`` / heads of the batch's power of two, at most the
+    batch's and 16; in batch-invariant mode fixed. CHUNK: about
     ``combine_programs_per_sm`` programs an SM, at least 16 (a dot's columns), at most 64; in the mode from
     the shapes only. Both follow the token count's power of two, not the count: a compile-time value per token
     bucket, which the engine's warm-up meets (engine/warm_up.py)."""
@@ -594,7 +605,11 @@ def _combine_launch(
         token_blocks = 1
     else:
         bucket = triton.next_power_of_2(num_tokens)
-        block_t = max(rows // min(triton.next_power_of_2(num_splits), rows), combine_block_tokens)
+        block_t = max(
+            rows // min(triton.next_power_of_2(num_splits), rows),
+            combine_block_tokens,
+            triton.next_power_of_2(max(1, bucket * heads // combine_token_heads)),
+        )
         block_t = min(block_t, bucket, rows)
         token_blocks = bucket // block_t
     chunks = math.ceil(combine_programs_per_sm * num_sms(device) / (heads * token_blocks))

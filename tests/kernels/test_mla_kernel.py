@@ -304,14 +304,19 @@ def test_verify_widths_and_short_sequences_in_a_long_table(layout, num_splits):
 
 def test_the_merge_launch(monkeypatch):
     """_combine_launch at DeepSeek-V2-Lite's shape (16 heads, W_UV's 128 rows) on an H200's 132 SMs: batch 1
-    takes one token a program, its splits in groups of 16, in 128 programs (16 W_UV rows each); batch 8 one token a program too (64 rows each: 256 programs); 64 tokens over 5 splits two tokens
-    a program (8 splits each). In batch-invariant mode the launch follows neither the batch nor the split
-    count."""
+    takes one token a program, its splits in groups of 16, in 128 programs (16 W_UV rows each); batch 8 one
+    token a program too (64 rows each: 256 programs); batch 32 over 9 splits 4 tokens a program (128 (token,
+    head) rows: ``combine_token_heads``), 64 tokens over 5 splits 8. At DeepSeek-V3's 128 heads a program takes
+    a batch of 8 whole, and 16 of a batch of 32. In batch-invariant mode the launch follows neither the batch
+    nor the split count."""
     monkeypatch.setattr(mla_kernels, "num_sms", lambda device: 132)
     device = torch.device("cpu")
     assert mla_kernels._combine_launch(1, 16, 128, 64, False, device) == (1, 16)
     assert mla_kernels._combine_launch(8, 16, 128, 33, False, device) == (1, 64)
-    assert mla_kernels._combine_launch(64, 16, 128, 5, False, device) == (2, 64)
+    assert mla_kernels._combine_launch(32, 16, 128, 9, False, device) == (4, 64)
+    assert mla_kernels._combine_launch(64, 16, 128, 5, False, device) == (8, 64)
+    assert mla_kernels._combine_launch(8, 128, 128, 9, False, device)[0] == 8
+    assert mla_kernels._combine_launch(32, 128, 128, 3, False, device)[0] == 16
     invariant = {
         mla_kernels._combine_launch(tokens, 16, 128, splits, True, device)
         for tokens in (1, 8, 40)
