@@ -572,6 +572,42 @@ def _add_product(
     return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
 
 
+@triton.jit
+def _add_row_product(
+    acc,  # [BLOCK_N, BLOCK_K / GROUP] float32 (``row_times_tile``'s)
+    x_row,  # [1, 1] pointer: the block's one row, its column 0
+    w_rows,  # [BLOCK_N, 1] pointers: each weight row's start
+    s_base,  # the expert's scales (``_expert_rows``)
+    s_rs,  # and their row stride
+    offs_n,  # [BLOCK_N] the weight rows
+    k0,
+    K,
+    n_ok,  # [BLOCK_N] the weight rows that exist
+    stride_sk,
+    FORMAT: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    """``_add_product`` for a block of one row (module docstring, ONE-ROW): on the CUDA cores."""
+    s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
+    return row_times_tile(
+        acc,
+        x_row,
+        w_rows,
+        s_rows,
+        k0,
+        K,
+        n_ok,
+        stride_sk,
+        FORMAT,
+        SCALE_BK,
+        BLOCK_K // GROUP,
+        GROUP,
+    )
+
+
 @triton.jit(do_not_specialize=["pairs"])
 def _gate_up_kernel(
     x_ptr,  # [tokens, hidden]
@@ -684,34 +720,14 @@ def _gate_up_kernel(
             if ROWS == 1:  # the block's one pair, its row real (module docstring: ONE-ROW)
                 x_row = x_rows + token[:, None] * stride_xt  # [1, 1]
                 if GATED:
-                    gate = row_times_tile(
-                        gate,
-                        x_row,
-                        gate_rows,
-                        scale_rows(gate_s_base, offs_n, gate_s_rs, FORMAT, SCALE_BN),
-                        k0,
-                        hidden,
-                        n_ok,
-                        stride_gsk,
-                        FORMAT,
-                        SCALE_BK,
-                        BLOCK_K // GROUP,
-                        GROUP,
-                    )
-                up = row_times_tile(
-                    up,
-                    x_row,
-                    up_rows,
-                    scale_rows(up_s_base, offs_n, up_s_rs, FORMAT, SCALE_BN),
-                    k0,
-                    hidden,
-                    n_ok,
-                    stride_usk,
-                    FORMAT,
-                    SCALE_BK,
-                    BLOCK_K // GROUP,
-                    GROUP,
-                )
+                    gate = _add_row_product(
+                        gate, x_row, gate_rows, gate_s_base, gate_s_rs, offs_n, k0, hidden, n_ok,
+                        stride_gsk, FORMAT, SCALE_BN, SCALE_BK, BLOCK_K, GROUP,
+                    )  # fmt: skip
+                up = _add_row_product(
+                    up, x_row, up_rows, up_s_base, up_s_rs, offs_n, k0, hidden, n_ok, stride_usk,
+                    FORMAT, SCALE_BN, SCALE_BK, BLOCK_K, GROUP,
+                )  # fmt: skip
             else:
                 k = k0 + offs_k
                 x = tl.load(
@@ -837,20 +853,10 @@ def _down_kernel(
             acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             if ROWS == 1:  # (module docstring: ONE-ROW)
-                acc = row_times_tile(
-                    acc,
-                    act_ptr + rows[:, None] * stride_act,
-                    w_rows,
-                    scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN),
-                    k0,
-                    inter,
-                    n_ok,
-                    stride_sk,
-                    FORMAT,
-                    SCALE_BK,
-                    BLOCK_K // GROUP,
-                    GROUP,
-                )
+                acc = _add_row_product(
+                    acc, act_ptr + rows[:, None] * stride_act, w_rows, s_base, s_rs, offs_n, k0, inter,
+                    n_ok, stride_sk, FORMAT, SCALE_BN, SCALE_BK, BLOCK_K, GROUP,
+                )  # fmt: skip
             else:
                 k = k0 + offs_k
                 a = tl.load(
