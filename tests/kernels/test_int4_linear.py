@@ -11,13 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from outpace.layers.quant.dequantize import (  # noqa: E402
     dequantize_int4_group,
     quantize_int4_group,
 )
 from outpace.layers.quant.int4_linear_kernel import int4_group_linear  # noqa: E402
+from outpace.layers.quant.quant_matmul_kernel import weight_tile  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -67,6 +69,52 @@ def test_nibble_order_and_offset_matter():
     assert not torch.cat([moved[0, :3], moved[0, 4:]]).any()
 
 
+@triton.jit
+def _dequantized_kernel(
+    w_ptr, s_ptr, out_ptr, N, K, GROUP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):
+    """out [N, K] = the INT4 weight's tiles as ``weight_tile`` dequantizes them into out's dtype."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_ok = rows < N
+    k0 = tl.program_id(1) * BK
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * (K // 8)
+    s_rows = s_ptr + rows.to(tl.int64)[:, None] * (K // GROUP)
+    tile = weight_tile(
+        w_rows, s_rows, k0, K, n_ok, 1, "int4_group", GROUP, BK, out_ptr.dtype.element_ty
+    )
+    ks = k0 + tl.arange(0, BK)
+    tl.store(
+        out_ptr + rows[:, None] * K + ks[None, :], tile, mask=n_ok[:, None] & (ks < K)[None, :]
+    )
+
+
+def tiles_equal_the_reference(n: int, k: int, group: int, dtype: torch.dtype, device: str) -> bool:
+    """``weight_tile``'s INT4 tiles, scales stored in ``dtype`` (on a GPU in bf16 and fp16 the PTX path,
+    quant_matmul_kernel.py ``int4_tile_by_ptx``; Triton's interpreter the general one), bit for bit the
+    reference's dequantization rounded to ``dtype``. Every nibble value at every position of a word."""
+    g = torch.Generator().manual_seed(k + group)
+    packed = torch.randint(-(2**31), 2**31, (n, k // 8), generator=g, dtype=torch.int64)
+    packed = packed.to(torch.int32).to(
+        device
+    )  # random words: nibble 0 (-8) too, which quantizers leave out
+    scale = (torch.randn(n, k // group, generator=g) * 1e-2).to(dtype).to(device)
+    out = torch.empty(n, k, dtype=dtype, device=device)
+    bk = 256
+    _dequantized_kernel[(triton.cdiv(n, 16), triton.cdiv(k, bk))](
+        packed, scale, out, n, k, GROUP=group, BN=16, BK=bk
+    )
+    nibbles = torch.stack([(packed >> (4 * j)) & 0xF for j in range(8)])
+    assert nibbles.unique().numel() == 16  # (the weight holds every value)
+    return torch.equal(out, dequantize_int4_group(packed, scale, group).to(dtype))
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_tiles_dequantize_bit_for_bit(group):
+    """float32 (half precision takes the PTX path on a GPU, below; Triton's interpreter rounds float32 to bf16
+    by truncation). K = 384 ends half way into the second 256-column tile, N = 40 in the third 16-row block."""
+    assert tiles_equal_the_reference(40, 384, group, torch.float32, DEVICE)
+
+
 def test_bad_shapes_are_refused_by_name():
     packed, scale = random_int4(8, 64, seed=2)
     x = torch.randn(1, 64, device=DEVICE)
@@ -96,6 +144,14 @@ def test_gpu_bf16_at_the_kimi_shapes(name, m):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     expected = F.linear(x.float(), dequantize_int4_group(packed, scale, 32))
     assert relative_error(int4_group_linear(x, packed, scale, 32), expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_ptx_tiles_dequantize_bit_for_bit(dtype, group):
+    """The PTX nibbles (scales in x's dtype) at a Kimi-K2 expert's down shape, the last rows masked."""
+    assert tiles_equal_the_reference(7168 - 8, 2048, group, dtype, "cuda")
 
 
 @pytest.mark.gpu

@@ -14,7 +14,8 @@ Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped
 without spilling registers (ptxas -v), and the few-token tiles stream their weights through cp.async (the
 software pipeline whose stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
 single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
-runtime never compiles that at these shapes."""
+runtime never compiles that at these shapes. Over Kimi-K2-Thinking's INT4 stacks at one and eight tokens each
+grouped kernel turns the nibbles into bf16 by PTX (lop3, bf16x2 fmas: quant_matmul_kernel.int4_tile_by_ptx)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ SM90_COMPILE = """
 import itertools
 import torch
 from outpace.layers.quant.experts import QuantizedShared, slot_views
-from outpace.layers.quant.moe_quant_kernels import ExpertScales, fp8_block_grouped_experts
+from outpace.layers.quant.moe_quant_kernels import (
+    ExpertScales, fp8_block_grouped_experts, int4_group_grouped_experts
+)
 from outpace.layers import moe_kernels as mk, moe_routing_kernel as rk
 
 def build(kernel, types, constants, num_warps=4, num_stages=2):
@@ -112,6 +115,26 @@ for (name, run), tokens in itertools.product(
                 streams = kwargs["ROWS"] == 16 and "cp.async" in ptx
             ok = "0 bytes spill stores" in report and streams and pdl == ("griddepcontrol.wait" in ptx)
             print(f"{kernel.__name__}:fp8_block:{name}:{tokens}:pdl={pdl}", ok)
+def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
+    '''Kimi-K2-Thinking's INT4 experts (compressed-tensors pack-quantized, bf16 scales of 32 columns):
+    moe_quant_kernels.int4_group_grouped_experts' launch.'''
+    x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(tokens, 8, dtype=torch.int32)
+    int4_group_grouped_experts(
+        x, torch.empty(tokens, 8), ids, torch.empty(experts, 2 * inter, hidden // 8, dtype=torch.int32),
+        torch.empty(experts, 2 * inter, hidden // group, dtype=torch.bfloat16),
+        torch.empty(experts, hidden, inter // 8, dtype=torch.int32),
+        torch.empty(experts, hidden, inter // group, dtype=torch.bfloat16),
+        group, layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"))
+
+for tokens in (1, 8):  # the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
+    launches = launched(lambda: kimi_k2_int4(tokens))
+    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+        args, kwargs = launches[kernel.__name__]
+        compiled = compile_as_launched(kernel, args, kwargs)
+        report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
+        nibbles = "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx and "cp.async" in ptx
+        print(f"{kernel.__name__}:int4_group:kimi-k2:{tokens}", "0 bytes spill stores" in report and nibbles)
 for few, block_k, precision in ((True, 256, "ieee"), (False, 64, "ieee"), (False, 64, "tf32x3")):
     build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
           "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=block_k, INPUT_NORM=False,
@@ -152,6 +175,11 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
         for tokens in (1, 2)
         for kernel in ("_gate_up_kernel", "_down_kernel")
         for pdl in (False, True)
+    ]
+    names += [
+        f"{kernel}:int4_group:kimi-k2:{tokens}"
+        for tokens in (1, 8)
+        for kernel in ("_gate_up_kernel", "_down_kernel")
     ]
     names += [
         "_router_logits_kernel"

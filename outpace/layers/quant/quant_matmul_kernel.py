@@ -9,7 +9,8 @@ dtype, then multiplied on the tensor cores with float32 accumulation:
   columns, ``block_scales``);
 - "fp8_tensor": fp8 [N, K] times one scale (ModelOpt), applied to the float32 accumulator at the end;
 - "int4_group": int32 [N, K/8] words of eight nibbles, lowest first, each stored + 8 (compressed-tensors
-  pack-quantized), times scale [N, K/group].
+  pack-quantized), times scale [N, K/group]; on a GPU, for x and the scales in one half-precision dtype, each
+  word turned into its eight values by a few PTX instructions on value pairs (``int4_tile_by_ptx``).
 ``weight_tile`` is also how the grouped-expert kernels (layers/moe_kernels.py) read quantized expert
 stacks, with "none" for plain half-precision weights.
 
@@ -59,6 +60,7 @@ against 7.6.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +123,102 @@ def block_scales(
     )
 
 
+# INT4 nibbles into half precision by PTX (``int4_tile_by_ptx``) on a GPU; Triton's interpreter runs no inline
+# assembly, and OUTPACE_INT4_PTX=0 takes the general path (to measure what this gives).
+NIBBLES_BY_PTX = tl.constexpr(
+    os.environ.get("TRITON_INTERPRET", "0") != "1"
+    and os.environ.get("OUTPACE_INT4_PTX", "1") != "0"
+)
+# A nibble q (0..15, stored + 8) or'd into the mantissa of 128.0 (bf16 0x4300) or 1024.0 (fp16 0x6400) is the
+# half-precision number 128 + q or 1024 + q, exactly (bf16 keeps 7 mantissa bits, fp16 10); less 136.0 (0x4308)
+# or 1032.0 (0x6408) it is q - 8, exactly. Two nibbles 16 bits apart make a pair (bf16x2 / f16x2) at once:
+# (word >> 4 j) & 0x000F000F | magic holds nibbles j and j + 4 (lop3 0xEA: (a & b) | c). Then the pair times the
+# scale pair, one rounding each: the bits of round(float32(q - 8) * scale) as the general path computes them.
+# (The trick is Marlin's and FasterTransformer's lop3 dequantization, written here for the stored + 8 nibbles.)
+_NIBBLE_PTX = """{{
+.reg .b32 t0, t1, t2, t3, s2, c, one, z;
+mov.b32 s2, {{$9, $9}};
+mov.b32 c, {bias};
+mov.b32 one, {one};
+mov.b32 z, 0x80008000;
+shr.u32 t1, $8, 4;
+shr.u32 t2, $8, 8;
+shr.u32 t3, $8, 12;
+lop3.b32 t0, $8, 0x000F000F, {magic}, 0xEA;
+lop3.b32 t1, t1, 0x000F000F, {magic}, 0xEA;
+lop3.b32 t2, t2, 0x000F000F, {magic}, 0xEA;
+lop3.b32 t3, t3, 0x000F000F, {magic}, 0xEA;
+fma.rn.{pair} t0, t0, one, c;
+fma.rn.{pair} t1, t1, one, c;
+fma.rn.{pair} t2, t2, one, c;
+fma.rn.{pair} t3, t3, one, c;
+fma.rn.{pair} t0, t0, s2, z;
+fma.rn.{pair} t1, t1, s2, z;
+fma.rn.{pair} t2, t2, s2, z;
+fma.rn.{pair} t3, t3, s2, z;
+mov.b32 {{$0, $4}}, t0;
+mov.b32 {{$1, $5}}, t1;
+mov.b32 {{$2, $6}}, t2;
+mov.b32 {{$3, $7}}, t3;
+}}"""
+_BF16_NIBBLES = tl.constexpr(
+    _NIBBLE_PTX.format(pair="bf16x2", magic="0x43004300", bias="0xC308C308", one="0x3F803F80")
+)
+_F16_NIBBLES = tl.constexpr(
+    _NIBBLE_PTX.format(pair="f16x2", magic="0x64006400", bias="0xE408E408", one="0x3C003C00")
+)
+# eight half-precision values out (nibbles 0 .. 7); the word and its scale in
+_NIBBLE_OPERANDS = tl.constexpr("=h,=h,=h,=h,=h,=h,=h,=h,r,h")
+_EIGHT_BF16 = tl.constexpr((tl.bfloat16,) * 8)
+_EIGHT_F16 = tl.constexpr((tl.float16,) * 8)
+
+
+@triton.jit
+def int4_tile_by_ptx(
+    w_rows,  # [BN, 1] pointers: each packed row's start (int32 words)
+    s_rows,  # [BN, 1] pointers: each row's scales, in DTYPE
+    k0,  # the tile's first column (a multiple of BK)
+    K,  # the weight's columns (unpacked)
+    n_ok,  # [BN]
+    stride_sk,
+    GROUP: tl.constexpr,  # columns a scale covers (a power of two >= 8, dividing BK)
+    BK: tl.constexpr,
+    DTYPE: tl.constexpr,  # bf16 or fp16
+):
+    """``weight_tile`` of an INT4 weight whose scales are in DTYPE, each word's eight nibbles turned into DTYPE
+    values by 15 PTX instructions (``_NIBBLE_PTX``, two values an instruction), where the general path shifts,
+    masks and converts each value to float32 and back (type conversions issue at a fraction of the rate of
+    other arithmetic on the CUDA cores), the same bits."""
+    WORDS: tl.constexpr = GROUP // 8
+    groups = k0 // GROUP + tl.arange(0, BK // GROUP)  # [G]
+    g_ok = groups < K // GROUP
+    words = groups[:, None] * WORDS + tl.arange(0, WORDS)[None, :]  # [G, WORDS]
+    ok = n_ok[:, None, None] & g_ok[None, :, None]
+    packed = tl.load(
+        w_rows[:, :, None] + words[None, :, :], mask=ok, other=0
+    )  # [BN, G, WORDS] int32
+    scale = tl.load(s_rows[:, :, None] + groups[None, :, None] * stride_sk, mask=ok, other=0.0)
+    scale = tl.broadcast_to(scale, packed.shape)  # [BN, G, WORDS]
+    if DTYPE == tl.bfloat16:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _BF16_NIBBLES,
+            _NIBBLE_OPERANDS,
+            [packed, scale],
+            dtype=_EIGHT_BF16,
+            is_pure=True,
+            pack=1,
+        )  # [BN, G, WORDS] each: nibble j of every word
+    else:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _F16_NIBBLES, _NIBBLE_OPERANDS, [packed, scale], dtype=_EIGHT_F16, is_pure=True, pack=1
+        )
+    # [BN, G, WORDS, 2, 2, 2], element (i, j, l) nibble 4 i + 2 j + l: the columns in order
+    tile = tl.join(
+        tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7))
+    )
+    return tl.reshape(tile, (tile.shape[0], BK))
+
+
 @triton.jit
 def weight_tile(
     w_rows,  # [BN, 1] pointers: each weight row's start
@@ -137,6 +235,10 @@ def weight_tile(
     """The real weight values at the tile's rows and columns k0 .. k0 + BK - 1 -> [BN, BK] in DTYPE, zero
     outside the weight ("fp8_tensor": not yet times its scale, which the caller applies)."""
     ks = k0 + tl.arange(0, BK)
+    # (``int4_tile_by_ptx`` for x in half precision and scales in x's dtype: other scales would round twice)
+    half = (DTYPE == tl.bfloat16) or (DTYPE == tl.float16)
+    if FORMAT == "int4_group" and NIBBLES_BY_PTX and half and s_rows.dtype.element_ty == DTYPE:
+        return int4_tile_by_ptx(w_rows, s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK, DTYPE)
     if FORMAT == "int4_group":
         words = k0 // 8 + tl.arange(0, BK // 8)  # [BK / 8]
         packed = tl.load(
