@@ -134,15 +134,22 @@ one_token_cuda_cores = True
 one_token_gate_up = (16, 512, 4, 1)
 one_token_down = (16, 512, 4, 1)
 
+# The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row).
+# benchmarks/scripts/int4_tiles.py sweeps them.
+int4_few_token_gate_up = (32, 128, 4, 4)
+int4_few_token_down = (64, 128, 4, 4)
+
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 
 
-def _tiles(block_m: int, fp32: bool) -> tuple[Tiles, Tiles]:
-    """The gate/up and the down kernel's tiles: the few-token tiles; over blocks of 64 tokens (prefill) 64 x 64
-    at 8 warps; float32 (Triton's interpreter, tests) 32 x 32. (A kernel that reads one row a block takes
-    ``one_token_gate_up`` / ``one_token_down``.)"""
+def _tiles(block_m: int, fp32: bool, fmt: str) -> tuple[Tiles, Tiles]:
+    """The gate/up and the down kernel's tiles: the few-token tiles (``fmt``'s: INT4 stacks take their own);
+    over blocks of 64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter, tests) 32 x 32. (A
+    kernel that reads one row a block takes ``one_token_gate_up`` / ``one_token_down``.)"""
     if fp32:
         return (32, 32, 4, 2), (32, 32, 4, 2)
+    if block_m == _SMALL_BLOCK_M and fmt == "int4_group":
+        return int4_few_token_gate_up, int4_few_token_down
     if block_m == _SMALL_BLOCK_M:
         return few_token_gate_up, few_token_down
     return (64, 64, 8, 4), (64, 64, 8, 4)
@@ -1068,7 +1075,7 @@ def grouped_experts(
         ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
     )
     up_one_row, down_one_row = one_token_rows(n, fmt, hidden), one_token_rows(n, fmt, inter)
-    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32)
+    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, fmt)
     if tiles is None:
         up_tiles = one_token_gate_up if up_one_row else up_tiles
         down_tiles = one_token_down if down_one_row else down_tiles

@@ -110,12 +110,13 @@ def test_a_tokens_routing_does_not_depend_on_the_batch(routing):
 
 
 def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():
-    """What the bf16 kernels' K order follows (the interpreter's float32 tiles are one set for every count); one
+    """What the kernels' K order follows, in each format (the interpreter's float32 tiles are one set for every count); one
     token's block-FP8 rows stay in the 16-row tiles too (not on the CUDA cores, moe_kernels.py ONE-ROW)."""
     with forward_settings(batch_invariant=True):
-        assert {_tiles(block_rows(n), fp32=False) for n in (1, 64, 65, 4096)} == {
-            _tiles(block_rows(1), fp32=False)
-        }
+        for fmt in ("none", "fp8_block", "int4_group"):
+            assert {_tiles(block_rows(n), False, fmt) for n in (1, 64, 65, 4096)} == {
+                _tiles(block_rows(1), False, fmt)
+            }
         assert not one_token_rows(1, "fp8_block", 2048)
     assert block_rows(65) != block_rows(1)  # (outside the mode, prefill takes larger blocks)
     assert one_token_rows(1, "fp8_block", 2048)

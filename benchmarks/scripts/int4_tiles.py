@@ -1,0 +1,160 @@
+"""Tiles for INT4 weights (compressed-tensors pack-quantized, group 32, bf16 scales: Kimi-K2-Thinking's layout) on
+one GPU: the grouped experts' gate/up and down kernels (layers/moe_kernels.py ``few_token_gate_up`` /
+``few_token_down`` and their INT4 pair) at a few tokens, and the few-row product (layers/quant/quant_matmul_kernel.py
+``few_row_tiles``) at a few rows, for candidate (BLOCK_N, BLOCK_K, warps, stages).
+
+- Experts: Kimi-K2's / DeepSeek-V3's (hidden 7168, intermediate 2048, top 8) over STACKED experts, each token's
+  8 distinct; one call's microseconds (bench/quant_kernels.py ``time_us``: captured, L2 flushed between calls) and
+  TB/s of the distinct experts' packed bytes and scales. A setting pairs a gate/up candidate with a down one.
+- Dense: products of (N, K) at 1, 8 and 16 rows, microseconds and TB/s of the packed bytes and scales.
+Every setting's output is checked against the shipped setting's first (the same dequantized values; K steps of
+another width sum in another order).
+
+    PYTHONPATH=. python3 benchmarks/scripts/int4_tiles.py OUT.json [--tokens N ...]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from outpace.bench.quant_kernels import random_int4, time_us
+from outpace.layers import moe_kernels as mk
+from outpace.layers.quant import quant_matmul_kernel as qm
+from outpace.layers.quant.int4_linear_kernel import int4_group_linear
+from outpace.layers.quant.moe_quant_kernels import int4_group_grouped_experts
+
+GROUP = 32
+HIDDEN, INTER, TOP_K, STACKED = 7168, 2048, 8, 64
+EXPERT_TILES = [  # (BLOCK_N, BLOCK_K, warps, stages) candidates beside the shipped
+    (32, 128, 4, 4),
+    (32, 256, 4, 4),
+    (32, 512, 4, 3),
+    (64, 256, 4, 3),
+    (64, 512, 4, 3),
+    (64, 256, 8, 4),
+    (64, 512, 8, 3),
+    (128, 256, 8, 3),
+    (16, 512, 4, 4),
+]
+DENSE = {
+    "kimi expert_gate_up": (4096, 7168),
+    "kimi expert_down": (7168, 2048),
+    "v3 o": (7168, 16384),
+}
+DENSE_TILES = [  # few_row_tiles' (block_n, block_k, num_warps, num_stages); the first the shipped (plan's)
+    None,
+    (32, 512, 4, 3),
+    (64, 256, 4, 3),
+    (64, 512, 4, 3),
+    (64, 512, 8, 3),
+    (128, 256, 8, 3),
+    (16, 1024, 4, 3),
+]
+
+
+def expert_stacks(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    def scale(*shape):
+        return (torch.rand(*shape, generator=gen) * 1e-2).to(torch.bfloat16).cuda()
+
+    return (
+        random_int4((STACKED, 2 * INTER, HIDDEN // 8)),
+        scale(STACKED, 2 * INTER, HIDDEN // GROUP),
+        random_int4((STACKED, HIDDEN, INTER // 8)),
+        scale(STACKED, HIDDEN, INTER // GROUP),
+    )
+
+
+def experts_sweep(tokens_list: list[int]) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    stacks = expert_stacks(gen)
+    per_expert = sum(t.nbytes for t in stacks) // STACKED
+    shipped = (mk.int4_few_token_gate_up, mk.int4_few_token_down)
+    rows = []
+    for tokens in tokens_list:
+        ids = torch.stack([torch.randperm(STACKED, generator=gen)[:TOP_K] for _ in range(tokens)])
+        distinct = ids.unique().numel()
+        ids = ids.to(torch.int32).cuda()
+        weights = torch.rand(tokens, TOP_K, generator=gen).cuda()
+        x = (torch.randn(tokens, HIDDEN, generator=gen) * 0.1).to(torch.bfloat16).cuda()
+        reference = None
+        # the shipped pair, then each candidate for the gate/up kernel (the shipped down), then for the down
+        settings = (
+            [shipped]
+            + [(c, shipped[1]) for c in EXPERT_TILES]
+            + [(shipped[0], c) for c in EXPERT_TILES]
+        )
+        for setting in settings:
+            mk.int4_few_token_gate_up, mk.int4_few_token_down = setting
+            try:
+                out = int4_group_grouped_experts(x, weights, ids, *stacks, GROUP).float()
+                reference = out if reference is None else reference
+                err = ((out - reference).norm() / reference.norm()).item()
+                us = time_us(lambda: int4_group_grouped_experts(x, weights, ids, *stacks, GROUP))
+            except Exception as e:  # (a setting that does not compile is reported, not fatal)
+                rows.append(
+                    dict(tokens=tokens, gate_up=setting[0], down=setting[1], error=repr(e)[:200])
+                )
+                print(tokens, setting, "failed", repr(e)[:120], flush=True)
+                continue
+            tbs = distinct * per_expert / us / 1e6
+            rows.append(
+                dict(tokens=tokens, gate_up=setting[0], down=setting[1], us=us, tb_per_s=tbs,
+                     distinct=distinct, rel_error=err, shipped=setting == shipped)
+            )  # fmt: skip
+            print(f"experts {tokens:>3} {str(setting):>40} {us:8.1f} us {tbs:5.2f} TB/s err {err:.1e}",
+                  flush=True)  # fmt: skip
+    mk.int4_few_token_gate_up, mk.int4_few_token_down = shipped
+    return rows
+
+
+def dense_sweep() -> list[dict]:
+    rows = []
+    gen = torch.Generator().manual_seed(1)
+    for name, (n, k) in DENSE.items():
+        packed = random_int4((n, k // 8))
+        scale = (torch.rand(n, k // GROUP, generator=gen) * 1e-2).to(torch.bfloat16).cuda()
+        nbytes = packed.nbytes + scale.nbytes
+        for m in (1, 8, 16):
+            x = (torch.randn(m, k, generator=gen) * 0.1).to(torch.bfloat16).cuda()
+            reference = int4_group_linear(x, packed, scale, GROUP).float()
+            for tiles in DENSE_TILES:
+                t = None
+                if tiles is not None:
+                    bn, bk, warps, stages = tiles
+                    t = qm.few_row_tiles(m, n, k, x.device, block_n=bn, block_k=bk, num_warps=warps,
+                                         num_stages=stages)  # fmt: skip
+                try:
+                    out = qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t).float()
+                    err = ((out - reference).norm() / reference.norm()).item()
+                    us = time_us(
+                        lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t)
+                    )
+                except Exception as e:
+                    rows.append(dict(shape=name, rows=m, tiles=tiles, error=repr(e)[:200]))
+                    print(name, m, tiles, "failed", repr(e)[:120], flush=True)
+                    continue
+                rows.append(dict(shape=name, rows=m, tiles=tiles, us=us, tb_per_s=nbytes / us / 1e6,
+                                 rel_error=err, shipped=tiles is None))  # fmt: skip
+                print(f"dense {name:>20} {m:>3} {str(tiles):>22} {us:8.1f} us "
+                      f"{nbytes / us / 1e6:5.2f} TB/s err {err:.1e}", flush=True)  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
+    args = ap.parse_args()
+    start = time.time()
+    result = {"device": torch.cuda.get_device_name(), "experts": experts_sweep(args.tokens)}
+    result["dense"] = dense_sweep()
+    result["seconds"] = time.time() - start
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
