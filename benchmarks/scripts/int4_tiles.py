@@ -30,14 +30,14 @@ GROUP = 32
 HIDDEN, INTER, TOP_K, STACKED = 7168, 2048, 8, 64
 EXPERT_TILES = [  # (BLOCK_N, BLOCK_K, warps, stages) candidates beside the shipped
     (32, 128, 4, 4),
-    (32, 256, 4, 4),
-    (32, 512, 4, 3),
+    (64, 128, 4, 4),
+    (64, 128, 4, 3),
+    (32, 256, 4, 3),
     (64, 256, 4, 3),
-    (64, 512, 4, 3),
-    (64, 256, 8, 4),
-    (64, 512, 8, 3),
+    (64, 256, 8, 3),
+    (128, 128, 8, 3),
     (128, 256, 8, 3),
-    (16, 512, 4, 4),
+    (64, 512, 8, 2),
 ]
 DENSE = {
     "kimi expert_gate_up": (4096, 7168),
@@ -46,12 +46,11 @@ DENSE = {
 }
 DENSE_TILES = [  # few_row_tiles' (block_n, block_k, num_warps, num_stages); the first the shipped (plan's)
     None,
-    (32, 512, 4, 3),
+    (64, 128, 4, 4),
     (64, 256, 4, 3),
-    (64, 512, 4, 3),
+    (32, 512, 4, 3),
     (64, 512, 8, 3),
     (128, 256, 8, 3),
-    (16, 1024, 4, 3),
 ]
 
 

@@ -567,6 +567,7 @@ def _add_product(
     SCALE_BK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    K_TILED: tl.constexpr,  # K a multiple of BLOCK_K (``weight_tile``)
 ):
     """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N]: the
     tile dequantized in registers (``weight_tile``). For block FP8 this read the experts faster than scaling
@@ -575,7 +576,9 @@ def _add_product(
     EP = 2, one token, 28.1 us a layer's gate/up against 35.3 (gpu_2026-11-30f calls 1 and 5, step timelines;
     DeepSeek-V2-Lite FP8 450.0 against 423.1 tok/s at batch 1)."""
     s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
-    w = weight_tile(w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype)
+    w = weight_tile(
+        w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype, K_TILED
+    )
     return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
 
 
@@ -662,6 +665,7 @@ def _gate_up_kernel(
     GROUP: tl.constexpr,  # ROWS 1: columns summed as one (quant_matmul_kernel.py ``row_times_tile``)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    K_TILED: tl.constexpr,  # the hidden size a multiple of BLOCK_K (quant_matmul_kernel.py ``weight_tile``)
     PRECISION: tl.constexpr,
     ACT: tl.constexpr,
     GATED: tl.constexpr,
@@ -759,6 +763,7 @@ def _gate_up_kernel(
                         SCALE_BK,
                         BLOCK_K,
                         PRECISION,
+                        K_TILED,
                     )
                 up = _add_product(
                     up,
@@ -776,6 +781,7 @@ def _gate_up_kernel(
                     SCALE_BK,
                     BLOCK_K,
                     PRECISION,
+                    K_TILED,
                 )
         if ROWS == 1:
             gate, up = row_sums(gate), row_sums(up)  # [1, BLOCK_N]
@@ -826,6 +832,7 @@ def _down_kernel(
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    K_TILED: tl.constexpr,  # the intermediate size a multiple of BLOCK_K
     PRECISION: tl.constexpr,
     FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,
@@ -887,6 +894,7 @@ def _down_kernel(
                     SCALE_BK,
                     BLOCK_K,
                     PRECISION,
+                    K_TILED,
                 )
         if ROWS == 1:
             acc = row_sums(acc)  # [1, BLOCK_N]
@@ -1139,6 +1147,7 @@ def grouped_experts(
         GROUP=row_group(up_k, fmt, scale_bk),
         BLOCK_N=bn_up,
         BLOCK_K=up_k,
+        K_TILED=hidden % up_k == 0,
         PRECISION=precision,
         ACT=activation,
         GATED=gate is not None,
@@ -1185,6 +1194,7 @@ def grouped_experts(
         GROUP=row_group(down_k, fmt, scale_bk),
         BLOCK_N=bn_down,
         BLOCK_K=down_k,
+        K_TILED=inter % down_k == 0,
         PRECISION=precision,
         FORMAT=fmt,
         SCALE_BN=scale_bn,

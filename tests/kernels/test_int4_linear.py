@@ -71,7 +71,15 @@ def test_nibble_order_and_offset_matter():
 
 @triton.jit
 def _dequantized_kernel(
-    w_ptr, s_ptr, out_ptr, N, K, GROUP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    N,
+    K,
+    GROUP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    K_TILED: tl.constexpr,
 ):
     """out [N, K] = the INT4 weight's tiles as ``weight_tile`` dequantizes them into out's dtype."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -80,7 +88,7 @@ def _dequantized_kernel(
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * (K // 8)
     s_rows = s_ptr + rows.to(tl.int64)[:, None] * (K // GROUP)
     tile = weight_tile(
-        w_rows, s_rows, k0, K, n_ok, 1, "int4_group", GROUP, BK, out_ptr.dtype.element_ty
+        w_rows, s_rows, k0, K, n_ok, 1, "int4_group", GROUP, BK, out_ptr.dtype.element_ty, K_TILED
     )
     ks = k0 + tl.arange(0, BK)
     tl.store(
@@ -101,7 +109,7 @@ def tiles_equal_the_reference(n: int, k: int, group: int, dtype: torch.dtype, de
     out = torch.empty(n, k, dtype=dtype, device=device)
     bk = 256
     _dequantized_kernel[(triton.cdiv(n, 16), triton.cdiv(k, bk))](
-        packed, scale, out, n, k, GROUP=group, BN=16, BK=bk
+        packed, scale, out, n, k, GROUP=group, BN=16, BK=bk, K_TILED=k % bk == 0
     )
     nibbles = torch.stack([(packed >> (4 * j)) & 0xF for j in range(8)])
     assert nibbles.unique().numel() == 16  # (the weight holds every value)
@@ -150,8 +158,10 @@ def test_gpu_bf16_at_the_kimi_shapes(name, m):
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_ptx_tiles_dequantize_bit_for_bit(dtype, group):
-    """The PTX nibbles (scales in x's dtype) at a Kimi-K2 expert's down shape, the last rows masked."""
+    """The PTX nibbles (scales in x's dtype) at a Kimi-K2 expert's down shape, the last rows masked (K a whole
+    number of tiles: the rows alone masked), and at K = 384 (the columns masked too)."""
     assert tiles_equal_the_reference(7168 - 8, 2048, group, dtype, "cuda")
+    assert tiles_equal_the_reference(40, 384, group, dtype, "cuda")
 
 
 @pytest.mark.gpu

@@ -52,7 +52,7 @@ experts = {
     **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
     "limit": "fp32",
 }
-tiles = dict(SLOTS=8, BLOCK_M=16, ROWS=16, GROUP=128, BLOCK_N=64, BLOCK_K=128, PRECISION="tf32", FORMAT="none",
+tiles = dict(SLOTS=8, BLOCK_M=16, ROWS=16, GROUP=128, BLOCK_N=64, BLOCK_K=128, K_TILED=True, PRECISION="tf32", FORMAT="none",
              SCALE_BN=1, SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)

@@ -184,21 +184,29 @@ def int4_tile_by_ptx(
     GROUP: tl.constexpr,  # columns a scale covers (a power of two >= 8, dividing BK)
     BK: tl.constexpr,
     DTYPE: tl.constexpr,  # bf16 or fp16
+    K_TILED: tl.constexpr,  # K a multiple of BK: the rows alone masked
 ):
     """``weight_tile`` of an INT4 weight whose scales are in DTYPE, each word's eight nibbles turned into DTYPE
     values by 15 PTX instructions (``_NIBBLE_PTX``, two values an instruction), where the general path shifts,
     masks and converts each value to float32 and back (type conversions issue at a fraction of the rate of
     other arithmetic on the CUDA cores), the same bits."""
     WORDS: tl.constexpr = GROUP // 8
-    groups = k0 // GROUP + tl.arange(0, BK // GROUP)  # [G]
-    g_ok = groups < K // GROUP
-    words = groups[:, None] * WORDS + tl.arange(0, WORDS)[None, :]  # [G, WORDS]
-    ok = n_ok[:, None, None] & g_ok[None, :, None]
-    packed = tl.load(
-        w_rows[:, :, None] + words[None, :, :], mask=ok, other=0
-    )  # [BN, G, WORDS] int32
-    scale = tl.load(s_rows[:, :, None] + groups[None, :, None] * stride_sk, mask=ok, other=0.0)
-    scale = tl.broadcast_to(scale, packed.shape)  # [BN, G, WORDS]
+    # k0 a multiple of BK, so the first word and group are multiples of BK / 8 and BK / GROUP, and with K_TILED
+    # no mask varies along K: each thread's contiguous words and scales then load as vectors, which the software
+    # pipeline streams (cp.async, of 4 bytes or more). Masked along K (K // GROUP of unknown divisibility) the
+    # scales came in 2-byte loads that each K step waited on (sm_90 SASS: LDG.E.U16 in the loop).
+    groups = tl.multiple_of(k0 // GROUP, BK // GROUP) + tl.arange(0, BK // GROUP)  # [G]
+    words = tl.multiple_of(k0 // 8, BK // 8) + tl.arange(0, BK // 8)  # [BK / 8]
+    if K_TILED:
+        w_ok = n_ok[:, None]
+        s_ok = n_ok[:, None]
+    else:
+        w_ok = n_ok[:, None] & (words < K // 8)[None, :]
+        s_ok = n_ok[:, None] & (groups < K // GROUP)[None, :]
+    packed = tl.load(w_rows + words[None, :], mask=w_ok, other=0)  # [BN, BK / 8] int32
+    scale = tl.load(s_rows + groups[None, :] * stride_sk, mask=s_ok, other=0.0)  # [BN, G]
+    packed = tl.reshape(packed, (packed.shape[0], BK // GROUP, WORDS))  # [BN, G, WORDS]
+    scale = tl.broadcast_to(scale[:, :, None], packed.shape)
     if DTYPE == tl.bfloat16:
         v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
             _BF16_NIBBLES,
@@ -231,6 +239,7 @@ def weight_tile(
     SCALE_BK: tl.constexpr,  # columns a scale covers: bk (fp8_block), the group (int4_group)
     BK: tl.constexpr,  # int4_group: a multiple of SCALE_BK; fp8_block: a divisor or a multiple of it
     DTYPE: tl.constexpr,  # the compute dtype (x's)
+    K_TILED: tl.constexpr = False,  # K is a multiple of BK: no tile reaches past the weight's columns
 ):
     """The real weight values at the tile's rows and columns k0 .. k0 + BK - 1 -> [BN, BK] in DTYPE, zero
     outside the weight ("fp8_tensor": not yet times its scale, which the caller applies)."""
@@ -238,7 +247,9 @@ def weight_tile(
     # (``int4_tile_by_ptx`` for x in half precision and scales in x's dtype: other scales would round twice)
     half = (DTYPE == tl.bfloat16) or (DTYPE == tl.float16)
     if FORMAT == "int4_group" and NIBBLES_BY_PTX and half and s_rows.dtype.element_ty == DTYPE:
-        return int4_tile_by_ptx(w_rows, s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK, DTYPE)
+        return int4_tile_by_ptx(
+            w_rows, s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK, DTYPE, K_TILED
+        )
     if FORMAT == "int4_group":
         words = k0 // 8 + tl.arange(0, BK // 8)  # [BK / 8]
         packed = tl.load(
@@ -352,6 +363,7 @@ def _quant_matmul_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     GROUP: tl.constexpr,  # BM 1: columns ``row_times_tile`` scales and sums as one
+    K_TILED: tl.constexpr,  # K a multiple of BK (``weight_tile``)
     SPLIT_K: tl.constexpr,  # splits > 1
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (module docstring)
@@ -413,8 +425,9 @@ def _quant_matmul_kernel(
                 x_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0
             )
             w = weight_tile(
-                w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty
-            )  # [BN, BK]
+                w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty,
+                K_TILED,
+            )  # [BN, BK]  # fmt: skip
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
     if BM == 1:
         acc = row_sums(acc)  # [1, BN]
@@ -760,6 +773,7 @@ def _launch(
         BN=t.block_n,
         BK=t.block_k,
         GROUP=row_group(t.block_k, fmt, scale_block[1]),
+        K_TILED=k % t.block_k == 0,
         SPLIT_K=t.splits > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl,
