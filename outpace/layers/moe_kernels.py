@@ -134,9 +134,12 @@ one_token_cuda_cores = True
 one_token_gate_up = (16, 512, 4, 1)
 one_token_down = (16, 512, 4, 1)
 
-# The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row).
-# benchmarks/scripts/int4_tiles.py sweeps them.
-int4_few_token_gate_up = (32, 128, 4, 4)
+# The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
+# (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
+# of both kernels at 1 / 8 / 32 tokens) the gate/up kernel's fastest, 153.6 / 654.1 / 1022.6 against 166.3 /
+# 718.9 / 1129.0 with the bf16 tiles (32, 128, 4, 4); 8 warps and 256- or 512-column steps 9-45% slower. The down
+# kernel's fastest were the bf16 tiles or within 1% of them.
+int4_few_token_gate_up = (64, 128, 4, 3)
 int4_few_token_down = (64, 128, 4, 4)
 
 Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)

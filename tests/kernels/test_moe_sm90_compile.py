@@ -15,7 +15,9 @@ without spilling registers (ptxas -v), and the few-token tiles stream their weig
 software pipeline whose stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
 single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
 runtime never compiles that at these shapes. Over Kimi-K2-Thinking's INT4 stacks at one and eight tokens each
-grouped kernel turns the nibbles into bf16 by PTX (lop3, bf16x2 fmas: quant_matmul_kernel.int4_tile_by_ptx)."""
+grouped kernel turns the nibbles into bf16 by PTX (lop3, bf16x2 fmas: quant_matmul_kernel.int4_tile_by_ptx) and
+streams its words and bf16 scales through cp.async (K a whole number of K steps: no column mask), no bf16 load
+left for a K step to wait on."""
 
 from __future__ import annotations
 
@@ -134,7 +136,10 @@ for tokens in (1, 8):  # the nibbles by PTX (quant_matmul_kernel.int4_tile_by_pt
         compiled = compile_as_launched(kernel, args, kwargs)
         report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
         nibbles = "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx and "cp.async" in ptx
-        print(f"{kernel.__name__}:int4_group:kimi-k2:{tokens}", "0 bytes spill stores" in report and nibbles)
+        # every bf16 load streamed (the scales too: K_TILED), none a plain load a K step waits on
+        streamed = not any("tt.load" in l and "ptr<bf16>" in l for l in compiled.asm["ttgir"].splitlines())
+        ok = "0 bytes spill stores" in report and nibbles and streamed and kwargs["K_TILED"]
+        print(f"{kernel.__name__}:int4_group:kimi-k2:{tokens}", ok)
 for few, block_k, precision in ((True, 256, "ieee"), (False, 64, "ieee"), (False, 64, "tf32x3")):
     build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
           "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=block_k, INPUT_NORM=False,

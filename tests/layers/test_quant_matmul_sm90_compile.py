@@ -11,7 +11,9 @@ and one token's launch (ONE-ROW: the plan's one-row tile) with the first epilogu
 registers (ptxas -v: no spills) and, launched with programmatic dependent launch, prefetch its first weight
 lines into L2 before it waits; the 16-row tiles stream the weight through cp.async and multiply with mma.sync
 (under wgmma's M of 64, the weight read from shared memory into registers and dequantized there), the one-row
-tile loads it 16 bytes at a time into registers and uses no tensor cores."""
+tile loads it 16 bytes at a time into registers and uses no tensor cores. Over an INT4 weight (Kimi-K2's expert
+gate/up, group 32, bf16 scales) at one and eight rows: the plan's INT4 tiles, the nibbles turned into bf16 by PTX and
+every bf16 load (the scales too) streamed through cp.async."""
 
 from __future__ import annotations
 
@@ -66,6 +68,27 @@ cases = {  # name: (launch, (BN, BK, stages, split K))
     # one row on the CUDA cores (ONE-ROW): DeepSeek-V2-Lite's o_proj readying the norm, plan's one-row tiles
     "one_row": (launch(2048, 2048, ready, rows=1), None),
 }
+def int4(n, k, rows):
+    '''quant_matmul of ``rows`` tokens over an INT4 [n, k] weight (group 32, bf16 scales: Kimi-K2's experts).'''
+    packed = torch.empty(n, k // 8, dtype=torch.int32)
+    scale = torch.empty(n, k // 32, dtype=torch.bfloat16)
+    x = torch.empty(rows, k, dtype=torch.bfloat16)
+    return lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, 32))
+
+# INT4 at one and eight rows (Kimi-K2's expert gate/up): the nibbles by PTX (lop3, bf16x2 fmas) and every bf16 load,
+# the scales' too, streamed through cp.async (K a whole number of steps), none left for a K step to wait on
+for rows in (1, 8):
+    (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], int4(4096, 7168, rows))["_quant_matmul_kernel"]
+    compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    checks = {
+        "tiles": (kwargs["BN"], kwargs["BK"], kwargs["K_TILED"]) == (64, 128, True),
+        "spills": "0 bytes spill stores" in ptxas_report(compiled),
+        "nibbles": "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx,
+        "streamed": "cp.async" in ptx and not any("tt.load" in l and "ptr<bf16>" in l for l in ttgir.splitlines()),
+    }
+    print(f"int4_{rows}", all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
+
 for name, (run, expected) in cases.items():
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
     compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
@@ -91,5 +114,5 @@ for name, (run, expected) in cases.items():
 def test_quant_matmul_launches_compile_for_sm90(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ("plan", "bk512", "unsplit", "ready", "row_norm", "one_row")
+    names = ("int4_1", "int4_8", "plan", "bk512", "unsplit", "ready", "row_norm", "one_row")
     assert done.stdout.split() == [w for n in names for w in (n, "True")]

@@ -536,8 +536,8 @@ class QuantTiles:
 
 def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.device) -> QuantTiles:
     """Tiles for an [m, k] x [n, k] product in ``fmt`` whose scales cover ``scale_block_k`` columns. Few
-    rows: 32 columns a program (64 from 16384 columns), 128 columns a K step for fp8 (16-byte loads of a
-    row), 256 for INT4 (128-byte words of a row); K split as ``few_row_tiles`` says. Up to 16 rows of an
+    rows: fp8 32 columns a program (64 from 16384 columns) and 128 columns a K step (16-byte loads of a row),
+    INT4 64 columns a program and 128 a step (or the group); K split as ``few_row_tiles`` says. Up to 16 rows of an
     fp8 weight of ``_WIDE_FP8_WEIGHT`` values or more: 64 columns a program, 256 a K step, 3 stages, 4
     programs an SM (``_wide_fp8_tiles``)."""
     int4 = fmt == "int4_group"
@@ -555,13 +555,22 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
         return QuantTiles(block_m, 128, block_k, 1, k, num_warps=8, num_stages=3)
     if not int4 and m <= 16 and n * k >= _WIDE_FP8_WEIGHT:
         return _wide_fp8_tiles(m, n, k, device)
+    if int4:
+        # 64 columns a program, 128-column K steps (64 bytes of a row): of 6 tiles (benchmarks/scripts/int4_tiles.py,
+        # gpu_2026-12-04b call 3; group 32, bf16 scales), us at one row against 32 x 256 before: Kimi-K2's expert
+        # gate/up 4096 x 7168 25.9 / 32.5, down 7168 x 2048 16.9 / 22.4, DeepSeek-V3's o 7168 x 16384 60.5 / 83.9
+        # (1.09 TB/s of packed bytes); 512-column steps and 8 warps slower
+        return few_row_tiles(
+            m, n, k, device, block_n=64, block_k=max(128, scale_block_k), num_warps=4,
+            num_stages=4 if m <= 32 else 3,
+        )  # fmt: skip
     return few_row_tiles(
         m,
         n,
         k,
         device,
         block_n=64 if n >= 16384 else 32,
-        block_k=max(256, scale_block_k) if int4 else 128,
+        block_k=128,
         num_warps=4,
         num_stages=4 if m <= 32 else 3,
     )
