@@ -10,7 +10,10 @@ one GPU: the grouped experts' gate/up and down kernels (layers/moe_kernels.py ``
 Every setting's output is checked against the shipped setting's first (the same dequantized values; K steps of
 another width sum in another order).
 
-    PYTHONPATH=. python3 benchmarks/scripts/int4_tiles.py OUT.json [--tokens N ...]"""
+With ``--one-row``: one token's experts and one row's products on the CUDA cores (ONE-ROW) against the 16-row
+tiles, for the one-row settings ``ONE_ROW_TILES``.
+
+    PYTHONPATH=. python3 benchmarks/scripts/int4_tiles.py OUT.json [--tokens N ...] [--one-row]"""
 
 from __future__ import annotations
 
@@ -142,14 +145,88 @@ def dense_sweep() -> list[dict]:
     return rows
 
 
+# One row on the CUDA cores (``--one-row``: quant_matmul_kernel.py ``_int4_row_part``) against the 16-row tiles: the
+# one-row settings (BN, BK, warps, stages, programs an SM, K steps a split at least; the experts' take the first
+# four), the first the shipped
+ONE_ROW_TILES = [
+    (16, 512, 2, 1, 8, 1),
+    (16, 1024, 2, 1, 8, 1),
+    (16, 256, 2, 1, 8, 1),
+    (32, 512, 4, 1, 8, 1),
+    (16, 512, 4, 1, 8, 1),
+    (8, 512, 1, 1, 8, 1),
+    (16, 512, 2, 2, 8, 1),
+]
+
+
+def one_row_sweep() -> list[dict]:
+    """One token's grouped experts and one row's products: the 16-row tiles (ONE-ROW off) and each one-row
+    setting (the experts': gate/up and down alike)."""
+    rows = []
+    gen = torch.Generator().manual_seed(2)
+    stacks = expert_stacks(gen)
+    per_expert = sum(t.nbytes for t in stacks) // STACKED
+    ids = torch.randperm(STACKED, generator=gen)[:TOP_K][None].to(torch.int32).cuda()
+    weights = torch.rand(1, TOP_K, generator=gen).cuda()
+    x = (torch.randn(1, HIDDEN, generator=gen) * 0.1).to(torch.bfloat16).cuda()
+    shipped = (mk.one_token_gate_up, mk.one_token_down)
+    reference = None
+    for tiles in [None, *ONE_ROW_TILES]:
+        mk.one_token_cuda_cores = tiles is not None
+        if tiles is not None:
+            mk.one_token_gate_up = mk.one_token_down = tiles[:4]
+        out = int4_group_grouped_experts(x, weights, ids, *stacks, GROUP).float()
+        reference = out if reference is None else reference
+        err = ((out - reference).norm() / reference.norm()).item()
+        us = time_us(lambda: int4_group_grouped_experts(x, weights, ids, *stacks, GROUP))
+        tbs = TOP_K * per_expert / us / 1e6
+        rows.append(dict(what="experts", tiles=tiles, us=us, tb_per_s=tbs, rel_error=err))
+        print(
+            f"one token's experts {str(tiles):>26} {us:8.1f} us {tbs:5.2f} TB/s err {err:.1e}",
+            flush=True,
+        )
+    mk.one_token_cuda_cores, (mk.one_token_gate_up, mk.one_token_down) = True, shipped
+    for name, (n, k) in DENSE.items():
+        packed = random_int4((n, k // 8))
+        scale = (torch.rand(n, k // GROUP, generator=gen) * 1e-2).to(torch.bfloat16).cuda()
+        nbytes = packed.nbytes + scale.nbytes
+        x = (torch.randn(1, k, generator=gen) * 0.1).to(torch.bfloat16).cuda()
+        reference = None
+        for tiles in [None, *ONE_ROW_TILES]:
+            if tiles is None:  # the 16-row tiles (plan's for two rows)
+                t = qm.plan(2, n, k, "int4_group", GROUP, x.device)
+            else:
+                bn, bk, warps, stages, per_sm, steps = tiles
+                t = qm.few_row_tiles(1, n, k, x.device, block_n=bn, block_k=bk, num_warps=warps,
+                                     num_stages=stages, programs_per_sm=per_sm, min_split_steps=steps,
+                                     one_row=True)  # fmt: skip
+            out = qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t).float()
+            reference = out if reference is None else reference
+            err = ((out - reference).norm() / reference.norm()).item()
+            us = time_us(lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t))
+            rows.append(
+                dict(what=name, tiles=tiles, us=us, tb_per_s=nbytes / us / 1e6, rel_error=err)
+            )
+            print(f"{name:>20} {str(tiles):>26} {us:8.1f} us {nbytes / us / 1e6:5.2f} TB/s err {err:.1e}",
+                  flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument(
+        "--one-row", action="store_true", help="only the one-row settings against the 16-row tiles"
+    )
     args = ap.parse_args()
     start = time.time()
-    result = {"device": torch.cuda.get_device_name(), "experts": experts_sweep(args.tokens)}
-    result["dense"] = dense_sweep()
+    result = {"device": torch.cuda.get_device_name()}
+    if args.one_row:
+        result["one_row"] = one_row_sweep()
+    else:
+        result["experts"] = experts_sweep(args.tokens)
+        result["dense"] = dense_sweep()
     result["seconds"] = time.time() - start
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -61,7 +61,7 @@ Four kernels, every grid fixed by the shapes:
    so that norm costs no launch of its own.
 
 ONE-ROW: with one token (decode at batch 1) each block holds one pair, at its first row, and a kernel over
-block-FP8 stacks of at most ``ONE_ROW_MAX_K`` columns reads that row alone (ROWS 1, ``one_token_rows``): each
+block-FP8 or INT4 stacks of at most ``one_row_max_k`` columns reads that row alone (ROWS 1, ``one_token_rows``): each
 weight value converted to float32 and multiplied by it on the CUDA cores (layers/quant/quant_matmul_kernel.py
 ``row_times_tile``), as the quantized few-row product does with one row, where the 16-row tiles convert each
 value into x's dtype and stage it through shared memory for tl.dot's 15 rows of zeros. On an H200
@@ -70,7 +70,8 @@ experts took 26.7 us against 28.9 at DeepSeek-V2-Lite's shapes and 22.3 against 
 decode step at batch 1 1.830 ms against 1.936 (V2-Lite) and 0.670 against 0.700 (the Qwen3-Next slice, the dense
 one-row product too); but over DeepSeek-V3's 7168 columns the gate/up kernel took 75.3 us (73.2 at the best of 5
 tiles) against 70.1 (the 16-row tiles' cp.async pipeline pays over many K steps), and over bf16 stacks the step
-lost (V2-Lite 2.225 ms against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles.
+lost (V2-Lite 2.225 ms against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles. INT4 words
+are turned into float32 by integer operations alone (quant_matmul_kernel.py ``_int4_row_part``).
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
@@ -97,7 +98,7 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.fused_projection import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import (
-    ONE_ROW_MAX_K,
+    one_row_max_k,
     row_group,
     row_sums,
     row_times_tile,
@@ -161,13 +162,13 @@ def _tiles(block_m: int, fp32: bool, fmt: str) -> tuple[Tiles, Tiles]:
 def one_token_rows(tokens: int, fmt: str, k: int) -> bool:
     """Whether a kernel over ``tokens`` tokens and stacks in ``fmt`` of ``k`` columns reads one row a block on
     the CUDA cores (module docstring, ONE-ROW): one token (each block holds one pair, at its first row),
-    block-FP8 stacks of at most ``ONE_ROW_MAX_K`` columns, outside batch-invariant mode (where a token's sums run
+    block-FP8 or INT4 stacks of at most ``one_row_max_k`` columns, outside batch-invariant mode (where a token's sums run
     in the 16-row tiles' order at every count: ``block_rows``)."""
     return (
         one_token_cuda_cores
         and tokens == 1
-        and fmt == "fp8_block"
-        and k <= ONE_ROW_MAX_K
+        and fmt in ("fp8_block", "int4_group")
+        and k <= one_row_max_k(fmt)
         and not batch_invariant()
     )
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from outpace.layers import moe_kernels  # noqa: E402
+from outpace.layers.quant import quant_matmul_kernel as qm  # noqa: E402
 from outpace.layers.quant.dequantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_int4_group,
@@ -130,18 +131,21 @@ def test_block_fp8_experts_over_k_steps_of_two_scale_columns():
 
 def test_one_token_reads_one_row_a_block_where_its_kernels_k_allows():
     """moe_kernels.py ONE-ROW: one token's block-FP8 kernels of at most ONE_ROW_MAX_K columns read one row a block
-    on the CUDA cores, the others the 16-row tiles; INT4, half-precision stacks and two tokens never. With the
+    on the CUDA cores (INT4 ones of at most ONE_ROW_MAX_INT4_K), the others the 16-row tiles; half-precision
+    stacks and two tokens never. With the
     limit between hidden 392 and inter 256 the gate/up kernel takes the 16-row tiles and the down kernel one row:
     the dequantized experts' sums all the same."""
-    assert moe_kernels.one_token_rows(1, "fp8_block", moe_kernels.ONE_ROW_MAX_K)
-    assert not moe_kernels.one_token_rows(1, "fp8_block", moe_kernels.ONE_ROW_MAX_K + 128)
-    for tokens, fmt in ((2, "fp8_block"), (1, "int4_group"), (1, "none")):
+    assert moe_kernels.one_token_rows(1, "fp8_block", qm.ONE_ROW_MAX_K)
+    assert not moe_kernels.one_token_rows(1, "fp8_block", qm.ONE_ROW_MAX_K + 128)
+    assert moe_kernels.one_token_rows(1, "int4_group", qm.ONE_ROW_MAX_INT4_K)
+    assert not moe_kernels.one_token_rows(1, "int4_group", qm.ONE_ROW_MAX_INT4_K + 128)
+    for tokens, fmt in ((2, "fp8_block"), (2, "int4_group"), (1, "none")):
         assert not moe_kernels.one_token_rows(tokens, fmt, 256)
     gate_up, gate_up_s, down, down_s = fp8_stacks(6, 392, 256, seed=4)
     x = torch.randn(1, 392, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     weights, ids = routing(1, 6, 3, 6, seed=4)
     deq = dequantize_fp8_block(gate_up, gate_up_s, BLOCK), dequantize_fp8_block(down, down_s, BLOCK)
-    with patch.object(moe_kernels, "ONE_ROW_MAX_K", 300):
+    with patch.object(qm, "ONE_ROW_MAX_K", 300):
         got = fp8_block_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s)
     assert relative_error(got, reference(x, weights, ids, *deq)) < 1e-6
 
@@ -163,8 +167,10 @@ def test_block_fp8_clamped_and_ungated_experts_with_bf16_scales():
     assert relative_error(got, reference(x, weights, ids, *deq, gated=False)) < 1e-6
 
 
-@pytest.mark.parametrize("n, pool", [(3, 4), (70, 8)])
+@pytest.mark.parametrize("n, pool", [(1, 8), (3, 4), (70, 8)])
 def test_int4_experts_equal_the_dequantized_experts(n, pool):
+    """One token reads one row a block on the CUDA cores (moe_kernels.py ONE-ROW), three the 16-row tiles, 70
+    the 64-row blocks."""
     gate_up, gate_up_s, down, down_s = int4_stacks(8, 96, 64, seed=n)
     x = torch.randn(n, 96, generator=torch.Generator().manual_seed(n)).to(DEVICE)
     weights, ids = routing(n, 8, 3, pool, seed=n)

@@ -12,8 +12,9 @@ registers (ptxas -v: no spills) and, launched with programmatic dependent launch
 lines into L2 before it waits; the 16-row tiles stream the weight through cp.async and multiply with mma.sync
 (under wgmma's M of 64, the weight read from shared memory into registers and dequantized there), the one-row
 tile loads it 16 bytes at a time into registers and uses no tensor cores. Over an INT4 weight (Kimi-K2's expert
-gate/up, group 32, bf16 scales) at one and eight rows: the plan's INT4 tiles, the nibbles turned into bf16 by PTX and
-every bf16 load (the scales too) streamed through cp.async."""
+gate/up, group 32, bf16 scales): at one row the one-row tile (no tensor cores, no conversion instruction), at eight
+the plan's INT4 tiles, the nibbles turned into bf16 by PTX and every bf16 load (the scales too) streamed through
+cp.async."""
 
 from __future__ import annotations
 
@@ -75,18 +76,23 @@ def int4(n, k, rows):
     x = torch.empty(rows, k, dtype=torch.bfloat16)
     return lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, 32))
 
-# INT4 at one and eight rows (Kimi-K2's expert gate/up): the nibbles by PTX (lop3, bf16x2 fmas) and every bf16 load,
-# the scales' too, streamed through cp.async (K a whole number of steps), none left for a K step to wait on
+# INT4 at one row (Kimi-K2's expert gate/up) on the CUDA cores; at eight rows the nibbles by PTX (lop3, bf16x2 fmas)
+# and every bf16 load, the scales' too, streamed through cp.async (K a whole number of steps), none left for a K step
+# to wait on
 for rows in (1, 8):
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], int4(4096, 7168, rows))["_quant_matmul_kernel"]
     compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
-    checks = {
-        "tiles": (kwargs["BN"], kwargs["BK"], kwargs["K_TILED"]) == (64, 128, True),
-        "spills": "0 bytes spill stores" in ptxas_report(compiled),
-        "nibbles": "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx,
-        "streamed": "cp.async" in ptx and not any("tt.load" in l and "ptr<bf16>" in l for l in ttgir.splitlines()),
-    }
+    checks = {"spills": "0 bytes spill stores" in ptxas_report(compiled)}
+    if rows == 1:  # one row on the CUDA cores: 16-byte loads, no tensor cores, no conversion instruction
+        checks["tiles"] = kwargs["BM"] == 1
+        checks["registers"] = "ld.global.v4" in ptx and "mma" not in ptx and "cvt.rn.f32.s32" not in ptx
+    else:
+        checks["tiles"] = (kwargs["BN"], kwargs["BK"], kwargs["K_TILED"]) == (64, 128, True)
+        checks["nibbles"] = "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx
+        checks["streamed"] = "cp.async" in ptx and not any(
+            "tt.load" in l and "ptr<bf16>" in l for l in ttgir.splitlines()
+        )
     print(f"int4_{rows}", all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
 
 for name, (run, expected) in cases.items():

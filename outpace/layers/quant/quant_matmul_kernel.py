@@ -94,6 +94,8 @@ _LINE = 128
 one_row_cuda_cores = True
 one_row_tiles = (16, 512, 2, 1, 8, 1)
 ONE_ROW_MAX_K = 4096
+# ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns
+ONE_ROW_MAX_INT4_K = 16384
 _ONE_ROW_GROUP = (
     128  # columns a one-row step sums as one, unscaled formats (block FP8: a scale column)
 )
@@ -281,8 +283,8 @@ def row_times_tile(
     K,  # the weight's columns
     n_ok,  # [BN] the rows that exist
     stride_sk,  # the scale's column stride
-    FORMAT: tl.constexpr,  # "none", "fp8_block" or "fp8_tensor" (not yet times its scale)
-    SCALE_BK: tl.constexpr,  # columns a scale covers (fp8_block): a multiple of GROUP
+    FORMAT: tl.constexpr,  # "none", "fp8_block", "fp8_tensor" (not yet times its scale) or "int4_group"
+    SCALE_BK: tl.constexpr,  # columns a scale covers (fp8_block: a multiple of GROUP; int4_group: GROUP)
     GROUPS: tl.constexpr,
     GROUP: tl.constexpr,  # columns a group
 ):
@@ -291,7 +293,9 @@ def row_times_tile(
     (within one scale column) scaled once. The accumulator keeps the groups apart, in the layout their sums come
     in, so that a step converts no layout; ``row_sums`` adds them up after the last step. A one-row product has no use for the tensor cores: a tile of 16 rows (tl.dot's
     fewest) converts every weight value into x's dtype and stages it through shared memory for 15 rows of zeros
-    (module docstring: ONE-ROW)."""
+    (module docstring: ONE-ROW). INT4 words: ``_int4_row_part``."""
+    if FORMAT == "int4_group":
+        return acc + _int4_row_part(x_row, w_rows, s_rows, k0, K, n_ok, stride_sk, GROUPS, GROUP)
     ks = (
         k0 + tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     )  # [GROUPS, GROUP]
@@ -313,6 +317,80 @@ def row_times_tile(
             other=0.0,
         ).to(tl.float32)
     return acc + part
+
+
+@triton.jit
+def _nibble_times(acc, words, high, x, J: tl.constexpr):
+    """acc + nibble J of each word (less its stored + 8) times x -> [BN, GROUPS, WORDS] float32: words [BN, GROUPS,
+    WORDS] uint32 and ``high`` = words >> 12, x [GROUPS, WORDS] float32 (column 8 w + J of each word w).
+
+    The nibble q in place at bit E of a word (E = 4 J for nibbles 0-4, of ``high`` 4 J - 12 for 5-7: E <= 16), or'd
+    into 2^23's bits (0x4B000000), is the float32 2^23 + q 2^E exactly (q 2^E < 2^23); less 2^23 + 8 2^E it is
+    (q - 8) 2^E, and times x 2^-E (powers of two: exact) the product (q - 8) x. So a nibble costs one lop3 (and,
+    or), a subtraction and an fma, a shift for three of eight, and no conversion instruction (which issue at a
+    fraction of the other arithmetic's rate): int4_tile_by_ptx's trick, in float32."""
+    E: tl.constexpr = 4 * J if J < 5 else 4 * J - 12
+    source = words if J < 5 else high
+    bits = (source & (0xF << E)) | 0x4B000000
+    value = bits.to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * (1 << E))  # (q - 8) 2^E
+    return value * (x * (1.0 / (1 << E)))[None, :, :] + acc
+
+
+@triton.jit
+def _int4_row_part(
+    x_row,
+    w_rows,
+    s_rows,  # [BN, 1] pointers: each row's scales (one a group)
+    k0,
+    K,
+    n_ok,
+    stride_sk,
+    GROUPS: tl.constexpr,
+    GROUP: tl.constexpr,  # the scales' group (a power of two >= 8)
+):
+    """``row_times_tile``'s step over an INT4 weight -> [BN, GROUPS]: each group's sum of (q - 8) x, times its
+    scale. The words come 16 bytes at a time into registers, x's columns as [GROUPS, WORDS, 8] split into the
+    eight nibble positions (register moves), each nibble turned into float32 in place (``_nibble_times``)."""
+    WORDS: tl.constexpr = GROUP // 8
+    words = (
+        k0 // 8 + tl.arange(0, GROUPS)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+    )  # [GROUPS, WORDS]
+    in_k = words < K // 8
+    packed = tl.load(
+        w_rows[:, :, None] + words[None, :, :], mask=n_ok[:, None, None] & in_k[None, :, :], other=0
+    ).to(tl.uint32, bitcast=True)  # [BN, GROUPS, WORDS] (logical shifts)
+    x = tl.load(
+        x_row + words[:, :, None] * 8 + tl.arange(0, 8)[None, None, :],
+        mask=in_k[:, :, None],
+        other=0.0,
+    ).to(tl.float32)  # [GROUPS, WORDS, 8]
+    # element (i, j, l) of the last three dims is column 4 i + 2 j + l of the word; split off l, then j, then i
+    even, odd = tl.split(
+        tl.reshape(x, (GROUPS, WORDS, 2, 2, 2))
+    )  # l = 0, 1: [GROUPS, WORDS, 2 (i), 2 (j)]
+    even_j0, even_j1 = tl.split(even)  # [GROUPS, WORDS, 2 (i)]
+    odd_j0, odd_j1 = tl.split(odd)
+    x0, x4 = tl.split(even_j0)  # (l = 0, j = 0) i = 0, 1: columns 0 and 4
+    x2, x6 = tl.split(even_j1)
+    x1, x5 = tl.split(odd_j0)
+    x3, x7 = tl.split(odd_j1)
+    high = packed >> 12  # (nibbles 5-7 at bits 8, 12, 16)
+    part = tl.zeros(packed.shape, tl.float32)
+    part = _nibble_times(part, packed, high, x0, 0)
+    part = _nibble_times(part, packed, high, x1, 1)
+    part = _nibble_times(part, packed, high, x2, 2)
+    part = _nibble_times(part, packed, high, x3, 3)
+    part = _nibble_times(part, packed, high, x4, 4)
+    part = _nibble_times(part, packed, high, x5, 5)
+    part = _nibble_times(part, packed, high, x6, 6)
+    part = _nibble_times(part, packed, high, x7, 7)
+    groups = k0 // GROUP + tl.arange(0, GROUPS)  # [GROUPS]
+    scale = tl.load(
+        s_rows + groups[None, :] * stride_sk,
+        mask=n_ok[:, None] & (groups < K // GROUP)[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BN, GROUPS]
+    return tl.sum(part, axis=2) * scale
 
 
 @triton.jit
@@ -543,7 +621,7 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
     int4 = fmt == "int4_group"
     if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
         m = 1
-    elif m == 1 and one_row_cuda_cores and not int4 and k <= ONE_ROW_MAX_K:
+    elif m == 1 and one_row_cuda_cores and k <= one_row_max_k(fmt):
         bn, bk, warps, stages, per_sm, min_steps = one_row_tiles
         return few_row_tiles(
             1, n, k, device, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
@@ -693,10 +771,15 @@ def column_blocks(
     return triton.cdiv(n, plan(m, n, k, fmt, scale_block_k, device).block_n)
 
 
+def one_row_max_k(fmt: str) -> int:
+    """The most columns of a ``fmt`` weight whose one-row products run on the CUDA cores (ONE-ROW)."""
+    return ONE_ROW_MAX_INT4_K if fmt == "int4_group" else ONE_ROW_MAX_K
+
+
 def row_group(block_k: int, fmt: str, scale_block_k: int) -> int:
-    """Columns a one-row K step of ``block_k`` sums as one (``row_times_tile``): a block-FP8 scale column's,
-    else ``_ONE_ROW_GROUP``."""
-    return min(block_k, scale_block_k if fmt == "fp8_block" else _ONE_ROW_GROUP)
+    """Columns a one-row K step of ``block_k`` sums as one (``row_times_tile``): a block-FP8 scale column's, an
+    INT4 group's, else ``_ONE_ROW_GROUP``."""
+    return min(block_k, scale_block_k if fmt in ("fp8_block", "int4_group") else _ONE_ROW_GROUP)
 
 
 def prefetch_lines(row_bytes: int) -> int:
