@@ -229,14 +229,24 @@ def test_one_row_per_tensor_fp8_and_its_epilogue(split):
     assert relative_error(got, expected) < TOLERANCE
 
 
-def test_plan_takes_one_row_on_the_cuda_cores_for_fp8_only_outside_batch_invariant_mode():
-    """One row of an fp8 weight: the one-row tile (``one_row_tiles``); two rows, INT4, batch-invariant mode (a
-    row's bits as among many rows) and ``one_row_cuda_cores`` off: the 16-row tile."""
+def test_plan_takes_one_row_on_the_cuda_cores_for_quantized_weights_outside_batch_invariant_mode():
+    """One row of an fp8 weight of at most ONE_ROW_MAX_K columns, of an INT4 one of at most ONE_ROW_MAX_INT4_K: the
+    one-row tile (``one_row_tiles``); wider, two rows, batch-invariant mode (a row's bits as among many rows) and
+    ``one_row_cuda_cores`` off: the 16-row tile."""
     device = torch.device(DEVICE)
     assert plan(1, 2048, 2048, "fp8_block", 128, device).block_m == 1
     assert plan(1, 2048, 2048, "fp8_tensor", 1, device).block_m == 1
     assert plan(2, 2048, 2048, "fp8_block", 128, device).block_m == 16
-    assert plan(1, 2048, 2048, "int4_group", 32, device).block_m == 16
+    assert (
+        plan(1, 2048, quant_matmul_kernel.ONE_ROW_MAX_K + 128, "fp8_block", 128, device).block_m
+        == 16
+    )
+    assert (
+        plan(1, 2048, quant_matmul_kernel.ONE_ROW_MAX_INT4_K, "int4_group", 32, device).block_m == 1
+    )
+    wide = quant_matmul_kernel.ONE_ROW_MAX_INT4_K + 128
+    assert plan(1, 2048, wide, "int4_group", 32, device).block_m == 16
+    assert plan(2, 2048, 2048, "int4_group", 32, device).block_m == 16
     with forward_settings(True):
         assert plan(1, 2048, 2048, "fp8_block", 128, device).block_m == 16
     with patch.object(quant_matmul_kernel, "one_row_cuda_cores", False):
