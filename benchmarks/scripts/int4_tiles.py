@@ -169,12 +169,12 @@ def one_row_sweep() -> list[dict]:
     ids = torch.randperm(STACKED, generator=gen)[:TOP_K][None].to(torch.int32).cuda()
     weights = torch.rand(1, TOP_K, generator=gen).cuda()
     x = (torch.randn(1, HIDDEN, generator=gen) * 0.1).to(torch.bfloat16).cuda()
-    shipped = (mk.one_token_gate_up, mk.one_token_down)
+    shipped = (mk.int4_one_token_gate_up, mk.int4_one_token_down)
     reference = None
     for tiles in [None, *ONE_ROW_TILES]:
         mk.one_token_cuda_cores = tiles is not None
         if tiles is not None:
-            mk.one_token_gate_up = mk.one_token_down = tiles[:4]
+            mk.int4_one_token_gate_up = mk.int4_one_token_down = tiles[:4]
         out = int4_group_grouped_experts(x, weights, ids, *stacks, GROUP).float()
         reference = out if reference is None else reference
         err = ((out - reference).norm() / reference.norm()).item()
@@ -185,7 +185,7 @@ def one_row_sweep() -> list[dict]:
             f"one token's experts {str(tiles):>26} {us:8.1f} us {tbs:5.2f} TB/s err {err:.1e}",
             flush=True,
         )
-    mk.one_token_cuda_cores, (mk.one_token_gate_up, mk.one_token_down) = True, shipped
+    mk.one_token_cuda_cores, (mk.int4_one_token_gate_up, mk.int4_one_token_down) = True, shipped
     for name, (n, k) in DENSE.items():
         packed = random_int4((n, k // 8))
         scale = (torch.rand(n, k // GROUP, generator=gen) * 1e-2).to(torch.bfloat16).cuda()

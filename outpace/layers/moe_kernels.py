@@ -134,6 +134,11 @@ quantized_pdl = False
 one_token_cuda_cores = True
 one_token_gate_up = (16, 512, 4, 1)
 one_token_down = (16, 512, 4, 1)
+# ... over INT4 stacks. Of 7 one-row settings against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row,
+# gpu_2026-12-04b call 5: Kimi-K2's experts, one token, both kernels, us a call): 141.3 at 8 columns a program
+# and one warp, 151.5 the 16-row tiles, 164.4-215.9 the others (169.6 block FP8's).
+int4_one_token_gate_up = (8, 512, 1, 1)
+int4_one_token_down = (8, 512, 1, 1)
 
 # The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
 # (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
@@ -1089,8 +1094,13 @@ def grouped_experts(
     up_one_row, down_one_row = one_token_rows(n, fmt, hidden), one_token_rows(n, fmt, inter)
     up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, fmt)
     if tiles is None:
-        up_tiles = one_token_gate_up if up_one_row else up_tiles
-        down_tiles = one_token_down if down_one_row else down_tiles
+        int4 = fmt == "int4_group"
+        up_tiles = (
+            (int4_one_token_gate_up if int4 else one_token_gate_up) if up_one_row else up_tiles
+        )
+        down_tiles = (
+            (int4_one_token_down if int4 else one_token_down) if down_one_row else down_tiles
+        )
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)

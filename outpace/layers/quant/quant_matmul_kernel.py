@@ -94,7 +94,10 @@ _LINE = 128
 one_row_cuda_cores = True
 one_row_tiles = (16, 512, 2, 1, 8, 1)
 ONE_ROW_MAX_K = 4096
-# ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns
+# ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
+# on the CUDA cores against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row, gpu_2026-12-04b call 5),
+# us: Kimi-K2's expert gate/up 4096 x 7168 20.0 / 25.6, down 7168 x 2048 14.6 / 16.9, DeepSeek-V3's o 7168 x 16384
+# 55.8 / 60.2 (the shipped one-row tiles; the fastest of 7 within 1.3 us of them but at the down's 13.7)
 ONE_ROW_MAX_INT4_K = 16384
 _ONE_ROW_GROUP = (
     128  # columns a one-row step sums as one, unscaled formats (block FP8: a scale column)
