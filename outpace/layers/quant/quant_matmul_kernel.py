@@ -34,6 +34,12 @@ H200, gpu_2026-12-04 call 2). The 16-row tile, tl.dot's fewest rows, converts ea
 through shared memory and feeds mma.sync with 15 rows of zeros: about 200 instructions a thread a K step of
 a 32 x 128 fp8 tile (sm_90 PTX, gpu_2026-12-03f), so it read an fp8 weight no faster than a bf16 one of
 twice its bytes (DeepSeek-V2-Lite's o 2048 x 2048: 6.7 us against a floor of 0.87; gpu_2026-12-01g call 1).
+An INT4 weight of at most ``ONE_ROW_MAX_INT4_K`` columns takes the one-row tile too, each nibble turned into
+float32 in place with no conversion instruction (``_int4_row_part``).
+
+INT4 K steps: where K is a whole number of them (``K_TILED``, the launch's), the PTX path masks its words and
+scales by rows alone, so they load as vectors that the software pipeline streams; masked along K, each thread's
+bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on them.
 
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
 layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
