@@ -147,7 +147,8 @@ def dense_sweep() -> list[dict]:
 
 # One row on the CUDA cores (``--one-row``: quant_matmul_kernel.py ``_int4_row_part``) against the 16-row tiles: the
 # one-row settings (BN, BK, warps, stages, programs an SM, K steps a split at least; the experts' take the first
-# four), the first the shipped
+# four): the first the products' shipped (quant_matmul_kernel.one_row_tiles), the sixth the experts'
+# (moe_kernels.int4_one_token_gate_up / _down)
 ONE_ROW_TILES = [
     (16, 512, 2, 1, 8, 1),
     (16, 1024, 2, 1, 8, 1),
