@@ -69,6 +69,21 @@ def expert_stacks(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     )
 
 
+def dense_weight(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A random INT4 [n, k] weight: (packed words, bf16 scales, their bytes)."""
+    packed = random_int4((n, k // 8))
+    scale = (torch.rand(n, k // GROUP, generator=gen) * 1e-2).to(torch.bfloat16).cuda()
+    return packed, scale, packed.nbytes + scale.nbytes
+
+
+def checked_us(call, reference: torch.Tensor | None) -> tuple[torch.Tensor, float, float]:
+    """call()'s output in float32, its relative error against ``reference`` (0 without one: it is the reference)
+    and the microseconds a call takes."""
+    out = call().float()
+    err = 0.0 if reference is None else ((out - reference).norm() / reference.norm()).item()
+    return out, err, time_us(call)
+
+
 def experts_sweep(tokens_list: list[int]) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     stacks = expert_stacks(gen)
@@ -91,10 +106,10 @@ def experts_sweep(tokens_list: list[int]) -> list[dict]:
         for setting in settings:
             mk.int4_few_token_gate_up, mk.int4_few_token_down = setting
             try:
-                out = int4_group_grouped_experts(x, weights, ids, *stacks, GROUP).float()
+                out, err, us = checked_us(
+                    lambda: int4_group_grouped_experts(x, weights, ids, *stacks, GROUP), reference
+                )
                 reference = out if reference is None else reference
-                err = ((out - reference).norm() / reference.norm()).item()
-                us = time_us(lambda: int4_group_grouped_experts(x, weights, ids, *stacks, GROUP))
             except Exception as e:  # (a setting that does not compile is reported, not fatal)
                 rows.append(
                     dict(tokens=tokens, gate_up=setting[0], down=setting[1], error=repr(e)[:200])
@@ -116,9 +131,7 @@ def dense_sweep() -> list[dict]:
     rows = []
     gen = torch.Generator().manual_seed(1)
     for name, (n, k) in DENSE.items():
-        packed = random_int4((n, k // 8))
-        scale = (torch.rand(n, k // GROUP, generator=gen) * 1e-2).to(torch.bfloat16).cuda()
-        nbytes = packed.nbytes + scale.nbytes
+        packed, scale, nbytes = dense_weight(n, k, gen)
         for m in (1, 8, 16):
             x = (torch.randn(m, k, generator=gen) * 0.1).to(torch.bfloat16).cuda()
             reference = int4_group_linear(x, packed, scale, GROUP).float()
@@ -129,10 +142,9 @@ def dense_sweep() -> list[dict]:
                     t = qm.few_row_tiles(m, n, k, x.device, block_n=bn, block_k=bk, num_warps=warps,
                                          num_stages=stages)  # fmt: skip
                 try:
-                    out = qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t).float()
-                    err = ((out - reference).norm() / reference.norm()).item()
-                    us = time_us(
-                        lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t)
+                    _, err, us = checked_us(
+                        lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t),
+                        reference,
                     )
                 except Exception as e:
                     rows.append(dict(shape=name, rows=m, tiles=tiles, error=repr(e)[:200]))
@@ -176,10 +188,10 @@ def one_row_sweep() -> list[dict]:
         mk.one_token_cuda_cores = tiles is not None
         if tiles is not None:
             mk.int4_one_token_gate_up = mk.int4_one_token_down = tiles[:4]
-        out = int4_group_grouped_experts(x, weights, ids, *stacks, GROUP).float()
+        out, err, us = checked_us(
+            lambda: int4_group_grouped_experts(x, weights, ids, *stacks, GROUP), reference
+        )
         reference = out if reference is None else reference
-        err = ((out - reference).norm() / reference.norm()).item()
-        us = time_us(lambda: int4_group_grouped_experts(x, weights, ids, *stacks, GROUP))
         tbs = TOP_K * per_expert / us / 1e6
         rows.append(dict(what="experts", tiles=tiles, us=us, tb_per_s=tbs, rel_error=err))
         print(
@@ -188,9 +200,7 @@ def one_row_sweep() -> list[dict]:
         )
     mk.one_token_cuda_cores, (mk.int4_one_token_gate_up, mk.int4_one_token_down) = True, shipped
     for name, (n, k) in DENSE.items():
-        packed = random_int4((n, k // 8))
-        scale = (torch.rand(n, k // GROUP, generator=gen) * 1e-2).to(torch.bfloat16).cuda()
-        nbytes = packed.nbytes + scale.nbytes
+        packed, scale, nbytes = dense_weight(n, k, gen)
         x = (torch.randn(1, k, generator=gen) * 0.1).to(torch.bfloat16).cuda()
         reference = None
         for tiles in [None, *ONE_ROW_TILES]:
@@ -201,10 +211,10 @@ def one_row_sweep() -> list[dict]:
                 t = qm.few_row_tiles(1, n, k, x.device, block_n=bn, block_k=bk, num_warps=warps,
                                      num_stages=stages, programs_per_sm=per_sm, min_split_steps=steps,
                                      one_row=True)  # fmt: skip
-            out = qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t).float()
+            out, err, us = checked_us(
+                lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t), reference
+            )
             reference = out if reference is None else reference
-            err = ((out - reference).norm() / reference.norm()).item()
-            us = time_us(lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), t))
             rows.append(
                 dict(what=name, tiles=tiles, us=us, tb_per_s=nbytes / us / 1e6, rel_error=err)
             )
