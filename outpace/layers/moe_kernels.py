@@ -154,7 +154,7 @@ Tiles = tuple[int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages)
 def _tiles(block_m: int, fp32: bool, fmt: str) -> tuple[Tiles, Tiles]:
     """The gate/up and the down kernel's tiles: the few-token tiles (``fmt``'s: INT4 stacks take their own);
     over blocks of 64 tokens (prefill) 64 x 64 at 8 warps; float32 (Triton's interpreter, tests) 32 x 32. (A
-    kernel that reads one row a block takes ``one_token_gate_up`` / ``one_token_down``.)"""
+    kernel that reads one row a block takes ``_one_token_tiles``.)"""
     if fp32:
         return (32, 32, 4, 2), (32, 32, 4, 2)
     if block_m == _SMALL_BLOCK_M and fmt == "int4_group":
@@ -162,6 +162,14 @@ def _tiles(block_m: int, fp32: bool, fmt: str) -> tuple[Tiles, Tiles]:
     if block_m == _SMALL_BLOCK_M:
         return few_token_gate_up, few_token_down
     return (64, 64, 8, 4), (64, 64, 8, 4)
+
+
+def _one_token_tiles(fmt: str) -> tuple[Tiles, Tiles]:
+    """The gate/up and the down kernel's tiles where a block is read one row at a time (``one_token_rows``):
+    ``fmt``'s (INT4 stacks take their own)."""
+    if fmt == "int4_group":
+        return int4_one_token_gate_up, int4_one_token_down
+    return one_token_gate_up, one_token_down
 
 
 def one_token_rows(tokens: int, fmt: str, k: int) -> bool:
@@ -1094,13 +1102,9 @@ def grouped_experts(
     up_one_row, down_one_row = one_token_rows(n, fmt, hidden), one_token_rows(n, fmt, inter)
     up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, fmt)
     if tiles is None:
-        int4 = fmt == "int4_group"
-        up_tiles = (
-            (int4_one_token_gate_up if int4 else one_token_gate_up) if up_one_row else up_tiles
-        )
-        down_tiles = (
-            (int4_one_token_down if int4 else one_token_down) if down_one_row else down_tiles
-        )
+        one_up, one_down = _one_token_tiles(fmt)
+        up_tiles = one_up if up_one_row else up_tiles
+        down_tiles = one_down if down_one_row else down_tiles
     up_k, down_k = up_tiles[1], down_tiles[1]
     if quant is not None:
         up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
