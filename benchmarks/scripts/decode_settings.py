@@ -49,6 +49,7 @@ KNOBS = {
     "swiglu_stages": (fused_projection, "swiglu_stages"),
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
+    "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
 }
 
 
@@ -156,6 +157,27 @@ SWEEPS = {
             quantized="fp8",
         )
         for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
+    },
+    # each (token, slot) pair a program row of its own up to pairs_apart_max_tokens tokens (moe_kernels.py PAIRS
+    # APART); 0: the layout's blocks past one token, and at one token the layout's one pair a block
+    **{
+        f"pairs_apart_{name}": Sweep(
+            shape,
+            ((1, 512), (2, 512), (4, 512), (8, 512)),
+            (
+                {},
+                {"pairs_apart_max_tokens": 0},
+                {"pairs_apart_max_tokens": 1},
+                {"pairs_apart_max_tokens": 8},
+            ),
+            quantized=quantized,
+        )
+        for name, shape, quantized in (
+            ("v2_fp8", "deepseek-v2-lite", "fp8"),
+            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+            ("step_fp8", "step-3.5-flash-slice", "fp8"),
+            ("kimi_int4", "kimi-k2-slice", "int4"),
+        )
     },
     # Mamba2's state scan: a head's state rows a program and its warps
     "mamba2": Sweep(

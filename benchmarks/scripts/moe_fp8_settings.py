@@ -27,6 +27,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 import triton
@@ -141,18 +142,21 @@ def make_routing(shape: Shape, tokens: int, gen: torch.Generator, device):
 
 
 def run(shape: Shape, layer: dict, x: torch.Tensor, routing, tiles) -> torch.Tensor:
-    """The layer's experts over x [tokens, hidden] at ``tiles`` ((gate/up, down); None: the shipped)."""
+    """The layer's experts over x [tokens, hidden] at ``tiles`` ((gate/up, down); None: the shipped), in the
+    layout's 16-row blocks at every count (one row a block off: moe_kernels.py ONE-ROW and PAIRS APART)."""
     weights, ids, layout = routing
     skipped = shape.ranks > 1
-    if shape.stacked:
-        return mk.grouped_experts(
-            x, weights, ids, layer["gate"], layer["up"], layer["down"], tiles=tiles, layout=layout,
-            skipped_slots=skipped, quant=layer["scales"],
+    with patch.object(mk, "one_token_cuda_cores", False):
+        if shape.stacked:
+            return mk.grouped_experts(
+                x, weights, ids, layer["gate"], layer["up"], layer["down"], tiles=tiles, layout=layout,
+                skipped_slots=skipped, quant=layer["scales"],
+            )  # fmt: skip
+        return fp8_block_grouped_experts(
+            x, weights, ids, layer["gate_up"], layer["gate_up_scale"], layer["down"],
+            layer["down_scale"], layout=layout, skipped_slots=skipped, shared=layer["shared"],
+            tiles=tiles,
         )  # fmt: skip
-    return fp8_block_grouped_experts(
-        x, weights, ids, layer["gate_up"], layer["gate_up_scale"], layer["down"], layer["down_scale"],
-        layout=layout, skipped_slots=skipped, shared=layer["shared"], tiles=tiles,
-    )  # fmt: skip
 
 
 def distinct_bytes(shape: Shape, ids: torch.Tensor) -> tuple[int, int, int]:

@@ -73,6 +73,14 @@ tiles) against 70.1 (the 16-row tiles' cp.async pipeline pays over many K steps)
 lost (V2-Lite 2.225 ms against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles. INT4 words
 are turned into float32 by integer operations alone (quant_matmul_kernel.py ``_int4_row_part``).
 
+PAIRS APART: with a few tokens (up to ``pairs_apart_max_tokens``: decode at small batches, a verify of a few rows
+at batch 1) over stacks whose both kernels read one row a block, a 16-row block of the layout rarely holds more
+than one pair either (an expert of many chosen by one of a few tokens), so the kernels skip the layout: grid row
+b is pair b (token b // SLOTS, slot b % SLOTS), its expert read from the ids (a shared slot's its own), its
+intermediate row b, read one row on the CUDA cores as one token's blocks are. An expert two of the tokens chose
+is read twice (the second read mostly from L2: both programs run in the same wave), a shared expert once a
+token.
+
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
 registers into x's dtype ("none": the plain load of half-precision stacks; ``_add_product``).
@@ -139,6 +147,10 @@ one_token_down = (16, 512, 4, 1)
 # and one warp, 151.5 the 16-row tiles, 164.4-215.9 the others (169.6 block FP8's).
 int4_one_token_gate_up = (8, 512, 1, 1)
 int4_one_token_down = (8, 512, 1, 1)
+# Up to this many tokens (decode at small batches, a verify of a few rows) the grouped kernels over stacks whose
+# both kernels read one row a block give each (token, slot) pair a program row of its own, read on the CUDA cores
+# with the one-token tiles (module docstring, PAIRS APART; ``pairs_apart``); 0: one token's layout only.
+pairs_apart_max_tokens = 4
 
 # The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
 # (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
@@ -172,17 +184,33 @@ def _one_token_tiles(fmt: str) -> tuple[Tiles, Tiles]:
     return one_token_gate_up, one_token_down
 
 
-def one_token_rows(tokens: int, fmt: str, k: int) -> bool:
-    """Whether a kernel over ``tokens`` tokens and stacks in ``fmt`` of ``k`` columns reads one row a block on
-    the CUDA cores (module docstring, ONE-ROW): one token (each block holds one pair, at its first row),
-    block-FP8 or INT4 stacks of at most ``one_row_max_k`` columns, outside batch-invariant mode (where a token's sums run
-    in the 16-row tiles' order at every count: ``block_rows``)."""
+def _reads_one_row(fmt: str, k: int) -> bool:
+    """Whether a kernel over stacks in ``fmt`` of ``k`` columns may read a block's one row on the CUDA cores
+    (module docstring, ONE-ROW): block-FP8 or INT4 stacks of at most ``one_row_max_k`` columns, outside
+    batch-invariant mode (where a token's sums run in the 16-row tiles' order at every count: ``block_rows``)."""
     return (
         one_token_cuda_cores
-        and tokens == 1
         and fmt in ("fp8_block", "int4_group")
         and k <= one_row_max_k(fmt)
         and not batch_invariant()
+    )
+
+
+def one_token_rows(tokens: int, fmt: str, k: int) -> bool:
+    """Whether a kernel over ``tokens`` tokens and stacks in ``fmt`` of ``k`` columns reads one row a block of
+    the layout on the CUDA cores (module docstring, ONE-ROW): one token (each block holds one pair, at its
+    first row) and ``_reads_one_row``."""
+    return tokens == 1 and _reads_one_row(fmt, k)
+
+
+def pairs_apart(tokens: int, fmt: str, hidden: int, inter: int) -> bool:
+    """Whether both grouped kernels over ``tokens`` tokens give each (token, slot) pair a program row of its own
+    (module docstring, PAIRS APART): at most ``pairs_apart_max_tokens`` tokens, and both kernels' columns
+    (``hidden`` for gate/up, ``inter`` for down) within ``_reads_one_row``."""
+    return (
+        0 < tokens <= pairs_apart_max_tokens
+        and _reads_one_row(fmt, hidden)
+        and _reads_one_row(fmt, inter)
     )
 
 
@@ -525,14 +553,32 @@ def align(ids: torch.Tensor, num_routed: int, num_shared: int = 0) -> BlockLayou
 
 @triton.jit
 def _block_rows(
-    sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M: tl.constexpr, ROWS: tl.constexpr
+    sorted_pairs_ptr,
+    block_expert_ptr,
+    ids_ptr,  # [tokens, TOP_K] int (PAIRS_APART): the routed experts, -1 for a skipped slot
+    stride_ids,
+    pairs,
+    num_routed,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
+    PAIRS_APART: tl.constexpr,
 ):
     """The program's block: its expert (-1: no block), its first ROWS rows (BLOCK_M, or 1 when each block
-    holds one pair: ``one_token_rows``), their pairs, which rows are real."""
+    holds one pair: ``one_token_rows``), their pairs, which rows are real. PAIRS_APART (module docstring): block
+    b is pair b alone, its expert read from the ids (a shared slot's its own), its intermediate row b."""
     block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block)
-    rows = block * BLOCK_M + tl.arange(0, ROWS)  # [ROWS] rows of the block
-    pair = tl.load(sorted_pairs_ptr + rows)
+    if PAIRS_APART:
+        token, slot = block // SLOTS, block % SLOTS
+        routed = tl.load(ids_ptr + token * stride_ids + slot, mask=slot < TOP_K, other=0)
+        expert = tl.where(slot < TOP_K, routed.to(tl.int32), num_routed + slot - TOP_K)
+        rows = block + tl.arange(0, 1)  # [1]
+        pair = rows
+    else:
+        expert = tl.load(block_expert_ptr + block)
+        rows = block * BLOCK_M + tl.arange(0, ROWS)  # [ROWS] rows of the block
+        pair = tl.load(sorted_pairs_ptr + rows)
     return expert, rows, pair, pair < pairs
 
 
@@ -650,7 +696,9 @@ def _gate_up_kernel(
     shared_gate_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
     shared_up_scale_ptr,
     sorted_pairs_ptr,
-    block_expert_ptr,  # the block layout
+    block_expert_ptr,  # the block layout (unread with PAIRS_APART)
+    ids_ptr,  # [tokens, TOP_K] int (read with PAIRS_APART): each slot's expert, -1 skipped
+    stride_ids,
     pairs,
     num_routed,
     inter,
@@ -676,9 +724,11 @@ def _gate_up_kernel(
     stride_sgsn,
     stride_suse,
     stride_susn,
+    TOP_K: tl.constexpr,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     ROWS: tl.constexpr,  # rows read of a block: BLOCK_M, or 1 (``one_token_rows``: on the CUDA cores)
+    PAIRS_APART: tl.constexpr,  # a program row a pair, ROWS 1 (module docstring, PAIRS APART)
     GROUP: tl.constexpr,  # ROWS 1: columns summed as one (quant_matmul_kernel.py ``row_times_tile``)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -695,8 +745,9 @@ def _gate_up_kernel(
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(
-        sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M, ROWS
-    )
+        sorted_pairs_ptr, block_expert_ptr, ids_ptr, stride_ids, pairs, num_routed, TOP_K, SLOTS,
+        BLOCK_M, ROWS, PAIRS_APART,
+    )  # fmt: skip
     if expert >= 0:
         token = pair // SLOTS
         x_rows = tl.where(expert >= num_routed, shared_x_ptr, x_ptr)  # (a block is one expert's)
@@ -826,6 +877,8 @@ def _down_kernel(
     shared_scale_ptr,  # and the shared experts' [shared, ., .] (the routed ones' column stride)
     sorted_pairs_ptr,
     block_expert_ptr,
+    ids_ptr,
+    stride_ids,
     pairs,
     num_routed,
     inter,
@@ -843,9 +896,11 @@ def _down_kernel(
     stride_sse,
     stride_ssn,
     WEIGHTED_SLOTS: tl.constexpr,  # the slots the weights give: top_k, or all (the shared ones too)
+    TOP_K: tl.constexpr,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     ROWS: tl.constexpr,  # as ``_gate_up_kernel``'s
+    PAIRS_APART: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -858,8 +913,9 @@ def _down_kernel(
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(
-        sorted_pairs_ptr, block_expert_ptr, pairs, BLOCK_M, ROWS
-    )
+        sorted_pairs_ptr, block_expert_ptr, ids_ptr, stride_ids, pairs, num_routed, TOP_K, SLOTS,
+        BLOCK_M, ROWS, PAIRS_APART,
+    )  # fmt: skip
     if expert >= 0:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] hidden columns
         n_ok = offs_n < hidden
@@ -1089,18 +1145,23 @@ def grouped_experts(
             f"shared_input {tuple(shared_input.shape)} {shared_input.dtype}: the rows of the shared "
             f"slots, as x's {tuple(x.shape)} {x.dtype}, with shared experts to read them"
         )
-    if layout is None:  # (after every refusal: a launch)
+    fmt, (scale_bn, scale_bk) = (
+        ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
+    )
+    apart = pairs_apart(n, fmt, hidden, inter)  # (module docstring, PAIRS APART: no layout read)
+    if layout is None and not apart:  # (after every refusal: a launch)
         layout = align(ids, num_routed, num_shared)
     x = x if x.stride(-1) == 1 else x.contiguous()
     if shared_input is not None and shared_input.stride() != x.stride():
         x, shared_input = x.contiguous(), shared_input.contiguous()  # (the kernel: one row stride)
     fp32 = x.dtype == torch.float32
     precision = "ieee" if fp32 else "tf32"
-    fmt, (scale_bn, scale_bk) = (
-        ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
-    )
-    up_one_row, down_one_row = one_token_rows(n, fmt, hidden), one_token_rows(n, fmt, inter)
-    up_tiles, down_tiles = tiles or _tiles(layout.block_m, fp32, fmt)
+    up_one_row = apart or one_token_rows(n, fmt, hidden)
+    down_one_row = apart or one_token_rows(n, fmt, inter)
+    # a program row a block of the layout (BLOCK_M rows an intermediate block), or a pair
+    blocks, block_m = (pairs, 1) if apart else (layout.blocks, layout.block_m)
+    sorted_pairs, block_expert = (ids, ids) if apart else (layout.sorted_pairs, layout.block_expert)
+    up_tiles, down_tiles = tiles or _tiles(block_rows(n), fp32, fmt)
     if tiles is None:
         one_up, one_down = _one_token_tiles(fmt)
         up_tiles = one_up if up_one_row else up_tiles
@@ -1121,11 +1182,10 @@ def grouped_experts(
         (0, 0) if quant is None else t.stride()[:2]
         for t in (shared_gate_s, shared_up_s, shared_down_s)
     )
-    block_m = layout.block_m
     pdl = (quant is None or quantized_pdl) and pdl_available(x.device)
-    act = torch.empty(layout.blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    act = torch.empty(blocks * block_m, inter, dtype=x.dtype, device=x.device)
     bn_up = up_tiles[0]
-    _gate_up_kernel[(layout.blocks, triton.cdiv(inter, bn_up))](
+    _gate_up_kernel[(blocks, triton.cdiv(inter, bn_up))](
         x,
         x if shared_input is None else shared_input,
         gate_w,
@@ -1138,8 +1198,10 @@ def grouped_experts(
         up_s,
         shared_gate_s,
         shared_up_s,
-        layout.sorted_pairs,
-        layout.block_expert,
+        sorted_pairs,
+        block_expert,
+        ids,
+        ids.stride(0),
         pairs,
         num_routed,
         inter,
@@ -1159,9 +1221,11 @@ def grouped_experts(
         *up_ss,
         *shared_gate_ss,
         *shared_up_ss,
+        TOP_K=top_k,
         SLOTS=slots,
         BLOCK_M=block_m,
         ROWS=1 if up_one_row else block_m,
+        PAIRS_APART=apart,
         GROUP=row_group(up_k, fmt, scale_bk),
         BLOCK_N=bn_up,
         BLOCK_K=up_k,
@@ -1182,7 +1246,7 @@ def grouped_experts(
     # (the skipped slots' rows stay unwritten: the combine kernel adds zeros for them)
     partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     bn_down = down_tiles[0]
-    _down_kernel[(layout.blocks, triton.cdiv(hidden, bn_down))](
+    _down_kernel[(blocks, triton.cdiv(hidden, bn_down))](
         act,
         down,
         shared_down,
@@ -1190,8 +1254,10 @@ def grouped_experts(
         partial,
         down_s,
         shared_down_s,
-        layout.sorted_pairs,
-        layout.block_expert,
+        sorted_pairs,
+        block_expert,
+        ids,
+        ids.stride(0),
         pairs,
         num_routed,
         inter,
@@ -1206,9 +1272,11 @@ def grouped_experts(
         *down_ss,
         *shared_down_ss,
         WEIGHTED_SLOTS=weights.shape[1],
+        TOP_K=top_k,
         SLOTS=slots,
         BLOCK_M=block_m,
         ROWS=1 if down_one_row else block_m,
+        PAIRS_APART=apart,
         GROUP=row_group(down_k, fmt, scale_bk),
         BLOCK_N=bn_down,
         BLOCK_K=down_k,

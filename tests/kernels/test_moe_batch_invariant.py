@@ -18,6 +18,7 @@ from outpace.layers.moe_kernels import (  # noqa: E402
     block_rows,
     grouped_experts,
     one_token_rows,
+    pairs_apart,
 )
 from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
 
@@ -111,12 +112,14 @@ def test_a_tokens_routing_does_not_depend_on_the_batch(routing):
 
 def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():
     """What the kernels' K order follows, in each format (the interpreter's float32 tiles are one set for every count); one
-    token's block-FP8 rows stay in the 16-row tiles too (not on the CUDA cores, moe_kernels.py ONE-ROW)."""
+    token's block-FP8 rows stay in the 16-row tiles too (not on the CUDA cores, moe_kernels.py ONE-ROW), and a few
+    tokens' pairs in the layout's blocks (PAIRS APART)."""
     with forward_settings(batch_invariant=True):
         for fmt in ("none", "fp8_block", "int4_group"):
             assert {_tiles(block_rows(n), False, fmt) for n in (1, 64, 65, 4096)} == {
                 _tiles(block_rows(1), False, fmt)
             }
         assert not one_token_rows(1, "fp8_block", 2048)
+        assert not pairs_apart(2, "fp8_block", 2048, 1408)  # (nor a few tokens' pairs apart)
     assert block_rows(65) != block_rows(1)  # (outside the mode, prefill takes larger blocks)
-    assert one_token_rows(1, "fp8_block", 2048)
+    assert one_token_rows(1, "fp8_block", 2048) and pairs_apart(2, "fp8_block", 2048, 1408)

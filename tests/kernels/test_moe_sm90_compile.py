@@ -4,9 +4,9 @@ replaces @triton.jit here), with programmatic dependent launch on: what Triton's
 (the griddepcontrol instructions, the L2 prefetch before the wait) at DeepSeek-V2-Lite's routing (64 experts,
 top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait.
 
-The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one and two tokens compile
-them (the one-token tiles, one row a block on the CUDA cores: 16-byte loads, no tensor cores; the few-token fp8
-tiles; without the dependent launch and with it: ``quantized_pdl``): the launch code runs
+The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one, two and more than
+``pairs_apart_max_tokens`` tokens compile them (up to that count the one-token tiles, one row a pair on the CUDA
+cores: 16-byte loads, no tensor cores; beyond, the few-token fp8 tiles; without the dependent launch and with it: ``quantized_pdl``): the launch code runs
 on CPU tensors of the real shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
 specializes its arguments (an int of 1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at
 Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped) and DeepSeek-V2-Lite's
@@ -52,14 +52,15 @@ experts = {
                 "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr", "row_scale_ptr"],
                "*fp32"),
     **pointers(["sorted_pairs_ptr", "block_expert_ptr"], "*i32"),
+    "ids_ptr": "*i64",
     "limit": "fp32",
 }
-tiles = dict(SLOTS=8, BLOCK_M=16, ROWS=16, GROUP=128, BLOCK_N=64, BLOCK_K=128, K_TILED=True, PRECISION="tf32", FORMAT="none",
+tiles = dict(TOP_K=6, SLOTS=8, BLOCK_M=16, ROWS=16, PAIRS_APART=False, GROUP=128, BLOCK_N=64, BLOCK_K=128, K_TILED=True, PRECISION="tf32", FORMAT="none",
              SCALE_BN=1, SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
-combine = {**experts, "ids_ptr": "*i64", **pointers(["stream_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
+combine = {**experts, **pointers(["stream_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
            "sq_ptr": "*fp32", "norm_offset": "fp32"}
 build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False, READY=False,
       BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
@@ -102,8 +103,9 @@ def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
                               scales(experts, 22, 16), fp8(experts, hidden, inter), scales(experts, 16, 11),
                               layout=mk.BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
 
+APART = mk.pairs_apart_max_tokens  # (at most: each pair a program row of its own, PAIRS APART)
 for (name, run), tokens in itertools.product(
-    (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)), (1, 2)
+    (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)), (1, 2, APART + 1)
 ):
     launches = launched(lambda: run(tokens))
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
@@ -111,8 +113,9 @@ for (name, run), tokens in itertools.product(
         for pdl in (False, True):  # (moe_kernels.quantized_pdl: the launch with the dependent launch too)
             compiled = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl})
             report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
-            if tokens == 1:  # one row a block (ONE-ROW): 16-byte loads into registers, no tensor cores
-                streams = kwargs["ROWS"] == 1 and "ld.global.v4" in ptx and "mma" not in ptx
+            if tokens <= APART:  # one row a pair (ONE-ROW): 16-byte loads into registers, no tensor cores
+                streams = kwargs["ROWS"] == 1 and kwargs["PAIRS_APART"] and "ld.global.v4" in ptx
+                streams = streams and "mma" not in ptx
             else:
                 streams = kwargs["ROWS"] == 16 and "cp.async" in ptx
             ok = "0 bytes spill stores" in report and streams and pdl == ("griddepcontrol.wait" in ptx)
@@ -129,7 +132,7 @@ def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
         torch.empty(experts, hidden, inter // group, dtype=torch.bfloat16),
         group, layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"))
 
-for tokens in (1, 8):  # the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
+for tokens in (1, max(8, APART + 1)):  # the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
     launches = launched(lambda: kimi_k2_int4(tokens))
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
         args, kwargs = launches[kernel.__name__]
@@ -175,19 +178,21 @@ print("_route_kernel:qwen3-next", "0 bytes spill stores" in ptxas_report(compile
 
 
 def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
+    from outpace.layers.moe_kernels import pairs_apart_max_tokens as apart
+
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 3
     names += [
         f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
-        for tokens in (1, 2)
+        for tokens in (1, 2, apart + 1)
         for kernel in ("_gate_up_kernel", "_down_kernel")
         for pdl in (False, True)
     ]
     names += [
         f"{kernel}:int4_group:kimi-k2:{tokens}"
-        for tokens in (1, 8)
+        for tokens in (1, max(8, apart + 1))
         for kernel in ("_gate_up_kernel", "_down_kernel")
     ]
     names += [

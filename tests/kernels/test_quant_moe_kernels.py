@@ -150,6 +150,47 @@ def test_one_token_reads_one_row_a_block_where_its_kernels_k_allows():
     assert relative_error(got, reference(x, weights, ids, *deq)) < 1e-6
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_a_few_tokens_give_each_pair_a_program_row(fmt):
+    """moe_kernels.py PAIRS APART: up to ``pairs_apart_max_tokens`` tokens over stacks whose both kernels read one
+    row a block, each (token, slot) pair is a program row of its own, the layout unread: tokens that share
+    experts (a pool of 4 for 3 slots), two shared slots (read once a token) and slots of another rank (-1,
+    skipped). Equal to the dequantized experts, and to the layout's kernels (pairs apart off) up to float32
+    summation order; not chosen past the count, over half-precision stacks, past a kernel's one-row K or in
+    batch-invariant mode."""
+    tokens = moe_kernels.pairs_apart_max_tokens
+    assert tokens >= 2  # (what this test is about: more than one token's pairs)
+    hidden, inter = (136, 128) if fmt == "fp8" else (96, 64)
+    name = "fp8_block" if fmt == "fp8" else "int4_group"
+    assert moe_kernels.pairs_apart(tokens, name, hidden, inter)
+    assert not moe_kernels.pairs_apart(tokens + 1, name, hidden, inter)
+    assert not moe_kernels.pairs_apart(tokens, "none", hidden, inter)
+    assert not moe_kernels.pairs_apart(tokens, name, hidden, qm.one_row_max_k(name) + 128)
+    if fmt == "fp8":
+        stacks = fp8_stacks(6, hidden, inter, seed=11)
+        dequantize = lambda w, s: dequantize_fp8_block(w, s, BLOCK)  # noqa: E731
+        run = fp8_block_grouped_experts
+    else:
+        stacks = int4_stacks(6, hidden, inter, seed=11)
+        dequantize = lambda w, s: dequantize_int4_group(w, s, 32)  # noqa: E731
+        run = int4_group_grouped_experts
+    scale_dtype = stacks[1].dtype
+    weights_mlp, scales_mlp, dequantized = shared_mlp(hidden, 2 * inter, 11, fmt, scale_dtype)
+    shared = as_slots(weights_mlp, scales_mlp, 2)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    weights, ids = routing(tokens, 6, 3, 4, seed=11)
+    ids[0, 1] = ids[-1, 0] = -1  # another rank's experts
+    got = run(x, weights, ids, *stacks, shared=shared, skipped_slots=True)
+    expected = reference(
+        x, weights, ids, dequantize(stacks[0], stacks[1]), dequantize(stacks[2], stacks[3])
+    ) + shared_reference(x, dequantized)
+    assert relative_error(got, expected) < 1e-6
+    with patch.object(moe_kernels, "pairs_apart_max_tokens", 0):
+        assert not moe_kernels.pairs_apart(tokens, name, hidden, inter)
+        by_layout = run(x, weights, ids, *stacks, shared=shared, skipped_slots=True)
+    assert relative_error(got, by_layout) < 1e-6
+
+
 def test_block_fp8_clamped_and_ungated_experts_with_bf16_scales():
     x = torch.randn(5, 136, device=DEVICE)
     weights, ids = routing(5, 6, 2, 6, seed=1)
