@@ -1,15 +1,16 @@
 """The grouped experts over block-FP8 stacks at one and two tokens (layers/moe_kernels.py), each (token, slot) pair a
-program row of its own (PAIRS APART) or the layout's blocks (``pairs_apart_max_tokens`` 0), with each token's
-experts in the routing's order or sorted by index: whether the order of the programs' experts, not the work,
-makes pairs apart slower on the Step-3.5 slice (gpu_2026-12-04c call 2: its one-token gate/up kernel 33.4 us
-apart against 25.3 in the layout, whose blocks are sorted by expert). One GPU; a call's microseconds are the median
-replay of a CUDA graph of ``CALLS`` calls over distinct random routings (their experts mostly not in L2), divided
-by ``CALLS``.
+program row of its own (PAIRS APART) or the layout's blocks (``pairs_apart_max_tokens`` 0), over gate and up stacks
+of their own (Step-3.5's) or packed into one (DeepSeek's and Qwen3-Next's stacked modules), each token's experts as
+routed or sorted by index (``ORDERS``): what makes pairs apart slower on the Step-3.5 slice (gpu_2026-12-04c call 2:
+its one-token gate/up kernel 33.4 us apart against 25.3 in the layout) and faster on the Qwen3-Next slice (call 4).
+One GPU; a call's microseconds are the median replay of a CUDA graph of ``CALLS`` calls over distinct random
+routings (their experts mostly not in L2), divided by ``CALLS``.
 
     PYTHONPATH=. python3 benchmarks/scripts/pair_order.py OUT.json"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from outpace.layers import moe_kernels as mk
 from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
 CALLS = 8
+ORDERS = ("routed",)  # each token's experts as routed; "sorted": by index (call 3: no difference)
 # name -> (experts, hidden, inter, top_k): the families' block-FP8 expert stacks (gate, up and down apart)
 SHAPES = {
     "step-3.5-flash": (288, 4096, 1280, 8),
@@ -29,35 +31,40 @@ SHAPES = {
 }
 
 
-def stacks(experts: int, hidden: int, inter: int) -> tuple[list[torch.Tensor], ExpertScales]:
+def stacks(
+    experts: int, hidden: int, inter: int, packed: bool
+) -> tuple[list[torch.Tensor], ExpertScales]:
+    """(gate, up, down) random fp8 stacks and their scales: gate and up stacks of their own (Step-3.5's), or
+    ``packed`` halves of one [experts, 2 * inter, hidden] stack (DeepSeek's and Qwen3-Next's stacked modules)."""
+
     def scale(*shape):
         return torch.rand(*shape, device="cuda") * 1e-3
 
     nb, hb = -(-inter // 128), -(-hidden // 128)
-    weights = [random_fp8((experts, inter, hidden)) for _ in range(2)]
-    weights.append(random_fp8((experts, hidden, inter)))
-    scales = ExpertScales(
-        "fp8_block",
-        (128, 128),
-        scale(experts, nb, hb),
-        scale(experts, nb, hb),
-        scale(experts, hb, nb),
+    down, down_s = random_fp8((experts, hidden, inter)), scale(experts, hb, nb)
+    if packed:
+        gate_up, gate_up_s = random_fp8((experts, 2 * inter, hidden)), scale(experts, 2 * nb, hb)
+        return [gate_up[:, :inter], gate_up[:, inter:], down], ExpertScales(
+            "fp8_block", (128, 128), gate_up_s[:, :nb], gate_up_s[:, nb:], down_s
+        )
+    gate, up = random_fp8((experts, inter, hidden)), random_fp8((experts, inter, hidden))
+    return [gate, up, down], ExpertScales(
+        "fp8_block", (128, 128), scale(experts, nb, hb), scale(experts, nb, hb), down_s
     )
-    return weights, scales
 
 
 def shape_rows(name: str, gen: torch.Generator) -> list[dict]:
     experts, hidden, inter, top_k = SHAPES[name]
-    (gate, up, down), scales = stacks(experts, hidden, inter)
     rows = []
-    for tokens in (1, 2):
+    for packed, tokens in itertools.product((False, True), (1, 2)):
+        (gate, up, down), scales = stacks(experts, hidden, inter, packed)
         routings = [
             torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
             for _ in range(CALLS)
         ]
         weights = torch.rand(tokens, top_k, generator=gen).cuda()
         x = (torch.randn(tokens, hidden, generator=gen) * 0.1).to(torch.bfloat16).cuda()
-        for order in ("routed", "sorted"):
+        for order in ORDERS:
             ids = [(r.sort(dim=1).values if order == "sorted" else r).cuda() for r in routings]
             layouts = [mk.align(i, experts) for i in ids]  # (the routing kernel's, written before)
             for apart in (4, 0):
@@ -70,8 +77,13 @@ def shape_rows(name: str, gen: torch.Generator) -> list[dict]:
                         )
 
                 us = time_us(calls) / CALLS
-                rows.append(dict(shape=name, tokens=tokens, order=order, apart=apart, us=us))
-                print(f"{name:>18} {tokens} {order:>6} apart={apart} {us:7.1f} us", flush=True)
+                rows.append(
+                    dict(shape=name, packed=packed, tokens=tokens, order=order, apart=apart, us=us)
+                )
+                print(
+                    f"{name:>18} packed={packed:d} {tokens} {order:>6} apart={apart} {us:7.1f} us",
+                    flush=True,
+                )
     return rows
 
 
