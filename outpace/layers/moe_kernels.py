@@ -573,8 +573,8 @@ def _block_rows(
         token, slot = block // SLOTS, block % SLOTS
         routed = tl.load(ids_ptr + token * stride_ids + slot, mask=slot < TOP_K, other=0)
         expert = tl.where(slot < TOP_K, routed.to(tl.int32), num_routed + slot - TOP_K)
-        rows = block + tl.arange(0, 1)  # [1]
-        pair = rows
+        rows = block * BLOCK_M + tl.arange(0, 1)  # [1] (the layout's spacing: see PAIRS APART)
+        pair = block + tl.arange(0, 1)
     else:
         expert = tl.load(block_expert_ptr + block)
         rows = block * BLOCK_M + tl.arange(0, ROWS)  # [ROWS] rows of the block
@@ -1159,7 +1159,7 @@ def grouped_experts(
     up_one_row = apart or one_token_rows(n, fmt, hidden)
     down_one_row = apart or one_token_rows(n, fmt, inter)
     # a program row a block of the layout (BLOCK_M rows an intermediate block), or a pair
-    blocks, block_m = (pairs, 1) if apart else (layout.blocks, layout.block_m)
+    blocks, block_m = (pairs, _SMALL_BLOCK_M) if apart else (layout.blocks, layout.block_m)
     sorted_pairs, block_expert = (ids, ids) if apart else (layout.sorted_pairs, layout.block_expert)
     up_tiles, down_tiles = tiles or _tiles(block_rows(n), fp32, fmt)
     if tiles is None:
