@@ -159,16 +159,18 @@ SWEEPS = {
         for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
     },
     # each (token, slot) pair a program row of its own up to pairs_apart_max_tokens tokens (moe_kernels.py PAIRS
-    # APART); 0: the layout's blocks past one token, and at one token the layout's one pair a block
+    # APART, by format); 0: the layout's blocks (one token's one pair a block). (gpu_2026-12-04c call 1 ran these at
+    # b0106fd, where the knob was one count for both formats: shipped 4, then 0, 1, 8.)
     **{
         f"pairs_apart_{name}": Sweep(
             shape,
             ((1, 512), (2, 512), (4, 512), (8, 512)),
             (
                 {},
-                {"pairs_apart_max_tokens": 0},
-                {"pairs_apart_max_tokens": 1},
-                {"pairs_apart_max_tokens": 8},
+                *(
+                    {"pairs_apart_max_tokens": {"fp8_block": most, "int4_group": most}}
+                    for most in (0, 1, 4, 8)
+                ),
             ),
             quantized=quantized,
         )

@@ -1,5 +1,5 @@
 """The grouped experts over block-FP8 stacks at one and two tokens (layers/moe_kernels.py), each (token, slot) pair a
-program row of its own (PAIRS APART) or the layout's blocks (``pairs_apart_max_tokens`` 0), over gate and up stacks
+program row of its own (PAIRS APART: block FP8's ``pairs_apart_max_tokens`` 4) or the layout's blocks (0), over gate and up stacks
 of their own (Step-3.5's) or packed into one (DeepSeek's and Qwen3-Next's stacked modules), each token's experts as
 routed or sorted by index (``ORDERS``): what makes pairs apart slower on the Step-3.5 slice (gpu_2026-12-04c call 2:
 its one-token gate/up kernel 33.4 us apart against 25.3 in the layout) and faster on the Qwen3-Next slice (call 4).
@@ -68,7 +68,7 @@ def shape_rows(name: str, gen: torch.Generator) -> list[dict]:
             ids = [(r.sort(dim=1).values if order == "sorted" else r).cuda() for r in routings]
             layouts = [mk.align(i, experts) for i in ids]  # (the routing kernel's, written before)
             for apart in (4, 0):
-                mk.pairs_apart_max_tokens = apart
+                mk.pairs_apart_max_tokens = {"fp8_block": apart}
 
                 def calls():
                     for i, layout in zip(ids, layouts):

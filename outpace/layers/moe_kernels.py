@@ -73,13 +73,13 @@ tiles) against 70.1 (the 16-row tiles' cp.async pipeline pays over many K steps)
 lost (V2-Lite 2.225 ms against 2.139, Gemma 4 3.351 against 3.297), so those keep the 16-row tiles. INT4 words
 are turned into float32 by integer operations alone (quant_matmul_kernel.py ``_int4_row_part``).
 
-PAIRS APART: with a few tokens (up to ``pairs_apart_max_tokens``: decode at small batches, a verify of a few rows
-at batch 1) over stacks whose both kernels read one row a block, a 16-row block of the layout rarely holds more
-than one pair either (an expert of many chosen by one of a few tokens), so the kernels skip the layout: grid row
-b is pair b (token b // SLOTS, slot b % SLOTS), its expert read from the ids (a shared slot's its own), its
-intermediate row b, read one row on the CUDA cores as one token's blocks are. An expert two of the tokens chose
-is read twice (the second read mostly from L2: both programs run in the same wave), a shared expert once a
-token.
+PAIRS APART: with a few tokens (up to the format's ``pairs_apart_max_tokens``: decode at small batches, a verify
+of a few rows at batch 1; INT4 stacks, as measured) over stacks whose both kernels read one row a block, a 16-row
+block of the layout rarely holds more than one pair either (an expert of many, chosen by one of a few tokens), so
+the kernels skip the layout: grid row b is pair b (token b // SLOTS, slot b % SLOTS), its expert read from the
+ids (a shared slot's its own), its intermediate row b, read one row on the CUDA cores as one token's blocks are.
+An expert two of the tokens chose is read twice (the second read mostly from L2: both programs run in the same
+wave), a shared expert once a token.
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
 their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
@@ -147,10 +147,18 @@ one_token_down = (16, 512, 4, 1)
 # and one warp, 151.5 the 16-row tiles, 164.4-215.9 the others (169.6 block FP8's).
 int4_one_token_gate_up = (8, 512, 1, 1)
 int4_one_token_down = (8, 512, 1, 1)
-# Up to this many tokens (decode at small batches, a verify of a few rows) the grouped kernels over stacks whose
-# both kernels read one row a block give each (token, slot) pair a program row of its own, read on the CUDA cores
-# with the one-token tiles (module docstring, PAIRS APART; ``pairs_apart``); 0: one token's layout only.
-pairs_apart_max_tokens = 4
+# Up to this many tokens (decode at small batches, a verify of a few rows), by format, the grouped kernels over
+# stacks whose both kernels read one row a block give each (token, slot) pair a program row of its own, read on the
+# CUDA cores with the one-token tiles (module docstring, PAIRS APART; ``pairs_apart``); 0: the layout's blocks (one
+# token's on the CUDA cores). INT4 (gpu_2026-12-04c call 1): DeepSeek-V3's INT4 experts alone at 1 / 2 / 3 / 4 / 8
+# tokens 135.7 / 250.2 / 364.0 / 472.7 / 900.6 us apart against 141.2 / 276.4 / 402.7 / 505.4 / 900.8 in the layout,
+# the Kimi-K2 slice's decode step at batch 2 / 4 / 8 1.584 / 2.053 / 2.987 ms against 1.629 / 2.137 / 3.046. Block
+# FP8: apart, the experts alone were slower at 1 and 2 tokens at Step-3.5's, DeepSeek-V2-Lite's and Qwen3-Next's
+# shapes (benchmarks/scripts/pair_order.py, calls 3, 5 and 6: 55.5 / 30.9 / 26.7 us at one token against 44.4 / 25.0
+# / 20.8), and so was the Step-3.5 slice's step at every batch (1.363 / 1.646 ms at batch 1 / 2 against 1.305 /
+# 1.556), though the Qwen3-Next slice's and V2-Lite's steps at batch 2 were faster (0.776 against 0.814 ms, 2.344
+# against 2.424; V2-Lite's at batch 4 slower, 3.227 against 3.073): not understood, so block FP8 keeps the layout.
+pairs_apart_max_tokens = {"int4_group": 8, "fp8_block": 0}
 
 # The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
 # (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
@@ -205,10 +213,10 @@ def one_token_rows(tokens: int, fmt: str, k: int) -> bool:
 
 def pairs_apart(tokens: int, fmt: str, hidden: int, inter: int) -> bool:
     """Whether both grouped kernels over ``tokens`` tokens give each (token, slot) pair a program row of its own
-    (module docstring, PAIRS APART): at most ``pairs_apart_max_tokens`` tokens, and both kernels' columns
-    (``hidden`` for gate/up, ``inter`` for down) within ``_reads_one_row``."""
+    (module docstring, PAIRS APART): at most ``fmt``'s ``pairs_apart_max_tokens`` tokens, and both kernels'
+    columns (``hidden`` for gate/up, ``inter`` for down) within ``_reads_one_row``."""
     return (
-        0 < tokens <= pairs_apart_max_tokens
+        0 < tokens <= pairs_apart_max_tokens.get(fmt, 0)
         and _reads_one_row(fmt, hidden)
         and _reads_one_row(fmt, inter)
     )
@@ -573,8 +581,8 @@ def _block_rows(
         token, slot = block // SLOTS, block % SLOTS
         routed = tl.load(ids_ptr + token * stride_ids + slot, mask=slot < TOP_K, other=0)
         expert = tl.where(slot < TOP_K, routed.to(tl.int32), num_routed + slot - TOP_K)
-        rows = block * BLOCK_M + tl.arange(0, 1)  # [1] (the layout's spacing: see PAIRS APART)
-        pair = block + tl.arange(0, 1)
+        rows = block + tl.arange(0, 1)  # [1]
+        pair = rows
     else:
         expert = tl.load(block_expert_ptr + block)
         rows = block * BLOCK_M + tl.arange(0, ROWS)  # [ROWS] rows of the block
@@ -1159,7 +1167,7 @@ def grouped_experts(
     up_one_row = apart or one_token_rows(n, fmt, hidden)
     down_one_row = apart or one_token_rows(n, fmt, inter)
     # a program row a block of the layout (BLOCK_M rows an intermediate block), or a pair
-    blocks, block_m = (pairs, _SMALL_BLOCK_M) if apart else (layout.blocks, layout.block_m)
+    blocks, block_m = (pairs, 1) if apart else (layout.blocks, layout.block_m)
     sorted_pairs, block_expert = (ids, ids) if apart else (layout.sorted_pairs, layout.block_expert)
     up_tiles, down_tiles = tiles or _tiles(block_rows(n), fp32, fmt)
     if tiles is None:

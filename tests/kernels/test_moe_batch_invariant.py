@@ -120,6 +120,6 @@ def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():
                 _tiles(block_rows(1), False, fmt)
             }
         assert not one_token_rows(1, "fp8_block", 2048)
-        assert not pairs_apart(2, "fp8_block", 2048, 1408)  # (nor a few tokens' pairs apart)
+        assert not pairs_apart(2, "int4_group", 7168, 2048)  # (nor a few tokens' pairs apart)
     assert block_rows(65) != block_rows(1)  # (outside the mode, prefill takes larger blocks)
-    assert one_token_rows(1, "fp8_block", 2048) and pairs_apart(2, "fp8_block", 2048, 1408)
+    assert one_token_rows(1, "fp8_block", 2048) and pairs_apart(2, "int4_group", 7168, 2048)

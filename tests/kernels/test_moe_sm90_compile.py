@@ -4,9 +4,9 @@ replaces @triton.jit here), with programmatic dependent launch on: what Triton's
 (the griddepcontrol instructions, the L2 prefetch before the wait) at DeepSeek-V2-Lite's routing (64 experts,
 top 6, two shared slots) and grouped tiles. Each kernel's PTX must hold the wait.
 
-The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one, two and more than
-``pairs_apart_max_tokens`` tokens compile them (up to that count the one-token tiles, one row a pair on the CUDA
-cores: 16-byte loads, no tensor cores; beyond, the few-token fp8 tiles; without the dependent launch and with it: ``quantized_pdl``): the launch code runs
+The grouped gate/up and down kernels also over block-FP8 stacks, as their launches at one and two tokens compile
+them (the one-token tiles, one row a block on the CUDA cores: 16-byte loads, no tensor cores; the few-token fp8
+tiles; without the dependent launch and with it: ``quantized_pdl``): the launch code runs
 on CPU tensors of the real shapes with recorders in place of the kernels, and each recorded launch is compiled as Triton's launcher
 specializes its arguments (an int of 1 a constant, multiples of 16 and 16-byte aligned tensors marked so), at
 Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped) and DeepSeek-V2-Lite's
@@ -15,7 +15,8 @@ without spilling registers (ptxas -v), and the few-token tiles stream their weig
 software pipeline whose stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
 single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
 runtime never compiles that at these shapes. Over Kimi-K2-Thinking's INT4 stacks at one token each grouped kernel
-reads one row a block on the CUDA cores (no tensor cores, no conversion instruction); at eight it turns the nibbles
+reads one row a block on the CUDA cores (no tensor cores, no conversion instruction), at two each pair apart
+(moe_kernels.py PAIRS APART) the same way; past ``pairs_apart_max_tokens`` it turns the nibbles
 into bf16 by PTX (lop3, bf16x2 fmas: quant_matmul_kernel.int4_tile_by_ptx) and streams its words and bf16 scales
 through cp.async (K a whole number of K steps: no column mask), no bf16 load left for a K step to wait on."""
 
@@ -103,9 +104,9 @@ def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
                               scales(experts, 22, 16), fp8(experts, hidden, inter), scales(experts, 16, 11),
                               layout=mk.BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
 
-APART = mk.pairs_apart_max_tokens  # (at most: each pair a program row of its own, PAIRS APART)
+APART = mk.pairs_apart_max_tokens  # (by format, at most: each pair a program row of its own, PAIRS APART)
 for (name, run), tokens in itertools.product(
-    (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)), (1, 2, APART + 1)
+    (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)), (1, 2)
 ):
     launches = launched(lambda: run(tokens))
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
@@ -113,9 +114,8 @@ for (name, run), tokens in itertools.product(
         for pdl in (False, True):  # (moe_kernels.quantized_pdl: the launch with the dependent launch too)
             compiled = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl})
             report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
-            if tokens <= APART:  # one row a pair (ONE-ROW): 16-byte loads into registers, no tensor cores
-                streams = kwargs["ROWS"] == 1 and kwargs["PAIRS_APART"] and "ld.global.v4" in ptx
-                streams = streams and "mma" not in ptx
+            if tokens == 1 or tokens <= APART["fp8_block"]:  # one row (ONE-ROW): 16-byte loads, no tensor cores
+                streams = kwargs["ROWS"] == 1 and "ld.global.v4" in ptx and "mma" not in ptx
             else:
                 streams = kwargs["ROWS"] == 16 and "cp.async" in ptx
             ok = "0 bytes spill stores" in report and streams and pdl == ("griddepcontrol.wait" in ptx)
@@ -132,14 +132,15 @@ def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
         torch.empty(experts, hidden, inter // group, dtype=torch.bfloat16),
         group, layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"))
 
-for tokens in (1, max(8, APART + 1)):  # the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
+for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
     launches = launched(lambda: kimi_k2_int4(tokens))
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
         args, kwargs = launches[kernel.__name__]
         compiled = compile_as_launched(kernel, args, kwargs)
         report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
-        if tokens == 1:  # one row a block on the CUDA cores (quant_matmul_kernel._int4_row_part): no tensor cores
+        if tokens == 1 or tokens <= APART["int4_group"]:  # one row on the CUDA cores (_int4_row_part)
             ok = kwargs["ROWS"] == 1 and "mma" not in ptx and "cvt.rn.f32.s32" not in ptx
+            ok = ok and kwargs["PAIRS_APART"] == (tokens <= APART["int4_group"])
         else:  # every bf16 load streamed (the scales too: K_TILED), none a plain load a K step waits on
             nibbles = "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx and "cp.async" in ptx
             ttgir = compiled.asm["ttgir"].splitlines()
@@ -186,13 +187,13 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     names += [
         f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
-        for tokens in (1, 2, apart + 1)
+        for tokens in (1, 2)
         for kernel in ("_gate_up_kernel", "_down_kernel")
         for pdl in (False, True)
     ]
     names += [
         f"{kernel}:int4_group:kimi-k2:{tokens}"
-        for tokens in (1, max(8, apart + 1))
+        for tokens in (1, 2, apart["int4_group"] + 1)
         for kernel in ("_gate_up_kernel", "_down_kernel")
     ]
     names += [

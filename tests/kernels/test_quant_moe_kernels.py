@@ -152,20 +152,22 @@ def test_one_token_reads_one_row_a_block_where_its_kernels_k_allows():
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_a_few_tokens_give_each_pair_a_program_row(fmt):
-    """moe_kernels.py PAIRS APART: up to ``pairs_apart_max_tokens`` tokens over stacks whose both kernels read one
-    row a block, each (token, slot) pair is a program row of its own, the layout unread: tokens that share
-    experts (a pool of 4 for 3 slots), two shared slots (read once a token) and slots of another rank (-1,
-    skipped). Equal to the dequantized experts, and to the layout's kernels (pairs apart off) up to float32
-    summation order; not chosen past the count, over half-precision stacks, past a kernel's one-row K or in
-    batch-invariant mode."""
-    tokens = moe_kernels.pairs_apart_max_tokens
-    assert tokens >= 2  # (what this test is about: more than one token's pairs)
+    """moe_kernels.py PAIRS APART: up to the format's ``pairs_apart_max_tokens`` (INT4 as shipped; block FP8, which
+    ships without, set to 4 here) over stacks whose both kernels read one row a block, each (token, slot) pair is a
+    program row of its own, the layout unread: 4 tokens that share experts (a pool of 4 for 3 slots), two shared
+    slots (read once a token) and slots of another rank (-1, skipped). Equal to the dequantized experts, and to
+    the layout's kernels (pairs apart off) up to float32 summation order; not chosen past the count, over
+    half-precision stacks or past a kernel's one-row K (batch-invariant mode: test_moe_batch_invariant.py)."""
+    tokens = 4
     hidden, inter = (136, 128) if fmt == "fp8" else (96, 64)
     name = "fp8_block" if fmt == "fp8" else "int4_group"
-    assert moe_kernels.pairs_apart(tokens, name, hidden, inter)
-    assert not moe_kernels.pairs_apart(tokens + 1, name, hidden, inter)
-    assert not moe_kernels.pairs_apart(tokens, "none", hidden, inter)
-    assert not moe_kernels.pairs_apart(tokens, name, hidden, qm.one_row_max_k(name) + 128)
+    assert moe_kernels.pairs_apart_max_tokens["int4_group"] >= tokens
+    apart = patch.dict(moe_kernels.pairs_apart_max_tokens, {name: tokens})
+    with apart:
+        assert moe_kernels.pairs_apart(tokens, name, hidden, inter)
+        assert not moe_kernels.pairs_apart(tokens + 1, name, hidden, inter)
+        assert not moe_kernels.pairs_apart(tokens, "none", hidden, inter)
+        assert not moe_kernels.pairs_apart(tokens, name, hidden, qm.one_row_max_k(name) + 128)
     if fmt == "fp8":
         stacks = fp8_stacks(6, hidden, inter, seed=11)
         dequantize = lambda w, s: dequantize_fp8_block(w, s, BLOCK)  # noqa: E731
@@ -180,12 +182,13 @@ def test_a_few_tokens_give_each_pair_a_program_row(fmt):
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(11)).to(DEVICE)
     weights, ids = routing(tokens, 6, 3, 4, seed=11)
     ids[0, 1] = ids[-1, 0] = -1  # another rank's experts
-    got = run(x, weights, ids, *stacks, shared=shared, skipped_slots=True)
+    with apart:
+        got = run(x, weights, ids, *stacks, shared=shared, skipped_slots=True)
     expected = reference(
         x, weights, ids, dequantize(stacks[0], stacks[1]), dequantize(stacks[2], stacks[3])
     ) + shared_reference(x, dequantized)
     assert relative_error(got, expected) < 1e-6
-    with patch.object(moe_kernels, "pairs_apart_max_tokens", 0):
+    with patch.dict(moe_kernels.pairs_apart_max_tokens, {name: 0}):
         assert not moe_kernels.pairs_apart(tokens, name, hidden, inter)
         by_layout = run(x, weights, ids, *stacks, shared=shared, skipped_slots=True)
     assert relative_error(got, by_layout) < 1e-6
