@@ -1,10 +1,10 @@
-"""The grouped experts over block-FP8 stacks at one and two tokens (layers/moe_kernels.py), each (token, slot) pair a
-program row of its own (PAIRS APART: block FP8's ``pairs_apart_max_tokens`` 4) or the layout's blocks (0), over gate and up stacks
-of their own (Step-3.5's) or packed into one (DeepSeek's and Qwen3-Next's stacked modules), each token's experts as
-routed or sorted by index (``ORDERS``): what makes pairs apart slower on the Step-3.5 slice (gpu_2026-12-04c call 2:
-its one-token gate/up kernel 33.4 us apart against 25.3 in the layout) and faster on the Qwen3-Next slice (call 4).
-One GPU; a call's microseconds are the median replay of a CUDA graph of ``CALLS`` calls over distinct random
-routings (their experts mostly not in L2), divided by ``CALLS``.
+"""The grouped experts over block-FP8 stacks at one and two tokens (layers/moe_kernels.py), each (token, slot) pair
+a program row of its own (PAIRS APART: block FP8's ``pairs_apart_max_tokens`` 4) or the layout's blocks (0), over
+gate and up stacks of their own (Step-3.5's) or packed into one (DeepSeek's and Qwen3-Next's stacked modules), each
+token's experts as routed or sorted by index (``ORDERS``): what makes pairs apart slower on the Step-3.5 slice
+(gpu_2026-12-04c call 2: its one-token gate/up kernel 33.4 us apart against 25.3 in the layout) and faster on the
+Qwen3-Next slice (call 4). One GPU; a call's microseconds are the median replay of a CUDA graph of ``CALLS`` calls
+over distinct random routings (their experts mostly not in L2), divided by ``CALLS``.
 
     PYTHONPATH=. python3 benchmarks/scripts/pair_order.py OUT.json"""
 
