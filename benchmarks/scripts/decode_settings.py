@@ -181,6 +181,14 @@ SWEEPS = {
             ("kimi_int4", "kimi-k2-slice", "int4"),
         )
     },
+    # INT4 pairs apart up to 8 tokens (shipped) or 4, on DeepSeek-V3's slice: 256 experts of 22 MB, top 8, so 8 tokens'
+    # pairs share an expert more often than Kimi-K2's 384
+    "pairs_apart_v3_int4": Sweep(
+        "deepseek-v3-slice",
+        ((4, 512), (8, 512)),
+        ({}, {"pairs_apart_max_tokens": {"fp8_block": 0, "int4_group": 4}}),
+        quantized="int4",
+    ),
     # Mamba2's state scan: a head's state rows a program and its warps
     "mamba2": Sweep(
         "nemotron-h-8b",
