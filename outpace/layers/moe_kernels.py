@@ -150,15 +150,19 @@ int4_one_token_down = (8, 512, 1, 1)
 # Up to this many tokens (decode at small batches, a verify of a few rows), by format, the grouped kernels over
 # stacks whose both kernels read one row a block give each (token, slot) pair a program row of its own, read on the
 # CUDA cores with the one-token tiles (module docstring, PAIRS APART; ``pairs_apart``); 0: the layout's blocks (one
-# token's on the CUDA cores). INT4 (gpu_2026-12-04c call 1): DeepSeek-V3's INT4 experts alone at 1 / 2 / 3 / 4 / 8
-# tokens 135.7 / 250.2 / 364.0 / 472.7 / 900.6 us apart against 141.2 / 276.4 / 402.7 / 505.4 / 900.8 in the layout,
-# the Kimi-K2 slice's decode step at batch 2 / 4 / 8 1.584 / 2.053 / 2.987 ms against 1.629 / 2.137 / 3.046. Block
-# FP8: apart, the experts alone were slower at 1 and 2 tokens at Step-3.5's, DeepSeek-V2-Lite's and Qwen3-Next's
-# shapes (benchmarks/scripts/pair_order.py, calls 3, 5 and 6: 55.5 / 30.9 / 26.7 us at one token against 44.4 / 25.0
-# / 20.8), and so was the Step-3.5 slice's step at every batch (1.363 / 1.646 ms at batch 1 / 2 against 1.305 /
-# 1.556), though the Qwen3-Next slice's and V2-Lite's steps at batch 2 were faster (0.776 against 0.814 ms, 2.344
-# against 2.424; V2-Lite's at batch 4 slower, 3.227 against 3.073): not understood, so block FP8 keeps the layout.
-pairs_apart_max_tokens = {"int4_group": 8, "fp8_block": 0}
+# token's on the CUDA cores). Measured on an H200 (benchmarks/results/gpu_2026-12-04c):
+# - INT4: DeepSeek-V3's experts alone at 1 / 2 / 3 / 4 / 8 tokens 135.7 / 250.2 / 364.0 / 472.7 / 900.6 us apart
+#   against 141.2 / 276.4 / 402.7 / 505.4 / 900.8 in the layout (call 1); the Kimi-K2 slice's decode step at batch
+#   2 / 4 / 8 1.584 / 2.053 / 2.987 ms against 1.629 / 2.137 / 3.046 (call 1), the DeepSeek-V3 slice's at batch 4
+#   2.728 ms either way, at 8 4.100 against 3.829 (call 8: 8 tokens' pairs share its 256 experts of 22 MB more
+#   often than Kimi-K2's 384, and each pair reads its own). So up to 4 tokens.
+# - Block FP8: apart, the experts alone were slower at 1 and 2 tokens at Step-3.5's, DeepSeek-V2-Lite's and
+#   Qwen3-Next's shapes (benchmarks/scripts/pair_order.py, calls 3, 5, 6: 55.5 / 30.9 / 26.7 us at one token against
+#   44.4 / 25.0 / 20.8), and so was the Step-3.5 slice's step at every batch (1.363 / 1.646 ms at batch 1 / 2
+#   against 1.305 / 1.556, call 1), though the Qwen3-Next slice's and V2-Lite's steps at batch 2 were faster (0.776
+#   against 0.814 ms, 2.344 against 2.424; V2-Lite's at batch 4 slower, 3.227 against 3.073). Why the same one-row
+#   kernels run slower apart than in the layout at one token was not found, so block FP8 keeps the layout.
+pairs_apart_max_tokens = {"int4_group": 4, "fp8_block": 0}
 
 # The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
 # (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
