@@ -657,17 +657,21 @@ class RowNorm:
 class ReadyStream(NamedTuple):
     """Where a MoE block's output goes on the fused residual stack (layers/fused_decoder.py
     ``run_fused_layers``): added to ``stream`` [n, hidden] and made ready for the RMSNorm after the block,
-    of scale offset + weight (``NormedRows``), in the grouped kernels' combine (layers/moe_kernels.py)."""
+    of scale offset + weight (``NormedRows``), in the grouped kernels' combine (layers/moe_kernels.py).
+    ``addend`` [n, hidden]: another output of the block, added to the experts' (rounded, as a tensor add
+    rounds) before the stream: a shared MLP that runs beside the experts (``moe_on_kernels``)."""
 
     stream: torch.Tensor
     weight: torch.Tensor
     offset: float
+    addend: torch.Tensor | None = None
 
     def add(self, out: torch.Tensor) -> NormedRows:
-        """out [n, hidden] added to the stream and made ready, in a launch of its own (where the block's
-        output did not come from the combine)."""
+        """out [n, hidden] (plus the addend) added to the stream and made ready, in a launch of its own
+        (where the block's output did not come from the combine)."""
         from outpace.layers.fused_projection import normed_rows  # (Triton: on the fused paths only)
 
+        out = out if self.addend is None else out + self.addend
         return normed_rows(out, self.weight, self.offset, residual=self.stream)
 
 
@@ -751,7 +755,8 @@ def moe_on_kernels(
 ):
     """x [n, hidden] -> this rank's routed plus shared output [n, hidden] on the kernels: the router with
     the grouped kernels' block layout (one launch after the logits' on CUDA), the shared MLP fused with the
-    routed experts when it can be (``shared_expert_stacks``), else added after them. Any family whose
+    routed experts when it can be (``shared_expert_stacks``), else added after them (with ``ready``, in the
+    experts' combine: ``ReadyStream.addend``). Any family whose
     MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
     hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm);
     ``ready``: the output added to a stream and made ready for the next norm (``NormedRows``); ``row_norm``:
@@ -760,8 +765,11 @@ def moe_on_kernels(
     if fused.count == 0 and shared_mlp is not None:
         if row_norm is not None:
             raise ValueError("a shared MLP that does not fuse with the experts reads x normalised")
-        out = experts_on_kernels(x, router, experts, fused, router_input) + shared_mlp(x)
-        return out if ready is None else ready.add(out)
+        if ready is None:
+            return experts_on_kernels(x, router, experts, fused, router_input) + shared_mlp(x)
+        # its output added in the experts' combine, with the stream (two launches fewer than apart)
+        ready = ready._replace(addend=shared_mlp(x))
+        return experts_on_kernels(x, router, experts, fused, router_input, ready=ready)
     return experts_on_kernels(
         x, router, experts, fused, router_input, ready=ready, row_norm=row_norm
     )

@@ -1003,6 +1003,7 @@ def _combine_kernel(
     shared_out_ptr,  # [tokens, hidden] (APART), written: the shared slots' sum, out's row stride
     ids_ptr,  # [tokens, TOP_K] (SKIPS): -1 where a routed slot was another rank's expert
     stream_ptr,  # [tokens, hidden] (READY): the residual stream the sum is added to, out's row stride
+    addend_ptr,  # [tokens, hidden] (ADDEND): another output added to the sum first, out's row stride
     norm_w_ptr,  # [hidden] (READY): the next RMSNorm's weight
     normed_ptr,  # [tokens, hidden] (READY), written: new stream * (norm_offset + weight), out's row stride
     sq_ptr,  # [programs along hidden, tokens] float32 (READY), written: each program's sum of squares
@@ -1017,6 +1018,7 @@ def _combine_kernel(
     SKIPS: tl.constexpr,
     APART: tl.constexpr,  # the shared slots summed into shared_out_ptr, not with the routed ones
     READY: tl.constexpr,  # the sum added to the stream, made ready for the next norm (``NormedRows``)
+    ADDEND: tl.constexpr,  # (READY) addend_ptr's row added to the sum before the stream
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
@@ -1024,7 +1026,8 @@ def _combine_kernel(
     routed slots' sum and the shared slots' sum, each written. SKIPS: a routed slot whose id is -1 adds zeros
     (its row was never written: ``grouped_experts``' skipped_slots). READY: the sum, rounded to the stream's
     dtype as the block's output is, added to the stream (the norm kernel's residual add: float32, rounded),
-    and the new stream made ready for the next norm (layers/fused_projection.py ``NormedRows``)."""
+    and the new stream made ready for the next norm (layers/fused_projection.py ``NormedRows``); ADDEND: another
+    output of the block (a shared MLP run beside the experts) added to the rounded sum first, rounded again."""
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -1043,6 +1046,9 @@ def _combine_kernel(
             acc += row
     out = acc.to(out_ptr.dtype.element_ty)
     at = token * stride_out + offs
+    if ADDEND:  # (a tensor add of the two outputs: float32, rounded)
+        extra = tl.load(addend_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
     if READY:
         s = tl.load(stream_ptr + at, mask=ok, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + s).to(out_ptr.dtype.element_ty)
@@ -1104,9 +1110,9 @@ def grouped_experts(
     chosen as its weight rows are. ``tiles``: the (gate/up, down) kernels' tiles in place of ``_tiles``'
     (benchmarks and tests). ``shared_input`` [n, hidden]: the shared slots read its rows, not x's, and their
     output comes apart: (the routed output, the shared experts' output), each [n, hidden] (module docstring,
-    a dense MLP beside the experts). ``ready`` = (stream [n, hidden], weight [hidden], offset): the output
-    added to the stream in the combine's launch and made ready for the RMSNorm of scale offset + weight
-    after the block (``NormedRows``: the next layer's input projection folds that norm in). ``row_scale``
+    a dense MLP beside the experts). ``ready`` = (stream [n, hidden], weight [hidden], offset[, addend [n, hidden] or None]): the output
+    (plus the addend, layers/moe.py ``ReadyStream``) added to the stream in the combine's launch and made ready
+    for the RMSNorm of scale offset + weight after the block (``NormedRows``: the next layer's input projection folds that norm in). ``row_scale``
     [n] float32: x is a stream times its norm's weight and each token's gate/up products are scaled by its
     entry, the norm's factor (layers/moe.py ``RowNorm``)."""
     if activation not in ACTIVATIONS:
@@ -1145,11 +1151,13 @@ def grouped_experts(
         raise ValueError(
             "the experts' output comes apart from the shared slots' (shared_input): no stream"
         )
-    if ready is not None and (ready[0].shape != x.shape or ready[0].dtype != x.dtype):
-        raise ValueError(
-            f"the stream {tuple(ready[0].shape)} {ready[0].dtype} the experts' output is added to: "
-            f"{tuple(x.shape)} {x.dtype}, as their output"
-        )
+    added = () if ready is None else (("stream", ready[0]), ("addend", (*ready, None)[3]))
+    for name, t in added:
+        if t is not None and (t.shape != x.shape or t.dtype != x.dtype):
+            raise ValueError(
+                f"the {name} {tuple(t.shape)} {t.dtype} the experts' output is added to: "
+                f"{tuple(x.shape)} {x.dtype}, as their output"
+            )
     if shared_input is not None and (
         num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype
     ):
@@ -1307,18 +1315,27 @@ def grouped_experts(
     block_h = _combine_block(n, hidden, x.device)
     programs = triton.cdiv(hidden, block_h)
     if ready is not None:
-        stream, norm_weight, norm_offset = ready
+        stream, norm_weight, norm_offset, addend = (*ready, None)[:4]
         stream = stream.contiguous()
+        addend = out if addend is None else addend.contiguous()  # (unread without one)
         normed = torch.empty_like(out)
         sq = torch.empty(programs, n, dtype=torch.float32, device=x.device)
     else:
-        stream, norm_weight, norm_offset, normed, sq = out, out, 0.0, out, out  # (unread)
+        stream, norm_weight, norm_offset, addend, normed, sq = (
+            out,
+            out,
+            0.0,
+            out,
+            out,
+            out,
+        )  # (unread)
     _combine_kernel[(n, programs)](
         partial,
         out,
         shared_out,
         ids,
         stream,
+        addend,
         norm_weight,
         normed,
         sq,
@@ -1333,6 +1350,7 @@ def grouped_experts(
         SKIPS=skipped_slots,
         APART=shared_input is not None,
         READY=ready is not None,
+        ADDEND=addend is not out,
         BLOCK_H=block_h,
         PDL=pdl,
         **pdl_launch_options(pdl),

@@ -208,6 +208,33 @@ def test_step3p5_moe_block_on_the_kernels_equals_the_eager_block(case, n):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", [c for c in STEP_CASES if not STEP_CASES[c][3]])
+@pytest.mark.parametrize("n", [1, 5])
+def test_a_shared_expert_beside_the_experts_joins_their_combine_on_the_fused_stack(case, n):
+    """On the fused residual stack (``ReadyStream``) a shared expert that does not fuse adds its output in the
+    experts' combine (``ReadyStream.addend``), with the stream and the next norm's readying: the same bits as
+    adding the two outputs and readying the stream in a launch of its own (``ReadyStream.add``), which does
+    not run."""
+    from unittest.mock import patch
+
+    from outpace.layers import fused_projection
+    from outpace.layers.moe import ReadyStream
+
+    limit, shared_limit, width, _ = STEP_CASES[case]
+    moe, shared = step_block(limit, shared_limit, width, seed=20 + n)
+    x, stream = (torch.randn(n, 40, generator=_generator(400 + n + i)).to(DEVICE) for i in (0, 1))
+    norm_weight = torch.randn(40, generator=_generator(500)).to(DEVICE)
+    ready = ReadyStream(stream, norm_weight, 1.0)
+    moe.kernels, moe.gate.kernel = True, True
+    expected = ready.add(moe(x, shared))  # (the block's output, then the stream readied apart)
+    with patch.object(
+        fused_projection, "normed_rows", side_effect=AssertionError("a launch apart")
+    ):
+        got = moe(x, shared, ready=ready)
+    assert torch.equal(got.stream, expected.stream) and torch.equal(got.normed, expected.normed)
+    torch.testing.assert_close(got.sq_parts.sum(0), expected.sq_parts.sum(0))
+
+
 def test_step3p5_routing_kernel_equals_its_torch_routing():
     moe, _ = step_block(None, None, 40, seed=5)
     x = torch.randn(8, 40, generator=_generator(6)).to(DEVICE)

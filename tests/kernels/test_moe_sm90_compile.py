@@ -61,14 +61,16 @@ tiles = dict(TOP_K=6, SLOTS=8, BLOCK_M=16, ROWS=16, PAIRS_APART=False, GROUP=128
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
-combine = {**experts, **pointers(["stream_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
+combine = {**experts, **pointers(["stream_ptr", "addend_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
            "sq_ptr": "*fp32", "norm_offset": "fp32"}
 build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False, READY=False,
-      BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
+      ADDEND=False, BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
 build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True, READY=False,
-      BLOCK_H=1024, PDL=True))  # (Gemma 4's dense MLP apart: 3 shared slots)
+      ADDEND=False, BLOCK_H=1024, PDL=True))  # (Gemma 4's dense MLP apart: 3 shared slots)
 build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=10, SKIPS=False, APART=False, READY=True,
-      BLOCK_H=128, PDL=True))  # (Qwen3-Next's on the fused stack: the stream readied for the next norm)
+      ADDEND=False, BLOCK_H=128, PDL=True))  # (Qwen3-Next's on the fused stack: the stream readied for the next norm)
+build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=8, SKIPS=False, APART=False, READY=True,
+      ADDEND=True, BLOCK_H=128, PDL=True))  # (Kimi-K2-Thinking's: its bf16 shared expert's output added too)
 
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
@@ -183,7 +185,7 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
 
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 3
+    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 4
     names += [
         f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
