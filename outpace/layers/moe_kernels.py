@@ -157,8 +157,8 @@ int4_one_token_down = (8, 512, 1, 1)
 #   2.728 ms either way, at 8 4.100 against 3.829 (call 8: 8 tokens' pairs share its 256 experts of 22 MB more
 #   often than Kimi-K2's 384, and each pair reads its own). So up to 4 tokens.
 # - Block FP8: apart, the experts alone were slower at 1 and 2 tokens at Step-3.5's, DeepSeek-V2-Lite's and
-#   Qwen3-Next's shapes (benchmarks/scripts/pair_order.py, calls 3, 5, 6: 55.5 / 30.9 / 26.7 us at one token against
-#   44.4 / 25.0 / 20.8), and so was the Step-3.5 slice's step at every batch (1.363 / 1.646 ms at batch 1 / 2
+#   Qwen3-Next's shapes (benchmarks/scripts/pair_order.py, calls 3, 5, 6: 55.5 / 30.9 / 26.7 us at one token
+#   against 44.4 / 25.0 / 20.8), and so was the Step-3.5 slice's step at every batch (1.363 / 1.646 ms at batch 1 / 2
 #   against 1.305 / 1.556, call 1), though the Qwen3-Next slice's and V2-Lite's steps at batch 2 were faster (0.776
 #   against 0.814 ms, 2.344 against 2.424; V2-Lite's at batch 4 slower, 3.227 against 3.073). Why the same one-row
 #   kernels run slower apart than in the layout at one token was not found, so block FP8 keeps the layout.
@@ -1110,11 +1110,12 @@ def grouped_experts(
     chosen as its weight rows are. ``tiles``: the (gate/up, down) kernels' tiles in place of ``_tiles``'
     (benchmarks and tests). ``shared_input`` [n, hidden]: the shared slots read its rows, not x's, and their
     output comes apart: (the routed output, the shared experts' output), each [n, hidden] (module docstring,
-    a dense MLP beside the experts). ``ready`` = (stream [n, hidden], weight [hidden], offset[, addend [n, hidden] or None]): the output
-    (plus the addend, layers/moe.py ``ReadyStream``) added to the stream in the combine's launch and made ready
-    for the RMSNorm of scale offset + weight after the block (``NormedRows``: the next layer's input projection folds that norm in). ``row_scale``
-    [n] float32: x is a stream times its norm's weight and each token's gate/up products are scaled by its
-    entry, the norm's factor (layers/moe.py ``RowNorm``)."""
+    a dense MLP beside the experts). ``ready`` = (stream [n, hidden], weight [hidden], offset[, addend [n,
+    hidden] or None]): the output (plus the addend, layers/moe.py ``ReadyStream``) added to the stream in the
+    combine's launch and made ready for the RMSNorm of scale offset + weight after the block (``NormedRows``:
+    the next layer's input projection folds that norm in). ``row_scale`` [n] float32: x is a stream times its
+    norm's weight and each token's gate/up products are scaled by its entry, the norm's factor (layers/moe.py
+    ``RowNorm``)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
     if gate is None and limit is not None:
