@@ -765,14 +765,28 @@ def moe_on_kernels(
     if fused.count == 0 and shared_mlp is not None:
         if row_norm is not None:
             raise ValueError("a shared MLP that does not fuse with the experts reads x normalised")
-        if ready is None:
-            return experts_on_kernels(x, router, experts, fused, router_input) + shared_mlp(x)
-        # its output added in the experts' combine, with the stream (two launches fewer than apart)
-        ready = ready._replace(addend=shared_mlp(x))
-        return experts_on_kernels(x, router, experts, fused, router_input, ready=ready)
+        return experts_and_beside(x, router, experts, lambda: shared_mlp(x), router_input, ready)
     return experts_on_kernels(
         x, router, experts, fused, router_input, ready=ready, row_norm=row_norm
     )
+
+
+def experts_and_beside(
+    x: torch.Tensor,
+    router: RoutingModule,
+    experts: RoutedExperts,
+    beside: Callable[[], torch.Tensor],
+    router_input: torch.Tensor | None = None,
+    ready: ReadyStream | None = None,
+):
+    """x [n, hidden] through the experts on the kernels (``experts_on_kernels``, no shared slots) plus
+    ``beside()`` [n, hidden], the output of a shared MLP that runs beside them: with ``ready``, added in the
+    experts' combine with the stream (``ReadyStream.addend``: two launches fewer than a tensor add and the
+    norm kernel, the same bits), else a tensor add after them."""
+    if ready is None:
+        return experts_on_kernels(x, router, experts, FusedShared(), router_input) + beside()
+    ready = ready._replace(addend=beside())
+    return experts_on_kernels(x, router, experts, FusedShared(), router_input, ready=ready)
 
 
 def takes_normed_rows(

@@ -84,6 +84,7 @@ from outpace.layers.moe import (
     Routing,
     RowNorm,
     expert_modules,
+    experts_and_beside,
     experts_on_kernels,
     takes_normed_rows,
 )
@@ -445,8 +446,9 @@ class SparseMoeWithSharedExpert(nn.Module):
             )
         if row_norm is not None:
             raise ValueError("a shared expert beside the experts reads x normalised")
-        out = experts_on_kernels(x, self.gate, self.experts, fused) + self._gated_shared(x)
-        return out if ready is None else ready.add(out)
+        return experts_and_beside(
+            x, self.gate, self.experts, lambda: self._gated_shared(x), ready=ready
+        )
 
 
 class Qwen3NextDecoderLayer(nn.Module):

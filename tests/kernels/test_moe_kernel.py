@@ -547,6 +547,39 @@ def test_qwen3_next_block_fuses_its_gated_shared_expert(tmp_path):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_qwen3_next_shared_expert_beside_the_experts_joins_their_combine(tmp_path):
+    """Qwen3-Next's MoE block whose gated shared expert does not fuse (its router's rows not packed) on the
+    fused residual stack (``ReadyStream``): the shared expert's output added in the experts' combine
+    (layers/moe.py ``experts_and_beside``), the same bits as the tensor add and the norm kernel, which does
+    not run."""
+    from unittest.mock import patch
+
+    import transformers
+
+    from helpers.hybrid_models import HYBRIDS
+    from outpace.layers import fused_projection
+    from outpace.layers.moe import ReadyStream
+    from outpace.model_config import ModelConfig
+    from outpace.models.loader import build_model
+    from outpace.models.qwen3_next import SparseMoeWithSharedExpert
+
+    cls_name, extra = HYBRIDS["qwen3_next"]
+    config = getattr(transformers, cls_name)(**extra, architectures=["Qwen3NextForCausalLM"])
+    config.save_pretrained(tmp_path)
+    model = randomise(build_model(ModelConfig.from_pretrained(tmp_path), torch.float32, DEVICE))
+    block = next(m for m in model.modules() if isinstance(m, SparseMoeWithSharedExpert))
+    assert block.gate.rows is None  # (not packed: the shared expert runs beside the experts)
+    hidden = block.gate.weight.shape[1]
+    x, stream = (torch.randn(5, hidden, generator=torch.Generator().manual_seed(i)) for i in (1, 2))
+    ready = ReadyStream(stream.to(DEVICE), torch.randn(hidden).to(DEVICE), 0.0)
+    with torch.no_grad():
+        block.experts.kernels, block.gate.kernel = True, True
+        expected = ready.add(block.partial(x.to(DEVICE)))
+        with patch.object(fused_projection, "normed_rows", side_effect=AssertionError("apart")):
+            got = block.partial(x.to(DEVICE), ready=ready)
+    assert torch.equal(got.stream, expected.stream) and torch.equal(got.normed, expected.normed)
+
+
 # ---- every MoE family's module ---------------------------------------------------------------------------------
 
 
