@@ -1,0 +1,162 @@
+"""Where a one-row fp8 product's time goes (layers/quant/quant_matmul_kernel.py ONE-ROW): the same loop as
+``row_times_tile`` with the weight's values made three ways, timed alone at the shapes decode reads.
+
+- ``cvt``: ``w.to(tl.float32)``, as the shipped kernel does: on sm_90 each pair of values one
+  F2FP.F16.E4M3.UNPACK_B and each value one HADD2.F32 (the conversion units), then its FFMA;
+- ``bits``: each value's float32 built from its bits by integer instructions (sign-extended byte, shift, and:
+  the e4m3 exponent and mantissa placed as float32's, which is the value times 2^-120, the 2^120 folded into the
+  scale), then its FFMA;
+- ``int``: the bytes summed as integers, no float product (what reading the weight costs with this tiling).
+
+If ``bits`` runs near ``int`` and ``cvt`` well above both, the one-row product is bound by the conversions, not by
+memory. Each time is one call's share of a CUDA graph of 8 calls on distinct weights; each program writes its
+split's partial sums (no reduction: the same for every mode). A mode's output is checked against the dequantized
+product (``int`` excepted).
+
+    PYTHONPATH=. python3 benchmarks/scripts/fp8_row_conversion.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+CALLS = 8
+GROUP = 128  # columns a block-FP8 scale covers
+MODES = ("cvt", "bits", "int")
+SHAPES = {  # name: (N, K)
+    "qwen3-next in_proj 12352 x 2048": (12352, 2048),
+    "qwen3-next out_proj 2048 x 4096": (2048, 4096),
+    "v2-lite q 3072 x 2048": (3072, 2048),
+    "v2-lite o 2048 x 2048": (2048, 2048),
+    "step-3.5 q 6144 x 4096": (6144, 4096),
+}
+TILES = [
+    (16, 512, 2, 1),
+    (16, 512, 2, 2),
+    (8, 512, 4, 1),
+    (8, 512, 4, 2),
+    (32, 512, 4, 1),
+]  # (BN, BK, warps, stages)
+TWO_TO_120 = 2.0**120
+
+
+@triton.jit
+def _row_kernel(
+    x_ptr,  # [K] bf16
+    w_ptr,  # [N, K] int8 (the fp8 bytes)
+    s_ptr,  # [ceil(N / 128), ceil(K / 128)] float32 (times 2^120 for MODE "bits")
+    partial_ptr,  # [splits, N] float32, written
+    N,
+    K,
+    stride_sn,
+    k_per_split,
+    MODE: tl.constexpr,
+    BN: tl.constexpr,
+    GROUPS: tl.constexpr,  # BK / GROUP
+    GROUP: tl.constexpr,
+):
+    col_block, split = tl.program_id(0), tl.program_id(1)
+    cols = col_block * BN + tl.arange(0, BN)  # [BN]
+    n_ok = cols < N
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * K  # [BN, 1]
+    s_rows = s_ptr + (cols // GROUP).to(tl.int64)[:, None] * stride_sn  # [BN, 1]
+    acc = tl.zeros((BN, GROUPS), dtype=tl.float32)
+    k_start = split * k_per_split
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), GROUPS * GROUP):
+        ks = (
+            k0 + tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        )  # [GROUPS, GROUP]
+        x = tl.load(x_ptr + ks).to(tl.float32)  # [GROUPS, GROUP]
+        w = tl.load(w_rows[:, :, None] + ks[None, :, :], mask=n_ok[:, None, None], other=0)  # int8
+        if MODE == "int":
+            part = tl.sum(w.to(tl.int32), axis=2).to(tl.float32)  # [BN, GROUPS]
+        else:
+            if MODE == "cvt":
+                wf = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            else:  # sign at bit 31, exponent and mantissa at 26..20: the value times 2^-120
+                wf = ((w.to(tl.int32) << 20) & -2014314496).to(
+                    tl.float32, bitcast=True
+                )  # 0x87F00000
+            part = tl.sum(wf * x[None, :, :], axis=2)  # [BN, GROUPS]
+        columns = (k0 + tl.arange(0, GROUPS) * GROUP) // GROUP
+        acc += part * tl.load(s_rows + columns[None, :], mask=n_ok[:, None], other=0.0)
+    tl.store(partial_ptr + split * N + cols, tl.sum(acc, axis=1), mask=n_ok)
+
+
+def splits_for(n: int, k: int, bn: int, bk: int) -> int:
+    """About 8 programs an SM (quant_matmul_kernel.py ``few_row_tiles``, at least one K step a split)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    wanted = max(1, 8 * sms // triton.cdiv(n, bn))
+    steps = triton.cdiv(k, bk)
+    return triton.cdiv(steps, triton.cdiv(steps, min(steps, wanted)))
+
+
+def run(
+    x, w, s, partial, mode: str, bn: int, bk: int, warps: int, stages: int, splits: int
+) -> None:
+    n, k = w.shape
+    steps_per_split = triton.cdiv(triton.cdiv(k, bk), splits)
+    _row_kernel[(triton.cdiv(n, bn), splits)](
+        x, w, s, partial, n, k, s.stride(0), steps_per_split * bk,
+        MODE=mode, BN=bn, GROUPS=bk // GROUP, GROUP=GROUP, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def graph_us(calls) -> float:
+    calls()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    return do_bench(graph.replay, return_mode="median") * 1e3 / CALLS
+
+
+def main(out: str) -> None:
+    from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block
+
+    bandwidth = None
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        raw = torch.randn(n, k, device="cuda") * 0.02
+        q, scale = quantize_fp8_block(raw, (GROUP, GROUP))
+        ref_w = dequantize_fp8_block(q, scale, (GROUP, GROUP))
+        x = torch.randn(k, device="cuda", dtype=torch.bfloat16)
+        ref = ref_w @ x.float()
+        weights = [q.view(torch.int8).clone() for _ in range(CALLS)]
+        scales = {"cvt": scale.float(), "bits": scale.float() * TWO_TO_120, "int": scale.float()}
+        if bandwidth is None:  # copy bandwidth, for the floor
+            big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+            t = do_bench(lambda: big.clone(), return_mode="median") * 1e-3
+            bandwidth = 2 * big.numel() / t
+            del big
+        floor = n * k / bandwidth * 1e6
+        row = {"shape": name, "n": n, "k": k, "floor_us": floor, "us": {}}
+        for bn, bk, warps, stages in TILES:
+            splits = splits_for(n, k, bn, bk)
+            partial = torch.empty(splits, n, device="cuda")
+            for mode in MODES:
+                key = f"{mode} ({bn}, {bk}, {warps}, {stages}) x{splits}"
+                run(x, weights[0], scales[mode], partial, mode, bn, bk, warps, stages, splits)
+                if mode != "int":
+                    err = ((partial.sum(0) - ref).norm() / ref.norm()).item()
+                    if not err < 1e-3:
+                        print(f"  {key}: wrong output (relative error {err:.3g})", flush=True)
+                        continue
+                row["us"][key] = graph_us(
+                    lambda m=mode, p=partial: [
+                        run(x, w, scales[m], p, m, bn, bk, warps, stages, splits) for w in weights
+                    ]
+                )
+        rows.append(row)
+        line = " | ".join(f"{key} {t:6.2f}" for key, t in row["us"].items())
+        print(f"{name:>34} floor {floor:5.2f} | {line}", flush=True)
+    json.dump({"bandwidth_tb_s": bandwidth / 1e12, "rows": rows}, open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
