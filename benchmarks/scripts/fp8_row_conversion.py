@@ -8,6 +8,9 @@
   scale), then its FFMA;
 - ``int``: the bytes summed as integers, no float product (what reading the weight costs with this tiling).
 
+- ``tma``: ``cvt`` and ``int`` with the weight's tiles brought into shared memory by the copy engine (TMA),
+  ``num_stages`` tiles ahead.
+
 If ``bits`` runs near ``int`` and ``cvt`` well above both, the one-row product is bound by the conversions, not by
 memory. Each time is one call's share of a CUDA graph of 8 calls on distinct weights; each program writes its
 split's partial sums (no reduction: the same for every mode). A mode's output is checked against the dequantized
@@ -25,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.testing import do_bench
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 CALLS = 8
 GROUP = 128  # columns a block-FP8 scale covers
@@ -37,17 +41,18 @@ SHAPES = {  # name: (N, K)
     "step-3.5 q 6144 x 4096": (6144, 4096),
 }
 # (BN, BK, warps, stages): call 2 of gpu_2026-12-04d swept the first five; the rest take a whole row (or half) a step
-TILES = [
-    (16, 512, 2, 1),
-    (8, 512, 4, 1),
-    (32, 512, 4, 1),
-    (8, 1024, 4, 1),
-    (8, 2048, 4, 1),
-    (4, 2048, 4, 1),
-    (16, 1024, 4, 1),
-    (16, 2048, 8, 1),
-    (8, 2048, 8, 1),
-    (4, 1024, 2, 1),
+TILES = [(16, 512, 2, 1), (8, 512, 4, 1), (8, 2048, 8, 1)]  # (call 3 swept ten)
+# (BN, BK, warps, stages, programs an SM): the weight's tiles by the copy engine (``_row_tma_kernel``; a box is at
+# most 256 columns)
+TMA_TILES = [
+    (16, 256, 4, 4, 8),
+    (32, 256, 4, 4, 4),
+    (64, 256, 4, 3, 2),
+    (64, 256, 8, 4, 2),
+    (128, 256, 8, 3, 1),
+    (32, 128, 4, 6, 4),
+    (16, 256, 2, 6, 8),
+    (64, 128, 4, 8, 2),
 ]
 TWO_TO_120 = 2.0**120
 
@@ -95,10 +100,59 @@ def _row_kernel(
     tl.store(partial_ptr + split * N + cols, tl.sum(acc, axis=1), mask=n_ok)
 
 
-def splits_for(n: int, k: int, bn: int, bk: int) -> int:
-    """About 8 programs an SM (quant_matmul_kernel.py ``few_row_tiles``, at least one K step a split)."""
+@triton.jit
+def _row_tma_kernel(
+    x_ptr,  # [K] bf16
+    w_desc,  # TensorDescriptor over [N, K] int8 (the fp8 bytes), block [BN, BK]
+    s_ptr,
+    partial_ptr,  # [splits, N] float32, written
+    N,
+    K,
+    stride_sn,
+    k_per_split,
+    MODE: tl.constexpr,
+    BN: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    """``_row_kernel`` with the weight's tiles brought into shared memory by the copy engine (TMA), which the
+    software pipeline keeps ``num_stages`` tiles ahead."""
+    col_block, split = tl.program_id(0), tl.program_id(1)
+    cols = col_block * BN + tl.arange(0, BN)  # [BN]
+    n_ok = cols < N
+    s_rows = s_ptr + (cols // GROUP).to(tl.int64)[:, None] * stride_sn  # [BN, 1]
+    acc = tl.zeros((BN, GROUPS), dtype=tl.float32)
+    k_start = split * k_per_split
+    for k0 in tl.range(k_start, tl.minimum(k_start + k_per_split, K), GROUPS * GROUP):
+        ks = (
+            k0 + tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        )  # [GROUPS, GROUP]
+        x = tl.load(x_ptr + ks).to(tl.float32)  # [GROUPS, GROUP]
+        w = tl.reshape(w_desc.load([col_block * BN, k0]), (BN, GROUPS, GROUP))  # int8
+        if MODE == "int":
+            part = tl.sum(w.to(tl.int32), axis=2).to(tl.float32)  # [BN, GROUPS]
+        else:
+            part = tl.sum(w.to(tl.float8e4nv, bitcast=True).to(tl.float32) * x[None, :, :], axis=2)
+        columns = (k0 + tl.arange(0, GROUPS) * GROUP) // GROUP
+        acc += part * tl.load(s_rows + columns[None, :], mask=n_ok[:, None], other=0.0)
+    tl.store(partial_ptr + split * N + cols, tl.sum(acc, axis=1), mask=n_ok)
+
+
+def run_tma(
+    x, desc, s, partial, mode: str, bn: int, bk: int, warps: int, stages: int, splits: int
+) -> None:
+    n, k = desc.shape
+    steps_per_split = triton.cdiv(triton.cdiv(k, bk), splits)
+    _row_tma_kernel[(triton.cdiv(n, bn), splits)](
+        x, desc, s, partial, n, k, s.stride(0), steps_per_split * bk,
+        MODE=mode, BN=bn, GROUPS=bk // GROUP, GROUP=GROUP, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def splits_for(n: int, k: int, bn: int, bk: int, per_sm: int = 8) -> int:
+    """About ``per_sm`` programs an SM (quant_matmul_kernel.py ``few_row_tiles``, at least one K step a split)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    wanted = max(1, 8 * sms // triton.cdiv(n, bn))
+    wanted = max(1, per_sm * sms // triton.cdiv(n, bn))
     steps = triton.cdiv(k, bk)
     return triton.cdiv(steps, triton.cdiv(steps, min(steps, wanted)))
 
@@ -184,6 +238,27 @@ def main(out: str) -> None:
                 row["us"][key] = graph_us(
                     lambda m=mode, p=partial: [
                         run(x, w, scales[m], p, m, bn, bk, warps, stages, splits) for w in weights
+                    ]
+                )
+        for bn, bk, warps, stages, per_sm in TMA_TILES:
+            splits = splits_for(n, k, bn, bk, per_sm)
+            partial = torch.empty(splits, n, device="cuda")
+            descs = [TensorDescriptor.from_tensor(w, [bn, bk]) for w in weights]
+            for mode in MODES:
+                key = f"tma {mode} ({bn}, {bk}, {warps}, {stages}) x{splits}"
+                try:
+                    run_tma(x, descs[0], scales[mode], partial, mode, bn, bk, warps, stages, splits)
+                except Exception as e:  # noqa: BLE001 (a tile that does not fit)
+                    print(f"  {key}: {type(e).__name__} {e}"[:300], flush=True)
+                    continue
+                if mode != "int":
+                    err = ((partial.sum(0) - ref).norm() / ref.norm()).item()
+                    if not err < 1e-3:
+                        print(f"  {key}: wrong output (relative error {err:.3g})", flush=True)
+                        continue
+                row["us"][key] = graph_us(
+                    lambda m=mode, p=partial: [
+                        run_tma(x, d, scales[m], p, m, bn, bk, warps, stages, splits) for d in descs
                     ]
                 )
         rows.append(row)
