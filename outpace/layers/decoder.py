@@ -168,7 +168,12 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, hidden] -> [n, hidden]. Few rows on the GPU with gate and up packed: their product and the
         gating in one kernel (layers/fused_projection.py ``project_swiglu``), then down_proj."""
-        if self.gate_up is not None and x.is_cuda and self.gate_up.bias is None:
+        if (
+            self.gating_fuses
+            and self.gate_up is not None
+            and x.is_cuda
+            and self.gate_up.bias is None
+        ):
             from outpace.layers import fused_projection as fp  # (Triton: CUDA installs only)
 
             if self.act in FUSED_ACTIVATIONS and fp.fused_rows_apply(x, self.gate_up.weight):
@@ -176,7 +181,15 @@ class GatedMLP(nn.Module):
         gate, up = (
             self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
         )
-        return self.down_proj(act_and_mul(self.act, gate, up))
+        return self.down_proj(self.gated(gate, up))
+
+    # Whether ``gated`` is act(gate) * up alone, which the fused projection kernels compute in their epilogue
+    # (a subclass with more to its gating says False: layers/fused_decoder.py ``mlp_normalised``).
+    gating_fuses = True
+
+    def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up [n, inter]: the MLP's gating of its gate and up products [n, inter] each."""
+        return act_and_mul(self.act, gate, up)
 
 
 class PackedProjection:

@@ -299,6 +299,26 @@ def swiglu_normalised(mlp: GatedMLP, rows, eps: float) -> torch.Tensor:
     )
 
 
+def mlp_reads_rows(mlp: GatedMLP) -> bool:
+    """Whether ``mlp_normalised`` computes this MLP: gate and up without biases, of weights the norm-folding
+    kernels read."""
+    return all(p.bias is None and fused_weight(p) is not None for p in mlp_inputs(mlp))
+
+
+def mlp_normalised(mlp: GatedMLP, rows, eps: float) -> torch.Tensor:
+    """A gated MLP (``mlp_reads_rows``) over its input norm (of eps ``eps``) of ``rows`` (``NormedRows``) ->
+    its output [n, hidden], no residual added: a shared expert beside a MoE block's experts on the fused
+    stack, which reads the stream made ready for the block's norm as the routing and the experts do
+    (layers/moe.py ``moe_on_kernels``), so that the norm costs no launch. Gate/up with the norm folded in
+    (and the gating, where the kernels compute it: ``GatedMLP.gating_fuses``), then down_proj as the module
+    runs it."""
+    if mlp.gating_fuses and mlp.act in FUSED_ACTIVATIONS:
+        act = swiglu_normalised(mlp, rows, eps)  # [n, inter]
+    else:
+        act = mlp.gated(*gate_up_normalised(mlp, rows, eps))
+    return mlp.down_proj(act)
+
+
 def layer_fuses(attn: DecoderAttention, mlp: GatedMLP, x: torch.Tensor) -> bool:
     """Whether the fused kernels compute a layer of this attention and MLP over x [num_tokens, in]:
     ``attention_fuses``, and what ``fused_attention_output_and_mlp`` computes (no o_proj bias, an

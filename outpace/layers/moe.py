@@ -645,13 +645,14 @@ class RowNorm:
     eps: float
     hidden: int  # the width the mean is over
     scale: torch.Tensor  # [n] float32, written by the routing kernel
+    rows: NormedRows  # what it was made of: a shared MLP beside the experts reads them (``moe_on_kernels``)
 
     @classmethod
     def of(cls, rows: NormedRows, eps: float) -> RowNorm:
         """The row norm of ``rows`` (``NormedRows``) for the RMSNorm of eps ``eps`` they were made ready for."""
         sq = rows.sq_parts
         scale = torch.empty(sq.shape[1], dtype=torch.float32, device=sq.device)
-        return cls(sq, eps, rows.normed.shape[1], scale)
+        return cls(sq, eps, rows.normed.shape[1], scale, rows)
 
 
 class ReadyStream(NamedTuple):
@@ -763,9 +764,13 @@ def moe_on_kernels(
     x is a stream times its norm's weight (``takes_normed_rows``)."""
     fused = FusedShared.of(shared_mlp, experts)
     if fused.count == 0 and shared_mlp is not None:
-        if row_norm is not None:
-            raise ValueError("a shared MLP that does not fuse with the experts reads x normalised")
-        return experts_and_beside(x, router, experts, lambda: shared_mlp(x), router_input, ready)
+        if row_norm is None:
+            beside = partial(shared_mlp, x)
+        else:  # (``takes_normed_rows``: it reads the rows as the routing and the experts do)
+            from outpace.layers.fused_decoder import mlp_normalised  # (imports this module)
+
+            beside = partial(mlp_normalised, shared_mlp, row_norm.rows, row_norm.eps)
+        return experts_and_beside(x, router, experts, beside, router_input, ready, row_norm)
     return experts_on_kernels(
         x, router, experts, fused, router_input, ready=ready, row_norm=row_norm
     )
@@ -778,15 +783,21 @@ def experts_and_beside(
     beside: Callable[[], torch.Tensor],
     router_input: torch.Tensor | None = None,
     ready: ReadyStream | None = None,
+    row_norm: RowNorm | None = None,
 ):
     """x [n, hidden] through the experts on the kernels (``experts_on_kernels``, no shared slots) plus
     ``beside()`` [n, hidden], the output of a shared MLP that runs beside them: with ``ready``, added in the
     experts' combine with the stream (``ReadyStream.addend``: two launches fewer than a tensor add and the
-    norm kernel, the same bits), else a tensor add after them."""
+    norm kernel, the same bits), else a tensor add after them. ``row_norm``: ``experts_on_kernels``'."""
     if ready is None:
-        return experts_on_kernels(x, router, experts, FusedShared(), router_input) + beside()
+        routed = experts_on_kernels(
+            x, router, experts, FusedShared(), router_input, row_norm=row_norm
+        )
+        return routed + beside()
     ready = ready._replace(addend=beside())
-    return experts_on_kernels(x, router, experts, FusedShared(), router_input, ready=ready)
+    return experts_on_kernels(
+        x, router, experts, FusedShared(), router_input, ready=ready, row_norm=row_norm
+    )
 
 
 def takes_normed_rows(
@@ -794,11 +805,18 @@ def takes_normed_rows(
 ) -> bool:
     """Whether ``moe_on_kernels`` takes its input as a stream made ready for its norm (``RowNorm``) for x
     [n, hidden]: routing on the kernels, grouped kernels that take the norm's row scale
-    (``RoutedExperts.takes_row_scale``) and any shared MLP fused with them."""
+    (``RoutedExperts.takes_row_scale``) and any shared MLP fused with them or, beside them, reading the rows
+    through the norm-folding projections (layers/fused_decoder.py ``mlp_reads_rows``)."""
+    from outpace.layers.fused_decoder import mlp_reads_rows  # (imports this module)
+
     return (
         router.uses_kernel(x)
         and experts.takes_row_scale(x)
-        and (shared_mlp is None or FusedShared.of(shared_mlp, experts).count > 0)
+        and (
+            shared_mlp is None
+            or FusedShared.of(shared_mlp, experts).count > 0
+            or mlp_reads_rows(shared_mlp)
+        )
     )
 
 

@@ -425,9 +425,11 @@ class SparseMoeWithSharedExpert(nn.Module):
     def takes_normed_rows(self, x: torch.Tensor) -> bool:
         """Whether ``partial`` takes x [n, hidden] as a stream made ready for its norm (``RowNorm``): the
         routing kernel weighting the fused shared slots by the shared gate, and layers/moe.py
-        ``takes_normed_rows``."""
-        return self.gate.rows is not None and takes_normed_rows(
-            self.gate, self.experts, self.shared_expert, x
+        ``takes_normed_rows`` (the shared expert fused: beside the experts its gate reads x itself)."""
+        return (
+            self.gate.rows is not None
+            and FusedShared.of(self.shared_expert, self.experts).count > 0
+            and takes_normed_rows(self.gate, self.experts, None, x)
         )
 
     def _gated_shared(self, x: torch.Tensor) -> torch.Tensor:

@@ -425,13 +425,12 @@ class Step3p5MLP(GatedMLP):
         super().__init__(hidden_size, intermediate_size, "silu", reduce=reduce, what=what)
         self.limit = limit
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.limit is None:
-            return super().forward(x)
-        gate, up = (
-            self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        )
-        return self.down_proj(clamped_swiglu(gate, up, self.limit))
+    @property
+    def gating_fuses(self) -> bool:
+        return self.limit is None
+
+    def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return clamped_swiglu(gate, up, self.limit)
 
 
 class Step3p5MoE(RoutedExperts):
@@ -672,8 +671,9 @@ class Step3p5DecoderLayer(nn.Module):
             mid = fused_decoder.project_add_ready(out, attn.o_proj, rows.stream, post)
             if mlp.limit is None:
                 return fused_decoder.mlp_fused(mlp, mid, post.eps, next_norm)
-            gate, up = fused_decoder.gate_up_normalised(mlp, mid, post.eps)
-            act = clamped_swiglu(gate, up, mlp.limit)  # [num_tokens, inter]
+            act = mlp.gated(
+                *fused_decoder.gate_up_normalised(mlp, mid, post.eps)
+            )  # [num_tokens, inter]
             return fused_decoder.project_add_ready(act, mlp.down_proj, mid.stream, next_norm)
         moe, shared = self.moe, self.share_expert
         return fused_decoder.moe_block_fused(

@@ -235,6 +235,30 @@ def test_a_shared_expert_beside_the_experts_joins_their_combine_on_the_fused_sta
     torch.testing.assert_close(got.sq_parts.sum(0), expected.sq_parts.sum(0))
 
 
+@pytest.mark.parametrize("case", [c for c in STEP_CASES if not STEP_CASES[c][3]])
+@pytest.mark.parametrize("n", [1, 5])
+def test_a_shared_expert_beside_the_experts_reads_the_stream_made_ready_for_the_norm(case, n):
+    """On the fused residual stack the block may read the stream made ready for its norm (layers/moe.py
+    ``RowNorm``: the norm folded into routing and the grouped gate/up): a shared expert that does not fuse reads
+    it through the norm-folding projections too (layers/fused_decoder.py ``mlp_normalised``; a clamped one its
+    gate and up apart, then its clamp), so the norm runs as no launch: the block over norm(stream)."""
+    from outpace.layers.fused_projection import normed_rows
+    from outpace.layers.moe import RowNorm, takes_normed_rows
+
+    limit, shared_limit, width, _ = STEP_CASES[case]
+    moe, shared = step_block(limit, shared_limit, width, seed=40 + n)
+    stream = torch.randn(n, 40, generator=_generator(600 + n)).to(DEVICE)
+    weight, eps = torch.rand(40, generator=_generator(601)).to(DEVICE) + 0.5, 1e-6
+    moe.kernels, moe.gate.kernel = True, True
+    assert takes_normed_rows(moe.gate, moe, shared, stream)
+    with torch.no_grad():
+        normalised = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps) * weight
+        expected = moe(normalised, shared)
+        rows = normed_rows(stream, weight)
+        got = moe(rows.normed, shared, row_norm=RowNorm.of(rows, eps))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_step3p5_routing_kernel_equals_its_torch_routing():
     moe, _ = step_block(None, None, 40, seed=5)
     x = torch.randn(8, 40, generator=_generator(6)).to(DEVICE)

@@ -144,3 +144,30 @@ def test_deepseek_layers_fused_compute_the_eager_forward(
     assert len(caches) == len(ref_caches) == 3
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["v2", "v3-fp8"])
+def test_a_shared_expert_beside_the_experts_reads_the_stream_through_the_norm(
+    variant, checkpoints, monkeypatch
+):
+    """A shared expert that does not fuse with the routed experts (here forced: Kimi-K2-Thinking's bf16 one beside
+    its INT4 experts, layers/moe.py ``FusedShared``) runs beside them on the fused stack: it reads the stream made
+    ready for the post-attention norm through the norm-folding projections (layers/fused_decoder.py
+    ``mlp_normalised``), as the routing and the grouped kernels do, so no norm runs as a module, and the logits
+    and latent caches are the eager path's."""
+    from outpace.layers import moe as moe_module
+
+    path = checkpoints(variant)
+    ref_logits, ref_caches = _decode(path, monkeypatch, False, True)
+    monkeypatch.setattr(moe_module.FusedShared, "of", classmethod(lambda cls, mlp, experts: cls()))
+    beside = []
+    real = fused_decoder.mlp_normalised
+    monkeypatch.setattr(fused_decoder, "mlp_normalised", lambda *a: beside.append(1) or real(*a))
+    norms_run = []
+    logits, caches = _decode(path, monkeypatch, True, True, norms_run)
+    assert (
+        len(beside) == 2 and len(norms_run) == 0
+    )  # (both MoE layers' shared experts; every norm folded)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
