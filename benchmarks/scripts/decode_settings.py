@@ -48,6 +48,7 @@ KNOBS = {
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
+    "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
 }
@@ -157,6 +158,17 @@ SWEEPS = {
             quantized="fp8",
         )
         for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
+    },
+    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles) or off
+    **{
+        f"one_row_wide_{name}_fp8": Sweep(
+            shape, ((1, 512),), ({}, {"one_row_wide_tiles": None}), quantized="fp8"
+        )
+        for name, shape in (
+            ("qwen3next", "qwen3-next-80b-slice"),
+            ("v2", "deepseek-v2-lite"),
+            ("step", "step-3.5-flash-slice"),
+        )
     },
     # each (token, slot) pair a program row of its own up to pairs_apart_max_tokens tokens (moe_kernels.py PAIRS
     # APART, by format); 0: the layout's blocks (one token's one pair a block). (gpu_2026-12-04c call 1 ran these at

@@ -253,6 +253,55 @@ def test_plan_takes_one_row_on_the_cuda_cores_for_quantized_weights_outside_batc
         assert plan(1, 2048, 2048, "fp8_block", 128, device).block_m == 16
 
 
+def test_one_row_of_a_weight_that_fills_the_gpu_takes_the_wide_tiles():
+    """``one_row_wide_tiles`` (8 columns a program, 2048-column K steps, K unsplit) where their column blocks alone
+    give 1.5 programs an SM (4 where K takes two steps or more), at an H200's 132 SMs: Step-3.5's q_proj, Qwen3-Next's
+    in_proj, DeepSeek-V2-Lite's q and o; not Qwen3-Next's out_proj (2048 x 4096), kv_a (576 rows), a K under one step,
+    INT4, two rows, batch-invariant mode or the tiles off."""
+    device = torch.device(DEVICE)
+    wide = quant_matmul_kernel.one_row_wide_tiles
+    with patch.object(quant_matmul_kernel, "num_sms", lambda device: 132):
+        for n, k in ((6144, 4096), (12352, 2048), (3072, 2048), (2048, 2048)):
+            tiles = plan(1, n, k, "fp8_block", 128, device)
+            assert (tiles.block_n, tiles.block_k, tiles.num_warps, tiles.splits) == (
+                wide[0],
+                wide[1],
+                wide[2],
+                1,
+            ), (n, k)
+            assert tiles.k_per_split >= k
+        for m, n, k, fmt in (
+            (1, 2048, 4096, "fp8_block"),
+            (1, 576, 2048, "fp8_block"),
+            (1, 12288, 1024, "fp8_block"),
+            (1, 12288, 2048, "int4_group"),
+            (2, 12288, 2048, "fp8_block"),
+        ):
+            assert plan(m, n, k, fmt, 128, device).block_k != wide[1], (m, n, k, fmt)
+        with forward_settings(True):
+            assert plan(1, 6144, 4096, "fp8_block", 128, device).block_m == 16
+        with patch.object(quant_matmul_kernel, "one_row_wide_tiles", None):
+            assert plan(1, 6144, 4096, "fp8_block", 128, device).block_k != wide[1]
+
+
+@pytest.mark.parametrize("k", [2048, 2100, 4096])
+def test_one_row_over_the_wide_tiles_equals_the_product_on_the_dequantized_weight(k):
+    """The wide tiles' launch (16 scale columns a K step; K = 2100: the second step mostly past the weight), its
+    residual added: F.linear on the dequantized weight plus the residual, every scale column its own."""
+    bn, bk, warps, stages = quant_matmul_kernel.one_row_wide_tiles
+    weight, scale_inv = blocky_fp8(200, k, seed=k, block=(128, 128))
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(1, k, generator=g).to(DEVICE, X_DTYPE)
+    residual = torch.randn(1, 200, generator=g).to(DEVICE, X_DTYPE)
+    tiles = QuantTiles(1, bn, bk, 1, -(-k // bk) * bk, warps, stages)
+    got = quant_matmul(
+        x, weight, scale_inv, "fp8_block", (128, 128), tiles, RowEpilogue(residual=residual)
+    )
+    dense = dequantize_fp8_block(weight, scale_inv, (128, 128))
+    expected = F.linear(x.float(), dense) + residual.float()
+    assert relative_error(got, expected) < TOLERANCE
+
+
 def test_a_k_step_that_does_not_tile_the_scales_is_refused():
     weight, scale_inv = blocky_fp8(64, 256, seed=11)
     x = torch.randn(1, 256, device=DEVICE)

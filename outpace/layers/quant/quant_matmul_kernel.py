@@ -100,6 +100,13 @@ _LINE = 128
 one_row_cuda_cores = True
 one_row_tiles = (16, 512, 2, 1, 8, 1)
 ONE_ROW_MAX_K = 4096
+# ... and for an fp8 weight of at least one K step whose column blocks of these tiles alone give at least 1.5 programs
+# an SM, 4 where K takes more than one step (K is not split): (BN, BK, warps, stages), or None (off). Alone, one call's share of a graph of 8 calls
+# (benchmarks/scripts/fp8_row_conversion.py, gpu_2026-12-04d calls 3 and 4, which agreed within 0.1 us), us against
+# ``one_row_tiles``: Step-3.5's q_proj at tensor parallelism 2 (6144 x 4096) 10.8 / 13.7, Qwen3-Next's in_proj_qkvz
+# (12352 x 2048) 11.5 / 12.2, DeepSeek-V2-Lite's q (3072 x 2048) 5.5 / 6.2 and o (2048 x 2048) 5.0 / 5.6; where K had
+# to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2: 8.0 / 7.2).
+one_row_wide_tiles = (8, 2048, 8, 1)
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
 # on the CUDA cores against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row, gpu_2026-12-04b call 5),
 # us: Kimi-K2's expert gate/up 4096 x 7168 20.0 / 25.6, down 7168 x 2048 14.6 / 16.9, DeepSeek-V3's o 7168 x 16384
@@ -631,6 +638,9 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
     if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
         m = 1
     elif m == 1 and one_row_cuda_cores and k <= one_row_max_k(fmt):
+        wide = _one_row_wide_tiles(n, k, fmt, device)
+        if wide is not None:
+            return wide
         bn, bk, warps, stages, per_sm, min_steps = one_row_tiles
         return few_row_tiles(
             1, n, k, device, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
@@ -661,6 +671,17 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
         num_warps=4,
         num_stages=4 if m <= 32 else 3,
     )
+
+
+def _one_row_wide_tiles(n: int, k: int, fmt: str, device: torch.device) -> QuantTiles | None:
+    """``one_row_wide_tiles`` for one row of an [n, k] fp8 weight where they apply (their comment), else None."""
+    if one_row_wide_tiles is None or fmt == "int4_group":
+        return None
+    bn, bk, warps, stages = one_row_wide_tiles
+    programs, sms = triton.cdiv(n, bn), num_sms(device)
+    if k < bk or 2 * programs < 3 * sms or (k > bk and programs < 4 * sms):
+        return None
+    return QuantTiles(1, bn, bk, 1, triton.cdiv(k, bk) * bk, warps, stages)
 
 
 # From this many weight values (16.8M: a 4096 x 4096 projection) an fp8 product of up to 16 rows takes
