@@ -159,10 +159,13 @@ SWEEPS = {
         )
         for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
     },
-    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles) or off
+    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles, off) or on
     **{
         f"one_row_wide_{name}_fp8": Sweep(
-            shape, ((1, 512),), ({}, {"one_row_wide_tiles": None}), quantized="fp8"
+            shape,
+            ((1, 512),),
+            ({}, {"one_row_wide_tiles": quant_matmul_kernel.ONE_ROW_WIDE_TILES}),
+            quantized="fp8",
         )
         for name, shape in (
             ("qwen3next", "qwen3-next-80b-slice"),

@@ -100,13 +100,16 @@ _LINE = 128
 one_row_cuda_cores = True
 one_row_tiles = (16, 512, 2, 1, 8, 1)
 ONE_ROW_MAX_K = 4096
-# ... and for an fp8 weight of at least one K step whose column blocks of these tiles alone give at least 1.5 programs
-# an SM, 4 where K takes more than one step (K is not split): (BN, BK, warps, stages), or None (off). Alone, one call's share of a graph of 8 calls
-# (benchmarks/scripts/fp8_row_conversion.py, gpu_2026-12-04d calls 3 and 4, which agreed within 0.1 us), us against
+# ... and, when set, for an fp8 weight of at least one K step whose column blocks of these tiles alone give at least 1.5
+# programs an SM (4 where K takes more than one step), K not split: (BN, BK, warps, stages). Alone, one call's share of
+# a graph of 8 calls (benchmarks/scripts/fp8_row_conversion.py, gpu_2026-12-04d calls 3 and 4, which agreed within 0.1 us), us against
 # ``one_row_tiles``: Step-3.5's q_proj at tensor parallelism 2 (6144 x 4096) 10.8 / 13.7, Qwen3-Next's in_proj_qkvz
 # (12352 x 2048) 11.5 / 12.2, DeepSeek-V2-Lite's q (3072 x 2048) 5.5 / 6.2 and o (2048 x 2048) 5.0 / 5.6; where K had
-# to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2: 8.0 / 7.2).
-one_row_wide_tiles = (8, 2048, 8, 1)
+# to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2: 8.0 / 7.2). Off until measured in
+# the decode step, where tiles that won alone have lost before (gpu_2026-12-04: bf16 experts' one-row tiles):
+# decode_settings.py's one_row_wide_*_fp8 sweeps time them against None.
+ONE_ROW_WIDE_TILES = (8, 2048, 8, 1)
+one_row_wide_tiles: tuple[int, int, int, int] | None = None
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
 # on the CUDA cores against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row, gpu_2026-12-04b call 5),
 # us: Kimi-K2's expert gate/up 4096 x 7168 20.0 / 25.6, down 7168 x 2048 14.6 / 16.9, DeepSeek-V3's o 7168 x 16384
