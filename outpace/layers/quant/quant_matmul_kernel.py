@@ -107,7 +107,7 @@ ONE_ROW_MAX_K = 4096
 # (12352 x 2048) 11.5 / 12.2, DeepSeek-V2-Lite's q (3072 x 2048) 5.5 / 6.2 and o (2048 x 2048) 5.0 / 5.6; where K had
 # to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2: 8.0 / 7.2). Off until measured in
 # the decode step, where tiles that won alone have lost before (gpu_2026-12-04: bf16 experts' one-row tiles):
-# decode_settings.py's one_row_wide_*_fp8 sweeps time them against None.
+# decode_settings.py's one_row_wide_*_fp8 sweeps time them against the shipped tiles.
 ONE_ROW_WIDE_TILES = (8, 2048, 8, 1)
 one_row_wide_tiles: tuple[int, int, int, int] | None = None
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
