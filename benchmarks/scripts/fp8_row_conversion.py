@@ -12,7 +12,8 @@
   ``num_stages`` tiles ahead.
 
 If ``bits`` runs near ``int`` and ``cvt`` well above both, the one-row product is bound by the conversions, not by
-memory. Each time is one call's share of a CUDA graph of 8 calls on distinct weights; each program writes its
+memory. (On the H200, gpu_2026-12-04d calls 2-4: ``int`` took as long as ``cvt`` at every shape, ``bits`` no less, and
+``tma`` no less than plain loads: benchmarks/results/gpu_2026-12-04d/README.md.) Each time is one call's share of a CUDA graph of 8 calls on distinct weights; each program writes its
 split's partial sums (no reduction: the same for every mode). A mode's output is checked against the dequantized
 product (``int`` excepted).
 
