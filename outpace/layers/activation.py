@@ -70,12 +70,13 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 # the names of one formula, transformers' GELU-tanh: the gate activation the fused kernels offer beside SiLU
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu_python_tanh", "gelu_accurate", "gelu_fast")
-FUSED_ACTIVATIONS = ("silu", "swish") + GELU_TANH
+SILU = ("silu", "swish")  # the names of SiLU
+FUSED_ACTIVATIONS = SILU + GELU_TANH
 
 
 def act_and_mul(act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """ACTIVATIONS[act](gate) * up, both [..., intermediate]; SiLU on CUDA is one Triton kernel."""
-    if act == "silu" or act == "swish":
+    if act in SILU:
         return silu_and_mul(gate, up)
     return ACTIVATIONS[act](gate) * up
 

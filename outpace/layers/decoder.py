@@ -167,7 +167,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, hidden] -> [n, hidden]. Few rows on the GPU with gate and up packed: their product and the
-        gating in one kernel (layers/fused_projection.py ``project_swiglu``), then down_proj."""
+        gating in one kernel (layers/fused_projection.py ``project_swiglu``; an fp8 weight's quantized product),
+        then down_proj."""
         if (
             self.gating_fuses
             and self.gate_up is not None
@@ -176,8 +177,13 @@ class GatedMLP(nn.Module):
         ):
             from outpace.layers import fused_projection as fp  # (Triton: CUDA installs only)
 
-            if self.act in FUSED_ACTIVATIONS and fp.fused_rows_apply(x, self.gate_up.weight):
-                return self.down_proj(fp.project_swiglu(x, self.gate_up.weight, self.act))
+            w = (
+                self.gate_up.weight
+            )  # (a tensor, or an Fp8Weight: the quantized product gates in its store)
+            if self.act in FUSED_ACTIVATIONS and (
+                fp.fused_rows_apply(x, w) or fp.quantized_rows_apply(x, w)
+            ):
+                return self.down_proj(fp.project_swiglu(x, w, self.act))
         gate, up = (
             self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
         )

@@ -70,7 +70,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH, act_and_mul
+from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH, SILU, act_and_mul
 from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.fp8_weight import Fp8Weight
@@ -846,8 +846,8 @@ def _quantized_launch(
 ) -> torch.Tensor:
     """``_launch`` for an fp8 weight on the normal path (``quantized_rows_apply``): the split-K quantized product
     (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than the fused kernels' stream,
-    with the input norm's factor, relu^2, the residual add and the next norm's readying done in its store
-    (``RowEpilogue``); SwiGLU's [gate | up] products gated by a launch of their own after it."""
+    with the input norm's factor, relu^2, the residual add, the next norm's readying or SiLU's gating of the
+    [gate | up] products done in its store (``RowEpilogue``); GELU-tanh's gating is a launch of its own after it."""
 
     def product(into: torch.Tensor, **finish) -> torch.Tensor:
         return quant_matmul(
@@ -860,6 +860,8 @@ def _quantized_launch(
             out=into,
         )
 
+    if epilogue == _SWIGLU.value and act in SILU:
+        return product(out, swiglu=True)
     if epilogue == _SWIGLU.value:
         raw = product(torch.empty(x.shape[0], 2 * half, dtype=x.dtype, device=x.device))
         return act_and_mul(act, raw[:, :half], raw[:, half:])

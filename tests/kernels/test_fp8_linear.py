@@ -305,6 +305,53 @@ def test_one_row_over_the_wide_tiles_equals_the_product_on_the_dequantized_weigh
     assert relative_error(got, expected) < TOLERANCE
 
 
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_swiglu_epilogue_gates_gate_and_up_as_the_silu_launch_after_the_product(m, split):
+    """``RowEpilogue.swiglu``: a weight of 200 gate rows then 200 up rows (the up rows start inside a scale block's
+    rows; K = 300 in 128-column blocks), the input norm's factor folded in, one row (ONE-ROW) and three, K split
+    or not: the product then layers/fused_kernels.py's SiLU launch, in one launch (on the GPU, its bits)."""
+    from outpace.layers.activation import silu_and_mul
+
+    inter, k = 200, 300
+    weight, scale_inv = blocky_fp8(2 * inter, k, seed=40 + m)
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn(m, k, generator=g).to(DEVICE, X_DTYPE)
+    sq = (torch.rand(4, m, generator=g) * k).to(DEVICE)  # the input norm's partial sums of squares
+    tiles = plan(m, 2 * inter, k, "fp8_block", 128, torch.device(DEVICE))
+    if not split:
+        tiles = QuantTiles(tiles.block_m, 16, 128, 1, 384, tiles.num_warps, tiles.num_stages)
+    norm = RowEpilogue(row_norm=(sq, 1e-5))
+    both = quant_matmul(x, weight, scale_inv, "fp8_block", (128, 128), tiles, norm)
+    expected = silu_and_mul(both[:, :inter], both[:, inter:])
+    gated = RowEpilogue(row_norm=(sq, 1e-5), swiglu=True)
+    got = quant_matmul(x, weight, scale_inv, "fp8_block", (128, 128), tiles, gated)
+    assert got.shape == (m, inter)
+    if DEVICE == "cuda":
+        assert torch.equal(got, expected)
+    else:  # (the interpreter's exp is numpy's, torch's silu its own)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+    dense = dequantize_fp8_block(weight, scale_inv, (128, 128))
+    gate, up = (F.linear(x.float(), dense) * torch.rsqrt(sq.sum(0) / k + 1e-5)[:, None]).chunk(
+        2, -1
+    )
+    assert relative_error(got, F.silu(gate) * up) < TOLERANCE
+
+
+def test_a_swiglu_epilogue_takes_an_even_number_of_rows_and_the_input_norm_only():
+    weight, scale_inv = blocky_fp8(64, 256, seed=12)
+    x = torch.randn(1, 256, device=DEVICE, dtype=X_DTYPE)
+    for bad in (
+        dict(weight=weight[:63]),
+        dict(epilogue=RowEpilogue(swiglu=True, residual=torch.zeros(1, 64, device=DEVICE))),
+    ):
+        args = dict(weight=weight, epilogue=RowEpilogue(swiglu=True)) | bad
+        with pytest.raises(ValueError, match="SwiGLU epilogue"):
+            quant_matmul(
+                x, args["weight"], scale_inv, "fp8_block", BLOCK, epilogue=args["epilogue"]
+            )
+
+
 def test_a_k_step_that_does_not_tile_the_scales_is_refused():
     weight, scale_inv = blocky_fp8(64, 256, seed=11)
     x = torch.randn(1, 256, device=DEVICE)

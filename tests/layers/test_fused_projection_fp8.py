@@ -147,6 +147,27 @@ def test_norm_project_swiglu_over_fp8_is_norm_gate_up_then_silu_mul(invariant):
     _close(out, F.silu(gate) * up)
 
 
+def test_the_quantized_product_gates_silu_in_its_store_and_gelu_after_it(monkeypatch):
+    """On the normal path SiLU's gating is the quantized product's epilogue (``RowEpilogue.swiglu``): no launch
+    of its own; GELU-tanh's still is one (its bits are torch's)."""
+    from outpace.layers import fused_projection
+
+    inter, k = 200, 300
+    w, dense = block_fp8(2 * inter, k, seed=21)
+    x, nw = _rand(3, k, seed=22), _rand(k, seed=23)
+    gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], dense).chunk(2, dim=-1)
+    rows = normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE))
+    gated = []
+    real = fused_projection.act_and_mul
+    monkeypatch.setattr(fused_projection, "act_and_mul", lambda *a: gated.append(a[0]) or real(*a))
+    _close(norm_project_swiglu(rows, EPS, w), F.silu(gate) * up)
+    _close(
+        norm_project_swiglu(rows, EPS, w, act="gelu_pytorch_tanh"),
+        F.gelu(gate, approximate="tanh") * up,
+    )
+    assert gated == ["gelu_pytorch_tanh"]
+
+
 @pytest.mark.parametrize(
     "invariant,qk_norm,rotated_part",
     [(True, False, 1), (False, False, 1), (False, True, 1), (False, True, 2)],

@@ -7,7 +7,8 @@ tiles, 64 columns a program over 256-column K steps, 3 stages, K split), a 512-c
 128-column scales (the settings sweep's widest, benchmarks/scripts/quant_matmul_settings.py) and an unsplit
 launch (Llama-8B's gate_up 28672 x 4096 at one program an SM), and two of the fused residual stack's epilogues
 (``RowEpilogue``: the residual add and the next norm readied; the input norm's factor), each over two tokens;
-and one token's launch (ONE-ROW: the plan's one-row tile) with the first epilogue. Each must compile, keep its
+and one token's launch (ONE-ROW: the plan's one-row tile) with the first epilogue; SiLU's gating in the store
+(``RowEpilogue.swiglu``) at one row and two. Each must compile, keep its
 registers (ptxas -v: no spills) and, launched with programmatic dependent launch, prefetch its first weight
 lines into L2 before it waits; the 16-row tiles stream the weight through cp.async and multiply with mma.sync
 (under wgmma's M of 64, the weight read from shared memory into registers and dequantized there), the one-row
@@ -95,6 +96,15 @@ for rows in (1, 8):
         )
     print(f"int4_{rows}", all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
 
+# SiLU's gating in the store (RowEpilogue.swiglu) over Step-3.5's shared expert (2 x 1280 rows of 4096), the input norm's
+# factor folded in, at one row (ONE-ROW) and two (the 16-row tiles): it compiles and keeps its registers
+for rows in (1, 2):
+    gated = lambda n, k, m: qm.RowEpilogue(row_norm=(torch.empty(64, m), 1e-6), swiglu=True)
+    (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], launch(2560, 4096, gated, rows=rows))["_quant_matmul_kernel"]
+    compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
+    ok = kwargs["SWIGLU"] and (kwargs["BM"] == 1) == (rows == 1)
+    print(f"swiglu_{rows}", ok and "0 bytes spill stores" in ptxas_report(compiled))
+
 for name, (run, expected) in cases.items():
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
     compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
@@ -120,5 +130,16 @@ for name, (run, expected) in cases.items():
 def test_quant_matmul_launches_compile_for_sm90(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ("int4_1", "int4_8", "plan", "bk512", "unsplit", "ready", "row_norm", "one_row")
+    names = (
+        "int4_1",
+        "int4_8",
+        "swiglu_1",
+        "swiglu_2",
+        "plan",
+        "bk512",
+        "unsplit",
+        "ready",
+        "row_norm",
+        "one_row",
+    )
     assert done.stdout.split() == [w for n in names for w in (n, "True")]

@@ -44,7 +44,8 @@ bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on th
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
 layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
 input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times the
-norm's scale and one partial sum of squares a column block). The program that stores a tile does it (with K
+norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU (a
+program's columns half gate rows, half the up rows of the same outputs). The program that stores a tile does it (with K
 split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads nothing twice.
 
 Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
@@ -470,15 +471,22 @@ def _quant_matmul_kernel(
     RELU2: tl.constexpr,
     RESIDUAL: tl.constexpr,
     NEXT_NORM: tl.constexpr,
+    SWIGLU: tl.constexpr,  # the weight is [gate | up]: out [M, N / 2] = silu(gate) * up (``RowEpilogue.swiglu``)
     BLOCK_P: tl.constexpr,  # num_sq_parts padded to a power of two (ROW_NORM)
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
     split's columns of K; row tiles on the grid's fast axis, so the programs sharing a weight tile run
-    together and read it from L2. The tile's epilogue (``RowEpilogue``) runs on its whole product."""
+    together and read it from L2. The tile's epilogue (``RowEpilogue``) runs on its whole product. With
+    SWIGLU a program's columns are BN / 2 gate rows and the up rows of the same outputs."""
     row_tile, col_block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = row_tile * BM + tl.arange(0, BM)  # [BM]
-    cols = col_block * BN + tl.arange(0, BN)  # [BN]
-    n_ok = cols < N
+    if SWIGLU:  # gate rows j, then up rows N / 2 + j, for the outputs j of this block
+        outs = col_block * (BN // 2) + tl.arange(0, BN) % (BN // 2)  # [BN]
+        cols = outs + (tl.arange(0, BN) >= BN // 2) * (N // 2)
+        n_ok = outs < N // 2
+    else:
+        cols = col_block * BN + tl.arange(0, BN)  # [BN]
+        n_ok = cols < N
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn  # [BN, 1]
     s_rows = scale_rows(s_ptr, cols, stride_sn, FORMAT, SCALE_BN)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
@@ -544,9 +552,12 @@ def _quant_matmul_kernel(
         if RESIDUAL:
             res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :]
             total += tl.load(res_ptrs, mask=out_mask, other=0.0).to(tl.float32)
-        out = total.to(out_ptr.dtype.element_ty)
-        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-        tl.store(out_ptrs, out, mask=out_mask)
+        if SWIGLU:
+            _store_swiglu(total, out_ptr, rows, col_block, M, N // 2, stride_om, BM, BN // 2)
+        else:
+            out = total.to(out_ptr.dtype.element_ty)
+            out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+            tl.store(out_ptrs, out, mask=out_mask)
         # the stream as stored, made ready for the next norm (layers/fused_projection.py NormedRows)
         if NEXT_NORM:
             s = tl.where(out_mask, out.to(tl.float32), 0.0)
@@ -559,6 +570,33 @@ def _quant_matmul_kernel(
                 mask=out_mask,
             )
             tl.store(sq_out_ptr + col_block * M + rows, tl.sum(s * s, axis=1), mask=rows < M)
+
+
+@triton.jit
+def _store_swiglu(
+    total,  # [BM, 2 * H] float32: the tile's gate products, then its up products
+    out_ptr,  # [M, half], written
+    rows,  # [BM]
+    col_block,
+    M,
+    half,  # the outputs (the weight's rows / 2)
+    stride_om,
+    BM: tl.constexpr,
+    H: tl.constexpr,
+):
+    """silu(gate) * up of the tile's outputs, rounded as the product's store and layers/fused_kernels.py's
+    ``_silu_and_mul_kernel`` round them (gate and up to out's dtype, silu to it, the product to it): the bits of
+    the two launches it replaces."""
+    gate, up = tl.split(tl.permute(tl.reshape(total, (BM, 2, H)), (0, 2, 1)))  # [BM, H] each
+    dtype = out_ptr.dtype.element_ty
+    g = gate.to(dtype).to(tl.float32)
+    silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(dtype).to(tl.float32)
+    outs = col_block * H + tl.arange(0, H)  # [H]
+    tl.store(
+        out_ptr + rows.to(tl.int64)[:, None] * stride_om + outs[None, :],
+        (silu * up.to(dtype).to(tl.float32)).to(dtype),
+        mask=(rows < M)[:, None] & (outs < half)[None, :],
+    )
 
 
 @triton.jit
@@ -605,12 +643,15 @@ class RowEpilogue:
     residual: [M, N] (unit column stride) added;
     next_norm: (weight [N], offset, normed [M, N], sq_parts [column blocks, M] float32), both outputs
       contiguous and written: the result made ready for the RMSNorm of scale offset + weight that reads it
-      next, one part of its sums of squares a column block (``column_blocks``)."""
+      next, one part of its sums of squares a column block (``column_blocks``);
+    swiglu: the weight [2 * I, K] is gate rows then up rows, and the output [M, I] is silu(gate) * up (with the
+      input norm's factor at most), as the product then layers/fused_kernels.py's SwiGLU launch round it."""
 
     row_norm: tuple[torch.Tensor, float] | None = None
     relu2: bool = False
     residual: torch.Tensor | None = None
     next_norm: tuple[torch.Tensor, float, torch.Tensor, torch.Tensor] | None = None
+    swiglu: bool = False
 
 
 @dataclass(frozen=True)
@@ -749,8 +790,8 @@ def quant_matmul(
     epilogue: RowEpilogue | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype (into ``out`` [M, N], rows of any
-    stride, when given), W the weight ``weight`` with ``scale`` in format ``fmt`` (module docstring),
+    """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype ([M, N / 2] with
+    ``epilogue.swiglu``; into ``out``, rows of any stride, when given), W the weight ``weight`` with ``scale`` in format ``fmt`` (module docstring),
     ``scale_block`` the (rows, columns) one scale covers: (bn, bk) for fp8_block, (1, group) for int4_group,
     unused for fp8_tensor; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
     The callers (fp8_linear_kernel.py, int4_linear_kernel.py, layers/fused_projection.py) check the shapes."""
@@ -762,8 +803,13 @@ def quant_matmul(
         raise ValueError(
             f"an epilogue finishes a few-row product (at most {FEW_ROWS} rows), not {m}"
         )
+    swiglu = epilogue is not None and epilogue.swiglu
+    if swiglu and (n % 2 or epilogue.relu2 or epilogue.residual is not None or epilogue.next_norm):
+        raise ValueError(
+            f"a SwiGLU epilogue gates an even number of rows ({n}: gate, then up), with the input norm at most"
+        )
     if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(m, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -908,6 +954,7 @@ def _launch(
         RELU2=epilogue.relu2,
         RESIDUAL=epilogue.residual is not None,
         NEXT_NORM=epilogue.next_norm is not None,
+        SWIGLU=epilogue.swiglu,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if epilogue.row_norm is not None else 1,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
