@@ -1574,12 +1574,8 @@ def norm_project_qkv_gate(
     are an attention output gate's (Step-3.5's head-wise gate), or with ``interleaved`` [q head 0 | gate
     head 0 | q head 1 | ... | k | v] (Qwen3-Next's q_proj: a gate as wide as q, ``gate_size`` = q_size): the
     gate's rows ride in the plain projection's launch (always the two-kernel path), so the gate costs no
-    launch of its own. Returns q [M, q_size] and the gate's products (float32, a view): [M, gate_size], or
-    interleaved [M, heads, head_dim]."""
-    if isinstance(weight, Fp8Weight):
-        raise ValueError(
-            "norm_project_qkv_gate reads a half-precision weight (an fp8 one: norm_project_qkv)"
-        )
+    launch of its own. Returns q [M, q_size] and the gate's products (a view; float32, or x's dtype from an fp8
+    weight's quantized product): [M, gate_size], or interleaved [M, heads, head_dim]."""
     if interleaved and gate_size != q_size:
         raise ValueError(f"an interleaved gate is as wide as q ({q_size}), not {gate_size}")
     x = rows.normed if isinstance(rows, NormedRows) else rows
@@ -1641,10 +1637,18 @@ def _project_then_heads(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``norm_project_qkv``'s two-kernel path: the projection of every row of ``weight`` ([q | k | v], and
     any rows after them; with ``q_gated`` each q head's rows followed by its gate head's) into ``raw`` [M,
-    weight rows], then ``_qkv_heads_kernel`` over q, k and v's heads. Returns (q, raw)."""
+    weight rows], then ``_qkv_heads_kernel`` over q, k and v's heads. Returns (q, raw). An fp8 weight's
+    quantized product leaves the input norm's factor to the heads kernel, unless rows beyond q/k/v's (a gate)
+    are returned raw: then its store applies it (``RowEpilogue.row_norm``), to every row."""
     q = torch.empty(x.shape[0], heads.q_size, dtype=x.dtype, device=x.device)
     quantized = _quantized_product(weight)
-    if quantized:  # the quantized product (layers/quant/quant_matmul_kernel.py), then the heads
+    gated = q_gated or weight.shape[0] > heads.q_size + 2 * heads.kv_size
+    if quantized and gated and norm is not None:  # the norm in the product's store, then the heads
+        raw = quant_matmul(
+            x, weight.weight, weight.scale, "fp8_block", weight.block, epilogue=RowEpilogue(norm)
+        )  # [M, weight rows] in x's dtype
+        norm = None
+    elif quantized:  # the quantized product (layers/quant/quant_matmul_kernel.py), then the heads
         raw = weight.project(x)  # [M, weight rows] in x's dtype
     else:
         raw = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)

@@ -89,7 +89,6 @@ from outpace.layers.moe import (
     takes_normed_rows,
 )
 from outpace.layers.norm import Float32RMSNorm
-from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.recurrent import rows_alone
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -266,9 +265,10 @@ class GatedAttention(nn.Module):
         query head beside its gate head) read the stream through the norm-folding kernel; where the
         attention reads the cache the kernels write, one more launch does the heads (the (1 + w) head norms,
         the partial RoPE, the cache write) and the attention applies the gate as it stores its output
-        (layers/fused_sandwich.py ``attend_fused_qkv_gate``), else ``attend`` does."""
+        (layers/fused_sandwich.py ``attend_fused_qkv_gate``; an fp8 weight's quantized product folding the norm
+        into its store), else ``attend`` does."""
         weight, d = self.qkv.weight, self.head_dim
-        if isinstance(weight, Fp8Weight) or d & (d - 1) or self.attn.fused_write_target() is None:
+        if d & (d - 1) or self.attn.fused_write_target() is None:
             q_gate, k, v = project_normalised(rows, eps, weight).split(self.qkv.sizes, dim=-1)
             return self.attend(positions, q_gate, k, v)
         q_size = self.qkv.sizes[0] // 2

@@ -558,14 +558,15 @@ class Step3p5Attention(nn.Module):
         [num_tokens, hidden], or (``reads_rows``) the stream made ready for the input norm of eps ``eps``.
         One projection kernel for q/k/v and the head-wise gate packed in half precision, then the per-head
         kernel (zero-centred head norms, RoPE, the cache write), then attention storing its output gated
-        (layers/fused_sandwich.py ``attend_fused_qkv_gate``). A gate stored apart (or block FP8) is
-        projected in a launch of its own, then applied by the attention's launch as well
-        (``attend_fused_qkv``'s ``out_gate``)."""
+        (layers/fused_sandwich.py ``attend_fused_qkv_gate``; in block FP8 the quantized product, which folds
+        the input norm into its store). A gate stored apart (Step-3.5-Flash-FP8's bf16 g_proj) is projected in
+        a launch of its own, then applied by the attention's launch as well (``attend_fused_qkv``'s
+        ``out_gate``)."""
         sizes = self.in_proj.sizes
         weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight of them)
         fp8 = isinstance(weight, Fp8Weight)
         kernel_rows = fused_decoder.kernel_rows(rows)
-        if self.g_proj is not None and self._packs_gate() and not fp8:
+        if self.g_proj is not None and self._packs_gate():
             return attend_fused_qkv_gate(
                 self, positions, kernel_rows, eps, weight, sizes[0], sizes[3]
             )  # [num_tokens, heads * head_dim]

@@ -17,6 +17,7 @@ from outpace.layers.fused_projection import (  # noqa: E402
     _fp8_block_k,
     norm_project,
     norm_project_qkv,
+    norm_project_qkv_gate,
     norm_project_swiglu,
     normed_rows,
     project_add,
@@ -211,6 +212,44 @@ def test_norm_project_qkv_over_fp8_rotates_and_writes_the_cache(invariant, qk_no
     _close(out, q_ref.reshape(m, q_size))
     _close(caches[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(caches[1].view(-1, kv_size)[slots], v)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["gate_after_v", "gate_beside_q"])
+@pytest.mark.parametrize("invariant", [False, True], ids=["quantized_product", "fused_kernel"])
+def test_norm_project_qkv_gate_over_fp8_is_its_dequantized_weights(interleaved, invariant):
+    """An attention output gate's rows in q/k/v's projection over an fp8 weight (Qwen3-Next-FP8's q_proj: a
+    gate head beside each query head; or after v): the quantized product folds the input norm's factor into
+    its store (the gate's products come out whole), the heads kernel does the rest; q, the cache writes and the
+    gate as over the dequantized weight. In batch-invariant mode the fused kernel's fp8 stream."""
+    m, heads, kv_heads, head_dim = 3, 4, 2, 64
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    gate_size = q_size if interleaved else heads
+    w, dense = block_fp8(q_size + 2 * kv_size + gate_size, 200, seed=24)
+    x, nw = _rand(m, 200, seed=25), _rand(200, seed=26)
+    qn, kn = _rand(head_dim, seed=27), _rand(head_dim, seed=28)
+    rotary = RotaryEmbedding(head_dim // 2, 512, 10000.0, None)  # (partial rotary)
+    positions, slots = torch.tensor([5, 100, 511]), torch.tensor([7, 0, 12])
+    args = (head_dim, q_size, gate_size, positions.to(DEVICE), rotary.cos.to(DEVICE))
+    args += (rotary.sin.to(DEVICE),)
+    outs = []
+    for weight in (w, dense.to(DEVICE, torch.float32)):
+        caches = [
+            torch.zeros(4, 4, kv_heads, head_dim, dtype=_dtype(), device=DEVICE) for _ in "kv"
+        ]
+        with forward_settings(batch_invariant=invariant):
+            q, gate = norm_project_qkv_gate(
+                normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE)),
+                EPS,
+                weight,
+                *args,
+                *caches,
+                slots.to(DEVICE),
+                qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS),
+                interleaved=interleaved,
+            )
+        outs.append((q, gate.float(), *caches))
+    for got, want in zip(*outs):
+        _close(got, want)
 
 
 def test_rows_of_an_fp8_weight_keep_their_scales():

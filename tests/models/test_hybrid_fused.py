@@ -265,17 +265,24 @@ def test_moe_blocks_on_the_kernels_read_the_stream_through_their_norm(tmp_path, 
     assert fused_norms == []
 
 
-@pytest.mark.parametrize("form", ["decode", "verify of 3"])
-def test_gated_attention_takes_its_heads_from_one_kernel(form, tmp_path, monkeypatch):
+@pytest.mark.parametrize("form,fp8", [("decode", False), ("verify of 3", False), ("decode", True)])
+def test_gated_attention_takes_its_heads_from_one_kernel(form, fp8, tmp_path, monkeypatch):
     """Qwen3-Next's gated attention over a power-of-two head_dim, fused: q/k/v and the gate heads beside
     the query heads in one projection launch, the (1 + w) head norms, the partial RoPE and the cache write in
     the per-head kernel (layers/fused_projection.py ``norm_project_qkv_gate``, interleaved): the eager
-    step's logits, KV and states."""
+    step's logits, KV and states. In fp8 (every projection, as bench/families.py --quantized fp8 lays
+    Qwen3-Next out) the quantized product folds the input norm into its store and the heads kernel follows,
+    where the eager attention (four launches more) ran before."""
     from outpace.layers import fused_projection
 
     path = save_hybrid(
         make_hybrid("qwen3_next", head_dim=16, **TWO_LAYERS), tmp_path / "qwen3_next"
     )
+    if fp8:
+        config = block_fp8_config((8, 16))
+        path, _ = write_quantized(
+            path, tmp_path, "fp8_block", is_projection, config, torch.bfloat16
+        )
     want = _served_step(path, monkeypatch, False, form, triton_attention=True)
     calls, real = [], fused_projection.norm_project_qkv_gate
     monkeypatch.setattr(
