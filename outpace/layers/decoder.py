@@ -177,9 +177,8 @@ class GatedMLP(nn.Module):
         ):
             from outpace.layers import fused_projection as fp  # (Triton: CUDA installs only)
 
-            w = (
-                self.gate_up.weight
-            )  # (a tensor, or an Fp8Weight: the quantized product gates in its store)
+            # (a tensor, or an Fp8Weight: its quantized product gates in its store)
+            w = self.gate_up.weight
             if self.act in FUSED_ACTIVATIONS and (
                 fp.fused_rows_apply(x, w) or fp.quantized_rows_apply(x, w)
             ):

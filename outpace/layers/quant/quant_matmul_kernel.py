@@ -44,9 +44,10 @@ bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on th
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
 layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
 input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times the
-norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU (a
-program's columns half gate rows, half the up rows of the same outputs). The program that stores a tile does it (with K
-split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads nothing twice.
+norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU
+(a program's columns half gate rows, half the up rows of the same outputs). The program that stores a tile does
+it (with K split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads nothing
+twice.
 
 Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
 the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
@@ -101,14 +102,14 @@ _LINE = 128
 one_row_cuda_cores = True
 one_row_tiles = (16, 512, 2, 1, 8, 1)
 ONE_ROW_MAX_K = 4096
-# ... and, when set, for an fp8 weight of at least one K step whose column blocks of these tiles alone give at least 1.5
-# programs an SM (4 where K takes more than one step), K not split: (BN, BK, warps, stages). Alone, one call's share of
-# a graph of 8 calls (benchmarks/scripts/fp8_row_conversion.py, gpu_2026-12-04d calls 3 and 4, which agreed within 0.1 us), us against
-# ``one_row_tiles``: Step-3.5's q_proj at tensor parallelism 2 (6144 x 4096) 10.8 / 13.7, Qwen3-Next's in_proj_qkvz
-# (12352 x 2048) 11.5 / 12.2, DeepSeek-V2-Lite's q (3072 x 2048) 5.5 / 6.2 and o (2048 x 2048) 5.0 / 5.6; where K had
-# to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2: 8.0 / 7.2). Off until measured in
-# the decode step, where tiles that won alone have lost before (gpu_2026-12-04: bf16 experts' one-row tiles):
-# decode_settings.py's one_row_wide_*_fp8 sweeps time them against the shipped tiles.
+# ... and, when set, for an fp8 weight of at least one K step whose column blocks of these tiles alone give at least
+# 1.5 programs an SM (4 where K takes more than one step), K not split: (BN, BK, warps, stages). Alone, one call's
+# share of a graph of 8 calls (benchmarks/scripts/fp8_row_conversion.py, gpu_2026-12-04d calls 3 and 4, which agreed
+# within 0.1 us), us against ``one_row_tiles``: Step-3.5's q_proj at tensor parallelism 2 (6144 x 4096) 10.8 / 13.7,
+# Qwen3-Next's in_proj_qkvz (12352 x 2048) 11.5 / 12.2, DeepSeek-V2-Lite's q (3072 x 2048) 5.5 / 6.2 and o (2048 x
+# 2048) 5.0 / 5.6; where K had to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2:
+# 8.0 / 7.2). Off until measured in the decode step, where tiles that won alone have lost before (gpu_2026-12-04:
+# bf16 experts' one-row tiles): decode_settings.py's one_row_wide_*_fp8 sweeps time them against the shipped tiles.
 ONE_ROW_WIDE_TILES = (8, 2048, 8, 1)
 one_row_wide_tiles: tuple[int, int, int, int] | None = None
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
@@ -791,7 +792,8 @@ def quant_matmul(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype ([M, N / 2] with
-    ``epilogue.swiglu``; into ``out``, rows of any stride, when given), W the weight ``weight`` with ``scale`` in format ``fmt`` (module docstring),
+    ``epilogue.swiglu``; into ``out``, rows of any stride, when given), W the weight ``weight`` with ``scale``
+    in format ``fmt`` (module docstring),
     ``scale_block`` the (rows, columns) one scale covers: (bn, bk) for fp8_block, (1, group) for int4_group,
     unused for fp8_tensor; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
     The callers (fp8_linear_kernel.py, int4_linear_kernel.py, layers/fused_projection.py) check the shapes."""
@@ -806,7 +808,8 @@ def quant_matmul(
     swiglu = epilogue is not None and epilogue.swiglu
     if swiglu and (n % 2 or epilogue.relu2 or epilogue.residual is not None or epilogue.next_norm):
         raise ValueError(
-            f"a SwiGLU epilogue gates an even number of rows ({n}: gate, then up), with the input norm at most"
+            f"a SwiGLU epilogue gates an even number of rows ({n}: gate, then up), with the input norm at"
+            " most"
         )
     if out is None:
         out = torch.empty(m, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
