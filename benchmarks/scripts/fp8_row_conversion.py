@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -31,7 +32,9 @@ import triton.language as tl
 from triton.testing import do_bench
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-CALLS = 8
+sys.path.insert(0, str(Path(__file__).parent))
+from fp8_projection_settings import CALLS, graph_us  # noqa: E402 (this directory's)
+
 GROUP = 128  # columns a block-FP8 scale covers
 MODES = ("cvt", "int")  # (and "bits", which call 2 of gpu_2026-12-04d found no faster than "cvt")
 SHAPES = {  # name: (N, K)
@@ -139,17 +142,6 @@ def _row_tma_kernel(
     tl.store(partial_ptr + split * N + cols, tl.sum(acc, axis=1), mask=n_ok)
 
 
-def run_tma(
-    x, desc, s, partial, mode: str, bn: int, bk: int, warps: int, stages: int, splits: int
-) -> None:
-    n, k = desc.shape
-    steps_per_split = triton.cdiv(triton.cdiv(k, bk), splits)
-    _row_tma_kernel[(triton.cdiv(n, bn), splits)](
-        x, desc, s, partial, n, k, s.stride(0), steps_per_split * bk,
-        MODE=mode, BN=bn, GROUPS=bk // GROUP, GROUP=GROUP, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-
-
 def splits_for(n: int, k: int, bn: int, bk: int, per_sm: int = 8) -> int:
     """About ``per_sm`` programs an SM (quant_matmul_kernel.py ``few_row_tiles``, at least one K step a split)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -158,23 +150,39 @@ def splits_for(n: int, k: int, bn: int, bk: int, per_sm: int = 8) -> int:
     return triton.cdiv(steps, triton.cdiv(steps, min(steps, wanted)))
 
 
-def run(
-    x, w, s, partial, mode: str, bn: int, bk: int, warps: int, stages: int, splits: int
-) -> None:
-    n, k = w.shape
+def run(kernel, x, w, s, partial, mode: str, tiles: tuple[int, int, int, int], splits: int) -> None:
+    """``kernel`` (``_row_kernel`` over w [N, K] int8, ``_row_tma_kernel`` over a descriptor of it) at tiles
+    (BN, BK, warps, stages), K in ``splits`` splits."""
+    (n, k), (bn, bk, warps, stages) = w.shape, tiles
     steps_per_split = triton.cdiv(triton.cdiv(k, bk), splits)
-    _row_kernel[(triton.cdiv(n, bn), splits)](
+    kernel[(triton.cdiv(n, bn), splits)](
         x, w, s, partial, n, k, s.stride(0), steps_per_split * bk,
         MODE=mode, BN=bn, GROUPS=bk // GROUP, GROUP=GROUP, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
-def graph_us(calls) -> float:
-    calls()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    return do_bench(graph.replay, return_mode="median") * 1e3 / CALLS
+def sweep(row: dict, label: str, kernel, weights: list, scales: dict, x, ref, tiles, splits: int):
+    """Each mode of ``kernel`` at ``tiles`` over ``weights`` (one per call of the graph): us a call into row["us"],
+    after checking the first call's output against ``ref`` (``int`` excepted)."""
+    n = weights[0].shape[0]
+    partial = torch.empty(splits, n, device="cuda")
+    for mode in MODES:
+        key = f"{label}{mode} {tiles} x{splits}"
+        try:
+            run(kernel, x, weights[0], scales[mode], partial, mode, tiles, splits)
+        except Exception as e:  # noqa: BLE001 (a tile that does not fit)
+            print(f"  {key}: {type(e).__name__} {e}"[:300], flush=True)
+            continue
+        if mode != "int":
+            err = ((partial.sum(0) - ref).norm() / ref.norm()).item()
+            if not err < 1e-3:
+                print(f"  {key}: wrong output (relative error {err:.3g})", flush=True)
+                continue
+        row["us"][key] = graph_us(
+            lambda m=mode: [
+                run(kernel, x, w, scales[m], partial, m, tiles, splits) for w in weights
+            ]
+        )
 
 
 def kernel_us(x, q, scale, ref, tiles) -> float | None:
@@ -227,41 +235,12 @@ def main(out: str) -> None:
             if t is not None:
                 row["us"][f"kernel ({bn}, {bk}, {warps}, {stages})"] = t
             splits = splits_for(n, k, bn, bk)
-            partial = torch.empty(splits, n, device="cuda")
-            for mode in MODES:
-                key = f"{mode} ({bn}, {bk}, {warps}, {stages}) x{splits}"
-                run(x, weights[0], scales[mode], partial, mode, bn, bk, warps, stages, splits)
-                if mode != "int":
-                    err = ((partial.sum(0) - ref).norm() / ref.norm()).item()
-                    if not err < 1e-3:
-                        print(f"  {key}: wrong output (relative error {err:.3g})", flush=True)
-                        continue
-                row["us"][key] = graph_us(
-                    lambda m=mode, p=partial: [
-                        run(x, w, scales[m], p, m, bn, bk, warps, stages, splits) for w in weights
-                    ]
-                )
+            sweep(row, "", _row_kernel, weights, scales, x, ref, (bn, bk, warps, stages), splits)
         for bn, bk, warps, stages, per_sm in TMA_TILES:
-            splits = splits_for(n, k, bn, bk, per_sm)
-            partial = torch.empty(splits, n, device="cuda")
             descs = [TensorDescriptor.from_tensor(w, [bn, bk]) for w in weights]
-            for mode in MODES:
-                key = f"tma {mode} ({bn}, {bk}, {warps}, {stages}) x{splits}"
-                try:
-                    run_tma(x, descs[0], scales[mode], partial, mode, bn, bk, warps, stages, splits)
-                except Exception as e:  # noqa: BLE001 (a tile that does not fit)
-                    print(f"  {key}: {type(e).__name__} {e}"[:300], flush=True)
-                    continue
-                if mode != "int":
-                    err = ((partial.sum(0) - ref).norm() / ref.norm()).item()
-                    if not err < 1e-3:
-                        print(f"  {key}: wrong output (relative error {err:.3g})", flush=True)
-                        continue
-                row["us"][key] = graph_us(
-                    lambda m=mode, p=partial: [
-                        run_tma(x, d, scales[m], p, m, bn, bk, warps, stages, splits) for d in descs
-                    ]
-                )
+            splits = splits_for(n, k, bn, bk, per_sm)
+            tiles = (bn, bk, warps, stages)
+            sweep(row, "tma ", _row_tma_kernel, descs, scales, x, ref, tiles, splits)
         rows.append(row)
         line = " | ".join(f"{key} {t:6.2f}" for key, t in row["us"].items())
         print(f"{name:>34} floor {floor:5.2f} | {line}", flush=True)
