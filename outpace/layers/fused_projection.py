@@ -850,15 +850,7 @@ def _quantized_launch(
     [gate | up] products done in its store (``RowEpilogue``); GELU-tanh's gating is a launch of its own after it."""
 
     def product(into: torch.Tensor, **finish) -> torch.Tensor:
-        return quant_matmul(
-            x,
-            weight.weight,
-            weight.scale,
-            "fp8_block",
-            weight.block,
-            epilogue=RowEpilogue(row_norm=norm, **finish),
-            out=into,
-        )
+        return _finished_product(x, weight, RowEpilogue(row_norm=norm, **finish), into)
 
     if epilogue == _SWIGLU.value and act in SILU:
         return product(out, swiglu=True)
@@ -867,6 +859,16 @@ def _quantized_launch(
         return act_and_mul(act, raw[:, :half], raw[:, half:])
     ready = None if next_norm is None else (next_norm[0], next_offset, next_norm[1], next_norm[2])
     return product(out, relu2=relu2, residual=residual, next_norm=ready)
+
+
+def _finished_product(
+    x: torch.Tensor, weight: Fp8Weight, epilogue: RowEpilogue, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] @ the fp8 weight's real values.T, its tiles finished by ``epilogue``: the quantized product
+    (layers/quant/quant_matmul_kernel.py ``quant_matmul``), into ``out`` when given."""
+    return quant_matmul(
+        x, weight.weight, weight.scale, "fp8_block", weight.block, epilogue=epilogue, out=out
+    )
 
 
 def _next_norm_parts(x: torch.Tensor, weight) -> int:
@@ -1644,9 +1646,7 @@ def _project_then_heads(
     quantized = _quantized_product(weight)
     gated = q_gated or weight.shape[0] > heads.q_size + 2 * heads.kv_size
     if quantized and gated and norm is not None:  # the norm in the product's store, then the heads
-        raw = quant_matmul(
-            x, weight.weight, weight.scale, "fp8_block", weight.block, epilogue=RowEpilogue(norm)
-        )  # [M, weight rows] in x's dtype
+        raw = _finished_product(x, weight, RowEpilogue(norm))  # [M, weight rows] in x's dtype
         norm = None
     elif quantized:  # the quantized product (layers/quant/quant_matmul_kernel.py), then the heads
         raw = weight.project(x)  # [M, weight rows] in x's dtype
