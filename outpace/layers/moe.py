@@ -761,7 +761,8 @@ def moe_on_kernels(
     MoE block is a router, a RoutedExperts and a weight-1 shared MLP can call it; ``router_input`` [n,
     hidden]: what the router reads where it is not x (Gemma 4: the stream before the experts' norm);
     ``ready``: the output added to a stream and made ready for the next norm (``NormedRows``); ``row_norm``:
-    x is a stream times its norm's weight (``takes_normed_rows``)."""
+    x is a stream times its norm's weight (``takes_normed_rows``), which a shared MLP beside the experts reads
+    through the norm-folding projections (layers/fused_decoder.py ``mlp_normalised``)."""
     fused = FusedShared.of(shared_mlp, experts)
     if fused.count == 0 and shared_mlp is not None:
         if row_norm is None:
