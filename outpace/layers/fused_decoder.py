@@ -310,13 +310,18 @@ def mlp_normalised(mlp: GatedMLP, rows, eps: float) -> torch.Tensor:
     its output [n, hidden], no residual added: a shared expert beside a MoE block's experts on the fused
     stack, which reads the stream made ready for the block's norm as the routing and the experts do
     (layers/moe.py ``moe_on_kernels``), so that the norm costs no launch. Gate/up with the norm folded in
-    (and the gating, where the kernels compute it: ``GatedMLP.gating_fuses``), then down_proj as the module
-    runs it."""
+    (and the gating, where the kernels compute it: ``gated_normalised``), then down_proj as the module runs
+    it."""
+    return mlp.down_proj(gated_normalised(mlp, rows, eps))
+
+
+def gated_normalised(mlp: GatedMLP, rows, eps: float) -> torch.Tensor:
+    """The MLP's gating of its gate and up products [n, inter] over its input norm of ``rows``: in the gate/up
+    kernel (``swiglu_normalised``) where it is act(gate) * up of a fused activation (``GatedMLP.gating_fuses``),
+    else ``GatedMLP.gated`` (Step-3.5's clamp) after the products."""
     if mlp.gating_fuses and mlp.act in FUSED_ACTIVATIONS:
-        act = swiglu_normalised(mlp, rows, eps)  # [n, inter]
-    else:
-        act = mlp.gated(*gate_up_normalised(mlp, rows, eps))
-    return mlp.down_proj(act)
+        return swiglu_normalised(mlp, rows, eps)
+    return mlp.gated(*gate_up_normalised(mlp, rows, eps))
 
 
 def layer_fuses(attn: DecoderAttention, mlp: GatedMLP, x: torch.Tensor) -> bool:
@@ -398,9 +403,9 @@ def mlp_fused(mlp: GatedMLP, rows, eps: float, next_norm: nn.Module | None):
     """A gated MLP block (``mlp_fuses``) over rows (``NormedRows``: the stream made ready for the MLP's
     input norm, of eps ``eps``; or ``NormalisedRows``) -> the block's output stream, made ready for
     ``next_norm`` when given. Two projection kernels: gate/up with the norm and the gating folded in
-    (``swiglu_normalised``), down with the residual add."""
+    (``gated_normalised``: a gating beyond act(gate) * up a launch between), down with the residual add."""
     return project_add_ready(
-        swiglu_normalised(mlp, rows, eps), mlp.down_proj, rows.stream, next_norm
+        gated_normalised(mlp, rows, eps), mlp.down_proj, rows.stream, next_norm
     )
 
 

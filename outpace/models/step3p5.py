@@ -670,12 +670,7 @@ class Step3p5DecoderLayer(nn.Module):
         if not self.is_moe:
             mlp = self.mlp
             mid = fused_decoder.project_add_ready(out, attn.o_proj, rows.stream, post)
-            if mlp.limit is None:
-                return fused_decoder.mlp_fused(mlp, mid, post.eps, next_norm)
-            act = mlp.gated(
-                *fused_decoder.gate_up_normalised(mlp, mid, post.eps)
-            )  # [num_tokens, inter]
-            return fused_decoder.project_add_ready(act, mlp.down_proj, mid.stream, next_norm)
+            return fused_decoder.mlp_fused(mlp, mid, post.eps, next_norm)
         moe, shared = self.moe, self.share_expert
         return fused_decoder.moe_block_fused(
             out,
