@@ -255,7 +255,8 @@ def main(out: str, sweep_name: str) -> None:
     batches = tuple(sorted({b for b, _ in sweep.points}))
     with tempfile.TemporaryDirectory() as tmp:
         config = _config(sweep)
-        llm = build(Path(tmp), config, max_num_seqs=max(batches), graph_sizes=batches)
+        # (at least 2 requests' KV: time_decode asks 64 tokens a step for its one request at batch 1)
+        llm = build(Path(tmp), config, max_num_seqs=max(2, *batches), graph_sizes=batches)
         try:
             for _ in range(2):
                 for i, setting in enumerate(sweep.settings):

@@ -232,7 +232,7 @@ def test_norm_project_qkv_gate_over_fp8_is_its_dequantized_weights(interleaved, 
     args = (head_dim, q_size, gate_size, positions.to(DEVICE), rotary.cos.to(DEVICE))
     args += (rotary.sin.to(DEVICE),)
     outs = []
-    for weight in (w, dense.to(DEVICE, torch.float32)):
+    for weight in (w, dense.to(DEVICE, _dtype())):  # (the reference in x's dtype: bf16 on the GPU)
         caches = [
             torch.zeros(4, 4, kv_heads, head_dim, dtype=_dtype(), device=DEVICE) for _ in "kv"
         ]
