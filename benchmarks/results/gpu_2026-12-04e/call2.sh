@@ -19,5 +19,5 @@ sed -i -E 's/\r/\n/g' $OUT/*.log
 sed -i -E '/it\/s|s\/it|tensor\/s/d' $OUT/*.log
 tar -czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.json 2>/dev/null) $(cd $OUT && find fam_fp8 -name "*.json" 2>/dev/null)
 grep -E "^(FAILED|ERROR)|passed|failed|rc=" $OUT/pytest_fp8.log | tail -n 6
-grep -E "tok/s|floor|kernels|rc=|Error" $OUT/fam_fp8.log | tail -n 12
+grep -v -E "Warn|^ *$" $OUT/fam_fp8.log | tail -n 12
 grep -v Warn $OUT/wide.log | tail -n 5
