@@ -159,12 +159,13 @@ SWEEPS = {
         )
         for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
     },
-    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles, off) or on
+    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles, shipped)
+    # or in the one-row tiles
     **{
         f"one_row_wide_{name}_fp8": Sweep(
             shape,
             ((1, 512),),
-            ({}, {"one_row_wide_tiles": quant_matmul_kernel.ONE_ROW_WIDE_TILES}),
+            ({}, {"one_row_wide_tiles": None}),
             quantized="fp8",
         )
         for name, shape in (

@@ -305,12 +305,14 @@ def test_one_row_over_the_wide_tiles_equals_the_product_on_the_dequantized_weigh
     assert relative_error(got, expected) < TOLERANCE
 
 
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("split", [False, True])
-def test_a_swiglu_epilogue_gates_gate_and_up_as_the_silu_launch_after_the_product(m, split):
+@pytest.mark.parametrize(
+    "m, tiles_of", [(1, "plan"), (3, "plan"), (1, "one_split"), (3, "one_split"), (1, "wide")]
+)
+def test_a_swiglu_epilogue_gates_gate_and_up_as_the_silu_launch_after_the_product(m, tiles_of):
     """``RowEpilogue.swiglu``: a weight of 200 gate rows then 200 up rows (the up rows start inside a scale block's
-    rows; K = 300 in 128-column blocks), the input norm's factor folded in, one row (ONE-ROW) and three, K split
-    or not: the product then layers/fused_kernels.py's SiLU launch, in one launch (on the GPU, its bits)."""
+    rows; K = 300 in 128-column blocks), the input norm's factor folded in, one row (ONE-ROW) and three, K split as
+    planned, in one split, or one row in ``ONE_ROW_WIDE_TILES``: the product then layers/fused_kernels.py's SiLU
+    launch, in one launch (on the GPU, its bits)."""
     from outpace.layers.activation import silu_and_mul
 
     inter, k = 200, 300
@@ -319,8 +321,11 @@ def test_a_swiglu_epilogue_gates_gate_and_up_as_the_silu_launch_after_the_produc
     x = torch.randn(m, k, generator=g).to(DEVICE, X_DTYPE)
     sq = (torch.rand(4, m, generator=g) * k).to(DEVICE)  # the input norm's partial sums of squares
     tiles = plan(m, 2 * inter, k, "fp8_block", 128, torch.device(DEVICE))
-    if not split:
+    if tiles_of == "one_split":
         tiles = QuantTiles(tiles.block_m, 16, 128, 1, 384, tiles.num_warps, tiles.num_stages)
+    if tiles_of == "wide":
+        bn, bk, warps, stages = quant_matmul_kernel.ONE_ROW_WIDE_TILES
+        tiles = QuantTiles(1, bn, bk, 1, bk, warps, stages)
     norm = RowEpilogue(row_norm=(sq, 1e-5))
     both = quant_matmul(x, weight, scale_inv, "fp8_block", (128, 128), tiles, norm)
     expected = silu_and_mul(both[:, :inter], both[:, inter:])

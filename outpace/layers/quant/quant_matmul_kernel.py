@@ -108,10 +108,11 @@ ONE_ROW_MAX_K = 4096
 # within 0.1 us), us against ``one_row_tiles``: Step-3.5's q_proj at tensor parallelism 2 (6144 x 4096) 10.8 / 13.7,
 # Qwen3-Next's in_proj_qkvz (12352 x 2048) 11.5 / 12.2, DeepSeek-V2-Lite's q (3072 x 2048) 5.5 / 6.2 and o (2048 x
 # 2048) 5.0 / 5.6; where K had to be split to fill the GPU they lost (Qwen3-Next's out_proj 2048 x 4096, split in 2:
-# 8.0 / 7.2). Off until measured in the decode step, where tiles that won alone have lost before (gpu_2026-12-04:
-# bf16 experts' one-row tiles): decode_settings.py's one_row_wide_*_fp8 sweeps time them against the shipped tiles.
+# 8.0 / 7.2). In the decode step at batch 1, 512 cached tokens, block FP8 (decode_settings.py one_row_wide_*_fp8, each
+# setting's better of two passes; gpu_2026-12-04e calls 2 and 3), step ms shipped tiles / these: the Qwen3-Next slice
+# 0.670 / 0.646, the Step-3.5 slice 1.293 / 1.251, DeepSeek-V2-Lite 1.817 / 1.781. None turns them off.
 ONE_ROW_WIDE_TILES = (8, 2048, 8, 1)
-one_row_wide_tiles: tuple[int, int, int, int] | None = None
+one_row_wide_tiles: tuple[int, int, int, int] | None = ONE_ROW_WIDE_TILES
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
 # on the CUDA cores against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row, gpu_2026-12-04b call 5),
 # us: Kimi-K2's expert gate/up 4096 x 7168 20.0 / 25.6, down 7168 x 2048 14.6 / 16.9, DeepSeek-V3's o 7168 x 16384
