@@ -104,13 +104,17 @@ SWEEPS = {
         ({}, {"fp8_scale_columns": 1}, {"fp8_scale_columns": 2}),
         quantized="fp8",
     ),
-    # the grouped experts over block-FP8 stacks with programmatic dependent launch (moe_kernels.quantized_pdl)
-    "moe_fp8_pdl": Sweep(
-        "deepseek-v2-lite",
-        ((1, 512), (8, 512), (32, 512)),
-        ({}, {"quantized_pdl": True}),
-        quantized="fp8",
-    ),
+    # the grouped experts over quantized stacks with programmatic dependent launch (moe_kernels.quantized_pdl)
+    **{
+        f"moe_pdl_{name}": Sweep(
+            shape, ((1, 512), (8, 512)), ({}, {"quantized_pdl": True}), quantized=fmt
+        )
+        for name, shape, fmt in (
+            ("v2_fp8", "deepseek-v2-lite", "fp8"),
+            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+            ("kimi_int4", "kimi-k2-slice", "int4"),
+        )
+    },
     # the MLA attention kernel's KV tile and warps (mla_kernels.half_block_n, attention_warps; shipped 64 and 8)
     "mla_tile": Sweep(
         "deepseek-v2-lite",
