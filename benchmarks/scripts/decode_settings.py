@@ -104,15 +104,19 @@ SWEEPS = {
         ({}, {"fp8_scale_columns": 1}, {"fp8_scale_columns": 2}),
         quantized="fp8",
     ),
-    # the grouped experts over quantized stacks with programmatic dependent launch (moe_kernels.quantized_pdl)
+    # the grouped experts over quantized stacks with programmatic dependent launch or without, each format the other
+    # way from its shipped one (moe_kernels.quantized_pdl)
     **{
         f"moe_pdl_{name}": Sweep(
-            shape, ((1, 512), (8, 512)), ({}, {"quantized_pdl": True}), quantized=fmt
+            shape,
+            ((1, 512), (8, 512)),
+            ({}, {"quantized_pdl": {fmt: not moe_kernels.quantized_pdl[fmt]}}),
+            quantized=quantized,
         )
-        for name, shape, fmt in (
-            ("v2_fp8", "deepseek-v2-lite", "fp8"),
-            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
-            ("kimi_int4", "kimi-k2-slice", "int4"),
+        for name, shape, quantized, fmt in (
+            ("v2_fp8", "deepseek-v2-lite", "fp8", "fp8_block"),
+            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8", "fp8_block"),
+            ("kimi_int4", "kimi-k2-slice", "int4", "int4_group"),
         )
     },
     # the MLA attention kernel's KV tile and warps (mla_kernels.half_block_n, attention_warps; shipped 64 and 8)

@@ -130,12 +130,11 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 # the fastest at 1-8 tokens at Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages 10-30% slower).
 few_token_gate_up = (32, 128, 4, 4)
 few_token_down = (64, 128, 4, 4)
-# Whether quantized stacks launch with programmatic dependent launch too. Not: with it, block FP8 DeepSeek-V2-Lite's
-# decode at batch 1 went from 372.6 to 340.6 and 333.4 tokens/s, where bf16's went from 408.1 to 428.6 (bench
-# families, gpu_2026-11-30e calls 2, 4 and 5). Those runs also widened the fused MLA's FP8 down programs, which
-# alone were a gain (gpu_2026-12-03f call 2), so which change lost is not known; decode_settings.py moe_fp8_pdl
-# measures this one alone.
-quantized_pdl = False
+# Whether quantized stacks launch with programmatic dependent launch too, by format. Alone (decode_settings.py
+# moe_pdl_*, gpu_2026-12-04e call 4), decode step ms at batch 1 / 8, 512 cached tokens, without / with: block FP8
+# DeepSeek-V2-Lite 1.784 / 4.093 against 1.756 / 4.041, the Qwen3-Next slice 0.645 / 1.392 against 0.632 / 1.376;
+# INT4 the Kimi-K2 slice 1.407 / 3.157 against 1.412 / 3.287, so INT4 stacks launch without.
+quantized_pdl = {"fp8_block": True, "int4_group": False}
 # One token (decode at batch 1; module docstring, ONE-ROW): each block's one row on the CUDA cores over block-FP8
 # stacks, outside batch-invariant mode, with these (BLOCK_N, BLOCK_K, warps, stages); off (False): the 16-row tiles.
 # benchmarks/scripts/one_row_products.py sweeps them (V2-Lite's fastest of 5 in gpu_2026-12-04 call 2).
@@ -1203,7 +1202,7 @@ def grouped_experts(
         (0, 0) if quant is None else t.stride()[:2]
         for t in (shared_gate_s, shared_up_s, shared_down_s)
     )
-    pdl = (quant is None or quantized_pdl) and pdl_available(x.device)
+    pdl = (quant is None or quantized_pdl.get(quant.fmt, False)) and pdl_available(x.device)
     act = torch.empty(blocks * block_m, inter, dtype=x.dtype, device=x.device)
     bn_up = up_tiles[0]
     _gate_up_kernel[(blocks, triton.cdiv(inter, bn_up))](
