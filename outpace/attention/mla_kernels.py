@@ -28,6 +28,10 @@ Two entry points: ``mla_paged_attention`` (the eager layer's: one query latent, 
 kernel adds as it loads them; partials always, and the merge takes each head's attended latent through
 its W_UV, so the block's value projection costs no launch of its own).
 
+On Hopper both launch with programmatic dependent launch (layers/pdl.py): each waits for the kernel before
+it before its first read of an earlier output; the merge loads its W_UV tile (a weight) before the wait, while
+the attention kernel drains.
+
 An FP8 latent cache (attention/kv_quant.py) is read in place: the layer's one k scale multiplies the
 scores (folded into the softmax scale) and the attended latents.
 
@@ -94,6 +98,7 @@ from outpace.attention.triton_kernels import (
     _softmax_step,
     invariant_programs,
 )
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -293,7 +298,9 @@ def _mla_kernel(
     BLOCK_W: tl.constexpr,  # the mask's window padded to a power of two (LOGICAL_ROWS)
     PRECISION: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: rows read as stored * scale
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     # a sequence's row tiles are consecutive programs: they read the same KV rows together
     tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -484,6 +491,7 @@ def _combine_kernel(
     HAS_MASK: tl.constexpr,
     UP: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     """Program (head, output chunk, block of BLOCK_T tokens): merges the partials of the splits that ran for
     each row's tile (the split geometry recomputed from the metadata) and normalises. Without UP the chunk is
@@ -507,12 +515,14 @@ def _combine_kernel(
     cols_ok = cols < OUT
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
-    if UP:  # first: its latency overlaps the metadata's, on which the partials' loads wait
+    if UP:  # first, before the wait with PDL (a weight: no kernel writes it), so its latency overlaps the
+        # attention kernel's tail, or the metadata's, on which the partials' loads wait
         w = tl.load(
             up_ptr + head * stride_up_head + cols[None, :] * stride_up_row + offs_r[:, None],
             mask=r_ok[:, None] & cols_ok[None, :],
             other=0.0,
         )  # [BLOCK_R, CHUNK]: up[head, cols].T
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     seq = tl.load(seq_index_ptr + tokens, mask=t_ok, other=0)
     q_index = tl.load(query_index_ptr + tokens, mask=t_ok, other=0).to(tl.int32)
     kv_end, _, _, _ = _tile_kv_end(
@@ -718,6 +728,7 @@ def _attend(
     logical_rows = invariant and mask is not None  # a tree walked over each node's logical rows
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
+    pdl = pdl_available(device)
     block_r = max(16, triton.next_power_of_2(rank))
     # (the mode's splits cover the block table's capacity: a few programs a tile walk the ones it reaches)
     programs = (
@@ -768,9 +779,11 @@ def _attend(
         BLOCK_W=max(16, triton.next_power_of_2(window)) if logical_rows else 16,
         PRECISION="ieee" if fp32 else "tf32",
         KV_SCALED=k_scale is not None,
+        PDL=pdl,
         num_warps=8 if block_m > 16 else (attention_warps if wide else 4),
         num_stages=2 if invariant else attention_stages,
         **invariant_launch_options(),  # (the mode: the operations as written, in any variant)
+        **pdl_launch_options(pdl),
     )
     if partials:
         _combine(
@@ -805,6 +818,7 @@ def _combine(
     num_tokens, heads, out_width = out.shape
     rank = part_acc.shape[-1]
     mask = meta.custom_mask
+    pdl = pdl_available(out.device)
     block_t, chunk = _combine_launch(
         num_tokens, heads, out_width, num_splits, invariant, out.device
     )
@@ -837,8 +851,10 @@ def _combine(
         HAS_MASK=mask is not None,
         UP=up is not None,
         PRECISION="ieee" if up is not None and up.element_size() >= 4 else "tf32",  # W_UV's dot
+        PDL=pdl,
         num_stages=2,  # (a group's partials loaded while the one before merges)
         **invariant_launch_options(),  # (as _attend's)
+        **pdl_launch_options(pdl),
     )
 
 

@@ -64,7 +64,7 @@ for name, heads, block_m, logical, warps, options in (
     build(mk._mla_kernel, mla,
           dict(HEADS=heads, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=block_m, BLOCK_N=32,
                Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=logical, BLOCK_W=16,
-               PRECISION="tf32", KV_SCALED=True),
+               PRECISION="tf32", KV_SCALED=True, PDL=not logical),
           name, num_warps=warps, num_stages=2, **options)
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}

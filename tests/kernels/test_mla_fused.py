@@ -472,7 +472,7 @@ compile_for_hopper(mla_fused._absorb_kernel, {**types, "q_ptr": "*fp32", "q_late
                         PRECISION="tf32", PDL=True), 4, 1)
 compile_for_hopper(mla_kernels._combine_kernel, types, dict(HEADS=64, R=512, OUT=128, BLOCK_R=512,
                    CHUNK=64, BLOCK_T=16, BLOCK_M=32, BLOCK_N=32, HAS_MASK=True, UP=True,
-                   PRECISION="tf32"), 4, 3)
+                   PRECISION="tf32", PDL=True), 4, 3)
 """
 
 
