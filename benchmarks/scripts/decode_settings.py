@@ -41,6 +41,7 @@ KNOBS = {
     "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
     "quantized_pdl": (moe_kernels, "quantized_pdl"),
     "dot_precision": (moe_routing_kernel, "dot_precision"),
+    "sorted_top_k": (moe_routing_kernel, "sorted_top_k"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
@@ -119,6 +120,13 @@ SWEEPS = {
             ("kimi_int4", "kimi-k2-slice", "int4", "int4_group"),
         )
     },
+    # the route kernel's top_k from one partial sort of the keys (moe_routing_kernel.sorted_top_k) or rounds of max
+    "sorted_top_k_qwen3next_fp8": Sweep(
+        "qwen3-next-80b-slice",
+        ((1, 512), (8, 512)),
+        ({}, {"sorted_top_k": not moe_routing_kernel.sorted_top_k}),
+        quantized="fp8",
+    ),
     # the MLA attention kernel's KV tile and warps (mla_kernels.half_block_n, attention_warps; shipped 64 and 8)
     "mla_tile": Sweep(
         "deepseek-v2-lite",

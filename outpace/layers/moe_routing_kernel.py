@@ -118,6 +118,11 @@ _DOT_BLOCK_K = 64
 # or "tf32x3" (three tf32 tensor-core products a step, about float32's accuracy; bf16 x is exact in tf32). Not
 # measured yet: benchmarks/scripts/router_logit_paths.py times both, decode_settings.py router_dot_v2 in the step.
 dot_precision = "ieee"
+# Whether the route kernel takes a token's top_k from one partial sort of its keys (tl.topk: a bitonic network over
+# the experts) rather than top_k rounds of a max over them, each a reduction across the program's warps; not with a
+# correction bias (the weight is then the score, not the ranked choice). Both give the same experts in the same
+# order (unique keys). Off until timed: benchmarks/scripts/routing_timings.py times both.
+sorted_top_k = False
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
@@ -300,6 +305,7 @@ def _route_tokens(
     BLOCK_E: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SORTED_TOP_K: tl.constexpr,  # the top_k by one partial sort of the keys (``sorted_top_k``; not with BIAS)
 ):
     """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.), written and
     returned ([BLOCK_T, BLOCK_K] int32, slots past TOP_K zero)."""
@@ -370,7 +376,12 @@ def _route_tokens(
     top_w = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)  # [BLOCK_T, BLOCK_K] weight per slot
     top_i = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)  # expert per slot
     key = _ranked_keys(choice, experts, BLOCK_E)  # [BLOCK_T, BLOCK_E] int64
-    for j in tl.static_range(TOP_K):
+    if SORTED_TOP_K:  # the BLOCK_K largest keys, largest first: the loop's choices in its order
+        top = tl.topk(key, BLOCK_K, dim=1)  # [BLOCK_T, BLOCK_K] int64
+        chosen = slots[None, :] < TOP_K
+        top_i = tl.where(chosen, (BLOCK_E - 1) - (top & 0xFFFFFFFF).to(tl.int32), 0)
+        top_w = tl.where(chosen, _key_value(top), 0.0)  # (no BIAS: the choice is the score)
+    for j in tl.static_range(0 if SORTED_TOP_K else TOP_K):
         best_key = tl.max(
             key, axis=1
         )  # [BLOCK_T]: the largest choice, the lowest expert among equal ones
@@ -477,6 +488,7 @@ def _route_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SORTED_TOP_K: tl.constexpr,
     LAYOUT: tl.constexpr,  # one program a token (BLOCK_T 1), the last to finish writes the block layout
     ONE_TOKEN: tl.constexpr,  # LAYOUT of a single token: its program writes the layout from its registers
     EXPERT_RANGE: tl.constexpr,  # the layout of an expert-parallel rank's experts (module docstring 4.)
@@ -524,6 +536,7 @@ def _route_kernel(
         BLOCK_E,
         BLOCK_G,
         BLOCK_K,
+        SORTED_TOP_K,
     )  # [BLOCK_T, BLOCK_K] ([1, BLOCK_K] with LAYOUT)
     layout_ids_ptr = ids_ptr  # the ids the layout is of: [n, TOP_K]
     if EXPERT_RANGE:  # (module docstring 4. and 5.)
@@ -797,6 +810,7 @@ def select_experts(
         BLOCK_E=block_e,
         BLOCK_G=triton.next_power_of_2(r.num_groups),
         BLOCK_K=triton.next_power_of_2(top_k),
+        SORTED_TOP_K=sorted_top_k and bias is None,
         LAYOUT=fused,
         ONE_TOKEN=fused and n == 1,
         EXPERT_RANGE=ranged,

@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
+from outpace.layers import moe_routing_kernel  # noqa: E402
 from outpace.layers.moe import ExpertPlacement, Router, Routing  # noqa: E402
 from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.layers.moe_routing_kernel import (  # noqa: E402
@@ -283,6 +284,31 @@ def test_router_logits_take_the_per_token_sums_up_to_per_token_max(tokens, monke
     partial = router_logits(x, w)
     assert partial.shape == (split.splits, tokens, experts)
     torch.testing.assert_close(partial.sum(0), x.float() @ w.T, rtol=1e-5, atol=1e-4)
+
+
+SORTED_CASES = [(case, r) for case, r in ROUTINGS.items() if not r.correction_bias]
+SORTED_CASES += [("qwen3-next-512", Routing(512, 10, "softmax", normalize=True))]
+
+
+@pytest.mark.parametrize("n", [1, 5, 70])
+@pytest.mark.parametrize("case, routing", SORTED_CASES, ids=[c for c, _ in SORTED_CASES])
+def test_a_sorted_top_k_chooses_as_the_rounds_of_max(case, routing, n, monkeypatch):
+    """``sorted_top_k``: one partial sort of each token's keys gives the experts, their order, their weights and
+    the block layout of the top_k rounds of max, bit for bit (logits in two splits; token 0's all equal: every
+    expert ties)."""
+    g = torch.Generator().manual_seed(n)
+    logits = torch.randn(2, n, routing.num_experts, generator=g).to(DEVICE)
+    logits[:, 0] = 0.0
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(moe_routing_kernel, "sorted_top_k", on)
+        runs.append(select_experts(logits, None, routing, layout=True))
+    (w_rounds, i_rounds, l_rounds), (w_sorted, i_sorted, l_sorted) = runs
+    assert torch.equal(i_sorted, i_rounds) and torch.equal(w_sorted, w_rounds)
+    assert i_rounds[0].tolist() == list(range(routing.top_k))
+    if n <= 64:  # (the layout in the route kernel's launch)
+        assert torch.equal(l_sorted.block_expert, l_rounds.block_expert)
+        assert torch.equal(l_sorted.sorted_pairs, l_rounds.sorted_pairs)
 
 
 def test_ties_go_to_the_lowest_expert_and_group():
