@@ -162,21 +162,23 @@ route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr
 v2_lite_route = dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=True, BIAS=False,
       INPUT_NORM=False, ROW_NORM=False, BLOCK_P=1, EXPERT_SCALE=False, SHARED_GATE=False, NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False,
       NORMALIZE=False, BLOCK_T=1, BLOCK_E=64, BLOCK_G=1, BLOCK_K=8, LAYOUT=True, NUM_SHARED=2,
-      BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, PDL=True, ONE_TOKEN=False)
+      BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, PDL=True, ONE_TOKEN=False, SORTED_TOP_K=False)
 build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=False), 1, 2)
 # a decode step of one token: the layout from its program's registers (moe_kernels.place_one_token)
 build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=False, ONE_TOKEN=True), 1, 2)
 # an MTP draft window's padding rows routed nowhere (layers/routed_rows.py: the local ids' layout)
 build(rk._route_kernel, {**route, "live_ptr": "*i1"}, dict(v2_lite_route, EXPERT_RANGE=True, LIVE=True), 1, 2)
 # Qwen3-Next's one-token route on the fused stack (512 experts, its shared gate and slot, the post-attention
-# norm's factor from the stream's 16 parts) at its warps: no register spills
-compiled = compile_for_hopper(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=512, TOP_K=10,
-    SOFTMAX=True, BIAS=False, INPUT_NORM=False, ROW_NORM=True, BLOCK_P=16, EXPERT_SCALE=False, SHARED_GATE=True, NUM_GROUPS=1,
-    TOP_GROUPS=1, TOP2_SUM=False, NORMALIZE=True, BLOCK_T=1, BLOCK_E=512, BLOCK_G=1, BLOCK_K=16, LAYOUT=True,
-    NUM_SHARED=1, BLOCK_SHARED=1, SORT_BLOCK_E=1024, BLOCK_M=16, PAIR_BLOCK=16, PDL=True, EXPERT_RANGE=False,
-    LIVE=False, ONE_TOKEN=True),
-    rk.token_route_warps(512), 1)
-print("_route_kernel:qwen3-next", "0 bytes spill stores" in ptxas_report(compiled))
+# norm's factor from the stream's 16 parts) at its warps, the top_k by rounds of max and by one partial sort
+# (moe_routing_kernel.sorted_top_k): no register spills
+for sorted_top_k in (False, True):
+    compiled = compile_for_hopper(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=512, TOP_K=10,
+        SOFTMAX=True, BIAS=False, INPUT_NORM=False, ROW_NORM=True, BLOCK_P=16, EXPERT_SCALE=False, SHARED_GATE=True,
+        NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False, NORMALIZE=True, BLOCK_T=1, BLOCK_E=512, BLOCK_G=1, BLOCK_K=16,
+        LAYOUT=True, NUM_SHARED=1, BLOCK_SHARED=1, SORT_BLOCK_E=1024, BLOCK_M=16, PAIR_BLOCK=16, PDL=True,
+        EXPERT_RANGE=False, LIVE=False, ONE_TOKEN=True, SORTED_TOP_K=sorted_top_k),
+        rk.token_route_warps(512), 1)
+    print(f"_route_kernel:qwen3-next:sorted={sorted_top_k}", "0 bytes spill stores" in ptxas_report(compiled))
 """
 
 
@@ -201,5 +203,6 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     names += [
         "_router_logits_kernel"
     ] * 3  # per-token sums; the tl.dot path in IEEE float32, in tf32x3
-    names += ["_route_kernel"] * 3 + ["_route_kernel:qwen3-next"]
+    names += ["_route_kernel"] * 3
+    names += [f"_route_kernel:qwen3-next:sorted={s}" for s in (False, True)]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
