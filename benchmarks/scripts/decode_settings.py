@@ -51,6 +51,8 @@ KNOBS = {
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
+    "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
+    "one_token_down": (moe_kernels, "one_token_down"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
 }
 
@@ -125,6 +127,22 @@ SWEEPS = {
         "qwen3-next-80b-slice",
         ((1, 512), (8, 512)),
         ({}, {"sorted_top_k": not moe_routing_kernel.sorted_top_k}),
+        quantized="fp8",
+    ),
+    # one token's block-FP8 experts (moe_kernels.one_token_gate_up / one_token_down: BLOCK_N, BLOCK_K, warps,
+    # stages) in fewer, wider K steps (the dense one-row product's wide tiles won in the step: quant_matmul_kernel
+    # ONE_ROW_WIDE_TILES), and the sorted top_k, in one build of the Qwen3-Next slice at batch 1
+    "one_token_qwen3next_fp8": Sweep(
+        "qwen3-next-80b-slice",
+        ((1, 512),),
+        (
+            {},
+            {"one_token_gate_up": (8, 2048, 8, 1)},
+            {"one_token_gate_up": (16, 1024, 4, 1)},
+            {"one_token_down": (8, 512, 4, 1)},
+            {"one_token_down": (32, 512, 8, 1)},
+            {"sorted_top_k": not moe_routing_kernel.sorted_top_k},
+        ),
         quantized="fp8",
     ),
     # the MLA attention kernel's KV tile and warps (mla_kernels.half_block_n, attention_warps; shipped 64 and 8)
