@@ -41,7 +41,7 @@ KNOBS = {
     "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
     "quantized_pdl": (moe_kernels, "quantized_pdl"),
     "dot_precision": (moe_routing_kernel, "dot_precision"),
-    "sorted_top_k": (moe_routing_kernel, "sorted_top_k"),
+    "sorted_top_k_experts": (moe_routing_kernel, "sorted_top_k_experts"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
     "scan_warps": (mamba2_step_kernel, "scan_warps"),
@@ -122,11 +122,11 @@ SWEEPS = {
             ("kimi_int4", "kimi-k2-slice", "int4", "int4_group"),
         )
     },
-    # the route kernel's top_k from one partial sort of the keys (moe_routing_kernel.sorted_top_k) or rounds of max
+    # the route kernel's top_k by rounds of max, not one partial sort of the keys (moe_routing_kernel.sorted_top_k_experts)
     "sorted_top_k_qwen3next_fp8": Sweep(
         "qwen3-next-80b-slice",
         ((1, 512), (8, 512)),
-        ({}, {"sorted_top_k": not moe_routing_kernel.sorted_top_k}),
+        ({}, {"sorted_top_k_experts": None}),
         quantized="fp8",
     ),
     # one token's block-FP8 experts (moe_kernels.one_token_gate_up / one_token_down: BLOCK_N, BLOCK_K, warps,
@@ -141,7 +141,7 @@ SWEEPS = {
             {"one_token_gate_up": (16, 1024, 4, 1)},
             {"one_token_down": (8, 512, 4, 1)},
             {"one_token_down": (32, 512, 8, 1)},
-            {"sorted_top_k": not moe_routing_kernel.sorted_top_k},
+            {"sorted_top_k_experts": None},
         ),
         quantized="fp8",
     ),

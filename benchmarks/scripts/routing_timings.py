@@ -5,8 +5,8 @@ of the seed families' public shapes (layers/moe.py ``Routing``, values from benc
 at 65 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens, then ``align``'s launch, timed with it),
 each timed as 50 calls captured in one CUDA graph; the route kernel also with other warp counts
 (``moe_routing_kernel.token_route_warps`` up to 64 tokens, ``ROUTE_WARPS`` beyond), and without a correction bias
-with its top_k from one partial sort (``sorted_top_k``, the shipped warps; its ids and weights checked equal to
-the rounds of max). Each captured route is
+with its top_k by rounds of max and by one partial sort (``sorted_top_k_experts``, the shipped warps; their ids and
+weights checked equal). Each captured route is
 first checked against the eager call and ``align``'s layout (a wrong ticket or a race shows there). Prints
 microseconds per call and the matvec's GB/s over its weight; writes OUT/routing_timings.json.
 ``PYTHONPATH=. python3 benchmarks/scripts/routing_timings.py OUT [SHAPE ...]`` (by default every shape)."""
@@ -110,17 +110,22 @@ def main(out: Path, names: list[str]) -> None:
             kernels.ROUTE_WARPS, kernels.token_route_warps = defaults
             if (
                 bias is None
-            ):  # the shipped warps with the top_k from one partial sort, the same bits
+            ):  # the shipped warps, the top_k by rounds of max and by one sort: the same bits
+                shipped = kernels.sorted_top_k_experts
+                kernels.sorted_top_k_experts = None
                 rounds = route()
-                kernels.sorted_top_k = True
+                row["route_us_rounds"] = graph_call_us(route, CALLS)
+                kernels.sorted_top_k_experts = 1
                 check_captured(route, routing.num_experts, shared)
                 assert all(torch.equal(a, b) for a, b in zip(route()[:2], rounds[:2]))
                 row["route_us_sorted"] = graph_call_us(route, CALLS)
-                kernels.sorted_top_k = False
+                kernels.sorted_top_k_experts = shipped
             rows.append(row)
             routes = "  ".join(f"{w}w {row[f'route_us_{w}_warps']:6.2f}" for w in WARPS)
             if "route_us_sorted" in row:
-                routes += f"  sorted {row['route_us_sorted']:6.2f}"
+                routes += (
+                    f"  rounds {row['route_us_rounds']:6.2f}  sorted {row['route_us_sorted']:6.2f}"
+                )
             print(
                 f"{name:16s} {n:3d} tokens  matvec {matvec:6.2f} us ({row['matvec_gb_per_s']:6.0f} GB/s,"
                 f" {row['splits']} splits)  route: {routes}",

@@ -118,11 +118,15 @@ _DOT_BLOCK_K = 64
 # or "tf32x3" (three tf32 tensor-core products a step, about float32's accuracy; bf16 x is exact in tf32). Not
 # measured yet: benchmarks/scripts/router_logit_paths.py times both, decode_settings.py router_dot_v2 in the step.
 dot_precision = "ieee"
-# Whether the route kernel takes a token's top_k from one partial sort of its keys (tl.topk: a bitonic network over
-# the experts) rather than top_k rounds of a max over them, each a reduction across the program's warps; not with a
-# correction bias (the weight is then the score, not the ranked choice). Both give the same experts in the same
-# order (unique keys). Off until timed: benchmarks/scripts/routing_timings.py times both.
-sorted_top_k = False
+# From this many experts (None: never) the route kernel takes a token's top_k from one partial sort of its keys
+# (tl.topk: a bitonic network over the experts) rather than top_k rounds of a max over them, each a reduction across
+# the program's warps; not with a correction bias (the weight is then the score, not the ranked choice). Both give
+# the same experts in the same order (unique keys). On an H200 (gpu_2026-12-04e call 5): Qwen3-Next's 512 experts
+# routed alone at 1 / 2 / 8 / 32 / 64 tokens in 4.48 / 5.68 / 5.78 / 6.69 / 8.54 us against 5.31 / 5.94 / 6.19 /
+# 7.10 / 8.53 by rounds (benchmarks/scripts/routing_timings.py), the Qwen3-Next slice's block-FP8 decode step at
+# batch 1 in 0.621 ms against 0.629 (decode_settings.py one_token_qwen3next_fp8). Routings of up to 256 experts (a
+# token's program one warp: ``token_route_warps``) were not timed with it and keep the rounds.
+sorted_top_k_experts: int | None = 257
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
@@ -305,7 +309,7 @@ def _route_tokens(
     BLOCK_E: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SORTED_TOP_K: tl.constexpr,  # the top_k by one partial sort of the keys (``sorted_top_k``; not with BIAS)
+    SORTED_TOP_K: tl.constexpr,  # the top_k by one partial sort of the keys (``sorted_top_k_experts``; no BIAS)
 ):
     """Tokens t0 .. t0 + BLOCK_T - 1: their weights and expert ids (module docstring 2.), written and
     returned ([BLOCK_T, BLOCK_K] int32, slots past TOP_K zero)."""
@@ -810,7 +814,9 @@ def select_experts(
         BLOCK_E=block_e,
         BLOCK_G=triton.next_power_of_2(r.num_groups),
         BLOCK_K=triton.next_power_of_2(top_k),
-        SORTED_TOP_K=sorted_top_k and bias is None,
+        SORTED_TOP_K=bias is None
+        and sorted_top_k_experts is not None
+        and experts >= sorted_top_k_experts,
         LAYOUT=fused,
         ONE_TOKEN=fused and n == 1,
         EXPERT_RANGE=ranged,

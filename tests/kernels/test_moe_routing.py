@@ -293,15 +293,15 @@ SORTED_CASES += [("qwen3-next-512", Routing(512, 10, "softmax", normalize=True))
 @pytest.mark.parametrize("n", [1, 5, 70])
 @pytest.mark.parametrize("case, routing", SORTED_CASES, ids=[c for c, _ in SORTED_CASES])
 def test_a_sorted_top_k_chooses_as_the_rounds_of_max(case, routing, n, monkeypatch):
-    """``sorted_top_k``: one partial sort of each token's keys gives the experts, their order, their weights and
+    """``sorted_top_k_experts``: one partial sort of each token's keys gives the experts, their order, their weights and
     the block layout of the top_k rounds of max, bit for bit (logits in two splits; token 0's all equal: every
     expert ties)."""
     g = torch.Generator().manual_seed(n)
     logits = torch.randn(2, n, routing.num_experts, generator=g).to(DEVICE)
     logits[:, 0] = 0.0
     runs = []
-    for on in (False, True):
-        monkeypatch.setattr(moe_routing_kernel, "sorted_top_k", on)
+    for from_experts in (None, 1):  # (the rounds of max, then the sort)
+        monkeypatch.setattr(moe_routing_kernel, "sorted_top_k_experts", from_experts)
         runs.append(select_experts(logits, None, routing, layout=True))
     (w_rounds, i_rounds, l_rounds), (w_sorted, i_sorted, l_sorted) = runs
     assert torch.equal(i_sorted, i_rounds) and torch.equal(w_sorted, w_rounds)

@@ -170,7 +170,7 @@ build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=Fals
 build(rk._route_kernel, {**route, "live_ptr": "*i1"}, dict(v2_lite_route, EXPERT_RANGE=True, LIVE=True), 1, 2)
 # Qwen3-Next's one-token route on the fused stack (512 experts, its shared gate and slot, the post-attention
 # norm's factor from the stream's 16 parts) at its warps, the top_k by rounds of max and by one partial sort
-# (moe_routing_kernel.sorted_top_k): no register spills
+# (moe_routing_kernel.sorted_top_k_experts): no register spills
 for sorted_top_k in (False, True):
     compiled = compile_for_hopper(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=512, TOP_K=10,
         SOFTMAX=True, BIAS=False, INPUT_NORM=False, ROW_NORM=True, BLOCK_P=16, EXPERT_SCALE=False, SHARED_GATE=True,
