@@ -137,7 +137,10 @@ few_token_down = (64, 128, 4, 4)
 quantized_pdl = {"fp8_block": True, "int4_group": False}
 # One token (decode at batch 1; module docstring, ONE-ROW): each block's one row on the CUDA cores over block-FP8
 # stacks, outside batch-invariant mode, with these (BLOCK_N, BLOCK_K, warps, stages); off (False): the 16-row tiles.
-# benchmarks/scripts/one_row_products.py sweeps them (V2-Lite's fastest of 5 in gpu_2026-12-04 call 2).
+# benchmarks/scripts/one_row_products.py sweeps them (V2-Lite's fastest of 5 in gpu_2026-12-04 call 2). In the Qwen3-Next
+# slice's decode step at batch 1 (decode_settings.py one_token_qwen3next_fp8, gpu_2026-12-04e call 5) wider K steps
+# lost: 0.629 ms shipped, gate/up (8, 2048, 8, 1) 0.638, (16, 1024, 4, 1) 0.667, down (8, 512, 4, 1) or (32, 512, 8,
+# 1) 0.632.
 one_token_cuda_cores = True
 one_token_gate_up = (16, 512, 4, 1)
 one_token_down = (16, 512, 4, 1)
