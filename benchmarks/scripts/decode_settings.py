@@ -41,6 +41,7 @@ KNOBS = {
     "fp8_scale_columns": (mla_fused, "fp8_scale_columns"),
     "quantized_pdl": (moe_kernels, "quantized_pdl"),
     "dot_precision": (moe_routing_kernel, "dot_precision"),
+    "logit_programs": (moe_routing_kernel, "_LOGIT_PROGRAMS"),
     "sorted_top_k_experts": (moe_routing_kernel, "sorted_top_k_experts"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
@@ -159,8 +160,19 @@ SWEEPS = {
     ),
     # the router logits' tl.dot path (past 16 tokens) in IEEE float32 (shipped) or tf32x3 (moe_routing_kernel)
     "router_dot_v2": Sweep("deepseek-v2-lite", ((32, 512),), ({}, {"dot_precision": "tf32x3"})),
+    # ... and with more programs (moe_routing_kernel._LOGIT_PROGRAMS: more hidden splits, fewer K steps a program; the
+    # matvec of Qwen3-Next's router took 21.3 / 41.5 us at 32 / 64 tokens, gpu_2026-12-04e call 5), in the FP8 slice's
+    # step at batch 32
     "router_dot_qwen3next": Sweep(
-        "qwen3-next-80b-slice", ((32, 512),), ({}, {"dot_precision": "tf32x3"})
+        "qwen3-next-80b-slice",
+        ((32, 512),),
+        (
+            {},
+            {"dot_precision": "tf32x3"},
+            {"logit_programs": 1056},
+            {"logit_programs": 1056, "dot_precision": "tf32x3"},
+        ),
+        quantized="fp8",
     ),
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
     # (batch 8 runs the same code both ways; it sizes the KV cache for the timed steps)

@@ -3,7 +3,8 @@ the route kernel (``select_experts``, with the block layout as the decode path a
 of the seed families' public shapes (layers/moe.py ``Routing``, values from bench/family_shapes.py), at 1, 2,
 8, 32 and 64 tokens (decode batches and verify widths: a program per token, the last writing the layout) and
 at 65 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens, then ``align``'s launch, timed with it),
-each timed as 50 calls captured in one CUDA graph; the route kernel also with other warp counts
+each timed as 50 calls captured in one CUDA graph; the matvec also aiming for more programs and with the tl.dot
+path in tf32x3 (``MATVEC_VARIANTS``); the route kernel also with other warp counts
 (``moe_routing_kernel.token_route_warps`` up to 64 tokens, ``ROUTE_WARPS`` beyond), and without a correction bias
 with its top_k by rounds of max and by one partial sort (``sorted_top_k_experts``, the shipped warps; their ids and
 weights checked equal). Each captured route is
@@ -27,6 +28,9 @@ from outpace.layers.moe_kernels import align
 CALLS = 50
 WARPS = (1, 2, 4, 8)
 TOKENS = (1, 2, 8, 32, 64, 65)
+# the matvec also with (programs it aims for, the tl.dot path's precision): moe_routing_kernel._LOGIT_PROGRAMS and
+# dot_precision, shipped 264 and "ieee"
+MATVEC_VARIANTS = ((1056, "ieee"), (264, "tf32x3"), (1056, "tf32x3"))
 # name -> (hidden, Routing, shared slots, shared gate, Gemma 4's input norm and expert scale), as
 # bench/family_shapes.py's configs route
 SHAPES = {
@@ -96,6 +100,15 @@ def main(out: Path, names: list[str]) -> None:
             matvec = graph_call_us(lambda: kernels.router_logits(x, weight, column), CALLS)
             row = {"shape": name, "tokens": n, "matvec_us": matvec, "splits": partial.shape[0]}
             row["matvec_gb_per_s"] = weight.numel() * weight.element_size() / matvec / 1e3
+            for programs, precision in MATVEC_VARIANTS:  # (their sums over splits checked close)
+                shipped = kernels._LOGIT_PROGRAMS, kernels.dot_precision
+                kernels._LOGIT_PROGRAMS, kernels.dot_precision = programs, precision
+                other = kernels.router_logits(x, weight, column).sum(0)
+                torch.testing.assert_close(other, partial.sum(0), rtol=1e-4, atol=1e-4)
+                row[f"matvec_us_{programs}_{precision}"] = graph_call_us(
+                    lambda: kernels.router_logits(x, weight, column), CALLS
+                )
+                kernels._LOGIT_PROGRAMS, kernels.dot_precision = shipped
 
             def route():
                 return kernels.select_experts(
@@ -126,9 +139,12 @@ def main(out: Path, names: list[str]) -> None:
                 routes += (
                     f"  rounds {row['route_us_rounds']:6.2f}  sorted {row['route_us_sorted']:6.2f}"
                 )
+            variants = "  ".join(
+                f"{p}/{d} {row[f'matvec_us_{p}_{d}']:6.2f}" for p, d in MATVEC_VARIANTS
+            )
             print(
                 f"{name:16s} {n:3d} tokens  matvec {matvec:6.2f} us ({row['matvec_gb_per_s']:6.0f} GB/s,"
-                f" {row['splits']} splits)  route: {routes}",
+                f" {row['splits']} splits; {variants})  route: {routes}",
                 flush=True,
             )
     (out / "routing_timings.json").write_text(json.dumps(rows, indent=1))
