@@ -60,6 +60,15 @@ the Qwen3-Next slice's decode at batch 1 on the H200, benchmarks/results/gpu_202
 program taking a whole group, as this kernel first did, left Qwen3.5's decode at batch 1 on 16 programs:
 14.5 us a layer on the H200, benchmarks/results/gpu_2026-11-29f call 2.)
 
+B AND A FROM THE ROWS (``ProjectedRows.ba_rows``): a checkpoint that keeps b and a's projections unquantized beside
+quantized q/k/v/z (Qwen3-Next-FP8's in_proj_ba, Qwen3.5-FP8's in_proj_b and in_proj_a) cannot pack them into one
+launch with those. Rather than a launch of their own, each program projects its value head's two values itself:
+before its first token it reads the run's rows [BT, hidden] and its head's weight row of each, sums the products
+across the columns in one reduction (the two at once), applies the input norm's factor where the rows are the
+stream times the norm's weight, and rounds to the rows' dtype, as that projection's output is rounded. Each split
+of a head computes them alike. The sums run in another order than the projection kernel's, so the values may
+differ from its in the last bit.
+
 Latency, not bytes, sets this kernel's time at small batches (a layer's 2 MB of Qwen3.5 state in 7 us at batch
 1, 11.2 us for a verify of 3 tokens: benchmarks/results/gpu_2026-12-02 call 4), so it hides what it waits on
 and waits as little as it can:
@@ -117,6 +126,7 @@ SOFTPLUS_THRESHOLD = tl.constexpr(
 # 48.6 / 51.5, 8 splits (16 columns) 43.5 / 47.5 / 51.4 / 54.8; batch 2, 2 splits 44.0 / 48.5 / 52.4 / 56.4
 # against 4 splits 44.4 / 49.4 / 53.3 / 57.8; batch 4, unsplit 45.9 .. 62.4 against 2 splits 47.6 .. 64.9.
 MIN_SPLIT_COLUMNS = 32
+BA_COLUMNS = 256  # hidden columns a step of b and a's projection from the rows (BaRows)
 PROGRAMS_PER_SM = 1
 LINE_WORDS = tl.constexpr(32)  # float32 state words in a 128-byte line (the L2 prefetch's unit)
 
@@ -143,6 +153,21 @@ class ProjectedRows:
     a: torch.Tensor  # [n, *] the decay's input, laid out like b
     a_offset: int
     ba_group: int
+    # b and a by the kernel from the rows (``BaRows``): ``b`` and ``a`` are then their projections' weights
+    # [*, hidden], the column above their row
+    ba_rows: BaRows | None = None
+
+
+@dataclass(frozen=True)
+class BaRows:
+    """The rows b and a are projected from, where the step kernel projects them itself (module docstring: B AND A
+    FROM THE ROWS): x [n, hidden] as a norm-folding projection reads it, the stream times the norm's weight
+    (``NormedRows.normed``) with the stream's partial sums of squares ``sq_parts`` [P, n] float32 and the norm's
+    ``eps``, or the input already normalised (``sq_parts`` None)."""
+
+    x: torch.Tensor
+    sq_parts: torch.Tensor | None
+    eps: float
 
 
 @triton.jit
@@ -198,12 +223,13 @@ def _window_positions(t, run_parents, slots, taps, KEEP: tl.constexpr, tree):
 @triton.jit
 def _token_inputs(
     t, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row, b_cols,
-    a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP: tl.constexpr, CHANNELS: tl.constexpr,
-    length,
+    a_cols, run_b, run_a, conv_row, qc, kc, vc, used, start, km, vm, KEEP: tl.constexpr,
+    CHANNELS: tl.constexpr, BA_ROWS: tl.constexpr, length,
 ):  # fmt: skip
     """Token t's loads, none of which depends on the state: its q, k and v conv windows [BW, BK / BV]
-    float32 (at ``pos``), beta's logit and the decay's input (float32 scalars), and its flat row. Nothing
-    is read for t >= length (the loop's look-ahead past the run's end)."""
+    float32 (at ``pos``), beta's logit and the decay's input (float32 scalars; with BA_ROWS picked from the
+    run's, ``run_b`` / ``run_a`` [BT]), and its flat row. Nothing is read for t >= length (the loop's look-ahead
+    past the run's end)."""
     here = t < length
     rows = _pick_each(run_rows, pos - KEEP, slots)  # [BW] the flat token of each window position
     taps_used = used & here
@@ -217,9 +243,50 @@ def _token_inputs(
         qkv, qkv_row, v_cols, conv_row, vc, rows, pos, taps_used, start, vm, KEEP, CHANNELS
     )
     row = _pick(run_rows, t, slots)
-    b_t = tl.load(b + row * b_row + b_cols, mask=here, other=0.0).to(tl.float32)
-    a_t = tl.load(a + row * a_row + a_cols, mask=here, other=0.0).to(tl.float32)
+    if BA_ROWS:
+        b_t, a_t = _pick(run_b, t, slots), _pick(run_a, t, slots)
+    else:
+        b_t = tl.load(b + row * b_row + b_cols, mask=here, other=0.0).to(tl.float32)
+        a_t = tl.load(a + row * a_row + a_cols, mask=here, other=0.0).to(tl.float32)
     return xq, xk, xv, b_t, a_t, row
+
+
+@triton.jit
+def _b_and_a_of_rows(
+    x, x_row, sq, sq_row, num_sq_parts, in_eps, hidden, b, b_row, a, a_row, b_cols, a_cols, run_rows,
+    in_run, ROW_NORM: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, BP: tl.constexpr,
+):  # fmt: skip
+    """Beta's logit and the decay's input [BT] of each run position, float32 (module docstring: B AND A FROM
+    THE ROWS): the rows x [BT, hidden] times the weight rows ``b_cols`` of b and ``a_cols`` of a, the products
+    summed across the columns in one reduction, times each row's norm factor (ROW_NORM: x is the stream times
+    the norm's weight), rounded to x's dtype as the projection's output is."""
+    cols = tl.arange(0, BH)
+    acc_b = tl.zeros([BT, BH], tl.float32)
+    acc_a = tl.zeros([BT, BH], tl.float32)
+    for k0 in range(0, hidden, BH):
+        k = k0 + cols
+        k_ok = k < hidden
+        xs = tl.load(
+            x + run_rows[:, None] * x_row + k[None, :],
+            mask=in_run[:, None] & k_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)  # [BT, BH]
+        wb = tl.load(b + b_cols * b_row + k, mask=k_ok, other=0.0).to(tl.float32)  # [BH]
+        wa = tl.load(a + a_cols * a_row + k, mask=k_ok, other=0.0).to(tl.float32)
+        acc_b += xs * wb[None, :]
+        acc_a += xs * wa[None, :]
+    run_b, run_a = tl.split(tl.sum(tl.join(acc_b, acc_a), axis=1))  # [BT] each
+    if ROW_NORM:  # RMSNorm(s) @ W.T = rsqrt(mean(s^2) + eps) * ((s * w) @ W.T)
+        parts = tl.arange(0, BP)
+        sqs = tl.load(
+            sq + parts[None, :] * sq_row + run_rows[:, None],
+            mask=in_run[:, None] & (parts < num_sq_parts)[None, :],
+            other=0.0,
+        )  # [BT, BP]
+        factor = tl.rsqrt(tl.sum(sqs, axis=1) / hidden + in_eps)
+        run_b, run_a = run_b * factor, run_a * factor
+    dtype = x.dtype.element_ty
+    return run_b.to(dtype).to(tl.float32), run_a.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -305,6 +372,13 @@ def _deltanet_step_kernel(
     a_row,
     a_off,
     ba_group,
+    x_rows,  # [n, hidden] (BA_ROWS): the rows b and a are projected from
+    x_row,
+    sq_parts,  # [P, n] float32 (ROW_NORM): their partial sums of squares
+    sq_row,
+    num_sq_parts,
+    in_eps,
+    hidden,
     conv_w,
     A_log,
     dt_bias,
@@ -347,6 +421,10 @@ def _deltanet_step_kernel(
     SPLITS: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
+    BA_ROWS: tl.constexpr,  # b and a projected here from x_rows, b and a being their weights (BaRows)
+    ROW_NORM: tl.constexpr,  # (BA_ROWS) x_rows is the stream times the norm's weight, sq_parts its sums
+    BH: tl.constexpr,  # (BA_ROWS) hidden columns a step
+    BP: tl.constexpr,  # (ROW_NORM) a power of two >= num_sq_parts
 ):
     CHANNELS: tl.constexpr = 2 * K_HEADS * DK + V_HEADS * DV
     WIDTH: tl.constexpr = KEEP + 1
@@ -405,18 +483,30 @@ def _deltanet_step_kernel(
     conv_snaps = conv_snap + sidx * snap_rows * KEEP * CHANNELS  # [snap_rows, KEEP, CHANNELS]
     row_state = rec_state + (sidx * V_HEADS + h) * DK * DV + tile
     s = tl.load(row_state, mask=m2 & start, other=0.0)  # [BK, BV] the run's start state
+    if (
+        BA_ROWS
+    ):  # the run's b and a, before its first token (module docstring: B AND A FROM THE ROWS)
+        run_b, run_a = _b_and_a_of_rows(
+            x_rows, x_row, sq_parts, sq_row, num_sq_parts, in_eps, hidden, b, b_row, a, a_row, b_cols,
+            a_cols, run_rows, in_run, ROW_NORM, BT, BH, BP,
+        )  # fmt: skip
+    else:
+        run_b = tl.zeros([BT], tl.float32)  # (not read)
+        run_a = run_b
     # token 0's inputs; each token loads the next one's before its own arithmetic (module docstring)
     pos = _window_positions(0, run_parents, slots, taps, KEEP, tree)
     xq, xk, xv, b_t, a_t, row = _token_inputs(
         0, pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a, a_row,
-        b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, length,
+        b_cols, a_cols, run_b, run_a, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS,
+        BA_ROWS, length,
     )  # fmt: skip
     for t in range(length):
         valid = t < n_tokens
         next_pos = _window_positions(t + 1, run_parents, slots, taps, KEEP, tree)
         next_xq, next_xk, next_xv, next_b, next_a, next_row = _token_inputs(
             t + 1, next_pos, run_rows, slots, qkv, qkv_row, q_cols, k_cols, v_cols, b, b_row, a,
-            a_row, b_cols, a_cols, conv_row, qc, kc, vc, used, start, km, vm, KEEP, CHANNELS, length,
+            a_row, b_cols, a_cols, run_b, run_a, conv_row, qc, kc, vc, used, start, km, vm, KEEP,
+            CHANNELS, BA_ROWS, length,
         )  # fmt: skip
         if tree:  # the node's start state: its parent's snapshot, or the row's state at the root
             p = _pick(run_parents, t, slots)
@@ -619,6 +709,16 @@ def deltanet_step(
         SPECIALIZED=not invariant,
         BT=triton.next_power_of_2(bound),
     )
+    ba = rows.ba_rows
+    if ba is not None and (ba.x.stride(-1) != 1 or rows.b.shape[1] != ba.x.shape[1]):
+        raise ValueError(
+            f"b and a projected from rows {tuple(ba.x.shape)} (unit stride along them) by weights of "
+            f"{rows.b.shape[1]} columns"
+        )
+    x_rows = out if ba is None else ba.x  # (not read without b and a from the rows)
+    row_norm = ba is not None and ba.sq_parts is not None
+    sq = ba.sq_parts if row_norm else out  # (not read without the norm)
+    parts = sq.shape[0] if row_norm else 1
     pdl = pdl_available(out.device)
     kernel = _deltanet_step_any_form if invariant else _deltanet_step_kernel
     if num_seqs and length:
@@ -641,6 +741,13 @@ def deltanet_step(
             rows.a.stride(0),
             rows.a_offset,
             rows.ba_group,
+            x_rows,
+            x_rows.stride(0),
+            sq,
+            sq.stride(0),
+            parts,
+            0.0 if ba is None else ba.eps,
+            x_rows.shape[1],
             conv_weight,
             A_log,
             dt_bias,
@@ -674,6 +781,10 @@ def deltanet_step(
             SPLITS=splits,
             PDL=pdl,
             PREFETCH_LINES=max(1, bv // LINE_WORDS.value),
+            BA_ROWS=ba is not None,
+            ROW_NORM=row_norm,
+            BH=BA_COLUMNS,
+            BP=triton.next_power_of_2(parts),
             num_warps=num_warps(bk, bv),
             **pdl_launch_options(pdl),
             **invariant_launch_options(),

@@ -239,19 +239,24 @@ class GatedDeltaNet(RecurrentStateLayer):
 
     def _projected_rows(self, x: torch.Tensor) -> ProjectedRows:
         """The projections of x [n, hidden] as the step kernel reads them, in place (module docstring)."""
+        return self._rows_of(self._in_projected(x))
+
+    def _rows_of(self, projected: tuple[torch.Tensor, ...]) -> ProjectedRows:
+        """``in_projections()``' outputs (or, for b and a, their weights: deltanet_step_kernel.py ``BaRows``,
+        whose rows are those outputs' columns) as the step kernel reads them."""
         # (the kernel module imports Triton: only when used)
         from outpace.layers.deltanet_step_kernel import ProjectedRows
 
         kd, vd = self.head_k_dim, self.head_v_dim
         per_group = self.num_v_heads // self.num_k_heads
         if not self.packed_by_key_head:  # [all q, all k, all v], z like v, b and a [n, v_heads]
-            qkv, z, b, a = self._in_projected(x)
+            qkv, z, b, a = projected
             return ProjectedRows(
                 qkv, 0, self.key_dim, kd, 2 * self.key_dim, per_group * vd,
                 z, 0, per_group * vd, b, 0, a, 0, per_group,
             )  # fmt: skip
         # per key head: [q, k, v of its value heads, z of its value heads] and [b of its heads, a of them]
-        qkvz, ba = self._in_projected(x)
+        qkvz, ba = projected
         span = 2 * kd + 2 * per_group * vd
         return ProjectedRows(
             qkvz, 0, kd, span, 2 * kd, span,

@@ -89,6 +89,7 @@ from outpace.layers.moe import (
     takes_normed_rows,
 )
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.quant.linear import is_quantized
 from outpace.layers.recurrent import rows_alone
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
@@ -314,8 +315,45 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
     def _input_projections(self) -> list:
         """The projections the fused path reads the stream through: the packed in-projections, else each of
         them (a checkpoint storing them in two formats does not pack: Qwen3-Next-FP8 keeps in_proj_ba in bf16
-        beside its fp8 in_proj_qkvz), one norm-folding launch each."""
+        beside its fp8 in_proj_qkvz), one norm-folding launch each, but b and a's where the step kernel
+        projects them itself (``_projected_rows``)."""
         return [self.in_proj] if self.in_proj is not None else self.in_projections()
+
+    def _b_and_a(self) -> list[nn.Module]:
+        """b and a's projections: Qwen3-Next's one, packed by key head, or Qwen3.5's two."""
+        return [self.in_proj_ba] if self.packed_by_key_head else [self.in_proj_b, self.in_proj_a]
+
+    def _projects_b_and_a_in_step(self, rows) -> bool:
+        """Whether the step kernel projects b and a from the rows (layers/deltanet_step_kernel.py: B AND A FROM
+        THE ROWS) rather than a launch of their own: the in-projections unpacked (two formats), b and a's
+        stored unquantized, contiguous, in the rows' dtype."""
+        read = kernel_rows(rows)  # NormedRows as they are, or the normalised input
+        x = read.normed if read is rows else read
+        return self.in_proj is None and all(
+            not is_quantized(p) and p.weight.dtype == x.dtype and p.weight.is_contiguous()
+            for p in self._b_and_a()
+        )
+
+    def _projected_rows(self, x):
+        """``GatedDeltaNet._projected_rows``; of a ``_FoldedInput`` whose b and a the step kernel projects
+        (``_projects_b_and_a_in_step``), the other in-projections by the norm-folding kernels, and b and a's
+        weights with the rows they multiply (``BaRows``)."""
+        if not (isinstance(x, _FoldedInput) and self._projects_b_and_a_in_step(x.rows)):
+            return super()._projected_rows(x)
+        from outpace.layers.deltanet_step_kernel import BaRows  # (Triton: only when used)
+
+        in_step = self._b_and_a()
+        projected = tuple(
+            p.weight
+            if any(p is q for q in in_step)
+            else project_normalised(x.rows, x.eps, fused_weight(p))
+            for p in self.in_projections()
+        )
+        read = kernel_rows(x.rows)  # NormedRows as they are, or the normalised input
+        ba = (
+            BaRows(read.normed, read.sq_parts, x.eps) if read is x.rows else BaRows(read, None, 0.0)
+        )
+        return dataclasses.replace(self._rows_of(projected), ba_rows=ba)
 
     def step_fused(self, rows, eps: float) -> torch.Tensor:
         """rows: the stream made ready for the layer's input norm of eps ``eps`` -> the step kernel's output

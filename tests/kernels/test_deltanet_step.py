@@ -202,6 +202,54 @@ def test_split_value_heads_equal_the_torch_path(form, layout, shape, splits, mon
     assert not any(c.any() for c in [split, *counters.values()])
 
 
+# (form, checkpoint layout, shape, programs per value head): a decode, a chain's verify its end in the row, a tree
+BA_CASES = [
+    ("decode", "qwen3_next", "grouped", 1),
+    ("verify chain of 3, its end in the row", "qwen3_5", "odd, one per key head", 1),
+    ("tree", "qwen3_next", "wide values, one group", 2),
+]
+
+
+@pytest.mark.parametrize("form, layout, shape, splits", BA_CASES)
+@pytest.mark.parametrize(
+    "norm", [False, True], ids=["normalised input", "stream times norm weight"]
+)
+def test_b_and_a_from_the_rows_equal_their_projections(
+    form, layout, shape, splits, norm, monkeypatch
+):
+    """``ProjectedRows.ba_rows``: the kernel projecting b and a itself, from the normalised input or from the
+    stream times the norm's weight with the stream's partial sums of squares (the norm's factor folded in:
+    a stream of rms about 3), each value head's split programs alike, gives the step of their projections."""
+    layer = make_layer(layout == "qwen3_next", **SHAPES[shape])
+    n, eps = sum(FORMS[form][0]), 1e-6
+    g = torch.Generator().manual_seed(1)
+    stream, weight = 3 * torch.randn(n, 12, generator=g), torch.rand(12, generator=g) + 0.5
+    x = (
+        stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps) * weight
+    )  # the layer's input
+    states, snapshots = pool(layer, 2)
+    monkeypatch.setattr(deltanet_step_kernel, "value_splits", lambda *shape: splits)
+    want = step(layer, True, x.to(DEVICE), FORMS[form], states, snapshots)
+    if (
+        norm
+    ):  # three partial sums of squares a row, as a kernel of three column programs writes them
+        sq = stream.pow(2).reshape(n, 3, 4).sum(-1).T.contiguous()
+        rows = deltanet_step_kernel.BaRows((stream * weight).to(DEVICE), sq.to(DEVICE), eps)
+    else:
+        rows = deltanet_step_kernel.BaRows(x.to(DEVICE), None, 0.0)
+    in_step = [layer.in_proj_ba] if layer.packed_by_key_head else [layer.in_proj_b, layer.in_proj_a]
+
+    def projected_from_the_rows(x):
+        projected = [
+            p.weight if any(p is q for q in in_step) else p(x) for p in layer.in_projections()
+        ]
+        return dataclasses.replace(layer._rows_of(tuple(projected)), ba_rows=rows)
+
+    monkeypatch.setattr(layer, "_projected_rows", projected_from_the_rows)
+    got = step(layer, True, x.to(DEVICE), FORMS[form], states, snapshots)
+    assert_same_step(got, want, FORMS[form], snapshots, **TOLERANCE)
+
+
 def test_value_splits_fill_the_gpu_only_at_small_batches():
     """Qwen3.5's 32 value heads of 128 columns on an H200's 132 SMs: up to one program an SM, at least
     32 columns a program; none once the heads alone fill half the GPU."""
@@ -279,22 +327,24 @@ def test_batch_invariant_mode_compiles_one_kernel_for_every_run(monkeypatch):
 # Compiled for an H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces
 # @triton.jit here): what the interpreter cannot see (compile errors, registers spilled to local memory).
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report) Each argument one
-# compile, "tree,snapshots,length,splits,in_row", its output after a line "### <argument>".
+# compile, "tree,snapshots,length,splits,in_row,ba_rows", its output after a line "### <argument>".
 SM90_COMPILE = """
 from outpace.layers.deltanet_step_kernel import FUSED_MAX_LEN, _deltanet_step_kernel, num_warps
 
-bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out")
+bf16 = ("qkv", "z", "b", "a", "conv_w", "A_log", "dt_bias", "norm_w", "conv_state", "conv_snap", "out",
+        "x_rows")
 types = dict({n: "*bf16" for n in bf16}, eps="fp32", scale="fp32", table="*i32", query_lens="*i64",
              has_initial="*i1", state_indices="*i64", parents="*i64", rec_state="*fp32", rec_snap="*fp32",
-             o_part="*fp32", counters="*i32", qk_counters="*i32")
+             o_part="*fp32", counters="*i32", qk_counters="*i32", sq_parts="*fp32", in_eps="fp32")
 for config in sys.argv[1:]:
-    tree, snapshots, length, splits, in_row = (int(a) for a in config.split(","))
+    tree, snapshots, length, splits, in_row, ba_rows = (int(a) for a in config.split(","))
     bound = length or FUSED_MAX_LEN  # length 0: batch-invariant mode's compilation for every run length
     constants = dict(K_HEADS=16, V_HEADS=32, GROUP=2, DK=128, DV=128,
                      KEEP=3, BK=128, BV=128 // splits, BW=4, LENGTH=bound, SPECIALIZED=length > 0,
                      BT=triton.next_power_of_2(bound),
                      TREE=bool(tree), SNAPSHOTS=bool(snapshots), LAST_IN_ROW=bool(in_row), SPLITS=splits,
-                     PDL=True, PREFETCH_LINES=max(1, 128 // splits // 32))
+                     PDL=True, PREFETCH_LINES=max(1, 128 // splits // 32), BA_ROWS=bool(ba_rows),
+                     ROW_NORM=bool(ba_rows), BH=256, BP=16)
     options = {} if length else dict(enable_fp_fusion=False)
     compiled = compile_for_hopper(_deltanet_step_kernel, types, constants,
                                   num_warps=num_warps(128, 128 // splits), **options)
@@ -303,21 +353,31 @@ for config in sys.argv[1:]:
     print("token loop barriers", loop_barriers(compiled))
 """
 
-# id -> (tree, snapshots, length, splits, in_row) (a decode is the chain's loop once; length 0: batch-invariant
-# mode's one compilation, the length an argument)
+# id -> (tree, snapshots, length, splits, in_row, b and a from the rows with the norm folded: ProjectedRows.ba_rows)
+# (a decode is the chain's loop once; length 0: batch-invariant mode's one compilation, the length an argument)
 SM90_CONFIGS = {
-    "verify chain of 8": (0, 1, 8, 1, 0),
-    "tree of 8": (1, 1, 8, 1, 0),
-    "decode into the row": (0, 0, 1, 1, 0),
-    "decode, heads over 8": (0, 1, 1, 8, 0),
-    "verify chain of 8, heads over 4": (0, 1, 8, 4, 0),
-    "tree of 8, heads over 8": (1, 1, 8, 8, 0),
-    "decode into the row, heads over 8": (0, 0, 1, 8, 0),
-    "verify chain of 3, its end in the row, heads over 4": (0, 1, 3, 4, 1),
-    "verify chain of 8, its end in the row": (0, 1, 8, 1, 1),
-    "batch-invariant, into the row": (0, 0, 0, 1, 0),
-    "batch-invariant, a chain's end in the row": (0, 1, 0, 1, 1),
-    "batch-invariant, snapshots only (a tree's)": (0, 1, 0, 1, 0),
+    "verify chain of 8": (0, 1, 8, 1, 0, 0),
+    "tree of 8": (1, 1, 8, 1, 0, 0),
+    "decode into the row": (0, 0, 1, 1, 0, 0),
+    "decode, heads over 8": (0, 1, 1, 8, 0, 0),
+    "verify chain of 8, heads over 4": (0, 1, 8, 4, 0, 0),
+    "tree of 8, heads over 8": (1, 1, 8, 8, 0, 0),
+    "decode into the row, heads over 8": (0, 0, 1, 8, 0, 0),
+    "verify chain of 3, its end in the row, heads over 4": (0, 1, 3, 4, 1, 0),
+    "verify chain of 8, its end in the row": (0, 1, 8, 1, 1, 0),
+    "batch-invariant, into the row": (0, 0, 0, 1, 0, 0),
+    "batch-invariant, a chain's end in the row": (0, 1, 0, 1, 1, 0),
+    "batch-invariant, snapshots only (a tree's)": (0, 1, 0, 1, 0, 0),
+    "b and a from the rows, decode into the row, heads over 4": (0, 0, 1, 4, 0, 1),
+    "b and a from the rows, verify chain of 3, its end in the row, heads over 4": (
+        0,
+        1,
+        3,
+        4,
+        1,
+        1,
+    ),
+    "b and a from the rows, batch-invariant, into the row": (0, 0, 0, 1, 0, 1),
 }
 
 

@@ -23,7 +23,7 @@ from outpace.attention import build_paged_metadata, forward_context  # noqa: E40
 from outpace.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from outpace.cache.block_pool import BlockPool  # noqa: E402
 from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
-from outpace.layers import fused_decoder  # noqa: E402
+from outpace.layers import deltanet_step_kernel, fused_decoder  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.linear import linear  # noqa: E402
 from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
@@ -189,7 +189,8 @@ def test_fused_hybrid_step_computes_what_the_eager_one_does(
 
 # case -> (variant, format, the projections quantized, quantization config, scale dtype, form): Qwen3-Next-FP8's
 # published layout (block FP8, bf16 scales; in_proj_ba and the norms, A_log, conv1d, dt_bias kept in bf16: the
-# in-projections do not pack, and fold the norm one launch each), Qwen3-Next with every projection in fp8 (as
+# in-projections do not pack; in_proj_qkvz folds the norm, the step kernel projects b and a itself) and
+# Qwen3.5-FP8's (in_proj_b and in_proj_a in bf16), Qwen3-Next with every projection in fp8 (as
 # bench/families.py --quantized fp8 lays it out: they pack), in 8-row blocks (q/k/v pack in whole blocks), and
 # Nemotron-H in ModelOpt's per-tensor FP8 (q/k/v pack as blocks of their rows' divisor, a scale each); a verify
 # step (Mamba2's in fp8), Qwen3-Next's a decode (neither quantization nor packing follows the rows, Qwen3-Next's
@@ -200,6 +201,17 @@ QUANTIZED = {
         "fp8_block",
         lambda name: is_projection(name) and "in_proj_ba" not in name,
         block_fp8_config((8, 16), modules_to_not_convert=["lm_head", "in_proj_ba"]),
+        torch.bfloat16,
+        "decode",
+    ),
+    # Qwen3.5-FP8's: in_proj_b and in_proj_a kept in bf16 beside fp8 q/k/v and z
+    "qwen3_5_fp8": (
+        "qwen3_5",
+        "fp8_block",
+        lambda name: (
+            is_projection(name) and not any(p in name for p in ("in_proj_b.", "in_proj_a."))
+        ),
+        block_fp8_config((8, 16), modules_to_not_convert=["lm_head", "in_proj_b", "in_proj_a"]),
         torch.bfloat16,
         "decode",
     ),
@@ -234,11 +246,22 @@ def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
     path, _ = write_quantized(checkpoints(variant), tmp_path, method, quantize, config, scale_dtype)
     want = _served_step(path, monkeypatch, False, form)
     finished = record_fp8_epilogues(monkeypatch)  # (input norm folded in, next norm readied)
+    ba_in_step, step = [], deltanet_step_kernel.deltanet_step
+    monkeypatch.setattr(
+        deltanet_step_kernel,
+        "deltanet_step",
+        lambda rows, *a: ba_in_step.append(rows.ba_rows is not None) or step(rows, *a),
+    )
     norms_run = []
     got = _served_step(path, monkeypatch, True, form, norms_run)
     _assert_same_step(got, want)
     assert len(norms_run) == MATERIALISED[variant]
     assert (True, False) in finished and (False, True) in finished, finished
+    # b and a kept in bf16 beside fp8 projections: the step kernel projects them (no launch of their own)
+    if case in ("qwen3_next_fp8", "qwen3_5_fp8"):
+        assert ba_in_step and all(ba_in_step)
+    else:
+        assert not any(ba_in_step)
 
 
 # Qwen3-Next cut to two layers, a linear-attention then the full-attention one, each with a MoE block (the
