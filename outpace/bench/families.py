@@ -23,6 +23,9 @@ over its decoder layers (the embedding and head are counted in them).
 ``--quantized fp8``: each shape's config with DeepSeek-V3's block-FP8 ``quantization_config``
 (``QUANTIZATION_CONFIGS``), so the dummy load builds its projections quantized with random fp8 values and
 scales (models/loader.py); the floor counts every parameter at its stored size (fp8 weights, their scales).
+``--quantized fp8-published``: the same, but projections a family's FP8 checkpoint keeps unquantized stay bf16
+(``PUBLISHED_FP8_UNQUANTIZED``: Qwen3-Next's and Qwen3.5's linear-attention b and a), for the shapes whose
+published layout differs (``QUANTIZED_SHAPES``).
 ``--quantized int4``: Kimi-K2-Thinking's compressed-tensors W4A16 config (INT4 routed experts, packed words
 of random nibbles with bf16 group scales; attention, shared experts, dense MLPs and head bf16), for the
 DeepSeek-V3-architecture shapes its ignore list is written for (``QUANTIZED_SHAPES``).
@@ -409,9 +412,22 @@ QUANTIZATION_CONFIGS = {
         ],
     },
 }
+# --quantized fp8-published: block FP8 as a family's own FP8 checkpoint lays it out where that keeps projections
+# unquantized beside the fp8 ones (``modules_to_not_convert``, by model_type): Qwen3-Next-80B-A3B-Instruct-FP8 its
+# in_proj_ba, the Qwen3.5 FP8 releases their in_proj_b and in_proj_a (tests/models/test_quantized_checkpoints.py
+# writes those layouts); --quantized fp8 quantizes every projection of every shape.
+QUANTIZATION_CONFIGS["fp8-published"] = QUANTIZATION_CONFIGS["fp8"]
+PUBLISHED_FP8_UNQUANTIZED = {
+    "qwen3_next": ["in_proj_ba"],
+    "qwen3_5_text": ["in_proj_b", "in_proj_a"],
+}
 # The shapes each quantization applies to (None: every shape). Kimi's ignore list names DeepSeek-V3's modules
 # (self_attn, shared_experts, a dense layer's mlp.*_proj): on another family it would quantize attention.
-QUANTIZED_SHAPES = {"fp8": None, "int4": ("deepseek-v3-slice", "kimi-k2-slice")}
+QUANTIZED_SHAPES = {
+    "fp8": None,
+    "fp8-published": ("qwen3-next-80b-slice", "qwen3-next-80b", "qwen3.5"),
+    "int4": ("deepseek-v3-slice", "kimi-k2-slice"),
+}
 # The shapes that run quantized only, and why.
 NEEDS_QUANTIZATION = {
     "qwen3-next-80b": "its 80B parameters are 160 GB in bf16, more than one H200's 141 GB: run it with "
@@ -443,13 +459,19 @@ def bench_shapes(quantized: str | None, names: list[str] | None = None) -> dict[
             f"shape {name!r} with --quantized {quantized}: the quantization applies to "
             f"{', '.join(allowed)} only (QUANTIZED_SHAPES)"
         )
+    return {n: _quantized(shapes[n], quantized) for n in names or allowed}
+
+
+def _quantized(shape: FamilyShape, quantized: str | None) -> FamilyShape:
+    """The shape with ``quantized``'s quantization_config (``QUANTIZATION_CONFIGS``; fp8-published's with the
+    family's ``PUBLISHED_FP8_UNQUANTIZED``)."""
     config = QUANTIZATION_CONFIGS.get(quantized)
-    return {
-        n: shapes[n]
-        if config is None
-        else replace(shapes[n], config={**shapes[n].config, "quantization_config": config})
-        for n in names or allowed
-    }
+    if config is None:
+        return shape
+    kept = PUBLISHED_FP8_UNQUANTIZED.get(shape.config.get("model_type"), [])
+    if quantized == "fp8-published" and kept:
+        config = {**config, "modules_to_not_convert": ["lm_head", *kept]}
+    return replace(shape, config={**shape.config, "quantization_config": config})
 
 
 def run_families_bench(

@@ -100,6 +100,27 @@ def test_the_whole_qwen3_next_80b_runs_quantized_only(tmp_path, capsys):
     assert "160 GB in bf16" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "name, kept, fp8",
+    [
+        ("qwen3-next-80b-slice", ["in_proj_ba"], "in_proj_qkvz"),
+        ("qwen3.5", ["in_proj_b", "in_proj_a"], "in_proj_z"),
+    ],
+)
+def test_fp8_published_keeps_what_a_familys_fp8_checkpoint_keeps_unquantized(
+    name, kept, fp8, tmp_path
+):
+    """``--quantized fp8-published``: the linear attention's b and a stay unquantized (named in
+    modules_to_not_convert) beside its fp8 projections; refused for a shape whose published layout is fp8's."""
+    shape = bench_shapes("fp8-published", [name])[name]
+    assert shape.config["quantization_config"]["modules_to_not_convert"] == ["lm_head", *kept]
+    names = list(quantized_modules(tiny_llm(tiny(shape), tmp_path)))
+    assert not any(n.endswith(f".{k}") for n in names for k in kept)
+    assert any(n.endswith(f".{fp8}") for n in names)
+    with pytest.raises(ValueError, match="fp8-published"):
+        bench_shapes("fp8-published", ["deepseek-v2-lite"])
+
+
 def test_the_fp8_floor_counts_fp8_weights_and_their_scales_as_stored(tmp_path):
     config = shrink(bench_shapes("fp8", ["qwen3-next-80b"])["qwen3-next-80b"].config, 4)
     llm = tiny_llm(config, tmp_path)
