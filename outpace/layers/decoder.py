@@ -266,7 +266,7 @@ def pack_projections(model: nn.Module) -> None:
     any other attention that asks for it (a ``qkv`` attribute None beside q/k/v_proj: Gemma's; beside
     q/k_proj alone, q and k: Gemma 4's layers whose v is k's projection) and the
     in-projections of a module that lists them (``in_projections()`` beside an ``in_proj`` None: gated
-    DeltaNet's); a module with a ``pack_rows()`` packs its own.
+    DeltaNet's; all of them, else as many of the first as pack); a module with a ``pack_rows()`` packs its own.
     Projections stored quantized (layers/quant/linear.py) pack where they are block FP8 (``packable``),
     else stay separate."""
     for module in model.modules():
@@ -283,8 +283,11 @@ def pack_projections(model: nn.Module) -> None:
                 module.gate_up = PackedProjection(projections)
         elif hasattr(module, "in_projections") and module.in_proj is None:  # linear attention's
             projections = module.in_projections()
-            if packable(projections):
-                module.in_proj = PackedProjection(projections)
+            # all of them, else as many of the first as pack (stored in two formats: Qwen3.5-FP8's)
+            for count in range(len(projections), 1, -1):
+                if packable(projections[:count]):
+                    module.in_proj = PackedProjection(projections[:count])
+                    break
         elif hasattr(module, "pack_rows"):  # rows of its own (Qwen3-Next's router and shared gate)
             module.pack_rows()
 

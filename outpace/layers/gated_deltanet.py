@@ -141,8 +141,9 @@ class GatedDeltaNet(RecurrentStateLayer):
     (None: on CUDA); the torch code below is the CPU path and its reference."""
 
     fused_step: bool | None = None
-    # The in-projections as one matmul when served (layers/decoder.py ``pack_projections``): x [n, hidden] ->
-    # one view per projection of ``in_projections()``.
+    # The in-projections as one matmul when served (layers/decoder.py ``pack_projections``): all of them, or where
+    # they are stored in two formats as many of the first as pack (Qwen3.5-FP8: q/k/v and z, beside b and a in
+    # bf16); x [n, hidden] -> one view per projection it packs.
     in_proj: PackedProjection | None = None
 
     def __init__(
@@ -210,11 +211,15 @@ class GatedDeltaNet(RecurrentStateLayer):
             return [self.in_proj_qkvz, self.in_proj_ba]
         return [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
 
+    def unpacked_projections(self) -> list[nn.Linear]:
+        """The ``in_projections()`` that ``in_proj`` does not pack (all of them without it)."""
+        return self.in_projections()[len(self.in_proj.sizes) if self.in_proj is not None else 0 :]
+
     def _in_projected(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [n, hidden] -> each of ``in_projections()`` of it [n, out_i]: one matmul once packed."""
-        if self.in_proj is not None:
-            return self.in_proj(x)
-        return tuple(p(x) for p in self.in_projections())
+        """x [n, hidden] -> each of ``in_projections()`` of it [n, out_i]: those ``in_proj`` packs from its one
+        matmul, the others one each."""
+        packed = self.in_proj(x) if self.in_proj is not None else ()
+        return (*packed, *(p(x) for p in self.unpacked_projections()))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [n, hidden] -> (conv input [n, channels]: all q, all k, all v; z [n, v_heads, v_dim]; b, a

@@ -313,11 +313,11 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
         ) and self._takes_fused_step(h)
 
     def _input_projections(self) -> list:
-        """The projections the fused path reads the stream through: the packed in-projections, else each of
-        them (a checkpoint storing them in two formats does not pack: Qwen3-Next-FP8 keeps in_proj_ba in bf16
-        beside its fp8 in_proj_qkvz), one norm-folding launch each, but b and a's where the step kernel
+        """The projections the fused path reads the stream through: the packed in-projections, and each of
+        those it does not pack (a checkpoint storing them in two formats: Qwen3-Next-FP8 keeps in_proj_ba in
+        bf16 beside its fp8 in_proj_qkvz), one norm-folding launch each, but b and a's where the step kernel
         projects them itself (``_projected_rows``)."""
-        return [self.in_proj] if self.in_proj is not None else self.in_projections()
+        return ([self.in_proj] if self.in_proj is not None else []) + self.unpacked_projections()
 
     def _b_and_a(self) -> list[nn.Module]:
         """b and a's projections: Qwen3-Next's one, packed by key head, or Qwen3.5's two."""
@@ -325,12 +325,16 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
 
     def _projects_b_and_a_in_step(self, rows) -> bool:
         """Whether the step kernel projects b and a from the rows (layers/deltanet_step_kernel.py: B AND A FROM
-        THE ROWS) rather than a launch of their own: the in-projections unpacked (two formats), b and a's
-        stored unquantized, contiguous, in the rows' dtype."""
+        THE ROWS) rather than a launch of their own: b and a's projections not packed with the others (two
+        formats), stored unquantized, contiguous, in the rows' dtype."""
         read = kernel_rows(rows)  # NormedRows as they are, or the normalised input
         x = read.normed if read is rows else read
-        return self.in_proj is None and all(
-            not is_quantized(p) and p.weight.dtype == x.dtype and p.weight.is_contiguous()
+        unpacked = self.unpacked_projections()
+        return all(
+            any(p is q for q in unpacked)
+            and not is_quantized(p)
+            and p.weight.dtype == x.dtype
+            and p.weight.is_contiguous()
             for p in self._b_and_a()
         )
 
@@ -343,11 +347,11 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
         from outpace.layers.deltanet_step_kernel import BaRows  # (Triton: only when used)
 
         in_step = self._b_and_a()
-        projected = tuple(
+        projected = self._packed_normalised(x) + tuple(
             p.weight
             if any(p is q for q in in_step)
             else project_normalised(x.rows, x.eps, fused_weight(p))
-            for p in self.in_projections()
+            for p in self.unpacked_projections()
         )
         read = kernel_rows(x.rows)  # NormedRows as they are, or the normalised input
         ba = (
@@ -367,10 +371,15 @@ class FusedInputGatedDeltaNet(GatedDeltaNet):
         output where they are packed, else a launch each (``_input_projections``)."""
         if not isinstance(x, _FoldedInput):
             return super()._in_projected(x)
+        return self._packed_normalised(x) + tuple(
+            project_normalised(x.rows, x.eps, fused_weight(p)) for p in self.unpacked_projections()
+        )
+
+    def _packed_normalised(self, x: _FoldedInput) -> tuple[torch.Tensor, ...]:
+        """The packed in-projections of the normalised stream (``in_proj``: one norm-folding launch), one
+        [n, out_i] view each; none without it."""
         if self.in_proj is None:
-            return tuple(
-                project_normalised(x.rows, x.eps, fused_weight(p)) for p in self.in_projections()
-            )
+            return ()
         return project_normalised(x.rows, x.eps, fused_weight(self.in_proj)).split(
             self.in_proj.sizes, dim=-1
         )

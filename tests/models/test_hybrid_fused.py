@@ -257,11 +257,21 @@ def test_fused_fp8_hybrid_step_computes_what_the_eager_one_does(
     _assert_same_step(got, want)
     assert len(norms_run) == MATERIALISED[variant]
     assert (True, False) in finished and (False, True) in finished, finished
-    # b and a kept in bf16 beside fp8 projections: the step kernel projects them (no launch of their own)
+    # b and a kept in bf16 beside fp8 projections: the step kernel projects them (no launch of their own), and
+    # Qwen3.5-FP8's q/k/v and z pack (as many of the first in-projections as share a format)
     if case in ("qwen3_next_fp8", "qwen3_5_fp8"):
         assert ba_in_step and all(ba_in_step)
     else:
         assert not any(ba_in_step)
+    model = load_model(path, torch.float32, "cpu", progress=False)
+    packed = {
+        len(m.in_proj.sizes) if m.in_proj is not None else 0
+        for m in model.modules()
+        if isinstance(m, GatedDeltaNet)
+    }
+    assert packed == {"qwen3_next_fp8": {0}, "qwen3_5_fp8": {2}, "qwen3_next_all_fp8": {2}}.get(
+        case, set()
+    )
 
 
 # Qwen3-Next cut to two layers, a linear-attention then the full-attention one, each with a MoE block (the
