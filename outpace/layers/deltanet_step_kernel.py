@@ -109,6 +109,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant, invariant_launch_options
+from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.layers.sm_count import num_sms
@@ -277,13 +278,9 @@ def _b_and_a_of_rows(
         acc_a += xs * wa[None, :]
     run_b, run_a = tl.split(tl.sum(tl.join(acc_b, acc_a), axis=1))  # [BT] each
     if ROW_NORM:  # RMSNorm(s) @ W.T = rsqrt(mean(s^2) + eps) * ((s * w) @ W.T)
-        parts = tl.arange(0, BP)
-        sqs = tl.load(
-            sq + parts[None, :] * sq_row + run_rows[:, None],
-            mask=in_run[:, None] & (parts < num_sq_parts)[None, :],
-            other=0.0,
-        )  # [BT, BP]
-        factor = tl.rsqrt(tl.sum(sqs, axis=1) / hidden + in_eps)
+        factor = tl.reshape(
+            row_rstd(sq, run_rows, in_run, sq_row, num_sq_parts, hidden, in_eps, BP), [BT]
+        )
         run_b, run_a = run_b * factor, run_a * factor
     dtype = x.dtype.element_ty
     return run_b.to(dtype).to(tl.float32), run_a.to(dtype).to(tl.float32)
