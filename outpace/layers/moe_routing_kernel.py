@@ -16,8 +16,8 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    benchmarks/results/gpu_2026-11-29e/call1).
 2. ``_route_kernel``: the split logits summed in split order (deterministic), the scores (softmax or
    sigmoid), the selection scores (+ ``e_score_correction_bias``), the group limit (groups scored by their
-   best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k,
-   the weights (the uncorrected scores, renormalised with ``normalize``, times ``scaling``), as layers/moe.py
+   best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k (by
+   top_k rounds of a max, or from ``sorted_top_k_experts`` experts without a bias one partial sort), the weights (the uncorrected scores, renormalised with ``normalize``, times ``scaling``), as layers/moe.py
    ``Router.reference`` computes them. Up to ``FUSED_LAYOUT_TOKENS`` tokens (decode, verify) one program of
    ``token_route_warps`` warps a token (1 up to 256 experts), all in parallel; a token's bits
    are then those it gets routed alone, whatever the batch. Beyond (prefill) one program of 8 warps per
