@@ -155,7 +155,7 @@ class ProjectedRows:
     a_offset: int
     ba_group: int
     # b and a by the kernel from the rows (``BaRows``): ``b`` and ``a`` are then their projections' weights
-    # [*, hidden], the column above their row
+    # [*, hidden], where a value's column above names its weight row
     ba_rows: BaRows | None = None
 
 
