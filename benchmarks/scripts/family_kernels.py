@@ -3,8 +3,8 @@ greedy decode steps of a batch (1, or the ``SHAPE@BATCH`` given) under torch.pro
 ms and launches per step, largest first). The batch's requests are real ones with distinct prompts (as bench
 families times them), so a MoE layer routes them to as many distinct experts as the timed rows do.
 ``PYTHONPATH=. python3 benchmarks/scripts/family_kernels.py OUT SHAPE[@BATCH][:QUANT] ...`` writes
-OUT/kernels_SHAPE[@BATCH][:QUANT].txt and prints the tables; ``:fp8`` or ``:int4`` builds the shape with that
-``quantization_config`` (bench/families.py ``QUANTIZATION_CONFIGS``)."""
+OUT/kernels_SHAPE[@BATCH][:QUANT].txt and prints the tables; ``:fp8``, ``:fp8-published`` or ``:int4`` builds the
+shape as ``bench families --quantized`` does (bench/families.py ``bench_shapes``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from outpace.bench.families import QUANTIZATION_CONFIGS, build, close
-from outpace.bench.family_shapes import family_shapes
+from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.gpu import start_decoding
 from outpace.bench.profile import _kernel_table
 
@@ -24,12 +23,8 @@ STEPS, CONTEXT = 5, 512
 
 
 def step_kernels(shape_name: str, workdir: Path, batch: int = 1, quant: str = "") -> list[str]:
-    shape = family_shapes()[shape_name]
-    config = (
-        {**shape.config, "quantization_config": QUANTIZATION_CONFIGS[quant]}
-        if quant
-        else shape.config
-    )
+    shape = bench_shapes(quant or None, [shape_name])[shape_name]
+    config = shape.config
     llm = build(workdir, config, max_num_seqs=batch, graph_sizes=(batch,))
     try:
         start_decoding(llm, batch, CONTEXT, max_tokens=64)

@@ -115,9 +115,11 @@ _FEW_TOKENS_BLOCK_K = 256  # up to one token block: each program's split in one 
 # form, benchmarks/scripts/invariant_router_logits.py); it now sums token by token at every count
 _DOT_BLOCK_K = 64
 # the tl.dot path's precision: "ieee" (float32 products on the CUDA cores, one K step after another in each thread),
-# or "tf32x3" (three tf32 tensor-core products a step, about float32's accuracy; bf16 x is exact in tf32). Not
-# measured yet: benchmarks/scripts/router_logit_paths.py times both, decode_settings.py router_dot_v2 in the step.
-dot_precision = "ieee"
+# or "tf32x3" (three tf32 tensor-core products a step, about float32's accuracy; bf16 x is exact in tf32). In the
+# Qwen3-Next slice's block-FP8 decode step at batch 32 (decode_settings.py router_dot_qwen3next, gpu_2026-12-04f
+# call 1): 3.246 ms against 3.358 in "ieee"; aiming for 1056 programs rather than 264 (``_LOGIT_PROGRAMS``): 3.375,
+# and 3.267 with tf32x3.
+dot_precision = "tf32x3"
 # From this many experts (None: never) the route kernel takes a token's top_k from one partial sort of its keys
 # (tl.topk: a bitonic network over the experts) rather than top_k rounds of a max over them, each a reduction across
 # the program's warps; not with a correction bias (the weight is then the score, not the ranked choice). Both give
