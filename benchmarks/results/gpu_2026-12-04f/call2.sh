@@ -11,7 +11,7 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider -n 4 --tb=short -rfE tests/
 echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
 timeout -s ABRT 280 python3 -X faulthandler -m outpace.bench.families --out $OUT/fam_pub --no-verify \
   --quantized fp8-published --shapes qwen3-next-80b-slice > $OUT/fam_pub.log 2>&1
-echo; echo "rc=$? after ${SECONDS}s" >> $OUT/fam_pub.log
+rc=$?; echo >> $OUT/fam_pub.log; echo "rc=$rc after ${SECONDS}s" >> $OUT/fam_pub.log
 timeout 150 python3 benchmarks/scripts/family_kernels.py $OUT/kernels deepseek-v2-lite:fp8 \
   qwen3-next-80b-slice:fp8-published > $OUT/kernels.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/kernels.log
