@@ -87,6 +87,36 @@ def test_grouped_experts_of_a_token_do_not_depend_on_the_batch():
     )
 
 
+def test_a_readied_token_does_not_depend_on_the_batch(monkeypatch):
+    """``ready`` (the output added to the stream and readied for the next norm): the stream, its normed rows and
+    its parts of the sum of squares, alone and among many. The combine's column blocks (the parts) follow
+    the token count outside the mode; with an H200's 132 SMs, 16 tokens of 2048 columns took 8 blocks where one
+    took 16 (``_combine_block``)."""
+    from outpace.layers import moe_kernels
+
+    monkeypatch.setattr(moe_kernels, "num_sms", lambda device: 132)
+    hidden, inter, experts, top_k, n = 2048, 16, 6, 2, max(TOKEN_COUNTS)
+    x, stream = _rand(n, hidden, seed=9), _rand(n, hidden, seed=10)
+    norm_weight = _rand(hidden, seed=11)
+    gate, up = (_rand(experts, inter, hidden, seed=s, scale=0.1) for s in (12, 13))
+    down = _rand(experts, hidden, inter, seed=14, scale=0.1)
+    g = torch.Generator().manual_seed(15)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(n)]).to(DEVICE)
+    weights = torch.rand(n, top_k, generator=g).to(DEVICE)
+
+    def readied(order: torch.Tensor) -> torch.Tensor:
+        rows = grouped_experts(
+            x[order], weights[order], ids[order].int(), gate, up, down,
+            ready=(stream[order], norm_weight, 1.0),
+        )  # fmt: skip
+        parts = rows.sq_parts.T.to(
+            rows.stream.dtype
+        )  # [tokens, parts] (float32 in the interpreter)
+        return torch.cat([rows.stream, rows.normed, parts], dim=1)
+
+    _alone_and_among(readied)
+
+
 @pytest.mark.parametrize(
     "routing",
     [Routing(40, 6, "softmax"), Routing(32, 4, "sigmoid", 4, 2, "top2_sum", True, True, 2.5)],
