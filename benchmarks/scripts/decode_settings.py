@@ -55,7 +55,6 @@ KNOBS = {
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
-    "combine_in_down_tokens": (moe_kernels, "combine_in_down_tokens"),
 }
 
 
@@ -122,18 +121,6 @@ SWEEPS = {
             ("v2_fp8", "deepseek-v2-lite", "fp8", "fp8_block"),
             ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8", "fp8_block"),
             ("kimi_int4", "kimi-k2-slice", "int4", "int4_group"),
-        )
-    },
-    # the tokens' slots summed by the combine kernel rather than by the down kernel's last program of each column
-    # block (moe_kernels.combine_in_down_tokens, COMBINE IN DOWN)
-    **{
-        f"combine_in_down_{name}": Sweep(
-            shape, ((1, 512), (8, 512)), ({}, {"combine_in_down_tokens": 0}), quantized=quantized
-        )
-        for name, shape, quantized in (
-            ("v2_fp8", "deepseek-v2-lite", "fp8"),
-            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
-            ("v2", "deepseek-v2-lite", None),
         )
     },
     # the route kernel's top_k by rounds of max, not one partial sort of the keys (moe_routing_kernel.sorted_top_k_experts)

@@ -1,5 +1,5 @@
 """Routed experts as grouped GEMMs in Triton, without a host synchronisation (capturable in a CUDA graph).
-Over half-precision stacks its launches (gate/up, down, the combine of a token's slots: two or three) use
+Over half-precision stacks its three launches (gate/up, down, the combine of a token's slots) use
 programmatic dependent launch on Hopper (layers/pdl.py): each waits for its predecessor before its first read
 or write, and lets the next one start launching meanwhile.
 
@@ -58,18 +58,14 @@ Four kernels, every grid fixed by the shapes:
    slots, then shared), in x's dtype. No atomics: the same inputs give the same bits. On the fused residual
    stack (``ready``) it also adds the sum to the residual stream and makes the new stream ready for the next
    layer's input norm (``NormedRows``: the stream times the norm's scale and each program's sum of squares),
-   so that norm costs no launch of its own.
-
-COMBINE IN DOWN: up to ``combine_in_down_tokens`` tokens (decode at small batches, a verify of a few rows) the
-down kernel does kernel 4's work itself, one launch fewer a MoE layer. Each of its programs, its partial rows
-stored, meets its threads at a barrier and counts itself in its column block's arrival counter (an atomic add,
-acq_rel at gpu scope: its rows released, and the last to arrive acquires every block's; an empty block counts
-too); the column block's last program sums every token's slots over the block's columns as kernel 4 does
-(``_combine_rows``: the same order, so the same bits; a ``NormedRows``' sums of squares one part a column
-block), reading the rows past L1, which other SMs' writes do not reach, and zeroes the counter for the next
-launch. The counters (layers/zeroed_scratch.py) are zeroed once per device and size and left zero by every
-launch, so the launch stays capturable. Not in batch-invariant mode, whose launches keep one form whatever the
-token count (``_combine_block``).
+   so that norm costs no launch of its own. Its launch was once folded into the down kernel (up to 8 tokens,
+   the last program of each column block to count itself in an arrival counter summed the block's columns;
+   e2412f4) and lost in every decode step measured (decode_settings.py combine_in_down_*, gpu_2026-12-04f call
+   4, ms at batch 1 / 8, folded against this launch): V2-Lite in block FP8 1.864 / 4.101 against 1.819 / 4.035,
+   in bf16 2.156 / 5.176 against 2.140 / 5.167, the Qwen3-Next slice in block FP8 0.636 / 1.383 against 0.621 /
+   1.359. Not looked into further; a likely reason: under programmatic dependent launch this launch waits out
+   of sight, while the fold's barrier and atomic in every program and the last ones' sums delay the end of the
+   whole grid, which the next layer waits for.
 
 ONE-ROW: with one token (decode at batch 1) each block holds one pair, at its first row, and a kernel over
 block-FP8 or INT4 stacks of at most ``one_row_max_k`` columns reads that row alone (ROWS 1, ``one_token_rows``): each
@@ -125,7 +121,6 @@ from outpace.layers.quant.quant_matmul_kernel import (
     weight_tile,
 )
 from outpace.layers.sm_count import num_sms
-from outpace.layers.zeroed_scratch import zeroed_scratch
 
 if TYPE_CHECKING:
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
@@ -177,9 +172,6 @@ int4_one_token_down = (8, 512, 1, 1)
 #   against 0.814 ms, 2.344 against 2.424; V2-Lite's at batch 4 slower, 3.227 against 3.073). Why the same one-row
 #   kernels run slower apart than in the layout at one token was not found, so block FP8 keeps the layout.
 pairs_apart_max_tokens = {"int4_group": 4, "fp8_block": 0}
-# Up to this many tokens the down kernel's last program of each column block sums the tokens' slots (module
-# docstring, COMBINE IN DOWN: no combine launch); 0: never.
-combine_in_down_tokens = 8
 
 # The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
 # (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
@@ -241,13 +233,6 @@ def pairs_apart(tokens: int, fmt: str, hidden: int, inter: int) -> bool:
         and _reads_one_row(fmt, hidden)
         and _reads_one_row(fmt, inter)
     )
-
-
-def combine_in_down(tokens: int) -> bool:
-    """Whether the down kernel over ``tokens`` tokens sums their slots itself (module docstring, COMBINE IN
-    DOWN): up to ``combine_in_down_tokens``, outside batch-invariant mode (where the sums of squares a
-    ``NormedRows`` carries keep the combine kernel's parts whatever the count)."""
-    return 0 < tokens <= combine_in_down_tokens and not batch_invariant()
 
 
 def block_rows(tokens: int) -> int:
@@ -931,17 +916,6 @@ def _down_kernel(
     stride_sk,
     stride_sse,
     stride_ssn,
-    # COMBINE (module docstring, COMBINE IN DOWN): ``_combine_rows``' outputs and inputs, and
-    out_ptr,
-    shared_out_ptr,
-    stream_ptr,
-    addend_ptr,
-    norm_w_ptr,
-    normed_ptr,
-    sq_ptr,  # [hidden / BLOCK_N, tokens] float32 (READY)
-    counters_ptr,  # [hidden / BLOCK_N] int32, zero: each column block's arrivals (layers/zeroed_scratch.py)
-    norm_offset,
-    stride_out,
     WEIGHTED_SLOTS: tl.constexpr,  # the slots the weights give: top_k, or all (the shared ones too)
     TOP_K: tl.constexpr,
     SLOTS: tl.constexpr,
@@ -956,12 +930,6 @@ def _down_kernel(
     FORMAT: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
-    COMBINE: tl.constexpr,  # the column block's last program to finish sums its tokens' slots
-    COMBINE_TOKENS: tl.constexpr,  # (COMBINE) the tokens' power of two
-    SKIPS: tl.constexpr,  # (COMBINE) as ``_combine_rows``'
-    APART: tl.constexpr,
-    READY: tl.constexpr,
-    ADDEND: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
@@ -1035,27 +1003,10 @@ def _down_kernel(
             acc * weight[:, None],
             mask=row_ok[:, None] & n_ok[None, :],
         )
-    if COMBINE:  # every program counts itself, an empty block's too
-        # every thread's partial rows before the count (one thread takes it for the program); acq_rel at gpu
-        # scope: releases this program's rows, and the last to arrive acquires every block's
-        tl.debug_barrier()
-        column_block = tl.program_id(1)
-        counter = counters_ptr + column_block
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-            tokens = pairs // SLOTS
-            tok = tl.arange(0, COMBINE_TOKENS)
-            cols = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
-            _combine_rows(
-                partial_ptr, out_ptr, shared_out_ptr, ids_ptr, stream_ptr, addend_ptr, norm_w_ptr,
-                normed_ptr, sq_ptr, tok, tok < tokens, cols, cols < hidden, column_block, tokens,
-                norm_offset, stride_partial, stride_out, stride_ids, SLOTS, TOP_K, SKIPS, APART, READY,
-                ADDEND, True, COMBINE_TOKENS, BLOCK_N,
-            )  # fmt: skip
-            tl.atomic_xchg(counter, 0)  # zero again for the next launch
 
 
-@triton.jit
-def _combine_rows(
+@triton.jit(do_not_specialize=["tokens"])  # (the call's count: engine/warm_up.py)
+def _combine_kernel(
     partial_ptr,  # [tokens * SLOTS, hidden] float32
     out_ptr,  # [tokens, hidden], written: the sum, or (READY) the new stream
     shared_out_ptr,  # [tokens, hidden] (APART), written: the shared slots' sum, out's row stride
@@ -1064,13 +1015,9 @@ def _combine_rows(
     addend_ptr,  # [tokens, hidden] (ADDEND): another output added to the sum first, out's row stride
     norm_w_ptr,  # [hidden] (READY): the next RMSNorm's weight
     normed_ptr,  # [tokens, hidden] (READY), written: new stream * (norm_offset + weight), out's row stride
-    sq_ptr,  # [parts, tokens] float32 (READY), written at row ``part``: each part's sum of squares
-    tok,  # [TOKENS] the tokens summed
-    tok_ok,  # [TOKENS] the real ones
-    offs,  # [BLOCK] the columns summed
-    ok,  # [BLOCK] offs < hidden
-    part,
+    sq_ptr,  # [programs along hidden, tokens] float32 (READY), written: each program's sum of squares
     tokens,
+    hidden,
     norm_offset,
     stride_partial,
     stride_out,
@@ -1081,90 +1028,50 @@ def _combine_rows(
     APART: tl.constexpr,  # the shared slots summed into shared_out_ptr, not with the routed ones
     READY: tl.constexpr,  # the sum added to the stream, made ready for the next norm (``NormedRows``)
     ADDEND: tl.constexpr,  # (READY) addend_ptr's row added to the sum before the stream
-    PAST_L1: tl.constexpr,  # the partial rows written by other programs of the same launch: read past L1
-    TOKENS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
-    """Each token's SLOTS rows summed in slot order over the columns ``offs``: routed slots, then shared ones
-    (deterministic); APART: the routed slots' sum and the shared slots' sum, each written. SKIPS: a routed
-    slot whose id is -1 adds zeros (its row was never written: ``grouped_experts``' skipped_slots). READY: the
-    sum, rounded to the stream's dtype as the block's output is, added to the stream (the norm kernel's
-    residual add: float32, rounded), and the new stream made ready for the next norm
-    (layers/fused_projection.py ``NormedRows``); ADDEND: another output of the block (a shared MLP run beside
-    the experts) added to the rounded sum first, rounded again."""
-    tok = tok.to(tl.int64)
-    m = tok_ok[:, None] & ok[None, :]  # [TOKENS, BLOCK]
-    rows = partial_ptr + (tok * SLOTS * stride_partial)[:, None] + offs[None, :]
-    acc = tl.zeros([TOKENS, BLOCK], tl.float32)
-    shared_acc = tl.zeros([TOKENS, BLOCK], tl.float32)
+    """A token's SLOTS rows summed in slot order: routed slots, then shared ones (deterministic); APART: the
+    routed slots' sum and the shared slots' sum, each written. SKIPS: a routed slot whose id is -1 adds zeros
+    (its row was never written: ``grouped_experts``' skipped_slots). READY: the sum, rounded to the stream's
+    dtype as the block's output is, added to the stream (the norm kernel's residual add: float32, rounded),
+    and the new stream made ready for the next norm (layers/fused_projection.py ``NormedRows``); ADDEND: another
+    output of the block (a shared MLP run beside the experts) added to the rounded sum first, rounded again."""
+    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = offs < hidden
+    rows = partial_ptr + token * SLOTS * stride_partial + offs
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    shared_acc = tl.zeros([BLOCK_H], tl.float32)
     for slot in tl.static_range(SLOTS):
-        placed = m
+        placed = ok
         if SKIPS and slot < TOP_K:
-            placed_id = tl.load(ids_ptr + tok * stride_ids + slot, mask=tok_ok, other=-1)
-            placed = m & (placed_id >= 0)[:, None]
-        if PAST_L1:  # (another SM's writes do not reach this one's L1)
-            row = tl.load(
-                rows + slot * stride_partial, mask=placed, other=0.0, cache_modifier=".cg"
-            )
-        else:
-            row = tl.load(rows + slot * stride_partial, mask=placed, other=0.0)
+            placed = ok & (tl.load(ids_ptr + token * stride_ids + slot) >= 0)
+        row = tl.load(rows + slot * stride_partial, mask=placed, other=0.0)
         if APART and slot >= TOP_K:
             shared_acc += row
         else:
             acc += row
     out = acc.to(out_ptr.dtype.element_ty)
-    at = tok[:, None] * stride_out + offs[None, :]
+    at = token * stride_out + offs
     if ADDEND:  # (a tensor add of the two outputs: float32, rounded)
-        extra = tl.load(addend_ptr + at, mask=m, other=0.0).to(tl.float32)
+        extra = tl.load(addend_ptr + at, mask=ok, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
     if READY:
-        s = tl.load(stream_ptr + at, mask=m, other=0.0).to(tl.float32)
+        s = tl.load(stream_ptr + at, mask=ok, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + s).to(out_ptr.dtype.element_ty)
         s = out.to(tl.float32)  # (the stream as stored)
         w = tl.load(norm_w_ptr + offs, mask=ok, other=0.0).to(tl.float32) + norm_offset
-        tl.store(normed_ptr + at, (s * w[None, :]).to(normed_ptr.dtype.element_ty), mask=m)
-        tl.store(sq_ptr + part * tokens + tok, tl.sum(s * s, axis=1), mask=tok_ok)
-    tl.store(out_ptr + at, out, mask=m)
+        tl.store(normed_ptr + at, (s * w).to(normed_ptr.dtype.element_ty), mask=ok)
+        tl.store(sq_ptr + tl.program_id(1) * tokens + token, tl.sum(s * s, axis=0))
+    tl.store(out_ptr + at, out, mask=ok)
     if APART:
-        tl.store(shared_out_ptr + at, shared_acc.to(shared_out_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit(do_not_specialize=["tokens"])  # (the call's count: engine/warm_up.py)
-def _combine_kernel(
-    partial_ptr,
-    out_ptr,
-    shared_out_ptr,
-    ids_ptr,
-    stream_ptr,
-    addend_ptr,
-    norm_w_ptr,
-    normed_ptr,
-    sq_ptr,
-    tokens,
-    hidden,
-    norm_offset,
-    stride_partial,
-    stride_out,
-    stride_ids,
-    SLOTS: tl.constexpr,
-    TOP_K: tl.constexpr,
-    SKIPS: tl.constexpr,
-    APART: tl.constexpr,
-    READY: tl.constexpr,
-    ADDEND: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
-):
-    """``_combine_rows`` (its pointers' shapes) for token program_id(0)'s columns of block program_id(1)."""
-    pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
-    tok = tl.program_id(0) + tl.zeros([1], tl.int32)
-    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    _combine_rows(
-        partial_ptr, out_ptr, shared_out_ptr, ids_ptr, stream_ptr, addend_ptr, norm_w_ptr, normed_ptr,
-        sq_ptr, tok, tok < tokens, offs, offs < hidden, tl.program_id(1), tokens, norm_offset,
-        stride_partial, stride_out, stride_ids, SLOTS, TOP_K, SKIPS, APART, READY, ADDEND, False, 1,
-        BLOCK_H,
-    )  # fmt: skip
+        tl.store(
+            shared_out_ptr + at,
+            shared_acc.to(shared_out_ptr.dtype.element_ty),
+            mask=ok,
+        )
 
 
 def _combine_block(tokens: int, hidden: int, device: torch.device) -> int:
@@ -1369,48 +1276,9 @@ def grouped_experts(
         num_stages=up_tiles[3],
         **pdl_launch_options(pdl),
     )
-    # (the skipped slots' rows stay unwritten: the combine adds zeros for them)
+    # (the skipped slots' rows stay unwritten: the combine kernel adds zeros for them)
     partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     bn_down = down_tiles[0]
-    folded = combine_in_down(n)
-    block_h = (
-        bn_down if folded else _combine_block(n, hidden, x.device)
-    )  # a program's columns of the sums
-    parts = triton.cdiv(hidden, block_h)
-    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
-    shared_out = out if shared_input is None else torch.empty_like(out)
-    if ready is not None:
-        stream, norm_weight, norm_offset, addend = (*ready, None)[:4]
-        stream = stream.contiguous()
-        addend = out if addend is None else addend.contiguous()  # (unread without one)
-        normed = torch.empty_like(out)
-        sq = torch.empty(parts, n, dtype=torch.float32, device=x.device)
-    else:
-        stream, norm_weight, norm_offset, addend, normed, sq = (
-            out,
-            out,
-            0.0,
-            out,
-            out,
-            out,
-        )  # (unread)
-    stream_args = (stream, addend, norm_weight, normed, sq)
-    combine_flags = dict(
-        SKIPS=skipped_slots,
-        APART=shared_input is not None,
-        READY=ready is not None,
-        ADDEND=addend is not out,
-    )
-    counters = (
-        zeroed_scratch(
-            "layers/moe_kernels.py: the down kernel's column blocks' arrival counters",
-            x.device,
-            parts,
-            torch.int32,
-        )
-        if folded
-        else out  # (not read)
-    )
     _down_kernel[(blocks, triton.cdiv(hidden, bn_down))](
         act,
         down,
@@ -1436,12 +1304,6 @@ def grouped_experts(
         partial.stride(0),
         *down_ss,
         *shared_down_ss,
-        out,
-        shared_out,
-        *stream_args,
-        counters,
-        norm_offset,
-        out.stride(0),
         WEIGHTED_SLOTS=weights.shape[1],
         TOP_K=top_k,
         SLOTS=slots,
@@ -1456,34 +1318,56 @@ def grouped_experts(
         FORMAT=fmt,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
-        COMBINE=folded,
-        COMBINE_TOKENS=triton.next_power_of_2(n),
-        **combine_flags,
         PDL=pdl,
         num_warps=down_tiles[2],
         num_stages=down_tiles[3],
         **pdl_launch_options(pdl),
     )
-    if not folded:
-        _combine_kernel[(n, parts)](
-            partial,
+    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    shared_out = out if shared_input is None else torch.empty_like(out)
+    block_h = _combine_block(n, hidden, x.device)
+    programs = triton.cdiv(hidden, block_h)
+    if ready is not None:
+        stream, norm_weight, norm_offset, addend = (*ready, None)[:4]
+        stream = stream.contiguous()
+        addend = out if addend is None else addend.contiguous()  # (unread without one)
+        normed = torch.empty_like(out)
+        sq = torch.empty(programs, n, dtype=torch.float32, device=x.device)
+    else:
+        stream, norm_weight, norm_offset, addend, normed, sq = (
             out,
-            shared_out,
-            ids,
-            *stream_args,
-            n,
-            hidden,
-            norm_offset,
-            partial.stride(0),
-            out.stride(0),
-            ids.stride(0),
-            SLOTS=slots,
-            TOP_K=top_k,
-            **combine_flags,
-            BLOCK_H=block_h,
-            PDL=pdl,
-            **pdl_launch_options(pdl),
-        )
+            out,
+            0.0,
+            out,
+            out,
+            out,
+        )  # (unread)
+    _combine_kernel[(n, programs)](
+        partial,
+        out,
+        shared_out,
+        ids,
+        stream,
+        addend,
+        norm_weight,
+        normed,
+        sq,
+        n,
+        hidden,
+        norm_offset,
+        partial.stride(0),
+        out.stride(0),
+        ids.stride(0),
+        SLOTS=slots,
+        TOP_K=top_k,
+        SKIPS=skipped_slots,
+        APART=shared_input is not None,
+        READY=ready is not None,
+        ADDEND=addend is not out,
+        BLOCK_H=block_h,
+        PDL=pdl,
+        **pdl_launch_options(pdl),
+    )
     if ready is not None:
         return NormedRows(out, normed, sq)
     return out if shared_input is None else (out, shared_out)

@@ -130,7 +130,7 @@ def test_combine_adds_the_stream_and_readies_the_next_norm(n, hidden, offset, se
     """``ready``: the combine adds the experts' output (rounded to its dtype first) to the stream and
     leaves it made ready for the next norm, as ``normed_rows`` of the output with the stream as residual:
     the same stream bits, its product with the norm's scale, and sums of squares that add up to the row's
-    (one part per program that sums: several where the hidden size spans several)."""
+    (one part per combine program: several where the hidden size spans several)."""
     from outpace.layers.fused_projection import normed_rows
 
     moe = make_moe(hidden=hidden, inter=12, experts=8, top_k=3, dtype=torch.bfloat16)
@@ -154,85 +154,6 @@ def test_combine_adds_the_stream_and_readies_the_next_norm(n, hidden, offset, se
     assert torch.equal(got.normed, expected.normed)
     assert got.sq_parts.shape[1] == n and (got.sq_parts.shape[0] > 1) == several
     torch.testing.assert_close(got.sq_parts.sum(0), expected.sq_parts.sum(0), rtol=1e-5, atol=1e-5)
-
-
-# id -> (tokens, shared stacks, shared_input apart, skipped slots, ready stream, addend)
-FOLD_CASES = {
-    "one token": (1, False, False, False, False, False),
-    "eight tokens, ready": (8, False, False, False, True, False),
-    "shared slots, ready with an addend": (3, True, False, False, True, True),
-    "shared input apart": (5, True, True, False, False, False),
-    "skipped slots, ready": (6, True, False, True, True, False),
-}
-
-
-@pytest.mark.parametrize("case", list(FOLD_CASES))
-def test_the_down_kernel_sums_the_slots_as_the_combine_does(case, monkeypatch):
-    """Module docstring, COMBINE IN DOWN: the down kernel's last program of each column block sums the slots
-    itself; the same output bits as the combine kernel (its stream and normed rows too, the sums of squares
-    over other parts adding up to the same), one launch fewer, every arrival counter zero again after it."""
-    from outpace.layers import moe_kernels
-    from outpace.layers.zeroed_scratch import _BUFFERS
-
-    n, shared, apart, skips, ready, addend = FOLD_CASES[case]
-    hidden = 300  # several column blocks of the down kernel (32 columns in the interpreter's tiles)
-    moe = make_moe(hidden=hidden, inter=12, experts=8, top_k=3, shared=2 if shared else 0)
-    if shared:
-        pack_projections(moe)
-    g = torch.Generator().manual_seed(len(case))
-    x, stream, extra, shared_x = (torch.randn(n, hidden, generator=g).to(DEVICE) for _ in range(4))
-    norm_weight = torch.randn(hidden, generator=g).to(DEVICE)
-    weights, ids = routing_of(n, 8, 3, shared=False, seed=n)
-    if skips:
-        ids[::2, 1] = -1  # another rank's expert: the slot adds nothing
-    kwargs = dict(
-        activation=moe.experts.activation.kernel,
-        shared=shared_expert_stacks(moe.shared_experts, moe.experts) if shared else None,
-        shared_input=shared_x if apart else None,
-        skipped_slots=skips,
-        ready=((stream, norm_weight, 1.0, extra if addend else None) if ready else None),
-    )
-    launches = []
-    for kernel in ("_down_kernel", "_combine_kernel"):
-        jitted = getattr(moe_kernels, kernel)
-        monkeypatch.setattr(moe_kernels, kernel, _Counted(jitted, launches, kernel), raising=True)
-
-    def run(fold: int):
-        monkeypatch.setattr(moe_kernels, "combine_in_down_tokens", fold)
-        launches.clear()
-        out = grouped_experts(x, weights, ids, *moe.experts.stacks(), **kwargs)
-        return out, list(launches)
-
-    # (the fold first: a buffer torch.empty hands out again must not hold the other path's rows)
-    (folded, fold_launches), (combined, combine_launches) = run(8), run(0)
-    assert combine_launches == ["_down_kernel", "_combine_kernel"]
-    assert fold_launches == ["_down_kernel"]
-    if ready:
-        assert torch.equal(folded.stream, combined.stream)
-        assert torch.equal(folded.normed, combined.normed)
-        assert folded.sq_parts.shape == (triton_cdiv(hidden, 32), n)
-        torch.testing.assert_close(folded.sq_parts.sum(0), combined.sq_parts.sum(0))
-    elif apart:
-        assert all(torch.equal(a, b) for a, b in zip(folded, combined))
-    else:
-        assert torch.equal(folded, combined)
-    counters = [t for key, t in _BUFFERS.items() if key[0].startswith("layers/moe_kernels.py")]
-    assert counters and all(int(t.abs().sum()) == 0 for t in counters)
-
-
-class _Counted:
-    """A jitted kernel whose launches append its name to ``launches``."""
-
-    def __init__(self, kernel, launches: list, name: str) -> None:
-        self.kernel, self.launches, self.name = kernel, launches, name
-
-    def __getitem__(self, grid):
-        self.launches.append(self.name)
-        return self.kernel[grid]
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @pytest.mark.parametrize("n", [1, 7])

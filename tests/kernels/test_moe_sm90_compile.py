@@ -60,13 +60,9 @@ tiles = dict(TOP_K=6, SLOTS=8, BLOCK_M=16, ROWS=16, PAIRS_APART=False, GROUP=128
              SCALE_BN=1, SCALE_BK=1, PDL=True)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
 build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
+build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 combine = {**experts, **pointers(["stream_ptr", "addend_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
-           "sq_ptr": "*fp32", "norm_offset": "fp32", "counters_ptr": "*i32"}
-unfolded = dict(COMBINE=False, COMBINE_TOKENS=1, SKIPS=False, APART=False, READY=False, ADDEND=False)
-build(mk._down_kernel, combine, dict(tiles, WEIGHTED_SLOTS=6, **unfolded), 4, 3)
-# (the column block's last program sums 8 tokens' slots and readies the stream: moe_kernels.py COMBINE IN DOWN)
-build(mk._down_kernel, combine, dict(tiles, WEIGHTED_SLOTS=6, **dict(unfolded, COMBINE=True, COMBINE_TOKENS=8,
-      READY=True)), 4, 3)
+           "sq_ptr": "*fp32", "norm_offset": "fp32"}
 build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False, READY=False,
       ADDEND=False, BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
 build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True, READY=False,
@@ -79,7 +75,7 @@ build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=8, SKIPS=False, APART=Fal
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
     launches = launches_of(mk, ("_gate_up_kernel", "_down_kernel", "_combine_kernel"), run)
-    return {n: calls[-1] for n, calls in launches.items() if calls}  # (a few tokens: no combine launch)
+    return {n: calls[-1] for n, calls in launches.items()}
 
 def fp8(*shape):
     return torch.empty(*shape, dtype=torch.float8_e4m3fn)
@@ -191,7 +187,7 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
 
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] * 2 + ["_combine_kernel"] * 4
+    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 4
     names += [
         f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
