@@ -1,11 +1,12 @@
 """What one MoE layer's routing costs on the GPU, launch by launch: the router matvec (``router_logits``) and
 the route kernel (``select_experts``, with the block layout as the decode path asks for it) at the routings
 of the seed families' public shapes (layers/moe.py ``Routing``, values from bench/family_shapes.py), at 1, 2,
-8, 32 and 64 tokens (decode batches and verify widths: a program per token, the last writing the layout) and
-at 65 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens, then ``align``'s launch, timed with it),
+8, 32, 64, 96 and 128 tokens (decode batches and verify widths: a program per token, the last writing the layout;
+past 64 from the token masks' two words) and at 129 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens,
+then ``align``'s launch, timed with it),
 each timed as 50 calls captured in one CUDA graph; the matvec also aiming for more programs and with the tl.dot
 path in tf32x3 (``MATVEC_VARIANTS``); the route kernel also with other warp counts
-(``moe_routing_kernel.token_route_warps`` up to 64 tokens, ``ROUTE_WARPS`` beyond), and without a correction bias
+(``moe_routing_kernel.token_route_warps`` up to 128 tokens, ``ROUTE_WARPS`` beyond), and without a correction bias
 with its top_k by rounds of max and by one partial sort (``sorted_top_k_experts``, the shipped warps; their ids and
 weights checked equal). Each captured route is
 first checked against the eager call and ``align``'s layout (a wrong ticket or a race shows there). Prints
@@ -27,7 +28,7 @@ from outpace.layers.moe_kernels import align
 
 CALLS = 50
 WARPS = (1, 2, 4, 8)
-TOKENS = (1, 2, 8, 32, 64, 65)
+TOKENS = (1, 2, 8, 32, 64, 96, 128, 129)
 # the matvec also with (programs it aims for, the tl.dot path's precision): moe_routing_kernel._LOGIT_PROGRAMS and
 # dot_precision, shipped 264 and "ieee"
 MATVEC_VARIANTS = ((1056, "ieee"), (264, "tf32x3"), (1056, "tf32x3"))

@@ -33,7 +33,7 @@ rather than in two of their own.
 
 Four kernels, every grid fixed by the shapes:
 
-1. the block layout (``BlockLayout``), written by ``_align_kernel`` (one program) or, up to 64 tokens, by
+1. the block layout (``BlockLayout``), written by ``_align_kernel`` (one program) or, up to 128 tokens, by
    the routing kernel itself (layers/moe_routing_kernel.py: routing and the layout in one launch, placed
    from each expert's token mask, ``place_pairs_by_token_masks``): the pairs sorted by expert
    into blocks of BLOCK_M rows, each expert's pairs padded to a whole number of blocks, so that a block
@@ -353,33 +353,40 @@ def _popcount(x):
 @triton.jit
 def place_pairs_by_token_masks(
     ids_ptr,  # [tokens, TOP_K] int: the routed experts of each token
-    token_masks_ptr,  # [routed + shared experts] int64: bit t set where token t chose the expert; zeroed
+    token_masks_ptr,  # [MASK_WORDS, routed + shared experts] int64, zeroed: bit t % 64 of word t // 64 set
+    # where token t chose the expert
     sorted_pairs_ptr,  # [max_blocks * BLOCK_M] int32, written
     block_expert_ptr,  # [max_blocks] int32, written
     cursor_ptr,  # [routed + shared experts] int32 scratch: each expert's first row
-    tokens,  # at most 64 (a mask is one int64)
+    tokens,  # at most 64 * MASK_WORDS
     max_blocks,
     NUM_ROUTED,
     TOP_K: tl.constexpr,
     SLOTS: tl.constexpr,
     BLOCK_E: tl.constexpr,  # a power of two >= routed + shared experts
     BLOCK_M: tl.constexpr,
-    PAIR_BLOCK: tl.constexpr,  # a power of two >= tokens * SLOTS
+    PAIR_BLOCK: tl.constexpr,  # the pairs placed a step, a power of two
+    MASK_WORDS: tl.constexpr,  # 1 or 2
 ):
     """The block layout of ``sort_pairs_into_blocks``, bit for bit, by the one program that calls it, for
-    up to 64 tokens whose routing marked each chosen expert's token mask (layers/moe_routing_kernel.py: the
+    up to 128 tokens whose routing marked each chosen expert's token mask (layers/moe_routing_kernel.py: the
     programs that route the tokens in parallel set the bits; the last of them calls this). An expert is
     chosen at most once a token, so the pairs of expert e before pair (t, slot) are those of the earlier
-    tokens that chose e: its row is e's first row plus popcount(mask[e] & (2^t - 1)), and e's pair count
-    popcount(mask[e]). Every pair at once: a few dependent reads in all, where the sort's chunks each wait
-    for the cursor the chunk before wrote. Leaves every mask at zero (the next launch's starting point)."""
+    tokens that chose e: its row is e's first row plus the set bits of mask[e] below token t's, and e's pair
+    count all of mask[e]'s. Every pair at once (PAIR_BLOCK a step): a few dependent reads in all, where the
+    sort's chunks each wait for the cursor the chunk before wrote. Leaves every mask at zero (the next
+    launch's starting point)."""
     experts = tl.arange(0, BLOCK_E)
-    e_ok = experts < NUM_ROUTED + SLOTS - TOP_K
+    num_experts = NUM_ROUTED + SLOTS - TOP_K  # a mask word's length
+    e_ok = experts < num_experts
     # (volatile: set by atomics of other programs, in L2)
-    masks = tl.load(token_masks_ptr + experts, mask=e_ok, other=0, volatile=True)  # [BLOCK_E]
+    counts = _popcount(tl.load(token_masks_ptr + experts, mask=e_ok, other=0, volatile=True))
+    if MASK_WORDS == 2:  # tokens 64 .. 127
+        high = tl.load(token_masks_ptr + num_experts + experts, mask=e_ok, other=0, volatile=True)
+        counts += _popcount(high)  # [BLOCK_E]
     pairs = tokens * SLOTS
     _write_blocks(
-        _popcount(masks).to(tl.int32),
+        counts.to(tl.int32),
         experts,
         e_ok,
         sorted_pairs_ptr,
@@ -390,19 +397,33 @@ def place_pairs_by_token_masks(
         SLOTS,
         BLOCK_M,
     )
-    p = tl.arange(0, PAIR_BLOCK)  # [PAIR_BLOCK] every pair
-    expert = _pair_experts(ids_ptr, TOP_K, p, pairs, TOP_K, SLOTS, NUM_ROUTED)  # [PAIR_BLOCK]
-    placed = expert >= 0
-    token = tl.minimum(p // SLOTS, 63).to(tl.int64)  # (past the last pair: a shift still in range)
-    earlier_tokens = (
-        tl.full([PAIR_BLOCK], 1, tl.int64) << token
-    ) - 1  # [PAIR_BLOCK] bits 0 .. t - 1
-    chose = tl.load(token_masks_ptr + expert, mask=placed, other=0, volatile=True)  # [PAIR_BLOCK]
-    first_row = tl.load(cursor_ptr + expert, mask=placed, other=0, volatile=True)
-    before = _popcount(chose & earlier_tokens).to(tl.int32)  # [PAIR_BLOCK]
-    tl.store(sorted_pairs_ptr + first_row + before, p, mask=placed)
+    for start in range(0, pairs, PAIR_BLOCK):
+        p = start + tl.arange(0, PAIR_BLOCK)  # [PAIR_BLOCK] pairs
+        expert = _pair_experts(ids_ptr, TOP_K, p, pairs, TOP_K, SLOTS, NUM_ROUTED)  # [PAIR_BLOCK]
+        placed = expert >= 0
+        token = tl.minimum(p // SLOTS, 64 * MASK_WORDS - 1).to(
+            tl.int64
+        )  # (past the last pair: in range)
+        one = tl.full([PAIR_BLOCK], 1, tl.int64)
+        # word 0's bits of the earlier tokens: 0 .. t - 1, or all 64 from token 64
+        earlier = tl.where(token < 64, (one << tl.minimum(token, 63)) - 1, -1)
+        chose = tl.load(token_masks_ptr + expert, mask=placed, other=0, volatile=True)
+        before = _popcount(chose & earlier)  # [PAIR_BLOCK]
+        if MASK_WORDS == 2:  # and word 1's: tokens 64 .. t - 1 (none below token 64)
+            earlier = (one << tl.maximum(token - 64, 0)) - 1
+            chose = tl.load(
+                token_masks_ptr + num_experts + expert, mask=placed, other=0, volatile=True
+            )
+            before += _popcount(chose & earlier)
+        first_row = tl.load(cursor_ptr + expert, mask=placed, other=0, volatile=True)
+        tl.store(sorted_pairs_ptr + first_row + before.to(tl.int32), p, mask=placed)
     tl.debug_barrier()  # every mask read before any is zeroed
-    tl.store(token_masks_ptr + experts, tl.zeros([BLOCK_E], tl.int64), mask=e_ok)
+    for word in tl.static_range(MASK_WORDS):
+        tl.store(
+            token_masks_ptr + word * num_experts + experts,
+            tl.zeros([BLOCK_E], tl.int64),
+            mask=e_ok,
+        )
 
 
 @triton.jit

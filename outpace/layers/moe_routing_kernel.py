@@ -24,7 +24,9 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    block of tokens.
 3. The block layout of the grouped-expert kernels (layers/moe_kernels.py ``BlockLayout``, shared-expert
    slots included) in the same launch, up to ``FUSED_LAYOUT_TOKENS`` tokens: each token's program sets its
-   bit in the token mask of every expert it chose (integer atomic ORs: the same masks in any order), then
+   bit in the token mask of every expert it chose (integer atomic ORs: the same masks in any order; token
+   t's bit is bit t % 64 of the mask's int64 word t // 64, so 65 to 128 tokens, a batch of 32 verifying 3
+   or 4 tokens each, use a second word), then
    takes a ticket (an atomic add); the program that draws the last one has seen every other program
    finish, zeroes the ticket and places every pair from the masks (``place_pairs_by_token_masks``: the
    layout ``align`` writes, bit for bit), zeroing the masks. The ticket and the masks live in a buffer per
@@ -38,7 +40,10 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    (decode at batch 1) needs none of it: its program writes the layout from the experts in its registers
    (``place_one_token``: each chosen expert one block), no mask, ticket or read back, where the masks and
    the ticket are a chain of round trips through L2. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is
-   ``moe_kernels.align``'s own launch.
+   ``moe_kernels.align``'s own launch. (At 64 tokens this launch routed and laid out Qwen3-Next's 512 experts
+   in 8.5 us on an H200, at 65, then past the bound of one word, the block route and align took 57.6:
+   benchmarks/scripts/routing_timings.py, gpu_2026-12-04d call 5. The bound is 128 since; those counts were
+   not timed yet.)
    Triton's interpreter (the CPU tests) runs the programs one after the other, so it checks the layout
    and the ticket's reset, not the ordering.
 4. Expert parallel (layers/moe.py ``ExpertPlacement``: this rank holds experts first .. first + count - 1
@@ -102,8 +107,10 @@ if TYPE_CHECKING:
     from outpace.layers.moe import ExpertPlacement, RowNorm
 
 # up to this many tokens one program routes each token and routing writes the block layout itself
-# (module docstring 2. and 3.); at most 64, the bits of a token mask
-FUSED_LAYOUT_TOKENS = 64
+# (module docstring 2. and 3.); at most 64 * MAX_MASK_WORDS, the bits of an expert's token mask
+FUSED_LAYOUT_TOKENS = 128
+MAX_MASK_WORDS = 2  # int64 words of an expert's token mask
+_PAIR_BLOCK = 1024  # pairs the last program places a step (moe_kernels.place_pairs_by_token_masks)
 _LOGIT_PROGRAMS = 264  # programs the logits matvec aims for (two waves of an H200's 132 SMs)
 _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
@@ -504,6 +511,7 @@ def _route_kernel(
     SORT_BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr,
     PAIR_BLOCK: tl.constexpr,
+    MASK_WORDS: tl.constexpr,  # (LAYOUT) the token masks' int64 words: the tokens' 64s
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
@@ -574,16 +582,19 @@ def _route_kernel(
             BLOCK_M,
         )
     elif LAYOUT:
-        masks_ptr = ticket_ptr + 1  # [local + shared experts] int64 token masks
-        token_bit = tl.full([1, BLOCK_K], 1, tl.int64) << t0.to(tl.int64)
+        masks_ptr = ticket_ptr + 1  # [MASK_WORDS, local + shared experts] int64 token masks
+        # the token's bit: bit t0 % 64 of word t0 // 64
+        word_ptr = masks_ptr + (t0 // 64).to(tl.int64) * (local_experts + NUM_SHARED)
+        bit = (t0 % 64).to(tl.int64)
+        token_bit = tl.full([1, BLOCK_K], 1, tl.int64) << bit
         slots = tl.arange(0, BLOCK_K)[None, :]
         chosen = (slots < TOP_K) & (top_i >= 0)  # (-1: another rank's expert, in no block)
-        tl.atomic_or(masks_ptr + top_i, token_bit, mask=chosen, sem="relaxed", scope="gpu")
+        tl.atomic_or(word_ptr + top_i, token_bit, mask=chosen, sem="relaxed", scope="gpu")
         if NUM_SHARED > 0:  # every token chooses every shared expert
             shared = tl.arange(0, BLOCK_SHARED)
             tl.atomic_or(
-                masks_ptr + local_experts + shared,
-                tl.full([BLOCK_SHARED], 1, tl.int64) << t0.to(tl.int64),
+                word_ptr + local_experts + shared,
+                tl.full([BLOCK_SHARED], 1, tl.int64) << bit,
                 mask=shared < NUM_SHARED,
                 sem="relaxed",
                 scope="gpu",
@@ -611,17 +622,18 @@ def _route_kernel(
                 SORT_BLOCK_E,
                 BLOCK_M,
                 PAIR_BLOCK,
+                MASK_WORDS,
             )
 
 
 def layout_scratch(device: torch.device, experts: int) -> torch.Tensor:
-    """[1 + experts] int64 zeros on ``device``: the fused layout's ticket and token masks over that many
-    experts (routed + shared), left zero by every launch (module docstring 3.): layers/zeroed_scratch.py's
-    buffer, made by the first eager call."""
+    """[1 + MAX_MASK_WORDS * experts] int64 zeros on ``device``: the fused layout's ticket and token masks over
+    that many experts (routed + shared; a word a 64 tokens), left zero by every launch (module docstring 3.):
+    layers/zeroed_scratch.py's buffer, made by the first eager call."""
     return zeroed_scratch(
         "layers/moe_routing_kernel.py: the routing kernel's layout ticket and token masks",
         device,
-        1 + experts,
+        1 + MAX_MASK_WORDS * experts,
         torch.int64,
     )
 
@@ -827,8 +839,12 @@ def select_experts(
         BLOCK_SHARED=triton.next_power_of_2(max(1, num_shared)),
         SORT_BLOCK_E=max(16, triton.next_power_of_2(local + num_shared)),
         BLOCK_M=blocks.block_m,
-        # (of the count's power of two: a compile-time value per token bucket, engine/warm_up.py)
-        PAIR_BLOCK=triton.next_power_of_2(triton.next_power_of_2(n) * slots) if fused else 1,
+        # (of the count's power of two: a compile-time value per token bucket, engine/warm_up.py; one token:
+        # the slots' power of two, place_one_token's BLOCK_S)
+        PAIR_BLOCK=min(_PAIR_BLOCK, triton.next_power_of_2(triton.next_power_of_2(n) * slots))
+        if fused
+        else 1,
+        MASK_WORDS=triton.cdiv(n, 64) if fused else 1,
         PDL=pdl,
         num_warps=token_route_warps(block_e) if one_each else ROUTE_WARPS,
         **pdl_launch_options(pdl),

@@ -29,10 +29,12 @@ from outpace.models.gemma4 import Gemma4Experts, Gemma4Moe, Gemma4Router  # noqa
 from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# decode (1 token), verify widths 2..8 over a few sequences, a prefill-sized batch (> 64: align's layout)
+# decode (1 token), verify widths 2..8 over a few sequences, a batch of 32 verifying 2 or 3 (> 64: the token
+# masks' second word)
 TOKENS = [1, 2, 3 * 5, 4 * 8, 70]
-# the routing alone also at the most tokens the routing kernel lays out itself (FUSED_LAYOUT_TOKENS)
-ROUTER_TOKENS = [*TOKENS, 64]
+# the routing alone also at the most tokens the routing kernel lays out itself (FUSED_LAYOUT_TOKENS) and one
+# more (align's layout)
+ROUTER_TOKENS = [*TOKENS, 128, 129]
 
 
 @pytest.fixture(autouse=True)

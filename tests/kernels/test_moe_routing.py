@@ -74,13 +74,14 @@ def assert_layout_of_align(layout, ids, num_routed: int, num_shared: int) -> Non
 
 
 @pytest.mark.parametrize(
-    "n, num_shared", [(1, 0), (1, 2), (2, 1), (5, 2), (64, 1), (65, 0), (70, 2)]
+    "n, num_shared",
+    [(1, 0), (1, 2), (2, 1), (5, 2), (64, 1), (65, 0), (70, 2), (128, 1), (129, 0)],
 )
 def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
-    """Up to 64 tokens (FUSED_LAYOUT_TOKENS) the last routing program to finish also places the pairs
-    (shared slots included) into the grouped kernels' blocks (one token's program from its registers): the
-    layout ``align`` writes for those ids, and the ticket and token masks are zero again afterwards; from 65
-    tokens, align's own."""
+    """Up to 128 tokens (FUSED_LAYOUT_TOKENS) the last routing program to finish also places the pairs
+    (shared slots included) into the grouped kernels' blocks (one token's program from its registers; past 64
+    tokens the masks' second word): the layout ``align`` writes for those ids, and the ticket and both words
+    of the token masks are zero again afterwards; from 129 tokens, align's own."""
     routing = ROUTINGS["v3-sigmoid-bias-top2-sum"]
     router = make_router(routing, hidden=33, seed=n)
     router.kernel = True
@@ -118,8 +119,8 @@ def assert_layout_of_range(layout, ids, placement: ExpertPlacement, num_shared: 
 
 
 # (routing, range, n, num_shared): every routing, range and count, not every combination (the interpreter is
-# slow; 64 tokens on the kernel take seconds): each range laid out once by the last program (up to 64 tokens)
-# and once by ``align`` (70), each routing both ways, the odd range at 64 (the last program's largest layout)
+# slow; 64 tokens on the kernel take seconds): each range laid out by the last program (up to 128 tokens, 70 in
+# both mask words) and by ``align`` (130) once at least, each routing both ways, the odd range at 64
 RANGE_CASES = [
     ("v2-groups-max", "start", 1, 0),
     ("v3-sigmoid-bias-top2-sum", "odd", 1, 2),
@@ -128,8 +129,9 @@ RANGE_CASES = [
     ("sigmoid-bias-no-groups", "odd", 64, 1),
     ("v3-sigmoid-bias-top2-sum", "start", 70, 2),
     ("v2-groups-max", "middle", 70, 2),
-    ("sigmoid-bias-no-groups", "end", 70, 2),
-    ("v3-sigmoid-bias-top2-sum", "odd", 70, 2),
+    ("sigmoid-bias-no-groups", "end", 130, 2),
+    ("v3-sigmoid-bias-top2-sum", "odd", 130, 2),
+    ("v2-groups-max", "middle", 130, 0),
 ]
 
 
@@ -137,7 +139,7 @@ RANGE_CASES = [
 def test_routing_writes_an_expert_ranges_layout(case, where, n, num_shared):
     """Routed for an ``ExpertPlacement`` (an expert-parallel rank's experts): the weights and ids of every
     expert, as routing without one gives them bit for bit, and the layout of the range's experts only, as
-    local indices (module docstring 4.), by the last program up to 64 tokens, by ``align`` of the local ids
+    local indices (module docstring 4.), by the last program up to 128 tokens, by ``align`` of the local ids
     beyond; the ticket and masks zero again."""
     routing = ROUTINGS[case]
     router = make_router(routing, hidden=33, seed=n)
@@ -152,7 +154,7 @@ def test_routing_writes_an_expert_ranges_layout(case, where, n, num_shared):
     assert not layout_scratch(x.device, placement.count + num_shared).any()
 
 
-@pytest.mark.parametrize("n", [1, 6, 70])
+@pytest.mark.parametrize("n", [1, 6, 70, 130])
 @pytest.mark.parametrize("num_shared", [0, 1])
 def test_an_expert_range_no_token_chose(n, num_shared):
     """A rank none of whose experts was chosen: a layout of the shared slots only, or of no block at all."""
@@ -382,7 +384,9 @@ GPU_LAYOUT_ROUTINGS = {  # id -> (Routing, shared slots, shared gate): the fused
 
 @pytest.mark.gpu  # programs running at once on the SMs: GPU only
 @pytest.mark.parametrize("ranks", [1, 2])
-@pytest.mark.parametrize("n", [1, 2, 5, 8, 32, 64])
+@pytest.mark.parametrize(
+    "n", [1, 2, 5, 8, 32, 64, 65, 96, 128]
+)  # (past 64: the masks' second word)
 @pytest.mark.parametrize("case", list(GPU_LAYOUT_ROUTINGS))
 def test_gpu_parallel_routing_lays_out_in_a_cuda_graph(case, n, ranks):
     """The programs of a launch finish in any order on the GPU (the interpreter runs them in turn): captured

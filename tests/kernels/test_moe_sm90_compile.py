@@ -162,7 +162,8 @@ route = {**pointers(["partial_ptr", "bias_ptr", "expert_scale_ptr", "weights_ptr
 v2_lite_route = dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=True, BIAS=False,
       INPUT_NORM=False, ROW_NORM=False, BLOCK_P=1, EXPERT_SCALE=False, SHARED_GATE=False, NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False,
       NORMALIZE=False, BLOCK_T=1, BLOCK_E=64, BLOCK_G=1, BLOCK_K=8, LAYOUT=True, NUM_SHARED=2,
-      BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, PDL=True, ONE_TOKEN=False, SORTED_TOP_K=False)
+      BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, MASK_WORDS=1, PDL=True, ONE_TOKEN=False,
+      SORTED_TOP_K=False)
 build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=False), 1, 2)
 # a decode step of one token: the layout from its program's registers (moe_kernels.place_one_token)
 build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=False, ONE_TOKEN=True), 1, 2)
@@ -175,10 +176,19 @@ for sorted_top_k in (False, True):
     compiled = compile_for_hopper(rk._route_kernel, route, dict(SPLITS=8, NUM_EXPERTS=512, TOP_K=10,
         SOFTMAX=True, BIAS=False, INPUT_NORM=False, ROW_NORM=True, BLOCK_P=16, EXPERT_SCALE=False, SHARED_GATE=True,
         NUM_GROUPS=1, TOP_GROUPS=1, TOP2_SUM=False, NORMALIZE=True, BLOCK_T=1, BLOCK_E=512, BLOCK_G=1, BLOCK_K=16,
-        LAYOUT=True, NUM_SHARED=1, BLOCK_SHARED=1, SORT_BLOCK_E=1024, BLOCK_M=16, PAIR_BLOCK=16, PDL=True,
-        EXPERT_RANGE=False, LIVE=False, ONE_TOKEN=True, SORTED_TOP_K=sorted_top_k),
+        LAYOUT=True, NUM_SHARED=1, BLOCK_SHARED=1, SORT_BLOCK_E=1024, BLOCK_M=16, PAIR_BLOCK=16, MASK_WORDS=1,
+        PDL=True, EXPERT_RANGE=False, LIVE=False, ONE_TOKEN=True, SORTED_TOP_K=sorted_top_k),
         rk.token_route_warps(512), 1)
     print(f"_route_kernel:qwen3-next:sorted={sorted_top_k}", "0 bytes spill stores" in ptxas_report(compiled))
+# the last program's layout of 65 to 128 tokens (the masks' two words, 1024 pairs a step, 64-row blocks) at
+# V2-Lite's 64 + 2 and DeepSeek-V3's 256 + 1 experts (one warp) and Qwen3-Next's 512 + 1 (4 warps): no spills
+for name, experts, top_k, shared, block_k in (("v2-lite", 64, 6, 2, 8), ("v3", 256, 8, 1, 8),
+                                              ("qwen3-next", 512, 10, 1, 16)):
+    compiled = compile_for_hopper(rk._route_kernel, route, dict(v2_lite_route, NUM_EXPERTS=experts, TOP_K=top_k,
+        BLOCK_E=experts, BLOCK_K=block_k, NUM_SHARED=shared, BLOCK_SHARED=shared, SORT_BLOCK_E=2 * experts,
+        BLOCK_M=64, PAIR_BLOCK=1024, MASK_WORDS=2, EXPERT_RANGE=False, LIVE=False),
+        rk.token_route_warps(experts), 1)
+    print(f"_route_kernel:layout128:{name}", "0 bytes spill stores" in ptxas_report(compiled))
 """
 
 
@@ -205,4 +215,5 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     ] * 3  # per-token sums; the tl.dot path in IEEE float32, in tf32x3
     names += ["_route_kernel"] * 3
     names += [f"_route_kernel:qwen3-next:sorted={s}" for s in (False, True)]
+    names += [f"_route_kernel:layout128:{n}" for n in ("v2-lite", "v3", "qwen3-next")]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
