@@ -401,9 +401,8 @@ def place_pairs_by_token_masks(
         p = start + tl.arange(0, PAIR_BLOCK)  # [PAIR_BLOCK] pairs
         expert = _pair_experts(ids_ptr, TOP_K, p, pairs, TOP_K, SLOTS, NUM_ROUTED)  # [PAIR_BLOCK]
         placed = expert >= 0
-        token = tl.minimum(p // SLOTS, 64 * MASK_WORDS - 1).to(
-            tl.int64
-        )  # (past the last pair: in range)
+        # (past the last pair: a shift still in range)
+        token = tl.minimum(p // SLOTS, 64 * MASK_WORDS - 1).to(tl.int64)
         one = tl.full([PAIR_BLOCK], 1, tl.int64)
         # word 0's bits of the earlier tokens: 0 .. t - 1, or all 64 from token 64
         earlier = tl.where(token < 64, (one << tl.minimum(token, 63)) - 1, -1)
