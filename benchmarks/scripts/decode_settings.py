@@ -42,6 +42,7 @@ KNOBS = {
     "quantized_pdl": (moe_kernels, "quantized_pdl"),
     "dot_precision": (moe_routing_kernel, "dot_precision"),
     "logit_programs": (moe_routing_kernel, "_LOGIT_PROGRAMS"),
+    "many_token_logit_programs": (moe_routing_kernel, "many_token_logit_programs"),
     "sorted_top_k_experts": (moe_routing_kernel, "sorted_top_k_experts"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
@@ -172,6 +173,15 @@ SWEEPS = {
             {"logit_programs": 1056},
             {"logit_programs": 1056, "dot_precision": "tf32x3"},
         ),
+        quantized="fp8",
+    ),
+    # ... past 64 tokens (moe_routing_kernel.many_token_logit_programs: 65 tokens took 35.55 us at 264 programs, 19.70
+    # at 1056 alone, gpu_2026-12-04f call 5), in the FP8 slice's step at batches 96 and 128 (a batch of 32 verifying 3
+    # and 4 tokens routes as many)
+    "many_token_logits_qwen3next": Sweep(
+        "qwen3-next-80b-slice",
+        ((96, 512), (128, 512)),
+        ({}, {"many_token_logit_programs": 1056}),
         quantized="fp8",
     ),
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles

@@ -29,9 +29,9 @@ from outpace.layers.moe_kernels import align
 CALLS = 50
 WARPS = (1, 2, 4, 8)
 TOKENS = (1, 2, 8, 32, 64, 96, 128, 129)
-# the matvec also with (programs it aims for, the tl.dot path's precision): moe_routing_kernel._LOGIT_PROGRAMS and
-# dot_precision, shipped 264 and "ieee"
-MATVEC_VARIANTS = ((1056, "ieee"), (264, "tf32x3"), (1056, "tf32x3"))
+# the matvec also with (programs it aims for at every token count, the tl.dot path's precision):
+# moe_routing_kernel._LOGIT_PROGRAMS (up to 64 tokens), many_token_logit_programs (past 64) and dot_precision
+MATVEC_VARIANTS = ((264, "ieee"), (1056, "ieee"), (264, "tf32x3"), (1056, "tf32x3"))
 # name -> (hidden, Routing, shared slots, shared gate, Gemma 4's input norm and expert scale), as
 # bench/family_shapes.py's configs route
 SHAPES = {
@@ -102,14 +102,23 @@ def main(out: Path, names: list[str]) -> None:
             row = {"shape": name, "tokens": n, "matvec_us": matvec, "splits": partial.shape[0]}
             row["matvec_gb_per_s"] = weight.numel() * weight.element_size() / matvec / 1e3
             for programs, precision in MATVEC_VARIANTS:  # (their sums over splits checked close)
-                shipped = kernels._LOGIT_PROGRAMS, kernels.dot_precision
-                kernels._LOGIT_PROGRAMS, kernels.dot_precision = programs, precision
+                shipped = (
+                    kernels._LOGIT_PROGRAMS,
+                    kernels.many_token_logit_programs,
+                    kernels.dot_precision,
+                )
+                kernels._LOGIT_PROGRAMS = kernels.many_token_logit_programs = programs
+                kernels.dot_precision = precision
                 other = kernels.router_logits(x, weight, column).sum(0)
                 torch.testing.assert_close(other, partial.sum(0), rtol=1e-4, atol=1e-4)
                 row[f"matvec_us_{programs}_{precision}"] = graph_call_us(
                     lambda: kernels.router_logits(x, weight, column), CALLS
                 )
-                kernels._LOGIT_PROGRAMS, kernels.dot_precision = shipped
+                (
+                    kernels._LOGIT_PROGRAMS,
+                    kernels.many_token_logit_programs,
+                    kernels.dot_precision,
+                ) = shipped
 
             def route():
                 return kernels.select_experts(

@@ -111,7 +111,14 @@ if TYPE_CHECKING:
 FUSED_LAYOUT_TOKENS = 128
 MAX_MASK_WORDS = 2  # int64 words of an expert's token mask
 _PAIR_BLOCK = 1024  # pairs the last program places a step (moe_kernels.place_pairs_by_token_masks)
-_LOGIT_PROGRAMS = 264  # programs the logits matvec aims for (two waves of an H200's 132 SMs)
+_LOGIT_PROGRAMS = (
+    264  # programs the logits matvec aims for up to 64 tokens (two waves of an H200's 132 SMs)
+)
+# ... and past 64 tokens (a batch's verify, a prefill chunk). The token tiles are counted over the count's power of
+# two (``logit_splits``), so at Qwen3-Next's 512 experts 65 tokens get one split where 64 get two: 160 programs of
+# 32 K steps each, 35.55 us at 65 tokens against 16.35 at 64, and 19.70 aiming for 1056 (routing_timings.py,
+# gpu_2026-12-04f call 5).
+many_token_logit_programs = 264
 _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
 )
@@ -682,7 +689,8 @@ def logit_splits(n: int, hidden: int, experts: int) -> LogitSplits:
     block_k = _FEW_TOKENS_BLOCK_K if few else _DOT_BLOCK_K
     token_tiles = 1 if few else triton.cdiv(triton.next_power_of_2(n), _LOGIT_TOKENS)
     tiles = token_tiles * triton.cdiv(experts, _LOGIT_EXPERTS)
-    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), _LOGIT_PROGRAMS // tiles))
+    programs = _LOGIT_PROGRAMS if n <= 64 else many_token_logit_programs
+    splits = max(1, min(_MAX_SPLITS, triton.cdiv(hidden, block_k), programs // tiles))
     split_len = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
     return LogitSplits(few, block_k, triton.cdiv(hidden, split_len), split_len)
 

@@ -235,10 +235,15 @@ def test_a_stream_made_ready_for_its_norm_routes_as_the_norm(case, n):
     torch.testing.assert_close(row_norm.scale.cpu(), rstd, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens, hidden", [(3, 1097), (40, 197)])
-def test_split_router_logits_sum_to_the_matvec(tokens, hidden):
+@pytest.mark.parametrize("tokens, hidden", [(3, 1097), (40, 197), (70, 4097)])
+@pytest.mark.parametrize("many_token_programs", [264, 1056])
+def test_split_router_logits_sum_to_the_matvec(tokens, hidden, many_token_programs, monkeypatch):
     """An odd hidden size over several splits of the hidden dimension (few tokens: 256-wide steps; more:
-    64-wide), bf16 x converted in the kernel."""
+    64-wide; past 64 tokens as many splits as ``many_token_logit_programs`` asks), bf16 x converted in the
+    kernel."""
+    from outpace.layers import moe_routing_kernel
+
+    monkeypatch.setattr(moe_routing_kernel, "many_token_logit_programs", many_token_programs)
     g = torch.Generator(DEVICE).manual_seed(1)
     x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(torch.bfloat16)
     w = torch.randn(40, hidden, device=DEVICE, generator=g)
