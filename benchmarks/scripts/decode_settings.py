@@ -56,7 +56,6 @@ KNOBS = {
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
-    "prefetch_down_max_tokens": (moe_kernels, "prefetch_down_max_tokens"),
 }
 
 
@@ -185,21 +184,6 @@ SWEEPS = {
         ({}, {"many_token_logit_programs": 1056}),
         quantized="fp8",
     ),
-    # the gate/up kernel asking its experts' down rows into L2 (moe_kernels.prefetch_down_max_tokens) up to 1 or 8
-    # tokens, in block FP8 and bf16
-    **{
-        f"prefetch_down_{name}": Sweep(
-            shape,
-            ((1, 512), (8, 512)),
-            ({}, {"prefetch_down_max_tokens": 1}, {"prefetch_down_max_tokens": 8}),
-            quantized=quantized,
-        )
-        for name, shape, quantized in (
-            ("v2_fp8", "deepseek-v2-lite", "fp8"),
-            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
-            ("v2", "deepseek-v2-lite", None),
-        )
-    },
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
     # (batch 8 runs the same code both ways; it sizes the KV cache for the timed steps)
     "one_row_v2": Sweep(

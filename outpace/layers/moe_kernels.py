@@ -50,7 +50,14 @@ Four kernels, every grid fixed by the shapes:
 2. ``_gate_up_kernel``, grid (max_blocks, inter / BLOCK_N): a block's rows times its expert's gate and up
    rows (up only when ungated), the activation, into an intermediate row per block row. On a fused residual
    stack (``row_scale``) the rows are the stream times its norm's weight, and the products are scaled by
-   each token's norm factor (the routing kernel's) before the activation.
+   each token's norm factor (the routing kernel's) before the activation. Its programs once also asked
+   their expert's down rows into L2 (prefetch.global.L2 after the wait, each program a slice of rows; 9bf1c9b)
+   so that the down kernel would read them from there: the decode step lost at every setting measured
+   (decode_settings.py prefetch_down_*, gpu_2026-12-04g call 2, ms at batch 1 / 8, shipped against prefetching
+   up to 1 / up to 8 tokens): V2-Lite in block FP8 1.830 / 4.039 against 1.923 / 4.043 and 1.921 / 4.422, in
+   bf16 2.140 / 5.151 against 2.388 / 5.174 and 2.386 / 6.038, the Qwen3-Next slice in block FP8 0.621 / 1.366
+   against 0.630 / 1.363 and 0.626 / 1.438; taken out. Not looked into further; a likely reason: the
+   prefetches' HBM reads compete with the gate/up kernel's own, which the step then waits for.
 3. ``_down_kernel``, grid (max_blocks, hidden / BLOCK_N): the intermediate rows times the expert's down
    weight, times the pair's routing weight (a shared slot's: 1, or its column of the weights), into one
    float32 row per pair.
@@ -111,7 +118,7 @@ import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.fused_projection import NormedRows
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import (
     one_row_max_k,
     row_group,
@@ -172,12 +179,6 @@ int4_one_token_down = (8, 512, 1, 1)
 #   against 0.814 ms, 2.344 against 2.424; V2-Lite's at batch 4 slower, 3.227 against 3.073). Why the same one-row
 #   kernels run slower apart than in the layout at one token was not found, so block FP8 keeps the layout.
 pairs_apart_max_tokens = {"int4_group": 4, "fp8_block": 0}
-# Up to this many tokens (0: never) each gate/up program, once it knows its block's expert, asks for a slice of that
-# expert's down weight rows to be brought into L2 (``_prefetch_down_rows``), so that the down kernel reads them
-# from L2 and their HBM reads overlap the gate/up kernel's and the launch between the two. At batch 1 the step's
-# down weights fit in an H200's 50 MB L2 at the seed shapes in block FP8 (DeepSeek-V2-Lite: 8 experts, 23 MB;
-# the Qwen3-Next slice: 11, 11.5 MB). Not measured in a decode step yet: off.
-prefetch_down_max_tokens = 0
 
 # The few-token tiles over INT4 stacks (half a byte a column: a K step of 128 columns is 64 bytes of a row). Of 10
 # (benchmarks/scripts/int4_tiles.py, gpu_2026-12-04b call 3: Kimi-K2's experts, group 32, bf16 scales, us a call
@@ -728,41 +729,6 @@ def _add_row_product(
     )
 
 
-@triton.jit
-def _prefetch_down_rows(
-    expert,
-    down_ptr,
-    shared_down_ptr,
-    num_routed,
-    hidden,
-    row_bytes,
-    stride_de,
-    stride_dn,
-    stride_sde,
-    stride_sdn,
-    ROWS: tl.constexpr,
-    LINES: tl.constexpr,
-):
-    """Into L2 (``prefetch_l2``): the 128-byte lines of ``ROWS`` rows of ``expert``'s down weight [hidden, inter]
-    (``row_bytes`` bytes a row; the strides in bytes), the rows program_id(1) * ROWS onwards: the expert's
-    gate/up programs together ask for its whole down weight (``prefetch_down_max_tokens``)."""
-    base, row_stride = _expert_rows(
-        expert,
-        down_ptr.to(tl.pointer_type(tl.int8)),
-        stride_de,
-        stride_dn,
-        shared_down_ptr.to(tl.pointer_type(tl.int8)),
-        stride_sde,
-        stride_sdn,
-        num_routed,
-    )
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # [ROWS]
-    lines = tl.arange(0, LINES) * 128  # [LINES] byte offsets in a row
-    ok = (rows < hidden)[:, None] & (lines < row_bytes)[None, :]
-    offsets = rows.to(tl.int64)[:, None] * row_stride + lines[None, :]  # [ROWS, LINES]
-    prefetch_l2(base + tl.where(ok, offsets, 0))
-
-
 @triton.jit(do_not_specialize=["pairs"])
 def _gate_up_kernel(
     x_ptr,  # [tokens, hidden]
@@ -806,13 +772,6 @@ def _gate_up_kernel(
     stride_sgsn,
     stride_suse,
     stride_susn,
-    down_ptr,  # [routed, hidden, inter] and [shared, hidden, inter] (read with DOWN_PREFETCH_ROWS): the
-    shared_down_ptr,  # down stacks, whose rows ``_prefetch_down_rows`` asks into L2
-    down_row_bytes,
-    stride_de,  # the down stacks' expert and row strides in bytes
-    stride_dn,
-    stride_sde,
-    stride_sdn,
     TOP_K: tl.constexpr,
     SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -830,8 +789,6 @@ def _gate_up_kernel(
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     ROW_SCALE: tl.constexpr,
-    DOWN_PREFETCH_ROWS: tl.constexpr,  # down rows a program asks into L2 (0: none; ``prefetch_down_max_tokens``)
-    DOWN_PREFETCH_LINES: tl.constexpr,  # 128-byte lines of a down row, a power of two
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
@@ -840,11 +797,6 @@ def _gate_up_kernel(
         BLOCK_M, ROWS, PAIRS_APART,
     )  # fmt: skip
     if expert >= 0:
-        if DOWN_PREFETCH_ROWS > 0:
-            _prefetch_down_rows(
-                expert, down_ptr, shared_down_ptr, num_routed, hidden, down_row_bytes, stride_de,
-                stride_dn, stride_sde, stride_sdn, DOWN_PREFETCH_ROWS, DOWN_PREFETCH_LINES,
-            )  # fmt: skip
         token = pair // SLOTS
         x_rows = tl.where(expert >= num_routed, shared_x_ptr, x_ptr)  # (a block is one expert's)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] intermediate rows
@@ -1161,12 +1113,6 @@ def _combine_block(tokens: int, hidden: int, device: torch.device) -> int:
     return max(128, min(1024, triton.next_power_of_2(per_program)))
 
 
-def _down_prefetch_rows(hidden: int, inter: int, block_n: int) -> int:
-    """Down rows each gate/up program asks into L2 (``_prefetch_down_rows``): the expert's ``hidden`` rows over its
-    programs along the intermediate (``inter`` / ``block_n``), rounded up to a power of two."""
-    return triton.next_power_of_2(triton.cdiv(hidden, triton.cdiv(inter, block_n)))
-
-
 def grouped_experts(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -1299,13 +1245,6 @@ def grouped_experts(
     pdl = (quant is None or quantized_pdl.get(quant.fmt, False)) and pdl_available(x.device)
     act = torch.empty(blocks * block_m, inter, dtype=x.dtype, device=x.device)
     bn_up = up_tiles[0]
-    # (the interpreter runs no PTX: on the GPU only)
-    prefetch_rows = (
-        _down_prefetch_rows(hidden, inter, bn_up)
-        if 0 < n <= prefetch_down_max_tokens and x.is_cuda
-        else 0
-    )
-    down_bytes = [t.element_size() for t in (down, shared_down)]
     _gate_up_kernel[(blocks, triton.cdiv(inter, bn_up))](
         x,
         x if shared_input is None else shared_input,
@@ -1342,13 +1281,6 @@ def grouped_experts(
         *up_ss,
         *shared_gate_ss,
         *shared_up_ss,
-        down,
-        shared_down,
-        down.shape[2] * down_bytes[0],
-        down.stride(0) * down_bytes[0],
-        down.stride(1) * down_bytes[0],
-        shared_down.stride(0) * down_bytes[1],
-        shared_down.stride(1) * down_bytes[1],
         TOP_K=top_k,
         SLOTS=slots,
         BLOCK_M=block_m,
@@ -1366,8 +1298,6 @@ def grouped_experts(
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
         ROW_SCALE=row_scale is not None,
-        DOWN_PREFETCH_ROWS=prefetch_rows,
-        DOWN_PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(down.shape[2] * down_bytes[0], 128)),
         PDL=pdl,
         num_warps=up_tiles[2],
         num_stages=up_tiles[3],

@@ -48,7 +48,7 @@ def pointers(names, dtype):
 
 experts = {
     **pointers(["x_ptr", "shared_x_ptr", "gate_ptr", "up_ptr", "shared_gate_ptr", "shared_up_ptr", "act_ptr",
-                "w_ptr", "shared_w_ptr", "out_ptr", "shared_out_ptr", "down_ptr", "shared_down_ptr"], "*bf16"),
+                "w_ptr", "shared_w_ptr", "out_ptr", "shared_out_ptr"], "*bf16"),
     **pointers(["gate_scale_ptr", "up_scale_ptr", "scale_ptr", "shared_gate_scale_ptr",
                 "shared_up_scale_ptr", "shared_scale_ptr", "weights_ptr", "partial_ptr", "row_scale_ptr"],
                "*fp32"),
@@ -58,16 +58,8 @@ experts = {
 }
 tiles = dict(TOP_K=6, SLOTS=8, BLOCK_M=16, ROWS=16, PAIRS_APART=False, GROUP=128, BLOCK_N=64, BLOCK_K=128, K_TILED=True, PRECISION="tf32", FORMAT="none",
              SCALE_BN=1, SCALE_BK=1, PDL=True)
-no_prefetch = dict(DOWN_PREFETCH_ROWS=0, DOWN_PREFETCH_LINES=1)
-build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False, **no_prefetch), 4, 3)
-build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True, **no_prefetch), 4, 3)
-# each program asking 32 rows of its expert's bf16 down weight (V2-Lite's 1408 columns: 22 lines) into L2
-# (moe_kernels.prefetch_down_max_tokens): the prefetches after the wait (the layout an earlier kernel's), no spills
-compiled = compile_for_hopper(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False,
-    ROW_SCALE=False, DOWN_PREFETCH_ROWS=32, DOWN_PREFETCH_LINES=32), 4, 3)
-ptx = compiled.asm["ptx"]
-after_wait = ptx.find("prefetch.global.L2") > ptx.find("griddepcontrol.wait") >= 0
-print("_gate_up_kernel:prefetch_down", after_wait and "0 bytes spill stores" in ptxas_report(compiled))
+build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
+build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
 build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 combine = {**experts, **pointers(["stream_ptr", "addend_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
            "sq_ptr": "*fp32", "norm_offset": "fp32"}
@@ -124,12 +116,6 @@ for (name, run), tokens in itertools.product(
         for pdl in (False, True):  # (moe_kernels.quantized_pdl: the launch with the dependent launch too)
             compiled = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl})
             report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
-            if kernel is mk._gate_up_kernel and tokens == 1:  # (its expert's down rows into L2 too)
-                rows = {"DOWN_PREFETCH_ROWS": 32}
-                prefetching = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl, **rows})
-                prefetches = "prefetch.global.L2" in prefetching.asm["ptx"]
-                print(f"_gate_up_kernel:fp8_block:{name}:prefetch_down:pdl={pdl}",
-                      prefetches and "0 bytes spill stores" in ptxas_report(prefetching))
             if tokens == 1 or tokens <= APART["fp8_block"]:  # one row (ONE-ROW): 16-byte loads, no tensor cores
                 streams = kwargs["ROWS"] == 1 and "ld.global.v4" in ptx and "mma" not in ptx
             else:
@@ -211,15 +197,14 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
 
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel"] * 2 + ["_gate_up_kernel:prefetch_down", "_down_kernel"]
-    names += ["_combine_kernel"] * 4
-    for family in ("step-3.5-flash", "deepseek-v2-lite"):
-        for tokens in (1, 2):
-            for kernel in ("_gate_up_kernel", "_down_kernel"):
-                for pdl in (False, True):
-                    if kernel == "_gate_up_kernel" and tokens == 1:
-                        names.append(f"_gate_up_kernel:fp8_block:{family}:prefetch_down:pdl={pdl}")
-                    names.append(f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}")
+    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 4
+    names += [
+        f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
+        for family in ("step-3.5-flash", "deepseek-v2-lite")
+        for tokens in (1, 2)
+        for kernel in ("_gate_up_kernel", "_down_kernel")
+        for pdl in (False, True)
+    ]
     names += [
         f"{kernel}:int4_group:kimi-k2:{tokens}"
         for tokens in (1, 2, apart["int4_group"] + 1)

@@ -451,51 +451,6 @@ def test_gpu_bf16_at_the_deepseek_expert_shape(fmt, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4"])
-@pytest.mark.parametrize("n", [1, 4])
-def test_gpu_prefetching_the_down_rows_changes_no_bit(fmt, n, monkeypatch):
-    """The gate/up kernel asking its experts' down rows into L2 (moe_kernels.prefetch_down_max_tokens) at
-    DeepSeek-V3's expert shape: the same bits as without (a prefetch writes no register), and the launch
-    asked for it (its DOWN_PREFETCH_ROWS recorded)."""
-    seen = []
-    kernel = moe_kernels._gate_up_kernel
-
-    class Recording:  # the real launch, its prefetch rows noted
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["DOWN_PREFETCH_ROWS"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    if fmt == "bf16":
-        g = torch.Generator("cuda").manual_seed(n)
-        gate_up = torch.randn(32, 4096, 7168, device="cuda", generator=g).to(torch.bfloat16) * 0.02
-        down = torch.randn(32, 7168, 2048, device="cuda", generator=g).to(torch.bfloat16) * 0.02
-        stacks = (gate_up[:, :2048], gate_up[:, 2048:], down)  # (gate, up: views of one tensor)
-    else:
-        stacks = (fp8_stacks if fmt == "fp8" else int4_stacks)(32, 7168, 2048, seed=n)
-    run_experts = {
-        "bf16": moe_kernels.grouped_experts,
-        "fp8": fp8_block_grouped_experts,
-        "int4": int4_group_grouped_experts,
-    }[fmt]
-
-    def run():
-        return run_experts(x, weights, ids, *stacks)
-
-    x = torch.randn(n, 7168, device="cuda", dtype=torch.bfloat16)
-    weights, ids = routing(n, 32, 8, 32, seed=n)
-    monkeypatch.setattr(moe_kernels, "_gate_up_kernel", Recording())
-    monkeypatch.setattr(moe_kernels, "prefetch_down_max_tokens", 0)
-    plain = run()
-    monkeypatch.setattr(moe_kernels, "prefetch_down_max_tokens", n)
-    prefetched = run()
-    assert seen[0] == 0 and seen[-1] > 0
-    assert torch.equal(prefetched, plain)
-
-
-@pytest.mark.gpu
 def test_gpu_quantized_experts_replay_in_a_cuda_graph():
     stacks = fp8_stacks(16, 1024, 256, seed=0)
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
