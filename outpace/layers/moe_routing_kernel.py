@@ -117,7 +117,10 @@ _LOGIT_PROGRAMS = (
 # ... and past 64 tokens (a batch's verify, a prefill chunk). The token tiles are counted over the count's power of
 # two (``logit_splits``), so at Qwen3-Next's 512 experts 65 tokens get one split where 64 get two: 160 programs of
 # 32 K steps each, 35.55 us at 65 tokens against 16.35 at 64, and 19.70 aiming for 1056 (routing_timings.py,
-# gpu_2026-12-04f call 5).
+# gpu_2026-12-04f call 5; at 96 / 128 tokens 31.64 / 31.67 against 23.18 / 30.53, gpu_2026-12-04g call 1). In the
+# Qwen3-Next slice's block-FP8 decode step at batch 96 / 128 (decode_settings.py many_token_logits_qwen3next,
+# gpu_2026-12-04g call 1) 1056 gave 11.053 / 11.903 ms against 10.809 / 12.261, within the 0.4-0.7 ms its two
+# passes differed by: 264 stays.
 many_token_logit_programs = 264
 _MAX_SPLITS = (
     16  # hidden splits at most: the route kernel reads splits x tokens x experts partial logits
