@@ -150,7 +150,11 @@ from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
 FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
-_PROGRAMS_PER_SM = 2  # target grid size for split-KV, in programs per streaming multiprocessor
+# target grid size for split-KV, in programs per streaming multiprocessor. Fewer splits lost in the Llama-3.1-8B
+# shape's decode step (benchmarks/scripts/decode_settings.py attention_splits_llama, gpu_2026-12-04g call 3, ms at
+# batch 1 over 512 / 2048 cached rows, batch 8 over 512): 2 (8 splits of 64 rows at batch 1 and 512) 4.049 / 4.121
+# / 4.280; 0.25 (4 splits) 4.098 / 4.459 / 4.573; 0 (one split: no merge launch) 4.450 / 5.913 / 4.570.
+_PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64  # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
