@@ -44,6 +44,7 @@ KNOBS = {
     "dot_precision": (moe_routing_kernel, "dot_precision"),
     "logit_programs": (moe_routing_kernel, "_LOGIT_PROGRAMS"),
     "many_token_logit_programs": (moe_routing_kernel, "many_token_logit_programs"),
+    "many_token_route_warps": (moe_routing_kernel, "many_token_route_warps"),
     "sorted_top_k_experts": (moe_routing_kernel, "sorted_top_k_experts"),
     "min_r_chunk": (mla_fused, "min_r_chunk"),
     "max_head_block": (mamba2_step_kernel, "max_head_block"),
@@ -185,6 +186,22 @@ SWEEPS = {
         ({}, {"many_token_logit_programs": 1056}),
         quantized="fp8",
     ),
+    # a token's route program's warps past 64 tokens up to 256 experts (moe_routing_kernel.many_token_route_warps: 8
+    # shipped, 1 before; alone at 96 / 128 tokens V2-Lite's 8.15 / 9.65 us against 17.73 / 19.45, gpu_2026-12-04g
+    # call 5), in the step at batches 96 and 128 (a batch of 32 verifying 3 and 4 tokens routes as many)
+    **{
+        f"many_token_route_{name}": Sweep(
+            shape,
+            ((96, 512), (128, 512)),
+            ({}, {"many_token_route_warps": 1}),
+            quantized=quantized,
+        )
+        for name, shape, quantized in (
+            ("v2", "deepseek-v2-lite", None),
+            ("v2_fp8", "deepseek-v2-lite", "fp8"),
+            ("v3_fp8", "deepseek-v3-slice", "fp8"),
+        )
+    },
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
     # (batch 8 runs the same code both ways; it sizes the KV cache for the timed steps)
     "one_row_v2": Sweep(

@@ -127,7 +127,7 @@ def main(out: Path, names: list[str]) -> None:
 
             for warps in WARPS:
                 kernels.ROUTE_WARPS = warps
-                kernels.token_route_warps = lambda block_e, w=warps: w
+                kernels.token_route_warps = lambda block_e, tokens=1, w=warps: w
                 check_captured(route, routing.num_experts, shared)
                 row[f"route_us_{warps}_warps"] = graph_call_us(route, CALLS)
             kernels.ROUTE_WARPS, kernels.token_route_warps = defaults

@@ -19,9 +19,9 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    best expert, "max", or the sum of their two best, "top2_sum"; the ``top_groups`` best kept), the top_k (by
    top_k rounds of a max, or from ``sorted_top_k_experts`` experts without a bias one partial sort), the weights (the uncorrected scores, renormalised with ``normalize``, times ``scaling``), as layers/moe.py
    ``Router.reference`` computes them. Up to ``FUSED_LAYOUT_TOKENS`` tokens (decode, verify) one program of
-   ``token_route_warps`` warps a token (1 up to 256 experts), all in parallel; a token's bits
-   are then those it gets routed alone, whatever the batch. Beyond (prefill) one program of 8 warps per
-   block of tokens.
+   ``token_route_warps`` warps a token (1 up to 256 experts, 8 past 64 tokens), all in parallel; up
+   to 64 tokens a token's bits are then those it gets routed alone, whatever the batch. Beyond
+   ``FUSED_LAYOUT_TOKENS`` (prefill) one program of 8 warps per block of tokens.
 3. The block layout of the grouped-expert kernels (layers/moe_kernels.py ``BlockLayout``, shared-expert
    slots included) in the same launch, up to ``FUSED_LAYOUT_TOKENS`` tokens: each token's program sets its
    bit in the token mask of every expert it chose (integer atomic ORs: the same masks in any order; token
@@ -149,17 +149,31 @@ sorted_top_k_experts: int | None = 257
 # the route kernel's warps for a block of tokens: 8 (no register spills at the DeepSeek shapes: ptxas for
 # sm_90a; 4 warps spill)
 ROUTE_WARPS = 8
+# a token's program's warps up to 256 experts past 64 tokens (``token_route_warps``)
+many_token_route_warps = 8
 
 
-def token_route_warps(block_e: int) -> int:
-    """The route kernel's warps for a program that routes one token over ``block_e`` (a power of two)
-    experts. Up to 256 one warp, every reduction within it: on an H200 (benchmarks/scripts/routing_timings.py,
-    gpu_2026-11-30h call 1) one token of DeepSeek-V3's 256 experts took 6.07 us against 9.01 at 4 warps,
-    V2-Lite's 64 3.37 against 4.20. Wider, 4 warps: the one warp's 512-wide rows and the 1024-wide layout
-    spill (ptxas for sm_90a: 255 registers and 528 B of spills at Qwen3-Next's 512 + 1 experts); one token
-    of Qwen3-Next took 10.37 us at 1 warp, 6.65 at 4 (7.85 at 2, 6.67 at 8), of Step-3.5's 288 7.28
-    against 6.20, and 4 warps were the fastest or within 0.2 us of it up to 64 tokens (call 3)."""
-    return 1 if block_e <= 256 else 4
+def token_route_warps(block_e: int, tokens: int = 1) -> int:
+    """The route kernel's warps for programs that route one token each over ``block_e`` (a power of two)
+    experts, ``tokens`` of them. Up to 256 experts one warp, every reduction within it: on an H200
+    (benchmarks/scripts/routing_timings.py, gpu_2026-11-30h call 1) one token of DeepSeek-V3's 256 experts took
+    6.07 us against 9.01 at 4 warps, V2-Lite's 64 3.37 against 4.20. Wider, 4 warps: the one warp's 512-wide
+    rows and the 1024-wide layout spill (ptxas for sm_90a: 255 registers and 528 B of spills at Qwen3-Next's
+    512 + 1 experts); one token of Qwen3-Next took 10.37 us at 1 warp, 6.65 at 4 (7.85 at 2, 6.67 at 8), of
+    Step-3.5's 288 7.28 against 6.20, and 4 warps were the fastest or within 0.2 us of it up to 64 tokens
+    (call 3).
+
+    Past 64 tokens (a batch's verify, up to ``FUSED_LAYOUT_TOKENS``) outside batch-invariant mode the one warp
+    becomes ``many_token_route_warps``: the last program places every pair alone, and more warps share it.
+    Routed alone (routing_timings.py, gpu_2026-12-04g call 5), at 96 / 128 tokens at 1 / 4 / 8 warps:
+    DeepSeek-V2-Lite's 64 experts 17.73 / 8.46 / 8.15 and 19.45 / 9.58 / 9.65 us, DeepSeek-V3's 256 17.76 /
+    12.12 / 14.27 and 20.38 / 13.36 / 15.35 (Qwen3-Next's 512 at 4 / 8 warps 14.41 / 12.87 and 15.92 / 14.01,
+    call 1). 8, as 4 spill registers at V2-Lite's width (ptxas for sm_90a), and 512-wide routes keep their 4
+    (8 spill there). A token's weights then need not be the bits it gets routed alone (the reductions span
+    other warps); up to 64 tokens, and in batch-invariant mode at every count, they are."""
+    if block_e > 256:
+        return 4
+    return many_token_route_warps if tokens > 64 and not batch_invariant() else 1
 
 
 @triton.jit(do_not_specialize=["n"])  # (the call's token count: engine/warm_up.py)
@@ -857,7 +871,7 @@ def select_experts(
         else 1,
         MASK_WORDS=triton.cdiv(n, 64) if fused else 1,
         PDL=pdl,
-        num_warps=token_route_warps(block_e) if one_each else ROUTE_WARPS,
+        num_warps=token_route_warps(block_e, n) if one_each else ROUTE_WARPS,
         **pdl_launch_options(pdl),
     )
     if not layout:

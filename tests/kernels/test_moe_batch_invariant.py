@@ -20,7 +20,11 @@ from outpace.layers.moe_kernels import (  # noqa: E402
     one_token_rows,
     pairs_apart,
 )
-from outpace.layers.moe_routing_kernel import router_logits, select_experts  # noqa: E402
+from outpace.layers.moe_routing_kernel import (  # noqa: E402
+    router_logits,
+    select_experts,
+    token_route_warps,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -138,6 +142,19 @@ def test_a_tokens_routing_does_not_depend_on_the_batch(routing):
         return torch.cat([weights, ids.float()], dim=1)
 
     _alone_and_among(routed)
+
+
+def test_the_route_warps_do_not_depend_on_the_token_count_in_the_mode():
+    """A token's program reduces over its experts across the kernel's warps, so its weights' bits follow them:
+    in the mode they are a decode step's at every count; outside it more past 64 tokens (the last program
+    places 65 to 128 tokens' pairs), none past 256 experts (their 4 already)."""
+    for experts in (64, 256, 512):
+        one = token_route_warps(experts)
+        with forward_settings(batch_invariant=True):
+            assert {token_route_warps(experts, n) for n in (1, 64, 65, 128, 4096)} == {one}
+        assert token_route_warps(experts, 64) == one
+    assert token_route_warps(64, 65) == token_route_warps(256, 128) == 8
+    assert token_route_warps(512, 128) == 4
 
 
 def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():

@@ -181,14 +181,17 @@ for sorted_top_k in (False, True):
         rk.token_route_warps(512), 1)
     print(f"_route_kernel:qwen3-next:sorted={sorted_top_k}", "0 bytes spill stores" in ptxas_report(compiled))
 # the last program's layout of 65 to 128 tokens (the masks' two words, 1024 pairs a step, 64-row blocks) at
-# V2-Lite's 64 + 2 and DeepSeek-V3's 256 + 1 experts (one warp) and Qwen3-Next's 512 + 1 (4 warps): no spills
-for name, experts, top_k, shared, block_k in (("v2-lite", 64, 6, 2, 8), ("v3", 256, 8, 1, 8),
-                                              ("qwen3-next", 512, 10, 1, 16)):
+# V2-Lite's 64 + 2 and DeepSeek-V3's 256 + 1 experts and Qwen3-Next's 512 + 1, at the warps of a decode step's
+# programs (batch-invariant mode's at every count) and of more than 64 tokens (rk.token_route_warps): no spills
+for (name, experts, top_k, shared, block_k), tokens in itertools.product(
+    (("v2-lite", 64, 6, 2, 8), ("v3", 256, 8, 1, 8), ("qwen3-next", 512, 10, 1, 16)), (1, 128)
+):
     compiled = compile_for_hopper(rk._route_kernel, route, dict(v2_lite_route, NUM_EXPERTS=experts, TOP_K=top_k,
         BLOCK_E=experts, BLOCK_K=block_k, NUM_SHARED=shared, BLOCK_SHARED=shared, SORT_BLOCK_E=2 * experts,
         BLOCK_M=64, PAIR_BLOCK=1024, MASK_WORDS=2, EXPERT_RANGE=False, LIVE=False),
-        rk.token_route_warps(experts), 1)
-    print(f"_route_kernel:layout128:{name}", "0 bytes spill stores" in ptxas_report(compiled))
+        rk.token_route_warps(experts, tokens), 1)
+    print(f"_route_kernel:layout128:{name}:{rk.token_route_warps(experts, tokens)}w",
+          "0 bytes spill stores" in ptxas_report(compiled))
 """
 
 
@@ -215,5 +218,9 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     ] * 3  # per-token sums; the tl.dot path in IEEE float32, in tf32x3
     names += ["_route_kernel"] * 3
     names += [f"_route_kernel:qwen3-next:sorted={s}" for s in (False, True)]
-    names += [f"_route_kernel:layout128:{n}" for n in ("v2-lite", "v3", "qwen3-next")]
+    names += [
+        f"_route_kernel:layout128:{n}:{w}w"
+        for n, warps in (("v2-lite", (1, 8)), ("v3", (1, 8)), ("qwen3-next", (4, 4)))
+        for w in warps
+    ]
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
