@@ -58,6 +58,7 @@ KNOBS = {
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
+    "small_blocks_max_tokens": (moe_kernels, "small_blocks_max_tokens"),
 }
 
 
@@ -200,6 +201,21 @@ SWEEPS = {
             ("v2", "deepseek-v2-lite", None),
             ("v2_fp8", "deepseek-v2-lite", "fp8"),
             ("v3_fp8", "deepseek-v3-slice", "fp8"),
+        )
+    },
+    # the grouped experts' 16-row blocks up to 128 tokens rather than 64 (moe_kernels.small_blocks_max_tokens): at 96
+    # tokens Qwen3-Next's 960 routed pairs over 512 experts fill 64-row blocks with about 2 rows each, while V2-Lite's
+    # two shared slots would read the shared MLP 6 times rather than twice
+    **{
+        f"small_blocks_{name}": Sweep(
+            shape,
+            ((96, 512), (128, 512)),
+            ({}, {"small_blocks_max_tokens": 128}),
+            quantized=quantized,
+        )
+        for name, shape, quantized in (
+            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+            ("v2", "deepseek-v2-lite", None),
         )
     },
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles

@@ -133,7 +133,12 @@ if TYPE_CHECKING:
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
 _SMALL_BLOCK_M = 16  # the fewest rows per block: tl.dot's minimum
-_LARGE_BLOCK_M = 64  # beyond 64 tokens (prefill): fewer re-reads of an expert's weights
+_LARGE_BLOCK_M = (
+    64  # beyond ``small_blocks_max_tokens`` (prefill): fewer re-reads of an expert's weights
+)
+# up to this many tokens the layout's blocks are _SMALL_BLOCK_M rows (``block_rows``); not measured past 64 (a batch
+# of 32 verifying 3 or 4 tokens: decode_settings.py small_blocks_*)
+small_blocks_max_tokens = 64
 SORT_CHUNK = 64  # pairs per step of ``sort_pairs_into_blocks``: [64, 64] comparisons
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations (module docstring)
 
@@ -248,7 +253,7 @@ def block_rows(tokens: int) -> int:
     over K run, so a token gets the same bits in a decode step and among a prefill's or a wide verify's."""
     if batch_invariant():
         return _SMALL_BLOCK_M
-    return _SMALL_BLOCK_M if tokens <= _LARGE_BLOCK_M else _LARGE_BLOCK_M
+    return _SMALL_BLOCK_M if tokens <= small_blocks_max_tokens else _LARGE_BLOCK_M
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:

@@ -94,6 +94,21 @@ def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
         assert not scratch.any()
 
 
+def test_small_blocks_past_64_tokens_lay_out_as_align(monkeypatch):
+    """With 16-row blocks up to 128 tokens (moe_kernels.small_blocks_max_tokens, a setting the decode step
+    measures) 70 tokens' layout is still align's, in blocks of 16."""
+    from outpace.layers import moe_kernels
+
+    monkeypatch.setattr(moe_kernels, "small_blocks_max_tokens", 128)
+    routing = ROUTINGS["v3-sigmoid-bias-top2-sum"]
+    router = make_router(routing, hidden=33, seed=70)
+    router.kernel = True
+    x = torch.randn(70, 33, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(70))
+    _, ids, layout = router(x, 2, layout=True)
+    assert layout.block_m == 16
+    assert_layout_of_align(layout, ids, routing.num_experts, 2)
+
+
 # of 24 experts: (first, count) of an expert-parallel rank at the start, in the middle, at the end; an odd one
 RANGES = {"start": (0, 8), "middle": (8, 8), "end": (16, 8), "odd": (5, 7)}
 
