@@ -133,9 +133,8 @@ if TYPE_CHECKING:
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
 _SMALL_BLOCK_M = 16  # the fewest rows per block: tl.dot's minimum
-_LARGE_BLOCK_M = (
-    64  # beyond ``small_blocks_max_tokens`` (prefill): fewer re-reads of an expert's weights
-)
+# beyond ``small_blocks_max_tokens`` (prefill): fewer re-reads of an expert's weights
+_LARGE_BLOCK_M = 64
 # up to this many tokens the layout's blocks are _SMALL_BLOCK_M rows (``block_rows``); not measured past 64 (a batch
 # of 32 verifying 3 or 4 tokens: decode_settings.py small_blocks_*)
 small_blocks_max_tokens = 64

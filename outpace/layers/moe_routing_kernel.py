@@ -111,9 +111,8 @@ if TYPE_CHECKING:
 FUSED_LAYOUT_TOKENS = 128
 MAX_MASK_WORDS = 2  # int64 words of an expert's token mask
 _PAIR_BLOCK = 1024  # pairs the last program places a step (moe_kernels.place_pairs_by_token_masks)
-_LOGIT_PROGRAMS = (
-    264  # programs the logits matvec aims for up to 64 tokens (two waves of an H200's 132 SMs)
-)
+# programs the logits matvec aims for up to 64 tokens (two waves of an H200's 132 SMs)
+_LOGIT_PROGRAMS = 264
 # ... and past 64 tokens (a batch's verify, a prefill chunk). The token tiles are counted over the count's power of
 # two (``logit_splits``), so at Qwen3-Next's 512 experts 65 tokens get one split where 64 get two: 160 programs of
 # 32 K steps each, 35.55 us at 65 tokens against 16.35 at 64, and 19.70 aiming for 1056 (routing_timings.py,
