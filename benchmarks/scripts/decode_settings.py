@@ -70,6 +70,19 @@ class Sweep:
     quantized: str | None = None  # bench/families.py's --quantized
 
 
+def _on_shapes(
+    prefix: str,
+    points: tuple[tuple[int, int], ...],
+    settings: tuple[dict, ...],
+    shapes: tuple[tuple[str, str, str | None], ...],
+) -> dict[str, Sweep]:
+    """One sweep of ``settings`` at ``points`` a shape: (name, shape, quantization) -> ``prefix + name``."""
+    return {
+        prefix + name: Sweep(shape, points, settings, quantized)
+        for name, shape, quantized in shapes
+    }
+
+
 SWEEPS = {
     # the fused MLA kernels' weight bytes in flight (stages x tile elements x 2) and KV split length
     "mla": Sweep(
@@ -190,34 +203,25 @@ SWEEPS = {
     # a token's route program's warps past 64 tokens up to 256 experts (moe_routing_kernel.many_token_route_warps: 8
     # shipped, 1 before; alone at 96 / 128 tokens V2-Lite's 8.15 / 9.65 us against 17.73 / 19.45, gpu_2026-12-04g
     # call 5), in the step at batches 96 and 128 (a batch of 32 verifying 3 and 4 tokens routes as many)
-    **{
-        f"many_token_route_{name}": Sweep(
-            shape,
-            ((96, 512), (128, 512)),
-            ({}, {"many_token_route_warps": 1}),
-            quantized=quantized,
-        )
-        for name, shape, quantized in (
+    **_on_shapes(
+        "many_token_route_",
+        ((96, 512), (128, 512)),
+        ({}, {"many_token_route_warps": 1}),
+        (
             ("v2", "deepseek-v2-lite", None),
             ("v2_fp8", "deepseek-v2-lite", "fp8"),
             ("v3_fp8", "deepseek-v3-slice", "fp8"),
-        )
-    },
+        ),
+    ),
     # the grouped experts' 16-row blocks up to 128 tokens rather than 64 (moe_kernels.small_blocks_max_tokens): at 96
     # tokens Qwen3-Next's 960 routed pairs over 512 experts fill 64-row blocks with about 2 rows each, while V2-Lite's
     # two shared slots would read the shared MLP 6 times rather than twice
-    **{
-        f"small_blocks_{name}": Sweep(
-            shape,
-            ((96, 512), (128, 512)),
-            ({}, {"small_blocks_max_tokens": 128}),
-            quantized=quantized,
-        )
-        for name, shape, quantized in (
-            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
-            ("v2", "deepseek-v2-lite", None),
-        )
-    },
+    **_on_shapes(
+        "small_blocks_",
+        ((96, 512), (128, 512)),
+        ({}, {"small_blocks_max_tokens": 128}),
+        (("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"), ("v2", "deepseek-v2-lite", None)),
+    ),
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
     # (batch 8 runs the same code both ways; it sizes the KV cache for the timed steps)
     "one_row_v2": Sweep(
@@ -226,67 +230,55 @@ SWEEPS = {
     "one_row_gemma4": Sweep(
         "gemma-4-26b-a4b", ((1, 512), (8, 512)), ({}, {"one_token_cuda_cores": False})
     ),
-    **{
-        f"one_row_{name}_fp8": Sweep(
-            shape,
-            ((1, 512), (8, 512)),
-            (
-                {},
-                {"one_token_cuda_cores": False},
-                {"one_row_cuda_cores": False},
-                {"one_token_cuda_cores": False, "one_row_cuda_cores": False},
-            ),
-            quantized="fp8",
-        )
-        for name, shape in (("v2", "deepseek-v2-lite"), ("qwen3next", "qwen3-next-80b-slice"))
-    },
-    **{
-        f"one_row_{name}_fp8": Sweep(
-            shape,
-            ((1, 512), (8, 512)),
-            ({}, {"one_token_cuda_cores": False, "one_row_cuda_cores": False}),
-            quantized="fp8",
-        )
-        for name, shape in (("v3", "deepseek-v3-slice"), ("step", "step-3.5-flash-slice"))
-    },
+    **_on_shapes(
+        "one_row_",
+        ((1, 512), (8, 512)),
+        (
+            {},
+            {"one_token_cuda_cores": False},
+            {"one_row_cuda_cores": False},
+            {"one_token_cuda_cores": False, "one_row_cuda_cores": False},
+        ),
+        (("v2_fp8", "deepseek-v2-lite", "fp8"), ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8")),
+    ),
+    **_on_shapes(
+        "one_row_",
+        ((1, 512), (8, 512)),
+        ({}, {"one_token_cuda_cores": False, "one_row_cuda_cores": False}),
+        (("v3_fp8", "deepseek-v3-slice", "fp8"), ("step_fp8", "step-3.5-flash-slice", "fp8")),
+    ),
     # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles, shipped)
     # or in the one-row tiles
-    **{
-        f"one_row_wide_{name}_fp8": Sweep(
-            shape,
-            ((1, 512),),
-            ({}, {"one_row_wide_tiles": None}),
-            quantized="fp8",
-        )
-        for name, shape in (
-            ("qwen3next", "qwen3-next-80b-slice"),
-            ("v2", "deepseek-v2-lite"),
-            ("step", "step-3.5-flash-slice"),
-        )
-    },
+    **_on_shapes(
+        "one_row_wide_",
+        ((1, 512),),
+        ({}, {"one_row_wide_tiles": None}),
+        (
+            ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+            ("v2_fp8", "deepseek-v2-lite", "fp8"),
+            ("step_fp8", "step-3.5-flash-slice", "fp8"),
+        ),
+    ),
     # each (token, slot) pair a program row of its own up to pairs_apart_max_tokens tokens (moe_kernels.py PAIRS
     # APART, by format); 0: the layout's blocks (one token's one pair a block). (gpu_2026-12-04c call 1 ran these at
     # b0106fd, where the knob was one count for both formats: shipped 4, then 0, 1, 8.)
-    **{
-        f"pairs_apart_{name}": Sweep(
-            shape,
-            ((1, 512), (2, 512), (4, 512), (8, 512)),
-            (
-                {},
-                *(
-                    {"pairs_apart_max_tokens": {"fp8_block": most, "int4_group": most}}
-                    for most in (0, 1, 4, 8)
-                ),
+    **_on_shapes(
+        "pairs_apart_",
+        ((1, 512), (2, 512), (4, 512), (8, 512)),
+        (
+            {},
+            *(
+                {"pairs_apart_max_tokens": {"fp8_block": most, "int4_group": most}}
+                for most in (0, 1, 4, 8)
             ),
-            quantized=quantized,
-        )
-        for name, shape, quantized in (
+        ),
+        (
             ("v2_fp8", "deepseek-v2-lite", "fp8"),
             ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
             ("step_fp8", "step-3.5-flash-slice", "fp8"),
             ("kimi_int4", "kimi-k2-slice", "int4"),
-        )
-    },
+        ),
+    ),
     # INT4 pairs apart up to 8 tokens (shipped) or 4, on DeepSeek-V3's slice: 256 experts of 22 MB, top 8, so 8 tokens'
     # pairs share an expert more often than Kimi-K2's 384
     "pairs_apart_v3_int4": Sweep(
@@ -329,12 +321,16 @@ SWIGLU_SETTINGS = (
     {"swiglu_sub_tile": 32, "swiglu_block_k": 256, "swiglu_stages": 5},
     {"swiglu_sub_tile": 64, "swiglu_block_k": 128, "swiglu_stages": 5},
 )
-for _name, _shape in (
-    ("swiglu_llama", "llama-3.1-8b"),
-    ("swiglu_qwen35", "qwen3.5"),
-    ("swiglu_gemma3", "gemma-3-12b"),
-):
-    SWEEPS[_name] = Sweep(_shape, ((1, 512), (8, 512)), SWIGLU_SETTINGS)
+SWEEPS |= _on_shapes(
+    "swiglu_",
+    ((1, 512), (8, 512)),
+    SWIGLU_SETTINGS,
+    (
+        ("llama", "llama-3.1-8b", None),
+        ("qwen35", "qwen3.5", None),
+        ("gemma3", "gemma-3-12b", None),
+    ),
+)
 
 
 def _config(sweep: Sweep) -> dict:
