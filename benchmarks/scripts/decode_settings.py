@@ -59,6 +59,8 @@ KNOBS = {
     "one_token_down": (moe_kernels, "one_token_down"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
     "small_blocks_max_tokens": (moe_kernels, "small_blocks_max_tokens"),
+    "few_token_gate_up": (moe_kernels, "few_token_gate_up"),
+    "few_token_down": (moe_kernels, "few_token_down"),
 }
 
 
@@ -221,6 +223,21 @@ SWEEPS = {
         ((96, 512), (128, 512)),
         ({}, {"small_blocks_max_tokens": 128}),
         (("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"), ("v2", "deepseek-v2-lite", None)),
+    ),
+    # the grouped experts' 16-row tiles (BLOCK_N, BLOCK_K, warps, stages) over half-precision stacks: Gemma 4's down
+    # kernel (K = 704 = 5.5 K steps of 128; 11 slots x 44 column blocks, two waves at two programs an SM) took 14.7 us a
+    # layer at batch 1 for 43.6 MB (10.4 us at 4.2 TB/s), its gate/up 24 for 87 MB (gpu_2026-12-04d call 1's timeline)
+    **_on_shapes(
+        "expert_tiles_",
+        ((1, 512), (8, 512)),
+        (
+            {},
+            {"few_token_down": (128, 128, 4, 3)},
+            {"few_token_down": (64, 64, 4, 4)},
+            {"few_token_down": (128, 64, 4, 4)},
+            {"few_token_gate_up": (64, 128, 4, 4)},
+        ),
+        (("gemma4", "gemma-4-26b-a4b", None), ("v2", "deepseek-v2-lite", None)),
     ),
     # one row on the CUDA cores (quant_matmul_kernel.py and moe_kernels.py ONE-ROW) or in the 16-row tiles
     # (batch 8 runs the same code both ways; it sizes the KV cache for the timed steps)
