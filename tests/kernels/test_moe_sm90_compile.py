@@ -142,6 +142,7 @@ for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles 
         report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
         if tokens == 1 or tokens <= APART["int4_group"]:  # one row on the CUDA cores (_int4_row_part)
             ok = kwargs["ROWS"] == 1 and "mma" not in ptx and "cvt.rn.f32.s32" not in ptx
+            ok = ok and "1258291200, 0xEA;" in ptx and ", 1258291200;" not in ptx  # one lop3 a nibble
             ok = ok and kwargs["PAIRS_APART"] == (tokens <= APART["int4_group"])
         else:  # every bf16 load streamed (the scales too: K_TILED), none a plain load a K step waits on
             nibbles = "lop3.b32" in ptx and "fma.rn.bf16x2" in ptx and "cp.async" in ptx
