@@ -1,6 +1,10 @@
 """Gemma 4 text models: Gemma4ForCausalLM, and the text model of a Gemma4ForConditionalGeneration
 checkpoint (its vision and audio towers and embedders are skipped, with a logged note), as transformers
-5's modeling_gemma4 defines them.
+5's modeling_gemma4 defines them; and the dense "unified" models (gemma-4-12B: Gemma4UnifiedForCausalLM, the
+text model of a Gemma4UnifiedForConditionalGeneration, whose vision and audio embedders are skipped), whose
+text model transformers' modeling_gemma4_unified builds from Gemma 4's attention, MLP, norms and layer scalar
+without per-layer embeddings or the MoE block (Gemma4UnifiedTextConfig drops those fields; its sliding
+window defaults to 1024 rather than 512).
 
 Beyond Gemma 3 (models/gemma.py), every feature the transformers reference enables from its config:
 - plain-weight RMSNorms in float32 (``Float32RMSNorm(offset=0.0)``), attention scale 1.0 (q and k are
@@ -85,8 +89,9 @@ DEFAULT_ROPE_PARAMETERS = {
     },
 }
 LAYER_OVERRIDES = ("head_dim", "num_key_value_heads")  # the per_layer_config entries implemented
-# what a Gemma4ForConditionalGeneration checkpoint holds beside its language model (transformers Gemma4Model)
-MULTIMODAL_PARTS = ("vision_tower", "embed_vision", "audio_tower", "embed_audio")
+# Gemma4TextConfig's fields that transformers' Gemma4UnifiedTextConfig removes: refused when a unified config
+# sets them
+UNIFIED_ABSENT = ("hidden_size_per_layer_input", "enable_moe_block")
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,14 @@ class Gemma4Config:
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> Gemma4Config:
         raw = cfg.raw
+        unified = cfg.architecture.startswith("Gemma4Unified")
+        for field in UNIFIED_ABSENT if unified else ():
+            if raw.get(field):
+                raise refuse(
+                    field,
+                    raw[field],
+                    "absent: a Gemma4Unified text model has no per-layer embeddings or MoE block",
+                )
         if raw.get("use_bidirectional_attention") == "all":
             raise refuse(
                 "use_bidirectional_attention",
@@ -138,7 +151,7 @@ class Gemma4Config:
             layers=_layer_shapes(cfg),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             attention_bias=bool(raw.get("attention_bias", False)),
-            per_layer_size=int(raw.get("hidden_size_per_layer_input", 256) or 0),
+            per_layer_size=0 if unified else int(raw.get("hidden_size_per_layer_input", 256) or 0),
             per_layer_vocab_size=int(raw.get("vocab_size_per_layer_input", 262_144)),
             moe=moe,
         )
@@ -509,17 +522,21 @@ class Gemma4Model(nn.Module):
 
 
 class Gemma4ForCausalLM(GemmaForCausalLMBase):
+    DEFAULT_WINDOW = 512  # Gemma4TextConfig's sliding_window
+    # what a Gemma4ForConditionalGeneration checkpoint holds beside its language model (transformers Gemma4Model)
+    MULTIMODAL_PARTS = ("vision_tower", "embed_vision", "audio_tower", "embed_audio")
+
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
-        # Gemma4TextConfig: every 6th layer full, the last always, windows of 512 by default
-        window = cfg.optional_integer("sliding_window", 512)
+        # Gemma4TextConfig: every 6th layer full, the last always
+        window = cfg.optional_integer("sliding_window", cls.DEFAULT_WINDOW)
         return gemma_layer_windows(cfg, num_layers, window, 6, last_full=True)
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma4Config.from_model_config(cfg), Gemma4Model)
-        self.multimodal = cfg.architecture == "Gemma4ForConditionalGeneration"
+        self.multimodal = cfg.architecture.endswith("ForConditionalGeneration")
         self.ignored_checkpoint_tensors = (
-            skip_towers(cfg, tuple(f"model.{p}" for p in MULTIMODAL_PARTS))
+            skip_towers(cfg, tuple(f"model.{p}" for p in self.MULTIMODAL_PARTS))
             if self.multimodal
             else ()
         )
@@ -542,8 +559,17 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
         return self._model_output(h if isinstance(h, torch.Tensor) else h.stream, captured)
 
     def checkpoint_name(self, param_name: str) -> str:
-        """A Gemma4ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
+        """A Gemma4(Unified)ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
         (its head, when not tied, stays ``lm_head.weight``), as transformers' save_pretrained writes it."""
         if self.multimodal and param_name.startswith("model."):
             return f"model.language_model.{param_name.removeprefix('model.')}"
         return param_name
+
+
+class Gemma4UnifiedForCausalLM(Gemma4ForCausalLM):
+    """Gemma 4's dense unified text model (module docstring)."""
+
+    DEFAULT_WINDOW = 1024  # Gemma4UnifiedTextConfig's sliding_window
+    # beside the language model, no towers: the vision and audio embedders (transformers Gemma4UnifiedModel; its
+    # save_pretrained writes the vision embedder's patch layers as vision_embedder)
+    MULTIMODAL_PARTS = ("embed_vision", "vision_embedder", "embed_audio")

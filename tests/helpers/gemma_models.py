@@ -1,6 +1,7 @@
 """Tiny Gemma 3 and Gemma 4 text configs and random transformers models (fp32) for tests: odd shapes (head_dim
 12, 5 heads over 1 KV head, vocab 211), sliding windows of 7 rows, both layer kinds' RoPE settings, logit
-softcapping; Gemma 4's per-layer embeddings, wider full-layer heads, KV sharing and the MoE block."""
+softcapping; Gemma 4's per-layer embeddings, wider full-layer heads, KV sharing and the MoE block; Gemma 4's dense
+unified model with its vision and audio embedders."""
 
 import torch
 import transformers
@@ -73,6 +74,17 @@ GEMMA4_TEXT = dict(
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
     },
 )
+# Gemma 4's dense unified text model (gemma-4-12B): no per-layer embeddings (Gemma4UnifiedTextConfig drops the fields)
+GEMMA4_UNIFIED_TEXT = {
+    k: v
+    for k, v in GEMMA4_TEXT.items()
+    if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
+}
+# its encoder-free vision and audio embedders (transformers Gemma4UnifiedVisionConfig / Gemma4UnifiedAudioConfig)
+VISION4_UNIFIED = dict(
+    patch_size=4, pooling_kernel_size=2, mm_embed_dim=16, mm_posemb_size=8, output_proj_dims=16
+)
+AUDIO4_UNIFIED = dict(audio_embed_dim=16)
 # k = v on the full layers, with 5 KV heads there; layers 3 and 4 share the KV of layers 1 and 2 (the last
 # earlier layer of their type) and have double-wide MLPs; a 4-expert top-2 MoE block beside every MLP.
 GEMMA4_MOE_SHARED = dict(
@@ -97,6 +109,9 @@ VARIANTS = {
     "gemma4-moe-kv-shared": lambda: transformers.Gemma4TextConfig(**GEMMA4_MOE_SHARED),
     "gemma4-multimodal": lambda: transformers.Gemma4Config(
         text_config=GEMMA4_TEXT, vision_config=VISION4, audio_config=None
+    ),
+    "gemma4-unified": lambda: transformers.Gemma4UnifiedConfig(
+        text_config=GEMMA4_UNIFIED_TEXT, vision_config=VISION4_UNIFIED, audio_config=AUDIO4_UNIFIED
     ),
 }
 PROMPT = [

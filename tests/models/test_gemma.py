@@ -4,7 +4,9 @@ Odd shapes (head_dim 12, 5 heads over 1 KV head, vocab 211), sliding windows of 
 of 14-45 tokens with chunked prefill across the window edge, both layer kinds' RoPE settings, logit
 softcapping; a Gemma3ForConditionalGeneration checkpoint whose vision tower is skipped; Gemma 4's
 dense text model with per-layer embeddings, its k = v global layers with wider heads, KV sharing and
-the MoE block. Prefill logits within 1e-4 relative, 32 greedy tokens identical, speculation lossless."""
+the MoE block; Gemma 4's dense unified model (Gemma4UnifiedForConditionalGeneration) whose vision and audio
+embedders are skipped. Prefill logits within 1e-4 relative, 32 greedy tokens identical, speculation
+lossless."""
 
 import logging
 
@@ -16,6 +18,7 @@ from helpers.gemma_models import (
     GEMMA3_TEXT,
     GEMMA4_MOE_SHARED,
     GEMMA4_TEXT,
+    GEMMA4_UNIFIED_TEXT,
     PROMPT,
     VARIANTS,
     WINDOW,
@@ -36,6 +39,7 @@ PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 NON_TEXT = {
     "gemma3-multimodal": ("vision_tower.", "multi_modal_projector."),
     "gemma4-multimodal": ("model.vision_tower.", "model.embed_vision."),
+    "gemma4-unified": ("model.vision_embedder.", "model.embed_vision.", "model.embed_audio."),
 }
 
 
@@ -90,7 +94,11 @@ def test_multimodal_checkpoint_serves_its_text_model(variant, gemma, caplog):
     with caplog.at_level(logging.INFO, logger="outpace.models"):
         model = load_model(path, torch.float32)
     assert all(prefix in caplog.text for prefix in NON_TEXT[variant]) and "skipped" in caplog.text
-    assert not any("vision" in n or "multi_modal" in n for n, _ in model.named_parameters())
+    assert not any(
+        part in n
+        for n, _ in model.named_parameters()
+        for part in ("vision", "audio", "multi_modal")
+    )
     cfg = ModelConfig.from_pretrained(path)
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (211, 60, 5)
     assert cfg.layer_windows == (
@@ -204,6 +212,32 @@ def test_gemma4_unimplemented_values_are_refused_by_name():
     refused(gemma4_dict(num_kv_shared_layers=4), "num_kv_shared_layers", "4")
 
 
+def gemma4_unified_dict(**changes) -> dict:
+    return {
+        **transformers.Gemma4UnifiedTextConfig(**GEMMA4_UNIFIED_TEXT).to_dict(),
+        "architectures": ["Gemma4UnifiedForCausalLM"],
+        **changes,
+    }
+
+
+def test_gemma4_unified_refuses_what_its_text_model_lacks():
+    """transformers' Gemma4UnifiedTextConfig has no per-layer embeddings and no MoE block: a unified config
+    that sets either is refused by name, not served as a Gemma 4 that has them."""
+    refused(gemma4_unified_dict(hidden_size_per_layer_input=8), "hidden_size_per_layer_input", "8")
+    refused(gemma4_unified_dict(**MOE), "enable_moe_block", "True")
+
+
+@pytest.mark.parametrize(
+    ("config", "window"),
+    [(gemma4_dict, 512), (gemma4_unified_dict, 1024)],
+    ids=["gemma4", "unified"],
+)
+def test_gemma4_default_sliding_windows(config, window):
+    """Without sliding_window, each class's default (Gemma4TextConfig 512, Gemma4UnifiedTextConfig 1024)."""
+    cfg = {k: v for k, v in config().items() if k != "sliding_window"}
+    assert set(ModelConfig.from_dict(cfg).layer_windows) == {window, None}
+
+
 def test_gemma4_configs_without_per_layer_config():
     """Configs written before transformers 5.24 give global_head_dim and num_global_key_value_heads."""
     from outpace.models.gemma4 import Gemma4Config
@@ -292,15 +326,18 @@ def parsed(cfg: dict):
     return model_cfg, family.from_model_config(model_cfg)
 
 
-@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Gemma4ForCausalLM"])
+CONFIG_CLASSES = {
+    "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
+    "Gemma4ForCausalLM": transformers.Gemma4TextConfig,
+    "Gemma4UnifiedForCausalLM": transformers.Gemma4UnifiedTextConfig,
+}
+
+
+@pytest.mark.parametrize("arch", list(CONFIG_CLASSES))
 def test_every_field_is_implemented_irrelevant_or_refused(arch):
     """Walks the default text config's fields: a field none of the tables knows fails (a transformers
     upgrade adding one must be looked at); "implemented" is checked: another value changes the parse."""
-    cls = (
-        transformers.Gemma3TextConfig
-        if arch.startswith("Gemma3")
-        else transformers.Gemma4TextConfig
-    )
+    cls = CONFIG_CLASSES[arch]
     base = {**cls().to_dict(), "architectures": [arch]}
     unknown = sorted(set(base) - set(IMPLEMENTED) - IRRELEVANT - set(REFUSED) - {"architectures"})
     assert not unknown, f"{cls.__name__} fields nobody decided on: {unknown}"
