@@ -235,6 +235,50 @@ def test_nemotron_h_modelopt_fp8(hybrids, tmp_path):
     assert hybrid_logits(q_dir).token_ids == hybrid_logits(ref_dir).token_ids
 
 
+def test_gemma4_unified_int4_every_language_model_projection(tmp_path):
+    """google/gemma-4-12B-it-qat-w4a16-ct's layout (compressed-tensors pack-quantized, symmetric groups): every
+    Linear of the language model INT4 (q/k/v/o, the MLPs), the head and the vision and audio embedders kept in
+    bf16 by the ignore list; multiples of 8 columns (hidden 64, head_dim 16, full layers' 32)."""
+    from helpers.gemma_models import (
+        AUDIO4_UNIFIED,
+        GEMMA4_UNIFIED_TEXT,
+        VISION4_UNIFIED,
+        random_gemma,
+    )
+
+    text = dict(
+        GEMMA4_UNIFIED_TEXT,
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        head_dim=16,
+        global_head_dim=32,
+    )
+    src = tmp_path / "bf16"
+    random_gemma(
+        transformers.Gemma4UnifiedConfig(
+            text_config=text, vision_config=VISION4_UNIFIED, audio_config=AUDIO4_UNIFIED
+        )
+    ).save_pretrained(src)
+    ignore = ["lm_head", "re:.*embed_vision.*", "re:.*vision_embedder.*", "re:.*embed_audio.*"]
+    q_dir, ref_dir = write_quantized(
+        src,
+        tmp_path,
+        "int4_group",
+        lambda n: ".language_model." in n and is_projection(n),
+        int4_config(16, ignore),
+    )
+    logits, model, _ = prefill_logits(q_dir, vocab=211)
+    ref_logits, _, _ = prefill_logits(ref_dir, vocab=211)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    names = quantized_modules(model)
+    assert {n.rpartition(".")[2] for n in names} >= {"o_proj", "down_proj"}, names
+    assert sum("self_attn" in n for n in names) >= 2 * text["num_hidden_layers"], names
+    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
+    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
 def test_the_start_up_line_names_the_format_and_bytes(deepseek_mtp, tmp_path):
     from outpace.engine.memory import weights_summary
 
