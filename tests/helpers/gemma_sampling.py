@@ -5,7 +5,7 @@ and the chi-square check of the first three tokens against the target's exact jo
 import torch
 import transformers
 
-from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT, random_gemma
+from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT, GEMMA4_UNIFIED_TEXT, random_gemma
 from helpers.hf_models import save_hf_model
 from helpers.stats import chi_square_p_value
 from outpace import LLM, SamplingParams
@@ -18,9 +18,11 @@ GEMMA3_TINY = dict(GEMMA3_TEXT, vocab_size=VOCAB, final_logit_softcapping=3.0)
 GEMMA4_TINY = dict(
     GEMMA4_TEXT, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0
 )
+GEMMA4_UNIFIED_TINY = dict(GEMMA4_UNIFIED_TEXT, vocab_size=VOCAB, final_logit_softcapping=3.0)
 CONFIGS = {
     "gemma3": lambda: transformers.Gemma3TextConfig(**GEMMA3_TINY),
     "gemma4": lambda: transformers.Gemma4TextConfig(**GEMMA4_TINY),
+    "gemma4-unified": lambda: transformers.Gemma4UnifiedTextConfig(**GEMMA4_UNIFIED_TINY),
 }
 
 

@@ -3,7 +3,8 @@
 SinglePositionMultiTokenCandidateGenerator feeds it (the target's shared KV, normed last hidden state and
 scaled embedding, every step at one position, sliding layers past the window), with the plain and the
 ordered-embedding head; greedy speculation is lossless (chains, several steps, chunked prefill, batching);
-sampled tokens follow the target's exact joint (chi-square)."""
+sampled tokens follow the target's exact joint (chi-square); gemma-4-12B's pair (a unified target and a
+Gemma4UnifiedAssistantForCausalLM, the same model over a unified text config) drafts as transformers does."""
 
 import pytest
 import torch
@@ -36,31 +37,35 @@ ASSISTANT_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 PROMPT = [3, 1, 9, 10, 8, 4, 7, 3, 1, 9, 10, 8, 6, 5, 2, 11, 0]  # 17 tokens: over two windows of 7
 
 
-def make_assistant(ordered: bool = False, seed: int = 1, **text):
-    """A 3-layer assistant (hidden 32, 3 heads) for the target; ordered: 4 clusters of 3 tokens, 2 scored."""
+def make_assistant(ordered: bool = False, seed: int = 1, unified: bool = False, **text):
+    """A 3-layer assistant (hidden 32, 3 heads) for the target; ordered: 4 clusters of 3 tokens, 2 scored;
+    unified: Gemma4UnifiedAssistantForCausalLM over a Gemma4UnifiedTextConfig (gemma-4-12B's assistant)."""
     t = TARGET
-    text_config = transformers.Gemma4TextConfig(
-        **{
-            **dict(
-                vocab_size=VOCAB,
-                hidden_size=32,
-                intermediate_size=40,
-                num_hidden_layers=3,
-                num_attention_heads=3,
-                num_key_value_heads=t["num_key_value_heads"],
-                head_dim=t["head_dim"],
-                global_head_dim=t["global_head_dim"],
-                max_position_embeddings=128,
-                sliding_window=WINDOW,
-                layer_types=ASSISTANT_TYPES,
-                hidden_size_per_layer_input=0,
-                vocab_size_per_layer_input=0,
-                rope_parameters=t["rope_parameters"],
-            ),
-            **text,
-        }
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=t["num_key_value_heads"],
+        head_dim=t["head_dim"],
+        global_head_dim=t["global_head_dim"],
+        max_position_embeddings=128,
+        sliding_window=WINDOW,
+        layer_types=ASSISTANT_TYPES,
+        rope_parameters=t["rope_parameters"],
     )
-    cfg = transformers.Gemma4AssistantConfig(
+    if unified:
+        text_config = transformers.Gemma4UnifiedTextConfig(**fields, **text)
+        config_class = transformers.Gemma4UnifiedAssistantConfig
+        model_class = transformers.Gemma4UnifiedAssistantForCausalLM
+    else:
+        text_config = transformers.Gemma4TextConfig(
+            **{**fields, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, **text}
+        )
+        config_class = transformers.Gemma4AssistantConfig
+        model_class = transformers.Gemma4AssistantForCausalLM
+    cfg = config_class(
         text_config=text_config,
         backbone_hidden_size=t["hidden_size"],
         use_ordered_embeddings=ordered,
@@ -68,7 +73,7 @@ def make_assistant(ordered: bool = False, seed: int = 1, **text):
         centroid_intermediate_top_k=2,
     )
     torch.manual_seed(seed)
-    model = transformers.Gemma4AssistantForCausalLM(cfg).eval()
+    model = model_class(cfg).eval()
     make_every_weight_matter(model)
     with torch.no_grad():
         for p in model.parameters():  # larger weights: drafts that depend on their inputs
@@ -161,6 +166,32 @@ def test_steps_match_transformers(kind, length, target, assistants):
     torch.testing.assert_close(got[chosen], expected[chosen], rtol=1e-4, atol=1e-4)
     assert got.argmax(-1).equal(expected.argmax(-1))
     assert not torch.allclose(got[0], got[1]), "the second step ignored the first one's state"
+
+
+@pytest.fixture(scope="module")
+def unified(tmp_path_factory):
+    """gemma-4-12B's pair in small: a unified Gemma 4 target (no per-layer embeddings) and a
+    Gemma4UnifiedAssistantForCausalLM -> (target model, its directory, assistant model, its directory)."""
+    model, path = make_tiny_gemma("gemma4-unified", tmp_path_factory.mktemp("unified"))
+    assistant = make_assistant(unified=True)
+    return model, path, assistant, save_hf_model(assistant, tmp_path_factory.mktemp("assistant"))
+
+
+def test_a_unified_assistant_drafts_as_transformers_and_losslessly(unified, plain_tokens):
+    hf_target, target_dir, hf_assistant, path = unified
+    expected = transformers_draft(hf_target, hf_assistant, PROMPT, 3)
+    got, _ = outpace_draft(target_dir, path, PROMPT, 3)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    prompts = plain_tokens[0]
+    plain = LLM(str(target_dir), block_size=4).generate(prompts, GREEDY)
+    spec = LLM(
+        str(target_dir),
+        block_size=4,
+        num_kv_blocks=64,
+        speculative=SpeculativeConfig("gemma4_assistant", str(path), num_steps=3),
+    ).generate(prompts, GREEDY)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert sum(o.spec_metrics.num_accepted_drafts for o in spec) > 0
 
 
 def test_sliding_layers_see_the_window_plus_one(target, assistants, monkeypatch):
