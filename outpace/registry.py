@@ -13,6 +13,7 @@ MODELS = {
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "outpace.models.qwen3_moe:Qwen3MoeForCausalLM",  # sparse MoE MLPs
     # sliding and full attention layers, per-head gates, MoE, chained MTP layers
     "Step3p5ForCausalLM": "outpace.models.step3p5:Step3p5ForCausalLM",
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",

@@ -14,6 +14,7 @@ Aux hidden states (for EAGLE3 drafts): capture index i means "the input of layer
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -61,12 +62,19 @@ def build_rotary(cfg: ModelConfig) -> RotaryEmbedding:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(
+        self, cfg: ModelConfig, make_layer: Callable[..., nn.Module] | None = None
+    ) -> None:
+        """``make_layer(cfg, rotary, sliding_window, index)``: decoder layer ``index`` (default: a
+        ``FusedDecoderLayer``; a family whose layers differ, models/qwen3_moe.py, gives its own)."""
         super().__init__()
         self.rotary = build_rotary(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        make_layer = make_layer or (
+            lambda cfg, rotary, window, _: FusedDecoderLayer(cfg, rotary, window)
+        )
         self.layers = nn.ModuleList(
-            FusedDecoderLayer(cfg, self.rotary, cfg.layer_window(i))
+            make_layer(cfg, self.rotary, cfg.layer_window(i), i)
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -91,7 +99,7 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
         layout; the loader decides from the checkpoint's tensor names, models/drafts/mtp.py)."""
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = LlamaModel(cfg, self.layer_factory(cfg))
         self.lm_head = LMHead(
             cfg.hidden_size,
             cfg.vocab_size,
@@ -102,6 +110,11 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
             from outpace.models.drafts.mtp import build_mtp_layers
 
             self.mtp_layers = build_mtp_layers(cfg, self.model.rotary, mtp_own_heads)
+
+    @classmethod
+    def layer_factory(cls, cfg: ModelConfig) -> Callable[..., nn.Module] | None:
+        """``LlamaModel``'s ``make_layer`` (None: every layer a ``FusedDecoderLayer``)."""
+        return None
 
     def set_aux_hidden_state_layers(self, layer_ids: tuple[int, ...]) -> None:
         """Capture the inputs of these layers (index num_hidden_layers: the last layer's output)."""

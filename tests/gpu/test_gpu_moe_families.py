@@ -3,7 +3,8 @@ graphs with the grouped-expert kernels inside (layers/moe.py RoutedExperts: noth
 the host), and gives in fp32 the tokens of the same engine run eagerly and of the CPU (run_experts); n-gram
 speculation stays lossless with graphs. Families and their expert activations: Qwen3-Next (SiLU, a gated
 shared expert), Nemotron-H (relu2, ungated), Step-3.5 (SiLU with swiglu_limits clamps, stacked experts),
-Gemma 4 (GELU-tanh, packed gate/up). DeepSeek's are tests/gpu/test_gpu_deepseek.py."""
+Gemma 4 (GELU-tanh, packed gate/up), Qwen3-MoE (SiLU, dense layers between). DeepSeek's are
+tests/gpu/test_gpu_deepseek.py."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ FAMILIES = {
     "nemotron_h": (131, "relu2", {None}),
     "step3p5": (61, "silu", {None, 0.3}),
     "gemma4": (211, "gelu_tanh", {None}),
+    "qwen3_moe": (97, "silu", {None}),
 }
 
 
@@ -32,8 +34,13 @@ def save_family(family: str, path):
         from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
 
         return write_checkpoint(path, CONFIG)[0]
-    from helpers.gemma_models import make_gemma
     from helpers.hf_models import save_hf_model
+
+    if family == "qwen3_moe":
+        from helpers.qwen3_moe_models import make_qwen3_moe
+
+        return save_hf_model(make_qwen3_moe("renormalised"), path)
+    from helpers.gemma_models import make_gemma
 
     return save_hf_model(make_gemma("gemma4-moe-kv-shared"), path)
 
@@ -103,11 +110,12 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "family", ["qwen3_next", "qwen3_5", "nemotron_h", "step3p5", "v2-greedy", "v3-yarn"]
+    "family",
+    ["qwen3_next", "qwen3_5", "nemotron_h", "step3p5", "v2-greedy", "v3-yarn", "qwen3_moe"],
 )
 def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
     """The few-row layers in the fused residual style (models/qwen3_next.py, models/nemotron_h.py,
-    models/step3p5.py, models/deepseek.py over layers/fused_decoder.py ``run_fused_layers``: norms folded into the
+    models/step3p5.py, models/deepseek.py, models/qwen3_moe.py over layers/fused_decoder.py ``run_fused_layers``: norms folded into the
     projections), here let take float32 rows (the path serves half precision), captured on the GPU: the CPU's
     greedy tokens. DeepSeek's variants (tests/helpers/deepseek_models.py): V2's MLA without q_lora_rank and
     softmax routing, V3's with one and group-limited sigmoid routing."""
@@ -141,6 +149,8 @@ def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, mon
         other = {**CONFIG["attention_other_setting"], "head_dim": 16}
         config = {**CONFIG, "head_dim": 16, "attention_other_setting": other}
         path, vocab = str(write_checkpoint(tmp_path, config)[0]), config["vocab_size"]
+    elif family == "qwen3_moe":
+        path, vocab = str(save_family(family, tmp_path)), FAMILIES[family][0]
     elif family.startswith("v"):
         from helpers.deepseek_models import make_hf_deepseek
         from helpers.hf_models import save_hf_model

@@ -235,6 +235,28 @@ def test_nemotron_h_modelopt_fp8(hybrids, tmp_path):
     assert hybrid_logits(q_dir).token_ids == hybrid_logits(ref_dir).token_ids
 
 
+def test_qwen3_moe_block_fp8_experts_and_attention(tmp_path):
+    """Qwen3-30B-A3B-FP8's layout: every projection block FP8 (each expert's and the attention's, bf16 scales),
+    the router and the head unquantized; logits and greedy tokens equal the dequantized twin's."""
+    from helpers.hf_models import save_hf_model
+    from helpers.qwen3_moe_models import make_qwen3_moe
+
+    src = save_hf_model(make_qwen3_moe("renormalised"), tmp_path / "bf16")
+    config = block_fp8_config((16, 16), modules_to_not_convert=["lm_head"])
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_block", is_projection, config, torch.bfloat16
+    )
+    logits, model, _ = prefill_logits(q_dir, vocab=97)
+    ref_logits, _, _ = prefill_logits(ref_dir, vocab=97)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    names = quantized_modules(model)
+    assert any(".experts." in n for n in names) and any("self_attn" in n for n in names)
+    assert not any(n.endswith("mlp.gate") for n in names)
+    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
+    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
 def test_gemma4_unified_int4_every_language_model_projection(tmp_path):
     """google/gemma-4-12B-it-qat-w4a16-ct's layout (compressed-tensors pack-quantized, symmetric groups): every
     Linear of the language model INT4 (q/k/v/o, the MLPs), the head and the vision and audio embedders kept in

@@ -1,0 +1,50 @@
+"""Tiny Qwen3-MoE configs and random transformers models (fp32) for tests: mixture layers beside dense ones
+(mlp_only_layers, decoder_sparse_step), renormalised and raw top-k weights, attention biases, a sliding window
+on every layer."""
+
+import torch
+import transformers
+
+VOCAB = 97
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    moe_intermediate_size=16,
+    num_experts=6,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+)
+# variant -> config fields beside BASE
+VARIANTS = {
+    # layer 1 dense (mlp_only_layers), the others mixtures; top-k weights renormalised
+    "renormalised": dict(norm_topk_prob=True, mlp_only_layers=[1]),
+    # mixtures on layers 1 and 3 (decoder_sparse_step 2), raw softmax weights, attention biases, a window of 7
+    "sparse-step-window": dict(
+        norm_topk_prob=False,
+        decoder_sparse_step=2,
+        attention_bias=True,
+        use_sliding_window=True,
+        sliding_window=7,
+    ),
+}
+
+
+def make_qwen3_moe(variant: str):
+    """A transformers Qwen3MoeForCausalLM of ``variant``, seeded, with weights large enough that routing and
+    the norms matter."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(**BASE, **VARIANTS[variant])
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    return model

@@ -1,0 +1,171 @@
+"""Qwen3MoeForCausalLM against transformers (fp32, random weights, CPU): mixture layers beside dense ones
+(mlp_only_layers, decoder_sparse_step), renormalised and raw top-k weights, a sliding window on every layer;
+prefill logits within 1e-4 relative, 32 greedy tokens identical (whole and chunked prefill), speculation
+lossless; every field of transformers' Qwen3MoeConfig implemented, irrelevant or refused by name."""
+
+import pytest
+import torch
+import transformers
+
+from helpers.hf_models import checkpoint_cache, paged_prefill_error
+from helpers.qwen3_moe_models import BASE, VARIANTS, VOCAB, make_qwen3_moe
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.layers.moe import MoE
+from outpace.model_config import ModelConfig
+from outpace.models.loader import load_model
+from outpace.models.qwen3_moe import Qwen3MoeConfig
+from outpace.validation import ConfigError
+
+PROMPT = [5, 61, 7, 33, 90, 2, 18, 44, 5, 61, 7, 33, 71, 9]  # 14 tokens, twice the window; repeats
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    """variant -> (transformers model, directory of its saved checkpoint)."""
+    return checkpoint_cache(tmp_path_factory, make_qwen3_moe)
+
+
+def generate(path, prompt, n, **engine):
+    return LLM(str(path), block_size=4, num_kv_blocks=64, **engine).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    )[0]
+
+
+def transformers_greedy(hf, prompt, n):
+    with torch.no_grad():
+        return hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_prefill_logits_match_transformers(variant, qwen3_moe):
+    """45 tokens in one paged forward over scattered blocks; the mixture on the layers transformers puts it."""
+    hf, path = qwen3_moe(variant)
+    model = load_model(path, torch.float32)
+    expected = [type(layer.mlp).__name__ == "Qwen3MoeSparseMoeBlock" for layer in hf.model.layers]
+    assert [isinstance(layer.mlp, MoE) for layer in model.model.layers] == expected
+    rel = paged_prefill_error(hf, path, VOCAB)
+    assert rel < 1e-4, f"{variant}: relative error {rel}"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_matches_transformers(variant, chunked, qwen3_moe):
+    hf, path = qwen3_moe(variant)
+    engine = {"max_num_batched_tokens": 5} if chunked else {}
+    assert generate(path, PROMPT, 32, **engine).token_ids == transformers_greedy(hf, PROMPT, 32)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
+        "draft",  # the target drafting for itself
+    ],
+    ids=["ngram", "draft"],
+)
+def test_speculation_is_lossless(spec, qwen3_moe):
+    _, path = qwen3_moe("renormalised")
+    spec = SpeculativeConfig("draft", str(path), num_steps=3) if spec == "draft" else spec
+    expected = generate(path, PROMPT, 24).token_ids
+    out = generate(path, PROMPT, 24, max_num_batched_tokens=10, speculative=spec)
+    assert out.token_ids == expected
+    assert out.spec_metrics.num_draft_tokens > 0
+
+
+def config_dict(**changes) -> dict:
+    return {
+        **transformers.Qwen3MoeConfig(**BASE).to_dict(),
+        "architectures": ["Qwen3MoeForCausalLM"],
+        **changes,
+    }
+
+
+def parsed(cfg: dict):
+    model_cfg = ModelConfig.from_dict(cfg)
+    return model_cfg, Qwen3MoeConfig.from_model_config(model_cfg)
+
+
+def test_bad_mixture_fields_are_refused_by_name():
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+        parsed(config_dict(num_experts_per_tok=7))
+    with pytest.raises(ConfigError, match="decoder_sparse_step"):
+        parsed(config_dict(decoder_sparse_step=0))
+
+
+def test_the_hubs_expert_count_field():
+    """Hub configs name the count num_experts; transformers 5 writes num_local_experts: both read alike."""
+    written = config_dict()
+    hub = {k: v for k, v in written.items() if k != "num_local_experts"} | {"num_experts": 6}
+    assert "num_local_experts" in written and parsed(hub) == parsed(written)
+
+
+# Qwen3MoeConfig's fields that do not change what inference computes, and why.
+IRRELEVANT = {
+    "transformers_version",
+    "_name_or_path",
+    "model_type",  # the architectures entry names the class
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "use_cache",
+    "is_encoder_decoder",
+    "chunk_size_feed_forward",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "initializer_range",
+    "attention_dropout",  # training only
+    "output_router_logits",  # what a transformers forward returns
+    "router_aux_loss_coef",  # a training loss
+    "pad_token_id",
+    "bos_token_id",
+}
+# field -> (another value, other changes that let the field matter): the parse must then differ
+IMPLEMENTED = {
+    "vocab_size": (100, {}),
+    "hidden_size": (64, {}),
+    "intermediate_size": (100, {}),
+    "num_hidden_layers": (6, {}),
+    "num_attention_heads": (8, {}),
+    "num_key_value_heads": (8, {}),
+    "hidden_act": ("gelu", {}),
+    "max_position_embeddings": (1024, {}),
+    "rms_norm_eps": (1e-5, {}),
+    "tie_word_embeddings": (True, {}),
+    "eos_token_id": (7, {}),
+    "dtype": ("bfloat16", {}),
+    "rope_parameters": ({"rope_type": "default", "rope_theta": 5e5}, {}),
+    "attention_bias": (True, {}),
+    "use_sliding_window": (True, {"sliding_window": 16}),
+    "sliding_window": (16, {"use_sliding_window": True}),
+    "decoder_sparse_step": (2, {}),
+    "moe_intermediate_size": (32, {}),
+    "num_experts_per_tok": (3, {}),
+    "num_local_experts": (8, {}),
+    "norm_topk_prob": (True, {}),
+    "mlp_only_layers": ([0], {}),
+}
+
+
+def test_every_field_is_implemented_irrelevant_or_refused():
+    """Walks transformers' default Qwen3MoeConfig: a field none of the tables knows fails (a transformers
+    upgrade adding one must be looked at); "implemented" is checked: another value changes the parse."""
+    base = {**transformers.Qwen3MoeConfig().to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}
+    unknown = sorted(set(base) - set(IMPLEMENTED) - IRRELEVANT - {"architectures"})
+    assert not unknown, f"Qwen3MoeConfig fields nobody decided on: {unknown}"
+    for name, (value, context) in IMPLEMENTED.items():
+        assert name in base, name
+        assert parsed({**base, **context}) != parsed({**base, **context, name: value}), (
+            f"{name}={value!r} changes nothing"
+        )
+    for name in set(base) & IRRELEVANT:
+        changed = "changed" if base[name] is None else not base[name]
+        assert parsed({**base, name: changed}) == parsed(base), name
