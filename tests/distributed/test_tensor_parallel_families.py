@@ -1,6 +1,7 @@
 """Tensor parallelism beyond the Llama family, on CPU processes (gloo), in fp32: DeepSeek-V2/V3 (MLA heads
-split, the latent cache whole on every rank, every expert's rows split, shared experts too) and Gemma 3
-(heads split, a kv head replicated, the embedding replicated as Gemma keeps it) give exactly the TP = 1
+split, the latent cache whole on every rank, every expert's rows split, shared experts too), Qwen3-MoE (heads
+and every expert's rows split, a dense layer between) and Gemma 3 (heads split, a kv head replicated, the
+embedding replicated as Gemma keeps it) give exactly the TP = 1
 greedy tokens at TP = 2 and TP = 3 with batching, chunked prefill and preemption; an EAGLE3 draft that
 borrows a Gemma target's replicated embedding and tied head is handed this rank's vocabulary shard of it
 and stays lossless at TP = 2; dimensions that do not split are refused by name.
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from helpers.deepseek_models import make_hf_deepseek
 from helpers.gemma_models import PROMPT, SPLITTABLE, make_splittable_gemma
 from helpers.hf_models import save_hf_model
+from helpers.qwen3_moe_models import make_qwen3_moe
 from helpers.spec_models import make_eagle3_draft
 from helpers.tp_harness import Scenario, build_rank, run_group
 from outpace import LLM, SamplingParams
@@ -42,6 +44,13 @@ DEEPSEEKS = [
 ]  # q_lora_rank, grouped sigmoid routing; biases on attention, MLPs, shared experts
 
 
+# 6 heads and kv heads, dense MLP 96 and experts 24 wide: all divisible by 2 and by 3; 211 tokens
+QWEN3_MOE = dict(
+    vocab_size=211, num_attention_heads=6, num_key_value_heads=6, intermediate_size=96,
+    moe_intermediate_size=24,
+)  # fmt: skip
+
+
 def family_prompts() -> list[list[int]]:
     return [[(i * 37 + j * 11) % 199 + 1 for j in range(3 + 9 * i)] for i in range(5)]
 
@@ -51,6 +60,8 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("families")
     paths = {v: str(save_hf_model(make_hf_deepseek(v, **DEEPSEEK), root / v)) for v in DEEPSEEKS}
     paths.update({v: str(save_hf_model(make_splittable_gemma(v), root / v)) for v in SPLITTABLE})
+    moe = make_qwen3_moe("renormalised", **QWEN3_MOE)
+    paths["qwen3-moe"] = str(save_hf_model(moe, root / "qwen3-moe"))
     return paths
 
 
@@ -155,7 +166,7 @@ def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
         return [o.token_ids for o in llm.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("variant", DEEPSEEKS + list(SPLITTABLE))
+@pytest.mark.parametrize("variant", DEEPSEEKS + list(SPLITTABLE) + ["qwen3-moe"])
 @pytest.mark.parametrize("size", [2, 3])
 def test_family_matches_one_rank(variant, size, checkpoints, request):
     got = request.getfixturevalue(f"tp{size}")[variant]

@@ -35,11 +35,11 @@ VARIANTS = {
 }
 
 
-def make_qwen3_moe(variant: str):
-    """A transformers Qwen3MoeForCausalLM of ``variant``, seeded, with weights large enough that routing and
-    the norms matter."""
+def make_qwen3_moe(variant: str, **overrides):
+    """A transformers Qwen3MoeForCausalLM of ``variant`` (and ``overrides`` of its fields), seeded, with weights
+    large enough that routing and the norms matter."""
     torch.manual_seed(0)
-    cfg = transformers.Qwen3MoeConfig(**BASE, **VARIANTS[variant])
+    cfg = transformers.Qwen3MoeConfig(**{**BASE, **VARIANTS[variant], **overrides})
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
