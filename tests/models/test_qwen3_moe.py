@@ -1,7 +1,7 @@
 """Qwen3MoeForCausalLM against transformers (fp32, random weights, CPU): mixture layers beside dense ones
 (mlp_only_layers, decoder_sparse_step), renormalised and raw top-k weights, a sliding window on every layer;
 prefill logits within 1e-4 relative, 32 greedy tokens identical (whole and chunked prefill), speculation
-lossless; every field of transformers' Qwen3MoeConfig implemented, irrelevant or refused by name."""
+(n-gram, a draft model, an EAGLE3 tree) lossless; every field of transformers' Qwen3MoeConfig implemented, irrelevant or refused by name."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ import transformers
 
 from helpers.hf_models import checkpoint_cache, paged_prefill_error
 from helpers.qwen3_moe_models import BASE, VARIANTS, VOCAB, make_qwen3_moe
+from helpers.spec_models import make_eagle3_draft
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.layers.moe import MoE
@@ -63,18 +64,22 @@ def test_greedy_matches_transformers(variant, chunked, qwen3_moe):
     assert generate(path, PROMPT, 32, **engine).token_ids == transformers_greedy(hf, PROMPT, 32)
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
-        "draft",  # the target drafting for itself
-    ],
-    ids=["ngram", "draft"],
-)
-def test_speculation_is_lossless(spec, qwen3_moe):
+def speculative_config(method: str, target, tmp_path) -> SpeculativeConfig:
+    if method == "ngram":
+        return SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
+    if method == "draft":  # the target drafting for itself
+        return SpeculativeConfig("draft", str(target), num_steps=3)
+    draft = make_eagle3_draft(target, tmp_path / "eagle3", aux_ids=[1, 2, 3])
+    return SpeculativeConfig("eagle3", str(draft), num_steps=3, topk=2, num_draft_tokens=6)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "eagle3-tree"])
+def test_speculation_is_lossless(method, qwen3_moe, tmp_path):
+    """Greedy output with speculation (chunked prefill) equals plain greedy output; an EAGLE3 tree reads the
+    stack's captured layer inputs."""
     _, path = qwen3_moe("renormalised")
-    spec = SpeculativeConfig("draft", str(path), num_steps=3) if spec == "draft" else spec
     expected = generate(path, PROMPT, 24).token_ids
+    spec = speculative_config(method, path, tmp_path)
     out = generate(path, PROMPT, 24, max_num_batched_tokens=10, speculative=spec)
     assert out.token_ids == expected
     assert out.spec_metrics.num_draft_tokens > 0
