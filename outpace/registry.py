@@ -26,6 +26,10 @@ MODELS = {
     # hybrids: gated DeltaNet / Mamba2 layers with a recurrent state per request
     "Qwen3NextForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
     "Qwen3_5ForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
+    "Qwen3_5MoeForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",  # Qwen3.5's mixtures
+    # the hub's Qwen3.5 checkpoints (multimodal): their text models
+    "Qwen3_5ForConditionalGeneration": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
     "NemotronHForCausalLM": "outpace.models.nemotron_h:NemotronHForCausalLM",
 }
 

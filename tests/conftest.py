@@ -58,7 +58,7 @@ from helpers.hf_models import checkpoint_cache, make_hf_model, save_hf_model  # 
 # (``use_kernel_func_from_hub_with_fallback``); outpace depends on fla-core, so the references would run
 # them on CPU tensors and fail. The tests' reference is transformers' torch code: each such function is
 # swapped back for the torch function it wraps.
-_REFERENCE_MODULES = ("qwen3_next", "qwen3_5", "nemotron_h")
+_REFERENCE_MODULES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h")
 
 
 @pytest.fixture(scope="session", autouse=True)

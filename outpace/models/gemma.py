@@ -21,8 +21,6 @@ the final norm, ``compute_logits`` applies norm, head and softcapping to the row
 
 from __future__ import annotations
 
-import logging
-import re
 from dataclasses import dataclass
 
 import torch
@@ -40,9 +38,8 @@ from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks, windows_of_layer_types
 from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
+from outpace.models.multimodal import skip_towers
 from outpace.validation import ConfigError, ConfigFields
-
-logger = logging.getLogger("outpace.models")
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 ROPE_TYPES = (
@@ -360,17 +357,6 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
         (``language_model.model.layers.0...``, ``language_model.lm_head.weight``), as the Hub's and
         transformers' save_pretrained write it."""
         return f"language_model.{param_name}" if self.gemma.multimodal else param_name
-
-
-def skip_towers(cfg: ModelConfig, prefixes: tuple[str, ...]) -> tuple[str, ...]:
-    """A multimodal checkpoint's non-text parts (its tensors under ``prefixes``): logs that they are
-    skipped; returns the patterns that make the loader skip them (``ignored_checkpoint_tensors``)."""
-    logger.info(
-        "%s: outpace serves its text model; the checkpoint's %s are skipped",
-        cfg.architecture,
-        ", ".join(f"{p}.*" for p in prefixes),
-    )
-    return tuple(rf"^{re.escape(p)}\." for p in prefixes)
 
 
 def final_logits(logits: torch.Tensor, cap: float | None, out: torch.Tensor | None) -> torch.Tensor:

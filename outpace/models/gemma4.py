@@ -73,9 +73,9 @@ from outpace.models.gemma import (
     layer_type,
     layer_type_ropes,
     refuse,
-    skip_towers,
 )
 from outpace.models.llama import ModelOutput
+from outpace.models.multimodal import skip_towers
 from outpace.validation import ConfigFields
 
 ROPE_TYPES = ("default", "proportional")

@@ -1,5 +1,7 @@
-"""Qwen3-Next and Qwen3.5 (text): Qwen3NextForCausalLM and Qwen3_5ForCausalLM (transformers' classes of
-those names are the reference). Hybrid stacks: most layers mix tokens with gated DeltaNet
+"""Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: Qwen3NextForCausalLM, Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM
+(transformers' classes of those names are the reference), and the text models of the hub's multimodal Qwen3.5
+checkpoints (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: the text model under
+``model.language_model.``, the vision tower ``model.visual`` skipped). Hybrid stacks: most layers mix tokens with gated DeltaNet
 (layers/gated_deltanet.py, a recurrent state per request: layers/recurrent.py), every
 ``full_attention_interval``-th with gated full attention, as the config's ``layer_types`` says.
 
@@ -13,7 +15,9 @@ those names are the reference). Hybrid stacks: most layers mix tokens with gated
   norm_topk_prob), plus one shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)). On the grouped
   kernels the shared expert runs as more slots of the routed experts, weighted by its gate, which the
   routing kernel computes as one more router row (``RouterWithSharedGate``): the block is its router's
-  two launches, gate/up, down and the combine. Qwen3.5's is a dense SwiGLU MLP.
+  two launches, gate/up, down and the combine. Qwen3.5's is a dense SwiGLU MLP, Qwen3.5-MoE's the same
+  mixture on every layer, its weights always renormalised (transformers Qwen3_5MoeTextConfig drops
+  decoder_sparse_step, mlp_only_layers and norm_topk_prob; Qwen3VLMoeTextTopKRouter renormalises).
 - Qwen3.5's multimodal rotary sections (mrope_section) turn text positions exactly as plain RoPE does
   (the three position streams are equal), so they are not read.
 
@@ -96,9 +100,16 @@ from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.validation import ConfigError, require
+from outpace.models.multimodal import skip_towers
+from outpace.validation import ConfigError, ConfigFields, require
 
-NEXT, QWEN35 = "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"
+NEXT = "Qwen3NextForCausalLM"
+# Qwen3.5's mixtures (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B, Qwen3.6-35B-A3B): its text model or the hub's
+# multimodal checkpoint
+QWEN35_MOE = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+# transformers' Qwen3_5MoeTextConfig drops these Qwen3NextConfig fields (every layer's MLP is the mixture, its
+# router always renormalises: Qwen3VLMoeTextTopKRouter): a Qwen3.5-MoE config that sets them otherwise is refused
+QWEN35_MOE_FIXED = {"decoder_sparse_step": 1, "mlp_only_layers": (), "norm_topk_prob": True}
 
 # transformers' Qwen3NextConfig / Qwen3_5TextConfig defaults for fields a config.json may omit
 DEFAULTS = dict(
@@ -176,7 +187,21 @@ class Qwen3NextConfig:
             0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
             f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]",
         )
-        moe = cfg.architecture == NEXT and raw["num_experts"] > 0
+        qwen35_moe = cfg.architecture in QWEN35_MOE
+        for field, value in QWEN35_MOE_FIXED.items() if qwen35_moe else ():
+            given = raw[field]
+            require(
+                o,
+                field,
+                given,
+                (tuple(given) if isinstance(given, list) else given) == value,
+                f"{value!r} or absent in a Qwen3.5 MoE config (Qwen3_5MoeTextConfig has no such field)",
+            )
+        if qwen35_moe:
+            require(
+                o, "num_experts", raw["num_experts"], raw["num_experts"] > 0, "> 0 (Qwen3.5 MoE)"
+            )
+        moe = (cfg.architecture == NEXT or qwen35_moe) and raw["num_experts"] > 0
 
         def moe_layers(
             count: int,
@@ -593,12 +618,27 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     shards_over_ranks = True
     partial_rotary = True  # RoPE turns the leading partial_rotary_factor of each head
 
+    @classmethod
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
+        # Qwen3_5MoeTextConfig has no intermediate_size: no layer has a dense MLP (the MTP layers neither), so
+        # ModelConfig's field holds the experts' width, which no module reads
+        if cfg.get("model_type") == "qwen3_5_moe_text" and cfg.get("intermediate_size") is None:
+            return {
+                "intermediate_size": cfg.integer(
+                    "moe_intermediate_size", DEFAULTS["moe_intermediate_size"]
+                )
+            }
+        return {}
+
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:
             raise ConfigError(
                 f"{cfg.architecture}: MTP layers in DeepSeek's layout are not implemented"
             )
+        # the hub's Qwen3.5 checkpoints are multimodal: the text model under model.language_model, the vision
+        # tower (model.visual) skipped; the head and the MTP layers at the top level as in the text model's
+        self.multimodal = cfg.architecture.endswith("ForConditionalGeneration")
         self.hybrid = Qwen3NextConfig.from_model_config(cfg)
         num_mtp = mtp_layer_count(cfg.raw)
         self.config = dataclasses.replace(cfg, num_nextn_predict_layers=num_mtp)
@@ -609,8 +649,10 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
             tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
         )
         self.aux_layer_ids: tuple[int, ...] = ()
-        self.ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",) + (
-            () if num_mtp else (r"^mtp\.",)
+        self.ignored_checkpoint_tensors = (
+            (r"\.rotary_emb\.inv_freq$",)
+            + (() if num_mtp else (r"^mtp\.",))
+            + (skip_towers(cfg, ("model.visual",)) if self.multimodal else ())
         )
         if (
             num_mtp
@@ -643,6 +685,12 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     ) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        """A multimodal checkpoint's text model sits under ``model.language_model.`` (module docstring)."""
+        if self.multimodal and param_name.startswith("model."):
+            return f"model.language_model.{param_name.removeprefix('model.')}"
+        return param_name
 
     # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)
     greedy_tokens = LlamaForCausalLM.greedy_tokens

@@ -1,4 +1,4 @@
-"""The hybrid drafter tests' targets (Qwen3-Next, Qwen3.5, Nemotron-H): a small vocabulary, so that random
+"""The hybrid drafter tests' targets (Qwen3-Next, Qwen3.5 and its MoE, Nemotron-H): a small vocabulary, so that random
 drafts are accepted now and then, their prompts, and checkpoints with the target's own MTP layers."""
 
 import json
@@ -12,7 +12,11 @@ from outpace.models.loader import build_model
 
 VOCAB = 13  # random drafters then propose the target's token now and then
 PROMPTS = [[1, 5, 2, 7, 3], [4, 4, 8, 1, 9, 12, 0, 3, 5, 6, 2], [2, 11]]
-MTP_LAYERS = {"qwen3_next": 1, "qwen3_5": 2}  # one layer reused step after step; two chained
+MTP_LAYERS = {
+    "qwen3_next": 1,
+    "qwen3_5": 2,
+    "qwen3_5_moe": 1,
+}  # one layer reused step after step; two chained
 
 
 def save_with_mtp(variant: str, path, num_layers: int, seed: int = 1):

@@ -1,5 +1,6 @@
-"""Random-initialised transformers checkpoints of the hybrid targets (Qwen3-Next, Qwen3.5 text,
-Nemotron-H) for tests: tiny, odd shapes (grouped value heads, partial RoPE, Mamba groups, MoE)."""
+"""Random-initialised transformers checkpoints of the hybrid targets (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, their
+text models and their multimodal checkpoints, Nemotron-H) for tests: tiny, odd shapes (grouped value heads,
+partial RoPE, Mamba groups, MoE)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,27 @@ DELTANET = dict(
     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
 )
 
-# variant -> (transformers config class, config)
+QWEN35_TEXT = dict(COMMON, **DELTANET, num_hidden_layers=3, full_attention_interval=2)
+QWEN35_MOE_TEXT = dict(
+    {k: v for k, v in QWEN35_TEXT.items() if k != "intermediate_size"},  # (no dense MLP)
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=12,
+    shared_expert_intermediate_size=20,
+)
+QWEN35_VISION = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    out_hidden_size=40,
+    num_position_embeddings=16,
+)
+
+# variant -> (transformers config class, config; a multimodal one's with text_config and vision_config)
 HYBRIDS = {
     "qwen3_next": (
         "Qwen3NextConfig",
@@ -47,9 +68,17 @@ HYBRIDS = {
             mlp_only_layers=[2],
         ),
     ),
-    "qwen3_5": (
-        "Qwen3_5TextConfig",
-        dict(COMMON, **DELTANET, num_hidden_layers=3, full_attention_interval=2),
+    "qwen3_5": ("Qwen3_5TextConfig", QWEN35_TEXT),
+    # Qwen3.5's mixture (Qwen3.5-35B-A3B's layout): every layer's MLP routed experts beside a gated shared one
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", QWEN35_MOE_TEXT),
+    # the hub's Qwen3.5 checkpoints are multimodal: the text model under model.language_model, a vision tower
+    "qwen3_5-multimodal": (
+        "Qwen3_5Config",
+        dict(text_config=QWEN35_TEXT, vision_config=QWEN35_VISION),
+    ),
+    "qwen3_5_moe-multimodal": (
+        "Qwen3_5MoeConfig",
+        dict(text_config=QWEN35_MOE_TEXT, vision_config=QWEN35_VISION),
     ),
     "nemotron_h": (
         "NemotronHConfig",
@@ -88,7 +117,12 @@ def make_hybrid(variant: str, weight_scale: float = 4.0, **overrides):
     cls_name, extra = HYBRIDS[variant]
     cfg = getattr(transformers, cls_name)(**{**extra, **overrides})
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if (
+        "text_config" in extra
+    ):  # (the multimodal class: AutoModelForCausalLM builds the text model alone)
+        model = getattr(transformers, cls_name.replace("Config", "ForConditionalGeneration"))(cfg)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # make every weight matter (norms start at 0 or 1, biases at 0)
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

@@ -1,4 +1,5 @@
-"""Hybrid targets (models/qwen3_next.py: Qwen3-Next, Qwen3.5 text; models/nemotron_h.py: Nemotron-H)
+"""Hybrid targets (models/qwen3_next.py: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE, text models and multimodal checkpoints;
+models/nemotron_h.py: Nemotron-H)
 against transformers on random weights (fp32, CPU, tiny odd shapes: grouped value heads, partial RoPE,
 Mamba groups, MoE), and the recurrent layers' tree form against their chain form.
 
@@ -185,6 +186,36 @@ def test_unimplemented_qwen_values_are_refused_by_name():
                 {**QWEN35, "linear_num_value_heads": 3, "linear_num_key_heads": 2}
             )
         )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("mlp_only_layers", [1]), ("decoder_sparse_step", 2), ("norm_topk_prob", False)],
+)
+def test_qwen35_moe_refuses_the_qwen3_next_fields_it_lacks(field, value):
+    """transformers' Qwen3_5MoeTextConfig drops these (every layer a mixture, weights always renormalised): a
+    Qwen3.5-MoE config setting one otherwise is refused by name, not served as Qwen3-Next would read it."""
+    from outpace.models.qwen3_next import Qwen3NextConfig
+
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=4)
+    raw = {**QWEN35, **moe, "architectures": ["Qwen3_5MoeForCausalLM"], field: value}
+    with pytest.raises(ConfigError, match=field):
+        Qwen3NextConfig.from_model_config(ModelConfig.from_dict(raw))
+
+
+def test_a_multimodal_qwen35_checkpoint_serves_its_text_model(checkpoints, caplog):
+    """The hub's Qwen3.5 checkpoints hold a vision tower (model.visual) and the text model under
+    model.language_model: loading skips the tower with a logged note."""
+    import logging
+
+    from outpace.checkpoint import checkpoint_tensor_names
+
+    _, path = checkpoints("qwen3_5_moe-multimodal")
+    assert any(n.startswith("model.visual.") for n in checkpoint_tensor_names(path))
+    with caplog.at_level(logging.INFO, logger="outpace.models"):
+        model = load_model(path, torch.float32)
+    assert "model.visual.*" in caplog.text and "skipped" in caplog.text
+    assert not any("visual" in n for n, _ in model.named_parameters())
 
 
 # ---- the recurrent layers' tree form: node i continues its parent's state -------------------------------
