@@ -214,6 +214,30 @@ def test_qwen3_next_block_fp8_with_bf16_scales(hybrids, tmp_path):
     assert got[0].token_ids == [expected]
 
 
+def test_qwen35_moe_multimodal_block_fp8(hybrids, tmp_path):
+    """Qwen3.5-35B-A3B-FP8's layout: the multimodal checkpoint, its text model's projections block FP8 (each
+    expert's, the shared expert's, the attention's, gated DeltaNet's in_proj_qkv / in_proj_z / out_proj), the
+    vision tower, in_proj_a / in_proj_b, the routers and the head unquantized; greedy tokens equal the
+    dequantized twin's."""
+    src = hybrids("qwen3_5_moe-multimodal")
+    not_converted = ["lm_head", "model.visual", "in_proj_a", "in_proj_b"]
+    config = block_fp8_config((16, 16), modules_to_not_convert=not_converted)
+    q_dir, ref_dir = write_quantized(
+        src,
+        tmp_path,
+        "fp8_block",
+        lambda n: (
+            is_projection(n) and "visual" not in n and "in_proj_a" not in n and "in_proj_b" not in n
+        ),
+        config,
+        torch.bfloat16,
+    )
+    names = quantized_modules(load_model(q_dir, torch.float32))
+    assert any(".experts." in n for n in names) and any("shared_expert." in n for n in names)
+    assert any("in_proj_qkv" in n for n in names) and not any("in_proj_a" in n for n in names)
+    assert hybrid_logits(q_dir).token_ids == hybrid_logits(ref_dir).token_ids
+
+
 def test_nemotron_h_modelopt_fp8(hybrids, tmp_path):
     """ModelOpt's layout: per-tensor weight_scale and input_scale, hf_quant_config.json, KV scales skipped."""
     from safetensors.torch import load_file, save_file
