@@ -457,6 +457,50 @@ STEP3P5_FLASH = dict(
 STEP3P5_FLASH_SLICE = slice_layers(STEP3P5_FLASH, STEP3P5_SLICE_LAYERS)
 
 
+# huggingface.co/Qwen/Qwen3-30B-A3B config.json (public copies of it, e.g. MoE profiling configs derived from it;
+# vLLM's and SGLang's qwen3_moe tests): 48 layers of GQA (32 heads over 4, head_dim 128) with a mixture of 128
+# experts of which 8 (renormalised), no shared expert, on every layer. 61 GB in bf16: the whole model.
+QWEN3_30B_A3B = dict(
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    hidden_act="silu",
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    attention_bias=False,
+    use_sliding_window=False,
+    tie_word_embeddings=False,
+    decoder_sparse_step=1,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    mlp_only_layers=[],
+    torch_dtype="bfloat16",
+)
+
+
+def qwen35_moe() -> dict:
+    """transformers' Qwen3_5MoeTextConfig defaults (its docstring: "the Qwen3.5-35B-A3B style configuration"):
+    40 layers of gated DeltaNet and gated attention 3:1, each with a mixture of 256 experts of which 8 plus a
+    gated shared expert; vocabulary 248320; 70 GB in bf16, the whole model; without its MTP layer (plain
+    decoding reads none)."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    cfg = Qwen3_5MoeTextConfig(max_position_embeddings=8192).to_dict()
+    cfg.update(architectures=["Qwen3_5MoeForCausalLM"], mtp_num_hidden_layers=0)
+    return {
+        k: v for k, v in cfg.items() if k not in ("id2label", "label2id", "transformers_version")
+    }
+
+
 def qwen35() -> dict:
     """The Qwen3.5 shape bench/hybrid_shape.py measures (transformers' Qwen3_5TextConfig defaults, the
     config class of Qwen/Qwen3.5-27B's family: hidden 4096, 32 layers of gated DeltaNet and gated attention
@@ -513,6 +557,14 @@ def family_shapes() -> dict[str, FamilyShape]:
                 32,
                 4,
             ),
+            FamilyShape(
+                "qwen3.5-35b-a3b",
+                "transformers Qwen3_5MoeTextConfig defaults (Qwen/Qwen3.5-35B-A3B's config class)",
+                qwen35_moe(),
+                40,
+                4,
+            ),
+            FamilyShape("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", QWEN3_30B_A3B, 48, 2),
             FamilyShape("nemotron-h-8b", "nvidia/Nemotron-H-8B-Base-8K", NEMOTRON_H_8B, 52, 8),
             FamilyShape("gemma-3-12b", "google/gemma-3-12b-it", GEMMA3_12B, 48, 6),
             FamilyShape("gemma-4-26b-a4b", "google/gemma-4-26B-A4B", GEMMA4_26B_A4B, 30, 6),
