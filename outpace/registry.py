@@ -11,6 +11,9 @@ MODELS = {
     # multi-head latent attention, mixture of experts
     "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
+    # Kimi-K2.5 / K2.6 (multimodal): their DeepSeek-V3 text model
+    "KimiK25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
+    "Kimi_K25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "outpace.models.qwen3_moe:Qwen3MoeForCausalLM",  # sparse MoE MLPs

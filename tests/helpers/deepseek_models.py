@@ -199,3 +199,28 @@ def save_v3_with_mtp(path):
     )
     assert json.loads((path / "config.json").read_text())["num_nextn_predict_layers"] == 1
     return hf, ref, path
+
+
+def write_kimi_k25(text_dir, out):
+    """A DeepSeek-V3 checkpoint rewritten as Kimi-K2.5 / K2.6 publish theirs: config.json's
+    KimiK25ForConditionalGeneration with the text model's config as text_config (model_type kimi_k2) beside a
+    vision_config, the text model's tensors under ``language_model.`` (the source patterns of transformers'
+    conversion_mapping for kimi_k25), and a vision tower and projector beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.loads((text_dir / "config.json").read_text())
+    text.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"])
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": {"model_type": "kimi_k25_vision", "hidden_size": 16, "patch_size": 4},
+        "tie_word_embeddings": False,
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    tensors = {
+        f"language_model.{n}": t for n, t in load_file(text_dir / "model.safetensors").items()
+    }
+    tensors["vision_tower.patch_embed.proj.weight"] = torch.randn(16, 3, 4, 4)
+    tensors["mm_projector.proj.0.weight"] = torch.randn(16, 64)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out

@@ -16,6 +16,7 @@ from helpers.deepseek_models import (
     make_hf_deepseek,
     paged_logits,
     save_v3_with_mtp,
+    write_kimi_k25,
 )
 from helpers.hf_models import checkpoint_cache, make_hf_model, save_hf_model
 from helpers.oracle_proposer import OracleProposer
@@ -98,6 +99,29 @@ def test_greedy_tokens_match_transformers_batched_and_chunked(variant, checkpoin
             str(path), block_size=4, num_kv_blocks=128, max_num_batched_tokens=chunk
         ).generate(prompts, params)
         assert [o.token_ids for o in outs] == refs, f"{variant}, chunks of {chunk}"
+
+
+def test_a_kimi_k25_checkpoint_serves_its_deepseek_v3_text_model(checkpoints, tmp_path, caplog):
+    """Kimi-K2.5's multimodal layout loads as its DeepSeek-V3 text model (V3's routing and MLA), the tower and
+    projector skipped with a logged note: the same prefill logits and greedy tokens as the V3 checkpoint."""
+    import logging
+
+    hf, path = checkpoints("v3-yarn")
+    kimi = write_kimi_k25(path, tmp_path / "kimi")
+    with caplog.at_level(logging.INFO, logger="outpace.models"):
+        model = load_model(kimi, torch.float32)
+    assert "vision_tower.*" in caplog.text and "mm_projector.*" in caplog.text
+    assert model.deepseek_config.version == 3
+    ids = torch.randint(0, SMALL["vocab_size"], (30,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
+        assert rel_error(paged_logits(model, ids), ref) < 1e-4
+    prompts, params = [[3, 17, 99, 150, 8], [42, 7]], SamplingParams(temperature=0, max_tokens=12)
+    plain = LLM(str(path), block_size=4).generate(prompts, params)
+    assert [o.token_ids for o in LLM(str(kimi), block_size=4).generate(prompts, params)] == [
+        o.token_ids for o in plain
+    ]
 
 
 def test_tree_verify_rows_match_their_causal_paths(checkpoints):

@@ -91,6 +91,35 @@ def test_deepseek_int4_experts_equal_their_dequantized_weights(deepseek_mtp, tmp
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
+def test_kimi_k25_int4_experts_under_its_multimodal_layout(tmp_path):
+    """Kimi-K2.5 / K2.6's layout: the DeepSeek-V3 text model under language_model. with INT4 routed experts, its
+    attention, shared experts, dense MLPs and head bf16 by the ignore list, a vision tower beside it."""
+    from helpers.deepseek_models import make_hf_deepseek, write_kimi_k25
+    from helpers.hf_models import save_hf_model
+
+    src = write_kimi_k25(
+        save_hf_model(make_hf_deepseek("v3-yarn"), tmp_path / "v3"), tmp_path / "k25"
+    )
+    ignore = [
+        "language_model.lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
+        "re:vision_tower.*",
+        "re:mm_projector.*",
+    ]
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "int4_group", lambda n: ".experts." in n, int4_config(8, ignore)
+    )
+    logits, model, _ = prefill_logits(q_dir)
+    ref_logits, _, _ = prefill_logits(ref_dir)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    assert all(".experts." in n for n in quantized_modules(model)) and quantized_modules(model)
+    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
+    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
 def test_speculation_over_a_quantized_target_is_lossless(deepseek_mtp, tmp_path):
     """The target's own FP8 MTP layer, and n-gram, against the quantized target alone."""
     q_dir, _ = write_quantized(
