@@ -64,6 +64,23 @@ VARIANTS = {
         dict(hidden_act="gelu", attention_bias=True, mlp_bias=True),
     ),
     "llama-gelu-tanh": ("LlamaConfig", dict(hidden_act="gelu_pytorch_tanh")),
+    # Mistral-Small-3.x's multimodal checkpoint: a Mistral text model beside a Pixtral tower (its text model)
+    "mistral3-multimodal": (
+        "Mistral3Config",
+        dict(
+            text_config=dict(tie_word_embeddings=False, sliding_window=None, model_type="mistral"),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=32,
+                patch_size=8,
+                head_dim=8,
+            ),
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 
@@ -71,9 +88,14 @@ def make_hf_model(variant: str, **overrides):
     import transformers
 
     cls_name, extra = VARIANTS[variant]
-    cfg = getattr(transformers, cls_name)(**{**SMALL, **extra, **overrides})
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if "text_config" in extra:  # a multimodal checkpoint: SMALL is its text model's
+        text = {**SMALL, **extra["text_config"], **overrides}
+        cfg = getattr(transformers, cls_name)(**{**extra, "text_config": text})
+        model = getattr(transformers, cls_name.replace("Config", "ForConditionalGeneration"))(cfg)
+    else:
+        cfg = getattr(transformers, cls_name)(**{**SMALL, **extra, **overrides})
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # make every weight matter (HF initialises norms to 1, biases to 0)
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

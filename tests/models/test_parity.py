@@ -10,7 +10,7 @@ from outpace import LLM, SamplingParams
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_prefill_logits_match_transformers(variant, hf_checkpoints):
     hf, path = hf_checkpoints(variant)
-    rel = paged_prefill_error(hf, path, hf.config.vocab_size)
+    rel = paged_prefill_error(hf, path, hf.config.get_text_config().vocab_size)
     assert rel < 1e-4, f"{variant}: relative error {rel}"
 
 
