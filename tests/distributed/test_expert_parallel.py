@@ -1,7 +1,8 @@
 """Expert parallelism end to end, on CPU processes (gloo), in fp32: DeepSeek-V3 and V2 (MLA, grouped routing,
 shared experts), Qwen3-Next (gated DeltaNet, a sigmoid-gated shared expert), Step-3.5 (stacked experts with
 the SwiGLU clamp, MoE MTP layers; also in Step-3.5-Flash-FP8's block-FP8 stacks), Nemotron-H (ungated relu2
-routed experts beside Mamba layers) and Gemma 4 (packed gate_up stacks, its MoE block beside every MLP) give
+routed experts beside Mamba layers), Gemma 4 (packed gate_up stacks, its MoE block beside every MLP), Qwen3-MoE
+(dense layers between) and Qwen3.5-MoE (a gated shared expert on every layer) give
 exactly the one-process greedy tokens with their experts placed whole over 2 and 3 ranks, with attention whole
 on every rank (TP = 1) and split over the same ranks (EP = TP), with batching, chunked prefill and preemption (a
 small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own MoE MTP layers, a DFlash draft over
@@ -36,6 +37,7 @@ from helpers.quantized_checkpoints import (
     is_projection,
     write_quantized,
 )
+from helpers.qwen3_moe_models import make_qwen3_moe
 from helpers.spec_models import make_dflash_draft, make_eagle3_draft
 from helpers.stats import chi_square_p_value, exact_joint
 from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
@@ -102,6 +104,8 @@ def models(tmp_path_factory) -> dict[str, str]:
         "step": str(step),
         "nemotron_h": str(save_hybrid(make_hybrid("nemotron_h"), root / "nemotron_h")),
         "gemma4": str(save_hf_model(make_splittable_gemma("gemma4"), root / "gemma4")),
+        "qwen3_moe": str(save_hf_model(make_qwen3_moe("renormalised"), root / "qwen3_moe")),
+        "qwen3_5_moe": str(save_hybrid(make_hybrid("qwen3_5_moe"), root / "qwen3_5_moe")),
         # Step-3.5-Flash-FP8's layout: block-FP8 expert stacks [E, out, in] with their scale stacks
         "step-fp8": str(
             write_quantized(step, root / "step-fp8", "fp8_block", is_projection, FP8_BLOCKS)[0]
@@ -167,9 +171,19 @@ PLAIN = {
         ("step-fp8", 1, 2),
         ("v3-fp8", 1, 2),
         ("v3-int4", 1, 2),
+        ("qwen3_moe", 1, 2),
+        ("qwen3_moe", 2, 2),
+        ("qwen3_5_moe", 1, 2),
     ],
     # (TP 3 for DeepSeek-V3 only: the other tiny models' 4 query or 2 key heads do not split over 3 ranks)
-    3: [("v3", 1, 3), ("v3", 3, 3), ("v2", 1, 3), ("qwen3_next", 1, 3), ("step", 1, 3)],
+    3: [
+        ("v3", 1, 3),
+        ("v3", 3, 3),
+        ("v2", 1, 3),
+        ("qwen3_next", 1, 3),
+        ("step", 1, 3),
+        ("qwen3_moe", 1, 3),
+    ],
 }
 SPECULATIVE = {
     2: [
