@@ -79,6 +79,9 @@ ESTIMATE_S = {
     # engine's 48 captured steps
     "qwen3-next-80b": 180,
     "qwen3.5": 110,
+    # whole models, not yet run on a GPU (the estimates: the Qwen3-Next slice's and the whole model's)
+    "qwen3-30b-a3b": 150,
+    "qwen3.5-35b-a3b": 180,
     "nemotron-h-8b": 110,
     "gemma-3-12b": 110,
     "gemma-4-26b-a4b": 140,
@@ -420,12 +423,13 @@ QUANTIZATION_CONFIGS["fp8-published"] = QUANTIZATION_CONFIGS["fp8"]
 PUBLISHED_FP8_UNQUANTIZED = {
     "qwen3_next": ["in_proj_ba"],
     "qwen3_5_text": ["in_proj_b", "in_proj_a"],
+    "qwen3_5_moe_text": ["in_proj_b", "in_proj_a"],
 }
 # The shapes each quantization applies to (None: every shape). Kimi's ignore list names DeepSeek-V3's modules
 # (self_attn, shared_experts, a dense layer's mlp.*_proj): on another family it would quantize attention.
 QUANTIZED_SHAPES = {
     "fp8": None,
-    "fp8-published": ("qwen3-next-80b-slice", "qwen3-next-80b", "qwen3.5"),
+    "fp8-published": ("qwen3-next-80b-slice", "qwen3-next-80b", "qwen3.5", "qwen3.5-35b-a3b"),
     "int4": ("deepseek-v3-slice", "kimi-k2-slice"),
 }
 # The shapes that run quantized only, and why.
