@@ -12,6 +12,7 @@ import transformers
 from transformers.activations import ACT2CLS, ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from helpers.config_walk import COMMON_IRRELEVANT
 from outpace.layers.activation import ACTIVATIONS
 from outpace.model_config import ROPE_TYPES, ModelConfig
 from outpace.validation import ConfigError
@@ -22,24 +23,8 @@ LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Q
 CLASSES = {arch: arch.replace("ForCausalLM", "Config") for arch in LLAMA_FAMILY}
 
 # Fields that do not change what inference computes, and why.
-IRRELEVANT = {
-    "transformers_version",
-    "_name_or_path",  # provenance
-    "model_type",  # the architectures entry names the class
-    "output_hidden_states",
-    "output_attentions",
-    "return_dict",  # what a transformers forward returns
-    "use_cache",  # transformers' own KV cache switch
-    "is_encoder_decoder",
-    "chunk_size_feed_forward",  # not read by these decoder-only classes
-    "id2label",
-    "label2id",
-    "problem_type",  # classification heads
-    "initializer_range",  # initialisation
-    "attention_dropout",  # training only (dropout is 0 in eval)
+IRRELEVANT = COMMON_IRRELEVANT | {
     "pretraining_tp",  # not read by transformers 5's LlamaModel
-    "pad_token_id",
-    "bos_token_id",  # the tokenizer's business
 }
 
 N = 32  # layers of every default config

@@ -9,7 +9,7 @@ runs these variants too."""
 import pytest
 import torch
 
-from helpers.hf_models import make_hf_model
+from helpers.hf_models import make_hf_model, transformers_greedy
 from helpers.oracle_proposer import OracleProposer
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
@@ -25,18 +25,6 @@ TRITON = dict(
 WINDOWED = ["mistral-window", "qwen2-window", "qwen3-window"]
 # Repeats, so that n-gram lookup finds drafts.
 PROMPT = [3, 17, 99, 150, 8, 42, 7, 3, 17, 99, 150, 8, 61, 5]
-
-
-def transformers_greedy(hf, prompt, n):
-    with torch.no_grad():
-        return hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
 
 
 def generate(path, n, **engine):

@@ -128,6 +128,20 @@ def paged_prefill_error(hf, path: Path, vocab_size: int, num_tokens: int = 45) -
     return ((logits - ref).norm() / ref.norm()).item()
 
 
+def transformers_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens of transformers' ``hf`` after ``prompt`` (no end of sequence), the reference of the
+    families' greedy tests."""
+    with torch.no_grad():
+        return hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+
+
 def checkpoint_cache(tmp_path_factory, make, save=None):
     """A fixture's value: variant -> (transformers model, directory of its saved checkpoint), each variant built
     by ``make(variant)`` and saved by ``save(model, directory)`` (``save_hf_model`` by default) once."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from helpers.config_walk import COMMON_IRRELEVANT
 from helpers.deepseek_models import (
     SMALL,
     SPEC_PROMPTS,
@@ -357,24 +358,8 @@ def test_sampling_follows_the_target_distribution(method, mtp_target):
 
 # Every field of the DeepSeek config classes: read by ModelConfig or DeepseekConfig (setting another value
 # changes one of them), irrelevant to inference, or refused.
-IRRELEVANT = {
-    "transformers_version",
-    "_name_or_path",
-    "model_type",
-    "output_hidden_states",
-    "output_attentions",
-    "return_dict",
-    "use_cache",
-    "is_encoder_decoder",
-    "chunk_size_feed_forward",
-    "id2label",
-    "label2id",
-    "problem_type",
-    "initializer_range",
-    "attention_dropout",
+IRRELEVANT = COMMON_IRRELEVANT | {
     "pretraining_tp",
-    "pad_token_id",
-    "bos_token_id",
     "output_router_logits",  # returning router logits (training's auxiliary loss)
     "head_dim",
     "qk_head_dim",  # derived: DeepseekV2/V3Config.__post_init__ set them from the rope / qk dims

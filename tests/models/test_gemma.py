@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from helpers.config_walk import COMMON_IRRELEVANT
 from helpers.gemma_models import (
     GEMMA3_TEXT,
     GEMMA4_MOE_SHARED,
@@ -24,7 +25,7 @@ from helpers.gemma_models import (
     WINDOW,
     make_gemma,
 )
-from helpers.hf_models import checkpoint_cache, paged_prefill_error
+from helpers.hf_models import checkpoint_cache, paged_prefill_error, transformers_greedy
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import checkpoint_tensor_names
 from outpace.config import SpeculativeConfig
@@ -47,18 +48,6 @@ NON_TEXT = {
 def gemma(tmp_path_factory):
     """variant -> (transformers model, directory of its saved checkpoint)."""
     return checkpoint_cache(tmp_path_factory, make_gemma)
-
-
-def transformers_greedy(hf, prompt, n):
-    with torch.no_grad():
-        return hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
 
 
 def generate(path, prompt, n, **engine):
@@ -250,25 +239,8 @@ def test_gemma4_configs_without_per_layer_config():
 
 
 # Fields of transformers' Gemma3TextConfig / Gemma4TextConfig that do not change what inference computes.
-IRRELEVANT = {
-    "transformers_version",
-    "_name_or_path",
-    "model_type",  # provenance; architectures names the class
-    "output_hidden_states",
-    "output_attentions",
-    "return_dict",  # what a transformers forward returns
-    "use_cache",
-    "is_encoder_decoder",
-    "chunk_size_feed_forward",
-    "id2label",
-    "label2id",
-    "problem_type",
-    "initializer_range",
-    "attention_dropout",
-    "pad_token_id",
-    "bos_token_id",
-    "_sliding_window_pattern",  # not read back (Gemma3TextConfig reads sliding_window_pattern; layer_types is written)
-}
+# (Gemma3TextConfig reads sliding_window_pattern; _sliding_window_pattern is written, not read back)
+IRRELEVANT = COMMON_IRRELEVANT | {"_sliding_window_pattern"}
 MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}
 # field -> (another value; other changes that let the field matter): the parsed configs must then differ.
 IMPLEMENTED = {

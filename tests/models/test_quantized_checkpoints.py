@@ -47,6 +47,18 @@ def quantized_modules(model) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]
 
 
+def matches_its_dequantized_twin(q_dir, ref_dir, vocab: int = 13):
+    """The quantized checkpoint against its dequantized twin: prefill logits equal to float32 rounding, greedy
+    tokens equal -> the names of the quantized model's quantized modules."""
+    logits, model, _ = prefill_logits(q_dir, vocab=vocab)
+    ref_logits, _, _ = prefill_logits(ref_dir, vocab=vocab)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
+    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    return quantized_modules(model)
+
+
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
 def test_deepseek_block_fp8_equals_its_dequantized_weights(deepseek_mtp, tmp_path, scale_dtype):
     q_dir, ref_dir = write_quantized(
@@ -82,13 +94,8 @@ def test_deepseek_int4_experts_equal_their_dequantized_weights(deepseek_mtp, tmp
     q_dir, ref_dir = write_quantized(
         deepseek_mtp, tmp_path, "int4_group", lambda n: ".experts." in n, int4_config(8, ignore)
     )
-    logits, model, _ = prefill_logits(q_dir)
-    ref_logits, _, _ = prefill_logits(ref_dir)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-    assert all(".experts." in n for n in quantized_modules(model)) and quantized_modules(model)
-    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
-    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    names = matches_its_dequantized_twin(q_dir, ref_dir)
+    assert all(".experts." in n for n in names) and names
 
 
 def test_kimi_k25_int4_experts_under_its_multimodal_layout(tmp_path):
@@ -111,13 +118,8 @@ def test_kimi_k25_int4_experts_under_its_multimodal_layout(tmp_path):
     q_dir, ref_dir = write_quantized(
         src, tmp_path, "int4_group", lambda n: ".experts." in n, int4_config(8, ignore)
     )
-    logits, model, _ = prefill_logits(q_dir)
-    ref_logits, _, _ = prefill_logits(ref_dir)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-    assert all(".experts." in n for n in quantized_modules(model)) and quantized_modules(model)
-    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
-    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    names = matches_its_dequantized_twin(q_dir, ref_dir)
+    assert all(".experts." in n for n in names) and names
 
 
 def test_speculation_over_a_quantized_target_is_lossless(deepseek_mtp, tmp_path):
@@ -299,15 +301,9 @@ def test_qwen3_moe_block_fp8_experts_and_attention(tmp_path):
     q_dir, ref_dir = write_quantized(
         src, tmp_path, "fp8_block", is_projection, config, torch.bfloat16
     )
-    logits, model, _ = prefill_logits(q_dir, vocab=97)
-    ref_logits, _, _ = prefill_logits(ref_dir, vocab=97)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-    names = quantized_modules(model)
+    names = matches_its_dequantized_twin(q_dir, ref_dir, vocab=97)
     assert any(".experts." in n for n in names) and any("self_attn" in n for n in names)
     assert not any(n.endswith("mlp.gate") for n in names)
-    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
-    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
 def test_gemma4_unified_int4_every_language_model_projection(tmp_path):
@@ -343,15 +339,9 @@ def test_gemma4_unified_int4_every_language_model_projection(tmp_path):
         lambda n: ".language_model." in n and is_projection(n),
         int4_config(16, ignore),
     )
-    logits, model, _ = prefill_logits(q_dir, vocab=211)
-    ref_logits, _, _ = prefill_logits(ref_dir, vocab=211)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-    names = quantized_modules(model)
+    names = matches_its_dequantized_twin(q_dir, ref_dir, vocab=211)
     assert {n.rpartition(".")[2] for n in names} >= {"o_proj", "down_proj"}, names
     assert sum("self_attn" in n for n in names) >= 2 * text["num_hidden_layers"], names
-    a = LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)
-    b = LLM(str(ref_dir), block_size=4).generate(PROMPTS, GREEDY)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
 def test_the_start_up_line_names_the_format_and_bytes(deepseek_mtp, tmp_path):

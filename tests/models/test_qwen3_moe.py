@@ -7,7 +7,8 @@ import pytest
 import torch
 import transformers
 
-from helpers.hf_models import checkpoint_cache, paged_prefill_error
+from helpers.config_walk import COMMON_IRRELEVANT
+from helpers.hf_models import checkpoint_cache, paged_prefill_error, transformers_greedy
 from helpers.qwen3_moe_models import BASE, VARIANTS, VOCAB, make_qwen3_moe
 from helpers.spec_models import make_eagle3_draft
 from outpace import LLM, SamplingParams
@@ -31,18 +32,6 @@ def generate(path, prompt, n, **engine):
     return LLM(str(path), block_size=4, num_kv_blocks=64, **engine).generate(
         [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     )[0]
-
-
-def transformers_greedy(hf, prompt, n):
-    with torch.no_grad():
-        return hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -113,25 +102,9 @@ def test_the_hubs_expert_count_field():
 
 
 # Qwen3MoeConfig's fields that do not change what inference computes, and why.
-IRRELEVANT = {
-    "transformers_version",
-    "_name_or_path",
-    "model_type",  # the architectures entry names the class
-    "output_hidden_states",
-    "output_attentions",
-    "return_dict",
-    "use_cache",
-    "is_encoder_decoder",
-    "chunk_size_feed_forward",
-    "id2label",
-    "label2id",
-    "problem_type",
-    "initializer_range",
-    "attention_dropout",  # training only
+IRRELEVANT = COMMON_IRRELEVANT | {
     "output_router_logits",  # what a transformers forward returns
     "router_aux_loss_coef",  # a training loss
-    "pad_token_id",
-    "bos_token_id",
 }
 # field -> (another value, other changes that let the field matter): the parse must then differ
 IMPLEMENTED = {
