@@ -18,6 +18,8 @@ MODELS = {
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "outpace.models.qwen3_moe:Qwen3MoeForCausalLM",  # sparse MoE MLPs
+    # Qwen3-VL's dense checkpoints: their text models
+    "Qwen3VLForConditionalGeneration": "outpace.models.qwen3:Qwen3VLTextForCausalLM",
     # sliding and full attention layers, per-head gates, MoE, chained MTP layers
     "Step3p5ForCausalLM": "outpace.models.step3p5:Step3p5ForCausalLM",
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",

@@ -52,7 +52,7 @@ from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.drafts.mtp import OwnHeadsMTPBlock
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.multimodal import skip_towers
+from outpace.models.multimodal import llava_text_name, skip_towers
 from outpace.validation import ConfigFields, require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -504,4 +504,4 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
         """The Llama family's names (MTP layers after the decoder layers), under ``language_model.`` in a
         multimodal Kimi-K2.5 checkpoint (``KIMI_K25``)."""
         name = LlamaForCausalLM.checkpoint_name(self, param_name)
-        return f"language_model.{name}" if self.multimodal else name
+        return llava_text_name(name) if self.multimodal else name

@@ -38,7 +38,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks, windows_of_layer_types
 from outpace.models.drafts.eagle3_aux_ids import GEMMA_OUTPUT_IDS
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.multimodal import skip_towers
+from outpace.models.multimodal import llava_text_name, skip_towers
 from outpace.validation import ConfigError, ConfigFields
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -356,7 +356,7 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
         """A Gemma3ForConditionalGeneration checkpoint keeps its text model under ``language_model.``
         (``language_model.model.layers.0...``, ``language_model.lm_head.weight``), as the Hub's and
         transformers' save_pretrained write it."""
-        return f"language_model.{param_name}" if self.gemma.multimodal else param_name
+        return llava_text_name(param_name) if self.gemma.multimodal else param_name
 
 
 def final_logits(logits: torch.Tensor, cap: float | None, out: torch.Tensor | None) -> torch.Tensor:

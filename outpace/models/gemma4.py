@@ -75,7 +75,7 @@ from outpace.models.gemma import (
     refuse,
 )
 from outpace.models.llama import ModelOutput
-from outpace.models.multimodal import skip_towers
+from outpace.models.multimodal import nested_text_name, skip_towers
 from outpace.validation import ConfigFields
 
 ROPE_TYPES = ("default", "proportional")
@@ -561,9 +561,7 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
     def checkpoint_name(self, param_name: str) -> str:
         """A Gemma4(Unified)ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
         (its head, when not tied, stays ``lm_head.weight``), as transformers' save_pretrained writes it."""
-        if self.multimodal and param_name.startswith("model."):
-            return f"model.language_model.{param_name.removeprefix('model.')}"
-        return param_name
+        return nested_text_name(param_name) if self.multimodal else param_name
 
 
 class Gemma4UnifiedForCausalLM(Gemma4ForCausalLM):

@@ -3,10 +3,9 @@ model of a Mistral3ForConditionalGeneration checkpoint (Mistral-Small-3.1 / 3.2,
 
 from __future__ import annotations
 
-from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
 from outpace.models.llama import LlamaForCausalLM
-from outpace.models.multimodal import skip_towers
+from outpace.models.multimodal import TextOfMultimodal, llava_text_name
 from outpace.validation import ConfigFields
 
 
@@ -22,17 +21,11 @@ class MistralForCausalLM(LlamaForCausalLM):
         return empty_if_all_full((cfg.optional_integer("sliding_window", 4096),) * num_layers)
 
 
-class Mistral3TextForCausalLM(MistralForCausalLM):
+class Mistral3TextForCausalLM(TextOfMultimodal, MistralForCausalLM):
     """A Mistral3ForConditionalGeneration checkpoint's Mistral text model: its tensors under ``language_model.``
     (``language_model.model.layers.0...``, ``language_model.lm_head.weight``: the source patterns of
     transformers' llava conversion_mapping, which mistral3 shares, and what its save_pretrained writes), the
     Pixtral vision tower and the projector skipped."""
 
-    def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
-        super().__init__(cfg, mtp_own_heads)
-        self.ignored_checkpoint_tensors = LlamaForCausalLM.ignored_checkpoint_tensors + skip_towers(
-            cfg, ("vision_tower", "multi_modal_projector")
-        )
-
-    def checkpoint_name(self, param_name: str) -> str:
-        return f"language_model.{super().checkpoint_name(param_name)}"
+    TOWERS = ("vision_tower", "multi_modal_projector")
+    text_name = staticmethod(llava_text_name)

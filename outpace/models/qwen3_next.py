@@ -100,7 +100,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.multimodal import skip_towers
+from outpace.models.multimodal import nested_text_name, skip_towers
 from outpace.validation import ConfigError, ConfigFields, require
 
 NEXT = "Qwen3NextForCausalLM"
@@ -688,9 +688,7 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
 
     def checkpoint_name(self, param_name: str) -> str:
         """A multimodal checkpoint's text model sits under ``model.language_model.`` (module docstring)."""
-        if self.multimodal and param_name.startswith("model."):
-            return f"model.language_model.{param_name.removeprefix('model.')}"
-        return param_name
+        return nested_text_name(param_name) if self.multimodal else param_name
 
     # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)
     greedy_tokens = LlamaForCausalLM.greedy_tokens

@@ -64,6 +64,34 @@ VARIANTS = {
         dict(hidden_act="gelu", attention_bias=True, mlp_bias=True),
     ),
     "llama-gelu-tanh": ("LlamaConfig", dict(hidden_act="gelu_pytorch_tanh")),
+    # Qwen3-VL's dense checkpoint: a Qwen3 text model (interleaved rotary sections) beside its vision tower
+    "qwen3-vl-multimodal": (
+        "Qwen3VLConfig",
+        dict(
+            text_config=dict(
+                head_dim=16,
+                rope_parameters={
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "mrope_section": [2, 3, 3],
+                    "mrope_interleaved": True,
+                },
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=48,
+                num_position_embeddings=16,
+                deepstack_visual_indexes=[0],
+            ),
+            tie_word_embeddings=False,
+        ),
+    ),
     # Mistral-Small-3.x's multimodal checkpoint: a Mistral text model beside a Pixtral tower (its text model)
     "mistral3-multimodal": (
         "Mistral3Config",
