@@ -22,6 +22,7 @@ and refuses any other object, so a checkpoint cannot run code when it is loaded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import pickle
@@ -310,26 +311,33 @@ def _read_again(path: Path, name: str, param: torch.Tensor) -> torch.Tensor:
 
 def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:
     """The checkpoint tensor ``name`` of shard file ``f``, or this rank's part of it when ``param`` is
-    sharded, checked against ``param``'s shape."""
-    shard = getattr(param, "shard", None)
-    if shard is None:
-        tensor = f.get_tensor(name)
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise CheckpointError(
-                f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(param.shape)}"
-            )
-        return tensor
+    sharded, checked against ``param``'s shape. A parameter with ``checkpoint_swap`` = (d0, d1) also reads a
+    tensor stored with those two dimensions swapped (transformers' Transpose(check_dims=True) conversions:
+    Qwen3-VL-MoE's expert stacks), swapped back; where both orders have one shape, the parameter's wins."""
+    shard, swap = getattr(param, "shard", None), getattr(param, "checkpoint_swap", None)
+    expected = list(param.shape)
+    if shard is not None:
+        expected[shard.dim] = shard.full
+    expected = tuple(expected)
     part = f.get_slice(name)
     full = tuple(part.get_shape()) if hasattr(part, "get_shape") else tuple(part.shape)
-    expected = list(param.shape)
-    expected[shard.dim] = shard.full
-    if full != tuple(expected):
+    if full != expected and swap is not None and full == _swapped(expected, swap):
+        if shard is not None:  # (this rank's part, read along its dim in the checkpoint's order)
+            dim = {swap[0]: swap[1], swap[1]: swap[0]}.get(shard.dim, shard.dim)
+            return dataclasses.replace(shard, dim=dim).read(part, full).transpose(*swap)
+        return f.get_tensor(name).transpose(*swap)
+    if full != expected:
+        held = "" if shard is None else f" (of which this rank holds {tuple(param.shape)})"
         raise CheckpointError(
-            f"tensor {name!r} in {path.name} has shape {full}, the model expects "
-            f"{tuple(expected)} (of which this rank holds {tuple(param.shape)})"
+            f"tensor {name!r} in {path.name} has shape {full}, the model expects {expected}{held}"
         )
-    return shard.read(part, full)
+    return f.get_tensor(name) if shard is None else shard.read(part, full)
+
+
+def _swapped(shape: tuple[int, ...], dims: tuple[int, int]) -> tuple[int, ...]:
+    out = list(shape)
+    out[dims[0]], out[dims[1]] = shape[dims[1]], shape[dims[0]]
+    return tuple(out)
 
 
 def model_state_dict(

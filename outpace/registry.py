@@ -18,8 +18,9 @@ MODELS = {
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "outpace.models.qwen3_moe:Qwen3MoeForCausalLM",  # sparse MoE MLPs
-    # Qwen3-VL's dense checkpoints: their text models
+    # Qwen3-VL's checkpoints: their text models
     "Qwen3VLForConditionalGeneration": "outpace.models.qwen3:Qwen3VLTextForCausalLM",
+    "Qwen3VLMoeForConditionalGeneration": "outpace.models.qwen3_moe:Qwen3VLMoeTextForCausalLM",
     # sliding and full attention layers, per-head gates, MoE, chained MTP layers
     "Step3p5ForCausalLM": "outpace.models.step3p5:Step3p5ForCausalLM",
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",

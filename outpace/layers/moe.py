@@ -691,21 +691,25 @@ class MoE(nn.Module):
         num_shared: int,
         make_mlp: Callable[..., nn.Module],
         shared_bias: bool = False,
+        experts: RoutedExperts | None = None,
     ) -> None:
         """``make_mlp(intermediate_size, bias, reduce=False, what=name)``: a gate/up/down SwiGLU MLP (the model
         family's ``GatedMLP``) returning this rank's partial sum; the routed experts have ``expert_size`` and no
         biases, the shared experts are one MLP of num_shared * expert_size (transformers DeepseekV2Moe: biases
-        there only with the config's mlp_bias)."""
+        there only with the config's mlp_bias). ``experts``: the routed experts where the checkpoint stacks
+        them (default: one ``make_mlp`` module per expert)."""
         super().__init__()
         self.group = build_group()
         self.gate = Router(hidden_size, routing)
-        experts = expert_modules(
-            routing.num_experts,
-            partial(make_mlp, expert_size, False, reduce=False, what="moe_intermediate_size"),
-        )
-        self.experts = RoutedExperts(
-            ExpertActivation(experts[0].act), experts, num_experts=routing.num_experts
-        )
+        if experts is None:
+            modules = expert_modules(
+                routing.num_experts,
+                partial(make_mlp, expert_size, False, reduce=False, what="moe_intermediate_size"),
+            )
+            experts = RoutedExperts(
+                ExpertActivation(modules[0].act), modules, num_experts=routing.num_experts
+            )
+        self.experts = experts
         self.shared_experts = (
             make_mlp(
                 expert_size * num_shared,

@@ -25,15 +25,26 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers import fused_decoder
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.fused_decoder import FusedDecoderLayer
-from outpace.layers.moe import MoE, Routing, takes_normed_rows
+from outpace.layers.moe import (
+    ExpertActivation,
+    MoE,
+    RoutedExperts,
+    Routing,
+    expert_rows_group,
+    takes_normed_rows,
+)
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
+from outpace.models.multimodal import TextOfMultimodal
 from outpace.models.qwen3 import Qwen3ForCausalLM
 from outpace.validation import ConfigFields, is_int, require
+
+VL_MOE = "Qwen3VLMoeForConditionalGeneration"
 
 
 @dataclass(frozen=True)
@@ -43,10 +54,20 @@ class Qwen3MoeConfig:
     routing: Routing
     moe_intermediate_size: int
     moe_layers: frozenset[int]  # the layers whose MLP is the mixture
+    # Qwen3-VL-MoE's checkpoints stack each layer's experts, transposed (``stacked_experts``)
+    stacked: bool = False
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> Qwen3MoeConfig:
         raw, o = cfg.raw, "ModelConfig"
+        # Qwen3-VL-MoE's router always renormalises (transformers Qwen3VLMoeTextTopKRouter; its config has no
+        # norm_topk_prob): one that says otherwise is refused
+        vl = cfg.architecture == VL_MOE
+        if vl:
+            given = raw.get("norm_topk_prob", True)
+            require(
+                o, "norm_topk_prob", given, given is True, "true or absent in a Qwen3-VL-MoE config"
+            )
         experts = raw.get("num_experts", raw.get("num_local_experts", 128))
         top_k = raw.get("num_experts_per_tok", 8)
         step = raw.get("decoder_sparse_step", 1)
@@ -74,8 +95,9 @@ class Qwen3MoeConfig:
                 max(experts, 1),
                 max(top_k, 1),
                 "softmax",
-                normalize=bool(raw.get("norm_topk_prob", False)),
+                normalize=vl or bool(raw.get("norm_topk_prob", False)),
             ),
+            stacked=vl,
             moe_intermediate_size=size,
             # transformers Qwen3MoeDecoderLayer: a mixture where num_experts > 0, off mlp_only_layers, on every
             # decoder_sparse_step-th layer
@@ -85,6 +107,26 @@ class Qwen3MoeConfig:
                 if experts > 0 and i not in dense and (i + 1) % step == 0
             ),
         )
+
+
+def stacked_experts(cfg: ModelConfig, moe: Qwen3MoeConfig) -> RoutedExperts:
+    """Qwen3-VL-MoE's routed experts as its checkpoints stack them (transformers Qwen3VLMoeTextExperts): packed
+    ``gate_up_proj`` [experts, 2 * inter, hidden] (gate rows first) and ``down_proj`` [experts, hidden, inter],
+    or, as the hub's checkpoints store them (transformers' conversion_mapping transposes them when the shapes
+    say so), [experts, hidden, 2 * inter] and [experts, inter, hidden]: read either way (checkpoint.py
+    ``checkpoint_swap``). Under tensor parallelism each rank holds inter / size of every expert's gate and up
+    rows and the matching columns of down (as models/gemma4.py's Gemma4Experts)."""
+    rows, full = expert_rows_group(), moe.moe_intermediate_size
+    size = split_evenly(full, rows.size, "moe_intermediate_size")
+    experts = RoutedExperts(
+        ExpertActivation(cfg.hidden_act), stacked=(moe.routing.num_experts, cfg.hidden_size, size)
+    )
+    if rows.size > 1:
+        first = rows.rank * size
+        mark_shard(experts.gate_up_proj, Shard(1, first, size, 2 * full, blocks=2))
+        mark_shard(experts.down_proj, Shard(2, first, size, full))
+    experts.gate_up_proj.checkpoint_swap = experts.down_proj.checkpoint_swap = (1, 2)
+    return experts
 
 
 class Qwen3MoeDecoderLayer(FusedDecoderLayer):
@@ -104,7 +146,10 @@ class Qwen3MoeDecoderLayer(FusedDecoderLayer):
             def mlp(size: int, bias: bool, **shard) -> GatedMLP:
                 return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias, **shard)
 
-            self.mlp = MoE(cfg.hidden_size, moe.routing, moe.moe_intermediate_size, 0, mlp)
+            experts = stacked_experts(cfg, moe) if moe.stacked else None
+            self.mlp = MoE(
+                cfg.hidden_size, moe.routing, moe.moe_intermediate_size, 0, mlp, experts=experts
+            )
 
     def fuses(self, h: torch.Tensor) -> bool:
         """``FusedDecoderLayer.fuses``; a mixture's layer: the attention block's fused path (its output
@@ -162,3 +207,11 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             self.aux_layer_ids,
         )
         return self._model_output(h, captured)
+
+
+class Qwen3VLMoeTextForCausalLM(TextOfMultimodal, Qwen3MoeForCausalLM):
+    """A Qwen3VLMoeForConditionalGeneration checkpoint's text model (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-MoE's,
+    its router always renormalising, its experts stacked (``stacked_experts``), its rotary sections turning text
+    positions as plain RoPE does (models/qwen3.py); the vision tower skipped."""
+
+    TOWERS = ("model.visual",)

@@ -67,3 +67,32 @@ def test_bin_checkpoints_load_only_tensors(tmp_path, llama_dir):
     torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="does not hold a state dict"):
         load_model(tmp_path, torch.float32)
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+@pytest.mark.parametrize("sharded_dim", [None, 0, 1, 2])
+def test_a_parameter_with_a_checkpoint_swap_reads_either_order(tmp_path, sharded_dim, blocks):
+    """A parameter marked ``checkpoint_swap`` = (1, 2) reads its tensor stored in its own order or with dims 1
+    and 2 swapped (Qwen3-VL-MoE's expert stacks), this rank's part of it too (a shard along any dim, of
+    packed blocks); another shape is refused naming the tensor."""
+    from safetensors.torch import save_file
+
+    from outpace.checkpoint import CheckpointError, _read, open_shard
+    from outpace.distributed.sharding import Shard
+
+    # [experts, 2 * inter, hidden]; a shard: the second half of each block
+    full = torch.arange(4 * 8 * 6, dtype=torch.float32).reshape(4, 8, 6)
+    shard = None
+    if sharded_dim is not None:
+        size = full.shape[sharded_dim] // (2 * blocks)
+        shard = Shard(sharded_dim, size, size, full.shape[sharded_dim], blocks=blocks)
+    expected = full if shard is None else shard.read(full, tuple(full.shape))
+    for order, stored in (("own", full), ("swapped", full.transpose(1, 2).contiguous())):
+        param = torch.nn.Parameter(torch.empty_like(expected))
+        param.shard, param.checkpoint_swap = shard, (1, 2)
+        save_file({"w": stored}, str(tmp_path / f"{order}.safetensors"))
+        with open_shard(tmp_path / f"{order}.safetensors") as f:
+            assert torch.equal(_read(f, "w", tmp_path / f"{order}.safetensors", param), expected)
+    save_file({"w": full[:, :, :5].contiguous()}, str(tmp_path / "bad.safetensors"))
+    with open_shard(tmp_path / "bad.safetensors") as f, pytest.raises(CheckpointError, match="'w'"):
+        _read(f, "w", tmp_path / "bad.safetensors", param)

@@ -2,8 +2,11 @@
 (mlp_only_layers, decoder_sparse_step), renormalised and raw top-k weights, attention biases, a sliding window
 on every layer."""
 
+from pathlib import Path
+
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
 VOCAB = 97
 BASE = dict(
@@ -38,9 +41,41 @@ VARIANTS = {
 def make_qwen3_moe(variant: str, **overrides):
     """A transformers Qwen3MoeForCausalLM of ``variant`` (and ``overrides`` of its fields), seeded, with weights
     large enough that routing and the norms matter."""
-    torch.manual_seed(0)
     cfg = transformers.Qwen3MoeConfig(**{**BASE, **VARIANTS[variant], **overrides})
-    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    return randomized(transformers.Qwen3MoeForCausalLM(cfg))
+
+
+def make_qwen3_vl_moe(**overrides):
+    """A transformers Qwen3VLMoeForConditionalGeneration (Qwen3-VL-30B-A3B's class): the renormalised variant's
+    text model (its router always renormalises; interleaved rotary sections) beside a vision tower."""
+    text = {**BASE, **VARIANTS["renormalised"], **overrides}
+    del text["norm_topk_prob"]
+    text["rope_parameters"] = {
+        **BASE["rope_parameters"],
+        "mrope_section": [1, 1, 2],
+        "mrope_interleaved": True,
+    }
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=4,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=text["hidden_size"],
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0],
+    )
+    cfg = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision)
+    return randomized(transformers.Qwen3VLMoeForConditionalGeneration(cfg))
+
+
+def randomized(model):
+    """``model`` (seeded), its norms and biases perturbed and its matrices drawn wide enough that routing and
+    the norms matter."""
+    torch.manual_seed(0)
+    model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -48,3 +83,13 @@ def make_qwen3_moe(variant: str, **overrides):
             elif p.dim() >= 2:
                 p.normal_(0.0, 0.2)
     return model
+
+
+def to_hub_expert_order(path: Path) -> Path:
+    """A saved Qwen3-VL-MoE checkpoint rewritten in the hub's order: each expert stack's last two dims swapped
+    (transformers' conversion_mapping for qwen3_vl_moe transposes them back when it loads one)."""
+    tensors = load_file(path / "model.safetensors")
+    for name in [n for n in tensors if ".mlp.experts." in n]:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path

@@ -1,15 +1,30 @@
 """Qwen3MoeForCausalLM against transformers (fp32, random weights, CPU): mixture layers beside dense ones
 (mlp_only_layers, decoder_sparse_step), renormalised and raw top-k weights, a sliding window on every layer;
 prefill logits within 1e-4 relative, 32 greedy tokens identical (whole and chunked prefill), speculation
-(n-gram, a draft model, an EAGLE3 tree) lossless; every field of transformers' Qwen3MoeConfig implemented, irrelevant or refused by name."""
+(n-gram, a draft model, an EAGLE3 tree) lossless; every field of transformers' Qwen3MoeConfig implemented, irrelevant or refused by name; Qwen3-VL-MoE's
+checkpoint serving its text model."""
+
+import json
 
 import pytest
 import torch
 import transformers
 
 from helpers.config_walk import COMMON_IRRELEVANT
-from helpers.hf_models import checkpoint_cache, paged_prefill_error, transformers_greedy
-from helpers.qwen3_moe_models import BASE, VARIANTS, VOCAB, make_qwen3_moe
+from helpers.hf_models import (
+    checkpoint_cache,
+    paged_prefill_error,
+    save_hf_model,
+    transformers_greedy,
+)
+from helpers.qwen3_moe_models import (
+    BASE,
+    VARIANTS,
+    VOCAB,
+    make_qwen3_moe,
+    make_qwen3_vl_moe,
+    to_hub_expert_order,
+)
 from helpers.spec_models import make_eagle3_draft
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
@@ -72,6 +87,24 @@ def test_speculation_is_lossless(method, qwen3_moe, tmp_path):
     out = generate(path, PROMPT, 24, max_num_batched_tokens=10, speculative=spec)
     assert out.token_ids == expected
     assert out.spec_metrics.num_draft_tokens > 0
+
+
+def test_a_qwen3_vl_moe_checkpoint_serves_its_text_model(tmp_path):
+    """Qwen3-VL-MoE's checkpoint (the text model under model.language_model, each layer's experts stacked, in
+    transformers' order or the hub's, a vision tower beside it): its Qwen3-MoE text model, the router
+    renormalising, the interleaved rotary sections as plain RoPE for text; a config that does not renormalise
+    is refused."""
+    hf = make_qwen3_vl_moe(
+        moe_intermediate_size=8
+    )  # (gate_up [6, 16, 32]: either order tells itself)
+    path = save_hf_model(hf, tmp_path / "vl")
+    assert paged_prefill_error(hf, path, VOCAB) < 1e-4
+    assert generate(path, PROMPT, 16).token_ids == transformers_greedy(hf, PROMPT, 16)
+    assert paged_prefill_error(hf, to_hub_expert_order(path), VOCAB) < 1e-4
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["text_config"] = {**cfg["text_config"], "norm_topk_prob": False}
+    with pytest.raises(ConfigError, match="norm_topk_prob"):
+        parsed(cfg)
 
 
 def config_dict(**changes) -> dict:
