@@ -3,7 +3,8 @@ graphs with the grouped-expert kernels inside (layers/moe.py RoutedExperts: noth
 the host), and gives in fp32 the tokens of the same engine run eagerly and of the CPU (run_experts); n-gram
 speculation stays lossless with graphs. Families and their expert activations: Qwen3-Next (SiLU, a gated
 shared expert), Nemotron-H (relu2, ungated), Step-3.5 (SiLU with swiglu_limits clamps, stacked experts),
-Gemma 4 (GELU-tanh, packed gate/up), Qwen3-MoE (SiLU, dense layers between). DeepSeek's are
+Gemma 4 (GELU-tanh, packed gate/up), Qwen3-MoE (SiLU, dense layers between), Qwen3.5-MoE (Qwen3-Next's mixture
+on Qwen3.5's layers). DeepSeek's are
 tests/gpu/test_gpu_deepseek.py."""
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ FAMILIES = {
     "step3p5": (61, "silu", {None, 0.3}),
     "gemma4": (211, "gelu_tanh", {None}),
     "qwen3_moe": (97, "silu", {None}),
+    "qwen3_5_moe": (131, "silu", {None}),
 }
 
 
 def save_family(family: str, path):
-    if family in ("qwen3_next", "nemotron_h"):
+    if family in ("qwen3_next", "nemotron_h", "qwen3_5_moe"):
         from helpers.hybrid_models import make_hybrid, save_hybrid
 
         return save_hybrid(make_hybrid(family), path)
@@ -111,7 +113,16 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "family",
-    ["qwen3_next", "qwen3_5", "nemotron_h", "step3p5", "v2-greedy", "v3-yarn", "qwen3_moe"],
+    [
+        "qwen3_next",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "nemotron_h",
+        "step3p5",
+        "v2-greedy",
+        "v3-yarn",
+        "qwen3_moe",
+    ],
 )
 def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
     """The few-row layers in the fused residual style (models/qwen3_next.py, models/nemotron_h.py,
