@@ -152,12 +152,19 @@ class Qwen3MoeDecoderLayer(FusedDecoderLayer):
             )
 
     def fuses(self, h: torch.Tensor) -> bool:
-        """``FusedDecoderLayer.fuses``; a mixture's layer: the attention block's fused path (its output
-        projection without bias), the block itself materialising its input (``moe_block_fused``)."""
+        """``FusedDecoderLayer.fuses``; a mixture's layer: the attention block's fused path and an o_proj
+        without bias whose weight the fused kernels serve on these rows (``fusable_output``: a block-FP8 one
+        through its quantized product), the block itself materialising its input (``moe_block_fused``)."""
         if not self.is_moe:
             return super().fuses(h)
         attn = self.self_attn
-        return attn.o_proj.bias is None and fused_decoder.attention_fuses(attn, h)
+        o_weight = fused_decoder.fused_weight(attn.o_proj)
+        return (
+            attn.o_proj.bias is None
+            and o_weight is not None
+            and fused_decoder.fusable_output(h, o_weight)
+            and fused_decoder.attention_fuses(attn, h)
+        )
 
     def forward_fused(self, positions: torch.Tensor, rows, next_norm: nn.Module):
         """``FusedDecoderLayer.forward_fused``; a mixture's layer runs its block as layers/fused_decoder.py
