@@ -16,6 +16,9 @@ MODELS = {
     "KimiK25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
     "Kimi_K25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
+    # Qwen2-VL's and Qwen2.5-VL's checkpoints: their text models
+    "Qwen2VLForConditionalGeneration": "outpace.models.qwen2:Qwen2VLTextForCausalLM",
+    "Qwen2_5_VLForConditionalGeneration": "outpace.models.qwen2:Qwen2VLTextForCausalLM",
     "Qwen3ForCausalLM": "outpace.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "outpace.models.qwen3_moe:Qwen3MoeForCausalLM",  # sparse MoE MLPs
     # Qwen3-VL's checkpoints: their text models

@@ -22,6 +22,13 @@ def skip_towers(cfg: ModelConfig, prefixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(rf"^{re.escape(p)}\." for p in prefixes)
 
 
+def own_text_name(param_name: str) -> str:
+    """A text model's tensor name in a checkpoint that keeps the text model's own names beside its tower
+    (Qwen2-VL's and Qwen2.5-VL's hub layout: ``model.layers.0...``, ``lm_head.weight``, ``visual.*``: the source
+    patterns of transformers' conversion_mapping for Qwen2VLForConditionalGeneration)."""
+    return param_name
+
+
 def llava_text_name(param_name: str) -> str:
     """A text model's tensor name in a checkpoint of the llava-era layout (Gemma 3, Mistral 3, Kimi-K2.5: the
     source patterns of transformers' conversion_mapping for llava and kimi_k25): every tensor of the text model

@@ -1,10 +1,13 @@
 """Qwen2ForCausalLM: the Llama family's layers (models/llama.py) with biases on q, k and v, and
-sliding windows on the layers from max_window_layers on."""
+sliding windows on the layers from max_window_layers on; and the text model of a Qwen2-VL or Qwen2.5-VL
+checkpoint: Qwen2's, its rotary sections (mrope_section) turning text positions as plain RoPE does (the three
+position streams are equal)."""
 
 from __future__ import annotations
 
 from outpace.models.config_hooks import windows_of_layer_types
 from outpace.models.llama import LlamaForCausalLM
+from outpace.models.multimodal import TextOfMultimodal, own_text_name
 from outpace.validation import ConfigFields
 
 
@@ -29,3 +32,21 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
         return windows_of_layer_types(
             cfg, types, window, num_layers, "use_sliding_window and a sliding_window"
         )
+
+
+class Qwen2VLTextForCausalLM(TextOfMultimodal, Qwen2ForCausalLM):
+    """A Qwen2VLForConditionalGeneration or Qwen2_5_VLForConditionalGeneration checkpoint's text model (module
+    docstring), the vision tower (``visual.*``) skipped."""
+
+    TOWERS = ("visual",)
+    text_name = staticmethod(own_text_name)
+
+    @classmethod
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
+        # the hub's configs name the sections' rope "mrope" (rope_scaling type), which transformers'
+        # Qwen2VLTextConfig reads as the default RoPE over the sections
+        out = super().config_overrides(cfg)
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        if rope.get("rope_type", rope.get("type")) == "mrope":
+            out["rope_scaling"] = None
+        return out

@@ -92,6 +92,27 @@ VARIANTS = {
             tie_word_embeddings=False,
         ),
     ),
+    # Qwen2.5-VL's checkpoint: a Qwen2 text model (its rotary sections named "mrope", as the hub's configs do)
+    # beside its vision tower, in the hub's layout (model.*, lm_head, visual.*)
+    "qwen2.5-vl-multimodal": (
+        "Qwen2_5_VLConfig",
+        dict(
+            text_config=dict(rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=48,
+                fullatt_block_indexes=[0],
+                window_size=8,
+            ),
+            tie_word_embeddings=False,
+        ),
+    ),
     # Mistral-Small-3.x's multimodal checkpoint: a Mistral text model beside a Pixtral tower (its text model)
     "mistral3-multimodal": (
         "Mistral3Config",

@@ -31,3 +31,25 @@ def test_greedy_tokens_match_transformers(variant, hf_checkpoints):
         [prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     )[0]
     assert out.token_ids == ref
+
+
+def test_a_qwen2_vl_hub_config_reads_its_mrope_sections_as_plain_rope(hf_checkpoints):
+    """The hub's Qwen2.5-VL configs give ``rope_scaling: {"type": "mrope", "mrope_section": ...}`` (transformers 5
+    writes rope_type default beside it): read as the default RoPE, as transformers' Qwen2VLTextConfig reads it, and
+    served the same."""
+    import json
+
+    from outpace.model_config import ModelConfig
+
+    _, path = hf_checkpoints("qwen2.5-vl-multimodal")
+    written = json.loads((path / "config.json").read_text())
+    text = {k: v for k, v in written["text_config"].items() if k != "rope_parameters"}
+    text.update(rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, rope_theta=1e6)
+    hub, ours = (
+        ModelConfig.from_dict({**written, "text_config": text}),
+        ModelConfig.from_dict(written),
+    )
+    assert hub.rope_scaling is None and (hub.rope_theta, hub.head_dim) == (
+        ours.rope_theta,
+        ours.head_dim,
+    )
