@@ -520,9 +520,9 @@ def test_qwen3_next_block_fuses_its_gated_shared_expert(tmp_path):
     import transformers
 
     from helpers.hybrid_models import HYBRIDS
+    from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
     from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
-    from outpace.models.qwen3_next import SparseMoeWithSharedExpert
 
     cls_name, extra = HYBRIDS["qwen3_next"]
     extra = {**extra, "shared_expert_intermediate_size": 2 * extra["moe_intermediate_size"]}
@@ -558,10 +558,10 @@ def test_qwen3_next_shared_expert_beside_the_experts_joins_their_combine(tmp_pat
 
     from helpers.hybrid_models import HYBRIDS
     from outpace.layers import fused_projection
+    from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
     from outpace.layers.moe import ReadyStream
     from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
-    from outpace.models.qwen3_next import SparseMoeWithSharedExpert
 
     cls_name, extra = HYBRIDS["qwen3_next"]
     config = getattr(transformers, cls_name)(**extra, architectures=["Qwen3NextForCausalLM"])
@@ -730,9 +730,9 @@ def test_bf16_qwen3_next_block_with_its_gated_shared_expert_fused(n, tmp_path):
     shared expert of 512) on the kernels with its shared expert fused and weighted by its gate, against a
     float32 eager copy over the routing the kernels chose."""
     from outpace.bench.family_shapes import QWEN3_NEXT_80B, slice_layers
+    from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
     from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
-    from outpace.models.qwen3_next import SparseMoeWithSharedExpert
 
     (tmp_path / "config.json").write_text(json.dumps(slice_layers(QWEN3_NEXT_80B, 1)))
     model = build_model(ModelConfig.from_pretrained(tmp_path), torch.bfloat16, DEVICE)

@@ -8,8 +8,8 @@ import torch
 
 from helpers.hybrid_models import make_hybrid, save_hybrid
 from outpace.attention.context import forward_settings
+from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
 from outpace.models.loader import load_model
-from outpace.models.qwen3_next import SparseMoeWithSharedExpert
 
 TOKENS = 37  # past any vector width, and not a multiple of one
 
