@@ -16,6 +16,7 @@ MODELS = {
     "KimiK25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
     "Kimi_K25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM": "outpace.models.qwen2_moe:Qwen2MoeForCausalLM",  # a gated shared expert
     # Qwen2-VL's and Qwen2.5-VL's checkpoints: their text models
     "Qwen2VLForConditionalGeneration": "outpace.models.qwen2:Qwen2VLTextForCausalLM",
     "Qwen2_5_VLForConditionalGeneration": "outpace.models.qwen2:Qwen2VLTextForCausalLM",

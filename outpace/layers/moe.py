@@ -739,6 +739,11 @@ class MoE(nn.Module):
             out = out + self.shared_experts(x)
         return out if ready is None else ready.add(out)
 
+    def takes_normed_rows(self, x: torch.Tensor) -> bool:
+        """Whether ``partial`` takes x [n, hidden] as a stream made ready for its norm (``RowNorm``:
+        ``takes_normed_rows`` of its router, experts and shared experts)."""
+        return takes_normed_rows(self.gate, self.experts, self.shared_experts, x)
+
     def grouped(
         self, x: torch.Tensor, ready: ReadyStream | None = None, row_norm: RowNorm | None = None
     ):

@@ -1,6 +1,7 @@
 """Tensor parallelism beyond the Llama family, on CPU processes (gloo), in fp32: DeepSeek-V2/V3 (MLA heads
 split, the latent cache whole on every rank, every expert's rows split, shared experts too), Qwen3-MoE (heads
-and every expert's rows split, a dense layer between; Qwen3-VL-MoE's stacked experts stored transposed) and Gemma 3 (heads split, a kv head replicated, the
+and every expert's rows split, a dense layer between; Qwen3-VL-MoE's stacked experts stored transposed;
+Qwen2-MoE's gated shared expert) and Gemma 3 (heads split, a kv head replicated, the
 embedding replicated as Gemma keeps it) give exactly the TP = 1
 greedy tokens at TP = 2 and TP = 3 with batching, chunked prefill and preemption; an EAGLE3 draft that
 borrows a Gemma target's replicated embedding and tied head is handed this rank's vocabulary shard of it
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from helpers.deepseek_models import make_hf_deepseek
 from helpers.gemma_models import PROMPT, SPLITTABLE, make_splittable_gemma
-from helpers.hf_models import save_hf_model
+from helpers.hf_models import make_hf_model, save_hf_model
 from helpers.qwen3_moe_models import make_qwen3_moe, make_qwen3_vl_moe, to_hub_expert_order
 from helpers.spec_models import make_eagle3_draft
 from helpers.tp_harness import Scenario, build_rank, run_group
@@ -51,6 +52,13 @@ QWEN3_MOE = dict(
 )  # fmt: skip
 
 
+# 6 heads and kv heads, MLPs 96 (dense), 24 (experts) and 48 (shared): all divisible by 2 and by 3
+QWEN2_MOE = dict(
+    num_attention_heads=6, num_key_value_heads=6, moe_intermediate_size=24,
+    shared_expert_intermediate_size=48,
+)  # fmt: skip
+
+
 def family_prompts() -> list[list[int]]:
     return [[(i * 37 + j * 11) % 199 + 1 for j in range(3 + 9 * i)] for i in range(5)]
 
@@ -65,6 +73,9 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     # Qwen3-VL-MoE's text model, its expert stacks in the hub's order (read swapped, this rank's rows)
     vl = save_hf_model(make_qwen3_vl_moe(**QWEN3_MOE), root / "qwen3-vl-moe")
     paths["qwen3-vl-moe"] = str(to_hub_expert_order(vl))
+    # Qwen2-MoE: the gated shared expert's rows split too, its gate whole
+    qwen2_moe = make_hf_model("qwen2-moe", **QWEN2_MOE)
+    paths["qwen2-moe"] = str(save_hf_model(qwen2_moe, root / "qwen2-moe"))
     return paths
 
 
@@ -169,7 +180,9 @@ def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
         return [o.token_ids for o in llm.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("variant", DEEPSEEKS + list(SPLITTABLE) + ["qwen3-moe", "qwen3-vl-moe"])
+@pytest.mark.parametrize(
+    "variant", DEEPSEEKS + list(SPLITTABLE) + ["qwen3-moe", "qwen3-vl-moe", "qwen2-moe"]
+)
 @pytest.mark.parametrize("size", [2, 3])
 def test_family_matches_one_rank(variant, size, checkpoints, request):
     got = request.getfixturevalue(f"tp{size}")[variant]

@@ -58,6 +58,34 @@ VARIANTS = {
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         ),
     ),
+    # Qwen2-MoE: a mixture beside a sigmoid-gated shared expert; a dense layer between (mlp_only_layers), raw top-k
+    # weights; then mixtures every other layer, renormalised, windows on the odd layers before max_window_layers
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        dict(
+            tie_word_embeddings=False,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "qwen2-moe-window": (
+        "Qwen2MoeConfig",
+        dict(
+            tie_word_embeddings=False,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            norm_topk_prob=True,
+            decoder_sparse_step=2,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=2,
+        ),
+    ),
     # Other gate activations, and the biases LlamaConfig can add (q/k/v/o, gate/up/down).
     "llama-gelu-biases": (
         "LlamaConfig",

@@ -53,3 +53,21 @@ def test_a_qwen2_vl_hub_config_reads_its_mrope_sections_as_plain_rope(hf_checkpo
         ours.rope_theta,
         ours.head_dim,
     )
+
+
+def test_qwen2_moe_windows_without_layer_types_follow_transformers():
+    """A Qwen2-MoE config without ``layer_types`` (the hub's predate them): the layers transformers' config makes
+    sliding (odd counts before max_window_layers, with use_sliding_window) are the ones that slide."""
+    import transformers
+
+    from outpace.model_config import ModelConfig
+
+    fields = dict(VARIANTS["qwen2-moe-window"][1], num_hidden_layers=6, max_window_layers=4)
+    written = {
+        **transformers.Qwen2MoeConfig(**fields).to_dict(),
+        "architectures": ["Qwen2MoeForCausalLM"],
+    }
+    types = written.pop("layer_types")
+    assert "full_attention" in types and "sliding_attention" in types
+    expected = tuple(8 if t == "sliding_attention" else None for t in types)
+    assert ModelConfig.from_dict(written).layer_windows == expected
