@@ -1,7 +1,7 @@
 """Qwen3MoeForCausalLM (Qwen3-30B-A3B, Qwen3-235B-A22B, the Qwen3-Coder MoE models): Qwen3's layers
 (models/qwen3.py: per-head q/k RMSNorm; a sliding window on every layer with use_sliding_window) whose MLP is a
-sparse mixture of experts on every ``decoder_sparse_step``-th layer outside ``mlp_only_layers`` (transformers Qwen3MoeDecoderLayer; vLLM's
-qwen3_moe.py alike), a dense SwiGLU MLP of ``intermediate_size`` on the others.
+sparse mixture of experts on every ``decoder_sparse_step``-th layer outside ``mlp_only_layers`` (transformers
+Qwen3MoeDecoderLayer; vLLM's qwen3_moe.py alike), a dense SwiGLU MLP of ``intermediate_size`` on the others.
 
 The mixture (transformers Qwen3MoeSparseMoeBlock and Qwen3MoeTopKRouter): a softmax over the router's logits
 keeps ``num_experts_per_tok`` experts, their probabilities renormalised with ``norm_topk_prob``, no shared
