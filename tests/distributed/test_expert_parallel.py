@@ -2,7 +2,8 @@
 shared experts), Qwen3-Next (gated DeltaNet, a sigmoid-gated shared expert), Step-3.5 (stacked experts with
 the SwiGLU clamp, MoE MTP layers; also in Step-3.5-Flash-FP8's block-FP8 stacks), Nemotron-H (ungated relu2
 routed experts beside Mamba layers), Gemma 4 (packed gate_up stacks, its MoE block beside every MLP), Qwen3-MoE
-(dense layers between) and Qwen3.5-MoE (a gated shared expert on every layer) give
+(dense layers between), Qwen3.5-MoE and Qwen2-MoE (a gated shared expert) and Qwen3-VL-MoE (stacked experts in
+the hub's transposed order) give
 exactly the one-process greedy tokens with their experts placed whole over 2 and 3 ranks, with attention whole
 on every rank (TP = 1) and split over the same ranks (EP = TP), with batching, chunked prefill and preemption (a
 small pool); speculation under EP (DeepSeek-V3's and Step-3.5's own MoE MTP layers, a DFlash draft over
@@ -29,7 +30,7 @@ import torch
 from helpers import hybrid_sampling
 from helpers.deepseek_models import SPEC_PROMPTS, make_hf_deepseek, save_v3_with_mtp
 from helpers.gemma_models import make_splittable_gemma
-from helpers.hf_models import save_hf_model
+from helpers.hf_models import make_hf_model, save_hf_model
 from helpers.hybrid_models import make_hybrid, save_hybrid
 from helpers.quantized_checkpoints import (
     block_fp8_config,
@@ -37,7 +38,7 @@ from helpers.quantized_checkpoints import (
     is_projection,
     write_quantized,
 )
-from helpers.qwen3_moe_models import make_qwen3_moe
+from helpers.qwen3_moe_models import make_qwen3_moe, make_qwen3_vl_moe, to_hub_expert_order
 from helpers.spec_models import make_dflash_draft, make_eagle3_draft
 from helpers.stats import chi_square_p_value, exact_joint
 from helpers.step3p5_checkpoints import CONFIG as STEP_CONFIG
@@ -106,6 +107,11 @@ def models(tmp_path_factory) -> dict[str, str]:
         "gemma4": str(save_hf_model(make_splittable_gemma("gemma4"), root / "gemma4")),
         "qwen3_moe": str(save_hf_model(make_qwen3_moe("renormalised"), root / "qwen3_moe")),
         "qwen3_5_moe": str(save_hybrid(make_hybrid("qwen3_5_moe"), root / "qwen3_5_moe")),
+        # Qwen3-VL-MoE's stacked experts in the hub's (transposed) order: each rank reads its experts' slice
+        "qwen3_vl_moe": str(
+            to_hub_expert_order(save_hf_model(make_qwen3_vl_moe(), root / "qwen3_vl_moe"))
+        ),
+        "qwen2_moe": str(save_hf_model(make_hf_model("qwen2-moe"), root / "qwen2_moe")),
         # Step-3.5-Flash-FP8's layout: block-FP8 expert stacks [E, out, in] with their scale stacks
         "step-fp8": str(
             write_quantized(step, root / "step-fp8", "fp8_block", is_projection, FP8_BLOCKS)[0]
@@ -174,6 +180,8 @@ PLAIN = {
         ("qwen3_moe", 1, 2),
         ("qwen3_moe", 2, 2),
         ("qwen3_5_moe", 1, 2),
+        ("qwen3_vl_moe", 1, 2),
+        ("qwen2_moe", 1, 2),
     ],
     # (TP 3 for DeepSeek-V3 only: the other tiny models' 4 query or 2 key heads do not split over 3 ranks)
     3: [
