@@ -6,7 +6,9 @@ blocks, each ``x + mixer(RMSNorm(x))`` with one mixer per block as the config's 
 - "mlp": up_proj, the activation (relu2 in the released models), down_proj, no gate;
 - "moe": routed experts shaped like that MLP, chosen by sigmoid scores plus a selection-only correction
   bias within the best groups (DeepSeek-V3's routing, layers/moe.py), plus one shared expert of
-  ``moe_shared_expert_intermediate_size``.
+  ``moe_shared_expert_intermediate_size``. With ``moe_latent_size`` (the latent MoE: transformers NemotronHMoE's
+  fc1_latent_proj / fc2_latent_proj) the routed experts work in a latent space: the router reads x, the experts
+  fc1_latent_proj(x) [n, latent], and fc2_latent_proj brings their sum back; the shared expert reads x.
 RMSNorms apply their weight in float32 (transformers NemotronHRMSNorm).
 
 Few rows on the GPU (decode, verify) run the stack in the fused residual style of the Llama layers
@@ -55,21 +57,23 @@ from outpace.layers.fused_decoder import (
     project_normalised,
     run_stack,
 )
-from outpace.layers.linear import column_parallel, row_parallel
+from outpace.layers.linear import column_parallel, linear, row_parallel
 from outpace.layers.mamba2 import Mamba2Mixer
 from outpace.layers.moe import (
     ExpertActivation,
+    FusedShared,
     RoutedExperts,
     Router,
     Routing,
     expert_modules,
+    experts_on_kernels,
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.validation import ConfigError, ConfigFields, require
+from outpace.validation import ConfigError, ConfigFields, is_int, require
 
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
@@ -125,8 +129,21 @@ def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
         set(types) <= set(PATTERN.values()),
         f"entries of {', '.join(PATTERN.values())}",
     )
-    for name in ("moe_latent_size", "sliding_window"):
-        require(o, name, raw[name], raw[name] is None, "None (not implemented)")
+    require(
+        o,
+        "sliding_window",
+        raw["sliding_window"],
+        raw["sliding_window"] is None,
+        "None (not implemented)",
+    )
+    latent = raw["moe_latent_size"]
+    require(
+        o,
+        "moe_latent_size",
+        latent,
+        latent is None or (is_int(latent) and latent > 0),
+        "None or > 0",
+    )
     require(
         o,
         "mamba_ssm_cache_dtype",
@@ -170,7 +187,8 @@ class UngatedMLP(nn.Module):
 class NemotronHMoE(nn.Module):
     """Routed ungated experts plus a shared one (module docstring): [n, hidden] -> [n, hidden]. Checkpoint
     names: ``gate.weight``, ``gate.e_score_correction_bias``, ``experts.{e}.{up,down}_proj``,
-    ``shared_experts.{up,down}_proj``."""
+    ``shared_experts.{up,down}_proj``; with a latent size ``fc1_latent_proj`` and ``fc2_latent_proj`` (whole on
+    every rank: the experts' partial sums are all-reduced in the latent space before fc2)."""
 
     def __init__(self, hidden_size: int, raw: dict) -> None:
         super().__init__()
@@ -198,12 +216,16 @@ class NemotronHMoE(nn.Module):
             ),
         )
         act, bias, self.group = raw["mlp_hidden_act"], raw["mlp_bias"], build_group()
+        self.latent = raw["moe_latent_size"]
+        if self.latent is not None:
+            self.fc1_latent_proj = linear(hidden_size, self.latent, bool(bias))
+            self.fc2_latent_proj = linear(self.latent, hidden_size, bool(bias))
         self.experts = RoutedExperts(
             ExpertActivation(act, gated=False),
             expert_modules(  # (this rank's experts, whole, under expert parallelism)
                 experts,
                 lambda: UngatedMLP(
-                    hidden_size,
+                    self.latent or hidden_size,
                     raw["moe_intermediate_size"],
                     act,
                     False,
@@ -224,12 +246,25 @@ class NemotronHMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # every expert's rows split over the ranks (layers/moe.py MoE): one all-reduce of the partial sums
+        if self.latent is not None:
+            return self._latent(x)
         if self.experts.uses_kernels(x):  # routing with the block layout, the shared expert fused
             return all_reduce(
                 moe_on_kernels(x, self.gate, self.experts, self.shared_experts), self.group
             )
         weights, ids = self.gate(x)
         return all_reduce(self.experts(x, weights, ids) + self.shared_experts(x), self.group)
+
+    def _latent(self, x: torch.Tensor) -> torch.Tensor:
+        """The latent MoE (module docstring): the routed experts over fc1_latent_proj(x), their sum all-reduced
+        and brought back by fc2_latent_proj, the shared expert over x beside them."""
+        z = self.fc1_latent_proj(x)  # [n, latent]
+        if self.experts.uses_kernels(x):  # (the router reads x: the kernels' router input)
+            routed = experts_on_kernels(z, self.gate, self.experts, FusedShared(), router_input=x)
+        else:
+            routed = self.experts(z, *self.gate(x))
+        routed = self.fc2_latent_proj(all_reduce(routed, self.group))
+        return routed + all_reduce(self.shared_experts(x), self.group)
 
 
 class PlainAttention(nn.Module):

@@ -47,6 +47,24 @@ QWEN35_VISION = dict(
     num_position_embeddings=16,
 )
 
+NEMOTRON_H = dict(
+    COMMON,
+    head_dim=10,
+    mamba_num_heads=6,
+    mamba_head_dim=5,
+    n_groups=2,
+    ssm_state_size=7,
+    conv_kernel=4,
+    chunk_size=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=12,
+    moe_shared_expert_intermediate_size=16,
+    n_group=2,
+    topk_group=1,
+    layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention"],
+)
+
 # variant -> (transformers config class, config; a multimodal one's with text_config and vision_config)
 HYBRIDS = {
     "qwen3_next": (
@@ -80,32 +98,10 @@ HYBRIDS = {
         "Qwen3_5MoeConfig",
         dict(text_config=QWEN35_MOE_TEXT, vision_config=QWEN35_VISION),
     ),
-    "nemotron_h": (
-        "NemotronHConfig",
-        dict(
-            COMMON,
-            head_dim=10,
-            mamba_num_heads=6,
-            mamba_head_dim=5,
-            n_groups=2,
-            ssm_state_size=7,
-            conv_kernel=4,
-            chunk_size=16,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=12,
-            moe_shared_expert_intermediate_size=16,
-            n_group=2,
-            topk_group=1,
-            layers_block_type=[
-                "linear_attention",
-                "moe",
-                "full_attention",
-                "mlp",
-                "linear_attention",
-            ],
-        ),
-    ),
+    "nemotron_h": ("NemotronHConfig", NEMOTRON_H),
+    # Nemotron 3's latent MoE: the routed experts in a latent space of 8 (fc1/fc2_latent_proj), the shared
+    # expert and the router on the hidden state
+    "nemotron_h-latent": ("NemotronHConfig", dict(NEMOTRON_H, moe_latent_size=8)),
 }
 
 

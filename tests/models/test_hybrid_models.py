@@ -157,7 +157,7 @@ def test_layer_pattern_comes_from_the_config():
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("moe_latent_size", 4),
+        ("moe_latent_size", 0),
         ("mamba_ssm_cache_dtype", "bfloat16"),
         ("sliding_window", 16),
         ("hybrid_override_pattern", "M*X"),
