@@ -1,7 +1,7 @@
 """Tensor parallelism for the hybrid targets, on CPU processes (gloo), in fp32: Qwen3-Next (gated DeltaNet
 packed by key head, MoE with a shared expert), Qwen3.5 (separate q/k/v, z, b, a projections) and Nemotron-H
-(Mamba2 with two groups, and with one group replicated on both ranks; MoE, ungated MLP, attention without
-RoPE) give exactly the TP = 1 greedy tokens at TP = 2 with batching, chunked prefill and preemption. With
+(Mamba2 with two groups, and with one group replicated on both ranks; MoE, also latent, ungated MLP, attention
+without RoPE) give exactly the TP = 1 greedy tokens at TP = 2 with batching, chunked prefill and preemption. With
 speculation (EAGLE3 chain and tree; the checkpoints' own MTP layers, one reused, two chained; DFlash; the
 target as its own standalone draft, whose sharded state rows roll back as the target's) the
 tokens equal the target's alone and as many drafts are accepted as at one rank. Each rank's recurrent state
@@ -36,7 +36,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 PRESSURE = dict(block_size=4, num_kv_blocks=12, max_num_batched_tokens=8)
 SPEC_ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=8)
 MTP_STEPS = {"qwen3_next": 3, "qwen3_5": 2}  # one layer reused over three steps; two layers chained
-PLAIN = {"qwen3_next": {}, "qwen3_5": {}, "nemotron_h": {}, "nemotron_h-1group": {"n_groups": 1}}
+PLAIN = {
+    "qwen3_next": {},
+    "qwen3_5": {},
+    "nemotron_h": {},
+    "nemotron_h-1group": {"n_groups": 1},
+    # the experts' sums all-reduced in the latent space; larger weights, so that the routed sum through
+    # fc1/fc2_latent_proj moves the tokens (at the default scale, half of it left out on each rank went unseen)
+    "nemotron_h-latent": {"moe_latent_size": 8, "weight_scale": 12.0},
+}
 
 
 def plain_prompts() -> list[list[int]]:
