@@ -104,6 +104,14 @@ def models(tmp_path_factory) -> dict[str, str]:
         "qwen3_next": str(save_hybrid(make_hybrid("qwen3_next", num_experts=6), root / "qn")),
         "step": str(step),
         "nemotron_h": str(save_hybrid(make_hybrid("nemotron_h"), root / "nemotron_h")),
+        # the latent MoE: each rank's experts' latent sum all-reduced before fc2_latent_proj (weights large
+        # enough that the routed sum moves the tokens)
+        "nemotron_h-latent": str(
+            save_hybrid(
+                make_hybrid("nemotron_h", weight_scale=12.0, moe_latent_size=8),
+                root / "nemotron_h-latent",
+            )
+        ),
         "gemma4": str(save_hf_model(make_splittable_gemma("gemma4"), root / "gemma4")),
         "qwen3_moe": str(save_hf_model(make_qwen3_moe("renormalised"), root / "qwen3_moe")),
         "qwen3_5_moe": str(save_hybrid(make_hybrid("qwen3_5_moe"), root / "qwen3_5_moe")),
@@ -173,6 +181,7 @@ PLAIN = {
         ("step", 1, 2),
         ("step", 2, 2),
         ("nemotron_h", 1, 2),
+        ("nemotron_h-latent", 1, 2),
         ("gemma4", 2, 2),
         ("step-fp8", 1, 2),
         ("v3-fp8", 1, 2),
