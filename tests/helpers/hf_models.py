@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from helpers.vision_towers import tiny_qwen_vision
+
 SMALL = dict(
     vocab_size=203,
     hidden_size=48,
@@ -105,17 +107,8 @@ VARIANTS = {
                     "mrope_interleaved": True,
                 },
             ),
-            vision_config=dict(
-                depth=1,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                patch_size=4,
-                spatial_merge_size=2,
-                temporal_patch_size=2,
-                out_hidden_size=48,
-                num_position_embeddings=16,
-                deepstack_visual_indexes=[0],
+            vision_config=tiny_qwen_vision(
+                48, num_position_embeddings=16, deepstack_visual_indexes=[0]
             ),
             tie_word_embeddings=False,
         ),
@@ -126,18 +119,7 @@ VARIANTS = {
         "Qwen2_5_VLConfig",
         dict(
             text_config=dict(rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
-            vision_config=dict(
-                depth=1,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                patch_size=4,
-                spatial_merge_size=2,
-                temporal_patch_size=2,
-                out_hidden_size=48,
-                fullatt_block_indexes=[0],
-                window_size=8,
-            ),
+            vision_config=tiny_qwen_vision(48, fullatt_block_indexes=[0], window_size=8),
             tie_word_embeddings=False,
         ),
     ),

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from helpers.vision_towers import tiny_qwen_vision
+
 COMMON = dict(
     vocab_size=131,
     hidden_size=40,
@@ -35,17 +37,7 @@ QWEN35_MOE_TEXT = dict(
     moe_intermediate_size=12,
     shared_expert_intermediate_size=20,
 )
-QWEN35_VISION = dict(
-    depth=1,
-    hidden_size=16,
-    intermediate_size=32,
-    num_heads=2,
-    patch_size=4,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    out_hidden_size=40,
-    num_position_embeddings=16,
-)
+QWEN35_VISION = tiny_qwen_vision(40, num_position_embeddings=16)
 
 NEMOTRON_H = dict(
     COMMON,

@@ -8,6 +8,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from helpers.vision_towers import tiny_qwen_vision
+
 VOCAB = 97
 BASE = dict(
     vocab_size=VOCAB,
@@ -55,17 +57,8 @@ def make_qwen3_vl_moe(**overrides):
         "mrope_section": [1, 1, 2],
         "mrope_interleaved": True,
     }
-    vision = dict(
-        depth=1,
-        hidden_size=16,
-        intermediate_size=32,
-        num_heads=2,
-        patch_size=4,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        out_hidden_size=text["hidden_size"],
-        num_position_embeddings=16,
-        deepstack_visual_indexes=[0],
+    vision = tiny_qwen_vision(
+        text["hidden_size"], num_position_embeddings=16, deepstack_visual_indexes=[0]
     )
     cfg = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision)
     return randomized(transformers.Qwen3VLMoeForConditionalGeneration(cfg))
