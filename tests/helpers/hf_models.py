@@ -18,6 +18,15 @@ SMALL = dict(
     max_position_embeddings=512,
 )
 
+# Qwen2-MoE's mixture: 4 experts of which 2, beside a shared expert
+QWEN2_MOE = dict(
+    tie_word_embeddings=False,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=24,
+)
+
 # architecture -> (transformers config class, extra config)
 VARIANTS = {
     "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
@@ -64,23 +73,12 @@ VARIANTS = {
     # weights; then mixtures every other layer, renormalised, windows on the odd layers before max_window_layers
     "qwen2-moe": (
         "Qwen2MoeConfig",
-        dict(
-            tie_word_embeddings=False,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=24,
-            mlp_only_layers=[1],
-        ),
+        dict(QWEN2_MOE, mlp_only_layers=[1]),
     ),
     "qwen2-moe-window": (
         "Qwen2MoeConfig",
         dict(
-            tie_word_embeddings=False,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=24,
+            QWEN2_MOE,
             norm_topk_prob=True,
             decoder_sparse_step=2,
             use_sliding_window=True,
