@@ -20,6 +20,7 @@ KWARGS = dict(device="cuda", dtype="float32", max_num_seqs=4, num_kv_blocks=64, 
 FAMILIES = {
     "qwen3_next": (131, "silu", {None}),
     "nemotron_h": (131, "relu2", {None}),
+    "nemotron_h-latent": (131, "relu2", {None}),  # the experts in the latent space
     "step3p5": (61, "silu", {None, 0.3}),
     "gemma4": (211, "gelu_tanh", {None}),
     "qwen3_moe": (97, "silu", {None}),
@@ -28,7 +29,7 @@ FAMILIES = {
 
 
 def save_family(family: str, path):
-    if family in ("qwen3_next", "nemotron_h", "qwen3_5_moe"):
+    if family in ("qwen3_next", "nemotron_h", "nemotron_h-latent", "qwen3_5_moe"):
         from helpers.hybrid_models import make_hybrid, save_hybrid
 
         return save_hybrid(make_hybrid(family), path)
@@ -107,7 +108,7 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
     )
     assert {c[0] for c in calls} == {activation}
     assert {c[1] for c in calls} == limits
-    assert {c[2] for c in calls} == {family == "nemotron_h"}  # ungated: no gate stack
+    assert {c[2] for c in calls} == {family.startswith("nemotron_h")}  # ungated: no gate stack
 
 
 @pytest.mark.gpu
@@ -118,6 +119,7 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
         "qwen3_5",
         "qwen3_5_moe",
         "nemotron_h",
+        "nemotron_h-latent",
         "step3p5",
         "v2-greedy",
         "v3-yarn",

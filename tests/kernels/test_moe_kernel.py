@@ -591,11 +591,13 @@ def family_model(family: str, tmp_path) -> torch.nn.Module:
     from outpace.model_config import ModelConfig
     from outpace.models.loader import build_model
 
-    if family in ("qwen3_next", "nemotron_h"):
+    if family in ("qwen3_next", "nemotron_h", "nemotron_h-latent"):
         from helpers.hybrid_models import HYBRIDS
 
         cls_name, extra = HYBRIDS[family]
-        arch = {"qwen3_next": "Qwen3NextForCausalLM", "nemotron_h": "NemotronHForCausalLM"}[family]
+        arch = {"qwen3_next": "Qwen3NextForCausalLM", "nemotron_h": "NemotronHForCausalLM"}[
+            family.split("-")[0]
+        ]
         getattr(transformers, cls_name)(**extra, architectures=[arch]).save_pretrained(tmp_path)
     elif family == "gemma4":
         from helpers.gemma_models import GEMMA4_MOE_SHARED
@@ -684,6 +686,26 @@ def test_each_family_moe_equals_its_previous_output_and_the_kernels(family, kern
             None,
             0.3,
         }  # clamped layers run through the clamp
+
+
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_nemotron_latent_moe_on_the_kernels_equals_its_eager_block(n, tmp_path):
+    """Nemotron-H's latent MoE (models/nemotron_h.py NemotronHMoE._latent): the kernels route on x and run the
+    experts on fc1_latent_proj(x); both paths equal fc2(experts(fc1(x))) + shared(x) written out here."""
+    from outpace.models.nemotron_h import NemotronHMoE
+
+    model = family_model("nemotron_h-latent", tmp_path)
+    (block,) = [m for m in model.modules() if isinstance(m, NemotronHMoE)]
+    x = torch.randn(n, block.fc1_latent_proj.weight.shape[1], device=DEVICE)  # [n, hidden]
+    with torch.no_grad():
+        block.experts.kernels = False
+        z = block.fc1_latent_proj(x)  # [n, latent]
+        routed = run_experts(z, *block.gate(x), previous_experts(block.experts, "nemotron_h"))
+        written_out = block.fc2_latent_proj(routed) + block.shared_experts(x)
+        torch.testing.assert_close(block(x), written_out, rtol=1e-5, atol=1e-5)
+        block.experts.kernels = True
+        assert block.experts.uses_kernels(x)
+        torch.testing.assert_close(block(x), written_out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu  # bf16 at the DeepSeek-V2-Lite expert shape: GPU only
