@@ -394,6 +394,9 @@ class NemotronHModel(nn.Module):
 class NemotronHForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
+    # Nemotron 3 Super's MTP layers (num_nextn_predict_layers, mtp_layers_block_type; tensors under mtp.*, which
+    # transformers' NemotronHForCausalLM does not load either): the target serves without them
+    mtp_not_implemented = "its MTP layers (mtp.*) are not implemented"
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
@@ -404,7 +407,7 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:
-            raise ConfigError(f"{cfg.architecture}: MTP layers are not implemented")
+            raise ConfigError(f"{cfg.architecture}: {self.mtp_not_implemented}")
         raw = {**DEFAULTS, **cfg.raw}
         types = block_types(raw)
         require(

@@ -4,6 +4,8 @@ through chunked prefill, tree-verify masks; the MTP layer against a reference as
 DeepSeek-V3 pieces with vLLM deepseek_mtp.py's semantics; lossless speculation (MTP, n-gram, the oracle's
 chains and trees, sampling); block accounting; every config field decided on."""
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -241,6 +243,17 @@ def test_mtp_layer_matches_the_reference(mtp_target, checkpoints):
     # a checkpoint without MTP tensors (transformers' save_pretrained) has no MTP layers
     plain = load_model(checkpoints("v3-yarn")[1], torch.float32)
     assert plain.config.num_nextn_predict_layers == 0 and not hasattr(plain, "mtp_layers")
+    # while its config.json counts one: --method mtp says which
+    assert (
+        json.loads((checkpoints("v3-yarn")[1] / "config.json").read_text())[
+            "num_nextn_predict_layers"
+        ]
+        == 1
+    )
+    with pytest.raises(
+        ConfigError, match="counts num_nextn_predict_layers = 1 but its tensors hold no MTP"
+    ):
+        LLM(str(checkpoints("v3-yarn")[1]), speculative=SpeculativeConfig("mtp", num_steps=1))
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -254,6 +254,19 @@ def test_target_without_mtp_layers_refuses_mtp(targets):
         LLM(str(targets["qwen3_next"]), speculative=SpeculativeConfig("mtp", num_steps=1))
 
 
+def test_nemotron_h_serves_without_its_mtp_layers_and_refuses_mtp_by_name(targets, tmp_path):
+    """Nemotron 3 Super's config counts MTP layers whose tensors (mtp.*) outpace does not implement: the target
+    serves its own tokens without them, and --method mtp says so instead of calling the count 0."""
+    path = shutil.copytree(targets["nemotron_h"], tmp_path / "nemotron_h")
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_nextn_predict_layers=1, mtp_layers_block_type=["attention", "moe"])
+    (path / "config.json").write_text(json.dumps(config))
+    save_file({"mtp.layers.0.norm.weight": torch.ones(8)}, str(path / "mtp.safetensors"))
+    assert plain_outputs(path, PROMPTS) == plain_outputs(targets["nemotron_h"], PROMPTS)
+    with pytest.raises(Exception, match=r"MTP layers \(mtp\.\*\) are not implemented.*= 1"):
+        LLM(str(path), speculative=SpeculativeConfig("mtp", num_steps=1))
+
+
 # ---- EAGLE3, DFlash, standalone drafts ------------------------------------------------------------------------
 
 

@@ -84,10 +84,7 @@ class MTPProposer(Proposer):
         cfg = target.config
         n = cfg.num_nextn_predict_layers
         if n == 0:
-            raise ConfigError(
-                f"--method mtp needs a target with MTP layers: {cfg.architecture} checkpoint has "
-                f"num_nextn_predict_layers = 0"
-            )
+            raise ConfigError(f"--method mtp needs a target with MTP layers: {_why_none(target)}")
         if spec.topk != 1:
             raise ConfigError(
                 f"SpeculativeConfig.topk={spec.topk} is invalid for mtp: must be 1 (a chain)"
@@ -226,3 +223,18 @@ class MTPProposer(Proposer):
                 )
             )
         return chain_drafts(rows, tokens, probs)
+
+
+def _why_none(target) -> str:
+    """Why a target serves without MTP layers: its architecture does not implement those its config counts
+    (``mtp_not_implemented``), its tensors hold none in the architecture's layout, or its config counts none."""
+    cfg = target.config
+    counted = cfg.raw.get("num_nextn_predict_layers") or 0
+    if counted and getattr(target, "mtp_not_implemented", None):
+        return f"{cfg.architecture}: {target.mtp_not_implemented} (num_nextn_predict_layers = {counted})"
+    if counted:
+        return (
+            f"{cfg.architecture} checkpoint's config.json counts num_nextn_predict_layers = {counted} but its "
+            f"tensors hold no MTP layer in that architecture's layout"
+        )
+    return f"{cfg.architecture} checkpoint has num_nextn_predict_layers = 0"
