@@ -395,8 +395,9 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
     # Nemotron 3 Super's MTP layers (num_nextn_predict_layers, mtp_layers_block_type; tensors under mtp.*, which
-    # transformers' NemotronHForCausalLM does not load either): the target serves without them
+    # transformers' NemotronHForCausalLM does not load either): the target serves without them, skipping them
     mtp_not_implemented = "its MTP layers (mtp.*) are not implemented"
+    ignored_checkpoint_tensors = (r"^mtp\.",)
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

@@ -261,7 +261,9 @@ def test_nemotron_h_serves_without_its_mtp_layers_and_refuses_mtp_by_name(target
     config = json.loads((path / "config.json").read_text())
     config.update(num_nextn_predict_layers=1, mtp_layers_block_type=["attention", "moe"])
     (path / "config.json").write_text(json.dumps(config))
-    save_file({"mtp.layers.0.norm.weight": torch.ones(8)}, str(path / "mtp.safetensors"))
+    tensors = load_file(path / "model.safetensors")
+    tensors["mtp.layers.0.norm.weight"] = torch.ones(config["hidden_size"])
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     assert plain_outputs(path, PROMPTS) == plain_outputs(targets["nemotron_h"], PROMPTS)
     with pytest.raises(Exception, match=r"MTP layers \(mtp\.\*\) are not implemented.*= 1"):
         LLM(str(path), speculative=SpeculativeConfig("mtp", num_steps=1))
