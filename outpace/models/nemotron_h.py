@@ -20,7 +20,9 @@ launch and its output added and normalised for the next block in another (``Norm
 eager path does.
 
 Checkpoint names live under ``backbone.`` (``embeddings``, ``layers.{i}.{norm,mixer}``, ``norm_f``); the
-model interface is the Llama family's (models/llama.py).
+model interface is the Llama family's (models/llama.py). A config that counts an MTP step
+(``num_nextn_predict_layers``: Nemotron 3 Super) builds its ``mtp.*`` stack of attention and MoE blocks, which
+``--method mtp`` drafts with (models/drafts/nemotron_h_mtp.py).
 
 Tensor parallelism (outpace/distributed/), as vLLM and SGLang shard it: Mamba2's heads and groups
 (layers/mamba2.py), attention heads (layers/decoder.py HeadProjections), the MLPs' and every expert's
@@ -30,7 +32,6 @@ vocab-parallel.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import torch
@@ -72,10 +73,13 @@ from outpace.layers.moe import (
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
+from outpace.models.drafts.nemotron_h_mtp import NemotronHMTP
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.validation import ConfigError, ConfigFields, is_int, require
 
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+# the older names a config's block type lists may hold (transformers configuration_utils' _LEGACY_LAYER_TYPE_REMAP)
+LEGACY_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
 
 # transformers' NemotronHConfig defaults for fields a config.json may omit
 DEFAULTS = dict(
@@ -108,7 +112,7 @@ DEFAULTS = dict(
 def block_types(raw: dict) -> tuple[str, ...]:
     """Each block's mixer (module docstring)."""
     if raw.get("layers_block_type"):
-        return tuple(raw["layers_block_type"])
+        return tuple(LEGACY_TYPES.get(t, t) for t in raw["layers_block_type"])
     pattern = raw.get("hybrid_override_pattern") or ""
     require(
         "ModelConfig",
@@ -118,6 +122,23 @@ def block_types(raw: dict) -> tuple[str, ...]:
         f"a non-empty string of {''.join(PATTERN)}",
     )
     return tuple(PATTERN[c] for c in pattern)
+
+
+def mtp_block_types(raw: dict) -> tuple[str, ...]:
+    """The MTP stack's block mixers (models/drafts/nemotron_h_mtp.py): ``mtp_layers_block_type``, else the older
+    ``mtp_hybrid_override_pattern``, else transformers' default (attention, then experts)."""
+    if raw.get("mtp_layers_block_type"):
+        types = tuple(LEGACY_TYPES.get(t, t) for t in raw["mtp_layers_block_type"])
+    else:
+        types = tuple(PATTERN.get(c, c) for c in raw.get("mtp_hybrid_override_pattern") or "*E")
+    require(
+        "ModelConfig",
+        "mtp_layers_block_type",
+        types,
+        bool(types) and set(types) <= {"full_attention", "moe"},
+        "entries of full_attention, moe (the blocks vLLM's nemotron_h_mtp builds)",
+    )
+    return types
 
 
 def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
@@ -394,10 +415,6 @@ class NemotronHModel(nn.Module):
 class NemotronHForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
-    # Nemotron 3 Super's MTP layers (num_nextn_predict_layers, mtp_layers_block_type; tensors under mtp.*, which
-    # transformers' NemotronHForCausalLM does not load either): the target serves without them, skipping them
-    mtp_not_implemented = "its MTP layers (mtp.*) are not implemented"
-    ignored_checkpoint_tensors = (r"^mtp\.",)
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
@@ -408,7 +425,10 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__()
         if mtp_own_heads:
-            raise ConfigError(f"{cfg.architecture}: {self.mtp_not_implemented}")
+            raise ConfigError(
+                f"{cfg.architecture}: num_nextn_predict_layers = {cfg.num_nextn_predict_layers} with MTP "
+                f"layers in DeepSeek-V3's layout; Nemotron-H's are mtp.* (models/drafts/nemotron_h_mtp.py)"
+            )
         raw = {**DEFAULTS, **cfg.raw}
         types = block_types(raw)
         require(
@@ -419,7 +439,15 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
             f"the number of block types ({len(types)})",
         )
         _refuse_unimplemented(raw, types)
-        self.config = dataclasses.replace(cfg, num_nextn_predict_layers=0)
+        num_mtp = cfg.num_nextn_predict_layers
+        require(
+            "ModelConfig",
+            "num_nextn_predict_layers",
+            num_mtp,
+            num_mtp in (0, 1),
+            "0 or 1 (one MTP step, as vLLM's nemotron_h_mtp serves it)",
+        )
+        self.config = cfg
         self.model = NemotronHModel(cfg, raw, types)
         self.lm_head = LMHead(
             cfg.hidden_size,
@@ -427,6 +455,12 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
             tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
         )
         self.aux_layer_ids: tuple[int, ...] = ()
+        self.ignored_checkpoint_tensors = () if num_mtp else (r"^mtp\.",)
+        # the MTP stack, registered before its step so that its parameters are named mtp.* as in the checkpoint
+        if num_mtp:
+            blocks = [NemotronHBlock(cfg, raw, kind) for kind in mtp_block_types(raw)]
+            self.mtp = NemotronHMTP(cfg.hidden_size, raw["layer_norm_epsilon"], blocks)
+            self.mtp_layers = self.mtp.steps()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last block's output, pre-norm, and the aux states. Few
@@ -444,9 +478,11 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
 
     def checkpoint_name(self, param_name: str) -> str:
         """``model.embed_tokens`` / ``model.norm`` / ``model.*`` -> ``backbone.embeddings`` / ``backbone.norm_f`` /
-        ``backbone.*``."""
+        ``backbone.*``; ``mtp.*`` as the MTP stack names its parts (``NemotronHMTP.checkpoint_name``)."""
         name = re.sub(r"^model\.embed_tokens\.", "backbone.embeddings.", param_name)
         name = re.sub(r"^model\.norm\.", "backbone.norm_f.", name)
+        if name.startswith("mtp."):
+            return "mtp." + self.mtp.checkpoint_name(name.removeprefix("mtp."))
         return re.sub(r"^model\.", "backbone.", name)
 
     # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)

@@ -2,9 +2,9 @@
 packed by key head, MoE with a shared expert), Qwen3.5 (separate q/k/v, z, b, a projections) and Nemotron-H
 (Mamba2 with two groups, and with one group replicated on both ranks; MoE, also latent, ungated MLP, attention
 without RoPE) give exactly the TP = 1 greedy tokens at TP = 2 with batching, chunked prefill and preemption. With
-speculation (EAGLE3 chain and tree; the checkpoints' own MTP layers, one reused, two chained; DFlash; the
-target as its own standalone draft, whose sharded state rows roll back as the target's) the
-tokens equal the target's alone and as many drafts are accepted as at one rank. Each rank's recurrent state
+speculation (EAGLE3 chain and tree; the checkpoints' own MTP layers, one reused, two chained, Nemotron-H's
+attention-and-experts stack; DFlash; the target as its own standalone draft, whose sharded state rows roll back
+as the target's) the tokens equal the target's alone and as many drafts are accepted as at one rank. Each rank's recurrent state
 indices hold its heads' state; its shards put back together are the checkpoint.
 
 One group of 2 processes (tests/helpers/tp_harness.py) runs every scenario; the TP = 1 references run in the test
@@ -35,7 +35,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # a small pool and token budget: several requests batched, prompts chunked, requests preempted
 PRESSURE = dict(block_size=4, num_kv_blocks=12, max_num_batched_tokens=8)
 SPEC_ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=8)
-MTP_STEPS = {"qwen3_next": 3, "qwen3_5": 2}  # one layer reused over three steps; two layers chained
+# one layer (Nemotron-H: one MTP stack) reused over three steps; two layers chained
+MTP_STEPS = {"qwen3_next": 3, "qwen3_5": 2, "nemotron_h": 3}
 PLAIN = {
     "qwen3_next": {},
     "qwen3_5": {},
@@ -126,7 +127,7 @@ def test_greedy_at_two_ranks_matches_one(name, tp2, checkpoints):
 
 @pytest.mark.parametrize(
     "name",
-    ["qwen3_next-mtp", "qwen3_5-mtp"]
+    ["qwen3_next-mtp", "qwen3_5-mtp", "nemotron_h-mtp"]
     + [
         f"{v}-{m}"
         for v in ("qwen3_next", "qwen3_5", "nemotron_h")

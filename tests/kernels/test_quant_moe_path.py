@@ -96,7 +96,7 @@ def nemotron_moe(scheme: QuantScheme, hidden: int = HIDDEN) -> NemotronHMoE:
     raw = dict(
         n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
         routed_scaling_factor=1.5, mlp_hidden_act="relu2", mlp_bias=False, moe_intermediate_size=INTER,
-        moe_shared_expert_intermediate_size=2 * INTER,
+        moe_shared_expert_intermediate_size=2 * INTER, moe_latent_size=None,
     )  # fmt: skip
     moe = NemotronHMoE(hidden, raw)
     randomise_routers(moe, seed=3)

@@ -35,6 +35,7 @@ from outpace.engine import decode_step
 from outpace.models.loader import load_model
 from outpace.speculative.drafters import draft_model as draft_proposer
 from outpace.speculative.drafters import mtp as mtp_proposer
+from outpace.validation import ConfigError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
@@ -150,6 +151,61 @@ class ReferenceMTP:
         return tokens
 
 
+class NemotronReferenceMTP(ReferenceMTP):
+    """Nemotron-H's MTP as vLLM's nemotron_h_mtp.py computes it: [enorm(embed) | hnorm(h)] through eh_proj, then
+    the mtp.layers.* blocks and final_layernorm, here transformers' NemotronHForCausalLM built with those blocks
+    (its norm_f the final_layernorm, its embeddings and head the target's) from the checkpoint's tensors."""
+
+    def __init__(self, hf, path):
+        import transformers
+
+        self.hf, self.tensors = hf, load_file(path / "model.safetensors")
+        self.eps = hf.config.layer_norm_epsilon
+        config = json.loads((path / "config.json").read_text())
+        kinds = hf.config.mtp_layers_block_type
+        last = f"mtp.layers.{len(kinds) - 1}.final_layernorm.weight"
+        state = {
+            "backbone.layers." + name.removeprefix("mtp.layers."): t
+            for name, t in self.tensors.items()
+            if name.startswith("mtp.layers.") and name.split(".")[3] in ("norm", "mixer")
+        }
+        state.update(
+            {
+                "backbone.norm_f.weight": self.tensors[last],
+                "backbone.embeddings.weight": self.tensors["backbone.embeddings.weight"],
+                "lm_head.weight": self.tensors["lm_head.weight"],
+            }
+        )
+        stack = path.parent / (path.name + "-mtp-reference")
+        stack.mkdir(exist_ok=True)
+        config.update(
+            layers_block_type=kinds, num_hidden_layers=len(kinds), num_nextn_predict_layers=0
+        )
+        config.pop("hybrid_override_pattern", None)
+        (stack / "config.json").write_text(json.dumps(config))
+        save_file(state, stack / "model.safetensors", metadata={"format": "pt"})
+        model = transformers.AutoModelForCausalLM.from_pretrained(stack, dtype=torch.float32)
+        self.layers = [model.eval().base_model]
+        self.final = last
+
+    def norm(self, x, name):
+        """NemotronHRMSNorm: x / rms(x) * w."""
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.tensors[name]
+
+    def step(self, k, next_ids, hidden, swap=False):
+        e = self.norm(self.hf.get_input_embeddings()(next_ids), "mtp.layers.0.enorm.weight")
+        h = self.norm(hidden, "mtp.layers.0.hnorm.weight")
+        x = (
+            torch.cat([h, e] if swap else [e, h], dim=-1)
+            @ self.tensors["mtp.layers.0.eh_proj.weight"].T
+        )
+        return self.layers[k](inputs_embeds=x[None], use_cache=False).last_hidden_state[0]
+
+
+def reference_mtp(variant, hf, path) -> ReferenceMTP:
+    return (NemotronReferenceMTP if variant.startswith("nemotron_h") else ReferenceMTP)(hf, path)
+
+
 def paged(fn, n):
     with forward_context(build_paged_metadata([[5, 2, 7]], [0], [n], 16, "cpu")):
         return fn()
@@ -160,7 +216,7 @@ def test_mtp_steps_match_the_reference(variant, mtp_targets):
     """One MTP step over a sequence (and with two layers, the chained second) equals vLLM/SGLang's semantics;
     the pre-norm target state, swapped fc halves or the target's final norm applied again do not."""
     hf, path = mtp_targets[variant]
-    ref, model = ReferenceMTP(hf, path), load_model(path, torch.float32)
+    ref, model = reference_mtp(variant, hf, path), load_model(path, torch.float32)
     assert model.config.num_nextn_predict_layers == MTP_LAYERS[variant]
     ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(2))
     n = ids.shape[0] - 1
@@ -215,7 +271,7 @@ def test_mtp_drafts_chained_over_steps_follow_the_reference(variant, mtp_targets
     layers chained) is the reference's greedy draft after the tokens committed then; output is lossless and
     some drafts are accepted (so rows were rolled back after rejections and kept after acceptances)."""
     hf, path = mtp_targets[variant]
-    ref, steps = ReferenceMTP(hf, path), 3 if MTP_LAYERS[variant] == 1 else 2
+    ref, steps = reference_mtp(variant, hf, path), 3 if MTP_LAYERS[variant] == 1 else 2
     plain = plain_outputs(path, PROMPTS)
     accepted = 0
     for prompt, expected in zip(PROMPTS, plain):
@@ -254,19 +310,42 @@ def test_target_without_mtp_layers_refuses_mtp(targets):
         LLM(str(targets["qwen3_next"]), speculative=SpeculativeConfig("mtp", num_steps=1))
 
 
-def test_nemotron_h_serves_without_its_mtp_layers_and_refuses_mtp_by_name(targets, tmp_path):
-    """Nemotron 3 Super's config counts MTP layers whose tensors (mtp.*) outpace does not implement: the target
-    serves its own tokens without them, and --method mtp says so instead of calling the count 0."""
-    path = shutil.copytree(targets["nemotron_h"], tmp_path / "nemotron_h")
+def _with_config(source, path, **fields):
+    """A copy of checkpoint ``source`` at ``path`` with config.json's ``fields`` set (None: removed)."""
+    path = shutil.copytree(source, path)
     config = json.loads((path / "config.json").read_text())
-    config.update(num_nextn_predict_layers=1, mtp_layers_block_type=["attention", "moe"])
+    config.update(fields)
+    config = {k: v for k, v in config.items() if v is not None}
     (path / "config.json").write_text(json.dumps(config))
-    tensors = load_file(path / "model.safetensors")
-    tensors["mtp.layers.0.norm.weight"] = torch.ones(config["hidden_size"])
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    assert plain_outputs(path, PROMPTS) == plain_outputs(targets["nemotron_h"], PROMPTS)
-    with pytest.raises(Exception, match=r"MTP layers \(mtp\.\*\) are not implemented.*= 1"):
-        LLM(str(path), speculative=SpeculativeConfig("mtp", num_steps=1))
+    return path
+
+
+def test_nemotron_h_mtp_in_the_published_config_forms(mtp_targets, targets, tmp_path):
+    """Nemotron 3 Super's config.json names its MTP blocks with the older ``mtp_hybrid_override_pattern`` ("*E")
+    or block types ("attention"): the same drafts. A checkpoint whose config counts no MTP layer skips the
+    mtp.* tensors it carries; an MTP stack outpace does not build is refused by name."""
+    hf, source = mtp_targets["nemotron_h"]
+    plain = plain_outputs(source, PROMPTS)
+    spec = SpeculativeConfig("mtp", num_steps=3)
+    expected = [o.token_ids for o in LLM(str(source), speculative=spec).generate(PROMPTS, GREEDY)]
+    assert expected == plain
+    for name, fields in {
+        "pattern": dict(mtp_layers_block_type=None, mtp_hybrid_override_pattern="*E"),
+        "legacy-names": dict(mtp_layers_block_type=["attention", "moe"]),
+    }.items():
+        path = _with_config(source, tmp_path / name, **fields)
+        llm = LLM(str(path), speculative=spec)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected, name
+    unused = _with_config(source, tmp_path / "no-mtp", num_nextn_predict_layers=0)
+    assert plain_outputs(unused, PROMPTS) == plain
+    with pytest.raises(Exception, match="num_nextn_predict_layers = 0"):
+        LLM(str(unused), speculative=spec)
+    for field, value in {
+        "num_nextn_predict_layers": 2,
+        "mtp_layers_block_type": ["full_attention", "linear_attention"],
+    }.items():
+        with pytest.raises(ConfigError, match=field):
+            LLM(str(_with_config(source, tmp_path / field, **{field: value})))
 
 
 # ---- EAGLE3, DFlash, standalone drafts ------------------------------------------------------------------------

@@ -62,10 +62,38 @@ class QwenMTP(nn.Module):
         return nn.ModuleList(QwenMTPStep(self, k) for k in range(len(self.layers)))
 
 
-class QwenMTPStep(nn.Module):
-    """MTP layer k with the shared fc and norms (module docstring)."""
+class NormedMTPStep(nn.Module):
+    """An MTP step whose output is already normed (Qwen3-Next / Qwen3.5 here, Nemotron-H in
+    models/drafts/nemotron_h_mtp.py): it reads the target's state after its final norm, the target's head reads
+    its output with no further norm, and a further step reads that output (the chained layout)."""
 
     chained_by_layout = True
+
+    def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's last pre-norm hidden states [n, hidden] -> after its final norm."""
+        return target.model.norm(hidden)
+
+    def embedding(self, target: nn.Module) -> nn.Module:
+        """The table ``embed`` reads (the target's)."""
+        return target.model.embed_tokens
+
+    def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+        return target.embed(token_ids)
+
+    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] (already normed) -> [n, vocab] float32."""
+        return target.lm_head(hidden).float()
+
+    def greedy_tokens(
+        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] (already normed) -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` (all
+        when None), without the logits where one launch gives it (layers/fused_decoder.py)."""
+        return head_argmax_tokens(target.lm_head, hidden, rows=rows)
+
+
+class QwenMTPStep(NormedMTPStep):
+    """MTP layer k with the shared fc and norms (module docstring)."""
 
     def __init__(self, mtp: QwenMTP, k: int) -> None:
         super().__init__()
@@ -95,25 +123,3 @@ class QwenMTPStep(nn.Module):
             self.pre_fc_norm_hidden,
         )  # [n, 2 * hidden]
         return self.norm(run_layer(self.layer, positions, self.fc(x), self.norm))
-
-    def target_state(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's last pre-norm hidden states [n, hidden] -> after its final norm."""
-        return target.model.norm(hidden)
-
-    def embedding(self, target: nn.Module) -> nn.Module:
-        """The table ``embed`` reads (the target's)."""
-        return target.model.embed_tokens
-
-    def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
-        return target.embed(token_ids)
-
-    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] (already normed) -> [n, vocab] float32."""
-        return target.lm_head(hidden).float()
-
-    def greedy_tokens(
-        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """[n, hidden] (already normed) -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` (all
-        when None), without the logits where one launch gives it (layers/fused_decoder.py)."""
-        return head_argmax_tokens(target.lm_head, hidden, rows=rows)

@@ -226,12 +226,10 @@ class MTPProposer(Proposer):
 
 
 def _why_none(target) -> str:
-    """Why a target serves without MTP layers: its architecture does not implement those its config counts
-    (``mtp_not_implemented``), its tensors hold none in the architecture's layout, or its config counts none."""
+    """Why a target serves without MTP layers: its tensors hold none in the architecture's layout where its
+    config counts some, or its config counts none."""
     cfg = target.config
     counted = cfg.raw.get("num_nextn_predict_layers") or 0
-    if counted and getattr(target, "mtp_not_implemented", None):
-        return f"{cfg.architecture}: {target.mtp_not_implemented} (num_nextn_predict_layers = {counted})"
     if counted:
         return (
             f"{cfg.architecture} checkpoint's config.json counts num_nextn_predict_layers = {counted} but its "
