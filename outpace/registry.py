@@ -13,8 +13,8 @@ MODELS = {
     "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     # Kimi-K2.5 / K2.6 (multimodal): their DeepSeek-V3 text model
-    "KimiK25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
-    "Kimi_K25ForConditionalGeneration": "outpace.models.deepseek:DeepseekForCausalLM",
+    "KimiK25ForConditionalGeneration": "outpace.models.deepseek:KimiK25ForCausalLM",
+    "Kimi_K25ForConditionalGeneration": "outpace.models.deepseek:KimiK25ForCausalLM",
     "Qwen2ForCausalLM": "outpace.models.qwen2:Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM": "outpace.models.qwen2_moe:Qwen2MoeForCausalLM",  # a gated shared expert
     # Qwen2-VL's and Qwen2.5-VL's checkpoints: their text models

@@ -52,16 +52,15 @@ from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.drafts.mtp import OwnHeadsMTPBlock
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.multimodal import llava_text_name, skip_towers
+from outpace.models.multimodal import TextOfMultimodal, llava_text_name
 from outpace.validation import ConfigFields, require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 # Kimi-K2.5 / K2.6's multimodal checkpoints (their hub name, and transformers' kimi_k25 class): a DeepSeek-V3 text
 # model (text_config model_type kimi_k2 or deepseek_v3) under ``language_model.`` (``language_model.model.*``,
 # ``language_model.lm_head``: the source patterns of transformers' conversion_mapping for kimi_k25) beside a
-# vision tower and its projector, which are skipped
+# vision tower and its projector, which are skipped (KimiK25ForCausalLM)
 KIMI_K25 = ("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration")
-KIMI_K25_PARTS = ("vision_tower", "mm_projector")
 
 
 def version(architecture: str) -> str:
@@ -457,11 +456,6 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
         tensor names, models/drafts/mtp.py has_own_mtp_heads); without them the model has none and its config
         says num_nextn_predict_layers 0."""
         super().__init__()
-        self.multimodal = cfg.architecture in KIMI_K25
-        if self.multimodal:
-            self.ignored_checkpoint_tensors = (
-                DeepseekForCausalLM.ignored_checkpoint_tensors + skip_towers(cfg, KIMI_K25_PARTS)
-            )
         ds = self.deepseek_config = DeepseekConfig.from_model_config(cfg)
         self.config = cfg if mtp_own_heads else dataclasses.replace(cfg, num_nextn_predict_layers=0)
         self.model = DeepseekModel(ds)
@@ -499,9 +493,12 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
     _model_output = LlamaForCausalLM._model_output
     compute_logits = LlamaForCausalLM.compute_logits
     greedy_tokens = LlamaForCausalLM.greedy_tokens
+    checkpoint_name = LlamaForCausalLM.checkpoint_name
 
-    def checkpoint_name(self, param_name: str) -> str:
-        """The Llama family's names (MTP layers after the decoder layers), under ``language_model.`` in a
-        multimodal Kimi-K2.5 checkpoint (``KIMI_K25``)."""
-        name = LlamaForCausalLM.checkpoint_name(self, param_name)
-        return llava_text_name(name) if self.multimodal else name
+
+class KimiK25ForCausalLM(TextOfMultimodal, DeepseekForCausalLM):
+    """A Kimi-K2.5 / K2.6 checkpoint's DeepSeek-V3 text model (``KIMI_K25``): its tensors under
+    ``language_model.``, the vision tower and the projector skipped."""
+
+    TOWERS = ("vision_tower", "mm_projector")
+    text_name = staticmethod(llava_text_name)
