@@ -39,8 +39,8 @@ MODELS = {
     "Qwen3_5ForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
     "Qwen3_5MoeForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",  # Qwen3.5's mixtures
     # the hub's Qwen3.5 checkpoints (multimodal): their text models
-    "Qwen3_5ForConditionalGeneration": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration": "outpace.models.qwen3_next:Qwen35TextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "outpace.models.qwen3_next:Qwen35TextForCausalLM",
     "NemotronHForCausalLM": "outpace.models.nemotron_h:NemotronHForCausalLM",
 }
 

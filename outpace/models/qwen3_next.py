@@ -89,7 +89,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.multimodal import nested_text_name, skip_towers
+from outpace.models.multimodal import TextOfMultimodal
 from outpace.validation import ConfigError, ConfigFields, require
 
 NEXT = "Qwen3NextForCausalLM"
@@ -516,9 +516,6 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
             raise ConfigError(
                 f"{cfg.architecture}: MTP layers in DeepSeek's layout are not implemented"
             )
-        # the hub's Qwen3.5 checkpoints are multimodal: the text model under model.language_model, the vision
-        # tower (model.visual) skipped; the head and the MTP layers at the top level as in the text model's
-        self.multimodal = cfg.architecture.endswith("ForConditionalGeneration")
         self.hybrid = Qwen3NextConfig.from_model_config(cfg)
         num_mtp = mtp_layer_count(cfg.raw)
         self.config = dataclasses.replace(cfg, num_nextn_predict_layers=num_mtp)
@@ -529,10 +526,8 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
             tied_to=self.model.embed_tokens if cfg.tie_word_embeddings else None,
         )
         self.aux_layer_ids: tuple[int, ...] = ()
-        self.ignored_checkpoint_tensors = (
-            (r"\.rotary_emb\.inv_freq$",)
-            + (() if num_mtp else (r"^mtp\.",))
-            + (skip_towers(cfg, ("model.visual",)) if self.multimodal else ())
+        self.ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",) + (
+            () if num_mtp else (r"^mtp\.",)
         )
         if (
             num_mtp
@@ -566,12 +561,16 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
 
-    def checkpoint_name(self, param_name: str) -> str:
-        """A multimodal checkpoint's text model sits under ``model.language_model.`` (module docstring)."""
-        return nested_text_name(param_name) if self.multimodal else param_name
-
     # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)
     greedy_tokens = LlamaForCausalLM.greedy_tokens
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     embed = LlamaForCausalLM.embed
     _model_output = LlamaForCausalLM._model_output
+
+
+class Qwen35TextForCausalLM(TextOfMultimodal, Qwen3NextForCausalLM):
+    """The text model of the hub's Qwen3.5 checkpoints, which are multimodal (Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForConditionalGeneration): the decoder under ``model.language_model.``, the head and the MTP layers
+    at the top level as in the text model's own checkpoint, the vision tower (``model.visual``) skipped."""
+
+    TOWERS = ("model.visual",)

@@ -41,6 +41,6 @@ def save_with_mtp(variant: str, path, num_layers: int, seed: int = 1):
             value = torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.08)
             if nemotron and "norm" in name:
                 value += 1
-            tensors[model.checkpoint_name(name)] = value
+            tensors[getattr(model, "checkpoint_name", str)(name)] = value
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return hf, path
