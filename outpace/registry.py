@@ -30,10 +30,10 @@ MODELS = {
     "Gemma3ForCausalLM": "outpace.models.gemma:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "outpace.models.gemma:Gemma3ForCausalLM",  # its text model
     "Gemma4ForCausalLM": "outpace.models.gemma4:Gemma4ForCausalLM",
-    "Gemma4ForConditionalGeneration": "outpace.models.gemma4:Gemma4ForCausalLM",  # its text model
+    "Gemma4ForConditionalGeneration": "outpace.models.gemma4:Gemma4TextForCausalLM",  # its text model
     # Gemma 4's dense "unified" models (gemma-4-12B): no per-layer embeddings, no MoE block
     "Gemma4UnifiedForCausalLM": "outpace.models.gemma4:Gemma4UnifiedForCausalLM",
-    "Gemma4UnifiedForConditionalGeneration": "outpace.models.gemma4:Gemma4UnifiedForCausalLM",
+    "Gemma4UnifiedForConditionalGeneration": "outpace.models.gemma4:Gemma4UnifiedTextForCausalLM",
     # hybrids: gated DeltaNet / Mamba2 layers with a recurrent state per request
     "Qwen3NextForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",
     "Qwen3_5ForCausalLM": "outpace.models.qwen3_next:Qwen3NextForCausalLM",

@@ -75,7 +75,7 @@ from outpace.models.gemma import (
     refuse,
 )
 from outpace.models.llama import ModelOutput
-from outpace.models.multimodal import nested_text_name, skip_towers
+from outpace.models.multimodal import TextOfMultimodal
 from outpace.validation import ConfigFields
 
 ROPE_TYPES = ("default", "proportional")
@@ -523,8 +523,6 @@ class Gemma4Model(nn.Module):
 
 class Gemma4ForCausalLM(GemmaForCausalLMBase):
     DEFAULT_WINDOW = 512  # Gemma4TextConfig's sliding_window
-    # what a Gemma4ForConditionalGeneration checkpoint holds beside its language model (transformers Gemma4Model)
-    MULTIMODAL_PARTS = ("vision_tower", "embed_vision", "audio_tower", "embed_audio")
 
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
@@ -534,12 +532,6 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         super().__init__(cfg, mtp_own_heads, Gemma4Config.from_model_config(cfg), Gemma4Model)
-        self.multimodal = cfg.architecture.endswith("ForConditionalGeneration")
-        self.ignored_checkpoint_tensors = (
-            skip_towers(cfg, tuple(f"model.{p}" for p in self.MULTIMODAL_PARTS))
-            if self.multimodal
-            else ()
-        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
         """input_ids, positions [num_tokens] -> the last layer's output [num_tokens, hidden], before the final norm."""
@@ -558,16 +550,27 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
             )
         return self._model_output(h if isinstance(h, torch.Tensor) else h.stream, captured)
 
-    def checkpoint_name(self, param_name: str) -> str:
-        """A Gemma4(Unified)ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.``
-        (its head, when not tied, stays ``lm_head.weight``), as transformers' save_pretrained writes it."""
-        return nested_text_name(param_name) if self.multimodal else param_name
-
 
 class Gemma4UnifiedForCausalLM(Gemma4ForCausalLM):
     """Gemma 4's dense unified text model (module docstring)."""
 
     DEFAULT_WINDOW = 1024  # Gemma4UnifiedTextConfig's sliding_window
-    # beside the language model, no towers: the vision and audio embedders (transformers Gemma4UnifiedModel; its
-    # save_pretrained writes the vision embedder's patch layers as vision_embedder)
-    MULTIMODAL_PARTS = ("embed_vision", "vision_embedder", "embed_audio")
+
+
+# A Gemma4(Unified)ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.`` (its
+# head, when not tied, stays ``lm_head.weight``), as transformers' save_pretrained writes it.
+class Gemma4TextForCausalLM(TextOfMultimodal, Gemma4ForCausalLM):
+    """A Gemma4ForConditionalGeneration checkpoint's text model; what it holds beside (transformers Gemma4Model)
+    skipped."""
+
+    TOWERS = tuple(
+        f"model.{p}" for p in ("vision_tower", "embed_vision", "audio_tower", "embed_audio")
+    )
+
+
+class Gemma4UnifiedTextForCausalLM(TextOfMultimodal, Gemma4UnifiedForCausalLM):
+    """A Gemma4UnifiedForConditionalGeneration checkpoint's text model; beside it no towers, the vision and audio
+    embedders (transformers Gemma4UnifiedModel; its save_pretrained writes the vision embedder's patch layers as
+    vision_embedder), skipped."""
+
+    TOWERS = tuple(f"model.{p}" for p in ("embed_vision", "vision_embedder", "embed_audio"))
