@@ -183,6 +183,9 @@ class EngineConfig:
     # rank, its rows split under TP), tensor_parallel_size (EP = TP, vLLM's --enable-expert-parallel), or any
     # size with tensor_parallel_size 1 (attention and dense layers whole on every rank).
     expert_parallel_size: int = 1
+    # Seconds a collective of several ranks waits for a rank that hangs before the engine stops naming it
+    # (SGLang's --dist-timeout); a follower idle between steps waits for rank 0's next one without limit.
+    dist_timeout: float = 300.0
 
     @property
     def world_size(self) -> int:
@@ -283,6 +286,15 @@ class EngineConfig:
         )
         require_positive_int(o, "tensor_parallel_size", self.tensor_parallel_size)
         require_positive_int(o, "expert_parallel_size", self.expert_parallel_size)
+        require(
+            o,
+            "dist_timeout",
+            self.dist_timeout,
+            isinstance(self.dist_timeout, (int, float))
+            and not isinstance(self.dist_timeout, bool)
+            and self.dist_timeout > 0,
+            "a positive number of seconds",
+        )
         tp, ep = self.tensor_parallel_size, self.expert_parallel_size
         require(
             o,

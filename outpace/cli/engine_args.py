@@ -115,6 +115,14 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         action="store_true",
         help="vLLM's flag: expert parallelism over the tensor-parallel ranks (EP = TP)",
     )
+    p.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="with several ranks: how long a collective waits for a rank that hangs before the engine "
+        "stops, naming it (default 300)",
+    )
     add_speculative_args(p)
 
 
@@ -158,6 +166,7 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
         expert_parallel_size=a.tensor_parallel_size
         if a.enable_expert_parallel
         else a.expert_parallel_size,
+        dist_timeout=a.dist_timeout,
     )
     if speculative:
         kwargs["speculative"] = speculative_config(a)

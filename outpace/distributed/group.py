@@ -47,6 +47,8 @@ class RankGroup:
     expert_parallel: bool = False  # the routed experts placed whole on its ranks
     # the small all-reduces' symmetric-memory path (distributed/symmetric_all_reduce.py), None: NCCL only
     symmetric: object = None
+    # how long a collective waits for a rank that hangs (init_rank_group's ``timeout_s``)
+    timeout: datetime.timedelta = datetime.timedelta(seconds=300)
 
     @property
     def is_driver(self) -> bool:
@@ -122,8 +124,9 @@ def init_rank_group(
             f"{dist.get_world_size()} (torchrun's --nnodes x --nproc-per-node must equal it)"
         )
     # NOTE: ranks > 0 wait on the CPU group for rank 0's next step however long the engine idles (a
-    # server between requests), so its timeout is long; a rank that dies still fails it at once, gloo
-    # noticing the closed connection.
+    # server between requests), so its timeout is long; a rank that dies usually fails it at once, gloo
+    # noticing the closed connection, and rank 0 bounds its own side by ``timeout``
+    # (collectives.py ``broadcast_from_driver``).
     cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return RankGroup(
         dist.get_rank(),
@@ -131,6 +134,7 @@ def init_rank_group(
         dist.group.WORLD,
         cpu_group,
         symmetric=symmetric_path(cpu_group) if on_gpu else None,
+        timeout=timeout,
     )
 
 

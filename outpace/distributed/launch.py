@@ -31,11 +31,13 @@ from datetime import timedelta
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from outpace.config import EngineConfig
 from outpace.distributed.agreement import agree_on_config
 from outpace.distributed.group import SINGLE, RankGroup, init_rank_group, with_parts
 from outpace.distributed.process_exit import launched_by_torchrun, leave_process
 
-COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives wait at most this long for a rank that hangs
+# how long the trainer's collectives wait for a rank that hangs (an engine's: its config's dist_timeout)
+COLLECTIVE_TIMEOUT_S = EngineConfig.dist_timeout
 LOST_RANK_WAIT_S = (
     5.0  # after a collective failed, how long the survivors wait to hear from each other
 )
@@ -211,7 +213,7 @@ def join_group(config) -> Ranks:
     sets it up, unless the caller already did), for an engine of ``config``."""
     owns = not dist.is_initialized()
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    group = init_rank_group(config.world_size, rank, config.device, timeout_s=COLLECTIVE_TIMEOUT_S)
+    group = init_rank_group(config.world_size, rank, config.device, timeout_s=config.dist_timeout)
     return Ranks(engine_group(config, group), owns_group=owns)
 
 
@@ -267,7 +269,7 @@ def _start_ranks(config) -> Ranks:
     ranks = Ranks(processes=processes, owns_group=True)
     try:
         group = init_rank_group(
-            config.world_size, 0, config.device, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
+            config.world_size, 0, config.device, init_method, timeout_s=config.dist_timeout
         )
         ranks.group = engine_group(config, group)
     except BaseException:
@@ -282,7 +284,7 @@ def _rank_main(config, rank: int, init_method: str) -> None:
     group = None
     try:
         group = init_rank_group(
-            config.world_size, rank, config.device, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
+            config.world_size, rank, config.device, init_method, timeout_s=config.dist_timeout
         )
         group = engine_group(config, group)
         follow(config, group)
