@@ -449,3 +449,42 @@ def test_a_quantized_kv_b_proj_is_dequantized_once_at_load(deepseek_mtp, tmp_pat
         s = layer.shape
         assert w_uk.shape == (s.num_heads, s.qk_nope_head_dim, s.kv_lora_rank)
         assert w_uv.shape == (s.num_heads, s.v_head_dim, s.kv_lora_rank)
+
+
+@pytest.mark.parametrize("mtp", ["fp8", "excluded"])
+def test_nemotron_h_modelopt_fp8_with_its_mtp_stack(mtp, tmp_path):
+    """Nemotron 3 Super's FP8 layout (ModelOpt) with its MTP stack: the stack's projections stored FP8 like the
+    decoder's, eh_proj included (vLLM nemotron_h_mtp.py builds eh_proj with the checkpoint's quant_config), or
+    kept high precision by an ``exclude_modules`` wildcard on ``mtp.*``. The MTP over the quantized target is
+    lossless, and drafts what the dequantized twin's MTP drafts (its acceptance is the twin's, draft for
+    draft)."""
+    from helpers.hybrid_drafting import MTP_LAYERS, PROMPTS, save_with_mtp
+    from helpers.quantized_checkpoints import modelopt_config
+
+    _, src = save_with_mtp("nemotron_h", tmp_path / "bf16", MTP_LAYERS["nemotron_h"])
+    in_mtp = lambda n: n.startswith("mtp.")  # noqa: E731
+    quantize = (
+        (lambda n: is_projection(n) or in_mtp(n) and n.endswith("eh_proj.weight"))
+        if mtp == "fp8"
+        else (lambda n: is_projection(n) and not in_mtp(n))
+    )
+    exclude = ["lm_head"] + (["mtp.*"] if mtp == "excluded" else [])
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_tensor", quantize, modelopt_config(exclude)
+    )
+    names = quantized_modules(load_model(q_dir, torch.float32))
+    in_stack = [n for n in names if n.startswith("mtp")]
+    if mtp == "fp8":
+        assert any("eh_proj" in n for n in in_stack) and any("experts" in n for n in in_stack)
+    else:
+        assert not in_stack and names
+    params = GREEDY.replace(max_tokens=20)
+    spec = SpeculativeConfig("mtp", num_steps=2)
+    plain = [o.token_ids for o in LLM(str(q_dir), block_size=4).generate(PROMPTS, params)]
+    runs = {
+        d: LLM(str(d), block_size=4, speculative=spec).generate(PROMPTS, params)
+        for d in (q_dir, ref_dir)
+    }
+    assert [o.token_ids for o in runs[q_dir]] == plain
+    accepted = {d: [o.spec_metrics.num_accepted_drafts for o in outs] for d, outs in runs.items()}
+    assert accepted[q_dir] == accepted[ref_dir] and sum(accepted[q_dir]) > 0

@@ -94,11 +94,20 @@ def quantize_modules(
         if id(module) not in replaced:
             make = QuantizedStackedWeight if stacked else quantized_like
             replaced[id(module)] = make(module, fmt, scale[0], prefix, device)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, replaced[id(module)])
         quantized_prefixes.add(prefix)
+    _replace_everywhere(model, replaced)
     _refuse_unclaimed(tensors, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
     return len(replaced)
+
+
+def _replace_everywhere(model: nn.Module, replaced: dict[int, nn.Module]) -> None:
+    """Put each replacement (by the id of the module it replaces) under every name that module has: a module
+    held twice (Nemotron-H's MTP stack and its draft step share ``eh_proj``: models/drafts/nemotron_h_mtp.py)
+    has only one name that is a checkpoint's, and its other name must not keep the unquantized module."""
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if id(module) in replaced:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, replaced[id(module)])
 
 
 def held_elsewhere(model: nn.Module, to_ckpt: Callable[[str], str]) -> set[str]:
@@ -221,8 +230,7 @@ def quantize_dummy_modules(
             scale_dtype = _DUMMY_SCALE_DTYPES.get(scheme.method, torch.float32)
             make = QuantizedStackedWeight if stacked else quantized_like
             replaced[id(module)] = make(module, fmt, scale_dtype, prefix, device)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, replaced[id(module)])
+    _replace_everywhere(model, replaced)
     return len(replaced)
 
 
