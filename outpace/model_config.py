@@ -49,6 +49,9 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
+    # Ministral 3's query temperature (rope_parameters' llama_4_scaling_beta, original_max_position_embeddings):
+    # layers/rotary.py ``query_scales``; None without it
+    query_scaling: tuple[float, int] | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # biases on q_proj, k_proj, v_proj
     attention_out_bias: bool = False  # a bias on o_proj
@@ -241,6 +244,16 @@ def _rope_scaling(fields: ConfigFields) -> dict | None:
     return None if kind == "default" else params.data
 
 
+def _query_scaling(fields: ConfigFields) -> tuple[float, int] | None:
+    """rope_parameters' ``llama_4_scaling_beta`` and the ``original_max_position_embeddings`` that
+    transformers' Ministral3Attention divides positions by; None where the config has no beta."""
+    params = _rope_parameters(fields)
+    if params is None or params.get("llama_4_scaling_beta") is None:
+        return None
+    beta = float(params.number("llama_4_scaling_beta"))
+    return beta, params.integer("original_max_position_embeddings", minimum=1)
+
+
 def _eos_token_ids(fields: ConfigFields) -> tuple[int, ...]:
     eos = fields.get("eos_token_id")
     if eos is None or isinstance(eos, list):
@@ -270,6 +283,7 @@ COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
     "rms_norm_eps": lambda f, _: float(f.number("rms_norm_eps", 1e-6, positive=True)),
     "rope_theta": lambda f, _: _rope_theta(f),
     "rope_scaling": lambda f, _: _rope_scaling(f),
+    "query_scaling": lambda f, _: _query_scaling(f),
     "tie_word_embeddings": lambda f, _: f.boolean("tie_word_embeddings", False),
     "hidden_act": lambda f, _: f.string("hidden_act", "silu"),
     "torch_dtype": lambda f, _: _torch_dtype(f),
@@ -292,6 +306,14 @@ def _refuse_unimplemented(family: type, arch: str, fields: ConfigFields) -> None
             factor,
             factor == 1.0 or family.partial_rotary,
             f"1.0 (partial rotary embeddings are not implemented for {arch})",
+        )
+        beta = None if rope is None else rope.get("llama_4_scaling_beta")
+        require(
+            "ModelConfig",
+            f"{key}.llama_4_scaling_beta",
+            beta,
+            beta is None or family.query_scaling,
+            f"absent (Ministral 3's query scaling is not implemented for {arch})",
         )
 
 

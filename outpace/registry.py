@@ -8,6 +8,7 @@ from typing import Any
 MODELS = {
     "LlamaForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "outpace.models.mistral:MistralForCausalLM",
+    "Ministral3ForCausalLM": "outpace.models.mistral:MistralForCausalLM",  # + query scaling by position
     "Mistral3ForConditionalGeneration": "outpace.models.mistral:Mistral3TextForCausalLM",  # its text model
     # multi-head latent attention, mixture of experts
     "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",

@@ -185,11 +185,12 @@ def reduce_add_normalised(
 def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
     """Whether one fused kernel projects x [num_tokens, in] to q/k/v and writes k and v into a cache:
     few half-precision rows on the GPU, packed q/k/v without bias, per-head q/k norms (if any) over a
-    power-of-two head_dim."""
+    power-of-two head_dim, and a RoPE that is its tables alone (no query scale: layers/rotary.py)."""
     head_dim = attn.cfg.head_dim
     return (
         attn.qkv is not None
         and attn.qkv.bias is None
+        and attn.rotary.query_scale is None
         and ends_block(attn.o_proj)
         and fused_weight(attn.o_proj) is not None
         and fusable_rows(x, attn.qkv.weight)

@@ -94,6 +94,13 @@ def rope_attention_factor(scaling: dict | None) -> float:
 POSITIONS_PAST_CONTEXT = 64
 
 
+def query_scales(positions: torch.Tensor, beta: float, original_length: int) -> torch.Tensor:
+    """Ministral 3's query temperature by position (transformers ministral3 ``get_llama_4_attn_scale``, from
+    Llama 4): 1 + beta * ln(1 + floor(position / original_length)), original_length rope_parameters'
+    ``original_max_position_embeddings``; 1 below it. positions [n] float32 -> [n] float32."""
+    return 1 + beta * torch.log(1 + torch.floor(positions / original_length))
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at arbitrary (e.g. tree-depth) positions from a cached table."""
 
@@ -104,11 +111,13 @@ class RotaryEmbedding(nn.Module):
         theta: float,
         scaling: dict | None = None,
         interleaved: bool = False,
+        query_scaling: tuple[float, int] | None = None,
     ) -> None:
         """``interleaved``: dimension pairs (0, 1), (2, 3), ... rotate together (DeepSeek's layout,
         transformers apply_rotary_pos_emb_interleave); the rotated result comes out in the halves layout
         (even dimensions, then odd ones), as transformers' does: q.k is the same under any permutation
-        applied to both."""
+        applied to both. ``query_scaling`` (beta, original length): the rotated q is also multiplied by
+        ``query_scales`` at its position (Ministral 3's ``llama_4_scaling_beta``)."""
         super().__init__()
         inv_freq = _inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_positions + POSITIONS_PAST_CONTEXT, dtype=torch.float32)
@@ -117,6 +126,10 @@ class RotaryEmbedding(nn.Module):
         # [max_positions + POSITIONS_PAST_CONTEXT, head_dim // 2]
         self.register_buffer("cos", angles.cos() * factor, persistent=False)
         self.register_buffer("sin", angles.sin() * factor, persistent=False)
+        # [max_positions + POSITIONS_PAST_CONTEXT] or None; the fused q/k/v kernels rotate q by the tables
+        # alone, so layers/fused_decoder.py ``projects_fused`` leaves a layer with it to this module
+        query_scale = None if query_scaling is None else query_scales(positions, *query_scaling)
+        self.register_buffer("query_scale", query_scale, persistent=False)
         self.interleaved = interleaved
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
@@ -132,7 +145,10 @@ class RotaryEmbedding(nn.Module):
             from outpace.layers.fused_kernels import rotary_triton as rotary
         else:
             rotary = rotary_torch
-        return rotary(positions, q, k, self.cos, self.sin)
+        q, k = rotary(positions, q, k, self.cos, self.sin)
+        if self.query_scale is not None:  # (the rotated q in its dtype, as transformers')
+            q = q * self.query_scale.index_select(0, positions)[:, None, None].to(q.dtype)
+        return q, k
 
 
 def rotary_torch(

@@ -57,7 +57,11 @@ class ModelOutput:
 
 def build_rotary(cfg: ModelConfig) -> RotaryEmbedding:
     return RotaryEmbedding(
-        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        cfg.head_dim,
+        cfg.max_position_embeddings,
+        cfg.rope_theta,
+        cfg.rope_scaling,
+        query_scaling=cfg.query_scaling,
     )
 
 

@@ -1,5 +1,7 @@
-"""MistralForCausalLM: the Llama family's layers (models/llama.py) without biases, every layer sliding; and the text
-model of a Mistral3ForConditionalGeneration checkpoint (Mistral-Small-3.1 / 3.2, Magistral-Small, Devstral-Small)."""
+"""MistralForCausalLM: the Llama family's layers (models/llama.py) without biases, every layer sliding; Ministral 3's
+text model (Ministral3ForCausalLM); and the text model of a Mistral3ForConditionalGeneration checkpoint (Mistral-Small-3.1
+/ 3.2, Magistral-Small, Devstral-Small, whose text model is Mistral's, and the Ministral 3 releases, whose text model
+is Ministral 3's)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,21 @@ from outpace.validation import ConfigFields
 
 
 class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral's text models, and Ministral 3's (transformers' ministral3: Mistral's layers with the query
+    scaled by position, ``llama_4_scaling_beta``, which the Llama family's rotary applies)."""
+
+    query_scaling = True
+
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         return {}  # MistralAttention and MistralMLP have no biases
 
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
-        # transformers MistralConfig: sliding_window defaults to 4096; MistralAttention applies it to
-        # every layer (None: full attention).
-        return empty_if_all_full((cfg.optional_integer("sliding_window", 4096),) * num_layers)
+        # transformers MistralConfig: sliding_window defaults to 4096, Ministral3Config's to None;
+        # their attention applies it to every layer (None: full attention).
+        default = None if cfg.get("model_type") == "ministral3" else 4096
+        return empty_if_all_full((cfg.optional_integer("sliding_window", default),) * num_layers)
 
 
 class Mistral3TextForCausalLM(TextOfMultimodal, MistralForCausalLM):

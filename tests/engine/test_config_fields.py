@@ -19,7 +19,13 @@ from outpace.validation import ConfigError
 
 # The Llama family's classes (models/llama.py); other families walk their own config classes in their
 # own tests (tests/models/test_gemma.py).
-LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+LLAMA_FAMILY = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Ministral3ForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 CLASSES = {arch: arch.replace("ForCausalLM", "Config") for arch in LLAMA_FAMILY}
 
 # Fields that do not change what inference computes, and why.
@@ -27,12 +33,16 @@ IRRELEVANT = COMMON_IRRELEVANT | {
     "pretraining_tp",  # not read by transformers 5's LlamaModel
 }
 
-N = 32  # layers of every default config
+N = 32  # layers of every config walked
 
 # field -> (another value, or a function of the architecture giving one; other changes that let the
 # field matter): from_dict must then differ.
 IMPLEMENTED = {
-    "architectures": (lambda arch: [a for a in LLAMA_FAMILY if a != arch][:1], {}),
+    # (Ministral 3's default rope_parameters carry llama_4_scaling_beta, which only the Mistral classes read)
+    "architectures": (
+        lambda arch: ["MistralForCausalLM" if arch != "MistralForCausalLM" else "LlamaForCausalLM"],
+        {},
+    ),
     "vocab_size": (100, {}),
     "hidden_size": (2048, {}),
     "intermediate_size": (100, {}),
@@ -42,7 +52,7 @@ IMPLEMENTED = {
     "head_dim": (64, {}),
     "hidden_act": ("gelu", {}),
     "max_position_embeddings": (1024, {}),
-    "rms_norm_eps": (1e-5, {}),
+    "rms_norm_eps": (3e-5, {}),
     "tie_word_embeddings": (True, {}),
     "rope_parameters": ({"rope_theta": 5e5, "rope_type": "default"}, {}),
     "eos_token_id": (7, {}),
@@ -69,7 +79,8 @@ IMPLEMENTED = {
 
 
 def default_dict(arch: str) -> dict:
-    return {**getattr(transformers, CLASSES[arch])().to_dict(), "architectures": [arch]}
+    config = getattr(transformers, CLASSES[arch])(num_hidden_layers=N)  # (Ministral 3's default: 34)
+    return {**config.to_dict(), "architectures": [arch]}
 
 
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
@@ -204,6 +215,7 @@ def test_layer_windows_follow_transformers(arch):
         ],
     }
     settings["Qwen3ForCausalLM"] = settings["Qwen2ForCausalLM"]
+    settings["Ministral3ForCausalLM"] = settings["MistralForCausalLM"]
     for extra in settings[arch]:
         hf_cfg = getattr(transformers, CLASSES[arch])(**small, **extra)
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)

@@ -27,6 +27,30 @@ QWEN2_MOE = dict(
     shared_expert_intermediate_size=24,
 )
 
+PIXTRAL = dict(  # a tiny Pixtral vision tower (Mistral 3's)
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=32,
+    patch_size=8,
+    head_dim=8,
+)
+
+# Ministral 3's RoPE (transformers Ministral3Config's defaults) with the query scaling's step shortened from
+# 16384 positions to 8 and its beta raised from 0.1, so that the tests' positions cross several steps
+MINISTRAL3_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 1e6,
+    "factor": 16.0,
+    "original_max_position_embeddings": 8,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "llama_4_scaling_beta": 0.5,
+}
+
 # architecture -> (transformers config class, extra config)
 VARIANTS = {
     "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
@@ -126,15 +150,22 @@ VARIANTS = {
         "Mistral3Config",
         dict(
             text_config=dict(tie_word_embeddings=False, sliding_window=None, model_type="mistral"),
-            vision_config=dict(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=32,
-                patch_size=8,
-                head_dim=8,
+            vision_config=PIXTRAL,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "ministral3": (
+        "Ministral3Config",
+        dict(tie_word_embeddings=False, rope_parameters=MINISTRAL3_ROPE),
+    ),
+    # the Ministral 3 releases: a Ministral 3 text model beside a Pixtral tower
+    "ministral3-multimodal": (
+        "Mistral3Config",
+        dict(
+            text_config=dict(
+                tie_word_embeddings=False, model_type="ministral3", rope_parameters=MINISTRAL3_ROPE
             ),
+            vision_config=PIXTRAL,
             tie_word_embeddings=False,
         ),
     ),

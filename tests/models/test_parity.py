@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from helpers.hf_models import SMALL as SMALL_FIELDS
 from helpers.hf_models import VARIANTS, paged_prefill_error
 from outpace import LLM, SamplingParams
 
@@ -71,3 +72,52 @@ def test_qwen2_moe_windows_without_layer_types_follow_transformers():
     assert "full_attention" in types and "sliding_attention" in types
     expected = tuple(8 if t == "sliding_attention" else None for t in types)
     assert ModelConfig.from_dict(written).layer_windows == expected
+
+
+def test_ministral3_scales_each_query_by_its_position(tmp_path):
+    """Ministral 3's ``llama_4_scaling_beta``: q times 1 + beta ln(1 + floor(position / original length)). With
+    q_proj sharpened so that the attention's temperature shows (without the scaling, transformers' own logits
+    move by more than 1%), prefill logits and greedy tokens, decode steps past several of the scale's steps
+    included, equal transformers'."""
+    import copy
+
+    from helpers.hf_models import make_hf_model, save_hf_model
+
+    hf = make_hf_model("ministral3")
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+    path = save_hf_model(hf, tmp_path / "ministral3")
+    vocab = hf.config.vocab_size
+    unscaled = copy.deepcopy(hf)
+    unscaled.config.rope_parameters["llama_4_scaling_beta"] = 0.0
+    ids = torch.arange(40)[None] * 5 % vocab
+    with torch.no_grad():
+        logits, without = hf(ids).logits, unscaled(ids).logits
+    assert ((logits - without).norm() / logits.norm()).item() > 1e-2
+    assert paged_prefill_error(hf, path, vocab) < 1e-4
+    prompt = [3, 17, 99, 150, 8, 42, 7]
+    with torch.no_grad():
+        ref = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
+            eos_token_id=None, pad_token_id=0,
+        )[0, len(prompt) :].tolist()  # fmt: skip
+    out = LLM(str(path), block_size=4, num_kv_blocks=64).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    )[0]
+    assert out.token_ids == ref
+
+
+def test_ministral3_text_configs_default_to_full_attention():
+    """Ministral3Config's sliding_window defaults to None where MistralConfig's is 4096: a Ministral 3 text config
+    without the field has no window; a family without the query scaling refuses its beta by name."""
+    from outpace.model_config import ModelConfig
+    from outpace.validation import ConfigError
+
+    text = dict(VARIANTS["ministral3"][1], **SMALL_FIELDS, model_type="ministral3")
+    ours = ModelConfig.from_dict({**text, "architectures": ["Ministral3ForCausalLM"]})
+    assert ours.layer_windows == () and ours.query_scaling == (0.5, 8)
+    mistral = ModelConfig.from_dict({**SMALL_FIELDS, "architectures": ["MistralForCausalLM"]})
+    assert mistral.layer_windows == (4096,) * SMALL_FIELDS["num_hidden_layers"]
+    with pytest.raises(ConfigError, match="rope_parameters.llama_4_scaling_beta"):
+        ModelConfig.from_dict({**text, "architectures": ["Qwen3ForCausalLM"]})
