@@ -1,7 +1,18 @@
 """The families' config-field walks (tests/engine/test_config_fields.py, tests/models/test_gemma.py,
 test_deepseek.py, test_qwen3_moe.py): every field of a transformers config class is implemented, irrelevant to
 inference, or refused by name. What every such class inherits from transformers' PreTrainedConfig and its
-common text-model fields, where they do not change what inference computes, and why."""
+common text-model fields, where they do not change what inference computes, and why; and ``built``, what a config
+builds, for walks that compare models rather than parsed configs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from outpace.model_config import ModelConfig
+from outpace.registry import model_class
 
 COMMON_IRRELEVANT = {
     "transformers_version",
@@ -21,3 +32,32 @@ COMMON_IRRELEVANT = {
     "pad_token_id",
     "bos_token_id",  # the tokenizer's business
 }
+
+
+def _plain(value):
+    """A module attribute as the description keeps it: a callable by name, a value by its repr; None for
+    tensors, modules and objects whose repr is their address."""
+    if isinstance(value, (torch.Tensor, nn.Module)):
+        return None
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
+    text = repr(value)
+    return None if " at 0x" in text else text
+
+
+def built(cfg: dict) -> tuple:
+    """What ``cfg`` builds: its ModelConfig (without the raw dict) and the model on the meta device, described."""
+    model_cfg = ModelConfig.from_dict(cfg)
+    with torch.device("meta"):
+        model = model_class(model_cfg.architecture)(model_cfg)
+    tensors = tuple(
+        (name, tuple(t.shape), t.dtype)
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+    )
+    attributes = tuple(
+        (name, type(module).__name__, key, _plain(value))
+        for name, module in model.named_modules()
+        for key, value in sorted(vars(module).items())
+        if not key.startswith("_") and key != "training" and _plain(value) is not None
+    )
+    return dataclasses.replace(model_cfg, raw={}), tensors, attributes

@@ -9,16 +9,10 @@ value changing that description, "irrelevant" by it not changing."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-import torch
 import transformers
-from torch import nn
 
-from helpers.config_walk import COMMON_IRRELEVANT
-from outpace.model_config import ModelConfig
-from outpace.registry import model_class
+from helpers.config_walk import COMMON_IRRELEVANT, built
 from outpace.validation import ConfigError
 
 SIZES = dict(
@@ -66,35 +60,6 @@ CONFIGS = {
 def base_config(arch: str) -> dict:
     cls, sizes = CONFIGS[arch]
     return {**cls(**sizes).to_dict(), "architectures": [arch]}
-
-
-def _plain(value):
-    """A module attribute as the description keeps it: a callable by name, a value by its repr; None for
-    tensors, modules and objects whose repr is their address."""
-    if isinstance(value, (torch.Tensor, nn.Module)):
-        return None
-    if callable(value) and hasattr(value, "__name__"):
-        return value.__name__
-    text = repr(value)
-    return None if " at 0x" in text else text
-
-
-def built(cfg: dict) -> tuple:
-    """What ``cfg`` builds: its ModelConfig (without the raw dict) and the model on the meta device, described."""
-    model_cfg = ModelConfig.from_dict(cfg)
-    with torch.device("meta"):
-        model = model_class(model_cfg.architecture)(model_cfg)
-    tensors = tuple(
-        (name, tuple(t.shape), t.dtype)
-        for name, t in [*model.named_parameters(), *model.named_buffers()]
-    )
-    attributes = tuple(
-        (name, type(module).__name__, key, _plain(value))
-        for name, module in model.named_modules()
-        for key, value in sorted(vars(module).items())
-        if not key.startswith("_") and key != "training" and _plain(value) is not None
-    )
-    return dataclasses.replace(model_cfg, raw={}), tensors, attributes
 
 
 # Fields that do not change what inference computes, and why.
