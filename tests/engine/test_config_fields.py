@@ -79,7 +79,8 @@ IMPLEMENTED = {
 
 
 def default_dict(arch: str) -> dict:
-    config = getattr(transformers, CLASSES[arch])(num_hidden_layers=N)  # (Ministral 3's default: 34)
+    # (N layers: Ministral 3's default has 34)
+    config = getattr(transformers, CLASSES[arch])(num_hidden_layers=N)
     return {**config.to_dict(), "architectures": [arch]}
 
 
