@@ -66,6 +66,17 @@ def int4_config(group: int = 8, ignore=()) -> dict:
     }
 
 
+def per_tensor_fp8_config(activation_scheme: str = "static", not_converted=()) -> dict:
+    """``quant_method: fp8`` without blocks, as Mistral's FP8 releases write it (transformers' FP8Linear reads it)."""
+    return {
+        "quant_method": "fp8",
+        "activation_scheme": activation_scheme,
+        "weight_block_size": None,
+        "dequantize": False,
+        "modules_to_not_convert": list(not_converted),
+    }
+
+
 def modelopt_config(exclude=()) -> dict:
     return {
         "producer": {"name": "modelopt", "version": "0.31.0"},
@@ -91,11 +102,13 @@ def write_quantized(
     quantize: Callable[[str], bool],
     config: dict,
     scale_dtype: torch.dtype = torch.float32,
+    tensor_names: tuple[str, str] = ("weight_scale", "input_scale"),
 ) -> tuple[Path, Path]:
     """Copy checkpoint ``src`` to ``out/quantized`` with every 2-D ``*.weight`` (and in block FP8 every 3-D
     stack of experts, a scale stack beside it) that ``quantize(name)``
     selects stored as ``method`` lays it out, and to ``out/reference`` with those weights dequantized (float32).
-    ``config``: the quantization_config (hf_quant_config.json's object for "fp8_tensor").
+    ``config``: the quantization_config (for "fp8_tensor", hf_quant_config.json's object, or a ``quant_method:
+    fp8`` one for config.json); ``tensor_names``: "fp8_tensor"'s weight and activation scale names.
     -> (quantized dir, reference dir)."""
     quantized_dir, reference_dir = out / "quantized", out / "reference"
     for d in (quantized_dir, reference_dir):
@@ -118,8 +131,8 @@ def write_quantized(
             ref[name] = dq.dequantize_fp8_block(fp8, scale, tuple(config["weight_block_size"]))
         elif method == "fp8_tensor":
             fp8, scale = dq.quantize_fp8_tensor(t)
-            q[name], q[f"{prefix}.weight_scale"] = fp8, scale
-            q[f"{prefix}.input_scale"] = torch.tensor(0.02)
+            q[name], q[f"{prefix}.{tensor_names[0]}"] = fp8, scale
+            q[f"{prefix}.{tensor_names[1]}"] = torch.tensor(0.02)
             ref[name] = dq.dequantize_fp8_tensor(fp8, scale)
         else:
             group = config["config_groups"]["group_0"]["weights"]["group_size"]
@@ -134,7 +147,7 @@ def write_quantized(
         str(reference_dir / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    if method == "fp8_tensor":
+    if method == "fp8_tensor" and "quant_method" not in config:
         (quantized_dir / "hf_quant_config.json").write_text(json.dumps(config, indent=2))
     else:
         cfg = json.loads((quantized_dir / "config.json").read_text())

@@ -167,6 +167,8 @@ def _set_quantization(path, **changes):
         ({"scale_fmt": "e8m0fnu"}, "scale_fmt"),
         ({"weight_block_size": [128]}, "weight_block_size"),
         ({"kernel": "deepgemm"}, "kernel"),
+        ({"weight_block_size": None, "scale_fmt": "ue8m0"}, "scale_fmt"),  # (per tensor)
+        ({"weight_block_size": None, "activation_scheme": "per-token"}, "activation_scheme"),
     ],
 )
 def test_unknown_quantization_options_are_refused_by_name(deepseek_mtp, tmp_path, change, named):
@@ -488,3 +490,32 @@ def test_nemotron_h_modelopt_fp8_with_its_mtp_stack(mtp, tmp_path):
     assert [o.token_ids for o in runs[q_dir]] == plain
     accepted = {d: [o.spec_metrics.num_accepted_drafts for o in outs] for d, outs in runs.items()}
     assert accepted[q_dir] == accepted[ref_dir] and sum(accepted[q_dir]) > 0
+
+
+@pytest.mark.parametrize(
+    "names", [("weight_scale_inv", "activation_scale"), ("weight_scale", "input_scale")]
+)
+def test_per_tensor_fp8_as_mistral_and_autofp8_publish_it(names, tmp_path):
+    """``quant_method: fp8`` without blocks, one scale a weight that multiplies it: Mistral's FP8 releases
+    (Ministral 3, a multimodal checkpoint with a static activation scheme, its tower and head unconverted),
+    read under transformers' FP8Linear names, and AutoFP8's under vLLM's names. Logits and greedy tokens equal
+    the dequantized twin's; the weights stay fp8 in memory; speculation over it is lossless."""
+    from helpers.hf_models import make_hf_model, save_hf_model
+    from helpers.quantized_checkpoints import per_tensor_fp8_config
+
+    src = save_hf_model(make_hf_model("ministral3-multimodal"), tmp_path / "bf16")
+    not_converted = ["lm_head", "vision_tower", "multi_modal_projector"]
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_tensor", lambda n: is_projection(n) and "language_model" in n,
+        per_tensor_fp8_config("static", not_converted), tensor_names=names,
+    )  # fmt: skip
+    names_loaded = matches_its_dequantized_twin(q_dir, ref_dir, vocab=203)
+    assert len(names_loaded) == 7 * 3  # q, k, v, o, gate, up, down of every layer
+    model = load_model(q_dir, torch.float32)
+    layer = model.get_submodule(names_loaded[0])
+    assert layer.stored_weight.dtype == torch.float8_e4m3fn
+    assert getattr(layer, names[1]).item() == pytest.approx(0.02)  # the activation scale, loaded
+    plain = [o.token_ids for o in LLM(str(q_dir), block_size=4).generate(PROMPTS, GREEDY)]
+    spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
+    outs = LLM(str(q_dir), block_size=4, speculative=spec).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == plain

@@ -59,7 +59,8 @@ def dequantize_fp8_tensor(weight: torch.Tensor, scale: torch.Tensor) -> torch.Te
     """Per-tensor FP8: ``weight`` fp8 [..., N, K] times ``scale`` ([] or [1]; [E] for stacked experts [E, N, K]).
 
     ModelOpt FP8 stores ``weight_scale`` as the multiplier of the fp8 weight (vLLM modelopt.py,
-    ``ModelOptFp8LinearMethod``: the GEMM takes ``scale_b=layer.weight_scale``).
+    ``ModelOptFp8LinearMethod``: the GEMM takes ``scale_b=layer.weight_scale``), as AutoFP8 does, and
+    transformers' FP8Linear without blocks its ``weight_scale_inv`` (finegrained_fp8.py multiplies by it).
     """
     scale = scale.float()
     if scale.numel() == 1:

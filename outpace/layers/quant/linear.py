@@ -92,9 +92,15 @@ class Fp8Block(QuantFormat):
 
 
 class Fp8Tensor(QuantFormat):
-    """``weight`` float8_e4m3fn [out, in], ``weight_scale`` one float32 (ModelOpt stores it as [] or [1])."""
+    """``weight`` float8_e4m3fn [out, in] and one float32 scale (ModelOpt stores it as [] or [1]), beside a
+    static activation scale, under the names the scheme gives (scheme.py ``FP8_TENSOR_NAMES``: ModelOpt's
+    ``weight_scale`` / ``input_scale``, or transformers' ``weight_scale_inv`` / ``activation_scale``)."""
 
-    weight_name, scale_name = "weight", "weight_scale"
+    weight_name = "weight"
+
+    def __init__(self, scheme: QuantScheme) -> None:
+        super().__init__(scheme)
+        self.scale_name, self.input_scale_name = scheme.tensor_names
 
     def weight_shape(self, out_features, in_features):
         return (out_features, in_features)
@@ -152,17 +158,15 @@ FORMATS: dict[str, type[QuantFormat]] = {
     INT4_GROUP: Int4Group,
 }
 
-# the tensor beside a module's weight that says the checkpoint quantized it, per format
-SCALE_NAMES = {method: fmt.scale_name for method, fmt in FORMATS.items()}
-
 
 class QuantizedLinear(nn.Module):
     """x [..., in_features] -> [..., out_features] with the weight stored quantized (module docstring).
 
     Tensors, under the checkpoint's names: the format's weight (``weight`` fp8 or ``weight_packed`` int32)
     and scale (``weight_scale_inv`` / ``weight_scale``, in the checkpoint's dtype); ``bias`` when the
-    projection has one; ModelOpt's ``input_scale`` (the static activation scale its GPU GEMM may use) and
-    compressed-tensors' ``weight_shape`` (the unpacked [out, in], checked after loading) as buffers."""
+    projection has one; per-tensor FP8's static activation scale (loaded, not applied: the products are
+    weight-only) and compressed-tensors' ``weight_shape`` (the unpacked [out, in], checked after loading) as
+    buffers."""
 
     group: RankGroup = SINGLE
     reduces: bool = False
@@ -197,7 +201,7 @@ class QuantizedLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, device=device))
         if isinstance(fmt, Fp8Tensor):
-            self.register_buffer("input_scale", torch.ones((), device=device))
+            self.register_buffer(fmt.input_scale_name, torch.ones((), device=device))
         if isinstance(fmt, Int4Group):
             self.register_buffer("weight_shape", torch.zeros(2, dtype=torch.int32, device=device))
 

@@ -24,12 +24,11 @@ from outpace.checkpoint import CheckpointError, checkpoint_files, open_shard
 from outpace.layers.quant.experts import QuantizedStackedWeight
 from outpace.layers.quant.linear import (
     FORMATS,
-    SCALE_NAMES,
     Fp8Block,
     QuantizedLinear,
     quantized_like,
 )
-from outpace.layers.quant.scheme import INT4_GROUP, QuantScheme
+from outpace.layers.quant.scheme import INT4_GROUP, QuantScheme, per_tensor_names
 from outpace.validation import ConfigError
 
 # safetensors' dtype names (its header) -> torch dtypes, for the tensors this module looks at
@@ -66,6 +65,9 @@ def quantize_modules(
     on ``device`` (default: the projection's); returns how many. Raises ConfigError or CheckpointError
     naming the module, tensor and file."""
     tensors = stored_tensors(model_dir)
+    scheme = per_tensor_names(
+        scheme, set(tensors)
+    )  # (per-tensor FP8: its scales' names, as stored)
     fmt = FORMATS[scheme.method](scheme)
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     replaced: dict[int, QuantizedLinear] = {}
@@ -126,7 +128,7 @@ def _refuse_unclaimed(
 ) -> None:
     """A quantized tensor whose module was not made quantized: its scale is missing, or outpace has no
     quantized form of the module (e.g. stacked expert tensors), or it belongs to another format."""
-    fmt = FORMATS[scheme.method]
+    fmt = FORMATS[scheme.method](scheme)
     for name, (dtype, path) in tensors.items():
         prefix, _, leaf = name.rpartition(".")
         if prefix in quantized:
@@ -139,7 +141,7 @@ def _refuse_unclaimed(
                 f"{prefix}.{fmt.scale_name} beside it (a {scheme.description} checkpoint, "
                 f"{scheme.source})"
             )
-        if leaf in SCALE_NAMES.values() and leaf == fmt.scale_name:
+        if leaf == fmt.scale_name:
             raise CheckpointError(
                 f"{path.name}: tensor {name!r} is the scale of a quantized {prefix!r}, which outpace "
                 "cannot hold quantized (not a projection of the model nor a stack of its experts)"

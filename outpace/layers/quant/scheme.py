@@ -1,11 +1,13 @@
 """A checkpoint's quantization, read from its config: one frozen ``QuantScheme``, every field checked.
 
-Three published formats (the facts each parser checks, with where they come from):
+The published formats (the facts each parser checks, with where they come from):
 - block FP8, ``config.json`` ``quantization_config`` with ``quant_method: "fp8"`` (DeepSeek-V3/R1, Kimi-K2,
   Qwen3/Qwen3-Next/Qwen3.5-FP8, Step-3.5-Flash-FP8): ``fmt: "e4m3"``, ``activation_scheme: "dynamic"``,
   ``weight_block_size: [128, 128]``, optional ``scale_fmt: "ue8m0"`` (DeepSeek-V3.1: scales are powers of
   two) and ``modules_to_not_convert`` (vLLM fp8.py ``Fp8Config.from_config`` reads these and, as a synonym
-  of the last, ``ignored_layers``);
+  of the last, ``ignored_layers``); without ``weight_block_size``, per-tensor FP8 (AutoFP8's checkpoints,
+  Mistral's FP8 releases such as Ministral 3: ``activation_scheme`` "static" or "dynamic", optional
+  ``dequantize``), one scale a weight under ModelOpt's names or transformers' (``per_tensor_names``);
 - compressed-tensors ``quant_method: "compressed-tensors"``, ``format: "pack-quantized"`` (Kimi-K2-Thinking):
   ``config_groups`` whose ``weights`` are ``num_bits: 4, type: "int", symmetric: true, strategy: "group",
   group_size: 32`` with no input activations (W4A16), and an ``ignore`` list whose ``re:`` entries are
@@ -22,6 +24,7 @@ by name: a ``ConfigError`` naming the file and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from dataclasses import dataclass
@@ -30,10 +33,19 @@ from pathlib import Path
 from outpace.validation import ConfigError, ConfigFields, read_json_object
 
 FP8_BLOCK = "fp8_block"  # weight fp8 + weight_scale_inv per block
-FP8_TENSOR = "fp8_tensor"  # weight fp8 + weight_scale per tensor (ModelOpt)
+FP8_TENSOR = (
+    "fp8_tensor"  # weight fp8 + one scale per tensor (ModelOpt, per-tensor quant_method fp8)
+)
 INT4_GROUP = "int4_group"  # weight_packed int32 + weight_scale per group (compressed-tensors)
 
 MODELOPT_CONFIG_FILE = "hf_quant_config.json"
+
+# per-tensor FP8's (weight scale, activation scale) tensor names: ModelOpt's, which AutoFP8's ``quant_method: fp8``
+# checkpoints share (vLLM Fp8LinearMethod reads weight_scale and input_scale), and transformers' FP8Linear without
+# blocks (integrations/finegrained_fp8.py: a scalar weight_scale_inv, which multiplies, and activation_scale),
+# which Mistral's FP8 releases (Ministral 3) are read by
+FP8_TENSOR_NAMES = ("weight_scale", "input_scale")
+FP8_TENSOR_NAMES_TRANSFORMERS = ("weight_scale_inv", "activation_scale")
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,11 @@ class QuantScheme:
         "name"  # "name" (dotted parts), "regex" (compressed-tensors), "wildcard" (ModelOpt)
     )
     kv_cache_quant_algo: str | None = None  # ModelOpt's, for the FP8 KV cache (not this module's)
+    # FP8_TENSOR: the names of a module's weight scale and activation scale (``per_tensor_names``)
+    tensor_names: tuple[str, str] = FP8_TENSOR_NAMES
+    producer: str = (
+        ""  # FP8_TENSOR: who wrote the format ("ModelOpt", "quant_method fp8"), for the log
+    )
 
     @property
     def description(self) -> str:
@@ -60,7 +77,7 @@ class QuantScheme:
             scales = ", ue8m0 scales" if self.scale_fmt else ""
             return f"block FP8 e4m3 ({self.block[0]}x{self.block[1]} blocks{scales})"
         if self.method == FP8_TENSOR:
-            return "per-tensor FP8 e4m3 (ModelOpt)"
+            return f"per-tensor FP8 e4m3 ({self.producer})"
         return f"INT4 weights in groups of {self.group} (compressed-tensors pack-quantized)"
 
     def excludes(self, module: str) -> bool:
@@ -100,7 +117,7 @@ def parse_quantization_config(cfg, source: str) -> QuantScheme:
     fields = ConfigFields(cfg, source, "quantization_config.")
     method = fields.string("quant_method")
     parsers = {
-        "fp8": _block_fp8,
+        "fp8": _fp8,
         "compressed-tensors": _compressed_tensors,
         "modelopt": _modelopt_inline,
     }
@@ -132,28 +149,55 @@ def _require_value(fields: ConfigFields, name: str, allowed: tuple, default=None
         )
 
 
-def _block_fp8(fields: ConfigFields) -> QuantScheme:
+def _fp8(fields: ConfigFields) -> QuantScheme:
+    """``quant_method: fp8``: block FP8 with ``weight_block_size`` (DeepSeek-V3 and the others), per-tensor
+    without it (AutoFP8, Mistral's releases: vLLM Fp8Config's other mode, transformers' FP8Linear without
+    blocks)."""
     known = {"quant_method", "fmt", "activation_scheme", "weight_block_size", "scale_fmt"}
-    known |= {"modules_to_not_convert", "ignored_layers"}
+    # dequantize: whether transformers turns the weights into bf16 at load: either way the same products
+    known |= {"modules_to_not_convert", "ignored_layers", "dequantize"}
     _refuse_unknown(fields, known)
-    _require_value(fields, "fmt", ("e4m3",))
+    _require_value(fields, "fmt", (None, "e4m3"))
+    _require_value(fields, "dequantize", (False, True), False)
+    exclude, field = _exclude_list(fields, ("modules_to_not_convert", "ignored_layers"))
+    block = fields.get("weight_block_size")
+    if block is None:
+        # the weights as stored, times their one scale; the products weight-only, as ModelOpt's: activations
+        # stay high precision, a "static" checkpoint's activation scales loaded and not applied
+        _require_value(fields, "activation_scheme", ("dynamic", "static"), "dynamic")
+        _require_value(fields, "scale_fmt", (None,))
+        return QuantScheme(
+            FP8_TENSOR, fields.source, exclude=exclude, exclude_field=field, exclude_match="name",
+            producer="quant_method fp8",
+        )  # fmt: skip
     # "dynamic": activations quantized per token in groups of 128 at run time (DeepSeek-V3 inference/kernel.py
-    # act_quant); "static" (per-tensor input scales) is not implemented
+    # act_quant); "static" (per-tensor input scales) is not implemented for blocks
     _require_value(fields, "activation_scheme", ("dynamic",))
     _require_value(fields, "scale_fmt", (None, "ue8m0"))
-    block = fields.get("weight_block_size")
     if not (
         isinstance(block, list)
         and len(block) == 2
         and all(isinstance(b, int) and b > 0 for b in block)
     ):
-        # per-tensor fp8 ("weight_block_size" absent: vLLM Fp8Config's other mode) is not implemented
-        raise fields.fail("weight_block_size", block, "two positive integers [rows, columns]")
-    exclude, field = _exclude_list(fields, ("modules_to_not_convert", "ignored_layers"))
+        raise fields.fail(
+            "weight_block_size",
+            block,
+            "two positive integers [rows, columns], or null (per tensor)",
+        )
     return QuantScheme(
         FP8_BLOCK, fields.source, block=(block[0], block[1]), scale_fmt=fields.get("scale_fmt"),
         exclude=exclude, exclude_field=field, exclude_match="name",
     )  # fmt: skip
+
+
+def per_tensor_names(scheme: QuantScheme, tensor_names: set[str]) -> QuantScheme:
+    """A per-tensor FP8 scheme with the scale names its checkpoint (``tensor_names``) uses: transformers' where
+    a ``*.weight_scale_inv`` is stored, else ModelOpt's and AutoFP8's. Any other scheme as it is."""
+    if scheme.method != FP8_TENSOR:
+        return scheme
+    stored = any(n.endswith("." + FP8_TENSOR_NAMES_TRANSFORMERS[0]) for n in tensor_names)
+    names = FP8_TENSOR_NAMES_TRANSFORMERS if stored else FP8_TENSOR_NAMES
+    return dataclasses.replace(scheme, tensor_names=names)
 
 
 def _exclude_list(fields: ConfigFields, names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
@@ -290,5 +334,5 @@ def _modelopt(
     exclude, field = _exclude_list(fields, (exclude_name,))
     return QuantScheme(
         FP8_TENSOR, fields.source, exclude=exclude, exclude_field=field, exclude_match="wildcard",
-        kv_cache_quant_algo=kv_algo,
+        kv_cache_quant_algo=kv_algo, producer="ModelOpt",
     )  # fmt: skip
