@@ -10,6 +10,7 @@ MODELS = {
     "MistralForCausalLM": "outpace.models.mistral:MistralForCausalLM",
     "Ministral3ForCausalLM": "outpace.models.mistral:MistralForCausalLM",  # + query scaling by position
     "Mistral3ForConditionalGeneration": "outpace.models.mistral:Mistral3TextForCausalLM",  # its text model
+    "MixtralForCausalLM": "outpace.models.mixtral:MixtralForCausalLM",  # Mistral's layers, sparse MoE MLPs
     # multi-head latent attention, mixture of experts
     "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",

@@ -2,7 +2,7 @@
 shared experts), Qwen3-Next (gated DeltaNet, a sigmoid-gated shared expert), Step-3.5 (stacked experts with
 the SwiGLU clamp, MoE MTP layers; also in Step-3.5-Flash-FP8's block-FP8 stacks), Nemotron-H (ungated relu2
 routed experts beside Mamba layers), Gemma 4 (packed gate_up stacks, its MoE block beside every MLP), Qwen3-MoE
-(dense layers between), Qwen3.5-MoE and Qwen2-MoE (a gated shared expert) and Qwen3-VL-MoE (stacked experts in
+(dense layers between), Mixtral (the hub's per-expert names), Qwen3.5-MoE and Qwen2-MoE (a gated shared expert) and Qwen3-VL-MoE (stacked experts in
 the hub's transposed order) give
 exactly the one-process greedy tokens with their experts placed whole over 2 and 3 ranks, with attention whole
 on every rank (TP = 1) and split over the same ranks (EP = TP), with batching, chunked prefill and preemption (a
@@ -120,6 +120,7 @@ def models(tmp_path_factory) -> dict[str, str]:
             to_hub_expert_order(save_hf_model(make_qwen3_vl_moe(), root / "qwen3_vl_moe"))
         ),
         "qwen2_moe": str(save_hf_model(make_hf_model("qwen2-moe"), root / "qwen2_moe")),
+        "mixtral": str(save_hf_model(make_hf_model("mixtral"), root / "mixtral")),
         # Step-3.5-Flash-FP8's layout: block-FP8 expert stacks [E, out, in] with their scale stacks
         "step-fp8": str(
             write_quantized(step, root / "step-fp8", "fp8_block", is_projection, FP8_BLOCKS)[0]
@@ -191,6 +192,7 @@ PLAIN = {
         ("qwen3_5_moe", 1, 2),
         ("qwen3_vl_moe", 1, 2),
         ("qwen2_moe", 1, 2),
+        ("mixtral", 1, 2),
     ],
     # (TP 3 for DeepSeek-V3 only: the other tiny models' 4 query or 2 key heads do not split over 3 ranks)
     3: [

@@ -1,7 +1,7 @@
 """Tensor parallelism beyond the Llama family, on CPU processes (gloo), in fp32: DeepSeek-V2/V3 (MLA heads
 split, the latent cache whole on every rank, every expert's rows split, shared experts too), Qwen3-MoE (heads
 and every expert's rows split, a dense layer between; Qwen3-VL-MoE's stacked experts stored transposed;
-Qwen2-MoE's gated shared expert) and Gemma 3 (heads split, a kv head replicated, the
+Qwen2-MoE's gated shared expert; Mixtral's experts under the hub's names) and Gemma 3 (heads split, a kv head replicated, the
 embedding replicated as Gemma keeps it) give exactly the TP = 1
 greedy tokens at TP = 2 and TP = 3 with batching, chunked prefill and preemption; an EAGLE3 draft that
 borrows a Gemma target's replicated embedding and tied head is handed this rank's vocabulary shard of it
@@ -76,6 +76,11 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     # Qwen2-MoE: the gated shared expert's rows split too, its gate whole
     qwen2_moe = make_hf_model("qwen2-moe", **QWEN2_MOE)
     paths["qwen2-moe"] = str(save_hf_model(qwen2_moe, root / "qwen2-moe"))
+    # Mixtral: every expert's rows split, in the hub's names (block_sparse_moe.experts.{e}.w1/w3/w2)
+    mixtral = make_hf_model(
+        "mixtral", num_attention_heads=6, num_key_value_heads=6, intermediate_size=24
+    )
+    paths["mixtral"] = str(save_hf_model(mixtral, root / "mixtral"))
     return paths
 
 
@@ -181,7 +186,7 @@ def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "variant", DEEPSEEKS + list(SPLITTABLE) + ["qwen3-moe", "qwen3-vl-moe", "qwen2-moe"]
+    "variant", DEEPSEEKS + list(SPLITTABLE) + ["qwen3-moe", "qwen3-vl-moe", "qwen2-moe", "mixtral"]
 )
 @pytest.mark.parametrize("size", [2, 3])
 def test_family_matches_one_rank(variant, size, checkpoints, request):

@@ -154,6 +154,12 @@ VARIANTS = {
             tie_word_embeddings=False,
         ),
     ),
+    # Mixtral: every MLP a mixture of 4 experts of which 2; then a window far shorter than the tests' sequences
+    "mixtral": ("MixtralConfig", dict(tie_word_embeddings=False, num_local_experts=4)),
+    "mixtral-window": (
+        "MixtralConfig",
+        dict(tie_word_embeddings=False, num_local_experts=4, sliding_window=8),
+    ),
     "ministral3": (
         "Ministral3Config",
         dict(tie_word_embeddings=False, rope_parameters=MINISTRAL3_ROPE),
