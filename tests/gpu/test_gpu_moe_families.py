@@ -4,7 +4,7 @@ the host), and gives in fp32 the tokens of the same engine run eagerly and of th
 speculation stays lossless with graphs. Families and their expert activations: Qwen3-Next (SiLU, a gated
 shared expert), Nemotron-H (relu2, ungated), Step-3.5 (SiLU with swiglu_limits clamps, stacked experts),
 Gemma 4 (GELU-tanh, packed gate/up), Qwen3-MoE (SiLU, dense layers between), Qwen3.5-MoE (Qwen3-Next's mixture
-on Qwen3.5's layers). DeepSeek's are
+on Qwen3.5's layers), Mixtral (SiLU, a mixture on every layer). DeepSeek's are
 tests/gpu/test_gpu_deepseek.py."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ FAMILIES = {
     "gemma4": (211, "gelu_tanh", {None}),
     "qwen3_moe": (97, "silu", {None}),
     "qwen3_5_moe": (131, "silu", {None}),
+    "mixtral": (203, "silu", {None}),
 }
 
 
@@ -43,6 +44,10 @@ def save_family(family: str, path):
         from helpers.qwen3_moe_models import make_qwen3_moe
 
         return save_hf_model(make_qwen3_moe("renormalised"), path)
+    if family == "mixtral":
+        from helpers.hf_models import make_hf_model
+
+        return save_hf_model(make_hf_model("mixtral", head_dim=8), path)
     from helpers.gemma_models import make_gemma
 
     return save_hf_model(make_gemma("gemma4-moe-kv-shared"), path)
@@ -124,6 +129,7 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
         "v2-greedy",
         "v3-yarn",
         "qwen3_moe",
+        "mixtral",
     ],
 )
 def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
@@ -162,7 +168,7 @@ def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, mon
         other = {**CONFIG["attention_other_setting"], "head_dim": 16}
         config = {**CONFIG, "head_dim": 16, "attention_other_setting": other}
         path, vocab = str(write_checkpoint(tmp_path, config)[0]), config["vocab_size"]
-    elif family == "qwen3_moe":
+    elif family in ("qwen3_moe", "mixtral"):
         path, vocab = str(save_family(family, tmp_path)), FAMILIES[family][0]
     elif family.startswith("v"):
         from helpers.deepseek_models import make_hf_deepseek
