@@ -46,7 +46,7 @@ def _rank(rank: int, rendezvous: str, out: str) -> None:
         result = {"raised": type(e).__name__, "message": str(e), "collective": collective_failed(e)}
     result["seconds"] = time.monotonic() - start
     Path(out).write_text(json.dumps(result))
-    os._exit(0)  # (its pending send would hold the group's teardown)
+    os._exit(0)  # (as a rank leaves: distributed/process_exit.py)
 
 
 def test_rank_zero_gives_up_on_a_step_no_rank_takes(tmp_path):
