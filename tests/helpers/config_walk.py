@@ -61,3 +61,45 @@ def built(cfg: dict) -> tuple:
         if not key.startswith("_") and key != "training" and _plain(value) is not None
     )
     return dataclasses.replace(model_cfg, raw={}), tensors, attributes
+
+
+# The common text-model fields, for walks over ``built``: field -> (another value, or a function of the config
+# giving one; other changes that let it matter). (num_hidden_layers drops layer_types, which would pin the count.)
+TEXT_MODEL_IMPLEMENTED = {
+    "vocab_size": (100, {}),
+    "hidden_size": (48, {}),
+    "intermediate_size": (96, {}),
+    "num_hidden_layers": (6, {"layer_types": None}),
+    "num_attention_heads": (8, {}),
+    "num_key_value_heads": (4, {}),
+    "head_dim": (16, {}),
+    "hidden_act": ("gelu", {}),
+    "max_position_embeddings": (1024, {}),
+    "rms_norm_eps": (3e-5, {}),
+    "tie_word_embeddings": (lambda cfg: not cfg["tie_word_embeddings"], {}),
+    "rope_parameters": (lambda cfg: {**cfg["rope_parameters"], "rope_theta": 5e4}, {}),
+    "eos_token_id": (7, {}),
+    "dtype": ("bfloat16", {}),
+}
+
+
+def walk_fields(
+    label: str,
+    cfg: dict,
+    implemented: dict,
+    irrelevant: set,
+    change=lambda cfg, fields: {**cfg, **fields},
+) -> None:
+    """Every field of ``cfg`` (a config dict) is in ``implemented`` (another value changes what ``built``
+    describes) or ``irrelevant`` (another value does not). ``change(cfg, fields)`` -> the config with ``fields``
+    set (default: at the top level); ``label`` names the config in failures."""
+    unknown = sorted(set(cfg) - set(implemented) - irrelevant - {"architectures"})
+    assert not unknown, f"{label} fields nobody decided on: {unknown}"
+    for name in sorted(set(cfg) & set(implemented)):
+        value, context = implemented[name]
+        value = value(cfg) if callable(value) else value
+        before, after = change(cfg, context), change(cfg, {**context, name: value})
+        assert built(before) != built(after), f"{label}.{name}={value!r} changes nothing"
+    for name in sorted(set(cfg) & irrelevant):
+        other = "changed" if cfg[name] is None or isinstance(cfg[name], str) else not cfg[name]
+        assert built(change(cfg, {name: other})) == built(change(cfg, {})), f"{label}.{name}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from helpers.config_walk import COMMON_IRRELEVANT, built
+from helpers.config_walk import COMMON_IRRELEVANT, TEXT_MODEL_IMPLEMENTED, built, walk_fields
 from outpace.validation import ConfigError
 
 SIZES = dict(
@@ -87,23 +87,7 @@ NEMOTRON_IRRELEVANT = {
 MOE = {"num_experts": 4, "num_experts_per_tok": 2}
 # field -> (another value, or a function of the base config giving one; other changes that let it matter)
 IMPLEMENTED = {
-    "vocab_size": (100, {}),
-    "hidden_size": (48, {}),
-    "intermediate_size": (96, {}),
-    "num_hidden_layers": (8, {"layer_types": None}),
-    "num_attention_heads": (8, {}),
-    "num_key_value_heads": (4, {}),
-    "head_dim": (16, {}),
-    "hidden_act": ("gelu", {}),
-    "max_position_embeddings": (1024, {}),
-    "rms_norm_eps": (3e-5, {}),
-    "tie_word_embeddings": (lambda base: not base["tie_word_embeddings"], {}),
-    "rope_parameters": (
-        lambda base: {**base["rope_parameters"], "rope_theta": 5e4},
-        {},
-    ),
-    "eos_token_id": (7, {}),
-    "dtype": ("bfloat16", {}),
+    **TEXT_MODEL_IMPLEMENTED,
     "layer_types": (lambda base: list(reversed(base["layer_types"])), {}),
     "attention_bias": (True, {}),
     "linear_conv_kernel_dim": (3, {}),
@@ -153,17 +137,7 @@ def test_every_field_is_implemented_irrelevant_or_refused(arch):
     base = base_config(arch)
     irrelevant = IRRELEVANT | (NEMOTRON_IRRELEVANT if arch.startswith("NemotronH") else set())
     implemented = {k: v for k, v in IMPLEMENTED.items() if k not in irrelevant}
-    unknown = sorted(set(base) - set(implemented) - irrelevant - set(REFUSED) - {"architectures"})
-    assert not unknown, f"{CONFIGS[arch][0].__name__} fields nobody decided on: {unknown}"
-    for name in sorted(set(base) & set(implemented)):
-        value, context = implemented[name]
-        value = value(base) if callable(value) else value
-        assert built({**base, **context}) != built({**base, **context, name: value}), (
-            f"{arch}: {name}={value!r} changes nothing"
-        )
-    for name in sorted(set(base) & irrelevant):
-        changed = "changed" if base[name] is None or isinstance(base[name], str) else not base[name]
-        assert built({**base, name: changed}) == built(base), f"{arch}: {name}"
+    walk_fields(arch, {k: v for k, v in base.items() if k not in REFUSED}, implemented, irrelevant)
     for name in sorted(set(base) & set(REFUSED)):
         with pytest.raises(ConfigError, match=name):
             built({**base, name: REFUSED[name]})
