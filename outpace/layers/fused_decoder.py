@@ -185,12 +185,11 @@ def reduce_add_normalised(
 def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
     """Whether one fused kernel projects x [num_tokens, in] to q/k/v and writes k and v into a cache:
     few half-precision rows on the GPU, packed q/k/v without bias, per-head q/k norms (if any) over a
-    power-of-two head_dim, and a RoPE that is its tables alone (no query scale: layers/rotary.py)."""
+    power-of-two head_dim."""
     head_dim = attn.cfg.head_dim
     return (
         attn.qkv is not None
         and attn.qkv.bias is None
-        and attn.rotary.query_scale is None
         and ends_block(attn.o_proj)
         and fused_weight(attn.o_proj) is not None
         and fusable_rows(x, attn.qkv.weight)
@@ -216,7 +215,8 @@ def project_fused(
 ) -> torch.Tensor:
     """The fused q/k/v kernel (``projects_fused``): k and v of ``rows`` (as in ``attend_fused``) into
     the caches at ``slots`` [num_tokens]; returns q [num_tokens, q_size] ([num_tokens, 0] with
-    ``kv_only``, which projects only the k and v rows of the packed weight)."""
+    ``kv_only``, which projects only the k and v rows of the packed weight), scaled by position where the
+    rotary has a query scale (Ministral 3: layers/rotary.py ``scale_queries``, one launch more)."""
     cfg = attn.cfg
     q_norm = (attn.k_norm if kv_only else attn.q_norm) if cfg.qk_norm else None
     qk_norm = (q_norm.weight, attn.k_norm.weight, attn.k_norm.eps) if cfg.qk_norm else None
@@ -225,7 +225,7 @@ def project_fused(
         weight = (
             weight.rows(attn.q_size) if isinstance(weight, Fp8Weight) else weight[attn.q_size :]
         )
-    return projection_kernels().norm_project_qkv(
+    q = projection_kernels().norm_project_qkv(
         rows,
         eps,
         weight,
@@ -239,6 +239,7 @@ def project_fused(
         slots,
         qk_norm=qk_norm,
     )
+    return q if kv_only else attn.rotary.scale_queries(q, positions)
 
 
 def attend_fused(attn: DecoderAttention, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:

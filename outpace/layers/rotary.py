@@ -126,8 +126,8 @@ class RotaryEmbedding(nn.Module):
         # [max_positions + POSITIONS_PAST_CONTEXT, head_dim // 2]
         self.register_buffer("cos", angles.cos() * factor, persistent=False)
         self.register_buffer("sin", angles.sin() * factor, persistent=False)
-        # [max_positions + POSITIONS_PAST_CONTEXT] or None; the fused q/k/v kernels rotate q by the tables
-        # alone, so layers/fused_decoder.py ``projects_fused`` leaves a layer with it to this module
+        # [max_positions + POSITIONS_PAST_CONTEXT] or None (the fused q/k/v kernels rotate by the tables alone:
+        # layers/fused_decoder.py ``project_fused`` scales their q by ``scale_queries``)
         query_scale = None if query_scaling is None else query_scales(positions, *query_scaling)
         self.register_buffer("query_scale", query_scale, persistent=False)
         self.interleaved = interleaved
@@ -146,9 +146,15 @@ class RotaryEmbedding(nn.Module):
         else:
             rotary = rotary_torch
         q, k = rotary(positions, q, k, self.cos, self.sin)
-        if self.query_scale is not None:  # (the rotated q in its dtype, as transformers')
-            q = q * self.query_scale.index_select(0, positions)[:, None, None].to(q.dtype)
-        return q, k
+        return self.scale_queries(q, positions), k
+
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The rotated q [num_tokens, ...] times its position's ``query_scale`` (in q's dtype, as transformers
+        multiplies); q itself without one."""
+        if self.query_scale is None:
+            return q
+        scale = self.query_scale.index_select(0, positions).to(q.dtype)  # [num_tokens]
+        return q * scale.view(-1, *(1,) * (q.dim() - 1))
 
 
 def rotary_torch(

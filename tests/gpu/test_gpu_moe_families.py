@@ -138,30 +138,9 @@ def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, mon
     projections), here let take float32 rows (the path serves half precision), captured on the GPU: the CPU's
     greedy tokens. DeepSeek's variants (tests/helpers/deepseek_models.py): V2's MLA without q_lora_rank and
     softmax routing, V3's with one and group-limited sigmoid routing."""
-    import torch
+    from helpers.fused_rows import take_the_fused_path_in_fp32
 
-    from outpace.layers import fused_decoder, fused_projection
-
-    serves = fused_projection.fused_rows_apply
-    monkeypatch.setattr(
-        fused_projection,
-        "fused_rows_apply",
-        lambda x, w: (
-            serves(x, w)
-            or (
-                x.is_cuda
-                and x.dim() == 2
-                and x.shape[0] <= 16
-                and x.dtype == w.dtype == torch.float32
-                and w.is_contiguous()
-                and not torch.is_grad_enabled()
-            )
-        ),
-    )
-    fused, run = [], fused_decoder.run_fused_layers
-    monkeypatch.setattr(
-        fused_decoder, "run_fused_layers", lambda *a, **kw: fused.append(1) or run(*a, **kw)
-    )
+    fused = take_the_fused_path_in_fp32(monkeypatch)
     if family == "step3p5":  # (a power-of-two head_dim: the fused q/k/v kernel's)
         from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
 
