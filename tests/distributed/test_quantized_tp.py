@@ -2,7 +2,8 @@
 fp8 with its weight_scale_inv, routers, norms, embedding and head as stored) loaded at tensor_parallel_size=2
 on CPU processes (gloo, tests/helpers/tp_harness.py): each rank reads its rows or columns of every quantized
 weight and the scales of the blocks they lie in (layers/quant/linear.py ``scale_shard``), and the group gives
-one process's greedy tokens under batching, chunked prefill and preemption."""
+one process's greedy tokens under batching, chunked prefill and preemption. So does a per-tensor FP8 Ministral 3 (Mistral's
+FP8 layout: one scale a weight, which every rank holds whole)."""
 
 from __future__ import annotations
 
@@ -37,9 +38,26 @@ def fp8_deepseek(tmp_path_factory) -> str:
     return str(quantized)
 
 
-def test_block_fp8_deepseek_at_two_ranks_gives_one_process_tokens(fp8_deepseek, tmp_path):
-    got = run_group(2, [Scenario("fp8", fp8_deepseek, prompts(), GREEDY, PRESSURE)], tmp_path)
-    with LLM(fp8_deepseek, **PRESSURE) as llm:
+@pytest.fixture(scope="module")
+def per_tensor_ministral(tmp_path_factory) -> str:
+    from helpers.hf_models import make_hf_model
+    from helpers.quantized_checkpoints import per_tensor_fp8_config
+
+    root = tmp_path_factory.mktemp("fp8-ministral")
+    model = make_hf_model("ministral3", num_attention_heads=6, num_key_value_heads=6)
+    config = per_tensor_fp8_config("static", ["lm_head"])
+    names = ("weight_scale_inv", "activation_scale")
+    source = save_hf_model(model, root / "source")
+    return str(
+        write_quantized(source, root, "fp8_tensor", is_projection, config, tensor_names=names)[0]
+    )
+
+
+@pytest.mark.parametrize("checkpoint", ["fp8_deepseek", "per_tensor_ministral"])
+def test_fp8_at_two_ranks_gives_one_process_tokens(checkpoint, tmp_path, request):
+    path = request.getfixturevalue(checkpoint)
+    got = run_group(2, [Scenario("fp8", path, prompts(), GREEDY, PRESSURE)], tmp_path)
+    with LLM(path, **PRESSURE) as llm:
         expected = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got["fp8"]["tokens"] == expected
     assert got["fp8"]["preemptions"] > 0
