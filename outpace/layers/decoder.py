@@ -25,7 +25,7 @@ from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.linear import column_parallel, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, QuantizedLinear
+from outpace.layers.quant.linear import Fp8Block, Fp8Channel, Fp8Tensor, QuantizedLinear
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 
@@ -239,8 +239,9 @@ class PackedProjection:
 
 
 def packable(projections: list[nn.Module]) -> bool:
-    """Whether ``PackedProjection`` packs these: half-precision projections, block-FP8 ones without bias of one
-    block and scale dtype whose parts (but the last) hold whole blocks of rows, or per-tensor FP8 ones without
+    """Whether ``PackedProjection`` packs these: half-precision projections, block-FP8 ones (or per-channel ones:
+    blocks of one row) without bias of one block and scale dtype whose parts (but the last) hold whole blocks of
+    rows, or per-tensor FP8 ones without
     bias of one scale dtype (``Fp8Weight.packed_per_tensor``: blocks of their rows' common divisor). INT4
     projections stay separate."""
     if all(isinstance(p, nn.Linear) for p in projections):
@@ -251,7 +252,9 @@ def packable(projections: list[nn.Module]) -> bool:
     ):
         return len({p.scale.dtype for p in projections}) == 1
     if not all(
-        isinstance(p, QuantizedLinear) and isinstance(p.format, Fp8Block) and p.bias is None
+        isinstance(p, QuantizedLinear)
+        and isinstance(p.format, (Fp8Block, Fp8Channel))
+        and p.bias is None
         for p in projections
     ):
         return False

@@ -3,7 +3,7 @@ fp8 with its weight_scale_inv, routers, norms, embedding and head as stored) loa
 on CPU processes (gloo, tests/helpers/tp_harness.py): each rank reads its rows or columns of every quantized
 weight and the scales of the blocks they lie in (layers/quant/linear.py ``scale_shard``), and the group gives
 one process's greedy tokens under batching, chunked prefill and preemption. So does a per-tensor FP8 Ministral 3 (Mistral's
-FP8 layout: one scale a weight, which every rank holds whole)."""
+FP8 layout: one scale a weight, which every rank holds whole), and a per-channel FP8 Llama (compressed-tensors)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,23 @@ def per_tensor_ministral(tmp_path_factory) -> str:
     )
 
 
-@pytest.mark.parametrize("checkpoint", ["fp8_deepseek", "per_tensor_ministral"])
+@pytest.fixture(scope="module")
+def per_channel_llama(tmp_path_factory) -> str:
+    """compressed-tensors' per-channel FP8: a column-parallel projection's rank holds its rows' scales, a
+    row-parallel one every scale."""
+    from helpers.hf_models import make_hf_model
+    from helpers.quantized_checkpoints import float_quantized_config
+
+    root = tmp_path_factory.mktemp("fp8-llama")
+    model = make_hf_model("llama", num_attention_heads=6, num_key_value_heads=6)
+    source = save_hf_model(model, root / "source")
+    config = float_quantized_config("channel")
+    return str(write_quantized(source, root, "fp8_channel", is_projection, config)[0])
+
+
+@pytest.mark.parametrize(
+    "checkpoint", ["fp8_deepseek", "per_tensor_ministral", "per_channel_llama"]
+)
 def test_fp8_at_two_ranks_gives_one_process_tokens(checkpoint, tmp_path, request):
     path = request.getfixturevalue(checkpoint)
     got = run_group(2, [Scenario("fp8", path, prompts(), GREEDY, PRESSURE)], tmp_path)

@@ -66,6 +66,40 @@ def int4_config(group: int = 8, ignore=()) -> dict:
     }
 
 
+def _block(config: dict) -> tuple[int, int]:
+    """A block-FP8 config's block: quant_method fp8's weight_block_size, compressed-tensors' block_structure."""
+    if "weight_block_size" in config:
+        return tuple(config["weight_block_size"])
+    return tuple(config["config_groups"]["group_0"]["weights"]["block_structure"])
+
+
+def float_quantized_config(strategy: str, block=None, ignore=("lm_head",)) -> dict:
+    """llm-compressor's FP8 quantization_config (compressed-tensors float-quantized): weights per ``strategy``
+    ("tensor", "channel", "block" of ``block``), activations per token, dynamic (its FP8_DYNAMIC and FP8_BLOCK
+    schemes)."""
+    weights = {
+        "num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False,
+        "group_size": None, "block_structure": list(block) if block else None, "actorder": None,
+        "observer": "minmax", "observer_kwargs": {},
+    }  # fmt: skip
+    activations = {
+        "num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True,
+        "group_size": None, "block_structure": None, "actorder": None, "observer": None,
+        "observer_kwargs": {},
+    }  # fmt: skip
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "kv_cache_scheme": None,
+        "config_groups": {
+            "group_0": {**group, "output_activations": None, "format": "float-quantized"}
+        },
+        "ignore": list(ignore),
+    }
+
+
 def per_tensor_fp8_config(activation_scheme: str = "static", not_converted=()) -> dict:
     """``quant_method: fp8`` without blocks, as Mistral's FP8 releases write it (transformers' FP8Linear reads it)."""
     return {
@@ -102,14 +136,17 @@ def write_quantized(
     quantize: Callable[[str], bool],
     config: dict,
     scale_dtype: torch.dtype = torch.float32,
-    tensor_names: tuple[str, str] = ("weight_scale", "input_scale"),
+    tensor_names: tuple[str, str] | None = None,
 ) -> tuple[Path, Path]:
     """Copy checkpoint ``src`` to ``out/quantized`` with every 2-D ``*.weight`` (and in block FP8 every 3-D
     stack of experts, a scale stack beside it) that ``quantize(name)``
     selects stored as ``method`` lays it out, and to ``out/reference`` with those weights dequantized (float32).
-    ``config``: the quantization_config (for "fp8_tensor", hf_quant_config.json's object, or a ``quant_method:
-    fp8`` one for config.json); ``tensor_names``: "fp8_tensor"'s weight and activation scale names.
-    -> (quantized dir, reference dir)."""
+    ``config``: the quantization_config (for "fp8_tensor", hf_quant_config.json's object, or a ``quant_method``
+    one for config.json); ``tensor_names``: the FP8 formats' weight and activation scale names (default:
+    ``weight_scale_inv`` for blocks, ModelOpt's ``weight_scale`` / ``input_scale`` otherwise). "fp8_channel":
+    compressed-tensors' per-channel FP8 (a scale an output row). -> (quantized dir, reference dir)."""
+    default = ("weight_scale_inv", "") if method == "fp8_block" else ("weight_scale", "input_scale")
+    scale_name, input_scale_name = tensor_names or default
     quantized_dir, reference_dir = out / "quantized", out / "reference"
     for d in (quantized_dir, reference_dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -125,15 +162,19 @@ def write_quantized(
             continue
         prefix = name.removesuffix(".weight")
         if method == "fp8_block":
-            fp8, scale = dq.quantize_fp8_block(t, tuple(config["weight_block_size"]))
+            fp8, scale = dq.quantize_fp8_block(t, _block(config))
             scale = scale.to(scale_dtype)
-            q[name], q[f"{prefix}.weight_scale_inv"] = fp8, scale
-            ref[name] = dq.dequantize_fp8_block(fp8, scale, tuple(config["weight_block_size"]))
-        elif method == "fp8_tensor":
-            fp8, scale = dq.quantize_fp8_tensor(t)
-            q[name], q[f"{prefix}.{tensor_names[0]}"] = fp8, scale
-            q[f"{prefix}.{tensor_names[1]}"] = torch.tensor(0.02)
-            ref[name] = dq.dequantize_fp8_tensor(fp8, scale)
+            q[name], q[f"{prefix}.{scale_name}"] = fp8, scale
+            ref[name] = dq.dequantize_fp8_block(fp8, scale, _block(config))
+        elif method in ("fp8_tensor", "fp8_channel"):
+            per_tensor = method == "fp8_tensor"
+            fp8, scale = (dq.quantize_fp8_tensor if per_tensor else dq.quantize_fp8_channel)(t)
+            scale = scale.to(scale_dtype)
+            q[name], q[f"{prefix}.{scale_name}"] = fp8, scale
+            q[f"{prefix}.{input_scale_name}"] = torch.tensor(0.02)
+            ref[name] = (dq.dequantize_fp8_tensor if per_tensor else dq.dequantize_fp8_channel)(
+                fp8, scale
+            )
         else:
             group = config["config_groups"]["group_0"]["weights"]["group_size"]
             packed, scale = dq.quantize_int4_group(t, group)

@@ -478,3 +478,22 @@ def test_gpu_few_row_bandwidth():
     from outpace.bench.quant_kernels import report_linear
 
     report_linear({"deepseek": DEEPSEEK_SHAPES}, rows=(1, 8, 64))
+
+
+@pytest.mark.parametrize("m", [1, 8, 70])
+@pytest.mark.parametrize("k", [200, 1100])
+def test_per_channel_fp8_as_blocks_of_one_row(m, k):
+    """compressed-tensors' per-channel FP8 (a scale an output row) read as block FP8 of one row by a power of
+    two of columns at least K (``Fp8Weight.per_channel``, as layers/quant/linear.py ``Fp8Channel`` serves it):
+    F.linear on the dequantized weight, each row by its own scale."""
+    from outpace.layers.quant.dequantize import dequantize_fp8_channel, quantize_fp8_channel
+    from outpace.layers.quant.fp8_weight import Fp8Weight
+
+    g = torch.Generator().manual_seed(m + k)
+    w = torch.randn(72, k, generator=g) * torch.rand(72, 1, generator=g) * 3  # rows of other ranges
+    weight, scale = (t.to(DEVICE) for t in quantize_fp8_channel(w))
+    channel = Fp8Weight.per_channel(weight, scale)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    got = fp8_block_linear(x, channel.weight, channel.scale, channel.block)
+    assert got.shape == (m, 72)
+    assert relative_error(got, F.linear(x, dequantize_fp8_channel(weight, scale))) < 1e-6

@@ -519,3 +519,64 @@ def test_per_tensor_fp8_as_mistral_and_autofp8_publish_it(names, tmp_path):
     spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
     outs = LLM(str(q_dir), block_size=4, speculative=spec).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain
+
+
+# compressed-tensors' float strategies -> write_quantized's layout
+FLOAT_LAYOUTS = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block"}
+
+
+@pytest.mark.parametrize("strategy", list(FLOAT_LAYOUTS))
+def test_compressed_tensors_fp8_as_llm_compressor_writes_it(strategy, hf_checkpoints, tmp_path):
+    """llm-compressor's FP8 checkpoints (compressed-tensors ``float-quantized``: RedHatAI's ``-FP8-dynamic`` per
+    channel, its FP8 per tensor and in blocks): ``weight_scale`` (bf16 here) beside every projection, activations
+    dynamic per token, lm_head ignored. Logits and greedy tokens equal the dequantized twin's."""
+    from helpers.quantized_checkpoints import float_quantized_config
+
+    _, src = hf_checkpoints("llama")
+    config = float_quantized_config(strategy, (16, 16) if strategy == "block" else None)
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, FLOAT_LAYOUTS[strategy], is_projection, config, torch.bfloat16,
+        tensor_names=("weight_scale", "input_scale"),
+    )  # fmt: skip
+    names = matches_its_dequantized_twin(q_dir, ref_dir, vocab=203)
+    assert len(names) == 7 * 3  # q, k, v, o, gate, up, down of every layer
+    layer = load_model(q_dir, torch.float32).get_submodule(names[0])
+    assert layer.format.scheme.method == FLOAT_LAYOUTS[strategy]
+    assert layer.stored_weight.dtype == torch.float8_e4m3fn
+
+
+def test_per_channel_fp8_experts_as_redhat_publishes_qwen3_moe(tmp_path):
+    """Qwen3-30B-A3B-FP8-dynamic's layout: every projection, each expert's too, FP8 per output channel, the router
+    and head unquantized; logits and greedy tokens equal the dequantized twin's."""
+    from helpers.hf_models import save_hf_model
+    from helpers.quantized_checkpoints import float_quantized_config
+    from helpers.qwen3_moe_models import make_qwen3_moe
+
+    src = save_hf_model(make_qwen3_moe("renormalised"), tmp_path / "bf16")
+    config = float_quantized_config("channel", ignore=["lm_head", "re:.*mlp.gate$"])
+    q_dir, ref_dir = write_quantized(src, tmp_path, "fp8_channel", is_projection, config)
+    names = matches_its_dequantized_twin(q_dir, ref_dir, vocab=97)
+    assert any(".experts." in n for n in names) and any("self_attn" in n for n in names)
+
+
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        (dict(strategy="group", group_size=16), "strategy"),
+        (dict(num_bits=4), "num_bits"),
+        (dict(type="int"), "type"),
+        (dict(actorder="group"), "actorder"),
+    ],
+)
+def test_unknown_float_quantized_options_are_refused_by_name(change, named):
+    from helpers.quantized_checkpoints import float_quantized_config
+    from outpace.layers.quant.scheme import parse_quantization_config
+
+    config = float_quantized_config("channel")
+    config["config_groups"]["group_0"]["weights"].update(change)
+    with pytest.raises(ConfigError, match=named):
+        parse_quantization_config(config, "config.json")
+    config = float_quantized_config("channel")
+    config["config_groups"]["group_0"]["input_activations"]["strategy"] = "group"
+    with pytest.raises(ConfigError, match="input_activations.strategy"):
+        parse_quantization_config(config, "config.json")

@@ -55,6 +55,17 @@ def dequantize_fp8_block(
     return weight.float() * expand_block_scale(scale_inv, tuple(weight.shape[-2:]), block)
 
 
+def dequantize_fp8_channel(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-channel FP8 (compressed-tensors' channel strategy): ``weight`` fp8 [N, K] times ``scale`` [N, 1], each
+    row by its own (compressed-tensors' dequantize multiplies: x_q * scale)."""
+    if scale.shape != (weight.shape[0], 1):
+        raise ValueError(
+            f"a per-channel weight_scale of a [{weight.shape[0]}, {weight.shape[1]}] weight is "
+            f"[{weight.shape[0]}, 1], got {list(scale.shape)}"
+        )
+    return weight.float() * scale.float()
+
+
 def dequantize_fp8_tensor(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Per-tensor FP8: ``weight`` fp8 [..., N, K] times ``scale`` ([] or [1]; [E] for stacked experts [E, N, K]).
 
@@ -125,6 +136,13 @@ def quantize_fp8_block(
     scale_inv = torch.where(absmax > 0, absmax / FP8_MAX, torch.ones_like(absmax))
     fp8 = (w.float() / expand_block_scale(scale_inv, (n, k), block)).to(FP8_DTYPE)
     return fp8, scale_inv
+
+
+def quantize_fp8_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] -> (fp8, float32 scale [N, 1]): absmax / 448 over each row."""
+    absmax = w.float().abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(absmax > 0, absmax / FP8_MAX, torch.ones_like(absmax))
+    return (w.float() / scale).to(FP8_DTYPE), scale
 
 
 def quantize_fp8_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,8 +17,8 @@ from outpace.layers.quant import dequantize as dq
 class Fp8Weight:
     """``weight`` float8_e4m3fn [N, K] (contiguous rows) and ``scale`` (float32 or bf16), one value per
     ``block`` = (rows, columns) of the weight: block FP8's ``weight_scale_inv`` [ceil(N / bn), ceil(K / bk)]
-    (DeepSeek-V3's weight_dequant multiplies by it), or a per-tensor scale (ModelOpt) as a [1, 1] view of
-    one block at least as large as the weight (``per_tensor``)."""
+    (DeepSeek-V3's weight_dequant multiplies by it), a per-tensor scale (ModelOpt) as a [1, 1] view of
+    one block at least as large as the weight (``per_tensor``), or a scale a row (``per_channel``)."""
 
     weight: torch.Tensor  # [N, K] fp8
     scale: torch.Tensor  # [ceil(N / block[0]), ceil(K / block[1])]
@@ -29,6 +29,13 @@ class Fp8Weight:
         """A weight with one scale (ModelOpt's ``weight_scale``, [] or [1]): one block of powers of two."""
         n, k = weight.shape
         return cls(weight, scale.reshape(1, 1), (_power_of_two_from(n), _power_of_two_from(k)))
+
+    @classmethod
+    def per_channel(cls, weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
+        """A weight with one scale a row (compressed-tensors' channel strategy, [N, 1]): blocks of one row by a
+        power of two of columns, at least K."""
+        n, k = weight.shape
+        return cls(weight, scale.reshape(n, 1), (1, max(64, _power_of_two_from(k))))
 
     @classmethod
     def packed(cls, parts: list[Fp8Weight]) -> Fp8Weight:

@@ -1,4 +1,4 @@
-"""A projection whose weight stays quantized in memory: ``QuantizedLinear``, one class for the three formats,
+"""A projection whose weight stays quantized in memory: ``QuantizedLinear``, one class for every format,
 each format a small method object (``FORMATS``) that names its checkpoint tensors, makes them and computes
 with them.
 
@@ -24,7 +24,14 @@ from outpace.distributed.sharding import PackedShard, Shard, ShardingError, mark
 from outpace.layers.linear import parallel_output, project
 from outpace.layers.quant import dequantize as dq
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
+from outpace.layers.quant.scheme import (
+    FP8_BLOCK,
+    FP8_CHANNEL,
+    FP8_TENSOR,
+    FP8_TENSOR_NAMES,
+    INT4_GROUP,
+    QuantScheme,
+)
 
 
 class QuantFormat:
@@ -46,8 +53,9 @@ class QuantFormat:
     def scale_shape(self, out_features: int, in_features: int) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def scale_factors(self) -> tuple[int, int] | None:
-        """(rows, columns) of the weight each scale entry covers; None: one scale for the tensor."""
+    def scale_factors(self) -> tuple[int | None, int | None] | None:
+        """(rows, columns) of the weight each scale entry covers (None: all of that dimension); None: one scale
+        for the tensor."""
         raise NotImplementedError
 
     def weight_column_factor(self) -> int:
@@ -65,9 +73,14 @@ class QuantFormat:
 
 
 class Fp8Block(QuantFormat):
-    """``weight`` float8_e4m3fn [out, in], ``weight_scale_inv`` [ceil(out/bn), ceil(in/bk)] (fp32 or bf16)."""
+    """``weight`` float8_e4m3fn [out, in], ``weight_scale_inv`` [ceil(out/bn), ceil(in/bk)] (fp32 or bf16;
+    compressed-tensors names it ``weight_scale``)."""
 
-    weight_name, scale_name = "weight", "weight_scale_inv"
+    weight_name = "weight"
+
+    def __init__(self, scheme: QuantScheme) -> None:
+        super().__init__(scheme)
+        self.scale_name = (scheme.tensor_names or ("weight_scale_inv",))[0]
 
     def weight_shape(self, out_features, in_features):
         return (out_features, in_features)
@@ -100,7 +113,7 @@ class Fp8Tensor(QuantFormat):
 
     def __init__(self, scheme: QuantScheme) -> None:
         super().__init__(scheme)
-        self.scale_name, self.input_scale_name = scheme.tensor_names
+        self.scale_name, self.input_scale_name = scheme.tensor_names or FP8_TENSOR_NAMES
 
     def weight_shape(self, out_features, in_features):
         return (out_features, in_features)
@@ -121,6 +134,38 @@ class Fp8Tensor(QuantFormat):
         from outpace.layers.quant.fp8_linear_kernel import fp8_tensor_linear
 
         return fp8_tensor_linear(x, weight, scale)
+
+
+class Fp8Channel(QuantFormat):
+    """``weight`` float8_e4m3fn [out, in] and ``weight_scale`` [out, 1] (fp32 or bf16), one scale an output row
+    (compressed-tensors' channel strategy), beside an optional static ``input_scale``. The GPU kernels read it
+    as block FP8 of one row by every column (``Fp8Weight.per_channel``); the grouped-expert kernels do not take
+    it (layers/quant/experts.py ``grouped_kernels_take``: such experts run one by one)."""
+
+    weight_name = "weight"
+
+    def __init__(self, scheme: QuantScheme) -> None:
+        super().__init__(scheme)
+        self.scale_name, self.input_scale_name = scheme.tensor_names or FP8_TENSOR_NAMES
+
+    def weight_shape(self, out_features, in_features):
+        return (out_features, in_features)
+
+    def weight_dtype(self):
+        return dq.FP8_DTYPE
+
+    def scale_shape(self, out_features, in_features):
+        return (out_features, 1)
+
+    def scale_factors(self):
+        return (1, None)
+
+    def dequantize(self, weight, scale):
+        return dq.dequantize_fp8_channel(weight, scale)
+
+    def cuda_linear(self, x, weight, scale):
+        fused = Fp8Weight.per_channel(weight, scale)
+        return fused.project(x)
 
 
 class Int4Group(QuantFormat):
@@ -155,6 +200,7 @@ class Int4Group(QuantFormat):
 FORMATS: dict[str, type[QuantFormat]] = {
     FP8_BLOCK: Fp8Block,
     FP8_TENSOR: Fp8Tensor,
+    FP8_CHANNEL: Fp8Channel,
     INT4_GROUP: Int4Group,
 }
 
@@ -200,7 +246,7 @@ class QuantizedLinear(nn.Module):
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, device=device))
-        if isinstance(fmt, Fp8Tensor):
+        if isinstance(fmt, (Fp8Tensor, Fp8Channel)):
             self.register_buffer(fmt.input_scale_name, torch.ones((), device=device))
         if isinstance(fmt, Int4Group):
             self.register_buffer("weight_shape", torch.zeros(2, dtype=torch.int32, device=device))
@@ -221,6 +267,8 @@ class QuantizedLinear(nn.Module):
         """The stored fp8 weight and its scales as the fused few-row projections read them; None for INT4."""
         if isinstance(self.format, Fp8Block):
             return Fp8Weight(self.stored_weight, self.scale, tuple(self.format.scheme.block))
+        if isinstance(self.format, Fp8Channel):
+            return Fp8Weight.per_channel(self.stored_weight, self.scale)
         if isinstance(self.format, Fp8Tensor):
             return Fp8Weight.per_tensor(self.stored_weight, self.scale)
         return None
@@ -271,7 +319,7 @@ def quantized_like(
             layer.stored_weight, scale_shard(shard, (1, fmt.weight_column_factor()), name, "weight")
         )
         factors = fmt.scale_factors()
-        if factors is not None:
+        if factors is not None and factors[shard.dim] is not None:  # (else whole on every rank)
             mark_shard(layer.scale, scale_shard(shard, factors, name, "scale"))
     if linear.bias is not None and getattr(linear.bias, "shard", None) is not None:
         mark_shard(layer.bias, linear.bias.shard)

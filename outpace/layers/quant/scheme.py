@@ -8,7 +8,10 @@ The published formats (the facts each parser checks, with where they come from):
   of the last, ``ignored_layers``); without ``weight_block_size``, per-tensor FP8 (AutoFP8's checkpoints,
   Mistral's FP8 releases such as Ministral 3: ``activation_scheme`` "static" or "dynamic", optional
   ``dequantize``), one scale a weight under ModelOpt's names or transformers' (``per_tensor_names``);
-- compressed-tensors ``quant_method: "compressed-tensors"``, ``format: "pack-quantized"`` (Kimi-K2-Thinking):
+- compressed-tensors ``quant_method: "compressed-tensors"``, ``format: "float-quantized"`` (llm-compressor's FP8
+  checkpoints, e.g. RedHatAI's ``-FP8-dynamic``: ``weights`` of ``num_bits: 8, type: "float"`` per tensor, per
+  output channel or in ``block_structure`` blocks, ``weight_scale`` beside each weight: ``_fp8_group``), or
+  ``format: "pack-quantized"`` (Kimi-K2-Thinking):
   ``config_groups`` whose ``weights`` are ``num_bits: 4, type: "int", symmetric: true, strategy: "group",
   group_size: 32`` with no input activations (W4A16), and an ``ignore`` list whose ``re:`` entries are
   regular expressions matched from the start of the module name, the others exact names
@@ -30,12 +33,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from outpace.validation import ConfigError, ConfigFields, read_json_object
+from outpace.validation import ConfigError, ConfigFields, is_int, read_json_object
 
-FP8_BLOCK = "fp8_block"  # weight fp8 + weight_scale_inv per block
-FP8_TENSOR = (
-    "fp8_tensor"  # weight fp8 + one scale per tensor (ModelOpt, per-tensor quant_method fp8)
+# a checkpoint's formats: how a quantized weight is stored
+FP8_BLOCK = (
+    "fp8_block"  # fp8 + a scale per block (weight_scale_inv; compressed-tensors: weight_scale)
 )
+FP8_TENSOR = "fp8_tensor"  # fp8 + one scale (ModelOpt, AutoFP8, Mistral's, compressed-tensors)
+FP8_CHANNEL = "fp8_channel"  # fp8 + one scale per output row (compressed-tensors)
 INT4_GROUP = "int4_group"  # weight_packed int32 + weight_scale per group (compressed-tensors)
 
 MODELOPT_CONFIG_FILE = "hf_quant_config.json"
@@ -53,7 +58,7 @@ class QuantScheme:
     """How a checkpoint's quantized modules are stored. Which modules are quantized is read per module from
     the checkpoint's tensor names (layers/quant/loading.py), cross-checked with ``excludes``."""
 
-    method: str  # FP8_BLOCK, FP8_TENSOR or INT4_GROUP
+    method: str  # FP8_BLOCK, FP8_TENSOR, FP8_CHANNEL or INT4_GROUP
     source: str  # the file the scheme was read from (errors name it)
     block: tuple[int, int] | None = None  # FP8_BLOCK: (rows, columns) of a scale's block
     group: int | None = None  # INT4_GROUP: columns per scale
@@ -64,11 +69,10 @@ class QuantScheme:
         "name"  # "name" (dotted parts), "regex" (compressed-tensors), "wildcard" (ModelOpt)
     )
     kv_cache_quant_algo: str | None = None  # ModelOpt's, for the FP8 KV cache (not this module's)
-    # FP8_TENSOR: the names of a module's weight scale and activation scale (``per_tensor_names``)
-    tensor_names: tuple[str, str] = FP8_TENSOR_NAMES
-    producer: str = (
-        ""  # FP8_TENSOR: who wrote the format ("ModelOpt", "quant_method fp8"), for the log
-    )
+    # FP8 formats: the names of a module's weight scale and activation scale; None: the format's own
+    # (layers/quant/linear.py; per-tensor FP8 reads them from the checkpoint: ``per_tensor_names``)
+    tensor_names: tuple[str, str] | None = None
+    producer: str = ""  # who wrote the format, where several do: for the start-up log
 
     @property
     def description(self) -> str:
@@ -78,6 +82,8 @@ class QuantScheme:
             return f"block FP8 e4m3 ({self.block[0]}x{self.block[1]} blocks{scales})"
         if self.method == FP8_TENSOR:
             return f"per-tensor FP8 e4m3 ({self.producer})"
+        if self.method == FP8_CHANNEL:
+            return f"per-channel FP8 e4m3 ({self.producer})"
         return f"INT4 weights in groups of {self.group} (compressed-tensors pack-quantized)"
 
     def excludes(self, module: str) -> bool:
@@ -193,7 +199,7 @@ def _fp8(fields: ConfigFields) -> QuantScheme:
 def per_tensor_names(scheme: QuantScheme, tensor_names: set[str]) -> QuantScheme:
     """A per-tensor FP8 scheme with the scale names its checkpoint (``tensor_names``) uses: transformers' where
     a ``*.weight_scale_inv`` is stored, else ModelOpt's and AutoFP8's. Any other scheme as it is."""
-    if scheme.method != FP8_TENSOR:
+    if scheme.method != FP8_TENSOR or scheme.tensor_names is not None:
         return scheme
     stored = any(n.endswith("." + FP8_TENSOR_NAMES_TRANSFORMERS[0]) for n in tensor_names)
     names = FP8_TENSOR_NAMES_TRANSFORMERS if stored else FP8_TENSOR_NAMES
@@ -220,7 +226,7 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
     }
     known |= {"global_compression_ratio", "version", "sparsity_config", "transform_config"}
     _refuse_unknown(fields, known)
-    _require_value(fields, "format", ("pack-quantized",))
+    _require_value(fields, "format", ("pack-quantized", "float-quantized"))
     _require_value(fields, "quantization_status", ("compressed",), "compressed")
     for name in (
         "kv_cache_scheme",
@@ -234,14 +240,79 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
         raise fields.fail(
             "config_groups", fields.get("config_groups"), "an object of one or more groups"
         )
+    exclude, field = _exclude_list(fields, ("ignore",))
+    if fields.get("format") == "float-quantized":
+        layouts = {_fp8_group(groups.mapping(name)) for name in groups.data}
+        if len(layouts) != 1:
+            raise fields.fail("config_groups", groups.data, "groups of one strategy and block")
+        method, block = layouts.pop()
+        names = ("weight_scale", "input_scale")  # compressed-tensors' names, whatever the strategy
+        return QuantScheme(
+            method, fields.source, block=block, exclude=exclude, exclude_field=field,
+            exclude_match="regex", tensor_names=names, producer="compressed-tensors",
+        )  # fmt: skip
     group_sizes = {_int4_group(groups.mapping(name)) for name in groups.data}
     if len(group_sizes) != 1:
         raise fields.fail("config_groups", groups.data, "groups of one group_size")
-    exclude, field = _exclude_list(fields, ("ignore",))
     return QuantScheme(
         INT4_GROUP, fields.source, group=group_sizes.pop(), exclude=exclude, exclude_field=field,
         exclude_match="regex",
     )  # fmt: skip
+
+
+# compressed-tensors' float strategies (quantization/quant_args.py QuantizationStrategy) -> outpace's format
+_FP8_STRATEGIES = {"tensor": FP8_TENSOR, "channel": FP8_CHANNEL, "block": FP8_BLOCK}
+
+
+def _fp8_group(group: ConfigFields) -> tuple[str, tuple[int, int] | None]:
+    """One float-quantized config group (llm-compressor's FP8, FP8_DYNAMIC and FP8_BLOCK schemes): Linear
+    targets, 8-bit float symmetric weights per tensor, per output channel or in blocks -> (format, block).
+    Activations may be quantized per token or per tensor, dynamically or with static scales: the products here
+    are weight-only (activations stay high precision; a static ``input_scale`` is loaded, not applied)."""
+    _refuse_unknown(
+        group, {"targets", "weights", "input_activations", "output_activations", "format"}
+    )
+    _require_value(group, "format", (None, "float-quantized"))
+    if group.strings("targets") != ["Linear"]:
+        raise group.fail("targets", group.get("targets"), '["Linear"] (others are not implemented)')
+    if group.get("output_activations") is not None:
+        raise group.fail("output_activations", group.get("output_activations"), "null")
+    weights = _float8_args(group, "weights", ("tensor", "channel", "block"))
+    if group.get("input_activations") is not None:
+        _float8_args(group, "input_activations", ("token", "tensor"))
+    strategy = weights.get("strategy")
+    if strategy != "block":
+        _require_value(weights, "block_structure", (None,))
+        return _FP8_STRATEGIES[strategy], None
+    block = weights.get("block_structure")
+    if not (
+        isinstance(block, list) and len(block) == 2 and all(is_int(b) and b > 0 for b in block)
+    ):
+        raise weights.fail("block_structure", block, "two positive integers [rows, columns]")
+    return FP8_BLOCK, (block[0], block[1])
+
+
+def _float8_args(group: ConfigFields, name: str, strategies: tuple[str, ...]) -> ConfigFields:
+    """``group[name]``: 8-bit float, symmetric, one of ``strategies``, no groups or reordering."""
+    args = group.mapping(name)
+    if args is None:
+        raise group.fail(name, group.get(name), "an object")
+    known = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder"}
+    known |= {"block_structure", "observer", "observer_kwargs", "scale_dtype", "zp_dtype"}
+    _refuse_unknown(args, known)
+    _require_value(args, "num_bits", (8,))
+    _require_value(args, "type", ("float",))
+    _require_value(args, "symmetric", (True,))
+    _require_value(args, "strategy", strategies)
+    _require_value(args, "dynamic", (False, True), False)
+    for field in (
+        "group_size",
+        "actorder",
+        "scale_dtype",
+        "zp_dtype",
+    ):  # observer*: calibration only
+        _require_value(args, field, (None,))
+    return args
 
 
 def _int4_group(group: ConfigFields) -> int:
