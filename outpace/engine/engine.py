@@ -45,6 +45,7 @@ from outpace.engine.scheduler import Scheduler
 from outpace.engine.step_key import SamplingMode
 from outpace.engine.step_results import StepResults
 from outpace.engine.warm_up import warm_up_prefills
+from outpace.layers.moe import experts_off_the_kernels
 from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model, resolve_dtype
@@ -112,6 +113,19 @@ def _undrafted_metrics(batch: list, results: StepResults) -> list[SpecMetrics]:
         for s, accepted, drafts in zip(batch, results.num_accepted_drafts, results.num_drafts)
         if accepted is not None and not drafts
     ]
+
+
+def _refuse_experts_off_the_kernels(model: torch.nn.Module) -> None:
+    """Captured steps need every mixture on the grouped kernels: experts they do not take (a quantized format or
+    shape they lack, layers/quant/experts.py ``grouped_kernels_take``) run one by one behind a host sync."""
+    names = experts_off_the_kernels(model)
+    if names:
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise ConfigError(
+            f"the experts of {names[0]}{more} run one by one on the GPU (their activation or quantized "
+            "format is not one the grouped kernels take), which a captured CUDA graph cannot hold: serve "
+            "with --enforce-eager (EngineConfig.cuda_graphs=False)"
+        )
 
 
 def _report(message: str, progress: bool) -> None:
@@ -194,6 +208,8 @@ class LLMEngine:
             config.model, dtype, config.device, progress=progress, load_format=config.load_format
         )
         _report(weights_summary(self.model, self.model_config.quantization), progress)
+        if config.device.startswith("cuda") and config.cuda_graphs:
+            _refuse_experts_off_the_kernels(self.model)
         if config.device == "cpu":
             configure_threads(sum(p.numel() for p in self.model.parameters()))
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)

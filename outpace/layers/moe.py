@@ -255,6 +255,16 @@ def run_experts(
     return out.to(x.dtype)
 
 
+def experts_off_the_kernels(model: nn.Module) -> list[str]:
+    """The names of ``model``'s routed experts that the grouped kernels do not take (``RoutedExperts.kernels_take``):
+    on the GPU they run one by one, which a captured step cannot hold."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, RoutedExperts) and not module.kernels_take()
+    ]
+
+
 # ACTIVATIONS keys -> the grouped kernels' activation (layers/moe_kernels.py ACTIVATIONS); the tanh GELUs
 # are one formula (layers/activation.py)
 _KERNEL_ACTIVATIONS = {
@@ -461,13 +471,16 @@ class RoutedExperts(nn.Module):
         return self.run(x, weights, ids)
 
     def uses_kernels(self, x: torch.Tensor) -> bool:
-        """Whether ``run`` takes the grouped kernels for x (``kernels``; an activation they have)."""
+        """Whether ``run`` takes the grouped kernels for x (``kernels``; ``kernels_take`` these experts)."""
         use = x.is_cuda and not torch.is_grad_enabled() if self.kernels is None else self.kernels
-        # experts stored quantized: the quantized grouped kernels where they take the format and shapes
-        # (layers/quant/experts.py)
+        return use and self.kernels_take()
+
+    def kernels_take(self) -> bool:
+        """Whether the grouped kernels can run these experts: an activation they have and, experts stored
+        quantized, a format and shapes the quantized grouped kernels take (layers/quant/experts.py). Else the
+        GPU runs them one by one (``run_experts``: a host sync, which no CUDA graph can hold)."""
         quantized = has_quantized_experts(self) or has_quantized_stacks(self)
-        quantized_ok = not quantized or grouped_kernels_take(self)
-        return use and self.activation.kernel is not None and quantized_ok
+        return self.activation.kernel is not None and (not quantized or grouped_kernels_take(self))
 
     def run(
         self,
