@@ -5,7 +5,8 @@ dequantizing path (``run_experts``, each projection dequantized), in Triton's in
 (float32): a DeepSeek-style MoE (grouped sigmoid routing with the correction bias) whose shared MLP is one,
 two (DeepSeek-V2-Lite's) or three experts wide, in block FP8 (a ragged last column block; fp32 and bf16
 scales) and in INT4 groups, and Nemotron-H's ungated relu2 experts in ModelOpt's per-tensor FP8 (read by the
-kernels as blocks of one expert's rows) with its two-expert-wide shared MLP, at decode (one token) and verify
+kernels as blocks of one expert's rows) with its two-expert-wide shared MLP, and per-channel FP8 (compressed-tensors:
+blocks of one row), at decode (one token) and verify
 widths of several sequences. The stacks must be views of the experts' own tensors, and the fused shared
 slots views of the shared MLP's own weights and scales (no memory added, nothing moved)."""
 
@@ -22,6 +23,7 @@ from outpace.layers.quant import dequantize as dq  # noqa: E402
 from outpace.layers.quant.linear import FORMATS, QuantizedLinear, quantized_like  # noqa: E402
 from outpace.layers.quant.scheme import (  # noqa: E402
     FP8_BLOCK,
+    FP8_CHANNEL,
     FP8_TENSOR,
     INT4_GROUP,
     QuantScheme,
@@ -34,6 +36,7 @@ SCHEMES = {
     FP8_BLOCK: QuantScheme(FP8_BLOCK, "test", block=(32, 64)),
     INT4_GROUP: QuantScheme(INT4_GROUP, "test", group=32),
     FP8_TENSOR: QuantScheme(FP8_TENSOR, "test"),
+    FP8_CHANNEL: QuantScheme(FP8_CHANNEL, "test"),
 }
 TOKENS = [1, 3 * 4]  # decode; verify width 4 of three sequences
 
@@ -60,6 +63,8 @@ def quantize_projections(
             scale = scale.to(fp8_scales)
         elif scheme.method == FP8_TENSOR:
             stored, scale = dq.quantize_fp8_tensor(w)
+        elif scheme.method == FP8_CHANNEL:
+            stored, scale = dq.quantize_fp8_channel(w)
         else:
             stored, scale = dq.quantize_int4_group(w, scheme.group)
             scale = scale.to(torch.bfloat16)
@@ -125,6 +130,7 @@ def shared_tensors(moe: torch.nn.Module) -> list[torch.Tensor]:
         (deepseek_moe, FP8_BLOCK, 1),
         (deepseek_moe, INT4_GROUP, 1),
         (nemotron_moe, FP8_TENSOR, 2),
+        (deepseek_moe, FP8_CHANNEL, 1),  # (compressed-tensors' per-channel: blocks of one row)
     ],
 )
 def test_quantized_moe_on_the_kernels_equals_its_eager_dequantized_path(build, method, slots):

@@ -49,7 +49,7 @@ from torch import nn
 
 from outpace.layers.quant.dequantize import INT4_PACK_FACTOR
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, Int4Group, QuantizedLinear
+from outpace.layers.quant.linear import Fp8Block, Fp8Channel, Fp8Tensor, Int4Group, QuantizedLinear
 
 _KERNEL_SCALE_DTYPES = (torch.float32, torch.bfloat16)  # what moe_quant_kernels.py reads
 _TENSOR_BLOCK_K = 128  # per-tensor FP8 read as blocks of (I, 128): a K step the fp8 kernels take
@@ -96,6 +96,8 @@ def grouped_kernels_take(experts: nn.Module) -> bool:
     if isinstance(fmt, Fp8Block):
         block_n, block_k = fmt.scheme.block
         return block_k >= 64 and not block_k & (block_k - 1) and not (gated and inter % block_n)
+    if isinstance(fmt, Fp8Channel):  # (read as blocks of one row: ``QuantizedExpertStacks.run``)
+        return True
     if isinstance(fmt, Int4Group):
         group = fmt.scheme.group
         return not group & (group - 1) and not hidden % group and not inter % group
@@ -135,6 +137,10 @@ def _splits_into_slots(fmt, inter: int, slots: int) -> bool:
     packed word across two of them (module docstring)."""
     if slots == 1 or isinstance(fmt, Fp8Tensor):
         return True
+    if isinstance(
+        fmt, Fp8Channel
+    ):  # (down's one scale a row serves every slot's columns: not as slots)
+        return False
     if isinstance(fmt, Fp8Block):
         return not any(inter % side for side in fmt.scheme.block)
     return not inter % fmt.scheme.group and not inter % INT4_PACK_FACTOR
@@ -288,6 +294,12 @@ class QuantizedExpertStacks:
                 self.gate_up_scale,
                 self.down_scale,
             )
+        elif isinstance(
+            self.format, Fp8Channel
+        ):  # scales [E, rows, 1]: blocks of one row by every column
+            _, hidden, inter = self.down.shape
+            block = (1, Fp8Weight.per_channel_block_k(max(hidden, inter)))
+            gate_up_scale, down_scale = self.gate_up_scale, self.down_scale
         else:  # per-tensor FP8 read as blocks (module docstring), the shared slots' too
             block = (self.down.shape[2], _TENSOR_BLOCK_K)
             gate_up_scale = self.tensor_input_blocks(self.gate_up_scale)

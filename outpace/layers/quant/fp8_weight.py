@@ -35,7 +35,13 @@ class Fp8Weight:
         """A weight with one scale a row (compressed-tensors' channel strategy, [N, 1]): blocks of one row by a
         power of two of columns, at least K."""
         n, k = weight.shape
-        return cls(weight, scale.reshape(n, 1), (1, max(64, _power_of_two_from(k))))
+        return cls(weight, scale.reshape(n, 1), (1, cls.per_channel_block_k(k)))
+
+    @staticmethod
+    def per_channel_block_k(k: int) -> int:
+        """The columns of a per-channel scale's block over K columns: a power of two, at least K and 64 (the fp8
+        kernels' blocks: every K step of theirs then lies in the row's one scale column)."""
+        return max(64, _power_of_two_from(k))
 
     @classmethod
     def packed(cls, parts: list[Fp8Weight]) -> Fp8Weight:
