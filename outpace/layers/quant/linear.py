@@ -72,21 +72,33 @@ class QuantFormat:
         raise NotImplementedError
 
 
-class Fp8Block(QuantFormat):
-    """``weight`` float8_e4m3fn [out, in], ``weight_scale_inv`` [ceil(out/bn), ceil(in/bk)] (fp32 or bf16;
-    compressed-tensors names it ``weight_scale``)."""
+class Fp8Format(QuantFormat):
+    """What the FP8 formats share: ``weight`` float8_e4m3fn [out, in] and its scale, beside a static activation
+    scale where the format has one (loaded, not applied: the products are weight-only), under the names the
+    scheme gives (``QuantScheme.tensor_names``: compressed-tensors', or those per-tensor checkpoints store) or
+    the format's own (``default_names``)."""
 
     weight_name = "weight"
+    default_names: tuple[
+        str, str | None
+    ]  # (the weight scale's name, the activation scale's or None)
 
     def __init__(self, scheme: QuantScheme) -> None:
         super().__init__(scheme)
-        self.scale_name = (scheme.tensor_names or ("weight_scale_inv",))[0]
+        self.scale_name, self.input_scale_name = scheme.tensor_names or self.default_names
 
     def weight_shape(self, out_features, in_features):
         return (out_features, in_features)
 
     def weight_dtype(self):
         return dq.FP8_DTYPE
+
+
+class Fp8Block(Fp8Format):
+    """Scale [ceil(out/bn), ceil(in/bk)] (fp32 or bf16): ``weight_scale_inv`` (compressed-tensors:
+    ``weight_scale``)."""
+
+    default_names = ("weight_scale_inv", None)
 
     def scale_shape(self, out_features, in_features):
         bn, bk = self.scheme.block
@@ -104,22 +116,12 @@ class Fp8Block(QuantFormat):
         return fp8_block_linear(x, weight, scale, self.scheme.block)
 
 
-class Fp8Tensor(QuantFormat):
-    """``weight`` float8_e4m3fn [out, in] and one float32 scale (ModelOpt stores it as [] or [1]), beside a
-    static activation scale, under the names the scheme gives (scheme.py ``FP8_TENSOR_NAMES``: ModelOpt's
-    ``weight_scale`` / ``input_scale``, or transformers' ``weight_scale_inv`` / ``activation_scale``)."""
+class Fp8Tensor(Fp8Format):
+    """One float32 scale (ModelOpt stores it as [] or [1]) beside the static activation scale (scheme.py
+    ``FP8_TENSOR_NAMES``: ModelOpt's ``weight_scale`` / ``input_scale``, or transformers' ``weight_scale_inv`` /
+    ``activation_scale``)."""
 
-    weight_name = "weight"
-
-    def __init__(self, scheme: QuantScheme) -> None:
-        super().__init__(scheme)
-        self.scale_name, self.input_scale_name = scheme.tensor_names or FP8_TENSOR_NAMES
-
-    def weight_shape(self, out_features, in_features):
-        return (out_features, in_features)
-
-    def weight_dtype(self):
-        return dq.FP8_DTYPE
+    default_names = FP8_TENSOR_NAMES
 
     def scale_shape(self, out_features, in_features):
         return ()
@@ -136,23 +138,12 @@ class Fp8Tensor(QuantFormat):
         return fp8_tensor_linear(x, weight, scale)
 
 
-class Fp8Channel(QuantFormat):
-    """``weight`` float8_e4m3fn [out, in] and ``weight_scale`` [out, 1] (fp32 or bf16), one scale an output row
-    (compressed-tensors' channel strategy), beside an optional static ``input_scale``. The GPU kernels read it
-    as block FP8 of one row by every column (``Fp8Weight.per_channel``); the grouped-expert kernels do not take
-    it (layers/quant/experts.py ``grouped_kernels_take``: such experts run one by one)."""
+class Fp8Channel(Fp8Format):
+    """``weight_scale`` [out, 1] (fp32 or bf16), one scale an output row (compressed-tensors' channel strategy),
+    beside an optional static ``input_scale``. The GPU kernels read it as block FP8 of one row by a power of two
+    of columns (``Fp8Weight.per_channel``), the grouped-expert kernels too (layers/quant/experts.py)."""
 
-    weight_name = "weight"
-
-    def __init__(self, scheme: QuantScheme) -> None:
-        super().__init__(scheme)
-        self.scale_name, self.input_scale_name = scheme.tensor_names or FP8_TENSOR_NAMES
-
-    def weight_shape(self, out_features, in_features):
-        return (out_features, in_features)
-
-    def weight_dtype(self):
-        return dq.FP8_DTYPE
+    default_names = FP8_TENSOR_NAMES
 
     def scale_shape(self, out_features, in_features):
         return (out_features, 1)
@@ -164,8 +155,7 @@ class Fp8Channel(QuantFormat):
         return dq.dequantize_fp8_channel(weight, scale)
 
     def cuda_linear(self, x, weight, scale):
-        fused = Fp8Weight.per_channel(weight, scale)
-        return fused.project(x)
+        return Fp8Weight.per_channel(weight, scale).project(x)
 
 
 class Int4Group(QuantFormat):
@@ -246,7 +236,7 @@ class QuantizedLinear(nn.Module):
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, device=device))
-        if isinstance(fmt, (Fp8Tensor, Fp8Channel)):
+        if getattr(fmt, "input_scale_name", None):
             self.register_buffer(fmt.input_scale_name, torch.ones((), device=device))
         if isinstance(fmt, Int4Group):
             self.register_buffer("weight_shape", torch.zeros(2, dtype=torch.int32, device=device))
