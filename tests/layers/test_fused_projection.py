@@ -517,3 +517,23 @@ def test_fused_dflash_gives_the_unfused_output(monkeypatch):
     assert _speculate(spec, 3) == expected
     assert (0, True) in calls, "no fused context write (k/v only, with the k norm)"
     assert any(q > 0 and qk for q, qk in calls), "no fused draft layer with q/k norms"
+
+
+def test_the_fused_path_scales_ministral3_queries_as_the_unfused_one(tmp_path, monkeypatch):
+    """Ministral 3's query scale by position (layers/rotary.py ``query_scale``) after the fused q/k/v kernel
+    (layers/fused_decoder.py ``project_fused``): the decode forward's logits equal the unfused path's, at
+    positions past several of the scale's steps (q_proj sharpened so that the scale shows)."""
+    from helpers.hf_models import make_hf_model, save_hf_model
+
+    hf = make_hf_model("ministral3", head_dim=8)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+    path = save_hf_model(hf, tmp_path / "ministral3")
+    calls = []
+    ref_logits, _ = decode_forward(path, monkeypatch, torch.float32, lambda x, w: False)
+    logits, _ = decode_forward(
+        path, monkeypatch, torch.float32, lambda x, w: calls.append(x.shape) or True
+    )
+    assert calls, "the fused path did not run"
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
