@@ -92,6 +92,22 @@ def test_project_rows_over_narrow_scale_blocks(invariant):
 
 
 @PATHS
+@pytest.mark.parametrize("k", [300, 1100])
+def test_project_rows_over_per_channel_fp8(k, invariant):
+    """compressed-tensors' per-channel FP8 as blocks of one row (``Fp8Weight.per_channel``), on both paths."""
+    from outpace.layers.quant.dequantize import dequantize_fp8_channel, quantize_fp8_channel
+
+    raw = _rand(70, k, seed=7) * torch.rand(70, 1, generator=torch.Generator().manual_seed(7)) * 3
+    weight, scale = quantize_fp8_channel(raw)
+    dense = dequantize_fp8_channel(weight, scale).double()
+    x = _rand(3, k, seed=8)
+    w = Fp8Weight.per_channel(weight.to(DEVICE), scale.to(DEVICE))
+    with forward_settings(batch_invariant=invariant):
+        out = project_rows(x.to(DEVICE, _dtype()), w)
+    _close(out, F.linear(x.double(), dense))
+
+
+@PATHS
 def test_project_rows_over_per_tensor_fp8(invariant):
     raw = _rand(70, 300, seed=5)
     weight, scale = quantize_fp8_tensor(raw)

@@ -7,7 +7,8 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 mkdir -p $OUT
 timeout 300 python3 -m pytest -v -p no:cacheprovider -n 4 --tb=short -rfE \
-  tests/kernels/test_fp8_linear.py tests/kernels/test_quant_moe_path.py -k "per_channel or fp8_channel" \
+  tests/kernels/test_fp8_linear.py tests/kernels/test_quant_moe_path.py tests/layers/test_fused_projection_fp8.py \
+  -k "per_channel or fp8_channel" \
   > $OUT/pytest.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
 sed -i -E 's/\r/\n/g' $OUT/pytest.log
