@@ -230,3 +230,36 @@ def test_modelopt_checkpoint_scales_reach_the_engine(llama_dir, tmp_path):
         f"\nModelOpt FP8 Llama with its KV scales: FP8 cache vs float32 cache, match rate {rate:.3f}"
     )
     assert rate >= 0.3
+
+
+def test_compressed_tensors_fp8_kv_cache_scheme_and_its_scales(llama_dir, tmp_path):
+    """llm-compressor's FP8 checkpoint with an FP8 KV-cache scheme (``kv_cache_scheme``: 8-bit float per tensor,
+    static) and its self_attn.k_scale / v_scale: the scheme is read (not refused), the engine's FP8 cache takes
+    the scales, and a dynamic KV scheme is refused by name."""
+    from helpers.quantized_checkpoints import float_quantized_config, is_projection, write_quantized
+    from outpace.layers.quant.scheme import parse_quantization_config
+    from outpace.validation import ConfigError
+
+    config = float_quantized_config("channel")
+    config["kv_cache_scheme"] = {
+        "num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
+        "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
+        "observer_kwargs": {},
+    }  # fmt: skip
+    assert parse_quantization_config(config, "config.json").kv_cache_quant_algo == "FP8"
+    checkpoint, _ = write_quantized(llama_dir, tmp_path, "fp8_channel", is_projection, config)
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(0.1 * (i + 1))
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.2 * (i + 1))
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    llm = LLM(str(checkpoint), block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8")
+    attn = [layer.self_attn.attn for layer in llm.engine.model.model.layers]
+    assert [round(float(a.k_scale), 6) for a in attn] == [
+        round(0.1 * (i + 1), 6) for i in range(layers)
+    ]
+    assert len(greedy(checkpoint, prompts(1, 200))[0]) > 0  # the model's dtype cache: scales unused
+    config["kv_cache_scheme"]["dynamic"] = True
+    with pytest.raises(ConfigError, match="kv_cache_scheme.dynamic"):
+        parse_quantization_config(config, "config.json")

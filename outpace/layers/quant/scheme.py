@@ -228,8 +228,8 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
     _refuse_unknown(fields, known)
     _require_value(fields, "format", ("pack-quantized", "float-quantized"))
     _require_value(fields, "quantization_status", ("compressed",), "compressed")
+    kv_algo = _fp8_kv_cache_scheme(fields)
     for name in (
-        "kv_cache_scheme",
         "sparsity_config",
         "transform_config",
     ):  # informational when null
@@ -250,13 +250,14 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
         return QuantScheme(
             method, fields.source, block=block, exclude=exclude, exclude_field=field,
             exclude_match="regex", tensor_names=names, producer="compressed-tensors",
+            kv_cache_quant_algo=kv_algo,
         )  # fmt: skip
     group_sizes = {_int4_group(groups.mapping(name)) for name in groups.data}
     if len(group_sizes) != 1:
         raise fields.fail("config_groups", groups.data, "groups of one group_size")
     return QuantScheme(
         INT4_GROUP, fields.source, group=group_sizes.pop(), exclude=exclude, exclude_field=field,
-        exclude_match="regex",
+        exclude_match="regex", kv_cache_quant_algo=kv_algo,
     )  # fmt: skip
 
 
@@ -302,8 +303,9 @@ def _float8_args(group: ConfigFields, name: str, strategies: tuple[str, ...]) ->
     _refuse_unknown(args, known)
     _require_value(args, "num_bits", (8,))
     _require_value(args, "type", ("float",))
-    _require_value(args, "symmetric", (True,))
-    _require_value(args, "strategy", strategies)
+    # (QuantizationArgs' defaults where a field is absent: symmetric, per tensor)
+    _require_value(args, "symmetric", (True,), True)
+    _require_value(args, "strategy", strategies, "tensor")
     _require_value(args, "dynamic", (False, True), False)
     for field in (
         "group_size",
@@ -375,15 +377,18 @@ def _modelopt_inline(fields: ConfigFields) -> QuantScheme:
         _refuse_unknown(fields, {"quant_method", "quantization", "producer"})
         return _modelopt(nested, "exclude_modules", nested.get("kv_cache_quant_algo"))
     _refuse_unknown(fields, {"quant_method", "quant_algo", "ignore", "kv_cache_scheme", "producer"})
-    kv = fields.mapping("kv_cache_scheme")
-    kv_algo = None
-    if kv is not None:
-        if kv.get("type") != "float" or kv.get("num_bits") != 8:
-            raise fields.fail(
-                "kv_cache_scheme", kv.data, '{"type": "float", "num_bits": 8} or null'
-            )
-        kv_algo = "FP8"
-    return _modelopt(fields, "ignore", kv_algo, known_checked=True)
+    return _modelopt(fields, "ignore", _fp8_kv_cache_scheme(fields), known_checked=True)
+
+
+def _fp8_kv_cache_scheme(fields: ConfigFields) -> str | None:
+    """``kv_cache_scheme`` (compressed-tensors' QuantizationArgs, which ModelOpt's config.json form writes too):
+    null, or 8-bit float per tensor with static scales (``k_scale`` / ``v_scale`` in the checkpoint, which
+    ``--kv-cache-dtype fp8`` uses: cache/kv_scales.py) -> "FP8" or None."""
+    if fields.get("kv_cache_scheme") is None:
+        return None
+    kv = _float8_args(fields, "kv_cache_scheme", ("tensor",))
+    _require_value(kv, "dynamic", (False,), False)
+    return "FP8"
 
 
 def _modelopt(
