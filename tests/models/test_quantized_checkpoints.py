@@ -595,3 +595,20 @@ def test_unknown_float_quantized_options_are_refused_by_name(change, named):
     config["config_groups"]["group_0"]["input_activations"]["strategy"] = "group"
     with pytest.raises(ConfigError, match="input_activations.strategy"):
         parse_quantization_config(config, "config.json")
+
+
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "nemotron_h"])
+def test_per_channel_fp8_hybrids_as_llm_compressor_writes_them(variant, hybrids, tmp_path):
+    """The hybrids in compressed-tensors' per-channel FP8 (RedHatAI's Qwen3-Next-80B-A3B-FP8-dynamic layout): every
+    projection, the linear-attention and Mamba in/out projections and the experts included, FP8 a row; routers,
+    gates, convolutions, norms and the head as stored. Greedy tokens equal the dequantized twin's."""
+    from helpers.quantized_checkpoints import float_quantized_config
+
+    config = float_quantized_config("channel", ignore=["lm_head", "re:.*mlp.gate$"])
+    q_dir, ref_dir = write_quantized(
+        hybrids(variant), tmp_path, "fp8_channel", is_projection, config
+    )
+    names = quantized_modules(load_model(q_dir, torch.float32))
+    assert any("in_proj" in n for n in names)
+    a, b = hybrid_logits(q_dir), hybrid_logits(ref_dir)
+    assert a.token_ids == b.token_ids
