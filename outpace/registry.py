@@ -9,6 +9,7 @@ MODELS = {
     "LlamaForCausalLM": "outpace.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "outpace.models.mistral:MistralForCausalLM",
     "Ministral3ForCausalLM": "outpace.models.mistral:MistralForCausalLM",  # + query scaling by position
+    "MinistralForCausalLM": "outpace.models.mistral:MinistralForCausalLM",  # windows by layer_types
     "Mistral3ForConditionalGeneration": "outpace.models.mistral:Mistral3TextForCausalLM",  # its text model
     "MixtralForCausalLM": "outpace.models.mixtral:MixtralForCausalLM",  # Mistral's layers, sparse MoE MLPs
     # multi-head latent attention, mixture of experts

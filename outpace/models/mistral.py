@@ -5,7 +5,7 @@ is Ministral 3's)."""
 
 from __future__ import annotations
 
-from outpace.models.config_hooks import empty_if_all_full
+from outpace.models.config_hooks import empty_if_all_full, windows_of_layer_types
 from outpace.models.llama import LlamaForCausalLM
 from outpace.models.multimodal import TextOfMultimodal, llava_text_name
 from outpace.validation import ConfigFields
@@ -27,6 +27,20 @@ class MistralForCausalLM(LlamaForCausalLM):
         # their attention applies it to every layer (None: full attention).
         default = None if cfg.get("model_type") == "ministral3" else 4096
         return empty_if_all_full((cfg.optional_integer("sliding_window", default),) * num_layers)
+
+
+class MinistralForCausalLM(MistralForCausalLM):
+    """transformers' Ministral (Ministral-8B's interleaved attention): Mistral's layers, each sliding or full as
+    ``layer_types`` says (MinistralConfig derives them from ``sliding_window``: every layer alike when absent)."""
+
+    query_scaling = False
+
+    @classmethod
+    def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
+        window = cfg.optional_integer("sliding_window", 4096)
+        kind = "sliding_attention" if window is not None else "full_attention"
+        types = cfg.strings("layer_types") or [kind] * num_layers
+        return windows_of_layer_types(cfg, types, window, num_layers, "a sliding_window")
 
 
 class Mistral3TextForCausalLM(TextOfMultimodal, MistralForCausalLM):

@@ -23,6 +23,7 @@ LLAMA_FAMILY = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Ministral3ForCausalLM",
+    "MinistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
@@ -152,9 +153,8 @@ def test_unimplemented_values_are_refused_by_name(arch):
             {**base, "layer_types": ["chunked_attention"] * N}, "layer_types", "chunked_attention"
         )
         # transformers' create_sliding_window_causal_mask needs a window for a sliding layer
-        refused(
-            {**base, "layer_types": ["sliding_attention"] * N}, "layer_types", "sliding_attention"
-        )
+        no_window = {**base, "sliding_window": None, "layer_types": ["sliding_attention"] * N}
+        refused(no_window, "layer_types", "sliding_attention")
 
 
 @pytest.mark.parametrize("arch", LLAMA_FAMILY)
@@ -217,6 +217,11 @@ def test_layer_windows_follow_transformers(arch):
     }
     settings["Qwen3ForCausalLM"] = settings["Qwen2ForCausalLM"]
     settings["Ministral3ForCausalLM"] = settings["MistralForCausalLM"]
+    settings["MinistralForCausalLM"] = [
+        {"sliding_window": 8},
+        {"sliding_window": None},
+        {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"] * 2},
+    ]
     for extra in settings[arch]:
         hf_cfg = getattr(transformers, CLASSES[arch])(**small, **extra)
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)

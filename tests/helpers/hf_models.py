@@ -160,6 +160,16 @@ VARIANTS = {
         "MixtralConfig",
         dict(tie_word_embeddings=False, num_local_experts=4, sliding_window=8),
     ),
+    # Ministral (transformers' ministral): a short window on every other layer
+    "ministral-interleaved": (
+        "MinistralConfig",
+        dict(
+            tie_word_embeddings=False,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            head_dim=8,  # (transformers' MinistralAttention needs it given)
+        ),
+    ),
     "ministral3": (
         "Ministral3Config",
         dict(tie_word_embeddings=False, rope_parameters=MINISTRAL3_ROPE),
