@@ -478,7 +478,11 @@ def refused(cfg: dict, *names: str) -> None:
 def test_unimplemented_deepseek_values_are_refused_by_name(arch):
     base, v3 = deepseek_dict(arch), "V3" in arch
     refused({**base, "num_key_value_heads": 1}, "num_key_value_heads")
-    refused({**base, "quantization_config": {"quant_method": "fp8"}}, "quantization_config", "fp8")
+    refused(
+        {**base, "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}},
+        "quantization_config",
+        "fp8",
+    )
     refused({**base, "scoring_func": "softmax" if v3 else "sigmoid"}, "scoring_func")
     refused({**base, "topk_method": "greedy" if v3 else "noaux_tc"}, "topk_method")
     refused({**base, "moe_layer_freq": 0}, "moe_layer_freq", "0")

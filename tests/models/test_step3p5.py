@@ -590,7 +590,9 @@ def test_unimplemented_values_are_refused_by_name():
     refused({**CONFIG, "attention_bias": True}, "attention_bias")
     refused({**CONFIG, "hidden_act": "gelu"}, "hidden_act", "gelu")
     refused(
-        {**CONFIG, "quantization_config": {"quant_method": "fp8"}}, "quantization_config", "fp8"
+        {**CONFIG, "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}},
+        "quantization_config",
+        "fp8",
     )
 
 
