@@ -199,6 +199,18 @@ def test_checkpoint_scales_load_by_their_published_names(llama_dir, deepseek_dir
     assert "model.layers.0.self_attn.k_scale" in caplog.text and "1.0" in caplog.text
 
 
+def add_kv_scales(checkpoint, k_name: str, v_name: str) -> int:
+    """Layer i's k and v scales, 0.1 (i + 1) and 0.2 (i + 1), written under ``model.layers.{i}.self_attn.`` +
+    ``k_name`` / ``v_name`` into the checkpoint's one file -> its layer count."""
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        tensors[f"model.layers.{i}.self_attn.{k_name}"] = torch.tensor(0.1 * (i + 1))
+        tensors[f"model.layers.{i}.self_attn.{v_name}"] = torch.tensor(0.2 * (i + 1))
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    return layers
+
+
 def test_modelopt_checkpoint_scales_reach_the_engine(llama_dir, tmp_path):
     """A ModelOpt FP8 checkpoint (hf_quant_config.json, kv_cache_quant_algo FP8) with per-layer
     k_proj.k_scale / v_proj.v_scale: the engine's FP8 cache takes them; with the cache in the model's
@@ -208,12 +220,7 @@ def test_modelopt_checkpoint_scales_reach_the_engine(llama_dir, tmp_path):
     config = modelopt_config()
     config["quantization"]["kv_cache_quant_algo"] = "FP8"
     checkpoint, _ = write_quantized(llama_dir, tmp_path, "fp8_tensor", is_projection, config)
-    tensors = load_file(str(checkpoint / "model.safetensors"))
-    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
-    for i in range(layers):
-        tensors[f"model.layers.{i}.self_attn.k_proj.k_scale"] = torch.tensor(0.1 * (i + 1))
-        tensors[f"model.layers.{i}.self_attn.v_proj.v_scale"] = torch.tensor(0.2 * (i + 1))
-    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    layers = add_kv_scales(checkpoint, "k_proj.k_scale", "v_proj.v_scale")
     ps = prompts(2, 200)
     llm = LLM(str(checkpoint), block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8")
     assert float(llm.engine.model.model.layers[0].self_attn.attn.k_scale) != 1.0
@@ -248,12 +255,7 @@ def test_compressed_tensors_fp8_kv_cache_scheme_and_its_scales(llama_dir, tmp_pa
     }  # fmt: skip
     assert parse_quantization_config(config, "config.json").kv_cache_quant_algo == "FP8"
     checkpoint, _ = write_quantized(llama_dir, tmp_path, "fp8_channel", is_projection, config)
-    tensors = load_file(str(checkpoint / "model.safetensors"))
-    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
-    for i in range(layers):
-        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(0.1 * (i + 1))
-        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.2 * (i + 1))
-    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    layers = add_kv_scales(checkpoint, "k_scale", "v_scale")
     llm = LLM(str(checkpoint), block_size=4, num_kv_blocks=64, kv_cache_dtype="fp8")
     attn = [layer.self_attn.attn for layer in llm.engine.model.model.layers]
     assert [round(float(a.k_scale), 6) for a in attn] == [

@@ -423,15 +423,23 @@ def _decode(tmp_path, monkeypatch, dtype, fusable):
     return decode_forward(path, monkeypatch, dtype, fusable)
 
 
-def test_fused_decoder_layers_compute_what_the_unfused_ones_do(tmp_path, monkeypatch):
-    """The model's fused path (forced on here; on the CPU the kernels run in the interpreter) gives
-    the unfused path's logits in float32 and writes the same KV into the cache."""
+def fused_and_unfused(path, monkeypatch) -> tuple:
+    """The float32 decode forward (``decode_forward``) of the checkpoint at ``path`` with the fused path forced
+    on (on the CPU the kernels run in the interpreter), asserted taken, and with it off: ((logits, caches),
+    (logits, caches))."""
     calls = []
-    ref_logits, ref_caches = _decode(tmp_path, monkeypatch, torch.float32, lambda x, w: False)
-    logits, caches = _decode(
-        tmp_path, monkeypatch, torch.float32, lambda x, w: calls.append(x.shape) or True
-    )
+    fused = decode_forward(path, monkeypatch, torch.float32, lambda x, w: calls.append(x) or True)
     assert calls, "the fused path did not run"
+    return fused, decode_forward(path, monkeypatch, torch.float32, lambda x, w: False)
+
+
+def test_fused_decoder_layers_compute_what_the_unfused_ones_do(tmp_path, monkeypatch):
+    """The model's fused path gives the unfused path's logits in float32 and writes the same KV into the
+    cache."""
+    from helpers.spec_models import random_llama
+
+    random_llama(tmp_path / "t", vocab_size=50, seed=0, std=0.2)
+    (logits, caches), (ref_logits, ref_caches) = fused_and_unfused(tmp_path / "t", monkeypatch)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
@@ -529,11 +537,7 @@ def test_the_fused_path_scales_ministral3_queries_as_the_unfused_one(tmp_path, m
     with torch.no_grad():
         for layer in hf.model.layers:
             layer.self_attn.q_proj.weight.mul_(8)
-    path = save_hf_model(hf, tmp_path / "ministral3")
-    calls = []
-    ref_logits, _ = decode_forward(path, monkeypatch, torch.float32, lambda x, w: False)
-    logits, _ = decode_forward(
-        path, monkeypatch, torch.float32, lambda x, w: calls.append(x.shape) or True
+    (logits, _), (ref_logits, _) = fused_and_unfused(
+        save_hf_model(hf, tmp_path / "m3"), monkeypatch
     )
-    assert calls, "the fused path did not run"
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
