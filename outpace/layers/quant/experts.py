@@ -14,7 +14,11 @@ step can be captured in a CUDA graph) over ``QuantizedExpertStacks``:
 - per-tensor FP8 (ModelOpt): gate_up [E, 2 * I, H], down [E, H, I] with one scale per expert and projection,
   gate_up [E, 2] (gate, up) and down [E]; the kernels read them as block FP8 of blocks (I, 128), the
   per-tensor scale repeated over the blocks of its projection by a stride-0 view (the same products: w * s
-  in float32; nothing copied).
+  in float32; nothing copied);
+- per-channel FP8 (compressed-tensors, e.g. Qwen3-30B-A3B-FP8-dynamic): gate_up [E, 2 * I, H] with scale
+  [E, 2 * I, 1], down [E, H, I] with [E, H, 1]; read as block FP8 of one row by a power of two of columns at
+  least max(H, I), so every K step lies in a row's one scale column. A shared MLP in this format runs beside the
+  experts where it is wider than one (down's scale a row serves every slot's columns).
 Ungated experts (Nemotron-H's relu2) stack their up projections alone as ``gate_up``.
 
 Checkpoints that store the experts stacked in block FP8 (Step-3.5-Flash-FP8: ``moe.{gate,up,down}_proj``
