@@ -36,9 +36,7 @@ from pathlib import Path
 from outpace.validation import ConfigError, ConfigFields, is_int, read_json_object
 
 # a checkpoint's formats: how a quantized weight is stored
-FP8_BLOCK = (
-    "fp8_block"  # fp8 + a scale per block (weight_scale_inv; compressed-tensors: weight_scale)
-)
+FP8_BLOCK = "fp8_block"  # fp8 + a scale per block (weight_scale_inv, or weight_scale)
 FP8_TENSOR = "fp8_tensor"  # fp8 + one scale (ModelOpt, AutoFP8, Mistral's, compressed-tensors)
 FP8_CHANNEL = "fp8_channel"  # fp8 + one scale per output row (compressed-tensors)
 INT4_GROUP = "int4_group"  # weight_packed int32 + weight_scale per group (compressed-tensors)
@@ -246,10 +244,10 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
         if len(layouts) != 1:
             raise fields.fail("config_groups", groups.data, "groups of one strategy and block")
         method, block = layouts.pop()
-        names = ("weight_scale", "input_scale")  # compressed-tensors' names, whatever the strategy
+        # (compressed-tensors names the scales as ModelOpt does, whatever the strategy)
         return QuantScheme(
             method, fields.source, block=block, exclude=exclude, exclude_field=field,
-            exclude_match="regex", tensor_names=names, producer="compressed-tensors",
+            exclude_match="regex", tensor_names=FP8_TENSOR_NAMES, producer="compressed-tensors",
             kv_cache_quant_algo=kv_algo,
         )  # fmt: skip
     group_sizes = {_int4_group(groups.mapping(name)) for name in groups.data}
