@@ -23,8 +23,8 @@ from outpace.layers.moe import MoE, Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
 from outpace.models.mistral import MistralForCausalLM
-from outpace.models.mixture_stack import MixtureLayer, MixtureStack
-from outpace.validation import ConfigFields, is_int, require
+from outpace.models.mixture_stack import MixtureLayer, MixtureStack, expert_counts
+from outpace.validation import ConfigFields
 
 # the experts' projections as Mixtral's checkpoints name them
 EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -32,15 +32,12 @@ EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 def mixtral_routing(cfg: ModelConfig) -> Routing:
     """``num_experts_per_tok`` of ``num_local_experts`` by softmax, renormalised (MixtralTopKRouter)."""
-    raw, o = cfg.raw, "ModelConfig"
-    experts, top_k = raw.get("num_local_experts", 8), raw.get("num_experts_per_tok", 2)
-    require(o, "num_local_experts", experts, is_int(experts) and experts > 0, "a positive integer")
-    require(
-        o,
-        "num_experts_per_tok",
-        top_k,
-        is_int(top_k) and 0 < top_k <= experts,
-        f"an integer in [1, num_local_experts={experts}]",
+    raw = cfg.raw
+    experts, top_k = expert_counts(
+        raw.get("num_local_experts", 8),
+        raw.get("num_experts_per_tok", 2),
+        "num_local_experts",
+        dense_allowed=False,
     )
     return Routing(experts, top_k, "softmax", normalize=True)
 

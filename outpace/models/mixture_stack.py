@@ -42,6 +42,26 @@ def mixture_layers(cfg: ModelConfig, num_experts: int) -> frozenset[int]:
     )
 
 
+def expert_counts(
+    experts, top_k, experts_field: str = "num_experts", dense_allowed: bool = True
+) -> tuple[int, int]:
+    """A config's expert count and top-k, checked and named in errors: a count >= 0 (0: no mixture, where
+    ``dense_allowed``; else > 0) and a top-k in [1, count]."""
+    o = "ModelConfig"
+    if dense_allowed:
+        require(o, experts_field, experts, is_int(experts) and experts >= 0, "an integer >= 0")
+    else:
+        require(o, experts_field, experts, is_int(experts) and experts > 0, "a positive integer")
+    require(
+        o,
+        "num_experts_per_tok",
+        top_k,
+        is_int(top_k) and (experts == 0 or 0 < top_k <= experts),
+        f"an integer in [1, {experts_field}={experts}]",
+    )
+    return experts, top_k
+
+
 class MixtureLayer(FusedDecoderLayer):
     """A Llama-family layer (``FusedDecoderLayer``) whose MLP is ``mixture`` where given (module docstring)."""
 

@@ -17,9 +17,14 @@ from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
 from outpace.layers.moe import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import windows_of_layer_types
-from outpace.models.mixture_stack import MixtureLayer, MixtureStack, mixture_layers
+from outpace.models.mixture_stack import (
+    MixtureLayer,
+    MixtureStack,
+    expert_counts,
+    mixture_layers,
+)
 from outpace.models.qwen2 import Qwen2ForCausalLM
-from outpace.validation import ConfigFields, is_int, require
+from outpace.validation import ConfigFields
 
 
 class Qwen2MoeForCausalLM(MixtureStack, Qwen2ForCausalLM):
@@ -45,15 +50,9 @@ class Qwen2MoeForCausalLM(MixtureStack, Qwen2ForCausalLM):
 
     @classmethod
     def layer_factory(cls, cfg: ModelConfig) -> Callable[..., nn.Module]:
-        raw, o = cfg.raw, "ModelConfig"
-        experts, top_k = raw.get("num_experts", 60), raw.get("num_experts_per_tok", 4)
-        require(o, "num_experts", experts, is_int(experts) and experts >= 0, "an integer >= 0")
-        require(
-            o,
-            "num_experts_per_tok",
-            top_k,
-            is_int(top_k) and (experts == 0 or 0 < top_k <= experts),
-            f"an integer in [1, num_experts={experts}]",
+        raw = cfg.raw
+        experts, top_k = expert_counts(
+            raw.get("num_experts", 60), raw.get("num_experts_per_tok", 4)
         )
         moe = mixture_layers(cfg, experts)
         routing = Routing(

@@ -31,7 +31,12 @@ from outpace.layers.moe import (
 )
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
-from outpace.models.mixture_stack import MixtureLayer, MixtureStack, mixture_layers
+from outpace.models.mixture_stack import (
+    MixtureLayer,
+    MixtureStack,
+    expert_counts,
+    mixture_layers,
+)
 from outpace.models.multimodal import TextOfMultimodal
 from outpace.models.qwen3 import Qwen3ForCausalLM
 from outpace.validation import ConfigFields, is_int, require
@@ -60,17 +65,11 @@ class Qwen3MoeConfig:
             require(
                 o, "norm_topk_prob", given, given is True, "true or absent in a Qwen3-VL-MoE config"
             )
-        experts = raw.get("num_experts", raw.get("num_local_experts", 128))
-        top_k = raw.get("num_experts_per_tok", 8)
-        size = raw.get("moe_intermediate_size", 768)
-        require(o, "num_experts", experts, is_int(experts) and experts >= 0, "an integer >= 0")
-        require(
-            o,
-            "num_experts_per_tok",
-            top_k,
-            is_int(top_k) and (experts == 0 or 0 < top_k <= experts),
-            f"an integer in [1, num_experts={experts}]",
+        experts, top_k = expert_counts(
+            raw.get("num_experts", raw.get("num_local_experts", 128)),
+            raw.get("num_experts_per_tok", 8),
         )
+        size = raw.get("moe_intermediate_size", 768)
         require(o, "moe_intermediate_size", size, is_int(size) and size > 0, "a positive integer")
         return cls(
             routing=Routing(
